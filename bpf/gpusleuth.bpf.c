@@ -1,0 +1,466 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * gpusleuth's kernel side: CUDA call probes (uprobes/uretprobes with an attach
+ * cookie naming the op), in-kernel launch counters, and the scheduler context
+ * of traced threads (tp_btf: sched_switch, sched_wakeup, process lifecycle).
+ *
+ * Only traced processes reach user space: a tgid is traced when user space
+ * puts it in `traced`, when its parent is traced at fork, or (trace_all) when
+ * it calls a probed CUDA function. Other tasks appear only as culprits: the
+ * tasks that held the CPU while a traced thread waited for it.
+ */
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+#include <bpf/bpf_core_read.h>
+#include "gpusleuth.h"
+
+char LICENSE[] SEC("license") = "GPL";
+
+/* Set by user space before load. */
+const volatile __u32 trace_all = 0;    /* trace every process that calls CUDA */
+const volatile __u32 self_tgid = 0;    /* never trace gpusleuth itself */
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 8 << 20);
+} events SEC(".maps");
+
+/* tgid -> 1 while traced. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 8192);
+	__type(key, __u32);
+	__type(value, __u8);
+} traced SEC(".maps");
+
+struct thread_state {
+	__u64 off_ns;         /* switched out at */
+	__u64 wake_ns;        /* woken at (== off_ns when preempted) */
+	__u64 runnable_total; /* cumulative runnable-waiting time */
+	__u64 blocked_total;  /* cumulative blocked time */
+	__u32 state;          /* THREAD_ON_CPU, THREAD_RUNNABLE, THREAD_BLOCKED */
+	__u32 prev_state;     /* raw state at switch-out */
+	__u32 rt_depth;       /* runtime-layer calls in flight on this thread */
+	__u32 pad;
+};
+#define THREAD_ON_CPU 0
+#define THREAD_RUNNABLE 1
+#define THREAD_BLOCKED 2
+
+/* tid -> scheduler accounting of a traced thread; removed at thread exit. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u32);
+	__type(value, struct thread_state);
+} threads SEC(".maps");
+
+struct inflight_call {
+	__u64 start_ns;
+	__u64 args[GS_NARGS];
+	__u64 runnable_snap;
+	__u64 blocked_snap;
+	__u32 flags;
+	__u32 pad;
+};
+
+/* (tid << 16 | op) -> call in flight. LRU: a thread killed mid-call cannot leak. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u64);
+	__type(value, struct inflight_call);
+} inflight SEC(".maps");
+
+/* (tgid, op) -> calls, for hot paths counted in the kernel. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct gs_count_key);
+	__type(value, __u64);
+} op_counts SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, GS_STAT_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+} stats SEC(".maps");
+
+struct cpu_slot {
+	__u64 ts; /* when this task got the CPU */
+	__u32 pid;
+	__u32 tid;
+	char comm[GS_COMM_LEN];
+};
+
+struct cpu_history {
+	__u32 head; /* next slot to write */
+	__u32 pad;
+	struct cpu_slot slot[GS_CPU_HISTORY];
+};
+
+/* Per CPU: the last tasks that ran, to name who held a CPU a traced thread waited for. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct cpu_history);
+} cpu_hist SEC(".maps");
+
+static __always_inline void count_stat(__u32 idx)
+{
+	__u64 *v = bpf_map_lookup_elem(&stats, &idx);
+	if (v)
+		*v += 1; /* per-CPU slot: no atomic needed */
+}
+
+static __always_inline int is_traced(__u32 tgid)
+{
+	return bpf_map_lookup_elem(&traced, &tgid) != NULL;
+}
+
+/* Decide whether the calling process is traced; in trace_all mode, start tracing it. */
+static __always_inline int caller_traced(__u32 tgid)
+{
+	if (is_traced(tgid))
+		return 1;
+	if (!trace_all || tgid == self_tgid)
+		return 0;
+	__u8 one = 1;
+	if (bpf_map_update_elem(&traced, &tgid, &one, BPF_NOEXIST) && !is_traced(tgid)) {
+		count_stat(GS_STAT_TRACED_FULL);
+		return 0;
+	}
+	return 1;
+}
+
+static __always_inline struct thread_state *thread_get_or_create(__u32 tid)
+{
+	struct thread_state *ts = bpf_map_lookup_elem(&threads, &tid);
+	if (ts)
+		return ts;
+	struct thread_state zero = {};
+	if (bpf_map_update_elem(&threads, &tid, &zero, BPF_NOEXIST) &&
+	    !bpf_map_lookup_elem(&threads, &tid)) {
+		count_stat(GS_STAT_THREAD_FULL);
+		return NULL;
+	}
+	return bpf_map_lookup_elem(&threads, &tid);
+}
+
+/* ---------------------------------------------------------------- CUDA calls */
+
+SEC("uprobe")
+int BPF_KPROBE(call_entry)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tgid = id >> 32, tid = (__u32)id;
+	if (!caller_traced(tgid))
+		return 0;
+	__u64 cookie = bpf_get_attach_cookie(ctx);
+	__u32 op = GS_COOKIE_OP(cookie);
+
+	struct thread_state *ts = thread_get_or_create(tid);
+	struct inflight_call c = {};
+	c.start_ns = bpf_ktime_get_ns();
+	c.args[0] = PT_REGS_PARM1(ctx);
+	c.args[1] = PT_REGS_PARM2(ctx);
+	c.args[2] = PT_REGS_PARM3(ctx);
+	c.args[3] = PT_REGS_PARM4(ctx);
+	c.args[4] = PT_REGS_PARM5(ctx);
+	c.args[5] = ctx->r9 /* 6th argument; libbpf 1.1 has no PT_REGS_PARM6 */;
+	if (ts) {
+		c.runnable_snap = ts->runnable_total;
+		c.blocked_snap = ts->blocked_total;
+		if (cookie & GS_COOKIE_RUNTIME)
+			ts->rt_depth += 1;
+		else if (ts->rt_depth > 0)
+			c.flags |= GS_CALL_NESTED;
+	}
+	__u64 key = ((__u64)tid << 16) | op;
+	if (bpf_map_update_elem(&inflight, &key, &c, BPF_ANY))
+		count_stat(GS_STAT_INFLIGHT_FULL);
+	return 0;
+}
+
+SEC("uretprobe")
+int BPF_KRETPROBE(call_return)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tgid = id >> 32, tid = (__u32)id;
+	__u64 cookie = bpf_get_attach_cookie(ctx);
+	__u32 op = GS_COOKIE_OP(cookie);
+	__u64 key = ((__u64)tid << 16) | op;
+	struct inflight_call *c = bpf_map_lookup_elem(&inflight, &key);
+	if (!c) {
+		/* Entry not seen: untraced caller, or attached while the call ran. */
+		if (is_traced(tgid))
+			count_stat(GS_STAT_UNMATCHED_RETURN);
+		return 0;
+	}
+	__u64 now = bpf_ktime_get_ns();
+	struct thread_state *ts = bpf_map_lookup_elem(&threads, &tid);
+
+	struct gs_call *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		count_stat(GS_STAT_RING_DROP_CALL);
+	} else {
+		e->type = GS_REC_CALL;
+		e->op = op;
+		e->pid = tgid;
+		e->tid = tid;
+		e->start_ns = c->start_ns;
+		e->end_ns = now;
+		__builtin_memcpy(e->args, c->args, sizeof(e->args));
+		e->ret = PT_REGS_RC(ctx);
+		e->flags = c->flags;
+		e->out = 0;
+		__u64 ptr = 0;
+		switch (GS_COOKIE_OUT_ARG(cookie)) {
+		case 1: ptr = c->args[0]; break;
+		case 2: ptr = c->args[1]; break;
+		case 3: ptr = c->args[2]; break;
+		default: break;
+		}
+		if (ptr && bpf_probe_read_user(&e->out, sizeof(e->out), (void *)ptr) == 0)
+			e->flags |= GS_CALL_OUT_VALID;
+		e->runnable_ns = ts ? ts->runnable_total - c->runnable_snap : 0;
+		e->blocked_ns = ts ? ts->blocked_total - c->blocked_snap : 0;
+		e->cpu = bpf_get_smp_processor_id();
+		bpf_ringbuf_submit(e, 0);
+	}
+	if (ts && (cookie & GS_COOKIE_RUNTIME) && ts->rt_depth > 0)
+		ts->rt_depth -= 1;
+	bpf_map_delete_elem(&inflight, &key);
+	return 0;
+}
+
+/* Hot paths (kernel launches): one trap, one counter increment, no record. */
+SEC("uprobe")
+int BPF_KPROBE(call_count)
+{
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	if (!caller_traced(tgid))
+		return 0;
+	struct gs_count_key k = { .pid = tgid, .op = GS_COOKIE_OP(bpf_get_attach_cookie(ctx)) };
+	__u64 *v = bpf_map_lookup_elem(&op_counts, &k);
+	if (v) {
+		__sync_fetch_and_add(v, 1);
+		return 0;
+	}
+	__u64 one = 1;
+	if (bpf_map_update_elem(&op_counts, &k, &one, BPF_NOEXIST)) {
+		v = bpf_map_lookup_elem(&op_counts, &k);
+		if (v)
+			__sync_fetch_and_add(v, 1);
+		else
+			count_stat(GS_STAT_COUNT_FULL);
+	}
+	return 0;
+}
+
+/* ----------------------------------------------------------------- scheduler */
+
+static __always_inline void add_culprit(struct gs_wait *w, struct cpu_slot *s, __u64 ns)
+{
+#pragma unroll
+	for (int j = 0; j < GS_MAX_CULPRITS; j++) {
+		if (j < w->n_culprits) {
+			if (w->culprits[j].tid == s->tid) {
+				w->culprits[j].ns += ns;
+				return;
+			}
+		} else {
+			w->culprits[j].pid = s->pid;
+			w->culprits[j].tid = s->tid;
+			w->culprits[j].ns = ns;
+			__builtin_memcpy(w->culprits[j].comm, s->comm, GS_COMM_LEN);
+			w->n_culprits = j + 1;
+			return;
+		}
+	}
+	/* More than GS_MAX_CULPRITS holders: the rest stays unattributed. */
+}
+
+/*
+ * Name the tasks that held this CPU during [wake, now): walk the CPU's recent
+ * history backwards. Time on other CPUs (a migrated thread) stays unattributed.
+ */
+static __always_inline void attribute_wait(struct gs_wait *w, struct cpu_history *h, __u64 wake,
+					   __u64 now, __u32 self_tid)
+{
+	__u64 end = now;
+#pragma unroll
+	for (int i = 1; i <= GS_CPU_HISTORY; i++) {
+		struct cpu_slot *s = &h->slot[(h->head - i) & (GS_CPU_HISTORY - 1)];
+		if (s->ts == 0 || end <= wake)
+			break;
+		__u64 start = s->ts > wake ? s->ts : wake;
+		if (end > start && s->tid != self_tid && s->tid != 0)
+			add_culprit(w, s, end - start);
+		if (s->ts <= wake)
+			break;
+		end = s->ts;
+	}
+}
+
+SEC("tp_btf/sched_switch")
+int BPF_PROG(on_sched_switch, bool preempt, struct task_struct *prev, struct task_struct *next,
+	     unsigned int prev_state)
+{
+	__u64 now = bpf_ktime_get_ns();
+	__u32 prev_tid = prev->pid, prev_tgid = prev->tgid;
+	__u32 next_tid = next->pid, next_tgid = next->tgid;
+
+	if (prev_tid != 0 && is_traced(prev_tgid)) {
+		struct thread_state *ts = thread_get_or_create(prev_tid);
+		if (ts) {
+			ts->off_ns = now;
+			ts->wake_ns = now;
+			ts->prev_state = prev_state;
+			ts->state = (preempt || prev_state == 0) ? THREAD_RUNNABLE : THREAD_BLOCKED;
+		}
+	}
+
+	__u32 zero = 0;
+	struct cpu_history *h = bpf_map_lookup_elem(&cpu_hist, &zero);
+
+	if (next_tid != 0 && is_traced(next_tgid)) {
+		struct thread_state *ts = bpf_map_lookup_elem(&threads, &next_tid);
+		if (ts && ts->state != THREAD_ON_CPU && ts->off_ns != 0) {
+			__u64 wake = ts->wake_ns;
+			if (ts->state == THREAD_BLOCKED)
+				wake = now; /* never saw the wakeup: count it all as blocked */
+			ts->blocked_total += wake - ts->off_ns;
+			ts->runnable_total += now - wake;
+			struct gs_wait *w = bpf_ringbuf_reserve(&events, sizeof(*w), 0);
+			if (!w) {
+				count_stat(GS_STAT_RING_DROP_WAIT);
+			} else {
+				__builtin_memset(w, 0, sizeof(*w));
+				w->type = GS_REC_WAIT;
+				w->kind = ts->wake_ns == ts->off_ns && ts->state == THREAD_RUNNABLE
+						  ? GS_WAIT_PREEMPTED
+						  : GS_WAIT_BLOCKED;
+				w->pid = next_tgid;
+				w->tid = next_tid;
+				w->off_ns = ts->off_ns;
+				w->wake_ns = wake;
+				w->on_ns = now;
+				w->prev_state = ts->prev_state;
+				w->cpu = bpf_get_smp_processor_id();
+				if (h && now > wake)
+					attribute_wait(w, h, wake, now, next_tid);
+				bpf_ringbuf_submit(w, 0);
+			}
+		}
+		if (ts)
+			ts->state = THREAD_ON_CPU;
+	}
+
+	if (h) {
+		struct cpu_slot *s = &h->slot[h->head & (GS_CPU_HISTORY - 1)];
+		s->ts = now;
+		s->pid = next_tgid;
+		s->tid = next_tid;
+		bpf_probe_read_kernel(s->comm, GS_COMM_LEN, next->comm);
+		h->head += 1;
+	}
+	return 0;
+}
+
+static __always_inline void on_wakeup(struct task_struct *p)
+{
+	__u32 tid = p->pid;
+	if (!is_traced(p->tgid))
+		return;
+	struct thread_state *ts = bpf_map_lookup_elem(&threads, &tid);
+	if (ts && ts->state == THREAD_BLOCKED) {
+		ts->wake_ns = bpf_ktime_get_ns();
+		ts->state = THREAD_RUNNABLE;
+	}
+}
+
+SEC("tp_btf/sched_wakeup")
+int BPF_PROG(on_sched_wakeup, struct task_struct *p)
+{
+	on_wakeup(p);
+	return 0;
+}
+
+SEC("tp_btf/sched_wakeup_new")
+int BPF_PROG(on_sched_wakeup_new, struct task_struct *p)
+{
+	on_wakeup(p);
+	return 0;
+}
+
+/* ----------------------------------------------------------------- lifecycle */
+
+static __always_inline void emit_proc(__u32 event, __u32 pid, __u32 tid, __u32 ppid, __s32 code,
+				      struct task_struct *t)
+{
+	struct gs_proc *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		count_stat(GS_STAT_RING_DROP_PROC);
+		return;
+	}
+	e->type = GS_REC_PROC;
+	e->event = event;
+	e->pid = pid;
+	e->tid = tid;
+	e->ppid = ppid;
+	e->exit_code = code;
+	e->ts_ns = bpf_ktime_get_ns();
+	bpf_probe_read_kernel(e->comm, GS_COMM_LEN, t->comm);
+	bpf_ringbuf_submit(e, 0);
+}
+
+SEC("tp_btf/sched_process_fork")
+int BPF_PROG(on_fork, struct task_struct *parent, struct task_struct *child)
+{
+	__u32 ptgid = parent->tgid, ctgid = child->tgid;
+	if (ptgid == ctgid || !is_traced(ptgid))
+		return 0; /* a new thread, or an untraced parent */
+	__u8 one = 1;
+	if (bpf_map_update_elem(&traced, &ctgid, &one, BPF_ANY)) {
+		count_stat(GS_STAT_TRACED_FULL);
+		return 0;
+	}
+	emit_proc(GS_PROC_FORK, ctgid, child->pid, ptgid, 0, child);
+	return 0;
+}
+
+SEC("tp_btf/sched_process_exec")
+int BPF_PROG(on_exec, struct task_struct *p, pid_t old_pid, struct linux_binprm *bprm)
+{
+	if (!is_traced(p->tgid))
+		return 0;
+	emit_proc(GS_PROC_EXEC, p->tgid, p->pid, 0, 0, p);
+	return 0;
+}
+
+SEC("tp_btf/sched_process_exit")
+int BPF_PROG(on_exit, struct task_struct *p, bool group_dead)
+{
+	__u32 tid = p->pid, tgid = p->tgid;
+	if (!is_traced(tgid))
+		return 0;
+	bpf_map_delete_elem(&threads, &tid);
+	if (group_dead) {
+		emit_proc(GS_PROC_EXIT, tgid, tid, 0, p->exit_code, p);
+		bpf_map_delete_elem(&traced, &tgid);
+	}
+	return 0;
+}
+
+SEC("tp_btf/mark_victim")
+int BPF_PROG(on_oom_victim, struct task_struct *p, uid_t uid)
+{
+	if (!is_traced(p->tgid))
+		return 0;
+	emit_proc(GS_PROC_OOM_VICTIM, p->tgid, p->pid, 0, 0, p);
+	return 0;
+}

@@ -1,0 +1,125 @@
+/* SPDX-License-Identifier: Apache-2.0 OR GPL-2.0 */
+/*
+ * Record layouts shared by the eBPF programs (gpusleuth.bpf.c) and user space
+ * (crates/sleuth-core/src/record.rs mirrors every struct here with #[repr(C)];
+ * size and offset tests there keep both in step). Change both or neither.
+ *
+ * All timestamps are bpf_ktime_get_ns(): CLOCK_MONOTONIC nanoseconds.
+ */
+#ifndef GPUSLEUTH_H
+#define GPUSLEUTH_H
+
+#define GS_COMM_LEN 16
+#define GS_NARGS 6
+#define GS_MAX_CULPRITS 4
+#define GS_CPU_HISTORY 8 /* power of two */
+
+/* Record types: the first u32 of every ring-buffer record. */
+#define GS_REC_CALL 1
+#define GS_REC_WAIT 2
+#define GS_REC_PROC 3
+
+/*
+ * Attach cookie of a call probe, set per attach point by user space:
+ *   bits  0..15  op id (sleuth-core's op table)
+ *   bits 16..19  index + 1 of the argument that is an out-pointer to read at
+ *                return (0 = none), e.g. cudaMalloc(void **devPtr, ...) -> 1
+ *   bit  20      the op belongs to the runtime layer (libcudart)
+ */
+#define GS_COOKIE_OP(c) ((__u32)((c) & 0xffff))
+#define GS_COOKIE_OUT_ARG(c) ((__u32)(((c) >> 16) & 0xf))
+#define GS_COOKIE_RUNTIME (1ULL << 20)
+
+/* gs_call.flags */
+#define GS_CALL_NESTED 1    /* driver call made inside a runtime call on the same thread */
+#define GS_CALL_OUT_VALID 2 /* `out` holds the value read through the out-pointer */
+
+/* One completed CUDA call. */
+struct gs_call {
+	__u32 type; /* GS_REC_CALL */
+	__u32 op;
+	__u32 pid; /* tgid */
+	__u32 tid;
+	__u64 start_ns;
+	__u64 end_ns;
+	__u64 args[GS_NARGS]; /* first six integer argument registers at entry */
+	__u64 out;            /* *args[out_arg] at return (the allocated pointer) */
+	__s64 ret;            /* return register (cudaError_t / CUresult) */
+	__u64 runnable_ns;    /* time inside the call spent runnable but not running */
+	__u64 blocked_ns;     /* time inside the call spent blocked (S, D, ...) */
+	__u32 flags;
+	__u32 cpu; /* CPU at return */
+};
+
+/* Wait kinds (gs_wait.kind). */
+#define GS_WAIT_PREEMPTED 1 /* switched out while runnable: the CPU was taken */
+#define GS_WAIT_BLOCKED 2   /* switched out sleeping, woken, then waited for a CPU */
+
+struct gs_culprit {
+	__u32 pid;
+	__u32 tid;
+	__u64 ns; /* runnable time of the waiting thread while this task held its CPU */
+	char comm[GS_COMM_LEN];
+};
+
+/*
+ * One off-CPU interval of a traced thread, emitted when it runs again.
+ * blocked part = [off_ns, wake_ns), runnable part = [wake_ns, on_ns).
+ * For a preemption wake_ns == off_ns.
+ */
+struct gs_wait {
+	__u32 type; /* GS_REC_WAIT */
+	__u32 kind;
+	__u32 pid;
+	__u32 tid;
+	__u64 off_ns;
+	__u64 wake_ns;
+	__u64 on_ns;
+	__u32 prev_state; /* raw task state at switch-out */
+	__u32 cpu;        /* CPU it ran again on */
+	__u32 n_culprits;
+	__u32 pad;
+	struct gs_culprit culprits[GS_MAX_CULPRITS];
+};
+
+/* Process lifecycle events (gs_proc.event). */
+#define GS_PROC_FORK 1
+#define GS_PROC_EXEC 2
+#define GS_PROC_EXIT 3
+#define GS_PROC_OOM_VICTIM 4
+
+struct gs_proc {
+	__u32 type; /* GS_REC_PROC */
+	__u32 event;
+	__u32 pid;       /* process (tgid) */
+	__u32 tid;
+	__u32 ppid;      /* parent tgid for fork */
+	__s32 exit_code; /* wait status for exit: (code << 8) | signal */
+	__u64 ts_ns;
+	char comm[GS_COMM_LEN];
+};
+
+/* Per-(process, op) counters for hot paths counted in the kernel. */
+struct gs_count_key {
+	__u32 pid;
+	__u32 op;
+};
+
+/* Indices of the `stats` per-CPU array: every loss is counted here. */
+#define GS_STAT_RING_DROP_CALL 0
+#define GS_STAT_RING_DROP_WAIT 1
+#define GS_STAT_RING_DROP_PROC 2
+#define GS_STAT_INFLIGHT_FULL 3
+#define GS_STAT_THREAD_FULL 4
+#define GS_STAT_COUNT_FULL 5
+#define GS_STAT_UNMATCHED_RETURN 6
+#define GS_STAT_TRACED_FULL 7
+#define GS_STAT_MAX 8
+
+/* Sizes pinned by crates/sleuth-core/src/record.rs: change both together. */
+_Static_assert(sizeof(struct gs_call) == 120, "gs_call layout");
+_Static_assert(sizeof(struct gs_culprit) == 32, "gs_culprit layout");
+_Static_assert(sizeof(struct gs_wait) == 184, "gs_wait layout");
+_Static_assert(sizeof(struct gs_proc) == 48, "gs_proc layout");
+
+#endif

@@ -1,0 +1,687 @@
+//! The CUDA entry points gpusleuth probes, and what each argument means.
+//!
+//! One table drives everything: which symbols are attached, what the kernel
+//! side reads (the attach cookie carries the op id and the out-pointer
+//! argument), and how user space decodes sizes, pointers and copy kinds.
+
+use serde::Serialize;
+
+/// The library an op lives in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, PartialOrd, Ord)]
+#[serde(rename_all = "lowercase")]
+pub enum Layer {
+    /// `libcudart.so*`, the CUDA runtime API.
+    Runtime,
+    /// `libcuda.so.1`, the CUDA driver API.
+    Driver,
+}
+
+impl Layer {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Layer::Runtime => "runtime",
+            Layer::Driver => "driver",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Layer> {
+        match s {
+            "runtime" => Some(Layer::Runtime),
+            "driver" => Some(Layer::Driver),
+            _ => None,
+        }
+    }
+}
+
+/// What an op does to memory or time; drives the ledger and the findings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OpClass {
+    /// Allocates device memory (counted in the ledger).
+    DeviceAlloc,
+    /// Releases device memory.
+    DeviceFree,
+    /// Allocates managed (unified) memory, reported apart from device memory.
+    ManagedAlloc,
+    /// Allocates page-locked host memory, reported apart from device memory.
+    HostAlloc,
+    /// Releases page-locked host memory.
+    HostFree,
+    /// Creates a physical allocation of the virtual memory API (`cuMemCreate`).
+    PhysCreate,
+    /// Releases a physical allocation (`cuMemRelease`).
+    PhysRelease,
+    /// Maps/unmaps/reserves virtual address ranges (no memory by itself).
+    VirtualMap,
+    Copy,
+    Memset,
+    Sync,
+    Launch,
+    Other,
+}
+
+/// Static description of one probed entry point.
+#[derive(Debug, Clone, Copy)]
+pub struct OpInfo {
+    pub id: u16,
+    pub name: &'static str,
+    pub layer: Layer,
+    pub class: OpClass,
+    /// 1-based index of an out-pointer argument read at return (0: none).
+    pub out_arg: u8,
+    /// 0-based index of the byte-count argument, if any.
+    pub size_arg: Option<u8>,
+    /// 0-based index of the pointer/handle argument an op consumes (frees, copies' destination).
+    pub ptr_arg: Option<u8>,
+    /// 0-based index of the stream argument, if passed in a register.
+    pub stream_arg: Option<u8>,
+    /// 0-based index of the `cudaMemcpyKind` argument, if any.
+    pub kind_arg: Option<u8>,
+}
+
+macro_rules! op {
+    ($id:expr, $name:expr, $layer:ident, $class:ident, out=$out:expr, size=$size:expr, ptr=$ptr:expr, stream=$stream:expr, kind=$kind:expr) => {
+        OpInfo {
+            id: $id,
+            name: $name,
+            layer: Layer::$layer,
+            class: OpClass::$class,
+            out_arg: $out,
+            size_arg: $size,
+            ptr_arg: $ptr,
+            stream_arg: $stream,
+            kind_arg: $kind,
+        }
+    };
+}
+
+/// Every op gpusleuth knows, runtime first. Ids are stable: they are stored in traces.
+pub const OPS: &[OpInfo] = &[
+    op!(
+        1,
+        "cudaMalloc",
+        Runtime,
+        DeviceAlloc,
+        out = 1,
+        size = Some(1),
+        ptr = None,
+        stream = None,
+        kind = None
+    ),
+    op!(
+        2,
+        "cudaFree",
+        Runtime,
+        DeviceFree,
+        out = 0,
+        size = None,
+        ptr = Some(0),
+        stream = None,
+        kind = None
+    ),
+    op!(
+        3,
+        "cudaMallocManaged",
+        Runtime,
+        ManagedAlloc,
+        out = 1,
+        size = Some(1),
+        ptr = None,
+        stream = None,
+        kind = None
+    ),
+    op!(
+        4,
+        "cudaMallocHost",
+        Runtime,
+        HostAlloc,
+        out = 1,
+        size = Some(1),
+        ptr = None,
+        stream = None,
+        kind = None
+    ),
+    op!(
+        5,
+        "cudaHostAlloc",
+        Runtime,
+        HostAlloc,
+        out = 1,
+        size = Some(1),
+        ptr = None,
+        stream = None,
+        kind = None
+    ),
+    op!(
+        6,
+        "cudaFreeHost",
+        Runtime,
+        HostFree,
+        out = 0,
+        size = None,
+        ptr = Some(0),
+        stream = None,
+        kind = None
+    ),
+    op!(
+        7,
+        "cudaMallocAsync",
+        Runtime,
+        DeviceAlloc,
+        out = 1,
+        size = Some(1),
+        ptr = None,
+        stream = Some(2),
+        kind = None
+    ),
+    op!(
+        8,
+        "cudaFreeAsync",
+        Runtime,
+        DeviceFree,
+        out = 0,
+        size = None,
+        ptr = Some(0),
+        stream = Some(1),
+        kind = None
+    ),
+    op!(
+        9,
+        "cudaMemcpy",
+        Runtime,
+        Copy,
+        out = 0,
+        size = Some(2),
+        ptr = Some(0),
+        stream = None,
+        kind = Some(3)
+    ),
+    op!(
+        10,
+        "cudaMemcpyAsync",
+        Runtime,
+        Copy,
+        out = 0,
+        size = Some(2),
+        ptr = Some(0),
+        stream = Some(4),
+        kind = Some(3)
+    ),
+    op!(
+        11,
+        "cudaMemset",
+        Runtime,
+        Memset,
+        out = 0,
+        size = Some(2),
+        ptr = Some(0),
+        stream = None,
+        kind = None
+    ),
+    op!(
+        12,
+        "cudaMemsetAsync",
+        Runtime,
+        Memset,
+        out = 0,
+        size = Some(2),
+        ptr = Some(0),
+        stream = Some(3),
+        kind = None
+    ),
+    op!(
+        13,
+        "cudaLaunchKernel",
+        Runtime,
+        Launch,
+        out = 0,
+        size = None,
+        ptr = Some(0),
+        stream = None,
+        kind = None
+    ),
+    op!(
+        14,
+        "cudaStreamSynchronize",
+        Runtime,
+        Sync,
+        out = 0,
+        size = None,
+        ptr = None,
+        stream = Some(0),
+        kind = None
+    ),
+    op!(
+        15,
+        "cudaDeviceSynchronize",
+        Runtime,
+        Sync,
+        out = 0,
+        size = None,
+        ptr = None,
+        stream = None,
+        kind = None
+    ),
+    op!(
+        16,
+        "cudaEventSynchronize",
+        Runtime,
+        Sync,
+        out = 0,
+        size = None,
+        ptr = Some(0),
+        stream = None,
+        kind = None
+    ),
+    op!(
+        17,
+        "cudaGraphLaunch",
+        Runtime,
+        Other,
+        out = 0,
+        size = None,
+        ptr = Some(0),
+        stream = Some(1),
+        kind = None
+    ),
+    op!(
+        18,
+        "cudaSetDevice",
+        Runtime,
+        Other,
+        out = 0,
+        size = None,
+        ptr = None,
+        stream = None,
+        kind = None
+    ),
+    op!(
+        32,
+        "cuMemAlloc_v2",
+        Driver,
+        DeviceAlloc,
+        out = 1,
+        size = Some(1),
+        ptr = None,
+        stream = None,
+        kind = None
+    ),
+    op!(
+        33,
+        "cuMemFree_v2",
+        Driver,
+        DeviceFree,
+        out = 0,
+        size = None,
+        ptr = Some(0),
+        stream = None,
+        kind = None
+    ),
+    op!(
+        34,
+        "cuMemAllocManaged",
+        Driver,
+        ManagedAlloc,
+        out = 1,
+        size = Some(1),
+        ptr = None,
+        stream = None,
+        kind = None
+    ),
+    op!(
+        35,
+        "cuMemAllocHost_v2",
+        Driver,
+        HostAlloc,
+        out = 1,
+        size = Some(1),
+        ptr = None,
+        stream = None,
+        kind = None
+    ),
+    op!(
+        36,
+        "cuMemCreate",
+        Driver,
+        PhysCreate,
+        out = 1,
+        size = Some(1),
+        ptr = None,
+        stream = None,
+        kind = None
+    ),
+    op!(
+        37,
+        "cuMemRelease",
+        Driver,
+        PhysRelease,
+        out = 0,
+        size = None,
+        ptr = Some(0),
+        stream = None,
+        kind = None
+    ),
+    op!(
+        38,
+        "cuMemMap",
+        Driver,
+        VirtualMap,
+        out = 0,
+        size = Some(1),
+        ptr = Some(0),
+        stream = None,
+        kind = None
+    ),
+    op!(
+        39,
+        "cuMemUnmap",
+        Driver,
+        VirtualMap,
+        out = 0,
+        size = Some(1),
+        ptr = Some(0),
+        stream = None,
+        kind = None
+    ),
+    op!(
+        40,
+        "cuMemAddressReserve",
+        Driver,
+        VirtualMap,
+        out = 1,
+        size = Some(1),
+        ptr = None,
+        stream = None,
+        kind = None
+    ),
+    op!(
+        41,
+        "cuMemAllocAsync",
+        Driver,
+        DeviceAlloc,
+        out = 1,
+        size = Some(1),
+        ptr = None,
+        stream = Some(2),
+        kind = None
+    ),
+    op!(
+        42,
+        "cuMemFreeAsync",
+        Driver,
+        DeviceFree,
+        out = 0,
+        size = None,
+        ptr = Some(0),
+        stream = Some(1),
+        kind = None
+    ),
+    op!(
+        43,
+        "cuLaunchKernel",
+        Driver,
+        Launch,
+        out = 0,
+        size = None,
+        ptr = Some(0),
+        stream = None,
+        kind = None
+    ),
+    op!(
+        44,
+        "cuLaunchKernelEx",
+        Driver,
+        Launch,
+        out = 0,
+        size = None,
+        ptr = Some(1),
+        stream = None,
+        kind = None
+    ),
+    op!(
+        45,
+        "cuMemcpy",
+        Driver,
+        Copy,
+        out = 0,
+        size = Some(2),
+        ptr = Some(0),
+        stream = None,
+        kind = None
+    ),
+    op!(
+        46,
+        "cuMemcpyAsync",
+        Driver,
+        Copy,
+        out = 0,
+        size = Some(2),
+        ptr = Some(0),
+        stream = Some(3),
+        kind = None
+    ),
+    op!(
+        47,
+        "cuMemcpyHtoD_v2",
+        Driver,
+        Copy,
+        out = 0,
+        size = Some(2),
+        ptr = Some(0),
+        stream = None,
+        kind = None
+    ),
+    op!(
+        48,
+        "cuMemcpyDtoH_v2",
+        Driver,
+        Copy,
+        out = 0,
+        size = Some(2),
+        ptr = Some(0),
+        stream = None,
+        kind = None
+    ),
+    op!(
+        49,
+        "cuMemcpyDtoD_v2",
+        Driver,
+        Copy,
+        out = 0,
+        size = Some(2),
+        ptr = Some(0),
+        stream = None,
+        kind = None
+    ),
+    op!(
+        50,
+        "cuMemcpyHtoDAsync_v2",
+        Driver,
+        Copy,
+        out = 0,
+        size = Some(2),
+        ptr = Some(0),
+        stream = Some(3),
+        kind = None
+    ),
+    op!(
+        51,
+        "cuMemcpyDtoHAsync_v2",
+        Driver,
+        Copy,
+        out = 0,
+        size = Some(2),
+        ptr = Some(0),
+        stream = Some(3),
+        kind = None
+    ),
+    op!(
+        52,
+        "cuMemcpyDtoDAsync_v2",
+        Driver,
+        Copy,
+        out = 0,
+        size = Some(2),
+        ptr = Some(0),
+        stream = Some(3),
+        kind = None
+    ),
+    op!(
+        53,
+        "cuCtxSynchronize",
+        Driver,
+        Sync,
+        out = 0,
+        size = None,
+        ptr = None,
+        stream = None,
+        kind = None
+    ),
+    op!(
+        54,
+        "cuStreamSynchronize",
+        Driver,
+        Sync,
+        out = 0,
+        size = None,
+        ptr = None,
+        stream = Some(0),
+        kind = None
+    ),
+    op!(
+        55,
+        "cuEventSynchronize",
+        Driver,
+        Sync,
+        out = 0,
+        size = None,
+        ptr = Some(0),
+        stream = None,
+        kind = None
+    ),
+    op!(
+        56,
+        "cuMemFreeHost",
+        Driver,
+        HostFree,
+        out = 0,
+        size = None,
+        ptr = Some(0),
+        stream = None,
+        kind = None
+    ),
+    op!(
+        57,
+        "cuMemAddressFree",
+        Driver,
+        VirtualMap,
+        out = 0,
+        size = Some(1),
+        ptr = Some(0),
+        stream = None,
+        kind = None
+    ),
+];
+
+/// Looks an op up by id.
+pub fn op_by_id(id: u16) -> Option<&'static OpInfo> {
+    OPS.iter().find(|o| o.id == id)
+}
+
+/// Looks an op up by its exact symbol name.
+pub fn op_by_name(name: &str) -> Option<&'static OpInfo> {
+    OPS.iter().find(|o| o.name == name)
+}
+
+/// Ops of one layer.
+pub fn ops_of(layer: Layer) -> impl Iterator<Item = &'static OpInfo> {
+    OPS.iter().filter(move |o| o.layer == layer)
+}
+
+/// CUDA `cudaMemcpyKind` names.
+pub fn memcpy_kind_name(kind: u64) -> &'static str {
+    match kind {
+        0 => "HostToHost",
+        1 => "HostToDevice",
+        2 => "DeviceToHost",
+        3 => "DeviceToDevice",
+        4 => "Default",
+        _ => "Unknown",
+    }
+}
+
+/// Direction of a driver copy op, from its name.
+pub fn driver_copy_kind(name: &str) -> Option<&'static str> {
+    if name.contains("HtoD") {
+        Some("HostToDevice")
+    } else if name.contains("DtoH") {
+        Some("DeviceToHost")
+    } else if name.contains("DtoD") {
+        Some("DeviceToDevice")
+    } else {
+        None
+    }
+}
+
+/// Whether an op's return code means failure (cudaSuccess / CUDA_SUCCESS are 0).
+pub fn is_error(ret: i64) -> bool {
+    ret != 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    #[test]
+    fn ids_and_names_are_unique() {
+        let ids: HashSet<_> = OPS.iter().map(|o| o.id).collect();
+        let names: HashSet<_> = OPS.iter().map(|o| o.name).collect();
+        assert_eq!(ids.len(), OPS.len());
+        assert_eq!(names.len(), OPS.len());
+    }
+
+    #[test]
+    fn layers_follow_symbol_prefixes() {
+        for o in OPS {
+            match o.layer {
+                Layer::Runtime => assert!(o.name.starts_with("cuda"), "{}", o.name),
+                Layer::Driver => assert!(
+                    o.name.starts_with("cu") && !o.name.starts_with("cuda"),
+                    "{}",
+                    o.name
+                ),
+            }
+        }
+    }
+
+    #[test]
+    fn allocations_read_their_pointer_at_return() {
+        for o in OPS {
+            if matches!(
+                o.class,
+                OpClass::DeviceAlloc
+                    | OpClass::ManagedAlloc
+                    | OpClass::HostAlloc
+                    | OpClass::PhysCreate
+            ) {
+                assert_eq!(o.out_arg, 1, "{}", o.name);
+                assert_eq!(o.size_arg, Some(1), "{}", o.name);
+            }
+            assert!(
+                o.out_arg <= 3,
+                "the kernel side reads out-pointers from args 1..3 only"
+            );
+        }
+    }
+
+    #[test]
+    fn lookups() {
+        assert_eq!(op_by_name("cuLaunchKernelEx").unwrap().id, 44);
+        assert_eq!(op_by_id(1).unwrap().name, "cudaMalloc");
+        assert!(op_by_id(999).is_none());
+        assert_eq!(
+            ops_of(Layer::Driver).count(),
+            OPS.iter().filter(|o| o.layer == Layer::Driver).count()
+        );
+    }
+}

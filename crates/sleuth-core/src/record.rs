@@ -1,0 +1,452 @@
+//! Byte-exact mirror of `bpf/gpusleuth.h` and decoding of ring-buffer records.
+//!
+//! The kernel writes these structs; user space reads them from the ring
+//! buffer as bytes. The size/offset tests below fail if the two drift.
+
+use crate::event::{CallEvent, Culprit, Event, ProcEvent, ProcKind, WaitEvent, WaitKind};
+use crate::ops::op_by_id;
+
+pub const COMM_LEN: usize = 16;
+pub const NARGS: usize = 6;
+pub const MAX_CULPRITS: usize = 4;
+
+pub const REC_CALL: u32 = 1;
+pub const REC_WAIT: u32 = 2;
+pub const REC_PROC: u32 = 3;
+
+pub const CALL_NESTED: u32 = 1;
+pub const CALL_OUT_VALID: u32 = 2;
+
+pub const COOKIE_RUNTIME: u64 = 1 << 20;
+
+/// Builds the attach cookie the kernel side reads (see `GS_COOKIE_*` in the header).
+pub fn cookie(op: u16, out_arg: u8, runtime: bool) -> u64 {
+    (op as u64) | ((out_arg as u64 & 0xf) << 16) | if runtime { COOKIE_RUNTIME } else { 0 }
+}
+
+/// Indices of the kernel's `stats` array (`GS_STAT_*`).
+pub mod stat {
+    pub const RING_DROP_CALL: usize = 0;
+    pub const RING_DROP_WAIT: usize = 1;
+    pub const RING_DROP_PROC: usize = 2;
+    pub const INFLIGHT_FULL: usize = 3;
+    pub const THREAD_FULL: usize = 4;
+    pub const COUNT_FULL: usize = 5;
+    pub const UNMATCHED_RETURN: usize = 6;
+    pub const TRACED_FULL: usize = 7;
+    pub const MAX: usize = 8;
+    pub const NAMES: [&str; MAX] = [
+        "ring_full_call",
+        "ring_full_wait",
+        "ring_full_proc",
+        "inflight_map_full",
+        "thread_map_full",
+        "count_map_full",
+        "unmatched_return",
+        "traced_map_full",
+    ];
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RawCall {
+    pub r#type: u32,
+    pub op: u32,
+    pub pid: u32,
+    pub tid: u32,
+    pub start_ns: u64,
+    pub end_ns: u64,
+    pub args: [u64; NARGS],
+    pub out: u64,
+    pub ret: i64,
+    pub runnable_ns: u64,
+    pub blocked_ns: u64,
+    pub flags: u32,
+    pub cpu: u32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RawCulprit {
+    pub pid: u32,
+    pub tid: u32,
+    pub ns: u64,
+    pub comm: [u8; COMM_LEN],
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RawWait {
+    pub r#type: u32,
+    pub kind: u32,
+    pub pid: u32,
+    pub tid: u32,
+    pub off_ns: u64,
+    pub wake_ns: u64,
+    pub on_ns: u64,
+    pub prev_state: u32,
+    pub cpu: u32,
+    pub n_culprits: u32,
+    pub pad: u32,
+    pub culprits: [RawCulprit; MAX_CULPRITS],
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RawProc {
+    pub r#type: u32,
+    pub event: u32,
+    pub pid: u32,
+    pub tid: u32,
+    pub ppid: u32,
+    pub exit_code: i32,
+    pub ts_ns: u64,
+    pub comm: [u8; COMM_LEN],
+}
+
+/// Why a record could not be decoded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DecodeError {
+    Short { need: usize, got: usize },
+    UnknownType(u32),
+    UnknownOp(u32),
+    BadValue(&'static str),
+}
+
+impl std::fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DecodeError::Short { need, got } => {
+                write!(f, "record too short: {got} bytes, need {need}")
+            }
+            DecodeError::UnknownType(t) => write!(f, "unknown record type {t}"),
+            DecodeError::UnknownOp(o) => write!(f, "unknown op id {o}"),
+            DecodeError::BadValue(what) => write!(f, "bad value in record: {what}"),
+        }
+    }
+}
+
+impl std::error::Error for DecodeError {}
+
+/// Reads a `#[repr(C)]` plain-old-data struct from the start of `buf`.
+fn read_pod<T: Copy + Default>(buf: &[u8]) -> Result<T, DecodeError> {
+    let need = std::mem::size_of::<T>();
+    if buf.len() < need {
+        return Err(DecodeError::Short {
+            need,
+            got: buf.len(),
+        });
+    }
+    let mut out = T::default();
+    // SAFETY: T is a #[repr(C)] struct of integers and byte arrays (every bit
+    // pattern is valid), `buf` holds at least size_of::<T>() bytes, and the
+    // destination is a distinct, properly aligned local.
+    unsafe {
+        std::ptr::copy_nonoverlapping(buf.as_ptr(), (&mut out as *mut T).cast::<u8>(), need);
+    }
+    Ok(out)
+}
+
+fn comm_to_string(comm: &[u8; COMM_LEN]) -> String {
+    let end = comm.iter().position(|&b| b == 0).unwrap_or(COMM_LEN);
+    String::from_utf8_lossy(&comm[..end]).into_owned()
+}
+
+/// Decodes one ring-buffer record.
+pub fn decode(buf: &[u8]) -> Result<Event, DecodeError> {
+    if buf.len() < 4 {
+        return Err(DecodeError::Short {
+            need: 4,
+            got: buf.len(),
+        });
+    }
+    let ty = u32::from_ne_bytes([buf[0], buf[1], buf[2], buf[3]]);
+    match ty {
+        REC_CALL => decode_call(&read_pod::<RawCall>(buf)?).map(Event::Call),
+        REC_WAIT => decode_wait(&read_pod::<RawWait>(buf)?).map(Event::Wait),
+        REC_PROC => decode_proc(&read_pod::<RawProc>(buf)?).map(Event::Proc),
+        other => Err(DecodeError::UnknownType(other)),
+    }
+}
+
+/// Turns a raw call into an event, decoding the arguments the op table names.
+pub fn decode_call(r: &RawCall) -> Result<CallEvent, DecodeError> {
+    let info = u16::try_from(r.op)
+        .ok()
+        .and_then(op_by_id)
+        .ok_or(DecodeError::UnknownOp(r.op))?;
+    if r.end_ns < r.start_ns {
+        return Err(DecodeError::BadValue("call ends before it starts"));
+    }
+    let arg = |i: Option<u8>| i.map(|i| r.args[i as usize]);
+    let out_valid = r.flags & CALL_OUT_VALID != 0;
+    let ptr = if info.out_arg > 0 {
+        // Produced pointer: only meaningful when read and the call succeeded.
+        (out_valid && r.ret == 0).then_some(r.out)
+    } else {
+        arg(info.ptr_arg)
+    };
+    Ok(CallEvent {
+        ts_ns: r.start_ns,
+        dur_ns: r.end_ns - r.start_ns,
+        pid: r.pid,
+        tid: r.tid,
+        op: info.id,
+        ret: r.ret as i32 as i64, // cudaError_t and CUresult are 32-bit enums
+        size: arg(info.size_arg),
+        ptr,
+        stream: arg(info.stream_arg),
+        kind: arg(info.kind_arg),
+        nested: r.flags & CALL_NESTED != 0,
+        runnable_ns: r.runnable_ns,
+        blocked_ns: r.blocked_ns,
+        cpu: r.cpu,
+    })
+}
+
+pub fn decode_wait(r: &RawWait) -> Result<WaitEvent, DecodeError> {
+    let kind = match r.kind {
+        1 => WaitKind::Preempted,
+        2 => WaitKind::Blocked,
+        _ => return Err(DecodeError::BadValue("wait kind")),
+    };
+    if !(r.off_ns <= r.wake_ns && r.wake_ns <= r.on_ns) {
+        return Err(DecodeError::BadValue("wait interval out of order"));
+    }
+    let n = (r.n_culprits as usize).min(MAX_CULPRITS);
+    let culprits = r.culprits[..n]
+        .iter()
+        .map(|c| Culprit {
+            pid: c.pid,
+            tid: c.tid,
+            comm: comm_to_string(&c.comm),
+            ns: c.ns,
+        })
+        .collect();
+    Ok(WaitEvent {
+        pid: r.pid,
+        tid: r.tid,
+        kind,
+        off_ns: r.off_ns,
+        wake_ns: r.wake_ns,
+        on_ns: r.on_ns,
+        prev_state: r.prev_state,
+        cpu: r.cpu,
+        culprits,
+    })
+}
+
+pub fn decode_proc(r: &RawProc) -> Result<ProcEvent, DecodeError> {
+    let kind = match r.event {
+        1 => ProcKind::Fork,
+        2 => ProcKind::Exec,
+        3 => ProcKind::Exit,
+        4 => ProcKind::OomVictim,
+        _ => return Err(DecodeError::BadValue("process event kind")),
+    };
+    Ok(ProcEvent {
+        kind,
+        ts_ns: r.ts_ns,
+        pid: r.pid,
+        tid: r.tid,
+        ppid: r.ppid,
+        exit_code: r.exit_code,
+        comm: comm_to_string(&r.comm),
+    })
+}
+
+/// Encodes a raw struct as bytes (tests and the simulated capture path).
+pub fn as_bytes<T: Copy>(v: &T) -> Vec<u8> {
+    let n = std::mem::size_of::<T>();
+    let mut out = vec![0u8; n];
+    // SAFETY: T is Copy plain data; we copy exactly size_of::<T>() bytes from a
+    // valid reference into a buffer of that length.
+    unsafe { std::ptr::copy_nonoverlapping((v as *const T).cast::<u8>(), out.as_mut_ptr(), n) };
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::{offset_of, size_of};
+
+    // These mirror bpf/gpusleuth.h; the C compiler lays the structs out the same way.
+    #[test]
+    fn layouts_match_the_c_header() {
+        assert_eq!(size_of::<RawCall>(), 120);
+        assert_eq!(offset_of!(RawCall, start_ns), 16);
+        assert_eq!(offset_of!(RawCall, args), 32);
+        assert_eq!(offset_of!(RawCall, out), 80);
+        assert_eq!(offset_of!(RawCall, ret), 88);
+        assert_eq!(offset_of!(RawCall, runnable_ns), 96);
+        assert_eq!(offset_of!(RawCall, blocked_ns), 104);
+        assert_eq!(offset_of!(RawCall, flags), 112);
+        assert_eq!(offset_of!(RawCall, cpu), 116);
+        assert_eq!(size_of::<RawCulprit>(), 32);
+        assert_eq!(size_of::<RawWait>(), 184);
+        assert_eq!(offset_of!(RawWait, culprits), 56);
+        assert_eq!(size_of::<RawProc>(), 48);
+        assert_eq!(offset_of!(RawProc, comm), 32);
+    }
+
+    fn comm(s: &str) -> [u8; COMM_LEN] {
+        let mut c = [0u8; COMM_LEN];
+        c[..s.len()].copy_from_slice(s.as_bytes());
+        c
+    }
+
+    #[test]
+    fn decodes_an_allocation_with_its_returned_pointer() {
+        let raw = RawCall {
+            r#type: REC_CALL,
+            op: 1,
+            pid: 10,
+            tid: 11,
+            start_ns: 1000,
+            end_ns: 1500,
+            args: [0x7ffd_0000, 4096, 0, 0, 0, 0],
+            out: 0x7f00_0000_1000,
+            ret: 0,
+            runnable_ns: 100,
+            blocked_ns: 50,
+            flags: CALL_OUT_VALID,
+            cpu: 1,
+        };
+        let Event::Call(c) = decode(&as_bytes(&raw)).unwrap() else {
+            panic!()
+        };
+        assert_eq!(c.op_name(), "cudaMalloc");
+        assert_eq!(c.size, Some(4096));
+        assert_eq!(c.ptr, Some(0x7f00_0000_1000));
+        assert_eq!(c.dur_ns, 500);
+        assert_eq!(c.on_cpu_ns(), 350);
+        assert_eq!(c.on_cpu_ns() + c.runnable_ns + c.blocked_ns, c.dur_ns);
+    }
+
+    #[test]
+    fn failed_allocation_has_no_pointer_and_keeps_its_error() {
+        let raw = RawCall {
+            r#type: REC_CALL,
+            op: 1,
+            start_ns: 5,
+            end_ns: 9,
+            ret: 2,
+            out: 0xdead,
+            flags: CALL_OUT_VALID,
+            args: [1, 1 << 40, 0, 0, 0, 0],
+            ..Default::default()
+        };
+        let Event::Call(c) = decode(&as_bytes(&raw)).unwrap() else {
+            panic!()
+        };
+        assert_eq!(c.ret, 2);
+        assert!(c.failed());
+        assert_eq!(c.ptr, None);
+        assert_eq!(c.size, Some(1 << 40));
+    }
+
+    #[test]
+    fn free_takes_pointer_from_argument() {
+        let raw = RawCall {
+            r#type: REC_CALL,
+            op: 2,
+            start_ns: 5,
+            end_ns: 9,
+            args: [0xabc, 0, 0, 0, 0, 0],
+            ..Default::default()
+        };
+        let Event::Call(c) = decode(&as_bytes(&raw)).unwrap() else {
+            panic!()
+        };
+        assert_eq!(c.ptr, Some(0xabc));
+        assert_eq!(c.size, None);
+    }
+
+    #[test]
+    fn decodes_wait_with_culprits() {
+        let mut raw = RawWait {
+            r#type: REC_WAIT,
+            kind: 1,
+            pid: 3,
+            tid: 4,
+            off_ns: 10,
+            wake_ns: 10,
+            on_ns: 40,
+            n_culprits: 1,
+            ..Default::default()
+        };
+        raw.culprits[0] = RawCulprit {
+            pid: 77,
+            tid: 78,
+            ns: 30,
+            comm: comm("hog"),
+        };
+        let Event::Wait(w) = decode(&as_bytes(&raw)).unwrap() else {
+            panic!()
+        };
+        assert_eq!(w.kind, WaitKind::Preempted);
+        assert_eq!(w.runnable_ns(), 30);
+        assert_eq!(w.blocked_ns(), 0);
+        assert_eq!(
+            w.culprits,
+            vec![Culprit {
+                pid: 77,
+                tid: 78,
+                comm: "hog".into(),
+                ns: 30
+            }]
+        );
+    }
+
+    #[test]
+    fn decodes_proc_exit() {
+        let raw = RawProc {
+            r#type: REC_PROC,
+            event: 3,
+            pid: 9,
+            tid: 9,
+            exit_code: 3 << 8,
+            ts_ns: 77,
+            comm: comm("python3"),
+            ..Default::default()
+        };
+        let Event::Proc(p) = decode(&as_bytes(&raw)).unwrap() else {
+            panic!()
+        };
+        assert_eq!(p.kind, ProcKind::Exit);
+        assert_eq!(p.exit_code >> 8, 3);
+        assert_eq!(p.comm, "python3");
+    }
+
+    #[test]
+    fn rejects_garbage() {
+        assert!(matches!(decode(&[1, 0]), Err(DecodeError::Short { .. })));
+        assert!(matches!(
+            decode(&[9, 0, 0, 0]),
+            Err(DecodeError::UnknownType(9))
+        ));
+        let raw = RawCall {
+            r#type: REC_CALL,
+            op: 999,
+            ..Default::default()
+        };
+        assert!(matches!(
+            decode(&as_bytes(&raw)),
+            Err(DecodeError::UnknownOp(999))
+        ));
+        let raw = RawCall {
+            r#type: REC_CALL,
+            op: 1,
+            start_ns: 10,
+            end_ns: 5,
+            ..Default::default()
+        };
+        assert!(decode(&as_bytes(&raw)).is_err());
+        let short = &as_bytes(&RawCall {
+            r#type: REC_CALL,
+            op: 1,
+            ..Default::default()
+        })[..64];
+        assert!(matches!(decode(short), Err(DecodeError::Short { .. })));
+    }
+}
