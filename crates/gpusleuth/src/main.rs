@@ -1,1 +1,70 @@
-fn main() {}
+//! gpusleuth: why is my CUDA program slow right now, and where did my GPU memory go.
+//!
+//! Thin command layer: each subcommand lives in `cmd/` and calls into the
+//! library crates. Errors end as one line on stderr and a non-zero exit.
+
+mod cmd;
+mod output;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "gpusleuth", version, about, long_about = None, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Trace CUDA runtime and driver calls with eBPF, with host scheduler context.
+    Trace(cmd::trace::Args),
+    /// Per-call latency table (p50/p95/p99, on-CPU/runnable/blocked) from a trace.
+    Stats(cmd::stats::Args),
+    /// Ranked, evidence-backed findings from a trace.
+    Explain(cmd::explain::Args),
+    /// The GPU memory ledger of a trace: live, peak, unfreed, failed allocations.
+    Memory(cmd::memory::Args),
+    /// Who holds GPU memory right now: NVML + /proc, orphans, dead-but-listed pids.
+    Vram(cmd::vram::Args),
+    /// Free GPU memory held by stuck or orphaned processes (dry run unless --yes).
+    Reclaim(cmd::reclaim::Args),
+    /// Model Context Protocol server for AI assistants (stdio or HTTP).
+    Mcp(cmd::mcp::Args),
+    /// Read-only SQL over a trace database.
+    Query(cmd::query::Args),
+    /// Import another tool's trace (Ingero) into a gpusleuth database.
+    Import(cmd::import::Args),
+    /// Check this machine: kernel, BTF, privileges, tracefs, CUDA libraries, NVML.
+    Check(cmd::check::Args),
+    /// Run the whole pipeline on a built-in simulated CUDA workload and explain it.
+    Demo(cmd::demo::Args),
+    /// Measure tracing overhead and capture throughput on simulated workloads.
+    Bench(cmd::bench::Args),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Trace(a) => cmd::trace::run(a),
+        Command::Stats(a) => cmd::stats::run(a),
+        Command::Explain(a) => cmd::explain::run(a),
+        Command::Memory(a) => cmd::memory::run(a),
+        Command::Vram(a) => cmd::vram::run(a),
+        Command::Reclaim(a) => cmd::reclaim::run(a),
+        Command::Mcp(a) => cmd::mcp::run(a),
+        Command::Query(a) => cmd::query::run(a),
+        Command::Import(a) => cmd::import::run(a),
+        Command::Check(a) => cmd::check::run(a),
+        Command::Demo(a) => cmd::demo::run(a),
+        Command::Bench(a) => cmd::bench::run(a),
+    };
+    match result {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            // One line, the whole context chain, no backtrace.
+            eprintln!("gpusleuth: error: {e:#}");
+            std::process::exit(1);
+        }
+    }
+}

@@ -2,9 +2,11 @@
 //! every analysis (statistics, time decomposition, memory ledger, findings).
 //! Nothing here touches the OS, so every diagnosis is testable from data.
 
+pub mod data;
 pub mod event;
 pub mod ops;
 pub mod record;
 
 pub use event::{CallEvent, Culprit, Event, OpCount, ProcEvent, ProcKind, WaitEvent, WaitKind};
 pub use ops::{op_by_id, op_by_name, Layer, OpClass, OpInfo, OPS};
+pub use data::{ProcessInfo, TraceData};

@@ -1,0 +1,7 @@
+// PLACEHOLDER: replaced by the module's owner before this lands.
+#[derive(clap::Args)]
+pub struct Args {}
+
+pub fn run(_args: Args) -> anyhow::Result<i32> {
+    anyhow::bail!("'trace' is not built yet")
+}
