@@ -1,0 +1,184 @@
+//! Which tasks held the CPU while a CUDA call was runnable-waiting.
+//!
+//! A wait's runnable part `[wake_ns, on_ns)` carries the tasks that ran on
+//! the CPU meanwhile (`WaitEvent::culprits`, with how long each ran). A
+//! call's share of that wait is the overlap of `[ts_ns, ts_ns + dur_ns)` with
+//! the runnable part; it is split over the wait's culprits in proportion to
+//! their `ns`. Runnable time no culprit covers stays unattributed.
+
+use crate::event::{CallEvent, Culprit, WaitEvent};
+use std::collections::{BTreeMap, HashMap};
+
+/// For each call (same order as `calls`), the tasks that held the CPU while it
+/// was runnable-waiting, largest share first.
+///
+/// Per thread, waits are sorted once and each call finds its first
+/// overlapping wait by binary search: O((calls + waits) log n) overall, plus
+/// the overlapping waits themselves.
+pub fn call_culprits(calls: &[CallEvent], waits: &[WaitEvent]) -> Vec<Vec<Culprit>> {
+    let mut by_thread: HashMap<(u32, u32), Vec<&WaitEvent>> = HashMap::new();
+    for w in waits {
+        if w.on_ns > w.wake_ns && !w.culprits.is_empty() {
+            by_thread.entry((w.pid, w.tid)).or_default().push(w);
+        }
+    }
+    for list in by_thread.values_mut() {
+        list.sort_by_key(|w| (w.on_ns, w.wake_ns));
+    }
+    calls
+        .iter()
+        .map(|c| match by_thread.get(&(c.pid, c.tid)) {
+            Some(list) => culprits_of_call(c, list),
+            None => Vec::new(),
+        })
+        .collect()
+}
+
+fn culprits_of_call(call: &CallEvent, waits: &[&WaitEvent]) -> Vec<Culprit> {
+    let (start, end) = (call.ts_ns, call.end_ns());
+    if end <= start {
+        return Vec::new();
+    }
+    // A thread's waits do not overlap, so sorted by on_ns they are also
+    // sorted by wake_ns: the first candidate is the first wait ending after
+    // the call starts, and the scan stops at the first one starting after it ends.
+    let first = waits.partition_point(|w| w.on_ns <= start);
+    let mut acc: BTreeMap<(u32, u32, &str), u64> = BTreeMap::new();
+    for w in &waits[first..] {
+        if w.wake_ns >= end {
+            break;
+        }
+        let overlap = end.min(w.on_ns).saturating_sub(start.max(w.wake_ns));
+        let runnable = w.runnable_ns();
+        if overlap == 0 || runnable == 0 {
+            continue;
+        }
+        for c in &w.culprits {
+            let share = (c.ns.min(runnable) as u128 * overlap as u128 / runnable as u128) as u64;
+            if share > 0 {
+                *acc.entry((c.pid, c.tid, c.comm.as_str())).or_default() += share;
+            }
+        }
+    }
+    let mut out: Vec<Culprit> = acc
+        .into_iter()
+        .map(|((pid, tid, comm), ns)| Culprit {
+            pid,
+            tid,
+            comm: comm.to_string(),
+            ns,
+        })
+        .collect();
+    out.sort_by(|a, b| {
+        b.ns.cmp(&a.ns)
+            .then(a.pid.cmp(&b.pid))
+            .then(a.tid.cmp(&b.tid))
+    });
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::WaitKind;
+
+    fn call(tid: u32, ts: u64, dur: u64) -> CallEvent {
+        CallEvent {
+            ts_ns: ts,
+            dur_ns: dur,
+            pid: 10,
+            tid,
+            op: 1,
+            ret: 0,
+            size: None,
+            ptr: None,
+            stream: None,
+            kind: None,
+            nested: false,
+            runnable_ns: 0,
+            blocked_ns: 0,
+            cpu: 0,
+        }
+    }
+
+    fn culprit(pid: u32, ns: u64) -> Culprit {
+        Culprit {
+            pid,
+            tid: pid,
+            comm: format!("hog{pid}"),
+            ns,
+        }
+    }
+
+    fn wait(tid: u32, off: u64, wake: u64, on: u64, culprits: Vec<Culprit>) -> WaitEvent {
+        WaitEvent {
+            pid: 10,
+            tid,
+            kind: if off == wake {
+                WaitKind::Preempted
+            } else {
+                WaitKind::Blocked
+            },
+            off_ns: off,
+            wake_ns: wake,
+            on_ns: on,
+            prev_state: 0,
+            cpu: 0,
+            culprits,
+        }
+    }
+
+    #[test]
+    fn whole_wait_inside_call_is_split_by_culprit_share() {
+        // Runnable 100 ns: hog 1 ran 60, hog 2 ran 30, 10 ns uncovered.
+        let calls = [call(1, 0, 1_000)];
+        let waits = [wait(1, 100, 100, 200, vec![culprit(1, 60), culprit(2, 30)])];
+        let got = call_culprits(&calls, &waits);
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0], vec![culprit(1, 60), culprit(2, 30)]);
+    }
+
+    #[test]
+    fn partial_overlap_is_proportional_and_blocked_part_ignored() {
+        // Blocked [0, 500), runnable [500, 700); the call covers [600, 900):
+        // half of the runnable part.
+        let calls = [call(1, 600, 300)];
+        let waits = [wait(1, 0, 500, 700, vec![culprit(7, 200)])];
+        assert_eq!(call_culprits(&calls, &waits)[0], vec![culprit(7, 100)]);
+    }
+
+    #[test]
+    fn other_threads_and_disjoint_waits_do_not_count() {
+        let calls = [call(1, 1_000, 100), call(2, 0, 10)];
+        let waits = [
+            wait(1, 0, 0, 500, vec![culprit(3, 500)]), // before the call
+            wait(1, 1_100, 1_100, 1_200, vec![culprit(3, 100)]), // after (end is exclusive)
+            wait(2, 1_000, 1_000, 1_100, vec![culprit(4, 100)]), // other thread, overlaps call 0's time
+        ];
+        let got = call_culprits(&calls, &waits);
+        assert!(got[0].is_empty(), "{:?}", got[0]);
+        assert!(got[1].is_empty(), "{:?}", got[1]);
+    }
+
+    #[test]
+    fn culprits_sum_over_several_waits_and_nested_calls_share_them() {
+        // Runtime call [0, 1000) with a nested driver call [100, 400).
+        let calls = [call(1, 0, 1_000), call(1, 100, 300)];
+        let waits = [
+            wait(1, 200, 200, 300, vec![culprit(5, 100)]),
+            wait(1, 500, 500, 800, vec![culprit(5, 150), culprit(6, 150)]),
+        ];
+        let got = call_culprits(&calls, &waits);
+        assert_eq!(got[0], vec![culprit(5, 250), culprit(6, 150)]);
+        assert_eq!(got[1], vec![culprit(5, 100)]);
+    }
+
+    #[test]
+    fn attributed_time_never_exceeds_runnable_overlap() {
+        // Culprit ns larger than the runnable part (clock skew) is clamped.
+        let calls = [call(1, 0, 50)];
+        let waits = [wait(1, 0, 0, 100, vec![culprit(1, 1_000)])];
+        let got = call_culprits(&calls, &waits);
+        assert_eq!(got[0], vec![culprit(1, 50)]);
+    }
+}
