@@ -1,1 +1,9 @@
-//! placeholder
+//! gpusleuth's capture path: find CUDA libraries, load and attach the eBPF
+//! programs (aya), drain the ring buffer. Linux only; needs root.
+
+pub mod capture;
+pub mod discover;
+pub mod symbols;
+
+pub use capture::{monotonic_ns, preflight, AttachedLib, Capture, CaptureError, LaunchMode};
+pub use discover::LibFile;

@@ -1,0 +1,225 @@
+//! Where CUDA libraries live: explicit paths, the command's library path,
+//! the usual install locations, and whatever traced processes map.
+
+use sleuth_core::Layer;
+use std::collections::BTreeSet;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+/// A CUDA library file, identified by its inode (uprobes belong to inodes).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct LibFile {
+    pub path: PathBuf,
+    pub layer: Layer,
+    pub dev: u64,
+    pub ino: u64,
+}
+
+/// Which layer a library file name belongs to, if it is one we probe.
+pub fn layer_of(file_name: &str) -> Option<Layer> {
+    if file_name.starts_with("libcudart.so") {
+        Some(Layer::Runtime)
+    } else if file_name.starts_with("libcuda.so") {
+        Some(Layer::Driver)
+    } else {
+        None
+    }
+}
+
+/// Identifies `path` as a CUDA library (following symlinks to the real file).
+pub fn lib_file(path: &Path) -> Option<LibFile> {
+    let real = std::fs::canonicalize(path).ok()?;
+    let name = path.file_name()?.to_str()?;
+    let real_name = real.file_name()?.to_str()?;
+    let layer = layer_of(name).or_else(|| layer_of(real_name))?;
+    let meta = std::fs::metadata(&real).ok()?;
+    if !meta.is_file() {
+        return None;
+    }
+    Some(LibFile {
+        path: real,
+        layer,
+        dev: meta.dev(),
+        ino: meta.ino(),
+    })
+}
+
+/// CUDA libraries in one directory (not recursive).
+pub fn libs_in_dir(dir: &Path) -> Vec<LibFile> {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    rd.flatten()
+        .filter(|e| e.file_name().to_str().and_then(layer_of).is_some())
+        .filter_map(|e| lib_file(&e.path()))
+        .collect()
+}
+
+/// Expands a path pattern where a component may be `*` (any entry) or end in
+/// `*` (prefix match). Small on purpose: only the patterns below use it.
+fn expand(pattern: &str) -> Vec<PathBuf> {
+    let mut found = vec![PathBuf::from("/")];
+    for comp in pattern.trim_start_matches('/').split('/') {
+        let mut next = Vec::new();
+        for base in &found {
+            if let Some(prefix) = comp.strip_suffix('*') {
+                if let Ok(rd) = std::fs::read_dir(base) {
+                    for e in rd.flatten() {
+                        if e.file_name()
+                            .to_str()
+                            .is_some_and(|n| n.starts_with(prefix))
+                        {
+                            next.push(e.path());
+                        }
+                    }
+                }
+            } else {
+                let p = base.join(comp);
+                if p.exists() {
+                    next.push(p);
+                }
+            }
+        }
+        found = next;
+    }
+    found
+}
+
+/// Directories where CUDA runtimes and drivers are commonly installed:
+/// system paths, CUDA toolkits, the NVIDIA container path, pip wheels in
+/// virtual environments and user/system site-packages, and conda.
+pub const STANDARD_DIRS: &[&str] = &[
+    "/usr/lib/x86_64-linux-gnu",
+    "/usr/lib64",
+    "/usr/lib",
+    "/lib/x86_64-linux-gnu",
+    "/usr/local/nvidia/lib64",
+    "/usr/local/cuda*/lib64",
+    "/usr/local/cuda*/targets/x86_64-linux/lib",
+    "/opt/*/.venv/lib/python3*/site-packages/nvidia/*/lib",
+    "/opt/*/lib/python3*/site-packages/nvidia/*/lib",
+    "/usr/local/lib/python3*/dist-packages/nvidia/*/lib",
+    "/usr/local/lib/python3*/site-packages/nvidia/*/lib",
+    "/usr/lib/python3*/dist-packages/nvidia/*/lib",
+    "/root/.local/lib/python3*/site-packages/nvidia/*/lib",
+    "/home/*/.local/lib/python3*/site-packages/nvidia/*/lib",
+    "/opt/conda/lib",
+    "/opt/conda/envs/*/lib",
+];
+
+/// Environment-dependent directories: LD_LIBRARY_PATH entries, a virtualenv's
+/// or conda env's lib folders.
+pub fn env_dirs(env: &[(String, String)]) -> Vec<PathBuf> {
+    let mut dirs = Vec::new();
+    for (k, v) in env {
+        match k.as_str() {
+            "LD_LIBRARY_PATH" => {
+                dirs.extend(v.split(':').filter(|s| !s.is_empty()).map(PathBuf::from))
+            }
+            "VIRTUAL_ENV" | "CONDA_PREFIX" => {
+                dirs.push(Path::new(v).join("lib"));
+                dirs.extend(expand(&format!(
+                    "{v}/lib/python3*/site-packages/nvidia/*/lib"
+                )));
+            }
+            _ => {}
+        }
+    }
+    dirs
+}
+
+/// Every CUDA library found in the standard places plus `extra_dirs`.
+pub fn scan_standard(extra_dirs: &[PathBuf]) -> Vec<LibFile> {
+    let mut out = BTreeSet::new();
+    for d in extra_dirs {
+        out.extend(libs_in_dir(d));
+    }
+    for pattern in STANDARD_DIRS {
+        for d in expand(pattern) {
+            out.extend(libs_in_dir(&d));
+        }
+    }
+    dedup_by_inode(out.into_iter().collect())
+}
+
+/// CUDA libraries a process maps, from `/proc/PID/maps`.
+pub fn libs_mapped_by(pid: u32) -> Vec<LibFile> {
+    let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
+        return Vec::new();
+    };
+    let mut seen = BTreeSet::new();
+    for line in maps.lines() {
+        // address perms offset dev inode path
+        let mut parts = line.splitn(6, ' ');
+        let path = parts.nth(5).map(str::trim).unwrap_or("");
+        if !path.starts_with('/') {
+            continue;
+        }
+        let name = path.rsplit('/').next().unwrap_or("");
+        if layer_of(name).is_none() {
+            continue;
+        }
+        // A replaced library shows as "(deleted)": its old inode is gone, skip it.
+        if path.ends_with(" (deleted)") {
+            continue;
+        }
+        // Read through the process's root so libraries inside containers resolve.
+        let via_root = PathBuf::from(format!("/proc/{pid}/root{path}"));
+        if let Some(mut lib) = lib_file(&via_root).or_else(|| lib_file(Path::new(path))) {
+            if lib.path.starts_with("/proc/") {
+                lib.path = PathBuf::from(path);
+            }
+            seen.insert(lib);
+        }
+    }
+    dedup_by_inode(seen.into_iter().collect())
+}
+
+fn dedup_by_inode(mut libs: Vec<LibFile>) -> Vec<LibFile> {
+    libs.sort_by(|a, b| (a.dev, a.ino, &a.path).cmp(&(b.dev, b.ino, &b.path)));
+    libs.dedup_by(|a, b| a.dev == b.dev && a.ino == b.ino);
+    libs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layers_by_file_name() {
+        assert_eq!(layer_of("libcudart.so.13"), Some(Layer::Runtime));
+        assert_eq!(layer_of("libcudart.so"), Some(Layer::Runtime));
+        assert_eq!(layer_of("libcuda.so.1"), Some(Layer::Driver));
+        assert_eq!(layer_of("libcuda.so.580.159.04"), Some(Layer::Driver));
+        assert_eq!(layer_of("libcudnn.so.9"), None);
+        assert_eq!(layer_of("libcublas.so.13"), None);
+    }
+
+    #[test]
+    fn env_dirs_reads_library_path_and_envs() {
+        let env = vec![
+            ("LD_LIBRARY_PATH".to_string(), "/a:/b::".to_string()),
+            ("VIRTUAL_ENV".to_string(), "/nonexistent-venv".to_string()),
+        ];
+        let dirs = env_dirs(&env);
+        assert!(dirs.contains(&PathBuf::from("/a")));
+        assert!(dirs.contains(&PathBuf::from("/b")));
+        assert!(dirs.contains(&PathBuf::from("/nonexistent-venv/lib")));
+    }
+
+    #[test]
+    fn finds_libraries_in_a_dir_and_dedups_links() {
+        let dir = std::env::temp_dir().join(format!("gs-discover-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("libcudart.so.13.0.1"), b"x").unwrap();
+        std::os::unix::fs::symlink("libcudart.so.13.0.1", dir.join("libcudart.so.13")).unwrap();
+        std::fs::write(dir.join("libcuda.so.1"), b"y").unwrap();
+        std::fs::write(dir.join("libcudnn.so.9"), b"z").unwrap();
+        let libs = dedup_by_inode(libs_in_dir(&dir));
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(libs.len(), 2, "{libs:?}");
+        assert!(libs.iter().any(|l| l.layer == Layer::Runtime));
+        assert!(libs.iter().any(|l| l.layer == Layer::Driver));
+    }
+}
