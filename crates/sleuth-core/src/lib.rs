@@ -4,10 +4,12 @@
 
 pub mod culprits;
 pub mod data;
+pub mod decompose;
 pub mod event;
 pub mod ops;
 pub mod record;
+pub mod stats;
 
+pub use data::{ProcessInfo, TraceData};
 pub use event::{CallEvent, Culprit, Event, OpCount, ProcEvent, ProcKind, WaitEvent, WaitKind};
 pub use ops::{op_by_id, op_by_name, Layer, OpClass, OpInfo, OPS};
-pub use data::{ProcessInfo, TraceData};

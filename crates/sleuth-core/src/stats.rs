@@ -1,0 +1,400 @@
+//! Per-op latency statistics: exact nearest-rank percentiles over every
+//! recorded call, the on-CPU / runnable / blocked decomposition, the tail
+//! split and the top culprits, plus the event and drop counters of the trace.
+//!
+//! Ops counted in the kernel only (hot launch paths) have an exact count but
+//! no per-call latency: they are reported as `measured: counted` with null
+//! latency fields rather than invented numbers.
+
+use crate::data::TraceData;
+use crate::decompose::{aggregate_culprits, culprits_of, CulpritTime, Split, TailSplit};
+use crate::event::{CallEvent, Culprit};
+use crate::ops::{op_by_id, Layer};
+use serde::Serialize;
+use std::collections::{BTreeMap, HashMap};
+
+/// How many culprits each op lists.
+pub const TOP_CULPRITS_PER_OP: usize = 5;
+
+/// Prefix of `TraceData::stats` keys that count recorded events.
+pub const EVENTS_PREFIX: &str = "events_";
+/// Prefix of `TraceData::stats` keys that count lost events.
+pub const DROPS_PREFIX: &str = "drop_";
+
+/// Nearest-rank percentile `p` (1..=100) of an ascending slice: the value at
+/// rank ceil(p/100 * n). None for an empty slice.
+pub fn nearest_rank(sorted: &[u64], p: u32) -> Option<u64> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let n = sorted.len() as u64;
+    let rank = (u64::from(p.clamp(1, 100)) * n).div_ceil(100).max(1);
+    sorted.get((rank - 1) as usize).copied()
+}
+
+/// Whether an op's numbers come from per-call records or kernel counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Measured {
+    PerCall,
+    Counted,
+}
+
+/// One row of the stats table. Latency, error and decomposition fields are
+/// None (JSON null) for kernel-counted ops.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct OpStats {
+    pub layer: Layer,
+    pub op: &'static str,
+    pub count: u64,
+    pub errors: Option<u64>,
+    pub p50_ns: Option<u64>,
+    pub p95_ns: Option<u64>,
+    pub p99_ns: Option<u64>,
+    pub max_ns: Option<u64>,
+    pub total_ns: Option<u64>,
+    pub on_cpu_ns: Option<u64>,
+    pub runnable_ns: Option<u64>,
+    pub blocked_ns: Option<u64>,
+    pub tail: Option<TailSplit>,
+    pub measured: Measured,
+    /// Tasks that held the CPU while this op's calls were runnable-waiting (top 5).
+    pub culprits: Vec<CulpritTime>,
+    /// Calls of this op counted in the kernel on top of the per-call records
+    /// (should not happen: both paths enabled for one op). Included in `count`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub also_counted: Option<u64>,
+}
+
+/// The whole stats answer.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StatsReport {
+    /// Per-call ops by total time (largest first), then counted ops by count.
+    pub ops: Vec<OpStats>,
+    /// Lost events per cause (every known cause listed, 0 included) and `total`.
+    pub drops: BTreeMap<String, u64>,
+    /// Recorded events per kind and `total`.
+    pub events: BTreeMap<String, u64>,
+}
+
+/// Per-op statistics of `data`, culprits joined from its waits.
+pub fn compute(data: &TraceData) -> StatsReport {
+    op_stats(
+        data,
+        &crate::culprits::call_culprits(&data.calls, &data.waits),
+    )
+}
+
+/// Per-op statistics of `data`. `per_call_culprits` is aligned with
+/// `data.calls` (see `culprits::call_culprits`); pass `&[]` when unknown.
+pub fn op_stats(data: &TraceData, per_call_culprits: &[Vec<Culprit>]) -> StatsReport {
+    let mut by_op: HashMap<u16, Vec<usize>> = HashMap::new();
+    for (i, c) in data.calls.iter().enumerate() {
+        by_op.entry(c.op).or_default().push(i);
+    }
+    let mut counted: HashMap<u16, u64> = HashMap::new();
+    for oc in &data.counts {
+        let e = counted.entry(oc.op).or_default();
+        *e = e.saturating_add(oc.count);
+    }
+
+    let mut per_call: Vec<OpStats> = by_op
+        .iter()
+        .filter_map(|(&op, idx)| {
+            let calls: Vec<&CallEvent> = idx.iter().map(|&i| &data.calls[i]).collect();
+            let culprits =
+                aggregate_culprits(idx.iter().map(|&i| culprits_of(per_call_culprits, i)));
+            per_call_row(op, &calls, culprits, counted.remove(&op))
+        })
+        .collect();
+    per_call.sort_by(|a, b| {
+        b.total_ns
+            .cmp(&a.total_ns)
+            .then(a.layer.cmp(&b.layer))
+            .then(a.op.cmp(b.op))
+    });
+
+    let mut counted_rows: Vec<OpStats> = counted
+        .into_iter()
+        .filter_map(|(op, count)| counted_row(op, count))
+        .collect();
+    counted_rows.sort_by(|a, b| b.count.cmp(&a.count).then(a.op.cmp(b.op)));
+    per_call.extend(counted_rows);
+
+    StatsReport {
+        ops: per_call,
+        drops: drop_counters(data),
+        events: event_counters(data),
+    }
+}
+
+fn per_call_row(
+    op: u16,
+    calls: &[&CallEvent],
+    mut culprits: Vec<CulpritTime>,
+    also_counted: Option<u64>,
+) -> Option<OpStats> {
+    let info = op_by_id(op)?;
+    let mut durs: Vec<u64> = calls.iter().map(|c| c.dur_ns).collect();
+    durs.sort_unstable();
+    let p95 = nearest_rank(&durs, 95);
+    let split = Split::total(calls.iter().copied());
+    culprits.truncate(TOP_CULPRITS_PER_OP);
+    Some(OpStats {
+        layer: info.layer,
+        op: info.name,
+        count: calls.len() as u64 + also_counted.unwrap_or(0),
+        errors: Some(calls.iter().filter(|c| c.failed()).count() as u64),
+        p50_ns: nearest_rank(&durs, 50),
+        p95_ns: p95,
+        p99_ns: nearest_rank(&durs, 99),
+        max_ns: durs.last().copied(),
+        total_ns: Some(durs.iter().fold(0u64, |a, &d| a.saturating_add(d))),
+        on_cpu_ns: Some(split.on_cpu_ns),
+        runnable_ns: Some(split.runnable_ns),
+        blocked_ns: Some(split.blocked_ns),
+        tail: Some(TailSplit::of(calls.iter().copied(), p95.unwrap_or(0))),
+        measured: Measured::PerCall,
+        culprits,
+        also_counted,
+    })
+}
+
+fn counted_row(op: u16, count: u64) -> Option<OpStats> {
+    let info = op_by_id(op)?;
+    Some(OpStats {
+        layer: info.layer,
+        op: info.name,
+        count,
+        errors: None,
+        p50_ns: None,
+        p95_ns: None,
+        p99_ns: None,
+        max_ns: None,
+        total_ns: None,
+        on_cpu_ns: None,
+        runnable_ns: None,
+        blocked_ns: None,
+        tail: None,
+        measured: Measured::Counted,
+        culprits: Vec::new(),
+        also_counted: None,
+    })
+}
+
+/// Drop counters by cause (prefix stripped), every cause the kernel knows
+/// listed even at 0, plus `total`.
+pub fn drop_counters(data: &TraceData) -> BTreeMap<String, u64> {
+    let mut out: BTreeMap<String, u64> = crate::record::stat::NAMES
+        .iter()
+        .map(|n| (n.to_string(), 0))
+        .collect();
+    out.extend(prefixed(data, DROPS_PREFIX));
+    with_total(out)
+}
+
+/// Recorded-event counters by kind (prefix stripped), plus `total`.
+pub fn event_counters(data: &TraceData) -> BTreeMap<String, u64> {
+    with_total(prefixed(data, EVENTS_PREFIX).collect())
+}
+
+fn prefixed<'a>(data: &'a TraceData, prefix: &'a str) -> impl Iterator<Item = (String, u64)> + 'a {
+    data.stats
+        .iter()
+        .filter_map(move |(k, &v)| k.strip_prefix(prefix).map(|name| (name.to_string(), v)))
+}
+
+fn with_total(mut m: BTreeMap<String, u64>) -> BTreeMap<String, u64> {
+    // A stored "total" wins over the computed one (it may count more).
+    if !m.contains_key("total") {
+        let total = m.values().fold(0u64, |a, &v| a.saturating_add(v));
+        m.insert("total".into(), total);
+    }
+    m
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decompose::tests::call;
+    use crate::event::OpCount;
+
+    #[test]
+    fn nearest_rank_matches_the_definition() {
+        let v: Vec<u64> = (1..=100).collect();
+        assert_eq!(nearest_rank(&v, 50), Some(50));
+        assert_eq!(nearest_rank(&v, 95), Some(95));
+        assert_eq!(nearest_rank(&v, 99), Some(99));
+        assert_eq!(nearest_rank(&v, 100), Some(100));
+        assert_eq!(nearest_rank(&[7], 50), Some(7));
+        assert_eq!(nearest_rank(&[1, 2], 50), Some(1));
+        assert_eq!(nearest_rank(&[1, 2, 3], 50), Some(2));
+        assert_eq!(nearest_rank(&[], 50), None);
+    }
+
+    #[test]
+    fn percentiles_are_monotonic_for_any_sample() {
+        let mut seed = 12345u64;
+        for n in 1..300usize {
+            let mut v: Vec<u64> = (0..n)
+                .map(|_| {
+                    seed = seed
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    (seed >> 33) % 10_000
+                })
+                .collect();
+            v.sort_unstable();
+            let p = |q| nearest_rank(&v, q).unwrap();
+            assert!(
+                p(50) <= p(95) && p(95) <= p(99) && p(99) <= *v.last().unwrap(),
+                "n={n}"
+            );
+            assert!(p(50) >= v[0]);
+        }
+    }
+
+    fn data(calls: Vec<CallEvent>) -> TraceData {
+        TraceData {
+            calls,
+            has_host_context: true,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn per_op_rows_are_exact() {
+        let mut calls: Vec<CallEvent> = (1..=100).map(|i| call(1, i, i * 1000, 0, 0)).collect();
+        calls[99].runnable_ns = 60_000; // the slowest malloc was preempted
+        calls[98].ret = 2;
+        calls.push(call(14, 500, 6_000_000, 0, 4_000_000));
+        let per_call = {
+            let mut v = vec![Vec::new(); calls.len()];
+            v[99] = vec![Culprit {
+                pid: 9,
+                tid: 9,
+                comm: "hog".into(),
+                ns: 60_000,
+            }];
+            v
+        };
+        let r = op_stats(&data(calls), &per_call);
+        assert_eq!(r.ops.len(), 2);
+        let sync = &r.ops[0];
+        assert_eq!(sync.op, "cudaStreamSynchronize");
+        assert_eq!(sync.blocked_ns, Some(4_000_000));
+        let m = &r.ops[1];
+        assert_eq!((m.op, m.count, m.errors), ("cudaMalloc", 100, Some(1)));
+        assert_eq!(
+            (m.p50_ns, m.p95_ns, m.p99_ns, m.max_ns),
+            (Some(50_000), Some(95_000), Some(99_000), Some(100_000))
+        );
+        assert_eq!(m.total_ns, Some(5050 * 1000));
+        assert_eq!(m.runnable_ns, Some(60_000));
+        assert_eq!(
+            m.on_cpu_ns.unwrap() + m.runnable_ns.unwrap() + m.blocked_ns.unwrap(),
+            m.total_ns.unwrap()
+        );
+        let tail = m.tail.unwrap();
+        assert_eq!(tail.calls, 5); // 96..100 us
+        assert!((tail.runnable_share - 60.0 / 490.0).abs() < 1e-9);
+        assert_eq!(m.culprits[0].comm, "hog");
+        assert_eq!(m.measured, Measured::PerCall);
+    }
+
+    #[test]
+    fn counted_ops_have_counts_but_no_latency_and_come_last() {
+        let mut d = data(vec![call(1, 0, 10, 0, 0)]);
+        d.counts = vec![
+            OpCount {
+                pid: 1,
+                op: 43,
+                count: 1000,
+            },
+            OpCount {
+                pid: 2,
+                op: 43,
+                count: 500,
+            },
+            OpCount {
+                pid: 1,
+                op: 44,
+                count: 7,
+            },
+        ];
+        let r = op_stats(&d, &[]);
+        let names: Vec<_> = r.ops.iter().map(|o| o.op).collect();
+        assert_eq!(names, ["cudaMalloc", "cuLaunchKernel", "cuLaunchKernelEx"]);
+        let l = &r.ops[1];
+        assert_eq!(
+            (l.count, l.measured, l.p50_ns, l.errors, l.tail),
+            (1500, Measured::Counted, None, None, None)
+        );
+        let json = serde_json::to_value(l).unwrap();
+        assert_eq!(json["measured"], "counted");
+        assert!(json["p99_ns"].is_null() && json["runnable_ns"].is_null());
+    }
+
+    #[test]
+    fn an_op_both_recorded_and_counted_sums_and_says_so() {
+        let mut d = data(vec![call(43, 0, 10, 0, 0), call(43, 5, 20, 0, 0)]);
+        d.counts = vec![OpCount {
+            pid: 1,
+            op: 43,
+            count: 10,
+        }];
+        let r = op_stats(&d, &[]);
+        assert_eq!(r.ops.len(), 1);
+        assert_eq!((r.ops[0].count, r.ops[0].also_counted), (12, Some(10)));
+        assert_eq!(r.ops[0].measured, Measured::PerCall);
+        assert_eq!(r.ops[0].max_ns, Some(20));
+    }
+
+    #[test]
+    fn drops_are_always_listed_and_totalled() {
+        let mut d = data(vec![]);
+        d.stats.insert("events_call".into(), 10);
+        d.stats.insert("events_wait".into(), 4);
+        d.stats.insert("drop_ring_full_call".into(), 3);
+        let r = op_stats(&d, &[]);
+        assert_eq!(r.events["call"], 10);
+        assert_eq!(r.events["total"], 14);
+        assert_eq!(r.drops["ring_full_call"], 3);
+        assert_eq!(r.drops["unmatched_return"], 0);
+        assert_eq!(r.drops["total"], 3);
+        let empty = op_stats(&TraceData::default(), &[]);
+        assert_eq!(empty.drops["total"], 0);
+        assert!(empty.ops.is_empty());
+    }
+
+    #[test]
+    fn json_has_the_contract_fields() {
+        let r = op_stats(&data(vec![call(1, 0, 10, 0, 0)]), &[]);
+        let v = serde_json::to_value(&r).unwrap();
+        let op = &v["ops"][0];
+        for k in [
+            "layer",
+            "op",
+            "count",
+            "errors",
+            "p50_ns",
+            "p95_ns",
+            "p99_ns",
+            "max_ns",
+            "total_ns",
+            "on_cpu_ns",
+            "runnable_ns",
+            "blocked_ns",
+            "tail",
+            "measured",
+            "culprits",
+        ] {
+            assert!(op.get(k).is_some(), "missing {k}");
+        }
+        for k in ["calls", "on_cpu_share", "runnable_share", "blocked_share"] {
+            assert!(op["tail"].get(k).is_some(), "missing tail.{k}");
+        }
+        assert_eq!(op["layer"], "runtime");
+        assert!(v["drops"].is_object() && v["events"].is_object());
+    }
+}
