@@ -1,0 +1,686 @@
+//! The GPU memory ledger: per process, live device bytes, peak and when,
+//! unfreed and failed allocations, a timeline; host-pinned and managed memory
+//! apart from device memory.
+//!
+//! Each device allocation counts once: a driver call flagged `nested` (made
+//! inside a runtime call on the same thread, like `cuMemAlloc_v2` inside
+//! `cudaMalloc`) is the same memory as its runtime caller and is skipped;
+//! driver calls made directly are counted. Physical allocations of the
+//! virtual memory API (`cuMemCreate` / `cuMemRelease`, keyed by handle) are
+//! device memory too; mapping and reserving address ranges is not.
+//!
+//! An allocation takes effect when its call returns (the pointer exists from
+//! then on), and so does a free.
+
+use crate::data::TraceData;
+use crate::event::CallEvent;
+use crate::ops::OpClass;
+use serde::{Serialize, Serializer};
+use std::collections::{BTreeMap, HashMap};
+
+/// A timeline longer than this is thinned (see [`thin_timeline`]).
+pub const MAX_TIMELINE_POINTS: usize = 2000;
+
+/// A device pointer or handle, written as `"0x..."` in JSON.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Ptr(pub u64);
+
+impl Serialize for Ptr {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&format!("{:#x}", self.0))
+    }
+}
+
+/// An allocation still live at the end (or at `--at`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Unfreed {
+    pub ptr: Ptr,
+    pub bytes: u64,
+    pub op: &'static str,
+    pub ts_ns: u64,
+}
+
+/// An allocation call that returned an error.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FailedAlloc {
+    pub op: &'static str,
+    pub bytes: u64,
+    pub error: i64,
+    pub ts_ns: u64,
+    /// The process's live device bytes when the call was made.
+    pub live_bytes_at: u64,
+}
+
+/// One point of the device-bytes timeline: live bytes after a change at `ts_ns`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct TimelinePoint {
+    pub ts_ns: u64,
+    pub live_bytes: u64,
+}
+
+/// The ledger of one process.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ProcessLedger {
+    pub pid: u32,
+    pub comm: String,
+    /// Device bytes live at the end of the trace, at process exit, or at `--at`.
+    pub live_bytes: u64,
+    pub peak_bytes: u64,
+    /// When the peak was first reached (None when nothing was allocated).
+    pub peak_ts_ns: Option<u64>,
+    /// Device allocations (including `cuMemCreate` handles) not freed, oldest first.
+    pub unfreed: Vec<Unfreed>,
+    pub failed_allocs: Vec<FailedAlloc>,
+    /// Page-locked host memory live at the end (not device memory).
+    pub host_pinned_bytes: u64,
+    /// Managed (unified) memory live at the end (not counted in `live_bytes`).
+    pub managed_bytes: u64,
+    /// Device live bytes after each change (thinned above MAX_TIMELINE_POINTS).
+    pub timeline: Vec<TimelinePoint>,
+    /// Of `live_bytes`, physical memory created through `cuMemCreate`.
+    pub vmm_bytes: u64,
+    /// Counted device allocations (successful, not nested).
+    pub allocs: u64,
+    /// Matched device frees.
+    pub frees: u64,
+    /// Successful frees of a pointer this process never allocated in the
+    /// trace (allocated before tracing started, or the allocation was lost).
+    pub unmatched_frees: u64,
+    /// An allocation returned a pointer that was still live: the free of the
+    /// old one was lost. The old one is treated as freed.
+    pub reused_live_ptrs: u64,
+    /// Exit time, when the process exited during the trace.
+    pub exit_ns: Option<u64>,
+    /// Freeing and re-allocating the same sizes (see [`Churn`]).
+    pub churn: Churn,
+}
+
+/// The free-then-allocate-again pattern of a cache being emptied and refilled.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Churn {
+    /// Device allocations of a size this process had allocated and freed
+    /// before (each earlier free is matched by at most one re-allocation).
+    pub reallocs: u64,
+    /// Wall time spent in counted device allocation and free calls.
+    pub alloc_free_ns: u64,
+    /// The most re-allocated sizes, most frequent first (at most 5).
+    pub top_sizes: Vec<SizeCount>,
+}
+
+/// How many times allocations of one size were re-made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct SizeCount {
+    pub bytes: u64,
+    pub times: u64,
+}
+
+/// Which pool a live allocation belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pool {
+    Device,
+    Physical,
+    Managed,
+    HostPinned,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Live {
+    bytes: u64,
+    op: &'static str,
+    ts_ns: u64,
+    pool: Pool,
+}
+
+/// Running state of one process while replaying its calls.
+#[derive(Default)]
+struct Replay {
+    /// Device, managed and host allocations by pointer.
+    by_ptr: HashMap<u64, Live>,
+    /// `cuMemCreate` allocations by handle (a separate namespace).
+    by_handle: HashMap<u64, Live>,
+    device: u64,
+    vmm: u64,
+    managed: u64,
+    host: u64,
+    peak: u64,
+    peak_ts: Option<u64>,
+    timeline: Vec<TimelinePoint>,
+    failed: Vec<FailedAlloc>,
+    allocs: u64,
+    frees: u64,
+    unmatched_frees: u64,
+    reused_live_ptrs: u64,
+    /// Freed device allocation sizes not yet re-allocated, with their count.
+    freed_sizes: HashMap<u64, u64>,
+    realloc_sizes: HashMap<u64, u64>,
+    churn: Churn,
+}
+
+impl Replay {
+    fn add(&mut self, pool: Pool, bytes: u64) {
+        match pool {
+            Pool::Device => self.device = self.device.saturating_add(bytes),
+            Pool::Physical => {
+                self.device = self.device.saturating_add(bytes);
+                self.vmm = self.vmm.saturating_add(bytes);
+            }
+            Pool::Managed => self.managed = self.managed.saturating_add(bytes),
+            Pool::HostPinned => self.host = self.host.saturating_add(bytes),
+        }
+    }
+
+    fn sub(&mut self, pool: Pool, bytes: u64) {
+        match pool {
+            Pool::Device => self.device = self.device.saturating_sub(bytes),
+            Pool::Physical => {
+                self.device = self.device.saturating_sub(bytes);
+                self.vmm = self.vmm.saturating_sub(bytes);
+            }
+            Pool::Managed => self.managed = self.managed.saturating_sub(bytes),
+            Pool::HostPinned => self.host = self.host.saturating_sub(bytes),
+        }
+    }
+
+    fn device_changed(&mut self, ts: u64) {
+        if self.device > self.peak {
+            self.peak = self.device;
+            self.peak_ts = Some(ts);
+        }
+        self.timeline.push(TimelinePoint {
+            ts_ns: ts,
+            live_bytes: self.device,
+        });
+    }
+
+    fn apply(&mut self, c: &CallEvent) {
+        let Some(info) = c.info() else { return };
+        if c.nested {
+            // The runtime call around it is the one that counts.
+            return;
+        }
+        let alloc_pool = match info.class {
+            OpClass::DeviceAlloc => Some(Pool::Device),
+            OpClass::PhysCreate => Some(Pool::Physical),
+            OpClass::ManagedAlloc => Some(Pool::Managed),
+            OpClass::HostAlloc => Some(Pool::HostPinned),
+            _ => None,
+        };
+        let ts = c.end_ns();
+        if let Some(pool) = alloc_pool {
+            if c.failed() {
+                self.failed.push(FailedAlloc {
+                    op: info.name,
+                    bytes: c.size.unwrap_or(0),
+                    error: c.ret,
+                    ts_ns: c.ts_ns,
+                    live_bytes_at: self.device,
+                });
+                return;
+            }
+            let (Some(ptr), Some(bytes)) = (c.ptr, c.size) else {
+                return;
+            };
+            let live = Live {
+                bytes,
+                op: info.name,
+                ts_ns: c.ts_ns,
+                pool,
+            };
+            let map = if pool == Pool::Physical {
+                &mut self.by_handle
+            } else {
+                &mut self.by_ptr
+            };
+            let old = map.insert(ptr, live);
+            if let Some(old) = old {
+                self.reused_live_ptrs += 1;
+                self.sub(old.pool, old.bytes);
+            }
+            self.add(pool, bytes);
+            if matches!(pool, Pool::Device | Pool::Physical) {
+                self.allocs += 1;
+                self.churn.alloc_free_ns = self.churn.alloc_free_ns.saturating_add(c.dur_ns);
+                if let Some(n) = self.freed_sizes.get_mut(&bytes).filter(|n| **n > 0) {
+                    *n -= 1;
+                    self.churn.reallocs += 1;
+                    *self.realloc_sizes.entry(bytes).or_default() += 1;
+                }
+            }
+            let is_device = |p: Pool| matches!(p, Pool::Device | Pool::Physical);
+            if is_device(pool) || old.is_some_and(|o| is_device(o.pool)) {
+                self.device_changed(ts);
+            }
+            return;
+        }
+        let from_handles = match info.class {
+            OpClass::DeviceFree | OpClass::HostFree => false,
+            OpClass::PhysRelease => true,
+            _ => return,
+        };
+        // Failed frees change nothing; freeing NULL is a legal no-op
+        // (`cudaFree(0)` is the classic way to create a context).
+        let Some(ptr) = c.ptr.filter(|&p| p != 0 && !c.failed()) else {
+            return;
+        };
+        let map = if from_handles {
+            &mut self.by_handle
+        } else {
+            &mut self.by_ptr
+        };
+        match map.remove(&ptr) {
+            Some(old) => {
+                self.sub(old.pool, old.bytes);
+                if matches!(old.pool, Pool::Device | Pool::Physical) {
+                    self.frees += 1;
+                    self.churn.alloc_free_ns = self.churn.alloc_free_ns.saturating_add(c.dur_ns);
+                    *self.freed_sizes.entry(old.bytes).or_default() += 1;
+                    self.device_changed(ts);
+                }
+            }
+            None => self.unmatched_frees += 1,
+        }
+    }
+
+    fn finish(mut self, pid: u32, comm: String, exit_ns: Option<u64>) -> ProcessLedger {
+        let mut top: Vec<SizeCount> = self
+            .realloc_sizes
+            .iter()
+            .map(|(&bytes, &times)| SizeCount { bytes, times })
+            .collect();
+        top.sort_by(|a, b| b.times.cmp(&a.times).then(b.bytes.cmp(&a.bytes)));
+        top.truncate(5);
+        self.churn.top_sizes = top;
+        let mut unfreed: Vec<Unfreed> = self
+            .by_ptr
+            .iter()
+            .chain(self.by_handle.iter())
+            .filter(|(_, l)| matches!(l.pool, Pool::Device | Pool::Physical))
+            .map(|(&ptr, l)| Unfreed {
+                ptr: Ptr(ptr),
+                bytes: l.bytes,
+                op: l.op,
+                ts_ns: l.ts_ns,
+            })
+            .collect();
+        unfreed.sort_by_key(|u| (u.ts_ns, u.ptr));
+        ProcessLedger {
+            pid,
+            comm,
+            live_bytes: self.device,
+            peak_bytes: self.peak,
+            peak_ts_ns: self.peak_ts,
+            unfreed,
+            failed_allocs: self.failed,
+            host_pinned_bytes: self.host,
+            managed_bytes: self.managed,
+            timeline: thin_timeline(self.timeline, MAX_TIMELINE_POINTS),
+            vmm_bytes: self.vmm,
+            allocs: self.allocs,
+            frees: self.frees,
+            unmatched_frees: self.unmatched_frees,
+            reused_live_ptrs: self.reused_live_ptrs,
+            exit_ns,
+            churn: self.churn,
+        }
+    }
+}
+
+/// The ledger of every process that made a recorded or counted call, by pid.
+/// With `at_ns`, only calls that returned at or before that moment count
+/// (and a call failing before it).
+pub fn ledger(data: &TraceData, at_ns: Option<u64>) -> Vec<ProcessLedger> {
+    // Effects happen at return; replay in that order, stable for ties.
+    let mut order: Vec<&CallEvent> = data.calls.iter().collect();
+    order.sort_by_key(|c| c.end_ns());
+    let mut replays: BTreeMap<u32, Replay> = BTreeMap::new();
+    for oc in &data.counts {
+        replays.entry(oc.pid).or_default();
+    }
+    for c in order {
+        let replay = replays.entry(c.pid).or_default();
+        if at_ns.is_some_and(|at| c.end_ns() > at) {
+            continue;
+        }
+        replay.apply(c);
+    }
+    replays
+        .into_iter()
+        .map(|(pid, r)| {
+            let info = data.process(pid);
+            let comm = info.map(|p| p.comm.clone()).unwrap_or_else(|| "?".into());
+            let exit_ns = info
+                .and_then(|p| p.exit_ns)
+                .filter(|&e| at_ns.is_none_or(|at| e <= at));
+            r.finish(pid, comm, exit_ns)
+        })
+        .collect()
+}
+
+/// Thins a timeline to at most `max` points, keeping the first and last
+/// points and, in each bucket of consecutive points, the highest one (so the
+/// peak stays visible). The exact peak is reported apart.
+pub fn thin_timeline(points: Vec<TimelinePoint>, max: usize) -> Vec<TimelinePoint> {
+    if points.len() <= max || max < 3 {
+        return points;
+    }
+    let inner = &points[1..points.len() - 1];
+    let buckets = max - 2;
+    let per = inner.len().div_ceil(buckets);
+    let mut out = Vec::with_capacity(max);
+    out.push(points[0]);
+    for chunk in inner.chunks(per) {
+        if let Some(best) = chunk
+            .iter()
+            .max_by_key(|p| (p.live_bytes, std::cmp::Reverse(p.ts_ns)))
+        {
+            out.push(*best);
+        }
+    }
+    out.push(points[points.len() - 1]);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::data::ProcessInfo;
+    use crate::ops::op_by_name;
+
+    fn mem(op: &str, ts: u64, size: Option<u64>, ptr: Option<u64>) -> CallEvent {
+        CallEvent {
+            ts_ns: ts,
+            dur_ns: 10,
+            pid: 1,
+            tid: 1,
+            op: op_by_name(op).unwrap().id,
+            ret: 0,
+            size,
+            ptr,
+            stream: None,
+            kind: None,
+            nested: false,
+            runnable_ns: 0,
+            blocked_ns: 0,
+            cpu: 0,
+        }
+    }
+    fn alloc(op: &str, ts: u64, size: u64, ptr: u64) -> CallEvent {
+        mem(op, ts, Some(size), Some(ptr))
+    }
+    fn free(op: &str, ts: u64, ptr: u64) -> CallEvent {
+        mem(op, ts, None, Some(ptr))
+    }
+    fn nested(mut c: CallEvent) -> CallEvent {
+        c.nested = true;
+        c
+    }
+    fn trace(calls: Vec<CallEvent>) -> TraceData {
+        TraceData {
+            calls,
+            processes: vec![ProcessInfo {
+                pid: 1,
+                comm: "train".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+    fn one(calls: Vec<CallEvent>) -> ProcessLedger {
+        let mut l = ledger(&trace(calls), None);
+        assert_eq!(l.len(), 1);
+        l.remove(0)
+    }
+
+    #[test]
+    fn runtime_allocation_with_nested_driver_call_counts_once() {
+        let l = one(vec![
+            alloc("cudaMalloc", 100, 4096, 0xa000),
+            nested(alloc("cuMemAlloc_v2", 101, 4096, 0xa000)),
+            alloc("cudaMalloc", 200, 1000, 0xb000),
+            nested(alloc("cuMemAlloc_v2", 201, 1000, 0xb000)),
+            free("cudaFree", 300, 0xa000),
+            nested(free("cuMemFree_v2", 301, 0xa000)),
+        ]);
+        assert_eq!(
+            (l.live_bytes, l.peak_bytes, l.allocs, l.frees),
+            (1000, 5096, 2, 1)
+        );
+        assert_eq!(l.peak_ts_ns, Some(210));
+        assert_eq!(l.unfreed.len(), 1);
+        assert_eq!(
+            (l.unfreed[0].ptr, l.unfreed[0].bytes, l.unfreed[0].op),
+            (Ptr(0xb000), 1000, "cudaMalloc")
+        );
+        assert_eq!(l.unmatched_frees, 0);
+        assert_eq!(l.comm, "train");
+    }
+
+    #[test]
+    fn direct_driver_allocations_are_counted() {
+        let l = one(vec![
+            alloc("cuMemAlloc_v2", 1, 64, 0x10),
+            alloc("cuMemAllocAsync", 2, 36, 0x20),
+        ]);
+        assert_eq!((l.live_bytes, l.allocs), (100, 2));
+    }
+
+    #[test]
+    fn each_allocation_counted_once_property() {
+        // Random interleavings of runtime allocs (with nested driver twins),
+        // direct driver allocs and frees: live equals the bytes of the
+        // allocations whose free was not issued, computed independently.
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for _ in 0..200 {
+            let mut calls = Vec::new();
+            let mut expected_live: HashMap<u64, u64> = HashMap::new();
+            let mut expected_peak = 0u64;
+            let mut ts = 0;
+            for i in 0..60u64 {
+                ts += 100;
+                let r = next();
+                let ptr = 0x1000 * (i + 1);
+                let size = 1 + r % 10_000;
+                if r % 5 == 0 && !expected_live.is_empty() {
+                    let victim = *expected_live.keys().min().unwrap();
+                    expected_live.remove(&victim);
+                    calls.push(free("cudaFree", ts, victim));
+                    calls.push(nested(free("cuMemFree_v2", ts + 1, victim)));
+                } else if r % 3 == 0 {
+                    calls.push(alloc("cuMemAlloc_v2", ts, size, ptr));
+                    expected_live.insert(ptr, size);
+                } else {
+                    calls.push(alloc("cudaMalloc", ts, size, ptr));
+                    calls.push(nested(alloc("cuMemAlloc_v2", ts + 1, size, ptr)));
+                    expected_live.insert(ptr, size);
+                }
+                expected_peak = expected_peak.max(expected_live.values().sum());
+            }
+            let l = one(calls);
+            assert_eq!(l.live_bytes, expected_live.values().sum::<u64>());
+            assert_eq!(l.peak_bytes, expected_peak);
+            assert_eq!(l.unfreed.len(), expected_live.len());
+            assert_eq!(l.unfreed.iter().map(|u| u.bytes).sum::<u64>(), l.live_bytes);
+        }
+    }
+
+    #[test]
+    fn unknown_and_null_frees_do_not_crash_or_count() {
+        let mut failed_free = free("cudaFree", 5, 0xa);
+        failed_free.ret = 1;
+        let l = one(vec![
+            free("cudaFree", 1, 0xdead),
+            free("cudaFree", 2, 0),
+            alloc("cudaMalloc", 3, 8, 0xa),
+            failed_free,
+        ]);
+        assert_eq!((l.unmatched_frees, l.live_bytes, l.frees), (1, 8, 0));
+    }
+
+    #[test]
+    fn failed_allocations_carry_live_bytes_at_that_moment() {
+        let mut fail = alloc("cudaMalloc", 50, 1 << 40, 0);
+        fail.ret = 2;
+        fail.ptr = None;
+        let mut inner = nested(alloc("cuMemAlloc_v2", 51, 1 << 40, 0));
+        inner.ret = 2;
+        let l = one(vec![alloc("cudaMalloc", 1, 300, 0xa), fail, inner]);
+        assert_eq!(
+            l.failed_allocs,
+            vec![FailedAlloc {
+                op: "cudaMalloc",
+                bytes: 1 << 40,
+                error: 2,
+                ts_ns: 50,
+                live_bytes_at: 300
+            }]
+        );
+    }
+
+    #[test]
+    fn host_pinned_and_managed_are_apart_from_device() {
+        let l = one(vec![
+            alloc("cudaMallocHost", 1, 100, 0x1),
+            nested(alloc("cuMemAllocHost_v2", 2, 100, 0x1)),
+            alloc("cudaMallocManaged", 3, 200, 0x2),
+            alloc("cudaHostAlloc", 4, 50, 0x3),
+            free("cudaFreeHost", 5, 0x3),
+            alloc("cudaMalloc", 6, 7, 0x4),
+        ]);
+        assert_eq!(
+            (l.live_bytes, l.host_pinned_bytes, l.managed_bytes),
+            (7, 100, 200)
+        );
+        assert_eq!(l.unfreed.len(), 1);
+        // Managed memory is freed with cudaFree.
+        let l2 = one(vec![
+            alloc("cudaMallocManaged", 3, 200, 0x2),
+            free("cudaFree", 4, 0x2),
+        ]);
+        assert_eq!((l2.managed_bytes, l2.unmatched_frees, l2.frees), (0, 0, 0));
+    }
+
+    #[test]
+    fn virtual_memory_api_counts_physical_memory_only() {
+        let l = one(vec![
+            alloc("cuMemAddressReserve", 1, 1 << 30, 0x7000_0000),
+            alloc("cuMemCreate", 2, 2 << 20, 0x55),
+            mem("cuMemMap", 3, Some(2 << 20), Some(0x7000_0000)),
+            alloc("cuMemCreate", 4, 2 << 20, 0x56),
+            mem("cuMemUnmap", 5, Some(2 << 20), Some(0x7000_0000)),
+            free("cuMemRelease", 6, 0x55),
+        ]);
+        assert_eq!(
+            (l.live_bytes, l.vmm_bytes, l.peak_bytes),
+            (2 << 20, 2 << 20, 4 << 20)
+        );
+        assert_eq!(l.unfreed[0].op, "cuMemCreate");
+        assert_eq!(l.unfreed[0].ptr, Ptr(0x56));
+    }
+
+    #[test]
+    fn ledger_at_a_moment() {
+        let calls = vec![
+            alloc("cudaMalloc", 100, 10, 0xa),
+            alloc("cudaMalloc", 200, 20, 0xb),
+            free("cudaFree", 300, 0xa),
+        ];
+        let at = |t| ledger(&trace(calls.clone()), Some(t)).remove(0);
+        assert_eq!(at(50).live_bytes, 0);
+        assert_eq!(at(110).live_bytes, 10); // effect at return (ts + 10)
+        assert_eq!(at(109).live_bytes, 0);
+        assert_eq!(at(250).live_bytes, 30);
+        assert_eq!(at(400).live_bytes, 20);
+        assert_eq!(at(400).peak_bytes, 30);
+    }
+
+    #[test]
+    fn reused_live_pointer_replaces_the_old_allocation() {
+        let l = one(vec![
+            alloc("cudaMalloc", 1, 10, 0xa),
+            alloc("cudaMalloc", 2, 30, 0xa),
+        ]);
+        assert_eq!(
+            (l.live_bytes, l.reused_live_ptrs, l.unfreed.len()),
+            (30, 1, 1)
+        );
+    }
+
+    #[test]
+    fn churn_counts_reallocations_of_freed_sizes() {
+        let mut calls = Vec::new();
+        for round in 0..4u64 {
+            let t = round * 1000;
+            calls.push(alloc("cudaMalloc", t, 1 << 20, 0xa));
+            calls.push(alloc("cudaMalloc", t + 100, 4096, 0xb));
+            calls.push(free("cudaFree", t + 200, 0xa));
+            calls.push(free("cudaFree", t + 300, 0xb));
+        }
+        calls.push(alloc("cudaMalloc", 9000, 777, 0xc)); // a new size: not a re-allocation
+        let l = one(calls);
+        assert_eq!(l.churn.reallocs, 6);
+        assert_eq!(l.churn.alloc_free_ns, 17 * 10);
+        assert_eq!(
+            l.churn.top_sizes[0],
+            SizeCount {
+                bytes: 1 << 20,
+                times: 3
+            }
+        );
+        assert_eq!(l.churn.top_sizes.len(), 2);
+    }
+
+    #[test]
+    fn pointer_serializes_as_hex() {
+        let u = Unfreed {
+            ptr: Ptr(0x7f00_0000_1000),
+            bytes: 1,
+            op: "cudaMalloc",
+            ts_ns: 0,
+        };
+        assert_eq!(serde_json::to_value(&u).unwrap()["ptr"], "0x7f0000001000");
+    }
+
+    #[test]
+    fn thinning_keeps_ends_and_peak() {
+        let pts: Vec<TimelinePoint> = (0..10_000u64)
+            .map(|i| TimelinePoint {
+                ts_ns: i,
+                live_bytes: if i == 4321 { 1 << 40 } else { i % 97 },
+            })
+            .collect();
+        let t = thin_timeline(pts.clone(), 100);
+        assert!(t.len() <= 100);
+        assert_eq!(t.first(), pts.first());
+        assert_eq!(t.last(), pts.last());
+        assert!(t.iter().any(|p| p.live_bytes == 1 << 40));
+        assert!(t.windows(2).all(|w| w[0].ts_ns <= w[1].ts_ns));
+    }
+
+    #[test]
+    fn processes_are_separate_and_counted_only_ones_appear() {
+        let mut other = alloc("cudaMalloc", 1, 5, 0xa);
+        other.pid = 2;
+        let mut d = trace(vec![
+            alloc("cudaMalloc", 1, 10, 0xa),
+            other,
+            free("cudaFree", 5, 0xa),
+        ]);
+        d.counts.push(crate::event::OpCount {
+            pid: 3,
+            op: 43,
+            count: 9,
+        });
+        let l = ledger(&d, None);
+        assert_eq!(
+            l.iter().map(|p| (p.pid, p.live_bytes)).collect::<Vec<_>>(),
+            [(1, 0), (2, 5), (3, 0)]
+        );
+        assert_eq!(l[1].comm, "?");
+    }
+}
