@@ -1,1 +1,94 @@
-fn main() {}
+//! Builds the simulated CUDA libraries and programs (C, in `csrc/`) with the
+//! system `gcc` into OUT_DIR; `src/lib.rs` embeds the results. No extra
+//! crates: gcc is on every development and CI machine.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn gcc(args: &[&str], what: &str) {
+    let out = Command::new("gcc")
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("sleuth-sim needs gcc to build {what}: {e}"));
+    if !out.status.success() {
+        panic!(
+            "gcc failed building {what}:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+fn main() {
+    let src =
+        PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets this")).join("csrc");
+    let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets this"));
+    println!("cargo:rerun-if-changed=csrc");
+    let s = |f: &str| src.join(f).to_string_lossy().into_owned();
+    let o = |f: &str| out.join(f).to_string_lossy().into_owned();
+    let common = [
+        "-O2",
+        "-Wall",
+        "-Wextra",
+        "-Werror",
+        "-fno-omit-frame-pointer",
+    ];
+    let inc = format!("-I{}", src.display());
+
+    // Driver stand-in: plain exported symbols, like the real libcuda.so.1.
+    let mut args: Vec<String> = common.iter().map(|a| a.to_string()).collect();
+    args.extend([
+        inc.clone(),
+        "-shared".into(),
+        "-fPIC".into(),
+        "-Wl,-soname,libcuda.so.1".into(),
+        format!("-Wl,--version-script={}", s("libcuda.map")),
+        "-o".into(),
+        o("libcuda.so.1"),
+        s("libcuda.c"),
+        "-lpthread".into(),
+    ]);
+    gcc(&refs(&args), "libcuda.so.1");
+
+    // Runtime stand-in: versioned symbols (cudaMalloc@@libcudart.so.13), finds
+    // the driver next to itself like an installed toolkit does.
+    let mut args: Vec<String> = common.iter().map(|a| a.to_string()).collect();
+    args.extend([
+        inc.clone(),
+        "-shared".into(),
+        "-fPIC".into(),
+        "-Wl,-soname,libcudart.so.13".into(),
+        format!("-Wl,--version-script={}", s("libcudart.map")),
+        "-Wl,-rpath,$ORIGIN".into(),
+        "-o".into(),
+        o("libcudart.so.13"),
+        s("libcudart.c"),
+        o("libcuda.so.1"),
+    ]);
+    gcc(&refs(&args), "libcudart.so.13");
+
+    // The workload links both; materialize() puts it in bin/ beside lib/.
+    let mut args: Vec<String> = common.iter().map(|a| a.to_string()).collect();
+    args.extend([
+        inc,
+        "-Wl,-rpath,$ORIGIN/../lib".into(),
+        "-o".into(),
+        o("workload"),
+        s("workload.c"),
+        o("libcudart.so.13"),
+        o("libcuda.so.1"),
+        "-lpthread".into(),
+        "-ldl".into(),
+    ]);
+    gcc(&refs(&args), "workload");
+
+    let args: Vec<String> = common
+        .iter()
+        .map(|a| a.to_string())
+        .chain(["-o".into(), o("gs-hog"), s("hog.c")])
+        .collect();
+    gcc(&refs(&args), "gs-hog");
+}
+
+fn refs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}

@@ -1,1 +1,204 @@
-//! placeholder
+//! Simulated CUDA for tests, the demo and the bench: a `libcudart.so.13` and a
+//! `libcuda.so.1` that export the real entry points with the real ABI, a
+//! scripted `workload` linked against them, and a CPU hog (`gs-hog`).
+//!
+//! The C sources live in `csrc/` and are built by `build.rs` with gcc;
+//! [`materialize`] writes fresh copies into a directory. Uprobes attach to a
+//! file's inode, so every test materializes its own copy and never sees the
+//! calls of another test running in parallel.
+//!
+//! # The stand-ins
+//! - The runtime calls the driver like the real one: `cudaMalloc` →
+//!   `cuMemAlloc_v2`, `cudaFree` → `cuMemFree_v2`, `cudaMallocManaged` →
+//!   `cuMemAllocManaged`, `cudaMallocHost`/`cudaHostAlloc` → `cuMemAllocHost_v2`,
+//!   `cudaFreeHost` → `cuMemFreeHost`, `cudaMallocAsync`/`cudaFreeAsync` →
+//!   `cuMemAllocAsync`/`cuMemFreeAsync`, `cudaMemcpy[Async]` → `cuMemcpy{HtoD,DtoH,DtoD}[Async]_v2`
+//!   by kind (`cuMemcpy[Async]` for host-to-host and default), `cudaLaunchKernel` →
+//!   `cuLaunchKernel`, `cudaStreamSynchronize` → `cuStreamSynchronize`,
+//!   `cudaDeviceSynchronize` → `cuCtxSynchronize`, `cudaEventSynchronize` →
+//!   `cuEventSynchronize`. `cudaMemset[Async]`, `cudaGraphLaunch` and
+//!   `cudaSetDevice` make no (probed) driver call. `cudaFree(NULL)` makes none either.
+//! - Allocation rule (see [`device_ptrs`]): device memory (`cuMemAlloc_v2`,
+//!   `cuMemAllocManaged`, `cuMemAllocAsync`, and the physical handles of
+//!   `cuMemCreate`) comes from one bump pointer starting at [`DEVICE_BASE`],
+//!   advancing by the size rounded up to [`ALIGN`], never reused; pinned host
+//!   memory from another at [`HOST_BASE`]; `cuMemAddressReserve` ranges from a
+//!   third at [`VA_BASE`]. Size 0 yields pointer 0. A device allocation that
+//!   would take the live device bytes beyond `SIM_DEVICE_BYTES` (env; default
+//!   [`DEFAULT_DEVICE_BYTES`]) fails with 2 (`CUDA_ERROR_OUT_OF_MEMORY` /
+//!   `cudaErrorMemoryAllocation`) and does not advance the bump pointer.
+//!   A forked child continues from its parent's state.
+//! - Scripted time: `simSetNextDurationNs(ns)` (exported by the driver
+//!   stand-in, never probed) makes the thread's next sync sleep `ns` (the
+//!   thread blocks, like a GPU wait) or its next copy spin `ns` of *thread CPU
+//!   time* (like a pageable copy: under CPU contention its wall time grows by
+//!   exactly the time it waited runnable).
+//!
+//! # The workload's step language
+//! `workload [--wait-file PATH] [--truth PATH] SCRIPT...` — the arguments after
+//! the options are joined with spaces into one script. Steps are separated by
+//! `;`, blocks are `{ ... }`. Numbers accept `0x`, and `1e15` forms.
+//!
+//! | step | calls |
+//! |---|---|
+//! | `malloc SIZE [NAME]` | `cudaMalloc`; NAME remembers the pointer |
+//! | `malloc_managed` / `malloc_host` / `host_alloc` / `malloc_async` `SIZE [NAME]` | `cudaMallocManaged` / `cudaMallocHost` / `cudaHostAlloc` / `cudaMallocAsync` |
+//! | `free NAME`, `free_host NAME`, `free_async NAME` | `cudaFree`, `cudaFreeHost`, `cudaFreeAsync` |
+//! | `cu_malloc SIZE [NAME]`, `cu_free NAME` | `cuMemAlloc_v2`, `cuMemFree_v2` directly |
+//! | `vmm SIZE` | `cuMemAddressReserve`, `cuMemCreate`, `cuMemMap`, `cuMemUnmap`, `cuMemRelease`, `cuMemAddressFree`, once each |
+//! | `memcpy SIZE [h2d\|d2h\|d2d\|h2h\|default]`, `memcpy_async ...` | `cudaMemcpy`, `cudaMemcpyAsync` (default h2d) |
+//! | `memset SIZE`, `memset_async SIZE` | `cudaMemset`, `cudaMemsetAsync` |
+//! | `launch [N]`, `cu_launch [N]`, `launch_ex [N]` | N × `cudaLaunchKernel`, `cuLaunchKernel`, `cuLaunchKernelEx` |
+//! | `sync_stream`, `sync_device`, `sync_event`, `graph_launch`, `set_device [D]` | one call each |
+//! | `sync_sleep MS [stream\|device\|event]` | a runtime sync whose driver sync sleeps MS ms |
+//! | `spin MS [SIZE]` | `cudaMemcpy` host-to-device of SIZE bytes (default 4096) spinning MS ms of CPU |
+//! | `churn N` | N × (`cudaMalloc` 256 B, `cudaFree`): many short calls |
+//! | `pingpong N` | N round trips between two threads over pipes (2N context switches), no CUDA |
+//! | `sleep MS` | plain sleep, no CUDA |
+//! | `pin CPU` | `sched_setaffinity` to one CPU |
+//! | `await PATH`, `touch PATH` | wait for a file to exist; create a file |
+//! | `dlopen PATH` | load a runtime copy; later runtime steps call through it |
+//! | `repeat N { ... }` | run the block N times |
+//! | `fork { ... }` | fork; the child runs the block and exits 0; the parent waits |
+//! | `spawn { ... }` | fork + exec of the workload itself with the block as its script; the parent waits |
+//! | `exit CODE` | exit now with CODE |
+//!
+//! With `--truth PATH` every process of the scenario appends one JSON line at
+//! exit ([`Truth`]): its pid, ppid, exit code, runtime calls it made, driver
+//! calls the driver stand-in served in that process, and its allocations.
+//! Useful for the bench and for debugging; tests compute expectations from the
+//! scenario they wrote.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+/// First device pointer of a fresh process.
+pub const DEVICE_BASE: u64 = 0x7f00_0000_0000;
+/// First pinned-host pointer of a fresh process.
+pub const HOST_BASE: u64 = 0x7e00_0000_0000;
+/// First reserved virtual address range of a fresh process.
+pub const VA_BASE: u64 = 0x7d00_0000_0000;
+/// Alignment of every simulated allocation.
+pub const ALIGN: u64 = 512;
+/// Device memory when `SIM_DEVICE_BYTES` is not set (80 GiB, like an H100/A100).
+pub const DEFAULT_DEVICE_BYTES: u64 = 80 << 30;
+/// `cudaErrorMemoryAllocation` / `CUDA_ERROR_OUT_OF_MEMORY`.
+pub const ERR_OUT_OF_MEMORY: i64 = 2;
+/// The hog's process name (comm).
+pub const HOG_COMM: &str = "gs-hog";
+
+const LIBCUDART: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/libcudart.so.13"));
+const LIBCUDA: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/libcuda.so.1"));
+const WORKLOAD: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/workload"));
+const HOG: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gs-hog"));
+
+/// Where [`materialize`] put things.
+#[derive(Debug, Clone)]
+pub struct SimPaths {
+    /// Folder holding `libcudart.so.13` and `libcuda.so.1` (for LD_LIBRARY_PATH / `--cuda-lib`).
+    pub lib_dir: PathBuf,
+    pub libcudart: PathBuf,
+    pub libcuda: PathBuf,
+    /// The scripted workload (`bin/workload`, finds the libraries via rpath `$ORIGIN/../lib`).
+    pub workload: PathBuf,
+    /// The CPU hog (`bin/gs-hog CPU MS [READY_FILE]`).
+    pub hog: PathBuf,
+}
+
+fn write_file(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
+    std::fs::write(path, bytes)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+}
+
+/// Writes fresh copies of the simulated libraries and programs under `dir`
+/// (`dir/lib/`, `dir/bin/`): new files, so new inodes, on every call.
+pub fn materialize(dir: &Path) -> io::Result<SimPaths> {
+    let lib_dir = dir.join("lib");
+    let bin_dir = dir.join("bin");
+    std::fs::create_dir_all(&lib_dir)?;
+    std::fs::create_dir_all(&bin_dir)?;
+    let paths = SimPaths {
+        libcudart: lib_dir.join("libcudart.so.13"),
+        libcuda: lib_dir.join("libcuda.so.1"),
+        workload: bin_dir.join("workload"),
+        hog: bin_dir.join("gs-hog"),
+        lib_dir,
+    };
+    // Remove first: rewriting a file in place keeps its inode (and would
+    // corrupt a copy that a running process has mapped).
+    for (path, bytes) in [
+        (&paths.libcudart, LIBCUDART),
+        (&paths.libcuda, LIBCUDA),
+        (&paths.workload, WORKLOAD),
+        (&paths.hog, HOG),
+    ] {
+        match std::fs::remove_file(path) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+        write_file(path, bytes, 0o755)?;
+    }
+    Ok(paths)
+}
+
+/// Writes one more copy of the runtime library at `path` (a new inode), e.g.
+/// for the workload's `dlopen` step.
+pub fn copy_runtime_to(path: &Path) -> io::Result<()> {
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    let _ = std::fs::remove_file(path);
+    write_file(path, LIBCUDART, 0o755)
+}
+
+fn round_up(n: u64) -> u64 {
+    n.div_ceil(ALIGN) * ALIGN
+}
+
+/// The device pointers a fresh process gets for successive successful device
+/// allocations of `sizes` (runtime or driver, device or managed or `cuMemCreate`),
+/// by the simulated allocator's rule.
+pub fn device_ptrs(sizes: &[u64]) -> Vec<u64> {
+    let mut next = DEVICE_BASE;
+    sizes
+        .iter()
+        .map(|&size| {
+            if size == 0 {
+                return 0;
+            }
+            let p = next;
+            next += round_up(size);
+            p
+        })
+        .collect()
+}
+
+/// One process's line of the workload's `--truth` file.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Truth {
+    pub pid: u32,
+    pub ppid: u32,
+    pub exit_code: i32,
+    /// Runtime calls the process made, by symbol name.
+    pub runtime: BTreeMap<String, u64>,
+    /// Driver calls the driver stand-in served in the process (including
+    /// those the runtime made), by symbol name.
+    pub driver: BTreeMap<String, u64>,
+    /// Allocations: (op, size, pointer or 0, return code).
+    pub allocs: Vec<Alloc>,
+}
+
+/// One allocation the workload made, as it saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Alloc {
+    pub op: String,
+    pub size: u64,
+    /// The returned pointer (0 when the call failed).
+    pub ptr: u64,
+    pub ret: i64,
+}
+
+mod truth;
+pub use truth::parse_truth;
