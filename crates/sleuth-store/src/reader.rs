@@ -1,0 +1,376 @@
+//! The read side: a trace database opened read-only as untrusted input.
+
+use crate::error::{SqlContext, StoreError};
+use crate::open::{has_table, open_untrusted, short};
+use crate::rows::{query_calls, query_waits};
+use crate::schema::{SCHEMA_VERSION, TOOL};
+use crate::types::{
+    CallFilter, CallOrder, LibraryInfo, Note, Session, SessionInfo, StoredCall, TraceSource,
+    WaitFilter,
+};
+use rusqlite::types::Value;
+use rusqlite::{Connection, OptionalExtension};
+use sleuth_core::{
+    op_by_name, Culprit, Layer, OpCount, ProcEvent, ProcKind, ProcessInfo, TraceData, WaitEvent,
+};
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+/// An open trace database.
+pub struct Trace {
+    conn: Connection,
+    path: PathBuf,
+    source: TraceSource,
+}
+
+impl Trace {
+    /// Opens a gpusleuth trace read-only; a missing, non-SQLite, corrupt or
+    /// foreign file is a one-line error naming the path.
+    pub fn open(path: &Path) -> Result<Trace, StoreError> {
+        let conn = open_untrusted(path)?;
+        let source = check_is_trace(&conn, path)?;
+        Ok(Trace {
+            conn,
+            path: path.to_path_buf(),
+            source,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn source(&self) -> TraceSource {
+        self.source
+    }
+
+    /// Whether calls carry the runnable/blocked split (false for imports).
+    pub fn has_host_context(&self) -> bool {
+        self.source == TraceSource::Gpusleuth
+    }
+
+    pub fn session(&self) -> Result<Session, StoreError> {
+        self.conn
+            .query_row(
+                "SELECT started_unix_ns, start_mono_ns, end_mono_ns, realtime_offset_ns, hostname,
+                    kernel, command, target, launch_mode, tool_version FROM session WHERE id = 1",
+                [],
+                |r| {
+                    Ok(Session {
+                        info: SessionInfo {
+                            started_unix_ns: r.get(0)?,
+                            start_mono_ns: r.get::<_, i64>(1)? as u64,
+                            realtime_offset_ns: r.get(3)?,
+                            hostname: r.get(4)?,
+                            kernel: r.get(5)?,
+                            command: r.get(6)?,
+                            target: r.get(7)?,
+                            launch_mode: r.get(8)?,
+                            tool_version: r.get(9)?,
+                        },
+                        end_mono_ns: r.get::<_, Option<i64>>(2)?.map(|v| v as u64),
+                        source: self.source,
+                    })
+                },
+            )
+            .at(&self.path)
+    }
+
+    pub fn stats(&self) -> Result<BTreeMap<String, u64>, StoreError> {
+        let mut st = self
+            .conn
+            .prepare("SELECT name, value FROM stats ORDER BY name")
+            .at(&self.path)?;
+        let rows = st
+            .query_map([], |r| {
+                Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?.max(0) as u64))
+            })
+            .at(&self.path)?;
+        rows.collect::<rusqlite::Result<_>>().at(&self.path)
+    }
+
+    pub fn libraries(&self) -> Result<Vec<LibraryInfo>, StoreError> {
+        let mut st = self
+            .conn
+            .prepare("SELECT path, layer, dev, ino, attached_mono_ns, probes, missing FROM libraries ORDER BY id")
+            .at(&self.path)?;
+        let rows = st
+            .query_map([], |r| {
+                let layer: Option<String> = r.get(1)?;
+                let missing: String = r.get(6)?;
+                Ok(LibraryInfo {
+                    path: r.get(0)?,
+                    layer: layer.as_deref().and_then(Layer::parse),
+                    dev: r.get::<_, Option<i64>>(2)?.map(|v| v as u64),
+                    ino: r.get::<_, Option<i64>>(3)?.map(|v| v as u64),
+                    attached_mono_ns: r.get::<_, Option<i64>>(4)?.map(|v| v as u64),
+                    probes: r.get(5)?,
+                    missing: serde_json::from_str(&missing).unwrap_or_default(),
+                })
+            })
+            .at(&self.path)?;
+        rows.collect::<rusqlite::Result<_>>().at(&self.path)
+    }
+
+    pub fn notes(&self) -> Result<Vec<Note>, StoreError> {
+        let mut st = self
+            .conn
+            .prepare("SELECT ts_ns, level, text FROM notes ORDER BY ts_ns, rowid")
+            .at(&self.path)?;
+        let rows = st
+            .query_map([], |r| {
+                Ok(Note {
+                    ts_ns: r.get::<_, i64>(0)? as u64,
+                    level: r.get(1)?,
+                    text: r.get(2)?,
+                })
+            })
+            .at(&self.path)?;
+        rows.collect::<rusqlite::Result<_>>().at(&self.path)
+    }
+
+    pub fn processes(&self) -> Result<Vec<ProcessInfo>, StoreError> {
+        let mut st = self
+            .conn
+            .prepare("SELECT pid, ppid, comm, cmdline, start_ns, exit_ns, exit_code, oom_victim FROM processes ORDER BY pid")
+            .at(&self.path)?;
+        let rows = st
+            .query_map([], |r| {
+                Ok(ProcessInfo {
+                    pid: r.get(0)?,
+                    ppid: r.get(1)?,
+                    comm: r.get(2)?,
+                    cmdline: r.get(3)?,
+                    start_ns: r.get::<_, Option<i64>>(4)?.map(|v| v as u64),
+                    exit_ns: r.get::<_, Option<i64>>(5)?.map(|v| v as u64),
+                    exit_code: r.get(6)?,
+                    oom_victim: r.get(7)?,
+                })
+            })
+            .at(&self.path)?;
+        rows.collect::<rusqlite::Result<_>>().at(&self.path)
+    }
+
+    /// Calls matching the filter, each with its row id.
+    pub fn calls_filtered(&self, f: &CallFilter) -> Result<Vec<StoredCall>, StoreError> {
+        let mut conds = Vec::new();
+        let mut args = Vec::new();
+        if let Some(pid) = f.pid {
+            args.push(Value::Integer(pid as i64));
+            conds.push(format!("pid = ?{}", args.len()));
+        }
+        if let Some(op) = &f.op {
+            args.push(Value::Text(op.clone()));
+            conds.push(format!("op = ?{}", args.len()));
+        }
+        if let Some(s) = f.since_ns {
+            args.push(Value::Integer(s as i64));
+            conds.push(format!("ts_ns >= ?{}", args.len()));
+        }
+        if let Some(u) = f.until_ns {
+            args.push(Value::Integer(u as i64));
+            conds.push(format!("ts_ns < ?{}", args.len()));
+        }
+        let mut tail = where_clause(&conds);
+        tail.push_str(match f.order {
+            CallOrder::ByTime => " ORDER BY ts_ns, id",
+            CallOrder::ByDurationDesc => " ORDER BY dur_ns DESC, id",
+        });
+        if let Some(limit) = f.limit {
+            tail.push_str(&format!(" LIMIT {}", limit.min(i64::MAX as usize)));
+        }
+        query_calls(&self.conn, &tail, &args).at(&self.path)
+    }
+
+    /// Culprits of the given calls (by row id), largest first; calls without any are absent.
+    pub fn call_culprits_of(
+        &self,
+        call_ids: &[i64],
+    ) -> Result<HashMap<i64, Vec<Culprit>>, StoreError> {
+        let mut st = self
+            .conn
+            .prepare_cached(
+                "SELECT pid, tid, comm, runnable_ns FROM call_culprits WHERE call_id = ?1 ORDER BY runnable_ns DESC, pid, tid",
+            )
+            .at(&self.path)?;
+        let mut out = HashMap::new();
+        for &id in call_ids {
+            let list = st
+                .query_map([id], |r| {
+                    Ok(Culprit {
+                        pid: r.get(0)?,
+                        tid: r.get(1)?,
+                        comm: r.get(2)?,
+                        ns: r.get::<_, i64>(3)? as u64,
+                    })
+                })
+                .at(&self.path)?
+                .collect::<rusqlite::Result<Vec<_>>>()
+                .at(&self.path)?;
+            if !list.is_empty() {
+                out.insert(id, list);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Waits matching the filter, by `on_ns`.
+    pub fn waits_filtered(&self, f: &WaitFilter) -> Result<Vec<WaitEvent>, StoreError> {
+        let mut conds = Vec::new();
+        let mut args = Vec::new();
+        if let Some(pid) = f.pid {
+            args.push(Value::Integer(pid as i64));
+            conds.push(format!("w.pid = ?{}", args.len()));
+        }
+        if let Some(tid) = f.tid {
+            args.push(Value::Integer(tid as i64));
+            conds.push(format!("w.tid = ?{}", args.len()));
+        }
+        if let Some(s) = f.since_ns {
+            args.push(Value::Integer(s as i64));
+            conds.push(format!("w.on_ns >= ?{}", args.len()));
+        }
+        if let Some(u) = f.until_ns {
+            args.push(Value::Integer(u as i64));
+            conds.push(format!("w.off_ns < ?{}", args.len()));
+        }
+        let mut tail = where_clause(&conds);
+        tail.push_str(" ORDER BY w.on_ns, w.id");
+        if let Some(limit) = f.limit {
+            tail.push_str(&format!(" LIMIT {}", limit.min(i64::MAX as usize)));
+        }
+        query_waits(&self.conn, &tail, &args).at(&self.path)
+    }
+
+    fn proc_events(&self, pid: Option<u32>) -> Result<Vec<ProcEvent>, StoreError> {
+        let mut st = self
+            .conn
+            .prepare(
+                "SELECT ts_ns, kind, pid, tid, ppid, exit_code, comm FROM proc_events
+                 WHERE ?1 IS NULL OR pid = ?1 ORDER BY ts_ns, id",
+            )
+            .at(&self.path)?;
+        let rows = st
+            .query_map([pid], |r| {
+                let kind: String = r.get(1)?;
+                Ok(
+                    ProcKind::parse(&kind).map(|kind| -> rusqlite::Result<ProcEvent> {
+                        Ok(ProcEvent {
+                            kind,
+                            ts_ns: r.get::<_, i64>(0)? as u64,
+                            pid: r.get(2)?,
+                            tid: r.get(3)?,
+                            ppid: r.get::<_, Option<u32>>(4)?.unwrap_or(0),
+                            // NULL (unknown, e.g. imported) reads as 0.
+                            exit_code: r.get::<_, Option<i32>>(5)?.unwrap_or(0),
+                            comm: r.get(6)?,
+                        })
+                    }),
+                )
+            })
+            .at(&self.path)?;
+        let mut out = Vec::new();
+        for r in rows {
+            if let Some(e) = r.at(&self.path)? {
+                out.push(e.at(&self.path)?);
+            }
+        }
+        Ok(out)
+    }
+
+    fn op_counts(&self, pid: Option<u32>) -> Result<Vec<OpCount>, StoreError> {
+        let mut st = self
+            .conn
+            .prepare("SELECT pid, op, count FROM op_counts WHERE ?1 IS NULL OR pid = ?1 ORDER BY pid, op")
+            .at(&self.path)?;
+        let rows = st
+            .query_map([pid], |r| {
+                let name: String = r.get(1)?;
+                Ok(op_by_name(&name).map(|info| OpCount {
+                    pid: r.get(0).unwrap_or(0),
+                    op: info.id,
+                    count: r.get::<_, i64>(2).unwrap_or(0).max(0) as u64,
+                }))
+            })
+            .at(&self.path)?;
+        let mut out = Vec::new();
+        for r in rows {
+            if let Some(c) = r.at(&self.path)? {
+                out.push(c);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The whole trace (or one process of it) in memory, as analyses consume it.
+    pub fn load(&self, pid: Option<u32>) -> Result<TraceData, StoreError> {
+        let calls = self
+            .calls_filtered(&CallFilter {
+                pid,
+                ..Default::default()
+            })?
+            .into_iter()
+            .map(|s| s.call)
+            .collect();
+        let waits = self.waits_filtered(&WaitFilter {
+            pid,
+            ..Default::default()
+        })?;
+        let session = self.session()?;
+        let mut processes = self.processes()?;
+        if let Some(pid) = pid {
+            processes.retain(|p| p.pid == pid);
+        }
+        Ok(TraceData {
+            calls,
+            waits,
+            procs: self.proc_events(pid)?,
+            counts: self.op_counts(pid)?,
+            processes,
+            stats: self.stats()?,
+            start_ns: Some(session.info.start_mono_ns),
+            end_ns: session.end_mono_ns,
+            realtime_offset_ns: session.info.realtime_offset_ns,
+            has_host_context: self.has_host_context(),
+        })
+    }
+}
+
+fn where_clause(conds: &[String]) -> String {
+    if conds.is_empty() {
+        String::new()
+    } else {
+        format!("WHERE {}", conds.join(" AND "))
+    }
+}
+
+/// Checks `meta` says this is a gpusleuth trace of a schema we read.
+fn check_is_trace(conn: &Connection, path: &Path) -> Result<TraceSource, StoreError> {
+    let not_ours = || {
+        StoreError::file(
+            path,
+            "not a gpusleuth trace database (no gpusleuth meta table)",
+        )
+    };
+    if !has_table(conn, "meta").map_err(|e| StoreError::file(path, short(&e)))? {
+        return Err(not_ours());
+    }
+    let get = |key: &str| -> Result<Option<String>, StoreError> {
+        conn.query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0))
+            .optional()
+            .map_err(|_| not_ours())
+    };
+    if get("tool")?.as_deref() != Some(TOOL) {
+        return Err(not_ours());
+    }
+    let version = get("schema_version")?.unwrap_or_default();
+    if version != SCHEMA_VERSION.to_string() {
+        return Err(StoreError::file(
+            path,
+            format!("trace schema version {version:?} is not supported (this build reads {SCHEMA_VERSION})"),
+        ));
+    }
+    let source = get("source")?.unwrap_or_default();
+    TraceSource::parse(&source)
+        .ok_or_else(|| StoreError::file(path, format!("unknown trace source {source:?}")))
+}

@@ -1,0 +1,109 @@
+//! Row <-> event mapping shared by the reader and `finish`.
+//!
+//! Integers are stored as SQLite's signed 64-bit; unsigned values (pointers,
+//! streams) are stored bit for bit and cast back.
+
+use crate::types::StoredCall;
+use rusqlite::types::Value;
+use rusqlite::{Connection, Row};
+use sleuth_core::{op_by_name, CallEvent, Culprit, WaitEvent, WaitKind};
+
+/// Columns `call_from_row` expects, in order (prefix with a table alias if needed).
+pub(crate) const CALL_COLS: &str =
+    "id, ts_ns, dur_ns, pid, tid, op, ret, size, ptr, stream, kind, nested, runnable_ns, blocked_ns, cpu";
+
+fn opt_u64(row: &Row, i: usize) -> rusqlite::Result<Option<u64>> {
+    Ok(row.get::<_, Option<i64>>(i)?.map(|v| v as u64))
+}
+
+/// A call row; `None` when its op name is not in this build's op table.
+pub(crate) fn call_from_row(row: &Row) -> rusqlite::Result<Option<StoredCall>> {
+    let op_name: String = row.get(5)?;
+    let Some(info) = op_by_name(&op_name) else {
+        return Ok(None);
+    };
+    Ok(Some(StoredCall {
+        id: row.get(0)?,
+        call: CallEvent {
+            ts_ns: row.get::<_, i64>(1)? as u64,
+            dur_ns: row.get::<_, i64>(2)? as u64,
+            pid: row.get(3)?,
+            tid: row.get(4)?,
+            op: info.id,
+            ret: row.get(6)?,
+            size: opt_u64(row, 7)?,
+            ptr: opt_u64(row, 8)?,
+            stream: opt_u64(row, 9)?,
+            kind: opt_u64(row, 10)?,
+            nested: row.get(11)?,
+            runnable_ns: row.get::<_, i64>(12)? as u64,
+            blocked_ns: row.get::<_, i64>(13)? as u64,
+            cpu: row.get(14)?,
+        },
+    }))
+}
+
+/// Runs `SELECT <CALL_COLS> FROM calls <tail>` and maps known ops.
+pub(crate) fn query_calls(
+    conn: &Connection,
+    tail: &str,
+    args: &[Value],
+) -> rusqlite::Result<Vec<StoredCall>> {
+    let sql = format!("SELECT {CALL_COLS} FROM calls {tail}");
+    let mut st = conn.prepare(&sql)?;
+    let rows = st.query_map(rusqlite::params_from_iter(args.iter()), call_from_row)?;
+    let mut out = Vec::new();
+    for r in rows {
+        if let Some(c) = r? {
+            out.push(c);
+        }
+    }
+    Ok(out)
+}
+
+/// Runs `SELECT ... FROM waits w <tail>` (tail filters/orders on `w.`) and
+/// attaches each wait's culprits.
+pub(crate) fn query_waits(
+    conn: &Connection,
+    tail: &str,
+    args: &[Value],
+) -> rusqlite::Result<Vec<WaitEvent>> {
+    let sql = format!(
+        "SELECT w.id, w.pid, w.tid, w.kind, w.off_ns, w.wake_ns, w.on_ns, w.prev_state, w.cpu FROM waits w {tail}"
+    );
+    let mut st = conn.prepare(&sql)?;
+    let mut rows = st.query(rusqlite::params_from_iter(args.iter()))?;
+    let mut cst = conn.prepare_cached(
+        "SELECT pid, tid, comm, ns FROM wait_culprits WHERE wait_id = ?1 ORDER BY rowid",
+    )?;
+    let mut out = Vec::new();
+    while let Some(row) = rows.next()? {
+        let id: i64 = row.get(0)?;
+        let kind: String = row.get(3)?;
+        let Some(kind) = WaitKind::parse(&kind) else {
+            continue;
+        };
+        let culprits = cst
+            .query_map([id], |c| {
+                Ok(Culprit {
+                    pid: c.get(0)?,
+                    tid: c.get(1)?,
+                    comm: c.get(2)?,
+                    ns: c.get::<_, i64>(3)? as u64,
+                })
+            })?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        out.push(WaitEvent {
+            pid: row.get(1)?,
+            tid: row.get(2)?,
+            kind,
+            off_ns: row.get::<_, i64>(4)? as u64,
+            wake_ns: row.get::<_, i64>(5)? as u64,
+            on_ns: row.get::<_, i64>(6)? as u64,
+            prev_state: row.get(7)?,
+            cpu: row.get(8)?,
+            culprits,
+        });
+    }
+    Ok(out)
+}

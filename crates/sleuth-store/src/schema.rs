@@ -1,0 +1,125 @@
+//! The trace database schema (documented column by column in docs/schema.md).
+
+use rusqlite::Connection;
+
+/// Bumped on any incompatible change; readers refuse other versions.
+pub const SCHEMA_VERSION: i64 = 1;
+
+/// Value of `meta.tool` in every database this crate writes.
+pub const TOOL: &str = "gpusleuth";
+
+pub(crate) const CREATE: &str = r#"
+CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE session(
+    id INTEGER PRIMARY KEY CHECK(id = 1),
+    started_unix_ns INTEGER NOT NULL,
+    start_mono_ns INTEGER NOT NULL,
+    end_mono_ns INTEGER,
+    realtime_offset_ns INTEGER NOT NULL,
+    hostname TEXT NOT NULL,
+    kernel TEXT NOT NULL,
+    command TEXT NOT NULL,
+    target TEXT NOT NULL,
+    launch_mode TEXT NOT NULL,
+    tool_version TEXT NOT NULL
+);
+CREATE TABLE stats(name TEXT PRIMARY KEY, value INTEGER NOT NULL);
+CREATE TABLE libraries(
+    id INTEGER PRIMARY KEY,
+    path TEXT NOT NULL,
+    layer TEXT,
+    dev INTEGER,
+    ino INTEGER,
+    attached_mono_ns INTEGER,
+    probes INTEGER NOT NULL,
+    missing TEXT NOT NULL
+);
+CREATE TABLE notes(ts_ns INTEGER NOT NULL, level TEXT NOT NULL, text TEXT NOT NULL);
+CREATE TABLE processes(
+    pid INTEGER PRIMARY KEY,
+    ppid INTEGER,
+    comm TEXT NOT NULL,
+    cmdline TEXT NOT NULL,
+    start_ns INTEGER,
+    exit_ns INTEGER,
+    exit_code INTEGER,
+    oom_victim INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE proc_events(
+    id INTEGER PRIMARY KEY,
+    ts_ns INTEGER NOT NULL,
+    kind TEXT NOT NULL,
+    pid INTEGER NOT NULL,
+    tid INTEGER NOT NULL,
+    ppid INTEGER,
+    exit_code INTEGER,
+    comm TEXT NOT NULL
+);
+CREATE TABLE calls(
+    id INTEGER PRIMARY KEY,
+    ts_ns INTEGER NOT NULL,
+    dur_ns INTEGER NOT NULL,
+    pid INTEGER NOT NULL,
+    tid INTEGER NOT NULL,
+    layer TEXT NOT NULL,
+    op TEXT NOT NULL,
+    ret INTEGER NOT NULL,
+    size INTEGER,
+    ptr INTEGER,
+    stream INTEGER,
+    kind INTEGER,
+    nested INTEGER NOT NULL,
+    on_cpu_ns INTEGER NOT NULL,
+    runnable_ns INTEGER NOT NULL,
+    blocked_ns INTEGER NOT NULL,
+    cpu INTEGER NOT NULL
+);
+CREATE INDEX calls_pid_op ON calls(pid, op);
+CREATE INDEX calls_op_dur ON calls(op, dur_ns);
+CREATE INDEX calls_tid_ts ON calls(tid, ts_ns);
+CREATE TABLE waits(
+    id INTEGER PRIMARY KEY,
+    pid INTEGER NOT NULL,
+    tid INTEGER NOT NULL,
+    kind TEXT NOT NULL,
+    off_ns INTEGER NOT NULL,
+    wake_ns INTEGER NOT NULL,
+    on_ns INTEGER NOT NULL,
+    prev_state INTEGER NOT NULL,
+    cpu INTEGER NOT NULL,
+    blocked_ns INTEGER NOT NULL,
+    runnable_ns INTEGER NOT NULL
+);
+CREATE INDEX waits_tid_on ON waits(tid, on_ns);
+CREATE INDEX waits_pid_on ON waits(pid, on_ns);
+CREATE TABLE wait_culprits(wait_id INTEGER NOT NULL, pid INTEGER NOT NULL, tid INTEGER NOT NULL, comm TEXT NOT NULL, ns INTEGER NOT NULL);
+CREATE INDEX wait_culprits_wait ON wait_culprits(wait_id);
+CREATE TABLE call_culprits(call_id INTEGER NOT NULL, pid INTEGER NOT NULL, tid INTEGER NOT NULL, comm TEXT NOT NULL, runnable_ns INTEGER NOT NULL);
+CREATE INDEX call_culprits_call ON call_culprits(call_id);
+CREATE TABLE op_counts(pid INTEGER NOT NULL, layer TEXT NOT NULL, op TEXT NOT NULL, count INTEGER NOT NULL, PRIMARY KEY(pid, op));
+
+CREATE VIEW calls_wall AS
+    SELECT c.*, c.ts_ns + s.realtime_offset_ns AS ts_unix_ns,
+           datetime((c.ts_ns + s.realtime_offset_ns) / 1000000000, 'unixepoch') AS ts_utc
+    FROM calls c, session s;
+CREATE VIEW op_summary AS
+    SELECT pid, layer, op, count(*) AS calls, sum(ret != 0) AS errors,
+           sum(dur_ns) AS total_ns, max(dur_ns) AS max_ns,
+           sum(on_cpu_ns) AS on_cpu_ns, sum(runnable_ns) AS runnable_ns, sum(blocked_ns) AS blocked_ns
+    FROM calls GROUP BY pid, layer, op;
+CREATE VIEW call_culprits_named AS
+    SELECT c.id AS call_id, c.op, c.pid AS call_pid, c.tid AS call_tid, c.ts_ns, c.dur_ns,
+           k.pid AS culprit_pid, k.tid AS culprit_tid, k.comm AS culprit_comm, k.runnable_ns
+    FROM call_culprits k JOIN calls c ON c.id = k.call_id;
+"#;
+
+/// Creates every table and view and fills `meta`.
+pub(crate) fn create(conn: &Connection, source: &str, tool_version: &str) -> rusqlite::Result<()> {
+    conn.execute_batch(CREATE)?;
+    let mut st = conn.prepare("INSERT INTO meta(key, value) VALUES (?1, ?2)")?;
+    st.execute(["schema_version", &SCHEMA_VERSION.to_string()])?;
+    st.execute(["tool", TOOL])?;
+    st.execute(["source", source])?;
+    st.execute(["tool_version", tool_version])?;
+    Ok(())
+}

@@ -1,0 +1,209 @@
+//! Read-only SQL over a trace, safe for untrusted callers (MCP `sql`,
+//! `gpusleuth query`).
+//!
+//! `mode=ro` plus `query_only` is not read-only (`PRAGMA query_only=0` and
+//! `ATTACH` both write). What holds, in layers: the connection is opened
+//! with SQLITE_OPEN_READONLY; SQLite's limits for untrusted SQL are lowered
+//! (no attached databases at all); an authorizer allows only reads, a few
+//! introspection pragmas, and functions other than extension loading; one
+//! statement per call, which SQLite itself must classify as read-only; a
+//! progress handler enforces a time limit; rows are capped; the SQLite heap
+//! is capped; SQLITE_DBCONFIG_DEFENSIVE is on.
+
+use crate::error::StoreError;
+use crate::open::{open_untrusted_unchecked, short};
+use rusqlite::ffi;
+use rusqlite::hooks::{AuthAction, AuthContext, Authorization};
+use rusqlite::limits::Limit;
+use rusqlite::types::ValueRef;
+use rusqlite::Connection;
+use serde::Serialize;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// Bounds on one read-only query.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SqlLimits {
+    /// Rows returned at most; more set `truncated`. Default 1000.
+    pub max_rows: usize,
+    /// Wall-clock budget of the statement. Default 2 s.
+    pub timeout: Duration,
+    /// Hard limit on SQLite's heap, in bytes. SQLite's heap limit is
+    /// process-wide: it is lowered to this value if it is unset or higher,
+    /// never raised. Default 256 MiB.
+    pub heap_bytes: i64,
+}
+
+impl Default for SqlLimits {
+    fn default() -> Self {
+        SqlLimits {
+            max_rows: 1000,
+            timeout: Duration::from_secs(2),
+            heap_bytes: 256 << 20,
+        }
+    }
+}
+
+/// Result of a read-only query: column names and JSON values.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SqlResult {
+    pub columns: Vec<String>,
+    pub rows: Vec<Vec<serde_json::Value>>,
+    /// More rows existed than `max_rows`.
+    pub truncated: bool,
+}
+
+/// Pragmas that only describe the schema; their argument is a table or index name.
+const READ_PRAGMAS: &[&str] = &[
+    "table_info",
+    "table_xinfo",
+    "table_list",
+    "index_list",
+    "index_info",
+    "index_xinfo",
+    "foreign_key_list",
+];
+
+/// Functions that reach outside the database or change the connection.
+const DENIED_FUNCTIONS: &[&str] = &[
+    "load_extension",
+    "fts3_tokenizer",
+    "readfile",
+    "writefile",
+    "edit",
+    "sqlite_dbpage",
+];
+
+/// Runs one read-only statement against `db` under `limits`.
+pub fn run_readonly_sql(db: &Path, sql: &str, limits: SqlLimits) -> Result<SqlResult, StoreError> {
+    let mut conn = open_untrusted_unchecked(db)?;
+    lower_heap_limit(limits.heap_bytes);
+    sandbox(&mut conn, limits.timeout)
+        .map_err(|e| StoreError::Query(format!("cannot set up the sandbox: {}", short(&e))))?;
+    let deadline_hint = limits.timeout;
+    let mut stmt = conn.prepare(sql).map_err(|e| match e {
+        rusqlite::Error::MultipleStatement => {
+            StoreError::Query("exactly one statement per query (found more after the first)".into())
+        }
+        e => StoreError::Query(short(&e)),
+    })?;
+    if !stmt.readonly() {
+        return Err(StoreError::Query(
+            "only read-only statements are allowed".into(),
+        ));
+    }
+    let columns: Vec<String> = stmt.column_names().map(|s| s.to_string()).collect();
+    let ncols = columns.len();
+    let mut rows_out = Vec::new();
+    let mut truncated = false;
+    let mut rows = stmt.query([]).map_err(|e| query_error(&e, deadline_hint))?;
+    loop {
+        match rows.next() {
+            Ok(Some(row)) => {
+                if rows_out.len() == limits.max_rows {
+                    truncated = true;
+                    break;
+                }
+                let mut vals = Vec::with_capacity(ncols);
+                for i in 0..ncols {
+                    let v = row.get_ref(i).map_err(|e| query_error(&e, deadline_hint))?;
+                    vals.push(to_json(v));
+                }
+                rows_out.push(vals);
+            }
+            Ok(None) => break,
+            Err(e) => return Err(query_error(&e, deadline_hint)),
+        }
+    }
+    Ok(SqlResult {
+        columns,
+        rows: rows_out,
+        truncated,
+    })
+}
+
+fn query_error(e: &rusqlite::Error, timeout: Duration) -> StoreError {
+    if e.sqlite_error_code() == Some(rusqlite::ErrorCode::OperationInterrupted) {
+        StoreError::Query(format!("time limit of {timeout:?} exceeded"))
+    } else {
+        StoreError::Query(short(e))
+    }
+}
+
+fn sandbox(conn: &mut Connection, timeout: Duration) -> rusqlite::Result<()> {
+    conn.set_limit(Limit::SQLITE_LIMIT_ATTACHED, 0)?;
+    conn.set_limit(Limit::SQLITE_LIMIT_LENGTH, 1_000_000)?;
+    conn.set_limit(Limit::SQLITE_LIMIT_SQL_LENGTH, 100_000)?;
+    conn.set_limit(Limit::SQLITE_LIMIT_COLUMN, 200)?;
+    conn.set_limit(Limit::SQLITE_LIMIT_EXPR_DEPTH, 100)?;
+    conn.set_limit(Limit::SQLITE_LIMIT_COMPOUND_SELECT, 20)?;
+    conn.set_limit(Limit::SQLITE_LIMIT_VDBE_OP, 100_000)?;
+    conn.set_limit(Limit::SQLITE_LIMIT_FUNCTION_ARG, 16)?;
+    conn.set_limit(Limit::SQLITE_LIMIT_LIKE_PATTERN_LENGTH, 1_000)?;
+    conn.set_limit(Limit::SQLITE_LIMIT_VARIABLE_NUMBER, 0)?;
+    conn.set_limit(Limit::SQLITE_LIMIT_TRIGGER_DEPTH, 1)?;
+    // Temporary b-trees (sorts, DISTINCT) stay in memory, under the heap limit.
+    conn.pragma_update(None, "temp_store", "MEMORY")?;
+    conn.authorizer(Some(authorize))?;
+    let deadline = Instant::now() + timeout;
+    conn.progress_handler(1_000, Some(move || Instant::now() >= deadline))?;
+    Ok(())
+}
+
+fn authorize(ctx: AuthContext<'_>) -> Authorization {
+    match ctx.action {
+        AuthAction::Select | AuthAction::Read { .. } | AuthAction::Recursive => {
+            Authorization::Allow
+        }
+        AuthAction::Function { function_name } => {
+            if DENIED_FUNCTIONS
+                .iter()
+                .any(|f| f.eq_ignore_ascii_case(function_name))
+            {
+                Authorization::Deny
+            } else {
+                Authorization::Allow
+            }
+        }
+        AuthAction::Pragma { pragma_name, .. } => {
+            if READ_PRAGMAS
+                .iter()
+                .any(|p| p.eq_ignore_ascii_case(pragma_name))
+            {
+                Authorization::Allow
+            } else {
+                Authorization::Deny
+            }
+        }
+        _ => Authorization::Deny,
+    }
+}
+
+/// Lowers SQLite's process-wide hard heap limit to `bytes` (never raises it).
+fn lower_heap_limit(bytes: i64) {
+    if bytes <= 0 {
+        return;
+    }
+    // SAFETY: sqlite3_hard_heap_limit64 only reads/writes SQLite's global
+    // limit under its own mutex; a negative argument queries without change.
+    let current = unsafe { ffi::sqlite3_hard_heap_limit64(-1) };
+    if current == 0 || current > bytes {
+        // SAFETY: as above.
+        unsafe { ffi::sqlite3_hard_heap_limit64(bytes) };
+    }
+}
+
+fn to_json(v: ValueRef<'_>) -> serde_json::Value {
+    match v {
+        ValueRef::Null => serde_json::Value::Null,
+        ValueRef::Integer(i) => serde_json::Value::from(i),
+        ValueRef::Real(f) => serde_json::Number::from_f64(f)
+            .map(serde_json::Value::Number)
+            .unwrap_or(serde_json::Value::Null),
+        ValueRef::Text(t) => serde_json::Value::String(String::from_utf8_lossy(t).into_owned()),
+        ValueRef::Blob(b) => {
+            let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+            serde_json::Value::String(format!("x'{hex}'"))
+        }
+    }
+}

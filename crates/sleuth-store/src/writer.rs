@@ -1,0 +1,588 @@
+//! The write side: a writer thread fed through a bounded channel, one
+//! transaction per batch, a size cap, and `finish` to complete the trace.
+//!
+//! Durability: WAL with `synchronous=NORMAL`. A committed batch survives a
+//! SIGKILL of the process (the WAL is replayed on next open); a power loss
+//! may lose the last batches but never corrupts the file.
+
+use crate::error::{SqlContext, StoreError};
+use crate::finalize;
+use crate::schema;
+use crate::types::{LibraryInfo, NoteLevel, SessionInfo, WriteSummary, WriterOptions};
+use rusqlite::{params, Connection, OpenFlags, Transaction};
+use sleuth_core::record::stat;
+use sleuth_core::{CallEvent, Event, OpCount, ProcEvent, ProcessInfo, WaitEvent};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Longest time events wait in a batch before it is committed.
+const BATCH_WINDOW: Duration = Duration::from_millis(100);
+
+/// Messages to the writer thread.
+enum Msg {
+    Event(Event),
+    Process(ProcessInfo),
+    Library(LibraryInfo),
+    Note(NoteLevel, String),
+    Stat(String, u64),
+    OpCounts(Vec<OpCount>),
+    SessionEnd(u64),
+    /// Commit what was sent before, then answer with the number of events committed so far.
+    Flush(SyncSender<u64>),
+    /// Commit, complete the trace, and stop.
+    Finish(SyncSender<Result<WriteSummary, String>>),
+}
+
+/// Owns the writer thread of one trace database.
+pub struct TraceWriter {
+    handle: WriterHandle,
+    thread: Option<JoinHandle<()>>,
+    path: PathBuf,
+}
+
+/// A cloneable way to feed the writer from any thread.
+#[derive(Clone)]
+pub struct WriterHandle {
+    tx: SyncSender<Msg>,
+}
+
+impl TraceWriter {
+    /// Creates a new trace database (mode 0600) and starts its writer thread.
+    pub fn create(
+        path: &Path,
+        info: SessionInfo,
+        opts: WriterOptions,
+    ) -> Result<TraceWriter, StoreError> {
+        create_private_file(path, opts.overwrite)?;
+        let conn = Connection::open_with_flags(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .at(path)?;
+        init(&conn, &info, &opts).at(path)?;
+        let (tx, rx) = sync_channel(opts.queue_capacity.max(1));
+        let mut state = WriterState::new(conn, path.to_path_buf(), opts);
+        let thread = std::thread::Builder::new()
+            .name("gpusleuth-db".into())
+            .spawn(move || state.run(rx))
+            .map_err(|e| StoreError::io(path, e))?;
+        Ok(TraceWriter {
+            handle: WriterHandle { tx },
+            thread: Some(thread),
+            path: path.to_path_buf(),
+        })
+    }
+
+    pub fn handle(&self) -> WriterHandle {
+        self.handle.clone()
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Commits everything sent so far, fills `call_culprits`, completes
+    /// `processes` from lifecycle events, and leaves one self-contained file
+    /// (WAL checkpointed and removed). Handles still held elsewhere fail afterwards.
+    pub fn finish(mut self) -> Result<WriteSummary, StoreError> {
+        let (reply_tx, reply_rx) = sync_channel(1);
+        self.handle.send_msg(Msg::Finish(reply_tx))?;
+        let result = reply_rx
+            .recv()
+            .map_err(|_| StoreError::WriterGone("writer thread ended without an answer".into()))?;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        result.map_err(|msg| StoreError::file(&self.path, msg))
+    }
+}
+
+impl Drop for TraceWriter {
+    fn drop(&mut self) {
+        // Without finish(): the thread commits what it has when every
+        // handle is gone; we do not wait for handles held elsewhere.
+        if let Some(t) = self.thread.take() {
+            drop(t);
+        }
+    }
+}
+
+impl WriterHandle {
+    fn send_msg(&self, m: Msg) -> Result<(), StoreError> {
+        self.tx
+            .send(m)
+            .map_err(|_| StoreError::WriterGone("the trace database is closed".into()))
+    }
+    /// Queues one event; blocks while the queue is full.
+    pub fn send(&self, e: Event) -> Result<(), StoreError> {
+        self.send_msg(Msg::Event(e))
+    }
+    /// Records (or replaces) what is known about a process.
+    pub fn set_process(&self, p: ProcessInfo) -> Result<(), StoreError> {
+        self.send_msg(Msg::Process(p))
+    }
+    pub fn add_library(&self, l: LibraryInfo) -> Result<(), StoreError> {
+        self.send_msg(Msg::Library(l))
+    }
+    /// Adds a note stamped with the current monotonic time.
+    pub fn add_note(&self, level: NoteLevel, text: impl Into<String>) -> Result<(), StoreError> {
+        self.send_msg(Msg::Note(level, text.into()))
+    }
+    /// Sets a named counter, e.g. `drop_ring_full_call` (see [`drop_stat_name`]).
+    /// `events_*` and `drop_db_full` are kept by the writer itself.
+    pub fn set_stat(&self, name: impl Into<String>, value: u64) -> Result<(), StoreError> {
+        self.send_msg(Msg::Stat(name.into(), value))
+    }
+    /// Replaces the kernel-counted hot-path counts of the given (pid, op) pairs.
+    pub fn set_op_counts(&self, counts: Vec<OpCount>) -> Result<(), StoreError> {
+        self.send_msg(Msg::OpCounts(counts))
+    }
+    pub fn set_session_end(&self, end_mono_ns: u64) -> Result<(), StoreError> {
+        self.send_msg(Msg::SessionEnd(end_mono_ns))
+    }
+    /// Waits until everything sent before is committed; returns the number
+    /// of events (calls, waits, lifecycle) received and committed so far.
+    pub fn flush(&self) -> Result<u64, StoreError> {
+        let (tx, rx) = sync_channel(1);
+        self.send_msg(Msg::Flush(tx))?;
+        rx.recv()
+            .map_err(|_| StoreError::WriterGone("writer thread stopped".into()))
+    }
+}
+
+/// Stats name of a kernel drop counter: `drop_` + `record::stat::NAMES[i]`.
+pub fn drop_stat_name(index: usize) -> Option<String> {
+    stat::NAMES.get(index).map(|n| format!("drop_{n}"))
+}
+
+/// CLOCK_MONOTONIC now, in ns (the clock of every trace timestamp).
+pub fn monotonic_now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec to a valid, exclusive pointer;
+    // CLOCK_MONOTONIC is always supported on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
+}
+
+/// Creates the file ourselves so it is 0600 before SQLite ever opens it
+/// (SQLite gives the -wal and -shm files the same mode).
+fn create_private_file(path: &Path, overwrite: bool) -> Result<(), StoreError> {
+    if overwrite {
+        for suffix in ["", "-wal", "-shm", "-journal"] {
+            let mut p = path.as_os_str().to_owned();
+            p.push(suffix);
+            match std::fs::remove_file(&p) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(StoreError::io(path, e)),
+            }
+        }
+    }
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::AlreadyExists => {
+                StoreError::file(path, "already exists (refusing to overwrite it)")
+            }
+            _ => StoreError::io(path, e),
+        })?;
+    Ok(())
+}
+
+fn init(conn: &Connection, info: &SessionInfo, opts: &WriterOptions) -> rusqlite::Result<()> {
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    conn.pragma_update(None, "synchronous", "NORMAL")?;
+    conn.execute_batch("BEGIN")?;
+    schema::create(conn, opts.source.as_str(), &info.tool_version)?;
+    conn.execute(
+        "INSERT INTO session(id, started_unix_ns, start_mono_ns, end_mono_ns, realtime_offset_ns,
+            hostname, kernel, command, target, launch_mode, tool_version)
+         VALUES (1, ?1, ?2, NULL, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+        params![
+            info.started_unix_ns,
+            info.start_mono_ns as i64,
+            info.realtime_offset_ns,
+            info.hostname,
+            info.kernel,
+            info.command,
+            info.target,
+            info.launch_mode,
+            info.tool_version
+        ],
+    )?;
+    // Every counter exists from the start, so "0 dropped" is stated, not implied.
+    let mut st = conn.prepare("INSERT INTO stats(name, value) VALUES (?1, 0)")?;
+    for name in [
+        "events_call",
+        "events_wait",
+        "events_proc",
+        "drop_db_full",
+        "decode_errors",
+    ] {
+        st.execute([name])?;
+    }
+    for name in stat::NAMES {
+        st.execute([format!("drop_{name}")])?;
+    }
+    drop(st);
+    conn.execute_batch("COMMIT")
+}
+
+/// Counters the writer keeps itself.
+#[derive(Default)]
+struct Counters {
+    events_call: u64,
+    events_wait: u64,
+    events_proc: u64,
+    drop_db_full: u64,
+    decode_errors: u64,
+    calls_stored: u64,
+    waits_stored: u64,
+    procs_stored: u64,
+}
+
+struct WriterState {
+    conn: Connection,
+    path: PathBuf,
+    opts: WriterOptions,
+    n: Counters,
+    db_full: bool,
+    /// First error; afterwards messages are drained and discarded so senders never block forever.
+    failed: Option<String>,
+}
+
+impl WriterState {
+    fn new(conn: Connection, path: PathBuf, opts: WriterOptions) -> Self {
+        WriterState {
+            conn,
+            path,
+            opts,
+            n: Counters::default(),
+            db_full: false,
+            failed: None,
+        }
+    }
+
+    fn run(&mut self, rx: Receiver<Msg>) {
+        loop {
+            let Ok(first) = rx.recv() else {
+                // Every handle dropped without finish(): what was committed stays.
+                return;
+            };
+            let mut batch = vec![first];
+            let mut events = 0usize;
+            let deadline = Instant::now() + BATCH_WINDOW;
+            while !matches!(batch.last(), Some(Msg::Flush(_) | Msg::Finish(_)))
+                && events < self.opts.batch_events
+            {
+                let wait = deadline.saturating_duration_since(Instant::now());
+                match rx.recv_timeout(wait) {
+                    Ok(m) => {
+                        if matches!(m, Msg::Event(_)) {
+                            events += 1;
+                        }
+                        batch.push(m);
+                    }
+                    Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => break,
+                }
+            }
+            if self.commit_batch(batch) {
+                return;
+            }
+        }
+    }
+
+    /// Applies a batch in one transaction and answers flushes; true when finished.
+    fn commit_batch(&mut self, batch: Vec<Msg>) -> bool {
+        let mut replies = Vec::new();
+        let mut finish = None;
+        if self.failed.is_none() {
+            if let Err(e) = self.apply(&batch) {
+                self.failed = Some(format!("writing the trace failed: {e}"));
+            }
+        }
+        for m in batch {
+            match m {
+                Msg::Flush(r) => replies.push(r),
+                Msg::Finish(r) => finish = Some(r),
+                _ => {}
+            }
+        }
+        let committed = self.n.events_call + self.n.events_wait + self.n.events_proc;
+        for r in replies {
+            let _ = r.send(committed);
+        }
+        if let Some(r) = finish {
+            let result = match self.failed.clone() {
+                Some(e) => Err(e),
+                None => self
+                    .finish()
+                    .map_err(|e| format!("completing the trace failed: {e}")),
+            };
+            let _ = r.send(result);
+            return true;
+        }
+        false
+    }
+
+    fn apply(&mut self, batch: &[Msg]) -> rusqlite::Result<()> {
+        let tx = self.conn.transaction()?;
+        let mut cap_hit_now = false;
+        for m in batch {
+            match m {
+                Msg::Event(Event::Call(c)) => {
+                    self.n.events_call += 1;
+                    if self.db_full {
+                        self.n.drop_db_full += 1;
+                    } else if insert_call(&tx, c)? {
+                        self.n.calls_stored += 1;
+                    } else {
+                        self.n.decode_errors += 1;
+                    }
+                }
+                Msg::Event(Event::Wait(w)) => {
+                    self.n.events_wait += 1;
+                    if self.db_full {
+                        self.n.drop_db_full += 1;
+                    } else {
+                        insert_wait(&tx, w)?;
+                        self.n.waits_stored += 1;
+                    }
+                }
+                Msg::Event(Event::Proc(p)) => {
+                    // Lifecycle events are few and needed for `processes`: kept past the cap.
+                    self.n.events_proc += 1;
+                    insert_proc(&tx, p)?;
+                    self.n.procs_stored += 1;
+                }
+                Msg::Process(p) => upsert_process(&tx, p)?,
+                Msg::Library(l) => insert_library(&tx, l)?,
+                Msg::Note(level, text) => {
+                    insert_note(&tx, monotonic_now_ns(), level.as_str(), text)?
+                }
+                Msg::Stat(name, v) => set_stat(&tx, name, *v)?,
+                Msg::OpCounts(counts) => {
+                    for c in counts {
+                        upsert_op_count(&tx, c)?;
+                    }
+                }
+                Msg::SessionEnd(ns) => {
+                    tx.execute(
+                        "UPDATE session SET end_mono_ns = ?1 WHERE id = 1",
+                        [*ns as i64],
+                    )?;
+                }
+                Msg::Flush(_) | Msg::Finish(_) => {}
+            }
+        }
+        if !self.db_full && db_bytes(&tx, &self.path)? >= self.opts.max_db_bytes {
+            self.db_full = true;
+            cap_hit_now = true;
+        }
+        if cap_hit_now {
+            let text = format!(
+                "database size cap of {} bytes reached: later calls and waits are counted in stats.drop_db_full, not stored",
+                self.opts.max_db_bytes
+            );
+            insert_note(&tx, monotonic_now_ns(), NoteLevel::Warn.as_str(), &text)?;
+        }
+        write_counters(&tx, &self.n)?;
+        tx.commit()
+    }
+
+    fn finish(&mut self) -> rusqlite::Result<WriteSummary> {
+        let culprit_rows = finalize::complete(&mut self.conn)?;
+        // One self-contained file: checkpoint the WAL and leave WAL mode.
+        self.conn.pragma_update(None, "journal_mode", "DELETE")?;
+        let db_bytes = std::fs::metadata(&self.path).map(|m| m.len()).unwrap_or(0);
+        Ok(WriteSummary {
+            calls_stored: self.n.calls_stored,
+            waits_stored: self.n.waits_stored,
+            proc_events_stored: self.n.procs_stored,
+            dropped_db_full: self.n.drop_db_full,
+            call_culprit_rows: culprit_rows,
+            db_bytes,
+        })
+    }
+}
+
+fn write_counters(tx: &Connection, n: &Counters) -> rusqlite::Result<()> {
+    set_stat(tx, "events_call", n.events_call)?;
+    set_stat(tx, "events_wait", n.events_wait)?;
+    set_stat(tx, "events_proc", n.events_proc)?;
+    set_stat(tx, "drop_db_full", n.drop_db_full)?;
+    set_stat(tx, "decode_errors", n.decode_errors)
+}
+
+/// Pages in use plus the WAL file: what the trace occupies on disk.
+fn db_bytes(conn: &Connection, path: &Path) -> rusqlite::Result<u64> {
+    let pages: i64 = conn.query_row("PRAGMA page_count", [], |r| r.get(0))?;
+    let page_size: i64 = conn.query_row("PRAGMA page_size", [], |r| r.get(0))?;
+    let mut wal = path.as_os_str().to_owned();
+    wal.push("-wal");
+    let wal_len = std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0);
+    Ok((pages.max(0) as u64) * (page_size.max(0) as u64) + wal_len)
+}
+
+/// Stores one call; false when its op id is unknown (nothing stored).
+fn insert_call(tx: &Transaction, c: &CallEvent) -> rusqlite::Result<bool> {
+    let Some(info) = c.info() else {
+        return Ok(false);
+    };
+    let mut st = tx.prepare_cached(
+        "INSERT INTO calls(ts_ns, dur_ns, pid, tid, layer, op, ret, size, ptr, stream, kind,
+            nested, on_cpu_ns, runnable_ns, blocked_ns, cpu)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
+    )?;
+    st.execute(params![
+        c.ts_ns as i64,
+        c.dur_ns as i64,
+        c.pid,
+        c.tid,
+        info.layer.as_str(),
+        info.name,
+        c.ret,
+        c.size.map(|v| v as i64),
+        c.ptr.map(|v| v as i64),
+        c.stream.map(|v| v as i64),
+        c.kind.map(|v| v as i64),
+        c.nested,
+        c.on_cpu_ns() as i64,
+        c.runnable_ns as i64,
+        c.blocked_ns as i64,
+        c.cpu
+    ])?;
+    Ok(true)
+}
+
+fn insert_wait(tx: &Transaction, w: &WaitEvent) -> rusqlite::Result<()> {
+    let mut st = tx.prepare_cached(
+        "INSERT INTO waits(pid, tid, kind, off_ns, wake_ns, on_ns, prev_state, cpu, blocked_ns, runnable_ns)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+    )?;
+    st.execute(params![
+        w.pid,
+        w.tid,
+        w.kind.as_str(),
+        w.off_ns as i64,
+        w.wake_ns as i64,
+        w.on_ns as i64,
+        w.prev_state,
+        w.cpu,
+        w.blocked_ns() as i64,
+        w.runnable_ns() as i64
+    ])?;
+    let wait_id = tx.last_insert_rowid();
+    let mut cst = tx.prepare_cached(
+        "INSERT INTO wait_culprits(wait_id, pid, tid, comm, ns) VALUES (?1, ?2, ?3, ?4, ?5)",
+    )?;
+    for c in &w.culprits {
+        cst.execute(params![wait_id, c.pid, c.tid, c.comm, c.ns as i64])?;
+    }
+    Ok(())
+}
+
+fn insert_proc(tx: &Transaction, p: &ProcEvent) -> rusqlite::Result<()> {
+    let mut st = tx.prepare_cached(
+        "INSERT INTO proc_events(ts_ns, kind, pid, tid, ppid, exit_code, comm)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+    )?;
+    let ppid = matches!(p.kind, sleuth_core::ProcKind::Fork).then_some(p.ppid);
+    let code = matches!(p.kind, sleuth_core::ProcKind::Exit).then_some(p.exit_code);
+    st.execute(params![
+        p.ts_ns as i64,
+        p.kind.as_str(),
+        p.pid,
+        p.tid,
+        ppid,
+        code,
+        p.comm
+    ])?;
+    Ok(())
+}
+
+pub(crate) fn upsert_process(tx: &Connection, p: &ProcessInfo) -> rusqlite::Result<()> {
+    let mut st = tx.prepare_cached(
+        "INSERT OR REPLACE INTO processes(pid, ppid, comm, cmdline, start_ns, exit_ns, exit_code, oom_victim)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+    )?;
+    st.execute(params![
+        p.pid,
+        p.ppid,
+        p.comm,
+        p.cmdline,
+        p.start_ns.map(|v| v as i64),
+        p.exit_ns.map(|v| v as i64),
+        p.exit_code,
+        p.oom_victim
+    ])?;
+    Ok(())
+}
+
+fn insert_library(tx: &Transaction, l: &LibraryInfo) -> rusqlite::Result<()> {
+    let missing = serde_json::to_string(&l.missing).unwrap_or_else(|_| "[]".into());
+    tx.execute(
+        "INSERT INTO libraries(path, layer, dev, ino, attached_mono_ns, probes, missing)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+        params![
+            l.path,
+            l.layer.map(|x| x.as_str()),
+            l.dev.map(|v| v as i64),
+            l.ino.map(|v| v as i64),
+            l.attached_mono_ns.map(|v| v as i64),
+            l.probes,
+            missing
+        ],
+    )?;
+    Ok(())
+}
+
+pub(crate) fn insert_note(
+    tx: &Connection,
+    ts_ns: u64,
+    level: &str,
+    text: &str,
+) -> rusqlite::Result<()> {
+    tx.execute(
+        "INSERT INTO notes(ts_ns, level, text) VALUES (?1, ?2, ?3)",
+        params![ts_ns as i64, level, text],
+    )?;
+    Ok(())
+}
+
+fn set_stat(tx: &Connection, name: &str, value: u64) -> rusqlite::Result<()> {
+    let mut st = tx.prepare_cached(
+        "INSERT INTO stats(name, value) VALUES (?1, ?2)
+         ON CONFLICT(name) DO UPDATE SET value = excluded.value",
+    )?;
+    st.execute(params![name, value as i64])?;
+    Ok(())
+}
+
+fn upsert_op_count(tx: &Transaction, c: &OpCount) -> rusqlite::Result<()> {
+    let Some(info) = sleuth_core::op_by_id(c.op) else {
+        return Ok(());
+    };
+    let mut st = tx.prepare_cached(
+        "INSERT INTO op_counts(pid, layer, op, count) VALUES (?1, ?2, ?3, ?4)
+         ON CONFLICT(pid, op) DO UPDATE SET count = excluded.count",
+    )?;
+    st.execute(params![
+        c.pid,
+        info.layer.as_str(),
+        info.name,
+        c.count as i64
+    ])?;
+    Ok(())
+}

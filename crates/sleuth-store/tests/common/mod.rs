@@ -1,0 +1,132 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code)]
+
+use sleuth_core::{
+    op_by_name, CallEvent, Culprit, Event, ProcEvent, ProcKind, WaitEvent, WaitKind,
+};
+use sleuth_store::{SessionInfo, TraceWriter, WriterOptions};
+use std::path::{Path, PathBuf};
+
+/// A fresh empty directory under the system temp dir, removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let p = std::env::temp_dir().join(format!("sleuth-store-{tag}-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).expect("create temp dir");
+        TempDir(p)
+    }
+    pub fn join(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+pub fn session() -> SessionInfo {
+    SessionInfo {
+        started_unix_ns: 1_700_000_000_000_000_000,
+        start_mono_ns: 1_000,
+        realtime_offset_ns: 1_699_999_999_000_000_000,
+        hostname: "testhost".into(),
+        kernel: "6.1.0".into(),
+        command: "gpusleuth trace -- ./work".into(),
+        target: "./work".into(),
+        launch_mode: "launch".into(),
+        tool_version: "0.1.0".into(),
+    }
+}
+
+pub fn call(op: &str, pid: u32, tid: u32, ts: u64, dur: u64) -> CallEvent {
+    CallEvent {
+        ts_ns: ts,
+        dur_ns: dur,
+        pid,
+        tid,
+        op: op_by_name(op).expect("known op").id,
+        ret: 0,
+        size: None,
+        ptr: None,
+        stream: None,
+        kind: None,
+        nested: false,
+        runnable_ns: 0,
+        blocked_ns: 0,
+        cpu: 1,
+    }
+}
+
+pub fn preempted(pid: u32, tid: u32, off: u64, on: u64, culprits: Vec<Culprit>) -> WaitEvent {
+    WaitEvent {
+        pid,
+        tid,
+        kind: WaitKind::Preempted,
+        off_ns: off,
+        wake_ns: off,
+        on_ns: on,
+        prev_state: 0,
+        cpu: 1,
+        culprits,
+    }
+}
+
+pub fn culprit(pid: u32, comm: &str, ns: u64) -> Culprit {
+    Culprit {
+        pid,
+        tid: pid,
+        comm: comm.into(),
+        ns,
+    }
+}
+
+pub fn proc_event(
+    kind: ProcKind,
+    pid: u32,
+    ts: u64,
+    ppid: u32,
+    code: i32,
+    comm: &str,
+) -> ProcEvent {
+    ProcEvent {
+        kind,
+        ts_ns: ts,
+        pid,
+        tid: pid,
+        ppid,
+        exit_code: code,
+        comm: comm.into(),
+    }
+}
+
+/// Writes a small finished trace: calls of two processes, a wait with a culprit.
+pub fn small_trace(path: &Path) {
+    let w = TraceWriter::create(path, session(), WriterOptions::default()).expect("create");
+    let h = w.handle();
+    let mut malloc = call("cudaMalloc", 100, 100, 2_000, 1_000);
+    malloc.size = Some(4096);
+    malloc.ptr = Some(0x7f00_0000_1000);
+    malloc.runnable_ns = 400;
+    h.send(Event::Call(malloc)).unwrap();
+    h.send(Event::Call(call("cudaLaunchKernel", 100, 101, 5_000, 10)))
+        .unwrap();
+    h.send(Event::Call(call("cuMemAlloc_v2", 200, 200, 3_000, 50)))
+        .unwrap();
+    h.send(Event::Wait(preempted(
+        100,
+        100,
+        2_100,
+        2_500,
+        vec![culprit(300, "hog", 400)],
+    )))
+    .unwrap();
+    h.set_session_end(9_000).unwrap();
+    drop(h);
+    w.finish().expect("finish");
+}

@@ -1,0 +1,426 @@
+//! Write a trace, read it back: round trip, file mode, culprits, processes,
+//! the size cap, and clear errors for files that are not traces.
+
+mod common;
+use common::*;
+use sleuth_core::{Event, OpCount, ProcKind, ProcessInfo};
+use sleuth_store::{
+    CallFilter, CallOrder, LibraryInfo, NoteLevel, StoreError, Trace, TraceSource, TraceWriter,
+    WaitFilter, WriterOptions,
+};
+use std::os::unix::fs::PermissionsExt;
+
+#[test]
+fn round_trip_preserves_every_field() {
+    let dir = TempDir::new("rt");
+    let path = dir.join("t.db");
+    let w = TraceWriter::create(&path, session(), WriterOptions::default()).unwrap();
+    let h = w.handle();
+    let mut c = call("cudaMemcpyAsync", 10, 11, 5_000, 700);
+    c.size = Some(1 << 20);
+    c.ptr = Some(u64::MAX - 5); // above i64::MAX: stored bit for bit
+    c.stream = Some(0xdead);
+    c.kind = Some(1);
+    c.ret = 2;
+    c.runnable_ns = 100;
+    c.blocked_ns = 300;
+    c.nested = true;
+    c.cpu = 3;
+    let early = call("cudaFree", 10, 11, 1_500, 5);
+    h.send(Event::Call(c.clone())).unwrap();
+    h.send(Event::Call(early.clone())).unwrap();
+    let wait = preempted(
+        10,
+        11,
+        5_100,
+        5_200,
+        vec![culprit(99, "stress", 80), culprit(98, "x", 20)],
+    );
+    h.send(Event::Wait(wait.clone())).unwrap();
+    h.add_library(LibraryInfo {
+        path: "/usr/lib/libcudart.so.13".into(),
+        layer: Some(sleuth_core::Layer::Runtime),
+        dev: Some(2049),
+        ino: Some(77),
+        attached_mono_ns: Some(1_200),
+        probes: 18,
+        missing: vec!["cudaGraphLaunch".into()],
+    })
+    .unwrap();
+    h.add_note(NoteLevel::Warn, "late attach: libcudart mapped after start")
+        .unwrap();
+    h.set_stat("drop_ring_full_call", 7).unwrap();
+    h.set_op_counts(vec![OpCount {
+        pid: 10,
+        op: 13,
+        count: 123_456,
+    }])
+    .unwrap();
+    h.set_process(ProcessInfo {
+        pid: 10,
+        comm: "python3".into(),
+        cmdline: "python3 train.py".into(),
+        ..Default::default()
+    })
+    .unwrap();
+    h.send(Event::Proc(proc_event(
+        ProcKind::Exit,
+        10,
+        8_000,
+        0,
+        256,
+        "python3",
+    )))
+    .unwrap();
+    h.set_session_end(9_000).unwrap();
+    drop(h);
+    let sum = w.finish().unwrap();
+    assert_eq!(
+        (sum.calls_stored, sum.waits_stored, sum.proc_events_stored),
+        (2, 1, 1)
+    );
+
+    let t = Trace::open(&path).unwrap();
+    assert_eq!(t.source(), TraceSource::Gpusleuth);
+    let s = t.session().unwrap();
+    assert_eq!(s.info, session());
+    assert_eq!(s.end_mono_ns, Some(9_000));
+    let data = t.load(None).unwrap();
+    assert!(data.has_host_context);
+    assert_eq!(data.calls, vec![early, c], "sorted by ts, fields intact");
+    assert_eq!(data.waits, vec![wait]);
+    assert_eq!(
+        data.counts,
+        vec![OpCount {
+            pid: 10,
+            op: 13,
+            count: 123_456
+        }]
+    );
+    assert_eq!(data.stats["events_call"], 2);
+    assert_eq!(data.stats["events_wait"], 1);
+    assert_eq!(data.stats["drop_ring_full_call"], 7);
+    assert_eq!(data.stats["drop_db_full"], 0);
+    for name in sleuth_core::record::stat::NAMES {
+        assert!(data.stats.contains_key(&format!("drop_{name}")), "{name}");
+    }
+    assert_eq!(data.start_ns, Some(1_000));
+    assert_eq!(data.end_ns, Some(9_000));
+    assert_eq!(data.realtime_offset_ns, session().realtime_offset_ns);
+    let p = data.process(10).unwrap();
+    assert_eq!(
+        (p.comm.as_str(), p.cmdline.as_str()),
+        ("python3", "python3 train.py")
+    );
+    assert_eq!((p.exit_ns, p.exit_code), (Some(8_000), Some(256)));
+    assert_eq!(
+        p.start_ns,
+        Some(1_500),
+        "first call of a process without fork/exec"
+    );
+    let libs = t.libraries().unwrap();
+    assert_eq!(libs.len(), 1);
+    assert_eq!(libs[0].missing, vec!["cudaGraphLaunch".to_string()]);
+    assert_eq!(libs[0].ino, Some(77));
+    let notes = t.notes().unwrap();
+    assert!(notes
+        .iter()
+        .any(|n| n.level == "warn" && n.text.contains("late attach")));
+}
+
+#[test]
+fn file_is_private_and_never_overwritten_by_default() {
+    let dir = TempDir::new("mode");
+    let path = dir.join("t.db");
+    small_trace(&path);
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    let before = std::fs::read(&path).unwrap();
+    let err = TraceWriter::create(&path, session(), WriterOptions::default())
+        .err()
+        .expect("refused");
+    assert!(err.to_string().contains("already exists"), "{err}");
+    assert_eq!(std::fs::read(&path).unwrap(), before);
+    let w = TraceWriter::create(
+        &path,
+        session(),
+        WriterOptions {
+            overwrite: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    w.finish().unwrap();
+    assert_eq!(
+        Trace::open(&path).unwrap().load(None).unwrap().calls.len(),
+        0
+    );
+}
+
+#[test]
+fn wal_files_are_private_while_writing() {
+    let dir = TempDir::new("walmode");
+    let path = dir.join("t.db");
+    let w = TraceWriter::create(&path, session(), WriterOptions::default()).unwrap();
+    let h = w.handle();
+    h.send(Event::Call(call("cudaMalloc", 1, 1, 10, 10)))
+        .unwrap();
+    assert_eq!(h.flush().unwrap(), 1);
+    for suffix in ["-wal", "-shm"] {
+        let p = dir.join(&format!("t.db{suffix}"));
+        let mode = std::fs::metadata(&p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{suffix}");
+    }
+    drop(h);
+    w.finish().unwrap();
+    assert!(
+        !dir.join("t.db-wal").exists(),
+        "finish leaves one self-contained file"
+    );
+}
+
+#[test]
+fn culprits_are_joined_at_finish_and_queryable_by_call_id() {
+    let dir = TempDir::new("culprits");
+    let path = dir.join("t.db");
+    small_trace(&path);
+    let t = Trace::open(&path).unwrap();
+    let slow = t
+        .calls_filtered(&CallFilter {
+            order: CallOrder::ByDurationDesc,
+            limit: Some(1),
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(slow.len(), 1);
+    assert_eq!(slow[0].call.op_name(), "cudaMalloc");
+    let map = t.call_culprits_of(&[slow[0].id]).unwrap();
+    // The wait's runnable part [2100, 2500) lies inside the call [2000, 3000): all 400 ns go to "hog".
+    assert_eq!(map[&slow[0].id], vec![culprit(300, "hog", 400)]);
+    let other = t
+        .calls_filtered(&CallFilter {
+            pid: Some(200),
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(other.len(), 1);
+    assert!(t.call_culprits_of(&[other[0].id]).unwrap().is_empty());
+}
+
+#[test]
+fn filters_select_by_pid_op_and_window() {
+    let dir = TempDir::new("filter");
+    let path = dir.join("t.db");
+    small_trace(&path);
+    let t = Trace::open(&path).unwrap();
+    let by_op = t
+        .calls_filtered(&CallFilter {
+            op: Some("cuMemAlloc_v2".into()),
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(
+        by_op.iter().map(|c| c.call.pid).collect::<Vec<_>>(),
+        vec![200]
+    );
+    let window = t
+        .calls_filtered(&CallFilter {
+            since_ns: Some(2_500),
+            until_ns: Some(5_000),
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(
+        window.iter().map(|c| c.call.ts_ns).collect::<Vec<_>>(),
+        vec![3_000]
+    );
+    assert_eq!(t.load(Some(100)).unwrap().calls.len(), 2);
+    assert_eq!(
+        t.waits_filtered(&WaitFilter {
+            pid: Some(200),
+            ..Default::default()
+        })
+        .unwrap()
+        .len(),
+        0
+    );
+    assert_eq!(
+        t.waits_filtered(&WaitFilter {
+            tid: Some(100),
+            ..Default::default()
+        })
+        .unwrap()
+        .len(),
+        1
+    );
+}
+
+#[test]
+fn lifecycle_events_complete_processes() {
+    let dir = TempDir::new("procs");
+    let path = dir.join("t.db");
+    let w = TraceWriter::create(&path, session(), WriterOptions::default()).unwrap();
+    let h = w.handle();
+    h.send(Event::Proc(proc_event(
+        ProcKind::Fork,
+        51,
+        100,
+        50,
+        0,
+        "python3",
+    )))
+    .unwrap();
+    h.send(Event::Proc(proc_event(
+        ProcKind::Exec,
+        51,
+        200,
+        0,
+        0,
+        "worker",
+    )))
+    .unwrap();
+    h.send(Event::Proc(proc_event(
+        ProcKind::OomVictim,
+        51,
+        250,
+        0,
+        0,
+        "worker",
+    )))
+    .unwrap();
+    h.send(Event::Proc(proc_event(
+        ProcKind::Exit,
+        51,
+        300,
+        0,
+        9,
+        "worker",
+    )))
+    .unwrap();
+    drop(h);
+    w.finish().unwrap();
+    let t = Trace::open(&path).unwrap();
+    let p = t
+        .processes()
+        .unwrap()
+        .into_iter()
+        .find(|p| p.pid == 51)
+        .unwrap();
+    assert_eq!(p.ppid, Some(50));
+    assert_eq!(p.comm, "worker");
+    assert_eq!(
+        (p.start_ns, p.exit_ns, p.exit_code, p.oom_victim),
+        (Some(100), Some(300), Some(9), true)
+    );
+    assert_eq!(t.load(Some(51)).unwrap().procs.len(), 4);
+}
+
+#[test]
+fn size_cap_counts_instead_of_storing_and_keeps_aggregates() {
+    let dir = TempDir::new("cap");
+    let path = dir.join("t.db");
+    let opts = WriterOptions {
+        max_db_bytes: 64 * 1024,
+        batch_events: 100,
+        ..Default::default()
+    };
+    let w = TraceWriter::create(&path, session(), opts).unwrap();
+    let h = w.handle();
+    let total = 5_000u64;
+    for i in 0..total {
+        h.send(Event::Call(call("cudaMalloc", 1, 1, i * 10, 5)))
+            .unwrap();
+        if i % 100 == 99 {
+            h.flush().unwrap();
+        }
+    }
+    h.set_op_counts(vec![OpCount {
+        pid: 1,
+        op: 13,
+        count: 42,
+    }])
+    .unwrap();
+    drop(h);
+    let sum = w.finish().unwrap();
+    assert!(
+        sum.dropped_db_full > 0,
+        "cap must be reached by 5000 calls in 64 KiB"
+    );
+    assert_eq!(sum.calls_stored + sum.dropped_db_full, total);
+    let t = Trace::open(&path).unwrap();
+    let data = t.load(None).unwrap();
+    assert_eq!(data.calls.len() as u64, sum.calls_stored);
+    assert_eq!(data.stats["drop_db_full"], sum.dropped_db_full);
+    assert_eq!(data.stats["events_call"], total);
+    assert_eq!(data.counts.len(), 1, "aggregates still stored past the cap");
+    assert!(t
+        .notes()
+        .unwrap()
+        .iter()
+        .any(|n| n.text.contains("size cap")));
+}
+
+#[test]
+fn handles_fail_cleanly_after_finish() {
+    let dir = TempDir::new("gone");
+    let path = dir.join("t.db");
+    let w = TraceWriter::create(&path, session(), WriterOptions::default()).unwrap();
+    let h = w.handle();
+    w.finish().unwrap();
+    let err = h
+        .send(Event::Call(call("cudaMalloc", 1, 1, 1, 1)))
+        .err()
+        .expect("closed");
+    assert!(matches!(err, StoreError::WriterGone(_)));
+}
+
+fn open_err(path: &std::path::Path) -> String {
+    let e = Trace::open(path).err().expect("must fail").to_string();
+    assert!(!e.contains('\n'), "one line: {e}");
+    assert!(
+        e.contains(&path.display().to_string()),
+        "names the path: {e}"
+    );
+    e
+}
+
+#[test]
+fn bad_files_give_one_line_errors_naming_the_path() {
+    let dir = TempDir::new("bad");
+    assert!(open_err(&dir.join("missing.db")).contains("no such file"));
+
+    let text = dir.join("text.db");
+    std::fs::write(
+        &text,
+        b"hello, I am not a database at all, just some text\n".repeat(100),
+    )
+    .unwrap();
+    open_err(&text);
+
+    let foreign = dir.join("foreign.db");
+    {
+        let c = rusqlite::Connection::open(&foreign).unwrap();
+        c.execute_batch("CREATE TABLE t(x); INSERT INTO t VALUES (1);")
+            .unwrap();
+    }
+    assert!(open_err(&foreign).contains("not a gpusleuth trace"));
+
+    // A real trace with its b-tree pages overwritten in the middle.
+    let corrupt = dir.join("corrupt.db");
+    small_trace(&corrupt);
+    let mut bytes = std::fs::read(&corrupt).unwrap();
+    assert!(bytes.len() > 8192);
+    let page = 4096;
+    let end = bytes.len() - page;
+    for b in &mut bytes[page..end] {
+        *b = 0xA5;
+    }
+    std::fs::write(&corrupt, &bytes).unwrap();
+    open_err(&corrupt);
+
+    let truncated = dir.join("truncated.db");
+    small_trace(&truncated);
+    let bytes = std::fs::read(&truncated).unwrap();
+    std::fs::write(&truncated, &bytes[..bytes.len() / 2]).unwrap();
+    open_err(&truncated);
+}
