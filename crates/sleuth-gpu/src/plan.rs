@@ -1,0 +1,387 @@
+//! Which processes `reclaim` would end, why, and what it refuses. Pure: the
+//! safety rules are decided here from a report, and tested without signals.
+
+use crate::classify::{Class, Report};
+use serde::Serialize;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// What the user asked to reclaim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Selection {
+    Pids(Vec<u32>),
+    /// Every orphaned worker (including the holders of exited-but-listed pids).
+    Orphans,
+}
+
+/// Who is asking: the rules forbid ending ourselves, our ancestors, or other users' processes.
+#[derive(Debug, Clone)]
+pub struct Caller {
+    pub pid: u32,
+    pub uid: u32,
+    pub ancestors: BTreeSet<u32>,
+}
+
+impl Caller {
+    /// The running process, its uid and its ancestors (from `/proc`).
+    pub fn current(proc_root: &std::path::Path) -> Self {
+        let pid = std::process::id();
+        // SAFETY: getuid has no preconditions and cannot fail.
+        let uid = unsafe { libc::getuid() };
+        let mut ancestors = BTreeSet::new();
+        let mut cur = pid;
+        // Bounded walk: a pid namespace is at most a few hundred levels of parents deep.
+        for _ in 0..4096 {
+            let stat = std::fs::read_to_string(proc_root.join(cur.to_string()).join("stat")).ok();
+            let Some(ppid) = stat
+                .as_deref()
+                .and_then(crate::proc_scan::parse_stat)
+                .map(|s| s.ppid)
+            else {
+                break;
+            };
+            if ppid == 0 || !ancestors.insert(ppid) {
+                break;
+            }
+            cur = ppid;
+        }
+        Caller {
+            pid,
+            uid,
+            ancestors,
+        }
+    }
+}
+
+/// A process the plan would signal, with the identity to re-check before signalling.
+#[derive(Debug, Clone, Serialize)]
+pub struct Target {
+    pub pid: u32,
+    pub start_ticks: u64,
+    pub uid: u32,
+    pub comm: String,
+    pub cmdline: String,
+    pub class: Class,
+    pub reason: String,
+    /// Listed pids whose NVML memory should disappear when this target exits
+    /// (itself when NVML lists it, and the exited pids it keeps).
+    pub frees_listed_pids: Vec<u32>,
+}
+
+/// A pid the plan will not touch, and what to do instead.
+#[derive(Debug, Clone, Serialize)]
+pub struct Refusal {
+    pub pid: u32,
+    pub reason: String,
+    pub suggestion: Option<String>,
+}
+
+/// The dry-run answer, and the input to execution.
+#[derive(Debug, Clone, Serialize)]
+pub struct Plan {
+    pub targets: Vec<Target>,
+    pub refused: Vec<Refusal>,
+    /// GPU index → bytes expected to be freed (memory of every listed pid whose
+    /// every known holder is a target).
+    pub expected_free_bytes: BTreeMap<u32, u64>,
+}
+
+fn refuse(pid: u32, reason: impl Into<String>, suggestion: Option<String>) -> Refusal {
+    Refusal {
+        pid,
+        reason: reason.into(),
+        suggestion,
+    }
+}
+
+/// Safety rules that apply to any pid, before looking at what it holds.
+fn forbidden(pid: u32, report: &Report, caller: &Caller) -> Option<Refusal> {
+    if pid <= 1 {
+        return Some(refuse(
+            pid,
+            "pid 1 (init) and pid 0 are never signalled",
+            None,
+        ));
+    }
+    if pid == caller.pid {
+        return Some(refuse(pid, "this is gpusleuth itself", None));
+    }
+    if caller.ancestors.contains(&pid) {
+        return Some(refuse(
+            pid,
+            "an ancestor of gpusleuth (ending it would end this session)",
+            None,
+        ));
+    }
+    let h = report.holder(pid)?;
+    let p = h.process.as_ref()?;
+    if p.kernel_thread {
+        return Some(refuse(pid, "a kernel thread", None));
+    }
+    if caller.uid != 0 && p.uid != caller.uid {
+        return Some(refuse(
+            pid,
+            format!(
+                "belongs to user {} (uid {}); only root may reclaim other users' processes",
+                p.user, p.uid
+            ),
+            None,
+        ));
+    }
+    None
+}
+
+/// Builds the plan. `proc_kernel_thread` and ownership come from the report's `/proc` data;
+/// pids absent from the report are not GPU holders and are refused.
+pub fn make_plan(
+    report: &Report,
+    selection: &Selection,
+    caller: &Caller,
+    is_kernel_thread: impl Fn(u32) -> bool,
+) -> Plan {
+    let mut targets: BTreeMap<u32, Target> = BTreeMap::new();
+    let mut refused = Vec::new();
+
+    let requested: Vec<u32> = match selection {
+        Selection::Pids(p) => p.clone(),
+        Selection::Orphans => report
+            .holders
+            .iter()
+            .filter(|h| h.class == Class::OrphanedWorker)
+            .map(|h| h.pid)
+            .collect(),
+    };
+
+    for pid in requested {
+        if let Some(r) = forbidden(pid, report, caller) {
+            refused.push(r);
+            continue;
+        }
+        if is_kernel_thread(pid) {
+            refused.push(refuse(pid, "a kernel thread", None));
+            continue;
+        }
+        let Some(h) = report.holder(pid) else {
+            refused.push(refuse(
+                pid,
+                "not a GPU holder (NVML does not list it and it holds no GPU device files)",
+                None,
+            ));
+            continue;
+        };
+        match h.class {
+            Class::OtherNamespace => refused.push(refuse(
+                pid,
+                "NVML pid from another pid namespace; it cannot be matched to a local process",
+                Some("run gpusleuth in the host pid namespace".into()),
+            )),
+            Class::Zombie => {
+                let parent = h.reap_parent.unwrap_or(0);
+                let mut s = format!("its parent {parent} must reap it (wait); ending the parent with --pid {parent} lets init reap it");
+                if !h.held_by.is_empty() {
+                    s.push_str(&format!(
+                        "; its memory is kept by {}",
+                        pids(h.held_by.iter().map(|x| x.pid))
+                    ));
+                }
+                refused.push(refuse(
+                    pid,
+                    "a zombie cannot be killed: it has already exited",
+                    Some(s),
+                ));
+            }
+            Class::ExitedButListed => {
+                let strong: Vec<u32> = h
+                    .held_by
+                    .iter()
+                    .filter(|x| x.evidence != "device_files")
+                    .map(|x| x.pid)
+                    .collect();
+                if strong.is_empty() {
+                    let hint = if h.held_by.is_empty() {
+                        "no visible process holds the device files".to_string()
+                    } else {
+                        format!(
+                            "possible holders (no link to pid {pid} found): {}; name them with --pid",
+                            pids(h.held_by.iter().map(|x| x.pid))
+                        )
+                    };
+                    refused.push(refuse(pid, "no longer exists", Some(hint)));
+                    continue;
+                }
+                // The dead pid itself cannot be signalled; its linked holders can.
+                for w in strong {
+                    if let Some(r) = forbidden(w, report, caller) {
+                        refused.push(r);
+                    } else if let Some(t) = target_for(report, w) {
+                        targets.entry(w).or_insert(t);
+                    }
+                }
+            }
+            Class::Active | Class::StuckD | Class::OrphanedWorker | Class::IdleHolder => {
+                if let Some(t) = target_for(report, pid) {
+                    targets.entry(pid).or_insert(t);
+                }
+            }
+        }
+    }
+
+    let targets: Vec<Target> = targets.into_values().collect();
+    let expected_free_bytes = expected_free(report, &targets);
+    Plan {
+        targets,
+        refused,
+        expected_free_bytes,
+    }
+}
+
+fn target_for(report: &Report, pid: u32) -> Option<Target> {
+    let h = report.holder(pid)?;
+    let p = h.process.as_ref()?;
+    let mut frees = h.holds_memory_of.clone();
+    if !h.gpus.is_empty() {
+        frees.push(pid);
+    }
+    Some(Target {
+        pid,
+        start_ticks: p.start_ticks,
+        uid: p.uid,
+        comm: p.comm.clone(),
+        cmdline: p.cmdline.clone(),
+        class: h.class,
+        reason: h.reason.clone(),
+        frees_listed_pids: frees,
+    })
+}
+
+/// A listed pid's memory counts as freed when it is a target, or when every
+/// process known to keep it is a target.
+fn expected_free(report: &Report, targets: &[Target]) -> BTreeMap<u32, u64> {
+    let target_pids: BTreeSet<u32> = targets.iter().map(|t| t.pid).collect();
+    let mut out = BTreeMap::new();
+    for h in report.holders.iter().filter(|h| !h.gpus.is_empty()) {
+        let freed = target_pids.contains(&h.pid)
+            || (!h.alive()
+                && !h.held_by.is_empty()
+                && h.held_by.iter().all(|x| target_pids.contains(&x.pid)));
+        if freed {
+            for u in &h.gpus {
+                *out.entry(u.gpu).or_insert(0) += u.used_bytes.unwrap_or(0);
+            }
+        }
+    }
+    out
+}
+
+fn pids(it: impl Iterator<Item = u32>) -> String {
+    it.map(|p| p.to_string()).collect::<Vec<_>>().join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::classify::classify;
+    use crate::classify::tests::{gpu, host_ns, proc_, snapshot};
+    use crate::proc_scan::ProcState;
+
+    const DEV: &[&str] = &["/dev/nvidia0", "/dev/nvidiactl"];
+
+    fn caller() -> Caller {
+        Caller {
+            pid: 900,
+            uid: 1000,
+            ancestors: [899, 1].into(),
+        }
+    }
+
+    fn crash_report() -> Report {
+        let mut other = proc_(400, 1, 400, ProcState::Sleeping, DEV);
+        other.uid = 0;
+        let procs = snapshot(vec![
+            proc_(1, 0, 1, ProcState::Sleeping, &[]),
+            proc_(101, 1, 100, ProcState::Sleeping, DEV),
+            proc_(102, 1, 102, ProcState::Sleeping, DEV),
+            proc_(11, 50, 50, ProcState::Zombie, &[]),
+            proc_(50, 1, 50, ProcState::Sleeping, &[]),
+            proc_(899, 1, 899, ProcState::Sleeping, DEV),
+            other,
+        ]);
+        classify(
+            &gpu(&[(100, 2 << 30), (102, 1 << 30), (11, 5)]),
+            &procs,
+            &host_ns(),
+            "/dev/nvidia",
+        )
+    }
+
+    #[test]
+    fn orphans_plan_names_the_worker_and_the_dead_pids_memory() {
+        let plan = make_plan(&crash_report(), &Selection::Orphans, &caller(), |_| false);
+        let t: Vec<u32> = plan.targets.iter().map(|t| t.pid).collect();
+        assert_eq!(t, vec![101]);
+        assert_eq!(plan.targets[0].frees_listed_pids, vec![100]);
+        assert_eq!(plan.expected_free_bytes.get(&0), Some(&(2 << 30)));
+        assert!(plan.refused.is_empty());
+    }
+
+    #[test]
+    fn dead_pid_resolves_to_its_holder() {
+        let plan = make_plan(
+            &crash_report(),
+            &Selection::Pids(vec![100]),
+            &caller(),
+            |_| false,
+        );
+        assert_eq!(
+            plan.targets.iter().map(|t| t.pid).collect::<Vec<_>>(),
+            vec![101]
+        );
+    }
+
+    #[test]
+    fn refusals() {
+        let plan = make_plan(
+            &crash_report(),
+            &Selection::Pids(vec![1, 900, 899, 400, 11, 50, 77, 2]),
+            &caller(),
+            |p| p == 2,
+        );
+        assert!(plan.targets.is_empty(), "{:?}", plan.targets);
+        let why: BTreeMap<u32, &str> = plan
+            .refused
+            .iter()
+            .map(|r| (r.pid, r.reason.as_str()))
+            .collect();
+        assert!(why[&1].contains("pid 1"));
+        assert!(why[&900].contains("itself"));
+        assert!(why[&899].contains("ancestor"));
+        assert!(why[&400].contains("only root"));
+        assert!(why[&11].contains("zombie"));
+        assert!(why[&50].contains("not a GPU holder"));
+        assert!(why[&77].contains("not a GPU holder"));
+        assert!(why[&2].contains("kernel thread"));
+        let z = plan
+            .refused
+            .iter()
+            .find(|r| r.pid == 11)
+            .expect("zombie refusal");
+        assert!(z.suggestion.as_deref().unwrap_or("").contains("--pid 50"));
+        assert!(plan.expected_free_bytes.is_empty());
+    }
+
+    #[test]
+    fn root_may_reclaim_other_users() {
+        let mut c = caller();
+        c.uid = 0;
+        let plan = make_plan(
+            &crash_report(),
+            &Selection::Pids(vec![400, 102]),
+            &c,
+            |_| false,
+        );
+        assert_eq!(
+            plan.targets.iter().map(|t| t.pid).collect::<Vec<_>>(),
+            vec![102, 400]
+        );
+        assert_eq!(plan.expected_free_bytes.get(&0), Some(&(1 << 30)));
+    }
+}
