@@ -112,6 +112,8 @@ pub struct Churn {
 pub struct SizeCount {
     pub bytes: u64,
     pub times: u64,
+    /// The op of the latest re-allocation of this size.
+    pub op: &'static str,
 }
 
 /// Which pool a live allocation belongs to.
@@ -152,7 +154,7 @@ struct Replay {
     reused_live_ptrs: u64,
     /// Freed device allocation sizes not yet re-allocated, with their count.
     freed_sizes: HashMap<u64, u64>,
-    realloc_sizes: HashMap<u64, u64>,
+    realloc_sizes: HashMap<u64, (u64, &'static str)>,
     churn: Churn,
 }
 
@@ -243,7 +245,8 @@ impl Replay {
                 if let Some(n) = self.freed_sizes.get_mut(&bytes).filter(|n| **n > 0) {
                     *n -= 1;
                     self.churn.reallocs += 1;
-                    *self.realloc_sizes.entry(bytes).or_default() += 1;
+                    let e = self.realloc_sizes.entry(bytes).or_insert((0, info.name));
+                    *e = (e.0 + 1, info.name);
                 }
             }
             let is_device = |p: Pool| matches!(p, Pool::Device | Pool::Physical);
@@ -285,7 +288,7 @@ impl Replay {
         let mut top: Vec<SizeCount> = self
             .realloc_sizes
             .iter()
-            .map(|(&bytes, &times)| SizeCount { bytes, times })
+            .map(|(&bytes, &(times, op))| SizeCount { bytes, times, op })
             .collect();
         top.sort_by(|a, b| b.times.cmp(&a.times).then(b.bytes.cmp(&a.bytes)));
         top.truncate(5);
@@ -629,7 +632,8 @@ mod tests {
             l.churn.top_sizes[0],
             SizeCount {
                 bytes: 1 << 20,
-                times: 3
+                times: 3,
+                op: "cudaMalloc"
             }
         );
         assert_eq!(l.churn.top_sizes.len(), 2);

@@ -6,6 +6,7 @@ pub mod culprits;
 pub mod data;
 pub mod decompose;
 pub mod event;
+pub mod findings;
 pub mod ledger;
 pub mod ops;
 pub mod record;

@@ -1,0 +1,422 @@
+//! Each finding kind from hand-built events, thresholds at their edges.
+
+use super::*;
+use crate::data::ProcessInfo;
+use crate::event::{CallEvent, WaitEvent, WaitKind};
+use crate::ops::op_by_name;
+
+const MS: u64 = 1_000_000;
+const US: u64 = 1_000;
+
+fn call(op: &str, ts: u64, dur: u64) -> CallEvent {
+    CallEvent {
+        ts_ns: ts,
+        dur_ns: dur,
+        pid: 100,
+        tid: 100,
+        op: op_by_name(op).unwrap().id,
+        ret: 0,
+        size: None,
+        ptr: None,
+        stream: None,
+        kind: None,
+        nested: false,
+        runnable_ns: 0,
+        blocked_ns: 0,
+        cpu: 0,
+    }
+}
+
+fn split(mut c: CallEvent, runnable: u64, blocked: u64) -> CallEvent {
+    c.runnable_ns = runnable;
+    c.blocked_ns = blocked;
+    c
+}
+
+fn alloc(ts: u64, size: u64, ptr: u64) -> CallEvent {
+    let mut c = call("cudaMalloc", ts, 10 * US);
+    c.size = Some(size);
+    c.ptr = Some(ptr);
+    c
+}
+
+fn free(ts: u64, ptr: u64) -> CallEvent {
+    let mut c = call("cudaFree", ts, 10 * US);
+    c.ptr = Some(ptr);
+    c
+}
+
+fn trace(calls: Vec<CallEvent>) -> TraceData {
+    let end = calls.iter().map(|c| c.end_ns()).max().unwrap_or(0);
+    TraceData {
+        calls,
+        processes: vec![ProcessInfo {
+            pid: 100,
+            comm: "train".into(),
+            ..Default::default()
+        }],
+        start_ns: Some(0),
+        end_ns: Some(end),
+        has_host_context: true,
+        ..Default::default()
+    }
+}
+
+fn kinds(f: &[Finding]) -> Vec<(Kind, &str)> {
+    f.iter().map(|f| (f.kind, f.op.as_str())).collect()
+}
+
+fn of_kind(f: &[Finding], k: Kind) -> Vec<&Finding> {
+    f.iter().filter(|f| f.kind == k).collect()
+}
+
+/// `n` back-to-back calls of `op` lasting `dur`, starting at `t0`.
+fn series(op: &str, t0: u64, n: u64, dur: u64) -> Vec<CallEvent> {
+    (0..n).map(|i| call(op, t0 + i * dur, dur)).collect()
+}
+
+#[test]
+fn clean_trace_has_no_findings_and_serializes_to_an_empty_list() {
+    let mut calls = Vec::new();
+    for i in 0..5u64 {
+        calls.push(alloc(i * MS, (i + 1) * 4096, 0x1000 * (i + 1)));
+    }
+    calls.extend(series("cudaLaunchKernel", 10 * MS, 100, 5 * US));
+    // Syncs that sleep briefly: far below the gpu_wait share of a 1 s trace.
+    calls.extend(
+        series("cudaStreamSynchronize", 20 * MS, 10, 100 * US)
+            .into_iter()
+            .map(|c| split(c, 0, 90 * US)),
+    );
+    for i in 0..5u64 {
+        calls.push(free(900 * MS + i * MS, 0x1000 * (i + 1)));
+    }
+    let mut d = trace(calls);
+    d.end_ns = Some(1000 * MS);
+    let r = explain_report(&d);
+    assert!(r.findings.is_empty(), "{:?}", kinds(&r.findings));
+    assert!(r.notes.is_empty());
+    assert_eq!(serde_json::to_string(&r).unwrap(), r#"{"findings":[]}"#);
+}
+
+#[test]
+fn contention_and_sleeping_syncs_blame_the_hog_for_spinning_calls_only() {
+    let hog = |ns| Culprit {
+        pid: 999,
+        tid: 999,
+        comm: "cpu_hog".into(),
+        ns,
+    };
+    let mut calls = Vec::new();
+    let mut waits = Vec::new();
+    // 50 spinning copies of 2 ms, each preempted for 1.5 ms by the hog.
+    for i in 0..50u64 {
+        let ts = i * 3 * MS;
+        calls.push(split(call("cudaMemcpy", ts, 2 * MS), 1500 * US, 0));
+        waits.push(WaitEvent {
+            pid: 100,
+            tid: 100,
+            kind: WaitKind::Preempted,
+            off_ns: ts + 200 * US,
+            wake_ns: ts + 200 * US,
+            on_ns: ts + 1700 * US,
+            prev_state: 0,
+            cpu: 0,
+            culprits: vec![hog(1500 * US)],
+        });
+    }
+    // 20 syncs of 10 ms sleeping 9.9 ms; after each wake-up the hog still
+    // held the CPU for 50 us (realistic, and below every threshold).
+    for i in 0..20u64 {
+        let ts = 200 * MS + i * 11 * MS;
+        calls.push(split(
+            call("cudaStreamSynchronize", ts, 10 * MS),
+            50 * US,
+            9900 * US,
+        ));
+        waits.push(WaitEvent {
+            pid: 100,
+            tid: 100,
+            kind: WaitKind::Blocked,
+            off_ns: ts + 10 * US,
+            wake_ns: ts + 9910 * US,
+            on_ns: ts + 9960 * US,
+            prev_state: 2,
+            cpu: 0,
+            culprits: vec![hog(50 * US)],
+        });
+    }
+    waits.sort_by_key(|w| w.on_ns);
+    let mut d = trace(calls);
+    d.waits = waits;
+    let f = explain(&d);
+
+    let pre = of_kind(&f, Kind::CpuPreemption);
+    assert_eq!(pre.len(), 1, "{:?}", kinds(&f));
+    assert_eq!(pre[0].op, "cudaMemcpy");
+    assert_eq!(pre[0].severity, Severity::High); // 75% of the wall time
+    assert_eq!(pre[0].culprits.len(), 1);
+    let c = &pre[0].culprits[0];
+    assert_eq!(
+        (c.pid, c.comm.as_str(), c.runnable_ns),
+        (999, "cpu_hog", 50 * 1500 * US)
+    );
+    assert!((c.share - 1.0).abs() < 1e-9);
+    assert!(pre[0].summary.contains("cpu_hog"));
+    assert_eq!(
+        pre[0].evidence["examples"].as_array().unwrap().len(),
+        EXAMPLE_CALLS
+    );
+
+    let wait = of_kind(&f, Kind::GpuWait);
+    assert_eq!(wait.len(), 1);
+    assert_eq!(wait[0].op, "cudaStreamSynchronize");
+    assert!(wait[0].culprits.is_empty());
+    assert_eq!(wait[0].evidence["blamed_on_os"], false);
+    assert_eq!(wait[0].evidence["blocked_ns"], 20 * 9900 * US);
+    // Slowdowns rank before information.
+    assert_eq!(f.first().unwrap().kind, Kind::CpuPreemption);
+}
+
+/// 20 calls of 1 ms; the first `k` lose `runnable` each.
+fn preempted_trace(k: u64, runnable: u64) -> TraceData {
+    let calls = series("cudaMemcpy", 0, 20, MS)
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| {
+            if (i as u64) < k {
+                split(c, runnable, 0)
+            } else {
+                c
+            }
+        })
+        .collect();
+    trace(calls)
+}
+
+#[test]
+fn cpu_preemption_thresholds_at_their_edges() {
+    let pre = |d: &TraceData| of_kind(&explain(d), Kind::CpuPreemption).len();
+    // Exactly 1 ms lost out of 20 ms (5%): finding.
+    assert_eq!(pre(&preempted_trace(1, MS)), 1);
+    // 1 ns less: below both the 1 ms floor and the 5% share.
+    assert_eq!(pre(&preempted_trace(1, MS - 1)), 0);
+    // Share just below 5% with more than 1 ms lost: no finding.
+    let mut d = preempted_trace(1, MS);
+    d.calls.push(call("cudaMemcpy", 30 * MS, 1)); // wall 20 ms + 1 ns: share just below 5%
+    const { assert!((1_000_000.0 / 20_000_001.0) < PREEMPTION_MIN_SHARE) };
+    assert_eq!(pre(&d), 0);
+}
+
+#[test]
+fn cpu_preemption_triggers_on_a_preempted_tail() {
+    // 400 calls of 1 ms and 5 of 3 ms that lost 2 ms each to runnable
+    // waiting: 10 ms of 415 ms (2.4%) overall, below the 5% share, but the
+    // tail (the 5 calls above p95) is 67% runnable.
+    let mut calls = series("cudaMemcpy", 0, 400, MS);
+    for i in 0..5u64 {
+        calls.push(split(
+            call("cudaMemcpy", 500 * MS + i * 4 * MS, 3 * MS),
+            2 * MS,
+            0,
+        ));
+    }
+    let f = explain(&trace(calls));
+    let pre = of_kind(&f, Kind::CpuPreemption);
+    assert_eq!(pre.len(), 1);
+    assert_eq!(pre[0].severity, Severity::Low);
+    assert!(pre[0].culprits.is_empty());
+    assert!(pre[0].summary.contains("did not name"));
+    // Explained by the host, so not a tail_latency finding as well.
+    assert!(of_kind(&f, Kind::TailLatency).is_empty());
+}
+
+fn sync_trace(blocked: u64, span: u64) -> TraceData {
+    let mut d = trace(vec![split(
+        call("cudaDeviceSynchronize", 0, blocked),
+        0,
+        blocked,
+    )]);
+    d.end_ns = Some(span);
+    d
+}
+
+#[test]
+fn gpu_wait_thresholds_at_their_edges() {
+    let gw = |d: &TraceData| of_kind(&explain(d), Kind::GpuWait).len();
+    assert_eq!(gw(&sync_trace(10 * MS, 100 * MS)), 1);
+    assert_eq!(gw(&sync_trace(10 * MS - 1, 100 * MS)), 0);
+    assert_eq!(gw(&sync_trace(10 * MS, 100 * MS + 1)), 0);
+    // Blocked time in a non-sync op is never a gpu_wait.
+    let mut d = trace(vec![split(call("cudaMemcpy", 0, 50 * MS), 0, 50 * MS)]);
+    d.end_ns = Some(60 * MS);
+    assert_eq!(gw(&d), 0);
+}
+
+#[test]
+fn allocation_failure_reports_error_size_and_live_bytes() {
+    let mut fail = alloc(5 * MS, 8 << 30, 0);
+    fail.ret = 2;
+    fail.ptr = None;
+    let ok = explain(&trace(vec![alloc(0, 1 << 30, 0xa)]));
+    assert!(of_kind(&ok, Kind::AllocationFailure).is_empty());
+    let f = explain(&trace(vec![alloc(0, 1 << 30, 0xa), fail]));
+    let af = of_kind(&f, Kind::AllocationFailure);
+    assert_eq!(af.len(), 1);
+    assert_eq!(af[0].severity, Severity::High);
+    assert_eq!(af[0].evidence["examples"][0]["error"], 2);
+    assert_eq!(af[0].evidence["examples"][0]["bytes"], 8u64 << 30);
+    assert_eq!(af[0].evidence["examples"][0]["live_bytes_at"], 1u64 << 30);
+    assert!(af[0].recommendation.contains("expandable_segments:True"));
+    assert!(af[0].summary.contains("out of memory"));
+    assert_eq!(f[0].kind, Kind::AllocationFailure); // ranked first
+}
+
+#[test]
+fn allocation_failure_with_nothing_held_points_at_other_processes() {
+    let mut fail = alloc(0, 8 << 30, 0);
+    fail.ret = 2;
+    fail.ptr = None;
+    let f = explain(&trace(vec![fail]));
+    let af = of_kind(&f, Kind::AllocationFailure);
+    assert!(!af[0].recommendation.contains("expandable_segments"));
+    assert!(af[0].evidence["fragmentation_hint"]
+        .as_str()
+        .unwrap()
+        .contains("other processes"));
+}
+
+#[test]
+fn unfreed_memory_edges_and_grouping() {
+    let uf = |calls| {
+        of_kind(&explain(&trace(calls)), Kind::UnfreedMemory)
+            .into_iter()
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    assert!(uf(vec![alloc(0, 1, 0xa), free(MS, 0xa)]).is_empty());
+    let one_byte = uf(vec![alloc(0, 1, 0xa)]);
+    assert_eq!((one_byte.len(), one_byte[0].severity), (1, Severity::Low));
+    assert_eq!(
+        uf(vec![alloc(0, (64 << 20) - 1, 0xa)])[0].severity,
+        Severity::Low
+    );
+    assert_eq!(
+        uf(vec![alloc(0, 64 << 20, 0xa)])[0].severity,
+        Severity::Medium
+    );
+    assert_eq!(uf(vec![alloc(0, 1 << 30, 0xa)])[0].severity, Severity::High);
+    let leaks: Vec<_> = (0..4u64)
+        .map(|i| alloc(i * MS, 4096, 0x100 + i))
+        .chain([alloc(9 * MS, 100, 0x900)])
+        .collect();
+    let f = uf(leaks);
+    assert_eq!(f[0].evidence["unfreed_count"], 5);
+    assert_eq!(f[0].evidence["by_size"][0]["bytes"], 4096);
+    assert_eq!(f[0].evidence["by_size"][0]["count"], 4);
+    assert!(f[0].summary.contains("still running"));
+}
+
+fn churn_trace(reallocs: u64) -> TraceData {
+    let mut calls = vec![alloc(0, 2 << 20, 0xa)];
+    for i in 0..reallocs {
+        let t = (i + 1) * MS;
+        calls.push(free(t, 0xa));
+        calls.push(alloc(t + 100 * US, 2 << 20, 0xa));
+    }
+    calls.push(free(500 * MS, 0xa));
+    trace(calls)
+}
+
+#[test]
+fn allocation_churn_edges() {
+    let ch = |n| of_kind(&explain(&churn_trace(n)), Kind::AllocationChurn).len();
+    assert_eq!(ch(CHURN_MIN_REALLOCS - 1), 0);
+    assert_eq!(ch(CHURN_MIN_REALLOCS), 1);
+    let f = explain(&churn_trace(30));
+    let c = of_kind(&f, Kind::AllocationChurn)[0];
+    assert_eq!(c.evidence["reallocs"], 30);
+    assert_eq!(c.op, "cudaMalloc");
+    assert!(c.recommendation.contains("empty_cache"));
+}
+
+/// 19 calls of `p50` and `slow` calls of `p99`.
+fn tail_trace(n_fast: u64, p50: u64, p99: u64) -> TraceData {
+    let mut calls = series("cudaMemcpyAsync", 0, n_fast, p50);
+    calls.push(call("cudaMemcpyAsync", 100 * MS, p99));
+    trace(calls)
+}
+
+#[test]
+fn tail_latency_edges() {
+    let tl = |d: &TraceData| of_kind(&explain(d), Kind::TailLatency).len();
+    // 20 calls: p50 is the 10th, p99 the 20th.
+    assert_eq!(tl(&tail_trace(19, 20 * US, 200 * US)), 1); // ratio 10, excess 180 us
+    assert_eq!(tl(&tail_trace(19, 20 * US, 200 * US - 1)), 0); // ratio just below 10
+    assert_eq!(tl(&tail_trace(18, 20 * US, 200 * US)), 0); // 19 calls
+    assert_eq!(tl(&tail_trace(19, 10 * US, 110 * US)), 1); // excess exactly 100 us
+    assert_eq!(tl(&tail_trace(19, 10 * US, 110 * US - 1)), 0); // excess just below
+    let f = explain(&tail_trace(19, 20 * US, 200 * US));
+    let t = of_kind(&f, Kind::TailLatency)[0];
+    assert!(t.summary.contains("10x"));
+    assert_eq!(t.evidence["tail"]["calls"], 1);
+    assert!(t.summary.contains("on-CPU"));
+}
+
+#[test]
+fn tail_explained_by_runnable_time_is_not_a_tail_finding() {
+    let mut d = tail_trace(19, 20 * US, 200 * US);
+    let last = d.calls.len() - 1;
+    d.calls[last].runnable_ns = 100 * US; // exactly half the slow call
+    assert!(of_kind(&explain(&d), Kind::TailLatency).is_empty());
+    d.calls[last].runnable_ns = 100 * US - 1;
+    assert_eq!(of_kind(&explain(&d), Kind::TailLatency).len(), 1);
+}
+
+#[test]
+fn without_host_context_time_findings_are_declared_not_evaluated() {
+    let mut d = sync_trace(50 * MS, 60 * MS);
+    d.has_host_context = false;
+    let r = explain_report(&d);
+    assert!(r.findings.is_empty());
+    assert_eq!(r.notes.len(), 1);
+    assert!(r.notes[0].contains("cpu_preemption and gpu_wait cannot be evaluated"));
+    let mut t = tail_trace(19, 20 * US, 200 * US);
+    t.has_host_context = false;
+    let f = explain(&t);
+    assert!(of_kind(&f, Kind::TailLatency)[0]
+        .summary
+        .contains("not captured"));
+}
+
+#[test]
+fn dropped_events_are_noted() {
+    let mut d = trace(vec![]);
+    d.stats.insert("drop_ring_full_call".into(), 7);
+    let r = explain_report(&d);
+    assert!(r.notes.iter().any(|n| n.contains("7 events were dropped")));
+}
+
+#[test]
+fn json_matches_the_contract() {
+    let d = preempted_trace(10, MS);
+    let v = serde_json::to_value(explain_report(&d)).unwrap();
+    let f = &v["findings"][0];
+    for k in [
+        "kind",
+        "severity",
+        "op",
+        "pids",
+        "summary",
+        "evidence",
+        "culprits",
+        "recommendation",
+    ] {
+        assert!(f.get(k).is_some(), "missing {k}");
+    }
+    assert_eq!(f["kind"], "cpu_preemption");
+    assert_eq!(f["severity"], "high");
+    assert_eq!(f["pids"], serde_json::json!([100]));
+    assert!(f.get("impact_ns").is_none());
+    assert_eq!(top_findings(&d, 0).len(), 0);
+}

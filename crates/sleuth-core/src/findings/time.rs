@@ -1,0 +1,379 @@
+//! Findings about time: cpu_preemption, gpu_wait, tail_latency.
+
+use super::*;
+use crate::decompose::{aggregate_culprits, culprits_of, Split, TailSplit};
+use crate::event::CallEvent;
+use crate::ops::OpClass;
+use crate::stats::nearest_rank;
+use serde_json::json;
+use std::collections::BTreeMap;
+
+/// What every time finder needs: calls grouped by op, the per-call culprits
+/// and the trace's time origin.
+pub(super) struct Context<'a> {
+    data: &'a TraceData,
+    per_call_culprits: &'a [Vec<Culprit>],
+    /// Call indices per op id, ascending op id (a stable order).
+    by_op: BTreeMap<u16, Vec<usize>>,
+    start_ns: u64,
+    end_ns: u64,
+}
+
+/// Per-op numbers shared by the finders.
+struct OpView<'a> {
+    op: &'static str,
+    class: OpClass,
+    idx: &'a [usize],
+    split: Split,
+    p50: u64,
+    p95: u64,
+    p99: u64,
+    tail: TailSplit,
+    pids: Vec<u32>,
+}
+
+impl<'a> Context<'a> {
+    pub(super) fn new(data: &'a TraceData, per_call_culprits: &'a [Vec<Culprit>]) -> Self {
+        let mut by_op: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
+        for (i, c) in data.calls.iter().enumerate() {
+            by_op.entry(c.op).or_default().push(i);
+        }
+        let first = data.calls.iter().map(|c| c.ts_ns).min();
+        let last = data.calls.iter().map(|c| c.end_ns()).max();
+        let start_ns = data.start_ns.or(first).unwrap_or(0);
+        let end_ns = data.end_ns.or(last).unwrap_or(start_ns).max(start_ns);
+        Context {
+            data,
+            per_call_culprits,
+            by_op,
+            start_ns,
+            end_ns,
+        }
+    }
+
+    /// Duration of the trace (start to end, or first to last call).
+    pub(super) fn span_ns(&self) -> u64 {
+        self.end_ns - self.start_ns
+    }
+
+    fn calls<'b>(&self, idx: &'b [usize]) -> impl Iterator<Item = &'a CallEvent> + 'b
+    where
+        'a: 'b,
+    {
+        let calls: &'a [CallEvent] = &self.data.calls;
+        idx.iter().map(move |&i| &calls[i])
+    }
+
+    fn views(&self) -> impl Iterator<Item = OpView<'_>> + '_ {
+        self.by_op.iter().filter_map(move |(&op, idx)| {
+            let info = crate::ops::op_by_id(op)?;
+            let mut durs: Vec<u64> = self.calls(idx).map(|c| c.dur_ns).collect();
+            durs.sort_unstable();
+            let p95 = nearest_rank(&durs, 95)?;
+            let mut pids: Vec<u32> = self.calls(idx).map(|c| c.pid).collect();
+            pids.sort_unstable();
+            pids.dedup();
+            Some(OpView {
+                op: info.name,
+                class: info.class,
+                idx,
+                split: Split::total(self.calls(idx)),
+                p50: nearest_rank(&durs, 50)?,
+                p95,
+                p99: nearest_rank(&durs, 99)?,
+                tail: TailSplit::of(self.calls(idx), p95),
+                pids,
+            })
+        })
+    }
+
+    /// Up to EXAMPLE_CALLS calls of `idx`, ranked by `key` (largest first), as evidence.
+    fn examples(&self, idx: &[usize], key: impl Fn(&CallEvent) -> u64) -> serde_json::Value {
+        let mut ranked: Vec<usize> = idx.to_vec();
+        ranked.sort_by_key(|&i| (std::cmp::Reverse(key(&self.data.calls[i])), i));
+        ranked.truncate(EXAMPLE_CALLS);
+        ranked
+            .into_iter()
+            .map(|i| {
+                let c = &self.data.calls[i];
+                let s = Split::of(c);
+                let culprits: Vec<_> = culprits_of(self.per_call_culprits, i)
+                    .iter()
+                    .take(2)
+                    .map(|k| json!({"pid": k.pid, "comm": k.comm, "runnable_ns": k.ns}))
+                    .collect();
+                json!({
+                    "ts_ns": c.ts_ns,
+                    "offset_ns": c.ts_ns.saturating_sub(self.start_ns),
+                    "pid": c.pid,
+                    "tid": c.tid,
+                    "dur_ns": c.dur_ns,
+                    "on_cpu_ns": s.on_cpu_ns,
+                    "runnable_ns": s.runnable_ns,
+                    "blocked_ns": s.blocked_ns,
+                    "culprits": culprits,
+                })
+            })
+            .collect()
+    }
+}
+
+fn share(part: u64, whole: u64) -> f64 {
+    if whole == 0 {
+        0.0
+    } else {
+        part as f64 / whole as f64
+    }
+}
+
+fn pct(x: f64) -> String {
+    format!("{:.0}%", x * 100.0)
+}
+
+fn ms(ns: u64) -> String {
+    format!("{:.1} ms", ns as f64 / 1e6)
+}
+
+fn us(ns: u64) -> String {
+    format!("{:.0} us", ns as f64 / 1e3)
+}
+
+/// CUDA calls slowed because the CPU was given to other tasks.
+pub(super) fn cpu_preemption(ctx: &Context) -> Vec<Finding> {
+    let mut out = Vec::new();
+    for v in ctx.views() {
+        let wall = v.split.wall_ns();
+        let lost = v.split.runnable_ns;
+        let op_share = share(lost, wall);
+        if lost < PREEMPTION_MIN_RUNNABLE_NS
+            || (op_share < PREEMPTION_MIN_SHARE
+                && v.tail.runnable_share < PREEMPTION_MIN_TAIL_SHARE)
+        {
+            continue;
+        }
+        let severity = if op_share >= PREEMPTION_HIGH_SHARE {
+            Severity::High
+        } else if op_share >= PREEMPTION_MEDIUM_SHARE {
+            Severity::Medium
+        } else {
+            Severity::Low
+        };
+        let mut culprits: Vec<FindingCulprit> =
+            aggregate_culprits(v.idx.iter().map(|&i| culprits_of(ctx.per_call_culprits, i)))
+                .into_iter()
+                .map(|c| FindingCulprit {
+                    share: share(c.runnable_ns, lost).min(1.0),
+                    pid: c.pid,
+                    comm: c.comm,
+                    runnable_ns: c.runnable_ns,
+                })
+                .collect();
+        culprits.truncate(TOP_CULPRITS);
+        let affected: Vec<u32> = {
+            let mut p: Vec<u32> = ctx
+                .calls(v.idx)
+                .filter(|c| Split::of(c).runnable_ns > 0)
+                .map(|c| c.pid)
+                .collect();
+            p.sort_unstable();
+            p.dedup();
+            p
+        };
+        let slowed = ctx
+            .calls(v.idx)
+            .filter(|c| Split::of(c).runnable_ns > 0)
+            .count();
+        let who = match culprits.first() {
+            Some(c) => format!(
+                "mostly {} (pid {}, {} of the lost time)",
+                c.comm,
+                c.pid,
+                pct(c.share)
+            ),
+            None => "by tasks the trace did not name".to_string(),
+        };
+        let summary = format!(
+            "{} calls waited {} runnable while other tasks held the CPU ({} of their {} wall time), {}",
+            v.op,
+            ms(lost),
+            pct(op_share),
+            ms(wall),
+            who
+        );
+        let same_process = culprits.iter().any(|c| affected.contains(&c.pid));
+        let recommendation = if same_process {
+            "Threads of the traced process itself compete for the CPU with the thread issuing CUDA calls: \
+             reduce CPU-side worker threads (e.g. OMP_NUM_THREADS, DataLoader workers) or give the CUDA \
+             thread a dedicated core."
+        } else {
+            "Give the CUDA process CPUs the neighbours do not use: pin it (taskset / cpuset cgroup) and \
+             move or isolate the culprits, lower their priority (nice / SCHED_IDLE), or cap them with a \
+             cgroup cpu.max limit."
+        };
+        out.push(Finding {
+            kind: Kind::CpuPreemption,
+            severity,
+            op: v.op.to_string(),
+            pids: affected,
+            summary,
+            evidence: json!({
+                "calls": v.idx.len(),
+                "calls_with_runnable_time": slowed,
+                "wall_ns": wall,
+                "on_cpu_ns": v.split.on_cpu_ns,
+                "runnable_ns": lost,
+                "blocked_ns": v.split.blocked_ns,
+                "runnable_share": op_share,
+                "tail": v.tail,
+                "p50_ns": v.p50,
+                "p99_ns": v.p99,
+                "examples": ctx.examples(v.idx, |c| Split::of(c).runnable_ns),
+            }),
+            culprits,
+            recommendation: recommendation.to_string(),
+            impact_ns: lost,
+        });
+    }
+    out
+}
+
+/// Time blocked in sync calls: the host waiting for the GPU. Informational.
+pub(super) fn gpu_wait(ctx: &Context) -> Vec<Finding> {
+    let span = ctx.span_ns();
+    let mut out = Vec::new();
+    for v in ctx.views().filter(|v| v.class == OpClass::Sync) {
+        let blocked = v.split.blocked_ns;
+        let of_trace = share(blocked, span);
+        if blocked < GPU_WAIT_MIN_NS || of_trace < GPU_WAIT_MIN_SHARE {
+            continue;
+        }
+        out.push(Finding {
+            kind: Kind::GpuWait,
+            severity: Severity::Low,
+            op: v.op.to_string(),
+            pids: v.pids.clone(),
+            summary: format!(
+                "{} blocked {} waiting for the GPU ({} of the trace's {}); this is GPU work time, not OS interference",
+                v.op,
+                ms(blocked),
+                pct(of_trace),
+                ms(span)
+            ),
+            evidence: json!({
+                "calls": v.idx.len(),
+                "blocked_ns": blocked,
+                "on_cpu_ns": v.split.on_cpu_ns,
+                "runnable_ns": v.split.runnable_ns,
+                "share_of_trace": of_trace,
+                "trace_ns": span,
+                "blamed_on_os": false,
+                "examples": ctx.examples(v.idx, |c| c.dur_ns),
+            }),
+            culprits: Vec::new(),
+            recommendation: "Informational: the host slept until the GPU finished. To shorten it, make the GPU \
+                             work smaller or faster (profile kernels with Nsight Systems/Compute), or overlap it \
+                             with host work: fewer synchronizations, async copies from pinned memory, CUDA graphs."
+                .to_string(),
+            impact_ns: blocked,
+        });
+    }
+    out
+}
+
+/// Ops whose slowest calls are far slower than usual with no host explanation.
+pub(super) fn tail_latency(ctx: &Context) -> Vec<Finding> {
+    let host = ctx.data.has_host_context;
+    let mut out = Vec::new();
+    for v in ctx.views() {
+        let n = v.idx.len() as u64;
+        let ratio = if v.p50 == 0 {
+            f64::INFINITY
+        } else {
+            v.p99 as f64 / v.p50 as f64
+        };
+        if n < TAIL_MIN_CALLS
+            || ratio < TAIL_MIN_RATIO
+            || v.p99.saturating_sub(v.p50) < TAIL_MIN_EXCESS_NS
+            || (host && v.tail.runnable_share >= TAIL_HOST_EXPLAINED_SHARE)
+        {
+            continue;
+        }
+        let severity = if ratio >= TAIL_MEDIUM_RATIO {
+            Severity::Medium
+        } else {
+            Severity::Low
+        };
+        let t = &v.tail;
+        let (known, recommendation) = if !host {
+            (
+                "host context was not captured, so whether the CPU was taken is unknown".to_string(),
+                "Re-record with gpusleuth trace to split the slow calls into on-CPU, runnable and blocked time."
+                    .to_string(),
+            )
+        } else if t.blocked_share >= t.on_cpu_share {
+            let rec = if v.class == OpClass::Sync {
+                "The slow syncs waited for GPU work that took longer: profile the GPU side (Nsight Systems) \
+                 to see which kernels or copies vary."
+            } else {
+                "The thread slept inside the call (an implicit synchronization, a driver lock, page faults): \
+                 copies from pageable memory wait for earlier GPU work, so use pinned memory and async copies, \
+                 and check for other threads contending on the same CUDA context."
+            };
+            (
+                format!(
+                    "the slow calls were {} blocked, {} on-CPU, {} runnable: not CPU contention; what they waited for is not visible to gpusleuth",
+                    pct(t.blocked_share),
+                    pct(t.on_cpu_share),
+                    pct(t.runnable_share)
+                ),
+                rec.to_string(),
+            )
+        } else {
+            (
+                format!(
+                    "the slow calls were {} on-CPU, {} blocked, {} runnable: the time went to work inside the CUDA library, not to other tasks",
+                    pct(t.on_cpu_share),
+                    pct(t.blocked_share),
+                    pct(t.runnable_share)
+                ),
+                "On-CPU time inside CUDA calls is usually staging of pageable memory or lazy loading of modules on \
+                 first use: use pinned host memory, warm up before measuring, or set CUDA_MODULE_LOADING=EAGER."
+                    .to_string(),
+            )
+        };
+        let tail_wall: u64 = ctx
+            .calls(v.idx)
+            .filter(|c| c.dur_ns > v.p95)
+            .map(|c| c.dur_ns)
+            .sum();
+        out.push(Finding {
+            kind: Kind::TailLatency,
+            severity,
+            op: v.op.to_string(),
+            pids: v.pids.clone(),
+            summary: format!(
+                "{} p99 is {:.0}x its p50 ({} vs {}); {}",
+                v.op,
+                ratio,
+                us(v.p99),
+                us(v.p50),
+                known
+            ),
+            evidence: json!({
+                "calls": n,
+                "p50_ns": v.p50,
+                "p95_ns": v.p95,
+                "p99_ns": v.p99,
+                "p99_over_p50": if ratio.is_finite() { json!(ratio) } else { json!(null) },
+                "tail": if host { json!(t) } else { json!(null) },
+                "host_context": host,
+                "not_known": "what the GPU and the driver were doing during the slow calls",
+                "examples": ctx.examples(v.idx, |c| c.dur_ns),
+            }),
+            culprits: Vec::new(),
+            recommendation,
+            impact_ns: tail_wall,
+        });
+    }
+    out
+}
