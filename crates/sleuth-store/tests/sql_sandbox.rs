@@ -1,0 +1,166 @@
+//! The read-only SQL sandbox: reads work, every way of writing or escaping fails,
+//! and the database directory is left exactly as it was.
+
+mod common;
+use common::*;
+use sleuth_store::{run_readonly_sql, SqlLimits};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::SystemTime;
+
+/// Every file in the directory with its bytes and mtime.
+fn snapshot(dir: &Path) -> BTreeMap<String, (Vec<u8>, SystemTime)> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            let m = e.metadata().unwrap();
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                (std::fs::read(e.path()).unwrap(), m.modified().unwrap()),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn reads_return_columns_rows_and_respect_the_row_cap() {
+    let dir = TempDir::new("sqlok");
+    let db = dir.join("t.db");
+    small_trace(&db);
+    let r = run_readonly_sql(
+        &db,
+        "SELECT op, count(*) AS n FROM calls GROUP BY op ORDER BY op",
+        SqlLimits::default(),
+    )
+    .unwrap();
+    assert_eq!(r.columns, vec!["op", "n"]);
+    assert_eq!(r.rows.len(), 3);
+    assert_eq!(
+        r.rows[0],
+        vec![serde_json::json!("cuMemAlloc_v2"), serde_json::json!(1)]
+    );
+    assert!(!r.truncated);
+    let capped = run_readonly_sql(
+        &db,
+        "SELECT id FROM calls",
+        SqlLimits {
+            max_rows: 2,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(capped.rows.len(), 2);
+    assert!(capped.truncated);
+    // Views and schema introspection are allowed.
+    let v = run_readonly_sql(
+        &db,
+        "SELECT ts_unix_ns FROM calls_wall ORDER BY ts_ns LIMIT 1",
+        SqlLimits::default(),
+    )
+    .unwrap();
+    assert_eq!(
+        v.rows[0][0],
+        serde_json::json!(2_000i64 + session().realtime_offset_ns)
+    );
+    let info = run_readonly_sql(
+        &db,
+        "SELECT name FROM pragma_table_info('calls')",
+        SqlLimits::default(),
+    )
+    .unwrap();
+    assert!(info.rows.iter().any(|r| r[0] == "runnable_ns"));
+    let culprits = run_readonly_sql(
+        &db,
+        "SELECT culprit_comm, runnable_ns FROM call_culprits_named",
+        SqlLimits::default(),
+    )
+    .unwrap();
+    assert_eq!(
+        culprits.rows,
+        vec![vec![serde_json::json!("hog"), serde_json::json!(400)]]
+    );
+}
+
+#[test]
+fn writes_escapes_and_runaways_are_refused_and_nothing_changes() {
+    let dir = TempDir::new("sqlbad");
+    let db = dir.join("t.db");
+    small_trace(&db);
+    let other = dir.join("other.db");
+    let other_s = other.display().to_string();
+    let attacks: Vec<String> = vec![
+        "PRAGMA query_only=0".into(),
+        "PRAGMA journal_mode=DELETE".into(),
+        "PRAGMA user_version=7".into(),
+        "PRAGMA writable_schema=ON".into(),
+        format!("ATTACH '{other_s}' AS o"),
+        format!("ATTACH 'file:{other_s}?mode=rwc' AS o"),
+        "DETACH main".into(),
+        "SELECT 1; DELETE FROM calls".into(),
+        "SELECT 1; SELECT 2".into(),
+        "DELETE FROM calls".into(),
+        "UPDATE calls SET dur_ns = 0".into(),
+        "INSERT INTO notes VALUES (0, 'x', 'y')".into(),
+        "DROP TABLE calls".into(),
+        "CREATE TABLE evil(x)".into(),
+        "CREATE TEMP TABLE evil(x)".into(),
+        "BEGIN".into(),
+        "SELECT load_extension('/tmp/evil.so')".into(),
+        format!("VACUUM INTO '{other_s}'"),
+        "WITH x AS (SELECT 1) DELETE FROM calls".into(),
+        "WITH x AS (SELECT 1) INSERT INTO notes SELECT 0, 'x', 'y' FROM x".into(),
+        "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r) SELECT count(*) FROM r"
+            .into(),
+        "REINDEX".into(),
+        "ANALYZE".into(),
+        "SELECT * FROM sqlite_dbpage".into(),
+    ];
+    let before = snapshot(&dir.0);
+    for sql in &attacks {
+        let got = run_readonly_sql(&db, sql, SqlLimits::default());
+        assert!(got.is_err(), "must be refused: {sql} -> {got:?}");
+        let msg = got.err().unwrap().to_string();
+        assert!(!msg.contains('\n'), "one line: {msg}");
+    }
+    assert_eq!(
+        snapshot(&dir.0),
+        before,
+        "db bytes, mtimes and directory listing unchanged"
+    );
+    assert!(!other.exists());
+}
+
+#[test]
+fn runaway_query_is_stopped_by_the_time_limit() {
+    let dir = TempDir::new("sqlslow");
+    let db = dir.join("t.db");
+    small_trace(&db);
+    let err = run_readonly_sql(
+        &db,
+        "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r) SELECT max(n) FROM r",
+        SqlLimits {
+            timeout: std::time::Duration::from_millis(300),
+            ..Default::default()
+        },
+    )
+    .err()
+    .expect("interrupted");
+    assert!(err.to_string().contains("time limit"), "{err}");
+}
+
+#[test]
+fn missing_or_non_sqlite_files_are_clear_errors() {
+    let dir = TempDir::new("sqlmissing");
+    let e = run_readonly_sql(&dir.join("nope.db"), "SELECT 1", SqlLimits::default())
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("no such file"), "{e}");
+    assert!(!dir.join("nope.db").exists(), "nothing created");
+    let text = dir.join("t.txt");
+    std::fs::write(&text, vec![b'x'; 5000]).unwrap();
+    let e = run_readonly_sql(&text, "SELECT 1", SqlLimits::default())
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("t.txt"), "{e}");
+}
