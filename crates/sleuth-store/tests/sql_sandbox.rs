@@ -144,8 +144,7 @@ fn runaway_query_is_stopped_by_the_time_limit() {
             ..Default::default()
         },
     )
-    .err()
-    .expect("interrupted");
+    .expect_err("interrupted");
     assert!(err.to_string().contains("time limit"), "{err}");
 }
 

@@ -369,8 +369,7 @@ fn handles_fail_cleanly_after_finish() {
     w.finish().unwrap();
     let err = h
         .send(Event::Call(call("cudaMalloc", 1, 1, 1, 1)))
-        .err()
-        .expect("closed");
+        .expect_err("closed");
     assert!(matches!(err, StoreError::WriterGone(_)));
 }
 

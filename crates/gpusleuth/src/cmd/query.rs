@@ -1,7 +1,124 @@
-// PLACEHOLDER: replaced by the module's owner before this lands.
-#[derive(clap::Args)]
-pub struct Args {}
+//! `gpusleuth query --db F "SQL" [--json] [--limit N]`: read-only SQL over a trace.
 
-pub fn run(_args: Args) -> anyhow::Result<i32> {
-    anyhow::bail!("'query' is not built yet")
+use anyhow::Context;
+use sleuth_store::{run_readonly_sql, SqlLimits, SqlResult};
+use std::path::PathBuf;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Trace database to query.
+    #[arg(long)]
+    db: PathBuf,
+    /// One read-only SQL statement (schema: docs/schema.md).
+    sql: String,
+    /// Print {"columns": [...], "rows": [[...]], "truncated": bool}.
+    #[arg(long)]
+    json: bool,
+    /// Most rows to return.
+    #[arg(long, default_value_t = 1000)]
+    limit: usize,
+}
+
+pub fn run(args: Args) -> anyhow::Result<i32> {
+    let limits = SqlLimits {
+        max_rows: args.limit,
+        ..Default::default()
+    };
+    let result = run_readonly_sql(&args.db, &args.sql, limits).context("query failed")?;
+    if args.json {
+        println!("{}", serde_json::to_string(&result)?);
+    } else {
+        print!("{}", render_table(&result));
+        if result.truncated {
+            eprintln!(
+                "(stopped at {} rows; raise --limit for more)",
+                result.rows.len()
+            );
+        }
+    }
+    Ok(0)
+}
+
+fn cell(v: &serde_json::Value) -> String {
+    match v {
+        serde_json::Value::Null => "NULL".into(),
+        serde_json::Value::String(s) => s.replace(['\n', '\t'], " "),
+        other => other.to_string(),
+    }
+}
+
+/// Columns padded to their widest cell; numbers right-aligned.
+fn render_table(r: &SqlResult) -> String {
+    let cells: Vec<Vec<String>> = r
+        .rows
+        .iter()
+        .map(|row| row.iter().map(cell).collect())
+        .collect();
+    let mut widths: Vec<usize> = r.columns.iter().map(|c| c.chars().count()).collect();
+    for row in &cells {
+        for (w, c) in widths.iter_mut().zip(row) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let numeric: Vec<bool> = (0..r.columns.len())
+        .map(|i| {
+            !r.rows.is_empty()
+                && r.rows
+                    .iter()
+                    .all(|row| row[i].is_number() || row[i].is_null())
+        })
+        .collect();
+    let mut out = String::new();
+    let line = |vals: &[String], out: &mut String| {
+        let parts: Vec<String> = vals
+            .iter()
+            .enumerate()
+            .map(|(i, v)| {
+                if numeric[i] {
+                    format!("{v:>w$}", w = widths[i])
+                } else {
+                    format!("{v:<w$}", w = widths[i])
+                }
+            })
+            .collect();
+        out.push_str(parts.join("  ").trim_end());
+        out.push('\n');
+    };
+    line(&r.columns, &mut out);
+    let rule: Vec<String> = widths.iter().map(|w| "-".repeat(*w)).collect();
+    out.push_str(&rule.join("  "));
+    out.push('\n');
+    for row in &cells {
+        line(row, &mut out);
+    }
+    out.push_str(&format!(
+        "({} row{})\n",
+        r.rows.len(),
+        if r.rows.len() == 1 { "" } else { "s" }
+    ));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn table_aligns_columns_and_counts_rows() {
+        let r = SqlResult {
+            columns: vec!["op".into(), "n".into()],
+            rows: vec![
+                vec![json!("cudaMalloc"), json!(7)],
+                vec![json!("cuMemAlloc_v2"), json!(10)],
+            ],
+            truncated: false,
+        };
+        let t = render_table(&r);
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines[0], "op              n");
+        assert_eq!(lines[2], "cudaMalloc       7");
+        assert_eq!(lines[3], "cuMemAlloc_v2   10");
+        assert_eq!(lines[4], "(2 rows)");
+    }
 }
