@@ -117,8 +117,8 @@ mod tests {
         let t = render_table(&r);
         let lines: Vec<&str> = t.lines().collect();
         assert_eq!(lines[0], "op              n");
-        assert_eq!(lines[2], "cudaMalloc       7");
-        assert_eq!(lines[3], "cuMemAlloc_v2   10");
+        assert_eq!(lines[2], "cudaMalloc      7");
+        assert_eq!(lines[3], "cuMemAlloc_v2  10");
         assert_eq!(lines[4], "(2 rows)");
     }
 }
