@@ -31,6 +31,11 @@ fn main() {
         "-Wextra",
         "-Werror",
         "-fno-omit-frame-pointer",
+        // Every function starts with endbr64, like CET-enabled distribution
+        // builds. It also keeps a lock-prefixed counter increment from being a
+        // function's first instruction: x86 uprobes cannot single-step those
+        // and the kernel then silently skips the breakpoint.
+        "-fcf-protection=full",
     ];
     let inc = format!("-I{}", src.display());
 

@@ -4,7 +4,11 @@
 //! library crates. Errors end as one line on stderr and a non-zero exit.
 
 mod cmd;
+mod held_child;
+mod live;
 mod output;
+mod procinfo;
+mod signals;
 
 use clap::{Parser, Subcommand};
 

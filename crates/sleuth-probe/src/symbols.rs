@@ -52,3 +52,58 @@ impl SymbolOffsets {
         self.offsets.get(name).copied()
     }
 }
+
+/// The library search path an executable names itself (DT_RUNPATH, else
+/// DT_RPATH), with `$ORIGIN` expanded. A command linked against libcudart
+/// with an rpath maps it at exec, before any rescan of its memory map could
+/// see it, so its folders are probed before the command starts.
+pub fn runpath_dirs(exe: &Path) -> Vec<std::path::PathBuf> {
+    use object::elf;
+    use object::read::elf::{Dyn, ElfFile64};
+    let Ok(data) = std::fs::read(exe) else {
+        return Vec::new();
+    };
+    let Ok(file) = ElfFile64::<object::Endianness>::parse(&*data) else {
+        return Vec::new();
+    };
+    let endian = file.endian();
+    let sections = file.elf_section_table();
+    let Ok(Some((dyns, strtab_index))) = sections.dynamic(endian, &*data) else {
+        return Vec::new();
+    };
+    let Ok(strtab) = sections.strings(endian, &*data, strtab_index) else {
+        return Vec::new();
+    };
+    let mut runpath = None;
+    let mut rpath = None;
+    for d in dyns {
+        let tag = d.d_tag(endian) as i64;
+        if tag == elf::DT_RUNPATH || tag == elf::DT_RPATH {
+            if let Ok(s) = strtab.get(d.d_val(endian) as u32) {
+                let s = String::from_utf8_lossy(s).into_owned();
+                if tag == elf::DT_RUNPATH {
+                    runpath = Some(s)
+                } else {
+                    rpath = Some(s)
+                }
+            }
+        }
+    }
+    let origin = exe
+        .parent()
+        .map(|p| p.display().to_string())
+        .unwrap_or_default();
+    runpath
+        .or(rpath)
+        .map(|s| {
+            s.split(':')
+                .filter(|p| !p.is_empty())
+                .map(|p| {
+                    std::path::PathBuf::from(
+                        p.replace("${ORIGIN}", &origin).replace("$ORIGIN", &origin),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}

@@ -1,7 +1,541 @@
-// PLACEHOLDER: replaced by the module's owner before this lands.
-#[derive(clap::Args)]
-pub struct Args {}
+//! `gpusleuth trace`: capture CUDA calls and host context into a trace database.
 
-pub fn run(_args: Args) -> anyhow::Result<i32> {
-    anyhow::bail!("'trace' is not built yet")
+use crate::held_child::{self, HeldChild};
+use crate::live::LiveView;
+use crate::{procinfo, signals};
+use anyhow::{bail, Context, Result};
+use sleuth_core::record::{self, stat};
+use sleuth_core::{Event, ProcKind};
+use sleuth_probe::{discover, monotonic_ns, Capture, LaunchMode, LibFile};
+use sleuth_store::{LibraryInfo, NoteLevel, SessionInfo, TraceWriter, WriterHandle, WriterOptions};
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+#[derive(clap::Args)]
+#[command(
+    after_help = "Examples:\n  sudo gpusleuth trace -- python3 train.py\n  sudo gpusleuth trace --pid 4821 --duration 30s\n  sudo gpusleuth trace            (every process that uses CUDA, until Ctrl-C)"
+)]
+pub struct Args {
+    /// Trace database to write (default: ./gpusleuth-YYYYMMDD-HHMMSS.db).
+    #[arg(long)]
+    pub db: Option<PathBuf>,
+    /// Replace the database file if it exists.
+    #[arg(long)]
+    pub force: bool,
+    /// Attach to running processes (repeatable; children are followed).
+    #[arg(long = "pid", value_name = "PID")]
+    pub pids: Vec<u32>,
+    /// Stop after this long (e.g. 30s, 500ms, 2m).
+    #[arg(long, value_parser = parse_duration)]
+    pub duration: Option<Duration>,
+    /// How kernel launches are captured: driver (count cuLaunchKernel/Ex in the
+    /// kernel, 1 trap per launch), all (also count cudaLaunchKernel), full
+    /// (per-call latency and errors, 4 traps per runtime launch), off.
+    #[arg(long, default_value = "driver", value_parser = parse_launches)]
+    pub launches: LaunchMode,
+    /// Also probe this CUDA library file (repeatable).
+    #[arg(long = "cuda-lib", value_name = "PATH")]
+    pub cuda_libs: Vec<PathBuf>,
+    /// Database size cap (e.g. 512M, 2G); past it calls are counted, not stored.
+    #[arg(long = "max-db", default_value = "1G", value_parser = parse_size)]
+    pub max_db: u64,
+    /// Create this file once probes are attached (for scripts and tests).
+    #[arg(long = "ready-file", value_name = "PATH")]
+    pub ready_file: Option<PathBuf>,
+    /// No live view; only the final summary.
+    #[arg(long, short)]
+    pub quiet: bool,
+    /// The command to launch and trace, with its children.
+    #[arg(last = true, value_name = "COMMAND")]
+    pub command: Vec<String>,
+}
+
+fn parse_launches(s: &str) -> Result<LaunchMode, String> {
+    LaunchMode::parse(s)
+        .ok_or_else(|| format!("'{s}' is not a launch mode (driver, all, full, off)"))
+}
+
+/// Parses `500ms`, `30s`, `2m`, `1h`, or plain seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (num, mult) = if let Some(n) = s.strip_suffix("ms") {
+        (n, 1e-3)
+    } else if let Some(n) = s.strip_suffix('s') {
+        (n, 1.0)
+    } else if let Some(n) = s.strip_suffix('m') {
+        (n, 60.0)
+    } else if let Some(n) = s.strip_suffix('h') {
+        (n, 3600.0)
+    } else {
+        (s, 1.0)
+    };
+    let v: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("'{s}' is not a duration (e.g. 30s, 500ms, 2m)"))?;
+    if !v.is_finite() || v <= 0.0 {
+        return Err(format!("'{s}' is not a positive duration"));
+    }
+    Ok(Duration::from_secs_f64(v * mult))
+}
+
+/// Parses `1G`, `512M`, `64K`, or plain bytes.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim().trim_end_matches(['B', 'b', 'i']);
+    let (num, mult) = match t.chars().last() {
+        Some('K' | 'k') => (&t[..t.len() - 1], 1u64 << 10),
+        Some('M' | 'm') => (&t[..t.len() - 1], 1 << 20),
+        Some('G' | 'g') => (&t[..t.len() - 1], 1 << 30),
+        Some('T' | 't') => (&t[..t.len() - 1], 1 << 40),
+        _ => (t, 1),
+    };
+    let v: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("'{s}' is not a size (e.g. 512M, 2G)"))?;
+    if !v.is_finite() || v < 1.0 {
+        return Err(format!("'{s}' is not a positive size"));
+    }
+    Ok((v * mult as f64) as u64)
+}
+
+/// What is being traced.
+enum Target {
+    Launch(Vec<String>),
+    Pids(Vec<u32>),
+    All,
+}
+
+fn default_db_path() -> PathBuf {
+    let mut t: libc::time_t = 0;
+    // SAFETY: time() writes the current time to our local; localtime_r fills our tm.
+    let tm = unsafe {
+        libc::time(&mut t);
+        let mut tm: libc::tm = std::mem::zeroed();
+        libc::localtime_r(&t, &mut tm);
+        tm
+    };
+    PathBuf::from(format!(
+        "gpusleuth-{:04}{:02}{:02}-{:02}{:02}{:02}.db",
+        tm.tm_year + 1900,
+        tm.tm_mon + 1,
+        tm.tm_mday,
+        tm.tm_hour,
+        tm.tm_min,
+        tm.tm_sec
+    ))
+}
+
+/// Finds a command the way execvp will.
+fn resolve_in_path(cmd: &str) -> Option<PathBuf> {
+    if cmd.contains('/') {
+        return Some(PathBuf::from(cmd));
+    }
+    std::env::var_os("PATH")?
+        .to_str()?
+        .split(':')
+        .map(|d| Path::new(d).join(cmd))
+        .find(|p| p.is_file())
+}
+
+fn realtime_ns() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0)
+}
+
+fn uname_release() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+pub fn run(args: Args) -> Result<i32> {
+    let target = match (args.command.is_empty(), args.pids.is_empty()) {
+        (false, false) => bail!("give either --pid or a command after --, not both"),
+        (false, true) => Target::Launch(args.command.clone()),
+        (true, false) => Target::Pids(args.pids.clone()),
+        (true, true) => Target::All,
+    };
+    if let Target::Pids(pids) = &target {
+        for &p in pids {
+            if p == 0 || !procinfo::alive(p) {
+                bail!("no such process: {p}");
+            }
+        }
+    }
+    for lib in &args.cuda_libs {
+        if !lib.exists() {
+            bail!("--cuda-lib {}: no such file", lib.display());
+        }
+        if discover::lib_file(lib).is_none() {
+            bail!(
+                "--cuda-lib {}: not a libcudart.so* or libcuda.so* file",
+                lib.display()
+            );
+        }
+    }
+    sleuth_probe::preflight()?;
+
+    let db = args.db.clone().unwrap_or_else(default_db_path);
+    let start_mono = monotonic_ns();
+    let info = SessionInfo {
+        started_unix_ns: realtime_ns(),
+        start_mono_ns: start_mono,
+        realtime_offset_ns: realtime_ns() - start_mono as i64,
+        hostname: hostname(),
+        kernel: uname_release(),
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+        target: match &target {
+            Target::Launch(c) => c.join(" "),
+            Target::Pids(p) => format!(
+                "pids {}",
+                p.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
+            ),
+            Target::All => "all CUDA processes".into(),
+        },
+        launch_mode: args.launches.as_str().into(),
+        tool_version: env!("CARGO_PKG_VERSION").into(),
+    };
+    let opts = WriterOptions {
+        max_db_bytes: args.max_db,
+        overwrite: args.force,
+        ..Default::default()
+    };
+    let writer = TraceWriter::create(&db, info, opts)
+        .with_context(|| format!("cannot create trace database {}", db.display()))?;
+    let handle = writer.handle();
+
+    let mut cap = Capture::start(matches!(target, Target::All), args.launches)?;
+    let mut session = Session::new(handle.clone(), start_mono, args.quiet);
+
+    // Libraries known before anything runs: explicit, the command's environment, standard places.
+    let env: Vec<(String, String)> = std::env::vars().collect();
+    let mut extra_dirs = discover::env_dirs(&env);
+    extra_dirs.extend(
+        args.cuda_libs
+            .iter()
+            .filter_map(|p| p.parent().map(Path::to_path_buf)),
+    );
+    if let Target::Launch(cmd) = &target {
+        if let Some(exe) = resolve_in_path(&cmd[0]) {
+            extra_dirs.extend(sleuth_probe::symbols::runpath_dirs(&exe));
+        }
+    }
+    let mut initial: Vec<LibFile> = args
+        .cuda_libs
+        .iter()
+        .filter_map(|p| discover::lib_file(p))
+        .collect();
+    initial.extend(discover::scan_standard(&extra_dirs));
+    if let Target::Pids(pids) = &target {
+        for &p in pids {
+            initial.extend(discover::libs_mapped_by(p));
+        }
+    }
+    if matches!(target, Target::All) {
+        for p in procinfo::all_pids() {
+            initial.extend(discover::libs_mapped_by(p));
+        }
+    }
+    for lib in &initial {
+        session.attach(&mut cap, lib, false);
+    }
+
+    let mut child: Option<u32> = None;
+    match &target {
+        Target::Launch(cmd) => {
+            let held: HeldChild = held_child::spawn_held(cmd)?;
+            let pid = held.pid;
+            if let Err(e) = cap.trace_pid(pid) {
+                held.abandon();
+                return Err(e.into());
+            }
+            session.note_process(pid);
+            held.release(&cmd[0])?;
+            child = Some(pid);
+        }
+        Target::Pids(pids) => {
+            for &p in pids {
+                cap.trace_pid(p)?;
+                session.note_process(p);
+                handle.add_note(
+                    NoteLevel::Info,
+                    format!("attached to running process {p}: its calls before the trace started were not seen"),
+                )?;
+            }
+        }
+        Target::All => {}
+    }
+    session.started = true;
+    if let Some(f) = &args.ready_file {
+        std::fs::write(f, b"ready\n")
+            .with_context(|| format!("cannot write --ready-file {}", f.display()))?;
+    }
+    if !args.quiet {
+        eprintln!(
+            "gpusleuth: tracing {} → {} ({} libraries probed, launches: {})",
+            match &target {
+                Target::Launch(c) => c.join(" "),
+                Target::Pids(p) => format!(
+                    "pid {}",
+                    p.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
+                ),
+                Target::All => "every CUDA process".into(),
+            },
+            db.display(),
+            cap.attached().count(),
+            args.launches.as_str()
+        );
+    }
+
+    signals::install();
+    let t0 = Instant::now();
+    let mut last_scan = Instant::now();
+    let mut last_render = Instant::now();
+    let mut child_exit: Option<i32> = None;
+    let mut child_exit_at: Option<Instant> = None;
+    loop {
+        cap.poll(Duration::from_millis(50), |bytes| session.record(bytes));
+        if let Some(pid) = child {
+            if child_exit.is_none() {
+                if let Some(code) = held_child::try_wait(pid) {
+                    child_exit = Some(code);
+                    child_exit_at = Some(Instant::now());
+                }
+            }
+        }
+        // Stop conditions.
+        let interrupts = signals::interrupts();
+        let traced_left = || cap.traced_pids().into_iter().any(procinfo::alive);
+        let stop = match &target {
+            // Ctrl-C reaches the command too; a second one stops us regardless.
+            Target::Launch(_) => {
+                interrupts >= 2
+                    || child_exit_at
+                        .is_some_and(|t| !traced_left() || t.elapsed() > Duration::from_secs(2))
+            }
+            Target::Pids(_) => interrupts >= 1 || !traced_left(),
+            Target::All => interrupts >= 1,
+        } || args.duration.is_some_and(|d| t0.elapsed() >= d);
+        if stop || session.writer_error.is_some() {
+            break;
+        }
+        if last_scan.elapsed() >= Duration::from_millis(200) {
+            last_scan = Instant::now();
+            let pids: Vec<u32> = if matches!(target, Target::All) {
+                procinfo::all_pids()
+            } else {
+                cap.traced_pids()
+            };
+            for p in pids {
+                for lib in discover::libs_mapped_by(p) {
+                    if !cap.is_attached(&lib) {
+                        session.attach(&mut cap, &lib, true);
+                    }
+                }
+            }
+        }
+        if last_render.elapsed() >= Duration::from_secs(if session.live_tty() { 1 } else { 5 }) {
+            last_render = Instant::now();
+            let drops: u64 = cap.loss_stats().iter().take(3).sum();
+            session
+                .live
+                .render(t0.elapsed().as_secs_f64(), session.events, drops);
+        }
+    }
+    // Final drain: records already in the ring buffer.
+    while cap.poll(Duration::from_millis(20), |bytes| session.record(bytes)) > 0 {}
+    let end_mono = monotonic_ns();
+
+    let losses = cap.loss_stats();
+    let finish_meta = || -> Result<(), sleuth_store::StoreError> {
+        for (i, name) in stat::NAMES.iter().enumerate() {
+            handle.set_stat(format!("drop_{name}"), losses[i])?;
+        }
+        handle.set_stat("events_call", session.n_calls)?;
+        handle.set_stat("events_wait", session.n_waits)?;
+        handle.set_stat("events_proc", session.n_procs)?;
+        handle.set_stat("decode_errors", session.decode_errors)?;
+        handle.set_op_counts(cap.op_counts())?;
+        handle.set_session_end(end_mono)?;
+        if child.is_some() && child_exit.is_none() && signals::interrupts() >= 2 {
+            handle.add_note(
+                NoteLevel::Warn,
+                "trace stopped by a second interrupt before the command exited",
+            )?;
+        }
+        Ok(())
+    };
+    let meta_result = finish_meta();
+    drop(handle);
+    if let Some(e) = session.writer_error.take() {
+        eprintln!("gpusleuth: warning: the database writer failed during the trace ({e}); what was committed before is kept");
+    }
+    session.live.clear();
+    drop(session);
+    drop(cap); // detaches every probe before the report
+    let summary = writer
+        .finish()
+        .context("cannot finish the trace database")?;
+    meta_result.context("cannot store the trace's counters")?;
+
+    let drops_ring: u64 = losses[..3].iter().sum();
+    let drops_other: u64 = losses[3..6].iter().sum::<u64>() + losses[stat::TRACED_FULL];
+    if !args.quiet {
+        // TODO(lead): final table via cmd::stats once it lands
+        let _ = &db;
+    }
+    eprintln!(
+        "gpusleuth: trace saved to {} — {} calls, {} waits, {} process events recorded; dropped: {} (ring buffer full), {} (kernel maps full), {} (database cap), {} unmatched returns",
+        db.display(),
+        summary.calls_stored,
+        summary.waits_stored,
+        summary.proc_events_stored,
+        drops_ring,
+        drops_other,
+        summary.dropped_db_full,
+        losses[stat::UNMATCHED_RETURN]
+    );
+    Ok(child_exit.unwrap_or(0))
+}
+
+/// Per-trace bookkeeping on the user-space side of the ring buffer.
+struct Session {
+    handle: WriterHandle,
+    start_mono: u64,
+    known_pids: HashSet<u32>,
+    live: LiveView,
+    started: bool,
+    events: u64,
+    n_calls: u64,
+    n_waits: u64,
+    n_procs: u64,
+    decode_errors: u64,
+    /// First error from the database writer; tracing stops on it.
+    writer_error: Option<String>,
+}
+
+impl Session {
+    fn new(handle: WriterHandle, start_mono: u64, quiet: bool) -> Session {
+        Session {
+            handle,
+            start_mono,
+            known_pids: HashSet::new(),
+            live: LiveView::new(!quiet),
+            started: false,
+            events: 0,
+            n_calls: 0,
+            n_waits: 0,
+            n_procs: 0,
+            decode_errors: 0,
+            writer_error: None,
+        }
+    }
+
+    fn check(&mut self, r: Result<(), sleuth_store::StoreError>) {
+        if let Err(e) = r {
+            self.writer_error.get_or_insert_with(|| e.to_string());
+        }
+    }
+
+    fn live_tty(&self) -> bool {
+        std::io::IsTerminal::is_terminal(&std::io::stderr())
+    }
+
+    fn attach(&mut self, cap: &mut Capture, lib: &LibFile, late: bool) {
+        match cap.attach_lib(lib) {
+            Ok(Some(a)) => {
+                let secs = a.attached_mono_ns.saturating_sub(self.start_mono) as f64 / 1e9;
+                let r = self.handle.add_library(LibraryInfo {
+                    path: a.lib.path.display().to_string(),
+                    layer: Some(a.lib.layer),
+                    dev: Some(a.lib.dev),
+                    ino: Some(a.lib.ino),
+                    attached_mono_ns: Some(a.attached_mono_ns),
+                    probes: a.probes as u32,
+                    missing: a.missing.iter().map(|s| s.to_string()).collect(),
+                });
+                self.check(r);
+                if late && self.started {
+                    let r = self.handle.add_note(
+                        NoteLevel::Warn,
+                        format!(
+                            "{} was found in a traced process's memory map and probed at +{secs:.3}s; calls through it before then were not seen",
+                            a.lib.path.display()
+                        ),
+                    );
+                    self.check(r);
+                }
+            }
+            Ok(None) => {}
+            Err(e) => {
+                let r = self
+                    .handle
+                    .add_note(NoteLevel::Warn, format!("not probed: {e}"));
+                self.check(r);
+            }
+        }
+    }
+
+    fn note_process(&mut self, pid: u32) {
+        if self.known_pids.insert(pid) {
+            let r = self.handle.set_process(procinfo::read(pid, monotonic_ns()));
+            self.check(r);
+        }
+    }
+
+    fn record(&mut self, bytes: &[u8]) {
+        self.events += 1;
+        match record::decode(bytes) {
+            Ok(ev) => {
+                match &ev {
+                    Event::Call(c) => {
+                        self.n_calls += 1;
+                        self.note_process(c.pid);
+                    }
+                    Event::Wait(_) => self.n_waits += 1,
+                    Event::Proc(p) => {
+                        self.n_procs += 1;
+                        if matches!(p.kind, ProcKind::Fork | ProcKind::Exec) {
+                            // Re-read: a new process, or a new program in it.
+                            self.known_pids.remove(&p.pid);
+                            self.note_process(p.pid);
+                        }
+                    }
+                }
+                self.live.observe(&ev);
+                let r = self.handle.send(ev);
+                self.check(r);
+            }
+            Err(_) => self.decode_errors += 1,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_and_sizes() {
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("30s").unwrap(), Duration::from_secs(30));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert_eq!(parse_duration("1.5").unwrap(), Duration::from_millis(1500));
+        assert!(parse_duration("abc").is_err());
+        assert!(parse_duration("-1s").is_err());
+        assert_eq!(parse_size("1G").unwrap(), 1 << 30);
+        assert_eq!(parse_size("512M").unwrap(), 512 << 20);
+        assert_eq!(parse_size("64KiB").unwrap(), 64 << 10);
+        assert!(parse_size("lots").is_err());
+    }
 }

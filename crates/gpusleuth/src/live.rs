@@ -1,0 +1,201 @@
+//! The live view during `trace`: a per-op table and live device bytes per
+//! process, redrawn in place on a terminal, plain periodic lines otherwise.
+//! Numbers here are live estimates (latency from a log histogram); the final
+//! table comes from the database and is exact.
+
+use crate::output::{fmt_bytes, fmt_ns};
+use sleuth_core::ops::OpClass;
+use sleuth_core::{CallEvent, Event};
+use std::collections::{BTreeMap, HashMap};
+use std::io::{IsTerminal, Write};
+
+/// Log-linear histogram: 16 sub-buckets per power of two (≤ 6.25% error), live use only.
+#[derive(Default)]
+struct Hist {
+    buckets: BTreeMap<u32, u64>,
+    n: u64,
+}
+
+impl Hist {
+    fn bucket(v: u64) -> u32 {
+        if v < 16 {
+            return v as u32;
+        }
+        let exp = 63 - v.leading_zeros();
+        let sub = ((v >> (exp - 4)) & 0xf) as u32;
+        exp * 16 + sub
+    }
+    fn lower(b: u32) -> u64 {
+        if b < 16 {
+            return b as u64;
+        }
+        let (exp, sub) = (b / 16, b % 16);
+        (1u64 << exp) | ((sub as u64) << (exp - 4))
+    }
+    fn add(&mut self, v: u64) {
+        *self.buckets.entry(Self::bucket(v)).or_default() += 1;
+        self.n += 1;
+    }
+    fn quantile(&self, q: f64) -> u64 {
+        let rank = ((q * self.n as f64).ceil() as u64).max(1);
+        let mut seen = 0;
+        for (&b, &c) in &self.buckets {
+            seen += c;
+            if seen >= rank {
+                return Self::lower(b);
+            }
+        }
+        0
+    }
+}
+
+#[derive(Default)]
+struct OpLive {
+    count: u64,
+    errors: u64,
+    hist: Hist,
+    runnable_ns: u64,
+    blocked_ns: u64,
+}
+
+pub struct LiveView {
+    ops: BTreeMap<&'static str, OpLive>,
+    live_bytes: HashMap<u32, (u64, HashMap<u64, u64>)>,
+    waits: u64,
+    tty: bool,
+    enabled: bool,
+    drawn_lines: usize,
+}
+
+impl LiveView {
+    pub fn new(enabled: bool) -> LiveView {
+        LiveView {
+            ops: BTreeMap::new(),
+            live_bytes: HashMap::new(),
+            waits: 0,
+            tty: std::io::stderr().is_terminal(),
+            enabled,
+            drawn_lines: 0,
+        }
+    }
+
+    pub fn observe(&mut self, ev: &Event) {
+        match ev {
+            Event::Call(c) => self.observe_call(c),
+            Event::Wait(_) => self.waits += 1,
+            Event::Proc(_) => {}
+        }
+    }
+
+    fn observe_call(&mut self, c: &CallEvent) {
+        let o = self.ops.entry(c.op_name()).or_default();
+        o.count += 1;
+        o.errors += c.failed() as u64;
+        o.hist.add(c.dur_ns);
+        o.runnable_ns += c.runnable_ns;
+        o.blocked_ns += c.blocked_ns;
+        // Live device bytes: count each allocation once (nested driver calls are
+        // the runtime's own, already counted at the runtime layer).
+        let Some(info) = c.info() else { return };
+        if c.nested || c.failed() {
+            return;
+        }
+        let entry = self.live_bytes.entry(c.pid).or_default();
+        match (info.class, c.ptr) {
+            (OpClass::DeviceAlloc, Some(p)) => {
+                let sz = c.size.unwrap_or(0);
+                entry.1.insert(p, sz);
+                entry.0 += sz;
+            }
+            (OpClass::DeviceFree, Some(p)) => {
+                if let Some(sz) = entry.1.remove(&p) {
+                    entry.0 -= sz;
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Redraws (TTY) or prints one summary line (pipe).
+    pub fn render(&mut self, elapsed_s: f64, events: u64, drops: u64) {
+        if !self.enabled {
+            return;
+        }
+        let mut err = std::io::stderr().lock();
+        if !self.tty {
+            let calls: u64 = self.ops.values().map(|o| o.count).sum();
+            let _ = writeln!(
+                err,
+                "gpusleuth: +{elapsed_s:.1}s events={events} calls={calls} waits={} drops={drops}",
+                self.waits
+            );
+            return;
+        }
+        let mut lines = vec![format!(
+            "gpusleuth tracing  +{elapsed_s:.1}s  events {events}  drops {drops}  (Ctrl-C stops)"
+        )];
+        lines.push(format!(
+            "{:<24} {:>9} {:>6} {:>9} {:>9} {:>10} {:>10}",
+            "op", "calls", "errors", "~p50", "~p99", "runnable", "blocked"
+        ));
+        let mut ops: Vec<_> = self.ops.iter().collect();
+        ops.sort_by_key(|(_, o)| std::cmp::Reverse(o.count));
+        for (name, o) in ops.iter().take(12) {
+            lines.push(format!(
+                "{:<24} {:>9} {:>6} {:>9} {:>9} {:>10} {:>10}",
+                name,
+                o.count,
+                o.errors,
+                fmt_ns(o.hist.quantile(0.5)),
+                fmt_ns(o.hist.quantile(0.99)),
+                fmt_ns(o.runnable_ns),
+                fmt_ns(o.blocked_ns)
+            ));
+        }
+        let mut pids: Vec<_> = self.live_bytes.iter().filter(|(_, v)| v.0 > 0).collect();
+        pids.sort_by_key(|(pid, _)| **pid);
+        for (pid, (bytes, allocs)) in pids.iter().take(6) {
+            lines.push(format!(
+                "pid {pid}: {} live device memory in {} allocations",
+                fmt_bytes(*bytes),
+                allocs.len()
+            ));
+        }
+        // Move up over the previous frame and clear to the end of the screen.
+        if self.drawn_lines > 0 {
+            let _ = write!(err, "\x1b[{}A\x1b[J", self.drawn_lines);
+        }
+        for l in &lines {
+            let _ = writeln!(err, "{l}");
+        }
+        self.drawn_lines = lines.len();
+    }
+
+    /// Removes the live frame before the final report.
+    pub fn clear(&mut self) {
+        if self.enabled && self.tty && self.drawn_lines > 0 {
+            let _ = write!(std::io::stderr(), "\x1b[{}A\x1b[J", self.drawn_lines);
+            self.drawn_lines = 0;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_quantiles_are_within_bucket_error() {
+        let mut h = Hist::default();
+        for v in 1..=10_000u64 {
+            h.add(v * 1000);
+        }
+        let p50 = h.quantile(0.5) as f64;
+        let p99 = h.quantile(0.99) as f64;
+        assert!((p50 - 5_000_000.0).abs() / 5_000_000.0 < 0.07, "{p50}");
+        assert!((p99 - 9_900_000.0).abs() / 9_900_000.0 < 0.07, "{p99}");
+        for v in [0u64, 1, 15, 16, 17, 1 << 40] {
+            assert!(Hist::lower(Hist::bucket(v)) <= v);
+        }
+    }
+}
