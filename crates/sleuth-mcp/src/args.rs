@@ -1,0 +1,100 @@
+//! Tool arguments: what each tool accepts, with the JSON schema clients see.
+//! Every field is optional unless a tool cannot answer without it; unknown
+//! fields are rejected so a misspelt filter is an error, not a silent no-op.
+
+use rmcp::schemars::{self, JsonSchema};
+use serde::Deserialize;
+
+/// Arguments every trace tool accepts.
+#[derive(Debug, Default, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DbOnly {
+    /// Trace database to read instead of the server's `--db` (opened read-only; must exist).
+    pub db: Option<String>,
+}
+
+/// `latency_stats` and `findings`: which calls to consider.
+#[derive(Debug, Default, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CallScope {
+    /// Trace database to read instead of the server's `--db`.
+    pub db: Option<String>,
+    /// Only this process.
+    pub pid: Option<u32>,
+    /// Only this CUDA op, by symbol name (e.g. `cudaMalloc`, `cuMemAlloc_v2`).
+    pub op: Option<String>,
+    /// Only calls starting at or after this monotonic timestamp (ns, the trace's clock).
+    pub since_ns: Option<u64>,
+    /// Only calls starting before this monotonic timestamp (ns).
+    pub until_ns: Option<u64>,
+}
+
+/// `slow_calls`.
+#[derive(Debug, Default, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SlowCalls {
+    pub db: Option<String>,
+    /// CUDA op by symbol name, e.g. `cudaStreamSynchronize`. Omit for the slowest calls of any op.
+    pub op: Option<String>,
+    /// Only this process.
+    pub pid: Option<u32>,
+    /// How many calls, slowest first (default 10, at most 100).
+    pub limit: Option<u32>,
+}
+
+/// `memory`.
+#[derive(Debug, Default, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Memory {
+    pub db: Option<String>,
+    /// Only this process.
+    pub pid: Option<u32>,
+    /// The ledger as it stood at this monotonic timestamp (ns); omit for the end of the trace.
+    pub at_ns: Option<u64>,
+    /// Most timeline points per process (default 50, at most 2000; 0 leaves the timeline out).
+    pub timeline_points: Option<u32>,
+}
+
+/// `timeline`.
+#[derive(Debug, Default, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Timeline {
+    pub db: Option<String>,
+    /// The process whose events to list.
+    pub pid: u32,
+    /// Centre of the window: a monotonic timestamp (ns) of the trace.
+    pub at_ns: u64,
+    /// Half-width of the window in ns (default 10 ms).
+    pub window_ns: Option<u64>,
+    /// Most events returned (default 200, at most 2000).
+    pub limit: Option<u32>,
+}
+
+/// `sql`.
+#[derive(Debug, Default, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Sql {
+    pub db: Option<String>,
+    /// One read-only SQL statement (SELECT / WITH ... SELECT). Schema: docs/schema.md.
+    pub query: String,
+    /// Most rows returned (default 200, at most 1000).
+    pub max_rows: Option<u32>,
+}
+
+/// `reclaim_plan`.
+#[derive(Debug, Default, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Reclaim {
+    /// Only these pids (default: every holder the plan considers safe to stop).
+    pub pids: Option<Vec<u32>>,
+    /// Execute the plan. Honoured only when the server was started with `--allow-reclaim`.
+    pub execute: Option<bool>,
+}
+
+/// The `investigate` prompt.
+#[derive(Debug, Default, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Investigate {
+    /// What the user is worried about, e.g. "training step got slower" (optional).
+    pub question: Option<String>,
+}

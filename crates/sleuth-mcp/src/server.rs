@@ -1,0 +1,223 @@
+//! The MCP handler: tool and prompt routing. Each tool resolves its database,
+//! runs the blocking work on tokio's blocking pool, and turns the answer into
+//! a text result holding JSON, or an error result with a one-line message.
+//! A panic inside a tool becomes an error result too; the server keeps going.
+
+use crate::args;
+use crate::{gpu_tools, trace_tools};
+use rmcp::handler::server::router::prompt::PromptRouter;
+use rmcp::handler::server::router::tool::ToolRouter;
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::model::{
+    CallToolResult, ContentBlock, Implementation, PromptMessage, Role, ServerCapabilities,
+    ServerConfig,
+};
+use rmcp::{
+    prompt, prompt_handler, prompt_router, tool, tool_handler, tool_router, ErrorData,
+    ServerHandler,
+};
+use serde_json::Value;
+use sleuth_gpu::Sources;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// How the server was started.
+#[derive(Debug, Clone, Default)]
+pub struct ServerOptions {
+    /// The trace database tools read unless a call names another (`--db`).
+    pub db: Option<PathBuf>,
+    /// Whether `reclaim_plan` may execute (`--allow-reclaim`).
+    pub allow_reclaim: bool,
+    /// Where the GPU tools look (NVML library, `/proc`, device-file prefix).
+    pub gpu_sources: Sources,
+}
+
+/// gpusleuth's MCP server. Cheap to clone (one per HTTP session).
+#[derive(Clone)]
+pub struct SleuthServer {
+    opts: Arc<ServerOptions>,
+    tool_router: ToolRouter<Self>,
+    prompt_router: PromptRouter<Self>,
+}
+
+type ToolResult = Result<CallToolResult, ErrorData>;
+
+impl SleuthServer {
+    pub fn new(opts: ServerOptions) -> Self {
+        SleuthServer {
+            opts: Arc::new(opts),
+            tool_router: Self::tool_router(),
+            prompt_router: Self::prompt_router(),
+        }
+    }
+
+    /// Runs a trace tool against the resolved database.
+    async fn on_db<F>(&self, db_arg: Option<String>, f: F) -> ToolResult
+    where
+        F: FnOnce(&Path) -> anyhow::Result<Value> + Send + 'static,
+    {
+        let default = self.opts.db.clone();
+        run_blocking(move || {
+            let db = trace_tools::resolve_db(db_arg.as_deref(), default.as_deref())?;
+            f(&db)
+        })
+        .await
+    }
+}
+
+/// Runs blocking work off the async threads; every outcome is a tool result.
+async fn run_blocking<F>(f: F) -> ToolResult
+where
+    F: FnOnce() -> anyhow::Result<Value> + Send + 'static,
+{
+    let result = match tokio::task::spawn_blocking(f).await {
+        Ok(Ok(v)) => CallToolResult::success(vec![ContentBlock::text(v.to_string())]),
+        Ok(Err(e)) => CallToolResult::error(vec![ContentBlock::text(format!("{e:#}"))]),
+        Err(join) => CallToolResult::error(vec![ContentBlock::text(format!(
+            "internal error in the tool ({join}); the server is still running"
+        ))]),
+    };
+    Ok(result)
+}
+
+#[tool_router]
+impl SleuthServer {
+    #[tool(
+        description = "Overview of a trace: session (host, kernel, command, target), time range, \
+        processes with their call counts, event counts, dropped events, probed CUDA libraries, notes. Start here."
+    )]
+    async fn overview(&self, Parameters(a): Parameters<args::DbOnly>) -> ToolResult {
+        self.on_db(a.db, trace_tools::overview).await
+    }
+
+    #[tool(
+        description = "Per-op latency statistics (count, errors, exact p50/p95/p99/max, total) with the \
+        time split on-CPU / runnable (waiting for a CPU held by named culprit processes) / blocked (sleeping, \
+        e.g. waiting for the GPU). Filters: pid, op, since_ns/until_ns (monotonic ns)."
+    )]
+    async fn latency_stats(&self, Parameters(a): Parameters<args::CallScope>) -> ToolResult {
+        let db = a.db.clone();
+        self.on_db(db, move |db| trace_tools::latency_stats(db, &a))
+            .await
+    }
+
+    #[tool(
+        description = "Ranked, evidence-backed findings (what `gpusleuth explain` prints): CPU preemption \
+        with culprits, GPU waits, failed allocations, unfreed memory, allocation churn, tail latency. \
+        All arguments optional (pid, op, since_ns/until_ns narrow the calls considered)."
+    )]
+    async fn findings(&self, Parameters(a): Parameters<args::CallScope>) -> ToolResult {
+        let db = a.db.clone();
+        self.on_db(db, move |db| trace_tools::findings(db, &a))
+            .await
+    }
+
+    #[tool(
+        description = "The slowest calls (of one op if given), slowest first, each with its on-CPU / \
+        runnable / blocked split and the tasks that held the CPU while it waited (culprits)."
+    )]
+    async fn slow_calls(&self, Parameters(a): Parameters<args::SlowCalls>) -> ToolResult {
+        let db = a.db.clone();
+        self.on_db(db, move |db| trace_tools::slow_calls(db, &a))
+            .await
+    }
+
+    #[tool(
+        description = "GPU memory ledger per process: live and peak device bytes, unfreed allocations, \
+        failed allocations (with the live bytes when they failed), pinned/managed memory apart, a thinned \
+        timeline. `at_ns` gives the ledger as it stood at that moment."
+    )]
+    async fn memory(&self, Parameters(a): Parameters<args::Memory>) -> ToolResult {
+        let db = a.db.clone();
+        self.on_db(db, move |db| trace_tools::memory(db, &a)).await
+    }
+
+    #[tool(
+        description = "Every event of one process (CUDA calls, off-CPU waits with culprits, fork/exec/exit) \
+        in the window [at_ns - window_ns, at_ns + window_ns), oldest first, capped by `limit`."
+    )]
+    async fn timeline(&self, Parameters(a): Parameters<args::Timeline>) -> ToolResult {
+        let db = a.db.clone();
+        self.on_db(db, move |db| trace_tools::timeline(db, &a))
+            .await
+    }
+
+    #[tool(
+        description = "Run ONE read-only SQL statement on the trace database (tables: session, stats, \
+        processes, proc_events, calls, waits, wait_culprits, call_culprits, op_counts, libraries, notes, meta). \
+        Writes, ATTACH, PRAGMA changes and extensions are refused; rows are capped; 2 s time limit."
+    )]
+    async fn sql(&self, Parameters(a): Parameters<args::Sql>) -> ToolResult {
+        let db = a.db.clone();
+        self.on_db(db, move |db| trace_tools::sql(db, &a)).await
+    }
+
+    #[tool(
+        description = "Live view of this machine's GPUs: memory per GPU from NVML and every process holding \
+        GPU memory or device files, classified (active, exited but still listed, orphaned worker, ...)."
+    )]
+    async fn gpu_holders(&self) -> ToolResult {
+        let opts = self.opts.clone();
+        run_blocking(move || gpu_tools::gpu_holders(&opts.gpu_sources)).await
+    }
+
+    #[tool(
+        description = "Plan to free GPU memory held by stuck or orphaned processes: targets, refusals \
+        (never pid 1, kernel threads, this server or its ancestors, other users), bytes expected to be freed. \
+        A dry run unless execute=true AND the server was started with --allow-reclaim."
+    )]
+    async fn reclaim_plan(&self, Parameters(a): Parameters<args::Reclaim>) -> ToolResult {
+        let opts = self.opts.clone();
+        run_blocking(move || gpu_tools::reclaim_plan(&opts.gpu_sources, &a, opts.allow_reclaim))
+            .await
+    }
+}
+
+/// The steps the `investigate` prompt walks an assistant through.
+const INVESTIGATE_STEPS: &str = "Investigate this CUDA trace with the gpusleuth tools, in this order:\n\
+1. Call `overview`: note the processes, the time range, and whether any events were dropped \
+(drops make every count a lower bound; say so).\n\
+2. Call `findings`: these are ranked and each carries its evidence. Treat them as hypotheses to check.\n\
+3. For each important finding, fetch the evidence: `latency_stats` (filtered by its op and pid) for the \
+on-CPU / runnable / blocked split; `slow_calls` for the worst calls and the processes that held the CPU \
+(culprits); `memory` for allocation failures or unfreed memory (use `at_ns` to see the ledger at the failure); \
+`timeline` around a slow call's ts_ns to see what the process did just before.\n\
+4. Only runnable time is CPU contention; blocked time in a sync call is the host waiting for the GPU, \
+not the OS's fault. Do not blame a culprit for blocked time.\n\
+5. Use `sql` only for questions the other tools cannot answer (one read-only SELECT).\n\
+6. Answer with: the verdict, the numbers that support it (with units), the culprit processes by pid and \
+name, and a concrete recommendation. If the trace is clean, say so.";
+
+#[prompt_router]
+impl SleuthServer {
+    #[prompt(
+        name = "investigate",
+        description = "Walks an assistant through overview -> findings -> evidence \
+        to explain why a CUDA program was slow or where its GPU memory went."
+    )]
+    async fn investigate(
+        &self,
+        Parameters(a): Parameters<args::Investigate>,
+    ) -> Vec<PromptMessage> {
+        let mut text = String::from(INVESTIGATE_STEPS);
+        if let Some(q) = a.question.filter(|q| !q.trim().is_empty()) {
+            text.push_str("\n\nThe user's question: ");
+            text.push_str(q.trim());
+        }
+        vec![PromptMessage::new_text(Role::User, text)]
+    }
+}
+
+#[tool_handler(router = self.tool_router)]
+#[prompt_handler(router = self.prompt_router)]
+impl ServerHandler for SleuthServer {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().enable_prompts().build())
+            .with_server_info(Implementation::new("gpusleuth", env!("CARGO_PKG_VERSION")))
+            .with_instructions(
+                "gpusleuth explains why a CUDA program was slow and where its GPU memory went, from an eBPF \
+                 trace database, and shows who holds GPU memory now. Start with `overview`, then `findings`; \
+                 the `investigate` prompt describes the whole method. Timestamps are monotonic ns.",
+            )
+    }
+}

@@ -1,0 +1,300 @@
+//! The trace tools: thin calls into sleuth-store and sleuth-core, each
+//! returning compact JSON. Blocking (SQLite); the server runs them on the
+//! blocking pool. Every failure is an `anyhow` error with a one-line message.
+
+use crate::args;
+use anyhow::{bail, Context, Result};
+use serde_json::{json, Value};
+use sleuth_core::decompose::Split;
+use sleuth_core::{findings, ledger, op_by_name, stats, CallEvent, TraceData};
+use sleuth_store::{run_readonly_sql, CallFilter, CallOrder, SqlLimits, Trace, WaitFilter};
+use std::path::{Path, PathBuf};
+
+const SLOW_CALLS_DEFAULT: u32 = 10;
+const SLOW_CALLS_MAX: u32 = 100;
+const TIMELINE_WINDOW_DEFAULT_NS: u64 = 10_000_000;
+const TIMELINE_DEFAULT: u32 = 200;
+const TIMELINE_MAX: u32 = 2000;
+const MEMORY_POINTS_DEFAULT: u32 = 50;
+const SQL_ROWS_DEFAULT: u32 = 200;
+const SQL_ROWS_MAX: u32 = 1000;
+
+/// Which database a call reads: its own `db` argument, else the server's `--db`.
+pub fn resolve_db(arg: Option<&str>, default: Option<&Path>) -> Result<PathBuf> {
+    let path = match (arg, default) {
+        (Some(a), _) => PathBuf::from(a),
+        (None, Some(d)) => d.to_path_buf(),
+        (None, None) => {
+            bail!("no trace database: start the server with --db FILE or pass the `db` argument")
+        }
+    };
+    if !path.is_file() {
+        bail!(
+            "trace database {} does not exist (or is not a file)",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+fn open(db: &Path) -> Result<Trace> {
+    Trace::open(db).map_err(anyhow::Error::from)
+}
+
+fn check_op(op: Option<&str>) -> Result<()> {
+    if let Some(name) = op {
+        if op_by_name(name).is_none() {
+            bail!("unknown op {name:?}: use a CUDA symbol name such as cudaMalloc, cudaStreamSynchronize or cuMemAlloc_v2");
+        }
+    }
+    Ok(())
+}
+
+fn check_window(since: Option<u64>, until: Option<u64>) -> Result<()> {
+    if let (Some(s), Some(u)) = (since, until) {
+        if s >= u {
+            bail!("empty time window: since_ns ({s}) must be below until_ns ({u})");
+        }
+    }
+    Ok(())
+}
+
+/// Loads the trace (one process or all) and keeps the calls in the scope.
+fn load_scoped(trace: &Trace, scope: &args::CallScope) -> Result<TraceData> {
+    check_op(scope.op.as_deref())?;
+    check_window(scope.since_ns, scope.until_ns)?;
+    let mut data = trace.load(scope.pid)?;
+    data.calls.retain(|c| {
+        scope.op.as_deref().is_none_or(|op| c.op_name() == op)
+            && scope.since_ns.is_none_or(|s| c.ts_ns >= s)
+            && scope.until_ns.is_none_or(|u| c.ts_ns < u)
+    });
+    if scope.op.is_some() {
+        data.counts
+            .retain(|oc| sleuth_core::op_by_id(oc.op).map(|o| o.name) == scope.op.as_deref());
+    }
+    Ok(data)
+}
+
+/// Sessions, processes, time range, counts, drops, libraries, notes.
+pub fn overview(db: &Path) -> Result<Value> {
+    let trace = open(db)?;
+    let session = trace.session()?;
+    let counters = trace.stats()?;
+    let data = trace.load(None)?;
+    let processes: Vec<Value> = data
+        .processes
+        .iter()
+        .map(|p| {
+            let calls = data.calls.iter().filter(|c| c.pid == p.pid).count();
+            json!({
+                "pid": p.pid, "ppid": p.ppid, "comm": p.comm, "cmdline": p.cmdline,
+                "start_ns": p.start_ns, "exit_ns": p.exit_ns, "exit_code": p.exit_code,
+                "oom_victim": p.oom_victim, "calls": calls,
+            })
+        })
+        .collect();
+    let first = data.calls.first().map(|c| c.ts_ns);
+    let last = data.calls.iter().map(CallEvent::end_ns).max();
+    let start = data.start_ns.or(first);
+    let end = data.end_ns.or(last);
+    let failed = data.calls.iter().filter(|c| c.failed()).count();
+    Ok(json!({
+        "db": db.display().to_string(),
+        "session": session,
+        "time_range": {
+            "clock": "CLOCK_MONOTONIC ns; wall-clock ns = value + realtime_offset_ns",
+            "start_ns": start, "end_ns": end,
+            "duration_ns": start.zip(end).map(|(s, e)| e.saturating_sub(s)),
+            "realtime_offset_ns": data.realtime_offset_ns,
+        },
+        "host_context": data.has_host_context,
+        "counts": {
+            "calls": data.calls.len(), "failed_calls": failed,
+            "waits": data.waits.len(), "lifecycle_events": data.procs.len(),
+            "kernel_counted_calls": data.counts.iter().map(|c| c.count).sum::<u64>(),
+            "processes": data.processes.len(),
+        },
+        "drops": stats::drop_counters(&data),
+        "events": stats::event_counters(&data),
+        "counters": counters,
+        "processes": processes,
+        "libraries": trace.libraries()?,
+        "notes": trace.notes()?,
+        "gpus": "a trace records CUDA calls, not devices: use the gpu_holders tool for the GPUs of this machine now",
+    }))
+}
+
+/// Per-op latency statistics with the on-CPU / runnable / blocked split.
+pub fn latency_stats(db: &Path, scope: &args::CallScope) -> Result<Value> {
+    let trace = open(db)?;
+    let data = load_scoped(&trace, scope)?;
+    let report = stats::compute(&data);
+    Ok(json!({
+        "units": "ns; on_cpu + runnable + blocked = total; runnable = waiting for a CPU held by `culprits`",
+        "filter": {"pid": scope.pid, "op": scope.op, "since_ns": scope.since_ns, "until_ns": scope.until_ns},
+        "host_context": data.has_host_context,
+        "ops": report.ops,
+        "drops": report.drops,
+    }))
+}
+
+/// `explain`'s ranked findings with evidence.
+pub fn findings(db: &Path, scope: &args::CallScope) -> Result<Value> {
+    let trace = open(db)?;
+    let data = load_scoped(&trace, scope)?;
+    let report = findings::explain_report(&data);
+    Ok(json!({
+        "findings": report.findings,
+        "notes": report.notes,
+        "clean": report.findings.is_empty(),
+    }))
+}
+
+/// The slowest calls (of one op), each with its time split and culprits.
+pub fn slow_calls(db: &Path, a: &args::SlowCalls) -> Result<Value> {
+    check_op(a.op.as_deref())?;
+    let limit = a.limit.unwrap_or(SLOW_CALLS_DEFAULT);
+    if limit == 0 || limit > SLOW_CALLS_MAX {
+        bail!("limit must be between 1 and {SLOW_CALLS_MAX} (got {limit})");
+    }
+    let trace = open(db)?;
+    let calls = trace.calls_filtered(&CallFilter {
+        pid: a.pid,
+        op: a.op.clone(),
+        limit: Some(limit as usize),
+        order: CallOrder::ByDurationDesc,
+        ..Default::default()
+    })?;
+    let ids: Vec<i64> = calls.iter().map(|c| c.id).collect();
+    let culprits = trace.call_culprits_of(&ids)?;
+    let rows: Vec<Value> = calls
+        .iter()
+        .map(|s| {
+            let mut v = call_json(&s.call);
+            v["id"] = json!(s.id);
+            v["culprits"] = json!(culprits.get(&s.id).cloned().unwrap_or_default());
+            v
+        })
+        .collect();
+    Ok(json!({
+        "units": "ns; culprits: tasks that held the CPU while the call waited runnable (ns of that wait)",
+        "op": a.op, "pid": a.pid,
+        "calls": rows,
+    }))
+}
+
+fn call_json(c: &CallEvent) -> Value {
+    let split = Split::of(c);
+    json!({
+        "ts_ns": c.ts_ns, "dur_ns": c.dur_ns, "pid": c.pid, "tid": c.tid,
+        "op": c.op_name(), "ret": c.ret,
+        "error": if c.failed() { Some(findings::error_name(c.ret)) } else { None },
+        "size": c.size, "ptr": c.ptr.map(|p| format!("{p:#x}")),
+        "nested": c.nested,
+        "on_cpu_ns": split.on_cpu_ns, "runnable_ns": split.runnable_ns, "blocked_ns": split.blocked_ns,
+    })
+}
+
+/// The GPU memory ledger, at the end or at `at_ns`.
+pub fn memory(db: &Path, a: &args::Memory) -> Result<Value> {
+    let points = a.timeline_points.unwrap_or(MEMORY_POINTS_DEFAULT) as usize;
+    if points > ledger::MAX_TIMELINE_POINTS {
+        bail!(
+            "timeline_points must be at most {}",
+            ledger::MAX_TIMELINE_POINTS
+        );
+    }
+    let trace = open(db)?;
+    let data = trace.load(a.pid)?;
+    let mut procs = ledger::ledger(&data, a.at_ns);
+    for p in &mut procs {
+        let full = std::mem::take(&mut p.timeline);
+        if points > 0 {
+            p.timeline = ledger::thin_timeline(full, points);
+        }
+    }
+    Ok(json!({
+        "units": "bytes; ts in monotonic ns; live_bytes/unfreed are device memory (pinned and managed apart)",
+        "at_ns": a.at_ns,
+        "processes": procs,
+    }))
+}
+
+/// Every event of one process in `[at - window, at + window)`, oldest first, capped.
+pub fn timeline(db: &Path, a: &args::Timeline) -> Result<Value> {
+    let window = a.window_ns.unwrap_or(TIMELINE_WINDOW_DEFAULT_NS);
+    let limit = a.limit.unwrap_or(TIMELINE_DEFAULT);
+    if limit == 0 || limit > TIMELINE_MAX {
+        bail!("limit must be between 1 and {TIMELINE_MAX} (got {limit})");
+    }
+    let since = a.at_ns.saturating_sub(window);
+    let until = a.at_ns.saturating_add(window);
+    let trace = open(db)?;
+    // One more than the cap of each kind tells whether anything was cut.
+    let fetch = limit as usize + 1;
+    let calls = trace.calls_filtered(&CallFilter {
+        pid: Some(a.pid),
+        since_ns: Some(since),
+        until_ns: Some(until),
+        limit: Some(fetch),
+        ..Default::default()
+    })?;
+    let waits = trace.waits_filtered(&WaitFilter {
+        pid: Some(a.pid),
+        since_ns: Some(since),
+        until_ns: Some(until),
+        limit: Some(fetch),
+        ..Default::default()
+    })?;
+    let lifecycle = trace.load(Some(a.pid))?.procs;
+    let mut events: Vec<(u64, Value)> = Vec::new();
+    for s in &calls {
+        let mut v = call_json(&s.call);
+        v["event"] = json!("call");
+        v["id"] = json!(s.id);
+        events.push((s.call.ts_ns, v));
+    }
+    for w in &waits {
+        events.push((
+            w.off_ns,
+            json!({
+                "event": "wait", "ts_ns": w.off_ns, "tid": w.tid, "kind": w.kind,
+                "blocked_ns": w.blocked_ns(), "runnable_ns": w.runnable_ns(),
+                "wake_ns": w.wake_ns, "on_ns": w.on_ns, "cpu": w.cpu, "culprits": w.culprits,
+            }),
+        ));
+    }
+    for p in lifecycle
+        .iter()
+        .filter(|p| p.ts_ns >= since && p.ts_ns < until)
+    {
+        events.push((
+            p.ts_ns,
+            json!({"event": p.kind.as_str(), "ts_ns": p.ts_ns, "tid": p.tid, "ppid": p.ppid,
+                   "exit_code": p.exit_code, "comm": p.comm}),
+        ));
+    }
+    events.sort_by_key(|(ts, _)| *ts);
+    let truncated = events.len() > limit as usize;
+    events.truncate(limit as usize);
+    Ok(json!({
+        "pid": a.pid, "since_ns": since, "until_ns": until,
+        "truncated": truncated,
+        "events": events.into_iter().map(|(_, v)| v).collect::<Vec<_>>(),
+    }))
+}
+
+/// One read-only SQL statement in the store's sandbox.
+pub fn sql(db: &Path, a: &args::Sql) -> Result<Value> {
+    let max_rows = a.max_rows.unwrap_or(SQL_ROWS_DEFAULT);
+    if max_rows == 0 || max_rows > SQL_ROWS_MAX {
+        bail!("max_rows must be between 1 and {SQL_ROWS_MAX} (got {max_rows})");
+    }
+    let limits = SqlLimits {
+        max_rows: max_rows as usize,
+        ..SqlLimits::default()
+    };
+    let result = run_readonly_sql(db, &a.query, limits).context("query refused or failed")?;
+    Ok(serde_json::to_value(result)?)
+}
