@@ -167,8 +167,14 @@ fn python_mcp_client_over_stdio_and_http() {
     std::fs::write(&truth_path, truth.to_string()).expect("truth file");
 
     let script = repo_root().join("tests/mcp/client_test.py");
-    let out = Command::new("python3")
-        .arg(&script)
+    let mut cmd = Command::new("python3");
+    // Regenerating the example session of docs/mcp.md: GPUSLEUTH_MCP_TRANSCRIPT=/path/out.json.
+    if let Ok(t) = std::env::var("GPUSLEUTH_MCP_TRANSCRIPT") {
+        cmd.arg(&script).arg("--transcript").arg(t);
+    } else {
+        cmd.arg(&script);
+    }
+    let out = cmd
         .arg("--bin")
         .arg(env!("CARGO_BIN_EXE_gpusleuth"))
         .arg("--db")
