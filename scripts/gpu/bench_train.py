@@ -1,0 +1,81 @@
+#!/usr/bin/env python3
+"""Benchmark (b): a small transformer training loop (forward + backward + AdamW step).
+
+A token-embedding + nn.TransformerEncoder (bf16 autocast) + tied LM head,
+fixed seed and fixed number of steps, so traced and untraced runs do the same
+work. Prints one JSON line with the wall time of the timed steps (warm-up
+steps excluded).
+
+  bench_train.py [--steps 150] [--warmup 5] [--layers 8] [--d-model 1024] [--batch 32] [--seq 1024]
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import settle  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=int(os.environ.get("GS_TRAIN_STEPS", "150")))
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--d-model", type=int, default=1024)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--seq", type=int, default=1024)
+    ap.add_argument("--vocab", type=int, default=32000)
+    a = ap.parse_args()
+    import torch
+    import torch.nn as nn
+
+    settle()
+    torch.manual_seed(0)
+
+    class LM(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(a.vocab, a.d_model)
+            layer = nn.TransformerEncoderLayer(a.d_model, nhead=a.d_model // 64, dim_feedforward=4 * a.d_model,
+                                               dropout=0.0, batch_first=True, norm_first=True)
+            self.body = nn.TransformerEncoder(layer, a.layers, enable_nested_tensor=False)
+            self.norm = nn.LayerNorm(a.d_model)
+
+        def forward(self, ids, mask):
+            h = self.body(self.emb(ids), mask=mask, is_causal=True)
+            return self.norm(h) @ self.emb.weight.t()
+
+    model = LM().cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    mask = nn.Transformer.generate_square_subsequent_mask(a.seq, device="cuda")
+    g = torch.Generator(device="cuda").manual_seed(1)
+    data = torch.randint(0, a.vocab, (a.batch, a.seq + 1), device="cuda", generator=g)
+    ids, target = data[:, :-1], data[:, 1:]
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = model(ids, mask)
+            loss = nn.functional.cross_entropy(logits.reshape(-1, a.vocab).float(), target.reshape(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    for _ in range(a.warmup):
+        step()
+    torch.cuda.synchronize()
+    t0 = time.monotonic()
+    for _ in range(a.steps):
+        loss = step()
+    torch.cuda.synchronize()
+    wall = time.monotonic() - t0
+    print(json.dumps({"bench": "train", "wall_s": round(wall, 4), "steps": a.steps,
+                      "ms_per_step": round(1e3 * wall / a.steps, 3), "loss": round(float(loss), 4),
+                      "params": sum(p.numel() for p in model.parameters()), "pid": os.getpid()}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
