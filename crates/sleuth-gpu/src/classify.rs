@@ -14,6 +14,7 @@ pub enum Class {
     /// NVML lists it and it is alive (running or sleeping).
     Active,
     /// NVML lists it and it is stuck in uninterruptible sleep (D).
+    #[serde(rename = "stuck_d_state")]
     StuckD,
     /// NVML lists it or it holds device files, and it is a zombie: only its parent can clear it.
     Zombie,
@@ -25,6 +26,21 @@ pub enum Class {
     IdleHolder,
     /// NVML pid from another pid namespace that cannot be translated here.
     OtherNamespace,
+}
+
+impl Class {
+    /// The name used in JSON and in the human table.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Class::Active => "active",
+            Class::StuckD => "stuck_d_state",
+            Class::Zombie => "zombie",
+            Class::ExitedButListed => "exited_but_listed",
+            Class::OrphanedWorker => "orphaned_worker",
+            Class::IdleHolder => "idle_holder",
+            Class::OtherNamespace => "other_namespace",
+        }
+    }
 }
 
 /// How a holder is known.
@@ -597,6 +613,25 @@ pub(crate) mod tests {
         let h = r.holder(2).expect("listed");
         assert_eq!(h.class, Class::OtherNamespace);
         assert!(h.process.is_none());
+    }
+
+    #[test]
+    fn class_names_match_json() {
+        use Class::*;
+        for c in [
+            Active,
+            StuckD,
+            Zombie,
+            ExitedButListed,
+            OrphanedWorker,
+            IdleHolder,
+            OtherNamespace,
+        ] {
+            assert_eq!(
+                serde_json::to_value(c).expect("json"),
+                serde_json::json!(c.as_str())
+            );
+        }
     }
 
     #[test]

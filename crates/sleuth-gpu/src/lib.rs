@@ -69,11 +69,4 @@ impl Sources {
             report,
         }
     }
-
-    /// True when `pid` is a kernel thread (checked for any pid, holder or not).
-    pub fn is_kernel_thread(&self, procs: &proc_scan::ProcSnapshot, pid: u32) -> bool {
-        procs.get(pid).map(|p| p.kernel_thread).unwrap_or_else(|| {
-            proc_scan::read_one(&self.scan, pid).is_some_and(|p| p.kernel_thread)
-        })
-    }
 }

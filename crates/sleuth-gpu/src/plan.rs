@@ -2,6 +2,7 @@
 //! safety rules are decided here from a report, and tested without signals.
 
 use crate::classify::{Class, Report};
+use crate::proc_scan::ProcSnapshot;
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -85,6 +86,17 @@ pub struct Plan {
     pub expected_free_bytes: BTreeMap<u32, u64>,
 }
 
+impl Target {
+    /// The command line, or `[comm]` when it is empty (kernel threads, some daemons).
+    pub fn cmdline_or_comm(&self) -> String {
+        if self.cmdline.is_empty() {
+            format!("[{}]", self.comm)
+        } else {
+            self.cmdline.clone()
+        }
+    }
+}
+
 fn refuse(pid: u32, reason: impl Into<String>, suggestion: Option<String>) -> Refusal {
     Refusal {
         pid,
@@ -94,7 +106,7 @@ fn refuse(pid: u32, reason: impl Into<String>, suggestion: Option<String>) -> Re
 }
 
 /// Safety rules that apply to any pid, before looking at what it holds.
-fn forbidden(pid: u32, report: &Report, caller: &Caller) -> Option<Refusal> {
+fn forbidden(pid: u32, procs: &ProcSnapshot, caller: &Caller) -> Option<Refusal> {
     if pid <= 1 {
         return Some(refuse(
             pid,
@@ -112,8 +124,7 @@ fn forbidden(pid: u32, report: &Report, caller: &Caller) -> Option<Refusal> {
             None,
         ));
     }
-    let h = report.holder(pid)?;
-    let p = h.process.as_ref()?;
+    let p = procs.get(pid)?;
     if p.kernel_thread {
         return Some(refuse(pid, "a kernel thread", None));
     }
@@ -130,13 +141,14 @@ fn forbidden(pid: u32, report: &Report, caller: &Caller) -> Option<Refusal> {
     None
 }
 
-/// Builds the plan. `proc_kernel_thread` and ownership come from the report's `/proc` data;
+/// Builds the plan from a report and the `/proc` snapshot it was made from
+/// (kernel threads and ownership are checked for every pid, holder or not);
 /// pids absent from the report are not GPU holders and are refused.
 pub fn make_plan(
     report: &Report,
+    procs: &ProcSnapshot,
     selection: &Selection,
     caller: &Caller,
-    is_kernel_thread: impl Fn(u32) -> bool,
 ) -> Plan {
     let mut targets: BTreeMap<u32, Target> = BTreeMap::new();
     let mut refused = Vec::new();
@@ -152,12 +164,8 @@ pub fn make_plan(
     };
 
     for pid in requested {
-        if let Some(r) = forbidden(pid, report, caller) {
+        if let Some(r) = forbidden(pid, procs, caller) {
             refused.push(r);
-            continue;
-        }
-        if is_kernel_thread(pid) {
-            refused.push(refuse(pid, "a kernel thread", None));
             continue;
         }
         let Some(h) = report.holder(pid) else {
@@ -210,7 +218,7 @@ pub fn make_plan(
                 }
                 // The dead pid itself cannot be signalled; its linked holders can.
                 for w in strong {
-                    if let Some(r) = forbidden(w, report, caller) {
+                    if let Some(r) = forbidden(w, procs, caller) {
                         refused.push(r);
                     } else if let Some(t) = target_for(report, w) {
                         targets.entry(w).or_insert(t);
@@ -253,16 +261,21 @@ fn target_for(report: &Report, pid: u32) -> Option<Target> {
     })
 }
 
-/// A listed pid's memory counts as freed when it is a target, or when every
-/// process known to keep it is a target.
+/// A listed pid's memory counts as freed when it is a target, or when it is
+/// dead and every process linked to it (child, process group, session) is a
+/// target. Holders with no link (weak evidence) promise nothing.
 fn expected_free(report: &Report, targets: &[Target]) -> BTreeMap<u32, u64> {
     let target_pids: BTreeSet<u32> = targets.iter().map(|t| t.pid).collect();
     let mut out = BTreeMap::new();
     for h in report.holders.iter().filter(|h| !h.gpus.is_empty()) {
+        let linked: Vec<u32> = h
+            .held_by
+            .iter()
+            .filter(|x| x.evidence != "device_files")
+            .map(|x| x.pid)
+            .collect();
         let freed = target_pids.contains(&h.pid)
-            || (!h.alive()
-                && !h.held_by.is_empty()
-                && h.held_by.iter().all(|x| target_pids.contains(&x.pid)));
+            || (!h.alive() && !linked.is_empty() && linked.iter().all(|p| target_pids.contains(p)));
         if freed {
             for u in &h.gpus {
                 *out.entry(u.gpu).or_insert(0) += u.used_bytes.unwrap_or(0);
@@ -293,7 +306,7 @@ mod tests {
         }
     }
 
-    fn crash_report() -> Report {
+    fn crash_report() -> (Report, ProcSnapshot) {
         let mut other = proc_(400, 1, 400, ProcState::Sleeping, DEV);
         other.uid = 0;
         let procs = snapshot(vec![
@@ -315,7 +328,8 @@ mod tests {
 
     #[test]
     fn orphans_plan_names_the_worker_and_the_dead_pids_memory() {
-        let plan = make_plan(&crash_report(), &Selection::Orphans, &caller(), |_| false);
+        let (r, p) = crash_report();
+        let plan = make_plan(&r, &p, &Selection::Orphans, &caller());
         let t: Vec<u32> = plan.targets.iter().map(|t| t.pid).collect();
         assert_eq!(t, vec![101]);
         assert_eq!(plan.targets[0].frees_listed_pids, vec![100]);
@@ -325,12 +339,8 @@ mod tests {
 
     #[test]
     fn dead_pid_resolves_to_its_holder() {
-        let plan = make_plan(
-            &crash_report(),
-            &Selection::Pids(vec![100]),
-            &caller(),
-            |_| false,
-        );
+        let (r, p) = crash_report();
+        let plan = make_plan(&r, &p, &Selection::Pids(vec![100]), &caller());
         assert_eq!(
             plan.targets.iter().map(|t| t.pid).collect::<Vec<_>>(),
             vec![101]
@@ -339,11 +349,12 @@ mod tests {
 
     #[test]
     fn refusals() {
+        let (r, p) = crash_report();
         let plan = make_plan(
-            &crash_report(),
+            &r,
+            &p,
             &Selection::Pids(vec![1, 900, 899, 400, 11, 50, 77, 2]),
             &caller(),
-            |p| p == 2,
         );
         assert!(plan.targets.is_empty(), "{:?}", plan.targets);
         let why: BTreeMap<u32, &str> = plan
@@ -372,12 +383,8 @@ mod tests {
     fn root_may_reclaim_other_users() {
         let mut c = caller();
         c.uid = 0;
-        let plan = make_plan(
-            &crash_report(),
-            &Selection::Pids(vec![400, 102]),
-            &c,
-            |_| false,
-        );
+        let (r, p) = crash_report();
+        let plan = make_plan(&r, &p, &Selection::Pids(vec![400, 102]), &c);
         assert_eq!(
             plan.targets.iter().map(|t| t.pid).collect::<Vec<_>>(),
             vec![102, 400]

@@ -41,9 +41,12 @@ fn recycled_pid_is_never_signalled() {
         Some(Class::IdleHolder)
     );
     let caller = Caller::current(&src.scan.proc_root);
-    let mut plan = make_plan(&before.report, &Selection::Pids(vec![pid]), &caller, |p| {
-        src.is_kernel_thread(&before.procs, p)
-    });
+    let mut plan = make_plan(
+        &before.report,
+        &before.procs,
+        &Selection::Pids(vec![pid]),
+        &caller,
+    );
     assert_eq!(plan.targets.len(), 1);
     // Same pid, different process: what a recycled pid looks like to the plan.
     plan.targets[0].start_ticks += 1;
@@ -70,9 +73,12 @@ fn planned_holder_is_ended_and_release_verified() {
     let src = sources(&scene);
     let before = src.observe();
     let caller = Caller::current(&src.scan.proc_root);
-    let plan = make_plan(&before.report, &Selection::Pids(vec![pid]), &caller, |_| {
-        false
-    });
+    let plan = make_plan(
+        &before.report,
+        &before.procs,
+        &Selection::Pids(vec![pid]),
+        &caller,
+    );
     let out = execute(&plan, &src, &before, &quick());
     assert_eq!(out.results[0].status, "terminated", "{:?}", out.results);
     assert!(out.memory_released, "{:?}", out.still_held);
@@ -88,9 +94,12 @@ fn sigterm_ignored_escalates_to_sigkill() {
     let src = sources(&scene);
     let before = src.observe();
     let caller = Caller::current(&src.scan.proc_root);
-    let plan = make_plan(&before.report, &Selection::Pids(vec![pid]), &caller, |_| {
-        false
-    });
+    let plan = make_plan(
+        &before.report,
+        &before.procs,
+        &Selection::Pids(vec![pid]),
+        &caller,
+    );
     let opts = ExecOptions {
         grace: Duration::from_millis(300),
         ..quick()

@@ -1,7 +1,164 @@
-// PLACEHOLDER: replaced by the module's owner before this lands.
-#[derive(clap::Args)]
-pub struct Args {}
+//! `gpusleuth reclaim`: end the processes that keep GPU memory, safely.
+//! Dry run unless `--yes`. Exit codes (docs/vram.md): 0 done or plan shown,
+//! 2 memory stayed held after `--yes`, 3 every requested pid was refused.
 
-pub fn run(_args: Args) -> anyhow::Result<i32> {
-    anyhow::bail!("'reclaim' is not built yet")
+use crate::output::fmt_bytes;
+use anyhow::Context;
+use sleuth_gpu::plan::{make_plan, Caller, Plan, Selection};
+use sleuth_gpu::reclaim::{execute, ExecOptions, Outcome};
+use sleuth_gpu::Sources;
+use std::time::Duration;
+
+/// Exit code when memory stayed held after `--yes`.
+pub const EXIT_STILL_HELD: i32 = 2;
+/// Exit code when nothing could be done because every requested pid was refused.
+pub const EXIT_ALL_REFUSED: i32 = 3;
+
+#[derive(clap::Args)]
+#[command(group(clap::ArgGroup::new("what").required(true).args(["pid", "orphans"])))]
+pub struct Args {
+    /// Pids to reclaim (a dead pid NVML still lists resolves to the processes that keep its memory).
+    #[arg(long, num_args = 1.., value_name = "PID")]
+    pid: Vec<u32>,
+    /// Reclaim every orphaned worker (holders whose CUDA parent is gone).
+    #[arg(long)]
+    orphans: bool,
+    /// Execute the plan (SIGTERM, wait --grace, SIGKILL), then verify the memory was released.
+    #[arg(long)]
+    yes: bool,
+    /// Seconds between SIGTERM and SIGKILL.
+    #[arg(long, default_value_t = 5.0)]
+    grace: f64,
+    /// Print the plan (and the outcome) as JSON (schema in docs/vram.md).
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(args: Args) -> anyhow::Result<i32> {
+    if !args.grace.is_finite() || args.grace < 0.0 || args.grace > 3600.0 {
+        anyhow::bail!(
+            "--grace must be between 0 and 3600 seconds, got {}",
+            args.grace
+        );
+    }
+    let sources = Sources::from_env();
+    let before = sources.observe();
+    let caller = Caller::current(&sources.scan.proc_root);
+    let selection = if args.orphans {
+        Selection::Orphans
+    } else {
+        Selection::Pids(args.pid.clone())
+    };
+    let plan = make_plan(&before.report, &before.procs, &selection, &caller);
+
+    let outcome = if args.yes && !plan.targets.is_empty() {
+        let opts = ExecOptions {
+            grace: Duration::from_secs_f64(args.grace),
+            ..ExecOptions::default()
+        };
+        Some(execute(&plan, &sources, &before, &opts))
+    } else {
+        None
+    };
+    let code = match &outcome {
+        Some(o) if !o.memory_released => EXIT_STILL_HELD,
+        _ if plan.targets.is_empty() && !plan.refused.is_empty() => EXIT_ALL_REFUSED,
+        _ => 0,
+    };
+
+    if args.json {
+        let doc = serde_json::json!({
+            "dry_run": !args.yes,
+            "nvml_available": before.report.nvml.available,
+            "nvml_reason": before.report.nvml.reason,
+            "plan": plan,
+            "outcome": outcome,
+            "exit_code": code,
+        });
+        println!("{}", serde_json::to_string(&doc).context("writing JSON")?);
+    } else {
+        if let Some(why) = &before.report.nvml.reason {
+            println!("NVML not available: {why}; showing /proc holders only");
+        }
+        print!("{}", render_plan(&plan, args.yes));
+        if let Some(o) = &outcome {
+            print!("{}", render_outcome(o));
+        }
+    }
+    Ok(code)
+}
+
+fn render_plan(plan: &Plan, executing: bool) -> String {
+    let mut s = String::new();
+    if plan.targets.is_empty() {
+        s.push_str("Nothing to reclaim.\n");
+    } else {
+        s.push_str(if executing {
+            "Reclaim plan (executing):\n"
+        } else {
+            "Reclaim plan (dry run; add --yes to execute):\n"
+        });
+        for t in &plan.targets {
+            s.push_str(&format!(
+                "  end pid {} ({}) [{}]: {}\n",
+                t.pid,
+                t.cmdline_or_comm(),
+                t.class.as_str(),
+                t.reason
+            ));
+        }
+        if plan.expected_free_bytes.is_empty() {
+            s.push_str("  expected to free: no memory NVML attributes to these pids\n");
+        }
+        for (gpu, bytes) in &plan.expected_free_bytes {
+            s.push_str(&format!(
+                "  expected to free on GPU {gpu}: {} ({} MiB)\n",
+                fmt_bytes(*bytes),
+                bytes >> 20
+            ));
+        }
+    }
+    if !plan.refused.is_empty() {
+        s.push_str("Refused:\n");
+        for r in &plan.refused {
+            s.push_str(&format!("  pid {}: {}", r.pid, r.reason));
+            if let Some(hint) = &r.suggestion {
+                s.push_str(&format!(" ({hint})"));
+            }
+            s.push('\n');
+        }
+    }
+    s
+}
+
+fn render_outcome(o: &Outcome) -> String {
+    let mut s = String::from("Result:\n");
+    for r in &o.results {
+        s.push_str(&format!("  pid {}: {}", r.pid, r.status));
+        if let Some(d) = &r.detail {
+            s.push_str(&format!(" ({d})"));
+        }
+        s.push('\n');
+    }
+    for g in &o.freed {
+        s.push_str(&format!(
+            "  GPU {}: freed {} MiB (used {} MiB -> {} MiB)\n",
+            g.gpu,
+            g.freed_bytes >> 20,
+            g.used_before_bytes >> 20,
+            g.used_after_bytes >> 20
+        ));
+    }
+    if o.memory_released {
+        s.push_str("Memory released (verified through NVML and /proc).\n");
+    } else {
+        s.push_str("Memory still held:\n");
+        for l in &o.still_held {
+            s.push_str(&format!("  {l}\n"));
+        }
+        if o.still_held.is_empty() {
+            s.push_str("  a target was not ended (see above)\n");
+        }
+    }
+    s
 }
