@@ -1,7 +1,191 @@
-// PLACEHOLDER: replaced by the module's owner before this lands.
-#[derive(clap::Args)]
-pub struct Args {}
+//! `gpusleuth explain`: ranked, evidence-backed findings of a recorded trace.
 
-pub fn run(_args: Args) -> anyhow::Result<i32> {
-    anyhow::bail!("'explain' is not built yet")
+use crate::cmd::stats::load_trace;
+use crate::output::fmt_ns;
+use sleuth_core::findings::{explain_report, Explanation, Finding};
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Trace database written by `gpusleuth trace` (or `import`).
+    #[arg(long)]
+    pub db: PathBuf,
+    /// Only this process.
+    #[arg(long)]
+    pub pid: Option<u32>,
+    /// Machine-readable output (the documented findings contract).
+    #[arg(long, conflicts_with = "markdown")]
+    pub json: bool,
+    /// Markdown report (for issues, pull requests, notebooks).
+    #[arg(long)]
+    pub markdown: bool,
+}
+
+pub const CLEAN: &str = "No abnormal behaviour found";
+
+pub fn run(args: Args) -> anyhow::Result<i32> {
+    let data = load_trace(&args.db, args.pid)?;
+    let report = explain_report(&data);
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else if args.markdown {
+        print!("{}", markdown(&report));
+    } else {
+        print!("{}", text(&report));
+    }
+    Ok(0)
+}
+
+fn culprit_line(f: &Finding) -> Option<String> {
+    if f.culprits.is_empty() {
+        return None;
+    }
+    let parts: Vec<String> = f
+        .culprits
+        .iter()
+        .map(|c| {
+            format!(
+                "{} (pid {}) {} = {:.0}%",
+                c.comm,
+                c.pid,
+                fmt_ns(c.runnable_ns),
+                c.share * 100.0
+            )
+        })
+        .collect();
+    Some(parts.join(", "))
+}
+
+/// Plain-text rendering.
+pub fn text(r: &Explanation) -> String {
+    let mut out = String::new();
+    if r.findings.is_empty() {
+        let _ = writeln!(out, "{CLEAN}.");
+    }
+    for (i, f) in r.findings.iter().enumerate() {
+        let _ = writeln!(
+            out,
+            "{}. [{}] {}: {}",
+            i + 1,
+            f.severity.as_str(),
+            f.kind.as_str(),
+            f.summary
+        );
+        if let Some(c) = culprit_line(f) {
+            let _ = writeln!(out, "   culprits: {c}");
+        }
+        let _ = writeln!(out, "   what to do: {}", f.recommendation);
+        let _ = writeln!(out, "   evidence: {}", f.evidence);
+        out.push('\n');
+    }
+    for n in &r.notes {
+        let _ = writeln!(out, "Note: {n}");
+    }
+    out
+}
+
+/// Markdown rendering.
+pub fn markdown(r: &Explanation) -> String {
+    let mut out = String::from("# gpusleuth findings\n\n");
+    if r.findings.is_empty() {
+        let _ = writeln!(out, "{CLEAN}.\n");
+    }
+    for (i, f) in r.findings.iter().enumerate() {
+        let _ = writeln!(
+            out,
+            "## {}. {} ({}, `{}`)\n",
+            i + 1,
+            f.kind.as_str(),
+            f.severity.as_str(),
+            f.op
+        );
+        let _ = writeln!(out, "{}\n", f.summary);
+        if !f.culprits.is_empty() {
+            out.push_str("| culprit | pid | runnable time | share |\n|---|---:|---:|---:|\n");
+            for c in &f.culprits {
+                let _ = writeln!(
+                    out,
+                    "| {} | {} | {} | {:.0}% |",
+                    c.comm.replace('|', "\\|"),
+                    c.pid,
+                    fmt_ns(c.runnable_ns),
+                    c.share * 100.0
+                );
+            }
+            out.push('\n');
+        }
+        let _ = writeln!(out, "**What to do:** {}\n", f.recommendation);
+        let evidence = serde_json::to_string_pretty(&f.evidence).unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "<details><summary>Evidence</summary>\n\n```json\n{evidence}\n```\n</details>\n"
+        );
+    }
+    if !r.notes.is_empty() {
+        out.push_str("## Notes\n\n");
+        for n in &r.notes {
+            let _ = writeln!(out, "- {n}");
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sleuth_core::{CallEvent, TraceData};
+
+    fn failing_trace() -> TraceData {
+        TraceData {
+            calls: vec![CallEvent {
+                ts_ns: 0,
+                dur_ns: 10,
+                pid: 3,
+                tid: 3,
+                op: 1,
+                ret: 2,
+                size: Some(1 << 30),
+                ptr: None,
+                stream: None,
+                kind: None,
+                nested: false,
+                runnable_ns: 0,
+                blocked_ns: 0,
+                cpu: 0,
+            }],
+            has_host_context: true,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn clean_trace_says_so_in_every_format() {
+        let r = explain_report(&TraceData {
+            has_host_context: true,
+            ..Default::default()
+        });
+        assert_eq!(text(&r), "No abnormal behaviour found.\n");
+        assert!(markdown(&r).contains(CLEAN));
+        assert_eq!(serde_json::to_string(&r).unwrap(), r#"{"findings":[]}"#);
+    }
+
+    #[test]
+    fn findings_render_with_recommendation_and_evidence() {
+        let r = explain_report(&failing_trace());
+        let t = text(&r);
+        assert!(t.starts_with("1. [high] allocation_failure:"));
+        assert!(t.contains("what to do:") && t.contains("evidence:"));
+        let md = markdown(&r);
+        assert!(md.contains("## 1. allocation_failure (high, `cudaMalloc`)"));
+        assert!(md.contains("```json"));
+    }
+
+    #[test]
+    fn imported_trace_states_what_cannot_be_evaluated() {
+        let mut d = failing_trace();
+        d.has_host_context = false;
+        let t = text(&explain_report(&d));
+        assert!(t.contains("Note: This trace has no host scheduler context"));
+    }
 }
