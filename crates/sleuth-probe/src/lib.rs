@@ -3,6 +3,7 @@
 
 pub mod capture;
 pub mod discover;
+mod multi;
 pub mod symbols;
 
 pub use capture::{monotonic_ns, preflight, AttachedLib, Capture, CaptureError, LaunchMode};

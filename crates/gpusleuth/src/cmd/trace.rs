@@ -391,8 +391,12 @@ pub fn run(args: Args) -> Result<i32> {
     let drops_ring: u64 = losses[..3].iter().sum();
     let drops_other: u64 = losses[3..6].iter().sum::<u64>() + losses[stat::TRACED_FULL];
     if !args.quiet {
-        // TODO(lead): final table via cmd::stats once it lands
-        let _ = &db;
+        // The final table comes from the database: exact, and what a later `stats` shows.
+        let data = crate::cmd::stats::load_trace(&db, None)?;
+        eprint!(
+            "{}",
+            crate::cmd::stats::render(&sleuth_core::stats::compute(&data))
+        );
     }
     eprintln!(
         "gpusleuth: trace saved to {} — {} calls, {} waits, {} process events recorded; dropped: {} (ring buffer full), {} (kernel maps full), {} (database cap), {} unmatched returns",

@@ -1,0 +1,186 @@
+//! Batched uprobes (`BPF_TRACE_UPROBE_MULTI`, Linux 6.6+): one link attaches a
+//! program at every CUDA entry point of a library, with a cookie per offset.
+//!
+//! Why not one perf-event uprobe per entry point (what aya 0.14 offers): each
+//! registration and, worse, each release waits for an RCU grace period. We
+//! measured 84 probes on the simulated libraries: 2.2 s to attach and 43.8 s
+//! to detach on the 2-core CI machine (2026-11-30). A multi link registers and
+//! releases all of them with one synchronisation.
+//!
+//! aya loads the object (maps, globals, tracepoints); the three call programs
+//! are loaded a second time here with the multi attach type, their map
+//! references resolved to the fds of aya's maps. They use no CO-RE and no
+//! bpf-to-bpf calls, so map relocations are all they need.
+
+use object::{Object, ObjectSection, ObjectSymbol, RelocationTarget};
+use std::collections::HashMap;
+use std::ffi::CString;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::path::Path;
+
+const BPF_PROG_LOAD: libc::c_long = 5;
+const BPF_LINK_CREATE: libc::c_long = 28;
+const BPF_PROG_TYPE_KPROBE: u32 = 2;
+const BPF_TRACE_UPROBE_MULTI: u32 = 48;
+const BPF_F_UPROBE_MULTI_RETURN: u32 = 1;
+const BPF_PSEUDO_MAP_FD: u8 = 1;
+const BPF_PSEUDO_MAP_VALUE: u8 = 2;
+const R_BPF_64_64: u32 = 1;
+
+/// A program loaded for multi-uprobe attachment.
+pub struct MultiProg {
+    fd: OwnedFd,
+}
+
+fn bpf(cmd: libc::c_long, attr: &mut [u8; 128]) -> Result<i32, String> {
+    // SAFETY: attr is a 128-byte, zero-initialised bpf_attr image that outlives
+    // the call; the kernel reads at most `size` bytes of it.
+    let r = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr.as_mut_ptr(), attr.len() as u32) };
+    if r < 0 {
+        Err(std::io::Error::last_os_error().to_string())
+    } else {
+        Ok(r as i32)
+    }
+}
+
+fn put_u32(a: &mut [u8; 128], off: usize, v: u32) {
+    a[off..off + 4].copy_from_slice(&v.to_ne_bytes());
+}
+fn put_u64(a: &mut [u8; 128], off: usize, v: u64) {
+    a[off..off + 8].copy_from_slice(&v.to_ne_bytes());
+}
+
+/// Loads the programs named in `names` from the eBPF object `elf`, resolving
+/// map references with `map_fds` (map name → fd; `.rodata` included).
+pub fn load_programs(
+    elf: &[u8],
+    names: &[&str],
+    map_fds: &HashMap<String, RawFd>,
+) -> Result<HashMap<String, MultiProg>, String> {
+    let file = object::File::parse(elf).map_err(|e| format!("eBPF object: {e}"))?;
+    let mut out = HashMap::new();
+    for name in names {
+        let sym = file
+            .symbols()
+            .find(|s| s.name() == Ok(name))
+            .ok_or_else(|| format!("program {name} not in the object"))?;
+        let sec_idx = sym
+            .section_index()
+            .ok_or_else(|| format!("{name}: no section"))?;
+        let section = file.section_by_index(sec_idx).map_err(|e| e.to_string())?;
+        let data = section.data().map_err(|e| e.to_string())?;
+        let (start, size) = (sym.address() as usize, sym.size() as usize);
+        let mut insns = data
+            .get(start..start + size)
+            .ok_or_else(|| format!("{name}: bad symbol range"))?
+            .to_vec();
+        for (off, rel) in section.relocations() {
+            let off = off as usize;
+            if off < start || off >= start + size {
+                continue;
+            }
+            let object::RelocationFlags::Elf { r_type } = rel.flags() else {
+                return Err(format!("{name}: unexpected relocation kind"));
+            };
+            if r_type != R_BPF_64_64 {
+                return Err(format!(
+                    "{name}: relocation type {r_type} (a bpf-to-bpf call?) unsupported"
+                ));
+            }
+            let RelocationTarget::Symbol(si) = rel.target() else {
+                return Err(format!("{name}: relocation without a symbol"));
+            };
+            let target = file.symbol_by_index(si).map_err(|e| e.to_string())?;
+            let tsec = target
+                .section_index()
+                .and_then(|i| file.section_by_index(i).ok())
+                .and_then(|s| s.name().ok().map(str::to_string))
+                .unwrap_or_default();
+            let at = off - start;
+            let insn = insns
+                .get_mut(at..at + 16)
+                .ok_or_else(|| format!("{name}: relocation past the end"))?;
+            if tsec == ".maps" {
+                let map = target.name().map_err(|e| e.to_string())?;
+                let fd = *map_fds
+                    .get(map)
+                    .ok_or_else(|| format!("{name}: map {map} not loaded"))?;
+                insn[1] = (insn[1] & 0x0f) | (BPF_PSEUDO_MAP_FD << 4);
+                insn[4..8].copy_from_slice(&fd.to_ne_bytes());
+            } else if tsec.starts_with(".rodata") {
+                let fd = *map_fds
+                    .get(".rodata")
+                    .ok_or_else(|| format!("{name}: .rodata map not loaded"))?;
+                let imm = i32::from_ne_bytes([insn[4], insn[5], insn[6], insn[7]]);
+                let value_off = target.address() as i32 + imm;
+                insn[1] = (insn[1] & 0x0f) | (BPF_PSEUDO_MAP_VALUE << 4);
+                insn[4..8].copy_from_slice(&fd.to_ne_bytes());
+                insn[12..16].copy_from_slice(&value_off.to_ne_bytes());
+            } else {
+                return Err(format!("{name}: reference to section {tsec} unsupported"));
+            }
+        }
+        let license = c"GPL";
+        let mut log = vec![0u8; 64 * 1024];
+        let pname: Vec<u8> = name.bytes().take(15).collect();
+        let mut attr = [0u8; 128];
+        put_u32(&mut attr, 0, BPF_PROG_TYPE_KPROBE);
+        put_u32(&mut attr, 4, (insns.len() / 8) as u32);
+        put_u64(&mut attr, 8, insns.as_ptr() as u64);
+        put_u64(&mut attr, 16, license.as_ptr() as u64);
+        put_u32(&mut attr, 24, 1); // log level: keep the verifier's reason on failure
+        put_u32(&mut attr, 28, log.len() as u32);
+        put_u64(&mut attr, 32, log.as_mut_ptr() as u64);
+        attr[48..48 + pname.len()].copy_from_slice(&pname);
+        put_u32(&mut attr, 68, BPF_TRACE_UPROBE_MULTI);
+        let fd = bpf(BPF_PROG_LOAD, &mut attr).map_err(|e| {
+            let text = String::from_utf8_lossy(&log);
+            let last = text
+                .trim_end_matches('\0')
+                .lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("");
+            format!("cannot load {name} for multi-uprobes: {e} ({last})")
+        })?;
+        // SAFETY: the kernel returned a new fd that nothing else owns.
+        out.insert(
+            name.to_string(),
+            MultiProg {
+                fd: unsafe { OwnedFd::from_raw_fd(fd) },
+            },
+        );
+    }
+    Ok(out)
+}
+
+/// Attaches `prog` at `offsets` of the file `path` (entry, or return probes
+/// with `ret`), each with its cookie. Dropping the returned fd detaches all.
+pub fn attach(
+    prog: &MultiProg,
+    path: &Path,
+    offsets: &[u64],
+    cookies: &[u64],
+    ret: bool,
+) -> Result<OwnedFd, String> {
+    if offsets.is_empty() || offsets.len() != cookies.len() {
+        return Err("nothing to attach".into());
+    }
+    let cpath = CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|_| "path contains NUL".to_string())?;
+    let mut attr = [0u8; 128];
+    put_u32(&mut attr, 0, prog.fd.as_raw_fd() as u32);
+    put_u32(&mut attr, 8, BPF_TRACE_UPROBE_MULTI);
+    put_u64(&mut attr, 16, cpath.as_ptr() as u64);
+    put_u64(&mut attr, 24, offsets.as_ptr() as u64);
+    put_u64(&mut attr, 40, cookies.as_ptr() as u64);
+    put_u32(&mut attr, 48, offsets.len() as u32);
+    put_u32(
+        &mut attr,
+        52,
+        if ret { BPF_F_UPROBE_MULTI_RETURN } else { 0 },
+    );
+    let fd = bpf(BPF_LINK_CREATE, &mut attr)?;
+    // SAFETY: the kernel returned a new fd that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
