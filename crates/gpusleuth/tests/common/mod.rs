@@ -1,0 +1,276 @@
+//! Shared helpers of the end-to-end tests: each test gets its own sandbox
+//! (a temp dir with its own copy of the simulated CUDA world, so its own
+//! inodes), runs the real `gpusleuth` binary, and reads the trace database.
+#![allow(dead_code)] // each test file uses a different subset
+
+use rusqlite::types::Value as SqlValue;
+use serde_json::Value;
+use sleuth_sim::{materialize, parse_truth, SimPaths, Truth};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+/// Whether this machine can run the eBPF tests. Without root or BTF: in CI
+/// (`CI=true`) the test fails with the reason; elsewhere it prints the reason
+/// and the caller returns early.
+pub fn require_ebpf() -> bool {
+    let reason = if unsafe_geteuid() != 0 {
+        Some("not root (eBPF needs CAP_BPF/CAP_PERFMON; run as root)")
+    } else if !Path::new("/sys/kernel/btf/vmlinux").exists() {
+        Some("no kernel BTF at /sys/kernel/btf/vmlinux")
+    } else {
+        None
+    };
+    match reason {
+        None => true,
+        Some(r) if std::env::var("CI").as_deref() == Ok("true") => {
+            panic!("eBPF tests must run in CI but cannot: {r}")
+        }
+        Some(r) => {
+            eprintln!("skipping eBPF test: {r}");
+            false
+        }
+    }
+}
+
+fn unsafe_geteuid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// A temp dir holding a private copy of the simulated CUDA world; removed on drop.
+pub struct Sandbox {
+    pub dir: PathBuf,
+    pub sim: SimPaths,
+}
+
+impl Sandbox {
+    pub fn new(tag: &str) -> Sandbox {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let n = N.fetch_add(1, Ordering::Relaxed);
+        let dir =
+            std::env::temp_dir().join(format!("gpusleuth-test-{tag}-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("create sandbox");
+        let sim = materialize(&dir).expect("materialize the simulated CUDA world");
+        Sandbox { dir, sim }
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    pub fn db(&self) -> PathBuf {
+        self.path("trace.db")
+    }
+
+    pub fn truth_path(&self) -> PathBuf {
+        self.path("truth.jsonl")
+    }
+
+    /// The workload's own account of the processes it ran (one per process).
+    pub fn truth(&self) -> Vec<Truth> {
+        let text = std::fs::read_to_string(self.truth_path()).expect("truth file");
+        parse_truth(&text).expect("parse truth")
+    }
+
+    /// `gpusleuth trace --db <db> --quiet ARGS -- workload --truth <truth> SCRIPT`,
+    /// with LD_LIBRARY_PATH naming the sim's libraries (how a user's env finds CUDA).
+    pub fn trace_command(&self, args: &[&str], script: &str) -> Command {
+        let mut cmd = gpusleuth();
+        cmd.arg("trace").arg("--db").arg(self.db()).arg("--quiet");
+        cmd.args(args);
+        cmd.arg("--")
+            .arg(&self.sim.workload)
+            .arg("--truth")
+            .arg(self.truth_path())
+            .arg(script);
+        cmd.env("LD_LIBRARY_PATH", &self.sim.lib_dir);
+        cmd
+    }
+
+    /// Runs a traced workload to completion and checks the tool exited with `code`.
+    pub fn trace(&self, args: &[&str], script: &str, code: i32) -> Output {
+        let out = self
+            .trace_command(args, script)
+            .output()
+            .expect("run gpusleuth trace");
+        assert_eq!(
+            out.status.code(),
+            Some(code),
+            "gpusleuth trace exited {:?}\nstdout:\n{}\nstderr:\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_no_panic(&out);
+        out
+    }
+
+    /// Starts a traced workload without waiting; output goes to files in the sandbox.
+    pub fn spawn_trace(&self, args: &[&str], script: &str) -> Child {
+        let mut cmd = self.trace_command(args, script);
+        cmd.stdout(file_stdio(&self.path("trace.stdout")));
+        cmd.stderr(file_stdio(&self.path("trace.stderr")));
+        cmd.spawn().expect("spawn gpusleuth trace")
+    }
+
+    pub fn open_db(&self) -> Db {
+        Db::open(&self.db())
+    }
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        if std::env::var_os("GPUSLEUTH_KEEP_TEST_DIRS").is_none() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+fn file_stdio(path: &Path) -> Stdio {
+    Stdio::from(std::fs::File::create(path).expect("create output file"))
+}
+
+pub fn gpusleuth() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_gpusleuth"))
+}
+
+pub fn assert_no_panic(out: &Output) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked at"), "gpusleuth panicked:\n{err}");
+}
+
+/// Waits for a path to exist, failing the test after `secs` seconds.
+pub fn wait_for_file(path: &Path, secs: u64) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !path.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {}",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Waits for a child, killing it and failing the test after `secs` seconds.
+pub fn wait_child(child: &mut Child, secs: u64) -> std::process::ExitStatus {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(status) = child.try_wait().expect("wait child") {
+            return status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("child {} did not finish within {secs} s", child.id());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// `gpusleuth stats --db DB --json`.
+pub fn stats_json(db: &Path) -> Value {
+    let out = gpusleuth()
+        .args(["stats", "--json", "--db"])
+        .arg(db)
+        .output()
+        .expect("run gpusleuth stats");
+    assert!(
+        out.status.success(),
+        "gpusleuth stats failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("stats --json prints JSON")
+}
+
+/// The `ops` entry of `stats --json` for (layer, op), if present.
+pub fn stats_op<'a>(stats: &'a Value, layer: &str, op: &str) -> Option<&'a Value> {
+    stats["ops"]
+        .as_array()
+        .expect("stats has an 'ops' array")
+        .iter()
+        .find(|o| o["layer"] == layer && o["op"] == op)
+}
+
+/// The count `stats --json` reports for (layer, op); 0 when absent.
+pub fn stats_count(stats: &Value, layer: &str, op: &str) -> u64 {
+    stats_op(stats, layer, op)
+        .map(|o| o["count"].as_u64().expect("count"))
+        .unwrap_or(0)
+}
+
+/// Read-only access to a trace database.
+pub struct Db(rusqlite::Connection);
+
+impl Db {
+    pub fn open(path: &Path) -> Db {
+        let conn =
+            rusqlite::Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+                .unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
+        Db(conn)
+    }
+
+    /// Every row of a query, each column as i64 (NULL as 0, text parsed or 0).
+    pub fn ints(&self, sql: &str) -> Vec<Vec<i64>> {
+        self.rows(sql)
+            .into_iter()
+            .map(|r| {
+                r.into_iter()
+                    .map(|v| match v {
+                        SqlValue::Integer(i) => i,
+                        SqlValue::Real(f) => f as i64,
+                        SqlValue::Text(t) => t.parse().unwrap_or(0),
+                        _ => 0,
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// A query expected to yield one integer.
+    pub fn int(&self, sql: &str) -> i64 {
+        let rows = self.ints(sql);
+        assert_eq!(rows.len(), 1, "expected one row from: {sql}");
+        rows[0][0]
+    }
+
+    pub fn rows(&self, sql: &str) -> Vec<Vec<SqlValue>> {
+        let mut stmt = self
+            .0
+            .prepare(sql)
+            .unwrap_or_else(|e| panic!("prepare {sql}: {e}"));
+        let n = stmt.column_count();
+        let rows = stmt
+            .query_map([], |row| {
+                (0..n)
+                    .map(|i| row.get::<_, SqlValue>(i))
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .unwrap_or_else(|e| panic!("query {sql}: {e}"));
+        rows.collect::<Result<Vec<_>, _>>()
+            .unwrap_or_else(|e| panic!("rows of {sql}: {e}"))
+    }
+
+    /// A query yielding (text, integer) pairs.
+    pub fn text_ints(&self, sql: &str) -> Vec<(String, i64)> {
+        self.rows(sql)
+            .into_iter()
+            .map(|r| {
+                let t = match &r[0] {
+                    SqlValue::Text(t) => t.clone(),
+                    other => format!("{other:?}"),
+                };
+                let i = match r.get(1) {
+                    Some(SqlValue::Integer(i)) => *i,
+                    _ => 0,
+                };
+                (t, i)
+            })
+            .collect()
+    }
+}
+
+pub const MS: i64 = 1_000_000;

@@ -1,0 +1,181 @@
+//! End to end, as root with real eBPF: where the time of each CUDA call went.
+//! A workload pinned to CPU 0 makes on-CPU calls (spinning copies) while
+//! `gs-hog`, pinned to the same CPU, busy-loops: their runnable time must be
+//! blamed on the hog by pid and comm. Sleeping syncs are blocked time, blamed
+//! on no one. Expectations come from the script, not from the tool.
+
+mod common;
+
+use common::*;
+use sleuth_sim::HOG_COMM;
+use std::collections::HashSet;
+
+const SPIN_MS: i64 = 20;
+const SLEEP_MS: i64 = 30;
+const QUIET_SIZE: i64 = 1111;
+const BUSY_SIZE: i64 = 2222;
+
+#[test]
+fn cpu_contention_is_blamed_on_the_hog() {
+    if !require_ebpf() {
+        return;
+    }
+    let sb = Sandbox::new("contention");
+    let (phase2, hog_ready) = (sb.path("phase2"), sb.path("hog-ready"));
+    let script = format!(
+        "pin 0; repeat 5 {{ spin {SPIN_MS} {QUIET_SIZE} }}; repeat 3 {{ sync_sleep {SLEEP_MS} }}; \
+         touch {}; await {}; repeat 5 {{ spin {SPIN_MS} {BUSY_SIZE} }}; repeat 3 {{ sync_sleep {SLEEP_MS} event }}",
+        phase2.display(),
+        hog_ready.display()
+    );
+    let mut trace = sb.spawn_trace(&[], &script);
+    wait_for_file(&phase2, 60);
+    let mut hog = std::process::Command::new(&sb.sim.hog)
+        .arg("0")
+        .arg("60000")
+        .arg(&hog_ready)
+        .spawn()
+        .expect("start gs-hog");
+    let status = wait_child(&mut trace, 120);
+    let _ = hog.kill();
+    let _ = hog.wait();
+    assert!(
+        status.success(),
+        "trace failed: {}",
+        std::fs::read_to_string(sb.path("trace.stderr")).unwrap_or_default()
+    );
+    let hog_pid = hog.id() as i64;
+    let db = sb.open_db();
+
+    // Spinning copies under contention: each burned SPIN_MS of CPU, so the rest
+    // of its wall time is the contention; most of it is blamed on the hog.
+    let busy = db.ints(&format!(
+        "SELECT id, dur_ns, runnable_ns, blocked_ns FROM calls \
+         WHERE layer='runtime' AND op='cudaMemcpy' AND size={BUSY_SIZE}"
+    ));
+    assert_eq!(busy.len(), 5);
+    let extra: i64 = busy.iter().map(|r| (r[1] - SPIN_MS * MS).max(0)).sum();
+    let runnable: i64 = busy.iter().map(|r| r[2]).sum();
+    let blamed = db.int(&format!(
+        "SELECT coalesce(sum(k.runnable_ns), 0) FROM call_culprits k JOIN calls c ON c.id = k.call_id \
+         WHERE c.layer='runtime' AND c.op='cudaMemcpy' AND c.size={BUSY_SIZE} \
+         AND k.pid={hog_pid} AND k.comm='{HOG_COMM}'"
+    ));
+    assert!(
+        extra > 5 * MS,
+        "the hog did not contend (extra wall time {extra} ns)"
+    );
+    assert!(
+        runnable * 2 > extra,
+        "runnable {runnable} ns explains under half of the extra {extra} ns"
+    );
+    assert!(
+        blamed * 2 > extra,
+        "gs-hog blamed for {blamed} ns of {extra} ns extra wall time"
+    );
+    assert!(
+        blamed <= runnable,
+        "blame {blamed} exceeds runnable time {runnable}"
+    );
+
+    // The quiet phase: no contention, ~no runnable time, nobody blamed on the hog.
+    let quiet = db.ints(&format!(
+        "SELECT sum(dur_ns), sum(runnable_ns), count(*) FROM calls \
+         WHERE layer='runtime' AND op='cudaMemcpy' AND size={QUIET_SIZE}"
+    ));
+    let (quiet_wall, quiet_runnable, quiet_n) = (quiet[0][0], quiet[0][1], quiet[0][2]);
+    assert_eq!(quiet_n, 5);
+    assert!(
+        quiet_runnable * 10 < quiet_wall,
+        "quiet phase: {quiet_runnable} ns runnable of {quiet_wall} ns"
+    );
+    assert!(
+        quiet_runnable * 5 < runnable,
+        "quiet phase not quieter than the contended one"
+    );
+
+    // Sleeping syncs are blocked, not preempted: both phases, never blamed on the hog.
+    for op in ["cudaStreamSynchronize", "cudaEventSynchronize"] {
+        let rows = db.ints(&format!(
+            "SELECT id, dur_ns, runnable_ns, blocked_ns FROM calls WHERE op='{op}'"
+        ));
+        assert_eq!(rows.len(), 3, "{op}");
+        for r in rows {
+            assert!(r[3] >= SLEEP_MS * MS, "{op} blocked only {} ns", r[3]);
+            assert!(
+                r[2] < r[3],
+                "{op}: runnable {} ns >= blocked {} ns",
+                r[2],
+                r[3]
+            );
+            let hog_blame = db.int(&format!(
+                "SELECT count(*) FROM call_culprits WHERE call_id={} AND comm='{HOG_COMM}' AND runnable_ns > {}",
+                r[0],
+                r[2] / 2
+            ));
+            assert_eq!(hog_blame, 0, "{op} call {} blamed mostly on the hog", r[0]);
+        }
+    }
+    let quiet_sync_blame = db.int(
+        "SELECT count(*) FROM call_culprits k JOIN calls c ON c.id=k.call_id WHERE c.op='cudaStreamSynchronize'",
+    );
+    assert_eq!(
+        quiet_sync_blame, 0,
+        "quiet-phase sleeping syncs have no culprit"
+    );
+    check_invariants(&sb, &db);
+}
+
+#[test]
+fn decomposition_adds_up_and_only_traced_processes_appear() {
+    if !require_ebpf() {
+        return;
+    }
+    let sb = Sandbox::new("invariants");
+    // An untraced process calling the same library files at the same time.
+    let mut outsider = std::process::Command::new(&sb.sim.workload)
+        .arg("repeat 100 { malloc 10; sync_sleep 2; spin 1 }")
+        .spawn()
+        .unwrap();
+    sb.trace(
+        &["--launches", "full"],
+        "repeat 20 { spin 2; sync_sleep 3; launch 10; malloc 64 p; free p }; \
+         fork { repeat 10 { spin 1; sync_sleep 1 } }; pingpong 200; spawn { launch 5; spin 5 }",
+        0,
+    );
+    let _ = outsider.kill();
+    let _ = outsider.wait();
+    let db = sb.open_db();
+    assert!(db.int("SELECT count(*) FROM calls") >= 20 * 6 + 20 + 10);
+    let outsider_pid = outsider.id() as i64;
+    assert_eq!(
+        db.int(&format!(
+            "SELECT count(*) FROM calls WHERE pid={outsider_pid}"
+        )),
+        0,
+        "an untraced process's calls reached the trace"
+    );
+    check_invariants(&sb, &db);
+}
+
+/// on_cpu + runnable + blocked = dur for every call; only the workload's
+/// processes appear in calls and waits; anyone else only as a named culprit.
+fn check_invariants(sb: &Sandbox, db: &Db) {
+    let bad = db.ints(
+        "SELECT id, dur_ns, on_cpu_ns, runnable_ns, blocked_ns FROM calls \
+         WHERE on_cpu_ns + runnable_ns + blocked_ns != dur_ns OR on_cpu_ns < 0 LIMIT 5",
+    );
+    assert!(bad.is_empty(), "decomposition does not add up: {bad:?}");
+    let traced: HashSet<i64> = sb.truth().iter().map(|t| t.pid as i64).collect();
+    for table in ["calls", "waits"] {
+        for r in db.ints(&format!("SELECT DISTINCT pid FROM {table}")) {
+            assert!(
+                traced.contains(&r[0]),
+                "untraced pid {} in {table} (traced: {traced:?})",
+                r[0]
+            );
+        }
+    }
+    let unnamed = db.int("SELECT count(*) FROM call_culprits WHERE comm = '' AND pid != 0");
+    assert_eq!(unnamed, 0, "culprits must be named");
+}
