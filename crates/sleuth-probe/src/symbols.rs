@@ -77,7 +77,7 @@ pub fn runpath_dirs(exe: &Path) -> Vec<std::path::PathBuf> {
     let mut runpath = None;
     let mut rpath = None;
     for d in dyns {
-        let tag = d.d_tag(endian) as i64;
+        let tag = d.d_tag(endian);
         if tag == elf::DT_RUNPATH || tag == elf::DT_RPATH {
             if let Ok(s) = strtab.get(d.d_val(endian) as u32) {
                 let s = String::from_utf8_lossy(s).into_owned();
