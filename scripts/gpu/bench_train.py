@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark (b): a small transformer training loop (forward + backward + AdamW step).
 
-A token-embedding + nn.TransformerEncoder (bf16 autocast) + tied LM head,
+A token embedding + pre-norm causal transformer blocks (SDPA, bf16 autocast) + tied LM head,
 fixed seed and fixed number of steps, so traced and untraced runs do the same
 work. Prints one JSON line with the wall time of the timed steps (warm-up
 steps excluded).
@@ -35,29 +35,47 @@ def main():
     settle()
     torch.manual_seed(0)
 
+    F = nn.functional
+
+    class Block(nn.Module):
+        """Pre-norm causal self-attention + MLP."""
+
+        def __init__(self, d, heads):
+            super().__init__()
+            self.heads = heads
+            self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+            self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+            self.fc1, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+        def forward(self, x):
+            b, t, d = x.shape
+            q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, d)
+            x = x + self.proj(y)
+            return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
     class LM(nn.Module):
         def __init__(self):
             super().__init__()
             self.emb = nn.Embedding(a.vocab, a.d_model)
-            layer = nn.TransformerEncoderLayer(a.d_model, nhead=a.d_model // 64, dim_feedforward=4 * a.d_model,
-                                               dropout=0.0, batch_first=True, norm_first=True)
-            self.body = nn.TransformerEncoder(layer, a.layers, enable_nested_tensor=False)
+            self.blocks = nn.ModuleList(Block(a.d_model, a.d_model // 64) for _ in range(a.layers))
             self.norm = nn.LayerNorm(a.d_model)
 
-        def forward(self, ids, mask):
-            h = self.body(self.emb(ids), mask=mask, is_causal=True)
+        def forward(self, ids):
+            h = self.emb(ids)
+            for blk in self.blocks:
+                h = blk(h)
             return self.norm(h) @ self.emb.weight.t()
 
     model = LM().cuda()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-    mask = nn.Transformer.generate_square_subsequent_mask(a.seq, device="cuda")
     g = torch.Generator(device="cuda").manual_seed(1)
     data = torch.randint(0, a.vocab, (a.batch, a.seq + 1), device="cuda", generator=g)
     ids, target = data[:, :-1], data[:, 1:]
 
     def step():
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            logits = model(ids, mask)
+            logits = model(ids)
             loss = nn.functional.cross_entropy(logits.reshape(-1, a.vocab).float(), target.reshape(-1))
         loss.backward()
         opt.step()

@@ -53,7 +53,7 @@ def open_run(c, runs, name, work):
     """(run, trace, log) or None after recording why."""
     run = runs.get(name)
     if not run:
-        c.add("ran", None, f"no run named {name} in runs.jsonl")
+        c.add("ran", False, f"no run named {name} in runs.jsonl (the scenario did not run)")
         return None
     if run.get("rc") != 0:
         c.add("ran", False, f"exit code {run.get('rc')} (see {run.get('stderr')})")

@@ -129,7 +129,8 @@ def main():
         cs = [c for s, c in all_checks if s == scen]
         if cs:
             f = sum(1 for c in cs if c.get("ok") is False)
-            p(f"  {scen:14s} {'FAIL' if f else 'PASS'}  ({sum(1 for c in cs if c.get('ok'))} pass, {f} fail, "
+            ok = sum(1 for c in cs if c.get("ok"))
+            p(f"  {scen:14s} {'FAIL' if f else ('PASS' if ok else 'INCOMPLETE')}  ({sum(1 for c in cs if c.get('ok'))} pass, {f} fail, "
               f"{sum(1 for c in cs if c.get('ok') is None)} unverified)")
     verdict = "FAIL" if n_fail or not all_checks else "PASS"
     p(f"RESULT: {verdict} ({n_pass} pass, {n_fail} fail, {n_unv} unverified)")

@@ -32,13 +32,8 @@ def build_model(torch):
     config = Qwen2Config(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
                          num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True)
     torch.manual_seed(0)
-    # Initialised on the CPU directly in bf16, then moved: the GPU only ever sees bf16 tensors.
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)
-    try:
-        model = Qwen2ForCausalLM(config)
-    finally:
-        torch.set_default_dtype(old)
+    # Initialised and converted to bf16 on the CPU, then moved: the GPU only ever sees bf16 tensors.
+    model = Qwen2ForCausalLM(config).to(dtype=torch.bfloat16)
     return model.to("cuda").eval(), config
 
 
