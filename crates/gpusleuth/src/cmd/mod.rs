@@ -1,13 +1,13 @@
 //! One module per subcommand; each exposes `Args` (clap) and `run(Args) -> anyhow::Result<i32>` (the exit code).
-pub mod trace;
-pub mod stats;
-pub mod explain;
-pub mod memory;
-pub mod vram;
-pub mod reclaim;
-pub mod mcp;
-pub mod query;
-pub mod import;
+pub mod bench;
 pub mod check;
 pub mod demo;
-pub mod bench;
+pub mod explain;
+pub mod import;
+pub mod mcp;
+pub mod memory;
+pub mod query;
+pub mod reclaim;
+pub mod stats;
+pub mod trace;
+pub mod vram;
