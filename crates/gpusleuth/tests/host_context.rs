@@ -10,6 +10,13 @@ use common::*;
 use sleuth_sim::HOG_COMM;
 use std::collections::HashSet;
 
+/// The tests here measure CPU contention: they must not contend with each other.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 const SPIN_MS: i64 = 20;
 const SLEEP_MS: i64 = 30;
 const QUIET_SIZE: i64 = 1111;
@@ -20,6 +27,7 @@ fn cpu_contention_is_blamed_on_the_hog() {
     if !require_ebpf() {
         return;
     }
+    let _serial = serial();
     let sb = Sandbox::new("contention");
     let (phase2, hog_ready) = (sb.path("phase2"), sb.path("hog-ready"));
     let script = format!(
@@ -108,14 +116,25 @@ fn cpu_contention_is_blamed_on_the_hog() {
                 r[2],
                 r[3]
             );
-            let hog_blame = db.int(&format!(
-                "SELECT count(*) FROM call_culprits WHERE call_id={} AND comm='{HOG_COMM}' AND runnable_ns > {}",
-                r[0],
-                r[2] / 2
+            // The hog may hold the CPU after the wakeup (runnable time, rightly
+            // blamed); the sleep itself is blocked time and blamed on no one.
+            let blame = db.int(&format!(
+                "SELECT coalesce(sum(runnable_ns), 0) FROM call_culprits WHERE call_id={}",
+                r[0]
             ));
-            assert_eq!(hog_blame, 0, "{op} call {} blamed mostly on the hog", r[0]);
+            assert!(
+                blame <= r[2],
+                "{op} call {}: {blame} ns blamed > {} ns runnable",
+                r[0],
+                r[2]
+            );
         }
     }
+    let culprits = db.rows(&format!(
+        "SELECT k.pid, k.comm, sum(k.runnable_ns) FROM call_culprits k JOIN calls c ON c.id=k.call_id \
+         WHERE c.size={QUIET_SIZE} GROUP BY k.pid, k.comm"
+    ));
+    eprintln!("quiet-phase culprits: {culprits:?}");
     let quiet_sync_blame = db.int(
         "SELECT count(*) FROM call_culprits k JOIN calls c ON c.id=k.call_id WHERE c.op='cudaStreamSynchronize'",
     );
@@ -131,6 +150,7 @@ fn decomposition_adds_up_and_only_traced_processes_appear() {
     if !require_ebpf() {
         return;
     }
+    let _serial = serial();
     let sb = Sandbox::new("invariants");
     // An untraced process calling the same library files at the same time.
     let mut outsider = std::process::Command::new(&sb.sim.workload)
