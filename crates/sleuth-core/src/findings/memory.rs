@@ -25,11 +25,14 @@ pub(super) fn allocation_failure(l: &ProcessLedger) -> Option<Finding> {
     // virtual memory API has it (or an equivalent) on.
     let uses_vmm = l.vmm_bytes > 0 || l.unfreed.iter().any(|u| u.op == "cuMemCreate");
     let held = first.live_bytes_at;
+    // Fragmentation can only explain the failure when the process itself
+    // holds at least as much as it asked for.
+    let fragmentation_applies = held > 0 && held >= first.bytes && !uses_vmm;
     let hint = if held == 0 {
         "the process held no device memory of its own when the request failed: the device is full of other \
          processes' memory (see `gpusleuth vram`) or the request exceeds the device"
             .to_string()
-    } else if !uses_vmm {
+    } else if fragmentation_applies {
         format!(
             "the process held {} in fixed segments when {} more was requested; the caching allocator's reserved \
              but unused space can fragment it (live bytes here are what the driver handed out, the allocator's \
@@ -37,18 +40,25 @@ pub(super) fn allocation_failure(l: &ProcessLedger) -> Option<Finding> {
             mib(held),
             mib(first.bytes)
         )
-    } else {
+    } else if uses_vmm {
         format!(
             "the process held {} (virtual-memory API in use) when {} more was requested",
             mib(held),
             mib(first.bytes)
+        )
+    } else {
+        format!(
+            "the request ({}) is larger than all the process held ({}): fragmentation of its own memory \
+             cannot explain it; the device is full of other memory or the request exceeds it",
+            mib(first.bytes),
+            mib(held)
         )
     };
     let mut recommendation = String::from(
         "Reduce the working set (batch size, sequence length, model precision) or free memory before the large \
          allocation; check other processes on the device with `gpusleuth vram`.",
     );
-    if held > 0 && !uses_vmm {
+    if fragmentation_applies {
         recommendation.push_str(
             " For PyTorch, set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to cut fragmentation of reserved memory.",
         );
@@ -85,6 +95,7 @@ pub(super) fn allocation_failure(l: &ProcessLedger) -> Option<Finding> {
             "peak_ts_ns": l.peak_ts_ns,
             "fragmentation_hint": hint,
             "uses_virtual_memory_api": uses_vmm,
+            "fragmentation_applies": fragmentation_applies,
         }),
         culprits: Vec::new(),
         recommendation,

@@ -267,9 +267,29 @@ fn allocation_failure_reports_error_size_and_live_bytes() {
     assert_eq!(af[0].evidence["examples"][0]["error"], 2);
     assert_eq!(af[0].evidence["examples"][0]["bytes"], 8u64 << 30);
     assert_eq!(af[0].evidence["examples"][0]["live_bytes_at"], 1u64 << 30);
-    assert!(af[0].recommendation.contains("expandable_segments:True"));
+    // 8 GiB asked while holding 1 GiB: fragmentation cannot explain it.
+    assert!(!af[0].recommendation.contains("expandable_segments"));
     assert!(af[0].summary.contains("out of memory"));
     assert_eq!(f[0].kind, Kind::AllocationFailure); // ranked first
+}
+
+#[test]
+fn allocation_failure_suggests_expandable_segments_only_when_fragmentation_can_explain_it() {
+    let failing = |bytes| {
+        let mut c = alloc(5 * MS, bytes, 0);
+        c.ret = 2;
+        c.ptr = None;
+        c
+    };
+    let rec = |bytes| {
+        let f = explain(&trace(vec![alloc(0, 1 << 30, 0xa), failing(bytes)]));
+        of_kind(&f, Kind::AllocationFailure)[0]
+            .recommendation
+            .clone()
+    };
+    assert!(rec(1 << 30).contains("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"));
+    assert!(rec(512 << 20).contains("expandable_segments:True"));
+    assert!(!rec((1 << 30) + 1).contains("expandable_segments"));
 }
 
 #[test]
