@@ -45,7 +45,7 @@ fn classes(report: &Value) -> BTreeMap<u64, String> {
         .collect()
 }
 
-fn holder<'a>(report: &'a Value, pid: u32) -> &'a Value {
+fn holder(report: &Value, pid: u32) -> &Value {
     report["holders"]
         .as_array()
         .expect("holders")
@@ -170,7 +170,7 @@ fn vram_classifies_every_state_exactly() {
 
 #[test]
 fn reclaim_orphans_plans_then_kills_exactly_the_orphans() {
-    let mut w = world("reclaim");
+    let w = world("reclaim");
     let dry = gpusleuth(&w.scene, &["reclaim", "--orphans", "--json"]);
     assert_eq!(
         dry.status.code(),

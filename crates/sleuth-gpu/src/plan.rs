@@ -318,12 +318,18 @@ mod tests {
             proc_(899, 1, 899, ProcState::Sleeping, DEV),
             other,
         ]);
-        classify(
+        // A kernel thread is visible in /proc but holds nothing.
+        let mut kthread = proc_(2, 0, 0, ProcState::Sleeping, &[]);
+        kthread.kernel_thread = true;
+        let mut all = procs.clone();
+        all.procs.insert(2, kthread);
+        let report = classify(
             &gpu(&[(100, 2 << 30), (102, 1 << 30), (11, 5)]),
             &procs,
             &host_ns(),
             "/dev/nvidia",
-        )
+        );
+        (report, all)
     }
 
     #[test]
