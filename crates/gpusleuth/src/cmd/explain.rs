@@ -1,6 +1,6 @@
 //! `gpusleuth explain`: ranked, evidence-backed findings of a recorded trace.
 
-use crate::cmd::stats::load_trace;
+use crate::cmd::stats::{emit, load_trace};
 use crate::output::fmt_ns;
 use sleuth_core::findings::{explain_report, Explanation, Finding};
 use std::fmt::Write as _;
@@ -28,11 +28,11 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     let data = load_trace(&args.db, args.pid)?;
     let report = explain_report(&data);
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        emit(&format!("{}\n", serde_json::to_string_pretty(&report)?))?;
     } else if args.markdown {
-        print!("{}", markdown(&report));
+        emit(&markdown(&report))?;
     } else {
-        print!("{}", text(&report));
+        emit(&text(&report))?;
     }
     Ok(0)
 }

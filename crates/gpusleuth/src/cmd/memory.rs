@@ -1,6 +1,6 @@
 //! `gpusleuth memory`: the GPU memory ledger of a recorded trace.
 
-use crate::cmd::stats::{load_trace, table};
+use crate::cmd::stats::{emit, load_trace, table};
 use crate::output::{fmt_bytes, fmt_ns};
 use anyhow::{bail, Context as _};
 use serde::Serialize;
@@ -78,9 +78,9 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             processes: &processes,
             at_offset_ns: at_offset,
         };
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        emit(&format!("{}\n", serde_json::to_string_pretty(&report)?))?;
     } else {
-        print!("{}", render(&processes, origin, at_offset));
+        emit(&render(&processes, origin, at_offset))?;
     }
     Ok(0)
 }

@@ -27,13 +27,26 @@ pub(crate) fn load_trace(db: &Path, pid: Option<u32>) -> anyhow::Result<TraceDat
     Ok(trace.load(pid)?)
 }
 
+/// Writes a command's output to stdout. A closed pipe (`| head`) ends the
+/// output quietly instead of panicking like `println!` would.
+pub(crate) fn emit(text: &str) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(anyhow::Error::new(e).context("writing to stdout"))
+        }
+        _ => Ok(()),
+    }
+}
+
 pub fn run(args: Args) -> anyhow::Result<i32> {
     let data = load_trace(&args.db, args.pid)?;
     let report = stats::compute(&data);
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        emit(&format!("{}\n", serde_json::to_string_pretty(&report)?))?;
     } else {
-        print!("{}", render(&report));
+        emit(&render(&report))?;
     }
     Ok(0)
 }
