@@ -36,7 +36,12 @@ fn cpu_contention_is_blamed_on_the_hog() {
         phase2.display(),
         hog_ready.display()
     );
-    let mut trace = sb.spawn_trace(&[], &script);
+    // gpusleuth's own threads stay off CPU 0 so that only the hog contends there.
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    let tracer_cpu = (cpus > 1).then_some(1);
+    let mut trace = sb.spawn_trace(&[], &script, tracer_cpu);
     wait_for_file(&phase2, 60);
     let mut hog = std::process::Command::new(&sb.sim.hog)
         .arg("0")
@@ -56,7 +61,9 @@ fn cpu_contention_is_blamed_on_the_hog() {
     let db = sb.open_db();
 
     // Spinning copies under contention: each burned SPIN_MS of CPU, so the rest
-    // of its wall time is the contention; most of it is blamed on the hog.
+    // of its wall time is contention. Most of it must be blamed on the hog; on
+    // a shared machine other tasks (named as culprits too) may take a share,
+    // so the hog must explain most of what they do not.
     let busy = db.ints(&format!(
         "SELECT id, dur_ns, runnable_ns, blocked_ns FROM calls \
          WHERE layer='runtime' AND op='cudaMemcpy' AND size={BUSY_SIZE}"
@@ -64,11 +71,16 @@ fn cpu_contention_is_blamed_on_the_hog() {
     assert_eq!(busy.len(), 5);
     let extra: i64 = busy.iter().map(|r| (r[1] - SPIN_MS * MS).max(0)).sum();
     let runnable: i64 = busy.iter().map(|r| r[2]).sum();
-    let blamed = db.int(&format!(
-        "SELECT coalesce(sum(k.runnable_ns), 0) FROM call_culprits k JOIN calls c ON c.id = k.call_id \
-         WHERE c.layer='runtime' AND c.op='cudaMemcpy' AND c.size={BUSY_SIZE} \
-         AND k.pid={hog_pid} AND k.comm='{HOG_COMM}'"
-    ));
+    let blame = |size: i64, hog: bool| {
+        db.int(&format!(
+            "SELECT coalesce(sum(k.runnable_ns), 0) FROM call_culprits k JOIN calls c ON c.id = k.call_id \
+             WHERE c.layer='runtime' AND c.op='cudaMemcpy' AND c.size={size} \
+             AND {} (k.pid={hog_pid} AND k.comm='{HOG_COMM}')",
+            if hog { "" } else { "NOT" }
+        ))
+    };
+    let (hog_blame, others_blame) = (blame(BUSY_SIZE, true), blame(BUSY_SIZE, false));
+    eprintln!("contended spins: extra {extra} ns, runnable {runnable} ns, gs-hog {hog_blame} ns, others {others_blame} ns");
     assert!(
         extra > 5 * MS,
         "the hog did not contend (extra wall time {extra} ns)"
@@ -78,28 +90,28 @@ fn cpu_contention_is_blamed_on_the_hog() {
         "runnable {runnable} ns explains under half of the extra {extra} ns"
     );
     assert!(
-        blamed * 2 > extra,
-        "gs-hog blamed for {blamed} ns of {extra} ns extra wall time"
+        hog_blame * 2 > extra - others_blame,
+        "gs-hog blamed for {hog_blame} ns of {extra} ns extra wall time ({others_blame} ns blamed on others)"
     );
     assert!(
-        blamed <= runnable,
-        "blame {blamed} exceeds runnable time {runnable}"
+        hog_blame + others_blame <= runnable,
+        "blame exceeds runnable time {runnable}"
     );
 
-    // The quiet phase: no contention, ~no runnable time, nobody blamed on the hog.
+    // The quiet phase: nothing blamed on the hog, and no runnable time beyond
+    // what other named tasks of the machine took (~zero on a quiet machine).
     let quiet = db.ints(&format!(
         "SELECT sum(dur_ns), sum(runnable_ns), count(*) FROM calls \
          WHERE layer='runtime' AND op='cudaMemcpy' AND size={QUIET_SIZE}"
     ));
     let (quiet_wall, quiet_runnable, quiet_n) = (quiet[0][0], quiet[0][1], quiet[0][2]);
+    let quiet_others = blame(QUIET_SIZE, false);
+    eprintln!("quiet spins: wall {quiet_wall} ns, runnable {quiet_runnable} ns, blamed on others {quiet_others} ns");
     assert_eq!(quiet_n, 5);
+    assert_eq!(blame(QUIET_SIZE, true), 0, "the hog was not running yet");
     assert!(
-        quiet_runnable * 10 < quiet_wall,
-        "quiet phase: {quiet_runnable} ns runnable of {quiet_wall} ns"
-    );
-    assert!(
-        quiet_runnable * 5 < runnable,
-        "quiet phase not quieter than the contended one"
+        (quiet_runnable - quiet_others) * 10 < quiet_wall,
+        "quiet phase: {quiet_runnable} ns runnable of {quiet_wall} ns, only {quiet_others} ns of it named"
     );
 
     // Sleeping syncs are blocked, not preempted: both phases, never blamed on the hog.
@@ -130,17 +142,13 @@ fn cpu_contention_is_blamed_on_the_hog() {
             );
         }
     }
-    let culprits = db.rows(&format!(
-        "SELECT k.pid, k.comm, sum(k.runnable_ns) FROM call_culprits k JOIN calls c ON c.id=k.call_id \
-         WHERE c.size={QUIET_SIZE} GROUP BY k.pid, k.comm"
+    let quiet_sync_hog = db.int(&format!(
+        "SELECT count(*) FROM call_culprits k JOIN calls c ON c.id=k.call_id \
+         WHERE c.op='cudaStreamSynchronize' AND k.comm='{HOG_COMM}'"
     ));
-    eprintln!("quiet-phase culprits: {culprits:?}");
-    let quiet_sync_blame = db.int(
-        "SELECT count(*) FROM call_culprits k JOIN calls c ON c.id=k.call_id WHERE c.op='cudaStreamSynchronize'",
-    );
     assert_eq!(
-        quiet_sync_blame, 0,
-        "quiet-phase sleeping syncs have no culprit"
+        quiet_sync_hog, 0,
+        "quiet-phase sleeping syncs are not blamed on the hog"
     );
     check_invariants(&sb, &db);
 }

@@ -108,9 +108,28 @@ impl Sandbox {
         out
     }
 
-    /// Starts a traced workload without waiting; output goes to files in the sandbox.
-    pub fn spawn_trace(&self, args: &[&str], script: &str) -> Child {
+    /// Starts a traced workload without waiting; output goes to files in the
+    /// sandbox. With `tracer_cpu`, gpusleuth itself runs on that CPU (the
+    /// workload may pin itself elsewhere), so its own work does not contend
+    /// with a workload measured for contention.
+    pub fn spawn_trace(&self, args: &[&str], script: &str, tracer_cpu: Option<usize>) -> Child {
         let mut cmd = self.trace_command(args, script);
+        if let Some(cpu) = tracer_cpu {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: runs in the forked child before exec; sched_setaffinity is
+            // async-signal-safe and the cpu_set_t lives on this stack frame.
+            unsafe {
+                cmd.pre_exec(move || {
+                    let mut set: libc::cpu_set_t = std::mem::zeroed();
+                    libc::CPU_SET(cpu, &mut set);
+                    if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0
+                    {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
         cmd.stdout(file_stdio(&self.path("trace.stdout")));
         cmd.stderr(file_stdio(&self.path("trace.stderr")));
         cmd.spawn().expect("spawn gpusleuth trace")
