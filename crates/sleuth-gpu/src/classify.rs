@@ -334,7 +334,7 @@ pub fn classify(
             (
                 Class::OrphanedWorker,
                 format!(
-                    "keeps the GPU memory of exited pid {}: it holds the device files it inherited",
+                    "keeps the GPU memory of exited {}: it holds the device files it inherited",
                     pid_list(holds_memory_of.iter().copied())
                 ),
                 None,
@@ -375,7 +375,7 @@ pub fn classify(
         .count();
     if unreadable > 0 {
         notes.push(format!(
-            "{unreadable} processes could not be inspected (their fds or maps are not readable by this user); run as root to see every holder"
+            "{unreadable} processes could not be inspected (their fds or maps were not readable); when not root, other users' holders are missing"
         ));
     }
     if let Some(n) = &ns.note {

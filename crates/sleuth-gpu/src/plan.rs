@@ -184,7 +184,12 @@ pub fn make_plan(
             )),
             Class::Zombie => {
                 let parent = h.reap_parent.unwrap_or(0);
-                let mut s = format!("its parent {parent} must reap it (wait); ending the parent with --pid {parent} lets init reap it");
+                let mut s = if parent <= 1 {
+                    "its parent is init (pid 1), which must reap it; gpusleuth never signals pid 1"
+                        .to_string()
+                } else {
+                    format!("its parent {parent} must reap it (wait); ending the parent with --pid {parent} lets init reap it")
+                };
                 if !h.held_by.is_empty() {
                     s.push_str(&format!(
                         "; its memory is kept by {}",
