@@ -48,6 +48,10 @@ enum Command {
 }
 
 fn main() {
+    // Behave like a Unix filter: `gpusleuth stats ... | head` ends quietly
+    // instead of panicking on a closed stdout.
+    // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Trace(a) => cmd::trace::run(a),
