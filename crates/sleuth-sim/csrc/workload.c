@@ -511,6 +511,15 @@ static void step(int b, int e, int blk_b, int blk_e)
 	} else if (!strcmp(s, "await")) {
 		NEED(1);
 		wait_for_file(a[0]);
+	} else if (!strcmp(s, "stamp")) {
+		NEED(1);
+		struct timespec ts;
+		clock_gettime(CLOCK_MONOTONIC, &ts);
+		FILE *f = fopen(a[0], "a");
+		if (!f)
+			die("cannot open '%s'", a[0]);
+		fprintf(f, "%lld\n", (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec);
+		fclose(f);
 	} else if (!strcmp(s, "touch")) {
 		NEED(1);
 		touch(a[0]);

@@ -57,6 +57,7 @@
 //! | `sleep MS` | plain sleep, no CUDA |
 //! | `pin CPU` | `sched_setaffinity` to one CPU |
 //! | `await PATH`, `touch PATH` | wait for a file to exist; create a file |
+//! | `stamp PATH` | append CLOCK_MONOTONIC ns as a line to PATH (for timing a section) |
 //! | `dlopen PATH` | load a runtime copy; later runtime steps call through it |
 //! | `repeat N { ... }` | run the block N times |
 //! | `fork { ... }` | fork; the child runs the block and exits 0; the parent waits |

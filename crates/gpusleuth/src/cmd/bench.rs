@@ -1,7 +1,337 @@
-// PLACEHOLDER: replaced by the module's owner before this lands.
-#[derive(clap::Args)]
-pub struct Args {}
+//! `gpusleuth bench`: tracing overhead and capture throughput, measured on the
+//! simulated CUDA workloads in one invocation.
+//!
+//! Each repetition runs every workload untraced and then traced by this very
+//! binary (`gpusleuth trace` as a child), interleaved, so machine drift hits
+//! both sides alike. The workload times its own hot section (`stamp` steps),
+//! so attach and database finalization are not counted as overhead; they are
+//! reported separately through gpusleuth's CPU time and peak RSS.
 
-pub fn run(_args: Args) -> anyhow::Result<i32> {
-    anyhow::bail!("'bench' is not built yet")
+use anyhow::{bail, Context, Result};
+use serde::Serialize;
+use sleuth_sim::{materialize, SimPaths};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Print the results as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Repetitions of each untraced/traced pair (medians are reported).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub reps: u32,
+    /// Kernel launches per launch-heavy run.
+    #[arg(long, default_value_t = 20_000)]
+    pub launches: u64,
+    /// Thread round trips per context-switch-heavy run.
+    #[arg(long, default_value_t = 20_000)]
+    pub switches: u64,
+    /// malloc+free pairs in the throughput run (4 call records each).
+    #[arg(long, default_value_t = 20_000)]
+    pub calls: u64,
+}
+
+/// One workload measured untraced and traced.
+#[derive(Serialize)]
+struct Overhead {
+    name: String,
+    trace_args: Vec<String>,
+    ops: u64,
+    untraced_ms: f64,
+    traced_ms: f64,
+    ratio: f64,
+    added_us_per_op: f64,
+    /// Added time per op ÷ the cost of one bare probe trap (same run).
+    traps_per_op: Option<f64>,
+}
+
+#[derive(Serialize)]
+struct Throughput {
+    calls: u64,
+    events_stored: u64,
+    section_ms: f64,
+    events_per_s: f64,
+    drops: u64,
+}
+
+#[derive(Serialize)]
+struct Report {
+    reps: u32,
+    probe_trap_us: f64,
+    overheads: Vec<Overhead>,
+    throughput: Throughput,
+    /// gpusleuth's own CPU time (user+sys) and peak RSS over the traced runs.
+    tracer_cpu_ms_median: f64,
+    tracer_peak_rss_mb: f64,
+}
+
+/// Resources of one finished child (and its waited-for descendants).
+struct Usage {
+    cpu_ms: f64,
+    max_rss_kb: i64,
+}
+
+/// A scratch directory removed on drop.
+struct Scratch(PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+pub fn run(args: Args) -> Result<i32> {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("bench traces workloads with eBPF and needs root: run it with sudo");
+    }
+    let scratch =
+        Scratch(std::env::temp_dir().join(format!("gpusleuth-bench-{}", std::process::id())));
+    std::fs::create_dir_all(&scratch.0)
+        .with_context(|| format!("cannot create {}", scratch.0.display()))?;
+    let sim = materialize(&scratch.0).context("cannot write the simulated CUDA libraries")?;
+    let exe = std::env::current_exe().context("cannot find the gpusleuth binary")?;
+    let b = Bench {
+        sim,
+        exe,
+        dir: scratch.0.clone(),
+    };
+
+    // (name, script body, ops, trace args). `cu_launch` with one driver probe
+    // per call is the reference: its added time per call is one trap.
+    let n = args.launches;
+    let cases: Vec<(&str, String, u64, Vec<&str>)> = vec![
+        (
+            "probe reference: cuLaunchKernel (1 trap)",
+            format!("cu_launch {n}"),
+            n,
+            vec![],
+        ),
+        (
+            "launch-heavy, default (--launches driver)",
+            format!("launch {n}"),
+            n,
+            vec![],
+        ),
+        (
+            "launch-heavy, --launches full",
+            format!("launch {n}"),
+            n,
+            vec!["--launches", "full"],
+        ),
+        (
+            "context-switch-heavy (scheduler probes)",
+            format!("pingpong {}", args.switches),
+            2 * args.switches,
+            vec![],
+        ),
+    ];
+    let mut untraced: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
+    let mut traced: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
+    let mut tracer_cpu = Vec::new();
+    let mut peak_rss_kb = 0i64;
+    let mut workload_cpu = Vec::new();
+    for rep in 0..args.reps {
+        for (i, (_, body, _, trace_args)) in cases.iter().enumerate() {
+            let (ms, usage) = b
+                .untraced(body)
+                .with_context(|| format!("untraced run {rep}"))?;
+            untraced[i].push(ms);
+            workload_cpu.push((i, usage.cpu_ms));
+            let (ms, usage, _) = b.traced(body, trace_args)?;
+            traced[i].push(ms);
+            let own = workload_cpu
+                .iter()
+                .filter(|(j, _)| *j == i)
+                .map(|(_, c)| *c)
+                .fold(f64::NAN, f64::min);
+            tracer_cpu.push((usage.cpu_ms - own).max(0.0));
+            peak_rss_kb = peak_rss_kb.max(usage.max_rss_kb);
+        }
+    }
+    let trap_us = (median(&traced[0]) - median(&untraced[0])) * 1000.0 / n as f64;
+    let overheads = cases
+        .iter()
+        .enumerate()
+        .map(|(i, (name, _, ops, trace_args))| {
+            let (u, t) = (median(&untraced[i]), median(&traced[i]));
+            let added = (t - u) * 1000.0 / *ops as f64;
+            let launch = name.starts_with("launch-heavy") || i == 0;
+            Overhead {
+                name: name.to_string(),
+                trace_args: trace_args.iter().map(|s| s.to_string()).collect(),
+                ops: *ops,
+                untraced_ms: u,
+                traced_ms: t,
+                ratio: t / u,
+                added_us_per_op: added,
+                traps_per_op: (launch && trap_us > 0.0).then(|| added / trap_us),
+            }
+        })
+        .collect();
+
+    // Throughput: many short calls, every one stored as a record.
+    let body = format!("churn {}", args.calls);
+    let (section_ms, usage, db) = b.traced(&body, &[])?;
+    peak_rss_kb = peak_rss_kb.max(usage.max_rss_kb);
+    let stats = sleuth_store::Trace::open(&db)
+        .and_then(|t| t.stats())
+        .with_context(|| format!("cannot read {}", db.display()))?;
+    let events_stored = ["events_call", "events_wait", "events_proc"]
+        .iter()
+        .map(|k| stats.get(*k).copied().unwrap_or(0))
+        .sum();
+    let drops = stats
+        .iter()
+        .filter(|(k, _)| k.starts_with("drop_"))
+        .map(|(_, v)| *v)
+        .sum();
+    let report = Report {
+        reps: args.reps,
+        probe_trap_us: trap_us,
+        overheads,
+        throughput: Throughput {
+            calls: 4 * args.calls,
+            events_stored,
+            section_ms,
+            events_per_s: events_stored as f64 / (section_ms / 1000.0),
+            drops,
+        },
+        tracer_cpu_ms_median: median(&tracer_cpu),
+        tracer_peak_rss_mb: peak_rss_kb as f64 / 1024.0,
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", render(&report));
+    }
+    Ok(0)
+}
+
+struct Bench {
+    sim: SimPaths,
+    exe: PathBuf,
+    dir: PathBuf,
+}
+
+impl Bench {
+    /// The workload's script: the body between two timestamps.
+    fn script(&self, body: &str) -> Result<(String, PathBuf)> {
+        let stamps = self.dir.join("stamps");
+        match std::fs::remove_file(&stamps) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(e).context("cannot reset the timestamp file")
+            }
+            _ => {}
+        }
+        let s = stamps.display();
+        Ok((format!("stamp {s}; {body}; stamp {s}"), stamps))
+    }
+
+    fn untraced(&self, body: &str) -> Result<(f64, Usage)> {
+        let (script, stamps) = self.script(body)?;
+        let mut cmd = Command::new(&self.sim.workload);
+        cmd.arg(script);
+        let usage = run_child(cmd)?;
+        Ok((section_ms(&stamps)?, usage))
+    }
+
+    fn traced(&self, body: &str, trace_args: &[&str]) -> Result<(f64, Usage, PathBuf)> {
+        let (script, stamps) = self.script(body)?;
+        let db = self.dir.join("bench.db");
+        let mut cmd = Command::new(&self.exe);
+        cmd.args(["trace", "--quiet", "--force", "--db"])
+            .arg(&db)
+            .arg("--cuda-lib")
+            .arg(&self.sim.libcudart)
+            .arg("--cuda-lib")
+            .arg(&self.sim.libcuda)
+            .args(trace_args)
+            .arg("--")
+            .arg(&self.sim.workload)
+            .arg(script);
+        let usage = run_child(cmd).context("traced run")?;
+        Ok((section_ms(&stamps)?, usage, db))
+    }
+}
+
+/// Runs a child to completion, returning its resource usage (wait4).
+fn run_child(mut cmd: Command) -> Result<Usage> {
+    let child = cmd
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("cannot start a benchmark process")?;
+    let pid = child.id() as libc::pid_t;
+    let mut stderr = child.stderr.context("no stderr pipe")?;
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut stderr, &mut err).context("cannot read child stderr")?;
+    let mut status = 0;
+    // SAFETY: an all-zero rusage is a valid value to be overwritten.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `pid` is our own unwaited child (Child::wait was never called),
+    // and both out-pointers refer to live locals.
+    let r = unsafe { libc::wait4(pid, &mut status, 0, &mut ru) };
+    if r != pid {
+        bail!("wait4 failed: {}", std::io::Error::last_os_error());
+    }
+    if !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
+        let line = err
+            .lines()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("no message");
+        bail!("benchmark process failed (status {status:#x}): {line}");
+    }
+    let tv = |t: libc::timeval| t.tv_sec as f64 * 1000.0 + t.tv_usec as f64 / 1000.0;
+    Ok(Usage {
+        cpu_ms: tv(ru.ru_utime) + tv(ru.ru_stime),
+        max_rss_kb: ru.ru_maxrss,
+    })
+}
+
+/// Milliseconds between the workload's two `stamp` lines.
+fn section_ms(stamps: &Path) -> Result<f64> {
+    let text = std::fs::read_to_string(stamps).context("the workload wrote no timestamps")?;
+    let v: Vec<u64> = text.lines().filter_map(|l| l.trim().parse().ok()).collect();
+    match v.as_slice() {
+        [a, b] if b >= a => Ok((b - a) as f64 / 1e6),
+        _ => bail!("unexpected timestamps from the workload: {text:?}"),
+    }
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut v: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn render(r: &Report) -> String {
+    let mut s = format!(
+        "gpusleuth bench ({} reps, medians; one probe trap ≈ {:.2} µs here)\n\n{:<44} {:>9} {:>12} {:>11} {:>7} {:>11} {:>9}\n",
+        r.reps, r.probe_trap_us, "workload", "ops", "untraced ms", "traced ms", "ratio", "added µs/op", "traps/op"
+    );
+    for o in &r.overheads {
+        let traps = o
+            .traps_per_op
+            .map(|t| format!("{t:.2}"))
+            .unwrap_or_else(|| "-".into());
+        s += &format!(
+            "{:<44} {:>9} {:>12.1} {:>11.1} {:>7.3} {:>11.2} {:>9}\n",
+            o.name, o.ops, o.untraced_ms, o.traced_ms, o.ratio, o.added_us_per_op, traps
+        );
+    }
+    let t = &r.throughput;
+    s += &format!(
+        "\nthroughput: {} calls, {} events stored in {:.1} ms = {:.0} events/s, drops {}\n",
+        t.calls, t.events_stored, t.section_ms, t.events_per_s, t.drops
+    );
+    s += &format!(
+        "gpusleuth itself: {:.0} ms CPU per traced run (median), peak RSS {:.1} MB\n",
+        r.tracer_cpu_ms_median, r.tracer_peak_rss_mb
+    );
+    s
 }
