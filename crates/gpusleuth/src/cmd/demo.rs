@@ -1,7 +1,121 @@
-// PLACEHOLDER: replaced by the module's owner before this lands.
-#[derive(clap::Args)]
-pub struct Args {}
+//! `gpusleuth demo`: the whole pipeline on a built-in simulated CUDA workload.
+//!
+//! With root and eBPF: trace the simulated workload (shipped inside the
+//! binary) while a CPU hog shares its CPU, then explain the trace. Without:
+//! say why, and explain a trace recorded the same way (bundled).
 
-pub fn run(_args: Args) -> anyhow::Result<i32> {
-    anyhow::bail!("'demo' is not built yet")
+use anyhow::{Context, Result};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+/// A trace recorded by this demo on a 2-core CI-class machine (see examples/README.md).
+static BUNDLED_TRACE: &[u8] = include_bytes!("../../../../examples/demo-sim.db");
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Keep the demo's files (trace database, simulated libraries) in this folder.
+    #[arg(long)]
+    pub keep: Option<PathBuf>,
+    /// Explain the bundled trace even when live tracing is possible.
+    #[arg(long)]
+    pub offline: bool,
+}
+
+/// The scenario: pinned to CPU 0 beside the hog, it spins in copies (on-CPU
+/// work the hog steals time from), sleeps in syncs (GPU waits: blocked, not
+/// the hog's fault), launches kernels, leaks two buffers and asks for more
+/// memory than the device has.
+const SCENARIO: &str =
+    "pin 0; malloc 64000000 weights; malloc 1048576 leak_a; malloc 2097152 leak_b; \
+    repeat 25 { spin 4 8388608; sync_sleep 6; launch 40 }; malloc 1e15; free weights; exit 0";
+
+pub fn run(args: Args) -> Result<i32> {
+    let dir = match &args.keep {
+        Some(d) => {
+            std::fs::create_dir_all(d).with_context(|| format!("cannot create {}", d.display()))?;
+            d.clone()
+        }
+        None => std::env::temp_dir().join(format!("gpusleuth-demo-{}", std::process::id())),
+    };
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let result = if args.offline {
+        explain_bundled(&dir, "--offline given")
+    } else {
+        match sleuth_probe::preflight() {
+            Ok(()) => live(&dir),
+            Err(why) => explain_bundled(&dir, &why.to_string()),
+        }
+    };
+    if args.keep.is_none() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    result
+}
+
+fn live(dir: &Path) -> Result<i32> {
+    let sim = sleuth_sim::materialize(&dir.join("sim"))
+        .context("cannot write the simulated CUDA libraries")?;
+    let db = dir.join("demo.db");
+    let _ = std::fs::remove_file(&db);
+    println!("gpusleuth demo: tracing a simulated CUDA program (real eBPF on simulated libcudart/libcuda).");
+    println!(
+        "  ground truth: the program is pinned to CPU 0; `{}` busy-loops on CPU 0 beside it;",
+        sleuth_sim::HOG_COMM
+    );
+    println!("  it spins in 25 copies (CPU work), sleeps in 25 syncs (GPU waits), launches 1000 kernels,");
+    println!("  leaks 3 MiB in two buffers, and one cudaMalloc asks for 1e15 bytes (must fail).\n");
+
+    let ready = dir.join("hog.ready");
+    let mut hog = Command::new(&sim.hog)
+        .args(["0", "3000"])
+        .arg(&ready)
+        .stdin(Stdio::null())
+        .spawn()
+        .context("cannot start the CPU hog")?;
+    for _ in 0..200 {
+        if ready.exists() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let trace_args = crate::cmd::trace::Args {
+        db: Some(db.clone()),
+        force: true,
+        pids: Vec::new(),
+        duration: Some(Duration::from_secs(30)),
+        launches: sleuth_probe::LaunchMode::Driver,
+        cuda_libs: vec![sim.libcudart.clone(), sim.libcuda.clone()],
+        max_db: 256 << 20,
+        ready_file: None,
+        quiet: true,
+        command: vec![sim.workload.display().to_string(), SCENARIO.to_string()],
+    };
+    let traced = crate::cmd::trace::run(trace_args);
+    let _ = hog.kill();
+    let _ = hog.wait();
+    let code = traced?;
+    if code != 0 {
+        anyhow::bail!("the simulated workload exited with {code}");
+    }
+    println!("\n== gpusleuth explain --db {}\n", db.display());
+    crate::cmd::explain::run(crate::cmd::explain::Args {
+        db,
+        pid: None,
+        json: false,
+        markdown: false,
+    })
+}
+
+fn explain_bundled(dir: &Path, why: &str) -> Result<i32> {
+    println!("gpusleuth demo: live tracing is not possible here ({why}).");
+    println!("Explaining a trace this demo recorded with real eBPF on the same simulated workload instead.\n");
+    let db = dir.join("demo-sim.db");
+    std::fs::write(&db, BUNDLED_TRACE).with_context(|| format!("cannot write {}", db.display()))?;
+    crate::cmd::explain::run(crate::cmd::explain::Args {
+        db,
+        pid: None,
+        json: false,
+        markdown: false,
+    })
 }

@@ -76,13 +76,58 @@ pub fn text(r: &Explanation) -> String {
             let _ = writeln!(out, "   culprits: {c}");
         }
         let _ = writeln!(out, "   what to do: {}", f.recommendation);
-        let _ = writeln!(out, "   evidence: {}", f.evidence);
+        for line in example_lines(&f.evidence) {
+            let _ = writeln!(out, "   {line}");
+        }
         out.push('\n');
+    }
+    if !r.findings.is_empty() {
+        let _ = writeln!(out, "(full evidence of each finding: --json or --markdown)");
     }
     for n in &r.notes {
         let _ = writeln!(out, "Note: {n}");
     }
     out
+}
+
+/// The slowest example calls of a finding, one readable line each.
+fn example_lines(evidence: &serde_json::Value) -> Vec<String> {
+    let Some(examples) = evidence.get("examples").and_then(|e| e.as_array()) else {
+        return Vec::new();
+    };
+    let ns = |v: &serde_json::Value, k: &str| v.get(k).and_then(|x| x.as_u64());
+    examples
+        .iter()
+        .take(3)
+        .map(|e| {
+            let at = ns(e, "offset_ns")
+                .map(|o| format!("+{:.3}s ", o as f64 / 1e9))
+                .unwrap_or_default();
+            let mut line = format!(
+                "example: {at}{}",
+                e.get("op").and_then(|x| x.as_str()).unwrap_or("")
+            );
+            if let Some(pid) = ns(e, "pid") {
+                line.push_str(&format!(" pid {pid}"));
+            }
+            if let Some(d) = ns(e, "dur_ns") {
+                line.push_str(&format!(
+                    " took {} (on-CPU {}, runnable {}, blocked {})",
+                    fmt_ns(d),
+                    fmt_ns(ns(e, "on_cpu_ns").unwrap_or(0)),
+                    fmt_ns(ns(e, "runnable_ns").unwrap_or(0)),
+                    fmt_ns(ns(e, "blocked_ns").unwrap_or(0))
+                ));
+            }
+            if let Some(b) = ns(e, "bytes") {
+                line.push_str(&format!(" {} bytes", b));
+            }
+            if let Some(err) = e.get("error_name").and_then(|x| x.as_str()) {
+                line.push_str(&format!(" failed: {err}"));
+            }
+            line
+        })
+        .collect()
 }
 
 /// Markdown rendering.

@@ -440,3 +440,22 @@ fn json_matches_the_contract() {
     assert!(f.get("impact_ns").is_none());
     assert_eq!(top_findings(&d, 0).len(), 0);
 }
+
+#[test]
+fn nested_driver_calls_are_not_judged_twice() {
+    // A preempted cudaMemcpy and the cuMemcpyHtoD_v2 it made on the same
+    // thread: one lost millisecond, one finding (about the runtime call).
+    let mut d = preempted_trace(1, MS);
+    let outer = d.calls[0].clone();
+    let mut inner = split(
+        call("cuMemcpyHtoD_v2", outer.ts_ns + 1, outer.dur_ns - 2),
+        MS,
+        0,
+    );
+    inner.nested = true;
+    d.calls.push(inner);
+    let f = explain(&d);
+    let pre = of_kind(&f, Kind::CpuPreemption);
+    assert_eq!(pre.len(), 1, "{:?}", kinds(&f));
+    assert_eq!(pre[0].op, "cudaMemcpy");
+}

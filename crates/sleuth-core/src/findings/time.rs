@@ -36,6 +36,11 @@ impl<'a> Context<'a> {
     pub(super) fn new(data: &'a TraceData, per_call_culprits: &'a [Vec<Culprit>]) -> Self {
         let mut by_op: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
         for (i, c) in data.calls.iter().enumerate() {
+            // A driver call made inside a runtime call is the same wall time as
+            // its caller: judging both would report every slow call twice.
+            if c.nested {
+                continue;
+            }
             by_op.entry(c.op).or_default().push(i);
         }
         let first = data.calls.iter().map(|c| c.ts_ns).min();

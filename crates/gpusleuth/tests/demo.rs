@@ -1,0 +1,66 @@
+//! `gpusleuth demo`: the live diagnosis (root + eBPF) and the bundled one.
+
+mod common;
+
+use common::{assert_no_panic, gpusleuth, require_ebpf};
+
+#[test]
+fn demo_names_the_hog_the_leak_and_the_failed_allocation() {
+    if !require_ebpf() {
+        return;
+    }
+    let out = gpusleuth().arg("demo").output().expect("run demo");
+    assert_no_panic(&out);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "demo failed: {text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Ground truth from the scenario in cmd/demo.rs.
+    let pre = text
+        .lines()
+        .find(|l| l.contains("cpu_preemption"))
+        .unwrap_or_else(|| panic!("no cpu_preemption:\n{text}"));
+    assert!(pre.contains("gs-hog"), "hog not named: {pre}");
+    assert!(text.contains("allocation_failure"), "{text}");
+    assert!(text.contains("returned 2 (out of memory)"), "{text}");
+    let leak = text
+        .lines()
+        .find(|l| l.contains("unfreed_memory"))
+        .unwrap_or_else(|| panic!("no leak:\n{text}"));
+    assert!(leak.contains("2 allocation(s), 3.0 MiB"), "{leak}");
+    let wait = text
+        .lines()
+        .find(|l| l.contains("gpu_wait"))
+        .unwrap_or_else(|| panic!("no gpu_wait:\n{text}"));
+    assert!(wait.contains("not OS interference"), "{wait}");
+    // Syncs sleep: they must never be reported as preempted.
+    assert!(
+        !text
+            .lines()
+            .any(|l| l.contains("cpu_preemption") && l.contains("Synchronize")),
+        "{text}"
+    );
+}
+
+#[test]
+fn demo_offline_explains_the_bundled_trace_without_privileges() {
+    let out = gpusleuth()
+        .args(["demo", "--offline"])
+        .output()
+        .expect("run demo");
+    assert_no_panic(&out);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("live tracing is not possible here (--offline given)"),
+        "{text}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.contains("cpu_preemption") && l.contains("gs-hog")),
+        "{text}"
+    );
+    assert!(text.contains("unfreed_memory"), "{text}");
+}
