@@ -43,6 +43,8 @@ enum Command {
     Check(cmd::check::Args),
     /// Run the whole pipeline on a built-in simulated CUDA workload and explain it.
     Demo(cmd::demo::Args),
+    /// Export a trace: Perfetto / Chrome Trace Event JSON, or the calls as JSON.
+    Export(cmd::export::Args),
     /// Measure tracing overhead and capture throughput on simulated workloads.
     Bench(cmd::bench::Args),
 }
@@ -66,6 +68,7 @@ fn main() {
         Command::Check(a) => cmd::check::run(a),
         Command::Demo(a) => cmd::demo::run(a),
         Command::Bench(a) => cmd::bench::run(a),
+        Command::Export(a) => cmd::export::run(a),
     };
     match result {
         Ok(code) => std::process::exit(code),

@@ -3,6 +3,7 @@ pub mod bench;
 pub mod check;
 pub mod demo;
 pub mod explain;
+pub mod export;
 pub mod import;
 pub mod mcp;
 pub mod memory;

@@ -1,0 +1,240 @@
+//! `gpusleuth export` and `gpusleuth report` on the bundled recorded trace
+//! (examples/demo-sim.db, recorded with real eBPF; no root needed here).
+//! Ground truth comes from the demo scenario (crates/gpusleuth/src/cmd/demo.rs)
+//! and from the database rows themselves, never from the tool's output.
+
+mod common;
+
+use common::{assert_no_panic, gpusleuth, Db};
+use serde_json::Value;
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+/// The demo leaks 1 MiB + 2 MiB and asks once for 1e15 bytes.
+const DEMO_LEAK_BYTES: u64 = 3 << 20;
+const DEMO_FAILED_BYTES: u64 = 1_000_000_000_000_000;
+
+fn demo_db() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/demo-sim.db")
+}
+
+fn out_dir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("gpusleuth-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("create temp dir");
+    d
+}
+
+fn export(db: &Path, format: &str, out: &Path) -> Value {
+    let o = gpusleuth()
+        .args(["export", "--format", format, "--db"])
+        .arg(db)
+        .arg("-o")
+        .arg(out)
+        .output()
+        .expect("run export");
+    assert_no_panic(&o);
+    assert!(
+        o.status.success(),
+        "export failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let text = std::fs::read_to_string(out).expect("read export");
+    serde_json::from_str(&text).expect("export writes valid JSON")
+}
+
+fn ns(us: &Value) -> i64 {
+    (us.as_f64().expect("number") * 1e3).round() as i64
+}
+
+#[test]
+fn perfetto_export_is_well_formed() {
+    let dir = out_dir("perfetto-shape");
+    let doc = export(&demo_db(), "perfetto", &dir.join("trace.json"));
+    let ev = doc["traceEvents"].as_array().expect("traceEvents array");
+    assert!(!ev.is_empty());
+    let mut named_pids = Vec::new();
+    let mut named_threads = Vec::new();
+    for e in ev {
+        let ph = e["ph"].as_str().expect("every event has ph");
+        assert!(e["name"].as_str().is_some_and(|n| !n.is_empty()), "{e}");
+        assert!(e["pid"].is_u64(), "{e}");
+        match ph {
+            "X" => {
+                for k in ["ts", "dur"] {
+                    assert!(e[k].as_f64().is_some_and(|v| v >= 0.0), "{k} in {e}");
+                }
+                assert!(e["tid"].is_u64(), "{e}");
+            }
+            "M" => match e["name"].as_str() {
+                Some("process_name") => named_pids.push(e["pid"].as_u64().unwrap()),
+                Some("thread_name") => {
+                    named_threads.push((e["pid"].as_u64().unwrap(), e["tid"].as_u64().unwrap()))
+                }
+                other => panic!("unexpected metadata {other:?}"),
+            },
+            "C" => assert!(e["args"]["live_bytes"].is_u64(), "{e}"),
+            "i" => assert!(matches!(e["s"].as_str(), Some("g" | "p" | "t")), "{e}"),
+            other => panic!("unexpected phase {other}"),
+        }
+    }
+    // Every slice's process and thread has a name.
+    for e in ev.iter().filter(|e| e["ph"] == "X") {
+        let (p, t) = (e["pid"].as_u64().unwrap(), e["tid"].as_u64().unwrap());
+        assert!(named_pids.contains(&p), "pid {p} unnamed");
+        assert!(named_threads.contains(&(p, t)), "thread {p}/{t} unnamed");
+    }
+    // Counters move forward in time per process.
+    let mut last: HashMap<u64, f64> = HashMap::new();
+    for e in ev.iter().filter(|e| e["ph"] == "C") {
+        let ts = e["ts"].as_f64().unwrap();
+        let prev = last.insert(e["pid"].as_u64().unwrap(), ts);
+        assert!(
+            prev.is_none_or(|p| p <= ts),
+            "counter goes back in time: {e}"
+        );
+    }
+    // Slices of a thread nest or are disjoint (what Perfetto requires of one track).
+    let mut by_thread: BTreeMap<(u64, u64), Vec<(i64, i64)>> = BTreeMap::new();
+    for e in ev.iter().filter(|e| e["ph"] == "X") {
+        let s = ns(&e["ts"]);
+        by_thread
+            .entry((e["pid"].as_u64().unwrap(), e["tid"].as_u64().unwrap()))
+            .or_default()
+            .push((s, s + ns(&e["dur"])));
+    }
+    for (thread, mut slices) in by_thread {
+        slices.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+        let mut open: Vec<i64> = Vec::new();
+        for (s, e) in slices {
+            while open.last().is_some_and(|&end| end <= s) {
+                open.pop();
+            }
+            if let Some(&end) = open.last() {
+                assert!(
+                    e <= end,
+                    "thread {thread:?}: slice [{s},{e}) crosses one ending at {end}"
+                );
+            }
+            open.push(e);
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn perfetto_export_numbers_match_the_database() {
+    let dir = out_dir("perfetto-numbers");
+    let doc = export(&demo_db(), "perfetto", &dir.join("trace.json"));
+    let ev = doc["traceEvents"].as_array().unwrap();
+    let db = Db::open(&demo_db());
+
+    let cuda: Vec<&Value> = ev
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["cat"].as_str().unwrap().starts_with("cuda."))
+        .collect();
+    assert_eq!(cuda.len() as i64, db.int("SELECT count(*) FROM calls"));
+    let sum_dur: i64 = cuda.iter().map(|e| ns(&e["dur"])).sum();
+    let db_dur = db.int("SELECT sum(dur_ns) FROM calls");
+    assert!(
+        (sum_dur - db_dur).abs() <= cuda.len() as i64,
+        "{sum_dur} vs {db_dur}"
+    );
+    // Per op counts.
+    let mut per_op: BTreeMap<String, i64> = BTreeMap::new();
+    for e in &cuda {
+        *per_op
+            .entry(e["name"].as_str().unwrap().into())
+            .or_default() += 1;
+        assert_eq!(e["args"]["op"], e["name"]);
+        let split = ns(&e["args"]["on_cpu_us"])
+            + ns(&e["args"]["runnable_us"])
+            + ns(&e["args"]["blocked_us"]);
+        assert!((split - ns(&e["dur"])).abs() <= 3, "split != wall in {e}");
+    }
+    let db_per_op: BTreeMap<String, i64> = db
+        .text_ints("SELECT op, count(*) FROM calls GROUP BY op")
+        .into_iter()
+        .collect();
+    assert_eq!(per_op, db_per_op);
+
+    // Off-CPU slices: one blocked slice per wait with a blocked part, one
+    // runnable slice per wait with a runnable part.
+    let count = |cat: &str| ev.iter().filter(|e| e["cat"] == cat).count() as i64;
+    assert_eq!(
+        count("sched.blocked"),
+        db.int("SELECT count(*) FROM waits WHERE blocked_ns > 0")
+    );
+    assert_eq!(
+        count("sched.runnable"),
+        db.int("SELECT count(*) FROM waits WHERE runnable_ns > 0")
+    );
+    // The hog held the CPU: it is named as a preemptor.
+    assert!(
+        ev.iter().any(|e| e["cat"] == "sched.runnable"
+            && e["args"]["preemptors"].as_str().unwrap().contains("gs-hog")),
+        "gs-hog never named as a preemptor"
+    );
+
+    // Device memory ends at the scenario's leak; the failed allocation is marked.
+    let pid = db.int("SELECT pid FROM calls WHERE op = 'cudaMalloc' LIMIT 1") as u64;
+    let last_live = ev
+        .iter()
+        .filter(|e| e["ph"] == "C" && e["pid"] == pid)
+        .next_back()
+        .expect("a memory counter")["args"]["live_bytes"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(last_live, DEMO_LEAK_BYTES);
+    let peak = ev
+        .iter()
+        .filter(|e| e["ph"] == "C" && e["pid"] == pid)
+        .map(|e| e["args"]["live_bytes"].as_u64().unwrap())
+        .max()
+        .unwrap();
+    assert_eq!(peak, 64_000_000 + DEMO_LEAK_BYTES);
+    assert!(ev.iter().any(|e| e["ph"] == "i"
+        && e["name"] == "failed cudaMalloc"
+        && e["args"]["bytes"] == DEMO_FAILED_BYTES));
+    for kind in ["allocation_failure", "unfreed_memory", "cpu_preemption"] {
+        assert!(
+            ev.iter()
+                .any(|e| e["cat"] == "finding" && e["name"].as_str().unwrap().starts_with(kind)),
+            "finding {kind} missing"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn json_export_lists_every_call() {
+    let dir = out_dir("json-export");
+    let doc = export(&demo_db(), "json", &dir.join("calls.json"));
+    let calls = doc.as_array().expect("an array of calls");
+    let db = Db::open(&demo_db());
+    assert_eq!(calls.len() as i64, db.int("SELECT count(*) FROM calls"));
+    assert_eq!(
+        calls.iter().filter(|c| c["ret"] != 0).count() as i64,
+        db.int("SELECT count(*) FROM calls WHERE ret != 0")
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn export_of_a_missing_database_is_one_line_error() {
+    let o = gpusleuth()
+        .args([
+            "export",
+            "--db",
+            "/nonexistent/x.db",
+            "-o",
+            "/tmp/never.json",
+        ])
+        .output()
+        .expect("run export");
+    assert_no_panic(&o);
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("/nonexistent/x.db"), "{err}");
+}
