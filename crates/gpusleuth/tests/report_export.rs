@@ -180,8 +180,7 @@ fn perfetto_export_numbers_match_the_database() {
     let pid = db.int("SELECT pid FROM calls WHERE op = 'cudaMalloc' LIMIT 1") as u64;
     let last_live = ev
         .iter()
-        .filter(|e| e["ph"] == "C" && e["pid"] == pid)
-        .next_back()
+        .rfind(|e| e["ph"] == "C" && e["pid"] == pid)
         .expect("a memory counter")["args"]["live_bytes"]
         .as_u64()
         .unwrap();
