@@ -43,6 +43,8 @@ enum Command {
     Check(cmd::check::Args),
     /// Run the whole pipeline on a built-in simulated CUDA workload and explain it.
     Demo(cmd::demo::Args),
+    /// One self-contained HTML report of a trace: findings, memory, latency, slow calls, processes.
+    Report(cmd::report::Args),
     /// Export a trace: Perfetto / Chrome Trace Event JSON, or the calls as JSON.
     Export(cmd::export::Args),
     /// Measure tracing overhead and capture throughput on simulated workloads.
@@ -69,6 +71,7 @@ fn main() {
         Command::Demo(a) => cmd::demo::run(a),
         Command::Bench(a) => cmd::bench::run(a),
         Command::Export(a) => cmd::export::run(a),
+        Command::Report(a) => cmd::report::run(a),
     };
     match result {
         Ok(code) => std::process::exit(code),

@@ -237,3 +237,175 @@ fn export_of_a_missing_database_is_one_line_error() {
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(err.contains("/nonexistent/x.db"), "{err}");
 }
+
+fn report(db: &Path, out: &Path) -> String {
+    let o = gpusleuth()
+        .args(["report", "--db"])
+        .arg(db)
+        .arg("-o")
+        .arg(out)
+        .output()
+        .expect("run report");
+    assert_no_panic(&o);
+    assert!(
+        o.status.success(),
+        "report failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    std::fs::read_to_string(out).expect("read report")
+}
+
+#[test]
+fn report_is_one_self_contained_html_file_with_every_section() {
+    let dir = out_dir("report-shape");
+    let html = report(&demo_db(), &dir.join("report.html"));
+    assert!(html.starts_with("<!DOCTYPE html>"));
+    assert!(html.trim_end().ends_with("</html>"));
+    // Nothing fetched from anywhere: no scripts, stylesheets, images or fonts by URL.
+    for bad in [
+        "<script", "<link", "<img", "src=", "@import", "url(", "https://",
+    ] {
+        assert!(!html.contains(bad), "report references {bad}");
+    }
+    // The only URL is the SVG namespace.
+    assert_eq!(
+        html.matches("http://").count(),
+        html.matches("xmlns=\"http://www.w3.org/2000/svg\"").count()
+    );
+    for h in [
+        "Findings",
+        "Device memory per process",
+        "Latency per op",
+        "Slowest calls",
+        "Processes",
+    ] {
+        assert!(html.contains(&format!("<h2>{h}")), "section {h} missing");
+    }
+    // Charts: memory, latency, slowest calls.
+    assert!(html.matches("<svg").count() >= 3);
+    // Ground truth of the demo scenario shows up where it belongs.
+    assert!(html.contains("peak 64.0 MiB"), "peak not marked");
+    assert!(html.contains("live at end 3.0 MiB"), "leak not shown");
+    assert!(
+        html.contains("✕ cudaMalloc of"),
+        "failed allocation not marked"
+    );
+    assert!(html.contains("CPU held by gs-hog"), "culprit not named");
+    for kind in ["allocation_failure", "cpu_preemption", "unfreed_memory"] {
+        assert!(html.contains(kind), "finding {kind} missing");
+    }
+    // One box row per op with per-call records.
+    let db = Db::open(&demo_db());
+    for (op, n) in db.text_ints("SELECT op, count(*) FROM calls GROUP BY op") {
+        assert!(
+            html.contains(&format!("{op}: n={n} ")),
+            "no latency row for {op}"
+        );
+    }
+    // The slowest calls: as many bars rows as the cap (the trace has more calls).
+    assert_eq!(html.matches("<title>on-CPU ").count(), 15);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The Chromium binary, or None (skip with a reason; a failure when CI=true).
+fn chromium() -> Option<PathBuf> {
+    let found = ["chromium", "chromium-browser", "google-chrome"]
+        .iter()
+        .filter_map(|name| {
+            std::env::var_os("PATH").and_then(|p| {
+                std::env::split_paths(&p)
+                    .map(|d| d.join(name))
+                    .find(|f| f.is_file())
+            })
+        })
+        .next();
+    if found.is_none() {
+        let why = "chromium not installed (apt-get install chromium)";
+        if std::env::var("CI").as_deref() == Ok("true") {
+            panic!("the Chromium test must run in CI but cannot: {why}");
+        }
+        eprintln!("skipping Chromium test: {why}");
+    }
+    found
+}
+
+fn headless(chromium: &Path, profile: &Path) -> std::process::Command {
+    let mut c = std::process::Command::new(chromium);
+    c.args([
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--no-first-run",
+    ])
+    .arg(format!("--user-data-dir={}", profile.display()));
+    c
+}
+
+/// Width and height from a PNG's IHDR chunk.
+fn png_size(png: &[u8]) -> (u32, u32) {
+    assert!(
+        png.len() > 24 && png.starts_with(b"\x89PNG\r\n\x1a\n"),
+        "not a PNG"
+    );
+    assert_eq!(&png[12..16], b"IHDR");
+    let be = |b: &[u8]| u32::from_be_bytes([b[0], b[1], b[2], b[3]]);
+    (be(&png[16..20]), be(&png[20..24]))
+}
+
+#[test]
+fn report_renders_in_headless_chromium() {
+    let Some(chromium) = chromium() else { return };
+    let dir = out_dir("report-chromium");
+    let page = dir.join("report.html");
+    report(&demo_db(), &page);
+    let url = format!("file://{}", page.display());
+
+    // The browser's DOM after parsing: the charts are SVG elements with content.
+    let dom = headless(&chromium, &dir.join("profile-dom"))
+        .arg("--dump-dom")
+        .arg(&url)
+        .output()
+        .expect("run chromium --dump-dom");
+    assert!(
+        dom.status.success(),
+        "chromium --dump-dom failed: {}",
+        String::from_utf8_lossy(&dom.stderr)
+    );
+    let dom = String::from_utf8_lossy(&dom.stdout);
+    assert!(
+        dom.matches("<svg").count() >= 3,
+        "charts missing from the DOM"
+    );
+    assert!(
+        dom.matches("<rect").count() >= 15 * 3,
+        "bars missing from the DOM"
+    );
+    assert!(dom.contains("<path"), "memory line missing from the DOM");
+
+    // A screenshot: exists, has the asked size and is far from blank (a
+    // near-blank page of this size is about 14 KB; this report about 290 KB).
+    let png = dir.join("report.png");
+    let shot = headless(&chromium, &dir.join("profile-shot"))
+        .arg(format!("--screenshot={}", png.display()))
+        .arg("--window-size=1280,2400")
+        .arg(&url)
+        .output()
+        .expect("run chromium --screenshot");
+    assert!(
+        shot.status.success(),
+        "chromium --screenshot failed: {}",
+        String::from_utf8_lossy(&shot.stderr)
+    );
+    let bytes = std::fs::read(&png).expect("screenshot written");
+    assert_eq!(png_size(&bytes), (1280, 2400));
+    assert!(
+        bytes.len() > 60_000,
+        "screenshot is nearly blank: {} bytes",
+        bytes.len()
+    );
+    if std::env::var_os("GPUSLEUTH_KEEP_TEST_DIRS").is_none() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -9,6 +9,7 @@ pub mod mcp;
 pub mod memory;
 pub mod query;
 pub mod reclaim;
+pub mod report;
 pub mod stats;
 pub mod trace;
 pub mod vram;

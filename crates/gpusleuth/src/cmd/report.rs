@@ -1,0 +1,738 @@
+//! `gpusleuth report`: one self-contained HTML file for a trace — findings,
+//! device memory over time per process, per-op latency distributions, where
+//! the slowest calls spent their time and who took the CPU, the process tree.
+//!
+//! Everything is inline (CSS and SVG charts drawn here): the file opens
+//! without network access and can be mailed or attached to a ticket.
+
+mod svg;
+
+use crate::cmd::export::origin_ns;
+use crate::output::{fmt_bytes, fmt_ns};
+use anyhow::Context as _;
+use sleuth_core::culprits::call_culprits;
+use sleuth_core::findings::{error_name, explain_report, Explanation};
+use sleuth_core::ledger::{ledger, ProcessLedger};
+use sleuth_core::stats::{self, nearest_rank};
+use sleuth_core::{CallEvent, Culprit, TraceData};
+use sleuth_store::{Note, Session};
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use svg::{decades, esc, nice_ticks, Linear, Log, Svg};
+
+/// How many of the slowest calls the report breaks down.
+pub const SLOWEST_CALLS: usize = 15;
+/// Chart width in CSS pixels.
+const WIDTH: f64 = 960.0;
+const ON_CPU: &str = "#4e79a7";
+const RUNNABLE: &str = "#f28e2b";
+const BLOCKED: &str = "#a0a0a0";
+const FAIL: &str = "#d62728";
+
+#[derive(clap::Args)]
+#[command(after_help = "Example:\n  gpusleuth report --db trace.db -o report.html")]
+pub struct Args {
+    /// Trace database written by `gpusleuth trace` (or `import`).
+    #[arg(long)]
+    pub db: PathBuf,
+    /// HTML file to write.
+    #[arg(long, short, default_value = "report.html")]
+    pub output: PathBuf,
+    /// Only this process.
+    #[arg(long)]
+    pub pid: Option<u32>,
+}
+
+pub fn run(args: Args) -> anyhow::Result<i32> {
+    let trace = sleuth_store::Trace::open(&args.db)?;
+    let data = trace.load(args.pid)?;
+    let session = trace.session()?;
+    let notes = trace.notes()?;
+    let title = args
+        .db
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let html = render(&data, &session, &notes, &title);
+    std::fs::write(&args.output, html)
+        .with_context(|| format!("cannot write {}", args.output.display()))?;
+    eprintln!("gpusleuth: report written to {}", args.output.display());
+    Ok(0)
+}
+
+/// The whole report as one HTML document.
+pub fn render(data: &TraceData, session: &Session, notes: &[Note], title: &str) -> String {
+    let origin = origin_ns(data);
+    let end = trace_end(data).max(origin);
+    let per_call = call_culprits(&data.calls, &data.waits);
+    let explanation = explain_report(data);
+    let ledgers = ledger(data, None);
+    let mut h = String::new();
+    let _ = write!(
+        h,
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
+         <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
+         <title>gpusleuth report: {}</title><style>{CSS}</style></head><body>",
+        esc(title)
+    );
+    let _ = write!(
+        h,
+        "<h1>gpusleuth report <span class=\"dim\">{}</span></h1>",
+        esc(title)
+    );
+    h.push_str(&summary_html(
+        data,
+        session,
+        notes,
+        end.saturating_sub(origin),
+    ));
+    h.push_str(&findings_html(&explanation));
+    h.push_str("<h2>Device memory per process</h2>");
+    h.push_str(&memory_section(&ledgers, origin, end));
+    h.push_str("<h2>Latency per op</h2>");
+    h.push_str(&latency_section(data));
+    h.push_str("<h2>Slowest calls: where their time went</h2>");
+    h.push_str(&slowest_section(data, &per_call, origin));
+    h.push_str("<h2>Processes</h2>");
+    h.push_str(&process_tree(data, &ledgers));
+    let _ = writeln!(
+        h,
+        "<footer>gpusleuth {} — self-contained report, no network needed.</footer></body></html>",
+        env!("CARGO_PKG_VERSION")
+    );
+    h
+}
+
+/// Round byte ticks: steps of 1, 2 or 5 × 10^k in the binary unit (KiB,
+/// MiB, GiB...) that `max` is expressed in, so labels read 16 MiB, 32 MiB.
+fn byte_ticks(max: f64, n: usize) -> Vec<f64> {
+    let mut unit = 1.0;
+    while max / (unit * 1024.0) >= 1.0 && unit < (1u64 << 50) as f64 {
+        unit *= 1024.0;
+    }
+    nice_ticks(max / unit, n)
+        .into_iter()
+        .map(|v| v * unit)
+        .collect()
+}
+
+fn trace_end(data: &TraceData) -> u64 {
+    let last = data
+        .calls
+        .iter()
+        .map(CallEvent::end_ns)
+        .chain(data.waits.iter().map(|w| w.on_ns))
+        .chain(data.procs.iter().map(|p| p.ts_ns))
+        .max()
+        .unwrap_or(0);
+    data.end_ns.unwrap_or(0).max(last)
+}
+
+const CSS: &str = "body{font:14px/1.45 system-ui,-apple-system,'Segoe UI',sans-serif;margin:24px auto;max-width:1000px;color:#222;padding:0 12px}\
+h1{font-size:22px;margin:0 0 8px}h2{font-size:18px;margin:28px 0 8px;border-bottom:1px solid #ddd;padding-bottom:4px}\
+.dim{color:#777;font-weight:normal}table{border-collapse:collapse;margin:6px 0}td,th{padding:3px 10px 3px 0;text-align:left;vertical-align:top}\
+th{color:#555;font-weight:600}.num{text-align:right;font-variant-numeric:tabular-nums}\
+.finding{border-left:5px solid #999;padding:6px 10px;margin:8px 0;background:#fafafa}\
+.finding.high{border-color:#d62728}.finding.medium{border-color:#f28e2b}.finding.low{border-color:#4e79a7}\
+.sev{display:inline-block;font-size:11px;font-weight:700;text-transform:uppercase;padding:1px 6px;border-radius:3px;color:#fff;background:#999;margin-right:6px}\
+.sev.high{background:#d62728}.sev.medium{background:#f28e2b}.sev.low{background:#4e79a7}\
+.rec{color:#333;margin-top:4px}.chart{display:block;margin:6px 0 14px;max-width:100%;height:auto}\
+.chart text{font:11px system-ui,sans-serif;fill:#333}.chart text.t{font-weight:600;font-size:12px}.chart text.fail{fill:#d62728}\
+.legend span{display:inline-block;width:12px;height:12px;margin:0 4px -2px 12px}\
+ul.tree{list-style:none;padding-left:18px}ul.tree li{margin:2px 0}code{font-size:12px;background:#f3f3f3;padding:1px 4px}\
+.note{color:#8a5a00}footer{margin-top:30px;color:#999;font-size:12px}";
+
+fn summary_html(data: &TraceData, s: &Session, notes: &[Note], span_ns: u64) -> String {
+    let drops = stats::drop_counters(data);
+    let lost = drops.get("total").copied().unwrap_or(0);
+    let counted: u64 = data.counts.iter().map(|c| c.count).sum();
+    let mut h = String::from("<table>");
+    let mut row = |k: &str, v: String| {
+        let _ = write!(h, "<tr><th>{k}</th><td>{v}</td></tr>");
+    };
+    row("Traced", esc(&s.info.target));
+    row(
+        "Host",
+        format!("{} (kernel {})", esc(&s.info.hostname), esc(&s.info.kernel)),
+    );
+    row("Duration", esc(&fmt_ns(span_ns)));
+    row(
+        "Recorded",
+        format!(
+            "{} calls, {} kernel-counted calls, {} off-CPU intervals, {} processes",
+            data.calls.len(),
+            counted,
+            data.waits.len(),
+            data.processes.len()
+        ),
+    );
+    row(
+        "Dropped events",
+        if lost == 0 {
+            "0".into()
+        } else {
+            let parts: Vec<String> = drops
+                .iter()
+                .filter(|(k, v)| **v > 0 && k.as_str() != "total")
+                .map(|(k, v)| format!("{k}: {v}"))
+                .collect();
+            format!("<b>{lost}</b> ({})", esc(&parts.join(", ")))
+        },
+    );
+    row("Source", esc(s.source.as_str()));
+    h.push_str("</table>");
+    for n in notes {
+        let _ = write!(h, "<div class=\"note\">note: {}</div>", esc(&n.text));
+    }
+    h
+}
+
+fn findings_html(e: &Explanation) -> String {
+    let mut h = String::from("<h2>Findings</h2>");
+    if e.findings.is_empty() {
+        h.push_str(
+            "<p>No finding: nothing in this trace crossed a threshold (see docs/findings.md).</p>",
+        );
+    }
+    for f in &e.findings {
+        let sev = f.severity.as_str();
+        let _ = write!(
+            h,
+            "<div class=\"finding {sev}\"><span class=\"sev {sev}\">{sev}</span><b>{}</b> \
+             <span class=\"dim\">{}</span><div>{}</div>",
+            esc(f.kind.as_str()),
+            esc(&f.op),
+            esc(&f.summary)
+        );
+        if !f.culprits.is_empty() {
+            let names: Vec<String> = f
+                .culprits
+                .iter()
+                .map(|c| {
+                    format!(
+                        "{} (pid {}) {} = {:.0}%",
+                        c.comm,
+                        c.pid,
+                        fmt_ns(c.runnable_ns),
+                        c.share * 100.0
+                    )
+                })
+                .collect();
+            let _ = write!(h, "<div>CPU taken by: {}</div>", esc(&names.join(", ")));
+        }
+        let _ = write!(
+            h,
+            "<div class=\"rec\">→ {}</div></div>",
+            esc(&f.recommendation)
+        );
+    }
+    for n in &e.notes {
+        let _ = write!(h, "<div class=\"note\">note: {}</div>", esc(n));
+    }
+    h
+}
+
+/// One chart per process that allocated device memory (or failed to).
+fn memory_section(ledgers: &[ProcessLedger], origin: u64, end: u64) -> String {
+    let mut h = String::new();
+    let shown: Vec<&ProcessLedger> = ledgers
+        .iter()
+        .filter(|l| !l.timeline.is_empty() || !l.failed_allocs.is_empty())
+        .collect();
+    if shown.is_empty() {
+        h.push_str("<p>No device allocation was recorded.</p>");
+    }
+    for l in shown {
+        h.push_str(&memory_chart(l, origin, end));
+    }
+    h
+}
+
+fn memory_chart(l: &ProcessLedger, origin: u64, end: u64) -> String {
+    let (left, right, top, bottom, height) = (80.0, 20.0, 34.0, 30.0, 240.0);
+    let span_s = (end.saturating_sub(origin) as f64 / 1e9).max(1e-6);
+    let ymax = l
+        .failed_allocs
+        .iter()
+        .map(|f| f.live_bytes_at)
+        .chain([l.peak_bytes, 1])
+        .max()
+        .unwrap_or(1) as f64
+        * 1.15;
+    let x = Linear {
+        d0: 0.0,
+        d1: span_s,
+        r0: left,
+        r1: WIDTH - right,
+    };
+    let y = Linear {
+        d0: 0.0,
+        d1: ymax,
+        r0: height - bottom,
+        r1: top,
+    };
+    let t = |ns: u64| x.at(ns.saturating_sub(origin) as f64 / 1e9);
+    let mut s = Svg::new(
+        WIDTH,
+        height,
+        &format!("device memory of {} ({})", l.comm, l.pid),
+    );
+    s.text(
+        left,
+        16.0,
+        &format!(
+            "{} (pid {}) — peak {}, live at end {}, {} allocations, {} frees",
+            l.comm,
+            l.pid,
+            fmt_bytes(l.peak_bytes),
+            fmt_bytes(l.live_bytes),
+            l.allocs,
+            l.frees
+        ),
+        "start",
+        "t",
+    );
+    for v in byte_ticks(ymax, 5) {
+        let yy = y.at(v);
+        s.line(left, yy, WIDTH - right, yy, "#eee", "");
+        s.text(left - 6.0, yy + 4.0, &fmt_bytes(v as u64), "end", "");
+    }
+    for v in nice_ticks(span_s, 8) {
+        let xx = x.at(v);
+        s.line(xx, height - bottom, xx, height - bottom + 4.0, "#999", "");
+        s.text(
+            xx,
+            height - bottom + 16.0,
+            &fmt_ns((v * 1e9) as u64),
+            "middle",
+            "",
+        );
+    }
+    s.line(
+        left,
+        height - bottom,
+        WIDTH - right,
+        height - bottom,
+        "#999",
+        "",
+    );
+    s.line(left, top, left, height - bottom, "#999", "");
+    // Step line: live bytes hold until the next change.
+    let mut d = format!("M{:.1},{:.1}", left, y.at(0.0));
+    let mut prev = 0.0;
+    for p in &l.timeline {
+        let xx = t(p.ts_ns);
+        let _ = write!(
+            d,
+            " L{xx:.1},{:.1} L{xx:.1},{:.1}",
+            y.at(prev),
+            y.at(p.live_bytes as f64)
+        );
+        prev = p.live_bytes as f64;
+    }
+    let stop = l.exit_ns.map(&t).unwrap_or(WIDTH - right);
+    let _ = write!(d, " L{stop:.1},{:.1}", y.at(prev));
+    s.path(&d, ON_CPU, "none", 2.0);
+    if let Some(ts) = l.peak_ts_ns {
+        let (px, py) = (t(ts), y.at(l.peak_bytes as f64));
+        s.circle(
+            px,
+            py,
+            5.0,
+            ON_CPU,
+            &format!("peak {}", fmt_bytes(l.peak_bytes)),
+        );
+        let anchor = if px > WIDTH * 0.7 { "end" } else { "start" };
+        let dx = if anchor == "end" { -8.0 } else { 8.0 };
+        s.text(
+            px + dx,
+            py - 6.0,
+            &format!(
+                "peak {} at +{}",
+                fmt_bytes(l.peak_bytes),
+                fmt_ns(ts.saturating_sub(origin))
+            ),
+            anchor,
+            "t",
+        );
+    }
+    for (i, f) in l.failed_allocs.iter().enumerate() {
+        let (fx, fy) = (t(f.ts_ns), y.at(f.live_bytes_at as f64));
+        s.line(
+            fx,
+            top,
+            fx,
+            height - bottom,
+            FAIL,
+            r#"stroke-dasharray="4 3""#,
+        );
+        s.path(
+            &format!("M{:.1},{:.1} l10,10 m0,-10 l-10,10", fx - 5.0, fy - 5.0),
+            FAIL,
+            "none",
+            2.5,
+        );
+        if i < 3 {
+            let anchor = if fx > WIDTH * 0.6 { "end" } else { "start" };
+            let dx = if anchor == "end" { -6.0 } else { 6.0 };
+            s.text(
+                fx + dx,
+                top + 12.0 + 14.0 * i as f64,
+                &format!(
+                    "✕ {} of {} failed ({})",
+                    f.op,
+                    fmt_bytes(f.bytes),
+                    error_name(f.error)
+                ),
+                anchor,
+                "fail",
+            );
+        }
+    }
+    s.finish()
+}
+
+/// Per-op latency: one row per op with per-call records, on a log scale —
+/// box from p25 to p75, median tick, whiskers from min to p99, max as a dot.
+fn latency_section(data: &TraceData) -> String {
+    let mut by_op: BTreeMap<&'static str, Vec<u64>> = BTreeMap::new();
+    for c in &data.calls {
+        by_op.entry(c.op_name()).or_default().push(c.dur_ns);
+    }
+    let mut rows: Vec<(&str, Vec<u64>)> = by_op
+        .into_iter()
+        .map(|(op, mut d)| {
+            d.sort_unstable();
+            (op, d)
+        })
+        .collect();
+    // Largest total time first, like `gpusleuth stats`.
+    rows.sort_by_key(|(op, d)| (std::cmp::Reverse(d.iter().sum::<u64>()), *op));
+    let mut h = String::new();
+    if rows.is_empty() {
+        h.push_str("<p>No per-call records.</p>");
+    } else {
+        h.push_str(&latency_chart(&rows));
+    }
+    let counted = counted_ops(data);
+    if !counted.is_empty() {
+        h.push_str("<p>Counted in the kernel (exact count, no per-call latency): ");
+        let parts: Vec<String> = counted
+            .iter()
+            .map(|(op, n)| format!("{op} × {n}"))
+            .collect();
+        h.push_str(&esc(&parts.join(", ")));
+        h.push_str("</p>");
+    }
+    h
+}
+
+fn counted_ops(data: &TraceData) -> Vec<(&'static str, u64)> {
+    let mut m: BTreeMap<&'static str, u64> = BTreeMap::new();
+    for c in &data.counts {
+        let name = sleuth_core::op_by_id(c.op)
+            .map(|o| o.name)
+            .unwrap_or("unknown");
+        *m.entry(name).or_default() += c.count;
+    }
+    m.into_iter().collect()
+}
+
+fn latency_chart(rows: &[(&str, Vec<u64>)]) -> String {
+    let (left, right, top, row_h) = (170.0, 270.0, 30.0, 26.0);
+    let height = top + row_h * rows.len() as f64 + 30.0;
+    let lo = rows
+        .iter()
+        .filter_map(|r| r.1.first())
+        .min()
+        .copied()
+        .unwrap_or(1)
+        .max(1) as f64;
+    let hi = rows
+        .iter()
+        .filter_map(|r| r.1.last())
+        .max()
+        .copied()
+        .unwrap_or(1)
+        .max(2) as f64;
+    let (lo, hi) = (
+        10f64.powf(lo.log10().floor()),
+        10f64.powf(hi.log10().ceil()).max(lo * 10.0),
+    );
+    let x = Log {
+        d0: lo,
+        d1: hi,
+        r0: left,
+        r1: WIDTH - right,
+    };
+    let mut s = Svg::new(WIDTH, height, "latency distribution per op");
+    s.text(
+        left,
+        16.0,
+        "call duration (log scale): whiskers min–p99, box p25–p75, | median, • max",
+        "start",
+        "t",
+    );
+    let axis_y = top + row_h * rows.len() as f64;
+    for v in decades(lo, hi) {
+        let xx = x.at(v);
+        s.line(xx, top - 4.0, xx, axis_y, "#eee", "");
+        s.text(xx, axis_y + 16.0, &fmt_ns(v as u64), "middle", "");
+    }
+    s.line(left, axis_y, WIDTH - right, axis_y, "#999", "");
+    for (i, (op, d)) in rows.iter().enumerate() {
+        let cy = top + row_h * i as f64 + row_h / 2.0;
+        let p = |q: u32| nearest_rank(d, q).unwrap_or(0) as f64;
+        let (min, p25, p50, p75, p99) = (d[0] as f64, p(25), p(50), p(75), p(99));
+        let max = *d.last().unwrap_or(&0) as f64;
+        s.text(left - 8.0, cy + 4.0, op, "end", "");
+        s.line(x.at(min), cy, x.at(p99), cy, "#555", "");
+        s.line(x.at(min), cy - 5.0, x.at(min), cy + 5.0, "#555", "");
+        s.line(x.at(p99), cy - 5.0, x.at(p99), cy + 5.0, "#555", "");
+        let bx = x.at(p25);
+        s.rect(
+            bx,
+            cy - 8.0,
+            (x.at(p75) - bx).max(2.0),
+            16.0,
+            "#a9c4e0",
+            Some(&format!(
+                "{op}: n={} min {} p25 {} p50 {} p75 {} p99 {} max {}",
+                d.len(),
+                fmt_ns(min as u64),
+                fmt_ns(p25 as u64),
+                fmt_ns(p50 as u64),
+                fmt_ns(p75 as u64),
+                fmt_ns(p99 as u64),
+                fmt_ns(max as u64)
+            )),
+        );
+        s.line(
+            x.at(p50),
+            cy - 8.0,
+            x.at(p50),
+            cy + 8.0,
+            "#1f3b5a",
+            r#"stroke-width="2""#,
+        );
+        s.circle(
+            x.at(max),
+            cy,
+            3.0,
+            "#1f3b5a",
+            &format!("max {}", fmt_ns(max as u64)),
+        );
+        s.text(
+            WIDTH - right + 10.0,
+            cy + 4.0,
+            &format!(
+                "n={}  p50 {}  p99 {}  max {}",
+                d.len(),
+                fmt_ns(p50 as u64),
+                fmt_ns(p99 as u64),
+                fmt_ns(max as u64)
+            ),
+            "start",
+            "",
+        );
+    }
+    s.finish()
+}
+
+/// The slowest calls (driver calls nested in a runtime call are left out:
+/// they are part of their caller's bar), each a bar split on-CPU /
+/// runnable / blocked, with the tasks that held the CPU.
+fn slowest_section(data: &TraceData, per_call: &[Vec<Culprit>], origin: u64) -> String {
+    let mut idx: Vec<usize> = (0..data.calls.len())
+        .filter(|&i| !data.calls[i].nested)
+        .collect();
+    idx.sort_by_key(|&i| (std::cmp::Reverse(data.calls[i].dur_ns), i));
+    idx.truncate(SLOWEST_CALLS);
+    if idx.is_empty() {
+        return "<p>No per-call records.</p>".into();
+    }
+    let mut h = format!(
+        "<div class=\"legend\"><span style=\"background:{ON_CPU}\"></span>on-CPU\
+         <span style=\"background:{RUNNABLE}\"></span>runnable (CPU taken by another task)\
+         <span style=\"background:{BLOCKED}\"></span>blocked (sleeping: GPU wait, lock, I/O)</div>"
+    );
+    if !data.has_host_context {
+        h.push_str("<p class=\"note\">This trace has no host context (imported): the split is unknown and shown as on-CPU.</p>");
+    }
+    let (left, right, top, row_h) = (230.0, 400.0, 10.0, 26.0);
+    let height = top + row_h * idx.len() as f64 + 10.0;
+    let longest = data.calls[idx[0]].dur_ns.max(1) as f64;
+    let x = Linear {
+        d0: 0.0,
+        d1: longest,
+        r0: left,
+        r1: WIDTH - right,
+    };
+    let mut s = Svg::new(
+        WIDTH,
+        height,
+        "slowest calls split on-CPU, runnable, blocked",
+    );
+    for (row, &i) in idx.iter().enumerate() {
+        let c = &data.calls[i];
+        let split = sleuth_core::decompose::Split::of(c);
+        let y = top + row_h * row as f64;
+        s.text(
+            left - 8.0,
+            y + 15.0,
+            &format!(
+                "{} pid {} +{}",
+                c.op_name(),
+                c.pid,
+                fmt_ns(c.ts_ns.saturating_sub(origin))
+            ),
+            "end",
+            "",
+        );
+        let mut x0 = left;
+        for (ns, color, what) in [
+            (split.on_cpu_ns, ON_CPU, "on-CPU"),
+            (split.runnable_ns, RUNNABLE, "runnable"),
+            (split.blocked_ns, BLOCKED, "blocked"),
+        ] {
+            let w = x.at(ns as f64) - left;
+            s.rect(
+                x0,
+                y + 4.0,
+                w,
+                16.0,
+                color,
+                Some(&format!("{what} {}", fmt_ns(ns))),
+            );
+            x0 += w;
+        }
+        let culprits = per_call.get(i).map(Vec::as_slice).unwrap_or(&[]);
+        // The main culprit by name; the others as a count (the bar's title lists none,
+        // `gpusleuth stats` and the Perfetto export list them all).
+        let mut who: Vec<String> = culprits
+            .iter()
+            .take(1)
+            .map(|k| format!("{} (pid {}) {}", truncate(&k.comm, 20), k.pid, fmt_ns(k.ns)))
+            .collect();
+        if culprits.len() > 1 {
+            who.push(format!("+{} more", culprits.len() - 1));
+        }
+        let mut label = fmt_ns(c.dur_ns);
+        if c.failed() {
+            label.push_str(&format!(" ret {}", c.ret));
+        }
+        if !who.is_empty() {
+            label.push_str(&format!(" — CPU held by {}", who.join(", ")));
+        }
+        s.text(x0 + 6.0, y + 15.0, &label, "start", "");
+    }
+    h.push_str(&s.finish());
+    h
+}
+
+/// Processes nested under their parents, with their calls and memory.
+fn process_tree(data: &TraceData, ledgers: &[ProcessLedger]) -> String {
+    if data.processes.is_empty() {
+        return "<p>No process recorded.</p>".into();
+    }
+    let pids: Vec<u32> = data.processes.iter().map(|p| p.pid).collect();
+    let mut children: HashMap<Option<u32>, Vec<u32>> = HashMap::new();
+    for p in &data.processes {
+        let parent = p.ppid.filter(|pp| pids.contains(pp) && *pp != p.pid);
+        children.entry(parent).or_default().push(p.pid);
+    }
+    let mut calls: HashMap<u32, u64> = HashMap::new();
+    for c in &data.calls {
+        *calls.entry(c.pid).or_default() += 1;
+    }
+    for c in &data.counts {
+        *calls.entry(c.pid).or_default() += c.count;
+    }
+    let peaks: HashMap<u32, u64> = ledgers.iter().map(|l| (l.pid, l.peak_bytes)).collect();
+    let mut h = String::from("<ul class=\"tree\">");
+    // Iterative walk: a deep fork chain cannot overflow the stack.
+    let mut roots = children.get(&None).cloned().unwrap_or_default();
+    roots.sort_unstable();
+    let mut todo: Vec<Option<u32>> = roots.into_iter().rev().map(Some).collect();
+    // `None` in `todo` closes one nested list.
+    while let Some(item) = todo.pop() {
+        let Some(pid) = item else {
+            h.push_str("</ul></li>");
+            continue;
+        };
+        let Some(p) = data.process(pid) else { continue };
+        let exit = match (p.exit_code, p.oom_victim) {
+            (_, true) => " — killed by the OOM killer".to_string(),
+            (Some(code), _) if code & 0x7f != 0 => format!(" — killed by signal {}", code & 0x7f),
+            (Some(code), _) => format!(" — exit {}", code >> 8),
+            (None, _) => String::new(),
+        };
+        let _ = write!(
+            h,
+            "<li><b>{}</b> pid {} — {} calls, device peak {}{} <code>{}</code>",
+            esc(&p.comm),
+            p.pid,
+            calls.get(&pid).copied().unwrap_or(0),
+            fmt_bytes(peaks.get(&pid).copied().unwrap_or(0)),
+            esc(&exit),
+            esc(&truncate(&p.cmdline, 160))
+        );
+        let mut kids = children.get(&Some(pid)).cloned().unwrap_or_default();
+        kids.sort_unstable();
+        if kids.is_empty() {
+            h.push_str("</li>");
+        } else {
+            h.push_str("<ul class=\"tree\">");
+            todo.push(None);
+            todo.extend(kids.into_iter().rev().map(Some));
+        }
+    }
+    h.push_str("</ul>");
+    h
+}
+
+fn truncate(s: &str, max: usize) -> String {
+    if s.chars().count() <= max {
+        s.to_string()
+    } else {
+        let mut t: String = s.chars().take(max).collect();
+        t.push('…');
+        t
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sleuth_core::ProcessInfo;
+
+    #[test]
+    fn tree_nests_children_and_escapes_names() {
+        let proc_ = |pid, ppid, comm: &str| ProcessInfo {
+            pid,
+            ppid,
+            comm: comm.into(),
+            ..Default::default()
+        };
+        let data = TraceData {
+            processes: vec![
+                proc_(1, Some(0), "init<x>"),
+                proc_(2, Some(1), "child"),
+                proc_(3, Some(2), "grandchild"),
+                proc_(4, Some(1), "sibling"),
+            ],
+            ..Default::default()
+        };
+        let h = process_tree(&data, &[]);
+        assert!(h.contains("init&lt;x&gt;"));
+        assert_eq!(h.matches("<ul").count(), h.matches("</ul>").count());
+        assert_eq!(h.matches("<li>").count(), 4);
+        let (c, g, s) = (
+            h.find("child").unwrap(),
+            h.find("grandchild").unwrap(),
+            h.find("sibling").unwrap(),
+        );
+        assert!(c < g && g < s);
+    }
+}

@@ -1,0 +1,209 @@
+//! Hand-written SVG for the HTML report: a tiny element builder and axis
+//! helpers. The report needs a step line, boxes and stacked bars; a few
+//! hundred lines of SVG text are simpler to review than a plotting crate.
+
+use std::fmt::Write as _;
+
+/// Escapes text for HTML and SVG (element content and attribute values).
+pub fn esc(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for ch in s.chars() {
+        match ch {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c if c.is_control() && c != '\n' && c != '\t' => out.push('\u{fffd}'),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// One SVG document being built.
+pub struct Svg {
+    width: f64,
+    height: f64,
+    label: String,
+    body: String,
+}
+
+impl Svg {
+    pub fn new(width: f64, height: f64, label: &str) -> Svg {
+        Svg {
+            width,
+            height,
+            label: label.to_string(),
+            body: String::new(),
+        }
+    }
+
+    pub fn line(&mut self, x1: f64, y1: f64, x2: f64, y2: f64, stroke: &str, style: &str) {
+        let _ = write!(
+            self.body,
+            r#"<line x1="{x1:.1}" y1="{y1:.1}" x2="{x2:.1}" y2="{y2:.1}" stroke="{stroke}" {style}/>"#
+        );
+    }
+
+    /// A rectangle with an optional hover title.
+    pub fn rect(&mut self, x: f64, y: f64, w: f64, h: f64, fill: &str, title: Option<&str>) {
+        let _ = write!(
+            self.body,
+            r#"<rect x="{x:.1}" y="{y:.1}" width="{:.1}" height="{:.1}" fill="{fill}">"#,
+            w.max(0.0),
+            h.max(0.0)
+        );
+        if let Some(t) = title {
+            let _ = write!(self.body, "<title>{}</title>", esc(t));
+        }
+        self.body.push_str("</rect>");
+    }
+
+    pub fn circle(&mut self, x: f64, y: f64, r: f64, fill: &str, title: &str) {
+        let _ = write!(
+            self.body,
+            r#"<circle cx="{x:.1}" cy="{y:.1}" r="{r}" fill="{fill}"><title>{}</title></circle>"#,
+            esc(title)
+        );
+    }
+
+    /// Text; `anchor` is start, middle or end.
+    pub fn text(&mut self, x: f64, y: f64, s: &str, anchor: &str, class: &str) {
+        let _ = write!(
+            self.body,
+            r#"<text x="{x:.1}" y="{y:.1}" text-anchor="{anchor}" class="{class}">{}</text>"#,
+            esc(s)
+        );
+    }
+
+    pub fn path(&mut self, d: &str, stroke: &str, fill: &str, width: f64) {
+        let _ = write!(
+            self.body,
+            r#"<path d="{d}" stroke="{stroke}" fill="{fill}" stroke-width="{width}"/>"#
+        );
+    }
+
+    pub fn finish(self) -> String {
+        format!(
+            r#"<svg xmlns="http://www.w3.org/2000/svg" class="chart" viewBox="0 0 {w} {h}" width="{w}" height="{h}" role="img" aria-label="{l}">{b}</svg>"#,
+            w = self.width,
+            h = self.height,
+            l = esc(&self.label),
+            b = self.body
+        )
+    }
+}
+
+/// Maps a value range onto a pixel range.
+#[derive(Clone, Copy)]
+pub struct Linear {
+    pub d0: f64,
+    pub d1: f64,
+    pub r0: f64,
+    pub r1: f64,
+}
+
+impl Linear {
+    pub fn at(&self, v: f64) -> f64 {
+        if self.d1 <= self.d0 {
+            return self.r0;
+        }
+        self.r0 + (v - self.d0) / (self.d1 - self.d0) * (self.r1 - self.r0)
+    }
+}
+
+/// Log10 scale (values clamped to the domain, which must be > 0).
+#[derive(Clone, Copy)]
+pub struct Log {
+    pub d0: f64,
+    pub d1: f64,
+    pub r0: f64,
+    pub r1: f64,
+}
+
+impl Log {
+    pub fn at(&self, v: f64) -> f64 {
+        let (a, b) = (self.d0.log10(), self.d1.log10());
+        if b <= a {
+            return self.r0;
+        }
+        let v = v.clamp(self.d0, self.d1).log10();
+        self.r0 + (v - a) / (b - a) * (self.r1 - self.r0)
+    }
+}
+
+/// About `n` round tick values covering `[0, max]` (steps of 1, 2 or 5 × 10^k).
+pub fn nice_ticks(max: f64, n: usize) -> Vec<f64> {
+    if max <= 0.0 || !max.is_finite() {
+        return vec![0.0];
+    }
+    let raw = max / n.max(1) as f64;
+    let mag = 10f64.powf(raw.log10().floor());
+    let step = [1.0, 2.0, 5.0, 10.0]
+        .iter()
+        .map(|m| m * mag)
+        .find(|s| *s >= raw)
+        .unwrap_or(10.0 * mag);
+    let mut out = Vec::new();
+    let mut v = 0.0;
+    while v <= max * (1.0 + 1e-9) {
+        out.push(v);
+        v += step;
+    }
+    out
+}
+
+/// Powers of ten within `[lo, hi]`, for a log axis.
+pub fn decades(lo: f64, hi: f64) -> Vec<f64> {
+    let mut out = Vec::new();
+    if lo <= 0.0 || hi < lo {
+        return out;
+    }
+    let mut v = 10f64.powf(lo.log10().floor());
+    while v <= hi * (1.0 + 1e-9) {
+        if v >= lo * (1.0 - 1e-9) {
+            out.push(v);
+        }
+        v *= 10.0;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escapes_markup() {
+        assert_eq!(
+            esc("<a href=\"x\">&'"),
+            "&lt;a href=&quot;x&quot;&gt;&amp;&#39;"
+        );
+    }
+
+    #[test]
+    fn ticks_are_round() {
+        assert_eq!(nice_ticks(10.0, 5), vec![0.0, 2.0, 4.0, 6.0, 8.0, 10.0]);
+        assert_eq!(nice_ticks(0.0, 5), vec![0.0]);
+        assert_eq!(decades(3.0, 2000.0), vec![10.0, 100.0, 1000.0]);
+    }
+
+    #[test]
+    fn scales_map_ends() {
+        let l = Linear {
+            d0: 0.0,
+            d1: 10.0,
+            r0: 100.0,
+            r1: 0.0,
+        };
+        assert_eq!(l.at(10.0), 0.0);
+        let g = Log {
+            d0: 1.0,
+            d1: 100.0,
+            r0: 0.0,
+            r1: 200.0,
+        };
+        assert_eq!(g.at(10.0), 100.0);
+    }
+}
