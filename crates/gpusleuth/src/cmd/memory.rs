@@ -71,6 +71,22 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         .start_ns
         .or_else(|| data.calls.iter().map(|c| c.ts_ns).min())
         .unwrap_or(0);
+    if let Some(o) = at_offset {
+        // A moment past the end is a mistake (often an absolute timestamp
+        // given where an offset is expected), not "the state at the end".
+        let end = data
+            .end_ns
+            .or_else(|| data.calls.iter().map(|c| c.end_ns()).max())
+            .unwrap_or(origin);
+        let span = end.saturating_sub(origin);
+        if o > span {
+            anyhow::bail!(
+                "--at {}: the trace lasts only {} (--at is the time since the trace started)",
+                fmt_ns(o),
+                fmt_ns(span)
+            );
+        }
+    }
     let at_abs = at_offset.map(|o| origin.saturating_add(o));
     let processes = ledger(&data, at_abs);
     if args.json {

@@ -459,3 +459,38 @@ fn nested_driver_calls_are_not_judged_twice() {
     assert_eq!(pre.len(), 1, "{:?}", kinds(&f));
     assert_eq!(pre[0].op, "cudaMemcpy");
 }
+
+#[test]
+fn advice_follows_the_main_culprit_not_a_minor_own_thread() {
+    // The neighbour (pid 900) takes almost all the lost time; a helper thread
+    // of the traced process (pid 1) a sliver: the advice is about neighbours.
+    let mut d = preempted_trace(1, MS);
+    let waits_culprits = vec![vec![
+        Culprit {
+            pid: 900,
+            tid: 900,
+            comm: "neighbour".into(),
+            ns: MS - 1000,
+        },
+        Culprit {
+            pid: 1,
+            tid: 7,
+            comm: "cuda-EvtHandlr".into(),
+            ns: 1000,
+        },
+    ]];
+    let mut per_call = vec![Vec::new(); d.calls.len()];
+    per_call[0] = waits_culprits.into_iter().next().unwrap();
+    d.calls[0].pid = 1;
+    let r = crate::findings::explain_with(&d, &per_call);
+    let pre = of_kind(&r.findings, Kind::CpuPreemption);
+    assert_eq!(pre.len(), 1);
+    assert_eq!(pre[0].culprits[0].pid, 900);
+    assert!(
+        !pre[0]
+            .recommendation
+            .starts_with("Threads of the traced process"),
+        "{}",
+        pre[0].recommendation
+    );
+}

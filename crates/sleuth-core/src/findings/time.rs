@@ -205,7 +205,9 @@ pub(super) fn cpu_preemption(ctx: &Context) -> Vec<Finding> {
             ms(wall),
             who
         );
-        let same_process = culprits.iter().any(|c| affected.contains(&c.pid));
+        // Advice follows the main culprit: a CUDA helper thread of the process
+        // itself taking 0.1% must not turn a neighbour problem into a threading one.
+        let same_process = culprits.first().is_some_and(|c| affected.contains(&c.pid));
         let recommendation = if same_process {
             "Threads of the traced process itself compete for the CPU with the thread issuing CUDA calls: \
              reduce CPU-side worker threads (e.g. OMP_NUM_THREADS, DataLoader workers) or give the CUDA \
