@@ -6,6 +6,7 @@
 mod cmd;
 mod held_child;
 mod live;
+mod metrics;
 mod output;
 mod procinfo;
 mod signals;

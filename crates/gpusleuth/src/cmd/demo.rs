@@ -89,6 +89,7 @@ fn live(dir: &Path) -> Result<i32> {
         max_db: 256 << 20,
         ready_file: None,
         quiet: true,
+        metrics: None,
         command: vec![sim.workload.display().to_string(), SCENARIO.to_string()],
     };
     let traced = crate::cmd::trace::run(trace_args);

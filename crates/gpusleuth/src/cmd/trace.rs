@@ -43,6 +43,9 @@ pub struct Args {
     /// Create this file once probes are attached (for scripts and tests).
     #[arg(long = "ready-file", value_name = "PATH")]
     pub ready_file: Option<PathBuf>,
+    /// Serve OpenMetrics on http://ADDR/metrics while tracing (a bare port binds loopback).
+    #[arg(long, value_name = "ADDR", value_parser = crate::metrics::parse_addr)]
+    pub metrics: Option<std::net::SocketAddr>,
     /// No live view; only the final summary.
     #[arg(long, short)]
     pub quiet: bool,
@@ -216,6 +219,7 @@ pub fn run(args: Args) -> Result<i32> {
 
     let mut cap = Capture::start(matches!(target, Target::All), args.launches)?;
     let mut session = Session::new(handle.clone(), start_mono, args.quiet);
+    session.metrics = args.metrics.map(crate::metrics::serve).transpose()?;
 
     // Libraries known before anything runs: explicit, the command's environment, standard places.
     let env: Vec<(String, String)> = std::env::vars().collect();
@@ -331,6 +335,9 @@ pub fn run(args: Args) -> Result<i32> {
         }
         if last_scan.elapsed() >= Duration::from_millis(200) {
             last_scan = Instant::now();
+            if let Some(m) = &session.metrics {
+                m.set_kernel_counters(&cap.loss_stats(), &cap.op_counts());
+            }
             let pids: Vec<u32> = if matches!(target, Target::All) {
                 procinfo::all_pids()
             } else {
@@ -426,6 +433,8 @@ struct Session {
     decode_errors: u64,
     /// First error from the database writer; tracing stops on it.
     writer_error: Option<String>,
+    /// `--metrics`: live counters served over HTTP.
+    metrics: Option<std::sync::Arc<crate::metrics::Metrics>>,
 }
 
 impl Session {
@@ -442,6 +451,7 @@ impl Session {
             n_procs: 0,
             decode_errors: 0,
             writer_error: None,
+            metrics: None,
         }
     }
 
@@ -517,6 +527,9 @@ impl Session {
                     }
                 }
                 self.live.observe(&ev);
+                if let Some(m) = &self.metrics {
+                    m.observe(&ev);
+                }
                 let r = self.handle.send(ev);
                 self.check(r);
             }

@@ -1,0 +1,291 @@
+//! The text exposition: OpenMetrics 1.0 (`# EOF`, counters declared without
+//! `_total`) or Prometheus text 0.0.4 (counters declared with it).
+
+use super::state::{OpSeries, Proc, State, BUCKETS_S};
+use sleuth_core::op_by_id;
+use sleuth_core::record::stat;
+use std::fmt::Write as _;
+
+/// Escapes a label value (backslash, quote, newline).
+fn label(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+struct Out {
+    text: String,
+    openmetrics: bool,
+}
+
+impl Out {
+    /// `# HELP` / `# TYPE` of a family; returns the sample name prefix.
+    fn family(&mut self, name: &str, kind: &str, help: &str) -> String {
+        let declared = if kind == "counter" && !self.openmetrics {
+            format!("{name}_total")
+        } else {
+            name.to_string()
+        };
+        let _ = writeln!(self.text, "# HELP {declared} {help}");
+        let _ = writeln!(self.text, "# TYPE {declared} {kind}");
+        name.to_string()
+    }
+
+    fn sample(&mut self, name: &str, labels: &str, value: impl std::fmt::Display) {
+        if labels.is_empty() {
+            let _ = writeln!(self.text, "{name} {value}");
+        } else {
+            let _ = writeln!(self.text, "{name}{{{labels}}} {value}");
+        }
+    }
+}
+
+fn secs(ns: u128) -> f64 {
+    ns as f64 / 1e9
+}
+
+/// Every labelled process, then `other` when it holds anything.
+fn processes(s: &State) -> Vec<(String, &str, &Proc)> {
+    let mut v: Vec<(String, &str, &Proc)> = s
+        .procs
+        .iter()
+        .map(|(pid, p)| (pid.to_string(), p.comm.as_str(), p))
+        .collect();
+    let other_used =
+        !s.other.ops.is_empty() || s.kernel_counts_by_label().keys().any(|k| k.0.is_none());
+    if other_used {
+        v.push(("other".into(), "other", &s.other));
+    }
+    v
+}
+
+fn op_labels(op: u16, pid: &str, comm: &str) -> Option<String> {
+    let info = op_by_id(op)?;
+    Some(format!(
+        "op=\"{}\",layer=\"{}\",pid=\"{}\",comm=\"{}\"",
+        info.name,
+        info.layer.as_str(),
+        pid,
+        label(comm)
+    ))
+}
+
+pub fn render(s: &State, openmetrics: bool) -> String {
+    let mut o = Out {
+        text: String::new(),
+        openmetrics,
+    };
+    let procs = processes(s);
+    let kernel = s.kernel_counts_by_label();
+
+    let n = o.family(
+        "gpusleuth_cuda_calls",
+        "counter",
+        "CUDA calls completed, per-call records plus calls counted in the kernel (launch hot paths).",
+    );
+    for (pid, comm, p) in &procs {
+        let key = pid.parse::<u32>().ok();
+        let mut ops: std::collections::BTreeMap<u16, u64> =
+            p.ops.iter().map(|(op, st)| (*op, st.calls)).collect();
+        for ((kpid, op), count) in &kernel {
+            if *kpid == key {
+                *ops.entry(*op).or_default() += count;
+            }
+        }
+        for (op, calls) in ops {
+            if let Some(l) = op_labels(op, pid, comm) {
+                o.sample(&format!("{n}_total"), &l, calls);
+            }
+        }
+    }
+
+    let per_call = |o: &mut Out, f: &mut dyn FnMut(&mut Out, &str, &OpSeries)| {
+        for (pid, comm, p) in &procs {
+            for (op, st) in &p.ops {
+                if let Some(l) = op_labels(*op, pid, comm) {
+                    f(o, &l, st);
+                }
+            }
+        }
+    };
+
+    let n = o.family(
+        "gpusleuth_cuda_errors",
+        "counter",
+        "CUDA calls that returned an error (per-call records only).",
+    );
+    per_call(&mut o, &mut |o, l, st| {
+        o.sample(&format!("{n}_total"), l, st.errors)
+    });
+
+    let n = o.family(
+        "gpusleuth_cuda_call_duration_seconds",
+        "histogram",
+        "Wall time of CUDA calls (per-call records only).",
+    );
+    per_call(&mut o, &mut |o, l, st| {
+        let mut cum = 0u64;
+        for (i, b) in BUCKETS_S.iter().enumerate() {
+            cum += st.buckets[i];
+            o.sample(&format!("{n}_bucket"), &format!("{l},le=\"{b}\""), cum);
+        }
+        cum += st.buckets[BUCKETS_S.len()];
+        o.sample(&format!("{n}_bucket"), &format!("{l},le=\"+Inf\""), cum);
+        o.sample(&format!("{n}_sum"), l, secs(st.sum_ns));
+        o.sample(&format!("{n}_count"), l, st.calls);
+    });
+
+    let n = o.family(
+        "gpusleuth_cuda_call_time_seconds",
+        "counter",
+        "Wall time inside CUDA calls split by thread state: on_cpu, runnable (CPU taken by another task), blocked (sleeping).",
+    );
+    per_call(&mut o, &mut |o, l, st| {
+        for (i, state) in ["on_cpu", "runnable", "blocked"].iter().enumerate() {
+            o.sample(
+                &format!("{n}_total"),
+                &format!("{l},state=\"{state}\""),
+                secs(st.split[i]),
+            );
+        }
+    });
+
+    for (name, help, get) in [
+        (
+            "gpusleuth_device_live_bytes",
+            "Device memory allocated and not yet freed by the process (cudaMalloc-family and cuMemCreate, each allocation once).",
+            (|p: &Proc| p.live_bytes) as fn(&Proc) -> u64,
+        ),
+        (
+            "gpusleuth_device_peak_bytes",
+            "Highest device_live_bytes of the process since tracing started.",
+            |p: &Proc| p.peak_bytes,
+        ),
+    ] {
+        let n = o.family(name, "gauge", help);
+        for (pid, comm, p) in &procs {
+            if *pid != "other" {
+                o.sample(&n, &format!("pid=\"{pid}\",comm=\"{}\"", label(comm)), get(p));
+            }
+        }
+    }
+
+    let n = o.family(
+        "gpusleuth_dropped_events",
+        "counter",
+        "Events lost before reaching user space, by cause.",
+    );
+    for (i, cause) in stat::NAMES.iter().enumerate() {
+        o.sample(
+            &format!("{n}_total"),
+            &format!("cause=\"{cause}\""),
+            s.drops[i],
+        );
+    }
+
+    let n = o.family(
+        "gpusleuth_events",
+        "counter",
+        "Events decoded from the kernel, by kind.",
+    );
+    for (i, kind) in ["call", "wait", "proc"].iter().enumerate() {
+        o.sample(
+            &format!("{n}_total"),
+            &format!("kind=\"{kind}\""),
+            s.events[i],
+        );
+    }
+
+    let n = o.family(
+        "gpusleuth_labelled_processes",
+        "gauge",
+        "Processes with their own pid/comm labels now (the rest count under pid=\"other\").",
+    );
+    o.sample(&n, "", s.procs.len());
+
+    if openmetrics {
+        o.text.push_str("# EOF\n");
+    }
+    o.text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sleuth_core::{op_by_name, CallEvent, Event, OpCount};
+
+    fn state() -> State {
+        let mut s = State::default();
+        s.observe(
+            &Event::Call(CallEvent {
+                ts_ns: 0,
+                dur_ns: 3_000,
+                pid: 7,
+                tid: 7,
+                op: op_by_name("cudaMalloc").unwrap().id,
+                ret: 0,
+                size: Some(4096),
+                ptr: Some(0x10),
+                stream: None,
+                kind: None,
+                nested: false,
+                runnable_ns: 1_000,
+                blocked_ns: 0,
+                cpu: 0,
+            }),
+            |_| "a\"b".to_string(),
+        );
+        let launch = op_by_name("cuLaunchKernel").unwrap().id;
+        s.set_kernel_counters(
+            &[0, 0, 0, 0, 0, 0, 5, 0],
+            &[
+                OpCount {
+                    pid: 7,
+                    op: launch,
+                    count: 40,
+                },
+                OpCount {
+                    pid: 8,
+                    op: launch,
+                    count: 2,
+                },
+            ],
+        );
+        s
+    }
+
+    #[test]
+    fn openmetrics_text() {
+        let t = render(&state(), true);
+        let l = r#"op="cudaMalloc",layer="runtime",pid="7",comm="a\"b""#;
+        assert!(t.contains("# TYPE gpusleuth_cuda_calls counter\n"), "{t}");
+        assert!(
+            t.contains(&format!("gpusleuth_cuda_calls_total{{{l}}} 1\n")),
+            "{t}"
+        );
+        assert!(t.contains(r#"gpusleuth_cuda_calls_total{op="cuLaunchKernel",layer="driver",pid="7",comm="a\"b"} 40"#));
+        assert!(t.contains(r#"gpusleuth_cuda_calls_total{op="cuLaunchKernel",layer="driver",pid="other",comm="other"} 2"#));
+        assert!(t.contains(&format!(
+            "gpusleuth_cuda_call_duration_seconds_bucket{{{l},le=\"0.000001\"}} 0\n"
+        )));
+        assert!(t.contains(&format!(
+            "gpusleuth_cuda_call_duration_seconds_bucket{{{l},le=\"0.000005\"}} 1\n"
+        )));
+        assert!(t.contains(&format!(
+            "gpusleuth_cuda_call_duration_seconds_bucket{{{l},le=\"+Inf\"}} 1\n"
+        )));
+        assert!(t.contains(&format!(
+            "gpusleuth_cuda_call_time_seconds_total{{{l},state=\"runnable\"}} 0.000001\n"
+        )));
+        assert!(t.contains("gpusleuth_device_live_bytes{pid=\"7\",comm=\"a\\\"b\"} 4096\n"));
+        assert!(t.contains("gpusleuth_dropped_events_total{cause=\"unmatched_return\"} 5\n"));
+        assert!(t.ends_with("# EOF\n"));
+    }
+
+    #[test]
+    fn prometheus_text_declares_counters_with_total() {
+        let t = render(&state(), false);
+        assert!(t.contains("# TYPE gpusleuth_cuda_calls_total counter\n"));
+        assert!(!t.contains("# EOF"));
+    }
+}

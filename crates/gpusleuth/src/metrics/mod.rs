@@ -1,0 +1,95 @@
+//! Live metrics of `gpusleuth trace --metrics ADDR`, served as OpenMetrics
+//! (or Prometheus text 0.0.4, by the scraper's `Accept` header) on
+//! `GET /metrics`. See docs/metrics.md for every name and label.
+//!
+//! The capture loop hands each decoded event to [`Metrics::observe`] and, a
+//! five times a second, the kernel-side counters (drops, in-kernel launch
+//! counts) to [`Metrics::set_kernel_counters`]. Label cardinality is bounded:
+//! ops come from the fixed op table, and at most [`MAX_PROCESSES`] processes
+//! get their own `pid`/`comm` labels (`state::MAX_PROCESSES`, see `state`).
+
+mod encode;
+mod http;
+mod state;
+
+use sleuth_core::{Event, OpCount};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// Shared between the capture loop (writer) and the HTTP thread (reader).
+pub struct Metrics {
+    state: Mutex<state::State>,
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        Metrics {
+            state: Mutex::new(state::State::default()),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, state::State> {
+        // A panic while holding the lock leaves plain counters behind: still usable.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Accounts one decoded event.
+    pub fn observe(&self, ev: &Event) {
+        self.lock().observe(ev, read_comm);
+    }
+
+    /// Replaces the kernel-side counters: losses indexed like
+    /// `record::stat::NAMES`, and the in-kernel per-process op counts.
+    pub fn set_kernel_counters(&self, losses: &[u64], counts: &[OpCount]) {
+        self.lock().set_kernel_counters(losses, counts);
+    }
+
+    /// The exposition text; `openmetrics` selects the format.
+    pub fn render(&self, openmetrics: bool) -> String {
+        encode::render(&self.lock(), openmetrics)
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+/// Binds `addr` and serves `GET /metrics` from a background thread.
+pub fn serve(addr: SocketAddr) -> anyhow::Result<Arc<Metrics>> {
+    let metrics = Arc::new(Metrics::new());
+    http::spawn(addr, metrics.clone())?;
+    Ok(metrics)
+}
+
+/// `--metrics` values: `HOST:PORT`, `[V6]:PORT`, or a bare `PORT` (loopback).
+pub fn parse_addr(s: &str) -> Result<SocketAddr, String> {
+    let s = s.trim();
+    if let Ok(port) = s.trim_start_matches(':').parse::<u16>() {
+        return Ok(SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port));
+    }
+    s.parse::<SocketAddr>()
+        .map_err(|_| format!("'{s}' is not an address (e.g. 127.0.0.1:9464, or a port)"))
+}
+
+/// The process name, read once when a process is first seen.
+fn read_comm(pid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .map(|s| s.trim_end().to_string())
+        .unwrap_or_else(|_| "?".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_default_to_loopback() {
+        assert_eq!(parse_addr("9464").unwrap().to_string(), "127.0.0.1:9464");
+        assert_eq!(parse_addr(":9464").unwrap().to_string(), "127.0.0.1:9464");
+        assert_eq!(parse_addr("0.0.0.0:1").unwrap().to_string(), "0.0.0.0:1");
+        assert!(parse_addr("[::1]:9464").is_ok());
+        assert!(parse_addr("localhost:x").is_err());
+    }
+}
