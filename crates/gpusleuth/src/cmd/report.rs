@@ -560,7 +560,7 @@ fn slowest_section(data: &TraceData, per_call: &[Vec<Culprit>], origin: u64) -> 
     if !data.has_host_context {
         h.push_str("<p class=\"note\">This trace has no host context (imported): the split is unknown and shown as on-CPU.</p>");
     }
-    let (left, right, top, row_h) = (230.0, 400.0, 10.0, 26.0);
+    let (left, right, top, row_h) = (290.0, 380.0, 10.0, 26.0);
     let height = top + row_h * idx.len() as f64 + 10.0;
     let longest = data.calls[idx[0]].dur_ns.max(1) as f64;
     let x = Linear {
