@@ -2,6 +2,7 @@
 //! every analysis (statistics, time decomposition, memory ledger, findings).
 //! Nothing here touches the OS, so every diagnosis is testable from data.
 
+pub mod allocator;
 pub mod culprits;
 pub mod data;
 pub mod decompose;

@@ -1,0 +1,546 @@
+//! PyTorch's caching allocator rebuilt from outside: which blocks are live
+//! (allocated, the counterpart of `torch.cuda.memory_allocated()`), inside
+//! which CUDA segments (reserved), and so where the gap reserved − allocated
+//! sits and why `empty_cache()` cannot give it back (a segment, or a mapped
+//! page of an expandable segment, is released only when entirely free).
+//!
+//! Input: the `Block` words of `DeviceCachingAllocator::malloc` (read at
+//! return), `::free` (read at entry, before neighbours are merged, so the
+//! freed block's ptr and size are those handed out) and `::release_block`
+//! events, plus the process's CUDA calls. Field offsets inside `Block` are
+//! calibrated from the data (see `calibrate`); the reconstruction refuses to
+//! answer when they cannot be. Reserved bytes come from the ledger; the
+//! segments found here must add up to them, and any mismatch is reported as
+//! an inconsistency rather than hidden.
+//!
+//! Pools: a segment is in the small pool when it is exactly 2 MiB and every
+//! block overlapping it is ≤ 1 MiB (PyTorch serves requests ≤ 1 MiB from
+//! 2 MiB segments and larger ones from segments of 20 MiB or more, or from
+//! 20 MiB pages when expandable); otherwise it is in the large pool.
+
+mod calibrate;
+mod segments;
+#[cfg(test)]
+mod tests;
+
+pub use calibrate::{Calibration, Layout, BLOCK_ROUNDING, MIN_AGREEMENT};
+pub use segments::SegmentKind;
+
+use crate::data::TraceData;
+use crate::event::{BlockEvent, CallEvent};
+use crate::ledger::{ProcessLedger, Ptr};
+use crate::ops::{op_by_id, OpClass};
+use segments::SegmentMap;
+use serde::Serialize;
+use std::collections::{BTreeMap, HashMap};
+
+/// Segment size of PyTorch's small pool (`kSmallBuffer`).
+pub const SMALL_SEGMENT_BYTES: u64 = 2 << 20;
+/// Largest block of the small pool (`kSmallSize`).
+pub const SMALL_BLOCK_MAX_BYTES: u64 = 1 << 20;
+
+/// One event of a process in replay order.
+#[derive(Clone, Copy)]
+enum Step<'a> {
+    Call(&'a CallEvent),
+    Block(&'a BlockEvent),
+}
+
+impl Step<'_> {
+    fn end_ns(&self) -> u64 {
+        match self {
+            Step::Call(c) => c.end_ns(),
+            Step::Block(b) => b.end_ns,
+        }
+    }
+}
+
+/// The process's calls and allocator events by completion time; at equal
+/// times calls go first (a segment is created inside the malloc that uses it).
+fn steps_of(data: &TraceData, pid: u32) -> Vec<Step<'_>> {
+    let mut steps: Vec<Step<'_>> = data
+        .calls
+        .iter()
+        .filter(|c| c.pid == pid)
+        .map(Step::Call)
+        .chain(data.blocks.iter().filter(|b| b.pid == pid).map(Step::Block))
+        .collect();
+    steps.sort_by_key(|s| (s.end_ns(), matches!(s, Step::Block(_))));
+    steps
+}
+
+/// Replays steps up to `at_ns` (those ending at or before it), keeping the
+/// segment map current; `visit` sees each step after it was applied.
+fn replay<'a>(
+    steps: &[Step<'a>],
+    at_ns: Option<u64>,
+    mut visit: impl FnMut(&SegmentMap, Step<'a>),
+) -> SegmentMap {
+    let mut segs = SegmentMap::default();
+    for s in steps {
+        if at_ns.is_some_and(|at| s.end_ns() > at) {
+            break;
+        }
+        if let Step::Call(c) = s {
+            segs.apply(c);
+        }
+        visit(&segs, *s);
+    }
+    segs
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Pool {
+    Small,
+    Large,
+}
+
+/// A block handed out and not yet freed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LiveBlock {
+    /// The `Block*` (key of malloc/free pairs).
+    pub block: Ptr,
+    pub ptr: Ptr,
+    /// Rounded size (what `memory_allocated()` counts).
+    pub size: u64,
+    pub requested: u64,
+    /// When the malloc returned (monotonic ns).
+    pub since_ns: u64,
+}
+
+/// One live segment with the blocks in it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Segment {
+    pub base: Ptr,
+    pub size: u64,
+    pub kind: SegmentKind,
+    pub pool: Pool,
+    pub since_ns: u64,
+    /// An allocator block has used it; false: some other library's memory.
+    pub allocator_owned: bool,
+    /// Live blocks overlapping it, by address.
+    pub live_blocks: Vec<LiveBlock>,
+    /// Bytes of live blocks inside it.
+    pub live_bytes: u64,
+    /// `size − live_bytes`: cached but unused.
+    pub free_bytes: u64,
+    /// Why `empty_cache()` can or cannot release it.
+    pub why: String,
+}
+
+/// Reserved and allocated bytes of one pool.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct PoolBytes {
+    pub segments: u64,
+    pub reserved_bytes: u64,
+    pub allocated_bytes: u64,
+    pub free_bytes: u64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Pools {
+    pub small: PoolBytes,
+    pub large: PoolBytes,
+}
+
+/// Allocator totals at one moment of the replay (reserved: the allocator's
+/// own segments).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Moment {
+    pub ts_ns: u64,
+    pub reserved_bytes: u64,
+    pub allocated_bytes: u64,
+    pub gap_bytes: i64,
+}
+
+/// An allocation that failed: at the allocator (malloc returned no block)
+/// or at CUDA level (a segment could not be created).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FailedRequest {
+    pub op: &'static str,
+    pub bytes: u64,
+    #[serde(flatten)]
+    pub at: Moment,
+}
+
+/// Event counts of the replay.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct BlockCounts {
+    pub mallocs: u64,
+    pub frees: u64,
+    pub segment_releases: u64,
+    pub failed_mallocs: u64,
+    /// Frees of a `Block*` not live in the trace (allocated before tracing).
+    pub unmatched_frees: u64,
+    /// A malloc returned a `Block*` still live: its free was lost.
+    pub reused_live_blocks: u64,
+    /// Frees whose block pointer differed from the one handed out.
+    pub free_ptr_mismatches: u64,
+}
+
+/// The rebuilt allocator state of one process.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct AllocatorState {
+    /// Σ size of live blocks: `torch.cuda.memory_allocated()`.
+    pub allocated_bytes: u64,
+    /// Σ requested size of live blocks.
+    pub requested_bytes: u64,
+    /// `allocated − requested`: rounding to 512 B and unsplit remainders.
+    pub rounding_bytes: u64,
+    /// Live device memory from the ledger (every CUDA-level allocation).
+    pub reserved_bytes: u64,
+    /// Of those, segments the allocator used: `torch.cuda.memory_reserved()`.
+    pub allocator_reserved_bytes: u64,
+    /// Live device memory no allocator block ever used (other libraries).
+    pub outside_allocator_bytes: u64,
+    /// `reserved − allocated`.
+    pub gap_bytes: i64,
+    /// Σ segment free bytes of allocator segments pinned by live blocks:
+    /// what `empty_cache()` cannot release.
+    pub pinned_free_bytes: u64,
+    /// Σ size of allocator segments with no live block: `empty_cache()` releases them.
+    pub releasable_bytes: u64,
+    /// `gap − Σ segment free bytes`: 0 when everything is accounted for.
+    pub unexplained_bytes: i64,
+    pub live_blocks: u64,
+    pub pools: Pools,
+    /// Segments by address.
+    pub segments: Vec<Segment>,
+    /// The allocator's reserved peak (after a block event) and the gap then.
+    pub peak: Option<Moment>,
+    pub failures: Vec<FailedRequest>,
+    pub counts: BlockCounts,
+    /// Expandable segments (`cuMemMap`ped ranges) in use.
+    pub expandable: bool,
+    /// What does not add up, in words.
+    pub inconsistencies: Vec<String>,
+}
+
+/// Calibration plus the state when the layout was recognised.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AllocatorView {
+    pub pid: u32,
+    pub calibration: Calibration,
+    #[serde(flatten)]
+    pub state: Option<AllocatorState>,
+}
+
+impl AllocatorView {
+    /// The line to show when the state could not be rebuilt.
+    pub fn refusal(&self) -> Option<String> {
+        if self.state.is_some() {
+            return None;
+        }
+        Some(format!(
+            "allocator layout not recognised: {}; showing the CUDA-level view",
+            self.calibration
+                .reason
+                .as_deref()
+                .unwrap_or("unknown reason")
+        ))
+    }
+}
+
+/// Allocator views of every process with allocator events, by pid, at the
+/// end or at `at_ns` (same semantics as the ledger's). `ledgers` must be the
+/// ledger of the same data at the same moment (reserved bytes come from it).
+pub fn allocator_views(
+    data: &TraceData,
+    at_ns: Option<u64>,
+    ledgers: &[ProcessLedger],
+) -> BTreeMap<u32, AllocatorView> {
+    let mut pids: Vec<u32> = data.blocks.iter().map(|b| b.pid).collect();
+    pids.sort_unstable();
+    pids.dedup();
+    pids.into_iter()
+        .map(|pid| {
+            let reserved = ledgers
+                .iter()
+                .find(|l| l.pid == pid)
+                .map(|l| l.live_bytes)
+                .unwrap_or(0);
+            (pid, allocator_view(data, pid, at_ns, reserved))
+        })
+        .collect()
+}
+
+/// The allocator view of one process; `reserved_bytes` is its ledger's live bytes at that moment.
+pub fn allocator_view(
+    data: &TraceData,
+    pid: u32,
+    at_ns: Option<u64>,
+    reserved_bytes: u64,
+) -> AllocatorView {
+    let steps = steps_of(data, pid);
+    let calibration = calibrate::calibrate(&steps);
+    let state = calibration
+        .layout()
+        .map(|layout| rebuild(&steps, layout, at_ns, reserved_bytes));
+    AllocatorView {
+        pid,
+        calibration,
+        state,
+    }
+}
+
+/// Running state of the block replay.
+#[derive(Default)]
+struct Blocks {
+    live: HashMap<u64, LiveBlock>,
+    allocated: u64,
+    requested: u64,
+    counts: BlockCounts,
+    peak: Option<Moment>,
+    failures: Vec<FailedRequest>,
+}
+
+impl Blocks {
+    fn moment(&self, ts_ns: u64, segs: &SegmentMap) -> Moment {
+        let reserved = segs.owned_total();
+        Moment {
+            ts_ns,
+            reserved_bytes: reserved,
+            allocated_bytes: self.allocated,
+            gap_bytes: reserved as i64 - self.allocated as i64,
+        }
+    }
+
+    fn drop_live(&mut self, key: u64) -> Option<LiveBlock> {
+        let old = self.live.remove(&key)?;
+        self.allocated = self.allocated.saturating_sub(old.size);
+        self.requested = self.requested.saturating_sub(old.requested);
+        Some(old)
+    }
+
+    fn apply(&mut self, segs: &mut SegmentMap, b: &BlockEvent, l: Layout) {
+        let Some(class) = op_by_id(b.op).map(|o| o.class) else {
+            return;
+        };
+        match class {
+            OpClass::BlockAlloc if b.block == 0 => {
+                self.counts.failed_mallocs += 1;
+                self.failures.push(FailedRequest {
+                    op: "DeviceCachingAllocator::malloc",
+                    bytes: b.requested.unwrap_or(0),
+                    at: self.moment(b.end_ns, segs),
+                });
+            }
+            OpClass::BlockAlloc => {
+                self.counts.mallocs += 1;
+                if self.drop_live(b.block).is_some() {
+                    self.counts.reused_live_blocks += 1;
+                }
+                let block = LiveBlock {
+                    block: Ptr(b.block),
+                    ptr: Ptr(b.words[l.ptr]),
+                    size: b.words[l.size],
+                    requested: b.requested.unwrap_or(b.words[l.requested]),
+                    since_ns: b.end_ns,
+                };
+                segs.mark_owned(block.ptr.0, block.size);
+                self.allocated = self.allocated.saturating_add(block.size);
+                self.requested = self.requested.saturating_add(block.requested);
+                self.live.insert(b.block, block);
+                self.note_peak(b.end_ns, segs);
+            }
+            OpClass::BlockFree => match self.drop_live(b.block) {
+                Some(old) => {
+                    self.counts.frees += 1;
+                    if old.ptr.0 != b.words[l.ptr] {
+                        self.counts.free_ptr_mismatches += 1;
+                    }
+                    self.note_peak(b.end_ns, segs);
+                }
+                None => self.counts.unmatched_frees += 1,
+            },
+            OpClass::BlockRelease => self.counts.segment_releases += 1,
+            _ => {}
+        }
+    }
+
+    fn note_peak(&mut self, ts: u64, segs: &SegmentMap) {
+        if self
+            .peak
+            .as_ref()
+            .is_none_or(|p| segs.owned_total() > p.reserved_bytes)
+        {
+            self.peak = Some(self.moment(ts, segs));
+        }
+    }
+
+    /// A failed CUDA-level allocation (the allocator could not grow).
+    fn cuda_failure(&mut self, c: &CallEvent, segs: &SegmentMap) {
+        let Some(info) = c.info() else { return };
+        if c.nested
+            || !c.failed()
+            || !matches!(info.class, OpClass::DeviceAlloc | OpClass::PhysCreate)
+        {
+            return;
+        }
+        self.failures.push(FailedRequest {
+            op: info.name,
+            bytes: c.size.unwrap_or(0),
+            at: self.moment(c.end_ns(), segs),
+        });
+    }
+}
+
+fn rebuild(
+    steps: &[Step<'_>],
+    layout: Layout,
+    at_ns: Option<u64>,
+    reserved_bytes: u64,
+) -> AllocatorState {
+    let mut blocks = Blocks::default();
+    // Block events also mark segments as the allocator's, so the map is
+    // replayed here by hand rather than through `replay`.
+    let mut segs = SegmentMap::default();
+    for s in steps {
+        if at_ns.is_some_and(|at| s.end_ns() > at) {
+            break;
+        }
+        match s {
+            Step::Call(c) => {
+                segs.apply(c);
+                blocks.cuda_failure(c, &segs);
+            }
+            Step::Block(b) => blocks.apply(&mut segs, b, layout),
+        }
+    }
+    assemble(blocks, &segs, reserved_bytes)
+}
+
+fn pool_of(size: u64, blocks: &[LiveBlock]) -> Pool {
+    if size == SMALL_SEGMENT_BYTES && blocks.iter().all(|b| b.size <= SMALL_BLOCK_MAX_BYTES) {
+        Pool::Small
+    } else {
+        Pool::Large
+    }
+}
+
+fn why(owned: bool, kind: SegmentKind, blocks: usize) -> String {
+    let unit = match kind {
+        SegmentKind::Malloc => "a segment",
+        SegmentKind::Mapped => "a mapped page of an expandable segment",
+    };
+    match (owned, blocks) {
+        (false, _) => "no allocator block ever used it: not the caching allocator's memory".into(),
+        (true, 0) => "entirely free: empty_cache() releases it".into(),
+        (true, n) => format!(
+            "{n} live block(s) pin it: empty_cache() releases {unit} only when entirely free"
+        ),
+    }
+}
+
+fn overlap(b: &LiveBlock, lo: u64, hi: u64) -> u64 {
+    let end = b.ptr.0.saturating_add(b.size);
+    end.min(hi).saturating_sub(b.ptr.0.max(lo))
+}
+
+fn assemble(blocks: Blocks, segs: &SegmentMap, reserved_bytes: u64) -> AllocatorState {
+    let mut live: Vec<LiveBlock> = blocks.live.into_values().collect();
+    live.sort_by_key(|b| (b.ptr, b.block));
+    let mut covered: HashMap<Ptr, u64> = HashMap::new();
+    let mut out = AllocatorState {
+        allocated_bytes: blocks.allocated,
+        requested_bytes: blocks.requested,
+        rounding_bytes: blocks.allocated.saturating_sub(blocks.requested),
+        reserved_bytes,
+        allocator_reserved_bytes: segs.owned_total(),
+        outside_allocator_bytes: 0,
+        gap_bytes: reserved_bytes as i64 - blocks.allocated as i64,
+        pinned_free_bytes: 0,
+        releasable_bytes: 0,
+        unexplained_bytes: 0,
+        live_blocks: live.len() as u64,
+        pools: Pools::default(),
+        segments: Vec::new(),
+        peak: blocks.peak,
+        failures: blocks.failures,
+        counts: blocks.counts,
+        expandable: false,
+        inconsistencies: Vec::new(),
+    };
+    let mut seg_total = 0u64;
+    let mut free_total = 0u64;
+    for (base, s) in segs.iter() {
+        let hi = s.end(base);
+        // Blocks do not overlap one another, so their ends are sorted too.
+        let first = live.partition_point(|b| b.ptr.0.saturating_add(b.size) <= base);
+        let inside: Vec<LiveBlock> = live[first..]
+            .iter()
+            .take_while(|b| b.ptr.0 < hi)
+            .cloned()
+            .collect();
+        let live_bytes: u64 = inside
+            .iter()
+            .map(|b| {
+                let o = overlap(b, base, hi);
+                *covered.entry(b.block).or_default() += o;
+                o
+            })
+            .sum();
+        let free = s.size.saturating_sub(live_bytes);
+        let pool = pool_of(s.size, &inside);
+        let p = match pool {
+            Pool::Small => &mut out.pools.small,
+            Pool::Large => &mut out.pools.large,
+        };
+        p.segments += 1;
+        p.reserved_bytes += s.size;
+        p.allocated_bytes += live_bytes;
+        p.free_bytes += free;
+        seg_total += s.size;
+        free_total += free;
+        if !s.owned {
+            out.outside_allocator_bytes += s.size;
+        } else if inside.is_empty() {
+            out.releasable_bytes += s.size;
+        } else {
+            out.pinned_free_bytes += free;
+        }
+        out.expandable |= s.kind == SegmentKind::Mapped;
+        out.segments.push(Segment {
+            base: Ptr(base),
+            size: s.size,
+            kind: s.kind,
+            pool,
+            since_ns: s.since_ns,
+            allocator_owned: s.owned,
+            why: why(s.owned, s.kind, inside.len()),
+            live_blocks: inside,
+            live_bytes,
+            free_bytes: free,
+        });
+    }
+    out.unexplained_bytes = out.gap_bytes - free_total as i64;
+    if seg_total != reserved_bytes {
+        out.inconsistencies.push(format!(
+            "the ledger has {reserved_bytes} bytes of live device memory but the live segments cover {seg_total} \
+             (a physical allocation not mapped, or a mapping whose handle was released)"
+        ));
+    }
+    let outside: Vec<&LiveBlock> = live
+        .iter()
+        .filter(|b| covered.get(&b.block).copied().unwrap_or(0) < b.size)
+        .collect();
+    if !outside.is_empty() {
+        let bytes: u64 = outside
+            .iter()
+            .map(|b| b.size - covered.get(&b.block).copied().unwrap_or(0))
+            .sum();
+        out.inconsistencies.push(format!(
+            "{} live block(s) lie (partly) outside every live segment ({bytes} bytes), first at {:#x}",
+            outside.len(),
+            outside[0].ptr.0
+        ));
+    }
+    if out.counts.free_ptr_mismatches > 0 {
+        out.inconsistencies.push(format!(
+            "{} free(s) read a block address different from the one handed out",
+            out.counts.free_ptr_mismatches
+        ));
+    }
+    out
+}

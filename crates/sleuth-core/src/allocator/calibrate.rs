@@ -1,0 +1,208 @@
+//! Finds where `size`, `requested_size` and `ptr` sit in PyTorch's `Block`
+//! struct, from the captured words themselves: the layout changes between
+//! torch versions (and with the size of `stream_set`), so nothing is
+//! hard-coded. Each field is the word index that satisfies its test in at
+//! least [`MIN_AGREEMENT`] of the successful malloc events:
+//!
+//! - requested_size: equals the size the malloc was asked for;
+//! - ptr: points inside a live CUDA segment of the process at that moment;
+//! - size: ≥ requested, a multiple of 512, and `[ptr, ptr+size)` lies inside
+//!   live segments.
+
+use super::segments::SegmentMap;
+use super::{replay, Step};
+use crate::event::{BlockEvent, BLOCK_WORDS};
+use crate::ops::OpClass;
+use serde::Serialize;
+
+/// Share of malloc events a field's test must hold for.
+pub const MIN_AGREEMENT: f64 = 0.99;
+/// PyTorch rounds every block to a multiple of this.
+pub const BLOCK_ROUNDING: u64 = 512;
+
+/// The result of calibration, reported as is.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Calibration {
+    /// Successful malloc events with a requested size (the sample).
+    pub malloc_events: u64,
+    /// Word indices (byte offset = 8 × index) and how many events agreed.
+    pub requested_index: Option<usize>,
+    pub requested_agree: u64,
+    pub ptr_index: Option<usize>,
+    pub ptr_agree: u64,
+    pub size_index: Option<usize>,
+    pub size_agree: u64,
+    pub min_agreement: f64,
+    pub recognised: bool,
+    /// Why the layout was refused.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// The calibrated field positions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Layout {
+    pub requested: usize,
+    pub ptr: usize,
+    pub size: usize,
+}
+
+impl Calibration {
+    pub fn layout(&self) -> Option<Layout> {
+        match (
+            self.recognised,
+            self.requested_index,
+            self.ptr_index,
+            self.size_index,
+        ) {
+            (true, Some(requested), Some(ptr), Some(size)) => Some(Layout {
+                requested,
+                ptr,
+                size,
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// A malloc event usable for calibration: it returned a block for a known,
+/// non-zero request.
+fn sample(b: &BlockEvent) -> Option<u64> {
+    let class = crate::ops::op_by_id(b.op)?.class;
+    (class == OpClass::BlockAlloc && b.block != 0)
+        .then_some(b.requested)
+        .flatten()
+        .filter(|&r| r > 0)
+}
+
+fn agrees(count: u64, total: u64) -> bool {
+    total > 0 && count as f64 >= MIN_AGREEMENT * total as f64
+}
+
+/// The index with the most agreement among `allowed`; ties go to `prefer`
+/// when it is among them, else to the first or last index as `high` says.
+fn best(
+    counts: &[u64; BLOCK_WORDS],
+    allowed: impl Fn(usize) -> bool,
+    prefer: Option<usize>,
+    high: bool,
+) -> Option<usize> {
+    let max = (0..BLOCK_WORDS)
+        .filter(|&i| allowed(i))
+        .map(|i| counts[i])
+        .max()?;
+    let tied: Vec<usize> = (0..BLOCK_WORDS)
+        .filter(|&i| allowed(i) && counts[i] == max)
+        .collect();
+    if let Some(p) = prefer.filter(|p| tied.contains(p)) {
+        return Some(p);
+    }
+    if high {
+        tied.last().copied()
+    } else {
+        tied.first().copied()
+    }
+}
+
+pub(super) fn calibrate(steps: &[Step<'_>]) -> Calibration {
+    let mut cal = Calibration {
+        malloc_events: 0,
+        requested_index: None,
+        requested_agree: 0,
+        ptr_index: None,
+        ptr_agree: 0,
+        size_index: None,
+        size_agree: 0,
+        min_agreement: MIN_AGREEMENT,
+        recognised: false,
+        reason: None,
+    };
+    // requested_size: plain equality. Ties (every size equal to its request,
+    // so the size word matches too) go to the higher index: torch declares
+    // `size` right before `requested_size`, and the numbers agree anyway.
+    let mut eq = [0u64; BLOCK_WORDS];
+    for s in steps {
+        if let Step::Block(b) = s {
+            if let Some(r) = sample(b) {
+                cal.malloc_events += 1;
+                for (i, w) in b.words.iter().enumerate() {
+                    eq[i] += u64::from(*w == r);
+                }
+            }
+        }
+    }
+    let n = cal.malloc_events;
+    if n == 0 {
+        cal.reason =
+            Some("no successful DeviceCachingAllocator::malloc event with a requested size".into());
+        return cal;
+    }
+    let Some(r) = best(&eq, |_| true, None, true) else {
+        return cal;
+    };
+    cal.requested_agree = eq[r];
+    if !agrees(eq[r], n) {
+        cal.reason = Some(format!(
+            "no Block word equals the requested size in {:.0}% of {n} malloc events (best: word {r}, {} events)",
+            MIN_AGREEMENT * 100.0,
+            eq[r]
+        ));
+        return cal;
+    }
+    cal.requested_index = Some(r);
+
+    // ptr: inside a live segment of the process when the malloc returned.
+    let mut inside = [0u64; BLOCK_WORDS];
+    replay(steps, None, |segs: &SegmentMap, s| {
+        if let Step::Block(b) = s {
+            if sample(b).is_some() {
+                for (i, w) in b.words.iter().enumerate() {
+                    inside[i] += u64::from(segs.containing(*w).is_some());
+                }
+            }
+        }
+    });
+    let Some(p) = best(&inside, |i| i != r, Some(r + 2), false) else {
+        return cal;
+    };
+    cal.ptr_agree = inside[p];
+    if !agrees(inside[p], n) {
+        cal.reason = Some(format!(
+            "no Block word points into a live CUDA segment in {:.0}% of {n} malloc events (best: word {p}, {} events)",
+            MIN_AGREEMENT * 100.0,
+            inside[p]
+        ));
+        return cal;
+    }
+    cal.ptr_index = Some(p);
+
+    // size: a rounded size, at least the request, whose block fits in the segment.
+    let mut fits = [0u64; BLOCK_WORDS];
+    replay(steps, None, |segs: &SegmentMap, s| {
+        if let Step::Block(b) = s {
+            if let Some(req) = sample(b) {
+                let ptr = b.words[p];
+                for (i, &w) in b.words.iter().enumerate() {
+                    let ok = w >= req && w % BLOCK_ROUNDING == 0 && segs.covers(ptr, w);
+                    fits[i] += u64::from(ok);
+                }
+            }
+        }
+    });
+    let Some(sz) = best(&fits, |i| i != r && i != p, r.checked_sub(1), false) else {
+        return cal;
+    };
+    cal.size_agree = fits[sz];
+    if !agrees(fits[sz], n) {
+        cal.reason = Some(format!(
+            "no Block word holds a 512-byte-rounded size ≥ the request that fits its segment in {:.0}% of {n} \
+             malloc events (best: word {sz}, {} events)",
+            MIN_AGREEMENT * 100.0,
+            fits[sz]
+        ));
+        return cal;
+    }
+    cal.size_index = Some(sz);
+    cal.recognised = true;
+    cal
+}
