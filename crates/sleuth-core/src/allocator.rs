@@ -21,7 +21,7 @@
 mod calibrate;
 mod segments;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 pub use calibrate::{Calibration, Layout, BLOCK_ROUNDING, MIN_AGREEMENT};
 pub use segments::SegmentKind;

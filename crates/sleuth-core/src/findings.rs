@@ -6,6 +6,7 @@
 //! informational, never blamed on the OS. Every threshold is a constant
 //! below, documented with its exact trigger in docs/findings.md.
 
+mod fragmentation;
 mod memory;
 mod time;
 
@@ -71,6 +72,7 @@ pub enum Kind {
     AllocationFailure,
     CpuPreemption,
     UnfreedMemory,
+    Fragmentation,
     AllocationChurn,
     TailLatency,
     GpuWait,
@@ -82,6 +84,7 @@ impl Kind {
             Kind::AllocationFailure => "allocation_failure",
             Kind::CpuPreemption => "cpu_preemption",
             Kind::UnfreedMemory => "unfreed_memory",
+            Kind::Fragmentation => "fragmentation",
             Kind::AllocationChurn => "allocation_churn",
             Kind::TailLatency => "tail_latency",
             Kind::GpuWait => "gpu_wait",
@@ -180,11 +183,18 @@ pub fn explain_with(data: &TraceData, per_call_culprits: &[Vec<Culprit>]) -> Exp
         findings.extend(memory::unfreed_memory(l));
         findings.extend(memory::allocation_churn(l, span));
     }
-    rank(&mut findings);
-    Explanation {
-        findings,
-        notes: notes(data),
+    let allocators = crate::allocator::allocator_views(data, None, &ledgers);
+    for v in allocators.values() {
+        findings.extend(fragmentation::fragmentation(data, v, &ledgers));
     }
+    rank(&mut findings);
+    let mut notes = notes(data);
+    notes.extend(
+        allocators
+            .values()
+            .filter_map(|v| v.refusal().map(|r| format!("pid {}: {r}", v.pid))),
+    );
+    Explanation { findings, notes }
 }
 
 /// Severity first, then kind (failures before slowdowns before information),

@@ -12,9 +12,9 @@ const PID: u32 = 7;
 
 /// Builds a trace of one process the way torch would produce it, with the
 /// Block fields at chosen word indices.
-struct Sim {
-    calls: Vec<CallEvent>,
-    blocks: Vec<BlockEvent>,
+pub(crate) struct Sim {
+    pub(crate) calls: Vec<CallEvent>,
+    pub(crate) blocks: Vec<BlockEvent>,
     ts: u64,
     layout: Layout,
     /// The words each live Block* held at malloc (a free reads the same).
@@ -22,7 +22,7 @@ struct Sim {
 }
 
 impl Sim {
-    fn new(requested: usize, size: usize, ptr: usize) -> Sim {
+    pub(crate) fn new(requested: usize, size: usize, ptr: usize) -> Sim {
         Sim {
             calls: Vec::new(),
             blocks: Vec::new(),
@@ -35,7 +35,7 @@ impl Sim {
             words: HashMap::new(),
         }
     }
-    fn torch() -> Sim {
+    pub(crate) fn torch() -> Sim {
         Sim::new(7, 6, 9)
     }
     fn tick(&mut self) -> u64 {
@@ -62,15 +62,15 @@ impl Sim {
         });
         self.calls.last_mut().unwrap()
     }
-    fn cuda_malloc(&mut self, base: u64, size: u64) {
+    pub(crate) fn cuda_malloc(&mut self, base: u64, size: u64) {
         self.call("cudaMalloc", Some(size), Some(base));
         // The driver twin inside it is not counted twice.
         self.call("cuMemAlloc_v2", Some(size), Some(base)).nested = true;
     }
-    fn cuda_free(&mut self, base: u64) {
+    pub(crate) fn cuda_free(&mut self, base: u64) {
         self.call("cudaFree", None, Some(base));
     }
-    fn block_event(
+    pub(crate) fn block_event(
         &mut self,
         op: &str,
         block: u64,
@@ -89,7 +89,7 @@ impl Sim {
             words,
         });
     }
-    fn malloc(&mut self, block: u64, ptr: u64, size: u64, requested: u64) {
+    pub(crate) fn malloc(&mut self, block: u64, ptr: u64, size: u64, requested: u64) {
         // Other words: host pointers, a stream handle, flags — nothing that
         // passes the field tests by chance.
         let mut w = [0u64; BLOCK_WORDS];
@@ -103,11 +103,11 @@ impl Sim {
         self.words.insert(block, w);
         self.block_event("DeviceCachingAllocator::malloc", block, Some(requested), w);
     }
-    fn free(&mut self, block: u64) {
+    pub(crate) fn free(&mut self, block: u64) {
         let w = self.words.remove(&block).expect("free of a live block");
         self.block_event("DeviceCachingAllocator::free", block, None, w);
     }
-    fn data(&self) -> TraceData {
+    pub(crate) fn data(&self) -> TraceData {
         TraceData {
             calls: self.calls.clone(),
             blocks: self.blocks.clone(),
@@ -119,14 +119,14 @@ impl Sim {
             ..Default::default()
         }
     }
-    fn view_at(&self, at: Option<u64>) -> AllocatorView {
+    pub(crate) fn view_at(&self, at: Option<u64>) -> AllocatorView {
         let data = self.data();
         let l = ledger(&data, at);
         allocator_views(&data, at, &l)
             .remove(&PID)
             .expect("a view for the process")
     }
-    fn state(&self) -> AllocatorState {
+    pub(crate) fn state(&self) -> AllocatorState {
         let v = self.view_at(None);
         assert!(v.calibration.recognised, "{:?}", v.calibration);
         v.state.expect("state")
