@@ -119,8 +119,10 @@ pub struct Segment {
     pub since_ns: u64,
     /// An allocator block has used it; false: some other library's memory.
     pub allocator_owned: bool,
-    /// Live blocks overlapping it, by address.
+    /// Live blocks overlapping it, by address (see `AllocatorView::trimmed`).
     pub live_blocks: Vec<LiveBlock>,
+    /// How many live blocks overlap it (also when `live_blocks` was trimmed).
+    pub live_block_count: u64,
     /// Bytes of live blocks inside it.
     pub live_bytes: u64,
     /// `size − live_bytes`: cached but unused.
@@ -205,8 +207,10 @@ pub struct AllocatorState {
     pub unexplained_bytes: i64,
     pub live_blocks: u64,
     pub pools: Pools,
-    /// Segments by address.
+    /// Segments by address (see `AllocatorView::trimmed`).
     pub segments: Vec<Segment>,
+    /// How many live segments there are (also when `segments` was trimmed).
+    pub segment_count: u64,
     /// The allocator's reserved peak (after a block event) and the gap then.
     pub peak: Option<Moment>,
     pub failures: Vec<FailedRequest>,
@@ -239,6 +243,24 @@ impl AllocatorView {
                 .as_deref()
                 .unwrap_or("unknown reason")
         ))
+    }
+
+    /// A bounded copy for compact outputs (MCP): the `max_segments` segments
+    /// with the most free bytes, each with at most `max_blocks` blocks (the
+    /// largest). Totals and counts are unchanged.
+    pub fn trimmed(&self, max_segments: usize, max_blocks: usize) -> AllocatorView {
+        let mut v = self.clone();
+        if let Some(s) = v.state.as_mut() {
+            s.segments
+                .sort_by(|a, b| b.free_bytes.cmp(&a.free_bytes).then(a.base.cmp(&b.base)));
+            s.segments.truncate(max_segments);
+            for g in &mut s.segments {
+                g.live_blocks
+                    .sort_by(|a, b| b.size.cmp(&a.size).then(a.ptr.cmp(&b.ptr)));
+                g.live_blocks.truncate(max_blocks);
+            }
+        }
+        v
     }
 }
 
@@ -456,6 +478,7 @@ fn assemble(blocks: Blocks, segs: &SegmentMap, reserved_bytes: u64) -> Allocator
         live_blocks: live.len() as u64,
         pools: Pools::default(),
         segments: Vec::new(),
+        segment_count: 0,
         peak: blocks.peak,
         failures: blocks.failures,
         counts: blocks.counts,
@@ -509,11 +532,13 @@ fn assemble(blocks: Blocks, segs: &SegmentMap, reserved_bytes: u64) -> Allocator
             since_ns: s.since_ns,
             allocator_owned: s.owned,
             why: why(s.owned, s.kind, inside.len()),
+            live_block_count: inside.len() as u64,
             live_blocks: inside,
             live_bytes,
             free_bytes: free,
         });
     }
+    out.segment_count = out.segments.len() as u64;
     out.unexplained_bytes = out.gap_bytes - free_total as i64;
     if seg_total != reserved_bytes {
         out.inconsistencies.push(format!(

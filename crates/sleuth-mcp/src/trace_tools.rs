@@ -16,6 +16,9 @@ const TIMELINE_WINDOW_DEFAULT_NS: u64 = 10_000_000;
 const TIMELINE_DEFAULT: u32 = 200;
 const TIMELINE_MAX: u32 = 2000;
 const MEMORY_POINTS_DEFAULT: u32 = 50;
+/// Allocator segments (most free first) and live blocks per segment in `memory`.
+const MEMORY_SEGMENTS: usize = 20;
+const MEMORY_SEGMENT_BLOCKS: usize = 10;
 const SQL_ROWS_DEFAULT: u32 = 200;
 const SQL_ROWS_MAX: u32 = 1000;
 
@@ -208,16 +211,32 @@ pub fn memory(db: &Path, a: &args::Memory) -> Result<Value> {
     let trace = open(db)?;
     let data = trace.load(a.pid)?;
     let mut procs = ledger::ledger(&data, a.at_ns);
+    // PyTorch's caching allocator rebuilt from `--torch-allocator` events
+    // (reserved from the ledger, so before the timeline is thinned).
+    let allocators = sleuth_core::allocator::allocator_views(&data, a.at_ns, &procs);
     for p in &mut procs {
         let full = std::mem::take(&mut p.timeline);
         if points > 0 {
             p.timeline = ledger::thin_timeline(full, points);
         }
     }
+    let mut processes = Vec::with_capacity(procs.len());
+    for p in &procs {
+        let mut v = serde_json::to_value(p)?;
+        v["allocator"] = match allocators.get(&p.pid) {
+            Some(view) => {
+                serde_json::to_value(view.trimmed(MEMORY_SEGMENTS, MEMORY_SEGMENT_BLOCKS))?
+            }
+            None => Value::Null,
+        };
+        processes.push(v);
+    }
     Ok(json!({
         "units": "bytes; ts in monotonic ns; live_bytes/unfreed are device memory (pinned and managed apart)",
         "at_ns": a.at_ns,
-        "processes": procs,
+        "allocator": "per process: PyTorch's caching allocator (allocated = memory_allocated(), gap = reserved - allocated, \
+                      segments with the most free bytes first, their largest live blocks); null without allocator events",
+        "processes": processes,
     }))
 }
 

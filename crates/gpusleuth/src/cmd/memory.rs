@@ -4,7 +4,9 @@ use crate::cmd::stats::{emit, load_trace, table};
 use crate::output::{fmt_bytes, fmt_ns};
 use anyhow::{bail, Context as _};
 use serde::Serialize;
+use sleuth_core::allocator::{allocator_views, AllocatorState, AllocatorView};
 use sleuth_core::ledger::{ledger, ProcessLedger};
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
@@ -19,14 +21,31 @@ pub struct Args {
     /// The ledger at this moment: ns since the trace started, or a duration (1.5s, 250ms, 40us).
     #[arg(long)]
     pub at: Option<String>,
+    /// Per-segment view of PyTorch's caching allocator: live blocks and free
+    /// bytes of each segment (needs a trace taken with `--torch-allocator`).
+    #[arg(long)]
+    pub segments: bool,
     /// Machine-readable output (the documented memory contract).
     #[arg(long)]
     pub json: bool,
 }
 
+/// Segments listed by `--segments` (most free bytes first), and blocks per segment.
+const SEGMENT_ROWS: usize = 30;
+const BLOCK_ROWS: usize = 5;
+
+/// One process: the ledger's contract fields, plus the allocator view
+/// (null when the trace has no allocator events for it).
+#[derive(Serialize)]
+struct ProcessReport<'a> {
+    #[serde(flatten)]
+    ledger: &'a ProcessLedger,
+    allocator: Option<&'a AllocatorView>,
+}
+
 #[derive(Serialize)]
 struct Report<'a> {
-    processes: &'a [ProcessLedger],
+    processes: Vec<ProcessReport<'a>>,
     /// The moment (ns since trace start) the ledger was computed at, when `--at` was given.
     #[serde(skip_serializing_if = "Option::is_none")]
     at_offset_ns: Option<u64>,
@@ -89,20 +108,189 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     }
     let at_abs = at_offset.map(|o| origin.saturating_add(o));
     let processes = ledger(&data, at_abs);
+    let allocators = allocator_views(&data, at_abs, &processes);
     if args.json {
-        let report = Report {
-            processes: &processes,
-            at_offset_ns: at_offset,
-        };
-        emit(&format!("{}\n", serde_json::to_string_pretty(&report)?))?;
+        emit(&format!(
+            "{}\n",
+            serde_json::to_string_pretty(&report(&processes, &allocators, at_offset))?
+        ))?;
     } else {
-        emit(&render(&processes, origin, at_offset))?;
+        emit(&render(
+            &processes,
+            &allocators,
+            origin,
+            at_offset,
+            args.segments,
+        ))?;
     }
     Ok(0)
 }
 
+fn report<'a>(
+    processes: &'a [ProcessLedger],
+    allocators: &'a BTreeMap<u32, AllocatorView>,
+    at_offset_ns: Option<u64>,
+) -> Report<'a> {
+    Report {
+        processes: processes
+            .iter()
+            .map(|l| ProcessReport {
+                ledger: l,
+                allocator: allocators.get(&l.pid),
+            })
+            .collect(),
+        at_offset_ns,
+    }
+}
+
+/// The allocator lines of one process (with `segments`, the per-segment table).
+fn render_allocator(out: &mut String, view: Option<&AllocatorView>, origin: u64, segments: bool) {
+    match view {
+        None => out.push_str(
+            "  allocator-level numbers (allocated, gap) need a trace taken with `trace --torch-allocator`\n",
+        ),
+        Some(v) => match (&v.state, v.refusal()) {
+            (Some(s), _) => render_state(out, v, s, origin, segments),
+            (None, Some(line)) => {
+                let _ = writeln!(out, "  {line}");
+            }
+            (None, None) => {}
+        },
+    }
+}
+
+fn render_state(
+    out: &mut String,
+    v: &AllocatorView,
+    s: &AllocatorState,
+    origin: u64,
+    segments: bool,
+) {
+    let rel = |ts: u64| fmt_ns(ts.saturating_sub(origin));
+    let c = &v.calibration;
+    let _ = writeln!(
+        out,
+        "  allocator (PyTorch): allocated {}   requested {}   rounding {}   live blocks {}",
+        fmt_bytes(s.allocated_bytes),
+        fmt_bytes(s.requested_bytes),
+        fmt_bytes(s.rounding_bytes),
+        s.live_blocks
+    );
+    let gap = if s.gap_bytes < 0 {
+        format!("-{}", fmt_bytes(s.gap_bytes.unsigned_abs()))
+    } else {
+        fmt_bytes(s.gap_bytes as u64)
+    };
+    let _ = writeln!(
+        out,
+        "  reserved {} (allocator's {}, other memory {})   gap reserved - allocated: {}",
+        fmt_bytes(s.reserved_bytes),
+        fmt_bytes(s.allocator_reserved_bytes),
+        fmt_bytes(s.outside_allocator_bytes),
+        gap
+    );
+    let _ = writeln!(
+        out,
+        "  gap: {} pinned by live blocks (empty_cache() cannot release it), {} in entirely free segments \
+         (empty_cache() releases it), {} not the allocator's",
+        fmt_bytes(s.pinned_free_bytes),
+        fmt_bytes(s.releasable_bytes),
+        fmt_bytes(s.outside_allocator_bytes)
+    );
+    for (name, pb) in [("small", &s.pools.small), ("large", &s.pools.large)] {
+        let _ = writeln!(
+            out,
+            "  {name} pool: {} segment(s), reserved {}, allocated {}, free {}",
+            pb.segments,
+            fmt_bytes(pb.reserved_bytes),
+            fmt_bytes(pb.allocated_bytes),
+            fmt_bytes(pb.free_bytes)
+        );
+    }
+    let _ = writeln!(
+        out,
+        "  calibration: Block words requested={} size={} ptr={} (agreed in {}/{}/{} of {} mallocs){}",
+        c.requested_index.unwrap_or(0),
+        c.size_index.unwrap_or(0),
+        c.ptr_index.unwrap_or(0),
+        c.requested_agree,
+        c.size_agree,
+        c.ptr_agree,
+        c.malloc_events,
+        if s.expandable { "; expandable segments" } else { "" }
+    );
+    for i in &s.inconsistencies {
+        let _ = writeln!(out, "  INCONSISTENT: {i}");
+    }
+    if !segments {
+        return;
+    }
+    let mut segs: Vec<_> = s.segments.iter().collect();
+    segs.sort_by(|a, b| b.free_bytes.cmp(&a.free_bytes).then(a.base.cmp(&b.base)));
+    let rows: Vec<Vec<String>> = segs
+        .iter()
+        .take(SEGMENT_ROWS)
+        .map(|g| {
+            vec![
+                format!("{:#x}", g.base.0),
+                fmt_bytes(g.size),
+                format!("{:?}", g.pool).to_lowercase(),
+                g.live_block_count.to_string(),
+                fmt_bytes(g.live_bytes),
+                fmt_bytes(g.free_bytes),
+                format!("+{}", rel(g.since_ns)),
+                g.why.clone(),
+            ]
+        })
+        .collect();
+    let _ = writeln!(out, "  segments ({}), most free first:", s.segment_count);
+    let table_text = table(
+        &[
+            "BASE", "SIZE", "POOL", "BLOCKS", "LIVE", "FREE", "SINCE", "WHY",
+        ],
+        &rows,
+        &[0, 2, 7],
+    );
+    for line in table_text.lines() {
+        let _ = writeln!(out, "    {line}");
+    }
+    if segs.len() > SEGMENT_ROWS {
+        let _ = writeln!(
+            out,
+            "    ... {} more (use --json)",
+            segs.len() - SEGMENT_ROWS
+        );
+    }
+    for g in segs
+        .iter()
+        .take(BLOCK_ROWS)
+        .filter(|g| g.free_bytes > 0 && !g.live_blocks.is_empty())
+    {
+        let _ = writeln!(out, "  live blocks pinning {:#x}:", g.base.0);
+        for b in g.live_blocks.iter().take(BLOCK_ROWS) {
+            let _ = writeln!(
+                out,
+                "    {:#x}  {} (requested {})  since +{}",
+                b.ptr.0,
+                fmt_bytes(b.size),
+                fmt_bytes(b.requested),
+                rel(b.since_ns)
+            );
+        }
+        if g.live_blocks.len() > BLOCK_ROWS {
+            let _ = writeln!(out, "    ... {} more", g.live_blocks.len() - BLOCK_ROWS);
+        }
+    }
+}
+
 /// The human rendering: one block per process.
-fn render(processes: &[ProcessLedger], origin: u64, at: Option<u64>) -> String {
+fn render(
+    processes: &[ProcessLedger],
+    allocators: &BTreeMap<u32, AllocatorView>,
+    origin: u64,
+    at: Option<u64>,
+    segments: bool,
+) -> String {
     let mut out = String::new();
     if let Some(at) = at {
         let _ = writeln!(out, "Ledger at {} after the trace started.\n", fmt_ns(at));
@@ -190,6 +378,7 @@ fn render(processes: &[ProcessLedger], origin: u64, at: Option<u64>) -> String {
                 fmt_bytes(f.live_bytes_at)
             );
         }
+        render_allocator(&mut out, allocators.get(&p.pid), origin, segments);
         out.push('\n');
     }
     out
@@ -251,15 +440,11 @@ mod tests {
             ..Default::default()
         };
         let l = ledger(&data, None);
-        let text = render(&l, 0, None);
+        let text = render(&l, &BTreeMap::new(), 0, None, true);
         assert!(text.contains("device live at trace end: 4.0 KiB"));
         assert!(text.contains("0xabc000"));
         assert!(text.contains("FAILED: cudaMalloc of 1.0 TiB returned 2"));
-        let json = serde_json::to_value(Report {
-            processes: &l,
-            at_offset_ns: None,
-        })
-        .unwrap();
+        let json = serde_json::to_value(report(&l, &BTreeMap::new(), None)).unwrap();
         let p = &json["processes"][0];
         for k in [
             "pid",
@@ -268,10 +453,123 @@ mod tests {
             "peak_bytes",
             "unfreed",
             "failed_allocs",
+            "allocator",
         ] {
             assert!(p.get(k).is_some(), "missing {k}");
         }
+        assert!(p["allocator"].is_null());
+        assert!(text.contains("need a trace taken with `trace --torch-allocator`"));
         assert_eq!(p["unfreed"][0]["ptr"], "0xabc000");
         assert_eq!(p["failed_allocs"][0]["error"], 2);
+    }
+
+    /// A traced PyTorch-like process: one 20 MiB segment, two blocks, one freed.
+    fn torch_trace() -> sleuth_core::TraceData {
+        let call = |ts, op: &str, size, ptr| sleuth_core::CallEvent {
+            ts_ns: ts,
+            dur_ns: 10,
+            pid: 9,
+            tid: 9,
+            op: sleuth_core::op_by_name(op).unwrap().id,
+            ret: 0,
+            size,
+            ptr,
+            stream: None,
+            kind: None,
+            nested: false,
+            runnable_ns: 0,
+            blocked_ns: 0,
+            cpu: 0,
+        };
+        let base = 0x7f00_0000_0000u64;
+        let block = |ts, op: &str, block: u64, ptr: u64, size: u64, req: Option<u64>| {
+            let mut words = [0x5555_0000_0000u64 + ts; sleuth_core::event::BLOCK_WORDS];
+            words[6] = size;
+            words[7] = req.unwrap_or(size - 100);
+            words[9] = ptr;
+            sleuth_core::BlockEvent {
+                op: sleuth_core::op_by_name(op).unwrap().id,
+                pid: 9,
+                tid: 9,
+                start_ns: ts - 5,
+                end_ns: ts,
+                requested: req,
+                block,
+                words,
+            }
+        };
+        sleuth_core::TraceData {
+            calls: vec![call(100, "cudaMalloc", Some(20 << 20), Some(base))],
+            blocks: vec![
+                block(
+                    200,
+                    "DeviceCachingAllocator::malloc",
+                    0xa,
+                    base,
+                    4 << 20,
+                    Some((4 << 20) - 100),
+                ),
+                block(
+                    300,
+                    "DeviceCachingAllocator::malloc",
+                    0xb,
+                    base + (4 << 20),
+                    512,
+                    Some(300),
+                ),
+                block(
+                    400,
+                    "DeviceCachingAllocator::free",
+                    0xa,
+                    base,
+                    4 << 20,
+                    None,
+                ),
+            ],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn allocator_view_in_text_segments_and_json() {
+        let data = torch_trace();
+        let l = ledger(&data, None);
+        let a = allocator_views(&data, None, &l);
+        let text = render(&l, &a, 0, None, true);
+        assert!(
+            text.contains(
+                "allocator (PyTorch): allocated 512 B   requested 300 B   rounding 212 B"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("gap reserved - allocated: 20.0 MiB"),
+            "{text}"
+        );
+        assert!(text.contains("1 live block(s) pin it"), "{text}");
+        assert!(
+            text.contains("live blocks pinning 0x7f0000000000:"),
+            "{text}"
+        );
+        let json = serde_json::to_value(report(&l, &a, None)).unwrap();
+        let p = &json["processes"][0];
+        assert_eq!(p["live_bytes"], 20 << 20);
+        let al = &p["allocator"];
+        assert_eq!(al["calibration"]["recognised"], true);
+        assert_eq!(al["allocated_bytes"], 512);
+        assert_eq!(al["gap_bytes"], (20 << 20) - 512);
+        assert_eq!(al["segments"][0]["free_bytes"], (20 << 20) - 512);
+        assert!(al["pools"]["large"].is_object());
+
+        // A layout that cannot be calibrated is refused, in words.
+        let mut bad = torch_trace();
+        for b in &mut bad.blocks {
+            b.words = [0; sleuth_core::event::BLOCK_WORDS];
+        }
+        let l = ledger(&bad, None);
+        let a = allocator_views(&bad, None, &l);
+        let text = render(&l, &a, 0, None, false);
+        assert!(text.contains("allocator layout not recognised: "), "{text}");
+        assert!(text.contains("showing the CUDA-level view"), "{text}");
     }
 }

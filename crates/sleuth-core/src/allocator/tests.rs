@@ -571,6 +571,15 @@ fn view_serializes_with_the_documented_fields() {
         assert!(v.get(k).is_some(), "missing {k}");
     }
     assert_eq!(v["calibration"]["requested_index"], 7);
+    assert_eq!(v["segment_count"], 2);
+
+    let t = sim.view_at(None).trimmed(1, 2);
+    let s = t.state.unwrap();
+    assert_eq!((s.segments.len(), s.segment_count), (1, 2));
+    assert_eq!(s.segments[0].live_blocks.len(), 2);
+    assert!(s.segments[0].live_block_count > 2);
+    let free_max = sim.state().segments.iter().map(|g| g.free_bytes).max();
+    assert_eq!(Some(s.segments[0].free_bytes), free_max);
     assert!(v["segments"][0]["base"]
         .as_str()
         .unwrap()
