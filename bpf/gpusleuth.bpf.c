@@ -73,6 +73,17 @@ struct {
 	__type(value, struct inflight_call);
 } inflight SEC(".maps");
 
+/* (tid << 16 | op) -> Block words read at entry (caching-allocator free/release). */
+struct block_words {
+	__u64 w[GS_BLOCK_WORDS];
+};
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u64);
+	__type(value, struct block_words);
+} block_inflight SEC(".maps");
+
 /* (tgid, op) -> calls, for hot paths counted in the kernel. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -182,7 +193,46 @@ int BPF_KPROBE(call_entry)
 	__u64 key = ((__u64)tid << 16) | op;
 	if (bpf_map_update_elem(&inflight, &key, &c, BPF_ANY))
 		count_stat(GS_STAT_INFLIGHT_FULL);
+	if (cookie & GS_COOKIE_BLOCK_ARG1) {
+		struct block_words bw = {};
+		if (c.args[1])
+			bpf_probe_read_user(&bw, sizeof(bw), (void *)c.args[1]);
+		if (bpf_map_update_elem(&block_inflight, &key, &bw, BPF_ANY))
+			count_stat(GS_STAT_INFLIGHT_FULL);
+	}
 	return 0;
+}
+
+/* Caching-allocator calls: one gs_block record with the Block's words. */
+static __always_inline void emit_block(void *ctx, __u64 cookie, __u64 key, struct inflight_call *c,
+				       __u32 tgid, __u32 tid, __u32 op, __u64 now)
+{
+	struct gs_block *b = bpf_ringbuf_reserve(&events, sizeof(*b), 0);
+	if (!b) {
+		count_stat(GS_STAT_RING_DROP_BLOCK);
+		return;
+	}
+	b->type = GS_REC_BLOCK;
+	b->op = op;
+	b->pid = tgid;
+	b->tid = tid;
+	b->start_ns = c->start_ns;
+	b->end_ns = now;
+	b->requested = c->args[1];
+	__builtin_memset(b->words, 0, sizeof(b->words));
+	if (cookie & GS_COOKIE_BLOCK_RET) {
+		b->block = PT_REGS_RC((struct pt_regs *)ctx);
+		if (b->block)
+			bpf_probe_read_user(b->words, sizeof(b->words), (void *)b->block);
+	} else {
+		b->block = c->args[1];
+		struct block_words *bw = bpf_map_lookup_elem(&block_inflight, &key);
+		if (bw) {
+			__builtin_memcpy(b->words, bw->w, sizeof(b->words));
+			bpf_map_delete_elem(&block_inflight, &key);
+		}
+	}
+	bpf_ringbuf_submit(b, 0);
 }
 
 SEC("uretprobe")
@@ -201,6 +251,11 @@ int BPF_KRETPROBE(call_return)
 		return 0;
 	}
 	__u64 now = bpf_ktime_get_ns();
+	if (cookie & (GS_COOKIE_BLOCK_RET | GS_COOKIE_BLOCK_ARG1)) {
+		emit_block(ctx, cookie, key, c, tgid, tid, op, now);
+		bpf_map_delete_elem(&inflight, &key);
+		return 0;
+	}
 	struct thread_state *ts = bpf_map_lookup_elem(&threads, &tid);
 
 	struct gs_call *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);

@@ -18,6 +18,7 @@
 #define GS_REC_CALL 1
 #define GS_REC_WAIT 2
 #define GS_REC_PROC 3
+#define GS_REC_BLOCK 4
 
 /*
  * Attach cookie of a call probe, set per attach point by user space:
@@ -29,6 +30,12 @@
 #define GS_COOKIE_OP(c) ((__u32)((c) & 0xffff))
 #define GS_COOKIE_OUT_ARG(c) ((__u32)(((c) >> 16) & 0xf))
 #define GS_COOKIE_RUNTIME (1ULL << 20)
+/* PyTorch caching allocator: emit a gs_block (instead of a gs_call) with the
+ * Block struct read from the return value (malloc) or from argument 1 at
+ * entry (free, release_block: read before the allocator merges it away). */
+#define GS_COOKIE_BLOCK_RET (1ULL << 21)
+#define GS_COOKIE_BLOCK_ARG1 (1ULL << 22)
+#define GS_BLOCK_WORDS 16
 
 /* gs_call.flags */
 #define GS_CALL_NESTED 1    /* driver call made inside a runtime call on the same thread */
@@ -82,6 +89,19 @@ struct gs_wait {
 	struct gs_culprit culprits[GS_MAX_CULPRITS];
 };
 
+/* One caching-allocator event: the Block and its first GS_BLOCK_WORDS words. */
+struct gs_block {
+	__u32 type; /* GS_REC_BLOCK */
+	__u32 op;
+	__u32 pid;
+	__u32 tid;
+	__u64 start_ns;
+	__u64 end_ns;
+	__u64 requested; /* argument 1 (malloc: the size asked for) */
+	__u64 block;     /* the Block* */
+	__u64 words[GS_BLOCK_WORDS];
+};
+
 /* Process lifecycle events (gs_proc.event). */
 #define GS_PROC_FORK 1
 #define GS_PROC_EXEC 2
@@ -114,12 +134,14 @@ struct gs_count_key {
 #define GS_STAT_COUNT_FULL 5
 #define GS_STAT_UNMATCHED_RETURN 6
 #define GS_STAT_TRACED_FULL 7
-#define GS_STAT_MAX 8
+#define GS_STAT_RING_DROP_BLOCK 8
+#define GS_STAT_MAX 9
 
 /* Sizes pinned by crates/sleuth-core/src/record.rs: change both together. */
 _Static_assert(sizeof(struct gs_call) == 120, "gs_call layout");
 _Static_assert(sizeof(struct gs_culprit) == 32, "gs_culprit layout");
 _Static_assert(sizeof(struct gs_wait) == 184, "gs_wait layout");
 _Static_assert(sizeof(struct gs_proc) == 48, "gs_proc layout");
+_Static_assert(sizeof(struct gs_block) == 176, "gs_block layout");
 
 #endif

@@ -83,7 +83,7 @@ impl LiveView {
         match ev {
             Event::Call(c) => self.observe_call(c),
             Event::Wait(_) => self.waits += 1,
-            Event::Proc(_) => {}
+            Event::Proc(_) | Event::Block(_) => {}
         }
     }
 

@@ -1,7 +1,7 @@
 //! A whole trace in memory, as the analyses consume it. The store loads it;
 //! tests build it by hand.
 
-use crate::event::{CallEvent, OpCount, ProcEvent, WaitEvent};
+use crate::event::{BlockEvent, CallEvent, OpCount, ProcEvent, WaitEvent};
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -28,6 +28,8 @@ pub struct TraceData {
     pub waits: Vec<WaitEvent>,
     pub procs: Vec<ProcEvent>,
     pub counts: Vec<OpCount>,
+    /// PyTorch caching-allocator events (`trace --torch-allocator`), by `end_ns`.
+    pub blocks: Vec<BlockEvent>,
     pub processes: Vec<ProcessInfo>,
     /// Named counters: events per kind, drops per cause (see `record::stat::NAMES`).
     pub stats: BTreeMap<String, u64>,

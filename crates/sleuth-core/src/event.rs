@@ -174,10 +174,36 @@ pub struct OpCount {
     pub count: u64,
 }
 
+/// Words of PyTorch's `Block` struct captured per allocator event.
+pub const BLOCK_WORDS: usize = 16;
+
+/// One caching-allocator event (`--torch-allocator`): a block handed out
+/// (`DeviceCachingAllocator::malloc`, read at return), given back to the
+/// cache (`::free`, read at entry) or a segment released to CUDA
+/// (`::release_block`, read at entry). The `Block` struct's layout depends on
+/// the torch version, so the raw words are kept and the field offsets are
+/// calibrated from the data (see `allocator.rs`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BlockEvent {
+    /// Op id (64 malloc, 65 free, 66 release_block).
+    pub op: u16,
+    pub pid: u32,
+    pub tid: u32,
+    pub start_ns: u64,
+    pub end_ns: u64,
+    /// malloc: the size asked for (before rounding).
+    pub requested: Option<u64>,
+    /// Address of the `Block` (0 when malloc returned none: out of memory).
+    pub block: u64,
+    /// The first `BLOCK_WORDS` 8-byte words of the `Block` (zeros if unreadable).
+    pub words: [u64; BLOCK_WORDS],
+}
+
 /// Anything the capture path produces.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
     Call(CallEvent),
     Wait(WaitEvent),
     Proc(ProcEvent),
+    Block(BlockEvent),
 }

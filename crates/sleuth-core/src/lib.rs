@@ -14,5 +14,7 @@ pub mod record;
 pub mod stats;
 
 pub use data::{ProcessInfo, TraceData};
-pub use event::{CallEvent, Culprit, Event, OpCount, ProcEvent, ProcKind, WaitEvent, WaitKind};
+pub use event::{
+    BlockEvent, CallEvent, Culprit, Event, OpCount, ProcEvent, ProcKind, WaitEvent, WaitKind,
+};
 pub use ops::{op_by_id, op_by_name, Layer, OpClass, OpInfo, OPS};

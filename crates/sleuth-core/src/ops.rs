@@ -14,6 +14,8 @@ pub enum Layer {
     Runtime,
     /// `libcuda.so.1`, the CUDA driver API.
     Driver,
+    /// PyTorch's CUDA caching allocator in `libc10_cuda.so` (opt-in: `trace --torch-allocator`).
+    Torch,
 }
 
 impl Layer {
@@ -21,12 +23,14 @@ impl Layer {
         match self {
             Layer::Runtime => "runtime",
             Layer::Driver => "driver",
+            Layer::Torch => "torch",
         }
     }
     pub fn parse(s: &str) -> Option<Layer> {
         match s {
             "runtime" => Some(Layer::Runtime),
             "driver" => Some(Layer::Driver),
+            "torch" => Some(Layer::Torch),
             _ => None,
         }
     }
@@ -56,6 +60,12 @@ pub enum OpClass {
     Memset,
     Sync,
     Launch,
+    /// A caching-allocator block handed out (`DeviceCachingAllocator::malloc`).
+    BlockAlloc,
+    /// A caching-allocator block given back to the cache (`DeviceCachingAllocator::free`).
+    BlockFree,
+    /// A whole cached segment returned to CUDA (`DeviceCachingAllocator::release_block`).
+    BlockRelease,
     Other,
 }
 
@@ -579,6 +589,52 @@ pub const OPS: &[OpInfo] = &[
         ptr = Some(0),
         stream = None,
         kind = None
+    ), // PyTorch caching allocator (libc10_cuda.so, `.symtab`), found by demangled
+    // name and signature (sleuth-probe's torch_symbols). Member functions: arg 0
+    // is `this`. The kernel side also reads the Block struct (see gs_block).
+    op!(
+        64,
+        "DeviceCachingAllocator::malloc",
+        Torch,
+        BlockAlloc,
+        out = 0,
+        size = Some(1),
+        ptr = None,
+        stream = Some(2),
+        kind = None
+    ),
+    op!(
+        65,
+        "DeviceCachingAllocator::free",
+        Torch,
+        BlockFree,
+        out = 0,
+        size = None,
+        ptr = Some(1),
+        stream = None,
+        kind = None
+    ),
+    op!(
+        66,
+        "DeviceCachingAllocator::release_block",
+        Torch,
+        BlockRelease,
+        out = 0,
+        size = None,
+        ptr = Some(1),
+        stream = None,
+        kind = None
+    ),
+    op!(
+        67,
+        "NativeCachingAllocator::emptyCache",
+        Torch,
+        Other,
+        out = 0,
+        size = None,
+        ptr = None,
+        stream = None,
+        kind = None
     ),
 ];
 
@@ -650,6 +706,7 @@ mod tests {
                     "{}",
                     o.name
                 ),
+                Layer::Torch => assert!(o.name.contains("CachingAllocator::"), "{}", o.name),
             }
         }
     }

@@ -3,7 +3,9 @@
 //! The kernel writes these structs; user space reads them from the ring
 //! buffer as bytes. The size/offset tests below fail if the two drift.
 
-use crate::event::{CallEvent, Culprit, Event, ProcEvent, ProcKind, WaitEvent, WaitKind};
+use crate::event::{
+    BlockEvent, CallEvent, Culprit, Event, ProcEvent, ProcKind, WaitEvent, WaitKind, BLOCK_WORDS,
+};
 use crate::ops::op_by_id;
 
 pub const COMM_LEN: usize = 16;
@@ -13,11 +15,16 @@ pub const MAX_CULPRITS: usize = 4;
 pub const REC_CALL: u32 = 1;
 pub const REC_WAIT: u32 = 2;
 pub const REC_PROC: u32 = 3;
+pub const REC_BLOCK: u32 = 4;
 
 pub const CALL_NESTED: u32 = 1;
 pub const CALL_OUT_VALID: u32 = 2;
 
 pub const COOKIE_RUNTIME: u64 = 1 << 20;
+/// Emit a Block record, reading the Block* from the return value.
+pub const COOKIE_BLOCK_RET: u64 = 1 << 21;
+/// Emit a Block record, reading the Block* from argument 1 at entry.
+pub const COOKIE_BLOCK_ARG1: u64 = 1 << 22;
 
 /// Builds the attach cookie the kernel side reads (see `GS_COOKIE_*` in the header).
 pub fn cookie(op: u16, out_arg: u8, runtime: bool) -> u64 {
@@ -34,7 +41,8 @@ pub mod stat {
     pub const COUNT_FULL: usize = 5;
     pub const UNMATCHED_RETURN: usize = 6;
     pub const TRACED_FULL: usize = 7;
-    pub const MAX: usize = 8;
+    pub const RING_DROP_BLOCK: usize = 8;
+    pub const MAX: usize = 9;
     pub const NAMES: [&str; MAX] = [
         "ring_full_call",
         "ring_full_wait",
@@ -44,6 +52,7 @@ pub mod stat {
         "count_map_full",
         "unmatched_return",
         "traced_map_full",
+        "ring_full_block",
     ];
 }
 
@@ -102,6 +111,20 @@ pub struct RawProc {
     pub exit_code: i32,
     pub ts_ns: u64,
     pub comm: [u8; COMM_LEN],
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RawBlock {
+    pub r#type: u32,
+    pub op: u32,
+    pub pid: u32,
+    pub tid: u32,
+    pub start_ns: u64,
+    pub end_ns: u64,
+    pub requested: u64,
+    pub block: u64,
+    pub words: [u64; BLOCK_WORDS],
 }
 
 /// Why a record could not be decoded.
@@ -165,6 +188,7 @@ pub fn decode(buf: &[u8]) -> Result<Event, DecodeError> {
         REC_CALL => decode_call(&read_pod::<RawCall>(buf)?).map(Event::Call),
         REC_WAIT => decode_wait(&read_pod::<RawWait>(buf)?).map(Event::Wait),
         REC_PROC => decode_proc(&read_pod::<RawProc>(buf)?).map(Event::Proc),
+        REC_BLOCK => decode_block(&read_pod::<RawBlock>(buf)?).map(Event::Block),
         other => Err(DecodeError::UnknownType(other)),
     }
 }
@@ -236,6 +260,28 @@ pub fn decode_wait(r: &RawWait) -> Result<WaitEvent, DecodeError> {
     })
 }
 
+pub fn decode_block(r: &RawBlock) -> Result<BlockEvent, DecodeError> {
+    let info = u16::try_from(r.op)
+        .ok()
+        .and_then(op_by_id)
+        .ok_or(DecodeError::UnknownOp(r.op))?;
+    if r.end_ns < r.start_ns {
+        return Err(DecodeError::BadValue(
+            "allocator call ends before it starts",
+        ));
+    }
+    Ok(BlockEvent {
+        op: info.id,
+        pid: r.pid,
+        tid: r.tid,
+        start_ns: r.start_ns,
+        end_ns: r.end_ns,
+        requested: (info.class == crate::ops::OpClass::BlockAlloc).then_some(r.requested),
+        block: r.block,
+        words: r.words,
+    })
+}
+
 pub fn decode_proc(r: &RawProc) -> Result<ProcEvent, DecodeError> {
     let kind = match r.event {
         1 => ProcKind::Fork,
@@ -287,6 +333,8 @@ mod tests {
         assert_eq!(offset_of!(RawWait, culprits), 56);
         assert_eq!(size_of::<RawProc>(), 48);
         assert_eq!(offset_of!(RawProc, comm), 32);
+        assert_eq!(size_of::<RawBlock>(), 176);
+        assert_eq!(offset_of!(RawBlock, words), 48);
     }
 
     fn comm(s: &str) -> [u8; COMM_LEN] {
@@ -416,6 +464,38 @@ mod tests {
         assert_eq!(p.kind, ProcKind::Exit);
         assert_eq!(p.exit_code >> 8, 3);
         assert_eq!(p.comm, "python3");
+    }
+
+    #[test]
+    fn decodes_an_allocator_block() {
+        let mut raw = RawBlock {
+            r#type: REC_BLOCK,
+            op: 64,
+            pid: 5,
+            tid: 6,
+            start_ns: 10,
+            end_ns: 20,
+            requested: 1000,
+            block: 0xb10c,
+            ..Default::default()
+        };
+        raw.words[7] = 1024;
+        let Event::Block(b) = decode(&as_bytes(&raw)).unwrap() else {
+            panic!()
+        };
+        assert_eq!(b.requested, Some(1000));
+        assert_eq!(b.block, 0xb10c);
+        assert_eq!(b.words[7], 1024);
+        let raw = RawBlock {
+            r#type: REC_BLOCK,
+            op: 65,
+            requested: 0x5555,
+            ..Default::default()
+        };
+        let Event::Block(b) = decode(&as_bytes(&raw)).unwrap() else {
+            panic!()
+        };
+        assert_eq!(b.requested, None, "free has no requested size");
     }
 
     #[test]

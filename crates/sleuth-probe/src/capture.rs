@@ -8,7 +8,7 @@ use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope
 use aya::programs::{BtfTracePoint, UProbe};
 use aya::{Btf, Ebpf, EbpfLoader, Pod};
 use sleuth_core::ops::{OpClass, OpInfo, OPS};
-use sleuth_core::record::{cookie, stat};
+use sleuth_core::record::{cookie, stat, COOKIE_BLOCK_ARG1, COOKIE_BLOCK_RET};
 use sleuth_core::{Layer, OpCount};
 use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd};
@@ -69,7 +69,7 @@ fn probe_kind(op: &OpInfo, mode: LaunchMode) -> Option<ProbeKind> {
         (LaunchMode::Full, _) => Some(ProbeKind::PerCall),
         (LaunchMode::All, _) => Some(ProbeKind::Counted),
         (LaunchMode::Driver, Layer::Driver) => Some(ProbeKind::Counted),
-        (LaunchMode::Driver, Layer::Runtime) => None,
+        (LaunchMode::Driver, _) => None,
     }
 }
 
@@ -81,6 +81,17 @@ pub enum CaptureError {
     Attach { path: String, reason: String },
     #[error("eBPF map error: {0}")]
     Map(String),
+}
+
+/// The attach cookie of an op: id, out-pointer argument, layer, and for the
+/// caching allocator where the kernel side reads the Block from.
+fn op_cookie(op: &OpInfo) -> u64 {
+    let block = match op.class {
+        OpClass::BlockAlloc => COOKIE_BLOCK_RET,
+        OpClass::BlockFree | OpClass::BlockRelease => COOKIE_BLOCK_ARG1,
+        _ => 0,
+    };
+    cookie(op.id, op.out_arg, op.layer == Layer::Runtime) | block
 }
 
 /// A library whose probes are attached.
@@ -108,6 +119,8 @@ pub struct Capture {
     bpf: Ebpf,
     ring: RingBuf<MapData>,
     launch_mode: LaunchMode,
+    /// Probe PyTorch's caching allocator in libc10_cuda.so (`trace --torch-allocator`).
+    torch_allocator: bool,
     attached: HashMap<(u64, u64), AttachedLib>,
     /// Call programs loaded for batched multi-uprobes (None: kernel without them).
     multi: Option<HashMap<String, multi::MultiProg>>,
@@ -246,10 +259,16 @@ impl Capture {
             bpf,
             ring,
             launch_mode,
+            torch_allocator: false,
             attached: HashMap::new(),
             multi,
             links: Vec::new(),
         })
+    }
+
+    /// Also probe PyTorch's caching allocator in every libc10_cuda.so found.
+    pub fn set_torch_allocator(&mut self, on: bool) {
+        self.torch_allocator = on;
     }
 
     pub fn launch_mode(&self) -> LaunchMode {
@@ -293,8 +312,16 @@ impl Capture {
         if self.is_attached(lib) {
             return Ok(None);
         }
+        if lib.layer == Layer::Torch && !self.torch_allocator {
+            return Ok(None);
+        }
         let path_s = lib.path.display().to_string();
-        let syms = SymbolOffsets::read(&lib.path).map_err(|reason| CaptureError::Attach {
+        let syms = if lib.layer == Layer::Torch {
+            SymbolOffsets::read_torch(&lib.path)
+        } else {
+            SymbolOffsets::read(&lib.path)
+        }
+        .map_err(|reason| CaptureError::Attach {
             path: path_s.clone(),
             reason,
         })?;
@@ -312,7 +339,7 @@ impl Capture {
                 missing.push(op.name);
                 continue;
             };
-            let c = cookie(op.id, op.out_arg, op.layer == Layer::Runtime);
+            let c = op_cookie(op);
             let progs: &[&str] = match kind {
                 ProbeKind::PerCall => &["call_entry", "call_return"],
                 ProbeKind::Counted => &["call_count"],
@@ -366,7 +393,7 @@ impl Capture {
                 missing.push(op.name);
                 continue;
             };
-            let c = cookie(op.id, op.out_arg, op.layer == Layer::Runtime);
+            let c = op_cookie(op);
             let list = if kind == ProbeKind::PerCall {
                 &mut per_call
             } else {

@@ -21,6 +21,8 @@ pub fn layer_of(file_name: &str) -> Option<Layer> {
         Some(Layer::Runtime)
     } else if file_name.starts_with("libcuda.so") {
         Some(Layer::Driver)
+    } else if file_name.starts_with("libc10_cuda.so") {
+        Some(Layer::Torch)
     } else {
         None
     }
@@ -103,7 +105,14 @@ pub const STANDARD_DIRS: &[&str] = &[
     "/usr/lib/python3*/dist-packages/nvidia/*/lib",
     "/root/.local/lib/python3*/site-packages/nvidia/*/lib",
     "/home/*/.local/lib/python3*/site-packages/nvidia/*/lib",
+    "/opt/*/.venv/lib/python3*/site-packages/torch/lib",
+    "/usr/local/lib/python3*/dist-packages/torch/lib",
+    "/usr/local/lib/python3*/site-packages/torch/lib",
+    "/usr/lib/python3*/dist-packages/torch/lib",
+    "/root/.local/lib/python3*/site-packages/torch/lib",
+    "/home/*/.local/lib/python3*/site-packages/torch/lib",
     "/opt/conda/lib",
+    "/opt/conda/lib/python3*/site-packages/torch/lib",
     "/opt/conda/envs/*/lib",
 ];
 
@@ -193,6 +202,8 @@ mod tests {
         assert_eq!(layer_of("libcuda.so.580.159.04"), Some(Layer::Driver));
         assert_eq!(layer_of("libcudnn.so.9"), None);
         assert_eq!(layer_of("libcublas.so.13"), None);
+        assert_eq!(layer_of("libc10_cuda.so"), Some(Layer::Torch));
+        assert_eq!(layer_of("libc10.so"), None);
     }
 
     #[test]

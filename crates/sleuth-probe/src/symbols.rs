@@ -107,3 +107,165 @@ pub fn runpath_dirs(exe: &Path) -> Vec<std::path::PathBuf> {
         })
         .unwrap_or_default()
 }
+
+/// Demangled name prefix (up to the parameter list) and the exact parameter
+/// lists accepted, per caching-allocator op. Matching on the demangled
+/// signature, not the mangled bytes, keeps this working across builds whose
+/// mangling differs only in substitutions, and refuses a torch whose
+/// functions changed signature (their argument registers would differ).
+const TORCH_PATTERNS: &[(u16, &str, &[&str])] = &[
+    (
+        64,
+        "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc",
+        &["(unsigned long, CUstream_st*)"],
+    ),
+    (
+        65,
+        "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::free",
+        &["(c10::cuda::CUDACachingAllocator::Native::(anonymous namespace)::Block*)"],
+    ),
+    (
+        66,
+        "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::release_block",
+        &["(c10::cuda::CUDACachingAllocator::Native::(anonymous namespace)::Block*, std::shared_ptr<c10::GatheredContext> const&)"],
+    ),
+    (
+        67,
+        "c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::emptyCache",
+        &["(std::pair<unsigned long long, unsigned long long>)", "(c10::MempoolId_t)", "()"],
+    ),
+];
+
+/// Matches one demangled symbol against the caching-allocator patterns.
+pub fn torch_op_for(demangled: &str) -> Option<u16> {
+    TORCH_PATTERNS.iter().find_map(|(op, prefix, params)| {
+        let rest = demangled.strip_prefix(prefix)?;
+        params.contains(&rest).then_some(*op)
+    })
+}
+
+impl SymbolOffsets {
+    /// PyTorch caching-allocator entry points in `libc10_cuda.so`, keyed by
+    /// op name (see `sleuth_core::ops`), found by demangled name + signature.
+    /// Compiler clones (`.cold`, `.isra`, ...) are skipped.
+    pub fn read_torch(path: &Path) -> Result<SymbolOffsets, String> {
+        let data =
+            std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        let file = object::File::parse(&*data)
+            .map_err(|e| format!("{} is not a readable ELF file: {e}", path.display()))?;
+        let mut offsets = HashMap::new();
+        for sym in file.symbols().chain(file.dynamic_symbols()) {
+            if !sym.is_definition() || sym.address() == 0 {
+                continue;
+            }
+            let Ok(name) = sym.name() else { continue };
+            if !name.starts_with("_ZN3c104cuda20CUDACachingAllocator") || name.contains('.') {
+                continue;
+            }
+            let Ok(parsed) = cpp_demangle::Symbol::new(name) else {
+                continue;
+            };
+            let Some(op) = parsed.demangle().ok().and_then(|d| torch_op_for(&d)) else {
+                continue;
+            };
+            let Some(info) = sleuth_core::op_by_id(op) else {
+                continue;
+            };
+            let Some(index) = sym.section_index() else {
+                continue;
+            };
+            let Ok(section) = file.section_by_index(index) else {
+                continue;
+            };
+            let Some((file_off, _)) = section.file_range() else {
+                continue;
+            };
+            let Some(delta) = sym.address().checked_sub(section.address()) else {
+                continue;
+            };
+            offsets
+                .entry(info.name.to_string())
+                .or_insert(file_off + delta);
+        }
+        Ok(SymbolOffsets { offsets })
+    }
+}
+
+/// Demangled caching-allocator function names in a library (for `check`,
+/// when the expected signatures are not found: shows what is there instead).
+pub fn torch_candidates(path: &Path) -> Vec<String> {
+    let Ok(data) = std::fs::read(path) else {
+        return Vec::new();
+    };
+    let Ok(file) = object::File::parse(&*data) else {
+        return Vec::new();
+    };
+    let mut out: Vec<String> = file
+        .symbols()
+        .chain(file.dynamic_symbols())
+        .filter_map(|sym| {
+            let name = sym.name().ok()?;
+            if !name.starts_with("_ZN3c104cuda20CUDACachingAllocator") || name.contains('.') {
+                return None;
+            }
+            let d = cpp_demangle::Symbol::new(name).ok()?.demangle().ok()?;
+            let interesting = ["::malloc(", "::free(", "::release_block(", "::emptyCache("];
+            (d.contains("Native::") && interesting.iter().any(|k| d.contains(k)))
+                .then(|| format!("{d}  [{name}]"))
+        })
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn torch_patterns_match_the_torch_2_11_signatures() {
+        // Demangled names as `nm -C` printed them for torch 2.11.0+cu130 on the H200.
+        let ns = "c10::cuda::CUDACachingAllocator::Native::";
+        assert_eq!(
+            torch_op_for(&format!(
+                "{ns}DeviceCachingAllocator::malloc(unsigned long, CUstream_st*)"
+            )),
+            Some(64)
+        );
+        assert_eq!(
+            torch_op_for(&format!(
+                "{ns}DeviceCachingAllocator::free({ns}(anonymous namespace)::Block*)"
+            )),
+            Some(65)
+        );
+        assert_eq!(
+            torch_op_for(&format!(
+                "{ns}DeviceCachingAllocator::release_block({ns}(anonymous namespace)::Block*, std::shared_ptr<c10::GatheredContext> const&)"
+            )),
+            Some(66)
+        );
+        assert_eq!(
+            torch_op_for(&format!("{ns}NativeCachingAllocator::emptyCache(std::pair<unsigned long long, unsigned long long>)")),
+            Some(67)
+        );
+        // Near misses: other functions, other signatures, other allocators.
+        assert_eq!(torch_op_for(&format!("{ns}DeviceCachingAllocator::free_block({ns}(anonymous namespace)::Block*, std::shared_ptr<c10::GatheredContext> const&)")), None);
+        assert_eq!(
+            torch_op_for(&format!(
+                "{ns}DeviceCachingAllocator::malloc(unsigned long)"
+            )),
+            None
+        );
+        assert_eq!(torch_op_for(&format!("{ns}NativeCachingAllocator::malloc(void**, signed char, unsigned long, CUstream_st*)")), None);
+    }
+
+    #[test]
+    fn demangling_a_real_mangled_name() {
+        let d = cpp_demangle::Symbol::new("_ZN3c104cuda20CUDACachingAllocator6Native22DeviceCachingAllocator6mallocEmP11CUstream_st")
+            .unwrap()
+            .demangle()
+            .unwrap();
+        assert_eq!(torch_op_for(&d), Some(64), "{d}");
+    }
+}

@@ -302,6 +302,51 @@ impl Trace {
         Ok(out)
     }
 
+    /// Caching-allocator events (`trace --torch-allocator`), by end time.
+    /// Traces recorded before the table existed simply have none.
+    pub fn allocator_events(
+        &self,
+        pid: Option<u32>,
+    ) -> Result<Vec<sleuth_core::BlockEvent>, StoreError> {
+        if !crate::open::has_table(&self.conn, "allocator_events").at(&self.path)? {
+            return Ok(Vec::new());
+        }
+        let mut st = self
+            .conn
+            .prepare(
+                "SELECT start_ns, end_ns, pid, tid, op, requested, block, words FROM allocator_events
+                 WHERE ?1 IS NULL OR pid = ?1 ORDER BY end_ns, id",
+            )
+            .at(&self.path)?;
+        let rows = st
+            .query_map([pid], |r| {
+                let name: String = r.get(4)?;
+                let blob: Vec<u8> = r.get(7)?;
+                let mut words = [0u64; sleuth_core::event::BLOCK_WORDS];
+                for (w, chunk) in words.iter_mut().zip(blob.chunks_exact(8)) {
+                    *w = u64::from_le_bytes(chunk.try_into().unwrap_or([0; 8]));
+                }
+                Ok(op_by_name(&name).map(|info| sleuth_core::BlockEvent {
+                    op: info.id,
+                    start_ns: r.get::<_, i64>(0).unwrap_or(0) as u64,
+                    end_ns: r.get::<_, i64>(1).unwrap_or(0) as u64,
+                    pid: r.get(2).unwrap_or(0),
+                    tid: r.get(3).unwrap_or(0),
+                    requested: r.get::<_, Option<i64>>(5).unwrap_or(None).map(|v| v as u64),
+                    block: r.get::<_, i64>(6).unwrap_or(0) as u64,
+                    words,
+                }))
+            })
+            .at(&self.path)?;
+        let mut out = Vec::new();
+        for r in rows {
+            if let Some(b) = r.at(&self.path)? {
+                out.push(b);
+            }
+        }
+        Ok(out)
+    }
+
     /// The whole trace (or one process of it) in memory, as analyses consume it.
     pub fn load(&self, pid: Option<u32>) -> Result<TraceData, StoreError> {
         let calls = self
@@ -326,6 +371,7 @@ impl Trace {
             waits,
             procs: self.proc_events(pid)?,
             counts: self.op_counts(pid)?,
+            blocks: self.allocator_events(pid)?,
             processes,
             stats: self.stats()?,
             start_ns: Some(session.info.start_mono_ns),

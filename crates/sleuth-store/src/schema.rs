@@ -97,6 +97,18 @@ CREATE INDEX wait_culprits_wait ON wait_culprits(wait_id);
 CREATE TABLE call_culprits(call_id INTEGER NOT NULL, pid INTEGER NOT NULL, tid INTEGER NOT NULL, comm TEXT NOT NULL, runnable_ns INTEGER NOT NULL);
 CREATE INDEX call_culprits_call ON call_culprits(call_id);
 CREATE TABLE op_counts(pid INTEGER NOT NULL, layer TEXT NOT NULL, op TEXT NOT NULL, count INTEGER NOT NULL, PRIMARY KEY(pid, op));
+CREATE TABLE allocator_events(
+    id INTEGER PRIMARY KEY,
+    start_ns INTEGER NOT NULL,
+    end_ns INTEGER NOT NULL,
+    pid INTEGER NOT NULL,
+    tid INTEGER NOT NULL,
+    op TEXT NOT NULL,
+    requested INTEGER,
+    block INTEGER NOT NULL,
+    words BLOB NOT NULL
+);
+CREATE INDEX allocator_events_pid ON allocator_events(pid, end_ns);
 
 CREATE VIEW calls_wall AS
     SELECT c.*, c.ts_ns + s.realtime_offset_ns AS ts_unix_ns,

@@ -245,6 +245,7 @@ struct Counters {
     events_call: u64,
     events_wait: u64,
     events_proc: u64,
+    events_block: u64,
     drop_db_full: u64,
     decode_errors: u64,
     calls_stored: u64,
@@ -319,7 +320,8 @@ impl WriterState {
                 _ => {}
             }
         }
-        let committed = self.n.events_call + self.n.events_wait + self.n.events_proc;
+        let committed =
+            self.n.events_call + self.n.events_wait + self.n.events_proc + self.n.events_block;
         for r in replies {
             let _ = r.send(committed);
         }
@@ -358,6 +360,14 @@ impl WriterState {
                     } else {
                         insert_wait(&tx, w)?;
                         self.n.waits_stored += 1;
+                    }
+                }
+                Msg::Event(Event::Block(b)) => {
+                    self.n.events_block += 1;
+                    if self.db_full {
+                        self.n.drop_db_full += 1;
+                    } else {
+                        insert_block(&tx, b)?;
                     }
                 }
                 Msg::Event(Event::Proc(p)) => {
@@ -421,6 +431,9 @@ fn write_counters(tx: &Connection, n: &Counters) -> rusqlite::Result<()> {
     set_stat(tx, "events_call", n.events_call)?;
     set_stat(tx, "events_wait", n.events_wait)?;
     set_stat(tx, "events_proc", n.events_proc)?;
+    if n.events_block > 0 {
+        set_stat(tx, "events_block", n.events_block)?;
+    }
     set_stat(tx, "drop_db_full", n.drop_db_full)?;
     set_stat(tx, "decode_errors", n.decode_errors)
 }
@@ -490,6 +503,28 @@ fn insert_wait(tx: &Transaction, w: &WaitEvent) -> rusqlite::Result<()> {
     for c in &w.culprits {
         cst.execute(params![wait_id, c.pid, c.tid, c.comm, c.ns as i64])?;
     }
+    Ok(())
+}
+
+fn insert_block(tx: &Transaction, b: &sleuth_core::BlockEvent) -> rusqlite::Result<()> {
+    let mut st = tx.prepare_cached(
+        "INSERT INTO allocator_events(start_ns, end_ns, pid, tid, op, requested, block, words)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+    )?;
+    let words: Vec<u8> = b.words.iter().flat_map(|w| w.to_le_bytes()).collect();
+    let op = sleuth_core::op_by_id(b.op)
+        .map(|o| o.name)
+        .unwrap_or("unknown");
+    st.execute(params![
+        b.start_ns as i64,
+        b.end_ns as i64,
+        b.pid,
+        b.tid,
+        op,
+        b.requested.map(|r| r as i64),
+        b.block as i64, // bit pattern: user-space addresses fit, above i64::MAX round-trips
+        words
+    ])?;
     Ok(())
 }
 

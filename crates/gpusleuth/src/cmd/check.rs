@@ -153,6 +153,32 @@ pub fn run(args: Args) -> Result<i32> {
             format!("{} found", libs.len())
         },
     });
+    // PyTorch's caching allocator (trace --torch-allocator).
+    for lib in libs.iter().filter(|l| l.layer == sleuth_core::Layer::Torch) {
+        let found = sleuth_probe::symbols::SymbolOffsets::read_torch(&lib.path)
+            .map(|s| s.offsets.len())
+            .unwrap_or(0);
+        let wanted = sleuth_core::ops::ops_of(sleuth_core::Layer::Torch).count();
+        let mut detail = format!(
+            "{}: {found} of {wanted} caching-allocator entry points found",
+            lib.path.display()
+        );
+        if found < wanted {
+            detail.push_str(" (this torch build differs: --torch-allocator will fall back to the CUDA-level view); candidates:");
+            for c in sleuth_probe::symbols::torch_candidates(&lib.path)
+                .iter()
+                .take(12)
+            {
+                detail.push_str("\n        ");
+                detail.push_str(c);
+            }
+        }
+        checks.push(Item {
+            name: "torch_allocator",
+            ok: found == wanted,
+            detail,
+        });
+    }
     if args.load {
         let r = sleuth_probe::Capture::start(false, sleuth_probe::LaunchMode::Driver);
         checks.push(Item {

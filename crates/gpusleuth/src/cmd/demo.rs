@@ -87,6 +87,7 @@ fn live(dir: &Path) -> Result<i32> {
         launches: sleuth_probe::LaunchMode::Driver,
         cuda_libs: vec![sim.libcudart.clone(), sim.libcuda.clone()],
         max_db: 256 << 20,
+        torch_allocator: false,
         ready_file: None,
         quiet: true,
         metrics: None,

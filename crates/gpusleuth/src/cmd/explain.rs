@@ -220,7 +220,14 @@ mod tests {
         let r = explain_report(&failing_trace());
         let t = text(&r);
         assert!(t.starts_with("1. [high] allocation_failure:"));
-        assert!(t.contains("what to do:") && t.contains("evidence:"));
+        // Text shows the advice and the example calls; the full evidence is in --json/--markdown.
+        assert!(t.contains("what to do:"), "{t}");
+        assert!(t.contains("example: cudaMalloc 1073741824 bytes"), "{t}");
+        assert!(t.contains("failed: out of memory"), "{t}");
+        assert!(
+            t.contains("(full evidence of each finding: --json or --markdown)"),
+            "{t}"
+        );
         let md = markdown(&r);
         assert!(md.contains("## 1. allocation_failure (high, `cudaMalloc`)"));
         assert!(md.contains("```json"));

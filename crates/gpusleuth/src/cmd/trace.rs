@@ -34,7 +34,12 @@ pub struct Args {
     /// (per-call latency and errors, 4 traps per runtime launch), off.
     #[arg(long, default_value = "driver", value_parser = parse_launches)]
     pub launches: LaunchMode,
-    /// Also probe this CUDA library file (repeatable).
+    /// Also probe PyTorch's caching allocator (libc10_cuda.so): allocated vs
+    /// reserved, the blocks that pin each segment (`memory --segments`). Costs
+    /// two probe hits per tensor allocation and per free.
+    #[arg(long = "torch-allocator")]
+    pub torch_allocator: bool,
+    /// Also probe this library file: libcudart.so*, libcuda.so* or libc10_cuda.so (repeatable).
     #[arg(long = "cuda-lib", value_name = "PATH")]
     pub cuda_libs: Vec<PathBuf>,
     /// Database size cap (e.g. 512M, 2G); past it calls are counted, not stored.
@@ -218,6 +223,7 @@ pub fn run(args: Args) -> Result<i32> {
     let handle = writer.handle();
 
     let mut cap = Capture::start(matches!(target, Target::All), args.launches)?;
+    cap.set_torch_allocator(args.torch_allocator);
     let mut session = Session::new(handle.clone(), start_mono, args.quiet);
     session.metrics = args.metrics.map(crate::metrics::serve).transpose()?;
 
@@ -517,6 +523,7 @@ impl Session {
                         self.note_process(c.pid);
                     }
                     Event::Wait(_) => self.n_waits += 1,
+                    Event::Block(_) => {}
                     Event::Proc(p) => {
                         self.n_procs += 1;
                         if matches!(p.kind, ProcKind::Fork | ProcKind::Exec) {

@@ -148,6 +148,8 @@ impl State {
                 self.proc_for(c.pid, &comm_of).add_call(c);
             }
             Event::Wait(_) => self.events[1] += 1,
+            // Caching-allocator events (--torch-allocator) have no metrics yet.
+            Event::Block(_) => {}
             Event::Proc(p) => {
                 self.events[2] += 1;
                 if let Some(pr) = self.procs.get_mut(&p.pid) {
