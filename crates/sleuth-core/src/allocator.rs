@@ -196,14 +196,14 @@ pub struct AllocatorState {
     pub allocator_reserved_bytes: u64,
     /// Live device memory no allocator block ever used (other libraries).
     pub outside_allocator_bytes: u64,
-    /// `reserved − allocated`.
+    /// `allocator_reserved − allocated`: PyTorch's `memory_reserved() − memory_allocated()`.
     pub gap_bytes: i64,
     /// Σ segment free bytes of allocator segments pinned by live blocks:
     /// what `empty_cache()` cannot release.
     pub pinned_free_bytes: u64,
     /// Σ size of allocator segments with no live block: `empty_cache()` releases them.
     pub releasable_bytes: u64,
-    /// `gap − Σ segment free bytes`: 0 when everything is accounted for.
+    /// `gap − Σ free bytes of the allocator's segments`: 0 when everything is accounted for.
     pub unexplained_bytes: i64,
     pub live_blocks: u64,
     pub pools: Pools,
@@ -471,7 +471,9 @@ fn assemble(blocks: Blocks, segs: &SegmentMap, reserved_bytes: u64) -> Allocator
         reserved_bytes,
         allocator_reserved_bytes: segs.owned_total(),
         outside_allocator_bytes: 0,
-        gap_bytes: reserved_bytes as i64 - blocks.allocated as i64,
+        // The gap PyTorch reports (memory_reserved() − memory_allocated()):
+        // memory of other libraries is reserved but is no part of it.
+        gap_bytes: segs.owned_total() as i64 - blocks.allocated as i64,
         pinned_free_bytes: 0,
         releasable_bytes: 0,
         unexplained_bytes: 0,
@@ -506,16 +508,18 @@ fn assemble(blocks: Blocks, segs: &SegmentMap, reserved_bytes: u64) -> Allocator
             .sum();
         let free = s.size.saturating_sub(live_bytes);
         let pool = pool_of(s.size, &inside);
-        let p = match pool {
-            Pool::Small => &mut out.pools.small,
-            Pool::Large => &mut out.pools.large,
-        };
-        p.segments += 1;
-        p.reserved_bytes += s.size;
-        p.allocated_bytes += live_bytes;
-        p.free_bytes += free;
         seg_total += s.size;
-        free_total += free;
+        if s.owned {
+            let p = match pool {
+                Pool::Small => &mut out.pools.small,
+                Pool::Large => &mut out.pools.large,
+            };
+            p.segments += 1;
+            p.reserved_bytes += s.size;
+            p.allocated_bytes += live_bytes;
+            p.free_bytes += free;
+            free_total += free;
+        }
         if !s.owned {
             out.outside_allocator_bytes += s.size;
         } else if inside.is_empty() {

@@ -183,7 +183,7 @@ fn render_state(
     };
     let _ = writeln!(
         out,
-        "  reserved {} (allocator's {}, other memory {})   gap reserved - allocated: {}",
+        "  reserved {} (memory_reserved(): {}; other libraries' memory: {})   gap memory_reserved() - memory_allocated(): {}",
         fmt_bytes(s.reserved_bytes),
         fmt_bytes(s.allocator_reserved_bytes),
         fmt_bytes(s.outside_allocator_bytes),
@@ -191,11 +191,10 @@ fn render_state(
     );
     let _ = writeln!(
         out,
-        "  gap: {} pinned by live blocks (empty_cache() cannot release it), {} in entirely free segments \
-         (empty_cache() releases it), {} not the allocator's",
+        "  the gap: {} pinned by live blocks (empty_cache() cannot release it) + {} in entirely free segments \
+         (empty_cache() releases it)",
         fmt_bytes(s.pinned_free_bytes),
         fmt_bytes(s.releasable_bytes),
-        fmt_bytes(s.outside_allocator_bytes)
     );
     for (name, pb) in [("small", &s.pools.small), ("large", &s.pools.large)] {
         let _ = writeln!(
@@ -543,7 +542,7 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.contains("gap reserved - allocated: 20.0 MiB"),
+            text.contains("gap memory_reserved() - memory_allocated(): 20.0 MiB"),
             "{text}"
         );
         assert!(text.contains("1 live block(s) pin it"), "{text}");

@@ -586,3 +586,32 @@ fn view_serializes_with_the_documented_fields() {
         .starts_with("0x7f"));
     assert!(v["pools"]["small"].get("reserved_bytes").is_some());
 }
+
+#[test]
+fn other_libraries_memory_is_reserved_but_not_part_of_the_gap() {
+    // As on the H200: cuBLAS's workspace (a direct driver allocation) sits
+    // beside the allocator's segments. PyTorch's gap is reserved − allocated of
+    // its own segments, and their free bytes explain it exactly.
+    let mut sim = Sim::torch();
+    let base = 0x7f00_0000_0000u64;
+    sim.cuda_malloc(base, 20 * MIB);
+    sim.cuda_malloc(0x7a00_0000_0000, 64 * MIB); // not the allocator's
+    sim.malloc(0x1, base, 4 * MIB, 4 * MIB - 100);
+    let s = sim.view_at(None).state.unwrap();
+    assert_eq!(s.reserved_bytes, 84 * MIB);
+    assert_eq!(s.allocator_reserved_bytes, 20 * MIB);
+    assert_eq!(s.outside_allocator_bytes, 64 * MIB);
+    assert_eq!(s.gap_bytes, (16 * MIB) as i64);
+    let owned_free: u64 = s
+        .segments
+        .iter()
+        .filter(|g| g.allocator_owned)
+        .map(|g| g.free_bytes)
+        .sum();
+    assert_eq!(owned_free as i64, s.gap_bytes);
+    assert_eq!(s.unexplained_bytes, 0);
+    assert_eq!(
+        s.pools.small.reserved_bytes + s.pools.large.reserved_bytes,
+        20 * MIB
+    );
+}
