@@ -6,6 +6,7 @@
 use crate::output::{fmt_bytes, fmt_ns};
 use sleuth_core::ops::OpClass;
 use sleuth_core::{CallEvent, Event};
+
 use std::collections::{BTreeMap, HashMap};
 use std::io::{IsTerminal, Write};
 
@@ -58,8 +59,14 @@ struct OpLive {
     blocked_ns: u64,
 }
 
+/// Most recent calls and waits kept for live findings (bounded memory).
+const WINDOW_EVENTS: usize = 50_000;
+
 pub struct LiveView {
     ops: BTreeMap<&'static str, OpLive>,
+    /// A bounded window of the trace for live findings.
+    window: sleuth_core::TraceData,
+    last_top: Option<String>,
     live_bytes: HashMap<u32, (u64, HashMap<u64, u64>)>,
     waits: u64,
     tty: bool,
@@ -71,6 +78,11 @@ impl LiveView {
     pub fn new(enabled: bool) -> LiveView {
         LiveView {
             ops: BTreeMap::new(),
+            window: sleuth_core::TraceData {
+                has_host_context: true,
+                ..Default::default()
+            },
+            last_top: None,
             live_bytes: HashMap::new(),
             waits: 0,
             tty: std::io::stderr().is_terminal(),
@@ -80,9 +92,18 @@ impl LiveView {
     }
 
     pub fn observe(&mut self, ev: &Event) {
+        if !self.enabled {
+            return;
+        }
         match ev {
-            Event::Call(c) => self.observe_call(c),
-            Event::Wait(_) => self.waits += 1,
+            Event::Call(c) => {
+                self.observe_call(c);
+                push_bounded(&mut self.window.calls, c.clone());
+            }
+            Event::Wait(w) => {
+                self.waits += 1;
+                push_bounded(&mut self.window.waits, w.clone());
+            }
             Event::Proc(_) | Event::Block(_) => {}
         }
     }
@@ -116,8 +137,41 @@ impl LiveView {
         }
     }
 
+    /// Names a process in live findings.
+    pub fn set_process(&mut self, p: &sleuth_core::ProcessInfo) {
+        self.window.processes.retain(|q| q.pid != p.pid);
+        self.window.processes.push(p.clone());
+    }
+
+    /// The top findings over the recent window, one line each.
+    fn findings(&mut self, start_ns: u64, now_ns: u64, n: usize) -> Vec<String> {
+        self.window.calls.sort_by_key(|c| c.ts_ns);
+        self.window.waits.sort_by_key(|w| w.on_ns);
+        self.window.start_ns = Some(
+            start_ns.max(
+                self.window
+                    .calls
+                    .first()
+                    .map(|c| c.ts_ns)
+                    .unwrap_or(start_ns),
+            ),
+        );
+        self.window.end_ns = Some(now_ns);
+        sleuth_core::findings::top_findings(&self.window, n)
+            .into_iter()
+            .map(|f| {
+                format!(
+                    "[{}] {}: {}",
+                    f.severity.as_str(),
+                    f.kind.as_str(),
+                    f.summary
+                )
+            })
+            .collect()
+    }
+
     /// Redraws (TTY) or prints one summary line (pipe).
-    pub fn render(&mut self, elapsed_s: f64, events: u64, drops: u64) {
+    pub fn render(&mut self, elapsed_s: f64, events: u64, drops: u64, start_ns: u64, now_ns: u64) {
         if !self.enabled {
             return;
         }
@@ -129,6 +183,16 @@ impl LiveView {
                 "gpusleuth: +{elapsed_s:.1}s events={events} calls={calls} waits={} drops={drops}",
                 self.waits
             );
+            // A finding is printed once, when it first leads.
+            let top = self.findings(start_ns, now_ns, 1).into_iter().next();
+            if top.is_some() && top != self.last_top {
+                let _ = writeln!(
+                    err,
+                    "gpusleuth: finding so far: {}",
+                    top.as_deref().unwrap_or("")
+                );
+                self.last_top = top;
+            }
             return;
         }
         let mut lines = vec![format!(
@@ -161,6 +225,15 @@ impl LiveView {
                 allocs.len()
             ));
         }
+        let findings = self.findings(start_ns, now_ns, 3);
+        if findings.is_empty() {
+            lines.push("findings so far: none".into());
+        } else {
+            lines.push("findings so far (last 50k calls):".into());
+            for f in findings {
+                lines.push(format!("  {}", truncate(&f, 140)));
+            }
+        }
         // Move up over the previous frame and clear to the end of the screen.
         if self.drawn_lines > 0 {
             let _ = write!(err, "\x1b[{}A\x1b[J", self.drawn_lines);
@@ -180,9 +253,62 @@ impl LiveView {
     }
 }
 
+fn push_bounded<T>(v: &mut Vec<T>, item: T) {
+    if v.len() >= WINDOW_EVENTS {
+        // Drop the oldest fifth at once: amortised O(1) per event.
+        v.drain(..WINDOW_EVENTS / 5);
+    }
+    v.push(item);
+}
+
+fn truncate(s: &str, max: usize) -> String {
+    if s.chars().count() <= max {
+        s.to_string()
+    } else {
+        format!("{}…", s.chars().take(max - 1).collect::<String>())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn live_findings_come_from_the_window_and_memory_stays_bounded() {
+        let mut v = LiveView::new(true);
+        for i in 0..(WINDOW_EVENTS as u64 + 10) {
+            let c = CallEvent {
+                ts_ns: i * 1000,
+                dur_ns: 10,
+                pid: 1,
+                tid: 1,
+                op: 1,
+                ret: if i == 5 { 2 } else { 0 },
+                size: Some(1 << 40),
+                ptr: None,
+                stream: None,
+                kind: None,
+                nested: false,
+                runnable_ns: 0,
+                blocked_ns: 0,
+                cpu: 0,
+            };
+            v.observe(&Event::Call(c));
+        }
+        assert!(v.window.calls.len() <= WINDOW_EVENTS);
+        // The failed allocation at i == 5 fell out of the window: no finding from it.
+        assert!(v
+            .findings(0, 1 << 40, 3)
+            .iter()
+            .all(|f| !f.contains("allocation_failure")));
+        let mut failing = v.window.calls[0].clone();
+        failing.ret = 2;
+        v.observe(&Event::Call(failing));
+        assert!(v
+            .findings(0, 1 << 40, 3)
+            .iter()
+            .any(|f| f.contains("allocation_failure")));
+    }
 
     #[test]
     fn histogram_quantiles_are_within_bucket_error() {

@@ -360,9 +360,10 @@ pub fn run(args: Args) -> Result<i32> {
         if last_render.elapsed() >= Duration::from_secs(if session.live_tty() { 1 } else { 5 }) {
             last_render = Instant::now();
             let drops: u64 = cap.loss_stats().iter().take(3).sum();
+            let elapsed = t0.elapsed().as_secs_f64();
             session
                 .live
-                .render(t0.elapsed().as_secs_f64(), session.events, drops);
+                .render(elapsed, session.events, drops, start_mono, monotonic_ns());
         }
     }
     // Final drain: records already in the ring buffer.
@@ -508,7 +509,9 @@ impl Session {
 
     fn note_process(&mut self, pid: u32) {
         if self.known_pids.insert(pid) {
-            let r = self.handle.set_process(procinfo::read(pid, monotonic_ns()));
+            let info = procinfo::read(pid, monotonic_ns());
+            self.live.set_process(&info);
+            let r = self.handle.set_process(info);
             self.check(r);
         }
     }
