@@ -1,18 +1,23 @@
 //! Builds the simulated CUDA libraries and programs (C, in `csrc/`) with the
-//! system `gcc` into OUT_DIR; `src/lib.rs` embeds the results. No extra
-//! crates: gcc is on every development and CI machine.
+//! system `gcc` (and the C++ `libc10_cuda.so` stand-in with `g++`) into
+//! OUT_DIR; `src/lib.rs` embeds the results. No extra crates: gcc and g++ are
+//! on every development and CI machine.
 
 use std::path::PathBuf;
 use std::process::Command;
 
 fn gcc(args: &[&str], what: &str) {
-    let out = Command::new("gcc")
+    compile("gcc", args, what)
+}
+
+fn compile(compiler: &str, args: &[&str], what: &str) {
+    let out = Command::new(compiler)
         .args(args)
         .output()
-        .unwrap_or_else(|e| panic!("sleuth-sim needs gcc to build {what}: {e}"));
+        .unwrap_or_else(|e| panic!("sleuth-sim needs {compiler} to build {what}: {e}"));
     if !out.status.success() {
         panic!(
-            "gcc failed building {what}:\n{}",
+            "{compiler} failed building {what}:\n{}",
             String::from_utf8_lossy(&out.stderr)
         );
     }
@@ -70,6 +75,33 @@ fn main() {
         o("libcuda.so.1"),
     ]);
     gcc(&refs(&args), "libcudart.so.13");
+
+    // PyTorch caching-allocator stand-ins (C++: the probes find them by
+    // demangled name): torch 2.11's Block layout and signatures, a different
+    // Block layout, and a malloc signature gpusleuth must refuse. All carry
+    // the soname libc10_cuda.so and use the runtime found next to them.
+    for (file, define) in [
+        ("libc10_cuda.so", None),
+        ("libc10_cuda_alt_layout.so", Some("-DSIM_TORCH_ALT_LAYOUT")),
+        (
+            "libc10_cuda_malloc_no_stream.so",
+            Some("-DSIM_TORCH_MALLOC_NO_STREAM"),
+        ),
+    ] {
+        let mut args: Vec<String> = common.iter().map(|a| a.to_string()).collect();
+        args.extend(define.map(String::from));
+        args.extend([
+            "-shared".into(),
+            "-fPIC".into(),
+            "-Wl,-soname,libc10_cuda.so".into(),
+            "-Wl,-rpath,$ORIGIN".into(),
+            "-o".into(),
+            o(file),
+            s("c10_cuda.cpp"),
+            o("libcudart.so.13"),
+        ]);
+        compile("g++", &refs(&args), file);
+    }
 
     // The workload links both; materialize() puts it in bin/ beside lib/.
     let mut args: Vec<String> = common.iter().map(|a| a.to_string()).collect();

@@ -263,6 +263,28 @@ static void use_runtime_copy(const char *path)
 #undef AS_DLSYM
 }
 
+/* PyTorch caching-allocator stand-in (libc10_cuda.so beside the runtime, via
+ * the rpath), loaded by the first torch step so other scripts never map it. */
+static struct {
+	void *(*malloc)(unsigned long);
+	void (*free)(void *);
+	void (*empty_cache)(void);
+} torch_api;
+
+static void load_torch(void)
+{
+	if (torch_api.malloc)
+		return;
+	void *h = dlopen("libc10_cuda.so", RTLD_NOW | RTLD_LOCAL);
+	if (!h)
+		die("cannot load the allocator stand-in: %s", dlerror());
+	*(void **)&torch_api.malloc = dlsym(h, "simTorchMalloc");
+	*(void **)&torch_api.free = dlsym(h, "simTorchFree");
+	*(void **)&torch_api.empty_cache = dlsym(h, "simTorchEmptyCache");
+	if (!torch_api.malloc || !torch_api.free || !torch_api.empty_cache)
+		die("%s", "libc10_cuda.so lacks simTorchMalloc/simTorchFree/simTorchEmptyCache");
+}
+
 static void *pong(void *arg)
 {
 	int *fds = arg; /* fds[0]: read ping, fds[1]: write pong */
@@ -420,6 +442,18 @@ static void step(int b, int e, int blk_b, int blk_e)
 	} else if (!strcmp(s, "cu_free")) {
 		NEED(1);
 		cuMemFree_v2(named(a[0]));
+	} else if (!strcmp(s, "torch_malloc")) {
+		NEED(1);
+		load_torch();
+		void *block = torch_api.malloc(num(a[0]));
+		name_ptr(ARG(1), (unsigned long long)block);
+	} else if (!strcmp(s, "torch_free")) {
+		NEED(1);
+		load_torch();
+		torch_api.free((void *)named(a[0]));
+	} else if (!strcmp(s, "torch_empty_cache")) {
+		load_torch();
+		torch_api.empty_cache();
 	} else if (!strcmp(s, "vmm")) {
 		NEED(1);
 		unsigned long long size = num(a[0]);

@@ -1,6 +1,7 @@
 //! Simulated CUDA for tests, the demo and the bench: a `libcudart.so.13` and a
 //! `libcuda.so.1` that export the real entry points with the real ABI, a
-//! scripted `workload` linked against them, and a CPU hog (`gs-hog`).
+//! `libc10_cuda.so` with PyTorch's caching-allocator entry points, a scripted
+//! `workload` linked against them, and a CPU hog (`gs-hog`).
 //!
 //! The C sources live in `csrc/` and are built by `build.rs` with gcc;
 //! [`materialize`] writes fresh copies into a directory. Uprobes attach to a
@@ -28,6 +29,20 @@
 //!   [`DEFAULT_DEVICE_BYTES`]) fails with 2 (`CUDA_ERROR_OUT_OF_MEMORY` /
 //!   `cudaErrorMemoryAllocation`) and does not advance the bump pointer.
 //!   A forked child continues from its parent's state.
+//! - The caching-allocator stand-in (`libc10_cuda.so`, C++, see
+//!   `csrc/c10_cuda.cpp`) defines `DeviceCachingAllocator::malloc/free/release_block`
+//!   and `NativeCachingAllocator::emptyCache` with torch 2.11's demangled
+//!   names and signatures, and PyTorch's rules: requests rounded up to
+//!   [`TORCH_BLOCK_ROUNDING`]; requests ≤ [`TORCH_SMALL_BLOCK_MAX`] served
+//!   from [`TORCH_SMALL_SEGMENT`] segments, larger ones from
+//!   [`TORCH_LARGE_SEGMENT`] segments (requests below
+//!   [`TORCH_MIN_LARGE_ALLOC`]) or segments rounded up to
+//!   [`TORCH_LARGE_ROUNDING`]; best fit among free blocks; a block is split
+//!   when the rest is ≥ 512 B (small pool) or > 1 MiB (large pool); frees
+//!   merge free neighbours; `emptyCache` calls `release_block` (→ `cudaFree`)
+//!   on every segment that is one free block. Segments come from the
+//!   simulated `cudaMalloc`. The `Block` struct's first 16 words follow
+//!   [`TorchStandIn`]'s layout.
 //! - Scripted time: `simSetNextDurationNs(ns)` (exported by the driver
 //!   stand-in, never probed) makes the thread's next sync sleep `ns` (the
 //!   thread blocks, like a GPU wait) or its next copy spin `ns` of *thread CPU
@@ -59,6 +74,9 @@
 //! | `await PATH`, `touch PATH` | wait for a file to exist; create a file |
 //! | `stamp PATH` | append CLOCK_MONOTONIC ns as a line to PATH (for timing a section) |
 //! | `dlopen PATH` | load a runtime copy; later runtime steps call through it |
+//! | `torch_malloc SIZE [NAME]` | `DeviceCachingAllocator::malloc` of the `libc10_cuda.so` stand-in (loaded by the first torch step); NAME remembers the `Block*` |
+//! | `torch_free NAME` | `DeviceCachingAllocator::free` of that block |
+//! | `torch_empty_cache` | `NativeCachingAllocator::emptyCache`: `release_block` + `cudaFree` per entirely free segment |
 //! | `repeat N { ... }` | run the block N times |
 //! | `fork { ... }` | fork; the child runs the block and exits 0; the parent waits |
 //! | `spawn { ... }` | fork + exec of the workload itself with the block as its script; the parent waits |
@@ -89,11 +107,61 @@ pub const DEFAULT_DEVICE_BYTES: u64 = 80 << 30;
 pub const ERR_OUT_OF_MEMORY: i64 = 2;
 /// The hog's process name (comm).
 pub const HOG_COMM: &str = "gs-hog";
+/// The caching-allocator stand-in rounds every request up to a multiple of this.
+pub const TORCH_BLOCK_ROUNDING: u64 = 512;
+/// Largest (rounded) request of the stand-in's small pool.
+pub const TORCH_SMALL_BLOCK_MAX: u64 = 1 << 20;
+/// Segment size of the small pool.
+pub const TORCH_SMALL_SEGMENT: u64 = 2 << 20;
+/// Segment size of the large pool for requests below [`TORCH_MIN_LARGE_ALLOC`].
+pub const TORCH_LARGE_SEGMENT: u64 = 20 << 20;
+/// From this request size on, a large segment is the request rounded up to [`TORCH_LARGE_ROUNDING`].
+pub const TORCH_MIN_LARGE_ALLOC: u64 = 10 << 20;
+/// Rounding of large segments for big requests.
+pub const TORCH_LARGE_ROUNDING: u64 = 2 << 20;
 
 const LIBCUDART: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/libcudart.so.13"));
 const LIBCUDA: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/libcuda.so.1"));
 const WORKLOAD: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/workload"));
 const HOG: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gs-hog"));
+const LIBC10_CUDA: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/libc10_cuda.so"));
+const LIBC10_CUDA_ALT_LAYOUT: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/libc10_cuda_alt_layout.so"));
+const LIBC10_CUDA_MALLOC_NO_STREAM: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/libc10_cuda_malloc_no_stream.so"));
+
+/// Builds of the `libc10_cuda.so` stand-in (all with soname `libc10_cuda.so`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TorchStandIn {
+    /// torch 2.11's signatures and `Block` layout: word 0 device, 1 stream,
+    /// 2..6 stream_uses, 7 size, 8 requested_size, 9 pool, 10 ptr, 11
+    /// allocated, 12 prev, 13 next.
+    Torch211,
+    /// The same signatures, another `Block` layout: 2 pool, 3 ptr, 4 prev,
+    /// 5 size, 6 next, 9 requested_size, 10 allocated.
+    AltLayout,
+    /// `DeviceCachingAllocator::malloc(unsigned long)`: no stream parameter,
+    /// a signature the tracer must not probe (the other three are as in torch 2.11).
+    MallocWithoutStream,
+}
+
+impl TorchStandIn {
+    /// Word indices of (requested_size, size, ptr) in the `Block` struct.
+    pub fn block_words(self) -> (usize, usize, usize) {
+        match self {
+            TorchStandIn::Torch211 | TorchStandIn::MallocWithoutStream => (8, 7, 10),
+            TorchStandIn::AltLayout => (9, 5, 3),
+        }
+    }
+
+    fn bytes(self) -> &'static [u8] {
+        match self {
+            TorchStandIn::Torch211 => LIBC10_CUDA,
+            TorchStandIn::AltLayout => LIBC10_CUDA_ALT_LAYOUT,
+            TorchStandIn::MallocWithoutStream => LIBC10_CUDA_MALLOC_NO_STREAM,
+        }
+    }
+}
 
 /// Where [`materialize`] put things.
 #[derive(Debug, Clone)]
@@ -106,6 +174,9 @@ pub struct SimPaths {
     pub workload: PathBuf,
     /// The CPU hog (`bin/gs-hog CPU MS [READY_FILE]`).
     pub hog: PathBuf,
+    /// The caching-allocator stand-in (`lib/libc10_cuda.so`, [`TorchStandIn::Torch211`];
+    /// replace it with [`install_torch_stand_in`]).
+    pub libc10_cuda: PathBuf,
 }
 
 fn write_file(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
@@ -125,6 +196,7 @@ pub fn materialize(dir: &Path) -> io::Result<SimPaths> {
         libcuda: lib_dir.join("libcuda.so.1"),
         workload: bin_dir.join("workload"),
         hog: bin_dir.join("gs-hog"),
+        libc10_cuda: lib_dir.join("libc10_cuda.so"),
         lib_dir,
     };
     // Remove first: rewriting a file in place keeps its inode (and would
@@ -134,14 +206,26 @@ pub fn materialize(dir: &Path) -> io::Result<SimPaths> {
         (&paths.libcuda, LIBCUDA),
         (&paths.workload, WORKLOAD),
         (&paths.hog, HOG),
+        (&paths.libc10_cuda, LIBC10_CUDA),
     ] {
-        match std::fs::remove_file(path) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
-            _ => {}
-        }
-        write_file(path, bytes, 0o755)?;
+        replace_file(path, bytes)?;
     }
     Ok(paths)
+}
+
+/// Writes `bytes` at `path` as a new file (a new inode), removing any old one.
+fn replace_file(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    write_file(path, bytes, 0o755)
+}
+
+/// Replaces `paths.libc10_cuda` with another build of the allocator stand-in
+/// (a new inode); the workload's torch steps load whichever is there.
+pub fn install_torch_stand_in(paths: &SimPaths, which: TorchStandIn) -> io::Result<()> {
+    replace_file(&paths.libc10_cuda, which.bytes())
 }
 
 /// Writes one more copy of the runtime library at `path` (a new inode), e.g.
