@@ -59,9 +59,10 @@ fn demo_offline_explains_the_bundled_trace_without_privileges() {
         "{text}"
     );
     assert!(
-        text.lines()
-            .any(|l| l.contains("cpu_preemption") && l.contains("gs-hog")),
+        text.lines().any(|l| l.contains("cpu_preemption")
+            && l.contains("gs-neighbour (pid 718, 100% of the lost time)")),
         "{text}"
     );
+    assert!(text.contains("recorded on an NVIDIA H200"), "{text}");
     assert!(text.contains("unfreed_memory"), "{text}");
 }

@@ -9,8 +9,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-/// A trace recorded by this demo on a 2-core CI-class machine (see examples/README.md).
-static BUNDLED_TRACE: &[u8] = include_bytes!("../../../../examples/demo-sim.db");
+/// A real trace from an NVIDIA H200: a PyTorch matmul + synchronize loop with a
+/// CPU-burning neighbour on its core (issue 7, scenario 2; see examples/README.md).
+static BUNDLED_TRACE: &[u8] = include_bytes!("../../../../examples/h200-contention.db");
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -131,8 +132,12 @@ fn keep_off_cpu0() {
 
 fn explain_bundled(dir: &Path, why: &str) -> Result<i32> {
     println!("gpusleuth demo: live tracing is not possible here ({why}).");
-    println!("Explaining a trace this demo recorded with real eBPF on the same simulated workload instead.\n");
-    let db = dir.join("demo-sim.db");
+    println!("Explaining a real trace instead, recorded on an NVIDIA H200 (driver 580.159.04, torch 2.11):");
+    println!("  a PyTorch matmul + synchronize loop pinned to one CPU; after 6 s a CPU-burning");
+    println!(
+        "  neighbour (`gs-neighbour`) starts on the same CPU. (examples/h200-contention.db)\n"
+    );
+    let db = dir.join("h200-contention.db");
     std::fs::write(&db, BUNDLED_TRACE).with_context(|| format!("cannot write {}", db.display()))?;
     crate::cmd::explain::run(crate::cmd::explain::Args {
         db,
