@@ -1,5 +1,6 @@
 //! Loads gpusleuth's eBPF object, attaches it, and drains what it reports.
 
+use crate::caps::Caps;
 use crate::discover::LibFile;
 use crate::multi;
 use crate::symbols::SymbolOffsets;
@@ -126,10 +127,15 @@ pub struct Capture {
     multi: Option<HashMap<String, multi::MultiProg>>,
     /// Multi-uprobe links; dropping them detaches.
     links: Vec<std::os::fd::OwnedFd>,
+    /// Why the batched path is off, for the error of a refused one-by-one attach.
+    multi_off_reason: Option<String>,
 }
 
-/// File descriptors of every map aya created, by name, for the multi-uprobe loader.
-fn map_fds(bpf: &Ebpf) -> Vec<(String, aya::maps::MapFd)> {
+/// File descriptors of every map aya created, by name, for the multi-uprobe
+/// loader. Borrowed from aya's own map objects, not re-opened by id:
+/// `BPF_MAP_GET_FD_BY_ID` needs CAP_SYS_ADMIN, and with only CAP_BPF +
+/// CAP_PERFMON it failed, so the batched path was lost for no reason.
+fn map_fds(bpf: &Ebpf) -> HashMap<String, std::os::fd::RawFd> {
     use aya::maps::Map;
     bpf.maps()
         .filter_map(|(name, m)| {
@@ -142,7 +148,7 @@ fn map_fds(bpf: &Ebpf) -> Vec<(String, aya::maps::MapFd)> {
                 | Map::RingBuf(d) => d,
                 _ => return None,
             };
-            Some((name.to_string(), data.info().ok()?.fd().ok()?))
+            Some((name.to_string(), data.fd().as_fd().as_raw_fd()))
         })
         .collect()
 }
@@ -159,12 +165,15 @@ pub fn monotonic_ns() -> u64 {
 }
 
 /// What is missing for eBPF capture on this machine, if anything.
+/// Capabilities, not the uid: a uid 0 with a reduced set may lack them, a
+/// non-root uid with ambient CAP_BPF + CAP_PERFMON may hold them (see caps.rs
+/// for what each attach path needs).
 pub fn preflight() -> Result<(), CaptureError> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return Err(CaptureError::Unavailable(
-            "tracing needs root (or CAP_BPF + CAP_PERFMON): re-run with sudo".into(),
-        ));
+    let caps = Caps::current().map_err(CaptureError::Unavailable)?;
+    if let Some(cap) = caps.missing_for_tracing() {
+        return Err(CaptureError::Unavailable(format!(
+            "tracing needs {cap}, which this process does not hold: run as root, or grant CAP_BPF and CAP_PERFMON (docs/deploy.md)"
+        )));
     }
     if !std::path::Path::new("/sys/kernel/btf/vmlinux").exists() {
         return Err(CaptureError::Unavailable(
@@ -230,14 +239,12 @@ impl Capture {
             p.load()
                 .map_err(|e| unavailable(&format!("cannot load {name}"), error_chain(&e)))?;
         }
+        let mut multi_off_reason = None;
         let multi = if std::env::var_os("GPUSLEUTH_NO_MULTI_UPROBE").is_some() {
+            multi_off_reason = Some("GPUSLEUTH_NO_MULTI_UPROBE is set".to_string());
             None
         } else {
-            let fds = map_fds(&bpf);
-            let by_name: HashMap<String, std::os::fd::RawFd> = fds
-                .iter()
-                .map(|(n, fd)| (n.clone(), fd.as_fd().as_raw_fd()))
-                .collect();
+            let by_name = map_fds(&bpf);
             match multi::load_programs(
                 &object,
                 &["call_entry", "call_return", "call_count"],
@@ -246,6 +253,7 @@ impl Capture {
                 Ok(p) => Some(p),
                 Err(e) => {
                     log::warn!("batched multi-uprobes unavailable, attaching one by one: {e}");
+                    multi_off_reason = Some(e);
                     None
                 }
             }
@@ -263,6 +271,7 @@ impl Capture {
             attached: HashMap::new(),
             multi,
             links: Vec::new(),
+            multi_off_reason,
         })
     }
 
@@ -357,7 +366,12 @@ impl Capture {
                 p.attach(point, &lib.path, UProbeScope::AllProcesses)
                     .map_err(|e| CaptureError::Attach {
                         path: path_s.clone(),
-                        reason: format!("{}: {}", op.name, error_chain(&e)),
+                        reason: format!(
+                            "{}: {}{}",
+                            op.name,
+                            error_chain(&e),
+                            refused_hint(&e, self.multi_off_reason.as_deref())
+                        ),
                     })?;
                 probes += 1;
             }
@@ -419,6 +433,7 @@ impl Capture {
                 // First use on a kernel without uprobe_multi: fall back for good.
                 Err(e) if self.links.is_empty() && new_links.is_empty() => {
                     log::warn!("multi-uprobe attach failed ({e}); attaching one by one");
+                    self.multi_off_reason = Some(format!("uprobe_multi link: {e}"));
                     self.multi = None;
                     return Ok(None);
                 }
@@ -520,6 +535,23 @@ fn raise_memlock_limit() {
     };
     // SAFETY: setrlimit reads the struct we pass; failure is harmless here.
     unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &rl) };
+}
+
+/// For a refused one-by-one uprobe: which capability is likely missing, and
+/// why the batched path (which needs no more than CAP_BPF + CAP_PERFMON) was
+/// not used. Empty for other errors.
+fn refused_hint(e: &dyn std::error::Error, multi_off: Option<&str>) -> String {
+    let text = error_chain(e);
+    if !(text.contains("Permission denied") || text.contains("Operation not permitted")) {
+        return String::new();
+    }
+    let mut hint = Caps::current()
+        .map(|c| c.uprobe_hint().to_string())
+        .unwrap_or_default();
+    if let Some(why) = multi_off {
+        hint.push_str(&format!("; batched uprobes unavailable: {why}"));
+    }
+    hint
 }
 
 /// An error with its sources, on one line.

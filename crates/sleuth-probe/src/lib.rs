@@ -2,6 +2,7 @@
 //! programs (aya), drain the ring buffer. Linux only; needs root.
 
 pub mod capture;
+pub mod caps;
 pub mod discover;
 mod multi;
 pub mod symbols;

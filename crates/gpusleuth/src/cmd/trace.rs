@@ -371,7 +371,12 @@ pub fn run(args: Args) -> Result<i32> {
     let end_mono = monotonic_ns();
 
     let losses = cap.loss_stats();
+    let counted_calls: u64 = cap.op_counts().iter().map(|c| c.count).sum();
+    let coverage = coverage_warning(cap.attached().count(), session.n_calls + counted_calls);
     let finish_meta = || -> Result<(), sleuth_store::StoreError> {
+        if let Some((NoteLevel::Warn, text)) = &coverage {
+            handle.add_note(NoteLevel::Warn, text.clone())?;
+        }
         for (i, name) in stat::NAMES.iter().enumerate() {
             handle.set_stat(format!("drop_{name}"), losses[i])?;
         }
@@ -423,7 +428,28 @@ pub fn run(args: Args) -> Result<i32> {
         summary.dropped_db_full,
         losses[stat::UNMATCHED_RETURN]
     );
+    if let Some((level, text)) = coverage {
+        let tag = if level == NoteLevel::Warn {
+            "warning"
+        } else {
+            "note"
+        };
+        eprintln!("gpusleuth: {tag}: {text}");
+    }
     Ok(child_exit.unwrap_or(0))
+}
+
+/// What the final summary must say when the trace saw no CUDA call: a
+/// warning when no library was probed at all (nothing could be seen), a hint
+/// when libraries were probed but nothing called them.
+fn coverage_warning(libs_probed: usize, calls: u64) -> Option<(NoteLevel, String)> {
+    if libs_probed == 0 {
+        Some((NoteLevel::Warn, "no CUDA library was probed, so no CUDA call could be recorded (see the 'not probed' warnings above; --cuda-lib PATH names a library)".into()))
+    } else if calls == 0 {
+        Some((NoteLevel::Info, format!("{libs_probed} CUDA libraries were probed but the traced processes made no call through them (no CUDA use, or a library file not probed: --cuda-lib PATH)")))
+    } else {
+        None
+    }
 }
 
 /// Per-trace bookkeeping on the user-space side of the ring buffer.
@@ -431,6 +457,8 @@ struct Session {
     handle: WriterHandle,
     start_mono: u64,
     known_pids: HashSet<u32>,
+    /// Library files (dev, ino) that could not be probed: reported once, not every rescan.
+    unprobed: HashSet<(u64, u64)>,
     live: LiveView,
     started: bool,
     events: u64,
@@ -450,6 +478,7 @@ impl Session {
             handle,
             start_mono,
             known_pids: HashSet::new(),
+            unprobed: HashSet::new(),
             live: LiveView::new(!quiet),
             started: false,
             events: 0,
@@ -473,6 +502,9 @@ impl Session {
     }
 
     fn attach(&mut self, cap: &mut Capture, lib: &LibFile, late: bool) {
+        if self.unprobed.contains(&(lib.dev, lib.ino)) {
+            return;
+        }
         match cap.attach_lib(lib) {
             Ok(Some(a)) => {
                 let secs = a.attached_mono_ns.saturating_sub(self.start_mono) as f64 / 1e9;
@@ -499,6 +531,10 @@ impl Session {
             }
             Ok(None) => {}
             Err(e) => {
+                // Printed as well as stored: a library lost must be seen while tracing.
+                self.unprobed.insert((lib.dev, lib.ino));
+                self.live.clear();
+                eprintln!("gpusleuth: warning: not probed: {e}");
                 let r = self
                     .handle
                     .add_note(NoteLevel::Warn, format!("not probed: {e}"));
@@ -564,5 +600,16 @@ mod tests {
         assert_eq!(parse_size("512M").unwrap(), 512 << 20);
         assert_eq!(parse_size("64KiB").unwrap(), 64 << 10);
         assert!(parse_size("lots").is_err());
+    }
+
+    #[test]
+    fn summary_says_when_nothing_could_be_seen() {
+        let (level, text) = coverage_warning(0, 0).unwrap();
+        assert_eq!(level, NoteLevel::Warn);
+        assert!(text.contains("no CUDA library was probed"));
+        let (level, text) = coverage_warning(2, 0).unwrap();
+        assert_eq!(level, NoteLevel::Info);
+        assert!(text.contains("2 CUDA libraries were probed"));
+        assert!(coverage_warning(2, 6).is_none());
     }
 }
