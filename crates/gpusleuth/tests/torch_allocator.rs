@@ -356,6 +356,17 @@ fn a_changed_malloc_signature_is_not_probed() {
     assert_eq!(lib.len(), 1, "{lib:?}");
     let missing: Vec<String> = serde_json::from_str(&lib[0].0).expect("missing is JSON");
     assert_eq!(missing, vec!["DeviceCachingAllocator::malloc".to_string()]);
+    // All or nothing: without malloc, free/release alone would rebuild nonsense.
+    assert_eq!(
+        lib[0].1, 0,
+        "no torch probe may be attached when one entry point is missing"
+    );
+    assert_eq!(db.int("SELECT count(*) FROM allocator_events"), 0);
+    assert_eq!(
+        db.int("SELECT count(*) FROM notes WHERE level='warn' AND text LIKE '%caching-allocator entry points not found%'"),
+        1,
+        "the fallback to the CUDA-level view must be said in the trace"
+    );
     // No malloc was captured, so no allocator numbers are claimed.
     assert_eq!(
         db.int("SELECT count(*) FROM allocator_events WHERE op='DeviceCachingAllocator::malloc'"),

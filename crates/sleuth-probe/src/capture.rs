@@ -334,6 +334,26 @@ impl Capture {
             path: path_s.clone(),
             reason,
         })?;
+        // The allocator's events only make sense together (a free without its
+        // malloc, or a malloc without its free, would rebuild a wrong state):
+        // a torch build that lacks any of them is not probed at all.
+        if lib.layer == Layer::Torch {
+            let missing: Vec<&'static str> = OPS
+                .iter()
+                .filter(|o| o.layer == Layer::Torch && syms.get(o.name).is_none())
+                .map(|o| o.name)
+                .collect();
+            if !missing.is_empty() {
+                let a = AttachedLib {
+                    lib: lib.clone(),
+                    probes: 0,
+                    missing,
+                    attached_mono_ns: monotonic_ns(),
+                };
+                self.attached.insert((lib.dev, lib.ino), a.clone());
+                return Ok(Some(a));
+            }
+        }
         if let Some(a) = self.attach_lib_multi(lib, &syms)? {
             self.attached.insert((lib.dev, lib.ino), a.clone());
             return Ok(Some(a));

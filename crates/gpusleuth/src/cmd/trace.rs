@@ -518,7 +518,18 @@ impl Session {
                     missing: a.missing.iter().map(|s| s.to_string()).collect(),
                 });
                 self.check(r);
-                if late && self.started {
+                if a.lib.layer == sleuth_core::Layer::Torch && a.probes == 0 {
+                    let text = format!(
+                        "PyTorch caching-allocator entry points not found in {} (missing: {}): this torch build is \
+                         not recognised, allocated/reserved come from the CUDA-level view only",
+                        a.lib.path.display(),
+                        a.missing.join(", ")
+                    );
+                    eprintln!("gpusleuth: warning: {text}");
+                    let r = self.handle.add_note(NoteLevel::Warn, text);
+                    self.check(r);
+                }
+                if late && self.started && a.probes > 0 {
                     let r = self.handle.add_note(
                         NoteLevel::Warn,
                         format!(
