@@ -17,6 +17,14 @@ impl SymbolOffsets {
     /// Reads `.dynsym` and `.symtab` of an ELF file. Versioned names
     /// (`cudaMalloc@@libcudart.so.13`) are stored under the plain name.
     pub fn read(path: &Path) -> Result<SymbolOffsets, String> {
+        Self::scan(path, |name| {
+            Some(name.split('@').next().unwrap_or(name).to_string())
+        })
+    }
+
+    /// The one ELF walk: every defined symbol whose name `key` maps to a key
+    /// is stored under that key with its file offset (first one wins).
+    fn scan(path: &Path, key: impl Fn(&str) -> Option<String>) -> Result<SymbolOffsets, String> {
         let data =
             std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
         let file = object::File::parse(&*data)
@@ -26,9 +34,10 @@ impl SymbolOffsets {
             if !sym.is_definition() || sym.address() == 0 {
                 continue;
             }
-            let Ok(name) = sym.name() else { continue };
-            let name = name.split('@').next().unwrap_or(name);
-            if offsets.contains_key(name) {
+            let Some(k) = sym.name().ok().and_then(&key) else {
+                continue;
+            };
+            if offsets.contains_key(&k) {
                 continue;
             }
             let Some(index) = sym.section_index() else {
@@ -43,7 +52,7 @@ impl SymbolOffsets {
             let Some(delta) = sym.address().checked_sub(section.address()) else {
                 continue;
             };
-            offsets.insert(name.to_string(), file_off + delta);
+            offsets.insert(k, file_off + delta);
         }
         Ok(SymbolOffsets { offsets })
     }
@@ -149,45 +158,14 @@ impl SymbolOffsets {
     /// op name (see `sleuth_core::ops`), found by demangled name + signature.
     /// Compiler clones (`.cold`, `.isra`, ...) are skipped.
     pub fn read_torch(path: &Path) -> Result<SymbolOffsets, String> {
-        let data =
-            std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-        let file = object::File::parse(&*data)
-            .map_err(|e| format!("{} is not a readable ELF file: {e}", path.display()))?;
-        let mut offsets = HashMap::new();
-        for sym in file.symbols().chain(file.dynamic_symbols()) {
-            if !sym.is_definition() || sym.address() == 0 {
-                continue;
-            }
-            let Ok(name) = sym.name() else { continue };
+        Self::scan(path, |name| {
             if !name.starts_with("_ZN3c104cuda20CUDACachingAllocator") || name.contains('.') {
-                continue;
+                return None;
             }
-            let Ok(parsed) = cpp_demangle::Symbol::new(name) else {
-                continue;
-            };
-            let Some(op) = parsed.demangle().ok().and_then(|d| torch_op_for(&d)) else {
-                continue;
-            };
-            let Some(info) = sleuth_core::op_by_id(op) else {
-                continue;
-            };
-            let Some(index) = sym.section_index() else {
-                continue;
-            };
-            let Ok(section) = file.section_by_index(index) else {
-                continue;
-            };
-            let Some((file_off, _)) = section.file_range() else {
-                continue;
-            };
-            let Some(delta) = sym.address().checked_sub(section.address()) else {
-                continue;
-            };
-            offsets
-                .entry(info.name.to_string())
-                .or_insert(file_off + delta);
-        }
-        Ok(SymbolOffsets { offsets })
+            let demangled = cpp_demangle::Symbol::new(name).ok()?.demangle().ok()?;
+            let op = torch_op_for(&demangled)?;
+            sleuth_core::op_by_id(op).map(|info| info.name.to_string())
+        })
     }
 }
 

@@ -37,7 +37,8 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-fn culprit_line(f: &Finding) -> Option<String> {
+/// "comm (pid N) 1.2ms = 80%, ..." for a finding's culprits; None when it has none.
+pub(crate) fn culprit_line(f: &Finding) -> Option<String> {
     if f.culprits.is_empty() {
         return None;
     }

@@ -205,21 +205,8 @@ fn findings_html(e: &Explanation) -> String {
             esc(&f.op),
             esc(&f.summary)
         );
-        if !f.culprits.is_empty() {
-            let names: Vec<String> = f
-                .culprits
-                .iter()
-                .map(|c| {
-                    format!(
-                        "{} (pid {}) {} = {:.0}%",
-                        c.comm,
-                        c.pid,
-                        fmt_ns(c.runnable_ns),
-                        c.share * 100.0
-                    )
-                })
-                .collect();
-            let _ = write!(h, "<div>CPU taken by: {}</div>", esc(&names.join(", ")));
+        if let Some(names) = crate::cmd::explain::culprit_line(f) {
+            let _ = write!(h, "<div>CPU taken by: {}</div>", esc(&names));
         }
         let _ = write!(
             h,
