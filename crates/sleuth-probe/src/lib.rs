@@ -1,11 +1,13 @@
 //! gpusleuth's capture path: find CUDA libraries, load and attach the eBPF
 //! programs (aya), drain the ring buffer. Linux only; needs root.
 
-pub mod capture;
 pub mod caps;
+pub mod capture;
 pub mod discover;
 mod multi;
 pub mod symbols;
 
-pub use capture::{monotonic_ns, preflight, AttachedLib, Capture, CaptureError, LaunchMode};
+pub use capture::{
+    monotonic_ns, preflight, AttachedLib, Capture, CaptureError, LaunchMode, DEFAULT_RING_BYTES,
+};
 pub use discover::LibFile;

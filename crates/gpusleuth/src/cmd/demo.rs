@@ -89,6 +89,7 @@ fn live(dir: &Path) -> Result<i32> {
         launches: sleuth_probe::LaunchMode::Driver,
         cuda_libs: vec![sim.libcudart.clone(), sim.libcuda.clone()],
         max_db: 256 << 20,
+        ring_size: sleuth_probe::DEFAULT_RING_BYTES as u64,
         torch_allocator: false,
         ready_file: None,
         quiet: true,

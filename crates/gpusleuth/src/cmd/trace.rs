@@ -45,6 +45,10 @@ pub struct Args {
     /// Database size cap (e.g. 512M, 2G); past it calls are counted, not stored.
     #[arg(long = "max-db", default_value = "1G", value_parser = parse_size)]
     pub max_db: u64,
+    /// Kernel ring buffer size (e.g. 8M, 64M): more absorbs longer bursts
+    /// before events are dropped (drops are always counted and reported).
+    #[arg(long = "ring-size", default_value = "8M", value_parser = parse_size)]
+    pub ring_size: u64,
     /// Create this file once probes are attached (for scripts and tests).
     #[arg(long = "ready-file", value_name = "PATH")]
     pub ready_file: Option<PathBuf>,
@@ -222,7 +226,9 @@ pub fn run(args: Args) -> Result<i32> {
         .with_context(|| format!("cannot create trace database {}", db.display()))?;
     let handle = writer.handle();
 
-    let mut cap = Capture::start(matches!(target, Target::All), args.launches)?;
+    let ring_bytes =
+        u32::try_from(args.ring_size).map_err(|_| anyhow::anyhow!("--ring-size: at most 2G"))?;
+    let mut cap = Capture::start_with(matches!(target, Target::All), args.launches, ring_bytes)?;
     cap.set_torch_allocator(args.torch_allocator);
     let mut session = Session::new(handle.clone(), start_mono, args.quiet);
     session.metrics = args.metrics.map(crate::metrics::serve).transpose()?;
@@ -384,6 +390,10 @@ pub fn run(args: Args) -> Result<i32> {
         handle.set_stat("events_wait", session.n_waits)?;
         handle.set_stat("events_proc", session.n_procs)?;
         handle.set_stat("decode_errors", session.decode_errors)?;
+        // Kernel state left behind by traced processes: 0 once they all exited.
+        let (traced_left, threads_left) = cap.map_occupancy();
+        handle.set_stat("map_traced_left", traced_left as u64)?;
+        handle.set_stat("map_threads_left", threads_left as u64)?;
         handle.set_op_counts(cap.op_counts())?;
         handle.set_session_end(end_mono)?;
         if child.is_some() && child_exit.is_none() && signals::interrupts() >= 2 {
