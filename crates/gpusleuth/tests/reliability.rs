@@ -81,3 +81,88 @@ fn exit_churn_leaves_no_kernel_state() {
         0
     );
 }
+
+/// Kills the workloads a sandbox started (they outlive a killed tracer).
+fn kill_workloads_of(sb: &Sandbox) {
+    let marker = sb.truth_path().display().to_string();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+            continue;
+        };
+        if String::from_utf8_lossy(&cmd).contains(&marker) {
+            // SAFETY: sending SIGKILL to a process this test started.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    }
+}
+
+#[test]
+fn a_sigkilled_trace_leaves_a_readable_database_with_what_was_committed() {
+    if !require_ebpf() {
+        return;
+    }
+    let sb = Sandbox::new("sigkill");
+    let mut child = sb.spawn_trace(&[], "repeat 2000 { churn 5; sleep 5 }", None);
+    // Batches commit every 100 ms: after a second, some are on disk.
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    // SAFETY: SIGKILL to the gpusleuth process this test spawned.
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    let _ = child.wait();
+    kill_workloads_of(&sb);
+    let db = sb.open_db();
+    let check = db.text_ints("SELECT integrity_check, 0 FROM pragma_integrity_check");
+    assert_eq!(check[0].0, "ok", "{check:?}");
+    let calls = db.int("SELECT count(*) FROM calls");
+    assert!(calls > 0, "committed batches must survive SIGKILL");
+    // The read commands work on it as on any trace.
+    let out = common::gpusleuth()
+        .args(["stats", "--db"])
+        .arg(sb.db())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn two_interrupts_stop_the_trace_cleanly_and_keep_everything() {
+    if !require_ebpf() {
+        return;
+    }
+    let sb = Sandbox::new("sigint");
+    let mut child = sb.spawn_trace(&[], "repeat 2000 { churn 5; sleep 5 }", None);
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    for _ in 0..2 {
+        // SAFETY: SIGINT to the gpusleuth process this test spawned (as Ctrl-C would).
+        unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let status = common::wait_child(&mut child, 30);
+    kill_workloads_of(&sb);
+    assert_eq!(
+        status.code(),
+        Some(130),
+        "stopped by Ctrl-C while the command ran"
+    );
+    // Finished properly: one self-contained file, counters and notes written.
+    assert!(
+        !sb.path("trace.db-wal").exists()
+            || std::fs::metadata(sb.path("trace.db-wal")).unwrap().len() == 0
+    );
+    let db = sb.open_db();
+    assert!(db.int("SELECT count(*) FROM calls") > 0);
+    assert_eq!(
+        db.int("SELECT count(*) FROM stats WHERE name = 'map_traced_left'"),
+        1
+    );
+    assert_eq!(
+        db.int("SELECT count(*) FROM notes WHERE text LIKE '%second interrupt%'"),
+        1
+    );
+}

@@ -446,7 +446,12 @@ pub fn run(args: Args) -> Result<i32> {
         };
         eprintln!("gpusleuth: {tag}: {text}");
     }
-    Ok(child_exit.unwrap_or(0))
+    Ok(match (child, child_exit) {
+        (_, Some(code)) => code,
+        // Stopped by Ctrl-C before the command ended: the shell's convention.
+        (Some(_), None) if signals::interrupts() > 0 => 130,
+        _ => 0,
+    })
 }
 
 /// What the final summary must say when the trace saw no CUDA call: a
