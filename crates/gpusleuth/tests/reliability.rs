@@ -166,3 +166,48 @@ fn two_interrupts_stop_the_trace_cleanly_and_keep_everything() {
         1
     );
 }
+
+#[test]
+fn trace_all_mode_follows_a_cuda_process_it_did_not_start() {
+    if !require_ebpf() {
+        return;
+    }
+    let sb = Sandbox::new("all-mode");
+    let ready = sb.path("ready");
+    // `gpusleuth trace` with neither --pid nor a command: every process that calls CUDA.
+    let mut tracer = std::process::Command::new(env!("CARGO_BIN_EXE_gpusleuth"))
+        .arg("trace")
+        .arg("--db")
+        .arg(sb.db())
+        .arg("--quiet")
+        .args(["--duration", "4s", "--cuda-lib"])
+        .arg(&sb.sim.libcudart)
+        .arg("--cuda-lib")
+        .arg(&sb.sim.libcuda)
+        .arg("--ready-file")
+        .arg(&ready)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start tracer");
+    common::wait_for_file(&ready, 30);
+    // A workload started by someone else, after the tracer: 7 cudaMalloc, 3 cudaFree.
+    let status = std::process::Command::new(&sb.sim.workload)
+        .arg("repeat 3 { malloc 4096 a; free a }; repeat 4 { malloc 4096 b }")
+        .env("LD_LIBRARY_PATH", &sb.sim.lib_dir)
+        .status()
+        .expect("run workload");
+    assert!(status.success());
+    let st = common::wait_child(&mut tracer, 30);
+    assert_eq!(st.code(), Some(0));
+    let db = sb.open_db();
+    assert_eq!(
+        db.int("SELECT count(*) FROM calls WHERE op = 'cudaMalloc'"),
+        7
+    );
+    assert_eq!(
+        db.int("SELECT count(*) FROM calls WHERE op = 'cudaFree'"),
+        3
+    );
+    assert_eq!(db.int("SELECT count(DISTINCT pid) FROM calls"), 1);
+}
