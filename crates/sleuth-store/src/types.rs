@@ -45,7 +45,7 @@ pub struct SessionInfo {
     pub command: String,
     /// What was traced: the launched command, the pid list, or "all".
     pub target: String,
-    /// "launch", "pids", "all", or "import".
+    /// How launches were captured ("driver", "all", "full", "off"), or "import".
     pub launch_mode: String,
     pub tool_version: String,
 }
