@@ -1,0 +1,110 @@
+//! `explain` and `memory` end to end on the simulated CUDA world (real eBPF):
+//! the scenarios issue 4 names, ground truth from the scripts.
+
+mod common;
+
+use common::{require_ebpf, Sandbox};
+use serde_json::Value;
+
+fn explain_json(sb: &Sandbox) -> Vec<Value> {
+    let out = common::gpusleuth()
+        .args(["explain", "--json", "--db"])
+        .arg(sb.db())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).expect("explain --json is JSON");
+    v["findings"].as_array().cloned().unwrap_or_default()
+}
+
+fn kinds(f: &[Value]) -> Vec<&str> {
+    f.iter().filter_map(|x| x["kind"].as_str()).collect()
+}
+
+#[test]
+fn a_clean_run_has_zero_findings() {
+    if !require_ebpf() {
+        return;
+    }
+    let sb = Sandbox::new("clean");
+    sb.trace(&[], "malloc 4096 a; launch 10; memcpy 4096; free a", 0);
+    let f = explain_json(&sb);
+    assert!(
+        f.is_empty(),
+        "a clean run must say nothing abnormal: {:?}",
+        kinds(&f)
+    );
+    let out = common::gpusleuth()
+        .args(["explain", "--db"])
+        .arg(sb.db())
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains("No abnormal behaviour found"));
+}
+
+#[test]
+fn an_emptied_and_refilled_cache_is_churn() {
+    if !require_ebpf() {
+        return;
+    }
+    let sb = Sandbox::new("churn");
+    // 30 × (allocate 1 MiB, free it): 29 re-allocations of the same size.
+    sb.trace(&[], "repeat 30 { malloc 1048576 a; free a }", 0);
+    let f = explain_json(&sb);
+    let churn: Vec<&Value> = f
+        .iter()
+        .filter(|x| x["kind"] == "allocation_churn")
+        .collect();
+    assert_eq!(churn.len(), 1, "{:?}", kinds(&f));
+    assert_eq!(
+        churn[0]["evidence"]["reallocs"], 29,
+        "{}",
+        churn[0]["evidence"]
+    );
+    // Nothing leaked, nothing failed.
+    assert!(!kinds(&f).contains(&"unfreed_memory"), "{:?}", kinds(&f));
+    assert!(
+        !kinds(&f).contains(&"allocation_failure"),
+        "{:?}",
+        kinds(&f)
+    );
+}
+
+#[test]
+fn leak_and_failure_with_the_ledger_exact_to_the_byte() {
+    if !require_ebpf() {
+        return;
+    }
+    let sb = Sandbox::new("leak");
+    // Live at the end: 1 MiB + 3000 B (the ledger counts the bytes asked for); one failed
+    // 1e15-byte request while 1 MiB + 3000 B + 512 B were live.
+    sb.trace(
+        &[],
+        "malloc 1048576 a; malloc 3000 b; malloc 512 c; malloc 1e15; free c",
+        0,
+    );
+    let out = common::gpusleuth()
+        .args(["memory", "--json", "--db"])
+        .arg(sb.db())
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let m: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let p = &m["processes"][0];
+    assert_eq!(p["live_bytes"], 1048576 + 3000);
+    assert_eq!(p["peak_bytes"], 1048576 + 3000 + 512);
+    let unfreed = p["unfreed"].as_array().unwrap();
+    assert_eq!(unfreed.len(), 2);
+    let failed = p["failed_allocs"].as_array().unwrap();
+    assert_eq!(failed.len(), 1);
+    assert_eq!(failed[0]["bytes"], 1_000_000_000_000_000u64);
+    assert_eq!(failed[0]["error"], 2);
+    assert_eq!(failed[0]["live_bytes_at"], 1048576 + 3000 + 512);
+    let f = explain_json(&sb);
+    assert!(kinds(&f).contains(&"allocation_failure"), "{:?}", kinds(&f));
+    assert!(kinds(&f).contains(&"unfreed_memory"), "{:?}", kinds(&f));
+}
