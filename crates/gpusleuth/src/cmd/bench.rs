@@ -30,6 +30,9 @@ pub struct Args {
     /// malloc+free pairs in the throughput run (4 call records each).
     #[arg(long, default_value_t = 20_000)]
     pub calls: u64,
+    /// Calls in the synthetic stored trace that `stats` and `explain` are timed on.
+    #[arg(long = "analysis-calls", default_value_t = 1_000_000)]
+    pub analysis_calls: u64,
 }
 
 /// One workload measured untraced and traced.
@@ -61,6 +64,8 @@ struct Report {
     probe_trap_us: f64,
     overheads: Vec<Overhead>,
     throughput: Throughput,
+    /// Writer throughput and analysis time on a large stored trace.
+    analysis: super::bench_analysis::AnalysisBench,
     /// gpusleuth's own CPU time (user+sys) and peak RSS over the traced runs.
     tracer_cpu_ms_median: f64,
     tracer_peak_rss_mb: f64,
@@ -200,6 +205,7 @@ pub fn run(args: Args) -> Result<i32> {
         },
         tracer_cpu_ms_median: median(&tracer_cpu),
         tracer_peak_rss_mb: peak_rss_kb as f64 / 1024.0,
+        analysis: super::bench_analysis::run(&b.dir, args.analysis_calls)?,
     };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -332,6 +338,12 @@ fn render(r: &Report) -> String {
     s += &format!(
         "gpusleuth itself: {:.0} ms CPU per traced run (median), peak RSS {:.1} MB\n",
         r.tracer_cpu_ms_median, r.tracer_peak_rss_mb
+    );
+    let a = &r.analysis;
+    s += &format!(
+        "stored trace of {} calls + {} waits (synthetic): written in {:.0} ms = {:.0} events/s ({:.0} MB); \
+         load {:.0} ms, stats {:.0} ms, explain {:.0} ms ({} findings)\n",
+        a.calls, a.waits, a.write_ms, a.write_events_per_s, a.db_mb, a.load_ms, a.stats_ms, a.explain_ms, a.findings
     );
     s
 }

@@ -1,5 +1,6 @@
 //! One module per subcommand; each exposes `Args` (clap) and `run(Args) -> anyhow::Result<i32>` (the exit code).
 pub mod bench;
+pub mod bench_analysis;
 pub mod check;
 pub mod demo;
 pub mod explain;
