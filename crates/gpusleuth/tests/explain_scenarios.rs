@@ -108,3 +108,58 @@ fn leak_and_failure_with_the_ledger_exact_to_the_byte() {
     assert!(kinds(&f).contains(&"allocation_failure"), "{:?}", kinds(&f));
     assert!(kinds(&f).contains(&"unfreed_memory"), "{:?}", kinds(&f));
 }
+
+#[test]
+fn memory_is_split_per_device_by_cuda_set_device() {
+    if !require_ebpf() {
+        return;
+    }
+    let sb = Sandbox::new("devices");
+    // Two simulated GPUs. Device 1 keeps 1 MiB (a second one freed again: peak
+    // 2 MiB), device 0 keeps 4096 B; cudaSetDevice(7) fails, so the 256 B go to device 1.
+    let out = sb
+        .trace_command(
+            &[],
+            "malloc 4096 a; set_device 1; malloc 1048576 b; malloc 1048576 c; free c; \
+             set_device 7; malloc 256 e; free e; set_device 0; malloc 512 d; free d",
+        )
+        .env("SIM_DEVICE_COUNT", "2")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = common::gpusleuth()
+        .args(["memory", "--json", "--db"])
+        .arg(sb.db())
+        .output()
+        .unwrap();
+    let m: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let devs = m["processes"][0]["devices"].as_array().unwrap().clone();
+    assert_eq!(devs.len(), 2, "{devs:?}");
+    assert_eq!(
+        (
+            devs[0]["device"].as_u64(),
+            devs[0]["live_bytes"].as_u64(),
+            devs[0]["peak_bytes"].as_u64()
+        ),
+        (Some(0), Some(4096), Some(4096 + 512))
+    );
+    assert_eq!(
+        (
+            devs[1]["device"].as_u64(),
+            devs[1]["live_bytes"].as_u64(),
+            devs[1]["peak_bytes"].as_u64()
+        ),
+        (Some(1), Some(1048576), Some(2 * 1048576))
+    );
+    let text = common::gpusleuth()
+        .args(["memory", "--db"])
+        .arg(sb.db())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("GPU 1: live 1.0 MiB, peak 2.0 MiB"), "{text}");
+}

@@ -93,6 +93,18 @@ pub struct ProcessLedger {
     pub exit_ns: Option<u64>,
     /// Freeing and re-allocating the same sizes (see [`Churn`]).
     pub churn: Churn,
+    /// Device memory per device ordinal. The device of an allocation is its
+    /// thread's last `cudaSetDevice` (0 before any); driver-API context
+    /// switches (`cuCtxSetCurrent`) are not followed.
+    pub devices: Vec<DeviceBytes>,
+}
+
+/// Live and peak device bytes on one device.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct DeviceBytes {
+    pub device: u32,
+    pub live_bytes: u64,
+    pub peak_bytes: u64,
 }
 
 /// The free-then-allocate-again pattern of a cache being emptied and refilled.
@@ -131,6 +143,8 @@ struct Live {
     op: &'static str,
     ts_ns: u64,
     pool: Pool,
+    /// Device ordinal: the allocating thread's last `cudaSetDevice` (0 before any).
+    device: u32,
 }
 
 /// Running state of one process while replaying its calls.
@@ -156,10 +170,23 @@ struct Replay {
     freed_sizes: HashMap<u64, u64>,
     realloc_sizes: HashMap<u64, (u64, &'static str)>,
     churn: Churn,
+    /// Each thread's current device (`cudaSetDevice`); threads start on 0.
+    thread_device: HashMap<u32, u32>,
+    /// Live and peak device bytes per device ordinal.
+    per_device: BTreeMap<u32, DeviceBytes>,
 }
 
 impl Replay {
-    fn add(&mut self, pool: Pool, bytes: u64) {
+    fn add(&mut self, pool: Pool, bytes: u64, dev: u32) {
+        if matches!(pool, Pool::Device | Pool::Physical) {
+            let d = self.per_device.entry(dev).or_insert(DeviceBytes {
+                device: dev,
+                live_bytes: 0,
+                peak_bytes: 0,
+            });
+            d.live_bytes = d.live_bytes.saturating_add(bytes);
+            d.peak_bytes = d.peak_bytes.max(d.live_bytes);
+        }
         match pool {
             Pool::Device => self.device = self.device.saturating_add(bytes),
             Pool::Physical => {
@@ -171,7 +198,12 @@ impl Replay {
         }
     }
 
-    fn sub(&mut self, pool: Pool, bytes: u64) {
+    fn sub(&mut self, pool: Pool, bytes: u64, dev: u32) {
+        if matches!(pool, Pool::Device | Pool::Physical) {
+            if let Some(d) = self.per_device.get_mut(&dev) {
+                d.live_bytes = d.live_bytes.saturating_sub(bytes);
+            }
+        }
         match pool {
             Pool::Device => self.device = self.device.saturating_sub(bytes),
             Pool::Physical => {
@@ -200,6 +232,13 @@ impl Replay {
             // The runtime call around it is the one that counts.
             return;
         }
+        if info.name == "cudaSetDevice" {
+            if let (false, Some(dev)) = (c.failed(), c.ptr) {
+                self.thread_device.insert(c.tid, dev as u32);
+            }
+            return;
+        }
+        let dev = self.thread_device.get(&c.tid).copied().unwrap_or(0);
         let alloc_pool = match info.class {
             OpClass::DeviceAlloc => Some(Pool::Device),
             OpClass::PhysCreate => Some(Pool::Physical),
@@ -227,6 +266,7 @@ impl Replay {
                 op: info.name,
                 ts_ns: c.ts_ns,
                 pool,
+                device: dev,
             };
             let map = if pool == Pool::Physical {
                 &mut self.by_handle
@@ -236,9 +276,9 @@ impl Replay {
             let old = map.insert(ptr, live);
             if let Some(old) = old {
                 self.reused_live_ptrs += 1;
-                self.sub(old.pool, old.bytes);
+                self.sub(old.pool, old.bytes, old.device);
             }
-            self.add(pool, bytes);
+            self.add(pool, bytes, dev);
             if matches!(pool, Pool::Device | Pool::Physical) {
                 self.allocs += 1;
                 self.churn.alloc_free_ns = self.churn.alloc_free_ns.saturating_add(c.dur_ns);
@@ -272,7 +312,7 @@ impl Replay {
         };
         match map.remove(&ptr) {
             Some(old) => {
-                self.sub(old.pool, old.bytes);
+                self.sub(old.pool, old.bytes, old.device);
                 if matches!(old.pool, Pool::Device | Pool::Physical) {
                     self.frees += 1;
                     self.churn.alloc_free_ns = self.churn.alloc_free_ns.saturating_add(c.dur_ns);
@@ -324,6 +364,7 @@ impl Replay {
             reused_live_ptrs: self.reused_live_ptrs,
             exit_ns,
             churn: self.churn,
+            devices: self.per_device.into_values().collect(),
         }
     }
 }

@@ -300,7 +300,8 @@ pub const OPS: &[OpInfo] = &[
         Other,
         out = 0,
         size = None,
-        ptr = None,
+        // The device ordinal, kept in the call's `ptr` field (the ledger follows it).
+        ptr = Some(0),
         stream = None,
         kind = None
     ),

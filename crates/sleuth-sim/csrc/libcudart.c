@@ -6,6 +6,7 @@
  * runtime serves without a probed driver entry point (memset, graph launch,
  * set device) make no driver call here either.
  */
+#include <stdlib.h>
 #include "cuda_sim.h"
 
 #define EXPORT __attribute__((visibility("default"), noinline))
@@ -149,7 +150,10 @@ EXPORT cudaError_t cudaGraphLaunch(cudaGraphExec_t graphExec, cudaStream_t strea
 	return graphExec ? cudaSuccess : cudaErrorInvalidValue;
 }
 
+/* Devices 0 .. SIM_DEVICE_COUNT-1 exist (env; default 1). */
 EXPORT cudaError_t cudaSetDevice(int device)
 {
-	return device == 0 ? cudaSuccess : 101 /* cudaErrorInvalidDevice */;
+	const char *env = getenv("SIM_DEVICE_COUNT");
+	int count = env ? atoi(env) : 1;
+	return device >= 0 && device < count ? cudaSuccess : 101 /* cudaErrorInvalidDevice */;
 }

@@ -24,8 +24,10 @@
 //!   `cuMemCreate`) comes from one bump pointer starting at [`DEVICE_BASE`],
 //!   advancing by the size rounded up to [`ALIGN`], never reused; pinned host
 //!   memory from another at [`HOST_BASE`]; `cuMemAddressReserve` ranges from a
-//!   third at [`VA_BASE`]. Size 0 yields pointer 0. A device allocation that
-//!   would take the live device bytes beyond `SIM_DEVICE_BYTES` (env; default
+//!   third at [`VA_BASE`]. Size 0 yields pointer 0.
+//!   `cudaSetDevice(d)` succeeds for `d < SIM_DEVICE_COUNT` (env; default 1) and
+//!   returns 101 (`cudaErrorInvalidDevice`) otherwise; memory is one pool for all.
+//!   A device allocation that would take the live device bytes beyond `SIM_DEVICE_BYTES` (env; default
 //!   [`DEFAULT_DEVICE_BYTES`]) fails with 2 (`CUDA_ERROR_OUT_OF_MEMORY` /
 //!   `cudaErrorMemoryAllocation`) and does not advance the bump pointer.
 //!   A forked child continues from its parent's state.

@@ -320,6 +320,18 @@ fn render(
             }
             None => out.push_str("  device peak: 0 B\n"),
         }
+        // One line per GPU when the process used more than device 0.
+        if p.devices.iter().any(|d| d.device != 0) {
+            for d in &p.devices {
+                let _ = writeln!(
+                    out,
+                    "  GPU {}: live {}, peak {}",
+                    d.device,
+                    fmt_bytes(d.live_bytes),
+                    fmt_bytes(d.peak_bytes)
+                );
+            }
+        }
         if p.vmm_bytes > 0 {
             let _ = writeln!(
                 out,
