@@ -15,6 +15,7 @@
 
 #[path = "../../sleuth-gpu/tests/support/mod.rs"]
 mod support;
+mod vram_common;
 
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -23,6 +24,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 use support::{alive, wait_until, Scene};
+use vram_common::{classes, holder, json};
 
 const GIB: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;
@@ -185,39 +187,6 @@ impl Drop for Namespace {
         let _ = self.unshare.kill();
         let _ = self.unshare.wait();
     }
-}
-
-fn json(out: &Output) -> Value {
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "not JSON ({e}): stdout={} stderr={}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    })
-}
-
-fn classes(report: &Value) -> BTreeMap<u64, String> {
-    report["holders"]
-        .as_array()
-        .expect("holders array")
-        .iter()
-        .map(|h| {
-            (
-                h["pid"].as_u64().expect("pid"),
-                h["class"].as_str().expect("class").to_string(),
-            )
-        })
-        .collect()
-}
-
-fn holder(report: &Value, pid: u32) -> &Value {
-    report["holders"]
-        .as_array()
-        .expect("holders")
-        .iter()
-        .find(|h| h["pid"].as_u64() == Some(pid as u64))
-        .unwrap_or_else(|| panic!("pid {pid} not in report: {report}"))
 }
 
 fn target_pids(r: &Value) -> Vec<u64> {

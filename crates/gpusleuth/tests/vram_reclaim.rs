@@ -4,11 +4,12 @@
 
 #[path = "../../sleuth-gpu/tests/support/mod.rs"]
 mod support;
+mod vram_common;
 
-use serde_json::Value;
 use std::collections::BTreeMap;
 use std::process::{Command, Output};
 use support::{alive, state, wait_until, Scene};
+use vram_common::{classes, holder, json};
 
 const GIB: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;
@@ -18,40 +19,6 @@ fn gpusleuth(scene: &Scene, args: &[&str]) -> Output {
     cmd.args(args);
     scene.env(&mut cmd);
     cmd.output().expect("run gpusleuth")
-}
-
-fn json(out: &Output) -> Value {
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "not JSON ({e}): stdout={} stderr={}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    })
-}
-
-/// pid → class from a `vram --json` report.
-fn classes(report: &Value) -> BTreeMap<u64, String> {
-    report["holders"]
-        .as_array()
-        .expect("holders array")
-        .iter()
-        .map(|h| {
-            (
-                h["pid"].as_u64().expect("pid"),
-                h["class"].as_str().expect("class").to_string(),
-            )
-        })
-        .collect()
-}
-
-fn holder(report: &Value, pid: u32) -> &Value {
-    report["holders"]
-        .as_array()
-        .expect("holders")
-        .iter()
-        .find(|h| h["pid"].as_u64() == Some(pid as u64))
-        .unwrap_or_else(|| panic!("pid {pid} not in report: {report}"))
 }
 
 /// Every state at once: an alive holder, a crashed parent whose forked worker

@@ -1,0 +1,42 @@
+//! Reading `vram`/`reclaim` JSON in the tests that drive them.
+#![allow(dead_code)] // each test file uses a different subset
+
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::process::Output;
+
+/// A command's stdout as JSON, or a panic showing what it printed instead.
+pub fn json(out: &Output) -> Value {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "not JSON ({e}): stdout={} stderr={}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+/// pid → class from a `vram --json` report.
+pub fn classes(report: &Value) -> BTreeMap<u64, String> {
+    report["holders"]
+        .as_array()
+        .expect("holders array")
+        .iter()
+        .map(|h| {
+            (
+                h["pid"].as_u64().expect("pid"),
+                h["class"].as_str().expect("class").to_string(),
+            )
+        })
+        .collect()
+}
+
+/// The holder entry of `pid` in a `vram --json` report.
+pub fn holder(report: &Value, pid: u32) -> &Value {
+    report["holders"]
+        .as_array()
+        .expect("holders")
+        .iter()
+        .find(|h| h["pid"].as_u64() == Some(pid as u64))
+        .unwrap_or_else(|| panic!("pid {pid} not in report: {report}"))
+}
