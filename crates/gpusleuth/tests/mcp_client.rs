@@ -6,10 +6,12 @@
 //! Skips with a printed reason when python3 or the `mcp` package is missing,
 //! except under CI=true, where it fails.
 
+mod mcp_common;
+use mcp_common::{client_missing, repo_root};
 use serde_json::json;
 use sleuth_core::{CallEvent, Culprit, Event, ProcessInfo, WaitEvent, WaitKind};
 use sleuth_store::{SessionInfo, TraceWriter, WriterOptions};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 const MIB: u64 = 1 << 20;
@@ -128,25 +130,6 @@ fn write_trace(db: &Path) -> serde_json::Value {
                       "culprit_pid": HOG_PID, "culprit_comm": "cpuhog", "culprit_ns": 3_000_000u64},
         "sync_blocked_ns": 900_000u64,
     })
-}
-
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-/// Why the client cannot run here, if it cannot.
-fn client_missing() -> Option<String> {
-    match Command::new("python3").args(["-c", "import mcp"]).output() {
-        Err(e) => Some(format!("python3 not runnable: {e}")),
-        Ok(o) if !o.status.success() => Some(format!(
-            "python package `mcp` missing (python3 -m pip install \"mcp>=1.9\"): {}",
-            String::from_utf8_lossy(&o.stderr)
-                .lines()
-                .last()
-                .unwrap_or("")
-        )),
-        Ok(_) => None,
-    }
 }
 
 #[test]

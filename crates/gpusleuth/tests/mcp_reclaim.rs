@@ -8,11 +8,13 @@
 //! Skips with a printed reason when python3 or the `mcp` package is missing,
 //! except under CI=true, where it fails.
 
+mod mcp_common;
 #[path = "../../sleuth-gpu/tests/support/mod.rs"]
 mod support;
 
+use mcp_common::{client_missing, repo_root};
 use serde_json::json;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 use support::{alive, fixtures, on_ci, Scene};
@@ -23,24 +25,7 @@ const BASE_BYTES: u64 = 500 * MIB;
 const BYSTANDER_BYTES: u64 = GIB;
 const DEAD_BYTES: u64 = 2 * GIB;
 
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
 
-/// Why the client cannot run here, if it cannot.
-fn client_missing() -> Option<String> {
-    match Command::new("python3").args(["-c", "import mcp"]).output() {
-        Err(e) => Some(format!("python3 not runnable: {e}")),
-        Ok(o) if !o.status.success() => Some(format!(
-            "python package `mcp` missing (python3 -m pip install \"mcp>=1.9\"): {}",
-            String::from_utf8_lossy(&o.stderr)
-                .lines()
-                .last()
-                .unwrap_or("")
-        )),
-        Ok(_) => None,
-    }
-}
 
 /// The crash: parent and worker share the device files, NVML lists the
 /// parent's context with both as holders; the parent is SIGKILLed and reaped.
