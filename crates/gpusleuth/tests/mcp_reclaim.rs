@@ -25,8 +25,6 @@ const BASE_BYTES: u64 = 500 * MIB;
 const BYSTANDER_BYTES: u64 = GIB;
 const DEAD_BYTES: u64 = 2 * GIB;
 
-
-
 /// The crash: parent and worker share the device files, NVML lists the
 /// parent's context with both as holders; the parent is SIGKILLed and reaped.
 struct World {
