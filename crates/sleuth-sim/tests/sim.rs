@@ -2,29 +2,12 @@
 //! counts per layer, the allocator rule, failures, scripted durations,
 //! children, the dlopen'd copy, the hog's name, the versioned symbols.
 
+mod common;
+
+use common::TempDir;
 use sleuth_sim::{device_ptrs, materialize, parse_truth, SimPaths, Truth, DEVICE_BASE};
-use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
-
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let p = std::env::temp_dir().join(format!("sleuth-sim-{tag}-{}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).expect("temp dir");
-        TempDir(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 fn run(sim: &SimPaths, dir: &TempDir, script: &str, env: &[(&str, &str)]) -> (i32, Vec<Truth>) {
     let truth = dir.0.join("truth.jsonl");

@@ -2,28 +2,11 @@
 //! torch 2.11's caching-allocator signatures, and the workload's torch steps
 //! create and release CUDA segments by PyTorch's rules.
 
+mod common;
+
+use common::TempDir;
 use sleuth_sim::{install_torch_stand_in, materialize, parse_truth, SimPaths, TorchStandIn};
-use std::path::PathBuf;
 use std::process::Command;
-
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let p = std::env::temp_dir().join(format!("sleuth-sim-{tag}-{}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).expect("temp dir");
-        TempDir(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// Runs a script; returns the driver's (cuMemAlloc_v2, cuMemFree_v2) counts.
 fn segments(sim: &SimPaths, dir: &TempDir, script: &str) -> (u64, u64) {
