@@ -285,13 +285,7 @@ mod tests {
                 op: 1,
                 ret: if i == 5 { 2 } else { 0 },
                 size: Some(1 << 40),
-                ptr: None,
-                stream: None,
-                kind: None,
-                nested: false,
-                runnable_ns: 0,
-                blocked_ns: 0,
-                cpu: 0,
+                ..Default::default()
             };
             v.observe(&Event::Call(c));
         }

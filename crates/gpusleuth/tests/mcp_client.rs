@@ -33,15 +33,7 @@ fn call(op: &str, ts_ns: u64, dur_ns: u64) -> CallEvent {
         pid: PID,
         tid: PID,
         op: op_id(op),
-        ret: 0,
-        size: None,
-        ptr: None,
-        stream: None,
-        kind: None,
-        nested: false,
-        runnable_ns: 0,
-        blocked_ns: 0,
-        cpu: 0,
+        ..Default::default()
     }
 }
 

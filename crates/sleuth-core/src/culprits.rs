@@ -89,15 +89,7 @@ mod tests {
             pid: 10,
             tid,
             op: 1,
-            ret: 0,
-            size: None,
-            ptr: None,
-            stream: None,
-            kind: None,
-            nested: false,
-            runnable_ns: 0,
-            blocked_ns: 0,
-            cpu: 0,
+            ..Default::default()
         }
     }
 

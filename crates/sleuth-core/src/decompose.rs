@@ -205,15 +205,9 @@ pub(crate) mod tests {
             pid: 100,
             tid: 100,
             op,
-            ret: 0,
-            size: None,
-            ptr: None,
-            stream: None,
-            kind: None,
-            nested: false,
             runnable_ns: runnable,
             blocked_ns: blocked,
-            cpu: 0,
+            ..Default::default()
         }
     }
 

@@ -6,8 +6,9 @@
 use crate::ops::{op_by_id, Layer, OpInfo};
 use serde::Serialize;
 
-/// One completed CUDA call.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+/// One completed CUDA call. `Default` is an empty successful call (op 0),
+/// for building events field by field.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct CallEvent {
     /// Start of the call (monotonic ns).
     pub ts_ns: u64,

@@ -437,15 +437,9 @@ mod tests {
             pid: 1,
             tid: 1,
             op: op_by_name(op).unwrap().id,
-            ret: 0,
             size,
             ptr,
-            stream: None,
-            kind: None,
-            nested: false,
-            runnable_ns: 0,
-            blocked_ns: 0,
-            cpu: 0,
+            ..Default::default()
         }
     }
     fn alloc(op: &str, ts: u64, size: u64, ptr: u64) -> CallEvent {

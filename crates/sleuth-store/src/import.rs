@@ -310,12 +310,8 @@ fn convert(events: &[IngeroEvent], sum: &mut ImportSummary) -> Vec<CallEvent> {
             ret: e.ret,
             size,
             ptr,
-            stream: None,
             kind,
-            nested: false,
-            runnable_ns: 0,
-            blocked_ns: 0,
-            cpu: 0,
+            ..Default::default()
         });
         *sum.calls_by_op.entry(info.name.to_string()).or_insert(0) += 1;
         sum.calls += 1;

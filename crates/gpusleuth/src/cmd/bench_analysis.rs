@@ -42,15 +42,11 @@ fn events(n_calls: u64) -> impl Iterator<Item = Event> {
             pid: 100,
             tid: 100,
             op,
-            ret: 0,
             size: Some(4096),
             ptr: Some(0x7f00_0000_0000 + (i / 4) * 4096),
-            stream: None,
-            kind: None,
-            nested: false,
             runnable_ns: runnable,
             blocked_ns: blocked,
-            cpu: 0,
+            ..Default::default()
         };
         let mut out = vec![Event::Call(call)];
         if i % 10 == 0 {

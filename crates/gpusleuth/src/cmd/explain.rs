@@ -192,13 +192,7 @@ mod tests {
                 op: 1,
                 ret: 2,
                 size: Some(1 << 30),
-                ptr: None,
-                stream: None,
-                kind: None,
-                nested: false,
-                runnable_ns: 0,
-                blocked_ns: 0,
-                cpu: 0,
+                ..Default::default()
             }],
             has_host_context: true,
             ..Default::default()

@@ -290,15 +290,9 @@ mod tests {
             pid: 10,
             tid: 11,
             op,
-            ret: 0,
             size,
             ptr,
-            stream: None,
-            kind: None,
-            nested: false,
-            runnable_ns: 0,
-            blocked_ns: 0,
-            cpu: 0,
+            ..Default::default()
         }
     }
 

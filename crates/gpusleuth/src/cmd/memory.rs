@@ -421,15 +421,9 @@ mod tests {
                     pid: 7,
                     tid: 7,
                     op: 1,
-                    ret: 0,
                     size: Some(4096),
                     ptr: Some(0xabc000),
-                    stream: None,
-                    kind: None,
-                    nested: false,
-                    runnable_ns: 0,
-                    blocked_ns: 0,
-                    cpu: 0,
+                    ..Default::default()
                 },
                 sleuth_core::CallEvent {
                     ts_ns: 200,
@@ -439,13 +433,7 @@ mod tests {
                     op: 1,
                     ret: 2,
                     size: Some(1 << 40),
-                    ptr: None,
-                    stream: None,
-                    kind: None,
-                    nested: false,
-                    runnable_ns: 0,
-                    blocked_ns: 0,
-                    cpu: 0,
+                    ..Default::default()
                 },
             ],
             ..Default::default()
@@ -482,15 +470,9 @@ mod tests {
             pid: 9,
             tid: 9,
             op: sleuth_core::op_by_name(op).unwrap().id,
-            ret: 0,
             size,
             ptr,
-            stream: None,
-            kind: None,
-            nested: false,
-            runnable_ns: 0,
-            blocked_ns: 0,
-            cpu: 0,
+            ..Default::default()
         };
         let base = 0x7f00_0000_0000u64;
         let block = |ts, op: &str, block: u64, ptr: u64, size: u64, req: Option<u64>| {

@@ -193,15 +193,8 @@ mod tests {
             pid: 1,
             tid: 1,
             op,
-            ret: 0,
-            size: None,
-            ptr: None,
-            stream: None,
-            kind: None,
-            nested: false,
-            runnable_ns: 0,
             blocked_ns: dur / 2,
-            cpu: 0,
+            ..Default::default()
         }
     }
 

@@ -223,15 +223,10 @@ mod tests {
                 pid: 7,
                 tid: 7,
                 op: op_by_name("cudaMalloc").unwrap().id,
-                ret: 0,
                 size: Some(4096),
                 ptr: Some(0x10),
-                stream: None,
-                kind: None,
-                nested: false,
                 runnable_ns: 1_000,
-                blocked_ns: 0,
-                cpu: 0,
+                ..Default::default()
             }),
             |_| "a\"b".to_string(),
         );

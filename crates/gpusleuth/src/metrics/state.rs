@@ -252,12 +252,9 @@ mod tests {
             ret,
             size,
             ptr,
-            stream: None,
-            kind: None,
-            nested: false,
             runnable_ns: dur / 4,
             blocked_ns: dur / 2,
-            cpu: 0,
+            ..Default::default()
         })
     }
 

@@ -50,15 +50,9 @@ impl Sim {
             pid: PID,
             tid: PID,
             op: op_by_name(op).unwrap().id,
-            ret: 0,
             size,
             ptr,
-            stream: None,
-            kind: None,
-            nested: false,
-            runnable_ns: 0,
-            blocked_ns: 0,
-            cpu: 0,
+            ..Default::default()
         });
         self.calls.last_mut().unwrap()
     }

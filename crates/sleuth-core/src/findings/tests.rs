@@ -15,15 +15,7 @@ fn call(op: &str, ts: u64, dur: u64) -> CallEvent {
         pid: 100,
         tid: 100,
         op: op_by_name(op).unwrap().id,
-        ret: 0,
-        size: None,
-        ptr: None,
-        stream: None,
-        kind: None,
-        nested: false,
-        runnable_ns: 0,
-        blocked_ns: 0,
-        cpu: 0,
+        ..Default::default()
     }
 }
 

@@ -51,15 +51,8 @@ pub fn call(op: &str, pid: u32, tid: u32, ts: u64, dur: u64) -> CallEvent {
         pid,
         tid,
         op: op_by_name(op).expect("known op").id,
-        ret: 0,
-        size: None,
-        ptr: None,
-        stream: None,
-        kind: None,
-        nested: false,
-        runnable_ns: 0,
-        blocked_ns: 0,
         cpu: 1,
+        ..Default::default()
     }
 }
 
