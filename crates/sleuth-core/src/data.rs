@@ -20,6 +20,64 @@ pub struct ProcessInfo {
     pub oom_victim: bool,
 }
 
+/// One NVML device-utilization sample: the share of `period_ns` (ending at
+/// `ts_ns`) during which some kernel ran on GPU `gpu`. NVML's figure is "a
+/// kernel was running", not SM occupancy: gpusleuth calls it GPU busy.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct GpuSample {
+    /// End of the sample period, on the trace's monotonic clock (like `CallEvent::ts_ns`).
+    pub ts_ns: u64,
+    /// NVML device index.
+    pub gpu: u32,
+    /// 0..=100.
+    pub busy_pct: f64,
+    pub period_ns: u64,
+}
+
+/// What the driver says one process holds or uses on one GPU at one moment
+/// (NVML per-process memory and, where the driver gives it, SM utilization).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct ProcessGpuSample {
+    pub ts_ns: u64,
+    pub gpu: u32,
+    pub pid: u32,
+    /// Device memory NVML attributes to the process; None when not reported.
+    pub used_bytes: Option<u64>,
+    /// Per-process SM utilization (0..=100) over the last sample period; None when not reported.
+    pub sm_pct: Option<f64>,
+    pub phase: SamplePhase,
+}
+
+/// When a per-process sample was taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SamplePhase {
+    /// When tracing of the process began (the attach baseline).
+    Start,
+    /// Periodic, during the trace.
+    Sample,
+    /// When the trace ended (or the process exited).
+    End,
+}
+
+impl SamplePhase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SamplePhase::Start => "start",
+            SamplePhase::Sample => "sample",
+            SamplePhase::End => "end",
+        }
+    }
+    pub fn parse(s: &str) -> Option<SamplePhase> {
+        match s {
+            "start" => Some(SamplePhase::Start),
+            "sample" => Some(SamplePhase::Sample),
+            "end" => Some(SamplePhase::End),
+            _ => None,
+        }
+    }
+}
+
 /// A trace: calls sorted by start time, waits sorted by `on_ns`, lifecycle
 /// events sorted by time, kernel-counted hot paths, and loss counters.
 #[derive(Debug, Clone, Default)]
@@ -41,6 +99,11 @@ pub struct TraceData {
     /// Whether per-call host context (runnable/blocked split) was captured.
     /// False for imported traces that lack it.
     pub has_host_context: bool,
+    /// GPU busy samples by time; `None` when GPU activity was not captured
+    /// (no NVML, an imported trace, a trace older than the table).
+    pub gpu_samples: Option<Vec<GpuSample>>,
+    /// Per-process driver view (memory held, SM use) by time; empty when not captured.
+    pub process_gpu: Vec<ProcessGpuSample>,
 }
 
 impl TraceData {

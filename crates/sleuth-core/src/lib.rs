@@ -13,7 +13,7 @@ pub mod ops;
 pub mod record;
 pub mod stats;
 
-pub use data::{ProcessInfo, TraceData};
+pub use data::{GpuSample, ProcessGpuSample, ProcessInfo, SamplePhase, TraceData};
 pub use event::{
     BlockEvent, CallEvent, Culprit, Event, OpCount, ProcEvent, ProcKind, WaitEvent, WaitKind,
 };

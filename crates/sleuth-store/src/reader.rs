@@ -347,6 +347,72 @@ impl Trace {
         Ok(out)
     }
 
+    /// GPU busy samples by time, or `None` when the trace has none (GPU
+    /// activity not captured: no NVML, an imported or older trace).
+    pub fn gpu_samples(&self) -> Result<Option<Vec<sleuth_core::GpuSample>>, StoreError> {
+        if !crate::open::has_table(&self.conn, "gpu_samples").at(&self.path)? {
+            return Ok(None);
+        }
+        let mut st = self
+            .conn
+            .prepare("SELECT ts_ns, gpu, busy_pct, period_ns FROM gpu_samples ORDER BY ts_ns, gpu")
+            .at(&self.path)?;
+        let rows = st
+            .query_map([], |r| {
+                Ok(sleuth_core::GpuSample {
+                    ts_ns: r.get::<_, i64>(0)?.max(0) as u64,
+                    gpu: r.get(1)?,
+                    busy_pct: r.get::<_, f64>(2)?.clamp(0.0, 100.0),
+                    period_ns: r.get::<_, i64>(3)?.max(0) as u64,
+                })
+            })
+            .at(&self.path)?;
+        let out = rows.collect::<Result<Vec<_>, _>>().at(&self.path)?;
+        Ok(if out.is_empty() { None } else { Some(out) })
+    }
+
+    /// Per-process driver samples (memory held, SM use), by time.
+    pub fn process_gpu_samples(
+        &self,
+        pid: Option<u32>,
+    ) -> Result<Vec<sleuth_core::ProcessGpuSample>, StoreError> {
+        if !crate::open::has_table(&self.conn, "process_gpu_samples").at(&self.path)? {
+            return Ok(Vec::new());
+        }
+        let mut st = self
+            .conn
+            .prepare(
+                "SELECT ts_ns, gpu, pid, used_bytes, sm_pct, phase FROM process_gpu_samples
+                 WHERE ?1 IS NULL OR pid = ?1 ORDER BY ts_ns, gpu, pid",
+            )
+            .at(&self.path)?;
+        let rows = st
+            .query_map([pid], |r| {
+                let phase: String = r.get(5)?;
+                Ok(sleuth_core::SamplePhase::parse(&phase).map(|phase| {
+                    sleuth_core::ProcessGpuSample {
+                        ts_ns: r.get::<_, i64>(0).unwrap_or(0).max(0) as u64,
+                        gpu: r.get(1).unwrap_or(0),
+                        pid: r.get(2).unwrap_or(0),
+                        used_bytes: r
+                            .get::<_, Option<i64>>(3)
+                            .unwrap_or(None)
+                            .map(|v| v.max(0) as u64),
+                        sm_pct: r.get::<_, Option<f64>>(4).unwrap_or(None),
+                        phase,
+                    }
+                }))
+            })
+            .at(&self.path)?;
+        let mut out = Vec::new();
+        for r in rows {
+            if let Some(s) = r.at(&self.path)? {
+                out.push(s);
+            }
+        }
+        Ok(out)
+    }
+
     /// The whole trace (or one process of it) in memory, as analyses consume it.
     pub fn load(&self, pid: Option<u32>) -> Result<TraceData, StoreError> {
         let calls = self
@@ -378,6 +444,8 @@ impl Trace {
             end_ns: session.end_mono_ns,
             realtime_offset_ns: session.info.realtime_offset_ns,
             has_host_context: self.has_host_context(),
+            gpu_samples: self.gpu_samples()?,
+            process_gpu: self.process_gpu_samples(pid)?,
         })
     }
 }

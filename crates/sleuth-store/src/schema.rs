@@ -109,6 +109,22 @@ CREATE TABLE allocator_events(
     words BLOB NOT NULL
 );
 CREATE INDEX allocator_events_pid ON allocator_events(pid, end_ns);
+CREATE TABLE gpu_samples(
+    ts_ns INTEGER NOT NULL,
+    gpu INTEGER NOT NULL,
+    busy_pct REAL NOT NULL,
+    period_ns INTEGER NOT NULL
+);
+CREATE INDEX gpu_samples_ts ON gpu_samples(ts_ns);
+CREATE TABLE process_gpu_samples(
+    ts_ns INTEGER NOT NULL,
+    gpu INTEGER NOT NULL,
+    pid INTEGER NOT NULL,
+    used_bytes INTEGER,
+    sm_pct REAL,
+    phase TEXT NOT NULL
+);
+CREATE INDEX process_gpu_samples_pid ON process_gpu_samples(pid, ts_ns);
 
 CREATE VIEW calls_wall AS
     SELECT c.*, c.ts_ns + s.realtime_offset_ns AS ts_unix_ns,

@@ -30,6 +30,8 @@ enum Msg {
     Stat(String, u64),
     OpCounts(Vec<OpCount>),
     SessionEnd(u64),
+    GpuSamples(Vec<sleuth_core::GpuSample>),
+    ProcessGpuSamples(Vec<sleuth_core::ProcessGpuSample>),
     /// Commit what was sent before, then answer with the number of events committed so far.
     Flush(SyncSender<u64>),
     /// Commit, complete the trace, and stop.
@@ -139,6 +141,17 @@ impl WriterHandle {
     /// Replaces the kernel-counted hot-path counts of the given (pid, op) pairs.
     pub fn set_op_counts(&self, counts: Vec<OpCount>) -> Result<(), StoreError> {
         self.send_msg(Msg::OpCounts(counts))
+    }
+    /// GPU busy samples (NVML) taken during the trace.
+    pub fn add_gpu_samples(&self, s: Vec<sleuth_core::GpuSample>) -> Result<(), StoreError> {
+        self.send_msg(Msg::GpuSamples(s))
+    }
+    /// Per-process driver samples (memory held, SM use) taken during the trace.
+    pub fn add_process_gpu_samples(
+        &self,
+        s: Vec<sleuth_core::ProcessGpuSample>,
+    ) -> Result<(), StoreError> {
+        self.send_msg(Msg::ProcessGpuSamples(s))
     }
     pub fn set_session_end(&self, end_mono_ns: u64) -> Result<(), StoreError> {
         self.send_msg(Msg::SessionEnd(end_mono_ns))
@@ -392,6 +405,32 @@ impl WriterState {
                         "UPDATE session SET end_mono_ns = ?1 WHERE id = 1",
                         [*ns as i64],
                     )?;
+                }
+                // Samples are few (one per GPU every few hundred ms) and needed to
+                // judge GPU busy over the whole run: kept past the cap, like lifecycle events.
+                Msg::GpuSamples(samples) => {
+                    for g in samples {
+                        tx.execute(
+                            "INSERT INTO gpu_samples(ts_ns, gpu, busy_pct, period_ns) VALUES (?1, ?2, ?3, ?4)",
+                            params![g.ts_ns as i64, g.gpu, g.busy_pct, g.period_ns as i64],
+                        )?;
+                    }
+                }
+                Msg::ProcessGpuSamples(samples) => {
+                    for g in samples {
+                        tx.execute(
+                            "INSERT INTO process_gpu_samples(ts_ns, gpu, pid, used_bytes, sm_pct, phase)
+                             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                            params![
+                                g.ts_ns as i64,
+                                g.gpu,
+                                g.pid,
+                                g.used_bytes.map(|b| b as i64),
+                                g.sm_pct,
+                                g.phase.as_str()
+                            ],
+                        )?;
+                    }
                 }
                 Msg::Flush(_) | Msg::Finish(_) => {}
             }

@@ -423,3 +423,69 @@ fn bad_files_give_one_line_errors_naming_the_path() {
     std::fs::write(&truncated, &bytes[..bytes.len() / 2]).unwrap();
     open_err(&truncated);
 }
+
+#[test]
+fn gpu_samples_round_trip_and_absent_means_not_captured() {
+    use sleuth_core::{GpuSample, ProcessGpuSample, SamplePhase};
+    let dir = TempDir::new("gpu");
+    let none = dir.join("none.db");
+    let w = TraceWriter::create(&none, session(), WriterOptions::default()).unwrap();
+    w.finish().unwrap();
+    let t = Trace::open(&none).unwrap();
+    assert_eq!(t.gpu_samples().unwrap(), None, "no samples: not captured");
+    assert!(t.process_gpu_samples(None).unwrap().is_empty());
+
+    let path = dir.join("t.db");
+    let w = TraceWriter::create(&path, session(), WriterOptions::default()).unwrap();
+    let h = w.handle();
+    let g = vec![
+        GpuSample {
+            ts_ns: 2_000,
+            gpu: 0,
+            busy_pct: 9.5,
+            period_ns: 200_000_000,
+        },
+        GpuSample {
+            ts_ns: 1_000,
+            gpu: 1,
+            busy_pct: 100.0,
+            period_ns: 200_000_000,
+        },
+    ];
+    h.add_gpu_samples(g.clone()).unwrap();
+    let p = vec![
+        ProcessGpuSample {
+            ts_ns: 1_500,
+            gpu: 0,
+            pid: 10,
+            used_bytes: Some(1 << 30),
+            sm_pct: None,
+            phase: SamplePhase::Start,
+        },
+        ProcessGpuSample {
+            ts_ns: 2_500,
+            gpu: 0,
+            pid: 11,
+            used_bytes: None,
+            sm_pct: Some(42.0),
+            phase: SamplePhase::End,
+        },
+    ];
+    h.add_process_gpu_samples(p.clone()).unwrap();
+    w.finish().unwrap();
+    let t = Trace::open(&path).unwrap();
+    assert_eq!(
+        t.gpu_samples().unwrap(),
+        Some(vec![g[1], g[0]]),
+        "sorted by time"
+    );
+    assert_eq!(t.process_gpu_samples(None).unwrap(), p);
+    assert_eq!(t.process_gpu_samples(Some(11)).unwrap(), vec![p[1]]);
+    let d = t.load(Some(10)).unwrap();
+    assert_eq!(
+        d.gpu_samples.map(|s| s.len()),
+        Some(2),
+        "device samples are not per process"
+    );
+    assert_eq!(d.process_gpu, vec![p[0]]);
+}
