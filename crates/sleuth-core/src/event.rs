@@ -59,8 +59,15 @@ impl CallEvent {
             .saturating_sub(self.runnable_ns)
             .saturating_sub(self.blocked_ns)
     }
+    /// Whether the call returned an error. A function that returns no status
+    /// (`void`, see [`OpInfo::returns_status`]) never fails: its return
+    /// register holds whatever was left there.
     pub fn failed(&self) -> bool {
-        self.ret != 0
+        self.ret != 0 && self.has_status()
+    }
+    /// Whether `ret` means anything for this call's op.
+    pub fn has_status(&self) -> bool {
+        self.info().is_none_or(|o| o.returns_status)
     }
 }
 

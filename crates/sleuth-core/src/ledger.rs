@@ -34,7 +34,8 @@ impl Serialize for Ptr {
 /// An allocation still live at the end (or at `--at`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Unfreed {
-    pub ptr: Ptr,
+    /// None (JSON null) when the returned pointer is unknown (imported traces).
+    pub ptr: Option<Ptr>,
     pub bytes: u64,
     pub op: &'static str,
     pub ts_ns: u64,
@@ -89,6 +90,11 @@ pub struct ProcessLedger {
     /// An allocation returned a pointer that was still live: the free of the
     /// old one was lost. The old one is treated as freed.
     pub reused_live_ptrs: u64,
+    /// Successful device allocations whose returned pointer is unknown
+    /// (Ingero stores the size, not the pointer). They count in `allocs`,
+    /// `live_bytes` and `peak_bytes`, but no free can be matched to them:
+    /// when `unmatched_frees` is not 0 as well, live bytes are an upper bound.
+    pub unknown_ptr_allocs: u64,
     /// Exit time, when the process exited during the trace.
     pub exit_ns: Option<u64>,
     /// Freeing and re-allocating the same sizes (see [`Churn`]).
@@ -154,6 +160,8 @@ struct Replay {
     by_ptr: HashMap<u64, Live>,
     /// `cuMemCreate` allocations by handle (a separate namespace).
     by_handle: HashMap<u64, Live>,
+    /// Allocations whose pointer is unknown: live until the end.
+    no_ptr: Vec<Live>,
     device: u64,
     vmm: u64,
     managed: u64,
@@ -166,6 +174,7 @@ struct Replay {
     frees: u64,
     unmatched_frees: u64,
     reused_live_ptrs: u64,
+    unknown_ptr_allocs: u64,
     /// Freed device allocation sizes not yet re-allocated, with their count.
     freed_sizes: HashMap<u64, u64>,
     realloc_sizes: HashMap<u64, (u64, &'static str)>,
@@ -258,7 +267,7 @@ impl Replay {
                 });
                 return;
             }
-            let (Some(ptr), Some(bytes)) = (c.ptr, c.size) else {
+            let Some(bytes) = c.size else {
                 return;
             };
             let live = Live {
@@ -268,12 +277,16 @@ impl Replay {
                 pool,
                 device: dev,
             };
-            let map = if pool == Pool::Physical {
-                &mut self.by_handle
-            } else {
-                &mut self.by_ptr
+            let old = match c.ptr {
+                Some(ptr) if pool == Pool::Physical => self.by_handle.insert(ptr, live),
+                Some(ptr) => self.by_ptr.insert(ptr, live),
+                // The memory was allocated even if its address is unknown.
+                None => {
+                    self.unknown_ptr_allocs += 1;
+                    self.no_ptr.push(live);
+                    None
+                }
             };
-            let old = map.insert(ptr, live);
             if let Some(old) = old {
                 self.reused_live_ptrs += 1;
                 self.sub(old.pool, old.bytes, old.device);
@@ -337,9 +350,11 @@ impl Replay {
             .by_ptr
             .iter()
             .chain(self.by_handle.iter())
+            .map(|(&ptr, l)| (Some(Ptr(ptr)), l))
+            .chain(self.no_ptr.iter().map(|l| (None, l)))
             .filter(|(_, l)| matches!(l.pool, Pool::Device | Pool::Physical))
-            .map(|(&ptr, l)| Unfreed {
-                ptr: Ptr(ptr),
+            .map(|(ptr, l)| Unfreed {
+                ptr,
                 bytes: l.bytes,
                 op: l.op,
                 ts_ns: l.ts_ns,
@@ -362,6 +377,7 @@ impl Replay {
             frees: self.frees,
             unmatched_frees: self.unmatched_frees,
             reused_live_ptrs: self.reused_live_ptrs,
+            unknown_ptr_allocs: self.unknown_ptr_allocs,
             exit_ns,
             churn: self.churn,
             devices: self.per_device.into_values().collect(),
@@ -487,7 +503,7 @@ mod tests {
         assert_eq!(l.unfreed.len(), 1);
         assert_eq!(
             (l.unfreed[0].ptr, l.unfreed[0].bytes, l.unfreed[0].op),
-            (Ptr(0xb000), 1000, "cudaMalloc")
+            (Some(Ptr(0xb000)), 1000, "cudaMalloc")
         );
         assert_eq!(l.unmatched_frees, 0);
         assert_eq!(l.comm, "train");
@@ -618,7 +634,28 @@ mod tests {
             (2 << 20, 2 << 20, 4 << 20)
         );
         assert_eq!(l.unfreed[0].op, "cuMemCreate");
-        assert_eq!(l.unfreed[0].ptr, Ptr(0x56));
+        assert_eq!(l.unfreed[0].ptr, Some(Ptr(0x56)));
+    }
+
+    #[test]
+    fn allocations_with_an_unknown_pointer_still_count() {
+        // Ingero's shape: sizes, no pointers; a cuMemAlloc_v2 nested in each
+        // cudaMalloc, and one direct driver allocation.
+        let mut calls = Vec::new();
+        for (i, size) in [2u64 << 20, 400 << 20].into_iter().enumerate() {
+            let t = i as u64 * 100;
+            calls.push(mem("cudaMalloc", t, Some(size), None));
+            calls.push(nested(mem("cuMemAlloc_v2", t + 1, Some(size), None)));
+        }
+        calls.push(mem("cuMemAlloc_v2", 500, Some(1024), None));
+        calls.push(free("cudaFree", 600, 0xdead)); // cannot be matched
+        let l = one(calls);
+        let total = (2 << 20) + (400 << 20) + 1024;
+        assert_eq!((l.allocs, l.unknown_ptr_allocs), (3, 3));
+        assert_eq!((l.live_bytes, l.peak_bytes), (total, total));
+        assert_eq!(l.unmatched_frees, 1);
+        assert_eq!(l.unfreed.len(), 3);
+        assert!(l.unfreed.iter().all(|u| u.ptr.is_none()));
     }
 
     #[test]
@@ -676,13 +713,15 @@ mod tests {
 
     #[test]
     fn pointer_serializes_as_hex() {
-        let u = Unfreed {
-            ptr: Ptr(0x7f00_0000_1000),
+        let mut u = Unfreed {
+            ptr: Some(Ptr(0x7f00_0000_1000)),
             bytes: 1,
             op: "cudaMalloc",
             ts_ns: 0,
         };
         assert_eq!(serde_json::to_value(&u).unwrap()["ptr"], "0x7f0000001000");
+        u.ptr = None;
+        assert!(serde_json::to_value(&u).unwrap()["ptr"].is_null());
     }
 
     #[test]

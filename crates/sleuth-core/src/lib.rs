@@ -12,6 +12,7 @@ pub mod ledger;
 pub mod ops;
 pub mod record;
 pub mod stats;
+pub mod units;
 
 pub use data::{GpuSample, ProcessGpuSample, ProcessInfo, SamplePhase, TraceData};
 pub use event::{

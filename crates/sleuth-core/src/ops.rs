@@ -86,10 +86,29 @@ pub struct OpInfo {
     pub stream_arg: Option<u8>,
     /// 0-based index of the `cudaMemcpyKind` argument, if any.
     pub kind_arg: Option<u8>,
+    /// Whether the function returns a status (`cudaError_t` / `CUresult`).
+    /// False for functions that return nothing (`void`) or something else (a
+    /// pointer): what the return register holds is then no error code, so
+    /// such calls never count as failed.
+    pub returns_status: bool,
 }
 
 macro_rules! op {
     ($id:expr, $name:expr, $layer:ident, $class:ident, out=$out:expr, size=$size:expr, ptr=$ptr:expr, stream=$stream:expr, kind=$kind:expr) => {
+        op!(
+            $id,
+            $name,
+            $layer,
+            $class,
+            out = $out,
+            size = $size,
+            ptr = $ptr,
+            stream = $stream,
+            kind = $kind,
+            status = true
+        )
+    };
+    ($id:expr, $name:expr, $layer:ident, $class:ident, out=$out:expr, size=$size:expr, ptr=$ptr:expr, stream=$stream:expr, kind=$kind:expr, status=$status:expr) => {
         OpInfo {
             id: $id,
             name: $name,
@@ -100,6 +119,7 @@ macro_rules! op {
             ptr_arg: $ptr,
             stream_arg: $stream,
             kind_arg: $kind,
+            returns_status: $status,
         }
     };
 }
@@ -602,7 +622,8 @@ pub const OPS: &[OpInfo] = &[
         size = Some(1),
         ptr = None,
         stream = Some(2),
-        kind = None
+        kind = None,
+        status = false // returns a Block* or nothing, not a status
     ),
     op!(
         65,
@@ -613,7 +634,8 @@ pub const OPS: &[OpInfo] = &[
         size = None,
         ptr = Some(1),
         stream = None,
-        kind = None
+        kind = None,
+        status = false // returns a Block* or nothing, not a status
     ),
     op!(
         66,
@@ -624,7 +646,8 @@ pub const OPS: &[OpInfo] = &[
         size = None,
         ptr = Some(1),
         stream = None,
-        kind = None
+        kind = None,
+        status = false // returns a Block* or nothing, not a status
     ),
     op!(
         67,
@@ -635,7 +658,8 @@ pub const OPS: &[OpInfo] = &[
         size = None,
         ptr = None,
         stream = None,
-        kind = None
+        kind = None,
+        status = false // returns a Block* or nothing, not a status
     ),
 ];
 
@@ -730,6 +754,21 @@ mod tests {
                 "the kernel side reads out-pointers from args 1..3 only"
             );
         }
+    }
+
+    #[test]
+    fn only_functions_that_return_a_status_can_fail() {
+        let void: Vec<&str> = OPS
+            .iter()
+            .filter(|o| !o.returns_status)
+            .map(|o| o.name)
+            .collect();
+        // Every CUDA runtime/driver entry point returns cudaError_t/CUresult;
+        // the caching allocator's members return a Block* or nothing.
+        assert!(void.contains(&"NativeCachingAllocator::emptyCache"));
+        assert!(OPS
+            .iter()
+            .all(|o| o.returns_status == (o.layer != Layer::Torch)));
     }
 
     #[test]

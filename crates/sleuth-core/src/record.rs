@@ -216,7 +216,13 @@ pub fn decode_call(r: &RawCall) -> Result<CallEvent, DecodeError> {
         pid: r.pid,
         tid: r.tid,
         op: info.id,
-        ret: r.ret as i32 as i64, // cudaError_t and CUresult are 32-bit enums
+        // cudaError_t and CUresult are 32-bit enums; a function that returns
+        // no status leaves garbage in the register, stored as 0.
+        ret: if info.returns_status {
+            r.ret as i32 as i64
+        } else {
+            0
+        },
         size: arg(info.size_arg),
         ptr,
         stream: arg(info.stream_arg),

@@ -104,7 +104,13 @@ pub fn op_stats(data: &TraceData, per_call_culprits: &[Vec<Culprit>]) -> StatsRe
             let calls: Vec<&CallEvent> = idx.iter().map(|&i| &data.calls[i]).collect();
             let culprits =
                 aggregate_culprits(idx.iter().map(|&i| culprits_of(per_call_culprits, i)));
-            per_call_row(op, &calls, culprits, counted.remove(&op))
+            per_call_row(
+                op,
+                &calls,
+                culprits,
+                counted.remove(&op),
+                data.has_host_context,
+            )
         })
         .collect();
     per_call.sort_by(|a, b| {
@@ -133,8 +139,11 @@ fn per_call_row(
     calls: &[&CallEvent],
     mut culprits: Vec<CulpritTime>,
     also_counted: Option<u64>,
+    host_context: bool,
 ) -> Option<OpStats> {
     let info = op_by_id(op)?;
+    // Without host context (imported traces) the split is unknown: null, never 0.
+    let known = |v: u64| host_context.then_some(v);
     let mut durs: Vec<u64> = calls.iter().map(|c| c.dur_ns).collect();
     durs.sort_unstable();
     let p95 = nearest_rank(&durs, 95);
@@ -144,16 +153,19 @@ fn per_call_row(
         layer: info.layer,
         op: info.name,
         count: calls.len() as u64 + also_counted.unwrap_or(0),
-        errors: Some(calls.iter().filter(|c| c.failed()).count() as u64),
+        // A function that returns nothing has no errors to count (JSON null, "-").
+        errors: info
+            .returns_status
+            .then(|| calls.iter().filter(|c| c.failed()).count() as u64),
         p50_ns: nearest_rank(&durs, 50),
         p95_ns: p95,
         p99_ns: nearest_rank(&durs, 99),
         max_ns: durs.last().copied(),
         total_ns: Some(durs.iter().fold(0u64, |a, &d| a.saturating_add(d))),
-        on_cpu_ns: Some(split.on_cpu_ns),
-        runnable_ns: Some(split.runnable_ns),
-        blocked_ns: Some(split.blocked_ns),
-        tail: Some(TailSplit::of(calls.iter().copied(), p95.unwrap_or(0))),
+        on_cpu_ns: known(split.on_cpu_ns),
+        runnable_ns: known(split.runnable_ns),
+        blocked_ns: known(split.blocked_ns),
+        tail: host_context.then(|| TailSplit::of(calls.iter().copied(), p95.unwrap_or(0))),
         measured: Measured::PerCall,
         culprits,
         also_counted,
@@ -348,6 +360,35 @@ mod tests {
         assert_eq!((r.ops[0].count, r.ops[0].also_counted), (12, Some(10)));
         assert_eq!(r.ops[0].measured, Measured::PerCall);
         assert_eq!(r.ops[0].max_ns, Some(20));
+    }
+
+    #[test]
+    fn without_host_context_the_split_is_unknown_not_zero() {
+        let mut d = data(vec![call(1, 0, 10_000, 0, 0), call(1, 5, 20_000, 0, 0)]);
+        d.has_host_context = false;
+        let r = op_stats(&d, &[]);
+        let m = &r.ops[0];
+        assert_eq!((m.count, m.total_ns), (2, Some(30_000)));
+        assert_eq!(
+            (m.on_cpu_ns, m.runnable_ns, m.blocked_ns),
+            (None, None, None)
+        );
+        assert!(m.tail.is_none());
+        let json = serde_json::to_value(m).unwrap();
+        assert!(json["on_cpu_ns"].is_null() && json["tail"].is_null());
+    }
+
+    #[test]
+    fn a_function_returning_nothing_has_no_errors() {
+        // NativeCachingAllocator::emptyCache is void: its "ret" is a leftover register.
+        let empty_cache = crate::ops::op_by_name("NativeCachingAllocator::emptyCache")
+            .unwrap()
+            .id;
+        let mut c = call(empty_cache, 0, 10, 0, 0);
+        c.ret = 0x7f3a_1000;
+        assert!(!c.failed());
+        let r = op_stats(&data(vec![c.clone(), c]), &[]);
+        assert_eq!((r.ops[0].count, r.ops[0].errors), (2, None));
     }
 
     #[test]

@@ -7,9 +7,16 @@
 //! off-CPU duration (no state, so runnable and blocked cannot be told apart)
 //! and is counted, not converted. Timestamps stay Unix ns: the imported
 //! session's monotonic clock *is* the Unix clock (`realtime_offset_ns = 0`).
+//!
+//! The file is untrusted: only real tables are read (a view may recurse
+//! forever), names are looked up rather than copied per event and capped in
+//! length, rows with impossible values (pid −1, negative durations) are
+//! skipped and counted, and the trace is written under a temporary name and
+//! renamed into place only when complete.
 
 use crate::error::{SqlContext, StoreError};
-use crate::open::{has_table, open_untrusted, short};
+use crate::open::{open_untrusted, short};
+use crate::outfile;
 use crate::types::{NoteLevel, SessionInfo, TraceSource, WriterOptions};
 use crate::writer::TraceWriter;
 use rusqlite::{Connection, OptionalExtension};
@@ -30,6 +37,13 @@ const RENAMES: &[(&str, &str)] = &[
     ("cuMemFree", "cuMemFree_v2"),
 ];
 
+/// Longest op or process name taken from an Ingero file; a longer op name
+/// makes its events "unknown", a longer process name is cut (Linux names
+/// are 16 bytes; anything this long is damage or hostility).
+const MAX_NAME_BYTES: usize = 256;
+/// Highest pid Linux can give (`PID_MAX_LIMIT`, 2^22).
+const PID_MAX_LIMIT: i64 = 1 << 22;
+
 /// What an import did and what it could not carry over.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct ImportSummary {
@@ -44,16 +58,22 @@ pub struct ImportSummary {
     pub skipped_unknown: BTreeMap<String, u64>,
     /// Calls Ingero saw but did not store (its `event_aggregates`), per op.
     pub not_stored_by_ingero: BTreeMap<String, u64>,
+    /// Rows skipped because a value is impossible (pid −1, negative
+    /// duration, ...), by reason.
+    pub invalid_events: BTreeMap<String, u64>,
+    /// Process names longer than 256 bytes, cut to that length.
+    pub names_cut: u64,
     /// The notes written into the trace, in order.
     pub notes: Vec<String>,
 }
 
+/// One event, compact: names are looked up in the `ops` map, never copied
+/// per event (a 1 MB op name must not become 1 MB per row).
 struct IngeroEvent {
     ts: i64,
     pid: u32,
     tid: u32,
     source: i64,
-    op_name: Option<String>,
     op_id: i64,
     dur: i64,
     arg0: i64,
@@ -61,44 +81,86 @@ struct IngeroEvent {
     ret: i64,
 }
 
-/// Converts the Ingero database `src` into a new gpusleuth trace at `dst`
-/// (refuses to overwrite). `src` is opened read-only as untrusted input.
+/// Ingero's op names by (source, op id); None for a name too long to take.
+type OpNames = HashMap<(i64, i64), Option<String>>;
+
+/// Session info, a description of the recording machine, and the end time.
+type SessionParts = (SessionInfo, String, Option<u64>);
+
+/// Converts the Ingero database `src` into a new gpusleuth trace at `dst`.
+/// `src` is opened read-only as untrusted input; `dst` must not exist and is
+/// never `src`. The trace is written under a temporary name beside `dst` and
+/// renamed into place when complete: a failed import leaves nothing behind.
 pub fn import_ingero(src: &Path, dst: &Path) -> Result<ImportSummary, StoreError> {
+    outfile::check_output(dst, &[src], false, None)?;
     let conn = open_untrusted(src)?;
     for table in ["events", "ops"] {
-        if !has_table(&conn, table).map_err(|e| StoreError::file(src, short(&e)))? {
+        if !is_plain_table(&conn, src, table)? {
             return Err(StoreError::file(
                 src,
                 format!("not an Ingero trace database (no `{table}` table)"),
             ));
         }
     }
-    let events = read_events(&conn, src)?;
-    let session = read_session(&conn, &events).at(src)?;
-    let names = read_process_names(&conn).at(src)?;
-    let not_stored = read_not_stored(&conn).at(src)?;
+    let ops = read_ops(&conn, src)?;
+    let mut sum = ImportSummary::default();
+    let events = read_events(&conn, src, &mut sum)?;
+    let session = read_session(&conn, src, &events)?;
+    let names = read_process_names(&conn, src, &mut sum)?;
+    let not_stored = read_not_stored(&conn, src, &ops)?;
+    drop(conn);
 
+    let tmp = outfile::temp_path_for(dst);
+    let input = Converted {
+        session,
+        events: &events,
+        ops: &ops,
+        names: &names,
+        not_stored: &not_stored,
+    };
+    let written = write_trace(&tmp, input, sum)
+        .and_then(|sum| outfile::publish(&tmp, dst, false, None).map(|()| sum));
+    if written.is_err() {
+        outfile::remove_database(&tmp);
+    }
+    written
+}
+
+/// Everything read from the source, ready to be written.
+struct Converted<'a> {
+    session: SessionParts,
+    events: &'a [IngeroEvent],
+    ops: &'a OpNames,
+    names: &'a BTreeMap<u32, String>,
+    not_stored: &'a BTreeMap<String, u64>,
+}
+
+/// Writes the converted trace to `path` (a new file).
+fn write_trace(
+    path: &Path,
+    input: Converted,
+    mut sum: ImportSummary,
+) -> Result<ImportSummary, StoreError> {
+    let (info, machine, end) = input.session;
     let writer = TraceWriter::create(
-        dst,
-        session.0,
+        path,
+        info,
         WriterOptions {
             source: TraceSource::Ingero,
             ..Default::default()
         },
     )?;
     let h = writer.handle();
-    let mut sum = ImportSummary::default();
-    let calls = convert(&events, &mut sum);
-    for c in calls {
+    for c in convert(input.events, input.ops, &mut sum) {
         h.send(Event::Call(c))?;
     }
-    for e in &events {
-        if let Some(p) = proc_event(e, &names) {
+    for e in input.events {
+        if let Some(p) = proc_event(e, op_name(input.ops, e), input.names) {
             sum.proc_events += 1;
             h.send(Event::Proc(p))?;
         }
     }
-    for (pid, comm) in &names {
+    for (pid, comm) in input.names {
         sum.processes += 1;
         h.set_process(ProcessInfo {
             pid: *pid,
@@ -106,17 +168,17 @@ pub fn import_ingero(src: &Path, dst: &Path) -> Result<ImportSummary, StoreError
             ..Default::default()
         })?;
     }
-    for (op, n) in &not_stored {
+    for (op, n) in input.not_stored {
         if sum.calls_by_op.contains_key(op) && *n > 0 {
             sum.not_stored_by_ingero.insert(op.clone(), *n);
         }
     }
-    sum.notes = notes(&sum, &session.1);
+    sum.notes = notes(&sum, &machine);
     for n in &sum.notes {
         h.add_note(NoteLevel::Warn, n.clone())?;
     }
     h.set_stat("imported_sched_switch_skipped", sum.sched_switch_skipped)?;
-    if let Some(end) = session.2 {
+    if let Some(end) = end {
         h.set_session_end(end)?;
     }
     drop(h);
@@ -124,41 +186,133 @@ pub fn import_ingero(src: &Path, dst: &Path) -> Result<ImportSummary, StoreError
     Ok(sum)
 }
 
-fn read_events(conn: &Connection, src: &Path) -> Result<Vec<IngeroEvent>, StoreError> {
-    let mut st = conn
-        .prepare(
-            "SELECT e.timestamp, e.pid, e.tid, e.source, o.name, e.op, e.duration, e.arg0, e.arg1, e.ret_code
-             FROM events e LEFT JOIN ops o ON o.source_id = e.source AND o.op_id = e.op
-             ORDER BY e.timestamp, e.id",
+/// Whether `name` is an ordinary table. A view (which may recurse forever)
+/// or a virtual table under a name we read is refused: an Ingero file has
+/// neither.
+fn is_plain_table(conn: &Connection, src: &Path, name: &str) -> Result<bool, StoreError> {
+    let row: Option<(String, Option<String>)> = conn
+        .query_row(
+            "SELECT type, sql FROM sqlite_master WHERE name = ?1 AND type IN ('table', 'view')",
+            [name],
+            |r| Ok((r.get(0)?, r.get(1)?)),
         )
+        .optional()
+        .map_err(|e| StoreError::file(src, short(&e)))?;
+    let Some((kind, sql)) = row else {
+        return Ok(false);
+    };
+    let virtual_table = sql.as_deref().is_some_and(|s| {
+        s.trim_start()
+            .to_ascii_uppercase()
+            .starts_with("CREATE VIRTUAL")
+    });
+    if kind != "table" || virtual_table {
+        let what = if virtual_table {
+            "virtual table"
+        } else {
+            "view"
+        };
+        return Err(StoreError::file(
+            src,
+            format!("not an Ingero trace database (`{name}` is a {what}, not a table)"),
+        ));
+    }
+    Ok(true)
+}
+
+fn read_ops(conn: &Connection, src: &Path) -> Result<OpNames, StoreError> {
+    let mut st = conn
+        .prepare("SELECT source_id, op_id, name FROM ops")
         .map_err(|e| StoreError::file(src, format!("unexpected Ingero schema: {}", short(&e))))?;
     let rows = st
         .query_map([], |r| {
-            Ok(IngeroEvent {
-                ts: r.get(0)?,
-                pid: r.get::<_, i64>(1)? as u32,
-                tid: r.get::<_, i64>(2)? as u32,
-                source: r.get(3)?,
-                op_name: r.get(4)?,
-                op_id: r.get(5)?,
-                dur: r.get(6)?,
-                arg0: r.get(7)?,
-                arg1: r.get(8)?,
-                ret: r.get(9)?,
-            })
+            let name: String = r.get(2)?;
+            Ok((
+                (r.get::<_, i64>(0)?, r.get::<_, i64>(1)?),
+                (name.len() <= MAX_NAME_BYTES).then_some(name),
+            ))
         })
         .at(src)?;
     rows.collect::<rusqlite::Result<_>>()
-        .map_err(|e| StoreError::file(src, format!("unreadable Ingero event: {}", short(&e))))
+        .map_err(|e| StoreError::file(src, format!("unreadable Ingero op: {}", short(&e))))
 }
 
-/// Session info, a description of the recording machine, and the end time.
+fn op_name<'a>(ops: &'a OpNames, e: &IngeroEvent) -> Option<&'a str> {
+    ops.get(&(e.source, e.op_id))?.as_deref()
+}
+
+/// Why an event cannot be taken as it is, if it cannot.
+fn invalid(ts: i64, pid: i64, tid: i64, dur: i64) -> Option<&'static str> {
+    if !(0..=PID_MAX_LIMIT).contains(&pid) || !(0..=PID_MAX_LIMIT).contains(&tid) {
+        Some("pid or tid outside 0..=4194304")
+    } else if ts < 0 {
+        Some("negative timestamp")
+    } else if dur < 0 {
+        Some("negative duration")
+    } else if ts.checked_add(dur).is_none() {
+        Some("timestamp + duration overflows")
+    } else {
+        None
+    }
+}
+
+fn read_events(
+    conn: &Connection,
+    src: &Path,
+    sum: &mut ImportSummary,
+) -> Result<Vec<IngeroEvent>, StoreError> {
+    let mut st = conn
+        .prepare(
+            "SELECT timestamp, pid, tid, source, op, duration, arg0, arg1, ret_code
+             FROM events ORDER BY timestamp, id",
+        )
+        .map_err(|e| StoreError::file(src, format!("unexpected Ingero schema: {}", short(&e))))?;
+    let unreadable = |e: rusqlite::Error| {
+        StoreError::file(src, format!("unreadable Ingero event: {}", short(&e)))
+    };
+    let mut rows = st.query([]).map_err(unreadable)?;
+    let mut out = Vec::new();
+    while let Some(r) = rows.next().map_err(unreadable)? {
+        let get = |i: usize| r.get::<_, i64>(i).map_err(unreadable);
+        let (ts, pid, tid, dur) = (get(0)?, get(1)?, get(2)?, get(5)?);
+        if let Some(why) = invalid(ts, pid, tid, dur) {
+            *sum.invalid_events.entry(why.to_string()).or_insert(0) += 1;
+            continue;
+        }
+        out.push(IngeroEvent {
+            ts,
+            pid: pid as u32,
+            tid: tid as u32,
+            source: get(3)?,
+            op_id: get(4)?,
+            dur,
+            arg0: get(6)?,
+            arg1: get(7)?,
+            ret: get(8)?,
+        });
+    }
+    Ok(out)
+}
+
+/// At most `MAX_NAME_BYTES` of `s`, cut on a character boundary.
+fn clip(mut s: String) -> String {
+    if s.len() > MAX_NAME_BYTES {
+        let mut end = MAX_NAME_BYTES;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+    }
+    s
+}
+
 fn read_session(
     conn: &Connection,
+    src: &Path,
     events: &[IngeroEvent],
-) -> rusqlite::Result<(SessionInfo, String, Option<u64>)> {
+) -> Result<SessionParts, StoreError> {
     let first = events.iter().map(|e| e.ts).min().unwrap_or(0);
-    let last = events.iter().map(|e| e.ts + e.dur.max(0)).max();
+    let last = events.iter().map(|e| e.ts.saturating_add(e.dur)).max();
     let mut info = SessionInfo {
         started_unix_ns: first,
         start_mono_ns: first.max(0) as u64,
@@ -169,26 +323,28 @@ fn read_session(
     };
     let mut machine = String::new();
     let mut end = last.map(|v| v.max(0) as u64);
-    if has_table(conn, "sessions")? {
+    if is_plain_table(conn, src, "sessions")? {
         let row = conn
             .query_row(
                 "SELECT started_at, stopped_at, gpu_model, gpu_driver, kernel, cuda_ver, ingero_ver, pid_filter
                  FROM sessions ORDER BY id LIMIT 1",
                 [],
                 |r| {
+                    let text = |i: usize| r.get::<_, String>(i).map(clip);
                     Ok((
                         r.get::<_, i64>(0)?,
                         r.get::<_, i64>(1)?,
-                        r.get::<_, String>(2)?,
-                        r.get::<_, String>(3)?,
-                        r.get::<_, String>(4)?,
-                        r.get::<_, String>(5)?,
-                        r.get::<_, String>(6)?,
-                        r.get::<_, String>(7)?,
+                        text(2)?,
+                        text(3)?,
+                        text(4)?,
+                        text(5)?,
+                        text(6)?,
+                        text(7)?,
                     ))
                 },
             )
-            .optional()?;
+            .optional()
+            .at(src)?;
         if let Some((start, stop, gpu, driver, kernel, cuda, ver, pids)) = row {
             if start > 0 {
                 info.started_unix_ns = start;
@@ -206,34 +362,62 @@ fn read_session(
     Ok((info, machine, end))
 }
 
-fn read_process_names(conn: &Connection) -> rusqlite::Result<BTreeMap<u32, String>> {
-    if !has_table(conn, "process_names")? {
-        return Ok(BTreeMap::new());
+fn read_process_names(
+    conn: &Connection,
+    src: &Path,
+    sum: &mut ImportSummary,
+) -> Result<BTreeMap<u32, String>, StoreError> {
+    let mut out = BTreeMap::new();
+    if !is_plain_table(conn, src, "process_names")? {
+        return Ok(out);
     }
-    let mut st = conn.prepare("SELECT pid, name FROM process_names")?;
-    let rows = st.query_map([], |r| {
-        Ok((r.get::<_, i64>(0)? as u32, r.get::<_, String>(1)?))
-    })?;
-    rows.collect()
+    let mut st = conn
+        .prepare("SELECT pid, name FROM process_names")
+        .at(src)?;
+    let mut rows = st.query([]).at(src)?;
+    while let Some(r) = rows.next().at(src)? {
+        let pid: i64 = r.get(0).at(src)?;
+        let name: String = r.get(1).at(src)?;
+        if !(0..=PID_MAX_LIMIT).contains(&pid) {
+            *sum.invalid_events
+                .entry("process name of a pid outside 0..=4194304".into())
+                .or_insert(0) += 1;
+            continue;
+        }
+        if name.len() > MAX_NAME_BYTES {
+            sum.names_cut += 1;
+        }
+        out.insert(pid as u32, clip(name));
+    }
+    Ok(out)
 }
 
 /// Per mapped op name: calls Ingero counted but discarded (`count - stored`).
-fn read_not_stored(conn: &Connection) -> rusqlite::Result<BTreeMap<String, u64>> {
+fn read_not_stored(
+    conn: &Connection,
+    src: &Path,
+    ops: &OpNames,
+) -> Result<BTreeMap<String, u64>, StoreError> {
     let mut out = BTreeMap::new();
-    if !has_table(conn, "event_aggregates")? {
+    if !is_plain_table(conn, src, "event_aggregates")? {
         return Ok(out);
     }
-    let mut st = conn.prepare(
-        "SELECT a.source, o.name, sum(a.count) - sum(a.stored) FROM event_aggregates a
-         JOIN ops o ON o.source_id = a.source AND o.op_id = a.op GROUP BY a.source, a.op",
-    )?;
-    let mut rows = st.query([])?;
-    while let Some(r) = rows.next()? {
-        let source: i64 = r.get(0)?;
-        let name: String = r.get(1)?;
-        let n: i64 = r.get::<_, Option<i64>>(2)?.unwrap_or(0);
-        if let Some(op) = map_op(source, &name) {
-            *out.entry(op.to_string()).or_insert(0) += n.max(0) as u64;
+    // total() sums in floating point: no overflow error on hostile counts.
+    let mut st = conn
+        .prepare(
+            "SELECT source, op, total(count) - total(stored) FROM event_aggregates GROUP BY source, op",
+        )
+        .at(src)?;
+    let mut rows = st.query([]).at(src)?;
+    while let Some(r) = rows.next().at(src)? {
+        let key: (i64, i64) = (r.get(0).at(src)?, r.get(1).at(src)?);
+        let n: f64 = r.get(2).at(src)?;
+        let Some(name) = ops.get(&key).and_then(|n| n.as_deref()) else {
+            continue;
+        };
+        if let Some(op) = map_op(key.0, name) {
+            let e = out.entry(op.to_string()).or_insert(0u64);
+            *e = e.saturating_add(n.max(0.0) as u64);
         }
     }
     Ok(out)
@@ -267,13 +451,14 @@ fn source_name(source: i64) -> &'static str {
 }
 
 /// CUDA events to calls (sorted by start), counting everything else.
-fn convert(events: &[IngeroEvent], sum: &mut ImportSummary) -> Vec<CallEvent> {
+fn convert(events: &[IngeroEvent], ops: &OpNames, sum: &mut ImportSummary) -> Vec<CallEvent> {
     let mut calls = Vec::new();
     for e in events {
-        let name = e
-            .op_name
-            .clone()
-            .unwrap_or_else(|| format!("op{}", e.op_id));
+        let name = match ops.get(&(e.source, e.op_id)) {
+            Some(Some(n)) => n.clone(),
+            Some(None) => format!("op{} (name longer than {MAX_NAME_BYTES} bytes)", e.op_id),
+            None => format!("op{}", e.op_id),
+        };
         if e.source == SRC_HOST && name == "sched_switch" {
             sum.sched_switch_skipped += 1;
             continue;
@@ -302,8 +487,9 @@ fn convert(events: &[IngeroEvent], sum: &mut ImportSummary) -> Vec<CallEvent> {
             _ => (None, None, None),
         };
         calls.push(CallEvent {
-            ts_ns: e.ts.max(0) as u64,
-            dur_ns: e.dur.max(0) as u64,
+            // Both checked non-negative when read.
+            ts_ns: e.ts as u64,
+            dur_ns: e.dur as u64,
             pid: e.pid,
             tid: e.tid,
             op: info.id,
@@ -346,14 +532,18 @@ fn mark_nested(calls: &mut [CallEvent]) {
 
 /// Process lifecycle events. Ingero's exit fires per thread; only the main
 /// thread's (tid == pid) is taken as the process's exit. Exit codes are unknown.
-fn proc_event(e: &IngeroEvent, names: &BTreeMap<u32, String>) -> Option<ProcEvent> {
+fn proc_event(
+    e: &IngeroEvent,
+    name: Option<&str>,
+    names: &BTreeMap<u32, String>,
+) -> Option<ProcEvent> {
     if e.source != SRC_HOST {
         return None;
     }
     let comm = |pid: u32| names.get(&pid).cloned().unwrap_or_default();
-    let ts = e.ts.max(0) as u64;
-    match e.op_name.as_deref()? {
-        "process_fork" if e.arg1 > 0 => {
+    let ts = e.ts as u64;
+    match name? {
+        "process_fork" if e.arg1 > 0 && e.arg1 <= PID_MAX_LIMIT => {
             let child = e.arg1 as u32;
             Some(ProcEvent {
                 kind: ProcKind::Fork,
@@ -392,7 +582,7 @@ fn notes(sum: &ImportSummary, machine: &str) -> Vec<String> {
     let mut out = vec![
         "imported from Ingero: calls have no on-CPU/runnable/blocked split (Ingero does not record per-call scheduler state), so CPU-contention findings and culprits are unavailable".to_string(),
         "imported from Ingero: storage is selective (not every call was recorded), so counts and percentiles cover the stored subset only".to_string(),
-        "imported from Ingero: allocations lack the returned device pointer, so frees cannot be matched to allocations; exit codes of processes are unknown".to_string(),
+        "imported from Ingero: allocations carry their size but not the returned device pointer: the memory ledger counts them, but frees cannot be matched to them (live memory is an upper bound when frees were stored); exit codes of processes are unknown".to_string(),
     ];
     if !machine.is_empty() {
         out.push(format!("recorded by Ingero on: {machine}"));
@@ -412,6 +602,23 @@ fn notes(sum: &ImportSummary, machine: &str) -> Vec<String> {
         out.push(format!(
             "calls Ingero counted but did not store: {}",
             list.join(", ")
+        ));
+    }
+    if !sum.invalid_events.is_empty() {
+        let list: Vec<String> = sum
+            .invalid_events
+            .iter()
+            .map(|(why, n)| format!("{n} ({why})"))
+            .collect();
+        out.push(format!(
+            "rows with impossible values, skipped: {}",
+            list.join(", ")
+        ));
+    }
+    if sum.names_cut > 0 {
+        out.push(format!(
+            "{} process names longer than {MAX_NAME_BYTES} bytes were cut to that length",
+            sum.names_cut
         ));
     }
     if !sum.skipped_unknown.is_empty() {

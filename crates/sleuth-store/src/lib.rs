@@ -6,6 +6,7 @@
 //!   [`sleuth_core::TraceData`] or piecewise for big traces.
 //! - [`run_readonly_sql`] runs caller-supplied SQL in a sandbox.
 //! - [`import_ingero`] converts an Ingero database.
+//! - [`outfile`] writes other outputs (reports, exports) atomically, never over an input.
 //!
 //! The schema is documented in `docs/schema.md`.
 
@@ -13,6 +14,7 @@ mod error;
 mod finalize;
 mod import;
 mod open;
+pub mod outfile;
 mod reader;
 mod rows;
 mod schema;

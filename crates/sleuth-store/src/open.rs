@@ -20,9 +20,11 @@ pub(crate) fn open_untrusted(path: &Path) -> Result<Connection, StoreError> {
             StoreError::file(path, format!("not a valid SQLite database: {}", short(&e)))
         })?;
     if verdict != "ok" {
+        // SQLite's verdict spans lines; an error is one line.
+        let verdict: Vec<&str> = verdict.lines().map(str::trim).collect();
         return Err(StoreError::file(
             path,
-            format!("SQLite database is corrupt: {verdict}"),
+            format!("SQLite database is corrupt: {}", verdict.join(" ")),
         ));
     }
     Ok(conn)

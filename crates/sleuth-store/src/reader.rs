@@ -413,8 +413,58 @@ impl Trace {
         Ok(out)
     }
 
-    /// The whole trace (or one process of it) in memory, as analyses consume it.
+    /// Every pid the trace holds anything of (processes, calls, waits,
+    /// lifecycle events, kernel counts, GPU samples), ascending.
+    pub fn pids(&self) -> Result<Vec<u32>, StoreError> {
+        let mut sql = String::from(
+            "SELECT pid FROM processes UNION SELECT pid FROM calls UNION SELECT pid FROM waits
+             UNION SELECT pid FROM proc_events UNION SELECT pid FROM op_counts",
+        );
+        // Traces written before GPU sampling existed have no such table.
+        if crate::open::has_table(&self.conn, "process_gpu_samples").at(&self.path)? {
+            sql.push_str(" UNION SELECT pid FROM process_gpu_samples");
+        }
+        sql.push_str(" ORDER BY 1");
+        let mut st = self.conn.prepare(&sql).at(&self.path)?;
+        let rows = st.query_map([], |r| r.get::<_, i64>(0)).at(&self.path)?;
+        let mut out = Vec::new();
+        for r in rows {
+            if let Ok(pid) = u32::try_from(r.at(&self.path)?) {
+                out.push(pid);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Fails when `pid` is not in the trace, naming the pids it holds: an
+    /// absent process must not read as a clean bill of health.
+    pub fn require_pid(&self, pid: u32) -> Result<(), StoreError> {
+        let pids = self.pids()?;
+        if pids.contains(&pid) {
+            return Ok(());
+        }
+        const SHOWN: usize = 20;
+        let mut list: Vec<String> = pids.iter().take(SHOWN).map(u32::to_string).collect();
+        if pids.len() > SHOWN {
+            list.push(format!("... {} more", pids.len() - SHOWN));
+        }
+        let holds = if pids.is_empty() {
+            "it holds no process".to_string()
+        } else {
+            format!("it holds pid {}", list.join(", "))
+        };
+        Err(StoreError::file(
+            &self.path,
+            format!("pid {pid} is not in this trace ({holds})"),
+        ))
+    }
+
+    /// The whole trace (or one process of it) in memory, as analyses consume
+    /// it. A `pid` the trace does not hold is an error (see [`Trace::require_pid`]).
     pub fn load(&self, pid: Option<u32>) -> Result<TraceData, StoreError> {
+        if let Some(pid) = pid {
+            self.require_pid(pid)?;
+        }
         let calls = self
             .calls_filtered(&CallFilter {
                 pid,

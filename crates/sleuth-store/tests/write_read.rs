@@ -208,6 +208,23 @@ fn culprits_are_joined_at_finish_and_queryable_by_call_id() {
 }
 
 #[test]
+fn a_pid_not_in_the_trace_is_an_error_naming_the_pids_it_holds() {
+    let dir = TempDir::new("nopid");
+    let path = dir.join("t.db");
+    small_trace(&path);
+    let t = Trace::open(&path).unwrap();
+    // Calls of 100 and 200; 300 appears only as a culprit, not as a traced process.
+    assert_eq!(t.pids().unwrap(), vec![100, 200]);
+    let e = t.load(Some(424242)).err().expect("absent pid").to_string();
+    assert!(
+        e.contains("pid 424242 is not in this trace (it holds pid 100, 200)"),
+        "{e}"
+    );
+    assert!(e.contains("t.db") && !e.contains('\n'), "{e}");
+    assert!(t.load(Some(200)).is_ok());
+}
+
+#[test]
 fn filters_select_by_pid_op_and_window() {
     let dir = TempDir::new("filter");
     let path = dir.join("t.db");

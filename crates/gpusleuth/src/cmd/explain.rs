@@ -1,7 +1,7 @@
 //! `gpusleuth explain`: ranked, evidence-backed findings of a recorded trace.
 
 use crate::cmd::stats::{emit, load_trace};
-use crate::output::fmt_ns;
+use crate::output::{fmt_bytes, fmt_ns};
 use sleuth_core::findings::{explain_report, Explanation, Finding};
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -102,8 +102,10 @@ fn example_lines(evidence: &serde_json::Value) -> Vec<String> {
         .take(3)
         .map(|e| {
             let at = ns(e, "offset_ns")
-                .map(|o| format!("+{:.3}s ", o as f64 / 1e9))
+                .map(|o| format!("+{} ", fmt_ns(o)))
                 .unwrap_or_default();
+            // null (unknown: no host context) reads "-", never 0.
+            let part = |k: &str| ns(e, k).map(fmt_ns).unwrap_or_else(|| "-".into());
             let mut line = format!(
                 "example: {at}{}",
                 e.get("op").and_then(|x| x.as_str()).unwrap_or("")
@@ -115,13 +117,13 @@ fn example_lines(evidence: &serde_json::Value) -> Vec<String> {
                 line.push_str(&format!(
                     " took {} (on-CPU {}, runnable {}, blocked {})",
                     fmt_ns(d),
-                    fmt_ns(ns(e, "on_cpu_ns").unwrap_or(0)),
-                    fmt_ns(ns(e, "runnable_ns").unwrap_or(0)),
-                    fmt_ns(ns(e, "blocked_ns").unwrap_or(0))
+                    part("on_cpu_ns"),
+                    part("runnable_ns"),
+                    part("blocked_ns")
                 ));
             }
             if let Some(b) = ns(e, "bytes") {
-                line.push_str(&format!(" {} bytes", b));
+                line.push_str(&format!(" {}", fmt_bytes(b)));
             }
             if let Some(err) = e.get("error_name").and_then(|x| x.as_str()) {
                 line.push_str(&format!(" failed: {err}"));
@@ -217,7 +219,7 @@ mod tests {
         assert!(t.starts_with("1. [high] allocation_failure:"));
         // Text shows the advice and the example calls; the full evidence is in --json/--markdown.
         assert!(t.contains("what to do:"), "{t}");
-        assert!(t.contains("example: cudaMalloc 1073741824 bytes"), "{t}");
+        assert!(t.contains("example: cudaMalloc 1.0 GiB"), "{t}");
         assert!(t.contains("failed: out of memory"), "{t}");
         assert!(
             t.contains("(full evidence of each finding: --json or --markdown)"),
@@ -234,5 +236,25 @@ mod tests {
         d.has_host_context = false;
         let t = text(&explain_report(&d));
         assert!(t.contains("Note: This trace has no host scheduler context"));
+    }
+
+    #[test]
+    fn unknown_host_context_prints_as_unknown_not_zero() {
+        let e = serde_json::json!({"examples": [
+            {"op": "cudaMalloc", "offset_ns": 1_500_000, "pid": 7, "dur_ns": 293_900,
+             "on_cpu_ns": null, "runnable_ns": null, "blocked_ns": null},
+            {"op": "cudaMalloc", "pid": 7, "dur_ns": 2_000,
+             "on_cpu_ns": 1_000, "runnable_ns": 0, "blocked_ns": 1_000}
+        ]});
+        let lines = example_lines(&e);
+        assert_eq!(
+            lines[0],
+            "example: +1.50ms cudaMalloc pid 7 took 293.9us (on-CPU -, runnable -, blocked -)"
+        );
+        assert!(
+            lines[1].contains("(on-CPU 1.0us, runnable 0ns, blocked 1.0us)"),
+            "{}",
+            lines[1]
+        );
     }
 }

@@ -350,6 +350,18 @@ fn render(
             "  allocations: {}   frees: {}   unmatched frees: {}",
             p.allocs, p.frees, p.unmatched_frees
         );
+        if p.unknown_ptr_allocs > 0 {
+            let bound = if p.unmatched_frees > 0 {
+                "; frees cannot be matched to them, so live is an upper bound"
+            } else {
+                ""
+            };
+            let _ = writeln!(
+                out,
+                "  {} allocation(s) with an unknown pointer (the trace stored sizes only){bound}",
+                p.unknown_ptr_allocs
+            );
+        }
         if !p.unfreed.is_empty() {
             let total: u64 = p.unfreed.iter().map(|u| u.bytes).sum();
             let _ = writeln!(
@@ -364,7 +376,7 @@ fn render(
                 .take(20)
                 .map(|u| {
                     vec![
-                        format!("{:#x}", u.ptr.0),
+                        u.ptr.map_or_else(|| "-".into(), |p| format!("{:#x}", p.0)),
                         fmt_bytes(u.bytes),
                         u.op.to_string(),
                         format!("+{}", rel(u.ts_ns)),

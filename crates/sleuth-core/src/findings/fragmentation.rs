@@ -6,6 +6,7 @@
 use super::*;
 use crate::allocator::{allocator_view, AllocatorState, AllocatorView, Pool, Segment};
 use crate::ledger::ProcessLedger;
+use crate::units::fmt_bytes;
 use serde_json::json;
 
 /// The allocator's gap (reserved − allocated) must be at least this ...
@@ -25,10 +26,6 @@ pub const FRAGMENTATION_MANY_SEGMENTS: usize = 4;
 pub const FRAGMENTATION_LARGE_BUFFER: u64 = 20 << 20;
 /// Segments (and pinning blocks per segment) shown as evidence.
 pub const FRAGMENTATION_EVIDENCE_SEGMENTS: usize = 5;
-
-fn mib(b: u64) -> String {
-    format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64)
-}
 
 /// Whether a gap is large enough to report.
 pub fn gap_is_large(gap: i64, reserved: u64) -> bool {
@@ -72,7 +69,7 @@ fn advise(s: &AllocatorState) -> Advice {
                 "Most of the gap ({}) is in entirely free cached segments: torch.cuda.empty_cache() returns \
                  them to the device. They are reused by this process anyway; release them only when another \
                  process needs the memory.",
-                mib(s.releasable_bytes)
+                fmt_bytes(s.releasable_bytes)
             ),
         };
     }
@@ -97,8 +94,8 @@ fn advise(s: &AllocatorState) -> Advice {
                      allocate such long-lived small tensors before the large temporary ones.",
                     top.base.0,
                     top.live_blocks.len(),
-                    mib(top.live_bytes),
-                    mib(top.size)
+                    fmt_bytes(top.live_bytes),
+                    fmt_bytes(top.size)
                 ),
             };
         }
@@ -118,7 +115,7 @@ fn advise(s: &AllocatorState) -> Advice {
                     "{} of the gap sits in {} oversize segment(s) split by smaller blocks: set \
                      PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:{mb} so blocks larger than that are not split \
                      (or expandable_segments:True).",
-                    mib(split_free),
+                    fmt_bytes(split_free),
                     split.len()
                 ),
             };
@@ -241,7 +238,7 @@ pub(super) fn fragmentation(
         Trigger::Failure { bytes, op, .. } => {
             format!(
                 "when {op} of {} failed although the cache held more than that unused",
-                mib(bytes)
+                fmt_bytes(bytes)
             )
         }
     };
@@ -254,11 +251,11 @@ pub(super) fn fragmentation(
             "PyTorch's allocator in {comm} (pid {}) reserved {} but had {} allocated {when}: a gap of {} \
              ({:.0}%), {} of it pinned by live blocks in {} segment(s)",
             view.pid,
-            mib(reserved),
-            mib(state.allocated_bytes),
-            mib(gap.max(0) as u64),
+            fmt_bytes(reserved),
+            fmt_bytes(state.allocated_bytes),
+            fmt_bytes(gap.max(0) as u64),
             share * 100.0,
-            mib(state.pinned_free_bytes),
+            fmt_bytes(state.pinned_free_bytes),
             top.iter().filter(|g| !g.live_blocks.is_empty()).count(),
         ),
         evidence: json!({

@@ -3,16 +3,9 @@
 
 use super::*;
 use crate::ledger::ProcessLedger;
+use crate::units::fmt_bytes;
 use serde_json::json;
 use std::collections::BTreeMap;
-
-fn mib(b: u64) -> String {
-    if b >= 1 << 30 {
-        format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)
-    } else {
-        format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64)
-    }
-}
 
 /// Failed allocations of one process.
 pub(super) fn allocation_failure(l: &ProcessLedger) -> Option<Finding> {
@@ -37,21 +30,21 @@ pub(super) fn allocation_failure(l: &ProcessLedger) -> Option<Finding> {
             "the process held {} in fixed segments when {} more was requested; the caching allocator's reserved \
              but unused space can fragment it (live bytes here are what the driver handed out, the allocator's \
              in-use part is not visible)",
-            mib(held),
-            mib(first.bytes)
+            fmt_bytes(held),
+            fmt_bytes(first.bytes)
         )
     } else if uses_vmm {
         format!(
             "the process held {} (virtual-memory API in use) when {} more was requested",
-            mib(held),
-            mib(first.bytes)
+            fmt_bytes(held),
+            fmt_bytes(first.bytes)
         )
     } else {
         format!(
             "the request ({}) is larger than all the process held ({}): fragmentation of its own memory \
              cannot explain it; the device is full of other memory or the request exceeds it",
-            mib(first.bytes),
-            mib(held)
+            fmt_bytes(first.bytes),
+            fmt_bytes(held)
         )
     };
     let mut recommendation = String::from(
@@ -83,10 +76,10 @@ pub(super) fn allocation_failure(l: &ProcessLedger) -> Option<Finding> {
             l.comm,
             l.pid,
             first.op,
-            mib(first.bytes),
+            fmt_bytes(first.bytes),
             first.error,
             error_name(first.error),
-            mib(held)
+            fmt_bytes(held)
         ),
         evidence: json!({
             "failures": l.failed_allocs.len(),
@@ -161,7 +154,7 @@ pub(super) fn unfreed_memory(l: &ProcessLedger) -> Option<Finding> {
             l.comm,
             l.pid,
             l.unfreed.len(),
-            mib(bytes),
+            fmt_bytes(bytes),
             when
         ),
         evidence: json!({
@@ -208,7 +201,7 @@ pub(super) fn allocation_churn(l: &ProcessLedger, trace_ns: u64) -> Option<Findi
             c.reallocs,
             l.allocs,
             l.frees,
-            top.map(|t| format!(", most often {} x{}", mib(t.bytes), t.times))
+            top.map(|t| format!(", most often {} x{}", fmt_bytes(t.bytes), t.times))
                 .unwrap_or_default(),
             c.alloc_free_ns as f64 / 1e6,
             time_share * 100.0

@@ -396,9 +396,14 @@ fn without_host_context_time_findings_are_declared_not_evaluated() {
     let mut t = tail_trace(19, 20 * US, 200 * US);
     t.has_host_context = false;
     let f = explain(&t);
-    assert!(of_kind(&f, Kind::TailLatency)[0]
-        .summary
-        .contains("not captured"));
+    let tail = of_kind(&f, Kind::TailLatency)[0];
+    assert!(tail.summary.contains("not captured"));
+    // The examples' split is unknown, so it is null, never 0.
+    let ex = &tail.evidence["examples"][0];
+    assert!(ex["dur_ns"].as_u64().unwrap() > 0);
+    for k in ["on_cpu_ns", "runnable_ns", "blocked_ns"] {
+        assert!(ex[k].is_null(), "{k}: {ex}");
+    }
 }
 
 #[test]

@@ -5,6 +5,7 @@ use crate::decompose::{aggregate_culprits, culprits_of, Split, TailSplit};
 use crate::event::CallEvent;
 use crate::ops::OpClass;
 use crate::stats::nearest_rank;
+use crate::units::fmt_ns;
 use serde_json::json;
 use std::collections::BTreeMap;
 
@@ -102,6 +103,8 @@ impl<'a> Context<'a> {
             .map(|i| {
                 let c = &self.data.calls[i];
                 let s = Split::of(c);
+                // Unknown without host context (imports): null, never 0.
+                let known = |v: u64| self.data.has_host_context.then_some(v);
                 let culprits: Vec<_> = culprits_of(self.per_call_culprits, i)
                     .iter()
                     .take(2)
@@ -113,9 +116,9 @@ impl<'a> Context<'a> {
                     "pid": c.pid,
                     "tid": c.tid,
                     "dur_ns": c.dur_ns,
-                    "on_cpu_ns": s.on_cpu_ns,
-                    "runnable_ns": s.runnable_ns,
-                    "blocked_ns": s.blocked_ns,
+                    "on_cpu_ns": known(s.on_cpu_ns),
+                    "runnable_ns": known(s.runnable_ns),
+                    "blocked_ns": known(s.blocked_ns),
                     "culprits": culprits,
                 })
             })
@@ -133,14 +136,6 @@ fn share(part: u64, whole: u64) -> f64 {
 
 fn pct(x: f64) -> String {
     format!("{:.0}%", x * 100.0)
-}
-
-fn ms(ns: u64) -> String {
-    format!("{:.1} ms", ns as f64 / 1e6)
-}
-
-fn us(ns: u64) -> String {
-    format!("{:.0} us", ns as f64 / 1e3)
 }
 
 /// CUDA calls slowed because the CPU was given to other tasks.
@@ -200,9 +195,9 @@ pub(super) fn cpu_preemption(ctx: &Context) -> Vec<Finding> {
         let summary = format!(
             "{} calls waited {} runnable while other tasks held the CPU ({} of their {} wall time), {}",
             v.op,
-            ms(lost),
+            fmt_ns(lost),
             pct(op_share),
-            ms(wall),
+            fmt_ns(wall),
             who
         );
         // Advice follows the main culprit: a CUDA helper thread of the process
@@ -262,9 +257,9 @@ pub(super) fn gpu_wait(ctx: &Context) -> Vec<Finding> {
             summary: format!(
                 "{} blocked {} waiting for the GPU ({} of the trace's {}); this is GPU work time, not OS interference",
                 v.op,
-                ms(blocked),
+                fmt_ns(blocked),
                 pct(of_trace),
-                ms(span)
+                fmt_ns(span)
             ),
             evidence: json!({
                 "calls": v.idx.len(),
@@ -362,8 +357,8 @@ pub(super) fn tail_latency(ctx: &Context) -> Vec<Finding> {
                 "{} p99 is {:.0}x its p50 ({} vs {}); {}",
                 v.op,
                 ratio,
-                us(v.p99),
-                us(v.p50),
+                fmt_ns(v.p99),
+                fmt_ns(v.p50),
                 known
             ),
             evidence: json!({

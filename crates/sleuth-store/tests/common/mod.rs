@@ -7,6 +7,12 @@ use sleuth_core::{
 use sleuth_store::{SessionInfo, TraceWriter, WriterOptions};
 use std::path::{Path, PathBuf};
 
+pub mod ingero;
+#[path = "../../../gpusleuth/tests/common/skip.rs"]
+mod skip;
+#[allow(unused_imports)] // only some test files skip
+pub use skip::skipped;
+
 /// A fresh empty directory under the system temp dir, removed on drop.
 pub struct TempDir(pub PathBuf);
 

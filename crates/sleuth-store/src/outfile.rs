@@ -1,0 +1,259 @@
+//! Writing output files with the same care as traces: never over an input,
+//! never over an existing file unless asked, never half-written.
+//!
+//! The content goes to a private temporary file beside the destination
+//! (mode 0600, created exclusively, so a planted symlink is never followed)
+//! and is renamed into place only when complete. Without `replace` the
+//! rename refuses an existing destination (`RENAME_NOREPLACE`); with it, the
+//! destination's directory entry is replaced — a symlink there is replaced
+//! itself, never followed.
+
+use crate::error::StoreError;
+use std::ffi::CString;
+use std::io::Write as _;
+use std::os::unix::ffi::OsStrExt as _;
+use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _};
+use std::path::{Path, PathBuf};
+
+/// Suffixes SQLite may leave beside a database file.
+pub const SQLITE_SIDE_FILES: [&str; 3] = ["-wal", "-shm", "-journal"];
+
+/// What to tell a user whose output path exists: how to replace it, if
+/// the command can ("--force replaces it"), else nothing.
+pub type Hint<'a> = Option<&'a str>;
+
+fn exists_error(dst: &Path, hint: Hint) -> StoreError {
+    StoreError::file(
+        dst,
+        match hint {
+            Some(h) => format!("already exists (refusing to overwrite it; {h})"),
+            None => "already exists (refusing to overwrite it)".to_string(),
+        },
+    )
+}
+
+/// Refuses `dst` when it is one of `inputs` (the same file, however named),
+/// or when it exists and `replace` is false.
+pub fn check_output(
+    dst: &Path,
+    inputs: &[&Path],
+    replace: bool,
+    hint: Hint,
+) -> Result<(), StoreError> {
+    let Ok(meta) = std::fs::metadata(dst) else {
+        // Nothing there, or a dangling link: not an input; a link is only
+        // replaced when asked.
+        if !replace && std::fs::symlink_metadata(dst).is_ok() {
+            return Err(exists_error(dst, hint));
+        }
+        return Ok(());
+    };
+    for input in inputs {
+        if let Ok(im) = std::fs::metadata(input) {
+            if im.dev() == meta.dev() && im.ino() == meta.ino() {
+                return Err(StoreError::file(
+                    dst,
+                    format!(
+                        "is the input {} (refusing to overwrite an input)",
+                        input.display()
+                    ),
+                ));
+            }
+        }
+    }
+    if !replace {
+        return Err(exists_error(dst, hint));
+    }
+    if meta.is_dir() {
+        return Err(StoreError::file(dst, "is a directory"));
+    }
+    Ok(())
+}
+
+/// A private temporary path beside `dst` (same directory, so the final
+/// rename is atomic), not existing yet.
+pub fn temp_path_for(dst: &Path) -> PathBuf {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    let name = dst
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "output".into());
+    let tmp = format!(
+        ".{name}.partial-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    );
+    match dst.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir.join(tmp),
+        _ => PathBuf::from(tmp),
+    }
+}
+
+/// Writes `bytes` to `dst` atomically: mode 0600, never over one of
+/// `inputs`, never over an existing file unless `replace`.
+pub fn write_atomic(
+    dst: &Path,
+    bytes: &[u8],
+    inputs: &[&Path],
+    replace: bool,
+    hint: Hint,
+) -> Result<(), StoreError> {
+    check_output(dst, inputs, replace, hint)?;
+    let tmp = temp_path_for(dst);
+    let result = (|| {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&tmp)
+            .map_err(|e| StoreError::io(dst, e))?;
+        f.write_all(bytes)
+            .and_then(|()| f.sync_all())
+            .map_err(|e| StoreError::io(dst, e))?;
+        drop(f);
+        publish(&tmp, dst, replace, hint)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// Renames a complete file `tmp` to `dst`. Without `replace`, an existing
+/// `dst` (even one created since [`check_output`]) is kept and this fails.
+pub fn publish(tmp: &Path, dst: &Path, replace: bool, hint: Hint) -> Result<(), StoreError> {
+    if replace {
+        return std::fs::rename(tmp, dst).map_err(|e| StoreError::io(dst, e));
+    }
+    let cstr = |p: &Path| {
+        CString::new(p.as_os_str().as_bytes())
+            .map_err(|_| StoreError::file(p, "path contains a NUL byte"))
+    };
+    let (from, to) = (cstr(tmp)?, cstr(dst)?);
+    // SAFETY: both pointers are valid NUL-terminated paths that live across
+    // the call; AT_FDCWD resolves them like open(2) would.
+    let r = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            from.as_ptr(),
+            libc::AT_FDCWD,
+            to.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
+    };
+    if r == 0 {
+        return Ok(());
+    }
+    let err = std::io::Error::last_os_error();
+    match err.raw_os_error() {
+        Some(libc::EEXIST) => Err(exists_error(dst, hint)),
+        // Filesystems without RENAME_NOREPLACE: a hard link also refuses an
+        // existing name, then the temporary name goes.
+        Some(libc::EINVAL) | Some(libc::ENOSYS) => {
+            std::fs::hard_link(tmp, dst).map_err(|e| match e.kind() {
+                std::io::ErrorKind::AlreadyExists => exists_error(dst, hint),
+                _ => StoreError::io(dst, e),
+            })?;
+            std::fs::remove_file(tmp).map_err(|e| StoreError::io(tmp, e))
+        }
+        _ => Err(StoreError::io(dst, err)),
+    }
+}
+
+/// Removes a database file and the side files SQLite may have left beside it.
+pub fn remove_database(path: &Path) {
+    let _ = std::fs::remove_file(path);
+    for suffix in SQLITE_SIDE_FILES {
+        let mut p = path.as_os_str().to_owned();
+        p.push(suffix);
+        let _ = std::fs::remove_file(PathBuf::from(p));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt as _;
+
+    fn dir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("sleuth-outfile-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn new_files_are_private_and_complete() {
+        let d = dir("new");
+        let out = d.join("r.html");
+        write_atomic(&out, b"<html>", &[], false, None).unwrap();
+        assert_eq!(std::fs::read(&out).unwrap(), b"<html>");
+        let mode = std::fs::metadata(&out).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        // Only the output is left: no temporary file.
+        assert_eq!(std::fs::read_dir(&d).unwrap().count(), 1);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn existing_files_need_replace_and_inputs_never_go() {
+        let d = dir("exist");
+        let out = d.join("r.html");
+        std::fs::write(&out, b"old").unwrap();
+        let e = write_atomic(&out, b"new", &[], false, Some("--force replaces it"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("already exists") && e.contains("--force"), "{e}");
+        assert_eq!(std::fs::read(&out).unwrap(), b"old");
+        write_atomic(&out, b"new", &[], true, None).unwrap();
+        assert_eq!(std::fs::read(&out).unwrap(), b"new");
+
+        let input = d.join("t.db");
+        std::fs::write(&input, b"trace").unwrap();
+        let alias = d.join("alias.db");
+        std::os::unix::fs::symlink(&input, &alias).unwrap();
+        for dst in [&input, &alias] {
+            let e = write_atomic(dst, b"x", &[&input], true, None)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("is the input"), "{e}");
+        }
+        assert_eq!(std::fs::read(&input).unwrap(), b"trace");
+        assert_eq!(std::fs::read_dir(&d).unwrap().count(), 3);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_symlink_at_the_destination_is_replaced_not_followed() {
+        let d = dir("link");
+        let victim = d.join("victim");
+        std::fs::write(&victim, b"keep").unwrap();
+        let out = d.join("out.json");
+        std::os::unix::fs::symlink(&victim, &out).unwrap();
+        assert!(write_atomic(&out, b"x", &[], false, None).is_err());
+        write_atomic(&out, b"x", &[], true, None).unwrap();
+        assert_eq!(std::fs::read(&victim).unwrap(), b"keep");
+        assert!(!std::fs::symlink_metadata(&out)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn publish_never_replaces_an_existing_file() {
+        let d = dir("publish");
+        let (tmp, dst) = (d.join("tmp"), d.join("dst"));
+        std::fs::write(&tmp, b"new").unwrap();
+        std::fs::write(&dst, b"old").unwrap();
+        assert!(publish(&tmp, &dst, false, None).is_err());
+        assert_eq!(std::fs::read(&dst).unwrap(), b"old");
+        std::fs::remove_file(&dst).unwrap();
+        publish(&tmp, &dst, false, None).unwrap();
+        assert_eq!(std::fs::read(&dst).unwrap(), b"new");
+        assert!(!tmp.exists());
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+}
