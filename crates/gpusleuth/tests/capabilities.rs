@@ -21,7 +21,7 @@ fn have_setpriv() -> bool {
         .output()
         .is_ok_and(|o| o.status.success());
     if !ok {
-        eprintln!("SKIPPING capability test: `setpriv` (util-linux) is not installed");
+        common::skipped("`setpriv` (util-linux) is not installed");
     }
     ok
 }

@@ -17,6 +17,17 @@ fn demo_names_the_hog_the_leak_and_the_failed_allocation() {
         "demo failed: {text}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // Issue 14: no path is printed that the demo deletes when it ends.
+    for word in text
+        .split_whitespace()
+        .filter(|w| w.contains("gpusleuth-demo-"))
+    {
+        assert!(
+            std::path::Path::new(word).exists(),
+            "printed, then deleted: {word}"
+        );
+    }
+    assert!(text.contains("--keep"), "{text}");
     // Ground truth from the scenario in cmd/demo.rs.
     let pre = text
         .lines()

@@ -130,7 +130,7 @@ fn python_mcp_client_over_stdio_and_http() {
         if std::env::var("CI").as_deref() == Ok("true") {
             panic!("CI=true and the MCP client test cannot run: {why}");
         }
-        eprintln!("SKIPPED python_mcp_client_over_stdio_and_http: {why}");
+        mcp_common::skipped(&why);
         return;
     }
     let dir = std::env::temp_dir().join(format!("gpusleuth-mcp-test-{}", std::process::id()));

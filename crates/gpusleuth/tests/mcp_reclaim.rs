@@ -102,7 +102,7 @@ fn python_mcp_client_reclaims_the_orphaned_worker() {
             !on_ci(),
             "CI=true and the MCP reclaim test cannot run: {why}"
         );
-        eprintln!("SKIPPED python_mcp_client_reclaims_the_orphaned_worker: {why}");
+        mcp_common::skipped(&why);
         return;
     }
     let w = world();

@@ -26,7 +26,7 @@ fn prometheus_bin() -> Option<PathBuf> {
         if std::env::var("CI").as_deref() == Ok("true") {
             panic!("the Prometheus test must run in CI but cannot: {why}");
         }
-        eprintln!("skipping Prometheus test: {why}");
+        common::skipped(why);
     }
     found
 }

@@ -324,7 +324,7 @@ fn chromium() -> Option<PathBuf> {
         if std::env::var("CI").as_deref() == Ok("true") {
             panic!("the Chromium test must run in CI but cannot: {why}");
         }
-        eprintln!("skipping Chromium test: {why}");
+        common::skipped(why);
     }
     found
 }

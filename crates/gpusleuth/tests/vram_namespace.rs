@@ -221,7 +221,7 @@ fn assert_refused_other_namespace(out: &Output, pid: u32) {
 fn nvml_host_pids_in_a_child_pid_namespace_are_never_signalled() {
     if let Some(why) = namespace_unavailable() {
         assert!(!support::on_ci(), "CI must run the namespace test: {why}");
-        eprintln!("skipped: {why}");
+        vram_common::skipped(&why);
         return;
     }
     let mut scene = Scene::new("pidns");

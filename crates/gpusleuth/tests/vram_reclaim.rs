@@ -306,7 +306,7 @@ fn other_users_process_is_refused_unless_root() {
             !support::on_ci(),
             "CI runs as root: this test must run there"
         );
-        eprintln!("skipped: needs root to start gpusleuth as another user");
+        vram_common::skipped("needs root to start gpusleuth as another user");
         return;
     }
     let mut scene = Scene::new("otheruser");

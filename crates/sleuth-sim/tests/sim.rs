@@ -189,7 +189,7 @@ fn runtime_symbols_are_versioned_like_the_real_one() {
                 Ok("true"),
                 "nm missing in CI: {e}"
             );
-            eprintln!("skipping: nm not available: {e}");
+            common::skipped(&format!("nm not available: {e}"));
             return;
         }
     };

@@ -19,7 +19,69 @@ pub struct Args {
 struct Item {
     name: &'static str,
     ok: bool,
+    /// "ok", "warn" (tracing works, less is seen) or "fail" (tracing cannot run).
+    status: &'static str,
     detail: String,
+    /// What a failed check means for the user (null when ok).
+    impact: Option<&'static str>,
+}
+
+/// Status and impact are filled by [`settle`] once every check ran.
+const PENDING: Item = Item {
+    name: "",
+    ok: false,
+    status: "",
+    detail: String::new(),
+    impact: None,
+};
+
+/// Checks whose failure stops nothing: tracing runs, it sees less.
+fn optional_impact(name: &str) -> Option<&'static str> {
+    match name {
+        "nvml" => Some("tracing is not affected; `vram`/`reclaim` see /proc holders only, without GPU memory figures"),
+        "cuda_libraries" => Some("tracing still works: libraries are found in traced processes' memory maps, or name one with --cuda-lib"),
+        "torch_allocator" => Some("tracing is not affected; --torch-allocator falls back to the CUDA-level view"),
+        _ => None,
+    }
+}
+
+const FAIL_IMPACT: &str = "`trace` cannot run until this is fixed";
+
+/// Fills `status` and `impact` from `ok` and whether the check is optional.
+fn settle(mut items: Vec<Item>) -> Vec<Item> {
+    for i in &mut items {
+        (i.status, i.impact) = match (i.ok, optional_impact(i.name)) {
+            (true, _) => ("ok", None),
+            (false, Some(why)) => ("warn", Some(why)),
+            (false, None) => ("fail", Some(FAIL_IMPACT)),
+        };
+    }
+    items
+}
+
+/// The closing line: what the verdict rests on.
+fn verdict(items: &[Item]) -> String {
+    let names = |status: &str| -> Vec<&str> {
+        items
+            .iter()
+            .filter(|i| i.status == status)
+            .map(|i| i.name)
+            .collect()
+    };
+    let (fails, warns) = (names("fail"), names("warn"));
+    let warn_part = if warns.is_empty() {
+        String::new()
+    } else {
+        format!("; WARN ({}) only limits what is seen", warns.join(", "))
+    };
+    if fails.is_empty() {
+        format!("verdict: ready to trace{warn_part}")
+    } else {
+        format!(
+            "verdict: NOT ready to trace: FAIL ({}) stops `trace`{warn_part}",
+            fails.join(", ")
+        )
+    }
 }
 
 #[derive(Serialize)]
@@ -106,6 +168,7 @@ pub fn run(args: Args) -> Result<i32> {
         detail: format!(
             "{kernel} (5.15 or newer needed: ring buffer, tp_btf, uprobe attach cookies)"
         ),
+        ..PENDING
     });
     let btf = Path::new("/sys/kernel/btf/vmlinux").exists();
     checks.push(Item {
@@ -116,6 +179,7 @@ pub fn run(args: Args) -> Result<i32> {
         } else {
             "no kernel BTF: CO-RE programs cannot load".into()
         },
+        ..PENDING
     });
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
@@ -128,18 +192,21 @@ pub fn run(args: Args) -> Result<i32> {
             "not root: `trace` needs root (or CAP_BPF+CAP_PERFMON); vram/stats/explain work without"
                 .into()
         },
+        ..PENDING
     });
     let (tok, tdetail) = tracefs_status();
     checks.push(Item {
         name: "tracefs",
         ok: tok,
         detail: tdetail,
+        ..PENDING
     });
     let (nok, ndetail) = nvml_status();
     checks.push(Item {
         name: "nvml",
         ok: nok,
         detail: ndetail,
+        ..PENDING
     });
 
     let env: Vec<(String, String)> = std::env::vars().collect();
@@ -152,6 +219,7 @@ pub fn run(args: Args) -> Result<i32> {
         } else {
             format!("{} found", libs.len())
         },
+        ..PENDING
     });
     // PyTorch's caching allocator (trace --torch-allocator).
     for lib in libs.iter().filter(|l| l.layer == sleuth_core::Layer::Torch) {
@@ -177,6 +245,7 @@ pub fn run(args: Args) -> Result<i32> {
             name: "torch_allocator",
             ok: found == wanted,
             detail,
+            ..PENDING
         });
     }
     if args.load {
@@ -188,12 +257,11 @@ pub fn run(args: Args) -> Result<i32> {
                 Ok(_) => "programs loaded and scheduler tracepoints attached".into(),
                 Err(e) => e.to_string(),
             },
+            ..PENDING
         });
     }
-    let ready = checks
-        .iter()
-        .filter(|c| c.name != "nvml" && c.name != "cuda_libraries")
-        .all(|c| c.ok);
+    let checks = settle(checks);
+    let ready = checks.iter().all(|c| c.status != "fail");
     let report = Report {
         ready,
         checks,
@@ -209,24 +277,60 @@ pub fn run(args: Args) -> Result<i32> {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         for c in &report.checks {
-            println!(
-                "{:<5} {:<15} {}",
-                if c.ok { "ok" } else { "FAIL" },
-                c.name,
-                c.detail
-            );
+            let tag = match c.status {
+                "ok" => "ok",
+                "warn" => "WARN",
+                _ => "FAIL",
+            };
+            println!("{tag:<5} {:<15} {}", c.name, c.detail);
+            if let Some(impact) = c.impact {
+                println!("      {:<15} -> {}: {impact}", "", c.status);
+            }
         }
         for l in &report.libraries {
             println!("      {:<15} {} ({})", "", l.path, l.layer);
         }
-        println!(
-            "{}",
-            if report.ready {
-                "verdict: ready to trace"
-            } else {
-                "verdict: NOT ready to trace (see FAIL lines)"
-            }
-        );
+        println!("{}", verdict(&report.checks));
     }
     Ok(if report.ready { 0 } else { 1 })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn item(name: &'static str, ok: bool) -> Item {
+        Item {
+            name,
+            ok,
+            ..PENDING
+        }
+    }
+
+    #[test]
+    fn each_failing_line_says_whether_it_stops_tracing() {
+        let items = settle(vec![
+            item("kernel", true),
+            item("nvml", false),
+            item("cuda_libraries", false),
+        ]);
+        let st: Vec<&str> = items.iter().map(|i| i.status).collect();
+        assert_eq!(st, ["ok", "warn", "warn"]);
+        assert!(items[1].impact.unwrap().contains("tracing is not affected"));
+        assert_eq!(
+            verdict(&items),
+            "verdict: ready to trace; WARN (nvml, cuda_libraries) only limits what is seen"
+        );
+        let items = settle(vec![item("privileges", false), item("nvml", false)]);
+        assert_eq!(items[0].status, "fail");
+        assert_eq!(items[0].impact, Some(FAIL_IMPACT));
+        assert_eq!(
+            verdict(&items),
+            "verdict: NOT ready to trace: FAIL (privileges) stops `trace`; WARN (nvml) only limits what is seen"
+        );
+        assert_eq!(
+            verdict(&settle(vec![item("btf", true)])),
+            "verdict: ready to trace"
+        );
+    }
 }

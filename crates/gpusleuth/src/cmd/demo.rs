@@ -5,6 +5,7 @@
 //! say why, and explain a trace recorded the same way (bundled).
 
 use anyhow::{Context, Result};
+use std::os::unix::ffi::OsStringExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -32,29 +33,58 @@ const SCENARIO: &str =
     repeat 25 { spin 4 8388608; sync_sleep 6; launch 40 }; malloc 1e15; free weights; exit 0";
 
 pub fn run(args: Args) -> Result<i32> {
+    // Ctrl-C and SIGTERM are counted, not fatal: the demo always gets to
+    // remove its temporary folder (a live trace stops at the interrupt).
+    crate::signals::install();
     let dir = match &args.keep {
         Some(d) => {
             std::fs::create_dir_all(d).with_context(|| format!("cannot create {}", d.display()))?;
             d.clone()
         }
-        None => std::env::temp_dir().join(format!("gpusleuth-demo-{}", std::process::id())),
+        None => private_temp_dir()?,
     };
-    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let keep = args.keep.is_some();
     let result = if args.offline {
         explain_bundled(&dir, "--offline given")
     } else {
         match sleuth_probe::preflight() {
-            Ok(()) => live(&dir),
+            Ok(()) => live(&dir, keep),
             Err(why) => explain_bundled(&dir, &why.to_string()),
         }
     };
-    if args.keep.is_none() {
+    if !keep {
         let _ = std::fs::remove_dir_all(&dir);
+    }
+    if crate::signals::interrupts() > 0 {
+        eprintln!("gpusleuth: demo interrupted");
+        return Ok(130);
     }
     result
 }
 
-fn live(dir: &Path) -> Result<i32> {
+/// A new folder only we can use (mkdtemp: unpredictable name, mode 0700),
+/// so nothing planted in the shared temp folder is written through.
+fn private_temp_dir() -> Result<PathBuf> {
+    let template = std::env::temp_dir().join("gpusleuth-demo-XXXXXX");
+    let mut bytes = std::ffi::CString::new(template.into_os_string().into_vec())
+        .context("temporary folder path contains a NUL byte")?
+        .into_bytes_with_nul();
+    // SAFETY: `bytes` is a writable NUL-terminated template ending in XXXXXX;
+    // mkdtemp replaces those characters in place and returns it or NULL.
+    let r = unsafe { libc::mkdtemp(bytes.as_mut_ptr().cast()) };
+    if r.is_null() {
+        return Err(std::io::Error::last_os_error()).with_context(|| {
+            format!(
+                "cannot create a folder in {}",
+                std::env::temp_dir().display()
+            )
+        });
+    }
+    bytes.pop(); // the NUL
+    Ok(PathBuf::from(std::ffi::OsString::from_vec(bytes)))
+}
+
+fn live(dir: &Path, keep: bool) -> Result<i32> {
     let sim = sleuth_sim::materialize(&dir.join("sim"))
         .context("cannot write the simulated CUDA libraries")?;
     let db = dir.join("demo.db");
@@ -86,6 +116,7 @@ fn live(dir: &Path) -> Result<i32> {
         force: true,
         pids: Vec::new(),
         duration: Some(Duration::from_secs(30)),
+        on_duration: crate::cmd::trace::OnDuration::Kill,
         launches: sleuth_probe::LaunchMode::Driver,
         cuda_libs: vec![sim.libcudart.clone(), sim.libcuda.clone()],
         max_db: 256 << 20,
@@ -100,10 +131,18 @@ fn live(dir: &Path) -> Result<i32> {
     let _ = hog.kill();
     let _ = hog.wait();
     let code = traced?;
+    if crate::signals::interrupts() > 0 {
+        return Ok(130);
+    }
     if code != 0 {
         anyhow::bail!("the simulated workload exited with {code}");
     }
-    println!("\n== gpusleuth explain --db {}\n", db.display());
+    if keep {
+        println!("\n== gpusleuth explain --db {}\n", db.display());
+    } else {
+        // The folder goes when the demo ends: name no path that will not exist.
+        println!("\n== gpusleuth explain (the trace is deleted when the demo ends; `demo --keep DIR` keeps it)\n");
+    }
     crate::cmd::explain::run(crate::cmd::explain::Args {
         db,
         pid: None,

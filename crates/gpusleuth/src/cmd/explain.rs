@@ -77,7 +77,7 @@ pub fn text(r: &Explanation) -> String {
             let _ = writeln!(out, "   culprits: {c}");
         }
         let _ = writeln!(out, "   what to do: {}", f.recommendation);
-        for line in example_lines(&f.evidence) {
+        for line in example_lines(&f.evidence, &f.op) {
             let _ = writeln!(out, "   {line}");
         }
         out.push('\n');
@@ -92,7 +92,8 @@ pub fn text(r: &Explanation) -> String {
 }
 
 /// The slowest example calls of a finding, one readable line each.
-fn example_lines(evidence: &serde_json::Value) -> Vec<String> {
+/// `op` names the calls when an example does not (time findings are per op).
+fn example_lines(evidence: &serde_json::Value, op: &str) -> Vec<String> {
     let Some(examples) = evidence.get("examples").and_then(|e| e.as_array()) else {
         return Vec::new();
     };
@@ -101,15 +102,16 @@ fn example_lines(evidence: &serde_json::Value) -> Vec<String> {
         .iter()
         .take(3)
         .map(|e| {
-            let at = ns(e, "offset_ns")
-                .map(|o| format!("+{} ", fmt_ns(o)))
-                .unwrap_or_default();
             // null (unknown: no host context) reads "-", never 0.
             let part = |k: &str| ns(e, k).map(fmt_ns).unwrap_or_else(|| "-".into());
-            let mut line = format!(
-                "example: {at}{}",
-                e.get("op").and_then(|x| x.as_str()).unwrap_or("")
-            );
+            let mut line = String::from("example:");
+            if let Some(o) = ns(e, "offset_ns") {
+                line.push_str(&format!(" +{}", fmt_ns(o)));
+            }
+            let name = e.get("op").and_then(|x| x.as_str()).unwrap_or(op);
+            if !name.is_empty() {
+                line.push_str(&format!(" {name}"));
+            }
             if let Some(pid) = ns(e, "pid") {
                 line.push_str(&format!(" pid {pid}"));
             }
@@ -243,10 +245,10 @@ mod tests {
         let e = serde_json::json!({"examples": [
             {"op": "cudaMalloc", "offset_ns": 1_500_000, "pid": 7, "dur_ns": 293_900,
              "on_cpu_ns": null, "runnable_ns": null, "blocked_ns": null},
-            {"op": "cudaMalloc", "pid": 7, "dur_ns": 2_000,
+            {"pid": 7, "dur_ns": 2_000,
              "on_cpu_ns": 1_000, "runnable_ns": 0, "blocked_ns": 1_000}
         ]});
-        let lines = example_lines(&e);
+        let lines = example_lines(&e, "cudaMalloc");
         assert_eq!(
             lines[0],
             "example: +1.50ms cudaMalloc pid 7 took 293.9us (on-CPU -, runnable -, blocked -)"

@@ -13,20 +13,18 @@
 //! older (a wait that began before tracing started).
 
 use crate::cmd::stats::load_trace;
-use anyhow::Context as _;
 use serde_json::{json, Value};
 use sleuth_core::findings::{explain_report, Finding};
 use sleuth_core::ledger::ledger;
 use sleuth_core::{Layer, TraceData, WaitEvent};
 use std::collections::BTreeSet;
-use std::io::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Format {
     /// Chrome Trace Event JSON for ui.perfetto.dev and chrome://tracing.
     Perfetto,
-    /// The calls as a plain JSON array (the `CallEvent` fields).
+    /// The calls as a plain JSON array (the `CallEvent` fields, `op` by name).
     Json,
 }
 
@@ -40,22 +38,38 @@ pub struct Args {
     pub db: PathBuf,
     #[arg(long, value_enum, default_value = "perfetto")]
     pub format: Format,
-    /// Output file (default: stdout).
+    /// Output file (default: stdout). Written atomically; never the input trace.
     #[arg(long, short)]
     pub output: Option<PathBuf>,
+    /// Replace the output file if it exists.
+    #[arg(long)]
+    pub force: bool,
     /// Only this process.
     #[arg(long)]
     pub pid: Option<u32>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<i32> {
+    if let Some(path) = &args.output {
+        // Before the work: a refused output is known at once.
+        sleuth_store::outfile::check_output(path, &[&args.db], args.force, Some(FORCE_HINT))?;
+    }
     let data = load_trace(&args.db, args.pid)?;
     let doc = match args.format {
         Format::Perfetto => perfetto(&data),
-        Format::Json => serde_json::to_value(&data.calls)?,
+        Format::Json => calls_json(&data),
     };
     match &args.output {
-        Some(path) => write_json(path, &doc)?,
+        Some(path) => {
+            let bytes = serde_json::to_vec(&doc)?;
+            sleuth_store::outfile::write_atomic(
+                path,
+                &bytes,
+                &[&args.db],
+                args.force,
+                Some(FORCE_HINT),
+            )?;
+        }
         None => {
             let mut text = serde_json::to_string(&doc)?;
             text.push('\n');
@@ -65,14 +79,40 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-fn write_json(path: &Path, doc: &Value) -> anyhow::Result<()> {
-    let file =
-        std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
-    let mut w = std::io::BufWriter::new(file);
-    serde_json::to_writer(&mut w, doc)
-        .map_err(std::io::Error::from)
-        .and_then(|()| w.flush())
-        .with_context(|| format!("cannot write {}", path.display()))
+/// What an existing output path needs.
+pub const FORCE_HINT: &str = "--force replaces it";
+
+/// `--format json`: the calls as every other output names them — `op` and
+/// `layer` by name — and the on-CPU/runnable/blocked split null when the
+/// trace has no host context (imports), never 0.
+pub fn calls_json(data: &TraceData) -> Value {
+    let host = data.has_host_context;
+    Value::Array(
+        data.calls
+            .iter()
+            .map(|c| {
+                json!({
+                    "ts_ns": c.ts_ns,
+                    "dur_ns": c.dur_ns,
+                    "pid": c.pid,
+                    "tid": c.tid,
+                    "layer": c.layer().map(Layer::as_str),
+                    "op": c.op_name(),
+                    "ret": c.has_status().then_some(c.ret),
+                    "failed": c.failed(),
+                    "size": c.size,
+                    "ptr": c.ptr,
+                    "stream": c.stream,
+                    "kind": c.kind,
+                    "nested": c.nested,
+                    "on_cpu_ns": host.then(|| c.on_cpu_ns()),
+                    "runnable_ns": host.then_some(c.runnable_ns),
+                    "blocked_ns": host.then_some(c.blocked_ns),
+                    "cpu": host.then_some(c.cpu),
+                })
+            })
+            .collect(),
+    )
 }
 
 /// The moment every exported timestamp is relative to.
@@ -294,6 +334,25 @@ mod tests {
             ptr,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn json_names_ops_and_leaves_unknown_split_null() {
+        let malloc = sleuth_core::op_by_name("cudaMalloc").unwrap().id;
+        let mut data = TraceData {
+            calls: vec![call(2_000, 500, malloc, Some(4096), Some(0x7f00))],
+            has_host_context: true,
+            ..Default::default()
+        };
+        let doc = calls_json(&data);
+        assert_eq!(doc[0]["op"], "cudaMalloc");
+        assert_eq!(doc[0]["layer"], "runtime");
+        assert_eq!(doc[0]["size"], 4096);
+        assert_eq!(doc[0]["on_cpu_ns"], 500);
+        data.has_host_context = false;
+        let doc = calls_json(&data);
+        assert!(doc[0]["on_cpu_ns"].is_null() && doc[0]["runnable_ns"].is_null());
+        assert_eq!(doc[0]["dur_ns"], 500);
     }
 
     #[test]

@@ -9,7 +9,6 @@ mod svg;
 
 use crate::cmd::export::origin_ns;
 use crate::output::{fmt_bytes, fmt_ns};
-use anyhow::Context as _;
 use sleuth_core::culprits::call_culprits;
 use sleuth_core::findings::{error_name, explain_report, Explanation};
 use sleuth_core::ledger::{ledger, ProcessLedger};
@@ -29,6 +28,8 @@ const ON_CPU: &str = "#4e79a7";
 const RUNNABLE: &str = "#f28e2b";
 const BLOCKED: &str = "#a0a0a0";
 const FAIL: &str = "#d62728";
+/// A call whose on-CPU / runnable / blocked split is not known (imports).
+const UNKNOWN: &str = "#d9d9d9";
 
 #[derive(clap::Args)]
 #[command(after_help = "Example:\n  gpusleuth report --db trace.db -o report.html")]
@@ -36,15 +37,21 @@ pub struct Args {
     /// Trace database written by `gpusleuth trace` (or `import`).
     #[arg(long)]
     pub db: PathBuf,
-    /// HTML file to write.
+    /// HTML file to write (atomically; never the input trace).
     #[arg(long, short, default_value = "report.html")]
     pub output: PathBuf,
+    /// Replace the output file if it exists.
+    #[arg(long)]
+    pub force: bool,
     /// Only this process.
     #[arg(long)]
     pub pid: Option<u32>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<i32> {
+    let hint = Some(crate::cmd::export::FORCE_HINT);
+    // Before the work: a refused output is known at once.
+    sleuth_store::outfile::check_output(&args.output, &[&args.db], args.force, hint)?;
     let trace = sleuth_store::Trace::open(&args.db)?;
     let data = trace.load(args.pid)?;
     let session = trace.session()?;
@@ -55,8 +62,13 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let html = render(&data, &session, &notes, &title);
-    std::fs::write(&args.output, html)
-        .with_context(|| format!("cannot write {}", args.output.display()))?;
+    sleuth_store::outfile::write_atomic(
+        &args.output,
+        html.as_bytes(),
+        &[&args.db],
+        args.force,
+        hint,
+    )?;
     eprintln!("gpusleuth: report written to {}", args.output.display());
     Ok(0)
 }
@@ -545,7 +557,10 @@ fn slowest_section(data: &TraceData, per_call: &[Vec<Culprit>], origin: u64) -> 
          <span style=\"background:{BLOCKED}\"></span>blocked (sleeping: GPU wait, lock, I/O)</div>"
     );
     if !data.has_host_context {
-        h.push_str("<p class=\"note\">This trace has no host context (imported): the split is unknown and shown as on-CPU.</p>");
+        h.push_str(&format!(
+            "<p class=\"note\">This trace has no host context (imported): the split is unknown, \
+             drawn as one <span style=\"background:{UNKNOWN}\">&nbsp;unknown&nbsp;</span> bar.</p>"
+        ));
     }
     let (left, right, top, row_h) = (290.0, 380.0, 10.0, 26.0);
     let height = top + row_h * idx.len() as f64 + 10.0;
@@ -578,11 +593,16 @@ fn slowest_section(data: &TraceData, per_call: &[Vec<Culprit>], origin: u64) -> 
             "",
         );
         let mut x0 = left;
-        for (ns, color, what) in [
-            (split.on_cpu_ns, ON_CPU, "on-CPU"),
-            (split.runnable_ns, RUNNABLE, "runnable"),
-            (split.blocked_ns, BLOCKED, "blocked"),
-        ] {
+        let parts = if data.has_host_context {
+            vec![
+                (split.on_cpu_ns, ON_CPU, "on-CPU"),
+                (split.runnable_ns, RUNNABLE, "runnable"),
+                (split.blocked_ns, BLOCKED, "blocked"),
+            ]
+        } else {
+            vec![(c.dur_ns, UNKNOWN, "split unknown (no host context)")]
+        };
+        for (ns, color, what) in parts {
             let w = x.at(ns as f64) - left;
             s.rect(
                 x0,

@@ -29,6 +29,16 @@ pub struct Args {
     /// Stop after this long (e.g. 30s, 500ms, 2m).
     #[arg(long, value_parser = parse_duration)]
     pub duration: Option<Duration>,
+    /// What happens to a launched command still running when --duration
+    /// ends the trace: `leave` it running (untraced; its pid is printed) or
+    /// `kill` it (SIGTERM, SIGKILL after 5 s; its last calls are recorded).
+    #[arg(
+        long = "on-duration",
+        value_enum,
+        default_value = "leave",
+        requires = "duration"
+    )]
+    pub on_duration: OnDuration,
     /// How kernel launches are captured: driver (count cuLaunchKernel/Ex in the
     /// kernel, 1 trap per launch), all (also count cudaLaunchKernel), full
     /// (per-call latency and errors, 4 traps per runtime launch), off.
@@ -112,6 +122,18 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     Ok((v * mult as f64) as u64)
 }
 
+/// `--on-duration`: the launched command's fate when the time is up.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
+pub enum OnDuration {
+    /// Stop tracing; the command keeps running, untraced.
+    Leave,
+    /// End the command: SIGTERM, then SIGKILL after 5 s.
+    Kill,
+}
+
+/// How long a command ended by `--on-duration kill` gets after each signal.
+const KILL_GRACE: Duration = Duration::from_secs(5);
+
 /// What is being traced.
 enum Target {
     Launch(Vec<String>),
@@ -184,6 +206,9 @@ pub fn run(args: Args) -> Result<i32> {
             }
         }
     }
+    if args.on_duration == OnDuration::Kill && !matches!(target, Target::Launch(_)) {
+        bail!("--on-duration kill ends a command launched by `trace -- COMMAND`; it never ends processes attached with --pid or found running");
+    }
     for lib in &args.cuda_libs {
         if !lib.exists() {
             bail!("--cuda-lib {}: no such file", lib.display());
@@ -225,7 +250,54 @@ pub fn run(args: Args) -> Result<i32> {
     let writer = TraceWriter::create(&db, info, opts)
         .with_context(|| format!("cannot create trace database {}", db.display()))?;
     let handle = writer.handle();
+    // Until the command runs (or the processes are attached) nothing has been
+    // traced: a failure here leaves no database behind.
+    let (cap, mut session, child) = match start(&args, &target, &handle, start_mono) {
+        Ok(started) => started,
+        Err(e) => {
+            drop(handle);
+            discard(writer, &db);
+            return Err(e);
+        }
+    };
+    session.started = true;
+    if let Some(f) = &args.ready_file {
+        std::fs::write(f, b"ready\n")
+            .with_context(|| format!("cannot write --ready-file {}", f.display()))?;
+    }
+    if !args.quiet {
+        eprintln!(
+            "gpusleuth: tracing {} → {} ({} libraries probed, launches: {})",
+            match &target {
+                Target::Launch(c) => c.join(" "),
+                Target::Pids(p) => format!(
+                    "pid {}",
+                    p.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
+                ),
+                Target::All => "every CUDA process".into(),
+            },
+            db.display(),
+            cap.attached().count(),
+            args.launches.as_str()
+        );
+    }
+    trace_loop(&args, &target, db, writer, handle, cap, session, child)
+}
 
+/// Removes a trace that recorded nothing (its command never started).
+fn discard(writer: TraceWriter, db: &Path) {
+    let _ = writer.finish();
+    sleuth_store::outfile::remove_database(db);
+}
+
+/// Loads the probes, attaches to what is known, and launches the command
+/// (or marks the given pids as traced). Returns the launched command's pid.
+fn start(
+    args: &Args,
+    target: &Target,
+    handle: &WriterHandle,
+    start_mono: u64,
+) -> Result<(Capture, Session, Option<u32>)> {
     let ring_bytes =
         u32::try_from(args.ring_size).map_err(|_| anyhow::anyhow!("--ring-size: at most 2G"))?;
     let mut cap = Capture::start_with(matches!(target, Target::All), args.launches, ring_bytes)?;
@@ -241,7 +313,7 @@ pub fn run(args: Args) -> Result<i32> {
             .iter()
             .filter_map(|p| p.parent().map(Path::to_path_buf)),
     );
-    if let Target::Launch(cmd) = &target {
+    if let Target::Launch(cmd) = target {
         if let Some(exe) = resolve_in_path(&cmd[0]) {
             extra_dirs.extend(sleuth_probe::symbols::runpath_dirs(&exe));
         }
@@ -252,7 +324,7 @@ pub fn run(args: Args) -> Result<i32> {
         .filter_map(|p| discover::lib_file(p))
         .collect();
     initial.extend(discover::scan_standard(&extra_dirs));
-    if let Target::Pids(pids) = &target {
+    if let Target::Pids(pids) = target {
         for &p in pids {
             initial.extend(discover::libs_mapped_by(p));
         }
@@ -267,7 +339,7 @@ pub fn run(args: Args) -> Result<i32> {
     }
 
     let mut child: Option<u32> = None;
-    match &target {
+    match target {
         Target::Launch(cmd) => {
             let held: HeldChild = held_child::spawn_held(cmd)?;
             let pid = held.pid;
@@ -291,35 +363,30 @@ pub fn run(args: Args) -> Result<i32> {
         }
         Target::All => {}
     }
-    session.started = true;
-    if let Some(f) = &args.ready_file {
-        std::fs::write(f, b"ready\n")
-            .with_context(|| format!("cannot write --ready-file {}", f.display()))?;
-    }
-    if !args.quiet {
-        eprintln!(
-            "gpusleuth: tracing {} → {} ({} libraries probed, launches: {})",
-            match &target {
-                Target::Launch(c) => c.join(" "),
-                Target::Pids(p) => format!(
-                    "pid {}",
-                    p.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
-                ),
-                Target::All => "every CUDA process".into(),
-            },
-            db.display(),
-            cap.attached().count(),
-            args.launches.as_str()
-        );
-    }
+    Ok((cap, session, child))
+}
 
+/// Traces until a stop condition, then completes the database and reports.
+#[allow(clippy::too_many_arguments)]
+fn trace_loop(
+    args: &Args,
+    target: &Target,
+    db: PathBuf,
+    writer: TraceWriter,
+    handle: WriterHandle,
+    mut cap: Capture,
+    mut session: Session,
+    child: Option<u32>,
+) -> Result<i32> {
+    let start_mono = session.start_mono;
     signals::install();
     let t0 = Instant::now();
     let mut last_scan = Instant::now();
     let mut last_render = Instant::now();
     let mut child_exit: Option<i32> = None;
     let mut child_exit_at: Option<Instant> = None;
-    loop {
+    // Whether the loop ended because --duration was reached.
+    let duration_up = loop {
         cap.poll(Duration::from_millis(50), |bytes| session.record(bytes));
         if let Some(pid) = child {
             if child_exit.is_none() {
@@ -341,9 +408,12 @@ pub fn run(args: Args) -> Result<i32> {
             }
             Target::Pids(_) => interrupts >= 1 || !traced_left(),
             Target::All => interrupts >= 1,
-        } || args.duration.is_some_and(|d| t0.elapsed() >= d);
+        };
         if stop || session.writer_error.is_some() {
-            break;
+            break false;
+        }
+        if args.duration.is_some_and(|d| t0.elapsed() >= d) {
+            break true;
         }
         if last_scan.elapsed() >= Duration::from_millis(200) {
             last_scan = Instant::now();
@@ -371,6 +441,29 @@ pub fn run(args: Args) -> Result<i32> {
                 .live
                 .render(elapsed, session.events, drops, start_mono, monotonic_ns());
         }
+    };
+    // The time is up while the launched command still runs: end it or say
+    // that it keeps running (never leave it without a word).
+    let mut fate: Option<String> = None;
+    if let (true, Some(pid), None) = (duration_up, child, child_exit) {
+        let cmd = match target {
+            Target::Launch(c) => c.join(" "),
+            _ => String::new(),
+        };
+        let text = match args.on_duration {
+            OnDuration::Kill => {
+                let (code, how) = end_command(pid, &mut cap, &mut session);
+                child_exit = Some(code);
+                format!("--duration reached: ended `{cmd}` (pid {pid}) with {how}")
+            }
+            OnDuration::Leave => format!(
+                "--duration reached: `{cmd}` (pid {pid}) keeps running, no longer traced \
+                 (--on-duration kill ends it when the time is up)"
+            ),
+        };
+        session.live.clear();
+        eprintln!("gpusleuth: {text}");
+        fate = Some(text);
     }
     // Final drain: records already in the ring buffer.
     while cap.poll(Duration::from_millis(20), |bytes| session.record(bytes)) > 0 {}
@@ -378,8 +471,15 @@ pub fn run(args: Args) -> Result<i32> {
 
     let losses = cap.loss_stats();
     let counted_calls: u64 = cap.op_counts().iter().map(|c| c.count).sum();
-    let coverage = coverage_warning(cap.attached().count(), session.n_calls + counted_calls);
+    let coverage = coverage_warning(
+        cap.attached().count(),
+        session.unprobed.len(),
+        session.n_calls + counted_calls,
+    );
     let finish_meta = || -> Result<(), sleuth_store::StoreError> {
+        if let Some(text) = &fate {
+            handle.add_note(NoteLevel::Info, text.clone())?;
+        }
         if let Some((NoteLevel::Warn, text)) = &coverage {
             handle.add_note(NoteLevel::Warn, text.clone())?;
         }
@@ -454,12 +554,38 @@ pub fn run(args: Args) -> Result<i32> {
     })
 }
 
+/// Ends the launched command (our own unreaped child, so its pid cannot have
+/// been reused): SIGTERM, then SIGKILL after [`KILL_GRACE`], recording its
+/// last calls meanwhile. Returns its exit status and the signal that ended it.
+fn end_command(pid: u32, cap: &mut Capture, session: &mut Session) -> (i32, &'static str) {
+    for (sig, how) in [(libc::SIGTERM, "SIGTERM"), (libc::SIGKILL, "SIGKILL")] {
+        // SAFETY: kill(2) on our own child, not yet reaped (see above).
+        unsafe { libc::kill(pid as i32, sig) };
+        let deadline = Instant::now() + KILL_GRACE;
+        while Instant::now() < deadline {
+            cap.poll(Duration::from_millis(20), |bytes| session.record(bytes));
+            if let Some(code) = held_child::try_wait(pid) {
+                return (code, how);
+            }
+        }
+    }
+    // Not reaped 5 s after SIGKILL (stuck in the kernel): say what was sent.
+    (128 + libc::SIGKILL, "SIGKILL (not yet reaped)")
+}
+
 /// What the final summary must say when the trace saw no CUDA call: a
 /// warning when no library was probed at all (nothing could be seen), a hint
-/// when libraries were probed but nothing called them.
-fn coverage_warning(libs_probed: usize, calls: u64) -> Option<(NoteLevel, String)> {
-    if libs_probed == 0 {
-        Some((NoteLevel::Warn, "no CUDA library was probed, so no CUDA call could be recorded (see the 'not probed' warnings above; --cuda-lib PATH names a library)".into()))
+/// when libraries were probed but nothing called them. `unprobed` counts the
+/// libraries that were found but could not be probed (each warned about).
+fn coverage_warning(
+    libs_probed: usize,
+    unprobed: usize,
+    calls: u64,
+) -> Option<(NoteLevel, String)> {
+    if libs_probed == 0 && unprobed > 0 {
+        Some((NoteLevel::Warn, format!("no CUDA library was probed, so no CUDA call could be recorded ({unprobed} found but not probed: see the 'not probed' warnings above; --cuda-lib PATH names a library)")))
+    } else if libs_probed == 0 {
+        Some((NoteLevel::Warn, "no CUDA library was found (standard places, LD_LIBRARY_PATH, the command's RUNPATH and traced processes' memory maps were searched), so no CUDA call could be recorded; --cuda-lib PATH names a library".into()))
     } else if calls == 0 {
         Some((NoteLevel::Info, format!("{libs_probed} CUDA libraries were probed but the traced processes made no call through them (no CUDA use, or a library file not probed: --cuda-lib PATH)")))
     } else {
@@ -630,12 +756,17 @@ mod tests {
 
     #[test]
     fn summary_says_when_nothing_could_be_seen() {
-        let (level, text) = coverage_warning(0, 0).unwrap();
+        // Nothing found: no warnings were printed, so none may be referred to.
+        let (level, text) = coverage_warning(0, 0, 0).unwrap();
         assert_eq!(level, NoteLevel::Warn);
-        assert!(text.contains("no CUDA library was probed"));
-        let (level, text) = coverage_warning(2, 0).unwrap();
+        assert!(text.contains("no CUDA library was found"), "{text}");
+        assert!(!text.contains("warnings above"), "{text}");
+        let (level, text) = coverage_warning(0, 1, 0).unwrap();
+        assert_eq!(level, NoteLevel::Warn);
+        assert!(text.contains("1 found but not probed: see the 'not probed' warnings above"));
+        let (level, text) = coverage_warning(2, 0, 0).unwrap();
         assert_eq!(level, NoteLevel::Info);
         assert!(text.contains("2 CUDA libraries were probed"));
-        assert!(coverage_warning(2, 6).is_none());
+        assert!(coverage_warning(2, 0, 6).is_none());
     }
 }

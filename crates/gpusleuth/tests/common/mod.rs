@@ -11,6 +11,9 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+mod skip;
+pub use skip::skipped;
+
 /// Whether this machine can run the eBPF tests. Without root or BTF: in CI
 /// (`CI=true`) the test fails with the reason; elsewhere it prints the reason
 /// and the caller returns early.
@@ -28,7 +31,7 @@ pub fn require_ebpf() -> bool {
             panic!("eBPF tests must run in CI but cannot: {r}")
         }
         Some(r) => {
-            eprintln!("skipping eBPF test: {r}");
+            skipped(&format!("eBPF test: {r}"));
             false
         }
     }

@@ -5,6 +5,10 @@ use serde_json::Value;
 use std::collections::BTreeMap;
 use std::process::Output;
 
+#[path = "../common/skip.rs"]
+mod skip;
+pub use skip::skipped;
+
 /// A command's stdout as JSON, or a panic showing what it printed instead.
 pub fn json(out: &Output) -> Value {
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {

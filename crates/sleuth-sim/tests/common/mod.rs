@@ -2,6 +2,11 @@
 
 use std::path::PathBuf;
 
+#[path = "../../../gpusleuth/tests/common/skip.rs"]
+mod skip;
+#[allow(unused_imports)] // only some test files skip
+pub use skip::skipped;
+
 pub struct TempDir(pub PathBuf);
 
 impl TempDir {

@@ -2,6 +2,7 @@
 //! tested without files from outside the repository. The tables and columns
 //! are Ingero's, as documented in docs/import.md ("The Ingero schema"); the
 //! events are written here, so every expected number comes from this code.
+#![allow(dead_code)] // each test file uses a different subset
 
 use rusqlite::{params, Connection};
 use std::path::Path;

@@ -1,0 +1,689 @@
+//! Issue 14, "found by a new user": every command on the example traces and
+//! on broken input, checked for data loss, leftovers and answers that
+//! mislead. Ground truth comes from the example traces' own tables, from the
+//! Ingero fixtures built here, or from how each test builds its input.
+
+mod common;
+#[path = "../../sleuth-store/tests/common/ingero.rs"]
+mod ingero;
+
+use common::{assert_no_panic, gpusleuth, require_ebpf, Db, Sandbox};
+use serde_json::Value;
+use sleuth_core::{op_by_name, CallEvent, Event};
+use sleuth_store::{SessionInfo, TraceWriter, WriterOptions};
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::time::{Duration, Instant};
+
+const EXAMPLES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples");
+/// The only traced process of examples/demo-sim.db.
+const DEMO_PID: u32 = 25707;
+
+/// A private copy of an example trace (tests never write into examples/).
+fn example(sb: &Sandbox, name: &str) -> PathBuf {
+    let dst = sb.path(name);
+    std::fs::copy(Path::new(EXAMPLES).join(name), &dst).expect("copy example trace");
+    dst
+}
+
+fn run(args: &[&str]) -> Output {
+    let out = gpusleuth().args(args).output().expect("run gpusleuth");
+    assert_no_panic(&out);
+    out
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().expect("utf-8 path")
+}
+
+/// Files in a folder, sorted.
+fn listing(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .expect("read dir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn outputs_never_overwrite_an_input_or_an_existing_file() {
+    let sb = Sandbox::new("outputs");
+    let db = example(&sb, "demo-sim.db");
+    let original = std::fs::read(&db).unwrap();
+    for cmd in [
+        vec!["report", "--db", s(&db), "-o", s(&db)],
+        vec!["report", "--db", s(&db), "-o", s(&db), "--force"],
+        vec!["export", "--db", s(&db), "-o", s(&db), "--force"],
+        vec!["export", "--db", s(&db), "--format", "json", "-o", s(&db)],
+    ] {
+        let out = run(&cmd);
+        assert_eq!(out.status.code(), Some(1), "{cmd:?}");
+        let err = text(&out.stderr);
+        assert!(err.contains("is the input"), "{cmd:?}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "one-line error: {err}");
+    }
+    assert_eq!(std::fs::read(&db).unwrap(), original, "the trace is intact");
+
+    // An existing output is kept unless --force.
+    let html = sb.path("report.html");
+    let json = sb.path("calls.json");
+    for (cmd, path) in [
+        (vec!["report", "--db", s(&db), "-o", s(&html)], &html),
+        (
+            vec!["export", "--db", s(&db), "--format", "json", "-o", s(&json)],
+            &json,
+        ),
+    ] {
+        std::fs::write(path, b"mine").unwrap();
+        let out = run(&cmd);
+        assert_eq!(out.status.code(), Some(1));
+        let err = text(&out.stderr);
+        assert!(
+            err.contains("already exists") && err.contains("--force"),
+            "{err}"
+        );
+        assert_eq!(std::fs::read(path).unwrap(), b"mine");
+        let mut forced = cmd.clone();
+        forced.push("--force");
+        let out = run(&forced);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        assert_ne!(std::fs::read(path).unwrap(), b"mine");
+        let mode = std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "outputs are private like traces");
+    }
+    // Written atomically: no temporary file is left beside the outputs.
+    let left = listing(&sb.dir);
+    assert!(!left.iter().any(|n| n.contains(".partial-")), "{left:?}");
+}
+
+#[test]
+fn a_pid_not_in_the_trace_is_an_error_listing_the_pids_it_holds() {
+    let sb = Sandbox::new("nopid");
+    let db = example(&sb, "demo-sim.db");
+    let html = sb.path("r.html");
+    for cmd in [
+        vec!["explain", "--db", s(&db), "--pid", "424242"],
+        vec!["stats", "--db", s(&db), "--pid", "424242"],
+        vec!["memory", "--db", s(&db), "--pid", "424242"],
+        vec!["report", "--db", s(&db), "--pid", "424242", "-o", s(&html)],
+        vec!["export", "--db", s(&db), "--pid", "424242"],
+    ] {
+        let out = run(&cmd);
+        assert_eq!(out.status.code(), Some(1), "{cmd:?}: {}", text(&out.stdout));
+        let err = text(&out.stderr);
+        assert!(
+            err.contains(&format!(
+                "pid 424242 is not in this trace (it holds pid {DEMO_PID})"
+            )),
+            "{cmd:?}: {err}"
+        );
+        assert!(!text(&out.stdout).contains("No abnormal behaviour"));
+    }
+    assert!(!html.exists());
+    // The pid it does hold still works.
+    let out = run(&["stats", "--db", s(&db), "--pid", &DEMO_PID.to_string()]);
+    assert!(out.status.success());
+}
+
+#[test]
+fn export_json_names_ops_like_every_other_output() {
+    let sb = Sandbox::new("exportjson");
+    let db = example(&sb, "demo-sim.db");
+    let out = run(&["export", "--db", s(&db), "--format", "json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let calls: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let calls = calls.as_array().unwrap();
+    let rows = Db::open(&db).int("SELECT count(*) FROM calls");
+    assert_eq!(calls.len() as i64, rows);
+    assert!(calls.iter().all(|c| c["op"].is_string()), "{:?}", calls[0]);
+    let mallocs = calls.iter().filter(|c| c["op"] == "cudaMalloc").count() as i64;
+    assert_eq!(
+        mallocs,
+        Db::open(&db).int("SELECT count(*) FROM calls WHERE op = 'cudaMalloc'")
+    );
+}
+
+#[test]
+fn bytes_and_durations_read_the_same_in_every_command() {
+    let sb = Sandbox::new("units");
+    let db = example(&sb, "demo-sim.db");
+    let explain = text(&run(&["explain", "--db", s(&db)]).stdout);
+    let memory = text(&run(&["memory", "--db", s(&db)]).stdout);
+    // The failed 1e15-byte cudaMalloc of the demo scenario, and what was live.
+    assert!(
+        explain.contains("cudaMalloc of 909.5 TiB returned 2 (out of memory) with 64.0 MiB live"),
+        "{explain}"
+    );
+    assert!(
+        memory.contains("FAILED: cudaMalloc of 909.5 TiB returned 2"),
+        "{memory}"
+    );
+    assert!(memory.contains("with 64.0 MiB live"), "{memory}");
+    assert!(
+        !explain.contains("GiB") || !explain.contains("931322"),
+        "{explain}"
+    );
+
+    // A failure with nothing live: "0 B" in both, never "0.0 MiB".
+    let zero = sb.path("zero.db");
+    let w = TraceWriter::create(&zero, session(), WriterOptions::default()).unwrap();
+    let h = w.handle();
+    h.send(Event::Call(CallEvent {
+        ts_ns: 2_000,
+        dur_ns: 500,
+        pid: 7,
+        tid: 7,
+        op: op_by_name("cudaMalloc").unwrap().id,
+        ret: 2,
+        size: Some(1 << 40),
+        ..Default::default()
+    }))
+    .unwrap();
+    drop(h);
+    w.finish().unwrap();
+    let explain = text(&run(&["explain", "--db", s(&zero)]).stdout);
+    let memory = text(&run(&["memory", "--db", s(&zero)]).stdout);
+    assert!(explain.contains("cudaMalloc of 1.0 TiB"), "{explain}");
+    assert!(explain.contains("with 0 B live"), "{explain}");
+    assert!(memory.contains("with 0 B live"), "{memory}");
+    assert!(!explain.contains("0.0 MiB"), "{explain}");
+}
+
+fn session() -> SessionInfo {
+    SessionInfo {
+        started_unix_ns: 1_700_000_000_000_000_000,
+        start_mono_ns: 1_000,
+        realtime_offset_ns: 0,
+        command: "test".into(),
+        target: "test".into(),
+        launch_mode: "driver".into(),
+        tool_version: "test".into(),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn stats_shows_no_errors_for_a_function_that_returns_nothing() {
+    let sb = Sandbox::new("void");
+    let db = sb.path("void.db");
+    let w = TraceWriter::create(&db, session(), WriterOptions::default()).unwrap();
+    let h = w.handle();
+    let empty_cache = op_by_name("NativeCachingAllocator::emptyCache").unwrap().id;
+    for i in 0..4u64 {
+        // What the return register held after the void function (older traces stored it).
+        h.send(Event::Call(CallEvent {
+            ts_ns: 2_000 + i * 1_000,
+            dur_ns: 100,
+            pid: 7,
+            tid: 7,
+            op: empty_cache,
+            ret: 0x5571_0000 + i as i64,
+            ..Default::default()
+        }))
+        .unwrap();
+    }
+    h.send(Event::Call(CallEvent {
+        ts_ns: 9_000,
+        dur_ns: 100,
+        pid: 7,
+        tid: 7,
+        op: op_by_name("cudaMalloc").unwrap().id,
+        ret: 2,
+        size: Some(1 << 40),
+        ..Default::default()
+    }))
+    .unwrap();
+    drop(h);
+    w.finish().unwrap();
+    let stats = common::stats_json(&db);
+    let ec = common::stats_op(&stats, "torch", "NativeCachingAllocator::emptyCache").unwrap();
+    assert_eq!(ec["count"], 4);
+    assert!(ec["errors"].is_null(), "{ec}");
+    let m = common::stats_op(&stats, "runtime", "cudaMalloc").unwrap();
+    assert_eq!(m["errors"], 1);
+    let table = text(&run(&["stats", "--db", s(&db)]).stdout);
+    let row = table
+        .lines()
+        .find(|l| l.contains("emptyCache"))
+        .expect("emptyCache row");
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(&cells[2..4], ["4", "-"], "COUNT 4, ERR -: {row}");
+    let explain = text(&run(&["explain", "--db", s(&db), "--json"]).stdout);
+    assert!(!explain.contains("emptyCache"), "{explain}");
+}
+
+#[test]
+fn check_says_what_the_verdict_means_for_each_failing_line() {
+    let out = run(&["check"]);
+    let t = text(&out.stdout);
+    let lines: Vec<&str> = t.lines().collect();
+    let mut fails = Vec::new();
+    for (i, l) in lines.iter().enumerate() {
+        let tag = l.split_whitespace().next().unwrap_or("");
+        if tag == "WARN" || tag == "FAIL" {
+            let next = lines.get(i + 1).copied().unwrap_or("");
+            let want = if tag == "WARN" {
+                "-> warn:"
+            } else {
+                "-> fail:"
+            };
+            assert!(next.contains(want), "{l}\n{next}");
+            if tag == "FAIL" {
+                fails.push(l.split_whitespace().nth(1).unwrap_or(""));
+            }
+        }
+    }
+    let verdict = lines.last().copied().unwrap_or("");
+    assert!(verdict.starts_with("verdict: "), "{t}");
+    // This machine runs the eBPF tests, so it can trace: a WARN (no NVML,
+    // no CUDA library installed) never turns into "NOT ready".
+    assert!(
+        !verdict.contains("NOT ready") || !fails.is_empty(),
+        "{verdict}"
+    );
+    if t.contains("\nWARN") {
+        assert!(verdict.contains("only limits what is seen"), "{verdict}");
+    }
+    let json: Value = serde_json::from_slice(&run(&["check", "--json"]).stdout).unwrap();
+    for c in json["checks"].as_array().unwrap() {
+        let st = c["status"].as_str().unwrap();
+        assert!(["ok", "warn", "fail"].contains(&st), "{c}");
+        assert_eq!(c["impact"].is_null(), st == "ok", "{c}");
+    }
+}
+
+#[test]
+fn the_schema_doc_query_counts_stolen_time_once() {
+    let sb = Sandbox::new("schemadoc");
+    let db = example(&sb, "demo-sim.db");
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/schema.md"))
+        .unwrap();
+    // The query printed under the "-- who stole CPU" comment, as a user copies it.
+    let lines: Vec<&str> = doc.lines().collect();
+    let at = lines
+        .iter()
+        .position(|l| l.starts_with("-- who stole CPU"))
+        .expect("the example query is documented");
+    let sql: String = lines[at + 1..]
+        .iter()
+        .take_while(|l| !l.starts_with("--") && !l.starts_with("```"))
+        .copied()
+        .collect::<Vec<_>>()
+        .join(" ");
+    let out = run(&["query", "--db", s(&db), "--json", &sql]);
+    assert!(out.status.success(), "{sql}: {}", text(&out.stderr));
+    let res: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let hog = res["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r[0] == "gs-hog")
+        .expect("the hog is named");
+    let hog_ns = hog[2].as_i64().unwrap();
+    // Physical bound: the culprits cannot have taken more than the runnable
+    // time of the calls, each call counted once (nested driver calls are the
+    // same time as their runtime caller).
+    let runnable = Db::open(&db).int("SELECT sum(runnable_ns) FROM calls WHERE nested = 0");
+    assert!(hog_ns <= runnable, "{hog_ns} > {runnable}: double-counted");
+    // And explain's figure for the copies is part of it.
+    let ex: Value =
+        serde_json::from_slice(&run(&["explain", "--db", s(&db), "--json"]).stdout).unwrap();
+    let copies = ex["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["kind"] == "cpu_preemption" && f["op"] == "cudaMemcpy")
+        .expect("the copies' finding");
+    let explained = copies["culprits"][0]["runnable_ns"].as_i64().unwrap();
+    assert!(explained <= hog_ns, "{explained} > {hog_ns}");
+}
+
+/// Writes the Ingero DataLoader-shaped fixture and imports it with the CLI.
+fn imported(sb: &Sandbox) -> PathBuf {
+    let src = sb.path("ingero.db");
+    ingero::write_ingero(&src, &ingero::dataloader_rows());
+    let dst = sb.path("imported.db");
+    let out = run(&["import", "--from", "ingero", s(&src), "--db", s(&dst)]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    dst
+}
+
+#[test]
+fn imported_traces_show_unknown_as_unknown_and_feed_the_ledger() {
+    let sb = Sandbox::new("imported");
+    let db = imported(&sb);
+    let total: i64 = ingero::MALLOC_SIZES
+        .iter()
+        .chain(&ingero::DIRECT_DRIVER_SIZES)
+        .sum();
+    let mem: Value =
+        serde_json::from_slice(&run(&["memory", "--db", s(&db), "--json"]).stdout).unwrap();
+    let p = mem["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"] == 2233)
+        .unwrap();
+    assert_eq!(p["allocs"], 10);
+    assert_eq!(p["live_bytes"].as_i64(), Some(total));
+    assert_eq!(p["peak_bytes"].as_i64(), Some(total));
+    assert!(p["unfreed"][0]["ptr"].is_null());
+    let memory = text(&run(&["memory", "--db", s(&db)]).stdout);
+    assert!(memory.contains("allocations: 10"), "{memory}");
+    assert!(
+        memory.contains("10 allocation(s) with an unknown pointer"),
+        "{memory}"
+    );
+
+    let stats = common::stats_json(&db);
+    for op in stats["ops"].as_array().unwrap() {
+        if op["measured"] == "per_call" {
+            for k in ["on_cpu_ns", "runnable_ns", "blocked_ns"] {
+                assert!(op[k].is_null(), "{k} of {}: {op}", op["op"]);
+            }
+        }
+    }
+    let table = text(&run(&["stats", "--db", s(&db)]).stdout);
+    let row = table.lines().find(|l| l.contains(" cudaMalloc ")).unwrap();
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    // ON-CPU, RUNNABLE, BLOCKED, TAIL: unknown.
+    assert_eq!(&cells[9..13], ["-", "-", "-", "-"], "{row}");
+
+    let export: Value =
+        serde_json::from_slice(&run(&["export", "--db", s(&db), "--format", "json"]).stdout)
+            .unwrap();
+    assert!(export[0]["runnable_ns"].is_null() && export[0]["dur_ns"].as_u64().is_some());
+}
+
+#[test]
+fn explain_examples_of_an_imported_trace_print_unknown_split_as_unknown() {
+    let sb = Sandbox::new("imported-explain");
+    let src = sb.path("ingero.db");
+    // 40 launches of 10 us and one of 2 ms: a tail_latency finding with examples.
+    let mut rows = Vec::new();
+    for i in 0..40 {
+        rows.push(ingero::row(
+            1_774_015_573_000_000_000 + i * 1_000_000,
+            2233,
+            1,
+            3,
+            if i == 20 { 2_000_000 } else { 10_000 },
+            0x7f00,
+            0,
+        ));
+    }
+    ingero::write_ingero(&src, &rows);
+    let db = sb.path("imported.db");
+    let out = run(&["import", "--from", "ingero", s(&src), "--db", s(&db)]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let ex: Value =
+        serde_json::from_slice(&run(&["explain", "--db", s(&db), "--json"]).stdout).unwrap();
+    let examples = ex["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find_map(|f| f["evidence"]["examples"].as_array())
+        .expect("a finding with example calls");
+    assert!(examples
+        .iter()
+        .all(|e| e["on_cpu_ns"].is_null() && e["runnable_ns"].is_null()));
+    let t = text(&run(&["explain", "--db", s(&db)]).stdout);
+    let line = t
+        .lines()
+        .find(|l| l.contains("example:") && l.contains("took"))
+        .unwrap_or_else(|| panic!("{t}"));
+    assert!(line.contains("(on-CPU -, runnable -, blocked -)"), "{line}");
+}
+
+#[test]
+fn importing_a_huge_op_name_stays_small_and_leaves_one_file() {
+    let sb = Sandbox::new("import-mem");
+    let dir = sb.path("work");
+    std::fs::create_dir(&dir).unwrap();
+    let src = dir.join("ingero.db");
+    let c = ingero::write_ingero(&src, &ingero::dataloader_rows());
+    let huge = "x".repeat(1 << 20);
+    c.execute(
+        "INSERT INTO ops(source_id, op_id, name, description) VALUES (1, 99, ?1, '')",
+        [&huge],
+    )
+    .unwrap();
+    // 1,500 events naming the 1 MB op: 1.5 GB if the name is copied per event.
+    c.execute_batch(
+        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 1500)
+         INSERT INTO events(timestamp, pid, tid, source, op, duration)
+         SELECT 1774015590000000000 + i, 2233, 2233, 1, 99, 10 FROM n",
+    )
+    .unwrap();
+    drop(c);
+    let dst = dir.join("out.db");
+    let mut cmd = gpusleuth();
+    cmd.args(["import", "--from", "ingero", s(&src), "--db", s(&dst)]);
+    // A 1 GiB address-space cap: what the hostile file would need is refused
+    // by the kernel, so the test cannot harm the machine.
+    let (status, max_rss_kib) = run_capped(cmd, 1 << 30);
+    assert!(status.success(), "import failed under a 1 GiB cap");
+    assert!(
+        max_rss_kib < 256 * 1024,
+        "peak RSS {max_rss_kib} KiB for a {} KiB file",
+        std::fs::metadata(&src).unwrap().len() / 1024
+    );
+    assert_eq!(listing(&dir), ["ingero.db", "out.db"]);
+}
+
+/// Runs `cmd` with RLIMIT_AS set to `bytes`; returns its status and peak RSS (KiB).
+fn run_capped(mut cmd: std::process::Command, bytes: u64) -> (std::process::ExitStatus, i64) {
+    use std::os::unix::process::{CommandExt as _, ExitStatusExt as _};
+    cmd.stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    // SAFETY: runs in the forked child before exec; setrlimit is
+    // async-signal-safe and `lim` lives on this stack frame.
+    unsafe {
+        cmd.pre_exec(move || {
+            let lim = libc::rlimit {
+                rlim_cur: bytes,
+                rlim_max: bytes,
+            };
+            if libc::setrlimit(libc::RLIMIT_AS, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().expect("spawn");
+    let mut status = 0;
+    // SAFETY: an all-zero rusage is valid; wait4 on our own child fills both.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: see above.
+    let r = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
+    assert_eq!(r, child.id() as i32, "wait4");
+    (std::process::ExitStatus::from_raw(status), usage.ru_maxrss)
+}
+
+#[test]
+fn demo_offline_interrupted_leaves_no_temporary_copy() {
+    let sb = Sandbox::new("demo-int");
+    let tmp = sb.path("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    let mut child = gpusleuth()
+        .args(["demo", "--offline"])
+        .env("TMPDIR", &tmp)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // As soon as its temporary folder exists, interrupt it (Ctrl-C).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut interrupted = false;
+    while Instant::now() < deadline {
+        if !listing(&tmp).is_empty() {
+            // SAFETY: kill(2) on our own child.
+            unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+            interrupted = true;
+            break;
+        }
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    let status = common::wait_child(&mut child, 30);
+    assert!(interrupted, "the demo's temporary folder was never seen");
+    assert!(listing(&tmp).is_empty(), "left behind: {:?}", listing(&tmp));
+    assert!(matches!(status.code(), Some(0) | Some(130)), "{status:?}");
+}
+
+// ---- the following need root and eBPF (they trace) ----
+
+#[test]
+fn a_command_that_never_starts_leaves_no_trace_behind() {
+    if !require_ebpf() {
+        return;
+    }
+    let sb = Sandbox::new("nostart");
+    let db = sb.path("t2.db");
+    for _ in 0..2 {
+        // The second run must fail the same way, not with "already exists".
+        let out = run(&["trace", "--quiet", "--db", s(&db), "--", "/nonexistent/cmd"]);
+        assert_eq!(out.status.code(), Some(1));
+        let err = text(&out.stderr);
+        assert!(err.contains("cannot run '/nonexistent/cmd'"), "{err}");
+        assert!(!err.contains("already exists"), "{err}");
+        assert!(
+            !listing(&sb.dir).iter().any(|n| n.starts_with("t2.db")),
+            "{:?}",
+            listing(&sb.dir)
+        );
+    }
+    // The default name too (in the working directory).
+    let work = sb.path("cwd");
+    std::fs::create_dir(&work).unwrap();
+    let out = gpusleuth()
+        .args(["trace", "--quiet", "--", "/nonexistent/cmd"])
+        .current_dir(&work)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(listing(&work).is_empty(), "{:?}", listing(&work));
+}
+
+fn pid_in(err: &str) -> u32 {
+    let at = err.find("(pid ").expect("the command's pid is named") + 5;
+    err[at..]
+        .split(')')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("a pid")
+}
+
+#[test]
+fn duration_says_what_happens_to_the_command_and_can_end_it() {
+    if !require_ebpf() {
+        return;
+    }
+    let sb = Sandbox::new("duration");
+    // stderr to a file: the command left running keeps a pipe open.
+    let err_file = sb.path("a.stderr");
+    let t0 = Instant::now();
+    let status = gpusleuth()
+        .args([
+            "trace",
+            "--quiet",
+            "--db",
+            s(&sb.path("a.db")),
+            "--duration",
+            "1s",
+        ])
+        .args(["--", "sleep", "30"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&err_file).unwrap())
+        .status()
+        .unwrap();
+    assert!(t0.elapsed() < Duration::from_secs(20));
+    assert!(status.success(), "{status:?}");
+    let err = std::fs::read_to_string(&err_file).unwrap();
+    assert!(err.contains("`sleep 30` (pid "), "{err}");
+    assert!(err.contains("keeps running"), "{err}");
+    assert!(err.contains("--on-duration kill"), "{err}");
+    let left = pid_in(&err);
+    let alive = Path::new(&format!("/proc/{left}")).exists();
+    // SAFETY: kill(2) of the sleep this test started (through gpusleuth).
+    unsafe { libc::kill(left as i32, libc::SIGKILL) };
+    assert!(
+        alive,
+        "--on-duration leave (the default) leaves the command running"
+    );
+
+    let t0 = Instant::now();
+    let out = run(&[
+        "trace",
+        "--quiet",
+        "--db",
+        s(&sb.path("b.db")),
+        "--duration",
+        "1s",
+        "--on-duration",
+        "kill",
+        "--",
+        "sleep",
+        "30",
+    ]);
+    assert!(t0.elapsed() < Duration::from_secs(20));
+    let err = text(&out.stderr);
+    assert!(err.contains("ended `sleep 30` (pid "), "{err}");
+    assert!(err.contains("with SIGTERM"), "{err}");
+    let ended = pid_in(&err);
+    assert!(
+        !Path::new(&format!("/proc/{ended}")).exists() || {
+            let st = std::fs::read_to_string(format!("/proc/{ended}/stat")).unwrap_or_default();
+            !st.contains("(sleep)")
+        }
+    );
+    assert_eq!(out.status.code(), Some(128 + libc::SIGTERM), "{err}");
+    let notes = Db::open(&sb.path("b.db")).text_ints("SELECT text, 0 FROM notes");
+    assert!(
+        notes.iter().any(|(t, _)| t.contains("ended `sleep 30`")),
+        "{notes:?}"
+    );
+
+    let out = run(&[
+        "trace",
+        "--on-duration",
+        "kill",
+        "--pid",
+        "1",
+        "--duration",
+        "1s",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "kill applies to launched commands only"
+    );
+}
+
+#[test]
+fn a_trace_without_cuda_libraries_refers_only_to_warnings_it_printed() {
+    if !require_ebpf() {
+        return;
+    }
+    let sb = Sandbox::new("notprobed");
+    let out = run(&["trace", "--db", s(&sb.path("t.db")), "--", "true"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let err = text(&out.stderr);
+    if err.contains("warnings above") {
+        assert!(err.contains("warning: not probed:"), "{err}");
+    }
+    assert!(
+        err.contains("no CUDA library was found")
+            || err.contains("no CUDA library was probed")
+            || err.contains("CUDA libraries were probed"),
+        "{err}"
+    );
+}
