@@ -496,6 +496,8 @@ fn run_capped(mut cmd: std::process::Command, bytes: u64) -> (std::process::Exit
             Ok(())
         });
     }
+    // Reaped by wait4 below (std's wait cannot give the child's rusage).
+    #[allow(clippy::zombie_processes)]
     let child = cmd.spawn().expect("spawn");
     let mut status = 0;
     // SAFETY: an all-zero rusage is valid; wait4 on our own child fills both.

@@ -215,7 +215,7 @@ fn a_pid_not_in_the_trace_is_an_error_naming_the_pids_it_holds() {
     let t = Trace::open(&path).unwrap();
     // Calls of 100 and 200; 300 appears only as a culprit, not as a traced process.
     assert_eq!(t.pids().unwrap(), vec![100, 200]);
-    let e = t.load(Some(424242)).err().expect("absent pid").to_string();
+    let e = t.load(Some(424242)).expect_err("absent pid").to_string();
     assert!(
         e.contains("pid 424242 is not in this trace (it holds pid 100, 200)"),
         "{e}"

@@ -144,13 +144,23 @@ pub(super) fn unfreed_memory(l: &ProcessLedger) -> Option<Finding> {
              free or reuse buffers that are no longer needed.",
         )
     };
+    // Allocations without a pointer (imports) cannot be matched by a free:
+    // with unmatched frees around, part of them may have been freed.
+    let bound = if l.unknown_ptr_allocs > 0 && l.unmatched_frees > 0 {
+        format!(
+            "; at most: {} free(s) could not be matched to {} allocation(s) of unknown pointer",
+            l.unmatched_frees, l.unknown_ptr_allocs
+        )
+    } else {
+        String::new()
+    };
     Some(Finding {
         kind: Kind::UnfreedMemory,
         severity,
         op: main_op.to_string(),
         pids: vec![l.pid],
         summary: format!(
-            "{} (pid {}) left {} allocation(s), {} of device memory, unfreed {}",
+            "{} (pid {}) left {} allocation(s), {} of device memory, unfreed {}{bound}",
             l.comm,
             l.pid,
             l.unfreed.len(),
@@ -163,6 +173,8 @@ pub(super) fn unfreed_memory(l: &ProcessLedger) -> Option<Finding> {
             "peak_bytes": l.peak_bytes,
             "by_size": by_size_json,
             "exited": l.exit_ns.is_some(),
+            "unknown_ptr_allocs": l.unknown_ptr_allocs,
+            "unmatched_frees": l.unmatched_frees,
             "call_sites": "unknown: stacks are not captured",
         }),
         culprits: Vec::new(),

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 #[path = "../../../gpusleuth/tests/common/skip.rs"]
+#[allow(dead_code)] // only some test files skip
 mod skip;
 #[allow(unused_imports)] // only some test files skip
 pub use skip::skipped;
