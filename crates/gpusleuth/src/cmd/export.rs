@@ -145,16 +145,18 @@ pub fn perfetto(data: &TraceData) -> Value {
     let origin = origin_ns(data);
     let mut ev: Vec<Value> = Vec::new();
     metadata(data, &mut ev);
+    // Unknown without host context (imports): null, never 0.
+    let host = |ns: u64| data.has_host_context.then(|| dur_us(ns));
     for c in &data.calls {
         let layer = c.layer().map(Layer::as_str).unwrap_or("unknown");
         let mut args = json!({
             "op": c.op_name(),
             "layer": layer,
-            "ret": c.ret,
-            "on_cpu_us": dur_us(c.on_cpu_ns()),
-            "runnable_us": dur_us(c.runnable_ns),
-            "blocked_us": dur_us(c.blocked_ns),
-            "cpu": c.cpu,
+            "ret": c.has_status().then_some(c.ret),
+            "on_cpu_us": host(c.on_cpu_ns()),
+            "runnable_us": host(c.runnable_ns),
+            "blocked_us": host(c.blocked_ns),
+            "cpu": data.has_host_context.then_some(c.cpu),
         });
         let extra = [
             ("size", c.size.map(Value::from)),
