@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The README's test command: `cargo test --workspace` (arguments are passed
-# on), then the list of tests that did not run and why. cargo hides what a
+# The README's test command: `cargo test --workspace --no-fail-fast`
+# (arguments are passed on), then the list of tests that did not run and why. cargo hides what a
 # passing test prints, so a test that skips (no root for eBPF, no Chromium,
 # no Python `mcp` package, ...) also writes a line to $GPUSLEUTH_SKIP_LOG
 # (crates/gpusleuth/tests/common/skip.rs); this script collects them.
@@ -10,7 +10,9 @@ cd "$(dirname "$0")/.."
 
 log=$(mktemp "${TMPDIR:-/tmp}/gpusleuth-skips.XXXXXX")
 trap 'rm -f "$log"' EXIT
-GPUSLEUTH_SKIP_LOG="$log" cargo test --workspace "$@"
+# --no-fail-fast: a failing test binary must not hide which tests after it
+# would have run or skipped.
+GPUSLEUTH_SKIP_LOG="$log" cargo test --workspace --no-fail-fast "$@"
 rc=$?
 
 echo

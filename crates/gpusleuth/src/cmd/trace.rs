@@ -206,6 +206,12 @@ pub fn run(args: Args) -> Result<i32> {
             }
         }
     }
+    if let Some(f) = &args.ready_file {
+        // A file already there would tell a waiting script "ready" too early.
+        if std::fs::symlink_metadata(f).is_ok() {
+            bail!("--ready-file {}: already exists", f.display());
+        }
+    }
     if args.on_duration == OnDuration::Kill && !matches!(target, Target::Launch(_)) {
         bail!("--on-duration kill ends a command launched by `trace -- COMMAND`; it never ends processes attached with --pid or found running");
     }
@@ -262,7 +268,15 @@ pub fn run(args: Args) -> Result<i32> {
     };
     session.started = true;
     if let Some(f) = &args.ready_file {
-        std::fs::write(f, b"ready\n")
+        use std::io::Write as _;
+        use std::os::unix::fs::OpenOptionsExt as _;
+        // Created, never overwritten, never through a symlink; private like the trace.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(f)
+            .and_then(|mut file| file.write_all(b"ready\n"))
             .with_context(|| format!("cannot write --ready-file {}", f.display()))?;
     }
     if !args.quiet {
