@@ -563,6 +563,37 @@ fn a_command_that_never_starts_leaves_no_trace_behind() {
             listing(&sb.dir)
         );
     }
+    // A file that exists but cannot be executed: the probes are loaded and
+    // the database created before exec fails, then both are undone.
+    let not_exec = sb.path("notes.txt");
+    std::fs::write(&not_exec, b"not a program\n").unwrap();
+    std::fs::set_permissions(&not_exec, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let out = run(&["trace", "--quiet", "--db", s(&db), "--", s(&not_exec)]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("cannot run") && err.contains("ermission denied"),
+        "{err}"
+    );
+    assert!(
+        !listing(&sb.dir).iter().any(|n| n.starts_with("t2.db")),
+        "{:?}",
+        listing(&sb.dir)
+    );
+    // --force never loses the old trace to a command that does not exist.
+    std::fs::write(&db, b"old trace").unwrap();
+    let out = run(&[
+        "trace",
+        "--quiet",
+        "--force",
+        "--db",
+        s(&db),
+        "--",
+        "/nonexistent/cmd",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(std::fs::read(&db).unwrap(), b"old trace");
+    std::fs::remove_file(&db).unwrap();
     // The default name too (in the working directory).
     let work = sb.path("cwd");
     std::fs::create_dir(&work).unwrap();

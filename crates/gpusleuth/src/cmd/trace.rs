@@ -206,6 +206,19 @@ pub fn run(args: Args) -> Result<i32> {
             }
         }
     }
+    if let Target::Launch(cmd) = &target {
+        // Known before any file is touched (so `--force` never loses the old
+        // trace to a typo); an exec failure later still removes the new file.
+        if std::env::var_os("PATH").is_some()
+            && !resolve_in_path(&cmd[0]).is_some_and(|p| p.is_file())
+        {
+            bail!(
+                "cannot run '{}': {}",
+                cmd[0],
+                std::io::Error::from_raw_os_error(libc::ENOENT)
+            );
+        }
+    }
     if let Some(f) = &args.ready_file {
         // A file already there would tell a waiting script "ready" too early.
         if std::fs::symlink_metadata(f).is_ok() {
