@@ -172,21 +172,7 @@ fn bytes_and_durations_read_the_same_in_every_command() {
 
     // A failure with nothing live: "0 B" in both, never "0.0 MiB".
     let zero = sb.path("zero.db");
-    let w = TraceWriter::create(&zero, session(), WriterOptions::default()).unwrap();
-    let h = w.handle();
-    h.send(Event::Call(CallEvent {
-        ts_ns: 2_000,
-        dur_ns: 500,
-        pid: 7,
-        tid: 7,
-        op: op_by_name("cudaMalloc").unwrap().id,
-        ret: 2,
-        size: Some(1 << 40),
-        ..Default::default()
-    }))
-    .unwrap();
-    drop(h);
-    w.finish().unwrap();
+    write_trace(&zero, vec![failed_tib_malloc(2_000)]);
     let explain = text(&run(&["explain", "--db", s(&zero)]).stdout);
     let memory = text(&run(&["memory", "--db", s(&zero)]).stdout);
     assert!(explain.contains("cudaMalloc of 1.0 TiB"), "{explain}");
@@ -195,15 +181,36 @@ fn bytes_and_durations_read_the_same_in_every_command() {
     assert!(!explain.contains("0.0 MiB"), "{explain}");
 }
 
-fn session() -> SessionInfo {
-    SessionInfo {
+/// A finished trace at `path` holding `calls` (pid 7).
+fn write_trace(path: &Path, calls: Vec<CallEvent>) {
+    let info = SessionInfo {
         started_unix_ns: 1_700_000_000_000_000_000,
         start_mono_ns: 1_000,
-        realtime_offset_ns: 0,
         command: "test".into(),
         target: "test".into(),
         launch_mode: "driver".into(),
         tool_version: "test".into(),
+        ..Default::default()
+    };
+    let w = TraceWriter::create(path, info, WriterOptions::default()).unwrap();
+    let h = w.handle();
+    for c in calls {
+        h.send(Event::Call(c)).unwrap();
+    }
+    drop(h);
+    w.finish().unwrap();
+}
+
+/// A cudaMalloc of 1 TiB that failed with out of memory (2).
+fn failed_tib_malloc(ts_ns: u64) -> CallEvent {
+    CallEvent {
+        ts_ns,
+        dur_ns: 500,
+        pid: 7,
+        tid: 7,
+        op: op_by_name("cudaMalloc").unwrap().id,
+        ret: 2,
+        size: Some(1 << 40),
         ..Default::default()
     }
 }
@@ -212,12 +219,10 @@ fn session() -> SessionInfo {
 fn stats_shows_no_errors_for_a_function_that_returns_nothing() {
     let sb = Sandbox::new("void");
     let db = sb.path("void.db");
-    let w = TraceWriter::create(&db, session(), WriterOptions::default()).unwrap();
-    let h = w.handle();
     let empty_cache = op_by_name("NativeCachingAllocator::emptyCache").unwrap().id;
-    for i in 0..4u64 {
-        // What the return register held after the void function (older traces stored it).
-        h.send(Event::Call(CallEvent {
+    // What the return register held after the void function (older traces stored it).
+    let mut calls: Vec<CallEvent> = (0..4u64)
+        .map(|i| CallEvent {
             ts_ns: 2_000 + i * 1_000,
             dur_ns: 100,
             pid: 7,
@@ -225,22 +230,10 @@ fn stats_shows_no_errors_for_a_function_that_returns_nothing() {
             op: empty_cache,
             ret: 0x5571_0000 + i as i64,
             ..Default::default()
-        }))
-        .unwrap();
-    }
-    h.send(Event::Call(CallEvent {
-        ts_ns: 9_000,
-        dur_ns: 100,
-        pid: 7,
-        tid: 7,
-        op: op_by_name("cudaMalloc").unwrap().id,
-        ret: 2,
-        size: Some(1 << 40),
-        ..Default::default()
-    }))
-    .unwrap();
-    drop(h);
-    w.finish().unwrap();
+        })
+        .collect();
+    calls.push(failed_tib_malloc(9_000));
+    write_trace(&db, calls);
     let stats = common::stats_json(&db);
     let ec = common::stats_op(&stats, "torch", "NativeCachingAllocator::emptyCache").unwrap();
     assert_eq!(ec["count"], 4);
@@ -448,19 +441,8 @@ fn importing_a_huge_op_name_stays_small_and_leaves_one_file() {
     std::fs::create_dir(&dir).unwrap();
     let src = dir.join("ingero.db");
     let c = ingero::write_ingero(&src, &ingero::dataloader_rows());
-    let huge = "x".repeat(1 << 20);
-    c.execute(
-        "INSERT INTO ops(source_id, op_id, name, description) VALUES (1, 99, ?1, '')",
-        [&huge],
-    )
-    .unwrap();
-    // 1,500 events naming the 1 MB op: 1.5 GB if the name is copied per event.
-    c.execute_batch(
-        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 1500)
-         INSERT INTO events(timestamp, pid, tid, source, op, duration)
-         SELECT 1774015590000000000 + i, 2233, 2233, 1, 99, 10 FROM n",
-    )
-    .unwrap();
+    // 1,500 events naming a 1 MB op: 1.5 GB if the name is copied per event.
+    ingero::add_huge_op(&c, 1500);
     drop(c);
     let dst = dir.join("out.db");
     let mut cmd = gpusleuth();

@@ -99,21 +99,28 @@ fn kill_workloads_of(sb: &Sandbox) {
     }
 }
 
+/// A traced workload that allocates and frees for a long while, returned
+/// once tracing has started: start-up (loading the probes) takes seconds on
+/// a loaded machine, and a signal before it would test nothing.
+fn churn_traced(sb: &Sandbox) -> std::process::Child {
+    let ready = sb.path("ready");
+    let child = sb.spawn_trace(
+        &["--ready-file", ready.to_str().unwrap()],
+        "repeat 2000 { churn 5; sleep 5 }",
+        None,
+    );
+    common::wait_for_file(&ready, 60);
+    child
+}
+
 #[test]
 fn a_sigkilled_trace_leaves_a_readable_database_with_what_was_committed() {
     if !require_ebpf() {
         return;
     }
     let sb = Sandbox::new("sigkill");
-    let ready = sb.path("ready");
-    let mut child = sb.spawn_trace(
-        &["--ready-file", ready.to_str().unwrap()],
-        "repeat 2000 { churn 5; sleep 5 }",
-        None,
-    );
-    // Start-up (loading the probes) takes seconds on a loaded machine: wait
-    // for it, then batches commit every 100 ms: after a second, some are on disk.
-    common::wait_for_file(&ready, 60);
+    let mut child = churn_traced(&sb);
+    // Batches commit every 100 ms: after a second, some are on disk.
     std::thread::sleep(std::time::Duration::from_millis(1500));
     // SAFETY: SIGKILL to the gpusleuth process this test spawned.
     unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
@@ -143,14 +150,7 @@ fn two_interrupts_stop_the_trace_cleanly_and_keep_everything() {
         return;
     }
     let sb = Sandbox::new("sigint");
-    let ready = sb.path("ready");
-    let mut child = sb.spawn_trace(
-        &["--ready-file", ready.to_str().unwrap()],
-        "repeat 2000 { churn 5; sleep 5 }",
-        None,
-    );
-    // Interrupts before tracing started would test nothing: wait for it.
-    common::wait_for_file(&ready, 60);
+    let mut child = churn_traced(&sb);
     std::thread::sleep(std::time::Duration::from_millis(1500));
     for _ in 0..2 {
         // SAFETY: SIGINT to the gpusleuth process this test spawned (as Ctrl-C would).

@@ -145,18 +145,7 @@ fn a_huge_op_name_is_not_copied_per_event() {
     let tmp = TempDir::new("ingero-bigname");
     let (src, dst) = (tmp.join("ingero.db"), tmp.join("out.db"));
     let c = write_ingero(&src, &dataloader_rows());
-    let huge = "x".repeat(1 << 20);
-    c.execute(
-        "INSERT INTO ops(source_id, op_id, name, description) VALUES (1, 99, ?1, '')",
-        [&huge],
-    )
-    .unwrap();
-    c.execute_batch(
-        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 300)
-         INSERT INTO events(timestamp, pid, tid, source, op, duration)
-         SELECT 1774015590000000000 + i, 2233, 2233, 1, 99, 10 FROM n",
-    )
-    .unwrap();
+    add_huge_op(&c, 300);
     drop(c);
     let sum = import_ingero(&src, &dst).unwrap();
     let (name, n) = sum

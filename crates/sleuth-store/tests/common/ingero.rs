@@ -129,6 +129,24 @@ pub fn write_ingero(path: &Path, rows: &[Row]) -> Connection {
     c
 }
 
+/// Adds op (CUDA, 99) with a 1 MB name and `events` events naming it, the
+/// shape of the hostile file of issue 18 (a 1 MB op name in a 6.8 MB file).
+pub fn add_huge_op(c: &Connection, events: u32) {
+    let huge = "x".repeat(1 << 20);
+    c.execute(
+        "INSERT INTO ops(source_id, op_id, name, description) VALUES (1, 99, ?1, '')",
+        [&huge],
+    )
+    .unwrap();
+    c.execute(
+        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?1)
+         INSERT INTO events(timestamp, pid, tid, source, op, duration)
+         SELECT 1774015590000000000 + i, 2233, 2233, 1, 99, 10 FROM n",
+        [events],
+    )
+    .unwrap();
+}
+
 /// Sizes of the DataLoader trace's allocations (pytorch-dataloader-starvation.db):
 /// seven cudaMalloc, each wrapping a cuMemAlloc of the same size on the same
 /// thread, and three cuMemAlloc made directly.
