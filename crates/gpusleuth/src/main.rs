@@ -10,6 +10,7 @@ mod metrics;
 mod output;
 mod procinfo;
 mod signals;
+mod term_text;
 
 use clap::{Parser, Subcommand};
 
