@@ -46,6 +46,7 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<i32> {
     let trace = sleuth_store::Trace::open(&args.db)?;
+    crate::cmd::stats::warn_input_problems(&trace)?;
     let data = trace.load(args.pid)?;
     let session = trace.session()?;
     let notes = trace.notes()?;
