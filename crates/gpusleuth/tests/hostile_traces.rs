@@ -350,6 +350,157 @@ fn mutated_traces_through_every_command() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// A raw JSON-RPC client over `gpusleuth mcp`'s stdio.
+struct McpStdio {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    lines: std::sync::mpsc::Receiver<String>,
+    next_id: u64,
+}
+
+impl McpStdio {
+    fn start(trace_dir: &Path) -> McpStdio {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_gpusleuth"))
+            .args(["mcp", "--trace-dir"])
+            .arg(trace_dir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start mcp");
+        let stdin = child.stdin.take().expect("stdin");
+        let out = child.stdout.take().expect("stdout");
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(out).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut c = McpStdio {
+            child,
+            stdin,
+            lines,
+            next_id: 1,
+        };
+        c.call(
+            "initialize",
+            serde_json::json!({"protocolVersion": "2025-06-18", "capabilities": {},
+                               "clientInfo": {"name": "hostile", "version": "0"}}),
+        );
+        c.send(&serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+        c
+    }
+
+    fn send(&mut self, v: &serde_json::Value) {
+        use std::io::Write;
+        writeln!(self.stdin, "{v}").expect("write to the server");
+        self.stdin.flush().expect("flush");
+    }
+
+    /// One request; its response, or a panic naming a hang.
+    fn call(&mut self, method: &str, params: serde_json::Value) -> serde_json::Value {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.send(
+            &serde_json::json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}),
+        );
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = self.lines.recv_timeout(left).unwrap_or_else(|_| {
+                panic!("HANG or crash: MCP {method} {params} got no answer within {DEADLINE:?}")
+            });
+            let msg: serde_json::Value =
+                serde_json::from_str(&line).expect("stdout carries JSON-RPC only");
+            if msg["id"] == id {
+                return msg;
+            }
+        }
+    }
+}
+
+impl Drop for McpStdio {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The same mutated traces through every trace tool of the MCP server.
+#[test]
+fn mutated_traces_through_every_mcp_tool() {
+    let dir = std::env::temp_dir().join(format!("gpusleuth-hostile-mcp-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let cases = cases(&dir);
+    let mut server = McpStdio::start(&dir);
+    let mut failures = Vec::new();
+    let mut calls = 0;
+    for case in &cases {
+        let intact = sqlite_says_intact(&case.path);
+        let db = case.path.display().to_string();
+        let tools = [
+            ("overview", serde_json::json!({"db": db})),
+            ("latency_stats", serde_json::json!({"db": db})),
+            ("findings", serde_json::json!({"db": db})),
+            ("slow_calls", serde_json::json!({"db": db})),
+            ("memory", serde_json::json!({"db": db})),
+            (
+                "timeline",
+                serde_json::json!({"db": db, "pid": 1, "at_ns": 0}),
+            ),
+            (
+                "sql",
+                serde_json::json!({"db": db, "query": "SELECT * FROM processes"}),
+            ),
+        ];
+        for (tool, args) in tools {
+            let r = server.call(
+                "tools/call",
+                serde_json::json!({"name": tool, "arguments": args}),
+            );
+            calls += 1;
+            let is_error = r["result"]["isError"] == true || r.get("error").is_some();
+            let text = r["result"]["content"][0]["text"]
+                .as_str()
+                .unwrap_or("")
+                .to_string();
+            if text.contains("internal error in the tool") {
+                failures.push(format!("PANIC {} {tool}: {text}", case.name));
+            } else if !intact && !is_error {
+                failures.push(format!(
+                    "WRONG SUCCESS {} {tool}: SQLite says the file is damaged",
+                    case.name
+                ));
+            }
+            if case.expect_skip_warning && tool == "findings" && !is_error {
+                let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+                if v["clean"] == true || v["input_problems"].is_null() {
+                    failures.push(format!(
+                        "{} findings: skipped rows not reported: {text:.300}",
+                        case.name
+                    ));
+                }
+            }
+        }
+    }
+    // Still answering after all of it.
+    let r = server.call("tools/list", serde_json::json!({}));
+    assert!(r["result"]["tools"].is_array(), "{r}");
+    eprintln!(
+        "hostile traces over MCP: {} files, {calls} tool calls, {} failures",
+        cases.len(),
+        failures.len()
+    );
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
 /// The repros of issue 18, one by one, with their exact expectations.
 #[test]
 fn damaged_values_are_reported_with_counts() {
