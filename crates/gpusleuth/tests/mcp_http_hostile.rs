@@ -92,6 +92,7 @@ fn answers_quickly(port: u16, after: &str) {
     let t0 = Instant::now();
     let r = request(port, &[], INIT, Duration::from_secs(5));
     let took = t0.elapsed();
+    eprintln!("normal request after {after}: {took:?}");
     assert!(
         matches!(r, Some((200, _))),
         "after {after}: normal request got {r:?}"
@@ -149,6 +150,7 @@ fn slow_headers_and_connection_floods_do_not_block_requests() {
     let fds = std::fs::read_dir(format!("/proc/{}/fd", server.child.id()))
         .map(|d| d.count())
         .unwrap_or(0);
+    eprintln!("server descriptors under the flood: {fds}");
     assert!(fds < 400, "server holds {fds} descriptors under the flood");
 
     // Every slow connection is closed by the server (header deadline or eviction).
