@@ -1,11 +1,18 @@
 """The crashed-process case from GPU.md, and the checks on gpusleuth's answers.
 
-  crashed_process.py workload PIDS_JSON
+  crashed_process.py workload PIDS_JSON [VARIANT]
       Becomes a session/group leader (as a job started from an interactive
       shell is), allocates 2 GiB on cuda:0, forks a worker AFTER CUDA init (the
       worker inherits the /dev/nvidia* fds and just sleeps), writes
       {"parent": P, "worker": W} to PIDS_JSON, then sleeps until killed.
-  crashed_process.py check-vram VRAM_JSON PARENT WORKER
+      VARIANT (issue 14): "group" (default: the worker stays in the parent's
+      process group), "setsid" (the worker calls setsid(): its own session
+      and group), "daemon" (double fork: a child calls setsid() and forks the
+      worker, then exits, so the worker's parent is init).
+  crashed_process.py agent PATH...
+      A stand-in monitoring agent: opens the given device files (no mapping,
+      no CUDA) and sleeps. It must never be ended.
+  crashed_process.py check-vram VRAM_JSON PARENT WORKER [VARIANT]
   crashed_process.py check-plan PLAN_JSON WORKER
   crashed_process.py check-reclaim RECLAIM_JSON WORKER
       Print PASS/FAIL lines; exit 1 on any FAIL.
@@ -16,7 +23,36 @@ import sys
 import time
 
 
-def workload(pids_path):
+def fork_worker(variant):
+    """Forks the worker that inherits the CUDA context's device files; returns its pid."""
+    if variant == "daemon":
+        r, w = os.pipe()
+        child = os.fork()
+        if child == 0:
+            os.setsid()
+            daemon = os.fork()
+            if daemon == 0:
+                os.write(w, str(os.getpid()).encode())
+                os.close(w)
+                time.sleep(3600)
+                os._exit(0)
+            os._exit(0)
+        os.close(w)
+        pid = int(os.read(r, 32).decode())
+        os.close(r)
+        os.waitpid(child, 0)
+        return pid
+    worker = os.fork()
+    if worker == 0:
+        # The forked worker: holds the inherited device files, never touches CUDA.
+        if variant == "setsid":
+            os.setsid()
+        time.sleep(3600)
+        os._exit(0)
+    return worker
+
+
+def workload(pids_path, variant="group"):
     try:
         os.setsid()
     except OSError:
@@ -26,14 +62,12 @@ def workload(pids_path):
     x = torch.empty(2 * 1024**3, dtype=torch.uint8, device="cuda:0")
     x.fill_(1)
     torch.cuda.synchronize()
-    worker = os.fork()
-    if worker == 0:
-        # The forked worker: holds the inherited device files, never touches CUDA.
-        time.sleep(3600)
-        os._exit(0)
+    worker = fork_worker(variant)
+    time.sleep(0.5)  # let a setsid() in the worker land before anyone looks
     tmp = pids_path + ".tmp"
     with open(tmp, "w") as f:
-        json.dump({"parent": os.getpid(), "worker": worker, "torch": torch.__version__}, f)
+        json.dump({"parent": os.getpid(), "worker": worker, "variant": variant,
+                   "torch": torch.__version__}, f)
     os.rename(tmp, pids_path)
     print(f"parent {os.getpid()} worker {worker} allocated 2 GiB", flush=True)
     time.sleep(3600)
@@ -53,7 +87,13 @@ def holder(report, pid):
     return next((h for h in report.get("holders", []) if h.get("pid") == pid), None)
 
 
-def check_vram(path, parent, worker):
+def agent(paths):
+    fds = [os.open(p, os.O_RDWR) for p in paths]
+    print(f"agent {os.getpid()} holds {paths} ({len(fds)} fds)", flush=True)
+    time.sleep(3600)
+
+
+def check_vram(path, parent, worker, variant="group"):
     r = json.load(open(path))
     check(r["nvml"]["available"], "NVML available")
     dead = holder(r, parent)
@@ -64,6 +104,9 @@ def check_vram(path, parent, worker):
               f"parent {parent} is exited_but_listed (got {dead['class']})")
         held = [h["pid"] for h in dead.get("held_by", [])]
         check(worker in held, f"worker {worker} named as holder of parent's memory (held_by={dead.get('held_by')})")
+        if variant in ("setsid", "daemon"):
+            ev = [h["evidence"] for h in dead.get("held_by", []) if h["pid"] == worker]
+            check(ev == ["inherited_mapping"], f"evidence for the {variant} worker is its inherited mapping (got {ev})")
         mib = sum((g.get("used_bytes") or 0) for g in dead.get("gpus", [])) >> 20
         check(mib >= 2048, f"NVML memory of the dead parent >= 2048 MiB (got {mib} MiB)")
     w = holder(r, worker)
@@ -97,9 +140,12 @@ def check_reclaim(path, worker):
 if __name__ == "__main__":
     cmd = sys.argv[1] if len(sys.argv) > 1 else ""
     if cmd == "workload":
-        workload(sys.argv[2])
+        workload(sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else "group")
+    elif cmd == "agent":
+        agent(sys.argv[2:])
     elif cmd == "check-vram":
-        check_vram(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+        check_vram(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]),
+                   sys.argv[5] if len(sys.argv) > 5 else "group")
     elif cmd == "check-plan":
         check_plan(sys.argv[2], int(sys.argv[3]))
     elif cmd == "check-reclaim":

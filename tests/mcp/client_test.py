@@ -175,7 +175,8 @@ async def check_session(session, truth, label, transcript=None):
     await expect_error(session, "sql", {"query":
         "WITH RECURSIVE r(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM r) SELECT count(*) FROM r"}, "time limit")
     check(time.monotonic() - t0 < 30, "runaway CTE stopped")
-    await expect_error(session, "overview", {"db": "/nonexistent/trace.db"}, "does not exist")
+    await expect_error(session, "overview", {"db": "/nonexistent/trace.db"}, "not served")
+    await expect_error(session, "sql", {"db": "/etc/passwd", "query": "SELECT 1"}, "not served")
     await expect_error(session, "reclaim_plan", {"execute": True}, "--allow-reclaim")
     after = await ok_json(session, "sql", {"query": "SELECT count(*) FROM calls"})
     check(after["rows"] == [[truth["calls"]]], "nothing was written by the bad SQL")

@@ -10,6 +10,7 @@ mod metrics;
 mod output;
 mod procinfo;
 mod signals;
+mod term_text;
 
 use clap::{Parser, Subcommand};
 
@@ -77,8 +78,10 @@ fn main() {
     match result {
         Ok(code) => std::process::exit(code),
         Err(e) => {
-            // One line, the whole context chain, no backtrace.
-            eprintln!("gpusleuth: error: {e:#}");
+            // One line, the whole context chain, no backtrace; the message
+            // may quote a path or a name from an untrusted file.
+            let msg = format!("{e:#}").replace(['\n', '\r'], " ");
+            eprintln!("gpusleuth: error: {}", term_text::terminal_safe(&msg));
             std::process::exit(1);
         }
     }

@@ -63,10 +63,17 @@ pub struct GpuUse {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct HeldBy {
     pub pid: u32,
-    /// `process_group`, `session`, `child` (strong links to the listed pid) or
-    /// `device_files` (holds the files, no link found).
+    /// Strong links to the listed pid: `child`, `process_group`, `session`
+    /// (the process tree), or `inherited_mapping` (it maps the GPU's device
+    /// file and holds the unified-memory device, NVML lists no context of its
+    /// own, and no living ancestor has one: it inherited a context, and the
+    /// dead pid's is the one NVML lists on that GPU). `device_files`: it
+    /// holds the GPU's device file, no link found (possible, not proven).
     pub evidence: &'static str,
 }
+
+/// Evidence that is only a possibility, never enough to end a process.
+pub const WEAK_EVIDENCE: &str = "device_files";
 
 /// One holder: a process NVML lists, or one that holds device files.
 #[derive(Debug, Clone, Serialize)]
@@ -177,21 +184,48 @@ fn is_live(p: &ProcInfo) -> bool {
     p.state != ProcState::Zombie && p.state != ProcState::Dead
 }
 
-/// Live device-file holders that may keep the memory of listed pid `gone`,
-/// strongest evidence first. Listed pids are excluded: they have their own context.
-fn holders_of(gone: u32, procs: &ProcSnapshot, listed: &BTreeMap<u32, Vec<GpuUse>>) -> Vec<HeldBy> {
+/// Live holders that may keep the memory of listed pid `gone`, strongest
+/// evidence first. Listed pids are excluded: they have their own context.
+/// Only holders of a GPU's own device file (`/dev/nvidiaN`, of a GPU where
+/// `gone` is listed when NVML gives minor numbers) count: opening
+/// `nvidiactl` or `nvidia-uvm` alone is what every NVIDIA tool does, and no
+/// evidence of device memory.
+fn holders_of(
+    gone: u32,
+    gone_uses: &[GpuUse],
+    gpus: &[GpuDevice],
+    procs: &ProcSnapshot,
+    listed: &BTreeMap<u32, Vec<GpuUse>>,
+    dev_prefix: &str,
+) -> Vec<HeldBy> {
+    let minors: BTreeSet<u32> = gone_uses
+        .iter()
+        .filter_map(|u| gpus.iter().find(|g| g.index == u.gpu)?.minor)
+        .collect();
+    let on_its_gpu = |held: &BTreeSet<u32>| {
+        if minors.is_empty() {
+            !held.is_empty()
+        } else {
+            !held.is_disjoint(&minors)
+        }
+    };
     let mut strong = Vec::new();
     let mut weak = Vec::new();
-    for p in procs
-        .holders()
-        .filter(|p| is_live(p) && !listed.contains_key(&p.pid))
-    {
+    for p in procs.holders().filter(|p| {
+        is_live(p) && !listed.contains_key(&p.pid) && on_its_gpu(&p.devices.gpu_minors(dev_prefix))
+    }) {
         let evidence = if p.ppid == gone {
             Some("child")
         } else if p.pgid == gone {
             Some("process_group")
         } else if p.sid == gone {
             Some("session")
+        } else if on_its_gpu(&p.devices.mapped_gpu_minors(dev_prefix))
+            && p.devices.holds_uvm(dev_prefix)
+            && !tree_linked_to_listed(p, listed)
+            && !has_listed_live_ancestor(p, procs, listed)
+        {
+            Some("inherited_mapping")
         } else {
             None
         };
@@ -202,7 +236,7 @@ fn holders_of(gone: u32, procs: &ProcSnapshot, listed: &BTreeMap<u32, Vec<GpuUse
             }),
             None => weak.push(HeldBy {
                 pid: p.pid,
-                evidence: "device_files",
+                evidence: WEAK_EVIDENCE,
             }),
         }
     }
@@ -211,6 +245,38 @@ fn holders_of(gone: u32, procs: &ProcSnapshot, listed: &BTreeMap<u32, Vec<GpuUse
     } else {
         strong
     }
+}
+
+/// Whether `p`'s parent, group or session is a pid NVML lists: then the
+/// context it inherited is that pid's, not some other dead pid's.
+fn tree_linked_to_listed(p: &ProcInfo, listed: &BTreeMap<u32, Vec<GpuUse>>) -> bool {
+    [p.ppid, p.pgid, p.sid]
+        .iter()
+        .any(|x| *x > 1 && listed.contains_key(x))
+}
+
+/// Whether a living ancestor of `p` has a context NVML lists: then a
+/// context `p` maps came from that living process, not from a dead one.
+fn has_listed_live_ancestor(
+    p: &ProcInfo,
+    procs: &ProcSnapshot,
+    listed: &BTreeMap<u32, Vec<GpuUse>>,
+) -> bool {
+    let mut cur = p.ppid;
+    // Bounded: a pid namespace is at most a few hundred levels deep.
+    for _ in 0..4096 {
+        if cur <= 1 {
+            return false;
+        }
+        let Some(a) = procs.get(cur) else {
+            return false;
+        };
+        if is_live(a) && listed.contains_key(&cur) {
+            return true;
+        }
+        cur = a.ppid;
+    }
+    false
 }
 
 /// A holder whose CUDA parent is gone: it is in a process group whose leader
@@ -259,19 +325,20 @@ pub fn classify(
         let proc_ = procs.get(pid).cloned();
         let (class, reason, held_by, reap_parent) = match &proc_ {
             None => {
-                let held_by = holders_of(pid, procs, &listed);
+                let held_by = holders_of(pid, uses, gpus, procs, &listed, dev_prefix);
                 let reason = if held_by.is_empty() {
                     format!("pid {pid} no longer exists and no visible process holds the GPU device files: the memory is held by nobody visible (another namespace, or the driver is still tearing down)")
                 } else {
                     format!(
-                        "pid {pid} no longer exists; its memory is kept by {} (holding the device files)",
-                        pid_list(held_by.iter().map(|h| h.pid))
+                        "pid {pid} no longer exists; its memory is kept by {} ({})",
+                        pid_list(held_by.iter().map(|h| h.pid)),
+                        evidence_words(&held_by)
                     )
                 };
                 (Class::ExitedButListed, reason, held_by, None)
             }
             Some(p) if p.state == ProcState::Zombie => {
-                let held_by = holders_of(pid, procs, &listed);
+                let held_by = holders_of(pid, uses, gpus, procs, &listed, dev_prefix);
                 let reason = format!(
                     "zombie: it cannot be killed; its parent {} must reap it{}",
                     p.ppid,
@@ -291,7 +358,7 @@ pub fn classify(
             ),
             Some(_) => (Class::Active, "alive with a CUDA context NVML lists".to_string(), Vec::new(), None),
         };
-        for h in held_by.iter().filter(|h| h.evidence != "device_files") {
+        for h in held_by.iter().filter(|h| h.evidence != WEAK_EVIDENCE) {
             keeps.entry(h.pid).or_default().push(pid);
         }
         holders.push(Holder {
@@ -343,7 +410,7 @@ pub fn classify(
             (
                 Class::OrphanedWorker,
                 format!(
-                    "holds device files; the process that started its group ({}) is gone and it was reparented to {}",
+                    "holds device files; the process that started its group ({}) is gone and it was reparented to {}; NVML shows no GPU memory for it",
                     p.pgid, p.ppid
                 ),
                 None,
@@ -439,6 +506,17 @@ fn summarize_gpus(gpus: &[GpuDevice], holders: &[Holder], dev_prefix: &str) -> V
             }
         })
         .collect()
+}
+
+/// The evidence of a `held_by` list in words.
+fn evidence_words(held_by: &[HeldBy]) -> &'static str {
+    if held_by.iter().all(|h| h.evidence == WEAK_EVIDENCE) {
+        "holding the GPU's device file; no link to it found"
+    } else if held_by.iter().any(|h| h.evidence == "inherited_mapping") {
+        "mapping the GPU's device memory it inherited, with no context of its own"
+    } else {
+        "holding the device files it inherited"
+    }
 }
 
 fn pid_list(pids: impl Iterator<Item = u32>) -> String {
@@ -562,6 +640,132 @@ pub(crate) mod tests {
         );
         assert_eq!(r.holder(100).expect("listed").class, Class::ExitedButListed);
         assert_eq!(r.gpus[0].held_by_nobody_visible_bytes, 1 << 30);
+    }
+
+    fn mapped(mut p: ProcInfo, files: &[&str]) -> ProcInfo {
+        p.devices.mapped = files.iter().map(|s| s.to_string()).collect();
+        p.devices.mapping_count = files.len();
+        p
+    }
+
+    /// Issue 14: the worker called setsid() (own group and session) and was
+    /// reparented to init; it maps the GPU and holds nvidia-uvm.
+    #[test]
+    fn setsid_worker_is_linked_by_its_inherited_mapping() {
+        let worker = mapped(
+            proc_(660, 1, 660, ProcState::Sleeping, DEV),
+            &["/dev/nvidia0"],
+        );
+        let agent = proc_(300, 1, 300, ProcState::Sleeping, &["/dev/nvidiactl"]);
+        let smi = mapped(
+            proc_(
+                301,
+                1,
+                301,
+                ProcState::Sleeping,
+                &["/dev/nvidiactl", "/dev/nvidia0"],
+            ),
+            &["/dev/nvidiactl"],
+        );
+        let procs = snapshot(vec![
+            proc_(1, 0, 1, ProcState::Sleeping, &[]),
+            worker,
+            agent,
+            smi,
+        ]);
+        let r = classify(
+            &gpu(&[(639, 2566 << 20)]),
+            &procs,
+            &host_ns(),
+            "/dev/nvidia",
+        );
+        assert_eq!(
+            r.holder(639).expect("dead").held_by,
+            vec![HeldBy {
+                pid: 660,
+                evidence: "inherited_mapping"
+            }]
+        );
+        let w = r.holder(660).expect("worker");
+        assert_eq!(w.class, Class::OrphanedWorker);
+        assert_eq!(w.holds_memory_of, vec![639]);
+        assert_eq!(r.holder(300).expect("agent").class, Class::IdleHolder);
+        assert_eq!(r.holder(301).expect("smi").class, Class::IdleHolder);
+    }
+
+    /// A worker forked by a living CUDA process maps its parent's context:
+    /// not evidence for some other dead pid.
+    #[test]
+    fn mapping_inherited_from_a_living_listed_parent_is_no_evidence() {
+        let parent = mapped(
+            proc_(500, 1, 500, ProcState::Sleeping, DEV),
+            &["/dev/nvidia0"],
+        );
+        let child = mapped(
+            proc_(501, 500, 501, ProcState::Sleeping, DEV),
+            &["/dev/nvidia0"],
+        );
+        let procs = snapshot(vec![parent, child]);
+        let r = classify(
+            &gpu(&[(500, 1 << 30), (639, 2 << 30)]),
+            &procs,
+            &host_ns(),
+            "/dev/nvidia",
+        );
+        assert_eq!(
+            r.holder(639).expect("dead").held_by,
+            vec![HeldBy {
+                pid: 501,
+                evidence: WEAK_EVIDENCE
+            }]
+        );
+        assert_eq!(r.holder(501).expect("child").class, Class::IdleHolder);
+    }
+
+    /// A worker linked to one dead pid through the tree does not also get
+    /// the memory of another dead pid on the same GPU through its mapping.
+    #[test]
+    fn tree_link_explains_the_mapping() {
+        let worker = mapped(
+            proc_(101, 1, 100, ProcState::Sleeping, DEV),
+            &["/dev/nvidia0"],
+        );
+        let procs = snapshot(vec![worker]);
+        let r = classify(
+            &gpu(&[(100, 2 << 30), (200, 1 << 30)]),
+            &procs,
+            &host_ns(),
+            "/dev/nvidia",
+        );
+        assert_eq!(r.holder(101).expect("worker").holds_memory_of, vec![100]);
+        assert_eq!(
+            r.holder(200).expect("other").held_by,
+            vec![HeldBy {
+                pid: 101,
+                evidence: WEAK_EVIDENCE
+            }]
+        );
+    }
+
+    /// Control and unified-memory files alone make no candidate, even for a
+    /// child of the dead pid.
+    #[test]
+    fn control_files_alone_are_no_evidence() {
+        let child = proc_(
+            101,
+            100,
+            100,
+            ProcState::Sleeping,
+            &["/dev/nvidiactl", "/dev/nvidia-uvm"],
+        );
+        let r = classify(
+            &gpu(&[(100, 1 << 30)]),
+            &snapshot(vec![child]),
+            &host_ns(),
+            "/dev/nvidia",
+        );
+        assert!(r.holder(100).expect("dead").held_by.is_empty());
+        assert!(r.holder(101).expect("child").holds_memory_of.is_empty());
     }
 
     #[test]

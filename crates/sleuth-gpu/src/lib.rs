@@ -22,12 +22,25 @@ pub use reclaim::{execute, ExecOptions, Outcome};
 
 use std::ffi::OsString;
 
+/// Points the `/proc` scan at stand-in device files (tests only).
+pub const DEV_PREFIX_ENV: &str = "GPUSLEUTH_DEV_PREFIX";
+
+/// Whether this build honours the test seams ([`DEV_PREFIX_ENV`],
+/// [`nvml::NVML_LIB_ENV`]): debug builds, which is what `cargo test` builds
+/// and runs. A release binary never loads a library named by its
+/// environment (it runs as root) nor trusts a device prefix from it, so
+/// `reclaim --yes` in a release build acts only on what the real driver and
+/// the real `/dev/nvidia*` files show.
+pub const SEAMS_HONOURED: bool = cfg!(debug_assertions);
+
 /// Where observations come from; tests point both seams at stand-ins.
 #[derive(Debug, Clone, Default)]
 pub struct Sources {
     pub scan: proc_scan::ScanConfig,
     /// Explicit NVML library; `None` loads the system's `libnvidia-ml.so.1`.
     pub nvml_lib: Option<OsString>,
+    /// A sentence when test seams are set: in use (debug build) or ignored (release).
+    pub seam_note: Option<String>,
 }
 
 /// One look at the machine: what NVML said, what `/proc` showed, and the report built from both.
@@ -39,12 +52,41 @@ pub struct Observation {
 }
 
 impl Sources {
-    /// `GPUSLEUTH_DEV_PREFIX` and `GPUSLEUTH_NVML_LIB` applied to the defaults.
+    /// The defaults, with the test seams from the environment applied when
+    /// this build honours them ([`SEAMS_HONOURED`]).
     pub fn from_env() -> Self {
-        Sources {
-            scan: proc_scan::ScanConfig::from_env(),
-            nvml_lib: nvml::lib_path_from_env(),
+        Self::from_vars(|k| std::env::var_os(k), SEAMS_HONOURED)
+    }
+
+    /// [`Sources::from_env`] over any variable lookup, for tests of both kinds of build.
+    pub fn from_vars(get: impl Fn(&str) -> Option<OsString>, honour: bool) -> Self {
+        let set = |k: &str| get(k).filter(|v| !v.is_empty());
+        let prefix = set(DEV_PREFIX_ENV);
+        let lib = set(nvml::NVML_LIB_ENV);
+        let mut s = Sources::default();
+        if prefix.is_none() && lib.is_none() {
+            return s;
         }
+        let named: Vec<String> = [(DEV_PREFIX_ENV, &prefix), (nvml::NVML_LIB_ENV, &lib)]
+            .iter()
+            .filter_map(|(k, v)| v.as_ref().map(|v| format!("{k}={}", v.to_string_lossy())))
+            .collect();
+        if !honour {
+            s.seam_note = Some(format!(
+                "ignoring test seams in a release build: {}",
+                named.join(", ")
+            ));
+            return s;
+        }
+        if let Some(p) = prefix {
+            s.scan.dev_prefix = p.to_string_lossy().into_owned();
+        }
+        s.nvml_lib = lib;
+        s.seam_note = Some(format!(
+            "test seams in use (debug build): {}",
+            named.join(", ")
+        ));
+        s
     }
 
     /// Queries NVML and scans `/proc`. NVML failures are part of the report, not errors;
@@ -57,6 +99,9 @@ impl Sources {
         };
         let ns = pidns::detect(&self.scan.proc_root);
         let mut report = classify::classify(&nvml, &procs, &ns, &self.scan.dev_prefix);
+        if let Some(n) = &self.seam_note {
+            report.notes.push(n.clone());
+        }
         if let Some(e) = scan_error {
             report.notes.push(format!(
                 "cannot read {}: {e}",
@@ -68,5 +113,50 @@ impl Sources {
             procs,
             report,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars(k: &str) -> Option<OsString> {
+        match k {
+            DEV_PREFIX_ENV => Some("/tmp/fake/nvidia".into()),
+            nvml::NVML_LIB_ENV => Some("/tmp/evil.so".into()),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn release_builds_ignore_the_seams() {
+        let s = Sources::from_vars(vars, false);
+        assert_eq!(s.scan.dev_prefix, "/dev/nvidia");
+        assert!(
+            s.nvml_lib.is_none(),
+            "a release build never loads a library named by the environment"
+        );
+        assert!(s
+            .seam_note
+            .as_deref()
+            .unwrap_or("")
+            .starts_with("ignoring test seams"));
+    }
+
+    #[test]
+    fn debug_builds_use_them_and_say_so() {
+        let s = Sources::from_vars(vars, true);
+        assert_eq!(s.scan.dev_prefix, "/tmp/fake/nvidia");
+        assert_eq!(
+            s.nvml_lib.as_deref(),
+            Some(std::ffi::OsStr::new("/tmp/evil.so"))
+        );
+        assert!(s
+            .seam_note
+            .as_deref()
+            .unwrap_or("")
+            .contains("GPUSLEUTH_NVML_LIB=/tmp/evil.so"));
+        let none = Sources::from_vars(|_| None, true);
+        assert!(none.seam_note.is_none() && none.nvml_lib.is_none());
     }
 }

@@ -8,7 +8,8 @@ use nvml_wrapper::Nvml;
 use serde::Serialize;
 use std::ffi::OsString;
 
-/// Env var that overrides where `libnvidia-ml.so.1` is loaded from.
+/// Env var that overrides where `libnvidia-ml.so.1` is loaded from: a test
+/// seam, honoured only by debug builds (see `Sources::from_env`).
 pub const NVML_LIB_ENV: &str = "GPUSLEUTH_NVML_LIB";
 
 /// Which NVML process list a pid came from.
@@ -62,11 +63,6 @@ impl NvmlView {
             NvmlView::Unavailable { .. } => &[],
         }
     }
-}
-
-/// Where to load NVML from: the explicit path, else `GPUSLEUTH_NVML_LIB`, else the system default.
-pub fn lib_path_from_env() -> Option<OsString> {
-    std::env::var_os(NVML_LIB_ENV).filter(|p| !p.is_empty())
 }
 
 /// Queries NVML. Never fails: an absent driver or library becomes `Unavailable`

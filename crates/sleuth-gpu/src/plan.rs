@@ -1,7 +1,7 @@
 //! Which processes `reclaim` would end, why, and what it refuses. Pure: the
 //! safety rules are decided here from a report, and tested without signals.
 
-use crate::classify::{Class, Report};
+use crate::classify::{Class, Holder, Report, WEAK_EVIDENCE};
 use crate::proc_scan::ProcSnapshot;
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
@@ -76,11 +76,23 @@ pub struct Refusal {
     pub suggestion: Option<String>,
 }
 
+/// A holder `vram` names that this plan leaves alone, with what it may
+/// hold and the exact command that would end it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Hint {
+    pub pid: u32,
+    pub comm: String,
+    pub holds: String,
+    pub command: String,
+}
+
 /// The dry-run answer, and the input to execution.
 #[derive(Debug, Clone, Serialize)]
 pub struct Plan {
     pub targets: Vec<Target>,
     pub refused: Vec<Refusal>,
+    /// Possible holders `--orphans` does not end (no proven link), and how to end them.
+    pub hints: Vec<Hint>,
     /// GPU index → bytes expected to be freed (memory of every listed pid whose
     /// every known holder is a target).
     pub expected_free_bytes: BTreeMap<u32, u64>,
@@ -206,7 +218,7 @@ pub fn make_plan(
                 let strong: Vec<u32> = h
                     .held_by
                     .iter()
-                    .filter(|x| x.evidence != "device_files")
+                    .filter(|x| x.evidence != WEAK_EVIDENCE)
                     .map(|x| x.pid)
                     .collect();
                 if strong.is_empty() {
@@ -225,36 +237,143 @@ pub fn make_plan(
                 for w in strong {
                     if let Some(r) = forbidden(w, procs, caller) {
                         refused.push(r);
-                    } else if let Some(t) = target_for(report, w) {
-                        targets.entry(w).or_insert(t);
+                        continue;
+                    }
+                    match target_for(report, w, false) {
+                        Ok(t) => {
+                            targets.entry(w).or_insert(t);
+                        }
+                        Err(r) => refused.push(r),
                     }
                 }
             }
             Class::Active | Class::StuckD | Class::OrphanedWorker | Class::IdleHolder => {
-                if let Some(t) = target_for(report, pid) {
-                    targets.entry(pid).or_insert(t);
+                let explicit = matches!(selection, Selection::Pids(_));
+                match target_for(report, pid, explicit) {
+                    Ok(t) => {
+                        targets.entry(pid).or_insert(t);
+                    }
+                    Err(r) => refused.push(r),
                 }
             }
         }
     }
 
+    let hints = match selection {
+        Selection::Orphans => hints(report, &targets),
+        Selection::Pids(_) => Vec::new(),
+    };
     let targets: Vec<Target> = targets.into_values().collect();
     let expected_free_bytes = expected_free(report, &targets);
     Plan {
         targets,
         refused,
+        hints,
         expected_free_bytes,
     }
 }
 
-fn target_for(report: &Report, pid: u32) -> Option<Target> {
-    let h = report.holder(pid)?;
-    let p = h.process.as_ref()?;
+/// Dead listed pids each weak candidate may hold (it holds their GPU's device file, no link).
+fn weakly_held(report: &Report, pid: u32) -> Vec<&Holder> {
+    report
+        .holders
+        .iter()
+        .filter(|d| {
+            d.class == Class::ExitedButListed
+                && d.held_by
+                    .iter()
+                    .any(|x| x.pid == pid && x.evidence == WEAK_EVIDENCE)
+        })
+        .collect()
+}
+
+/// For `--orphans`: the possible holders of exited pids' memory it leaves.
+fn hints(report: &Report, targets: &BTreeMap<u32, Target>) -> Vec<Hint> {
+    let mut out: BTreeMap<u32, Hint> = BTreeMap::new();
+    for dead in report
+        .holders
+        .iter()
+        .filter(|h| h.class == Class::ExitedButListed)
+    {
+        for c in dead.held_by.iter().filter(|x| x.evidence == WEAK_EVIDENCE) {
+            if targets.contains_key(&c.pid) || out.contains_key(&c.pid) {
+                continue;
+            }
+            let Some(holder) = report.holder(c.pid) else {
+                continue;
+            };
+            let Some(p) = holder.process.as_ref() else {
+                continue;
+            };
+            let what: Vec<String> = weakly_held(report, c.pid)
+                .iter()
+                .map(|d| {
+                    format!(
+                        "the {} MiB NVML lists for exited pid {}",
+                        d.nvml_bytes() >> 20,
+                        d.pid
+                    )
+                })
+                .collect();
+            out.insert(
+                c.pid,
+                Hint {
+                    pid: c.pid,
+                    comm: p.comm.clone(),
+                    holds: format!(
+                        "may keep {} (it holds {}; no link to the dead pid proven, so --orphans leaves it)",
+                        what.join(" and "),
+                        p.devices.files().join(", ")
+                    ),
+                    command: format!("gpusleuth reclaim --pid {}", c.pid),
+                },
+            );
+        }
+    }
+    out.into_values().collect()
+}
+
+/// A target, only when GPU memory can be shown for it: NVML lists a context
+/// of its own, or it is linked to an exited pid whose memory NVML still
+/// lists, or (named explicitly with `--pid`) it is a possible holder of
+/// such memory. Anything else is refused: holding `nvidiactl` or
+/// `nvidia-uvm`, or a device file with no memory shown anywhere, is no
+/// reason to end a process.
+fn target_for(report: &Report, pid: u32, explicit: bool) -> Result<Target, Refusal> {
+    let no_memory = |why: String| refuse(pid, why, None);
+    let h = report
+        .holder(pid)
+        .ok_or_else(|| no_memory("not a GPU holder".into()))?;
+    let p = h
+        .process
+        .as_ref()
+        .ok_or_else(|| no_memory("no longer exists".into()))?;
+    if !report.nvml.available {
+        return Err(no_memory(format!(
+            "no GPU memory can be shown for it: NVML is not available ({}); gpusleuth ends nothing it cannot show holds memory",
+            report.nvml.reason.as_deref().unwrap_or("unknown reason")
+        )));
+    }
     let mut frees = h.holds_memory_of.clone();
     if !h.gpus.is_empty() {
         frees.push(pid);
     }
-    Some(Target {
+    if frees.is_empty() && explicit {
+        frees = weakly_held(report, pid).iter().map(|d| d.pid).collect();
+    }
+    if frees.is_empty() {
+        let files = p.devices.files();
+        let only_shared = !files.is_empty() && !files.iter().any(|f| is_gpu_device(f));
+        let mut why = "no GPU memory can be shown for it: NVML lists no context of its own and it is linked to no exited pid's memory".to_string();
+        if only_shared {
+            why.push_str(&format!(
+                " (it holds only {}: opening the control or unified-memory device is no evidence of device memory)",
+                files.join(", ")
+            ));
+        }
+        return Err(no_memory(why));
+    }
+    Ok(Target {
         pid,
         start_ticks: p.start_ticks,
         uid: p.uid,
@@ -264,6 +383,12 @@ fn target_for(report: &Report, pid: u32) -> Option<Target> {
         reason: h.reason.clone(),
         frees_listed_pids: frees,
     })
+}
+
+/// Whether a device path names one GPU (`.../nvidiaN`), not a shared control file.
+fn is_gpu_device(path: &str) -> bool {
+    path.rsplit_once("nvidia")
+        .is_some_and(|(_, n)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// A listed pid's memory counts as freed when it is a target, or when it is
@@ -276,7 +401,7 @@ fn expected_free(report: &Report, targets: &[Target]) -> BTreeMap<u32, u64> {
         let linked: Vec<u32> = h
             .held_by
             .iter()
-            .filter(|x| x.evidence != "device_files")
+            .filter(|x| x.evidence != WEAK_EVIDENCE)
             .map(|x| x.pid)
             .collect();
         let freed = target_pids.contains(&h.pid)
@@ -329,7 +454,7 @@ mod tests {
         let mut all = procs.clone();
         all.procs.insert(2, kthread);
         let report = classify(
-            &gpu(&[(100, 2 << 30), (102, 1 << 30), (11, 5)]),
+            &gpu(&[(100, 2 << 30), (102, 1 << 30), (11, 5), (400, 3 << 30)]),
             &procs,
             &host_ns(),
             "/dev/nvidia",
@@ -400,6 +525,82 @@ mod tests {
             plan.targets.iter().map(|t| t.pid).collect::<Vec<_>>(),
             vec![102, 400]
         );
-        assert_eq!(plan.expected_free_bytes.get(&0), Some(&(1 << 30)));
+        assert_eq!(plan.expected_free_bytes.get(&0), Some(&(4 << 30)));
+    }
+
+    /// Issue 18: no target without memory NVML can show.
+    #[test]
+    fn holders_without_memory_evidence_are_refused() {
+        let mut c = caller();
+        c.uid = 0;
+        let (r, p) = crash_report();
+        // 899 is our ancestor; 300 holds only nvidiactl and lost its group leader.
+        let mut procs = p.clone();
+        procs.procs.insert(
+            300,
+            proc_(300, 1, 299, ProcState::Sleeping, &["/dev/nvidiactl"]),
+        );
+        let r2 = classify(&gpu(&[(100, 2 << 30)]), &procs, &host_ns(), "/dev/nvidia");
+        assert_eq!(r2.holder(300).expect("ctl").class, Class::OrphanedWorker);
+        let plan = make_plan(&r2, &procs, &Selection::Orphans, &c);
+        assert_eq!(
+            plan.targets.iter().map(|t| t.pid).collect::<Vec<_>>(),
+            vec![101]
+        );
+        let why = &plan
+            .refused
+            .iter()
+            .find(|x| x.pid == 300)
+            .expect("refused")
+            .reason;
+        assert!(
+            why.contains("no GPU memory") && why.contains("nvidiactl"),
+            "{why}"
+        );
+        let plan = make_plan(&r2, &procs, &Selection::Pids(vec![300]), &c);
+        assert!(plan.targets.is_empty());
+
+        // Without NVML nothing at all can be shown.
+        let blind = classify(
+            &crate::nvml::NvmlView::Unavailable {
+                reason: "no driver".into(),
+            },
+            &procs,
+            &host_ns(),
+            "/dev/nvidia",
+        );
+        for sel in [Selection::Orphans, Selection::Pids(vec![101, 300])] {
+            let plan = make_plan(&blind, &procs, &sel, &c);
+            assert!(plan.targets.is_empty(), "{:?}", plan.targets);
+            assert!(
+                plan.refused
+                    .iter()
+                    .all(|x| x.reason.contains("NVML is not available")),
+                "{:?}",
+                plan.refused
+            );
+        }
+        drop(r);
+    }
+
+    #[test]
+    fn unproven_holders_come_with_the_command_that_ends_them() {
+        let procs = snapshot(vec![proc_(200, 1, 200, ProcState::Sleeping, DEV)]);
+        let r = classify(&gpu(&[(100, 1 << 30)]), &procs, &host_ns(), "/dev/nvidia");
+        let plan = make_plan(&r, &procs, &Selection::Orphans, &caller());
+        assert!(plan.targets.is_empty());
+        assert_eq!(plan.hints.len(), 1);
+        assert_eq!(plan.hints[0].command, "gpusleuth reclaim --pid 200");
+        assert!(
+            plan.hints[0]
+                .holds
+                .contains("1024 MiB NVML lists for exited pid 100"),
+            "{}",
+            plan.hints[0].holds
+        );
+        // Named explicitly, it is a target that promises nothing.
+        let plan = make_plan(&r, &procs, &Selection::Pids(vec![200]), &caller());
+        assert_eq!(plan.targets[0].frees_listed_pids, vec![100]);
+        assert!(plan.expected_free_bytes.is_empty());
     }
 }

@@ -32,19 +32,6 @@ impl Default for ScanConfig {
     }
 }
 
-impl ScanConfig {
-    /// Default config with `GPUSLEUTH_DEV_PREFIX` applied when set.
-    pub fn from_env() -> Self {
-        let mut c = ScanConfig::default();
-        if let Ok(p) = std::env::var("GPUSLEUTH_DEV_PREFIX") {
-            if !p.is_empty() {
-                c.dev_prefix = p;
-            }
-        }
-        c
-    }
-}
-
 /// Scheduler state letter from `/proc/PID/stat`, in words.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -131,9 +118,41 @@ impl DeviceHoldings {
         self.open
             .iter()
             .chain(self.mapped.iter())
-            .filter_map(|p| p.strip_prefix(prefix)?.parse::<u32>().ok())
+            .filter_map(|p| minor_of(p, prefix))
             .collect()
     }
+
+    /// GPU minor numbers whose device file is mapped into memory: how a
+    /// process reaches a CUDA context's device memory. Monitoring tools open
+    /// these files without mapping them.
+    pub fn mapped_gpu_minors(&self, prefix: &str) -> BTreeSet<u32> {
+        self.mapped
+            .iter()
+            .filter_map(|p| minor_of(p, prefix))
+            .collect()
+    }
+
+    /// Whether the unified-memory device (`/dev/nvidia-uvm`) is open or
+    /// mapped: every CUDA context opens it; NVML tools and
+    /// nvidia-persistenced do not.
+    pub fn holds_uvm(&self, prefix: &str) -> bool {
+        let uvm = format!("{prefix}-uvm");
+        self.open
+            .iter()
+            .chain(self.mapped.iter())
+            .any(|p| *p == uvm)
+    }
+
+    /// The held files, open or mapped, for a sentence.
+    pub fn files(&self) -> Vec<String> {
+        let all: BTreeSet<&String> = self.open.iter().chain(self.mapped.iter()).collect();
+        all.into_iter().cloned().collect()
+    }
+}
+
+/// `N` of a GPU device file `PREFIXN`; None for nvidiactl, nvidia-uvm, caps.
+fn minor_of(path: &str, prefix: &str) -> Option<u32> {
+    path.strip_prefix(prefix)?.parse::<u32>().ok()
 }
 
 /// One process as seen in `/proc`.
@@ -430,6 +449,15 @@ mod tests {
             h.gpu_minors("/dev/nvidia").into_iter().collect::<Vec<_>>(),
             vec![0, 3]
         );
+        assert_eq!(
+            h.mapped_gpu_minors("/dev/nvidia")
+                .into_iter()
+                .collect::<Vec<_>>(),
+            vec![3]
+        );
+        assert!(!h.holds_uvm("/dev/nvidia"));
+        h.open.insert("/dev/nvidia-uvm".into());
+        assert!(h.holds_uvm("/dev/nvidia"));
     }
 
     #[test]

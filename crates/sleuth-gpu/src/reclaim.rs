@@ -56,7 +56,14 @@ pub struct Outcome {
     pub freed: Vec<GpuFreed>,
     /// Why memory is still held, one line each; empty when everything was released.
     pub still_held: Vec<String>,
+    /// Every target ended and NVML, read again afterwards, no longer lists
+    /// the memory the plan meant to free (same as `verified`).
     pub memory_released: bool,
+    /// Whether the release was checked through NVML after the targets ended;
+    /// false when NVML could not be read then.
+    pub verified: bool,
+    /// How it was checked, in words.
+    pub verification: String,
 }
 
 /// Re-checks, while the pidfd pins the process, that it is the planned one:
@@ -198,11 +205,39 @@ pub fn execute(
         .iter()
         .filter(|r| r.status == "still_alive" || r.status == "skipped")
         .count();
-    let memory_released = still.is_empty() && failed == 0;
+    let nvml_read = after.report.nvml.available;
+    if !nvml_read {
+        still.push(format!(
+            "NVML could not be read after the targets ended ({}): the release is not verified",
+            after
+                .report
+                .nvml
+                .reason
+                .as_deref()
+                .unwrap_or("unknown reason")
+        ));
+    }
+    let verified = nvml_read && still.is_empty() && failed == 0;
+    let listed: Vec<String> = plan
+        .targets
+        .iter()
+        .flat_map(|t| t.frees_listed_pids.iter().map(|p| p.to_string()))
+        .collect();
+    let verification = if verified {
+        format!(
+            "NVML no longer lists pid{} {}; /proc shows no target holding GPU device files",
+            if listed.len() == 1 { "" } else { "s" },
+            listed.join(", ")
+        )
+    } else {
+        "not verified".to_string()
+    };
     Outcome {
         results,
         freed,
         still_held: still,
-        memory_released,
+        memory_released: verified,
+        verified,
+        verification,
     }
 }

@@ -18,6 +18,45 @@ fn sources(scene: &Scene) -> Sources {
             ..ScanConfig::default()
         },
         nvml_lib: Some(scene.dir.join("no-such-libnvidia-ml.so.1").into_os_string()),
+        seam_note: None,
+    }
+}
+
+/// A plan that targets `pid` as the planner would if NVML listed it. The
+/// planner itself refuses, without NVML, to end anything (issue 18); these
+/// tests exercise execution: the identity guard and the signals.
+fn plan_for(before: &sleuth_gpu::Observation, pid: u32) -> sleuth_gpu::Plan {
+    let caller = Caller::current(&std::path::PathBuf::from("/proc"));
+    let refused = make_plan(
+        &before.report,
+        &before.procs,
+        &Selection::Pids(vec![pid]),
+        &caller,
+    );
+    assert!(
+        refused.targets.is_empty(),
+        "no NVML: the planner ends nothing"
+    );
+    assert!(
+        refused.refused[0].reason.contains("NVML is not available"),
+        "{:?}",
+        refused.refused
+    );
+    let p = before.procs.get(pid).expect("holder in /proc");
+    sleuth_gpu::Plan {
+        targets: vec![sleuth_gpu::plan::Target {
+            pid,
+            start_ticks: p.start_ticks,
+            uid: p.uid,
+            comm: p.comm.clone(),
+            cmdline: p.cmdline.clone(),
+            class: Class::IdleHolder,
+            reason: "test".into(),
+            frees_listed_pids: vec![],
+        }],
+        refused: vec![],
+        hints: vec![],
+        expected_free_bytes: Default::default(),
     }
 }
 
@@ -40,14 +79,7 @@ fn recycled_pid_is_never_signalled() {
         before.report.holder(pid).map(|h| h.class),
         Some(Class::IdleHolder)
     );
-    let caller = Caller::current(&src.scan.proc_root);
-    let mut plan = make_plan(
-        &before.report,
-        &before.procs,
-        &Selection::Pids(vec![pid]),
-        &caller,
-    );
-    assert_eq!(plan.targets.len(), 1);
+    let mut plan = plan_for(&before, pid);
     // Same pid, different process: what a recycled pid looks like to the plan.
     plan.targets[0].start_ticks += 1;
     let out = execute(&plan, &src, &before, &quick());
@@ -72,16 +104,16 @@ fn planned_holder_is_ended_and_release_verified() {
     let bystander = scene.spawn("hold", &scene.devices())[0];
     let src = sources(&scene);
     let before = src.observe();
-    let caller = Caller::current(&src.scan.proc_root);
-    let plan = make_plan(
-        &before.report,
-        &before.procs,
-        &Selection::Pids(vec![pid]),
-        &caller,
-    );
+    let plan = plan_for(&before, pid);
     let out = execute(&plan, &src, &before, &quick());
     assert_eq!(out.results[0].status, "terminated", "{:?}", out.results);
-    assert!(out.memory_released, "{:?}", out.still_held);
+    // Ended, but NVML could not be read: no verification is claimed.
+    assert!(!out.verified && !out.memory_released, "{:?}", out);
+    assert!(
+        out.still_held.iter().any(|l| l.contains("not verified")),
+        "{:?}",
+        out.still_held
+    );
     scene.reap(pid);
     assert!(!alive(pid));
     assert!(alive(bystander), "only the planned holder is ended");
@@ -93,18 +125,12 @@ fn sigterm_ignored_escalates_to_sigkill() {
     let pid = scene.spawn("ignore-term", &scene.devices())[0];
     let src = sources(&scene);
     let before = src.observe();
-    let caller = Caller::current(&src.scan.proc_root);
-    let plan = make_plan(
-        &before.report,
-        &before.procs,
-        &Selection::Pids(vec![pid]),
-        &caller,
-    );
+    let plan = plan_for(&before, pid);
     let opts = ExecOptions {
         grace: Duration::from_millis(300),
         ..quick()
     };
     let out = execute(&plan, &src, &before, &opts);
     assert_eq!(out.results[0].status, "killed", "{:?}", out.results);
-    assert!(out.memory_released);
+    assert!(!out.verified, "NVML was not read: nothing verified");
 }

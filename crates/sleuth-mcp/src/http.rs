@@ -7,7 +7,17 @@
 //!    (a web page must not reach a local server through the browser).
 //! 3. When a token is configured, `Authorization: Bearer <token>`: 401 otherwise.
 //!    A non-loopback bind refuses to start without a token.
+//!
+//! A request carrying `Host` or `Origin` more than once is refused (a second
+//! `Host` must not slip past the check of the first). Before any of that,
+//! the connection itself is bounded: headers must arrive within
+//! [`HEADER_DEADLINE`], and [`ConnTracker`] caps open connections (all peers,
+//! one peer) by closing idle ones first. Bodies are capped at
+//! [`MAX_BODY_BYTES`] (413). The MCP service runs stateless (no session
+//! state kept between requests), so no number of `initialize` calls can make
+//! the server keep anything.
 
+use crate::conn_limit::{Admitted, ConnCaps, ConnTracker};
 use crate::server::{ServerOptions, SleuthServer};
 use anyhow::{bail, Context, Result};
 use bytes::Bytes;
@@ -15,15 +25,21 @@ use http_body_util::{combinators::BoxBody, BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::header::{HeaderMap, AUTHORIZATION, HOST, ORIGIN, WWW_AUTHENTICATE};
 use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// The path the MCP endpoint is served at.
 pub const MCP_PATH: &str = "/mcp";
+/// A request's headers must be complete this long after its first byte
+/// (or after the connection opened).
+pub const HEADER_DEADLINE: Duration = Duration::from_secs(5);
+/// Largest request body accepted (a tool call is a few hundred bytes).
+pub const MAX_BODY_BYTES: usize = 1 << 20;
 
 /// How to serve HTTP.
 #[derive(Debug, Clone)]
@@ -70,8 +86,20 @@ impl Policy {
         &self,
         headers: &HeaderMap,
     ) -> std::result::Result<(), (StatusCode, &'static str)> {
+        if headers.get_all(HOST).iter().count() > 1 {
+            return Err((
+                StatusCode::FORBIDDEN,
+                "forbidden: more than one Host header\n",
+            ));
+        }
+        if headers.get_all(ORIGIN).iter().count() > 1 {
+            return Err((
+                StatusCode::FORBIDDEN,
+                "forbidden: more than one Origin header\n",
+            ));
+        }
         let host = headers.get(HOST).and_then(|v| v.to_str().ok());
-        match host.map(strip_port) {
+        match host.and_then(strip_port) {
             Some(h) if self.host_allowed(h) => {}
             _ => return Err((StatusCode::FORBIDDEN, "forbidden: unexpected Host header\n")),
         }
@@ -101,15 +129,31 @@ impl Policy {
     }
 }
 
-/// `host`, `host:port`, `[v6]:port` or `[v6]` → the host part.
-fn strip_port(authority: &str) -> &str {
+/// `host`, `host:port`, `[v6]:port` or `[v6]` → the host part; None for
+/// anything else (`[::1].evil`, `[::1]x`, a non-numeric port, userinfo).
+fn strip_port(authority: &str) -> Option<&str> {
     if let Some(rest) = authority.strip_prefix('[') {
-        return rest.split(']').next().unwrap_or(rest);
+        let (host, after) = rest.split_once(']')?;
+        return match after {
+            "" => Some(host),
+            p if p.len() > 1
+                && p.starts_with(':')
+                && p[1..].bytes().all(|b| b.is_ascii_digit()) =>
+            {
+                Some(host)
+            }
+            _ => None,
+        };
+    }
+    if authority.contains(['@', '/', '[', ']']) {
+        return None;
     }
     match authority.rsplit_once(':') {
         // A bare IPv6 address has several colons and no port.
-        Some((h, p)) if !h.contains(':') && p.bytes().all(|b| b.is_ascii_digit()) => h,
-        _ => authority,
+        Some((h, p)) if !h.contains(':') => {
+            (!p.is_empty() && p.bytes().all(|b| b.is_ascii_digit())).then_some(h)
+        }
+        _ => Some(authority),
     }
 }
 
@@ -118,8 +162,11 @@ fn origin_host(origin: &str) -> Option<&str> {
     let rest = origin
         .strip_prefix("http://")
         .or_else(|| origin.strip_prefix("https://"))?;
-    let authority = rest.split('/').next()?;
-    Some(strip_port(authority))
+    let authority = match rest.find(['/', '?', '#']) {
+        Some(i) => &rest[..i],
+        None => rest,
+    };
+    strip_port(authority)
 }
 
 fn normalize_host(h: &str) -> String {
@@ -163,10 +210,15 @@ pub async fn serve_http(opts: ServerOptions, http: HttpOptions) -> Result<()> {
         bail!("the bearer token is empty");
     }
     let policy = Arc::new(Policy::new(&http));
-    let config = StreamableHttpServerConfig::default()
+    let mut config = StreamableHttpServerConfig::default()
         // rmcp checks Host too; give it the same list (defence in depth).
         .with_allowed_hosts(policy.hosts.clone())
-        .with_sse_keep_alive(None);
+        .with_sse_keep_alive(None)
+        // Stateless: nothing is kept between requests, so an initialize
+        // flood cannot grow the server; answers are plain JSON.
+        .with_legacy_session_mode(false)
+        .with_json_response(true);
+    config.max_request_body_bytes = MAX_BODY_BYTES;
     let server = SleuthServer::new(opts);
     let service = StreamableHttpService::new(
         move || Ok(server.clone()),
@@ -181,6 +233,7 @@ pub async fn serve_http(opts: ServerOptions, http: HttpOptions) -> Result<()> {
         .context("cannot read the bound address")?;
     eprintln!("gpusleuth mcp: listening on http://{local}{MCP_PATH}");
 
+    let tracker = ConnTracker::new(ConnCaps::default());
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("cannot install the SIGTERM handler")?;
     loop {
@@ -197,35 +250,66 @@ pub async fn serve_http(opts: ServerOptions, http: HttpOptions) -> Result<()> {
             _ = tokio::signal::ctrl_c() => break,
             _ = sigterm.recv() => break,
         };
-        let service = service.clone();
-        let policy = policy.clone();
-        tokio::spawn(async move {
-            let handler = hyper::service::service_fn(move |req: Request<Incoming>| {
-                let service = service.clone();
-                let policy = policy.clone();
-                async move {
-                    if let Err((status, text)) = policy.check(req.headers()) {
-                        return Ok::<_, Infallible>(plain(status, text));
-                    }
-                    if req.uri().path() != MCP_PATH {
-                        return Ok(plain(
-                            StatusCode::NOT_FOUND,
-                            "not found: the MCP endpoint is /mcp\n",
-                        ));
-                    }
-                    Ok(service.handle(req).await)
-                }
-            });
-            if let Err(e) = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), handler)
-                .await
-            {
-                eprintln!("gpusleuth mcp: connection from {peer}: {e}");
-            }
-        });
+        let Some(admitted) = tracker.admit(peer.ip()) else {
+            // Every connection in the way is serving a request: refuse this one.
+            drop(stream);
+            continue;
+        };
+        let id = admitted.id();
+        let task = tokio::spawn(serve_connection(
+            stream,
+            peer,
+            admitted,
+            service.clone(),
+            policy.clone(),
+        ));
+        tracker.set_closer(id, task.abort_handle());
     }
     eprintln!("gpusleuth mcp: shutting down");
     Ok(())
+}
+
+type Service = StreamableHttpService<SleuthServer, LocalSessionManager>;
+
+/// Serves one connection: header deadline, policy check, then rmcp.
+async fn serve_connection(
+    stream: tokio::net::TcpStream,
+    peer: SocketAddr,
+    admitted: Admitted,
+    service: Service,
+    policy: Arc<Policy>,
+) {
+    let in_flight = admitted.in_flight();
+    let handler = hyper::service::service_fn(move |req: Request<Incoming>| {
+        let service = service.clone();
+        let policy = policy.clone();
+        let busy = Admitted::request(&in_flight);
+        async move {
+            let _busy = busy;
+            if let Err((status, text)) = policy.check(req.headers()) {
+                return Ok::<_, Infallible>(plain(status, text));
+            }
+            if req.uri().path() != MCP_PATH {
+                return Ok(plain(
+                    StatusCode::NOT_FOUND,
+                    "not found: the MCP endpoint is /mcp\n",
+                ));
+            }
+            Ok(service.handle(req).await)
+        }
+    });
+    let result = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_DEADLINE)
+        .serve_connection(TokioIo::new(stream), handler)
+        .await;
+    if let Err(e) = result {
+        // Header deadlines are the normal end of a slow client: not worth a line each.
+        if !e.is_timeout() {
+            eprintln!("gpusleuth mcp: connection from {peer}: {e}");
+        }
+    }
+    drop(admitted);
 }
 
 #[cfg(test)]
@@ -336,9 +420,49 @@ mod tests {
 
     #[test]
     fn port_stripping() {
-        assert_eq!(strip_port("a:1"), "a");
-        assert_eq!(strip_port("a"), "a");
-        assert_eq!(strip_port("[::1]:5"), "::1");
-        assert_eq!(strip_port("::1"), "::1");
+        assert_eq!(strip_port("a:1"), Some("a"));
+        assert_eq!(strip_port("a"), Some("a"));
+        assert_eq!(strip_port("[::1]:5"), Some("::1"));
+        assert_eq!(strip_port("[::1]"), Some("::1"));
+        assert_eq!(strip_port("::1"), Some("::1"));
+        for bad in [
+            "[::1].evil",
+            "[::1]x",
+            "[::1]:",
+            "[::1]:80.evil",
+            "a:",
+            "a:8o",
+            "u@localhost",
+            "[::1",
+        ] {
+            assert_eq!(strip_port(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn bracket_and_duplicate_tricks_are_refused() {
+        let p = policy("127.0.0.1:8000", None);
+        for host in ["[::1].evil", "[::1].evil:8000", "localhost.evil"] {
+            let r = p.check(&headers(&[(&HOST, host)]));
+            assert_eq!(r.unwrap_err().0, StatusCode::FORBIDDEN, "{host}");
+        }
+        for origin in [
+            "http://[::1].evil",
+            "http://[::1].evil:8000",
+            "http://localhost@evil.example",
+            "http://localhost.evil/",
+        ] {
+            let r = p.check(&headers(&[(&HOST, "127.0.0.1:8000"), (&ORIGIN, origin)]));
+            assert_eq!(r.unwrap_err().0, StatusCode::FORBIDDEN, "{origin}");
+        }
+        let mut two = HeaderMap::new();
+        two.append(HOST, HeaderValue::from_static("127.0.0.1:8000"));
+        two.append(HOST, HeaderValue::from_static("evil.example"));
+        assert_eq!(p.check(&two).unwrap_err().0, StatusCode::FORBIDDEN);
+        let mut two = HeaderMap::new();
+        two.append(HOST, HeaderValue::from_static("127.0.0.1:8000"));
+        two.append(ORIGIN, HeaderValue::from_static("http://localhost"));
+        two.append(ORIGIN, HeaderValue::from_static("http://evil.example"));
+        assert_eq!(p.check(&two).unwrap_err().0, StatusCode::FORBIDDEN);
     }
 }

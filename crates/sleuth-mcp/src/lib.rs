@@ -7,6 +7,7 @@
 //! Transports: [`serve_stdio`] (stdout carries only JSON-RPC) and [`http::serve_http`].
 
 pub mod args;
+pub mod conn_limit;
 pub mod gpu_tools;
 pub mod http;
 pub mod server;

@@ -2,6 +2,9 @@
 //! runs the blocking work on tokio's blocking pool, and turns the answer into
 //! a text result holding JSON, or an error result with a one-line message.
 //! A panic inside a tool becomes an error result too; the server keeps going.
+//! Every trace tool runs under a [`ReadBudget`]: it stops at
+//! [`TOOL_TIME_LIMIT`], and as soon as the client cancels the request or
+//! goes away, so no work keeps a core busy for a client that gave up.
 
 use crate::args;
 use crate::{gpu_tools, trace_tools};
@@ -12,20 +15,29 @@ use rmcp::model::{
     CallToolResult, ContentBlock, Implementation, PromptMessage, Role, ServerCapabilities,
     ServerConfig,
 };
+use rmcp::service::RequestContext;
 use rmcp::{
-    prompt, prompt_handler, prompt_router, tool, tool_handler, tool_router, ErrorData,
+    prompt, prompt_handler, prompt_router, tool, tool_handler, tool_router, ErrorData, RoleServer,
     ServerHandler,
 };
 use serde_json::Value;
 use sleuth_gpu::Sources;
+use sleuth_store::ReadBudget;
+use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
+
+/// Wall-clock limit of one trace tool call.
+pub const TOOL_TIME_LIMIT: Duration = Duration::from_secs(30);
 
 /// How the server was started.
 #[derive(Debug, Clone, Default)]
 pub struct ServerOptions {
     /// The trace database tools read unless a call names another (`--db`).
     pub db: Option<PathBuf>,
+    /// A directory whose traces a call may name with `db` (`--trace-dir`).
+    pub trace_dir: Option<PathBuf>,
     /// Whether `reclaim_plan` may execute (`--allow-reclaim`).
     pub allow_reclaim: bool,
     /// Where the GPU tools look (NVML library, `/proc`, device-file prefix).
@@ -51,18 +63,51 @@ impl SleuthServer {
         }
     }
 
-    /// Runs a trace tool against the resolved database.
-    async fn on_db<F>(&self, db_arg: Option<String>, f: F) -> ToolResult
+    /// Runs a trace tool against the resolved database, under a budget that
+    /// the client's cancellation (`ctx`) and [`TOOL_TIME_LIMIT`] both stop.
+    async fn on_db<F>(
+        &self,
+        db_arg: Option<String>,
+        ctx: RequestContext<RoleServer>,
+        f: F,
+    ) -> ToolResult
     where
-        F: FnOnce(&Path) -> anyhow::Result<Value> + Send + 'static,
+        F: FnOnce(&Path, &ReadBudget) -> anyhow::Result<Value> + Send + 'static,
     {
-        let default = self.opts.db.clone();
-        run_blocking(move || {
-            let db = trace_tools::resolve_db(db_arg.as_deref(), default.as_deref())?;
-            f(&db)
-        })
-        .await
+        let served = trace_tools::Served {
+            db: self.opts.db.clone(),
+            dir: self.opts.trace_dir.clone(),
+        };
+        let budget = ReadBudget::new(TOOL_TIME_LIMIT);
+        let work = budget.clone();
+        let job = move || {
+            let db = trace_tools::resolve_db(db_arg.as_deref(), &served)?;
+            f(&db, &work)
+        };
+        run_cancellable(job, budget, ctx.ct.clone().cancelled_owned()).await
     }
+}
+
+/// Runs blocking work under `budget`; when `cancelled` resolves first (the
+/// client cancelled or disconnected), the budget is cancelled, which
+/// interrupts every SQLite read of the work, and the work's end is awaited.
+async fn run_cancellable<F>(
+    f: F,
+    budget: ReadBudget,
+    cancelled: impl Future<Output = ()> + Send,
+) -> ToolResult
+where
+    F: FnOnce() -> anyhow::Result<Value> + Send + 'static,
+{
+    let mut job = tokio::task::spawn_blocking(f);
+    let joined = tokio::select! {
+        r = &mut job => r,
+        () = cancelled => {
+            budget.cancel();
+            job.await
+        }
+    };
+    Ok(tool_result(joined))
 }
 
 /// Runs blocking work off the async threads; every outcome is a tool result.
@@ -70,14 +115,17 @@ async fn run_blocking<F>(f: F) -> ToolResult
 where
     F: FnOnce() -> anyhow::Result<Value> + Send + 'static,
 {
-    let result = match tokio::task::spawn_blocking(f).await {
+    Ok(tool_result(tokio::task::spawn_blocking(f).await))
+}
+
+fn tool_result(joined: Result<anyhow::Result<Value>, tokio::task::JoinError>) -> CallToolResult {
+    match joined {
         Ok(Ok(v)) => CallToolResult::success(vec![ContentBlock::text(v.to_string())]),
         Ok(Err(e)) => CallToolResult::error(vec![ContentBlock::text(format!("{e:#}"))]),
         Err(join) => CallToolResult::error(vec![ContentBlock::text(format!(
             "internal error in the tool ({join}); the server is still running"
         ))]),
-    };
-    Ok(result)
+    }
 }
 
 #[tool_router]
@@ -86,8 +134,12 @@ impl SleuthServer {
         description = "Overview of a trace: session (host, kernel, command, target), time range, \
         processes with their call counts, event counts, dropped events, probed CUDA libraries, notes. Start here."
     )]
-    async fn overview(&self, Parameters(a): Parameters<args::DbOnly>) -> ToolResult {
-        self.on_db(a.db, trace_tools::overview).await
+    async fn overview(
+        &self,
+        Parameters(a): Parameters<args::DbOnly>,
+        ctx: RequestContext<RoleServer>,
+    ) -> ToolResult {
+        self.on_db(a.db, ctx, trace_tools::overview).await
     }
 
     #[tool(
@@ -95,9 +147,13 @@ impl SleuthServer {
         time split on-CPU / runnable (waiting for a CPU held by named culprit processes) / blocked (sleeping, \
         e.g. waiting for the GPU). Filters: pid, op, since_ns/until_ns (monotonic ns)."
     )]
-    async fn latency_stats(&self, Parameters(a): Parameters<args::CallScope>) -> ToolResult {
+    async fn latency_stats(
+        &self,
+        Parameters(a): Parameters<args::CallScope>,
+        ctx: RequestContext<RoleServer>,
+    ) -> ToolResult {
         let db = a.db.clone();
-        self.on_db(db, move |db| trace_tools::latency_stats(db, &a))
+        self.on_db(db, ctx, move |db, b| trace_tools::latency_stats(db, &a, b))
             .await
     }
 
@@ -106,9 +162,13 @@ impl SleuthServer {
         with culprits, GPU waits, failed allocations, unfreed memory, allocation churn, tail latency. \
         All arguments optional (pid, op, since_ns/until_ns narrow the calls considered)."
     )]
-    async fn findings(&self, Parameters(a): Parameters<args::CallScope>) -> ToolResult {
+    async fn findings(
+        &self,
+        Parameters(a): Parameters<args::CallScope>,
+        ctx: RequestContext<RoleServer>,
+    ) -> ToolResult {
         let db = a.db.clone();
-        self.on_db(db, move |db| trace_tools::findings(db, &a))
+        self.on_db(db, ctx, move |db, b| trace_tools::findings(db, &a, b))
             .await
     }
 
@@ -116,9 +176,13 @@ impl SleuthServer {
         description = "The slowest calls (of one op if given), slowest first, each with its on-CPU / \
         runnable / blocked split and the tasks that held the CPU while it waited (culprits)."
     )]
-    async fn slow_calls(&self, Parameters(a): Parameters<args::SlowCalls>) -> ToolResult {
+    async fn slow_calls(
+        &self,
+        Parameters(a): Parameters<args::SlowCalls>,
+        ctx: RequestContext<RoleServer>,
+    ) -> ToolResult {
         let db = a.db.clone();
-        self.on_db(db, move |db| trace_tools::slow_calls(db, &a))
+        self.on_db(db, ctx, move |db, b| trace_tools::slow_calls(db, &a, b))
             .await
     }
 
@@ -127,18 +191,27 @@ impl SleuthServer {
         failed allocations (with the live bytes when they failed), pinned/managed memory apart, a thinned \
         timeline. `at_ns` gives the ledger as it stood at that moment."
     )]
-    async fn memory(&self, Parameters(a): Parameters<args::Memory>) -> ToolResult {
+    async fn memory(
+        &self,
+        Parameters(a): Parameters<args::Memory>,
+        ctx: RequestContext<RoleServer>,
+    ) -> ToolResult {
         let db = a.db.clone();
-        self.on_db(db, move |db| trace_tools::memory(db, &a)).await
+        self.on_db(db, ctx, move |db, b| trace_tools::memory(db, &a, b))
+            .await
     }
 
     #[tool(
         description = "Every event of one process (CUDA calls, off-CPU waits with culprits, fork/exec/exit) \
         in the window [at_ns - window_ns, at_ns + window_ns), oldest first, capped by `limit`."
     )]
-    async fn timeline(&self, Parameters(a): Parameters<args::Timeline>) -> ToolResult {
+    async fn timeline(
+        &self,
+        Parameters(a): Parameters<args::Timeline>,
+        ctx: RequestContext<RoleServer>,
+    ) -> ToolResult {
         let db = a.db.clone();
-        self.on_db(db, move |db| trace_tools::timeline(db, &a))
+        self.on_db(db, ctx, move |db, b| trace_tools::timeline(db, &a, b))
             .await
     }
 
@@ -147,9 +220,14 @@ impl SleuthServer {
         processes, proc_events, calls, waits, wait_culprits, call_culprits, op_counts, libraries, notes, meta). \
         Writes, ATTACH, PRAGMA changes and extensions are refused; rows are capped; 2 s time limit."
     )]
-    async fn sql(&self, Parameters(a): Parameters<args::Sql>) -> ToolResult {
+    async fn sql(
+        &self,
+        Parameters(a): Parameters<args::Sql>,
+        ctx: RequestContext<RoleServer>,
+    ) -> ToolResult {
         let db = a.db.clone();
-        self.on_db(db, move |db| trace_tools::sql(db, &a)).await
+        self.on_db(db, ctx, move |db, b| trace_tools::sql(db, &a, b))
+            .await
     }
 
     #[tool(
@@ -219,5 +297,47 @@ impl ServerHandler for SleuthServer {
                  trace database, and shows who holds GPU memory now. Start with `overview`, then `findings`; \
                  the `investigate` prompt describes the whole method. Timestamps are monotonic ns.",
             )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sleuth_store::{run_readonly_sql_with, SqlLimits};
+    use std::time::Instant;
+
+    fn example() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/h200-contention.db")
+    }
+
+    /// Issue 18: a client that gave up must not leave a core busy. The
+    /// query below has no time limit of its own (600 s); only the
+    /// cancellation can stop it.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn cancellation_reaches_the_work() {
+        let budget = ReadBudget::new(Duration::from_secs(600));
+        let work = budget.clone();
+        let db = example();
+        let t0 = Instant::now();
+        let r = run_cancellable(
+            move || {
+                let limits = SqlLimits {
+                    timeout: Duration::from_secs(600),
+                    ..SqlLimits::default()
+                };
+                let q = "WITH RECURSIVE r(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM r) SELECT count(*) FROM r";
+                let res = run_readonly_sql_with(&db, q, &limits, &work)?;
+                Ok(serde_json::to_value(res)?)
+            },
+            budget,
+            tokio::time::sleep(Duration::from_millis(300)),
+        )
+        .await
+        .expect("a tool result");
+        let took = t0.elapsed();
+        assert_eq!(r.is_error, Some(true), "{r:?}");
+        assert!(took < Duration::from_secs(3), "stopped after {took:?}");
+        let text = format!("{r:?}");
+        assert!(text.contains("cancelled"), "{text}");
     }
 }

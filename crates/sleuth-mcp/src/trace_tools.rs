@@ -7,7 +7,9 @@ use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 use sleuth_core::decompose::Split;
 use sleuth_core::{findings, ledger, op_by_name, stats, CallEvent, TraceData};
-use sleuth_store::{run_readonly_sql, CallFilter, CallOrder, SqlLimits, Trace, WaitFilter};
+use sleuth_store::{
+    run_readonly_sql_with, CallFilter, CallOrder, ReadBudget, SqlLimits, Trace, WaitFilter,
+};
 use std::path::{Path, PathBuf};
 
 const SLOW_CALLS_DEFAULT: u32 = 10;
@@ -21,27 +23,56 @@ const MEMORY_SEGMENTS: usize = 20;
 const MEMORY_SEGMENT_BLOCKS: usize = 10;
 const SQL_ROWS_DEFAULT: u32 = 200;
 const SQL_ROWS_MAX: u32 = 1000;
+/// Bytes of values one `sql` answer carries at most (a small request used to
+/// return 2 GB of JSON).
+const SQL_ANSWER_BYTES: usize = 1 << 20;
 
-/// Which database a call reads: its own `db` argument, else the server's `--db`.
-pub fn resolve_db(arg: Option<&str>, default: Option<&Path>) -> Result<PathBuf> {
-    let path = match (arg, default) {
-        (Some(a), _) => PathBuf::from(a),
-        (None, Some(d)) => d.to_path_buf(),
-        (None, None) => {
-            bail!("no trace database: start the server with --db FILE or pass the `db` argument")
-        }
-    };
-    if !path.is_file() {
-        bail!(
-            "trace database {} does not exist (or is not a file)",
-            path.display()
-        );
-    }
-    Ok(path)
+/// The traces a server may read: the one named at start (`--db`) and any
+/// under one directory (`--trace-dir`). A tool's `db` argument must resolve
+/// (symbolic links followed) to one of them; anything else gets the same
+/// answer whether it exists or not, so a client learns nothing about the
+/// machine's files.
+#[derive(Debug, Clone, Default)]
+pub struct Served {
+    pub db: Option<PathBuf>,
+    pub dir: Option<PathBuf>,
 }
 
-fn open(db: &Path) -> Result<Trace> {
-    Trace::open(db).map_err(anyhow::Error::from)
+/// Which database a call reads: its own `db` argument, else the server's `--db`.
+pub fn resolve_db(arg: Option<&str>, served: &Served) -> Result<PathBuf> {
+    let Some(a) = arg else {
+        return match &served.db {
+            Some(d) => Ok(d.clone()),
+            None => bail!(
+                "no trace database: start the server with --db FILE, or with --trace-dir DIR and pass `db`"
+            ),
+        };
+    };
+    let refused = || {
+        anyhow::anyhow!(
+            "trace database {a:?} is not served: this server reads only the trace given with --db \
+             and existing traces under its --trace-dir"
+        )
+    };
+    let want = std::fs::canonicalize(a).map_err(|_| refused())?;
+    let is_db = served
+        .db
+        .as_ref()
+        .and_then(|d| std::fs::canonicalize(d).ok())
+        .is_some_and(|d| d == want);
+    let in_dir = served
+        .dir
+        .as_ref()
+        .and_then(|d| std::fs::canonicalize(d).ok())
+        .is_some_and(|d| want.starts_with(d));
+    if !(is_db || in_dir) || !want.is_file() {
+        return Err(refused());
+    }
+    Ok(want)
+}
+
+fn open(db: &Path, budget: &ReadBudget) -> Result<Trace> {
+    Trace::open_with(db, budget.clone()).map_err(anyhow::Error::from)
 }
 
 fn check_op(op: Option<&str>) -> Result<()> {
@@ -80,8 +111,9 @@ fn load_scoped(trace: &Trace, scope: &args::CallScope) -> Result<TraceData> {
 }
 
 /// Sessions, processes, time range, counts, drops, libraries, notes.
-pub fn overview(db: &Path) -> Result<Value> {
-    let trace = open(db)?;
+pub fn overview(db: &Path, budget: &ReadBudget) -> Result<Value> {
+    let trace = open(db, budget)?;
+    let problems = trace.input_problems()?;
     let session = trace.session()?;
     let counters = trace.stats()?;
     let data = trace.load(None)?;
@@ -124,13 +156,14 @@ pub fn overview(db: &Path) -> Result<Value> {
         "processes": processes,
         "libraries": trace.libraries()?,
         "notes": trace.notes()?,
+        "input_problems": problems,
         "gpus": "a trace records CUDA calls, not devices: use the gpu_holders tool for the GPUs of this machine now",
     }))
 }
 
 /// Per-op latency statistics with the on-CPU / runnable / blocked split.
-pub fn latency_stats(db: &Path, scope: &args::CallScope) -> Result<Value> {
-    let trace = open(db)?;
+pub fn latency_stats(db: &Path, scope: &args::CallScope, budget: &ReadBudget) -> Result<Value> {
+    let trace = open(db, budget)?;
     let data = load_scoped(&trace, scope)?;
     let report = stats::compute(&data);
     Ok(json!({
@@ -143,25 +176,28 @@ pub fn latency_stats(db: &Path, scope: &args::CallScope) -> Result<Value> {
 }
 
 /// `explain`'s ranked findings with evidence.
-pub fn findings(db: &Path, scope: &args::CallScope) -> Result<Value> {
-    let trace = open(db)?;
+pub fn findings(db: &Path, scope: &args::CallScope, budget: &ReadBudget) -> Result<Value> {
+    let trace = open(db, budget)?;
+    let problems = trace.input_problems()?;
     let data = load_scoped(&trace, scope)?;
     let report = findings::explain_report(&data);
     Ok(json!({
         "findings": report.findings,
         "notes": report.notes,
-        "clean": report.findings.is_empty(),
+        // Rows the reader had to skip were not examined: not clean.
+        "input_problems": problems,
+        "clean": report.findings.is_empty() && problems.is_empty(),
     }))
 }
 
 /// The slowest calls (of one op), each with its time split and culprits.
-pub fn slow_calls(db: &Path, a: &args::SlowCalls) -> Result<Value> {
+pub fn slow_calls(db: &Path, a: &args::SlowCalls, budget: &ReadBudget) -> Result<Value> {
     check_op(a.op.as_deref())?;
     let limit = a.limit.unwrap_or(SLOW_CALLS_DEFAULT);
     if limit == 0 || limit > SLOW_CALLS_MAX {
         bail!("limit must be between 1 and {SLOW_CALLS_MAX} (got {limit})");
     }
-    let trace = open(db)?;
+    let trace = open(db, budget)?;
     let calls = trace.calls_filtered(&CallFilter {
         pid: a.pid,
         op: a.op.clone(),
@@ -200,7 +236,7 @@ fn call_json(c: &CallEvent) -> Value {
 }
 
 /// The GPU memory ledger, at the end or at `at_ns`.
-pub fn memory(db: &Path, a: &args::Memory) -> Result<Value> {
+pub fn memory(db: &Path, a: &args::Memory, budget: &ReadBudget) -> Result<Value> {
     let points = a.timeline_points.unwrap_or(MEMORY_POINTS_DEFAULT) as usize;
     if points > ledger::MAX_TIMELINE_POINTS {
         bail!(
@@ -208,7 +244,7 @@ pub fn memory(db: &Path, a: &args::Memory) -> Result<Value> {
             ledger::MAX_TIMELINE_POINTS
         );
     }
-    let trace = open(db)?;
+    let trace = open(db, budget)?;
     let data = trace.load(a.pid)?;
     let mut procs = ledger::ledger(&data, a.at_ns);
     // PyTorch's caching allocator rebuilt from `--torch-allocator` events
@@ -241,7 +277,7 @@ pub fn memory(db: &Path, a: &args::Memory) -> Result<Value> {
 }
 
 /// Every event of one process in `[at - window, at + window)`, oldest first, capped.
-pub fn timeline(db: &Path, a: &args::Timeline) -> Result<Value> {
+pub fn timeline(db: &Path, a: &args::Timeline, budget: &ReadBudget) -> Result<Value> {
     let window = a.window_ns.unwrap_or(TIMELINE_WINDOW_DEFAULT_NS);
     let limit = a.limit.unwrap_or(TIMELINE_DEFAULT);
     if limit == 0 || limit > TIMELINE_MAX {
@@ -249,7 +285,7 @@ pub fn timeline(db: &Path, a: &args::Timeline) -> Result<Value> {
     }
     let since = a.at_ns.saturating_sub(window);
     let until = a.at_ns.saturating_add(window);
-    let trace = open(db)?;
+    let trace = open(db, budget)?;
     // One more than the cap of each kind tells whether anything was cut.
     let fetch = limit as usize + 1;
     let calls = trace.calls_filtered(&CallFilter {
@@ -305,15 +341,17 @@ pub fn timeline(db: &Path, a: &args::Timeline) -> Result<Value> {
 }
 
 /// One read-only SQL statement in the store's sandbox.
-pub fn sql(db: &Path, a: &args::Sql) -> Result<Value> {
+pub fn sql(db: &Path, a: &args::Sql, budget: &ReadBudget) -> Result<Value> {
     let max_rows = a.max_rows.unwrap_or(SQL_ROWS_DEFAULT);
     if max_rows == 0 || max_rows > SQL_ROWS_MAX {
         bail!("max_rows must be between 1 and {SQL_ROWS_MAX} (got {max_rows})");
     }
     let limits = SqlLimits {
         max_rows: max_rows as usize,
+        max_bytes: SQL_ANSWER_BYTES,
         ..SqlLimits::default()
     };
-    let result = run_readonly_sql(db, &a.query, limits).context("query refused or failed")?;
+    let result =
+        run_readonly_sql_with(db, &a.query, &limits, budget).context("query refused or failed")?;
     Ok(serde_json::to_value(result)?)
 }

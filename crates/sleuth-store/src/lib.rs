@@ -10,23 +10,28 @@
 //!
 //! The schema is documented in `docs/schema.md`.
 
+mod budget;
 mod error;
 mod finalize;
 mod import;
 mod open;
 pub mod outfile;
+mod problems;
 mod reader;
 mod rows;
 mod schema;
+mod schema_check;
 mod sql;
 mod types;
 mod writer;
 
+pub use budget::{ReadBudget, DEFAULT_READ_TIMEOUT};
 pub use error::StoreError;
 pub use import::{import_ingero, ImportSummary};
+pub use problems::InputProblems;
 pub use reader::Trace;
 pub use schema::{SCHEMA_VERSION, TOOL};
-pub use sql::{run_readonly_sql, SqlLimits, SqlResult};
+pub use sql::{run_readonly_sql, run_readonly_sql_with, SqlLimits, SqlResult, MAX_VALUE_BYTES};
 pub use types::{
     CallFilter, CallOrder, LibraryInfo, Note, NoteLevel, Session, SessionInfo, StoredCall,
     TraceSource, WaitFilter, WriteSummary, WriterOptions, DEFAULT_MAX_DB_BYTES,

@@ -1,7 +1,9 @@
 //! The read side: a trace database opened read-only as untrusted input.
 
+use crate::budget::{ReadBudget, DEFAULT_READ_TIMEOUT};
 use crate::error::{SqlContext, StoreError};
-use crate::open::{has_table, open_untrusted, short};
+use crate::open::{has_table, integrity_check, open_trace_file, short};
+use crate::problems::{self, InputProblems, COMM_CHARS, MAX_NS};
 use crate::rows::{query_calls, query_waits};
 use crate::schema::{SCHEMA_VERSION, TOOL};
 use crate::types::{
@@ -21,19 +23,50 @@ pub struct Trace {
     conn: Connection,
     path: PathBuf,
     source: TraceSource,
+    /// Every read of this trace stops when it is spent.
+    budget: ReadBudget,
 }
 
 impl Trace {
-    /// Opens a gpusleuth trace read-only; a missing, non-SQLite, corrupt or
-    /// foreign file is a one-line error naming the path.
+    /// Opens a gpusleuth trace read-only; a missing, non-SQLite, corrupt,
+    /// foreign or oddly shaped file is a one-line error naming the path.
+    /// Reads stop after [`DEFAULT_READ_TIMEOUT`].
     pub fn open(path: &Path) -> Result<Trace, StoreError> {
-        let conn = open_untrusted(path)?;
+        Self::open_with(path, ReadBudget::new(DEFAULT_READ_TIMEOUT))
+    }
+
+    /// [`Trace::open`] with every read (the checks included) under `budget`:
+    /// it stops at the budget's deadline or when the caller cancels it.
+    pub fn open_with(path: &Path, budget: ReadBudget) -> Result<Trace, StoreError> {
+        let conn = open_trace_file(path, &budget)?;
         let source = check_is_trace(&conn, path)?;
+        check_schema(&conn, path)?;
+        // Only now, with plain tables and plain indexes, is a full check safe.
+        integrity_check(&conn, path, &budget)?;
         Ok(Trace {
             conn,
             path: path.to_path_buf(),
             source,
+            budget,
         })
+    }
+
+    /// Rows the readers skip (unknown ops, impossible values), with counts;
+    /// empty for every trace gpusleuth wrote itself.
+    pub fn input_problems(&self) -> Result<InputProblems, StoreError> {
+        let alloc = has_table(&self.conn, "allocator_events").at(&self.path)?;
+        problems::scan(&self.conn, alloc).map_err(|e| self.read_error(e))
+    }
+
+    /// A failed read, naming the budget when it stopped the read.
+    fn read_error(&self, e: rusqlite::Error) -> StoreError {
+        match self.budget.stop_reason() {
+            Some(why) => StoreError::file(&self.path, format!("reading stopped: {why}")),
+            None => StoreError::Sqlite {
+                path: self.path.clone(),
+                source: e,
+            },
+        }
     }
 
     pub fn path(&self) -> &Path {
@@ -59,7 +92,9 @@ impl Trace {
                     Ok(Session {
                         info: SessionInfo {
                             started_unix_ns: r.get(0)?,
-                            start_mono_ns: r.get::<_, i64>(1)? as u64,
+                            start_mono_ns: valid_ns(r.get(1)?).ok_or_else(|| {
+                                rusqlite::Error::IntegralValueOutOfRange(1, r.get(1).unwrap_or(-1))
+                            })?,
                             realtime_offset_ns: r.get(3)?,
                             hostname: r.get(4)?,
                             kernel: r.get(5)?,
@@ -68,7 +103,7 @@ impl Trace {
                             launch_mode: r.get(8)?,
                             tool_version: r.get(9)?,
                         },
-                        end_mono_ns: r.get::<_, Option<i64>>(2)?.map(|v| v as u64),
+                        end_mono_ns: r.get::<_, Option<i64>>(2)?.and_then(valid_ns),
                         source: self.source,
                     })
                 },
@@ -132,7 +167,7 @@ impl Trace {
     pub fn processes(&self) -> Result<Vec<ProcessInfo>, StoreError> {
         let mut st = self
             .conn
-            .prepare("SELECT pid, ppid, comm, cmdline, start_ns, exit_ns, exit_code, oom_victim FROM processes ORDER BY pid")
+            .prepare(&format!("SELECT pid, ppid, substr(comm, 1, {COMM_CHARS}), cmdline, start_ns, exit_ns, exit_code, oom_victim FROM processes ORDER BY pid"))
             .at(&self.path)?;
         let rows = st
             .query_map([], |r| {
@@ -141,8 +176,8 @@ impl Trace {
                     ppid: r.get(1)?,
                     comm: r.get(2)?,
                     cmdline: r.get(3)?,
-                    start_ns: r.get::<_, Option<i64>>(4)?.map(|v| v as u64),
-                    exit_ns: r.get::<_, Option<i64>>(5)?.map(|v| v as u64),
+                    start_ns: r.get::<_, Option<i64>>(4)?.and_then(valid_ns),
+                    exit_ns: r.get::<_, Option<i64>>(5)?.and_then(valid_ns),
                     exit_code: r.get(6)?,
                     oom_victim: r.get(7)?,
                 })
@@ -152,8 +187,9 @@ impl Trace {
     }
 
     /// Calls matching the filter, each with its row id.
+    /// Rows with impossible values are skipped (counted by `input_problems`).
     pub fn calls_filtered(&self, f: &CallFilter) -> Result<Vec<StoredCall>, StoreError> {
-        let mut conds = Vec::new();
+        let mut conds = vec![problems::valid_call("")];
         let mut args = Vec::new();
         if let Some(pid) = f.pid {
             args.push(Value::Integer(pid as i64));
@@ -179,7 +215,7 @@ impl Trace {
         if let Some(limit) = f.limit {
             tail.push_str(&format!(" LIMIT {}", limit.min(i64::MAX as usize)));
         }
-        query_calls(&self.conn, &tail, &args).at(&self.path)
+        query_calls(&self.conn, &tail, &args).map_err(|e| self.read_error(e))
     }
 
     /// Culprits of the given calls (by row id), largest first; calls without any are absent.
@@ -190,13 +226,14 @@ impl Trace {
         let mut st = self
             .conn
             .prepare_cached(
-                "SELECT pid, tid, comm, runnable_ns FROM call_culprits WHERE call_id = ?1 ORDER BY runnable_ns DESC, pid, tid",
+                "SELECT pid, tid, substr(comm, 1, 64), runnable_ns FROM call_culprits
+                 WHERE call_id = ?1 AND runnable_ns BETWEEN 0 AND ?2 ORDER BY runnable_ns DESC, pid, tid",
             )
             .at(&self.path)?;
         let mut out = HashMap::new();
         for &id in call_ids {
             let list = st
-                .query_map([id], |r| {
+                .query_map([id, MAX_NS], |r| {
                     Ok(Culprit {
                         pid: r.get(0)?,
                         tid: r.get(1)?,
@@ -216,7 +253,7 @@ impl Trace {
 
     /// Waits matching the filter, by `on_ns`.
     pub fn waits_filtered(&self, f: &WaitFilter) -> Result<Vec<WaitEvent>, StoreError> {
-        let mut conds = Vec::new();
+        let mut conds = vec![problems::valid_wait("w.")];
         let mut args = Vec::new();
         if let Some(pid) = f.pid {
             args.push(Value::Integer(pid as i64));
@@ -239,15 +276,17 @@ impl Trace {
         if let Some(limit) = f.limit {
             tail.push_str(&format!(" LIMIT {}", limit.min(i64::MAX as usize)));
         }
-        query_waits(&self.conn, &tail, &args).at(&self.path)
+        query_waits(&self.conn, &tail, &args).map_err(|e| self.read_error(e))
     }
 
     fn proc_events(&self, pid: Option<u32>) -> Result<Vec<ProcEvent>, StoreError> {
         let mut st = self
             .conn
             .prepare(
-                "SELECT ts_ns, kind, pid, tid, ppid, exit_code, comm FROM proc_events
-                 WHERE ?1 IS NULL OR pid = ?1 ORDER BY ts_ns, id",
+                &format!(
+                    "SELECT ts_ns, kind, pid, tid, ppid, exit_code, substr(comm, 1, {COMM_CHARS}) FROM proc_events
+                     WHERE (?1 IS NULL OR pid = ?1) AND ts_ns BETWEEN 0 AND {MAX_NS} ORDER BY ts_ns, id"
+                ),
             )
             .at(&self.path)?;
         let rows = st
@@ -314,8 +353,11 @@ impl Trace {
         let mut st = self
             .conn
             .prepare(
-                "SELECT start_ns, end_ns, pid, tid, op, requested, block, words FROM allocator_events
-                 WHERE ?1 IS NULL OR pid = ?1 ORDER BY end_ns, id",
+                &format!(
+                    "SELECT start_ns, end_ns, pid, tid, op, requested, block, words FROM allocator_events
+                     WHERE (?1 IS NULL OR pid = ?1) AND start_ns BETWEEN 0 AND {MAX_NS}
+                       AND end_ns BETWEEN 0 AND {MAX_NS} ORDER BY end_ns, id"
+                ),
             )
             .at(&self.path)?;
         let rows = st
@@ -459,11 +501,19 @@ impl Trace {
         ))
     }
 
-    /// The whole trace (or one process of it) in memory, as analyses consume
-    /// it. A `pid` the trace does not hold is an error (see [`Trace::require_pid`]).
+    /// The whole trace (or one process of it) in memory, as analyses consume it.
+    /// A `pid` the trace does not hold is an error (see [`Trace::require_pid`]).
+    /// Unusable rows are skipped (see [`Trace::input_problems`]); a file whose
+    /// valid durations or sizes still add up past 2^62 is refused as damaged.
     pub fn load(&self, pid: Option<u32>) -> Result<TraceData, StoreError> {
         if let Some(pid) = pid {
             self.require_pid(pid)?;
+        }
+        if problems::totals_overflow(&self.conn).map_err(|e| self.read_error(e))? {
+            return Err(StoreError::file(
+                &self.path,
+                "damaged trace: call durations or sizes add up past 2^62 (no total read from it could be right)",
+            ));
         }
         let calls = self
             .calls_filtered(&CallFilter {
@@ -508,15 +558,40 @@ fn where_clause(conds: &[String]) -> String {
     }
 }
 
+/// The file's tables, columns and indexes are the ones gpusleuth writes.
+pub(crate) fn check_schema(conn: &Connection, path: &Path) -> Result<(), StoreError> {
+    match crate::schema_check::check(conn) {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(why)) => Err(StoreError::file(
+            path,
+            format!("not a schema gpusleuth writes: {why}"),
+        )),
+        Err(e) => Err(StoreError::file(path, short(&e))),
+    }
+}
+
+/// A stored time (ns) when it is one a trace can hold.
+fn valid_ns(v: i64) -> Option<u64> {
+    (0..=MAX_NS).contains(&v).then_some(v as u64)
+}
+
 /// Checks `meta` says this is a gpusleuth trace of a schema we read.
-fn check_is_trace(conn: &Connection, path: &Path) -> Result<TraceSource, StoreError> {
+pub(crate) fn check_is_trace(conn: &Connection, path: &Path) -> Result<TraceSource, StoreError> {
     let not_ours = || {
         StoreError::file(
             path,
             "not a gpusleuth trace database (no gpusleuth meta table)",
         )
     };
-    if !has_table(conn, "meta").map_err(|e| StoreError::file(path, short(&e)))? {
+    let meta_is_table: bool = conn
+        .query_row(
+            "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'meta'",
+            [],
+            |r| r.get::<_, i64>(0),
+        )
+        .map(|n| n > 0)
+        .map_err(|e| StoreError::file(path, short(&e)))?;
+    if !meta_is_table {
         return Err(not_ours());
     }
     let get = |key: &str| -> Result<Option<String>, StoreError> {

@@ -74,7 +74,7 @@ pub(crate) fn query_waits(
     let mut st = conn.prepare(&sql)?;
     let mut rows = st.query(rusqlite::params_from_iter(args.iter()))?;
     let mut cst = conn.prepare_cached(
-        "SELECT pid, tid, comm, ns FROM wait_culprits WHERE wait_id = ?1 ORDER BY rowid",
+        "SELECT pid, tid, substr(comm, 1, 64), ns FROM wait_culprits WHERE wait_id = ?1 AND ns BETWEEN 0 AND ?2 ORDER BY rowid",
     )?;
     let mut out = Vec::new();
     while let Some(row) = rows.next()? {
@@ -84,7 +84,7 @@ pub(crate) fn query_waits(
             continue;
         };
         let culprits = cst
-            .query_map([id], |c| {
+            .query_map([id, crate::problems::MAX_NS], |c| {
                 Ok(Culprit {
                     pid: c.get(0)?,
                     tid: c.get(1)?,

@@ -6,12 +6,17 @@
 //! with SQLITE_OPEN_READONLY; SQLite's limits for untrusted SQL are lowered
 //! (no attached databases at all); an authorizer allows only reads, a few
 //! introspection pragmas, and functions other than extension loading; one
-//! statement per call, which SQLite itself must classify as read-only; a
-//! progress handler enforces a time limit; rows are capped; the SQLite heap
-//! is capped; SQLITE_DBCONFIG_DEFENSIVE is on.
+//! statement per call, which SQLite itself must classify as read-only; the
+//! time limit is wall-clock (a watchdog interrupts SQLite, so one slow
+//! function call cannot run on), and values are at most 128 KiB, which bounds
+//! what one function call can do; the answer is capped in rows, cells and
+//! bytes (a small query must not turn into gigabytes of JSON); the SQLite
+//! heap is capped; SQLITE_DBCONFIG_DEFENSIVE is on. Only gpusleuth traces
+//! are served (the `meta` table says so).
 
+use crate::budget::ReadBudget;
 use crate::error::StoreError;
-use crate::open::{open_untrusted_unchecked, short};
+use crate::open::{integrity_check, open_untrusted_unchecked, short};
 use rusqlite::ffi;
 use rusqlite::hooks::{AuthAction, AuthContext, Authorization};
 use rusqlite::limits::Limit;
@@ -19,7 +24,7 @@ use rusqlite::types::ValueRef;
 use rusqlite::Connection;
 use serde::Serialize;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Bounds on one read-only query.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,6 +33,11 @@ pub struct SqlLimits {
     pub max_rows: usize,
     /// Wall-clock budget of the statement. Default 2 s.
     pub timeout: Duration,
+    /// Cells (rows × columns) returned at most. Default 100,000.
+    pub max_cells: usize,
+    /// Bytes of values returned at most (text and hex-encoded blobs, plus 8
+    /// per number). Default 4 MiB.
+    pub max_bytes: usize,
     /// Hard limit on SQLite's heap, in bytes. SQLite's heap limit is
     /// process-wide: it is lowered to this value if it is unset or higher,
     /// never raised. Default 256 MiB.
@@ -39,6 +49,8 @@ impl Default for SqlLimits {
         SqlLimits {
             max_rows: 1000,
             timeout: Duration::from_secs(2),
+            max_cells: 100_000,
+            max_bytes: 4 << 20,
             heap_bytes: 256 << 20,
         }
     }
@@ -49,9 +61,17 @@ impl Default for SqlLimits {
 pub struct SqlResult {
     pub columns: Vec<String>,
     pub rows: Vec<Vec<serde_json::Value>>,
-    /// More rows existed than `max_rows`.
+    /// The answer stops before the end of what the query produced.
     pub truncated: bool,
+    /// Why it stops (row, cell or byte cap), when `truncated`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub truncated_reason: Option<String>,
 }
+
+/// Longest string or blob a query may build or read (SQLITE_LIMIT_LENGTH):
+/// enough for a 71k-character command line, small enough that the worst
+/// quadratic built-in (`instr` of two maximal strings) stays well under a second.
+pub const MAX_VALUE_BYTES: i32 = 128 << 10;
 
 /// Pragmas that only describe the schema; their argument is a table or index name.
 const READ_PRAGMAS: &[&str] = &[
@@ -76,16 +96,39 @@ const DENIED_FUNCTIONS: &[&str] = &[
 
 /// Runs one read-only statement against `db` under `limits`.
 pub fn run_readonly_sql(db: &Path, sql: &str, limits: SqlLimits) -> Result<SqlResult, StoreError> {
+    let budget = ReadBudget::new(limits.timeout);
+    run_readonly_sql_with(db, sql, &limits, &budget)
+}
+
+/// [`run_readonly_sql`] under a caller's budget (whichever stops first:
+/// `limits.timeout` or the budget's deadline and cancellation).
+pub fn run_readonly_sql_with(
+    db: &Path,
+    sql: &str,
+    limits: &SqlLimits,
+    outer: &ReadBudget,
+) -> Result<SqlResult, StoreError> {
     let mut conn = open_untrusted_unchecked(db)?;
+    // The file checks run under the caller's budget, not the query's time limit.
+    outer
+        .watch(&mut conn)
+        .map_err(|e| StoreError::Query(format!("cannot set up the time limit: {}", short(&e))))?;
+    crate::reader::check_is_trace(&conn, db)?;
+    crate::reader::check_schema(&conn, db)?;
+    integrity_check(&conn, db, outer)?;
     lower_heap_limit(limits.heap_bytes);
-    sandbox(&mut conn, limits.timeout)
+    sandbox(&mut conn)
         .map_err(|e| StoreError::Query(format!("cannot set up the sandbox: {}", short(&e))))?;
-    let deadline_hint = limits.timeout;
+    // The query's own clock starts now, after the file was opened and checked.
+    let budget = outer.narrowed(limits.timeout);
+    budget
+        .watch(&mut conn)
+        .map_err(|e| StoreError::Query(format!("cannot set up the time limit: {}", short(&e))))?;
     let mut stmt = conn.prepare(sql).map_err(|e| match e {
         rusqlite::Error::MultipleStatement => {
             StoreError::Query("exactly one statement per query (found more after the first)".into())
         }
-        e => StoreError::Query(short(&e)),
+        e => query_error(&e, &budget),
     })?;
     if !stmt.readonly() {
         return Err(StoreError::Query(
@@ -95,44 +138,70 @@ pub fn run_readonly_sql(db: &Path, sql: &str, limits: SqlLimits) -> Result<SqlRe
     let columns: Vec<String> = stmt.column_names().map(|s| s.to_string()).collect();
     let ncols = columns.len();
     let mut rows_out = Vec::new();
-    let mut truncated = false;
-    let mut rows = stmt.query([]).map_err(|e| query_error(&e, deadline_hint))?;
-    loop {
+    let mut truncated_reason = None;
+    let (mut cells, mut bytes) = (0usize, 0usize);
+    let mut rows = stmt.query([]).map_err(|e| query_error(&e, &budget))?;
+    'rows: loop {
         match rows.next() {
             Ok(Some(row)) => {
                 if rows_out.len() == limits.max_rows {
-                    truncated = true;
+                    truncated_reason = Some(format!("more than {} rows", limits.max_rows));
+                    break;
+                }
+                if cells + ncols > limits.max_cells {
+                    truncated_reason = Some(format!("more than {} cells", limits.max_cells));
                     break;
                 }
                 let mut vals = Vec::with_capacity(ncols);
                 for i in 0..ncols {
-                    let v = row.get_ref(i).map_err(|e| query_error(&e, deadline_hint))?;
+                    let v = row.get_ref(i).map_err(|e| query_error(&e, &budget))?;
+                    bytes += answer_bytes(v);
+                    if bytes > limits.max_bytes {
+                        truncated_reason =
+                            Some(format!("more than {} bytes of values", limits.max_bytes));
+                        break 'rows;
+                    }
                     vals.push(to_json(v));
                 }
+                cells += ncols;
                 rows_out.push(vals);
             }
             Ok(None) => break,
-            Err(e) => return Err(query_error(&e, deadline_hint)),
+            Err(e) => return Err(query_error(&e, &budget)),
         }
     }
     Ok(SqlResult {
         columns,
         rows: rows_out,
-        truncated,
+        truncated: truncated_reason.is_some(),
+        truncated_reason,
     })
 }
 
-fn query_error(e: &rusqlite::Error, timeout: Duration) -> StoreError {
+/// What a value adds to the answer: its text (blobs in hex), 8 bytes per number.
+fn answer_bytes(v: ValueRef<'_>) -> usize {
+    match v {
+        ValueRef::Null | ValueRef::Integer(_) | ValueRef::Real(_) => 8,
+        ValueRef::Text(t) => t.len() + 2,
+        ValueRef::Blob(b) => 2 * b.len() + 3,
+    }
+}
+
+fn query_error(e: &rusqlite::Error, budget: &ReadBudget) -> StoreError {
     if e.sqlite_error_code() == Some(rusqlite::ErrorCode::OperationInterrupted) {
-        StoreError::Query(format!("time limit of {timeout:?} exceeded"))
+        StoreError::Query(
+            budget
+                .stop_reason()
+                .unwrap_or_else(|| "interrupted".to_string()),
+        )
     } else {
         StoreError::Query(short(e))
     }
 }
 
-fn sandbox(conn: &mut Connection, timeout: Duration) -> rusqlite::Result<()> {
+fn sandbox(conn: &mut Connection) -> rusqlite::Result<()> {
     conn.set_limit(Limit::SQLITE_LIMIT_ATTACHED, 0)?;
-    conn.set_limit(Limit::SQLITE_LIMIT_LENGTH, 1_000_000)?;
+    conn.set_limit(Limit::SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)?;
     conn.set_limit(Limit::SQLITE_LIMIT_SQL_LENGTH, 100_000)?;
     conn.set_limit(Limit::SQLITE_LIMIT_COLUMN, 200)?;
     conn.set_limit(Limit::SQLITE_LIMIT_EXPR_DEPTH, 100)?;
@@ -145,8 +214,6 @@ fn sandbox(conn: &mut Connection, timeout: Duration) -> rusqlite::Result<()> {
     // Temporary b-trees (sorts, DISTINCT) stay in memory, under the heap limit.
     conn.pragma_update(None, "temp_store", "MEMORY")?;
     conn.authorizer(Some(authorize))?;
-    let deadline = Instant::now() + timeout;
-    conn.progress_handler(1_000, Some(move || Instant::now() >= deadline))?;
     Ok(())
 }
 

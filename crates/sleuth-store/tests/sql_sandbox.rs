@@ -163,3 +163,113 @@ fn missing_or_non_sqlite_files_are_clear_errors() {
         .unwrap();
     assert!(e.to_string().contains("t.txt"), "{e}");
 }
+
+/// Issue 18: the time limit is wall time. A single slow function call (here
+/// a quadratic `instr` over long strings, 38.8 s and exit 0 before) is
+/// stopped within the limit plus 1 s, whatever SQLite is doing.
+#[test]
+fn slow_functions_are_stopped_on_wall_time() {
+    let dir = TempDir::new("sqlslowfn");
+    let db = dir.join("t.db");
+    small_trace(&db);
+    let limit = std::time::Duration::from_secs(2);
+    let queries = [
+        "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c WHERE x<10) \
+         SELECT instr(printf('%.*c',999990+(x-x),'a'), printf('%.*c',300000+(x-x),'a')||'b') FROM c",
+        "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c WHERE x<100000) \
+         SELECT instr(printf('%.*c',131000+(x-x),'a'), printf('%.*c',60000+(x-x),'a')||'b') FROM c",
+        "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c) SELECT count(*) FROM c",
+    ];
+    for q in queries {
+        let t0 = std::time::Instant::now();
+        let r = run_readonly_sql(
+            &db,
+            q,
+            SqlLimits {
+                timeout: limit,
+                ..Default::default()
+            },
+        );
+        let took = t0.elapsed();
+        eprintln!(
+            "stopped after {took:?}: {}",
+            r.as_ref().err().map(|e| e.to_string()).unwrap_or_default()
+        );
+        assert!(r.is_err(), "{q}: must not succeed");
+        assert!(
+            took < limit + std::time::Duration::from_secs(1),
+            "{q}: took {took:?}"
+        );
+    }
+}
+
+/// Issue 18: one small request used to return 2 GB of JSON. The answer is
+/// bounded in bytes and cells, and says why it stops.
+#[test]
+fn answers_are_bounded_in_bytes_and_cells() {
+    let dir = TempDir::new("sqlbig");
+    let db = dir.join("t.db");
+    small_trace(&db);
+    let r = run_readonly_sql(
+        &db,
+        "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c WHERE x<1000) \
+         SELECT printf('%.*c',99999+(x-x),'\"') FROM c",
+        SqlLimits::default(),
+    )
+    .expect("a bounded answer");
+    assert!(r.truncated);
+    let bytes: usize = r
+        .rows
+        .iter()
+        .map(|row| row[0].as_str().map_or(0, str::len))
+        .sum();
+    assert!(bytes <= SqlLimits::default().max_bytes, "{bytes}");
+    assert!(
+        r.truncated_reason
+            .as_deref()
+            .unwrap_or("")
+            .contains("bytes"),
+        "{:?}",
+        r.truncated_reason
+    );
+    // A value above the 128 KiB cap is refused, not built.
+    let e = run_readonly_sql(
+        &db,
+        "SELECT printf('%.*c', 999999, 'a')",
+        SqlLimits::default(),
+    )
+    .expect_err("too big");
+    assert!(e.to_string().contains("too big"), "{e}");
+    // Cells.
+    let r = run_readonly_sql(
+        &db,
+        "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c WHERE x<1000) SELECT x, x, x FROM c",
+        SqlLimits {
+            max_cells: 300,
+            ..Default::default()
+        },
+    )
+    .expect("capped");
+    assert_eq!(r.rows.len(), 100);
+    assert!(r
+        .truncated_reason
+        .as_deref()
+        .unwrap_or("")
+        .contains("cells"));
+}
+
+/// Issue 18: `sql` returned another application's `secrets` table. Only
+/// gpusleuth traces are served.
+#[test]
+fn other_sqlite_files_are_refused() {
+    let dir = TempDir::new("sqlforeign");
+    let other = dir.join("other_app.db");
+    let c = rusqlite::Connection::open(&other).unwrap();
+    c.execute_batch("CREATE TABLE secrets(k TEXT); INSERT INTO secrets VALUES ('hunter2');")
+        .unwrap();
+    drop(c);
+    let e = run_readonly_sql(&other, "SELECT * FROM secrets", SqlLimits::default())
+        .expect_err("refused");
+    assert!(e.to_string().contains("not a gpusleuth trace"), "{e}");
+    assert!(!e.to_string().contains("hunter2"));
+}

@@ -140,8 +140,13 @@ fn nvml_status() -> (bool, String) {
         "/usr/lib64/libnvidia-ml.so.1",
         "/usr/lib/libnvidia-ml.so.1",
     ];
-    if let Ok(p) = std::env::var("GPUSLEUTH_NVML_LIB") {
-        return (Path::new(&p).exists(), format!("GPUSLEUTH_NVML_LIB={p}"));
+    // The test seam, only where this build honours it (debug builds).
+    if let Some(p) = sleuth_gpu::Sources::from_env().nvml_lib {
+        let p = Path::new(&p);
+        return (
+            p.exists(),
+            format!("GPUSLEUTH_NVML_LIB={} (test seam)", p.display()),
+        );
     }
     match candidates.iter().find(|p| Path::new(p).exists()) {
         Some(p) => (true, format!("found {p}")),

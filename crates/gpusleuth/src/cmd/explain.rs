@@ -1,8 +1,9 @@
 //! `gpusleuth explain`: ranked, evidence-backed findings of a recorded trace.
 
-use crate::cmd::stats::{emit, load_trace};
+use crate::cmd::stats::{emit, emit_text, load_trace_checked};
 use crate::output::{fmt_bytes, fmt_ns};
 use sleuth_core::findings::{explain_report, Explanation, Finding};
+use sleuth_store::InputProblems;
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
@@ -25,14 +26,22 @@ pub struct Args {
 pub const CLEAN: &str = "No abnormal behaviour found";
 
 pub fn run(args: Args) -> anyhow::Result<i32> {
-    let data = load_trace(&args.db, args.pid)?;
+    let (data, problems) = load_trace_checked(&args.db, args.pid)?;
     let report = explain_report(&data);
     if args.json {
-        emit(&format!("{}\n", serde_json::to_string_pretty(&report)?))?;
+        let mut doc = serde_json::to_value(&report)?;
+        if !problems.is_empty() {
+            doc["input_problems"] = serde_json::to_value(&problems)?;
+        }
+        emit(&format!("{}\n", serde_json::to_string_pretty(&doc)?))?;
     } else if args.markdown {
-        emit(&markdown(&report))?;
+        emit_text(&format!("{}{}", problem_text(&problems), markdown(&report)))?;
     } else {
-        emit(&text(&report))?;
+        emit_text(&format!(
+            "{}{}",
+            problem_text(&problems),
+            text_with(&report, !problems.is_empty())
+        ))?;
     }
     Ok(0)
 }
@@ -58,10 +67,31 @@ pub(crate) fn culprit_line(f: &Finding) -> Option<String> {
     Some(parts.join(", "))
 }
 
-/// Plain-text rendering.
-pub fn text(r: &Explanation) -> String {
+/// What the readers skipped, before the findings: a trace with unusable
+/// rows is never called clean without saying so.
+fn problem_text(p: &InputProblems) -> String {
     let mut out = String::new();
-    if r.findings.is_empty() {
+    for line in p.lines() {
+        let _ = writeln!(out, "Input problem: {line}.");
+    }
+    out
+}
+
+/// Plain-text rendering.
+#[cfg(test)]
+pub fn text(r: &Explanation) -> String {
+    text_with(r, false)
+}
+
+/// Plain-text rendering; `skipped_rows`: some rows could not be read.
+fn text_with(r: &Explanation, skipped_rows: bool) -> String {
+    let mut out = String::new();
+    if r.findings.is_empty() && skipped_rows {
+        let _ = writeln!(
+            out,
+            "Nothing abnormal in the calls that could be read; the skipped rows above were not examined."
+        );
+    } else if r.findings.is_empty() {
         let _ = writeln!(out, "{CLEAN}.");
     }
     for (i, f) in r.findings.iter().enumerate() {

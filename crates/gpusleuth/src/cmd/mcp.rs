@@ -13,14 +13,18 @@ pub const TOKEN_ENV: &str = "GPUSLEUTH_MCP_TOKEN";
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Trace database the tools read (a tool call may name another with its `db` argument).
+    /// Trace database the tools read.
     #[arg(long)]
     db: Option<PathBuf>,
+    /// Directory of traces a tool call may also name with its `db` argument
+    /// (any other path is refused, whether it exists or not).
+    #[arg(long, value_name = "DIR")]
+    trace_dir: Option<PathBuf>,
     /// Serve streamable HTTP on this address (e.g. 127.0.0.1:8765; port 0 picks one) instead of stdio.
     /// A non-loopback address requires a bearer token ($GPUSLEUTH_MCP_TOKEN or --token-file).
     #[arg(long, value_name = "ADDR")]
     http: Option<SocketAddr>,
-    /// File holding the HTTP bearer token (first line; keep it mode 0600).
+    /// File holding the HTTP bearer token (first line); refused when other users may read it.
     #[arg(long, value_name = "PATH", requires = "http")]
     token_file: Option<PathBuf>,
     /// Extra host name accepted in Host/Origin headers (e.g. this machine's DNS name), repeatable.
@@ -40,8 +44,14 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             );
         }
     }
+    if let Some(dir) = &args.trace_dir {
+        if !dir.is_dir() {
+            bail!("--trace-dir {} is not a directory", dir.display());
+        }
+    }
     let opts = ServerOptions {
         db: args.db,
+        trace_dir: args.trace_dir,
         allow_reclaim: args.allow_reclaim,
         gpu_sources: sleuth_gpu::Sources::from_env(),
     };
@@ -60,8 +70,11 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
 /// The token from `--token-file`, else from the environment; None when neither is set.
 fn read_token(file: Option<&Path>) -> anyhow::Result<Option<String>> {
     let raw = match file {
-        Some(path) => std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read token file {}", path.display()))?,
+        Some(path) => {
+            check_private(path)?;
+            std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read token file {}", path.display()))?
+        }
         None => match std::env::var(TOKEN_ENV) {
             Ok(v) => v,
             Err(std::env::VarError::NotPresent) => return Ok(None),
@@ -73,4 +86,22 @@ fn read_token(file: Option<&Path>) -> anyhow::Result<Option<String>> {
         bail!("the bearer token is empty");
     }
     Ok(Some(token))
+}
+
+/// A token file other users can read gives the token away: refuse it.
+fn check_private(path: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path)
+        .with_context(|| format!("cannot read token file {}", path.display()))?;
+    if !meta.is_file() {
+        bail!("token file {} is not a regular file", path.display());
+    }
+    let mode = meta.mode() & 0o777;
+    if mode & 0o077 != 0 {
+        bail!(
+            "token file {} is readable by other users (mode {mode:04o}): run chmod 600 on it",
+            path.display()
+        );
+    }
+    Ok(())
 }

@@ -1,6 +1,6 @@
 //! `gpusleuth memory`: the GPU memory ledger of a recorded trace.
 
-use crate::cmd::stats::{emit, load_trace, table};
+use crate::cmd::stats::{emit, emit_text, load_trace, table};
 use crate::output::{fmt_bytes, fmt_ns};
 use anyhow::{bail, Context as _};
 use serde::Serialize;
@@ -115,7 +115,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             serde_json::to_string_pretty(&report(&processes, &allocators, at_offset))?
         ))?;
     } else {
-        emit(&render(
+        emit_text(&render(
             &processes,
             &allocators,
             origin,

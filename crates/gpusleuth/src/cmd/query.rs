@@ -1,5 +1,6 @@
 //! `gpusleuth query --db F "SQL" [--json] [--limit N]`: read-only SQL over a trace.
 
+use crate::term_text;
 use anyhow::Context;
 use sleuth_store::{run_readonly_sql, SqlLimits, SqlResult};
 use std::path::PathBuf;
@@ -31,18 +32,23 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         print!("{}", render_table(&result));
         if result.truncated {
             eprintln!(
-                "(stopped at {} rows; raise --limit for more)",
-                result.rows.len()
+                "(stopped at {} rows: {}; --json gives whole cells, --limit raises the row cap)",
+                result.rows.len(),
+                result.truncated_reason.as_deref().unwrap_or("cap reached")
             );
         }
     }
     Ok(0)
 }
 
+/// Widest a cell is shown in the table (`--json` gives whole values).
+const CELL_CHARS: usize = 200;
+
+/// A value as one escaped, bounded line.
 fn cell(v: &serde_json::Value) -> String {
     match v {
         serde_json::Value::Null => "NULL".into(),
-        serde_json::Value::String(s) => s.replace(['\n', '\t'], " "),
+        serde_json::Value::String(s) => term_text::cell(s, CELL_CHARS),
         other => other.to_string(),
     }
 }
@@ -54,7 +60,12 @@ fn render_table(r: &SqlResult) -> String {
         .iter()
         .map(|row| row.iter().map(cell).collect())
         .collect();
-    let mut widths: Vec<usize> = r.columns.iter().map(|c| c.chars().count()).collect();
+    let columns: Vec<String> = r
+        .columns
+        .iter()
+        .map(|c| term_text::cell(c, CELL_CHARS))
+        .collect();
+    let mut widths: Vec<usize> = columns.iter().map(|c| c.chars().count()).collect();
     for row in &cells {
         for (w, c) in widths.iter_mut().zip(row) {
             *w = (*w).max(c.chars().count());
@@ -75,16 +86,16 @@ fn render_table(r: &SqlResult) -> String {
             .enumerate()
             .map(|(i, v)| {
                 if numeric[i] {
-                    format!("{v:>w$}", w = widths[i])
+                    term_text::pad_left(v, widths[i])
                 } else {
-                    format!("{v:<w$}", w = widths[i])
+                    term_text::pad_right(v, widths[i])
                 }
             })
             .collect();
         out.push_str(parts.join("  ").trim_end());
         out.push('\n');
     };
-    line(&r.columns, &mut out);
+    line(&columns, &mut out);
     let rule: Vec<String> = widths.iter().map(|w| "-".repeat(*w)).collect();
     out.push_str(&rule.join("  "));
     out.push('\n');
@@ -113,6 +124,7 @@ mod tests {
                 vec![json!("cuMemAlloc_v2"), json!(10)],
             ],
             truncated: false,
+            truncated_reason: None,
         };
         let t = render_table(&r);
         let lines: Vec<&str> = t.lines().collect();
@@ -120,5 +132,23 @@ mod tests {
         assert_eq!(lines[2], "cudaMalloc      7");
         assert_eq!(lines[3], "cuMemAlloc_v2  10");
         assert_eq!(lines[4], "(2 rows)");
+    }
+
+    /// Issue 18: a 65,536-character cell panicked in `format!` padding.
+    #[test]
+    fn huge_and_hostile_cells_are_bounded_and_escaped() {
+        let r = SqlResult {
+            columns: vec!["wide".into(), "n".into()],
+            rows: vec![
+                vec![json!("a".repeat(70_000)), json!(1)],
+                vec![json!("\u{1b}[2J\u{1b}]0;x\u{7}"), json!(2)],
+            ],
+            truncated: false,
+            truncated_reason: None,
+        };
+        let t = render_table(&r);
+        assert!(!t.contains('\u{1b}'), "{t}");
+        assert!(t.contains("\\x1b[2J"), "{t}");
+        assert!(t.lines().all(|l| l.chars().count() < 400), "bounded width");
     }
 }

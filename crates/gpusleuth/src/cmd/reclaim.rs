@@ -3,6 +3,7 @@
 //! 2 memory stayed held after `--yes`, 3 every requested pid was refused.
 
 use crate::output::fmt_bytes;
+use crate::term_text::terminal_safe;
 use anyhow::Context;
 use sleuth_gpu::plan::{make_plan, Caller, Plan, Selection};
 use sleuth_gpu::reclaim::{execute, ExecOptions, Outcome};
@@ -42,6 +43,9 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         );
     }
     let sources = Sources::from_env();
+    if let Some(note) = &sources.seam_note {
+        eprintln!("gpusleuth: {note}");
+    }
     let before = sources.observe();
     let caller = Caller::current(&sources.scan.proc_root);
     let selection = if args.orphans {
@@ -90,8 +94,10 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
 
 fn render_plan(plan: &Plan, executing: bool) -> String {
     let mut s = String::new();
-    if plan.targets.is_empty() {
+    if plan.targets.is_empty() && plan.hints.is_empty() {
         s.push_str("Nothing to reclaim.\n");
+    } else if plan.targets.is_empty() {
+        s.push_str("Nothing this selection ends safely.\n");
     } else {
         s.push_str(if executing {
             "Reclaim plan (executing):\n"
@@ -102,7 +108,7 @@ fn render_plan(plan: &Plan, executing: bool) -> String {
             s.push_str(&format!(
                 "  end pid {} ({}) [{}]: {}\n",
                 t.pid,
-                t.cmdline_or_comm(),
+                terminal_safe(&crate::term_text::cell(&t.cmdline_or_comm(), 200)),
                 t.class.as_str(),
                 t.reason
             ));
@@ -115,6 +121,18 @@ fn render_plan(plan: &Plan, executing: bool) -> String {
                 "  expected to free on GPU {gpu}: {} ({} MiB)\n",
                 fmt_bytes(*bytes),
                 bytes >> 20
+            ));
+        }
+    }
+    if !plan.hints.is_empty() {
+        s.push_str("Held, but not ended by --orphans:\n");
+        for h in &plan.hints {
+            s.push_str(&format!(
+                "  pid {} ({}) {}; to end it: {}\n",
+                h.pid,
+                terminal_safe(&h.comm),
+                h.holds,
+                h.command
             ));
         }
     }
@@ -149,8 +167,11 @@ fn render_outcome(o: &Outcome) -> String {
             g.used_after_bytes >> 20
         ));
     }
-    if o.memory_released {
-        s.push_str("Memory released (verified through NVML and /proc).\n");
+    if o.verified {
+        s.push_str(&format!(
+            "Memory released (verified: {}).\n",
+            o.verification
+        ));
     } else {
         s.push_str("Memory still held:\n");
         for l in &o.still_held {

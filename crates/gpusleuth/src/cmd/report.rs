@@ -53,6 +53,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     // Before the work: a refused output is known at once.
     sleuth_store::outfile::check_output(&args.output, &[&args.db], args.force, hint)?;
     let trace = sleuth_store::Trace::open(&args.db)?;
+    crate::cmd::stats::warn_input_problems(&trace)?;
     let data = trace.load(args.pid)?;
     let session = trace.session()?;
     let notes = trace.notes()?;

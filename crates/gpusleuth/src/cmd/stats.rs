@@ -1,8 +1,10 @@
 //! `gpusleuth stats`: per-op latency and time decomposition of a recorded trace.
 
 use crate::output::fmt_ns;
+use crate::term_text::{cell, pad_left, pad_right, terminal_safe};
 use sleuth_core::stats::{self, Measured, OpStats, StatsReport};
 use sleuth_core::TraceData;
+use sleuth_store::InputProblems;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -21,10 +23,34 @@ pub struct Args {
 }
 
 /// Opens a trace and loads it (one process with `pid`). The store's error is
-/// already one line naming the file, so it is passed on as is.
+/// already one line naming the file, so it is passed on as is. Rows the
+/// readers had to skip are reported on stderr, with counts.
 pub(crate) fn load_trace(db: &Path, pid: Option<u32>) -> anyhow::Result<TraceData> {
+    Ok(load_trace_checked(db, pid)?.0)
+}
+
+/// [`load_trace`], also returning what was skipped (for outputs that must
+/// not call such a trace clean).
+pub(crate) fn load_trace_checked(
+    db: &Path,
+    pid: Option<u32>,
+) -> anyhow::Result<(TraceData, InputProblems)> {
     let trace = sleuth_store::Trace::open(db)?;
-    Ok(trace.load(pid)?)
+    let problems = warn_input_problems(&trace)?;
+    Ok((trace.load(pid)?, problems))
+}
+
+/// Prints one warning per kind of skipped row on stderr; returns them.
+pub(crate) fn warn_input_problems(trace: &sleuth_store::Trace) -> anyhow::Result<InputProblems> {
+    let problems = trace.input_problems()?;
+    for line in problems.lines() {
+        eprintln!(
+            "gpusleuth: warning: {}: {}",
+            terminal_safe(&trace.path().display().to_string()),
+            terminal_safe(&line)
+        );
+    }
+    Ok(problems)
 }
 
 /// Writes a command's output to stdout. A closed pipe (`| head`) ends the
@@ -40,13 +66,19 @@ pub(crate) fn emit(text: &str) -> anyhow::Result<()> {
     }
 }
 
+/// [`emit`] for human text: names and notes from the trace are escaped so
+/// the terminal shows control sequences instead of obeying them.
+pub(crate) fn emit_text(text: &str) -> anyhow::Result<()> {
+    emit(&terminal_safe(text))
+}
+
 pub fn run(args: Args) -> anyhow::Result<i32> {
     let data = load_trace(&args.db, args.pid)?;
     let report = stats::compute(&data);
     if args.json {
         emit(&format!("{}\n", serde_json::to_string_pretty(&report)?))?;
     } else {
-        emit(&render(&report))?;
+        emit_text(&render(&report))?;
     }
     Ok(0)
 }
@@ -113,10 +145,18 @@ const HEADER: [&str; 14] = [
     "TOP CULPRIT",
 ];
 
+/// Widest a table cell is shown (a 70k-character process name must not
+/// make a 70k-column table).
+const CELL_CHARS: usize = 120;
+
 /// Left-aligns text columns and right-aligns numbers, two spaces apart.
 pub(crate) fn table(header: &[&str], rows: &[Vec<String>], left: &[usize]) -> String {
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| r.iter().map(|c| cell(c, CELL_CHARS)).collect())
+        .collect();
     let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
-    for r in rows {
+    for r in &rows {
         for (i, cell) in r.iter().enumerate() {
             widths[i] = widths[i].max(cell.chars().count());
         }
@@ -129,16 +169,16 @@ pub(crate) fn table(header: &[&str], rows: &[Vec<String>], left: &[usize]) -> St
                 s.push_str("  ");
             }
             if left.contains(&i) {
-                let _ = write!(s, "{c:<w$}", w = widths[i]);
+                s.push_str(&pad_right(c, widths[i]));
             } else {
-                let _ = write!(s, "{c:>w$}", w = widths[i]);
+                s.push_str(&pad_left(c, widths[i]));
             }
         }
         out.push_str(s.trim_end());
         out.push('\n');
     };
     line(header.to_vec());
-    for r in rows {
+    for r in &rows {
         line(r.iter().map(String::as_str).collect());
     }
     out

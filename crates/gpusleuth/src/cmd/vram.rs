@@ -2,6 +2,7 @@
 //! classification a person understands. Rendering only; the rules live in sleuth-gpu.
 
 use crate::output::fmt_bytes;
+use crate::term_text::terminal_safe;
 use anyhow::Context;
 use sleuth_gpu::classify::{Class, Holder, Report};
 use sleuth_gpu::Sources;
@@ -27,6 +28,9 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<i32> {
     let sources = Sources::from_env();
+    if let Some(note) = &sources.seam_note {
+        eprintln!("gpusleuth: {note}");
+    }
     if !args.watch {
         let report = sources.observe().report;
         emit(&report, args.json, &mut std::io::stdout().lock())?;
@@ -46,7 +50,8 @@ fn emit(report: &Report, json: bool, out: &mut impl Write) -> anyhow::Result<()>
         serde_json::to_writer(&mut *out, report).context("writing JSON")?;
         writeln!(out)?;
     } else {
-        out.write_all(render(report).as_bytes())?;
+        // Command lines and names come from other users' processes.
+        out.write_all(terminal_safe(&render(report)).as_bytes())?;
     }
     out.flush()?;
     Ok(())
@@ -91,15 +96,15 @@ fn watch(sources: &Sources, args: &Args) -> anyhow::Result<i32> {
             write!(
                 out,
                 "\x1b[H\x1b[2J[t+{t:.1}s] gpusleuth vram --watch (Ctrl-C to stop)\n{}",
-                render(&report)
+                terminal_safe(&render(&report))
             )?;
             for f in flags.iter().rev().take(10) {
-                writeln!(out, "{f}")?;
+                writeln!(out, "{}", terminal_safe(f))?;
             }
         } else {
-            writeln!(out, "[t+{t:.1}s] {}", one_line(&report))?;
+            writeln!(out, "[t+{t:.1}s] {}", terminal_safe(&one_line(&report)))?;
             for f in fresh {
-                writeln!(out, "{f}")?;
+                writeln!(out, "{}", terminal_safe(&f))?;
             }
         }
         out.flush()?;

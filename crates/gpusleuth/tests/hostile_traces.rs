@@ -1,0 +1,581 @@
+//! Hostile-input suite (issue 18): mutated traces through every reading
+//! command, each run under a deadline.
+//!
+//! Mutations of the example traces: byte flips, truncations, schema changes
+//! (a recursive view in place of `calls`, dropped and retyped columns,
+//! generated columns, expression indexes, an index whose definition no
+//! longer matches its content), huge strings, negative and far-future
+//! values, unknown op names, terminal escape sequences in process names.
+//! Every run must end within its deadline, never panic, and never succeed on
+//! a file that SQLite's own `PRAGMA integrity_check` calls damaged (the
+//! ground truth comes from SQLite, not from gpusleuth). Files that are
+//! intact but hold unusable rows must say so, with counts.
+
+use rusqlite::Connection;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Per run; a debug build on a busy 2-core CI machine reads the example in well under a second.
+const DEADLINE: Duration = Duration::from_secs(30);
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+struct Run {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+    elapsed: Duration,
+}
+
+/// Runs gpusleuth with a deadline; a run past it is killed and reported as a hang.
+fn run(args: &[&str]) -> Run {
+    let t0 = Instant::now();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gpusleuth"))
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn gpusleuth");
+    // Drain both pipes on threads so a chatty run cannot block on a full pipe.
+    let mut out = child.stdout.take().expect("stdout");
+    let mut err = child.stderr.take().expect("stderr");
+    let to = std::thread::spawn(move || {
+        let mut s = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut out, &mut s);
+        s
+    });
+    let te = std::thread::spawn(move || {
+        let mut s = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut err, &mut s);
+        s
+    });
+    let code = loop {
+        if let Some(st) = child.try_wait().expect("wait") {
+            break st.code();
+        }
+        if t0.elapsed() > DEADLINE {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("HANG: gpusleuth {args:?} ran past {DEADLINE:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    Run {
+        code,
+        stdout: String::from_utf8_lossy(&to.join().expect("stdout thread")).into_owned(),
+        stderr: String::from_utf8_lossy(&te.join().expect("stderr thread")).into_owned(),
+        elapsed: t0.elapsed(),
+    }
+}
+
+/// SQLite's own verdict on the file, independent of gpusleuth.
+fn sqlite_says_intact(path: &Path) -> bool {
+    let Ok(c) = Connection::open_with_flags(
+        path,
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    ) else {
+        return false;
+    };
+    c.query_row("PRAGMA integrity_check(1)", [], |r| r.get::<_, String>(0))
+        .is_ok_and(|v| v == "ok")
+}
+
+/// Deterministic pseudo-random numbers (xorshift64*), so every CI run mutates the same bytes.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+struct Case {
+    name: String,
+    path: PathBuf,
+    /// Rows the readers must skip and say so ("skipped" appears in the output).
+    expect_skip_warning: bool,
+}
+
+fn copy_of(dir: &Path, src: &Path, name: &str) -> PathBuf {
+    let p = dir.join(format!("{name}.db"));
+    std::fs::copy(src, &p).expect("copy example");
+    p
+}
+
+fn sql_edit(path: &Path, sql: &str) {
+    let c = Connection::open(path).expect("open copy");
+    c.execute_batch(sql)
+        .unwrap_or_else(|e| panic!("mutation {sql:?}: {e}"));
+}
+
+fn cases(dir: &Path) -> Vec<Case> {
+    let small = repo().join("examples/demo-sim.db");
+    let big = repo().join("examples/h200-contention.db");
+    let mut out = Vec::new();
+    let mut add = |name: &str, path: PathBuf, warn: bool| {
+        out.push(Case {
+            name: name.to_string(),
+            path,
+            expect_skip_warning: warn,
+        })
+    };
+
+    // Byte flips anywhere past the 100-byte header, and a few in it.
+    let bytes = std::fs::read(&small).expect("read example");
+    let mut rng = Rng(0x5eed_1234_abcd_0001);
+    for i in 0..30 {
+        let mut b = bytes.clone();
+        let flips = 1 + rng.below(8);
+        for _ in 0..flips {
+            let at = if i % 10 == 9 {
+                rng.below(100)
+            } else {
+                100 + rng.below(b.len() as u64 - 100)
+            } as usize;
+            b[at] ^= 1 << rng.below(8);
+        }
+        let p = dir.join(format!("flip{i}.db"));
+        std::fs::write(&p, &b).expect("write flipped");
+        add(&format!("flip{i}"), p, false);
+    }
+    // Truncations.
+    for (i, len) in [0usize, 100, 4096, bytes.len() / 2, bytes.len() - 4096]
+        .into_iter()
+        .enumerate()
+    {
+        let p = dir.join(format!("trunc{i}.db"));
+        std::fs::write(&p, &bytes[..len]).expect("write truncated");
+        add(&format!("trunc{i}"), p, false);
+    }
+
+    // Schema changes.
+    let p = copy_of(dir, &big, "view");
+    sql_edit(
+        &p,
+        "DROP VIEW calls_wall; DROP VIEW op_summary; DROP VIEW call_culprits_named;
+         ALTER TABLE calls RENAME TO calls_real;
+         CREATE VIEW calls AS WITH RECURSIVE r(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM r)
+           SELECT c.* FROM calls_real c, r;",
+    );
+    add("recursive_view", p, false);
+    let p = copy_of(dir, &big, "dropcol");
+    sql_edit(&p, "ALTER TABLE notes DROP COLUMN level;");
+    add("dropped_column", p, false);
+    let p = copy_of(dir, &big, "generated");
+    sql_edit(
+        &p,
+        "ALTER TABLE processes ADD COLUMN g TEXT GENERATED ALWAYS AS (printf('%.*c', 100000, 'x')) VIRTUAL;",
+    );
+    add("generated_column", p, false);
+    let p = copy_of(dir, &big, "exprindex");
+    sql_edit(&p, "CREATE INDEX evil ON calls(instr(op, 'x'));");
+    add("expression_index", p, false);
+    let p = copy_of(dir, &big, "foreign");
+    sql_edit(&p, "UPDATE meta SET value = 'other' WHERE key = 'tool';");
+    add("foreign_tool", p, false);
+    // An index whose declared columns no longer match what it holds:
+    // structurally sound (quick_check passes), wrong content.
+    let p = copy_of(dir, &big, "badindex");
+    sql_edit(
+        &p,
+        "PRAGMA writable_schema = ON;
+         UPDATE sqlite_master SET sql = 'CREATE INDEX calls_pid_op ON calls(tid, op)' WHERE name = 'calls_pid_op';",
+    );
+    add("index_mismatch", p, false);
+
+    // Values.
+    let p = copy_of(dir, &big, "negdur");
+    sql_edit(
+        &p,
+        "UPDATE calls SET dur_ns = -5 WHERE id = (SELECT min(id) FROM calls);",
+    );
+    add("negative_duration", p, true);
+    let p = copy_of(dir, &big, "future");
+    sql_edit(
+        &p,
+        "UPDATE calls SET ts_ns = 9223372036854775807, dur_ns = 9223372036854775807
+           WHERE id IN (SELECT id FROM calls ORDER BY id LIMIT 3);
+         UPDATE waits SET on_ns = 9223372036854775807 WHERE id = (SELECT min(id) FROM waits);
+         UPDATE processes SET start_ns = -1, exit_ns = 9223372036854775807;",
+    );
+    add("far_future", p, true);
+    let p = copy_of(dir, &big, "negsize");
+    sql_edit(&p, "UPDATE calls SET size = -1 WHERE size IS NOT NULL;");
+    add("negative_size", p, true);
+    let p = copy_of(dir, &big, "unknownop");
+    sql_edit(
+        &p,
+        "UPDATE calls SET op = 'cudaFrobnicate' WHERE id IN (SELECT id FROM calls ORDER BY id LIMIT 5);
+         UPDATE calls SET op = printf('%.*c', 1000000, 'Z') WHERE id = (SELECT max(id) FROM calls);",
+    );
+    add("unknown_ops", p, true);
+    let p = copy_of(dir, &big, "huge");
+    sql_edit(
+        &p,
+        "UPDATE processes SET comm = printf('%.*c', 70000, 'c'), cmdline = printf('%.*c', 1000000, 'a');
+         UPDATE call_culprits SET comm = printf('%.*c', 70000, 'k');
+         UPDATE wait_culprits SET comm = printf('%.*c', 70000, 'k');
+         INSERT INTO notes(ts_ns, level, text) VALUES (0, 'warn', printf('%.*c', 1000000, 'n'));",
+    );
+    add("huge_strings", p, false);
+    let p = copy_of(dir, &big, "escapes");
+    sql_edit(
+        &p,
+        "UPDATE processes SET comm = char(27) || '[2J' || char(27) || ']0;pwned' || char(7) || 'x';
+         UPDATE call_culprits SET comm = char(27) || '[31mred';
+         UPDATE wait_culprits SET comm = char(27) || '[31mred';",
+    );
+    add("escape_sequences", p, false);
+    let p = copy_of(dir, &big, "wrongtype");
+    sql_edit(
+        &p,
+        "UPDATE calls SET pid = 'x' WHERE id = (SELECT min(id) FROM calls);",
+    );
+    add("wrong_type", p, false);
+    out
+}
+
+/// Every command that reads a trace, with fresh output paths.
+fn commands(db: &str, out_dir: &Path, tag: &str) -> Vec<Vec<String>> {
+    let o = |ext: &str| out_dir.join(format!("{tag}.{ext}")).display().to_string();
+    [
+        vec!["stats", "--db", db],
+        vec!["stats", "--db", db, "--json"],
+        vec!["explain", "--db", db],
+        vec!["explain", "--db", db, "--json"],
+        vec!["memory", "--db", db],
+        vec!["memory", "--db", db, "--json"],
+        vec!["report", "--db", db, "-o", &o("html")],
+        vec![
+            "export",
+            "--db",
+            db,
+            "--format",
+            "perfetto",
+            "-o",
+            &o("json"),
+        ],
+        vec!["query", "--db", db, "SELECT * FROM processes"],
+    ]
+    .into_iter()
+    .map(|v| v.into_iter().map(String::from).collect())
+    .collect()
+}
+
+#[test]
+fn mutated_traces_through_every_command() {
+    let dir = std::env::temp_dir().join(format!("gpusleuth-hostile-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let out_dir = dir.join("out");
+    std::fs::create_dir_all(&out_dir).expect("out dir");
+    let cases = cases(&dir);
+    let mut failures = Vec::new();
+    let mut runs = 0;
+    let mut slowest = Duration::ZERO;
+    for case in &cases {
+        let intact = sqlite_says_intact(&case.path);
+        let db = case.path.display().to_string();
+        let before = std::fs::read(&case.path).unwrap_or_default();
+        for (i, args) in commands(&db, &out_dir, &format!("{}-{i}", case.name, i = runs))
+            .iter()
+            .enumerate()
+        {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let r = run(&args);
+            runs += 1;
+            slowest = slowest.max(r.elapsed);
+            let what = format!("{} {:?} (cmd {i})", case.name, &args[..1]);
+            if r.code == Some(101) || r.stderr.contains("panicked") {
+                failures.push(format!("PANIC {what}: {}", r.stderr.trim()));
+            } else if r.code.is_none() {
+                failures.push(format!("KILLED BY SIGNAL {what}"));
+            } else if !intact && r.code == Some(0) {
+                failures.push(format!(
+                    "WRONG SUCCESS {what}: SQLite says the file is damaged, gpusleuth exited 0"
+                ));
+            }
+            if r.code != Some(0) {
+                let lines = r.stderr.trim().lines().count();
+                if lines != 1 {
+                    failures.push(format!(
+                        "{what}: a failure must be one line on stderr, got {lines}: {}",
+                        r.stderr.chars().take(400).collect::<String>()
+                    ));
+                }
+            }
+            // `query` answers with the rows as stored (a -5 stays -5): raw
+            // SQL shows the damage itself instead of skipping it.
+            if case.expect_skip_warning
+                && args[0] != "query"
+                && r.code == Some(0)
+                && !(r.stderr.contains("skipped") || r.stdout.contains("skipped"))
+            {
+                failures.push(format!("{what}: unusable rows not reported"));
+            }
+            if args[0] != "query" && !args.contains(&"--json") {
+                // Human output carries no raw escape character from the file.
+                if r.stdout.contains('\x1b') || r.stderr.contains('\x1b') {
+                    failures.push(format!("{what}: raw ESC reached the terminal"));
+                }
+            }
+        }
+        // Reading never writes the input nor leaves -wal/-shm beside it.
+        let after = std::fs::read(&case.path).unwrap_or_default();
+        if before != after {
+            failures.push(format!("{}: the input file changed", case.name));
+        }
+        for side in ["-wal", "-shm"] {
+            let p = PathBuf::from(format!("{db}{side}"));
+            if p.exists() {
+                failures.push(format!("{}: {side} created beside the input", case.name));
+            }
+        }
+    }
+    eprintln!(
+        "hostile traces: {} files, {runs} runs, slowest {slowest:?}, {} failures",
+        cases.len(),
+        failures.len()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// A raw JSON-RPC client over `gpusleuth mcp`'s stdio.
+struct McpStdio {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    lines: std::sync::mpsc::Receiver<String>,
+    next_id: u64,
+}
+
+impl McpStdio {
+    fn start(trace_dir: &Path) -> McpStdio {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_gpusleuth"))
+            .args(["mcp", "--trace-dir"])
+            .arg(trace_dir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start mcp");
+        let stdin = child.stdin.take().expect("stdin");
+        let out = child.stdout.take().expect("stdout");
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(out).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut c = McpStdio {
+            child,
+            stdin,
+            lines,
+            next_id: 1,
+        };
+        c.call(
+            "initialize",
+            serde_json::json!({"protocolVersion": "2025-06-18", "capabilities": {},
+                               "clientInfo": {"name": "hostile", "version": "0"}}),
+        );
+        c.send(&serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+        c
+    }
+
+    fn send(&mut self, v: &serde_json::Value) {
+        use std::io::Write;
+        writeln!(self.stdin, "{v}").expect("write to the server");
+        self.stdin.flush().expect("flush");
+    }
+
+    /// One request; its response, or a panic naming a hang.
+    fn call(&mut self, method: &str, params: serde_json::Value) -> serde_json::Value {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.send(
+            &serde_json::json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}),
+        );
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = self.lines.recv_timeout(left).unwrap_or_else(|_| {
+                panic!("HANG or crash: MCP {method} {params} got no answer within {DEADLINE:?}")
+            });
+            let msg: serde_json::Value =
+                serde_json::from_str(&line).expect("stdout carries JSON-RPC only");
+            if msg["id"] == id {
+                return msg;
+            }
+        }
+    }
+}
+
+impl Drop for McpStdio {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The same mutated traces through every trace tool of the MCP server.
+#[test]
+fn mutated_traces_through_every_mcp_tool() {
+    let dir = std::env::temp_dir().join(format!("gpusleuth-hostile-mcp-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let cases = cases(&dir);
+    let mut server = McpStdio::start(&dir);
+    let mut failures = Vec::new();
+    let mut calls = 0;
+    for case in &cases {
+        let intact = sqlite_says_intact(&case.path);
+        let db = case.path.display().to_string();
+        let tools = [
+            ("overview", serde_json::json!({"db": db})),
+            ("latency_stats", serde_json::json!({"db": db})),
+            ("findings", serde_json::json!({"db": db})),
+            ("slow_calls", serde_json::json!({"db": db})),
+            ("memory", serde_json::json!({"db": db})),
+            (
+                "timeline",
+                serde_json::json!({"db": db, "pid": 1, "at_ns": 0}),
+            ),
+            (
+                "sql",
+                serde_json::json!({"db": db, "query": "SELECT * FROM processes"}),
+            ),
+        ];
+        for (tool, args) in tools {
+            let r = server.call(
+                "tools/call",
+                serde_json::json!({"name": tool, "arguments": args}),
+            );
+            calls += 1;
+            let is_error = r["result"]["isError"] == true || r.get("error").is_some();
+            let text = r["result"]["content"][0]["text"]
+                .as_str()
+                .unwrap_or("")
+                .to_string();
+            if text.contains("internal error in the tool") {
+                failures.push(format!("PANIC {} {tool}: {text}", case.name));
+            } else if !intact && !is_error {
+                failures.push(format!(
+                    "WRONG SUCCESS {} {tool}: SQLite says the file is damaged",
+                    case.name
+                ));
+            }
+            if case.expect_skip_warning && tool == "findings" && !is_error {
+                let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+                if v["clean"] == true || v["input_problems"].is_null() {
+                    failures.push(format!(
+                        "{} findings: skipped rows not reported: {text:.300}",
+                        case.name
+                    ));
+                }
+            }
+        }
+    }
+    // Still answering after all of it.
+    let r = server.call("tools/list", serde_json::json!({}));
+    assert!(r["result"]["tools"].is_array(), "{r}");
+    eprintln!(
+        "hostile traces over MCP: {} files, {calls} tool calls, {} failures",
+        cases.len(),
+        failures.len()
+    );
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The repros of issue 18, one by one, with their exact expectations.
+#[test]
+fn damaged_values_are_reported_with_counts() {
+    let dir = std::env::temp_dir().join(format!("gpusleuth-hostile-repro-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let big = repo().join("examples/h200-contention.db");
+
+    let p = copy_of(&dir, &big, "neg");
+    sql_edit(
+        &p,
+        "UPDATE calls SET dur_ns = -5 WHERE id IN (SELECT id FROM calls ORDER BY id LIMIT 2);",
+    );
+    let r = run(&["stats", "--db", p.to_str().expect("utf8")]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert!(!r.stdout.contains("18446744073"), "{}", r.stdout);
+    assert!(r.stderr.contains("2 calls skipped"), "{}", r.stderr);
+
+    let p = copy_of(&dir, &big, "unk");
+    sql_edit(&p, "UPDATE calls SET op = 'cudaFrobnicate';");
+    let r = run(&["explain", "--db", p.to_str().expect("utf8")]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert!(
+        !r.stdout.contains("No abnormal behaviour found"),
+        "a trace whose every call was skipped is not clean: {}",
+        r.stdout
+    );
+    assert!(r.stdout.contains("cudaFrobnicate"), "{}", r.stdout);
+
+    let p = copy_of(&dir, &big, "esc");
+    sql_edit(
+        &p,
+        "UPDATE processes SET comm = char(27) || '[2J' || char(27) || ']0;title' || char(7);
+         UPDATE call_culprits SET comm = char(27) || '[2J';",
+    );
+    for cmd in ["explain", "memory", "stats"] {
+        let r = run(&[cmd, "--db", p.to_str().expect("utf8")]);
+        assert_eq!(r.code, Some(0), "{cmd}: {}", r.stderr);
+        assert!(!r.stdout.contains('\x1b'), "{cmd}: {:?}", r.stdout);
+    }
+
+    let r = run(&[
+        "query",
+        "--db",
+        big.to_str().expect("utf8"),
+        "SELECT printf('%.*c', 65536, 'a') AS wide",
+    ]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A WAL-mode trace is read without creating `-wal`/`-shm` beside it.
+#[test]
+fn reading_a_wal_trace_leaves_no_files_beside_it() {
+    let dir = std::env::temp_dir().join(format!("gpusleuth-hostile-wal-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let p = copy_of(&dir, &repo().join("examples/h200-contention.db"), "wal");
+    sql_edit(&p, "PRAGMA journal_mode = WAL;");
+    for side in ["-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{side}", p.display()));
+    }
+    let db = p.to_str().expect("utf8");
+    for args in [
+        vec!["stats", "--db", db],
+        vec!["query", "--db", db, "SELECT count(*) FROM calls"],
+    ] {
+        let r = run(&args);
+        assert_eq!(r.code, Some(0), "{}", r.stderr);
+        for side in ["-wal", "-shm"] {
+            assert!(
+                !Path::new(&format!("{db}{side}")).exists(),
+                "{args:?} created {side}"
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,210 @@
+//! Rows a reader cannot use, counted so that no command stays silent about them.
+//!
+//! A damaged or crafted trace may hold negative or absurd times and sizes
+//! (a negative `dur_ns` used to print as 18446744073.7 s) and op names this
+//! build does not know (they used to vanish, and `explain` then called the
+//! trace clean). Readers skip such rows; [`InputProblems`] says how many,
+//! and every command reports it.
+
+use rusqlite::Connection;
+use serde::Serialize;
+use sleuth_core::op_by_name;
+use std::collections::BTreeMap;
+
+/// Largest time or duration a row may hold, in ns (2^62 ns is 146 years):
+/// above it, or below 0, a value can only come from damage, and sums of
+/// valid values cannot overflow 64 bits.
+pub(crate) const MAX_NS: i64 = 1 << 62;
+/// Largest byte count a call may carry (1 PiB).
+pub(crate) const MAX_SIZE: i64 = 1 << 50;
+/// Characters of a process name read (Linux keeps 15): a crafted 70k-character
+/// name repeated on every culprit row would otherwise make outputs explode.
+pub(crate) const COMM_CHARS: i64 = 64;
+
+/// SQL condition a `calls` row (optionally prefixed) must meet to be read.
+pub(crate) fn valid_call(prefix: &str) -> String {
+    let p = prefix;
+    format!(
+        "({p}ts_ns BETWEEN 0 AND {MAX_NS} AND {p}dur_ns BETWEEN 0 AND {MAX_NS} \
+         AND {p}runnable_ns BETWEEN 0 AND {MAX_NS} AND {p}blocked_ns BETWEEN 0 AND {MAX_NS} \
+         AND ({p}size IS NULL OR {p}size BETWEEN 0 AND {MAX_SIZE}))"
+    )
+}
+
+/// SQL condition a `waits` row (prefixed) must meet to be read.
+pub(crate) fn valid_wait(prefix: &str) -> String {
+    let p = prefix;
+    format!(
+        "({p}off_ns BETWEEN 0 AND {MAX_NS} AND {p}wake_ns BETWEEN 0 AND {MAX_NS} \
+         AND {p}on_ns BETWEEN 0 AND {MAX_NS})"
+    )
+}
+
+/// Unknown op names kept by name; the rest are only counted.
+const NAMES_KEPT: usize = 20;
+/// Characters of an unknown op name kept (a crafted name can be megabytes).
+const NAME_CHARS: usize = 80;
+
+/// What a reader skipped, by kind. Empty for every trace gpusleuth wrote.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct InputProblems {
+    /// Calls (and kernel-counted ops, allocator events) whose op name this
+    /// build does not know, by name (shortened; at most 20 names).
+    pub unknown_ops: BTreeMap<String, u64>,
+    /// Rows with unknown op names beyond the names kept.
+    pub unknown_ops_other: u64,
+    /// Calls with a negative or impossible time, duration or size.
+    pub impossible_calls: u64,
+    /// Scheduler waits with a negative or impossible timestamp, or an unknown kind.
+    pub impossible_waits: u64,
+}
+
+impl InputProblems {
+    pub fn is_empty(&self) -> bool {
+        self.unknown_ops.is_empty()
+            && self.unknown_ops_other == 0
+            && self.impossible_calls == 0
+            && self.impossible_waits == 0
+    }
+
+    /// Rows skipped because of unknown op names.
+    pub fn unknown_op_rows(&self) -> u64 {
+        self.unknown_ops.values().sum::<u64>() + self.unknown_ops_other
+    }
+
+    /// One line per kind of problem, for a person (untrusted names inside:
+    /// escape before printing to a terminal).
+    pub fn lines(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.impossible_calls > 0 {
+            out.push(format!(
+                "{} calls skipped: negative or impossible time, duration or size (damaged input)",
+                self.impossible_calls
+            ));
+        }
+        if self.impossible_waits > 0 {
+            out.push(format!(
+                "{} scheduler waits skipped: negative or impossible timestamps or unknown kind (damaged input)",
+                self.impossible_waits
+            ));
+        }
+        let unknown = self.unknown_op_rows();
+        if unknown > 0 {
+            let mut names: Vec<String> = self
+                .unknown_ops
+                .iter()
+                .map(|(n, c)| format!("{n:?} ×{c}"))
+                .collect();
+            if self.unknown_ops_other > 0 {
+                names.push(format!("others ×{}", self.unknown_ops_other));
+            }
+            out.push(format!(
+                "{unknown} rows skipped: op names this build does not know ({})",
+                names.join(", ")
+            ));
+        }
+        out
+    }
+
+    fn add_unknown(&mut self, name: &str, n: u64) {
+        if self.unknown_ops.len() < NAMES_KEPT || self.unknown_ops.contains_key(name) {
+            let short: String = name.chars().take(NAME_CHARS).collect();
+            let key = if short.len() < name.len() {
+                format!("{short}…")
+            } else {
+                short
+            };
+            *self.unknown_ops.entry(key).or_insert(0) += n;
+        } else {
+            self.unknown_ops_other += n;
+        }
+    }
+}
+
+/// Counts the rows readers skip. `has_allocator_events`: whether that table exists.
+pub(crate) fn scan(
+    conn: &Connection,
+    has_allocator_events: bool,
+) -> rusqlite::Result<InputProblems> {
+    let mut p = InputProblems::default();
+    let mut tables = vec!["calls", "op_counts"];
+    if has_allocator_events {
+        tables.push("allocator_events");
+    }
+    for table in tables {
+        // Grouping by a substring keeps a megabyte-long crafted name from
+        // being copied out whole.
+        let mut st = conn.prepare(&format!(
+            "SELECT substr(op, 1, 200), count(*) FROM {table} GROUP BY op"
+        ))?;
+        let mut rows = st.query([])?;
+        while let Some(r) = rows.next()? {
+            let name: String = r.get(0)?;
+            let n = r.get::<_, i64>(1)?.max(0) as u64;
+            if op_by_name(&name).is_none() {
+                p.add_unknown(&name, n);
+            }
+        }
+    }
+    p.impossible_calls = conn
+        .query_row(
+            &format!("SELECT count(*) FROM calls WHERE NOT {}", valid_call("")),
+            [],
+            |r| r.get::<_, i64>(0),
+        )?
+        .max(0) as u64;
+    let mut bad_waits = conn
+        .query_row(
+            &format!("SELECT count(*) FROM waits WHERE NOT {}", valid_wait("")),
+            [],
+            |r| r.get::<_, i64>(0),
+        )?
+        .max(0) as u64;
+    let mut st = conn.prepare("SELECT kind, count(*) FROM waits GROUP BY kind")?;
+    let mut rows = st.query([])?;
+    while let Some(r) = rows.next()? {
+        let kind: String = r.get(0)?;
+        if sleuth_core::WaitKind::parse(&kind).is_none() {
+            bad_waits += r.get::<_, i64>(1)?.max(0) as u64;
+        }
+    }
+    p.impossible_waits = bad_waits;
+    Ok(p)
+}
+
+/// Whether the valid calls' durations or sizes add up past what 64-bit
+/// sums hold: then no total printed from the file could be right.
+pub(crate) fn totals_overflow(conn: &Connection) -> rusqlite::Result<bool> {
+    // total() sums in floating point and never overflows.
+    let (dur, size): (f64, f64) = conn.query_row(
+        &format!(
+            "SELECT total(dur_ns), total(size) FROM calls WHERE {}",
+            valid_call("")
+        ),
+        [],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )?;
+    Ok(dur > MAX_NS as f64 || size > MAX_NS as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_name_counts_and_shorten_names() {
+        let mut p = InputProblems::default();
+        assert!(p.is_empty() && p.lines().is_empty());
+        p.impossible_calls = 2;
+        p.add_unknown(&"x".repeat(1000), 3);
+        for i in 0..25 {
+            p.add_unknown(&format!("op{i}"), 1);
+        }
+        assert_eq!(p.unknown_ops.len(), NAMES_KEPT);
+        assert_eq!(p.unknown_op_rows(), 3 + 25);
+        let lines = p.lines();
+        assert!(lines[0].starts_with("2 calls skipped"), "{lines:?}");
+        assert!(lines[1].starts_with("28 rows skipped"), "{lines:?}");
+        assert!(lines[1].len() < 4000, "names are shortened");
+    }
+}

@@ -1,0 +1,229 @@
+//! Readers accept only the schema gpusleuth writes.
+//!
+//! A trace from elsewhere can replace `calls` by a recursive view (every
+//! read then hangs), add generated columns that run functions on each row,
+//! or hang expression indexes on our tables. Before anything reads a file,
+//! every table the readers use must be a plain table with the expected
+//! columns and declared types, and its indexes plain column indexes.
+//! The reference is `schema::CREATE` itself, built in memory, so the check
+//! follows the schema without a second list to keep in sync.
+
+use crate::schema::CREATE;
+use rusqlite::Connection;
+use std::collections::BTreeMap;
+
+/// Tables every trace has had since schema version 1; any other table of
+/// `CREATE` (added later, e.g. `allocator_events`) may be absent in older
+/// traces, but is checked like the others when present.
+const REQUIRED: &[&str] = &[
+    "meta",
+    "session",
+    "stats",
+    "libraries",
+    "notes",
+    "processes",
+    "proc_events",
+    "calls",
+    "waits",
+    "wait_culprits",
+    "call_culprits",
+    "op_counts",
+];
+
+/// Table name → its columns (name, declared type, lower case), in order.
+type Columns = BTreeMap<String, Vec<(String, String)>>;
+
+fn reference() -> rusqlite::Result<Columns> {
+    let conn = Connection::open_in_memory()?;
+    conn.execute_batch(CREATE)?;
+    let names: Vec<String> = {
+        let mut st = conn.prepare(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'",
+        )?;
+        let rows = st.query_map([], |r| r.get(0))?;
+        rows.collect::<rusqlite::Result<_>>()?
+    };
+    let mut out = Columns::new();
+    for name in names {
+        let cols = columns(&conn, &name)?
+            .into_iter()
+            .map(|(n, t, _hidden)| (n, t))
+            .collect();
+        out.insert(name, cols);
+    }
+    Ok(out)
+}
+
+/// `(name, declared type, hidden)` of each column, hidden ones included.
+fn columns(conn: &Connection, table: &str) -> rusqlite::Result<Vec<(String, String, i64)>> {
+    let mut st = conn.prepare("SELECT name, type, hidden FROM pragma_table_xinfo(?1)")?;
+    let rows = st.query_map([table], |r| {
+        Ok((
+            r.get::<_, String>(0)?.to_ascii_lowercase(),
+            r.get::<_, String>(1)?.to_ascii_lowercase(),
+            r.get::<_, i64>(2)?,
+        ))
+    })?;
+    rows.collect()
+}
+
+/// Why the file's schema is not one gpusleuth reads; `Ok(())` when it is.
+/// The outer `Err` is SQLite failing while looking.
+pub(crate) fn check(conn: &Connection) -> rusqlite::Result<Result<(), String>> {
+    let want = reference()?;
+    for (table, want_cols) in &want {
+        let found: Option<(String, Option<String>)> = {
+            let mut st =
+                conn.prepare("SELECT type, sql FROM sqlite_master WHERE name = ?1 COLLATE NOCASE")?;
+            let mut rows = st.query([table])?;
+            match rows.next()? {
+                Some(r) => Some((r.get(0)?, r.get(1)?)),
+                None => None,
+            }
+        };
+        let Some((kind, sql)) = found else {
+            if REQUIRED.contains(&table.as_str()) {
+                return Ok(Err(format!("table {table} is missing")));
+            }
+            continue;
+        };
+        if kind != "table" {
+            return Ok(Err(format!(
+                "{table} is a {kind}, not a table (gpusleuth writes a table)"
+            )));
+        }
+        let sql = sql.unwrap_or_default().to_ascii_uppercase();
+        if sql.trim_start().starts_with("CREATE VIRTUAL") {
+            return Ok(Err(format!("{table} is a virtual table")));
+        }
+        let have = columns(conn, table)?;
+        if let Some((name, _, _)) = have.iter().find(|c| c.2 != 0) {
+            return Ok(Err(format!(
+                "{table}.{name} is a hidden or generated column"
+            )));
+        }
+        for (name, ty) in want_cols {
+            match have.iter().find(|c| &c.0 == name) {
+                None => return Ok(Err(format!("{table} has no column {name}"))),
+                Some((_, t, _)) if t != ty => {
+                    return Ok(Err(format!(
+                        "{table}.{name} is declared {t:?}, expected {ty:?}"
+                    )))
+                }
+                Some(_) => {}
+            }
+        }
+        if let Some(why) = odd_index(conn, table)? {
+            return Ok(Err(why));
+        }
+    }
+    Ok(Ok(()))
+}
+
+/// A partial or expression index on `table` (SQLite evaluates those while
+/// reading or checking the file); `None` when every index is on plain columns.
+fn odd_index(conn: &Connection, table: &str) -> rusqlite::Result<Option<String>> {
+    let indexes: Vec<(String, i64)> = {
+        let mut st = conn.prepare("SELECT name, partial FROM pragma_index_list(?1)")?;
+        let rows = st.query_map([table], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        rows.collect::<rusqlite::Result<_>>()?
+    };
+    for (name, partial) in indexes {
+        if partial != 0 {
+            return Ok(Some(format!("index {name} on {table} is a partial index")));
+        }
+        let expr: i64 = conn.query_row(
+            "SELECT count(*) FROM pragma_index_xinfo(?1) WHERE cid = -2",
+            [&name],
+            |r| r.get(0),
+        )?;
+        if expr > 0 {
+            return Ok(Some(format!(
+                "index {name} on {table} indexes an expression"
+            )));
+        }
+    }
+    Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fresh() -> Connection {
+        let c = Connection::open_in_memory().expect("db");
+        c.execute_batch(CREATE).expect("schema");
+        c
+    }
+
+    #[test]
+    fn our_schema_passes() {
+        assert_eq!(check(&fresh()).expect("check"), Ok(()));
+    }
+
+    #[test]
+    fn optional_table_may_be_absent() {
+        let c = fresh();
+        c.execute_batch("DROP TABLE allocator_events")
+            .expect("drop");
+        assert_eq!(check(&c).expect("check"), Ok(()));
+    }
+
+    #[test]
+    fn view_instead_of_table_is_refused() {
+        let c = fresh();
+        c.execute_batch(
+            "DROP VIEW op_summary; DROP VIEW calls_wall; DROP VIEW call_culprits_named; DROP TABLE calls;
+             CREATE VIEW calls AS WITH RECURSIVE r(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM r)
+             SELECT x AS id, x AS ts_ns FROM r",
+        )
+        .expect("swap");
+        let why = check(&c).expect("check").expect_err("refused");
+        assert!(why.contains("calls is a view"), "{why}");
+    }
+
+    #[test]
+    fn missing_or_retyped_columns_are_refused() {
+        let c = fresh();
+        c.execute_batch("ALTER TABLE notes DROP COLUMN level")
+            .expect("drop col");
+        assert!(check(&c)
+            .expect("check")
+            .expect_err("refused")
+            .contains("notes has no column level"));
+        let c = fresh();
+        c.execute_batch("DROP TABLE stats; CREATE TABLE stats(name TEXT PRIMARY KEY, value TEXT)")
+            .expect("retype");
+        assert!(check(&c)
+            .expect("check")
+            .expect_err("refused")
+            .contains("stats.value"));
+    }
+
+    #[test]
+    fn generated_columns_and_expression_indexes_are_refused() {
+        let c = fresh();
+        c.execute_batch(
+            "ALTER TABLE notes ADD COLUMN g TEXT GENERATED ALWAYS AS (printf('%.*c', 1000, 'x')) VIRTUAL",
+        )
+        .expect("generated");
+        assert!(check(&c)
+            .expect("check")
+            .expect_err("refused")
+            .contains("generated"));
+        let c = fresh();
+        c.execute_batch("CREATE INDEX evil ON calls(abs(dur_ns))")
+            .expect("index");
+        assert!(check(&c)
+            .expect("check")
+            .expect_err("refused")
+            .contains("expression"));
+        let c = fresh();
+        c.execute_batch("CREATE INDEX part ON calls(pid) WHERE dur_ns > 0")
+            .expect("index");
+        assert!(check(&c)
+            .expect("check")
+            .expect_err("refused")
+            .contains("partial"));
+    }
+}
