@@ -12,11 +12,17 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// The real traces: `GPUSLEUTH_INGERO_DATA`, else `../shared/data/ingero`
+/// beside the clone (where CI keeps them).
 fn ingero_dir() -> Option<PathBuf> {
-    let dir = PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/data/ingero"
-    ));
+    let dir = std::env::var_os("GPUSLEUTH_INGERO_DATA")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../../../shared/data/ingero"
+            ))
+        });
     if dir.is_dir() {
         return Some(dir);
     }
