@@ -42,7 +42,10 @@ struct thread_state {
 	__u32 state;          /* THREAD_ON_CPU, THREAD_RUNNABLE, THREAD_BLOCKED */
 	__u32 prev_state;     /* raw state at switch-out */
 	__u32 rt_depth;       /* runtime-layer calls in flight on this thread */
-	__u32 pad;
+	__u32 waker_flags;    /* GS_WAKER_* of the current blocked interval */
+	__u32 waker_pid;
+	__u32 waker_tid;
+	char waker_comm[GS_COMM_LEN];
 };
 #define THREAD_ON_CPU 0
 #define THREAD_RUNNABLE 1
@@ -376,6 +379,7 @@ int BPF_PROG(on_sched_switch, bool preempt, struct task_struct *prev, struct tas
 			ts->wake_ns = now;
 			ts->prev_state = prev_state;
 			ts->state = (preempt || prev_state == 0) ? THREAD_RUNNABLE : THREAD_BLOCKED;
+			ts->waker_flags = 0;
 		}
 	}
 
@@ -406,6 +410,12 @@ int BPF_PROG(on_sched_switch, bool preempt, struct task_struct *prev, struct tas
 				w->on_ns = now;
 				w->prev_state = ts->prev_state;
 				w->cpu = bpf_get_smp_processor_id();
+				if (ts->waker_flags & GS_WAKER_KNOWN) {
+					w->waker_pid = ts->waker_pid;
+					w->waker_tid = ts->waker_tid;
+					w->waker_flags = ts->waker_flags;
+					__builtin_memcpy(w->waker_comm, ts->waker_comm, GS_COMM_LEN);
+				}
 				if (h && now > wake)
 					attribute_wait(w, h, wake, now, next_tid);
 				bpf_ringbuf_submit(w, 0);
@@ -442,6 +452,64 @@ SEC("tp_btf/sched_wakeup")
 int BPF_PROG(on_sched_wakeup, struct task_struct *p)
 {
 	on_wakeup(p);
+	return 0;
+}
+
+/* Per CPU: interrupt handlers (hard, soft, hrtimer) running now. A wakeup
+ * made inside one is not the doing of the task it interrupted. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} irq_depth SEC(".maps");
+
+static __always_inline void irq_enter_exit(int enter)
+{
+	__u32 zero = 0;
+	__u32 *d = bpf_map_lookup_elem(&irq_depth, &zero);
+	if (!d)
+		return;
+	if (enter)
+		*d += 1;
+	else if (*d > 0)
+		*d -= 1; /* attached mid-handler: the entry was not seen */
+}
+
+SEC("tp_btf/irq_handler_entry")
+int BPF_PROG(on_irq_entry) { irq_enter_exit(1); return 0; }
+SEC("tp_btf/irq_handler_exit")
+int BPF_PROG(on_irq_exit) { irq_enter_exit(0); return 0; }
+SEC("tp_btf/softirq_entry")
+int BPF_PROG(on_softirq_entry) { irq_enter_exit(1); return 0; }
+SEC("tp_btf/softirq_exit")
+int BPF_PROG(on_softirq_exit) { irq_enter_exit(0); return 0; }
+SEC("tp_btf/hrtimer_expire_entry")
+int BPF_PROG(on_hrtimer_entry) { irq_enter_exit(1); return 0; }
+SEC("tp_btf/hrtimer_expire_exit")
+int BPF_PROG(on_hrtimer_exit) { irq_enter_exit(0); return 0; }
+
+/*
+ * sched_waking runs in the waker's context (sched_wakeup may run later on the
+ * wakee's CPU): remember who woke a sleeping traced thread. The switch-in
+ * handler copies it into the wait record.
+ */
+SEC("tp_btf/sched_waking")
+int BPF_PROG(on_sched_waking, struct task_struct *p)
+{
+	__u32 tid = p->pid;
+	if (!is_traced(p->tgid))
+		return 0;
+	struct thread_state *ts = bpf_map_lookup_elem(&threads, &tid);
+	if (!ts || ts->state != THREAD_BLOCKED || (ts->waker_flags & GS_WAKER_KNOWN))
+		return 0;
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 zero = 0;
+	__u32 *d = bpf_map_lookup_elem(&irq_depth, &zero);
+	ts->waker_pid = id >> 32;
+	ts->waker_tid = (__u32)id;
+	bpf_get_current_comm(ts->waker_comm, GS_COMM_LEN);
+	ts->waker_flags = GS_WAKER_KNOWN | ((d && *d > 0) ? GS_WAKER_IRQ : 0);
 	return 0;
 }
 

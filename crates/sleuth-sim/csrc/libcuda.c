@@ -23,7 +23,8 @@
 	X(cuMemAddressFree) X(cuMemAllocAsync) X(cuMemFreeAsync) X(cuLaunchKernel)                  \
 	X(cuLaunchKernelEx) X(cuMemcpy) X(cuMemcpyAsync) X(cuMemcpyHtoD_v2) X(cuMemcpyDtoH_v2)     \
 	X(cuMemcpyDtoD_v2) X(cuMemcpyHtoDAsync_v2) X(cuMemcpyDtoHAsync_v2)                          \
-	X(cuMemcpyDtoDAsync_v2) X(cuCtxSynchronize) X(cuStreamSynchronize) X(cuEventSynchronize)
+	X(cuMemcpyDtoDAsync_v2) X(cuCtxSynchronize) X(cuStreamSynchronize) X(cuEventSynchronize)    \
+	X(cuMemHostRegister_v2) X(cuMemHostUnregister)
 
 #define AS_ENUM(n) OP_##n,
 #define AS_NAME(n) #n,
@@ -200,6 +201,20 @@ EXPORT CUresult cuMemFreeHost(void *p)
 {
 	COUNT(cuMemFreeHost);
 	return release((unsigned long long)p);
+}
+
+/* Page-locking an existing host range: no memory moves, nothing to track. */
+EXPORT CUresult cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int flags)
+{
+	(void)flags;
+	COUNT(cuMemHostRegister_v2);
+	return (p && bytesize) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+EXPORT CUresult cuMemHostUnregister(void *p)
+{
+	COUNT(cuMemHostUnregister);
+	return p ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream stream)

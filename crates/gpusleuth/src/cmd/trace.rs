@@ -220,6 +220,7 @@ pub fn run(args: Args) -> Result<i32> {
     let opts = WriterOptions {
         max_db_bytes: args.max_db,
         overwrite: args.force,
+        background: true,
         ..Default::default()
     };
     let writer = TraceWriter::create(&db, info, opts)
@@ -386,6 +387,11 @@ pub fn run(args: Args) -> Result<i32> {
         for (i, name) in stat::NAMES.iter().enumerate() {
             handle.set_stat(format!("drop_{name}"), losses[i])?;
         }
+        // Lets `explain` recognise the tracer's own threads (never culprits).
+        handle.set_stat(
+            sleuth_core::threads::TRACER_PID_STAT,
+            u64::from(std::process::id()),
+        )?;
         handle.set_stat("events_call", session.n_calls)?;
         handle.set_stat("events_wait", session.n_waits)?;
         handle.set_stat("events_proc", session.n_procs)?;
