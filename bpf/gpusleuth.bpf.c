@@ -130,6 +130,18 @@ static __always_inline void count_stat(__u32 idx)
 		*v += 1; /* per-CPU slot: no atomic needed */
 }
 
+/*
+ * Wake the user-space consumer only when the ring is filling up: it polls
+ * every 50 ms anyway, and a wakeup per record would make the tracer preempt
+ * the very threads whose waits it records (each wakeup a new wait: a loop).
+ */
+static __always_inline __u64 submit_flags(void)
+{
+	__u64 avail = bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA);
+	__u64 size = bpf_ringbuf_query(&events, BPF_RB_RING_SIZE);
+	return avail > size / 4 ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP;
+}
+
 static __always_inline int is_traced(__u32 tgid)
 {
 	return bpf_map_lookup_elem(&traced, &tgid) != NULL;
@@ -235,7 +247,7 @@ static __always_inline void emit_block(void *ctx, __u64 cookie, __u64 key, struc
 			bpf_map_delete_elem(&block_inflight, &key);
 		}
 	}
-	bpf_ringbuf_submit(b, 0);
+	bpf_ringbuf_submit(b, submit_flags());
 }
 
 SEC("uretprobe")
@@ -287,7 +299,7 @@ int BPF_KRETPROBE(call_return)
 		e->runnable_ns = ts ? ts->runnable_total - c->runnable_snap : 0;
 		e->blocked_ns = ts ? ts->blocked_total - c->blocked_snap : 0;
 		e->cpu = bpf_get_smp_processor_id();
-		bpf_ringbuf_submit(e, 0);
+		bpf_ringbuf_submit(e, submit_flags());
 	}
 	if (ts && (cookie & GS_COOKIE_RUNTIME) && ts->rt_depth > 0)
 		ts->rt_depth -= 1;
@@ -418,7 +430,7 @@ int BPF_PROG(on_sched_switch, bool preempt, struct task_struct *prev, struct tas
 				}
 				if (h && now > wake)
 					attribute_wait(w, h, wake, now, next_tid);
-				bpf_ringbuf_submit(w, 0);
+				bpf_ringbuf_submit(w, submit_flags());
 			}
 		}
 		if (ts)
@@ -538,7 +550,7 @@ static __always_inline void emit_proc(__u32 event, __u32 pid, __u32 tid, __u32 p
 	e->exit_code = code;
 	e->ts_ns = bpf_ktime_get_ns();
 	bpf_probe_read_kernel(e->comm, GS_COMM_LEN, t->comm);
-	bpf_ringbuf_submit(e, 0);
+	bpf_ringbuf_submit(e, submit_flags());
 }
 
 SEC("tp_btf/sched_process_fork")

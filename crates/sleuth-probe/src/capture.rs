@@ -239,12 +239,14 @@ impl Capture {
             ("on_oom_victim", "mark_victim", false),
             // Who woke a blocked thread, and whether from interrupt context:
             // optional, without them waits carry no waker.
-            ("on_irq_entry", "irq_handler_entry", false),
+            // Exits before entries: an entry seen without its exit would
+            // leave the CPU marked "in interrupt" for good.
             ("on_irq_exit", "irq_handler_exit", false),
-            ("on_softirq_entry", "softirq_entry", false),
             ("on_softirq_exit", "softirq_exit", false),
-            ("on_hrtimer_entry", "hrtimer_expire_entry", false),
             ("on_hrtimer_exit", "hrtimer_expire_exit", false),
+            ("on_irq_entry", "irq_handler_entry", false),
+            ("on_softirq_entry", "softirq_entry", false),
+            ("on_hrtimer_entry", "hrtimer_expire_entry", false),
             ("on_sched_waking", "sched_waking", false),
         ] {
             let res = (|| -> Result<(), String> {

@@ -2,7 +2,8 @@
 
 use crate::cmd::stats::{emit, load_trace};
 use crate::output::fmt_ns;
-use sleuth_core::findings::{explain_report, Explanation, Finding};
+use sleuth_core::findings::{explain_report, Explanation, Finding, Kind};
+use sleuth_core::threads::{ThreadSplit, WakerKind};
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
@@ -58,9 +59,62 @@ pub(crate) fn culprit_line(f: &Finding) -> Option<String> {
     Some(parts.join(", "))
 }
 
+/// One line per CUDA-issuing thread: where its time went, inside and between CUDA calls.
+pub fn thread_lines(threads: &[ThreadSplit]) -> Vec<String> {
+    let pct = |t: &ThreadSplit, ns: u64| format!("{:.0}%", t.share(ns) * 100.0);
+    threads
+        .iter()
+        .map(|t| {
+            let mut line = format!(
+                "{} pid {} tid {}: {} from first to last CUDA call; inside calls {} (on-CPU {}, runnable {}, \
+                 blocked {}); between calls {}: on-CPU {}, blocked {}, runnable {}",
+                t.comm,
+                t.pid,
+                t.tid,
+                fmt_ns(t.wall_ns),
+                pct(t, t.in_calls.wall_ns()),
+                pct(t, t.in_calls.on_cpu_ns),
+                pct(t, t.in_calls.runnable_ns),
+                pct(t, t.in_calls.blocked_ns),
+                pct(t, t.between.wall_ns()),
+                pct(t, t.between.on_cpu_ns),
+                pct(t, t.between.blocked_ns),
+                pct(t, t.between.runnable_ns),
+            );
+            let wakers: Vec<String> = t
+                .wakers
+                .iter()
+                .take(3)
+                .map(|w| match w.kind {
+                    WakerKind::Task => {
+                        format!("{} pid {} tid {} {:.0}%", w.comm, w.pid, w.tid, w.share * 100.0)
+                    }
+                    _ => format!("{} {:.0}%", w.comm, w.share * 100.0),
+                })
+                .collect();
+            if !wakers.is_empty() {
+                line.push_str(&format!("; woken by {}", wakers.join(", ")));
+            }
+            let holders: Vec<String> = t
+                .preempted_by
+                .iter()
+                .take(3)
+                .map(|h| format!("{} pid {} {}", h.comm, h.pid, fmt_ns(h.runnable_ns)))
+                .collect();
+            if !holders.is_empty() {
+                line.push_str(&format!("; CPU taken by {}", holders.join(", ")));
+            }
+            line
+        })
+        .collect()
+}
+
 /// Plain-text rendering.
 pub fn text(r: &Explanation) -> String {
     let mut out = String::new();
+    if let Some(s) = &r.summary {
+        let _ = writeln!(out, "{s}\n");
+    }
     if r.findings.is_empty() {
         let _ = writeln!(out, "{CLEAN}.");
     }
@@ -74,7 +128,12 @@ pub fn text(r: &Explanation) -> String {
             f.summary
         );
         if let Some(c) = culprit_line(f) {
-            let _ = writeln!(out, "   culprits: {c}");
+            let label = if f.kind == Kind::InputWait {
+                "woken by"
+            } else {
+                "culprits"
+            };
+            let _ = writeln!(out, "   {label}: {c}");
         }
         let _ = writeln!(out, "   what to do: {}", f.recommendation);
         for line in example_lines(&f.evidence) {
@@ -84,6 +143,13 @@ pub fn text(r: &Explanation) -> String {
     }
     if !r.findings.is_empty() {
         let _ = writeln!(out, "(full evidence of each finding: --json or --markdown)");
+    }
+    if !r.threads.is_empty() {
+        let _ = writeln!(out, "\nWhere the time went, per CUDA-issuing thread:");
+        for line in thread_lines(&r.threads) {
+            let _ = writeln!(out, "  {line}");
+        }
+        out.push('\n');
     }
     for n in &r.notes {
         let _ = writeln!(out, "Note: {n}");
@@ -134,6 +200,9 @@ fn example_lines(evidence: &serde_json::Value) -> Vec<String> {
 /// Markdown rendering.
 pub fn markdown(r: &Explanation) -> String {
     let mut out = String::from("# gpusleuth findings\n\n");
+    if let Some(s) = &r.summary {
+        let _ = writeln!(out, "**{s}**\n");
+    }
     if r.findings.is_empty() {
         let _ = writeln!(out, "{CLEAN}.\n");
     }
@@ -167,6 +236,13 @@ pub fn markdown(r: &Explanation) -> String {
             out,
             "<details><summary>Evidence</summary>\n\n```json\n{evidence}\n```\n</details>\n"
         );
+    }
+    if !r.threads.is_empty() {
+        out.push_str("## Where the time went\n\n");
+        for line in thread_lines(&r.threads) {
+            let _ = writeln!(out, "- {line}");
+        }
+        out.push('\n');
     }
     if !r.notes.is_empty() {
         out.push_str("## Notes\n\n");

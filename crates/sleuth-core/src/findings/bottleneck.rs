@@ -186,11 +186,13 @@ fn finding(
     }
 }
 
-/// The GPU idles while the issuing thread computes on the CPU outside CUDA calls.
+/// The GPU idles while the issuing thread works on the CPU outside CUDA
+/// calls (computing, or runnable: wanting the CPU to compute on).
 pub(super) fn host_bound(v: &ThreadView) -> Option<Finding> {
     let t = v.t;
     let on_cpu = t.between.on_cpu_ns;
-    let share = t.share(on_cpu);
+    let host = on_cpu + t.between.runnable_ns;
+    let share = t.share(host);
     let per_launch = v.host_ns_per_launch();
     if share < HOST_BOUND_MIN_SHARE
         || per_launch.is_some_and(|p| p <= LAUNCH_BOUND_MAX_HOST_NS)
@@ -199,32 +201,53 @@ pub(super) fn host_bound(v: &ThreadView) -> Option<Finding> {
         return None;
     }
     let why = v.gpu_idle()?;
+    let culprits: Vec<FindingCulprit> = t
+        .preempted_by
+        .iter()
+        .take(TOP_CULPRITS)
+        .map(|h| FindingCulprit {
+            pid: h.pid,
+            comm: h.comm.clone(),
+            runnable_ns: h.runnable_ns,
+            share: if t.between.runnable_ns == 0 {
+                0.0
+            } else {
+                h.runnable_ns as f64 / t.between.runnable_ns as f64
+            },
+        })
+        .collect();
     let summary = format!(
-        "{}; {} spent {} ({} of {}) computing on the CPU between CUDA calls while the GPU waited for work{}",
+        "{}; {} spent {} ({} of {}) on the host between CUDA calls while the GPU waited for work: {} computing \
+         on the CPU, {} runnable waiting for a CPU{}",
         v.gpu_text(),
         who(t),
         pct(share),
-        ms(on_cpu),
+        ms(host),
         ms(t.wall_ns),
+        ms(on_cpu),
+        ms(t.between.runnable_ns),
         match per_launch {
-            Some(p) => format!(" ({} of host time per kernel launch)", ms(p)),
+            Some(p) => format!("; {} of host time per kernel launch", ms(p)),
             None => String::new(),
         }
     );
     let mut ev = v.base_evidence();
+    ev["host_ns"] = json!(host);
     ev["host_on_cpu_ns"] = json!(on_cpu);
+    ev["host_runnable_ns"] = json!(t.between.runnable_ns);
     ev["host_ns_per_launch"] = json!(per_launch);
     ev["gpu_idle_evidence"] = json!(why);
     Some(finding(
         Kind::HostBound,
         v,
-        on_cpu,
+        host,
         summary,
         ev,
-        Vec::new(),
+        culprits,
         "The GPU starves while this thread prepares work on the CPU. Move the host work off the issuing thread and \
          overlap it with the GPU: more DataLoader workers (num_workers), pin_memory=True, prefetching of the next \
-         batch, or move the preprocessing (decoding, augmentation, tokenization) to the GPU.",
+         batch, or move the preprocessing (decoding, augmentation, tokenization) to the GPU. If much of it is \
+         runnable time, the tasks named as culprits took the CPU.",
     ))
 }
 
@@ -294,7 +317,9 @@ pub(super) fn input_wait(v: &ThreadView) -> Option<Finding> {
 pub(super) fn launch_bound(v: &ThreadView) -> Option<Finding> {
     let t = v.t;
     let per_launch = v.host_ns_per_launch()?;
-    let host = t.between.on_cpu_ns + v.launch_call_ns;
+    // Runnable time between calls is host time too (the thread wanted the
+    // CPU to issue its next launch); the per-launch cost counts on-CPU only.
+    let host = t.between.on_cpu_ns + t.between.runnable_ns + v.launch_call_ns;
     let share = t.share(host);
     if v.launches < LAUNCH_BOUND_MIN_LAUNCHES
         || per_launch > LAUNCH_BOUND_MAX_HOST_NS
@@ -306,7 +331,7 @@ pub(super) fn launch_bound(v: &ThreadView) -> Option<Finding> {
     let rate = v.launches as f64 / (t.wall_ns as f64 / 1e9);
     let summary = format!(
         "{}; {} launched {} kernels at {:.0}/s, {} of host time each: the launch path, not the GPU, sets the pace \
-         ({} of {} on the CPU issuing work)",
+         ({} of {} on the host issuing work)",
         v.gpu_text(),
         who(t),
         v.launches,
@@ -410,10 +435,10 @@ pub(super) fn sync_stall(v: &ThreadView, data: &TraceData) -> Option<Finding> {
     ))
 }
 
-/// Pinned host ranges of one process over time.
+/// Pinned host ranges of one process, as replayed up to a moment.
 #[derive(Default)]
 struct PinnedRanges {
-    /// start -> (end, since_ns)
+    /// start -> end (exclusive)
     live: std::collections::BTreeMap<u64, u64>,
 }
 
@@ -471,7 +496,7 @@ pub(super) fn pageable_copy(views: &[ThreadView], data: &TraceData) -> Vec<Findi
                 let a = per_thread.entry((c.pid, c.tid)).or_default();
                 a.count += 1;
                 a.bytes += c.size.unwrap_or(0);
-                a.on_cpu += c.on_cpu_ns();
+                a.on_cpu += c.on_cpu_ns() + c.runnable_ns;
                 a.wall += c.dur_ns;
                 if crate::ops::host_ptr_arg(info, c.kind) == Some(1) {
                     a.h2d += 1;
@@ -505,7 +530,7 @@ pub(super) fn pageable_copy(views: &[ThreadView], data: &TraceData) -> Vec<Findi
             })
             .collect();
         let summary = format!(
-            "{} made {} copies from pageable host memory ({} H2D, {} D2H, {:.1} MiB): {} on the CPU staging them \
+            "{} made {} copies from pageable host memory ({} H2D, {} D2H, {:.1} MiB): {} on the host staging them \
              ({} of {}){}",
             who(v.t),
             a.count,
@@ -525,7 +550,8 @@ pub(super) fn pageable_copy(views: &[ThreadView], data: &TraceData) -> Vec<Findi
         ev["bytes"] = json!(a.bytes);
         ev["h2d"] = json!(a.h2d);
         ev["d2h"] = json!(a.d2h);
-        ev["staging_on_cpu_ns"] = json!(a.on_cpu);
+        // On-CPU plus runnable time inside the copies: the CPU's part of the copy.
+        ev["staging_ns"] = json!(a.on_cpu);
         ev["copy_wall_ns"] = json!(a.wall);
         ev["pinned_copies"] = json!(pinned_copies.get(&(v.t.pid, v.t.tid)).copied().unwrap_or(0));
         ev["pinned_ranges_seen"] = json!(

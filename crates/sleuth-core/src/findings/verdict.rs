@@ -48,7 +48,16 @@ pub(super) fn summary_line(
         let w = who(t);
         let line = match f.kind {
             Kind::HostBound => {
-                format!("{g}; {w} spent {share} computing on the CPU between CUDA calls: host-bound")
+                let (cpu, run) = (t.between.on_cpu_ns, t.between.runnable_ns);
+                if run * 10 <= cpu + run {
+                    format!("{g}; {w} spent {share} computing on the CPU between CUDA calls: host-bound")
+                } else {
+                    format!(
+                        "{g}; {w} spent {share} on the host between CUDA calls ({} computing, {} waiting for a CPU): host-bound",
+                        pct(t.share(cpu)),
+                        pct(t.share(run))
+                    )
+                }
             }
             Kind::InputWait => {
                 let by = t
@@ -72,7 +81,7 @@ pub(super) fn summary_line(
                 t.syncs
             ),
             Kind::PageableCopy => format!(
-                "{g}; {w} spent {share} on the CPU staging copies from pageable memory: pageable copies"
+                "{g}; {w} spent {share} on the host staging copies from pageable memory: pageable copies"
             ),
             Kind::CpuPreemption => format!(
                 "{g}; CUDA calls waited runnable for {share} of the trace while other tasks held the CPU: CPU contention"
