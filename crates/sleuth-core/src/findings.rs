@@ -371,3 +371,5 @@ pub fn error_name(code: i64) -> &'static str {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod verdict_tests;
