@@ -119,11 +119,23 @@ pub(super) fn views<'a>(
     threads: &'a [ThreadSplit],
     gpu: impl Fn(u64, u64) -> Option<GpuBusy>,
 ) -> Vec<ThreadView<'a>> {
-    // Counted launches go to each process's longest issuing thread.
-    let mut counted: HashMap<u32, u64> = HashMap::new();
+    // Counted launches go to each process's longest issuing thread. With
+    // `--launches all` both layers are counted: a runtime launch goes through
+    // the driver, so the driver's count is used when there is one.
+    let mut by_layer: HashMap<(u32, crate::ops::Layer), u64> = HashMap::new();
     for c in &data.counts {
-        if op_by_id(c.op).is_some_and(|o| o.class == OpClass::Launch) {
-            *counted.entry(c.pid).or_default() += c.count;
+        if let Some(o) = op_by_id(c.op).filter(|o| o.class == OpClass::Launch) {
+            *by_layer.entry((c.pid, o.layer)).or_default() += c.count;
+        }
+    }
+    let mut counted: HashMap<u32, u64> = HashMap::new();
+    for (&(pid, layer), &n) in &by_layer {
+        let driver = by_layer
+            .get(&(pid, crate::ops::Layer::Driver))
+            .copied()
+            .unwrap_or(0);
+        if layer == crate::ops::Layer::Driver || driver == 0 {
+            *counted.entry(pid).or_default() += n;
         }
     }
     let mut main_of: HashMap<u32, (u64, u32)> = HashMap::new();

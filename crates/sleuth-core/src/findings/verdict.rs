@@ -40,7 +40,11 @@ pub(super) fn summary_line(
         return None; // said in a note: what can and cannot be told
     }
     let main = threads.first()?;
-    let top = findings.first().filter(|f| f.kind.is_time_verdict());
+    // A verdict heads the line only when it explains a real share of the
+    // time; otherwise the line says where the main thread's time went.
+    let top = findings.first().filter(|f| {
+        f.kind.is_time_verdict() && f.wall_share.unwrap_or(0.0) >= VERDICT_MEDIUM_SHARE
+    });
     if let Some(f) = top {
         let share = pct(f.wall_share.unwrap_or(0.0));
         let t = thread_of(f, threads).unwrap_or(main);
