@@ -75,6 +75,10 @@ pub struct StatsReport {
     pub drops: BTreeMap<String, u64>,
     /// Recorded events per kind and `total`.
     pub events: BTreeMap<String, u64>,
+    /// Where each CUDA-issuing thread's time went, inside and between CUDA
+    /// calls (see `threads.rs`); empty without host context.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub threads: Vec<crate::threads::ThreadSplit>,
 }
 
 /// Per-op statistics of `data`, culprits joined from its waits.
@@ -125,6 +129,11 @@ pub fn op_stats(data: &TraceData, per_call_culprits: &[Vec<Culprit>]) -> StatsRe
         ops: per_call,
         drops: drop_counters(data),
         events: event_counters(data),
+        threads: if data.has_host_context {
+            crate::threads::thread_splits(data)
+        } else {
+            Vec::new()
+        },
     }
 }
 

@@ -148,7 +148,9 @@ pub fn findings(db: &Path, scope: &args::CallScope) -> Result<Value> {
     let data = load_scoped(&trace, scope)?;
     let report = findings::explain_report(&data);
     Ok(json!({
+        "summary": report.summary,
         "findings": report.findings,
+        "threads": report.threads,
         "notes": report.notes,
         "clean": report.findings.is_empty(),
     }))

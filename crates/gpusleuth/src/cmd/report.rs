@@ -190,6 +190,9 @@ fn summary_html(data: &TraceData, s: &Session, notes: &[Note], span_ns: u64) -> 
 
 fn findings_html(e: &Explanation) -> String {
     let mut h = String::from("<h2>Findings</h2>");
+    if let Some(s) = &e.summary {
+        let _ = write!(h, "<p class=\"verdict\"><b>{}</b></p>", esc(s));
+    }
     if e.findings.is_empty() {
         h.push_str(
             "<p>No finding: nothing in this trace crossed a threshold (see docs/findings.md).</p>",
@@ -206,13 +209,25 @@ fn findings_html(e: &Explanation) -> String {
             esc(&f.summary)
         );
         if let Some(names) = crate::cmd::explain::culprit_line(f) {
-            let _ = write!(h, "<div>CPU taken by: {}</div>", esc(&names));
+            let label = if f.kind == sleuth_core::findings::Kind::InputWait {
+                "Woken by"
+            } else {
+                "CPU taken by"
+            };
+            let _ = write!(h, "<div>{label}: {}</div>", esc(&names));
         }
         let _ = write!(
             h,
             "<div class=\"rec\">→ {}</div></div>",
             esc(&f.recommendation)
         );
+    }
+    if !e.threads.is_empty() {
+        h.push_str("<h3>Where the time went, per CUDA-issuing thread</h3><ul>");
+        for line in crate::cmd::explain::thread_lines(&e.threads) {
+            let _ = write!(h, "<li>{}</li>", esc(&line));
+        }
+        h.push_str("</ul>");
     }
     for n in &e.notes {
         let _ = write!(h, "<div class=\"note\">note: {}</div>", esc(n));

@@ -97,7 +97,17 @@ pub(super) fn summary_line(
     // No time verdict: say where the main thread's time went.
     let g = gpu_text(gpu(main.start_ns, main.end_ns));
     let w = who(main);
-    let sync_share = main.share(main.sync_ns);
+    // Runnable time inside calls is the CPU being taken, not the GPU working.
+    let gpu_wait = main.sync_ns.saturating_sub(main.in_calls.runnable_ns);
+    let sync_share = main.share(gpu_wait);
+    let runnable_note = if main.share(main.in_calls.runnable_ns) >= 0.01 {
+        format!(
+            " ({} more runnable inside CUDA calls: the CPU was taken)",
+            pct(main.share(main.in_calls.runnable_ns))
+        )
+    } else {
+        String::new()
+    };
     let in_share = main.share(main.in_calls.wall_ns());
     Some(if main.wall_ns < VERDICT_MIN_WINDOW_NS {
         format!(
@@ -106,7 +116,7 @@ pub(super) fn summary_line(
         )
     } else if sync_share >= 0.5 {
         format!(
-            "{g}; {w} spent {} waiting for the GPU inside syncs: GPU-bound",
+            "{g}; {w} spent {} waiting for the GPU inside syncs{runnable_note}: GPU-bound",
             pct(sync_share)
         )
     } else {
