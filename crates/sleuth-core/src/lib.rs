@@ -8,6 +8,8 @@ pub mod data;
 pub mod decompose;
 pub mod event;
 pub mod findings;
+pub mod gpu_activity;
+pub mod held;
 pub mod ledger;
 pub mod ops;
 pub mod record;
