@@ -384,6 +384,12 @@ impl Replay {
     }
 }
 
+/// The ledger of a process the trace saw no CUDA call of (e.g. one NVML
+/// lists as holding memory that it allocated before the trace).
+pub fn empty_ledger(pid: u32, comm: String, exit_ns: Option<u64>) -> ProcessLedger {
+    Replay::default().finish(pid, comm, exit_ns)
+}
+
 /// The ledger of every process that made a recorded or counted call, by pid.
 /// With `at_ns`, only calls that returned at or before that moment count
 /// (and a call failing before it).
