@@ -353,6 +353,17 @@ fn notes(data: &TraceData) -> Vec<String> {
             "{lost} events were dropped during capture: counts and findings may be incomplete."
         ));
     }
+    let edges = crate::stats::attach_edges(data);
+    let before = edges.get("return_without_entry").copied().unwrap_or(0);
+    let open = edges
+        .get(crate::stats::EDGE_OPEN_AT_END)
+        .copied()
+        .unwrap_or(0);
+    if before + open > 0 {
+        out.push(format!(
+            "Attach edges, not losses: {before} call(s) began before tracing and returned during it              (not recorded), {open} call(s) were still in progress when the trace stopped."
+        ));
+    }
     out
 }
 

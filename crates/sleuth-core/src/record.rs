@@ -60,6 +60,28 @@ pub mod stat {
         "traced_map_full",
         "ring_full_block",
     ];
+
+    /// Whether counter `i` is an expected edge of attaching to running
+    /// processes rather than a loss: a return whose entry was not seen
+    /// because the call began before its process was traced. (The in-flight
+    /// map holds 65,536 calls, so an eviction would need that many open at
+    /// once; a failed entry insert is counted as `inflight_map_full`.)
+    pub fn is_attach_edge(i: usize) -> bool {
+        i == UNMATCHED_RETURN
+    }
+
+    /// The name of an attach-edge counter in `stats` (`edge_` + this) and metrics.
+    pub fn edge_name(i: usize) -> &'static str {
+        match i {
+            UNMATCHED_RETURN => "return_without_entry",
+            _ => NAMES.get(i).copied().unwrap_or("unknown"),
+        }
+    }
+
+    /// Indices of the real loss counters (every counter but the attach edges).
+    pub fn losses() -> impl Iterator<Item = usize> {
+        (0..MAX).filter(|&i| !is_attach_edge(i))
+    }
 }
 
 #[repr(C)]

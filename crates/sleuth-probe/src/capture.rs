@@ -126,6 +126,15 @@ struct ThreadStateRaw([u64; 6]);
 // thread_state` in gpusleuth.bpf.c); every bit pattern is valid.
 unsafe impl Pod for ThreadStateRaw {}
 
+/// `struct inflight_call` of gpusleuth.bpf.c: start, six arguments, two
+/// snapshots, flags + pad (80 bytes). Only its keys are read.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct InflightRaw([u64; 10]);
+// SAFETY: a #[repr(C)] array of u64 (80 bytes, the size of `struct
+// inflight_call`); every bit pattern is valid.
+unsafe impl Pod for InflightRaw {}
+
 /// A running capture: loaded programs, their links, and the ring buffer.
 pub struct Capture {
     bpf: Ebpf,
@@ -562,6 +571,18 @@ impl Capture {
             }
         };
         (count("traced"), count("threads"))
+    }
+
+    /// Traced calls entered and not yet returned (the `inflight` map; only
+    /// traced callers create entries). Read when the trace stops: calls still
+    /// open then are an attach edge, not a loss.
+    pub fn open_calls(&self) -> usize {
+        let Some(m) = self.bpf.map("inflight") else {
+            return 0;
+        };
+        BpfHashMap::<_, u64, InflightRaw>::try_from(m)
+            .map(|h| h.keys().flatten().count())
+            .unwrap_or(0)
     }
 
     /// Hot-path calls counted in the kernel, per process and op.

@@ -172,9 +172,15 @@ impl WriterHandle {
     }
 }
 
-/// Stats name of a kernel drop counter: `drop_` + `record::stat::NAMES[i]`.
+/// Stats name of a kernel counter: `drop_` + `record::stat::NAMES[i]` for a
+/// loss, `edge_` + `record::stat::edge_name(i)` for an attach edge.
 pub fn drop_stat_name(index: usize) -> Option<String> {
-    stat::NAMES.get(index).map(|n| format!("drop_{n}"))
+    let name = stat::NAMES.get(index)?;
+    Some(if stat::is_attach_edge(index) {
+        format!("edge_{}", stat::edge_name(index))
+    } else {
+        format!("drop_{name}")
+    })
 }
 
 /// CLOCK_MONOTONIC now, in ns (the clock of every trace timestamp).
@@ -251,9 +257,14 @@ fn init(conn: &Connection, info: &SessionInfo, opts: &WriterOptions) -> rusqlite
     ] {
         st.execute([name])?;
     }
-    for name in stat::NAMES {
-        st.execute([format!("drop_{name}")])?;
+    for i in stat::losses() {
+        st.execute([format!("drop_{}", stat::NAMES[i])])?;
     }
+    // Attach edges are counted apart from drops (they are not losses).
+    for i in (0..stat::MAX).filter(|&i| stat::is_attach_edge(i)) {
+        st.execute([format!("edge_{}", stat::edge_name(i))])?;
+    }
+    st.execute(["edge_call_open_at_end"])?;
     drop(st);
     conn.execute_batch("COMMIT")
 }

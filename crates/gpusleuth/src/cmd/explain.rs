@@ -1,5 +1,6 @@
 //! `gpusleuth explain`: ranked, evidence-backed findings of a recorded trace.
 
+use crate::cmd::gpu_context;
 use crate::cmd::stats::{emit, load_trace};
 use crate::output::fmt_ns;
 use sleuth_core::findings::{explain_report, Explanation, Finding, Kind};
@@ -28,12 +29,35 @@ pub const CLEAN: &str = "No abnormal behaviour found";
 pub fn run(args: Args) -> anyhow::Result<i32> {
     let data = load_trace(&args.db, args.pid)?;
     let report = explain_report(&data);
+    let gpu = gpu_context::lines(&data);
     if args.json {
-        emit(&format!("{}\n", serde_json::to_string_pretty(&report)?))?;
+        let mut v = serde_json::to_value(&report)?;
+        if let Some(o) = v.as_object_mut() {
+            o.insert(
+                "gpu_activity".into(),
+                serde_json::to_value(sleuth_core::gpu_activity::of_trace(&data))?,
+            );
+            o.insert(
+                "held_memory".into(),
+                serde_json::to_value(gpu_context::held_memory(&data))?,
+            );
+        }
+        emit(&format!("{}\n", serde_json::to_string_pretty(&v)?))?;
     } else if args.markdown {
-        emit(&markdown(&report))?;
+        let mut md = markdown(&report);
+        md.push_str("\n## GPU\n\n");
+        for l in &gpu {
+            md.push_str(&format!("- {l}\n"));
+        }
+        emit(&md)?;
     } else {
-        emit(&text(&report))?;
+        let mut t = text(&report);
+        t.push('\n');
+        for l in &gpu {
+            t.push_str(l);
+            t.push('\n');
+        }
+        emit(&t)?;
     }
     Ok(0)
 }

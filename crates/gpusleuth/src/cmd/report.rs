@@ -5,6 +5,7 @@
 //! Everything is inline (CSS and SVG charts drawn here): the file opens
 //! without network access and can be mailed or attached to a ticket.
 
+mod gpu;
 mod svg;
 
 use crate::cmd::export::origin_ns;
@@ -24,7 +25,7 @@ use svg::{decades, esc, nice_ticks, Linear, Log, Svg};
 /// How many of the slowest calls the report breaks down.
 pub const SLOWEST_CALLS: usize = 15;
 /// Chart width in CSS pixels.
-const WIDTH: f64 = 960.0;
+pub(super) const WIDTH: f64 = 960.0;
 const ON_CPU: &str = "#4e79a7";
 const RUNNABLE: &str = "#f28e2b";
 const BLOCKED: &str = "#a0a0a0";
@@ -88,6 +89,8 @@ pub fn render(data: &TraceData, session: &Session, notes: &[Note], title: &str) 
         end.saturating_sub(origin),
     ));
     h.push_str(&findings_html(&explanation));
+    h.push_str("<h2>GPU activity</h2>");
+    h.push_str(&gpu::section(data, origin, end));
     h.push_str("<h2>Device memory per process</h2>");
     h.push_str(&memory_section(&ledgers, origin, end));
     h.push_str("<h2>Latency per op</h2>");
