@@ -41,7 +41,7 @@ def burn(seconds):
 class MLP(torch.nn.Module):
     def __init__(self):
         super().__init__()
-        layers = [torch.nn.Linear(1024, 8192)] + [torch.nn.Linear(8192, 8192) for _ in range(6)]
+        layers = [torch.nn.Linear(1024, 8192)] + [torch.nn.Linear(8192, 8192) for _ in range(3)]
         self.layers = torch.nn.ModuleList(layers)
 
     def forward(self, x):
@@ -120,7 +120,7 @@ def item_step(a, b):
     return c.float().mean()
 
 
-def loop_item(steps=600, host_s=0.002):
+def loop_item(steps=600, host_s=0.0015):
     a = torch.randn(4096, 4096, device=DEV, dtype=torch.bfloat16)
     b = torch.randn(4096, 4096, device=DEV, dtype=torch.bfloat16)
     item_step(a, b).item()
