@@ -9,6 +9,7 @@ loop wall time) and from gpusleuth (NVML, when the trace has samples), and for
 """
 import json
 import os
+import re
 import sys
 
 EXPECTED = {"starved": "host_bound", "workers": "input_wait", "launch": "launch_bound",
@@ -37,6 +38,10 @@ def main():
         busy_tool = None
         if verdict and verdict["evidence"].get("gpu_busy"):
             busy_tool = verdict["evidence"]["gpu_busy"]["busy"]
+        elif ex.get("summary"):
+            # No verdict: the summary line carries GPU busy over the main thread's window.
+            hit = re.match(r"GPU busy (\d+)%", ex["summary"])
+            busy_tool = int(hit.group(1)) / 100 if hit else None
         expected = EXPECTED[m]
         ok = (verdict is None) if expected is None else (verdict is not None and verdict["kind"] == expected)
         row = {"mode": m, "expected": expected, "verdict": verdict["kind"] if verdict else None,
