@@ -236,11 +236,7 @@ impl GpuSampler {
         let thread = std::thread::Builder::new()
             .name("gpusleuth-nvml".into())
             .spawn(move || {
-                loop {
-                    match stopped.recv_timeout(POLL_INTERVAL) {
-                        Err(RecvTimeoutError::Timeout) => {}
-                        _ => break,
-                    }
+                while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(POLL_INTERVAL) {
                     let poll = sampler.poll();
                     let scope = s.lock().unwrap_or_else(|p| p.into_inner()).clone();
                     let dev = conv.device_samples(&poll);

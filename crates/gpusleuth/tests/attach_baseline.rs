@@ -134,7 +134,7 @@ fn mcp_calls(db: &Path, tools: &[&str]) -> Vec<Value> {
             .unwrap_or_else(|| panic!("{t}: {reply}"));
         out.push(serde_json::from_str(text).expect("tool JSON"));
     }
-    drop(send);
+    // The closure's borrow of stdin ends with its last use: dropping stdin closes the pipe.
     drop(stdin);
     let _ = wait_child(&mut child, 10);
     out

@@ -259,7 +259,7 @@ pub fn explain_with(data: &TraceData, per_call_culprits: &[Vec<Culprit>]) -> Exp
         Vec::new()
     };
     let gpu = |a: u64, b: u64| crate::gpu_busy::gpu_busy(data, a, b);
-    let views = bottleneck::views(data, &threads, &gpu);
+    let views = bottleneck::views(data, &threads, gpu);
     let mut findings = Vec::new();
     if data.has_host_context {
         findings.extend(time::cpu_preemption(&ctx));

@@ -41,7 +41,7 @@ pub fn gpu_busy(data: &TraceData, start_ns: u64, end_ns: u64) -> Option<GpuBusy>
             continue;
         }
         let e = acc.entry(s.gpu).or_default();
-        let busy = (s.busy_pct as f64 / 100.0).clamp(0.0, 1.0);
+        let busy = (s.busy_pct / 100.0).clamp(0.0, 1.0);
         e.0 += busy * (to - from) as f64;
         e.1 += to - from;
         e.2 += 1;
@@ -69,7 +69,7 @@ mod tests {
         GpuSample {
             ts_ns: ts,
             gpu,
-            busy_pct: busy as _,
+            busy_pct: busy as f64,
             period_ns: 200 * MS,
         }
     }
