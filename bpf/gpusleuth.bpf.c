@@ -42,7 +42,10 @@ struct thread_state {
 	__u32 state;          /* THREAD_ON_CPU, THREAD_RUNNABLE, THREAD_BLOCKED */
 	__u32 prev_state;     /* raw state at switch-out */
 	__u32 rt_depth;       /* runtime-layer calls in flight on this thread */
-	__u32 pad;
+	__u32 waker_flags;    /* GS_WAKER_* of the current blocked interval */
+	__u32 waker_pid;
+	__u32 waker_tid;
+	char waker_comm[GS_COMM_LEN];
 };
 #define THREAD_ON_CPU 0
 #define THREAD_RUNNABLE 1
@@ -125,6 +128,18 @@ static __always_inline void count_stat(__u32 idx)
 	__u64 *v = bpf_map_lookup_elem(&stats, &idx);
 	if (v)
 		*v += 1; /* per-CPU slot: no atomic needed */
+}
+
+/*
+ * Wake the user-space consumer only when the ring is filling up: it polls
+ * every 50 ms anyway, and a wakeup per record would make the tracer preempt
+ * the very threads whose waits it records (each wakeup a new wait: a loop).
+ */
+static __always_inline __u64 submit_flags(void)
+{
+	__u64 avail = bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA);
+	__u64 size = bpf_ringbuf_query(&events, BPF_RB_RING_SIZE);
+	return avail > size / 4 ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP;
 }
 
 static __always_inline int is_traced(__u32 tgid)
@@ -232,7 +247,7 @@ static __always_inline void emit_block(void *ctx, __u64 cookie, __u64 key, struc
 			bpf_map_delete_elem(&block_inflight, &key);
 		}
 	}
-	bpf_ringbuf_submit(b, 0);
+	bpf_ringbuf_submit(b, submit_flags());
 }
 
 SEC("uretprobe")
@@ -284,7 +299,7 @@ int BPF_KRETPROBE(call_return)
 		e->runnable_ns = ts ? ts->runnable_total - c->runnable_snap : 0;
 		e->blocked_ns = ts ? ts->blocked_total - c->blocked_snap : 0;
 		e->cpu = bpf_get_smp_processor_id();
-		bpf_ringbuf_submit(e, 0);
+		bpf_ringbuf_submit(e, submit_flags());
 	}
 	if (ts && (cookie & GS_COOKIE_RUNTIME) && ts->rt_depth > 0)
 		ts->rt_depth -= 1;
@@ -376,6 +391,7 @@ int BPF_PROG(on_sched_switch, bool preempt, struct task_struct *prev, struct tas
 			ts->wake_ns = now;
 			ts->prev_state = prev_state;
 			ts->state = (preempt || prev_state == 0) ? THREAD_RUNNABLE : THREAD_BLOCKED;
+			ts->waker_flags = 0;
 		}
 	}
 
@@ -406,9 +422,15 @@ int BPF_PROG(on_sched_switch, bool preempt, struct task_struct *prev, struct tas
 				w->on_ns = now;
 				w->prev_state = ts->prev_state;
 				w->cpu = bpf_get_smp_processor_id();
+				if (ts->waker_flags & GS_WAKER_KNOWN) {
+					w->waker_pid = ts->waker_pid;
+					w->waker_tid = ts->waker_tid;
+					w->waker_flags = ts->waker_flags;
+					__builtin_memcpy(w->waker_comm, ts->waker_comm, GS_COMM_LEN);
+				}
 				if (h && now > wake)
 					attribute_wait(w, h, wake, now, next_tid);
-				bpf_ringbuf_submit(w, 0);
+				bpf_ringbuf_submit(w, submit_flags());
 			}
 		}
 		if (ts)
@@ -445,6 +467,64 @@ int BPF_PROG(on_sched_wakeup, struct task_struct *p)
 	return 0;
 }
 
+/* Per CPU: interrupt handlers (hard, soft, hrtimer) running now. A wakeup
+ * made inside one is not the doing of the task it interrupted. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} irq_depth SEC(".maps");
+
+static __always_inline void irq_enter_exit(int enter)
+{
+	__u32 zero = 0;
+	__u32 *d = bpf_map_lookup_elem(&irq_depth, &zero);
+	if (!d)
+		return;
+	if (enter)
+		*d += 1;
+	else if (*d > 0)
+		*d -= 1; /* attached mid-handler: the entry was not seen */
+}
+
+SEC("tp_btf/irq_handler_entry")
+int BPF_PROG(on_irq_entry) { irq_enter_exit(1); return 0; }
+SEC("tp_btf/irq_handler_exit")
+int BPF_PROG(on_irq_exit) { irq_enter_exit(0); return 0; }
+SEC("tp_btf/softirq_entry")
+int BPF_PROG(on_softirq_entry) { irq_enter_exit(1); return 0; }
+SEC("tp_btf/softirq_exit")
+int BPF_PROG(on_softirq_exit) { irq_enter_exit(0); return 0; }
+SEC("tp_btf/hrtimer_expire_entry")
+int BPF_PROG(on_hrtimer_entry) { irq_enter_exit(1); return 0; }
+SEC("tp_btf/hrtimer_expire_exit")
+int BPF_PROG(on_hrtimer_exit) { irq_enter_exit(0); return 0; }
+
+/*
+ * sched_waking runs in the waker's context (sched_wakeup may run later on the
+ * wakee's CPU): remember who woke a sleeping traced thread. The switch-in
+ * handler copies it into the wait record.
+ */
+SEC("tp_btf/sched_waking")
+int BPF_PROG(on_sched_waking, struct task_struct *p)
+{
+	__u32 tid = p->pid;
+	if (!is_traced(p->tgid))
+		return 0;
+	struct thread_state *ts = bpf_map_lookup_elem(&threads, &tid);
+	if (!ts || ts->state != THREAD_BLOCKED || (ts->waker_flags & GS_WAKER_KNOWN))
+		return 0;
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 zero = 0;
+	__u32 *d = bpf_map_lookup_elem(&irq_depth, &zero);
+	ts->waker_pid = id >> 32;
+	ts->waker_tid = (__u32)id;
+	bpf_get_current_comm(ts->waker_comm, GS_COMM_LEN);
+	ts->waker_flags = GS_WAKER_KNOWN | ((d && *d > 0) ? GS_WAKER_IRQ : 0);
+	return 0;
+}
+
 SEC("tp_btf/sched_wakeup_new")
 int BPF_PROG(on_sched_wakeup_new, struct task_struct *p)
 {
@@ -470,7 +550,7 @@ static __always_inline void emit_proc(__u32 event, __u32 pid, __u32 tid, __u32 p
 	e->exit_code = code;
 	e->ts_ns = bpf_ktime_get_ns();
 	bpf_probe_read_kernel(e->comm, GS_COMM_LEN, t->comm);
-	bpf_ringbuf_submit(e, 0);
+	bpf_ringbuf_submit(e, submit_flags());
 }
 
 SEC("tp_btf/sched_process_fork")

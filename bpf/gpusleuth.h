@@ -87,7 +87,18 @@ struct gs_wait {
 	__u32 n_culprits;
 	__u32 pad;
 	struct gs_culprit culprits[GS_MAX_CULPRITS];
+	/* Who woke the thread (blocked waits), read at sched_waking in the
+	 * waker's context; valid when waker_flags has GS_WAKER_KNOWN. */
+	__u32 waker_pid;
+	__u32 waker_tid;
+	char waker_comm[GS_COMM_LEN];
+	__u32 waker_flags;
+	__u32 pad2;
 };
+
+/* gs_wait.waker_flags */
+#define GS_WAKER_KNOWN 1 /* a sched_waking was seen while the thread slept */
+#define GS_WAKER_IRQ 2   /* ...in interrupt context (timer, device): not a task's doing */
 
 /* One caching-allocator event: the Block and its first GS_BLOCK_WORDS words. */
 struct gs_block {
@@ -140,7 +151,7 @@ struct gs_count_key {
 /* Sizes pinned by crates/sleuth-core/src/record.rs: change both together. */
 _Static_assert(sizeof(struct gs_call) == 120, "gs_call layout");
 _Static_assert(sizeof(struct gs_culprit) == 32, "gs_culprit layout");
-_Static_assert(sizeof(struct gs_wait) == 184, "gs_wait layout");
+_Static_assert(sizeof(struct gs_wait) == 216, "gs_wait layout");
 _Static_assert(sizeof(struct gs_proc) == 48, "gs_proc layout");
 _Static_assert(sizeof(struct gs_block) == 176, "gs_block layout");
 

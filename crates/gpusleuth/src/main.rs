@@ -4,6 +4,7 @@
 //! library crates. Errors end as one line on stderr and a non-zero exit.
 
 mod cmd;
+mod gpu_sampler;
 mod held_child;
 mod live;
 mod metrics;

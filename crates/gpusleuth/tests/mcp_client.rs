@@ -102,6 +102,7 @@ fn write_trace(db: &Path) -> serde_json::Value {
             comm: "cpuhog".into(),
             ns: 3_000_000,
         }],
+        waker: None,
     }))
     .expect("send");
     // A sync that slept 0.9 ms waiting for the GPU.

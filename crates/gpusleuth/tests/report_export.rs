@@ -195,7 +195,8 @@ fn perfetto_export_numbers_match_the_database() {
     assert!(ev.iter().any(|e| e["ph"] == "i"
         && e["name"] == "failed cudaMalloc"
         && e["args"]["bytes"] == DEMO_FAILED_BYTES));
-    for kind in ["allocation_failure", "unfreed_memory", "cpu_preemption"] {
+    // The 3 MiB held until exit is released by the driver: no finding (issue 12).
+    for kind in ["allocation_failure", "cpu_preemption"] {
         assert!(
             ev.iter()
                 .any(|e| e["cat"] == "finding" && e["name"].as_str().unwrap().starts_with(kind)),
@@ -291,7 +292,7 @@ fn report_is_one_self_contained_html_file_with_every_section() {
         "failed allocation not marked"
     );
     assert!(html.contains("CPU held by gs-hog"), "culprit not named");
-    for kind in ["allocation_failure", "cpu_preemption", "unfreed_memory"] {
+    for kind in ["allocation_failure", "cpu_preemption"] {
         assert!(html.contains(kind), "finding {kind} missing");
     }
     // One box row per op with per-call records.

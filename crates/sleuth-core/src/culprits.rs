@@ -117,6 +117,7 @@ mod tests {
             prev_state: 0,
             cpu: 0,
             culprits,
+            waker: None,
         }
     }
 

@@ -29,6 +29,9 @@ pub struct CallEvent {
     pub stream: Option<u64>,
     /// `cudaMemcpyKind` of runtime copies.
     pub kind: Option<u64>,
+    /// Host-side pointer of a host<->device copy (source of H2D, destination
+    /// of D2H), to tell pinned from pageable memory. None for other calls.
+    pub host_ptr: Option<u64>,
     /// A driver call made from inside a runtime call on the same thread
     /// (e.g. `cuMemAlloc_v2` inside `cudaMalloc`): not counted twice in the ledger.
     pub nested: bool,
@@ -106,6 +109,26 @@ pub struct Culprit {
     pub ns: u64,
 }
 
+/// Who woke a blocked thread (`sched_waking`, read in the waker's context).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Waker {
+    /// Process (tgid) of the waking task; 0 for an interrupt on an idle CPU.
+    pub pid: u32,
+    pub tid: u32,
+    pub comm: String,
+    /// The wakeup came from interrupt context (a timer expiring, a device
+    /// completing I/O): `pid`/`comm` then name the task that happened to be
+    /// interrupted, not a task the thread waited for.
+    pub irq: bool,
+}
+
+impl Waker {
+    /// Whether a task (not an interrupt, not an idle CPU) did the wakeup.
+    pub fn is_task(&self) -> bool {
+        !self.irq && self.tid != 0
+    }
+}
+
 /// One off-CPU interval of a traced thread.
 /// Blocked part: `[off_ns, wake_ns)`; runnable part: `[wake_ns, on_ns)`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -120,6 +143,9 @@ pub struct WaitEvent {
     pub prev_state: u32,
     pub cpu: u32,
     pub culprits: Vec<Culprit>,
+    /// Who woke the thread (blocked waits only; None when not seen, for
+    /// preemptions, and in traces recorded before wakers were captured).
+    pub waker: Option<Waker>,
 }
 
 impl WaitEvent {

@@ -2,13 +2,16 @@
 //!
 //! Rigor rule: only runnable-waiting time (the CPU was given to another
 //! task) is blamed on CPU contention, with the tasks that held the CPU named.
-//! Blocked time in sync calls is the host waiting for the GPU (`gpu_wait`):
-//! informational, never blamed on the OS. Every threshold is a constant
+//! Time blocked in sync calls is the host waiting for the GPU: the healthy
+//! state of a GPU-bound program, stated in the summary line, never a finding.
+//! gpusleuth's own threads are never culprits. Every threshold is a constant
 //! below, documented with its exact trigger in docs/findings.md.
 
+mod bottleneck;
 mod fragmentation;
 mod memory;
 mod time;
+mod verdict;
 
 use crate::data::TraceData;
 use crate::event::Culprit;
@@ -25,23 +28,58 @@ pub const PREEMPTION_MIN_TAIL_SHARE: f64 = 0.5;
 pub const PREEMPTION_HIGH_SHARE: f64 = 0.25;
 pub const PREEMPTION_MEDIUM_SHARE: f64 = 0.10;
 
-// --- gpu_wait ---------------------------------------------------------------
-/// A sync op must have been blocked at least this long in total ...
-pub const GPU_WAIT_MIN_NS: u64 = 10_000_000;
-/// ... and at least this share of the trace's duration (thread-time, so
-/// several threads waiting together can exceed 1).
-pub const GPU_WAIT_MIN_SHARE: f64 = 0.10;
+// --- the bottleneck verdicts (per CUDA-issuing thread, see threads.rs) -------
+/// A thread's window (first to last CUDA call) must last at least this long
+/// to be judged: shorter runs say nothing about a steady state.
+pub const VERDICT_MIN_WINDOW_NS: u64 = 100_000_000;
+/// Share of the window a verdict explains from which severity is high / medium.
+pub const VERDICT_HIGH_SHARE: f64 = 0.5;
+pub const VERDICT_MEDIUM_SHARE: f64 = 0.2;
+/// GPU-idle evidence: measured GPU busy below this ...
+pub const GPU_IDLE_MAX_BUSY: f64 = 0.5;
+/// ... or, not measured: at least one sync, and time inside syncs at most
+/// this share of the window (the syncs returned almost at once).
+pub const SYNC_AT_ONCE_MAX_SHARE: f64 = 0.10;
+/// host_bound: on-CPU time between calls at least this share of the window.
+pub const HOST_BOUND_MIN_SHARE: f64 = 0.5;
+/// launch_bound: at least this many kernel launches ...
+pub const LAUNCH_BOUND_MIN_LAUNCHES: u64 = 1000;
+/// ... at most this much host time per launch (on-CPU between calls plus
+/// recorded launch calls, over the launches) ...
+pub const LAUNCH_BOUND_MAX_HOST_NS: u64 = 50_000;
+/// ... and that host time at least this share of the window.
+pub const LAUNCH_BOUND_MIN_SHARE: f64 = 0.5;
+/// input_wait: blocked time between calls at least this share of the window ...
+pub const INPUT_WAIT_MIN_SHARE: f64 = 0.2;
+/// ... and at least this long.
+pub const INPUT_WAIT_MIN_NS: u64 = 10_000_000;
+/// sync_stall: at least this many syncs ...
+pub const SYNC_STALL_MIN_SYNCS: u64 = 20;
+/// ... at least this many per second of the window ...
+pub const SYNC_STALL_MIN_RATE: f64 = 10.0;
+/// ... and the overlappable time (sum over syncs of min(host time since the
+/// previous sync, the sync's wall time)) at least this share of the window.
+pub const SYNC_STALL_MIN_SHARE: f64 = 0.2;
+/// pageable_copy: on-CPU time inside copies from pageable memory at least
+/// this share of the thread's window ...
+pub const PAGEABLE_MIN_SHARE: f64 = 0.05;
+/// ... and at least this long.
+pub const PAGEABLE_MIN_NS: u64 = 10_000_000;
 
 // --- allocation_failure -------------------------------------------------------
 /// Any failed allocation is a finding (high severity).
 pub const ALLOC_FAILURE_MIN_COUNT: usize = 1;
 
-// --- unfreed_memory -----------------------------------------------------------
-/// A process with at least this many unfreed device bytes at the end.
-pub const UNFREED_MIN_BYTES: u64 = 1;
-/// Unfreed bytes from which severity is high / medium (else low).
-pub const UNFREED_HIGH_BYTES: u64 = 1 << 30;
-pub const UNFREED_MEDIUM_BYTES: u64 = 64 << 20;
+// --- memory_growth ----------------------------------------------------------
+/// A (size, op) group of never-freed allocations needs at least this many ...
+pub const GROWTH_MIN_ALLOCS: u64 = 3;
+/// ... made in at least GROWTH_MIN_QUARTERS of the GROWTH_QUARTERS equal
+/// parts of the process's CUDA activity (a steady rise, not a load at start).
+pub const GROWTH_QUARTERS: usize = 4;
+pub const GROWTH_MIN_QUARTERS: usize = 3;
+/// Growing bytes from which severity is high / medium (else low).
+pub const GROWTH_HIGH_BYTES: u64 = 1 << 30;
+pub const GROWTH_MEDIUM_BYTES: u64 = 64 << 20;
 
 // --- allocation_churn ---------------------------------------------------------
 /// A process must have re-allocated freed sizes at least this many times.
@@ -70,25 +108,46 @@ pub const TOP_CULPRITS: usize = 5;
 #[serde(rename_all = "snake_case")]
 pub enum Kind {
     AllocationFailure,
+    HostBound,
+    InputWait,
+    LaunchBound,
+    SyncStall,
+    PageableCopy,
     CpuPreemption,
-    UnfreedMemory,
+    MemoryGrowth,
     Fragmentation,
     AllocationChurn,
     TailLatency,
-    GpuWait,
 }
 
 impl Kind {
     pub fn as_str(self) -> &'static str {
         match self {
             Kind::AllocationFailure => "allocation_failure",
+            Kind::HostBound => "host_bound",
+            Kind::InputWait => "input_wait",
+            Kind::LaunchBound => "launch_bound",
+            Kind::SyncStall => "sync_stall",
+            Kind::PageableCopy => "pageable_copy",
             Kind::CpuPreemption => "cpu_preemption",
-            Kind::UnfreedMemory => "unfreed_memory",
+            Kind::MemoryGrowth => "memory_growth",
             Kind::Fragmentation => "fragmentation",
             Kind::AllocationChurn => "allocation_churn",
             Kind::TailLatency => "tail_latency",
-            Kind::GpuWait => "gpu_wait",
         }
+    }
+
+    /// The kinds that say where a thread's wall time went (ranked by the share they explain).
+    pub fn is_time_verdict(self) -> bool {
+        matches!(
+            self,
+            Kind::HostBound
+                | Kind::InputWait
+                | Kind::LaunchBound
+                | Kind::SyncStall
+                | Kind::PageableCopy
+                | Kind::CpuPreemption
+        )
     }
 }
 
@@ -133,15 +192,28 @@ pub struct Finding {
     pub culprits: Vec<FindingCulprit>,
     pub recommendation: String,
     /// Ranking key among findings of equal severity and kind: the time
-    /// concerned (unfreed_memory: bytes; allocation_failure: 0).
+    /// concerned (memory_growth: bytes; allocation_failure: 0).
     #[serde(skip)]
     pub impact_ns: u64,
+    /// Share of the wall time this finding explains (the issuing thread's
+    /// window for the verdicts, the trace for cpu_preemption), 0.0..=1.0;
+    /// findings are ranked by it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub wall_share: Option<f64>,
 }
 
 /// Findings plus what could not be evaluated.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Explanation {
+    /// One line on top: GPU busy and where the main issuing thread's time
+    /// went ("GPU busy 9%; the main thread ... spent 88% computing on the CPU
+    /// between CUDA calls: host-bound"). None when no thread issued CUDA calls.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub summary: Option<String>,
     pub findings: Vec<Finding>,
+    /// Where each CUDA-issuing thread's time went, largest window first.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub threads: Vec<crate::threads::ThreadSplit>,
     /// Limits of this trace (no host context, dropped events), in plain words.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
@@ -169,40 +241,94 @@ pub fn explain_report(data: &TraceData) -> Explanation {
 
 /// Ranked findings and notes given per-call culprits aligned with `data.calls`.
 pub fn explain_with(data: &TraceData, per_call_culprits: &[Vec<Culprit>]) -> Explanation {
-    let ctx = time::Context::new(data, per_call_culprits);
+    let tracer = crate::threads::tracer_pid(data);
+    // gpusleuth's own threads are never culprits: their time is reported apart.
+    let per_call_culprits: Vec<Vec<Culprit>> = per_call_culprits
+        .iter()
+        .map(|v| {
+            v.iter()
+                .filter(|c| !crate::threads::is_tracer(c.pid, &c.comm, tracer))
+                .cloned()
+                .collect()
+        })
+        .collect();
+    let ctx = time::Context::new(data, &per_call_culprits);
+    let threads = if data.has_host_context {
+        crate::threads::thread_splits(data)
+    } else {
+        Vec::new()
+    };
+    let gpu = |a: u64, b: u64| crate::gpu_busy::gpu_busy(data, a, b);
+    let views = bottleneck::views(data, &threads, gpu);
     let mut findings = Vec::new();
     if data.has_host_context {
         findings.extend(time::cpu_preemption(&ctx));
-        findings.extend(time::gpu_wait(&ctx));
+        for v in &views {
+            findings.extend(bottleneck::host_bound(v));
+            findings.extend(bottleneck::input_wait(v));
+            findings.extend(bottleneck::launch_bound(v));
+            findings.extend(bottleneck::sync_stall(v, data));
+        }
+        findings.extend(bottleneck::pageable_copy(&views, data));
     }
     findings.extend(time::tail_latency(&ctx));
     let ledgers = crate::ledger::ledger(data, None);
     let span = ctx.span_ns();
+    let mut memory_notes = Vec::new();
     for l in &ledgers {
         findings.extend(memory::allocation_failure(l));
-        findings.extend(memory::unfreed_memory(l));
+        findings.extend(memory::memory_growth(l, cuda_span(data, l.pid)));
         findings.extend(memory::allocation_churn(l, span));
+        memory_notes.extend(memory::held_at_end_note(l));
     }
     let allocators = crate::allocator::allocator_views(data, None, &ledgers);
     for v in allocators.values() {
         findings.extend(fragmentation::fragmentation(data, v, &ledgers));
     }
     rank(&mut findings);
+    let summary = verdict::summary_line(data, &threads, &views, &findings, &gpu);
     let mut notes = notes(data);
+    notes.extend(verdict::tracer_note(&threads));
+    notes.extend(verdict::unknown_without_host_context(data, &gpu));
+    notes.extend(memory_notes);
     notes.extend(
         allocators
             .values()
             .filter_map(|v| v.refusal().map(|r| format!("pid {}: {r}", v.pid))),
     );
-    Explanation { findings, notes }
+    Explanation {
+        summary,
+        findings,
+        threads,
+        notes,
+    }
 }
 
-/// Severity first, then kind (failures before slowdowns before information),
-/// then impact, then op for a stable order.
+/// First call start to last call end of one process (non-nested calls).
+fn cuda_span(data: &TraceData, pid: u32) -> (u64, u64) {
+    let mine = data.calls.iter().filter(|c| c.pid == pid && !c.nested);
+    let first = mine.clone().map(|c| c.ts_ns).min().unwrap_or(0);
+    let last = mine.map(|c| c.end_ns()).max().unwrap_or(0);
+    (first, last)
+}
+
+/// Failed allocations first (the program is broken, not slow); then the
+/// findings that explain a share of the wall time, largest share first (the
+/// verdict that explains most of the lost time leads); then the rest by
+/// severity, kind (slowdowns before information) and impact; op and pids
+/// keep the order stable.
 fn rank(findings: &mut [Finding]) {
     findings.sort_by(|a, b| {
-        a.severity
-            .cmp(&b.severity)
+        let group = |f: &Finding| match (f.kind, f.wall_share) {
+            (Kind::AllocationFailure, _) => 0,
+            (_, Some(_)) => 1,
+            _ => 2,
+        };
+        let share = |f: &Finding| f.wall_share.unwrap_or(0.0);
+        group(a)
+            .cmp(&group(b))
+            .then(share(b).total_cmp(&share(a)))
+            .then(a.severity.cmp(&b.severity))
             .then(a.kind.cmp(&b.kind))
             .then(b.impact_ns.cmp(&a.impact_ns))
             .then(a.op.cmp(&b.op))
@@ -214,8 +340,9 @@ fn notes(data: &TraceData) -> Vec<String> {
     let mut out = Vec::new();
     if !data.has_host_context {
         out.push(
-            "This trace has no host scheduler context (imported): cpu_preemption and gpu_wait cannot be \
-             evaluated, and tail_latency cannot say whether the CPU was taken."
+            "This trace has no host scheduler context (imported): cpu_preemption, host_bound, input_wait, \
+             launch_bound, sync_stall and pageable_copy cannot be evaluated, and tail_latency cannot say whether \
+             the CPU was taken."
                 .to_string(),
         );
     }
@@ -224,6 +351,17 @@ fn notes(data: &TraceData) -> Vec<String> {
     if lost > 0 {
         out.push(format!(
             "{lost} events were dropped during capture: counts and findings may be incomplete."
+        ));
+    }
+    let edges = crate::stats::attach_edges(data);
+    let before = edges.get("return_without_entry").copied().unwrap_or(0);
+    let open = edges
+        .get(crate::stats::EDGE_OPEN_AT_END)
+        .copied()
+        .unwrap_or(0);
+    if before + open > 0 {
+        out.push(format!(
+            "Attach edges, not losses: {before} call(s) began before tracing and returned during it              (not recorded), {open} call(s) were still in progress when the trace stopped."
         ));
     }
     out
@@ -244,3 +382,5 @@ pub fn error_name(code: i64) -> &'static str {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod verdict_tests;

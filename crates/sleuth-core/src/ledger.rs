@@ -84,6 +84,12 @@ pub struct ProcessLedger {
     pub allocs: u64,
     /// Matched device frees.
     pub frees: u64,
+    /// Device bytes of the counted allocations (made during the trace).
+    pub allocated_bytes: u64,
+    /// Device bytes given back by matched frees (and by allocations whose
+    /// pointer was still live, see `reused_live_ptrs`): `allocated_bytes −
+    /// freed_bytes = live_bytes`.
+    pub freed_bytes: u64,
     /// Successful frees of a pointer this process never allocated in the
     /// trace (allocated before tracing started, or the allocation was lost).
     pub unmatched_frees: u64,
@@ -172,6 +178,8 @@ struct Replay {
     failed: Vec<FailedAlloc>,
     allocs: u64,
     frees: u64,
+    allocated_bytes: u64,
+    freed_bytes: u64,
     unmatched_frees: u64,
     reused_live_ptrs: u64,
     unknown_ptr_allocs: u64,
@@ -290,10 +298,14 @@ impl Replay {
             if let Some(old) = old {
                 self.reused_live_ptrs += 1;
                 self.sub(old.pool, old.bytes, old.device);
+                if matches!(old.pool, Pool::Device | Pool::Physical) {
+                    self.freed_bytes = self.freed_bytes.saturating_add(old.bytes);
+                }
             }
             self.add(pool, bytes, dev);
             if matches!(pool, Pool::Device | Pool::Physical) {
                 self.allocs += 1;
+                self.allocated_bytes = self.allocated_bytes.saturating_add(bytes);
                 self.churn.alloc_free_ns = self.churn.alloc_free_ns.saturating_add(c.dur_ns);
                 if let Some(n) = self.freed_sizes.get_mut(&bytes).filter(|n| **n > 0) {
                     *n -= 1;
@@ -328,6 +340,7 @@ impl Replay {
                 self.sub(old.pool, old.bytes, old.device);
                 if matches!(old.pool, Pool::Device | Pool::Physical) {
                     self.frees += 1;
+                    self.freed_bytes = self.freed_bytes.saturating_add(old.bytes);
                     self.churn.alloc_free_ns = self.churn.alloc_free_ns.saturating_add(c.dur_ns);
                     *self.freed_sizes.entry(old.bytes).or_default() += 1;
                     self.device_changed(ts);
@@ -375,6 +388,8 @@ impl Replay {
             vmm_bytes: self.vmm,
             allocs: self.allocs,
             frees: self.frees,
+            allocated_bytes: self.allocated_bytes,
+            freed_bytes: self.freed_bytes,
             unmatched_frees: self.unmatched_frees,
             reused_live_ptrs: self.reused_live_ptrs,
             unknown_ptr_allocs: self.unknown_ptr_allocs,
@@ -383,6 +398,12 @@ impl Replay {
             devices: self.per_device.into_values().collect(),
         }
     }
+}
+
+/// The ledger of a process the trace saw no CUDA call of (e.g. one NVML
+/// lists as holding memory that it allocated before the trace).
+pub fn empty_ledger(pid: u32, comm: String, exit_ns: Option<u64>) -> ProcessLedger {
+    Replay::default().finish(pid, comm, exit_ns)
 }
 
 /// The ledger of every process that made a recorded or counted call, by pid.

@@ -8,14 +8,18 @@ pub mod data;
 pub mod decompose;
 pub mod event;
 pub mod findings;
+pub mod gpu_activity;
+pub mod gpu_busy;
+pub mod held;
 pub mod ledger;
 pub mod ops;
 pub mod record;
 pub mod stats;
+pub mod threads;
 pub mod units;
 
 pub use data::{GpuSample, ProcessGpuSample, ProcessInfo, SamplePhase, TraceData};
 pub use event::{
-    BlockEvent, CallEvent, Culprit, Event, OpCount, ProcEvent, ProcKind, WaitEvent, WaitKind,
+    BlockEvent, CallEvent, Culprit, Event, OpCount, ProcEvent, ProcKind, WaitEvent, WaitKind, Waker,
 };
 pub use ops::{op_by_id, op_by_name, Layer, OpClass, OpInfo, OPS};

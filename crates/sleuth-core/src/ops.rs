@@ -50,6 +50,10 @@ pub enum OpClass {
     HostAlloc,
     /// Releases page-locked host memory.
     HostFree,
+    /// Page-locks an existing host range (`cudaHostRegister`): pinned, not allocated.
+    HostRegister,
+    /// Undoes a `HostRegister`.
+    HostUnregister,
     /// Creates a physical allocation of the virtual memory API (`cuMemCreate`).
     PhysCreate,
     /// Releases a physical allocation (`cuMemRelease`).
@@ -321,6 +325,28 @@ pub const OPS: &[OpInfo] = &[
         out = 0,
         size = None,
         // The device ordinal, kept in the call's `ptr` field (the ledger follows it).
+        ptr = Some(0),
+        stream = None,
+        kind = None
+    ),
+    op!(
+        19,
+        "cudaHostRegister",
+        Runtime,
+        HostRegister,
+        out = 0,
+        size = Some(1),
+        ptr = Some(0),
+        stream = None,
+        kind = None
+    ),
+    op!(
+        20,
+        "cudaHostUnregister",
+        Runtime,
+        HostUnregister,
+        out = 0,
+        size = None,
         ptr = Some(0),
         stream = None,
         kind = None
@@ -614,6 +640,28 @@ pub const OPS: &[OpInfo] = &[
     // name and signature (sleuth-probe's torch_symbols). Member functions: arg 0
     // is `this`. The kernel side also reads the Block struct (see gs_block).
     op!(
+        58,
+        "cuMemHostRegister_v2",
+        Driver,
+        HostRegister,
+        out = 0,
+        size = Some(1),
+        ptr = Some(0),
+        stream = None,
+        kind = None
+    ),
+    op!(
+        59,
+        "cuMemHostUnregister",
+        Driver,
+        HostUnregister,
+        out = 0,
+        size = None,
+        ptr = Some(0),
+        stream = None,
+        kind = None
+    ),
+    op!(
         64,
         "DeviceCachingAllocator::malloc",
         Torch,
@@ -703,6 +751,25 @@ pub fn driver_copy_kind(name: &str) -> Option<&'static str> {
     }
 }
 
+/// 0-based index of the host-side pointer argument of a copy: the source of a
+/// host-to-device copy, the destination of a device-to-host one. None for
+/// other ops and for copies whose direction the arguments do not say
+/// (`cudaMemcpyDefault`, `cuMemcpy`: unified addressing decides at run time).
+pub fn host_ptr_arg(info: &OpInfo, kind: Option<u64>) -> Option<u8> {
+    if info.class != OpClass::Copy {
+        return None;
+    }
+    let direction = match info.layer {
+        Layer::Runtime => memcpy_kind_name(kind?),
+        _ => driver_copy_kind(info.name)?,
+    };
+    match direction {
+        "HostToDevice" => Some(1),
+        "DeviceToHost" => Some(0),
+        _ => None,
+    }
+}
+
 /// Whether an op's return code means failure (cudaSuccess / CUDA_SUCCESS are 0).
 pub fn is_error(ret: i64) -> bool {
     ret != 0
@@ -769,6 +836,25 @@ mod tests {
         assert!(OPS
             .iter()
             .all(|o| o.returns_status == (o.layer != Layer::Torch)));
+    }
+
+    #[test]
+    fn host_side_of_copies() {
+        let rt = op_by_name("cudaMemcpyAsync").unwrap();
+        assert_eq!(host_ptr_arg(rt, Some(1)), Some(1)); // H2D: the source
+        assert_eq!(host_ptr_arg(rt, Some(2)), Some(0)); // D2H: the destination
+        assert_eq!(host_ptr_arg(rt, Some(3)), None);
+        assert_eq!(host_ptr_arg(rt, Some(4)), None); // default: decided at run time
+        assert_eq!(host_ptr_arg(rt, None), None);
+        let htod = op_by_name("cuMemcpyHtoDAsync_v2").unwrap();
+        assert_eq!(host_ptr_arg(htod, None), Some(1));
+        let dtoh = op_by_name("cuMemcpyDtoH_v2").unwrap();
+        assert_eq!(host_ptr_arg(dtoh, None), Some(0));
+        assert_eq!(host_ptr_arg(op_by_name("cuMemcpy").unwrap(), None), None);
+        assert_eq!(
+            host_ptr_arg(op_by_name("cudaMalloc").unwrap(), Some(1)),
+            None
+        );
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! buffer as bytes. The size/offset tests below fail if the two drift.
 
 use crate::event::{
-    BlockEvent, CallEvent, Culprit, Event, ProcEvent, ProcKind, WaitEvent, WaitKind, BLOCK_WORDS,
+    BlockEvent, CallEvent, Culprit, Event, ProcEvent, ProcKind, WaitEvent, WaitKind, Waker,
+    BLOCK_WORDS,
 };
 use crate::ops::op_by_id;
 
@@ -16,6 +17,11 @@ pub const REC_CALL: u32 = 1;
 pub const REC_WAIT: u32 = 2;
 pub const REC_PROC: u32 = 3;
 pub const REC_BLOCK: u32 = 4;
+
+/// `RawWait::waker_flags`: a waker was seen (`sched_waking` while the thread slept).
+pub const WAKER_KNOWN: u32 = 1;
+/// `RawWait::waker_flags`: the wakeup ran in interrupt context (timer, device).
+pub const WAKER_IRQ: u32 = 2;
 
 pub const CALL_NESTED: u32 = 1;
 pub const CALL_OUT_VALID: u32 = 2;
@@ -54,6 +60,28 @@ pub mod stat {
         "traced_map_full",
         "ring_full_block",
     ];
+
+    /// Whether counter `i` is an expected edge of attaching to running
+    /// processes rather than a loss: a return whose entry was not seen
+    /// because the call began before its process was traced. (The in-flight
+    /// map holds 65,536 calls, so an eviction would need that many open at
+    /// once; a failed entry insert is counted as `inflight_map_full`.)
+    pub fn is_attach_edge(i: usize) -> bool {
+        i == UNMATCHED_RETURN
+    }
+
+    /// The name of an attach-edge counter in `stats` (`edge_` + this) and metrics.
+    pub fn edge_name(i: usize) -> &'static str {
+        match i {
+            UNMATCHED_RETURN => "return_without_entry",
+            _ => NAMES.get(i).copied().unwrap_or("unknown"),
+        }
+    }
+
+    /// Indices of the real loss counters (every counter but the attach edges).
+    pub fn losses() -> impl Iterator<Item = usize> {
+        (0..MAX).filter(|&i| !is_attach_edge(i))
+    }
 }
 
 #[repr(C)]
@@ -98,6 +126,12 @@ pub struct RawWait {
     pub n_culprits: u32,
     pub pad: u32,
     pub culprits: [RawCulprit; MAX_CULPRITS],
+    /// The task that woke the thread (see `WAKER_*` in `waker_flags`).
+    pub waker_pid: u32,
+    pub waker_tid: u32,
+    pub waker_comm: [u8; COMM_LEN],
+    pub waker_flags: u32,
+    pub pad2: u32,
 }
 
 #[repr(C)]
@@ -210,7 +244,9 @@ pub fn decode_call(r: &RawCall) -> Result<CallEvent, DecodeError> {
     } else {
         arg(info.ptr_arg)
     };
+    let kind = arg(info.kind_arg);
     Ok(CallEvent {
+        host_ptr: crate::ops::host_ptr_arg(info, kind).map(|i| r.args[i as usize]),
         ts_ns: r.start_ns,
         dur_ns: r.end_ns - r.start_ns,
         pid: r.pid,
@@ -226,7 +262,7 @@ pub fn decode_call(r: &RawCall) -> Result<CallEvent, DecodeError> {
         size: arg(info.size_arg),
         ptr,
         stream: arg(info.stream_arg),
-        kind: arg(info.kind_arg),
+        kind,
         nested: r.flags & CALL_NESTED != 0,
         runnable_ns: r.runnable_ns,
         blocked_ns: r.blocked_ns,
@@ -263,6 +299,12 @@ pub fn decode_wait(r: &RawWait) -> Result<WaitEvent, DecodeError> {
         prev_state: r.prev_state,
         cpu: r.cpu,
         culprits,
+        waker: (r.waker_flags & WAKER_KNOWN != 0).then(|| Waker {
+            pid: r.waker_pid,
+            tid: r.waker_tid,
+            comm: comm_to_string(&r.waker_comm),
+            irq: r.waker_flags & WAKER_IRQ != 0,
+        }),
     })
 }
 
@@ -335,8 +377,11 @@ mod tests {
         assert_eq!(offset_of!(RawCall, flags), 112);
         assert_eq!(offset_of!(RawCall, cpu), 116);
         assert_eq!(size_of::<RawCulprit>(), 32);
-        assert_eq!(size_of::<RawWait>(), 184);
+        assert_eq!(size_of::<RawWait>(), 216);
         assert_eq!(offset_of!(RawWait, culprits), 56);
+        assert_eq!(offset_of!(RawWait, waker_pid), 184);
+        assert_eq!(offset_of!(RawWait, waker_comm), 192);
+        assert_eq!(offset_of!(RawWait, waker_flags), 208);
         assert_eq!(size_of::<RawProc>(), 48);
         assert_eq!(offset_of!(RawProc, comm), 32);
         assert_eq!(size_of::<RawBlock>(), 176);
@@ -450,6 +495,39 @@ mod tests {
                 ns: 30
             }]
         );
+        assert_eq!(w.waker, None, "no waker flag, no waker");
+    }
+
+    #[test]
+    fn decodes_the_waker_of_a_blocked_wait() {
+        let mut raw = RawWait {
+            r#type: REC_WAIT,
+            kind: 2,
+            pid: 3,
+            tid: 4,
+            off_ns: 10,
+            wake_ns: 30,
+            on_ns: 40,
+            waker_pid: 90,
+            waker_tid: 91,
+            waker_comm: comm("pt_data_worker"),
+            waker_flags: WAKER_KNOWN,
+            ..Default::default()
+        };
+        let Event::Wait(w) = decode(&as_bytes(&raw)).unwrap() else {
+            panic!()
+        };
+        let k = w.waker.clone().unwrap();
+        assert_eq!(
+            (k.pid, k.tid, k.comm.as_str(), k.irq),
+            (90, 91, "pt_data_worker", false)
+        );
+        assert!(k.is_task());
+        raw.waker_flags = WAKER_KNOWN | WAKER_IRQ;
+        let Event::Wait(w) = decode(&as_bytes(&raw)).unwrap() else {
+            panic!()
+        };
+        assert!(w.waker.unwrap().irq);
     }
 
     #[test]

@@ -20,6 +20,12 @@ pub const TOP_CULPRITS_PER_OP: usize = 5;
 pub const EVENTS_PREFIX: &str = "events_";
 /// Prefix of `TraceData::stats` keys that count lost events.
 pub const DROPS_PREFIX: &str = "drop_";
+/// Prefix of `TraceData::stats` keys that count expected edges of attaching
+/// to running processes (not losses): `edge_return_without_entry`,
+/// `edge_call_open_at_end`.
+pub const EDGES_PREFIX: &str = "edge_";
+/// `edge_` counter: traced calls still in progress when the trace stopped.
+pub const EDGE_OPEN_AT_END: &str = "call_open_at_end";
 
 /// Nearest-rank percentile `p` (1..=100) of an ascending slice: the value at
 /// rank ceil(p/100 * n). None for an empty slice.
@@ -73,8 +79,14 @@ pub struct StatsReport {
     pub ops: Vec<OpStats>,
     /// Lost events per cause (every known cause listed, 0 included) and `total`.
     pub drops: BTreeMap<String, u64>,
+    /// Expected edges of attaching, not losses (both kinds listed, 0 included) and `total`.
+    pub attach_edges: BTreeMap<String, u64>,
     /// Recorded events per kind and `total`.
     pub events: BTreeMap<String, u64>,
+    /// Where each CUDA-issuing thread's time went, inside and between CUDA
+    /// calls (see `threads.rs`); empty without host context.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub threads: Vec<crate::threads::ThreadSplit>,
 }
 
 /// Per-op statistics of `data`, culprits joined from its waits.
@@ -130,7 +142,13 @@ pub fn op_stats(data: &TraceData, per_call_culprits: &[Vec<Culprit>]) -> StatsRe
     StatsReport {
         ops: per_call,
         drops: drop_counters(data),
+        attach_edges: attach_edges(data),
         events: event_counters(data),
+        threads: if data.has_host_context {
+            crate::threads::thread_splits(data)
+        } else {
+            Vec::new()
+        },
     }
 }
 
@@ -197,11 +215,39 @@ fn counted_row(op: u16, count: u64) -> Option<OpStats> {
 /// Drop counters by cause (prefix stripped), every cause the kernel knows
 /// listed even at 0, plus `total`.
 pub fn drop_counters(data: &TraceData) -> BTreeMap<String, u64> {
-    let mut out: BTreeMap<String, u64> = crate::record::stat::NAMES
-        .iter()
-        .map(|n| (n.to_string(), 0))
+    use crate::record::stat;
+    let mut out: BTreeMap<String, u64> = stat::losses()
+        .map(|i| (stat::NAMES[i].to_string(), 0))
         .collect();
-    out.extend(prefixed(data, DROPS_PREFIX));
+    // Traces written before attach edges were told apart stored them as drops.
+    let edges: Vec<&str> = (0..stat::MAX)
+        .filter(|&i| stat::is_attach_edge(i))
+        .map(|i| stat::NAMES[i])
+        .collect();
+    out.extend(prefixed(data, DROPS_PREFIX).filter(|(k, _)| !edges.contains(&k.as_str())));
+    with_total(out)
+}
+
+/// Attach edges by kind (`return_without_entry`: a call that began before its
+/// process was traced returned during the trace; `call_open_at_end`: a traced
+/// call had not returned when the trace stopped), plus `total`. Older traces
+/// stored the first as `drop_unmatched_return`; it is read as an edge.
+pub fn attach_edges(data: &TraceData) -> BTreeMap<String, u64> {
+    use crate::record::stat;
+    let mut out: BTreeMap<String, u64> = BTreeMap::new();
+    for i in (0..stat::MAX).filter(|&i| stat::is_attach_edge(i)) {
+        let old = data
+            .stats
+            .get(&format!("{DROPS_PREFIX}{}", stat::NAMES[i]))
+            .copied()
+            .unwrap_or(0);
+        out.insert(stat::edge_name(i).to_string(), old);
+    }
+    out.insert(EDGE_OPEN_AT_END.to_string(), 0);
+    for (k, v) in prefixed(data, EDGES_PREFIX) {
+        let e = out.entry(k).or_default();
+        *e = e.saturating_add(v);
+    }
     with_total(out)
 }
 
@@ -392,6 +438,25 @@ mod tests {
     }
 
     #[test]
+    fn attach_edges_are_not_drops_in_new_and_old_traces() {
+        let mut d = data(vec![]);
+        d.stats.insert("edge_return_without_entry".into(), 1);
+        d.stats.insert("edge_call_open_at_end".into(), 2);
+        d.stats.insert("drop_ring_full_wait".into(), 0);
+        let r = op_stats(&d, &[]);
+        assert_eq!(r.drops["total"], 0);
+        assert_eq!(r.attach_edges["return_without_entry"], 1);
+        assert_eq!(r.attach_edges["call_open_at_end"], 2);
+        assert_eq!(r.attach_edges["total"], 3);
+        // A trace written before the split stored the edge as a drop.
+        let mut old = data(vec![]);
+        old.stats.insert("drop_unmatched_return".into(), 1);
+        let r = op_stats(&old, &[]);
+        assert_eq!(r.drops["total"], 0);
+        assert_eq!(r.attach_edges["return_without_entry"], 1);
+    }
+
+    #[test]
     fn drops_are_always_listed_and_totalled() {
         let mut d = data(vec![]);
         d.stats.insert("events_call".into(), 10);
@@ -401,8 +466,14 @@ mod tests {
         assert_eq!(r.events["call"], 10);
         assert_eq!(r.events["total"], 14);
         assert_eq!(r.drops["ring_full_call"], 3);
-        assert_eq!(r.drops["unmatched_return"], 0);
+        assert_eq!(r.drops["inflight_map_full"], 0);
         assert_eq!(r.drops["total"], 3);
+        assert!(
+            !r.drops.contains_key("unmatched_return"),
+            "an attach edge, not a drop"
+        );
+        assert_eq!(r.attach_edges["return_without_entry"], 0);
+        assert_eq!(r.attach_edges["call_open_at_end"], 0);
         let empty = op_stats(&TraceData::default(), &[]);
         assert_eq!(empty.drops["total"], 0);
         assert!(empty.ops.is_empty());

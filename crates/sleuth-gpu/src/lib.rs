@@ -1,6 +1,7 @@
 //! gpusleuth's view of who holds GPU memory and how to get it back safely.
 //!
 //! - [`nvml`]: devices, memory and listed pids from the driver (loaded at run time).
+//! - [`activity`]: utilization samples and per-process memory over time, for `trace`.
 //! - [`proc_scan`]: every process holding `/dev/nvidia*` open or mapped.
 //! - [`pidns`]: whether NVML's host pids can be matched to our `/proc`.
 //! - [`classify`]: pure rules that name each holder (active, exited but listed, orphaned worker, ...).
@@ -8,6 +9,7 @@
 //! - [`kill`]: the one module that sends signals (pidfd only).
 //! - [`reclaim`]: executes a plan and verifies the memory came back.
 
+pub mod activity;
 pub mod classify;
 pub mod kill;
 pub mod nvml;

@@ -189,7 +189,8 @@ impl SleuthServer {
     #[tool(
         description = "GPU memory ledger per process: live and peak device bytes, unfreed allocations, \
         failed allocations (with the live bytes when they failed), pinned/managed memory apart, a thinned \
-        timeline. `at_ns` gives the ledger as it stood at that moment."
+        timeline, and `held`: what NVML said the process held before the trace began (allocations made \
+        before the trace are not itemized). `at_ns` gives the ledger as it stood at that moment."
     )]
     async fn memory(
         &self,
@@ -199,6 +200,20 @@ impl SleuthServer {
         let db = a.db.clone();
         self.on_db(db, ctx, move |db, b| trace_tools::memory(db, &a, b))
             .await
+    }
+
+    #[tool(
+        description = "GPU activity NVML sampled during the trace: busy per GPU (share of each sample period \
+        some kernel ran; not SM occupancy) summarised and as a time series, and per traced process the device \
+        memory the driver attributed to it (start = when its tracing began, the memory it held before the \
+        trace) and its SM use where reported. measured: false when NVML was not available."
+    )]
+    async fn gpu_activity(
+        &self,
+        Parameters(a): Parameters<args::DbOnly>,
+        ctx: RequestContext<RoleServer>,
+    ) -> ToolResult {
+        self.on_db(a.db, ctx, trace_tools::gpu_activity).await
     }
 
     #[tool(

@@ -6,7 +6,7 @@ use crate::args;
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 use sleuth_core::decompose::Split;
-use sleuth_core::{findings, ledger, op_by_name, stats, CallEvent, TraceData};
+use sleuth_core::{findings, gpu_activity, held, ledger, op_by_name, stats, CallEvent, TraceData};
 use sleuth_store::{
     run_readonly_sql_with, CallFilter, CallOrder, ReadBudget, SqlLimits, Trace, WaitFilter,
 };
@@ -18,6 +18,8 @@ const TIMELINE_WINDOW_DEFAULT_NS: u64 = 10_000_000;
 const TIMELINE_DEFAULT: u32 = 200;
 const TIMELINE_MAX: u32 = 2000;
 const MEMORY_POINTS_DEFAULT: u32 = 50;
+/// GPU samples returned by `gpu_activity` (the series is thinned to this).
+const GPU_SAMPLES_MAX: usize = 2000;
 /// Allocator segments (most free first) and live blocks per segment in `memory`.
 const MEMORY_SEGMENTS: usize = 20;
 const MEMORY_SEGMENT_BLOCKS: usize = 10;
@@ -151,13 +153,16 @@ pub fn overview(db: &Path, budget: &ReadBudget) -> Result<Value> {
             "processes": data.processes.len(),
         },
         "drops": stats::drop_counters(&data),
+        "attach_edges": stats::attach_edges(&data),
         "events": stats::event_counters(&data),
+        "gpu_activity": gpu_activity::of_trace(&data),
         "counters": counters,
         "processes": processes,
         "libraries": trace.libraries()?,
         "notes": trace.notes()?,
         "input_problems": problems,
-        "gpus": "a trace records CUDA calls, not devices: use the gpu_holders tool for the GPUs of this machine now",
+        "gpus": "gpu_activity: NVML busy samples taken during the trace (measured: false when NVML was not available); \
+                 use the gpu_holders tool for the GPUs of this machine now",
     }))
 }
 
@@ -182,7 +187,9 @@ pub fn findings(db: &Path, scope: &args::CallScope, budget: &ReadBudget) -> Resu
     let data = load_scoped(&trace, scope)?;
     let report = findings::explain_report(&data);
     Ok(json!({
+        "summary": report.summary,
         "findings": report.findings,
+        "threads": report.threads,
         "notes": report.notes,
         // Rows the reader had to skip were not examined: not clean.
         "input_problems": problems,
@@ -250,6 +257,19 @@ pub fn memory(db: &Path, a: &args::Memory, budget: &ReadBudget) -> Result<Value>
     // PyTorch's caching allocator rebuilt from `--torch-allocator` events
     // (reserved from the ledger, so before the timeline is thinned).
     let allocators = sleuth_core::allocator::allocator_views(&data, a.at_ns, &procs);
+    // What the driver said each process held before the trace (whole trace).
+    let helds = held::held(&data, &ledger::ledger(&data, None));
+    for h in &helds {
+        if !procs.iter().any(|l| l.pid == h.pid) {
+            let info = data.process(h.pid);
+            procs.push(ledger::empty_ledger(
+                h.pid,
+                info.map(|p| p.comm.clone()).unwrap_or_else(|| "?".into()),
+                info.and_then(|p| p.exit_ns),
+            ));
+        }
+    }
+    procs.sort_by_key(|l| l.pid);
     for p in &mut procs {
         let full = std::mem::take(&mut p.timeline);
         if points > 0 {
@@ -265,14 +285,45 @@ pub fn memory(db: &Path, a: &args::Memory, budget: &ReadBudget) -> Result<Value>
             }
             None => Value::Null,
         };
+        v["held"] = match helds.iter().find(|h| h.pid == p.pid) {
+            Some(h) => serde_json::to_value(h)?,
+            None => Value::Null,
+        };
         processes.push(v);
     }
     Ok(json!({
         "units": "bytes; ts in monotonic ns; live_bytes/unfreed are device memory (pinned and managed apart)",
+        "held": "per process: NVML's per-process used memory when its tracing began (before_trace_bytes; \
+                 0 = not listed then), at the end and its maximum, beside the ledger's allocations/frees \
+                 during the trace; allocations made before the trace are not itemized; \
+                 pre_trace_frees counts frees of them (sizes not seen); measured: false = no NVML reading",
         "at_ns": a.at_ns,
         "allocator": "per process: PyTorch's caching allocator (allocated = memory_allocated(), gap = reserved - allocated, \
                       segments with the most free bytes first, their largest live blocks); null without allocator events",
         "processes": processes,
+    }))
+}
+
+/// NVML samples of the trace: summary, busy series (thinned), per-process readings (capped).
+pub fn gpu_activity(db: &Path, budget: &ReadBudget) -> Result<Value> {
+    let trace = open(db, budget)?;
+    let data = trace.load(None)?;
+    let summary = gpu_activity::of_trace(&data);
+    let samples = data.gpu_samples.as_deref().unwrap_or(&[]);
+    let step = samples.len().div_ceil(GPU_SAMPLES_MAX).max(1);
+    let series: Vec<&sleuth_core::GpuSample> = samples.iter().step_by(step).collect();
+    let per_process: Vec<&sleuth_core::ProcessGpuSample> =
+        data.process_gpu.iter().take(GPU_SAMPLES_MAX).collect();
+    Ok(json!({
+        "units": "ts_ns monotonic ns (end of each sample period); busy_pct and sm_pct 0..100; bytes",
+        "meaning": summary.meaning,
+        "summary": summary,
+        "samples": series,
+        "samples_total": samples.len(),
+        "samples_step": step,
+        "process_samples": per_process,
+        "process_samples_total": data.process_gpu.len(),
+        "held": held::held(&data, &ledger::ledger(&data, None)),
     }))
 }
 

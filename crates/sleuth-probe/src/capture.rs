@@ -126,6 +126,15 @@ struct ThreadStateRaw([u64; 6]);
 // thread_state` in gpusleuth.bpf.c); every bit pattern is valid.
 unsafe impl Pod for ThreadStateRaw {}
 
+/// `struct inflight_call` of gpusleuth.bpf.c: start, six arguments, two
+/// snapshots, flags + pad (80 bytes). Only its keys are read.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct InflightRaw([u64; 10]);
+// SAFETY: a #[repr(C)] array of u64 (80 bytes, the size of `struct
+// inflight_call`); every bit pattern is valid.
+unsafe impl Pod for InflightRaw {}
+
 /// A running capture: loaded programs, their links, and the ring buffer.
 pub struct Capture {
     bpf: Ebpf,
@@ -237,6 +246,17 @@ impl Capture {
             ("on_exec", "sched_process_exec", true),
             ("on_exit", "sched_process_exit", true),
             ("on_oom_victim", "mark_victim", false),
+            // Who woke a blocked thread, and whether from interrupt context:
+            // optional, without them waits carry no waker.
+            // Exits before entries: an entry seen without its exit would
+            // leave the CPU marked "in interrupt" for good.
+            ("on_irq_exit", "irq_handler_exit", false),
+            ("on_softirq_exit", "softirq_exit", false),
+            ("on_hrtimer_exit", "hrtimer_expire_exit", false),
+            ("on_irq_entry", "irq_handler_entry", false),
+            ("on_softirq_entry", "softirq_entry", false),
+            ("on_hrtimer_entry", "hrtimer_expire_entry", false),
+            ("on_sched_waking", "sched_waking", false),
         ] {
             let res = (|| -> Result<(), String> {
                 let p: &mut BtfTracePoint = bpf
@@ -551,6 +571,18 @@ impl Capture {
             }
         };
         (count("traced"), count("threads"))
+    }
+
+    /// Traced calls entered and not yet returned (the `inflight` map; only
+    /// traced callers create entries). Read when the trace stops: calls still
+    /// open then are an attach edge, not a loss.
+    pub fn open_calls(&self) -> usize {
+        let Some(m) = self.bpf.map("inflight") else {
+            return 0;
+        };
+        BpfHashMap::<_, u64, InflightRaw>::try_from(m)
+            .map(|h| h.keys().flatten().count())
+            .unwrap_or(0)
     }
 
     /// Hot-path calls counted in the kernel, per process and op.

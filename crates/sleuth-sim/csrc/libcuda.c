@@ -5,13 +5,22 @@
  * memory limit (env SIM_DEVICE_BYTES) makes allocations beyond it fail with
  * CUDA_ERROR_OUT_OF_MEMORY. Syncs sleep and copies spin for a duration the
  * caller scripted with simSetNextDurationNs, so tests know the ground truth.
+ *
+ * With SIM_GPU_ACTIVITY=PATH the stand-in also tells the simulated NVML what
+ * "the GPU" is doing, by appending lines to PATH (O_APPEND, one write each):
+ *   mem PID DEVICE_BYTES        after every change of the process's device bytes
+ *   busy PID START_US END_US    a scripted sync: the GPU is busy until it returns
+ * (CLOCK_REALTIME microseconds, the clock NVML stamps its samples with).
  */
 #define _GNU_SOURCE
 #include "cuda_sim.h"
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
+#include <unistd.h>
 
 #define EXPORT __attribute__((visibility("default"), noinline))
 
@@ -23,7 +32,8 @@
 	X(cuMemAddressFree) X(cuMemAllocAsync) X(cuMemFreeAsync) X(cuLaunchKernel)                  \
 	X(cuLaunchKernelEx) X(cuMemcpy) X(cuMemcpyAsync) X(cuMemcpyHtoD_v2) X(cuMemcpyDtoH_v2)     \
 	X(cuMemcpyDtoD_v2) X(cuMemcpyHtoDAsync_v2) X(cuMemcpyDtoHAsync_v2)                          \
-	X(cuMemcpyDtoDAsync_v2) X(cuCtxSynchronize) X(cuStreamSynchronize) X(cuEventSynchronize)
+	X(cuMemcpyDtoDAsync_v2) X(cuCtxSynchronize) X(cuStreamSynchronize) X(cuEventSynchronize)    \
+	X(cuMemHostRegister_v2) X(cuMemHostUnregister)
 
 #define AS_ENUM(n) OP_##n,
 #define AS_NAME(n) #n,
@@ -65,11 +75,52 @@ static uint64_t take_duration(void)
 	return ns;
 }
 
+/* ------------------------------------------------------------ activity for the simulated NVML */
+
+static void activity_line(const char *line, int len)
+{
+	const char *path = getenv("SIM_GPU_ACTIVITY");
+	if (!path || !*path || len <= 0)
+		return;
+	int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+	if (fd < 0)
+		return;
+	ssize_t n = write(fd, line, (size_t)len);
+	(void)n;
+	close(fd);
+}
+
+static unsigned long long realtime_us(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (unsigned long long)ts.tv_sec * 1000000ULL + (unsigned long long)ts.tv_nsec / 1000ULL;
+}
+
+static void activity_mem(unsigned long long device_bytes)
+{
+	char line[96];
+	int len = snprintf(line, sizeof line, "mem %d %llu\n", (int)getpid(), device_bytes);
+	activity_line(line, len);
+}
+
+/* Written when the GPU work starts, with its known end, so a sample taken
+ * while the sync still waits already sees it. */
+static void activity_busy(uint64_t ns)
+{
+	char line[96];
+	unsigned long long start = realtime_us();
+	int len = snprintf(line, sizeof line, "busy %d %llu %llu\n", (int)getpid(), start,
+			   start + (unsigned long long)(ns / 1000ULL));
+	activity_line(line, len);
+}
+
 /* Blocks the thread (state S), like a driver waiting for the GPU. */
 static void block_for(uint64_t ns)
 {
 	if (!ns)
 		return;
+	activity_busy(ns);
 	struct timespec ts = { .tv_sec = ns / 1000000000ULL, .tv_nsec = ns % 1000000000ULL };
 	while (nanosleep(&ts, &ts) == -1 && errno == EINTR) {
 	}
@@ -138,6 +189,7 @@ static CUresult alloc(unsigned long long *region, int device, size_t size, unsig
 		return CUDA_SUCCESS;
 	}
 	CUresult r = CUDA_SUCCESS;
+	unsigned long long used_now = 0;
 	pthread_mutex_lock(&mem_lock);
 	if (n_live >= MAX_LIVE || (device && (size > limit() || device_used > limit() - size))) {
 		r = CUDA_ERROR_OUT_OF_MEMORY;
@@ -148,7 +200,10 @@ static CUresult alloc(unsigned long long *region, int device, size_t size, unsig
 			device_used += size;
 		live[n_live++] = (struct live){ *out, size, device };
 	}
+	used_now = device_used;
 	pthread_mutex_unlock(&mem_lock);
+	if (r == CUDA_SUCCESS && device)
+		activity_mem(used_now);
 	return r;
 }
 
@@ -157,9 +212,12 @@ static CUresult release(unsigned long long ptr)
 	if (!ptr)
 		return CUDA_SUCCESS;
 	CUresult r = CUDA_ERROR_INVALID_VALUE;
+	int was_device = 0;
+	unsigned long long used_now;
 	pthread_mutex_lock(&mem_lock);
 	for (int i = n_live - 1; i >= 0; i--) {
 		if (live[i].ptr == ptr) {
+			was_device = live[i].device;
 			if (live[i].device)
 				device_used -= live[i].size;
 			live[i] = live[--n_live];
@@ -167,7 +225,10 @@ static CUresult release(unsigned long long ptr)
 			break;
 		}
 	}
+	used_now = device_used;
 	pthread_mutex_unlock(&mem_lock);
+	if (was_device)
+		activity_mem(used_now);
 	return r;
 }
 
@@ -200,6 +261,20 @@ EXPORT CUresult cuMemFreeHost(void *p)
 {
 	COUNT(cuMemFreeHost);
 	return release((unsigned long long)p);
+}
+
+/* Page-locking an existing host range: no memory moves, nothing to track. */
+EXPORT CUresult cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int flags)
+{
+	(void)flags;
+	COUNT(cuMemHostRegister_v2);
+	return (p && bytesize) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+EXPORT CUresult cuMemHostUnregister(void *p)
+{
+	COUNT(cuMemHostUnregister);
+	return p ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream stream)

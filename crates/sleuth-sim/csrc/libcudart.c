@@ -15,6 +15,8 @@ CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize);
 CUresult cuMemFree_v2(CUdeviceptr dptr);
 CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags);
 CUresult cuMemAllocHost_v2(void **pp, size_t bytesize);
+CUresult cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int flags);
+CUresult cuMemHostUnregister(void *p);
 CUresult cuMemFreeHost(void *p);
 CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream stream);
 CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream);
@@ -68,6 +70,16 @@ EXPORT cudaError_t cudaHostAlloc(void **pHost, size_t size, unsigned int flags)
 EXPORT cudaError_t cudaFreeHost(void *ptr)
 {
 	return ptr ? rt(cuMemFreeHost(ptr)) : cudaSuccess;
+}
+
+EXPORT cudaError_t cudaHostRegister(void *ptr, size_t size, unsigned int flags)
+{
+	return rt(cuMemHostRegister_v2(ptr, size, flags));
+}
+
+EXPORT cudaError_t cudaHostUnregister(void *ptr)
+{
+	return rt(cuMemHostUnregister(ptr));
 }
 
 EXPORT cudaError_t cudaMallocAsync(void **devPtr, size_t size, cudaStream_t stream)

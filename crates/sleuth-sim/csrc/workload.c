@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -44,6 +45,8 @@ cudaError_t cudaDeviceSynchronize(void);
 cudaError_t cudaEventSynchronize(cudaEvent_t);
 cudaError_t cudaGraphLaunch(cudaGraphExec_t, cudaStream_t);
 cudaError_t cudaSetDevice(int);
+cudaError_t cudaHostRegister(void *, size_t, unsigned int);
+cudaError_t cudaHostUnregister(void *);
 /* Driver API used directly by some steps. */
 CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
 CUresult cuMemFree_v2(CUdeviceptr);
@@ -61,7 +64,8 @@ CUresult cuMemAddressFree(CUdeviceptr, size_t);
 	X(cudaMalloc) X(cudaFree) X(cudaMallocManaged) X(cudaMallocHost) X(cudaHostAlloc)          \
 	X(cudaFreeHost) X(cudaMallocAsync) X(cudaFreeAsync) X(cudaMemcpy) X(cudaMemcpyAsync)       \
 	X(cudaMemset) X(cudaMemsetAsync) X(cudaLaunchKernel) X(cudaStreamSynchronize)              \
-	X(cudaDeviceSynchronize) X(cudaEventSynchronize) X(cudaGraphLaunch) X(cudaSetDevice)
+	X(cudaDeviceSynchronize) X(cudaEventSynchronize) X(cudaGraphLaunch) X(cudaSetDevice)      \
+	X(cudaHostRegister) X(cudaHostUnregister)
 
 #define AS_ENUM(n) RT_##n,
 #define AS_NAME(n) #n,
@@ -315,6 +319,56 @@ static void pingpong(unsigned long long n)
 	close(ping[0]), close(ping[1]), close(back[0]), close(back[1]);
 }
 
+/* Burns `ms` of this thread's CPU time outside any CUDA call (host compute). */
+static void compute_ms(unsigned long long ms)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+	unsigned long long end = (unsigned long long)ts.tv_sec * 1000000000ULL +
+				 (unsigned long long)ts.tv_nsec + ms * 1000000ULL;
+	for (;;) {
+		clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+		if ((unsigned long long)ts.tv_sec * 1000000000ULL + (unsigned long long)ts.tv_nsec >= end)
+			break;
+	}
+}
+
+/* Loader threads (like DataLoader workers): each builds `items` batches of
+ * `ms` CPU time and hands each over through one pipe the main thread reads. */
+static int loader_pipe[2] = { -1, -1 };
+struct loader_arg {
+	unsigned long long ms, items;
+};
+
+static void *loader(void *arg)
+{
+	struct loader_arg *la = arg;
+	prctl(PR_SET_NAME, "gs-loader", 0, 0, 0);
+	char c = 'b';
+	for (unsigned long long i = 0; i < la->items; i++) {
+		compute_ms(la->ms);
+		if (write(loader_pipe[1], &c, 1) != 1)
+			break;
+	}
+	return NULL;
+}
+
+static void start_loaders(unsigned long long k, unsigned long long ms, unsigned long long items)
+{
+	if (loader_pipe[0] < 0 && pipe(loader_pipe))
+		die("%s", "pipe failed");
+	for (unsigned long long i = 0; i < k; i++) {
+		struct loader_arg *la = malloc(sizeof(*la));
+		if (!la)
+			die("%s", "out of memory");
+		*la = (struct loader_arg){ ms, items };
+		pthread_t t;
+		if (pthread_create(&t, NULL, loader, la))
+			die("%s", "pthread_create failed");
+		pthread_detach(t);
+	}
+}
+
 /* ------------------------------------------------------------ the script */
 
 #define MAX_TOKENS 4096
@@ -521,6 +575,46 @@ static void step(int b, int e, int blk_b, int blk_e)
 		simSetNextDurationNs(num(a[0]) * 1000000ULL);
 		RT(cudaMemcpy, (void *)SIM_DEVICE_BASE, (void *)SIM_HOST_BASE,
 		   ARG(1) ? num(a[1]) : 4096, cudaMemcpyHostToDevice);
+	} else if (!strcmp(s, "compute")) {
+		NEED(1);
+		compute_ms(num(a[0]));
+	} else if (!strcmp(s, "h2d")) {
+		NEED(2);
+		size_t n = num(a[0]);
+		static char *pageable;
+		static size_t pageable_len;
+		void *src;
+		if (ARG(2)) {
+			src = (void *)named(a[2]);
+		} else {
+			if (pageable_len < n) {
+				free(pageable);
+				pageable = calloc(1, n);
+				if (!pageable)
+					die("%s", "out of memory");
+				pageable_len = n;
+			}
+			src = pageable;
+		}
+		simSetNextDurationNs(num(a[1]) * 1000000ULL);
+		RT(cudaMemcpy, (void *)SIM_DEVICE_BASE, src, n, cudaMemcpyHostToDevice);
+	} else if (!strcmp(s, "host_register")) {
+		NEED(2);
+		size_t n = num(a[0]);
+		void *buf = calloc(1, n);
+		if (!buf)
+			die("%s", "out of memory");
+		RT(cudaHostRegister, buf, n, 0);
+		name_ptr(a[1], (unsigned long long)buf);
+	} else if (!strcmp(s, "loaders")) {
+		NEED(3);
+		start_loaders(num(a[0]), num(a[1]), num(a[2]));
+	} else if (!strcmp(s, "next_batch")) {
+		char c;
+		if (loader_pipe[0] < 0)
+			die("%s", "next_batch before loaders");
+		if (read(loader_pipe[0], &c, 1) != 1)
+			die("%s", "loader pipe closed");
 	} else if (!strcmp(s, "churn")) {
 		NEED(1);
 		unsigned long long n = num(a[0]);

@@ -17,7 +17,8 @@
 //!   by kind (`cuMemcpy[Async]` for host-to-host and default), `cudaLaunchKernel` →
 //!   `cuLaunchKernel`, `cudaStreamSynchronize` → `cuStreamSynchronize`,
 //!   `cudaDeviceSynchronize` → `cuCtxSynchronize`, `cudaEventSynchronize` →
-//!   `cuEventSynchronize`. `cudaMemset[Async]`, `cudaGraphLaunch` and
+//!   `cuEventSynchronize`, `cudaHostRegister`/`cudaHostUnregister` →
+//!   `cuMemHostRegister_v2`/`cuMemHostUnregister`. `cudaMemset[Async]`, `cudaGraphLaunch` and
 //!   `cudaSetDevice` make no (probed) driver call. `cudaFree(NULL)` makes none either.
 //! - Allocation rule (see [`device_ptrs`]): device memory (`cuMemAlloc_v2`,
 //!   `cuMemAllocManaged`, `cuMemAllocAsync`, and the physical handles of
@@ -69,6 +70,11 @@
 //! | `sync_stream`, `sync_device`, `sync_event`, `graph_launch`, `set_device [D]` | one call each |
 //! | `sync_sleep MS [stream\|device\|event]` | a runtime sync whose driver sync sleeps MS ms |
 //! | `spin MS [SIZE]` | `cudaMemcpy` host-to-device of SIZE bytes (default 4096) spinning MS ms of CPU |
+//! | `compute MS` | MS ms of the thread's CPU time outside any CUDA call (host work: Python, data preparation) |
+//! | `h2d SIZE MS [NAME]` | `cudaMemcpy` host-to-device of SIZE bytes spinning MS ms; source: the named (pinned) pointer, or a pageable `calloc` buffer |
+//! | `host_register SIZE NAME` | `calloc` SIZE bytes and `cudaHostRegister` them (pinned); NAME remembers the pointer |
+//! | `loaders K MS N` | K loader threads (comm `gs-loader`), each building N batches of MS ms CPU time and handing each over through a pipe |
+//! | `next_batch` | read one batch from the loaders' pipe (blocks until one is ready: woken by a loader) |
 //! | `churn N` | N × (`cudaMalloc` 256 B, `cudaFree`): many short calls |
 //! | `pingpong N` | N round trips between two threads over pipes (2N context switches), no CUDA |
 //! | `sleep MS` | plain sleep, no CUDA |

@@ -6,7 +6,7 @@
 use crate::types::StoredCall;
 use rusqlite::types::Value;
 use rusqlite::{Connection, Row};
-use sleuth_core::{op_by_name, CallEvent, Culprit, WaitEvent, WaitKind};
+use sleuth_core::{op_by_name, CallEvent, Culprit, WaitEvent, WaitKind, Waker};
 
 /// Columns `call_from_row` expects, in order (prefix with a table alias if needed).
 pub(crate) const CALL_COLS: &str =
@@ -39,8 +39,15 @@ pub(crate) fn call_from_row(row: &Row) -> rusqlite::Result<Option<StoredCall>> {
             runnable_ns: row.get::<_, i64>(12)? as u64,
             blocked_ns: row.get::<_, i64>(13)? as u64,
             cpu: row.get(14)?,
+            host_ptr: opt_u64(row, 15)?,
         },
     }))
+}
+
+/// Whether the database has `table` (tables added after the first schema
+/// are optional: traces written before them must still load).
+fn has(conn: &Connection, table: &str) -> rusqlite::Result<bool> {
+    crate::open::has_table(conn, table)
 }
 
 /// Runs `SELECT <CALL_COLS> FROM calls <tail>` and maps known ops.
@@ -49,7 +56,15 @@ pub(crate) fn query_calls(
     tail: &str,
     args: &[Value],
 ) -> rusqlite::Result<Vec<StoredCall>> {
-    let sql = format!("SELECT {CALL_COLS} FROM calls {tail}");
+    let (host, join) = if has(conn, "call_host_ptrs")? {
+        (
+            "h.host_ptr",
+            "LEFT JOIN call_host_ptrs h ON h.call_id = calls.id",
+        )
+    } else {
+        ("NULL", "")
+    };
+    let sql = format!("SELECT {CALL_COLS}, {host} FROM calls {join} {tail}");
     let mut st = conn.prepare(&sql)?;
     let rows = st.query_map(rusqlite::params_from_iter(args.iter()), call_from_row)?;
     let mut out = Vec::new();
@@ -68,8 +83,17 @@ pub(crate) fn query_waits(
     tail: &str,
     args: &[Value],
 ) -> rusqlite::Result<Vec<WaitEvent>> {
+    let (waker, join) = if has(conn, "wait_wakers")? {
+        (
+            "k.pid, k.tid, k.comm, k.irq",
+            "LEFT JOIN wait_wakers k ON k.wait_id = w.id",
+        )
+    } else {
+        ("NULL, NULL, NULL, NULL", "")
+    };
     let sql = format!(
-        "SELECT w.id, w.pid, w.tid, w.kind, w.off_ns, w.wake_ns, w.on_ns, w.prev_state, w.cpu FROM waits w {tail}"
+        "SELECT w.id, w.pid, w.tid, w.kind, w.off_ns, w.wake_ns, w.on_ns, w.prev_state, w.cpu, {waker} \
+         FROM waits w {join} {tail}"
     );
     let mut st = conn.prepare(&sql)?;
     let mut rows = st.query(rusqlite::params_from_iter(args.iter()))?;
@@ -103,6 +127,15 @@ pub(crate) fn query_waits(
             prev_state: row.get(7)?,
             cpu: row.get(8)?,
             culprits,
+            waker: match row.get::<_, Option<u32>>(9)? {
+                Some(pid) => Some(Waker {
+                    pid,
+                    tid: row.get(10)?,
+                    comm: row.get(11)?,
+                    irq: row.get(12)?,
+                }),
+                None => None,
+            },
         });
     }
     Ok(out)

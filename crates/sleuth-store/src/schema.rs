@@ -94,6 +94,8 @@ CREATE INDEX waits_tid_on ON waits(tid, on_ns);
 CREATE INDEX waits_pid_on ON waits(pid, on_ns);
 CREATE TABLE wait_culprits(wait_id INTEGER NOT NULL, pid INTEGER NOT NULL, tid INTEGER NOT NULL, comm TEXT NOT NULL, ns INTEGER NOT NULL);
 CREATE INDEX wait_culprits_wait ON wait_culprits(wait_id);
+CREATE TABLE wait_wakers(wait_id INTEGER PRIMARY KEY, pid INTEGER NOT NULL, tid INTEGER NOT NULL, comm TEXT NOT NULL, irq INTEGER NOT NULL);
+CREATE TABLE call_host_ptrs(call_id INTEGER PRIMARY KEY, host_ptr INTEGER NOT NULL);
 CREATE TABLE call_culprits(call_id INTEGER NOT NULL, pid INTEGER NOT NULL, tid INTEGER NOT NULL, comm TEXT NOT NULL, runnable_ns INTEGER NOT NULL);
 CREATE INDEX call_culprits_call ON call_culprits(call_id);
 CREATE TABLE op_counts(pid INTEGER NOT NULL, layer TEXT NOT NULL, op TEXT NOT NULL, count INTEGER NOT NULL, PRIMARY KEY(pid, op));

@@ -75,6 +75,10 @@ pub struct WriterOptions {
     pub overwrite: bool,
     /// Recorded in `meta.source`.
     pub source: TraceSource,
+    /// Run the writer thread at a lower priority (nice +10): while tracing,
+    /// its SQLite work must not take CPU time from the traced threads, and
+    /// the bounded queue absorbs its delays.
+    pub background: bool,
 }
 
 /// Default size cap: 1 GiB.
@@ -84,6 +88,7 @@ impl Default for WriterOptions {
     fn default() -> Self {
         WriterOptions {
             max_db_bytes: DEFAULT_MAX_DB_BYTES,
+            background: false,
             batch_events: 4096,
             queue_capacity: 16_384,
             overwrite: false,

@@ -101,9 +101,16 @@ fn round_trip_preserves_every_field() {
     assert_eq!(data.stats["events_wait"], 1);
     assert_eq!(data.stats["drop_ring_full_call"], 7);
     assert_eq!(data.stats["drop_db_full"], 0);
-    for name in sleuth_core::record::stat::NAMES {
-        assert!(data.stats.contains_key(&format!("drop_{name}")), "{name}");
+    for i in 0..sleuth_core::record::stat::MAX {
+        let name = sleuth_store::drop_stat_name(i).unwrap();
+        assert!(data.stats.contains_key(&name), "{name}");
     }
+    assert_eq!(
+        data.stats["edge_return_without_entry"], 0,
+        "an edge, not a drop"
+    );
+    assert!(!data.stats.contains_key("drop_unmatched_return"));
+    assert_eq!(data.stats["edge_call_open_at_end"], 0);
     assert_eq!(data.start_ns, Some(1_000));
     assert_eq!(data.end_ns, Some(9_000));
     assert_eq!(data.realtime_offset_ns, session().realtime_offset_ns);

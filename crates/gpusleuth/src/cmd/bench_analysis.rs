@@ -73,6 +73,7 @@ fn events(n_calls: u64) -> impl Iterator<Item = Event> {
                 } else {
                     Vec::new()
                 },
+                waker: None,
             }));
         }
         out

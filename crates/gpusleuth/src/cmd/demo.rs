@@ -24,13 +24,12 @@ pub struct Args {
     pub offline: bool,
 }
 
-/// The scenario: pinned to CPU 0 beside the hog, it spins in copies (on-CPU
-/// work the hog steals time from), sleeps in syncs (GPU waits: blocked, not
-/// the hog's fault), launches kernels, leaks two buffers and asks for more
-/// memory than the device has.
-const SCENARIO: &str =
-    "pin 0; malloc 64000000 weights; malloc 1048576 leak_a; malloc 2097152 leak_b; \
-    repeat 25 { spin 4 8388608; sync_sleep 6; launch 40 }; malloc 1e15; free weights; exit 0";
+/// The scenario: pinned to CPU 0 beside the hog, it spins in copies from
+/// pageable memory (on-CPU work the hog steals time from), sleeps in syncs
+/// (GPU waits: blocked, not the hog's fault), launches kernels, leaks 128 KiB
+/// on every step and asks for more memory than the device has.
+const SCENARIO: &str = "pin 0; malloc 64000000 weights; \
+    repeat 25 { spin 4 8388608; sync_sleep 6; launch 40; malloc 131072 }; malloc 1e15; free weights; exit 0";
 
 pub fn run(args: Args) -> Result<i32> {
     // Ctrl-C and SIGTERM are counted, not fatal: the demo always gets to

@@ -1,8 +1,10 @@
 //! `gpusleuth explain`: ranked, evidence-backed findings of a recorded trace.
 
+use crate::cmd::gpu_context;
 use crate::cmd::stats::{emit, emit_text, load_trace_checked};
 use crate::output::{fmt_bytes, fmt_ns};
-use sleuth_core::findings::{explain_report, Explanation, Finding};
+use sleuth_core::findings::{explain_report, Explanation, Finding, Kind};
+use sleuth_core::threads::{ThreadSplit, WakerKind};
 use sleuth_store::InputProblems;
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -28,20 +30,38 @@ pub const CLEAN: &str = "No abnormal behaviour found";
 pub fn run(args: Args) -> anyhow::Result<i32> {
     let (data, problems) = load_trace_checked(&args.db, args.pid)?;
     let report = explain_report(&data);
+    let gpu = gpu_context::lines(&data);
     if args.json {
-        let mut doc = serde_json::to_value(&report)?;
-        if !problems.is_empty() {
-            doc["input_problems"] = serde_json::to_value(&problems)?;
+        let mut v = serde_json::to_value(&report)?;
+        if let Some(o) = v.as_object_mut() {
+            o.insert(
+                "gpu_activity".into(),
+                serde_json::to_value(sleuth_core::gpu_activity::of_trace(&data))?,
+            );
+            o.insert(
+                "held_memory".into(),
+                serde_json::to_value(gpu_context::held_memory(&data))?,
+            );
+            if !problems.is_empty() {
+                o.insert("input_problems".into(), serde_json::to_value(&problems)?);
+            }
         }
-        emit(&format!("{}\n", serde_json::to_string_pretty(&doc)?))?;
+        emit(&format!("{}\n", serde_json::to_string_pretty(&v)?))?;
     } else if args.markdown {
-        emit_text(&format!("{}{}", problem_text(&problems), markdown(&report)))?;
+        let mut md = markdown(&report);
+        md.push_str("\n## GPU\n\n");
+        for l in &gpu {
+            md.push_str(&format!("- {l}\n"));
+        }
+        emit_text(&format!("{}{}", problem_text(&problems), md))?;
     } else {
-        emit_text(&format!(
-            "{}{}",
-            problem_text(&problems),
-            text_with(&report, !problems.is_empty())
-        ))?;
+        let mut t = text_with(&report, !problems.is_empty());
+        t.push('\n');
+        for l in &gpu {
+            t.push_str(l);
+            t.push('\n');
+        }
+        emit_text(&format!("{}{}", problem_text(&problems), t))?;
     }
     Ok(0)
 }
@@ -67,6 +87,56 @@ pub(crate) fn culprit_line(f: &Finding) -> Option<String> {
     Some(parts.join(", "))
 }
 
+/// One line per CUDA-issuing thread: where its time went, inside and between CUDA calls.
+pub fn thread_lines(threads: &[ThreadSplit]) -> Vec<String> {
+    let pct = |t: &ThreadSplit, ns: u64| format!("{:.0}%", t.share(ns) * 100.0);
+    threads
+        .iter()
+        .map(|t| {
+            let mut line = format!(
+                "{} pid {} tid {}: {} from first to last CUDA call; inside calls {} (on-CPU {}, runnable {}, \
+                 blocked {}); between calls {}: on-CPU {}, blocked {}, runnable {}",
+                t.comm,
+                t.pid,
+                t.tid,
+                fmt_ns(t.wall_ns),
+                pct(t, t.in_calls.wall_ns()),
+                pct(t, t.in_calls.on_cpu_ns),
+                pct(t, t.in_calls.runnable_ns),
+                pct(t, t.in_calls.blocked_ns),
+                pct(t, t.between.wall_ns()),
+                pct(t, t.between.on_cpu_ns),
+                pct(t, t.between.blocked_ns),
+                pct(t, t.between.runnable_ns),
+            );
+            let wakers: Vec<String> = t
+                .wakers
+                .iter()
+                .take(3)
+                .map(|w| match w.kind {
+                    WakerKind::Task => {
+                        format!("{} pid {} tid {} {:.0}%", w.comm, w.pid, w.tid, w.share * 100.0)
+                    }
+                    _ => format!("{} {:.0}%", w.comm, w.share * 100.0),
+                })
+                .collect();
+            if !wakers.is_empty() {
+                line.push_str(&format!("; woken by {}", wakers.join(", ")));
+            }
+            let holders: Vec<String> = t
+                .preempted_by
+                .iter()
+                .take(3)
+                .map(|h| format!("{} pid {} {}", h.comm, h.pid, fmt_ns(h.runnable_ns)))
+                .collect();
+            if !holders.is_empty() {
+                line.push_str(&format!("; CPU taken by {}", holders.join(", ")));
+            }
+            line
+        })
+        .collect()
+}
+
 /// What the readers skipped, before the findings: a trace with unusable
 /// rows is never called clean without saying so.
 fn problem_text(p: &InputProblems) -> String {
@@ -86,6 +156,9 @@ pub fn text(r: &Explanation) -> String {
 /// Plain-text rendering; `skipped_rows`: some rows could not be read.
 fn text_with(r: &Explanation, skipped_rows: bool) -> String {
     let mut out = String::new();
+    if let Some(s) = &r.summary {
+        let _ = writeln!(out, "{s}\n");
+    }
     if r.findings.is_empty() && skipped_rows {
         let _ = writeln!(
             out,
@@ -104,7 +177,12 @@ fn text_with(r: &Explanation, skipped_rows: bool) -> String {
             f.summary
         );
         if let Some(c) = culprit_line(f) {
-            let _ = writeln!(out, "   culprits: {c}");
+            let label = if f.kind == Kind::InputWait {
+                "woken by"
+            } else {
+                "culprits"
+            };
+            let _ = writeln!(out, "   {label}: {c}");
         }
         let _ = writeln!(out, "   what to do: {}", f.recommendation);
         for line in example_lines(&f.evidence, &f.op) {
@@ -114,6 +192,13 @@ fn text_with(r: &Explanation, skipped_rows: bool) -> String {
     }
     if !r.findings.is_empty() {
         let _ = writeln!(out, "(full evidence of each finding: --json or --markdown)");
+    }
+    if !r.threads.is_empty() {
+        let _ = writeln!(out, "\nWhere the time went, per CUDA-issuing thread:");
+        for line in thread_lines(&r.threads) {
+            let _ = writeln!(out, "  {line}");
+        }
+        out.push('\n');
     }
     for n in &r.notes {
         let _ = writeln!(out, "Note: {n}");
@@ -168,6 +253,9 @@ fn example_lines(evidence: &serde_json::Value, op: &str) -> Vec<String> {
 /// Markdown rendering.
 pub fn markdown(r: &Explanation) -> String {
     let mut out = String::from("# gpusleuth findings\n\n");
+    if let Some(s) = &r.summary {
+        let _ = writeln!(out, "**{s}**\n");
+    }
     if r.findings.is_empty() {
         let _ = writeln!(out, "{CLEAN}.\n");
     }
@@ -201,6 +289,13 @@ pub fn markdown(r: &Explanation) -> String {
             out,
             "<details><summary>Evidence</summary>\n\n```json\n{evidence}\n```\n</details>\n"
         );
+    }
+    if !r.threads.is_empty() {
+        out.push_str("## Where the time went\n\n");
+        for line in thread_lines(&r.threads) {
+            let _ = writeln!(out, "- {line}");
+        }
+        out.push('\n');
     }
     if !r.notes.is_empty() {
         out.push_str("## Notes\n\n");

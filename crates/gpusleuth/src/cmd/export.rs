@@ -381,6 +381,7 @@ mod tests {
                     comm: "hog".into(),
                     ns: 1_000,
                 }],
+                waker: None,
             }],
             start_ns: Some(1_000),
             has_host_context: true,

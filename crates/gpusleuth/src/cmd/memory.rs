@@ -5,7 +5,9 @@ use crate::output::{fmt_bytes, fmt_ns};
 use anyhow::{bail, Context as _};
 use serde::Serialize;
 use sleuth_core::allocator::{allocator_views, AllocatorState, AllocatorView};
-use sleuth_core::ledger::{ledger, ProcessLedger};
+use sleuth_core::gpu_activity::{self, GpuActivity};
+use sleuth_core::held::{held, HeldMemory};
+use sleuth_core::ledger::{empty_ledger, ledger, ProcessLedger};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -41,11 +43,15 @@ struct ProcessReport<'a> {
     #[serde(flatten)]
     ledger: &'a ProcessLedger,
     allocator: Option<&'a AllocatorView>,
+    /// What the driver (NVML) said the process held before and during the trace.
+    held: Option<&'a HeldMemory>,
 }
 
 #[derive(Serialize)]
 struct Report<'a> {
     processes: Vec<ProcessReport<'a>>,
+    /// GPU busy per GPU over the trace (NVML), or `measured: false`.
+    gpu_activity: &'a GpuActivity,
     /// The moment (ns since trace start) the ledger was computed at, when `--at` was given.
     #[serde(skip_serializing_if = "Option::is_none")]
     at_offset_ns: Option<u64>,
@@ -107,17 +113,26 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         }
     }
     let at_abs = at_offset.map(|o| origin.saturating_add(o));
-    let processes = ledger(&data, at_abs);
+    let mut processes = ledger(&data, at_abs);
     let allocators = allocator_views(&data, at_abs, &processes);
+    let helds = held_by_pid(&data, &mut processes);
+    let activity = gpu_activity::of_trace(&data);
     if args.json {
         emit(&format!(
             "{}\n",
-            serde_json::to_string_pretty(&report(&processes, &allocators, at_offset))?
+            serde_json::to_string_pretty(&report(
+                &processes,
+                &allocators,
+                &helds,
+                &activity,
+                at_offset
+            ))?
         ))?;
     } else {
         emit_text(&render(
             &processes,
             &allocators,
+            &helds,
             origin,
             at_offset,
             args.segments,
@@ -126,9 +141,32 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     Ok(0)
 }
 
+/// The driver's view per pid; a process NVML lists but the trace saw no call
+/// of gets an empty ledger, so it is shown (never as holding nothing).
+pub(crate) fn held_by_pid(
+    data: &sleuth_core::TraceData,
+    processes: &mut Vec<ProcessLedger>,
+) -> BTreeMap<u32, HeldMemory> {
+    let helds = held(data, processes);
+    for h in &helds {
+        if !processes.iter().any(|l| l.pid == h.pid) {
+            let info = data.process(h.pid);
+            processes.push(empty_ledger(
+                h.pid,
+                info.map(|p| p.comm.clone()).unwrap_or_else(|| "?".into()),
+                info.and_then(|p| p.exit_ns),
+            ));
+        }
+    }
+    processes.sort_by_key(|l| l.pid);
+    helds.into_iter().map(|h| (h.pid, h)).collect()
+}
+
 fn report<'a>(
     processes: &'a [ProcessLedger],
     allocators: &'a BTreeMap<u32, AllocatorView>,
+    helds: &'a BTreeMap<u32, HeldMemory>,
+    gpu_activity: &'a GpuActivity,
     at_offset_ns: Option<u64>,
 ) -> Report<'a> {
     Report {
@@ -137,9 +175,40 @@ fn report<'a>(
             .map(|l| ProcessReport {
                 ledger: l,
                 allocator: allocators.get(&l.pid),
+                held: helds.get(&l.pid),
             })
             .collect(),
+        gpu_activity,
         at_offset_ns,
+    }
+}
+
+/// The NVML lines of one process: the baseline beside the ledger, and what
+/// the driver's change over the trace leaves unexplained.
+pub(crate) fn render_held(out: &mut String, h: &HeldMemory) {
+    let _ = writeln!(out, "  {}", h.line(fmt_bytes));
+    if let Some(end) = h.at_end_bytes.filter(|_| h.measured) {
+        let _ = write!(out, "  NVML at trace end: {}", fmt_bytes(end));
+        match h.unexplained_change_bytes {
+            Some(d) if d < 0 => {
+                let _ = write!(
+                    out,
+                    "; {} less than the ledger explains (frees of memory allocated before the trace, \
+                     driver-side memory)",
+                    fmt_bytes(d.unsigned_abs())
+                );
+            }
+            Some(d) if d > 0 => {
+                let _ = write!(
+                    out,
+                    "; {} more than the ledger explains (memory the driver charges outside the traced \
+                     allocation calls: context, modules, library workspaces)",
+                    fmt_bytes(d as u64)
+                );
+            }
+            _ => {}
+        }
+        out.push('\n');
     }
 }
 
@@ -286,6 +355,7 @@ fn render_state(
 fn render(
     processes: &[ProcessLedger],
     allocators: &BTreeMap<u32, AllocatorView>,
+    helds: &BTreeMap<u32, HeldMemory>,
     origin: u64,
     at: Option<u64>,
     segments: bool,
@@ -308,7 +378,23 @@ fn render(
             "at trace end"
         };
         let _ = writeln!(out, "{} (pid {})", p.comm, p.pid);
-        let _ = writeln!(out, "  device live {state}: {}", fmt_bytes(p.live_bytes));
+        let held = helds.get(&p.pid);
+        if let Some(h) = held {
+            render_held(&mut out, h);
+        }
+        match held.and_then(|h| h.before_trace_bytes).filter(|&b| b > 0) {
+            // Never a bare "0 B" that reads as "holds nothing" when the driver says otherwise.
+            Some(_) => {
+                let _ = writeln!(
+                    out,
+                    "  device live {state} (allocations made during the trace): {}",
+                    fmt_bytes(p.live_bytes)
+                );
+            }
+            None => {
+                let _ = writeln!(out, "  device live {state}: {}", fmt_bytes(p.live_bytes));
+            }
+        }
         match p.peak_ts_ns {
             Some(ts) => {
                 let _ = writeln!(
@@ -347,8 +433,15 @@ fn render(
         );
         let _ = writeln!(
             out,
-            "  allocations: {}   frees: {}   unmatched frees: {}",
-            p.allocs, p.frees, p.unmatched_frees
+            "  allocations: {}   frees: {}   unmatched frees: {}{}",
+            p.allocs,
+            p.frees,
+            p.unmatched_frees,
+            if p.unmatched_frees > 0 {
+                " (memory allocated before the trace, or an allocation not seen)"
+            } else {
+                ""
+            }
         );
         if p.unknown_ptr_allocs > 0 {
             let bound = if p.unmatched_frees > 0 {
@@ -451,11 +544,18 @@ mod tests {
             ..Default::default()
         };
         let l = ledger(&data, None);
-        let text = render(&l, &BTreeMap::new(), 0, None, true);
+        let text = render(&l, &BTreeMap::new(), &BTreeMap::new(), 0, None, true);
         assert!(text.contains("device live at trace end: 4.0 KiB"));
         assert!(text.contains("0xabc000"));
         assert!(text.contains("FAILED: cudaMalloc of 1.0 TiB returned 2"));
-        let json = serde_json::to_value(report(&l, &BTreeMap::new(), None)).unwrap();
+        let json = serde_json::to_value(report(
+            &l,
+            &BTreeMap::new(),
+            &BTreeMap::new(),
+            &gpu_activity::busy(None, None),
+            None,
+        ))
+        .unwrap();
         let p = &json["processes"][0];
         for k in [
             "pid",
@@ -469,9 +569,66 @@ mod tests {
             assert!(p.get(k).is_some(), "missing {k}");
         }
         assert!(p["allocator"].is_null());
+        assert!(p["held"].is_null(), "no NVML reading: no baseline");
+        assert_eq!(p["allocated_bytes"], 4096);
+        assert_eq!(json["gpu_activity"]["measured"], false);
         assert!(text.contains("need a trace taken with `trace --torch-allocator`"));
         assert_eq!(p["unfreed"][0]["ptr"], "0xabc000");
         assert_eq!(p["failed_allocs"][0]["error"], 2);
+    }
+
+    #[test]
+    fn memory_held_before_the_trace_is_shown_beside_the_ledger() {
+        use sleuth_core::{ProcessGpuSample, SamplePhase};
+        let mb = 1u64 << 20;
+        let row = |ts, pid, b, phase| ProcessGpuSample {
+            ts_ns: ts,
+            gpu: 0,
+            pid,
+            used_bytes: Some(b),
+            sm_pct: None,
+            phase,
+        };
+        let mut data = sleuth_core::TraceData {
+            calls: vec![sleuth_core::CallEvent {
+                ts_ns: 100,
+                dur_ns: 10,
+                pid: 7,
+                tid: 7,
+                op: sleuth_core::op_by_name("cudaFree").unwrap().id,
+                ptr: Some(0xdead),
+                ..Default::default()
+            }],
+            process_gpu: vec![
+                row(10, 7, 1190 * mb, SamplePhase::Start),
+                row(10, 8, 5 * mb, SamplePhase::Start),
+                row(900, 7, 1190 * mb, SamplePhase::End),
+                row(900, 8, 5 * mb, SamplePhase::End),
+            ],
+            ..Default::default()
+        };
+        data.stats
+            .insert(sleuth_core::held::PROCESS_POLLS_STAT.into(), 2);
+        let mut l = ledger(&data, None);
+        let helds = held_by_pid(&data, &mut l);
+        assert_eq!(l.len(), 2, "pid 8 made no call but holds memory: shown");
+        let text = render(&l, &BTreeMap::new(), &helds, 0, None, false);
+        assert!(
+            text.contains("held before tracing: 1.2 GiB (NVML)"),
+            "{text}"
+        );
+        assert!(text.contains("allocations made before the trace are not itemized"));
+        assert!(text.contains("during the trace: +0 B / -0 B"), "{text}");
+        assert!(text.contains("1 free(s) of memory allocated before the trace"));
+        assert!(
+            text.contains("device live at trace end (allocations made during the trace): 0 B"),
+            "{text}"
+        );
+        assert!(!text.contains("device live at trace end: 0 B"), "{text}");
+        assert!(
+            text.contains("held before tracing: 5.0 MiB (NVML)"),
+            "{text}"
+        );
     }
 
     /// A traced PyTorch-like process: one 20 MiB segment, two blocks, one freed.
@@ -540,7 +697,7 @@ mod tests {
         let data = torch_trace();
         let l = ledger(&data, None);
         let a = allocator_views(&data, None, &l);
-        let text = render(&l, &a, 0, None, true);
+        let text = render(&l, &a, &BTreeMap::new(), 0, None, true);
         assert!(
             text.contains(
                 "allocator (PyTorch): allocated 512 B   requested 300 B   rounding 212 B"
@@ -556,7 +713,14 @@ mod tests {
             text.contains("live blocks pinning 0x7f0000000000:"),
             "{text}"
         );
-        let json = serde_json::to_value(report(&l, &a, None)).unwrap();
+        let json = serde_json::to_value(report(
+            &l,
+            &a,
+            &BTreeMap::new(),
+            &gpu_activity::busy(None, None),
+            None,
+        ))
+        .unwrap();
         let p = &json["processes"][0];
         assert_eq!(p["live_bytes"], 20 << 20);
         let al = &p["allocator"];
@@ -573,7 +737,7 @@ mod tests {
         }
         let l = ledger(&bad, None);
         let a = allocator_views(&bad, None, &l);
-        let text = render(&l, &a, 0, None, false);
+        let text = render(&l, &a, &BTreeMap::new(), 0, None, false);
         assert!(text.contains("allocator layout not recognised: "), "{text}");
         assert!(text.contains("showing the CUDA-level view"), "{text}");
     }

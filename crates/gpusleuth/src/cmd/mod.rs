@@ -5,6 +5,7 @@ pub mod check;
 pub mod demo;
 pub mod explain;
 pub mod export;
+pub mod gpu_context;
 pub mod import;
 pub mod mcp;
 pub mod memory;

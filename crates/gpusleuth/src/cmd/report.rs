@@ -5,6 +5,7 @@
 //! Everything is inline (CSS and SVG charts drawn here): the file opens
 //! without network access and can be mailed or attached to a ticket.
 
+mod gpu;
 mod svg;
 
 use crate::cmd::export::origin_ns;
@@ -23,7 +24,7 @@ use svg::{decades, esc, nice_ticks, Linear, Log, Svg};
 /// How many of the slowest calls the report breaks down.
 pub const SLOWEST_CALLS: usize = 15;
 /// Chart width in CSS pixels.
-const WIDTH: f64 = 960.0;
+pub(super) const WIDTH: f64 = 960.0;
 const ON_CPU: &str = "#4e79a7";
 const RUNNABLE: &str = "#f28e2b";
 const BLOCKED: &str = "#a0a0a0";
@@ -101,6 +102,8 @@ pub fn render(data: &TraceData, session: &Session, notes: &[Note], title: &str) 
         end.saturating_sub(origin),
     ));
     h.push_str(&findings_html(&explanation));
+    h.push_str("<h2>GPU activity</h2>");
+    h.push_str(&gpu::section(data, origin, end));
     h.push_str("<h2>Device memory per process</h2>");
     h.push_str(&memory_section(&ledgers, origin, end));
     h.push_str("<h2>Latency per op</h2>");
@@ -203,6 +206,9 @@ fn summary_html(data: &TraceData, s: &Session, notes: &[Note], span_ns: u64) -> 
 
 fn findings_html(e: &Explanation) -> String {
     let mut h = String::from("<h2>Findings</h2>");
+    if let Some(s) = &e.summary {
+        let _ = write!(h, "<p class=\"verdict\"><b>{}</b></p>", esc(s));
+    }
     if e.findings.is_empty() {
         h.push_str(
             "<p>No finding: nothing in this trace crossed a threshold (see docs/findings.md).</p>",
@@ -219,13 +225,25 @@ fn findings_html(e: &Explanation) -> String {
             esc(&f.summary)
         );
         if let Some(names) = crate::cmd::explain::culprit_line(f) {
-            let _ = write!(h, "<div>CPU taken by: {}</div>", esc(&names));
+            let label = if f.kind == sleuth_core::findings::Kind::InputWait {
+                "Woken by"
+            } else {
+                "CPU taken by"
+            };
+            let _ = write!(h, "<div>{label}: {}</div>", esc(&names));
         }
         let _ = write!(
             h,
             "<div class=\"rec\">→ {}</div></div>",
             esc(&f.recommendation)
         );
+    }
+    if !e.threads.is_empty() {
+        h.push_str("<h3>Where the time went, per CUDA-issuing thread</h3><ul>");
+        for line in crate::cmd::explain::thread_lines(&e.threads) {
+            let _ = write!(h, "<li>{}</li>", esc(&line));
+        }
+        h.push_str("</ul>");
     }
     for n in &e.notes {
         let _ = write!(h, "<div class=\"note\">note: {}</div>", esc(n));

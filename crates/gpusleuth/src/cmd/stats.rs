@@ -216,6 +216,12 @@ pub fn render(r: &StatsReport) -> String {
             );
         }
     }
+    if !r.threads.is_empty() {
+        out.push_str("Where the time went, per CUDA-issuing thread:\n");
+        for line in crate::cmd::explain::thread_lines(&r.threads) {
+            let _ = writeln!(out, "  {line}");
+        }
+    }
     let _ = writeln!(out, "events recorded: {}", counters(&r.events));
     let _ = writeln!(out, "events dropped:  {}", counters(&r.drops));
     out

@@ -1,10 +1,12 @@
 //! `gpusleuth trace`: capture CUDA calls and host context into a trace database.
 
+use crate::gpu_sampler::{self, GpuSampler};
 use crate::held_child::{self, HeldChild};
 use crate::live::LiveView;
 use crate::{procinfo, signals};
 use anyhow::{bail, Context, Result};
 use sleuth_core::record::{self, stat};
+use sleuth_core::stats::EDGE_OPEN_AT_END;
 use sleuth_core::{Event, ProcKind};
 use sleuth_probe::{discover, monotonic_ns, Capture, LaunchMode, LibFile};
 use sleuth_store::{LibraryInfo, NoteLevel, SessionInfo, TraceWriter, WriterHandle, WriterOptions};
@@ -243,10 +245,11 @@ pub fn run(args: Args) -> Result<i32> {
 
     let db = args.db.clone().unwrap_or_else(default_db_path);
     let start_mono = monotonic_ns();
+    let realtime_offset_ns = realtime_ns() - start_mono as i64;
     let info = SessionInfo {
         started_unix_ns: realtime_ns(),
         start_mono_ns: start_mono,
-        realtime_offset_ns: realtime_ns() - start_mono as i64,
+        realtime_offset_ns,
         hostname: hostname(),
         kernel: uname_release(),
         command: std::env::args().collect::<Vec<_>>().join(" "),
@@ -264,6 +267,7 @@ pub fn run(args: Args) -> Result<i32> {
     let opts = WriterOptions {
         max_db_bytes: args.max_db,
         overwrite: args.force,
+        background: true,
         ..Default::default()
     };
     let writer = TraceWriter::create(&db, info, opts)
@@ -279,6 +283,22 @@ pub fn run(args: Args) -> Result<i32> {
             return Err(e);
         }
     };
+    // The baseline: what the driver says each process holds now that it is traced
+    // (a launched command has not run yet: it held nothing).
+    let sampler = GpuSampler::start(
+        &handle,
+        realtime_offset_ns,
+        start_mono,
+        match &target {
+            Target::All => gpu_sampler::Scope::All,
+            Target::Pids(p) => gpu_sampler::Scope::Pids(p.iter().copied().collect()),
+            Target::Launch(_) => gpu_sampler::Scope::Pids(HashSet::new()),
+        },
+        session.metrics.clone(),
+    );
+    if let (Some(s), Some(pid)) = (&sampler, child) {
+        s.set_pids([pid]);
+    }
     session.started = true;
     if let Some(f) = &args.ready_file {
         use std::io::Write as _;
@@ -308,7 +328,9 @@ pub fn run(args: Args) -> Result<i32> {
             args.launches.as_str()
         );
     }
-    trace_loop(&args, &target, db, writer, handle, cap, session, child)
+    trace_loop(
+        &args, &target, db, writer, handle, cap, session, child, sampler,
+    )
 }
 
 /// Removes a trace that recorded nothing (its command never started).
@@ -404,6 +426,7 @@ fn trace_loop(
     mut cap: Capture,
     mut session: Session,
     child: Option<u32>,
+    sampler: Option<GpuSampler>,
 ) -> Result<i32> {
     let start_mono = session.start_mono;
     signals::install();
@@ -452,6 +475,9 @@ fn trace_loop(
             } else {
                 cap.traced_pids()
             };
+            if let Some(s) = &sampler {
+                s.set_pids(pids.iter().copied());
+            }
             for p in pids {
                 for lib in discover::libs_mapped_by(p) {
                     if !cap.is_attached(&lib) {
@@ -462,7 +488,7 @@ fn trace_loop(
         }
         if last_render.elapsed() >= Duration::from_secs(if session.live_tty() { 1 } else { 5 }) {
             last_render = Instant::now();
-            let drops: u64 = cap.loss_stats().iter().take(3).sum();
+            let drops = loss_sums(&cap.loss_stats()).total();
             let elapsed = t0.elapsed().as_secs_f64();
             session
                 .live
@@ -495,6 +521,10 @@ fn trace_loop(
     // Final drain: records already in the ring buffer.
     while cap.poll(Duration::from_millis(20), |bytes| session.record(bytes)) > 0 {}
     let end_mono = monotonic_ns();
+    let open_calls = cap.open_calls() as u64;
+    if let Some(s) = sampler {
+        s.finish();
+    }
 
     let losses = cap.loss_stats();
     let counted_calls: u64 = cap.op_counts().iter().map(|c| c.count).sum();
@@ -510,9 +540,18 @@ fn trace_loop(
         if let Some((NoteLevel::Warn, text)) = &coverage {
             handle.add_note(NoteLevel::Warn, text.clone())?;
         }
-        for (i, name) in stat::NAMES.iter().enumerate() {
-            handle.set_stat(format!("drop_{name}"), losses[i])?;
+        for i in stat::losses() {
+            handle.set_stat(format!("drop_{}", stat::NAMES[i]), losses[i])?;
         }
+        // Lets `explain` recognise the tracer's own threads (never culprits).
+        handle.set_stat(
+            sleuth_core::threads::TRACER_PID_STAT,
+            u64::from(std::process::id()),
+        )?;
+        for i in (0..stat::MAX).filter(|&i| stat::is_attach_edge(i)) {
+            handle.set_stat(format!("edge_{}", stat::edge_name(i)), losses[i])?;
+        }
+        handle.set_stat(format!("edge_{EDGE_OPEN_AT_END}"), open_calls)?;
         handle.set_stat("events_call", session.n_calls)?;
         handle.set_stat("events_wait", session.n_waits)?;
         handle.set_stat("events_proc", session.n_procs)?;
@@ -544,8 +583,7 @@ fn trace_loop(
         .context("cannot finish the trace database")?;
     meta_result.context("cannot store the trace's counters")?;
 
-    let drops_ring: u64 = losses[..3].iter().sum();
-    let drops_other: u64 = losses[3..6].iter().sum::<u64>() + losses[stat::TRACED_FULL];
+    let sums = loss_sums(&losses);
     if !args.quiet {
         // The final table comes from the database: exact, and what a later `stats` shows.
         let data = crate::cmd::stats::load_trace(&db, None)?;
@@ -555,15 +593,16 @@ fn trace_loop(
         );
     }
     eprintln!(
-        "gpusleuth: trace saved to {} — {} calls, {} waits, {} process events recorded; dropped: {} (ring buffer full), {} (kernel maps full), {} (database cap), {} unmatched returns",
+        "gpusleuth: trace saved to {} — {} calls, {} waits, {} process events recorded; dropped: {} (ring buffer full), {} (kernel maps full), {} (database cap); attach edges (not losses): {} return(s) of calls begun before tracing, {} call(s) open at the end",
         db.display(),
         summary.calls_stored,
         summary.waits_stored,
         summary.proc_events_stored,
-        drops_ring,
-        drops_other,
+        sums.ring,
+        sums.maps,
         summary.dropped_db_full,
-        losses[stat::UNMATCHED_RETURN]
+        losses[stat::UNMATCHED_RETURN],
+        open_calls
     );
     if let Some((level, text)) = coverage {
         let tag = if level == NoteLevel::Warn {
@@ -598,6 +637,37 @@ fn end_command(pid: u32, cap: &mut Capture, session: &mut Session) -> (i32, &'st
     }
     // Not reaped 5 s after SIGKILL (stuck in the kernel): say what was sent.
     (128 + libc::SIGKILL, "SIGKILL (not yet reaped)")
+}
+
+/// The kernel's loss counters summed by cause, by name (never by position:
+/// counters are added at the end of the list over time).
+struct LossSums {
+    ring: u64,
+    maps: u64,
+}
+
+impl LossSums {
+    fn total(&self) -> u64 {
+        self.ring + self.maps
+    }
+}
+
+fn loss_sums(losses: &[u64; stat::MAX]) -> LossSums {
+    let sum = |idx: &[usize]| idx.iter().map(|&i| losses[i]).sum::<u64>();
+    LossSums {
+        ring: sum(&[
+            stat::RING_DROP_CALL,
+            stat::RING_DROP_WAIT,
+            stat::RING_DROP_PROC,
+            stat::RING_DROP_BLOCK,
+        ]),
+        maps: sum(&[
+            stat::INFLIGHT_FULL,
+            stat::THREAD_FULL,
+            stat::COUNT_FULL,
+            stat::TRACED_FULL,
+        ]),
+    }
 }
 
 /// What the final summary must say when the trace saw no CUDA call: a
@@ -779,6 +849,21 @@ mod tests {
         assert_eq!(parse_size("512M").unwrap(), 512 << 20);
         assert_eq!(parse_size("64KiB").unwrap(), 64 << 10);
         assert!(parse_size("lots").is_err());
+    }
+
+    #[test]
+    fn losses_are_summed_by_name_and_attach_edges_are_not_losses() {
+        let mut l = [0u64; stat::MAX];
+        for (i, v) in l.iter_mut().enumerate() {
+            *v = 1 << i;
+        }
+        let s = loss_sums(&l);
+        assert_eq!(s.ring, 1 | 2 | 4 | (1 << stat::RING_DROP_BLOCK));
+        assert_eq!(s.maps, 8 | 16 | 32 | (1 << stat::TRACED_FULL));
+        assert_eq!(s.total() & (1 << stat::UNMATCHED_RETURN), 0);
+        // Every counter is either a loss summed here or an attach edge.
+        let covered = s.total() | (1 << stat::UNMATCHED_RETURN);
+        assert_eq!(covered, (1u64 << stat::MAX) - 1);
     }
 
     #[test]

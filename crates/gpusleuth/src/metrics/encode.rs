@@ -176,12 +176,29 @@ pub fn render(s: &State, openmetrics: bool) -> String {
         "Events lost before reaching user space, by cause.",
     );
     for (i, cause) in stat::NAMES.iter().enumerate() {
+        if !stat::is_attach_edge(i) {
+            o.sample(
+                &format!("{n}_total"),
+                &format!("cause=\"{cause}\""),
+                s.drops[i],
+            );
+        }
+    }
+
+    let n = o.family(
+        "gpusleuth_attach_edge_events",
+        "counter",
+        "Expected edges of attaching to running processes, not losses: returns whose call began before the process was traced.",
+    );
+    for i in (0..stat::MAX).filter(|&i| stat::is_attach_edge(i)) {
         o.sample(
             &format!("{n}_total"),
-            &format!("cause=\"{cause}\""),
+            &format!("kind=\"{}\"", stat::edge_name(i)),
             s.drops[i],
         );
     }
+
+    gpu_families(&mut o, &s.gpu);
 
     let n = o.family(
         "gpusleuth_events",
@@ -207,6 +224,62 @@ pub fn render(s: &State, openmetrics: bool) -> String {
         o.text.push_str("# EOF\n");
     }
     o.text
+}
+
+/// NVML figures: measured or not, busy per GPU, per-process memory and SM use.
+fn gpu_families(o: &mut Out, g: &super::gpu::GpuState) {
+    let n = o.family(
+        "gpusleuth_gpu_activity_measured",
+        "gauge",
+        "1 when NVML GPU activity is sampled during this trace, 0 when it is not available (then no gpu_* figure is exported).",
+    );
+    o.sample(&n, "", u8::from(g.measured == Some(true)));
+    let n = o.family(
+        "gpusleuth_gpu_busy_percent",
+        "gauge",
+        "Latest NVML device utilization sample: percent of the sample period some kernel was running (not SM occupancy).",
+    );
+    for (gpu, pct) in &g.busy_pct {
+        o.sample(&n, &format!("gpu=\"{gpu}\""), pct);
+    }
+    let n = o.family(
+        "gpusleuth_process_gpu_memory_bytes",
+        "gauge",
+        "Device memory NVML attributes to the traced process now (includes memory allocated before tracing and the CUDA context).",
+    );
+    for (pid, p) in &g.procs {
+        for (gpu, b) in &p.used_bytes {
+            o.sample(
+                &n,
+                &format!("pid=\"{pid}\",comm=\"{}\",gpu=\"{gpu}\"", label(&p.comm)),
+                b,
+            );
+        }
+    }
+    let n = o.family(
+        "gpusleuth_process_gpu_memory_before_trace_bytes",
+        "gauge",
+        "Device memory NVML attributed to the process when its tracing began (0: not listed then); allocations made before the trace are not itemized.",
+    );
+    for (pid, p) in &g.procs {
+        if let Some(b) = p.before_trace_bytes() {
+            o.sample(&n, &format!("pid=\"{pid}\",comm=\"{}\"", label(&p.comm)), b);
+        }
+    }
+    let n = o.family(
+        "gpusleuth_process_sm_percent",
+        "gauge",
+        "Latest per-process SM utilization from NVML, where the driver reports it.",
+    );
+    for (pid, p) in &g.procs {
+        for (gpu, v) in &p.sm_pct {
+            o.sample(
+                &n,
+                &format!("pid=\"{pid}\",comm=\"{}\",gpu=\"{gpu}\"", label(&p.comm)),
+                v,
+            );
+        }
+    }
 }
 
 #[cfg(test)]
@@ -273,8 +346,51 @@ mod tests {
             "gpusleuth_cuda_call_time_seconds_total{{{l},state=\"runnable\"}} 0.000001\n"
         )));
         assert!(t.contains("gpusleuth_device_live_bytes{pid=\"7\",comm=\"a\\\"b\"} 4096\n"));
-        assert!(t.contains("gpusleuth_dropped_events_total{cause=\"unmatched_return\"} 5\n"));
+        assert!(t.contains("gpusleuth_attach_edge_events_total{kind=\"return_without_entry\"} 5\n"));
+        assert!(
+            !t.contains("cause=\"unmatched_return\""),
+            "an attach edge is not a drop"
+        );
+        assert!(t.contains("gpusleuth_gpu_activity_measured 0\n"), "{t}");
+        assert!(!t.contains("gpusleuth_gpu_busy_percent{"));
         assert!(t.ends_with("# EOF\n"));
+    }
+
+    #[test]
+    fn gpu_figures_when_nvml_is_sampled() {
+        use sleuth_core::{GpuSample, ProcessGpuSample, SamplePhase};
+        let mut s = state();
+        s.gpu.measured = Some(true);
+        s.gpu.observe(
+            &[GpuSample {
+                ts_ns: 5,
+                gpu: 0,
+                busy_pct: 37.0,
+                period_ns: 100,
+            }],
+            &[ProcessGpuSample {
+                ts_ns: 5,
+                gpu: 0,
+                pid: 7,
+                used_bytes: Some(1 << 30),
+                sm_pct: Some(12.0),
+                phase: SamplePhase::Start,
+            }],
+            |_| "py".to_string(),
+        );
+        let t = render(&s, true);
+        assert!(t.contains("gpusleuth_gpu_activity_measured 1\n"), "{t}");
+        assert!(
+            t.contains("gpusleuth_gpu_busy_percent{gpu=\"0\"} 37\n"),
+            "{t}"
+        );
+        assert!(t.contains(
+            "gpusleuth_process_gpu_memory_bytes{pid=\"7\",comm=\"py\",gpu=\"0\"} 1073741824\n"
+        ));
+        assert!(t.contains(
+            "gpusleuth_process_gpu_memory_before_trace_bytes{pid=\"7\",comm=\"py\"} 1073741824\n"
+        ));
+        assert!(t.contains("gpusleuth_process_sm_percent{pid=\"7\",comm=\"py\",gpu=\"0\"} 12\n"));
     }
 
     #[test]

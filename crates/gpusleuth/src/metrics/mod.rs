@@ -9,10 +9,11 @@
 //! get their own `pid`/`comm` labels (`state::MAX_PROCESSES`, see `state`).
 
 mod encode;
+mod gpu;
 mod http;
 mod state;
 
-use sleuth_core::{Event, OpCount};
+use sleuth_core::{Event, GpuSample, OpCount, ProcessGpuSample};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -42,6 +43,16 @@ impl Metrics {
     /// `record::stat::NAMES`, and the in-kernel per-process op counts.
     pub fn set_kernel_counters(&self, losses: &[u64], counts: &[OpCount]) {
         self.lock().set_kernel_counters(losses, counts);
+    }
+
+    /// Accounts NVML readings from the GPU sampler thread.
+    pub fn observe_gpu(&self, dev: &[GpuSample], rows: &[ProcessGpuSample]) {
+        self.lock().gpu.observe(dev, rows, read_comm);
+    }
+
+    /// Whether GPU activity is measured in this trace (NVML available).
+    pub fn set_gpu_measured(&self, measured: bool) {
+        self.lock().gpu.measured = Some(measured);
     }
 
     /// The exposition text; `openmetrics` selects the format.

@@ -138,6 +138,8 @@ pub struct State {
     pub events: [u64; 3],
     /// In-kernel op counts per (pid, op), as last read (kept at their maximum).
     pub kernel_counts: BTreeMap<(u32, u16), u64>,
+    /// NVML readings of the GPU sampler.
+    pub gpu: super::gpu::GpuState,
 }
 
 impl State {

@@ -279,6 +279,7 @@ pub(super) fn fragmentation(
         culprits: Vec::new(),
         recommendation: advice.text,
         impact_ns: gap.max(0) as u64,
+        wall_share: None,
     })
 }
 

@@ -1,4 +1,4 @@
-//! Findings about GPU memory: allocation_failure, unfreed_memory, allocation_churn.
+//! Findings about GPU memory: allocation_failure, memory_growth, allocation_churn.
 //! They read the per-process ledger (each allocation counted once).
 
 use super::*;
@@ -93,94 +93,130 @@ pub(super) fn allocation_failure(l: &ProcessLedger) -> Option<Finding> {
         culprits: Vec::new(),
         recommendation,
         impact_ns: 0,
+        wall_share: None,
     })
 }
 
-/// Device allocations still live when the process exited or the trace ended.
-pub(super) fn unfreed_memory(l: &ProcessLedger) -> Option<Finding> {
-    let bytes: u64 = l.unfreed.iter().map(|u| u.bytes).sum();
-    if bytes < UNFREED_MIN_BYTES || l.unfreed.is_empty() {
+/// Live device bytes that keep rising across the run: the same size
+/// allocated again and again and never freed, throughout the run (not a
+/// model loaded once at the start, not a cache filled in the first step).
+/// `span` is the process's CUDA activity: first call start to last call end.
+pub(super) fn memory_growth(l: &ProcessLedger, span: (u64, u64)) -> Option<Finding> {
+    let (first, last) = span;
+    if last <= first {
         return None;
     }
-    let severity = if bytes >= UNFREED_HIGH_BYTES {
+    let quarter = |ts: u64| -> usize {
+        let q = (ts.saturating_sub(first) as u128 * GROWTH_QUARTERS as u128
+            / (last - first) as u128) as usize;
+        q.min(GROWTH_QUARTERS - 1)
+    };
+    // (size, op) -> (count, first ts, quarters seen)
+    let mut groups: BTreeMap<(u64, &str), (u64, u64, [bool; GROWTH_QUARTERS])> = BTreeMap::new();
+    for u in &l.unfreed {
+        let e = groups
+            .entry((u.bytes, u.op))
+            .or_insert((0, u.ts_ns, [false; GROWTH_QUARTERS]));
+        e.0 += 1;
+        e.1 = e.1.min(u.ts_ns);
+        e.2[quarter(u.ts_ns)] = true;
+    }
+    // (total bytes, size, op, count, first ts, quarters)
+    let mut growing: Vec<(u64, u64, &str, u64, u64, usize)> = groups
+        .into_iter()
+        .filter_map(|((size, op), (count, first_ts, q))| {
+            let quarters = q.iter().filter(|&&b| b).count();
+            (count >= GROWTH_MIN_ALLOCS && quarters >= GROWTH_MIN_QUARTERS).then(|| {
+                (
+                    size.saturating_mul(count),
+                    size,
+                    op,
+                    count,
+                    first_ts,
+                    quarters,
+                )
+            })
+        })
+        .collect();
+    if growing.is_empty() {
+        return None;
+    }
+    growing.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+    let bytes: u64 = growing.iter().map(|g| g.0).sum();
+    let count: u64 = growing.iter().map(|g| g.3).sum();
+    let severity = if bytes >= GROWTH_HIGH_BYTES {
         Severity::High
-    } else if bytes >= UNFREED_MEDIUM_BYTES {
+    } else if bytes >= GROWTH_MEDIUM_BYTES {
         Severity::Medium
     } else {
         Severity::Low
     };
-    // Group by (size, op): repeated same-size leaks point at one call site.
-    let mut groups: BTreeMap<(u64, &str), (u64, u64)> = BTreeMap::new();
-    for u in &l.unfreed {
-        let e = groups.entry((u.bytes, u.op)).or_insert((0, u.ts_ns));
-        e.0 += 1;
-        e.1 = e.1.min(u.ts_ns);
-    }
-    let mut by_size: Vec<_> = groups
-        .into_iter()
-        .map(|((size, op), (count, first_ts))| {
-            (size.saturating_mul(count), size, op, count, first_ts)
-        })
-        .collect();
-    by_size.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
-    let main_op = by_size.first().map(|g| g.2).unwrap_or("cudaMalloc");
-    let by_size_json: Vec<_> = by_size
+    let secs = (last - first) as f64 / 1e9;
+    let top = growing[0];
+    let groups_json: Vec<_> = growing
         .iter()
         .take(10)
-        .map(|&(total, size, op, count, first_ts)| {
-            json!({"bytes": size, "count": count, "total_bytes": total, "op": op, "first_ts_ns": first_ts})
+        .map(|&(total, size, op, count, first_ts, quarters)| {
+            json!({"bytes": size, "count": count, "total_bytes": total, "op": op,
+                   "first_ts_ns": first_ts, "quarters_with_allocations": quarters})
         })
         .collect();
-    let (when, recommendation) = if l.exit_ns.is_some() {
-        (
-            "at exit",
-            "Free device memory when done with it (cudaFree / cuMemRelease), or reuse buffers; the same size \
-             left unfreed many times points at one allocation site in a loop.",
-        )
-    } else {
-        (
-            "at the end of the trace (the process was still running: memory it still holds, not necessarily a leak)",
-            "If this keeps growing, compare `gpusleuth memory --at` at two moments to see which sizes accumulate; \
-             free or reuse buffers that are no longer needed.",
-        )
-    };
-    // Allocations without a pointer (imports) cannot be matched by a free:
-    // with unmatched frees around, part of them may have been freed.
-    let bound = if l.unknown_ptr_allocs > 0 && l.unmatched_frees > 0 {
-        format!(
-            "; at most: {} free(s) could not be matched to {} allocation(s) of unknown pointer",
-            l.unmatched_frees, l.unknown_ptr_allocs
-        )
-    } else {
-        String::new()
-    };
     Some(Finding {
-        kind: Kind::UnfreedMemory,
+        kind: Kind::MemoryGrowth,
         severity,
-        op: main_op.to_string(),
+        op: top.2.to_string(),
         pids: vec![l.pid],
         summary: format!(
-            "{} (pid {}) left {} allocation(s), {} of device memory, unfreed {}{bound}",
+            "{} (pid {}) kept allocating device memory it never freed: {} allocation(s), {} over {:.1} s \
+             ({}/s), most often {} x{} via {}",
             l.comm,
             l.pid,
-            l.unfreed.len(),
+            count,
             fmt_bytes(bytes),
-            when
+            secs,
+            fmt_bytes((bytes as f64 / secs.max(1e-9)) as u64),
+            fmt_bytes(top.1),
+            top.3,
+            top.2
         ),
         evidence: json!({
-            "unfreed_count": l.unfreed.len(),
-            "unfreed_bytes": bytes,
+            "growing_bytes": bytes,
+            "growing_allocations": count,
+            "span_ns": last - first,
+            "groups": groups_json,
+            "live_bytes_at_end": l.live_bytes,
             "peak_bytes": l.peak_bytes,
-            "by_size": by_size_json,
             "exited": l.exit_ns.is_some(),
             "unknown_ptr_allocs": l.unknown_ptr_allocs,
             "unmatched_frees": l.unmatched_frees,
             "call_sites": "unknown: stacks are not captured",
         }),
         culprits: Vec::new(),
-        recommendation: recommendation.to_string(),
+        recommendation: "Memory that grows with every repetition runs out eventually: free (or reuse) the buffer \
+                         allocated on every repetition; in PyTorch, look for tensors kept alive across steps (a \
+                         list of losses without .item()/.detach(), a growing cache, history kept with its graph)."
+            .to_string(),
         impact_ns: bytes,
+        wall_share: None,
     })
+}
+
+/// Informational: device memory a still-running process held when the trace
+/// ended. Memory held at exit is not reported: the driver releases it with
+/// the context, and a caching allocator keeps its cache on purpose.
+pub(super) fn held_at_end_note(l: &ProcessLedger) -> Option<String> {
+    if l.exit_ns.is_some() || l.live_bytes == 0 {
+        return None;
+    }
+    Some(format!(
+        "{} (pid {}) was still running when the trace ended and held {} of device memory in {} allocation(s) \
+         (peak {}): held, not necessarily leaked.",
+        l.comm,
+        l.pid,
+        fmt_bytes(l.live_bytes),
+        l.unfreed.len(),
+        fmt_bytes(l.peak_bytes)
+    ))
 }
 
 /// Freeing and re-allocating the same sizes over and over.
@@ -232,5 +268,6 @@ pub(super) fn allocation_churn(l: &ProcessLedger, trace_ns: u64) -> Option<Findi
                          pool (cudaMallocAsync with a release threshold)."
             .to_string(),
         impact_ns: c.alloc_free_ns,
+        wall_share: None,
     })
 }

@@ -1,4 +1,4 @@
-//! Findings about time: cpu_preemption, gpu_wait, tail_latency.
+//! Findings about time: cpu_preemption, tail_latency.
 
 use super::*;
 use crate::decompose::{aggregate_culprits, culprits_of, Split, TailSplit};
@@ -234,49 +234,7 @@ pub(super) fn cpu_preemption(ctx: &Context) -> Vec<Finding> {
             culprits,
             recommendation: recommendation.to_string(),
             impact_ns: lost,
-        });
-    }
-    out
-}
-
-/// Time blocked in sync calls: the host waiting for the GPU. Informational.
-pub(super) fn gpu_wait(ctx: &Context) -> Vec<Finding> {
-    let span = ctx.span_ns();
-    let mut out = Vec::new();
-    for v in ctx.views().filter(|v| v.class == OpClass::Sync) {
-        let blocked = v.split.blocked_ns;
-        let of_trace = share(blocked, span);
-        if blocked < GPU_WAIT_MIN_NS || of_trace < GPU_WAIT_MIN_SHARE {
-            continue;
-        }
-        out.push(Finding {
-            kind: Kind::GpuWait,
-            severity: Severity::Low,
-            op: v.op.to_string(),
-            pids: v.pids.clone(),
-            summary: format!(
-                "{} blocked {} waiting for the GPU ({} of the trace's {}); this is GPU work time, not OS interference",
-                v.op,
-                fmt_ns(blocked),
-                pct(of_trace),
-                fmt_ns(span)
-            ),
-            evidence: json!({
-                "calls": v.idx.len(),
-                "blocked_ns": blocked,
-                "on_cpu_ns": v.split.on_cpu_ns,
-                "runnable_ns": v.split.runnable_ns,
-                "share_of_trace": of_trace,
-                "trace_ns": span,
-                "blamed_on_os": false,
-                "examples": ctx.examples(v.idx, |c| c.dur_ns),
-            }),
-            culprits: Vec::new(),
-            recommendation: "Informational: the host slept until the GPU finished. To shorten it, make the GPU \
-                             work smaller or faster (profile kernels with Nsight Systems/Compute), or overlap it \
-                             with host work: fewer synchronizations, async copies from pinned memory, CUDA graphs."
-                .to_string(),
-            impact_ns: blocked,
+            wall_share: Some(share(lost, ctx.span_ns()).min(1.0)),
         });
     }
     out
@@ -375,6 +333,7 @@ pub(super) fn tail_latency(ctx: &Context) -> Vec<Finding> {
             culprits: Vec::new(),
             recommendation,
             impact_ns: tail_wall,
+            wall_share: None,
         });
     }
     out

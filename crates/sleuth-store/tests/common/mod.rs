@@ -73,6 +73,7 @@ pub fn preempted(pid: u32, tid: u32, off: u64, on: u64, culprits: Vec<Culprit>) 
         prev_state: 0,
         cpu: 1,
         culprits,
+        waker: None,
     }
 }
 

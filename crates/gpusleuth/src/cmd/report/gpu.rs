@@ -1,0 +1,107 @@
+//! The report's GPU activity timeline: NVML busy samples per GPU as bars on
+//! the trace's time axis, and per process the memory the driver said it held
+//! before the trace began beside the ledger.
+
+use super::svg::{esc, nice_ticks, Linear, Svg};
+use super::WIDTH;
+use crate::cmd::gpu_context;
+use crate::output::fmt_ns;
+use sleuth_core::gpu_activity;
+use sleuth_core::TraceData;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+const BUSY: &str = "#59a14f";
+
+/// The section's HTML: a chart per GPU, or a line saying it was not measured.
+pub fn section(data: &TraceData, origin: u64, end: u64) -> String {
+    let mut h = String::new();
+    let activity = gpu_activity::of_trace(data);
+    for line in gpu_context::busy_lines(&activity) {
+        let _ = write!(h, "<p>{}</p>", esc(&line));
+    }
+    if let Some(samples) = &data.gpu_samples {
+        let mut by_gpu: BTreeMap<u32, Vec<&sleuth_core::GpuSample>> = BTreeMap::new();
+        for s in samples {
+            by_gpu.entry(s.gpu).or_default().push(s);
+        }
+        for (gpu, list) in by_gpu {
+            h.push_str(&chart(gpu, &list, origin, end));
+        }
+    }
+    let helds = gpu_context::held_memory(data);
+    for line in gpu_context::held_lines(data, &helds) {
+        let _ = write!(h, "<p>{}</p>", esc(&line));
+    }
+    h
+}
+
+fn chart(gpu: u32, samples: &[&sleuth_core::GpuSample], origin: u64, end: u64) -> String {
+    let (left, right, top, bottom, height) = (80.0, 20.0, 30.0, 30.0, 160.0);
+    let span_s = (end.saturating_sub(origin) as f64 / 1e9).max(1e-6);
+    let x = Linear {
+        d0: 0.0,
+        d1: span_s,
+        r0: left,
+        r1: WIDTH - right,
+    };
+    let y = Linear {
+        d0: 0.0,
+        d1: 100.0,
+        r0: height - bottom,
+        r1: top,
+    };
+    let t = |ns: u64| x.at(ns.saturating_sub(origin) as f64 / 1e9);
+    let mut s = Svg::new(WIDTH, height, &format!("GPU {gpu} busy over time"));
+    s.text(
+        left,
+        16.0,
+        &format!("GPU {gpu} busy (NVML device utilization, % of each sample period)"),
+        "start",
+        "t",
+    );
+    for v in [0.0, 50.0, 100.0] {
+        let yy = y.at(v);
+        s.line(left, yy, WIDTH - right, yy, "#eee", "");
+        s.text(left - 6.0, yy + 4.0, &format!("{v:.0}%"), "end", "");
+    }
+    for v in nice_ticks(span_s, 8) {
+        let xx = x.at(v);
+        s.line(xx, height - bottom, xx, height - bottom + 4.0, "#999", "");
+        s.text(
+            xx,
+            height - bottom + 16.0,
+            &fmt_ns((v * 1e9) as u64),
+            "middle",
+            "",
+        );
+    }
+    s.line(
+        left,
+        height - bottom,
+        WIDTH - right,
+        height - bottom,
+        "#999",
+        "",
+    );
+    for g in samples {
+        let x1 = t(g.ts_ns).min(WIDTH - right);
+        let x0 = t(g.ts_ns.saturating_sub(g.period_ns)).max(left);
+        let (y0, y1) = (y.at(g.busy_pct), y.at(0.0));
+        if x1 > x0 {
+            s.rect(
+                x0,
+                y0,
+                x1 - x0,
+                (y1 - y0).max(0.0),
+                BUSY,
+                Some(&format!(
+                    "+{}: {:.0}% busy",
+                    fmt_ns(g.ts_ns.saturating_sub(origin)),
+                    g.busy_pct
+                )),
+            );
+        }
+    }
+    s.finish()
+}

@@ -1,0 +1,402 @@
+//! Attaching to a running job (issue 19) and GPU activity (issue 12), end to
+//! end on the simulated world: the workload allocates 150 MiB before the
+//! trace attaches with `--pid`, the simulated NVML (driven by the workload's
+//! own activity file) reports what it holds and when "the GPU" is busy.
+//! Ground truth: the workload's script (sizes, which frees hit pre-trace
+//! memory) and its activity file (busy intervals in CLOCK_REALTIME µs,
+//! converted here with an offset this test measures itself).
+
+mod common;
+#[path = "../../sleuth-gpu/tests/support/mod.rs"]
+mod support;
+
+use common::{assert_no_panic, gpusleuth, require_ebpf, wait_child, wait_for_file, Sandbox};
+use serde_json::Value;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+const MIB: u64 = 1 << 20;
+/// Allocated before the trace: A (freed during it) and B (kept).
+const A: u64 = 100 * MIB;
+const B: u64 = 50 * MIB;
+/// Allocated during the trace: C (freed during it) and D (kept).
+const C: u64 = 30 * MIB;
+const D: u64 = 20 * MIB;
+/// NVML sample period of the simulated driver in this test.
+const PERIOD_NS: u64 = 100_000_000;
+
+fn json_of(out: &Output) -> Value {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "not JSON ({e}): {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+fn run(args: &[&str], db: &Path) -> Output {
+    let out = gpusleuth()
+        .args(args)
+        .arg("--db")
+        .arg(db)
+        .output()
+        .expect("run gpusleuth");
+    assert_no_panic(&out);
+    assert!(
+        out.status.success(),
+        "gpusleuth {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// wall-clock ns − monotonic ns, measured by this test (not by the tool).
+fn realtime_offset_ns() -> i128 {
+    let read = |clock| {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: clock_gettime writes the timespec we own.
+        unsafe { libc::clock_gettime(clock, &mut ts) };
+        ts.tv_sec as i128 * 1_000_000_000 + ts.tv_nsec as i128
+    };
+    let m0 = read(libc::CLOCK_MONOTONIC);
+    let r = read(libc::CLOCK_REALTIME);
+    let m1 = read(libc::CLOCK_MONOTONIC);
+    r - (m0 + m1) / 2
+}
+
+/// The busy intervals the simulated driver logged, on the monotonic clock.
+fn busy_intervals(activity: &Path, offset: i128) -> Vec<(u64, u64)> {
+    std::fs::read_to_string(activity)
+        .expect("activity file")
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.first() == Some(&"busy")).then(|| {
+                let us = |s: &str| s.parse::<i128>().expect("µs") * 1000 - offset;
+                (us(f[2]) as u64, us(f[3]) as u64)
+            })
+        })
+        .collect()
+}
+
+/// `GET /metrics` on `addr`.
+fn scrape(addr: &str) -> String {
+    let mut s = std::net::TcpStream::connect(addr).expect("connect metrics");
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok();
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut body = String::new();
+    s.read_to_string(&mut body).expect("read metrics");
+    body
+}
+
+/// Calls two MCP tools over stdio with plain JSON-RPC lines.
+fn mcp_calls(db: &Path, tools: &[&str]) -> Vec<Value> {
+    let mut child = gpusleuth()
+        .arg("mcp")
+        .arg("--db")
+        .arg(db)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start mcp");
+    let mut stdin = child.stdin.take().expect("stdin");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let mut send = |v: Value| writeln!(stdin, "{v}").expect("write to mcp");
+    send(
+        serde_json::json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{
+        "protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"0"}}}),
+    );
+    let init: Value =
+        serde_json::from_str(&lines.next().expect("init reply").expect("read")).unwrap();
+    assert!(init["result"].is_object(), "{init}");
+    send(serde_json::json!({"jsonrpc":"2.0","method":"notifications/initialized"}));
+    let mut out = Vec::new();
+    for (i, t) in tools.iter().enumerate() {
+        send(
+            serde_json::json!({"jsonrpc":"2.0","id":i+1,"method":"tools/call",
+            "params":{"name":t,"arguments":{}}}),
+        );
+        let reply: Value =
+            serde_json::from_str(&lines.next().expect("tool reply").expect("read")).unwrap();
+        let text = reply["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{t}: {reply}"));
+        out.push(serde_json::from_str(text).expect("tool JSON"));
+    }
+    // The closure's borrow of stdin ends with its last use: dropping stdin closes the pipe.
+    drop(stdin);
+    let _ = wait_child(&mut child, 10);
+    out
+}
+
+#[test]
+fn attach_shows_memory_held_before_the_trace_and_gpu_busy_samples() {
+    if !require_ebpf() {
+        return;
+    }
+    let sb = Sandbox::new("attach");
+    let scenario = sb.path("scenario.txt");
+    std::fs::write(
+        &scenario,
+        format!(
+            "device SimGPU GPU-sim-0 {} 0\nsample_period_ms 100\n",
+            80u64 << 30
+        ),
+    )
+    .unwrap();
+    let activity = sb.path("activity.txt");
+    let p = |n: &str| sb.path(n).display().to_string();
+    let (pre, go, done, fin) = (p("pre"), p("go"), p("done"), p("fin"));
+    let (s0, s1) = (p("busy_start"), p("busy_end"));
+    let script = format!(
+        "malloc {A} A; malloc {B} B; touch {pre}; await {go}; \
+         free A; malloc {C} C; free C; malloc {D} D; \
+         stamp {s0}; sync_sleep 400; stamp {s1}; touch {done}; \
+         sync_sleep 3000; await {fin}"
+    );
+    let mut workload = Command::new(&sb.sim.workload)
+        .arg(&script)
+        .env("SIM_GPU_ACTIVITY", &activity)
+        .spawn()
+        .expect("start workload");
+    let pid = workload.id();
+    wait_for_file(Path::new(&pre), 20);
+
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut tracer = gpusleuth()
+        .args([
+            "trace",
+            "--quiet",
+            "--pid",
+            &pid.to_string(),
+            "--metrics",
+            &addr,
+        ])
+        .arg("--db")
+        .arg(sb.db())
+        .arg("--ready-file")
+        .arg(&go)
+        .env("GPUSLEUTH_NVML_LIB", &support::fixtures().sim_nvml)
+        .env("SIM_NVML_SCENARIO", &scenario)
+        .env("SIM_GPU_ACTIVITY", &activity)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start trace");
+    wait_for_file(Path::new(&done), 30);
+    // Past one sampler poll after the busy second: the gauges are set.
+    std::thread::sleep(Duration::from_millis(1300));
+    let metrics = scrape(&addr);
+    // SAFETY: SIGINT to the tracer we started (Ctrl-C stops a --pid trace).
+    unsafe { libc::kill(tracer.id() as i32, libc::SIGINT) };
+    let status = wait_child(&mut tracer, 30);
+    let mut err = String::new();
+    tracer.stderr.take().unwrap().read_to_string(&mut err).ok();
+    assert!(status.success(), "trace failed: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+    std::fs::write(&fin, b"").unwrap();
+    assert!(wait_child(&mut workload, 30).success());
+
+    // --- metrics, scraped while tracing
+    let line = |name: &str| {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or_else(|| panic!("no {name} in:\n{metrics}"))
+            .to_string()
+    };
+    assert!(line("gpusleuth_gpu_activity_measured").ends_with(" 1"));
+    line("gpusleuth_gpu_busy_percent{gpu=\"0\"}");
+    assert!(line(&format!(
+        "gpusleuth_process_gpu_memory_before_trace_bytes{{pid=\"{pid}\""
+    ))
+    .ends_with(&format!(" {}", A + B)));
+    assert!(line(&format!(
+        "gpusleuth_process_gpu_memory_bytes{{pid=\"{pid}\""
+    ))
+    .ends_with(&format!(" {}", B + D)));
+
+    // --- memory: the baseline from NVML and the in-trace changes, exactly
+    let mem = json_of(&run(&["memory", "--json"], &sb.db()));
+    let proc_ = mem["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"] == pid)
+        .unwrap_or_else(|| panic!("pid {pid} not in {mem}"));
+    let held = &proc_["held"];
+    assert_eq!(held["measured"], true, "{held}");
+    assert_eq!(held["before_trace_bytes"], A + B, "{held}");
+    assert_eq!(held["allocated_during_bytes"], C + D);
+    assert_eq!(held["freed_during_bytes"], C);
+    assert_eq!(held["pre_trace_frees"], 1, "free A hit pre-trace memory");
+    assert_eq!(held["at_end_bytes"], B + D);
+    assert_eq!(
+        held["unexplained_change_bytes"],
+        -(A as i64),
+        "A's size, freed unseen"
+    );
+    assert_eq!(proc_["live_bytes"], D);
+    assert_eq!(proc_["unmatched_frees"], 1);
+    let text = String::from_utf8_lossy(&run(&["memory"], &sb.db()).stdout).into_owned();
+    assert!(
+        text.contains("held before tracing: 150.0 MiB (NVML)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("during the trace: +50.0 MiB / -30.0 MiB"),
+        "{text}"
+    );
+    assert!(
+        text.contains("NVML at trace end: 70.0 MiB; 100.0 MiB less than the ledger explains"),
+        "{text}"
+    );
+    assert!(
+        text.contains("(allocations made during the trace): 20.0 MiB"),
+        "{text}"
+    );
+
+    // --- attach edges are not drops; the open sync at the end is counted as an edge
+    let stats = json_of(&run(&["stats", "--json"], &sb.db()));
+    assert_eq!(stats["drops"]["total"], 0, "{}", stats["drops"]);
+    assert_eq!(
+        stats["attach_edges"]["call_open_at_end"], 2,
+        "cudaStreamSynchronize and its cuStreamSynchronize were open: {}",
+        stats["attach_edges"]
+    );
+    let explain = String::from_utf8_lossy(&run(&["explain"], &sb.db()).stdout).into_owned();
+    assert!(!explain.contains("may be incomplete"), "{explain}");
+    assert!(explain.contains("Attach edges, not losses"), "{explain}");
+    assert!(
+        explain.contains("held before tracing: 150.0 MiB (NVML)"),
+        "{explain}"
+    );
+    assert!(explain.contains("GPU 0 busy"), "{explain}");
+
+    // --- GPU busy samples: stored on the trace clock, right where the workload was busy
+    let db = sb.open_db();
+    let samples = db
+        .ints("SELECT ts_ns, period_ns, CAST(busy_pct AS INTEGER) FROM gpu_samples WHERE gpu = 0");
+    assert!(samples.len() >= 10, "about one per 100 ms: {samples:?}");
+    let busy = busy_intervals(&activity, realtime_offset_ns());
+    assert_eq!(busy.len(), 2, "two scripted syncs");
+    let margin = 5_000_000u64; // clock reading skew is µs; 5 ms is ample
+    let (mut inside, mut outside) = (0, 0);
+    for s in &samples {
+        let (end, period, pct) = (s[0] as u64, s[1] as u64, s[2]);
+        assert_eq!(period, PERIOD_NS, "{s:?}");
+        let start = end - period;
+        if busy
+            .iter()
+            .any(|&(b0, b1)| start >= b0 + margin && end + margin <= b1)
+        {
+            assert_eq!(
+                pct, 100,
+                "window ({start}, {end}] lies inside a busy interval {busy:?}"
+            );
+            inside += 1;
+        } else if busy
+            .iter()
+            .all(|&(b0, b1)| end + margin <= b0 || start >= b1 + margin)
+        {
+            assert_eq!(
+                pct, 0,
+                "window ({start}, {end}] lies outside every busy interval {busy:?}"
+            );
+            outside += 1;
+        }
+    }
+    assert!(
+        inside >= 2 && outside >= 1,
+        "inside {inside}, outside {outside}: {samples:?}"
+    );
+    // The stamps around the first sync bracket its busy interval (clock conversion agrees).
+    let stamp = |f: &str| -> u64 { std::fs::read_to_string(f).unwrap().trim().parse().unwrap() };
+    assert!(stamp(&s0) <= busy[0].0 + margin && busy[0].1 <= stamp(&s1) + margin);
+    let phases = db.text_ints(&format!(
+        "SELECT phase, used_bytes FROM process_gpu_samples WHERE pid = {pid} AND phase != 'sample' ORDER BY ts_ns"
+    ));
+    assert_eq!(
+        phases,
+        vec![
+            ("start".to_string(), (A + B) as i64),
+            ("end".to_string(), (B + D) as i64)
+        ]
+    );
+    let sm = db.int(&format!(
+        "SELECT count(*) FROM process_gpu_samples WHERE pid = {pid} AND sm_pct > 0"
+    ));
+    assert!(sm >= 1, "per-process SM use reported while the sync ran");
+
+    // --- report: the GPU timeline and the baseline
+    let html = sb.path("r.html");
+    let out = gpusleuth()
+        .args(["report", "--db"])
+        .arg(sb.db())
+        .arg("-o")
+        .arg(&html)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let html = std::fs::read_to_string(&html).unwrap();
+    assert!(html.contains("<h2>GPU activity</h2>"));
+    assert!(html.contains("GPU 0 busy over time"), "the chart is drawn");
+    assert!(html.contains("held before tracing: 150.0 MiB (NVML)"));
+
+    // --- MCP
+    let r = mcp_calls(&sb.db(), &["gpu_activity", "memory"]);
+    assert_eq!(r[0]["summary"]["measured"], true);
+    assert!(r[0]["samples_total"].as_u64().unwrap() >= 10);
+    let held = r[1]["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"] == pid)
+        .map(|p| p["held"]["before_trace_bytes"].clone());
+    assert_eq!(held, Some(Value::from(A + B)));
+}
+
+#[test]
+fn a_trace_without_nvml_says_not_measured() {
+    if !require_ebpf() {
+        return;
+    }
+    let sb = Sandbox::new("nonvml");
+    let mut cmd = sb.trace_command(&[], "malloc 4096 X; sync_sleep 50; free X");
+    cmd.env("GPUSLEUTH_NVML_LIB", sb.path("no-such-libnvidia-ml.so.1"));
+    let out = cmd.output().unwrap();
+    assert_no_panic(&out);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let db = sb.open_db();
+    assert_eq!(db.int("SELECT count(*) FROM gpu_samples"), 0);
+    let notes = db.rows("SELECT text FROM notes");
+    assert!(
+        format!("{notes:?}").contains("were not measured: NVML unavailable"),
+        "{notes:?}"
+    );
+    let mem = String::from_utf8_lossy(&run(&["memory"], &sb.db()).stdout).into_owned();
+    assert!(mem.contains("held before tracing: not measured"), "{mem}");
+    let explain = String::from_utf8_lossy(&run(&["explain"], &sb.db()).stdout).into_owned();
+    assert!(explain.contains("GPU busy: not measured"), "{explain}");
+    let j = json_of(&run(&["memory", "--json"], &sb.db()));
+    assert_eq!(j["gpu_activity"]["measured"], false);
+}

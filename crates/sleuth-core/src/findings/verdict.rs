@@ -1,0 +1,198 @@
+//! The one-line answer on top of `explain`, and the notes that go with the
+//! verdicts: the tracer's own interference, what an imported trace cannot tell.
+
+use super::bottleneck::{who, ThreadView};
+use super::*;
+use crate::gpu_busy::GpuBusy;
+use crate::ops::OpClass;
+use crate::threads::{ThreadSplit, WakerKind};
+
+fn pct(x: f64) -> String {
+    format!("{:.0}%", x * 100.0)
+}
+
+fn gpu_text(g: Option<GpuBusy>) -> String {
+    match g {
+        Some(g) => format!("GPU busy {}", pct(g.busy)),
+        None => "GPU busy: not measured".to_string(),
+    }
+}
+
+/// The thread a finding is about (its evidence names pid and tid).
+fn thread_of<'a>(f: &Finding, threads: &'a [ThreadSplit]) -> Option<&'a ThreadSplit> {
+    let pid = f.evidence.get("pid")?.as_u64()?;
+    let tid = f.evidence.get("tid")?.as_u64()?;
+    threads
+        .iter()
+        .find(|t| t.pid as u64 == pid && t.tid as u64 == tid)
+}
+
+/// "GPU busy 9%; the main thread of train (pid 7) spent 88% computing on the
+/// CPU between CUDA calls: host-bound". None when no thread issued CUDA calls.
+pub(super) fn summary_line(
+    data: &TraceData,
+    threads: &[ThreadSplit],
+    views: &[ThreadView],
+    findings: &[Finding],
+    gpu: &dyn Fn(u64, u64) -> Option<GpuBusy>,
+) -> Option<String> {
+    if !data.has_host_context {
+        return None; // said in a note: what can and cannot be told
+    }
+    let main = threads.first()?;
+    // A verdict heads the line only when it explains a real share of the
+    // time; otherwise the line says where the main thread's time went.
+    let top = findings.first().filter(|f| {
+        f.kind.is_time_verdict() && f.wall_share.unwrap_or(0.0) >= VERDICT_MEDIUM_SHARE
+    });
+    if let Some(f) = top {
+        let share = pct(f.wall_share.unwrap_or(0.0));
+        let t = thread_of(f, threads).unwrap_or(main);
+        let g = gpu_text(gpu(t.start_ns, t.end_ns));
+        let w = who(t);
+        let line = match f.kind {
+            Kind::HostBound => {
+                let (cpu, run) = (t.between.on_cpu_ns, t.between.runnable_ns);
+                if run * 10 <= cpu + run {
+                    format!("{g}; {w} spent {share} computing on the CPU between CUDA calls: host-bound")
+                } else {
+                    format!(
+                        "{g}; {w} spent {share} on the host between CUDA calls ({} computing, {} waiting for a CPU): host-bound",
+                        pct(t.share(cpu)),
+                        pct(t.share(run))
+                    )
+                }
+            }
+            Kind::InputWait => {
+                let by = t
+                    .wakers
+                    .iter()
+                    .find(|k| k.kind == WakerKind::Task)
+                    .map(|k| format!(" for {} (pid {})", k.comm, k.pid))
+                    .unwrap_or_default();
+                format!("{g}; {w} spent {share} blocked between CUDA calls waiting{by}: input-bound")
+            }
+            Kind::LaunchBound => {
+                let launches = views
+                    .iter()
+                    .find(|v| v.t.pid == t.pid && v.t.tid == t.tid)
+                    .map(|v| v.launches)
+                    .unwrap_or(0);
+                format!("{g}; {w} spent {share} on the CPU issuing {launches} kernel launches: launch-bound")
+            }
+            Kind::SyncStall => format!(
+                "{g}; {w} synchronized with the GPU {} times and up to {share} of its time could overlap with GPU work: sync-stalled",
+                t.syncs
+            ),
+            Kind::PageableCopy => format!(
+                "{g}; {w} spent {share} on the host staging copies from pageable memory: pageable copies"
+            ),
+            Kind::CpuPreemption => format!(
+                "{g}; CUDA calls waited runnable for {share} of the trace while other tasks held the CPU: CPU contention"
+            ),
+            _ => return None,
+        };
+        return Some(line);
+    }
+    // No time verdict: say where the main thread's time went.
+    let g = gpu_text(gpu(main.start_ns, main.end_ns));
+    let w = who(main);
+    // Runnable time inside calls is the CPU being taken, not the GPU working.
+    let gpu_wait = main.sync_ns.saturating_sub(main.in_calls.runnable_ns);
+    let sync_share = main.share(gpu_wait);
+    let runnable_note = if main.share(main.in_calls.runnable_ns) >= 0.01 {
+        format!(
+            " ({} more runnable inside CUDA calls: the CPU was taken)",
+            pct(main.share(main.in_calls.runnable_ns))
+        )
+    } else {
+        String::new()
+    };
+    let in_share = main.share(main.in_calls.wall_ns());
+    Some(if main.wall_ns < VERDICT_MIN_WINDOW_NS {
+        format!(
+            "{g}; {w} issued CUDA calls for only {:.1} ms: too short for a bottleneck verdict",
+            main.wall_ns as f64 / 1e6
+        )
+    } else if sync_share >= 0.5 {
+        format!(
+            "{g}; {w} spent {} waiting for the GPU inside syncs{runnable_note}: GPU-bound",
+            pct(sync_share)
+        )
+    } else {
+        format!(
+            "{g}; {w} spent {} inside CUDA calls, {} on the CPU between them, {} blocked, {} runnable: no bottleneck verdict",
+            pct(in_share),
+            pct(main.share(main.between.on_cpu_ns)),
+            pct(main.share(main.between.blocked_ns)),
+            pct(main.share(main.between.runnable_ns))
+        )
+    })
+}
+
+/// gpusleuth's measured interference: runnable time of traced threads while
+/// one of its own threads held their CPU. None when it took none.
+pub(super) fn tracer_note(threads: &[ThreadSplit]) -> Option<String> {
+    let took: u64 = threads.iter().map(|t| t.tracer_runnable_ns).sum();
+    if took == 0 {
+        return None;
+    }
+    let wall: u64 = threads.iter().map(|t| t.wall_ns).sum();
+    let runnable: u64 = threads
+        .iter()
+        .map(|t| t.in_calls.runnable_ns + t.between.runnable_ns)
+        .sum();
+    Some(format!(
+        "gpusleuth's own threads held the CPU for {:.2} ms while traced threads waited runnable ({} of their \
+         runnable time, {:.3}% of their wall time): the tracer's measured interference, never counted as a culprit.",
+        took as f64 / 1e6,
+        pct(if runnable == 0 { 0.0 } else { took as f64 / runnable as f64 }),
+        if wall == 0 { 0.0 } else { took as f64 * 100.0 / wall as f64 }
+    ))
+}
+
+/// For a trace without host context (imported): what the call records alone
+/// say about the main issuing thread, and what stays unknown.
+pub(super) fn unknown_without_host_context(
+    data: &TraceData,
+    gpu: &dyn Fn(u64, u64) -> Option<GpuBusy>,
+) -> Option<String> {
+    if data.has_host_context {
+        return None;
+    }
+    let threads = crate::threads::thread_splits(data);
+    let t = threads.first()?;
+    let mut launches: Vec<u64> = data
+        .calls
+        .iter()
+        .filter(|c| {
+            !c.nested
+                && c.pid == t.pid
+                && c.tid == t.tid
+                && c.info().is_some_and(|o| o.class == OpClass::Launch)
+        })
+        .map(|c| c.dur_ns)
+        .collect();
+    launches.sort_unstable();
+    let launch_text = match crate::stats::nearest_rank(&launches, 50) {
+        Some(p50) => format!(
+            "; it launched {} kernels ({:.0}/s, median {:.1} us inside each launch call)",
+            launches.len(),
+            launches.len() as f64 / (t.wall_ns.max(1) as f64 / 1e9),
+            p50 as f64 / 1e3
+        ),
+        None => String::new(),
+    };
+    Some(format!(
+        "{}; {} spent {} of its {:.1} ms window inside CUDA calls and {} between them{}. Whether the time between \
+         calls was computing on the CPU (host_bound), waiting for other tasks such as DataLoader workers \
+         (input_wait) or preempted is unknown: the trace holds no scheduler context. Re-record with `gpusleuth \
+         trace` for the verdict.",
+        gpu_text(gpu(t.start_ns, t.end_ns)),
+        who(t),
+        pct(t.share(t.in_calls.wall_ns())),
+        t.wall_ns as f64 / 1e6,
+        pct(t.share(t.between.wall_ns())),
+        launch_text
+    ))
+}

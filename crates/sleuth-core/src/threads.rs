@@ -1,0 +1,483 @@
+//! Where each CUDA-issuing thread's time goes, over its whole CUDA phase:
+//! inside CUDA calls (on-CPU / runnable / blocked, from the call records) and
+//! *between* them (host compute on the CPU, blocked with who woke it,
+//! runnable with who held the CPU), from the stored off-CPU intervals.
+//!
+//! A thread's window runs from the start of its first recorded CUDA call to
+//! the end of its last one (nested driver calls are part of their runtime
+//! caller and are skipped). Time before the first call (imports, model
+//! loading) is not the loop being diagnosed and is left out.
+//!
+//! Between calls: wall = window - time inside calls; blocked and runnable are
+//! the parts of the thread's waits that fall outside every call; on-CPU is the
+//! rest. Kernel launches counted in the kernel (`--launches driver`, the
+//! default) have no record, so the host time spent launching is on-CPU time
+//! between calls here.
+
+use crate::data::TraceData;
+use crate::decompose::Split;
+use crate::event::{CallEvent, WaitEvent};
+use crate::ops::OpClass;
+use serde::Serialize;
+use std::collections::{BTreeMap, HashMap};
+
+/// Comm of gpusleuth's main thread and prefix of its helper threads (`gpusleuth-db`).
+pub const TRACER_COMM: &str = "gpusleuth";
+/// Name of the `stats` entry holding the tracer's own pid (written by `trace`).
+pub const TRACER_PID_STAT: &str = "tracer_pid";
+
+/// Whether a task is gpusleuth itself: never a culprit, never a waker to blame.
+pub fn is_tracer(pid: u32, comm: &str, tracer_pid: Option<u32>) -> bool {
+    tracer_pid == Some(pid)
+        || comm == TRACER_COMM
+        || comm
+            .strip_prefix(TRACER_COMM)
+            .is_some_and(|rest| rest.starts_with('-'))
+}
+
+/// The tracer's pid recorded in a trace, if any.
+pub fn tracer_pid(data: &TraceData) -> Option<u32> {
+    data.stats
+        .get(TRACER_PID_STAT)
+        .and_then(|&p| u32::try_from(p).ok())
+        .filter(|&p| p != 0)
+}
+
+/// What woke a thread blocked between CUDA calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WakerKind {
+    /// Another task (thread or process): the thread waited for it.
+    Task,
+    /// An interrupt (a timer expiring, a device completing I/O).
+    Interrupt,
+    /// The trace holds no waker for these waits (not captured, or not seen).
+    Unknown,
+}
+
+/// Blocked time between CUDA calls ended by one waker.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WakerTime {
+    pub kind: WakerKind,
+    /// The waking task (0 for interrupts and unknown).
+    pub pid: u32,
+    pub tid: u32,
+    pub comm: String,
+    /// Blocked time (outside CUDA calls) that this waker ended.
+    pub blocked_ns: u64,
+    /// Share of the thread's blocked time between calls, 0.0..=1.0.
+    pub share: f64,
+}
+
+/// Runnable time between CUDA calls while one task held the CPU.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct HolderTime {
+    pub pid: u32,
+    pub comm: String,
+    pub runnable_ns: u64,
+}
+
+/// The whole-thread split of one CUDA-issuing thread.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ThreadSplit {
+    pub pid: u32,
+    pub tid: u32,
+    /// The process's name (thread names are not recorded).
+    pub comm: String,
+    pub start_ns: u64,
+    pub end_ns: u64,
+    /// `end_ns - start_ns`.
+    pub wall_ns: u64,
+    /// Recorded CUDA calls (not nested).
+    pub calls: u64,
+    /// Time inside CUDA calls.
+    pub in_calls: Split,
+    /// Time between CUDA calls.
+    pub between: Split,
+    /// Sync calls (`cudaStreamSynchronize`, ...), their total wall time and median.
+    pub syncs: u64,
+    pub sync_ns: u64,
+    pub sync_p50_ns: u64,
+    /// Blocked time between calls by waker, largest first.
+    pub wakers: Vec<WakerTime>,
+    /// Runnable time between calls by the task holding the CPU, largest first
+    /// (gpusleuth's own threads excluded: see `tracer_runnable_ns`).
+    pub preempted_by: Vec<HolderTime>,
+    /// Runnable time of this thread (inside or between calls) while one of
+    /// gpusleuth's own threads held its CPU: the tracer's measured interference.
+    pub tracer_runnable_ns: u64,
+}
+
+impl ThreadSplit {
+    /// Share of the window, 0.0 when the window is empty.
+    pub fn share(&self, ns: u64) -> f64 {
+        if self.wall_ns == 0 {
+            0.0
+        } else {
+            ns as f64 / self.wall_ns as f64
+        }
+    }
+
+    /// Blocked time between calls ended by other tasks (not interrupts, not unknown).
+    pub fn blocked_by_tasks_ns(&self) -> u64 {
+        self.wakers
+            .iter()
+            .filter(|w| w.kind == WakerKind::Task)
+            .map(|w| w.blocked_ns)
+            .sum()
+    }
+}
+
+/// Half-open interval helpers over a thread's merged call intervals.
+struct Busy {
+    /// Disjoint, sorted `[start, end)` intervals covered by CUDA calls.
+    iv: Vec<(u64, u64)>,
+    window: (u64, u64),
+}
+
+impl Busy {
+    fn new(calls: &[&CallEvent]) -> Busy {
+        let mut iv: Vec<(u64, u64)> = calls.iter().map(|c| (c.ts_ns, c.end_ns())).collect();
+        iv.sort_unstable();
+        let mut merged: Vec<(u64, u64)> = Vec::with_capacity(iv.len());
+        for (s, e) in iv {
+            match merged.last_mut() {
+                Some(last) if s <= last.1 => last.1 = last.1.max(e),
+                _ => merged.push((s, e)),
+            }
+        }
+        let window = (
+            merged.first().map(|x| x.0).unwrap_or(0),
+            merged.last().map(|x| x.1).unwrap_or(0),
+        );
+        Busy { iv: merged, window }
+    }
+
+    fn in_calls_ns(&self) -> u64 {
+        self.iv.iter().map(|(s, e)| e - s).sum()
+    }
+
+    /// Length of `[a, b)` inside the window and outside every call.
+    fn outside_calls(&self, a: u64, b: u64) -> u64 {
+        let (a, b) = (a.max(self.window.0), b.min(self.window.1));
+        if b <= a {
+            return 0;
+        }
+        let mut covered = 0;
+        let first = self.iv.partition_point(|&(_, e)| e <= a);
+        for &(s, e) in &self.iv[first..] {
+            if s >= b {
+                break;
+            }
+            covered += e.min(b) - s.max(a);
+        }
+        (b - a) - covered
+    }
+}
+
+/// The whole-thread split of every thread that made a (non-nested) CUDA
+/// call, largest window first.
+pub fn thread_splits(data: &TraceData) -> Vec<ThreadSplit> {
+    let tracer = tracer_pid(data);
+    let mut calls: BTreeMap<(u32, u32), Vec<&CallEvent>> = BTreeMap::new();
+    for c in data.calls.iter().filter(|c| !c.nested) {
+        calls.entry((c.pid, c.tid)).or_default().push(c);
+    }
+    let mut waits: HashMap<(u32, u32), Vec<&WaitEvent>> = HashMap::new();
+    for w in &data.waits {
+        if calls.contains_key(&(w.pid, w.tid)) {
+            waits.entry((w.pid, w.tid)).or_default().push(w);
+        }
+    }
+    let mut out: Vec<ThreadSplit> = calls
+        .iter()
+        .map(|(&(pid, tid), cs)| {
+            let ws = waits.get(&(pid, tid)).map(Vec::as_slice).unwrap_or(&[]);
+            split_thread(data, pid, tid, cs, ws, tracer)
+        })
+        .collect();
+    out.sort_by(|a, b| {
+        b.wall_ns
+            .cmp(&a.wall_ns)
+            .then(a.pid.cmp(&b.pid))
+            .then(a.tid.cmp(&b.tid))
+    });
+    out
+}
+
+fn split_thread(
+    data: &TraceData,
+    pid: u32,
+    tid: u32,
+    calls: &[&CallEvent],
+    waits: &[&WaitEvent],
+    tracer: Option<u32>,
+) -> ThreadSplit {
+    let busy = Busy::new(calls);
+    let (start_ns, end_ns) = busy.window;
+    let wall_ns = end_ns - start_ns;
+    let in_calls = Split::total(calls.iter().copied());
+    let in_wall = busy.in_calls_ns();
+
+    let mut blocked = 0u64;
+    let mut runnable = 0u64;
+    let mut wakers: HashMap<(WakerKind, u32, u32, String), u64> = HashMap::new();
+    let mut holders: HashMap<(u32, String), u64> = HashMap::new();
+    let mut tracer_ns = 0u64;
+    for w in waits {
+        let b = busy.outside_calls(w.off_ns, w.wake_ns);
+        let r = busy.outside_calls(w.wake_ns, w.on_ns);
+        blocked += b;
+        runnable += r;
+        if b > 0 {
+            let key = match &w.waker {
+                Some(k) if k.is_task() => (WakerKind::Task, k.pid, k.tid, k.comm.clone()),
+                Some(_) => (
+                    WakerKind::Interrupt,
+                    0,
+                    0,
+                    "(interrupt: timer or device)".into(),
+                ),
+                None => (WakerKind::Unknown, 0, 0, "(waker not recorded)".into()),
+            };
+            *wakers.entry(key).or_default() += b;
+        }
+        // Culprits cover the runnable part; the share inside the window
+        // (inside or between calls) that the tracer took is its interference.
+        let whole = w.runnable_ns();
+        let in_window = whole.min(w.on_ns.min(end_ns).saturating_sub(w.wake_ns.max(start_ns)));
+        for c in &w.culprits {
+            if whole == 0 {
+                break;
+            }
+            let part = |span: u64| (c.ns.min(whole) as u128 * span as u128 / whole as u128) as u64;
+            if is_tracer(c.pid, &c.comm, tracer) {
+                tracer_ns += part(in_window);
+            } else if r > 0 {
+                *holders.entry((c.pid, c.comm.clone())).or_default() += part(r);
+            }
+        }
+    }
+    let between_wall = wall_ns.saturating_sub(in_wall);
+    let between = Split {
+        on_cpu_ns: between_wall.saturating_sub(blocked + runnable),
+        runnable_ns: runnable.min(between_wall),
+        blocked_ns: blocked.min(between_wall.saturating_sub(runnable)),
+    };
+
+    let mut wakers: Vec<WakerTime> = wakers
+        .into_iter()
+        .map(|((kind, wpid, wtid, comm), ns)| WakerTime {
+            kind,
+            pid: wpid,
+            tid: wtid,
+            comm,
+            blocked_ns: ns,
+            share: if blocked == 0 {
+                0.0
+            } else {
+                ns as f64 / blocked as f64
+            },
+        })
+        .collect();
+    wakers.sort_by(|a, b| {
+        b.blocked_ns
+            .cmp(&a.blocked_ns)
+            .then(a.kind.cmp(&b.kind))
+            .then(a.tid.cmp(&b.tid))
+    });
+    let mut preempted_by: Vec<HolderTime> = holders
+        .into_iter()
+        .filter(|(_, ns)| *ns > 0)
+        .map(|((hpid, comm), ns)| HolderTime {
+            pid: hpid,
+            comm,
+            runnable_ns: ns,
+        })
+        .collect();
+    preempted_by.sort_by(|a, b| b.runnable_ns.cmp(&a.runnable_ns).then(a.pid.cmp(&b.pid)));
+
+    let mut sync_durs: Vec<u64> = calls
+        .iter()
+        .filter(|c| c.info().is_some_and(|i| i.class == OpClass::Sync))
+        .map(|c| c.dur_ns)
+        .collect();
+    sync_durs.sort_unstable();
+    ThreadSplit {
+        pid,
+        tid,
+        comm: data.comm_of(pid).to_string(),
+        start_ns,
+        end_ns,
+        wall_ns,
+        calls: calls.len() as u64,
+        in_calls,
+        between,
+        syncs: sync_durs.len() as u64,
+        sync_ns: sync_durs.iter().sum(),
+        sync_p50_ns: crate::stats::nearest_rank(&sync_durs, 50).unwrap_or(0),
+        wakers,
+        preempted_by,
+        tracer_runnable_ns: tracer_ns,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::{Culprit, WaitKind, Waker};
+
+    const MS: u64 = 1_000_000;
+
+    fn call(op: u16, ts: u64, dur: u64) -> CallEvent {
+        CallEvent {
+            ts_ns: ts,
+            dur_ns: dur,
+            pid: 10,
+            tid: 11,
+            op,
+            ..Default::default()
+        }
+    }
+
+    fn blocked(off: u64, wake: u64, on: u64, waker: Option<Waker>) -> WaitEvent {
+        WaitEvent {
+            pid: 10,
+            tid: 11,
+            kind: WaitKind::Blocked,
+            off_ns: off,
+            wake_ns: wake,
+            on_ns: on,
+            prev_state: 1,
+            cpu: 0,
+            culprits: Vec::new(),
+            waker,
+        }
+    }
+
+    fn task(pid: u32, tid: u32, comm: &str) -> Option<Waker> {
+        Some(Waker {
+            pid,
+            tid,
+            comm: comm.into(),
+            irq: false,
+        })
+    }
+
+    fn data(calls: Vec<CallEvent>, waits: Vec<WaitEvent>) -> TraceData {
+        TraceData {
+            calls,
+            waits,
+            has_host_context: true,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_split_adds_up_to_the_window_and_separates_inside_from_between() {
+        // Window [0, 100ms): a sync [40, 50) blocked 8 ms inside, a copy [90, 100).
+        let mut sync = call(14, 40 * MS, 10 * MS);
+        sync.blocked_ns = 8 * MS;
+        let calls = vec![call(1, 0, MS), sync, call(9, 90 * MS, 10 * MS)];
+        let waits = vec![
+            // Blocked 10..30 (between calls), woken by a loader; runnable 30..32.
+            blocked(10 * MS, 30 * MS, 32 * MS, task(20, 21, "pt_data_worker")),
+            // Inside the sync: not between-call time.
+            blocked(41 * MS, 44 * MS, 44 * MS, None),
+            // Straddles the end of the sync [50, 60): 5 ms of it are between.
+            blocked(
+                45 * MS,
+                55 * MS,
+                55 * MS,
+                Some(Waker {
+                    irq: true,
+                    ..task(0, 0, "swapper/0").unwrap()
+                }),
+            ),
+        ];
+        let s = &thread_splits(&data(calls, waits))[0];
+        assert_eq!((s.start_ns, s.end_ns, s.wall_ns), (0, 100 * MS, 100 * MS));
+        assert_eq!(s.calls, 3);
+        assert_eq!(s.in_calls.wall_ns(), 21 * MS);
+        assert_eq!(s.between.blocked_ns, 20 * MS + 5 * MS);
+        assert_eq!(s.between.runnable_ns, 2 * MS);
+        assert_eq!(s.between.wall_ns(), 79 * MS);
+        assert_eq!(s.between.on_cpu_ns, 79 * MS - 27 * MS);
+        assert_eq!(s.wakers.len(), 2);
+        assert_eq!(
+            (
+                s.wakers[0].kind,
+                s.wakers[0].pid,
+                s.wakers[0].comm.as_str(),
+                s.wakers[0].blocked_ns
+            ),
+            (WakerKind::Task, 20, "pt_data_worker", 20 * MS)
+        );
+        assert!((s.wakers[0].share - 0.8).abs() < 1e-9);
+        assert_eq!(s.wakers[1].kind, WakerKind::Interrupt);
+        assert_eq!(s.blocked_by_tasks_ns(), 20 * MS);
+        assert_eq!((s.syncs, s.sync_ns, s.sync_p50_ns), (1, 10 * MS, 10 * MS));
+    }
+
+    #[test]
+    fn nested_calls_and_other_threads_do_not_count() {
+        let mut nested = call(43, 5 * MS, 50 * MS); // would cover the gap if counted
+        nested.nested = true;
+        let mut other = call(1, 0, 100 * MS);
+        other.tid = 12;
+        let d = data(
+            vec![call(1, 0, MS), nested, call(1, 99 * MS, MS), other],
+            vec![],
+        );
+        let s = thread_splits(&d);
+        assert_eq!(s.len(), 2);
+        let mine = s.iter().find(|t| t.tid == 11).unwrap();
+        assert_eq!(mine.in_calls.wall_ns(), 2 * MS);
+        // No waits recorded between the calls: the thread was on the CPU.
+        assert_eq!(mine.between.on_cpu_ns, 98 * MS);
+    }
+
+    #[test]
+    fn the_tracer_is_never_a_holder_and_its_time_is_counted_apart() {
+        let calls = vec![call(1, 0, MS), call(1, 99 * MS, MS)];
+        let mut w = blocked(10 * MS, 10 * MS, 20 * MS, None);
+        w.kind = WaitKind::Preempted;
+        w.culprits = vec![
+            Culprit {
+                pid: 7,
+                tid: 7,
+                comm: "gpusleuth-db".into(),
+                ns: 4 * MS,
+            },
+            Culprit {
+                pid: 8,
+                tid: 8,
+                comm: "hog".into(),
+                ns: 6 * MS,
+            },
+        ];
+        let s = &thread_splits(&data(calls, vec![w]))[0];
+        assert_eq!(
+            s.preempted_by,
+            vec![HolderTime {
+                pid: 8,
+                comm: "hog".into(),
+                runnable_ns: 6 * MS
+            }]
+        );
+        assert_eq!(s.tracer_runnable_ns, 4 * MS);
+        assert_eq!(s.between.runnable_ns, 10 * MS);
+    }
+
+    #[test]
+    fn tracer_threads_are_recognised_by_name_or_pid() {
+        assert!(is_tracer(1, "gpusleuth", None));
+        assert!(is_tracer(1, "gpusleuth-db", None));
+        assert!(is_tracer(42, "tokio-runtime-w", Some(42)));
+        assert!(!is_tracer(1, "gpusleuthx", None));
+        assert!(!is_tracer(1, "python3", Some(2)));
+        let mut d = TraceData::default();
+        d.stats.insert(TRACER_PID_STAT.into(), 42);
+        assert_eq!(tracer_pid(&d), Some(42));
+    }
+}
