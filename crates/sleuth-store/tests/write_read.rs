@@ -105,7 +105,10 @@ fn round_trip_preserves_every_field() {
         let name = sleuth_store::drop_stat_name(i).unwrap();
         assert!(data.stats.contains_key(&name), "{name}");
     }
-    assert_eq!(data.stats["edge_return_without_entry"], 0, "an edge, not a drop");
+    assert_eq!(
+        data.stats["edge_return_without_entry"], 0,
+        "an edge, not a drop"
+    );
     assert!(!data.stats.contains_key("drop_unmatched_return"));
     assert_eq!(data.stats["edge_call_open_at_end"], 0);
     assert_eq!(data.start_ns, Some(1_000));
