@@ -4,16 +4,18 @@
 # compare gpusleuth's NVML baseline with nvidia-smi and the workload's own
 # torch.cuda.memory_reserved(), and its stored GPU busy samples with the busy
 # share the workload measured itself with CUDA events.
-# Results under "$OUT/attach" (or ./out/attach); prints PASS/FAIL lines and a summary.
+# Works in a scratch folder; the 8 files worth keeping (result.json, memory.txt/json,
+# stats.json, explain.txt, workload.jsonl, attach.db, run.log) are copied to "$OUT"
+# (or ./out/attach). Prints PASS/FAIL lines and a summary.
 # Env: PY, GPUSLEUTH (binary), DURATION (trace seconds, default 10).
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
 PY=${PY:-/opt/torch/.venv/bin/python3}
 GS=${GPUSLEUTH:-$HERE/../../target/release/gpusleuth}
 DUR=${DURATION:-10}
-DIR=${OUT:-$HERE/../../out}/attach
-mkdir -p "$DIR"
-rm -f "$DIR/ready" "$DIR/stop" "$DIR/attach.db"
+KEEP=${OUT:-$HERE/../../out/attach}
+mkdir -p "$KEEP"
+DIR=$(mktemp -d /tmp/gs-attach.XXXXXX)
 mount -t tracefs nodev /sys/kernel/tracing 2>/dev/null || true
 
 PYTHONUNBUFFERED=1 "$PY" "$HERE/hold_loop.py" "$DIR/workload.jsonl" "$DIR/ready" "$DIR/stop" \
@@ -36,4 +38,13 @@ trap - EXIT
 "$GS" memory --json --db "$DIR/attach.db" > "$DIR/memory.json" 2>&1
 "$GS" stats --json --db "$DIR/attach.db" > "$DIR/stats.json" 2>&1
 "$GS" explain --db "$DIR/attach.db" > "$DIR/explain.txt" 2>&1
-"$PY" "$HERE/attach_check.py" "$DIR" "$WL"
+"$PY" "$HERE/attach_check.py" "$DIR" "$WL" > "$DIR/check.out" 2>&1
+RC=$?
+{ echo "== nvidia-smi before/after (pid, MiB)"; cat "$DIR/smi_before.csv" "$DIR/smi_after.csv"
+  echo "== trace"; cat "$DIR/trace.out"; echo "== workload"; cat "$DIR/workload.out"
+  echo "== checks"; cat "$DIR/check.out"; } > "$DIR/run.log"
+for f in result.json memory.txt memory.json stats.json explain.txt workload.jsonl attach.db run.log; do
+  cp "$DIR/$f" "$KEEP/" 2>/dev/null || true
+done
+cat "$DIR/check.out"
+exit $RC

@@ -23,9 +23,12 @@ def check(ok, text):
 
 def smi(path):
     for line in open(path):
-        p, mib = [x.strip() for x in line.split(",")]
-        if int(p) == pid:
-            return int(mib)
+        try:
+            p, mib = [int(x.strip()) for x in line.split(",")]
+        except ValueError:
+            continue
+        if p == pid:
+            return mib
     return None
 
 
