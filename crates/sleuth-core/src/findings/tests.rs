@@ -392,7 +392,7 @@ fn memory_held_at_exit_is_no_finding_and_a_running_process_gets_a_note() {
     assert!(r.findings.is_empty(), "{:?}", kinds(&r.findings));
     assert_eq!(r.notes.len(), 1, "{:?}", r.notes);
     assert!(
-        r.notes[0].contains("still running when the trace ended and held 1.00 GiB"),
+        r.notes[0].contains("still running when the trace ended and held 1.0 GiB"),
         "{}",
         r.notes[0]
     );
