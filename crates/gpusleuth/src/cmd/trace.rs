@@ -424,7 +424,9 @@ pub fn run(args: Args) -> Result<i32> {
         let data = crate::cmd::stats::load_trace(&db, None)?;
         eprint!(
             "{}",
-            crate::cmd::stats::render(&sleuth_core::stats::compute(&data))
+            crate::term_text::terminal_safe(&crate::cmd::stats::render(
+                &sleuth_core::stats::compute(&data)
+            ))
         );
     }
     eprintln!(
