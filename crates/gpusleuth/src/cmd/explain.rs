@@ -29,11 +29,16 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     let (data, problems) = load_trace_checked(&args.db, args.pid)?;
     let report = explain_report(&data);
     if args.json {
-        let mut doc = serde_json::to_value(&report)?;
-        if !problems.is_empty() {
+        // The documented contract, field order included; `input_problems`
+        // is added only when rows were skipped.
+        let text = if problems.is_empty() {
+            serde_json::to_string_pretty(&report)?
+        } else {
+            let mut doc = serde_json::to_value(&report)?;
             doc["input_problems"] = serde_json::to_value(&problems)?;
-        }
-        emit(&format!("{}\n", serde_json::to_string_pretty(&doc)?))?;
+            serde_json::to_string_pretty(&doc)?
+        };
+        emit(&format!("{text}\n"))?;
     } else if args.markdown {
         emit_text(&format!("{}{}", problem_text(&problems), markdown(&report)))?;
     } else {
