@@ -4,6 +4,7 @@
 //! table comes from the database and is exact.
 
 use crate::output::{fmt_bytes, fmt_ns};
+use crate::term_text::terminal_safe;
 use sleuth_core::ops::OpClass;
 use sleuth_core::{CallEvent, Event};
 
@@ -186,10 +187,11 @@ impl LiveView {
             // A finding is printed once, when it first leads.
             let top = self.findings(start_ns, now_ns, 1).into_iter().next();
             if top.is_some() && top != self.last_top {
+                // Findings name processes of the traced host: untrusted text.
                 let _ = writeln!(
                     err,
                     "gpusleuth: finding so far: {}",
-                    top.as_deref().unwrap_or("")
+                    terminal_safe(top.as_deref().unwrap_or(""))
                 );
                 self.last_top = top;
             }
@@ -231,7 +233,7 @@ impl LiveView {
         } else {
             lines.push("findings so far (last 50k calls):".into());
             for f in findings {
-                lines.push(format!("  {}", truncate(&f, 140)));
+                lines.push(format!("  {}", terminal_safe(&truncate(&f, 140))));
             }
         }
         // Move up over the previous frame and clear to the end of the screen.

@@ -23,7 +23,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
-use support::{alive, wait_until, Scene};
+use support::{alive, Scene};
 use vram_common::{classes, holder, json};
 
 const GIB: u64 = 1 << 30;

@@ -32,21 +32,24 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     let report = explain_report(&data);
     let gpu = gpu_context::lines(&data);
     if args.json {
-        let mut v = serde_json::to_value(&report)?;
-        if let Some(o) = v.as_object_mut() {
-            o.insert(
-                "gpu_activity".into(),
-                serde_json::to_value(sleuth_core::gpu_activity::of_trace(&data))?,
-            );
-            o.insert(
-                "held_memory".into(),
-                serde_json::to_value(gpu_context::held_memory(&data))?,
-            );
-            if !problems.is_empty() {
-                o.insert("input_problems".into(), serde_json::to_value(&problems)?);
-            }
+        // The documented contract, field order included (the report's fields
+        // first); `input_problems` is added only when rows were skipped.
+        #[derive(serde::Serialize)]
+        struct Doc<'a, G: serde::Serialize, H: serde::Serialize> {
+            #[serde(flatten)]
+            report: &'a Explanation,
+            gpu_activity: G,
+            held_memory: H,
+            #[serde(skip_serializing_if = "InputProblems::is_empty")]
+            input_problems: &'a InputProblems,
         }
-        emit(&format!("{}\n", serde_json::to_string_pretty(&v)?))?;
+        let doc = Doc {
+            report: &report,
+            gpu_activity: sleuth_core::gpu_activity::of_trace(&data),
+            held_memory: gpu_context::held_memory(&data),
+            input_problems: &problems,
+        };
+        emit(&format!("{}\n", serde_json::to_string_pretty(&doc)?))?;
     } else if args.markdown {
         let mut md = markdown(&report);
         md.push_str("\n## GPU\n\n");

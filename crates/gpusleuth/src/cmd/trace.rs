@@ -589,7 +589,9 @@ fn trace_loop(
         let data = crate::cmd::stats::load_trace(&db, None)?;
         eprint!(
             "{}",
-            crate::cmd::stats::render(&sleuth_core::stats::compute(&data))
+            crate::term_text::terminal_safe(&crate::cmd::stats::render(
+                &sleuth_core::stats::compute(&data)
+            ))
         );
     }
     eprintln!(
