@@ -8,7 +8,13 @@
 
 mod fragmentation;
 mod memory;
+mod straggler;
 mod time;
+
+pub use straggler::{
+    STRAGGLER_HIGH_SHARE, STRAGGLER_MEDIUM_SHARE, STRAGGLER_MIN_COLLECTIVES, STRAGGLER_MIN_SHARE,
+    STRAGGLER_MIN_TOTAL_NS,
+};
 
 use crate::data::TraceData;
 use crate::event::Culprit;
@@ -70,6 +76,7 @@ pub const TOP_CULPRITS: usize = 5;
 #[serde(rename_all = "snake_case")]
 pub enum Kind {
     AllocationFailure,
+    Straggler,
     CpuPreemption,
     UnfreedMemory,
     Fragmentation,
@@ -82,6 +89,7 @@ impl Kind {
     pub fn as_str(self) -> &'static str {
         match self {
             Kind::AllocationFailure => "allocation_failure",
+            Kind::Straggler => "straggler",
             Kind::CpuPreemption => "cpu_preemption",
             Kind::UnfreedMemory => "unfreed_memory",
             Kind::Fragmentation => "fragmentation",
@@ -175,7 +183,15 @@ pub fn explain_with(data: &TraceData, per_call_culprits: &[Vec<Culprit>]) -> Exp
         findings.extend(time::cpu_preemption(&ctx));
         findings.extend(time::gpu_wait(&ctx));
     }
-    findings.extend(time::tail_latency(&ctx));
+    let stragglers = straggler::straggler(data, ctx.span_ns());
+    // A collective's slow tail on the waiting ranks is the straggler's doing,
+    // not NCCL's: the straggler finding explains it.
+    let tails = time::tail_latency(&ctx).into_iter().filter(|f| {
+        stragglers.is_empty()
+            || crate::op_by_name(&f.op).map(|o| o.class) != Some(crate::OpClass::Collective)
+    });
+    findings.extend(tails);
+    findings.extend(stragglers);
     let ledgers = crate::ledger::ledger(data, None);
     let span = ctx.span_ns();
     for l in &ledgers {

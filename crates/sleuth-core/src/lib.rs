@@ -9,11 +9,12 @@ pub mod decompose;
 pub mod event;
 pub mod findings;
 pub mod ledger;
+pub mod nccl;
 pub mod ops;
 pub mod record;
 pub mod stats;
 
-pub use data::{GpuSample, ProcessGpuSample, ProcessInfo, SamplePhase, TraceData};
+pub use data::{GpuSample, NodeProcess, ProcessGpuSample, ProcessInfo, SamplePhase, TraceData};
 pub use event::{
     BlockEvent, CallEvent, Culprit, Event, OpCount, ProcEvent, ProcKind, WaitEvent, WaitKind,
 };
