@@ -26,7 +26,7 @@ pub use reader::Trace;
 pub use schema::{SCHEMA_VERSION, TOOL};
 pub use sql::{run_readonly_sql, SqlLimits, SqlResult};
 pub use types::{
-    CallFilter, CallOrder, LibraryInfo, Note, NoteLevel, Session, SessionInfo, StoredCall,
-    TraceSource, WaitFilter, WriteSummary, WriterOptions, DEFAULT_MAX_DB_BYTES,
+    CallFilter, CallOrder, LibraryInfo, MergeNode, Note, NoteLevel, Session, SessionInfo,
+    StoredCall, TraceSource, WaitFilter, WriteSummary, WriterOptions, DEFAULT_MAX_DB_BYTES,
 };
 pub use writer::{drop_stat_name, monotonic_now_ns, TraceWriter, WriterHandle};

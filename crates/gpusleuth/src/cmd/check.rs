@@ -179,6 +179,37 @@ pub fn run(args: Args) -> Result<i32> {
             detail,
         });
     }
+    // NCCL (collectives, communicators): optional, reported like the CUDA libraries.
+    for lib in libs.iter().filter(|l| l.layer == sleuth_core::Layer::Nccl) {
+        let syms = sleuth_probe::symbols::SymbolOffsets::read(&lib.path);
+        let wanted: Vec<&str> = sleuth_core::ops::ops_of(sleuth_core::Layer::Nccl)
+            .map(|o| o.name)
+            .collect();
+        let missing: Vec<&str> = match &syms {
+            Ok(s) => wanted
+                .iter()
+                .copied()
+                .filter(|n| s.get(n).is_none())
+                .collect(),
+            Err(_) => wanted.clone(),
+        };
+        let mut detail = format!(
+            "{}: {} of {} NCCL entry points found",
+            lib.path.display(),
+            wanted.len() - missing.len(),
+            wanted.len()
+        );
+        if let Err(e) = &syms {
+            detail.push_str(&format!(" (cannot read symbols: {e})"));
+        } else if !missing.is_empty() {
+            detail.push_str(&format!(" (missing: {})", missing.join(", ")));
+        }
+        checks.push(Item {
+            name: "nccl",
+            ok: missing.len() < wanted.len(),
+            detail,
+        });
+    }
     if args.load {
         let r = sleuth_probe::Capture::start(false, sleuth_probe::LaunchMode::Driver);
         checks.push(Item {
@@ -192,7 +223,7 @@ pub fn run(args: Args) -> Result<i32> {
     }
     let ready = checks
         .iter()
-        .filter(|c| c.name != "nvml" && c.name != "cuda_libraries")
+        .filter(|c| c.name != "nvml" && c.name != "cuda_libraries" && c.name != "nccl")
         .all(|c| c.ok);
     let report = Report {
         ready,

@@ -203,10 +203,74 @@ pub fn render(s: &State, openmetrics: bool) -> String {
     );
     o.sample(&n, "", s.procs.len());
 
+    render_nccl(&mut o, s);
+
     if openmetrics {
         o.text.push_str("# EOF\n");
     }
     o.text
+}
+
+/// Per-rank NCCL collective series (only when NCCL communicators were seen).
+fn render_nccl(o: &mut Out, s: &State) {
+    if s.nccl.ranks.is_empty() {
+        return;
+    }
+    let host = label(&local_hostname());
+    let labels: Vec<(String, &super::nccl::RankSeries)> = s
+        .nccl
+        .ranks
+        .iter()
+        .map(|((comm, rank), r)| {
+            (
+                format!(
+                    "comm=\"{}\",rank=\"{rank}\",nranks=\"{}\",pid=\"{}\",host=\"{host}\"",
+                    label(comm),
+                    r.nranks,
+                    r.pid
+                ),
+                r,
+            )
+        })
+        .collect();
+    let n = o.family(
+        "gpusleuth_nccl_collectives",
+        "counter",
+        "NCCL collectives issued, per communicator rank.",
+    );
+    for (l, r) in &labels {
+        o.sample(&format!("{n}_total"), l, r.collectives);
+    }
+    let n = o.family(
+        "gpusleuth_nccl_collective_seconds",
+        "counter",
+        "Wall time inside NCCL collective calls, per communicator rank.",
+    );
+    for (l, r) in &labels {
+        o.sample(&format!("{n}_total"), l, secs(r.time_ns));
+    }
+    let n = o.family(
+        "gpusleuth_nccl_lateness_seconds",
+        "counter",
+        "Sum over matched collectives of the rank's entry minus the first rank's entry (ranks traced by this agent).",
+    );
+    for (l, r) in &labels {
+        o.sample(&format!("{n}_total"), l, secs(r.lateness_ns));
+    }
+    let n = o.family(
+        "gpusleuth_nccl_last_arrivals",
+        "counter",
+        "Matched collectives the rank entered last, at least 1 ms after the first rank: the one the others waited for.",
+    );
+    for (l, r) in &labels {
+        o.sample(&format!("{n}_total"), l, r.last);
+    }
+}
+
+fn local_hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
 }
 
 #[cfg(test)]

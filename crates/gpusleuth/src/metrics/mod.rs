@@ -10,6 +10,7 @@
 
 mod encode;
 mod http;
+mod nccl;
 mod state;
 
 use sleuth_core::{Event, OpCount};

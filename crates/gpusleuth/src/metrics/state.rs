@@ -138,6 +138,8 @@ pub struct State {
     pub events: [u64; 3],
     /// In-kernel op counts per (pid, op), as last read (kept at their maximum).
     pub kernel_counts: BTreeMap<(u32, u16), u64>,
+    /// Per-rank NCCL collective series.
+    pub nccl: super::nccl::NcclMetrics,
 }
 
 impl State {
@@ -146,6 +148,11 @@ impl State {
             Event::Call(c) => {
                 self.events[0] += 1;
                 self.proc_for(c.pid, &comm_of).add_call(c);
+            }
+            Event::Nccl(n) => {
+                self.events[0] += 1;
+                self.proc_for(n.call.pid, &comm_of).add_call(&n.call);
+                self.nccl.observe(n);
             }
             Event::Wait(_) => self.events[1] += 1,
             // Caching-allocator events (--torch-allocator) have no metrics yet.
