@@ -8,6 +8,7 @@
 //! `ncclCommInitRank(comm*, nranks, commId, rank)` the rank is the third
 //! register argument and the id's first bytes are the first stack words.
 
+pub mod align;
 pub mod comms;
 pub mod stragglers;
 

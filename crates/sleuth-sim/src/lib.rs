@@ -126,6 +126,8 @@ const LIBCUDART: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/libcudart.so.
 const LIBCUDA: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/libcuda.so.1"));
 const WORKLOAD: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/workload"));
 const HOG: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gs-hog"));
+const LIBNCCL: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/libnccl.so.2"));
+const NCCL_RANK: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/nccl_rank"));
 const LIBC10_CUDA: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/libc10_cuda.so"));
 const LIBC10_CUDA_ALT_LAYOUT: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/libc10_cuda_alt_layout.so"));
@@ -179,6 +181,13 @@ pub struct SimPaths {
     /// The caching-allocator stand-in (`lib/libc10_cuda.so`, [`TorchStandIn::Torch211`];
     /// replace it with [`install_torch_stand_in`]).
     pub libc10_cuda: PathBuf,
+    /// The NCCL stand-in (`lib/libnccl.so.2`): collectives block until every
+    /// rank of the communicator has arrived (ranks rendezvous through a file
+    /// in `$SIM_NCCL_DIR`).
+    pub libnccl: PathBuf,
+    /// One rank of a simulated data-parallel job
+    /// (`bin/nccl_rank RANK NRANKS ID_FILE ITERS WORK_MS [--cpu CPU] [--log FILE]`).
+    pub nccl_rank: PathBuf,
 }
 
 fn write_file(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
@@ -199,6 +208,8 @@ pub fn materialize(dir: &Path) -> io::Result<SimPaths> {
         workload: bin_dir.join("workload"),
         hog: bin_dir.join("gs-hog"),
         libc10_cuda: lib_dir.join("libc10_cuda.so"),
+        libnccl: lib_dir.join("libnccl.so.2"),
+        nccl_rank: bin_dir.join("nccl_rank"),
         lib_dir,
     };
     // Remove first: rewriting a file in place keeps its inode (and would
@@ -209,6 +220,8 @@ pub fn materialize(dir: &Path) -> io::Result<SimPaths> {
         (&paths.workload, WORKLOAD),
         (&paths.hog, HOG),
         (&paths.libc10_cuda, LIBC10_CUDA),
+        (&paths.libnccl, LIBNCCL),
+        (&paths.nccl_rank, NCCL_RANK),
     ] {
         replace_file(path, bytes)?;
     }
