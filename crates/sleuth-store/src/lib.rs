@@ -12,6 +12,7 @@
 mod error;
 mod finalize;
 mod import;
+mod merge;
 mod open;
 mod reader;
 mod rows;
@@ -22,6 +23,7 @@ mod writer;
 
 pub use error::StoreError;
 pub use import::{import_ingero, ImportSummary};
+pub use merge::{input_facts, write_merged, InputFacts, MergeInput};
 pub use reader::Trace;
 pub use schema::{SCHEMA_VERSION, TOOL};
 pub use sql::{run_readonly_sql, SqlLimits, SqlResult};

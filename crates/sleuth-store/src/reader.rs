@@ -466,6 +466,11 @@ impl Trace {
         Ok(out)
     }
 
+    /// Every process id the trace mentions (processes, calls, waits, lifecycle events).
+    pub fn task_ids(&self) -> Result<std::collections::BTreeSet<u32>, StoreError> {
+        task_ids_of(&self.conn).at(&self.path)
+    }
+
     /// Host and host pid of each process of a merged trace (empty otherwise).
     pub fn process_hosts(&self) -> Result<BTreeMap<u32, sleuth_core::NodeProcess>, StoreError> {
         if !has_table(&self.conn, "process_nodes").at(&self.path)? {
@@ -559,6 +564,15 @@ impl Trace {
             hostname: session.info.hostname.clone(),
         })
     }
+}
+
+pub(crate) fn task_ids_of(conn: &Connection) -> rusqlite::Result<std::collections::BTreeSet<u32>> {
+    let mut st = conn.prepare(
+        "SELECT pid FROM processes UNION SELECT pid FROM calls UNION SELECT pid FROM waits
+         UNION SELECT pid FROM proc_events",
+    )?;
+    let rows = st.query_map([], |r| r.get::<_, u32>(0))?;
+    rows.collect()
 }
 
 fn where_clause(conds: &[String]) -> String {

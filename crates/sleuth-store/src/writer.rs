@@ -187,7 +187,7 @@ pub fn monotonic_now_ns() -> u64 {
 
 /// Creates the file ourselves so it is 0600 before SQLite ever opens it
 /// (SQLite gives the -wal and -shm files the same mode).
-fn create_private_file(path: &Path, overwrite: bool) -> Result<(), StoreError> {
+pub(crate) fn create_private_file(path: &Path, overwrite: bool) -> Result<(), StoreError> {
     if overwrite {
         for suffix in ["", "-wal", "-shm", "-journal"] {
             let mut p = path.as_os_str().to_owned();
