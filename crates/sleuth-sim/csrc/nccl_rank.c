@@ -1,11 +1,13 @@
 /*
- * nccl_rank RANK NRANKS ID_FILE ITERS WORK_MS [--cpu CPU] [--log FILE]
+ * nccl_rank RANK NRANKS ID_FILE ITERS WORK_MS [--input-ms MS] [--cpu CPU] [--log FILE]
  *
  * One rank of a simulated data-parallel job: rank 0 writes a unique id to
  * ID_FILE (atomically), the others read it; all init one communicator, then
- * ITERS times: burn WORK_MS of thread CPU time (the "step"), then
- * ncclAllReduce (1024 float32, sum, stream 0x5). A larger WORK_MS makes this
- * rank the straggler. With --log, every collective's entry and return
+ * ITERS times: sleep --input-ms (waiting for the next batch: the thread
+ * blocks, like a data loader waiting on I/O), burn WORK_MS of thread CPU
+ * time (the "step"), then
+ * ncclAllReduce (1024 float32, sum, stream 0x5). A larger WORK_MS or
+ * --input-ms makes this rank the straggler. With --log, every collective's entry and return
  * (CLOCK_MONOTONIC ns, the clock of bpf_ktime_get_ns) is written as
  * "allreduce SEQ ENTRY_NS RETURN_NS", plus "pid PID": the ground truth of
  * lateness. Finally ncclCommDestroy.
@@ -62,11 +64,13 @@ static int get_id(int rank, const char *path, ncclUniqueId *id)
 int main(int argc, char **argv)
 {
 	if (argc < 6) {
-		fprintf(stderr, "usage: nccl_rank RANK NRANKS ID_FILE ITERS WORK_MS [--cpu CPU] [--log FILE]\n");
+		fprintf(stderr, "usage: nccl_rank RANK NRANKS ID_FILE ITERS WORK_MS [--input-ms MS] "
+				"[--cpu CPU] [--log FILE]\n");
 		return 2;
 	}
 	int rank = atoi(argv[1]), nranks = atoi(argv[2]), iters = atoi(argv[4]);
 	unsigned long long work_ms = strtoull(argv[5], NULL, 10);
+	unsigned long long input_ms = 0;
 	FILE *log = NULL;
 	for (int i = 6; i + 1 < argc; i += 2) {
 		if (!strcmp(argv[i], "--cpu")) {
@@ -77,6 +81,8 @@ int main(int argc, char **argv)
 				perror("nccl_rank: sched_setaffinity");
 				return 1;
 			}
+		} else if (!strcmp(argv[i], "--input-ms")) {
+			input_ms = strtoull(argv[i + 1], NULL, 10);
 		} else if (!strcmp(argv[i], "--log")) {
 			log = fopen(argv[i + 1], "w");
 			if (!log) {
@@ -100,6 +106,11 @@ int main(int argc, char **argv)
 		fprintf(log, "pid %d\n", getpid());
 	static float buf[1024];
 	for (int k = 0; k < iters; k++) {
+		if (input_ms) {
+			struct timespec d = { (time_t)(input_ms / 1000), (long)(input_ms % 1000) * 1000000L };
+			while (nanosleep(&d, &d) != 0)
+				;
+		}
 		burn_cpu_ms(work_ms);
 		unsigned long long t0 = clock_ns(CLOCK_MONOTONIC);
 		r = ncclAllReduce(buf, buf, 1024, ncclFloat32, ncclSum, comm, (cudaStream_t)0x5);

@@ -186,7 +186,8 @@ pub struct SimPaths {
     /// in `$SIM_NCCL_DIR`).
     pub libnccl: PathBuf,
     /// One rank of a simulated data-parallel job
-    /// (`bin/nccl_rank RANK NRANKS ID_FILE ITERS WORK_MS [--cpu CPU] [--log FILE]`).
+    /// (`bin/nccl_rank RANK NRANKS ID_FILE ITERS WORK_MS [--input-ms MS] [--cpu CPU] [--log FILE]`):
+    /// per step it sleeps `--input-ms`, burns WORK_MS of CPU, then all-reduces.
     pub nccl_rank: PathBuf,
 }
 

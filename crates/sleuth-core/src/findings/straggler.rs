@@ -119,7 +119,7 @@ fn finding(s: &Straggler, span_ns: u64) -> Finding {
         "cause": s.cause.as_str(),
         "thread": split(&s.thread),
         "issuing_thread": s.issuing_thread.as_ref().map(split),
-        "examples": s.examples.iter().map(|(seq, late)| json!({"seq": seq, "lateness_ns": late})).collect::<Vec<_>>(),
+        "worst_collectives": s.examples.iter().map(|(seq, late)| json!({"seq": seq, "lateness_ns": late})).collect::<Vec<_>>(),
     });
     let lost: u64 = t.culprits.iter().map(|c| c.ns).sum();
     let culprits = t
