@@ -126,7 +126,7 @@ fn main() {
     gcc(&refs(&args), "gs-hog");
 
     // NCCL stand-in (plain exported symbols, like the real libnccl.so.2) and
-    // the rank program linked against it (finds it via rpath $ORIGIN/../lib).
+    // the rank program linked against it (finds it via rpath $ORIGIN/../nccl-lib).
     let mut args: Vec<String> = common.iter().map(|a| a.to_string()).collect();
     args.extend([
         inc.clone(),
@@ -142,7 +142,7 @@ fn main() {
     let mut args: Vec<String> = common.iter().map(|a| a.to_string()).collect();
     args.extend([
         inc,
-        "-Wl,-rpath,$ORIGIN/../lib".into(),
+        "-Wl,-rpath,$ORIGIN/../nccl-lib".into(),
         "-o".into(),
         o("nccl_rank"),
         s("nccl_rank.c"),

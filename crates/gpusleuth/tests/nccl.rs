@@ -94,7 +94,14 @@ fn trace(sb: &Sandbox, db: &Path, shell: &str, tracer_cpu: usize) -> std::proces
         .arg("/bin/sh")
         .arg("-c")
         .arg(shell)
-        .env("LD_LIBRARY_PATH", &sb.sim.lib_dir)
+        .env(
+            "LD_LIBRARY_PATH",
+            format!(
+                "{}:{}",
+                sb.sim.nccl_lib_dir.display(),
+                sb.sim.lib_dir.display()
+            ),
+        )
         .env("SIM_NCCL_DIR", &sb.dir)
         .stdout(Stdio::null())
         .stderr(Stdio::piped());

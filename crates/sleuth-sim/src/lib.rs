@@ -181,7 +181,10 @@ pub struct SimPaths {
     /// The caching-allocator stand-in (`lib/libc10_cuda.so`, [`TorchStandIn::Torch211`];
     /// replace it with [`install_torch_stand_in`]).
     pub libc10_cuda: PathBuf,
-    /// The NCCL stand-in (`lib/libnccl.so.2`): collectives block until every
+    /// Folder holding the NCCL stand-in, apart from the CUDA libraries (so
+    /// tests of the CUDA layers do not probe it).
+    pub nccl_lib_dir: PathBuf,
+    /// The NCCL stand-in (`nccl-lib/libnccl.so.2`): collectives block until every
     /// rank of the communicator has arrived (ranks rendezvous through a file
     /// in `$SIM_NCCL_DIR`).
     pub libnccl: PathBuf,
@@ -201,7 +204,9 @@ fn write_file(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
 pub fn materialize(dir: &Path) -> io::Result<SimPaths> {
     let lib_dir = dir.join("lib");
     let bin_dir = dir.join("bin");
+    let nccl_lib_dir = dir.join("nccl-lib");
     std::fs::create_dir_all(&lib_dir)?;
+    std::fs::create_dir_all(&nccl_lib_dir)?;
     std::fs::create_dir_all(&bin_dir)?;
     let paths = SimPaths {
         libcudart: lib_dir.join("libcudart.so.13"),
@@ -209,7 +214,8 @@ pub fn materialize(dir: &Path) -> io::Result<SimPaths> {
         workload: bin_dir.join("workload"),
         hog: bin_dir.join("gs-hog"),
         libc10_cuda: lib_dir.join("libc10_cuda.so"),
-        libnccl: lib_dir.join("libnccl.so.2"),
+        libnccl: nccl_lib_dir.join("libnccl.so.2"),
+        nccl_lib_dir,
         nccl_rank: bin_dir.join("nccl_rank"),
         lib_dir,
     };
