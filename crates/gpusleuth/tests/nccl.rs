@@ -312,11 +312,16 @@ fn a_rank_whose_cpu_a_hog_takes_is_the_straggler_and_the_hog_is_named() {
     let (r0, r1) = (read_log(&sb.path("r0.log")), read_log(&sb.path("r1.log")));
     let f = straggler(&explain_json(&sb.db()));
     check_finding(&f, &r0, &r1, "preemption");
-    // The hog is named first, by pid and comm. (Other jobs of a shared
-    // machine are named after it: they take some of that CPU too.)
-    let top = &f["culprits"][0];
-    assert_eq!(top["pid"].as_u64(), Some(u64::from(hog.id())), "{f:#}");
-    assert_eq!(top["comm"], sleuth_sim::HOG_COMM);
+    // The hog is named, by pid and comm, among the tasks that took the
+    // rank's CPU. (On a quiet machine it is the first; on a shared CI machine
+    // other jobs, in other cgroups where its nice value does not reach, take
+    // that CPU too and may come first.)
+    let named = f["culprits"].as_array().expect("culprits").iter().any(|c| {
+        c["pid"].as_u64() == Some(u64::from(hog.id()))
+            && c["comm"] == sleuth_sim::HOG_COMM
+            && c["runnable_ns"].as_u64().unwrap_or(0) > 0
+    });
+    assert!(named, "{f:#}");
 }
 
 #[test]
@@ -371,6 +376,10 @@ fn merge_recovers_an_injected_clock_offset_and_gives_the_same_finding() {
     );
     let nodes: Value = serde_json::from_slice(&out.stdout).expect("merge --json");
     let skew = nodes[1]["skew"]["skew_ns"].as_i64().expect("skew measured");
+    eprintln!(
+        "recovered skew {skew} ns (injected {INJECTED_NS}), {} samples, spread {} ns",
+        nodes[1]["skew"]["samples"], nodes[1]["skew"]["spread_ns"]
+    );
     assert!(
         (skew - INJECTED_NS).abs() <= 1_000_000,
         "recovered skew {skew} ns, injected {INJECTED_NS} ns: {nodes:#}"

@@ -3,12 +3,16 @@
 //! A blocking rendezvous (communicator init, a collective that returns only
 //! once every rank has arrived) releases every rank right after the last one
 //! enters. So for a collective whose last rank is on one node and a rank that
-//! waited for it on the other, the waiter's return and the last rank's entry
-//! are the same moment up to wake-up latency (tens of µs): their difference,
-//! read on the two clocks, is the clock skew. The estimate is the median over
-//! such pairs. Only pairs where the waiter really waited (its call lasted at
-//! least [`MIN_WAIT_NS`]) count: NCCL collectives that return at enqueue
-//! (asynchronous) give no pair, and then only blocking inits are used.
+//! waited for it on the other, the waiter's wake-up and the last rank's entry
+//! are the same moment up to a few µs: their difference, read on the two
+//! clocks, is the clock skew. The waiter's wake-up is its return minus the
+//! time it then spent runnable (waiting for a CPU: milliseconds on a busy
+//! machine). The estimate is the median over such pairs, using only pairs
+//! whose last rank went straight through its call (at most
+//! [`MAX_LAST_CALL_NS`]: not preempted before releasing the others) when
+//! there are enough of them. Only pairs where the waiter really waited (its
+//! call lasted at least [`MIN_WAIT_NS`]) count: NCCL collectives that return
+//! at enqueue (asynchronous) give no pair, and then only blocking inits are used.
 
 use super::comms::{match_all, Arrival};
 use super::NcclEvent;
@@ -19,6 +23,8 @@ use std::collections::HashSet;
 pub const MIN_WAIT_NS: u64 = 1_000_000;
 /// Fewest samples for an estimate to be applied.
 pub const MIN_SAMPLES: usize = 3;
+/// A last rank's call at most this long released the others at once.
+pub const MAX_LAST_CALL_NS: u64 = 200_000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Alignment {
@@ -36,6 +42,7 @@ pub fn estimate(base: &[NcclEvent], other: &[NcclEvent]) -> Option<Alignment> {
     let all: Vec<NcclEvent> = base.iter().chain(other.iter()).cloned().collect();
     let (members, matched, _) = match_all(&all);
     let mut samples: Vec<i64> = Vec::new();
+    let mut clean: Vec<i64> = Vec::new();
     let mut add = |arrivals: &[Arrival]| {
         let Some(last) = arrivals.iter().max_by_key(|a| a.ts_ns) else {
             return;
@@ -48,9 +55,14 @@ pub fn estimate(base: &[NcclEvent], other: &[NcclEvent]) -> Option<Alignment> {
             .filter(|a| a.end_ns.saturating_sub(a.ts_ns) >= MIN_WAIT_NS)
             .min_by_key(|a| a.end_ns);
         if let Some(w) = waiter {
-            let d = w.end_ns as i64 - last.ts_ns as i64;
+            let woken = w.end_ns.saturating_sub(w.runnable_ns).max(w.ts_ns);
+            let d = woken as i64 - last.ts_ns as i64;
             // On the other node's clock minus on the base's.
-            samples.push(if last_on_base { d } else { -d });
+            let sample = if last_on_base { d } else { -d };
+            samples.push(sample);
+            if last.end_ns.saturating_sub(last.ts_ns) <= MAX_LAST_CALL_NS {
+                clean.push(sample);
+            }
         }
     };
     for m in &matched {
@@ -69,6 +81,7 @@ pub fn estimate(base: &[NcclEvent], other: &[NcclEvent]) -> Option<Alignment> {
                 tid: m.tid,
                 ts_ns: m.init_ns,
                 end_ns: m.init_end_ns,
+                runnable_ns: 0,
             })
             .collect();
         if arrivals.len() as u32
@@ -79,6 +92,9 @@ pub fn estimate(base: &[NcclEvent], other: &[NcclEvent]) -> Option<Alignment> {
         {
             add(&arrivals);
         }
+    }
+    if clean.len() >= MIN_SAMPLES {
+        samples = clean;
     }
     if samples.len() < MIN_SAMPLES {
         return None;

@@ -37,6 +37,9 @@ pub struct Arrival {
     /// When the rank entered (enqueued) the collective.
     pub ts_ns: u64,
     pub end_ns: u64,
+    /// Time inside the call spent runnable (for a rank that waited: mostly
+    /// after it was woken, before it ran again).
+    pub runnable_ns: u64,
 }
 
 /// The k-th collective of a communicator, with every rank's call (by rank).
@@ -160,6 +163,7 @@ impl Matcher {
             tid: e.call.tid,
             ts_ns: e.call.ts_ns,
             end_ns: e.call.end_ns(),
+            runnable_ns: e.call.runnable_ns,
         };
         let slot = self
             .pending
