@@ -255,6 +255,9 @@ pub fn decode_call(r: &RawCall) -> Result<CallEvent, DecodeError> {
     })
 }
 
+/// `ncclInProgress`: a non-blocking communicator call still running.
+const NCCL_IN_PROGRESS: i32 = 7;
+
 /// Turns a raw NCCL record into an event (a call plus its decoded arguments).
 pub fn decode_nccl(r: &RawNccl) -> Result<crate::nccl::NcclEvent, DecodeError> {
     let info = u16::try_from(r.op)
@@ -277,9 +280,11 @@ pub fn decode_nccl(r: &RawNccl) -> Result<crate::nccl::NcclEvent, DecodeError> {
         cpu: r.cpu,
         ..Default::default()
     };
-    // The created communicator: only meaningful when read and the call succeeded.
-    let out =
-        (info.out_arg > 0 && r.flags & CALL_OUT_VALID != 0 && r.ret as i32 == 0).then_some(r.out);
+    // The created communicator: only meaningful when read and the call
+    // succeeded, or (non-blocking communicators) returned ncclInProgress (7):
+    // the handle is then valid and completes in the background.
+    let created = matches!(r.ret as i32, 0 | NCCL_IN_PROGRESS);
+    let out = (info.out_arg > 0 && r.flags & CALL_OUT_VALID != 0 && created).then_some(r.out);
     Ok(crate::nccl::decode(call, &r.args, &r.stack, out))
 }
 
@@ -587,6 +592,11 @@ mod tests {
             n.unique_id.as_deref(),
             Some("ff000000000000000000000000000000")
         );
+        raw.ret = 7; // ncclInProgress: a non-blocking init, the handle is valid
+        let Event::Nccl(n) = decode(&as_bytes(&raw)).unwrap() else {
+            panic!()
+        };
+        assert_eq!(n.new_comm, Some(0xc0111));
         raw.ret = 3; // ncclInternalError: no communicator was created
         let Event::Nccl(n) = decode(&as_bytes(&raw)).unwrap() else {
             panic!()
