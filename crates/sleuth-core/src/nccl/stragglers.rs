@@ -150,7 +150,7 @@ pub struct Straggler {
     /// The issuing thread's split, when another thread explains it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub issuing_thread: Option<ThreadSplit>,
-    /// The latest collectives it was late for: (seq, lateness).
+    /// The collectives it was latest for, most late first: (seq, lateness).
     pub examples: Vec<(u64, u64)>,
 }
 
