@@ -347,4 +347,72 @@ mod tests {
         assert!(t.contains("# TYPE gpusleuth_cuda_calls_total counter\n"));
         assert!(!t.contains("# EOF"));
     }
+
+    #[test]
+    fn nccl_rank_series_appear_once_a_communicator_is_seen() {
+        let t = render(&state(), true);
+        assert!(!t.contains("gpusleuth_nccl"), "no NCCL, no NCCL families");
+        let mut s = state();
+        let ev = |op: &str, pid: u32, ts: u64, dur: u64| sleuth_core::nccl::NcclEvent {
+            call: CallEvent {
+                op: op_by_name(op).unwrap().id,
+                pid,
+                tid: pid,
+                ts_ns: ts,
+                dur_ns: dur,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        for (pid, rank) in [(10, 0), (20, 1)] {
+            let mut e = ev("ncclCommInitRank", pid, 0, 10);
+            e.new_comm = Some(pid as u64);
+            e.rank = Some(rank);
+            e.nranks = Some(2);
+            e.unique_id = Some("ab".into());
+            s.observe(&Event::Nccl(e), |_| "train".into());
+        }
+        for k in 1..=2u64 {
+            let mut a = ev("ncclAllReduce", 10, k * 1_000_000_000, 2_000_000_000);
+            a.comm = Some(10);
+            let mut b = ev("ncclAllReduce", 20, k * 1_000_000_000 + 500_000_000, 1_000);
+            b.comm = Some(20);
+            s.observe(&Event::Nccl(a), |_| "train".into());
+            s.observe(&Event::Nccl(b), |_| "train".into());
+        }
+        let t = render(&s, true);
+        assert!(
+            t.contains("# TYPE gpusleuth_nccl_last_arrivals counter\n"),
+            "{t}"
+        );
+        let host = label(&local_hostname());
+        let l1 = format!(r#"comm="ab",rank="1",nranks="2",pid="20",host="{host}""#);
+        let l0 = format!(r#"comm="ab",rank="0",nranks="2",pid="10",host="{host}""#);
+        assert!(
+            t.contains(&format!("gpusleuth_nccl_collectives_total{{{l1}}} 2\n")),
+            "{t}"
+        );
+        assert!(
+            t.contains(&format!(
+                "gpusleuth_nccl_collective_seconds_total{{{l0}}} 4\n"
+            )),
+            "{t}"
+        );
+        assert!(
+            t.contains(&format!(
+                "gpusleuth_nccl_lateness_seconds_total{{{l1}}} 1\n"
+            )),
+            "{t}"
+        );
+        assert!(
+            t.contains(&format!("gpusleuth_nccl_last_arrivals_total{{{l1}}} 2\n")),
+            "{t}"
+        );
+        assert!(
+            t.contains(&format!("gpusleuth_nccl_last_arrivals_total{{{l0}}} 0\n")),
+            "{t}"
+        );
+        // The calls are CUDA-level series too.
+        assert!(t.contains(r#"gpusleuth_cuda_calls_total{op="ncclAllReduce",layer="nccl",pid="20",comm="train"} 2"#), "{t}");
+    }
 }
