@@ -87,6 +87,17 @@ struct {
 	__type(value, struct block_words);
 } block_inflight SEC(".maps");
 
+/* (tid << 16 | op) -> the caller's stack words at entry of an NCCL call. */
+struct nccl_stack {
+	__u64 w[GS_NCCL_STACK_WORDS];
+};
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u64);
+	__type(value, struct nccl_stack);
+} nccl_inflight SEC(".maps");
+
 /* (tgid, op) -> calls, for hot paths counted in the kernel. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -215,7 +226,59 @@ int BPF_KPROBE(call_entry)
 		if (bpf_map_update_elem(&block_inflight, &key, &bw, BPF_ANY))
 			count_stat(GS_STAT_INFLIGHT_FULL);
 	}
+	if (cookie & GS_COOKIE_NCCL) {
+		struct nccl_stack st = {};
+		/* At entry rsp points at the return address; arguments follow it. */
+		bpf_probe_read_user(&st, sizeof(st), (void *)(PT_REGS_SP(ctx) + 8));
+		if (bpf_map_update_elem(&nccl_inflight, &key, &st, BPF_ANY))
+			count_stat(GS_STAT_INFLIGHT_FULL);
+	}
 	return 0;
+}
+
+/* NCCL calls: one gs_nccl record, a gs_call with the stack words at entry. */
+static __always_inline void emit_nccl(void *ctx, __u64 cookie, __u64 key, struct inflight_call *c,
+				      __u32 tgid, __u32 tid, __u32 op, __u64 now)
+{
+	struct thread_state *ts = bpf_map_lookup_elem(&threads, &tid);
+	struct gs_nccl *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		count_stat(GS_STAT_RING_DROP_NCCL);
+		bpf_map_delete_elem(&nccl_inflight, &key);
+		return;
+	}
+	e->type = GS_REC_NCCL;
+	e->op = op;
+	e->pid = tgid;
+	e->tid = tid;
+	e->start_ns = c->start_ns;
+	e->end_ns = now;
+	__builtin_memcpy(e->args, c->args, sizeof(e->args));
+	__builtin_memset(e->stack, 0, sizeof(e->stack));
+	struct nccl_stack *st = bpf_map_lookup_elem(&nccl_inflight, &key);
+	if (st) {
+		__builtin_memcpy(e->stack, st->w, sizeof(e->stack));
+		bpf_map_delete_elem(&nccl_inflight, &key);
+	}
+	e->ret = PT_REGS_RC((struct pt_regs *)ctx);
+	e->flags = c->flags;
+	e->out = 0;
+	__u64 ptr = 0;
+	switch (GS_COOKIE_OUT_ARG(cookie)) {
+	case 1: ptr = c->args[0]; break;
+	case 2: ptr = c->args[1]; break;
+	case 3: ptr = c->args[2]; break;
+	case 4: ptr = c->args[3]; break;
+	case 5: ptr = c->args[4]; break;
+	case 6: ptr = c->args[5]; break;
+	default: break;
+	}
+	if (ptr && bpf_probe_read_user(&e->out, sizeof(e->out), (void *)ptr) == 0)
+		e->flags |= GS_CALL_OUT_VALID;
+	e->runnable_ns = ts ? ts->runnable_total - c->runnable_snap : 0;
+	e->blocked_ns = ts ? ts->blocked_total - c->blocked_snap : 0;
+	e->cpu = bpf_get_smp_processor_id();
+	bpf_ringbuf_submit(e, 0);
 }
 
 /* Caching-allocator calls: one gs_block record with the Block's words. */
@@ -268,6 +331,11 @@ int BPF_KRETPROBE(call_return)
 	__u64 now = bpf_ktime_get_ns();
 	if (cookie & (GS_COOKIE_BLOCK_RET | GS_COOKIE_BLOCK_ARG1)) {
 		emit_block(ctx, cookie, key, c, tgid, tid, op, now);
+		bpf_map_delete_elem(&inflight, &key);
+		return 0;
+	}
+	if (cookie & GS_COOKIE_NCCL) {
+		emit_nccl(ctx, cookie, key, c, tgid, tid, op, now);
 		bpf_map_delete_elem(&inflight, &key);
 		return 0;
 	}

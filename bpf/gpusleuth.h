@@ -19,6 +19,7 @@
 #define GS_REC_WAIT 2
 #define GS_REC_PROC 3
 #define GS_REC_BLOCK 4
+#define GS_REC_NCCL 5
 
 /*
  * Attach cookie of a call probe, set per attach point by user space:
@@ -36,6 +37,12 @@
 #define GS_COOKIE_BLOCK_RET (1ULL << 21)
 #define GS_COOKIE_BLOCK_ARG1 (1ULL << 22)
 #define GS_BLOCK_WORDS 16
+/* NCCL: emit a gs_nccl (instead of a gs_call) that also carries the caller's
+ * stack words at entry (7th and later arguments: ncclAllReduce's stream,
+ * ncclReduce's comm; or a struct passed by value: ncclCommInitRank's
+ * ncclUniqueId). The out-pointer argument may be any of args 1..6. */
+#define GS_COOKIE_NCCL (1ULL << 23)
+#define GS_NCCL_STACK_WORDS 4
 
 /* gs_call.flags */
 #define GS_CALL_NESTED 1    /* driver call made inside a runtime call on the same thread */
@@ -113,6 +120,24 @@ struct gs_block {
 	__u64 words[GS_BLOCK_WORDS];
 };
 
+/* One completed NCCL call: a gs_call plus the stack words at entry. */
+struct gs_nccl {
+	__u32 type; /* GS_REC_NCCL */
+	__u32 op;
+	__u32 pid;
+	__u32 tid;
+	__u64 start_ns;
+	__u64 end_ns;
+	__u64 args[GS_NARGS];
+	__u64 stack[GS_NCCL_STACK_WORDS]; /* [rsp+8, rsp+8+32) at entry */
+	__u64 out;
+	__s64 ret;
+	__u64 runnable_ns;
+	__u64 blocked_ns;
+	__u32 flags;
+	__u32 cpu;
+};
+
 /* Process lifecycle events (gs_proc.event). */
 #define GS_PROC_FORK 1
 #define GS_PROC_EXEC 2
@@ -146,7 +171,8 @@ struct gs_count_key {
 #define GS_STAT_UNMATCHED_RETURN 6
 #define GS_STAT_TRACED_FULL 7
 #define GS_STAT_RING_DROP_BLOCK 8
-#define GS_STAT_MAX 9
+#define GS_STAT_RING_DROP_NCCL 9
+#define GS_STAT_MAX 10
 
 /* Sizes pinned by crates/sleuth-core/src/record.rs: change both together. */
 _Static_assert(sizeof(struct gs_call) == 120, "gs_call layout");
@@ -154,5 +180,6 @@ _Static_assert(sizeof(struct gs_culprit) == 32, "gs_culprit layout");
 _Static_assert(sizeof(struct gs_wait) == 216, "gs_wait layout");
 _Static_assert(sizeof(struct gs_proc) == 48, "gs_proc layout");
 _Static_assert(sizeof(struct gs_block) == 176, "gs_block layout");
+_Static_assert(sizeof(struct gs_nccl) == 152, "gs_nccl layout");
 
 #endif

@@ -106,7 +106,7 @@ fn main() {
     // The workload links both; materialize() puts it in bin/ beside lib/.
     let mut args: Vec<String> = common.iter().map(|a| a.to_string()).collect();
     args.extend([
-        inc,
+        inc.clone(),
         "-Wl,-rpath,$ORIGIN/../lib".into(),
         "-o".into(),
         o("workload"),
@@ -124,6 +124,31 @@ fn main() {
         .chain(["-o".into(), o("gs-hog"), s("hog.c")])
         .collect();
     gcc(&refs(&args), "gs-hog");
+
+    // NCCL stand-in (plain exported symbols, like the real libnccl.so.2) and
+    // the rank program linked against it (finds it via rpath $ORIGIN/../nccl-lib).
+    let mut args: Vec<String> = common.iter().map(|a| a.to_string()).collect();
+    args.extend([
+        inc.clone(),
+        "-shared".into(),
+        "-fPIC".into(),
+        "-fvisibility=hidden".into(),
+        "-Wl,-soname,libnccl.so.2".into(),
+        "-o".into(),
+        o("libnccl.so.2"),
+        s("libnccl.c"),
+    ]);
+    gcc(&refs(&args), "libnccl.so.2");
+    let mut args: Vec<String> = common.iter().map(|a| a.to_string()).collect();
+    args.extend([
+        inc,
+        "-Wl,-rpath,$ORIGIN/../nccl-lib".into(),
+        "-o".into(),
+        o("nccl_rank"),
+        s("nccl_rank.c"),
+        o("libnccl.so.2"),
+    ]);
+    gcc(&refs(&args), "nccl_rank");
 }
 
 fn refs(v: &[String]) -> Vec<&str> {

@@ -101,6 +101,11 @@ impl LiveView {
                 self.observe_call(c);
                 push_bounded(&mut self.window.calls, c.clone());
             }
+            Event::Nccl(n) => {
+                self.observe_call(&n.call);
+                push_bounded(&mut self.window.calls, n.call.clone());
+                push_bounded(&mut self.window.nccl, n.clone());
+            }
             Event::Wait(w) => {
                 self.waits += 1;
                 push_bounded(&mut self.window.waits, w.clone());

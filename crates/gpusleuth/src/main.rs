@@ -40,6 +40,8 @@ enum Command {
     Mcp(cmd::mcp::Args),
     /// Read-only SQL over a trace database.
     Query(cmd::query::Args),
+    /// Merge per-node traces of one distributed job (clock offsets, skew from collectives).
+    Merge(cmd::merge::Args),
     /// Import another tool's trace (Ingero) into a gpusleuth database.
     Import(cmd::import::Args),
     /// Check this machine: kernel, BTF, privileges, tracefs, CUDA libraries, NVML.
@@ -69,6 +71,7 @@ fn main() {
         Command::Reclaim(a) => cmd::reclaim::run(a),
         Command::Mcp(a) => cmd::mcp::run(a),
         Command::Query(a) => cmd::query::run(a),
+        Command::Merge(a) => cmd::merge::run(a),
         Command::Import(a) => cmd::import::run(a),
         Command::Check(a) => cmd::check::run(a),
         Command::Demo(a) => cmd::demo::run(a),

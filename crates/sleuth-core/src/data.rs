@@ -104,6 +104,21 @@ pub struct TraceData {
     pub gpu_samples: Option<Vec<GpuSample>>,
     /// Per-process driver view (memory held, SM use) by time; empty when not captured.
     pub process_gpu: Vec<ProcessGpuSample>,
+    /// NCCL calls with their arguments, by start time (also in `calls`); empty when none.
+    pub nccl: Vec<crate::nccl::NcclEvent>,
+    /// Host of each process, and its pid there (a merged trace may renumber
+    /// colliding pids). Processes absent here ran on `hostname`.
+    pub hosts: BTreeMap<u32, NodeProcess>,
+    /// Host of the trace session (of the first node, for a merged trace).
+    pub hostname: String,
+}
+
+/// Where a process of a merged trace ran.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct NodeProcess {
+    pub host: String,
+    /// The process's pid on that host.
+    pub pid: u32,
 }
 
 impl TraceData {
@@ -112,5 +127,15 @@ impl TraceData {
     }
     pub fn comm_of(&self, pid: u32) -> &str {
         self.process(pid).map(|p| p.comm.as_str()).unwrap_or("?")
+    }
+    /// Host a process ran on, and its pid there.
+    pub fn node_of(&self, pid: u32) -> NodeProcess {
+        self.hosts
+            .get(&pid)
+            .cloned()
+            .unwrap_or_else(|| NodeProcess {
+                host: self.hostname.clone(),
+                pid,
+            })
     }
 }

@@ -240,4 +240,6 @@ pub enum Event {
     Wait(WaitEvent),
     Proc(ProcEvent),
     Block(BlockEvent),
+    /// An NCCL call (also a call: stored with the others, and with its arguments).
+    Nccl(crate::nccl::NcclEvent),
 }

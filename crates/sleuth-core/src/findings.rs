@@ -10,8 +10,14 @@
 mod bottleneck;
 mod fragmentation;
 mod memory;
+mod straggler;
 mod time;
 mod verdict;
+
+pub use straggler::{
+    STRAGGLER_HIGH_SHARE, STRAGGLER_MEDIUM_SHARE, STRAGGLER_MIN_COLLECTIVES, STRAGGLER_MIN_SHARE,
+    STRAGGLER_MIN_TOTAL_NS,
+};
 
 use crate::data::TraceData;
 use crate::event::Culprit;
@@ -108,6 +114,7 @@ pub const TOP_CULPRITS: usize = 5;
 #[serde(rename_all = "snake_case")]
 pub enum Kind {
     AllocationFailure,
+    Straggler,
     HostBound,
     InputWait,
     LaunchBound,
@@ -124,6 +131,7 @@ impl Kind {
     pub fn as_str(self) -> &'static str {
         match self {
             Kind::AllocationFailure => "allocation_failure",
+            Kind::Straggler => "straggler",
             Kind::HostBound => "host_bound",
             Kind::InputWait => "input_wait",
             Kind::LaunchBound => "launch_bound",
@@ -271,7 +279,15 @@ pub fn explain_with(data: &TraceData, per_call_culprits: &[Vec<Culprit>]) -> Exp
         }
         findings.extend(bottleneck::pageable_copy(&views, data));
     }
-    findings.extend(time::tail_latency(&ctx));
+    let stragglers = straggler::straggler(data, ctx.span_ns());
+    // A collective's slow tail on the waiting ranks is the straggler's doing,
+    // not NCCL's: the straggler finding explains it.
+    let tails = time::tail_latency(&ctx).into_iter().filter(|f| {
+        stragglers.is_empty()
+            || crate::op_by_name(&f.op).map(|o| o.class) != Some(crate::OpClass::Collective)
+    });
+    findings.extend(tails);
+    findings.extend(stragglers);
     let ledgers = crate::ledger::ledger(data, None);
     let span = ctx.span_ns();
     let mut memory_notes = Vec::new();
@@ -312,7 +328,8 @@ fn cuda_span(data: &TraceData, pid: u32) -> (u64, u64) {
     (first, last)
 }
 
-/// Failed allocations first (the program is broken, not slow); then the
+/// Failed allocations first (the program is broken, not slow), then a
+/// straggling rank (docs/nccl.md); then the
 /// findings that explain a share of the wall time, largest share first (the
 /// verdict that explains most of the lost time leads); then the rest by
 /// severity, kind (slowdowns before information) and impact; op and pids
@@ -321,8 +338,10 @@ fn rank(findings: &mut [Finding]) {
     findings.sort_by(|a, b| {
         let group = |f: &Finding| match (f.kind, f.wall_share) {
             (Kind::AllocationFailure, _) => 0,
-            (_, Some(_)) => 1,
-            _ => 2,
+            // One rank that makes every other rank wait explains the others' verdicts.
+            (Kind::Straggler, _) => 1,
+            (_, Some(_)) => 2,
+            _ => 3,
         };
         let share = |f: &Finding| f.wall_share.unwrap_or(0.0);
         group(a)

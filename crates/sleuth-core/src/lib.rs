@@ -12,13 +12,14 @@ pub mod gpu_activity;
 pub mod gpu_busy;
 pub mod held;
 pub mod ledger;
+pub mod nccl;
 pub mod ops;
 pub mod record;
 pub mod stats;
 pub mod threads;
 pub mod units;
 
-pub use data::{GpuSample, ProcessGpuSample, ProcessInfo, SamplePhase, TraceData};
+pub use data::{GpuSample, NodeProcess, ProcessGpuSample, ProcessInfo, SamplePhase, TraceData};
 pub use event::{
     BlockEvent, CallEvent, Culprit, Event, OpCount, ProcEvent, ProcKind, WaitEvent, WaitKind, Waker,
 };

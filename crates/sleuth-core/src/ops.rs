@@ -16,6 +16,8 @@ pub enum Layer {
     Driver,
     /// PyTorch's CUDA caching allocator in `libc10_cuda.so` (opt-in: `trace --torch-allocator`).
     Torch,
+    /// `libnccl.so.2`, NVIDIA's collective communication library.
+    Nccl,
 }
 
 impl Layer {
@@ -24,6 +26,7 @@ impl Layer {
             Layer::Runtime => "runtime",
             Layer::Driver => "driver",
             Layer::Torch => "torch",
+            Layer::Nccl => "nccl",
         }
     }
     pub fn parse(s: &str) -> Option<Layer> {
@@ -31,6 +34,7 @@ impl Layer {
             "runtime" => Some(Layer::Runtime),
             "driver" => Some(Layer::Driver),
             "torch" => Some(Layer::Torch),
+            "nccl" => Some(Layer::Nccl),
             _ => None,
         }
     }
@@ -70,6 +74,16 @@ pub enum OpClass {
     BlockFree,
     /// A whole cached segment returned to CUDA (`DeviceCachingAllocator::release_block`).
     BlockRelease,
+    /// An NCCL collective (`ncclAllReduce`, ...): every rank of the communicator takes part.
+    Collective,
+    /// NCCL point-to-point (`ncclSend`, `ncclRecv`).
+    PointToPoint,
+    /// `ncclGroupStart` / `ncclGroupEnd`.
+    Group,
+    /// Creates an NCCL communicator (`ncclCommInitRank`, `ncclCommSplit`, ...).
+    CommInit,
+    /// Ends an NCCL communicator (`ncclCommDestroy`, `ncclCommAbort`).
+    CommEnd,
     Other,
 }
 
@@ -709,6 +723,174 @@ pub const OPS: &[OpInfo] = &[
         kind = None,
         status = false // returns a Block* or nothing, not a status
     ),
+    // NCCL (libnccl.so.2, 2.28's exported ABI). The communicator, counts,
+    // datatypes and stack-passed arguments are described by `nccl::args_of`;
+    // the kernel side adds the caller's stack words (GS_COOKIE_NCCL).
+    op!(
+        80,
+        "ncclCommInitRank",
+        Nccl,
+        CommInit,
+        out = 1,
+        size = None,
+        ptr = None,
+        stream = None,
+        kind = None
+    ),
+    op!(
+        81,
+        "ncclCommInitRankConfig",
+        Nccl,
+        CommInit,
+        out = 1,
+        size = None,
+        ptr = None,
+        stream = None,
+        kind = None
+    ),
+    op!(
+        82,
+        "ncclCommInitAll",
+        Nccl,
+        CommInit,
+        out = 1,
+        size = None,
+        ptr = None,
+        stream = None,
+        kind = None
+    ),
+    op!(
+        83,
+        "ncclCommSplit",
+        Nccl,
+        CommInit,
+        out = 4,
+        size = None,
+        ptr = None,
+        stream = None,
+        kind = None
+    ),
+    op!(
+        84,
+        "ncclCommDestroy",
+        Nccl,
+        CommEnd,
+        out = 0,
+        size = None,
+        ptr = None,
+        stream = None,
+        kind = None
+    ),
+    op!(
+        85,
+        "ncclCommAbort",
+        Nccl,
+        CommEnd,
+        out = 0,
+        size = None,
+        ptr = None,
+        stream = None,
+        kind = None
+    ),
+    op!(
+        86,
+        "ncclAllReduce",
+        Nccl,
+        Collective,
+        out = 0,
+        size = None,
+        ptr = None,
+        stream = None,
+        kind = None
+    ),
+    op!(
+        87,
+        "ncclAllGather",
+        Nccl,
+        Collective,
+        out = 0,
+        size = None,
+        ptr = None,
+        stream = None,
+        kind = None
+    ),
+    op!(
+        88,
+        "ncclReduceScatter",
+        Nccl,
+        Collective,
+        out = 0,
+        size = None,
+        ptr = None,
+        stream = None,
+        kind = None
+    ),
+    op!(
+        89,
+        "ncclBroadcast",
+        Nccl,
+        Collective,
+        out = 0,
+        size = None,
+        ptr = None,
+        stream = None,
+        kind = None
+    ),
+    op!(
+        90,
+        "ncclReduce",
+        Nccl,
+        Collective,
+        out = 0,
+        size = None,
+        ptr = None,
+        stream = None,
+        kind = None
+    ),
+    op!(
+        91,
+        "ncclSend",
+        Nccl,
+        PointToPoint,
+        out = 0,
+        size = None,
+        ptr = None,
+        stream = None,
+        kind = None
+    ),
+    op!(
+        92,
+        "ncclRecv",
+        Nccl,
+        PointToPoint,
+        out = 0,
+        size = None,
+        ptr = None,
+        stream = None,
+        kind = None
+    ),
+    op!(
+        93,
+        "ncclGroupStart",
+        Nccl,
+        Group,
+        out = 0,
+        size = None,
+        ptr = None,
+        stream = None,
+        kind = None
+    ),
+    op!(
+        94,
+        "ncclGroupEnd",
+        Nccl,
+        Group,
+        out = 0,
+        size = None,
+        ptr = None,
+        stream = None,
+        kind = None
+    ),
 ];
 
 /// Looks an op up by id.
@@ -799,6 +981,7 @@ mod tests {
                     o.name
                 ),
                 Layer::Torch => assert!(o.name.contains("CachingAllocator::"), "{}", o.name),
+                Layer::Nccl => assert!(o.name.starts_with("nccl"), "{}", o.name),
             }
         }
     }
@@ -816,9 +999,11 @@ mod tests {
                 assert_eq!(o.out_arg, 1, "{}", o.name);
                 assert_eq!(o.size_arg, Some(1), "{}", o.name);
             }
+            // NCCL records (gs_nccl) read any of args 1..6; calls 1..3.
+            let max_out = if o.layer == Layer::Nccl { 6 } else { 3 };
             assert!(
-                o.out_arg <= 3,
-                "the kernel side reads out-pointers from args 1..3 only"
+                o.out_arg <= max_out,
+                "the kernel side reads out-pointers from args 1..{max_out} only"
             );
         }
     }

@@ -17,6 +17,7 @@ pub const REC_CALL: u32 = 1;
 pub const REC_WAIT: u32 = 2;
 pub const REC_PROC: u32 = 3;
 pub const REC_BLOCK: u32 = 4;
+pub const REC_NCCL: u32 = 5;
 
 /// `RawWait::waker_flags`: a waker was seen (`sched_waking` while the thread slept).
 pub const WAKER_KNOWN: u32 = 1;
@@ -31,6 +32,10 @@ pub const COOKIE_RUNTIME: u64 = 1 << 20;
 pub const COOKIE_BLOCK_RET: u64 = 1 << 21;
 /// Emit a Block record, reading the Block* from argument 1 at entry.
 pub const COOKIE_BLOCK_ARG1: u64 = 1 << 22;
+/// Emit an NCCL record (a call plus the caller's stack words at entry).
+pub const COOKIE_NCCL: u64 = 1 << 23;
+/// Stack words an NCCL record carries (`GS_NCCL_STACK_WORDS`).
+pub const NCCL_STACK_WORDS: usize = 4;
 
 /// Builds the attach cookie the kernel side reads (see `GS_COOKIE_*` in the header).
 pub fn cookie(op: u16, out_arg: u8, runtime: bool) -> u64 {
@@ -48,7 +53,8 @@ pub mod stat {
     pub const UNMATCHED_RETURN: usize = 6;
     pub const TRACED_FULL: usize = 7;
     pub const RING_DROP_BLOCK: usize = 8;
-    pub const MAX: usize = 9;
+    pub const RING_DROP_NCCL: usize = 9;
+    pub const MAX: usize = 10;
     pub const NAMES: [&str; MAX] = [
         "ring_full_call",
         "ring_full_wait",
@@ -59,6 +65,7 @@ pub mod stat {
         "unmatched_return",
         "traced_map_full",
         "ring_full_block",
+        "ring_full_nccl",
     ];
 
     /// Whether counter `i` is an expected edge of attaching to running
@@ -161,6 +168,25 @@ pub struct RawBlock {
     pub words: [u64; BLOCK_WORDS],
 }
 
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RawNccl {
+    pub r#type: u32,
+    pub op: u32,
+    pub pid: u32,
+    pub tid: u32,
+    pub start_ns: u64,
+    pub end_ns: u64,
+    pub args: [u64; NARGS],
+    pub stack: [u64; NCCL_STACK_WORDS],
+    pub out: u64,
+    pub ret: i64,
+    pub runnable_ns: u64,
+    pub blocked_ns: u64,
+    pub flags: u32,
+    pub cpu: u32,
+}
+
 /// Why a record could not be decoded.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DecodeError {
@@ -223,6 +249,7 @@ pub fn decode(buf: &[u8]) -> Result<Event, DecodeError> {
         REC_WAIT => decode_wait(&read_pod::<RawWait>(buf)?).map(Event::Wait),
         REC_PROC => decode_proc(&read_pod::<RawProc>(buf)?).map(Event::Proc),
         REC_BLOCK => decode_block(&read_pod::<RawBlock>(buf)?).map(Event::Block),
+        REC_NCCL => decode_nccl(&read_pod::<RawNccl>(buf)?).map(Event::Nccl),
         other => Err(DecodeError::UnknownType(other)),
     }
 }
@@ -268,6 +295,39 @@ pub fn decode_call(r: &RawCall) -> Result<CallEvent, DecodeError> {
         blocked_ns: r.blocked_ns,
         cpu: r.cpu,
     })
+}
+
+/// `ncclInProgress`: a non-blocking communicator call still running.
+const NCCL_IN_PROGRESS: i32 = 7;
+
+/// Turns a raw NCCL record into an event (a call plus its decoded arguments).
+pub fn decode_nccl(r: &RawNccl) -> Result<crate::nccl::NcclEvent, DecodeError> {
+    let info = u16::try_from(r.op)
+        .ok()
+        .and_then(op_by_id)
+        .ok_or(DecodeError::UnknownOp(r.op))?;
+    if r.end_ns < r.start_ns {
+        return Err(DecodeError::BadValue("NCCL call ends before it starts"));
+    }
+    let call = CallEvent {
+        ts_ns: r.start_ns,
+        dur_ns: r.end_ns - r.start_ns,
+        pid: r.pid,
+        tid: r.tid,
+        op: info.id,
+        ret: r.ret as i32 as i64, // ncclResult_t is a 32-bit enum
+        nested: r.flags & CALL_NESTED != 0,
+        runnable_ns: r.runnable_ns,
+        blocked_ns: r.blocked_ns,
+        cpu: r.cpu,
+        ..Default::default()
+    };
+    // The created communicator: only meaningful when read and the call
+    // succeeded, or (non-blocking communicators) returned ncclInProgress (7):
+    // the handle is then valid and completes in the background.
+    let created = matches!(r.ret as i32, 0 | NCCL_IN_PROGRESS);
+    let out = (info.out_arg > 0 && r.flags & CALL_OUT_VALID != 0 && created).then_some(r.out);
+    Ok(crate::nccl::decode(call, &r.args, &r.stack, out))
 }
 
 pub fn decode_wait(r: &RawWait) -> Result<WaitEvent, DecodeError> {
@@ -368,6 +428,12 @@ mod tests {
     #[test]
     fn layouts_match_the_c_header() {
         assert_eq!(size_of::<RawCall>(), 120);
+        assert_eq!(size_of::<RawNccl>(), 152);
+        assert_eq!(offset_of!(RawNccl, args), 32);
+        assert_eq!(offset_of!(RawNccl, stack), 80);
+        assert_eq!(offset_of!(RawNccl, out), 112);
+        assert_eq!(offset_of!(RawNccl, ret), 120);
+        assert_eq!(offset_of!(RawNccl, flags), 144);
         assert_eq!(offset_of!(RawCall, start_ns), 16);
         assert_eq!(offset_of!(RawCall, args), 32);
         assert_eq!(offset_of!(RawCall, out), 80);
@@ -580,6 +646,47 @@ mod tests {
             panic!()
         };
         assert_eq!(b.requested, None, "free has no requested size");
+    }
+
+    #[test]
+    fn decodes_an_nccl_init_with_its_communicator() {
+        let mut raw = RawNccl {
+            r#type: REC_NCCL,
+            op: 80, // ncclCommInitRank
+            pid: 7,
+            tid: 7,
+            start_ns: 100,
+            end_ns: 500,
+            out: 0xc0111,
+            flags: CALL_OUT_VALID,
+            ..Default::default()
+        };
+        raw.args[1] = 2; // nranks
+        raw.args[2] = 1; // rank
+        raw.stack[0] = 0xff;
+        let Event::Nccl(n) = decode(&as_bytes(&raw)).unwrap() else {
+            panic!()
+        };
+        assert_eq!(n.call.dur_ns, 400);
+        assert_eq!(
+            (n.rank, n.nranks, n.new_comm),
+            (Some(1), Some(2), Some(0xc0111))
+        );
+        assert_eq!(
+            n.unique_id.as_deref(),
+            Some("ff000000000000000000000000000000")
+        );
+        raw.ret = 7; // ncclInProgress: a non-blocking init, the handle is valid
+        let Event::Nccl(n) = decode(&as_bytes(&raw)).unwrap() else {
+            panic!()
+        };
+        assert_eq!(n.new_comm, Some(0xc0111));
+        raw.ret = 3; // ncclInternalError: no communicator was created
+        let Event::Nccl(n) = decode(&as_bytes(&raw)).unwrap() else {
+            panic!()
+        };
+        assert_eq!(n.new_comm, None);
+        assert_eq!(n.call.ret, 3);
     }
 
     #[test]

@@ -9,7 +9,7 @@ use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope
 use aya::programs::{BtfTracePoint, UProbe};
 use aya::{Btf, Ebpf, EbpfLoader, Pod};
 use sleuth_core::ops::{OpClass, OpInfo, OPS};
-use sleuth_core::record::{cookie, stat, COOKIE_BLOCK_ARG1, COOKIE_BLOCK_RET};
+use sleuth_core::record::{cookie, stat, COOKIE_BLOCK_ARG1, COOKIE_BLOCK_RET, COOKIE_NCCL};
 use sleuth_core::{Layer, OpCount};
 use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd};
@@ -93,6 +93,7 @@ fn op_cookie(op: &OpInfo) -> u64 {
     let block = match op.class {
         OpClass::BlockAlloc => COOKIE_BLOCK_RET,
         OpClass::BlockFree | OpClass::BlockRelease => COOKIE_BLOCK_ARG1,
+        _ if op.layer == Layer::Nccl => COOKIE_NCCL,
         _ => 0,
     };
     cookie(op.id, op.out_arg, op.layer == Layer::Runtime) | block

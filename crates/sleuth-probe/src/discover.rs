@@ -23,6 +23,8 @@ pub fn layer_of(file_name: &str) -> Option<Layer> {
         Some(Layer::Driver)
     } else if file_name.starts_with("libc10_cuda.so") {
         Some(Layer::Torch)
+    } else if file_name.starts_with("libnccl.so") {
+        Some(Layer::Nccl)
     } else {
         None
     }
@@ -204,6 +206,9 @@ mod tests {
         assert_eq!(layer_of("libcublas.so.13"), None);
         assert_eq!(layer_of("libc10_cuda.so"), Some(Layer::Torch));
         assert_eq!(layer_of("libc10.so"), None);
+        assert_eq!(layer_of("libnccl.so.2"), Some(Layer::Nccl));
+        assert_eq!(layer_of("libnccl.so.2.28.9"), Some(Layer::Nccl));
+        assert_eq!(layer_of("libnccl-net.so"), None);
     }
 
     #[test]

@@ -132,6 +132,8 @@ const LIBCUDART: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/libcudart.so.
 const LIBCUDA: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/libcuda.so.1"));
 const WORKLOAD: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/workload"));
 const HOG: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gs-hog"));
+const LIBNCCL: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/libnccl.so.2"));
+const NCCL_RANK: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/nccl_rank"));
 const LIBC10_CUDA: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/libc10_cuda.so"));
 const LIBC10_CUDA_ALT_LAYOUT: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/libc10_cuda_alt_layout.so"));
@@ -185,6 +187,17 @@ pub struct SimPaths {
     /// The caching-allocator stand-in (`lib/libc10_cuda.so`, [`TorchStandIn::Torch211`];
     /// replace it with [`install_torch_stand_in`]).
     pub libc10_cuda: PathBuf,
+    /// Folder holding the NCCL stand-in, apart from the CUDA libraries (so
+    /// tests of the CUDA layers do not probe it).
+    pub nccl_lib_dir: PathBuf,
+    /// The NCCL stand-in (`nccl-lib/libnccl.so.2`): collectives block until every
+    /// rank of the communicator has arrived (ranks rendezvous through a file
+    /// in `$SIM_NCCL_DIR`).
+    pub libnccl: PathBuf,
+    /// One rank of a simulated data-parallel job
+    /// (`bin/nccl_rank RANK NRANKS ID_FILE ITERS WORK_MS [--input-ms MS] [--cpu CPU] [--log FILE]`):
+    /// per step it sleeps `--input-ms`, burns WORK_MS of CPU, then all-reduces.
+    pub nccl_rank: PathBuf,
 }
 
 fn write_file(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
@@ -197,7 +210,9 @@ fn write_file(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
 pub fn materialize(dir: &Path) -> io::Result<SimPaths> {
     let lib_dir = dir.join("lib");
     let bin_dir = dir.join("bin");
+    let nccl_lib_dir = dir.join("nccl-lib");
     std::fs::create_dir_all(&lib_dir)?;
+    std::fs::create_dir_all(&nccl_lib_dir)?;
     std::fs::create_dir_all(&bin_dir)?;
     let paths = SimPaths {
         libcudart: lib_dir.join("libcudart.so.13"),
@@ -205,6 +220,9 @@ pub fn materialize(dir: &Path) -> io::Result<SimPaths> {
         workload: bin_dir.join("workload"),
         hog: bin_dir.join("gs-hog"),
         libc10_cuda: lib_dir.join("libc10_cuda.so"),
+        libnccl: nccl_lib_dir.join("libnccl.so.2"),
+        nccl_lib_dir,
+        nccl_rank: bin_dir.join("nccl_rank"),
         lib_dir,
     };
     // Remove first: rewriting a file in place keeps its inode (and would
@@ -215,6 +233,8 @@ pub fn materialize(dir: &Path) -> io::Result<SimPaths> {
         (&paths.workload, WORKLOAD),
         (&paths.hog, HOG),
         (&paths.libc10_cuda, LIBC10_CUDA),
+        (&paths.libnccl, LIBNCCL),
+        (&paths.nccl_rank, NCCL_RANK),
     ] {
         replace_file(path, bytes)?;
     }

@@ -14,6 +14,7 @@ mod budget;
 mod error;
 mod finalize;
 mod import;
+mod merge;
 mod open;
 pub mod outfile;
 mod problems;
@@ -28,12 +29,13 @@ mod writer;
 pub use budget::{ReadBudget, DEFAULT_READ_TIMEOUT};
 pub use error::StoreError;
 pub use import::{import_ingero, ImportSummary};
+pub use merge::{input_facts, write_merged, InputFacts, MergeInput};
 pub use problems::InputProblems;
 pub use reader::Trace;
 pub use schema::{SCHEMA_VERSION, TOOL};
 pub use sql::{run_readonly_sql, run_readonly_sql_with, SqlLimits, SqlResult, MAX_VALUE_BYTES};
 pub use types::{
-    CallFilter, CallOrder, LibraryInfo, Note, NoteLevel, Session, SessionInfo, StoredCall,
-    TraceSource, WaitFilter, WriteSummary, WriterOptions, DEFAULT_MAX_DB_BYTES,
+    CallFilter, CallOrder, LibraryInfo, MergeNode, Note, NoteLevel, Session, SessionInfo,
+    StoredCall, TraceSource, WaitFilter, WriteSummary, WriterOptions, DEFAULT_MAX_DB_BYTES,
 };
 pub use writer::{drop_stat_name, monotonic_now_ns, TraceWriter, WriterHandle};

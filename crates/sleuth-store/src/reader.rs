@@ -478,6 +478,59 @@ impl Trace {
         Ok(out)
     }
 
+    /// NCCL calls with their arguments, by start time. Traces recorded before
+    /// the table existed simply have none.
+    pub fn nccl_calls(
+        &self,
+        pid: Option<u32>,
+    ) -> Result<Vec<sleuth_core::nccl::NcclEvent>, StoreError> {
+        if !has_table(&self.conn, "nccl_calls").at(&self.path)? {
+            return Ok(Vec::new());
+        }
+        let cols: String = crate::rows::CALL_COLS
+            .split(", ")
+            .map(|c| format!("c.{c}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let sql = format!(
+            "SELECT {cols}, n.comm, n.new_comm, n.count, n.datatype, n.redop, n.peer, n.rank,
+                n.nranks, n.color, n.unique_id
+             FROM nccl_calls n JOIN calls c ON c.id = n.call_id
+             WHERE ?1 IS NULL OR c.pid = ?1 ORDER BY c.ts_ns, c.id"
+        );
+        let mut st = self.conn.prepare(&sql).at(&self.path)?;
+        let rows = st
+            .query_map([pid], |r| {
+                let Some(stored) = crate::rows::call_from_row(r)? else {
+                    return Ok(None);
+                };
+                let u = |i: usize| -> rusqlite::Result<Option<u64>> {
+                    Ok(r.get::<_, Option<i64>>(i)?.map(|v| v as u64))
+                };
+                Ok(Some(sleuth_core::nccl::NcclEvent {
+                    call: stored.call,
+                    comm: u(15)?,
+                    new_comm: u(16)?,
+                    count: u(17)?,
+                    datatype: r.get(18)?,
+                    redop: r.get(19)?,
+                    peer: r.get(20)?,
+                    rank: r.get(21)?,
+                    nranks: r.get(22)?,
+                    color: r.get(23)?,
+                    unique_id: r.get(24)?,
+                }))
+            })
+            .at(&self.path)?;
+        let mut out = Vec::new();
+        for r in rows {
+            if let Some(e) = r.at(&self.path)? {
+                out.push(e);
+            }
+        }
+        Ok(out)
+    }
+
     /// Fails when `pid` is not in the trace, naming the pids it holds: an
     /// absent process must not read as a clean bill of health.
     pub fn require_pid(&self, pid: u32) -> Result<(), StoreError> {
@@ -499,6 +552,65 @@ impl Trace {
             &self.path,
             format!("pid {pid} is not in this trace ({holds})"),
         ))
+    }
+
+    /// Every process id the trace mentions (processes, calls, waits, lifecycle events).
+    pub fn task_ids(&self) -> Result<std::collections::BTreeSet<u32>, StoreError> {
+        task_ids_of(&self.conn).at(&self.path)
+    }
+
+    /// Host and host pid of each process of a merged trace (empty otherwise).
+    pub fn process_hosts(&self) -> Result<BTreeMap<u32, sleuth_core::NodeProcess>, StoreError> {
+        if !has_table(&self.conn, "process_nodes").at(&self.path)? {
+            return Ok(BTreeMap::new());
+        }
+        let mut st = self
+            .conn
+            .prepare("SELECT pid, host, host_pid FROM process_nodes ORDER BY pid")
+            .at(&self.path)?;
+        let rows = st
+            .query_map([], |r| {
+                Ok((
+                    r.get::<_, u32>(0)?,
+                    sleuth_core::NodeProcess {
+                        host: r.get(1)?,
+                        pid: r.get(2)?,
+                    },
+                ))
+            })
+            .at(&self.path)?;
+        rows.collect::<rusqlite::Result<_>>().at(&self.path)
+    }
+
+    /// The nodes a merged trace was made from (empty for a single-node trace).
+    pub fn merge_nodes(&self) -> Result<Vec<crate::types::MergeNode>, StoreError> {
+        if !has_table(&self.conn, "merge_nodes").at(&self.path)? {
+            return Ok(Vec::new());
+        }
+        let mut st = self
+            .conn
+            .prepare(
+                "SELECT node, hostname, source, realtime_offset_ns, shift_ns, skew_ns, skew_applied,
+                    skew_samples, skew_spread_ns, pid_offset FROM merge_nodes ORDER BY node",
+            )
+            .at(&self.path)?;
+        let rows = st
+            .query_map([], |r| {
+                Ok(crate::types::MergeNode {
+                    node: r.get(0)?,
+                    hostname: r.get(1)?,
+                    source: r.get(2)?,
+                    realtime_offset_ns: r.get(3)?,
+                    shift_ns: r.get(4)?,
+                    skew_ns: r.get(5)?,
+                    skew_applied: r.get(6)?,
+                    skew_samples: r.get(7)?,
+                    skew_spread_ns: r.get(8)?,
+                    pid_offset: r.get(9)?,
+                })
+            })
+            .at(&self.path)?;
+        rows.collect::<rusqlite::Result<_>>().at(&self.path)
     }
 
     /// The whole trace (or one process of it) in memory, as analyses consume it.
@@ -546,8 +658,21 @@ impl Trace {
             has_host_context: self.has_host_context(),
             gpu_samples: self.gpu_samples()?,
             process_gpu: self.process_gpu_samples(pid)?,
+            // Matching collectives needs every rank, whatever the pid filter.
+            nccl: self.nccl_calls(None)?,
+            hosts: self.process_hosts()?,
+            hostname: session.info.hostname.clone(),
         })
     }
+}
+
+pub(crate) fn task_ids_of(conn: &Connection) -> rusqlite::Result<std::collections::BTreeSet<u32>> {
+    let mut st = conn.prepare(
+        "SELECT pid FROM processes UNION SELECT pid FROM calls UNION SELECT pid FROM waits
+         UNION SELECT pid FROM proc_events",
+    )?;
+    let rows = st.query_map([], |r| r.get::<_, u32>(0))?;
+    rows.collect()
 }
 
 fn where_clause(conds: &[String]) -> String {

@@ -127,6 +127,32 @@ CREATE TABLE process_gpu_samples(
     phase TEXT NOT NULL
 );
 CREATE INDEX process_gpu_samples_pid ON process_gpu_samples(pid, ts_ns);
+CREATE TABLE nccl_calls(
+    call_id INTEGER PRIMARY KEY,
+    comm INTEGER,
+    new_comm INTEGER,
+    count INTEGER,
+    datatype INTEGER,
+    redop INTEGER,
+    peer INTEGER,
+    rank INTEGER,
+    nranks INTEGER,
+    color INTEGER,
+    unique_id TEXT
+);
+CREATE TABLE merge_nodes(
+    node INTEGER PRIMARY KEY,
+    hostname TEXT NOT NULL,
+    source TEXT NOT NULL,
+    realtime_offset_ns INTEGER NOT NULL,
+    shift_ns INTEGER NOT NULL,
+    skew_ns INTEGER NOT NULL,
+    skew_applied INTEGER NOT NULL,
+    skew_samples INTEGER NOT NULL,
+    skew_spread_ns INTEGER,
+    pid_offset INTEGER NOT NULL
+);
+CREATE TABLE process_nodes(pid INTEGER PRIMARY KEY, node INTEGER NOT NULL, host TEXT NOT NULL, host_pid INTEGER NOT NULL);
 
 CREATE VIEW calls_wall AS
     SELECT c.*, c.ts_ns + s.realtime_offset_ns AS ts_unix_ns,

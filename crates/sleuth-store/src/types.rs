@@ -190,3 +190,24 @@ pub struct WaitFilter {
     pub until_ns: Option<u64>,
     pub limit: Option<usize>,
 }
+
+/// One input of a merged trace (`gpusleuth merge`), as recorded in `merge_nodes`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct MergeNode {
+    pub node: i64,
+    pub hostname: String,
+    pub source: String,
+    /// The input session's wall-clock offset (wall = monotonic + this).
+    pub realtime_offset_ns: i64,
+    /// What was added to the input's timestamps to put them on the merged clock.
+    pub shift_ns: i64,
+    /// Residual clock skew estimated from collective alignment (node clock minus first node's).
+    pub skew_ns: i64,
+    /// Whether the skew was subtracted (alignment was consistent).
+    pub skew_applied: bool,
+    pub skew_samples: i64,
+    /// Spread (median absolute deviation) of the alignment samples.
+    pub skew_spread_ns: Option<i64>,
+    /// Added to the input's pids and tids (0 unless they collided with an earlier node's).
+    pub pid_offset: i64,
+}

@@ -199,7 +199,7 @@ pub fn monotonic_now_ns() -> u64 {
 
 /// Creates the file ourselves so it is 0600 before SQLite ever opens it
 /// (SQLite gives the -wal and -shm files the same mode).
-fn create_private_file(path: &Path, overwrite: bool) -> Result<(), StoreError> {
+pub(crate) fn create_private_file(path: &Path, overwrite: bool) -> Result<(), StoreError> {
     if overwrite {
         for suffix in ["", "-wal", "-shm", "-journal"] {
             let mut p = path.as_os_str().to_owned();
@@ -392,6 +392,17 @@ impl WriterState {
                         self.n.waits_stored += 1;
                     }
                 }
+                Msg::Event(Event::Nccl(n)) => {
+                    self.n.events_call += 1;
+                    if self.db_full {
+                        self.n.drop_db_full += 1;
+                    } else if insert_call(&tx, &n.call)? {
+                        insert_nccl(&tx, n, tx.last_insert_rowid())?;
+                        self.n.calls_stored += 1;
+                    } else {
+                        self.n.decode_errors += 1;
+                    }
+                }
                 Msg::Event(Event::Block(b)) => {
                     self.n.events_block += 1;
                     if self.db_full {
@@ -550,6 +561,33 @@ fn insert_call(tx: &Transaction, c: &CallEvent) -> rusqlite::Result<bool> {
         hst.execute(params![id, hp as i64])?;
     }
     Ok(true)
+}
+
+/// The arguments of an NCCL call stored just before as `calls` row `call_id`.
+fn insert_nccl(
+    tx: &Transaction,
+    n: &sleuth_core::nccl::NcclEvent,
+    call_id: i64,
+) -> rusqlite::Result<()> {
+    let mut st = tx.prepare_cached(
+        "INSERT INTO nccl_calls(call_id, comm, new_comm, count, datatype, redop, peer, rank, nranks,
+            color, unique_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+    )?;
+    // Handles are pointers: stored as their bit pattern (like `calls.ptr`).
+    st.execute(params![
+        call_id,
+        n.comm.map(|v| v as i64),
+        n.new_comm.map(|v| v as i64),
+        n.count.map(|v| v as i64),
+        n.datatype,
+        n.redop,
+        n.peer,
+        n.rank,
+        n.nranks,
+        n.color,
+        n.unique_id
+    ])?;
+    Ok(())
 }
 
 fn insert_wait(tx: &Transaction, w: &WaitEvent) -> rusqlite::Result<()> {

@@ -41,6 +41,7 @@ fn optional_impact(name: &str) -> Option<&'static str> {
         "nvml" => Some("tracing is not affected; `vram`/`reclaim` see /proc holders only, without GPU memory figures"),
         "cuda_libraries" => Some("tracing still works: libraries are found in traced processes' memory maps, or name one with --cuda-lib"),
         "torch_allocator" => Some("tracing is not affected; --torch-allocator falls back to the CUDA-level view"),
+        "nccl" => Some("tracing is not affected; NCCL libraries are also found in traced processes' memory maps"),
         _ => None,
     }
 }
@@ -249,6 +250,38 @@ pub fn run(args: Args) -> Result<i32> {
         checks.push(Item {
             name: "torch_allocator",
             ok: found == wanted,
+            detail,
+            ..PENDING
+        });
+    }
+    // NCCL (collectives, communicators): optional, reported like the CUDA libraries.
+    for lib in libs.iter().filter(|l| l.layer == sleuth_core::Layer::Nccl) {
+        let syms = sleuth_probe::symbols::SymbolOffsets::read(&lib.path);
+        let wanted: Vec<&str> = sleuth_core::ops::ops_of(sleuth_core::Layer::Nccl)
+            .map(|o| o.name)
+            .collect();
+        let missing: Vec<&str> = match &syms {
+            Ok(s) => wanted
+                .iter()
+                .copied()
+                .filter(|n| s.get(n).is_none())
+                .collect(),
+            Err(_) => wanted.clone(),
+        };
+        let mut detail = format!(
+            "{}: {} of {} NCCL entry points found",
+            lib.path.display(),
+            wanted.len() - missing.len(),
+            wanted.len()
+        );
+        if let Err(e) = &syms {
+            detail.push_str(&format!(" (cannot read symbols: {e})"));
+        } else if !missing.is_empty() {
+            detail.push_str(&format!(" (missing: {})", missing.join(", ")));
+        }
+        checks.push(Item {
+            name: "nccl",
+            ok: missing.len() < wanted.len(),
             detail,
             ..PENDING
         });

@@ -812,6 +812,10 @@ impl Session {
                         self.n_calls += 1;
                         self.note_process(c.pid);
                     }
+                    Event::Nccl(n) => {
+                        self.n_calls += 1;
+                        self.note_process(n.call.pid);
+                    }
                     Event::Wait(_) => self.n_waits += 1,
                     Event::Block(_) => {}
                     Event::Proc(p) => {

@@ -220,6 +220,8 @@ pub fn render(s: &State, openmetrics: bool) -> String {
     );
     o.sample(&n, "", s.procs.len());
 
+    render_nccl(&mut o, s);
+
     if openmetrics {
         o.text.push_str("# EOF\n");
     }
@@ -280,6 +282,68 @@ fn gpu_families(o: &mut Out, g: &super::gpu::GpuState) {
             );
         }
     }
+}
+
+/// Per-rank NCCL collective series (only when NCCL communicators were seen).
+fn render_nccl(o: &mut Out, s: &State) {
+    if s.nccl.ranks.is_empty() {
+        return;
+    }
+    let host = label(&local_hostname());
+    let labels: Vec<(String, &super::nccl::RankSeries)> = s
+        .nccl
+        .ranks
+        .iter()
+        .map(|((comm, rank), r)| {
+            (
+                format!(
+                    "comm=\"{}\",rank=\"{rank}\",nranks=\"{}\",pid=\"{}\",host=\"{host}\"",
+                    label(comm),
+                    r.nranks,
+                    r.pid
+                ),
+                r,
+            )
+        })
+        .collect();
+    let n = o.family(
+        "gpusleuth_nccl_collectives",
+        "counter",
+        "NCCL collectives issued, per communicator rank.",
+    );
+    for (l, r) in &labels {
+        o.sample(&format!("{n}_total"), l, r.collectives);
+    }
+    let n = o.family(
+        "gpusleuth_nccl_collective_seconds",
+        "counter",
+        "Wall time inside NCCL collective calls, per communicator rank.",
+    );
+    for (l, r) in &labels {
+        o.sample(&format!("{n}_total"), l, secs(r.time_ns));
+    }
+    let n = o.family(
+        "gpusleuth_nccl_lateness_seconds",
+        "counter",
+        "Sum over matched collectives of the rank's entry minus the first rank's entry (ranks traced by this agent).",
+    );
+    for (l, r) in &labels {
+        o.sample(&format!("{n}_total"), l, secs(r.lateness_ns));
+    }
+    let n = o.family(
+        "gpusleuth_nccl_last_arrivals",
+        "counter",
+        "Matched collectives the rank entered last, at least 1 ms after the first rank: the one the others waited for.",
+    );
+    for (l, r) in &labels {
+        o.sample(&format!("{n}_total"), l, r.last);
+    }
+}
+
+fn local_hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -398,5 +462,73 @@ mod tests {
         let t = render(&state(), false);
         assert!(t.contains("# TYPE gpusleuth_cuda_calls_total counter\n"));
         assert!(!t.contains("# EOF"));
+    }
+
+    #[test]
+    fn nccl_rank_series_appear_once_a_communicator_is_seen() {
+        let t = render(&state(), true);
+        assert!(!t.contains("gpusleuth_nccl"), "no NCCL, no NCCL families");
+        let mut s = state();
+        let ev = |op: &str, pid: u32, ts: u64, dur: u64| sleuth_core::nccl::NcclEvent {
+            call: CallEvent {
+                op: op_by_name(op).unwrap().id,
+                pid,
+                tid: pid,
+                ts_ns: ts,
+                dur_ns: dur,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        for (pid, rank) in [(10, 0), (20, 1)] {
+            let mut e = ev("ncclCommInitRank", pid, 0, 10);
+            e.new_comm = Some(pid as u64);
+            e.rank = Some(rank);
+            e.nranks = Some(2);
+            e.unique_id = Some("ab".into());
+            s.observe(&Event::Nccl(e), |_| "train".into());
+        }
+        for k in 1..=2u64 {
+            let mut a = ev("ncclAllReduce", 10, k * 1_000_000_000, 2_000_000_000);
+            a.comm = Some(10);
+            let mut b = ev("ncclAllReduce", 20, k * 1_000_000_000 + 500_000_000, 1_000);
+            b.comm = Some(20);
+            s.observe(&Event::Nccl(a), |_| "train".into());
+            s.observe(&Event::Nccl(b), |_| "train".into());
+        }
+        let t = render(&s, true);
+        assert!(
+            t.contains("# TYPE gpusleuth_nccl_last_arrivals counter\n"),
+            "{t}"
+        );
+        let host = label(&local_hostname());
+        let l1 = format!(r#"comm="ab",rank="1",nranks="2",pid="20",host="{host}""#);
+        let l0 = format!(r#"comm="ab",rank="0",nranks="2",pid="10",host="{host}""#);
+        assert!(
+            t.contains(&format!("gpusleuth_nccl_collectives_total{{{l1}}} 2\n")),
+            "{t}"
+        );
+        assert!(
+            t.contains(&format!(
+                "gpusleuth_nccl_collective_seconds_total{{{l0}}} 4\n"
+            )),
+            "{t}"
+        );
+        assert!(
+            t.contains(&format!(
+                "gpusleuth_nccl_lateness_seconds_total{{{l1}}} 1\n"
+            )),
+            "{t}"
+        );
+        assert!(
+            t.contains(&format!("gpusleuth_nccl_last_arrivals_total{{{l1}}} 2\n")),
+            "{t}"
+        );
+        assert!(
+            t.contains(&format!("gpusleuth_nccl_last_arrivals_total{{{l0}}} 0\n")),
+            "{t}"
+        );
+        // The calls are CUDA-level series too.
+        assert!(t.contains(r#"gpusleuth_cuda_calls_total{op="ncclAllReduce",layer="nccl",pid="20",comm="train"} 2"#), "{t}");
     }
 }

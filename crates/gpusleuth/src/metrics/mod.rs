@@ -11,6 +11,7 @@
 mod encode;
 mod gpu;
 mod http;
+mod nccl;
 mod state;
 
 use sleuth_core::{Event, GpuSample, OpCount, ProcessGpuSample};

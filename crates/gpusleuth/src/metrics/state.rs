@@ -140,6 +140,8 @@ pub struct State {
     pub kernel_counts: BTreeMap<(u32, u16), u64>,
     /// NVML readings of the GPU sampler.
     pub gpu: super::gpu::GpuState,
+    /// Per-rank NCCL collective series.
+    pub nccl: super::nccl::NcclMetrics,
 }
 
 impl State {
@@ -148,6 +150,11 @@ impl State {
             Event::Call(c) => {
                 self.events[0] += 1;
                 self.proc_for(c.pid, &comm_of).add_call(c);
+            }
+            Event::Nccl(n) => {
+                self.events[0] += 1;
+                self.proc_for(n.call.pid, &comm_of).add_call(&n.call);
+                self.nccl.observe(n);
             }
             Event::Wait(_) => self.events[1] += 1,
             // Caching-allocator events (--torch-allocator) have no metrics yet.

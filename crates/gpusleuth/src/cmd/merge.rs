@@ -1,0 +1,164 @@
+//! `gpusleuth merge NODE1.db NODE2.db ... -o JOB.db`: one trace of a
+//! distributed job from per-node traces.
+//!
+//! Clocks: every node's timestamps are its own monotonic clock; its session
+//! records the offset to its wall clock. Node n's times are moved by
+//! (its offset - the first node's offset), which is exact when the nodes'
+//! wall clocks agree. What remains (NTP error, a wrong clock) is measured
+//! from collective alignment (`sleuth_core::nccl::align`) and subtracted when
+//! enough blocking rendezvous were seen (`--no-align` keeps the session
+//! offsets only). Pids that collide with an earlier node's are moved by
+//! node × 2^22 (above Linux's pid_max); `process_nodes` keeps the real ones.
+
+use anyhow::{bail, Context};
+use serde::Serialize;
+use sleuth_core::nccl::align::{estimate, Alignment};
+use sleuth_core::nccl::NcclEvent;
+use sleuth_store::{input_facts, write_merged, MergeInput, Trace};
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+
+/// Pids of node n move by n << PID_SHIFT when they collide (Linux pid_max ≤ 2^22).
+const PID_SHIFT: u32 = 22;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Per-node trace databases of one job (the first one's clock is the merged clock).
+    #[arg(required = true, num_args = 2..)]
+    inputs: Vec<PathBuf>,
+    /// The merged trace to create.
+    #[arg(short, long)]
+    output: PathBuf,
+    /// Replace the output if it exists.
+    #[arg(long)]
+    force: bool,
+    /// Use the session clock offsets only (do not correct the skew measured from collectives).
+    #[arg(long)]
+    no_align: bool,
+    /// Print the nodes and clock corrections as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Serialize)]
+struct NodeReport {
+    source: String,
+    hostname: String,
+    shift_ns: i64,
+    /// Measured from collective alignment (this node's clock minus the first's).
+    skew: Option<Alignment>,
+    skew_applied: bool,
+    pid_offset: u32,
+}
+
+pub fn run(args: Args) -> anyhow::Result<i32> {
+    if args.output.exists() && !args.force {
+        bail!(
+            "{} already exists (use --force to replace it)",
+            args.output.display()
+        );
+    }
+    for p in &args.inputs {
+        if p == &args.output {
+            bail!("{} is both an input and the output", p.display());
+        }
+    }
+    let mut facts = Vec::new();
+    for p in &args.inputs {
+        facts.push(input_facts(p).with_context(|| format!("reading {}", p.display()))?);
+    }
+    let base_offset = facts[0].realtime_offset_ns;
+    let mut seen: BTreeSet<u32> = BTreeSet::new();
+    let mut base_events: Vec<NcclEvent> = Vec::new();
+    let mut inputs = Vec::new();
+    let mut reports = Vec::new();
+    for (i, (path, f)) in args.inputs.iter().zip(&facts).enumerate() {
+        let pid_offset = if f.pids.iter().any(|p| seen.contains(p)) {
+            (i as u32) << PID_SHIFT
+        } else {
+            0
+        };
+        seen.extend(f.pids.iter().map(|p| p + pid_offset));
+        let session_shift = f.realtime_offset_ns - base_offset;
+        let events = Trace::open(path)?.nccl_calls(None)?;
+        let moved: Vec<NcclEvent> = events
+            .into_iter()
+            .map(|mut e| {
+                e.call.pid += pid_offset;
+                e.call.tid += pid_offset;
+                e.call.ts_ns = (e.call.ts_ns as i64 + session_shift).max(0) as u64;
+                e
+            })
+            .collect();
+        let (skew, applied) = if i == 0 {
+            base_events = moved;
+            (None, false)
+        } else {
+            let a = estimate(&base_events, &moved);
+            (a, a.is_some() && !args.no_align)
+        };
+        let skew_ns = skew.map(|a| a.skew_ns).unwrap_or(0);
+        let shift_ns = session_shift - if applied { skew_ns } else { 0 };
+        inputs.push(MergeInput {
+            path: path.clone(),
+            shift_ns,
+            pid_offset,
+            skew_ns,
+            skew_applied: applied,
+            skew_samples: skew.map(|a| a.samples).unwrap_or(0),
+            skew_spread_ns: skew.map(|a| a.spread_ns),
+        });
+        reports.push(NodeReport {
+            source: path.display().to_string(),
+            hostname: f.hostname.clone(),
+            shift_ns,
+            skew,
+            skew_applied: applied,
+            pid_offset,
+        });
+    }
+    write_merged(&inputs, &args.output, args.force, env!("CARGO_PKG_VERSION"))
+        .with_context(|| format!("writing {}", args.output.display()))?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&reports)?);
+        return Ok(0);
+    }
+    println!(
+        "merged {} traces into {}",
+        reports.len(),
+        args.output.display()
+    );
+    for (i, r) in reports.iter().enumerate() {
+        let skew = match (&r.skew, i) {
+            (_, 0) => "reference clock".to_string(),
+            (Some(a), _) => format!(
+                "residual skew {:+.3} ms (±{:.3} ms, {} rendezvous){}",
+                a.skew_ns as f64 / 1e6,
+                a.spread_ns as f64 / 1e6,
+                a.samples,
+                if r.skew_applied {
+                    ", corrected"
+                } else {
+                    ", not applied (--no-align)"
+                }
+            ),
+            (None, _) => {
+                "residual skew unknown (too few blocking rendezvous): session clock offsets only"
+                    .into()
+            }
+        };
+        println!(
+            "  node {i} {} ({}): shift {:+.3} ms, {}{}",
+            r.hostname,
+            r.source,
+            r.shift_ns as f64 / 1e6,
+            skew,
+            if r.pid_offset > 0 {
+                format!(", pids +{}", r.pid_offset)
+            } else {
+                String::new()
+            }
+        );
+    }
+    Ok(0)
+}

@@ -1,0 +1,325 @@
+//! `gpusleuth merge`: several per-node traces of one job in one database.
+//!
+//! Each input's rows are copied table by table with its timestamps moved
+//! onto the first node's monotonic clock (`shift_ns`, decided by the caller
+//! from the session offsets and the measured skew), its pids and tids moved
+//! by `pid_offset` when they collide with an earlier node's, and row ids
+//! moved past the rows already there (references to calls and waits follow).
+//! Columns are recognized by name, so tables added later merge as long as
+//! they follow the schema's naming: timestamps `ts_ns`, `start_ns`, `end_ns`,
+//! `off_ns`, `wake_ns`, `on_ns`, `exit_ns`, `attached_mono_ns`; tasks `pid`,
+//! `tid`, `ppid`; references `call_id`, `wait_id`.
+
+use crate::error::{SqlContext, StoreError};
+use crate::open::{has_table, open_untrusted};
+use crate::schema;
+use crate::types::{MergeNode, TraceSource};
+use rusqlite::types::Value;
+use rusqlite::{params, Connection, OpenFlags};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+const TIME_COLS: &[&str] = &[
+    "ts_ns",
+    "start_ns",
+    "end_ns",
+    "off_ns",
+    "wake_ns",
+    "on_ns",
+    "exit_ns",
+    "attached_mono_ns",
+];
+const TASK_COLS: &[&str] = &["pid", "tid", "ppid"];
+/// Written by the merge itself, not copied.
+const OWN_TABLES: &[&str] = &["meta", "session", "stats", "merge_nodes", "process_nodes"];
+
+/// One input and how its rows move.
+#[derive(Debug, Clone)]
+pub struct MergeInput {
+    pub path: PathBuf,
+    pub shift_ns: i64,
+    pub pid_offset: u32,
+    pub skew_ns: i64,
+    pub skew_applied: bool,
+    pub skew_samples: usize,
+    pub skew_spread_ns: Option<i64>,
+}
+
+/// What an input holds that the merge plan needs: its session and its task ids.
+#[derive(Debug, Clone)]
+pub struct InputFacts {
+    pub hostname: String,
+    pub realtime_offset_ns: i64,
+    pub pids: BTreeSet<u32>,
+}
+
+/// Reads an input's session and pids; refuses non-gpusleuth and already-merged traces.
+pub fn input_facts(path: &Path) -> Result<InputFacts, StoreError> {
+    let t = crate::Trace::open(path)?;
+    if t.source() != TraceSource::Gpusleuth {
+        return Err(StoreError::file(
+            path,
+            "only traces recorded by gpusleuth can be merged (this one was imported)",
+        ));
+    }
+    if !t.merge_nodes()?.is_empty() {
+        return Err(StoreError::file(path, "is already a merged trace"));
+    }
+    let s = t.session()?;
+    Ok(InputFacts {
+        hostname: s.info.hostname,
+        realtime_offset_ns: s.info.realtime_offset_ns,
+        pids: t.task_ids()?,
+    })
+}
+
+/// Writes the merged database at `out` (mode 0600; an existing file is
+/// replaced only with `overwrite`). The first input's session is the merged
+/// session (its clock is the merged clock).
+pub fn write_merged(
+    inputs: &[MergeInput],
+    out: &Path,
+    overwrite: bool,
+    tool_version: &str,
+) -> Result<Vec<MergeNode>, StoreError> {
+    crate::writer::create_private_file(out, overwrite)?;
+    let result = write_into(inputs, out, tool_version);
+    if result.is_err() {
+        // Nothing half-written is left behind.
+        let _ = std::fs::remove_file(out);
+    }
+    result
+}
+
+fn write_into(
+    inputs: &[MergeInput],
+    out: &Path,
+    tool_version: &str,
+) -> Result<Vec<MergeNode>, StoreError> {
+    let mut dst = Connection::open_with_flags(
+        out,
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .at(out)?;
+    let tx = dst.transaction().at(out)?;
+    schema::create(&tx, TraceSource::Gpusleuth.as_str(), tool_version).at(out)?;
+    let dst_tables = table_names(&tx).at(out)?;
+    let mut stats: BTreeMap<String, i64> = BTreeMap::new();
+    let mut nodes = Vec::new();
+    let (mut start, mut end): (Option<i64>, Option<i64>) = (None, None);
+    for (i, input) in inputs.iter().enumerate() {
+        let src = open_untrusted(&input.path)?;
+        let p = &input.path;
+        let session = read_session(&src).at(p)?;
+        if i == 0 {
+            copy_session(&src, &tx).at(out)?;
+        }
+        let s0 = session.start_mono_ns + input.shift_ns;
+        start = Some(start.map_or(s0, |v| v.min(s0)));
+        if let Some(e) = session.end_mono_ns {
+            let e = e + input.shift_ns;
+            end = Some(end.map_or(e, |v| v.max(e)));
+        }
+        // Ids of the tables others refer to, fixed before this node's rows go in.
+        let mut id_offsets = BTreeMap::new();
+        for t in ["calls", "waits"] {
+            id_offsets.insert(t, max_id(&tx, t).at(out)?);
+        }
+        for table in table_names(&src).at(p)? {
+            if OWN_TABLES.contains(&table.as_str()) || !dst_tables.contains(&table) {
+                continue;
+            }
+            copy_table(&src, &tx, &table, input, &id_offsets).at(out)?;
+        }
+        if has_table(&src, "stats").at(p)? {
+            let mut st = src.prepare("SELECT name, value FROM stats").at(p)?;
+            let rows = st
+                .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))
+                .at(p)?;
+            for r in rows {
+                let (k, v) = r.at(p)?;
+                *stats.entry(k).or_default() += v;
+            }
+        }
+        let node = MergeNode {
+            node: i as i64,
+            hostname: session.hostname.clone(),
+            source: input.path.display().to_string(),
+            realtime_offset_ns: session.realtime_offset_ns,
+            shift_ns: input.shift_ns,
+            skew_ns: input.skew_ns,
+            skew_applied: input.skew_applied,
+            skew_samples: input.skew_samples as i64,
+            skew_spread_ns: input.skew_spread_ns,
+            pid_offset: input.pid_offset as i64,
+        };
+        tx.execute(
+            "INSERT INTO merge_nodes(node, hostname, source, realtime_offset_ns, shift_ns, skew_ns,
+                skew_applied, skew_samples, skew_spread_ns, pid_offset)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+            params![
+                node.node,
+                node.hostname,
+                node.source,
+                node.realtime_offset_ns,
+                node.shift_ns,
+                node.skew_ns,
+                node.skew_applied,
+                node.skew_samples,
+                node.skew_spread_ns,
+                node.pid_offset
+            ],
+        )
+        .at(out)?;
+        for pid in crate::reader::task_ids_of(&src).at(p)? {
+            tx.execute(
+                "INSERT OR REPLACE INTO process_nodes(pid, node, host, host_pid) VALUES (?1, ?2, ?3, ?4)",
+                params![pid + input.pid_offset, i as i64, session.hostname, pid],
+            )
+            .at(out)?;
+        }
+        nodes.push(node);
+    }
+    for (k, v) in &stats {
+        tx.execute(
+            "INSERT INTO stats(name, value) VALUES (?1, ?2)
+             ON CONFLICT(name) DO UPDATE SET value = excluded.value",
+            params![k, v],
+        )
+        .at(out)?;
+    }
+    tx.execute(
+        "UPDATE session SET start_mono_ns = coalesce(?1, start_mono_ns), end_mono_ns = ?2,
+            command = 'merge of ' || ?3 || ' traces: ' || command WHERE id = 1",
+        params![start, end, inputs.len() as i64],
+    )
+    .at(out)?;
+    tx.commit().at(out)?;
+    Ok(nodes)
+}
+
+struct SessionRow {
+    start_mono_ns: i64,
+    end_mono_ns: Option<i64>,
+    realtime_offset_ns: i64,
+    hostname: String,
+}
+
+fn read_session(c: &Connection) -> rusqlite::Result<SessionRow> {
+    c.query_row(
+        "SELECT start_mono_ns, end_mono_ns, realtime_offset_ns, hostname FROM session WHERE id = 1",
+        [],
+        |r| {
+            Ok(SessionRow {
+                start_mono_ns: r.get(0)?,
+                end_mono_ns: r.get(1)?,
+                realtime_offset_ns: r.get(2)?,
+                hostname: r.get(3)?,
+            })
+        },
+    )
+}
+
+fn copy_session(src: &Connection, dst: &Connection) -> rusqlite::Result<()> {
+    let cols = "id, started_unix_ns, start_mono_ns, end_mono_ns, realtime_offset_ns, hostname, \
+                kernel, command, target, launch_mode, tool_version";
+    let row: Vec<Value> = src.query_row(
+        &format!("SELECT {cols} FROM session WHERE id = 1"),
+        [],
+        |r| (0..11).map(|i| r.get::<_, Value>(i)).collect(),
+    )?;
+    dst.execute(
+        &format!(
+            "INSERT INTO session({cols}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"
+        ),
+        rusqlite::params_from_iter(row),
+    )?;
+    Ok(())
+}
+
+fn table_names(c: &Connection) -> rusqlite::Result<BTreeSet<String>> {
+    let mut st = c.prepare(
+        "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'",
+    )?;
+    let rows = st.query_map([], |r| r.get::<_, String>(0))?;
+    rows.collect()
+}
+
+fn max_id(c: &Connection, table: &str) -> rusqlite::Result<i64> {
+    c.query_row(
+        &format!("SELECT coalesce(max(id), 0) FROM {table}"),
+        [],
+        |r| r.get(0),
+    )
+}
+
+fn columns(c: &Connection, table: &str) -> rusqlite::Result<Vec<String>> {
+    let mut st = c.prepare(&format!("SELECT name FROM pragma_table_info('{table}')"))?;
+    let rows = st.query_map([], |r| r.get::<_, String>(0))?;
+    rows.collect()
+}
+
+/// Copies the columns both sides have, moving times, tasks and ids.
+fn copy_table(
+    src: &Connection,
+    dst: &Connection,
+    table: &str,
+    input: &MergeInput,
+    id_offsets: &BTreeMap<&str, i64>,
+) -> rusqlite::Result<()> {
+    let dst_cols: BTreeSet<String> = columns(dst, table)?.into_iter().collect();
+    let cols: Vec<String> = columns(src, table)?
+        .into_iter()
+        .filter(|c| dst_cols.contains(c))
+        .collect();
+    if cols.is_empty() {
+        return Ok(());
+    }
+    // Row ids continue after the rows already there (other nodes').
+    let own_id = if cols.iter().any(|c| c == "id") {
+        max_id(dst, table)?
+    } else {
+        0
+    };
+    let map: Vec<Box<dyn Fn(Value) -> Value>> = cols
+        .iter()
+        .map(|c| -> Box<dyn Fn(Value) -> Value> {
+            let shift = input.shift_ns;
+            let pid_off = i64::from(input.pid_offset);
+            let add = |by: i64| -> Box<dyn Fn(Value) -> Value> {
+                Box::new(move |v| match v {
+                    Value::Integer(i) => Value::Integer(i.saturating_add(by)),
+                    other => other,
+                })
+            };
+            match c.as_str() {
+                c if TIME_COLS.contains(&c) => add(shift),
+                // Task 0 is the idle task: the same on every node.
+                c if TASK_COLS.contains(&c) => Box::new(move |v| match v {
+                    Value::Integer(i) if i != 0 => Value::Integer(i + pid_off),
+                    other => other,
+                }),
+                "id" => add(own_id),
+                "call_id" => add(id_offsets.get("calls").copied().unwrap_or(0)),
+                "wait_id" => add(id_offsets.get("waits").copied().unwrap_or(0)),
+                _ => Box::new(|v| v),
+            }
+        })
+        .collect();
+    let list = cols.join(", ");
+    let marks: Vec<String> = (1..=cols.len()).map(|i| format!("?{i}")).collect();
+    let mut ins = dst.prepare(&format!(
+        "INSERT INTO {table}({list}) VALUES ({})",
+        marks.join(", ")
+    ))?;
+    let mut sel = src.prepare(&format!("SELECT {list} FROM {table}"))?;
+    let mut rows = sel.query([])?;
+    while let Some(r) = rows.next()? {
+        let mut vals = Vec::with_capacity(cols.len());
+        for (i, f) in map.iter().enumerate() {
+            vals.push(f(r.get::<_, Value>(i)?));
+        }
+        ins.execute(rusqlite::params_from_iter(vals))?;
+    }
+    Ok(())
+}
