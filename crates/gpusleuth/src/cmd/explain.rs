@@ -314,7 +314,16 @@ mod tests {
     fn findings_render_with_recommendation_and_evidence() {
         let r = explain_report(&failing_trace());
         let t = text(&r);
-        assert!(t.starts_with("1. [high] allocation_failure:"));
+        // The summary line on top, then the ranked findings.
+        assert!(
+            t.starts_with("GPU busy: not measured; the main thread of ? (pid 3)"),
+            "{t}"
+        );
+        assert!(t.contains("\n1. [high] allocation_failure:"), "{t}");
+        assert!(
+            t.contains("Where the time went, per CUDA-issuing thread:\n  ? pid 3 tid 3:"),
+            "{t}"
+        );
         // Text shows the advice and the example calls; the full evidence is in --json/--markdown.
         assert!(t.contains("what to do:"), "{t}");
         assert!(t.contains("example: cudaMalloc 1073741824 bytes"), "{t}");
