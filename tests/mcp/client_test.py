@@ -22,7 +22,7 @@ import mcp.client.streamable_http as sh
 
 EXPECTED_TOOLS = {
     "overview", "latency_stats", "findings", "slow_calls", "memory",
-    "timeline", "gpu_holders", "reclaim_plan", "sql",
+    "timeline", "gpu_holders", "reclaim_plan", "sql", "gpu_activity",
 }
 CHECKS = 0
 
@@ -92,6 +92,10 @@ async def check_session(session, truth, label, transcript=None):
     procs = {p["pid"]: p for p in ov["processes"]}
     check(procs.get(truth["pid"], {}).get("comm") == truth["comm"], "overview names the process")
     check(ov["drops"].get("total") == 0, f"no drops: {ov['drops']}")
+    # The test's trace runs without NVML: GPU activity is said to be not measured.
+    check(ov["gpu_activity"]["measured"] is False, f"overview gpu_activity {ov['gpu_activity']}")
+    ga = await ok_json(session, "gpu_activity")
+    check(ga["summary"]["measured"] is False and ga["samples_total"] == 0, f"gpu_activity {ga['summary']}")
     if transcript is not None:
         transcript["overview"] = {k: ov[k] for k in ("time_range", "counts")}
 

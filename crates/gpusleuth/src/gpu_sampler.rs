@@ -47,6 +47,8 @@ struct Converter {
     realtime_offset_ns: i64,
     /// Last device sample per GPU (trace ns), for each sample's period.
     last_sample_ns: HashMap<u32, u64>,
+    /// Last stored period per GPU.
+    last_period_ns: HashMap<u32, u64>,
     /// (gpu, pid) listed at the previous poll.
     listed: HashSet<(u32, u32)>,
     /// (gpu, pid) ever given a reading.
@@ -61,6 +63,7 @@ impl Converter {
         Converter {
             realtime_offset_ns,
             last_sample_ns: HashMap::new(),
+            last_period_ns: HashMap::new(),
             listed: HashSet::new(),
             seen: HashSet::new(),
             closed: HashSet::new(),
@@ -94,8 +97,16 @@ impl Converter {
                     // poll; NVML's default window is kept out of the data.
                     (None, None) => 0,
                 };
+                // NVML once stamped a sample 0.14 ms after the previous one on the
+                // H200 (docs/gpu-runs.md): a re-report of the same window, not a
+                // 0.14 ms window of its own. Kept out rather than given a period.
+                let usual = self.last_period_ns.get(&gpu).copied().unwrap_or(0);
+                if prev.is_some() && period < usual / 2 {
+                    continue;
+                }
                 self.last_sample_ns.insert(gpu, ts);
                 if period > 0 {
+                    self.last_period_ns.insert(gpu, period);
                     out.push(GpuSample {
                         ts_ns: ts,
                         gpu,
@@ -236,6 +247,7 @@ impl GpuSampler {
         let thread = std::thread::Builder::new()
             .name("gpusleuth-nvml".into())
             .spawn(move || {
+                // A message or a closed channel both mean: stop.
                 while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(POLL_INTERVAL) {
                     let poll = sampler.poll();
                     let scope = s.lock().unwrap_or_else(|p| p.into_inner()).clone();
@@ -361,6 +373,25 @@ mod tests {
             (s[0].gpu, s[0].ts_ns, s[0].period_ns),
             (1, 1_100_000_000, 100_000_000)
         );
+        // A sample stamped 0.14 ms after the last one re-reports its window: not stored.
+        let again = ActivityPoll {
+            samples: vec![
+                UtilSample {
+                    gpu: 0,
+                    ts_us: us(1_200_143_000),
+                    busy_pct: 25,
+                },
+                UtilSample {
+                    gpu: 0,
+                    ts_us: us(1_400_000_000),
+                    busy_pct: 30,
+                },
+            ],
+            ..Default::default()
+        };
+        let s = c.device_samples(&again);
+        assert_eq!(s.len(), 1, "{s:?}");
+        assert_eq!((s[0].ts_ns, s[0].period_ns), (1_400_000_000, 200_000_000));
     }
 
     #[test]

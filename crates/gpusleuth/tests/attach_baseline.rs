@@ -134,7 +134,6 @@ fn mcp_calls(db: &Path, tools: &[&str]) -> Vec<Value> {
             .unwrap_or_else(|| panic!("{t}: {reply}"));
         out.push(serde_json::from_str(text).expect("tool JSON"));
     }
-    // The closure's borrow of stdin ends with its last use: dropping stdin closes the pipe.
     drop(stdin);
     let _ = wait_child(&mut child, 10);
     out
@@ -399,4 +398,58 @@ fn a_trace_without_nvml_says_not_measured() {
     assert!(explain.contains("GPU busy: not measured"), "{explain}");
     let j = json_of(&run(&["memory", "--json"], &sb.db()));
     assert_eq!(j["gpu_activity"]["measured"], false);
+}
+
+#[test]
+fn all_processes_mode_gets_the_same_baseline() {
+    if !require_ebpf() {
+        return;
+    }
+    let sb = Sandbox::new("attach-all");
+    let scenario = sb.path("scenario.txt");
+    std::fs::write(
+        &scenario,
+        format!("device SimGPU GPU-sim-0 {} 0\n", 80u64 << 30),
+    )
+    .unwrap();
+    let activity = sb.path("activity.txt");
+    let p = |n: &str| sb.path(n).display().to_string();
+    let (pre, go, done, fin) = (p("pre"), p("go"), p("done"), p("fin"));
+    let script = format!(
+        "malloc {A} X; touch {pre}; await {go}; free X; malloc {D} Y; touch {done}; await {fin}"
+    );
+    let mut workload = Command::new(&sb.sim.workload)
+        .arg(&script)
+        .env("SIM_GPU_ACTIVITY", &activity)
+        .spawn()
+        .expect("start workload");
+    let pid = workload.id();
+    wait_for_file(Path::new(&pre), 20);
+    let mut tracer = gpusleuth()
+        .args(["trace", "--quiet", "--db"])
+        .arg(sb.db())
+        .arg("--ready-file")
+        .arg(&go)
+        .env("GPUSLEUTH_NVML_LIB", &support::fixtures().sim_nvml)
+        .env("SIM_NVML_SCENARIO", &scenario)
+        .env("SIM_GPU_ACTIVITY", &activity)
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start trace");
+    wait_for_file(Path::new(&done), 30);
+    // SAFETY: SIGINT to the tracer we started (it stops the all-processes mode).
+    unsafe { libc::kill(tracer.id() as i32, libc::SIGINT) };
+    assert!(wait_child(&mut tracer, 30).success());
+    std::fs::write(&fin, b"").unwrap();
+    assert!(wait_child(&mut workload, 30).success());
+    let mem = json_of(&run(
+        &["memory", "--json", "--pid", &pid.to_string()],
+        &sb.db(),
+    ));
+    let held = &mem["processes"][0]["held"];
+    assert_eq!(mem["processes"][0]["pid"], pid);
+    assert_eq!(held["before_trace_bytes"], A, "{held}");
+    assert_eq!(held["pre_trace_frees"], 1);
+    assert_eq!(held["allocated_during_bytes"], D);
+    assert_eq!(held["at_end_bytes"], D);
 }

@@ -175,6 +175,10 @@ pub struct BlockCounts {
     pub failed_mallocs: u64,
     /// Frees of a `Block*` not live in the trace (allocated before tracing).
     pub unmatched_frees: u64,
+    /// Bytes of those blocks, read from each block's own size field at its
+    /// free: what the trace recovers of allocations made before it began
+    /// (their allocation time and requested size stay unknown).
+    pub unmatched_free_bytes: u64,
     /// A malloc returned a `Block*` still live: its free was lost.
     pub reused_live_blocks: u64,
     /// Frees whose block pointer differed from the one handed out.
@@ -374,7 +378,13 @@ impl Blocks {
                     }
                     self.note_peak(b.end_ns, segs);
                 }
-                None => self.counts.unmatched_frees += 1,
+                None => {
+                    self.counts.unmatched_frees += 1;
+                    self.counts.unmatched_free_bytes = self
+                        .counts
+                        .unmatched_free_bytes
+                        .saturating_add(b.words[l.size]);
+                }
             },
             OpClass::BlockRelease => self.counts.segment_releases += 1,
             _ => {}

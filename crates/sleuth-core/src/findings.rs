@@ -361,7 +361,8 @@ fn notes(data: &TraceData) -> Vec<String> {
         .unwrap_or(0);
     if before + open > 0 {
         out.push(format!(
-            "Attach edges, not losses: {before} call(s) began before tracing and returned during it              (not recorded), {open} call(s) were still in progress when the trace stopped."
+            "Attach edges, not losses: {before} call(s) began before tracing and returned during it \
+             (not recorded), {open} call(s) were still in progress when the trace stopped."
         ));
     }
     out

@@ -287,6 +287,15 @@ fn render_state(
         c.malloc_events,
         if s.expandable { "; expandable segments" } else { "" }
     );
+    if s.counts.unmatched_frees > 0 {
+        let _ = writeln!(
+            out,
+            "  blocks allocated before the trace and freed during it: {} ({}, from the blocks' own size field; \
+             when they were allocated stays unknown)",
+            s.counts.unmatched_frees,
+            fmt_bytes(s.counts.unmatched_free_bytes)
+        );
+    }
     for i in &s.inconsistencies {
         let _ = writeln!(out, "  INCONSISTENT: {i}");
     }

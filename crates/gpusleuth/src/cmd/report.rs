@@ -183,6 +183,15 @@ fn summary_html(data: &TraceData, s: &Session, notes: &[Note], span_ns: u64) -> 
             format!("<b>{lost}</b> ({})", esc(&parts.join(", ")))
         },
     );
+    let edges = stats::attach_edges(data);
+    row(
+        "Attach edges (not losses)",
+        format!(
+            "{} call(s) begun before tracing returned during it, {} call(s) open at the end",
+            edges.get("return_without_entry").copied().unwrap_or(0),
+            edges.get(stats::EDGE_OPEN_AT_END).copied().unwrap_or(0)
+        ),
+    );
     row("Source", esc(s.source.as_str()));
     h.push_str("</table>");
     for n in notes {

@@ -184,6 +184,11 @@ pub fn render(r: &StatsReport) -> String {
     }
     let _ = writeln!(out, "events recorded: {}", counters(&r.events));
     let _ = writeln!(out, "events dropped:  {}", counters(&r.drops));
+    let _ = writeln!(
+        out,
+        "attach edges (not losses): {}",
+        counters(&r.attach_edges)
+    );
     out
 }
 
@@ -238,5 +243,11 @@ mod tests {
         let text = render(&stats::compute(&TraceData::default()));
         assert!(text.contains("No CUDA calls recorded."));
         assert!(text.contains("events dropped:  0"));
+        assert!(
+            text.contains(
+                "attach edges (not losses): 0 (call_open_at_end 0, return_without_entry 0)"
+            ),
+            "{text}"
+        );
     }
 }

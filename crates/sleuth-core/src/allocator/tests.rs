@@ -381,10 +381,16 @@ fn block_pointer_reuse() {
         ),
         (6 * MIB, 1, 1)
     );
-    // A free of a block from before the trace is counted, not applied.
-    sim.words.insert(0xdead, [0; BLOCK_WORDS]);
+    // A free of a block from before the trace is counted, not applied; its
+    // size is recovered from the block's own size word.
+    let mut pre = [0; BLOCK_WORDS];
+    pre[sim.layout.size] = 3 * MIB;
+    sim.words.insert(0xdead, pre);
     sim.free(0xdead);
-    assert_eq!(sim.state().counts.unmatched_frees, 1);
+    let s = sim.state();
+    assert_eq!(s.counts.unmatched_frees, 1);
+    assert_eq!(s.counts.unmatched_free_bytes, 3 * MIB);
+    assert_eq!(s.allocated_bytes, 6 * MIB, "not applied to the live blocks");
 }
 
 #[test]
