@@ -134,7 +134,6 @@ fn mcp_calls(db: &Path, tools: &[&str]) -> Vec<Value> {
             .unwrap_or_else(|| panic!("{t}: {reply}"));
         out.push(serde_json::from_str(text).expect("tool JSON"));
     }
-    // The closure's borrow of stdin ends with its last use: dropping stdin closes the pipe.
     drop(stdin);
     let _ = wait_child(&mut child, 10);
     out

@@ -203,6 +203,7 @@ pub fn perfetto(data: &TraceData) -> Value {
                            "args": {"bytes": f.bytes, "error": f.error, "live_bytes_at": f.live_bytes_at}}));
         }
     }
+    gpu_counters(data, origin, &mut ev);
     for f in explain_report(data).findings {
         ev.push(finding_event(&f, data, origin));
     }
@@ -216,6 +217,36 @@ pub fn perfetto(data: &TraceData) -> Value {
             "origin_unix_ns": origin as i128 + data.realtime_offset_ns as i128,
         },
     })
+}
+
+/// Pseudo-process holding the GPU busy tracks (no real pid is 0 in a trace).
+const GPU_TRACK_PID: u32 = 0;
+
+/// NVML figures as counter tracks: GPU busy per GPU (a step at the start
+/// of each sample period) on a "GPUs (NVML)" track, and per process the
+/// device memory the driver attributed to it (pre-trace memory included).
+fn gpu_counters(data: &TraceData, origin: u64, ev: &mut Vec<Value>) {
+    if let Some(samples) = &data.gpu_samples {
+        ev.push(
+            json!({"ph": "M", "name": "process_name", "pid": GPU_TRACK_PID, "tid": 0,
+                       "args": {"name": "GPUs (NVML)"}}),
+        );
+        for g in samples {
+            let at = g.ts_ns.saturating_sub(g.period_ns).max(origin);
+            ev.push(json!({"ph": "C", "name": format!("GPU {} busy (%)", g.gpu),
+                           "pid": GPU_TRACK_PID, "ts": us(at, origin),
+                           "args": {"busy_pct": g.busy_pct}}));
+        }
+    }
+    for p in &data.process_gpu {
+        if let Some(b) = p.used_bytes {
+            ev.push(
+                json!({"ph": "C", "name": format!("GPU {} memory held, NVML (bytes)", p.gpu),
+                           "pid": p.pid, "ts": us(p.ts_ns, origin),
+                           "args": {"used_bytes": b}}),
+            );
+        }
+    }
 }
 
 /// `process_name` / `thread_name` records: every process and thread that appears.
@@ -402,6 +433,49 @@ mod tests {
             .map(|e| e["args"]["live_bytes"].as_u64().unwrap())
             .collect();
         assert_eq!(counters, vec![0, 4096, 0]);
+    }
+
+    #[test]
+    fn gpu_samples_and_nvml_memory_become_counter_tracks() {
+        use sleuth_core::{GpuSample, ProcessGpuSample, SamplePhase};
+        let data = TraceData {
+            start_ns: Some(1_000_000),
+            gpu_samples: Some(vec![GpuSample {
+                ts_ns: 3_000_000,
+                gpu: 0,
+                busy_pct: 40.0,
+                period_ns: 1_000_000,
+            }]),
+            process_gpu: vec![ProcessGpuSample {
+                ts_ns: 1_000_000,
+                gpu: 0,
+                pid: 7,
+                used_bytes: Some(1 << 30),
+                sm_pct: None,
+                phase: SamplePhase::Start,
+            }],
+            ..Default::default()
+        };
+        let doc = perfetto(&data);
+        let ev = doc["traceEvents"].as_array().unwrap();
+        let busy = ev.iter().find(|e| e["name"] == "GPU 0 busy (%)").unwrap();
+        assert_eq!(
+            (busy["ts"].as_f64(), busy["args"]["busy_pct"].as_f64()),
+            (Some(1000.0), Some(40.0))
+        );
+        let held = ev
+            .iter()
+            .find(|e| e["name"] == "GPU 0 memory held, NVML (bytes)")
+            .unwrap();
+        assert_eq!(
+            (held["pid"].as_u64(), held["args"]["used_bytes"].as_u64()),
+            (Some(7), Some(1 << 30))
+        );
+        let none = perfetto(&TraceData::default());
+        assert!(
+            !none.to_string().contains("GPUs (NVML)"),
+            "no samples: no GPU track"
+        );
     }
 
     #[test]
