@@ -114,10 +114,13 @@ fn write_into(
         if i == 0 {
             copy_session(&src, &tx).at(out)?;
         }
-        let s0 = session.start_mono_ns + input.shift_ns;
+        // A clock moved back past its own zero (only seen with synthetic
+        // timestamps: a real session starts long after boot) starts at 0, as
+        // readers refuse negative times.
+        let s0 = (session.start_mono_ns + input.shift_ns).max(0);
         start = Some(start.map_or(s0, |v| v.min(s0)));
         if let Some(e) = session.end_mono_ns {
-            let e = e + input.shift_ns;
+            let e = (e + input.shift_ns).max(0);
             end = Some(end.map_or(e, |v| v.max(e)));
         }
         // Ids of the tables others refer to, fixed before this node's rows go in.

@@ -662,6 +662,7 @@ fn loss_sums(losses: &[u64; stat::MAX]) -> LossSums {
             stat::RING_DROP_WAIT,
             stat::RING_DROP_PROC,
             stat::RING_DROP_BLOCK,
+            stat::RING_DROP_NCCL,
         ]),
         maps: sum(&[
             stat::INFLIGHT_FULL,
@@ -864,7 +865,10 @@ mod tests {
             *v = 1 << i;
         }
         let s = loss_sums(&l);
-        assert_eq!(s.ring, 1 | 2 | 4 | (1 << stat::RING_DROP_BLOCK));
+        assert_eq!(
+            s.ring,
+            1 | 2 | 4 | (1 << stat::RING_DROP_BLOCK) | (1 << stat::RING_DROP_NCCL)
+        );
         assert_eq!(s.maps, 8 | 16 | 32 | (1 << stat::TRACED_FULL));
         assert_eq!(s.total() & (1 << stat::UNMATCHED_RETURN), 0);
         // Every counter is either a loss summed here or an attach edge.
