@@ -394,8 +394,13 @@ pub fn run(args: Args) -> Result<i32> {
                 .render(elapsed, session.events, drops, start_mono, monotonic_ns());
         }
     }
-    // Final drain: records already in the ring buffer.
-    while cap.poll(Duration::from_millis(20), |bytes| session.record(bytes)) > 0 {}
+    // Final drain: records already in the ring buffer. Bounded: a traced
+    // process that keeps running (`--pid`, all-processes mode) keeps producing
+    // records, and an unbounded drain never ended.
+    let drain_until = Instant::now() + FINAL_DRAIN;
+    while Instant::now() < drain_until
+        && cap.poll(Duration::from_millis(20), |bytes| session.record(bytes)) > 0
+    {}
     let end_mono = monotonic_ns();
     let open_calls = cap.open_calls() as u64;
     if let Some(s) = sampler {
@@ -483,6 +488,9 @@ pub fn run(args: Args) -> Result<i32> {
         _ => 0,
     })
 }
+
+/// Longest time spent draining the ring buffer after the trace stopped.
+const FINAL_DRAIN: Duration = Duration::from_millis(500);
 
 /// The kernel's loss counters summed by cause, by name (never by position:
 /// counters are added at the end of the list over time).
