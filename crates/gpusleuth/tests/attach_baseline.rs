@@ -17,6 +17,30 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
+/// A child killed and reaped when dropped: a failed assertion leaves no
+/// workload waiting forever for its `fin` file.
+struct Guard(std::process::Child);
+
+impl std::ops::Deref for Guard {
+    type Target = std::process::Child;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Guard {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 const MIB: u64 = 1 << 20;
 /// Allocated before the trace: A (freed during it) and B (kept).
 const A: u64 = 100 * MIB;
@@ -164,11 +188,13 @@ fn attach_shows_memory_held_before_the_trace_and_gpu_busy_samples() {
          stamp {s0}; sync_sleep 400; stamp {s1}; touch {done}; \
          sync_sleep 3000; await {fin}"
     );
-    let mut workload = Command::new(&sb.sim.workload)
-        .arg(&script)
-        .env("SIM_GPU_ACTIVITY", &activity)
-        .spawn()
-        .expect("start workload");
+    let mut workload = Guard(
+        Command::new(&sb.sim.workload)
+            .arg(&script)
+            .env("SIM_GPU_ACTIVITY", &activity)
+            .spawn()
+            .expect("start workload"),
+    );
     let pid = workload.id();
     wait_for_file(Path::new(&pre), 20);
 
@@ -178,25 +204,27 @@ fn attach_shows_memory_held_before_the_trace_and_gpu_busy_samples() {
         .unwrap()
         .port();
     let addr = format!("127.0.0.1:{port}");
-    let mut tracer = gpusleuth()
-        .args([
-            "trace",
-            "--quiet",
-            "--pid",
-            &pid.to_string(),
-            "--metrics",
-            &addr,
-        ])
-        .arg("--db")
-        .arg(sb.db())
-        .arg("--ready-file")
-        .arg(&go)
-        .env("GPUSLEUTH_NVML_LIB", &support::fixtures().sim_nvml)
-        .env("SIM_NVML_SCENARIO", &scenario)
-        .env("SIM_GPU_ACTIVITY", &activity)
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start trace");
+    let mut tracer = Guard(
+        gpusleuth()
+            .args([
+                "trace",
+                "--quiet",
+                "--pid",
+                &pid.to_string(),
+                "--metrics",
+                &addr,
+            ])
+            .arg("--db")
+            .arg(sb.db())
+            .arg("--ready-file")
+            .arg(&go)
+            .env("GPUSLEUTH_NVML_LIB", &support::fixtures().sim_nvml)
+            .env("SIM_NVML_SCENARIO", &scenario)
+            .env("SIM_GPU_ACTIVITY", &activity)
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start trace"),
+    );
     wait_for_file(Path::new(&done), 30);
     // Past one sampler poll after the busy second: the gauges are set.
     std::thread::sleep(Duration::from_millis(1300));
@@ -418,24 +446,28 @@ fn all_processes_mode_gets_the_same_baseline() {
     let script = format!(
         "malloc {A} X; touch {pre}; await {go}; free X; malloc {D} Y; touch {done}; await {fin}"
     );
-    let mut workload = Command::new(&sb.sim.workload)
-        .arg(&script)
-        .env("SIM_GPU_ACTIVITY", &activity)
-        .spawn()
-        .expect("start workload");
+    let mut workload = Guard(
+        Command::new(&sb.sim.workload)
+            .arg(&script)
+            .env("SIM_GPU_ACTIVITY", &activity)
+            .spawn()
+            .expect("start workload"),
+    );
     let pid = workload.id();
     wait_for_file(Path::new(&pre), 20);
-    let mut tracer = gpusleuth()
-        .args(["trace", "--quiet", "--db"])
-        .arg(sb.db())
-        .arg("--ready-file")
-        .arg(&go)
-        .env("GPUSLEUTH_NVML_LIB", &support::fixtures().sim_nvml)
-        .env("SIM_NVML_SCENARIO", &scenario)
-        .env("SIM_GPU_ACTIVITY", &activity)
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start trace");
+    let mut tracer = Guard(
+        gpusleuth()
+            .args(["trace", "--quiet", "--db"])
+            .arg(sb.db())
+            .arg("--ready-file")
+            .arg(&go)
+            .env("GPUSLEUTH_NVML_LIB", &support::fixtures().sim_nvml)
+            .env("SIM_NVML_SCENARIO", &scenario)
+            .env("SIM_GPU_ACTIVITY", &activity)
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start trace"),
+    );
     wait_for_file(Path::new(&done), 30);
     // SAFETY: SIGINT to the tracer we started (it stops the all-processes mode).
     unsafe { libc::kill(tracer.id() as i32, libc::SIGINT) };
@@ -452,4 +484,98 @@ fn all_processes_mode_gets_the_same_baseline() {
     assert_eq!(held["pre_trace_frees"], 1);
     assert_eq!(held["allocated_during_bytes"], D);
     assert_eq!(held["at_end_bytes"], D);
+}
+
+/// A call that began before its process was traced returns during the
+/// trace: an attach edge, not a drop. To make the edge certain, a first
+/// tracer (`--pid` of an idle bystander, the same library files probed)
+/// has uretprobes on the workload's libraries when the workload enters a
+/// sync that only returns once a second tracer, `trace --pid WORKLOAD`, is
+/// attached: the return fires in the second tracer, whose entry never ran.
+#[test]
+fn a_return_whose_call_began_before_the_attach_is_an_edge_not_a_drop() {
+    if !require_ebpf() {
+        return;
+    }
+    let sb = Sandbox::new("edge");
+    let p = |n: &str| sb.path(n).display().to_string();
+    let (a_ready, b_ready, done, fin) = (p("a_ready"), p("b_ready"), p("done"), p("fin"));
+    // The bystander only maps the libraries (one call), then waits.
+    let mut bystander = Guard(
+        Command::new(&sb.sim.workload)
+            .arg(format!("malloc 512 X; await {fin}"))
+            .spawn()
+            .expect("start bystander"),
+    );
+    let mut first = Guard(
+        gpusleuth()
+            .args([
+                "trace",
+                "--quiet",
+                "--pid",
+                &bystander.id().to_string(),
+                "--db",
+            ])
+            .arg(sb.path("first.db"))
+            .arg("--ready-file")
+            .arg(&a_ready)
+            .env("GPUSLEUTH_NVML_LIB", sb.path("no-nvml"))
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start first tracer"),
+    );
+    let mut workload = Guard(
+        Command::new(&sb.sim.workload)
+            .arg(format!(
+                "await {a_ready}; sync_until {b_ready}; malloc 4096 Y; touch {done}; await {fin}"
+            ))
+            .spawn()
+            .expect("start workload"),
+    );
+    let pid = workload.id();
+    wait_for_file(Path::new(&a_ready), 30);
+    // The workload is (or soon will be) inside its sync; give it time to enter.
+    std::thread::sleep(Duration::from_millis(300));
+    let mut second = Guard(
+        gpusleuth()
+            .args(["trace", "--quiet", "--pid", &pid.to_string()])
+            .arg("--db")
+            .arg(sb.db())
+            .arg("--ready-file")
+            .arg(&b_ready)
+            .env("GPUSLEUTH_NVML_LIB", sb.path("no-nvml"))
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start second tracer"),
+    );
+    wait_for_file(Path::new(&done), 30);
+    for t in [&mut second, &mut first] {
+        // SAFETY: SIGINT to a tracer this test started.
+        unsafe { libc::kill(t.id() as i32, libc::SIGINT) };
+        assert!(wait_child(t, 30).success());
+    }
+    std::fs::write(&fin, b"").unwrap();
+    assert!(wait_child(&mut workload, 30).success());
+    assert!(wait_child(&mut bystander, 30).success());
+
+    let stats = json_of(&run(&["stats", "--json"], &sb.db()));
+    assert_eq!(
+        stats["attach_edges"]["return_without_entry"], 2,
+        "cudaStreamSynchronize and its cuStreamSynchronize began before the attach: {}",
+        stats["attach_edges"]
+    );
+    assert_eq!(stats["drops"]["total"], 0, "{}", stats["drops"]);
+    let count = |layer: &str, op: &str| common::stats_count(&stats, layer, op);
+    assert_eq!(
+        count("runtime", "cudaStreamSynchronize"),
+        0,
+        "its return is not recorded"
+    );
+    assert_eq!(count("runtime", "cudaMalloc"), 1, "the call after it is");
+    let explain = String::from_utf8_lossy(&run(&["explain"], &sb.db()).stdout).into_owned();
+    assert!(!explain.contains("may be incomplete"), "{explain}");
+    assert!(
+        explain.contains("2 call(s) began before tracing and returned during it"),
+        "{explain}"
+    );
 }

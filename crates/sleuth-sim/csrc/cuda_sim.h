@@ -60,6 +60,8 @@ enum cudaMemcpyKind {
  * a GPU wait); the next copy spins `ns` of thread CPU time (like a pageable copy).
  */
 void simSetNextDurationNs(uint64_t ns);
+/* simSetNextAwaitPath: the next sync on this thread blocks until `path` exists. */
+void simSetNextAwaitPath(const char *path);
 /* Driver-side ground truth: calls per entry point in this process. */
 const char *simDriverOpName(int i); /* NULL past the end */
 unsigned long long simDriverOpCount(int i);

@@ -68,6 +68,13 @@ EXPORT void simSetNextDurationNs(uint64_t ns)
 	next_duration_ns = ns;
 }
 
+static __thread const char *next_await_path;
+
+EXPORT void simSetNextAwaitPath(const char *path)
+{
+	next_await_path = path;
+}
+
 static uint64_t take_duration(void)
 {
 	uint64_t ns = next_duration_ns;
@@ -115,9 +122,16 @@ static void activity_busy(uint64_t ns)
 	activity_line(line, len);
 }
 
-/* Blocks the thread (state S), like a driver waiting for the GPU. */
+/* Blocks the thread (state S), like a driver waiting for the GPU: until the
+ * path set by simSetNextAwaitPath exists, then for `ns`. */
 static void block_for(uint64_t ns)
 {
+	const char *await_path = next_await_path;
+	next_await_path = NULL;
+	while (await_path && access(await_path, F_OK) != 0) {
+		struct timespec ms = { .tv_sec = 0, .tv_nsec = 1000000 };
+		nanosleep(&ms, NULL);
+	}
 	if (!ns)
 		return;
 	activity_busy(ns);

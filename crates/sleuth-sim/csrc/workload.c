@@ -570,6 +570,10 @@ static void step(int b, int e, int blk_b, int blk_e)
 			RT(cudaEventSynchronize, (cudaEvent_t)0x6000);
 		else
 			die("sync_sleep: unknown sync '%s' (stream, device, event)", which);
+	} else if (!strcmp(s, "sync_until")) {
+		NEED(1);
+		simSetNextAwaitPath(a[0]);
+		RT(cudaStreamSynchronize, NULL);
 	} else if (!strcmp(s, "spin")) {
 		NEED(1);
 		simSetNextDurationNs(num(a[0]) * 1000000ULL);

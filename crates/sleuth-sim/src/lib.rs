@@ -50,7 +50,12 @@
 //!   stand-in, never probed) makes the thread's next sync sleep `ns` (the
 //!   thread blocks, like a GPU wait) or its next copy spin `ns` of *thread CPU
 //!   time* (like a pageable copy: under CPU contention its wall time grows by
-//!   exactly the time it waited runnable).
+//!   exactly the time it waited runnable); `simSetNextAwaitPath(path)` makes
+//!   the next sync block until `path` exists.
+//! - With `SIM_GPU_ACTIVITY=PATH` the driver stand-in appends `mem PID BYTES`
+//!   (after each change of the process's device bytes) and `busy PID START_US
+//!   END_US` (each scripted sync, CLOCK_REALTIME µs) lines to PATH: the
+//!   simulated NVML of sleuth-gpu's tests reads them.
 //!
 //! # The workload's step language
 //! `workload [--wait-file PATH] [--truth PATH] SCRIPT...` — the arguments after
@@ -69,6 +74,7 @@
 //! | `launch [N]`, `cu_launch [N]`, `launch_ex [N]` | N × `cudaLaunchKernel`, `cuLaunchKernel`, `cuLaunchKernelEx` |
 //! | `sync_stream`, `sync_device`, `sync_event`, `graph_launch`, `set_device [D]` | one call each |
 //! | `sync_sleep MS [stream\|device\|event]` | a runtime sync whose driver sync sleeps MS ms |
+//! | `sync_until PATH` | `cudaStreamSynchronize` whose driver sync blocks until PATH exists (a GPU wait of unknown length) |
 //! | `spin MS [SIZE]` | `cudaMemcpy` host-to-device of SIZE bytes (default 4096) spinning MS ms of CPU |
 //! | `compute MS` | MS ms of the thread's CPU time outside any CUDA call (host work: Python, data preparation) |
 //! | `h2d SIZE MS [NAME]` | `cudaMemcpy` host-to-device of SIZE bytes spinning MS ms; source: the named (pinned) pointer, or a pageable `calloc` buffer |

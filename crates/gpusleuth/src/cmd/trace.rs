@@ -518,8 +518,13 @@ fn trace_loop(
         eprintln!("gpusleuth: {text}");
         fate = Some(text);
     }
-    // Final drain: records already in the ring buffer.
-    while cap.poll(Duration::from_millis(20), |bytes| session.record(bytes)) > 0 {}
+    // Final drain: records already in the ring buffer. Bounded: a traced
+    // process that keeps running (`--pid`, all-processes mode) keeps producing
+    // records, and an unbounded drain never ended.
+    let drain_until = Instant::now() + FINAL_DRAIN;
+    while Instant::now() < drain_until
+        && cap.poll(Duration::from_millis(20), |bytes| session.record(bytes)) > 0
+    {}
     let end_mono = monotonic_ns();
     let open_calls = cap.open_calls() as u64;
     if let Some(s) = sampler {
@@ -640,6 +645,9 @@ fn end_command(pid: u32, cap: &mut Capture, session: &mut Session) -> (i32, &'st
     // Not reaped 5 s after SIGKILL (stuck in the kernel): say what was sent.
     (128 + libc::SIGKILL, "SIGKILL (not yet reaped)")
 }
+
+/// Longest time spent draining the ring buffer after the trace stopped.
+const FINAL_DRAIN: Duration = Duration::from_millis(500);
 
 /// The kernel's loss counters summed by cause, by name (never by position:
 /// counters are added at the end of the list over time).
