@@ -10,6 +10,7 @@ mod metrics;
 mod output;
 mod procinfo;
 mod signals;
+mod sites;
 
 use clap::{Parser, Subcommand};
 

@@ -11,6 +11,7 @@ pub mod findings;
 pub mod ledger;
 pub mod ops;
 pub mod record;
+pub mod sites;
 pub mod stats;
 
 pub use data::{GpuSample, ProcessGpuSample, ProcessInfo, SamplePhase, TraceData};

@@ -17,6 +17,7 @@ mod reader;
 mod rows;
 mod schema;
 mod sql;
+mod stacks;
 mod types;
 mod writer;
 

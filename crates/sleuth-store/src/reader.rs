@@ -179,7 +179,23 @@ impl Trace {
         if let Some(limit) = f.limit {
             tail.push_str(&format!(" LIMIT {}", limit.min(i64::MAX as usize)));
         }
-        query_calls(&self.conn, &tail, &args).at(&self.path)
+        let mut calls = query_calls(&self.conn, &tail, &args).at(&self.path)?;
+        let sites = crate::stacks::call_stack_ids(&self.conn, f.pid).at(&self.path)?;
+        if !sites.is_empty() {
+            for c in &mut calls {
+                c.call.stack_id = sites.get(&c.id).copied();
+            }
+        }
+        Ok(calls)
+    }
+
+    /// Call sites (of one process or all) by stack id; none for traces
+    /// taken before sites were captured.
+    pub fn stacks(
+        &self,
+        pid: Option<u32>,
+    ) -> Result<BTreeMap<u64, sleuth_core::sites::Stack>, StoreError> {
+        crate::stacks::read_all(&self.conn, pid).at(&self.path)
     }
 
     /// Culprits of the given calls (by row id), largest first; calls without any are absent.
@@ -311,12 +327,19 @@ impl Trace {
         if !crate::open::has_table(&self.conn, "allocator_events").at(&self.path)? {
             return Ok(Vec::new());
         }
+        let stack_col = if crate::stacks::has_column(&self.conn, "allocator_events", "stack_id")
+            .at(&self.path)?
+        {
+            "stack_id"
+        } else {
+            "NULL"
+        };
         let mut st = self
             .conn
-            .prepare(
-                "SELECT start_ns, end_ns, pid, tid, op, requested, block, words FROM allocator_events
-                 WHERE ?1 IS NULL OR pid = ?1 ORDER BY end_ns, id",
-            )
+            .prepare(&format!(
+                "SELECT start_ns, end_ns, pid, tid, op, requested, block, words, {stack_col} FROM allocator_events
+                 WHERE ?1 IS NULL OR pid = ?1 ORDER BY end_ns, id"
+            ))
             .at(&self.path)?;
         let rows = st
             .query_map([pid], |r| {
@@ -335,6 +358,7 @@ impl Trace {
                     requested: r.get::<_, Option<i64>>(5).unwrap_or(None).map(|v| v as u64),
                     block: r.get::<_, i64>(6).unwrap_or(0) as u64,
                     words,
+                    stack_id: r.get::<_, Option<i64>>(8).unwrap_or(None).map(|v| v as u64),
                 }))
             })
             .at(&self.path)?;
@@ -446,6 +470,7 @@ impl Trace {
             has_host_context: self.has_host_context(),
             gpu_samples: self.gpu_samples()?,
             process_gpu: self.process_gpu_samples(pid)?,
+            stacks: self.stacks(pid)?,
         })
     }
 }

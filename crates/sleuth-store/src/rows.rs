@@ -39,6 +39,8 @@ pub(crate) fn call_from_row(row: &Row) -> rusqlite::Result<Option<StoredCall>> {
             runnable_ns: row.get::<_, i64>(12)? as u64,
             blocked_ns: row.get::<_, i64>(13)? as u64,
             cpu: row.get(14)?,
+            // Filled by the reader from `calls.stack_id` where the trace has it.
+            stack_id: None,
         },
     }))
 }

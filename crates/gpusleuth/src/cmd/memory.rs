@@ -489,6 +489,7 @@ mod tests {
                 requested: req,
                 block,
                 words,
+                stack_id: None,
             }
         };
         sleuth_core::TraceData {

@@ -69,16 +69,21 @@ pub(super) fn allocation_failure(l: &ProcessLedger) -> Option<Finding> {
         .take(EXAMPLE_CALLS)
         .map(|f| {
             json!({"op": f.op, "bytes": f.bytes, "error": f.error, "error_name": error_name(f.error),
-                   "ts_ns": f.ts_ns, "live_bytes_at": f.live_bytes_at})
+                   "ts_ns": f.ts_ns, "live_bytes_at": f.live_bytes_at, "site": f.site})
         })
         .collect();
+    let at = first
+        .site
+        .as_deref()
+        .map(|s| format!(" at {s}"))
+        .unwrap_or_default();
     Some(Finding {
         kind: Kind::AllocationFailure,
         severity: Severity::High,
         op: first.op.to_string(),
         pids: vec![l.pid],
         summary: format!(
-            "{} allocation(s) failed in {} (pid {}): first {} of {} returned {} ({}) with {} live",
+            "{} allocation(s) failed in {} (pid {}): first {} of {}{at} returned {} ({}) with {} live",
             l.failed_allocs.len(),
             l.comm,
             l.pid,
@@ -116,17 +121,19 @@ pub(super) fn unfreed_memory(l: &ProcessLedger) -> Option<Finding> {
     } else {
         Severity::Low
     };
-    // Group by (size, op): repeated same-size leaks point at one call site.
-    let mut groups: BTreeMap<(u64, &str), (u64, u64)> = BTreeMap::new();
+    // Group by (site, size, op): repeated same-size leaks from one line are one cause.
+    let mut groups: BTreeMap<(Option<&str>, u64, &str), (u64, u64)> = BTreeMap::new();
     for u in &l.unfreed {
-        let e = groups.entry((u.bytes, u.op)).or_insert((0, u.ts_ns));
+        let e = groups
+            .entry((u.site.as_deref(), u.bytes, u.op))
+            .or_insert((0, u.ts_ns));
         e.0 += 1;
         e.1 = e.1.min(u.ts_ns);
     }
     let mut by_size: Vec<_> = groups
         .into_iter()
-        .map(|((size, op), (count, first_ts))| {
-            (size.saturating_mul(count), size, op, count, first_ts)
+        .map(|((site, size, op), (count, first_ts))| {
+            (size.saturating_mul(count), size, op, count, first_ts, site)
         })
         .collect();
     by_size.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
@@ -134,10 +141,24 @@ pub(super) fn unfreed_memory(l: &ProcessLedger) -> Option<Finding> {
     let by_size_json: Vec<_> = by_size
         .iter()
         .take(10)
-        .map(|&(total, size, op, count, first_ts)| {
-            json!({"bytes": size, "count": count, "total_bytes": total, "op": op, "first_ts_ns": first_ts})
+        .map(|&(total, size, op, count, first_ts, site)| {
+            json!({"bytes": size, "count": count, "total_bytes": total, "op": op, "first_ts_ns": first_ts,
+                   "site": site})
         })
         .collect();
+    let any_site = l.unfreed.iter().any(|u| u.site.is_some());
+    // The largest group with a known site, said the way a user acts on it.
+    let top_site = by_size
+        .iter()
+        .find_map(|&(total, size, _, count, _, site)| {
+            site.map(|s| {
+                format!(
+                    "allocated at {s}, {count} × {}, never freed ({})",
+                    mib(size),
+                    mib(total)
+                )
+            })
+        });
     let (when, recommendation) = if l.exit_ns.is_some() {
         (
             "at exit",
@@ -157,12 +178,16 @@ pub(super) fn unfreed_memory(l: &ProcessLedger) -> Option<Finding> {
         op: main_op.to_string(),
         pids: vec![l.pid],
         summary: format!(
-            "{} (pid {}) left {} allocation(s), {} of device memory, unfreed {}",
+            "{} (pid {}) left {} allocation(s), {} of device memory, unfreed {}{}",
             l.comm,
             l.pid,
             l.unfreed.len(),
             mib(bytes),
-            when
+            when,
+            top_site
+                .as_deref()
+                .map(|t| format!("; {t}"))
+                .unwrap_or_default()
         ),
         evidence: json!({
             "unfreed_count": l.unfreed.len(),
@@ -170,10 +195,13 @@ pub(super) fn unfreed_memory(l: &ProcessLedger) -> Option<Finding> {
             "peak_bytes": l.peak_bytes,
             "by_size": by_size_json,
             "exited": l.exit_ns.is_some(),
-            "call_sites": "unknown: stacks are not captured",
+            "call_sites": if any_site { json!(top_site) } else { json!("unknown: stacks were not captured") },
         }),
         culprits: Vec::new(),
-        recommendation: recommendation.to_string(),
+        recommendation: match &top_site {
+            Some(t) => format!("{t}. {recommendation}"),
+            None => recommendation.to_string(),
+        },
         impact_ns: bytes,
     })
 }
