@@ -252,28 +252,22 @@ static __always_inline void py_frames(struct gs_stack *s, struct gs_py_layout *l
 	__u64 frame = read_u64(ts + l->tstate_frame);
 	if (l->kind == GS_PY_FRAMES_311 && frame)
 		frame = read_u64(frame + l->cframe_current);
-	__u32 n = 0;
-	/* Twice the depth: shim frames owned by the C stack are skipped. */
-	for (int i = 0; i < 2 * GS_PY_DEPTH && frame; i++) {
-		if (n >= GS_PY_DEPTH) {
-			s->flags |= GS_STACK_PY_TRUNC;
-			break;
-		}
+	/* One frame per slot, innermost first; a shim frame owned by the C
+	 * stack (3.12+: FRAME_OWNED_BY_CSTACK) keeps its slot with code 0 and
+	 * user space skips it. One counter keeps the verifier's work linear. */
+	int i = 0;
+	for (; i < GS_PY_DEPTH && frame; i++) {
 		__u8 owner = 0;
 		if (l->frame_owner)
 			bpf_probe_read_user(&owner, 1, (void *)(frame + l->frame_owner));
 		__u64 code = read_u64(frame + l->frame_code);
-		if (owner != 3 /* FRAME_OWNED_BY_CSTACK */ && code) {
-			__u64 instr = 0;
-			bpf_probe_read_user(&instr, l->instr_size == 4 ? 4 : 8,
-					    (void *)(frame + l->frame_instr));
-			s->py[n & (GS_PY_DEPTH - 1)].code = code;
-			s->py[n & (GS_PY_DEPTH - 1)].instr = instr;
-			n++;
-		}
+		s->py[i].code = owner == 3 ? 0 : code;
+		s->py[i].instr = read_u64(frame + l->frame_instr);
 		frame = read_u64(frame + l->frame_previous);
 	}
-	s->n_py = n;
+	if (frame)
+		s->flags |= GS_STACK_PY_TRUNC;
+	s->n_py = i;
 }
 
 static __always_inline __u64 mix(__u64 h, __u64 v)

@@ -117,7 +117,7 @@ struct gs_block {
  */
 #define GS_NATIVE_DEPTH 32
 #define GS_PY_DEPTH 32
-#define GS_PY_MAX_THREADS 256 /* thread states scanned to find the caller's */
+#define GS_PY_MAX_THREADS 64 /* thread states scanned to find the caller's */
 
 /* gs_stack.flags */
 #define GS_STACK_NATIVE_FULL 1 /* native frames filled GS_NATIVE_DEPTH: may be truncated */
@@ -126,8 +126,9 @@ struct gs_block {
 #define GS_STACK_PY_TRUNC 8    /* more Python frames than GS_PY_DEPTH (outermost dropped) */
 #define GS_STACK_PY_NO_THREAD 16 /* CPython process, but this thread has no thread state */
 
-/* Python frame: the code object and the raw instruction field of the frame
- * (3.10: f_lasti; 3.11+: the instruction pointer). */
+/* Python frame: the code object (0: a shim frame, skipped) and the raw
+ * 8 bytes of the frame's instruction field (3.10: f_lasti, an int in the low
+ * half; 3.11+: the instruction pointer). */
 struct gs_py_frame {
 	__u64 code;
 	__u64 instr;
@@ -162,7 +163,7 @@ struct gs_py_layout {
 	__u32 frame_code;
 	__u32 frame_instr;
 	__u32 frame_owner;       /* 0: no owner field (3.10) */
-	__u32 instr_size;        /* bytes of the instruction field: 4 (f_lasti) or 8 */
+	__u32 instr_size;        /* bytes of the instruction field: 4 (f_lasti) or 8 (user space) */
 };
 
 /* Process lifecycle events (gs_proc.event). */

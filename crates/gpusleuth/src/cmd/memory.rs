@@ -25,6 +25,10 @@ pub struct Args {
     /// bytes of each segment (needs a trace taken with `--torch-allocator`).
     #[arg(long)]
     pub segments: bool,
+    /// Device memory by call site: allocated, unfreed and live at the peak
+    /// per Python line or native function, with the stacks of the top sites.
+    #[arg(long = "by-site")]
+    pub by_site: bool,
     /// Machine-readable output (the documented memory contract).
     #[arg(long)]
     pub json: bool,
@@ -108,6 +112,15 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     }
     let at_abs = at_offset.map(|o| origin.saturating_add(o));
     let processes = ledger(&data, at_abs);
+    if args.by_site {
+        let r = crate::cmd::memory_sites::report(&data, &processes);
+        if args.json {
+            emit(&format!("{}\n", serde_json::to_string_pretty(&r)?))?;
+        } else {
+            emit(&crate::cmd::memory_sites::render(&r))?;
+        }
+        return Ok(0);
+    }
     let allocators = allocator_views(&data, at_abs, &processes);
     if args.json {
         emit(&format!(

@@ -8,6 +8,7 @@ pub mod export;
 pub mod import;
 pub mod mcp;
 pub mod memory;
+pub mod memory_sites;
 pub mod query;
 pub mod reclaim;
 pub mod report;

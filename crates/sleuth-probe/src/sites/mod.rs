@@ -86,7 +86,7 @@ impl SiteResolver {
         let mut frames = Vec::new();
         let mut notes = Vec::new();
         let mut unreadable = 0;
-        for f in raw.py_frames() {
+        for f in raw.py_frames().iter().filter(|f| f.code != 0) {
             let layout = self.python.get(&pid).map(|p| p.layout);
             let info = self.code_info(pid, f.code);
             match (layout, info) {

@@ -128,13 +128,15 @@ impl NativeSymbolizer {
     }
 
     /// One frame for a return address (looked up at `addr - 1`, inside the call).
+    /// `module` stays None when the address is in no executable mapping:
+    /// not a return address (the frame-pointer chain went astray).
     pub fn frame(&mut self, pid: u32, addr: u64) -> Frame {
         let mut f = Frame {
             kind: Some(FrameKind::Native),
             addr: Some(addr),
             ..Default::default()
         };
-        let Some(m) = self.mapping(pid, addr) else {
+        let Some(m) = self.mapping(pid, addr).filter(|m| m.exec) else {
             return f;
         };
         if !m.path.starts_with('/') {

@@ -247,6 +247,8 @@ pub struct MapEntry {
     pub start: u64,
     pub end: u64,
     pub offset: u64,
+    /// Mapped executable: a return address can only point into such a mapping.
+    pub exec: bool,
     pub path: String,
 }
 
@@ -258,7 +260,7 @@ pub fn read_maps(pid: u32) -> Vec<MapEntry> {
         .filter_map(|l| {
             let mut it = l.split_whitespace();
             let range = it.next()?;
-            let _perms = it.next()?;
+            let perms = it.next()?;
             let offset = u64::from_str_radix(it.next()?, 16).ok()?;
             let _dev = it.next()?;
             let _ino = it.next()?;
@@ -268,6 +270,7 @@ pub fn read_maps(pid: u32) -> Vec<MapEntry> {
                 start: u64::from_str_radix(s, 16).ok()?,
                 end: u64::from_str_radix(e, 16).ok()?,
                 offset,
+                exec: perms.contains('x'),
                 path,
             })
         })
