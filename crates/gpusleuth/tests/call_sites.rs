@@ -292,6 +292,27 @@ fn python_allocations_frees_and_failures_have_their_exact_line() {
             "{version}: {v}"
         );
         assert_eq!(first["unfreed_bytes"].as_u64(), Some(3 << 20));
+        // explain names the line in the unfreed-memory finding and the failure.
+        let out = gpusleuth()
+            .args(["explain", "--json", "--db"])
+            .arg(sb.db())
+            .output()
+            .expect("explain");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let site = format!("{script_s}:{weights_line} {weights_func}");
+        assert!(
+            text.contains(&format!("allocated at {site}, 1 × 3.0 MiB, never freed")),
+            "{version}: {text}"
+        );
+        let fail_line = truth
+            .iter()
+            .find(|t| t["rc"].as_i64() != Some(0))
+            .and_then(|t| t["line"].as_i64())
+            .unwrap();
+        assert!(
+            text.contains(&format!("{script_s}:{fail_line} main")),
+            "{version}: failure site missing: {text}"
+        );
     }
 }
 
