@@ -51,7 +51,7 @@ pub struct Args {
     pub ring_size: u64,
     /// Call sites (Python file/function/line and native frames) of
     /// allocations, frees, failed and slow calls: on or off.
-    #[arg(long, default_value = "on", value_parser = parse_on_off)]
+    #[arg(long, default_value = "on", value_parser = parse_on_off, action = clap::ArgAction::Set)]
     pub sites: bool,
     /// Also capture the site of any recorded call at least this long
     /// (e.g. 1ms, 500us; 0 turns it off). Launches are never captured.

@@ -123,7 +123,7 @@ impl SiteResolver {
                 // Not in any mapping: the frame-pointer chain ran through
                 // code built without frame pointers; the rest is noise.
                 notes.push(format!(
-                    "native stack unwound through {unwound} frame(s); the rest could not be unwound (code without frame pointers)"
+                    "native stack unwound through {unwound} frame(s), the rest could not be unwound (code without frame pointers)"
                 ));
                 break;
             }
