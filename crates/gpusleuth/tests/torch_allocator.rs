@@ -151,6 +151,16 @@ fn check_scenario(which: TorchStandIn, tag: &str) {
         ))
     };
     assert_eq!(per_op("DeviceCachingAllocator::malloc"), x.mallocs);
+    // Every block allocation names its site: the workload's function that
+    // called the allocator (the stand-in and the workload keep frame pointers).
+    assert_eq!(
+        db.int(
+            "SELECT count(*) FROM allocator_events e JOIN stacks s ON s.id = e.stack_id
+             WHERE e.op = 'DeviceCachingAllocator::malloc' AND s.site LIKE '% (workload)'"
+        ),
+        x.mallocs,
+        "block allocations without a workload site"
+    );
     assert_eq!(per_op("DeviceCachingAllocator::free"), x.frees);
     assert_eq!(per_op("DeviceCachingAllocator::release_block"), x.releases);
     assert_eq!(

@@ -282,11 +282,15 @@ fn render_state(
         for b in g.live_blocks.iter().take(BLOCK_ROWS) {
             let _ = writeln!(
                 out,
-                "    {:#x}  {} (requested {})  since +{}",
+                "    {:#x}  {} (requested {})  since +{}{}",
                 b.ptr.0,
                 fmt_bytes(b.size),
                 fmt_bytes(b.requested),
-                rel(b.since_ns)
+                rel(b.since_ns),
+                b.site
+                    .as_deref()
+                    .map(|s| format!("  at {s}"))
+                    .unwrap_or_default()
             );
         }
         if g.live_blocks.len() > BLOCK_ROWS {
