@@ -10,6 +10,7 @@ pub mod args;
 pub mod gpu_tools;
 pub mod http;
 pub mod server;
+pub mod site_tools;
 pub mod trace_tools;
 
 pub use http::{serve_http, HttpOptions};

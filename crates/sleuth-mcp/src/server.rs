@@ -133,6 +133,17 @@ impl SleuthServer {
     }
 
     #[tool(
+        description = "Call sites (Python file:line function, or native function and library) captured at \
+        allocations, frees, failed and slow calls: device memory by site (allocated, unfreed, live at the \
+        peak, failed) with an example stack, calls by site and op, and the sites of failed allocations."
+    )]
+    async fn call_sites(&self, Parameters(a): Parameters<args::CallSites>) -> ToolResult {
+        let db = a.db.clone();
+        self.on_db(db, move |db| crate::site_tools::call_sites(db, &a))
+            .await
+    }
+
+    #[tool(
         description = "Every event of one process (CUDA calls, off-CPU waits with culprits, fork/exec/exit) \
         in the window [at_ns - window_ns, at_ns + window_ns), oldest first, capped by `limit`."
     )]
