@@ -422,4 +422,39 @@ int main(void) { usleep(200000); leak_loop(3); void *w = alloc_weights(4096); cu
         "{v}"
     );
     assert_eq!(v["sites"][0]["unfreed_bytes"].as_u64(), Some(3 << 20));
+    // The report's call-site table and the Perfetto slices carry the site.
+    let html = sb.path("report.html");
+    let out = gpusleuth()
+        .args(["report", "--db"])
+        .arg(sb.db())
+        .arg("--output")
+        .arg(&html)
+        .output()
+        .expect("report");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = std::fs::read_to_string(&html).expect("report.html");
+    assert!(
+        text.contains("Call sites of device memory")
+            && text.contains("<code>alloc_weights (fp)</code>")
+    );
+    let out = gpusleuth()
+        .args(["export", "--db"])
+        .arg(sb.db())
+        .output()
+        .expect("export");
+    let trace: Value = serde_json::from_slice(&out.stdout).expect("perfetto json");
+    let events = trace["traceEvents"]
+        .as_array()
+        .or(trace.as_array())
+        .expect("events");
+    let slice = events
+        .iter()
+        .find(|e| e["name"] == "cudaMalloc" && e["args"]["size"] == 4096)
+        .expect("the 4 KiB cudaMalloc slice");
+    assert_eq!(slice["args"]["site"], "alloc_weights (fp)", "{slice}");
+    assert_eq!(slice["args"]["stack"][1], "main (fp)", "{slice}");
 }
