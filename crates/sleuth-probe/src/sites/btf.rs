@@ -81,7 +81,7 @@ fn parse(b: &[u8]) -> Option<(Vec<Type>, &[u8])> {
     Some((out, strings))
 }
 
-fn name<'a>(strings: &'a [u8], off: u32) -> &'a [u8] {
+fn name(strings: &[u8], off: u32) -> &[u8] {
     let s = strings.get(off as usize..).unwrap_or(&[]);
     &s[..s.iter().position(|&c| c == 0).unwrap_or(s.len())]
 }
@@ -129,7 +129,7 @@ mod tests {
         };
         let off = fsbase_offset_in(&btf).expect("fsbase offset");
         // thread_struct sits at the end of task_struct: kilobytes in.
-        assert!(off > 1000 && off % 8 == 0, "offset {off}");
+        assert!(off > 1000 && off.is_multiple_of(8), "offset {off}");
         assert!(fsbase_offset_in(&btf[..100]).is_none());
     }
 }
