@@ -331,10 +331,15 @@ fn native_sites_of_a_frame_pointer_program() {
 #include <unistd.h>
 int cudaMalloc(void **p, size_t n);
 int cudaFree(void *p);
+int cudaStreamSynchronize(void *stream);
+int cudaMemset(void *p, int v, size_t n);
+void simSetNextDurationNs(unsigned long long ns);
+__attribute__((noinline)) void slow_sync(void) { simSetNextDurationNs(5000000); cudaStreamSynchronize(0); }
+__attribute__((noinline)) void quick_memset(void *p) { cudaMemset(p, 0, 64); }
 __attribute__((noinline)) void *alloc_weights(size_t n) { void *p = 0; cudaMalloc(&p, n); return p; }
 __attribute__((noinline)) void leak_loop(int k) { for (int i = 0; i < k; i++) alloc_weights(1 << 20); }
 __attribute__((noinline)) void fail_big(void) { void *p = 0; cudaMalloc(&p, (size_t)1 << 50); }
-int main(void) { usleep(200000); leak_loop(3); void *w = alloc_weights(4096); cudaFree(w); fail_big(); usleep(300000); return 0; }
+int main(void) { usleep(200000); leak_loop(3); void *w = alloc_weights(4096); quick_memset(w); cudaFree(w); fail_big(); slow_sync(); usleep(300000); return 0; }
 "#,
     )
     .expect("write fp.c");
@@ -346,6 +351,7 @@ int main(void) { usleep(200000); leak_loop(3); void *w = alloc_weights(4096); cu
         .arg(format!("-L{}", sb.sim.lib_dir.display()))
         .arg(format!("-Wl,-rpath,{}", sb.sim.lib_dir.display()))
         .arg("-l:libcudart.so.13")
+        .arg("-l:libcuda.so.1")
         .output()
         .expect("gcc");
     assert!(
@@ -393,6 +399,14 @@ int main(void) { usleep(200000); leak_loop(3); void *w = alloc_weights(4096); cu
     assert_eq!(&direct[..2], ["alloc_weights", "main"], "{direct:?}");
     let free = chain("op = 'cudaFree'");
     assert_eq!(free[0], "main", "{free:?}");
+    // A call over --site-slow (1 ms) takes a site; a quick one does not.
+    let slow = chain("op = 'cudaStreamSynchronize'");
+    assert_eq!(&slow[..2], ["slow_sync", "main"], "{slow:?}");
+    assert_eq!(
+        db.int("SELECT count(*) FROM calls WHERE op = 'cudaMemset' AND stack_id IS NULL"),
+        1,
+        "a quick cudaMemset takes no site"
+    );
     let failed = chain("op = 'cudaMalloc' AND ret != 0");
     assert_eq!(&failed[..2], ["fail_big", "main"], "{failed:?}");
     // The failed driver call inside the runtime has its own site: the
