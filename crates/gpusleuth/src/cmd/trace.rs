@@ -661,8 +661,8 @@ impl Session {
                 match &ev {
                     Event::Call(c) => {
                         self.n_calls += 1;
-                        if self.known_pids.insert(c.pid) {
-                            self.known_pids.remove(&c.pid);
+                        if !self.known_pids.contains(&c.pid) {
+                            // First call seen from it (trace-all mode): may be Python.
                             self.sites.watch(c.pid);
                         }
                         self.note_process(c.pid);
