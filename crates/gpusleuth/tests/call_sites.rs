@@ -58,6 +58,12 @@ class Model:
         record("cudaMalloc", n, p.value or 0, rc, where)
         return p.value
 
+def deep(n):
+    if n == 0:
+        free(malloc(333))
+        return
+    deep(n - 1)
+
 def worker():
     for i in range(3):
         p = ctypes.c_void_p()
@@ -81,6 +87,7 @@ def main():
     rc = lib.cudaMalloc(ctypes.byref(p), 1 << 50); where = here()
     record("cudaMalloc", 1 << 50, 0, rc, where)
     free(malloc(777))
+    deep(70)  # deeper than the kernel's 32-frame cap
     truth.close()
     time.sleep(0.3)  # sites are resolved from the live process
 
@@ -207,7 +214,7 @@ fn python_allocations_frees_and_failures_have_their_exact_line() {
             .lines()
             .map(|l| serde_json::from_str(l).expect("truth line"))
             .collect();
-        assert_eq!(truth.len(), 16, "{version}: the script made 16 calls");
+        assert_eq!(truth.len(), 18, "{version}: the script made 18 calls");
         let db = sb.open_db();
         let calls = db.rows(
             "SELECT op, size, ptr, ret, stack_id FROM calls WHERE layer = 'runtime' AND op IN ('cudaMalloc', 'cudaFree') ORDER BY ts_ns",
@@ -254,6 +261,13 @@ fn python_allocations_frees_and_failures_have_their_exact_line() {
             failed.len(),
             2,
             "{version}: cudaMalloc and cuMemAlloc_v2 failed, both with a site"
+        );
+        // The deep call's stack says it was cut, and still names the innermost line.
+        assert!(
+            db.int(
+                "SELECT count(*) FROM stacks WHERE notes LIKE '%Python frames truncated at 32%'"
+            ) >= 1,
+            "{version}: truncation not said"
         );
         // Every stack a call names is stored, once.
         let named = db.int("SELECT count(DISTINCT stack_id) FROM calls WHERE stack_id IS NOT NULL");
