@@ -20,6 +20,11 @@ char LICENSE[] SEC("license") = "GPL";
 /* Set by user space before load. */
 const volatile __u32 trace_all = 0;    /* trace every process that calls CUDA */
 const volatile __u32 self_tgid = 0;    /* never trace gpusleuth itself */
+const volatile __u32 stacks_on = 0;    /* capture call sites (see "call sites" below) */
+const volatile __u64 slow_stack_ns = 0; /* also capture the site of calls at least this long (0: off) */
+/* offsetof(struct task_struct, thread.fsbase), found by user space in the
+ * kernel's BTF: the call programs are also loaded without CO-RE (multi.rs). */
+const volatile __u32 task_fsbase_off = 0;
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
@@ -187,6 +192,178 @@ static __always_inline struct thread_state *thread_get_or_create(__u32 tid)
 	return bpf_map_lookup_elem(&threads, &tid);
 }
 
+/* ---------------------------------------------------------------- call sites */
+
+/* tgid -> how to walk its CPython frames; set by user space, removed at exec/exit. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 8192);
+	__type(key, __u32);
+	__type(value, struct gs_py_layout);
+} py_procs SEC(".maps");
+
+/* tid -> its PyThreadState (checked on every use; LRU: no leak on exit). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32);
+	__type(value, __u64);
+} py_tstates SEC(".maps");
+
+/* Stack ids already sent to user space. LRU: an evicted id is sent again,
+ * which user space ignores; nothing is lost. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u64);
+	__type(value, __u8);
+} stacks_seen SEC(".maps");
+
+/* Per-CPU scratch for building one stack (too big for the BPF stack). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct gs_stack);
+} stack_scratch SEC(".maps");
+
+static __always_inline __u64 read_u64(__u64 addr)
+{
+	__u64 v = 0;
+	if (bpf_probe_read_user(&v, sizeof(v), (void *)addr))
+		return 0;
+	return v;
+}
+
+/*
+ * The calling thread's PyThreadState: the entry of the main interpreter's
+ * thread list whose thread_id (pthread_self(), which is the thread's fs base
+ * on x86-64 glibc) is this thread's. The GIL holder is not the caller: ctypes
+ * and PyTorch release the GIL around CUDA calls.
+ */
+static __always_inline __u64 py_tstate(struct gs_py_layout *l, __u32 tid)
+{
+	__u64 fsbase = 0;
+	if (!task_fsbase_off)
+		return 0;
+	bpf_probe_read_kernel(&fsbase, sizeof(fsbase), (void *)(bpf_get_current_task() + task_fsbase_off));
+	if (!fsbase)
+		return 0;
+	__u64 *cached = bpf_map_lookup_elem(&py_tstates, &tid);
+	if (cached && *cached && read_u64(*cached + l->tstate_thread_id) == fsbase)
+		return *cached;
+	__u64 interp = read_u64(l->runtime + l->runtime_interp_head);
+	if (!interp)
+		return 0;
+	__u64 ts = read_u64(interp + l->interp_threads_head);
+	for (int i = 0; i < GS_PY_MAX_THREADS && ts; i++) {
+		if (read_u64(ts + l->tstate_thread_id) == fsbase) {
+			bpf_map_update_elem(&py_tstates, &tid, &ts, BPF_ANY);
+			return ts;
+		}
+		ts = read_u64(ts + l->tstate_next);
+	}
+	return 0;
+}
+
+/* Fills s->py with the thread's Python frames, innermost first. */
+static __always_inline void py_frames(struct gs_stack *s, struct gs_py_layout *l, __u32 tid)
+{
+	s->flags |= GS_STACK_PY;
+	__u64 ts = py_tstate(l, tid);
+	if (!ts) {
+		s->flags |= GS_STACK_PY_NO_THREAD;
+		return;
+	}
+	__u64 frame = read_u64(ts + l->tstate_frame);
+	if (l->kind == GS_PY_FRAMES_311 && frame)
+		frame = read_u64(frame + l->cframe_current);
+	/* One frame per slot, innermost first; a shim frame owned by the C
+	 * stack (3.12+: FRAME_OWNED_BY_CSTACK) keeps its slot with code 0 and
+	 * user space skips it. One counter keeps the verifier's work linear. */
+	int i = 0;
+	for (; i < GS_PY_DEPTH && frame; i++) {
+		__u8 owner = 0;
+		if (l->frame_owner)
+			bpf_probe_read_user(&owner, 1, (void *)(frame + l->frame_owner));
+		__u64 code = read_u64(frame + l->frame_code);
+		s->py[i].code = owner == 3 ? 0 : code;
+		s->py[i].instr = read_u64(frame + l->frame_instr);
+		frame = read_u64(frame + l->frame_previous);
+	}
+	if (frame)
+		s->flags |= GS_STACK_PY_TRUNC;
+	s->n_py = i;
+}
+
+static __always_inline __u64 mix(__u64 h, __u64 v)
+{
+	h ^= v;
+	h *= 0x100000001b3ULL; /* FNV-1a prime, over words */
+	return h ^ (h >> 29);
+}
+
+/*
+ * Captures the calling thread's site: native frames (frame pointers), then
+ * Python frames when the process runs a known CPython. Sends the stack once
+ * per distinct id; returns the id (0 when nothing could be captured).
+ * In a uretprobe the first native frame is the return address in the caller.
+ * Inlined: multi.rs loads the call programs without bpf-to-bpf calls.
+ */
+static __always_inline __u64 capture_stack(void *ctx, __u32 tgid, __u32 tid)
+{
+	__u32 zero = 0;
+	struct gs_stack *s = bpf_map_lookup_elem(&stack_scratch, &zero);
+	if (!s)
+		return 0;
+	s->type = GS_REC_STACK;
+	s->pid = tgid;
+	s->flags = 0;
+	s->n_py = 0;
+	s->pad = 0;
+	long got = bpf_get_stack(ctx, s->native, sizeof(s->native), BPF_F_USER_STACK);
+	if (got < 0) {
+		s->flags |= GS_STACK_NATIVE_ERR;
+		got = 0;
+	}
+	s->n_native = (__u32)got / 8;
+	if (s->n_native >= GS_NATIVE_DEPTH)
+		s->flags |= GS_STACK_NATIVE_FULL;
+	struct gs_py_layout *l = bpf_map_lookup_elem(&py_procs, &tgid);
+	if (l)
+		py_frames(s, l, tid);
+
+	__u64 h = 0xcbf29ce484222325ULL ^ tgid;
+	for (int i = 0; i < GS_NATIVE_DEPTH; i++) {
+		if (i >= s->n_native)
+			break;
+		h = mix(h, s->native[i]);
+	}
+	h = mix(h, 0x5079 /* "Py" */);
+	for (int i = 0; i < GS_PY_DEPTH; i++) {
+		if (i >= s->n_py)
+			break;
+		h = mix(h, s->py[i].code);
+		h = mix(h, s->py[i].instr);
+	}
+	h = mix(h, s->flags);
+	if (h == 0)
+		h = 1;
+	s->id = h;
+	if (bpf_map_lookup_elem(&stacks_seen, &h))
+		return h;
+	struct gs_stack *out = bpf_ringbuf_reserve(&events, sizeof(*out), 0);
+	if (!out) {
+		count_stat(GS_STAT_RING_DROP_STACK);
+		return h;
+	}
+	__builtin_memcpy(out, s, sizeof(*out));
+	bpf_ringbuf_submit(out, submit_flags());
+	__u8 one = 1;
+	bpf_map_update_elem(&stacks_seen, &h, &one, BPF_ANY);
+	return h;
+}
+
 /* ---------------------------------------------------------------- CUDA calls */
 
 SEC("uprobe")
@@ -278,12 +455,12 @@ static __always_inline void emit_nccl(void *ctx, __u64 cookie, __u64 key, struct
 	e->runnable_ns = ts ? ts->runnable_total - c->runnable_snap : 0;
 	e->blocked_ns = ts ? ts->blocked_total - c->blocked_snap : 0;
 	e->cpu = bpf_get_smp_processor_id();
-	bpf_ringbuf_submit(e, 0);
+	bpf_ringbuf_submit(e, submit_flags());
 }
 
 /* Caching-allocator calls: one gs_block record with the Block's words. */
 static __always_inline void emit_block(void *ctx, __u64 cookie, __u64 key, struct inflight_call *c,
-				       __u32 tgid, __u32 tid, __u32 op, __u64 now)
+				       __u32 tgid, __u32 tid, __u32 op, __u64 now, __u64 site)
 {
 	struct gs_block *b = bpf_ringbuf_reserve(&events, sizeof(*b), 0);
 	if (!b) {
@@ -297,6 +474,7 @@ static __always_inline void emit_block(void *ctx, __u64 cookie, __u64 key, struc
 	b->start_ns = c->start_ns;
 	b->end_ns = now;
 	b->requested = c->args[1];
+	b->stack_id = site;
 	__builtin_memset(b->words, 0, sizeof(b->words));
 	if (cookie & GS_COOKIE_BLOCK_RET) {
 		b->block = PT_REGS_RC((struct pt_regs *)ctx);
@@ -329,8 +507,20 @@ int BPF_KRETPROBE(call_return)
 		return 0;
 	}
 	__u64 now = bpf_ktime_get_ns();
-	if (cookie & (GS_COOKIE_BLOCK_RET | GS_COOKIE_BLOCK_ARG1)) {
-		emit_block(ctx, cookie, key, c, tgid, tid, op, now);
+	/* The site is captured before the record is reserved: a stack record
+	 * sent now reaches user space before the call that names it. Nested
+	 * driver calls share their runtime caller's site unless they failed;
+	 * allocator blocks (no error code) only when their op asks for it. */
+	__u64 site = 0;
+	int block = (cookie & (GS_COOKIE_BLOCK_RET | GS_COOKIE_BLOCK_ARG1)) != 0;
+	__s32 rc = block ? 0 : (__s32)PT_REGS_RC(ctx);
+	/* NCCL records carry no site: none is taken for them. */
+	if (stacks_on && !(cookie & GS_COOKIE_NCCL) && (rc != 0 || (!(c->flags & GS_CALL_NESTED) &&
+				      ((cookie & GS_COOKIE_STACK) ||
+				       (!block && slow_stack_ns && now - c->start_ns >= slow_stack_ns)))))
+		site = capture_stack(ctx, tgid, tid);
+	if (block) {
+		emit_block(ctx, cookie, key, c, tgid, tid, op, now, site);
 		bpf_map_delete_elem(&inflight, &key);
 		return 0;
 	}
@@ -367,6 +557,7 @@ int BPF_KRETPROBE(call_return)
 		e->runnable_ns = ts ? ts->runnable_total - c->runnable_snap : 0;
 		e->blocked_ns = ts ? ts->blocked_total - c->blocked_snap : 0;
 		e->cpu = bpf_get_smp_processor_id();
+		e->stack_id = site;
 		bpf_ringbuf_submit(e, submit_flags());
 	}
 	if (ts && (cookie & GS_COOKIE_RUNTIME) && ts->rt_depth > 0)
@@ -641,6 +832,8 @@ int BPF_PROG(on_exec, struct task_struct *p, pid_t old_pid, struct linux_binprm 
 {
 	if (!is_traced(p->tgid))
 		return 0;
+	__u32 tgid = p->tgid;
+	bpf_map_delete_elem(&py_procs, &tgid); /* a new program: user space looks again */
 	emit_proc(GS_PROC_EXEC, p->tgid, p->pid, 0, 0, p);
 	return 0;
 }
@@ -652,7 +845,9 @@ int BPF_PROG(on_exit, struct task_struct *p, bool group_dead)
 	if (!is_traced(tgid))
 		return 0;
 	bpf_map_delete_elem(&threads, &tid);
+	bpf_map_delete_elem(&py_tstates, &tid);
 	if (group_dead) {
+		bpf_map_delete_elem(&py_procs, &tgid);
 		emit_proc(GS_PROC_EXIT, tgid, tid, 0, p->exit_code, p);
 		bpf_map_delete_elem(&traced, &tgid);
 	}

@@ -20,6 +20,7 @@
 #define GS_REC_PROC 3
 #define GS_REC_BLOCK 4
 #define GS_REC_NCCL 5
+#define GS_REC_STACK 6
 
 /*
  * Attach cookie of a call probe, set per attach point by user space:
@@ -43,6 +44,9 @@
  * ncclUniqueId). The out-pointer argument may be any of args 1..6. */
 #define GS_COOKIE_NCCL (1ULL << 23)
 #define GS_NCCL_STACK_WORDS 4
+/* Capture the call site (native + Python stack) of every call of this op, not
+ * only of failed or slow ones (allocations, frees, allocator blocks). */
+#define GS_COOKIE_STACK (1ULL << 24)
 
 /* gs_call.flags */
 #define GS_CALL_NESTED 1    /* driver call made inside a runtime call on the same thread */
@@ -62,7 +66,8 @@ struct gs_call {
 	__u64 runnable_ns;    /* time inside the call spent runnable but not running */
 	__u64 blocked_ns;     /* time inside the call spent blocked (S, D, ...) */
 	__u32 flags;
-	__u32 cpu; /* CPU at return */
+	__u32 cpu;      /* CPU at return */
+	__u64 stack_id; /* call site (a gs_stack id), 0 = none captured */
 };
 
 /* Wait kinds (gs_wait.kind). */
@@ -118,6 +123,65 @@ struct gs_block {
 	__u64 requested; /* argument 1 (malloc: the size asked for) */
 	__u64 block;     /* the Block* */
 	__u64 words[GS_BLOCK_WORDS];
+	__u64 stack_id; /* call site (a gs_stack id), 0 = none captured */
+};
+
+/*
+ * Call sites. A stack is emitted once per distinct (process, frames): its id
+ * is a hash of both, and calls/blocks carry the id. Native frames are return
+ * addresses from a frame-pointer walk (bpf_get_stack); Python frames are the
+ * calling thread's CPython frame chain as (code object, instruction) pairs,
+ * resolved to file/function/line in user space.
+ */
+#define GS_NATIVE_DEPTH 32
+#define GS_PY_DEPTH 32
+#define GS_PY_MAX_THREADS 64 /* thread states scanned to find the caller's */
+
+/* gs_stack.flags */
+#define GS_STACK_NATIVE_FULL 1 /* native frames filled GS_NATIVE_DEPTH: may be truncated */
+#define GS_STACK_NATIVE_ERR 2  /* the user stack could not be read */
+#define GS_STACK_PY 4          /* the process runs a recognised CPython */
+#define GS_STACK_PY_TRUNC 8    /* more Python frames than GS_PY_DEPTH (outermost dropped) */
+#define GS_STACK_PY_NO_THREAD 16 /* CPython process, but this thread has no thread state */
+
+/* Python frame: the code object (0: a shim frame, skipped) and the raw
+ * 8 bytes of the frame's instruction field (3.10: f_lasti, an int in the low
+ * half; 3.11+: the instruction pointer). */
+struct gs_py_frame {
+	__u64 code;
+	__u64 instr;
+};
+
+struct gs_stack {
+	__u32 type; /* GS_REC_STACK */
+	__u32 pid;
+	__u64 id;
+	__u32 n_native;
+	__u32 n_py;
+	__u32 flags;
+	__u32 pad;
+	__u64 native[GS_NATIVE_DEPTH]; /* innermost first */
+	struct gs_py_frame py[GS_PY_DEPTH]; /* innermost first */
+};
+
+/* How to walk one process's CPython frames (set by user space per tgid). */
+#define GS_PY_FRAMES_310 1 /* tstate->frame: PyFrameObject chain (f_back, f_code, f_lasti) */
+#define GS_PY_FRAMES_311 2 /* tstate->cframe->current_frame: _PyInterpreterFrame chain */
+#define GS_PY_FRAMES_313 3 /* tstate->current_frame: _PyInterpreterFrame chain */
+struct gs_py_layout {
+	__u64 runtime;           /* address of _PyRuntime in the process */
+	__u32 kind;              /* GS_PY_FRAMES_* */
+	__u32 runtime_interp_head; /* offsetof(_PyRuntimeState, interpreters.head) */
+	__u32 interp_threads_head;
+	__u32 tstate_next;
+	__u32 tstate_thread_id;  /* pthread_self() of the thread: its fs base on x86-64 */
+	__u32 tstate_frame;      /* frame, cframe or current_frame */
+	__u32 cframe_current;    /* 3.11/3.12: offsetof(_PyCFrame, current_frame) */
+	__u32 frame_previous;
+	__u32 frame_code;
+	__u32 frame_instr;
+	__u32 frame_owner;       /* 0: no owner field (3.10) */
+	__u32 instr_size;        /* bytes of the instruction field: 4 (f_lasti) or 8 (user space) */
 };
 
 /* One completed NCCL call: a gs_call plus the stack words at entry. */
@@ -172,14 +236,17 @@ struct gs_count_key {
 #define GS_STAT_TRACED_FULL 7
 #define GS_STAT_RING_DROP_BLOCK 8
 #define GS_STAT_RING_DROP_NCCL 9
-#define GS_STAT_MAX 10
+#define GS_STAT_RING_DROP_STACK 10 /* a call site lost: calls name a stack never stored */
+#define GS_STAT_MAX 11
 
 /* Sizes pinned by crates/sleuth-core/src/record.rs: change both together. */
-_Static_assert(sizeof(struct gs_call) == 120, "gs_call layout");
+_Static_assert(sizeof(struct gs_call) == 128, "gs_call layout");
 _Static_assert(sizeof(struct gs_culprit) == 32, "gs_culprit layout");
 _Static_assert(sizeof(struct gs_wait) == 216, "gs_wait layout");
 _Static_assert(sizeof(struct gs_proc) == 48, "gs_proc layout");
-_Static_assert(sizeof(struct gs_block) == 176, "gs_block layout");
+_Static_assert(sizeof(struct gs_block) == 184, "gs_block layout");
 _Static_assert(sizeof(struct gs_nccl) == 152, "gs_nccl layout");
+_Static_assert(sizeof(struct gs_stack) == 800, "gs_stack layout");
+_Static_assert(sizeof(struct gs_py_layout) == 56, "gs_py_layout layout");
 
 #endif

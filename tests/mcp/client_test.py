@@ -22,7 +22,7 @@ import mcp.client.streamable_http as sh
 
 EXPECTED_TOOLS = {
     "overview", "latency_stats", "findings", "slow_calls", "memory",
-    "timeline", "gpu_holders", "reclaim_plan", "sql", "gpu_activity",
+    "timeline", "gpu_holders", "reclaim_plan", "sql", "gpu_activity", "call_sites",
 }
 CHECKS = 0
 
@@ -140,6 +140,14 @@ async def check_session(session, truth, label, transcript=None):
     check(len(m["unfreed"]) == truth["unfreed"], "unfreed count")
     check(len(m["failed_allocs"]) == 1 and m["failed_allocs"][0]["bytes"] == truth["failed_bytes"]
           and m["failed_allocs"][0]["error"] == truth["failed_error"], "failed allocation")
+    check(m["unfreed"][0]["site"] == truth["site"], "unfreed allocations carry their site")
+    check(mem["sites"][0]["site"] == truth["site"] and mem["sites"][0]["unfreed_bytes"] == truth["site_unfreed_bytes"],
+          "memory lists sites")
+    cs = await ok_json(session, "call_sites", {"limit": 5})
+    top = cs["memory_by_site"][0]
+    check(cs["captured"] and top["site"] == truth["site"] and top["unfreed_bytes"] == truth["site_unfreed_bytes"]
+          and top["allocs"] == 5 and top["stack"] == [truth["site"]], f"call_sites {top}")
+    await expect_error(session, "call_sites", {"limit": 0})
     at = await ok_json(session, "memory", {"at_ns": 5_500_000, "timeline_points": 0})
     m_at = next(p for p in at["processes"] if p["pid"] == truth["pid"])
     check(m_at["live_bytes"] == truth["live_at_5_5ms"] and m_at["timeline"] == [], "ledger at a time")

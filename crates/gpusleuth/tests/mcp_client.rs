@@ -19,6 +19,7 @@ const PID: u32 = 4242;
 const HOG_PID: u32 = 777;
 const BIG_FAILED: u64 = 64 << 30;
 const CUDA_ERROR_MEMORY_ALLOCATION: i64 = 2;
+const SITE_STACK: u64 = 0xabc;
 
 fn op_id(name: &str) -> u16 {
     sleuth_core::op_by_name(name)
@@ -61,13 +62,28 @@ fn write_trace(db: &Path) -> serde_json::Value {
     })
     .expect("process");
 
-    // Five successful cudaMalloc of 1, 2, 4, 8, 16 MiB; then one that fails.
+    // Five successful cudaMalloc of 1, 2, 4, 8, 16 MiB, all from one line;
+    // then one that fails.
+    h.add_stack(sleuth_core::sites::Stack {
+        id: SITE_STACK,
+        pid: PID,
+        frames: vec![sleuth_core::sites::Frame {
+            kind: Some(sleuth_core::sites::FrameKind::Python),
+            function: Some("Model.forward".into()),
+            file: Some("/w/train.py".into()),
+            line: Some(42),
+            ..Default::default()
+        }],
+        notes: Vec::new(),
+    })
+    .expect("stack");
     let sizes = [1, 2, 4, 8, 16].map(|m| m * MIB);
     let mut ptrs = Vec::new();
     for (i, &size) in sizes.iter().enumerate() {
         let mut c = call("cudaMalloc", (i as u64 + 1) * 1_000_000, 10_000);
         c.size = Some(size);
         c.ptr = Some(0x7f00_0000_0000 + (i as u64) * 0x1000_0000);
+        c.stack_id = Some(SITE_STACK);
         ptrs.push(c.ptr);
         h.send(Event::Call(c)).expect("send");
     }
@@ -119,6 +135,7 @@ fn write_trace(db: &Path) -> serde_json::Value {
         "live_bytes": 28 * MIB, "peak_bytes": 31 * MIB, "unfreed": 3,
         "live_at_5_5ms": 31 * MIB,
         "failed_bytes": BIG_FAILED, "failed_error": CUDA_ERROR_MEMORY_ALLOCATION,
+        "site": "/w/train.py:42 Model.forward", "site_unfreed_bytes": 28 * MIB,
         "slow_copy": {"ts_ns": 10_000_000u64, "dur_ns": 5_000_000u64, "runnable_ns": 3_000_000u64,
                       "culprit_pid": HOG_PID, "culprit_comm": "cpuhog", "culprit_ns": 3_000_000u64},
         "sync_blocked_ns": 900_000u64,

@@ -14,13 +14,15 @@ use sleuth_sim::{
     TORCH_LARGE_SEGMENT, TORCH_SMALL_SEGMENT,
 };
 
-/// The scenario. Comments give what the stand-in does at each step.
+/// The scenario. Comments give what the stand-in does at each step. The
+/// final sleep keeps the process alive while its call sites are resolved
+/// (they are read from the live process's memory map).
 const SCRIPT: &str = "malloc 4096 other; \
     torch_malloc 1000 a; torch_malloc 300 b; \
     torch_malloc 5000000 c; torch_malloc 12000000 d; torch_malloc 30000000 e; \
     torch_free c; torch_free e; torch_empty_cache; \
     torch_malloc 2000000 f; torch_malloc 600000 g; torch_free a; \
-    torch_malloc 8000000 h; torch_free h";
+    torch_malloc 8000000 h; torch_free h; sleep 300";
 
 /// A request rounded like the stand-in (and PyTorch) does.
 fn block(req: u64) -> u64 {
@@ -151,6 +153,16 @@ fn check_scenario(which: TorchStandIn, tag: &str) {
         ))
     };
     assert_eq!(per_op("DeviceCachingAllocator::malloc"), x.mallocs);
+    // Every block allocation names its site: the workload's function that
+    // called the allocator (the stand-in and the workload keep frame pointers).
+    assert_eq!(
+        db.int(
+            "SELECT count(*) FROM allocator_events e JOIN stacks s ON s.id = e.stack_id
+             WHERE e.op = 'DeviceCachingAllocator::malloc' AND s.site LIKE '% (workload)'"
+        ),
+        x.mallocs,
+        "block allocations without a workload site"
+    );
     assert_eq!(per_op("DeviceCachingAllocator::free"), x.frees);
     assert_eq!(per_op("DeviceCachingAllocator::release_block"), x.releases);
     assert_eq!(

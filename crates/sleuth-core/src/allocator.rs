@@ -107,6 +107,12 @@ pub struct LiveBlock {
     pub requested: u64,
     /// When the malloc returned (monotonic ns).
     pub since_ns: u64,
+    /// Call site of the malloc (a stack id), when captured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stack_id: Option<u64>,
+    /// The line (or native function) that asked for the block, when captured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub site: Option<String>,
 }
 
 /// One live segment with the blocks in it.
@@ -300,9 +306,17 @@ pub fn allocator_view(
 ) -> AllocatorView {
     let steps = steps_of(data, pid);
     let calibration = calibrate::calibrate(&steps);
-    let state = calibration
+    let mut state = calibration
         .layout()
         .map(|layout| rebuild(&steps, layout, at_ns, reserved_bytes));
+    // Which line asked for each block that pins a segment.
+    if let (Some(st), false) = (state.as_mut(), data.stacks.is_empty()) {
+        for seg in &mut st.segments {
+            for b in &mut seg.live_blocks {
+                b.site = b.stack_id.map(|id| crate::sites::label_of(data, Some(id)));
+            }
+        }
+    }
     AllocatorView {
         pid,
         calibration,
@@ -363,6 +377,8 @@ impl Blocks {
                     size: b.words[l.size],
                     requested: b.requested.unwrap_or(b.words[l.requested]),
                     since_ns: b.end_ns,
+                    stack_id: b.stack_id,
+                    site: None,
                 };
                 segs.mark_owned(block.ptr.0, block.size);
                 self.allocated = self.allocated.saturating_add(block.size);

@@ -99,6 +99,8 @@ pub struct TraceData {
     /// Whether per-call host context (runnable/blocked split) was captured.
     /// False for imported traces that lack it.
     pub has_host_context: bool,
+    /// Call sites by stack id (calls and blocks name them by `stack_id`).
+    pub stacks: BTreeMap<u64, crate::sites::Stack>,
     /// GPU busy samples by time; `None` when GPU activity was not captured
     /// (no NVML, an imported trace, a trace older than the table).
     pub gpu_samples: Option<Vec<GpuSample>>,

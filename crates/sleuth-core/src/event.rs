@@ -41,6 +41,9 @@ pub struct CallEvent {
     pub blocked_ns: u64,
     /// CPU the call returned on.
     pub cpu: u32,
+    /// Call site: id of a [`crate::sites::Stack`] (allocations, frees,
+    /// failed and slow calls; None when not captured).
+    pub stack_id: Option<u64>,
 }
 
 impl CallEvent {
@@ -231,6 +234,8 @@ pub struct BlockEvent {
     pub block: u64,
     /// The first `BLOCK_WORDS` 8-byte words of the `Block` (zeros if unreadable).
     pub words: [u64; BLOCK_WORDS],
+    /// Call site of a block allocation (None when not captured).
+    pub stack_id: Option<u64>,
 }
 
 /// Anything the capture path produces.

@@ -39,6 +39,12 @@ pub struct Unfreed {
     pub bytes: u64,
     pub op: &'static str,
     pub ts_ns: u64,
+    /// Call site of the allocation (a stack id), when captured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stack_id: Option<u64>,
+    /// The site as one line (`file:line function`), when captured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub site: Option<String>,
 }
 
 /// An allocation call that returned an error.
@@ -50,6 +56,12 @@ pub struct FailedAlloc {
     pub ts_ns: u64,
     /// The process's live device bytes when the call was made.
     pub live_bytes_at: u64,
+    /// Call site of the failed call (a stack id), when captured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stack_id: Option<u64>,
+    /// The site as one line, when captured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub site: Option<String>,
 }
 
 /// One point of the device-bytes timeline: live bytes after a change at `ts_ns`.
@@ -157,6 +169,7 @@ struct Live {
     pool: Pool,
     /// Device ordinal: the allocating thread's last `cudaSetDevice` (0 before any).
     device: u32,
+    stack_id: Option<u64>,
 }
 
 /// Running state of one process while replaying its calls.
@@ -272,6 +285,8 @@ impl Replay {
                     error: c.ret,
                     ts_ns: c.ts_ns,
                     live_bytes_at: self.device,
+                    stack_id: c.stack_id,
+                    site: None,
                 });
                 return;
             }
@@ -284,6 +299,7 @@ impl Replay {
                 ts_ns: c.ts_ns,
                 pool,
                 device: dev,
+                stack_id: c.stack_id,
             };
             let old = match c.ptr {
                 Some(ptr) if pool == Pool::Physical => self.by_handle.insert(ptr, live),
@@ -371,6 +387,8 @@ impl Replay {
                 bytes: l.bytes,
                 op: l.op,
                 ts_ns: l.ts_ns,
+                stack_id: l.stack_id,
+                site: None,
             })
             .collect();
         unfreed.sort_by_key(|u| (u.ts_ns, u.ptr));
@@ -432,9 +450,25 @@ pub fn ledger(data: &TraceData, at_ns: Option<u64>) -> Vec<ProcessLedger> {
             let exit_ns = info
                 .and_then(|p| p.exit_ns)
                 .filter(|&e| at_ns.is_none_or(|at| e <= at));
-            r.finish(pid, comm, exit_ns)
+            let mut l = r.finish(pid, comm, exit_ns);
+            name_sites(data, &mut l);
+            l
         })
         .collect()
+}
+
+/// Fills the `site` of unfreed and failed allocations from the trace's stacks.
+fn name_sites(data: &TraceData, l: &mut ProcessLedger) {
+    if data.stacks.is_empty() {
+        return;
+    }
+    let label = |id: Option<u64>| id.map(|_| crate::sites::label_of(data, id));
+    for u in &mut l.unfreed {
+        u.site = label(u.stack_id);
+    }
+    for f in &mut l.failed_allocs {
+        f.site = label(f.stack_id);
+    }
 }
 
 /// Thins a timeline to at most `max` points, keeping the first and last
@@ -612,7 +646,9 @@ mod tests {
                 bytes: 1 << 40,
                 error: 2,
                 ts_ns: 50,
-                live_bytes_at: 300
+                live_bytes_at: 300,
+                stack_id: None,
+                site: None,
             }]
         );
     }
@@ -739,6 +775,8 @@ mod tests {
             bytes: 1,
             op: "cudaMalloc",
             ts_ns: 0,
+            stack_id: None,
+            site: None,
         };
         assert_eq!(serde_json::to_value(&u).unwrap()["ptr"], "0x7f0000001000");
         u.ptr = None;

@@ -18,6 +18,7 @@ pub const REC_WAIT: u32 = 2;
 pub const REC_PROC: u32 = 3;
 pub const REC_BLOCK: u32 = 4;
 pub const REC_NCCL: u32 = 5;
+pub const REC_STACK: u32 = 6;
 
 /// `RawWait::waker_flags`: a waker was seen (`sched_waking` while the thread slept).
 pub const WAKER_KNOWN: u32 = 1;
@@ -36,6 +37,37 @@ pub const COOKIE_BLOCK_ARG1: u64 = 1 << 22;
 pub const COOKIE_NCCL: u64 = 1 << 23;
 /// Stack words an NCCL record carries (`GS_NCCL_STACK_WORDS`).
 pub const NCCL_STACK_WORDS: usize = 4;
+/// Capture the call site of every call of this op (not only failed or slow ones).
+pub const COOKIE_STACK: u64 = 1 << 24;
+
+/// Native frames (return addresses) kept per stack (`GS_NATIVE_DEPTH`).
+pub const NATIVE_DEPTH: usize = 32;
+/// Python frames kept per stack (`GS_PY_DEPTH`).
+pub const PY_DEPTH: usize = 32;
+
+/// `gs_stack.flags`.
+pub mod stack_flag {
+    /// Native frames filled the cap: the stack may be truncated.
+    pub const NATIVE_FULL: u32 = 1;
+    /// The user stack could not be read at all.
+    pub const NATIVE_ERR: u32 = 2;
+    /// The process runs a recognised CPython.
+    pub const PY: u32 = 4;
+    /// More Python frames than the cap (the outermost were dropped).
+    pub const PY_TRUNC: u32 = 8;
+    /// CPython process, but the calling thread has no Python thread state.
+    pub const PY_NO_THREAD: u32 = 16;
+}
+
+/// `gs_py_layout.kind`: which frame chain the kernel walks.
+pub mod py_frames {
+    /// 3.10: `tstate->frame`, a `PyFrameObject` chain.
+    pub const V310: u32 = 1;
+    /// 3.11, 3.12: `tstate->cframe->current_frame`, `_PyInterpreterFrame` chain.
+    pub const V311: u32 = 2;
+    /// 3.13: `tstate->current_frame`.
+    pub const V313: u32 = 3;
+}
 
 /// Builds the attach cookie the kernel side reads (see `GS_COOKIE_*` in the header).
 pub fn cookie(op: u16, out_arg: u8, runtime: bool) -> u64 {
@@ -54,7 +86,8 @@ pub mod stat {
     pub const TRACED_FULL: usize = 7;
     pub const RING_DROP_BLOCK: usize = 8;
     pub const RING_DROP_NCCL: usize = 9;
-    pub const MAX: usize = 10;
+    pub const RING_DROP_STACK: usize = 10;
+    pub const MAX: usize = 11;
     pub const NAMES: [&str; MAX] = [
         "ring_full_call",
         "ring_full_wait",
@@ -66,6 +99,7 @@ pub mod stat {
         "traced_map_full",
         "ring_full_block",
         "ring_full_nccl",
+        "ring_full_stack",
     ];
 
     /// Whether counter `i` is an expected edge of attaching to running
@@ -107,6 +141,7 @@ pub struct RawCall {
     pub blocked_ns: u64,
     pub flags: u32,
     pub cpu: u32,
+    pub stack_id: u64,
 }
 
 #[repr(C)]
@@ -166,6 +201,77 @@ pub struct RawBlock {
     pub requested: u64,
     pub block: u64,
     pub words: [u64; BLOCK_WORDS],
+    pub stack_id: u64,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RawPyFrame {
+    /// Address of the frame's code object.
+    pub code: u64,
+    /// The frame's raw instruction field (3.10: `f_lasti`; 3.11+: a pointer).
+    pub instr: u64,
+}
+
+/// One distinct call site, sent once per id (`struct gs_stack`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct RawStack {
+    pub r#type: u32,
+    pub pid: u32,
+    pub id: u64,
+    pub n_native: u32,
+    pub n_py: u32,
+    pub flags: u32,
+    pub pad: u32,
+    pub native: [u64; NATIVE_DEPTH],
+    pub py: [RawPyFrame; PY_DEPTH],
+}
+
+impl Default for RawStack {
+    fn default() -> Self {
+        RawStack {
+            r#type: REC_STACK,
+            pid: 0,
+            id: 0,
+            n_native: 0,
+            n_py: 0,
+            flags: 0,
+            pad: 0,
+            native: [0; NATIVE_DEPTH],
+            py: [RawPyFrame::default(); PY_DEPTH],
+        }
+    }
+}
+
+impl RawStack {
+    /// Native return addresses, innermost first.
+    pub fn native_frames(&self) -> &[u64] {
+        &self.native[..(self.n_native as usize).min(NATIVE_DEPTH)]
+    }
+    /// Python (code, instruction) pairs, innermost first.
+    pub fn py_frames(&self) -> &[RawPyFrame] {
+        &self.py[..(self.n_py as usize).min(PY_DEPTH)]
+    }
+}
+
+/// How the kernel walks one process's CPython frames (`struct gs_py_layout`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RawPyLayout {
+    pub runtime: u64,
+    pub kind: u32,
+    pub runtime_interp_head: u32,
+    pub interp_threads_head: u32,
+    pub tstate_next: u32,
+    pub tstate_thread_id: u32,
+    pub tstate_frame: u32,
+    pub cframe_current: u32,
+    pub frame_previous: u32,
+    pub frame_code: u32,
+    pub frame_instr: u32,
+    pub frame_owner: u32,
+    pub instr_size: u32,
 }
 
 #[repr(C)]
@@ -250,8 +356,27 @@ pub fn decode(buf: &[u8]) -> Result<Event, DecodeError> {
         REC_PROC => decode_proc(&read_pod::<RawProc>(buf)?).map(Event::Proc),
         REC_BLOCK => decode_block(&read_pod::<RawBlock>(buf)?).map(Event::Block),
         REC_NCCL => decode_nccl(&read_pod::<RawNccl>(buf)?).map(Event::Nccl),
+        // Stacks are resolved against the live process before they become
+        // data: callers take them with `decode_stack` first.
         other => Err(DecodeError::UnknownType(other)),
     }
+}
+
+/// The record's type (its first u32), if it has one.
+pub fn record_type(buf: &[u8]) -> Option<u32> {
+    Some(u32::from_ne_bytes(buf.get(..4)?.try_into().ok()?))
+}
+
+/// Decodes a stack record (`REC_STACK`).
+pub fn decode_stack(buf: &[u8]) -> Result<RawStack, DecodeError> {
+    let s = read_pod::<RawStack>(buf)?;
+    if s.r#type != REC_STACK {
+        return Err(DecodeError::UnknownType(s.r#type));
+    }
+    if s.n_native as usize > NATIVE_DEPTH || s.n_py as usize > PY_DEPTH {
+        return Err(DecodeError::BadValue("stack frame count over the cap"));
+    }
+    Ok(s)
 }
 
 /// Turns a raw call into an event, decoding the arguments the op table names.
@@ -294,6 +419,7 @@ pub fn decode_call(r: &RawCall) -> Result<CallEvent, DecodeError> {
         runnable_ns: r.runnable_ns,
         blocked_ns: r.blocked_ns,
         cpu: r.cpu,
+        stack_id: (r.stack_id != 0).then_some(r.stack_id),
     })
 }
 
@@ -387,6 +513,7 @@ pub fn decode_block(r: &RawBlock) -> Result<BlockEvent, DecodeError> {
         requested: (info.class == crate::ops::OpClass::BlockAlloc).then_some(r.requested),
         block: r.block,
         words: r.words,
+        stack_id: (r.stack_id != 0).then_some(r.stack_id),
     })
 }
 
@@ -427,7 +554,8 @@ mod tests {
     // These mirror bpf/gpusleuth.h; the C compiler lays the structs out the same way.
     #[test]
     fn layouts_match_the_c_header() {
-        assert_eq!(size_of::<RawCall>(), 120);
+        assert_eq!(size_of::<RawCall>(), 128);
+        assert_eq!(offset_of!(RawCall, stack_id), 120);
         assert_eq!(size_of::<RawNccl>(), 152);
         assert_eq!(offset_of!(RawNccl, args), 32);
         assert_eq!(offset_of!(RawNccl, stack), 80);
@@ -450,8 +578,16 @@ mod tests {
         assert_eq!(offset_of!(RawWait, waker_flags), 208);
         assert_eq!(size_of::<RawProc>(), 48);
         assert_eq!(offset_of!(RawProc, comm), 32);
-        assert_eq!(size_of::<RawBlock>(), 176);
+        assert_eq!(size_of::<RawBlock>(), 184);
         assert_eq!(offset_of!(RawBlock, words), 48);
+        assert_eq!(offset_of!(RawBlock, stack_id), 176);
+        assert_eq!(size_of::<RawPyFrame>(), 16);
+        assert_eq!(size_of::<RawStack>(), 800);
+        assert_eq!(offset_of!(RawStack, native), 32);
+        assert_eq!(offset_of!(RawStack, py), 288);
+        assert_eq!(size_of::<RawPyLayout>(), 56);
+        assert_eq!(offset_of!(RawPyLayout, kind), 8);
+        assert_eq!(offset_of!(RawPyLayout, instr_size), 52);
     }
 
     fn comm(s: &str) -> [u8; COMM_LEN] {
@@ -476,6 +612,7 @@ mod tests {
             blocked_ns: 50,
             flags: CALL_OUT_VALID,
             cpu: 1,
+            stack_id: 0,
         };
         let Event::Call(c) = decode(&as_bytes(&raw)).unwrap() else {
             panic!()
@@ -687,6 +824,42 @@ mod tests {
         };
         assert_eq!(n.new_comm, None);
         assert_eq!(n.call.ret, 3);
+    }
+
+    #[test]
+    fn decodes_a_stack_and_calls_name_it() {
+        let mut raw = RawStack {
+            pid: 7,
+            id: 0xfeed,
+            n_native: 2,
+            n_py: 1,
+            flags: stack_flag::PY,
+            ..Default::default()
+        };
+        raw.native[0] = 0x401000;
+        raw.native[1] = 0x402000;
+        raw.py[0] = RawPyFrame {
+            code: 0x7f00,
+            instr: 0x7f10,
+        };
+        let bytes = as_bytes(&raw);
+        assert_eq!(record_type(&bytes), Some(REC_STACK));
+        let s = decode_stack(&bytes).unwrap();
+        assert_eq!(s.native_frames(), &[0x401000, 0x402000]);
+        assert_eq!(s.py_frames().len(), 1);
+        assert!(decode(&bytes).is_err(), "stacks are not plain events");
+        raw.n_py = 33;
+        assert!(decode_stack(&as_bytes(&raw)).is_err());
+        let call = RawCall {
+            r#type: REC_CALL,
+            op: 1,
+            stack_id: 0xfeed,
+            ..Default::default()
+        };
+        let Event::Call(c) = decode(&as_bytes(&call)).unwrap() else {
+            panic!()
+        };
+        assert_eq!(c.stack_id, Some(0xfeed));
     }
 
     #[test]

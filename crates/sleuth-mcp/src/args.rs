@@ -42,6 +42,17 @@ pub struct SlowCalls {
     pub limit: Option<u32>,
 }
 
+/// `call_sites`.
+#[derive(Debug, Default, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CallSites {
+    pub db: Option<String>,
+    /// Only this process.
+    pub pid: Option<u32>,
+    /// How many sites per list (default 20, at most 200).
+    pub limit: Option<u32>,
+}
+
 /// `memory`.
 #[derive(Debug, Default, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]

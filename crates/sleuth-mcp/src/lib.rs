@@ -11,6 +11,7 @@ pub mod conn_limit;
 pub mod gpu_tools;
 pub mod http;
 pub mod server;
+pub mod site_tools;
 pub mod trace_tools;
 
 pub use http::{serve_http, HttpOptions};

@@ -217,6 +217,23 @@ impl SleuthServer {
     }
 
     #[tool(
+        description = "Call sites (Python file:line function, or native function and library) captured at \
+        allocations, frees, failed and slow calls: device memory by site (allocated, unfreed, live at the \
+        peak, failed) with an example stack, calls by site and op, and the sites of failed allocations."
+    )]
+    async fn call_sites(
+        &self,
+        Parameters(a): Parameters<args::CallSites>,
+        ctx: RequestContext<RoleServer>,
+    ) -> ToolResult {
+        let db = a.db.clone();
+        self.on_db(db, ctx, move |db, b| {
+            crate::site_tools::call_sites(db, &a, b)
+        })
+        .await
+    }
+
+    #[tool(
         description = "Every event of one process (CUDA calls, off-CPU waits with culprits, fork/exec/exit) \
         in the window [at_ns - window_ns, at_ns + window_ns), oldest first, capped by `limit`."
     )]

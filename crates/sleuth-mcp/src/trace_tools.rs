@@ -22,6 +22,8 @@ const MEMORY_POINTS_DEFAULT: u32 = 50;
 const GPU_SAMPLES_MAX: usize = 2000;
 /// Allocator segments (most free first) and live blocks per segment in `memory`.
 const MEMORY_SEGMENTS: usize = 20;
+/// Call sites listed by `memory` (largest unfreed first; `call_sites` lists more).
+const MEMORY_SITES: usize = 10;
 const MEMORY_SEGMENT_BLOCKS: usize = 10;
 const SQL_ROWS_DEFAULT: u32 = 200;
 const SQL_ROWS_MAX: u32 = 1000;
@@ -214,12 +216,18 @@ pub fn slow_calls(db: &Path, a: &args::SlowCalls, budget: &ReadBudget) -> Result
     })?;
     let ids: Vec<i64> = calls.iter().map(|c| c.id).collect();
     let culprits = trace.call_culprits_of(&ids)?;
+    let stacks = trace.stacks(a.pid)?;
     let rows: Vec<Value> = calls
         .iter()
         .map(|s| {
             let mut v = call_json(&s.call);
             v["id"] = json!(s.id);
             v["culprits"] = json!(culprits.get(&s.id).cloned().unwrap_or_default());
+            // The line that made the call (captured for calls over `trace --site-slow`).
+            v["site"] = json!(s
+                .call
+                .stack_id
+                .map(|id| stacks.get(&id).map(|st| st.site_label())));
             v
         })
         .collect();
@@ -298,6 +306,7 @@ pub fn memory(db: &Path, a: &args::Memory, budget: &ReadBudget) -> Result<Value>
                  during the trace; allocations made before the trace are not itemized; \
                  pre_trace_frees counts frees of them (sizes not seen); measured: false = no NVML reading",
         "at_ns": a.at_ns,
+        "sites": sleuth_core::sites::memory_by_site(&data, &procs).into_iter().take(MEMORY_SITES).collect::<Vec<_>>(),
         "allocator": "per process: PyTorch's caching allocator (allocated = memory_allocated(), gap = reserved - allocated, \
                       segments with the most free bytes first, their largest live blocks); null without allocator events",
         "processes": processes,

@@ -9,7 +9,9 @@ use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope
 use aya::programs::{BtfTracePoint, UProbe};
 use aya::{Btf, Ebpf, EbpfLoader, Pod};
 use sleuth_core::ops::{OpClass, OpInfo, OPS};
-use sleuth_core::record::{cookie, stat, COOKIE_BLOCK_ARG1, COOKIE_BLOCK_RET, COOKIE_NCCL};
+use sleuth_core::record::{
+    cookie, stat, RawPyLayout, COOKIE_BLOCK_ARG1, COOKIE_BLOCK_RET, COOKIE_NCCL, COOKIE_STACK,
+};
 use sleuth_core::{Layer, OpCount};
 use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd};
@@ -87,8 +89,10 @@ pub enum CaptureError {
     Map(String),
 }
 
-/// The attach cookie of an op: id, out-pointer argument, layer, and for the
-/// caching allocator where the kernel side reads the Block from.
+/// The attach cookie of an op: id, out-pointer argument, layer, for the
+/// caching allocator where the kernel side reads the Block from, and whether
+/// every call's site is captured (memory comes and goes there; other calls
+/// get a site only when they fail or are slow).
 fn op_cookie(op: &OpInfo) -> u64 {
     let block = match op.class {
         OpClass::BlockAlloc => COOKIE_BLOCK_RET,
@@ -96,8 +100,45 @@ fn op_cookie(op: &OpInfo) -> u64 {
         _ if op.layer == Layer::Nccl => COOKIE_NCCL,
         _ => 0,
     };
-    cookie(op.id, op.out_arg, op.layer == Layer::Runtime) | block
+    let site = match op.class {
+        OpClass::DeviceAlloc
+        | OpClass::DeviceFree
+        | OpClass::PhysCreate
+        | OpClass::PhysRelease
+        | OpClass::ManagedAlloc
+        | OpClass::HostAlloc
+        | OpClass::HostFree
+        | OpClass::BlockAlloc => COOKIE_STACK,
+        _ => 0,
+    };
+    cookie(op.id, op.out_arg, op.layer == Layer::Runtime) | block | site
 }
+
+/// Which call sites the kernel captures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SiteOptions {
+    /// Capture sites at all (allocations, frees, allocator blocks, failures).
+    pub on: bool,
+    /// Also capture the site of any recorded call at least this long (0: off).
+    pub slow_ns: u64,
+}
+
+impl Default for SiteOptions {
+    fn default() -> Self {
+        SiteOptions {
+            on: true,
+            slow_ns: crate::sites::DEFAULT_SLOW_NS,
+        }
+    }
+}
+
+/// `struct gs_py_layout` as a map value.
+#[repr(transparent)]
+#[derive(Debug, Clone, Copy)]
+struct PyLayoutPod(RawPyLayout);
+// SAFETY: RawPyLayout is #[repr(C)], one u64 then twelve u32 (56 bytes, no
+// padding), every bit pattern valid; it mirrors `struct gs_py_layout`.
+unsafe impl Pod for PyLayoutPod {}
 
 /// A library whose probes are attached.
 #[derive(Debug, Clone)]
@@ -222,6 +263,16 @@ impl Capture {
         launch_mode: LaunchMode,
         ring_bytes: u32,
     ) -> Result<Capture, CaptureError> {
+        Self::start_with_sites(trace_all, launch_mode, ring_bytes, SiteOptions::default())
+    }
+
+    /// Like [`Capture::start_with`], choosing which call sites are captured.
+    pub fn start_with_sites(
+        trace_all: bool,
+        launch_mode: LaunchMode,
+        ring_bytes: u32,
+        sites: SiteOptions,
+    ) -> Result<Capture, CaptureError> {
         preflight()?;
         let ring_bytes = ring_bytes
             .max(4096)
@@ -230,11 +281,24 @@ impl Capture {
         raise_memlock_limit();
         let trace_all_v: u32 = trace_all as u32;
         let self_tgid: u32 = std::process::id();
+        let stacks_on: u32 = sites.on as u32;
+        let slow_stack_ns: u64 = sites.slow_ns;
+        // Without the offset the kernel skips Python frames (native ones stay).
+        let task_fsbase_off: u32 = match crate::sites::btf::task_fsbase_offset() {
+            Ok(off) => off,
+            Err(e) => {
+                log::warn!("Python call sites unavailable: {e}");
+                0
+            }
+        };
         let object = BPF_OBJECT.to_vec();
         let mut bpf = EbpfLoader::new()
             .map_max_entries("events", ring_bytes)
             .override_global("trace_all", &trace_all_v, true)
             .override_global("self_tgid", &self_tgid, true)
+            .override_global("stacks_on", &stacks_on, true)
+            .override_global("slow_stack_ns", &slow_stack_ns, true)
+            .override_global("task_fsbase_off", &task_fsbase_off, true)
             .load(&object)
             .map_err(|e| unavailable("cannot load gpusleuth's eBPF programs", error_chain(&e)))?;
         let btf = Btf::from_sys_fs().map_err(|e| unavailable("cannot read kernel BTF", e))?;
@@ -341,6 +405,18 @@ impl Capture {
         .map_err(|e| CaptureError::Map(e.to_string()))?;
         map.insert(pid, 1, 0)
             .map_err(|e| CaptureError::Map(format!("cannot trace pid {pid}: {e}")))
+    }
+
+    /// Tells the kernel how to walk a process's CPython frames.
+    pub fn set_python(&mut self, pid: u32, layout: RawPyLayout) -> Result<(), CaptureError> {
+        let mut map: BpfHashMap<_, u32, PyLayoutPod> = BpfHashMap::try_from(
+            self.bpf
+                .map_mut("py_procs")
+                .ok_or_else(|| CaptureError::Map("py_procs map missing".into()))?,
+        )
+        .map_err(|e| CaptureError::Map(e.to_string()))?;
+        map.insert(pid, PyLayoutPod(layout), 0)
+            .map_err(|e| CaptureError::Map(format!("cannot register Python of pid {pid}: {e}")))
     }
 
     /// Processes the kernel currently traces.

@@ -5,9 +5,11 @@ pub mod caps;
 pub mod capture;
 pub mod discover;
 mod multi;
+pub mod sites;
 pub mod symbols;
 
 pub use capture::{
-    monotonic_ns, preflight, AttachedLib, Capture, CaptureError, LaunchMode, DEFAULT_RING_BYTES,
+    monotonic_ns, preflight, AttachedLib, Capture, CaptureError, LaunchMode, SiteOptions,
+    DEFAULT_RING_BYTES,
 };
 pub use discover::LibFile;

@@ -121,28 +121,32 @@ pub fn load_programs(
             }
         }
         let license = c"GPL";
-        let mut log = vec![0u8; 64 * 1024];
         let pname: Vec<u8> = name.bytes().take(15).collect();
-        let mut attr = [0u8; 128];
-        put_u32(&mut attr, 0, BPF_PROG_TYPE_KPROBE);
-        put_u32(&mut attr, 4, (insns.len() / 8) as u32);
-        put_u64(&mut attr, 8, insns.as_ptr() as u64);
-        put_u64(&mut attr, 16, license.as_ptr() as u64);
-        put_u32(&mut attr, 24, 1); // log level: keep the verifier's reason on failure
-        put_u32(&mut attr, 28, log.len() as u32);
-        put_u64(&mut attr, 32, log.as_mut_ptr() as u64);
-        attr[48..48 + pname.len()].copy_from_slice(&pname);
-        put_u32(&mut attr, 68, BPF_TRACE_UPROBE_MULTI);
-        let fd = bpf(BPF_PROG_LOAD, &mut attr).map_err(|e| {
-            let text = String::from_utf8_lossy(&log);
-            let last = text
-                .trim_end_matches('\0')
-                .lines()
-                .rev()
-                .find(|l| !l.trim().is_empty())
-                .unwrap_or("");
-            format!("cannot load {name} for multi-uprobes: {e} ({last})")
-        })?;
+        // Without a verifier log first: a log that overflows its buffer fails
+        // the load with ENOSPC even for a valid program (the call programs'
+        // log outgrew 64 KiB when call-site capture was added). Only a
+        // refused program is loaded again, with the log, for its reason.
+        let fd = match prog_load(&insns, license, &pname, None) {
+            Ok(fd) => fd,
+            Err(first) => {
+                let mut log = vec![0u8; 1 << 20];
+                match prog_load(&insns, license, &pname, Some(&mut log)) {
+                    Ok(fd) => fd,
+                    Err(e) => {
+                        let text = String::from_utf8_lossy(&log);
+                        let last = text
+                            .trim_end_matches('\0')
+                            .lines()
+                            .rev()
+                            .find(|l| !l.trim().is_empty())
+                            .unwrap_or("");
+                        return Err(format!(
+                            "cannot load {name} for multi-uprobes: {first} ({e}: {last})"
+                        ));
+                    }
+                }
+            }
+        };
         // SAFETY: the kernel returned a new fd that nothing else owns.
         out.insert(
             name.to_string(),
@@ -152,6 +156,29 @@ pub fn load_programs(
         );
     }
     Ok(out)
+}
+
+/// One BPF_PROG_LOAD of a kprobe-type program for multi-uprobe attachment,
+/// with the verifier's log at level 1 when `log` is given.
+fn prog_load(
+    insns: &[u8],
+    license: &std::ffi::CStr,
+    pname: &[u8],
+    log: Option<&mut Vec<u8>>,
+) -> Result<i32, String> {
+    let mut attr = [0u8; 128];
+    put_u32(&mut attr, 0, BPF_PROG_TYPE_KPROBE);
+    put_u32(&mut attr, 4, (insns.len() / 8) as u32);
+    put_u64(&mut attr, 8, insns.as_ptr() as u64);
+    put_u64(&mut attr, 16, license.as_ptr() as u64);
+    if let Some(log) = log {
+        put_u32(&mut attr, 24, 1); // log level: the verifier's reason on failure
+        put_u32(&mut attr, 28, log.len() as u32);
+        put_u64(&mut attr, 32, log.as_mut_ptr() as u64);
+    }
+    attr[48..48 + pname.len()].copy_from_slice(pname);
+    put_u32(&mut attr, 68, BPF_TRACE_UPROBE_MULTI);
+    bpf(BPF_PROG_LOAD, &mut attr)
 }
 
 /// Attaches `prog` at `offsets` of the file `path` (entry, or return probes

@@ -23,6 +23,7 @@ mod rows;
 mod schema;
 mod schema_check;
 mod sql;
+mod stacks;
 mod types;
 mod writer;
 

@@ -215,7 +215,24 @@ impl Trace {
         if let Some(limit) = f.limit {
             tail.push_str(&format!(" LIMIT {}", limit.min(i64::MAX as usize)));
         }
-        query_calls(&self.conn, &tail, &args).map_err(|e| self.read_error(e))
+        let mut calls = query_calls(&self.conn, &tail, &args).map_err(|e| self.read_error(e))?;
+        let sites =
+            crate::stacks::call_stack_ids(&self.conn, f.pid).map_err(|e| self.read_error(e))?;
+        if !sites.is_empty() {
+            for c in &mut calls {
+                c.call.stack_id = sites.get(&c.id).copied();
+            }
+        }
+        Ok(calls)
+    }
+
+    /// Call sites (of one process or all) by stack id; none for traces
+    /// taken before sites were captured.
+    pub fn stacks(
+        &self,
+        pid: Option<u32>,
+    ) -> Result<BTreeMap<u64, sleuth_core::sites::Stack>, StoreError> {
+        crate::stacks::read_all(&self.conn, pid).map_err(|e| self.read_error(e))
     }
 
     /// Culprits of the given calls (by row id), largest first; calls without any are absent.
@@ -350,15 +367,20 @@ impl Trace {
         if !crate::open::has_table(&self.conn, "allocator_events").at(&self.path)? {
             return Ok(Vec::new());
         }
+        let stack_col = if crate::stacks::has_column(&self.conn, "allocator_events", "stack_id")
+            .at(&self.path)?
+        {
+            "stack_id"
+        } else {
+            "NULL"
+        };
         let mut st = self
             .conn
-            .prepare(
-                &format!(
-                    "SELECT start_ns, end_ns, pid, tid, op, requested, block, words FROM allocator_events
-                     WHERE (?1 IS NULL OR pid = ?1) AND start_ns BETWEEN 0 AND {MAX_NS}
-                       AND end_ns BETWEEN 0 AND {MAX_NS} ORDER BY end_ns, id"
-                ),
-            )
+            .prepare(&format!(
+                "SELECT start_ns, end_ns, pid, tid, op, requested, block, words, {stack_col} FROM allocator_events
+                 WHERE (?1 IS NULL OR pid = ?1) AND start_ns BETWEEN 0 AND {MAX_NS}
+                   AND end_ns BETWEEN 0 AND {MAX_NS} ORDER BY end_ns, id"
+            ))
             .at(&self.path)?;
         let rows = st
             .query_map([pid], |r| {
@@ -377,6 +399,7 @@ impl Trace {
                     requested: r.get::<_, Option<i64>>(5).unwrap_or(None).map(|v| v as u64),
                     block: r.get::<_, i64>(6).unwrap_or(0) as u64,
                     words,
+                    stack_id: r.get::<_, Option<i64>>(8).unwrap_or(None).map(|v| v as u64),
                 }))
             })
             .at(&self.path)?;
@@ -662,6 +685,7 @@ impl Trace {
             nccl: self.nccl_calls(None)?,
             hosts: self.process_hosts()?,
             hostname: session.info.hostname.clone(),
+            stacks: self.stacks(pid)?,
         })
     }
 }

@@ -40,6 +40,8 @@ pub(crate) fn call_from_row(row: &Row) -> rusqlite::Result<Option<StoredCall>> {
             blocked_ns: row.get::<_, i64>(13)? as u64,
             cpu: row.get(14)?,
             host_ptr: opt_u64(row, 15)?,
+            // Filled by the reader from `calls.stack_id` where the trace has it.
+            stack_id: None,
         },
     }))
 }

@@ -172,6 +172,7 @@ CREATE VIEW call_culprits_named AS
 /// Creates every table and view and fills `meta`.
 pub(crate) fn create(conn: &Connection, source: &str, tool_version: &str) -> rusqlite::Result<()> {
     conn.execute_batch(CREATE)?;
+    conn.execute_batch(crate::stacks::CREATE)?;
     let mut st = conn.prepare("INSERT INTO meta(key, value) VALUES (?1, ?2)")?;
     st.execute(["schema_version", &SCHEMA_VERSION.to_string()])?;
     st.execute(["tool", TOOL])?;

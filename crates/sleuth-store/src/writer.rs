@@ -30,6 +30,8 @@ enum Msg {
     Stat(String, u64),
     OpCounts(Vec<OpCount>),
     SessionEnd(u64),
+    /// A resolved call site (stored once per id).
+    Stack(Box<sleuth_core::sites::Stack>),
     GpuSamples(Vec<sleuth_core::GpuSample>),
     ProcessGpuSamples(Vec<sleuth_core::ProcessGpuSample>),
     /// Commit what was sent before, then answer with the number of events committed so far.
@@ -158,6 +160,11 @@ impl WriterHandle {
         s: Vec<sleuth_core::ProcessGpuSample>,
     ) -> Result<(), StoreError> {
         self.send_msg(Msg::ProcessGpuSamples(s))
+    }
+    /// Stores a call site; calls and allocator events name it by id.
+    /// Send it before the events that name it.
+    pub fn add_stack(&self, s: sleuth_core::sites::Stack) -> Result<(), StoreError> {
+        self.send_msg(Msg::Stack(Box::new(s)))
     }
     pub fn set_session_end(&self, end_mono_ns: u64) -> Result<(), StoreError> {
         self.send_msg(Msg::SessionEnd(end_mono_ns))
@@ -460,6 +467,15 @@ impl WriterState {
                         )?;
                     }
                 }
+                // Few (one per distinct site) and named by stored calls: kept
+                // until the cap, like calls.
+                Msg::Stack(st) => {
+                    if self.db_full {
+                        self.n.drop_db_full += 1;
+                    } else {
+                        crate::stacks::insert(&tx, st)?;
+                    }
+                }
                 Msg::Flush(_) | Msg::Finish(_) => {}
             }
         }
@@ -533,8 +549,8 @@ fn insert_call(tx: &Transaction, c: &CallEvent) -> rusqlite::Result<bool> {
     };
     let mut st = tx.prepare_cached(
         "INSERT INTO calls(ts_ns, dur_ns, pid, tid, layer, op, ret, size, ptr, stream, kind,
-            nested, on_cpu_ns, runnable_ns, blocked_ns, cpu)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
+            nested, on_cpu_ns, runnable_ns, blocked_ns, cpu, stack_id)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)",
     )?;
     st.execute(params![
         c.ts_ns as i64,
@@ -552,7 +568,8 @@ fn insert_call(tx: &Transaction, c: &CallEvent) -> rusqlite::Result<bool> {
         c.on_cpu_ns() as i64,
         c.runnable_ns as i64,
         c.blocked_ns as i64,
-        c.cpu
+        c.cpu,
+        c.stack_id.map(|s| s as i64)
     ])?;
     if let Some(hp) = c.host_ptr {
         let id = tx.last_insert_rowid();
@@ -625,8 +642,8 @@ fn insert_wait(tx: &Transaction, w: &WaitEvent) -> rusqlite::Result<()> {
 
 fn insert_block(tx: &Transaction, b: &sleuth_core::BlockEvent) -> rusqlite::Result<()> {
     let mut st = tx.prepare_cached(
-        "INSERT INTO allocator_events(start_ns, end_ns, pid, tid, op, requested, block, words)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+        "INSERT INTO allocator_events(start_ns, end_ns, pid, tid, op, requested, block, words, stack_id)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
     )?;
     let words: Vec<u8> = b.words.iter().flat_map(|w| w.to_le_bytes()).collect();
     let op = sleuth_core::op_by_id(b.op)
@@ -640,7 +657,8 @@ fn insert_block(tx: &Transaction, b: &sleuth_core::BlockEvent) -> rusqlite::Resu
         op,
         b.requested.map(|r| r as i64),
         b.block as i64, // bit pattern: user-space addresses fit, above i64::MAX round-trips
-        words
+        words,
+        b.stack_id.map(|s| s as i64)
     ])?;
     Ok(())
 }

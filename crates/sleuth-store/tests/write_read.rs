@@ -513,3 +513,71 @@ fn gpu_samples_round_trip_and_absent_means_not_captured() {
     );
     assert_eq!(d.process_gpu, vec![p[0]]);
 }
+
+#[test]
+fn call_sites_round_trip_and_older_traces_have_none() {
+    use sleuth_core::sites::{Frame, FrameKind, Stack};
+    let dir = TempDir::new("sites");
+    let path = dir.join("t.db");
+    let w = TraceWriter::create(&path, session(), WriterOptions::default()).unwrap();
+    let h = w.handle();
+    let id = u64::MAX - 7; // a 64-bit hash: stored bit for bit
+    let stack = Stack {
+        id,
+        pid: 10,
+        frames: vec![
+            Frame {
+                kind: Some(FrameKind::Python),
+                function: Some("Model.forward".into()),
+                file: Some("/w/train.py".into()),
+                line: Some(42),
+                ..Default::default()
+            },
+            Frame {
+                kind: Some(FrameKind::Native),
+                function: Some("cudaMalloc".into()),
+                module: Some("/x/libcudart.so.13".into()),
+                addr: Some(0x7f00_0000_1234),
+                ..Default::default()
+            },
+        ],
+        notes: vec!["native frames truncated at 32".into()],
+    };
+    h.add_stack(stack.clone()).unwrap();
+    h.add_stack(stack.clone()).unwrap(); // sent again after an LRU eviction: stored once
+    let mut c = call("cudaMalloc", 10, 11, 1_000, 50);
+    c.size = Some(4096);
+    c.ptr = Some(0xabc);
+    c.stack_id = Some(id);
+    h.send(Event::Call(c.clone())).unwrap();
+    h.send(Event::Call(call("cudaFree", 10, 11, 2_000, 5)))
+        .unwrap();
+    drop(h);
+    w.finish().unwrap();
+
+    let t = Trace::open(&path).unwrap();
+    let data = t.load(None).unwrap();
+    assert_eq!(data.stacks.len(), 1);
+    assert_eq!(data.stacks[&id], stack);
+    assert_eq!(
+        data.stacks[&id].site_label(),
+        "/w/train.py:42 Model.forward"
+    );
+    assert_eq!(data.calls[0].stack_id, Some(id));
+    assert_eq!(data.calls[1].stack_id, None);
+    let slow = t
+        .calls_filtered(&CallFilter {
+            order: CallOrder::ByDurationDesc,
+            limit: Some(1),
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(slow[0].call.stack_id, Some(id));
+
+    // A trace written before call sites existed loads, with none.
+    let old =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/h200-contention.db");
+    let data = Trace::open(&old).unwrap().load(None).unwrap();
+    assert!(data.stacks.is_empty());
+    assert!(!data.calls.is_empty() && data.calls.iter().all(|c| c.stack_id.is_none()));
+}

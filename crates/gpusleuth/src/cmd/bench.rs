@@ -30,6 +30,9 @@ pub struct Args {
     /// malloc+free pairs in the throughput run (4 call records each).
     #[arg(long, default_value_t = 20_000)]
     pub calls: u64,
+    /// malloc+free pairs in the allocation-heavy runs (call sites on and off).
+    #[arg(long = "alloc-pairs", default_value_t = 5_000)]
+    pub alloc_pairs: u64,
     /// Calls in the synthetic stored trace that `stats` and `explain` are timed on.
     #[arg(long = "analysis-calls", default_value_t = 1_000_000)]
     pub analysis_calls: u64,
@@ -62,6 +65,10 @@ struct Throughput {
 struct Report {
     reps: u32,
     probe_trap_us: f64,
+    /// Added time per call-site capture: allocation-heavy run with sites on
+    /// minus the same run with `--sites off`, per runtime call (each
+    /// cudaMalloc and cudaFree takes one; nested driver calls take none).
+    site_capture_us: f64,
     overheads: Vec<Overhead>,
     throughput: Throughput,
     /// Writer throughput and analysis time on a large stored trace.
@@ -126,6 +133,18 @@ pub fn run(args: Args) -> Result<i32> {
             vec!["--launches", "full"],
         ),
         (
+            "allocation-heavy, call sites on (default)",
+            format!("churn {}", args.alloc_pairs),
+            2 * args.alloc_pairs,
+            vec![],
+        ),
+        (
+            "allocation-heavy, --sites off",
+            format!("churn {}", args.alloc_pairs),
+            2 * args.alloc_pairs,
+            vec!["--sites", "off"],
+        ),
+        (
             "context-switch-heavy (scheduler probes)",
             format!("pingpong {}", args.switches),
             2 * args.switches,
@@ -156,6 +175,9 @@ pub fn run(args: Args) -> Result<i32> {
         }
     }
     let trap_us = (median(&traced[0]) - median(&untraced[0])) * 1000.0 / n as f64;
+    // Cases 3 and 4: the same allocation-heavy run with sites on and off.
+    let site_capture_us =
+        (median(&traced[3]) - median(&traced[4])) * 1000.0 / (2 * args.alloc_pairs) as f64;
     let overheads = cases
         .iter()
         .enumerate()
@@ -195,6 +217,7 @@ pub fn run(args: Args) -> Result<i32> {
     let report = Report {
         reps: args.reps,
         probe_trap_us: trap_us,
+        site_capture_us,
         overheads,
         throughput: Throughput {
             calls: 4 * args.calls,
@@ -330,6 +353,10 @@ fn render(r: &Report) -> String {
             o.name, o.ops, o.untraced_ms, o.traced_ms, o.ratio, o.added_us_per_op, traps
         );
     }
+    s += &format!(
+        "call sites: {:.2} µs added per capture (allocation-heavy, sites on vs --sites off; native frames only here)\n",
+        r.site_capture_us
+    );
     let t = &r.throughput;
     s += &format!(
         "\nthroughput: {} calls, {} events stored in {:.1} ms = {:.0} events/s, drops {}\n",

@@ -121,6 +121,8 @@ fn live(dir: &Path, keep: bool) -> Result<i32> {
         max_db: 256 << 20,
         ring_size: sleuth_probe::DEFAULT_RING_BYTES as u64,
         torch_allocator: false,
+        sites: true,
+        site_slow: Duration::from_millis(1),
         ready_file: None,
         quiet: true,
         metrics: None,

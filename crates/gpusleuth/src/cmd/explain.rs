@@ -248,6 +248,9 @@ fn example_lines(evidence: &serde_json::Value, op: &str) -> Vec<String> {
             if let Some(err) = e.get("error_name").and_then(|x| x.as_str()) {
                 line.push_str(&format!(" failed: {err}"));
             }
+            if let Some(site) = e.get("site").and_then(|x| x.as_str()) {
+                line.push_str(&format!(" at {site}"));
+            }
             line
         })
         .collect()

@@ -172,6 +172,11 @@ pub fn perfetto(data: &TraceData) -> Value {
         if c.nested {
             args["nested"] = Value::Bool(true);
         }
+        // The call site and its stack (innermost first) on the slice.
+        if let Some(st) = c.stack_id.and_then(|id| data.stacks.get(&id)) {
+            args["site"] = Value::from(st.site_label());
+            args["stack"] = Value::from(st.frames.iter().map(|f| f.label()).collect::<Vec<_>>());
+        }
         ev.push(json!({
             "ph": "X",
             "name": c.op_name(),

@@ -27,6 +27,10 @@ pub struct Args {
     /// bytes of each segment (needs a trace taken with `--torch-allocator`).
     #[arg(long)]
     pub segments: bool,
+    /// Device memory by call site: allocated, unfreed and live at the peak
+    /// per Python line or native function, with the stacks of the top sites.
+    #[arg(long = "by-site")]
+    pub by_site: bool,
     /// Machine-readable output (the documented memory contract).
     #[arg(long)]
     pub json: bool,
@@ -114,6 +118,15 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     }
     let at_abs = at_offset.map(|o| origin.saturating_add(o));
     let mut processes = ledger(&data, at_abs);
+    if args.by_site {
+        let r = crate::cmd::memory_sites::report(&data, &processes);
+        if args.json {
+            emit(&format!("{}\n", serde_json::to_string_pretty(&r)?))?;
+        } else {
+            emit_text(&crate::cmd::memory_sites::render(&r))?;
+        }
+        return Ok(0);
+    }
     let allocators = allocator_views(&data, at_abs, &processes);
     let helds = held_by_pid(&data, &mut processes);
     let activity = gpu_activity::of_trace(&data);
@@ -347,11 +360,15 @@ fn render_state(
         for b in g.live_blocks.iter().take(BLOCK_ROWS) {
             let _ = writeln!(
                 out,
-                "    {:#x}  {} (requested {})  since +{}",
+                "    {:#x}  {} (requested {})  since +{}{}",
                 b.ptr.0,
                 fmt_bytes(b.size),
                 fmt_bytes(b.requested),
-                rel(b.since_ns)
+                rel(b.since_ns),
+                b.site
+                    .as_deref()
+                    .map(|s| format!("  at {s}"))
+                    .unwrap_or_default()
             );
         }
         if g.live_blocks.len() > BLOCK_ROWS {
@@ -667,6 +684,7 @@ mod tests {
                 requested: req,
                 block,
                 words,
+                stack_id: None,
             }
         };
         sleuth_core::TraceData {

@@ -9,6 +9,7 @@ pub mod gpu_context;
 pub mod import;
 pub mod mcp;
 pub mod memory;
+pub mod memory_sites;
 pub mod merge;
 pub mod query;
 pub mod reclaim;

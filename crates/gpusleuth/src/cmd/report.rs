@@ -106,6 +106,8 @@ pub fn render(data: &TraceData, session: &Session, notes: &[Note], title: &str) 
     h.push_str(&gpu::section(data, origin, end));
     h.push_str("<h2>Device memory per process</h2>");
     h.push_str(&memory_section(&ledgers, origin, end));
+    h.push_str("<h2>Call sites of device memory</h2>");
+    h.push_str(&sites_section(data, &ledgers));
     h.push_str("<h2>Latency per op</h2>");
     h.push_str(&latency_section(data));
     h.push_str("<h2>Slowest calls: where their time went</h2>");
@@ -261,6 +263,42 @@ fn findings_html(e: &Explanation) -> String {
 }
 
 /// One chart per process that allocated device memory (or failed to).
+/// Rows of the call-site table.
+const SITE_ROWS: usize = 15;
+
+/// Device memory by the line (or native function) that allocated it.
+fn sites_section(data: &TraceData, ledgers: &[ProcessLedger]) -> String {
+    if data.stacks.is_empty() {
+        return "<p>No call sites in this trace (taken with <code>--sites off</code>, by an older gpusleuth, or imported).</p>".into();
+    }
+    let rows = sleuth_core::sites::memory_by_site(data, ledgers);
+    let mut h = String::from(
+        "<table><tr><th>site</th><th>allocations</th><th>allocated</th><th>unfreed</th><th>live at peak</th><th>failed</th></tr>",
+    );
+    for r in rows.iter().take(SITE_ROWS) {
+        let _ = write!(
+            h,
+            "<tr><td><code>{}</code></td><td>{}</td><td>{}</td><td>{} ({})</td><td>{}</td><td>{}</td></tr>",
+            esc(&r.site),
+            r.allocs,
+            fmt_bytes(r.alloc_bytes),
+            fmt_bytes(r.unfreed_bytes),
+            r.unfreed,
+            fmt_bytes(r.at_peak_bytes),
+            r.failed
+        );
+    }
+    h.push_str("</table>");
+    if rows.len() > SITE_ROWS {
+        let _ = write!(
+            h,
+            "<p>... {} more sites (<code>gpusleuth memory --by-site</code>)</p>",
+            rows.len() - SITE_ROWS
+        );
+    }
+    h
+}
+
 fn memory_section(ledgers: &[ProcessLedger], origin: u64, end: u64) -> String {
     let mut h = String::new();
     let shown: Vec<&ProcessLedger> = ledgers

@@ -61,6 +61,14 @@ pub struct Args {
     /// before events are dropped (drops are always counted and reported).
     #[arg(long = "ring-size", default_value = "8M", value_parser = parse_size)]
     pub ring_size: u64,
+    /// Call sites (Python file/function/line and native frames) of
+    /// allocations, frees, failed and slow calls: on or off.
+    #[arg(long, default_value = "on", value_parser = parse_on_off, action = clap::ArgAction::Set)]
+    pub sites: bool,
+    /// Also capture the site of any recorded call at least this long
+    /// (e.g. 1ms, 500us; 0 turns it off). Launches are never captured.
+    #[arg(long = "site-slow", default_value = "1ms", value_parser = parse_slow)]
+    pub site_slow: Duration,
     /// Create this file once probes are attached (for scripts and tests).
     #[arg(long = "ready-file", value_name = "PATH")]
     pub ready_file: Option<PathBuf>,
@@ -73,6 +81,33 @@ pub struct Args {
     /// The command to launch and trace, with its children.
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<String>,
+}
+
+fn parse_on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(format!("'{s}' is not on or off")),
+    }
+}
+
+/// A duration that may be 0 (off) or given in microseconds.
+fn parse_slow(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    if t == "0" {
+        return Ok(Duration::ZERO);
+    }
+    if let Some(us) = t.strip_suffix("us") {
+        let v: f64 = us
+            .trim()
+            .parse()
+            .map_err(|_| format!("'{s}' is not a duration (e.g. 1ms, 500us, 0)"))?;
+        if !v.is_finite() || v < 0.0 {
+            return Err(format!("'{s}' is not a duration"));
+        }
+        return Ok(Duration::from_secs_f64(v * 1e-6));
+    }
+    parse_duration(t)
 }
 
 fn parse_launches(s: &str) -> Result<LaunchMode, String> {
@@ -349,7 +384,16 @@ fn start(
 ) -> Result<(Capture, Session, Option<u32>)> {
     let ring_bytes =
         u32::try_from(args.ring_size).map_err(|_| anyhow::anyhow!("--ring-size: at most 2G"))?;
-    let mut cap = Capture::start_with(matches!(target, Target::All), args.launches, ring_bytes)?;
+    let site_opts = sleuth_probe::SiteOptions {
+        on: args.sites,
+        slow_ns: u64::try_from(args.site_slow.as_nanos()).unwrap_or(u64::MAX),
+    };
+    let mut cap = Capture::start_with_sites(
+        matches!(target, Target::All),
+        args.launches,
+        ring_bytes,
+        site_opts,
+    )?;
     cap.set_torch_allocator(args.torch_allocator);
     let mut session = Session::new(handle.clone(), start_mono, args.quiet);
     session.metrics = args.metrics.map(crate::metrics::serve).transpose()?;
@@ -397,6 +441,7 @@ fn start(
                 return Err(e.into());
             }
             session.note_process(pid);
+            session.sites.watch(pid);
             held.release(&cmd[0])?;
             child = Some(pid);
         }
@@ -404,6 +449,7 @@ fn start(
             for &p in pids {
                 cap.trace_pid(p)?;
                 session.note_process(p);
+                session.sites.watch(p);
                 handle.add_note(
                     NoteLevel::Info,
                     format!("attached to running process {p}: its calls before the trace started were not seen"),
@@ -438,6 +484,9 @@ fn trace_loop(
     // Whether the loop ended because --duration was reached.
     let duration_up = loop {
         cap.poll(Duration::from_millis(50), |bytes| session.record(bytes));
+        if args.sites {
+            session.find_python(&mut cap);
+        }
         if let Some(pid) = child {
             if child_exit.is_none() {
                 if let Some(code) = held_child::try_wait(pid) {
@@ -561,6 +610,7 @@ fn trace_loop(
         handle.set_stat("events_wait", session.n_waits)?;
         handle.set_stat("events_proc", session.n_procs)?;
         handle.set_stat("decode_errors", session.decode_errors)?;
+        handle.set_stat("sites_stored", session.sites.stored)?;
         // Kernel state left behind by traced processes: 0 once they all exited.
         let (traced_left, threads_left) = cap.map_occupancy();
         handle.set_stat("map_traced_left", traced_left as u64)?;
@@ -719,6 +769,8 @@ struct Session {
     writer_error: Option<String>,
     /// `--metrics`: live counters served over HTTP.
     metrics: Option<std::sync::Arc<crate::metrics::Metrics>>,
+    /// Call sites: CPython discovery and stack resolution.
+    sites: crate::sites::SiteSession,
 }
 
 impl Session {
@@ -737,6 +789,7 @@ impl Session {
             decode_errors: 0,
             writer_error: None,
             metrics: None,
+            sites: crate::sites::SiteSession::default(),
         }
     }
 
@@ -812,13 +865,40 @@ impl Session {
         }
     }
 
+    /// Registers CPython in processes that may have started it.
+    fn find_python(&mut self, cap: &mut Capture) {
+        for (level, text) in self.sites.find_python(cap) {
+            self.live.clear();
+            if level == NoteLevel::Warn {
+                eprintln!("gpusleuth: warning: {text}");
+            }
+            let r = self.handle.add_note(level, text);
+            self.check(r);
+        }
+    }
+
     fn record(&mut self, bytes: &[u8]) {
         self.events += 1;
+        if record::record_type(bytes) == Some(record::REC_STACK) {
+            match record::decode_stack(bytes) {
+                Ok(raw) => {
+                    let stack = self.sites.resolve(&raw);
+                    let r = self.handle.add_stack(stack);
+                    self.check(r);
+                }
+                Err(_) => self.decode_errors += 1,
+            }
+            return;
+        }
         match record::decode(bytes) {
             Ok(ev) => {
                 match &ev {
                     Event::Call(c) => {
                         self.n_calls += 1;
+                        if !self.known_pids.contains(&c.pid) {
+                            // First call seen from it (trace-all mode): may be Python.
+                            self.sites.watch(c.pid);
+                        }
                         self.note_process(c.pid);
                     }
                     Event::Nccl(n) => {
@@ -833,6 +913,11 @@ impl Session {
                             // Re-read: a new process, or a new program in it.
                             self.known_pids.remove(&p.pid);
                             self.note_process(p.pid);
+                            self.sites.forget(p.pid);
+                            self.sites.watch(p.pid);
+                        }
+                        if p.kind == ProcKind::Exit {
+                            self.sites.forget(p.pid);
                         }
                     }
                 }

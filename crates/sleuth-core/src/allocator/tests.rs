@@ -81,6 +81,7 @@ impl Sim {
             requested,
             block,
             words,
+            stack_id: None,
         });
     }
     pub(crate) fn malloc(&mut self, block: u64, ptr: u64, size: u64, requested: u64) {

@@ -144,7 +144,7 @@ fn segment_json(g: &Segment) -> serde_json::Value {
         .live_blocks
         .iter()
         .take(FRAGMENTATION_EVIDENCE_SEGMENTS)
-        .map(|b| json!({"ptr": b.ptr, "size": b.size, "requested": b.requested, "since_ns": b.since_ns}))
+        .map(|b| json!({"ptr": b.ptr, "size": b.size, "requested": b.requested, "since_ns": b.since_ns, "site": b.site}))
         .collect();
     json!({
         "base": g.base, "size": g.size, "kind": g.kind, "pool": g.pool,
@@ -274,7 +274,11 @@ pub(super) fn fragmentation(
             "case": advice.case,
             "calibration": view.calibration,
             "known": "block and segment addresses, sizes and times, measured from the allocator's own events",
-            "call_sites": "unknown: stacks are not captured, so the Python lines that allocated the pinning blocks are not known",
+            "call_sites": if state.segments.iter().any(|g| g.live_blocks.iter().any(|b| b.site.is_some())) {
+                json!("each pinning block's `site` is the line that allocated it")
+            } else {
+                json!("unknown: stacks were not captured, so the Python lines that allocated the pinning blocks are not known")
+            },
         }),
         culprits: Vec::new(),
         recommendation: advice.text,

@@ -62,16 +62,21 @@ pub(super) fn allocation_failure(l: &ProcessLedger) -> Option<Finding> {
         .take(EXAMPLE_CALLS)
         .map(|f| {
             json!({"op": f.op, "bytes": f.bytes, "error": f.error, "error_name": error_name(f.error),
-                   "ts_ns": f.ts_ns, "live_bytes_at": f.live_bytes_at})
+                   "ts_ns": f.ts_ns, "live_bytes_at": f.live_bytes_at, "site": f.site})
         })
         .collect();
+    let at = first
+        .site
+        .as_deref()
+        .map(|s| format!(" at {s}"))
+        .unwrap_or_default();
     Some(Finding {
         kind: Kind::AllocationFailure,
         severity: Severity::High,
         op: first.op.to_string(),
         pids: vec![l.pid],
         summary: format!(
-            "{} allocation(s) failed in {} (pid {}): first {} of {} returned {} ({}) with {} live",
+            "{} allocation(s) failed in {} (pid {}): first {} of {}{at} returned {} ({}) with {} live",
             l.failed_allocs.len(),
             l.comm,
             l.pid,
@@ -111,39 +116,50 @@ pub(super) fn memory_growth(l: &ProcessLedger, span: (u64, u64)) -> Option<Findi
             / (last - first) as u128) as usize;
         q.min(GROWTH_QUARTERS - 1)
     };
-    // (size, op) -> (count, first ts, quarters seen)
-    let mut groups: BTreeMap<(u64, &str), (u64, u64, [bool; GROWTH_QUARTERS])> = BTreeMap::new();
+    // (site, size, op) -> (count, first ts, quarters seen): repeated same-size
+    // leaks from one line are one cause.
+    type Key<'a> = (Option<&'a str>, u64, &'a str);
+    let mut groups: BTreeMap<Key, (u64, u64, [bool; GROWTH_QUARTERS])> = BTreeMap::new();
     for u in &l.unfreed {
-        let e = groups
-            .entry((u.bytes, u.op))
-            .or_insert((0, u.ts_ns, [false; GROWTH_QUARTERS]));
+        let e = groups.entry((u.site.as_deref(), u.bytes, u.op)).or_insert((
+            0,
+            u.ts_ns,
+            [false; GROWTH_QUARTERS],
+        ));
         e.0 += 1;
         e.1 = e.1.min(u.ts_ns);
         e.2[quarter(u.ts_ns)] = true;
     }
-    // (total bytes, size, op, count, first ts, quarters)
-    let mut growing: Vec<(u64, u64, &str, u64, u64, usize)> = groups
+    struct Group<'a> {
+        total: u64,
+        size: u64,
+        op: &'a str,
+        count: u64,
+        first_ts: u64,
+        quarters: usize,
+        site: Option<&'a str>,
+    }
+    let mut growing: Vec<Group> = groups
         .into_iter()
-        .filter_map(|((size, op), (count, first_ts, q))| {
+        .filter_map(|((site, size, op), (count, first_ts, q))| {
             let quarters = q.iter().filter(|&&b| b).count();
-            (count >= GROWTH_MIN_ALLOCS && quarters >= GROWTH_MIN_QUARTERS).then(|| {
-                (
-                    size.saturating_mul(count),
-                    size,
-                    op,
-                    count,
-                    first_ts,
-                    quarters,
-                )
+            (count >= GROWTH_MIN_ALLOCS && quarters >= GROWTH_MIN_QUARTERS).then(|| Group {
+                total: size.saturating_mul(count),
+                size,
+                op,
+                count,
+                first_ts,
+                quarters,
+                site,
             })
         })
         .collect();
     if growing.is_empty() {
         return None;
     }
-    growing.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
-    let bytes: u64 = growing.iter().map(|g| g.0).sum();
-    let count: u64 = growing.iter().map(|g| g.3).sum();
+    growing.sort_by(|a, b| b.total.cmp(&a.total).then(a.size.cmp(&b.size)));
+    let bytes: u64 = growing.iter().map(|g| g.total).sum();
+    let count: u64 = growing.iter().map(|g| g.count).sum();
     let severity = if bytes >= GROWTH_HIGH_BYTES {
         Severity::High
     } else if bytes >= GROWTH_MEDIUM_BYTES {
@@ -152,32 +168,52 @@ pub(super) fn memory_growth(l: &ProcessLedger, span: (u64, u64)) -> Option<Findi
         Severity::Low
     };
     let secs = (last - first) as f64 / 1e9;
-    let top = growing[0];
+    let top = &growing[0];
     let groups_json: Vec<_> = growing
         .iter()
         .take(10)
-        .map(|&(total, size, op, count, first_ts, quarters)| {
-            json!({"bytes": size, "count": count, "total_bytes": total, "op": op,
-                   "first_ts_ns": first_ts, "quarters_with_allocations": quarters})
+        .map(|g| {
+            json!({"bytes": g.size, "count": g.count, "total_bytes": g.total, "op": g.op,
+                   "first_ts_ns": g.first_ts, "quarters_with_allocations": g.quarters,
+                   "site": g.site})
         })
         .collect();
+    let any_site = l.unfreed.iter().any(|u| u.site.is_some());
+    // The largest growing group with a known site, said the way a user acts on it.
+    let top_site = growing.iter().find_map(|g| {
+        g.site.map(|s| {
+            format!(
+                "allocated at {s}, {} × {}, never freed ({})",
+                g.count,
+                fmt_bytes(g.size),
+                fmt_bytes(g.total)
+            )
+        })
+    });
+    let advice = "Memory that grows with every repetition runs out eventually: free (or reuse) the buffer \
+                  allocated on every repetition; in PyTorch, look for tensors kept alive across steps (a \
+                  list of losses without .item()/.detach(), a growing cache, history kept with its graph).";
     Some(Finding {
         kind: Kind::MemoryGrowth,
         severity,
-        op: top.2.to_string(),
+        op: top.op.to_string(),
         pids: vec![l.pid],
         summary: format!(
             "{} (pid {}) kept allocating device memory it never freed: {} allocation(s), {} over {:.1} s \
-             ({}/s), most often {} x{} via {}",
+             ({}/s), most often {} x{} via {}{}",
             l.comm,
             l.pid,
             count,
             fmt_bytes(bytes),
             secs,
             fmt_bytes((bytes as f64 / secs.max(1e-9)) as u64),
-            fmt_bytes(top.1),
-            top.3,
-            top.2
+            fmt_bytes(top.size),
+            top.count,
+            top.op,
+            top_site
+                .as_deref()
+                .map(|t| format!("; {t}"))
+                .unwrap_or_default()
         ),
         evidence: json!({
             "growing_bytes": bytes,
@@ -189,13 +225,13 @@ pub(super) fn memory_growth(l: &ProcessLedger, span: (u64, u64)) -> Option<Findi
             "exited": l.exit_ns.is_some(),
             "unknown_ptr_allocs": l.unknown_ptr_allocs,
             "unmatched_frees": l.unmatched_frees,
-            "call_sites": "unknown: stacks are not captured",
+            "call_sites": if any_site { json!(top_site) } else { json!("unknown: stacks were not captured") },
         }),
         culprits: Vec::new(),
-        recommendation: "Memory that grows with every repetition runs out eventually: free (or reuse) the buffer \
-                         allocated on every repetition; in PyTorch, look for tensors kept alive across steps (a \
-                         list of losses without .item()/.detach(), a growing cache, history kept with its graph)."
-            .to_string(),
+        recommendation: match &top_site {
+            Some(t) => format!("{t}. {advice}"),
+            None => advice.to_string(),
+        },
         impact_ns: bytes,
         wall_share: None,
     })

@@ -120,6 +120,8 @@ impl<'a> Context<'a> {
                     "runnable_ns": known(s.runnable_ns),
                     "blocked_ns": known(s.blocked_ns),
                     "culprits": culprits,
+                    // The line that made the call (slow calls take a site, `trace --site-slow`).
+                    "site": c.stack_id.map(|_| crate::sites::label_of(self.data, c.stack_id)),
                 })
             })
             .collect()

@@ -1,0 +1,109 @@
+//! `gpusleuth memory --by-site`: device memory grouped by the line (or
+//! native function) that allocated it, with the full stack of the top sites.
+
+use crate::cmd::stats::table;
+use crate::output::fmt_bytes;
+use serde::Serialize;
+use sleuth_core::ledger::ProcessLedger;
+use sleuth_core::sites::{memory_by_site, SiteMemory, Stack};
+use sleuth_core::TraceData;
+use std::fmt::Write as _;
+
+/// Sites listed in text; the JSON has them all.
+const SITE_ROWS: usize = 20;
+/// Sites whose stack is printed under the table, and frames per stack.
+const STACKS_SHOWN: usize = 3;
+const FRAMES_SHOWN: usize = 12;
+
+#[derive(Serialize)]
+pub struct SitesReport<'a> {
+    pub sites: Vec<SiteMemory>,
+    /// Full stacks of the listed sites' examples, by id.
+    pub stacks: Vec<&'a Stack>,
+    /// Whether the trace captured any site at all.
+    pub captured: bool,
+}
+
+pub fn report<'a>(data: &'a TraceData, ledgers: &[ProcessLedger]) -> SitesReport<'a> {
+    let sites = memory_by_site(data, ledgers);
+    let stacks = sites
+        .iter()
+        .filter_map(|s| s.example_stack.and_then(|id| data.stacks.get(&id)))
+        .collect();
+    SitesReport {
+        sites,
+        stacks,
+        captured: !data.stacks.is_empty(),
+    }
+}
+
+pub fn render(r: &SitesReport) -> String {
+    let mut out = String::new();
+    if !r.captured {
+        out.push_str(
+            "no call sites in this trace (taken with --sites off, by an older gpusleuth, or imported)\n",
+        );
+    }
+    let _ = writeln!(
+        out,
+        "Device memory by call site ({} sites; unfreed = still allocated at exit or at the end, at peak = live at the process's peak)",
+        r.sites.len()
+    );
+    let rows: Vec<Vec<String>> = r
+        .sites
+        .iter()
+        .take(SITE_ROWS)
+        .map(|s| {
+            vec![
+                s.site.clone(),
+                s.allocs.to_string(),
+                fmt_bytes(s.alloc_bytes),
+                format!("{} ({})", fmt_bytes(s.unfreed_bytes), s.unfreed),
+                fmt_bytes(s.at_peak_bytes),
+                if s.failed > 0 {
+                    format!("{} ({})", s.failed, fmt_bytes(s.failed_bytes))
+                } else {
+                    "0".into()
+                },
+            ]
+        })
+        .collect();
+    out.push_str(&table(
+        &[
+            "SITE",
+            "ALLOCS",
+            "ALLOCATED",
+            "UNFREED",
+            "AT PEAK",
+            "FAILED",
+        ],
+        &rows,
+        &[0],
+    ));
+    if r.sites.len() > SITE_ROWS {
+        let _ = writeln!(out, "  ... {} more (use --json)", r.sites.len() - SITE_ROWS);
+    }
+    for s in r.sites.iter().take(STACKS_SHOWN) {
+        let Some(stack) = s
+            .example_stack
+            .and_then(|id| r.stacks.iter().find(|st| st.id == id))
+        else {
+            continue;
+        };
+        let _ = writeln!(out, "\n{} — stack {:#x}:", s.site, stack.id);
+        for f in stack.frames.iter().take(FRAMES_SHOWN) {
+            let _ = writeln!(out, "    {}", f.label());
+        }
+        if stack.frames.len() > FRAMES_SHOWN {
+            let _ = writeln!(
+                out,
+                "    ... {} more frames",
+                stack.frames.len() - FRAMES_SHOWN
+            );
+        }
+        for n in &stack.notes {
+            let _ = writeln!(out, "    ({n})");
+        }
+    }
+    out
+}

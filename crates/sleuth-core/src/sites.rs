@@ -1,0 +1,387 @@
+//! Call sites: the resolved stacks captured at allocations, frees, failed and
+//! slow calls, which frame of each one is "the site" a user can act on, and
+//! memory grouped by site.
+//!
+//! A stack lists Python frames (file, function, line) and native frames
+//! (function, library), innermost first. The site is the innermost Python
+//! frame in the user's own code (not the standard library or an installed
+//! package), else the innermost Python frame, else the innermost native frame
+//! outside the CUDA and PyTorch libraries, else the innermost native frame.
+
+use crate::data::TraceData;
+use crate::ledger::ProcessLedger;
+use crate::ops::OpClass;
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FrameKind {
+    Python,
+    Native,
+}
+
+impl FrameKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FrameKind::Python => "python",
+            FrameKind::Native => "native",
+        }
+    }
+    pub fn parse(s: &str) -> Option<FrameKind> {
+        match s {
+            "python" => Some(FrameKind::Python),
+            "native" => Some(FrameKind::Native),
+            _ => None,
+        }
+    }
+}
+
+/// One resolved frame.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Frame {
+    pub kind: Option<FrameKind>,
+    /// Python: the code object's qualified name; native: the symbol
+    /// (demangled), or `None` when the address is in no known symbol.
+    pub function: Option<String>,
+    /// Python: `co_filename`; native: source file when known.
+    pub file: Option<String>,
+    pub line: Option<u32>,
+    /// Native: the mapped file the address belongs to.
+    pub module: Option<String>,
+    /// Native: the return address.
+    pub addr: Option<u64>,
+}
+
+impl Frame {
+    pub fn is_python(&self) -> bool {
+        self.kind == Some(FrameKind::Python)
+    }
+
+    /// `file:line function` for Python, `function (module)` for native.
+    pub fn label(&self) -> String {
+        match self.kind {
+            Some(FrameKind::Python) => format!(
+                "{}:{} {}",
+                self.file.as_deref().unwrap_or("?"),
+                self.line
+                    .map(|l| l.to_string())
+                    .unwrap_or_else(|| "?".into()),
+                self.function.as_deref().unwrap_or("?")
+            ),
+            _ => {
+                let module = self
+                    .module
+                    .as_deref()
+                    .map(|m| m.rsplit('/').next().unwrap_or(m))
+                    .unwrap_or("?");
+                match (&self.function, &self.file, self.line) {
+                    (Some(f), Some(file), Some(line)) => format!("{file}:{line} {f} ({module})"),
+                    (Some(f), _, _) => format!("{f} ({module})"),
+                    (None, _, _) => format!("{:#x} ({module})", self.addr.unwrap_or(0)),
+                }
+            }
+        }
+    }
+}
+
+/// A resolved stack.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Stack {
+    pub id: u64,
+    pub pid: u32,
+    /// Python frames first (innermost first), then native frames (innermost first).
+    pub frames: Vec<Frame>,
+    /// What limits this stack, in words ("python frames truncated at 32", ...);
+    /// empty when complete.
+    pub notes: Vec<String>,
+}
+
+/// Paths that belong to the interpreter or installed packages, not to the
+/// program being debugged.
+fn is_library_path(file: &str) -> bool {
+    file.contains("/site-packages/")
+        || file.contains("/dist-packages/")
+        || file.starts_with('<')
+        || file.contains("/lib/python3")
+        || file.contains("/lib64/python3")
+}
+
+/// Native modules whose frames are never the site (the CUDA libraries and
+/// PyTorch itself: the site is whoever called them).
+fn is_cuda_or_torch_module(module: &str) -> bool {
+    let base = module.rsplit('/').next().unwrap_or(module);
+    [
+        "libcudart",
+        "libcuda.",
+        "libc10",
+        "libtorch",
+        "libcublas",
+        "libffi",
+        "_ctypes",
+    ]
+    .iter()
+    .any(|p| base.starts_with(p) || base.contains(p))
+}
+
+impl Stack {
+    /// The frame a user can act on (see the module doc), if any.
+    pub fn site(&self) -> Option<&Frame> {
+        let py = || self.frames.iter().filter(|f| f.is_python());
+        let native = || self.frames.iter().filter(|f| !f.is_python());
+        py().find(|f| f.file.as_deref().is_some_and(|p| !is_library_path(p)))
+            .or_else(|| py().next())
+            .or_else(|| {
+                native().find(|f| {
+                    f.function.is_some()
+                        && f.module
+                            .as_deref()
+                            .is_some_and(|m| !is_cuda_or_torch_module(m))
+                })
+            })
+            .or_else(|| native().next())
+    }
+
+    /// The site as one line, or why there is none.
+    pub fn site_label(&self) -> String {
+        match self.site() {
+            Some(f) => f.label(),
+            None if !self.notes.is_empty() => format!("unknown ({})", self.notes.join("; ")),
+            None => "unknown (empty stack)".into(),
+        }
+    }
+}
+
+/// Label of a call's site, from its stack id: "not captured" when the call
+/// has none, "stack lost" when the id names no stored stack.
+pub fn label_of(data: &TraceData, stack_id: Option<u64>) -> String {
+    match stack_id {
+        None => NOT_CAPTURED.into(),
+        Some(id) => data
+            .stacks
+            .get(&id)
+            .map(Stack::site_label)
+            .unwrap_or_else(|| LOST.into()),
+    }
+}
+
+/// Site label of an allocation whose stack was not captured.
+pub const NOT_CAPTURED: &str = "(site not captured)";
+/// Site label of a stack id whose stack never reached the database.
+pub const LOST: &str = "(stack lost: see stats.drop_ring_full_stack)";
+
+/// Device memory grouped by call site (one process or all).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct SiteMemory {
+    /// `file:line function`, `function (module)` or why it is unknown.
+    pub site: String,
+    /// One stack of this site (for its full frames).
+    pub example_stack: Option<u64>,
+    pub allocs: u64,
+    pub alloc_bytes: u64,
+    /// Still live at the end of the trace (or at exit).
+    pub unfreed: u64,
+    pub unfreed_bytes: u64,
+    /// Live at the moment of the process's peak.
+    pub at_peak_bytes: u64,
+    pub failed: u64,
+    pub failed_bytes: u64,
+}
+
+/// Device allocations by site: allocated, unfreed at the end and live at
+/// each process's peak (summed over processes), failures. Sorted by unfreed
+/// bytes, then bytes at the peak, then allocated bytes, largest first.
+pub fn memory_by_site(data: &TraceData, ledgers: &[ProcessLedger]) -> Vec<SiteMemory> {
+    let mut rows: BTreeMap<String, SiteMemory> = BTreeMap::new();
+    fn row<'a>(
+        rows: &'a mut BTreeMap<String, SiteMemory>,
+        data: &TraceData,
+        stack: Option<u64>,
+    ) -> &'a mut SiteMemory {
+        let label = label_of(data, stack);
+        let r = rows.entry(label.clone()).or_insert_with(|| SiteMemory {
+            site: label,
+            ..Default::default()
+        });
+        if r.example_stack.is_none() {
+            r.example_stack = stack.filter(|id| data.stacks.contains_key(id));
+        }
+        r
+    }
+    for c in &data.calls {
+        let Some(info) = c.info() else { continue };
+        let device_alloc = matches!(info.class, OpClass::DeviceAlloc | OpClass::PhysCreate);
+        if !device_alloc || c.nested {
+            continue;
+        }
+        let r = row(&mut rows, data, c.stack_id);
+        if c.failed() {
+            r.failed += 1;
+            r.failed_bytes += c.size.unwrap_or(0);
+        } else {
+            r.allocs += 1;
+            r.alloc_bytes += c.size.unwrap_or(0);
+        }
+    }
+    for l in ledgers {
+        for u in &l.unfreed {
+            let r = row(&mut rows, data, u.stack_id);
+            r.unfreed += 1;
+            r.unfreed_bytes += u.bytes;
+        }
+        if let Some(peak_ts) = l.peak_ts_ns {
+            let at_peak = crate::ledger::ledger(data, Some(peak_ts));
+            if let Some(p) = at_peak.iter().find(|p| p.pid == l.pid) {
+                for u in &p.unfreed {
+                    row(&mut rows, data, u.stack_id).at_peak_bytes += u.bytes;
+                }
+            }
+        }
+    }
+    let mut out: Vec<SiteMemory> = rows.into_values().collect();
+    out.sort_by(|a, b| {
+        (b.unfreed_bytes, b.at_peak_bytes, b.alloc_bytes)
+            .cmp(&(a.unfreed_bytes, a.at_peak_bytes, a.alloc_bytes))
+            .then_with(|| a.site.cmp(&b.site))
+    });
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::CallEvent;
+    use crate::ops::op_by_name;
+
+    fn py(file: &str, line: u32, func: &str) -> Frame {
+        Frame {
+            kind: Some(FrameKind::Python),
+            function: Some(func.into()),
+            file: Some(file.into()),
+            line: Some(line),
+            ..Default::default()
+        }
+    }
+
+    fn native(func: &str, module: &str) -> Frame {
+        Frame {
+            kind: Some(FrameKind::Native),
+            function: Some(func.into()),
+            module: Some(module.into()),
+            addr: Some(0x1000),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn site_is_the_innermost_user_frame() {
+        let s = Stack {
+            id: 1,
+            frames: vec![
+                py(
+                    "/venv/lib/python3.12/site-packages/torch/nn/modules/linear.py",
+                    125,
+                    "Linear.forward",
+                ),
+                py("/home/me/train.py", 42, "Model.forward"),
+                py("/home/me/train.py", 90, "main"),
+                native("cudaMalloc", "/usr/lib/libcudart.so.13"),
+            ],
+            ..Default::default()
+        };
+        assert_eq!(s.site_label(), "/home/me/train.py:42 Model.forward");
+        let c = Stack {
+            id: 2,
+            frames: vec![
+                native("cudaMalloc", "/x/libcudart.so.13"),
+                native("alloc_weights", "/x/workload"),
+                native("main", "/x/workload"),
+            ],
+            ..Default::default()
+        };
+        assert_eq!(c.site_label(), "alloc_weights (workload)");
+        let empty = Stack {
+            id: 3,
+            notes: vec!["native stack could not be read".into()],
+            ..Default::default()
+        };
+        assert!(empty.site_label().starts_with("unknown (native stack"));
+    }
+
+    fn alloc(ts: u64, size: u64, ptr: u64, stack: u64) -> CallEvent {
+        CallEvent {
+            ts_ns: ts,
+            dur_ns: 1,
+            pid: 1,
+            tid: 1,
+            op: op_by_name("cudaMalloc").unwrap().id,
+            size: Some(size),
+            ptr: Some(ptr),
+            stack_id: Some(stack),
+            ..Default::default()
+        }
+    }
+
+    fn free(ts: u64, ptr: u64) -> CallEvent {
+        CallEvent {
+            ts_ns: ts,
+            dur_ns: 1,
+            pid: 1,
+            tid: 1,
+            op: op_by_name("cudaFree").unwrap().id,
+            ptr: Some(ptr),
+            stack_id: Some(9),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn memory_by_site_puts_the_leak_first() {
+        let mut data = TraceData::default();
+        for (id, line) in [(1u64, 10u32), (2, 20)] {
+            data.stacks.insert(
+                id,
+                Stack {
+                    id,
+                    pid: 1,
+                    frames: vec![py("/w/leak.py", line, "f")],
+                    notes: vec![],
+                },
+            );
+        }
+        // Line 10: 3 x 100 bytes, freed. Line 20: 2 x 50 bytes, never freed.
+        let mut t = 0;
+        for i in 0..3 {
+            t += 10;
+            data.calls.push(alloc(t, 100, 0x1000 + i, 1));
+        }
+        for i in 0..2 {
+            t += 10;
+            data.calls.push(alloc(t, 50, 0x2000 + i, 2));
+        }
+        for i in 0..3 {
+            t += 10;
+            data.calls.push(free(t, 0x1000 + i));
+        }
+        // A failed allocation without a captured stack.
+        t += 10;
+        let mut failed = alloc(t, 1 << 40, 0, 0);
+        failed.ret = 2;
+        failed.ptr = None;
+        failed.stack_id = None;
+        data.calls.push(failed);
+        let ledgers = crate::ledger::ledger(&data, None);
+        let rows = memory_by_site(&data, &ledgers);
+        assert_eq!(rows[0].site, "/w/leak.py:20 f");
+        assert_eq!((rows[0].unfreed, rows[0].unfreed_bytes), (2, 100));
+        assert_eq!(rows[0].at_peak_bytes, 100);
+        let l10 = rows.iter().find(|r| r.site == "/w/leak.py:10 f").unwrap();
+        assert_eq!(
+            (l10.allocs, l10.alloc_bytes, l10.unfreed_bytes),
+            (3, 300, 0)
+        );
+        assert_eq!(l10.at_peak_bytes, 300, "peak is after all five allocations");
+        let none = rows.iter().find(|r| r.site == NOT_CAPTURED).unwrap();
+        assert_eq!((none.failed, none.failed_bytes), (1, 1 << 40));
+    }
+}

@@ -1,0 +1,77 @@
+//! The `call_sites` tool: where memory was allocated and which lines made
+//! the failed and slow calls, from the stacks captured at trace time.
+
+use crate::args;
+use anyhow::{bail, Result};
+use serde_json::{json, Value};
+use sleuth_core::sites::{label_of, memory_by_site};
+use sleuth_core::{findings, ledger};
+use sleuth_store::{ReadBudget, Trace};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+const SITES_DEFAULT: u32 = 20;
+const SITES_MAX: u32 = 200;
+/// Frames of each example stack in the answer.
+const FRAMES_MAX: usize = 16;
+
+pub fn call_sites(db: &Path, a: &args::CallSites, budget: &ReadBudget) -> Result<Value> {
+    let limit = a.limit.unwrap_or(SITES_DEFAULT);
+    if limit == 0 || limit > SITES_MAX {
+        bail!("limit must be between 1 and {SITES_MAX} (got {limit})");
+    }
+    let trace = Trace::open_with(db, budget.clone())?;
+    let data = trace.load(a.pid)?;
+    let ledgers = ledger::ledger(&data, None);
+    let memory: Vec<Value> = memory_by_site(&data, &ledgers)
+        .into_iter()
+        .take(limit as usize)
+        .map(|s| {
+            let frames: Vec<String> = s
+                .example_stack
+                .and_then(|id| data.stacks.get(&id))
+                .map(|st| {
+                    st.frames
+                        .iter()
+                        .take(FRAMES_MAX)
+                        .map(|f| f.label())
+                        .collect()
+                })
+                .unwrap_or_default();
+            let mut v = serde_json::to_value(&s).unwrap_or(Value::Null);
+            v["stack"] = json!(frames);
+            v
+        })
+        .collect();
+    // Failed and slow calls by (site, op): what went wrong where.
+    let mut other: BTreeMap<(String, &'static str), (u64, u64, u64)> = BTreeMap::new();
+    for c in data.calls.iter().filter(|c| c.stack_id.is_some()) {
+        let e = other
+            .entry((label_of(&data, c.stack_id), c.op_name()))
+            .or_default();
+        e.0 += 1;
+        e.1 += c.failed() as u64;
+        e.2 += c.dur_ns;
+    }
+    let mut calls: Vec<Value> = other
+        .into_iter()
+        .map(|((site, op), (n, errors, total_ns))| {
+            json!({"site": site, "op": op, "calls": n, "errors": errors, "total_ns": total_ns})
+        })
+        .collect();
+    calls.sort_by_key(|v| std::cmp::Reverse(v["total_ns"].as_u64().unwrap_or(0)));
+    calls.truncate(limit as usize);
+    let failed: Vec<Value> = ledgers
+        .iter()
+        .flat_map(|l| l.failed_allocs.iter())
+        .take(limit as usize)
+        .map(|f| json!({"op": f.op, "bytes": f.bytes, "error": findings::error_name(f.error), "site": f.site}))
+        .collect();
+    Ok(json!({
+        "units": "bytes and ns; a site is `file:line function` (Python) or `function (library)` (native)",
+        "captured": !data.stacks.is_empty(),
+        "memory_by_site": memory,
+        "calls_by_site": calls,
+        "failed_allocations": failed,
+    }))
+}

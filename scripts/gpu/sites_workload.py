@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""Call sites on the GPU (issue 13): tensors allocated at known lines, a leak
+in a loop, then the seed scenario (model load, one generate round, del +
+empty_cache, del model).
+
+Every tensor of the truth is large (≥ 2 MiB, a multiple of 2 MiB) and made
+while no cached block can serve it, so PyTorch's caching allocator asks
+cudaMalloc for exactly its size: the truth is "this line allocated these
+bytes". Each truth record is written by the line that allocates (`here()`
+reads the caller's frame), as JSON lines.
+
+  sites_workload.py --truth FILE [--leaks 8] [--new-tokens 16]
+"""
+
+import argparse
+import gc
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+MIB = 1 << 20
+
+
+def here():
+    f = sys._getframe(1)
+    return f.f_lineno, getattr(f.f_code, "co_qualname", f.f_code.co_name)
+
+
+class Truth:
+    def __init__(self, path):
+        self.f = open(path, "w")
+
+    def add(self, where, nbytes, kind):
+        self.f.write(json.dumps({"file": os.path.abspath(__file__), "line": where[0], "func": where[1],
+                                 "bytes": nbytes, "kind": kind}) + "\n")
+        self.f.flush()
+
+
+class Net:
+    def weights(self, torch, truth, n):
+        w = torch.empty(n, dtype=torch.uint8, device="cuda"); where = here()
+        truth.add(where, n, "kept")
+        return w
+
+
+def leak(torch, truth, keep, rounds):
+    for _ in range(rounds):
+        t = torch.empty(32 * MIB, dtype=torch.uint8, device="cuda"); where = here()
+        truth.add(where, 32 * MIB, "leak")
+        keep.append(t)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--truth", required=True)
+    ap.add_argument("--leaks", type=int, default=8)
+    ap.add_argument("--new-tokens", type=int, default=16)
+    a = ap.parse_args()
+    import torch
+
+    truth = Truth(a.truth)
+    time.sleep(1.0)  # gpusleuth attaches the CUDA libraries and registers this interpreter
+    torch.zeros(1, device="cuda")  # CUDA context and a first small segment (not in the truth)
+    torch.cuda.synchronize()
+    a64 = torch.empty(64 * MIB, dtype=torch.uint8, device="cuda"); where = here()
+    truth.add(where, 64 * MIB, "freed")
+    w = Net().weights(torch, truth, 96 * MIB)
+    keep = []
+    leak(torch, truth, keep, a.leaks)
+    del a64, w
+    torch.cuda.empty_cache()
+
+    # The seed scenario, shortened to one round.
+    import seed_empty_cache as seed
+
+    model, config = seed.build_model(torch)
+    out = seed.generate_round(torch, model, config, a.new_tokens)
+    del out
+    torch.cuda.empty_cache()
+    del model
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.synchronize()
+    print(json.dumps({"workload": "sites", "leaked_bytes": a.leaks * 32 * MIB,
+                      "allocated_end": torch.cuda.memory_allocated()}), flush=True)
+    time.sleep(0.5)  # sites are resolved from the live process
+
+
+if __name__ == "__main__":
+    main()
