@@ -7,6 +7,7 @@ use std::process::Output;
 
 #[path = "../common/skip.rs"]
 mod skip;
+#[allow(unused_imports)] // not every test file that includes this module skips
 pub use skip::skipped;
 
 /// A command's stdout as JSON, or a panic showing what it printed instead.
