@@ -9,7 +9,7 @@
 //! follows the schema without a second list to keep in sync.
 
 use crate::schema::CREATE;
-use rusqlite::Connection;
+use rusqlite::{Connection, OptionalExtension};
 use std::collections::BTreeMap;
 
 /// Tables every trace has had since schema version 1; any other table of
@@ -120,6 +120,28 @@ pub(crate) fn check(conn: &Connection) -> rusqlite::Result<Result<(), String>> {
     Ok(Ok(()))
 }
 
+/// Partial indexes gpusleuth itself creates, by name and exact SQL: their
+/// `WHERE` is a plain NULL test, and a file that changes it is refused.
+const OUR_PARTIAL_INDEXES: &[(&str, &str)] = &[(
+    "calls_stack",
+    "CREATE INDEX calls_stack ON calls(stack_id) WHERE stack_id IS NOT NULL",
+)];
+
+fn is_our_partial_index(conn: &Connection, name: &str) -> rusqlite::Result<bool> {
+    let Some((_, want)) = OUR_PARTIAL_INDEXES.iter().find(|(n, _)| *n == name) else {
+        return Ok(false);
+    };
+    let sql: Option<String> = conn
+        .query_row(
+            "SELECT sql FROM sqlite_master WHERE type = 'index' AND name = ?1",
+            [name],
+            |r| r.get(0),
+        )
+        .optional()?
+        .flatten();
+    Ok(sql.as_deref() == Some(*want))
+}
+
 /// A partial or expression index on `table` (SQLite evaluates those while
 /// reading or checking the file); `None` when every index is on plain columns.
 fn odd_index(conn: &Connection, table: &str) -> rusqlite::Result<Option<String>> {
@@ -129,7 +151,7 @@ fn odd_index(conn: &Connection, table: &str) -> rusqlite::Result<Option<String>>
         rows.collect::<rusqlite::Result<_>>()?
     };
     for (name, partial) in indexes {
-        if partial != 0 {
+        if partial != 0 && !is_our_partial_index(conn, &name)? {
             return Ok(Some(format!("index {name} on {table} is a partial index")));
         }
         let expr: i64 = conn.query_row(
@@ -159,6 +181,23 @@ mod tests {
     #[test]
     fn our_schema_passes() {
         assert_eq!(check(&fresh()).expect("check"), Ok(()));
+    }
+
+    #[test]
+    fn our_partial_index_passes_and_a_changed_one_is_refused() {
+        let c = fresh();
+        c.execute_batch(crate::stacks::CREATE).expect("stacks");
+        assert_eq!(check(&c).expect("check"), Ok(()));
+        c.execute_batch(
+            "DROP INDEX calls_stack;
+             CREATE INDEX calls_stack ON calls(stack_id) WHERE length(printf('%.*c', 9, 'x')) > 0",
+        )
+        .expect("swap");
+        let why = check(&c).expect("check").expect_err("refused");
+        assert!(
+            why.contains("calls_stack on calls is a partial index"),
+            "{why}"
+        );
     }
 
     #[test]

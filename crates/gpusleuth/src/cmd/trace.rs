@@ -721,6 +721,7 @@ fn loss_sums(losses: &[u64; stat::MAX]) -> LossSums {
             stat::RING_DROP_PROC,
             stat::RING_DROP_BLOCK,
             stat::RING_DROP_NCCL,
+            stat::RING_DROP_STACK,
         ]),
         maps: sum(&[
             stat::INFLIGHT_FULL,
@@ -960,7 +961,11 @@ mod tests {
         let s = loss_sums(&l);
         assert_eq!(
             s.ring,
-            1 | 2 | 4 | (1 << stat::RING_DROP_BLOCK) | (1 << stat::RING_DROP_NCCL)
+            1 | 2
+                | 4
+                | (1 << stat::RING_DROP_BLOCK)
+                | (1 << stat::RING_DROP_NCCL)
+                | (1 << stat::RING_DROP_STACK)
         );
         assert_eq!(s.maps, 8 | 16 | 32 | (1 << stat::TRACED_FULL));
         assert_eq!(s.total() & (1 << stat::UNMATCHED_RETURN), 0);

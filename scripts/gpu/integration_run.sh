@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# One device call that re-runs every GPU acceptance script of this round on
+# one integrated binary (2 x H200 kind: the NCCL straggler needs two GPUs; the
+# others use GPU 0). Each suite writes into its own folder; $OUT gets one
+# log per suite (at most 8 files) and summary.txt.
+#   cd DIR_WITH_gpusleuth_AND_scripts && OUT=$OUT bash scripts/gpu/integration_run.sh [SUITE...]
+# Suites: verdict attach reclaim sites nccl (default: all).
+set -u
+ROOT=$(pwd)
+export GPUSLEUTH=$ROOT/gpusleuth PY=${PY:-/opt/torch/.venv/bin/python3} PYTHONUNBUFFERED=1
+OUT=${OUT:-$ROOT/out}; mkdir -p "$OUT"
+G=$ROOT/scripts/gpu
+mount -t tracefs nodev /sys/kernel/tracing 2>/dev/null || true
+suites=${*:-verdict attach reclaim sites nccl}
+S=$OUT/summary.txt
+{ date -u; nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader; } >"$S" 2>&1
+for s in $suites; do
+  W=$(mktemp -d /tmp/gs-$s.XXXXXX)
+  t0=$(date +%s)
+  case $s in
+    verdict) OUT=$W timeout 240 bash "$G/verdict_run.sh" >"$OUT/verdict.log" 2>&1
+             tail -12 "$W/verdict-h200.txt" >>"$S" 2>&1 ;;
+    attach)  OUT=$W timeout 90 bash "$G/attach_baseline.sh" >"$OUT/attach.log" 2>&1
+             grep -E "PASS|FAIL|summary|SUMMARY" "$OUT/attach.log" | tail -15 >>"$S" ;;
+    reclaim) OUT=$W timeout 200 bash "$G/reclaim_variants.sh" >"$OUT/reclaim.log" 2>&1
+             cat "$W/summary.txt" >>"$S" 2>&1 ;;
+    sites)   # Known-line attribution only (the overhead benchmarks of sites_run.sh are not repeated).
+             ( cd "$G" && ln -sf "$GPUSLEUTH" ./gpusleuth
+               SP=/opt/torch/.venv/lib/python3.12/site-packages
+               ./gpusleuth trace --db "$W/sites.db" --force --quiet \
+                 --cuda-lib "$SP/nvidia/cu13/lib/libcudart.so.13" --cuda-lib /usr/local/nvidia/lib64/libcuda.so.1 \
+                 -- "$PY" sites_workload.py --truth "$W/truth.jsonl"
+               ./gpusleuth memory --by-site --db "$W/sites.db" >"$W/by_site.txt" 2>&1
+               ./gpusleuth memory --by-site --json --db "$W/sites.db" >"$W/by_site.json"
+               ./gpusleuth explain --db "$W/sites.db" >"$W/explain.txt" 2>&1
+               "$PY" sites_check.py "$W/truth.jsonl" "$W/by_site.json" "$W/explain.txt" >"$W/check.json"
+               cat "$W/check.json"; head -20 "$W/by_site.txt"; head -30 "$W/explain.txt" ) >"$OUT/sites.log" 2>&1
+             "$PY" -c 'import json,sys; c=json.load(open(sys.argv[1])); print("sites: right_line_share=%s leak_first=%s explain_names_leak=%s" % (c["right_line_share"], c["leak_first_in_by_site"], c["explain_names_leak"]))' "$W/check.json" >>"$S" 2>&1 ;;
+    nccl)    ( cd "$ROOT" && OUT=$W GPUSLEUTH=$GPUSLEUTH timeout 200 bash "$G/nccl_straggler.sh" ) >"$OUT/nccl.log" 2>&1
+             cat "$W/summary.txt" >>"$S" 2>&1 ;;
+  esac
+  echo "== $s: $(( $(date +%s) - t0 )) s" >>"$S"
+done
+cat "$S"
