@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Call sites on the GPU (issue 13): tensors allocated at known lines, a leak
-in a loop, then the seed scenario (model load, one generate round, del +
-empty_cache, del model).
+"""Call sites on the GPU (issue 13): the seed scenario's model, tensors
+allocated at known lines, then a loop of generate rounds that leaks one
+tensor per step (live memory rising across the run), then del model.
 
 Every tensor of the truth is large (≥ 2 MiB, a multiple of 2 MiB) and made
 while no cached block can serve it, so PyTorch's caching allocator asks
@@ -63,23 +63,28 @@ def main():
 
     truth = Truth(a.truth)
     time.sleep(1.0)  # gpusleuth attaches the CUDA libraries and registers this interpreter
-    torch.zeros(1, device="cuda")  # CUDA context and a first small segment (not in the truth)
-    torch.cuda.synchronize()
-    a64 = torch.empty(64 * MIB, dtype=torch.uint8, device="cuda"); where = here()
-    truth.add(where, 64 * MIB, "freed")
-    w = Net().weights(torch, truth, 96 * MIB)
-    keep = []
-    leak(torch, truth, keep, a.leaks)
-    del a64, w
-    torch.cuda.empty_cache()
-
-    # The seed scenario, shortened to one round.
+    # The seed scenario's model first: initialised on the CPU, then moved (the
+    # process's CUDA activity starts here).
     import seed_empty_cache as seed
 
     model, config = seed.build_model(torch)
-    out = seed.generate_round(torch, model, config, a.new_tokens)
-    del out
+    torch.cuda.synchronize()
     torch.cuda.empty_cache()
+    a64 = torch.empty(64 * MIB, dtype=torch.uint8, device="cuda"); where = here()
+    truth.add(where, 64 * MIB, "freed")
+    w = Net().weights(torch, truth, 96 * MIB)
+    del a64, w
+    torch.cuda.empty_cache()
+    # A leak in the loop: every step generates, frees what it should, and keeps
+    # one 32 MiB tensor by mistake, so live memory rises across the whole run
+    # (a leak, not memory held once at exit). empty_cache() before each leak:
+    # no cached block can serve it, cudaMalloc is called from that line.
+    keep = []
+    for _ in range(a.leaks):
+        out = seed.generate_round(torch, model, config, a.new_tokens)
+        del out
+        torch.cuda.empty_cache()
+        leak(torch, truth, keep, 1)
     del model
     gc.collect()
     torch.cuda.empty_cache()

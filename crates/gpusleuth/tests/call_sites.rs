@@ -306,7 +306,10 @@ fn python_allocations_frees_and_failures_have_their_exact_line() {
             "{version}: {v}"
         );
         assert_eq!(first["unfreed_bytes"].as_u64(), Some(3 << 20));
-        // explain names the line in the unfreed-memory finding and the failure.
+        // explain names the line of the failure. The 3 MiB held until exit
+        // is no finding (the driver frees it with the context: issue 12's
+        // rule), so explain does not call it a leak; `memory --by-site`
+        // above names its line.
         let out = gpusleuth()
             .args(["explain", "--json", "--db"])
             .arg(sb.db())
@@ -315,8 +318,8 @@ fn python_allocations_frees_and_failures_have_their_exact_line() {
         let text = String::from_utf8_lossy(&out.stdout);
         let site = format!("{script_s}:{weights_line} {weights_func}");
         assert!(
-            text.contains(&format!("allocated at {site}, 1 × 3.0 MiB, never freed")),
-            "{version}: {text}"
+            !text.contains(&format!("allocated at {site}")),
+            "{version}: memory held at exit is not a finding: {text}"
         );
         let fail_line = truth
             .iter()
