@@ -284,7 +284,12 @@ struct Counters {
     events_proc: u64,
     events_block: u64,
     drop_db_full: u64,
+    /// Rows the writer could not store.
     decode_errors: u64,
+    /// Records the capture side could not decode (reported through
+    /// `set_stat("decode_errors", n)`): added to the writer's own count, never
+    /// overwritten by it — `decode_errors` has one owner, this sum.
+    decode_errors_upstream: u64,
     calls_stored: u64,
     waits_stored: u64,
     procs_stored: u64,
@@ -429,6 +434,9 @@ impl WriterState {
                 Msg::Note(level, text) => {
                     insert_note(&tx, monotonic_now_ns(), level.as_str(), text)?
                 }
+                Msg::Stat(name, v) if name == DECODE_ERRORS => {
+                    self.n.decode_errors_upstream = *v;
+                }
                 Msg::Stat(name, v) => set_stat(&tx, name, *v)?,
                 Msg::OpCounts(counts) => {
                     for c in counts {
@@ -518,8 +526,15 @@ fn write_counters(tx: &Connection, n: &Counters) -> rusqlite::Result<()> {
         set_stat(tx, "events_block", n.events_block)?;
     }
     set_stat(tx, "drop_db_full", n.drop_db_full)?;
-    set_stat(tx, "decode_errors", n.decode_errors)
+    set_stat(
+        tx,
+        DECODE_ERRORS,
+        n.decode_errors.saturating_add(n.decode_errors_upstream),
+    )
 }
+
+/// The `stats` row counting records and rows that could not be decoded or stored.
+const DECODE_ERRORS: &str = "decode_errors";
 
 /// Nice +10 for the calling thread only (Linux: PRIO_PROCESS with a thread
 /// id). Best effort: on failure the writer keeps the normal priority.

@@ -581,3 +581,26 @@ fn call_sites_round_trip_and_older_traces_have_none() {
     assert!(data.stacks.is_empty());
     assert!(!data.calls.is_empty() && data.calls.iter().all(|c| c.stack_id.is_none()));
 }
+
+/// Issue 15: ring-buffer decode failures reported by the capture side reach
+/// `stats.decode_errors`; the writer's own per-batch counters never
+/// overwrite them (they used to, in the same and every later batch).
+#[test]
+fn decode_failures_reported_by_the_capture_side_are_kept() {
+    let dir = TempDir::new("decode");
+    let path = dir.join("t.db");
+    let w = TraceWriter::create(&path, session(), WriterOptions::default()).unwrap();
+    let h = w.handle();
+    h.set_stat("decode_errors", 3).unwrap();
+    h.send(Event::Call(call("cudaMalloc", 10, 11, 2_000, 50)))
+        .unwrap();
+    h.flush().unwrap();
+    // A later batch with events: the writer rewrites its counters.
+    h.send(Event::Call(call("cudaFree", 10, 11, 3_000, 50)))
+        .unwrap();
+    h.flush().unwrap();
+    w.finish().unwrap();
+    let t = Trace::open(&path).unwrap();
+    assert_eq!(t.stats().unwrap()["decode_errors"], 3);
+    assert_eq!(t.stats().unwrap()["events_call"], 2);
+}
