@@ -69,7 +69,7 @@ pub fn input_facts(path: &Path) -> Result<InputFacts, StoreError> {
     Ok(InputFacts {
         hostname: s.info.hostname,
         realtime_offset_ns: s.info.realtime_offset_ns,
-        pids: t.task_ids()?,
+        pids: t.pids()?.into_iter().collect(),
     })
 }
 
@@ -174,7 +174,7 @@ fn write_into(
             ],
         )
         .at(out)?;
-        for pid in crate::reader::task_ids_of(&src).at(p)? {
+        for pid in crate::reader::pids_of(&src).at(p)? {
             tx.execute(
                 "INSERT OR REPLACE INTO process_nodes(pid, node, host, host_pid) VALUES (?1, ?2, ?3, ?4)",
                 params![pid + input.pid_offset, i as i64, session.hostname, pid],

@@ -481,24 +481,7 @@ impl Trace {
     /// Every pid the trace holds anything of (processes, calls, waits,
     /// lifecycle events, kernel counts, GPU samples), ascending.
     pub fn pids(&self) -> Result<Vec<u32>, StoreError> {
-        let mut sql = String::from(
-            "SELECT pid FROM processes UNION SELECT pid FROM calls UNION SELECT pid FROM waits
-             UNION SELECT pid FROM proc_events UNION SELECT pid FROM op_counts",
-        );
-        // Traces written before GPU sampling existed have no such table.
-        if crate::open::has_table(&self.conn, "process_gpu_samples").at(&self.path)? {
-            sql.push_str(" UNION SELECT pid FROM process_gpu_samples");
-        }
-        sql.push_str(" ORDER BY 1");
-        let mut st = self.conn.prepare(&sql).at(&self.path)?;
-        let rows = st.query_map([], |r| r.get::<_, i64>(0)).at(&self.path)?;
-        let mut out = Vec::new();
-        for r in rows {
-            if let Ok(pid) = u32::try_from(r.at(&self.path)?) {
-                out.push(pid);
-            }
-        }
-        Ok(out)
+        Ok(pids_of(&self.conn).at(&self.path)?.into_iter().collect())
     }
 
     /// NCCL calls with their arguments, by start time. Traces recorded before
@@ -575,11 +558,6 @@ impl Trace {
             &self.path,
             format!("pid {pid} is not in this trace ({holds})"),
         ))
-    }
-
-    /// Every process id the trace mentions (processes, calls, waits, lifecycle events).
-    pub fn task_ids(&self) -> Result<std::collections::BTreeSet<u32>, StoreError> {
-        task_ids_of(&self.conn).at(&self.path)
     }
 
     /// Host and host pid of each process of a merged trace (empty otherwise).
@@ -690,13 +668,27 @@ impl Trace {
     }
 }
 
-pub(crate) fn task_ids_of(conn: &Connection) -> rusqlite::Result<std::collections::BTreeSet<u32>> {
-    let mut st = conn.prepare(
+/// Every pid a trace holds anything of: processes, calls, waits, lifecycle
+/// events, kernel counts and (where the table exists) NVML samples. Values
+/// that are no pid (negative, too large) are left out.
+pub(crate) fn pids_of(conn: &Connection) -> rusqlite::Result<std::collections::BTreeSet<u32>> {
+    let mut sql = String::from(
         "SELECT pid FROM processes UNION SELECT pid FROM calls UNION SELECT pid FROM waits
-         UNION SELECT pid FROM proc_events",
-    )?;
-    let rows = st.query_map([], |r| r.get::<_, u32>(0))?;
-    rows.collect()
+         UNION SELECT pid FROM proc_events UNION SELECT pid FROM op_counts",
+    );
+    // Traces written before GPU sampling existed have no such table.
+    if has_table(conn, "process_gpu_samples")? {
+        sql.push_str(" UNION SELECT pid FROM process_gpu_samples");
+    }
+    let mut st = conn.prepare(&sql)?;
+    let rows = st.query_map([], |r| r.get::<_, i64>(0))?;
+    let mut out = std::collections::BTreeSet::new();
+    for r in rows {
+        if let Ok(pid) = u32::try_from(r?) {
+            out.insert(pid);
+        }
+    }
+    Ok(out)
 }
 
 fn where_clause(conds: &[String]) -> String {
