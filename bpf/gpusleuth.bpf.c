@@ -413,6 +413,27 @@ int BPF_KPROBE(call_entry)
 	return 0;
 }
 
+/* Reads the value a call stored through its out-pointer argument (the attach
+ * cookie names which argument, 1..6; 0: none). Returns GS_CALL_OUT_VALID when
+ * it could be read; *out is 0 otherwise. One copy for call and NCCL records. */
+static __always_inline __u32 read_out_arg(__u64 cookie, const struct inflight_call *c, __u64 *out)
+{
+	__u64 ptr = 0;
+	switch (GS_COOKIE_OUT_ARG(cookie)) {
+	case 1: ptr = c->args[0]; break;
+	case 2: ptr = c->args[1]; break;
+	case 3: ptr = c->args[2]; break;
+	case 4: ptr = c->args[3]; break;
+	case 5: ptr = c->args[4]; break;
+	case 6: ptr = c->args[5]; break;
+	default: break;
+	}
+	*out = 0;
+	if (ptr && bpf_probe_read_user(out, sizeof(*out), (void *)ptr) == 0)
+		return GS_CALL_OUT_VALID;
+	return 0;
+}
+
 /* NCCL calls: one gs_nccl record, a gs_call with the stack words at entry. */
 static __always_inline void emit_nccl(void *ctx, __u64 cookie, __u64 key, struct inflight_call *c,
 				      __u32 tgid, __u32 tid, __u32 op, __u64 now)
@@ -438,20 +459,7 @@ static __always_inline void emit_nccl(void *ctx, __u64 cookie, __u64 key, struct
 		bpf_map_delete_elem(&nccl_inflight, &key);
 	}
 	e->ret = PT_REGS_RC((struct pt_regs *)ctx);
-	e->flags = c->flags;
-	e->out = 0;
-	__u64 ptr = 0;
-	switch (GS_COOKIE_OUT_ARG(cookie)) {
-	case 1: ptr = c->args[0]; break;
-	case 2: ptr = c->args[1]; break;
-	case 3: ptr = c->args[2]; break;
-	case 4: ptr = c->args[3]; break;
-	case 5: ptr = c->args[4]; break;
-	case 6: ptr = c->args[5]; break;
-	default: break;
-	}
-	if (ptr && bpf_probe_read_user(&e->out, sizeof(e->out), (void *)ptr) == 0)
-		e->flags |= GS_CALL_OUT_VALID;
+	e->flags = c->flags | read_out_arg(cookie, c, &e->out);
 	e->runnable_ns = ts ? ts->runnable_total - c->runnable_snap : 0;
 	e->blocked_ns = ts ? ts->blocked_total - c->blocked_snap : 0;
 	e->cpu = bpf_get_smp_processor_id();
@@ -543,17 +551,7 @@ int BPF_KRETPROBE(call_return)
 		e->end_ns = now;
 		__builtin_memcpy(e->args, c->args, sizeof(e->args));
 		e->ret = PT_REGS_RC(ctx);
-		e->flags = c->flags;
-		e->out = 0;
-		__u64 ptr = 0;
-		switch (GS_COOKIE_OUT_ARG(cookie)) {
-		case 1: ptr = c->args[0]; break;
-		case 2: ptr = c->args[1]; break;
-		case 3: ptr = c->args[2]; break;
-		default: break;
-		}
-		if (ptr && bpf_probe_read_user(&e->out, sizeof(e->out), (void *)ptr) == 0)
-			e->flags |= GS_CALL_OUT_VALID;
+		e->flags = c->flags | read_out_arg(cookie, c, &e->out);
 		e->runnable_ns = ts ? ts->runnable_total - c->runnable_snap : 0;
 		e->blocked_ns = ts ? ts->blocked_total - c->blocked_snap : 0;
 		e->cpu = bpf_get_smp_processor_id();
