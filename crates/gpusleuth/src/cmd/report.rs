@@ -363,25 +363,7 @@ fn memory_chart(l: &ProcessLedger, origin: u64, end: u64) -> String {
         s.line(left, yy, WIDTH - right, yy, "#eee", "");
         s.text(left - 6.0, yy + 4.0, &fmt_bytes(v as u64), "end", "");
     }
-    for v in nice_ticks(span_s, 8) {
-        let xx = x.at(v);
-        s.line(xx, height - bottom, xx, height - bottom + 4.0, "#999", "");
-        s.text(
-            xx,
-            height - bottom + 16.0,
-            &fmt_ns((v * 1e9) as u64),
-            "middle",
-            "",
-        );
-    }
-    s.line(
-        left,
-        height - bottom,
-        WIDTH - right,
-        height - bottom,
-        "#999",
-        "",
-    );
+    s.time_axis(&x, span_s, height - bottom);
     s.line(left, top, left, height - bottom, "#999", "");
     // Step line: live bytes hold until the next change.
     let mut d = format!("M{:.1},{:.1}", left, y.at(0.0));

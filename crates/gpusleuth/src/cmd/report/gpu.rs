@@ -2,7 +2,7 @@
 //! the trace's time axis, and per process the memory the driver said it held
 //! before the trace began beside the ledger.
 
-use super::svg::{esc, nice_ticks, Linear, Svg};
+use super::svg::{esc, Linear, Svg};
 use super::WIDTH;
 use crate::cmd::gpu_context;
 use crate::output::fmt_ns;
@@ -65,25 +65,7 @@ fn chart(gpu: u32, samples: &[&sleuth_core::GpuSample], origin: u64, end: u64) -
         s.line(left, yy, WIDTH - right, yy, "#eee", "");
         s.text(left - 6.0, yy + 4.0, &format!("{v:.0}%"), "end", "");
     }
-    for v in nice_ticks(span_s, 8) {
-        let xx = x.at(v);
-        s.line(xx, height - bottom, xx, height - bottom + 4.0, "#999", "");
-        s.text(
-            xx,
-            height - bottom + 16.0,
-            &fmt_ns((v * 1e9) as u64),
-            "middle",
-            "",
-        );
-    }
-    s.line(
-        left,
-        height - bottom,
-        WIDTH - right,
-        height - bottom,
-        "#999",
-        "",
-    );
+    s.time_axis(&x, span_s, height - bottom);
     for g in samples {
         let x1 = t(g.ts_ns).min(WIDTH - right);
         let x0 = t(g.ts_ns.saturating_sub(g.period_ns)).max(left);

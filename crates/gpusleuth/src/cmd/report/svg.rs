@@ -84,6 +84,23 @@ impl Svg {
         );
     }
 
+    /// A time axis at pixel row `y`: the baseline across `x`'s range, and
+    /// about 8 ticks labelled as durations since the start (`x` maps seconds).
+    pub fn time_axis(&mut self, x: &Linear, span_s: f64, y: f64) {
+        for v in nice_ticks(span_s, 8) {
+            let xx = x.at(v);
+            self.line(xx, y, xx, y + 4.0, "#999", "");
+            self.text(
+                xx,
+                y + 16.0,
+                &crate::output::fmt_ns((v * 1e9) as u64),
+                "middle",
+                "",
+            );
+        }
+        self.line(x.r0, y, x.r1, y, "#999", "");
+    }
+
     pub fn finish(self) -> String {
         format!(
             r#"<svg xmlns="http://www.w3.org/2000/svg" class="chart" viewBox="0 0 {w} {h}" width="{w}" height="{h}" role="img" aria-label="{l}">{b}</svg>"#,
