@@ -7,18 +7,10 @@ use common::{require_ebpf, Sandbox};
 use serde_json::Value;
 
 fn explain_json(sb: &Sandbox) -> Vec<Value> {
-    let out = common::gpusleuth()
-        .args(["explain", "--json", "--db"])
-        .arg(sb.db())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).expect("explain --json is JSON");
-    v["findings"].as_array().cloned().unwrap_or_default()
+    common::explain_json(&sb.db())["findings"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
 }
 
 fn kinds(f: &[Value]) -> Vec<&str> {

@@ -142,21 +142,6 @@ fn cpus() -> (usize, usize) {
     (0, if n > 1 { 1 } else { 0 })
 }
 
-fn explain_json(db: &Path) -> Value {
-    let out = gpusleuth()
-        .args(["explain", "--json", "--db"])
-        .arg(db)
-        .output()
-        .expect("run explain");
-    assert_no_panic(&out);
-    assert!(
-        out.status.success(),
-        "explain failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("explain --json")
-}
-
 fn straggler(report: &Value) -> Value {
     report["findings"]
         .as_array()

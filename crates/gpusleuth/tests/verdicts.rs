@@ -17,17 +17,7 @@ use serde_json::Value;
 const MS: u64 = 1_000_000;
 
 fn explain(sb: &Sandbox) -> Value {
-    let out = common::gpusleuth()
-        .args(["explain", "--json", "--db"])
-        .arg(sb.db())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("explain --json is JSON")
+    common::explain_json(&sb.db())
 }
 
 fn findings(v: &Value) -> Vec<Value> {

@@ -193,19 +193,30 @@ pub fn wait_child(child: &mut Child, secs: u64) -> std::process::ExitStatus {
     }
 }
 
-/// `gpusleuth stats --db DB --json`.
-pub fn stats_json(db: &Path) -> Value {
+/// `gpusleuth CMD --json --db DB`, which must succeed without a panic and print JSON.
+fn command_json(cmd: &str, db: &Path) -> Value {
     let out = gpusleuth()
-        .args(["stats", "--json", "--db"])
+        .args([cmd, "--json", "--db"])
         .arg(db)
         .output()
-        .expect("run gpusleuth stats");
+        .unwrap_or_else(|e| panic!("run gpusleuth {cmd}: {e}"));
+    assert_no_panic(&out);
     assert!(
         out.status.success(),
-        "gpusleuth stats failed: {}",
+        "gpusleuth {cmd} failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    serde_json::from_slice(&out.stdout).expect("stats --json prints JSON")
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{cmd} --json prints JSON: {e}"))
+}
+
+/// `gpusleuth stats --db DB --json`.
+pub fn stats_json(db: &Path) -> Value {
+    command_json("stats", db)
+}
+
+/// `gpusleuth explain --db DB --json`.
+pub fn explain_json(db: &Path) -> Value {
+    command_json("explain", db)
 }
 
 /// The `ops` entry of `stats --json` for (layer, op), if present.
