@@ -5,10 +5,11 @@ use crate::data::ProcessInfo;
 use crate::event::{CallEvent, WaitEvent, WaitKind};
 use crate::ops::op_by_name;
 
-const MS: u64 = 1_000_000;
-const US: u64 = 1_000;
+pub(super) const MS: u64 = 1_000_000;
+pub(super) const US: u64 = 1_000;
 
-fn call(op: &str, ts: u64, dur: u64) -> CallEvent {
+/// A call of `op` by pid/tid 100 (shared with the verdict tests).
+pub(super) fn call(op: &str, ts: u64, dur: u64) -> CallEvent {
     CallEvent {
         ts_ns: ts,
         dur_ns: dur,

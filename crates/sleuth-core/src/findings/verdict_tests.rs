@@ -5,19 +5,7 @@ use crate::data::{GpuSample, ProcessInfo};
 use crate::event::{CallEvent, OpCount, WaitEvent, WaitKind, Waker};
 use crate::ops::op_by_name;
 
-const MS: u64 = 1_000_000;
-const US: u64 = 1_000;
-
-fn call(op: &str, ts: u64, dur: u64) -> CallEvent {
-    CallEvent {
-        ts_ns: ts,
-        dur_ns: dur,
-        pid: 100,
-        tid: 100,
-        op: op_by_name(op).unwrap().id,
-        ..Default::default()
-    }
-}
+use super::tests::{call, MS, US};
 
 fn wait(kind: WaitKind, off: u64, wake: u64, on: u64, waker: Option<Waker>) -> WaitEvent {
     WaitEvent {
