@@ -119,6 +119,12 @@ pub mod stat {
         }
     }
 
+    /// Whether loss counter `i` counts records lost because the ring buffer
+    /// was full (`ring_full_*`); the other losses are full kernel maps.
+    pub fn is_ring_drop(i: usize) -> bool {
+        NAMES.get(i).is_some_and(|n| n.starts_with("ring_full_"))
+    }
+
     /// Indices of the real loss counters (every counter but the attach edges).
     pub fn losses() -> impl Iterator<Item = usize> {
         (0..MAX).filter(|&i| !is_attach_edge(i))
