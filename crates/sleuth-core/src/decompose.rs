@@ -7,11 +7,11 @@
 //! aggregates the per-call culprits into per-group ones.
 
 use crate::event::{CallEvent, Culprit};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 
 /// One call's (or a group's) wall time, split three ways.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Split {
     pub on_cpu_ns: u64,
     pub runnable_ns: u64,

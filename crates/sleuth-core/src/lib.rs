@@ -15,6 +15,7 @@ pub mod ledger;
 pub mod nccl;
 pub mod ops;
 pub mod record;
+pub mod rollup;
 pub mod sites;
 pub mod stats;
 pub mod threads;

@@ -110,7 +110,7 @@ pub fn op_stats(data: &TraceData, per_call_culprits: &[Vec<Culprit>]) -> StatsRe
         *e = e.saturating_add(oc.count);
     }
 
-    let mut per_call: Vec<OpStats> = by_op
+    let per_call: Vec<OpStats> = by_op
         .iter()
         .filter_map(|(&op, idx)| {
             let calls: Vec<&CallEvent> = idx.iter().map(|&i| &data.calls[i]).collect();
@@ -125,6 +125,23 @@ pub fn op_stats(data: &TraceData, per_call_culprits: &[Vec<Culprit>]) -> StatsRe
             )
         })
         .collect();
+    let threads = if data.has_host_context {
+        crate::threads::thread_splits(data)
+    } else {
+        Vec::new()
+    };
+    assemble(per_call, counted, data, threads)
+}
+
+/// The report from per-call rows, kernel counts per op and thread splits,
+/// in the documented order; counters come from `data.stats`. Shared by the
+/// raw path above and the rollup path (`rollup::stats_report`).
+pub(crate) fn assemble(
+    mut per_call: Vec<OpStats>,
+    counted: HashMap<u16, u64>,
+    data: &TraceData,
+    threads: Vec<crate::threads::ThreadSplit>,
+) -> StatsReport {
     per_call.sort_by(|a, b| {
         b.total_ns
             .cmp(&a.total_ns)
@@ -144,11 +161,7 @@ pub fn op_stats(data: &TraceData, per_call_culprits: &[Vec<Culprit>]) -> StatsRe
         drops: drop_counters(data),
         attach_edges: attach_edges(data),
         events: event_counters(data),
-        threads: if data.has_host_context {
-            crate::threads::thread_splits(data)
-        } else {
-            Vec::new()
-        },
+        threads,
     }
 }
 

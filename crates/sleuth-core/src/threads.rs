@@ -18,7 +18,7 @@ use crate::data::TraceData;
 use crate::decompose::Split;
 use crate::event::{CallEvent, WaitEvent};
 use crate::ops::OpClass;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 
 /// Comm of gpusleuth's main thread and prefix of its helper threads (`gpusleuth-db`).
@@ -44,7 +44,7 @@ pub fn tracer_pid(data: &TraceData) -> Option<u32> {
 }
 
 /// What woke a thread blocked between CUDA calls.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum WakerKind {
     /// Another task (thread or process): the thread waited for it.
@@ -56,7 +56,7 @@ pub enum WakerKind {
 }
 
 /// Blocked time between CUDA calls ended by one waker.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct WakerTime {
     pub kind: WakerKind,
     /// The waking task (0 for interrupts and unknown).
@@ -70,7 +70,7 @@ pub struct WakerTime {
 }
 
 /// Runnable time between CUDA calls while one task held the CPU.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct HolderTime {
     pub pid: u32,
     pub comm: String,
@@ -78,7 +78,7 @@ pub struct HolderTime {
 }
 
 /// The whole-thread split of one CUDA-issuing thread.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ThreadSplit {
     pub pid: u32,
     pub tid: u32,
@@ -196,13 +196,18 @@ pub fn thread_splits(data: &TraceData) -> Vec<ThreadSplit> {
             split_thread(data, pid, tid, cs, ws, tracer)
         })
         .collect();
-    out.sort_by(|a, b| {
+    sort_splits(&mut out);
+    out
+}
+
+/// The documented order of thread splits: largest window first.
+pub fn sort_splits(splits: &mut [ThreadSplit]) {
+    splits.sort_by(|a, b| {
         b.wall_ns
             .cmp(&a.wall_ns)
             .then(a.pid.cmp(&b.pid))
             .then(a.tid.cmp(&b.tid))
     });
-    out
 }
 
 fn split_thread(

@@ -1,81 +1,178 @@
-//! What `TraceWriter::finish` computes once all events are in: call culprits
-//! and the final `processes` table.
+//! What `TraceWriter::finish` computes once all events are in: call
+//! culprits, the final `processes` table, and the rollups `stats` answers
+//! from (see `sleuth_core::rollup` and docs/schema.md).
 
 use crate::rows::{query_calls, query_waits};
 use crate::writer::upsert_process;
 use rusqlite::types::Value;
 use rusqlite::{params, Connection};
 use sleuth_core::culprits::call_culprits;
-use sleuth_core::{ProcKind, ProcessInfo};
+use sleuth_core::rollup::Rollup;
+use sleuth_core::threads::{thread_splits, TRACER_PID_STAT};
+use sleuth_core::{ProcKind, ProcessInfo, TraceData};
 use std::collections::BTreeMap;
 
-/// Fills `call_culprits` and completes `processes`; returns the culprit rows written.
-pub(crate) fn complete(conn: &mut Connection) -> rusqlite::Result<u64> {
+/// Value of `meta.rollups` once every rollup table is complete. Readers use
+/// the rollups only then; a trace cut short (killed writer), merged or
+/// imported has no such row and is answered from its raw rows.
+pub(crate) const ROLLUPS_COMPLETE: &str = "1";
+
+/// Fills `call_culprits`, completes `processes` and writes the rollups;
+/// returns the culprit rows written.
+pub(crate) fn complete(conn: &mut Connection, rollup: &Rollup) -> rusqlite::Result<u64> {
     let tx = conn.transaction()?;
-    let rows = fill_call_culprits(&tx)?;
     complete_processes(&tx)?;
+    let rows = per_thread_pass(&tx, rollup)?;
+    write_op_rollups(&tx, rollup)?;
+    tx.execute(
+        "INSERT OR REPLACE INTO meta(key, value) VALUES ('rollups', ?1)",
+        [ROLLUPS_COMPLETE],
+    )?;
     tx.commit()?;
     Ok(rows)
 }
 
-/// One thread at a time, so memory is bounded by the busiest thread, not the trace.
-fn fill_call_culprits(conn: &Connection) -> rusqlite::Result<u64> {
+/// One thread at a time, so memory is bounded by the busiest thread, not the
+/// trace: its call culprits (`call_culprits`, summed per op into
+/// `rollup_culprits`) and its whole-thread split (`rollup_threads`).
+fn per_thread_pass(conn: &Connection, rollup: &Rollup) -> rusqlite::Result<u64> {
     conn.execute("DELETE FROM call_culprits", [])?;
-    let threads: Vec<(i64, i64)> = conn
-        .prepare("SELECT DISTINCT pid, tid FROM waits WHERE runnable_ns > 0")?
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
-        .collect::<rusqlite::Result<_>>()?;
+    let tracer: Option<i64> = conn
+        .query_row(
+            "SELECT value FROM stats WHERE name = ?1",
+            [TRACER_PID_STAT],
+            |r| r.get(0),
+        )
+        .ok();
+    let mut stats = BTreeMap::new();
+    if let Some(t) = tracer.and_then(|t| u64::try_from(t).ok()) {
+        stats.insert(TRACER_PID_STAT.to_string(), t);
+    }
+    let processes = all_processes(conn)?;
     let mut ins = conn.prepare(
         "INSERT INTO call_culprits(call_id, pid, tid, comm, runnable_ns) VALUES (?1, ?2, ?3, ?4, ?5)",
     )?;
+    let mut ins_thread =
+        conn.prepare("INSERT INTO rollup_threads(pid, tid, split) VALUES (?1, ?2, ?3)")?;
     let mut written = 0u64;
-    for (pid, tid) in threads {
-        let args = [Value::Integer(pid), Value::Integer(tid)];
+    for &(pid, tid) in &rollup.threads {
+        let args = [Value::Integer(pid.into()), Value::Integer(tid.into())];
         let stored = query_calls(conn, "WHERE pid = ?1 AND tid = ?2 ORDER BY ts_ns", &args)?;
         if stored.is_empty() {
             continue;
         }
         let waits = query_waits(
             conn,
-            "WHERE w.pid = ?1 AND w.tid = ?2 AND w.runnable_ns > 0 ORDER BY w.on_ns",
+            "WHERE w.pid = ?1 AND w.tid = ?2 ORDER BY w.on_ns",
             &args,
         )?;
         let calls: Vec<_> = stored.iter().map(|s| s.call.clone()).collect();
-        for (s, culprits) in stored.iter().zip(call_culprits(&calls, &waits)) {
+        // Culprits come from the waits that had runnable time (as before rollups).
+        let runnable: Vec<_> = waits
+            .iter()
+            .filter(|w| w.runnable_ns() > 0)
+            .cloned()
+            .collect();
+        for (s, culprits) in stored.iter().zip(call_culprits(&calls, &runnable)) {
             for c in culprits {
                 ins.execute(params![s.id, c.pid, c.tid, c.comm, c.ns as i64])?;
                 written += 1;
             }
         }
+        let one = TraceData {
+            calls,
+            waits,
+            processes: processes.iter().filter(|p| p.pid == pid).cloned().collect(),
+            stats: stats.clone(),
+            has_host_context: true,
+            ..Default::default()
+        };
+        for t in thread_splits(&one) {
+            let json = serde_json::to_string(&t)
+                .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
+            ins_thread.execute(params![t.pid, t.tid, json])?;
+        }
     }
+    // Per-op culprit sums; a float total and a clamp so a crafted huge sum
+    // cannot fail the finish with an integer overflow.
+    conn.execute(
+        "INSERT INTO rollup_culprits(pid, op, culprit_pid, comm, runnable_ns)
+         SELECT c.pid, c.op, k.pid, k.comm, CAST(min(total(k.runnable_ns), 9.2e18) AS INTEGER)
+         FROM call_culprits k JOIN calls c ON c.id = k.call_id
+         GROUP BY c.pid, c.op, k.pid, k.comm",
+        [],
+    )?;
     Ok(written)
+}
+
+fn all_processes(conn: &Connection) -> rusqlite::Result<Vec<ProcessInfo>> {
+    let mut st = conn.prepare(
+        "SELECT pid, ppid, comm, cmdline, start_ns, exit_ns, exit_code, oom_victim FROM processes",
+    )?;
+    let rows = st.query_map([], |r| {
+        Ok(ProcessInfo {
+            pid: r.get(0)?,
+            ppid: r.get(1)?,
+            comm: r.get(2)?,
+            cmdline: r.get(3)?,
+            start_ns: r.get::<_, Option<i64>>(4)?.map(|v| v as u64),
+            exit_ns: r.get::<_, Option<i64>>(5)?.map(|v| v as u64),
+            exit_code: r.get(6)?,
+            oom_victim: r.get(7)?,
+        })
+    })?;
+    rows.collect()
+}
+
+fn clamp(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// `rollup_ops` and `rollup_hist` from the writer's in-memory rollup.
+fn write_op_rollups(conn: &Connection, rollup: &Rollup) -> rusqlite::Result<()> {
+    let mut op_st = conn.prepare(
+        "INSERT INTO rollup_ops(pid, op, count, errors, total_ns, max_ns, on_cpu_ns, runnable_ns, blocked_ns)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+    )?;
+    let mut h_st = conn.prepare(
+        "INSERT INTO rollup_hist(pid, op, bucket, count, on_cpu_ns, runnable_ns, blocked_ns)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+    )?;
+    for (&(pid, op), r) in &rollup.ops {
+        let Some(info) = sleuth_core::op_by_id(op) else {
+            continue;
+        };
+        op_st.execute(params![
+            pid,
+            info.name,
+            clamp(r.count),
+            clamp(r.errors),
+            clamp(r.total_ns),
+            clamp(r.max_ns),
+            clamp(r.split.on_cpu_ns),
+            clamp(r.split.runnable_ns),
+            clamp(r.split.blocked_ns)
+        ])?;
+        for (&b, v) in &r.buckets {
+            h_st.execute(params![
+                pid,
+                info.name,
+                b,
+                clamp(v.count),
+                clamp(v.split.on_cpu_ns),
+                clamp(v.split.runnable_ns),
+                clamp(v.split.blocked_ns)
+            ])?;
+        }
+    }
+    Ok(())
 }
 
 /// Merges lifecycle events into `processes`: fork parents and times, exec
 /// names, exit times and codes, OOM victims; adds processes seen only in calls.
 fn complete_processes(conn: &Connection) -> rusqlite::Result<()> {
-    let mut procs: BTreeMap<u32, ProcessInfo> = BTreeMap::new();
-    {
-        let mut st = conn.prepare(
-            "SELECT pid, ppid, comm, cmdline, start_ns, exit_ns, exit_code, oom_victim FROM processes",
-        )?;
-        let rows = st.query_map([], |r| {
-            Ok(ProcessInfo {
-                pid: r.get(0)?,
-                ppid: r.get(1)?,
-                comm: r.get(2)?,
-                cmdline: r.get(3)?,
-                start_ns: r.get::<_, Option<i64>>(4)?.map(|v| v as u64),
-                exit_ns: r.get::<_, Option<i64>>(5)?.map(|v| v as u64),
-                exit_code: r.get(6)?,
-                oom_victim: r.get(7)?,
-            })
-        })?;
-        for p in rows {
-            let p = p?;
-            procs.insert(p.pid, p);
-        }
-    }
+    let mut procs: BTreeMap<u32, ProcessInfo> =
+        all_processes(conn)?.into_iter().map(|p| (p.pid, p)).collect();
     let mut st = conn.prepare(
         "SELECT ts_ns, kind, pid, ppid, exit_code, comm FROM proc_events ORDER BY ts_ns, id",
     )?;

@@ -614,6 +614,152 @@ impl Trace {
         rows.collect::<rusqlite::Result<_>>().at(&self.path)
     }
 
+    /// Whether the trace holds complete rollups (written by a writer that
+    /// finished; merged, imported, cut-short and older traces do not).
+    pub fn has_rollups(&self) -> Result<bool, StoreError> {
+        for t in ["rollup_ops", "rollup_hist", "rollup_culprits", "rollup_threads"] {
+            if !has_table(&self.conn, t).at(&self.path)? {
+                return Ok(false);
+            }
+        }
+        let v: Option<String> = self
+            .conn
+            .query_row("SELECT value FROM meta WHERE key = 'rollups'", [], |r| {
+                r.get(0)
+            })
+            .optional()
+            .map_err(|e| self.read_error(e))?;
+        Ok(v.as_deref() == Some(crate::finalize::ROLLUPS_COMPLETE))
+    }
+
+    /// The stats answer from the rollups, without reading a call row: None
+    /// when the trace has no complete rollups (see [`Trace::has_rollups`]);
+    /// then `sleuth_core::stats::compute` over [`Trace::load`] answers.
+    /// Percentiles carry the histogram's bound (`sleuth_core::rollup`).
+    pub fn stats_report(
+        &self,
+        pid: Option<u32>,
+    ) -> Result<Option<sleuth_core::stats::StatsReport>, StoreError> {
+        if !self.has_rollups()? {
+            return Ok(None);
+        }
+        if let Some(pid) = pid {
+            self.require_pid(pid)?;
+        }
+        let rollups = self.stored_rollups(pid).map_err(|e| self.read_error(e))?;
+        let base = TraceData {
+            counts: self.op_counts(pid)?,
+            stats: self.stats()?,
+            has_host_context: self.has_host_context(),
+            ..Default::default()
+        };
+        Ok(Some(sleuth_core::rollup::stats_report(&rollups, pid, &base)))
+    }
+
+    fn stored_rollups(
+        &self,
+        pid: Option<u32>,
+    ) -> rusqlite::Result<sleuth_core::rollup::StoredRollups> {
+        use sleuth_core::rollup::{Bucket, OpRollup, StoredRollups};
+        use sleuth_core::decompose::{CulpritTime, Split};
+        let u = |v: i64| v.max(0) as u64;
+        let mut ops: BTreeMap<(u32, u16), OpRollup> = BTreeMap::new();
+        let mut st = self.conn.prepare(
+            "SELECT pid, op, count, errors, total_ns, max_ns, on_cpu_ns, runnable_ns, blocked_ns
+             FROM rollup_ops WHERE ?1 IS NULL OR pid = ?1",
+        )?;
+        let mut rows = st.query([pid])?;
+        while let Some(r) = rows.next()? {
+            let Some(info) = op_by_name(&r.get::<_, String>(1)?) else {
+                continue;
+            };
+            let o = ops.entry((r.get(0)?, info.id)).or_default();
+            o.count = u(r.get(2)?);
+            o.errors = u(r.get(3)?);
+            o.total_ns = u(r.get(4)?);
+            o.max_ns = u(r.get(5)?);
+            o.split = Split {
+                on_cpu_ns: u(r.get(6)?),
+                runnable_ns: u(r.get(7)?),
+                blocked_ns: u(r.get(8)?),
+            };
+        }
+        let mut st = self.conn.prepare(
+            "SELECT pid, op, bucket, count, on_cpu_ns, runnable_ns, blocked_ns
+             FROM rollup_hist WHERE ?1 IS NULL OR pid = ?1",
+        )?;
+        let mut rows = st.query([pid])?;
+        while let Some(r) = rows.next()? {
+            let Some(info) = op_by_name(&r.get::<_, String>(1)?) else {
+                continue;
+            };
+            // A histogram row without its op row is not from our writer: skipped.
+            let Some(o) = ops.get_mut(&(r.get(0)?, info.id)) else {
+                continue;
+            };
+            let Ok(bucket) = u32::try_from(r.get::<_, i64>(2)?) else {
+                continue;
+            };
+            o.buckets.insert(
+                bucket,
+                Bucket {
+                    count: u(r.get(3)?),
+                    split: Split {
+                        on_cpu_ns: u(r.get(4)?),
+                        runnable_ns: u(r.get(5)?),
+                        blocked_ns: u(r.get(6)?),
+                    },
+                },
+            );
+        }
+        let mut culprits = Vec::new();
+        let mut st = self.conn.prepare(
+            "SELECT pid, op, culprit_pid, comm, runnable_ns FROM rollup_culprits
+             WHERE ?1 IS NULL OR pid = ?1",
+        )?;
+        let mut rows = st.query([pid])?;
+        while let Some(r) = rows.next()? {
+            let Some(info) = op_by_name(&r.get::<_, String>(1)?) else {
+                continue;
+            };
+            culprits.push((
+                r.get(0)?,
+                info.id,
+                CulpritTime {
+                    pid: r.get(2)?,
+                    comm: r.get(3)?,
+                    runnable_ns: u(r.get(4)?),
+                },
+            ));
+        }
+        let mut threads = Vec::new();
+        let mut st = self
+            .conn
+            .prepare("SELECT split FROM rollup_threads WHERE ?1 IS NULL OR pid = ?1")?;
+        let mut rows = st.query([pid])?;
+        while let Some(r) = rows.next()? {
+            let text: String = r.get(0)?;
+            let mut t: sleuth_core::threads::ThreadSplit = serde_json::from_str(&text)
+                .map_err(|e| rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, Box::new(e)))?;
+            // Shares are recomputed as the analysis computes them, so the
+            // answer does not depend on how floats survive JSON.
+            let blocked: u64 = t.wakers.iter().map(|w| w.blocked_ns).sum();
+            for w in &mut t.wakers {
+                w.share = if blocked == 0 {
+                    0.0
+                } else {
+                    w.blocked_ns as f64 / blocked as f64
+                };
+            }
+            threads.push(t);
+        }
+        Ok(StoredRollups {
+            ops: ops.into_iter().map(|((p, op), o)| (p, op, o)).collect(),
+            culprits,
+            threads,
+        })
+    }
+
     /// The whole trace (or one process of it) in memory, as analyses consume it.
     /// A `pid` the trace does not hold is an error (see [`Trace::require_pid`]).
     /// Unusable rows are skipped (see [`Trace::input_problems`]); a file whose

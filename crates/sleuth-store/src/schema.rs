@@ -140,6 +140,30 @@ CREATE TABLE nccl_calls(
     color INTEGER,
     unique_id TEXT
 );
+CREATE TABLE rollup_ops(
+    pid INTEGER NOT NULL,
+    op TEXT NOT NULL,
+    count INTEGER NOT NULL,
+    errors INTEGER NOT NULL,
+    total_ns INTEGER NOT NULL,
+    max_ns INTEGER NOT NULL,
+    on_cpu_ns INTEGER NOT NULL,
+    runnable_ns INTEGER NOT NULL,
+    blocked_ns INTEGER NOT NULL,
+    PRIMARY KEY(pid, op)
+) WITHOUT ROWID;
+CREATE TABLE rollup_hist(
+    pid INTEGER NOT NULL,
+    op TEXT NOT NULL,
+    bucket INTEGER NOT NULL,
+    count INTEGER NOT NULL,
+    on_cpu_ns INTEGER NOT NULL,
+    runnable_ns INTEGER NOT NULL,
+    blocked_ns INTEGER NOT NULL,
+    PRIMARY KEY(pid, op, bucket)
+) WITHOUT ROWID;
+CREATE TABLE rollup_culprits(pid INTEGER NOT NULL, op TEXT NOT NULL, culprit_pid INTEGER NOT NULL, comm TEXT NOT NULL, runnable_ns INTEGER NOT NULL);
+CREATE TABLE rollup_threads(pid INTEGER NOT NULL, tid INTEGER NOT NULL, split TEXT NOT NULL);
 CREATE TABLE merge_nodes(
     node INTEGER PRIMARY KEY,
     hostname TEXT NOT NULL,

@@ -300,6 +300,8 @@ struct WriterState {
     path: PathBuf,
     opts: WriterOptions,
     n: Counters,
+    /// Per-op sums and histograms of the stored calls, written at finish.
+    rollup: sleuth_core::rollup::Rollup,
     db_full: bool,
     /// First error; afterwards messages are drained and discarded so senders never block forever.
     failed: Option<String>,
@@ -312,6 +314,7 @@ impl WriterState {
             path,
             opts,
             n: Counters::default(),
+            rollup: Default::default(),
             db_full: false,
             failed: None,
         }
@@ -390,6 +393,7 @@ impl WriterState {
                     if self.db_full {
                         self.n.drop_db_full += 1;
                     } else if insert_call(&tx, c)? {
+                        self.rollup.add_call(c);
                         self.n.calls_stored += 1;
                     } else {
                         self.n.decode_errors += 1;
@@ -410,6 +414,7 @@ impl WriterState {
                         self.n.drop_db_full += 1;
                     } else if insert_call(&tx, &n.call)? {
                         insert_nccl(&tx, n, tx.last_insert_rowid())?;
+                        self.rollup.add_call(&n.call);
                         self.n.calls_stored += 1;
                     } else {
                         self.n.decode_errors += 1;
@@ -503,7 +508,7 @@ impl WriterState {
     }
 
     fn finish(&mut self) -> rusqlite::Result<WriteSummary> {
-        let culprit_rows = finalize::complete(&mut self.conn)?;
+        let culprit_rows = finalize::complete(&mut self.conn, &self.rollup)?;
         // One self-contained file: checkpoint the WAL and leave WAL mode.
         self.conn.pragma_update(None, "journal_mode", "DELETE")?;
         let db_bytes = std::fs::metadata(&self.path).map(|m| m.len()).unwrap_or(0);

@@ -1,0 +1,146 @@
+//! The rollup path of `stats` (issue 16) against the raw path: the example
+//! traces are written again through the writer (which keeps rollups), then
+//! both answers are compared: counts, errors, totals, maxima, splits,
+//! culprits, thread splits and counters equal; percentiles within the
+//! histogram's bound; the tail never counts more calls than the raw path.
+
+mod common;
+
+use common::TempDir;
+use sleuth_core::rollup::MAX_RELATIVE_ERROR;
+use sleuth_core::stats::{self, StatsReport};
+use sleuth_core::{Event, TraceData};
+use sleuth_store::{Trace, TraceWriter, WriterOptions};
+use std::path::{Path, PathBuf};
+
+fn example(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../examples")
+        .join(name)
+}
+
+/// Writes `data` through a fresh writer (events in time order).
+fn rewrite(data: &TraceData, path: &Path) {
+    let w = TraceWriter::create(path, common::session(), WriterOptions::default()).unwrap();
+    let h = w.handle();
+    for p in &data.processes {
+        h.set_process(p.clone()).unwrap();
+    }
+    for (k, v) in &data.stats {
+        if !k.starts_with("events_") {
+            h.set_stat(k.clone(), *v).unwrap();
+        }
+    }
+    h.set_op_counts(data.counts.clone()).unwrap();
+    let mut events: Vec<(u64, Event)> = data
+        .calls
+        .iter()
+        .map(|c| (c.ts_ns, Event::Call(c.clone())))
+        .chain(data.waits.iter().map(|w| (w.on_ns, Event::Wait(w.clone()))))
+        .collect();
+    events.sort_by_key(|e| e.0);
+    for (_, e) in events {
+        h.send(e).unwrap();
+    }
+    drop(h);
+    w.finish().unwrap();
+}
+
+fn close(got: Option<u64>, want: Option<u64>, what: &str) {
+    match (got, want) {
+        (Some(g), Some(w)) => assert!(
+            g.abs_diff(w) as f64 <= w as f64 * MAX_RELATIVE_ERROR,
+            "{what}: {g} vs {w}"
+        ),
+        (g, w) => assert_eq!(g, w, "{what}"),
+    }
+}
+
+fn assert_same(got: &StatsReport, want: &StatsReport) {
+    assert_eq!(got.ops.len(), want.ops.len());
+    for (g, w) in got.ops.iter().zip(&want.ops) {
+        assert_eq!((g.layer, g.op, g.measured), (w.layer, w.op, w.measured));
+        assert_eq!(
+            (g.count, g.errors, g.total_ns, g.max_ns, g.also_counted),
+            (w.count, w.errors, w.total_ns, w.max_ns, w.also_counted),
+            "{}",
+            w.op
+        );
+        assert_eq!(
+            (g.on_cpu_ns, g.runnable_ns, g.blocked_ns),
+            (w.on_cpu_ns, w.runnable_ns, w.blocked_ns),
+            "{}",
+            w.op
+        );
+        assert_eq!(g.culprits, w.culprits, "{}", w.op);
+        close(g.p50_ns, w.p50_ns, &format!("{} p50", w.op));
+        close(g.p95_ns, w.p95_ns, &format!("{} p95", w.op));
+        close(g.p99_ns, w.p99_ns, &format!("{} p99", w.op));
+        match (&g.tail, &w.tail) {
+            (Some(gt), Some(wt)) => {
+                assert!(gt.calls <= wt.calls, "{}: tail {gt:?} vs {wt:?}", w.op);
+                if gt.calls == wt.calls {
+                    assert_eq!(gt, wt);
+                }
+            }
+            (g, w) => assert_eq!(g, w),
+        }
+    }
+    assert_eq!(got.threads, want.threads);
+    assert_eq!(
+        (&got.drops, &got.attach_edges, &got.events),
+        (&want.drops, &want.attach_edges, &want.events)
+    );
+}
+
+fn compare(name: &str) -> StatsReport {
+    let dir = TempDir::new("rollups");
+    let data = Trace::open(&example(name)).unwrap().load(None).unwrap();
+    assert!(!data.calls.is_empty(), "{name} has calls");
+    let path = dir.join("again.db");
+    rewrite(&data, &path);
+    let t = Trace::open(&path).unwrap();
+    assert!(t.has_rollups().unwrap());
+    let raw = stats::compute(&t.load(None).unwrap());
+    let rolled = t.stats_report(None).unwrap().expect("rollups present");
+    assert!(!raw.ops.is_empty());
+    assert_same(&rolled, &raw);
+    for pid in t.pids().unwrap() {
+        let raw = stats::compute(&t.load(Some(pid)).unwrap());
+        let rolled = t.stats_report(Some(pid)).unwrap().unwrap();
+        assert_same(&rolled, &raw);
+    }
+    rolled
+}
+
+#[test]
+fn the_contention_example_gives_the_same_answer_from_rollups() {
+    let r = compare("h200-contention.db");
+    // The comparison covered culprits, thread splits and histogram buckets.
+    assert!(r.ops.iter().any(|o| !o.culprits.is_empty()));
+    assert!(!r.threads.is_empty());
+    assert!(r.ops.iter().any(|o| o.p50_ns.unwrap_or(0) > 2048));
+}
+
+#[test]
+fn the_demo_example_gives_the_same_answer_from_rollups() {
+    assert!(!compare("demo-sim.db").ops.is_empty());
+}
+
+#[test]
+fn traces_without_rollups_are_answered_by_the_raw_path() {
+    // Written before rollups existed: no tables, so no rollup answer.
+    let t = Trace::open(&example("h200-contention.db")).unwrap();
+    assert!(!t.has_rollups().unwrap());
+    assert!(t.stats_report(None).unwrap().is_none());
+}
+
+#[test]
+fn a_pid_not_in_the_trace_is_an_error_on_the_rollup_path_too() {
+    let dir = TempDir::new("rollups-pid");
+    let data = Trace::open(&example("demo-sim.db")).unwrap().load(None).unwrap();
+    let path = dir.join("again.db");
+    rewrite(&data, &path);
+    let t = Trace::open(&path).unwrap();
+    assert!(t.stats_report(Some(999_999)).is_err());
+}
