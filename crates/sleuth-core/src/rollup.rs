@@ -15,10 +15,10 @@
 //! above the p95 bucket: exact below [`EXACT_BELOW`], and above it leaves out
 //! only calls within one bucket (≤ 0.1%) of p95.
 
+use crate::data::TraceData;
 use crate::decompose::{CulpritTime, Split, TailSplit};
 use crate::event::CallEvent;
 use crate::ops::op_by_id;
-use crate::data::TraceData;
 use crate::stats::{Measured, OpStats, StatsReport, TOP_CULPRITS_PER_OP};
 use crate::threads::{sort_splits, ThreadSplit};
 use std::collections::{BTreeMap, BTreeSet, HashMap};

@@ -171,8 +171,10 @@ fn write_op_rollups(conn: &Connection, rollup: &Rollup) -> rusqlite::Result<()> 
 /// Merges lifecycle events into `processes`: fork parents and times, exec
 /// names, exit times and codes, OOM victims; adds processes seen only in calls.
 fn complete_processes(conn: &Connection) -> rusqlite::Result<()> {
-    let mut procs: BTreeMap<u32, ProcessInfo> =
-        all_processes(conn)?.into_iter().map(|p| (p.pid, p)).collect();
+    let mut procs: BTreeMap<u32, ProcessInfo> = all_processes(conn)?
+        .into_iter()
+        .map(|p| (p.pid, p))
+        .collect();
     let mut st = conn.prepare(
         "SELECT ts_ns, kind, pid, ppid, exit_code, comm FROM proc_events ORDER BY ts_ns, id",
     )?;

@@ -617,7 +617,12 @@ impl Trace {
     /// Whether the trace holds complete rollups (written by a writer that
     /// finished; merged, imported, cut-short and older traces do not).
     pub fn has_rollups(&self) -> Result<bool, StoreError> {
-        for t in ["rollup_ops", "rollup_hist", "rollup_culprits", "rollup_threads"] {
+        for t in [
+            "rollup_ops",
+            "rollup_hist",
+            "rollup_culprits",
+            "rollup_threads",
+        ] {
             if !has_table(&self.conn, t).at(&self.path)? {
                 return Ok(false);
             }
@@ -653,15 +658,17 @@ impl Trace {
             has_host_context: self.has_host_context(),
             ..Default::default()
         };
-        Ok(Some(sleuth_core::rollup::stats_report(&rollups, pid, &base)))
+        Ok(Some(sleuth_core::rollup::stats_report(
+            &rollups, pid, &base,
+        )))
     }
 
     fn stored_rollups(
         &self,
         pid: Option<u32>,
     ) -> rusqlite::Result<sleuth_core::rollup::StoredRollups> {
-        use sleuth_core::rollup::{Bucket, OpRollup, StoredRollups};
         use sleuth_core::decompose::{CulpritTime, Split};
+        use sleuth_core::rollup::{Bucket, OpRollup, StoredRollups};
         let u = |v: i64| v.max(0) as u64;
         let mut ops: BTreeMap<(u32, u16), OpRollup> = BTreeMap::new();
         let mut st = self.conn.prepare(
@@ -739,8 +746,14 @@ impl Trace {
         let mut rows = st.query([pid])?;
         while let Some(r) = rows.next()? {
             let text: String = r.get(0)?;
-            let mut t: sleuth_core::threads::ThreadSplit = serde_json::from_str(&text)
-                .map_err(|e| rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, Box::new(e)))?;
+            let mut t: sleuth_core::threads::ThreadSplit =
+                serde_json::from_str(&text).map_err(|e| {
+                    rusqlite::Error::FromSqlConversionFailure(
+                        0,
+                        rusqlite::types::Type::Text,
+                        Box::new(e),
+                    )
+                })?;
             // Shares are recomputed as the analysis computes them, so the
             // answer does not depend on how floats survive JSON.
             let blocked: u64 = t.wakers.iter().map(|w| w.blocked_ns).sum();

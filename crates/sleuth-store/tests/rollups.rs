@@ -138,7 +138,10 @@ fn traces_without_rollups_are_answered_by_the_raw_path() {
 #[test]
 fn a_pid_not_in_the_trace_is_an_error_on_the_rollup_path_too() {
     let dir = TempDir::new("rollups-pid");
-    let data = Trace::open(&example("demo-sim.db")).unwrap().load(None).unwrap();
+    let data = Trace::open(&example("demo-sim.db"))
+        .unwrap()
+        .load(None)
+        .unwrap();
     let path = dir.join("again.db");
     rewrite(&data, &path);
     let t = Trace::open(&path).unwrap();

@@ -34,8 +34,15 @@ pub struct Args {
     #[arg(long = "alloc-pairs", default_value_t = 5_000)]
     pub alloc_pairs: u64,
     /// Calls in the synthetic stored trace that `stats` and `explain` are timed on.
-    #[arg(long = "analysis-calls", default_value_t = 1_000_000)]
+    #[arg(long = "analysis-calls", default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1..))]
     pub analysis_calls: u64,
+    /// Only the storage and analysis part (no eBPF, no root needed): write
+    /// the synthetic trace and time each analysis command on it.
+    #[arg(long = "analysis-only")]
+    pub analysis_only: bool,
+    /// Keep the synthetic stored trace at this path (to time other builds on it).
+    #[arg(long = "keep-trace")]
+    pub keep_trace: Option<PathBuf>,
 }
 
 /// One workload measured untraced and traced.
@@ -79,9 +86,9 @@ struct Report {
 }
 
 /// Resources of one finished child (and its waited-for descendants).
-struct Usage {
+pub(super) struct Usage {
     cpu_ms: f64,
-    max_rss_kb: i64,
+    pub(super) max_rss_kb: i64,
 }
 
 /// A scratch directory removed on drop.
@@ -94,6 +101,9 @@ impl Drop for Scratch {
 }
 
 pub fn run(args: Args) -> Result<i32> {
+    if args.analysis_only {
+        return run_analysis_only(&args);
+    }
     // SAFETY: geteuid has no preconditions and cannot fail.
     if unsafe { libc::geteuid() } != 0 {
         bail!("bench traces workloads with eBPF and needs root: run it with sudo");
@@ -228,12 +238,39 @@ pub fn run(args: Args) -> Result<i32> {
         },
         tracer_cpu_ms_median: median(&tracer_cpu),
         tracer_peak_rss_mb: peak_rss_kb as f64 / 1024.0,
-        analysis: super::bench_analysis::run(&b.dir, args.analysis_calls)?,
+        analysis: super::bench_analysis::run(
+            &b.dir,
+            args.analysis_calls,
+            Some(&b.exe),
+            args.keep_trace.as_deref(),
+        )?,
     };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         print!("{}", render(&report));
+    }
+    Ok(0)
+}
+
+/// `--analysis-only`: the storage and analysis part alone.
+fn run_analysis_only(args: &Args) -> Result<i32> {
+    let scratch = Scratch(
+        std::env::temp_dir().join(format!("gpusleuth-bench-analysis-{}", std::process::id())),
+    );
+    std::fs::create_dir_all(&scratch.0)
+        .with_context(|| format!("cannot create {}", scratch.0.display()))?;
+    let exe = std::env::current_exe().context("cannot find the gpusleuth binary")?;
+    let a = super::bench_analysis::run(
+        &scratch.0,
+        args.analysis_calls,
+        Some(&exe),
+        args.keep_trace.as_deref(),
+    )?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&a)?);
+    } else {
+        print!("{}", super::bench_analysis::render(&a));
     }
     Ok(0)
 }
@@ -286,7 +323,7 @@ impl Bench {
 }
 
 /// Runs a child to completion, returning its resource usage (wait4).
-fn run_child(mut cmd: Command) -> Result<Usage> {
+pub(super) fn run_child(mut cmd: Command) -> Result<Usage> {
     let child = cmd
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -366,11 +403,6 @@ fn render(r: &Report) -> String {
         "gpusleuth itself: {:.0} ms CPU per traced run (median), peak RSS {:.1} MB\n",
         r.tracer_cpu_ms_median, r.tracer_peak_rss_mb
     );
-    let a = &r.analysis;
-    s += &format!(
-        "stored trace of {} calls + {} waits (synthetic): written in {:.0} ms = {:.0} events/s ({:.0} MB); \
-         load {:.0} ms, stats {:.0} ms, explain {:.0} ms ({} findings)\n",
-        a.calls, a.waits, a.write_ms, a.write_events_per_s, a.db_mb, a.load_ms, a.stats_ms, a.explain_ms, a.findings
-    );
+    s += &super::bench_analysis::render(&r.analysis);
     s
 }

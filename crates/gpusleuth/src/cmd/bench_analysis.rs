@@ -1,13 +1,15 @@
 //! The storage and analysis half of `gpusleuth bench`: how fast the writer
-//! stores events (the pipeline's ceiling behind the ring buffer) and how long
-//! `stats` and `explain` take on a large stored trace. No eBPF: the events are
-//! synthetic, shaped like a contended CUDA program.
+//! stores events (the pipeline's ceiling behind the ring buffer), how many
+//! bytes each event takes, and the wall time and peak RSS of each analysis
+//! command run as a child process on the stored trace. No eBPF: the events
+//! are synthetic, shaped like a contended CUDA program.
 
 use anyhow::{Context, Result};
 use serde::Serialize;
-use sleuth_core::{CallEvent, Culprit, Event, WaitEvent, WaitKind};
+use sleuth_core::{op_by_name, CallEvent, Culprit, Event, WaitEvent, WaitKind, Waker};
 use sleuth_store::{SessionInfo, Trace, TraceWriter, WriterOptions};
 use std::path::Path;
+use std::process::Command;
 use std::time::Instant;
 
 #[derive(Serialize)]
@@ -17,53 +19,111 @@ pub struct AnalysisBench {
     /// Events handed to the writer until `finish()` returned (culprit join included).
     pub write_ms: f64,
     pub write_events_per_s: f64,
+    /// CPU (user+sys) of this process while writing, per event: the writer
+    /// thread plus the loop generating the events (an upper bound for the writer).
+    pub write_cpu_us_per_event: f64,
     pub db_mb: f64,
-    pub load_ms: f64,
-    pub stats_ms: f64,
-    pub explain_ms: f64,
-    pub findings: usize,
+    pub bytes_per_event: f64,
+    /// Whether `stats` could answer from rollups (no call row read).
+    pub rollups: bool,
+    /// Each analysis command on the stored trace, as a child process.
+    pub commands: Vec<CommandRun>,
 }
 
-/// One op mix: copies that spin (some preempted by a "hog"), syncs that sleep,
-/// allocations and frees; a wait record for every tenth call.
-fn events(n_calls: u64) -> impl Iterator<Item = Event> {
-    const OPS: [u16; 4] = [9, 14, 1, 2]; // cudaMemcpy, cudaStreamSynchronize, cudaMalloc, cudaFree
-    (0..n_calls).flat_map(|i| {
-        let ts = 1_000_000 + i * 20_000;
-        let op = OPS[(i % 4) as usize];
-        let (runnable, blocked) = match op {
-            9 if i % 40 == 0 => (8_000, 0),
-            14 => (0, 9_000),
+#[derive(Serialize)]
+pub struct CommandRun {
+    pub command: String,
+    pub wall_ms: f64,
+    pub peak_rss_mb: f64,
+}
+
+/// Op ids by name, looked up once (the op table is the one source of ids).
+struct Ops {
+    memcpy: u16,
+    sync: u16,
+    malloc: u16,
+    free: u16,
+    launch: u16,
+    mem_create: u16,
+    mem_map: u16,
+}
+
+impl Ops {
+    fn new() -> Result<Ops> {
+        let id = |n: &str| {
+            op_by_name(n)
+                .map(|i| i.id)
+                .with_context(|| format!("op {n} is not in the op table"))
+        };
+        Ok(Ops {
+            memcpy: id("cudaMemcpy")?,
+            sync: id("cudaStreamSynchronize")?,
+            malloc: id("cudaMalloc")?,
+            free: id("cudaFree")?,
+            launch: id("cudaLaunchKernel")?,
+            mem_create: id("cuMemCreate")?,
+            mem_map: id("cuMemMap")?,
+        })
+    }
+}
+
+/// The op mix, per 16 calls on each of 4 threads: 8 launches, 3 copies
+/// (every 40th call preempted by a "hog"), 2 syncs that sleep (woken by a
+/// peer thread), a malloc/free pair and a VMM create+map every 64th slot in
+/// place of a launch; a wait record for every tenth call.
+fn events(ops: &Ops, n_calls: u64) -> impl Iterator<Item = Event> + '_ {
+    (0..n_calls).flat_map(move |i| {
+        let tid = 100 + (i % 4) as u32;
+        let ts = 1_000_000 + i * 5_000;
+        let slot = (i / 4) % 16;
+        let op = match slot {
+            0..=7 if (i / 4) % 64 == 0 => ops.mem_create,
+            0..=7 if (i / 4) % 64 == 1 => ops.mem_map,
+            0..=7 => ops.launch,
+            8..=10 => ops.memcpy,
+            11 | 12 => ops.sync,
+            13 => ops.malloc,
+            14 => ops.free,
+            _ => ops.launch,
+        };
+        let preempted = op == ops.memcpy && i % 40 < 4;
+        let blocked_sync = op == ops.sync;
+        // Durations spread over two decades so the histogram is exercised.
+        let dur = 2_000 + (i.wrapping_mul(2_654_435_761) % 50_000);
+        let (runnable, blocked) = match (preempted, blocked_sync) {
+            (true, _) => (dur / 2, 0),
+            (_, true) => (0, dur * 3 / 4),
             _ => (0, 0),
         };
         let call = CallEvent {
             ts_ns: ts,
-            dur_ns: 10_000,
+            dur_ns: dur,
             pid: 100,
-            tid: 100,
+            tid,
             op,
-            size: Some(4096),
-            ptr: Some(0x7f00_0000_0000 + (i / 4) * 4096),
+            size: Some(4096 << (i % 8)),
+            ptr: Some(0x7f00_0000_0000 + (i / 16) * 4096),
             runnable_ns: runnable,
             blocked_ns: blocked,
+            cpu: (i % 2) as u32,
             ..Default::default()
         };
         let mut out = vec![Event::Call(call)];
-        if i % 10 == 0 {
+        if i % 10 == 0 || preempted || blocked_sync {
             out.push(Event::Wait(WaitEvent {
                 pid: 100,
-                tid: 100,
-                kind: if runnable > 0 {
+                tid,
+                kind: if preempted {
                     WaitKind::Preempted
                 } else {
                     WaitKind::Blocked
                 },
-                off_ns: ts + 1_000,
-                wake_ns: ts + 1_000 + blocked,
-                on_ns: ts + 1_000 + blocked + runnable,
-                prev_state: if runnable > 0 { 0 } else { 2 },
-                cpu: 0,
-                culprits: if runnable > 0 {
+                off_ns: ts + 500,
+                wake_ns: ts + 500 + blocked,
+                on_ns: ts + 500 + blocked + runnable,
+                prev_state: if preempted { 0 } else { 2 },
+                cpu: (i % 2) as u32,
+                culprits: if preempted {
                     vec![Culprit {
                         pid: 200,
                         tid: 200,
@@ -73,17 +133,43 @@ fn events(n_calls: u64) -> impl Iterator<Item = Event> {
                 } else {
                     Vec::new()
                 },
-                waker: None,
+                waker: blocked_sync.then(|| Waker {
+                    pid: 100,
+                    tid: 100 + ((i + 1) % 4) as u32,
+                    comm: "worker".into(),
+                    irq: false,
+                }),
             }));
         }
         out
     })
 }
 
-pub fn run(dir: &Path, n_calls: u64) -> Result<AnalysisBench> {
+/// Process CPU time (user+sys) in ms.
+fn own_cpu_ms() -> f64 {
+    // SAFETY: an all-zero rusage is a valid value to be overwritten.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: RUSAGE_SELF with a pointer to a live local.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
+        return f64::NAN;
+    }
+    let tv = |t: libc::timeval| t.tv_sec as f64 * 1000.0 + t.tv_usec as f64 / 1000.0;
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+/// Writes the synthetic trace into `dir`, then (with `exe`, this gpusleuth
+/// binary) times each analysis command on it as a child process.
+pub fn run(
+    dir: &Path,
+    n_calls: u64,
+    exe: Option<&Path>,
+    keep: Option<&Path>,
+) -> Result<AnalysisBench> {
+    let ops = Ops::new()?;
     let db = dir.join("analysis.db");
     let _ = std::fs::remove_file(&db);
     let t = Instant::now();
+    let cpu0 = own_cpu_ms();
     let writer = TraceWriter::create(
         &db,
         SessionInfo {
@@ -91,52 +177,111 @@ pub fn run(dir: &Path, n_calls: u64) -> Result<AnalysisBench> {
             ..Default::default()
         },
         WriterOptions {
-            max_db_bytes: 16 << 30,
+            max_db_bytes: 64 << 30,
             ..Default::default()
         },
     )
     .with_context(|| format!("cannot create {}", db.display()))?;
     let h = writer.handle();
+    h.set_process(sleuth_core::ProcessInfo {
+        pid: 100,
+        comm: "train".into(),
+        ..Default::default()
+    })?;
     let mut n_events = 0u64;
     let mut waits = 0u64;
-    for ev in events(n_calls) {
+    for ev in events(&ops, n_calls) {
         waits += matches!(ev, Event::Wait(_)) as u64;
         n_events += 1;
         h.send(ev)?;
     }
-    h.set_session_end(1_000_000 + n_calls * 20_000)?;
+    h.set_session_end(1_000_000 + n_calls * 5_000)?;
     drop(h);
     writer.finish()?;
     let write_ms = t.elapsed().as_secs_f64() * 1e3;
-    let db_mb = std::fs::metadata(&db)
-        .map(|m| m.len() as f64 / 1048576.0)
-        .unwrap_or(0.0);
+    let write_cpu_ms = own_cpu_ms() - cpu0;
+    let db_bytes = std::fs::metadata(&db).map(|m| m.len()).unwrap_or(0);
 
-    let t = Instant::now();
-    let data = Trace::open(&db)?.load(None)?;
-    let load_ms = t.elapsed().as_secs_f64() * 1e3;
-    let t = Instant::now();
-    let stats = sleuth_core::stats::compute(&data);
-    let stats_ms = t.elapsed().as_secs_f64() * 1e3;
-    let t = Instant::now();
-    let findings = sleuth_core::findings::explain(&data);
-    let explain_ms = t.elapsed().as_secs_f64() * 1e3;
-    anyhow::ensure!(
-        !stats.ops.is_empty(),
-        "the synthetic trace produced no stats"
-    );
-    let _ = std::fs::remove_file(&db);
+    let trace = Trace::open(&db)?;
+    let stats = trace.stats_report(None)?;
+    let rollups = stats.is_some();
+    if let Some(s) = &stats {
+        anyhow::ensure!(!s.ops.is_empty(), "the synthetic trace produced no stats");
+    }
+    drop(trace);
+    let mut commands = Vec::new();
+    if let Some(exe) = exe {
+        let out = dir.join("analysis-out");
+        let db_s = db.display().to_string();
+        let out_s = out.display().to_string();
+        let runs: [(&str, Vec<&str>); 5] = [
+            ("stats", vec!["stats", "--json", "--db", &db_s]),
+            ("explain", vec!["explain", "--json", "--db", &db_s]),
+            ("memory", vec!["memory", "--json", "--db", &db_s]),
+            (
+                "report",
+                vec!["report", "--force", "-o", &out_s, "--db", &db_s],
+            ),
+            (
+                "export",
+                vec!["export", "--force", "-o", &out_s, "--db", &db_s],
+            ),
+        ];
+        for (name, argv) in runs {
+            let mut cmd = Command::new(exe);
+            cmd.args(&argv);
+            let t = Instant::now();
+            let usage = super::bench::run_child(cmd).with_context(|| format!("{name} failed"))?;
+            commands.push(CommandRun {
+                command: name.into(),
+                wall_ms: t.elapsed().as_secs_f64() * 1e3,
+                peak_rss_mb: usage.max_rss_kb as f64 / 1024.0,
+            });
+        }
+        let _ = std::fs::remove_file(&out);
+    }
+    match keep {
+        Some(k) => std::fs::rename(&db, k)
+            .or_else(|_| std::fs::copy(&db, k).map(|_| ()))
+            .with_context(|| format!("cannot keep the trace at {}", k.display()))?,
+        None => {
+            let _ = std::fs::remove_file(&db);
+        }
+    }
     Ok(AnalysisBench {
         calls: n_calls,
         waits,
         write_ms,
         write_events_per_s: n_events as f64 / (write_ms / 1e3),
-        db_mb,
-        load_ms,
-        stats_ms,
-        explain_ms,
-        findings: findings.len(),
+        write_cpu_us_per_event: write_cpu_ms * 1e3 / n_events.max(1) as f64,
+        db_mb: db_bytes as f64 / 1048576.0,
+        bytes_per_event: db_bytes as f64 / n_events.max(1) as f64,
+        rollups,
+        commands,
     })
+}
+
+/// The analysis part as text.
+pub fn render(a: &AnalysisBench) -> String {
+    let mut s = format!(
+        "stored trace of {} calls + {} waits (synthetic): written in {:.0} ms = {:.0} events/s, \
+         {:.2} µs CPU per event; {:.0} MB = {:.0} bytes per event; stats from rollups: {}\n",
+        a.calls,
+        a.waits,
+        a.write_ms,
+        a.write_events_per_s,
+        a.write_cpu_us_per_event,
+        a.db_mb,
+        a.bytes_per_event,
+        if a.rollups { "yes" } else { "no" }
+    );
+    for c in &a.commands {
+        s += &format!(
+            "  {:<8} {:>9.0} ms wall {:>9.1} MB peak RSS\n",
+            c.command, c.wall_ms, c.peak_rss_mb
+        );
+    }
+    s
 }
 
 #[cfg(test)]
@@ -144,14 +289,45 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_synthetic_trace_round_trips_and_names_the_hog() {
+    fn the_synthetic_trace_round_trips_with_rollups_and_names_the_hog() {
         let dir = std::env::temp_dir().join(format!("gs-bench-analysis-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let r = run(&dir, 4_000).unwrap();
+        let r = run(&dir, 4_000, None, None).unwrap();
         let _ = std::fs::remove_dir_all(&dir);
         assert_eq!(r.calls, 4_000);
-        assert_eq!(r.waits, 400);
-        // Copies preempted by the hog every 40th call, syncs blocked: both findings appear.
-        assert!(r.findings >= 1);
+        assert!(r.waits >= 400);
+        assert!(
+            r.rollups,
+            "a trace the writer finished answers stats from rollups"
+        );
+        assert!(r.bytes_per_event > 0.0 && r.commands.is_empty());
+    }
+
+    #[test]
+    fn the_mix_has_every_kind_it_claims() {
+        let ops = Ops::new().unwrap();
+        let evs: Vec<Event> = events(&ops, 4_096).collect();
+        let calls: Vec<&CallEvent> = evs
+            .iter()
+            .filter_map(|e| match e {
+                Event::Call(c) => Some(c),
+                _ => None,
+            })
+            .collect();
+        for op in [
+            ops.memcpy,
+            ops.sync,
+            ops.malloc,
+            ops.free,
+            ops.launch,
+            ops.mem_create,
+            ops.mem_map,
+        ] {
+            assert!(calls.iter().any(|c| c.op == op), "op {op} missing");
+        }
+        let hog = evs
+            .iter()
+            .any(|e| matches!(e, Event::Wait(w) if w.culprits.iter().any(|c| c.comm == "hog")));
+        assert!(hog);
     }
 }

@@ -72,9 +72,20 @@ pub(crate) fn emit_text(text: &str) -> anyhow::Result<()> {
     emit(&terminal_safe(text))
 }
 
+/// The stats answer of a trace: from its rollups when it has them (no call
+/// row is read), else from the whole trace loaded (older, merged, imported
+/// or cut-short traces).
+pub(crate) fn stats_of(db: &Path, pid: Option<u32>) -> anyhow::Result<StatsReport> {
+    let trace = sleuth_store::Trace::open(db)?;
+    if let Some(r) = trace.stats_report(pid)? {
+        return Ok(r);
+    }
+    warn_input_problems(&trace)?;
+    Ok(stats::compute(&trace.load(pid)?))
+}
+
 pub fn run(args: Args) -> anyhow::Result<i32> {
-    let data = load_trace(&args.db, args.pid)?;
-    let report = stats::compute(&data);
+    let report = stats_of(&args.db, args.pid)?;
     if args.json {
         emit(&format!("{}\n", serde_json::to_string_pretty(&report)?))?;
     } else {

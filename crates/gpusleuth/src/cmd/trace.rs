@@ -641,12 +641,11 @@ fn trace_loop(
     let sums = loss_sums(&losses);
     if !args.quiet {
         // The final table comes from the database: exact, and what a later `stats` shows.
-        let data = crate::cmd::stats::load_trace(&db, None)?;
+        // Read from the rollups: the summary must not load the whole trace.
+        let report = crate::cmd::stats::stats_of(&db, None)?;
         eprint!(
             "{}",
-            crate::term_text::terminal_safe(&crate::cmd::stats::render(
-                &sleuth_core::stats::compute(&data)
-            ))
+            crate::term_text::terminal_safe(&crate::cmd::stats::render(&report))
         );
     }
     eprintln!(
