@@ -34,7 +34,10 @@ pub fn call_culprits(calls: &[CallEvent], waits: &[WaitEvent]) -> Vec<Vec<Culpri
         .collect()
 }
 
-fn culprits_of_call(call: &CallEvent, waits: &[&WaitEvent]) -> Vec<Culprit> {
+/// The culprits of one call from its thread's waits that have culprits and
+/// runnable time (`on_ns > wake_ns`), sorted by `(on_ns, wake_ns)`; waits
+/// ending at or before the call starts may be left out (streaming callers).
+pub fn culprits_of_call(call: &CallEvent, waits: &[&WaitEvent]) -> Vec<Culprit> {
     let (start, end) = (call.ts_ns, call.end_ns());
     if end <= start {
         return Vec::new();

@@ -21,7 +21,7 @@ use crate::event::CallEvent;
 use crate::ops::op_by_id;
 use crate::stats::{Measured, OpStats, StatsReport, TOP_CULPRITS_PER_OP};
 use crate::threads::{sort_splits, ThreadSplit};
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 
 /// Durations below this many ns are counted exactly (one bucket per value).
 pub const EXACT_BELOW: u64 = 2048;
@@ -132,17 +132,23 @@ impl OpRollup {
 }
 
 /// Rollups of a whole trace as the writer keeps them: per (pid, op id), plus
-/// the threads that made calls (for the per-thread pass at the end).
+/// each calling thread's window (first start, last end of its non-nested
+/// calls; None with nested calls only), for the per-thread pass at the end.
 #[derive(Debug, Clone, Default)]
 pub struct Rollup {
     pub ops: HashMap<(u32, u16), OpRollup>,
-    pub threads: BTreeSet<(u32, u32)>,
+    pub threads: BTreeMap<(u32, u32), Option<(u64, u64)>>,
 }
 
 impl Rollup {
     pub fn add_call(&mut self, c: &CallEvent) {
         self.ops.entry((c.pid, c.op)).or_default().add(c);
-        self.threads.insert((c.pid, c.tid));
+        let w = self.threads.entry((c.pid, c.tid)).or_default();
+        if !c.nested {
+            let (s, e) = w.get_or_insert((c.ts_ns, c.end_ns()));
+            *s = (*s).min(c.ts_ns);
+            *e = (*e).max(c.end_ns());
+        }
     }
 }
 

@@ -128,53 +128,6 @@ impl ThreadSplit {
     }
 }
 
-/// Half-open interval helpers over a thread's merged call intervals.
-struct Busy {
-    /// Disjoint, sorted `[start, end)` intervals covered by CUDA calls.
-    iv: Vec<(u64, u64)>,
-    window: (u64, u64),
-}
-
-impl Busy {
-    fn new(calls: &[&CallEvent]) -> Busy {
-        let mut iv: Vec<(u64, u64)> = calls.iter().map(|c| (c.ts_ns, c.end_ns())).collect();
-        iv.sort_unstable();
-        let mut merged: Vec<(u64, u64)> = Vec::with_capacity(iv.len());
-        for (s, e) in iv {
-            match merged.last_mut() {
-                Some(last) if s <= last.1 => last.1 = last.1.max(e),
-                _ => merged.push((s, e)),
-            }
-        }
-        let window = (
-            merged.first().map(|x| x.0).unwrap_or(0),
-            merged.last().map(|x| x.1).unwrap_or(0),
-        );
-        Busy { iv: merged, window }
-    }
-
-    fn in_calls_ns(&self) -> u64 {
-        self.iv.iter().map(|(s, e)| e - s).sum()
-    }
-
-    /// Length of `[a, b)` inside the window and outside every call.
-    fn outside_calls(&self, a: u64, b: u64) -> u64 {
-        let (a, b) = (a.max(self.window.0), b.min(self.window.1));
-        if b <= a {
-            return 0;
-        }
-        let mut covered = 0;
-        let first = self.iv.partition_point(|&(_, e)| e <= a);
-        for &(s, e) in &self.iv[first..] {
-            if s >= b {
-                break;
-            }
-            covered += e.min(b) - s.max(a);
-        }
-        (b - a) - covered
-    }
-}
-
 /// The whole-thread split of every thread that made a (non-nested) CUDA
 /// call, largest window first.
 pub fn thread_splits(data: &TraceData) -> Vec<ThreadSplit> {
@@ -190,10 +143,27 @@ pub fn thread_splits(data: &TraceData) -> Vec<ThreadSplit> {
         }
     }
     let mut out: Vec<ThreadSplit> = calls
-        .iter()
+        .iter_mut()
         .map(|(&(pid, tid), cs)| {
-            let ws = waits.get(&(pid, tid)).map(Vec::as_slice).unwrap_or(&[]);
-            split_thread(data, pid, tid, cs, ws, tracer)
+            cs.sort_by_key(|c| c.ts_ns);
+            let mut ws = waits.remove(&(pid, tid)).unwrap_or_default();
+            ws.sort_by_key(|w| (w.on_ns, w.off_ns));
+            let window = (
+                cs.iter().map(|c| c.ts_ns).min().unwrap_or(0),
+                cs.iter().map(|c| c.end_ns()).max().unwrap_or(0),
+            );
+            let mut t = ThreadStream::new(pid, tid, window, tracer);
+            let mut next = cs.iter().peekable();
+            for w in ws {
+                while let Some(c) = next.next_if(|c| c.ts_ns < w.on_ns) {
+                    t.add_call(c);
+                }
+                t.add_wait(w);
+            }
+            for c in next {
+                t.add_call(c);
+            }
+            t.finish(data.comm_of(pid))
         })
         .collect();
     sort_splits(&mut out);
@@ -210,30 +180,97 @@ pub fn sort_splits(splits: &mut [ThreadSplit]) {
     });
 }
 
-fn split_thread(
-    data: &TraceData,
+/// One thread's split computed as its calls and waits stream past, in
+/// memory bounded by the calls overlapping one wait (plus 8 bytes per sync
+/// call for the median), so a thread of any length fits.
+///
+/// Feed the thread's non-nested calls in start order and its waits in
+/// `on_ns` order, interleaved so that every call starting before a wait's
+/// `on_ns` is added before that wait. `window` is the thread's first call
+/// start and last call end (known beforehand: the writer keeps them).
+pub struct ThreadStream {
     pid: u32,
     tid: u32,
-    calls: &[&CallEvent],
-    waits: &[&WaitEvent],
+    window: (u64, u64),
     tracer: Option<u32>,
-) -> ThreadSplit {
-    let busy = Busy::new(calls);
-    let (start_ns, end_ns) = busy.window;
-    let wall_ns = end_ns - start_ns;
-    let in_calls = Split::total(calls.iter().copied());
-    let in_wall = busy.in_calls_ns();
+    /// Merged `[start, end)` call intervals that a later wait may still overlap.
+    busy: std::collections::VecDeque<(u64, u64)>,
+    in_wall: u64,
+    calls: u64,
+    in_calls: Split,
+    sync_durs: Vec<u64>,
+    blocked: u64,
+    runnable: u64,
+    wakers: HashMap<(WakerKind, u32, u32, String), u64>,
+    holders: HashMap<(u32, String), u64>,
+    tracer_ns: u64,
+}
 
-    let mut blocked = 0u64;
-    let mut runnable = 0u64;
-    let mut wakers: HashMap<(WakerKind, u32, u32, String), u64> = HashMap::new();
-    let mut holders: HashMap<(u32, String), u64> = HashMap::new();
-    let mut tracer_ns = 0u64;
-    for w in waits {
-        let b = busy.outside_calls(w.off_ns, w.wake_ns);
-        let r = busy.outside_calls(w.wake_ns, w.on_ns);
-        blocked += b;
-        runnable += r;
+impl ThreadStream {
+    pub fn new(pid: u32, tid: u32, window: (u64, u64), tracer: Option<u32>) -> ThreadStream {
+        ThreadStream {
+            pid,
+            tid,
+            window,
+            tracer,
+            busy: Default::default(),
+            in_wall: 0,
+            calls: 0,
+            in_calls: Split::default(),
+            sync_durs: Vec::new(),
+            blocked: 0,
+            runnable: 0,
+            wakers: HashMap::new(),
+            holders: HashMap::new(),
+            tracer_ns: 0,
+        }
+    }
+
+    /// A non-nested call, in start order.
+    pub fn add_call(&mut self, c: &CallEvent) {
+        self.calls += 1;
+        self.in_calls.add(Split::of(c));
+        if c.info().is_some_and(|i| i.class == OpClass::Sync) {
+            self.sync_durs.push(c.dur_ns);
+        }
+        let (s, e) = (c.ts_ns, c.end_ns());
+        match self.busy.back_mut() {
+            Some(last) if s <= last.1 => {
+                self.in_wall += e.saturating_sub(last.1);
+                last.1 = last.1.max(e);
+            }
+            _ => {
+                self.in_wall += e - s;
+                self.busy.push_back((s, e));
+            }
+        }
+    }
+
+    /// Length of `[a, b)` inside the window and outside every call added so far.
+    fn outside_calls(&self, a: u64, b: u64) -> u64 {
+        let (a, b) = (a.max(self.window.0), b.min(self.window.1));
+        if b <= a {
+            return 0;
+        }
+        let mut covered = 0;
+        for &(s, e) in &self.busy {
+            if s >= b {
+                break;
+            }
+            if e > a {
+                covered += e.min(b) - s.max(a);
+            }
+        }
+        (b - a) - covered
+    }
+
+    /// A wait of the thread, in `on_ns` order, after every call starting before its `on_ns`.
+    pub fn add_wait(&mut self, w: &WaitEvent) {
+        let (start_ns, end_ns) = self.window;
+        let b = self.outside_calls(w.off_ns, w.wake_ns);
+        let r = self.outside_calls(w.wake_ns, w.on_ns);
+        self.blocked += b;
+        self.runnable += r;
         if b > 0 {
             let key = match &w.waker {
                 Some(k) if k.is_task() => (WakerKind::Task, k.pid, k.tid, k.comm.clone()),
@@ -245,7 +282,7 @@ fn split_thread(
                 ),
                 None => (WakerKind::Unknown, 0, 0, "(waker not recorded)".into()),
             };
-            *wakers.entry(key).or_default() += b;
+            *self.wakers.entry(key).or_default() += b;
         }
         // Culprits cover the runnable part; the share inside the window
         // (inside or between calls) that the tracer took is its interference.
@@ -256,74 +293,82 @@ fn split_thread(
                 break;
             }
             let part = |span: u64| (c.ns.min(whole) as u128 * span as u128 / whole as u128) as u64;
-            if is_tracer(c.pid, &c.comm, tracer) {
-                tracer_ns += part(in_window);
+            if is_tracer(c.pid, &c.comm, self.tracer) {
+                self.tracer_ns += part(in_window);
             } else if r > 0 {
-                *holders.entry((c.pid, c.comm.clone())).or_default() += part(r);
+                *self.holders.entry((c.pid, c.comm.clone())).or_default() += part(r);
             }
         }
+        // A thread's waits do not overlap: later ones start at or after this
+        // one's end, so intervals ending by then can no longer be overlapped.
+        // The last one stays (a call may still extend it).
+        while self.busy.len() > 1 && self.busy.front().is_some_and(|iv| iv.1 <= w.on_ns) {
+            self.busy.pop_front();
+        }
     }
-    let between_wall = wall_ns.saturating_sub(in_wall);
-    let between = Split {
-        on_cpu_ns: between_wall.saturating_sub(blocked + runnable),
-        runnable_ns: runnable.min(between_wall),
-        blocked_ns: blocked.min(between_wall.saturating_sub(runnable)),
-    };
 
-    let mut wakers: Vec<WakerTime> = wakers
-        .into_iter()
-        .map(|((kind, wpid, wtid, comm), ns)| WakerTime {
-            kind,
-            pid: wpid,
-            tid: wtid,
-            comm,
-            blocked_ns: ns,
-            share: if blocked == 0 {
-                0.0
-            } else {
-                ns as f64 / blocked as f64
-            },
-        })
-        .collect();
-    wakers.sort_by(|a, b| {
-        b.blocked_ns
-            .cmp(&a.blocked_ns)
-            .then(a.kind.cmp(&b.kind))
-            .then(a.tid.cmp(&b.tid))
-    });
-    let mut preempted_by: Vec<HolderTime> = holders
-        .into_iter()
-        .filter(|(_, ns)| *ns > 0)
-        .map(|((hpid, comm), ns)| HolderTime {
-            pid: hpid,
-            comm,
-            runnable_ns: ns,
-        })
-        .collect();
-    preempted_by.sort_by(|a, b| b.runnable_ns.cmp(&a.runnable_ns).then(a.pid.cmp(&b.pid)));
-
-    let mut sync_durs: Vec<u64> = calls
-        .iter()
-        .filter(|c| c.info().is_some_and(|i| i.class == OpClass::Sync))
-        .map(|c| c.dur_ns)
-        .collect();
-    sync_durs.sort_unstable();
-    ThreadSplit {
-        pid,
-        tid,
-        comm: data.comm_of(pid).to_string(),
-        start_ns,
-        end_ns,
-        wall_ns,
-        calls: calls.len() as u64,
-        in_calls,
-        between,
-        syncs: sync_durs.len() as u64,
-        sync_ns: sync_durs.iter().sum(),
-        sync_p50_ns: crate::stats::nearest_rank(&sync_durs, 50).unwrap_or(0),
-        wakers,
-        preempted_by,
-        tracer_runnable_ns: tracer_ns,
+    /// The split, once every call and wait was added.
+    pub fn finish(mut self, comm: &str) -> ThreadSplit {
+        let (start_ns, end_ns) = self.window;
+        let wall_ns = end_ns - start_ns;
+        let (blocked, runnable) = (self.blocked, self.runnable);
+        let between_wall = wall_ns.saturating_sub(self.in_wall);
+        let between = Split {
+            on_cpu_ns: between_wall.saturating_sub(blocked + runnable),
+            runnable_ns: runnable.min(between_wall),
+            blocked_ns: blocked.min(between_wall.saturating_sub(runnable)),
+        };
+        let mut wakers: Vec<WakerTime> = self
+            .wakers
+            .into_iter()
+            .map(|((kind, wpid, wtid, comm), ns)| WakerTime {
+                kind,
+                pid: wpid,
+                tid: wtid,
+                comm,
+                blocked_ns: ns,
+                share: if blocked == 0 {
+                    0.0
+                } else {
+                    ns as f64 / blocked as f64
+                },
+            })
+            .collect();
+        wakers.sort_by(|a, b| {
+            b.blocked_ns
+                .cmp(&a.blocked_ns)
+                .then(a.kind.cmp(&b.kind))
+                .then(a.tid.cmp(&b.tid))
+        });
+        let mut preempted_by: Vec<HolderTime> = self
+            .holders
+            .into_iter()
+            .filter(|(_, ns)| *ns > 0)
+            .map(|((hpid, comm), ns)| HolderTime {
+                pid: hpid,
+                comm,
+                runnable_ns: ns,
+            })
+            .collect();
+        preempted_by.sort_by(|a, b| b.runnable_ns.cmp(&a.runnable_ns).then(a.pid.cmp(&b.pid)));
+        self.sync_durs.sort_unstable();
+        ThreadSplit {
+            pid: self.pid,
+            tid: self.tid,
+            comm: comm.to_string(),
+            start_ns,
+            end_ns,
+            wall_ns,
+            calls: self.calls,
+            in_calls: self.in_calls,
+            between,
+            syncs: self.sync_durs.len() as u64,
+            sync_ns: self.sync_durs.iter().sum(),
+            sync_p50_ns: crate::stats::nearest_rank(&self.sync_durs, 50).unwrap_or(0),
+            wakers,
+            preempted_by,
+            tracer_runnable_ns: self.tracer_ns,
+        }
     }
 }
 

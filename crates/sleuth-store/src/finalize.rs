@@ -2,15 +2,14 @@
 //! culprits, the final `processes` table, and the rollups `stats` answers
 //! from (see `sleuth_core::rollup` and docs/schema.md).
 
-use crate::rows::{query_calls, query_waits};
+use crate::rows::{call_from_row, calls_sql, wait_from_row, waits_sql, WAIT_CULPRITS_SQL};
 use crate::writer::upsert_process;
-use rusqlite::types::Value;
 use rusqlite::{params, Connection};
-use sleuth_core::culprits::call_culprits;
+use sleuth_core::culprits::culprits_of_call;
 use sleuth_core::rollup::Rollup;
-use sleuth_core::threads::{thread_splits, TRACER_PID_STAT};
-use sleuth_core::{ProcKind, ProcessInfo, TraceData};
-use std::collections::BTreeMap;
+use sleuth_core::threads::{ThreadStream, TRACER_PID_STAT};
+use sleuth_core::{CallEvent, ProcKind, ProcessInfo, WaitEvent};
+use std::collections::{BTreeMap, VecDeque};
 
 /// Value of `meta.rollups` once every rollup table is complete. Readers use
 /// the rollups only then; a trace cut short (killed writer), merged or
@@ -32,9 +31,11 @@ pub(crate) fn complete(conn: &mut Connection, rollup: &Rollup) -> rusqlite::Resu
     Ok(rows)
 }
 
-/// One thread at a time, so memory is bounded by the busiest thread, not the
-/// trace: its call culprits (`call_culprits`, summed per op into
-/// `rollup_culprits`) and its whole-thread split (`rollup_threads`).
+/// One thread at a time, streaming its calls and waits (two ordered reads
+/// each), so memory stays bounded by the calls and waits overlapping one
+/// another, not by the thread or the trace: its call culprits
+/// (`call_culprits`, summed per op into `rollup_culprits`) and its
+/// whole-thread split (`rollup_threads`).
 fn per_thread_pass(conn: &Connection, rollup: &Rollup) -> rusqlite::Result<u64> {
     conn.execute("DELETE FROM call_culprits", [])?;
     let tracer: Option<i64> = conn
@@ -44,54 +45,133 @@ fn per_thread_pass(conn: &Connection, rollup: &Rollup) -> rusqlite::Result<u64> 
             |r| r.get(0),
         )
         .ok();
-    let mut stats = BTreeMap::new();
-    if let Some(t) = tracer.and_then(|t| u64::try_from(t).ok()) {
-        stats.insert(TRACER_PID_STAT.to_string(), t);
-    }
-    let processes = all_processes(conn)?;
+    let tracer = tracer
+        .and_then(|t| u32::try_from(t).ok())
+        .filter(|&t| t != 0);
+    let comms: BTreeMap<u32, String> = all_processes(conn)?
+        .into_iter()
+        .map(|p| (p.pid, p.comm))
+        .collect();
     let mut ins = conn.prepare(
         "INSERT INTO call_culprits(call_id, pid, tid, comm, runnable_ns) VALUES (?1, ?2, ?3, ?4, ?5)",
     )?;
     let mut ins_thread =
         conn.prepare("INSERT INTO rollup_threads(pid, tid, split) VALUES (?1, ?2, ?3)")?;
+    let all_calls_sql = calls_sql(conn, "WHERE pid = ?1 AND tid = ?2 ORDER BY ts_ns")?;
+    let split_calls_sql = calls_sql(
+        conn,
+        "WHERE pid = ?1 AND tid = ?2 AND nested = 0 ORDER BY ts_ns",
+    )?;
+    let culprit_waits_sql = waits_sql(
+        conn,
+        "WHERE w.pid = ?1 AND w.tid = ?2 AND w.on_ns > w.wake_ns ORDER BY w.on_ns, w.wake_ns",
+    )?;
+    let all_waits_sql = waits_sql(
+        conn,
+        "WHERE w.pid = ?1 AND w.tid = ?2 ORDER BY w.on_ns, w.off_ns",
+    )?;
+    let mut wcst = conn.prepare_cached(WAIT_CULPRITS_SQL)?;
     let mut written = 0u64;
-    for &(pid, tid) in &rollup.threads {
-        let args = [Value::Integer(pid.into()), Value::Integer(tid.into())];
-        let stored = query_calls(conn, "WHERE pid = ?1 AND tid = ?2 ORDER BY ts_ns", &args)?;
-        if stored.is_empty() {
-            continue;
-        }
-        let waits = query_waits(
-            conn,
-            "WHERE w.pid = ?1 AND w.tid = ?2 ORDER BY w.on_ns",
-            &args,
-        )?;
-        let calls: Vec<_> = stored.iter().map(|s| s.call.clone()).collect();
-        // Culprits come from the waits that had runnable time (as before rollups).
-        let runnable: Vec<_> = waits
-            .iter()
-            .filter(|w| w.runnable_ns() > 0)
-            .cloned()
-            .collect();
-        for (s, culprits) in stored.iter().zip(call_culprits(&calls, &runnable)) {
-            for c in culprits {
+    for (&(pid, tid), window) in &rollup.threads {
+        // Call culprits: every call (nested too) against the waits that
+        // overlap it, kept in a queue from the first one still ending after
+        // the current call's start.
+        let mut cst = conn.prepare_cached(&all_calls_sql)?;
+        let mut calls = cst.query(params![pid, tid])?;
+        let mut wst = conn.prepare_cached(&culprit_waits_sql)?;
+        let mut waits = wst.query(params![pid, tid])?;
+        let mut queue: VecDeque<WaitEvent> = VecDeque::new();
+        let mut pending: Option<WaitEvent> = None;
+        let mut waits_done = false;
+        while let Some(row) = calls.next()? {
+            let Some(s) = call_from_row(row)? else {
+                continue;
+            };
+            let (start, end) = (s.call.ts_ns, s.call.end_ns());
+            while queue.front().is_some_and(|w| w.on_ns <= start) {
+                queue.pop_front();
+            }
+            loop {
+                if pending.is_none() && !waits_done {
+                    pending = match waits.next()? {
+                        Some(r) => wait_from_row(r, &mut wcst)?,
+                        None => {
+                            waits_done = true;
+                            None
+                        }
+                    };
+                    if pending.is_none() && !waits_done {
+                        continue; // an unknown kind: skipped
+                    }
+                }
+                match pending.take() {
+                    Some(w) if w.wake_ns < end => {
+                        if w.on_ns > start && !w.culprits.is_empty() {
+                            queue.push_back(w);
+                        }
+                    }
+                    other => {
+                        pending = other;
+                        break;
+                    }
+                }
+            }
+            let refs: Vec<&WaitEvent> = queue.iter().collect();
+            for c in culprits_of_call(&s.call, &refs) {
                 ins.execute(params![s.id, c.pid, c.tid, c.comm, c.ns as i64])?;
                 written += 1;
             }
         }
-        let one = TraceData {
-            calls,
-            waits,
-            processes: processes.iter().filter(|p| p.pid == pid).cloned().collect(),
-            stats: stats.clone(),
-            has_host_context: true,
-            ..Default::default()
+        drop(calls);
+        drop(waits);
+
+        // The thread's split: non-nested calls and all waits, interleaved.
+        let Some(window) = *window else {
+            continue;
         };
-        for t in thread_splits(&one) {
-            let json = serde_json::to_string(&t)
-                .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
-            ins_thread.execute(params![t.pid, t.tid, json])?;
+        let mut t = ThreadStream::new(pid, tid, window, tracer);
+        let mut cst = conn.prepare_cached(&split_calls_sql)?;
+        let mut calls = cst.query(params![pid, tid])?;
+        let mut wst = conn.prepare_cached(&all_waits_sql)?;
+        let mut waits = wst.query(params![pid, tid])?;
+        let mut next_call: Option<CallEvent> = None;
+        let mut calls_done = false;
+        while let Some(row) = waits.next()? {
+            let Some(w) = wait_from_row(row, &mut wcst)? else {
+                continue;
+            };
+            loop {
+                if next_call.is_none() && !calls_done {
+                    match calls.next()? {
+                        Some(r) => next_call = call_from_row(r)?.map(|s| s.call),
+                        None => calls_done = true,
+                    }
+                    if next_call.is_none() && !calls_done {
+                        continue;
+                    }
+                }
+                match next_call.take() {
+                    Some(c) if c.ts_ns < w.on_ns => t.add_call(&c),
+                    other => {
+                        next_call = other;
+                        break;
+                    }
+                }
+            }
+            t.add_wait(&w);
         }
+        if let Some(c) = next_call.take() {
+            t.add_call(&c);
+        }
+        while let Some(r) = calls.next()? {
+            if let Some(s) = call_from_row(r)? {
+                t.add_call(&s.call);
+            }
+        }
+        let split = t.finish(comms.get(&pid).map(String::as_str).unwrap_or("?"));
+        let json = serde_json::to_string(&split)
+            .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
+        ins_thread.execute(params![pid, tid, json])?;
     }
     // Per-op culprit sums; a float total and a clamp so a crafted huge sum
     // cannot fail the finish with an integer overflow.

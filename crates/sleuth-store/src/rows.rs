@@ -53,11 +53,9 @@ fn has(conn: &Connection, table: &str) -> rusqlite::Result<bool> {
 }
 
 /// Runs `SELECT <CALL_COLS> FROM calls <tail>` and maps known ops.
-pub(crate) fn query_calls(
-    conn: &Connection,
-    tail: &str,
-    args: &[Value],
-) -> rusqlite::Result<Vec<StoredCall>> {
+/// `SELECT <call columns, host pointer> FROM calls ... <tail>`, rows for
+/// [`call_from_row`].
+pub(crate) fn calls_sql(conn: &Connection, tail: &str) -> rusqlite::Result<String> {
     let (host, join) = if has(conn, "call_host_ptrs")? {
         (
             "h.host_ptr",
@@ -66,8 +64,17 @@ pub(crate) fn query_calls(
     } else {
         ("NULL", "")
     };
-    let sql = format!("SELECT {CALL_COLS}, {host} FROM calls {join} {tail}");
-    let mut st = conn.prepare(&sql)?;
+    Ok(format!(
+        "SELECT {CALL_COLS}, {host} FROM calls {join} {tail}"
+    ))
+}
+
+pub(crate) fn query_calls(
+    conn: &Connection,
+    tail: &str,
+    args: &[Value],
+) -> rusqlite::Result<Vec<StoredCall>> {
+    let mut st = conn.prepare(&calls_sql(conn, tail)?)?;
     let rows = st.query_map(rusqlite::params_from_iter(args.iter()), call_from_row)?;
     let mut out = Vec::new();
     for r in rows {
@@ -78,13 +85,9 @@ pub(crate) fn query_calls(
     Ok(out)
 }
 
-/// Runs `SELECT ... FROM waits w <tail>` (tail filters/orders on `w.`) and
-/// attaches each wait's culprits.
-pub(crate) fn query_waits(
-    conn: &Connection,
-    tail: &str,
-    args: &[Value],
-) -> rusqlite::Result<Vec<WaitEvent>> {
+/// `SELECT <wait columns, waker> FROM waits w ... <tail>` (tail filters and
+/// orders on `w.`), rows for [`wait_from_row`].
+pub(crate) fn waits_sql(conn: &Connection, tail: &str) -> rusqlite::Result<String> {
     let (waker, join) = if has(conn, "wait_wakers")? {
         (
             "k.pid, k.tid, k.comm, k.irq",
@@ -93,52 +96,73 @@ pub(crate) fn query_waits(
     } else {
         ("NULL, NULL, NULL, NULL", "")
     };
-    let sql = format!(
+    Ok(format!(
         "SELECT w.id, w.pid, w.tid, w.kind, w.off_ns, w.wake_ns, w.on_ns, w.prev_state, w.cpu, {waker} \
          FROM waits w {join} {tail}"
-    );
-    let mut st = conn.prepare(&sql)?;
+    ))
+}
+
+/// The statement [`wait_from_row`] reads a wait's culprits with.
+pub(crate) const WAIT_CULPRITS_SQL: &str =
+    "SELECT pid, tid, substr(comm, 1, 64), ns FROM wait_culprits WHERE wait_id = ?1 AND ns BETWEEN 0 AND ?2 ORDER BY rowid";
+
+/// A wait row of [`waits_sql`] with its culprits; None for an unknown kind.
+pub(crate) fn wait_from_row(
+    row: &Row,
+    culprits_st: &mut rusqlite::CachedStatement,
+) -> rusqlite::Result<Option<WaitEvent>> {
+    let id: i64 = row.get(0)?;
+    let kind: String = row.get(3)?;
+    let Some(kind) = WaitKind::parse(&kind) else {
+        return Ok(None);
+    };
+    let culprits = culprits_st
+        .query_map([id, crate::problems::MAX_NS], |c| {
+            Ok(Culprit {
+                pid: c.get(0)?,
+                tid: c.get(1)?,
+                comm: c.get(2)?,
+                ns: c.get::<_, i64>(3)? as u64,
+            })
+        })?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    Ok(Some(WaitEvent {
+        pid: row.get(1)?,
+        tid: row.get(2)?,
+        kind,
+        off_ns: row.get::<_, i64>(4)? as u64,
+        wake_ns: row.get::<_, i64>(5)? as u64,
+        on_ns: row.get::<_, i64>(6)? as u64,
+        prev_state: row.get(7)?,
+        cpu: row.get(8)?,
+        culprits,
+        waker: match row.get::<_, Option<u32>>(9)? {
+            Some(pid) => Some(Waker {
+                pid,
+                tid: row.get(10)?,
+                comm: row.get(11)?,
+                irq: row.get(12)?,
+            }),
+            None => None,
+        },
+    }))
+}
+
+/// Runs `SELECT ... FROM waits w <tail>` (tail filters/orders on `w.`) and
+/// attaches each wait's culprits.
+pub(crate) fn query_waits(
+    conn: &Connection,
+    tail: &str,
+    args: &[Value],
+) -> rusqlite::Result<Vec<WaitEvent>> {
+    let mut st = conn.prepare(&waits_sql(conn, tail)?)?;
     let mut rows = st.query(rusqlite::params_from_iter(args.iter()))?;
-    let mut cst = conn.prepare_cached(
-        "SELECT pid, tid, substr(comm, 1, 64), ns FROM wait_culprits WHERE wait_id = ?1 AND ns BETWEEN 0 AND ?2 ORDER BY rowid",
-    )?;
+    let mut cst = conn.prepare_cached(WAIT_CULPRITS_SQL)?;
     let mut out = Vec::new();
     while let Some(row) = rows.next()? {
-        let id: i64 = row.get(0)?;
-        let kind: String = row.get(3)?;
-        let Some(kind) = WaitKind::parse(&kind) else {
-            continue;
-        };
-        let culprits = cst
-            .query_map([id, crate::problems::MAX_NS], |c| {
-                Ok(Culprit {
-                    pid: c.get(0)?,
-                    tid: c.get(1)?,
-                    comm: c.get(2)?,
-                    ns: c.get::<_, i64>(3)? as u64,
-                })
-            })?
-            .collect::<rusqlite::Result<Vec<_>>>()?;
-        out.push(WaitEvent {
-            pid: row.get(1)?,
-            tid: row.get(2)?,
-            kind,
-            off_ns: row.get::<_, i64>(4)? as u64,
-            wake_ns: row.get::<_, i64>(5)? as u64,
-            on_ns: row.get::<_, i64>(6)? as u64,
-            prev_state: row.get(7)?,
-            cpu: row.get(8)?,
-            culprits,
-            waker: match row.get::<_, Option<u32>>(9)? {
-                Some(pid) => Some(Waker {
-                    pid,
-                    tid: row.get(10)?,
-                    comm: row.get(11)?,
-                    irq: row.get(12)?,
-                }),
-                None => None,
-            },
-        });
+        if let Some(w) = wait_from_row(row, &mut cst)? {
+            out.push(w);
+        }
     }
     Ok(out)
 }
