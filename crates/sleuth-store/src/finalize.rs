@@ -23,6 +23,7 @@ pub(crate) fn complete(conn: &mut Connection, rollup: &Rollup) -> rusqlite::Resu
     complete_processes(&tx)?;
     let rows = per_thread_pass(&tx, rollup)?;
     write_op_rollups(&tx, rollup)?;
+    tx.execute_batch(crate::schema::LATE_INDEXES)?;
     tx.execute(
         "INSERT OR REPLACE INTO meta(key, value) VALUES ('rollups', ?1)",
         [ROLLUPS_COMPLETE],

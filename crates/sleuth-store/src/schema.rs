@@ -75,7 +75,6 @@ CREATE TABLE calls(
     cpu INTEGER NOT NULL
 );
 CREATE INDEX calls_pid_op ON calls(pid, op);
-CREATE INDEX calls_op_dur ON calls(op, dur_ns);
 CREATE INDEX calls_tid_ts ON calls(tid, ts_ns);
 CREATE TABLE waits(
     id INTEGER PRIMARY KEY,
@@ -193,8 +192,26 @@ CREATE VIEW call_culprits_named AS
     FROM call_culprits k JOIN calls c ON c.id = k.call_id;
 "#;
 
-/// Creates every table and view and fills `meta`.
+/// Indexes whose keys arrive in random order (call durations): maintained
+/// row by row they turn every insert into a random B-tree page write once
+/// the index outgrows SQLite's page cache, so the writer builds them in one
+/// sorted pass when the trace ends (`finalize`); other creators build them
+/// at once. Readers' queries are the same either way.
+pub(crate) const LATE_INDEXES: &str =
+    "CREATE INDEX IF NOT EXISTS calls_op_dur ON calls(op, dur_ns);";
+
+/// Creates every table, index and view and fills `meta`.
 pub(crate) fn create(conn: &Connection, source: &str, tool_version: &str) -> rusqlite::Result<()> {
+    create_deferring_late_indexes(conn, source, tool_version)?;
+    conn.execute_batch(LATE_INDEXES)
+}
+
+/// [`create`] without [`LATE_INDEXES`] (the writer adds them at the end).
+pub(crate) fn create_deferring_late_indexes(
+    conn: &Connection,
+    source: &str,
+    tool_version: &str,
+) -> rusqlite::Result<()> {
     conn.execute_batch(CREATE)?;
     conn.execute_batch(crate::stacks::CREATE)?;
     let mut st = conn.prepare("INSERT INTO meta(key, value) VALUES (?1, ?2)")?;

@@ -236,7 +236,7 @@ fn init(conn: &Connection, info: &SessionInfo, opts: &WriterOptions) -> rusqlite
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", "NORMAL")?;
     conn.execute_batch("BEGIN")?;
-    schema::create(conn, opts.source.as_str(), &info.tool_version)?;
+    schema::create_deferring_late_indexes(conn, opts.source.as_str(), &info.tool_version)?;
     conn.execute(
         "INSERT INTO session(id, started_unix_ns, start_mono_ns, end_mono_ns, realtime_offset_ns,
             hostname, kernel, command, target, launch_mode, tool_version)

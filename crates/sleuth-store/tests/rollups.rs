@@ -147,3 +147,24 @@ fn a_pid_not_in_the_trace_is_an_error_on_the_rollup_path_too() {
     let t = Trace::open(&path).unwrap();
     assert!(t.stats_report(Some(999_999)).is_err());
 }
+
+#[test]
+fn the_duration_index_is_built_when_the_trace_ends() {
+    // Built at finish, in one sorted pass, instead of row by row (issue 16).
+    let dir = TempDir::new("rollups-index");
+    let data = Trace::open(&example("demo-sim.db"))
+        .unwrap()
+        .load(None)
+        .unwrap();
+    let path = dir.join("again.db");
+    rewrite(&data, &path);
+    let c = rusqlite::Connection::open(&path).unwrap();
+    let n: i64 = c
+        .query_row(
+            "SELECT count(*) FROM sqlite_master WHERE type = 'index' AND name = 'calls_op_dur'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(n, 1);
+}
