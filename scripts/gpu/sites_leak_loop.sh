@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# Issue 13: the leak-in-a-generate-loop workload alone, with the site
-# resolver's per-stack log (GPUSLEUTH_DEBUG_SITES=1), so the time each stack is
-# resolved can be compared with the time the workload allocated it (truth "t")
-# and the code object addresses it printed.
+# Issue 13: the leak-in-a-generate-loop workload alone: known-line
+# attribution (check.json), the by-site table and explain. The truth records
+# carry each allocation's time and code object address (CPython's id()), to
+# compare with the stacks' notes when frames could not be read.
 #   cd DIR_WITH_gpusleuth_AND_scripts && OUT=$OUT bash scripts/gpu/sites_leak_loop.sh
 set -u
 ROOT=$(pwd)
 PY=${PY:-/opt/torch/.venv/bin/python3}
 OUT=${OUT:-$ROOT/out}; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 GPUSLEUTH_DEBUG_SITES=1
+export PYTHONUNBUFFERED=1
 mount -t tracefs nodev /sys/kernel/tracing 2>/dev/null || true
 SP=/opt/torch/.venv/lib/python3.12/site-packages
 W=$(mktemp -d /tmp/gs-leak.XXXXXX)
