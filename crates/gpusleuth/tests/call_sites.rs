@@ -87,7 +87,7 @@ def main():
     rc = lib.cudaMalloc(ctypes.byref(p), 1 << 50); where = here()
     record("cudaMalloc", 1 << 50, 0, rc, where)
     free(malloc(777))
-    deep(70)  # deeper than the kernel's 32-frame cap
+    deep(70)  # deeper than the kernel's 64-frame cap
     truth.close()
     time.sleep(0.3)  # sites are resolved from the live process
 
@@ -265,9 +265,19 @@ fn python_allocations_frees_and_failures_have_their_exact_line() {
         // The deep call's stack says it was cut, and still names the innermost line.
         assert!(
             db.int(
-                "SELECT count(*) FROM stacks WHERE notes LIKE '%Python frames truncated at 32%'"
+                "SELECT count(*) FROM stacks WHERE notes LIKE '%Python frames truncated at 64%'"
             ) >= 1,
             "{version}: truncation not said"
+        );
+        // ... and keeps all 64 innermost frames, each read.
+        assert_eq!(
+            db.int(
+                "SELECT max(n) FROM (SELECT count(*) AS n FROM stack_frames WHERE kind = 'python' \
+                 AND stack_id IN (SELECT id FROM stacks WHERE notes LIKE '%truncated at 64%') \
+                 GROUP BY stack_id)"
+            ),
+            64,
+            "{version}: a truncated stack keeps 64 Python frames"
         );
         // Every stack a call names is stored, once.
         let named = db.int("SELECT count(DISTINCT stack_id) FROM calls WHERE stack_id IS NOT NULL");

@@ -43,7 +43,7 @@ pub const COOKIE_STACK: u64 = 1 << 24;
 /// Native frames (return addresses) kept per stack (`GS_NATIVE_DEPTH`).
 pub const NATIVE_DEPTH: usize = 32;
 /// Python frames kept per stack (`GS_PY_DEPTH`).
-pub const PY_DEPTH: usize = 32;
+pub const PY_DEPTH: usize = 64;
 
 /// `gs_stack.flags`.
 pub mod stack_flag {
@@ -588,7 +588,7 @@ mod tests {
         assert_eq!(offset_of!(RawBlock, words), 48);
         assert_eq!(offset_of!(RawBlock, stack_id), 176);
         assert_eq!(size_of::<RawPyFrame>(), 16);
-        assert_eq!(size_of::<RawStack>(), 800);
+        assert_eq!(size_of::<RawStack>(), 1312);
         assert_eq!(offset_of!(RawStack, native), 32);
         assert_eq!(offset_of!(RawStack, py), 288);
         assert_eq!(size_of::<RawPyLayout>(), 56);
@@ -854,7 +854,7 @@ mod tests {
         assert_eq!(s.native_frames(), &[0x401000, 0x402000]);
         assert_eq!(s.py_frames().len(), 1);
         assert!(decode(&bytes).is_err(), "stacks are not plain events");
-        raw.n_py = 33;
+        raw.n_py = PY_DEPTH as u32 + 1;
         assert!(decode_stack(&as_bytes(&raw)).is_err());
         let call = RawCall {
             r#type: REC_CALL,
