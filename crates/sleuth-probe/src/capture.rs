@@ -10,7 +10,8 @@ use aya::programs::{BtfTracePoint, UProbe};
 use aya::{Btf, Ebpf, EbpfLoader, Pod};
 use sleuth_core::ops::{OpClass, OpInfo, OPS};
 use sleuth_core::record::{
-    cookie, stat, RawPyLayout, COOKIE_BLOCK_ARG1, COOKIE_BLOCK_RET, COOKIE_NCCL, COOKIE_STACK,
+    cookie, stat, CountKey, InflightCall, RawPyLayout, ThreadState, COOKIE_BLOCK_ARG1,
+    COOKIE_BLOCK_RET, COOKIE_NCCL, COOKIE_STACK,
 };
 use sleuth_core::{Layer, OpCount};
 use std::collections::HashMap;
@@ -150,32 +151,28 @@ pub struct AttachedLib {
     pub attached_mono_ns: u64,
 }
 
-#[repr(C)]
+/// The kernel's map keys and values as aya map types: sleuth-core, which
+/// touches no OS, holds the layouts; these wrappers add aya's `Pod`.
+#[repr(transparent)]
 #[derive(Debug, Clone, Copy)]
-struct CountKey {
-    pid: u32,
-    op: u32,
-}
-// SAFETY: CountKey is #[repr(C)], made of two u32 with no padding, and every
-// bit pattern is valid; it mirrors `struct gs_count_key` in bpf/gpusleuth.h.
-unsafe impl Pod for CountKey {}
+struct CountKeyPod(CountKey);
+// SAFETY: CountKey is #[repr(C)], two u32 with no padding (size pinned in
+// record.rs's layout test), and every bit pattern is valid.
+unsafe impl Pod for CountKeyPod {}
 
-/// `struct thread_state` of the kernel side, only counted here (never read).
-#[repr(C)]
+#[repr(transparent)]
 #[derive(Debug, Clone, Copy)]
-struct ThreadStateRaw([u64; 6]);
-// SAFETY: a #[repr(C)] array of u64 (48 bytes, the size of `struct
-// thread_state` in gpusleuth.bpf.c); every bit pattern is valid.
-unsafe impl Pod for ThreadStateRaw {}
+struct ThreadStatePod(ThreadState);
+// SAFETY: ThreadState is #[repr(C)] integers and a byte array with no padding
+// (72 bytes, pinned in record.rs's layout test); every bit pattern is valid.
+unsafe impl Pod for ThreadStatePod {}
 
-/// `struct inflight_call` of gpusleuth.bpf.c: start, six arguments, two
-/// snapshots, flags + pad (80 bytes). Only its keys are read.
-#[repr(C)]
+#[repr(transparent)]
 #[derive(Debug, Clone, Copy)]
-struct InflightRaw([u64; 10]);
-// SAFETY: a #[repr(C)] array of u64 (80 bytes, the size of `struct
-// inflight_call`); every bit pattern is valid.
-unsafe impl Pod for InflightRaw {}
+struct InflightPod(InflightCall);
+// SAFETY: InflightCall is #[repr(C)] integers with an explicit pad field (80
+// bytes, pinned in record.rs's layout test); every bit pattern is valid.
+unsafe impl Pod for InflightPod {}
 
 /// A running capture: loaded programs, their links, and the ring buffer.
 pub struct Capture {
@@ -642,7 +639,7 @@ impl Capture {
                 "traced" => BpfHashMap::<_, u32, u8>::try_from(m)
                     .map(|h| h.keys().count())
                     .unwrap_or(0),
-                _ => BpfHashMap::<_, u32, ThreadStateRaw>::try_from(m)
+                _ => BpfHashMap::<_, u32, ThreadStatePod>::try_from(m)
                     .map(|h| h.keys().count())
                     .unwrap_or(0),
             }
@@ -657,7 +654,7 @@ impl Capture {
         let Some(m) = self.bpf.map("inflight") else {
             return 0;
         };
-        BpfHashMap::<_, u64, InflightRaw>::try_from(m)
+        BpfHashMap::<_, u64, InflightPod>::try_from(m)
             .map(|h| h.keys().flatten().count())
             .unwrap_or(0)
     }
@@ -667,15 +664,15 @@ impl Capture {
         let Some(m) = self.bpf.map("op_counts") else {
             return Vec::new();
         };
-        let Ok(map) = BpfHashMap::<_, CountKey, u64>::try_from(m) else {
+        let Ok(map) = BpfHashMap::<_, CountKeyPod, u64>::try_from(m) else {
             return Vec::new();
         };
         map.iter()
             .flatten()
             .filter_map(|(k, v)| {
                 Some(OpCount {
-                    pid: k.pid,
-                    op: u16::try_from(k.op).ok()?,
+                    pid: k.0.pid,
+                    op: u16::try_from(k.0.op).ok()?,
                     count: v,
                 })
             })
