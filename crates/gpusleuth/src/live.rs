@@ -10,6 +10,7 @@ use sleuth_core::{CallEvent, Event};
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{IsTerminal, Write};
+use std::sync::mpsc;
 
 /// Log-linear histogram: 16 sub-buckets per power of two (≤ 6.25% error), live use only.
 #[derive(Default)]
@@ -257,6 +258,192 @@ impl LiveView {
             let _ = write!(std::io::stderr(), "\x1b[{}A\x1b[J", self.drawn_lines);
             self.drawn_lines = 0;
         }
+    }
+}
+
+/// What the capture loop tells the live thread.
+enum Msg {
+    Events(Vec<Event>),
+    Process(sleuth_core::ProcessInfo),
+    Kernel(
+        [u64; sleuth_core::record::stat::MAX],
+        Vec<sleuth_core::OpCount>,
+    ),
+    Render(Frame),
+    /// Remove the live frame, then acknowledge (a warning is printed next).
+    Clear(mpsc::SyncSender<()>),
+}
+
+/// The numbers of one live frame, from the capture loop.
+pub struct Frame {
+    pub elapsed_s: f64,
+    pub records: u64,
+    pub drops: u64,
+    pub start_ns: u64,
+    pub now_ns: u64,
+}
+
+/// Events handed to the live thread at once: one channel message per batch,
+/// not per event.
+const BATCH: usize = 1024;
+/// Batches in flight before the capture loop waits for the live thread.
+/// Bounded so a stalled view cannot grow memory without limit; waiting (not
+/// dropping) keeps the metrics' counts exact.
+const QUEUE: usize = 64;
+
+/// The capture loop's side of the live view and the metrics: both run on
+/// their own thread, so the thread draining the ring buffer only clones
+/// events into a batch (sorting the findings window, rendering and the
+/// metrics' lock all happen elsewhere).
+pub struct LiveFeed {
+    tx: Option<mpsc::SyncSender<Msg>>,
+    batch: Vec<Event>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl LiveFeed {
+    /// Starts the live thread if there is anything to feed.
+    pub fn start(
+        view: LiveView,
+        metrics: Option<std::sync::Arc<crate::metrics::Metrics>>,
+    ) -> LiveFeed {
+        if !view.enabled && metrics.is_none() {
+            return LiveFeed {
+                tx: None,
+                batch: Vec::new(),
+                thread: None,
+            };
+        }
+        let (tx, rx) = mpsc::sync_channel::<Msg>(QUEUE);
+        let thread = std::thread::Builder::new()
+            .name("gpusleuth-live".into())
+            .spawn(move || {
+                let mut view = view;
+                for msg in rx {
+                    match msg {
+                        Msg::Events(evs) => {
+                            for ev in &evs {
+                                view.observe(ev);
+                                if let Some(m) = &metrics {
+                                    m.observe(ev);
+                                }
+                            }
+                        }
+                        Msg::Process(p) => view.set_process(&p),
+                        Msg::Kernel(losses, counts) => {
+                            if let Some(m) = &metrics {
+                                m.set_kernel_counters(&losses, &counts);
+                            }
+                        }
+                        Msg::Render(f) => {
+                            view.render(f.elapsed_s, f.records, f.drops, f.start_ns, f.now_ns)
+                        }
+                        Msg::Clear(ack) => {
+                            view.clear();
+                            let _ = ack.send(());
+                        }
+                    }
+                }
+                view.clear();
+            });
+        match thread {
+            Ok(t) => LiveFeed {
+                tx: Some(tx),
+                batch: Vec::with_capacity(BATCH),
+                thread: Some(t),
+            },
+            Err(e) => {
+                eprintln!(
+                    "gpusleuth: warning: no live view or metrics: cannot start their thread ({e})"
+                );
+                LiveFeed {
+                    tx: None,
+                    batch: Vec::new(),
+                    thread: None,
+                }
+            }
+        }
+    }
+
+    /// Whether events are wanted (cloning them is skipped otherwise).
+    pub fn wants_events(&self) -> bool {
+        self.tx.is_some()
+    }
+
+    pub fn observe(&mut self, ev: &Event) {
+        if self.tx.is_none() {
+            return;
+        }
+        self.batch.push(ev.clone());
+        if self.batch.len() >= BATCH {
+            self.flush();
+        }
+    }
+
+    /// Hands the pending events over (end of a poll).
+    pub fn flush(&mut self) {
+        if self.batch.is_empty() {
+            return;
+        }
+        let evs = std::mem::replace(&mut self.batch, Vec::with_capacity(BATCH));
+        self.send(Msg::Events(evs));
+    }
+
+    fn send(&mut self, msg: Msg) {
+        if let Some(tx) = &self.tx {
+            if tx.send(msg).is_err() {
+                // The thread is gone (it panicked): stop feeding it.
+                self.tx = None;
+            }
+        }
+    }
+
+    pub fn set_process(&mut self, p: sleuth_core::ProcessInfo) {
+        self.flush();
+        self.send(Msg::Process(p));
+    }
+
+    /// The kernel-side counters for the metrics (losses by `stat` index).
+    pub fn set_kernel_counters(
+        &mut self,
+        losses: [u64; sleuth_core::record::stat::MAX],
+        counts: Vec<sleuth_core::OpCount>,
+    ) {
+        self.send(Msg::Kernel(losses, counts));
+    }
+
+    /// Asks for a frame; skipped when the live thread is behind.
+    pub fn render(&mut self, frame: Frame) {
+        self.flush();
+        if let Some(tx) = &self.tx {
+            let _ = tx.try_send(Msg::Render(frame));
+        }
+    }
+
+    /// Removes the live frame before a warning is printed, and waits until it is gone.
+    pub fn clear(&mut self) {
+        self.flush();
+        let (ack_tx, ack_rx) = mpsc::sync_channel(1);
+        self.send(Msg::Clear(ack_tx));
+        if self.tx.is_some() {
+            let _ = ack_rx.recv();
+        }
+    }
+
+    /// Hands over what is pending and waits for the live thread to end
+    /// (the frame removed, the metrics current).
+    pub fn finish(&mut self) {
+        self.flush();
+        self.tx = None;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for LiveFeed {
+    fn drop(&mut self) {
+        self.finish();
     }
 }
 

@@ -11,7 +11,6 @@ mod metrics;
 mod output;
 mod procinfo;
 mod signals;
-mod sites;
 mod term_text;
 
 use clap::{Parser, Subcommand};
