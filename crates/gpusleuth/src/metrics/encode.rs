@@ -124,13 +124,15 @@ pub fn render(s: &State, openmetrics: bool) -> String {
         "Wall time of CUDA calls (per-call records only).",
     );
     per_call(&mut o, &mut |o, l, st| {
-        let mut cum = 0u64;
-        for (i, b) in BUCKETS_S.iter().enumerate() {
-            cum += st.buckets[i];
-            o.sample(&format!("{n}_bucket"), &format!("{l},le=\"{b}\""), cum);
+        let cum = st.cumulative_buckets();
+        for (b, c) in BUCKETS_S.iter().zip(cum) {
+            o.sample(&format!("{n}_bucket"), &format!("{l},le=\"{b}\""), c);
         }
-        cum += st.buckets[BUCKETS_S.len()];
-        o.sample(&format!("{n}_bucket"), &format!("{l},le=\"+Inf\""), cum);
+        o.sample(
+            &format!("{n}_bucket"),
+            &format!("{l},le=\"+Inf\""),
+            st.calls,
+        );
         o.sample(&format!("{n}_sum"), l, secs(st.sum_ns));
         o.sample(&format!("{n}_count"), l, st.calls);
     });
