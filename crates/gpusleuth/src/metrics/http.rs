@@ -194,15 +194,21 @@ mod tests {
         listener.local_addr().unwrap()
     }
 
-    #[test]
-    fn real_socket_round_trip() {
-        let addr = free_addr();
-        spawn(addr, Arc::new(Metrics::new())).unwrap();
+    /// One scrape over a real socket: the whole response.
+    fn scrape(addr: SocketAddr) -> String {
         let mut c = std::net::TcpStream::connect(addr).unwrap();
         c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
             .unwrap();
         let mut out = String::new();
         c.read_to_string(&mut out).unwrap();
+        out
+    }
+
+    #[test]
+    fn real_socket_round_trip() {
+        let addr = free_addr();
+        spawn(addr, Arc::new(Metrics::new())).unwrap();
+        let out = scrape(addr);
         assert!(out.starts_with("HTTP/1.1 200 OK\r\n"), "{out}");
         assert!(out.contains("gpusleuth_labelled_processes 0"), "{out}");
     }
@@ -224,11 +230,7 @@ mod tests {
         let mut out = String::new();
         let _ = big.read_to_string(&mut out);
         assert!(!out.contains("gpusleuth_labelled_processes"), "{out}");
-        let mut ok = std::net::TcpStream::connect(addr).unwrap();
-        ok.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-            .unwrap();
-        let mut out = String::new();
-        ok.read_to_string(&mut out).unwrap();
+        let out = scrape(addr);
         assert!(out.starts_with("HTTP/1.1 200 OK\r\n"), "{out}");
     }
 }
