@@ -10,7 +10,7 @@
 use super::state::{OpSeries, Proc, State, BUCKETS_S};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{
-    DescriptorEncoder, EncodeCounterValue, EncodeGaugeValue, NoLabelSet,
+    DescriptorEncoder, EncodeCounterValue, EncodeGaugeValue, MetricEncoder, NoLabelSet,
 };
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
@@ -104,37 +104,45 @@ fn secs(ns: u128) -> f64 {
     ns as f64 / 1e9
 }
 
-/// A counter family: one sample per label set.
+/// One family: its descriptor, then one sample per label set (no labels:
+/// one plain sample), each written by `put`.
+fn family<V>(
+    enc: &mut DescriptorEncoder,
+    (name, help, ty): (&str, &str, MetricType),
+    samples: impl IntoIterator<Item = (Labels, V)>,
+    put: impl Fn(&mut MetricEncoder, &V) -> Fmt,
+) -> Fmt {
+    let mut m = enc.encode_descriptor(name, help, None, ty)?;
+    for (l, v) in samples {
+        if l.is_empty() {
+            put(&mut m, &v)?;
+        } else {
+            put(&mut m.encode_family(&l)?, &v)?;
+        }
+    }
+    Ok(())
+}
+
 fn counter<V: EncodeCounterValue>(
     enc: &mut DescriptorEncoder,
     name: &str,
     help: &str,
     samples: impl IntoIterator<Item = (Labels, V)>,
 ) -> Fmt {
-    let mut m = enc.encode_descriptor(name, help, None, MetricType::Counter)?;
-    for (l, v) in samples {
-        m.encode_family(&l)?
-            .encode_counter::<NoLabelSet, V, u64>(&v, None)?;
-    }
-    Ok(())
+    family(enc, (name, help, MetricType::Counter), samples, |m, v| {
+        m.encode_counter::<NoLabelSet, V, u64>(v, None)
+    })
 }
 
-/// A gauge family: one sample per label set (no labels: one plain sample).
 fn gauge<V: EncodeGaugeValue>(
     enc: &mut DescriptorEncoder,
     name: &str,
     help: &str,
     samples: impl IntoIterator<Item = (Labels, V)>,
 ) -> Fmt {
-    let mut m = enc.encode_descriptor(name, help, None, MetricType::Gauge)?;
-    for (l, v) in samples {
-        if l.is_empty() {
-            m.encode_gauge(&v)?;
-        } else {
-            m.encode_family(&l)?.encode_gauge(&v)?;
-        }
-    }
-    Ok(())
+    family(enc, (name, help, MetricType::Gauge), samples, |m, v| {
+        m.encode_gauge(v)
+    })
 }
 
 /// Every labelled process, then `other` when it holds anything.
