@@ -11,6 +11,7 @@ mod metrics;
 mod output;
 mod procinfo;
 mod signals;
+mod sites;
 mod term_text;
 
 use clap::{Parser, Subcommand};

@@ -9,9 +9,8 @@
 
 use crate::capture::{AttachedLib, Capture, CaptureError, LaunchMode, SiteOptions};
 use crate::discover::{self, LibFile};
-use crate::sites::{python, SiteResolver};
+use crate::sites::{python, SiteResolver, Unsymbolized};
 use sleuth_core::record::{self, stat};
-use sleuth_core::sites::Stack;
 use sleuth_core::{Event, OpCount, ProcKind};
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
@@ -39,8 +38,11 @@ pub struct SessionOptions {
 pub enum Captured {
     /// A decoded record.
     Event(Event),
-    /// A call site, resolved against its live process.
-    Stack(Stack),
+    /// A call site, resolved as far as its live process is needed (Python
+    /// frames read, native frames placed in their files): the native
+    /// function names are for the caller to add (`Unsymbolized::finish`),
+    /// off the draining thread.
+    Stack(Unsymbolized),
     /// A process seen for the first time, or running a new program (fork,
     /// exec): its name and command line are worth reading now.
     Process(u32),
@@ -409,7 +411,7 @@ impl Decoder<'_> {
                 Ok(raw) => {
                     // Resolved now: the process's maps may be gone later.
                     self.counts.stacks += 1;
-                    f(Captured::Stack(self.resolver.resolve(&raw)));
+                    f(Captured::Stack(self.resolver.resolve_live(&raw)));
                 }
                 Err(_) => self.counts.decode_errors += 1,
             }

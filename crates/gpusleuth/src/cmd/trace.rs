@@ -709,6 +709,8 @@ struct Sinks {
     metrics: Option<std::sync::Arc<crate::metrics::Metrics>>,
     /// First error from the database writer; tracing stops on it.
     writer_error: Option<String>,
+    /// Call sites: native names added on a thread of their own.
+    stacks: crate::sites::StackSink,
 }
 
 impl Sinks {
@@ -724,6 +726,7 @@ impl Sinks {
             live: LiveFeed::start(LiveView::new(live_view), metrics.clone()),
             metrics,
             writer_error: None,
+            stacks: crate::sites::StackSink::default(),
         }
     }
 
@@ -752,7 +755,7 @@ impl Sinks {
                 self.check(r);
             }
             Captured::Stack(stack) => {
-                let r = self.handle.add_stack(stack);
+                let r = self.stacks.submit(stack, &self.handle);
                 self.check(r);
             }
             Captured::Process(pid) => {
