@@ -859,3 +859,7 @@ int BPF_PROG(on_oom_victim, struct task_struct *p, uid_t uid)
 	emit_proc(GS_PROC_OOM_VICTIM, p->tgid, p->pid, 0, 0, p);
 	return 0;
 }
+
+/* Sizes pinned by crates/sleuth-core/src/record.rs (ThreadState, InflightCall). */
+_Static_assert(sizeof(struct thread_state) == 72, "thread_state layout");
+_Static_assert(sizeof(struct inflight_call) == 80, "inflight_call layout");

@@ -250,3 +250,4 @@ _Static_assert(sizeof(struct gs_stack) == 1312, "gs_stack layout");
 _Static_assert(sizeof(struct gs_py_layout) == 56, "gs_py_layout layout");
 
 #endif
+_Static_assert(sizeof(struct gs_count_key) == 8, "gs_count_key layout");

@@ -42,14 +42,3 @@ pub fn alive(pid: u32) -> bool {
         Err(_) => false,
     }
 }
-
-/// Every pid on the system.
-pub fn all_pids() -> Vec<u32> {
-    std::fs::read_dir("/proc")
-        .map(|rd| {
-            rd.flatten()
-                .filter_map(|e| e.file_name().to_str()?.parse().ok())
-                .collect()
-        })
-        .unwrap_or_default()
-}

@@ -11,6 +11,7 @@ pub mod findings;
 pub mod gpu_activity;
 pub mod gpu_busy;
 pub mod held;
+pub mod latency;
 pub mod ledger;
 pub mod nccl;
 pub mod ops;

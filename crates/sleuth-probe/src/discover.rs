@@ -153,6 +153,17 @@ pub fn scan_standard(extra_dirs: &[PathBuf]) -> Vec<LibFile> {
     dedup_by_inode(out.into_iter().collect())
 }
 
+/// Every process id in /proc now (the all-processes mode scans them all).
+pub fn all_pids() -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// CUDA libraries a process maps, from `/proc/PID/maps`.
 pub fn libs_mapped_by(pid: u32) -> Vec<LibFile> {
     let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {

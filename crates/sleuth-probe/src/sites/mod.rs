@@ -43,6 +43,7 @@ pub struct SiteResolver {
 /// A stack resolved as far as the live process is needed: Python frames
 /// read, native frames placed in their files. [`Unsymbolized::finish`] adds
 /// the native function names from the files, at any later time.
+#[derive(Debug)]
 pub struct Unsymbolized {
     stack: Stack,
     /// (index in `stack.frames`, file, offset in the file).
