@@ -44,16 +44,13 @@ impl<'a> Context<'a> {
             }
             by_op.entry(c.op).or_default().push(i);
         }
-        let first = data.calls.iter().map(|c| c.ts_ns).min();
-        let last = data.calls.iter().map(|c| c.end_ns()).max();
-        let start_ns = data.start_ns.or(first).unwrap_or(0);
-        let end_ns = data.end_ns.or(last).unwrap_or(start_ns).max(start_ns);
+        let span = crate::TraceSpan::of(data);
         Context {
             data,
             per_call_culprits,
             by_op,
-            start_ns,
-            end_ns,
+            start_ns: span.start_ns,
+            end_ns: span.end_ns,
         }
     }
 
