@@ -122,7 +122,7 @@ fn classified_and_reclaimed(mode: &str) {
 
     let run = gpusleuth(
         &w.scene,
-        &["reclaim", "--orphans", "--yes", "--grace", "2", "--json"],
+        &["reclaim", "--orphans", "--yes", "--grace", "2s", "--json"],
     );
     let res = json(&run);
     assert_eq!(run.status.code(), Some(0), "{res}");
@@ -164,7 +164,7 @@ fn nvidiactl_alone_is_no_evidence_and_nothing_is_claimed() {
         Some("driver 580.0-sim\ndevice Sim GPU-sim-0 1000000000 0\n"),
     ] {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_gpusleuth"));
-        cmd.args(["reclaim", "--orphans", "--yes", "--grace", "1"]);
+        cmd.args(["reclaim", "--orphans", "--yes", "--grace", "1s"]);
         scene.env(&mut cmd);
         match scenario {
             Some(text) => scene.write_scenario(text),

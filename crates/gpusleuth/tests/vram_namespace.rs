@@ -336,7 +336,7 @@ fn nvml_host_pids_in_a_child_pid_namespace_are_never_signalled() {
             &local_holder.to_string(),
             "--yes",
             "--grace",
-            "2",
+            "2s",
             "--json",
         ],
     );

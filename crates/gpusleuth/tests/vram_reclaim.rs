@@ -179,7 +179,7 @@ fn reclaim_orphans_plans_then_kills_exactly_the_orphans() {
 
     let run = gpusleuth(
         &w.scene,
-        &["reclaim", "--orphans", "--yes", "--grace", "2", "--json"],
+        &["reclaim", "--orphans", "--yes", "--grace", "2s", "--json"],
     );
     let res = json(&run);
     assert_eq!(run.status.code(), Some(0), "{res}");
@@ -238,7 +238,7 @@ fn dead_listed_pid_resolves_to_its_worker() {
             &w.dead.to_string(),
             "--yes",
             "--grace",
-            "2",
+            "2s",
             "--json",
         ],
     );
@@ -398,7 +398,7 @@ fn watch_into_a_pipe_prints_plain_lines_and_flags_dead_memory() {
     let w = world("watch");
     let out = gpusleuth(
         &w.scene,
-        &["vram", "--watch", "--count", "2", "--interval", "0.1"],
+        &["vram", "--watch", "--count", "2", "--interval", "100ms"],
     );
     assert_eq!(out.status.code(), Some(0));
     let text = String::from_utf8_lossy(&out.stdout);

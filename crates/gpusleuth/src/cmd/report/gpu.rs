@@ -4,9 +4,10 @@
 
 use super::svg::{esc, Linear, Svg};
 use super::WIDTH;
-use crate::cmd::gpu_context;
 use crate::output::fmt_ns;
+use crate::render::gpu_context;
 use sleuth_core::gpu_activity;
+use sleuth_core::ledger::ProcessLedger;
 use sleuth_core::TraceData;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -14,7 +15,7 @@ use std::fmt::Write as _;
 const BUSY: &str = "#59a14f";
 
 /// The section's HTML: a chart per GPU, or a line saying it was not measured.
-pub fn section(data: &TraceData, origin: u64, end: u64) -> String {
+pub fn section(data: &TraceData, ledgers: &[ProcessLedger], origin: u64, end: u64) -> String {
     let mut h = String::new();
     let activity = gpu_activity::of_trace(data);
     for line in gpu_context::busy_lines(&activity) {
@@ -29,7 +30,7 @@ pub fn section(data: &TraceData, origin: u64, end: u64) -> String {
             h.push_str(&chart(gpu, &list, origin, end));
         }
     }
-    let helds = gpu_context::held_memory(data);
+    let helds = sleuth_core::held::held(data, ledgers);
     for line in gpu_context::held_lines(data, &helds) {
         let _ = write!(h, "<p>{}</p>", esc(&line));
     }
