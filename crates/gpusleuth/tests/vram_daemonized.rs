@@ -33,14 +33,10 @@ fn gpusleuth(scene: &Scene, args: &[&str]) -> Output {
 
 /// Parent, process group and session of a live process, from `/proc`.
 fn tree_links(pid: u32) -> [u32; 3] {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
-    let f: Vec<&str> = s
-        .rsplit_once(')')
-        .expect("comm")
-        .1
-        .split_whitespace()
-        .collect();
-    [1, 2, 3].map(|i| f[i].parse().expect("stat field"))
+    let s = procfs::process::Process::new(pid as i32)
+        .and_then(|p| p.stat())
+        .expect("stat");
+    [s.ppid, s.pgrp, s.session].map(|v| u32::try_from(v).expect("a pid"))
 }
 
 struct Daemonized {

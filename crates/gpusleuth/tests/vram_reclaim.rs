@@ -265,7 +265,7 @@ fn refusals_signal_nobody() {
     let idle = scene.spawn("hold", &[])[0]; // holds no device file
     let me = std::process::id(); // an ancestor of the gpusleuth we start
     let kthread = (2..200)
-        .find(|p| std::fs::read_to_string(format!("/proc/{p}/stat")).is_ok_and(|s| is_kthread(&s)))
+        .find(|&p| is_kthread(p))
         .expect("a visible kernel thread (pid 2 kthreadd on these machines)");
     let out = gpusleuth(
         &scene,
@@ -306,12 +306,11 @@ fn refusals_signal_nobody() {
     assert!(alive(idle));
 }
 
-fn is_kthread(stat: &str) -> bool {
-    let flags = stat
-        .rsplit_once(')')
-        .and_then(|(_, r)| r.split_whitespace().nth(6))
-        .and_then(|f| f.parse::<u64>().ok());
-    flags.is_some_and(|f| f & 0x0020_0000 != 0)
+/// PF_KTHREAD in `/proc/PID/stat`'s flags.
+fn is_kthread(pid: i32) -> bool {
+    procfs::process::Process::new(pid)
+        .and_then(|p| p.stat())
+        .is_ok_and(|s| s.flags & 0x0020_0000 != 0)
 }
 
 #[test]

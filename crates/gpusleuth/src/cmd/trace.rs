@@ -141,23 +141,11 @@ enum Target {
 }
 
 fn default_db_path() -> PathBuf {
-    let mut t: libc::time_t = 0;
-    // SAFETY: time() writes the current time to our local; localtime_r fills our tm.
-    let tm = unsafe {
-        libc::time(&mut t);
-        let mut tm: libc::tm = std::mem::zeroed();
-        libc::localtime_r(&t, &mut tm);
-        tm
-    };
-    PathBuf::from(format!(
-        "gpusleuth-{:04}{:02}{:02}-{:02}{:02}{:02}.db",
-        tm.tm_year + 1900,
-        tm.tm_mon + 1,
-        tm.tm_mday,
-        tm.tm_hour,
-        tm.tm_min,
-        tm.tm_sec
-    ))
+    PathBuf::from(
+        chrono::Local::now()
+            .format("gpusleuth-%Y%m%d-%H%M%S.db")
+            .to_string(),
+    )
 }
 
 /// Finds a command the way execvp will.
