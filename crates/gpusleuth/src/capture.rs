@@ -4,4 +4,6 @@
 //! into the library layer (see docs/architecture.md, "Capture session and
 //! ledger").
 
-pub use crate::cmd::trace::{run, Args, OnDuration};
+#[cfg(feature = "sim")]
+pub use crate::cmd::trace::OnDuration;
+pub use crate::cmd::trace::{run, Args};

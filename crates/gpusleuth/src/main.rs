@@ -53,12 +53,14 @@ enum Command {
     /// Check this machine: kernel, BTF, privileges, tracefs, CUDA libraries, NVML.
     Check(cmd::check::Args),
     /// Run the whole pipeline on a built-in simulated CUDA workload and explain it.
+    #[cfg(feature = "sim")]
     Demo(cmd::demo::Args),
     /// One self-contained HTML report of a trace: findings, memory, latency, slow calls, processes.
     Report(cmd::report::Args),
     /// Export a trace: Perfetto / Chrome Trace Event JSON, or the calls as JSON.
     Export(cmd::export::Args),
     /// Measure tracing overhead and capture throughput on simulated workloads.
+    #[cfg(feature = "sim")]
     Bench(cmd::bench::Args),
 }
 
@@ -80,7 +82,9 @@ fn main() {
         Command::Merge(a) => cmd::merge::run(a),
         Command::Import(a) => cmd::import::run(a),
         Command::Check(a) => cmd::check::run(a),
+        #[cfg(feature = "sim")]
         Command::Demo(a) => cmd::demo::run(a),
+        #[cfg(feature = "sim")]
         Command::Bench(a) => cmd::bench::run(a),
         Command::Export(a) => cmd::export::run(a),
         Command::Report(a) => cmd::report::run(a),
