@@ -408,11 +408,7 @@ fn a_trace_without_nvml_says_not_measured() {
     cmd.env("GPUSLEUTH_NVML_LIB", sb.path("no-such-libnvidia-ml.so.1"));
     let out = cmd.output().unwrap();
     assert_no_panic(&out);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::assert_success(&out);
     let db = sb.open_db();
     assert_eq!(db.int("SELECT count(*) FROM gpu_samples"), 0);
     let notes = db.rows("SELECT text FROM notes");

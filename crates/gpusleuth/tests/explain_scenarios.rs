@@ -140,11 +140,7 @@ fn memory_is_split_per_device_by_cuda_set_device() {
         .env("SIM_DEVICE_COUNT", "2")
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::assert_success(&out);
     let out = common::gpusleuth()
         .args(["memory", "--json", "--db"])
         .arg(sb.db())

@@ -137,11 +137,7 @@ fn a_sigkilled_trace_leaves_a_readable_database_with_what_was_committed() {
         .arg(sb.db())
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::assert_success(&out);
 }
 
 #[test]

@@ -18,7 +18,7 @@ mod vram_common;
 
 use std::process::{Command, Output};
 use support::{alive, wait_until, Scene};
-use vram_common::{classes, holder, json};
+use vram_common::{classes, holder, json, target_pids};
 
 const GIB: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;
@@ -80,15 +80,6 @@ fn daemonized(name: &str, mode: &str) -> Daemonized {
         ctl_agent,
         smi_agent,
     }
-}
-
-fn target_pids(doc: &serde_json::Value) -> Vec<u64> {
-    doc["plan"]["targets"]
-        .as_array()
-        .expect("targets")
-        .iter()
-        .filter_map(|t| t["pid"].as_u64())
-        .collect()
 }
 
 fn classified_and_reclaimed(mode: &str) {

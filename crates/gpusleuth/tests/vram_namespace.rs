@@ -24,7 +24,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 use support::{alive, Scene};
-use vram_common::{classes, holder, json};
+use vram_common::{classes, holder, json, target_pids};
 
 const GIB: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;
@@ -187,15 +187,6 @@ impl Drop for Namespace {
         let _ = self.unshare.kill();
         let _ = self.unshare.wait();
     }
-}
-
-fn target_pids(r: &Value) -> Vec<u64> {
-    r["plan"]["targets"]
-        .as_array()
-        .expect("targets")
-        .iter()
-        .filter_map(|t| t["pid"].as_u64())
-        .collect()
 }
 
 /// `reclaim --yes` on an NVML pid that cannot be translated: exit 3, refused as

@@ -9,7 +9,7 @@ mod vram_common;
 use std::collections::BTreeMap;
 use std::process::{Command, Output};
 use support::{alive, state, wait_until, Scene};
-use vram_common::{classes, holder, json};
+use vram_common::{classes, holder, json, refusals, target_pids};
 
 const GIB: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;
@@ -147,29 +147,14 @@ fn reclaim_orphans_plans_then_kills_exactly_the_orphans() {
     );
     let plan = json(&dry);
     assert_eq!(plan["dry_run"], true);
-    let targets: Vec<u64> = plan["plan"]["targets"]
-        .as_array()
-        .expect("targets")
-        .iter()
-        .filter_map(|t| t["pid"].as_u64())
-        .collect();
+    let targets = target_pids(&plan);
     // The orphan holds only nvidiactl and nvidia-uvm and NVML shows no
     // memory for it: it is refused, never a target (issue 18).
     assert_eq!(targets, vec![w.worker as u64]);
-    let refused: Vec<(u64, String)> = plan["plan"]["refused"]
-        .as_array()
-        .expect("refused")
-        .iter()
-        .map(|r| {
-            (
-                r["pid"].as_u64().expect("pid"),
-                r["reason"].as_str().expect("reason").to_string(),
-            )
-        })
-        .collect();
+    let refused = refusals(&plan);
     assert_eq!(refused.len(), 1, "{plan}");
-    assert_eq!(refused[0].0, w.orphan as u64);
-    assert!(refused[0].1.contains("no GPU memory"), "{}", refused[0].1);
+    let why = &refused[&(w.orphan as u64)];
+    assert!(why.contains("no GPU memory"), "{why}");
     assert_eq!(plan["plan"]["expected_free_bytes"]["0"], 2 * GIB);
     assert!(plan["outcome"].is_null());
     assert!(
@@ -244,12 +229,7 @@ fn dead_listed_pid_resolves_to_its_worker() {
     );
     let r = json(&out);
     assert_eq!(out.status.code(), Some(0), "{r}");
-    let targets: Vec<u64> = r["plan"]["targets"]
-        .as_array()
-        .expect("targets")
-        .iter()
-        .filter_map(|t| t["pid"].as_u64())
-        .collect();
+    let targets = target_pids(&r);
     assert_eq!(targets, vec![w.worker as u64]);
     wait_until("the worker to be gone", || !alive(w.worker));
     assert!(
@@ -288,17 +268,7 @@ fn refusals_signal_nobody() {
     );
     let r = json(&out);
     assert!(r["plan"]["targets"].as_array().expect("targets").is_empty());
-    let why: BTreeMap<u64, String> = r["plan"]["refused"]
-        .as_array()
-        .expect("refused")
-        .iter()
-        .map(|x| {
-            (
-                x["pid"].as_u64().expect("pid"),
-                x["reason"].as_str().expect("reason").to_string(),
-            )
-        })
-        .collect();
+    let why = refusals(&r);
     assert!(why[&1].contains("pid 1"));
     assert!(why[&(me as u64)].contains("ancestor"));
     assert!(why[&(kthread as u64)].contains("kernel thread"));

@@ -329,6 +329,20 @@ pub fn explain_from(
     }
 }
 
+/// A share as a whole percentage: `0.873` reads `87%`.
+fn pct(x: f64) -> String {
+    format!("{:.0}%", x * 100.0)
+}
+
+/// `part / whole`, 0 for an empty whole (a share of nothing is nothing).
+fn share(part: u64, whole: u64) -> f64 {
+    if whole == 0 {
+        0.0
+    } else {
+        part as f64 / whole as f64
+    }
+}
+
 /// First call start to last call end of one process (non-nested calls).
 fn cuda_span(data: &TraceData, pid: u32) -> (u64, u64) {
     let mine = data.calls.iter().filter(|c| c.pid == pid && !c.nested);

@@ -159,6 +159,15 @@ pub fn gpusleuth() -> Command {
     Command::new(env!("CARGO_BIN_EXE_gpusleuth"))
 }
 
+/// Fails the test with the command's stderr unless it exited 0.
+pub fn assert_success(out: &Output) {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 pub fn assert_no_panic(out: &Output) {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!err.contains("panicked at"), "gpusleuth panicked:\n{err}");

@@ -125,18 +125,6 @@ impl<'a> Context<'a> {
     }
 }
 
-fn share(part: u64, whole: u64) -> f64 {
-    if whole == 0 {
-        0.0
-    } else {
-        part as f64 / whole as f64
-    }
-}
-
-fn pct(x: f64) -> String {
-    format!("{:.0}%", x * 100.0)
-}
-
 /// CUDA calls slowed because the CPU was given to other tasks.
 pub(super) fn cpu_preemption(ctx: &Context) -> Vec<Finding> {
     let mut out = Vec::new();
