@@ -21,7 +21,7 @@ use sleuth_store::{Note, Session};
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 use std::path::PathBuf;
-use svg::{decades, esc, nice_ticks, Linear, Log, Svg};
+use svg::{decades, esc, nice_ticks, time_scale, value_scale, Linear, Log, Svg};
 
 /// How many of the slowest calls the report breaks down.
 pub const SLOWEST_CALLS: usize = 15;
@@ -296,7 +296,7 @@ fn memory_section(ledgers: &[ProcessLedger], origin: u64, end: u64) -> String {
 
 fn memory_chart(l: &ProcessLedger, origin: u64, end: u64) -> String {
     let (left, right, top, bottom, height) = (80.0, 20.0, 34.0, 30.0, 240.0);
-    let span_s = (end.saturating_sub(origin) as f64 / 1e9).max(1e-6);
+    let (x, span_s) = time_scale(origin, end, left, right);
     let ymax = l
         .failed_allocs
         .iter()
@@ -305,18 +305,7 @@ fn memory_chart(l: &ProcessLedger, origin: u64, end: u64) -> String {
         .max()
         .unwrap_or(1) as f64
         * 1.15;
-    let x = Linear {
-        d0: 0.0,
-        d1: span_s,
-        r0: left,
-        r1: WIDTH - right,
-    };
-    let y = Linear {
-        d0: 0.0,
-        d1: ymax,
-        r0: height - bottom,
-        r1: top,
-    };
+    let y = value_scale(ymax, height - bottom, top);
     let t = |ns: u64| x.at(ns.saturating_sub(origin) as f64 / 1e9);
     let mut s = Svg::new(
         WIDTH,

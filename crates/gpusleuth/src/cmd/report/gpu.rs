@@ -2,7 +2,7 @@
 //! the trace's time axis, and per process the memory the driver said it held
 //! before the trace began beside the ledger.
 
-use super::svg::{esc, Linear, Svg};
+use super::svg::{esc, time_scale, value_scale, Svg};
 use super::WIDTH;
 use crate::output::fmt_ns;
 use crate::render::gpu_context;
@@ -39,19 +39,8 @@ pub fn section(data: &TraceData, ledgers: &[ProcessLedger], origin: u64, end: u6
 
 fn chart(gpu: u32, samples: &[&sleuth_core::GpuSample], origin: u64, end: u64) -> String {
     let (left, right, top, bottom, height) = (80.0, 20.0, 30.0, 30.0, 160.0);
-    let span_s = (end.saturating_sub(origin) as f64 / 1e9).max(1e-6);
-    let x = Linear {
-        d0: 0.0,
-        d1: span_s,
-        r0: left,
-        r1: WIDTH - right,
-    };
-    let y = Linear {
-        d0: 0.0,
-        d1: 100.0,
-        r0: height - bottom,
-        r1: top,
-    };
+    let (x, span_s) = time_scale(origin, end, left, right);
+    let y = value_scale(100.0, height - bottom, top);
     let t = |ns: u64| x.at(ns.saturating_sub(origin) as f64 / 1e9);
     let mut s = Svg::new(WIDTH, height, &format!("GPU {gpu} busy over time"));
     s.text(
