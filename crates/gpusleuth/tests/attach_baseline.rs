@@ -10,7 +10,7 @@ mod common;
 #[path = "../../sleuth-gpu/tests/support/mod.rs"]
 mod support;
 
-use common::{assert_no_panic, gpusleuth, require_ebpf, wait_child, wait_for_file, Sandbox};
+use common::{assert_no_panic, gpusleuth, wait_child, wait_for_file, Sandbox};
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::Path;
@@ -165,10 +165,9 @@ fn mcp_calls(db: &Path, tools: &[&str]) -> Vec<Value> {
 
 #[test]
 fn attach_shows_memory_held_before_the_trace_and_gpu_busy_samples() {
-    if !require_ebpf() {
+    let Some(sb) = Sandbox::for_ebpf("attach") else {
         return;
-    }
-    let sb = Sandbox::new("attach");
+    };
     let scenario = sb.path("scenario.txt");
     std::fs::write(
         &scenario,
@@ -400,10 +399,9 @@ fn attach_shows_memory_held_before_the_trace_and_gpu_busy_samples() {
 
 #[test]
 fn a_trace_without_nvml_says_not_measured() {
-    if !require_ebpf() {
+    let Some(sb) = Sandbox::for_ebpf("nonvml") else {
         return;
-    }
-    let sb = Sandbox::new("nonvml");
+    };
     let mut cmd = sb.trace_command(&[], "malloc 4096 X; sync_sleep 50; free X");
     cmd.env("GPUSLEUTH_NVML_LIB", sb.path("no-such-libnvidia-ml.so.1"));
     let out = cmd.output().unwrap();
@@ -426,10 +424,9 @@ fn a_trace_without_nvml_says_not_measured() {
 
 #[test]
 fn all_processes_mode_gets_the_same_baseline() {
-    if !require_ebpf() {
+    let Some(sb) = Sandbox::for_ebpf("attach-all") else {
         return;
-    }
-    let sb = Sandbox::new("attach-all");
+    };
     let scenario = sb.path("scenario.txt");
     std::fs::write(
         &scenario,
@@ -490,10 +487,9 @@ fn all_processes_mode_gets_the_same_baseline() {
 /// attached: the return fires in the second tracer, whose entry never ran.
 #[test]
 fn a_return_whose_call_began_before_the_attach_is_an_edge_not_a_drop() {
-    if !require_ebpf() {
+    let Some(sb) = Sandbox::for_ebpf("edge") else {
         return;
-    }
-    let sb = Sandbox::new("edge");
+    };
     let p = |n: &str| sb.path(n).display().to_string();
     let (a_ready, b_ready, done, fin) = (p("a_ready"), p("b_ready"), p("done"), p("fin"));
     // The bystander only maps the libraries (one call), then waits.

@@ -332,10 +332,9 @@ fn python_allocations_frees_and_failures_have_their_exact_line() {
 /// A C program built with frame pointers: native sites name its functions.
 #[test]
 fn native_sites_of_a_frame_pointer_program() {
-    if !require_ebpf() {
+    let Some(sb) = Sandbox::for_ebpf("sites-native") else {
         return;
-    }
-    let sb = Sandbox::new("sites-native");
+    };
     let src = sb.path("fp.c");
     std::fs::write(
         &src,

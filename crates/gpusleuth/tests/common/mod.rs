@@ -49,6 +49,12 @@ pub struct Sandbox {
 }
 
 impl Sandbox {
+    /// A sandbox for a test that traces: None (the skip already logged by
+    /// [`require_ebpf`]) where eBPF cannot run.
+    pub fn for_ebpf(tag: &str) -> Option<Sandbox> {
+        require_ebpf().then(|| Sandbox::new(tag))
+    }
+
     pub fn new(tag: &str) -> Sandbox {
         static N: AtomicU32 = AtomicU32::new(0);
         let n = N.fetch_add(1, Ordering::Relaxed);
