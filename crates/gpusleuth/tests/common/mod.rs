@@ -179,6 +179,13 @@ pub fn assert_no_panic(out: &Output) {
     assert!(!err.contains("panicked at"), "gpusleuth panicked:\n{err}");
 }
 
+/// Holds the tests of one test binary that measure CPU time apart from each
+/// other (each binary has its own lock: cargo runs binaries one at a time).
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Waits for a path to exist, failing the test after `secs` seconds.
 pub fn wait_for_file(path: &Path, secs: u64) {
     let deadline = Instant::now() + Duration::from_secs(secs);
