@@ -828,8 +828,7 @@ impl Session {
         if record::record_type(bytes) == Some(record::REC_STACK) {
             match record::decode_stack(bytes) {
                 Ok(raw) => {
-                    let stack = self.sites.resolve(&raw);
-                    let r = self.handle.add_stack(stack);
+                    let r = self.sites.submit(&raw, &self.handle);
                     self.check(r);
                 }
                 Err(_) => self.decode_errors += 1,
