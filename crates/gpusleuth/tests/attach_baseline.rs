@@ -62,19 +62,7 @@ fn json_of(out: &Output) -> Value {
 }
 
 fn run(args: &[&str], db: &Path) -> Output {
-    let out = gpusleuth()
-        .args(args)
-        .arg("--db")
-        .arg(db)
-        .output()
-        .expect("run gpusleuth");
-    assert_no_panic(&out);
-    assert!(
-        out.status.success(),
-        "gpusleuth {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
+    common::run_ok(gpusleuth().args(args).arg("--db").arg(db))
 }
 
 /// wall-clock ns − monotonic ns, measured by this test (not by the tool).

@@ -338,19 +338,13 @@ fn merge_recovers_an_injected_clock_offset_and_gives_the_same_finding() {
     }
 
     let job = sb.path("job.db");
-    let out = gpusleuth()
-        .args(["merge", "--json"])
-        .arg(&db0)
-        .arg(&db1)
-        .arg("-o")
-        .arg(&job)
-        .output()
-        .expect("run merge");
-    assert_no_panic(&out);
-    assert!(
-        out.status.success(),
-        "merge failed: {}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = common::run_ok(
+        gpusleuth()
+            .args(["merge", "--json"])
+            .arg(&db0)
+            .arg(&db1)
+            .arg("-o")
+            .arg(&job),
     );
     let nodes: Value = serde_json::from_slice(&out.stdout).expect("merge --json");
     let skew = nodes[1]["skew"]["skew_ns"].as_i64().expect("skew measured");

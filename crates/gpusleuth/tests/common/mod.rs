@@ -165,6 +165,20 @@ pub fn gpusleuth() -> Command {
     Command::new(env!("CARGO_BIN_EXE_gpusleuth"))
 }
 
+/// Runs a gpusleuth command to completion; fails the test (with its
+/// arguments and stderr) on a panic or a non-zero exit.
+pub fn run_ok(cmd: &mut Command) -> Output {
+    let out = cmd.output().expect("run gpusleuth");
+    assert_no_panic(&out);
+    let args: Vec<_> = cmd.get_args().map(|a| a.to_string_lossy()).collect();
+    assert!(
+        out.status.success(),
+        "gpusleuth {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
 /// Fails the test with the command's stderr unless it exited 0.
 pub fn assert_success(out: &Output) {
     assert!(
