@@ -293,11 +293,7 @@ fn python_allocations_frees_and_failures_have_their_exact_line() {
             .arg(sb.db())
             .output()
             .expect("memory --by-site");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        common::assert_success(&out);
         let v: Value = serde_json::from_slice(&out.stdout).expect("json");
         let first = &v["sites"][0];
         let weights_line = truth
@@ -346,10 +342,9 @@ fn python_allocations_frees_and_failures_have_their_exact_line() {
 /// A C program built with frame pointers: native sites name its functions.
 #[test]
 fn native_sites_of_a_frame_pointer_program() {
-    if !require_ebpf() {
+    let Some(sb) = Sandbox::for_ebpf("sites-native") else {
         return;
-    }
-    let sb = Sandbox::new("sites-native");
+    };
     let src = sb.path("fp.c");
     std::fs::write(
         &src,
@@ -381,11 +376,7 @@ int main(void) { usleep(200000); leak_loop(3); void *w = alloc_weights(4096); qu
         .arg("-l:libcuda.so.1")
         .output()
         .expect("gcc");
-    assert!(
-        cc.status.success(),
-        "{}",
-        String::from_utf8_lossy(&cc.stderr)
-    );
+    common::assert_success(&cc);
     let out = gpusleuth()
         .arg("trace")
         .arg("--db")
@@ -396,11 +387,7 @@ int main(void) { usleep(200000); leak_loop(3); void *w = alloc_weights(4096); qu
         .output()
         .expect("trace");
     assert_no_panic(&out);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::assert_success(&out);
     let db = sb.open_db();
     let chain = |call_filter: &str| -> Vec<String> {
         let stack = db.int(&format!(
@@ -472,11 +459,7 @@ int main(void) { usleep(200000); leak_loop(3); void *w = alloc_weights(4096); qu
         .arg(&html)
         .output()
         .expect("report");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::assert_success(&out);
     let text = std::fs::read_to_string(&html).expect("report.html");
     assert!(
         text.contains("Call sites of device memory")

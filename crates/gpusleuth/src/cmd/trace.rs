@@ -27,8 +27,8 @@ pub struct Args {
     /// Attach to running processes (repeatable; children are followed).
     #[arg(long = "pid", value_name = "PID")]
     pub pids: Vec<u32>,
-    /// Stop after this long (e.g. 30s, 500ms, 2m).
-    #[arg(long, value_parser = parse_duration)]
+    /// Stop after this long (e.g. 30s, 500ms, 2m; a unit is required).
+    #[arg(long, value_parser = crate::args::positive_duration)]
     pub duration: Option<Duration>,
     /// What happens to a launched command still running when --duration
     /// ends the trace: `leave` it running (untraced; its pid is printed) or
@@ -40,10 +40,15 @@ pub struct Args {
         requires = "duration"
     )]
     pub on_duration: OnDuration,
-    /// How kernel launches are captured: driver (count cuLaunchKernel/Ex in the
-    /// kernel, 1 trap per launch), all (also count cudaLaunchKernel), full
-    /// (per-call latency and errors, 4 traps per runtime launch), off.
-    #[arg(long, default_value = "driver", value_parser = parse_launches)]
+    /// How kernel launches are captured.
+    #[arg(
+        long,
+        default_value = "driver",
+        value_parser = clap::builder::TypedValueParser::map(
+            clap::builder::EnumValueParser::<Launches>::new(),
+            LaunchMode::from
+        )
+    )]
     pub launches: LaunchMode,
     /// Also probe PyTorch's caching allocator (libc10_cuda.so): allocated vs
     /// reserved, the blocks that pin each segment (`memory --segments`). Costs
@@ -54,11 +59,11 @@ pub struct Args {
     #[arg(long = "cuda-lib", value_name = "PATH")]
     pub cuda_libs: Vec<PathBuf>,
     /// Database size cap (e.g. 512M, 2G); past it calls are counted, not stored.
-    #[arg(long = "max-db", default_value = "1G", value_parser = parse_size)]
+    #[arg(long = "max-db", default_value = "1G", value_parser = crate::args::size)]
     pub max_db: u64,
     /// Kernel ring buffer size (e.g. 8M, 64M): more absorbs longer bursts
     /// before events are dropped (drops are always counted and reported).
-    #[arg(long = "ring-size", default_value = "8M", value_parser = parse_size)]
+    #[arg(long = "ring-size", default_value = "8M", value_parser = crate::args::size)]
     pub ring_size: u64,
     /// Call sites (Python file/function/line and native frames) of
     /// allocations, frees, failed and slow calls: on or off.
@@ -66,7 +71,7 @@ pub struct Args {
     pub sites: bool,
     /// Also capture the site of any recorded call at least this long
     /// (e.g. 1ms, 500us; 0 turns it off). Launches are never captured.
-    #[arg(long = "site-slow", default_value = "1ms", value_parser = parse_slow)]
+    #[arg(long = "site-slow", default_value = "1ms", value_parser = crate::args::duration)]
     pub site_slow: Duration,
     /// Create this file once probes are attached (for scripts and tests).
     #[arg(long = "ready-file", value_name = "PATH")]
@@ -90,72 +95,29 @@ fn parse_on_off(s: &str) -> Result<bool, String> {
     }
 }
 
-/// A duration that may be 0 (off) or given in microseconds.
-fn parse_slow(s: &str) -> Result<Duration, String> {
-    let t = s.trim();
-    if t == "0" {
-        return Ok(Duration::ZERO);
-    }
-    if let Some(us) = t.strip_suffix("us") {
-        let v: f64 = us
-            .trim()
-            .parse()
-            .map_err(|_| format!("'{s}' is not a duration (e.g. 1ms, 500us, 0)"))?;
-        if !v.is_finite() || v < 0.0 {
-            return Err(format!("'{s}' is not a duration"));
+/// `--launches`, as clap lists and checks it; the probe layer's own type
+/// stays free of clap.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
+pub enum Launches {
+    /// Count cuLaunchKernel/Ex in the kernel (1 trap per launch).
+    Driver,
+    /// Also count cudaLaunchKernel (2 traps per runtime launch).
+    All,
+    /// Per-call latency and errors (4 traps per runtime launch).
+    Full,
+    /// Do not probe launches.
+    Off,
+}
+
+impl From<Launches> for LaunchMode {
+    fn from(l: Launches) -> LaunchMode {
+        match l {
+            Launches::Driver => LaunchMode::Driver,
+            Launches::All => LaunchMode::All,
+            Launches::Full => LaunchMode::Full,
+            Launches::Off => LaunchMode::Off,
         }
-        return Ok(Duration::from_secs_f64(v * 1e-6));
     }
-    parse_duration(t)
-}
-
-fn parse_launches(s: &str) -> Result<LaunchMode, String> {
-    LaunchMode::parse(s)
-        .ok_or_else(|| format!("'{s}' is not a launch mode (driver, all, full, off)"))
-}
-
-/// Parses `500ms`, `30s`, `2m`, `1h`, or plain seconds.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let (num, mult) = if let Some(n) = s.strip_suffix("ms") {
-        (n, 1e-3)
-    } else if let Some(n) = s.strip_suffix('s') {
-        (n, 1.0)
-    } else if let Some(n) = s.strip_suffix('m') {
-        (n, 60.0)
-    } else if let Some(n) = s.strip_suffix('h') {
-        (n, 3600.0)
-    } else {
-        (s, 1.0)
-    };
-    let v: f64 = num
-        .trim()
-        .parse()
-        .map_err(|_| format!("'{s}' is not a duration (e.g. 30s, 500ms, 2m)"))?;
-    if !v.is_finite() || v <= 0.0 {
-        return Err(format!("'{s}' is not a positive duration"));
-    }
-    Ok(Duration::from_secs_f64(v * mult))
-}
-
-/// Parses `1G`, `512M`, `64K`, or plain bytes.
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim().trim_end_matches(['B', 'b', 'i']);
-    let (num, mult) = match t.chars().last() {
-        Some('K' | 'k') => (&t[..t.len() - 1], 1u64 << 10),
-        Some('M' | 'm') => (&t[..t.len() - 1], 1 << 20),
-        Some('G' | 'g') => (&t[..t.len() - 1], 1 << 30),
-        Some('T' | 't') => (&t[..t.len() - 1], 1 << 40),
-        _ => (t, 1),
-    };
-    let v: f64 = num
-        .trim()
-        .parse()
-        .map_err(|_| format!("'{s}' is not a size (e.g. 512M, 2G)"))?;
-    if !v.is_finite() || v < 1.0 {
-        return Err(format!("'{s}' is not a positive size"));
-    }
-    Ok((v * mult as f64) as u64)
 }
 
 /// `--on-duration`: the launched command's fate when the time is up.
@@ -178,23 +140,11 @@ enum Target {
 }
 
 fn default_db_path() -> PathBuf {
-    let mut t: libc::time_t = 0;
-    // SAFETY: time() writes the current time to our local; localtime_r fills our tm.
-    let tm = unsafe {
-        libc::time(&mut t);
-        let mut tm: libc::tm = std::mem::zeroed();
-        libc::localtime_r(&t, &mut tm);
-        tm
-    };
-    PathBuf::from(format!(
-        "gpusleuth-{:04}{:02}{:02}-{:02}{:02}{:02}.db",
-        tm.tm_year + 1900,
-        tm.tm_mon + 1,
-        tm.tm_mday,
-        tm.tm_hour,
-        tm.tm_min,
-        tm.tm_sec
-    ))
+    PathBuf::from(
+        chrono::Local::now()
+            .format("gpusleuth-%Y%m%d-%H%M%S.db")
+            .to_string(),
+    )
 }
 
 /// Finds a command the way execvp will.
@@ -616,10 +566,10 @@ fn trace_loop(
 
     if !args.quiet {
         // The final table comes from the database: exact, and what a later `stats` shows.
-        let data = crate::cmd::stats::load_trace(&db, None)?;
+        let data = crate::load::load_trace(&db, None)?;
         eprint!(
             "{}",
-            crate::term_text::terminal_safe(&crate::cmd::stats::render(
+            crate::term_text::terminal_safe(&crate::render::stats::render(
                 &sleuth_core::stats::compute(&data)
             ))
         );
@@ -814,18 +764,45 @@ impl Sinks {
 mod tests {
     use super::*;
 
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    fn parse(argv: &[&str]) -> Result<Args, String> {
+        use clap::Parser as _;
+        let argv = std::iter::once("trace").chain(argv.iter().copied());
+        Cli::try_parse_from(argv)
+            .map(|c| c.args)
+            .map_err(|e| e.to_string())
+    }
+
     #[test]
-    fn durations_and_sizes() {
-        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
-        assert_eq!(parse_duration("30s").unwrap(), Duration::from_secs(30));
-        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
-        assert_eq!(parse_duration("1.5").unwrap(), Duration::from_millis(1500));
-        assert!(parse_duration("abc").is_err());
-        assert!(parse_duration("-1s").is_err());
-        assert_eq!(parse_size("1G").unwrap(), 1 << 30);
-        assert_eq!(parse_size("512M").unwrap(), 512 << 20);
-        assert_eq!(parse_size("64KiB").unwrap(), 64 << 10);
-        assert!(parse_size("lots").is_err());
+    fn options_use_the_shared_duration_size_and_launch_parsers() {
+        let a = parse(&[
+            "--duration",
+            "1.5s",
+            "--max-db",
+            "512M",
+            "--launches",
+            "full",
+            "--site-slow",
+            "0",
+        ])
+        .expect("valid options");
+        assert_eq!(a.duration, Some(Duration::from_millis(1500)));
+        assert_eq!(a.max_db, 512 << 20);
+        assert_eq!(a.launches, LaunchMode::Full);
+        assert_eq!(a.site_slow, Duration::ZERO);
+        let d = parse(&[]).expect("defaults");
+        assert_eq!((d.launches, d.ring_size), (LaunchMode::Driver, 8 << 20));
+        assert_eq!(d.site_slow, Duration::from_millis(1));
+        let e = parse(&["--duration", "1.5"]).err().unwrap_or_default();
+        assert!(e.contains("write 1.5s"), "{e}");
+        assert!(parse(&["--duration", "0s"]).is_err());
+        assert!(parse(&["--launches", "some"]).is_err());
+        assert!(parse(&["--ring-size", "lots"]).is_err());
     }
 
     #[test]
