@@ -649,10 +649,29 @@ fn slowest_section(data: &TraceData, per_call: &[Vec<Culprit>], origin: u64) -> 
         if !who.is_empty() {
             label.push_str(&format!(" — CPU held by {}", who.join(", ")));
         }
+        if c.stack_id.is_some() {
+            // Where the call was made (the full stack: `memory --by-site`, MCP `call_sites`).
+            label.push_str(&format!(
+                " — at {}",
+                short_site(&sleuth_core::sites::label_of(data, c.stack_id))
+            ));
+        }
         s.text(x0 + 6.0, y + 15.0, &label, "start", "");
     }
     h.push_str(&s.finish());
     h
+}
+
+/// A site label with its file's directories dropped (`train.py:42 step`):
+/// the chart has room for a name, not a path.
+fn short_site(label: &str) -> String {
+    match label.split_once(':') {
+        Some((path, rest)) if path.starts_with('/') => {
+            let file = path.rsplit('/').next().unwrap_or(path);
+            truncate(&format!("{file}:{rest}"), 60)
+        }
+        _ => truncate(label, 60),
+    }
 }
 
 /// Processes nested under their parents, with their calls and memory.
@@ -758,5 +777,49 @@ mod tests {
             h.find("sibling").unwrap(),
         );
         assert!(c < g && g < s);
+    }
+
+    #[test]
+    fn slowest_calls_name_their_site() {
+        use sleuth_core::sites::{Frame, FrameKind, Stack};
+        use sleuth_core::CallEvent;
+        let frame = Frame {
+            kind: Some(FrameKind::Python),
+            function: Some("step".into()),
+            file: Some("/home/u/project/train.py".into()),
+            line: Some(42),
+            ..Default::default()
+        };
+        let mut data = TraceData {
+            calls: vec![
+                CallEvent {
+                    op: 1,
+                    pid: 9,
+                    dur_ns: 5_000_000,
+                    stack_id: Some(7),
+                    ..Default::default()
+                },
+                CallEvent {
+                    op: 1,
+                    pid: 9,
+                    dur_ns: 1_000,
+                    ..Default::default()
+                },
+            ],
+            ..Default::default()
+        };
+        data.stacks.insert(
+            7,
+            Stack {
+                id: 7,
+                pid: 9,
+                frames: vec![frame],
+                notes: vec![],
+            },
+        );
+        let h = slowest_section(&data, &[], 0);
+        assert!(h.contains("at train.py:42 step"), "{h}");
+        assert_eq!(h.matches(" — at ").count(), 1, "only the call with a stack");
+        assert_eq!(short_site("(site not captured)"), "(site not captured)");
     }
 }
