@@ -100,6 +100,10 @@ pub fn render(data: &TraceData, session: &Session, notes: &[Note], title: &str) 
     h.push_str(&memory_section(ledgers, origin, end));
     h.push_str("<h2>Call sites of device memory</h2>");
     h.push_str(&sites_section(data, ledgers));
+    if !data.stacks.is_empty() {
+        h.push_str("<h3>Allocated bytes by call path</h3>");
+        h.push_str(&flame_section(data));
+    }
     h.push_str("<h2>Latency per op</h2>");
     h.push_str(&latency_section(data));
     h.push_str("<h2>Slowest calls: where their time went</h2>");
@@ -662,6 +666,86 @@ fn slowest_section(data: &TraceData, per_call: &[Vec<Culprit>], origin: u64) -> 
     h
 }
 
+/// Rows of the flame graph at most: deeper frames are folded into their
+/// parent (framework stacks run 60 Python frames deep).
+const FLAME_ROWS: usize = 40;
+
+/// An icicle graph of allocated device bytes by call path (outermost frame
+/// on top, width = bytes; `sites::allocated_by_path`).
+fn flame_section(data: &TraceData) -> String {
+    let root = sleuth_core::sites::allocated_by_path(data);
+    if root.bytes == 0 {
+        return "<p>No device allocation in this trace.</p>".into();
+    }
+    let depth = |n: &sleuth_core::sites::FlameNode| -> usize {
+        let mut deepest = 0;
+        let mut todo = vec![(n, 0usize)];
+        while let Some((n, d)) = todo.pop() {
+            deepest = deepest.max(d);
+            todo.extend(n.children.iter().map(|c| (c, d + 1)));
+        }
+        deepest
+    };
+    let rows = (depth(&root) + 1).min(FLAME_ROWS);
+    let row_h = 18.0;
+    let mut s = Svg::new(
+        WIDTH,
+        row_h * rows as f64 + 4.0,
+        "allocated device bytes by call path",
+    );
+    let scale = WIDTH / root.bytes as f64;
+    // Iterative walk: (node, x, row).
+    let mut todo = vec![(&root, 0.0f64, 0usize)];
+    while let Some((n, x, row)) = todo.pop() {
+        let w = n.bytes as f64 * scale;
+        if w < 1.0 || row >= rows {
+            continue;
+        }
+        let y = row as f64 * row_h;
+        let title = format!("{} — {}", n.name, fmt_bytes(n.bytes));
+        s.rect(
+            x,
+            y,
+            w - 0.5,
+            row_h - 1.0,
+            flame_color(&n.name),
+            Some(&title),
+        );
+        let chars = (w / 7.0) as usize;
+        if chars >= 4 {
+            s.text(
+                x + 3.0,
+                y + 13.0,
+                &truncate(&short_site(&n.name), chars - 1),
+                "start",
+                "flame",
+            );
+        }
+        let mut cx = x;
+        for c in &n.children {
+            todo.push((c, cx, row + 1));
+            cx += c.bytes as f64 * scale;
+        }
+    }
+    let mut h = String::from(
+        "<p class=\"note\">Each bar is a frame (outermost on top), as wide as the device bytes \
+         successfully allocated below it; hover for the full frame and bytes.</p>",
+    );
+    h.push_str(&s.finish());
+    h
+}
+
+/// A warm colour chosen by the frame's name, so a frame keeps its colour.
+fn flame_color(name: &str) -> &'static str {
+    const WARM: [&str; 6] = [
+        "#f4a582", "#fdb863", "#f6c77d", "#e89a6a", "#f2b06e", "#fcd28d",
+    ];
+    let h = name
+        .bytes()
+        .fold(0u32, |h, b| h.wrapping_mul(31).wrapping_add(u32::from(b)));
+    WARM[h as usize % WARM.len()]
+}
+
 /// A site label with its file's directories dropped (`train.py:42 step`):
 /// the chart has room for a name, not a path.
 fn short_site(label: &str) -> String {
@@ -821,5 +905,12 @@ mod tests {
         assert!(h.contains("at train.py:42 step"), "{h}");
         assert_eq!(h.matches(" — at ").count(), 1, "only the call with a stack");
         assert_eq!(short_site("(site not captured)"), "(site not captured)");
+        // The flame graph: one bar for the root, one for the frame, its name shortened.
+        data.calls[0].op = sleuth_core::ops::op_by_name("cudaMalloc").unwrap().id;
+        data.calls[0].size = Some(1 << 20);
+        let f = flame_section(&data);
+        assert_eq!(f.matches("<rect").count(), 2, "{f}");
+        assert!(f.contains("train.py:42 step"), "{f}");
+        assert!(f.contains("1.0 MiB"), "{f}");
     }
 }
