@@ -352,13 +352,12 @@ static __always_inline __u64 capture_stack(void *ctx, __u32 tgid, __u32 tid)
 	s->id = h;
 	if (bpf_map_lookup_elem(&stacks_seen, &h))
 		return h;
-	struct gs_stack *out = bpf_ringbuf_reserve(&events, sizeof(*out), 0);
-	if (!out) {
+	/* bpf_ringbuf_output copies from the scratch map: a stack is larger
+	 * than the 1 KiB clang will expand __builtin_memcpy for. */
+	if (bpf_ringbuf_output(&events, s, sizeof(*s), submit_flags())) {
 		count_stat(GS_STAT_RING_DROP_STACK);
 		return h;
 	}
-	__builtin_memcpy(out, s, sizeof(*out));
-	bpf_ringbuf_submit(out, submit_flags());
 	__u8 one = 1;
 	bpf_map_update_elem(&stacks_seen, &h, &one, BPF_ANY);
 	return h;
@@ -860,3 +859,7 @@ int BPF_PROG(on_oom_victim, struct task_struct *p, uid_t uid)
 	emit_proc(GS_PROC_OOM_VICTIM, p->tgid, p->pid, 0, 0, p);
 	return 0;
 }
+
+/* Sizes pinned by crates/sleuth-core/src/record.rs (ThreadState, InflightCall). */
+_Static_assert(sizeof(struct thread_state) == 72, "thread_state layout");
+_Static_assert(sizeof(struct inflight_call) == 80, "inflight_call layout");

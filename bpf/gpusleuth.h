@@ -134,7 +134,7 @@ struct gs_block {
  * resolved to file/function/line in user space.
  */
 #define GS_NATIVE_DEPTH 32
-#define GS_PY_DEPTH 32
+#define GS_PY_DEPTH 64
 #define GS_PY_MAX_THREADS 64 /* thread states scanned to find the caller's */
 
 /* gs_stack.flags */
@@ -246,7 +246,8 @@ _Static_assert(sizeof(struct gs_wait) == 216, "gs_wait layout");
 _Static_assert(sizeof(struct gs_proc) == 48, "gs_proc layout");
 _Static_assert(sizeof(struct gs_block) == 184, "gs_block layout");
 _Static_assert(sizeof(struct gs_nccl) == 152, "gs_nccl layout");
-_Static_assert(sizeof(struct gs_stack) == 800, "gs_stack layout");
+_Static_assert(sizeof(struct gs_stack) == 1312, "gs_stack layout");
 _Static_assert(sizeof(struct gs_py_layout) == 56, "gs_py_layout layout");
 
 #endif
+_Static_assert(sizeof(struct gs_count_key) == 8, "gs_count_key layout");

@@ -55,7 +55,7 @@ def main():
         say(f"{'checkpoint':34s} {'torch alloc':>12s} {'gs alloc':>12s} {'torch resv':>12s} {'gs resv':>12s} {'gap':>10s} {'seg free':>10s}  verdict")
         for cp in cps:
             at = cp["mono_ns"] - start
-            m = run([a.gs, "memory", "--db", db, "--json", "--at", str(at)])
+            m = run([a.gs, "memory", "--db", db, "--json", "--at", f"{at}ns"])
             try:
                 procs = json.loads(m.stdout)["processes"]
             except Exception:
@@ -76,7 +76,7 @@ def main():
             say(f"{cp['label'][:34]:34s} {cp['allocated']:12d} {al['allocated_bytes']:12d} {cp['reserved']:12d} "
                 f"{al['allocator_reserved_bytes']:12d} {al['gap_bytes']:10d} {seg_free:10d}  {'PASS' if ok else 'FAIL'}")
             if cp["label"].startswith("round 1: after del"):
-                seg = run([a.gs, "memory", "--db", db, "--pid", str(cp["pid"]), "--at", str(at), "--segments"])
+                seg = run([a.gs, "memory", "--db", db, "--pid", str(cp["pid"]), "--at", f"{at}ns", "--segments"])
                 open(os.path.join(a.out, f"segments_{mode}.txt"), "w").write(seg.stdout + seg.stderr)
         cal = json.loads(run([a.gs, "memory", "--db", db, "--json"]).stdout)["processes"]
         for p in cal:

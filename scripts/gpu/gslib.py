@@ -157,9 +157,9 @@ class Gs:
         """`memory --json --at` for the absolute CLOCK_MONOTONIC at_ns; tries the plausible spellings of TIME."""
         rel = (at_ns - session_start_ns) / 1e9 if session_start_ns else None
         styles = {
-            # The documented form: integer ns since the trace started.
-            "rel_ns": str(at_ns - session_start_ns) if session_start_ns else None,
-            "abs_ns": str(at_ns),
+            # The documented form: a duration since the trace started (a unit is required).
+            "rel_ns": f"{at_ns - session_start_ns}ns" if session_start_ns else None,
+            "abs_ns": f"{at_ns}ns",
             "rel_s": f"{rel:.9f}s" if rel is not None else None,
             "plus_rel_s": f"+{rel:.9f}s" if rel is not None else None,
         }

@@ -64,7 +64,7 @@ def fake_gs(argv):
     db = args[args.index("--db") + 1]
     tr = Trace(db)
     if cmd == "memory":
-        at = int(args[args.index("--at") + 1]) if "--at" in args else None
+        at = int(args[args.index("--at") + 1].removesuffix("ns")) if "--at" in args else None
         procs = []
         for (pid,) in tr.q("SELECT DISTINCT pid FROM calls"):
             live = sum(tr.live_at(pid, at, RUNTIME_ALLOC, RUNTIME_FREE).values())

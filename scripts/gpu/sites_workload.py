@@ -34,8 +34,12 @@ class Truth:
         self.f = open(path, "w")
 
     def add(self, where, nbytes, kind):
+        # t: wall time of the allocation; code: the code object's address
+        # (CPython's id()), to compare with what the tracer captured.
+        f = sys._getframe(1)
         self.f.write(json.dumps({"file": os.path.abspath(__file__), "line": where[0], "func": where[1],
-                                 "bytes": nbytes, "kind": kind}) + "\n")
+                                 "bytes": nbytes, "kind": kind, "t": time.time(),
+                                 "code": hex(id(f.f_code))}) + "\n")
         self.f.flush()
 
 
@@ -90,7 +94,9 @@ def main():
     torch.cuda.empty_cache()
     torch.cuda.synchronize()
     print(json.dumps({"workload": "sites", "leaked_bytes": a.leaks * 32 * MIB,
-                      "allocated_end": torch.cuda.memory_allocated()}), flush=True)
+                      "allocated_end": torch.cuda.memory_allocated(), "t_end": time.time(),
+                      "code": {"main": hex(id(main.__code__)), "leak": hex(id(leak.__code__)),
+                               "generate_round": hex(id(seed.generate_round.__code__))}}), flush=True)
     time.sleep(0.5)  # sites are resolved from the live process
 
 

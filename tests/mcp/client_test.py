@@ -24,34 +24,7 @@ EXPECTED_TOOLS = {
     "overview", "latency_stats", "findings", "slow_calls", "memory",
     "timeline", "gpu_holders", "reclaim_plan", "sql", "gpu_activity", "call_sites",
 }
-CHECKS = 0
-
-
-def check(cond, what):
-    global CHECKS
-    if not cond:
-        raise AssertionError(f"check failed: {what}")
-    CHECKS += 1
-
-
-def attr(obj, snake, camel):
-    """Field access across SDK versions (2.x: snake_case, 1.x: camelCase)."""
-    return getattr(obj, snake) if hasattr(obj, snake) else getattr(obj, camel)
-
-
-def is_error(result):
-    return bool(attr(result, "is_error", "isError"))
-
-
-def text_of(result):
-    return "".join(getattr(c, "text", "") for c in result.content)
-
-
-async def ok_json(session, name, args=None):
-    """Calls a tool that must succeed; returns its JSON answer."""
-    r = await session.call_tool(name, args or {})
-    check(not is_error(r), f"{name}({args}) succeeded: {text_of(r)[:300]}")
-    return json.loads(text_of(r))
+from mcp_checks import attr, check, checks_done, is_error, ok_json, text_of
 
 
 async def expect_error(session, name, args, needle=None):
@@ -333,7 +306,7 @@ def main():
     if args.transcript:
         with open(args.transcript, "w") as f:
             json.dump(transcript, f, indent=1)
-    print(f"ALL CHECKS PASSED ({CHECKS} checks)")
+    print(f"ALL CHECKS PASSED ({checks_done()} checks)")
 
 
 if __name__ == "__main__":

@@ -17,30 +17,7 @@ import json
 
 from mcp import ClientSession, StdioServerParameters, stdio_client
 
-CHECKS = 0
-
-
-def check(cond, what):
-    global CHECKS
-    if not cond:
-        raise AssertionError(f"check failed: {what}")
-    CHECKS += 1
-
-
-def attr(obj, snake, camel):
-    """Field access across SDK versions (2.x: snake_case, 1.x: camelCase)."""
-    return getattr(obj, snake) if hasattr(obj, snake) else getattr(obj, camel)
-
-
-def text_of(result):
-    return "".join(getattr(c, "text", "") for c in result.content)
-
-
-async def ok_json(session, name, args=None):
-    """Calls a tool that must succeed; returns its JSON answer."""
-    r = await session.call_tool(name, args or {})
-    check(not attr(r, "is_error", "isError"), f"{name}({args}) succeeded: {text_of(r)[:300]}")
-    return json.loads(text_of(r))
+from mcp_checks import attr, check, checks_done, ok_json
 
 
 def alive(pid):
@@ -137,7 +114,7 @@ def main():
     with open(args.truth) as f:
         truth = json.load(f)
     asyncio.run(run(args, truth))
-    print(f"ALL CHECKS PASSED ({CHECKS} checks)")
+    print(f"ALL CHECKS PASSED ({checks_done()} checks)")
 
 
 if __name__ == "__main__":

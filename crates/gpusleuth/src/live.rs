@@ -1,61 +1,25 @@
 //! The live view during `trace`: a per-op table and live device bytes per
 //! process, redrawn in place on a terminal, plain periodic lines otherwise.
-//! Numbers here are live estimates (latency from a log histogram); the final
-//! table comes from the database and is exact.
+//! Latency percentiles here are estimates from the core's `LogHistogram`
+//! (under 6% low, see sleuth_core::latency); device bytes follow the core's
+//! `Ledger`, the rules `memory` applies. The final table comes from the
+//! database and is exact.
 
 use crate::output::{fmt_bytes, fmt_ns};
 use crate::term_text::terminal_safe;
-use sleuth_core::ops::OpClass;
+use sleuth_core::latency::LogHistogram;
+use sleuth_core::ledger::Ledger;
 use sleuth_core::{CallEvent, Event};
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
-
-/// Log-linear histogram: 16 sub-buckets per power of two (≤ 6.25% error), live use only.
-#[derive(Default)]
-struct Hist {
-    buckets: BTreeMap<u32, u64>,
-    n: u64,
-}
-
-impl Hist {
-    fn bucket(v: u64) -> u32 {
-        if v < 16 {
-            return v as u32;
-        }
-        let exp = 63 - v.leading_zeros();
-        let sub = ((v >> (exp - 4)) & 0xf) as u32;
-        exp * 16 + sub
-    }
-    fn lower(b: u32) -> u64 {
-        if b < 16 {
-            return b as u64;
-        }
-        let (exp, sub) = (b / 16, b % 16);
-        (1u64 << exp) | ((sub as u64) << (exp - 4))
-    }
-    fn add(&mut self, v: u64) {
-        *self.buckets.entry(Self::bucket(v)).or_default() += 1;
-        self.n += 1;
-    }
-    fn quantile(&self, q: f64) -> u64 {
-        let rank = ((q * self.n as f64).ceil() as u64).max(1);
-        let mut seen = 0;
-        for (&b, &c) in &self.buckets {
-            seen += c;
-            if seen >= rank {
-                return Self::lower(b);
-            }
-        }
-        0
-    }
-}
+use std::sync::mpsc;
 
 #[derive(Default)]
 struct OpLive {
     count: u64,
     errors: u64,
-    hist: Hist,
+    hist: LogHistogram,
     runnable_ns: u64,
     blocked_ns: u64,
 }
@@ -68,7 +32,8 @@ pub struct LiveView {
     /// A bounded window of the trace for live findings.
     window: sleuth_core::TraceData,
     last_top: Option<String>,
-    live_bytes: HashMap<u32, (u64, HashMap<u64, u64>)>,
+    /// Device memory by the core's rules (`cuMemCreate` included), as `memory` counts it.
+    ledger: Ledger,
     waits: u64,
     tty: bool,
     enabled: bool,
@@ -84,7 +49,7 @@ impl LiveView {
                 ..Default::default()
             },
             last_top: None,
-            live_bytes: HashMap::new(),
+            ledger: Ledger::live(),
             waits: 0,
             tty: std::io::stderr().is_terminal(),
             enabled,
@@ -110,7 +75,13 @@ impl LiveView {
                 self.waits += 1;
                 push_bounded(&mut self.window.waits, w.clone());
             }
-            Event::Proc(_) | Event::Block(_) => {}
+            Event::Proc(p) => {
+                if p.kind == sleuth_core::ProcKind::Exit {
+                    // The driver frees an exited process's memory.
+                    self.ledger.forget(p.pid);
+                }
+            }
+            Event::Block(_) => {}
         }
     }
 
@@ -121,26 +92,7 @@ impl LiveView {
         o.hist.add(c.dur_ns);
         o.runnable_ns += c.runnable_ns;
         o.blocked_ns += c.blocked_ns;
-        // Live device bytes: count each allocation once (nested driver calls are
-        // the runtime's own, already counted at the runtime layer).
-        let Some(info) = c.info() else { return };
-        if c.nested || c.failed() {
-            return;
-        }
-        let entry = self.live_bytes.entry(c.pid).or_default();
-        match (info.class, c.ptr) {
-            (OpClass::DeviceAlloc, Some(p)) => {
-                let sz = c.size.unwrap_or(0);
-                entry.1.insert(p, sz);
-                entry.0 += sz;
-            }
-            (OpClass::DeviceFree, Some(p)) => {
-                if let Some(sz) = entry.1.remove(&p) {
-                    entry.0 -= sz;
-                }
-            }
-            _ => {}
-        }
+        self.ledger.apply(c);
     }
 
     /// Names a process in live findings.
@@ -223,13 +175,15 @@ impl LiveView {
                 fmt_ns(o.blocked_ns)
             ));
         }
-        let mut pids: Vec<_> = self.live_bytes.iter().filter(|(_, v)| v.0 > 0).collect();
-        pids.sort_by_key(|(pid, _)| **pid);
-        for (pid, (bytes, allocs)) in pids.iter().take(6) {
+        let pids = self
+            .ledger
+            .pids()
+            .filter(|&p| self.ledger.live_bytes(p) > 0);
+        for pid in pids.take(6) {
             lines.push(format!(
                 "pid {pid}: {} live device memory in {} allocations",
-                fmt_bytes(*bytes),
-                allocs.len()
+                fmt_bytes(self.ledger.live_bytes(pid)),
+                self.ledger.live_allocations(pid)
             ));
         }
         let findings = self.findings(start_ns, now_ns, 3);
@@ -257,6 +211,192 @@ impl LiveView {
             let _ = write!(std::io::stderr(), "\x1b[{}A\x1b[J", self.drawn_lines);
             self.drawn_lines = 0;
         }
+    }
+}
+
+/// What the capture loop tells the live thread.
+enum Msg {
+    Events(Vec<Event>),
+    Process(sleuth_core::ProcessInfo),
+    Kernel(
+        [u64; sleuth_core::record::stat::MAX],
+        Vec<sleuth_core::OpCount>,
+    ),
+    Render(Frame),
+    /// Remove the live frame, then acknowledge (a warning is printed next).
+    Clear(mpsc::SyncSender<()>),
+}
+
+/// The numbers of one live frame, from the capture loop.
+pub struct Frame {
+    pub elapsed_s: f64,
+    pub records: u64,
+    pub drops: u64,
+    pub start_ns: u64,
+    pub now_ns: u64,
+}
+
+/// Events handed to the live thread at once: one channel message per batch,
+/// not per event.
+const BATCH: usize = 1024;
+/// Batches in flight before the capture loop waits for the live thread.
+/// Bounded so a stalled view cannot grow memory without limit; waiting (not
+/// dropping) keeps the metrics' counts exact.
+const QUEUE: usize = 64;
+
+/// The capture loop's side of the live view and the metrics: both run on
+/// their own thread, so the thread draining the ring buffer only clones
+/// events into a batch (sorting the findings window, rendering and the
+/// metrics' lock all happen elsewhere).
+pub struct LiveFeed {
+    tx: Option<mpsc::SyncSender<Msg>>,
+    batch: Vec<Event>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl LiveFeed {
+    /// Starts the live thread if there is anything to feed.
+    pub fn start(
+        view: LiveView,
+        metrics: Option<std::sync::Arc<crate::metrics::Metrics>>,
+    ) -> LiveFeed {
+        if !view.enabled && metrics.is_none() {
+            return LiveFeed {
+                tx: None,
+                batch: Vec::new(),
+                thread: None,
+            };
+        }
+        let (tx, rx) = mpsc::sync_channel::<Msg>(QUEUE);
+        let thread = std::thread::Builder::new()
+            .name("gpusleuth-live".into())
+            .spawn(move || {
+                let mut view = view;
+                for msg in rx {
+                    match msg {
+                        Msg::Events(evs) => {
+                            for ev in &evs {
+                                view.observe(ev);
+                                if let Some(m) = &metrics {
+                                    m.observe(ev);
+                                }
+                            }
+                        }
+                        Msg::Process(p) => view.set_process(&p),
+                        Msg::Kernel(losses, counts) => {
+                            if let Some(m) = &metrics {
+                                m.set_kernel_counters(&losses, &counts);
+                            }
+                        }
+                        Msg::Render(f) => {
+                            view.render(f.elapsed_s, f.records, f.drops, f.start_ns, f.now_ns)
+                        }
+                        Msg::Clear(ack) => {
+                            view.clear();
+                            let _ = ack.send(());
+                        }
+                    }
+                }
+                view.clear();
+            });
+        match thread {
+            Ok(t) => LiveFeed {
+                tx: Some(tx),
+                batch: Vec::with_capacity(BATCH),
+                thread: Some(t),
+            },
+            Err(e) => {
+                eprintln!(
+                    "gpusleuth: warning: no live view or metrics: cannot start their thread ({e})"
+                );
+                LiveFeed {
+                    tx: None,
+                    batch: Vec::new(),
+                    thread: None,
+                }
+            }
+        }
+    }
+
+    /// Whether events are wanted (cloning them is skipped otherwise).
+    pub fn wants_events(&self) -> bool {
+        self.tx.is_some()
+    }
+
+    pub fn observe(&mut self, ev: &Event) {
+        if self.tx.is_none() {
+            return;
+        }
+        self.batch.push(ev.clone());
+        if self.batch.len() >= BATCH {
+            self.flush();
+        }
+    }
+
+    /// Hands the pending events over (end of a poll).
+    pub fn flush(&mut self) {
+        if self.batch.is_empty() {
+            return;
+        }
+        let evs = std::mem::replace(&mut self.batch, Vec::with_capacity(BATCH));
+        self.send(Msg::Events(evs));
+    }
+
+    fn send(&mut self, msg: Msg) {
+        if let Some(tx) = &self.tx {
+            if tx.send(msg).is_err() {
+                // The thread is gone (it panicked): stop feeding it.
+                self.tx = None;
+            }
+        }
+    }
+
+    pub fn set_process(&mut self, p: sleuth_core::ProcessInfo) {
+        self.flush();
+        self.send(Msg::Process(p));
+    }
+
+    /// The kernel-side counters for the metrics (losses by `stat` index).
+    pub fn set_kernel_counters(
+        &mut self,
+        losses: [u64; sleuth_core::record::stat::MAX],
+        counts: Vec<sleuth_core::OpCount>,
+    ) {
+        self.send(Msg::Kernel(losses, counts));
+    }
+
+    /// Asks for a frame; skipped when the live thread is behind.
+    pub fn render(&mut self, frame: Frame) {
+        self.flush();
+        if let Some(tx) = &self.tx {
+            let _ = tx.try_send(Msg::Render(frame));
+        }
+    }
+
+    /// Removes the live frame before a warning is printed, and waits until it is gone.
+    pub fn clear(&mut self) {
+        self.flush();
+        let (ack_tx, ack_rx) = mpsc::sync_channel(1);
+        self.send(Msg::Clear(ack_tx));
+        if self.tx.is_some() {
+            let _ = ack_rx.recv();
+        }
+    }
+
+    /// Hands over what is pending and waits for the live thread to end
+    /// (the frame removed, the metrics current).
+    pub fn finish(&mut self) {
+        self.flush();
+        self.tx = None;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for LiveFeed {
+    fn drop(&mut self) {
+        self.finish();
     }
 }
 
@@ -311,18 +451,66 @@ mod tests {
             .any(|f| f.contains("allocation_failure")));
     }
 
+    /// Issue 15's acceptance: the live view, the metrics and `memory` (the
+    /// core ledger over the stored calls) give the same live bytes on the
+    /// same events, `cuMemCreate` (VMM) included.
     #[test]
-    fn histogram_quantiles_are_within_bucket_error() {
-        let mut h = Hist::default();
-        for v in 1..=10_000u64 {
-            h.add(v * 1000);
+    fn live_view_metrics_and_memory_agree_on_live_bytes() {
+        use sleuth_core::op_by_name;
+        let call = |pid: u32, ts: u64, op: &str, size: Option<u64>, ptr: u64| CallEvent {
+            ts_ns: ts,
+            dur_ns: 100,
+            pid,
+            tid: pid,
+            op: op_by_name(op).unwrap().id,
+            size,
+            ptr: Some(ptr),
+            ..Default::default()
+        };
+        let mut nested = call(1, 11, "cuMemAlloc_v2", Some(4096), 0xa000);
+        nested.nested = true;
+        let mut failed = call(2, 60, "cudaMalloc", Some(1 << 40), 0);
+        failed.ret = 2;
+        failed.ptr = None;
+        let calls = vec![
+            call(1, 10, "cudaMalloc", Some(4096), 0xa000),
+            nested,
+            call(1, 20, "cuMemCreate", Some(2 << 20), 0x77),
+            call(2, 30, "cuMemCreate", Some(1 << 20), 0x77),
+            call(2, 40, "cudaMalloc", Some(512), 0xb000),
+            call(1, 50, "cudaFree", None, 0xa000),
+            failed,
+            call(2, 70, "cuMemRelease", None, 0x77),
+            call(2, 80, "cudaFree", None, 0xdead),
+        ];
+        let mut view = LiveView::new(true);
+        let metrics = crate::metrics::Metrics::new();
+        for c in &calls {
+            view.observe(&Event::Call(c.clone()));
+            metrics.observe(&Event::Call(c.clone()));
         }
-        let p50 = h.quantile(0.5) as f64;
-        let p99 = h.quantile(0.99) as f64;
-        assert!((p50 - 5_000_000.0).abs() / 5_000_000.0 < 0.07, "{p50}");
-        assert!((p99 - 9_900_000.0).abs() / 9_900_000.0 < 0.07, "{p99}");
-        for v in [0u64, 1, 15, 16, 17, 1 << 40] {
-            assert!(Hist::lower(Hist::bucket(v)) <= v);
+        let data = sleuth_core::TraceData {
+            calls: calls.clone(),
+            ..Default::default()
+        };
+        let memory = sleuth_core::ledger::ledger(&data, None);
+        let text = metrics.render(true);
+        let from_metrics = |pid: u32| -> u64 {
+            let prefix = format!("gpusleuth_device_live_bytes{{pid=\"{pid}\"");
+            let line = text
+                .lines()
+                .find(|l| l.starts_with(&prefix))
+                .unwrap_or_else(|| panic!("no live bytes of {pid}:\n{text}"));
+            line.rsplit(' ').next().unwrap().parse().unwrap()
+        };
+        // Ground truth from the calls: pid 1 holds 2 MiB of cuMemCreate,
+        // pid 2 holds 512 bytes (its handle released, the failure and the
+        // unknown free change nothing).
+        for (pid, truth) in [(1u32, 2u64 << 20), (2, 512)] {
+            let mem = memory.iter().find(|l| l.pid == pid).unwrap();
+            assert_eq!(mem.live_bytes, truth, "memory, pid {pid}");
+            assert_eq!(view.ledger.live_bytes(pid), truth, "live view, pid {pid}");
+            assert_eq!(from_metrics(pid), truth, "metrics, pid {pid}");
         }
     }
 }

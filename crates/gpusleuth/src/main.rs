@@ -1,15 +1,20 @@
 //! gpusleuth: why is my CUDA program slow right now, and where did my GPU memory go.
 //!
 //! Thin command layer: each subcommand lives in `cmd/` and calls into the
-//! library crates. Errors end as one line on stderr and a non-zero exit.
+//! library crates and the shared modules here (`args`, `load`, `render`,
+//! `capture`). Errors end as one line on stderr and a non-zero exit.
 
+mod args;
+mod capture;
 mod cmd;
 mod gpu_sampler;
 mod held_child;
 mod live;
+mod load;
 mod metrics;
 mod output;
 mod procinfo;
+mod render;
 mod signals;
 mod sites;
 mod term_text;
@@ -26,7 +31,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Trace CUDA runtime and driver calls with eBPF, with host scheduler context.
-    Trace(cmd::trace::Args),
+    Trace(capture::Args),
     /// Per-call latency table (p50/p95/p99, on-CPU/runnable/blocked) from a trace.
     Stats(cmd::stats::Args),
     /// Ranked, evidence-backed findings from a trace.
@@ -48,12 +53,14 @@ enum Command {
     /// Check this machine: kernel, BTF, privileges, tracefs, CUDA libraries, NVML.
     Check(cmd::check::Args),
     /// Run the whole pipeline on a built-in simulated CUDA workload and explain it.
+    #[cfg(feature = "sim")]
     Demo(cmd::demo::Args),
     /// One self-contained HTML report of a trace: findings, memory, latency, slow calls, processes.
     Report(cmd::report::Args),
     /// Export a trace: Perfetto / Chrome Trace Event JSON, or the calls as JSON.
     Export(cmd::export::Args),
     /// Measure tracing overhead and capture throughput on simulated workloads.
+    #[cfg(feature = "sim")]
     Bench(cmd::bench::Args),
 }
 
@@ -64,7 +71,7 @@ fn main() {
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Trace(a) => cmd::trace::run(a),
+        Command::Trace(a) => capture::run(a),
         Command::Stats(a) => cmd::stats::run(a),
         Command::Explain(a) => cmd::explain::run(a),
         Command::Memory(a) => cmd::memory::run(a),
@@ -75,7 +82,9 @@ fn main() {
         Command::Merge(a) => cmd::merge::run(a),
         Command::Import(a) => cmd::import::run(a),
         Command::Check(a) => cmd::check::run(a),
+        #[cfg(feature = "sim")]
         Command::Demo(a) => cmd::demo::run(a),
+        #[cfg(feature = "sim")]
         Command::Bench(a) => cmd::bench::run(a),
         Command::Export(a) => cmd::export::run(a),
         Command::Report(a) => cmd::report::run(a),

@@ -18,13 +18,7 @@ pub fn read(pid: u32, first_seen_ns: u64) -> ProcessInfo {
                 .join(" ")
         })
         .unwrap_or_default();
-    let ppid = std::fs::read_to_string(format!("{base}/stat"))
-        .ok()
-        .and_then(|s| {
-            // The comm field may contain spaces and parentheses: parse after the last ')'.
-            let rest = &s[s.rfind(')')? + 2..];
-            rest.split(' ').nth(1)?.parse().ok()
-        });
+    let ppid = stat(pid).and_then(|s| u32::try_from(s.ppid).ok());
     ProcessInfo {
         pid,
         ppid,
@@ -35,21 +29,13 @@ pub fn read(pid: u32, first_seen_ns: u64) -> ProcessInfo {
     }
 }
 
-/// Whether a process exists (and is not a zombie).
-pub fn alive(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(s) => s.rfind(')').and_then(|i| s.get(i + 2..i + 3)) != Some("Z"),
-        Err(_) => false,
-    }
+/// `/proc/PID/stat`, parsed by procfs; None once the process is gone.
+fn stat(pid: u32) -> Option<procfs::process::Stat> {
+    let pid = i32::try_from(pid).ok()?;
+    procfs::process::Process::new(pid).ok()?.stat().ok()
 }
 
-/// Every pid on the system.
-pub fn all_pids() -> Vec<u32> {
-    std::fs::read_dir("/proc")
-        .map(|rd| {
-            rd.flatten()
-                .filter_map(|e| e.file_name().to_str()?.parse().ok())
-                .collect()
-        })
-        .unwrap_or_default()
+/// Whether a process exists (and is not a zombie).
+pub fn alive(pid: u32) -> bool {
+    stat(pid).is_some_and(|s| s.state != 'Z')
 }

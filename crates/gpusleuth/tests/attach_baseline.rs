@@ -10,7 +10,7 @@ mod common;
 #[path = "../../sleuth-gpu/tests/support/mod.rs"]
 mod support;
 
-use common::{assert_no_panic, gpusleuth, require_ebpf, wait_child, wait_for_file, Sandbox};
+use common::{assert_no_panic, gpusleuth, wait_child, wait_for_file, Sandbox};
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::Path;
@@ -62,19 +62,7 @@ fn json_of(out: &Output) -> Value {
 }
 
 fn run(args: &[&str], db: &Path) -> Output {
-    let out = gpusleuth()
-        .args(args)
-        .arg("--db")
-        .arg(db)
-        .output()
-        .expect("run gpusleuth");
-    assert_no_panic(&out);
-    assert!(
-        out.status.success(),
-        "gpusleuth {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
+    common::run_ok(gpusleuth().args(args).arg("--db").arg(db))
 }
 
 /// wall-clock ns − monotonic ns, measured by this test (not by the tool).
@@ -165,10 +153,9 @@ fn mcp_calls(db: &Path, tools: &[&str]) -> Vec<Value> {
 
 #[test]
 fn attach_shows_memory_held_before_the_trace_and_gpu_busy_samples() {
-    if !require_ebpf() {
+    let Some(sb) = Sandbox::for_ebpf("attach") else {
         return;
-    }
-    let sb = Sandbox::new("attach");
+    };
     let scenario = sb.path("scenario.txt");
     std::fs::write(
         &scenario,
@@ -400,19 +387,14 @@ fn attach_shows_memory_held_before_the_trace_and_gpu_busy_samples() {
 
 #[test]
 fn a_trace_without_nvml_says_not_measured() {
-    if !require_ebpf() {
+    let Some(sb) = Sandbox::for_ebpf("nonvml") else {
         return;
-    }
-    let sb = Sandbox::new("nonvml");
+    };
     let mut cmd = sb.trace_command(&[], "malloc 4096 X; sync_sleep 50; free X");
     cmd.env("GPUSLEUTH_NVML_LIB", sb.path("no-such-libnvidia-ml.so.1"));
     let out = cmd.output().unwrap();
     assert_no_panic(&out);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::assert_success(&out);
     let db = sb.open_db();
     assert_eq!(db.int("SELECT count(*) FROM gpu_samples"), 0);
     let notes = db.rows("SELECT text FROM notes");
@@ -430,10 +412,9 @@ fn a_trace_without_nvml_says_not_measured() {
 
 #[test]
 fn all_processes_mode_gets_the_same_baseline() {
-    if !require_ebpf() {
+    let Some(sb) = Sandbox::for_ebpf("attach-all") else {
         return;
-    }
-    let sb = Sandbox::new("attach-all");
+    };
     let scenario = sb.path("scenario.txt");
     std::fs::write(
         &scenario,
@@ -494,10 +475,9 @@ fn all_processes_mode_gets_the_same_baseline() {
 /// attached: the return fires in the second tracer, whose entry never ran.
 #[test]
 fn a_return_whose_call_began_before_the_attach_is_an_edge_not_a_drop() {
-    if !require_ebpf() {
+    let Some(sb) = Sandbox::for_ebpf("edge") else {
         return;
-    }
-    let sb = Sandbox::new("edge");
+    };
     let p = |n: &str| sb.path(n).display().to_string();
     let (a_ready, b_ready, done, fin) = (p("a_ready"), p("b_ready"), p("done"), p("fin"));
     // The bystander only maps the libraries (one call), then waits.

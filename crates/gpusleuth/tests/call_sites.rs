@@ -87,7 +87,7 @@ def main():
     rc = lib.cudaMalloc(ctypes.byref(p), 1 << 50); where = here()
     record("cudaMalloc", 1 << 50, 0, rc, where)
     free(malloc(777))
-    deep(70)  # deeper than the kernel's 32-frame cap
+    deep(70)  # deeper than the kernel's 64-frame cap
     truth.close()
     time.sleep(0.3)  # sites are resolved from the live process
 
@@ -265,9 +265,19 @@ fn python_allocations_frees_and_failures_have_their_exact_line() {
         // The deep call's stack says it was cut, and still names the innermost line.
         assert!(
             db.int(
-                "SELECT count(*) FROM stacks WHERE notes LIKE '%Python frames truncated at 32%'"
+                "SELECT count(*) FROM stacks WHERE notes LIKE '%Python frames truncated at 64%'"
             ) >= 1,
             "{version}: truncation not said"
+        );
+        // ... and keeps all 64 innermost frames, each read.
+        assert_eq!(
+            db.int(
+                "SELECT max(n) FROM (SELECT count(*) AS n FROM stack_frames WHERE kind = 'python' \
+                 AND stack_id IN (SELECT id FROM stacks WHERE notes LIKE '%truncated at 64%') \
+                 GROUP BY stack_id)"
+            ),
+            64,
+            "{version}: a truncated stack keeps 64 Python frames"
         );
         // Every stack a call names is stored, once.
         let named = db.int("SELECT count(DISTINCT stack_id) FROM calls WHERE stack_id IS NOT NULL");
@@ -283,11 +293,7 @@ fn python_allocations_frees_and_failures_have_their_exact_line() {
             .arg(sb.db())
             .output()
             .expect("memory --by-site");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        common::assert_success(&out);
         let v: Value = serde_json::from_slice(&out.stdout).expect("json");
         let first = &v["sites"][0];
         let weights_line = truth
@@ -336,10 +342,9 @@ fn python_allocations_frees_and_failures_have_their_exact_line() {
 /// A C program built with frame pointers: native sites name its functions.
 #[test]
 fn native_sites_of_a_frame_pointer_program() {
-    if !require_ebpf() {
+    let Some(sb) = Sandbox::for_ebpf("sites-native") else {
         return;
-    }
-    let sb = Sandbox::new("sites-native");
+    };
     let src = sb.path("fp.c");
     std::fs::write(
         &src,
@@ -371,11 +376,7 @@ int main(void) { usleep(200000); leak_loop(3); void *w = alloc_weights(4096); qu
         .arg("-l:libcuda.so.1")
         .output()
         .expect("gcc");
-    assert!(
-        cc.status.success(),
-        "{}",
-        String::from_utf8_lossy(&cc.stderr)
-    );
+    common::assert_success(&cc);
     let out = gpusleuth()
         .arg("trace")
         .arg("--db")
@@ -386,11 +387,7 @@ int main(void) { usleep(200000); leak_loop(3); void *w = alloc_weights(4096); qu
         .output()
         .expect("trace");
     assert_no_panic(&out);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::assert_success(&out);
     let db = sb.open_db();
     let chain = |call_filter: &str| -> Vec<String> {
         let stack = db.int(&format!(
@@ -462,11 +459,7 @@ int main(void) { usleep(200000); leak_loop(3); void *w = alloc_weights(4096); qu
         .arg(&html)
         .output()
         .expect("report");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::assert_success(&out);
     let text = std::fs::read_to_string(&html).expect("report.html");
     assert!(
         text.contains("Call sites of device memory")

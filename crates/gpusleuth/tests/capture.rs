@@ -72,10 +72,9 @@ fn all_ops_expected() -> BTreeMap<(&'static str, &'static str), u64> {
 
 #[test]
 fn exact_counts_sizes_and_pointers_for_every_op() {
-    if !require_ebpf() {
+    let Some(sb) = Sandbox::for_ebpf("all-ops") else {
         return;
-    }
-    let sb = Sandbox::new("all-ops");
+    };
     sb.trace(&[], ALL_OPS_SCRIPT, 0);
     let stats = stats_json(&sb.db());
     let expected = all_ops_expected();
@@ -158,10 +157,9 @@ fn exact_counts_sizes_and_pointers_for_every_op() {
 
 #[test]
 fn a_failing_allocation_is_recorded_with_its_error() {
-    if !require_ebpf() {
+    let Some(sb) = Sandbox::for_ebpf("oom") else {
         return;
-    }
-    let sb = Sandbox::new("oom");
+    };
     let mut cmd = sb.trace_command(&[], "malloc 1000 a; malloc 5000; cu_malloc 6000; free a");
     cmd.env("SIM_DEVICE_BYTES", "4096");
     let out = cmd.output().unwrap();
@@ -194,10 +192,9 @@ fn a_failing_allocation_is_recorded_with_its_error() {
 
 #[test]
 fn sleeping_calls_last_as_long_as_scripted() {
-    if !require_ebpf() {
+    let Some(sb) = Sandbox::for_ebpf("sleep") else {
         return;
-    }
-    let sb = Sandbox::new("sleep");
+    };
     sb.trace(
         &[],
         "sync_sleep 50; sync_sleep 120 device; sync_sleep 80 event",
@@ -224,10 +221,9 @@ fn sleeping_calls_last_as_long_as_scripted() {
 
 #[test]
 fn descendants_are_traced_through_fork_and_exec() {
-    if !require_ebpf() {
+    let Some(sb) = Sandbox::for_ebpf("children") else {
         return;
-    }
-    let sb = Sandbox::new("children");
+    };
     sb.trace(
         &[],
         "malloc 100; cu_launch 3; fork { malloc 200; cu_launch 5 }; spawn { malloc 300; malloc 301; cu_launch 2 }",
@@ -263,10 +259,9 @@ fn descendants_are_traced_through_fork_and_exec() {
 
 #[test]
 fn a_library_copy_is_found_through_proc_maps() {
-    if !require_ebpf() {
+    let Some(sb) = Sandbox::for_ebpf("maps") else {
         return;
-    }
-    let sb = Sandbox::new("maps");
+    };
     // A runtime copy nowhere the tracer looks up front: only the workload's maps show it.
     let hidden = sb.path("hidden/libcudart.so.13");
     sleuth_sim::copy_runtime_to(&hidden).unwrap();
@@ -295,10 +290,9 @@ fn a_library_copy_is_found_through_proc_maps() {
 
 #[test]
 fn the_commands_exit_code_becomes_gpusleuths() {
-    if !require_ebpf() {
+    let Some(sb) = Sandbox::for_ebpf("exit") else {
         return;
-    }
-    let sb = Sandbox::new("exit");
+    };
     sb.trace(&[], "malloc 64; exit 7", 7);
     let root = sb.truth()[0].pid;
     let db = sb.open_db();
@@ -364,10 +358,9 @@ fn launch_modes_count_exactly() {
 
 #[test]
 fn attach_to_a_running_pid_that_exits_mid_trace() {
-    if !require_ebpf() {
+    let Some(sb) = Sandbox::for_ebpf("pid") else {
         return;
-    }
-    let sb = Sandbox::new("pid");
+    };
     let go = sb.path("go");
     let mut workload = std::process::Command::new(&sb.sim.workload)
         .arg("--wait-file")
@@ -442,10 +435,9 @@ fn garbage_pid_is_rejected() {
 
 #[test]
 fn bad_inputs_give_one_line_errors() {
-    if !require_ebpf() {
+    let Some(sb) = Sandbox::for_ebpf("bad") else {
         return;
-    }
-    let sb = Sandbox::new("bad");
+    };
     // A pid that existed and is gone.
     let mut gone = std::process::Command::new("true").spawn().unwrap();
     gone.wait().unwrap();

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{require_ebpf, Sandbox};
+use common::Sandbox;
 use serde_json::Value;
 
 fn explain_json(sb: &Sandbox) -> Vec<Value> {
@@ -19,10 +19,9 @@ fn kinds(f: &[Value]) -> Vec<&str> {
 
 #[test]
 fn a_clean_run_has_zero_findings() {
-    if !require_ebpf() {
+    let Some(sb) = Sandbox::for_ebpf("clean") else {
         return;
-    }
-    let sb = Sandbox::new("clean");
+    };
     sb.trace(&[], "malloc 4096 a; launch 10; memcpy 4096; free a", 0);
     let f = explain_json(&sb);
     assert!(
@@ -40,10 +39,9 @@ fn a_clean_run_has_zero_findings() {
 
 #[test]
 fn an_emptied_and_refilled_cache_is_churn() {
-    if !require_ebpf() {
+    let Some(sb) = Sandbox::for_ebpf("churn") else {
         return;
-    }
-    let sb = Sandbox::new("churn");
+    };
     // 30 × (allocate 1 MiB, free it): 29 re-allocations of the same size.
     sb.trace(&[], "repeat 30 { malloc 1048576 a; free a }", 0);
     let f = explain_json(&sb);
@@ -68,10 +66,9 @@ fn an_emptied_and_refilled_cache_is_churn() {
 
 #[test]
 fn leak_and_failure_with_the_ledger_exact_to_the_byte() {
-    if !require_ebpf() {
+    let Some(sb) = Sandbox::for_ebpf("leak") else {
         return;
-    }
-    let sb = Sandbox::new("leak");
+    };
     // Live at the end: 1 MiB + 3000 B (the ledger counts the bytes asked for); one failed
     // 1e15-byte request while 1 MiB + 3000 B + 512 B were live.
     sb.trace(
@@ -104,10 +101,9 @@ fn leak_and_failure_with_the_ledger_exact_to_the_byte() {
 
 #[test]
 fn a_leak_in_a_loop_is_memory_growth() {
-    if !require_ebpf() {
+    let Some(sb) = Sandbox::for_ebpf("growth") else {
         return;
-    }
-    let sb = Sandbox::new("growth");
+    };
     // Every step allocates 64 KiB it never frees, and a 1 MiB scratch buffer it does.
     sb.trace(
         &[],
@@ -125,10 +121,9 @@ fn a_leak_in_a_loop_is_memory_growth() {
 
 #[test]
 fn memory_is_split_per_device_by_cuda_set_device() {
-    if !require_ebpf() {
+    let Some(sb) = Sandbox::for_ebpf("devices") else {
         return;
-    }
-    let sb = Sandbox::new("devices");
+    };
     // Two simulated GPUs. Device 1 keeps 1 MiB (a second one freed again: peak
     // 2 MiB), device 0 keeps 4096 B; cudaSetDevice(7) fails, so the 256 B go to device 1.
     let out = sb
@@ -140,11 +135,7 @@ fn memory_is_split_per_device_by_cuda_set_device() {
         .env("SIM_DEVICE_COUNT", "2")
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::assert_success(&out);
     let out = common::gpusleuth()
         .args(["memory", "--json", "--db"])
         .arg(sb.db())

@@ -10,13 +10,6 @@ use common::*;
 use sleuth_sim::HOG_COMM;
 use std::collections::HashSet;
 
-/// The tests here measure CPU contention: they must not contend with each other.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 const SPIN_MS: i64 = 20;
 const SLEEP_MS: i64 = 30;
 const QUIET_SIZE: i64 = 1111;
@@ -27,7 +20,7 @@ fn cpu_contention_is_blamed_on_the_hog() {
     if !require_ebpf() {
         return;
     }
-    let _serial = serial();
+    let _serial = common::serial();
     let sb = Sandbox::new("contention");
     let (phase2, hog_ready) = (sb.path("phase2"), sb.path("hog-ready"));
     let script = format!(
@@ -159,7 +152,7 @@ fn decomposition_adds_up_and_only_traced_processes_appear() {
     if !require_ebpf() {
         return;
     }
-    let _serial = serial();
+    let _serial = common::serial();
     let sb = Sandbox::new("invariants");
     // An untraced process calling the same library files at the same time.
     let mut outsider = std::process::Command::new(&sb.sim.workload)

@@ -17,13 +17,6 @@ use serde_json::Value;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-/// These tests measure CPU time: they must not contend with each other.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 const ITERS: usize = 12;
 /// CPU work per step of every rank.
 const WORK_MS: u64 = 4;
@@ -191,7 +184,7 @@ fn the_slow_rank_is_the_straggler_with_its_cause() {
     if !require_ebpf() {
         return;
     }
-    let _serial = serial();
+    let _serial = common::serial();
     let sb = Sandbox::new("nccl-straggler");
     let (slow_cpu, other_cpu) = cpus();
     let shell = format!(
@@ -257,7 +250,7 @@ fn a_rank_whose_cpu_a_hog_takes_is_the_straggler_and_the_hog_is_named() {
     if !require_ebpf() {
         return;
     }
-    let _serial = serial();
+    let _serial = common::serial();
     let sb = Sandbox::new("nccl-hog");
     let (slow_cpu, other_cpu) = cpus();
     if slow_cpu == other_cpu {
@@ -314,7 +307,7 @@ fn merge_recovers_an_injected_clock_offset_and_gives_the_same_finding() {
     if !require_ebpf() {
         return;
     }
-    let _serial = serial();
+    let _serial = common::serial();
     let sb = Sandbox::new("nccl-merge");
     let (slow_cpu, other_cpu) = cpus();
     let (db0, db1) = (sb.path("node0.db"), sb.path("node1.db"));
@@ -345,19 +338,13 @@ fn merge_recovers_an_injected_clock_offset_and_gives_the_same_finding() {
     }
 
     let job = sb.path("job.db");
-    let out = gpusleuth()
-        .args(["merge", "--json"])
-        .arg(&db0)
-        .arg(&db1)
-        .arg("-o")
-        .arg(&job)
-        .output()
-        .expect("run merge");
-    assert_no_panic(&out);
-    assert!(
-        out.status.success(),
-        "merge failed: {}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = common::run_ok(
+        gpusleuth()
+            .args(["merge", "--json"])
+            .arg(&db0)
+            .arg(&db1)
+            .arg("-o")
+            .arg(&job),
     );
     let nodes: Value = serde_json::from_slice(&out.stdout).expect("merge --json");
     let skew = nodes[1]["skew"]["skew_ns"].as_i64().expect("skew measured");

@@ -7,7 +7,7 @@ mod common;
 #[path = "../../sleuth-store/tests/common/ingero.rs"]
 mod ingero;
 
-use common::{assert_no_panic, gpusleuth, require_ebpf, Db, Sandbox};
+use common::{assert_no_panic, gpusleuth, Db, Sandbox};
 use serde_json::Value;
 use sleuth_core::{op_by_name, CallEvent, Event};
 use sleuth_store::{SessionInfo, TraceWriter, WriterOptions};
@@ -527,10 +527,9 @@ fn demo_offline_interrupted_leaves_no_temporary_copy() {
 
 #[test]
 fn a_command_that_never_starts_leaves_no_trace_behind() {
-    if !require_ebpf() {
+    let Some(sb) = Sandbox::for_ebpf("nostart") else {
         return;
-    }
-    let sb = Sandbox::new("nostart");
+    };
     let db = sb.path("t2.db");
     for _ in 0..2 {
         // The second run must fail the same way, not with "already exists".
@@ -599,10 +598,9 @@ fn pid_in(err: &str) -> u32 {
 
 #[test]
 fn duration_says_what_happens_to_the_command_and_can_end_it() {
-    if !require_ebpf() {
+    let Some(sb) = Sandbox::for_ebpf("duration") else {
         return;
-    }
-    let sb = Sandbox::new("duration");
+    };
     // stderr to a file: the command left running keeps a pipe open.
     let err_file = sb.path("a.stderr");
     let t0 = Instant::now();
@@ -685,10 +683,9 @@ fn duration_says_what_happens_to_the_command_and_can_end_it() {
 
 #[test]
 fn a_trace_without_cuda_libraries_refers_only_to_warnings_it_printed() {
-    if !require_ebpf() {
+    let Some(sb) = Sandbox::for_ebpf("notprobed") else {
         return;
-    }
-    let sb = Sandbox::new("notprobed");
+    };
     let out = run(&["trace", "--db", s(&sb.path("t.db")), "--", "true"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let err = text(&out.stderr);

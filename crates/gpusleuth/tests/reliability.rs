@@ -4,14 +4,13 @@
 
 mod common;
 
-use common::{require_ebpf, Sandbox};
+use common::Sandbox;
 
 #[test]
 fn ring_overflow_is_counted_exactly() {
-    if !require_ebpf() {
+    let Some(sb) = Sandbox::for_ebpf("ring-overflow") else {
         return;
-    }
-    let sb = Sandbox::new("ring-overflow");
+    };
     const N: i64 = 5000;
     // A 4 KiB ring holds ~32 call records; the workload emits 4 per iteration
     // (cudaMalloc, cuMemAlloc_v2, cudaFree, cuMemFree_v2) far faster than that.
@@ -43,10 +42,9 @@ fn ring_overflow_is_counted_exactly() {
 
 #[test]
 fn exit_churn_leaves_no_kernel_state() {
-    if !require_ebpf() {
+    let Some(sb) = Sandbox::for_ebpf("exit-churn") else {
         return;
-    }
-    let sb = Sandbox::new("exit-churn");
+    };
     const CHILDREN: i64 = 300;
     sb.trace(
         &[],
@@ -115,10 +113,9 @@ fn churn_traced(sb: &Sandbox) -> std::process::Child {
 
 #[test]
 fn a_sigkilled_trace_leaves_a_readable_database_with_what_was_committed() {
-    if !require_ebpf() {
+    let Some(sb) = Sandbox::for_ebpf("sigkill") else {
         return;
-    }
-    let sb = Sandbox::new("sigkill");
+    };
     let mut child = churn_traced(&sb);
     // Batches commit every 100 ms: after a second, some are on disk.
     std::thread::sleep(std::time::Duration::from_millis(1500));
@@ -137,19 +134,14 @@ fn a_sigkilled_trace_leaves_a_readable_database_with_what_was_committed() {
         .arg(sb.db())
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::assert_success(&out);
 }
 
 #[test]
 fn two_interrupts_stop_the_trace_cleanly_and_keep_everything() {
-    if !require_ebpf() {
+    let Some(sb) = Sandbox::for_ebpf("sigint") else {
         return;
-    }
-    let sb = Sandbox::new("sigint");
+    };
     let mut child = churn_traced(&sb);
     std::thread::sleep(std::time::Duration::from_millis(1500));
     for _ in 0..2 {
@@ -183,10 +175,9 @@ fn two_interrupts_stop_the_trace_cleanly_and_keep_everything() {
 
 #[test]
 fn trace_all_mode_follows_a_cuda_process_it_did_not_start() {
-    if !require_ebpf() {
+    let Some(sb) = Sandbox::for_ebpf("all-mode") else {
         return;
-    }
-    let sb = Sandbox::new("all-mode");
+    };
     let ready = sb.path("ready");
     // `gpusleuth trace` with neither --pid nor a command: every process that calls CUDA.
     let mut tracer = std::process::Command::new(env!("CARGO_BIN_EXE_gpusleuth"))

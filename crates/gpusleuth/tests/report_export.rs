@@ -26,18 +26,12 @@ fn out_dir(tag: &str) -> PathBuf {
 }
 
 fn export(db: &Path, format: &str, out: &Path) -> Value {
-    let o = gpusleuth()
-        .args(["export", "--format", format, "--db"])
-        .arg(db)
-        .arg("-o")
-        .arg(out)
-        .output()
-        .expect("run export");
-    assert_no_panic(&o);
-    assert!(
-        o.status.success(),
-        "export failed: {}",
-        String::from_utf8_lossy(&o.stderr)
+    common::run_ok(
+        gpusleuth()
+            .args(["export", "--format", format, "--db"])
+            .arg(db)
+            .arg("-o")
+            .arg(out),
     );
     let text = std::fs::read_to_string(out).expect("read export");
     serde_json::from_str(&text).expect("export writes valid JSON")
@@ -240,18 +234,12 @@ fn export_of_a_missing_database_is_one_line_error() {
 }
 
 fn report(db: &Path, out: &Path) -> String {
-    let o = gpusleuth()
-        .args(["report", "--db"])
-        .arg(db)
-        .arg("-o")
-        .arg(out)
-        .output()
-        .expect("run report");
-    assert_no_panic(&o);
-    assert!(
-        o.status.success(),
-        "report failed: {}",
-        String::from_utf8_lossy(&o.stderr)
+    common::run_ok(
+        gpusleuth()
+            .args(["report", "--db"])
+            .arg(db)
+            .arg("-o")
+            .arg(out),
     );
     std::fs::read_to_string(out).expect("read report")
 }

@@ -18,7 +18,7 @@ mod vram_common;
 
 use std::process::{Command, Output};
 use support::{alive, wait_until, Scene};
-use vram_common::{classes, holder, json};
+use vram_common::{classes, holder, json, target_pids};
 
 const GIB: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;
@@ -33,14 +33,10 @@ fn gpusleuth(scene: &Scene, args: &[&str]) -> Output {
 
 /// Parent, process group and session of a live process, from `/proc`.
 fn tree_links(pid: u32) -> [u32; 3] {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
-    let f: Vec<&str> = s
-        .rsplit_once(')')
-        .expect("comm")
-        .1
-        .split_whitespace()
-        .collect();
-    [1, 2, 3].map(|i| f[i].parse().expect("stat field"))
+    let s = procfs::process::Process::new(pid as i32)
+        .and_then(|p| p.stat())
+        .expect("stat");
+    [s.ppid, s.pgrp, s.session].map(|v| u32::try_from(v).expect("a pid"))
 }
 
 struct Daemonized {
@@ -86,15 +82,6 @@ fn daemonized(name: &str, mode: &str) -> Daemonized {
     }
 }
 
-fn target_pids(doc: &serde_json::Value) -> Vec<u64> {
-    doc["plan"]["targets"]
-        .as_array()
-        .expect("targets")
-        .iter()
-        .filter_map(|t| t["pid"].as_u64())
-        .collect()
-}
-
 fn classified_and_reclaimed(mode: &str) {
     let w = daemonized(&format!("daemon-{mode}"), mode);
     let r = json(&gpusleuth(&w.scene, &["vram", "--json"]));
@@ -122,7 +109,7 @@ fn classified_and_reclaimed(mode: &str) {
 
     let run = gpusleuth(
         &w.scene,
-        &["reclaim", "--orphans", "--yes", "--grace", "2", "--json"],
+        &["reclaim", "--orphans", "--yes", "--grace", "2s", "--json"],
     );
     let res = json(&run);
     assert_eq!(run.status.code(), Some(0), "{res}");
@@ -164,7 +151,7 @@ fn nvidiactl_alone_is_no_evidence_and_nothing_is_claimed() {
         Some("driver 580.0-sim\ndevice Sim GPU-sim-0 1000000000 0\n"),
     ] {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_gpusleuth"));
-        cmd.args(["reclaim", "--orphans", "--yes", "--grace", "1"]);
+        cmd.args(["reclaim", "--orphans", "--yes", "--grace", "1s"]);
         scene.env(&mut cmd);
         match scenario {
             Some(text) => scene.write_scenario(text),

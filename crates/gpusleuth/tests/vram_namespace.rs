@@ -24,7 +24,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 use support::{alive, Scene};
-use vram_common::{classes, holder, json};
+use vram_common::{classes, holder, json, target_pids};
 
 const GIB: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;
@@ -189,15 +189,6 @@ impl Drop for Namespace {
     }
 }
 
-fn target_pids(r: &Value) -> Vec<u64> {
-    r["plan"]["targets"]
-        .as_array()
-        .expect("targets")
-        .iter()
-        .filter_map(|t| t["pid"].as_u64())
-        .collect()
-}
-
 /// `reclaim --yes` on an NVML pid that cannot be translated: exit 3, refused as
 /// another namespace's pid, nothing executed.
 fn assert_refused_other_namespace(out: &Output, pid: u32) {
@@ -336,7 +327,7 @@ fn nvml_host_pids_in_a_child_pid_namespace_are_never_signalled() {
             &local_holder.to_string(),
             "--yes",
             "--grace",
-            "2",
+            "2s",
             "--json",
         ],
     );

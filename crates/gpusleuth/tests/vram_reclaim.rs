@@ -9,7 +9,7 @@ mod vram_common;
 use std::collections::BTreeMap;
 use std::process::{Command, Output};
 use support::{alive, state, wait_until, Scene};
-use vram_common::{classes, holder, json};
+use vram_common::{classes, holder, json, refusals, target_pids};
 
 const GIB: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;
@@ -147,29 +147,14 @@ fn reclaim_orphans_plans_then_kills_exactly_the_orphans() {
     );
     let plan = json(&dry);
     assert_eq!(plan["dry_run"], true);
-    let targets: Vec<u64> = plan["plan"]["targets"]
-        .as_array()
-        .expect("targets")
-        .iter()
-        .filter_map(|t| t["pid"].as_u64())
-        .collect();
+    let targets = target_pids(&plan);
     // The orphan holds only nvidiactl and nvidia-uvm and NVML shows no
     // memory for it: it is refused, never a target (issue 18).
     assert_eq!(targets, vec![w.worker as u64]);
-    let refused: Vec<(u64, String)> = plan["plan"]["refused"]
-        .as_array()
-        .expect("refused")
-        .iter()
-        .map(|r| {
-            (
-                r["pid"].as_u64().expect("pid"),
-                r["reason"].as_str().expect("reason").to_string(),
-            )
-        })
-        .collect();
+    let refused = refusals(&plan);
     assert_eq!(refused.len(), 1, "{plan}");
-    assert_eq!(refused[0].0, w.orphan as u64);
-    assert!(refused[0].1.contains("no GPU memory"), "{}", refused[0].1);
+    let why = &refused[&(w.orphan as u64)];
+    assert!(why.contains("no GPU memory"), "{why}");
     assert_eq!(plan["plan"]["expected_free_bytes"]["0"], 2 * GIB);
     assert!(plan["outcome"].is_null());
     assert!(
@@ -179,7 +164,7 @@ fn reclaim_orphans_plans_then_kills_exactly_the_orphans() {
 
     let run = gpusleuth(
         &w.scene,
-        &["reclaim", "--orphans", "--yes", "--grace", "2", "--json"],
+        &["reclaim", "--orphans", "--yes", "--grace", "2s", "--json"],
     );
     let res = json(&run);
     assert_eq!(run.status.code(), Some(0), "{res}");
@@ -238,18 +223,13 @@ fn dead_listed_pid_resolves_to_its_worker() {
             &w.dead.to_string(),
             "--yes",
             "--grace",
-            "2",
+            "2s",
             "--json",
         ],
     );
     let r = json(&out);
     assert_eq!(out.status.code(), Some(0), "{r}");
-    let targets: Vec<u64> = r["plan"]["targets"]
-        .as_array()
-        .expect("targets")
-        .iter()
-        .filter_map(|t| t["pid"].as_u64())
-        .collect();
+    let targets = target_pids(&r);
     assert_eq!(targets, vec![w.worker as u64]);
     wait_until("the worker to be gone", || !alive(w.worker));
     assert!(
@@ -265,7 +245,7 @@ fn refusals_signal_nobody() {
     let idle = scene.spawn("hold", &[])[0]; // holds no device file
     let me = std::process::id(); // an ancestor of the gpusleuth we start
     let kthread = (2..200)
-        .find(|p| std::fs::read_to_string(format!("/proc/{p}/stat")).is_ok_and(|s| is_kthread(&s)))
+        .find(|&p| is_kthread(p))
         .expect("a visible kernel thread (pid 2 kthreadd on these machines)");
     let out = gpusleuth(
         &scene,
@@ -288,17 +268,7 @@ fn refusals_signal_nobody() {
     );
     let r = json(&out);
     assert!(r["plan"]["targets"].as_array().expect("targets").is_empty());
-    let why: BTreeMap<u64, String> = r["plan"]["refused"]
-        .as_array()
-        .expect("refused")
-        .iter()
-        .map(|x| {
-            (
-                x["pid"].as_u64().expect("pid"),
-                x["reason"].as_str().expect("reason").to_string(),
-            )
-        })
-        .collect();
+    let why = refusals(&r);
     assert!(why[&1].contains("pid 1"));
     assert!(why[&(me as u64)].contains("ancestor"));
     assert!(why[&(kthread as u64)].contains("kernel thread"));
@@ -306,12 +276,11 @@ fn refusals_signal_nobody() {
     assert!(alive(idle));
 }
 
-fn is_kthread(stat: &str) -> bool {
-    let flags = stat
-        .rsplit_once(')')
-        .and_then(|(_, r)| r.split_whitespace().nth(6))
-        .and_then(|f| f.parse::<u64>().ok());
-    flags.is_some_and(|f| f & 0x0020_0000 != 0)
+/// PF_KTHREAD in `/proc/PID/stat`'s flags.
+fn is_kthread(pid: i32) -> bool {
+    procfs::process::Process::new(pid)
+        .and_then(|p| p.stat())
+        .is_ok_and(|s| s.flags & 0x0020_0000 != 0)
 }
 
 #[test]
@@ -398,7 +367,7 @@ fn watch_into_a_pipe_prints_plain_lines_and_flags_dead_memory() {
     let w = world("watch");
     let out = gpusleuth(
         &w.scene,
-        &["vram", "--watch", "--count", "2", "--interval", "0.1"],
+        &["vram", "--watch", "--count", "2", "--interval", "100ms"],
     );
     assert_eq!(out.status.code(), Some(0));
     let text = String::from_utf8_lossy(&out.stdout);

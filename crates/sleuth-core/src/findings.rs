@@ -249,6 +249,16 @@ pub fn explain_report(data: &TraceData) -> Explanation {
 
 /// Ranked findings and notes given per-call culprits aligned with `data.calls`.
 pub fn explain_with(data: &TraceData, per_call_culprits: &[Vec<Culprit>]) -> Explanation {
+    explain_from(data, per_call_culprits, &crate::ledger::ledger(data, None))
+}
+
+/// [`explain_with`] given the trace's ledgers too (`ledger(data, None)`), so
+/// a caller that also shows the ledger (the report, the export) computes it once.
+pub fn explain_from(
+    data: &TraceData,
+    per_call_culprits: &[Vec<Culprit>],
+    ledgers: &[crate::ledger::ProcessLedger],
+) -> Explanation {
     let tracer = crate::threads::tracer_pid(data);
     // gpusleuth's own threads are never culprits: their time is reported apart.
     let per_call_culprits: Vec<Vec<Culprit>> = per_call_culprits
@@ -288,18 +298,17 @@ pub fn explain_with(data: &TraceData, per_call_culprits: &[Vec<Culprit>]) -> Exp
     });
     findings.extend(tails);
     findings.extend(stragglers);
-    let ledgers = crate::ledger::ledger(data, None);
     let span = ctx.span_ns();
     let mut memory_notes = Vec::new();
-    for l in &ledgers {
+    for l in ledgers {
         findings.extend(memory::allocation_failure(l));
         findings.extend(memory::memory_growth(l, cuda_span(data, l.pid)));
         findings.extend(memory::allocation_churn(l, span));
         memory_notes.extend(memory::held_at_end_note(l));
     }
-    let allocators = crate::allocator::allocator_views(data, None, &ledgers);
+    let allocators = crate::allocator::allocator_views(data, None, ledgers);
     for v in allocators.values() {
-        findings.extend(fragmentation::fragmentation(data, v, &ledgers));
+        findings.extend(fragmentation::fragmentation(data, v, ledgers));
     }
     rank(&mut findings);
     let summary = verdict::summary_line(data, &threads, &views, &findings, &gpu);
@@ -317,6 +326,20 @@ pub fn explain_with(data: &TraceData, per_call_culprits: &[Vec<Culprit>]) -> Exp
         findings,
         threads,
         notes,
+    }
+}
+
+/// A share as a whole percentage: `0.873` reads `87%`.
+fn pct(x: f64) -> String {
+    format!("{:.0}%", x * 100.0)
+}
+
+/// `part / whole`, 0 for an empty whole (a share of nothing is nothing).
+fn share(part: u64, whole: u64) -> f64 {
+    if whole == 0 {
+        0.0
+    } else {
+        part as f64 / whole as f64
     }
 }
 

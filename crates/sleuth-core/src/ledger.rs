@@ -173,8 +173,11 @@ struct Live {
 }
 
 /// Running state of one process while replaying its calls.
-#[derive(Default)]
+#[derive(Debug, Clone, Default)]
 struct Replay {
+    /// Bounded memory for a live ledger: no timeline, no list of failures
+    /// (both grow with the trace); every count and byte total is kept.
+    no_history: bool,
     /// Device, managed and host allocations by pointer.
     by_ptr: HashMap<u64, Live>,
     /// `cuMemCreate` allocations by handle (a separate namespace).
@@ -250,10 +253,12 @@ impl Replay {
             self.peak = self.device;
             self.peak_ts = Some(ts);
         }
-        self.timeline.push(TimelinePoint {
-            ts_ns: ts,
-            live_bytes: self.device,
-        });
+        if !self.no_history {
+            self.timeline.push(TimelinePoint {
+                ts_ns: ts,
+                live_bytes: self.device,
+            });
+        }
     }
 
     fn apply(&mut self, c: &CallEvent) {
@@ -278,6 +283,9 @@ impl Replay {
         };
         let ts = c.end_ns();
         if let Some(pool) = alloc_pool {
+            if c.failed() && self.no_history {
+                return;
+            }
             if c.failed() {
                 self.failed.push(FailedAlloc {
                     op: info.name,
@@ -424,6 +432,92 @@ pub fn empty_ledger(pid: u32, comm: String, exit_ns: Option<u64>) -> ProcessLedg
     Replay::default().finish(pid, comm, exit_ns)
 }
 
+/// The incremental ledger: feed calls in the order they returned (their
+/// effects happen at return), ask for live and peak bytes at any time. The
+/// one set of rules for device memory, used by [`ledger`] on a stored trace,
+/// by `trace`'s live view and by its metrics, so the three agree.
+#[derive(Debug, Clone, Default)]
+pub struct Ledger {
+    procs: BTreeMap<u32, Replay>,
+    /// See `Replay::no_history`.
+    no_history: bool,
+}
+
+impl Ledger {
+    /// A ledger that keeps each process's timeline and failed allocations.
+    pub fn new() -> Ledger {
+        Ledger::default()
+    }
+
+    /// A ledger for a running trace: memory bounded by what is live (no
+    /// timeline, no list of failed calls).
+    pub fn live() -> Ledger {
+        Ledger {
+            procs: BTreeMap::new(),
+            no_history: true,
+        }
+    }
+
+    fn replay(&mut self, pid: u32) -> &mut Replay {
+        let no_history = self.no_history;
+        self.procs.entry(pid).or_insert_with(|| Replay {
+            no_history,
+            ..Default::default()
+        })
+    }
+
+    /// Applies one call (one that returned after every call applied before).
+    pub fn apply(&mut self, c: &CallEvent) {
+        self.replay(c.pid).apply(c);
+    }
+
+    /// Lists a process even if it made no memory call (it has a ledger row).
+    pub fn track(&mut self, pid: u32) {
+        self.replay(pid);
+    }
+
+    /// Drops a process's state (its memory died with it).
+    pub fn forget(&mut self, pid: u32) {
+        self.procs.remove(&pid);
+    }
+
+    /// Device bytes live now (`cuMemCreate` handles included).
+    pub fn live_bytes(&self, pid: u32) -> u64 {
+        self.procs.get(&pid).map_or(0, |r| r.device)
+    }
+
+    /// The highest `live_bytes` so far.
+    pub fn peak_bytes(&self, pid: u32) -> u64 {
+        self.procs.get(&pid).map_or(0, |r| r.peak)
+    }
+
+    /// Device allocations live now (pointers, handles and unknown pointers).
+    pub fn live_allocations(&self, pid: u32) -> usize {
+        self.procs.get(&pid).map_or(0, |r| {
+            r.by_ptr
+                .values()
+                .chain(r.by_handle.values())
+                .chain(r.no_ptr.iter())
+                .filter(|l| matches!(l.pool, Pool::Device | Pool::Physical))
+                .count()
+        })
+    }
+
+    /// Processes in the ledger, by pid.
+    pub fn pids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.procs.keys().copied()
+    }
+
+    /// The full ledger of one process now.
+    pub fn snapshot(&self, pid: u32, comm: String, exit_ns: Option<u64>) -> ProcessLedger {
+        self.procs
+            .get(&pid)
+            .cloned()
+            .unwrap_or_default()
+            .finish(pid, comm, exit_ns)
+    }
+}
+
 /// The ledger of every process that made a recorded or counted call, by pid.
 /// With `at_ns`, only calls that returned at or before that moment count
 /// (and a call failing before it).
@@ -431,18 +525,18 @@ pub fn ledger(data: &TraceData, at_ns: Option<u64>) -> Vec<ProcessLedger> {
     // Effects happen at return; replay in that order, stable for ties.
     let mut order: Vec<&CallEvent> = data.calls.iter().collect();
     order.sort_by_key(|c| c.end_ns());
-    let mut replays: BTreeMap<u32, Replay> = BTreeMap::new();
+    let mut l = Ledger::new();
     for oc in &data.counts {
-        replays.entry(oc.pid).or_default();
+        l.track(oc.pid);
     }
     for c in order {
-        let replay = replays.entry(c.pid).or_default();
+        l.track(c.pid);
         if at_ns.is_some_and(|at| c.end_ns() > at) {
             continue;
         }
-        replay.apply(c);
+        l.apply(c);
     }
-    replays
+    l.procs
         .into_iter()
         .map(|(pid, r)| {
             let info = data.process(pid);
@@ -538,6 +632,53 @@ mod tests {
         let mut l = ledger(&trace(calls), None);
         assert_eq!(l.len(), 1);
         l.remove(0)
+    }
+
+    /// The incremental ledger (live view, metrics) and the replay of a stored
+    /// trace (`memory`) agree after every call, `cuMemCreate` included.
+    #[test]
+    fn incremental_ledger_matches_the_replay_after_every_call() {
+        let mut failed = alloc("cudaMalloc", 700, 1 << 40, 0);
+        failed.ret = 2;
+        failed.ptr = None;
+        let calls = vec![
+            alloc("cudaMalloc", 100, 4096, 0xa000),
+            nested(alloc("cuMemAlloc_v2", 101, 4096, 0xa000)),
+            alloc("cuMemCreate", 200, 1 << 21, 0x77),
+            alloc("cuMemAlloc_v2", 300, 512, 0xb000),
+            free("cudaFree", 400, 0xa000),
+            failed,
+            free("cuMemRelease", 800, 0x77),
+            alloc("cuMemCreate", 900, 1 << 20, 0x78),
+            free("cudaFree", 1000, 0xdead),
+        ];
+        let mut live = Ledger::live();
+        let mut full = Ledger::new();
+        for (i, c) in calls.iter().enumerate() {
+            live.apply(c);
+            full.apply(c);
+            let replay = one(calls[..=i].to_vec());
+            assert_eq!(live.live_bytes(1), replay.live_bytes, "after call {i}");
+            assert_eq!(live.peak_bytes(1), replay.peak_bytes, "after call {i}");
+            assert_eq!(
+                live.live_allocations(1),
+                replay.unfreed.len(),
+                "after call {i}"
+            );
+            assert_eq!(
+                full.snapshot(1, "train".into(), None),
+                replay,
+                "after call {i}"
+            );
+        }
+        assert_eq!(live.live_bytes(1), 512 + (1 << 20));
+        assert_eq!(live.peak_bytes(1), 4096 + (1 << 21) + 512);
+        // The live ledger keeps no history; the full one does.
+        let snap = live.snapshot(1, "train".into(), None);
+        assert!(snap.timeline.is_empty() && snap.failed_allocs.is_empty());
+        assert_eq!(full.snapshot(1, String::new(), None).failed_allocs.len(), 1);
+        live.forget(1);
+        assert_eq!(live.live_bytes(1), 0);
     }
 
     #[test]

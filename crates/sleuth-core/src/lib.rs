@@ -3,6 +3,7 @@
 //! Nothing here touches the OS, so every diagnosis is testable from data.
 
 pub mod allocator;
+pub mod analysis;
 pub mod culprits;
 pub mod data;
 pub mod decompose;
@@ -11,12 +12,14 @@ pub mod findings;
 pub mod gpu_activity;
 pub mod gpu_busy;
 pub mod held;
+pub mod latency;
 pub mod ledger;
 pub mod nccl;
 pub mod ops;
 pub mod record;
 pub mod rollup;
 pub mod sites;
+pub mod span;
 pub mod stats;
 pub mod threads;
 pub mod units;
@@ -26,3 +29,4 @@ pub use event::{
     BlockEvent, CallEvent, Culprit, Event, OpCount, ProcEvent, ProcKind, WaitEvent, WaitKind, Waker,
 };
 pub use ops::{op_by_id, op_by_name, Layer, OpClass, OpInfo, OPS};
+pub use span::TraceSpan;

@@ -25,6 +25,22 @@ pub const WAKER_KNOWN: u32 = 1;
 /// `RawWait::waker_flags`: the wakeup ran in interrupt context (timer, device).
 pub const WAKER_IRQ: u32 = 2;
 
+/// `gs_wait.kind` (`GS_WAIT_*`).
+pub mod wait_kind {
+    /// Switched out while runnable: the CPU was taken.
+    pub const PREEMPTED: u32 = 1;
+    /// Switched out sleeping, woken, then waited for a CPU.
+    pub const BLOCKED: u32 = 2;
+}
+
+/// `gs_proc.event` (`GS_PROC_*`).
+pub mod proc_kind {
+    pub const FORK: u32 = 1;
+    pub const EXEC: u32 = 2;
+    pub const EXIT: u32 = 3;
+    pub const OOM_VICTIM: u32 = 4;
+}
+
 pub const CALL_NESTED: u32 = 1;
 pub const CALL_OUT_VALID: u32 = 2;
 
@@ -43,7 +59,7 @@ pub const COOKIE_STACK: u64 = 1 << 24;
 /// Native frames (return addresses) kept per stack (`GS_NATIVE_DEPTH`).
 pub const NATIVE_DEPTH: usize = 32;
 /// Python frames kept per stack (`GS_PY_DEPTH`).
-pub const PY_DEPTH: usize = 32;
+pub const PY_DEPTH: usize = 64;
 
 /// `gs_stack.flags`.
 pub mod stack_flag {
@@ -299,6 +315,51 @@ pub struct RawNccl {
     pub cpu: u32,
 }
 
+/// Key of the kernel's `op_counts` map (`struct gs_count_key`): hot-path
+/// calls counted per process and op.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct CountKey {
+    pub pid: u32,
+    pub op: u32,
+}
+
+/// Value of the kernel's `threads` map (`struct thread_state` in
+/// gpusleuth.bpf.c). User space only counts its entries, but the map's value
+/// size must match for the map to open at all.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ThreadState {
+    /// Switched out at.
+    pub off_ns: u64,
+    /// Woken at (== `off_ns` when preempted).
+    pub wake_ns: u64,
+    pub runnable_total: u64,
+    pub blocked_total: u64,
+    /// `THREAD_ON_CPU`, `THREAD_RUNNABLE` or `THREAD_BLOCKED`.
+    pub state: u32,
+    pub prev_state: u32,
+    /// Runtime-layer calls in flight on this thread.
+    pub rt_depth: u32,
+    pub waker_flags: u32,
+    pub waker_pid: u32,
+    pub waker_tid: u32,
+    pub waker_comm: [u8; COMM_LEN],
+}
+
+/// Value of the kernel's `inflight` map (`struct inflight_call` in
+/// gpusleuth.bpf.c): a call entered and not yet returned. Only its keys are read.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct InflightCall {
+    pub start_ns: u64,
+    pub args: [u64; NARGS],
+    pub runnable_snap: u64,
+    pub blocked_snap: u64,
+    pub flags: u32,
+    pub pad: u32,
+}
+
 /// Why a record could not be decoded.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DecodeError {
@@ -464,8 +525,8 @@ pub fn decode_nccl(r: &RawNccl) -> Result<crate::nccl::NcclEvent, DecodeError> {
 
 pub fn decode_wait(r: &RawWait) -> Result<WaitEvent, DecodeError> {
     let kind = match r.kind {
-        1 => WaitKind::Preempted,
-        2 => WaitKind::Blocked,
+        wait_kind::PREEMPTED => WaitKind::Preempted,
+        wait_kind::BLOCKED => WaitKind::Blocked,
         _ => return Err(DecodeError::BadValue("wait kind")),
     };
     if !(r.off_ns <= r.wake_ns && r.wake_ns <= r.on_ns) {
@@ -525,10 +586,10 @@ pub fn decode_block(r: &RawBlock) -> Result<BlockEvent, DecodeError> {
 
 pub fn decode_proc(r: &RawProc) -> Result<ProcEvent, DecodeError> {
     let kind = match r.event {
-        1 => ProcKind::Fork,
-        2 => ProcKind::Exec,
-        3 => ProcKind::Exit,
-        4 => ProcKind::OomVictim,
+        proc_kind::FORK => ProcKind::Fork,
+        proc_kind::EXEC => ProcKind::Exec,
+        proc_kind::EXIT => ProcKind::Exit,
+        proc_kind::OOM_VICTIM => ProcKind::OomVictim,
         _ => return Err(DecodeError::BadValue("process event kind")),
     };
     Ok(ProcEvent {
@@ -542,12 +603,37 @@ pub fn decode_proc(r: &RawProc) -> Result<ProcEvent, DecodeError> {
     })
 }
 
-/// Encodes a raw struct as bytes (tests and the simulated capture path).
-pub fn as_bytes<T: Copy>(v: &T) -> Vec<u8> {
+/// A `#[repr(C)]` record struct with no padding bytes: every byte of a value
+/// is initialised, so it may be viewed as bytes.
+///
+/// # Safety
+/// The implementor's size must equal the sum of its fields' sizes (the
+/// layout tests pin both), and every bit pattern must be valid.
+#[cfg(test)]
+unsafe trait PaddingFree: Copy {}
+// SAFETY (all impls): `layouts_match_the_c_header` and `no_padding` below pin
+// each struct's size to the sum of its fields; all fields are integers or
+// arrays of integers.
+#[cfg(test)]
+unsafe impl PaddingFree for RawCall {}
+#[cfg(test)]
+unsafe impl PaddingFree for RawWait {}
+#[cfg(test)]
+unsafe impl PaddingFree for RawProc {}
+#[cfg(test)]
+unsafe impl PaddingFree for RawBlock {}
+#[cfg(test)]
+unsafe impl PaddingFree for RawNccl {}
+#[cfg(test)]
+unsafe impl PaddingFree for RawStack {}
+
+/// A record as the kernel would write it (tests only).
+#[cfg(test)]
+fn as_bytes<T: PaddingFree>(v: &T) -> Vec<u8> {
     let n = std::mem::size_of::<T>();
     let mut out = vec![0u8; n];
-    // SAFETY: T is Copy plain data; we copy exactly size_of::<T>() bytes from a
-    // valid reference into a buffer of that length.
+    // SAFETY: T has no padding (PaddingFree), so all size_of::<T>() bytes of
+    // the valid reference are initialised; the buffer holds exactly n bytes.
     unsafe { std::ptr::copy_nonoverlapping((v as *const T).cast::<u8>(), out.as_mut_ptr(), n) };
     out
 }
@@ -588,12 +674,58 @@ mod tests {
         assert_eq!(offset_of!(RawBlock, words), 48);
         assert_eq!(offset_of!(RawBlock, stack_id), 176);
         assert_eq!(size_of::<RawPyFrame>(), 16);
-        assert_eq!(size_of::<RawStack>(), 800);
+        assert_eq!(size_of::<RawStack>(), 1312);
         assert_eq!(offset_of!(RawStack, native), 32);
         assert_eq!(offset_of!(RawStack, py), 288);
         assert_eq!(size_of::<RawPyLayout>(), 56);
         assert_eq!(offset_of!(RawPyLayout, kind), 8);
         assert_eq!(offset_of!(RawPyLayout, instr_size), 52);
+        assert_eq!(size_of::<CountKey>(), 8);
+        assert_eq!(offset_of!(CountKey, op), 4);
+        assert_eq!(size_of::<ThreadState>(), 72);
+        assert_eq!(offset_of!(ThreadState, state), 32);
+        assert_eq!(offset_of!(ThreadState, waker_tid), 52);
+        assert_eq!(offset_of!(ThreadState, waker_comm), 56);
+        assert_eq!(size_of::<InflightCall>(), 80);
+        assert_eq!(offset_of!(InflightCall, runnable_snap), 56);
+        assert_eq!(offset_of!(InflightCall, flags), 72);
+    }
+
+    /// `as_bytes` may only view padding-free structs: each one's size is the
+    /// sum of its fields' sizes.
+    #[test]
+    fn no_padding() {
+        let sum = |fields: &[usize]| fields.iter().sum::<usize>();
+        assert_eq!(
+            size_of::<RawCall>(),
+            sum(&[4 * 4, 8 * 2, 8 * NARGS, 8 * 4, 4 * 2, 8])
+        );
+        assert_eq!(size_of::<RawCulprit>(), sum(&[4 * 2, 8, COMM_LEN]));
+        assert_eq!(
+            size_of::<RawWait>(),
+            sum(&[
+                4 * 4,
+                8 * 3,
+                4 * 4,
+                32 * MAX_CULPRITS,
+                4 * 2,
+                COMM_LEN,
+                4 * 2
+            ])
+        );
+        assert_eq!(size_of::<RawProc>(), sum(&[4 * 6, 8, COMM_LEN]));
+        assert_eq!(
+            size_of::<RawBlock>(),
+            sum(&[4 * 4, 8 * 4, 8 * BLOCK_WORDS, 8])
+        );
+        assert_eq!(
+            size_of::<RawNccl>(),
+            sum(&[4 * 4, 8 * 2, 8 * NARGS, 8 * NCCL_STACK_WORDS, 8 * 4, 4 * 2])
+        );
+        assert_eq!(
+            size_of::<RawStack>(),
+            sum(&[4 * 2, 8, 4 * 4, 8 * NATIVE_DEPTH, 16 * PY_DEPTH])
+        );
     }
 
     fn comm(s: &str) -> [u8; COMM_LEN] {
@@ -674,7 +806,7 @@ mod tests {
     fn decodes_wait_with_culprits() {
         let mut raw = RawWait {
             r#type: REC_WAIT,
-            kind: 1,
+            kind: wait_kind::PREEMPTED,
             pid: 3,
             tid: 4,
             off_ns: 10,
@@ -711,7 +843,7 @@ mod tests {
     fn decodes_the_waker_of_a_blocked_wait() {
         let mut raw = RawWait {
             r#type: REC_WAIT,
-            kind: 2,
+            kind: wait_kind::BLOCKED,
             pid: 3,
             tid: 4,
             off_ns: 10,
@@ -743,7 +875,7 @@ mod tests {
     fn decodes_proc_exit() {
         let raw = RawProc {
             r#type: REC_PROC,
-            event: 3,
+            event: proc_kind::EXIT,
             pid: 9,
             tid: 9,
             exit_code: 3 << 8,
@@ -854,7 +986,7 @@ mod tests {
         assert_eq!(s.native_frames(), &[0x401000, 0x402000]);
         assert_eq!(s.py_frames().len(), 1);
         assert!(decode(&bytes).is_err(), "stacks are not plain events");
-        raw.n_py = 33;
+        raw.n_py = PY_DEPTH as u32 + 1;
         assert!(decode_stack(&as_bytes(&raw)).is_err());
         let call = RawCall {
             r#type: REC_CALL,

@@ -247,6 +247,76 @@ pub fn memory_by_site(data: &TraceData, ledgers: &[ProcessLedger]) -> Vec<SiteMe
     out
 }
 
+/// One node of a flame graph of allocated device bytes: a frame, the bytes
+/// allocated below it, its callees (largest first).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct FlameNode {
+    pub name: String,
+    pub bytes: u64,
+    pub children: Vec<FlameNode>,
+}
+
+impl FlameNode {
+    fn add(&mut self, path: &[String], bytes: u64) {
+        self.bytes += bytes;
+        let Some((first, rest)) = path.split_first() else {
+            return;
+        };
+        let i = match self.children.iter().position(|c| &c.name == first) {
+            Some(i) => i,
+            None => {
+                self.children.push(FlameNode {
+                    name: first.clone(),
+                    ..Default::default()
+                });
+                self.children.len() - 1
+            }
+        };
+        self.children[i].add(rest, bytes);
+    }
+
+    fn sort(&mut self) {
+        self.children
+            .sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.name.cmp(&b.name)));
+        self.children.iter_mut().for_each(FlameNode::sort);
+    }
+}
+
+/// Successful device allocations' bytes by call path, outermost frame
+/// first (the root is "all"): Python frames when the stack has any (the
+/// user's code), else its native frames; one "(site not captured)" or
+/// "(stack lost …)" child for allocations without a stored stack.
+pub fn allocated_by_path(data: &TraceData) -> FlameNode {
+    let mut root = FlameNode {
+        name: "all".into(),
+        ..Default::default()
+    };
+    for c in &data.calls {
+        let Some(info) = c.info() else { continue };
+        let device_alloc = matches!(info.class, OpClass::DeviceAlloc | OpClass::PhysCreate);
+        if !device_alloc || c.nested || c.failed() {
+            continue;
+        }
+        let bytes = c.size.unwrap_or(0);
+        let stack = c.stack_id.and_then(|id| data.stacks.get(&id));
+        let path: Vec<String> = match stack {
+            Some(st) => {
+                let python = st.frames.iter().any(Frame::is_python);
+                st.frames
+                    .iter()
+                    .filter(|f| f.is_python() == python)
+                    .rev()
+                    .map(Frame::label)
+                    .collect()
+            }
+            None => vec![label_of(data, c.stack_id)],
+        };
+        root.add(&path, bytes);
+    }
+    root.sort();
+    root
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -383,5 +453,39 @@ mod tests {
         assert_eq!(l10.at_peak_bytes, 300, "peak is after all five allocations");
         let none = rows.iter().find(|r| r.site == NOT_CAPTURED).unwrap();
         assert_eq!((none.failed, none.failed_bytes), (1, 1 << 40));
+    }
+
+    #[test]
+    fn allocated_bytes_form_a_tree_of_call_paths() {
+        let alloc = op_by_name("cudaMalloc").unwrap().id;
+        let call = |size: u64, stack_id: Option<u64>| CallEvent {
+            op: alloc,
+            size: Some(size),
+            stack_id,
+            ..Default::default()
+        };
+        let mut data = TraceData {
+            calls: vec![call(100, Some(1)), call(50, Some(2)), call(7, None)],
+            ..Default::default()
+        };
+        let stack = |id: u64, inner: Frame| Stack {
+            id,
+            pid: 1,
+            frames: vec![inner, py("/t.py", 9, "main")],
+            notes: vec![],
+        };
+        data.stacks.insert(1, stack(1, py("/t.py", 3, "leak")));
+        data.stacks.insert(2, stack(2, py("/t.py", 5, "weights")));
+        let root = allocated_by_path(&data);
+        assert_eq!(root.bytes, 157);
+        let main = &root.children[0];
+        assert_eq!((main.name.as_str(), main.bytes), ("/t.py:9 main", 150));
+        let names: Vec<(&str, u64)> = main
+            .children
+            .iter()
+            .map(|c| (c.name.as_str(), c.bytes))
+            .collect();
+        assert_eq!(names, [("/t.py:3 leak", 100), ("/t.py:5 weights", 50)]);
+        assert_eq!(root.children[1].name, NOT_CAPTURED);
     }
 }

@@ -1,6 +1,14 @@
-//! The one way gpusleuth writes byte counts and durations for people. Every
-//! human output (CLI text, findings' summaries, the HTML report, MCP text)
-//! uses these two, so the same quantity reads the same everywhere.
+//! The one way gpusleuth writes byte counts and durations for people, and
+//! the one way it reads them back. Every human output (CLI text, findings'
+//! summaries, the HTML report, MCP text) uses the formatters, and every
+//! command-line option that takes a time or a size uses the parsers, so the
+//! same quantity reads and is written the same everywhere.
+//!
+//! Durations always carry a unit (`1.5s`, `250ms`, `40us`, `2m`): a bare
+//! number is refused with a hint, because `5` meant seconds to one option
+//! and nanoseconds to another. Only `0` needs no unit. Sizes are bytes
+//! unless suffixed (`512M`, `2G`, `64KiB`), since bytes are the only unit a
+//! bare size could mean.
 
 /// Nanoseconds with a unit read at a glance: `999ns`, `1.5us`, `2.50ms`, `1.234s`.
 pub fn fmt_ns(ns: u64) -> String {
@@ -32,9 +40,131 @@ pub fn fmt_bytes(b: u64) -> String {
     }
 }
 
+/// Units a duration may be written in, nanoseconds per unit.
+const DURATION_UNITS: [(&str, f64); 8] = [
+    ("ns", 1.0),
+    ("us", 1e3),
+    ("µs", 1e3),
+    ("ms", 1e6),
+    ("s", 1e9),
+    ("m", 60e9),
+    ("min", 60e9),
+    ("h", 3600e9),
+];
+
+/// Parses a duration with a unit into nanoseconds: `1.5s`, `250ms`, `40us`,
+/// `2m`, `1h`, `500ns`, or `0`. A bare number other than 0 is refused with
+/// the spelling to use instead.
+pub fn parse_duration_ns(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '-' || c == '+'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let value: f64 = num
+        .parse()
+        .map_err(|_| format!("'{s}' is not a duration (write e.g. 1.5s, 250ms, 40us, 2m)"))?;
+    if !value.is_finite() || value < 0.0 {
+        return Err(format!("'{s}' is not a non-negative duration"));
+    }
+    let unit = unit.trim();
+    if unit.is_empty() {
+        if value == 0.0 {
+            return Ok(0);
+        }
+        return Err(format!(
+            "'{s}' has no unit: write {num}s for seconds (or {num}ms, {num}us, {num}ns)"
+        ));
+    }
+    let scale = DURATION_UNITS
+        .iter()
+        .find(|(u, _)| *u == unit)
+        .map(|(_, k)| *k)
+        .ok_or_else(|| format!("'{s}': unknown unit '{unit}' (use ns, us, ms, s, m or h)"))?;
+    let ns = (value * scale).round();
+    if ns >= u64::MAX as f64 {
+        return Err(format!("'{s}' is too long"));
+    }
+    Ok(ns as u64)
+}
+
+/// Parses a size into bytes: `512M`, `2G`, `64K`, `1.5GiB`, `8MB` (binary
+/// multiples either way), or plain bytes. Must be at least one byte.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim().trim_end_matches(['B', 'b', 'i']);
+    let (num, mult) = match t.chars().last() {
+        Some('K' | 'k') => (&t[..t.len() - 1], 1u64 << 10),
+        Some('M' | 'm') => (&t[..t.len() - 1], 1 << 20),
+        Some('G' | 'g') => (&t[..t.len() - 1], 1 << 30),
+        Some('T' | 't') => (&t[..t.len() - 1], 1 << 40),
+        _ => (t, 1),
+    };
+    let v: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("'{s}' is not a size (e.g. 512M, 2G)"))?;
+    if !v.is_finite() || v < 1.0 {
+        return Err(format!("'{s}' is not a positive size"));
+    }
+    let bytes = v * mult as f64;
+    if bytes >= u64::MAX as f64 {
+        return Err(format!("'{s}' is too large"));
+    }
+    Ok(bytes as u64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn durations_parse_with_every_unit() {
+        assert_eq!(parse_duration_ns("1.5s"), Ok(1_500_000_000));
+        assert_eq!(parse_duration_ns(" 250ms "), Ok(250_000_000));
+        assert_eq!(parse_duration_ns("40us"), Ok(40_000));
+        assert_eq!(parse_duration_ns("40µs"), Ok(40_000));
+        assert_eq!(parse_duration_ns("500ns"), Ok(500));
+        assert_eq!(parse_duration_ns("2m"), Ok(120_000_000_000));
+        assert_eq!(parse_duration_ns("2min"), Ok(120_000_000_000));
+        assert_eq!(parse_duration_ns("1h"), Ok(3_600_000_000_000));
+        assert_eq!(parse_duration_ns("0"), Ok(0));
+        assert_eq!(parse_duration_ns("0ms"), Ok(0));
+    }
+
+    #[test]
+    fn a_bare_number_is_refused_with_the_spelling_to_use() {
+        let e = parse_duration_ns("1.5").unwrap_err();
+        assert!(e.contains("no unit") && e.contains("write 1.5s"), "{e}");
+        assert!(parse_duration_ns("5").unwrap_err().contains("write 5s"));
+    }
+
+    #[test]
+    fn bad_durations_are_refused() {
+        for bad in [
+            "",
+            "s",
+            "-1s",
+            "1.5 parsecs",
+            "1e999s",
+            "nan",
+            "1x",
+            "99999999999h",
+        ] {
+            assert!(parse_duration_ns(bad).is_err(), "{bad} accepted");
+        }
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("512M"), Ok(512 << 20));
+        assert_eq!(parse_size("2G"), Ok(2 << 30));
+        assert_eq!(parse_size("64KiB"), Ok(64 << 10));
+        assert_eq!(parse_size("8MB"), Ok(8 << 20));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        for bad in ["", "0", "-1M", "lots", "1e30T"] {
+            assert!(parse_size(bad).is_err(), "{bad} accepted");
+        }
+    }
 
     #[test]
     fn durations() {

@@ -75,23 +75,27 @@ pub struct StatFields {
     pub start_ticks: u64,
 }
 
-/// Parses `/proc/PID/stat`. The command name may contain spaces and parentheses,
-/// so fields are counted from the last `)`.
+/// Parses `/proc/PID/stat` with `procfs` (the command name may contain
+/// spaces and parentheses; procfs counts fields from the last `)`). None for
+/// anything that is not a whole stat line.
 pub fn parse_stat(text: &str) -> Option<StatFields> {
-    let open = text.find('(')?;
-    let close = text.rfind(')')?;
-    let comm = text.get(open + 1..close)?.to_string();
-    let rest: Vec<&str> = text.get(close + 1..)?.split_whitespace().collect();
-    // rest[0] is field 3 (state); field N is rest[N - 3].
-    let field = |n: usize| rest.get(n - 3).copied();
+    use procfs::FromRead as _;
+    let line = text.trim();
+    // procfs slices around "PID (" and ") ": hand it only lines of that shape.
+    let open = line.find(" (")?;
+    let close = line.rfind(')')?;
+    if open == 0 || !line.get(close..)?.starts_with(") ") {
+        return None;
+    }
+    let s = procfs::process::Stat::from_read(line.as_bytes()).ok()?;
     Some(StatFields {
-        comm,
-        state: ProcState::from_letter(field(3)?.chars().next()?),
-        ppid: field(4)?.parse().ok()?,
-        pgid: field(5)?.parse().ok()?,
-        sid: field(6)?.parse().ok()?,
-        flags: field(9)?.parse().ok()?,
-        start_ticks: field(22)?.parse().ok()?,
+        comm: s.comm,
+        state: ProcState::from_letter(s.state),
+        ppid: u32::try_from(s.ppid).ok()?,
+        pgid: u32::try_from(s.pgrp).ok()?,
+        sid: u32::try_from(s.session).ok()?,
+        flags: u64::from(s.flags),
+        start_ticks: s.starttime,
     })
 }
 
@@ -413,8 +417,9 @@ mod tests {
 
     #[test]
     fn stat_with_spaces_and_parens_in_comm() {
-        let s =
-            "4242 (my (odd) proc) Z 1 4240 4240 0 -1 4194560 10 0 0 0 1 2 0 0 20 0 1 0 987654 0 0";
+        // A whole line as Linux 6.x writes it (52 fields).
+        let s = "4242 (my (odd) proc) Z 1 4240 4240 0 -1 4194560 10 0 0 0 1 2 0 0 20 0 1 0 987654 \
+                 0 0 18446744073709551615 0 0 0 0 0 0 0 0 0 0 0 0 17 3 0 0 0 0 0 0 0 0 0 0 0 0 0";
         let f = parse_stat(s).expect("parses");
         assert_eq!(f.comm, "my (odd) proc");
         assert_eq!(f.state, ProcState::Zombie);
@@ -427,6 +432,15 @@ mod tests {
     fn stat_garbage_is_none() {
         assert!(parse_stat("garbage").is_none());
         assert!(parse_stat("1 (x) R 0").is_none());
+        for bad in [
+            "",
+            "(x) R",
+            "1 (x)",
+            ")",
+            "1 (x) R 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0",
+        ] {
+            assert!(parse_stat(bad).is_none(), "{bad:?}");
+        }
     }
 
     #[test]

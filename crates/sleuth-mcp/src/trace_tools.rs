@@ -133,18 +133,17 @@ pub fn overview(db: &Path, budget: &ReadBudget) -> Result<Value> {
             })
         })
         .collect();
-    let first = data.calls.first().map(|c| c.ts_ns);
-    let last = data.calls.iter().map(CallEvent::end_ns).max();
-    let start = data.start_ns.or(first);
-    let end = data.end_ns.or(last);
+    // Null, not 0, for a trace that says nothing about time.
+    let span = (data.start_ns.is_some() || !data.calls.is_empty())
+        .then(|| sleuth_core::TraceSpan::of(&data));
     let failed = data.calls.iter().filter(|c| c.failed()).count();
     Ok(json!({
         "db": db.display().to_string(),
         "session": session,
         "time_range": {
             "clock": "CLOCK_MONOTONIC ns; wall-clock ns = value + realtime_offset_ns",
-            "start_ns": start, "end_ns": end,
-            "duration_ns": start.zip(end).map(|(s, e)| e.saturating_sub(s)),
+            "start_ns": span.map(|s| s.start_ns), "end_ns": span.map(|s| s.end_ns),
+            "duration_ns": span.map(|s| s.duration_ns()),
             "realtime_offset_ns": data.realtime_offset_ns,
         },
         "host_context": data.has_host_context,

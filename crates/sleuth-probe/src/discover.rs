@@ -59,34 +59,12 @@ pub fn libs_in_dir(dir: &Path) -> Vec<LibFile> {
         .collect()
 }
 
-/// Expands a path pattern where a component may be `*` (any entry) or end in
-/// `*` (prefix match). Small on purpose: only the patterns below use it.
+/// The paths matching a glob pattern (`*` within a component), by the
+/// `glob` crate; unreadable folders are skipped.
 fn expand(pattern: &str) -> Vec<PathBuf> {
-    let mut found = vec![PathBuf::from("/")];
-    for comp in pattern.trim_start_matches('/').split('/') {
-        let mut next = Vec::new();
-        for base in &found {
-            if let Some(prefix) = comp.strip_suffix('*') {
-                if let Ok(rd) = std::fs::read_dir(base) {
-                    for e in rd.flatten() {
-                        if e.file_name()
-                            .to_str()
-                            .is_some_and(|n| n.starts_with(prefix))
-                        {
-                            next.push(e.path());
-                        }
-                    }
-                }
-            } else {
-                let p = base.join(comp);
-                if p.exists() {
-                    next.push(p);
-                }
-            }
-        }
-        found = next;
-    }
-    found
+    glob::glob(pattern)
+        .map(|paths| paths.flatten().collect())
+        .unwrap_or_default()
 }
 
 /// Directories where CUDA runtimes and drivers are commonly installed:
@@ -129,8 +107,10 @@ pub fn env_dirs(env: &[(String, String)]) -> Vec<PathBuf> {
             }
             "VIRTUAL_ENV" | "CONDA_PREFIX" => {
                 dirs.push(Path::new(v).join("lib"));
+                // The environment's own path is literal, even with `*` or `[` in it.
                 dirs.extend(expand(&format!(
-                    "{v}/lib/python3*/site-packages/nvidia/*/lib"
+                    "{}/lib/python3*/site-packages/nvidia/*/lib",
+                    glob::Pattern::escape(v)
                 )));
             }
             _ => {}
@@ -151,6 +131,17 @@ pub fn scan_standard(extra_dirs: &[PathBuf]) -> Vec<LibFile> {
         }
     }
     dedup_by_inode(out.into_iter().collect())
+}
+
+/// Every process id in /proc now (the all-processes mode scans them all).
+pub fn all_pids() -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// CUDA libraries a process maps, from `/proc/PID/maps`.
@@ -209,6 +200,31 @@ mod tests {
         assert_eq!(layer_of("libnccl.so.2"), Some(Layer::Nccl));
         assert_eq!(layer_of("libnccl.so.2.28.9"), Some(Layer::Nccl));
         assert_eq!(layer_of("libnccl-net.so"), None);
+    }
+
+    #[test]
+    fn a_venv_path_with_glob_characters_is_taken_literally() {
+        let root = std::env::temp_dir().join(format!("gs-glob-{}", std::process::id()));
+        let venv = root.join("v[1]*");
+        let nvidia = venv.join("lib/python3.12/site-packages/nvidia");
+        for pkg in ["cublas", "cuda_runtime"] {
+            std::fs::create_dir_all(nvidia.join(pkg).join("lib")).expect("mkdir");
+        }
+        // A sibling the pattern would match if the venv path were a glob.
+        std::fs::create_dir_all(root.join("v1x/lib/python3.12/site-packages/nvidia/x/lib"))
+            .expect("mkdir");
+        let env = vec![("VIRTUAL_ENV".to_string(), venv.display().to_string())];
+        let mut dirs = env_dirs(&env);
+        dirs.sort();
+        let _ = std::fs::remove_dir_all(&root);
+        assert_eq!(
+            dirs,
+            vec![
+                venv.join("lib"),
+                nvidia.join("cublas/lib"),
+                nvidia.join("cuda_runtime/lib")
+            ]
+        );
     }
 
     #[test]

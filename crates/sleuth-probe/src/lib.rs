@@ -5,6 +5,7 @@ pub mod caps;
 pub mod capture;
 pub mod discover;
 mod multi;
+pub mod session;
 pub mod sites;
 pub mod symbols;
 
@@ -13,3 +14,4 @@ pub use capture::{
     DEFAULT_RING_BYTES,
 };
 pub use discover::LibFile;
+pub use session::{CaptureSession, Captured, LossStats, RecordCounts, SessionOptions};

@@ -50,15 +50,28 @@ fn put_u64(a: &mut [u8; 128], off: usize, v: u64) {
     a[off..off + 8].copy_from_slice(&v.to_ne_bytes());
 }
 
-/// Loads the programs named in `names` from the eBPF object `elf`, resolving
-/// map references with `map_fds` (map name → fd; `.rodata` included).
-pub fn load_programs(
+/// One program's instructions, relocated and ready for `BPF_PROG_LOAD`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Relocated {
+    pub name: String,
+    /// Raw 8-byte BPF instructions, map references patched to fds.
+    pub insns: Vec<u8>,
+}
+
+/// Parses the eBPF object `elf` and relocates the programs named in `names`:
+/// each reference to a map in `.maps` becomes a `BPF_PSEUDO_MAP_FD` load of
+/// that map's fd from `map_fds`, each reference into `.rodata` a
+/// `BPF_PSEUDO_MAP_VALUE` load at the right offset. Pure (bytes in,
+/// instructions out, no syscall) so it is unit-tested; `load_programs` does
+/// the loading. Any other relocation is refused: these programs use no CO-RE
+/// and no bpf-to-bpf calls, and a silent mistake would load a wrong program.
+pub fn relocate_programs(
     elf: &[u8],
     names: &[&str],
     map_fds: &HashMap<String, RawFd>,
-) -> Result<HashMap<String, MultiProg>, String> {
+) -> Result<Vec<Relocated>, String> {
     let file = object::File::parse(elf).map_err(|e| format!("eBPF object: {e}"))?;
-    let mut out = HashMap::new();
+    let mut out = Vec::with_capacity(names.len());
     for name in names {
         let sym = file
             .symbols()
@@ -71,7 +84,7 @@ pub fn load_programs(
         let data = section.data().map_err(|e| e.to_string())?;
         let (start, size) = (sym.address() as usize, sym.size() as usize);
         let mut insns = data
-            .get(start..start + size)
+            .get(start..start.saturating_add(size))
             .ok_or_else(|| format!("{name}: bad symbol range"))?
             .to_vec();
         for (off, rel) in section.relocations() {
@@ -120,6 +133,23 @@ pub fn load_programs(
                 return Err(format!("{name}: reference to section {tsec} unsupported"));
             }
         }
+        out.push(Relocated {
+            name: name.to_string(),
+            insns,
+        });
+    }
+    Ok(out)
+}
+
+/// Loads the programs named in `names` from the eBPF object `elf`, resolving
+/// map references with `map_fds` (map name → fd; `.rodata` included).
+pub fn load_programs(
+    elf: &[u8],
+    names: &[&str],
+    map_fds: &HashMap<String, RawFd>,
+) -> Result<HashMap<String, MultiProg>, String> {
+    let mut out = HashMap::new();
+    for Relocated { name, insns } in relocate_programs(elf, names, map_fds)? {
         let license = c"GPL";
         let pname: Vec<u8> = name.bytes().take(15).collect();
         // Without a verifier log first: a log that overflows its buffer fails
@@ -149,7 +179,7 @@ pub fn load_programs(
         };
         // SAFETY: the kernel returned a new fd that nothing else owns.
         out.insert(
-            name.to_string(),
+            name.clone(),
             MultiProg {
                 fd: unsafe { OwnedFd::from_raw_fd(fd) },
             },
@@ -210,4 +240,109 @@ pub fn attach(
     let fd = bpf(BPF_LINK_CREATE, &mut attr)?;
     // SAFETY: the kernel returned a new fd that nothing else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::capture::BPF_OBJECT;
+
+    const PROGS: [&str; 3] = ["call_entry", "call_return", "call_count"];
+    const LD_IMM64: u8 = 0x18;
+
+    /// Every map the object defines, with a made-up fd (1000 + index).
+    fn fake_fds() -> HashMap<String, RawFd> {
+        let file = object::File::parse(BPF_OBJECT).unwrap();
+        let maps = file.section_by_name(".maps").unwrap().index();
+        let mut fds: HashMap<String, RawFd> = file
+            .symbols()
+            .filter(|s| s.section_index() == Some(maps))
+            .enumerate()
+            .map(|(i, s)| (s.name().unwrap().to_string(), 1000 + i as RawFd))
+            .collect();
+        fds.insert(".rodata".into(), 999);
+        fds
+    }
+
+    /// (src_reg, imm, second imm) of every 16-byte ld_imm64 in `insns`.
+    fn wide_loads(insns: &[u8]) -> Vec<(u8, i32, i32)> {
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i + 8 <= insns.len() {
+            if insns[i] == LD_IMM64 && i + 16 <= insns.len() {
+                let imm = |o: usize| i32::from_ne_bytes(insns[o..o + 4].try_into().unwrap());
+                out.push((insns[i + 1] >> 4, imm(i + 4), imm(i + 12)));
+                i += 16;
+            } else {
+                i += 8;
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn map_references_become_the_given_fds() {
+        let fds = fake_fds();
+        let progs = relocate_programs(BPF_OBJECT, &PROGS, &fds).unwrap();
+        assert_eq!(
+            progs.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(),
+            PROGS
+        );
+        let known: std::collections::HashSet<RawFd> = fds.values().copied().collect();
+        for p in &progs {
+            assert_eq!(p.insns.len() % 8, 0, "{}", p.name);
+            let loads = wide_loads(&p.insns);
+            let map_refs: Vec<_> = loads
+                .iter()
+                .filter(|(src, _, _)| *src == BPF_PSEUDO_MAP_FD)
+                .collect();
+            // Every program reaches at least one map (the ring buffer or a counter).
+            assert!(!map_refs.is_empty(), "{} references no map", p.name);
+            for (src, imm, _) in &loads {
+                if *src == BPF_PSEUDO_MAP_FD || *src == BPF_PSEUDO_MAP_VALUE {
+                    assert!(known.contains(imm), "{}: fd {imm} not given", p.name);
+                }
+            }
+            // Globals (trace_all, self_tgid, ...) are read through .rodata.
+            for (_, imm, off) in loads.iter().filter(|l| l.0 == BPF_PSEUDO_MAP_VALUE) {
+                assert_eq!(*imm, 999, "{}", p.name);
+                assert!(*off >= 0, "{}", p.name);
+            }
+        }
+        // call_entry reads the globals: at least one .rodata value load.
+        assert!(wide_loads(&progs[0].insns)
+            .iter()
+            .any(|l| l.0 == BPF_PSEUDO_MAP_VALUE));
+    }
+
+    #[test]
+    fn relocation_is_deterministic_and_leaves_the_input_alone() {
+        let fds = fake_fds();
+        let copy = BPF_OBJECT.to_vec();
+        let a = relocate_programs(&copy, &PROGS, &fds).unwrap();
+        let b = relocate_programs(&copy, &PROGS, &fds).unwrap();
+        assert_eq!(a, b);
+        assert_eq!(copy, BPF_OBJECT);
+        // Different fds change only the fd immediates.
+        let other: HashMap<String, RawFd> =
+            fds.iter().map(|(k, v)| (k.clone(), v + 5000)).collect();
+        let c = relocate_programs(BPF_OBJECT, &PROGS, &other).unwrap();
+        assert_ne!(a, c);
+        assert_eq!(a[0].insns.len(), c[0].insns.len());
+    }
+
+    #[test]
+    fn a_missing_map_or_program_is_an_error() {
+        let mut fds = fake_fds();
+        fds.remove("events");
+        let e = relocate_programs(BPF_OBJECT, &["call_return"], &fds).unwrap_err();
+        assert!(e.contains("map events not loaded"), "{e}");
+        let mut fds = fake_fds();
+        fds.remove(".rodata");
+        let e = relocate_programs(BPF_OBJECT, &["call_entry"], &fds).unwrap_err();
+        assert!(e.contains(".rodata"), "{e}");
+        let e = relocate_programs(BPF_OBJECT, &["no_such_prog"], &fake_fds()).unwrap_err();
+        assert!(e.contains("not in the object"), "{e}");
+        assert!(relocate_programs(b"not an elf", &PROGS, &fake_fds()).is_err());
+    }
 }

@@ -4,32 +4,10 @@
 
 mod common;
 
-use common::TempDir;
-use sleuth_sim::{device_ptrs, materialize, parse_truth, SimPaths, Truth, DEVICE_BASE};
+use common::{run_script as run, TempDir};
+use sleuth_sim::{device_ptrs, materialize, parse_truth, DEVICE_BASE};
 use std::process::Command;
 use std::time::{Duration, Instant};
-
-fn run(sim: &SimPaths, dir: &TempDir, script: &str, env: &[(&str, &str)]) -> (i32, Vec<Truth>) {
-    let truth = dir.0.join("truth.jsonl");
-    let _ = std::fs::remove_file(&truth);
-    let out = Command::new(&sim.workload)
-        .arg("--truth")
-        .arg(&truth)
-        .arg(script)
-        .envs(env.iter().copied())
-        .output()
-        .expect("run workload");
-    assert!(
-        out.stderr.is_empty(),
-        "workload stderr: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = std::fs::read_to_string(&truth).expect("truth file");
-    (
-        out.status.code().unwrap_or(-1),
-        parse_truth(&text).expect("parse truth"),
-    )
-}
 
 fn count(m: &std::collections::BTreeMap<String, u64>, k: &str) -> u64 {
     m.get(k).copied().unwrap_or(0)

@@ -5,25 +5,13 @@
 mod common;
 
 use common::TempDir;
-use sleuth_sim::{install_torch_stand_in, materialize, parse_truth, SimPaths, TorchStandIn};
+use sleuth_sim::{install_torch_stand_in, materialize, SimPaths, TorchStandIn};
 use std::process::Command;
 
 /// Runs a script; returns the driver's (cuMemAlloc_v2, cuMemFree_v2) counts.
 fn segments(sim: &SimPaths, dir: &TempDir, script: &str) -> (u64, u64) {
-    let truth = dir.0.join("truth.jsonl");
-    let _ = std::fs::remove_file(&truth);
-    let out = Command::new(&sim.workload)
-        .arg("--truth")
-        .arg(&truth)
-        .arg(script)
-        .output()
-        .expect("run workload");
-    assert!(
-        out.status.success() && out.stderr.is_empty(),
-        "workload failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let t = parse_truth(&std::fs::read_to_string(&truth).expect("truth")).expect("parse truth");
+    let (code, t) = common::run_script(sim, dir, script, &[]);
+    assert_eq!(code, 0, "workload failed");
     let n = |k: &str| t[0].driver.get(k).copied().unwrap_or(0);
     (n("cuMemAlloc_v2"), n("cuMemFree_v2"))
 }

@@ -7,9 +7,8 @@ use std::path::Path;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Machine-readable output.
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub out: crate::args::JsonOutput,
     /// Also try loading and attaching the eBPF programs (needs root).
     #[arg(long)]
     pub load: bool,
@@ -311,7 +310,7 @@ pub fn run(args: Args) -> Result<i32> {
             })
             .collect(),
     };
-    if args.json {
+    if args.out.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         for c in &report.checks {

@@ -110,12 +110,12 @@ fn live(dir: &Path, keep: bool) -> Result<i32> {
         }
         std::thread::sleep(Duration::from_millis(5));
     }
-    let trace_args = crate::cmd::trace::Args {
+    let trace_args = crate::capture::Args {
         db: Some(db.clone()),
         force: true,
         pids: Vec::new(),
         duration: Some(Duration::from_secs(30)),
-        on_duration: crate::cmd::trace::OnDuration::Kill,
+        on_duration: crate::capture::OnDuration::Kill,
         launches: sleuth_probe::LaunchMode::Driver,
         cuda_libs: vec![sim.libcudart.clone(), sim.libcuda.clone()],
         max_db: 256 << 20,
@@ -128,7 +128,7 @@ fn live(dir: &Path, keep: bool) -> Result<i32> {
         metrics: None,
         command: vec![sim.workload.display().to_string(), SCENARIO.to_string()],
     };
-    let traced = crate::cmd::trace::run(trace_args);
+    let traced = crate::capture::run(trace_args);
     let _ = hog.kill();
     let _ = hog.wait();
     let code = traced?;
@@ -144,12 +144,13 @@ fn live(dir: &Path, keep: bool) -> Result<i32> {
         // The folder goes when the demo ends: name no path that will not exist.
         println!("\n== gpusleuth explain (the trace is deleted when the demo ends; `demo --keep DIR` keeps it)\n");
     }
-    crate::cmd::explain::run(crate::cmd::explain::Args {
-        db,
-        pid: None,
-        json: false,
-        markdown: false,
-    })
+    explain(db)
+}
+
+/// The demo's last step: `gpusleuth explain` of the trace, as text.
+fn explain(db: PathBuf) -> Result<i32> {
+    let input = crate::args::TraceInput { db, pid: None };
+    crate::render::explain::print(&input, crate::render::explain::Style::Text)
 }
 
 /// The tracer's own threads stay off the contended CPU 0 where the machine
@@ -180,10 +181,5 @@ fn explain_bundled(dir: &Path, why: &str) -> Result<i32> {
     );
     let db = dir.join("h200-contention.db");
     std::fs::write(&db, BUNDLED_TRACE).with_context(|| format!("cannot write {}", db.display()))?;
-    crate::cmd::explain::run(crate::cmd::explain::Args {
-        db,
-        pid: None,
-        json: false,
-        markdown: false,
-    })
+    explain(db)
 }

@@ -12,10 +12,11 @@
 //! the trace's origin: the session start, or the earliest event if one is
 //! older (a wait that began before tracing started).
 
-use crate::cmd::stats::load_trace;
+use crate::args::TraceInput;
+use crate::load::{emit, load_trace, FORCE_HINT};
 use serde_json::{json, Value};
-use sleuth_core::findings::{explain_report, Finding};
-use sleuth_core::ledger::ledger;
+use sleuth_core::analysis::Analysis;
+use sleuth_core::findings::Finding;
 use sleuth_core::{Layer, TraceData, WaitEvent};
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -33,9 +34,8 @@ pub enum Format {
     after_help = "Examples:\n  gpusleuth export --db trace.db --format perfetto -o trace.json   (open in ui.perfetto.dev)\n  gpusleuth export --db trace.db --format json | jq length"
 )]
 pub struct Args {
-    /// Trace database written by `gpusleuth trace` (or `import`).
-    #[arg(long)]
-    pub db: PathBuf,
+    #[command(flatten)]
+    pub input: TraceInput,
     #[arg(long, value_enum, default_value = "perfetto")]
     pub format: Format,
     /// Output file (default: stdout). Written atomically; never the input trace.
@@ -44,43 +44,32 @@ pub struct Args {
     /// Replace the output file if it exists.
     #[arg(long)]
     pub force: bool,
-    /// Only this process.
-    #[arg(long)]
-    pub pid: Option<u32>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<i32> {
+    let db = &args.input.db;
     if let Some(path) = &args.output {
         // Before the work: a refused output is known at once.
-        sleuth_store::outfile::check_output(path, &[&args.db], args.force, Some(FORCE_HINT))?;
+        sleuth_store::outfile::check_output(path, &[db], args.force, Some(FORCE_HINT))?;
     }
-    let data = load_trace(&args.db, args.pid)?;
+    let data = load_trace(db, args.input.pid)?;
     let doc = match args.format {
-        Format::Perfetto => perfetto(&data),
+        Format::Perfetto => perfetto(&data, &Analysis::of(&data)),
         Format::Json => calls_json(&data),
     };
     match &args.output {
         Some(path) => {
             let bytes = serde_json::to_vec(&doc)?;
-            sleuth_store::outfile::write_atomic(
-                path,
-                &bytes,
-                &[&args.db],
-                args.force,
-                Some(FORCE_HINT),
-            )?;
+            sleuth_store::outfile::write_atomic(path, &bytes, &[db], args.force, Some(FORCE_HINT))?;
         }
         None => {
             let mut text = serde_json::to_string(&doc)?;
             text.push('\n');
-            crate::cmd::stats::emit(&text)?;
+            emit(&text)?;
         }
     }
     Ok(0)
 }
-
-/// What an existing output path needs.
-pub const FORCE_HINT: &str = "--force replaces it";
 
 /// `--format json`: the calls as every other output names them — `op` and
 /// `layer` by name — and the on-CPU/runnable/blocked split null when the
@@ -115,22 +104,6 @@ pub fn calls_json(data: &TraceData) -> Value {
     )
 }
 
-/// The moment every exported timestamp is relative to.
-pub fn origin_ns(data: &TraceData) -> u64 {
-    let earliest = data
-        .calls
-        .iter()
-        .map(|c| c.ts_ns)
-        .chain(data.waits.iter().map(|w| w.off_ns))
-        .chain(data.procs.iter().map(|p| p.ts_ns))
-        .min();
-    match (data.start_ns, earliest) {
-        (Some(s), Some(e)) => s.min(e),
-        (Some(s), None) => s,
-        (None, e) => e.unwrap_or(0),
-    }
-}
-
 /// Nanoseconds since `origin` as fractional microseconds.
 fn us(ns: u64, origin: u64) -> f64 {
     ns.saturating_sub(origin) as f64 / 1e3
@@ -140,9 +113,12 @@ fn dur_us(ns: u64) -> f64 {
     ns as f64 / 1e3
 }
 
-/// The whole trace as a Chrome Trace Event document.
-pub fn perfetto(data: &TraceData) -> Value {
-    let origin = origin_ns(data);
+/// The whole trace as a Chrome Trace Event document; the findings and
+/// memory tracks are `analysis`'s (the same as `explain` and the report show).
+pub fn perfetto(data: &TraceData, analysis: &Analysis) -> Value {
+    // Every timestamp is relative to the extent's origin: a wait begun
+    // before tracing started is drawn at its place, never at a negative time.
+    let origin = analysis.span.origin_ns;
     let mut ev: Vec<Value> = Vec::new();
     metadata(data, &mut ev);
     // Unknown without host context (imports): null, never 0.
@@ -191,7 +167,7 @@ pub fn perfetto(data: &TraceData) -> Value {
     for w in &data.waits {
         off_cpu_slices(w, origin, &mut ev);
     }
-    for l in ledger(data, None) {
+    for l in &analysis.ledgers {
         let name = "device memory (bytes)";
         // Start at zero so the track begins with the trace, not the first allocation.
         ev.push(json!({"ph": "C", "name": name, "pid": l.pid, "ts": 0.0,
@@ -209,8 +185,8 @@ pub fn perfetto(data: &TraceData) -> Value {
         }
     }
     gpu_counters(data, origin, &mut ev);
-    for f in explain_report(data).findings {
-        ev.push(finding_event(&f, data, origin));
+    for f in &analysis.explanation.findings {
+        ev.push(finding_event(f, data, origin));
     }
     json!({
         "traceEvents": ev,
@@ -423,7 +399,7 @@ mod tests {
             has_host_context: true,
             ..Default::default()
         };
-        let doc = perfetto(&data);
+        let doc = perfetto(&data, &Analysis::of(&data));
         let ev = doc["traceEvents"].as_array().unwrap();
         let x: Vec<&Value> = ev.iter().filter(|e| e["ph"] == "X").collect();
         assert_eq!(x.len(), 3);
@@ -461,7 +437,7 @@ mod tests {
             }],
             ..Default::default()
         };
-        let doc = perfetto(&data);
+        let doc = perfetto(&data, &Analysis::of(&data));
         let ev = doc["traceEvents"].as_array().unwrap();
         let busy = ev.iter().find(|e| e["name"] == "GPU 0 busy (%)").unwrap();
         assert_eq!(
@@ -476,7 +452,7 @@ mod tests {
             (held["pid"].as_u64(), held["args"]["used_bytes"].as_u64()),
             (Some(7), Some(1 << 30))
         );
-        let none = perfetto(&TraceData::default());
+        let none = perfetto(&TraceData::default(), &Analysis::of(&TraceData::default()));
         assert!(
             !none.to_string().contains("GPUs (NVML)"),
             "no samples: no GPU track"

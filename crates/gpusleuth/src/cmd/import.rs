@@ -19,9 +19,8 @@ pub struct Args {
     /// The gpusleuth trace to create (must not exist).
     #[arg(long)]
     db: PathBuf,
-    /// Print the import summary as JSON.
-    #[arg(long)]
-    json: bool,
+    #[command(flatten)]
+    out: crate::args::JsonOutput,
 }
 
 pub fn run(args: Args) -> anyhow::Result<i32> {
@@ -29,7 +28,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         From::Ingero => sleuth_store::import_ingero(&args.src, &args.db)
             .with_context(|| format!("importing {}", args.src.display()))?,
     };
-    if args.json {
+    if args.out.json {
         println!("{}", serde_json::to_string_pretty(&summary)?);
         return Ok(0);
     }

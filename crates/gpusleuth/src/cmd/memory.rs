@@ -1,8 +1,11 @@
 //! `gpusleuth memory`: the GPU memory ledger of a recorded trace.
 
-use crate::cmd::stats::{emit, emit_text, load_trace, table};
+mod sites;
+
+use crate::args::{JsonOutput, TraceInput};
+use crate::load::{emit_json, emit_text, load_trace};
 use crate::output::{fmt_bytes, fmt_ns};
-use anyhow::{bail, Context as _};
+use crate::render::table::table;
 use serde::Serialize;
 use sleuth_core::allocator::{allocator_views, AllocatorState, AllocatorView};
 use sleuth_core::gpu_activity::{self, GpuActivity};
@@ -10,19 +13,14 @@ use sleuth_core::held::{held, HeldMemory};
 use sleuth_core::ledger::{empty_ledger, ledger, ProcessLedger};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::path::PathBuf;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Trace database written by `gpusleuth trace` (or `import`).
-    #[arg(long)]
-    pub db: PathBuf,
-    /// Only this process.
-    #[arg(long)]
-    pub pid: Option<u32>,
-    /// The ledger at this moment: ns since the trace started, or a duration (1.5s, 250ms, 40us).
-    #[arg(long)]
-    pub at: Option<String>,
+    #[command(flatten)]
+    pub input: TraceInput,
+    /// The ledger at this moment, as time since the trace started (1.5s, 250ms, 40us, 0).
+    #[arg(long, value_parser = crate::args::duration_ns)]
+    pub at: Option<u64>,
     /// Per-segment view of PyTorch's caching allocator: live blocks and free
     /// bytes of each segment (needs a trace taken with `--torch-allocator`).
     #[arg(long)]
@@ -31,9 +29,8 @@ pub struct Args {
     /// per Python line or native function, with the stacks of the top sites.
     #[arg(long = "by-site")]
     pub by_site: bool,
-    /// Machine-readable output (the documented memory contract).
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub out: JsonOutput,
 }
 
 /// Segments listed by `--segments` (most free bytes first), and blocks per segment.
@@ -61,85 +58,43 @@ struct Report<'a> {
     at_offset_ns: Option<u64>,
 }
 
-/// Parses `--at`: a bare integer is nanoseconds; otherwise a number with a
-/// unit (ns, us, ms, s, m).
-pub fn parse_at(s: &str) -> anyhow::Result<u64> {
-    let s = s.trim();
-    if let Ok(ns) = s.parse::<u64>() {
-        return Ok(ns);
-    }
-    let split = s
-        .find(|c: char| c.is_ascii_alphabetic())
-        .with_context(|| format!("--at {s:?}: expected nanoseconds or a duration like 1.5s"))?;
-    let (num, unit) = s.split_at(split);
-    let value: f64 = num
-        .trim()
-        .parse()
-        .ok()
-        .filter(|v: &f64| v.is_finite() && *v >= 0.0)
-        .with_context(|| format!("--at {s:?}: {num:?} is not a non-negative number"))?;
-    let scale = match unit {
-        "ns" => 1.0,
-        "us" | "µs" => 1e3,
-        "ms" => 1e6,
-        "s" => 1e9,
-        "m" | "min" => 60e9,
-        _ => bail!("--at {s:?}: unknown unit {unit:?} (use ns, us, ms, s or m)"),
-    };
-    let ns = value * scale;
-    if ns > u64::MAX as f64 {
-        bail!("--at {s:?}: too large");
-    }
-    Ok(ns.round() as u64)
-}
-
 pub fn run(args: Args) -> anyhow::Result<i32> {
-    let at_offset = args.at.as_deref().map(parse_at).transpose()?;
-    let data = load_trace(&args.db, args.pid)?;
-    let origin = data
-        .start_ns
-        .or_else(|| data.calls.iter().map(|c| c.ts_ns).min())
-        .unwrap_or(0);
+    let at_offset = args.at;
+    let data = load_trace(&args.input.db, args.input.pid)?;
+    let span = sleuth_core::TraceSpan::of(&data);
+    let origin = span.start_ns;
     if let Some(o) = at_offset {
         // A moment past the end is a mistake (often an absolute timestamp
         // given where an offset is expected), not "the state at the end".
-        let end = data
-            .end_ns
-            .or_else(|| data.calls.iter().map(|c| c.end_ns()).max())
-            .unwrap_or(origin);
-        let span = end.saturating_sub(origin);
-        if o > span {
+        if o > span.duration_ns() {
             anyhow::bail!(
                 "--at {}: the trace lasts only {} (--at is the time since the trace started)",
                 fmt_ns(o),
-                fmt_ns(span)
+                fmt_ns(span.duration_ns())
             );
         }
     }
     let at_abs = at_offset.map(|o| origin.saturating_add(o));
     let mut processes = ledger(&data, at_abs);
     if args.by_site {
-        let r = crate::cmd::memory_sites::report(&data, &processes);
-        if args.json {
-            emit(&format!("{}\n", serde_json::to_string_pretty(&r)?))?;
+        let r = sites::report(&data, &processes);
+        if args.out.json {
+            emit_json(&r)?;
         } else {
-            emit_text(&crate::cmd::memory_sites::render(&r))?;
+            emit_text(&sites::render(&r))?;
         }
         return Ok(0);
     }
     let allocators = allocator_views(&data, at_abs, &processes);
     let helds = held_by_pid(&data, &mut processes);
     let activity = gpu_activity::of_trace(&data);
-    if args.json {
-        emit(&format!(
-            "{}\n",
-            serde_json::to_string_pretty(&report(
-                &processes,
-                &allocators,
-                &helds,
-                &activity,
-                at_offset
-            ))?
+    if args.out.json {
+        emit_json(&report(
+            &processes,
+            &allocators,
+            &helds,
+            &activity,
+            at_offset,
         ))?;
     } else {
         emit_text(&render(
@@ -529,18 +484,6 @@ fn render(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn at_accepts_nanoseconds_and_durations() {
-        assert_eq!(parse_at("1500").unwrap(), 1500);
-        assert_eq!(parse_at("1.5s").unwrap(), 1_500_000_000);
-        assert_eq!(parse_at("250ms").unwrap(), 250_000_000);
-        assert_eq!(parse_at("40us").unwrap(), 40_000);
-        assert_eq!(parse_at("2m").unwrap(), 120_000_000_000);
-        for bad in ["", "abc", "-1s", "1.5h", "1e400s", "s"] {
-            assert!(parse_at(bad).is_err(), "{bad}");
-        }
-    }
 
     #[test]
     fn render_names_unfreed_and_failed() {

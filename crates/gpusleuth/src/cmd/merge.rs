@@ -35,9 +35,8 @@ pub struct Args {
     /// Use the session clock offsets only (do not correct the skew measured from collectives).
     #[arg(long)]
     no_align: bool,
-    /// Print the nodes and clock corrections as JSON.
-    #[arg(long)]
-    json: bool,
+    #[command(flatten)]
+    out: crate::args::JsonOutput,
 }
 
 #[derive(Serialize)]
@@ -119,7 +118,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     }
     write_merged(&inputs, &args.output, args.force, env!("CARGO_PKG_VERSION"))
         .with_context(|| format!("writing {}", args.output.display()))?;
-    if args.json {
+    if args.out.json {
         println!("{}", serde_json::to_string_pretty(&reports)?);
         return Ok(0);
     }

@@ -12,9 +12,8 @@ pub struct Args {
     db: PathBuf,
     /// One read-only SQL statement (schema: docs/schema.md).
     sql: String,
-    /// Print {"columns": [...], "rows": [[...]], "truncated": bool}.
-    #[arg(long)]
-    json: bool,
+    #[command(flatten)]
+    out: crate::args::JsonOutput,
     /// Most rows to return.
     #[arg(long, default_value_t = 1000)]
     limit: usize,
@@ -26,7 +25,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         ..Default::default()
     };
     let result = run_readonly_sql(&args.db, &args.sql, limits).context("query failed")?;
-    if args.json {
+    if args.out.json {
         println!("{}", serde_json::to_string(&result)?);
     } else {
         print!("{}", render_table(&result));

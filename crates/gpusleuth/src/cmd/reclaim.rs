@@ -27,19 +27,18 @@ pub struct Args {
     /// Execute the plan (SIGTERM, wait --grace, SIGKILL), then verify the memory was released.
     #[arg(long)]
     yes: bool,
-    /// Seconds between SIGTERM and SIGKILL.
-    #[arg(long, default_value_t = 5.0)]
-    grace: f64,
-    /// Print the plan (and the outcome) as JSON (schema in docs/vram.md).
-    #[arg(long)]
-    json: bool,
+    /// Time between SIGTERM and SIGKILL (e.g. 5s, 500ms; at most 1h).
+    #[arg(long, default_value = "5s", value_parser = crate::args::duration)]
+    grace: Duration,
+    #[command(flatten)]
+    out: crate::args::JsonOutput,
 }
 
 pub fn run(args: Args) -> anyhow::Result<i32> {
-    if !args.grace.is_finite() || args.grace < 0.0 || args.grace > 3600.0 {
+    if args.grace > Duration::from_secs(3600) {
         anyhow::bail!(
-            "--grace must be between 0 and 3600 seconds, got {}",
-            args.grace
+            "--grace must be at most 1h, got {}",
+            crate::output::fmt_ns(args.grace.as_nanos() as u64)
         );
     }
     let sources = Sources::from_env();
@@ -57,7 +56,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
 
     let outcome = if args.yes && !plan.targets.is_empty() {
         let opts = ExecOptions {
-            grace: Duration::from_secs_f64(args.grace),
+            grace: args.grace,
             ..ExecOptions::default()
         };
         Some(execute(&plan, &sources, &before, &opts))
@@ -70,7 +69,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         _ => 0,
     };
 
-    if args.json {
+    if args.out.json {
         let doc = serde_json::json!({
             "dry_run": !args.yes,
             "nvml_available": before.report.nvml.available,

@@ -8,18 +8,20 @@
 mod gpu;
 mod svg;
 
-use crate::cmd::export::origin_ns;
+use crate::args::TraceInput;
+use crate::load::{warn_input_problems, FORCE_HINT};
 use crate::output::{fmt_bytes, fmt_ns};
-use sleuth_core::culprits::call_culprits;
-use sleuth_core::findings::{error_name, explain_report, Explanation};
-use sleuth_core::ledger::{ledger, ProcessLedger};
+use crate::render::explain::{culprit_line, thread_lines};
+use sleuth_core::analysis::Analysis;
+use sleuth_core::findings::{error_name, Explanation};
+use sleuth_core::ledger::ProcessLedger;
 use sleuth_core::stats::{self, nearest_rank};
-use sleuth_core::{CallEvent, Culprit, TraceData};
+use sleuth_core::{Culprit, TraceData};
 use sleuth_store::{Note, Session};
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 use std::path::PathBuf;
-use svg::{decades, esc, nice_ticks, Linear, Log, Svg};
+use svg::{decades, esc, nice_ticks, time_scale, value_scale, Linear, Log, Svg};
 
 /// How many of the slowest calls the report breaks down.
 pub const SLOWEST_CALLS: usize = 15;
@@ -35,53 +37,43 @@ const UNKNOWN: &str = "#d9d9d9";
 #[derive(clap::Args)]
 #[command(after_help = "Example:\n  gpusleuth report --db trace.db -o report.html")]
 pub struct Args {
-    /// Trace database written by `gpusleuth trace` (or `import`).
-    #[arg(long)]
-    pub db: PathBuf,
+    #[command(flatten)]
+    pub input: TraceInput,
     /// HTML file to write (atomically; never the input trace).
     #[arg(long, short, default_value = "report.html")]
     pub output: PathBuf,
     /// Replace the output file if it exists.
     #[arg(long)]
     pub force: bool,
-    /// Only this process.
-    #[arg(long)]
-    pub pid: Option<u32>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<i32> {
-    let hint = Some(crate::cmd::export::FORCE_HINT);
+    let hint = Some(FORCE_HINT);
+    let db = &args.input.db;
     // Before the work: a refused output is known at once.
-    sleuth_store::outfile::check_output(&args.output, &[&args.db], args.force, hint)?;
-    let trace = sleuth_store::Trace::open(&args.db)?;
-    crate::cmd::stats::warn_input_problems(&trace)?;
-    let data = trace.load(args.pid)?;
+    sleuth_store::outfile::check_output(&args.output, &[db], args.force, hint)?;
+    let trace = sleuth_store::Trace::open(db)?;
+    warn_input_problems(&trace)?;
+    let data = trace.load(args.input.pid)?;
     let session = trace.session()?;
     let notes = trace.notes()?;
-    let title = args
-        .db
+    let title = db
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let html = render(&data, &session, &notes, &title);
-    sleuth_store::outfile::write_atomic(
-        &args.output,
-        html.as_bytes(),
-        &[&args.db],
-        args.force,
-        hint,
-    )?;
+    sleuth_store::outfile::write_atomic(&args.output, html.as_bytes(), &[db], args.force, hint)?;
     eprintln!("gpusleuth: report written to {}", args.output.display());
     Ok(0)
 }
 
 /// The whole report as one HTML document.
 pub fn render(data: &TraceData, session: &Session, notes: &[Note], title: &str) -> String {
-    let origin = origin_ns(data);
-    let end = trace_end(data).max(origin);
-    let per_call = call_culprits(&data.calls, &data.waits);
-    let explanation = explain_report(data);
-    let ledgers = ledger(data, None);
+    let analysis = Analysis::of(data);
+    let (origin, end) = (analysis.span.origin_ns, analysis.span.extent_end_ns);
+    let per_call = &analysis.per_call_culprits;
+    let explanation = &analysis.explanation;
+    let ledgers = &analysis.ledgers;
     let mut h = String::new();
     let _ = write!(
         h,
@@ -99,21 +91,25 @@ pub fn render(data: &TraceData, session: &Session, notes: &[Note], title: &str) 
         data,
         session,
         notes,
-        end.saturating_sub(origin),
+        analysis.span.duration_ns(),
     ));
-    h.push_str(&findings_html(&explanation));
+    h.push_str(&findings_html(explanation));
     h.push_str("<h2>GPU activity</h2>");
-    h.push_str(&gpu::section(data, origin, end));
+    h.push_str(&gpu::section(data, ledgers, origin, end));
     h.push_str("<h2>Device memory per process</h2>");
-    h.push_str(&memory_section(&ledgers, origin, end));
+    h.push_str(&memory_section(ledgers, origin, end));
     h.push_str("<h2>Call sites of device memory</h2>");
-    h.push_str(&sites_section(data, &ledgers));
+    h.push_str(&sites_section(data, ledgers));
+    if !data.stacks.is_empty() {
+        h.push_str("<h3>Allocated bytes by call path</h3>");
+        h.push_str(&flame_section(data));
+    }
     h.push_str("<h2>Latency per op</h2>");
     h.push_str(&latency_section(data));
     h.push_str("<h2>Slowest calls: where their time went</h2>");
-    h.push_str(&slowest_section(data, &per_call, origin));
+    h.push_str(&slowest_section(data, per_call, origin));
     h.push_str("<h2>Processes</h2>");
-    h.push_str(&process_tree(data, &ledgers));
+    h.push_str(&process_tree(data, ledgers));
     let _ = writeln!(
         h,
         "<footer>gpusleuth {} — self-contained report, no network needed.</footer></body></html>",
@@ -133,18 +129,6 @@ fn byte_ticks(max: f64, n: usize) -> Vec<f64> {
         .into_iter()
         .map(|v| v * unit)
         .collect()
-}
-
-fn trace_end(data: &TraceData) -> u64 {
-    let last = data
-        .calls
-        .iter()
-        .map(CallEvent::end_ns)
-        .chain(data.waits.iter().map(|w| w.on_ns))
-        .chain(data.procs.iter().map(|p| p.ts_ns))
-        .max()
-        .unwrap_or(0);
-    data.end_ns.unwrap_or(0).max(last)
 }
 
 const CSS: &str = "body{font:14px/1.45 system-ui,-apple-system,'Segoe UI',sans-serif;margin:24px auto;max-width:1000px;color:#222;padding:0 12px}\
@@ -235,7 +219,7 @@ fn findings_html(e: &Explanation) -> String {
             esc(&f.op),
             esc(&f.summary)
         );
-        if let Some(names) = crate::cmd::explain::culprit_line(f) {
+        if let Some(names) = culprit_line(f) {
             let label = if f.kind == sleuth_core::findings::Kind::InputWait {
                 "Woken by"
             } else {
@@ -251,7 +235,7 @@ fn findings_html(e: &Explanation) -> String {
     }
     if !e.threads.is_empty() {
         h.push_str("<h3>Where the time went, per CUDA-issuing thread</h3><ul>");
-        for line in crate::cmd::explain::thread_lines(&e.threads) {
+        for line in thread_lines(&e.threads) {
             let _ = write!(h, "<li>{}</li>", esc(&line));
         }
         h.push_str("</ul>");
@@ -316,7 +300,7 @@ fn memory_section(ledgers: &[ProcessLedger], origin: u64, end: u64) -> String {
 
 fn memory_chart(l: &ProcessLedger, origin: u64, end: u64) -> String {
     let (left, right, top, bottom, height) = (80.0, 20.0, 34.0, 30.0, 240.0);
-    let span_s = (end.saturating_sub(origin) as f64 / 1e9).max(1e-6);
+    let (x, span_s) = time_scale(origin, end, left, right);
     let ymax = l
         .failed_allocs
         .iter()
@@ -325,18 +309,7 @@ fn memory_chart(l: &ProcessLedger, origin: u64, end: u64) -> String {
         .max()
         .unwrap_or(1) as f64
         * 1.15;
-    let x = Linear {
-        d0: 0.0,
-        d1: span_s,
-        r0: left,
-        r1: WIDTH - right,
-    };
-    let y = Linear {
-        d0: 0.0,
-        d1: ymax,
-        r0: height - bottom,
-        r1: top,
-    };
+    let y = value_scale(ymax, height - bottom, top);
     let t = |ns: u64| x.at(ns.saturating_sub(origin) as f64 / 1e9);
     let mut s = Svg::new(
         WIDTH,
@@ -680,10 +653,109 @@ fn slowest_section(data: &TraceData, per_call: &[Vec<Culprit>], origin: u64) -> 
         if !who.is_empty() {
             label.push_str(&format!(" — CPU held by {}", who.join(", ")));
         }
+        if c.stack_id.is_some() {
+            // Where the call was made (the full stack: `memory --by-site`, MCP `call_sites`).
+            label.push_str(&format!(
+                " — at {}",
+                short_site(&sleuth_core::sites::label_of(data, c.stack_id))
+            ));
+        }
         s.text(x0 + 6.0, y + 15.0, &label, "start", "");
     }
     h.push_str(&s.finish());
     h
+}
+
+/// Rows of the flame graph at most: deeper frames are folded into their
+/// parent (framework stacks run 60 Python frames deep).
+const FLAME_ROWS: usize = 40;
+
+/// An icicle graph of allocated device bytes by call path (outermost frame
+/// on top, width = bytes; `sites::allocated_by_path`).
+fn flame_section(data: &TraceData) -> String {
+    let root = sleuth_core::sites::allocated_by_path(data);
+    if root.bytes == 0 {
+        return "<p>No device allocation in this trace.</p>".into();
+    }
+    let depth = |n: &sleuth_core::sites::FlameNode| -> usize {
+        let mut deepest = 0;
+        let mut todo = vec![(n, 0usize)];
+        while let Some((n, d)) = todo.pop() {
+            deepest = deepest.max(d);
+            todo.extend(n.children.iter().map(|c| (c, d + 1)));
+        }
+        deepest
+    };
+    let rows = (depth(&root) + 1).min(FLAME_ROWS);
+    let row_h = 18.0;
+    let mut s = Svg::new(
+        WIDTH,
+        row_h * rows as f64 + 4.0,
+        "allocated device bytes by call path",
+    );
+    let scale = WIDTH / root.bytes as f64;
+    // Iterative walk: (node, x, row).
+    let mut todo = vec![(&root, 0.0f64, 0usize)];
+    while let Some((n, x, row)) = todo.pop() {
+        let w = n.bytes as f64 * scale;
+        if w < 1.0 || row >= rows {
+            continue;
+        }
+        let y = row as f64 * row_h;
+        let title = format!("{} — {}", n.name, fmt_bytes(n.bytes));
+        s.rect(
+            x,
+            y,
+            w - 0.5,
+            row_h - 1.0,
+            flame_color(&n.name),
+            Some(&title),
+        );
+        let chars = (w / 7.0) as usize;
+        if chars >= 4 {
+            s.text(
+                x + 3.0,
+                y + 13.0,
+                &truncate(&short_site(&n.name), chars - 1),
+                "start",
+                "flame",
+            );
+        }
+        let mut cx = x;
+        for c in &n.children {
+            todo.push((c, cx, row + 1));
+            cx += c.bytes as f64 * scale;
+        }
+    }
+    let mut h = String::from(
+        "<p class=\"note\">Each bar is a frame (outermost on top), as wide as the device bytes \
+         successfully allocated below it; hover for the full frame and bytes.</p>",
+    );
+    h.push_str(&s.finish());
+    h
+}
+
+/// A warm colour chosen by the frame's name, so a frame keeps its colour.
+fn flame_color(name: &str) -> &'static str {
+    const WARM: [&str; 6] = [
+        "#f4a582", "#fdb863", "#f6c77d", "#e89a6a", "#f2b06e", "#fcd28d",
+    ];
+    let h = name
+        .bytes()
+        .fold(0u32, |h, b| h.wrapping_mul(31).wrapping_add(u32::from(b)));
+    WARM[h as usize % WARM.len()]
+}
+
+/// A site label with its file's directories dropped (`train.py:42 step`):
+/// the chart has room for a name, not a path.
+fn short_site(label: &str) -> String {
+    match label.split_once(':') {
+        Some((path, rest)) if path.starts_with('/') => {
+            let file = path.rsplit('/').next().unwrap_or(path);
+            truncate(&format!("{file}:{rest}"), 60)
+        }
+        _ => truncate(label, 60),
+    }
 }
 
 /// Processes nested under their parents, with their calls and memory.
@@ -789,5 +861,56 @@ mod tests {
             h.find("sibling").unwrap(),
         );
         assert!(c < g && g < s);
+    }
+
+    #[test]
+    fn slowest_calls_name_their_site() {
+        use sleuth_core::sites::{Frame, FrameKind, Stack};
+        use sleuth_core::CallEvent;
+        let frame = Frame {
+            kind: Some(FrameKind::Python),
+            function: Some("step".into()),
+            file: Some("/home/u/project/train.py".into()),
+            line: Some(42),
+            ..Default::default()
+        };
+        let mut data = TraceData {
+            calls: vec![
+                CallEvent {
+                    op: 1,
+                    pid: 9,
+                    dur_ns: 5_000_000,
+                    stack_id: Some(7),
+                    ..Default::default()
+                },
+                CallEvent {
+                    op: 1,
+                    pid: 9,
+                    dur_ns: 1_000,
+                    ..Default::default()
+                },
+            ],
+            ..Default::default()
+        };
+        data.stacks.insert(
+            7,
+            Stack {
+                id: 7,
+                pid: 9,
+                frames: vec![frame],
+                notes: vec![],
+            },
+        );
+        let h = slowest_section(&data, &[], 0);
+        assert!(h.contains("at train.py:42 step"), "{h}");
+        assert_eq!(h.matches(" — at ").count(), 1, "only the call with a stack");
+        assert_eq!(short_site("(site not captured)"), "(site not captured)");
+        // The flame graph: one bar for the root, one for the frame, its name shortened.
+        data.calls[0].op = sleuth_core::ops::op_by_name("cudaMalloc").unwrap().id;
+        data.calls[0].size = Some(1 << 20);
+        let f = flame_section(&data);
+        assert_eq!(f.matches("<rect").count(), 2, "{f}");
+        assert!(f.contains("train.py:42 step"), "{f}");
+        assert!(f.contains("1.0 MiB"), "{f}");
     }
 }

@@ -2,13 +2,12 @@
 
 use crate::gpu_sampler::{self, GpuSampler};
 use crate::held_child::{self, HeldChild};
-use crate::live::LiveView;
+use crate::live::{Frame, LiveFeed, LiveView};
 use crate::{procinfo, signals};
 use anyhow::{bail, Context, Result};
-use sleuth_core::record::{self, stat};
+use sleuth_core::record::stat;
 use sleuth_core::stats::EDGE_OPEN_AT_END;
-use sleuth_core::{Event, ProcKind};
-use sleuth_probe::{discover, monotonic_ns, Capture, LaunchMode, LibFile};
+use sleuth_probe::{discover, monotonic_ns, CaptureSession, Captured, LaunchMode, SessionOptions};
 use sleuth_store::{LibraryInfo, NoteLevel, SessionInfo, TraceWriter, WriterHandle, WriterOptions};
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -28,8 +27,8 @@ pub struct Args {
     /// Attach to running processes (repeatable; children are followed).
     #[arg(long = "pid", value_name = "PID")]
     pub pids: Vec<u32>,
-    /// Stop after this long (e.g. 30s, 500ms, 2m).
-    #[arg(long, value_parser = parse_duration)]
+    /// Stop after this long (e.g. 30s, 500ms, 2m; a unit is required).
+    #[arg(long, value_parser = crate::args::positive_duration)]
     pub duration: Option<Duration>,
     /// What happens to a launched command still running when --duration
     /// ends the trace: `leave` it running (untraced; its pid is printed) or
@@ -41,10 +40,15 @@ pub struct Args {
         requires = "duration"
     )]
     pub on_duration: OnDuration,
-    /// How kernel launches are captured: driver (count cuLaunchKernel/Ex in the
-    /// kernel, 1 trap per launch), all (also count cudaLaunchKernel), full
-    /// (per-call latency and errors, 4 traps per runtime launch), off.
-    #[arg(long, default_value = "driver", value_parser = parse_launches)]
+    /// How kernel launches are captured.
+    #[arg(
+        long,
+        default_value = "driver",
+        value_parser = clap::builder::TypedValueParser::map(
+            clap::builder::EnumValueParser::<Launches>::new(),
+            LaunchMode::from
+        )
+    )]
     pub launches: LaunchMode,
     /// Also probe PyTorch's caching allocator (libc10_cuda.so): allocated vs
     /// reserved, the blocks that pin each segment (`memory --segments`). Costs
@@ -55,11 +59,11 @@ pub struct Args {
     #[arg(long = "cuda-lib", value_name = "PATH")]
     pub cuda_libs: Vec<PathBuf>,
     /// Database size cap (e.g. 512M, 2G); past it calls are counted, not stored.
-    #[arg(long = "max-db", default_value = "1G", value_parser = parse_size)]
+    #[arg(long = "max-db", default_value = "1G", value_parser = crate::args::size)]
     pub max_db: u64,
     /// Kernel ring buffer size (e.g. 8M, 64M): more absorbs longer bursts
     /// before events are dropped (drops are always counted and reported).
-    #[arg(long = "ring-size", default_value = "8M", value_parser = parse_size)]
+    #[arg(long = "ring-size", default_value = "8M", value_parser = crate::args::size)]
     pub ring_size: u64,
     /// Call sites (Python file/function/line and native frames) of
     /// allocations, frees, failed and slow calls: on or off.
@@ -67,7 +71,7 @@ pub struct Args {
     pub sites: bool,
     /// Also capture the site of any recorded call at least this long
     /// (e.g. 1ms, 500us; 0 turns it off). Launches are never captured.
-    #[arg(long = "site-slow", default_value = "1ms", value_parser = parse_slow)]
+    #[arg(long = "site-slow", default_value = "1ms", value_parser = crate::args::duration)]
     pub site_slow: Duration,
     /// Create this file once probes are attached (for scripts and tests).
     #[arg(long = "ready-file", value_name = "PATH")]
@@ -91,72 +95,29 @@ fn parse_on_off(s: &str) -> Result<bool, String> {
     }
 }
 
-/// A duration that may be 0 (off) or given in microseconds.
-fn parse_slow(s: &str) -> Result<Duration, String> {
-    let t = s.trim();
-    if t == "0" {
-        return Ok(Duration::ZERO);
-    }
-    if let Some(us) = t.strip_suffix("us") {
-        let v: f64 = us
-            .trim()
-            .parse()
-            .map_err(|_| format!("'{s}' is not a duration (e.g. 1ms, 500us, 0)"))?;
-        if !v.is_finite() || v < 0.0 {
-            return Err(format!("'{s}' is not a duration"));
+/// `--launches`, as clap lists and checks it; the probe layer's own type
+/// stays free of clap.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
+pub enum Launches {
+    /// Count cuLaunchKernel/Ex in the kernel (1 trap per launch).
+    Driver,
+    /// Also count cudaLaunchKernel (2 traps per runtime launch).
+    All,
+    /// Per-call latency and errors (4 traps per runtime launch).
+    Full,
+    /// Do not probe launches.
+    Off,
+}
+
+impl From<Launches> for LaunchMode {
+    fn from(l: Launches) -> LaunchMode {
+        match l {
+            Launches::Driver => LaunchMode::Driver,
+            Launches::All => LaunchMode::All,
+            Launches::Full => LaunchMode::Full,
+            Launches::Off => LaunchMode::Off,
         }
-        return Ok(Duration::from_secs_f64(v * 1e-6));
     }
-    parse_duration(t)
-}
-
-fn parse_launches(s: &str) -> Result<LaunchMode, String> {
-    LaunchMode::parse(s)
-        .ok_or_else(|| format!("'{s}' is not a launch mode (driver, all, full, off)"))
-}
-
-/// Parses `500ms`, `30s`, `2m`, `1h`, or plain seconds.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let (num, mult) = if let Some(n) = s.strip_suffix("ms") {
-        (n, 1e-3)
-    } else if let Some(n) = s.strip_suffix('s') {
-        (n, 1.0)
-    } else if let Some(n) = s.strip_suffix('m') {
-        (n, 60.0)
-    } else if let Some(n) = s.strip_suffix('h') {
-        (n, 3600.0)
-    } else {
-        (s, 1.0)
-    };
-    let v: f64 = num
-        .trim()
-        .parse()
-        .map_err(|_| format!("'{s}' is not a duration (e.g. 30s, 500ms, 2m)"))?;
-    if !v.is_finite() || v <= 0.0 {
-        return Err(format!("'{s}' is not a positive duration"));
-    }
-    Ok(Duration::from_secs_f64(v * mult))
-}
-
-/// Parses `1G`, `512M`, `64K`, or plain bytes.
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim().trim_end_matches(['B', 'b', 'i']);
-    let (num, mult) = match t.chars().last() {
-        Some('K' | 'k') => (&t[..t.len() - 1], 1u64 << 10),
-        Some('M' | 'm') => (&t[..t.len() - 1], 1 << 20),
-        Some('G' | 'g') => (&t[..t.len() - 1], 1 << 30),
-        Some('T' | 't') => (&t[..t.len() - 1], 1 << 40),
-        _ => (t, 1),
-    };
-    let v: f64 = num
-        .trim()
-        .parse()
-        .map_err(|_| format!("'{s}' is not a size (e.g. 512M, 2G)"))?;
-    if !v.is_finite() || v < 1.0 {
-        return Err(format!("'{s}' is not a positive size"));
-    }
-    Ok((v * mult as f64) as u64)
 }
 
 /// `--on-duration`: the launched command's fate when the time is up.
@@ -179,23 +140,11 @@ enum Target {
 }
 
 fn default_db_path() -> PathBuf {
-    let mut t: libc::time_t = 0;
-    // SAFETY: time() writes the current time to our local; localtime_r fills our tm.
-    let tm = unsafe {
-        libc::time(&mut t);
-        let mut tm: libc::tm = std::mem::zeroed();
-        libc::localtime_r(&t, &mut tm);
-        tm
-    };
-    PathBuf::from(format!(
-        "gpusleuth-{:04}{:02}{:02}-{:02}{:02}{:02}.db",
-        tm.tm_year + 1900,
-        tm.tm_mon + 1,
-        tm.tm_mday,
-        tm.tm_hour,
-        tm.tm_min,
-        tm.tm_sec
-    ))
+    PathBuf::from(
+        chrono::Local::now()
+            .format("gpusleuth-%Y%m%d-%H%M%S.db")
+            .to_string(),
+    )
 }
 
 /// Finds a command the way execvp will.
@@ -310,7 +259,7 @@ pub fn run(args: Args) -> Result<i32> {
     let handle = writer.handle();
     // Until the command runs (or the processes are attached) nothing has been
     // traced: a failure here leaves no database behind.
-    let (cap, mut session, child) = match start(&args, &target, &handle, start_mono) {
+    let (mut session, sinks, child) = match start(&args, &target, &handle, start_mono) {
         Ok(started) => started,
         Err(e) => {
             drop(handle);
@@ -329,12 +278,12 @@ pub fn run(args: Args) -> Result<i32> {
             Target::Pids(p) => gpu_sampler::Scope::Pids(p.iter().copied().collect()),
             Target::Launch(_) => gpu_sampler::Scope::Pids(HashSet::new()),
         },
-        session.metrics.clone(),
+        sinks.metrics.clone(),
     );
     if let (Some(s), Some(pid)) = (&sampler, child) {
         s.set_pids([pid]);
     }
-    session.started = true;
+    session.mark_started();
     if let Some(f) = &args.ready_file {
         use std::io::Write as _;
         use std::os::unix::fs::OpenOptionsExt as _;
@@ -359,12 +308,12 @@ pub fn run(args: Args) -> Result<i32> {
                 Target::All => "every CUDA process".into(),
             },
             db.display(),
-            cap.attached().count(),
+            session.attached().count(),
             args.launches.as_str()
         );
     }
     trace_loop(
-        &args, &target, db, writer, handle, cap, session, child, sampler,
+        &args, &target, db, writer, handle, session, sinks, child, sampler,
     )
 }
 
@@ -381,22 +330,22 @@ fn start(
     target: &Target,
     handle: &WriterHandle,
     start_mono: u64,
-) -> Result<(Capture, Session, Option<u32>)> {
+) -> Result<(CaptureSession, Sinks, Option<u32>)> {
     let ring_bytes =
         u32::try_from(args.ring_size).map_err(|_| anyhow::anyhow!("--ring-size: at most 2G"))?;
-    let site_opts = sleuth_probe::SiteOptions {
-        on: args.sites,
-        slow_ns: u64::try_from(args.site_slow.as_nanos()).unwrap_or(u64::MAX),
-    };
-    let mut cap = Capture::start_with_sites(
-        matches!(target, Target::All),
-        args.launches,
+    let opts = SessionOptions {
+        trace_all: matches!(target, Target::All),
+        launch_mode: args.launches,
         ring_bytes,
-        site_opts,
-    )?;
-    cap.set_torch_allocator(args.torch_allocator);
-    let mut session = Session::new(handle.clone(), start_mono, args.quiet);
-    session.metrics = args.metrics.map(crate::metrics::serve).transpose()?;
+        sites: sleuth_probe::SiteOptions {
+            on: args.sites,
+            slow_ns: u64::try_from(args.site_slow.as_nanos()).unwrap_or(u64::MAX),
+        },
+        torch_allocator: args.torch_allocator,
+    };
+    let mut session = CaptureSession::start(&opts, start_mono)?;
+    let metrics = args.metrics.map(crate::metrics::serve).transpose()?;
+    let mut sinks = Sinks::new(handle.clone(), start_mono, !args.quiet, metrics);
 
     // Libraries known before anything runs: explicit, the command's environment, standard places.
     let env: Vec<(String, String)> = std::env::vars().collect();
@@ -411,45 +360,27 @@ fn start(
             extra_dirs.extend(sleuth_probe::symbols::runpath_dirs(&exe));
         }
     }
-    let mut initial: Vec<LibFile> = args
-        .cuda_libs
-        .iter()
-        .filter_map(|p| discover::lib_file(p))
-        .collect();
-    initial.extend(discover::scan_standard(&extra_dirs));
-    if let Target::Pids(pids) = target {
-        for &p in pids {
-            initial.extend(discover::libs_mapped_by(p));
-        }
-    }
-    if matches!(target, Target::All) {
-        for p in procinfo::all_pids() {
-            initial.extend(discover::libs_mapped_by(p));
-        }
-    }
-    for lib in &initial {
-        session.attach(&mut cap, lib, false);
-    }
+    let pids: &[u32] = match target {
+        Target::Pids(p) => p,
+        _ => &[],
+    };
+    session.discover(&args.cuda_libs, &extra_dirs, pids, |c| sinks.take(c));
 
     let mut child: Option<u32> = None;
     match target {
         Target::Launch(cmd) => {
             let held: HeldChild = held_child::spawn_held(cmd)?;
             let pid = held.pid;
-            if let Err(e) = cap.trace_pid(pid) {
+            if let Err(e) = session.trace_pid(pid, |c| sinks.take(c)) {
                 held.abandon();
                 return Err(e.into());
             }
-            session.note_process(pid);
-            session.sites.watch(pid);
             held.release(&cmd[0])?;
             child = Some(pid);
         }
         Target::Pids(pids) => {
             for &p in pids {
-                cap.trace_pid(p)?;
-                session.note_process(p);
-                session.sites.watch(p);
+                session.trace_pid(p, |c| sinks.take(c))?;
                 handle.add_note(
                     NoteLevel::Info,
                     format!("attached to running process {p}: its calls before the trace started were not seen"),
@@ -458,7 +389,7 @@ fn start(
         }
         Target::All => {}
     }
-    Ok((cap, session, child))
+    Ok((session, sinks, child))
 }
 
 /// Traces until a stop condition, then completes the database and reports.
@@ -469,12 +400,12 @@ fn trace_loop(
     db: PathBuf,
     writer: TraceWriter,
     handle: WriterHandle,
-    mut cap: Capture,
-    mut session: Session,
+    mut session: CaptureSession,
+    mut sinks: Sinks,
     child: Option<u32>,
     sampler: Option<GpuSampler>,
 ) -> Result<i32> {
-    let start_mono = session.start_mono;
+    let start_mono = session.start_mono();
     signals::install();
     let t0 = Instant::now();
     let mut last_scan = Instant::now();
@@ -483,10 +414,8 @@ fn trace_loop(
     let mut child_exit_at: Option<Instant> = None;
     // Whether the loop ended because --duration was reached.
     let duration_up = loop {
-        cap.poll(Duration::from_millis(50), |bytes| session.record(bytes));
-        if args.sites {
-            session.find_python(&mut cap);
-        }
+        session.poll(Duration::from_millis(50), |c| sinks.take(c));
+        sinks.live.flush();
         if let Some(pid) = child {
             if child_exit.is_none() {
                 if let Some(code) = held_child::try_wait(pid) {
@@ -497,7 +426,7 @@ fn trace_loop(
         }
         // Stop conditions.
         let interrupts = signals::interrupts();
-        let traced_left = || cap.traced_pids().into_iter().any(procinfo::alive);
+        let traced_left = || session.traced_pids().into_iter().any(procinfo::alive);
         let stop = match &target {
             // Ctrl-C reaches the command too; a second one stops us regardless.
             Target::Launch(_) => {
@@ -508,7 +437,7 @@ fn trace_loop(
             Target::Pids(_) => interrupts >= 1 || !traced_left(),
             Target::All => interrupts >= 1,
         };
-        if stop || session.writer_error.is_some() {
+        if stop || sinks.writer_error.is_some() {
             break false;
         }
         if args.duration.is_some_and(|d| t0.elapsed() >= d) {
@@ -516,32 +445,26 @@ fn trace_loop(
         }
         if last_scan.elapsed() >= Duration::from_millis(200) {
             last_scan = Instant::now();
-            if let Some(m) = &session.metrics {
-                m.set_kernel_counters(&cap.loss_stats(), &cap.op_counts());
+            if sinks.metrics.is_some() {
+                sinks
+                    .live
+                    .set_kernel_counters(session.losses().counters(), session.op_counts());
             }
-            let pids: Vec<u32> = if matches!(target, Target::All) {
-                procinfo::all_pids()
-            } else {
-                cap.traced_pids()
-            };
+            let pids = session.scan_pids();
             if let Some(s) = &sampler {
                 s.set_pids(pids.iter().copied());
             }
-            for p in pids {
-                for lib in discover::libs_mapped_by(p) {
-                    if !cap.is_attached(&lib) {
-                        session.attach(&mut cap, &lib, true);
-                    }
-                }
-            }
+            session.rescan(&pids, |c| sinks.take(c));
         }
-        if last_render.elapsed() >= Duration::from_secs(if session.live_tty() { 1 } else { 5 }) {
+        if last_render.elapsed() >= Duration::from_secs(if live_tty() { 1 } else { 5 }) {
             last_render = Instant::now();
-            let drops = loss_sums(&cap.loss_stats()).total();
-            let elapsed = t0.elapsed().as_secs_f64();
-            session
-                .live
-                .render(elapsed, session.events, drops, start_mono, monotonic_ns());
+            sinks.live.render(Frame {
+                elapsed_s: t0.elapsed().as_secs_f64(),
+                records: session.counts().records,
+                drops: session.losses().total(),
+                start_ns: start_mono,
+                now_ns: monotonic_ns(),
+            });
         }
     };
     // The time is up while the launched command still runs: end it or say
@@ -554,7 +477,7 @@ fn trace_loop(
         };
         let text = match args.on_duration {
             OnDuration::Kill => {
-                let (code, how) = end_command(pid, &mut cap, &mut session);
+                let (code, how) = end_command(pid, &mut session, &mut sinks);
                 child_exit = Some(code);
                 format!("--duration reached: ended `{cmd}` (pid {pid}) with {how}")
             }
@@ -563,7 +486,7 @@ fn trace_loop(
                  (--on-duration kill ends it when the time is up)"
             ),
         };
-        session.live.clear();
+        sinks.live.clear();
         eprintln!("gpusleuth: {text}");
         fate = Some(text);
     }
@@ -572,20 +495,22 @@ fn trace_loop(
     // records, and an unbounded drain never ended.
     let drain_until = Instant::now() + FINAL_DRAIN;
     while Instant::now() < drain_until
-        && cap.poll(Duration::from_millis(20), |bytes| session.record(bytes)) > 0
+        && session.poll(Duration::from_millis(20), |c| sinks.take(c)) > 0
     {}
     let end_mono = monotonic_ns();
-    let open_calls = cap.open_calls() as u64;
+    let open_calls = session.open_calls() as u64;
     if let Some(s) = sampler {
         s.finish();
     }
 
-    let losses = cap.loss_stats();
-    let counted_calls: u64 = cap.op_counts().iter().map(|c| c.count).sum();
+    let losses = session.losses();
+    let counts = session.counts();
+    let op_counts = session.op_counts();
+    let counted_calls: u64 = op_counts.iter().map(|c| c.count).sum();
     let coverage = coverage_warning(
-        cap.attached().count(),
-        session.unprobed.len(),
-        session.n_calls + counted_calls,
+        session.attached().count(),
+        session.unprobed(),
+        counts.calls + counted_calls,
     );
     let finish_meta = || -> Result<(), sleuth_store::StoreError> {
         if let Some(text) = &fate {
@@ -594,8 +519,9 @@ fn trace_loop(
         if let Some((NoteLevel::Warn, text)) = &coverage {
             handle.add_note(NoteLevel::Warn, text.clone())?;
         }
+        let counters = losses.counters();
         for i in stat::losses() {
-            handle.set_stat(format!("drop_{}", stat::NAMES[i]), losses[i])?;
+            handle.set_stat(format!("drop_{}", stat::NAMES[i]), counters[i])?;
         }
         // Lets `explain` recognise the tracer's own threads (never culprits).
         handle.set_stat(
@@ -603,19 +529,19 @@ fn trace_loop(
             u64::from(std::process::id()),
         )?;
         for i in (0..stat::MAX).filter(|&i| stat::is_attach_edge(i)) {
-            handle.set_stat(format!("edge_{}", stat::edge_name(i)), losses[i])?;
+            handle.set_stat(format!("edge_{}", stat::edge_name(i)), counters[i])?;
         }
         handle.set_stat(format!("edge_{EDGE_OPEN_AT_END}"), open_calls)?;
-        handle.set_stat("events_call", session.n_calls)?;
-        handle.set_stat("events_wait", session.n_waits)?;
-        handle.set_stat("events_proc", session.n_procs)?;
-        handle.set_stat("decode_errors", session.decode_errors)?;
-        handle.set_stat("sites_stored", session.sites.stored)?;
+        handle.set_stat("events_call", counts.calls)?;
+        handle.set_stat("events_wait", counts.waits)?;
+        handle.set_stat("events_proc", counts.procs)?;
+        handle.set_stat("decode_errors", counts.decode_errors)?;
+        handle.set_stat("sites_stored", counts.stacks)?;
         // Kernel state left behind by traced processes: 0 once they all exited.
-        let (traced_left, threads_left) = cap.map_occupancy();
+        let (traced_left, threads_left) = session.map_occupancy();
         handle.set_stat("map_traced_left", traced_left as u64)?;
         handle.set_stat("map_threads_left", threads_left as u64)?;
-        handle.set_op_counts(cap.op_counts())?;
+        handle.set_op_counts(op_counts.clone())?;
         handle.set_session_end(end_mono)?;
         if child.is_some() && child_exit.is_none() && signals::interrupts() >= 2 {
             handle.add_note(
@@ -627,25 +553,24 @@ fn trace_loop(
     };
     let meta_result = finish_meta();
     drop(handle);
-    if let Some(e) = session.writer_error.take() {
+    if let Some(e) = sinks.writer_error.take() {
         eprintln!("gpusleuth: warning: the database writer failed during the trace ({e}); what was committed before is kept");
     }
-    session.live.clear();
-    drop(session);
-    drop(cap); // detaches every probe before the report
+    sinks.live.finish();
+    drop(sinks);
+    drop(session); // detaches every probe before the report
     let summary = writer
         .finish()
         .context("cannot finish the trace database")?;
     meta_result.context("cannot store the trace's counters")?;
 
-    let sums = loss_sums(&losses);
     if !args.quiet {
         // The final table comes from the database: exact, and what a later `stats` shows.
         // Read from the rollups: the summary must not load the whole trace.
-        let report = crate::cmd::stats::stats_of(&db, None)?;
+        let report = crate::load::stats_of(&db, None)?;
         eprint!(
             "{}",
-            crate::term_text::terminal_safe(&crate::cmd::stats::render(&report))
+            crate::term_text::terminal_safe(&crate::render::stats::render(&report))
         );
     }
     eprintln!(
@@ -654,10 +579,10 @@ fn trace_loop(
         summary.calls_stored,
         summary.waits_stored,
         summary.proc_events_stored,
-        sums.ring,
-        sums.maps,
+        losses.ring(),
+        losses.maps(),
         summary.dropped_db_full,
-        losses[stat::UNMATCHED_RETURN],
+        losses.unmatched_return,
         open_calls
     );
     if let Some((level, text)) = coverage {
@@ -676,16 +601,20 @@ fn trace_loop(
     })
 }
 
+fn live_tty() -> bool {
+    std::io::IsTerminal::is_terminal(&std::io::stderr())
+}
+
 /// Ends the launched command (our own unreaped child, so its pid cannot have
 /// been reused): SIGTERM, then SIGKILL after [`KILL_GRACE`], recording its
 /// last calls meanwhile. Returns its exit status and the signal that ended it.
-fn end_command(pid: u32, cap: &mut Capture, session: &mut Session) -> (i32, &'static str) {
+fn end_command(pid: u32, session: &mut CaptureSession, sinks: &mut Sinks) -> (i32, &'static str) {
     for (sig, how) in [(libc::SIGTERM, "SIGTERM"), (libc::SIGKILL, "SIGKILL")] {
         // SAFETY: kill(2) on our own child, not yet reaped (see above).
         unsafe { libc::kill(pid as i32, sig) };
         let deadline = Instant::now() + KILL_GRACE;
         while Instant::now() < deadline {
-            cap.poll(Duration::from_millis(20), |bytes| session.record(bytes));
+            session.poll(Duration::from_millis(20), |c| sinks.take(c));
             if let Some(code) = held_child::try_wait(pid) {
                 return (code, how);
             }
@@ -697,34 +626,6 @@ fn end_command(pid: u32, cap: &mut Capture, session: &mut Session) -> (i32, &'st
 
 /// Longest time spent draining the ring buffer after the trace stopped.
 const FINAL_DRAIN: Duration = Duration::from_millis(500);
-
-/// The kernel's loss counters summed by cause, by name (never by position:
-/// counters are added at the end of the list over time).
-struct LossSums {
-    ring: u64,
-    maps: u64,
-}
-
-impl LossSums {
-    fn total(&self) -> u64 {
-        self.ring + self.maps
-    }
-}
-
-fn loss_sums(losses: &[u64; stat::MAX]) -> LossSums {
-    // Classified in one place (record.rs), so a counter added there is
-    // summed here without being listed again.
-    let sum = |ring: bool| {
-        stat::losses()
-            .filter(|&i| stat::is_ring_drop(i) == ring)
-            .map(|i| losses[i])
-            .sum::<u64>()
-    };
-    LossSums {
-        ring: sum(true),
-        maps: sum(false),
-    }
-}
 
 /// What the final summary must say when the trace saw no CUDA call: a
 /// warning when no library was probed at all (nothing could be seen), a hint
@@ -746,45 +647,35 @@ fn coverage_warning(
     }
 }
 
-/// Per-trace bookkeeping on the user-space side of the ring buffer.
-struct Session {
+/// Where the session's output goes: the database writer (on this thread:
+/// `send` only queues for the writer's own thread), and the live view and
+/// metrics (on their own thread, fed in batches).
+struct Sinks {
     handle: WriterHandle,
     start_mono: u64,
-    known_pids: HashSet<u32>,
-    /// Library files (dev, ino) that could not be probed: reported once, not every rescan.
-    unprobed: HashSet<(u64, u64)>,
-    live: LiveView,
-    started: bool,
-    events: u64,
-    n_calls: u64,
-    n_waits: u64,
-    n_procs: u64,
-    decode_errors: u64,
+    live: LiveFeed,
+    /// `--metrics`: live counters served over HTTP (also read by the GPU sampler).
+    metrics: Option<std::sync::Arc<crate::metrics::Metrics>>,
     /// First error from the database writer; tracing stops on it.
     writer_error: Option<String>,
-    /// `--metrics`: live counters served over HTTP.
-    metrics: Option<std::sync::Arc<crate::metrics::Metrics>>,
-    /// Call sites: CPython discovery and stack resolution.
-    sites: crate::sites::SiteSession,
+    /// Call sites: native names added on a thread of their own.
+    stacks: crate::sites::StackSink,
 }
 
-impl Session {
-    fn new(handle: WriterHandle, start_mono: u64, quiet: bool) -> Session {
-        Session {
+impl Sinks {
+    fn new(
+        handle: WriterHandle,
+        start_mono: u64,
+        live_view: bool,
+        metrics: Option<std::sync::Arc<crate::metrics::Metrics>>,
+    ) -> Sinks {
+        Sinks {
             handle,
             start_mono,
-            known_pids: HashSet::new(),
-            unprobed: HashSet::new(),
-            live: LiveView::new(!quiet),
-            started: false,
-            events: 0,
-            n_calls: 0,
-            n_waits: 0,
-            n_procs: 0,
-            decode_errors: 0,
+            live: LiveFeed::start(LiveView::new(live_view), metrics.clone()),
+            metrics,
             writer_error: None,
-            metrics: None,
-            sites: crate::sites::SiteSession::default(),
+            stacks: crate::sites::StackSink::default(),
         }
     }
 
@@ -794,16 +685,37 @@ impl Session {
         }
     }
 
-    fn live_tty(&self) -> bool {
-        std::io::IsTerminal::is_terminal(&std::io::stderr())
+    /// Stores a note, printed as a warning too when it is one.
+    fn note(&mut self, level: NoteLevel, text: String) {
+        if level == NoteLevel::Warn {
+            // Printed as well as stored: lost coverage must be seen while tracing.
+            self.live.clear();
+            eprintln!("gpusleuth: warning: {text}");
+        }
+        let r = self.handle.add_note(level, text);
+        self.check(r);
     }
 
-    fn attach(&mut self, cap: &mut Capture, lib: &LibFile, late: bool) {
-        if self.unprobed.contains(&(lib.dev, lib.ino)) {
-            return;
-        }
-        match cap.attach_lib(lib) {
-            Ok(Some(a)) => {
+    fn take(&mut self, c: Captured) {
+        match c {
+            Captured::Event(ev) => {
+                self.live.observe(&ev);
+                let r = self.handle.send(ev);
+                self.check(r);
+            }
+            Captured::Stack(stack) => {
+                let r = self.stacks.submit(stack, &self.handle);
+                self.check(r);
+            }
+            Captured::Process(pid) => {
+                let info = procinfo::read(pid, monotonic_ns());
+                if self.live.wants_events() {
+                    self.live.set_process(info.clone());
+                }
+                let r = self.handle.set_process(info);
+                self.check(r);
+            }
+            Captured::Attached { lib: a, late } => {
                 let secs = a.attached_mono_ns.saturating_sub(self.start_mono) as f64 / 1e9;
                 let r = self.handle.add_library(LibraryInfo {
                     path: a.lib.path.display().to_string(),
@@ -816,17 +728,14 @@ impl Session {
                 });
                 self.check(r);
                 if a.lib.layer == sleuth_core::Layer::Torch && a.probes == 0 {
-                    let text = format!(
+                    self.note(NoteLevel::Warn, format!(
                         "PyTorch caching-allocator entry points not found in {} (missing: {}): this torch build is \
                          not recognised, allocated/reserved come from the CUDA-level view only",
                         a.lib.path.display(),
                         a.missing.join(", ")
-                    );
-                    eprintln!("gpusleuth: warning: {text}");
-                    let r = self.handle.add_note(NoteLevel::Warn, text);
-                    self.check(r);
+                    ));
                 }
-                if late && self.started && a.probes > 0 {
+                if late && a.probes > 0 {
                     let r = self.handle.add_note(
                         NoteLevel::Warn,
                         format!(
@@ -837,93 +746,15 @@ impl Session {
                     self.check(r);
                 }
             }
-            Ok(None) => {}
-            Err(e) => {
-                // Printed as well as stored: a library lost must be seen while tracing.
-                self.unprobed.insert((lib.dev, lib.ino));
-                self.live.clear();
-                eprintln!("gpusleuth: warning: not probed: {e}");
-                let r = self
-                    .handle
-                    .add_note(NoteLevel::Warn, format!("not probed: {e}"));
-                self.check(r);
-            }
-        }
-    }
-
-    fn note_process(&mut self, pid: u32) {
-        if self.known_pids.insert(pid) {
-            let info = procinfo::read(pid, monotonic_ns());
-            self.live.set_process(&info);
-            let r = self.handle.set_process(info);
-            self.check(r);
-        }
-    }
-
-    /// Registers CPython in processes that may have started it.
-    fn find_python(&mut self, cap: &mut Capture) {
-        for (level, text) in self.sites.find_python(cap) {
-            self.live.clear();
-            if level == NoteLevel::Warn {
-                eprintln!("gpusleuth: warning: {text}");
-            }
-            let r = self.handle.add_note(level, text);
-            self.check(r);
-        }
-    }
-
-    fn record(&mut self, bytes: &[u8]) {
-        self.events += 1;
-        if record::record_type(bytes) == Some(record::REC_STACK) {
-            match record::decode_stack(bytes) {
-                Ok(raw) => {
-                    let stack = self.sites.resolve(&raw);
-                    let r = self.handle.add_stack(stack);
-                    self.check(r);
-                }
-                Err(_) => self.decode_errors += 1,
-            }
-            return;
-        }
-        match record::decode(bytes) {
-            Ok(ev) => {
-                match &ev {
-                    Event::Call(c) => {
-                        self.n_calls += 1;
-                        if !self.known_pids.contains(&c.pid) {
-                            // First call seen from it (trace-all mode): may be Python.
-                            self.sites.watch(c.pid);
-                        }
-                        self.note_process(c.pid);
-                    }
-                    Event::Nccl(n) => {
-                        self.n_calls += 1;
-                        self.note_process(n.call.pid);
-                    }
-                    Event::Wait(_) => self.n_waits += 1,
-                    Event::Block(_) => {}
-                    Event::Proc(p) => {
-                        self.n_procs += 1;
-                        if matches!(p.kind, ProcKind::Fork | ProcKind::Exec) {
-                            // Re-read: a new process, or a new program in it.
-                            self.known_pids.remove(&p.pid);
-                            self.note_process(p.pid);
-                            self.sites.forget(p.pid);
-                            self.sites.watch(p.pid);
-                        }
-                        if p.kind == ProcKind::Exit {
-                            self.sites.forget(p.pid);
-                        }
-                    }
-                }
-                self.live.observe(&ev);
-                if let Some(m) = &self.metrics {
-                    m.observe(&ev);
-                }
-                let r = self.handle.send(ev);
-                self.check(r);
-            }
-            Err(_) => self.decode_errors += 1,
+            Captured::NotProbed(e) => self.note(NoteLevel::Warn, format!("not probed: {e}")),
+            Captured::Note { warn, text } => self.note(
+                if warn {
+                    NoteLevel::Warn
+                } else {
+                    NoteLevel::Info
+                },
+                text,
+            ),
         }
     }
 }
@@ -932,40 +763,45 @@ impl Session {
 mod tests {
     use super::*;
 
-    #[test]
-    fn durations_and_sizes() {
-        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
-        assert_eq!(parse_duration("30s").unwrap(), Duration::from_secs(30));
-        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
-        assert_eq!(parse_duration("1.5").unwrap(), Duration::from_millis(1500));
-        assert!(parse_duration("abc").is_err());
-        assert!(parse_duration("-1s").is_err());
-        assert_eq!(parse_size("1G").unwrap(), 1 << 30);
-        assert_eq!(parse_size("512M").unwrap(), 512 << 20);
-        assert_eq!(parse_size("64KiB").unwrap(), 64 << 10);
-        assert!(parse_size("lots").is_err());
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    fn parse(argv: &[&str]) -> Result<Args, String> {
+        use clap::Parser as _;
+        let argv = std::iter::once("trace").chain(argv.iter().copied());
+        Cli::try_parse_from(argv)
+            .map(|c| c.args)
+            .map_err(|e| e.to_string())
     }
 
     #[test]
-    fn losses_are_summed_by_name_and_attach_edges_are_not_losses() {
-        let mut l = [0u64; stat::MAX];
-        for (i, v) in l.iter_mut().enumerate() {
-            *v = 1 << i;
-        }
-        let s = loss_sums(&l);
-        assert_eq!(
-            s.ring,
-            1 | 2
-                | 4
-                | (1 << stat::RING_DROP_BLOCK)
-                | (1 << stat::RING_DROP_NCCL)
-                | (1 << stat::RING_DROP_STACK)
-        );
-        assert_eq!(s.maps, 8 | 16 | 32 | (1 << stat::TRACED_FULL));
-        assert_eq!(s.total() & (1 << stat::UNMATCHED_RETURN), 0);
-        // Every counter is either a loss summed here or an attach edge.
-        let covered = s.total() | (1 << stat::UNMATCHED_RETURN);
-        assert_eq!(covered, (1u64 << stat::MAX) - 1);
+    fn options_use_the_shared_duration_size_and_launch_parsers() {
+        let a = parse(&[
+            "--duration",
+            "1.5s",
+            "--max-db",
+            "512M",
+            "--launches",
+            "full",
+            "--site-slow",
+            "0",
+        ])
+        .expect("valid options");
+        assert_eq!(a.duration, Some(Duration::from_millis(1500)));
+        assert_eq!(a.max_db, 512 << 20);
+        assert_eq!(a.launches, LaunchMode::Full);
+        assert_eq!(a.site_slow, Duration::ZERO);
+        let d = parse(&[]).expect("defaults");
+        assert_eq!((d.launches, d.ring_size), (LaunchMode::Driver, 8 << 20));
+        assert_eq!(d.site_slow, Duration::from_millis(1));
+        let e = parse(&["--duration", "1.5"]).err().unwrap_or_default();
+        assert!(e.contains("write 1.5s"), "{e}");
+        assert!(parse(&["--duration", "0s"]).is_err());
+        assert!(parse(&["--launches", "some"]).is_err());
+        assert!(parse(&["--ring-size", "lots"]).is_err());
     }
 
     #[test]

@@ -12,15 +12,14 @@ use std::time::{Duration, Instant};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Print the report as JSON (schema in docs/vram.md).
-    #[arg(long)]
-    json: bool,
+    #[command(flatten)]
+    out: crate::args::JsonOutput,
     /// Refresh periodically: in place on a terminal, one block per refresh otherwise.
     #[arg(long)]
     watch: bool,
-    /// Seconds between refreshes with --watch.
-    #[arg(long, default_value_t = 2.0)]
-    interval: f64,
+    /// Time between refreshes with --watch (e.g. 2s, 500ms).
+    #[arg(long, default_value = "2s", value_parser = crate::args::positive_duration)]
+    interval: Duration,
     /// Stop after this many refreshes with --watch (0 = until interrupted).
     #[arg(long, default_value_t = 0)]
     count: u64,
@@ -33,14 +32,8 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     }
     if !args.watch {
         let report = sources.observe().report;
-        emit(&report, args.json, &mut std::io::stdout().lock())?;
+        emit(&report, args.out.json, &mut std::io::stdout().lock())?;
         return Ok(0);
-    }
-    if !args.interval.is_finite() || args.interval <= 0.0 {
-        anyhow::bail!(
-            "--interval must be a positive number of seconds, got {}",
-            args.interval
-        );
     }
     watch(&sources, &args)
 }
@@ -59,7 +52,7 @@ fn emit(report: &Report, json: bool, out: &mut impl Write) -> anyhow::Result<()>
 
 /// Repeats the report; remembers which exited-but-listed pids it already flagged.
 fn watch(sources: &Sources, args: &Args) -> anyhow::Result<i32> {
-    let tty = std::io::stdout().is_terminal() && !args.json;
+    let tty = std::io::stdout().is_terminal() && !args.out.json;
     let start = Instant::now();
     let mut flagged: BTreeSet<u32> = BTreeSet::new();
     let mut flags: Vec<String> = Vec::new();
@@ -87,7 +80,7 @@ fn watch(sources: &Sources, args: &Args) -> anyhow::Result<i32> {
         flagged.retain(|p| listed_dead.contains(p));
 
         let mut out = std::io::stdout().lock();
-        if args.json {
+        if args.out.json {
             serde_json::to_writer(&mut out, &report).context("writing JSON")?;
             writeln!(out)?;
         } else if tty {
@@ -112,7 +105,7 @@ fn watch(sources: &Sources, args: &Args) -> anyhow::Result<i32> {
         if args.count != 0 && n >= args.count {
             return Ok(0);
         }
-        std::thread::sleep(Duration::from_secs_f64(args.interval));
+        std::thread::sleep(args.interval);
     }
 }
 

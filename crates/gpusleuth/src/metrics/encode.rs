@@ -1,47 +1,148 @@
-//! The text exposition: OpenMetrics 1.0 (`# EOF`, counters declared without
-//! `_total`) or Prometheus text 0.0.4 (counters declared with it).
+//! The text exposition, encoded by `prometheus-client`: OpenMetrics 1.0
+//! (`# EOF`, counters declared without `_total`), or Prometheus text 0.0.4
+//! for scrapers that do not ask for OpenMetrics (the same samples; counter
+//! families declared with `_total`, no `# EOF`: see [`to_prometheus_004`]).
+//!
+//! The values live in [`State`] (label budget, `other` folding, kernel
+//! counters), so they are encoded by a [`Collector`] on each scrape rather
+//! than kept in the crate's own metric types.
 
 use super::state::{OpSeries, Proc, State, BUCKETS_S};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{
+    DescriptorEncoder, EncodeCounterValue, EncodeGaugeValue, MetricEncoder, NoLabelSet,
+};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
 use sleuth_core::op_by_id;
 use sleuth_core::record::stat;
-use std::fmt::Write as _;
+use std::sync::{Arc, Mutex};
 
-/// Escapes a label value (backslash, quote, newline).
-fn label(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
-}
+type Labels = Vec<(&'static str, String)>;
+type Fmt = Result<(), std::fmt::Error>;
 
-struct Out {
-    text: String,
-    openmetrics: bool,
-}
+/// Encodes the shared state on each scrape.
+#[derive(Debug)]
+struct StateCollector(Arc<Mutex<State>>);
 
-impl Out {
-    /// `# HELP` / `# TYPE` of a family; returns the sample name prefix.
-    fn family(&mut self, name: &str, kind: &str, help: &str) -> String {
-        let declared = if kind == "counter" && !self.openmetrics {
-            format!("{name}_total")
-        } else {
-            name.to_string()
-        };
-        let _ = writeln!(self.text, "# HELP {declared} {help}");
-        let _ = writeln!(self.text, "# TYPE {declared} {kind}");
-        name.to_string()
+impl Collector for StateCollector {
+    fn encode(&self, enc: DescriptorEncoder) -> Fmt {
+        // A panic while holding the lock leaves plain counters behind: still usable.
+        let s = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        encode_state(&s, enc)
     }
+}
 
-    fn sample(&mut self, name: &str, labels: &str, value: impl std::fmt::Display) {
-        if labels.is_empty() {
-            let _ = writeln!(self.text, "{name} {value}");
-        } else {
-            let _ = writeln!(self.text, "{name}{{{labels}}} {value}");
+/// The registry that encodes `state` (one per `Metrics`).
+pub fn registry(state: Arc<Mutex<State>>) -> Registry {
+    let mut r = Registry::default();
+    r.register_collector(Box::new(StateCollector(state)));
+    r
+}
+
+/// The exposition text; `openmetrics` selects the format.
+pub fn render(registry: &Registry, openmetrics: bool) -> String {
+    let mut text = String::new();
+    // Writing into a String cannot fail; an encoder error would be a bug
+    // in a label or name, and a scrape then gets what was written so far.
+    let _ = prometheus_client::encoding::text::encode(&mut text, registry);
+    if openmetrics {
+        text
+    } else {
+        to_prometheus_004(&text)
+    }
+}
+
+/// Prometheus text 0.0.4 from OpenMetrics text: a counter family is declared
+/// under its sample name (`x_total`), and there is no `# EOF`.
+fn to_prometheus_004(om: &str) -> String {
+    let mut out = String::with_capacity(om.len());
+    let mut help: Option<&str> = None;
+    for line in om.lines() {
+        if line == "# EOF" {
+            continue;
         }
+        if line.starts_with("# HELP ") {
+            if let Some(h) = help.replace(line) {
+                out.push_str(h);
+                out.push('\n');
+            }
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let h = help.take();
+            match rest.strip_suffix(" counter") {
+                Some(name) => {
+                    if let Some(h) = h {
+                        let text = h.strip_prefix("# HELP ").and_then(|t| t.strip_prefix(name));
+                        out.push_str(&format!("# HELP {name}_total{}\n", text.unwrap_or("")));
+                    }
+                    out.push_str(&format!("# TYPE {name}_total counter\n"));
+                }
+                None => {
+                    if let Some(h) = h {
+                        out.push_str(h);
+                        out.push('\n');
+                    }
+                    out.push_str(line);
+                    out.push('\n');
+                }
+            }
+            continue;
+        }
+        if let Some(h) = help.take() {
+            out.push_str(h);
+            out.push('\n');
+        }
+        out.push_str(line);
+        out.push('\n');
     }
+    out
 }
 
 fn secs(ns: u128) -> f64 {
     ns as f64 / 1e9
+}
+
+/// One family: its descriptor, then one sample per label set (no labels:
+/// one plain sample), each written by `put`.
+fn family<V>(
+    enc: &mut DescriptorEncoder,
+    (name, help, ty): (&str, &str, MetricType),
+    samples: impl IntoIterator<Item = (Labels, V)>,
+    put: impl Fn(&mut MetricEncoder, &V) -> Fmt,
+) -> Fmt {
+    let mut m = enc.encode_descriptor(name, help, None, ty)?;
+    for (l, v) in samples {
+        if l.is_empty() {
+            put(&mut m, &v)?;
+        } else {
+            put(&mut m.encode_family(&l)?, &v)?;
+        }
+    }
+    Ok(())
+}
+
+fn counter<V: EncodeCounterValue>(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    samples: impl IntoIterator<Item = (Labels, V)>,
+) -> Fmt {
+    family(enc, (name, help, MetricType::Counter), samples, |m, v| {
+        m.encode_counter::<NoLabelSet, V, u64>(v, None)
+    })
+}
+
+fn gauge<V: EncodeGaugeValue>(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    samples: impl IntoIterator<Item = (Labels, V)>,
+) -> Fmt {
+    family(enc, (name, help, MetricType::Gauge), samples, |m, v| {
+        m.encode_gauge(v)
+    })
 }
 
 /// Every labelled process, then `other` when it holds anything.
@@ -59,30 +160,27 @@ fn processes(s: &State) -> Vec<(String, &str, &Proc)> {
     v
 }
 
-fn op_labels(op: u16, pid: &str, comm: &str) -> Option<String> {
+fn op_labels(op: u16, pid: &str, comm: &str) -> Option<Labels> {
     let info = op_by_id(op)?;
-    Some(format!(
-        "op=\"{}\",layer=\"{}\",pid=\"{}\",comm=\"{}\"",
-        info.name,
-        info.layer.as_str(),
-        pid,
-        label(comm)
-    ))
+    Some(vec![
+        ("op", info.name.to_string()),
+        ("layer", info.layer.as_str().to_string()),
+        ("pid", pid.to_string()),
+        ("comm", comm.to_string()),
+    ])
 }
 
-pub fn render(s: &State, openmetrics: bool) -> String {
-    let mut o = Out {
-        text: String::new(),
-        openmetrics,
-    };
+fn with(mut l: Labels, key: &'static str, v: impl ToString) -> Labels {
+    l.push((key, v.to_string()));
+    l
+}
+
+fn encode_state(s: &State, mut enc: DescriptorEncoder) -> Fmt {
     let procs = processes(s);
     let kernel = s.kernel_counts_by_label();
+    let enc = &mut enc;
 
-    let n = o.family(
-        "gpusleuth_cuda_calls",
-        "counter",
-        "CUDA calls completed, per-call records plus calls counted in the kernel (launch hot paths).",
-    );
+    let mut calls = Vec::new();
     for (pid, comm, p) in &procs {
         let key = pid.parse::<u32>().ok();
         let mut ops: std::collections::BTreeMap<u16, u64> =
@@ -92,252 +190,235 @@ pub fn render(s: &State, openmetrics: bool) -> String {
                 *ops.entry(*op).or_default() += count;
             }
         }
-        for (op, calls) in ops {
+        for (op, n) in ops {
             if let Some(l) = op_labels(op, pid, comm) {
-                o.sample(&format!("{n}_total"), &l, calls);
+                calls.push((l, n));
             }
         }
     }
+    counter(
+        enc,
+        "gpusleuth_cuda_calls",
+        "CUDA calls completed, per-call records plus calls counted in the kernel (launch hot paths).",
+        calls,
+    )?;
 
-    let per_call = |o: &mut Out, f: &mut dyn FnMut(&mut Out, &str, &OpSeries)| {
-        for (pid, comm, p) in &procs {
-            for (op, st) in &p.ops {
-                if let Some(l) = op_labels(*op, pid, comm) {
-                    f(o, &l, st);
-                }
-            }
-        }
+    let per_call = || {
+        procs.iter().flat_map(|(pid, comm, p)| {
+            p.ops
+                .iter()
+                .filter_map(move |(op, st)| Some((op_labels(*op, pid, comm)?, st)))
+        })
     };
-
-    let n = o.family(
+    counter(
+        enc,
         "gpusleuth_cuda_errors",
-        "counter",
         "CUDA calls that returned an error (per-call records only).",
-    );
-    per_call(&mut o, &mut |o, l, st| {
-        o.sample(&format!("{n}_total"), l, st.errors)
-    });
+        per_call().map(|(l, st)| (l, st.errors)),
+    )?;
 
-    let n = o.family(
-        "gpusleuth_cuda_call_duration_seconds",
-        "histogram",
-        "Wall time of CUDA calls (per-call records only).",
-    );
-    per_call(&mut o, &mut |o, l, st| {
-        let mut cum = 0u64;
-        for (i, b) in BUCKETS_S.iter().enumerate() {
-            cum += st.buckets[i];
-            o.sample(&format!("{n}_bucket"), &format!("{l},le=\"{b}\""), cum);
+    {
+        let mut m = enc.encode_descriptor(
+            "gpusleuth_cuda_call_duration_seconds",
+            "Wall time of CUDA calls (per-call records only).",
+            None,
+            MetricType::Histogram,
+        )?;
+        for (l, st) in per_call() {
+            let b = buckets(st);
+            m.encode_family(&l)?.encode_histogram::<NoLabelSet>(
+                secs(st.sum_ns),
+                st.calls,
+                &b,
+                None,
+            )?;
         }
-        cum += st.buckets[BUCKETS_S.len()];
-        o.sample(&format!("{n}_bucket"), &format!("{l},le=\"+Inf\""), cum);
-        o.sample(&format!("{n}_sum"), l, secs(st.sum_ns));
-        o.sample(&format!("{n}_count"), l, st.calls);
-    });
+    }
 
-    let n = o.family(
+    counter(
+        enc,
         "gpusleuth_cuda_call_time_seconds",
-        "counter",
         "Wall time inside CUDA calls split by thread state: on_cpu, runnable (CPU taken by another task), blocked (sleeping).",
-    );
-    per_call(&mut o, &mut |o, l, st| {
-        for (i, state) in ["on_cpu", "runnable", "blocked"].iter().enumerate() {
-            o.sample(
-                &format!("{n}_total"),
-                &format!("{l},state=\"{state}\""),
-                secs(st.split[i]),
-            );
-        }
-    });
+        per_call().flat_map(|(l, st)| {
+            ["on_cpu", "runnable", "blocked"]
+                .iter()
+                .enumerate()
+                .map(move |(i, state)| (with(l.clone(), "state", state), secs(st.split[i])))
+        }),
+    )?;
 
-    for (name, help, get) in [
-        (
-            "gpusleuth_device_live_bytes",
-            "Device memory allocated and not yet freed by the process (cudaMalloc-family and cuMemCreate, each allocation once).",
-            (|p: &Proc| p.live_bytes) as fn(&Proc) -> u64,
-        ),
-        (
-            "gpusleuth_device_peak_bytes",
-            "Highest device_live_bytes of the process since tracing started.",
-            |p: &Proc| p.peak_bytes,
-        ),
-    ] {
-        let n = o.family(name, "gauge", help);
-        for (pid, comm, p) in &procs {
-            if *pid != "other" {
-                o.sample(&n, &format!("pid=\"{pid}\",comm=\"{}\"", label(comm)), get(p));
-            }
-        }
-    }
+    let named = || procs.iter().filter(|(pid, _, _)| pid != "other");
+    let pid_comm =
+        |pid: &str, comm: &str| vec![("pid", pid.to_string()), ("comm", comm.to_string())];
+    gauge(
+        enc,
+        "gpusleuth_device_live_bytes",
+        "Device memory allocated and not yet freed by the process (cudaMalloc-family and cuMemCreate, each allocation once).",
+        named().map(|(pid, comm, p)| (pid_comm(pid, comm), p.live_bytes)),
+    )?;
+    gauge(
+        enc,
+        "gpusleuth_device_peak_bytes",
+        "Highest device_live_bytes of the process since tracing started.",
+        named().map(|(pid, comm, p)| (pid_comm(pid, comm), p.peak_bytes)),
+    )?;
 
-    let n = o.family(
+    counter(
+        enc,
         "gpusleuth_dropped_events",
-        "counter",
         "Events lost before reaching user space, by cause.",
-    );
-    for (i, cause) in stat::NAMES.iter().enumerate() {
-        if !stat::is_attach_edge(i) {
-            o.sample(
-                &format!("{n}_total"),
-                &format!("cause=\"{cause}\""),
-                s.drops[i],
-            );
-        }
-    }
-
-    let n = o.family(
+        stat::NAMES
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !stat::is_attach_edge(*i))
+            .map(|(i, cause)| (vec![("cause", cause.to_string())], s.drops[i])),
+    )?;
+    counter(
+        enc,
         "gpusleuth_attach_edge_events",
-        "counter",
         "Expected edges of attaching to running processes, not losses: returns whose call began before the process was traced.",
-    );
-    for i in (0..stat::MAX).filter(|&i| stat::is_attach_edge(i)) {
-        o.sample(
-            &format!("{n}_total"),
-            &format!("kind=\"{}\"", stat::edge_name(i)),
-            s.drops[i],
-        );
-    }
+        (0..stat::MAX)
+            .filter(|&i| stat::is_attach_edge(i))
+            .map(|i| (vec![("kind", stat::edge_name(i).to_string())], s.drops[i])),
+    )?;
 
-    gpu_families(&mut o, &s.gpu);
+    gpu_families(enc, &s.gpu)?;
 
-    let n = o.family(
+    counter(
+        enc,
         "gpusleuth_events",
-        "counter",
         "Events decoded from the kernel, by kind.",
-    );
-    for (i, kind) in ["call", "wait", "proc"].iter().enumerate() {
-        o.sample(
-            &format!("{n}_total"),
-            &format!("kind=\"{kind}\""),
-            s.events[i],
-        );
-    }
-
-    let n = o.family(
+        ["call", "wait", "proc"]
+            .iter()
+            .enumerate()
+            .map(|(i, kind)| (vec![("kind", kind.to_string())], s.events[i])),
+    )?;
+    gauge(
+        enc,
         "gpusleuth_labelled_processes",
-        "gauge",
         "Processes with their own pid/comm labels now (the rest count under pid=\"other\").",
-    );
-    o.sample(&n, "", s.procs.len());
+        [(Labels::new(), s.procs.len() as u64)],
+    )?;
 
-    render_nccl(&mut o, s);
+    encode_nccl(enc, s)
+}
 
-    if openmetrics {
-        o.text.push_str("# EOF\n");
+/// Per-bucket (non-cumulative) counts at each bound, then `+Inf`.
+fn buckets(st: &OpSeries) -> Vec<(f64, u64)> {
+    let cum = st.cumulative_buckets();
+    let mut out = Vec::with_capacity(cum.len());
+    let mut prev = 0;
+    for (i, c) in cum.iter().enumerate() {
+        let bound = BUCKETS_S.get(i).copied().unwrap_or(f64::INFINITY);
+        out.push((bound, c.saturating_sub(prev)));
+        prev = prev.max(*c);
     }
-    o.text
+    out
 }
 
 /// NVML figures: measured or not, busy per GPU, per-process memory and SM use.
-fn gpu_families(o: &mut Out, g: &super::gpu::GpuState) {
-    let n = o.family(
+fn gpu_families(enc: &mut DescriptorEncoder, g: &super::gpu::GpuState) -> Fmt {
+    gauge(
+        enc,
         "gpusleuth_gpu_activity_measured",
-        "gauge",
         "1 when NVML GPU activity is sampled during this trace, 0 when it is not available (then no gpu_* figure is exported).",
-    );
-    o.sample(&n, "", u8::from(g.measured == Some(true)));
-    let n = o.family(
+        [(Labels::new(), u32::from(g.measured == Some(true)))],
+    )?;
+    gauge(
+        enc,
         "gpusleuth_gpu_busy_percent",
-        "gauge",
         "Latest NVML device utilization sample: percent of the sample period some kernel was running (not SM occupancy).",
-    );
-    for (gpu, pct) in &g.busy_pct {
-        o.sample(&n, &format!("gpu=\"{gpu}\""), pct);
-    }
-    let n = o.family(
+        g.busy_pct
+            .iter()
+            .map(|(gpu, pct)| (vec![("gpu", gpu.to_string())], *pct)),
+    )?;
+    let pid_gpu = |pid: &u32, comm: &str, gpu: &u32| {
+        vec![
+            ("pid", pid.to_string()),
+            ("comm", comm.to_string()),
+            ("gpu", gpu.to_string()),
+        ]
+    };
+    gauge(
+        enc,
         "gpusleuth_process_gpu_memory_bytes",
-        "gauge",
         "Device memory NVML attributes to the traced process now (includes memory allocated before tracing and the CUDA context).",
-    );
-    for (pid, p) in &g.procs {
-        for (gpu, b) in &p.used_bytes {
-            o.sample(
-                &n,
-                &format!("pid=\"{pid}\",comm=\"{}\",gpu=\"{gpu}\"", label(&p.comm)),
-                b,
-            );
-        }
-    }
-    let n = o.family(
+        g.procs.iter().flat_map(|(pid, p)| {
+            p.used_bytes
+                .iter()
+                .map(move |(gpu, b)| (pid_gpu(pid, &p.comm, gpu), *b))
+        }),
+    )?;
+    gauge(
+        enc,
         "gpusleuth_process_gpu_memory_before_trace_bytes",
-        "gauge",
         "Device memory NVML attributed to the process when its tracing began (0: not listed then); allocations made before the trace are not itemized.",
-    );
-    for (pid, p) in &g.procs {
-        if let Some(b) = p.before_trace_bytes() {
-            o.sample(&n, &format!("pid=\"{pid}\",comm=\"{}\"", label(&p.comm)), b);
-        }
-    }
-    let n = o.family(
+        g.procs.iter().filter_map(|(pid, p)| {
+            Some((
+                vec![("pid", pid.to_string()), ("comm", p.comm.clone())],
+                p.before_trace_bytes()?,
+            ))
+        }),
+    )?;
+    gauge(
+        enc,
         "gpusleuth_process_sm_percent",
-        "gauge",
         "Latest per-process SM utilization from NVML, where the driver reports it.",
-    );
-    for (pid, p) in &g.procs {
-        for (gpu, v) in &p.sm_pct {
-            o.sample(
-                &n,
-                &format!("pid=\"{pid}\",comm=\"{}\",gpu=\"{gpu}\"", label(&p.comm)),
-                v,
-            );
-        }
-    }
+        g.procs.iter().flat_map(|(pid, p)| {
+            p.sm_pct
+                .iter()
+                .map(move |(gpu, v)| (pid_gpu(pid, &p.comm, gpu), *v))
+        }),
+    )
 }
 
 /// Per-rank NCCL collective series (only when NCCL communicators were seen).
-fn render_nccl(o: &mut Out, s: &State) {
+fn encode_nccl(enc: &mut DescriptorEncoder, s: &State) -> Fmt {
     if s.nccl.ranks.is_empty() {
-        return;
+        return Ok(());
     }
-    let host = label(&local_hostname());
-    let labels: Vec<(String, &super::nccl::RankSeries)> = s
+    let host = local_hostname();
+    let ranks: Vec<(Labels, &super::nccl::RankSeries)> = s
         .nccl
         .ranks
         .iter()
         .map(|((comm, rank), r)| {
             (
-                format!(
-                    "comm=\"{}\",rank=\"{rank}\",nranks=\"{}\",pid=\"{}\",host=\"{host}\"",
-                    label(comm),
-                    r.nranks,
-                    r.pid
-                ),
+                vec![
+                    ("comm", comm.clone()),
+                    ("rank", rank.to_string()),
+                    ("nranks", r.nranks.to_string()),
+                    ("pid", r.pid.to_string()),
+                    ("host", host.clone()),
+                ],
                 r,
             )
         })
         .collect();
-    let n = o.family(
+    counter(
+        enc,
         "gpusleuth_nccl_collectives",
-        "counter",
         "NCCL collectives issued, per communicator rank.",
-    );
-    for (l, r) in &labels {
-        o.sample(&format!("{n}_total"), l, r.collectives);
-    }
-    let n = o.family(
+        ranks.iter().map(|(l, r)| (l.clone(), r.collectives)),
+    )?;
+    counter(
+        enc,
         "gpusleuth_nccl_collective_seconds",
-        "counter",
         "Wall time inside NCCL collective calls, per communicator rank.",
-    );
-    for (l, r) in &labels {
-        o.sample(&format!("{n}_total"), l, secs(r.time_ns));
-    }
-    let n = o.family(
+        ranks.iter().map(|(l, r)| (l.clone(), secs(r.time_ns))),
+    )?;
+    counter(
+        enc,
         "gpusleuth_nccl_lateness_seconds",
-        "counter",
         "Sum over matched collectives of the rank's entry minus the first rank's entry (ranks traced by this agent).",
-    );
-    for (l, r) in &labels {
-        o.sample(&format!("{n}_total"), l, secs(r.lateness_ns));
-    }
-    let n = o.family(
+        ranks.iter().map(|(l, r)| (l.clone(), secs(r.lateness_ns))),
+    )?;
+    counter(
+        enc,
         "gpusleuth_nccl_last_arrivals",
-        "counter",
         "Matched collectives the rank entered last, at least 1 ms after the first rank: the one the others waited for.",
-    );
-    for (l, r) in &labels {
-        o.sample(&format!("{n}_total"), l, r.last);
-    }
+        ranks.iter().map(|(l, r)| (l.clone(), r.last)),
+    )
 }
 
 fn local_hostname() -> String {
@@ -350,6 +431,46 @@ fn local_hostname() -> String {
 mod tests {
     use super::*;
     use sleuth_core::{op_by_name, CallEvent, Event, OpCount};
+
+    /// The value of the sample `name` whose labels are exactly `labels`
+    /// (in any order: label order and number spelling are the encoder's).
+    fn value(t: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        let mut want: Vec<(String, String)> = labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        want.sort();
+        t.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+            let (head, v) = l.rsplit_once(' ')?;
+            let (n, rest) = head.split_once('{').unwrap_or((head, "}"));
+            if n != name {
+                return None;
+            }
+            let mut got = Vec::new();
+            let mut rest = rest.strip_suffix('}')?;
+            while let Some((k, after)) = rest.split_once("=\"") {
+                // The value ends at the first quote not escaped by a backslash.
+                let mut end = 0;
+                let b = after.as_bytes();
+                while end < b.len() && !(b[end] == b'"' && (end == 0 || b[end - 1] != b'\\')) {
+                    end += 1;
+                }
+                let raw = &after[..end];
+                got.push((
+                    k.trim_start_matches(',').to_string(),
+                    raw.replace("\\\"", "\""),
+                ));
+                rest = after.get(end + 1..).unwrap_or("");
+            }
+            got.sort();
+            (got == want).then(|| v.parse().ok())?
+        })
+    }
+
+    /// The exposition of `s`, through a registry like `Metrics` builds.
+    fn text(s: State, openmetrics: bool) -> String {
+        render(&registry(Arc::new(Mutex::new(s))), openmetrics)
+    }
 
     fn state() -> State {
         let mut s = State::default();
@@ -388,7 +509,7 @@ mod tests {
 
     #[test]
     fn openmetrics_text() {
-        let t = render(&state(), true);
+        let t = text(state(), true);
         let l = r#"op="cudaMalloc",layer="runtime",pid="7",comm="a\"b""#;
         assert!(t.contains("# TYPE gpusleuth_cuda_calls counter\n"), "{t}");
         assert!(
@@ -397,15 +518,25 @@ mod tests {
         );
         assert!(t.contains(r#"gpusleuth_cuda_calls_total{op="cuLaunchKernel",layer="driver",pid="7",comm="a\"b"} 40"#));
         assert!(t.contains(r#"gpusleuth_cuda_calls_total{op="cuLaunchKernel",layer="driver",pid="other",comm="other"} 2"#));
-        assert!(t.contains(&format!(
-            "gpusleuth_cuda_call_duration_seconds_bucket{{{l},le=\"0.000001\"}} 0\n"
-        )));
-        assert!(t.contains(&format!(
-            "gpusleuth_cuda_call_duration_seconds_bucket{{{l},le=\"0.000005\"}} 1\n"
-        )));
-        assert!(t.contains(&format!(
-            "gpusleuth_cuda_call_duration_seconds_bucket{{{l},le=\"+Inf\"}} 1\n"
-        )));
+        let ml = [
+            ("op", "cudaMalloc"),
+            ("layer", "runtime"),
+            ("pid", "7"),
+            ("comm", "a\"b"),
+        ];
+        let bucket = |le: &str| {
+            let mut l = ml.to_vec();
+            l.push(("le", le));
+            value(&t, "gpusleuth_cuda_call_duration_seconds_bucket", &l)
+        };
+        // The 3 µs call: above the 1 µs bound, within 5 µs.
+        assert_eq!(bucket("0.000001"), Some(0.0), "{t}");
+        assert_eq!(bucket("0.000005"), Some(1.0), "{t}");
+        assert_eq!(bucket("+Inf"), Some(1.0), "{t}");
+        assert_eq!(
+            value(&t, "gpusleuth_cuda_call_duration_seconds_count", &ml),
+            Some(1.0)
+        );
         assert!(t.contains(&format!(
             "gpusleuth_cuda_call_time_seconds_total{{{l},state=\"runnable\"}} 0.000001\n"
         )));
@@ -442,10 +573,10 @@ mod tests {
             }],
             |_| "py".to_string(),
         );
-        let t = render(&s, true);
+        let t = text(s, true);
         assert!(t.contains("gpusleuth_gpu_activity_measured 1\n"), "{t}");
         assert!(
-            t.contains("gpusleuth_gpu_busy_percent{gpu=\"0\"} 37\n"),
+            value(&t, "gpusleuth_gpu_busy_percent", &[("gpu", "0")]) == Some(37.0),
             "{t}"
         );
         assert!(t.contains(
@@ -454,19 +585,27 @@ mod tests {
         assert!(t.contains(
             "gpusleuth_process_gpu_memory_before_trace_bytes{pid=\"7\",comm=\"py\"} 1073741824\n"
         ));
-        assert!(t.contains("gpusleuth_process_sm_percent{pid=\"7\",comm=\"py\",gpu=\"0\"} 12\n"));
+        assert_eq!(
+            value(
+                &t,
+                "gpusleuth_process_sm_percent",
+                &[("pid", "7"), ("comm", "py"), ("gpu", "0")]
+            ),
+            Some(12.0),
+            "{t}"
+        );
     }
 
     #[test]
     fn prometheus_text_declares_counters_with_total() {
-        let t = render(&state(), false);
+        let t = text(state(), false);
         assert!(t.contains("# TYPE gpusleuth_cuda_calls_total counter\n"));
         assert!(!t.contains("# EOF"));
     }
 
     #[test]
     fn nccl_rank_series_appear_once_a_communicator_is_seen() {
-        let t = render(&state(), true);
+        let t = text(state(), true);
         assert!(!t.contains("gpusleuth_nccl"), "no NCCL, no NCCL families");
         let mut s = state();
         let ev = |op: &str, pid: u32, ts: u64, dur: u64| sleuth_core::nccl::NcclEvent {
@@ -496,28 +635,43 @@ mod tests {
             s.observe(&Event::Nccl(a), |_| "train".into());
             s.observe(&Event::Nccl(b), |_| "train".into());
         }
-        let t = render(&s, true);
+        let t = text(s, true);
         assert!(
             t.contains("# TYPE gpusleuth_nccl_last_arrivals counter\n"),
             "{t}"
         );
-        let host = label(&local_hostname());
+        let host = local_hostname();
         let l1 = format!(r#"comm="ab",rank="1",nranks="2",pid="20",host="{host}""#);
         let l0 = format!(r#"comm="ab",rank="0",nranks="2",pid="10",host="{host}""#);
         assert!(
             t.contains(&format!("gpusleuth_nccl_collectives_total{{{l1}}} 2\n")),
             "{t}"
         );
-        assert!(
-            t.contains(&format!(
-                "gpusleuth_nccl_collective_seconds_total{{{l0}}} 4\n"
-            )),
+        let rank = |r: &'static str, pid: &'static str| {
+            [
+                ("comm", "ab"),
+                ("rank", r),
+                ("nranks", "2"),
+                ("pid", pid),
+                ("host", host.as_str()),
+            ]
+        };
+        assert_eq!(
+            value(
+                &t,
+                "gpusleuth_nccl_collective_seconds_total",
+                &rank("0", "10")
+            ),
+            Some(4.0),
             "{t}"
         );
-        assert!(
-            t.contains(&format!(
-                "gpusleuth_nccl_lateness_seconds_total{{{l1}}} 1\n"
-            )),
+        assert_eq!(
+            value(
+                &t,
+                "gpusleuth_nccl_lateness_seconds_total",
+                &rank("1", "20")
+            ),
+            Some(1.0),
             "{t}"
         );
         assert!(

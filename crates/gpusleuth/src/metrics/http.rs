@@ -1,122 +1,236 @@
-//! A minimal HTTP/1.1 server for `GET /metrics`, one request per connection,
-//! on its own thread. Scrapes are rare and small; std::net is enough.
+//! `GET /metrics` over hyper (HTTP/1.1, the server MCP already uses), on a
+//! single-threaded tokio runtime of its own thread, so a scrape never runs
+//! on the thread draining the ring buffer.
+//!
+//! Bounds, as the hand-written server had them and MCP has them: request
+//! headers within [`HEADER_DEADLINE`] and at most [`MAX_HEAD`] bytes, a whole
+//! exchange within [`CONN_DEADLINE`], one request per connection, and the
+//! open connections capped by MCP's `ConnTracker` (idle ones closed first).
 
 use super::Metrics;
 use anyhow::Context as _;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::header::{HeaderValue, ACCEPT, CONTENT_TYPE};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use sleuth_mcp::conn_limit::{ConnCaps, ConnTracker};
+use std::convert::Infallible;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 /// Largest request head read (a scrape request is a few hundred bytes).
 const MAX_HEAD: usize = 16 * 1024;
+/// Headers must be complete this long after the connection opened.
+const HEADER_DEADLINE: Duration = Duration::from_secs(5);
+/// A connection is closed this long after it opened, whatever its state
+/// (a client that stops reading the response cannot hold it).
+const CONN_DEADLINE: Duration = Duration::from_secs(10);
 
 pub fn spawn(addr: SocketAddr, metrics: Arc<Metrics>) -> anyhow::Result<()> {
-    let listener =
-        TcpListener::bind(addr).with_context(|| format!("--metrics {addr}: cannot listen"))?;
+    // Bound here, so a busy port is the command's error, not the thread's.
+    let listener = std::net::TcpListener::bind(addr)
+        .with_context(|| format!("--metrics {addr}: cannot listen"))?;
+    listener
+        .set_nonblocking(true)
+        .context("--metrics: cannot configure the socket")?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .enable_time()
+        .build()
+        .context("cannot start the metrics server's runtime")?;
     std::thread::Builder::new()
         .name("gs-metrics".into())
-        .spawn(move || {
-            for conn in listener.incoming().flatten() {
-                // A broken client costs one connection, never the tracer.
-                let _ = handle(conn, &metrics);
-            }
-        })
+        .spawn(move || rt.block_on(serve(listener, metrics)))
         .context("cannot start the metrics thread")?;
     Ok(())
 }
 
-fn handle(mut conn: TcpStream, metrics: &Metrics) -> std::io::Result<()> {
-    conn.set_read_timeout(Some(Duration::from_secs(5)))?;
-    conn.set_write_timeout(Some(Duration::from_secs(5)))?;
-    let mut head = Vec::new();
-    let mut buf = [0u8; 2048];
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-        let n = conn.read(&mut buf)?;
-        if n == 0 || head.len() + n > MAX_HEAD {
-            return Ok(());
+async fn serve(listener: std::net::TcpListener, metrics: Arc<Metrics>) {
+    let listener = match tokio::net::TcpListener::from_std(listener) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("gpusleuth: warning: metrics server not started: {e}");
+            return;
         }
-        head.extend_from_slice(&buf[..n]);
+    };
+    let tracker = ConnTracker::new(ConnCaps::default());
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(x) => x,
+            Err(_) => {
+                // Transient (EMFILE, aborted handshakes): keep serving.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let Some(admitted) = tracker.admit(peer.ip()) else {
+            continue;
+        };
+        let id = admitted.id();
+        let metrics = metrics.clone();
+        let task = tokio::spawn(async move {
+            let in_flight = admitted.in_flight();
+            let handler = hyper::service::service_fn(move |req: Request<Incoming>| {
+                let busy = sleuth_mcp::conn_limit::Admitted::request(&in_flight);
+                let resp = respond(&req, &metrics);
+                drop(busy);
+                async move { Ok::<_, Infallible>(resp) }
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_DEADLINE)
+                .max_buf_size(MAX_HEAD)
+                .keep_alive(false)
+                .serve_connection(TokioIo::new(stream), handler);
+            // A broken or slow client costs one connection, never the tracer.
+            let _ = tokio::time::timeout(CONN_DEADLINE, conn).await;
+            drop(admitted);
+        });
+        tracker.set_closer(id, task.abort_handle());
     }
-    let head = String::from_utf8_lossy(&head);
-    let (status, ctype, body) = respond(&head, metrics);
-    let resp = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    conn.write_all(resp.as_bytes())?;
-    conn.write_all(body.as_bytes())?;
-    conn.flush()
 }
 
-/// Status line, content type and body for a request head.
-fn respond(head: &str, metrics: &Metrics) -> (&'static str, &'static str, String) {
-    let mut lines = head.lines();
-    let mut parts = lines.next().unwrap_or("").split_whitespace();
-    let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    let path = target.split('?').next().unwrap_or("");
+/// The response to a request: the exposition by the `Accept` header, 404
+/// for other paths, 405 for other methods.
+fn respond<B>(req: &Request<B>, metrics: &Metrics) -> Response<Full<Bytes>> {
     const TEXT: &str = "text/plain; charset=utf-8";
-    if method != "GET" {
-        return ("405 Method Not Allowed", TEXT, "only GET\n".into());
+    if req.method() != Method::GET {
+        return plain(StatusCode::METHOD_NOT_ALLOWED, TEXT, "only GET\n".into());
     }
-    if path != "/metrics" {
-        return ("404 Not Found", TEXT, "metrics are at /metrics\n".into());
+    if req.uri().path() != "/metrics" {
+        return plain(
+            StatusCode::NOT_FOUND,
+            TEXT,
+            "metrics are at /metrics\n".into(),
+        );
     }
-    let openmetrics = lines.any(|l| {
-        l.split_once(':').is_some_and(|(k, v)| {
-            k.trim().eq_ignore_ascii_case("accept") && v.contains("application/openmetrics-text")
-        })
+    let openmetrics = req.headers().get_all(ACCEPT).iter().any(|v| {
+        v.to_str()
+            .is_ok_and(|v| v.contains("application/openmetrics-text"))
     });
     if openmetrics {
-        (
-            "200 OK",
+        plain(
+            StatusCode::OK,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
             metrics.render(true),
         )
     } else {
-        (
-            "200 OK",
+        plain(
+            StatusCode::OK,
             "text/plain; version=0.0.4; charset=utf-8",
             metrics.render(false),
         )
     }
 }
 
+fn plain(status: StatusCode, ctype: &'static str, body: String) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(ctype));
+    r
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http_body_util::BodyExt as _;
+    use std::io::{Read, Write};
+
+    fn get(method: Method, path: &str, accept: Option<&str>) -> Request<()> {
+        let mut b = Request::builder().method(method).uri(path);
+        if let Some(a) = accept {
+            b = b.header(ACCEPT, a);
+        }
+        b.body(()).unwrap()
+    }
+
+    fn body(r: Response<Full<Bytes>>) -> String {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let bytes = rt.block_on(r.into_body().collect()).unwrap().to_bytes();
+        String::from_utf8(bytes.to_vec()).unwrap()
+    }
 
     #[test]
     fn serves_metrics_by_accept_header() {
         let m = Metrics::new();
-        let (s, ct, body) = respond(
-            "GET /metrics HTTP/1.1\r\nAccept: application/openmetrics-text;version=1.0.0\r\n\r\n",
+        let r = respond(
+            &get(
+                Method::GET,
+                "/metrics",
+                Some("application/openmetrics-text;version=1.0.0"),
+            ),
             &m,
         );
-        assert_eq!(s, "200 OK");
-        assert!(ct.starts_with("application/openmetrics-text"));
-        assert!(body.ends_with("# EOF\n"));
-        let (_, ct, body) = respond("GET /metrics HTTP/1.1\r\n\r\n", &m);
-        assert!(ct.contains("0.0.4") && !body.contains("# EOF"));
-        assert_eq!(respond("GET / HTTP/1.1\r\n\r\n", &m).0, "404 Not Found");
+        assert_eq!(r.status(), StatusCode::OK);
+        assert!(r.headers()[CONTENT_TYPE]
+            .to_str()
+            .unwrap()
+            .starts_with("application/openmetrics-text"));
+        assert!(body(r).ends_with("# EOF\n"));
+        let r = respond(&get(Method::GET, "/metrics?x=1", None), &m);
+        assert!(r.headers()[CONTENT_TYPE]
+            .to_str()
+            .unwrap()
+            .contains("0.0.4"));
+        assert!(!body(r).contains("# EOF"));
         assert_eq!(
-            respond("POST /metrics HTTP/1.1\r\n\r\n", &m).0,
-            "405 Method Not Allowed"
+            respond(&get(Method::GET, "/", None), &m).status(),
+            StatusCode::NOT_FOUND
+        );
+        assert_eq!(
+            respond(&get(Method::POST, "/metrics", None), &m).status(),
+            StatusCode::METHOD_NOT_ALLOWED
         );
     }
 
-    #[test]
-    fn real_socket_round_trip() {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
-        drop(listener);
-        spawn(addr, Arc::new(Metrics::new())).unwrap();
-        let mut c = TcpStream::connect(addr).unwrap();
+    fn free_addr() -> SocketAddr {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap()
+    }
+
+    /// One scrape over a real socket: the whole response.
+    fn scrape(addr: SocketAddr) -> String {
+        let mut c = std::net::TcpStream::connect(addr).unwrap();
         c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
             .unwrap();
         let mut out = String::new();
         c.read_to_string(&mut out).unwrap();
+        out
+    }
+
+    #[test]
+    fn real_socket_round_trip() {
+        let addr = free_addr();
+        spawn(addr, Arc::new(Metrics::new())).unwrap();
+        let out = scrape(addr);
         assert!(out.starts_with("HTTP/1.1 200 OK\r\n"), "{out}");
         assert!(out.contains("gpusleuth_labelled_processes 0"), "{out}");
+    }
+
+    /// An oversized head is refused without a response body of metrics,
+    /// and a silent client does not stop others from being served.
+    #[test]
+    fn oversized_and_silent_clients_are_bounded() {
+        let addr = free_addr();
+        spawn(addr, Arc::new(Metrics::new())).unwrap();
+        let _silent = std::net::TcpStream::connect(addr).unwrap();
+        let mut big = std::net::TcpStream::connect(addr).unwrap();
+        let head = format!(
+            "GET /metrics HTTP/1.1\r\nHost: x\r\nX-Pad: {}\r\n\r\n",
+            "a".repeat(4 * MAX_HEAD)
+        );
+        // The server may close mid-write: only what it answers matters.
+        let _ = big.write_all(head.as_bytes());
+        let mut out = String::new();
+        let _ = big.read_to_string(&mut out);
+        assert!(!out.contains("gpusleuth_labelled_processes"), "{out}");
+        let out = scrape(addr);
+        assert!(out.starts_with("HTTP/1.1 200 OK\r\n"), "{out}");
     }
 }

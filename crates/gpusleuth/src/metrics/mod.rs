@@ -18,15 +18,19 @@ use sleuth_core::{Event, GpuSample, OpCount, ProcessGpuSample};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-/// Shared between the capture loop (writer) and the HTTP thread (reader).
+/// Shared between the live thread and the GPU sampler (writers) and the
+/// HTTP thread (reader, through the registry's collector).
 pub struct Metrics {
-    state: Mutex<state::State>,
+    state: Arc<Mutex<state::State>>,
+    registry: prometheus_client::registry::Registry,
 }
 
 impl Metrics {
     pub fn new() -> Metrics {
+        let state = Arc::new(Mutex::new(state::State::default()));
         Metrics {
-            state: Mutex::new(state::State::default()),
+            registry: encode::registry(state.clone()),
+            state,
         }
     }
 
@@ -58,7 +62,7 @@ impl Metrics {
 
     /// The exposition text; `openmetrics` selects the format.
     pub fn render(&self, openmetrics: bool) -> String {
-        encode::render(&self.lock(), openmetrics)
+        encode::render(&self.registry, openmetrics)
     }
 }
 

@@ -9,8 +9,10 @@
 //! (ops × series per op) series.
 
 use sleuth_core::decompose::Split;
+use sleuth_core::latency::LogHistogram;
+use sleuth_core::ledger::Ledger;
 use sleuth_core::record::stat;
-use sleuth_core::{CallEvent, Event, OpClass, OpCount, ProcKind};
+use sleuth_core::{CallEvent, Event, OpCount, ProcKind};
 use std::collections::{BTreeMap, HashMap};
 
 /// Processes with their own labels at a time (the rest: `pid="other"`).
@@ -21,6 +23,9 @@ pub const MAX_PROCESSES: usize = 200;
 const MAX_OVERFLOW_PIDS: usize = 65_536;
 
 /// Upper bounds of the latency histogram buckets, in seconds (`+Inf` implied).
+/// Counts come from the core's `LogHistogram` (sleuth_core::latency): a
+/// bucket holds every call at or below its bound, and may hold calls of up
+/// to 6.25% above it (docs/metrics.md).
 pub const BUCKETS_S: [f64; 15] = [
     1e-6, 5e-6, 1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 1e-2, 5e-2, 0.1, 0.5, 1.0, 5.0, 10.0,
 ];
@@ -31,22 +36,26 @@ pub struct OpSeries {
     /// Calls seen as per-call records.
     pub calls: u64,
     pub errors: u64,
-    /// Non-cumulative counts per bucket; the last slot is `+Inf`.
-    pub buckets: [u64; BUCKETS_S.len() + 1],
+    /// Durations (ns), the one latency model of a running trace.
+    pub hist: LogHistogram,
     pub sum_ns: u128,
     pub split: [u128; 3],
 }
 
 impl OpSeries {
+    /// Cumulative counts at each of [`BUCKETS_S`], then `+Inf`.
+    pub fn cumulative_buckets(&self) -> [u64; BUCKETS_S.len() + 1] {
+        let mut out = [self.calls; BUCKETS_S.len() + 1];
+        for (slot, b) in out.iter_mut().zip(BUCKETS_S) {
+            *slot = self.hist.count_le((b * 1e9).round() as u64);
+        }
+        out
+    }
+
     fn add_call(&mut self, c: &CallEvent) {
         self.calls += 1;
         self.errors += u64::from(c.failed());
-        let secs = c.dur_ns as f64 / 1e9;
-        let slot = BUCKETS_S
-            .iter()
-            .position(|&b| secs <= b)
-            .unwrap_or(BUCKETS_S.len());
-        self.buckets[slot] += 1;
+        self.hist.add(c.dur_ns);
         self.sum_ns += u128::from(c.dur_ns);
         let s = Split::of(c);
         self.split[0] += u128::from(s.on_cpu_ns);
@@ -57,9 +66,7 @@ impl OpSeries {
     fn merge(&mut self, o: &OpSeries) {
         self.calls += o.calls;
         self.errors += o.errors;
-        for (a, b) in self.buckets.iter_mut().zip(o.buckets) {
-            *a += b;
-        }
+        self.hist.merge(&o.hist);
         self.sum_ns += o.sum_ns;
         for (a, b) in self.split.iter_mut().zip(o.split) {
             *a += b;
@@ -75,9 +82,7 @@ pub struct Proc {
     /// When it got its labels (eviction order).
     seq: u64,
     pub ops: BTreeMap<u16, OpSeries>,
-    /// Live device allocations by pointer, and `cuMemCreate` handles.
-    ptrs: HashMap<u64, u64>,
-    handles: HashMap<u64, u64>,
+    /// Device bytes, from the state's ledger (for `other`: the sum over its processes).
     pub live_bytes: u64,
     pub peak_bytes: u64,
 }
@@ -85,42 +90,6 @@ pub struct Proc {
 impl Proc {
     fn add_call(&mut self, c: &CallEvent) {
         self.ops.entry(c.op).or_default().add_call(c);
-        self.ledger(c);
-    }
-
-    /// Device memory as the ledger counts it: successful, non-nested
-    /// allocations (device and `cuMemCreate`), effective at return, each
-    /// freed once.
-    fn ledger(&mut self, c: &CallEvent) {
-        let Some(info) = c.info() else { return };
-        if c.nested || c.failed() {
-            return;
-        }
-        let (Some(ptr), map) = (
-            c.ptr,
-            match info.class {
-                OpClass::DeviceAlloc | OpClass::DeviceFree => &mut self.ptrs,
-                OpClass::PhysCreate | OpClass::PhysRelease => &mut self.handles,
-                _ => return,
-            },
-        ) else {
-            return;
-        };
-        match info.class {
-            OpClass::DeviceAlloc | OpClass::PhysCreate => {
-                let bytes = c.size.unwrap_or(0);
-                if let Some(old) = map.insert(ptr, bytes) {
-                    self.live_bytes = self.live_bytes.saturating_sub(old);
-                }
-                self.live_bytes = self.live_bytes.saturating_add(bytes);
-                self.peak_bytes = self.peak_bytes.max(self.live_bytes);
-            }
-            _ => {
-                if let Some(bytes) = map.remove(&ptr) {
-                    self.live_bytes = self.live_bytes.saturating_sub(bytes);
-                }
-            }
-        }
     }
 }
 
@@ -142,6 +111,8 @@ pub struct State {
     pub gpu: super::gpu::GpuState,
     /// Per-rank NCCL collective series.
     pub nccl: super::nccl::NcclMetrics,
+    /// Device memory by the core's rules (the same as `memory` and the live view).
+    ledger: Ledger,
 }
 
 impl State {
@@ -149,11 +120,11 @@ impl State {
         match ev {
             Event::Call(c) => {
                 self.events[0] += 1;
-                self.proc_for(c.pid, &comm_of).add_call(c);
+                self.add_call(c, &comm_of);
             }
             Event::Nccl(n) => {
                 self.events[0] += 1;
-                self.proc_for(n.call.pid, &comm_of).add_call(&n.call);
+                self.add_call(&n.call, &comm_of);
                 self.nccl.observe(n);
             }
             Event::Wait(_) => self.events[1] += 1,
@@ -161,6 +132,11 @@ impl State {
             Event::Block(_) => {}
             Event::Proc(p) => {
                 self.events[2] += 1;
+                if p.kind == ProcKind::Exit && self.overflow.contains_key(&p.pid) {
+                    // No more calls can come: its ledger row is not needed
+                    // (its bytes stay in `other`, as they always did).
+                    self.ledger.forget(p.pid);
+                }
                 if let Some(pr) = self.procs.get_mut(&p.pid) {
                     match p.kind {
                         ProcKind::Exec if !p.comm.is_empty() => pr.comm = p.comm.clone(),
@@ -169,6 +145,22 @@ impl State {
                     }
                 }
             }
+        }
+    }
+
+    fn add_call(&mut self, c: &CallEvent, comm_of: &impl Fn(u32) -> String) {
+        let before = self.ledger.live_bytes(c.pid);
+        self.ledger.apply(c);
+        let (live, peak) = (self.ledger.live_bytes(c.pid), self.ledger.peak_bytes(c.pid));
+        self.proc_for(c.pid, comm_of).add_call(c);
+        if self.overflow.contains_key(&c.pid) {
+            // `other` sums its processes: carry this one's change.
+            let o = &mut self.other;
+            o.live_bytes = (o.live_bytes + live).saturating_sub(before);
+            o.peak_bytes = o.peak_bytes.max(o.live_bytes);
+        } else if let Some(p) = self.procs.get_mut(&c.pid) {
+            p.live_bytes = live;
+            p.peak_bytes = peak;
         }
     }
 
@@ -209,6 +201,7 @@ impl State {
                 self.other.ops.entry(*op).or_default().merge(s);
             }
             // Its memory died with it: nothing live to carry over.
+            self.ledger.forget(pid);
             self.remember_overflow(pid);
         }
         true
@@ -282,7 +275,8 @@ mod tests {
         let m = &p.ops[&op_by_name("cudaMalloc").unwrap().id];
         assert_eq!((m.calls, m.errors), (3, 1));
         // 2 µs and 3 µs fall in the (1 µs, 5 µs] bucket.
-        assert_eq!(m.buckets[1], 3);
+        assert_eq!(m.cumulative_buckets()[..2], [0, 3]);
+        assert_eq!(*m.cumulative_buckets().last().unwrap(), 3);
         assert_eq!(m.sum_ns, 8_000);
         assert_eq!(m.split, [2_000, 2_000, 4_000]);
         assert_eq!((p.live_bytes, p.peak_bytes), (50, 150));

@@ -49,6 +49,12 @@ pub struct Sandbox {
 }
 
 impl Sandbox {
+    /// A sandbox for a test that traces: None (the skip already logged by
+    /// [`require_ebpf`]) where eBPF cannot run.
+    pub fn for_ebpf(tag: &str) -> Option<Sandbox> {
+        require_ebpf().then(|| Sandbox::new(tag))
+    }
+
     pub fn new(tag: &str) -> Sandbox {
         static N: AtomicU32 = AtomicU32::new(0);
         let n = N.fetch_add(1, Ordering::Relaxed);
@@ -159,9 +165,39 @@ pub fn gpusleuth() -> Command {
     Command::new(env!("CARGO_BIN_EXE_gpusleuth"))
 }
 
+/// Runs a gpusleuth command to completion; fails the test (with its
+/// arguments and stderr) on a panic or a non-zero exit.
+pub fn run_ok(cmd: &mut Command) -> Output {
+    let out = cmd.output().expect("run gpusleuth");
+    assert_no_panic(&out);
+    let args: Vec<_> = cmd.get_args().map(|a| a.to_string_lossy()).collect();
+    assert!(
+        out.status.success(),
+        "gpusleuth {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// Fails the test with the command's stderr unless it exited 0.
+pub fn assert_success(out: &Output) {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 pub fn assert_no_panic(out: &Output) {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!err.contains("panicked at"), "gpusleuth panicked:\n{err}");
+}
+
+/// Holds the tests of one test binary that measure CPU time apart from each
+/// other (each binary has its own lock: cargo runs binaries one at a time).
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Waits for a path to exist, failing the test after `secs` seconds.

@@ -21,6 +21,31 @@ pub fn json(out: &Output) -> Value {
     })
 }
 
+/// The pids a `reclaim --json` plan would signal, in plan order.
+pub fn target_pids(doc: &Value) -> Vec<u64> {
+    doc["plan"]["targets"]
+        .as_array()
+        .expect("targets")
+        .iter()
+        .filter_map(|t| t["pid"].as_u64())
+        .collect()
+}
+
+/// pid → reason of every refusal in a `reclaim --json` plan.
+pub fn refusals(doc: &Value) -> BTreeMap<u64, String> {
+    doc["plan"]["refused"]
+        .as_array()
+        .expect("refused")
+        .iter()
+        .map(|r| {
+            (
+                r["pid"].as_u64().expect("pid"),
+                r["reason"].as_str().expect("reason").to_string(),
+            )
+        })
+        .collect()
+}
+
 /// pid → class from a `vram --json` report.
 pub fn classes(report: &Value) -> BTreeMap<u64, String> {
     report["holders"]

@@ -14,10 +14,6 @@ use crate::threads::{ThreadSplit, WakerKind};
 use serde_json::json;
 use std::collections::HashMap;
 
-fn pct(x: f64) -> String {
-    format!("{:.0}%", x * 100.0)
-}
-
 fn ms(ns: u64) -> String {
     format!("{:.1} ms", ns as f64 / 1e6)
 }
@@ -221,11 +217,7 @@ pub(super) fn host_bound(v: &ThreadView) -> Option<Finding> {
             pid: h.pid,
             comm: h.comm.clone(),
             runnable_ns: h.runnable_ns,
-            share: if t.between.runnable_ns == 0 {
-                0.0
-            } else {
-                h.runnable_ns as f64 / t.between.runnable_ns as f64
-            },
+            share: super::share(h.runnable_ns, t.between.runnable_ns),
         })
         .collect();
     let summary = format!(
@@ -383,16 +375,7 @@ pub(super) fn sync_stall(v: &ThreadView, data: &TraceData) -> Option<Finding> {
     // Per sync: host time since the previous sync ended (H) and the sync's own
     // wall time (S: the GPU finishing what the host queued). With the sync
     // gone, up to min(H, S) of each step could overlap.
-    let mut syncs: Vec<&CallEvent> = data
-        .calls
-        .iter()
-        .filter(|c| {
-            !c.nested
-                && c.pid == t.pid
-                && c.tid == t.tid
-                && c.info().is_some_and(|o| o.class == OpClass::Sync)
-        })
-        .collect();
+    let mut syncs: Vec<&CallEvent> = thread_calls(data, t, OpClass::Sync).collect();
     syncs.sort_by_key(|c| c.ts_ns);
     let mut prev_end = t.start_ns;
     let mut overlap = 0u64;
@@ -584,4 +567,15 @@ pub(super) fn pageable_copy(views: &[ThreadView], data: &TraceData) -> Vec<Findi
         ));
     }
     out
+}
+
+/// The calls of `class` a thread made itself (not nested in another call).
+pub(super) fn thread_calls<'a>(
+    data: &'a TraceData,
+    t: &'a ThreadSplit,
+    class: OpClass,
+) -> impl Iterator<Item = &'a CallEvent> + 'a {
+    data.calls.iter().filter(move |c| {
+        !c.nested && c.pid == t.pid && c.tid == t.tid && c.info().is_some_and(|o| o.class == class)
+    })
 }

@@ -261,11 +261,7 @@ pub(super) fn allocation_churn(l: &ProcessLedger, trace_ns: u64) -> Option<Findi
     if c.reallocs < CHURN_MIN_REALLOCS {
         return None;
     }
-    let time_share = if trace_ns == 0 {
-        0.0
-    } else {
-        c.alloc_free_ns as f64 / trace_ns as f64
-    };
+    let time_share = share(c.alloc_free_ns, trace_ns);
     let severity = if time_share >= CHURN_MEDIUM_SHARE {
         Severity::Medium
     } else {

@@ -35,16 +35,8 @@ fn ms(ns: u64) -> String {
     format!("{:.1} ms", ns as f64 / 1e6)
 }
 
-fn pct(x: f64) -> String {
-    format!("{:.0}%", x * 100.0)
-}
-
 fn finding(s: &Straggler, span_ns: u64) -> Finding {
-    let share_of_span = if span_ns == 0 {
-        0.0
-    } else {
-        s.lateness_ns as f64 / span_ns as f64
-    };
+    let share_of_span = super::share(s.lateness_ns, span_ns);
     let severity = if share_of_span >= STRAGGLER_HIGH_SHARE {
         Severity::High
     } else if share_of_span >= STRAGGLER_MEDIUM_SHARE {
@@ -77,7 +69,7 @@ fn finding(s: &Straggler, span_ns: u64) -> Finding {
         ms(s.max_lateness_ns),
         ms(s.caused_wait_ns),
         t.tid,
-        pct(t.share(cause_part)),
+        super::pct(t.share(cause_part)),
         s.cause.describe(),
         by_whom
     );
@@ -130,11 +122,7 @@ fn finding(s: &Straggler, span_ns: u64) -> Finding {
             pid: c.pid,
             comm: c.comm.clone(),
             runnable_ns: c.ns,
-            share: if lost == 0 {
-                0.0
-            } else {
-                c.ns as f64 / lost as f64
-            },
+            share: super::share(c.ns, lost),
         })
         .collect();
     Finding {

@@ -39,7 +39,7 @@ fn free(ts: u64, ptr: u64) -> CallEvent {
     c
 }
 
-fn trace(calls: Vec<CallEvent>) -> TraceData {
+pub(super) fn trace(calls: Vec<CallEvent>) -> TraceData {
     let end = calls.iter().map(|c| c.end_ns()).max().unwrap_or(0);
     TraceData {
         calls,

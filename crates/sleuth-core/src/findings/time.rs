@@ -44,16 +44,13 @@ impl<'a> Context<'a> {
             }
             by_op.entry(c.op).or_default().push(i);
         }
-        let first = data.calls.iter().map(|c| c.ts_ns).min();
-        let last = data.calls.iter().map(|c| c.end_ns()).max();
-        let start_ns = data.start_ns.or(first).unwrap_or(0);
-        let end_ns = data.end_ns.or(last).unwrap_or(start_ns).max(start_ns);
+        let span = crate::TraceSpan::of(data);
         Context {
             data,
             per_call_culprits,
             by_op,
-            start_ns,
-            end_ns,
+            start_ns: span.start_ns,
+            end_ns: span.end_ns,
         }
     }
 
@@ -126,18 +123,6 @@ impl<'a> Context<'a> {
             })
             .collect()
     }
-}
-
-fn share(part: u64, whole: u64) -> f64 {
-    if whole == 0 {
-        0.0
-    } else {
-        part as f64 / whole as f64
-    }
-}
-
-fn pct(x: f64) -> String {
-    format!("{:.0}%", x * 100.0)
 }
 
 /// CUDA calls slowed because the CPU was given to other tasks.

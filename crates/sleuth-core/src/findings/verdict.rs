@@ -1,15 +1,11 @@
 //! The one-line answer on top of `explain`, and the notes that go with the
 //! verdicts: the tracer's own interference, what an imported trace cannot tell.
 
-use super::bottleneck::{who, ThreadView};
+use super::bottleneck::{thread_calls, who, ThreadView};
 use super::*;
 use crate::gpu_busy::GpuBusy;
 use crate::ops::OpClass;
 use crate::threads::{ThreadSplit, WakerKind};
-
-fn pct(x: f64) -> String {
-    format!("{:.0}%", x * 100.0)
-}
 
 fn gpu_text(g: Option<GpuBusy>) -> String {
     match g {
@@ -162,15 +158,7 @@ pub(super) fn unknown_without_host_context(
     }
     let threads = crate::threads::thread_splits(data);
     let t = threads.first()?;
-    let mut launches: Vec<u64> = data
-        .calls
-        .iter()
-        .filter(|c| {
-            !c.nested
-                && c.pid == t.pid
-                && c.tid == t.tid
-                && c.info().is_some_and(|o| o.class == OpClass::Launch)
-        })
+    let mut launches: Vec<u64> = thread_calls(data, t, OpClass::Launch)
         .map(|c| c.dur_ns)
         .collect();
     launches.sort_unstable();

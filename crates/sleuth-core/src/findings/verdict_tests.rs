@@ -1,11 +1,19 @@
 //! The bottleneck verdicts from hand-built traces, thresholds at their edges.
 
 use super::*;
-use crate::data::{GpuSample, ProcessInfo};
+use crate::data::GpuSample;
 use crate::event::{CallEvent, OpCount, WaitEvent, WaitKind, Waker};
 use crate::ops::op_by_name;
 
 use super::tests::{call, MS, US};
+
+/// The findings tests' one-process trace, with these waits.
+fn trace(calls: Vec<CallEvent>, waits: Vec<WaitEvent>) -> TraceData {
+    TraceData {
+        waits,
+        ..super::tests::trace(calls)
+    }
+}
 
 fn wait(kind: WaitKind, off: u64, wake: u64, on: u64, waker: Option<Waker>) -> WaitEvent {
     WaitEvent {
@@ -19,23 +27,6 @@ fn wait(kind: WaitKind, off: u64, wake: u64, on: u64, waker: Option<Waker>) -> W
         cpu: 0,
         culprits: Vec::new(),
         waker,
-    }
-}
-
-fn trace(calls: Vec<CallEvent>, waits: Vec<WaitEvent>) -> TraceData {
-    let end = calls.iter().map(|c| c.end_ns()).max().unwrap_or(0);
-    TraceData {
-        calls,
-        waits,
-        processes: vec![ProcessInfo {
-            pid: 100,
-            comm: "train".into(),
-            ..Default::default()
-        }],
-        start_ns: Some(0),
-        end_ns: Some(end),
-        has_host_context: true,
-        ..Default::default()
     }
 }
 

@@ -168,8 +168,8 @@ impl Drop for Scene {
 
 /// State letter of a process, `None` when it is gone.
 pub fn state(pid: u32) -> Option<char> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    s.rsplit_once(')')?.1.trim_start().chars().next()
+    let p = procfs::process::Process::new(i32::try_from(pid).ok()?).ok()?;
+    p.stat().ok().map(|s| s.state)
 }
 
 /// Alive = present and neither zombie nor dead.

@@ -13,6 +13,7 @@ pub mod native;
 pub mod procmem;
 pub mod python;
 
+pub use native::SymbolFiles;
 use procmem::ProcMem;
 use python::{CodeInfo, PyProcess};
 use sleuth_core::record::{stack_flag, RawStack, NATIVE_DEPTH, PY_DEPTH};
@@ -31,9 +32,39 @@ pub const DEFAULT_SLOW_NS: u64 = 1_000_000;
 pub struct SiteResolver {
     python: HashMap<u32, PyProcess>,
     mem: HashMap<u32, Arc<ProcMem>>,
-    /// (pid, code object) → what it says; None when it could not be read.
-    code: HashMap<(u32, u64), Option<Arc<CodeInfo>>>,
-    native: native::NativeSymbolizer,
+    /// (pid, code object) → what it says, or why it could not be read.
+    code: HashMap<(u32, u64), Result<Arc<CodeInfo>, String>>,
+    maps: native::ProcessMaps,
+    /// Symbols for [`SiteResolver::resolve`]; the trace command symbolizes
+    /// on its own thread with its own [`SymbolFiles`].
+    files: SymbolFiles,
+}
+
+/// A stack resolved as far as the live process is needed: Python frames
+/// read, native frames placed in their files. [`Unsymbolized::finish`] adds
+/// the native function names from the files, at any later time.
+#[derive(Debug)]
+pub struct Unsymbolized {
+    stack: Stack,
+    /// (index in `stack.frames`, file, offset in the file).
+    lookups: Vec<(usize, String, u64)>,
+}
+
+impl Unsymbolized {
+    /// Fills the native function names.
+    pub fn finish(mut self, files: &mut SymbolFiles) -> Stack {
+        for (i, path, off) in self.lookups {
+            if let Some(f) = self.stack.frames.get_mut(i) {
+                f.function = files.function(&path, off);
+            }
+        }
+        self.stack
+    }
+
+    /// Whether every name is already known (no file to read).
+    pub fn is_complete(&self) -> bool {
+        self.lookups.is_empty()
+    }
 }
 
 impl SiteResolver {
@@ -57,7 +88,7 @@ impl SiteResolver {
         self.python.remove(&pid);
         self.mem.remove(&pid);
         self.code.retain(|(p, _), _| *p != pid);
-        self.native.forget(pid);
+        self.maps.forget(pid);
     }
 
     fn mem(&mut self, pid: u32) -> Option<Arc<ProcMem>> {
@@ -69,40 +100,66 @@ impl SiteResolver {
         Some(m)
     }
 
-    fn code_info(&mut self, pid: u32, code: u64) -> Option<Arc<CodeInfo>> {
+    fn code_info(&mut self, pid: u32, code: u64) -> Result<Arc<CodeInfo>, String> {
         if let Some(c) = self.code.get(&(pid, code)) {
             return c.clone();
         }
-        let layout = self.python.get(&pid)?.layout.code;
-        let mem = self.mem(pid)?;
-        let info = python::read_code(&mem, &layout, code).ok().map(Arc::new);
+        let layout = self
+            .python
+            .get(&pid)
+            .ok_or("no CPython known in the process")?
+            .layout
+            .code;
+        let mem = self
+            .mem(pid)
+            .ok_or_else(|| format!("cannot open the memory of process {pid}"))?;
+        let info = python::read_code(&mem, &layout, code).map(Arc::new);
         self.code.insert((pid, code), info.clone());
         info
     }
 
     /// Resolves one raw stack into frames and plain-words notes.
     pub fn resolve(&mut self, raw: &RawStack) -> Stack {
+        let u = self.resolve_live(raw);
+        u.finish(&mut self.files)
+    }
+
+    /// The part of [`SiteResolver::resolve`] that needs the live process
+    /// (its code objects, its memory map): cheap, done as each stack
+    /// arrives. Reading library symbols, which can take long the first time
+    /// a large library is seen, is left to [`Unsymbolized::finish`].
+    pub fn resolve_live(&mut self, raw: &RawStack) -> Unsymbolized {
         let pid = raw.pid;
         let mut frames = Vec::new();
         let mut notes = Vec::new();
         let mut unreadable = 0;
+        // The first failure, said in the note: "process gone" and "not a
+        // code object" call for different fixes.
+        let mut first_error = None;
         for f in raw.py_frames().iter().filter(|f| f.code != 0) {
             let layout = self.python.get(&pid).map(|p| p.layout);
             let info = self.code_info(pid, f.code);
             match (layout, info) {
-                (Some(layout), Some(info)) => frames.push(Frame {
+                (Some(layout), Ok(info)) => frames.push(Frame {
                     kind: Some(FrameKind::Python),
                     function: Some(info.name.clone()),
                     file: Some(info.filename.clone()),
                     line: python::frame_line(&layout, &info, f.code, f.instr),
                     ..Default::default()
                 }),
-                _ => unreadable += 1,
+                (_, info) => {
+                    unreadable += 1;
+                    if first_error.is_none() {
+                        let why = info.err().unwrap_or_else(|| "no CPython layout".into());
+                        first_error = Some(format!("code object {:#x}: {why}", f.code));
+                    }
+                }
             }
         }
         if unreadable > 0 {
             notes.push(format!(
-                "{unreadable} Python frame(s) could not be read (the process exited or the code was freed before it was resolved)"
+                "{unreadable} Python frame(s) could not be read (the process exited or the code was freed before it was resolved; first: {})",
+                first_error.unwrap_or_default()
             ));
         }
         if raw.flags & stack_flag::PY_TRUNC != 0 {
@@ -117,8 +174,13 @@ impl SiteResolver {
             notes.push("the native stack could not be read".into());
         }
         let mut unwound = 0;
+        let mut lookups = Vec::new();
         for &addr in raw.native_frames() {
-            let frame = self.native.frame(pid, addr);
+            let located = self.maps.locate(pid, addr);
+            let frame = native::frame_of(&located, addr);
+            if let native::Located::File { path, file_off } = located {
+                lookups.push((frames.len(), path, file_off));
+            }
             if frame.module.is_none() {
                 // Not in any mapping: the frame-pointer chain ran through
                 // code built without frame pointers; the rest is noise.
@@ -133,11 +195,77 @@ impl SiteResolver {
         if raw.flags & stack_flag::NATIVE_FULL != 0 && unwound == NATIVE_DEPTH {
             notes.push(format!("native frames truncated at {NATIVE_DEPTH}"));
         }
-        Stack {
-            id: raw.id,
-            pid,
-            frames,
-            notes,
+        Unsymbolized {
+            stack: Stack {
+                id: raw.id,
+                pid,
+                frames,
+                notes,
+            },
+            lookups,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[inline(never)]
+    fn a_native_function() -> u64 {
+        a_native_function as *const () as u64
+    }
+
+    /// The live half places native frames without reading any library's
+    /// symbols (that is left to `finish`, off the draining thread); the
+    /// finished stack names them exactly like `resolve`.
+    #[test]
+    fn live_resolution_leaves_symbols_for_later() {
+        let mut raw = RawStack {
+            pid: std::process::id(),
+            id: 7,
+            n_native: 1,
+            ..Default::default()
+        };
+        raw.native[0] = a_native_function() + 1;
+        let mut r = SiteResolver::new();
+        let u = r.resolve_live(&raw);
+        assert!(!u.is_complete());
+        assert_eq!(u.stack.frames.len(), 1);
+        assert_eq!(u.stack.frames[0].function, None);
+        assert!(u.stack.frames[0].module.is_some());
+        let done = u.finish(&mut SymbolFiles::default());
+        let name = done.frames[0].function.clone();
+        assert!(
+            name.as_deref()
+                .is_some_and(|n| n.contains("a_native_function")),
+            "{name:?}"
+        );
+        assert_eq!(r.resolve(&raw).frames[0].function, name);
+    }
+
+    /// A Python frame whose code object cannot be read says why (the first
+    /// error), so "process gone" and "not a code object" can be told apart.
+    #[test]
+    fn unreadable_python_frames_say_why() {
+        let mut raw = RawStack {
+            pid: std::process::id(),
+            n_py: 1,
+            ..Default::default()
+        };
+        raw.py[0].code = 0x10;
+        let s = SiteResolver::new().resolve(&raw);
+        assert!(s.frames.is_empty());
+        assert_eq!(s.notes.len(), 1, "{:?}", s.notes);
+        assert!(
+            s.notes[0].contains("1 Python frame(s) could not be read"),
+            "{:?}",
+            s.notes
+        );
+        assert!(
+            s.notes[0].contains("code object 0x10: no CPython known"),
+            "{:?}",
+            s.notes
+        );
     }
 }

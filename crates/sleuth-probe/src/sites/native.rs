@@ -1,48 +1,79 @@
 //! Native frames: return addresses → function and library, from the
 //! process's memory map and each file's ELF symbols (`.symtab` and
-//! `.dynsym`), demangled. Files are read once and cached.
+//! `.dynsym`), demangled. Files are mapped once and cached.
+//!
+//! Resolution runs on the thread that drains the ring buffer, while the
+//! traced process is alive (its Python code objects are read then), so a
+//! file's first use must be cheap: the file is mapped, not read (a 1.5 GiB
+//! libtorch_cuda costs no memory beyond the pages touched), only the
+//! function symbols' addresses are indexed, and a name is read and demangled
+//! when a frame needs it. Eagerly demangling every symbol of PyTorch's
+//! libraries took seconds on the H200, long enough for a short program to
+//! exit before its later stacks were resolved (docs/gpu-runs.md).
 
 use super::python::{read_maps, MapEntry};
+use memmap2::Mmap;
 use sleuth_core::sites::{Frame, FrameKind};
 use std::collections::HashMap;
 use std::sync::Arc;
 
-/// Files larger than this are not read for symbols (a 1 GiB libtorch_cuda
-/// would cost its size in memory); their frames keep the library name.
-const MAX_SYMBOL_FILE: u64 = 512 << 20;
-
-/// Function symbols of one file, by virtual address.
+/// Function symbols of one file, by virtual address; names stay in the
+/// mapped file until a frame asks for one.
 #[derive(Default)]
 struct FileSymbols {
-    /// (start, size, name), sorted by start.
-    funcs: Vec<(u64, u64, String)>,
+    map: Option<Mmap>,
+    /// (start, size, name offset in the file, name length), sorted by start.
+    funcs: Vec<(u64, u64, u64, u32)>,
     /// Loadable segments: (file offset, vaddr, file size).
     segments: Vec<(u64, u64, u64)>,
+    /// Names already demangled, by symbol start.
+    names: HashMap<u64, Arc<str>>,
 }
 
 impl FileSymbols {
     fn load(path: &str) -> FileSymbols {
-        use object::{Object, ObjectSegment, ObjectSymbol, SymbolKind};
-        let too_big = std::fs::metadata(path)
-            .map(|m| m.len() > MAX_SYMBOL_FILE)
-            .unwrap_or(true);
-        if too_big {
+        let Ok(file) = std::fs::File::open(path) else {
             return FileSymbols::default();
+        };
+        // SAFETY: a read-only private mapping of a library file. The file may
+        // change underneath only if someone rewrites an installed library in
+        // place while it runs (package managers replace files by rename,
+        // which leaves this mapping intact).
+        let Ok(map) = (unsafe { Mmap::map(&file) }) else {
+            return FileSymbols::default();
+        };
+        let (funcs, segments) = match Self::index(&map) {
+            Some(x) => x,
+            None => return FileSymbols::default(),
+        };
+        FileSymbols {
+            map: Some(map),
+            funcs,
+            segments,
+            names: HashMap::new(),
         }
-        let Ok(data) = std::fs::read(path) else {
-            return FileSymbols::default();
-        };
-        let Ok(file) = object::File::parse(&*data) else {
-            return FileSymbols::default();
-        };
-        let mut funcs: Vec<(u64, u64, String)> = file
+    }
+
+    /// Function symbols (start, size, name offset, name length) and segments.
+    #[allow(clippy::type_complexity)]
+    fn index(data: &[u8]) -> Option<(Vec<(u64, u64, u64, u32)>, Vec<(u64, u64, u64)>)> {
+        use object::{Object, ObjectSegment, ObjectSymbol, SymbolKind};
+        let file = object::File::parse(data).ok()?;
+        let base = data.as_ptr() as usize;
+        let mut funcs: Vec<(u64, u64, u64, u32)> = file
             .symbols()
             .chain(file.dynamic_symbols())
             .filter(|s| s.kind() == SymbolKind::Text && s.address() != 0 && s.is_definition())
             .filter_map(|s| {
-                let name = s.name().ok()?;
-                let name = name.split('@').next().unwrap_or(name);
-                Some((s.address(), s.size(), demangle(name)))
+                let name = s.name_bytes().ok()?;
+                // The name lies in the mapped string table: keep where.
+                let off = (name.as_ptr() as usize).checked_sub(base)?;
+                Some((
+                    s.address(),
+                    s.size(),
+                    off as u64,
+                    u32::try_from(name.len()).ok()?,
+                ))
             })
             .collect();
         funcs.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
@@ -51,7 +82,7 @@ impl FileSymbols {
             .segments()
             .map(|s| (s.file_range().0, s.address(), s.file_range().1))
             .collect();
-        FileSymbols { funcs, segments }
+        Some((funcs, segments))
     }
 
     fn vaddr_of(&self, file_off: u64) -> Option<u64> {
@@ -61,13 +92,26 @@ impl FileSymbols {
             .map(|&(off, vaddr, _)| vaddr + (file_off - off))
     }
 
-    fn function_at(&self, vaddr: u64) -> Option<&str> {
+    fn function_at(&mut self, vaddr: u64) -> Option<Arc<str>> {
         let i = self.funcs.partition_point(|f| f.0 <= vaddr);
-        let (start, size, name) = self.funcs.get(i.checked_sub(1)?)?;
+        let &(start, size, name_off, name_len) = self.funcs.get(i.checked_sub(1)?)?;
         // Sized symbols must contain the address; unsized ones (assembly)
         // are taken only close by.
-        let limit = if *size > 0 { *size } else { 4096 };
-        (vaddr - start < limit).then_some(name.as_str())
+        let limit = if size > 0 { size } else { 4096 };
+        if vaddr - start >= limit {
+            return None;
+        }
+        if let Some(n) = self.names.get(&start) {
+            return Some(n.clone());
+        }
+        let map = self.map.as_ref()?;
+        let raw =
+            map.get(name_off as usize..(name_off as usize).checked_add(name_len as usize)?)?;
+        let name = String::from_utf8_lossy(raw);
+        let name = name.split('@').next().unwrap_or(&name);
+        let name: Arc<str> = demangle(name).into();
+        self.names.insert(start, name.clone());
+        Some(name)
     }
 }
 
@@ -98,14 +142,26 @@ fn without_params(s: &str) -> &str {
     s
 }
 
-/// Symbolizes native addresses of traced processes.
-#[derive(Default)]
-pub struct NativeSymbolizer {
-    maps: HashMap<u32, Vec<MapEntry>>,
-    files: HashMap<String, Arc<FileSymbols>>,
+/// Where a native address lies in its process: read from the live
+/// process's memory map, so it is done while the process runs.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Located {
+    /// In no executable mapping: not a return address (the frame-pointer
+    /// chain went astray).
+    Unmapped,
+    /// A mapping without a file: `[vdso]`, `[anon]`, ...
+    Special(String),
+    /// In a mapped file, at this offset of the file.
+    File { path: String, file_off: u64 },
 }
 
-impl NativeSymbolizer {
+/// The memory maps of traced processes (the live half of symbolization).
+#[derive(Default)]
+pub struct ProcessMaps {
+    maps: HashMap<u32, Vec<MapEntry>>,
+}
+
+impl ProcessMaps {
     /// Forgets a process's memory map (after exec or exit).
     pub fn forget(&mut self, pid: u32) {
         self.maps.remove(&pid);
@@ -127,34 +183,53 @@ impl NativeSymbolizer {
         found
     }
 
-    /// One frame for a return address (looked up at `addr - 1`, inside the call).
-    /// `module` stays None when the address is in no executable mapping:
-    /// not a return address (the frame-pointer chain went astray).
-    pub fn frame(&mut self, pid: u32, addr: u64) -> Frame {
-        let mut f = Frame {
-            kind: Some(FrameKind::Native),
-            addr: Some(addr),
-            ..Default::default()
-        };
+    /// Where a return address lies (looked up at `addr - 1`, inside the call).
+    pub fn locate(&mut self, pid: u32, addr: u64) -> Located {
         let Some(m) = self.mapping(pid, addr).filter(|m| m.exec) else {
-            return f;
+            return Located::Unmapped;
         };
         if !m.path.starts_with('/') {
-            f.module = Some(m.path.clone()); // [vdso], [anon], ...
-            return f;
+            return Located::Special(m.path);
         }
+        let file_off = addr.saturating_sub(1).saturating_sub(m.start) + m.offset;
+        Located::File {
+            path: m.path,
+            file_off,
+        }
+    }
+}
+
+/// Function names from library files (the half that needs only the files,
+/// not the process: it may run later and on another thread).
+#[derive(Default)]
+pub struct SymbolFiles {
+    files: HashMap<String, FileSymbols>,
+}
+
+impl SymbolFiles {
+    /// The function containing `file_off` of the file at `path`.
+    pub fn function(&mut self, path: &str, file_off: u64) -> Option<String> {
         let syms = self
             .files
-            .entry(m.path.clone())
-            .or_insert_with(|| Arc::new(FileSymbols::load(&m.path)))
-            .clone();
-        let file_off = addr.saturating_sub(1).saturating_sub(m.start) + m.offset;
-        f.function = syms
-            .vaddr_of(file_off)
+            .entry(path.to_string())
+            .or_insert_with(|| FileSymbols::load(path));
+        syms.vaddr_of(file_off)
             .and_then(|v| syms.function_at(v))
-            .map(str::to_string);
-        f.module = Some(m.path);
-        f
+            .map(|n| n.to_string())
+    }
+}
+
+/// A native frame as known from the live process; `function` is filled by
+/// [`SymbolFiles`] from the file offset.
+pub fn frame_of(located: &Located, addr: u64) -> Frame {
+    Frame {
+        kind: Some(FrameKind::Native),
+        addr: Some(addr),
+        module: match located {
+            Located::Unmapped => None,
+            Located::Special(m) | Located::File { path: m, .. } => Some(m.clone()),
+        },
+        ..Default::default()
     }
 }
 
@@ -176,14 +251,18 @@ mod tests {
     fn symbolizes_this_test_binary() {
         // A function of this very process, by its own address.
         let addr = symbolizes_this_test_binary as *const () as u64;
-        let mut s = NativeSymbolizer::default();
-        let f = s.frame(std::process::id(), addr + 1);
-        assert!(f.module.is_some(), "{f:?}");
+        let mut maps = ProcessMaps::default();
+        let located = maps.locate(std::process::id(), addr + 1);
+        let Located::File { path, file_off } = &located else {
+            panic!("not in a file: {located:?}");
+        };
+        assert!(frame_of(&located, addr + 1).module.is_some());
+        let name = SymbolFiles::default().function(path, *file_off);
         assert!(
-            f.function
-                .as_deref()
+            name.as_deref()
                 .is_some_and(|n| n.contains("symbolizes_this_test_binary")),
-            "{f:?}"
+            "{name:?}"
         );
+        assert_eq!(maps.locate(std::process::id(), 8), Located::Unmapped);
     }
 }

@@ -1,6 +1,9 @@
-//! A per-test scratch folder, removed when the test ends.
+//! A per-test scratch folder, removed when the test ends, and a scripted
+//! workload run that returns its ground truth.
 
+use sleuth_sim::{parse_truth, SimPaths, Truth};
 use std::path::PathBuf;
+use std::process::Command;
 
 #[path = "../../../gpusleuth/tests/common/skip.rs"]
 #[allow(dead_code)] // only some test files skip
@@ -25,4 +28,33 @@ impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
+}
+
+/// Runs the simulated workload on `script` (with `env`) in `dir`; returns its
+/// exit code and the truth it wrote. Anything on stderr fails the test.
+pub fn run_script(
+    sim: &SimPaths,
+    dir: &TempDir,
+    script: &str,
+    env: &[(&str, &str)],
+) -> (i32, Vec<Truth>) {
+    let truth = dir.0.join("truth.jsonl");
+    let _ = std::fs::remove_file(&truth);
+    let out = Command::new(&sim.workload)
+        .arg("--truth")
+        .arg(&truth)
+        .arg(script)
+        .envs(env.iter().copied())
+        .output()
+        .expect("run workload");
+    assert!(
+        out.stderr.is_empty(),
+        "workload stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = std::fs::read_to_string(&truth).expect("truth file");
+    (
+        out.status.code().unwrap_or(-1),
+        parse_truth(&text).expect("parse truth"),
+    )
 }

@@ -2,11 +2,12 @@
 //! the trace's time axis, and per process the memory the driver said it held
 //! before the trace began beside the ledger.
 
-use super::svg::{esc, Linear, Svg};
+use super::svg::{esc, time_scale, value_scale, Svg};
 use super::WIDTH;
-use crate::cmd::gpu_context;
 use crate::output::fmt_ns;
+use crate::render::gpu_context;
 use sleuth_core::gpu_activity;
+use sleuth_core::ledger::ProcessLedger;
 use sleuth_core::TraceData;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -14,7 +15,7 @@ use std::fmt::Write as _;
 const BUSY: &str = "#59a14f";
 
 /// The section's HTML: a chart per GPU, or a line saying it was not measured.
-pub fn section(data: &TraceData, origin: u64, end: u64) -> String {
+pub fn section(data: &TraceData, ledgers: &[ProcessLedger], origin: u64, end: u64) -> String {
     let mut h = String::new();
     let activity = gpu_activity::of_trace(data);
     for line in gpu_context::busy_lines(&activity) {
@@ -29,7 +30,7 @@ pub fn section(data: &TraceData, origin: u64, end: u64) -> String {
             h.push_str(&chart(gpu, &list, origin, end));
         }
     }
-    let helds = gpu_context::held_memory(data);
+    let helds = sleuth_core::held::held(data, ledgers);
     for line in gpu_context::held_lines(data, &helds) {
         let _ = write!(h, "<p>{}</p>", esc(&line));
     }
@@ -38,19 +39,8 @@ pub fn section(data: &TraceData, origin: u64, end: u64) -> String {
 
 fn chart(gpu: u32, samples: &[&sleuth_core::GpuSample], origin: u64, end: u64) -> String {
     let (left, right, top, bottom, height) = (80.0, 20.0, 30.0, 30.0, 160.0);
-    let span_s = (end.saturating_sub(origin) as f64 / 1e9).max(1e-6);
-    let x = Linear {
-        d0: 0.0,
-        d1: span_s,
-        r0: left,
-        r1: WIDTH - right,
-    };
-    let y = Linear {
-        d0: 0.0,
-        d1: 100.0,
-        r0: height - bottom,
-        r1: top,
-    };
+    let (x, span_s) = time_scale(origin, end, left, right);
+    let y = value_scale(100.0, height - bottom, top);
     let t = |ns: u64| x.at(ns.saturating_sub(origin) as f64 / 1e9);
     let mut s = Svg::new(WIDTH, height, &format!("GPU {gpu} busy over time"));
     s.text(

@@ -130,6 +130,29 @@ impl Linear {
     }
 }
 
+/// The x scale of a chart on the trace's time axis: seconds since `origin`
+/// from `left` to `WIDTH - right`; returned with the axis length in seconds.
+pub fn time_scale(origin: u64, end: u64, left: f64, right: f64) -> (Linear, f64) {
+    let span_s = (end.saturating_sub(origin) as f64 / 1e9).max(1e-6);
+    let x = Linear {
+        d0: 0.0,
+        d1: span_s,
+        r0: left,
+        r1: super::WIDTH - right,
+    };
+    (x, span_s)
+}
+
+/// A y scale from 0 at `base` (the plot's bottom edge) up to `max` at `top`.
+pub fn value_scale(max: f64, base: f64, top: f64) -> Linear {
+    Linear {
+        d0: 0.0,
+        d1: max,
+        r0: base,
+        r1: top,
+    }
+}
+
 /// Log10 scale (values clamped to the domain, which must be > 0).
 #[derive(Clone, Copy)]
 pub struct Log {

@@ -5,7 +5,7 @@
 use crate::output::fmt_bytes;
 use sleuth_core::gpu_activity::{self, GpuActivity};
 use sleuth_core::held::{held, HeldMemory};
-use sleuth_core::ledger::ledger;
+use sleuth_core::ledger::ProcessLedger;
 use sleuth_core::TraceData;
 
 /// "GPU busy ..." lines: one per GPU, or one saying it was not measured.
@@ -33,11 +33,6 @@ pub fn busy_lines(a: &GpuActivity) -> Vec<String> {
         .collect()
 }
 
-/// The driver's view per process, pids in order.
-pub fn held_memory(data: &TraceData) -> Vec<HeldMemory> {
-    held(data, &ledger(data, None))
-}
-
 /// One line per process: "comm (pid N): held before tracing: ...".
 pub fn held_lines(data: &TraceData, helds: &[HeldMemory]) -> Vec<String> {
     if helds.iter().all(|h| !h.measured) {
@@ -62,9 +57,9 @@ pub fn held_lines(data: &TraceData, helds: &[HeldMemory]) -> Vec<String> {
         .collect()
 }
 
-/// Busy lines then held lines.
-pub fn lines(data: &TraceData) -> Vec<String> {
+/// Busy lines then held lines; `ledgers` is the trace's ledger (`Analysis::ledgers`).
+pub fn lines(data: &TraceData, ledgers: &[ProcessLedger]) -> Vec<String> {
     let mut out = busy_lines(&gpu_activity::of_trace(data));
-    out.extend(held_lines(data, &held_memory(data)));
+    out.extend(held_lines(data, &held(data, ledgers)));
     out
 }

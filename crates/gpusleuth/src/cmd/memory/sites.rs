@@ -1,8 +1,8 @@
 //! `gpusleuth memory --by-site`: device memory grouped by the line (or
 //! native function) that allocated it, with the full stack of the top sites.
 
-use crate::cmd::stats::table;
 use crate::output::fmt_bytes;
+use crate::render::table::table;
 use serde::Serialize;
 use sleuth_core::ledger::ProcessLedger;
 use sleuth_core::sites::{memory_by_site, SiteMemory, Stack};

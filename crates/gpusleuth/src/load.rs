@@ -1,0 +1,77 @@
+//! Opening a trace and writing a command's output: the one place every
+//! command that reads a trace database loads it and prints to stdout.
+
+use crate::term_text::terminal_safe;
+use sleuth_core::TraceData;
+use sleuth_store::InputProblems;
+use std::path::Path;
+
+/// What an existing output path needs (`report`, `export`).
+pub const FORCE_HINT: &str = "--force replaces it";
+
+/// Opens a trace and loads it (one process with `pid`). The store's error is
+/// already one line naming the file, so it is passed on as is. Rows the
+/// readers had to skip are reported on stderr, with counts.
+pub fn load_trace(db: &Path, pid: Option<u32>) -> anyhow::Result<TraceData> {
+    Ok(load_trace_checked(db, pid)?.0)
+}
+
+/// The stats answer of a trace: from its rollups when it has them (no call
+/// row is read), else from the whole trace loaded (older, merged, imported
+/// or cut-short traces).
+pub fn stats_of(db: &Path, pid: Option<u32>) -> anyhow::Result<sleuth_core::stats::StatsReport> {
+    let trace = sleuth_store::Trace::open(db)?;
+    if let Some(r) = trace.stats_report(pid)? {
+        return Ok(r);
+    }
+    warn_input_problems(&trace)?;
+    Ok(sleuth_core::stats::compute(&trace.load(pid)?))
+}
+
+/// [`load_trace`], also returning what was skipped (for outputs that must
+/// not call such a trace clean).
+pub fn load_trace_checked(
+    db: &Path,
+    pid: Option<u32>,
+) -> anyhow::Result<(TraceData, InputProblems)> {
+    let trace = sleuth_store::Trace::open(db)?;
+    let problems = warn_input_problems(&trace)?;
+    Ok((trace.load(pid)?, problems))
+}
+
+/// Prints one warning per kind of skipped row on stderr; returns them.
+pub fn warn_input_problems(trace: &sleuth_store::Trace) -> anyhow::Result<InputProblems> {
+    let problems = trace.input_problems()?;
+    for line in problems.lines() {
+        eprintln!(
+            "gpusleuth: warning: {}: {}",
+            terminal_safe(&trace.path().display().to_string()),
+            terminal_safe(&line)
+        );
+    }
+    Ok(problems)
+}
+
+/// Writes a command's output to stdout. A closed pipe (`| head`) ends the
+/// output quietly instead of panicking like `println!` would.
+pub fn emit(text: &str) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(anyhow::Error::new(e).context("writing to stdout"))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// [`emit`] for human text: names and notes from the trace are escaped so
+/// the terminal shows control sequences instead of obeying them.
+pub fn emit_text(text: &str) -> anyhow::Result<()> {
+    emit(&terminal_safe(text))
+}
+
+/// [`emit`] for a JSON document: pretty, one trailing newline.
+pub fn emit_json<T: serde::Serialize>(doc: &T) -> anyhow::Result<()> {
+    emit(&format!("{}\n", serde_json::to_string_pretty(doc)?))
+}

@@ -1,0 +1,401 @@
+//! The explanation of a trace for people and programs: findings as text,
+//! Markdown or the JSON contract, the per-thread time split and culprit
+//! lines. `explain` prints it; `demo` prints it after its trace; the report
+//! reuses the culprit and thread lines.
+
+use crate::args::TraceInput;
+use crate::load::{emit_json, emit_text, load_trace_checked};
+use crate::output::{fmt_bytes, fmt_ns};
+use crate::render::gpu_context;
+use sleuth_core::analysis::Analysis;
+use sleuth_core::findings::{Explanation, Finding, Kind};
+use sleuth_core::threads::{ThreadSplit, WakerKind};
+use sleuth_store::InputProblems;
+use std::fmt::Write as _;
+
+/// How `explain` writes its findings.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Style {
+    Text,
+    Markdown,
+    Json,
+}
+
+pub const CLEAN: &str = "No abnormal behaviour found";
+
+/// Loads a trace and prints its explanation in `style` (the `explain` command).
+pub fn print(input: &TraceInput, style: Style) -> anyhow::Result<i32> {
+    let (data, problems) = load_trace_checked(&input.db, input.pid)?;
+    let analysis = Analysis::of(&data);
+    let report = &analysis.explanation;
+    let gpu = gpu_context::lines(&data, &analysis.ledgers);
+    if style == Style::Json {
+        // The documented contract, field order included (the report's fields
+        // first); `input_problems` is added only when rows were skipped.
+        #[derive(serde::Serialize)]
+        struct Doc<'a, G: serde::Serialize, H: serde::Serialize> {
+            #[serde(flatten)]
+            report: &'a Explanation,
+            gpu_activity: G,
+            held_memory: H,
+            #[serde(skip_serializing_if = "InputProblems::is_empty")]
+            input_problems: &'a InputProblems,
+        }
+        let doc = Doc {
+            report,
+            gpu_activity: sleuth_core::gpu_activity::of_trace(&data),
+            held_memory: sleuth_core::held::held(&data, &analysis.ledgers),
+            input_problems: &problems,
+        };
+        emit_json(&doc)?;
+    } else if style == Style::Markdown {
+        let mut md = markdown(report);
+        md.push_str("\n## GPU\n\n");
+        for l in &gpu {
+            md.push_str(&format!("- {l}\n"));
+        }
+        emit_text(&format!("{}{}", problem_text(&problems), md))?;
+    } else {
+        let mut t = text_with(report, !problems.is_empty());
+        t.push('\n');
+        for l in &gpu {
+            t.push_str(l);
+            t.push('\n');
+        }
+        emit_text(&format!("{}{}", problem_text(&problems), t))?;
+    }
+    Ok(0)
+}
+
+/// "comm (pid N) 1.2ms = 80%, ..." for a finding's culprits; None when it has none.
+pub fn culprit_line(f: &Finding) -> Option<String> {
+    if f.culprits.is_empty() {
+        return None;
+    }
+    let parts: Vec<String> = f
+        .culprits
+        .iter()
+        .map(|c| {
+            format!(
+                "{} (pid {}) {} = {:.0}%",
+                c.comm,
+                c.pid,
+                fmt_ns(c.runnable_ns),
+                c.share * 100.0
+            )
+        })
+        .collect();
+    Some(parts.join(", "))
+}
+
+/// One line per CUDA-issuing thread: where its time went, inside and between CUDA calls.
+pub fn thread_lines(threads: &[ThreadSplit]) -> Vec<String> {
+    let pct = |t: &ThreadSplit, ns: u64| format!("{:.0}%", t.share(ns) * 100.0);
+    threads
+        .iter()
+        .map(|t| {
+            let mut line = format!(
+                "{} pid {} tid {}: {} from first to last CUDA call; inside calls {} (on-CPU {}, runnable {}, \
+                 blocked {}); between calls {}: on-CPU {}, blocked {}, runnable {}",
+                t.comm,
+                t.pid,
+                t.tid,
+                fmt_ns(t.wall_ns),
+                pct(t, t.in_calls.wall_ns()),
+                pct(t, t.in_calls.on_cpu_ns),
+                pct(t, t.in_calls.runnable_ns),
+                pct(t, t.in_calls.blocked_ns),
+                pct(t, t.between.wall_ns()),
+                pct(t, t.between.on_cpu_ns),
+                pct(t, t.between.blocked_ns),
+                pct(t, t.between.runnable_ns),
+            );
+            let wakers: Vec<String> = t
+                .wakers
+                .iter()
+                .take(3)
+                .map(|w| match w.kind {
+                    WakerKind::Task => {
+                        format!("{} pid {} tid {} {:.0}%", w.comm, w.pid, w.tid, w.share * 100.0)
+                    }
+                    _ => format!("{} {:.0}%", w.comm, w.share * 100.0),
+                })
+                .collect();
+            if !wakers.is_empty() {
+                line.push_str(&format!("; woken by {}", wakers.join(", ")));
+            }
+            let holders: Vec<String> = t
+                .preempted_by
+                .iter()
+                .take(3)
+                .map(|h| format!("{} pid {} {}", h.comm, h.pid, fmt_ns(h.runnable_ns)))
+                .collect();
+            if !holders.is_empty() {
+                line.push_str(&format!("; CPU taken by {}", holders.join(", ")));
+            }
+            line
+        })
+        .collect()
+}
+
+/// What the readers skipped, before the findings: a trace with unusable
+/// rows is never called clean without saying so.
+fn problem_text(p: &InputProblems) -> String {
+    let mut out = String::new();
+    for line in p.lines() {
+        let _ = writeln!(out, "Input problem: {line}.");
+    }
+    out
+}
+
+/// Plain-text rendering.
+#[cfg(test)]
+pub fn text(r: &Explanation) -> String {
+    text_with(r, false)
+}
+
+/// Plain-text rendering; `skipped_rows`: some rows could not be read.
+fn text_with(r: &Explanation, skipped_rows: bool) -> String {
+    let mut out = String::new();
+    if let Some(s) = &r.summary {
+        let _ = writeln!(out, "{s}\n");
+    }
+    if r.findings.is_empty() && skipped_rows {
+        let _ = writeln!(
+            out,
+            "Nothing abnormal in the calls that could be read; the skipped rows above were not examined."
+        );
+    } else if r.findings.is_empty() {
+        let _ = writeln!(out, "{CLEAN}.");
+    }
+    for (i, f) in r.findings.iter().enumerate() {
+        let _ = writeln!(
+            out,
+            "{}. [{}] {}: {}",
+            i + 1,
+            f.severity.as_str(),
+            f.kind.as_str(),
+            f.summary
+        );
+        if let Some(c) = culprit_line(f) {
+            let label = if f.kind == Kind::InputWait {
+                "woken by"
+            } else {
+                "culprits"
+            };
+            let _ = writeln!(out, "   {label}: {c}");
+        }
+        let _ = writeln!(out, "   what to do: {}", f.recommendation);
+        for line in example_lines(&f.evidence, &f.op) {
+            let _ = writeln!(out, "   {line}");
+        }
+        out.push('\n');
+    }
+    if !r.findings.is_empty() {
+        let _ = writeln!(out, "(full evidence of each finding: --json or --markdown)");
+    }
+    if !r.threads.is_empty() {
+        let _ = writeln!(out, "\nWhere the time went, per CUDA-issuing thread:");
+        for line in thread_lines(&r.threads) {
+            let _ = writeln!(out, "  {line}");
+        }
+        out.push('\n');
+    }
+    for n in &r.notes {
+        let _ = writeln!(out, "Note: {n}");
+    }
+    out
+}
+
+/// The slowest example calls of a finding, one readable line each.
+/// `op` names the calls when an example does not (time findings are per op).
+fn example_lines(evidence: &serde_json::Value, op: &str) -> Vec<String> {
+    let Some(examples) = evidence.get("examples").and_then(|e| e.as_array()) else {
+        return Vec::new();
+    };
+    let ns = |v: &serde_json::Value, k: &str| v.get(k).and_then(|x| x.as_u64());
+    examples
+        .iter()
+        .take(3)
+        .map(|e| {
+            // null (unknown: no host context) reads "-", never 0.
+            let part = |k: &str| ns(e, k).map(fmt_ns).unwrap_or_else(|| "-".into());
+            let mut line = String::from("example:");
+            if let Some(o) = ns(e, "offset_ns") {
+                line.push_str(&format!(" +{}", fmt_ns(o)));
+            }
+            let name = e.get("op").and_then(|x| x.as_str()).unwrap_or(op);
+            if !name.is_empty() {
+                line.push_str(&format!(" {name}"));
+            }
+            if let Some(pid) = ns(e, "pid") {
+                line.push_str(&format!(" pid {pid}"));
+            }
+            if let Some(d) = ns(e, "dur_ns") {
+                line.push_str(&format!(
+                    " took {} (on-CPU {}, runnable {}, blocked {})",
+                    fmt_ns(d),
+                    part("on_cpu_ns"),
+                    part("runnable_ns"),
+                    part("blocked_ns")
+                ));
+            }
+            if let Some(b) = ns(e, "bytes") {
+                line.push_str(&format!(" {}", fmt_bytes(b)));
+            }
+            if let Some(err) = e.get("error_name").and_then(|x| x.as_str()) {
+                line.push_str(&format!(" failed: {err}"));
+            }
+            if let Some(site) = e.get("site").and_then(|x| x.as_str()) {
+                line.push_str(&format!(" at {site}"));
+            }
+            line
+        })
+        .collect()
+}
+
+/// Markdown rendering.
+pub fn markdown(r: &Explanation) -> String {
+    let mut out = String::from("# gpusleuth findings\n\n");
+    if let Some(s) = &r.summary {
+        let _ = writeln!(out, "**{s}**\n");
+    }
+    if r.findings.is_empty() {
+        let _ = writeln!(out, "{CLEAN}.\n");
+    }
+    for (i, f) in r.findings.iter().enumerate() {
+        let _ = writeln!(
+            out,
+            "## {}. {} ({}, `{}`)\n",
+            i + 1,
+            f.kind.as_str(),
+            f.severity.as_str(),
+            f.op
+        );
+        let _ = writeln!(out, "{}\n", f.summary);
+        if !f.culprits.is_empty() {
+            out.push_str("| culprit | pid | runnable time | share |\n|---|---:|---:|---:|\n");
+            for c in &f.culprits {
+                let _ = writeln!(
+                    out,
+                    "| {} | {} | {} | {:.0}% |",
+                    c.comm.replace('|', "\\|"),
+                    c.pid,
+                    fmt_ns(c.runnable_ns),
+                    c.share * 100.0
+                );
+            }
+            out.push('\n');
+        }
+        let _ = writeln!(out, "**What to do:** {}\n", f.recommendation);
+        let evidence = serde_json::to_string_pretty(&f.evidence).unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "<details><summary>Evidence</summary>\n\n```json\n{evidence}\n```\n</details>\n"
+        );
+    }
+    if !r.threads.is_empty() {
+        out.push_str("## Where the time went\n\n");
+        for line in thread_lines(&r.threads) {
+            let _ = writeln!(out, "- {line}");
+        }
+        out.push('\n');
+    }
+    if !r.notes.is_empty() {
+        out.push_str("## Notes\n\n");
+        for n in &r.notes {
+            let _ = writeln!(out, "- {n}");
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sleuth_core::findings::explain_report;
+    use sleuth_core::{CallEvent, TraceData};
+
+    fn failing_trace() -> TraceData {
+        TraceData {
+            calls: vec![CallEvent {
+                ts_ns: 0,
+                dur_ns: 10,
+                pid: 3,
+                tid: 3,
+                op: 1,
+                ret: 2,
+                size: Some(1 << 30),
+                ..Default::default()
+            }],
+            has_host_context: true,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn clean_trace_says_so_in_every_format() {
+        let r = explain_report(&TraceData {
+            has_host_context: true,
+            ..Default::default()
+        });
+        assert_eq!(text(&r), "No abnormal behaviour found.\n");
+        assert!(markdown(&r).contains(CLEAN));
+        assert_eq!(serde_json::to_string(&r).unwrap(), r#"{"findings":[]}"#);
+    }
+
+    #[test]
+    fn findings_render_with_recommendation_and_evidence() {
+        let r = explain_report(&failing_trace());
+        let t = text(&r);
+        // The summary line on top, then the ranked findings.
+        assert!(
+            t.starts_with("GPU busy: not measured; the main thread of ? (pid 3)"),
+            "{t}"
+        );
+        assert!(t.contains("\n1. [high] allocation_failure:"), "{t}");
+        assert!(
+            t.contains("Where the time went, per CUDA-issuing thread:\n  ? pid 3 tid 3:"),
+            "{t}"
+        );
+        // Text shows the advice and the example calls; the full evidence is in --json/--markdown.
+        assert!(t.contains("what to do:"), "{t}");
+        assert!(t.contains("example: cudaMalloc 1.0 GiB"), "{t}");
+        assert!(t.contains("failed: out of memory"), "{t}");
+        assert!(
+            t.contains("(full evidence of each finding: --json or --markdown)"),
+            "{t}"
+        );
+        let md = markdown(&r);
+        assert!(md.contains("## 1. allocation_failure (high, `cudaMalloc`)"));
+        assert!(md.contains("```json"));
+    }
+
+    #[test]
+    fn imported_trace_states_what_cannot_be_evaluated() {
+        let mut d = failing_trace();
+        d.has_host_context = false;
+        let t = text(&explain_report(&d));
+        assert!(t.contains("Note: This trace has no host scheduler context"));
+    }
+
+    #[test]
+    fn unknown_host_context_prints_as_unknown_not_zero() {
+        let e = serde_json::json!({"examples": [
+            {"op": "cudaMalloc", "offset_ns": 1_500_000, "pid": 7, "dur_ns": 293_900,
+             "on_cpu_ns": null, "runnable_ns": null, "blocked_ns": null},
+            {"pid": 7, "dur_ns": 2_000,
+             "on_cpu_ns": 1_000, "runnable_ns": 0, "blocked_ns": 1_000}
+        ]});
+        let lines = example_lines(&e, "cudaMalloc");
+        assert_eq!(
+            lines[0],
+            "example: +1.50ms cudaMalloc pid 7 took 293.9us (on-CPU -, runnable -, blocked -)"
+        );
+        assert!(
+            lines[1].contains("(on-CPU 1.0us, runnable 0ns, blocked 1.0us)"),
+            "{}",
+            lines[1]
+        );
+    }
+}
