@@ -4,7 +4,8 @@
 # others use GPU 0). Each suite writes into its own folder; $OUT gets one
 # log per suite (at most 8 files) and summary.txt.
 #   cd DIR_WITH_gpusleuth_AND_scripts && OUT=$OUT bash scripts/gpu/integration_run.sh [SUITE...]
-# Suites: verdict attach reclaim sites nccl (default: all).
+# Suites: verdict attach reclaim sites nccl overhead (default: all but overhead,
+# which takes GS_BUDGET_S seconds, 330 by default: scripts/gpu/overhead_reps.py).
 set -u
 ROOT=$(pwd)
 export GPUSLEUTH=$ROOT/gpusleuth PY=${PY:-/opt/torch/.venv/bin/python3} PYTHONUNBUFFERED=1
@@ -36,6 +37,9 @@ for s in $suites; do
                "$PY" sites_check.py "$W/truth.jsonl" "$W/by_site.json" "$W/explain.txt" >"$W/check.json"
                cat "$W/check.json"; head -20 "$W/by_site.txt"; head -30 "$W/explain.txt" ) >"$OUT/sites.log" 2>&1
              "$PY" -c 'import json,sys; c=json.load(open(sys.argv[1])); print("sites: right_line_share=%s leak_first=%s explain_names_leak=%s" % (c["right_line_share"], c["leak_first_in_by_site"], c["explain_names_leak"]))' "$W/check.json" >>"$S" 2>&1 ;;
+    overhead) ( cd "$ROOT" && OUT=$W timeout $(( ${GS_BUDGET_S:-330} + 60 )) "$PY" "$G/overhead_reps.py" "$GPUSLEUTH" ) >"$OUT/overhead.log" 2>&1
+             grep -E "SUMMARY|target|traps" "$OUT/overhead.log" | tail -12 >>"$S"
+             cp "$W/overhead_reps.json" "$OUT/overhead_reps.json" 2>/dev/null ;;
     nccl)    ( cd "$ROOT" && OUT=$W GPUSLEUTH=$GPUSLEUTH timeout 200 bash "$G/nccl_straggler.sh" ) >"$OUT/nccl.log" 2>&1
              cat "$W/summary.txt" >>"$S" 2>&1 ;;
   esac
