@@ -144,7 +144,7 @@ fn write_trace(db: &Path) -> serde_json::Value {
 
 #[test]
 fn python_mcp_client_over_stdio_and_http() {
-    if !client_ready("MCP client test") {
+    if !client_ready("the MCP client test") {
         return;
     }
     let dir = std::env::temp_dir().join(format!("gpusleuth-mcp-test-{}", std::process::id()));

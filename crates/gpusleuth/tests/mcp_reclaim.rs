@@ -97,7 +97,7 @@ fn end_leftover_servers(scenario: &Path) -> Vec<u32> {
 
 #[test]
 fn python_mcp_client_reclaims_the_orphaned_worker() {
-    if !client_ready("MCP reclaim test") {
+    if !client_ready("the MCP reclaim test") {
         return;
     }
     let w = world();
