@@ -10,10 +10,10 @@ mod common;
 #[path = "../../sleuth-gpu/tests/support/mod.rs"]
 mod support;
 
-use common::{assert_no_panic, gpusleuth, wait_child, wait_for_file, Sandbox};
+use common::{gpusleuth, wait_child, wait_for_file, Sandbox};
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
@@ -50,6 +50,49 @@ const C: u64 = 30 * MIB;
 const D: u64 = 20 * MIB;
 /// NVML sample period of the simulated driver in this test.
 const PERIOD_NS: u64 = 100_000_000;
+
+/// A simulated NVML scenario of one 80 GiB GPU, plus `extra` lines.
+fn sim_scenario(sb: &Sandbox, extra: &str) -> PathBuf {
+    let scenario = sb.path("scenario.txt");
+    let device = format!("device SimGPU GPU-sim-0 {} 0\n", 80u64 << 30);
+    std::fs::write(&scenario, device + extra).unwrap();
+    scenario
+}
+
+/// The simulated workload running `script`, logging its GPU activity to
+/// `activity` (what the simulated NVML reports as busy time).
+fn sim_workload(sb: &Sandbox, script: &str, activity: &Path) -> Guard {
+    Guard(
+        Command::new(&sb.sim.workload)
+            .arg(script)
+            .env("SIM_GPU_ACTIVITY", activity)
+            .spawn()
+            .expect("start workload"),
+    )
+}
+
+/// `gpusleuth trace --quiet <args>` into the sandbox's database, against the
+/// simulated NVML of `scenario` and the workload's `activity` log, writing
+/// `go` once it is attached.
+fn sim_nvml_trace(
+    sb: &Sandbox,
+    args: &[&str],
+    go: &str,
+    scenario: &Path,
+    activity: &Path,
+) -> Command {
+    let mut cmd = gpusleuth();
+    cmd.args(["trace", "--quiet"])
+        .args(args)
+        .arg("--db")
+        .arg(sb.db())
+        .arg("--ready-file")
+        .arg(go)
+        .env("GPUSLEUTH_NVML_LIB", &support::fixtures().sim_nvml)
+        .env("SIM_NVML_SCENARIO", scenario)
+        .env("SIM_GPU_ACTIVITY", activity);
+    cmd
+}
 
 fn json_of(out: &Output) -> Value {
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
@@ -156,15 +199,7 @@ fn attach_shows_memory_held_before_the_trace_and_gpu_busy_samples() {
     let Some(sb) = Sandbox::for_ebpf("attach") else {
         return;
     };
-    let scenario = sb.path("scenario.txt");
-    std::fs::write(
-        &scenario,
-        format!(
-            "device SimGPU GPU-sim-0 {} 0\nsample_period_ms 100\n",
-            80u64 << 30
-        ),
-    )
-    .unwrap();
+    let scenario = sim_scenario(&sb, "sample_period_ms 100\n");
     let activity = sb.path("activity.txt");
     let p = |n: &str| sb.path(n).display().to_string();
     let (pre, go, done, fin) = (p("pre"), p("go"), p("done"), p("fin"));
@@ -175,13 +210,7 @@ fn attach_shows_memory_held_before_the_trace_and_gpu_busy_samples() {
          stamp {s0}; sync_sleep 400; stamp {s1}; touch {done}; \
          sync_sleep 3000; await {fin}"
     );
-    let mut workload = Guard(
-        Command::new(&sb.sim.workload)
-            .arg(&script)
-            .env("SIM_GPU_ACTIVITY", &activity)
-            .spawn()
-            .expect("start workload"),
-    );
+    let mut workload = sim_workload(&sb, &script, &activity);
     let pid = workload.id();
     wait_for_file(Path::new(&pre), 20);
 
@@ -192,25 +221,16 @@ fn attach_shows_memory_held_before_the_trace_and_gpu_busy_samples() {
         .port();
     let addr = format!("127.0.0.1:{port}");
     let mut tracer = Guard(
-        gpusleuth()
-            .args([
-                "trace",
-                "--quiet",
-                "--pid",
-                &pid.to_string(),
-                "--metrics",
-                &addr,
-            ])
-            .arg("--db")
-            .arg(sb.db())
-            .arg("--ready-file")
-            .arg(&go)
-            .env("GPUSLEUTH_NVML_LIB", &support::fixtures().sim_nvml)
-            .env("SIM_NVML_SCENARIO", &scenario)
-            .env("SIM_GPU_ACTIVITY", &activity)
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start trace"),
+        sim_nvml_trace(
+            &sb,
+            &["--pid", &pid.to_string(), "--metrics", &addr],
+            &go,
+            &scenario,
+            &activity,
+        )
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start trace"),
     );
     wait_for_file(Path::new(&done), 30);
     // Past one sampler poll after the busy second: the gauges are set.
@@ -392,9 +412,7 @@ fn a_trace_without_nvml_says_not_measured() {
     };
     let mut cmd = sb.trace_command(&[], "malloc 4096 X; sync_sleep 50; free X");
     cmd.env("GPUSLEUTH_NVML_LIB", sb.path("no-such-libnvidia-ml.so.1"));
-    let out = cmd.output().unwrap();
-    assert_no_panic(&out);
-    common::assert_success(&out);
+    common::run_ok(&mut cmd);
     let db = sb.open_db();
     assert_eq!(db.int("SELECT count(*) FROM gpu_samples"), 0);
     let notes = db.rows("SELECT text FROM notes");
@@ -415,36 +433,18 @@ fn all_processes_mode_gets_the_same_baseline() {
     let Some(sb) = Sandbox::for_ebpf("attach-all") else {
         return;
     };
-    let scenario = sb.path("scenario.txt");
-    std::fs::write(
-        &scenario,
-        format!("device SimGPU GPU-sim-0 {} 0\n", 80u64 << 30),
-    )
-    .unwrap();
+    let scenario = sim_scenario(&sb, "");
     let activity = sb.path("activity.txt");
     let p = |n: &str| sb.path(n).display().to_string();
     let (pre, go, done, fin) = (p("pre"), p("go"), p("done"), p("fin"));
     let script = format!(
         "malloc {A} X; touch {pre}; await {go}; free X; malloc {D} Y; touch {done}; await {fin}"
     );
-    let mut workload = Guard(
-        Command::new(&sb.sim.workload)
-            .arg(&script)
-            .env("SIM_GPU_ACTIVITY", &activity)
-            .spawn()
-            .expect("start workload"),
-    );
+    let mut workload = sim_workload(&sb, &script, &activity);
     let pid = workload.id();
     wait_for_file(Path::new(&pre), 20);
     let mut tracer = Guard(
-        gpusleuth()
-            .args(["trace", "--quiet", "--db"])
-            .arg(sb.db())
-            .arg("--ready-file")
-            .arg(&go)
-            .env("GPUSLEUTH_NVML_LIB", &support::fixtures().sim_nvml)
-            .env("SIM_NVML_SCENARIO", &scenario)
-            .env("SIM_GPU_ACTIVITY", &activity)
+        sim_nvml_trace(&sb, &[], &go, &scenario, &activity)
             .stderr(Stdio::null())
             .spawn()
             .expect("start trace"),

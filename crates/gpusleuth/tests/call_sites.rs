@@ -288,12 +288,11 @@ fn python_allocations_frees_and_failures_have_their_exact_line() {
             0
         );
         // memory --by-site names the line of the largest unfreed allocation first.
-        let out = gpusleuth()
-            .args(["memory", "--by-site", "--json", "--db"])
-            .arg(sb.db())
-            .output()
-            .expect("memory --by-site");
-        common::assert_success(&out);
+        let out = common::run_ok(
+            gpusleuth()
+                .args(["memory", "--by-site", "--json", "--db"])
+                .arg(sb.db()),
+        );
         let v: Value = serde_json::from_slice(&out.stdout).expect("json");
         let first = &v["sites"][0];
         let weights_line = truth
@@ -377,17 +376,15 @@ int main(void) { usleep(200000); leak_loop(3); void *w = alloc_weights(4096); qu
         .output()
         .expect("gcc");
     common::assert_success(&cc);
-    let out = gpusleuth()
-        .arg("trace")
-        .arg("--db")
-        .arg(sb.db())
-        .arg("--quiet")
-        .arg("--")
-        .arg(&exe)
-        .output()
-        .expect("trace");
-    assert_no_panic(&out);
-    common::assert_success(&out);
+    common::run_ok(
+        gpusleuth()
+            .arg("trace")
+            .arg("--db")
+            .arg(sb.db())
+            .arg("--quiet")
+            .arg("--")
+            .arg(&exe),
+    );
     let db = sb.open_db();
     let chain = |call_filter: &str| -> Vec<String> {
         let stack = db.int(&format!(
@@ -452,14 +449,13 @@ int main(void) { usleep(200000); leak_loop(3); void *w = alloc_weights(4096); qu
     assert_eq!(v["sites"][0]["unfreed_bytes"].as_u64(), Some(3 << 20));
     // The report's call-site table and the Perfetto slices carry the site.
     let html = sb.path("report.html");
-    let out = gpusleuth()
-        .args(["report", "--db"])
-        .arg(sb.db())
-        .arg("--output")
-        .arg(&html)
-        .output()
-        .expect("report");
-    common::assert_success(&out);
+    common::run_ok(
+        gpusleuth()
+            .args(["report", "--db"])
+            .arg(sb.db())
+            .arg("--output")
+            .arg(&html),
+    );
     let text = std::fs::read_to_string(&html).expect("report.html");
     assert!(
         text.contains("Call sites of device memory")

@@ -29,17 +29,17 @@ fn demo_names_the_hog_the_leak_and_the_failed_allocation() {
     }
     assert!(text.contains("--keep"), "{text}");
     // Ground truth from the scenario in cmd/demo.rs.
-    let pre = text
-        .lines()
-        .find(|l| l.contains("cpu_preemption"))
-        .unwrap_or_else(|| panic!("no cpu_preemption:\n{text}"));
+    // The first finding line of a kind.
+    let finding = |kind: &str| {
+        text.lines()
+            .find(|l| l.contains(kind))
+            .unwrap_or_else(|| panic!("no {kind}:\n{text}"))
+    };
+    let pre = finding("cpu_preemption");
     assert!(pre.contains("gs-hog"), "hog not named: {pre}");
     assert!(text.contains("allocation_failure"), "{text}");
     assert!(text.contains("returned 2 (out of memory)"), "{text}");
-    let leak = text
-        .lines()
-        .find(|l| l.contains("memory_growth"))
-        .unwrap_or_else(|| panic!("no leak:\n{text}"));
+    let leak = finding("memory_growth");
     assert!(leak.contains("25 allocation(s), 3.1 MiB"), "{leak}");
     // The syncs' sleep is GPU time: stated in the per-thread split, never a finding.
     assert!(text.contains("Where the time went"), "{text}");

@@ -126,16 +126,14 @@ fn memory_is_split_per_device_by_cuda_set_device() {
     };
     // Two simulated GPUs. Device 1 keeps 1 MiB (a second one freed again: peak
     // 2 MiB), device 0 keeps 4096 B; cudaSetDevice(7) fails, so the 256 B go to device 1.
-    let out = sb
-        .trace_command(
+    common::run_ok(
+        sb.trace_command(
             &[],
             "malloc 4096 a; set_device 1; malloc 1048576 b; malloc 1048576 c; free c; \
              set_device 7; malloc 256 e; free e; set_device 0; malloc 512 d; free d",
         )
-        .env("SIM_DEVICE_COUNT", "2")
-        .output()
-        .unwrap();
-    common::assert_success(&out);
+        .env("SIM_DEVICE_COUNT", "2"),
+    );
     let out = common::gpusleuth()
         .args(["memory", "--json", "--db"])
         .arg(sb.db())

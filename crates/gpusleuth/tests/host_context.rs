@@ -17,11 +17,10 @@ const BUSY_SIZE: i64 = 2222;
 
 #[test]
 fn cpu_contention_is_blamed_on_the_hog() {
-    if !require_ebpf() {
+    let Some(sb) = Sandbox::for_ebpf("contention") else {
         return;
-    }
+    };
     let _serial = common::serial();
-    let sb = Sandbox::new("contention");
     let (phase2, hog_ready) = (sb.path("phase2"), sb.path("hog-ready"));
     let script = format!(
         "pin 0; repeat 5 {{ spin {SPIN_MS} {QUIET_SIZE} }}; repeat 3 {{ sync_sleep {SLEEP_MS} }}; \
@@ -149,11 +148,10 @@ fn cpu_contention_is_blamed_on_the_hog() {
 
 #[test]
 fn decomposition_adds_up_and_only_traced_processes_appear() {
-    if !require_ebpf() {
+    let Some(sb) = Sandbox::for_ebpf("invariants") else {
         return;
-    }
+    };
     let _serial = common::serial();
-    let sb = Sandbox::new("invariants");
     // An untraced process calling the same library files at the same time.
     let mut outsider = std::process::Command::new(&sb.sim.workload)
         .arg("repeat 100 { malloc 10; sync_sleep 2; spin 1 }")

@@ -117,6 +117,107 @@ fn sql_edit(path: &Path, sql: &str) {
         .unwrap_or_else(|e| panic!("mutation {sql:?}: {e}"));
 }
 
+/// The SQL-mutated copies of the large example, in order: case name, file
+/// stem, the mutation, and whether readers must skip rows and say so.
+const SQL_MUTATIONS: &[(&str, &str, &str, bool)] = &[
+    // Schema changes.
+    (
+        "recursive_view",
+        "view",
+        "DROP VIEW calls_wall; DROP VIEW op_summary; DROP VIEW call_culprits_named;
+         ALTER TABLE calls RENAME TO calls_real;
+         CREATE VIEW calls AS WITH RECURSIVE r(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM r)
+           SELECT c.* FROM calls_real c, r;",
+        false,
+    ),
+    (
+        "dropped_column",
+        "dropcol",
+        "ALTER TABLE notes DROP COLUMN level;",
+        false,
+    ),
+    (
+        "generated_column",
+        "generated",
+        "ALTER TABLE processes ADD COLUMN g TEXT GENERATED ALWAYS AS (printf('%.*c', 100000, 'x')) VIRTUAL;",
+        false,
+    ),
+    (
+        "expression_index",
+        "exprindex",
+        "CREATE INDEX evil ON calls(instr(op, 'x'));",
+        false,
+    ),
+    (
+        "foreign_tool",
+        "foreign",
+        "UPDATE meta SET value = 'other' WHERE key = 'tool';",
+        false,
+    ),
+    // An index whose declared columns no longer match what it holds:
+    // structurally sound (quick_check passes), wrong content.
+    (
+        "index_mismatch",
+        "badindex",
+        "PRAGMA writable_schema = ON;
+         UPDATE sqlite_master SET sql = 'CREATE INDEX calls_pid_op ON calls(tid, op)' WHERE name = 'calls_pid_op';",
+        false,
+    ),
+
+    // Values.
+    (
+        "negative_duration",
+        "negdur",
+        "UPDATE calls SET dur_ns = -5 WHERE id = (SELECT min(id) FROM calls);",
+        true,
+    ),
+    (
+        "far_future",
+        "future",
+        "UPDATE calls SET ts_ns = 9223372036854775807, dur_ns = 9223372036854775807
+           WHERE id IN (SELECT id FROM calls ORDER BY id LIMIT 3);
+         UPDATE waits SET on_ns = 9223372036854775807 WHERE id = (SELECT min(id) FROM waits);
+         UPDATE processes SET start_ns = -1, exit_ns = 9223372036854775807;",
+        true,
+    ),
+    (
+        "negative_size",
+        "negsize",
+        "UPDATE calls SET size = -1 WHERE size IS NOT NULL;",
+        true,
+    ),
+    (
+        "unknown_ops",
+        "unknownop",
+        "UPDATE calls SET op = 'cudaFrobnicate' WHERE id IN (SELECT id FROM calls ORDER BY id LIMIT 5);
+         UPDATE calls SET op = printf('%.*c', 1000000, 'Z') WHERE id = (SELECT max(id) FROM calls);",
+        true,
+    ),
+    (
+        "huge_strings",
+        "huge",
+        "UPDATE processes SET comm = printf('%.*c', 70000, 'c'), cmdline = printf('%.*c', 1000000, 'a');
+         UPDATE call_culprits SET comm = printf('%.*c', 70000, 'k');
+         UPDATE wait_culprits SET comm = printf('%.*c', 70000, 'k');
+         INSERT INTO notes(ts_ns, level, text) VALUES (0, 'warn', printf('%.*c', 1000000, 'n'));",
+        false,
+    ),
+    (
+        "escape_sequences",
+        "escapes",
+        "UPDATE processes SET comm = char(27) || '[2J' || char(27) || ']0;pwned' || char(7) || 'x';
+         UPDATE call_culprits SET comm = char(27) || '[31mred';
+         UPDATE wait_culprits SET comm = char(27) || '[31mred';",
+        false,
+    ),
+    (
+        "wrong_type",
+        "wrongtype",
+        "UPDATE calls SET pid = 'x' WHERE id = (SELECT min(id) FROM calls);",
+        false,
+    ),
+];
+
 fn cases(dir: &Path) -> Vec<Case> {
     let small = repo().join("examples/demo-sim.db");
     let big = repo().join("examples/h200-contention.db");
@@ -157,90 +258,11 @@ fn cases(dir: &Path) -> Vec<Case> {
         add(&format!("trunc{i}"), p, false);
     }
 
-    // Schema changes.
-    let p = copy_of(dir, &big, "view");
-    sql_edit(
-        &p,
-        "DROP VIEW calls_wall; DROP VIEW op_summary; DROP VIEW call_culprits_named;
-         ALTER TABLE calls RENAME TO calls_real;
-         CREATE VIEW calls AS WITH RECURSIVE r(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM r)
-           SELECT c.* FROM calls_real c, r;",
-    );
-    add("recursive_view", p, false);
-    let p = copy_of(dir, &big, "dropcol");
-    sql_edit(&p, "ALTER TABLE notes DROP COLUMN level;");
-    add("dropped_column", p, false);
-    let p = copy_of(dir, &big, "generated");
-    sql_edit(
-        &p,
-        "ALTER TABLE processes ADD COLUMN g TEXT GENERATED ALWAYS AS (printf('%.*c', 100000, 'x')) VIRTUAL;",
-    );
-    add("generated_column", p, false);
-    let p = copy_of(dir, &big, "exprindex");
-    sql_edit(&p, "CREATE INDEX evil ON calls(instr(op, 'x'));");
-    add("expression_index", p, false);
-    let p = copy_of(dir, &big, "foreign");
-    sql_edit(&p, "UPDATE meta SET value = 'other' WHERE key = 'tool';");
-    add("foreign_tool", p, false);
-    // An index whose declared columns no longer match what it holds:
-    // structurally sound (quick_check passes), wrong content.
-    let p = copy_of(dir, &big, "badindex");
-    sql_edit(
-        &p,
-        "PRAGMA writable_schema = ON;
-         UPDATE sqlite_master SET sql = 'CREATE INDEX calls_pid_op ON calls(tid, op)' WHERE name = 'calls_pid_op';",
-    );
-    add("index_mismatch", p, false);
-
-    // Values.
-    let p = copy_of(dir, &big, "negdur");
-    sql_edit(
-        &p,
-        "UPDATE calls SET dur_ns = -5 WHERE id = (SELECT min(id) FROM calls);",
-    );
-    add("negative_duration", p, true);
-    let p = copy_of(dir, &big, "future");
-    sql_edit(
-        &p,
-        "UPDATE calls SET ts_ns = 9223372036854775807, dur_ns = 9223372036854775807
-           WHERE id IN (SELECT id FROM calls ORDER BY id LIMIT 3);
-         UPDATE waits SET on_ns = 9223372036854775807 WHERE id = (SELECT min(id) FROM waits);
-         UPDATE processes SET start_ns = -1, exit_ns = 9223372036854775807;",
-    );
-    add("far_future", p, true);
-    let p = copy_of(dir, &big, "negsize");
-    sql_edit(&p, "UPDATE calls SET size = -1 WHERE size IS NOT NULL;");
-    add("negative_size", p, true);
-    let p = copy_of(dir, &big, "unknownop");
-    sql_edit(
-        &p,
-        "UPDATE calls SET op = 'cudaFrobnicate' WHERE id IN (SELECT id FROM calls ORDER BY id LIMIT 5);
-         UPDATE calls SET op = printf('%.*c', 1000000, 'Z') WHERE id = (SELECT max(id) FROM calls);",
-    );
-    add("unknown_ops", p, true);
-    let p = copy_of(dir, &big, "huge");
-    sql_edit(
-        &p,
-        "UPDATE processes SET comm = printf('%.*c', 70000, 'c'), cmdline = printf('%.*c', 1000000, 'a');
-         UPDATE call_culprits SET comm = printf('%.*c', 70000, 'k');
-         UPDATE wait_culprits SET comm = printf('%.*c', 70000, 'k');
-         INSERT INTO notes(ts_ns, level, text) VALUES (0, 'warn', printf('%.*c', 1000000, 'n'));",
-    );
-    add("huge_strings", p, false);
-    let p = copy_of(dir, &big, "escapes");
-    sql_edit(
-        &p,
-        "UPDATE processes SET comm = char(27) || '[2J' || char(27) || ']0;pwned' || char(7) || 'x';
-         UPDATE call_culprits SET comm = char(27) || '[31mred';
-         UPDATE wait_culprits SET comm = char(27) || '[31mred';",
-    );
-    add("escape_sequences", p, false);
-    let p = copy_of(dir, &big, "wrongtype");
-    sql_edit(
-        &p,
-        "UPDATE calls SET pid = 'x' WHERE id = (SELECT min(id) FROM calls);",
-    );
-    add("wrong_type", p, false);
+    for &(name, file, sql, warn) in SQL_MUTATIONS {
+        let p = copy_of(dir, &big, file);
+        sql_edit(&p, sql);
+        add(name, p, warn);
+    }
     out
 }
 

@@ -7,7 +7,7 @@
 //! except under CI=true, where it fails.
 
 mod mcp_common;
-use mcp_common::{client_missing, repo_root};
+use mcp_common::{assert_client_passed, client_ready, repo_root, run_client};
 use serde_json::json;
 use sleuth_core::{CallEvent, Culprit, Event, ProcessInfo, WaitEvent, WaitKind};
 use sleuth_store::{SessionInfo, TraceWriter, WriterOptions};
@@ -144,11 +144,7 @@ fn write_trace(db: &Path) -> serde_json::Value {
 
 #[test]
 fn python_mcp_client_over_stdio_and_http() {
-    if let Some(why) = client_missing() {
-        if std::env::var("CI").as_deref() == Ok("true") {
-            panic!("CI=true and the MCP client test cannot run: {why}");
-        }
-        mcp_common::skipped(&why);
+    if !client_ready("the MCP client test") {
         return;
     }
     let dir = std::env::temp_dir().join(format!("gpusleuth-mcp-test-{}", std::process::id()));
@@ -167,27 +163,13 @@ fn python_mcp_client_over_stdio_and_http() {
     } else {
         cmd.arg(&script);
     }
-    let out = cmd
-        .arg("--bin")
+    cmd.arg("--bin")
         .arg(env!("CARGO_BIN_EXE_gpusleuth"))
         .arg("--db")
         .arg(&db)
         .arg("--truth")
-        .arg(&truth_path)
-        .output()
-        .expect("run the python client");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    println!("{stdout}");
-    eprintln!("{stderr}");
-    assert!(
-        out.status.success(),
-        "python MCP client checks failed ({})",
-        out.status
-    );
-    assert!(
-        stdout.contains("ALL CHECKS PASSED"),
-        "client did not report completion"
-    );
+        .arg(&truth_path);
+    let (out, stdout) = run_client(&mut cmd);
+    assert_client_passed(&out, &stdout, "python MCP client checks");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -12,12 +12,12 @@ mod mcp_common;
 #[path = "../../sleuth-gpu/tests/support/mod.rs"]
 mod support;
 
-use mcp_common::{client_missing, repo_root};
+use mcp_common::{assert_client_passed, client_ready, repo_root, run_client};
 use serde_json::json;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
-use support::{alive, fixtures, on_ci, Scene};
+use support::{alive, fixtures, Scene};
 
 const GIB: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;
@@ -97,12 +97,7 @@ fn end_leftover_servers(scenario: &Path) -> Vec<u32> {
 
 #[test]
 fn python_mcp_client_reclaims_the_orphaned_worker() {
-    if let Some(why) = client_missing() {
-        assert!(
-            !on_ci(),
-            "CI=true and the MCP reclaim test cannot run: {why}"
-        );
-        mcp_common::skipped(&why);
+    if !client_ready("the MCP reclaim test") {
         return;
     }
     let w = world();
@@ -119,17 +114,14 @@ fn python_mcp_client_reclaims_the_orphaned_worker() {
     let truth_path = w.scene.dir.join("truth.json");
     std::fs::write(&truth_path, truth.to_string()).expect("truth file");
 
-    let out = Command::new("python3")
-        .arg(repo_root().join("tests/mcp/reclaim_test.py"))
-        .arg("--bin")
-        .arg(env!("CARGO_BIN_EXE_gpusleuth"))
-        .arg("--truth")
-        .arg(&truth_path)
-        .output()
-        .expect("run the python client");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    println!("{stdout}");
-    eprintln!("{}", String::from_utf8_lossy(&out.stderr));
+    let (out, stdout) = run_client(
+        Command::new("python3")
+            .arg(repo_root().join("tests/mcp/reclaim_test.py"))
+            .arg("--bin")
+            .arg(env!("CARGO_BIN_EXE_gpusleuth"))
+            .arg("--truth")
+            .arg(&truth_path),
+    );
 
     // The client closes the server when it leaves; a leftover one is a bug,
     // ended here before failing so the test leaves nothing running.
@@ -139,15 +131,7 @@ fn python_mcp_client_reclaims_the_orphaned_worker() {
         "MCP server(s) {leftover:?} outlived the client"
     );
 
-    assert!(
-        out.status.success(),
-        "python MCP reclaim checks failed ({})",
-        out.status
-    );
-    assert!(
-        stdout.contains("ALL CHECKS PASSED"),
-        "client did not report completion"
-    );
+    assert_client_passed(&out, &stdout, "python MCP reclaim checks");
     // Ground truth from this side too: the worker is gone, the bystander is not.
     assert!(!alive(w.worker), "worker {} was ended", w.worker);
     assert!(alive(w.bystander), "bystander {} survived", w.bystander);

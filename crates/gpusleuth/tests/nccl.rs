@@ -181,11 +181,10 @@ fn check_finding(f: &Value, r0: &RankLog, r1: &RankLog, cause: &str) {
 
 #[test]
 fn the_slow_rank_is_the_straggler_with_its_cause() {
-    if !require_ebpf() {
+    let Some(sb) = Sandbox::for_ebpf("nccl-straggler") else {
         return;
-    }
+    };
     let _serial = common::serial();
-    let sb = Sandbox::new("nccl-straggler");
     let (slow_cpu, other_cpu) = cpus();
     let shell = format!(
         "{} & {}; wait",
@@ -247,11 +246,10 @@ fn the_slow_rank_is_the_straggler_with_its_cause() {
 
 #[test]
 fn a_rank_whose_cpu_a_hog_takes_is_the_straggler_and_the_hog_is_named() {
-    if !require_ebpf() {
+    let Some(sb) = Sandbox::for_ebpf("nccl-hog") else {
         return;
-    }
+    };
     let _serial = common::serial();
-    let sb = Sandbox::new("nccl-hog");
     let (slow_cpu, other_cpu) = cpus();
     if slow_cpu == other_cpu {
         eprintln!("skipping: needs two CPUs (the hog's and the other rank's)");
@@ -304,11 +302,10 @@ fn a_rank_whose_cpu_a_hog_takes_is_the_straggler_and_the_hog_is_named() {
 
 #[test]
 fn merge_recovers_an_injected_clock_offset_and_gives_the_same_finding() {
-    if !require_ebpf() {
+    let Some(sb) = Sandbox::for_ebpf("nccl-merge") else {
         return;
-    }
+    };
     let _serial = common::serial();
-    let sb = Sandbox::new("nccl-merge");
     let (slow_cpu, other_cpu) = cpus();
     let (db0, db1) = (sb.path("node0.db"), sb.path("node1.db"));
     let t0 = trace(

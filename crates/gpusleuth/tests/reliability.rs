@@ -129,12 +129,7 @@ fn a_sigkilled_trace_leaves_a_readable_database_with_what_was_committed() {
     let calls = db.int("SELECT count(*) FROM calls");
     assert!(calls > 0, "committed batches must survive SIGKILL");
     // The read commands work on it as on any trace.
-    let out = common::gpusleuth()
-        .args(["stats", "--db"])
-        .arg(sb.db())
-        .output()
-        .unwrap();
-    common::assert_success(&out);
+    common::run_ok(common::gpusleuth().args(["stats", "--db"]).arg(sb.db()));
 }
 
 #[test]

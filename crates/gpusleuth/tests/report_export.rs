@@ -310,26 +310,35 @@ fn chromium() -> Option<PathBuf> {
         .next();
     if found.is_none() {
         let why = "chromium not installed (apt-get install chromium)";
-        if std::env::var("CI").as_deref() == Ok("true") {
-            panic!("the Chromium test must run in CI but cannot: {why}");
-        }
-        common::skipped(why);
+        common::skip_unless_ci("the Chromium test", why);
     }
     found
 }
 
-fn headless(chromium: &Path, profile: &Path) -> std::process::Command {
-    let mut c = std::process::Command::new(chromium);
-    c.args([
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--no-first-run",
-    ])
-    .arg(format!("--user-data-dir={}", profile.display()));
-    c
+/// Runs headless Chromium (its own `profile`) with `args` on `url`; fails the
+/// test with Chromium's stderr unless it exits 0.
+fn run_headless(chromium: &Path, profile: &Path, args: &[&str], url: &str) -> std::process::Output {
+    let out = std::process::Command::new(chromium)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--no-first-run",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .args(args)
+        .arg(url)
+        .output()
+        .unwrap_or_else(|e| panic!("run chromium {}: {e}", args[0]));
+    assert!(
+        out.status.success(),
+        "chromium {} failed: {}",
+        args[0],
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
 }
 
 /// Width and height from a PNG's IHDR chunk.
@@ -352,16 +361,7 @@ fn report_renders_in_headless_chromium() {
     let url = format!("file://{}", page.display());
 
     // The browser's DOM after parsing: the charts are SVG elements with content.
-    let dom = headless(&chromium, &dir.join("profile-dom"))
-        .arg("--dump-dom")
-        .arg(&url)
-        .output()
-        .expect("run chromium --dump-dom");
-    assert!(
-        dom.status.success(),
-        "chromium --dump-dom failed: {}",
-        String::from_utf8_lossy(&dom.stderr)
-    );
+    let dom = run_headless(&chromium, &dir.join("profile-dom"), &["--dump-dom"], &url);
     let dom = String::from_utf8_lossy(&dom.stdout);
     assert!(
         dom.matches("<svg").count() >= 3,
@@ -376,16 +376,14 @@ fn report_renders_in_headless_chromium() {
     // A screenshot: exists, has the asked size and is far from blank (a
     // near-blank page of this size is about 14 KB; this report about 290 KB).
     let png = dir.join("report.png");
-    let shot = headless(&chromium, &dir.join("profile-shot"))
-        .arg(format!("--screenshot={}", png.display()))
-        .arg("--window-size=1280,2400")
-        .arg(&url)
-        .output()
-        .expect("run chromium --screenshot");
-    assert!(
-        shot.status.success(),
-        "chromium --screenshot failed: {}",
-        String::from_utf8_lossy(&shot.stderr)
+    run_headless(
+        &chromium,
+        &dir.join("profile-shot"),
+        &[
+            &format!("--screenshot={}", png.display()),
+            "--window-size=1280,2400",
+        ],
+        &url,
     );
     let bytes = std::fs::read(&png).expect("screenshot written");
     assert_eq!(png_size(&bytes), (1280, 2400));

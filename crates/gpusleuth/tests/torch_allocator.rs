@@ -111,16 +111,7 @@ fn trace_scenario(sb: &Sandbox) {
 
 /// `gpusleuth memory --db DB --json`: the one traced process.
 fn memory_process(sb: &Sandbox) -> Value {
-    let out = gpusleuth()
-        .args(["memory", "--json", "--db"])
-        .arg(sb.db())
-        .output()
-        .expect("run gpusleuth memory");
-    assert!(
-        out.status.success(),
-        "gpusleuth memory failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = run_ok(gpusleuth().args(["memory", "--json", "--db"]).arg(sb.db()));
     let v: Value = serde_json::from_slice(&out.stdout).expect("memory --json prints JSON");
     let procs = v["processes"].as_array().expect("processes").clone();
     assert_eq!(procs.len(), 1, "one traced process: {v:#}");

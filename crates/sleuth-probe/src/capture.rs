@@ -80,6 +80,28 @@ fn probe_kind(op: &OpInfo, mode: LaunchMode) -> Option<ProbeKind> {
     }
 }
 
+/// What attaching a library of `layer` means under `mode`: each op to probe
+/// with how and at which offset, and the names the library lacks. Shared by
+/// the one-by-one and the batched attach so both probe the same set.
+fn probe_plan(
+    layer: Layer,
+    syms: &SymbolOffsets,
+    mode: LaunchMode,
+) -> (Vec<(&'static OpInfo, ProbeKind, u64)>, Vec<&'static str>) {
+    let mut planned = Vec::new();
+    let mut missing = Vec::new();
+    for op in OPS.iter().filter(|o| o.layer == layer) {
+        let Some(kind) = probe_kind(op, mode) else {
+            continue;
+        };
+        match syms.get(op.name) {
+            Some(offset) => planned.push((op, kind, offset)),
+            None => missing.push(op.name),
+        }
+    }
+    (planned, missing)
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum CaptureError {
     #[error("{0}")]
@@ -479,15 +501,8 @@ impl Capture {
             return Ok(Some(a));
         }
         let mut probes = 0;
-        let mut missing = Vec::new();
-        for op in OPS.iter().filter(|o| o.layer == lib.layer) {
-            let Some(kind) = probe_kind(op, self.launch_mode) else {
-                continue;
-            };
-            let Some(offset) = syms.get(op.name) else {
-                missing.push(op.name);
-                continue;
-            };
+        let (planned, missing) = probe_plan(lib.layer, &syms, self.launch_mode);
+        for (op, kind, offset) in planned {
             let c = op_cookie(op);
             let progs: &[&str] = match kind {
                 ProbeKind::PerCall => &["call_entry", "call_return"],
@@ -538,15 +553,8 @@ impl Capture {
         };
         let mut per_call = (Vec::new(), Vec::new());
         let mut counted = (Vec::new(), Vec::new());
-        let mut missing = Vec::new();
-        for op in OPS.iter().filter(|o| o.layer == lib.layer) {
-            let Some(kind) = probe_kind(op, self.launch_mode) else {
-                continue;
-            };
-            let Some(offset) = syms.get(op.name) else {
-                missing.push(op.name);
-                continue;
-            };
+        let (planned, missing) = probe_plan(lib.layer, syms, self.launch_mode);
+        for (op, kind, offset) in planned {
             let c = op_cookie(op);
             let list = if kind == ProbeKind::PerCall {
                 &mut per_call

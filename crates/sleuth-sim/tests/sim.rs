@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{run_script as run, TempDir};
+use common::{run_script as run, sim_world, TempDir};
 use sleuth_sim::{device_ptrs, materialize, parse_truth, DEVICE_BASE};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -15,8 +15,7 @@ fn count(m: &std::collections::BTreeMap<String, u64>, k: &str) -> u64 {
 
 #[test]
 fn counts_pointers_and_failures_follow_the_script() {
-    let dir = TempDir::new("counts");
-    let sim = materialize(&dir.0).unwrap();
+    let (dir, sim) = sim_world("counts");
     let (code, truth) = run(
         &sim,
         &dir,
@@ -54,8 +53,7 @@ fn counts_pointers_and_failures_follow_the_script() {
 
 #[test]
 fn device_limit_comes_from_the_environment() {
-    let dir = TempDir::new("limit");
-    let sim = materialize(&dir.0).unwrap();
+    let (dir, sim) = sim_world("limit");
     let (_, truth) = run(
         &sim,
         &dir,
@@ -70,8 +68,7 @@ fn device_limit_comes_from_the_environment() {
 
 #[test]
 fn children_report_their_own_counts() {
-    let dir = TempDir::new("children");
-    let sim = materialize(&dir.0).unwrap();
+    let (dir, sim) = sim_world("children");
     let (code, truth) = run(
         &sim,
         &dir,
@@ -93,8 +90,7 @@ fn children_report_their_own_counts() {
 
 #[test]
 fn scripted_durations_sleep_and_spin() {
-    let dir = TempDir::new("time");
-    let sim = materialize(&dir.0).unwrap();
+    let (dir, sim) = sim_world("time");
     let t0 = Instant::now();
     run(&sim, &dir, "sync_sleep 100; spin 100", &[]);
     assert!(t0.elapsed() >= Duration::from_millis(200));
@@ -102,8 +98,7 @@ fn scripted_durations_sleep_and_spin() {
 
 #[test]
 fn dlopen_uses_the_copy() {
-    let dir = TempDir::new("dlopen");
-    let sim = materialize(&dir.0).unwrap();
+    let (dir, sim) = sim_world("dlopen");
     let copy = dir.0.join("elsewhere/libcudart.so.13");
     sleuth_sim::copy_runtime_to(&copy).unwrap();
     let maps = dir.0.join("maps");
@@ -137,8 +132,7 @@ fn dlopen_uses_the_copy() {
 
 #[test]
 fn hog_names_itself_and_signals_ready() {
-    let dir = TempDir::new("hog");
-    let sim = materialize(&dir.0).unwrap();
+    let (dir, sim) = sim_world("hog");
     let ready = dir.0.join("ready");
     let mut hog = Command::new(&sim.hog)
         .arg("0")
@@ -157,8 +151,7 @@ fn hog_names_itself_and_signals_ready() {
 
 #[test]
 fn runtime_symbols_are_versioned_like_the_real_one() {
-    let dir = TempDir::new("nm");
-    let sim = materialize(&dir.0).unwrap();
+    let (_dir, sim) = sim_world("nm");
     let out = match Command::new("nm").arg("-D").arg(&sim.libcudart).output() {
         Ok(o) => o,
         Err(e) => {
@@ -191,8 +184,7 @@ fn runtime_symbols_are_versioned_like_the_real_one() {
 
 #[test]
 fn bad_scripts_fail_with_a_message() {
-    let dir = TempDir::new("bad");
-    let sim = materialize(&dir.0).unwrap();
+    let (_dir, sim) = sim_world("bad");
     let out = Command::new(&sim.workload)
         .arg("frobnicate 3")
         .output()

@@ -4,8 +4,8 @@
 
 mod common;
 
-use common::TempDir;
-use sleuth_sim::{install_torch_stand_in, materialize, SimPaths, TorchStandIn};
+use common::{sim_world, TempDir};
+use sleuth_sim::{install_torch_stand_in, SimPaths, TorchStandIn};
 use std::process::Command;
 
 /// Runs a script; returns the driver's (cuMemAlloc_v2, cuMemFree_v2) counts.
@@ -30,8 +30,7 @@ fn demangled_symbols(path: &std::path::Path) -> String {
 
 #[test]
 fn symbols_demangle_to_the_torch_2_11_signatures() {
-    let dir = TempDir::new("torch-syms");
-    let sim = materialize(&dir.0).unwrap();
+    let (_dir, sim) = sim_world("torch-syms");
     let block = format!("{NS}(anonymous namespace)::Block*");
     let wanted = [
         format!("{NS}DeviceCachingAllocator::malloc(unsigned long, CUstream_st*)"),
@@ -63,8 +62,7 @@ fn symbols_demangle_to_the_torch_2_11_signatures() {
 
 #[test]
 fn segments_follow_pytorch_rules() {
-    let dir = TempDir::new("torch-segs");
-    let sim = materialize(&dir.0).unwrap();
+    let (dir, sim) = sim_world("torch-segs");
     for which in [
         TorchStandIn::Torch211,
         TorchStandIn::AltLayout,

@@ -608,17 +608,7 @@ mod tests {
         let t = text(state(), true);
         assert!(!t.contains("gpusleuth_nccl"), "no NCCL, no NCCL families");
         let mut s = state();
-        let ev = |op: &str, pid: u32, ts: u64, dur: u64| sleuth_core::nccl::NcclEvent {
-            call: CallEvent {
-                op: op_by_name(op).unwrap().id,
-                pid,
-                tid: pid,
-                ts_ns: ts,
-                dur_ns: dur,
-                ..Default::default()
-            },
-            ..Default::default()
-        };
+        use crate::metrics::nccl::tests::ev;
         for (pid, rank) in [(10, 0), (20, 1)] {
             let mut e = ev("ncclCommInitRank", pid, 0, 10);
             e.new_comm = Some(pid as u64);

@@ -81,11 +81,12 @@ impl NcclMetrics {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use sleuth_core::{op_by_name, CallEvent};
 
-    fn ev(op: &str, pid: u32, ts: u64, dur: u64) -> NcclEvent {
+    /// A rank's NCCL call; the encoder's tests build their events with it too.
+    pub(in crate::metrics) fn ev(op: &str, pid: u32, ts: u64, dur: u64) -> NcclEvent {
         NcclEvent {
             call: CallEvent {
                 op: op_by_name(op).unwrap().id,

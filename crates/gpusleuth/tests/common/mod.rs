@@ -12,6 +12,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 mod skip;
+#[allow(unused_imports)] // only the tests that need a tool from outside use it
+pub use skip::skip_unless_ci;
 pub use skip::skipped;
 
 /// Whether this machine can run the eBPF tests. Without root or BTF: in CI

@@ -33,29 +33,26 @@ pub fn target_pids(doc: &Value) -> Vec<u64> {
 
 /// pid → reason of every refusal in a `reclaim --json` plan.
 pub fn refusals(doc: &Value) -> BTreeMap<u64, String> {
-    doc["plan"]["refused"]
-        .as_array()
-        .expect("refused")
-        .iter()
-        .map(|r| {
-            (
-                r["pid"].as_u64().expect("pid"),
-                r["reason"].as_str().expect("reason").to_string(),
-            )
-        })
-        .collect()
+    by_pid(&doc["plan"]["refused"], "reason")
 }
 
 /// pid → class from a `vram --json` report.
 pub fn classes(report: &Value) -> BTreeMap<u64, String> {
-    report["holders"]
-        .as_array()
-        .expect("holders array")
+    by_pid(&report["holders"], "class")
+}
+
+/// pid → the string `field` of each entry of the JSON array `list`.
+fn by_pid(list: &Value, field: &str) -> BTreeMap<u64, String> {
+    list.as_array()
+        .unwrap_or_else(|| panic!("not an array: {list}"))
         .iter()
-        .map(|h| {
+        .map(|e| {
             (
-                h["pid"].as_u64().expect("pid"),
-                h["class"].as_str().expect("class").to_string(),
+                e["pid"].as_u64().expect("pid"),
+                e[field]
+                    .as_str()
+                    .unwrap_or_else(|| panic!("no {field}: {e}"))
+                    .to_string(),
             )
         })
         .collect()

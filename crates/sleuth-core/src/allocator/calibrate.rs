@@ -79,6 +79,24 @@ fn agrees(count: u64, total: u64) -> bool {
     total > 0 && count as f64 >= MIN_AGREEMENT * total as f64
 }
 
+/// Ok when word `i` of `counts` agrees in enough of the `n` malloc events;
+/// else the reason, `what` being the property no word had often enough.
+fn check_agreement(
+    counts: &[u64; BLOCK_WORDS],
+    i: usize,
+    n: u64,
+    what: &str,
+) -> Result<(), String> {
+    if agrees(counts[i], n) {
+        return Ok(());
+    }
+    Err(format!(
+        "no Block word {what} in {:.0}% of {n} malloc events (best: word {i}, {} events)",
+        MIN_AGREEMENT * 100.0,
+        counts[i]
+    ))
+}
+
 /// The index with the most agreement among `allowed`; ties go to `prefer`
 /// when it is among them, else to the first or last index as `high` says.
 fn best(
@@ -141,12 +159,8 @@ pub(super) fn calibrate(steps: &[Step<'_>]) -> Calibration {
         return cal;
     };
     cal.requested_agree = eq[r];
-    if !agrees(eq[r], n) {
-        cal.reason = Some(format!(
-            "no Block word equals the requested size in {:.0}% of {n} malloc events (best: word {r}, {} events)",
-            MIN_AGREEMENT * 100.0,
-            eq[r]
-        ));
+    if let Err(why) = check_agreement(&eq, r, n, "equals the requested size") {
+        cal.reason = Some(why);
         return cal;
     }
     cal.requested_index = Some(r);
@@ -166,12 +180,8 @@ pub(super) fn calibrate(steps: &[Step<'_>]) -> Calibration {
         return cal;
     };
     cal.ptr_agree = inside[p];
-    if !agrees(inside[p], n) {
-        cal.reason = Some(format!(
-            "no Block word points into a live CUDA segment in {:.0}% of {n} malloc events (best: word {p}, {} events)",
-            MIN_AGREEMENT * 100.0,
-            inside[p]
-        ));
+    if let Err(why) = check_agreement(&inside, p, n, "points into a live CUDA segment") {
+        cal.reason = Some(why);
         return cal;
     }
     cal.ptr_index = Some(p);
@@ -193,13 +203,13 @@ pub(super) fn calibrate(steps: &[Step<'_>]) -> Calibration {
         return cal;
     };
     cal.size_agree = fits[sz];
-    if !agrees(fits[sz], n) {
-        cal.reason = Some(format!(
-            "no Block word holds a 512-byte-rounded size ≥ the request that fits its segment in {:.0}% of {n} \
-             malloc events (best: word {sz}, {} events)",
-            MIN_AGREEMENT * 100.0,
-            fits[sz]
-        ));
+    if let Err(why) = check_agreement(
+        &fits,
+        sz,
+        n,
+        "holds a 512-byte-rounded size ≥ the request that fits its segment",
+    ) {
+        cal.reason = Some(why);
         return cal;
     }
     cal.size_index = Some(sz);

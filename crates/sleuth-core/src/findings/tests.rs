@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::data::ProcessInfo;
-use crate::event::{CallEvent, WaitEvent, WaitKind};
+use crate::event::{CallEvent, WaitEvent, WaitKind, Waker};
 use crate::ops::op_by_name;
 
 pub(super) const MS: u64 = 1_000_000;
@@ -17,6 +17,28 @@ pub(super) fn call(op: &str, ts: u64, dur: u64) -> CallEvent {
         tid: 100,
         op: op_by_name(op).unwrap().id,
         ..Default::default()
+    }
+}
+
+/// A wait of pid/tid 100 with no culprits (shared with the verdict tests).
+pub(super) fn wait(
+    kind: WaitKind,
+    off: u64,
+    wake: u64,
+    on: u64,
+    waker: Option<Waker>,
+) -> WaitEvent {
+    WaitEvent {
+        pid: 100,
+        tid: 100,
+        kind,
+        off_ns: off,
+        wake_ns: wake,
+        on_ns: on,
+        prev_state: if kind == WaitKind::Blocked { 1 } else { 0 },
+        cpu: 0,
+        culprits: Vec::new(),
+        waker,
     }
 }
 
@@ -113,16 +135,14 @@ fn contention_and_sleeping_syncs_blame_the_hog_for_spinning_calls_only() {
         let ts = i * 3 * MS;
         calls.push(split(call("cudaMemcpy", ts, 2 * MS), 1500 * US, 0));
         waits.push(WaitEvent {
-            pid: 100,
-            tid: 100,
-            kind: WaitKind::Preempted,
-            off_ns: ts + 200 * US,
-            wake_ns: ts + 200 * US,
-            on_ns: ts + 1700 * US,
-            prev_state: 0,
-            cpu: 0,
             culprits: vec![hog(1500 * US)],
-            waker: None,
+            ..wait(
+                WaitKind::Preempted,
+                ts + 200 * US,
+                ts + 200 * US,
+                ts + 1700 * US,
+                None,
+            )
         });
     }
     // 20 syncs of 10 ms sleeping 9.9 ms; after each wake-up the hog still
@@ -135,16 +155,15 @@ fn contention_and_sleeping_syncs_blame_the_hog_for_spinning_calls_only() {
             9900 * US,
         ));
         waits.push(WaitEvent {
-            pid: 100,
-            tid: 100,
-            kind: WaitKind::Blocked,
-            off_ns: ts + 10 * US,
-            wake_ns: ts + 9910 * US,
-            on_ns: ts + 9960 * US,
             prev_state: 2,
-            cpu: 0,
             culprits: vec![hog(50 * US)],
-            waker: None,
+            ..wait(
+                WaitKind::Blocked,
+                ts + 10 * US,
+                ts + 9910 * US,
+                ts + 9960 * US,
+                None,
+            )
         });
     }
     waits.sort_by_key(|w| w.on_ns);

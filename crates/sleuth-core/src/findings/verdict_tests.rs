@@ -5,28 +5,13 @@ use crate::data::GpuSample;
 use crate::event::{CallEvent, OpCount, WaitEvent, WaitKind, Waker};
 use crate::ops::op_by_name;
 
-use super::tests::{call, MS, US};
+use super::tests::{call, wait, MS, US};
 
 /// The findings tests' one-process trace, with these waits.
 fn trace(calls: Vec<CallEvent>, waits: Vec<WaitEvent>) -> TraceData {
     TraceData {
         waits,
         ..super::tests::trace(calls)
-    }
-}
-
-fn wait(kind: WaitKind, off: u64, wake: u64, on: u64, waker: Option<Waker>) -> WaitEvent {
-    WaitEvent {
-        pid: 100,
-        tid: 100,
-        kind,
-        off_ns: off,
-        wake_ns: wake,
-        on_ns: on,
-        prev_state: if kind == WaitKind::Blocked { 1 } else { 0 },
-        cpu: 0,
-        culprits: Vec::new(),
-        waker,
     }
 }
 

@@ -1,7 +1,7 @@
 //! A per-test scratch folder, removed when the test ends, and a scripted
 //! workload run that returns its ground truth.
 
-use sleuth_sim::{parse_truth, SimPaths, Truth};
+use sleuth_sim::{materialize, parse_truth, SimPaths, Truth};
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -28,6 +28,13 @@ impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
+}
+
+/// A scratch folder holding a fresh copy of the simulated CUDA world.
+pub fn sim_world(tag: &str) -> (TempDir, SimPaths) {
+    let dir = TempDir::new(tag);
+    let sim = materialize(&dir.0).unwrap();
+    (dir, sim)
 }
 
 /// Runs the simulated workload on `script` (with `env`) in `dir`; returns its
