@@ -9,7 +9,7 @@ cudaMalloc for exactly its size: the truth is "this line allocated these
 bytes". Each truth record is written by the line that allocates (`here()`
 reads the caller's frame), as JSON lines.
 
-  sites_workload.py --truth FILE [--leaks 8] [--new-tokens 16]
+  sites_workload.py --truth FILE [--leaks 16] [--new-tokens 16]
 """
 
 import argparse
@@ -60,7 +60,10 @@ def leak(torch, truth, keep, rounds):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--truth", required=True)
-    ap.add_argument("--leaks", type=int, default=8)
+    # 16 steps: the loop then spans most of the process's CUDA activity after
+    # the model load and the first (warm-up) round; with 8 it covered only
+    # the last two of its four quarters on the H200 (docs/findings.md).
+    ap.add_argument("--leaks", type=int, default=16)
     ap.add_argument("--new-tokens", type=int, default=16)
     a = ap.parse_args()
     import torch
