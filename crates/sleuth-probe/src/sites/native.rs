@@ -46,6 +46,12 @@ impl FileSymbols {
             Some(x) => x,
             None => return FileSymbols::default(),
         };
+        // Indexing touched the symbol and string tables (tens of MB for
+        // PyTorch's libraries), which would stay in the tracer's resident set.
+        // SAFETY: MADV_DONTNEED on a private read-only file mapping that was
+        // never written only drops our page-table entries: later reads fault
+        // the same bytes back in from the file (page cache).
+        let _ = unsafe { map.unchecked_advise(memmap2::UncheckedAdvice::DontNeed) };
         FileSymbols {
             map: Some(map),
             funcs,
