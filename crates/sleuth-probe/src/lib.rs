@@ -4,6 +4,7 @@
 pub mod caps;
 pub mod capture;
 pub mod discover;
+pub mod mapped;
 mod multi;
 pub mod session;
 pub mod sites;

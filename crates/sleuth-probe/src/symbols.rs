@@ -25,9 +25,10 @@ impl SymbolOffsets {
     /// The one ELF walk: every defined symbol whose name `key` maps to a key
     /// is stored under that key with its file offset (first one wins).
     fn scan(path: &Path, key: impl Fn(&str) -> Option<String>) -> Result<SymbolOffsets, String> {
-        let data =
-            std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-        let file = object::File::parse(&*data)
+        let map = crate::mapped::MappedFile::open(path)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        let data = map.bytes();
+        let file = object::File::parse(data)
             .map_err(|e| format!("{} is not a readable ELF file: {e}", path.display()))?;
         let mut offsets = HashMap::new();
         for sym in file.dynamic_symbols().chain(file.symbols()) {
@@ -69,18 +70,19 @@ impl SymbolOffsets {
 pub fn runpath_dirs(exe: &Path) -> Vec<std::path::PathBuf> {
     use object::elf;
     use object::read::elf::{Dyn, ElfFile64};
-    let Ok(data) = std::fs::read(exe) else {
+    let Ok(map) = crate::mapped::MappedFile::open(exe) else {
         return Vec::new();
     };
-    let Ok(file) = ElfFile64::<object::Endianness>::parse(&*data) else {
+    let data = map.bytes();
+    let Ok(file) = ElfFile64::<object::Endianness>::parse(data) else {
         return Vec::new();
     };
     let endian = file.endian();
     let sections = file.elf_section_table();
-    let Ok(Some((dyns, strtab_index))) = sections.dynamic(endian, &*data) else {
+    let Ok(Some((dyns, strtab_index))) = sections.dynamic(endian, data) else {
         return Vec::new();
     };
-    let Ok(strtab) = sections.strings(endian, &*data, strtab_index) else {
+    let Ok(strtab) = sections.strings(endian, data, strtab_index) else {
         return Vec::new();
     };
     let mut runpath = None;
@@ -172,10 +174,10 @@ impl SymbolOffsets {
 /// Demangled caching-allocator function names in a library (for `check`,
 /// when the expected signatures are not found: shows what is there instead).
 pub fn torch_candidates(path: &Path) -> Vec<String> {
-    let Ok(data) = std::fs::read(path) else {
+    let Ok(map) = crate::mapped::MappedFile::open(path) else {
         return Vec::new();
     };
-    let Ok(file) = object::File::parse(&*data) else {
+    let Ok(file) = object::File::parse(map.bytes()) else {
         return Vec::new();
     };
     let mut out: Vec<String> = file

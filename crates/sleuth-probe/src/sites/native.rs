@@ -12,7 +12,7 @@
 //! exit before its later stacks were resolved (docs/gpu-runs.md).
 
 use super::python::{read_maps, MapEntry};
-use memmap2::Mmap;
+use crate::mapped::MappedFile;
 use sleuth_core::sites::{Frame, FrameKind};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -21,7 +21,7 @@ use std::sync::Arc;
 /// mapped file until a frame asks for one.
 #[derive(Default)]
 struct FileSymbols {
-    map: Option<Mmap>,
+    map: Option<MappedFile>,
     /// (start, size, name offset in the file, name length), sorted by start.
     funcs: Vec<(u64, u64, u64, u32)>,
     /// Loadable segments: (file offset, vaddr, file size).
@@ -32,26 +32,16 @@ struct FileSymbols {
 
 impl FileSymbols {
     fn load(path: &str) -> FileSymbols {
-        let Ok(file) = std::fs::File::open(path) else {
+        let Ok(map) = MappedFile::open(std::path::Path::new(path)) else {
             return FileSymbols::default();
         };
-        // SAFETY: a read-only private mapping of a library file. The file may
-        // change underneath only if someone rewrites an installed library in
-        // place while it runs (package managers replace files by rename,
-        // which leaves this mapping intact).
-        let Ok(map) = (unsafe { Mmap::map(&file) }) else {
-            return FileSymbols::default();
-        };
-        let (funcs, segments) = match Self::index(&map) {
+        let (funcs, segments) = match Self::index(map.bytes()) {
             Some(x) => x,
             None => return FileSymbols::default(),
         };
         // Indexing touched the symbol and string tables (tens of MB for
-        // PyTorch's libraries), which would stay in the tracer's resident set.
-        // SAFETY: MADV_DONTNEED on a private read-only file mapping that was
-        // never written only drops our page-table entries: later reads fault
-        // the same bytes back in from the file (page cache).
-        let _ = unsafe { map.unchecked_advise(memmap2::UncheckedAdvice::DontNeed) };
+        // PyTorch's libraries): not kept resident, names are read back on demand.
+        map.release();
         FileSymbols {
             map: Some(map),
             funcs,
@@ -110,7 +100,7 @@ impl FileSymbols {
         if let Some(n) = self.names.get(&start) {
             return Some(n.clone());
         }
-        let map = self.map.as_ref()?;
+        let map = self.map.as_ref()?.bytes();
         let raw =
             map.get(name_off as usize..(name_off as usize).checked_add(name_len as usize)?)?;
         let name = String::from_utf8_lossy(raw);
