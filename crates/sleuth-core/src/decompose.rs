@@ -120,6 +120,14 @@ pub fn aggregate_culprits<'a>(
             *e = e.saturating_add(c.ns);
         }
     }
+    culprit_times(by_task)
+}
+
+/// Runnable time summed per (pid, comm) as culprit rows, largest first
+/// (ties: lowest pid, then name): the one order of every culprit list.
+pub fn culprit_times<'a>(
+    by_task: impl IntoIterator<Item = ((u32, &'a str), u64)>,
+) -> Vec<CulpritTime> {
     let mut out: Vec<CulpritTime> = by_task
         .into_iter()
         .map(|((pid, comm), ns)| CulpritTime {

@@ -16,7 +16,7 @@
 //! only calls within one bucket (≤ 0.1%) of p95.
 
 use crate::data::TraceData;
-use crate::decompose::{CulpritTime, Split, TailSplit};
+use crate::decompose::{culprit_times, CulpritTime, Split, TailSplit};
 use crate::event::CallEvent;
 use crate::ops::op_by_id;
 use crate::stats::{Measured, OpStats, StatsReport, TOP_CULPRITS_PER_OP};
@@ -247,23 +247,7 @@ pub fn stats_report(r: &StoredRollups, pid: Option<u32>, base: &TraceData) -> St
         .iter()
         .filter(|(_, o)| o.count > 0)
         .filter_map(|(&op, o)| {
-            let mut cs: Vec<CulpritTime> = culprits
-                .remove(&op)
-                .unwrap_or_default()
-                .into_iter()
-                .map(|((pid, comm), ns)| CulpritTime {
-                    pid,
-                    comm: comm.to_string(),
-                    runnable_ns: ns,
-                })
-                .collect();
-            // The order of `decompose::aggregate_culprits`.
-            cs.sort_by(|a, b| {
-                b.runnable_ns
-                    .cmp(&a.runnable_ns)
-                    .then(a.pid.cmp(&b.pid))
-                    .then(a.comm.cmp(&b.comm))
-            });
+            let cs = culprit_times(culprits.remove(&op).unwrap_or_default());
             op_stats_row(op, o, cs, counted.remove(&op), base.has_host_context)
         })
         .collect();
