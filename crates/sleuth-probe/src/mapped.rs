@@ -1,9 +1,10 @@
 //! Library files read for their ELF symbols, mapped instead of read.
 //!
 //! The CUDA, NCCL and PyTorch libraries gpusleuth parses are 100 MB to
-//! 1.5 GB; reading one into memory made the tracer's peak RSS its size
-//! (265 MB on the H200, 2026-11-30, with `libnccl.so.2` and `libcuda.so.1`
-//! probed). A read-only mapping costs the pages actually touched, and
+//! 1.5 GB; reading one into memory adds its size to the tracer's peak RSS
+//! (on the 2-core VM: +181 MB read vs +56 MB mapped for a 150 MB library;
+//! the likely cause of the 265 MB start-up peak seen on the H200,
+//! docs/gpu-runs.md). A read-only mapping costs the pages actually touched, and
 //! [`MappedFile::release`] drops those too once parsing is done.
 
 use memmap2::{Mmap, UncheckedAdvice};

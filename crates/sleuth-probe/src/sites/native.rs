@@ -2,20 +2,21 @@
 //! process's memory map and each file's ELF symbols (`.symtab` and
 //! `.dynsym`), demangled. Files are mapped once and cached.
 //!
-//! Resolution runs on the thread that drains the ring buffer, while the
-//! traced process is alive (its Python code objects are read then), so a
-//! file's first use must be cheap: the file is mapped, not read (a 1.5 GiB
-//! libtorch_cuda costs no memory beyond the pages touched), only the
-//! function symbols' addresses are indexed, and a name is read and demangled
-//! when a frame needs it. Eagerly demangling every symbol of PyTorch's
-//! libraries took seconds on the H200, long enough for a short program to
-//! exit before its later stacks were resolved (docs/gpu-runs.md).
+//! Two halves: [`ProcessMaps`] places an address in its file and must run
+//! while the traced process is alive (on the draining thread); [`SymbolFiles`]
+//! names it from the file alone, later and on a thread of its own (the trace
+//! command's `gpusleuth-sym`). A file's first use stays cheap all the same:
+//! it is mapped, not read (a 1.5 GiB libtorch_cuda costs no memory beyond the
+//! pages touched), only the function symbols' addresses are indexed, and a
+//! name is read and demangled when a frame needs it. Eagerly demangling every
+//! symbol of PyTorch's libraries on the draining thread took seconds on the
+//! H200, long enough for a short program to exit before its later stacks were
+//! resolved (docs/gpu-runs.md).
 
 use super::python::{read_maps, MapEntry};
 use crate::mapped::MappedFile;
 use sleuth_core::sites::{Frame, FrameKind};
 use std::collections::HashMap;
-use std::sync::Arc;
 
 /// Function symbols of one file, by virtual address; names stay in the
 /// mapped file until a frame asks for one.
@@ -27,7 +28,7 @@ struct FileSymbols {
     /// Loadable segments: (file offset, vaddr, file size).
     segments: Vec<(u64, u64, u64)>,
     /// Names already demangled, by symbol start.
-    names: HashMap<u64, Arc<str>>,
+    names: HashMap<u64, String>,
 }
 
 impl FileSymbols {
@@ -88,7 +89,7 @@ impl FileSymbols {
             .map(|&(off, vaddr, _)| vaddr + (file_off - off))
     }
 
-    fn function_at(&mut self, vaddr: u64) -> Option<Arc<str>> {
+    fn function_at(&mut self, vaddr: u64) -> Option<String> {
         let i = self.funcs.partition_point(|f| f.0 <= vaddr);
         let &(start, size, name_off, name_len) = self.funcs.get(i.checked_sub(1)?)?;
         // Sized symbols must contain the address; unsized ones (assembly)
@@ -105,7 +106,7 @@ impl FileSymbols {
             map.get(name_off as usize..(name_off as usize).checked_add(name_len as usize)?)?;
         let name = String::from_utf8_lossy(raw);
         let name = name.split('@').next().unwrap_or(&name);
-        let name: Arc<str> = demangle(name).into();
+        let name = demangle(name);
         self.names.insert(start, name.clone());
         Some(name)
     }
@@ -209,9 +210,7 @@ impl SymbolFiles {
             .files
             .entry(path.to_string())
             .or_insert_with(|| FileSymbols::load(path));
-        syms.vaddr_of(file_off)
-            .and_then(|v| syms.function_at(v))
-            .map(|n| n.to_string())
+        syms.vaddr_of(file_off).and_then(|v| syms.function_at(v))
     }
 }
 
