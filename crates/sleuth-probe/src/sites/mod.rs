@@ -35,9 +35,6 @@ pub struct SiteResolver {
     /// (pid, code object) → what it says, or why it could not be read.
     code: HashMap<(u32, u64), Result<Arc<CodeInfo>, String>>,
     maps: native::ProcessMaps,
-    /// Symbols for [`SiteResolver::resolve`]; the trace command symbolizes
-    /// on its own thread with its own [`SymbolFiles`].
-    files: SymbolFiles,
 }
 
 /// A stack resolved as far as the live process is needed: Python frames
@@ -118,16 +115,11 @@ impl SiteResolver {
         info
     }
 
-    /// Resolves one raw stack into frames and plain-words notes.
-    pub fn resolve(&mut self, raw: &RawStack) -> Stack {
-        let u = self.resolve_live(raw);
-        u.finish(&mut self.files)
-    }
-
-    /// The part of [`SiteResolver::resolve`] that needs the live process
-    /// (its code objects, its memory map): cheap, done as each stack
-    /// arrives. Reading library symbols, which can take long the first time
-    /// a large library is seen, is left to [`Unsymbolized::finish`].
+    /// Resolves one raw stack into frames and plain-words notes, as far as
+    /// that needs the live process (its code objects, its memory map):
+    /// cheap, done as each stack arrives. Naming native frames from library
+    /// files, which can take long the first time a large library is seen, is
+    /// left to [`Unsymbolized::finish`].
     pub fn resolve_live(&mut self, raw: &RawStack) -> Unsymbolized {
         let pid = raw.pid;
         let mut frames = Vec::new();
@@ -218,7 +210,7 @@ mod tests {
 
     /// The live half places native frames without reading any library's
     /// symbols (that is left to `finish`, off the draining thread); the
-    /// finished stack names them exactly like `resolve`.
+    /// finished stack names them, and a second resolution gives the same names.
     #[test]
     fn live_resolution_leaves_symbols_for_later() {
         let mut raw = RawStack {
@@ -241,7 +233,8 @@ mod tests {
                 .is_some_and(|n| n.contains("a_native_function")),
             "{name:?}"
         );
-        assert_eq!(r.resolve(&raw).frames[0].function, name);
+        let again = r.resolve_live(&raw).finish(&mut SymbolFiles::default());
+        assert_eq!(again.frames[0].function, name);
     }
 
     /// A Python frame whose code object cannot be read says why (the first
@@ -254,7 +247,9 @@ mod tests {
             ..Default::default()
         };
         raw.py[0].code = 0x10;
-        let s = SiteResolver::new().resolve(&raw);
+        let s = SiteResolver::new()
+            .resolve_live(&raw)
+            .finish(&mut SymbolFiles::default());
         assert!(s.frames.is_empty());
         assert_eq!(s.notes.len(), 1, "{:?}", s.notes);
         assert!(
