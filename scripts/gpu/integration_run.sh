@@ -26,17 +26,9 @@ for s in $suites; do
     reclaim) OUT=$W timeout 200 bash "$G/reclaim_variants.sh" >"$OUT/reclaim.log" 2>&1
              cat "$W/summary.txt" >>"$S" 2>&1 ;;
     sites)   # Known-line attribution only (the overhead benchmarks of sites_run.sh are not repeated).
-             ( cd "$G" && ln -sf "$GPUSLEUTH" ./gpusleuth
-               SP=/opt/torch/.venv/lib/python3.12/site-packages
-               ./gpusleuth trace --db "$W/sites.db" --force --quiet \
-                 --cuda-lib "$SP/nvidia/cu13/lib/libcudart.so.13" --cuda-lib /usr/local/nvidia/lib64/libcuda.so.1 \
-                 -- "$PY" sites_workload.py --truth "$W/truth.jsonl"
-               ./gpusleuth memory --by-site --db "$W/sites.db" >"$W/by_site.txt" 2>&1
-               ./gpusleuth memory --by-site --json --db "$W/sites.db" >"$W/by_site.json"
-               ./gpusleuth explain --db "$W/sites.db" >"$W/explain.txt" 2>&1
-               "$PY" sites_check.py "$W/truth.jsonl" "$W/by_site.json" "$W/explain.txt" >"$W/check.json"
+             ( cd "$ROOT" && OUT=$W PY=$PY bash "$G/sites_leak_loop.sh"
                cat "$W/check.json"; head -20 "$W/by_site.txt"; head -30 "$W/explain.txt" ) >"$OUT/sites.log" 2>&1
-             "$PY" -c 'import json,sys; c=json.load(open(sys.argv[1])); print("sites: right_line_share=%s leak_first=%s explain_names_leak=%s" % (c["right_line_share"], c["leak_first_in_by_site"], c["explain_names_leak"]))' "$W/check.json" >>"$S" 2>&1 ;;
+             grep '^SUMMARY' "$OUT/sites.log" | sed 's/^SUMMARY/sites:/' >>"$S" ;;
     overhead) ( cd "$ROOT" && OUT=$W timeout $(( ${GS_BUDGET_S:-330} + 60 )) "$PY" "$G/overhead_reps.py" "$GPUSLEUTH" ) >"$OUT/overhead.log" 2>&1
              grep -E "SUMMARY|target|traps" "$OUT/overhead.log" | tail -12 >>"$S"
              cp "$W/overhead_reps.json" "$OUT/overhead_reps.json" 2>/dev/null ;;
