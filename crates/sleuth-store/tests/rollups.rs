@@ -93,12 +93,19 @@ fn assert_same(got: &StatsReport, want: &StatsReport) {
     );
 }
 
-fn compare(name: &str) -> StatsReport {
-    let dir = TempDir::new("rollups");
+/// An example trace written again through today's writer (so with rollups),
+/// in a temporary folder kept alive by the returned guard.
+fn rewritten(name: &str, tag: &str) -> (TempDir, PathBuf) {
+    let dir = TempDir::new(tag);
     let data = Trace::open(&example(name)).unwrap().load(None).unwrap();
     assert!(!data.calls.is_empty(), "{name} has calls");
     let path = dir.join("again.db");
     rewrite(&data, &path);
+    (dir, path)
+}
+
+fn compare(name: &str) -> StatsReport {
+    let (_dir, path) = rewritten(name, "rollups");
     let t = Trace::open(&path).unwrap();
     assert!(t.has_rollups().unwrap());
     let raw = stats::compute(&t.load(None).unwrap());
@@ -137,13 +144,7 @@ fn traces_without_rollups_are_answered_by_the_raw_path() {
 
 #[test]
 fn a_pid_not_in_the_trace_is_an_error_on_the_rollup_path_too() {
-    let dir = TempDir::new("rollups-pid");
-    let data = Trace::open(&example("demo-sim.db"))
-        .unwrap()
-        .load(None)
-        .unwrap();
-    let path = dir.join("again.db");
-    rewrite(&data, &path);
+    let (_dir, path) = rewritten("demo-sim.db", "rollups-pid");
     let t = Trace::open(&path).unwrap();
     assert!(t.stats_report(Some(999_999)).is_err());
 }
@@ -151,13 +152,7 @@ fn a_pid_not_in_the_trace_is_an_error_on_the_rollup_path_too() {
 #[test]
 fn the_duration_index_is_built_when_the_trace_ends() {
     // Built at finish, in one sorted pass, instead of row by row (issue 16).
-    let dir = TempDir::new("rollups-index");
-    let data = Trace::open(&example("demo-sim.db"))
-        .unwrap()
-        .load(None)
-        .unwrap();
-    let path = dir.join("again.db");
-    rewrite(&data, &path);
+    let (_dir, path) = rewritten("demo-sim.db", "rollups-index");
     let c = rusqlite::Connection::open(&path).unwrap();
     let n: i64 = c
         .query_row(
