@@ -36,7 +36,7 @@ impl FileSymbols {
         let Ok(map) = MappedFile::open(std::path::Path::new(path)) else {
             return FileSymbols::default();
         };
-        let (funcs, segments) = match Self::index(map.bytes()) {
+        let (funcs, segments) = match Self::index(&map) {
             Some(x) => x,
             None => return FileSymbols::default(),
         };
@@ -53,13 +53,13 @@ impl FileSymbols {
 
     /// Function symbols (start, size, name offset, name length) and segments.
     #[allow(clippy::type_complexity)]
-    fn index(data: &[u8]) -> Option<(Vec<(u64, u64, u64, u32)>, Vec<(u64, u64, u64)>)> {
+    fn index(map: &MappedFile) -> Option<(Vec<(u64, u64, u64, u32)>, Vec<(u64, u64, u64)>)> {
         use object::{Object, ObjectSegment, ObjectSymbol, SymbolKind};
+        let data = map.bytes();
         let file = object::File::parse(data).ok()?;
         let base = data.as_ptr() as usize;
-        let mut funcs: Vec<(u64, u64, u64, u32)> = file
-            .symbols()
-            .chain(file.dynamic_symbols())
+        let mut funcs: Vec<(u64, u64, u64, u32)> = map
+            .releasing(file.symbols().chain(file.dynamic_symbols()))
             .filter(|s| s.kind() == SymbolKind::Text && s.address() != 0 && s.is_definition())
             .filter_map(|s| {
                 let name = s.name_bytes().ok()?;
