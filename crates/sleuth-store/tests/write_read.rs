@@ -169,7 +169,7 @@ fn file_is_private_and_never_overwritten_by_default() {
 
 #[test]
 fn wal_files_are_private_while_writing() {
-    let (dir, path, w) = new_trace("walmode");
+    let (dir, _path, w) = new_trace("walmode");
     let h = w.handle();
     h.send(Event::Call(call("cudaMalloc", 1, 1, 10, 10)))
         .unwrap();
@@ -331,7 +331,7 @@ fn lifecycle_events_complete_processes() {
 
 #[test]
 fn size_cap_counts_instead_of_storing_and_keeps_aggregates() {
-    let (dir, path) = scratch_db("cap");
+    let (_dir, path) = scratch_db("cap");
     let opts = WriterOptions {
         max_db_bytes: 64 * 1024,
         batch_events: 100,
@@ -375,7 +375,7 @@ fn size_cap_counts_instead_of_storing_and_keeps_aggregates() {
 
 #[test]
 fn handles_fail_cleanly_after_finish() {
-    let (_dir, path, w) = new_trace("gone");
+    let (_dir, _path, w) = new_trace("gone");
     let h = w.handle();
     w.finish().unwrap();
     let err = h

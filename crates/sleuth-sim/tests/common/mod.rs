@@ -52,6 +52,7 @@ pub fn run_script(
 }
 
 /// [`run_script`] in a fresh [`sim_world`] of its own.
+#[allow(dead_code)] // not every test file uses it
 pub fn run_in_world(tag: &str, script: &str, env: &[(&str, &str)]) -> (i32, Vec<Truth>) {
     let (dir, sim) = sim_world(tag);
     run_script(&sim, &dir, script, env)
@@ -59,6 +60,7 @@ pub fn run_in_world(tag: &str, script: &str, env: &[(&str, &str)]) -> (i32, Vec<
 
 /// Waits until a helper process has created `path` (its ready signal); the
 /// test harness's own timeout bounds a helper that never does.
+#[allow(dead_code)] // not every test file uses it
 pub fn wait_for(path: &std::path::Path) {
     while !path.exists() {
         std::thread::sleep(std::time::Duration::from_millis(5));
