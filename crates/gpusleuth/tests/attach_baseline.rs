@@ -7,10 +7,13 @@
 //! converted here with an offset this test measures itself).
 
 mod common;
+#[path = "common/mcp_stdio.rs"]
+mod mcp_stdio;
 #[path = "../../sleuth-gpu/tests/support/mod.rs"]
 mod support;
 
 use common::{gpusleuth, wait_child, wait_for_file, Sandbox};
+use mcp_stdio::McpStdio;
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
@@ -154,44 +157,23 @@ fn scrape(addr: &str) -> String {
     body
 }
 
-/// Calls two MCP tools over stdio with plain JSON-RPC lines.
+/// Calls MCP tools (no arguments) over stdio with plain JSON-RPC lines; each
+/// tool's JSON answer.
 fn mcp_calls(db: &Path, tools: &[&str]) -> Vec<Value> {
-    let mut child = gpusleuth()
-        .arg("mcp")
-        .arg("--db")
-        .arg(db)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start mcp");
-    let mut stdin = child.stdin.take().expect("stdin");
-    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    let mut send = |v: Value| writeln!(stdin, "{v}").expect("write to mcp");
-    send(
-        serde_json::json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{
-        "protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"0"}}}),
-    );
-    let init: Value =
-        serde_json::from_str(&lines.next().expect("init reply").expect("read")).unwrap();
-    assert!(init["result"].is_object(), "{init}");
-    send(serde_json::json!({"jsonrpc":"2.0","method":"notifications/initialized"}));
-    let mut out = Vec::new();
-    for (i, t) in tools.iter().enumerate() {
-        send(
-            serde_json::json!({"jsonrpc":"2.0","id":i+1,"method":"tools/call",
-            "params":{"name":t,"arguments":{}}}),
-        );
-        let reply: Value =
-            serde_json::from_str(&lines.next().expect("tool reply").expect("read")).unwrap();
-        let text = reply["result"]["content"][0]["text"]
-            .as_str()
-            .unwrap_or_else(|| panic!("{t}: {reply}"));
-        out.push(serde_json::from_str(text).expect("tool JSON"));
-    }
-    drop(stdin);
-    let _ = wait_child(&mut child, 10);
-    out
+    let mut server = McpStdio::start(&["--db".as_ref(), db.as_os_str()], Duration::from_secs(60));
+    tools
+        .iter()
+        .map(|t| {
+            let reply = server.call(
+                "tools/call",
+                serde_json::json!({"name": t, "arguments": {}}),
+            );
+            let text = reply["result"]["content"][0]["text"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{t}: {reply}"));
+            serde_json::from_str(text).expect("tool JSON")
+        })
+        .collect()
 }
 
 #[test]

@@ -103,7 +103,7 @@ fn assert_loud_about_unprobed(out: &Output, db: &Path) {
 
 #[test]
 fn without_cap_perfmon_the_trace_refuses_to_start() {
-    let Some((sb, out)) = traced_with_caps("caps-bpf-only", "+bpf", false) else {
+    let Some((_sb, out)) = traced_with_caps("caps-bpf-only", "+bpf", false) else {
         return;
     };
     let err = stderr(&out);

@@ -366,11 +366,7 @@ fn size_cap_counts_instead_of_storing_and_keeps_aggregates() {
     assert_eq!(data.stats["drop_db_full"], sum.dropped_db_full);
     assert_eq!(data.stats["events_call"], total);
     assert_eq!(data.counts.len(), 1, "aggregates still stored past the cap");
-    assert!(t
-        .notes()
-        .unwrap()
-        .iter()
-        .any(|n| n.text.contains("size cap")));
+    assert!(has_note(&t, "size cap"));
 }
 
 #[test]

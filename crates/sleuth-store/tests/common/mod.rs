@@ -133,3 +133,26 @@ pub fn small_trace(path: &Path) {
     drop(h);
     w.finish().expect("finish");
 }
+
+/// Whether the trace carries a note whose text contains `text`.
+pub fn has_note(t: &sleuth_store::Trace, text: &str) -> bool {
+    t.notes()
+        .expect("read notes")
+        .iter()
+        .any(|n| n.text.contains(text))
+}
+
+/// Calls per op as stored in the trace at `db`, read back through the SQL sandbox.
+pub fn stored_counts(db: &Path) -> std::collections::BTreeMap<String, u64> {
+    let stored = sleuth_store::run_readonly_sql(
+        db,
+        "SELECT op, count(*) FROM calls GROUP BY op",
+        sleuth_store::SqlLimits::default(),
+    )
+    .expect("count the stored calls");
+    stored
+        .rows
+        .iter()
+        .map(|r| (r[0].as_str().unwrap().to_string(), r[1].as_u64().unwrap()))
+        .collect()
+}
