@@ -449,6 +449,22 @@ fn all_processes_mode_gets_the_same_baseline() {
     assert_eq!(held["at_end_bytes"], D);
 }
 
+/// `trace --pid PID` into `db`, without NVML, touching `ready` once attached.
+fn pid_tracer(sb: &Sandbox, pid: u32, db: &Path, ready: &str) -> Guard {
+    Guard(
+        gpusleuth()
+            .args(["trace", "--quiet", "--pid", &pid.to_string()])
+            .arg("--db")
+            .arg(db)
+            .arg("--ready-file")
+            .arg(ready)
+            .env("GPUSLEUTH_NVML_LIB", sb.path("no-nvml"))
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start a tracer"),
+    )
+}
+
 /// A call that began before its process was traced returns during the
 /// trace: an attach edge, not a drop. To make the edge certain, a first
 /// tracer (`--pid` of an idle bystander, the same library files probed)
@@ -469,23 +485,7 @@ fn a_return_whose_call_began_before_the_attach_is_an_edge_not_a_drop() {
             .spawn()
             .expect("start bystander"),
     );
-    let mut first = Guard(
-        gpusleuth()
-            .args([
-                "trace",
-                "--quiet",
-                "--pid",
-                &bystander.id().to_string(),
-                "--db",
-            ])
-            .arg(sb.path("first.db"))
-            .arg("--ready-file")
-            .arg(&a_ready)
-            .env("GPUSLEUTH_NVML_LIB", sb.path("no-nvml"))
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start first tracer"),
-    );
+    let mut first = pid_tracer(&sb, bystander.id(), &sb.path("first.db"), &a_ready);
     let mut workload = Guard(
         Command::new(&sb.sim.workload)
             .arg(format!(
@@ -498,18 +498,7 @@ fn a_return_whose_call_began_before_the_attach_is_an_edge_not_a_drop() {
     wait_for_file(Path::new(&a_ready), 30);
     // The workload is (or soon will be) inside its sync; give it time to enter.
     std::thread::sleep(Duration::from_millis(300));
-    let mut second = Guard(
-        gpusleuth()
-            .args(["trace", "--quiet", "--pid", &pid.to_string()])
-            .arg("--db")
-            .arg(sb.db())
-            .arg("--ready-file")
-            .arg(&b_ready)
-            .env("GPUSLEUTH_NVML_LIB", sb.path("no-nvml"))
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start second tracer"),
-    );
+    let mut second = pid_tracer(&sb, pid, &sb.db(), &b_ready);
     wait_for_file(Path::new(&done), 30);
     for t in [&mut second, &mut first] {
         // SAFETY: SIGINT to a tracer this test started.

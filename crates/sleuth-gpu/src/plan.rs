@@ -412,7 +412,6 @@ fn pids(it: impl Iterator<Item = u32>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::classify::classify;
     use crate::classify::tests::{classify_host, gpu, proc_, snapshot};
     use crate::proc_scan::ProcState;
 

@@ -10,6 +10,16 @@ use sleuth_store::{
 };
 use std::os::unix::fs::PermissionsExt;
 
+/// The slowest call of the trace, as `calls_filtered` returns it (at most one).
+fn slowest_call(t: &Trace) -> Vec<sleuth_store::StoredCall> {
+    t.calls_filtered(&CallFilter {
+        order: CallOrder::ByDurationDesc,
+        limit: Some(1),
+        ..Default::default()
+    })
+    .expect("the slowest call")
+}
+
 /// [`small_trace_in`], opened.
 fn opened_small_trace(tag: &str) -> (TempDir, Trace) {
     let (dir, path) = small_trace_in(tag);
@@ -190,13 +200,7 @@ fn wal_files_are_private_while_writing() {
 #[test]
 fn culprits_are_joined_at_finish_and_queryable_by_call_id() {
     let (_dir, t) = opened_small_trace("culprits");
-    let slow = t
-        .calls_filtered(&CallFilter {
-            order: CallOrder::ByDurationDesc,
-            limit: Some(1),
-            ..Default::default()
-        })
-        .unwrap();
+    let slow = slowest_call(&t);
     assert_eq!(slow.len(), 1);
     assert_eq!(slow[0].call.op_name(), "cudaMalloc");
     let map = t.call_culprits_of(&[slow[0].id]).unwrap();
@@ -546,13 +550,7 @@ fn call_sites_round_trip_and_older_traces_have_none() {
     );
     assert_eq!(data.calls[0].stack_id, Some(id));
     assert_eq!(data.calls[1].stack_id, None);
-    let slow = t
-        .calls_filtered(&CallFilter {
-            order: CallOrder::ByDurationDesc,
-            limit: Some(1),
-            ..Default::default()
-        })
-        .unwrap();
+    let slow = slowest_call(&t);
     assert_eq!(slow[0].call.stack_id, Some(id));
 
     // A trace written before call sites existed loads, with none.
