@@ -15,7 +15,7 @@ mod support;
 use common::{gpusleuth, wait_child, wait_for_file, Sandbox};
 use mcp_stdio::McpStdio;
 use serde_json::Value;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;

@@ -514,7 +514,7 @@ fn random_workloads_always_explain_the_gap_exactly() {
         let mut block_id = 0x1000u64;
         for step in 0..150u64 {
             let r = next();
-            if r % 4 == 0 && !live.is_empty() {
+            if r.is_multiple_of(4) && !live.is_empty() {
                 let (b, _) = live.swap_remove((r as usize / 4) % live.len());
                 sim.free(b);
                 continue;
