@@ -262,9 +262,22 @@ pub fn explain_from(
 ) -> Explanation {
     // gpusleuth's own threads are never culprits: the accumulators drop them.
     let inputs = inputs::FindingInputs::of(data, per_call_culprits);
+    explain_inputs(data, &inputs, ledgers)
+}
+
+/// The conclusions from the per-call aggregates (`inputs`, from
+/// [`inputs::FindingInputs::of`] or read from a trace's finding rollups).
+/// Of `data`, only what is small is read for them (counts, stats, GPU samples,
+/// stacks, the span), plus what the memory and straggler findings need: the
+/// memory-op calls and allocator events, the collectives.
+pub fn explain_inputs(
+    data: &TraceData,
+    inputs: &inputs::FindingInputs,
+    ledgers: &[crate::ledger::ProcessLedger],
+) -> Explanation {
     let site = |id: Option<u64>| crate::sites::label_of(data, id);
     let ctx = time::Context::new(
-        &inputs,
+        inputs,
         data.has_host_context,
         crate::TraceSpan::of(data),
         &site,
@@ -275,7 +288,7 @@ pub fn explain_from(
         Vec::new()
     };
     let gpu = |a: u64, b: u64| crate::gpu_busy::gpu_busy(data, a, b);
-    let views = bottleneck::views(&data.counts, &threads, &inputs, gpu);
+    let views = bottleneck::views(&data.counts, &threads, inputs, gpu);
     let mut findings = Vec::new();
     if data.has_host_context {
         findings.extend(time::cpu_preemption(&ctx));
@@ -314,7 +327,7 @@ pub fn explain_from(
     notes.extend(verdict::tracer_note(&threads));
     notes.extend(verdict::unknown_without_host_context(
         data.has_host_context,
-        &inputs,
+        inputs,
         &gpu,
     ));
     notes.extend(memory_notes);

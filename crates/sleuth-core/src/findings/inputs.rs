@@ -27,11 +27,13 @@ use crate::event::{CallEvent, Culprit};
 use crate::ops::OpClass;
 use crate::rollup::{bucket_bounds, bucket_of, bucket_value, Bucket};
 use crate::threads::{is_tracer, ThreadSplit};
+use serde::{Deserialize, Serialize};
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 /// How finely a [`LatencyHist`] keeps durations.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Resolution {
     /// One bucket per distinct duration: exact percentiles.
     Exact,
@@ -40,10 +42,12 @@ pub enum Resolution {
 }
 
 /// Durations of a group of calls with the split sums of each bucket.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct LatencyHist {
     res: Resolution,
     max_ns: u64,
+    /// Stored as rows of their own (a histogram can outgrow one SQL value).
+    #[serde(skip)]
     buckets: BTreeMap<u64, Bucket>,
 }
 
@@ -85,6 +89,16 @@ impl LatencyHist {
 
     pub fn count(&self) -> u64 {
         self.buckets.values().map(|b| b.count).sum()
+    }
+
+    /// `(bucket key, calls, split)` of every bucket, ascending.
+    pub fn buckets(&self) -> impl Iterator<Item = (u64, u64, Split)> + '_ {
+        self.buckets.iter().map(|(&k, b)| (k, b.count, b.split))
+    }
+
+    /// Puts back a stored bucket.
+    pub fn set_bucket(&mut self, key: u64, count: u64, split: Split) {
+        self.buckets.insert(key, Bucket { count, split });
     }
 
     /// Nearest-rank percentile `p` (as `stats::nearest_rank`) and its bucket.
@@ -141,11 +155,15 @@ impl LatencyHist {
 }
 
 /// One example call kept for a finding's evidence, with its first culprits.
-#[derive(Debug, Clone)]
+/// Stored, an example is its index (the call's row id) only: the call and
+/// its culprits are read back by id ([`FindingInputs::fill_examples`]).
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Example {
     pub index: usize,
+    #[serde(skip)]
     pub call: CallEvent,
     /// The tasks that held the CPU during it (at most two, largest first).
+    #[serde(skip)]
     pub culprits: Vec<Culprit>,
 }
 
@@ -153,7 +171,7 @@ pub struct Example {
 type Rank = (Reverse<u64>, u64, usize);
 
 /// The `k` calls with the largest key (ties: smaller `order`, then index).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TopK {
     k: usize,
     kept: Vec<(Rank, Example)>,
@@ -186,7 +204,7 @@ impl TopK {
 
 /// What cpu_preemption and tail_latency aggregate about one op's calls
 /// (non-nested, all processes).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct OpInputs {
     pub hist: LatencyHist,
     pub split: Split,
@@ -194,6 +212,7 @@ pub struct OpInputs {
     /// Calls with runnable time, and their processes.
     pub slowed: u64,
     pub slowed_pids: BTreeSet<u32>,
+    #[serde(with = "culprit_rows")]
     culprits: HashMap<(u32, String), u64>,
     /// Examples ranked by runnable time (cpu_preemption) and by wall time (tail_latency).
     pub by_runnable: TopK,
@@ -250,8 +269,31 @@ impl OpInputs {
     }
 }
 
+/// Culprit sums stored as `[pid, comm, ns]` rows.
+mod culprit_rows {
+    use super::*;
+    use serde::{Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(
+        m: &HashMap<(u32, String), u64>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        let mut rows: Vec<(u32, &str, u64)> =
+            m.iter().map(|((p, c), &n)| (*p, c.as_str(), n)).collect();
+        rows.sort_unstable();
+        s.collect_seq(rows)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<HashMap<(u32, String), u64>, D::Error> {
+        let rows: Vec<(u32, String, u64)> = Vec::deserialize(d)?;
+        Ok(rows.into_iter().map(|(p, c, n)| ((p, c), n)).collect())
+    }
+}
+
 /// Copies one thread made from pageable host memory.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PageableInputs {
     pub count: u64,
     pub bytes: u64,
@@ -283,7 +325,7 @@ impl Default for PageableInputs {
 
 /// What the bottleneck verdicts aggregate about one issuing thread, beyond
 /// its [`ThreadSplit`].
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ThreadInputs {
     /// Recorded launch calls and their wall time and durations.
     pub launches: LatencyHist,
@@ -294,6 +336,7 @@ pub struct ThreadInputs {
     /// ... and those host gaps.
     pub host_gaps: LatencyHist,
     /// End of the previous sync (or the window start).
+    #[serde(skip)]
     prev_end: Option<u64>,
     pub pageable: PageableInputs,
 }
@@ -370,6 +413,26 @@ impl FindingInputs {
             threads: HashMap::new(),
             spans: HashMap::new(),
             splits: Vec::new(),
+            pinned: HashMap::new(),
+        }
+    }
+
+    /// Aggregates read back from storage (`splits`: the stored thread splits).
+    pub fn from_parts(
+        tracer: Option<u32>,
+        ops: BTreeMap<u16, OpInputs>,
+        threads: HashMap<(u32, u32), ThreadInputs>,
+        spans: HashMap<u32, (u64, u64)>,
+        mut splits: Vec<ThreadSplit>,
+    ) -> FindingInputs {
+        crate::threads::sort_splits(&mut splits);
+        FindingInputs {
+            res: Resolution::Bucketed,
+            tracer,
+            ops,
+            threads,
+            spans,
+            splits,
             pinned: HashMap::new(),
         }
     }
@@ -461,6 +524,46 @@ impl FindingInputs {
             }
             _ => {}
         }
+    }
+
+    /// Every example's index (row id), for reading the calls back.
+    pub fn example_indices(&self) -> BTreeSet<usize> {
+        self.tops()
+            .flat_map(|t| t.kept.iter().map(|x| x.1.index))
+            .collect()
+    }
+
+    /// Puts back each example's call and culprits (first two, gpusleuth's
+    /// own threads left out) after the aggregates were read from storage.
+    pub fn fill_examples(
+        &mut self,
+        mut call: impl FnMut(usize) -> Option<(CallEvent, Vec<Culprit>)>,
+    ) {
+        let tracer = self.tracer;
+        let tops = self
+            .ops
+            .values_mut()
+            .flat_map(|o| [&mut o.by_runnable, &mut o.by_dur])
+            .chain(self.threads.values_mut().map(|t| &mut t.pageable.examples));
+        for t in tops {
+            for (_, e) in &mut t.kept {
+                if let Some((c, k)) = call(e.index) {
+                    e.call = c;
+                    e.culprits = k
+                        .into_iter()
+                        .filter(|k| !is_tracer(k.pid, &k.comm, tracer))
+                        .take(2)
+                        .collect();
+                }
+            }
+        }
+    }
+
+    fn tops(&self) -> impl Iterator<Item = &TopK> {
+        self.ops
+            .values()
+            .flat_map(|o| [&o.by_runnable, &o.by_dur])
+            .chain(self.threads.values().map(|t| &t.pageable.examples))
     }
 
     /// First call start to last call end of one process ((0, 0) without calls).
