@@ -96,27 +96,36 @@ pub(crate) fn write(conn: &Connection) -> rusqlite::Result<()> {
         conn,
         "WHERE pid = ?1 AND tid = ?2 AND nested = 0 ORDER BY ts_ns, id",
     )?;
-    let mut culprits_st = conn.prepare_cached(
-        "SELECT pid, tid, comm, runnable_ns FROM call_culprits WHERE call_id = ?1
-         ORDER BY runnable_ns DESC, pid, tid",
-    )?;
+    // The thread's culprit rows in the same (start, id) order as its calls:
+    // a merge of two ordered reads, not one query per call.
+    let culprits_sql = "SELECT c.ts_ns, k.call_id, k.pid, k.tid, k.comm, k.runnable_ns
+         FROM call_culprits k JOIN calls c ON c.id = k.call_id
+         WHERE c.pid = ?1 AND c.tid = ?2 AND c.nested = 0
+         ORDER BY c.ts_ns, k.call_id, k.runnable_ns DESC, k.pid, k.tid";
     for (pid, tid) in threads {
         let mut st = conn.prepare_cached(&thread_sql)?;
         let mut rows = st.query(params![pid, tid])?;
+        let mut kst = conn.prepare_cached(culprits_sql)?;
+        let mut krows = kst.query(params![pid, tid])?;
+        let mut next_culprit = culprit_row(krows.next()?)?;
         while let Some(row) = rows.next()? {
             let Some(s) = call_from_row(row)? else {
                 continue;
             };
-            let culprits: Vec<Culprit> = culprits_st
-                .query_map([s.id], |r| {
-                    Ok(Culprit {
-                        pid: r.get(0)?,
-                        tid: r.get(1)?,
-                        comm: r.get(2)?,
-                        ns: r.get::<_, i64>(3)?.max(0) as u64,
-                    })
-                })?
-                .collect::<rusqlite::Result<_>>()?;
+            // The inverse of the reader's cast, so the keys compare as stored.
+            let at = (s.call.ts_ns as i64, s.id);
+            let mut culprits: Vec<Culprit> = Vec::new();
+            while let Some((key, k)) = next_culprit.take() {
+                if key > at {
+                    next_culprit = Some((key, k));
+                    break;
+                }
+                // Rows of calls read past (an op this build does not know) are dropped.
+                if key == at {
+                    culprits.push(k);
+                }
+                next_culprit = culprit_row(krows.next()?)?;
+            }
             f.add_call(row_index(s.id), &s.call, &culprits);
         }
     }
@@ -157,6 +166,20 @@ pub(crate) fn write(conn: &Connection) -> rusqlite::Result<()> {
         [COMPLETE],
     )?;
     Ok(())
+}
+
+/// One row of the culprit merge: `((call ts_ns, call id), culprit)`.
+fn culprit_row(r: Option<&rusqlite::Row>) -> rusqlite::Result<Option<((i64, i64), Culprit)>> {
+    let Some(r) = r else { return Ok(None) };
+    Ok(Some((
+        (r.get(0)?, r.get(1)?),
+        Culprit {
+            pid: r.get(2)?,
+            tid: r.get(3)?,
+            comm: r.get(4)?,
+            ns: r.get::<_, i64>(5)?.max(0) as u64,
+        },
+    )))
 }
 
 /// A call's example index: its row id (ids are positive).
