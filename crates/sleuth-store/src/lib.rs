@@ -13,6 +13,7 @@
 mod budget;
 mod error;
 mod finalize;
+pub mod finding_rollups;
 mod import;
 mod merge;
 mod open;
