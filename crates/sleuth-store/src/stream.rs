@@ -17,9 +17,13 @@ use crate::stacks::has_column;
 use crate::types::StoredCall;
 use rusqlite::types::Value;
 use rusqlite::Connection;
-use sleuth_core::{op_by_name, WaitEvent};
+use sleuth_core::{op_by_name, WaitEvent, WaitKind};
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
+
+/// Why a damaged file is refused (the words of [`Trace::load`]).
+const TOTALS_OVERFLOW: &str =
+    "damaged trace: call durations or sizes add up past 2^62 (no total read from it could be right)";
 
 /// The order calls are visited in.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -256,12 +260,46 @@ impl Rows {
             g.last_end_ns = g.last_end_ns.max(end);
         }
         if dur_total > MAX_NS as f64 || size_total > MAX_NS as f64 {
-            return Err(StoreError::file(
-                &self.path,
-                "damaged trace: call durations or sizes add up past 2^62 (no total read from it could be right)",
-            ));
+            return Err(StoreError::file(&self.path, TOTALS_OVERFLOW));
         }
         Ok(groups.into_values().collect())
+    }
+
+    /// Refuses a file whose valid calls' durations or sizes add up past
+    /// 2^62, as [`Trace::load`] does (one pass inside SQLite, nothing held).
+    pub fn check_totals(&self) -> Result<(), StoreError> {
+        if crate::problems::totals_overflow(&self.conn).map_err(|e| self.read_error(e))? {
+            return Err(StoreError::file(&self.path, TOTALS_OVERFLOW));
+        }
+        Ok(())
+    }
+
+    /// The (pid, tid) of every wait [`Trace::load`] reads (of one process or all).
+    pub fn wait_threads(
+        &self,
+        pid: Option<u32>,
+    ) -> Result<std::collections::BTreeSet<(u32, u32)>, StoreError> {
+        let mut st = self
+            .conn
+            .prepare(&format!(
+                "SELECT DISTINCT w.pid, w.tid, w.kind FROM waits w WHERE {} AND (?1 IS NULL OR w.pid = ?1)",
+                valid_wait("w.")
+            ))
+            .map_err(|e| self.read_error(e))?;
+        let rows = st
+            .query_map([pid], |r| {
+                let kind: String = r.get(2)?;
+                Ok(WaitKind::parse(&kind)
+                    .map(|_| -> rusqlite::Result<(u32, u32)> { Ok((r.get(0)?, r.get(1)?)) }))
+            })
+            .map_err(|e| self.read_error(e))?;
+        let mut out = std::collections::BTreeSet::new();
+        for r in rows {
+            if let Some(t) = r.map_err(|e| self.read_error(e))? {
+                out.insert(t.map_err(|e| self.read_error(e))?);
+            }
+        }
+        Ok(out)
     }
 
     /// Processes with kernel-counted calls of a known op (`op_counts`, as
