@@ -828,6 +828,58 @@ mod tests {
     }
 
     #[test]
+    fn only_memory_calls_change_a_ledger() {
+        // What a streamed reader relies on: replaying the memory calls alone
+        // (listing every process) gives the ledger of all calls, at any moment.
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let ops: Vec<&'static OpInfo> = OPS.iter().collect();
+        for _ in 0..100 {
+            let mut calls = Vec::new();
+            for i in 0..80u64 {
+                let r = next();
+                let op = ops[(r % ops.len() as u64) as usize];
+                calls.push(CallEvent {
+                    ts_ns: 100 * i + r % 50,
+                    dur_ns: r % 300,
+                    pid: 1 + (r >> 20) as u32 % 3,
+                    tid: 10 + (r >> 24) as u32 % 2,
+                    op: op.id,
+                    ret: i64::from(r % 7 == 0),
+                    size: Some(1 + (r >> 8) % 4096),
+                    ptr: Some(0x1000 * (1 + (r >> 12) % 8)),
+                    nested: r % 11 == 0,
+                    ..Default::default()
+                });
+            }
+            let all = trace(calls.clone());
+            for at in [None, Some(2_000), Some(5_000)] {
+                let want = ledger(&all, at);
+                let mut order: Vec<&CallEvent> = calls.iter().collect();
+                order.sort_by_key(|c| c.end_ns());
+                let mut b = LedgerBuilder::new(at);
+                for c in &calls {
+                    b.track(c.pid);
+                }
+                for c in order
+                    .into_iter()
+                    .filter(|c| c.info().is_some_and(is_memory_op))
+                {
+                    b.push(c);
+                }
+                assert_eq!(b.finish(&all), want);
+            }
+        }
+        assert!(memory_op_names().contains(&"cudaSetDevice"));
+        assert!(!memory_op_names().contains(&"cudaLaunchKernel"));
+    }
+
+    #[test]
     fn unknown_and_null_frees_do_not_crash_or_count() {
         let mut failed_free = free("cudaFree", 5, 0xa);
         failed_free.ret = 1;

@@ -10,14 +10,14 @@
 use crate::budget::{ReadBudget, DEFAULT_READ_TIMEOUT};
 use crate::error::{SqlContext, StoreError};
 use crate::open::{has_table, open_trace_file};
-use crate::problems::{valid_call, valid_wait, MAX_NS};
+use crate::problems::{valid_call, valid_wait, COMM_CHARS, MAX_NS};
 use crate::reader::{check_is_trace, check_schema, Trace};
 use crate::rows::{call_from_row, wait_from_row, waits_sql, CALL_COLS};
 use crate::stacks::has_column;
 use crate::types::StoredCall;
 use rusqlite::types::Value;
 use rusqlite::Connection;
-use sleuth_core::{op_by_name, WaitEvent, WaitKind};
+use sleuth_core::{op_by_name, OpCount, ProcEvent, ProcKind, WaitEvent, WaitKind};
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 
@@ -302,24 +302,128 @@ impl Rows {
         Ok(out)
     }
 
-    /// Processes with kernel-counted calls of a known op (`op_counts`, as
-    /// [`Trace::load`] reads it), of one process or all, by pid.
-    pub fn counted_pids(&self, pid: Option<u32>) -> Result<Vec<u32>, StoreError> {
+    /// Kernel-counted calls of known ops (`op_counts`), as [`Trace::load`]
+    /// reads them, of one process or all.
+    pub fn op_counts(&self, pid: Option<u32>) -> Result<Vec<OpCount>, StoreError> {
         let mut st = self
             .conn
-            .prepare("SELECT pid, op FROM op_counts WHERE ?1 IS NULL OR pid = ?1")
+            .prepare("SELECT pid, op, count FROM op_counts WHERE ?1 IS NULL OR pid = ?1 ORDER BY pid, op")
             .map_err(|e| self.read_error(e))?;
         let rows = st
             .query_map([pid], |r| {
                 let name: String = r.get(1)?;
-                Ok(op_by_name(&name).map(|_| r.get::<_, u32>(0).unwrap_or(0)))
+                Ok(op_by_name(&name).map(|info| OpCount {
+                    pid: r.get(0).unwrap_or(0),
+                    op: info.id,
+                    count: r.get::<_, i64>(2).unwrap_or(0).max(0) as u64,
+                }))
             })
             .map_err(|e| self.read_error(e))?;
-        let mut out = std::collections::BTreeSet::new();
+        let mut out = Vec::new();
         for r in rows {
             out.extend(r.map_err(|e| self.read_error(e))?);
         }
-        Ok(out.into_iter().collect())
+        Ok(out)
+    }
+
+    /// How many waits and process lifecycle events [`Trace::load`] reads
+    /// (of one process or all), counted inside SQLite.
+    pub fn event_counts(&self, pid: Option<u32>) -> Result<(u64, u64), StoreError> {
+        let count = |sql: String, known: &dyn Fn(&str) -> bool| -> Result<u64, StoreError> {
+            let mut st = self.conn.prepare(&sql).map_err(|e| self.read_error(e))?;
+            let rows = st
+                .query_map([pid], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))
+                .map_err(|e| self.read_error(e))?;
+            let mut n = 0u64;
+            for r in rows {
+                let (kind, c) = r.map_err(|e| self.read_error(e))?;
+                if known(&kind) {
+                    n += c.max(0) as u64;
+                }
+            }
+            Ok(n)
+        };
+        let waits = count(
+            format!(
+                "SELECT w.kind, count(*) FROM waits w WHERE {} AND (?1 IS NULL OR w.pid = ?1) GROUP BY w.kind",
+                valid_wait("w.")
+            ),
+            &|k| WaitKind::parse(k).is_some(),
+        )?;
+        let procs = count(
+            format!(
+                "SELECT kind, count(*) FROM proc_events WHERE (?1 IS NULL OR pid = ?1) \
+                 AND ts_ns BETWEEN 0 AND {MAX_NS} GROUP BY kind"
+            ),
+            &|k| ProcKind::parse(k).is_some(),
+        )?;
+        Ok((waits, procs))
+    }
+
+    /// Lifecycle events of one process in `[since, until)`, by time, as
+    /// [`Trace::load`] reads them.
+    pub fn proc_events_in(
+        &self,
+        pid: u32,
+        since_ns: u64,
+        until_ns: u64,
+    ) -> Result<Vec<ProcEvent>, StoreError> {
+        let mut st = self
+            .conn
+            .prepare(&format!(
+                "SELECT ts_ns, kind, pid, tid, ppid, exit_code, substr(comm, 1, {COMM_CHARS}) FROM proc_events
+                 WHERE pid = ?1 AND ts_ns BETWEEN 0 AND {MAX_NS} AND ts_ns >= ?2 AND ts_ns < ?3 ORDER BY ts_ns, id"
+            ))
+            .map_err(|e| self.read_error(e))?;
+        let window = |v: u64| v.min(MAX_NS as u64 + 1) as i64;
+        let rows = st
+            .query_map(
+                rusqlite::params![pid, window(since_ns), window(until_ns)],
+                |r| {
+                    let kind: String = r.get(1)?;
+                    let Some(kind) = ProcKind::parse(&kind) else {
+                        return Ok(None);
+                    };
+                    Ok(Some(ProcEvent {
+                        kind,
+                        ts_ns: r.get::<_, i64>(0)? as u64,
+                        pid: r.get(2)?,
+                        tid: r.get(3)?,
+                        ppid: r.get::<_, Option<u32>>(4)?.unwrap_or(0),
+                        // NULL (unknown, e.g. imported) reads as 0.
+                        exit_code: r.get::<_, Option<i32>>(5)?.unwrap_or(0),
+                        comm: r.get(6)?,
+                    }))
+                },
+            )
+            .map_err(|e| self.read_error(e))?;
+        let mut out = Vec::new();
+        for r in rows {
+            out.extend(r.map_err(|e| self.read_error(e))?);
+        }
+        Ok(out)
+    }
+}
+
+/// The span `TraceSpan::of` gives a loaded trace (of `pid`, or all), from
+/// the session times and the calls' groups: start and end only (the extent
+/// equals them; no answer built on this reads it).
+pub fn call_span(
+    start_ns: Option<u64>,
+    end_ns: Option<u64>,
+    groups: &[CallGroup],
+    pid: Option<u32>,
+) -> sleuth_core::TraceSpan {
+    let mine = groups.iter().filter(|g| pid.is_none_or(|p| g.pid == p));
+    let first = mine.clone().map(|g| g.first_ts_ns).min();
+    let last = mine.map(|g| g.last_end_ns).max();
+    let start_ns = start_ns.or(first).unwrap_or(0);
+    let end_ns = end_ns.or(last).unwrap_or(start_ns).max(start_ns);
+    sleuth_core::TraceSpan {
+        start_ns,
+        end_ns,
+        origin_ns: start_ns,
+        extent_end_ns: end_ns,
     }
 }
 
@@ -353,15 +457,13 @@ impl MemoryTrace {
         let rows = Rows::open_with(trace, budget)?;
         let groups = rows.call_groups()?;
         let mut pids: std::collections::BTreeSet<u32> =
-            rows.counted_pids(pid)?.into_iter().collect();
-        let mine = groups.iter().filter(|g| pid.is_none_or(|p| g.pid == p));
-        let mut last_end = None::<u64>;
-        let mut first = None::<u64>;
-        for g in mine {
-            pids.insert(g.pid);
-            first = Some(first.map_or(g.first_ts_ns, |f| f.min(g.first_ts_ns)));
-            last_end = Some(last_end.map_or(g.last_end_ns, |e| e.max(g.last_end_ns)));
-        }
+            rows.op_counts(pid)?.iter().map(|c| c.pid).collect();
+        pids.extend(
+            groups
+                .iter()
+                .filter(|g| pid.is_none_or(|p| g.pid == p))
+                .map(|g| g.pid),
+        );
         let session = trace.session()?;
         let mut processes = trace.processes()?;
         if let Some(pid) = pid {
@@ -382,17 +484,7 @@ impl MemoryTrace {
             stacks: trace.stacks(pid)?,
             ..Default::default()
         };
-        // TraceSpan::of over the calls' first start and last end only.
-        let span = {
-            let start_ns = base.start_ns.or(first).unwrap_or(0);
-            let end_ns = base.end_ns.or(last_end).unwrap_or(start_ns).max(start_ns);
-            sleuth_core::TraceSpan {
-                start_ns,
-                end_ns,
-                origin_ns: start_ns,
-                extent_end_ns: end_ns,
-            }
-        };
+        let span = call_span(base.start_ns, base.end_ns, &groups, pid);
         Ok(MemoryTrace {
             base,
             span,
@@ -400,6 +492,11 @@ impl MemoryTrace {
             pid,
             rows,
         })
+    }
+
+    /// The streamed reader under this view.
+    pub fn rows(&self) -> &Rows {
+        &self.rows
     }
 
     /// Visits the memory calls (`ledger::is_memory_op`) in `order`.
