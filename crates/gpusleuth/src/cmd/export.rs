@@ -660,8 +660,10 @@ mod tests {
             hostname: "h".into(),
             ..Default::default()
         };
-        let mut opts = WriterOptions::default();
-        opts.overwrite = true;
+        let opts = WriterOptions {
+            overwrite: true,
+            ..Default::default()
+        };
         let w = TraceWriter::create(db, session, opts).unwrap();
         let h = w.handle();
         h.set_process(ProcessInfo {
