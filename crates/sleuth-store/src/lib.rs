@@ -25,6 +25,7 @@ mod schema;
 mod schema_check;
 mod sql;
 mod stacks;
+pub mod stream;
 mod types;
 mod writer;
 
