@@ -297,7 +297,7 @@ fn complete_processes(conn: &Connection) -> rusqlite::Result<()> {
     }
     drop(rows);
     // Processes seen only through their calls.
-    let mut st = conn.prepare("SELECT pid, min(ts_ns) FROM calls GROUP BY pid")?;
+    let mut st = conn.prepare("SELECT pid, min(ts_ns) FROM call_rows GROUP BY pid")?;
     let mut rows = st.query([])?;
     while let Some(r) = rows.next()? {
         let pid: u32 = r.get(0)?;

@@ -5,7 +5,7 @@ use crate::error::{SqlContext, StoreError};
 use crate::open::{has_table, integrity_check, open_trace_file, short};
 use crate::problems::{self, InputProblems, COMM_CHARS, MAX_NS};
 use crate::rows::{query_calls, query_waits};
-use crate::schema::{SCHEMA_VERSION, TOOL};
+use crate::schema::{READABLE_VERSIONS, SCHEMA_VERSION, TOOL};
 use crate::types::{
     CallFilter, CallOrder, LibraryInfo, Note, Session, SessionInfo, StoredCall, TraceSource,
     WaitFilter,
@@ -23,6 +23,8 @@ pub struct Trace {
     conn: Connection,
     path: PathBuf,
     source: TraceSource,
+    /// `meta.schema_version`, one of [`READABLE_VERSIONS`].
+    version: i64,
     /// Every read of this trace stops when it is spent.
     budget: ReadBudget,
 }
@@ -39,14 +41,15 @@ impl Trace {
     /// it stops at the budget's deadline or when the caller cancels it.
     pub fn open_with(path: &Path, budget: ReadBudget) -> Result<Trace, StoreError> {
         let conn = open_trace_file(path, &budget)?;
-        let source = check_is_trace(&conn, path)?;
-        check_schema(&conn, path)?;
+        let (source, version) = check_is_trace(&conn, path)?;
+        check_schema(&conn, path, version)?;
         // Only now, with plain tables and plain indexes, is a full check safe.
         integrity_check(&conn, path, &budget)?;
         Ok(Trace {
             conn,
             path: path.to_path_buf(),
             source,
+            version,
             budget,
         })
     }
@@ -55,7 +58,7 @@ impl Trace {
     /// empty for every trace gpusleuth wrote itself.
     pub fn input_problems(&self) -> Result<InputProblems, StoreError> {
         let alloc = has_table(&self.conn, "allocator_events").at(&self.path)?;
-        problems::scan(&self.conn, alloc).map_err(|e| self.read_error(e))
+        problems::scan(&self.conn, self.version, alloc).map_err(|e| self.read_error(e))
     }
 
     /// A failed read, naming the budget when it stopped the read.
@@ -617,24 +620,7 @@ impl Trace {
     /// Whether the trace holds complete rollups (written by a writer that
     /// finished; merged, imported, cut-short and older traces do not).
     pub fn has_rollups(&self) -> Result<bool, StoreError> {
-        for t in [
-            "rollup_ops",
-            "rollup_hist",
-            "rollup_culprits",
-            "rollup_threads",
-        ] {
-            if !has_table(&self.conn, t).at(&self.path)? {
-                return Ok(false);
-            }
-        }
-        let v: Option<String> = self
-            .conn
-            .query_row("SELECT value FROM meta WHERE key = 'rollups'", [], |r| {
-                r.get(0)
-            })
-            .optional()
-            .map_err(|e| self.read_error(e))?;
-        Ok(v.as_deref() == Some(crate::finalize::ROLLUPS_COMPLETE))
+        rollups_complete(&self.conn).map_err(|e| self.read_error(e))
     }
 
     /// The stats answer from the rollups, without reading a call row: None
@@ -781,7 +767,7 @@ impl Trace {
         if let Some(pid) = pid {
             self.require_pid(pid)?;
         }
-        if problems::totals_overflow(&self.conn).map_err(|e| self.read_error(e))? {
+        if problems::totals_overflow(&self.conn, self.version).map_err(|e| self.read_error(e))? {
             return Err(StoreError::file(
                 &self.path,
                 "damaged trace: call durations or sizes add up past 2^62 (no total read from it could be right)",
@@ -831,8 +817,21 @@ impl Trace {
 /// events, kernel counts and (where the table exists) NVML samples. Values
 /// that are no pid (negative, too large) are left out.
 pub(crate) fn pids_of(conn: &Connection) -> rusqlite::Result<std::collections::BTreeSet<u32>> {
-    let mut sql = String::from(
-        "SELECT pid FROM processes UNION SELECT pid FROM calls UNION SELECT pid FROM waits
+    // The pids of the calls: version 1 reads them from its `(pid, op)`
+    // index; version 2 has no such index, and a finished trace's rollups
+    // count every stored call per pid, so it reads those (else every row).
+    let version: Option<String> = conn
+        .query_row("SELECT value FROM meta WHERE key = 'schema_version'", [], |r| r.get(0))
+        .optional()?;
+    let calls = if version.as_deref() == Some("1") {
+        "calls"
+    } else if rollups_complete(conn)? {
+        "rollup_ops"
+    } else {
+        "call_rows"
+    };
+    let mut sql = format!(
+        "SELECT pid FROM processes UNION SELECT pid FROM {calls} UNION SELECT pid FROM waits
          UNION SELECT pid FROM proc_events UNION SELECT pid FROM op_counts",
     );
     // Traces written before GPU sampling existed have no such table.
@@ -850,6 +849,26 @@ pub(crate) fn pids_of(conn: &Connection) -> rusqlite::Result<std::collections::B
     Ok(out)
 }
 
+/// Whether the trace holds complete rollups (see [`Trace::has_rollups`]).
+pub(crate) fn rollups_complete(conn: &Connection) -> rusqlite::Result<bool> {
+    for t in [
+        "rollup_ops",
+        "rollup_hist",
+        "rollup_culprits",
+        "rollup_threads",
+    ] {
+        if !has_table(conn, t)? {
+            return Ok(false);
+        }
+    }
+    let v: Option<String> = conn
+        .query_row("SELECT value FROM meta WHERE key = 'rollups'", [], |r| {
+            r.get(0)
+        })
+        .optional()?;
+    Ok(v.as_deref() == Some(crate::finalize::ROLLUPS_COMPLETE))
+}
+
 fn where_clause(conds: &[String]) -> String {
     if conds.is_empty() {
         String::new()
@@ -859,8 +878,12 @@ fn where_clause(conds: &[String]) -> String {
 }
 
 /// The file's tables, columns and indexes are the ones gpusleuth writes.
-pub(crate) fn check_schema(conn: &Connection, path: &Path) -> Result<(), StoreError> {
-    match crate::schema_check::check(conn) {
+pub(crate) fn check_schema(
+    conn: &Connection,
+    path: &Path,
+    version: i64,
+) -> Result<(), StoreError> {
+    match crate::schema_check::check(conn, version) {
         Ok(Ok(())) => Ok(()),
         Ok(Err(why)) => Err(StoreError::file(
             path,
@@ -875,8 +898,12 @@ fn valid_ns(v: i64) -> Option<u64> {
     (0..=MAX_NS).contains(&v).then_some(v as u64)
 }
 
-/// Checks `meta` says this is a gpusleuth trace of a schema we read.
-pub(crate) fn check_is_trace(conn: &Connection, path: &Path) -> Result<TraceSource, StoreError> {
+/// Checks `meta` says this is a gpusleuth trace of a schema we read: its
+/// source and schema version.
+pub(crate) fn check_is_trace(
+    conn: &Connection,
+    path: &Path,
+) -> Result<(TraceSource, i64), StoreError> {
     let not_ours = || {
         StoreError::file(
             path,
@@ -903,13 +930,18 @@ pub(crate) fn check_is_trace(conn: &Connection, path: &Path) -> Result<TraceSour
         return Err(not_ours());
     }
     let version = get("schema_version")?.unwrap_or_default();
-    if version != SCHEMA_VERSION.to_string() {
+    let Some(version) = READABLE_VERSIONS
+        .iter()
+        .copied()
+        .find(|v| v.to_string() == version)
+    else {
         return Err(StoreError::file(
             path,
-            format!("trace schema version {version:?} is not supported (this build reads {SCHEMA_VERSION})"),
+            format!("trace schema version {version:?} is not supported (this build reads 1 to {SCHEMA_VERSION})"),
         ));
-    }
+    };
     let source = get("source")?.unwrap_or_default();
-    TraceSource::parse(&source)
-        .ok_or_else(|| StoreError::file(path, format!("unknown trace source {source:?}")))
+    let source = TraceSource::parse(&source)
+        .ok_or_else(|| StoreError::file(path, format!("unknown trace source {source:?}")))?;
+    Ok((source, version))
 }

@@ -156,7 +156,7 @@ fn the_duration_index_is_built_when_the_trace_ends() {
     let c = rusqlite::Connection::open(&path).unwrap();
     let n: i64 = c
         .query_row(
-            "SELECT count(*) FROM sqlite_master WHERE type = 'index' AND name = 'calls_op_dur'",
+            "SELECT count(*) FROM sqlite_master WHERE type = 'index' AND name = 'call_rows_op_dur'",
             [],
             |r| r.get(0),
         )
