@@ -142,7 +142,8 @@ pub(crate) fn scan(
     let mut p = InputProblems::default();
     // Grouping by a substring keeps a megabyte-long crafted name from
     // being copied out whole.
-    let by_name = |table: &str| format!("SELECT substr(op, 1, 200), count(*) FROM {table} GROUP BY op");
+    let by_name =
+        |table: &str| format!("SELECT substr(op, 1, 200), count(*) FROM {table} GROUP BY op");
     let mut counts = Vec::new();
     if version == 1 {
         counts.push(by_name("calls"));

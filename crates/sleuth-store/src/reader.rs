@@ -821,7 +821,11 @@ pub(crate) fn pids_of(conn: &Connection) -> rusqlite::Result<std::collections::B
     // index; version 2 has no such index, and a finished trace's rollups
     // count every stored call per pid, so it reads those (else every row).
     let version: Option<String> = conn
-        .query_row("SELECT value FROM meta WHERE key = 'schema_version'", [], |r| r.get(0))
+        .query_row(
+            "SELECT value FROM meta WHERE key = 'schema_version'",
+            [],
+            |r| r.get(0),
+        )
         .optional()?;
     let calls = if version.as_deref() == Some("1") {
         "calls"
@@ -878,11 +882,7 @@ fn where_clause(conds: &[String]) -> String {
 }
 
 /// The file's tables, columns and indexes are the ones gpusleuth writes.
-pub(crate) fn check_schema(
-    conn: &Connection,
-    path: &Path,
-    version: i64,
-) -> Result<(), StoreError> {
+pub(crate) fn check_schema(conn: &Connection, path: &Path, version: i64) -> Result<(), StoreError> {
     match crate::schema_check::check(conn, version) {
         Ok(Ok(())) => Ok(()),
         Ok(Err(why)) => Err(StoreError::file(

@@ -50,7 +50,9 @@ fn reference(version: i64) -> rusqlite::Result<Columns> {
     let conn = Connection::open_in_memory()?;
     conn.execute_batch(CREATE)?;
     if version == 1 {
-        conn.execute_batch(&format!("DROP TABLE call_rows; DROP TABLE ops; {CALLS_V1};"))?;
+        conn.execute_batch(&format!(
+            "DROP TABLE call_rows; DROP TABLE ops; {CALLS_V1};"
+        ))?;
     }
     let names: Vec<String> = {
         let mut st = conn.prepare(
@@ -356,8 +358,10 @@ mod tests {
     #[test]
     fn long_op_names_are_refused() {
         let c = fresh();
-        c.execute_batch("INSERT INTO ops(layer, op) VALUES ('runtime', printf('%.*c', 1000000, 'Z'))")
-            .expect("insert");
+        c.execute_batch(
+            "INSERT INTO ops(layer, op) VALUES ('runtime', printf('%.*c', 1000000, 'Z'))",
+        )
+        .expect("insert");
         let why = check(&c, SCHEMA_VERSION)
             .expect("check")
             .expect_err("refused");
