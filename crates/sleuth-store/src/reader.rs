@@ -2,7 +2,7 @@
 
 use crate::budget::{ReadBudget, DEFAULT_READ_TIMEOUT};
 use crate::error::{SqlContext, StoreError};
-use crate::open::{has_table, integrity_check, open_trace_file, short};
+use crate::open::{check_at_open, check_bulk_tables, has_table, open_trace_file, short};
 use crate::problems::{self, InputProblems, COMM_CHARS, MAX_NS};
 use crate::rows::{query_calls, query_waits};
 use crate::schema::{READABLE_VERSIONS, SCHEMA_VERSION, TOOL};
@@ -27,6 +27,9 @@ pub struct Trace {
     version: i64,
     /// Every read of this trace stops when it is spent.
     budget: ReadBudget,
+    /// The per-call and per-wait tables (`open::BULK_TABLES`) of a large
+    /// file are checked on first use, not at open: true until then.
+    bulk_unchecked: std::cell::Cell<bool>,
 }
 
 impl Trace {
@@ -44,21 +47,35 @@ impl Trace {
         let (source, version) = check_is_trace(&conn, path)?;
         check_schema(&conn, path, version)?;
         // Only now, with plain tables and plain indexes, is a full check safe.
-        integrity_check(&conn, path, &budget)?;
+        let bulk_unchecked = check_at_open(&conn, path, &budget)?;
         Ok(Trace {
             conn,
             path: path.to_path_buf(),
             source,
             version,
             budget,
+            bulk_unchecked: std::cell::Cell::new(bulk_unchecked),
         })
+    }
+
+    /// The connection, once the per-call and per-wait tables are checked:
+    /// every read of those tables goes through here (see
+    /// `open::check_at_open`); the first such read of a large file pays a
+    /// `quick_check` of them.
+    pub(crate) fn bulk(&self) -> Result<&Connection, StoreError> {
+        if self.bulk_unchecked.get() {
+            check_bulk_tables(&self.conn, &self.path, &self.budget)?;
+            self.bulk_unchecked.set(false);
+        }
+        Ok(&self.conn)
     }
 
     /// Rows the readers skip (unknown ops, impossible values), with counts;
     /// empty for every trace gpusleuth wrote itself.
     pub fn input_problems(&self) -> Result<InputProblems, StoreError> {
-        let alloc = has_table(&self.conn, "allocator_events").at(&self.path)?;
-        problems::scan(&self.conn, self.version, alloc).map_err(|e| self.read_error(e))
+        let conn = self.bulk()?;
+        let alloc = has_table(conn, "allocator_events").at(&self.path)?;
+        problems::scan(conn, self.version, alloc).map_err(|e| self.read_error(e))
     }
 
     /// A failed read, naming the budget when it stopped the read.
@@ -218,7 +235,7 @@ impl Trace {
         if let Some(limit) = f.limit {
             tail.push_str(&format!(" LIMIT {}", limit.min(i64::MAX as usize)));
         }
-        let mut calls = query_calls(&self.conn, &tail, &args).map_err(|e| self.read_error(e))?;
+        let mut calls = query_calls(self.bulk()?, &tail, &args).map_err(|e| self.read_error(e))?;
         let sites =
             crate::stacks::call_stack_ids(&self.conn, f.pid).map_err(|e| self.read_error(e))?;
         if !sites.is_empty() {
@@ -244,7 +261,7 @@ impl Trace {
         call_ids: &[i64],
     ) -> Result<HashMap<i64, Vec<Culprit>>, StoreError> {
         let mut st = self
-            .conn
+            .bulk()?
             .prepare_cached(
                 "SELECT pid, tid, substr(comm, 1, 64), runnable_ns FROM call_culprits
                  WHERE call_id = ?1 AND runnable_ns BETWEEN 0 AND ?2 ORDER BY runnable_ns DESC, pid, tid",
@@ -296,7 +313,7 @@ impl Trace {
         if let Some(limit) = f.limit {
             tail.push_str(&format!(" LIMIT {}", limit.min(i64::MAX as usize)));
         }
-        query_waits(&self.conn, &tail, &args).map_err(|e| self.read_error(e))
+        query_waits(self.bulk()?, &tail, &args).map_err(|e| self.read_error(e))
     }
 
     fn proc_events(&self, pid: Option<u32>) -> Result<Vec<ProcEvent>, StoreError> {
@@ -484,7 +501,7 @@ impl Trace {
     /// Every pid the trace holds anything of (processes, calls, waits,
     /// lifecycle events, kernel counts, GPU samples), ascending.
     pub fn pids(&self) -> Result<Vec<u32>, StoreError> {
-        Ok(pids_of(&self.conn).at(&self.path)?.into_iter().collect())
+        Ok(pids_of(self.bulk()?).at(&self.path)?.into_iter().collect())
     }
 
     /// NCCL calls with their arguments, by start time. Traces recorded before
@@ -507,7 +524,7 @@ impl Trace {
              FROM nccl_calls n JOIN calls c ON c.id = n.call_id
              WHERE ?1 IS NULL OR c.pid = ?1 ORDER BY c.ts_ns, c.id"
         );
-        let mut st = self.conn.prepare(&sql).at(&self.path)?;
+        let mut st = self.bulk()?.prepare(&sql).at(&self.path)?;
         let rows = st
             .query_map([pid], |r| {
                 let Some(stored) = crate::rows::call_from_row(r)? else {
@@ -767,7 +784,7 @@ impl Trace {
         if let Some(pid) = pid {
             self.require_pid(pid)?;
         }
-        if problems::totals_overflow(&self.conn, self.version).map_err(|e| self.read_error(e))? {
+        if problems::totals_overflow(self.bulk()?, self.version).map_err(|e| self.read_error(e))? {
             return Err(StoreError::file(
                 &self.path,
                 "damaged trace: call durations or sizes add up past 2^62 (no total read from it could be right)",
