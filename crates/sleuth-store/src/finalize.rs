@@ -21,9 +21,10 @@ pub(crate) const ROLLUPS_COMPLETE: &str = "1";
 pub(crate) fn complete(conn: &mut Connection, rollup: &Rollup) -> rusqlite::Result<u64> {
     let tx = conn.transaction()?;
     complete_processes(&tx)?;
+    // First: the per-thread pass reads each thread's calls by (tid, ts_ns).
+    tx.execute_batch(crate::schema::LATE_INDEXES)?;
     let rows = per_thread_pass(&tx, rollup)?;
     write_op_rollups(&tx, rollup)?;
-    tx.execute_batch(crate::schema::LATE_INDEXES)?;
     tx.execute(
         "INSERT OR REPLACE INTO meta(key, value) VALUES ('rollups', ?1)",
         [ROLLUPS_COMPLETE],

@@ -79,7 +79,6 @@ CREATE TABLE call_rows(
     cpu INTEGER NOT NULL,
     stack_id INTEGER
 );
-CREATE INDEX call_rows_tid_ts ON call_rows(tid, ts_ns);
 CREATE INDEX call_rows_stack ON call_rows(stack_id) WHERE stack_id IS NOT NULL;
 CREATE TABLE waits(
     id INTEGER PRIMARY KEY,
@@ -244,8 +243,12 @@ CREATE VIEW call_culprits_named AS
 /// sorted pass when the trace ends (`finalize`); other creators build them
 /// at once. Readers' queries are the same either way (through the `calls`
 /// view, `op = 'x'` finds the op's id in `ops`, then this index).
+/// `(tid, ts_ns)` too: its keys arrive from several threads at once, and
+/// row by row its pages split half full (3.4 MB against 3.0 MB built in one
+/// pass, 200,000 calls on 4 threads: 1.6 bytes per event).
 pub(crate) const LATE_INDEXES: &str =
-    "CREATE INDEX IF NOT EXISTS call_rows_op_dur ON call_rows(op_id, dur_ns);";
+    "CREATE INDEX IF NOT EXISTS call_rows_op_dur ON call_rows(op_id, dur_ns);
+     CREATE INDEX IF NOT EXISTS call_rows_tid_ts ON call_rows(tid, ts_ns);";
 
 /// Creates every table, index and view and fills `meta`.
 pub(crate) fn create(conn: &Connection, source: &str, tool_version: &str) -> rusqlite::Result<()> {
