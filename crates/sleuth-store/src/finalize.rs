@@ -21,10 +21,11 @@ pub(crate) const ROLLUPS_COMPLETE: &str = "1";
 pub(crate) fn complete(conn: &mut Connection, rollup: &Rollup) -> rusqlite::Result<u64> {
     let tx = conn.transaction()?;
     complete_processes(&tx)?;
+    // First: the per-thread pass reads each thread's calls by (tid, ts_ns).
+    tx.execute_batch(crate::schema::LATE_INDEXES)?;
     let rows = per_thread_pass(&tx, rollup)?;
     crate::finding_rollups::write(&tx)?;
     write_op_rollups(&tx, rollup)?;
-    tx.execute_batch(crate::schema::LATE_INDEXES)?;
     tx.execute(
         "INSERT OR REPLACE INTO meta(key, value) VALUES ('rollups', ?1)",
         [ROLLUPS_COMPLETE],
@@ -298,7 +299,7 @@ fn complete_processes(conn: &Connection) -> rusqlite::Result<()> {
     }
     drop(rows);
     // Processes seen only through their calls.
-    let mut st = conn.prepare("SELECT pid, min(ts_ns) FROM calls GROUP BY pid")?;
+    let mut st = conn.prepare("SELECT pid, min(ts_ns) FROM call_rows GROUP BY pid")?;
     let mut rows = st.query([])?;
     while let Some(r) = rows.next()? {
         let pid: u32 = r.get(0)?;

@@ -15,7 +15,7 @@ use crate::open::{has_table, open_untrusted};
 use crate::schema;
 use crate::types::{MergeNode, TraceSource};
 use rusqlite::types::Value;
-use rusqlite::{params, Connection, OpenFlags};
+use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
@@ -30,8 +30,18 @@ const TIME_COLS: &[&str] = &[
     "attached_mono_ns",
 ];
 const TASK_COLS: &[&str] = &["pid", "tid", "ppid"];
-/// Written by the merge itself, not copied.
-const OWN_TABLES: &[&str] = &["meta", "session", "stats", "merge_nodes", "process_nodes"];
+/// Written by the merge itself, not copied (`ops` is filled by the schema;
+/// calls are copied through the `calls` view or table by `copy_calls`).
+const OWN_TABLES: &[&str] = &[
+    "meta",
+    "session",
+    "stats",
+    "merge_nodes",
+    "process_nodes",
+    "ops",
+    "call_rows",
+    "calls",
+];
 
 /// One input and how its rows move.
 #[derive(Debug, Clone)]
@@ -125,15 +135,17 @@ fn write_into(
         }
         // Ids of the tables others refer to, fixed before this node's rows go in.
         let mut id_offsets = BTreeMap::new();
-        for t in ["calls", "waits"] {
-            id_offsets.insert(t, max_id(&tx, t).at(out)?);
-        }
+        id_offsets.insert("calls", max_id(&tx, "call_rows").at(out)?);
+        id_offsets.insert("waits", max_id(&tx, "waits").at(out)?);
         for table in table_names(&src).at(p)? {
             if OWN_TABLES.contains(&table.as_str()) || !dst_tables.contains(&table) {
                 continue;
             }
-            copy_table(&src, &tx, &table, input, &id_offsets).at(out)?;
+            copy_table(&src, &tx, (&table, &table), input, &id_offsets).at(out)?;
         }
+        // Both schema versions have `calls` with the op by name (a table in
+        // version 1, a view in 2): op ids are this file's, not the input's.
+        copy_table(&src, &tx, ("calls", "call_rows"), input, &id_offsets).at(out)?;
         if has_table(&src, "stats").at(p)? {
             let mut st = src.prepare("SELECT name, value FROM stats").at(p)?;
             let rows = st
@@ -262,25 +274,28 @@ fn columns(c: &Connection, table: &str) -> rusqlite::Result<Vec<String>> {
     rows.collect()
 }
 
-/// Copies the columns both sides have, moving times, tasks and ids.
+/// Copies the columns both sides have from `src_table` to `dst_table`,
+/// moving times, tasks and ids. Into `call_rows`, the source's op name
+/// becomes this file's op id (see [`op_id`]).
 fn copy_table(
     src: &Connection,
     dst: &Connection,
-    table: &str,
+    (src_table, dst_table): (&str, &str),
     input: &MergeInput,
     id_offsets: &BTreeMap<&str, i64>,
 ) -> rusqlite::Result<()> {
-    let dst_cols: BTreeSet<String> = columns(dst, table)?.into_iter().collect();
-    let cols: Vec<String> = columns(src, table)?
+    let dst_cols: BTreeSet<String> = columns(dst, dst_table)?.into_iter().collect();
+    let cols: Vec<String> = columns(src, src_table)?
         .into_iter()
         .filter(|c| dst_cols.contains(c))
         .collect();
+    let by_name = dst_table == "call_rows";
     if cols.is_empty() {
         return Ok(());
     }
     // Row ids continue after the rows already there (other nodes').
     let own_id = if cols.iter().any(|c| c == "id") {
-        max_id(dst, table)?
+        max_id(dst, dst_table)?
     } else {
         0
     };
@@ -310,19 +325,50 @@ fn copy_table(
         })
         .collect();
     let list = cols.join(", ");
-    let marks: Vec<String> = (1..=cols.len()).map(|i| format!("?{i}")).collect();
+    let n = cols.len() + usize::from(by_name);
+    let marks: Vec<String> = (1..=n).map(|i| format!("?{i}")).collect();
+    let (ins_list, sel_list) = if by_name {
+        (format!("{list}, op_id"), format!("{list}, layer, op"))
+    } else {
+        (list.clone(), list)
+    };
     let mut ins = dst.prepare(&format!(
-        "INSERT INTO {table}({list}) VALUES ({})",
+        "INSERT INTO {dst_table}({ins_list}) VALUES ({})",
         marks.join(", ")
     ))?;
-    let mut sel = src.prepare(&format!("SELECT {list} FROM {table}"))?;
+    let mut sel = src.prepare(&format!("SELECT {sel_list} FROM {src_table}"))?;
     let mut rows = sel.query([])?;
     while let Some(r) = rows.next()? {
-        let mut vals = Vec::with_capacity(cols.len());
+        let mut vals = Vec::with_capacity(n);
         for (i, f) in map.iter().enumerate() {
             vals.push(f(r.get::<_, Value>(i)?));
+        }
+        if by_name {
+            let layer: String = r.get(cols.len())?;
+            let op: String = r.get(cols.len() + 1)?;
+            vals.push(Value::Integer(op_id(dst, &layer, &op)?));
         }
         ins.execute(rusqlite::params_from_iter(vals))?;
     }
     Ok(())
+}
+
+/// The id of op `name` in the merged file's `ops`: the op table's for ops
+/// this build knows (`schema::create` stored them all), else a row added
+/// for it, so a name this build does not know is kept (and counted by
+/// readers) as it was in the input.
+fn op_id(dst: &Connection, layer: &str, name: &str) -> rusqlite::Result<i64> {
+    if let Some(info) = sleuth_core::op_by_name(name) {
+        return Ok(i64::from(info.id));
+    }
+    let known: Option<i64> = dst
+        .prepare_cached("SELECT id FROM ops WHERE op = ?1 AND layer = ?2")?
+        .query_row([name, layer], |r| r.get(0))
+        .optional()?;
+    if let Some(id) = known {
+        return Ok(id);
+    }
+    dst.prepare_cached("INSERT INTO ops(layer, op) VALUES (?1, ?2)")?
+        .execute([layer, name])?;
+    Ok(dst.last_insert_rowid())
 }

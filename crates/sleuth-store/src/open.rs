@@ -67,18 +67,123 @@ pub(crate) fn integrity_check(
     path: &Path,
     budget: &ReadBudget,
 ) -> Result<(), StoreError> {
+    let pragma = if file_size(path) <= FULL_CHECK_BYTES {
+        "PRAGMA integrity_check(1)"
+    } else {
+        "PRAGMA quick_check(1)"
+    };
+    run_check(conn, path, budget, pragma)
+}
+
+/// Tables with rows per call or wait: in a large trace nearly every page is
+/// theirs. [`check_at_open`] leaves them to [`check_tables`], run by the
+/// reader just before the first read of any of them, so a command that
+/// answers from the other tables (`stats` from the rollups) does not pay a
+/// pass over the whole file, and no table is read before it was checked.
+pub(crate) const BULK_TABLES: &[&str] = &[
+    "calls",
+    "call_rows",
+    "call_host_ptrs",
+    "call_culprits",
+    "waits",
+    "wait_culprits",
+    "wait_wakers",
+];
+
+/// The check a reader runs when it opens a trace. Files up to
+/// [`FULL_CHECK_BYTES`]: `integrity_check` of the whole file, as ever
+/// (returns false). Larger files: `quick_check` of every table except
+/// [`BULK_TABLES`] (returns true: the caller must [`check_tables`] those
+/// before reading them). What is not checked then is the page accounting
+/// of the whole file (free-list, pages no table owns): pages no reader
+/// reads. The schema was checked before (plain tables, plain indexes).
+pub(crate) fn check_at_open(
+    conn: &Connection,
+    path: &Path,
+    budget: &ReadBudget,
+) -> Result<bool, StoreError> {
+    check_at_open_above(conn, path, budget, FULL_CHECK_BYTES)
+}
+
+/// [`check_at_open`] with the size above which bulk tables are deferred.
+fn check_at_open_above(
+    conn: &Connection,
+    path: &Path,
+    budget: &ReadBudget,
+    full_check_bytes: u64,
+) -> Result<bool, StoreError> {
+    if file_size(path) <= full_check_bytes {
+        integrity_check(conn, path, budget)?;
+        return Ok(false);
+    }
+    let others: Vec<String> = tables(conn)
+        .map_err(|e| StoreError::file(path, short(&e)))?
+        .into_iter()
+        .filter(|t| !BULK_TABLES.contains(&t.as_str()))
+        .collect();
+    check_tables(conn, path, budget, &others)?;
+    Ok(true)
+}
+
+/// `quick_check` of each of the [`BULK_TABLES`] the file has as tables.
+pub(crate) fn check_bulk_tables(
+    conn: &Connection,
+    path: &Path,
+    budget: &ReadBudget,
+) -> Result<(), StoreError> {
+    let bulk: Vec<String> = tables(conn)
+        .map_err(|e| StoreError::file(path, short(&e)))?
+        .into_iter()
+        .filter(|t| BULK_TABLES.contains(&t.as_str()))
+        .collect();
+    check_tables(conn, path, budget, &bulk)
+}
+
+/// `quick_check` of these tables and their indexes (page structure, cell
+/// sizes, index entry counts), one table at a time.
+fn check_tables(
+    conn: &Connection,
+    path: &Path,
+    budget: &ReadBudget,
+    names: &[String],
+) -> Result<(), StoreError> {
+    for name in names {
+        // A name from the file, as an SQL string literal.
+        let quoted = name.replace('\'', "''");
+        run_check(
+            conn,
+            path,
+            budget,
+            &format!("PRAGMA quick_check('{quoted}')"),
+        )?;
+    }
+    Ok(())
+}
+
+/// Every table of the file (not views, not indexes).
+fn tables(conn: &Connection) -> rusqlite::Result<Vec<String>> {
+    let mut st = conn.prepare("SELECT name FROM sqlite_master WHERE type = 'table'")?;
+    let rows = st.query_map([], |r| r.get(0))?;
+    rows.collect()
+}
+
+fn file_size(path: &Path) -> u64 {
+    std::fs::metadata(path).map(|m| m.len()).unwrap_or(u64::MAX)
+}
+
+/// Runs one check pragma: an error naming the damage or why it stopped.
+fn run_check(
+    conn: &Connection,
+    path: &Path,
+    budget: &ReadBudget,
+    pragma: &str,
+) -> Result<(), StoreError> {
     let stopped = |e: &rusqlite::Error| match budget.stop_reason() {
         Some(why) => StoreError::file(path, format!("integrity check stopped: {why}")),
         None => StoreError::file(
             path,
             format!("damaged or not a valid SQLite database: {}", short(e)),
         ),
-    };
-    let size = std::fs::metadata(path).map(|m| m.len()).unwrap_or(u64::MAX);
-    let pragma = if size <= FULL_CHECK_BYTES {
-        "PRAGMA integrity_check(1)"
-    } else {
-        "PRAGMA quick_check(1)"
     };
     let verdict: String = conn
         .query_row(pragma, [], |r| r.get(0))
@@ -172,6 +277,77 @@ pub(crate) fn has_table(conn: &Connection, name: &str) -> rusqlite::Result<bool>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A file with a `waits` table (bulk) and a `notes` table (checked at
+    /// open).
+    fn two_tables(path: &Path) {
+        let c = Connection::open(path).expect("create");
+        c.execute_batch(
+            "CREATE TABLE notes(text TEXT); CREATE TABLE waits(id INTEGER PRIMARY KEY, x TEXT);
+             INSERT INTO notes VALUES ('n');
+             WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM r WHERE i < 2000)
+             INSERT INTO waits(x) SELECT printf('%.*c', 100, 'w') FROM r;",
+        )
+        .expect("fill");
+    }
+
+    /// Overwrites the b-tree page type of `table`'s root page (SQLite then
+    /// calls the table damaged).
+    fn damage_root(path: &Path, table: &str) {
+        let (root, page_size): (i64, i64) = {
+            let c = Connection::open(path).expect("open");
+            (
+                c.query_row(
+                    "SELECT rootpage FROM sqlite_master WHERE name = ?1",
+                    [table],
+                    |r| r.get(0),
+                )
+                .expect("root"),
+                c.query_row("PRAGMA page_size", [], |r| r.get(0))
+                    .expect("page size"),
+            )
+        };
+        let mut bytes = std::fs::read(path).expect("read");
+        bytes[((root - 1) * page_size) as usize] = 0x42;
+        std::fs::write(path, bytes).expect("write");
+    }
+
+    fn check(path: &Path) -> (Result<bool, StoreError>, Connection) {
+        let conn = open_untrusted_unchecked(path).expect("open");
+        let budget = ReadBudget::new(std::time::Duration::from_secs(30));
+        (check_at_open_above(&conn, path, &budget, 0), conn)
+    }
+
+    #[test]
+    fn large_files_check_bulk_tables_before_their_first_read_and_the_rest_at_open() {
+        let dir = std::env::temp_dir().join(format!("gs-open-check-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let budget = ReadBudget::new(std::time::Duration::from_secs(30));
+
+        let bulk = dir.join("bulk.db");
+        two_tables(&bulk);
+        damage_root(&bulk, "waits");
+        let (deferred, conn) = check(&bulk);
+        assert!(
+            deferred.expect("the rest is intact"),
+            "bulk tables deferred"
+        );
+        let e = check_bulk_tables(&conn, &bulk, &budget).expect_err("damage found");
+        assert!(e.to_string().contains("damaged"), "{e}");
+
+        let other = dir.join("other.db");
+        two_tables(&other);
+        damage_root(&other, "notes");
+        let e = check(&other).0.expect_err("damage found at open");
+        assert!(e.to_string().contains("damaged"), "{e}");
+
+        let intact = dir.join("intact.db");
+        two_tables(&intact);
+        let (deferred, conn) = check(&intact);
+        assert!(deferred.expect("intact"));
+        check_bulk_tables(&conn, &intact, &budget).expect("intact");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn uri_escapes_everything_sqlite_would_parse() {

@@ -121,22 +121,48 @@ impl InputProblems {
     }
 }
 
-/// Counts the rows readers skip. `has_allocator_events`: whether that table exists.
+/// The table holding the call rows' times and sizes in a trace of schema
+/// `version` (the columns `valid_call` names): scans of version 2 read
+/// `call_rows` without joining each row to its op name.
+pub(crate) fn call_table(version: i64) -> &'static str {
+    if version == 1 {
+        "calls"
+    } else {
+        "call_rows"
+    }
+}
+
+/// Counts the rows readers skip. `version`: the schema version;
+/// `has_allocator_events`: whether that table exists.
 pub(crate) fn scan(
     conn: &Connection,
+    version: i64,
     has_allocator_events: bool,
 ) -> rusqlite::Result<InputProblems> {
     let mut p = InputProblems::default();
-    let mut tables = vec!["calls", "op_counts"];
-    if has_allocator_events {
-        tables.push("allocator_events");
+    // Grouping by a substring keeps a megabyte-long crafted name from
+    // being copied out whole.
+    let by_name =
+        |table: &str| format!("SELECT substr(op, 1, 200), count(*) FROM {table} GROUP BY op");
+    let mut counts = Vec::new();
+    if version == 1 {
+        counts.push(by_name("calls"));
+    } else {
+        // Per op id (its index answers), then the name; an id `ops` does not
+        // hold is a row the `calls` view drops: counted as an unknown op.
+        counts.push(
+            "SELECT coalesce(substr(o.op, 1, 200), 'op id ' || g.op_id), g.n
+             FROM (SELECT op_id, count(*) AS n FROM call_rows GROUP BY op_id) g
+             LEFT JOIN ops o ON o.id = g.op_id"
+                .to_string(),
+        );
     }
-    for table in tables {
-        // Grouping by a substring keeps a megabyte-long crafted name from
-        // being copied out whole.
-        let mut st = conn.prepare(&format!(
-            "SELECT substr(op, 1, 200), count(*) FROM {table} GROUP BY op"
-        ))?;
+    counts.push(by_name("op_counts"));
+    if has_allocator_events {
+        counts.push(by_name("allocator_events"));
+    }
+    for sql in counts {
+        let mut st = conn.prepare(&sql)?;
         let mut rows = st.query([])?;
         while let Some(r) = rows.next()? {
             let name: String = r.get(0)?;
@@ -148,7 +174,11 @@ pub(crate) fn scan(
     }
     p.impossible_calls = conn
         .query_row(
-            &format!("SELECT count(*) FROM calls WHERE NOT {}", valid_call("")),
+            &format!(
+                "SELECT count(*) FROM {} WHERE NOT {}",
+                call_table(version),
+                valid_call("")
+            ),
             [],
             |r| r.get::<_, i64>(0),
         )?
@@ -174,11 +204,12 @@ pub(crate) fn scan(
 
 /// Whether the valid calls' durations or sizes add up past what 64-bit
 /// sums hold: then no total printed from the file could be right.
-pub(crate) fn totals_overflow(conn: &Connection) -> rusqlite::Result<bool> {
+pub(crate) fn totals_overflow(conn: &Connection, version: i64) -> rusqlite::Result<bool> {
     // total() sums in floating point and never overflows.
     let (dur, size): (f64, f64) = conn.query_row(
         &format!(
-            "SELECT total(dur_ns), total(size) FROM calls WHERE {}",
+            "SELECT total(dur_ns), total(size) FROM {} WHERE {}",
+            call_table(version),
             valid_call("")
         ),
         [],

@@ -2,10 +2,10 @@
 
 use crate::budget::{ReadBudget, DEFAULT_READ_TIMEOUT};
 use crate::error::{SqlContext, StoreError};
-use crate::open::{has_table, integrity_check, open_trace_file, short};
+use crate::open::{check_at_open, check_bulk_tables, has_table, open_trace_file, short};
 use crate::problems::{self, InputProblems, COMM_CHARS, MAX_NS};
 use crate::rows::{query_calls, query_waits};
-use crate::schema::{SCHEMA_VERSION, TOOL};
+use crate::schema::{READABLE_VERSIONS, SCHEMA_VERSION, TOOL};
 use crate::types::{
     CallFilter, CallOrder, LibraryInfo, Note, Session, SessionInfo, StoredCall, TraceSource,
     WaitFilter,
@@ -23,8 +23,13 @@ pub struct Trace {
     conn: Connection,
     path: PathBuf,
     source: TraceSource,
+    /// `meta.schema_version`, one of [`READABLE_VERSIONS`].
+    version: i64,
     /// Every read of this trace stops when it is spent.
     budget: ReadBudget,
+    /// The per-call and per-wait tables (`open::BULK_TABLES`) of a large
+    /// file are checked on first use, not at open: true until then.
+    bulk_unchecked: std::cell::Cell<bool>,
 }
 
 impl Trace {
@@ -39,23 +44,38 @@ impl Trace {
     /// it stops at the budget's deadline or when the caller cancels it.
     pub fn open_with(path: &Path, budget: ReadBudget) -> Result<Trace, StoreError> {
         let conn = open_trace_file(path, &budget)?;
-        let source = check_is_trace(&conn, path)?;
-        check_schema(&conn, path)?;
+        let (source, version) = check_is_trace(&conn, path)?;
+        check_schema(&conn, path, version)?;
         // Only now, with plain tables and plain indexes, is a full check safe.
-        integrity_check(&conn, path, &budget)?;
+        let bulk_unchecked = check_at_open(&conn, path, &budget)?;
         Ok(Trace {
             conn,
             path: path.to_path_buf(),
             source,
+            version,
             budget,
+            bulk_unchecked: std::cell::Cell::new(bulk_unchecked),
         })
+    }
+
+    /// The connection, once the per-call and per-wait tables are checked:
+    /// every read of those tables goes through here (see
+    /// `open::check_at_open`); the first such read of a large file pays a
+    /// `quick_check` of them.
+    pub(crate) fn bulk(&self) -> Result<&Connection, StoreError> {
+        if self.bulk_unchecked.get() {
+            check_bulk_tables(&self.conn, &self.path, &self.budget)?;
+            self.bulk_unchecked.set(false);
+        }
+        Ok(&self.conn)
     }
 
     /// Rows the readers skip (unknown ops, impossible values), with counts;
     /// empty for every trace gpusleuth wrote itself.
     pub fn input_problems(&self) -> Result<InputProblems, StoreError> {
-        let alloc = has_table(&self.conn, "allocator_events").at(&self.path)?;
-        problems::scan(&self.conn, alloc).map_err(|e| self.read_error(e))
+        let conn = self.bulk()?;
+        let alloc = has_table(conn, "allocator_events").at(&self.path)?;
+        problems::scan(conn, self.version, alloc).map_err(|e| self.read_error(e))
     }
 
     /// A failed read, naming the budget when it stopped the read.
@@ -215,7 +235,7 @@ impl Trace {
         if let Some(limit) = f.limit {
             tail.push_str(&format!(" LIMIT {}", limit.min(i64::MAX as usize)));
         }
-        let mut calls = query_calls(&self.conn, &tail, &args).map_err(|e| self.read_error(e))?;
+        let mut calls = query_calls(self.bulk()?, &tail, &args).map_err(|e| self.read_error(e))?;
         let sites =
             crate::stacks::call_stack_ids(&self.conn, f.pid).map_err(|e| self.read_error(e))?;
         if !sites.is_empty() {
@@ -241,7 +261,7 @@ impl Trace {
         call_ids: &[i64],
     ) -> Result<HashMap<i64, Vec<Culprit>>, StoreError> {
         let mut st = self
-            .conn
+            .bulk()?
             .prepare_cached(
                 "SELECT pid, tid, substr(comm, 1, 64), runnable_ns FROM call_culprits
                  WHERE call_id = ?1 AND runnable_ns BETWEEN 0 AND ?2 ORDER BY runnable_ns DESC, pid, tid",
@@ -293,7 +313,7 @@ impl Trace {
         if let Some(limit) = f.limit {
             tail.push_str(&format!(" LIMIT {}", limit.min(i64::MAX as usize)));
         }
-        query_waits(&self.conn, &tail, &args).map_err(|e| self.read_error(e))
+        query_waits(self.bulk()?, &tail, &args).map_err(|e| self.read_error(e))
     }
 
     fn proc_events(&self, pid: Option<u32>) -> Result<Vec<ProcEvent>, StoreError> {
@@ -481,7 +501,7 @@ impl Trace {
     /// Every pid the trace holds anything of (processes, calls, waits,
     /// lifecycle events, kernel counts, GPU samples), ascending.
     pub fn pids(&self) -> Result<Vec<u32>, StoreError> {
-        Ok(pids_of(&self.conn).at(&self.path)?.into_iter().collect())
+        Ok(pids_of(self.bulk()?).at(&self.path)?.into_iter().collect())
     }
 
     /// NCCL calls with their arguments, by start time. Traces recorded before
@@ -504,7 +524,7 @@ impl Trace {
              FROM nccl_calls n JOIN calls c ON c.id = n.call_id
              WHERE ?1 IS NULL OR c.pid = ?1 ORDER BY c.ts_ns, c.id"
         );
-        let mut st = self.conn.prepare(&sql).at(&self.path)?;
+        let mut st = self.bulk()?.prepare(&sql).at(&self.path)?;
         let rows = st
             .query_map([pid], |r| {
                 let Some(stored) = crate::rows::call_from_row(r)? else {
@@ -617,24 +637,7 @@ impl Trace {
     /// Whether the trace holds complete rollups (written by a writer that
     /// finished; merged, imported, cut-short and older traces do not).
     pub fn has_rollups(&self) -> Result<bool, StoreError> {
-        for t in [
-            "rollup_ops",
-            "rollup_hist",
-            "rollup_culprits",
-            "rollup_threads",
-        ] {
-            if !has_table(&self.conn, t).at(&self.path)? {
-                return Ok(false);
-            }
-        }
-        let v: Option<String> = self
-            .conn
-            .query_row("SELECT value FROM meta WHERE key = 'rollups'", [], |r| {
-                r.get(0)
-            })
-            .optional()
-            .map_err(|e| self.read_error(e))?;
-        Ok(v.as_deref() == Some(crate::finalize::ROLLUPS_COMPLETE))
+        rollups_complete(&self.conn).map_err(|e| self.read_error(e))
     }
 
     /// The stats answer from the rollups, without reading a call row: None
@@ -781,7 +784,7 @@ impl Trace {
         if let Some(pid) = pid {
             self.require_pid(pid)?;
         }
-        if problems::totals_overflow(&self.conn).map_err(|e| self.read_error(e))? {
+        if problems::totals_overflow(self.bulk()?, self.version).map_err(|e| self.read_error(e))? {
             return Err(StoreError::file(
                 &self.path,
                 "damaged trace: call durations or sizes add up past 2^62 (no total read from it could be right)",
@@ -831,8 +834,25 @@ impl Trace {
 /// events, kernel counts and (where the table exists) NVML samples. Values
 /// that are no pid (negative, too large) are left out.
 pub(crate) fn pids_of(conn: &Connection) -> rusqlite::Result<std::collections::BTreeSet<u32>> {
-    let mut sql = String::from(
-        "SELECT pid FROM processes UNION SELECT pid FROM calls UNION SELECT pid FROM waits
+    // The pids of the calls: version 1 reads them from its `(pid, op)`
+    // index; version 2 has no such index, and a finished trace's rollups
+    // count every stored call per pid, so it reads those (else every row).
+    let version: Option<String> = conn
+        .query_row(
+            "SELECT value FROM meta WHERE key = 'schema_version'",
+            [],
+            |r| r.get(0),
+        )
+        .optional()?;
+    let calls = if version.as_deref() == Some("1") {
+        "calls"
+    } else if rollups_complete(conn)? {
+        "rollup_ops"
+    } else {
+        "call_rows"
+    };
+    let mut sql = format!(
+        "SELECT pid FROM processes UNION SELECT pid FROM {calls} UNION SELECT pid FROM waits
          UNION SELECT pid FROM proc_events UNION SELECT pid FROM op_counts",
     );
     // Traces written before GPU sampling existed have no such table.
@@ -850,6 +870,26 @@ pub(crate) fn pids_of(conn: &Connection) -> rusqlite::Result<std::collections::B
     Ok(out)
 }
 
+/// Whether the trace holds complete rollups (see [`Trace::has_rollups`]).
+pub(crate) fn rollups_complete(conn: &Connection) -> rusqlite::Result<bool> {
+    for t in [
+        "rollup_ops",
+        "rollup_hist",
+        "rollup_culprits",
+        "rollup_threads",
+    ] {
+        if !has_table(conn, t)? {
+            return Ok(false);
+        }
+    }
+    let v: Option<String> = conn
+        .query_row("SELECT value FROM meta WHERE key = 'rollups'", [], |r| {
+            r.get(0)
+        })
+        .optional()?;
+    Ok(v.as_deref() == Some(crate::finalize::ROLLUPS_COMPLETE))
+}
+
 fn where_clause(conds: &[String]) -> String {
     if conds.is_empty() {
         String::new()
@@ -859,8 +899,8 @@ fn where_clause(conds: &[String]) -> String {
 }
 
 /// The file's tables, columns and indexes are the ones gpusleuth writes.
-pub(crate) fn check_schema(conn: &Connection, path: &Path) -> Result<(), StoreError> {
-    match crate::schema_check::check(conn) {
+pub(crate) fn check_schema(conn: &Connection, path: &Path, version: i64) -> Result<(), StoreError> {
+    match crate::schema_check::check(conn, version) {
         Ok(Ok(())) => Ok(()),
         Ok(Err(why)) => Err(StoreError::file(
             path,
@@ -875,8 +915,12 @@ fn valid_ns(v: i64) -> Option<u64> {
     (0..=MAX_NS).contains(&v).then_some(v as u64)
 }
 
-/// Checks `meta` says this is a gpusleuth trace of a schema we read.
-pub(crate) fn check_is_trace(conn: &Connection, path: &Path) -> Result<TraceSource, StoreError> {
+/// Checks `meta` says this is a gpusleuth trace of a schema we read: its
+/// source and schema version.
+pub(crate) fn check_is_trace(
+    conn: &Connection,
+    path: &Path,
+) -> Result<(TraceSource, i64), StoreError> {
     let not_ours = || {
         StoreError::file(
             path,
@@ -903,13 +947,18 @@ pub(crate) fn check_is_trace(conn: &Connection, path: &Path) -> Result<TraceSour
         return Err(not_ours());
     }
     let version = get("schema_version")?.unwrap_or_default();
-    if version != SCHEMA_VERSION.to_string() {
+    let Some(version) = READABLE_VERSIONS
+        .iter()
+        .copied()
+        .find(|v| v.to_string() == version)
+    else {
         return Err(StoreError::file(
             path,
-            format!("trace schema version {version:?} is not supported (this build reads {SCHEMA_VERSION})"),
+            format!("trace schema version {version:?} is not supported (this build reads 1 to {SCHEMA_VERSION})"),
         ));
-    }
+    };
     let source = get("source")?.unwrap_or_default();
-    TraceSource::parse(&source)
-        .ok_or_else(|| StoreError::file(path, format!("unknown trace source {source:?}")))
+    let source = TraceSource::parse(&source)
+        .ok_or_else(|| StoreError::file(path, format!("unknown trace source {source:?}")))?;
+    Ok((source, version))
 }

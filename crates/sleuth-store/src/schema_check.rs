@@ -7,8 +7,13 @@
 //! columns and declared types, and its indexes plain column indexes.
 //! The reference is `schema::CREATE` itself, built in memory, so the check
 //! follows the schema without a second list to keep in sync.
+//!
+//! Version 2 reads calls through a view, `calls`: a view is SQL from the
+//! file that every read runs, so it is accepted only with exactly the text
+//! gpusleuth writes (`schema::CALLS_VIEW`), over the plain tables checked
+//! here. Version 1 files (still read) have a plain `calls` table instead.
 
-use crate::schema::CREATE;
+use crate::schema::{CALLS_V1, CALLS_VIEW, CREATE};
 use rusqlite::{Connection, OptionalExtension};
 use std::collections::BTreeMap;
 
@@ -23,7 +28,6 @@ const REQUIRED: &[&str] = &[
     "notes",
     "processes",
     "proc_events",
-    "calls",
     "waits",
     "wait_culprits",
     "call_culprits",
@@ -33,9 +37,23 @@ const REQUIRED: &[&str] = &[
 /// Table name → its columns (name, declared type, lower case), in order.
 type Columns = BTreeMap<String, Vec<(String, String)>>;
 
-fn reference() -> rusqlite::Result<Columns> {
+/// Tables every trace of `version` has besides [`REQUIRED`].
+fn required_of(version: i64) -> &'static [&'static str] {
+    if version == 1 {
+        &["calls"]
+    } else {
+        &["call_rows", "ops"]
+    }
+}
+
+fn reference(version: i64) -> rusqlite::Result<Columns> {
     let conn = Connection::open_in_memory()?;
     conn.execute_batch(CREATE)?;
+    if version == 1 {
+        conn.execute_batch(&format!(
+            "DROP TABLE call_rows; DROP TABLE ops; {CALLS_V1};"
+        ))?;
+    }
     let names: Vec<String> = {
         let mut st = conn.prepare(
             "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'",
@@ -69,8 +87,10 @@ fn columns(conn: &Connection, table: &str) -> rusqlite::Result<Vec<(String, Stri
 
 /// Why the file's schema is not one gpusleuth reads; `Ok(())` when it is.
 /// The outer `Err` is SQLite failing while looking.
-pub(crate) fn check(conn: &Connection) -> rusqlite::Result<Result<(), String>> {
-    let want = reference()?;
+/// `version` is the file's `meta.schema_version` (already checked to be one
+/// of `schema::READABLE_VERSIONS`).
+pub(crate) fn check(conn: &Connection, version: i64) -> rusqlite::Result<Result<(), String>> {
+    let want = reference(version)?;
     for (table, want_cols) in &want {
         let found: Option<(String, Option<String>)> = {
             let mut st =
@@ -82,7 +102,8 @@ pub(crate) fn check(conn: &Connection) -> rusqlite::Result<Result<(), String>> {
             }
         };
         let Some((kind, sql)) = found else {
-            if REQUIRED.contains(&table.as_str()) {
+            if REQUIRED.contains(&table.as_str()) || required_of(version).contains(&table.as_str())
+            {
                 return Ok(Err(format!("table {table} is missing")));
             }
             continue;
@@ -117,15 +138,55 @@ pub(crate) fn check(conn: &Connection) -> rusqlite::Result<Result<(), String>> {
             return Ok(Err(why));
         }
     }
+    if version != 1 {
+        let view: Option<(String, Option<String>)> = conn
+            .query_row(
+                "SELECT type, sql FROM sqlite_master WHERE name = 'calls' COLLATE NOCASE",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()?;
+        match view {
+            None => return Ok(Err("view calls is missing".into())),
+            Some((kind, sql)) if kind != "view" || sql.as_deref() != Some(CALLS_VIEW) => {
+                return Ok(Err(format!(
+                    "calls is a {kind} that is not the view gpusleuth writes"
+                )))
+            }
+            Some(_) => {}
+        }
+        // Every call row carries its op's name through the view: one
+        // megabyte-long name would be copied once per call.
+        let long: i64 = conn.query_row(
+            &format!("SELECT count(*) FROM ops WHERE length(op) > {OP_CHARS} OR length(layer) > {OP_CHARS}"),
+            [],
+            |r| r.get(0),
+        )?;
+        if long > 0 {
+            return Ok(Err(format!(
+                "ops holds {long} name(s) longer than {OP_CHARS} characters"
+            )));
+        }
+    }
     Ok(Ok(()))
 }
 
+/// Longest op or layer name `ops` may hold (CUDA's longest symbols are
+/// about 40 characters).
+const OP_CHARS: i64 = 200;
+
 /// Partial indexes gpusleuth itself creates, by name and exact SQL: their
 /// `WHERE` is a plain NULL test, and a file that changes it is refused.
-const OUR_PARTIAL_INDEXES: &[(&str, &str)] = &[(
-    "calls_stack",
-    "CREATE INDEX calls_stack ON calls(stack_id) WHERE stack_id IS NOT NULL",
-)];
+const OUR_PARTIAL_INDEXES: &[(&str, &str)] = &[
+    (
+        "calls_stack",
+        "CREATE INDEX calls_stack ON calls(stack_id) WHERE stack_id IS NOT NULL",
+    ),
+    (
+        "call_rows_stack",
+        "CREATE INDEX call_rows_stack ON call_rows(stack_id) WHERE stack_id IS NOT NULL",
+    ),
+];
 
 fn is_our_partial_index(conn: &Connection, name: &str) -> rusqlite::Result<bool> {
     let Some((_, want)) = OUR_PARTIAL_INDEXES.iter().find(|(n, _)| *n == name) else {
@@ -171,29 +232,66 @@ fn odd_index(conn: &Connection, table: &str) -> rusqlite::Result<Option<String>>
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::schema::SCHEMA_VERSION;
 
+    /// A database as gpusleuth creates it (this version).
     fn fresh() -> Connection {
         let c = Connection::open_in_memory().expect("db");
-        c.execute_batch(CREATE).expect("schema");
+        crate::schema::create(&c, "gpusleuth", "test").expect("schema");
+        c
+    }
+
+    /// A version 1 database: `calls` a table, no `call_rows` or `ops`.
+    fn fresh_v1() -> Connection {
+        let c = fresh();
+        c.execute_batch(&format!(
+            "DROP VIEW call_sites; DROP VIEW calls_wall; DROP VIEW op_summary;
+             DROP VIEW call_culprits_named; DROP VIEW calls; DROP TABLE call_rows; DROP TABLE ops;
+             {CALLS_V1}; ALTER TABLE calls ADD COLUMN stack_id INTEGER;
+             CREATE INDEX calls_stack ON calls(stack_id) WHERE stack_id IS NOT NULL;
+             CREATE INDEX calls_pid_op ON calls(pid, op);"
+        ))
+        .expect("v1");
         c
     }
 
     #[test]
     fn our_schema_passes() {
-        assert_eq!(check(&fresh()).expect("check"), Ok(()));
+        assert_eq!(check(&fresh(), SCHEMA_VERSION).expect("check"), Ok(()));
+        assert_eq!(check(&fresh_v1(), 1).expect("check"), Ok(()));
+    }
+
+    #[test]
+    fn each_version_needs_its_own_calls() {
+        let why = check(&fresh_v1(), 2).expect("check").expect_err("refused");
+        assert!(why.contains("missing"), "{why}");
+        let why = check(&fresh(), 1).expect("check").expect_err("refused");
+        assert!(why.contains("calls is a view"), "{why}");
     }
 
     #[test]
     fn our_partial_index_passes_and_a_changed_one_is_refused() {
         let c = fresh();
-        c.execute_batch(crate::stacks::CREATE).expect("stacks");
-        assert_eq!(check(&c).expect("check"), Ok(()));
+        assert_eq!(check(&c, SCHEMA_VERSION).expect("check"), Ok(()));
+        c.execute_batch(
+            "DROP INDEX call_rows_stack;
+             CREATE INDEX call_rows_stack ON call_rows(stack_id) WHERE length(printf('%.*c', 9, 'x')) > 0",
+        )
+        .expect("swap");
+        let why = check(&c, SCHEMA_VERSION)
+            .expect("check")
+            .expect_err("refused");
+        assert!(
+            why.contains("call_rows_stack on call_rows is a partial index"),
+            "{why}"
+        );
+        let c = fresh_v1();
         c.execute_batch(
             "DROP INDEX calls_stack;
              CREATE INDEX calls_stack ON calls(stack_id) WHERE length(printf('%.*c', 9, 'x')) > 0",
         )
         .expect("swap");
-        let why = check(&c).expect("check").expect_err("refused");
+        let why = check(&c, 1).expect("check").expect_err("refused");
         assert!(
             why.contains("calls_stack on calls is a partial index"),
             "{why}"
@@ -205,20 +303,69 @@ mod tests {
         let c = fresh();
         c.execute_batch("DROP TABLE allocator_events")
             .expect("drop");
-        assert_eq!(check(&c).expect("check"), Ok(()));
+        assert_eq!(check(&c, SCHEMA_VERSION).expect("check"), Ok(()));
     }
 
     #[test]
     fn view_instead_of_table_is_refused() {
-        let c = fresh();
+        let c = fresh_v1();
         c.execute_batch(
-            "DROP VIEW op_summary; DROP VIEW calls_wall; DROP VIEW call_culprits_named; DROP TABLE calls;
+            "DROP TABLE calls;
              CREATE VIEW calls AS WITH RECURSIVE r(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM r)
              SELECT x AS id, x AS ts_ns FROM r",
         )
         .expect("swap");
-        let why = check(&c).expect("check").expect_err("refused");
+        let why = check(&c, 1).expect("check").expect_err("refused");
         assert!(why.contains("calls is a view"), "{why}");
+        let c = fresh();
+        c.execute_batch(
+            "DROP VIEW call_sites; DROP VIEW calls_wall; DROP VIEW op_summary;
+             DROP VIEW call_culprits_named; DROP VIEW calls; DROP TABLE call_rows;
+             CREATE VIEW call_rows AS WITH RECURSIVE r(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM r)
+             SELECT x AS id, x AS ts_ns FROM r",
+        )
+        .expect("swap");
+        let why = check(&c, SCHEMA_VERSION)
+            .expect("check")
+            .expect_err("refused");
+        assert!(why.contains("call_rows is a view"), "{why}");
+    }
+
+    #[test]
+    fn a_calls_view_other_than_ours_is_refused() {
+        let c = fresh();
+        // Same columns, but every read of it would never end.
+        c.execute_batch(
+            "DROP VIEW call_sites; DROP VIEW calls_wall; DROP VIEW op_summary;
+             DROP VIEW call_culprits_named; DROP VIEW calls;
+             CREATE VIEW calls AS WITH RECURSIVE r(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM r)
+             SELECT c.* FROM call_rows c, r",
+        )
+        .expect("swap");
+        let why = check(&c, SCHEMA_VERSION)
+            .expect("check")
+            .expect_err("refused");
+        assert!(why.contains("not the view gpusleuth writes"), "{why}");
+        let c = fresh();
+        c.execute_batch("DROP VIEW call_sites; DROP VIEW calls_wall; DROP VIEW op_summary; DROP VIEW call_culprits_named; DROP VIEW calls; CREATE TABLE calls(x)")
+            .expect("swap");
+        let why = check(&c, SCHEMA_VERSION)
+            .expect("check")
+            .expect_err("refused");
+        assert!(why.contains("not the view gpusleuth writes"), "{why}");
+    }
+
+    #[test]
+    fn long_op_names_are_refused() {
+        let c = fresh();
+        c.execute_batch(
+            "INSERT INTO ops(layer, op) VALUES ('runtime', printf('%.*c', 1000000, 'Z'))",
+        )
+        .expect("insert");
+        let why = check(&c, SCHEMA_VERSION)
+            .expect("check")
+            .expect_err("refused");
+        assert!(why.contains("longer than"), "{why}");
     }
 
     #[test]
@@ -226,14 +373,14 @@ mod tests {
         let c = fresh();
         c.execute_batch("ALTER TABLE notes DROP COLUMN level")
             .expect("drop col");
-        assert!(check(&c)
+        assert!(check(&c, SCHEMA_VERSION)
             .expect("check")
             .expect_err("refused")
             .contains("notes has no column level"));
         let c = fresh();
         c.execute_batch("DROP TABLE stats; CREATE TABLE stats(name TEXT PRIMARY KEY, value TEXT)")
             .expect("retype");
-        assert!(check(&c)
+        assert!(check(&c, SCHEMA_VERSION)
             .expect("check")
             .expect_err("refused")
             .contains("stats.value"));
@@ -246,21 +393,21 @@ mod tests {
             "ALTER TABLE notes ADD COLUMN g TEXT GENERATED ALWAYS AS (printf('%.*c', 1000, 'x')) VIRTUAL",
         )
         .expect("generated");
-        assert!(check(&c)
+        assert!(check(&c, SCHEMA_VERSION)
             .expect("check")
             .expect_err("refused")
             .contains("generated"));
         let c = fresh();
-        c.execute_batch("CREATE INDEX evil ON calls(abs(dur_ns))")
+        c.execute_batch("CREATE INDEX evil ON call_rows(abs(dur_ns))")
             .expect("index");
-        assert!(check(&c)
+        assert!(check(&c, SCHEMA_VERSION)
             .expect("check")
             .expect_err("refused")
             .contains("expression"));
         let c = fresh();
-        c.execute_batch("CREATE INDEX part ON calls(pid) WHERE dur_ns > 0")
+        c.execute_batch("CREATE INDEX part ON call_rows(pid) WHERE dur_ns > 0")
             .expect("index");
-        assert!(check(&c)
+        assert!(check(&c, SCHEMA_VERSION)
             .expect("check")
             .expect_err("refused")
             .contains("partial"));

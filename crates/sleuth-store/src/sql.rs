@@ -113,8 +113,8 @@ pub fn run_readonly_sql_with(
     outer
         .watch(&mut conn)
         .map_err(|e| StoreError::Query(format!("cannot set up the time limit: {}", short(&e))))?;
-    crate::reader::check_is_trace(&conn, db)?;
-    crate::reader::check_schema(&conn, db)?;
+    let (_, version) = crate::reader::check_is_trace(&conn, db)?;
+    crate::reader::check_schema(&conn, db, version)?;
     integrity_check(&conn, db, outer)?;
     lower_heap_limit(limits.heap_bytes);
     sandbox(&mut conn)

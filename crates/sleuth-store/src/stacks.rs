@@ -7,7 +7,8 @@ use rusqlite::{params, Connection};
 use sleuth_core::sites::{Frame, FrameKind, Stack};
 use std::collections::BTreeMap;
 
-/// Tables and columns added for call sites (documented in docs/schema.md).
+/// Tables and columns added for call sites (documented in docs/schema.md);
+/// `call_rows.stack_id` and its index are part of `schema::CREATE`.
 pub(crate) const CREATE: &str = r#"
 CREATE TABLE stacks(
     id INTEGER PRIMARY KEY,
@@ -26,9 +27,7 @@ CREATE TABLE stack_frames(
     addr INTEGER,
     PRIMARY KEY(stack_id, depth)
 );
-ALTER TABLE calls ADD COLUMN stack_id INTEGER;
 ALTER TABLE allocator_events ADD COLUMN stack_id INTEGER;
-CREATE INDEX calls_stack ON calls(stack_id) WHERE stack_id IS NOT NULL;
 CREATE VIEW call_sites AS
     SELECT c.id AS call_id, c.pid, c.tid, c.op, c.ts_ns, c.dur_ns, c.ret, c.size, s.site, c.stack_id
     FROM calls c JOIN stacks s ON s.id = c.stack_id;

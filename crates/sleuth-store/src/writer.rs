@@ -567,25 +567,25 @@ fn insert_call(tx: &Transaction, c: &CallEvent) -> rusqlite::Result<bool> {
     let Some(info) = c.info() else {
         return Ok(false);
     };
+    // The op as its id (`ops` maps it to layer and name); `on_cpu_ns` is
+    // derived by the `calls` view: both were most of a row's bytes.
     let mut st = tx.prepare_cached(
-        "INSERT INTO calls(ts_ns, dur_ns, pid, tid, layer, op, ret, size, ptr, stream, kind,
-            nested, on_cpu_ns, runnable_ns, blocked_ns, cpu, stack_id)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)",
+        "INSERT INTO call_rows(ts_ns, dur_ns, pid, tid, op_id, ret, size, ptr, stream, kind,
+            nested, runnable_ns, blocked_ns, cpu, stack_id)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
     )?;
     st.execute(params![
         c.ts_ns as i64,
         c.dur_ns as i64,
         c.pid,
         c.tid,
-        info.layer.as_str(),
-        info.name,
+        info.id,
         c.ret,
         c.size.map(|v| v as i64),
         c.ptr.map(|v| v as i64),
         c.stream.map(|v| v as i64),
         c.kind.map(|v| v as i64),
         c.nested,
-        c.on_cpu_ns() as i64,
         c.runnable_ns as i64,
         c.blocked_ns as i64,
         c.cpu,

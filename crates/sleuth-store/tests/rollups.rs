@@ -6,45 +6,10 @@
 
 mod common;
 
-use common::TempDir;
+use common::{example, rewritten};
 use sleuth_core::rollup::MAX_RELATIVE_ERROR;
 use sleuth_core::stats::{self, StatsReport};
-use sleuth_core::{Event, TraceData};
-use sleuth_store::{Trace, TraceWriter, WriterOptions};
-use std::path::{Path, PathBuf};
-
-fn example(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../examples")
-        .join(name)
-}
-
-/// Writes `data` through a fresh writer (events in time order).
-fn rewrite(data: &TraceData, path: &Path) {
-    let w = TraceWriter::create(path, common::session(), WriterOptions::default()).unwrap();
-    let h = w.handle();
-    for p in &data.processes {
-        h.set_process(p.clone()).unwrap();
-    }
-    for (k, v) in &data.stats {
-        if !k.starts_with("events_") {
-            h.set_stat(k.clone(), *v).unwrap();
-        }
-    }
-    h.set_op_counts(data.counts.clone()).unwrap();
-    let mut events: Vec<(u64, Event)> = data
-        .calls
-        .iter()
-        .map(|c| (c.ts_ns, Event::Call(c.clone())))
-        .chain(data.waits.iter().map(|w| (w.on_ns, Event::Wait(w.clone()))))
-        .collect();
-    events.sort_by_key(|e| e.0);
-    for (_, e) in events {
-        h.send(e).unwrap();
-    }
-    drop(h);
-    w.finish().unwrap();
-}
+use sleuth_store::Trace;
 
 fn close(got: Option<u64>, want: Option<u64>, what: &str) {
     match (got, want) {
@@ -91,17 +56,6 @@ fn assert_same(got: &StatsReport, want: &StatsReport) {
         (&got.drops, &got.attach_edges, &got.events),
         (&want.drops, &want.attach_edges, &want.events)
     );
-}
-
-/// An example trace written again through today's writer (so with rollups),
-/// in a temporary folder kept alive by the returned guard.
-fn rewritten(name: &str, tag: &str) -> (TempDir, PathBuf) {
-    let dir = TempDir::new(tag);
-    let data = Trace::open(&example(name)).unwrap().load(None).unwrap();
-    assert!(!data.calls.is_empty(), "{name} has calls");
-    let path = dir.join("again.db");
-    rewrite(&data, &path);
-    (dir, path)
 }
 
 fn compare(name: &str) -> StatsReport {
@@ -156,7 +110,7 @@ fn the_duration_index_is_built_when_the_trace_ends() {
     let c = rusqlite::Connection::open(&path).unwrap();
     let n: i64 = c
         .query_row(
-            "SELECT count(*) FROM sqlite_master WHERE type = 'index' AND name = 'calls_op_dur'",
+            "SELECT count(*) FROM sqlite_master WHERE type = 'index' AND name = 'call_rows_op_dur'",
             [],
             |r| r.get(0),
         )

@@ -303,6 +303,24 @@ mod tests {
         assert!(r.bytes_per_event > 0.0 && r.commands.is_empty());
     }
 
+    /// Issue 16's target for the database, on this realistic mix: a size,
+    /// not a timing. At the bench's 200,000 calls, as docs/benchmarks.md
+    /// measures it (at 50,000 the fixed cost of the tables, indexes and
+    /// `ops` still adds several bytes per event).
+    #[test]
+    fn the_mix_is_stored_in_at_most_80_bytes_per_event() {
+        let dir = std::env::temp_dir().join(format!("gs-bench-bytes-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let r = run(&dir, 200_000, None, None).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(r.rollups);
+        assert!(
+            r.bytes_per_event <= 80.0,
+            "{:.1} bytes per event",
+            r.bytes_per_event
+        );
+    }
+
     #[test]
     fn the_mix_has_every_kind_it_claims() {
         let ops = Ops::new().unwrap();

@@ -1,10 +1,11 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
+use sleuth_core::TraceData;
 use sleuth_core::{
     op_by_name, CallEvent, Culprit, Event, ProcEvent, ProcKind, WaitEvent, WaitKind,
 };
-use sleuth_store::{SessionInfo, TraceWriter, WriterOptions};
+use sleuth_store::{SessionInfo, Trace, TraceWriter, WriterOptions};
 use std::path::{Path, PathBuf};
 
 pub mod ingero;
@@ -155,4 +156,50 @@ pub fn stored_counts(db: &Path) -> std::collections::BTreeMap<String, u64> {
         .iter()
         .map(|r| (r[0].as_str().unwrap().to_string(), r[1].as_u64().unwrap()))
         .collect()
+}
+
+/// A trace of the repository's `examples/` (written by earlier versions).
+pub fn example(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../examples")
+        .join(name)
+}
+
+/// Writes `data` through a fresh writer (events in time order).
+pub fn rewrite(data: &TraceData, path: &Path) {
+    let w = TraceWriter::create(path, session(), WriterOptions::default()).unwrap();
+    let h = w.handle();
+    for p in &data.processes {
+        h.set_process(p.clone()).unwrap();
+    }
+    for (k, v) in &data.stats {
+        if !k.starts_with("events_") {
+            h.set_stat(k.clone(), *v).unwrap();
+        }
+    }
+    h.set_op_counts(data.counts.clone()).unwrap();
+    let mut events: Vec<(u64, Event)> = data
+        .calls
+        .iter()
+        .map(|c| (c.ts_ns, Event::Call(c.clone())))
+        .chain(data.waits.iter().map(|w| (w.on_ns, Event::Wait(w.clone()))))
+        .collect();
+    events.sort_by_key(|e| e.0);
+    for (_, e) in events {
+        h.send(e).unwrap();
+    }
+    drop(h);
+    w.finish().unwrap();
+}
+
+/// An example trace written again through today's writer (so with rollups,
+/// in today's schema version), in a temporary folder kept alive by the
+/// returned guard.
+pub fn rewritten(name: &str, tag: &str) -> (TempDir, PathBuf) {
+    let dir = TempDir::new(tag);
+    let data = Trace::open(&example(name)).unwrap().load(None).unwrap();
+    assert!(!data.calls.is_empty(), "{name} has calls");
+    let path = dir.join("again.db");
+    rewrite(&data, &path);
+    (dir, path)
 }
