@@ -309,7 +309,11 @@ pub fn merge_thread_split(a: &mut ThreadSplit, b: &ThreadSplit) {
     a.calls = a.calls.saturating_add(b.calls);
     a.in_calls.add(b.in_calls);
     a.between.add(b.between);
-    a.sync_p50_ns = if b.syncs > a.syncs { b.sync_p50_ns } else { a.sync_p50_ns };
+    a.sync_p50_ns = if b.syncs > a.syncs {
+        b.sync_p50_ns
+    } else {
+        a.sync_p50_ns
+    };
     a.syncs = a.syncs.saturating_add(b.syncs);
     a.sync_ns = a.sync_ns.saturating_add(b.sync_ns);
     a.tracer_runnable_ns = a.tracer_runnable_ns.saturating_add(b.tracer_runnable_ns);
@@ -323,15 +327,9 @@ pub fn merge_thread_split(a: &mut ThreadSplit, b: &ThreadSplit) {
             None => a.wakers.push(w.clone()),
         }
     }
-    let blocked: u64 = a.wakers.iter().map(|w| w.blocked_ns).sum();
-    for w in &mut a.wakers {
-        w.share = if blocked == 0 {
-            0.0
-        } else {
-            w.blocked_ns as f64 / blocked as f64
-        };
-    }
-    a.wakers.sort_by(|x, y| y.blocked_ns.cmp(&x.blocked_ns).then(x.pid.cmp(&y.pid)));
+    waker_shares(&mut a.wakers);
+    a.wakers
+        .sort_by(|x, y| y.blocked_ns.cmp(&x.blocked_ns).then(x.pid.cmp(&y.pid)));
     for h in &b.preempted_by {
         match a
             .preempted_by
@@ -344,6 +342,19 @@ pub fn merge_thread_split(a: &mut ThreadSplit, b: &ThreadSplit) {
     }
     a.preempted_by
         .sort_by(|x, y| y.runnable_ns.cmp(&x.runnable_ns).then(x.pid.cmp(&y.pid)));
+}
+
+/// Sets each waker's share of the wakers' blocked time (0 when none),
+/// as the analysis computes it (stored rollups and merged files alike).
+pub fn waker_shares(wakers: &mut [crate::threads::WakerTime]) {
+    let blocked: u64 = wakers.iter().map(|w| w.blocked_ns).sum();
+    for w in wakers {
+        w.share = if blocked == 0 {
+            0.0
+        } else {
+            w.blocked_ns as f64 / blocked as f64
+        };
+    }
 }
 
 /// Adds a later file's counters (`stats` table) to a run's: amounts add up,

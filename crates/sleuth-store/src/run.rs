@@ -133,7 +133,12 @@ mod tests {
         for n in [1, 42, 999_999, 1_000_000] {
             assert_eq!(part_number(&part_name(n)), Some(n));
         }
-        for other in ["part-1.db", "part-00000a.db", "trace.db", "part-000001.db-wal"] {
+        for other in [
+            "part-1.db",
+            "part-00000a.db",
+            "trace.db",
+            "part-000001.db-wal",
+        ] {
             assert_eq!(part_number(other), None, "{other}");
         }
     }

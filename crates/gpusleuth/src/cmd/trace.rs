@@ -679,6 +679,26 @@ fn prune(dir: &Path, keep: u64, current: u64) {
     }
 }
 
+/// Re-applies the tracer threads' placement for the traced processes (the
+/// session's and `scanned`); a changed decision becomes a note.
+fn place(
+    placement: &mut Option<sleuth_probe::placement::Placement>,
+    session: &CaptureSession,
+    scanned: &[u32],
+    sinks: &mut Sinks,
+) {
+    let Some(p) = placement.as_mut() else {
+        return;
+    };
+    let mut traced = session.known_pids();
+    traced.extend(scanned);
+    traced.sort_unstable();
+    traced.dedup();
+    if let Some(d) = p.update(&traced) {
+        sinks.note(NoteLevel::Info, format!("placement: {}", d.describe()));
+    }
+}
+
 /// Removes a trace that recorded nothing (its command never started).
 fn discard(writer: TraceWriter, db: &Path) {
     let _ = writer.finish();
@@ -777,7 +797,7 @@ fn trace_loop(
     let mut last_scan = Instant::now();
     // Read our CPUs now, before any pinning (the launched command is already running).
     let mut placement = sleuth_probe::placement::Placement::from_env();
-    let mut last_placed: Option<Instant> = None;
+    place(&mut placement, &session, &[], &mut sinks);
     let mut last_render = Instant::now();
     let mut child_exit: Option<i32> = None;
     let mut child_exit_at: Option<Instant> = None;
@@ -833,19 +853,8 @@ fn trace_loop(
                 s.set_pids(pids.iter().copied());
             }
             session.rescan(&pids, |c| sinks.take(c));
-            if let Some(p) = placement.as_mut() {
-                // Once a second: a traced program may change its affinity or start threads.
-                if last_placed.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
-                    last_placed = Some(Instant::now());
-                    let mut traced = session.known_pids();
-                    traced.extend(&pids);
-                    traced.sort_unstable();
-                    traced.dedup();
-                    if let Some(d) = p.update(&traced) {
-                        sinks.note(NoteLevel::Info, format!("placement: {}", d.describe()));
-                    }
-                }
-            }
+            // With every rescan: a traced program may change its affinity or start threads.
+            place(&mut placement, &session, &pids, &mut sinks);
         }
         if last_render.elapsed() >= Duration::from_secs(if live_tty() { 1 } else { 5 }) {
             last_render = Instant::now();
