@@ -45,12 +45,9 @@ fn main() {
     let inc = format!("-I{}", src.display());
 
     // Driver stand-in: plain exported symbols, like the real libcuda.so.1.
-    let mut args: Vec<String> = common.iter().map(|a| a.to_string()).collect();
+    let mut args = shared_lib(&common, "libcuda.so.1");
     args.extend([
         inc.clone(),
-        "-shared".into(),
-        "-fPIC".into(),
-        "-Wl,-soname,libcuda.so.1".into(),
         format!("-Wl,--version-script={}", s("libcuda.map")),
         "-o".into(),
         o("libcuda.so.1"),
@@ -61,12 +58,9 @@ fn main() {
 
     // Runtime stand-in: versioned symbols (cudaMalloc@@libcudart.so.13), finds
     // the driver next to itself like an installed toolkit does.
-    let mut args: Vec<String> = common.iter().map(|a| a.to_string()).collect();
+    let mut args = shared_lib(&common, "libcudart.so.13");
     args.extend([
         inc.clone(),
-        "-shared".into(),
-        "-fPIC".into(),
-        "-Wl,-soname,libcudart.so.13".into(),
         format!("-Wl,--version-script={}", s("libcudart.map")),
         "-Wl,-rpath,$ORIGIN".into(),
         "-o".into(),
@@ -88,12 +82,9 @@ fn main() {
             Some("-DSIM_TORCH_MALLOC_NO_STREAM"),
         ),
     ] {
-        let mut args: Vec<String> = common.iter().map(|a| a.to_string()).collect();
+        let mut args = shared_lib(&common, "libc10_cuda.so");
         args.extend(define.map(String::from));
         args.extend([
-            "-shared".into(),
-            "-fPIC".into(),
-            "-Wl,-soname,libc10_cuda.so".into(),
             "-Wl,-rpath,$ORIGIN".into(),
             "-o".into(),
             o(file),
@@ -104,7 +95,7 @@ fn main() {
     }
 
     // The workload links both; materialize() puts it in bin/ beside lib/.
-    let mut args: Vec<String> = common.iter().map(|a| a.to_string()).collect();
+    let mut args = owned(&common);
     args.extend([
         inc.clone(),
         "-Wl,-rpath,$ORIGIN/../lib".into(),
@@ -118,28 +109,22 @@ fn main() {
     ]);
     gcc(&refs(&args), "workload");
 
-    let args: Vec<String> = common
-        .iter()
-        .map(|a| a.to_string())
-        .chain(["-o".into(), o("gs-hog"), s("hog.c")])
-        .collect();
+    let mut args = owned(&common);
+    args.extend(["-o".into(), o("gs-hog"), s("hog.c")]);
     gcc(&refs(&args), "gs-hog");
 
     // NCCL stand-in (plain exported symbols, like the real libnccl.so.2) and
     // the rank program linked against it (finds it via rpath $ORIGIN/../nccl-lib).
-    let mut args: Vec<String> = common.iter().map(|a| a.to_string()).collect();
+    let mut args = shared_lib(&common, "libnccl.so.2");
     args.extend([
         inc.clone(),
-        "-shared".into(),
-        "-fPIC".into(),
         "-fvisibility=hidden".into(),
-        "-Wl,-soname,libnccl.so.2".into(),
         "-o".into(),
         o("libnccl.so.2"),
         s("libnccl.c"),
     ]);
     gcc(&refs(&args), "libnccl.so.2");
-    let mut args: Vec<String> = common.iter().map(|a| a.to_string()).collect();
+    let mut args = owned(&common);
     args.extend([
         inc,
         "-Wl,-rpath,$ORIGIN/../nccl-lib".into(),
@@ -149,6 +134,22 @@ fn main() {
         o("libnccl.so.2"),
     ]);
     gcc(&refs(&args), "nccl_rank");
+}
+
+/// The common flags, as an argument list to extend.
+fn owned(common: &[&str]) -> Vec<String> {
+    common.iter().map(|a| a.to_string()).collect()
+}
+
+/// The common flags and those of a shared library named `soname`.
+fn shared_lib(common: &[&str], soname: &str) -> Vec<String> {
+    let mut args = owned(common);
+    args.extend([
+        "-shared".into(),
+        "-fPIC".into(),
+        format!("-Wl,-soname,{soname}"),
+    ]);
+    args
 }
 
 fn refs(v: &[String]) -> Vec<&str> {

@@ -264,12 +264,25 @@ def check_explain_no_os_blame(c, gs, db):
     return obj
 
 
-def scenario_seed(gs, runs, work, name, mode):
-    c = Checks(name)
-    opened = open_run(c, runs, name, work)
-    if not opened:
-        return c.to_json()
-    run, tr, log = opened
+def scenario(check):
+    """A scenario's checks: opens its run (recording why not, then stopping) and
+    calls check(c, gs, run, trace, log, *extra); the result is the checks' JSON."""
+    def wrapped(gs, runs, work, name, *extra):
+        c = Checks(name)
+        opened = open_run(c, runs, name, work)
+        if not opened:
+            return c.to_json()
+        return check(c, gs, *opened, *extra)
+    return wrapped
+
+
+def by_label(log):
+    """The workload log's labelled records, by label (the last one wins)."""
+    return {r["label"]: r for r in log if "label" in r}
+
+
+@scenario
+def scenario_seed(c, gs, run, tr, log, mode):
     start = next((r for r in log if r.get("label") == "start"), {})
     pid = start.get("pid")
     if pid is None:
@@ -309,13 +322,9 @@ def window_runnable(tr, pid, a, b):
     return calls, waits, [{"pid": p, "comm": cm, "ns": ns} for p, cm, ns in culprits]
 
 
-def scenario_contention(gs, runs, work, name):
-    c = Checks(name)
-    opened = open_run(c, runs, name, work)
-    if not opened:
-        return c.to_json()
-    run, tr, log = opened
-    ev = {r["label"]: r for r in log if "label" in r}
+@scenario
+def scenario_contention(c, gs, run, tr, log):
+    ev = by_label(log)
     needed = ["quiet_start", "quiet_end", "contended_start", "contended_end"]
     if not all(k in ev for k in needed):
         c.add("phases logged", None, f"missing {[k for k in needed if k not in ev]}")
@@ -370,13 +379,9 @@ def scenario_contention(gs, runs, work, name):
     return res
 
 
-def scenario_oom(gs, runs, work, name):
-    c = Checks(name)
-    opened = open_run(c, runs, name, work)
-    if not opened:
-        return c.to_json()
-    run, tr, log = opened
-    ev = {r["label"]: r for r in log if "label" in r}
+@scenario
+def scenario_oom(c, gs, run, tr, log):
+    ev = by_label(log)
     if "oom attempt" not in ev or "before oom" not in ev:
         c.add("oom logged", None, "no 'oom attempt' record")
         return c.to_json()
@@ -425,12 +430,8 @@ def scenario_oom(gs, runs, work, name):
     return res
 
 
-def scenario_multiproc(gs, runs, work, name):
-    c = Checks(name)
-    opened = open_run(c, runs, name, work)
-    if not opened:
-        return c.to_json()
-    run, tr, log = opened
+@scenario
+def scenario_multiproc(c, gs, run, tr, log):
     starts = [r for r in log if r.get("label") == "start" and "worker" in r]
     if len(starts) != 2:
         c.add("two workers logged", False, f"{len(starts)} worker start records")

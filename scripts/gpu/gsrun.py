@@ -48,15 +48,23 @@ def _read_stat_times(pid):
         return None
 
 
-def _read_hwm_kb(pid):
+RSS_FIELDS = ("VmHWM", "RssAnon", "RssFile", "RssShmem")
+
+
+def _read_rss_kb(pid):
+    """VmHWM (the kernel's peak) and the current RSS split: anonymous (heap,
+    stacks), file-backed (mapped library files), shared memory (e.g. the BPF
+    ring buffer's mapping), in kB; {} once the process is gone."""
+    out = {}
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1])
-    except OSError:
+                key = line.split(":", 1)[0]
+                if key in RSS_FIELDS:
+                    out[key] = int(line.split()[1])
+    except (OSError, ValueError, IndexError):
         pass
-    return None
+    return out
 
 
 def _descendants(pid):
@@ -114,6 +122,7 @@ def run(name, cmd, work, env=None, timeout=180, gs=None, db=None, launches="driv
     with open(out_path, "wb") as fo, open(err_path, "wb") as fe:
         p = subprocess.Popen(argv, stdout=fo, stderr=fe, env=env, start_new_session=True)
     hwm, times, timed_out = None, None, False
+    split_max = {}  # the largest value of each RSS part seen while polling
     deadline = t0 + timeout
     while True:
         try:
@@ -124,9 +133,12 @@ def run(name, cmd, work, env=None, timeout=180, gs=None, db=None, launches="driv
             break
         if info is not None:
             break
-        h = _read_hwm_kb(p.pid)
-        if h is not None:
-            hwm = max(hwm or 0, h)
+        rss = _read_rss_kb(p.pid)
+        if "VmHWM" in rss:
+            hwm = max(hwm or 0, rss["VmHWM"])
+        for k in RSS_FIELDS[1:]:
+            if k in rss:
+                split_max[k] = max(split_max.get(k, 0), rss[k])
         if time.monotonic() > deadline and not timed_out:
             timed_out = True
             log(f"{name}: timeout after {timeout}s, stopping it")
@@ -171,6 +183,8 @@ def run(name, cmd, work, env=None, timeout=180, gs=None, db=None, launches="driv
         res["gs_cpu_user_s"] = times[0] if times else None
         res["gs_cpu_sys_s"] = times[1] if times else None
         res["gs_peak_rss_kb"] = hwm
+        # Polled every 20 ms: the maxima of the parts, not an exact split of VmHWM.
+        res["gs_rss_split_max_kb"] = split_max
     return res
 
 

@@ -334,26 +334,23 @@ mod tests {
         ((trace_ns as i128 + OFFSET as i128) / 1000) as u64
     }
 
+    /// NVML's sample of `gpu` stamped at `trace_ns` on the trace's clock.
+    fn sample(gpu: u32, trace_ns: u64, busy_pct: u32) -> UtilSample {
+        UtilSample {
+            gpu,
+            ts_us: us(trace_ns),
+            busy_pct,
+        }
+    }
+
     #[test]
     fn samples_get_trace_time_and_the_period_since_the_previous_one() {
         let mut c = Converter::new(OFFSET);
         let poll = ActivityPoll {
             samples: vec![
-                UtilSample {
-                    gpu: 0,
-                    ts_us: us(1_200_000_000),
-                    busy_pct: 40,
-                },
-                UtilSample {
-                    gpu: 0,
-                    ts_us: us(1_000_000_000),
-                    busy_pct: 100,
-                },
-                UtilSample {
-                    gpu: 1,
-                    ts_us: us(1_000_000_000),
-                    busy_pct: 7,
-                },
+                sample(0, 1_200_000_000, 40),
+                sample(0, 1_000_000_000, 100),
+                sample(1, 1_000_000_000, 7),
             ],
             ..Default::default()
         };
@@ -372,11 +369,7 @@ mod tests {
             (1_200_000_000, 200_000_000, 40.0)
         );
         let next = ActivityPoll {
-            samples: vec![UtilSample {
-                gpu: 1,
-                ts_us: us(1_100_000_000),
-                busy_pct: 9,
-            }],
+            samples: vec![sample(1, 1_100_000_000, 9)],
             ..Default::default()
         };
         let s = c.device_samples(&next);
@@ -386,18 +379,7 @@ mod tests {
         );
         // A sample stamped 0.14 ms after the last one re-reports its window: not stored.
         let again = ActivityPoll {
-            samples: vec![
-                UtilSample {
-                    gpu: 0,
-                    ts_us: us(1_200_143_000),
-                    busy_pct: 25,
-                },
-                UtilSample {
-                    gpu: 0,
-                    ts_us: us(1_400_000_000),
-                    busy_pct: 30,
-                },
-            ],
+            samples: vec![sample(0, 1_200_143_000, 25), sample(0, 1_400_000_000, 30)],
             ..Default::default()
         };
         let s = c.device_samples(&again);

@@ -9,13 +9,6 @@ use std::path::Path;
 /// What an existing output path needs (`report`, `export`).
 pub const FORCE_HINT: &str = "--force replaces it";
 
-/// Opens a trace and loads it (one process with `pid`). The store's error is
-/// already one line naming the file, so it is passed on as is. Rows the
-/// readers had to skip are reported on stderr, with counts.
-pub fn load_trace(db: &Path, pid: Option<u32>) -> anyhow::Result<TraceData> {
-    Ok(load_trace_checked(db, pid)?.0)
-}
-
 /// The stats answer of a trace: from its rollups when it has them (no call
 /// row is read), else from the whole trace loaded (older, merged, imported
 /// or cut-short traces). A directory is a run of `trace --rotate`: the
@@ -39,8 +32,10 @@ pub fn stats_of(db: &Path, pid: Option<u32>) -> anyhow::Result<sleuth_core::stat
     Ok(sleuth_core::stats::compute(&trace.load(pid)?))
 }
 
-/// [`load_trace`], also returning what was skipped (for outputs that must
-/// not call such a trace clean).
+/// Opens a trace and loads it (one process with `pid`), also returning
+/// what was skipped (for outputs that must not call such a trace clean).
+/// The store's error is already one line naming the file, so it is passed
+/// on as is. Rows the readers had to skip are reported on stderr, with counts.
 pub fn load_trace_checked(
     db: &Path,
     pid: Option<u32>,

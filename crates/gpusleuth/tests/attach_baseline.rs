@@ -7,12 +7,15 @@
 //! converted here with an offset this test measures itself).
 
 mod common;
+#[path = "common/mcp_stdio.rs"]
+mod mcp_stdio;
 #[path = "../../sleuth-gpu/tests/support/mod.rs"]
 mod support;
 
 use common::{gpusleuth, wait_child, wait_for_file, Sandbox};
+use mcp_stdio::McpStdio;
 use serde_json::Value;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
@@ -154,44 +157,23 @@ fn scrape(addr: &str) -> String {
     body
 }
 
-/// Calls two MCP tools over stdio with plain JSON-RPC lines.
+/// Calls MCP tools (no arguments) over stdio with plain JSON-RPC lines; each
+/// tool's JSON answer.
 fn mcp_calls(db: &Path, tools: &[&str]) -> Vec<Value> {
-    let mut child = gpusleuth()
-        .arg("mcp")
-        .arg("--db")
-        .arg(db)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start mcp");
-    let mut stdin = child.stdin.take().expect("stdin");
-    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    let mut send = |v: Value| writeln!(stdin, "{v}").expect("write to mcp");
-    send(
-        serde_json::json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{
-        "protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"0"}}}),
-    );
-    let init: Value =
-        serde_json::from_str(&lines.next().expect("init reply").expect("read")).unwrap();
-    assert!(init["result"].is_object(), "{init}");
-    send(serde_json::json!({"jsonrpc":"2.0","method":"notifications/initialized"}));
-    let mut out = Vec::new();
-    for (i, t) in tools.iter().enumerate() {
-        send(
-            serde_json::json!({"jsonrpc":"2.0","id":i+1,"method":"tools/call",
-            "params":{"name":t,"arguments":{}}}),
-        );
-        let reply: Value =
-            serde_json::from_str(&lines.next().expect("tool reply").expect("read")).unwrap();
-        let text = reply["result"]["content"][0]["text"]
-            .as_str()
-            .unwrap_or_else(|| panic!("{t}: {reply}"));
-        out.push(serde_json::from_str(text).expect("tool JSON"));
-    }
-    drop(stdin);
-    let _ = wait_child(&mut child, 10);
-    out
+    let mut server = McpStdio::start(&["--db".as_ref(), db.as_os_str()], Duration::from_secs(60));
+    tools
+        .iter()
+        .map(|t| {
+            let reply = server.call(
+                "tools/call",
+                serde_json::json!({"name": t, "arguments": {}}),
+            );
+            let text = reply["result"]["content"][0]["text"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{t}: {reply}"));
+            serde_json::from_str(text).expect("tool JSON")
+        })
+        .collect()
 }
 
 #[test]
@@ -467,6 +449,22 @@ fn all_processes_mode_gets_the_same_baseline() {
     assert_eq!(held["at_end_bytes"], D);
 }
 
+/// `trace --pid PID` into `db`, without NVML, touching `ready` once attached.
+fn pid_tracer(sb: &Sandbox, pid: u32, db: &Path, ready: &str) -> Guard {
+    Guard(
+        gpusleuth()
+            .args(["trace", "--quiet", "--pid", &pid.to_string()])
+            .arg("--db")
+            .arg(db)
+            .arg("--ready-file")
+            .arg(ready)
+            .env("GPUSLEUTH_NVML_LIB", sb.path("no-nvml"))
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start a tracer"),
+    )
+}
+
 /// A call that began before its process was traced returns during the
 /// trace: an attach edge, not a drop. To make the edge certain, a first
 /// tracer (`--pid` of an idle bystander, the same library files probed)
@@ -487,23 +485,7 @@ fn a_return_whose_call_began_before_the_attach_is_an_edge_not_a_drop() {
             .spawn()
             .expect("start bystander"),
     );
-    let mut first = Guard(
-        gpusleuth()
-            .args([
-                "trace",
-                "--quiet",
-                "--pid",
-                &bystander.id().to_string(),
-                "--db",
-            ])
-            .arg(sb.path("first.db"))
-            .arg("--ready-file")
-            .arg(&a_ready)
-            .env("GPUSLEUTH_NVML_LIB", sb.path("no-nvml"))
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start first tracer"),
-    );
+    let mut first = pid_tracer(&sb, bystander.id(), &sb.path("first.db"), &a_ready);
     let mut workload = Guard(
         Command::new(&sb.sim.workload)
             .arg(format!(
@@ -516,18 +498,7 @@ fn a_return_whose_call_began_before_the_attach_is_an_edge_not_a_drop() {
     wait_for_file(Path::new(&a_ready), 30);
     // The workload is (or soon will be) inside its sync; give it time to enter.
     std::thread::sleep(Duration::from_millis(300));
-    let mut second = Guard(
-        gpusleuth()
-            .args(["trace", "--quiet", "--pid", &pid.to_string()])
-            .arg("--db")
-            .arg(sb.db())
-            .arg("--ready-file")
-            .arg(&b_ready)
-            .env("GPUSLEUTH_NVML_LIB", sb.path("no-nvml"))
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start second tracer"),
-    );
+    let mut second = pid_tracer(&sb, pid, &sb.db(), &b_ready);
     wait_for_file(Path::new(&done), 30);
     for t in [&mut second, &mut first] {
         // SAFETY: SIGINT to a tracer this test started.

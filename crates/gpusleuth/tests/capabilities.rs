@@ -26,8 +26,18 @@ fn have_setpriv() -> bool {
     ok
 }
 
-/// `sandbox.trace_command(...)` run under setpriv holding only `caps`
-/// (setpriv syntax, e.g. "+bpf,+perfmon").
+/// A fresh sandbox's trace run under setpriv holding only `caps` (setpriv
+/// syntax, e.g. "+bpf,+perfmon"); None (the test skips) without eBPF or setpriv.
+fn traced_with_caps(tag: &str, caps: &str, no_multi: bool) -> Option<(Sandbox, Output)> {
+    if !require_ebpf() || !have_setpriv() {
+        return None;
+    }
+    let sb = Sandbox::new(tag);
+    let out = trace_with_caps(&sb, caps, no_multi);
+    Some((sb, out))
+}
+
+/// `sandbox.trace_command(...)` run under setpriv holding only `caps`.
 fn trace_with_caps(sb: &Sandbox, caps: &str, no_multi: bool) -> Output {
     let inner = sb.trace_command(&["--force"], SCRIPT);
     let set = format!("-all,{caps}");
@@ -93,11 +103,9 @@ fn assert_loud_about_unprobed(out: &Output, db: &Path) {
 
 #[test]
 fn without_cap_perfmon_the_trace_refuses_to_start() {
-    if !require_ebpf() || !have_setpriv() {
+    let Some((_sb, out)) = traced_with_caps("caps-bpf-only", "+bpf", false) else {
         return;
-    }
-    let sb = Sandbox::new("caps-bpf-only");
-    let out = trace_with_caps(&sb, "+bpf", false);
+    };
     let err = stderr(&out);
     assert_ne!(
         out.status.code(),
@@ -112,14 +120,12 @@ fn without_cap_perfmon_the_trace_refuses_to_start() {
 
 #[test]
 fn refused_uprobes_are_reported_not_silent() {
-    if !require_ebpf() || !have_setpriv() {
-        return;
-    }
     // One-by-one uprobes (perf_event_open): CAP_SYS_ADMIN on kernels with
     // upstream's 6.16 revert, CAP_PERFMON on older ones. Either the calls are
     // recorded or the loss is loud; 0 calls with nothing said fails.
-    let sb = Sandbox::new("caps-no-multi");
-    let out = trace_with_caps(&sb, "+bpf,+perfmon", true);
+    let Some((sb, out)) = traced_with_caps("caps-no-multi", "+bpf,+perfmon", true) else {
+        return;
+    };
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let calls = sb.open_db().int("SELECT count(*) FROM calls");
     if calls == 0 {
@@ -137,11 +143,9 @@ fn refused_uprobes_are_reported_not_silent() {
 
 #[test]
 fn bpf_and_perfmon_suffice_with_batched_uprobes() {
-    if !require_ebpf() || !have_setpriv() {
+    let Some((sb, out)) = traced_with_caps("caps-bpf-perfmon", "+bpf,+perfmon", false) else {
         return;
-    }
-    let sb = Sandbox::new("caps-bpf-perfmon");
-    let out = trace_with_caps(&sb, "+bpf,+perfmon", false);
+    };
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let db = sb.open_db();
     let calls = db.int("SELECT count(*) FROM calls");

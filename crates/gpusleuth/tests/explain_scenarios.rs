@@ -76,13 +76,7 @@ fn leak_and_failure_with_the_ledger_exact_to_the_byte() {
         "malloc 1048576 a; malloc 3000 b; malloc 512 c; malloc 1e15; free c",
         0,
     );
-    let out = common::gpusleuth()
-        .args(["memory", "--json", "--db"])
-        .arg(sb.db())
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    let m: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let m = common::command_json("memory", &sb.db());
     let p = &m["processes"][0];
     assert_eq!(p["live_bytes"], 1048576 + 3000);
     assert_eq!(p["peak_bytes"], 1048576 + 3000 + 512);
@@ -134,12 +128,7 @@ fn memory_is_split_per_device_by_cuda_set_device() {
         )
         .env("SIM_DEVICE_COUNT", "2"),
     );
-    let out = common::gpusleuth()
-        .args(["memory", "--json", "--db"])
-        .arg(sb.db())
-        .output()
-        .unwrap();
-    let m: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let m = common::command_json("memory", &sb.db());
     let devs = m["processes"][0]["devices"].as_array().unwrap().clone();
     assert_eq!(devs.len(), 2, "{devs:?}");
     assert_eq!(

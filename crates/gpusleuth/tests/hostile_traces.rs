@@ -11,7 +11,16 @@
 //! ground truth comes from SQLite, not from gpusleuth). Files that are
 //! intact but hold unusable rows must say so, with counts.
 
+#[path = "common/mcp_stdio.rs"]
+mod mcp_stdio;
+
+use mcp_stdio::McpStdio;
 use rusqlite::Connection;
+#[path = "common/temp_dir.rs"]
+#[allow(dead_code)] // join() is for the library crates' tests
+mod temp_dir;
+use temp_dir::TempDir;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -295,12 +304,11 @@ fn commands(db: &str, out_dir: &Path, tag: &str) -> Vec<Vec<String>> {
 
 #[test]
 fn mutated_traces_through_every_command() {
-    let dir = std::env::temp_dir().join(format!("gpusleuth-hostile-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("dir");
+    let tmp = TempDir::new("hostile");
+    let dir = tmp.0.as_path();
     let out_dir = dir.join("out");
     std::fs::create_dir_all(&out_dir).expect("out dir");
-    let cases = cases(&dir);
+    let cases = cases(dir);
     let mut failures = Vec::new();
     let mut runs = 0;
     let mut slowest = Duration::ZERO;
@@ -368,98 +376,16 @@ fn mutated_traces_through_every_command() {
         cases.len(),
         failures.len()
     );
-    let _ = std::fs::remove_dir_all(&dir);
     assert!(failures.is_empty(), "{}", failures.join("\n"));
-}
-
-/// A raw JSON-RPC client over `gpusleuth mcp`'s stdio.
-struct McpStdio {
-    child: std::process::Child,
-    stdin: std::process::ChildStdin,
-    lines: std::sync::mpsc::Receiver<String>,
-    next_id: u64,
-}
-
-impl McpStdio {
-    fn start(trace_dir: &Path) -> McpStdio {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_gpusleuth"))
-            .args(["mcp", "--trace-dir"])
-            .arg(trace_dir)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start mcp");
-        let stdin = child.stdin.take().expect("stdin");
-        let out = child.stdout.take().expect("stdout");
-        let (tx, lines) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            use std::io::BufRead;
-            for line in std::io::BufReader::new(out).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let mut c = McpStdio {
-            child,
-            stdin,
-            lines,
-            next_id: 1,
-        };
-        c.call(
-            "initialize",
-            serde_json::json!({"protocolVersion": "2025-06-18", "capabilities": {},
-                               "clientInfo": {"name": "hostile", "version": "0"}}),
-        );
-        c.send(&serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
-        c
-    }
-
-    fn send(&mut self, v: &serde_json::Value) {
-        use std::io::Write;
-        writeln!(self.stdin, "{v}").expect("write to the server");
-        self.stdin.flush().expect("flush");
-    }
-
-    /// One request; its response, or a panic naming a hang.
-    fn call(&mut self, method: &str, params: serde_json::Value) -> serde_json::Value {
-        let id = self.next_id;
-        self.next_id += 1;
-        self.send(
-            &serde_json::json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}),
-        );
-        let deadline = Instant::now() + DEADLINE;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let line = self.lines.recv_timeout(left).unwrap_or_else(|_| {
-                panic!("HANG or crash: MCP {method} {params} got no answer within {DEADLINE:?}")
-            });
-            let msg: serde_json::Value =
-                serde_json::from_str(&line).expect("stdout carries JSON-RPC only");
-            if msg["id"] == id {
-                return msg;
-            }
-        }
-    }
-}
-
-impl Drop for McpStdio {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// The same mutated traces through every trace tool of the MCP server.
 #[test]
 fn mutated_traces_through_every_mcp_tool() {
-    let dir = std::env::temp_dir().join(format!("gpusleuth-hostile-mcp-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("dir");
-    let cases = cases(&dir);
-    let mut server = McpStdio::start(&dir);
+    let tmp = TempDir::new("hostile-mcp");
+    let dir = tmp.0.as_path();
+    let cases = cases(dir);
+    let mut server = McpStdio::start(&["--trace-dir".as_ref(), dir.as_os_str()], DEADLINE);
     let mut failures = Vec::new();
     let mut calls = 0;
     for case in &cases {
@@ -519,19 +445,17 @@ fn mutated_traces_through_every_mcp_tool() {
         failures.len()
     );
     drop(server);
-    let _ = std::fs::remove_dir_all(&dir);
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
 /// The repros of issue 18, one by one, with their exact expectations.
 #[test]
 fn damaged_values_are_reported_with_counts() {
-    let dir = std::env::temp_dir().join(format!("gpusleuth-hostile-repro-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("dir");
+    let tmp = TempDir::new("hostile-repro");
+    let dir = tmp.0.as_path();
     let big = repo().join("examples/h200-contention.db");
 
-    let p = copy_of(&dir, &big, "neg");
+    let p = copy_of(dir, &big, "neg");
     sql_edit(
         &p,
         "UPDATE calls SET dur_ns = -5 WHERE id IN (SELECT id FROM calls ORDER BY id LIMIT 2);",
@@ -541,7 +465,7 @@ fn damaged_values_are_reported_with_counts() {
     assert!(!r.stdout.contains("18446744073"), "{}", r.stdout);
     assert!(r.stderr.contains("2 calls skipped"), "{}", r.stderr);
 
-    let p = copy_of(&dir, &big, "unk");
+    let p = copy_of(dir, &big, "unk");
     sql_edit(&p, "UPDATE calls SET op = 'cudaFrobnicate';");
     let r = run(&["explain", "--db", p.to_str().expect("utf8")]);
     assert_eq!(r.code, Some(0), "{}", r.stderr);
@@ -552,7 +476,7 @@ fn damaged_values_are_reported_with_counts() {
     );
     assert!(r.stdout.contains("cudaFrobnicate"), "{}", r.stdout);
 
-    let p = copy_of(&dir, &big, "esc");
+    let p = copy_of(dir, &big, "esc");
     sql_edit(
         &p,
         "UPDATE processes SET comm = char(27) || '[2J' || char(27) || ']0;title' || char(7);
@@ -571,16 +495,14 @@ fn damaged_values_are_reported_with_counts() {
         "SELECT printf('%.*c', 65536, 'a') AS wide",
     ]);
     assert_eq!(r.code, Some(0), "{}", r.stderr);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// A WAL-mode trace is read without creating `-wal`/`-shm` beside it.
 #[test]
 fn reading_a_wal_trace_leaves_no_files_beside_it() {
-    let dir = std::env::temp_dir().join(format!("gpusleuth-hostile-wal-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("dir");
-    let p = copy_of(&dir, &repo().join("examples/h200-contention.db"), "wal");
+    let tmp = TempDir::new("hostile-wal");
+    let dir = tmp.0.as_path();
+    let p = copy_of(dir, &repo().join("examples/h200-contention.db"), "wal");
     sql_edit(&p, "PRAGMA journal_mode = WAL;");
     for side in ["-wal", "-shm"] {
         let _ = std::fs::remove_file(format!("{}{side}", p.display()));
@@ -599,5 +521,4 @@ fn reading_a_wal_trace_leaves_no_files_beside_it() {
             );
         }
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }

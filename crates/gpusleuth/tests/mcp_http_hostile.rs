@@ -6,6 +6,11 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
+#[path = "common/temp_dir.rs"]
+#[allow(dead_code)] // join() is for the library crates' tests
+mod temp_dir;
+use temp_dir::TempDir;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -276,9 +281,8 @@ fn host_and_origin_variants_are_refused() {
 #[test]
 fn token_files_must_be_private() {
     use std::os::unix::fs::PermissionsExt;
-    let dir = std::env::temp_dir().join(format!("gpusleuth-token-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("dir");
+    let tmp = TempDir::new("token");
+    let dir = tmp.0.as_path();
     let tf = dir.join("token");
     std::fs::write(&tf, "s3cret-token\n").expect("token");
     for mode in [0o644, 0o640, 0o604] {
@@ -307,5 +311,4 @@ fn token_files_must_be_private() {
     );
     assert!(matches!(r, Some((200, _))), "{:?}", r.map(|x| x.0));
     drop(server);
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -16,6 +16,7 @@ use common::*;
 use serde_json::Value;
 use std::path::Path;
 use std::process::{Command, Stdio};
+use std::sync::MutexGuard;
 
 const ITERS: usize = 12;
 /// CPU work per step of every rank.
@@ -127,12 +128,17 @@ fn finish(child: std::process::Child) {
     );
 }
 
-fn cpus() -> (usize, usize) {
+/// What each timed two-rank test starts from: an eBPF sandbox (None where
+/// the test skips), this binary's lock on CPU-time measurements, and the CPU
+/// for the slow rank and the one for the other rank.
+fn pinned_sandbox(tag: &str) -> Option<(Sandbox, MutexGuard<'static, ()>, usize, usize)> {
+    let sb = Sandbox::for_ebpf(tag)?;
+    let serial = common::serial();
     let n = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1);
     // The slow rank alone on CPU 0; the fast rank and the tracer elsewhere when possible.
-    (0, if n > 1 { 1 } else { 0 })
+    Some((sb, serial, 0, if n > 1 { 1 } else { 0 }))
 }
 
 fn straggler(report: &Value) -> Value {
@@ -181,11 +187,9 @@ fn check_finding(f: &Value, r0: &RankLog, r1: &RankLog, cause: &str) {
 
 #[test]
 fn the_slow_rank_is_the_straggler_with_its_cause() {
-    let Some(sb) = Sandbox::for_ebpf("nccl-straggler") else {
+    let Some((sb, _serial, slow_cpu, other_cpu)) = pinned_sandbox("nccl-straggler") else {
         return;
     };
-    let _serial = common::serial();
-    let (slow_cpu, other_cpu) = cpus();
     let shell = format!(
         "{} & {}; wait",
         rank_cmd(&sb, 0, WORK_MS, 0, other_cpu),
@@ -246,11 +250,9 @@ fn the_slow_rank_is_the_straggler_with_its_cause() {
 
 #[test]
 fn a_rank_whose_cpu_a_hog_takes_is_the_straggler_and_the_hog_is_named() {
-    let Some(sb) = Sandbox::for_ebpf("nccl-hog") else {
+    let Some((sb, _serial, slow_cpu, other_cpu)) = pinned_sandbox("nccl-hog") else {
         return;
     };
-    let _serial = common::serial();
-    let (slow_cpu, other_cpu) = cpus();
     if slow_cpu == other_cpu {
         eprintln!("skipping: needs two CPUs (the hog's and the other rank's)");
         return;
@@ -302,11 +304,9 @@ fn a_rank_whose_cpu_a_hog_takes_is_the_straggler_and_the_hog_is_named() {
 
 #[test]
 fn merge_recovers_an_injected_clock_offset_and_gives_the_same_finding() {
-    let Some(sb) = Sandbox::for_ebpf("nccl-merge") else {
+    let Some((sb, _serial, slow_cpu, other_cpu)) = pinned_sandbox("nccl-merge") else {
         return;
     };
-    let _serial = common::serial();
-    let (slow_cpu, other_cpu) = cpus();
     let (db0, db1) = (sb.path("node0.db"), sb.path("node1.db"));
     let t0 = trace(
         &sb,

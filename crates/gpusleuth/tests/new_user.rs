@@ -7,7 +7,7 @@ mod common;
 #[path = "../../sleuth-store/tests/common/ingero.rs"]
 mod ingero;
 
-use common::{assert_no_panic, gpusleuth, Db, Sandbox};
+use common::{assert_no_panic, command_json, gpusleuth, Db, Sandbox};
 use serde_json::Value;
 use sleuth_core::{op_by_name, CallEvent, Event};
 use sleuth_store::{SessionInfo, TraceWriter, WriterOptions};
@@ -31,6 +31,17 @@ fn run(args: &[&str]) -> Output {
     let out = gpusleuth().args(args).output().expect("run gpusleuth");
     assert_no_panic(&out);
     out
+}
+
+/// The first element of the array `doc[list]` that `pred` accepts; a panic
+/// showing the document when there is none.
+fn entry<'a>(doc: &'a Value, list: &str, pred: impl Fn(&Value) -> bool) -> &'a Value {
+    doc[list]
+        .as_array()
+        .unwrap_or_else(|| panic!("no {list} array: {doc}"))
+        .iter()
+        .find(|v| pred(v))
+        .unwrap_or_else(|| panic!("no matching entry in {list}: {doc}"))
 }
 
 fn text(b: &[u8]) -> String {
@@ -156,15 +167,16 @@ fn bytes_and_durations_read_the_same_in_every_command() {
     let explain = text(&run(&["explain", "--db", s(&db)]).stdout);
     let memory = text(&run(&["memory", "--db", s(&db)]).stdout);
     // The failed 1e15-byte cudaMalloc of the demo scenario, and what was live.
-    assert!(
-        explain.contains("cudaMalloc of 909.5 TiB returned 2 (out of memory) with 64.0 MiB live"),
-        "{explain}"
-    );
-    assert!(
-        memory.contains("FAILED: cudaMalloc of 909.5 TiB returned 2"),
-        "{memory}"
-    );
-    assert!(memory.contains("with 64.0 MiB live"), "{memory}");
+    for (out, want) in [
+        (
+            &explain,
+            "cudaMalloc of 909.5 TiB returned 2 (out of memory) with 64.0 MiB live",
+        ),
+        (&memory, "FAILED: cudaMalloc of 909.5 TiB returned 2"),
+        (&memory, "with 64.0 MiB live"),
+    ] {
+        assert!(out.contains(want), "{want:?} not in:\n{out}");
+    }
     assert!(
         !explain.contains("GiB") || !explain.contains("931322"),
         "{explain}"
@@ -325,14 +337,10 @@ fn the_schema_doc_query_counts_stolen_time_once() {
     let runnable = Db::open(&db).int("SELECT sum(runnable_ns) FROM calls WHERE nested = 0");
     assert!(hog_ns <= runnable, "{hog_ns} > {runnable}: double-counted");
     // And explain's figure for the copies is part of it.
-    let ex: Value =
-        serde_json::from_slice(&run(&["explain", "--db", s(&db), "--json"]).stdout).unwrap();
-    let copies = ex["findings"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|f| f["kind"] == "cpu_preemption" && f["op"] == "cudaMemcpy")
-        .expect("the copies' finding");
+    let ex = command_json("explain", &db);
+    let copies = entry(&ex, "findings", |f| {
+        f["kind"] == "cpu_preemption" && f["op"] == "cudaMemcpy"
+    });
     let explained = copies["culprits"][0]["runnable_ns"].as_i64().unwrap();
     assert!(explained <= hog_ns, "{explained} > {hog_ns}");
 }
@@ -355,14 +363,8 @@ fn imported_traces_show_unknown_as_unknown_and_feed_the_ledger() {
         .iter()
         .chain(&ingero::DIRECT_DRIVER_SIZES)
         .sum();
-    let mem: Value =
-        serde_json::from_slice(&run(&["memory", "--db", s(&db), "--json"]).stdout).unwrap();
-    let p = mem["processes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["pid"] == 2233)
-        .unwrap();
+    let mem = command_json("memory", &db);
+    let p = entry(&mem, "processes", |p| p["pid"] == 2233);
     assert_eq!(p["allocs"], 10);
     assert_eq!(p["live_bytes"].as_i64(), Some(total));
     assert_eq!(p["peak_bytes"].as_i64(), Some(total));
@@ -415,14 +417,11 @@ fn explain_examples_of_an_imported_trace_print_unknown_split_as_unknown() {
     let db = sb.path("imported.db");
     let out = run(&["import", "--from", "ingero", s(&src), "--db", s(&db)]);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    let ex: Value =
-        serde_json::from_slice(&run(&["explain", "--db", s(&db), "--json"]).stdout).unwrap();
-    let examples = ex["findings"]
+    let ex = command_json("explain", &db);
+    let examples = entry(&ex, "findings", |f| f["evidence"]["examples"].is_array())["evidence"]
+        ["examples"]
         .as_array()
-        .unwrap()
-        .iter()
-        .find_map(|f| f["evidence"]["examples"].as_array())
-        .expect("a finding with example calls");
+        .expect("examples");
     assert!(examples
         .iter()
         .all(|e| e["on_cpu_ns"].is_null() && e["runnable_ns"].is_null()));

@@ -97,10 +97,13 @@ fn kill_workloads_of(sb: &Sandbox) {
     }
 }
 
-/// A traced workload that allocates and frees for a long while, returned
-/// once tracing has started: start-up (loading the probes) takes seconds on
-/// a loaded machine, and a signal before it would test nothing.
-fn churn_traced(sb: &Sandbox) -> std::process::Child {
+/// A traced workload that allocates and frees for a long while, in a fresh
+/// sandbox (None without eBPF), returned once tracing has started and run
+/// for 1.5 s: start-up (loading the probes) takes seconds on a loaded
+/// machine, a signal before it would test nothing, and batches commit every
+/// 100 ms, so by then some are on disk.
+fn churn_traced(tag: &str) -> Option<(Sandbox, std::process::Child)> {
+    let sb = Sandbox::for_ebpf(tag)?;
     let ready = sb.path("ready");
     let child = sb.spawn_trace(
         &["--ready-file", ready.to_str().unwrap()],
@@ -108,17 +111,15 @@ fn churn_traced(sb: &Sandbox) -> std::process::Child {
         None,
     );
     common::wait_for_file(&ready, 60);
-    child
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    Some((sb, child))
 }
 
 #[test]
 fn a_sigkilled_trace_leaves_a_readable_database_with_what_was_committed() {
-    let Some(sb) = Sandbox::for_ebpf("sigkill") else {
+    let Some((sb, mut child)) = churn_traced("sigkill") else {
         return;
     };
-    let mut child = churn_traced(&sb);
-    // Batches commit every 100 ms: after a second, some are on disk.
-    std::thread::sleep(std::time::Duration::from_millis(1500));
     // SAFETY: SIGKILL to the gpusleuth process this test spawned.
     unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
     let _ = child.wait();
@@ -134,11 +135,9 @@ fn a_sigkilled_trace_leaves_a_readable_database_with_what_was_committed() {
 
 #[test]
 fn two_interrupts_stop_the_trace_cleanly_and_keep_everything() {
-    let Some(sb) = Sandbox::for_ebpf("sigint") else {
+    let Some((sb, mut child)) = churn_traced("sigint") else {
         return;
     };
-    let mut child = churn_traced(&sb);
-    std::thread::sleep(std::time::Duration::from_millis(1500));
     for _ in 0..2 {
         // SAFETY: SIGINT to the gpusleuth process this test spawned (as Ctrl-C would).
         unsafe { libc::kill(child.id() as i32, libc::SIGINT) };

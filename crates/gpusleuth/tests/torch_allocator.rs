@@ -296,6 +296,13 @@ fn calibration_follows_another_block_layout() {
 
 /// `gpusleuth check --json` with LD_LIBRARY_PATH naming the sim's lib dir:
 /// the torch_allocator line for this sandbox's stand-in.
+/// The detail of `check`'s torch_allocator line, once its verdict is `ok`.
+fn check_detail(sb: &Sandbox, ok: bool) -> String {
+    let line = check_line(sb);
+    assert_eq!(line["ok"], ok, "{line:#}");
+    line["detail"].as_str().unwrap_or("").to_string()
+}
+
 fn check_line(sb: &Sandbox) -> Value {
     let out = gpusleuth()
         .args(["check", "--json"])
@@ -324,9 +331,7 @@ fn check_line(sb: &Sandbox) -> Value {
 fn check_finds_the_four_entry_points() {
     // No eBPF needed: check reads the library's symbol table.
     let sb = Sandbox::new("torch-check");
-    let line = check_line(&sb);
-    assert_eq!(line["ok"], true, "{line:#}");
-    let detail = line["detail"].as_str().unwrap_or("");
+    let detail = check_detail(&sb, true);
     assert!(
         detail.contains("4 of 4 caching-allocator entry points found"),
         "{detail}"
@@ -338,9 +343,7 @@ fn a_changed_malloc_signature_is_not_probed() {
     let sb = Sandbox::new("torch-nostream");
     install_torch_stand_in(&sb.sim, TorchStandIn::MallocWithoutStream)
         .expect("install the allocator stand-in");
-    let line = check_line(&sb);
-    assert_eq!(line["ok"], false, "{line:#}");
-    let detail = line["detail"].as_str().unwrap_or("");
+    let detail = check_detail(&sb, false);
     assert!(
         detail.contains("3 of 4 caching-allocator entry points found"),
         "{detail}"

@@ -11,7 +11,7 @@
 
 mod common;
 
-use common::{require_ebpf, Sandbox};
+use common::Sandbox;
 use serde_json::Value;
 
 const MS: u64 = 1_000_000;
@@ -31,8 +31,10 @@ fn kinds(f: &[Value]) -> Vec<String> {
 }
 
 /// Runs `script` traced and returns explain's JSON and the workload's pid.
-fn run(tag: &str, script: &str) -> (Value, u32) {
-    let sb = Sandbox::new(tag);
+/// Traces `script` in a fresh sandbox and explains it; None where eBPF is
+/// unavailable (the test skips).
+fn run(tag: &str, script: &str) -> Option<(Value, u32)> {
+    let sb = Sandbox::for_ebpf(tag)?;
     sb.trace(&[], script, 0);
     let pid = sb.truth()[0].pid;
     let v = explain(&sb);
@@ -43,7 +45,7 @@ fn run(tag: &str, script: &str) -> (Value, u32) {
             assert!(!comm.starts_with("gpusleuth"), "the tracer was blamed: {f}");
         }
     }
-    (v, pid)
+    Some((v, pid))
 }
 
 /// The first finding that is not about other processes taking the CPU.
@@ -54,6 +56,16 @@ fn top_verdict(v: &Value) -> Value {
         .unwrap_or_else(|| panic!("no verdict: {v}"))
 }
 
+/// Traces `script` (in a sandbox named after `kind`), whose top verdict must be of `kind` (else a panic listing
+/// the kinds found): explain's report, that verdict and the workload's pid;
+/// None where eBPF is unavailable.
+fn leading(kind: &str, script: &str) -> Option<(Value, Value, u32)> {
+    let (v, pid) = run(kind, script)?;
+    let f = top_verdict(&v);
+    assert_eq!(f["kind"], kind, "{:?}", kinds(&findings(&v)));
+    Some((v, f, pid))
+}
+
 fn ns(v: &Value, key: &str) -> u64 {
     v["evidence"][key]
         .as_u64()
@@ -62,14 +74,14 @@ fn ns(v: &Value, key: &str) -> u64 {
 
 #[test]
 fn host_bound_loop_is_called_host_bound() {
-    if !require_ebpf() {
-        return;
-    }
     // 20 steps of 20 ms of CPU work outside CUDA, 5 launches and a sync
     // that returns at once.
-    let (v, pid) = run("host", "repeat 20 { compute 20; launch 5; sync_stream }");
-    let f = top_verdict(&v);
-    assert_eq!(f["kind"], "host_bound", "{:?}", kinds(&findings(&v)));
+    let Some((v, f, pid)) = leading(
+        "host_bound",
+        "repeat 20 { compute 20; launch 5; sync_stream }",
+    ) else {
+        return;
+    };
     assert_eq!(f["pids"][0], pid);
     // 19 full steps lie between the first and the last sync: at least
     // 19 x 20 ms of CPU time was burnt there.
@@ -86,17 +98,14 @@ fn host_bound_loop_is_called_host_bound() {
 
 #[test]
 fn input_wait_names_the_loader_thread() {
-    if !require_ebpf() {
-        return;
-    }
     // One loader thread builds each batch in 20 ms of CPU; the main thread
     // waits for each, then launches and syncs.
-    let (v, pid) = run(
-        "input",
+    let Some((v, f, pid)) = leading(
+        "input_wait",
         "loaders 1 20 20; repeat 20 { next_batch; launch 5; sync_stream }",
-    );
-    let f = top_verdict(&v);
-    assert_eq!(f["kind"], "input_wait", "{:?}", kinds(&findings(&v)));
+    ) else {
+        return;
+    };
     // The window opens at the first sync (after batch 1): 19 batches of
     // >= 20 ms CPU each were waited for; allow the loader a head start on one.
     let blocked = ns(&f, "blocked_between_ns");
@@ -116,14 +125,11 @@ fn input_wait_names_the_loader_thread() {
 
 #[test]
 fn many_tiny_launches_are_launch_bound() {
-    if !require_ebpf() {
-        return;
-    }
     // 40,000 launches (counted in the kernel), a sync every 1000: long enough
     // (> 100 ms) to be judged even when a launch costs only a few microseconds.
-    let (v, _) = run("launch", "repeat 40 { launch 1000; sync_stream }");
-    let f = top_verdict(&v);
-    assert_eq!(f["kind"], "launch_bound", "{:?}", kinds(&findings(&v)));
+    let Some((v, f, _)) = leading("launch_bound", "repeat 40 { launch 1000; sync_stream }") else {
+        return;
+    };
     assert_eq!(f["evidence"]["launches"], 40_000);
     let per = ns(&f, "host_ns_per_launch");
     assert!(per > 0 && per <= 50_000, "{per}");
@@ -135,13 +141,13 @@ fn many_tiny_launches_are_launch_bound() {
 
 #[test]
 fn a_sync_every_step_is_a_sync_stall() {
-    if !require_ebpf() {
-        return;
-    }
     // 30 steps: 5 ms of host work, then a sync that waits 5 ms for the GPU.
-    let (v, _) = run("sync", "repeat 30 { compute 5; launch 10; sync_sleep 5 }");
-    let f = top_verdict(&v);
-    assert_eq!(f["kind"], "sync_stall", "{:?}", kinds(&findings(&v)));
+    let Some((_, f, _)) = leading(
+        "sync_stall",
+        "repeat 30 { compute 5; launch 10; sync_sleep 5 }",
+    ) else {
+        return;
+    };
     assert_eq!(f["evidence"]["syncs"], 30);
     // Each of the 29 syncs after the first follows >= 5 ms of host work and
     // sleeps >= 5 ms: at least 29 x 5 ms could overlap.
@@ -151,16 +157,15 @@ fn a_sync_every_step_is_a_sync_stall() {
 
 #[test]
 fn copies_from_pageable_memory_are_found_and_pinned_ones_are_not() {
-    if !require_ebpf() {
-        return;
-    }
     // 10 copies from a registered (pinned) buffer and 10 from a plain one,
     // each spinning 10 ms of CPU like the driver staging pageable memory.
-    let (v, _) = run(
+    let Some((v, _)) = run(
         "pageable",
         "host_register 1048576 reg; \
          repeat 10 { h2d 4096 10 reg; h2d 1048576 10; launch 2; sync_sleep 2 }",
-    );
+    ) else {
+        return;
+    };
     let f = findings(&v)
         .into_iter()
         .find(|f| f["kind"] == "pageable_copy")
@@ -172,27 +177,25 @@ fn copies_from_pageable_memory_are_found_and_pinned_ones_are_not() {
     assert!(ns(&f, "staging_ns") >= 10 * 10 * MS, "{f}");
 
     // Only pageable copies: the verdict leads.
-    let (v, _) = run(
-        "pageable-only",
+    let (_, f, _) = leading(
+        "pageable_copy",
         "repeat 20 { h2d 1048576 10; launch 2; sync_sleep 2 }",
-    );
-    let f = top_verdict(&v);
-    assert_eq!(f["kind"], "pageable_copy", "{:?}", kinds(&findings(&v)));
+    )
+    .expect("eBPF ran the first trace of this test");
     assert_eq!(f["evidence"]["copies"], 20);
     assert!(ns(&f, "staging_ns") >= 20 * 10 * MS, "{f}");
 }
 
 #[test]
 fn a_healthy_gpu_bound_run_has_zero_findings() {
-    if !require_ebpf() {
-        return;
-    }
     // Pinned copies, a few launches, and syncs that wait 20 ms for the GPU.
-    let (v, pid) = run(
+    let Some((v, pid)) = run(
         "healthy",
         "malloc_host 1048576 hb; malloc 1048576 w; \
          repeat 20 { h2d 65536 0 hb; launch 10; sync_sleep 20 }; free w; free_host hb",
-    );
+    ) else {
+        return;
+    };
     // Other processes of this shared machine may delay a sync's wake-up
     // (real cpu_preemption, never blamed on the workload or the tracer);
     // nothing else may be reported.

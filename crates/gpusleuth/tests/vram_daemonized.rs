@@ -17,8 +17,8 @@ mod support;
 mod vram_common;
 
 use std::process::{Command, Output};
-use support::{alive, wait_until, Scene};
-use vram_common::{classes, holder, json, target_pids};
+use support::{alive, assert_ended_only, Scene};
+use vram_common::{classes, holder, json, json_exit, target_pids};
 
 const GIB: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;
@@ -101,8 +101,7 @@ fn classified_and_reclaimed(mode: &str) {
     );
 
     let dry = gpusleuth(&w.scene, &["reclaim", "--orphans", "--json"]);
-    let plan = json(&dry);
-    assert_eq!(dry.status.code(), Some(0), "{plan}");
+    let plan = json_exit(&dry, 0);
     assert_eq!(target_pids(&plan), vec![w.holder as u64], "{plan}");
     assert_eq!(plan["plan"]["expected_free_bytes"]["0"], DEAD_BYTES);
     assert!(alive(w.holder), "a dry run signals nobody");
@@ -111,19 +110,15 @@ fn classified_and_reclaimed(mode: &str) {
         &w.scene,
         &["reclaim", "--orphans", "--yes", "--grace", "2s", "--json"],
     );
-    let res = json(&run);
-    assert_eq!(run.status.code(), Some(0), "{res}");
+    let res = json_exit(&run, 0);
     assert_eq!(res["outcome"]["memory_released"], true, "{res}");
     assert_eq!(res["outcome"]["verified"], true, "{res}");
     assert_eq!(
         res["outcome"]["freed"][0]["freed_bytes"], DEAD_BYTES,
         "{res}"
     );
-    wait_until("the daemonized holder to be gone", || !alive(w.holder));
-    assert!(
-        alive(w.ctl_agent) && alive(w.smi_agent),
-        "agents that merely opened device files are never touched"
-    );
+    let why = "agents that merely opened device files are never touched";
+    assert_ended_only(w.holder, &[(w.ctl_agent, why), (w.smi_agent, why)]);
 }
 
 #[test]

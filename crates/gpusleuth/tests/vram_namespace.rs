@@ -24,7 +24,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 use support::{alive, Scene};
-use vram_common::{classes, holder, json, target_pids};
+use vram_common::{classes, holder, json, json_exit, target_pids};
 
 const GIB: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;
@@ -192,8 +192,7 @@ impl Drop for Namespace {
 /// `reclaim --yes` on an NVML pid that cannot be translated: exit 3, refused as
 /// another namespace's pid, nothing executed.
 fn assert_refused_other_namespace(out: &Output, pid: u32) {
-    let r = json(out);
-    assert_eq!(out.status.code(), Some(3), "{r}");
+    let r = json_exit(out, 3);
     assert!(target_pids(&r).is_empty(), "{r}");
     assert!(r["outcome"].is_null(), "nothing executed: {r}");
     let refused = r["plan"]["refused"].as_array().expect("refused");
@@ -241,13 +240,7 @@ fn nvml_host_pids_in_a_child_pid_namespace_are_never_signalled() {
 
     // vram: both NVML pids are other_namespace, with no local process attached.
     let out = ns.gpusleuth(&scene, &["vram", "--json"]);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let r = json(&out);
+    let r = json_exit(&out, 0);
     assert_eq!(r["nvml"]["available"], true, "{r}");
     assert_eq!(r["pid_namespace"]["initial"], false, "{r}");
     assert_eq!(r["pid_namespace"]["translatable"], false, "{r}");
@@ -307,8 +300,7 @@ fn nvml_host_pids_in_a_child_pid_namespace_are_never_signalled() {
     assert_refused_other_namespace(&out, host_gpu);
     // --orphans does not turn the untranslatable pids into targets either.
     let out = ns.gpusleuth(&scene, &["reclaim", "--orphans", "--yes", "--json"]);
-    let r = json(&out);
-    assert_eq!(out.status.code(), Some(0), "nothing to reclaim: {r}");
+    let r = json_exit(&out, 0);
     assert!(target_pids(&r).is_empty(), "{r}");
     assert!(r["outcome"].is_null(), "{r}");
     assert!(alive(bystander_host), "the bystander was not signalled");
@@ -331,8 +323,7 @@ fn nvml_host_pids_in_a_child_pid_namespace_are_never_signalled() {
             "--json",
         ],
     );
-    let r = json(&out);
-    assert_eq!(out.status.code(), Some(3), "{r}");
+    let r = json_exit(&out, 3);
     assert!(target_pids(&r).is_empty(), "{r}");
     let why = r["plan"]["refused"][0]["reason"].as_str().expect("reason");
     assert!(why.contains("no GPU memory can be shown"), "{why}");

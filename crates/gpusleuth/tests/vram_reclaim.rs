@@ -8,8 +8,8 @@ mod vram_common;
 
 use std::collections::BTreeMap;
 use std::process::{Command, Output};
-use support::{alive, state, wait_until, Scene};
-use vram_common::{classes, holder, json, refusals, target_pids};
+use support::{alive, assert_ended_only, state, wait_until, Scene};
+use vram_common::{classes, holder, json, json_exit, refusals, target_pids};
 
 const GIB: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;
@@ -75,13 +75,7 @@ fn world(name: &str) -> World {
 fn vram_classifies_every_state_exactly() {
     let w = world("classify");
     let out = gpusleuth(&w.scene, &["vram", "--json"]);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let r = json(&out);
+    let r = json_exit(&out, 0);
     assert_eq!(r["nvml"]["available"], true);
     let expected: BTreeMap<u64, String> = [
         (w.active, "active"),
@@ -139,13 +133,7 @@ fn vram_classifies_every_state_exactly() {
 fn reclaim_orphans_plans_then_kills_exactly_the_orphans() {
     let w = world("reclaim");
     let dry = gpusleuth(&w.scene, &["reclaim", "--orphans", "--json"]);
-    assert_eq!(
-        dry.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&dry.stderr)
-    );
-    let plan = json(&dry);
+    let plan = json_exit(&dry, 0);
     assert_eq!(plan["dry_run"], true);
     let targets = target_pids(&plan);
     // The orphan holds only nvidiactl and nvidia-uvm and NVML shows no
@@ -166,19 +154,16 @@ fn reclaim_orphans_plans_then_kills_exactly_the_orphans() {
         &w.scene,
         &["reclaim", "--orphans", "--yes", "--grace", "2s", "--json"],
     );
-    let res = json(&run);
-    assert_eq!(run.status.code(), Some(0), "{res}");
+    let res = json_exit(&run, 0);
     assert_eq!(res["outcome"]["memory_released"], true);
     assert_eq!(res["outcome"]["freed"][0]["freed_bytes"], 2 * GIB, "{res}");
-    wait_until("the worker to be gone", || !alive(w.worker));
-    assert!(
-        alive(w.orphan),
-        "no memory shown for the orphan: never ended"
-    );
-    assert!(alive(w.active), "the active holder was not a target");
-    assert!(
-        alive(w.zombie_parent),
-        "the zombie's parent was not a target"
+    assert_ended_only(
+        w.worker,
+        &[
+            (w.orphan, "no memory shown for the orphan: never ended"),
+            (w.active, "the active holder was not a target"),
+            (w.zombie_parent, "the zombie's parent was not a target"),
+        ],
     );
 
     // Now the active holder, the zombie and the memoryless orphan remain.
@@ -196,8 +181,7 @@ fn zombie_is_refused_and_its_parent_offered() {
         &w.scene,
         &["reclaim", "--pid", &w.zombie.to_string(), "--yes", "--json"],
     );
-    assert_eq!(out.status.code(), Some(3));
-    let r = json(&out);
+    let r = json_exit(&out, 3);
     let refused = &r["plan"]["refused"][0];
     assert_eq!(refused["pid"], w.zombie);
     assert!(refused["reason"]
@@ -227,15 +211,11 @@ fn dead_listed_pid_resolves_to_its_worker() {
             "--json",
         ],
     );
-    let r = json(&out);
-    assert_eq!(out.status.code(), Some(0), "{r}");
+    let r = json_exit(&out, 0);
     let targets = target_pids(&r);
     assert_eq!(targets, vec![w.worker as u64]);
-    wait_until("the worker to be gone", || !alive(w.worker));
-    assert!(
-        alive(w.orphan) && alive(w.active),
-        "only the dead pid's own worker is ended"
-    );
+    let why = "only the dead pid's own worker is ended";
+    assert_ended_only(w.worker, &[(w.orphan, why), (w.active, why)]);
 }
 
 #[test]
@@ -260,13 +240,7 @@ fn refusals_signal_nobody() {
             "--json",
         ],
     );
-    assert_eq!(
-        out.status.code(),
-        Some(3),
-        "{}",
-        String::from_utf8_lossy(&out.stdout)
-    );
-    let r = json(&out);
+    let r = json_exit(&out, 3);
     assert!(r["plan"]["targets"].as_array().expect("targets").is_empty());
     let why = refusals(&r);
     assert!(why[&1].contains("pid 1"));
@@ -303,14 +277,7 @@ fn other_users_process_is_refused_unless_root() {
     cmd.env("GPUSLEUTH_DEV_PREFIX", &scene.dev_prefix)
         .env("GPUSLEUTH_NVML_LIB", "/nonexistent/libnvidia-ml.so.1");
     let out = cmd.output().expect("run as nobody");
-    assert_eq!(
-        out.status.code(),
-        Some(3),
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let r = json(&out);
+    let r = json_exit(&out, 3);
     let reason = r["plan"]["refused"][0]["reason"]
         .as_str()
         .expect("reason")

@@ -232,11 +232,9 @@ pub(crate) mod tests {
     fn split_adds_up_to_wall_time_for_every_call() {
         // Property-style: a deterministic sweep of consistent and
         // inconsistent counters (runnable+blocked above the wall time).
-        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = crate::testing::xorshift(0x9e37_79b9_7f4a_7c15);
         for _ in 0..10_000 {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
+            let seed = next();
             let dur = seed % 1_000_000;
             let runnable = (seed >> 20) % 700_000;
             let blocked = (seed >> 40) % 700_000;

@@ -9,6 +9,7 @@
 
 mod bottleneck;
 mod fragmentation;
+pub mod inputs;
 mod memory;
 mod straggler;
 mod time;
@@ -259,25 +260,35 @@ pub fn explain_from(
     per_call_culprits: &[Vec<Culprit>],
     ledgers: &[crate::ledger::ProcessLedger],
 ) -> Explanation {
-    let tracer = crate::threads::tracer_pid(data);
-    // gpusleuth's own threads are never culprits: their time is reported apart.
-    let per_call_culprits: Vec<Vec<Culprit>> = per_call_culprits
-        .iter()
-        .map(|v| {
-            v.iter()
-                .filter(|c| !crate::threads::is_tracer(c.pid, &c.comm, tracer))
-                .cloned()
-                .collect()
-        })
-        .collect();
-    let ctx = time::Context::new(data, &per_call_culprits);
+    // gpusleuth's own threads are never culprits: the accumulators drop them.
+    let inputs = inputs::FindingInputs::of(data, per_call_culprits);
+    explain_inputs(data, &inputs, ledgers)
+}
+
+/// The conclusions from the per-call aggregates (`inputs`, from
+/// [`inputs::FindingInputs::of`] or read from a trace's finding rollups).
+/// Of `data`, only what is small is read for them (counts, stats, GPU samples,
+/// stacks, the span), plus what the memory and straggler findings need: the
+/// memory-op calls and allocator events, the collectives.
+pub fn explain_inputs(
+    data: &TraceData,
+    inputs: &inputs::FindingInputs,
+    ledgers: &[crate::ledger::ProcessLedger],
+) -> Explanation {
+    let site = |id: Option<u64>| crate::sites::label_of(data, id);
+    let ctx = time::Context::new(
+        inputs,
+        data.has_host_context,
+        crate::TraceSpan::of(data),
+        &site,
+    );
     let threads = if data.has_host_context {
-        crate::threads::thread_splits(data)
+        inputs.splits.clone()
     } else {
         Vec::new()
     };
     let gpu = |a: u64, b: u64| crate::gpu_busy::gpu_busy(data, a, b);
-    let views = bottleneck::views(data, &threads, gpu);
+    let views = bottleneck::views(&data.counts, &threads, inputs, gpu);
     let mut findings = Vec::new();
     if data.has_host_context {
         findings.extend(time::cpu_preemption(&ctx));
@@ -285,9 +296,9 @@ pub fn explain_from(
             findings.extend(bottleneck::host_bound(v));
             findings.extend(bottleneck::input_wait(v));
             findings.extend(bottleneck::launch_bound(v));
-            findings.extend(bottleneck::sync_stall(v, data));
+            findings.extend(bottleneck::sync_stall(v));
         }
-        findings.extend(bottleneck::pageable_copy(&views, data));
+        findings.extend(bottleneck::pageable_copy(&views));
     }
     let stragglers = straggler::straggler(data, ctx.span_ns());
     // A collective's slow tail on the waiting ranks is the straggler's doing,
@@ -302,7 +313,7 @@ pub fn explain_from(
     let mut memory_notes = Vec::new();
     for l in ledgers {
         findings.extend(memory::allocation_failure(l));
-        findings.extend(memory::memory_growth(l, cuda_span(data, l.pid)));
+        findings.extend(memory::memory_growth(l, inputs.cuda_span(l.pid)));
         findings.extend(memory::allocation_churn(l, span));
         memory_notes.extend(memory::held_at_end_note(l));
     }
@@ -311,10 +322,14 @@ pub fn explain_from(
         findings.extend(fragmentation::fragmentation(data, v, ledgers));
     }
     rank(&mut findings);
-    let summary = verdict::summary_line(data, &threads, &views, &findings, &gpu);
+    let summary = verdict::summary_line(data.has_host_context, &threads, &views, &findings, &gpu);
     let mut notes = notes(data);
     notes.extend(verdict::tracer_note(&threads));
-    notes.extend(verdict::unknown_without_host_context(data, &gpu));
+    notes.extend(verdict::unknown_without_host_context(
+        data.has_host_context,
+        inputs,
+        &gpu,
+    ));
     notes.extend(memory_notes);
     notes.extend(
         allocators
@@ -341,14 +356,6 @@ fn share(part: u64, whole: u64) -> f64 {
     } else {
         part as f64 / whole as f64
     }
-}
-
-/// First call start to last call end of one process (non-nested calls).
-fn cuda_span(data: &TraceData, pid: u32) -> (u64, u64) {
-    let mine = data.calls.iter().filter(|c| c.pid == pid && !c.nested);
-    let first = mine.clone().map(|c| c.ts_ns).min().unwrap_or(0);
-    let last = mine.map(|c| c.end_ns()).max().unwrap_or(0);
-    (first, last)
 }
 
 /// Failed allocations first (the program is broken, not slow), then a

@@ -63,7 +63,7 @@ mod tests {
     use super::*;
     use crate::GpuSample;
 
-    const MS: u64 = 1_000_000;
+    use crate::testing::MS;
 
     fn sample(ts: u64, gpu: u32, busy: u32) -> GpuSample {
         GpuSample {

@@ -14,7 +14,7 @@
 
 use crate::data::TraceData;
 use crate::event::CallEvent;
-use crate::ops::OpClass;
+use crate::ops::{OpClass, OpInfo, OPS};
 use serde::{Serialize, Serializer};
 use std::collections::{BTreeMap, HashMap};
 
@@ -518,6 +518,90 @@ impl Ledger {
     }
 }
 
+/// Whether a call of this op can change a ledger or the allocator's segment
+/// map: allocations and frees of every pool, the virtual memory API and
+/// `cudaSetDevice` (it decides the device of later allocations). Every
+/// other call only lists its process, so a reader that streams a long
+/// trace reads these calls alone (a small share of all calls).
+pub fn is_memory_op(info: &OpInfo) -> bool {
+    info.name == "cudaSetDevice"
+        || matches!(
+            info.class,
+            OpClass::DeviceAlloc
+                | OpClass::DeviceFree
+                | OpClass::ManagedAlloc
+                | OpClass::HostAlloc
+                | OpClass::HostFree
+                | OpClass::PhysCreate
+                | OpClass::PhysRelease
+                | OpClass::VirtualMap
+        )
+}
+
+/// The names of the ops [`is_memory_op`] selects.
+pub fn memory_op_names() -> Vec<&'static str> {
+    OPS.iter()
+        .filter(|o| is_memory_op(o))
+        .map(|o| o.name)
+        .collect()
+}
+
+/// Builds the ledgers of a trace from its calls fed one at a time in the
+/// order they returned (ties in the order they started): the one replay
+/// [`ledger`] runs over a loaded trace and `memory` runs over calls
+/// streamed from the store, so both give the same answer while the
+/// streamed one holds only what is live.
+#[derive(Debug, Clone, Default)]
+pub struct LedgerBuilder {
+    ledger: Ledger,
+    at_ns: Option<u64>,
+}
+
+impl LedgerBuilder {
+    /// With `at_ns`, only calls that returned at or before it take effect.
+    pub fn new(at_ns: Option<u64>) -> LedgerBuilder {
+        LedgerBuilder {
+            ledger: Ledger::new(),
+            at_ns,
+        }
+    }
+
+    /// Lists a process that made a call (memory or not) or a counted call.
+    pub fn track(&mut self, pid: u32) {
+        self.ledger.track(pid);
+    }
+
+    /// The next call in return order; its process is listed either way.
+    pub fn push(&mut self, c: &CallEvent) {
+        self.ledger.track(c.pid);
+        if self.at_ns.is_some_and(|at| c.end_ns() > at) {
+            return;
+        }
+        self.ledger.apply(c);
+    }
+
+    /// The ledger of every listed process, by pid. Names, exit times and
+    /// site labels come from `context` (its processes and stacks; its calls
+    /// are not read).
+    pub fn finish(self, context: &TraceData) -> Vec<ProcessLedger> {
+        let at_ns = self.at_ns;
+        self.ledger
+            .procs
+            .into_iter()
+            .map(|(pid, r)| {
+                let info = context.process(pid);
+                let comm = info.map(|p| p.comm.clone()).unwrap_or_else(|| "?".into());
+                let exit_ns = info
+                    .and_then(|p| p.exit_ns)
+                    .filter(|&e| at_ns.is_none_or(|at| e <= at));
+                let mut l = r.finish(pid, comm, exit_ns);
+                name_sites(context, &mut l);
+                l
+            })
+            .collect()
+    }
+}
+
 /// The ledger of every process that made a recorded or counted call, by pid.
 /// With `at_ns`, only calls that returned at or before that moment count
 /// (and a call failing before it).
@@ -525,30 +609,14 @@ pub fn ledger(data: &TraceData, at_ns: Option<u64>) -> Vec<ProcessLedger> {
     // Effects happen at return; replay in that order, stable for ties.
     let mut order: Vec<&CallEvent> = data.calls.iter().collect();
     order.sort_by_key(|c| c.end_ns());
-    let mut l = Ledger::new();
+    let mut b = LedgerBuilder::new(at_ns);
     for oc in &data.counts {
-        l.track(oc.pid);
+        b.track(oc.pid);
     }
     for c in order {
-        l.track(c.pid);
-        if at_ns.is_some_and(|at| c.end_ns() > at) {
-            continue;
-        }
-        l.apply(c);
+        b.push(c);
     }
-    l.procs
-        .into_iter()
-        .map(|(pid, r)| {
-            let info = data.process(pid);
-            let comm = info.map(|p| p.comm.clone()).unwrap_or_else(|| "?".into());
-            let exit_ns = info
-                .and_then(|p| p.exit_ns)
-                .filter(|&e| at_ns.is_none_or(|at| e <= at));
-            let mut l = r.finish(pid, comm, exit_ns);
-            name_sites(data, &mut l);
-            l
-        })
-        .collect()
+    b.finish(data)
 }
 
 /// Fills the `site` of unfreed and failed allocations from the trace's stacks.
@@ -757,6 +825,58 @@ mod tests {
             assert_eq!(l.unfreed.len(), expected_live.len());
             assert_eq!(l.unfreed.iter().map(|u| u.bytes).sum::<u64>(), l.live_bytes);
         }
+    }
+
+    #[test]
+    fn only_memory_calls_change_a_ledger() {
+        // What a streamed reader relies on: replaying the memory calls alone
+        // (listing every process) gives the ledger of all calls, at any moment.
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let ops: Vec<&'static OpInfo> = OPS.iter().collect();
+        for _ in 0..100 {
+            let mut calls = Vec::new();
+            for i in 0..80u64 {
+                let r = next();
+                let op = ops[(r % ops.len() as u64) as usize];
+                calls.push(CallEvent {
+                    ts_ns: 100 * i + r % 50,
+                    dur_ns: r % 300,
+                    pid: 1 + (r >> 20) as u32 % 3,
+                    tid: 10 + (r >> 24) as u32 % 2,
+                    op: op.id,
+                    ret: i64::from(r % 7 == 0),
+                    size: Some(1 + (r >> 8) % 4096),
+                    ptr: Some(0x1000 * (1 + (r >> 12) % 8)),
+                    nested: r % 11 == 0,
+                    ..Default::default()
+                });
+            }
+            let all = trace(calls.clone());
+            for at in [None, Some(2_000), Some(5_000)] {
+                let want = ledger(&all, at);
+                let mut order: Vec<&CallEvent> = calls.iter().collect();
+                order.sort_by_key(|c| c.end_ns());
+                let mut b = LedgerBuilder::new(at);
+                for c in &calls {
+                    b.track(c.pid);
+                }
+                for c in order
+                    .into_iter()
+                    .filter(|c| c.info().is_some_and(is_memory_op))
+                {
+                    b.push(c);
+                }
+                assert_eq!(b.finish(&all), want);
+            }
+        }
+        assert!(memory_op_names().contains(&"cudaSetDevice"));
+        assert!(!memory_op_names().contains(&"cudaLaunchKernel"));
     }
 
     #[test]

@@ -446,15 +446,27 @@ pub fn decode_stack(buf: &[u8]) -> Result<RawStack, DecodeError> {
     Ok(s)
 }
 
-/// Turns a raw call into an event, decoding the arguments the op table names.
-pub fn decode_call(r: &RawCall) -> Result<CallEvent, DecodeError> {
-    let info = u16::try_from(r.op)
+/// The op a timed record names, once the record is known to end no earlier
+/// than it starts (`backwards` says which record did not).
+fn timed_op(
+    op: u32,
+    start_ns: u64,
+    end_ns: u64,
+    backwards: &'static str,
+) -> Result<&'static crate::ops::OpInfo, DecodeError> {
+    let info = u16::try_from(op)
         .ok()
         .and_then(op_by_id)
-        .ok_or(DecodeError::UnknownOp(r.op))?;
-    if r.end_ns < r.start_ns {
-        return Err(DecodeError::BadValue("call ends before it starts"));
+        .ok_or(DecodeError::UnknownOp(op))?;
+    if end_ns < start_ns {
+        return Err(DecodeError::BadValue(backwards));
     }
+    Ok(info)
+}
+
+/// Turns a raw call into an event, decoding the arguments the op table names.
+pub fn decode_call(r: &RawCall) -> Result<CallEvent, DecodeError> {
+    let info = timed_op(r.op, r.start_ns, r.end_ns, "call ends before it starts")?;
     let arg = |i: Option<u8>| i.map(|i| r.args[i as usize]);
     let out_valid = r.flags & CALL_OUT_VALID != 0;
     let ptr = if info.out_arg > 0 {
@@ -495,13 +507,12 @@ const NCCL_IN_PROGRESS: i32 = 7;
 
 /// Turns a raw NCCL record into an event (a call plus its decoded arguments).
 pub fn decode_nccl(r: &RawNccl) -> Result<crate::nccl::NcclEvent, DecodeError> {
-    let info = u16::try_from(r.op)
-        .ok()
-        .and_then(op_by_id)
-        .ok_or(DecodeError::UnknownOp(r.op))?;
-    if r.end_ns < r.start_ns {
-        return Err(DecodeError::BadValue("NCCL call ends before it starts"));
-    }
+    let info = timed_op(
+        r.op,
+        r.start_ns,
+        r.end_ns,
+        "NCCL call ends before it starts",
+    )?;
     let call = CallEvent {
         ts_ns: r.start_ns,
         dur_ns: r.end_ns - r.start_ns,
@@ -562,15 +573,12 @@ pub fn decode_wait(r: &RawWait) -> Result<WaitEvent, DecodeError> {
 }
 
 pub fn decode_block(r: &RawBlock) -> Result<BlockEvent, DecodeError> {
-    let info = u16::try_from(r.op)
-        .ok()
-        .and_then(op_by_id)
-        .ok_or(DecodeError::UnknownOp(r.op))?;
-    if r.end_ns < r.start_ns {
-        return Err(DecodeError::BadValue(
-            "allocator call ends before it starts",
-        ));
-    }
+    let info = timed_op(
+        r.op,
+        r.start_ns,
+        r.end_ns,
+        "allocator call ends before it starts",
+    )?;
     Ok(BlockEvent {
         op: info.id,
         pid: r.pid,

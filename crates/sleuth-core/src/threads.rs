@@ -131,10 +131,20 @@ impl ThreadSplit {
 /// The whole-thread split of every thread that made a (non-nested) CUDA
 /// call, largest window first.
 pub fn thread_splits(data: &TraceData) -> Vec<ThreadSplit> {
+    stream_threads(data, |_, _| {})
+}
+
+/// [`thread_splits`], also handing every non-nested call with its index in
+/// `data.calls` to `on_call`, thread by thread in start order (ties: trace
+/// order): the order the findings' per-thread accumulators need.
+pub fn stream_threads(
+    data: &TraceData,
+    mut on_call: impl FnMut(usize, &CallEvent),
+) -> Vec<ThreadSplit> {
     let tracer = tracer_pid(data);
-    let mut calls: BTreeMap<(u32, u32), Vec<&CallEvent>> = BTreeMap::new();
-    for c in data.calls.iter().filter(|c| !c.nested) {
-        calls.entry((c.pid, c.tid)).or_default().push(c);
+    let mut calls: BTreeMap<(u32, u32), Vec<(usize, &CallEvent)>> = BTreeMap::new();
+    for (i, c) in data.calls.iter().enumerate().filter(|(_, c)| !c.nested) {
+        calls.entry((c.pid, c.tid)).or_default().push((i, c));
     }
     let mut waits: HashMap<(u32, u32), Vec<&WaitEvent>> = HashMap::new();
     for w in &data.waits {
@@ -145,23 +155,25 @@ pub fn thread_splits(data: &TraceData) -> Vec<ThreadSplit> {
     let mut out: Vec<ThreadSplit> = calls
         .iter_mut()
         .map(|(&(pid, tid), cs)| {
-            cs.sort_by_key(|c| c.ts_ns);
+            cs.sort_by_key(|c| c.1.ts_ns);
             let mut ws = waits.remove(&(pid, tid)).unwrap_or_default();
             ws.sort_by_key(|w| (w.on_ns, w.off_ns));
             let window = (
-                cs.iter().map(|c| c.ts_ns).min().unwrap_or(0),
-                cs.iter().map(|c| c.end_ns()).max().unwrap_or(0),
+                cs.iter().map(|c| c.1.ts_ns).min().unwrap_or(0),
+                cs.iter().map(|c| c.1.end_ns()).max().unwrap_or(0),
             );
             let mut t = ThreadStream::new(pid, tid, window, tracer);
             let mut next = cs.iter().peekable();
             for w in ws {
-                while let Some(c) = next.next_if(|c| c.ts_ns < w.on_ns) {
+                while let Some(&(i, c)) = next.next_if(|c| c.1.ts_ns < w.on_ns) {
                     t.add_call(c);
+                    on_call(i, c);
                 }
                 t.add_wait(w);
             }
-            for c in next {
+            for &(i, c) in next {
                 t.add_call(c);
+                on_call(i, c);
             }
             t.finish(data.comm_of(pid))
         })

@@ -105,6 +105,15 @@ impl Holder {
             .as_ref()
             .is_some_and(|p| p.state != ProcState::Zombie && p.state != ProcState::Dead)
     }
+    /// The pids that keep this one's memory on more than an open device file
+    /// (a shared context or a mapping): the ones whose end frees it.
+    pub fn strong_holders(&self) -> Vec<u32> {
+        self.held_by
+            .iter()
+            .filter(|x| x.evidence != WEAK_EVIDENCE)
+            .map(|x| x.pid)
+            .collect()
+    }
 }
 
 /// One GPU and the memory accounting around it.
@@ -596,6 +605,11 @@ pub(crate) mod tests {
         }
     }
 
+    /// `classify` as on a host: the initial pid namespace, the real device files.
+    pub fn classify_host(nvml: &NvmlView, procs: &ProcSnapshot) -> Report {
+        classify(nvml, procs, &host_ns(), "/dev/nvidia")
+    }
+
     const DEV: &[&str] = &["/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm"];
 
     /// The GPU.md crash: parent 100 (group leader) killed, worker 101 keeps its files.
@@ -606,12 +620,7 @@ pub(crate) mod tests {
             proc_(101, 1, 100, ProcState::Sleeping, DEV),
             proc_(300, 1, 300, ProcState::Sleeping, &["/dev/nvidiactl"]),
         ]);
-        let r = classify(
-            &gpu(&[(100, 2566 << 20)]),
-            &procs,
-            &host_ns(),
-            "/dev/nvidia",
-        );
+        let r = classify_host(&gpu(&[(100, 2566 << 20)]), &procs);
         let dead = r.holder(100).expect("listed");
         assert_eq!(dead.class, Class::ExitedButListed);
         assert_eq!(
@@ -632,12 +641,7 @@ pub(crate) mod tests {
 
     #[test]
     fn dead_pid_with_no_holder_is_reported_as_held_by_nobody() {
-        let r = classify(
-            &gpu(&[(100, 1 << 30)]),
-            &snapshot(vec![]),
-            &host_ns(),
-            "/dev/nvidia",
-        );
+        let r = classify_host(&gpu(&[(100, 1 << 30)]), &snapshot(vec![]));
         assert_eq!(r.holder(100).expect("listed").class, Class::ExitedButListed);
         assert_eq!(r.gpus[0].held_by_nobody_visible_bytes, 1 << 30);
     }
@@ -673,12 +677,7 @@ pub(crate) mod tests {
             agent,
             smi,
         ]);
-        let r = classify(
-            &gpu(&[(639, 2566 << 20)]),
-            &procs,
-            &host_ns(),
-            "/dev/nvidia",
-        );
+        let r = classify_host(&gpu(&[(639, 2566 << 20)]), &procs);
         assert_eq!(
             r.holder(639).expect("dead").held_by,
             vec![HeldBy {
@@ -706,12 +705,7 @@ pub(crate) mod tests {
             &["/dev/nvidia0"],
         );
         let procs = snapshot(vec![parent, child]);
-        let r = classify(
-            &gpu(&[(500, 1 << 30), (639, 2 << 30)]),
-            &procs,
-            &host_ns(),
-            "/dev/nvidia",
-        );
+        let r = classify_host(&gpu(&[(500, 1 << 30), (639, 2 << 30)]), &procs);
         assert_eq!(
             r.holder(639).expect("dead").held_by,
             vec![HeldBy {
@@ -731,12 +725,7 @@ pub(crate) mod tests {
             &["/dev/nvidia0"],
         );
         let procs = snapshot(vec![worker]);
-        let r = classify(
-            &gpu(&[(100, 2 << 30), (200, 1 << 30)]),
-            &procs,
-            &host_ns(),
-            "/dev/nvidia",
-        );
+        let r = classify_host(&gpu(&[(100, 2 << 30), (200, 1 << 30)]), &procs);
         assert_eq!(r.holder(101).expect("worker").holds_memory_of, vec![100]);
         assert_eq!(
             r.holder(200).expect("other").held_by,
@@ -758,12 +747,7 @@ pub(crate) mod tests {
             ProcState::Sleeping,
             &["/dev/nvidiactl", "/dev/nvidia-uvm"],
         );
-        let r = classify(
-            &gpu(&[(100, 1 << 30)]),
-            &snapshot(vec![child]),
-            &host_ns(),
-            "/dev/nvidia",
-        );
+        let r = classify_host(&gpu(&[(100, 1 << 30)]), &snapshot(vec![child]));
         assert!(r.holder(100).expect("dead").held_by.is_empty());
         assert!(r.holder(101).expect("child").holds_memory_of.is_empty());
     }
@@ -771,7 +755,7 @@ pub(crate) mod tests {
     #[test]
     fn weak_candidates_when_no_link() {
         let procs = snapshot(vec![proc_(200, 1, 200, ProcState::Sleeping, DEV)]);
-        let r = classify(&gpu(&[(100, 1 << 30)]), &procs, &host_ns(), "/dev/nvidia");
+        let r = classify_host(&gpu(&[(100, 1 << 30)]), &procs);
         assert_eq!(
             r.holder(100).expect("l").held_by,
             vec![HeldBy {
@@ -791,12 +775,7 @@ pub(crate) mod tests {
             proc_(12, 1, 12, ProcState::DiskSleep, DEV),
             proc_(50, 1, 50, ProcState::Sleeping, &[]),
         ]);
-        let r = classify(
-            &gpu(&[(10, 1), (11, 2), (12, 3)]),
-            &procs,
-            &host_ns(),
-            "/dev/nvidia",
-        );
+        let r = classify_host(&gpu(&[(10, 1), (11, 2), (12, 3)]), &procs);
         assert_eq!(r.holder(10).expect("a").class, Class::Active);
         let z = r.holder(11).expect("z");
         assert_eq!((z.class, z.reap_parent), (Class::Zombie, Some(50)));
@@ -841,12 +820,7 @@ pub(crate) mod tests {
     #[test]
     fn nvml_absent_still_lists_proc_holders() {
         let procs = snapshot(vec![proc_(7, 1, 7, ProcState::Sleeping, DEV)]);
-        let r = classify(
-            &NvmlView::Unavailable { reason: "x".into() },
-            &procs,
-            &host_ns(),
-            "/dev/nvidia",
-        );
+        let r = classify_host(&NvmlView::Unavailable { reason: "x".into() }, &procs);
         assert!(!r.nvml.available);
         assert_eq!(r.holder(7).expect("h").class, Class::IdleHolder);
     }

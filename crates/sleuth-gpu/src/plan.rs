@@ -215,12 +215,7 @@ pub fn make_plan(
                 ));
             }
             Class::ExitedButListed => {
-                let strong: Vec<u32> = h
-                    .held_by
-                    .iter()
-                    .filter(|x| x.evidence != WEAK_EVIDENCE)
-                    .map(|x| x.pid)
-                    .collect();
+                let strong = h.strong_holders();
                 if strong.is_empty() {
                     let hint = if h.held_by.is_empty() {
                         "no visible process holds the device files".to_string()
@@ -398,12 +393,7 @@ fn expected_free(report: &Report, targets: &[Target]) -> BTreeMap<u32, u64> {
     let target_pids: BTreeSet<u32> = targets.iter().map(|t| t.pid).collect();
     let mut out = BTreeMap::new();
     for h in report.holders.iter().filter(|h| !h.gpus.is_empty()) {
-        let linked: Vec<u32> = h
-            .held_by
-            .iter()
-            .filter(|x| x.evidence != WEAK_EVIDENCE)
-            .map(|x| x.pid)
-            .collect();
+        let linked = h.strong_holders();
         let freed = target_pids.contains(&h.pid)
             || (!h.alive() && !linked.is_empty() && linked.iter().all(|p| target_pids.contains(p)));
         if freed {
@@ -422,8 +412,7 @@ fn pids(it: impl Iterator<Item = u32>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::classify::classify;
-    use crate::classify::tests::{gpu, host_ns, proc_, snapshot};
+    use crate::classify::tests::{classify_host, gpu, proc_, snapshot};
     use crate::proc_scan::ProcState;
 
     const DEV: &[&str] = &["/dev/nvidia0", "/dev/nvidiactl"];
@@ -453,11 +442,9 @@ mod tests {
         kthread.kernel_thread = true;
         let mut all = procs.clone();
         all.procs.insert(2, kthread);
-        let report = classify(
+        let report = classify_host(
             &gpu(&[(100, 2 << 30), (102, 1 << 30), (11, 5), (400, 3 << 30)]),
             &procs,
-            &host_ns(),
-            "/dev/nvidia",
         );
         (report, all)
     }
@@ -540,7 +527,7 @@ mod tests {
             300,
             proc_(300, 1, 299, ProcState::Sleeping, &["/dev/nvidiactl"]),
         );
-        let r2 = classify(&gpu(&[(100, 2 << 30)]), &procs, &host_ns(), "/dev/nvidia");
+        let r2 = classify_host(&gpu(&[(100, 2 << 30)]), &procs);
         assert_eq!(r2.holder(300).expect("ctl").class, Class::OrphanedWorker);
         let plan = make_plan(&r2, &procs, &Selection::Orphans, &c);
         assert_eq!(
@@ -561,13 +548,11 @@ mod tests {
         assert!(plan.targets.is_empty());
 
         // Without NVML nothing at all can be shown.
-        let blind = classify(
+        let blind = classify_host(
             &crate::nvml::NvmlView::Unavailable {
                 reason: "no driver".into(),
             },
             &procs,
-            &host_ns(),
-            "/dev/nvidia",
         );
         for sel in [Selection::Orphans, Selection::Pids(vec![101, 300])] {
             let plan = make_plan(&blind, &procs, &sel, &c);
@@ -586,7 +571,7 @@ mod tests {
     #[test]
     fn unproven_holders_come_with_the_command_that_ends_them() {
         let procs = snapshot(vec![proc_(200, 1, 200, ProcState::Sleeping, DEV)]);
-        let r = classify(&gpu(&[(100, 1 << 30)]), &procs, &host_ns(), "/dev/nvidia");
+        let r = classify_host(&gpu(&[(100, 1 << 30)]), &procs);
         let plan = make_plan(&r, &procs, &Selection::Orphans, &caller());
         assert!(plan.targets.is_empty());
         assert_eq!(plan.hints.len(), 1);

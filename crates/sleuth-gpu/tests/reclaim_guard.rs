@@ -25,6 +25,16 @@ fn sources(scene: &Scene) -> Sources {
 /// A plan that targets `pid` as the planner would if NVML listed it. The
 /// planner itself refuses, without NVML, to end anything (issue 18); these
 /// tests exercise execution: the identity guard and the signals.
+/// A fresh scene with one `holder MODE` of every device file, observed (the
+/// scene stays alive as long as the caller keeps it).
+fn observed_holder(tag: &str, mode: &str) -> (Scene, u32, Sources, sleuth_gpu::Observation) {
+    let mut scene = Scene::new(tag);
+    let pid = scene.spawn(mode, &scene.devices())[0];
+    let src = sources(&scene);
+    let before = src.observe();
+    (scene, pid, src, before)
+}
+
 fn plan_for(before: &sleuth_gpu::Observation, pid: u32) -> sleuth_gpu::Plan {
     let caller = Caller::current(&std::path::PathBuf::from("/proc"));
     let refused = make_plan(
@@ -70,10 +80,7 @@ fn quick() -> ExecOptions {
 
 #[test]
 fn recycled_pid_is_never_signalled() {
-    let mut scene = Scene::new("guard");
-    let pid = scene.spawn("hold", &scene.devices())[0];
-    let src = sources(&scene);
-    let before = src.observe();
+    let (_scene, pid, src, before) = observed_holder("guard", "hold");
     assert!(!before.report.nvml.available);
     assert_eq!(
         before.report.holder(pid).map(|h| h.class),
@@ -121,10 +128,7 @@ fn planned_holder_is_ended_and_release_verified() {
 
 #[test]
 fn sigterm_ignored_escalates_to_sigkill() {
-    let mut scene = Scene::new("escalate");
-    let pid = scene.spawn("ignore-term", &scene.devices())[0];
-    let src = sources(&scene);
-    let before = src.observe();
+    let (_scene, pid, src, before) = observed_holder("escalate", "ignore-term");
     let plan = plan_for(&before, pid);
     let opts = ExecOptions {
         grace: Duration::from_millis(300),

@@ -175,12 +175,13 @@ mod tests {
         s.parse().expect("ip")
     }
 
+    fn tracker(total: usize, per_peer: usize) -> ConnTracker {
+        ConnTracker::new(ConnCaps { total, per_peer })
+    }
+
     #[test]
     fn idle_connections_make_room_busy_ones_do_not() {
-        let t = ConnTracker::new(ConnCaps {
-            total: 3,
-            per_peer: 2,
-        });
+        let t = tracker(3, 2);
         let a = t.admit(ip("10.0.0.1")).expect("a");
         let b = t.admit(ip("10.0.0.1")).expect("b");
         // Peer cap reached: the oldest idle of that peer (a) makes room.
@@ -205,10 +206,7 @@ mod tests {
 
     #[test]
     fn finished_connections_free_their_place() {
-        let t = ConnTracker::new(ConnCaps {
-            total: 1,
-            per_peer: 1,
-        });
+        let t = tracker(1, 1);
         let a = t.admit(ip("127.0.0.1")).expect("a");
         let _busy = Admitted::request(&a.in_flight());
         assert!(t.admit(ip("127.0.0.1")).is_none());

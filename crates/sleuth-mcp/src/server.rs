@@ -86,6 +86,22 @@ impl SleuthServer {
         };
         run_cancellable(job, budget, ctx.ct.clone().cancelled_owned()).await
     }
+
+    /// [`Self::on_db`] for a trace tool that takes its whole argument struct
+    /// (`db_arg` is the struct's own `db`).
+    async fn on_args<A, F>(
+        &self,
+        db_arg: Option<String>,
+        a: A,
+        ctx: RequestContext<RoleServer>,
+        f: F,
+    ) -> ToolResult
+    where
+        A: Send + 'static,
+        F: FnOnce(&Path, &A, &ReadBudget) -> anyhow::Result<Value> + Send + 'static,
+    {
+        self.on_db(db_arg, ctx, move |db, b| f(db, &a, b)).await
+    }
 }
 
 /// Runs blocking work under `budget`; when `cancelled` resolves first (the
@@ -152,8 +168,7 @@ impl SleuthServer {
         Parameters(a): Parameters<args::CallScope>,
         ctx: RequestContext<RoleServer>,
     ) -> ToolResult {
-        let db = a.db.clone();
-        self.on_db(db, ctx, move |db, b| trace_tools::latency_stats(db, &a, b))
+        self.on_args(a.db.clone(), a, ctx, trace_tools::latency_stats)
             .await
     }
 
@@ -167,8 +182,7 @@ impl SleuthServer {
         Parameters(a): Parameters<args::CallScope>,
         ctx: RequestContext<RoleServer>,
     ) -> ToolResult {
-        let db = a.db.clone();
-        self.on_db(db, ctx, move |db, b| trace_tools::findings(db, &a, b))
+        self.on_args(a.db.clone(), a, ctx, trace_tools::findings)
             .await
     }
 
@@ -181,8 +195,7 @@ impl SleuthServer {
         Parameters(a): Parameters<args::SlowCalls>,
         ctx: RequestContext<RoleServer>,
     ) -> ToolResult {
-        let db = a.db.clone();
-        self.on_db(db, ctx, move |db, b| trace_tools::slow_calls(db, &a, b))
+        self.on_args(a.db.clone(), a, ctx, trace_tools::slow_calls)
             .await
     }
 
@@ -197,8 +210,7 @@ impl SleuthServer {
         Parameters(a): Parameters<args::Memory>,
         ctx: RequestContext<RoleServer>,
     ) -> ToolResult {
-        let db = a.db.clone();
-        self.on_db(db, ctx, move |db, b| trace_tools::memory(db, &a, b))
+        self.on_args(a.db.clone(), a, ctx, trace_tools::memory)
             .await
     }
 
@@ -226,11 +238,8 @@ impl SleuthServer {
         Parameters(a): Parameters<args::CallSites>,
         ctx: RequestContext<RoleServer>,
     ) -> ToolResult {
-        let db = a.db.clone();
-        self.on_db(db, ctx, move |db, b| {
-            crate::site_tools::call_sites(db, &a, b)
-        })
-        .await
+        self.on_args(a.db.clone(), a, ctx, crate::site_tools::call_sites)
+            .await
     }
 
     #[tool(
@@ -242,8 +251,7 @@ impl SleuthServer {
         Parameters(a): Parameters<args::Timeline>,
         ctx: RequestContext<RoleServer>,
     ) -> ToolResult {
-        let db = a.db.clone();
-        self.on_db(db, ctx, move |db, b| trace_tools::timeline(db, &a, b))
+        self.on_args(a.db.clone(), a, ctx, trace_tools::timeline)
             .await
     }
 
@@ -257,9 +265,7 @@ impl SleuthServer {
         Parameters(a): Parameters<args::Sql>,
         ctx: RequestContext<RoleServer>,
     ) -> ToolResult {
-        let db = a.db.clone();
-        self.on_db(db, ctx, move |db, b| trace_tools::sql(db, &a, b))
-            .await
+        self.on_args(a.db.clone(), a, ctx, trace_tools::sql).await
     }
 
     #[tool(

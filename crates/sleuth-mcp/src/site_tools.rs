@@ -4,8 +4,9 @@
 use crate::args;
 use anyhow::{bail, Result};
 use serde_json::{json, Value};
+use sleuth_core::findings;
 use sleuth_core::sites::{label_of, memory_by_site};
-use sleuth_core::{findings, ledger};
+use sleuth_store::stream::{CallQuery, MemoryTrace};
 use sleuth_store::{ReadBudget, Trace};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -21,9 +22,12 @@ pub fn call_sites(db: &Path, a: &args::CallSites, budget: &ReadBudget) -> Result
         bail!("limit must be between 1 and {SITES_MAX} (got {limit})");
     }
     let trace = Trace::open_with(db, budget.clone())?;
-    let data = trace.load(a.pid)?;
-    let ledgers = ledger::ledger(&data, None);
-    let memory: Vec<Value> = memory_by_site(&data, &ledgers)
+    // The ledger streams; the per-site table holds the memory calls it reads.
+    let mut mt = MemoryTrace::open(&trace, a.pid, budget.clone())?;
+    let ledgers = mt.ledgers(None)?;
+    mt.load_memory_calls(None)?;
+    let data = &mt.base;
+    let memory: Vec<Value> = memory_by_site(data, &ledgers)
         .into_iter()
         .take(limit as usize)
         .map(|s| {
@@ -45,14 +49,25 @@ pub fn call_sites(db: &Path, a: &args::CallSites, budget: &ReadBudget) -> Result
         .collect();
     // Failed and slow calls by (site, op): what went wrong where.
     let mut other: BTreeMap<(String, &'static str), (u64, u64, u64)> = BTreeMap::new();
-    for c in data.calls.iter().filter(|c| c.stack_id.is_some()) {
-        let e = other
-            .entry((label_of(&data, c.stack_id), c.op_name()))
-            .or_default();
-        e.0 += 1;
-        e.1 += c.failed() as u64;
-        e.2 += c.dur_ns;
-    }
+    // Every call is read once, in order, and only its sums are kept.
+    mt.rows().for_each_call::<sleuth_store::StoreError>(
+        &CallQuery {
+            pid: a.pid,
+            ..Default::default()
+        },
+        |s| {
+            let c = &s.call;
+            if c.stack_id.is_some() {
+                let e = other
+                    .entry((label_of(data, c.stack_id), c.op_name()))
+                    .or_default();
+                e.0 += 1;
+                e.1 += c.failed() as u64;
+                e.2 += c.dur_ns;
+            }
+            Ok(())
+        },
+    )?;
     let mut calls: Vec<Value> = other
         .into_iter()
         .map(|((site, op), (n, errors, total_ns))| {

@@ -7,9 +7,8 @@ use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 use sleuth_core::decompose::Split;
 use sleuth_core::{findings, gpu_activity, held, ledger, op_by_name, stats, CallEvent, TraceData};
-use sleuth_store::{
-    run_readonly_sql_with, CallFilter, CallOrder, ReadBudget, SqlLimits, Trace, WaitFilter,
-};
+use sleuth_store::stream::{call_span, CallQuery, MemoryTrace, Rows, StreamOrder};
+use sleuth_store::{run_readonly_sql_with, CallFilter, ReadBudget, SqlLimits, Trace, WaitFilter};
 use std::path::{Path, PathBuf};
 
 const SLOW_CALLS_DEFAULT: u32 = 10;
@@ -114,49 +113,81 @@ fn load_scoped(trace: &Trace, scope: &args::CallScope) -> Result<TraceData> {
     Ok(data)
 }
 
-/// Sessions, processes, time range, counts, drops, libraries, notes.
+/// Sessions, processes, time range, counts, drops, libraries, notes: from
+/// one pass over the call rows and SQL counts, nothing held per call.
 pub fn overview(db: &Path, budget: &ReadBudget) -> Result<Value> {
     let trace = open(db, budget)?;
     let problems = trace.input_problems()?;
     let session = trace.session()?;
     let counters = trace.stats()?;
-    let data = trace.load(None)?;
-    let processes: Vec<Value> = data
-        .processes
+    let rows = Rows::open_with(&trace, budget.clone())?;
+    let groups = rows.call_groups()?;
+    let (waits, lifecycle) = rows.event_counts(None)?;
+    let kernel_counted: u64 = rows.op_counts(None)?.iter().map(|c| c.count).sum();
+    let info = TraceData {
+        stats: counters.clone(),
+        gpu_samples: trace.gpu_samples()?,
+        process_gpu: trace.process_gpu_samples(None)?,
+        ..Default::default()
+    };
+    let calls_of = |pid: u32| -> u64 {
+        groups
+            .iter()
+            .filter(|g| g.pid == pid)
+            .map(|g| g.count)
+            .sum()
+    };
+    let trace_processes = trace.processes()?;
+    let processes: Vec<Value> = trace_processes
         .iter()
         .map(|p| {
-            let calls = data.calls.iter().filter(|c| c.pid == p.pid).count();
             json!({
                 "pid": p.pid, "ppid": p.ppid, "comm": p.comm, "cmdline": p.cmdline,
                 "start_ns": p.start_ns, "exit_ns": p.exit_ns, "exit_code": p.exit_code,
-                "oom_victim": p.oom_victim, "calls": calls,
+                "oom_victim": p.oom_victim, "calls": calls_of(p.pid),
             })
         })
         .collect();
-    // Null, not 0, for a trace that says nothing about time.
-    let span = (data.start_ns.is_some() || !data.calls.is_empty())
-        .then(|| sleuth_core::TraceSpan::of(&data));
-    let failed = data.calls.iter().filter(|c| c.failed()).count();
+    // A stored trace always says when it started, so its span is known.
+    let span = call_span(
+        Some(session.info.start_mono_ns),
+        session.end_mono_ns,
+        &groups,
+        None,
+    );
+    let calls: u64 = groups.iter().map(|g| g.count).sum();
+    let failed: u64 = groups
+        .iter()
+        .filter(|g| {
+            CallEvent {
+                op: g.op,
+                ret: g.ret,
+                ..Default::default()
+            }
+            .failed()
+        })
+        .map(|g| g.count)
+        .sum();
     Ok(json!({
         "db": db.display().to_string(),
         "session": session,
         "time_range": {
             "clock": "CLOCK_MONOTONIC ns; wall-clock ns = value + realtime_offset_ns",
-            "start_ns": span.map(|s| s.start_ns), "end_ns": span.map(|s| s.end_ns),
-            "duration_ns": span.map(|s| s.duration_ns()),
-            "realtime_offset_ns": data.realtime_offset_ns,
+            "start_ns": span.start_ns, "end_ns": span.end_ns,
+            "duration_ns": span.duration_ns(),
+            "realtime_offset_ns": session.info.realtime_offset_ns,
         },
-        "host_context": data.has_host_context,
+        "host_context": trace.has_host_context(),
         "counts": {
-            "calls": data.calls.len(), "failed_calls": failed,
-            "waits": data.waits.len(), "lifecycle_events": data.procs.len(),
-            "kernel_counted_calls": data.counts.iter().map(|c| c.count).sum::<u64>(),
-            "processes": data.processes.len(),
+            "calls": calls, "failed_calls": failed,
+            "waits": waits, "lifecycle_events": lifecycle,
+            "kernel_counted_calls": kernel_counted,
+            "processes": trace_processes.len(),
         },
-        "drops": stats::drop_counters(&data),
-        "attach_edges": stats::attach_edges(&data),
-        "events": stats::event_counters(&data),
-        "gpu_activity": gpu_activity::of_trace(&data),
+        "drops": stats::drop_counters(&info),
+        "attach_edges": stats::attach_edges(&info),
+        "events": stats::event_counters(&info),
+        "gpu_activity": gpu_activity::of_trace(&info),
         "counters": counters,
         "processes": processes,
         "libraries": trace.libraries()?,
@@ -167,15 +198,33 @@ pub fn overview(db: &Path, budget: &ReadBudget) -> Result<Value> {
     }))
 }
 
-/// Per-op latency statistics with the on-CPU / runnable / blocked split.
+/// Per-op latency statistics with the on-CPU / runnable / blocked split:
+/// from the rollups when the trace has them and no time window is asked
+/// for (as `stats` answers), else from the calls in the scope.
 pub fn latency_stats(db: &Path, scope: &args::CallScope, budget: &ReadBudget) -> Result<Value> {
     let trace = open(db, budget)?;
-    let data = load_scoped(&trace, scope)?;
-    let report = stats::compute(&data);
+    check_op(scope.op.as_deref())?;
+    check_window(scope.since_ns, scope.until_ns)?;
+    let from_rollups = if scope.since_ns.is_none() && scope.until_ns.is_none() {
+        trace.stats_report(scope.pid)?
+    } else {
+        None
+    };
+    let (mut report, host_context) = match from_rollups {
+        Some(r) => (r, trace.has_host_context()),
+        None => {
+            let data = load_scoped(&trace, scope)?;
+            (stats::compute(&data), data.has_host_context)
+        }
+    };
+    // Each op's figures are its own: an op filter keeps its row.
+    if let Some(op) = scope.op.as_deref() {
+        report.ops.retain(|o| o.op == op);
+    }
     Ok(json!({
         "units": "ns; on_cpu + runnable + blocked = total; runnable = waiting for a CPU held by `culprits`",
         "filter": {"pid": scope.pid, "op": scope.op, "since_ns": scope.since_ns, "until_ns": scope.until_ns},
-        "host_context": data.has_host_context,
+        "host_context": host_context,
         "ops": report.ops,
         "drops": report.drops,
     }))
@@ -206,13 +255,20 @@ pub fn slow_calls(db: &Path, a: &args::SlowCalls, budget: &ReadBudget) -> Result
         bail!("limit must be between 1 and {SLOW_CALLS_MAX} (got {limit})");
     }
     let trace = open(db, budget)?;
-    let calls = trace.calls_filtered(&CallFilter {
-        pid: a.pid,
-        op: a.op.clone(),
-        limit: Some(limit as usize),
-        order: CallOrder::ByDurationDesc,
-        ..Default::default()
-    })?;
+    // Through the calls(op, dur_ns) index: only `limit` rows are read.
+    let mut calls = Vec::new();
+    Rows::open_with(&trace, budget.clone())?.for_each_call::<sleuth_store::StoreError>(
+        &CallQuery {
+            pid: a.pid,
+            ops: a.op.as_deref().and_then(op_by_name).map(|o| vec![o.name]),
+            order: StreamOrder::ByDurationDesc,
+            limit: Some(limit as usize),
+        },
+        |c| {
+            calls.push(c);
+            Ok(())
+        },
+    )?;
     let ids: Vec<i64> = calls.iter().map(|c| c.id).collect();
     let culprits = trace.call_culprits_of(&ids)?;
     let stacks = trace.stacks(a.pid)?;
@@ -259,13 +315,21 @@ pub fn memory(db: &Path, a: &args::Memory, budget: &ReadBudget) -> Result<Value>
         );
     }
     let trace = open(db, budget)?;
-    let data = trace.load(a.pid)?;
-    let mut procs = ledger::ledger(&data, a.at_ns);
+    // The ledger is replayed from the memory calls streamed from the store.
+    let mut mt = MemoryTrace::open(&trace, a.pid, budget.clone())?;
+    let mut procs = mt.ledgers(a.at_ns)?;
+    // What the driver said each process held before the trace (whole trace).
+    let end = match a.at_ns {
+        Some(_) => mt.ledgers(None)?,
+        None => procs.clone(),
+    };
+    // The allocator view and the sites read the memory calls themselves.
+    mt.load_memory_calls(None)?;
+    let data = &mt.base;
     // PyTorch's caching allocator rebuilt from `--torch-allocator` events
     // (reserved from the ledger, so before the timeline is thinned).
-    let allocators = sleuth_core::allocator::allocator_views(&data, a.at_ns, &procs);
-    // What the driver said each process held before the trace (whole trace).
-    let helds = held::held(&data, &ledger::ledger(&data, None));
+    let allocators = sleuth_core::allocator::allocator_views(data, a.at_ns, &procs);
+    let helds = held::held(data, &end);
     for h in &helds {
         if !procs.iter().any(|l| l.pid == h.pid) {
             let info = data.process(h.pid);
@@ -305,7 +369,7 @@ pub fn memory(db: &Path, a: &args::Memory, budget: &ReadBudget) -> Result<Value>
                  during the trace; allocations made before the trace are not itemized; \
                  pre_trace_frees counts frees of them (sizes not seen); measured: false = no NVML reading",
         "at_ns": a.at_ns,
-        "sites": sleuth_core::sites::memory_by_site(&data, &procs).into_iter().take(MEMORY_SITES).collect::<Vec<_>>(),
+        "sites": sleuth_core::sites::memory_by_site(data, &procs).into_iter().take(MEMORY_SITES).collect::<Vec<_>>(),
         "allocator": "per process: PyTorch's caching allocator (allocated = memory_allocated(), gap = reserved - allocated, \
                       segments with the most free bytes first, their largest live blocks); null without allocator events",
         "processes": processes,
@@ -315,8 +379,10 @@ pub fn memory(db: &Path, a: &args::Memory, budget: &ReadBudget) -> Result<Value>
 /// NVML samples of the trace: summary, busy series (thinned), per-process readings (capped).
 pub fn gpu_activity(db: &Path, budget: &ReadBudget) -> Result<Value> {
     let trace = open(db, budget)?;
-    let data = trace.load(None)?;
-    let summary = gpu_activity::of_trace(&data);
+    let mt = MemoryTrace::open(&trace, None, budget.clone())?;
+    let ledgers = mt.ledgers(None)?;
+    let data = &mt.base;
+    let summary = gpu_activity::of_trace(data);
     let samples = data.gpu_samples.as_deref().unwrap_or(&[]);
     let step = samples.len().div_ceil(GPU_SAMPLES_MAX).max(1);
     let series: Vec<&sleuth_core::GpuSample> = samples.iter().step_by(step).collect();
@@ -331,7 +397,7 @@ pub fn gpu_activity(db: &Path, budget: &ReadBudget) -> Result<Value> {
         "samples_step": step,
         "process_samples": per_process,
         "process_samples_total": data.process_gpu.len(),
-        "held": held::held(&data, &ledger::ledger(&data, None)),
+        "held": held::held(data, &ledgers),
     }))
 }
 
@@ -361,7 +427,11 @@ pub fn timeline(db: &Path, a: &args::Timeline, budget: &ReadBudget) -> Result<Va
         limit: Some(fetch),
         ..Default::default()
     })?;
-    let lifecycle = trace.load(Some(a.pid))?.procs;
+    // As loading the process would: an absent pid or a damaged file is an error.
+    trace.require_pid(a.pid)?;
+    let rows = Rows::open_with(&trace, budget.clone())?;
+    rows.check_totals()?;
+    let lifecycle = rows.proc_events_in(a.pid, since, until)?;
     let mut events: Vec<(u64, Value)> = Vec::new();
     for s in &calls {
         let mut v = call_json(&s.call);
@@ -379,10 +449,7 @@ pub fn timeline(db: &Path, a: &args::Timeline, budget: &ReadBudget) -> Result<Va
             }),
         ));
     }
-    for p in lifecycle
-        .iter()
-        .filter(|p| p.ts_ns >= since && p.ts_ns < until)
-    {
+    for p in &lifecycle {
         events.push((
             p.ts_ns,
             json!({"event": p.kind.as_str(), "ts_ns": p.ts_ns, "tid": p.tid, "ppid": p.ppid,

@@ -1,14 +1,21 @@
 //! Library files read for their ELF symbols, mapped instead of read.
 //!
 //! The CUDA, NCCL and PyTorch libraries gpusleuth parses are 100 MB to
-//! 1.5 GB; reading one into memory adds its size to the tracer's peak RSS
-//! (on the 2-core VM: +181 MB read vs +56 MB mapped for a 150 MB library;
-//! the likely cause of the 265 MB start-up peak seen on the H200,
-//! docs/gpu-runs.md). A read-only mapping costs the pages actually touched, and
-//! [`MappedFile::release`] drops those too once parsing is done.
+//! 1.5 GB; reading one into memory added its size to the tracer's peak RSS
+//! (265 MB on the H200). A read-only mapping costs only the pages touched,
+//! but a walk over PyTorch's symbol tables touches a lot of them: on the
+//! H200 (2026-11-30, `scripts/gpu/overhead_reps.py`, launch loop) the
+//! tracer's peak was 186 MB, 122 MB of it file pages. So walks drop the
+//! pages behind them as they go ([`MappedFile::releasing`]): on the 2-core
+//! VM, indexing a 14 MB symbol + string table raised peak RSS by 19.1 MB
+//! before, 9.8 MB after (98,105 functions).
 
 use memmap2::{Mmap, UncheckedAdvice};
 use std::path::Path;
+
+/// Symbols walked between two releases of the pages read: 32,768 entries of
+/// 24 bytes plus their names (~100 bytes each in C++ libraries) is ~4 MB.
+pub const RELEASE_EVERY: usize = 32_768;
 
 /// A library file mapped read-only.
 pub struct MappedFile {
@@ -29,6 +36,24 @@ impl MappedFile {
 
     pub fn bytes(&self) -> &[u8] {
         &self.map
+    }
+
+    /// `items` (a walk over this file's symbol table) with the pages read so
+    /// far dropped every [`RELEASE_EVERY`] items: a walk over a symbol table
+    /// of hundreds of MB (PyTorch's) keeps only a few MB of it resident at
+    /// any moment instead of all of it until the walk ends (the H200 showed
+    /// 122 MB of file pages resident in the tracer at its peak). Pages read
+    /// again (string-table entries) come back from the page cache.
+    pub fn releasing<'a, I: Iterator + 'a>(
+        &'a self,
+        items: I,
+    ) -> impl Iterator<Item = I::Item> + 'a {
+        items.enumerate().map(move |(i, item)| {
+            if i > 0 && i % RELEASE_EVERY == 0 {
+                self.release();
+            }
+            item
+        })
     }
 
     /// Drops the pages read so far from this process's resident set; later
@@ -54,5 +79,19 @@ mod tests {
         m.release();
         assert_eq!(&m.bytes()[..4], &head[..]);
         assert!(MappedFile::open(Path::new("/nonexistent/lib.so")).is_err());
+    }
+
+    #[test]
+    fn releasing_yields_every_item_unchanged() {
+        let exe = std::env::current_exe().unwrap();
+        let m = MappedFile::open(&exe).unwrap();
+        let n = 3 * RELEASE_EVERY + 5;
+        let bytes = m.bytes();
+        // Reads through the mapping across several releases see the same bytes.
+        let seen: Vec<u8> = m
+            .releasing((0..n).map(|i| bytes[i % bytes.len()]))
+            .collect();
+        let expected: Vec<u8> = (0..n).map(|i| bytes[i % bytes.len()]).collect();
+        assert_eq!(seen, expected);
     }
 }

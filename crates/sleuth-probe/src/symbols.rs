@@ -31,7 +31,7 @@ impl SymbolOffsets {
         let file = object::File::parse(data)
             .map_err(|e| format!("{} is not a readable ELF file: {e}", path.display()))?;
         let mut offsets = HashMap::new();
-        for sym in file.dynamic_symbols().chain(file.symbols()) {
+        for sym in map.releasing(file.dynamic_symbols().chain(file.symbols())) {
             if !sym.is_definition() || sym.address() == 0 {
                 continue;
             }

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{run_script as run, sim_world, TempDir};
+use common::{run_in_world, sim_world, wait_for, TempDir};
 use sleuth_sim::{device_ptrs, materialize, parse_truth, DEVICE_BASE};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -15,10 +15,8 @@ fn count(m: &std::collections::BTreeMap<String, u64>, k: &str) -> u64 {
 
 #[test]
 fn counts_pointers_and_failures_follow_the_script() {
-    let (dir, sim) = sim_world("counts");
-    let (code, truth) = run(
-        &sim,
-        &dir,
+    let (code, truth) = run_in_world(
+        "counts",
         "malloc 4096 a; malloc 1000 b; free a; launch 7; cu_launch 2; launch_ex 3; \
          malloc 1e15; memcpy 10 d2h; memcpy_async 10 h2h; sync_device; vmm 100; exit 5",
         &[],
@@ -53,10 +51,8 @@ fn counts_pointers_and_failures_follow_the_script() {
 
 #[test]
 fn device_limit_comes_from_the_environment() {
-    let (dir, sim) = sim_world("limit");
-    let (_, truth) = run(
-        &sim,
-        &dir,
+    let (_, truth) = run_in_world(
+        "limit",
         "malloc 600 a; malloc 600; free a; malloc 600",
         &[("SIM_DEVICE_BYTES", "1000")],
     );
@@ -68,10 +64,8 @@ fn device_limit_comes_from_the_environment() {
 
 #[test]
 fn children_report_their_own_counts() {
-    let (dir, sim) = sim_world("children");
-    let (code, truth) = run(
-        &sim,
-        &dir,
+    let (code, truth) = run_in_world(
+        "children",
         "launch 2; fork { malloc 8; launch 1 }; spawn { repeat 3 { launch 1 } }",
         &[],
     );
@@ -92,7 +86,7 @@ fn children_report_their_own_counts() {
 fn scripted_durations_sleep_and_spin() {
     let (dir, sim) = sim_world("time");
     let t0 = Instant::now();
-    run(&sim, &dir, "sync_sleep 100; spin 100", &[]);
+    common::run_script(&sim, &dir, "sync_sleep 100; spin 100", &[]);
     assert!(t0.elapsed() >= Duration::from_millis(200));
 }
 
@@ -115,9 +109,7 @@ fn dlopen_uses_the_copy() {
         .arg(&script)
         .spawn()
         .unwrap();
-    while !maps.exists() {
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_for(&maps);
     let text = std::fs::read_to_string(format!("/proc/{}/maps", child.id())).unwrap();
     assert!(
         text.contains(&copy.display().to_string()),
@@ -140,9 +132,7 @@ fn hog_names_itself_and_signals_ready() {
         .arg(&ready)
         .spawn()
         .unwrap();
-    while !ready.exists() {
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_for(&ready);
     let comm = std::fs::read_to_string(format!("/proc/{}/comm", hog.id())).unwrap();
     hog.kill().unwrap();
     hog.wait().unwrap();

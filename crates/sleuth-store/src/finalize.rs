@@ -22,6 +22,7 @@ pub(crate) fn complete(conn: &mut Connection, rollup: &Rollup) -> rusqlite::Resu
     let tx = conn.transaction()?;
     complete_processes(&tx)?;
     let rows = per_thread_pass(&tx, rollup)?;
+    crate::finding_rollups::write(&tx)?;
     write_op_rollups(&tx, rollup)?;
     tx.execute_batch(crate::schema::LATE_INDEXES)?;
     tx.execute(

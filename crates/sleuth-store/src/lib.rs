@@ -13,6 +13,7 @@
 mod budget;
 mod error;
 mod finalize;
+pub mod finding_rollups;
 mod import;
 mod merge;
 mod open;
@@ -25,6 +26,7 @@ mod schema;
 mod schema_check;
 mod sql;
 mod stacks;
+pub mod stream;
 mod types;
 mod writer;
 

@@ -7,7 +7,7 @@ mod common;
 use common::ingero::*;
 use common::*;
 use sleuth_core::ledger::ledger;
-use sleuth_store::{import_ingero, run_readonly_sql, SqlLimits, Trace, TraceSource};
+use sleuth_store::{import_ingero, Trace, TraceSource};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -74,26 +74,11 @@ fn fixture_imports_every_cuda_row_with_exact_counts() {
     assert_eq!(sum.sched_switch_skipped, 5);
     assert_eq!(sum.skipped_unknown.get("NET/net_send"), Some(&1));
     assert_eq!((sum.proc_events, sum.processes), (2, 2));
-    let stored = run_readonly_sql(
-        &dst,
-        "SELECT op, count(*) FROM calls GROUP BY op",
-        SqlLimits::default(),
-    )
-    .unwrap();
-    let stored: BTreeMap<String, u64> = stored
-        .rows
-        .iter()
-        .map(|r| (r[0].as_str().unwrap().to_string(), r[1].as_u64().unwrap()))
-        .collect();
-    assert_eq!(stored, want);
+    assert_eq!(stored_counts(&dst), want);
     let t = Trace::open(&dst).unwrap();
     assert_eq!(t.source(), TraceSource::Ingero);
     assert!(t.session().unwrap().info.tool_version.starts_with("ingero"));
-    assert!(t
-        .notes()
-        .unwrap()
-        .iter()
-        .any(|n| n.text.contains("RTX 4090")));
+    assert!(has_note(&t, "RTX 4090"));
 }
 
 #[test]
@@ -272,18 +257,7 @@ fn both_real_ingero_databases_import_with_exact_counts() {
         let want = expected_counts(&src);
         assert!(!want.is_empty());
         assert_eq!(sum.calls_by_op, want, "{name}: summary counts");
-        let ours = run_readonly_sql(
-            &dst,
-            "SELECT op, count(*) FROM calls GROUP BY op",
-            SqlLimits::default(),
-        )
-        .unwrap();
-        let ours: BTreeMap<String, u64> = ours
-            .rows
-            .iter()
-            .map(|r| (r[0].as_str().unwrap().to_string(), r[1].as_u64().unwrap()))
-            .collect();
-        assert_eq!(ours, want, "{name}: stored counts");
+        assert_eq!(stored_counts(&dst), want, "{name}: stored counts");
 
         let t = Trace::open(&dst).unwrap();
         assert_eq!(t.source(), TraceSource::Ingero);

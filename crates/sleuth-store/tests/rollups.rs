@@ -163,3 +163,99 @@ fn the_duration_index_is_built_when_the_trace_ends() {
         .unwrap();
     assert_eq!(n, 1);
 }
+
+/// `explain` from the stored finding rollups against `explain` from every
+/// call in memory, on an example trace written again through the writer.
+fn explain_both(name: &str) -> (serde_json::Value, serde_json::Value) {
+    use sleuth_core::findings::{explain_from, explain_inputs, inputs::FindingInputs};
+    let (_dir, path) = rewritten(name, "finding-rollups");
+    let t = Trace::open(&path).unwrap();
+    let data = t.load(None).unwrap();
+    let culprits = sleuth_core::culprits::call_culprits(&data.calls, &data.waits);
+    let ledgers = sleuth_core::ledger::ledger(&data, None);
+    let stored = sleuth_store::finding_rollups::finding_inputs(&t)
+        .unwrap()
+        .expect("finding rollups present");
+    // The stored aggregates hold what the in-memory ones hold.
+    let mem = FindingInputs::of(&data, &culprits);
+    assert_eq!(
+        stored.ops.keys().collect::<Vec<_>>(),
+        mem.ops.keys().collect::<Vec<_>>()
+    );
+    for (op, m) in &mem.ops {
+        let s = &stored.ops[op];
+        assert_eq!(
+            (s.count(), s.split, &s.pids, s.slowed),
+            (m.count(), m.split, &m.pids, m.slowed)
+        );
+        assert_eq!(s.culprits(), m.culprits(), "op {op}");
+    }
+    assert_eq!(stored.splits, mem.splits);
+    assert_eq!(stored.spans, mem.spans);
+    let a = explain_from(&data, &culprits, &ledgers);
+    let b = explain_inputs(&data, &stored, &ledgers);
+    (
+        serde_json::to_value(&a).unwrap(),
+        serde_json::to_value(&b).unwrap(),
+    )
+}
+
+/// Equal, except what the histogram bounds (docs/schema.md): percentiles
+/// within MAX_RELATIVE_ERROR, a tail that may leave out calls within one
+/// bucket of p95 (its shares then follow those calls).
+fn assert_close(got: &serde_json::Value, want: &serde_json::Value, at: &str) {
+    use serde_json::Value;
+    match (got, want) {
+        (Value::Object(g), Value::Object(w)) => {
+            assert_eq!(
+                g.keys().collect::<Vec<_>>(),
+                w.keys().collect::<Vec<_>>(),
+                "{at}"
+            );
+            for (k, wv) in w {
+                let gv = &g[k];
+                let here = format!("{at}.{k}");
+                if k.ends_with("p50_ns") || k.ends_with("p95_ns") || k.ends_with("p99_ns") {
+                    close(gv.as_u64(), wv.as_u64(), &here);
+                } else if k == "p99_over_p50" {
+                    let (a, b) = (gv.as_f64().unwrap_or(0.0), wv.as_f64().unwrap_or(0.0));
+                    assert!(
+                        (a - b).abs() <= b * 3.0 * MAX_RELATIVE_ERROR,
+                        "{here}: {a} vs {b}"
+                    );
+                } else if k == "tail" && gv["calls"] != wv["calls"] {
+                    assert!(gv["calls"].as_u64() < wv["calls"].as_u64(), "{here}");
+                } else {
+                    assert_close(gv, wv, &here);
+                }
+            }
+        }
+        (Value::Array(g), Value::Array(w)) => {
+            assert_eq!(g.len(), w.len(), "{at}");
+            for (i, (a, b)) in g.iter().zip(w).enumerate() {
+                assert_close(a, b, &format!("{at}[{i}]"));
+            }
+        }
+        (g, w) => assert_eq!(g, w, "{at}"),
+    }
+}
+
+#[test]
+fn explain_from_finding_rollups_matches_the_in_memory_path() {
+    for name in ["h200-contention.db", "demo-sim.db"] {
+        let (mem, stored) = explain_both(name);
+        assert!(
+            mem["findings"].as_array().is_some_and(|f| !f.is_empty()),
+            "{name}"
+        );
+        assert_close(&stored, &mem, name);
+    }
+}
+
+#[test]
+fn traces_without_finding_rollups_give_none() {
+    let t = Trace::open(&example("demo-sim.db")).unwrap();
+    assert!(sleuth_store::finding_rollups::finding_inputs(&t)
+        .unwrap()
+        .is_none());
+}

@@ -25,9 +25,7 @@ fn snapshot(dir: &Path) -> BTreeMap<String, (Vec<u8>, SystemTime)> {
 
 #[test]
 fn reads_return_columns_rows_and_respect_the_row_cap() {
-    let dir = TempDir::new("sqlok");
-    let db = dir.join("t.db");
-    small_trace(&db);
+    let (_dir, db) = small_trace_in("sqlok");
     let r = run_readonly_sql(
         &db,
         "SELECT op, count(*) AS n FROM calls GROUP BY op ORDER BY op",
@@ -84,9 +82,7 @@ fn reads_return_columns_rows_and_respect_the_row_cap() {
 
 #[test]
 fn writes_escapes_and_runaways_are_refused_and_nothing_changes() {
-    let dir = TempDir::new("sqlbad");
-    let db = dir.join("t.db");
-    small_trace(&db);
+    let (dir, db) = small_trace_in("sqlbad");
     let other = dir.join("other.db");
     let other_s = other.display().to_string();
     let attacks: Vec<String> = vec![
@@ -133,9 +129,7 @@ fn writes_escapes_and_runaways_are_refused_and_nothing_changes() {
 
 #[test]
 fn runaway_query_is_stopped_by_the_time_limit() {
-    let dir = TempDir::new("sqlslow");
-    let db = dir.join("t.db");
-    small_trace(&db);
+    let (_dir, db) = small_trace_in("sqlslow");
     let err = run_readonly_sql(
         &db,
         "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r) SELECT max(n) FROM r",
@@ -169,9 +163,7 @@ fn missing_or_non_sqlite_files_are_clear_errors() {
 /// stopped within the limit plus 1 s, whatever SQLite is doing.
 #[test]
 fn slow_functions_are_stopped_on_wall_time() {
-    let dir = TempDir::new("sqlslowfn");
-    let db = dir.join("t.db");
-    small_trace(&db);
+    let (_dir, db) = small_trace_in("sqlslowfn");
     let limit = std::time::Duration::from_secs(2);
     let queries = [
         "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c WHERE x<10) \
@@ -207,9 +199,7 @@ fn slow_functions_are_stopped_on_wall_time() {
 /// bounded in bytes and cells, and says why it stops.
 #[test]
 fn answers_are_bounded_in_bytes_and_cells() {
-    let dir = TempDir::new("sqlbig");
-    let db = dir.join("t.db");
-    small_trace(&db);
+    let (_dir, db) = small_trace_in("sqlbig");
     let r = run_readonly_sql(
         &db,
         "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c WHERE x<1000) \

@@ -10,11 +10,26 @@ use sleuth_store::{
 };
 use std::os::unix::fs::PermissionsExt;
 
+/// The slowest call of the trace, as `calls_filtered` returns it (at most one).
+fn slowest_call(t: &Trace) -> Vec<sleuth_store::StoredCall> {
+    t.calls_filtered(&CallFilter {
+        order: CallOrder::ByDurationDesc,
+        limit: Some(1),
+        ..Default::default()
+    })
+    .expect("the slowest call")
+}
+
+/// [`small_trace_in`], opened.
+fn opened_small_trace(tag: &str) -> (TempDir, Trace) {
+    let (dir, path) = small_trace_in(tag);
+    let t = Trace::open(&path).expect("open the small trace");
+    (dir, t)
+}
+
 #[test]
 fn round_trip_preserves_every_field() {
-    let dir = TempDir::new("rt");
-    let path = dir.join("t.db");
-    let w = TraceWriter::create(&path, session(), WriterOptions::default()).unwrap();
+    let (_dir, path, w) = new_trace("rt");
     let h = w.handle();
     let mut c = call("cudaMemcpyAsync", 10, 11, 5_000, 700);
     c.size = Some(1 << 20);
@@ -137,9 +152,7 @@ fn round_trip_preserves_every_field() {
 
 #[test]
 fn file_is_private_and_never_overwritten_by_default() {
-    let dir = TempDir::new("mode");
-    let path = dir.join("t.db");
-    small_trace(&path);
+    let (_dir, path) = small_trace_in("mode");
     let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600);
     let before = std::fs::read(&path).unwrap();
@@ -166,9 +179,7 @@ fn file_is_private_and_never_overwritten_by_default() {
 
 #[test]
 fn wal_files_are_private_while_writing() {
-    let dir = TempDir::new("walmode");
-    let path = dir.join("t.db");
-    let w = TraceWriter::create(&path, session(), WriterOptions::default()).unwrap();
+    let (dir, _path, w) = new_trace("walmode");
     let h = w.handle();
     h.send(Event::Call(call("cudaMalloc", 1, 1, 10, 10)))
         .unwrap();
@@ -188,17 +199,8 @@ fn wal_files_are_private_while_writing() {
 
 #[test]
 fn culprits_are_joined_at_finish_and_queryable_by_call_id() {
-    let dir = TempDir::new("culprits");
-    let path = dir.join("t.db");
-    small_trace(&path);
-    let t = Trace::open(&path).unwrap();
-    let slow = t
-        .calls_filtered(&CallFilter {
-            order: CallOrder::ByDurationDesc,
-            limit: Some(1),
-            ..Default::default()
-        })
-        .unwrap();
+    let (_dir, t) = opened_small_trace("culprits");
+    let slow = slowest_call(&t);
     assert_eq!(slow.len(), 1);
     assert_eq!(slow[0].call.op_name(), "cudaMalloc");
     let map = t.call_culprits_of(&[slow[0].id]).unwrap();
@@ -216,10 +218,7 @@ fn culprits_are_joined_at_finish_and_queryable_by_call_id() {
 
 #[test]
 fn a_pid_not_in_the_trace_is_an_error_naming_the_pids_it_holds() {
-    let dir = TempDir::new("nopid");
-    let path = dir.join("t.db");
-    small_trace(&path);
-    let t = Trace::open(&path).unwrap();
+    let (_dir, t) = opened_small_trace("nopid");
     // Calls of 100 and 200; 300 appears only as a culprit, not as a traced process.
     assert_eq!(t.pids().unwrap(), vec![100, 200]);
     let e = t.load(Some(424242)).expect_err("absent pid").to_string();
@@ -233,10 +232,7 @@ fn a_pid_not_in_the_trace_is_an_error_naming_the_pids_it_holds() {
 
 #[test]
 fn filters_select_by_pid_op_and_window() {
-    let dir = TempDir::new("filter");
-    let path = dir.join("t.db");
-    small_trace(&path);
-    let t = Trace::open(&path).unwrap();
+    let (_dir, t) = opened_small_trace("filter");
     let by_op = t
         .calls_filtered(&CallFilter {
             op: Some("cuMemAlloc_v2".into()),
@@ -281,9 +277,7 @@ fn filters_select_by_pid_op_and_window() {
 
 #[test]
 fn lifecycle_events_complete_processes() {
-    let dir = TempDir::new("procs");
-    let path = dir.join("t.db");
-    let w = TraceWriter::create(&path, session(), WriterOptions::default()).unwrap();
+    let (_dir, path, w) = new_trace("procs");
     let h = w.handle();
     h.send(Event::Proc(proc_event(
         ProcKind::Fork,
@@ -341,8 +335,7 @@ fn lifecycle_events_complete_processes() {
 
 #[test]
 fn size_cap_counts_instead_of_storing_and_keeps_aggregates() {
-    let dir = TempDir::new("cap");
-    let path = dir.join("t.db");
+    let (_dir, path) = scratch_db("cap");
     let opts = WriterOptions {
         max_db_bytes: 64 * 1024,
         batch_events: 100,
@@ -377,18 +370,12 @@ fn size_cap_counts_instead_of_storing_and_keeps_aggregates() {
     assert_eq!(data.stats["drop_db_full"], sum.dropped_db_full);
     assert_eq!(data.stats["events_call"], total);
     assert_eq!(data.counts.len(), 1, "aggregates still stored past the cap");
-    assert!(t
-        .notes()
-        .unwrap()
-        .iter()
-        .any(|n| n.text.contains("size cap")));
+    assert!(has_note(&t, "size cap"));
 }
 
 #[test]
 fn handles_fail_cleanly_after_finish() {
-    let dir = TempDir::new("gone");
-    let path = dir.join("t.db");
-    let w = TraceWriter::create(&path, session(), WriterOptions::default()).unwrap();
+    let (_dir, _path, w) = new_trace("gone");
     let h = w.handle();
     w.finish().unwrap();
     let err = h
@@ -517,9 +504,7 @@ fn gpu_samples_round_trip_and_absent_means_not_captured() {
 #[test]
 fn call_sites_round_trip_and_older_traces_have_none() {
     use sleuth_core::sites::{Frame, FrameKind, Stack};
-    let dir = TempDir::new("sites");
-    let path = dir.join("t.db");
-    let w = TraceWriter::create(&path, session(), WriterOptions::default()).unwrap();
+    let (_dir, path, w) = new_trace("sites");
     let h = w.handle();
     let id = u64::MAX - 7; // a 64-bit hash: stored bit for bit
     let stack = Stack {
@@ -565,13 +550,7 @@ fn call_sites_round_trip_and_older_traces_have_none() {
     );
     assert_eq!(data.calls[0].stack_id, Some(id));
     assert_eq!(data.calls[1].stack_id, None);
-    let slow = t
-        .calls_filtered(&CallFilter {
-            order: CallOrder::ByDurationDesc,
-            limit: Some(1),
-            ..Default::default()
-        })
-        .unwrap();
+    let slow = slowest_call(&t);
     assert_eq!(slow[0].call.stack_id, Some(id));
 
     // A trace written before call sites existed loads, with none.
@@ -587,9 +566,7 @@ fn call_sites_round_trip_and_older_traces_have_none() {
 /// overwrite them (they used to, in the same and every later batch).
 #[test]
 fn decode_failures_reported_by_the_capture_side_are_kept() {
-    let dir = TempDir::new("decode");
-    let path = dir.join("t.db");
-    let w = TraceWriter::create(&path, session(), WriterOptions::default()).unwrap();
+    let (_dir, path, w) = new_trace("decode");
     let h = w.handle();
     h.set_stat("decode_errors", 3).unwrap();
     h.send(Event::Call(call("cudaMalloc", 10, 11, 2_000, 50)))

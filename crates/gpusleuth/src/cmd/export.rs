@@ -11,15 +11,26 @@
 //! Timestamps are microseconds (fractional, so nanoseconds survive) since
 //! the trace's origin: the session start, or the earliest event if one is
 //! older (a wait that began before tracing started).
+//!
+//! Both formats are written as they are produced: calls and waits are read
+//! from the store one at a time and serialized straight to the (buffered)
+//! output, never gathered into one document. `json` reads nothing else.
+//! `perfetto` still loads the whole trace once for the findings and the
+//! memory tracks (`Analysis`), then lets it go before writing.
 
 use crate::args::TraceInput;
-use crate::load::{emit, load_trace, FORCE_HINT};
+use crate::load::{warn_input_problems, FORCE_HINT};
+use serde::Serialize;
 use serde_json::{json, Value};
 use sleuth_core::analysis::Analysis;
 use sleuth_core::findings::Finding;
-use sleuth_core::{Layer, TraceData, WaitEvent};
+use sleuth_core::ledger::ProcessLedger;
+use sleuth_core::{CallEvent, Layer, TraceData, WaitEvent};
+use sleuth_store::stream::{CallQuery, Rows};
+use sleuth_store::{StoreError, Trace};
 use std::collections::BTreeSet;
-use std::path::PathBuf;
+use std::io::Write;
+use std::path::{Path, PathBuf};
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Format {
@@ -52,56 +63,185 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         // Before the work: a refused output is known at once.
         sleuth_store::outfile::check_output(path, &[db], args.force, Some(FORCE_HINT))?;
     }
-    let data = load_trace(db, args.input.pid)?;
-    let doc = match args.format {
-        Format::Perfetto => perfetto(&data, &Analysis::of(&data)),
-        Format::Json => calls_json(&data),
+    let trace = Trace::open(db)?;
+    warn_input_problems(&trace)?;
+    let pid = args.input.pid;
+    if let Some(pid) = pid {
+        trace.require_pid(pid)?;
+    }
+    let rows = Rows::open(&trace)?;
+    // A damaged file is refused before anything is written (as loading it would be).
+    rows.check_totals()?;
+    let frame = match args.format {
+        Format::Perfetto => Some(PerfettoFrame::of(&trace, pid)?),
+        Format::Json => None,
+    };
+    let write = |w: &mut dyn Write| -> anyhow::Result<()> {
+        match &frame {
+            Some(f) => write_perfetto(w, f, &rows, pid),
+            None => write_calls_json(w, &rows, pid, trace.has_host_context()),
+        }
     };
     match &args.output {
-        Some(path) => {
-            let bytes = serde_json::to_vec(&doc)?;
-            sleuth_store::outfile::write_atomic(path, &bytes, &[db], args.force, Some(FORCE_HINT))?;
-        }
-        None => {
-            let mut text = serde_json::to_string(&doc)?;
-            text.push('\n');
-            emit(&text)?;
-        }
+        Some(path) => write_file(path, db, args.force, write)?,
+        None => write_stdout(write)?,
     }
     Ok(0)
+}
+
+/// Writes through `write` into a private temporary file beside `path`,
+/// then renames it into place: the output appears whole or not at all.
+fn write_file(
+    path: &Path,
+    db: &Path,
+    force: bool,
+    write: impl FnOnce(&mut dyn Write) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    sleuth_store::outfile::check_output(path, &[db], force, Some(FORCE_HINT))?;
+    let tmp = sleuth_store::outfile::temp_path_for(path);
+    let result = (|| -> anyhow::Result<()> {
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&tmp)
+            .map_err(|e| StoreError::Io {
+                path: path.to_path_buf(),
+                source: e,
+            })?;
+        let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
+        write(&mut w)?;
+        let f = w.into_inner().map_err(|e| e.into_error())?;
+        f.sync_all().map_err(|e| StoreError::Io {
+            path: path.to_path_buf(),
+            source: e,
+        })?;
+        drop(f);
+        sleuth_store::outfile::publish(&tmp, path, force, Some(FORCE_HINT))?;
+        Ok(())
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// Writes through `write` to stdout, then a newline. A closed pipe (`| head`)
+/// ends the output quietly, as `load::emit` does.
+fn write_stdout(write: impl FnOnce(&mut dyn Write) -> anyhow::Result<()>) -> anyhow::Result<()> {
+    let mut w = std::io::BufWriter::with_capacity(1 << 20, std::io::stdout().lock());
+    let result = write(&mut w)
+        .and_then(|()| w.write_all(b"\n").map_err(Into::into))
+        .and_then(|()| w.flush().map_err(Into::into));
+    match result {
+        Err(e)
+            if e.downcast_ref::<std::io::Error>()
+                .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+                || e.downcast_ref::<serde_json::Error>()
+                    .and_then(|j| j.io_error_kind())
+                    == Some(std::io::ErrorKind::BrokenPipe) =>
+        {
+            Ok(())
+        }
+        Err(e) => Err(e.context("writing to stdout")),
+        Ok(()) => Ok(()),
+    }
+}
+
+/// A JSON array written one element at a time (compact, as
+/// `serde_json::to_vec` writes a whole array).
+struct ArrayWriter<'w> {
+    w: &'w mut dyn Write,
+    first: bool,
+}
+
+impl<'w> ArrayWriter<'w> {
+    fn open(w: &'w mut dyn Write) -> std::io::Result<ArrayWriter<'w>> {
+        w.write_all(b"[")?;
+        Ok(ArrayWriter { w, first: true })
+    }
+
+    fn item<T: Serialize + ?Sized>(&mut self, v: &T) -> anyhow::Result<()> {
+        if !self.first {
+            self.w.write_all(b",")?;
+        }
+        self.first = false;
+        serde_json::to_writer(&mut *self.w, v)?;
+        Ok(())
+    }
+
+    fn close(self) -> std::io::Result<()> {
+        self.w.write_all(b"]")
+    }
+}
+
+/// One element of `--format json`. Fields in name order: the order
+/// `serde_json`'s maps (sorted keys) gave the document before it was streamed.
+#[derive(Serialize)]
+struct JsonCall {
+    blocked_ns: Option<u64>,
+    cpu: Option<u32>,
+    dur_ns: u64,
+    failed: bool,
+    kind: Option<u64>,
+    layer: Option<&'static str>,
+    nested: bool,
+    on_cpu_ns: Option<u64>,
+    op: &'static str,
+    pid: u32,
+    ptr: Option<u64>,
+    ret: Option<i64>,
+    runnable_ns: Option<u64>,
+    size: Option<u64>,
+    stream: Option<u64>,
+    tid: u32,
+    ts_ns: u64,
 }
 
 /// `--format json`: the calls as every other output names them — `op` and
 /// `layer` by name — and the on-CPU/runnable/blocked split null when the
 /// trace has no host context (imports), never 0.
-pub fn calls_json(data: &TraceData) -> Value {
-    let host = data.has_host_context;
-    Value::Array(
-        data.calls
-            .iter()
-            .map(|c| {
-                json!({
-                    "ts_ns": c.ts_ns,
-                    "dur_ns": c.dur_ns,
-                    "pid": c.pid,
-                    "tid": c.tid,
-                    "layer": c.layer().map(Layer::as_str),
-                    "op": c.op_name(),
-                    "ret": c.has_status().then_some(c.ret),
-                    "failed": c.failed(),
-                    "size": c.size,
-                    "ptr": c.ptr,
-                    "stream": c.stream,
-                    "kind": c.kind,
-                    "nested": c.nested,
-                    "on_cpu_ns": host.then(|| c.on_cpu_ns()),
-                    "runnable_ns": host.then_some(c.runnable_ns),
-                    "blocked_ns": host.then_some(c.blocked_ns),
-                    "cpu": host.then_some(c.cpu),
-                })
-            })
-            .collect(),
-    )
+fn json_call(c: &CallEvent, host: bool) -> JsonCall {
+    JsonCall {
+        ts_ns: c.ts_ns,
+        dur_ns: c.dur_ns,
+        pid: c.pid,
+        tid: c.tid,
+        layer: c.layer().map(Layer::as_str),
+        op: c.op_name(),
+        ret: c.has_status().then_some(c.ret),
+        failed: c.failed(),
+        size: c.size,
+        ptr: c.ptr,
+        stream: c.stream,
+        kind: c.kind,
+        nested: c.nested,
+        on_cpu_ns: host.then(|| c.on_cpu_ns()),
+        runnable_ns: host.then_some(c.runnable_ns),
+        blocked_ns: host.then_some(c.blocked_ns),
+        cpu: host.then_some(c.cpu),
+    }
+}
+
+/// The calls array of `--format json`, from the store in load order.
+fn write_calls_json(
+    w: &mut dyn Write,
+    rows: &Rows,
+    pid: Option<u32>,
+    host: bool,
+) -> anyhow::Result<()> {
+    let mut a = ArrayWriter::open(w)?;
+    rows.for_each_call::<anyhow::Error>(
+        &CallQuery {
+            pid,
+            ..Default::default()
+        },
+        |c| a.item(&json_call(&c.call, host)),
+    )?;
+    a.close()?;
+    Ok(())
 }
 
 /// Nanoseconds since `origin` as fractional microseconds.
@@ -113,91 +253,185 @@ fn dur_us(ns: u64) -> f64 {
     ns as f64 / 1e3
 }
 
-/// The whole trace as a Chrome Trace Event document; the findings and
-/// memory tracks are `analysis`'s (the same as `explain` and the report show).
-pub fn perfetto(data: &TraceData, analysis: &Analysis) -> Value {
+/// The arguments of a call's slice (name order, see [`JsonCall`]); the
+/// optional ones are left out when absent, as they always were.
+#[derive(Serialize)]
+struct SliceArgs {
+    blocked_us: Option<f64>,
+    cpu: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    kind: Option<u64>,
+    layer: &'static str,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    nested: bool,
+    on_cpu_us: Option<f64>,
+    op: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ptr: Option<String>,
+    ret: Option<i64>,
+    runnable_us: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    site: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    size: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stack: Option<Vec<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stream: Option<String>,
+}
+
+/// A call as a complete slice (`ph: X`).
+#[derive(Serialize)]
+struct Slice {
+    args: SliceArgs,
+    cat: String,
+    dur: f64,
+    name: &'static str,
+    ph: &'static str,
+    pid: u32,
+    tid: u32,
+    ts: f64,
+}
+
+fn call_slice(c: &CallEvent, ctx: &TraceData, origin: u64) -> Slice {
+    let layer = c.layer().map(Layer::as_str).unwrap_or("unknown");
+    // Unknown without host context (imports): null, never 0.
+    let host = |ns: u64| ctx.has_host_context.then(|| dur_us(ns));
+    // The call site and its stack (innermost first) on the slice.
+    let stack = c.stack_id.and_then(|id| ctx.stacks.get(&id));
+    Slice {
+        args: SliceArgs {
+            op: c.op_name(),
+            layer,
+            ret: c.has_status().then_some(c.ret),
+            on_cpu_us: host(c.on_cpu_ns()),
+            runnable_us: host(c.runnable_ns),
+            blocked_us: host(c.blocked_ns),
+            cpu: ctx.has_host_context.then_some(c.cpu),
+            size: c.size,
+            ptr: c.ptr.map(|p| format!("{p:#x}")),
+            stream: c.stream.map(|s| format!("{s:#x}")),
+            kind: c.kind,
+            nested: c.nested,
+            site: stack.map(|st| st.site_label()),
+            stack: stack.map(|st| st.frames.iter().map(|f| f.label()).collect()),
+        },
+        ph: "X",
+        name: c.op_name(),
+        cat: format!("cuda.{layer}"),
+        ts: us(c.ts_ns, origin),
+        dur: dur_us(c.dur_ns),
+        pid: c.pid,
+        tid: c.tid,
+    }
+}
+
+/// Everything of a Perfetto document that is not a call or a wait: the
+/// trace without its calls and waits (processes, stacks, NVML samples,
+/// session times), the threads that appear, the origin, the memory tracks
+/// and the findings.
+struct PerfettoFrame {
+    ctx: TraceData,
+    threads: BTreeSet<(u32, u32)>,
+    origin: u64,
+    ledgers: Vec<ProcessLedger>,
+    findings: Vec<Finding>,
+}
+
+impl PerfettoFrame {
+    /// The findings and memory tracks are `Analysis`'s (the same as
+    /// `explain` and the report show); it needs the whole trace loaded,
+    /// which is let go before any call is written (the findings do not
+    /// stream yet: this load is what bounds `export`'s memory now).
+    fn of(trace: &Trace, pid: Option<u32>) -> anyhow::Result<PerfettoFrame> {
+        let mut data = trace.load(pid)?;
+        let analysis = Analysis::of(&data);
+        let mut threads: BTreeSet<(u32, u32)> = BTreeSet::new();
+        threads.extend(data.calls.iter().map(|c| (c.pid, c.tid)));
+        threads.extend(data.waits.iter().map(|w| (w.pid, w.tid)));
+        data.calls = Vec::new();
+        data.waits = Vec::new();
+        Ok(PerfettoFrame {
+            ctx: data,
+            threads,
+            origin: analysis.span.origin_ns,
+            ledgers: analysis.ledgers,
+            findings: analysis.explanation.findings,
+        })
+    }
+
+    /// The document around `traceEvents` (the last key in name order), so
+    /// events can be written between its two halves.
+    fn halves(&self) -> anyhow::Result<(String, String)> {
+        let doc = json!({
+            "traceEvents": [],
+            "displayTimeUnit": "ms",
+            "otherData": {
+                "tool": "gpusleuth",
+                "version": env!("CARGO_PKG_VERSION"),
+                "origin_mono_ns": self.origin,
+                "origin_unix_ns": self.origin as i128 + self.ctx.realtime_offset_ns as i128,
+            },
+        });
+        let text = serde_json::to_string(&doc)?;
+        match text.strip_suffix("[]}") {
+            Some(head) if head.ends_with("\"traceEvents\":") => {
+                Ok((format!("{head}["), "]}".to_string()))
+            }
+            _ => anyhow::bail!("internal error: traceEvents is not the document's last key"),
+        }
+    }
+}
+
+/// The whole trace as a Chrome Trace Event document, written as produced.
+fn write_perfetto(
+    w: &mut dyn Write,
+    f: &PerfettoFrame,
+    rows: &Rows,
+    pid: Option<u32>,
+) -> anyhow::Result<()> {
     // Every timestamp is relative to the extent's origin: a wait begun
     // before tracing started is drawn at its place, never at a negative time.
-    let origin = analysis.span.origin_ns;
-    let mut ev: Vec<Value> = Vec::new();
-    metadata(data, &mut ev);
-    // Unknown without host context (imports): null, never 0.
-    let host = |ns: u64| data.has_host_context.then(|| dur_us(ns));
-    for c in &data.calls {
-        let layer = c.layer().map(Layer::as_str).unwrap_or("unknown");
-        let mut args = json!({
-            "op": c.op_name(),
-            "layer": layer,
-            "ret": c.has_status().then_some(c.ret),
-            "on_cpu_us": host(c.on_cpu_ns()),
-            "runnable_us": host(c.runnable_ns),
-            "blocked_us": host(c.blocked_ns),
-            "cpu": data.has_host_context.then_some(c.cpu),
-        });
-        let extra = [
-            ("size", c.size.map(Value::from)),
-            ("ptr", c.ptr.map(|p| Value::from(format!("{p:#x}")))),
-            ("stream", c.stream.map(|s| Value::from(format!("{s:#x}")))),
-            ("kind", c.kind.map(Value::from)),
-        ];
-        for (k, v) in extra {
-            if let Some(v) = v {
-                args[k] = v;
-            }
-        }
-        if c.nested {
-            args["nested"] = Value::Bool(true);
-        }
-        // The call site and its stack (innermost first) on the slice.
-        if let Some(st) = c.stack_id.and_then(|id| data.stacks.get(&id)) {
-            args["site"] = Value::from(st.site_label());
-            args["stack"] = Value::from(st.frames.iter().map(|f| f.label()).collect::<Vec<_>>());
-        }
-        ev.push(json!({
-            "ph": "X",
-            "name": c.op_name(),
-            "cat": format!("cuda.{layer}"),
-            "ts": us(c.ts_ns, origin),
-            "dur": dur_us(c.dur_ns),
-            "pid": c.pid,
-            "tid": c.tid,
-            "args": args,
-        }));
-    }
-    for w in &data.waits {
-        off_cpu_slices(w, origin, &mut ev);
-    }
-    for l in &analysis.ledgers {
+    let origin = f.origin;
+    let data = &f.ctx;
+    let (head, tail) = f.halves()?;
+    w.write_all(head.as_bytes())?;
+    let mut ev = ArrayWriter {
+        w: &mut *w,
+        first: true,
+    };
+    metadata(data, &f.threads, &mut ev)?;
+    rows.for_each_call::<anyhow::Error>(
+        &CallQuery {
+            pid,
+            ..Default::default()
+        },
+        |c| ev.item(&call_slice(&c.call, data, origin)),
+    )?;
+    rows.for_each_wait::<anyhow::Error>(pid, |wt| off_cpu_slices(&wt, origin, &mut ev))?;
+    for l in &f.ledgers {
         let name = "device memory (bytes)";
         // Start at zero so the track begins with the trace, not the first allocation.
-        ev.push(json!({"ph": "C", "name": name, "pid": l.pid, "ts": 0.0,
-                       "args": {"live_bytes": 0}}));
+        ev.item(&json!({"ph": "C", "name": name, "pid": l.pid, "ts": 0.0,
+                        "args": {"live_bytes": 0}}))?;
         for p in &l.timeline {
-            ev.push(
-                json!({"ph": "C", "name": name, "pid": l.pid, "ts": us(p.ts_ns, origin),
-                           "args": {"live_bytes": p.live_bytes}}),
-            );
+            ev.item(
+                &json!({"ph": "C", "name": name, "pid": l.pid, "ts": us(p.ts_ns, origin),
+                        "args": {"live_bytes": p.live_bytes}}),
+            )?;
         }
-        for f in &l.failed_allocs {
-            ev.push(json!({"ph": "i", "s": "p", "name": format!("failed {}", f.op),
-                           "cat": "memory", "pid": l.pid, "tid": l.pid, "ts": us(f.ts_ns, origin),
-                           "args": {"bytes": f.bytes, "error": f.error, "live_bytes_at": f.live_bytes_at}}));
+        for fa in &l.failed_allocs {
+            ev.item(&json!({"ph": "i", "s": "p", "name": format!("failed {}", fa.op),
+                            "cat": "memory", "pid": l.pid, "tid": l.pid, "ts": us(fa.ts_ns, origin),
+                            "args": {"bytes": fa.bytes, "error": fa.error, "live_bytes_at": fa.live_bytes_at}}))?;
         }
     }
-    gpu_counters(data, origin, &mut ev);
-    for f in &analysis.explanation.findings {
-        ev.push(finding_event(f, data, origin));
+    gpu_counters(data, origin, &mut ev)?;
+    for finding in &f.findings {
+        ev.item(&finding_event(finding, data, origin))?;
     }
-    json!({
-        "traceEvents": ev,
-        "displayTimeUnit": "ms",
-        "otherData": {
-            "tool": "gpusleuth",
-            "version": env!("CARGO_PKG_VERSION"),
-            "origin_mono_ns": origin,
-            "origin_unix_ns": origin as i128 + data.realtime_offset_ns as i128,
-        },
-    })
+    w.write_all(tail.as_bytes())?;
+    Ok(())
 }
 
 /// Pseudo-process holding the GPU busy tracks (no real pid is 0 in a trace).
@@ -206,70 +440,71 @@ const GPU_TRACK_PID: u32 = 0;
 /// NVML figures as counter tracks: GPU busy per GPU (a step at the start
 /// of each sample period) on a "GPUs (NVML)" track, and per process the
 /// device memory the driver attributed to it (pre-trace memory included).
-fn gpu_counters(data: &TraceData, origin: u64, ev: &mut Vec<Value>) {
+fn gpu_counters(data: &TraceData, origin: u64, ev: &mut ArrayWriter) -> anyhow::Result<()> {
     if let Some(samples) = &data.gpu_samples {
-        ev.push(
-            json!({"ph": "M", "name": "process_name", "pid": GPU_TRACK_PID, "tid": 0,
+        ev.item(
+            &json!({"ph": "M", "name": "process_name", "pid": GPU_TRACK_PID, "tid": 0,
                        "args": {"name": "GPUs (NVML)"}}),
-        );
+        )?;
         for g in samples {
             let at = g.ts_ns.saturating_sub(g.period_ns).max(origin);
-            ev.push(json!({"ph": "C", "name": format!("GPU {} busy (%)", g.gpu),
+            ev.item(
+                &json!({"ph": "C", "name": format!("GPU {} busy (%)", g.gpu),
                            "pid": GPU_TRACK_PID, "ts": us(at, origin),
-                           "args": {"busy_pct": g.busy_pct}}));
+                           "args": {"busy_pct": g.busy_pct}}),
+            )?;
         }
     }
     for p in &data.process_gpu {
         if let Some(b) = p.used_bytes {
-            ev.push(
-                json!({"ph": "C", "name": format!("GPU {} memory held, NVML (bytes)", p.gpu),
+            ev.item(
+                &json!({"ph": "C", "name": format!("GPU {} memory held, NVML (bytes)", p.gpu),
                            "pid": p.pid, "ts": us(p.ts_ns, origin),
                            "args": {"used_bytes": b}}),
-            );
+            )?;
         }
     }
+    Ok(())
 }
 
 /// `process_name` / `thread_name` records: every process and thread that appears.
-fn metadata(data: &TraceData, ev: &mut Vec<Value>) {
+fn metadata(
+    data: &TraceData,
+    threads: &BTreeSet<(u32, u32)>,
+    ev: &mut ArrayWriter,
+) -> anyhow::Result<()> {
     let mut pids: BTreeSet<u32> = data.processes.iter().map(|p| p.pid).collect();
-    let mut threads: BTreeSet<(u32, u32)> = BTreeSet::new();
-    for c in &data.calls {
-        threads.insert((c.pid, c.tid));
-    }
-    for w in &data.waits {
-        threads.insert((w.pid, w.tid));
-    }
     pids.extend(threads.iter().map(|t| t.0));
     for pid in &pids {
-        ev.push(
-            json!({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
+        ev.item(
+            &json!({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
                        "args": {"name": format!("{} ({pid})", data.comm_of(*pid))}}),
-        );
+        )?;
     }
-    for (pid, tid) in threads {
+    for &(pid, tid) in threads {
         let name = if pid == tid {
             format!("{} (main {tid})", data.comm_of(pid))
         } else {
             format!("thread {tid}")
         };
-        ev.push(
-            json!({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
+        ev.item(
+            &json!({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
                        "args": {"name": name}}),
-        );
+        )?;
     }
+    Ok(())
 }
 
 /// A wait as up to two adjacent slices on its thread: blocked `[off, wake)`
 /// and runnable `[wake, on)` (the latter names the tasks that held the CPU).
-fn off_cpu_slices(w: &WaitEvent, origin: u64, ev: &mut Vec<Value>) {
+fn off_cpu_slices(w: &WaitEvent, origin: u64, ev: &mut ArrayWriter) -> anyhow::Result<()> {
     if w.blocked_ns() > 0 {
-        ev.push(json!({
+        ev.item(&json!({
             "ph": "X", "name": "off-cpu: blocked", "cat": "sched.blocked",
             "ts": us(w.off_ns, origin), "dur": dur_us(w.blocked_ns()),
             "pid": w.pid, "tid": w.tid,
             "args": {"prev_state": w.prev_state, "kind": w.kind.as_str()},
-        }));
+        }))?;
     }
     if w.runnable_ns() > 0 {
         let culprits: Vec<Value> = w
@@ -282,14 +517,15 @@ fn off_cpu_slices(w: &WaitEvent, origin: u64, ev: &mut Vec<Value>) {
             .iter()
             .map(|c| format!("{} ({})", c.comm, c.pid))
             .collect();
-        ev.push(json!({
+        ev.item(&json!({
             "ph": "X", "name": "off-cpu: runnable", "cat": "sched.runnable",
             "ts": us(w.wake_ns.max(w.off_ns), origin), "dur": dur_us(w.runnable_ns()),
             "pid": w.pid, "tid": w.tid,
             "args": {"kind": w.kind.as_str(), "cpu": w.cpu,
                      "preemptors": preemptors.join(", "), "culprits": culprits},
-        }));
+        }))?;
     }
+    Ok(())
 }
 
 /// A finding as a global instant event at its first example call, else at
@@ -333,112 +569,214 @@ fn earliest_ts(v: &Value) -> Option<u64> {
 }
 
 #[cfg(test)]
+mod reference;
+
+#[cfg(test)]
 mod tests {
     use super::*;
-    use sleuth_core::{CallEvent, Culprit, WaitKind};
+    use sleuth_core::sites::{Frame, FrameKind, Stack};
+    use sleuth_core::{
+        CallEvent, Culprit, Event, GpuSample, ProcessGpuSample, ProcessInfo, SamplePhase, WaitKind,
+    };
+    use sleuth_store::{SessionInfo, TraceWriter, WriterOptions};
 
-    fn call(ts: u64, dur: u64, op: u16, size: Option<u64>, ptr: Option<u64>) -> CallEvent {
+    fn example(name: &str) -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../examples")
+            .join(name)
+    }
+
+    /// What `export` writes for `db` (before the final newline).
+    fn streamed(db: &Path, pid: Option<u32>, format: Format) -> Vec<u8> {
+        let trace = Trace::open(db).unwrap();
+        let rows = Rows::open(&trace).unwrap();
+        let mut out = Vec::new();
+        match format {
+            Format::Perfetto => {
+                let frame = PerfettoFrame::of(&trace, pid).unwrap();
+                write_perfetto(&mut out, &frame, &rows, pid).unwrap();
+            }
+            Format::Json => {
+                write_calls_json(&mut out, &rows, pid, trace.has_host_context()).unwrap()
+            }
+        }
+        out
+    }
+
+    /// What `export` wrote before it streamed: the whole document built, then serialized.
+    fn built(db: &Path, pid: Option<u32>, format: Format) -> Vec<u8> {
+        let data = Trace::open(db).unwrap().load(pid).unwrap();
+        let doc = match format {
+            Format::Perfetto => reference::perfetto(&data, &Analysis::of(&data)),
+            Format::Json => reference::calls_json(&data),
+        };
+        serde_json::to_vec(&doc).unwrap()
+    }
+
+    fn assert_identical(db: &Path, pid: Option<u32>) {
+        for format in [Format::Perfetto, Format::Json] {
+            let (got, want) = (streamed(db, pid, format), built(db, pid, format));
+            assert!(
+                got == want,
+                "{db:?} pid {pid:?}: streamed output differs from the built one\n{}\n---\n{}",
+                String::from_utf8_lossy(&got[..got.len().min(3000)]),
+                String::from_utf8_lossy(&want[..want.len().min(3000)])
+            );
+        }
+    }
+
+    #[test]
+    fn streamed_export_is_byte_identical_on_the_examples() {
+        for name in ["demo-sim.db", "h200-contention.db"] {
+            let db = example(name);
+            assert_identical(&db, None);
+            for pid in Trace::open(&db).unwrap().pids().unwrap() {
+                assert_identical(&db, Some(pid));
+            }
+        }
+    }
+
+    fn call(ts: u64, dur: u64, op: &str, size: Option<u64>, ptr: Option<u64>) -> CallEvent {
         CallEvent {
             ts_ns: ts,
             dur_ns: dur,
             pid: 10,
             tid: 11,
-            op,
+            op: sleuth_core::op_by_name(op).unwrap().id,
             size,
             ptr,
+            cpu: 1,
             ..Default::default()
         }
     }
 
-    #[test]
-    fn json_names_ops_and_leaves_unknown_split_null() {
-        let malloc = sleuth_core::op_by_name("cudaMalloc").unwrap().id;
-        let mut data = TraceData {
-            calls: vec![call(2_000, 500, malloc, Some(4096), Some(0x7f00))],
-            has_host_context: true,
+    /// A stored trace with what every part of the export shows: calls with
+    /// sites, a nested and a failed call, a preemption with its culprit,
+    /// NVML samples, and a memory track.
+    fn simulated(db: &Path) {
+        let session = SessionInfo {
+            start_mono_ns: 1_000_000,
+            realtime_offset_ns: 1_700_000_000_000_000_000,
+            hostname: "h".into(),
             ..Default::default()
         };
-        let doc = calls_json(&data);
-        assert_eq!(doc[0]["op"], "cudaMalloc");
-        assert_eq!(doc[0]["layer"], "runtime");
-        assert_eq!(doc[0]["size"], 4096);
-        assert_eq!(doc[0]["on_cpu_ns"], 500);
-        data.has_host_context = false;
-        let doc = calls_json(&data);
-        assert!(doc[0]["on_cpu_ns"].is_null() && doc[0]["runnable_ns"].is_null());
-        assert_eq!(doc[0]["dur_ns"], 500);
+        let opts = WriterOptions {
+            overwrite: true,
+            ..Default::default()
+        };
+        let w = TraceWriter::create(db, session, opts).unwrap();
+        let h = w.handle();
+        h.set_process(ProcessInfo {
+            pid: 10,
+            comm: "train".into(),
+            ..Default::default()
+        })
+        .unwrap();
+        h.add_stack(Stack {
+            id: 5,
+            pid: 10,
+            frames: vec![Frame {
+                kind: Some(FrameKind::Python),
+                function: Some("step".into()),
+                file: Some("/w/t.py".into()),
+                line: Some(3),
+                ..Default::default()
+            }],
+            notes: vec![],
+        })
+        .unwrap();
+        h.add_gpu_samples(vec![GpuSample {
+            ts_ns: 3_000_000,
+            gpu: 0,
+            busy_pct: 40.0,
+            period_ns: 1_000_000,
+        }])
+        .unwrap();
+        h.add_process_gpu_samples(vec![ProcessGpuSample {
+            ts_ns: 1_000_000,
+            gpu: 0,
+            pid: 10,
+            used_bytes: Some(1 << 30),
+            sm_pct: None,
+            phase: SamplePhase::Start,
+        }])
+        .unwrap();
+        h.set_stat(sleuth_core::held::PROCESS_POLLS_STAT, 1)
+            .unwrap();
+        let mut malloc = call(1_002_000, 500, "cudaMalloc", Some(4096), Some(0x7f00));
+        malloc.stack_id = Some(5);
+        malloc.stream = Some(0xabc);
+        malloc.kind = Some(1);
+        let nested = CallEvent {
+            nested: true,
+            ..call(1_002_000, 400, "cuMemAlloc_v2", Some(4096), Some(0x7f00))
+        };
+        let failed = CallEvent {
+            ret: 2,
+            ..call(1_003_000, 100, "cudaMalloc", Some(1 << 40), None)
+        };
+        let mut free = call(1_005_000, 700, "cudaFree", None, Some(0x7f00));
+        free.runnable_ns = 300;
+        let wait = WaitEvent {
+            pid: 10,
+            tid: 11,
+            kind: WaitKind::Preempted,
+            off_ns: 1_005_100,
+            wake_ns: 1_005_100,
+            on_ns: 1_005_400,
+            prev_state: 0,
+            cpu: 0,
+            culprits: vec![Culprit {
+                pid: 99,
+                tid: 99,
+                comm: "hog".into(),
+                ns: 300,
+            }],
+            waker: None,
+        };
+        for e in [
+            Event::Call(malloc),
+            Event::Call(nested),
+            Event::Call(failed),
+            Event::Call(free),
+            Event::Wait(wait),
+        ] {
+            h.send(e).unwrap();
+        }
+        h.set_session_end(1_010_000).unwrap();
+        drop(h);
+        w.finish().unwrap();
+    }
+
+    fn temp_db(tag: &str) -> PathBuf {
+        std::env::temp_dir().join(format!("gpusleuth-export-{tag}-{}.db", std::process::id()))
     }
 
     #[test]
-    fn slices_counters_and_waits() {
-        let malloc = sleuth_core::op_by_name("cudaMalloc").unwrap().id;
-        let free = sleuth_core::op_by_name("cudaFree").unwrap().id;
-        let data = TraceData {
-            calls: vec![
-                call(2_000, 500, malloc, Some(4096), Some(0x7f00)),
-                call(5_000, 700, free, None, Some(0x7f00)),
-            ],
-            waits: vec![WaitEvent {
-                pid: 10,
-                tid: 11,
-                kind: WaitKind::Preempted,
-                off_ns: 3_000,
-                wake_ns: 3_000,
-                on_ns: 4_000,
-                prev_state: 0,
-                cpu: 0,
-                culprits: vec![Culprit {
-                    pid: 99,
-                    tid: 99,
-                    comm: "hog".into(),
-                    ns: 1_000,
-                }],
-                waker: None,
-            }],
-            start_ns: Some(1_000),
-            has_host_context: true,
-            ..Default::default()
-        };
-        let doc = perfetto(&data, &Analysis::of(&data));
+    fn slices_counters_waits_and_nvml_tracks() {
+        let db = temp_db("sim");
+        simulated(&db);
+        assert_identical(&db, None);
+        let doc: Value = serde_json::from_slice(&streamed(&db, None, Format::Perfetto)).unwrap();
+        let _ = std::fs::remove_file(&db);
         let ev = doc["traceEvents"].as_array().unwrap();
         let x: Vec<&Value> = ev.iter().filter(|e| e["ph"] == "X").collect();
-        assert_eq!(x.len(), 3);
-        assert_eq!(x[0]["ts"], 1.0);
+        assert_eq!(x.len(), 5, "four calls and one runnable slice");
+        assert_eq!(x[0]["ts"], 2.0);
         assert_eq!(x[0]["dur"], 0.5);
         assert_eq!(x[0]["args"]["ptr"], "0x7f00");
+        assert_eq!(x[0]["args"]["stream"], "0xabc");
+        assert_eq!(x[0]["args"]["site"], "/w/t.py:3 step");
+        assert!(x[1]["args"]["nested"] == true && x[0]["args"].get("nested").is_none());
         let run = x.iter().find(|e| e["cat"] == "sched.runnable").unwrap();
         assert_eq!(run["args"]["preemptors"], "hog (99)");
         let counters: Vec<u64> = ev
             .iter()
-            .filter(|e| e["ph"] == "C")
+            .filter(|e| e["name"] == "device memory (bytes)")
             .map(|e| e["args"]["live_bytes"].as_u64().unwrap())
             .collect();
         assert_eq!(counters, vec![0, 4096, 0]);
-    }
-
-    #[test]
-    fn gpu_samples_and_nvml_memory_become_counter_tracks() {
-        use sleuth_core::{GpuSample, ProcessGpuSample, SamplePhase};
-        let data = TraceData {
-            start_ns: Some(1_000_000),
-            gpu_samples: Some(vec![GpuSample {
-                ts_ns: 3_000_000,
-                gpu: 0,
-                busy_pct: 40.0,
-                period_ns: 1_000_000,
-            }]),
-            process_gpu: vec![ProcessGpuSample {
-                ts_ns: 1_000_000,
-                gpu: 0,
-                pid: 7,
-                used_bytes: Some(1 << 30),
-                sm_pct: None,
-                phase: SamplePhase::Start,
-            }],
-            ..Default::default()
-        };
-        let doc = perfetto(&data, &Analysis::of(&data));
-        let ev = doc["traceEvents"].as_array().unwrap();
+        assert!(ev.iter().any(|e| e["name"] == "failed cudaMalloc"));
         let busy = ev.iter().find(|e| e["name"] == "GPU 0 busy (%)").unwrap();
         assert_eq!(
             (busy["ts"].as_f64(), busy["args"]["busy_pct"].as_f64()),
@@ -450,13 +788,30 @@ mod tests {
             .unwrap();
         assert_eq!(
             (held["pid"].as_u64(), held["args"]["used_bytes"].as_u64()),
-            (Some(7), Some(1 << 30))
+            (Some(10), Some(1 << 30))
         );
-        let none = perfetto(&TraceData::default(), &Analysis::of(&TraceData::default()));
-        assert!(
-            !none.to_string().contains("GPUs (NVML)"),
-            "no samples: no GPU track"
-        );
+        assert_eq!(doc["otherData"]["origin_mono_ns"], 1_000_000);
+    }
+
+    #[test]
+    fn json_names_ops_and_leaves_unknown_split_null() {
+        let db = temp_db("json");
+        simulated(&db);
+        let doc: Value = serde_json::from_slice(&streamed(&db, None, Format::Json)).unwrap();
+        assert_eq!(doc[0]["op"], "cudaMalloc");
+        assert_eq!(doc[0]["layer"], "runtime");
+        assert_eq!(doc[0]["size"], 4096);
+        assert_eq!(doc[0]["on_cpu_ns"], 500);
+        assert_eq!(doc[2]["failed"], true);
+        assert_eq!(doc[3]["runnable_ns"], 300);
+        // Without host context (an import) the split is null, never 0.
+        let trace = Trace::open(&db).unwrap();
+        let mut out = Vec::new();
+        write_calls_json(&mut out, &Rows::open(&trace).unwrap(), None, false).unwrap();
+        let _ = std::fs::remove_file(&db);
+        let doc: Value = serde_json::from_slice(&out).unwrap();
+        assert!(doc[0]["on_cpu_ns"].is_null() && doc[0]["runnable_ns"].is_null());
+        assert_eq!(doc[0]["dur_ns"], 500);
     }
 
     #[test]

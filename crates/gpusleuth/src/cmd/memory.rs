@@ -3,14 +3,16 @@
 mod sites;
 
 use crate::args::{JsonOutput, TraceInput};
-use crate::load::{emit_json, emit_text, load_trace};
+use crate::load::{emit_json, emit_text, warn_input_problems};
 use crate::output::{fmt_bytes, fmt_ns};
 use crate::render::table::table;
 use serde::Serialize;
 use sleuth_core::allocator::{allocator_views, AllocatorState, AllocatorView};
 use sleuth_core::gpu_activity::{self, GpuActivity};
 use sleuth_core::held::{held, HeldMemory};
-use sleuth_core::ledger::{empty_ledger, ledger, ProcessLedger};
+use sleuth_core::ledger::{empty_ledger, ProcessLedger};
+use sleuth_store::stream::MemoryTrace;
+use sleuth_store::ReadBudget;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
@@ -60,8 +62,15 @@ struct Report<'a> {
 
 pub fn run(args: Args) -> anyhow::Result<i32> {
     let at_offset = args.at;
-    let data = load_trace(&args.input.db, args.input.pid)?;
-    let span = sleuth_core::TraceSpan::of(&data);
+    let trace = sleuth_store::Trace::open(&args.input.db)?;
+    warn_input_problems(&trace)?;
+    // The memory calls are streamed from the store, never the whole trace.
+    let mut mt = MemoryTrace::open(
+        &trace,
+        args.input.pid,
+        ReadBudget::new(sleuth_store::DEFAULT_READ_TIMEOUT),
+    )?;
+    let span = mt.span;
     let origin = span.start_ns;
     if let Some(o) = at_offset {
         // A moment past the end is a mistake (often an absolute timestamp
@@ -75,9 +84,11 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         }
     }
     let at_abs = at_offset.map(|o| origin.saturating_add(o));
-    let mut processes = ledger(&data, at_abs);
+    let mut processes = mt.ledgers(at_abs)?;
     if args.by_site {
-        let r = sites::report(&data, &processes);
+        // The per-site table reads the memory calls themselves.
+        mt.load_memory_calls(None)?;
+        let r = sites::report(&mt.base, &processes);
         if args.out.json {
             emit_json(&r)?;
         } else {
@@ -85,9 +96,18 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         }
         return Ok(0);
     }
-    let allocators = allocator_views(&data, at_abs, &processes);
-    let helds = held_by_pid(&data, &mut processes);
-    let activity = gpu_activity::of_trace(&data);
+    // The allocator view replays its processes' memory calls beside their
+    // block events (only traces taken with --torch-allocator have any).
+    let mut block_pids: Vec<u32> = mt.base.blocks.iter().map(|b| b.pid).collect();
+    block_pids.sort_unstable();
+    block_pids.dedup();
+    if !block_pids.is_empty() {
+        mt.load_memory_calls(Some(&block_pids))?;
+    }
+    let data = &mt.base;
+    let allocators = allocator_views(data, at_abs, &processes);
+    let helds = held_by_pid(data, &mut processes);
+    let activity = gpu_activity::of_trace(data);
     if args.out.json {
         emit_json(&report(
             &processes,
@@ -484,6 +504,7 @@ fn render(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sleuth_core::ledger::ledger;
 
     #[test]
     fn render_names_unfreed_and_failed() {

@@ -462,30 +462,16 @@ fn counted_ops(data: &TraceData) -> Vec<(&'static str, u64)> {
 fn latency_chart(rows: &[(&str, Vec<u64>)]) -> String {
     let (left, right, top, row_h) = (170.0, 270.0, 30.0, 26.0);
     let height = top + row_h * rows.len() as f64 + 30.0;
-    let lo = rows
-        .iter()
-        .filter_map(|r| r.1.first())
-        .min()
-        .copied()
-        .unwrap_or(1)
-        .max(1) as f64;
-    let hi = rows
-        .iter()
-        .filter_map(|r| r.1.last())
-        .max()
-        .copied()
-        .unwrap_or(1)
-        .max(2) as f64;
+    // Each row's latencies are sorted: its first is its fastest call, its last its slowest.
+    let fastest = rows.iter().filter_map(|r| r.1.first()).min();
+    let slowest = rows.iter().filter_map(|r| r.1.last()).max();
+    let lo = fastest.copied().unwrap_or(1).max(1) as f64;
+    let hi = slowest.copied().unwrap_or(1).max(2) as f64;
     let (lo, hi) = (
         10f64.powf(lo.log10().floor()),
         10f64.powf(hi.log10().ceil()).max(lo * 10.0),
     );
-    let x = Log {
-        d0: lo,
-        d1: hi,
-        r0: left,
-        r1: WIDTH - right,
-    };
+    let x = Log::new((lo, hi), (left, WIDTH - right));
     let mut s = Svg::new(WIDTH, height, "latency distribution per op");
     s.text(
         left,
@@ -586,12 +572,7 @@ fn slowest_section(data: &TraceData, per_call: &[Vec<Culprit>], origin: u64) -> 
     let (left, right, top, row_h) = (290.0, 380.0, 10.0, 26.0);
     let height = top + row_h * idx.len() as f64 + 10.0;
     let longest = data.calls[idx[0]].dur_ns.max(1) as f64;
-    let x = Linear {
-        d0: 0.0,
-        d1: longest,
-        r0: left,
-        r1: WIDTH - right,
-    };
+    let x = Linear::new((0.0, longest), (left, WIDTH - right));
     let mut s = Svg::new(
         WIDTH,
         height,

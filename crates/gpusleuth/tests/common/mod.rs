@@ -232,7 +232,7 @@ pub fn wait_child(child: &mut Child, secs: u64) -> std::process::ExitStatus {
 }
 
 /// `gpusleuth CMD --json --db DB`, which must succeed without a panic and print JSON.
-fn command_json(cmd: &str, db: &Path) -> Value {
+pub fn command_json(cmd: &str, db: &Path) -> Value {
     let out = gpusleuth()
         .args([cmd, "--json", "--db"])
         .arg(db)

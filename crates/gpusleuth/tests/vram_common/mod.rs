@@ -21,6 +21,19 @@ pub fn json(out: &Output) -> Value {
     })
 }
 
+/// A command's stdout as JSON once its exit code is the expected one; a wrong
+/// code shows both outputs (a refusal's reasons are on stdout, a crash's on stderr).
+pub fn json_exit(out: &Output, code: i32) -> Value {
+    assert_eq!(
+        out.status.code(),
+        Some(code),
+        "stdout={} stderr={}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    json(out)
+}
+
 /// The pids a `reclaim --json` plan would signal, in plan order.
 pub fn target_pids(doc: &Value) -> Vec<u64> {
     doc["plan"]["targets"]

@@ -9,6 +9,8 @@ use crate::ops::op_by_name;
 
 const MIB: u64 = 1 << 20;
 const PID: u32 = 7;
+/// Where the first simulated CUDA segment starts.
+pub(crate) const BASE: u64 = 0x7f00_0000_0000;
 
 /// Builds a trace of one process the way torch would produce it, with the
 /// Block fields at chosen word indices.
@@ -37,6 +39,12 @@ impl Sim {
     }
     pub(crate) fn torch() -> Sim {
         Sim::new(7, 6, 9)
+    }
+    /// A torch process that has `cudaMalloc`ed one segment of `bytes` at [`BASE`].
+    pub(crate) fn torch_with_segment(bytes: u64) -> Sim {
+        let mut sim = Sim::torch();
+        sim.cuda_malloc(BASE, bytes);
+        sim
     }
     fn tick(&mut self) -> u64 {
         self.ts += 100;
@@ -287,9 +295,8 @@ fn exact_allocated_requested_rounding_and_gap() {
 
 #[test]
 fn a_segment_pinned_by_one_small_block_is_named() {
-    let mut sim = Sim::torch();
-    let base = 0x7f00_0000_0000u64;
-    sim.cuda_malloc(base, 20 * MIB);
+    let mut sim = Sim::torch_with_segment(20 * MIB);
+    let base = BASE;
     sim.cuda_malloc(base + 20 * MIB, 20 * MIB);
     sim.malloc(0xa0, base, 18 * MIB, 18 * MIB);
     sim.malloc(0xa1, base + 18 * MIB, 1536 * 1024, 1_500_000);
@@ -353,35 +360,28 @@ fn small_pool_segments_are_told_apart() {
 
 #[test]
 fn block_pointer_reuse() {
-    let mut sim = Sim::torch();
-    let base = 0x7f00_0000_0000u64;
-    sim.cuda_malloc(base, 20 * MIB);
+    let mut sim = Sim::torch_with_segment(20 * MIB);
+    let base = BASE;
     // Freed then handed out again for another block: keyed by Block*, replaced.
     sim.malloc(0xb1, base, 4 * MIB, 4 * MIB);
     sim.free(0xb1);
     sim.malloc(0xb1, base + 8 * MIB, 2 * MIB, 2 * MIB - 7);
-    let s = sim.state();
-    assert_eq!(
+    // Allocated bytes, live blocks, and mallocs that returned a still-live Block*.
+    let reuse = |s: &AllocatorState| {
         (
             s.allocated_bytes,
             s.live_blocks,
-            s.counts.reused_live_blocks
-        ),
-        (2 * MIB, 1, 0)
-    );
+            s.counts.reused_live_blocks,
+        )
+    };
+    let s = sim.state();
+    assert_eq!(reuse(&s), (2 * MIB, 1, 0));
     assert_eq!(s.segments[0].live_blocks[0].ptr, Ptr(base + 8 * MIB));
     assert_gap_explained(&s);
     // A malloc returning a Block* still live: its free was lost; the new one replaces it.
     sim.malloc(0xb1, base + 12 * MIB, 6 * MIB, 6 * MIB);
     let s = sim.state();
-    assert_eq!(
-        (
-            s.allocated_bytes,
-            s.live_blocks,
-            s.counts.reused_live_blocks
-        ),
-        (6 * MIB, 1, 1)
-    );
+    assert_eq!(reuse(&s), (6 * MIB, 1, 1));
     // A free of a block from before the trace is counted, not applied; its
     // size is recovered from the block's own size word.
     let mut pre = [0; BLOCK_WORDS];
@@ -434,9 +434,8 @@ fn expandable_segments_use_mapped_pages() {
 
 #[test]
 fn at_a_moment_follows_the_ledger_semantics() {
-    let mut sim = Sim::torch();
-    let base = 0x7f00_0000_0000u64;
-    sim.cuda_malloc(base, 20 * MIB);
+    let mut sim = Sim::torch_with_segment(20 * MIB);
+    let base = BASE;
     sim.malloc(0x1, base, 4 * MIB, 4 * MIB);
     let t_after_first = sim.ts;
     sim.malloc(0x2, base + 4 * MIB, 4 * MIB, 4 * MIB);
@@ -457,9 +456,8 @@ fn at_a_moment_follows_the_ledger_semantics() {
 
 #[test]
 fn blocks_outside_every_segment_and_foreign_memory_are_reported() {
-    let mut sim = Sim::torch();
-    let base = 0x7f00_0000_0000u64;
-    sim.cuda_malloc(base, 20 * MIB);
+    let mut sim = Sim::torch_with_segment(20 * MIB);
+    let base = BASE;
     sim.cuda_malloc(0x7a00_0000_0000, 8 * MIB); // some other library's buffer
     sim.malloc(0x1, base, 4 * MIB, 4 * MIB);
     for i in 0..200u64 {
@@ -485,9 +483,8 @@ fn blocks_outside_every_segment_and_foreign_memory_are_reported() {
 
 #[test]
 fn failures_record_the_gap_at_that_moment() {
-    let mut sim = Sim::torch();
-    let base = 0x7f00_0000_0000u64;
-    sim.cuda_malloc(base, 100 * MIB);
+    let mut sim = Sim::torch_with_segment(100 * MIB);
+    let base = BASE;
     sim.malloc(0x1, base, 10 * MIB, 10 * MIB);
     let failed = sim.call("cudaMalloc", Some(80 * MIB), Some(0));
     failed.ret = 2;
@@ -509,13 +506,7 @@ fn failures_record_the_gap_at_that_moment() {
 
 #[test]
 fn random_workloads_always_explain_the_gap_exactly() {
-    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-    let mut next = move || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed
-    };
+    let mut next = crate::testing::xorshift(0x9e37_79b9_7f4a_7c15);
     for _ in 0..50 {
         let mut sim = Sim::torch();
         let mut live: Vec<(u64, u64)> = Vec::new(); // (Block*, size)
@@ -523,7 +514,7 @@ fn random_workloads_always_explain_the_gap_exactly() {
         let mut block_id = 0x1000u64;
         for step in 0..150u64 {
             let r = next();
-            if r % 4 == 0 && !live.is_empty() {
+            if r.is_multiple_of(4) && !live.is_empty() {
                 let (b, _) = live.swap_remove((r as usize / 4) % live.len());
                 sim.free(b);
                 continue;
@@ -593,9 +584,8 @@ fn other_libraries_memory_is_reserved_but_not_part_of_the_gap() {
     // As on the H200: cuBLAS's workspace (a direct driver allocation) sits
     // beside the allocator's segments. PyTorch's gap is reserved − allocated of
     // its own segments, and their free bytes explain it exactly.
-    let mut sim = Sim::torch();
-    let base = 0x7f00_0000_0000u64;
-    sim.cuda_malloc(base, 20 * MIB);
+    let mut sim = Sim::torch_with_segment(20 * MIB);
+    let base = BASE;
     sim.cuda_malloc(0x7a00_0000_0000, 64 * MIB); // not the allocator's
     sim.malloc(0x1, base, 4 * MIB, 4 * MIB - 100);
     let s = sim.view_at(None).state.unwrap();

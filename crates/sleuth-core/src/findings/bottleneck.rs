@@ -6,8 +6,8 @@
 //! call, see `threads.rs`), and states the share of that wall time it
 //! explains: findings are ranked by it.
 
+use super::inputs::{FindingInputs, ThreadInputs};
 use super::*;
-use crate::event::CallEvent;
 use crate::gpu_busy::GpuBusy;
 use crate::ops::{op_by_id, OpClass};
 use crate::threads::{ThreadSplit, WakerKind};
@@ -52,6 +52,8 @@ pub(super) struct ThreadView<'a> {
     /// Wall time inside recorded launch calls (0 when launches are only counted).
     pub launch_call_ns: u64,
     pub gpu: Option<GpuBusy>,
+    /// The thread's aggregates (syncs, copies).
+    pub agg: &'a ThreadInputs,
 }
 
 impl ThreadView<'_> {
@@ -111,15 +113,16 @@ impl ThreadView<'_> {
 
 /// One view per issuing thread whose window is long enough to judge.
 pub(super) fn views<'a>(
-    data: &TraceData,
+    counts: &[crate::OpCount],
     threads: &'a [ThreadSplit],
+    inputs: &'a FindingInputs,
     gpu: impl Fn(u64, u64) -> Option<GpuBusy>,
 ) -> Vec<ThreadView<'a>> {
     // Counted launches go to each process's longest issuing thread. With
     // `--launches all` both layers are counted: a runtime launch goes through
     // the driver, so the driver's count is used when there is one.
     let mut by_layer: HashMap<(u32, crate::ops::Layer), u64> = HashMap::new();
-    for c in &data.counts {
+    for c in counts {
         if let Some(o) = op_by_id(c.op).filter(|o| o.class == OpClass::Launch) {
             *by_layer.entry((c.pid, o.layer)).or_default() += c.count;
         }
@@ -141,31 +144,25 @@ pub(super) fn views<'a>(
             *e = (t.wall_ns, t.tid);
         }
     }
-    let mut recorded: HashMap<(u32, u32), (u64, u64)> = HashMap::new();
-    for c in data.calls.iter().filter(|c| !c.nested) {
-        if c.info().is_some_and(|o| o.class == OpClass::Launch) {
-            let e = recorded.entry((c.pid, c.tid)).or_default();
-            e.0 += 1;
-            e.1 += c.dur_ns;
-        }
-    }
     threads
         .iter()
         .filter(|t| t.wall_ns >= VERDICT_MIN_WINDOW_NS)
-        .map(|t| {
-            let (n, ns) = recorded.get(&(t.pid, t.tid)).copied().unwrap_or((0, 0));
+        .filter_map(|t| {
+            // Every thread with a split made calls, so it has aggregates.
+            let agg = inputs.threads.get(&(t.pid, t.tid))?;
             let is_main = main_of.get(&t.pid).is_some_and(|m| m.1 == t.tid);
             let extra = if is_main {
                 counted.get(&t.pid).copied().unwrap_or(0)
             } else {
                 0
             };
-            ThreadView {
+            Some(ThreadView {
                 t,
-                launches: n + extra,
-                launch_call_ns: ns,
+                launches: agg.launches.count() + extra,
+                launch_call_ns: agg.launch_ns,
                 gpu: gpu(t.start_ns, t.end_ns),
-            }
+                agg,
+            })
         })
         .collect()
 }
@@ -363,7 +360,7 @@ pub(super) fn launch_bound(v: &ThreadView) -> Option<Finding> {
 }
 
 /// Host synchronizations every step drain the GPU queue: host and GPU take turns.
-pub(super) fn sync_stall(v: &ThreadView, data: &TraceData) -> Option<Finding> {
+pub(super) fn sync_stall(v: &ThreadView) -> Option<Finding> {
     let t = v.t;
     if t.syncs < SYNC_STALL_MIN_SYNCS {
         return None;
@@ -374,18 +371,8 @@ pub(super) fn sync_stall(v: &ThreadView, data: &TraceData) -> Option<Finding> {
     }
     // Per sync: host time since the previous sync ended (H) and the sync's own
     // wall time (S: the GPU finishing what the host queued). With the sync
-    // gone, up to min(H, S) of each step could overlap.
-    let mut syncs: Vec<&CallEvent> = thread_calls(data, t, OpClass::Sync).collect();
-    syncs.sort_by_key(|c| c.ts_ns);
-    let mut prev_end = t.start_ns;
-    let mut overlap = 0u64;
-    let mut host_gaps: Vec<u64> = Vec::with_capacity(syncs.len());
-    for c in &syncs {
-        let h = c.ts_ns.saturating_sub(prev_end);
-        overlap += h.min(c.dur_ns);
-        host_gaps.push(h);
-        prev_end = c.end_ns();
-    }
+    // gone, up to min(H, S) of each step could overlap (summed as the calls stream past).
+    let mut overlap = v.agg.overlap_ns;
     // Measured GPU idle time bounds what overlapping could win.
     if let Some(g) = v.gpu {
         let idle = ((1.0 - g.busy).max(0.0) * t.wall_ns as f64) as u64;
@@ -395,8 +382,7 @@ pub(super) fn sync_stall(v: &ThreadView, data: &TraceData) -> Option<Finding> {
     if share < SYNC_STALL_MIN_SHARE {
         return None;
     }
-    host_gaps.sort_unstable();
-    let h50 = crate::stats::nearest_rank(&host_gaps, 50).unwrap_or(0);
+    let h50 = v.agg.host_gaps.percentile(50).unwrap_or(0);
     let summary = format!(
         "{}; {} synchronized with the GPU {} times ({:.0}/s, median sync {}); after each sync the GPU has no queued \
          work while the host spends a median {} preparing the next step: up to {} ({} of {}) could overlap",
@@ -430,95 +416,23 @@ pub(super) fn sync_stall(v: &ThreadView, data: &TraceData) -> Option<Finding> {
     ))
 }
 
-/// Pinned host ranges of one process, as replayed up to a moment.
-#[derive(Default)]
-struct PinnedRanges {
-    /// start -> end (exclusive)
-    live: std::collections::BTreeMap<u64, u64>,
-}
-
-impl PinnedRanges {
-    fn contains(&self, p: u64) -> bool {
-        self.live
-            .range(..=p)
-            .next_back()
-            .is_some_and(|(_, &end)| p < end)
-    }
-}
-
 /// Host<->device copies from pageable memory, with the on-CPU staging time.
-pub(super) fn pageable_copy(views: &[ThreadView], data: &TraceData) -> Vec<Finding> {
-    // Pinned ranges per process, replayed in time order with the copies.
-    let mut ranges: HashMap<u32, PinnedRanges> = HashMap::new();
-    #[derive(Default)]
-    struct Acc {
-        count: u64,
-        bytes: u64,
-        on_cpu: u64,
-        wall: u64,
-        h2d: u64,
-        d2h: u64,
-        examples: Vec<usize>,
-    }
-    let mut per_thread: HashMap<(u32, u32), Acc> = HashMap::new();
-    let mut pinned_copies: HashMap<(u32, u32), u64> = HashMap::new();
-    let mut order: Vec<usize> = (0..data.calls.len()).collect();
-    order.sort_by_key(|&i| data.calls[i].end_ns());
-    for i in order {
-        let c = &data.calls[i];
-        let Some(info) = c.info() else { continue };
-        if c.nested || c.failed() {
-            continue;
-        }
-        let r = ranges.entry(c.pid).or_default();
-        match info.class {
-            OpClass::HostAlloc | OpClass::HostRegister => {
-                if let (Some(p), Some(n)) = (c.ptr, c.size) {
-                    r.live.insert(p, p.saturating_add(n));
-                }
-            }
-            OpClass::HostFree | OpClass::HostUnregister => {
-                if let Some(p) = c.ptr {
-                    r.live.remove(&p);
-                }
-            }
-            OpClass::Copy => {
-                let Some(hp) = c.host_ptr else { continue };
-                if r.contains(hp) {
-                    *pinned_copies.entry((c.pid, c.tid)).or_default() += 1;
-                    continue;
-                }
-                let a = per_thread.entry((c.pid, c.tid)).or_default();
-                a.count += 1;
-                a.bytes += c.size.unwrap_or(0);
-                a.on_cpu += c.on_cpu_ns() + c.runnable_ns;
-                a.wall += c.dur_ns;
-                if crate::ops::host_ptr_arg(info, c.kind) == Some(1) {
-                    a.h2d += 1;
-                } else {
-                    a.d2h += 1;
-                }
-                a.examples.push(i);
-            }
-            _ => {}
-        }
-    }
+pub(super) fn pageable_copy(views: &[ThreadView]) -> Vec<Finding> {
     let mut out = Vec::new();
     for v in views {
-        let Some(a) = per_thread.get(&(v.t.pid, v.t.tid)) else {
+        let a = &v.agg.pageable;
+        if a.count == 0 {
             continue;
-        };
+        }
         let share = v.t.share(a.on_cpu);
         if share < PAGEABLE_MIN_SHARE || a.on_cpu < PAGEABLE_MIN_NS {
             continue;
         }
-        let mut ex = a.examples.clone();
-        ex.sort_by_key(|&i| std::cmp::Reverse(data.calls[i].on_cpu_ns()));
-        let examples: Vec<_> = ex
-            .iter()
-            .take(EXAMPLE_CALLS)
-            .map(|&i| {
-                let c = &data.calls[i];
+        let examples: Vec<_> = a
+            .examples
+            .examples()
+            .map(|e| {
+                let c = &e.call;
                 json!({"op": c.op_name(), "ts_ns": c.ts_ns, "pid": c.pid, "tid": c.tid, "dur_ns": c.dur_ns,
                        "on_cpu_ns": c.on_cpu_ns(), "runnable_ns": c.runnable_ns, "blocked_ns": c.blocked_ns,
                        "bytes": c.size, "host_ptr": c.host_ptr.map(|p| format!("{p:#x}"))})
@@ -535,9 +449,9 @@ pub(super) fn pageable_copy(views: &[ThreadView], data: &TraceData) -> Vec<Findi
             ms(a.on_cpu),
             pct(share),
             ms(v.t.wall_ns),
-            match pinned_copies.get(&(v.t.pid, v.t.tid)) {
-                Some(n) => format!("; {n} other copies used pinned memory"),
-                None => String::new(),
+            match a.pinned_copies {
+                0 => String::new(),
+                n => format!("; {n} other copies used pinned memory"),
             }
         );
         let mut ev = v.base_evidence();
@@ -548,7 +462,7 @@ pub(super) fn pageable_copy(views: &[ThreadView], data: &TraceData) -> Vec<Findi
         // On-CPU plus runnable time inside the copies: the CPU's part of the copy.
         ev["staging_ns"] = json!(a.on_cpu);
         ev["copy_wall_ns"] = json!(a.wall);
-        ev["pinned_copies"] = json!(pinned_copies.get(&(v.t.pid, v.t.tid)).copied().unwrap_or(0));
+        ev["pinned_copies"] = json!(a.pinned_copies);
         ev["pinned_ranges_seen"] = json!(
             "cudaMallocHost, cudaHostAlloc, cuMemAllocHost, cudaHostRegister, cuMemHostRegister made during the trace; \
              memory pinned before the trace started is not known"
@@ -567,15 +481,4 @@ pub(super) fn pageable_copy(views: &[ThreadView], data: &TraceData) -> Vec<Findi
         ));
     }
     out
-}
-
-/// The calls of `class` a thread made itself (not nested in another call).
-pub(super) fn thread_calls<'a>(
-    data: &'a TraceData,
-    t: &'a ThreadSplit,
-    class: OpClass,
-) -> impl Iterator<Item = &'a CallEvent> + 'a {
-    data.calls.iter().filter(move |c| {
-        !c.nested && c.pid == t.pid && c.tid == t.tid && c.info().is_some_and(|o| o.class == class)
-    })
 }

@@ -1,30 +1,27 @@
 //! Findings about time: cpu_preemption, tail_latency.
 
+use super::inputs::{FindingInputs, OpInputs, TopK};
 use super::*;
-use crate::decompose::{aggregate_culprits, culprits_of, Split, TailSplit};
-use crate::event::CallEvent;
+use crate::decompose::{Split, TailSplit};
 use crate::ops::OpClass;
-use crate::stats::nearest_rank;
 use crate::units::fmt_ns;
 use serde_json::json;
-use std::collections::BTreeMap;
 
-/// What every time finder needs: calls grouped by op, the per-call culprits
-/// and the trace's time origin.
+/// What every time finder needs: the per-op aggregates, the trace's time
+/// origin and how to name a call site.
 pub(super) struct Context<'a> {
-    data: &'a TraceData,
-    per_call_culprits: &'a [Vec<Culprit>],
-    /// Call indices per op id, ascending op id (a stable order).
-    by_op: BTreeMap<u16, Vec<usize>>,
+    inputs: &'a FindingInputs,
+    has_host_context: bool,
     start_ns: u64,
     end_ns: u64,
+    site: &'a dyn Fn(Option<u64>) -> String,
 }
 
 /// Per-op numbers shared by the finders.
 struct OpView<'a> {
     op: &'static str,
     class: OpClass,
-    idx: &'a [usize],
+    agg: &'a OpInputs,
     split: Split,
     p50: u64,
     p95: u64,
@@ -34,23 +31,18 @@ struct OpView<'a> {
 }
 
 impl<'a> Context<'a> {
-    pub(super) fn new(data: &'a TraceData, per_call_culprits: &'a [Vec<Culprit>]) -> Self {
-        let mut by_op: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
-        for (i, c) in data.calls.iter().enumerate() {
-            // A driver call made inside a runtime call is the same wall time as
-            // its caller: judging both would report every slow call twice.
-            if c.nested {
-                continue;
-            }
-            by_op.entry(c.op).or_default().push(i);
-        }
-        let span = crate::TraceSpan::of(data);
+    pub(super) fn new(
+        inputs: &'a FindingInputs,
+        has_host_context: bool,
+        span: crate::TraceSpan,
+        site: &'a dyn Fn(Option<u64>) -> String,
+    ) -> Self {
         Context {
-            data,
-            per_call_culprits,
-            by_op,
+            inputs,
+            has_host_context,
             start_ns: span.start_ns,
             end_ns: span.end_ns,
+            site,
         }
     }
 
@@ -59,52 +51,34 @@ impl<'a> Context<'a> {
         self.end_ns - self.start_ns
     }
 
-    fn calls<'b>(&self, idx: &'b [usize]) -> impl Iterator<Item = &'a CallEvent> + 'b
-    where
-        'a: 'b,
-    {
-        let calls: &'a [CallEvent] = &self.data.calls;
-        idx.iter().map(move |&i| &calls[i])
-    }
-
     fn views(&self) -> impl Iterator<Item = OpView<'_>> + '_ {
-        self.by_op.iter().filter_map(move |(&op, idx)| {
+        self.inputs.ops.iter().filter_map(move |(&op, agg)| {
             let info = crate::ops::op_by_id(op)?;
-            let mut durs: Vec<u64> = self.calls(idx).map(|c| c.dur_ns).collect();
-            durs.sort_unstable();
-            let p95 = nearest_rank(&durs, 95)?;
-            let mut pids: Vec<u32> = self.calls(idx).map(|c| c.pid).collect();
-            pids.sort_unstable();
-            pids.dedup();
             Some(OpView {
                 op: info.name,
                 class: info.class,
-                idx,
-                split: Split::total(self.calls(idx)),
-                p50: nearest_rank(&durs, 50)?,
-                p95,
-                p99: nearest_rank(&durs, 99)?,
-                tail: TailSplit::of(self.calls(idx), p95),
-                pids,
+                agg,
+                split: agg.split,
+                p50: agg.hist.percentile(50)?,
+                p95: agg.hist.percentile(95)?,
+                p99: agg.hist.percentile(99)?,
+                tail: agg.hist.tail(),
+                pids: agg.pids.iter().copied().collect(),
             })
         })
     }
 
-    /// Up to EXAMPLE_CALLS calls of `idx`, ranked by `key` (largest first), as evidence.
-    fn examples(&self, idx: &[usize], key: impl Fn(&CallEvent) -> u64) -> serde_json::Value {
-        let mut ranked: Vec<usize> = idx.to_vec();
-        ranked.sort_by_key(|&i| (std::cmp::Reverse(key(&self.data.calls[i])), i));
-        ranked.truncate(EXAMPLE_CALLS);
-        ranked
-            .into_iter()
-            .map(|i| {
-                let c = &self.data.calls[i];
+    /// The kept example calls (largest key first), as evidence.
+    fn examples(&self, top: &TopK) -> serde_json::Value {
+        top.examples()
+            .map(|e| {
+                let c = &e.call;
                 let s = Split::of(c);
                 // Unknown without host context (imports): null, never 0.
-                let known = |v: u64| self.data.has_host_context.then_some(v);
-                let culprits: Vec<_> = culprits_of(self.per_call_culprits, i)
+                let known = |v: u64| self.has_host_context.then_some(v);
+                let culprits: Vec<_> = e
+                    .culprits
                     .iter()
-                    .take(2)
                     .map(|k| json!({"pid": k.pid, "comm": k.comm, "runnable_ns": k.ns}))
                     .collect();
                 json!({
@@ -118,7 +92,7 @@ impl<'a> Context<'a> {
                     "blocked_ns": known(s.blocked_ns),
                     "culprits": culprits,
                     // The line that made the call (slow calls take a site, `trace --site-slow`).
-                    "site": c.stack_id.map(|_| crate::sites::label_of(self.data, c.stack_id)),
+                    "site": c.stack_id.map(|_| (self.site)(c.stack_id)),
                 })
             })
             .collect()
@@ -145,31 +119,20 @@ pub(super) fn cpu_preemption(ctx: &Context) -> Vec<Finding> {
         } else {
             Severity::Low
         };
-        let mut culprits: Vec<FindingCulprit> =
-            aggregate_culprits(v.idx.iter().map(|&i| culprits_of(ctx.per_call_culprits, i)))
-                .into_iter()
-                .map(|c| FindingCulprit {
-                    share: share(c.runnable_ns, lost).min(1.0),
-                    pid: c.pid,
-                    comm: c.comm,
-                    runnable_ns: c.runnable_ns,
-                })
-                .collect();
+        let mut culprits: Vec<FindingCulprit> = v
+            .agg
+            .culprits()
+            .into_iter()
+            .map(|c| FindingCulprit {
+                share: share(c.runnable_ns, lost).min(1.0),
+                pid: c.pid,
+                comm: c.comm,
+                runnable_ns: c.runnable_ns,
+            })
+            .collect();
         culprits.truncate(TOP_CULPRITS);
-        let affected: Vec<u32> = {
-            let mut p: Vec<u32> = ctx
-                .calls(v.idx)
-                .filter(|c| Split::of(c).runnable_ns > 0)
-                .map(|c| c.pid)
-                .collect();
-            p.sort_unstable();
-            p.dedup();
-            p
-        };
-        let slowed = ctx
-            .calls(v.idx)
-            .filter(|c| Split::of(c).runnable_ns > 0)
-            .count();
+        let affected: Vec<u32> = v.agg.slowed_pids.iter().copied().collect();
+        let slowed = v.agg.slowed;
         let who = match culprits.first() {
             Some(c) => format!(
                 "mostly {} (pid {}, {} of the lost time)",
@@ -206,7 +169,7 @@ pub(super) fn cpu_preemption(ctx: &Context) -> Vec<Finding> {
             pids: affected,
             summary,
             evidence: json!({
-                "calls": v.idx.len(),
+                "calls": v.agg.count(),
                 "calls_with_runnable_time": slowed,
                 "wall_ns": wall,
                 "on_cpu_ns": v.split.on_cpu_ns,
@@ -216,7 +179,7 @@ pub(super) fn cpu_preemption(ctx: &Context) -> Vec<Finding> {
                 "tail": v.tail,
                 "p50_ns": v.p50,
                 "p99_ns": v.p99,
-                "examples": ctx.examples(v.idx, |c| Split::of(c).runnable_ns),
+                "examples": ctx.examples(&v.agg.by_runnable),
             }),
             culprits,
             recommendation: recommendation.to_string(),
@@ -229,10 +192,10 @@ pub(super) fn cpu_preemption(ctx: &Context) -> Vec<Finding> {
 
 /// Ops whose slowest calls are far slower than usual with no host explanation.
 pub(super) fn tail_latency(ctx: &Context) -> Vec<Finding> {
-    let host = ctx.data.has_host_context;
+    let host = ctx.has_host_context;
     let mut out = Vec::new();
     for v in ctx.views() {
-        let n = v.idx.len() as u64;
+        let n = v.agg.count();
         let ratio = if v.p50 == 0 {
             f64::INFINITY
         } else {
@@ -288,11 +251,7 @@ pub(super) fn tail_latency(ctx: &Context) -> Vec<Finding> {
                     .to_string(),
             )
         };
-        let tail_wall: u64 = ctx
-            .calls(v.idx)
-            .filter(|c| c.dur_ns > v.p95)
-            .map(|c| c.dur_ns)
-            .sum();
+        let tail_wall: u64 = v.agg.hist.above(95).1.wall_ns();
         out.push(Finding {
             kind: Kind::TailLatency,
             severity,
@@ -315,7 +274,7 @@ pub(super) fn tail_latency(ctx: &Context) -> Vec<Finding> {
                 "tail": if host { json!(t) } else { json!(null) },
                 "host_context": host,
                 "not_known": "what the GPU and the driver were doing during the slow calls",
-                "examples": ctx.examples(v.idx, |c| c.dur_ns),
+                "examples": ctx.examples(&v.agg.by_dur),
             }),
             culprits: Vec::new(),
             recommendation,

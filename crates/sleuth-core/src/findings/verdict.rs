@@ -1,10 +1,10 @@
 //! The one-line answer on top of `explain`, and the notes that go with the
 //! verdicts: the tracer's own interference, what an imported trace cannot tell.
 
-use super::bottleneck::{thread_calls, who, ThreadView};
+use super::bottleneck::{who, ThreadView};
+use super::inputs::FindingInputs;
 use super::*;
 use crate::gpu_busy::GpuBusy;
-use crate::ops::OpClass;
 use crate::threads::{ThreadSplit, WakerKind};
 
 fn gpu_text(g: Option<GpuBusy>) -> String {
@@ -26,13 +26,13 @@ fn thread_of<'a>(f: &Finding, threads: &'a [ThreadSplit]) -> Option<&'a ThreadSp
 /// "GPU busy 9%; the main thread of train (pid 7) spent 88% computing on the
 /// CPU between CUDA calls: host-bound". None when no thread issued CUDA calls.
 pub(super) fn summary_line(
-    data: &TraceData,
+    has_host_context: bool,
     threads: &[ThreadSplit],
     views: &[ThreadView],
     findings: &[Finding],
     gpu: &dyn Fn(u64, u64) -> Option<GpuBusy>,
 ) -> Option<String> {
-    if !data.has_host_context {
+    if !has_host_context {
         return None; // said in a note: what can and cannot be told
     }
     let main = threads.first()?;
@@ -150,23 +150,20 @@ pub(super) fn tracer_note(threads: &[ThreadSplit]) -> Option<String> {
 /// For a trace without host context (imported): what the call records alone
 /// say about the main issuing thread, and what stays unknown.
 pub(super) fn unknown_without_host_context(
-    data: &TraceData,
+    has_host_context: bool,
+    inputs: &FindingInputs,
     gpu: &dyn Fn(u64, u64) -> Option<GpuBusy>,
 ) -> Option<String> {
-    if data.has_host_context {
+    if has_host_context {
         return None;
     }
-    let threads = crate::threads::thread_splits(data);
-    let t = threads.first()?;
-    let mut launches: Vec<u64> = thread_calls(data, t, OpClass::Launch)
-        .map(|c| c.dur_ns)
-        .collect();
-    launches.sort_unstable();
-    let launch_text = match crate::stats::nearest_rank(&launches, 50) {
+    let t = inputs.splits.first()?;
+    let launches = &inputs.threads.get(&(t.pid, t.tid))?.launches;
+    let launch_text = match launches.percentile(50) {
         Some(p50) => format!(
             "; it launched {} kernels ({:.0}/s, median {:.1} us inside each launch call)",
-            launches.len(),
-            launches.len() as f64 / (t.wall_ns.max(1) as f64 / 1e9),
+            launches.count(),
+            launches.count() as f64 / (t.wall_ns.max(1) as f64 / 1e9),
             p50 as f64 / 1e3
         ),
         None => String::new(),

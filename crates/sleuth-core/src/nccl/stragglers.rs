@@ -438,7 +438,7 @@ mod tests {
     use crate::nccl::comms::tests::{all_reduce, init};
     use crate::nccl::NcclEvent;
 
-    const MS: u64 = 1_000_000;
+    use crate::testing::MS;
 
     /// Two ranks, 10 all-reduces 100 ms apart; rank 1 enters each 30 ms late.
     /// Rank 1's thread spends the gap as `gap` says.
@@ -477,22 +477,37 @@ mod tests {
         assert_eq!((r1.collectives, r1.lateness_ns), (10, 300 * MS));
     }
 
+    /// A wait of the slow rank's thread (pid 20) on CPU 0: switched out,
+    /// woken and back on at `(off, wake, on)`; a preemption leaves it
+    /// runnable (state 0), any other wait sleeping (state 1, S).
+    fn slow_rank_wait(
+        kind: WaitKind,
+        (off, wake, on): (u64, u64, u64),
+        culprits: Vec<Culprit>,
+    ) -> WaitEvent {
+        WaitEvent {
+            pid: 20,
+            tid: 20,
+            kind,
+            off_ns: off,
+            wake_ns: wake,
+            on_ns: on,
+            prev_state: if kind == WaitKind::Preempted { 0 } else { 1 },
+            cpu: 0,
+            culprits,
+            waker: None,
+        }
+    }
+
     #[test]
     fn a_rank_sleeping_outside_cuda_waits_for_input() {
         let r = analyze(
             &two_ranks(|t, w| {
-                w.push(WaitEvent {
-                    pid: 20,
-                    tid: 20,
-                    kind: WaitKind::Blocked,
-                    off_ns: t - 5 * MS,
-                    wake_ns: t + 29 * MS,
-                    on_ns: t + 29 * MS,
-                    prev_state: 1,
-                    cpu: 0,
-                    culprits: vec![],
-                    waker: None,
-                })
+                w.push(slow_rank_wait(
+                    WaitKind::Blocked,
+                    (t - 5 * MS, t + 29 * MS, t + 29 * MS),
+                    vec![],
+                ))
             }),
             0.5,
         );
@@ -505,23 +520,17 @@ mod tests {
     fn a_preempted_rank_names_the_task_that_held_its_cpu() {
         let r = analyze(
             &two_ranks(|t, w| {
-                w.push(WaitEvent {
-                    pid: 20,
-                    tid: 20,
-                    kind: WaitKind::Preempted,
-                    off_ns: t,
-                    wake_ns: t,
-                    on_ns: t + 25 * MS,
-                    prev_state: 0,
-                    cpu: 0,
-                    culprits: vec![Culprit {
-                        pid: 99,
-                        tid: 99,
-                        comm: "hog".into(),
-                        ns: 25 * MS,
-                    }],
-                    waker: None,
-                })
+                let hog = Culprit {
+                    pid: 99,
+                    tid: 99,
+                    comm: "hog".into(),
+                    ns: 25 * MS,
+                };
+                w.push(slow_rank_wait(
+                    WaitKind::Preempted,
+                    (t, t, t + 25 * MS),
+                    vec![hog],
+                ))
             }),
             0.5,
         );

@@ -196,6 +196,15 @@ pub fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
     }
 }
 
+/// A reclaim ended `gone` and spared the others: waits (bounded) for `gone`
+/// to go, then checks each spared pid still runs, failing with its reason.
+pub fn assert_ended_only(gone: u32, spared: &[(u32, &str)]) {
+    wait_until(&format!("pid {gone} to be gone"), || !alive(gone));
+    for (pid, why) in spared {
+        assert!(alive(*pid), "pid {pid} was ended: {why}");
+    }
+}
+
 /// True on CI, where tests that need root must run rather than skip.
 pub fn on_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| v == "true")

@@ -18,13 +18,26 @@ use crate::mapped::MappedFile;
 use sleuth_core::sites::{Frame, FrameKind};
 use std::collections::HashMap;
 
+/// One function symbol in 16 bytes (PyTorch's libraries hold millions of
+/// them, all indexed while the tracer runs): its start and size as virtual
+/// addresses, and where its name lies in the file. 32-bit fields cover any
+/// library under 4 GiB; a symbol beyond is left out (its frames show the
+/// library without a function name).
+#[derive(Clone, Copy)]
+struct Func {
+    start: u32,
+    size: u32,
+    name_off: u32,
+    name_len: u32,
+}
+
 /// Function symbols of one file, by virtual address; names stay in the
 /// mapped file until a frame asks for one.
 #[derive(Default)]
 struct FileSymbols {
     map: Option<MappedFile>,
-    /// (start, size, name offset in the file, name length), sorted by start.
-    funcs: Vec<(u64, u64, u64, u32)>,
+    /// Function symbols, sorted by start.
+    funcs: Vec<Func>,
     /// Loadable segments: (file offset, vaddr, file size).
     segments: Vec<(u64, u64, u64)>,
     /// Names already demangled, by symbol start.
@@ -36,7 +49,7 @@ impl FileSymbols {
         let Ok(map) = MappedFile::open(std::path::Path::new(path)) else {
             return FileSymbols::default();
         };
-        let (funcs, segments) = match Self::index(map.bytes()) {
+        let (funcs, segments) = match Self::index(&map) {
             Some(x) => x,
             None => return FileSymbols::default(),
         };
@@ -53,28 +66,29 @@ impl FileSymbols {
 
     /// Function symbols (start, size, name offset, name length) and segments.
     #[allow(clippy::type_complexity)]
-    fn index(data: &[u8]) -> Option<(Vec<(u64, u64, u64, u32)>, Vec<(u64, u64, u64)>)> {
+    fn index(map: &MappedFile) -> Option<(Vec<Func>, Vec<(u64, u64, u64)>)> {
         use object::{Object, ObjectSegment, ObjectSymbol, SymbolKind};
+        let data = map.bytes();
         let file = object::File::parse(data).ok()?;
         let base = data.as_ptr() as usize;
-        let mut funcs: Vec<(u64, u64, u64, u32)> = file
-            .symbols()
-            .chain(file.dynamic_symbols())
+        let mut funcs: Vec<Func> = map
+            .releasing(file.symbols().chain(file.dynamic_symbols()))
             .filter(|s| s.kind() == SymbolKind::Text && s.address() != 0 && s.is_definition())
             .filter_map(|s| {
                 let name = s.name_bytes().ok()?;
                 // The name lies in the mapped string table: keep where.
                 let off = (name.as_ptr() as usize).checked_sub(base)?;
-                Some((
-                    s.address(),
-                    s.size(),
-                    off as u64,
-                    u32::try_from(name.len()).ok()?,
-                ))
+                Some(Func {
+                    start: u32::try_from(s.address()).ok()?,
+                    size: u32::try_from(s.size()).unwrap_or(u32::MAX),
+                    name_off: u32::try_from(off).ok()?,
+                    name_len: u32::try_from(name.len()).ok()?,
+                })
             })
             .collect();
-        funcs.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
-        funcs.dedup_by_key(|f| f.0);
+        funcs.sort_by(|a, b| a.start.cmp(&b.start).then(b.size.cmp(&a.size)));
+        funcs.dedup_by_key(|f| f.start);
+        funcs.shrink_to_fit();
         let segments = file
             .segments()
             .map(|s| (s.file_range().0, s.address(), s.file_range().1))
@@ -90,8 +104,10 @@ impl FileSymbols {
     }
 
     fn function_at(&mut self, vaddr: u64) -> Option<String> {
-        let i = self.funcs.partition_point(|f| f.0 <= vaddr);
-        let &(start, size, name_off, name_len) = self.funcs.get(i.checked_sub(1)?)?;
+        let i = self.funcs.partition_point(|f| u64::from(f.start) <= vaddr);
+        let f = *self.funcs.get(i.checked_sub(1)?)?;
+        let (start, size) = (u64::from(f.start), u64::from(f.size));
+        let (name_off, name_len) = (f.name_off, f.name_len);
         // Sized symbols must contain the address; unsized ones (assembly)
         // are taken only close by.
         let limit = if size > 0 { size } else { 4096 };
@@ -240,6 +256,11 @@ mod tests {
         );
         assert_eq!(demangle("cudaMalloc"), "cudaMalloc");
         assert_eq!(without_params("f<g(int)>(long)"), "f<g(int)>");
+    }
+
+    #[test]
+    fn a_function_symbol_takes_16_bytes() {
+        assert_eq!(std::mem::size_of::<Func>(), 16);
     }
 
     #[test]

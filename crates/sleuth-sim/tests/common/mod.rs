@@ -2,7 +2,6 @@
 //! workload run that returns its ground truth.
 
 use sleuth_sim::{materialize, parse_truth, SimPaths, Truth};
-use std::path::PathBuf;
 use std::process::Command;
 
 #[path = "../../../gpusleuth/tests/common/skip.rs"]
@@ -11,24 +10,10 @@ mod skip;
 #[allow(unused_imports)] // only some test files skip
 pub use skip::skipped;
 
-pub struct TempDir(pub PathBuf);
-
-impl TempDir {
-    pub fn new(tag: &str) -> TempDir {
-        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let p = std::env::temp_dir().join(format!("sleuth-sim-{tag}-{}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).expect("temp dir");
-        TempDir(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+#[path = "../../../gpusleuth/tests/common/temp_dir.rs"]
+#[allow(dead_code)] // not every test file joins paths
+mod temp_dir;
+pub use temp_dir::TempDir;
 
 /// A scratch folder holding a fresh copy of the simulated CUDA world.
 pub fn sim_world(tag: &str) -> (TempDir, SimPaths) {
@@ -64,4 +49,20 @@ pub fn run_script(
         out.status.code().unwrap_or(-1),
         parse_truth(&text).expect("parse truth"),
     )
+}
+
+/// [`run_script`] in a fresh [`sim_world`] of its own.
+#[allow(dead_code)] // not every test file uses it
+pub fn run_in_world(tag: &str, script: &str, env: &[(&str, &str)]) -> (i32, Vec<Truth>) {
+    let (dir, sim) = sim_world(tag);
+    run_script(&sim, &dir, script, env)
+}
+
+/// Waits until a helper process has created `path` (its ready signal); the
+/// test harness's own timeout bounds a helper that never does.
+#[allow(dead_code)] // not every test file uses it
+pub fn wait_for(path: &std::path::Path) {
+    while !path.exists() {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
 }

@@ -13,28 +13,9 @@ mod skip;
 #[allow(unused_imports)] // only some test files skip
 pub use skip::skipped;
 
-/// A fresh empty directory under the system temp dir, removed on drop.
-pub struct TempDir(pub PathBuf);
-
-impl TempDir {
-    pub fn new(tag: &str) -> TempDir {
-        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        let p = std::env::temp_dir().join(format!("sleuth-store-{tag}-{}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).expect("create temp dir");
-        TempDir(p)
-    }
-    pub fn join(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+#[path = "../../../gpusleuth/tests/common/temp_dir.rs"]
+mod temp_dir;
+pub use temp_dir::TempDir;
 
 pub fn session() -> SessionInfo {
     SessionInfo {
@@ -105,6 +86,28 @@ pub fn proc_event(
     }
 }
 
+/// A fresh folder and the path of `t.db` in it (the folder goes when the
+/// `TempDir` is dropped, so the caller keeps it).
+pub fn scratch_db(tag: &str) -> (TempDir, PathBuf) {
+    let dir = TempDir::new(tag);
+    let path = dir.join("t.db");
+    (dir, path)
+}
+
+/// A writer with default options on a fresh folder's `t.db`.
+pub fn new_trace(tag: &str) -> (TempDir, PathBuf, TraceWriter) {
+    let (dir, path) = scratch_db(tag);
+    let w = TraceWriter::create(&path, session(), WriterOptions::default()).expect("create");
+    (dir, path, w)
+}
+
+/// [`small_trace`] written to a fresh folder's `t.db`.
+pub fn small_trace_in(tag: &str) -> (TempDir, PathBuf) {
+    let (dir, path) = scratch_db(tag);
+    small_trace(&path);
+    (dir, path)
+}
+
 /// Writes a small finished trace: calls of two processes, a wait with a culprit.
 pub fn small_trace(path: &Path) {
     let w = TraceWriter::create(path, session(), WriterOptions::default()).expect("create");
@@ -129,4 +132,27 @@ pub fn small_trace(path: &Path) {
     h.set_session_end(9_000).unwrap();
     drop(h);
     w.finish().expect("finish");
+}
+
+/// Whether the trace carries a note whose text contains `text`.
+pub fn has_note(t: &sleuth_store::Trace, text: &str) -> bool {
+    t.notes()
+        .expect("read notes")
+        .iter()
+        .any(|n| n.text.contains(text))
+}
+
+/// Calls per op as stored in the trace at `db`, read back through the SQL sandbox.
+pub fn stored_counts(db: &Path) -> std::collections::BTreeMap<String, u64> {
+    let stored = sleuth_store::run_readonly_sql(
+        db,
+        "SELECT op, count(*) FROM calls GROUP BY op",
+        sleuth_store::SqlLimits::default(),
+    )
+    .expect("count the stored calls");
+    stored
+        .rows
+        .iter()
+        .map(|r| (r[0].as_str().unwrap().to_string(), r[1].as_u64().unwrap()))
+        .collect()
 }

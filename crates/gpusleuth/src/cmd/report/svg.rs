@@ -122,6 +122,11 @@ pub struct Linear {
 }
 
 impl Linear {
+    /// Maps `domain` (values) onto `range` (pixels).
+    pub fn new(domain: (f64, f64), range: (f64, f64)) -> Linear {
+        let ((d0, d1), (r0, r1)) = (domain, range);
+        Linear { d0, d1, r0, r1 }
+    }
     pub fn at(&self, v: f64) -> f64 {
         if self.d1 <= self.d0 {
             return self.r0;
@@ -134,42 +139,32 @@ impl Linear {
 /// from `left` to `WIDTH - right`; returned with the axis length in seconds.
 pub fn time_scale(origin: u64, end: u64, left: f64, right: f64) -> (Linear, f64) {
     let span_s = (end.saturating_sub(origin) as f64 / 1e9).max(1e-6);
-    let x = Linear {
-        d0: 0.0,
-        d1: span_s,
-        r0: left,
-        r1: super::WIDTH - right,
-    };
+    let x = Linear::new((0.0, span_s), (left, super::WIDTH - right));
     (x, span_s)
 }
 
 /// A y scale from 0 at `base` (the plot's bottom edge) up to `max` at `top`.
 pub fn value_scale(max: f64, base: f64, top: f64) -> Linear {
-    Linear {
-        d0: 0.0,
-        d1: max,
-        r0: base,
-        r1: top,
-    }
+    Linear::new((0.0, max), (base, top))
 }
 
-/// Log10 scale (values clamped to the domain, which must be > 0).
+/// Log10 scale (values clamped to the domain, which must be > 0): the
+/// [`Linear`] mapping of the domain's logarithms.
 #[derive(Clone, Copy)]
-pub struct Log {
-    pub d0: f64,
-    pub d1: f64,
-    pub r0: f64,
-    pub r1: f64,
-}
+pub struct Log(Linear);
 
 impl Log {
+    /// Maps `domain` (values, > 0) onto `range` (pixels) on a log10 scale.
+    pub fn new(domain: (f64, f64), range: (f64, f64)) -> Log {
+        Log(Linear::new(domain, range))
+    }
     pub fn at(&self, v: f64) -> f64 {
-        let (a, b) = (self.d0.log10(), self.d1.log10());
+        let l = self.0;
+        let (a, b) = (l.d0.log10(), l.d1.log10());
         if b <= a {
-            return self.r0;
+            return l.r0;
         }
-        let v = v.clamp(self.d0, self.d1).log10();
-        self.r0 + (v - a) / (b - a) * (self.r1 - self.r0)
+        Linear::new((a, b), (l.r0, l.r1)).at(v.clamp(l.d0, l.d1).log10())
     }
 }
 
@@ -231,19 +226,9 @@ mod tests {
 
     #[test]
     fn scales_map_ends() {
-        let l = Linear {
-            d0: 0.0,
-            d1: 10.0,
-            r0: 100.0,
-            r1: 0.0,
-        };
+        let l = Linear::new((0.0, 10.0), (100.0, 0.0));
         assert_eq!(l.at(10.0), 0.0);
-        let g = Log {
-            d0: 1.0,
-            d1: 100.0,
-            r0: 0.0,
-            r1: 200.0,
-        };
+        let g = Log::new((1.0, 100.0), (0.0, 200.0));
         assert_eq!(g.at(10.0), 100.0);
     }
 }

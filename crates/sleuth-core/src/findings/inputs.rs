@@ -1,0 +1,639 @@
+//! What the findings *aggregate*, kept apart from what they *conclude*.
+//!
+//! Every per-call finding (cpu_preemption, tail_latency, the bottleneck
+//! verdicts, pageable_copy) reads only the accumulators below, which are fed
+//! one call at a time; the thresholds, severities, texts and evidence are
+//! pure functions of them (time.rs, bottleneck.rs, verdict.rs). The
+//! in-memory path ([`FindingInputs::of`], for tests and for traces without
+//! stored rollups) feeds them from the vectors of a `TraceData`; a stream of
+//! calls (the writer's end-of-trace pass) can feed the same accumulators, so
+//! there is one implementation of each finding.
+//!
+//! Feeding order, the only contract:
+//! - [`FindingInputs::add_call`]: every non-nested call of a thread in start
+//!   order (ties: their order in the trace), threads in any order, each call
+//!   with its culprits and its index in the trace (the examples' tie-break);
+//! - [`FindingInputs::add_in_end_order`]: every call of a process in end
+//!   order (ties: index), for the pinned-memory replay of pageable_copy.
+//!
+//! Percentiles: [`Resolution::Exact`] keeps one histogram bucket per distinct
+//! duration, so nearest-rank percentiles and the tail split (calls above p95)
+//! are exact; [`Resolution::Bucketed`] uses the rollup histogram
+//! (`rollup::bucket_of`): percentiles within `rollup::MAX_RELATIVE_ERROR`, the
+//! tail split leaving out only calls within one bucket of p95.
+
+use crate::decompose::{culprit_times, CulpritTime, Split, TailSplit};
+use crate::event::{CallEvent, Culprit};
+use crate::ops::OpClass;
+use crate::rollup::{bucket_bounds, bucket_of, bucket_value, Bucket};
+use crate::threads::{is_tracer, ThreadSplit};
+use serde::{Deserialize, Serialize};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+/// How finely a [`LatencyHist`] keeps durations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Resolution {
+    /// One bucket per distinct duration: exact percentiles.
+    Exact,
+    /// The rollup histogram's buckets: bounded memory, documented error.
+    Bucketed,
+}
+
+/// Durations of a group of calls with the split sums of each bucket.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LatencyHist {
+    res: Resolution,
+    max_ns: u64,
+    /// Stored as rows of their own (a histogram can outgrow one SQL value).
+    #[serde(skip)]
+    buckets: BTreeMap<u64, Bucket>,
+}
+
+impl LatencyHist {
+    pub fn new(res: Resolution) -> LatencyHist {
+        LatencyHist {
+            res,
+            max_ns: 0,
+            buckets: BTreeMap::new(),
+        }
+    }
+
+    fn key(&self, v: u64) -> u64 {
+        match self.res {
+            Resolution::Exact => v,
+            Resolution::Bucketed => u64::from(bucket_of(v)),
+        }
+    }
+
+    /// Smallest duration of a bucket, and the value a percentile landing in it reports.
+    fn bounds(&self, k: u64) -> (u64, u64) {
+        match self.res {
+            Resolution::Exact => (k, k),
+            Resolution::Bucketed => {
+                let b = u32::try_from(k).unwrap_or(u32::MAX);
+                let lo = bucket_bounds(b).0;
+                (lo, bucket_value(b).min(self.max_ns).max(lo))
+            }
+        }
+    }
+
+    /// One value with the split of the time it stands for.
+    pub fn add(&mut self, v: u64, split: Split) {
+        self.max_ns = self.max_ns.max(v);
+        let b = self.buckets.entry(self.key(v)).or_default();
+        b.count += 1;
+        b.split.add(split);
+    }
+
+    pub fn count(&self) -> u64 {
+        self.buckets.values().map(|b| b.count).sum()
+    }
+
+    /// `(bucket key, calls, split)` of every bucket, ascending.
+    pub fn buckets(&self) -> impl Iterator<Item = (u64, u64, Split)> + '_ {
+        self.buckets.iter().map(|(&k, b)| (k, b.count, b.split))
+    }
+
+    /// Puts back a stored bucket.
+    pub fn set_bucket(&mut self, key: u64, count: u64, split: Split) {
+        self.buckets.insert(key, Bucket { count, split });
+    }
+
+    /// Nearest-rank percentile `p` (as `stats::nearest_rank`) and its bucket.
+    fn percentile_at(&self, p: u32) -> Option<(u64, u64)> {
+        let n = self.count();
+        if n == 0 {
+            return None;
+        }
+        let rank = (u64::from(p.clamp(1, 100)) * n).div_ceil(100).max(1);
+        if rank == n {
+            // The last rank is the maximum, kept exactly.
+            return Some((self.max_ns, self.key(self.max_ns)));
+        }
+        let mut seen = 0u64;
+        for (&k, b) in &self.buckets {
+            seen += b.count;
+            if seen >= rank {
+                return Some((self.bounds(k).1, k));
+            }
+        }
+        None
+    }
+
+    pub fn percentile(&self, p: u32) -> Option<u64> {
+        self.percentile_at(p).map(|x| x.0)
+    }
+
+    /// The calls strictly above percentile `p`: how many and their summed split.
+    pub fn above(&self, p: u32) -> (u64, Split) {
+        let mut n = 0u64;
+        let mut s = Split::default();
+        if let Some((pv, pk)) = self.percentile_at(p) {
+            for (&k, b) in self.buckets.range(pk..) {
+                if k > pk || self.bounds(k).0 > pv {
+                    n += b.count;
+                    s.add(b.split);
+                }
+            }
+        }
+        (n, s)
+    }
+
+    /// [`TailSplit`] of the calls above p95.
+    pub fn tail(&self) -> TailSplit {
+        let (calls, s) = self.above(95);
+        let (on_cpu_share, runnable_share, blocked_share) = s.shares();
+        TailSplit {
+            calls,
+            on_cpu_share,
+            runnable_share,
+            blocked_share,
+        }
+    }
+}
+
+/// One example call kept for a finding's evidence, with its first culprits.
+/// Stored, an example is its index (the call's row id) only: the call and
+/// its culprits are read back by id ([`FindingInputs::fill_examples`]).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Example {
+    pub index: usize,
+    #[serde(skip)]
+    pub call: CallEvent,
+    /// The tasks that held the CPU during it (at most two, largest first).
+    #[serde(skip)]
+    pub culprits: Vec<Culprit>,
+}
+
+/// Where a kept call ranks: largest key first, then smaller `order`, then index.
+type Rank = (Reverse<u64>, u64, usize);
+
+/// The `k` calls with the largest key (ties: smaller `order`, then index).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TopK {
+    k: usize,
+    kept: Vec<(Rank, Example)>,
+}
+
+impl TopK {
+    pub fn new(k: usize) -> TopK {
+        TopK {
+            k,
+            kept: Vec::new(),
+        }
+    }
+
+    /// Offers call `index`; `ex` builds its example only when it is kept.
+    pub fn offer(&mut self, key: u64, order: u64, index: usize, ex: impl FnOnce() -> Example) {
+        let rank = (Reverse(key), order, index);
+        if self.kept.len() == self.k && self.kept.last().is_none_or(|l| l.0 <= rank) {
+            return;
+        }
+        let at = self.kept.partition_point(|x| x.0 < rank);
+        self.kept.insert(at, (rank, ex()));
+        self.kept.truncate(self.k);
+    }
+
+    /// Largest key first.
+    pub fn examples(&self) -> impl Iterator<Item = &Example> {
+        self.kept.iter().map(|x| &x.1)
+    }
+}
+
+/// What cpu_preemption and tail_latency aggregate about one op's calls
+/// (non-nested, all processes).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct OpInputs {
+    pub hist: LatencyHist,
+    pub split: Split,
+    pub pids: BTreeSet<u32>,
+    /// Calls with runnable time, and their processes.
+    pub slowed: u64,
+    pub slowed_pids: BTreeSet<u32>,
+    #[serde(with = "culprit_rows")]
+    culprits: HashMap<(u32, String), u64>,
+    /// Examples ranked by runnable time (cpu_preemption) and by wall time (tail_latency).
+    pub by_runnable: TopK,
+    pub by_dur: TopK,
+}
+
+impl OpInputs {
+    fn new(res: Resolution) -> OpInputs {
+        OpInputs {
+            hist: LatencyHist::new(res),
+            split: Split::default(),
+            pids: BTreeSet::new(),
+            slowed: 0,
+            slowed_pids: BTreeSet::new(),
+            culprits: HashMap::new(),
+            by_runnable: TopK::new(super::EXAMPLE_CALLS),
+            by_dur: TopK::new(super::EXAMPLE_CALLS),
+        }
+    }
+
+    fn add(&mut self, index: usize, c: &CallEvent, culprits: &[Culprit]) {
+        let s = Split::of(c);
+        self.hist.add(c.dur_ns, s);
+        self.split.add(s);
+        self.pids.insert(c.pid);
+        if s.runnable_ns > 0 {
+            self.slowed += 1;
+            self.slowed_pids.insert(c.pid);
+        }
+        for k in culprits {
+            let e = self.culprits.entry((k.pid, k.comm.clone())).or_default();
+            *e = e.saturating_add(k.ns);
+        }
+        let example = || Example {
+            index,
+            call: c.clone(),
+            culprits: culprits.iter().take(2).cloned().collect(),
+        };
+        self.by_runnable.offer(s.runnable_ns, 0, index, example);
+        self.by_dur.offer(c.dur_ns, 0, index, example);
+    }
+
+    pub fn count(&self) -> u64 {
+        self.hist.count()
+    }
+
+    /// Culprits summed per task, largest first.
+    pub fn culprits(&self) -> Vec<CulpritTime> {
+        culprit_times(
+            self.culprits
+                .iter()
+                .map(|((p, c), &n)| ((*p, c.as_str()), n)),
+        )
+    }
+}
+
+/// Culprit sums stored as `[pid, comm, ns]` rows.
+mod culprit_rows {
+    use super::*;
+    use serde::{Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(
+        m: &HashMap<(u32, String), u64>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        let mut rows: Vec<(u32, &str, u64)> =
+            m.iter().map(|((p, c), &n)| (*p, c.as_str(), n)).collect();
+        rows.sort_unstable();
+        s.collect_seq(rows)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<HashMap<(u32, String), u64>, D::Error> {
+        let rows: Vec<(u32, String, u64)> = Vec::deserialize(d)?;
+        Ok(rows.into_iter().map(|(p, c, n)| ((p, c), n)).collect())
+    }
+}
+
+/// Copies one thread made from pageable host memory.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PageableInputs {
+    pub count: u64,
+    pub bytes: u64,
+    /// On-CPU plus runnable time inside the copies.
+    pub on_cpu: u64,
+    pub wall: u64,
+    pub h2d: u64,
+    pub d2h: u64,
+    /// Copies of this thread that used pinned memory.
+    pub pinned_copies: u64,
+    /// Ranked by on-CPU time (ties: earlier end).
+    pub examples: TopK,
+}
+
+impl Default for PageableInputs {
+    fn default() -> Self {
+        PageableInputs {
+            count: 0,
+            bytes: 0,
+            on_cpu: 0,
+            wall: 0,
+            h2d: 0,
+            d2h: 0,
+            pinned_copies: 0,
+            examples: TopK::new(super::EXAMPLE_CALLS),
+        }
+    }
+}
+
+/// What the bottleneck verdicts aggregate about one issuing thread, beyond
+/// its [`ThreadSplit`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ThreadInputs {
+    /// Recorded launch calls and their wall time and durations.
+    pub launches: LatencyHist,
+    pub launch_ns: u64,
+    /// sync_stall: the sum over syncs of min(host time since the previous
+    /// sync ended, or the window start, the sync's wall time) ...
+    pub overlap_ns: u64,
+    /// ... and those host gaps.
+    pub host_gaps: LatencyHist,
+    /// End of the previous sync (or the window start).
+    #[serde(skip)]
+    prev_end: Option<u64>,
+    pub pageable: PageableInputs,
+}
+
+impl ThreadInputs {
+    fn new(res: Resolution) -> ThreadInputs {
+        ThreadInputs {
+            launches: LatencyHist::new(res),
+            launch_ns: 0,
+            overlap_ns: 0,
+            host_gaps: LatencyHist::new(res),
+            prev_end: None,
+            pageable: PageableInputs::default(),
+        }
+    }
+
+    /// A non-nested call of the thread, in start order.
+    fn add(&mut self, c: &CallEvent) {
+        // The first call starts the window: host time before the first sync counts from there.
+        let prev = *self.prev_end.get_or_insert(c.ts_ns);
+        match c.info().map(|o| o.class) {
+            Some(OpClass::Launch) => {
+                self.launches.add(c.dur_ns, Split::default());
+                self.launch_ns += c.dur_ns;
+            }
+            Some(OpClass::Sync) => {
+                let h = c.ts_ns.saturating_sub(prev);
+                self.overlap_ns += h.min(c.dur_ns);
+                self.host_gaps.add(h, Split::default());
+                self.prev_end = Some(c.end_ns());
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Pinned host ranges of one process, as replayed up to a moment.
+#[derive(Debug, Default)]
+struct PinnedRanges {
+    /// start -> end (exclusive)
+    live: BTreeMap<u64, u64>,
+}
+
+impl PinnedRanges {
+    fn contains(&self, p: u64) -> bool {
+        self.live
+            .range(..=p)
+            .next_back()
+            .is_some_and(|(_, &end)| p < end)
+    }
+}
+
+/// Everything the per-call findings aggregate over a trace.
+#[derive(Debug)]
+pub struct FindingInputs {
+    res: Resolution,
+    tracer: Option<u32>,
+    /// Per op id, ascending (a stable order).
+    pub ops: BTreeMap<u16, OpInputs>,
+    pub threads: HashMap<(u32, u32), ThreadInputs>,
+    /// First call start and last call end of each process (non-nested calls).
+    pub spans: HashMap<u32, (u64, u64)>,
+    /// Every calling thread's whole-thread split, largest window first.
+    pub splits: Vec<ThreadSplit>,
+    pinned: HashMap<u32, PinnedRanges>,
+}
+
+impl FindingInputs {
+    pub fn new(res: Resolution, tracer: Option<u32>) -> FindingInputs {
+        FindingInputs {
+            res,
+            tracer,
+            ops: BTreeMap::new(),
+            threads: HashMap::new(),
+            spans: HashMap::new(),
+            splits: Vec::new(),
+            pinned: HashMap::new(),
+        }
+    }
+
+    /// Aggregates read back from storage (`splits`: the stored thread splits).
+    pub fn from_parts(
+        tracer: Option<u32>,
+        ops: BTreeMap<u16, OpInputs>,
+        threads: HashMap<(u32, u32), ThreadInputs>,
+        spans: HashMap<u32, (u64, u64)>,
+        mut splits: Vec<ThreadSplit>,
+    ) -> FindingInputs {
+        crate::threads::sort_splits(&mut splits);
+        FindingInputs {
+            res: Resolution::Bucketed,
+            tracer,
+            ops,
+            threads,
+            spans,
+            splits,
+            pinned: HashMap::new(),
+        }
+    }
+
+    /// The in-memory path: every call and wait of `data`, with the per-call
+    /// culprits aligned with `data.calls` (may be shorter: none then).
+    pub fn of(data: &crate::TraceData, per_call_culprits: &[Vec<Culprit>]) -> FindingInputs {
+        let mut f = FindingInputs::new(Resolution::Exact, crate::threads::tracer_pid(data));
+        let splits = crate::threads::stream_threads(data, |i, c| {
+            f.add_call(i, c, crate::decompose::culprits_of(per_call_culprits, i))
+        });
+        f.splits = splits;
+        let mut order: Vec<usize> = (0..data.calls.len()).collect();
+        order.sort_by_key(|&i| data.calls[i].end_ns());
+        for i in order {
+            f.add_in_end_order(i, &data.calls[i]);
+        }
+        f
+    }
+
+    /// A non-nested call (see the module's feeding order); gpusleuth's own
+    /// threads are dropped from its culprits: they are never culprits.
+    pub fn add_call(&mut self, index: usize, c: &CallEvent, culprits: &[Culprit]) {
+        let mine: Vec<Culprit> = culprits
+            .iter()
+            .filter(|k| !is_tracer(k.pid, &k.comm, self.tracer))
+            .cloned()
+            .collect();
+        let res = self.res;
+        self.ops
+            .entry(c.op)
+            .or_insert_with(|| OpInputs::new(res))
+            .add(index, c, &mine);
+        self.threads
+            .entry((c.pid, c.tid))
+            .or_insert_with(|| ThreadInputs::new(res))
+            .add(c);
+        let (s, e) = self.spans.entry(c.pid).or_insert((c.ts_ns, c.end_ns()));
+        *s = (*s).min(c.ts_ns);
+        *e = (*e).max(c.end_ns());
+    }
+
+    /// Any call (nested ones are skipped), in its process's end order.
+    pub fn add_in_end_order(&mut self, index: usize, c: &CallEvent) {
+        let Some(info) = c.info() else { return };
+        if c.nested || c.failed() {
+            return;
+        }
+        let r = self.pinned.entry(c.pid).or_default();
+        match info.class {
+            OpClass::HostAlloc | OpClass::HostRegister => {
+                if let (Some(p), Some(n)) = (c.ptr, c.size) {
+                    r.live.insert(p, p.saturating_add(n));
+                }
+            }
+            OpClass::HostFree | OpClass::HostUnregister => {
+                if let Some(p) = c.ptr {
+                    r.live.remove(&p);
+                }
+            }
+            OpClass::Copy => {
+                let Some(hp) = c.host_ptr else { return };
+                let pinned = r.contains(hp);
+                let res = self.res;
+                let a = &mut self
+                    .threads
+                    .entry((c.pid, c.tid))
+                    .or_insert_with(|| ThreadInputs::new(res))
+                    .pageable;
+                if pinned {
+                    a.pinned_copies += 1;
+                    return;
+                }
+                a.count += 1;
+                a.bytes += c.size.unwrap_or(0);
+                a.on_cpu += c.on_cpu_ns() + c.runnable_ns;
+                a.wall += c.dur_ns;
+                if crate::ops::host_ptr_arg(info, c.kind) == Some(1) {
+                    a.h2d += 1;
+                } else {
+                    a.d2h += 1;
+                }
+                a.examples
+                    .offer(c.on_cpu_ns(), c.end_ns(), index, || Example {
+                        index,
+                        call: c.clone(),
+                        culprits: Vec::new(),
+                    });
+            }
+            _ => {}
+        }
+    }
+
+    /// Every example's index (row id), for reading the calls back.
+    pub fn example_indices(&self) -> BTreeSet<usize> {
+        self.tops()
+            .flat_map(|t| t.kept.iter().map(|x| x.1.index))
+            .collect()
+    }
+
+    /// Puts back each example's call and culprits (first two, gpusleuth's
+    /// own threads left out) after the aggregates were read from storage.
+    pub fn fill_examples(
+        &mut self,
+        mut call: impl FnMut(usize) -> Option<(CallEvent, Vec<Culprit>)>,
+    ) {
+        let tracer = self.tracer;
+        let tops = self
+            .ops
+            .values_mut()
+            .flat_map(|o| [&mut o.by_runnable, &mut o.by_dur])
+            .chain(self.threads.values_mut().map(|t| &mut t.pageable.examples));
+        for t in tops {
+            for (_, e) in &mut t.kept {
+                if let Some((c, k)) = call(e.index) {
+                    e.call = c;
+                    e.culprits = k
+                        .into_iter()
+                        .filter(|k| !is_tracer(k.pid, &k.comm, tracer))
+                        .take(2)
+                        .collect();
+                }
+            }
+        }
+    }
+
+    fn tops(&self) -> impl Iterator<Item = &TopK> {
+        self.ops
+            .values()
+            .flat_map(|o| [&o.by_runnable, &o.by_dur])
+            .chain(self.threads.values().map(|t| &t.pageable.examples))
+    }
+
+    /// First call start to last call end of one process ((0, 0) without calls).
+    pub fn cuda_span(&self, pid: u32) -> (u64, u64) {
+        self.spans.get(&pid).copied().unwrap_or((0, 0))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stats::nearest_rank;
+
+    #[test]
+    fn exact_histogram_matches_nearest_rank_and_the_tail_filter() {
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut h = LatencyHist::new(Resolution::Exact);
+        let mut durs = Vec::new();
+        let mut calls = Vec::new();
+        for _ in 0..500 {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            let c = CallEvent {
+                dur_ns: seed % 5000,
+                runnable_ns: (seed >> 20) % 300,
+                blocked_ns: (seed >> 40) % 300,
+                ..Default::default()
+            };
+            h.add(c.dur_ns, Split::of(&c));
+            durs.push(c.dur_ns);
+            calls.push(c);
+        }
+        durs.sort_unstable();
+        for p in [1, 50, 95, 99, 100] {
+            assert_eq!(h.percentile(p), nearest_rank(&durs, p), "p{p}");
+        }
+        let p95 = nearest_rank(&durs, 95).unwrap_or(0);
+        assert_eq!(h.tail(), TailSplit::of(&calls, p95));
+    }
+
+    #[test]
+    fn bucketed_percentiles_stay_within_the_documented_bound() {
+        let mut h = LatencyHist::new(Resolution::Bucketed);
+        let durs: Vec<u64> = (1..=1000u64).map(|i| i * 7919).collect();
+        for &d in &durs {
+            h.add(d, Split::default());
+        }
+        for p in [50, 95, 99] {
+            let exact = nearest_rank(&durs, p).unwrap_or(0) as f64;
+            let got = h.percentile(p).unwrap_or(0) as f64;
+            assert!((got - exact).abs() / exact <= crate::rollup::MAX_RELATIVE_ERROR);
+        }
+        assert_eq!(h.percentile(100), durs.last().copied());
+    }
+
+    #[test]
+    fn top_k_keeps_the_largest_keys_and_breaks_ties_by_order_then_index() {
+        let mut t = TopK::new(2);
+        for (i, (key, order)) in [(5, 0), (9, 3), (9, 1), (7, 0), (9, 1)]
+            .into_iter()
+            .enumerate()
+        {
+            t.offer(key, order, i, || Example {
+                index: i,
+                call: CallEvent::default(),
+                culprits: Vec::new(),
+            });
+        }
+        let kept: Vec<usize> = t.examples().map(|e| e.index).collect();
+        assert_eq!(kept, vec![2, 4]);
+    }
+}

@@ -1,0 +1,416 @@
+//! Finding rollups (issue 16): the aggregates that `explain`'s per-call
+//! findings conclude from (`sleuth_core::findings::inputs`), computed once
+//! when the trace ends and read back instead of every call.
+//!
+//! Written by [`write`] at the end of the writer's final pass, after
+//! `call_culprits` is filled: one thread at a time, its non-nested calls in
+//! start order with their culprits, then the host-memory and copy calls in
+//! end order (the pinned-memory replay). Memory is bounded by the
+//! aggregates: histograms of the rollup kind, sums, top-3 examples.
+//! [`finding_inputs`] reads them back with the example calls (a few indexed
+//! reads by row id). Tables and their meaning: docs/schema.md.
+
+use crate::budget::{ReadBudget, DEFAULT_READ_TIMEOUT};
+use crate::open::{has_table, open_trace_file};
+use crate::reader::{check_schema, Trace};
+use crate::rows::{call_from_row, calls_sql};
+use crate::StoreError;
+use rusqlite::{params, Connection, OptionalExtension};
+use sleuth_core::decompose::Split;
+use sleuth_core::findings::inputs::{
+    FindingInputs, LatencyHist, OpInputs, Resolution, ThreadInputs,
+};
+use sleuth_core::ops::{op_by_id, op_by_name, OpClass, OPS};
+use sleuth_core::threads::{ThreadSplit, TRACER_PID_STAT};
+use sleuth_core::{CallEvent, Culprit};
+use std::collections::{BTreeMap, HashMap};
+
+/// `meta.finding_rollups` once every table below is complete.
+const COMPLETE: &str = "1";
+
+const CREATE: &str = "
+CREATE TABLE IF NOT EXISTS finding_ops(op TEXT NOT NULL, inputs TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS finding_threads(pid INTEGER NOT NULL, tid INTEGER NOT NULL, inputs TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS finding_hist(kind TEXT NOT NULL, pid INTEGER NOT NULL, tid INTEGER NOT NULL, op TEXT NOT NULL, bucket INTEGER NOT NULL, count INTEGER NOT NULL, on_cpu_ns INTEGER NOT NULL, runnable_ns INTEGER NOT NULL, blocked_ns INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS finding_spans(pid INTEGER NOT NULL, first_ns INTEGER NOT NULL, last_ns INTEGER NOT NULL);
+";
+
+/// The tables above, their columns in order: a reader accepts nothing else.
+const TABLES: &[(&str, &[&str])] = &[
+    ("finding_ops", &["op", "inputs"]),
+    ("finding_threads", &["pid", "tid", "inputs"]),
+    (
+        "finding_hist",
+        &[
+            "kind",
+            "pid",
+            "tid",
+            "op",
+            "bucket",
+            "count",
+            "on_cpu_ns",
+            "runnable_ns",
+            "blocked_ns",
+        ],
+    ),
+    ("finding_spans", &["pid", "first_ns", "last_ns"]),
+];
+
+/// Histogram kinds of `finding_hist`.
+const HIST_OP: &str = "op";
+const HIST_LAUNCH: &str = "launch";
+const HIST_GAP: &str = "sync_gap";
+
+fn json_err(e: serde_json::Error) -> rusqlite::Error {
+    rusqlite::Error::ToSqlConversionFailure(Box::new(e))
+}
+
+/// Clamps a sum into SQLite's signed integers (a crafted huge sum must not fail the finish).
+fn clamp(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// Computes and stores the finding rollups; the writer's final transaction calls it.
+pub(crate) fn write(conn: &Connection) -> rusqlite::Result<()> {
+    conn.execute_batch(CREATE)?;
+    for (t, _) in TABLES {
+        conn.execute(&format!("DELETE FROM {t}"), [])?;
+    }
+    let tracer: Option<i64> = conn
+        .query_row(
+            "SELECT value FROM stats WHERE name = ?1",
+            [TRACER_PID_STAT],
+            |r| r.get(0),
+        )
+        .optional()?;
+    let tracer = tracer
+        .and_then(|t| u32::try_from(t).ok())
+        .filter(|&t| t != 0);
+    let mut f = FindingInputs::new(Resolution::Bucketed, tracer);
+    let threads: Vec<(u32, u32)> = {
+        let mut st = conn.prepare("SELECT DISTINCT pid, tid FROM calls WHERE nested = 0")?;
+        let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        rows.collect::<rusqlite::Result<_>>()?
+    };
+    let thread_sql = calls_sql(
+        conn,
+        "WHERE pid = ?1 AND tid = ?2 AND nested = 0 ORDER BY ts_ns, id",
+    )?;
+    // The thread's culprit rows in the same (start, id) order as its calls:
+    // a merge of two ordered reads, not one query per call.
+    let culprits_sql = "SELECT c.ts_ns, k.call_id, k.pid, k.tid, k.comm, k.runnable_ns
+         FROM call_culprits k JOIN calls c ON c.id = k.call_id
+         WHERE c.pid = ?1 AND c.tid = ?2 AND c.nested = 0
+         ORDER BY c.ts_ns, k.call_id, k.runnable_ns DESC, k.pid, k.tid";
+    for (pid, tid) in threads {
+        let mut st = conn.prepare_cached(&thread_sql)?;
+        let mut rows = st.query(params![pid, tid])?;
+        let mut kst = conn.prepare_cached(culprits_sql)?;
+        let mut krows = kst.query(params![pid, tid])?;
+        let mut next_culprit = culprit_row(krows.next()?)?;
+        while let Some(row) = rows.next()? {
+            let Some(s) = call_from_row(row)? else {
+                continue;
+            };
+            // The inverse of the reader's cast, so the keys compare as stored.
+            let at = (s.call.ts_ns as i64, s.id);
+            let mut culprits: Vec<Culprit> = Vec::new();
+            while let Some((key, k)) = next_culprit.take() {
+                if key > at {
+                    next_culprit = Some((key, k));
+                    break;
+                }
+                // Rows of calls read past (an op this build does not know) are dropped.
+                if key == at {
+                    culprits.push(k);
+                }
+                next_culprit = culprit_row(krows.next()?)?;
+            }
+            f.add_call(row_index(s.id), &s.call, &culprits);
+        }
+    }
+    // The pinned-memory replay: host allocations, registrations and copies by end.
+    let names: Vec<String> = OPS
+        .iter()
+        .filter(|o| {
+            matches!(
+                o.class,
+                OpClass::HostAlloc
+                    | OpClass::HostRegister
+                    | OpClass::HostFree
+                    | OpClass::HostUnregister
+                    | OpClass::Copy
+            )
+        })
+        .map(|o| format!("'{}'", o.name.replace('\'', "''")))
+        .collect();
+    if !names.is_empty() {
+        let sql = calls_sql(
+            conn,
+            &format!(
+                "WHERE nested = 0 AND op IN ({}) ORDER BY ts_ns + dur_ns, id",
+                names.join(", ")
+            ),
+        )?;
+        let mut st = conn.prepare(&sql)?;
+        let mut rows = st.query([])?;
+        while let Some(row) = rows.next()? {
+            if let Some(s) = call_from_row(row)? {
+                f.add_in_end_order(row_index(s.id), &s.call);
+            }
+        }
+    }
+    store(conn, &f)?;
+    conn.execute(
+        "INSERT OR REPLACE INTO meta(key, value) VALUES ('finding_rollups', ?1)",
+        [COMPLETE],
+    )?;
+    Ok(())
+}
+
+/// One row of the culprit merge: `((call ts_ns, call id), culprit)`.
+fn culprit_row(r: Option<&rusqlite::Row>) -> rusqlite::Result<Option<((i64, i64), Culprit)>> {
+    let Some(r) = r else { return Ok(None) };
+    Ok(Some((
+        (r.get(0)?, r.get(1)?),
+        Culprit {
+            pid: r.get(2)?,
+            tid: r.get(3)?,
+            comm: r.get(4)?,
+            ns: r.get::<_, i64>(5)?.max(0) as u64,
+        },
+    )))
+}
+
+/// A call's example index: its row id (ids are positive).
+fn row_index(id: i64) -> usize {
+    usize::try_from(id).unwrap_or(0)
+}
+
+fn store(conn: &Connection, f: &FindingInputs) -> rusqlite::Result<()> {
+    let mut hist = conn.prepare(
+        "INSERT INTO finding_hist(kind, pid, tid, op, bucket, count, on_cpu_ns, runnable_ns, blocked_ns)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+    )?;
+    let mut put_hist =
+        |kind: &str, pid: u32, tid: u32, op: &str, h: &LatencyHist| -> rusqlite::Result<()> {
+            for (k, n, s) in h.buckets() {
+                hist.execute(params![
+                    kind,
+                    pid,
+                    tid,
+                    op,
+                    clamp(k),
+                    clamp(n),
+                    clamp(s.on_cpu_ns),
+                    clamp(s.runnable_ns),
+                    clamp(s.blocked_ns)
+                ])?;
+            }
+            Ok(())
+        };
+    let mut ins = conn.prepare("INSERT INTO finding_ops(op, inputs) VALUES (?1, ?2)")?;
+    for (&op, o) in &f.ops {
+        let Some(info) = op_by_id(op) else { continue };
+        ins.execute(params![
+            info.name,
+            serde_json::to_string(o).map_err(json_err)?
+        ])?;
+        put_hist(HIST_OP, 0, 0, info.name, &o.hist)?;
+    }
+    let mut ins =
+        conn.prepare("INSERT INTO finding_threads(pid, tid, inputs) VALUES (?1, ?2, ?3)")?;
+    for (&(pid, tid), t) in &f.threads {
+        ins.execute(params![
+            pid,
+            tid,
+            serde_json::to_string(t).map_err(json_err)?
+        ])?;
+        put_hist(HIST_LAUNCH, pid, tid, "", &t.launches)?;
+        put_hist(HIST_GAP, pid, tid, "", &t.host_gaps)?;
+    }
+    let mut ins =
+        conn.prepare("INSERT INTO finding_spans(pid, first_ns, last_ns) VALUES (?1, ?2, ?3)")?;
+    for (&pid, &(a, b)) in &f.spans {
+        ins.execute(params![pid, clamp(a), clamp(b)])?;
+    }
+    Ok(())
+}
+
+/// Whether `table` is a plain table with exactly `cols` and no index or
+/// trigger hung on it (a crafted file must not run anything on a read).
+fn plain_table(conn: &Connection, table: &str, cols: &[&str]) -> rusqlite::Result<bool> {
+    let kind: Option<String> = conn
+        .query_row(
+            "SELECT type FROM sqlite_master WHERE name = ?1",
+            [table],
+            |r| r.get(0),
+        )
+        .optional()?;
+    if kind.as_deref() != Some("table") {
+        return Ok(false);
+    }
+    let mut st = conn.prepare("SELECT name, hidden FROM pragma_table_xinfo(?1)")?;
+    let got: Vec<(String, i64)> = st
+        .query_map([table], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<rusqlite::Result<_>>()?;
+    let attached: i64 = conn.query_row(
+        "SELECT count(*) FROM sqlite_master WHERE type IN ('index', 'trigger') AND tbl_name = ?1",
+        [table],
+        |r| r.get(0),
+    )?;
+    Ok(attached == 0
+        && got.len() == cols.len()
+        && got.iter().zip(cols).all(|((n, h), c)| n == c && *h == 0))
+}
+
+/// The finding aggregates stored in `trace`, with their example calls read
+/// back by id; None when the trace has none (older, imported, merged or cut
+/// short: `FindingInputs::of` over the loaded trace answers then).
+pub fn finding_inputs(trace: &Trace) -> Result<Option<FindingInputs>, StoreError> {
+    let path = trace.path();
+    let conn = open_trace_file(path, &ReadBudget::new(DEFAULT_READ_TIMEOUT))?;
+    check_schema(&conn, path)?;
+    let err = |e: rusqlite::Error| StoreError::file(path, format!("finding rollups: {e}"));
+    let done: Option<String> = conn
+        .query_row(
+            "SELECT value FROM meta WHERE key = 'finding_rollups'",
+            [],
+            |r| r.get(0),
+        )
+        .optional()
+        .map_err(err)?;
+    if done.as_deref() != Some(COMPLETE) || !trace.has_rollups()? {
+        return Ok(None);
+    }
+    for (t, cols) in TABLES {
+        if !has_table(&conn, t).map_err(err)? || !plain_table(&conn, t, cols).map_err(err)? {
+            return Err(StoreError::file(
+                path,
+                format!("damaged trace: {t} is not the table gpusleuth writes"),
+            ));
+        }
+    }
+    read(&conn, trace).map_err(err)
+}
+
+fn read(conn: &Connection, trace: &Trace) -> rusqlite::Result<Option<FindingInputs>> {
+    let bad = |what: String| {
+        rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, what.into())
+    };
+    let mut ops: BTreeMap<u16, OpInputs> = BTreeMap::new();
+    let mut st = conn.prepare("SELECT op, inputs FROM finding_ops")?;
+    let mut rows = st.query([])?;
+    while let Some(r) = rows.next()? {
+        let name: String = r.get(0)?;
+        let Some(info) = op_by_name(&name) else {
+            continue; // an op this build does not know
+        };
+        let o: OpInputs = serde_json::from_str(&r.get::<_, String>(1)?)
+            .map_err(|e| bad(format!("finding_ops {name}: {e}")))?;
+        ops.insert(info.id, o);
+    }
+    let mut threads: HashMap<(u32, u32), ThreadInputs> = HashMap::new();
+    let mut st = conn.prepare("SELECT pid, tid, inputs FROM finding_threads")?;
+    let mut rows = st.query([])?;
+    while let Some(r) = rows.next()? {
+        let key: (u32, u32) = (r.get(0)?, r.get(1)?);
+        let t: ThreadInputs = serde_json::from_str(&r.get::<_, String>(2)?)
+            .map_err(|e| bad(format!("finding_threads {key:?}: {e}")))?;
+        threads.insert(key, t);
+    }
+    let mut st = conn.prepare(
+        "SELECT kind, pid, tid, op, bucket, count, on_cpu_ns, runnable_ns, blocked_ns FROM finding_hist",
+    )?;
+    let mut rows = st.query([])?;
+    while let Some(r) = rows.next()? {
+        let kind: String = r.get(0)?;
+        let num = |i: usize| -> rusqlite::Result<u64> { Ok(r.get::<_, i64>(i)?.max(0) as u64) };
+        let split = Split {
+            on_cpu_ns: num(6)?,
+            runnable_ns: num(7)?,
+            blocked_ns: num(8)?,
+        };
+        let key = (r.get::<_, u32>(1)?, r.get::<_, u32>(2)?);
+        let h = match kind.as_str() {
+            HIST_OP => op_by_name(&r.get::<_, String>(3)?)
+                .and_then(|i| ops.get_mut(&i.id))
+                .map(|o| &mut o.hist),
+            HIST_LAUNCH => threads.get_mut(&key).map(|t| &mut t.launches),
+            HIST_GAP => threads.get_mut(&key).map(|t| &mut t.host_gaps),
+            _ => None,
+        };
+        if let Some(h) = h {
+            h.set_bucket(num(4)?, num(5)?, split);
+        }
+    }
+    let mut spans = HashMap::new();
+    let mut st = conn.prepare("SELECT pid, first_ns, last_ns FROM finding_spans")?;
+    let mut rows = st.query([])?;
+    while let Some(r) = rows.next()? {
+        spans.insert(
+            r.get::<_, u32>(0)?,
+            (
+                r.get::<_, i64>(1)?.max(0) as u64,
+                r.get::<_, i64>(2)?.max(0) as u64,
+            ),
+        );
+    }
+    let mut splits: Vec<ThreadSplit> = Vec::new();
+    let mut st = conn.prepare("SELECT split FROM rollup_threads")?;
+    let mut rows = st.query([])?;
+    while let Some(r) = rows.next()? {
+        splits.push(
+            serde_json::from_str(&r.get::<_, String>(0)?)
+                .map_err(|e| bad(format!("rollup_threads: {e}")))?,
+        );
+    }
+    let tracer = trace
+        .stats()
+        .ok()
+        .and_then(|s| s.get(TRACER_PID_STAT).copied())
+        .and_then(|p| u32::try_from(p).ok())
+        .filter(|&p| p != 0);
+    let mut f = FindingInputs::from_parts(tracer, ops, threads, spans, splits);
+    // The example calls: a few reads by row id.
+    let ids: Vec<i64> = f
+        .example_indices()
+        .into_iter()
+        .filter_map(|i| i64::try_from(i).ok())
+        .collect();
+    let mut calls: HashMap<i64, CallEvent> = HashMap::new();
+    let mut st = conn.prepare(&calls_sql(conn, "WHERE id = ?1")?)?;
+    let with_sites = crate::stacks::has_column(conn, "calls", "stack_id")?;
+    let mut site = conn.prepare(if with_sites {
+        "SELECT stack_id FROM calls WHERE id = ?1"
+    } else {
+        "SELECT NULL"
+    })?;
+    for &id in &ids {
+        let Some(mut c) = st
+            .query_row([id], call_from_row)
+            .optional()?
+            .flatten()
+            .map(|s| s.call)
+        else {
+            continue;
+        };
+        if with_sites {
+            c.stack_id = site
+                .query_row([id], |r| r.get::<_, Option<i64>>(0))
+                .optional()?
+                .flatten()
+                .map(|s| s as u64);
+        }
+        calls.insert(id, c);
+    }
+    let culprits = trace
+        .call_culprits_of(&ids)
+        .map_err(|e| bad(format!("call culprits: {e}")))?;
+    f.fill_examples(|i| {
+        let id = i64::try_from(i).ok()?;
+        let c = calls.get(&id)?.clone();
+        Some((c, culprits.get(&id).cloned().unwrap_or_default()))
+    });
+    Ok(Some(f))
+}

@@ -1,0 +1,547 @@
+//! Reading a trace's rows one at a time, in order, without holding them:
+//! what `memory`, `export` and the MCP tools use on traces too long to load.
+//!
+//! A [`Rows`] is a second read-only connection to a trace that
+//! [`Trace::open`] already checked (format, schema, integrity). It reads
+//! the `calls` table (or view) through its column names only, with the same
+//! row filters and the same order as [`Trace::load`], so a streamed answer
+//! equals the loaded one.
+
+use crate::budget::{ReadBudget, DEFAULT_READ_TIMEOUT};
+use crate::error::{SqlContext, StoreError};
+use crate::open::{has_table, open_trace_file};
+use crate::problems::{valid_call, valid_wait, COMM_CHARS, MAX_NS};
+use crate::reader::{check_is_trace, check_schema, Trace};
+use crate::rows::{call_from_row, wait_from_row, waits_sql, CALL_COLS};
+use crate::stacks::has_column;
+use crate::types::StoredCall;
+use rusqlite::types::Value;
+use rusqlite::Connection;
+use sleuth_core::{op_by_name, OpCount, ProcEvent, ProcKind, WaitEvent, WaitKind};
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+
+/// Why a damaged file is refused (the words of [`Trace::load`]).
+const TOTALS_OVERFLOW: &str =
+    "damaged trace: call durations or sizes add up past 2^62 (no total read from it could be right)";
+
+/// The order calls are visited in.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum StreamOrder {
+    /// By start time, then row id: the order of [`Trace::load`]'s calls.
+    #[default]
+    ByStart,
+    /// By return time (`ts_ns + dur_ns`), then start, then row id: the
+    /// order the ledger replays calls in.
+    ByReturn,
+    /// Slowest first, then row id (the `calls(op, dur_ns)` index serves it).
+    ByDurationDesc,
+}
+
+/// Which calls a stream visits. `None` fields do not filter.
+#[derive(Debug, Clone, Default)]
+pub struct CallQuery {
+    pub pid: Option<u32>,
+    /// Only calls of these ops (by name).
+    pub ops: Option<Vec<&'static str>>,
+    pub order: StreamOrder,
+    pub limit: Option<usize>,
+}
+
+/// Calls of one process, thread, op and return value, from one pass over
+/// the `calls` rows (see [`Rows::call_groups`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CallGroup {
+    pub pid: u32,
+    pub tid: u32,
+    /// Op id (rows of ops this build does not know are not grouped).
+    pub op: u16,
+    pub ret: i64,
+    pub count: u64,
+    pub first_ts_ns: u64,
+    pub last_end_ns: u64,
+}
+
+/// A second connection to an opened trace, for streamed reads.
+pub struct Rows {
+    conn: Connection,
+    path: PathBuf,
+    budget: ReadBudget,
+    /// `calls.stack_id` exists (traces taken since call sites were captured).
+    has_stacks: bool,
+}
+
+impl Rows {
+    /// Streams from `trace` under a fresh command-line budget.
+    pub fn open(trace: &Trace) -> Result<Rows, StoreError> {
+        Self::open_with(trace, ReadBudget::new(DEFAULT_READ_TIMEOUT))
+    }
+
+    /// Streams from `trace` under `budget` (the caller's deadline and cancellation).
+    pub fn open_with(trace: &Trace, budget: ReadBudget) -> Result<Rows, StoreError> {
+        let path = trace.path().to_path_buf();
+        let conn = open_trace_file(&path, &budget)?;
+        // The file was checked through the first connection; a file replaced
+        // since then must still be a trace of our schema (the cheap checks).
+        check_is_trace(&conn, &path)?;
+        check_schema(&conn, &path)?;
+        let has_stacks = has_column(&conn, "calls", "stack_id").at(&path)?;
+        Ok(Rows {
+            conn,
+            path,
+            budget,
+            has_stacks,
+        })
+    }
+
+    fn read_error(&self, e: rusqlite::Error) -> StoreError {
+        match self.budget.stop_reason() {
+            Some(why) => StoreError::file(&self.path, format!("reading stopped: {why}")),
+            None => StoreError::Sqlite {
+                path: self.path.clone(),
+                source: e,
+            },
+        }
+    }
+
+    /// Visits the calls `q` selects, in its order, one at a time; stops at
+    /// the first error `visit` returns. Rows [`Trace::load`] skips
+    /// (impossible values, unknown ops) are skipped here too.
+    pub fn for_each_call<E: From<StoreError>>(
+        &self,
+        q: &CallQuery,
+        mut visit: impl FnMut(StoredCall) -> Result<(), E>,
+    ) -> Result<(), E> {
+        let mut conds = vec![valid_call("calls.")];
+        let mut args: Vec<Value> = Vec::new();
+        if let Some(pid) = q.pid {
+            args.push(Value::Integer(pid as i64));
+            conds.push(format!("calls.pid = ?{}", args.len()));
+        }
+        if let Some(ops) = &q.ops {
+            let mut marks = Vec::with_capacity(ops.len());
+            for op in ops {
+                args.push(Value::Text((*op).to_string()));
+                marks.push(format!("?{}", args.len()));
+            }
+            conds.push(format!("calls.op IN ({})", marks.join(", ")));
+        }
+        let order = match q.order {
+            StreamOrder::ByStart => "calls.ts_ns, calls.id",
+            StreamOrder::ByReturn => "calls.ts_ns + calls.dur_ns, calls.ts_ns, calls.id",
+            StreamOrder::ByDurationDesc => "calls.dur_ns DESC, calls.id",
+        };
+        let limit = q
+            .limit
+            .map(|l| format!(" LIMIT {}", l.min(i64::MAX as usize)))
+            .unwrap_or_default();
+        let (host, join) = if has_table(&self.conn, "call_host_ptrs").at(&self.path)? {
+            (
+                "h.host_ptr",
+                "LEFT JOIN call_host_ptrs h ON h.call_id = calls.id",
+            )
+        } else {
+            ("NULL", "")
+        };
+        let stack = if self.has_stacks {
+            "calls.stack_id"
+        } else {
+            "NULL"
+        };
+        let cols: Vec<String> = CALL_COLS
+            .split(", ")
+            .map(|c| format!("calls.{c}"))
+            .collect();
+        let sql = format!(
+            "SELECT {}, {host}, {stack} FROM calls {join} WHERE {} ORDER BY {order}{limit}",
+            cols.join(", "),
+            conds.join(" AND ")
+        );
+        let mut st = self.conn.prepare(&sql).map_err(|e| self.read_error(e))?;
+        let mut rows = st
+            .query(rusqlite::params_from_iter(args.iter()))
+            .map_err(|e| self.read_error(e))?;
+        while let Some(row) = rows.next().map_err(|e| self.read_error(e))? {
+            let Some(mut c) = call_from_row(row).map_err(|e| self.read_error(e))? else {
+                continue;
+            };
+            c.call.stack_id = row
+                .get::<_, Option<i64>>(16)
+                .map_err(|e| self.read_error(e))?
+                .map(|v| v as u64);
+            visit(c)?;
+        }
+        Ok(())
+    }
+
+    /// Visits the waits (of one process or all) by `on_ns`, then row id,
+    /// with their culprits and waker: the order of [`Trace::load`]'s waits.
+    pub fn for_each_wait<E: From<StoreError>>(
+        &self,
+        pid: Option<u32>,
+        mut visit: impl FnMut(WaitEvent) -> Result<(), E>,
+    ) -> Result<(), E> {
+        let mut tail = format!("WHERE {}", valid_wait("w."));
+        if pid.is_some() {
+            tail.push_str(" AND w.pid = ?1");
+        }
+        tail.push_str(" ORDER BY w.on_ns, w.id");
+        let sql = waits_sql(&self.conn, &tail).map_err(|e| self.read_error(e))?;
+        let mut st = self.conn.prepare(&sql).map_err(|e| self.read_error(e))?;
+        let args: Vec<Value> = pid.map(|p| Value::Integer(p as i64)).into_iter().collect();
+        let mut rows = st
+            .query(rusqlite::params_from_iter(args.iter()))
+            .map_err(|e| self.read_error(e))?;
+        let mut culprits = self
+            .conn
+            .prepare_cached(crate::rows::WAIT_CULPRITS_SQL)
+            .map_err(|e| self.read_error(e))?;
+        while let Some(row) = rows.next().map_err(|e| self.read_error(e))? {
+            if let Some(w) = wait_from_row(row, &mut culprits).map_err(|e| self.read_error(e))? {
+                visit(w)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// One pass over every valid call row (all processes): counts, first
+    /// start and last end per process, thread, op and return value, by
+    /// those keys. Memory grows with the number of groups, not with the
+    /// calls. A file whose valid durations or sizes add up past 2^62 is
+    /// refused as damaged, as [`Trace::load`] refuses it.
+    pub fn call_groups(&self) -> Result<Vec<CallGroup>, StoreError> {
+        let sql = format!(
+            "SELECT pid, tid, op, ret, ts_ns, dur_ns, size FROM calls WHERE {}",
+            valid_call("")
+        );
+        let mut st = self.conn.prepare(&sql).map_err(|e| self.read_error(e))?;
+        let mut rows = st.query([]).map_err(|e| self.read_error(e))?;
+        // Op names are looked up once each, not once per row.
+        let mut ops: HashMap<String, Option<u16>> = HashMap::new();
+        let mut groups: BTreeMap<(u32, u32, u16, i64), CallGroup> = BTreeMap::new();
+        let (mut dur_total, mut size_total) = (0f64, 0f64);
+        while let Some(r) = rows.next().map_err(|e| self.read_error(e))? {
+            let get = |i| r.get::<_, i64>(i);
+            let (ts, dur) = (
+                get(4).map_err(|e| self.read_error(e))?,
+                get(5).map_err(|e| self.read_error(e))?,
+            );
+            let size: Option<i64> = r.get(6).map_err(|e| self.read_error(e))?;
+            dur_total += dur as f64;
+            size_total += size.unwrap_or(0) as f64;
+            let name = r.get_ref(2).map_err(|e| self.read_error(e))?;
+            let name = name.as_str().map_err(|e| self.read_error(e.into()))?;
+            let op = match ops.get(name) {
+                Some(op) => *op,
+                None => {
+                    let op = op_by_name(name).map(|o| o.id);
+                    ops.insert(name.to_string(), op);
+                    op
+                }
+            };
+            let Some(op) = op else { continue };
+            let (pid, tid, ret): (u32, u32, i64) = (
+                r.get(0).map_err(|e| self.read_error(e))?,
+                r.get(1).map_err(|e| self.read_error(e))?,
+                r.get(3).map_err(|e| self.read_error(e))?,
+            );
+            let (ts, end) = (ts as u64, (ts as u64).saturating_add(dur as u64));
+            let g = groups.entry((pid, tid, op, ret)).or_insert(CallGroup {
+                pid,
+                tid,
+                op,
+                ret,
+                count: 0,
+                first_ts_ns: ts,
+                last_end_ns: end,
+            });
+            g.count += 1;
+            g.first_ts_ns = g.first_ts_ns.min(ts);
+            g.last_end_ns = g.last_end_ns.max(end);
+        }
+        if dur_total > MAX_NS as f64 || size_total > MAX_NS as f64 {
+            return Err(StoreError::file(&self.path, TOTALS_OVERFLOW));
+        }
+        Ok(groups.into_values().collect())
+    }
+
+    /// Refuses a file whose valid calls' durations or sizes add up past
+    /// 2^62, as [`Trace::load`] does (one pass inside SQLite, nothing held).
+    pub fn check_totals(&self) -> Result<(), StoreError> {
+        if crate::problems::totals_overflow(&self.conn).map_err(|e| self.read_error(e))? {
+            return Err(StoreError::file(&self.path, TOTALS_OVERFLOW));
+        }
+        Ok(())
+    }
+
+    /// The (pid, tid) of every wait [`Trace::load`] reads (of one process or all).
+    pub fn wait_threads(
+        &self,
+        pid: Option<u32>,
+    ) -> Result<std::collections::BTreeSet<(u32, u32)>, StoreError> {
+        let mut st = self
+            .conn
+            .prepare(&format!(
+                "SELECT DISTINCT w.pid, w.tid, w.kind FROM waits w WHERE {} AND (?1 IS NULL OR w.pid = ?1)",
+                valid_wait("w.")
+            ))
+            .map_err(|e| self.read_error(e))?;
+        let rows = st
+            .query_map([pid], |r| {
+                let kind: String = r.get(2)?;
+                Ok(WaitKind::parse(&kind)
+                    .map(|_| -> rusqlite::Result<(u32, u32)> { Ok((r.get(0)?, r.get(1)?)) }))
+            })
+            .map_err(|e| self.read_error(e))?;
+        let mut out = std::collections::BTreeSet::new();
+        for r in rows {
+            if let Some(t) = r.map_err(|e| self.read_error(e))? {
+                out.insert(t.map_err(|e| self.read_error(e))?);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Kernel-counted calls of known ops (`op_counts`), as [`Trace::load`]
+    /// reads them, of one process or all.
+    pub fn op_counts(&self, pid: Option<u32>) -> Result<Vec<OpCount>, StoreError> {
+        let mut st = self
+            .conn
+            .prepare("SELECT pid, op, count FROM op_counts WHERE ?1 IS NULL OR pid = ?1 ORDER BY pid, op")
+            .map_err(|e| self.read_error(e))?;
+        let rows = st
+            .query_map([pid], |r| {
+                let name: String = r.get(1)?;
+                Ok(op_by_name(&name).map(|info| OpCount {
+                    pid: r.get(0).unwrap_or(0),
+                    op: info.id,
+                    count: r.get::<_, i64>(2).unwrap_or(0).max(0) as u64,
+                }))
+            })
+            .map_err(|e| self.read_error(e))?;
+        let mut out = Vec::new();
+        for r in rows {
+            out.extend(r.map_err(|e| self.read_error(e))?);
+        }
+        Ok(out)
+    }
+
+    /// How many waits and process lifecycle events [`Trace::load`] reads
+    /// (of one process or all), counted inside SQLite.
+    pub fn event_counts(&self, pid: Option<u32>) -> Result<(u64, u64), StoreError> {
+        let count = |sql: String, known: &dyn Fn(&str) -> bool| -> Result<u64, StoreError> {
+            let mut st = self.conn.prepare(&sql).map_err(|e| self.read_error(e))?;
+            let rows = st
+                .query_map([pid], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))
+                .map_err(|e| self.read_error(e))?;
+            let mut n = 0u64;
+            for r in rows {
+                let (kind, c) = r.map_err(|e| self.read_error(e))?;
+                if known(&kind) {
+                    n += c.max(0) as u64;
+                }
+            }
+            Ok(n)
+        };
+        let waits = count(
+            format!(
+                "SELECT w.kind, count(*) FROM waits w WHERE {} AND (?1 IS NULL OR w.pid = ?1) GROUP BY w.kind",
+                valid_wait("w.")
+            ),
+            &|k| WaitKind::parse(k).is_some(),
+        )?;
+        let procs = count(
+            format!(
+                "SELECT kind, count(*) FROM proc_events WHERE (?1 IS NULL OR pid = ?1) \
+                 AND ts_ns BETWEEN 0 AND {MAX_NS} GROUP BY kind"
+            ),
+            &|k| ProcKind::parse(k).is_some(),
+        )?;
+        Ok((waits, procs))
+    }
+
+    /// Lifecycle events of one process in `[since, until)`, by time, as
+    /// [`Trace::load`] reads them.
+    pub fn proc_events_in(
+        &self,
+        pid: u32,
+        since_ns: u64,
+        until_ns: u64,
+    ) -> Result<Vec<ProcEvent>, StoreError> {
+        let mut st = self
+            .conn
+            .prepare(&format!(
+                "SELECT ts_ns, kind, pid, tid, ppid, exit_code, substr(comm, 1, {COMM_CHARS}) FROM proc_events
+                 WHERE pid = ?1 AND ts_ns BETWEEN 0 AND {MAX_NS} AND ts_ns >= ?2 AND ts_ns < ?3 ORDER BY ts_ns, id"
+            ))
+            .map_err(|e| self.read_error(e))?;
+        let window = |v: u64| v.min(MAX_NS as u64 + 1) as i64;
+        let rows = st
+            .query_map(
+                rusqlite::params![pid, window(since_ns), window(until_ns)],
+                |r| {
+                    let kind: String = r.get(1)?;
+                    let Some(kind) = ProcKind::parse(&kind) else {
+                        return Ok(None);
+                    };
+                    Ok(Some(ProcEvent {
+                        kind,
+                        ts_ns: r.get::<_, i64>(0)? as u64,
+                        pid: r.get(2)?,
+                        tid: r.get(3)?,
+                        ppid: r.get::<_, Option<u32>>(4)?.unwrap_or(0),
+                        // NULL (unknown, e.g. imported) reads as 0.
+                        exit_code: r.get::<_, Option<i32>>(5)?.unwrap_or(0),
+                        comm: r.get(6)?,
+                    }))
+                },
+            )
+            .map_err(|e| self.read_error(e))?;
+        let mut out = Vec::new();
+        for r in rows {
+            out.extend(r.map_err(|e| self.read_error(e))?);
+        }
+        Ok(out)
+    }
+}
+
+/// The span `TraceSpan::of` gives a loaded trace (of `pid`, or all), from
+/// the session times and the calls' groups: start and end only (the extent
+/// equals them; no answer built on this reads it).
+pub fn call_span(
+    start_ns: Option<u64>,
+    end_ns: Option<u64>,
+    groups: &[CallGroup],
+    pid: Option<u32>,
+) -> sleuth_core::TraceSpan {
+    let mine = groups.iter().filter(|g| pid.is_none_or(|p| g.pid == p));
+    let first = mine.clone().map(|g| g.first_ts_ns).min();
+    let last = mine.map(|g| g.last_end_ns).max();
+    let start_ns = start_ns.or(first).unwrap_or(0);
+    let end_ns = end_ns.or(last).unwrap_or(start_ns).max(start_ns);
+    sleuth_core::TraceSpan {
+        start_ns,
+        end_ns,
+        origin_ns: start_ns,
+        extent_end_ns: end_ns,
+    }
+}
+
+/// A trace opened for memory answers without loading its calls: the ledger
+/// is replayed from the memory calls streamed from the store in return
+/// order, so memory grows with what is live, not with the trace.
+pub struct MemoryTrace {
+    /// The trace without calls and waits: session times, processes,
+    /// allocator events, NVML samples, counters and stacks, as
+    /// [`Trace::load`] would give them for `pid`.
+    pub base: sleuth_core::TraceData,
+    /// The span `TraceSpan::of` gives the loaded trace.
+    pub span: sleuth_core::TraceSpan,
+    /// Every process the loaded trace has a call or a counted call of.
+    pids: std::collections::BTreeSet<u32>,
+    pid: Option<u32>,
+    rows: Rows,
+}
+
+impl MemoryTrace {
+    /// Opens the memory view of one process (`pid`) or all, reading under
+    /// `budget`. Errors are those of [`Trace::load`].
+    pub fn open(
+        trace: &Trace,
+        pid: Option<u32>,
+        budget: ReadBudget,
+    ) -> Result<MemoryTrace, StoreError> {
+        if let Some(pid) = pid {
+            trace.require_pid(pid)?;
+        }
+        let rows = Rows::open_with(trace, budget)?;
+        let groups = rows.call_groups()?;
+        let mut pids: std::collections::BTreeSet<u32> =
+            rows.op_counts(pid)?.iter().map(|c| c.pid).collect();
+        pids.extend(
+            groups
+                .iter()
+                .filter(|g| pid.is_none_or(|p| g.pid == p))
+                .map(|g| g.pid),
+        );
+        let session = trace.session()?;
+        let mut processes = trace.processes()?;
+        if let Some(pid) = pid {
+            processes.retain(|p| p.pid == pid);
+        }
+        let base = sleuth_core::TraceData {
+            blocks: trace.allocator_events(pid)?,
+            processes,
+            stats: trace.stats()?,
+            start_ns: Some(session.info.start_mono_ns),
+            end_ns: session.end_mono_ns,
+            realtime_offset_ns: session.info.realtime_offset_ns,
+            has_host_context: trace.has_host_context(),
+            gpu_samples: trace.gpu_samples()?,
+            process_gpu: trace.process_gpu_samples(pid)?,
+            hosts: trace.process_hosts()?,
+            hostname: session.info.hostname.clone(),
+            stacks: trace.stacks(pid)?,
+            ..Default::default()
+        };
+        let span = call_span(base.start_ns, base.end_ns, &groups, pid);
+        Ok(MemoryTrace {
+            base,
+            span,
+            pids,
+            pid,
+            rows,
+        })
+    }
+
+    /// The streamed reader under this view.
+    pub fn rows(&self) -> &Rows {
+        &self.rows
+    }
+
+    /// Visits the memory calls (`ledger::is_memory_op`) in `order`.
+    fn for_each_memory_call(
+        &self,
+        order: StreamOrder,
+        mut visit: impl FnMut(sleuth_core::CallEvent),
+    ) -> Result<(), StoreError> {
+        let q = CallQuery {
+            pid: self.pid,
+            ops: Some(sleuth_core::ledger::memory_op_names()),
+            order,
+            limit: None,
+        };
+        self.rows.for_each_call::<StoreError>(&q, |c| {
+            visit(c.call);
+            Ok(())
+        })?;
+        Ok(())
+    }
+
+    /// The ledgers at the end or at `at_ns`: `ledger::ledger` of the loaded trace.
+    pub fn ledgers(
+        &self,
+        at_ns: Option<u64>,
+    ) -> Result<Vec<sleuth_core::ledger::ProcessLedger>, StoreError> {
+        let mut b = sleuth_core::ledger::LedgerBuilder::new(at_ns);
+        for &pid in &self.pids {
+            b.track(pid);
+        }
+        self.for_each_memory_call(StreamOrder::ByReturn, |c| b.push(&c))?;
+        Ok(b.finish(&self.base))
+    }
+
+    /// Puts the memory calls of `pids` (all when None) into `base.calls`,
+    /// in the loaded trace's order: what the allocator view and the by-site
+    /// table read. Those hold the memory calls; the ledger alone does not.
+    pub fn load_memory_calls(&mut self, pids: Option<&[u32]>) -> Result<(), StoreError> {
+        let mut calls = Vec::new();
+        self.for_each_memory_call(StreamOrder::ByStart, |c| {
+            if pids.is_none_or(|p| p.contains(&c.pid)) {
+                calls.push(c);
+            }
+        })?;
+        self.base.calls = calls;
+        Ok(())
+    }
+}

@@ -1,0 +1,378 @@
+//! The streamed readers (issue 16) against the loaded trace: on the example
+//! traces and on a simulated one with every kind of memory call, the calls,
+//! waits, ledgers (at the end and at moments), the span, the allocator view
+//! and the by-site table read through `stream` equal what the whole trace
+//! loaded gives.
+
+mod common;
+
+use common::{call, culprit, preempted, TempDir};
+use serde_json::{to_value, Value};
+use sleuth_core::allocator::allocator_views;
+use sleuth_core::event::BLOCK_WORDS;
+use sleuth_core::ledger::ledger;
+use sleuth_core::sites::{memory_by_site, Frame, FrameKind, Stack};
+use sleuth_core::{op_by_name, BlockEvent, CallEvent, Event, OpCount, ProcessInfo, TraceSpan};
+use sleuth_store::stream::{CallQuery, MemoryTrace, Rows, StreamOrder};
+use sleuth_store::{CallFilter, CallOrder, ReadBudget, Trace, TraceWriter, WriterOptions};
+use std::path::{Path, PathBuf};
+
+fn example(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../examples")
+        .join(name)
+}
+
+fn budget() -> ReadBudget {
+    ReadBudget::new(sleuth_store::DEFAULT_READ_TIMEOUT)
+}
+
+fn mem(op: &str, pid: u32, tid: u32, ts: u64, dur: u64, size: Option<u64>, ptr: u64) -> CallEvent {
+    CallEvent {
+        size,
+        ptr: Some(ptr),
+        ..call(op, pid, tid, ts, dur)
+    }
+}
+
+/// A trace with allocations of every pool, nested driver calls, a failed
+/// allocation, device switches, the virtual memory API, equal start times,
+/// call sites, allocator blocks, a process with launches only and one with
+/// counted calls only, and waits.
+fn simulated(path: &Path) {
+    let w = TraceWriter::create(path, common::session(), WriterOptions::default()).unwrap();
+    let h = w.handle();
+    for (pid, comm) in [(100, "train"), (300, "launcher")] {
+        h.set_process(ProcessInfo {
+            pid,
+            ppid: Some(1),
+            comm: comm.into(),
+            cmdline: comm.into(),
+            start_ns: Some(1_000),
+            exit_ns: (pid == 300).then_some(90_000),
+            exit_code: None,
+            oom_victim: false,
+        })
+        .unwrap();
+    }
+    h.set_op_counts(vec![OpCount {
+        pid: 400,
+        op: op_by_name("cudaLaunchKernel").unwrap().id,
+        count: 7,
+    }])
+    .unwrap();
+    let frame = |f: &str, line| Frame {
+        kind: Some(FrameKind::Python),
+        function: Some(f.into()),
+        file: Some("/w/train.py".into()),
+        line: Some(line),
+        ..Default::default()
+    };
+    for (id, f, line) in [(1u64, "alloc_a", 10), (2, "alloc_b", 20)] {
+        h.add_stack(Stack {
+            id,
+            pid: 100,
+            frames: vec![frame(f, line)],
+            notes: vec![],
+        })
+        .unwrap();
+    }
+    let base = 0x7f00_0000_0000u64;
+    let mut calls = vec![
+        mem("cudaSetDevice", 100, 101, 1_500, 10, None, 1),
+        // A runtime allocation with its nested driver call, same start.
+        mem("cudaMalloc", 100, 100, 2_000, 900, Some(20 << 20), base),
+        CallEvent {
+            nested: true,
+            ..mem("cuMemAlloc_v2", 100, 100, 2_000, 800, Some(20 << 20), base)
+        },
+        mem(
+            "cudaMalloc",
+            100,
+            101,
+            2_000,
+            100,
+            Some(4096),
+            base + (64 << 20),
+        ),
+        mem(
+            "cudaMalloc",
+            100,
+            100,
+            3_000,
+            50,
+            Some(1 << 20),
+            base + (128 << 20),
+        ),
+        CallEvent {
+            ret: 2,
+            ptr: None,
+            ..mem("cudaMalloc", 100, 100, 4_000, 50, Some(1 << 40), 0)
+        },
+        mem("cudaFree", 100, 100, 5_000, 70, None, base + (128 << 20)),
+        mem(
+            "cudaMalloc",
+            100,
+            100,
+            6_000,
+            60,
+            Some(1 << 20),
+            base + (256 << 20),
+        ),
+        mem("cuMemCreate", 100, 100, 7_000, 30, Some(2 << 20), 0x55),
+        mem(
+            "cuMemMap",
+            100,
+            100,
+            7_100,
+            30,
+            Some(2 << 20),
+            base + (512 << 20),
+        ),
+        mem("cudaHostAlloc", 100, 100, 7_500, 30, Some(8192), 0x9000),
+        mem("cudaFreeHost", 100, 100, 7_600, 30, None, 0x9000),
+        mem("cuMemRelease", 100, 100, 8_000, 30, None, 0x55),
+        mem("cudaFree", 100, 100, 8_500, 30, None, 0xdead),
+        mem(
+            "cudaMalloc",
+            300,
+            300,
+            9_000,
+            30,
+            Some(512),
+            base + (1 << 30),
+        ),
+    ];
+    calls[1].stack_id = Some(1);
+    calls[4].stack_id = Some(2);
+    calls[5].stack_id = Some(2);
+    calls[7].stack_id = Some(1);
+    for i in 0..40u64 {
+        let mut c = call(
+            "cudaLaunchKernel",
+            100 + 200 * (i % 2) as u32,
+            102,
+            1_200 + i * 300,
+            40 + i,
+        );
+        c.runnable_ns = i;
+        calls.push(c);
+    }
+    let block = |ts: u64, op: &str, block: u64, ptr: u64, size: u64, req: Option<u64>| {
+        let mut words = [0x5555_0000_0000u64 + ts; BLOCK_WORDS];
+        words[6] = size;
+        words[7] = req.unwrap_or(size - 100);
+        words[9] = ptr;
+        BlockEvent {
+            op: op_by_name(op).unwrap().id,
+            pid: 100,
+            tid: 100,
+            start_ns: ts - 5,
+            end_ns: ts,
+            requested: req,
+            block,
+            words,
+            stack_id: None,
+        }
+    };
+    let blocks = [
+        block(
+            3_500,
+            "DeviceCachingAllocator::malloc",
+            0xa,
+            base,
+            4 << 20,
+            Some((4 << 20) - 100),
+        ),
+        block(
+            3_600,
+            "DeviceCachingAllocator::malloc",
+            0xb,
+            base + (4 << 20),
+            512,
+            Some(300),
+        ),
+        block(
+            4_500,
+            "DeviceCachingAllocator::free",
+            0xa,
+            base,
+            4 << 20,
+            None,
+        ),
+    ];
+    let mut events: Vec<(u64, Event)> = calls
+        .into_iter()
+        .map(|c| (c.ts_ns, Event::Call(c)))
+        .chain(blocks.into_iter().map(|b| (b.end_ns, Event::Block(b))))
+        .chain([
+            (
+                2_600,
+                Event::Wait(preempted(
+                    100,
+                    100,
+                    2_100,
+                    2_600,
+                    vec![culprit(9, "hog", 500)],
+                )),
+            ),
+            (
+                3_100,
+                Event::Wait(preempted(300, 300, 2_900, 3_100, vec![])),
+            ),
+        ])
+        .collect();
+    events.sort_by_key(|e| e.0);
+    for (_, e) in events {
+        h.send(e).unwrap();
+    }
+    h.set_session_end(100_000).unwrap();
+    drop(h);
+    w.finish().unwrap();
+}
+
+fn json<T: serde::Serialize>(v: &T) -> Value {
+    to_value(v).unwrap()
+}
+
+/// Every streamed answer of `path` (for `pid`) equals the loaded one.
+fn assert_streamed_equals_loaded(path: &Path, pid: Option<u32>) {
+    let trace = Trace::open(path).unwrap();
+    let data = trace.load(pid).unwrap();
+    let rows = Rows::open(&trace).unwrap();
+
+    let mut calls = Vec::new();
+    rows.for_each_call::<sleuth_store::StoreError>(
+        &CallQuery {
+            pid,
+            ..Default::default()
+        },
+        |c| {
+            calls.push(c.call);
+            Ok(())
+        },
+    )
+    .unwrap();
+    assert_eq!(json(&calls), json(&data.calls), "calls of {path:?}");
+    let mut waits = Vec::new();
+    rows.for_each_wait::<sleuth_store::StoreError>(pid, |w| {
+        waits.push(w);
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(json(&waits), json(&data.waits), "waits of {path:?}");
+
+    // The slowest calls through the duration index, as `calls_filtered` gives them.
+    let mut slow = Vec::new();
+    rows.for_each_call::<sleuth_store::StoreError>(
+        &CallQuery {
+            pid,
+            order: StreamOrder::ByDurationDesc,
+            limit: Some(5),
+            ..Default::default()
+        },
+        |c| {
+            slow.push(c.id);
+            Ok(())
+        },
+    )
+    .unwrap();
+    let want: Vec<i64> = trace
+        .calls_filtered(&CallFilter {
+            pid,
+            order: CallOrder::ByDurationDesc,
+            limit: Some(5),
+            ..Default::default()
+        })
+        .unwrap()
+        .iter()
+        .map(|c| c.id)
+        .collect();
+    assert_eq!(slow, want);
+
+    let mut mt = MemoryTrace::open(&trace, pid, budget()).unwrap();
+    let span = TraceSpan::of(&data);
+    assert_eq!(
+        (mt.span.start_ns, mt.span.end_ns),
+        (span.start_ns, span.end_ns)
+    );
+    let end = ledger(&data, None);
+    assert!(!end.is_empty() || data.calls.is_empty());
+    assert_eq!(
+        json(&mt.ledgers(None).unwrap()),
+        json(&end),
+        "ledger of {path:?}"
+    );
+    // Moments: before anything, at every memory call's return, at the end.
+    let mut moments: Vec<u64> = data.calls.iter().map(|c| c.end_ns()).collect();
+    moments.sort_unstable();
+    moments.dedup();
+    let step = moments.len().div_ceil(25).max(1);
+    for at in moments
+        .iter()
+        .step_by(step)
+        .copied()
+        .chain([0, span.end_ns])
+    {
+        assert_eq!(
+            json(&mt.ledgers(Some(at)).unwrap()),
+            json(&ledger(&data, Some(at))),
+            "ledger of {path:?} at {at}"
+        );
+    }
+    mt.load_memory_calls(None).unwrap();
+    assert_eq!(
+        json(&memory_by_site(&mt.base, &end)),
+        json(&memory_by_site(&data, &end))
+    );
+    for at in [None, Some(4_000), Some(span.end_ns)] {
+        let l = ledger(&data, at);
+        assert_eq!(
+            json(&allocator_views(&mt.base, at, &l)),
+            json(&allocator_views(&data, at, &l))
+        );
+    }
+}
+
+#[test]
+fn streamed_answers_equal_loaded_ones_on_the_examples() {
+    for name in ["demo-sim.db", "h200-contention.db"] {
+        let path = example(name);
+        assert_streamed_equals_loaded(&path, None);
+        let trace = Trace::open(&path).unwrap();
+        for pid in trace.pids().unwrap() {
+            assert_streamed_equals_loaded(&path, Some(pid));
+        }
+    }
+}
+
+#[test]
+fn streamed_answers_equal_loaded_ones_on_a_simulated_trace() {
+    let dir = TempDir::new("stream");
+    let path = dir.join("sim.db");
+    simulated(&path);
+    let trace = Trace::open(&path).unwrap();
+    let data = trace.load(None).unwrap();
+    // The trace exercises what it claims to.
+    let l = ledger(&data, None);
+    let p100 = l.iter().find(|p| p.pid == 100).unwrap();
+    assert_eq!(p100.failed_allocs.len(), 1);
+    assert!(p100.unmatched_frees == 1 && p100.vmm_bytes == 0 && p100.devices.len() == 2);
+    assert!(
+        l.iter().any(|p| p.pid == 400),
+        "counted-only process listed"
+    );
+    assert!(!data.blocks.is_empty() && !data.stacks.is_empty());
+    assert_streamed_equals_loaded(&path, None);
+    for pid in [100, 300, 400] {
+        assert_streamed_equals_loaded(&path, Some(pid));
+    }
+    // A pid the trace does not hold is refused like `load` refuses it.
+    let err = MemoryTrace::open(&trace, Some(4242), budget())
+        .err()
+        .unwrap();
+    assert!(
+        err.to_string().contains("pid 4242 is not in this trace"),
+        "{err}"
+    );
+}
