@@ -181,8 +181,14 @@ pub struct GpuSampler {
     stop: mpsc::Sender<()>,
     thread: Option<JoinHandle<(ActivitySampler, Converter)>>,
     scope: Arc<Mutex<Scope>>,
-    handle: WriterHandle,
+    /// Swapped when `trace --rotate` opens the next file.
+    handle: Arc<Mutex<WriterHandle>>,
     metrics: Option<Arc<Metrics>>,
+}
+
+/// The writer handle samples go to now (a poisoned lock still holds a valid handle).
+fn current(h: &Mutex<WriterHandle>) -> WriterHandle {
+    h.lock().unwrap_or_else(|p| p.into_inner()).clone()
 }
 
 fn mono_now() -> u64 {
@@ -242,8 +248,9 @@ impl GpuSampler {
         send(handle, metrics.as_ref(), dev, rows);
 
         let scope = Arc::new(Mutex::new(scope));
+        let shared = Arc::new(Mutex::new(handle.clone()));
         let (stop, stopped) = mpsc::channel::<()>();
-        let (h, m, s) = (handle.clone(), metrics.clone(), scope.clone());
+        let (h, m, s) = (shared.clone(), metrics.clone(), scope.clone());
         let thread = std::thread::Builder::new()
             .name("gpusleuth-nvml".into())
             .spawn(move || {
@@ -253,7 +260,7 @@ impl GpuSampler {
                     let scope = s.lock().unwrap_or_else(|p| p.into_inner()).clone();
                     let dev = conv.device_samples(&poll);
                     let rows = conv.process_rows(&poll, &scope, SamplePhase::Sample, mono_now());
-                    send(&h, m.as_ref(), dev, rows);
+                    send(&current(&h), m.as_ref(), dev, rows);
                 }
                 (sampler, conv)
             })
@@ -262,9 +269,14 @@ impl GpuSampler {
             stop,
             thread: Some(thread),
             scope,
-            handle: handle.clone(),
+            handle: shared,
             metrics,
         })
+    }
+
+    /// Sends the samples from now on to `handle` (the next file of a rotating trace).
+    pub fn set_handle(&self, handle: WriterHandle) {
+        *self.handle.lock().unwrap_or_else(|p| p.into_inner()) = handle;
     }
 
     /// The traced pids now (`--pid`/launch modes; descendants included).
@@ -286,10 +298,9 @@ impl GpuSampler {
         let scope = self.scope.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let dev = conv.device_samples(&poll);
         let rows = conv.process_rows(&poll, &scope, SamplePhase::End, mono_now());
-        send(&self.handle, self.metrics.as_ref(), dev, rows);
-        let _ = self
-            .handle
-            .set_stat(PROCESS_POLLS_STAT, conv.polls_with_memory);
+        let handle = current(&self.handle);
+        send(&handle, self.metrics.as_ref(), dev, rows);
+        let _ = handle.set_stat(PROCESS_POLLS_STAT, conv.polls_with_memory);
         let u = sampler.unsupported();
         for (what, why) in [
             ("GPU busy samples (nvmlDeviceGetSamples)", &u.samples),
@@ -303,7 +314,7 @@ impl GpuSampler {
             ),
         ] {
             if let Some(why) = why {
-                let _ = self.handle.add_note(
+                let _ = handle.add_note(
                     NoteLevel::Info,
                     format!("{what} not measured: the driver answered {why}"),
                 );

@@ -11,8 +11,19 @@ pub const FORCE_HINT: &str = "--force replaces it";
 
 /// The stats answer of a trace: from its rollups when it has them (no call
 /// row is read), else from the whole trace loaded (older, merged, imported
-/// or cut-short traces).
+/// or cut-short traces). A directory is a run of `trace --rotate`: the
+/// answer merges the rollups of its finished files (`sleuth_store::run`).
 pub fn stats_of(db: &Path, pid: Option<u32>) -> anyhow::Result<sleuth_core::stats::StatsReport> {
+    if db.is_dir() {
+        let run = sleuth_store::run::run_stats(db, pid)?;
+        for f in &run.incomplete {
+            eprintln!(
+                "gpusleuth: note: {}: not finished (still being written, or its writer was killed): not in this answer",
+                terminal_safe(&f.display().to_string())
+            );
+        }
+        return Ok(run.report);
+    }
     let trace = sleuth_store::Trace::open(db)?;
     if let Some(r) = trace.stats_report(pid)? {
         return Ok(r);

@@ -260,6 +260,126 @@ pub fn stats_report(r: &StoredRollups, pid: Option<u32>, base: &TraceData) -> St
     crate::stats::assemble(per_call, counted, base, threads)
 }
 
+/// Counters of a trace's `stats` table that describe the moment the file
+/// ended, not an amount: merging files keeps the last file's value.
+pub const LAST_VALUE_STATS: [&str; 3] = [
+    crate::threads::TRACER_PID_STAT,
+    "map_traced_left",
+    "map_threads_left",
+];
+
+impl StoredRollups {
+    /// Adds the rollups of a later file of the same run (`trace --rotate`):
+    /// per-op rollups of the same (pid, op) add up, culprit sums are
+    /// appended (`stats_report` sums them per culprit), and a thread seen in
+    /// both files gets one merged split ([`merge_thread_split`]).
+    pub fn merge(&mut self, later: StoredRollups) {
+        let mut ops: BTreeMap<(u32, u16), OpRollup> = std::mem::take(&mut self.ops)
+            .into_iter()
+            .map(|(p, op, o)| ((p, op), o))
+            .collect();
+        for (p, op, o) in later.ops {
+            ops.entry((p, op)).or_default().merge(&o);
+        }
+        self.ops = ops.into_iter().map(|((p, op), o)| (p, op, o)).collect();
+        self.culprits.extend(later.culprits);
+        for t in later.threads {
+            match self
+                .threads
+                .iter_mut()
+                .find(|x| (x.pid, x.tid) == (t.pid, t.tid))
+            {
+                Some(x) => merge_thread_split(x, &t),
+                None => self.threads.push(t),
+            }
+        }
+    }
+}
+
+/// Adds a later file's split of the same thread. Sums add up exactly; the
+/// window is the files' windows added (`wall_ns`, so in-call + between
+/// still equals it: the gap between a thread's last call in one file and
+/// its first in the next belongs to neither file), `start_ns`/`end_ns` span
+/// both. The sync median is that of the file with more syncs (an exact
+/// median over files would need every sync duration).
+pub fn merge_thread_split(a: &mut ThreadSplit, b: &ThreadSplit) {
+    a.start_ns = a.start_ns.min(b.start_ns);
+    a.end_ns = a.end_ns.max(b.end_ns);
+    a.wall_ns = a.wall_ns.saturating_add(b.wall_ns);
+    a.calls = a.calls.saturating_add(b.calls);
+    a.in_calls.add(b.in_calls);
+    a.between.add(b.between);
+    a.sync_p50_ns = if b.syncs > a.syncs {
+        b.sync_p50_ns
+    } else {
+        a.sync_p50_ns
+    };
+    a.syncs = a.syncs.saturating_add(b.syncs);
+    a.sync_ns = a.sync_ns.saturating_add(b.sync_ns);
+    a.tracer_runnable_ns = a.tracer_runnable_ns.saturating_add(b.tracer_runnable_ns);
+    for w in &b.wakers {
+        match a
+            .wakers
+            .iter_mut()
+            .find(|x| (x.kind, x.pid, x.tid, &x.comm) == (w.kind, w.pid, w.tid, &w.comm))
+        {
+            Some(x) => x.blocked_ns = x.blocked_ns.saturating_add(w.blocked_ns),
+            None => a.wakers.push(w.clone()),
+        }
+    }
+    waker_shares(&mut a.wakers);
+    a.wakers
+        .sort_by(|x, y| y.blocked_ns.cmp(&x.blocked_ns).then(x.pid.cmp(&y.pid)));
+    for h in &b.preempted_by {
+        match a
+            .preempted_by
+            .iter_mut()
+            .find(|x| (x.pid, &x.comm) == (h.pid, &h.comm))
+        {
+            Some(x) => x.runnable_ns = x.runnable_ns.saturating_add(h.runnable_ns),
+            None => a.preempted_by.push(h.clone()),
+        }
+    }
+    a.preempted_by
+        .sort_by(|x, y| y.runnable_ns.cmp(&x.runnable_ns).then(x.pid.cmp(&y.pid)));
+}
+
+/// Sets each waker's share of the wakers' blocked time (0 when none),
+/// as the analysis computes it (stored rollups and merged files alike).
+pub fn waker_shares(wakers: &mut [crate::threads::WakerTime]) {
+    let blocked: u64 = wakers.iter().map(|w| w.blocked_ns).sum();
+    for w in wakers {
+        w.share = if blocked == 0 {
+            0.0
+        } else {
+            w.blocked_ns as f64 / blocked as f64
+        };
+    }
+}
+
+/// Adds a later file's counters (`stats` table) to a run's: amounts add up,
+/// [`LAST_VALUE_STATS`] take the later file's value.
+pub fn merge_counters(run: &mut BTreeMap<String, u64>, later: &BTreeMap<String, u64>) {
+    for (k, &v) in later {
+        let e = run.entry(k.clone()).or_default();
+        *e = if LAST_VALUE_STATS.contains(&k.as_str()) {
+            v
+        } else {
+            e.saturating_add(v)
+        };
+    }
+}
+
+/// Adds a later file's kernel op counts: per (pid, op), counts add up.
+pub fn merge_op_counts(run: &mut Vec<crate::event::OpCount>, later: &[crate::event::OpCount]) {
+    for c in later {
+        match run.iter_mut().find(|x| (x.pid, x.op) == (c.pid, c.op)) {
+            Some(x) => x.count = x.count.saturating_add(c.count),
+            None => run.push(c.clone()),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -382,5 +502,39 @@ mod tests {
         }
         assert_eq!(m, whole);
         assert_eq!(m.percentile(100).unwrap().0, 3_000_000);
+    }
+
+    #[test]
+    fn files_of_a_run_merge_to_the_rollup_of_all_their_calls() {
+        let (a, ca) = rows(&[5, 9_000, 70_000, 400]);
+        let (b, cb) = rows(&[3_000_000, 12, 9_000]);
+        let stored = |r: &OpRollup, pid: u32| StoredRollups {
+            ops: vec![(pid, 1, r.clone())],
+            culprits: vec![(
+                pid,
+                1,
+                CulpritTime {
+                    pid: 77,
+                    comm: "hog".into(),
+                    runnable_ns: 10,
+                },
+            )],
+            threads: Vec::new(),
+        };
+        let mut run = stored(&a, 4);
+        run.merge(stored(&b, 4));
+        let mut whole = OpRollup::default();
+        for c in ca.iter().chain(&cb) {
+            whole.add(c);
+        }
+        assert_eq!(run.ops, vec![(4, 1, whole)]);
+        assert_eq!(run.culprits.len(), 2);
+        let mut counters = BTreeMap::from([("drop_ring".to_string(), 2), ("tracer_pid".into(), 9)]);
+        merge_counters(
+            &mut counters,
+            &BTreeMap::from([("drop_ring".to_string(), 3), ("tracer_pid".into(), 9)]),
+        );
+        assert_eq!(counters["drop_ring"], 5);
+        assert_eq!(counters["tracer_pid"], 9);
     }
 }

@@ -655,6 +655,21 @@ impl Capture {
         (count("traced"), count("threads"))
     }
 
+    /// Forgets which call sites were sent (the `stacks_seen` map), so each is
+    /// sent again the next time a call hits it: the next file of a rotating
+    /// trace then holds the sites its calls name. Returns how many were forgotten.
+    pub fn forget_stacks(&mut self) -> usize {
+        let Some(m) = self.bpf.map_mut("stacks_seen") else {
+            return 0;
+        };
+        let Ok(mut map) = BpfHashMap::<_, u64, u8>::try_from(m) else {
+            return 0;
+        };
+        let ids: Vec<u64> = map.keys().flatten().collect();
+        // An id that is gone already (LRU eviction) is simply not removed.
+        ids.iter().filter(|id| map.remove(id).is_ok()).count()
+    }
+
     /// Traced calls entered and not yet returned (the `inflight` map; only
     /// traced callers create entries). Read when the trace stops: calls still
     /// open then are an attach edge, not a loss.

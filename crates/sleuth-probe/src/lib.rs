@@ -6,6 +6,7 @@ pub mod capture;
 pub mod discover;
 pub mod mapped;
 mod multi;
+pub mod placement;
 pub mod session;
 pub mod sites;
 pub mod symbols;

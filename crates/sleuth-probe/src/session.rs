@@ -350,6 +350,12 @@ impl CaptureSession {
         self.unprobed.len()
     }
 
+    /// Every process a record or `trace_pid` has named so far (its
+    /// `Captured::Process` was handed out), in no particular order.
+    pub fn known_pids(&self) -> Vec<u32> {
+        self.known_pids.iter().copied().collect()
+    }
+
     /// Processes the kernel currently traces.
     pub fn traced_pids(&self) -> Vec<u32> {
         self.cap.traced_pids()
@@ -366,6 +372,12 @@ impl CaptureSession {
     /// Hot-path calls counted in the kernel, per process and op.
     pub fn op_counts(&self) -> Vec<OpCount> {
         self.cap.op_counts()
+    }
+
+    /// Call sites are sent once per id; after this each is sent again on its
+    /// next use (`trace --rotate`: every file names the sites of its calls).
+    pub fn forget_stacks(&mut self) -> usize {
+        self.cap.forget_stacks()
     }
 
     /// Calls entered and not yet returned (an attach edge when the trace stops).

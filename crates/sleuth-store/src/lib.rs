@@ -21,6 +21,7 @@ pub mod outfile;
 mod problems;
 mod reader;
 mod rows;
+pub mod run;
 mod schema;
 mod schema_check;
 mod sql;

@@ -354,7 +354,7 @@ impl Trace {
         Ok(out)
     }
 
-    fn op_counts(&self, pid: Option<u32>) -> Result<Vec<OpCount>, StoreError> {
+    pub(crate) fn op_counts(&self, pid: Option<u32>) -> Result<Vec<OpCount>, StoreError> {
         let mut st = self
             .conn
             .prepare("SELECT pid, op, count FROM op_counts WHERE ?1 IS NULL OR pid = ?1 ORDER BY pid, op")
@@ -666,7 +666,7 @@ impl Trace {
         )))
     }
 
-    fn stored_rollups(
+    pub(crate) fn stored_rollups(
         &self,
         pid: Option<u32>,
     ) -> rusqlite::Result<sleuth_core::rollup::StoredRollups> {

@@ -36,6 +36,13 @@ pub struct Args {
     /// Calls in the synthetic stored trace that `stats` and `explain` are timed on.
     #[arg(long = "analysis-calls", default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1..))]
     pub analysis_calls: u64,
+    /// Launches per run of the tracer-footprint flood (`--launches full`,
+    /// workload pinned to CPU 0; runs of N and 4N, placement on and off); 0 skips it.
+    #[arg(long = "footprint-launches", default_value_t = 50_000)]
+    pub footprint_launches: u64,
+    /// Only the tracer-footprint flood (see --footprint-launches).
+    #[arg(long = "footprint-only", conflicts_with = "analysis_only")]
+    pub footprint_only: bool,
     /// Only the storage and analysis part (no eBPF, no root needed): write
     /// the synthetic trace and time each analysis command on it.
     #[arg(long = "analysis-only")]
@@ -68,6 +75,30 @@ struct Throughput {
     drops: u64,
 }
 
+/// What the tracer itself cost in one flood run (issue 16).
+#[derive(Serialize)]
+struct Footprint {
+    launches: u64,
+    /// Tracer threads placed away from the traced threads (`GPUSLEUTH_PLACEMENT`).
+    placement: bool,
+    events_stored: u64,
+    drops: u64,
+    /// Tracer CPU per stored event while tracing (the file's completion excluded).
+    poller_us_per_event: f64,
+    writer_us_per_event: f64,
+    helpers_us_per_event: f64,
+    /// Poller + writer.
+    tracer_us_per_event: f64,
+    /// Runnable time of the traced threads, all of it and the part while one
+    /// of the tracer's threads held their CPU (from the trace's wait records).
+    traced_runnable_ms: f64,
+    runnable_by_tracer_ms: f64,
+    /// `trace`'s peak RSS, the end-of-trace summary included.
+    peak_rss_mb: f64,
+    /// The placement note of the trace, if any.
+    placement_note: Option<String>,
+}
+
 #[derive(Serialize)]
 struct Report {
     reps: u32,
@@ -83,6 +114,7 @@ struct Report {
     /// gpusleuth's own CPU time (user+sys) and peak RSS over the traced runs.
     tracer_cpu_ms_median: f64,
     tracer_peak_rss_mb: f64,
+    footprint: Vec<Footprint>,
 }
 
 /// Resources of one finished child (and its waited-for descendants).
@@ -120,6 +152,20 @@ pub fn run(args: Args) -> Result<i32> {
         dir: scratch.0.clone(),
     };
 
+    if args.footprint_only {
+        let n = args.footprint_launches.max(1);
+        // Interleaved repetitions: machine drift hits every configuration alike.
+        let rows = (0..args.reps)
+            .flat_map(|_| [(n, true), (n, false), (4 * n, true)])
+            .map(|(l, p)| b.footprint(l, p))
+            .collect::<Result<Vec<_>>>()?;
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&rows)?);
+        } else {
+            print!("{}", render_footprint(&rows));
+        }
+        return Ok(0);
+    }
     // (name, script body, ops, trace args). `cu_launch` with one driver probe
     // per call is the reference: its added time per call is one trap.
     let n = args.launches;
@@ -224,7 +270,14 @@ pub fn run(args: Args) -> Result<i32> {
         .filter(|(k, _)| k.starts_with("drop_"))
         .map(|(_, v)| *v)
         .sum();
+    let n = args.footprint_launches;
+    let footprint = [(n, true), (n, false), (4 * n, true)]
+        .into_iter()
+        .filter(|_| n > 0)
+        .map(|(l, p)| b.footprint(l, p))
+        .collect::<Result<Vec<_>>>()?;
     let report = Report {
+        footprint,
         reps: args.reps,
         probe_trap_us: trap_us,
         site_capture_us,
@@ -304,6 +357,62 @@ impl Bench {
     }
 
     fn traced(&self, body: &str, trace_args: &[&str]) -> Result<(f64, Usage, PathBuf)> {
+        self.traced_env(body, trace_args, true)
+    }
+
+    /// One flood of `--launches full` launches from a workload pinned to
+    /// CPU 0, and what the tracer cost it.
+    fn footprint(&self, launches: u64, placement: bool) -> Result<Footprint> {
+        let body = format!("pin 0; launch {launches}");
+        let (_, usage, db) = self.traced_env(&body, &["--launches", "full"], placement)?;
+        let trace = sleuth_store::Trace::open(&db)?;
+        let stats = trace.stats()?;
+        let get = |k: &str| stats.get(k).copied().unwrap_or(0);
+        let events_stored: u64 = ["events_call", "events_wait", "events_proc"]
+            .iter()
+            .map(|k| get(k))
+            .sum();
+        let per_event = |ns: u64| ns as f64 / 1000.0 / events_stored.max(1) as f64;
+        let report = crate::load::stats_of(&db, None)?;
+        let traced_runnable: u64 = report
+            .threads
+            .iter()
+            .map(|t| t.in_calls.runnable_ns + t.between.runnable_ns)
+            .sum();
+        let by_tracer: u64 = report.threads.iter().map(|t| t.tracer_runnable_ns).sum();
+        let placement_note = trace
+            .notes()?
+            .into_iter()
+            .map(|n| n.text)
+            .rfind(|t| t.starts_with("placement:"));
+        Ok(Footprint {
+            launches,
+            placement,
+            events_stored,
+            drops: stats
+                .iter()
+                .filter(|(k, _)| k.starts_with("drop_"))
+                .map(|(_, v)| *v)
+                .sum(),
+            poller_us_per_event: per_event(get("tracer_cpu_ns_poller")),
+            writer_us_per_event: per_event(get("tracer_cpu_ns_writer")),
+            helpers_us_per_event: per_event(get("tracer_cpu_ns_helpers")),
+            tracer_us_per_event: per_event(
+                get("tracer_cpu_ns_poller") + get("tracer_cpu_ns_writer"),
+            ),
+            traced_runnable_ms: traced_runnable as f64 / 1e6,
+            runnable_by_tracer_ms: by_tracer as f64 / 1e6,
+            peak_rss_mb: usage.max_rss_kb as f64 / 1024.0,
+            placement_note,
+        })
+    }
+
+    fn traced_env(
+        &self,
+        body: &str,
+        trace_args: &[&str],
+        placement: bool,
+    ) -> Result<(f64, Usage, PathBuf)> {
         let (script, stamps) = self.script(body)?;
         let db = self.dir.join("bench.db");
         let mut cmd = Command::new(&self.exe);
@@ -317,6 +426,9 @@ impl Bench {
             .arg("--")
             .arg(&self.sim.workload)
             .arg(script);
+        if !placement {
+            cmd.env(sleuth_probe::placement::PLACEMENT_ENV, "off");
+        }
         let usage = run_child(cmd).context("traced run")?;
         Ok((section_ms(&stamps)?, usage, db))
     }
@@ -403,6 +515,43 @@ fn render(r: &Report) -> String {
         "gpusleuth itself: {:.0} ms CPU per traced run (median), peak RSS {:.1} MB\n",
         r.tracer_cpu_ms_median, r.tracer_peak_rss_mb
     );
+    s += &render_footprint(&r.footprint);
     s += &super::bench_analysis::render(&r.analysis);
+    s
+}
+
+/// The footprint rows; empty when there are none.
+fn render_footprint(rows: &[Footprint]) -> String {
+    let mut s = String::new();
+    if rows.is_empty() {
+        return s;
+    }
+    s += &format!(
+            "\ntracer footprint (--launches full flood, workload pinned to CPU 0):\n{:>9} {:>9} {:>9} {:>6} {:>12} {:>12} {:>12} {:>12} {:>13} {:>15} {:>8}\n",
+            "launches", "placement", "events", "drops", "poller µs/ev", "writer µs/ev", "p+w µs/ev", "helpers µs/ev", "runnable ms", "by tracer ms", "RSS MB"
+        );
+    for f in rows {
+        s += &format!(
+                "{:>9} {:>9} {:>9} {:>6} {:>12.2} {:>12.2} {:>12.2} {:>12.2} {:>13.1} {:>15.1} {:>8.1}\n",
+                f.launches,
+                if f.placement { "on" } else { "off" },
+                f.events_stored,
+                f.drops,
+                f.poller_us_per_event,
+                f.writer_us_per_event,
+                f.tracer_us_per_event,
+                f.helpers_us_per_event,
+                f.traced_runnable_ms,
+                f.runnable_by_tracer_ms,
+                f.peak_rss_mb
+            );
+    }
+    let notes: std::collections::BTreeSet<&str> = rows
+        .iter()
+        .filter_map(|f| f.placement_note.as_deref())
+        .collect();
+    for note in notes {
+        s += &format!("  last {note}\n");
+    }
     s
 }

@@ -119,6 +119,8 @@ fn live(dir: &Path, keep: bool) -> Result<i32> {
         launches: sleuth_probe::LaunchMode::Driver,
         cuda_libs: vec![sim.libcudart.clone(), sim.libcuda.clone()],
         max_db: 256 << 20,
+        rotate: None,
+        keep: None,
         ring_size: sleuth_probe::DEFAULT_RING_BYTES as u64,
         torch_allocator: false,
         sites: true,

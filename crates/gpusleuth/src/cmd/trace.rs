@@ -8,7 +8,9 @@ use anyhow::{bail, Context, Result};
 use sleuth_core::record::stat;
 use sleuth_core::stats::EDGE_OPEN_AT_END;
 use sleuth_probe::{discover, monotonic_ns, CaptureSession, Captured, LaunchMode, SessionOptions};
-use sleuth_store::{LibraryInfo, NoteLevel, SessionInfo, TraceWriter, WriterHandle, WriterOptions};
+use sleuth_store::{
+    LibraryInfo, NoteLevel, SessionInfo, TraceWriter, WriteSummary, WriterHandle, WriterOptions,
+};
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -58,9 +60,19 @@ pub struct Args {
     /// Also probe this library file: libcudart.so*, libcuda.so* or libc10_cuda.so (repeatable).
     #[arg(long = "cuda-lib", value_name = "PATH")]
     pub cuda_libs: Vec<PathBuf>,
-    /// Database size cap (e.g. 512M, 2G); past it calls are counted, not stored.
+    /// Database size cap (e.g. 512M, 2G); past it calls are counted, not
+    /// stored. With --rotate it caps each file (the next file starts empty).
     #[arg(long = "max-db", default_value = "1G", value_parser = crate::args::size)]
     pub max_db: u64,
+    /// Start a new file every DURATION (e.g. 1h, 10m): --db then names a
+    /// directory that receives part-000001.db, part-000002.db, ..., each a
+    /// complete trace; `stats --db DIR` answers over the whole run.
+    #[arg(long, value_name = "DURATION", value_parser = crate::args::positive_duration)]
+    pub rotate: Option<Duration>,
+    /// With --rotate: keep only the last N files (the oldest are deleted
+    /// once the next one is complete; the file being written is never deleted).
+    #[arg(long, value_name = "N", requires = "rotate", value_parser = clap::value_parser!(u64).range(1..))]
+    pub keep: Option<u64>,
     /// Kernel ring buffer size (e.g. 8M, 64M): more absorbs longer bursts
     /// before events are dropped (drops are always counted and reported).
     #[arg(long = "ring-size", default_value = "8M", value_parser = crate::args::size)]
@@ -139,10 +151,14 @@ enum Target {
     All,
 }
 
-fn default_db_path() -> PathBuf {
+fn default_db_path(rotating: bool) -> PathBuf {
     PathBuf::from(
         chrono::Local::now()
-            .format("gpusleuth-%Y%m%d-%H%M%S.db")
+            .format(if rotating {
+                "gpusleuth-%Y%m%d-%H%M%S"
+            } else {
+                "gpusleuth-%Y%m%d-%H%M%S.db"
+            })
             .to_string(),
     )
 }
@@ -227,7 +243,17 @@ pub fn run(args: Args) -> Result<i32> {
     }
     sleuth_probe::preflight()?;
 
-    let db = args.db.clone().unwrap_or_else(default_db_path);
+    let out = args
+        .db
+        .clone()
+        .unwrap_or_else(|| default_db_path(args.rotate.is_some()));
+    let db = match args.rotate {
+        Some(_) => {
+            prepare_run_dir(&out, args.force)?;
+            out.join(sleuth_store::run::part_name(1))
+        }
+        None => out.clone(),
+    };
     let start_mono = monotonic_ns();
     let realtime_offset_ns = realtime_ns() - start_mono as i64;
     let info = SessionInfo {
@@ -254,6 +280,21 @@ pub fn run(args: Args) -> Result<i32> {
         background: true,
         ..Default::default()
     };
+    let rotation = args.rotate.map(|every| Rotation {
+        dir: out.clone(),
+        every,
+        keep: args.keep,
+        n: 1,
+        next_at: Instant::now() + every,
+        info: info.clone(),
+        opts: WriterOptions {
+            overwrite: false,
+            ..opts.clone()
+        },
+        stored: Stored::default(),
+        finishing: None,
+        totals: WriteSummary::default(),
+    });
     let writer = TraceWriter::create(&db, info, opts)
         .with_context(|| format!("cannot create trace database {}", db.display()))?;
     let handle = writer.handle();
@@ -264,6 +305,10 @@ pub fn run(args: Args) -> Result<i32> {
         Err(e) => {
             drop(handle);
             discard(writer, &db);
+            if rotation.is_some() {
+                // Only if empty: never a directory that holds anything else.
+                let _ = std::fs::remove_dir(&out);
+            }
             return Err(e);
         }
     };
@@ -307,14 +352,351 @@ pub fn run(args: Args) -> Result<i32> {
                 ),
                 Target::All => "every CUDA process".into(),
             },
-            db.display(),
+            match &rotation {
+                Some(r) => format!(
+                    "{}/ (a new file every {}{})",
+                    out.display(),
+                    sleuth_core::units::fmt_ns(
+                        u64::try_from(r.every.as_nanos()).unwrap_or(u64::MAX)
+                    ),
+                    r.keep
+                        .map(|k| format!(", the last {k} kept"))
+                        .unwrap_or_default()
+                ),
+                None => db.display().to_string(),
+            },
             session.attached().count(),
             args.launches.as_str()
         );
     }
     trace_loop(
-        &args, &target, db, writer, handle, session, sinks, child, sampler,
+        &args,
+        &target,
+        Output {
+            path: out,
+            writer,
+            handle,
+            rotation,
+        },
+        session,
+        sinks,
+        child,
+        sampler,
     )
+}
+
+/// Where the trace goes: one file, or (`--rotate`) the run directory and
+/// the file being written now.
+struct Output {
+    /// `--db`: the file, or the run directory.
+    path: PathBuf,
+    writer: TraceWriter,
+    handle: WriterHandle,
+    rotation: Option<Rotation>,
+}
+
+/// Makes `dir` ready for a run's files: created (mode 0700: traces hold
+/// command lines and paths) or an existing directory with no run in it
+/// (`--force` removes the old run's files, and only those).
+fn prepare_run_dir(dir: &Path, force: bool) -> Result<()> {
+    use std::os::unix::fs::DirBuilderExt as _;
+    match std::fs::symlink_metadata(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(dir)
+            .with_context(|| format!("cannot create run directory {}", dir.display())),
+        Err(e) => Err(e).with_context(|| format!("--db {}", dir.display())),
+        Ok(m) if !m.is_dir() => bail!(
+            "--db {}: exists and is not a directory (with --rotate, --db names a directory of files)",
+            dir.display()
+        ),
+        Ok(_) => {
+            let old = sleuth_store::run::run_files(dir)?;
+            if !old.is_empty() && !force {
+                bail!(
+                    "--db {}: already holds a run ({} files); {}",
+                    dir.display(),
+                    old.len(),
+                    crate::load::FORCE_HINT
+                );
+            }
+            for (_, f) in old {
+                sleuth_store::outfile::remove_database(&f);
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Counters a run's earlier files already stored: each file stores its own
+/// share, so a run's files add up to the session's totals.
+#[derive(Clone, Default)]
+struct Stored {
+    counters: [u64; stat::MAX],
+    counts: sleuth_probe::RecordCounts,
+    op_counts: Vec<sleuth_core::OpCount>,
+}
+
+/// Stores the session's counters minus what `before` says earlier files
+/// stored; returns the new totals.
+fn store_counters(
+    handle: &WriterHandle,
+    session: &CaptureSession,
+    before: &Stored,
+) -> Result<Stored, sleuth_store::StoreError> {
+    let now = Stored {
+        counters: session.losses().counters(),
+        counts: session.counts(),
+        op_counts: session.op_counts(),
+    };
+    let d = |i: usize| now.counters[i].saturating_sub(before.counters[i]);
+    for i in stat::losses() {
+        handle.set_stat(format!("drop_{}", stat::NAMES[i]), d(i))?;
+    }
+    // Lets `explain` recognise the tracer's own threads (never culprits).
+    handle.set_stat(
+        sleuth_core::threads::TRACER_PID_STAT,
+        u64::from(std::process::id()),
+    )?;
+    for i in (0..stat::MAX).filter(|&i| stat::is_attach_edge(i)) {
+        handle.set_stat(format!("edge_{}", stat::edge_name(i)), d(i))?;
+    }
+    let (c, b) = (now.counts, before.counts);
+    handle.set_stat("events_call", c.calls.saturating_sub(b.calls))?;
+    handle.set_stat("events_wait", c.waits.saturating_sub(b.waits))?;
+    handle.set_stat("events_proc", c.procs.saturating_sub(b.procs))?;
+    handle.set_stat(
+        "decode_errors",
+        c.decode_errors.saturating_sub(b.decode_errors),
+    )?;
+    handle.set_stat("sites_stored", c.stacks.saturating_sub(b.stacks))?;
+    let share: Vec<sleuth_core::OpCount> = now
+        .op_counts
+        .iter()
+        .filter_map(|oc| {
+            let earlier = before
+                .op_counts
+                .iter()
+                .find(|x| (x.pid, x.op) == (oc.pid, oc.op))
+                .map_or(0, |x| x.count);
+            let count = oc.count.saturating_sub(earlier);
+            (count > 0).then(|| sleuth_core::OpCount {
+                count,
+                ..oc.clone()
+            })
+        })
+        .collect();
+    handle.set_op_counts(share)?;
+    Ok(now)
+}
+
+/// The record of an attached library, as the trace stores it.
+fn library_info(a: &sleuth_probe::AttachedLib) -> LibraryInfo {
+    LibraryInfo {
+        path: a.lib.path.display().to_string(),
+        layer: Some(a.lib.layer),
+        dev: Some(a.lib.dev),
+        ino: Some(a.lib.ino),
+        attached_mono_ns: Some(a.attached_mono_ns),
+        probes: a.probes as u32,
+        missing: a.missing.iter().map(|s| s.to_string()).collect(),
+    }
+}
+
+/// `--rotate`: the run being written and when its next file starts.
+///
+/// A record goes to the file open when the draining thread takes it from
+/// the ring buffer, so every call and wait is in exactly one file; a call
+/// open across a rotation is recorded at its return, in the later file,
+/// with its real start (before that file's `start_mono_ns`).
+struct Rotation {
+    dir: PathBuf,
+    every: Duration,
+    keep: Option<u64>,
+    /// Number of the file being written.
+    n: u64,
+    next_at: Instant,
+    /// The session row every file starts from (its start time replaced).
+    info: SessionInfo,
+    opts: WriterOptions,
+    stored: Stored,
+    /// The previous file being completed (rollups, checkpoint) off the draining thread.
+    finishing: Option<std::thread::JoinHandle<Result<WriteSummary, String>>>,
+    /// What the finished files stored.
+    totals: WriteSummary,
+}
+
+impl Rotation {
+    /// Ends the current file and continues in the next one. If the next
+    /// file cannot be created (disk full, directory gone), recording goes on
+    /// in the current one, with a warning, and the next period tries again.
+    fn rotate(
+        &mut self,
+        writer: &mut TraceWriter,
+        handle: &mut WriterHandle,
+        session: &mut CaptureSession,
+        sinks: &mut Sinks,
+        sampler: Option<&GpuSampler>,
+    ) {
+        // Never a burst of rotations after a stall: the next one is a period from now.
+        self.next_at = Instant::now() + self.every;
+        let now = monotonic_ns();
+        let path = self.dir.join(sleuth_store::run::part_name(self.n + 1));
+        let info = SessionInfo {
+            started_unix_ns: realtime_ns(),
+            start_mono_ns: now,
+            ..self.info.clone()
+        };
+        let next = match TraceWriter::create(&path, info, self.opts.clone()) {
+            Ok(w) => w,
+            Err(e) => {
+                sinks.note(
+                    NoteLevel::Warn,
+                    format!(
+                        "--rotate: cannot start {} ({e}); recording continues in {}",
+                        path.display(),
+                        writer.path().display()
+                    ),
+                );
+                return;
+            }
+        };
+        match store_counters(handle, session, &self.stored) {
+            Ok(s) => self.stored = s,
+            Err(e) => sinks.check(Err(e)),
+        }
+        let r = handle.set_session_end(now);
+        sinks.check(r);
+        let new_handle = next.handle();
+        let old_writer = std::mem::replace(writer, next);
+        let old_handle = std::mem::replace(handle, new_handle.clone());
+        sinks.handle = new_handle.clone();
+        // Its symbolizer thread still names stacks for the old file.
+        let old_stacks = std::mem::take(&mut sinks.stacks);
+        if let Some(s) = sampler {
+            s.set_handle(new_handle.clone());
+        }
+        // Sites are sent once per id: sent again, the new file names its calls' sites.
+        session.forget_stacks();
+        self.n += 1;
+        // What makes the new file a trace of its own: libraries and processes.
+        for a in session.attached() {
+            let r = new_handle.add_library(library_info(a));
+            sinks.check(r);
+        }
+        for pid in session.known_pids() {
+            sinks.take(Captured::Process(pid));
+        }
+        let r = new_handle.add_note(
+            NoteLevel::Info,
+            format!(
+                "file {} of a run that starts a new file every {}: calls and waits are stored in the file open when they ended",
+                self.n,
+                sleuth_core::units::fmt_ns(u64::try_from(self.every.as_nanos()).unwrap_or(u64::MAX))
+            ),
+        );
+        sinks.check(r);
+        self.join_previous();
+        let (dir, keep, current) = (self.dir.clone(), self.keep, self.n);
+        let complete = move || {
+            drop(old_stacks);
+            drop(old_handle);
+            let r = old_writer.finish().map_err(|e| e.to_string());
+            if let Some(keep) = keep {
+                prune(&dir, keep, current);
+            }
+            r
+        };
+        // Completing a file (rollups, checkpoint) takes seconds on a big one:
+        // on its own low-priority thread, never on the draining one.
+        match std::thread::Builder::new()
+            .name("gpusleuth-rot".into())
+            .spawn(move || {
+                sleuth_probe::placement::lower_this_thread();
+                complete()
+            }) {
+            Ok(t) => self.finishing = Some(t),
+            // No thread (out of memory): the old file keeps what its writer
+            // committed, without rollups; `stats` over the run says so.
+            Err(e) => sinks.note(
+                NoteLevel::Warn,
+                format!("--rotate: cannot complete the previous file ({e})"),
+            ),
+        }
+    }
+
+    /// Waits for the previous file to be complete and counts what it stored.
+    fn join_previous(&mut self) {
+        if let Some(t) = self.finishing.take() {
+            let r = t
+                .join()
+                .unwrap_or_else(|_| Err("the rotation thread panicked".into()));
+            self.add(r);
+        }
+    }
+
+    fn add(&mut self, r: Result<WriteSummary, String>) {
+        match r {
+            Ok(s) => {
+                let t = &mut self.totals;
+                t.calls_stored += s.calls_stored;
+                t.waits_stored += s.waits_stored;
+                t.proc_events_stored += s.proc_events_stored;
+                t.dropped_db_full += s.dropped_db_full;
+                t.call_culprit_rows += s.call_culprit_rows;
+                t.db_bytes += s.db_bytes;
+            }
+            Err(e) => {
+                eprintln!("gpusleuth: warning: a file of the run could not be completed: {e}")
+            }
+        }
+    }
+
+    /// The run's totals once its last file (`last`) is complete.
+    fn finish(mut self, last: WriteSummary) -> WriteSummary {
+        self.join_previous();
+        self.add(Ok(last));
+        if let Some(keep) = self.keep {
+            prune(&self.dir, keep, self.n);
+        }
+        self.totals
+    }
+}
+
+/// Deletes a run's oldest files until `keep` remain; never file `current`
+/// (the one being written) or anything newer.
+fn prune(dir: &Path, keep: u64, current: u64) {
+    let Ok(files) = sleuth_store::run::run_files(dir) else {
+        return;
+    };
+    let excess = files
+        .len()
+        .saturating_sub(usize::try_from(keep).unwrap_or(usize::MAX));
+    for (n, f) in files.into_iter().take(excess) {
+        if n < current {
+            sleuth_store::outfile::remove_database(&f);
+        }
+    }
+}
+
+/// Re-applies the tracer threads' placement for the traced processes (the
+/// session's and `scanned`); a changed decision becomes a note.
+fn place(
+    placement: &mut Option<sleuth_probe::placement::Placement>,
+    session: &CaptureSession,
+    scanned: &[u32],
+    sinks: &mut Sinks,
+) {
+    let Some(p) = placement.as_mut() else {
+        return;
+    };
+    let mut traced = session.known_pids();
+    traced.extend(scanned);
+    traced.sort_unstable();
+    traced.dedup();
+    if let Some(d) = p.update(&traced) {
+        sinks.note(NoteLevel::Info, format!("placement: {}", d.describe()));
+    }
 }
 
 /// Removes a trace that recorded nothing (its command never started).
@@ -397,18 +779,25 @@ fn start(
 fn trace_loop(
     args: &Args,
     target: &Target,
-    db: PathBuf,
-    writer: TraceWriter,
-    handle: WriterHandle,
+    output: Output,
     mut session: CaptureSession,
     mut sinks: Sinks,
     child: Option<u32>,
     sampler: Option<GpuSampler>,
 ) -> Result<i32> {
+    let Output {
+        path: out,
+        mut writer,
+        mut handle,
+        mut rotation,
+    } = output;
     let start_mono = session.start_mono();
     signals::install();
     let t0 = Instant::now();
     let mut last_scan = Instant::now();
+    // Read our CPUs now, before any pinning (the launched command is already running).
+    let mut placement = sleuth_probe::placement::Placement::from_env();
+    place(&mut placement, &session, &[], &mut sinks);
     let mut last_render = Instant::now();
     let mut child_exit: Option<i32> = None;
     let mut child_exit_at: Option<Instant> = None;
@@ -443,6 +832,15 @@ fn trace_loop(
         if args.duration.is_some_and(|d| t0.elapsed() >= d) {
             break true;
         }
+        if let Some(r) = rotation.as_mut().filter(|r| Instant::now() >= r.next_at) {
+            r.rotate(
+                &mut writer,
+                &mut handle,
+                &mut session,
+                &mut sinks,
+                sampler.as_ref(),
+            );
+        }
         if last_scan.elapsed() >= Duration::from_millis(200) {
             last_scan = Instant::now();
             if sinks.metrics.is_some() {
@@ -455,6 +853,8 @@ fn trace_loop(
                 s.set_pids(pids.iter().copied());
             }
             session.rescan(&pids, |c| sinks.take(c));
+            // With every rescan: a traced program may change its affinity or start threads.
+            place(&mut placement, &session, &pids, &mut sinks);
         }
         if last_render.elapsed() >= Duration::from_secs(if live_tty() { 1 } else { 5 }) {
             last_render = Instant::now();
@@ -506,6 +906,7 @@ fn trace_loop(
     let losses = session.losses();
     let counts = session.counts();
     let op_counts = session.op_counts();
+
     let counted_calls: u64 = op_counts.iter().map(|c| c.count).sum();
     let coverage = coverage_warning(
         session.attached().count(),
@@ -519,30 +920,24 @@ fn trace_loop(
         if let Some((NoteLevel::Warn, text)) = &coverage {
             handle.add_note(NoteLevel::Warn, text.clone())?;
         }
-        let counters = losses.counters();
-        for i in stat::losses() {
-            handle.set_stat(format!("drop_{}", stat::NAMES[i]), counters[i])?;
-        }
-        // Lets `explain` recognise the tracer's own threads (never culprits).
-        handle.set_stat(
-            sleuth_core::threads::TRACER_PID_STAT,
-            u64::from(std::process::id()),
-        )?;
-        for i in (0..stat::MAX).filter(|&i| stat::is_attach_edge(i)) {
-            handle.set_stat(format!("edge_{}", stat::edge_name(i)), counters[i])?;
-        }
+        // This file's share of the counters (all of them without --rotate).
+        let before = rotation
+            .as_ref()
+            .map(|r| r.stored.clone())
+            .unwrap_or_default();
+        store_counters(&handle, &session, &before)?;
         handle.set_stat(format!("edge_{EDGE_OPEN_AT_END}"), open_calls)?;
-        handle.set_stat("events_call", counts.calls)?;
-        handle.set_stat("events_wait", counts.waits)?;
-        handle.set_stat("events_proc", counts.procs)?;
-        handle.set_stat("decode_errors", counts.decode_errors)?;
-        handle.set_stat("sites_stored", counts.stacks)?;
         // Kernel state left behind by traced processes: 0 once they all exited.
         let (traced_left, threads_left) = session.map_occupancy();
         handle.set_stat("map_traced_left", traced_left as u64)?;
         handle.set_stat("map_threads_left", threads_left as u64)?;
-        handle.set_op_counts(op_counts.clone())?;
         handle.set_session_end(end_mono)?;
+        // The tracer's own CPU while tracing (the file's completion after this
+        // is not in it): `bench` divides it by the events stored.
+        let cpu = sleuth_probe::placement::tracer_cpu();
+        handle.set_stat("tracer_cpu_ns_poller", cpu.poller_ns)?;
+        handle.set_stat("tracer_cpu_ns_writer", cpu.writer_ns)?;
+        handle.set_stat("tracer_cpu_ns_helpers", cpu.helpers_ns)?;
         if child.is_some() && child_exit.is_none() && signals::interrupts() >= 2 {
             handle.add_note(
                 NoteLevel::Warn,
@@ -559,10 +954,21 @@ fn trace_loop(
     sinks.live.finish();
     drop(sinks);
     drop(session); // detaches every probe before the report
-    let summary = writer
+    let db = writer.path().to_path_buf();
+    let mut summary = writer
         .finish()
         .context("cannot finish the trace database")?;
     meta_result.context("cannot store the trace's counters")?;
+    // A run: the earlier files' counts too, and the answer over the run.
+    let (db, files) = match rotation {
+        Some(r) => {
+            let n = r.n;
+            summary = r.finish(summary);
+            let kept = sleuth_store::run::run_files(&out).map_or(0, |f| f.len());
+            (out, format!(" ({n} files written, {kept} kept)"))
+        }
+        None => (db, String::new()),
+    };
 
     if !args.quiet {
         // The final table comes from the database: exact, and what a later `stats` shows.
@@ -574,7 +980,7 @@ fn trace_loop(
         );
     }
     eprintln!(
-        "gpusleuth: trace saved to {} — {} calls, {} waits, {} process events recorded; dropped: {} (ring buffer full), {} (kernel maps full), {} (database cap); attach edges (not losses): {} return(s) of calls begun before tracing, {} call(s) open at the end",
+        "gpusleuth: trace saved to {}{files} — {} calls, {} waits, {} process events recorded; dropped: {} (ring buffer full), {} (kernel maps full), {} (database cap); attach edges (not losses): {} return(s) of calls begun before tracing, {} call(s) open at the end",
         db.display(),
         summary.calls_stored,
         summary.waits_stored,
@@ -717,15 +1123,7 @@ impl Sinks {
             }
             Captured::Attached { lib: a, late } => {
                 let secs = a.attached_mono_ns.saturating_sub(self.start_mono) as f64 / 1e9;
-                let r = self.handle.add_library(LibraryInfo {
-                    path: a.lib.path.display().to_string(),
-                    layer: Some(a.lib.layer),
-                    dev: Some(a.lib.dev),
-                    ino: Some(a.lib.ino),
-                    attached_mono_ns: Some(a.attached_mono_ns),
-                    probes: a.probes as u32,
-                    missing: a.missing.iter().map(|s| s.to_string()).collect(),
-                });
+                let r = self.handle.add_library(library_info(&a));
                 self.check(r);
                 if a.lib.layer == sleuth_core::Layer::Torch && a.probes == 0 {
                     self.note(NoteLevel::Warn, format!(

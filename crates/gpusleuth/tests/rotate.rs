@@ -1,0 +1,158 @@
+//! `trace --rotate DURATION --keep N` end to end (real eBPF, simulated CUDA):
+//! a run of several files whose merged `stats` equals what the workload did.
+
+mod common;
+
+use common::{stats_count, stats_json, Sandbox};
+use std::path::{Path, PathBuf};
+
+/// 20 steps of 80 ms: about 1.6 s of calls, so a 300 ms period rotates
+/// at least 4 times while calls are being made.
+const SCRIPT: &str = "repeat 20 { malloc 4096 a; free a; memcpy 4096; sleep 80 }";
+const OPS: [&str; 3] = ["cudaMalloc", "cudaFree", "cudaMemcpy"];
+
+/// The run's files, oldest first, with their numbers.
+fn parts(dir: &Path) -> Vec<(u64, PathBuf)> {
+    let mut v: Vec<(u64, PathBuf)> = std::fs::read_dir(dir)
+        .expect("run directory")
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let n = name
+                .strip_prefix("part-")?
+                .strip_suffix(".db")?
+                .parse()
+                .ok()?;
+            Some((n, e.path()))
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// Calls of `op` in each file read alone, added up.
+fn sum_of_files(files: &[(u64, PathBuf)], op: &str) -> u64 {
+    files
+        .iter()
+        .map(|(_, f)| stats_count(&stats_json(f), "runtime", op))
+        .sum()
+}
+
+#[test]
+fn a_rotating_trace_adds_up_to_what_the_workload_did() {
+    let Some(sb) = Sandbox::for_ebpf("rotate") else {
+        return;
+    };
+    let out = sb.trace(&["--rotate", "300ms"], SCRIPT, 0);
+    let run = sb.db();
+    let files = parts(&run);
+    assert!(
+        files.len() >= 3,
+        "at least two rotations: {files:?}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let numbers: Vec<u64> = files.iter().map(|f| f.0).collect();
+    assert_eq!(numbers, (1..=files.len() as u64).collect::<Vec<_>>());
+    let truth = sb.truth();
+    assert_eq!(truth.len(), 1);
+    let stats = stats_json(&run);
+    for op in OPS {
+        let want = truth[0].runtime.get(op).copied().unwrap_or(0);
+        assert_eq!(want, 20, "the script makes 20 {op}");
+        // Over the run: every call once, none lost at a rotation, none twice.
+        assert_eq!(
+            stats_count(&stats, "runtime", op),
+            want,
+            "{op} over the run"
+        );
+        assert_eq!(sum_of_files(&files, op), want, "{op} added file by file");
+    }
+    // The files between the first and the last hold calls of their own.
+    assert!(
+        files[1..files.len() - 1].iter().any(|(_, f)| stats_count(
+            &stats_json(f),
+            "runtime",
+            "cudaMalloc"
+        ) > 0),
+        "calls spread over the files"
+    );
+}
+
+#[test]
+fn keep_leaves_the_last_files_and_the_run_answers_over_them() {
+    let Some(sb) = Sandbox::for_ebpf("rotate-keep") else {
+        return;
+    };
+    sb.trace(&["--rotate", "300ms", "--keep", "2"], SCRIPT, 0);
+    let run = sb.db();
+    let files = parts(&run);
+    assert_eq!(files.len(), 2, "{files:?}");
+    // The newest two: older files were written, then deleted.
+    assert!(files[0].0 >= 3, "{files:?}");
+    assert_eq!(files[1].0, files[0].0 + 1);
+    let stats = stats_json(&run);
+    let all = sb.truth()[0].runtime["cudaMalloc"];
+    let kept = stats_count(&stats, "runtime", "cudaMalloc");
+    assert_eq!(kept, sum_of_files(&files, "cudaMalloc"));
+    assert!(
+        kept < all,
+        "deleted files took their calls along: {kept} of {all}"
+    );
+}
+
+#[test]
+fn a_run_directory_is_refused_where_a_file_is_expected_and_an_old_run_is_kept() {
+    let sb = Sandbox::new("rotate-args");
+    let file = sb.path("plain.db");
+    std::fs::write(&file, b"x").expect("write");
+    let out = common::gpusleuth()
+        .args(["trace", "--rotate", "1s", "--db"])
+        .arg(&file)
+        .args(["--", "true"])
+        .output()
+        .expect("run trace");
+    common::assert_no_panic(&out);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("is not a directory"), "{err}");
+    // A directory that holds a run already: refused without --force, files untouched.
+    let old = sb.path("old-run");
+    std::fs::create_dir(&old).expect("mkdir");
+    std::fs::write(old.join("part-000001.db"), b"old").expect("write");
+    let out = common::gpusleuth()
+        .args(["trace", "--rotate", "1s", "--db"])
+        .arg(&old)
+        .args(["--", "true"])
+        .output()
+        .expect("run trace");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("already holds a run"), "{err}");
+    assert_eq!(
+        std::fs::read(old.join("part-000001.db")).expect("still there"),
+        b"old"
+    );
+    let keep = common::gpusleuth()
+        .args(["trace", "--keep", "2", "--", "true"])
+        .output()
+        .expect("run trace");
+    assert!(!keep.status.success());
+    assert!(
+        String::from_utf8_lossy(&keep.stderr).contains("--rotate"),
+        "--keep needs --rotate"
+    );
+    let empty = sb.path("empty-run");
+    std::fs::create_dir(&empty).expect("mkdir");
+    let out = common::gpusleuth()
+        .args(["stats", "--db"])
+        .arg(&empty)
+        .output()
+        .expect("run stats");
+    common::assert_no_panic(&out);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("not a trace run"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

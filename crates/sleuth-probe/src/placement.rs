@@ -1,0 +1,283 @@
+//! Keeping the tracer's own threads out of the traced program's way.
+//!
+//! The traced threads' allowed CPUs are read (`sched_getaffinity` of every
+//! thread of every traced process) and compared with the CPUs gpusleuth may
+//! use. When some of ours are outside every traced thread's set, the
+//! tracer's threads (the draining thread and every `gpusleuth-*` helper:
+//! writer, symbolizer, live view, NVML sampler, rotation) are pinned there:
+//! they cannot preempt a traced thread at all. When there are none (the
+//! usual unpinned program may run anywhere), nothing is pinned: pinning the
+//! tracer to one CPU would put it on a CPU the program uses anyway, and
+//! crowd its own threads. The helpers run at nice +10 in both cases; the
+//! draining thread keeps nice 0, because it must keep up with the ring
+//! buffer (a starved consumer loses events, which are counted, but lost).
+//!
+//! `GPUSLEUTH_PLACEMENT=off` turns all of this off (for before/after
+//! measurements in one binary: `gpusleuth bench`); the writer then keeps
+//! only the nice +10 it always sets itself.
+
+use std::collections::BTreeSet;
+
+/// The environment variable that turns placement off (`off`).
+pub const PLACEMENT_ENV: &str = "GPUSLEUTH_PLACEMENT";
+/// Nice value of the tracer's helper threads.
+pub const HELPER_NICE: i32 = 10;
+/// Thread names (prefix) of the tracer's helper threads.
+const HELPER_PREFIX: &str = "gpusleuth-";
+
+/// A set of CPU numbers.
+pub type Cpus = BTreeSet<usize>;
+
+/// Lowers the calling thread to [`HELPER_NICE`] (a helper thread's first call).
+pub fn lower_this_thread() {
+    set_nice(gettid(), HELPER_NICE);
+}
+
+fn gettid() -> u32 {
+    // SAFETY: gettid has no preconditions and cannot fail.
+    unsafe { libc::gettid() as u32 }
+}
+
+fn set_nice(tid: u32, nice: i32) -> bool {
+    // SAFETY: setpriority takes plain integers; with PRIO_PROCESS and a tid
+    // it changes only that thread's nice value (lowering needs no privilege).
+    unsafe { libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, nice) == 0 }
+}
+
+/// The CPUs thread `tid` may run on; None if it is gone.
+pub fn affinity(tid: u32) -> Option<Cpus> {
+    // SAFETY: an all-zero cpu_set_t is a valid empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid cpu_set_t of the size passed; the kernel writes at most that much.
+    let r = unsafe {
+        libc::sched_getaffinity(
+            tid as libc::pid_t,
+            std::mem::size_of::<libc::cpu_set_t>(),
+            &mut set,
+        )
+    };
+    if r != 0 {
+        return None;
+    }
+    let max = 8 * std::mem::size_of::<libc::cpu_set_t>();
+    // SAFETY: CPU_ISSET reads bit `c` of a valid set; c < the set's size in bits.
+    Some(
+        (0..max)
+            .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+            .collect(),
+    )
+}
+
+/// Restricts thread `tid` to `cpus`; false if the kernel refused.
+pub fn set_affinity(tid: u32, cpus: &Cpus) -> bool {
+    // SAFETY: an all-zero cpu_set_t is a valid empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    let max = 8 * std::mem::size_of::<libc::cpu_set_t>();
+    for &c in cpus.iter().filter(|&&c| c < max) {
+        // SAFETY: c is within the set's size (checked above).
+        unsafe { libc::CPU_SET(c, &mut set) };
+    }
+    // SAFETY: `set` is a valid cpu_set_t of the size passed, read only by the kernel.
+    unsafe {
+        libc::sched_setaffinity(
+            tid as libc::pid_t,
+            std::mem::size_of::<libc::cpu_set_t>(),
+            &set,
+        ) == 0
+    }
+}
+
+/// The threads of process `pid` (`/proc/PID/task`); empty if it is gone.
+fn threads_of(pid: u32) -> Vec<u32> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The CPUs any thread of the traced processes may run on.
+pub fn traced_cpus(pids: &[u32]) -> Cpus {
+    pids.iter()
+        .flat_map(|&p| threads_of(p))
+        .filter_map(affinity)
+        .flatten()
+        .collect()
+}
+
+/// CPUs the tracer may use that no traced thread may use (pure).
+pub fn spare_cpus(ours: &Cpus, traced: &Cpus) -> Cpus {
+    ours.difference(traced).copied().collect()
+}
+
+/// What placement decided, for the trace's notes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Tracer threads pinned to these CPUs (none of them a traced thread's).
+    Pinned(Cpus),
+    /// Every CPU of ours may run a traced thread: unpinned, helpers at nice +10.
+    Shared,
+}
+
+impl Decision {
+    pub fn describe(&self) -> String {
+        match self {
+            Decision::Pinned(c) => format!(
+                "tracer threads pinned to CPU {} (outside the traced threads' CPUs); helpers at nice +{HELPER_NICE}",
+                cpu_list(c)
+            ),
+            Decision::Shared => format!(
+                "the traced threads may run on every CPU: tracer threads not pinned; helpers at nice +{HELPER_NICE}, the ring-buffer consumer at normal priority"
+            ),
+        }
+    }
+}
+
+/// `0-3,8` style list.
+pub fn cpu_list(c: &Cpus) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut it = c.iter().copied().peekable();
+    while let Some(lo) = it.next() {
+        let mut hi = lo;
+        while it.peek() == Some(&(hi + 1)) {
+            hi += 1;
+            it.next();
+        }
+        out.push(if lo == hi {
+            lo.to_string()
+        } else {
+            format!("{lo}-{hi}")
+        });
+    }
+    out.join(",")
+}
+
+/// Placement state of one trace: re-applied as traced processes and the
+/// tracer's threads come and go.
+pub struct Placement {
+    /// CPUs gpusleuth was allowed at start (before any pinning of its own).
+    ours: Cpus,
+    decision: Option<Decision>,
+    /// Helper threads already lowered.
+    lowered: BTreeSet<u32>,
+}
+
+impl Placement {
+    /// None when turned off (`GPUSLEUTH_PLACEMENT=off`) or when our own CPUs
+    /// cannot be read. Call before pinning anything (it reads ours).
+    pub fn from_env() -> Option<Placement> {
+        if std::env::var(PLACEMENT_ENV).is_ok_and(|v| v == "off") {
+            return None;
+        }
+        Some(Placement {
+            ours: affinity(std::process::id())?,
+            decision: None,
+            lowered: BTreeSet::new(),
+        })
+    }
+
+    /// Places the tracer's threads for the traced processes `pids`. Returns
+    /// the decision when it changed (to be noted in the trace).
+    pub fn update(&mut self, pids: &[u32]) -> Option<Decision> {
+        let me = std::process::id();
+        let spare = spare_cpus(&self.ours, &traced_cpus(pids));
+        let decision = if spare.is_empty() || pids.is_empty() {
+            Decision::Shared
+        } else {
+            Decision::Pinned(spare)
+        };
+        let tids = threads_of(me);
+        for &tid in &tids {
+            let helper = tid != me && thread_name(me, tid).starts_with(HELPER_PREFIX);
+            if helper && self.lowered.insert(tid) {
+                set_nice(tid, HELPER_NICE);
+            }
+            let cpus = match &decision {
+                Decision::Pinned(c) => c,
+                Decision::Shared => &self.ours,
+            };
+            // Only our own threads; a thread that just ended is simply skipped.
+            if affinity(tid).as_ref() != Some(cpus) {
+                set_affinity(tid, cpus);
+            }
+        }
+        self.lowered.retain(|t| tids.contains(t));
+        if self.decision.as_ref() == Some(&decision) {
+            return None;
+        }
+        self.decision = Some(decision.clone());
+        Some(decision)
+    }
+}
+
+/// CPU time of the tracer's own threads so far, in ns: the draining thread
+/// (the main thread), the writer (`gpusleuth-db`) and every other
+/// `gpusleuth-*` helper. From `/proc/self/task/*/schedstat` (time on CPU,
+/// exact); threads that already ended are not in it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TracerCpu {
+    pub poller_ns: u64,
+    pub writer_ns: u64,
+    pub helpers_ns: u64,
+}
+
+pub fn tracer_cpu() -> TracerCpu {
+    let me = std::process::id();
+    let mut t = TracerCpu::default();
+    for tid in threads_of(me) {
+        let Some(ns) = std::fs::read_to_string(format!("/proc/{me}/task/{tid}/schedstat"))
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        else {
+            continue;
+        };
+        let name = thread_name(me, tid);
+        if tid == me {
+            t.poller_ns += ns;
+        } else if name == "gpusleuth-db" {
+            t.writer_ns += ns;
+        } else if name.starts_with(HELPER_PREFIX) {
+            t.helpers_ns += ns;
+        }
+    }
+    t
+}
+
+fn thread_name(pid: u32, tid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm"))
+        .map(|s| s.trim_end().to_string())
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(v: &[usize]) -> Cpus {
+        v.iter().copied().collect()
+    }
+
+    #[test]
+    fn spare_cpus_are_ours_minus_the_traced_ones() {
+        assert_eq!(spare_cpus(&set(&[0, 1, 2, 3]), &set(&[0, 1])), set(&[2, 3]));
+        assert!(spare_cpus(&set(&[0, 1]), &set(&[0, 1, 2])).is_empty());
+        assert_eq!(cpu_list(&set(&[0, 1, 2, 5, 7, 8])), "0-2,5,7-8");
+        assert_eq!(cpu_list(&set(&[])), "");
+    }
+
+    #[test]
+    fn a_thread_reads_back_the_affinity_it_was_given() {
+        // A thread of its own, so the test runner's threads keep theirs.
+        let got = std::thread::spawn(|| {
+            let all = affinity(gettid()).expect("own affinity");
+            let first: Cpus = all.iter().copied().take(1).collect();
+            assert!(set_affinity(gettid(), &first));
+            (first.clone(), affinity(gettid()).expect("read back"))
+        })
+        .join()
+        .expect("thread");
+        assert_eq!(got.0, got.1);
+    }
+}

@@ -1,0 +1,145 @@
+//! A run: the files one `trace --rotate` wrote, read as one trace for the
+//! answers that add up (`stats`).
+//!
+//! A rotating trace writes into a directory, one complete trace per period:
+//! `part-000001.db`, `part-000002.db`, ... (six digits, zero-padded, so names
+//! sort in write order; more than 999,999 files still sort by number). Each
+//! file is a complete trace with its own rollups, so any command reads any
+//! one of them; [`Run::stats_report`] merges the rollups of every finished
+//! file (per-op histograms, counts, totals, maxima, culprit sums, thread
+//! splits, counters, kernel op counts) into one answer over the run.
+
+use crate::error::StoreError;
+use crate::reader::Trace;
+use sleuth_core::rollup::{merge_counters, merge_op_counts, StoredRollups};
+use sleuth_core::stats::StatsReport;
+use sleuth_core::TraceData;
+use std::path::{Path, PathBuf};
+
+const PART_PREFIX: &str = "part-";
+const PART_SUFFIX: &str = ".db";
+
+/// The file name of a run's `n`th file (1-based).
+pub fn part_name(n: u64) -> String {
+    format!("{PART_PREFIX}{n:06}{PART_SUFFIX}")
+}
+
+/// The number of a run's file from its name; None for any other name.
+pub fn part_number(name: &str) -> Option<u64> {
+    let digits = name.strip_prefix(PART_PREFIX)?.strip_suffix(PART_SUFFIX)?;
+    if digits.len() < 6 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// The files of a run directory, oldest first (by number).
+pub fn run_files(dir: &Path) -> Result<Vec<(u64, PathBuf)>, StoreError> {
+    let entries = std::fs::read_dir(dir).map_err(|e| StoreError::io(dir, e))?;
+    let mut files = Vec::new();
+    for e in entries {
+        let e = e.map_err(|e| StoreError::io(dir, e))?;
+        let name = e.file_name();
+        if let Some(n) = name.to_str().and_then(part_number) {
+            files.push((n, e.path()));
+        }
+    }
+    files.sort();
+    Ok(files)
+}
+
+/// The merged stats of a run, and the files it could not use.
+#[derive(Debug)]
+pub struct RunStats {
+    pub report: StatsReport,
+    /// Files read, oldest first.
+    pub files: Vec<PathBuf>,
+    /// Files without complete rollups (the one still being written, or one
+    /// whose writer was killed): not in the answer.
+    pub incomplete: Vec<PathBuf>,
+}
+
+/// The stats answer over every finished file of the run directory `dir`
+/// (one process with `pid`: an error when no file holds it). A directory
+/// with no finished file is an error naming it.
+pub fn run_stats(dir: &Path, pid: Option<u32>) -> Result<RunStats, StoreError> {
+    let listed = run_files(dir)?;
+    if listed.is_empty() {
+        return Err(StoreError::file(
+            dir,
+            format!(
+                "not a trace run: no {} files in this directory (written by `trace --rotate`)",
+                part_name(1).replace("000001", "NNNNNN")
+            ),
+        ));
+    }
+    let mut rollups = StoredRollups::default();
+    let mut base = TraceData {
+        has_host_context: true,
+        ..Default::default()
+    };
+    let (mut files, mut incomplete) = (Vec::new(), Vec::new());
+    let mut pid_seen = pid.is_none();
+    for (_, path) in listed {
+        let trace = Trace::open(&path)?;
+        if !trace.has_rollups()? {
+            incomplete.push(path);
+            continue;
+        }
+        if let Some(p) = pid {
+            if !trace.pids()?.contains(&p) {
+                files.push(path);
+                continue;
+            }
+            pid_seen = true;
+        }
+        let read = |e| StoreError::Sqlite {
+            path: path.clone(),
+            source: e,
+        };
+        rollups.merge(trace.stored_rollups(pid).map_err(read)?);
+        merge_counters(&mut base.stats, &trace.stats()?);
+        merge_op_counts(&mut base.counts, &trace.op_counts(pid)?);
+        base.has_host_context &= trace.has_host_context();
+        files.push(path);
+    }
+    if files.is_empty() {
+        return Err(StoreError::file(
+            dir,
+            "no finished file in this run yet (the first file is still being written)",
+        ));
+    }
+    if !pid_seen {
+        return Err(StoreError::file(
+            dir,
+            format!("no process {} in this run", pid.unwrap_or_default()),
+        ));
+    }
+    Ok(RunStats {
+        report: sleuth_core::rollup::stats_report(&rollups, pid, &base),
+        files,
+        incomplete,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn part_names_round_trip_and_nothing_else_matches() {
+        assert_eq!(part_name(1), "part-000001.db");
+        assert_eq!(part_name(1_234_567), "part-1234567.db");
+        for n in [1, 42, 999_999, 1_000_000] {
+            assert_eq!(part_number(&part_name(n)), Some(n));
+        }
+        for other in [
+            "part-1.db",
+            "part-00000a.db",
+            "trace.db",
+            "part-000001.db-wal",
+        ] {
+            assert_eq!(part_number(other), None, "{other}");
+        }
+    }
+}
