@@ -12,7 +12,7 @@
 
 use crate::budget::{ReadBudget, DEFAULT_READ_TIMEOUT};
 use crate::open::{has_table, open_trace_file};
-use crate::reader::{check_schema, Trace};
+use crate::reader::{check_is_trace, check_schema, Trace};
 use crate::rows::{call_from_row, calls_sql};
 use crate::StoreError;
 use rusqlite::{params, Connection, OptionalExtension};
@@ -269,8 +269,11 @@ fn plain_table(conn: &Connection, table: &str, cols: &[&str]) -> rusqlite::Resul
 /// short: `FindingInputs::of` over the loaded trace answers then).
 pub fn finding_inputs(trace: &Trace) -> Result<Option<FindingInputs>, StoreError> {
     let path = trace.path();
+    // Example calls are read from the per-call table: checked first on large files.
+    trace.bulk()?;
     let conn = open_trace_file(path, &ReadBudget::new(DEFAULT_READ_TIMEOUT))?;
-    check_schema(&conn, path)?;
+    let (_, version) = check_is_trace(&conn, path)?;
+    check_schema(&conn, path, version)?;
     let err = |e: rusqlite::Error| StoreError::file(path, format!("finding rollups: {e}"));
     let done: Option<String> = conn
         .query_row(

@@ -69,6 +69,8 @@ pub struct Rows {
     budget: ReadBudget,
     /// `calls.stack_id` exists (traces taken since call sites were captured).
     has_stacks: bool,
+    /// The file's schema version (which table holds the call rows).
+    version: i64,
 }
 
 impl Rows {
@@ -79,18 +81,22 @@ impl Rows {
 
     /// Streams from `trace` under `budget` (the caller's deadline and cancellation).
     pub fn open_with(trace: &Trace, budget: ReadBudget) -> Result<Rows, StoreError> {
+        // The per-call and per-wait tables of a large file are checked before
+        // the first read of them (`Trace::bulk`); this stream reads them too.
+        trace.bulk()?;
         let path = trace.path().to_path_buf();
         let conn = open_trace_file(&path, &budget)?;
         // The file was checked through the first connection; a file replaced
         // since then must still be a trace of our schema (the cheap checks).
-        check_is_trace(&conn, &path)?;
-        check_schema(&conn, &path)?;
+        let (_, version) = check_is_trace(&conn, &path)?;
+        check_schema(&conn, &path, version)?;
         let has_stacks = has_column(&conn, "calls", "stack_id").at(&path)?;
         Ok(Rows {
             conn,
             path,
             budget,
             has_stacks,
+            version,
         })
     }
 
@@ -268,7 +274,9 @@ impl Rows {
     /// Refuses a file whose valid calls' durations or sizes add up past
     /// 2^62, as [`Trace::load`] does (one pass inside SQLite, nothing held).
     pub fn check_totals(&self) -> Result<(), StoreError> {
-        if crate::problems::totals_overflow(&self.conn).map_err(|e| self.read_error(e))? {
+        if crate::problems::totals_overflow(&self.conn, self.version)
+            .map_err(|e| self.read_error(e))?
+        {
             return Err(StoreError::file(&self.path, TOTALS_OVERFLOW));
         }
         Ok(())
