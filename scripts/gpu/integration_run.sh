@@ -4,7 +4,8 @@
 # others use GPU 0). Each suite writes into its own folder; $OUT gets one
 # log per suite (at most 8 files) and summary.txt.
 #   cd DIR_WITH_gpusleuth_AND_scripts && OUT=$OUT bash scripts/gpu/integration_run.sh [SUITE...]
-# Suites: verdict attach reclaim sites nccl overhead (default: all but overhead,
+# Suites: verdict attach reclaim sites nccl overhead footprint (default: all but overhead
+# and footprint (scripts/gpu/tracer_footprint.sh: tracer CPU per event, placement, RSS, --rotate),
 # which takes GS_BUDGET_S seconds, 330 by default: scripts/gpu/overhead_reps.py).
 set -u
 ROOT=$(pwd)
@@ -32,6 +33,24 @@ for s in $suites; do
     overhead) ( cd "$ROOT" && OUT=$W timeout $(( ${GS_BUDGET_S:-330} + 60 )) "$PY" "$G/overhead_reps.py" "$GPUSLEUTH" ) >"$OUT/overhead.log" 2>&1
              grep -E "SUMMARY|target|traps" "$OUT/overhead.log" | tail -12 >>"$S"
              cp "$W/overhead_reps.json" "$OUT/overhead_reps.json" 2>/dev/null ;;
+    footprint) ( cd "$ROOT" && OUT=$W GPUSLEUTH=$GPUSLEUTH PY=$PY timeout 240 bash "$G/tracer_footprint.sh" ) >"$OUT/footprint.log" 2>&1
+             tail -25 "$OUT/footprint.log" >>"$S"
+             python3 - "$W" >>"$S" 2>&1 <<'PYEOF'
+import json, sys, os
+w = sys.argv[1]
+def counts(name):
+    try:
+        d = json.load(open(os.path.join(w, name)))
+    except (OSError, ValueError) as e:
+        return f"unreadable ({e})"
+    return {o["op"]: o["count"] for o in d.get("ops", [])}
+a, b = counts("rotate_stats.json"), counts("one_stats.json")
+print("rotate: run-long stats ops", len(a) if isinstance(a, dict) else a, "| one trace ops", len(b) if isinstance(b, dict) else b)
+if isinstance(a, dict) and isinstance(b, dict):
+    for op in sorted(set(a) | set(b)):
+        print(f"  {op:32s} rotated-run {a.get(op, 0):>8} one-trace {b.get(op, 0):>8}")
+PYEOF
+             ;;
     nccl)    ( cd "$ROOT" && OUT=$W GPUSLEUTH=$GPUSLEUTH timeout 200 bash "$G/nccl_straggler.sh" ) >"$OUT/nccl.log" 2>&1
              cat "$W/summary.txt" >>"$S" 2>&1 ;;
   esac
