@@ -2,7 +2,6 @@
 //! command that reads a trace database loads it and prints to stdout.
 
 use crate::term_text::terminal_safe;
-use sleuth_core::TraceData;
 use sleuth_store::InputProblems;
 use std::path::Path;
 
@@ -30,19 +29,6 @@ pub fn stats_of(db: &Path, pid: Option<u32>) -> anyhow::Result<sleuth_core::stat
     }
     warn_input_problems(&trace)?;
     Ok(sleuth_core::stats::compute(&trace.load(pid)?))
-}
-
-/// Opens a trace and loads it (one process with `pid`), also returning
-/// what was skipped (for outputs that must not call such a trace clean).
-/// The store's error is already one line naming the file, so it is passed
-/// on as is. Rows the readers had to skip are reported on stderr, with counts.
-pub fn load_trace_checked(
-    db: &Path,
-    pid: Option<u32>,
-) -> anyhow::Result<(TraceData, InputProblems)> {
-    let trace = sleuth_store::Trace::open(db)?;
-    let problems = warn_input_problems(&trace)?;
-    Ok((trace.load(pid)?, problems))
 }
 
 /// Prints one warning per kind of skipped row on stderr; returns them.
@@ -79,5 +65,10 @@ pub fn emit_text(text: &str) -> anyhow::Result<()> {
 
 /// [`emit`] for a JSON document: pretty, one trailing newline.
 pub fn emit_json<T: serde::Serialize>(doc: &T) -> anyhow::Result<()> {
-    emit(&format!("{}\n", serde_json::to_string_pretty(doc)?))
+    emit(&json_text(doc)?)
+}
+
+/// The text [`emit_json`] writes.
+pub fn json_text<T: serde::Serialize>(doc: &T) -> anyhow::Result<String> {
+    Ok(format!("{}\n", serde_json::to_string_pretty(doc)?))
 }

@@ -4,13 +4,18 @@
 //! reuses the culprit and thread lines.
 
 use crate::args::TraceInput;
-use crate::load::{emit_json, emit_text, load_trace_checked};
+use crate::load::{emit, json_text, warn_input_problems};
 use crate::output::{fmt_bytes, fmt_ns};
 use crate::render::gpu_context;
+use crate::term_text::terminal_safe;
 use sleuth_core::analysis::Analysis;
-use sleuth_core::findings::{Explanation, Finding, Kind};
+use sleuth_core::findings::inputs::FindingInputs;
+use sleuth_core::findings::{explain_inputs, Explanation, Finding, Kind};
+use sleuth_core::ledger::ProcessLedger;
 use sleuth_core::threads::{ThreadSplit, WakerKind};
-use sleuth_store::InputProblems;
+use sleuth_core::TraceData;
+use sleuth_store::stream::MemoryTrace;
+use sleuth_store::{InputProblems, ReadBudget, DEFAULT_READ_TIMEOUT};
 use std::fmt::Write as _;
 
 /// How `explain` writes its findings.
@@ -25,10 +30,92 @@ pub const CLEAN: &str = "No abnormal behaviour found";
 
 /// Loads a trace and prints its explanation in `style` (the `explain` command).
 pub fn print(input: &TraceInput, style: Style) -> anyhow::Result<i32> {
-    let (data, problems) = load_trace_checked(&input.db, input.pid)?;
-    let analysis = Analysis::of(&data);
-    let report = &analysis.explanation;
-    let gpu = gpu_context::lines(&data, &analysis.ledgers);
+    emit(&output(input, style, true)?)?;
+    Ok(0)
+}
+
+/// What `explain` writes to stdout. With `lean_allowed`, a trace that
+/// stored its finding rollups is answered from them without loading its
+/// calls and waits (see [`lean_load`]); the answer is the same as the full
+/// load's, percentiles within the histogram's bound (docs/schema.md).
+fn output(input: &TraceInput, style: Style, lean_allowed: bool) -> anyhow::Result<String> {
+    let trace = sleuth_store::Trace::open(&input.db)?;
+    let problems = warn_input_problems(&trace)?;
+    let lean = if lean_allowed {
+        lean_load(&trace, input.pid)?
+    } else {
+        None
+    };
+    let (data, ledgers, report) = match lean {
+        Some(l) => {
+            let report = explain_inputs(&l.data, &l.inputs, &l.ledgers);
+            (l.data, l.ledgers, report)
+        }
+        None => {
+            let data = trace.load(input.pid)?;
+            let analysis = Analysis::of(&data);
+            (data, analysis.ledgers, analysis.explanation)
+        }
+    };
+    render(&data, &ledgers, &report, &problems, style)
+}
+
+/// The trace as the explanation reads it, without its calls and waits: the
+/// memory view's base (session, processes, allocator events, NVML samples,
+/// counters, stacks), the op counts, the memory-op calls (the allocator
+/// view reads them), the NCCL calls, the ledgers streamed from the store,
+/// and the stored finding aggregates. None (load everything) for a trace
+/// without finding rollups, with `--pid` (the rollups are of the whole
+/// trace), or with collectives: the straggler finding reads every call and wait of
+/// the ranks.
+fn lean_load(trace: &sleuth_store::Trace, pid: Option<u32>) -> anyhow::Result<Option<Lean>> {
+    if pid.is_some() {
+        return Ok(None);
+    }
+    let Some(inputs) = sleuth_store::finding_rollups::finding_inputs(trace)? else {
+        return Ok(None);
+    };
+    let nccl = trace.nccl_calls(None)?;
+    if nccl.iter().any(|e| e.is_collective()) {
+        return Ok(None);
+    }
+    let mut mt = MemoryTrace::open(trace, None, ReadBudget::new(DEFAULT_READ_TIMEOUT))?;
+    // A file the full load refuses is refused here too.
+    mt.rows().check_totals()?;
+    let ledgers = mt.ledgers(None)?;
+    mt.load_memory_calls(None)?;
+    let counts = mt.rows().op_counts(None)?;
+    let mut data = std::mem::take(&mut mt.base);
+    data.counts = counts;
+    data.nccl = nccl;
+    // Without a stored end the span ends at the last call's end, which the
+    // memory calls alone do not give: the span read from the call groups
+    // (what `TraceSpan::of` gives the full load) stands in. Of the
+    // explanation's readers only the span reads `end_ns`.
+    data.end_ns = Some(mt.span.end_ns);
+    Ok(Some(Lean {
+        data,
+        ledgers,
+        inputs,
+    }))
+}
+
+/// What [`lean_load`] reads: the explanation needs nothing more.
+struct Lean {
+    data: TraceData,
+    ledgers: Vec<ProcessLedger>,
+    inputs: FindingInputs,
+}
+
+/// The explanation in `style`, as written to stdout.
+fn render(
+    data: &TraceData,
+    ledgers: &[ProcessLedger],
+    report: &Explanation,
+    problems: &InputProblems,
+    style: Style,
+) -> anyhow::Result<String> {
+    let gpu = gpu_context::lines(data, ledgers);
     if style == Style::Json {
         // The documented contract, field order included (the report's fields
         // first); `input_problems` is added only when rows were skipped.
@@ -43,18 +130,18 @@ pub fn print(input: &TraceInput, style: Style) -> anyhow::Result<i32> {
         }
         let doc = Doc {
             report,
-            gpu_activity: sleuth_core::gpu_activity::of_trace(&data),
-            held_memory: sleuth_core::held::held(&data, &analysis.ledgers),
-            input_problems: &problems,
+            gpu_activity: sleuth_core::gpu_activity::of_trace(data),
+            held_memory: sleuth_core::held::held(data, ledgers),
+            input_problems: problems,
         };
-        emit_json(&doc)?;
+        Ok(json_text(&doc)?)
     } else if style == Style::Markdown {
         let mut md = markdown(report);
         md.push_str("\n## GPU\n\n");
         for l in &gpu {
             md.push_str(&format!("- {l}\n"));
         }
-        emit_text(&format!("{}{}", problem_text(&problems), md))?;
+        Ok(terminal_safe(&format!("{}{}", problem_text(problems), md)).into_owned())
     } else {
         let mut t = text_with(report, !problems.is_empty());
         t.push('\n');
@@ -62,9 +149,8 @@ pub fn print(input: &TraceInput, style: Style) -> anyhow::Result<i32> {
             t.push_str(l);
             t.push('\n');
         }
-        emit_text(&format!("{}{}", problem_text(&problems), t))?;
+        Ok(terminal_safe(&format!("{}{}", problem_text(problems), t)).into_owned())
     }
-    Ok(0)
 }
 
 /// "comm (pid N) 1.2ms = 80%, ..." for a finding's culprits; None when it has none.
@@ -309,6 +395,10 @@ pub fn markdown(r: &Explanation) -> String {
     }
     out
 }
+
+#[cfg(test)]
+#[path = "explain_lean_tests.rs"]
+mod lean_tests;
 
 #[cfg(test)]
 mod tests {
