@@ -796,12 +796,12 @@ mod tests {
                 let r = next();
                 let ptr = 0x1000 * (i + 1);
                 let size = 1 + r % 10_000;
-                if r % 5 == 0 && !expected_live.is_empty() {
+                if r.is_multiple_of(5) && !expected_live.is_empty() {
                     let victim = *expected_live.keys().min().unwrap();
                     expected_live.remove(&victim);
                     calls.push(free("cudaFree", ts, victim));
                     calls.push(nested(free("cuMemFree_v2", ts + 1, victim)));
-                } else if r % 3 == 0 {
+                } else if r.is_multiple_of(3) {
                     calls.push(alloc("cuMemAlloc_v2", ts, size, ptr));
                     expected_live.insert(ptr, size);
                 } else {
@@ -836,10 +836,10 @@ mod tests {
                     pid: 1 + (r >> 20) as u32 % 3,
                     tid: 10 + (r >> 24) as u32 % 2,
                     op: op.id,
-                    ret: i64::from(r % 7 == 0),
+                    ret: i64::from(r.is_multiple_of(7)),
                     size: Some(1 + (r >> 8) % 4096),
                     ptr: Some(0x1000 * (1 + (r >> 12) % 8)),
-                    nested: r % 11 == 0,
+                    nested: r.is_multiple_of(11),
                     ..Default::default()
                 });
             }
