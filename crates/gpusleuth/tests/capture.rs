@@ -72,10 +72,9 @@ fn all_ops_expected() -> BTreeMap<(&'static str, &'static str), u64> {
 
 #[test]
 fn exact_counts_sizes_and_pointers_for_every_op() {
-    let Some(sb) = Sandbox::for_ebpf("all-ops") else {
+    let Some(sb) = Sandbox::traced("all-ops", ALL_OPS_SCRIPT) else {
         return;
     };
-    sb.trace(&[], ALL_OPS_SCRIPT, 0);
     let stats = stats_json(&sb.db());
     let expected = all_ops_expected();
     for (&(layer, op), &n) in &expected {
@@ -192,14 +191,12 @@ fn a_failing_allocation_is_recorded_with_its_error() {
 
 #[test]
 fn sleeping_calls_last_as_long_as_scripted() {
-    let Some(sb) = Sandbox::for_ebpf("sleep") else {
+    let Some(sb) = Sandbox::traced(
+        "sleep",
+        "sync_sleep 50; sync_sleep 120 device; sync_sleep 80 event",
+    ) else {
         return;
     };
-    sb.trace(
-        &[],
-        "sync_sleep 50; sync_sleep 120 device; sync_sleep 80 event",
-        0,
-    );
     let db = sb.open_db();
     for (op, ms) in [
         ("cudaStreamSynchronize", 50),
@@ -221,14 +218,9 @@ fn sleeping_calls_last_as_long_as_scripted() {
 
 #[test]
 fn descendants_are_traced_through_fork_and_exec() {
-    let Some(sb) = Sandbox::for_ebpf("children") else {
+    let Some(sb) = Sandbox::traced("children", "malloc 100; cu_launch 3; fork { malloc 200; cu_launch 5 }; spawn { malloc 300; malloc 301; cu_launch 2 }") else {
         return;
     };
-    sb.trace(
-        &[],
-        "malloc 100; cu_launch 3; fork { malloc 200; cu_launch 5 }; spawn { malloc 300; malloc 301; cu_launch 2 }",
-        0,
-    );
     let truth = sb.truth();
     assert_eq!(truth.len(), 3, "the workload ran three processes");
     let root = truth.last().unwrap().pid as i64;

@@ -19,10 +19,9 @@ fn kinds(f: &[Value]) -> Vec<&str> {
 
 #[test]
 fn a_clean_run_has_zero_findings() {
-    let Some(sb) = Sandbox::for_ebpf("clean") else {
+    let Some(sb) = Sandbox::traced("clean", "malloc 4096 a; launch 10; memcpy 4096; free a") else {
         return;
     };
-    sb.trace(&[], "malloc 4096 a; launch 10; memcpy 4096; free a", 0);
     let f = explain_json(&sb);
     assert!(
         f.is_empty(),
@@ -39,11 +38,10 @@ fn a_clean_run_has_zero_findings() {
 
 #[test]
 fn an_emptied_and_refilled_cache_is_churn() {
-    let Some(sb) = Sandbox::for_ebpf("churn") else {
+    // 30 × (allocate 1 MiB, free it): 29 re-allocations of the same size.
+    let Some(sb) = Sandbox::traced("churn", "repeat 30 { malloc 1048576 a; free a }") else {
         return;
     };
-    // 30 × (allocate 1 MiB, free it): 29 re-allocations of the same size.
-    sb.trace(&[], "repeat 30 { malloc 1048576 a; free a }", 0);
     let f = explain_json(&sb);
     let churn: Vec<&Value> = f
         .iter()
@@ -66,16 +64,14 @@ fn an_emptied_and_refilled_cache_is_churn() {
 
 #[test]
 fn leak_and_failure_with_the_ledger_exact_to_the_byte() {
-    let Some(sb) = Sandbox::for_ebpf("leak") else {
-        return;
-    };
     // Live at the end: 1 MiB + 3000 B (the ledger counts the bytes asked for); one failed
     // 1e15-byte request while 1 MiB + 3000 B + 512 B were live.
-    sb.trace(
-        &[],
+    let Some(sb) = Sandbox::traced(
+        "leak",
         "malloc 1048576 a; malloc 3000 b; malloc 512 c; malloc 1e15; free c",
-        0,
-    );
+    ) else {
+        return;
+    };
     let m = common::command_json("memory", &sb.db());
     let p = &m["processes"][0];
     assert_eq!(p["live_bytes"], 1048576 + 3000);
@@ -95,15 +91,10 @@ fn leak_and_failure_with_the_ledger_exact_to_the_byte() {
 
 #[test]
 fn a_leak_in_a_loop_is_memory_growth() {
-    let Some(sb) = Sandbox::for_ebpf("growth") else {
+    // Every step allocates 64 KiB it never frees, and a 1 MiB scratch buffer it does.
+    let Some(sb) = Sandbox::traced("growth", "malloc 1048576 w; repeat 8 { malloc 65536; malloc 1048576 s; sync_sleep 5; free s }; free w") else {
         return;
     };
-    // Every step allocates 64 KiB it never frees, and a 1 MiB scratch buffer it does.
-    sb.trace(
-        &[],
-        "malloc 1048576 w; repeat 8 { malloc 65536; malloc 1048576 s; sync_sleep 5; free s }; free w",
-        0,
-    );
     let f = explain_json(&sb);
     let g: Vec<&Value> = f.iter().filter(|x| x["kind"] == "memory_growth").collect();
     assert_eq!(g.len(), 1, "{:?}", kinds(&f));

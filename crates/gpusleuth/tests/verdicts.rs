@@ -34,8 +34,7 @@ fn kinds(f: &[Value]) -> Vec<String> {
 /// Traces `script` in a fresh sandbox and explains it; None where eBPF is
 /// unavailable (the test skips).
 fn run(tag: &str, script: &str) -> Option<(Value, u32)> {
-    let sb = Sandbox::for_ebpf(tag)?;
-    sb.trace(&[], script, 0);
+    let sb = Sandbox::traced(tag, script)?;
     let pid = sb.truth()[0].pid;
     let v = explain(&sb);
     // The tracer is never a culprit nor a waker, whatever else happened.

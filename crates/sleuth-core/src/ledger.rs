@@ -220,15 +220,7 @@ impl Replay {
             d.live_bytes = d.live_bytes.saturating_add(bytes);
             d.peak_bytes = d.peak_bytes.max(d.live_bytes);
         }
-        match pool {
-            Pool::Device => self.device = self.device.saturating_add(bytes),
-            Pool::Physical => {
-                self.device = self.device.saturating_add(bytes);
-                self.vmm = self.vmm.saturating_add(bytes);
-            }
-            Pool::Managed => self.managed = self.managed.saturating_add(bytes),
-            Pool::HostPinned => self.host = self.host.saturating_add(bytes),
-        }
+        self.update_pool(pool, |v| v.saturating_add(bytes));
     }
 
     fn sub(&mut self, pool: Pool, bytes: u64, dev: u32) {
@@ -237,14 +229,20 @@ impl Replay {
                 d.live_bytes = d.live_bytes.saturating_sub(bytes);
             }
         }
+        self.update_pool(pool, |v| v.saturating_sub(bytes));
+    }
+
+    /// Applies `f` to the counters `pool` feeds: physical (VMM) memory is
+    /// device memory too, so it moves both `device` and `vmm`.
+    fn update_pool(&mut self, pool: Pool, f: impl Fn(u64) -> u64) {
         match pool {
-            Pool::Device => self.device = self.device.saturating_sub(bytes),
+            Pool::Device => self.device = f(self.device),
             Pool::Physical => {
-                self.device = self.device.saturating_sub(bytes);
-                self.vmm = self.vmm.saturating_sub(bytes);
+                self.device = f(self.device);
+                self.vmm = f(self.vmm);
             }
-            Pool::Managed => self.managed = self.managed.saturating_sub(bytes),
-            Pool::HostPinned => self.host = self.host.saturating_sub(bytes),
+            Pool::Managed => self.managed = f(self.managed),
+            Pool::HostPinned => self.host = f(self.host),
         }
     }
 
@@ -787,13 +785,7 @@ mod tests {
         // Random interleavings of runtime allocs (with nested driver twins),
         // direct driver allocs and frees: live equals the bytes of the
         // allocations whose free was not issued, computed independently.
-        let mut seed = 0x2545_f491_4f6c_dd1du64;
-        let mut next = || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
+        let mut next = crate::testing::xorshift(0x2545_f491_4f6c_dd1d);
         for _ in 0..200 {
             let mut calls = Vec::new();
             let mut expected_live: HashMap<u64, u64> = HashMap::new();
@@ -804,12 +796,12 @@ mod tests {
                 let r = next();
                 let ptr = 0x1000 * (i + 1);
                 let size = 1 + r % 10_000;
-                if r % 5 == 0 && !expected_live.is_empty() {
+                if r.is_multiple_of(5) && !expected_live.is_empty() {
                     let victim = *expected_live.keys().min().unwrap();
                     expected_live.remove(&victim);
                     calls.push(free("cudaFree", ts, victim));
                     calls.push(nested(free("cuMemFree_v2", ts + 1, victim)));
-                } else if r % 3 == 0 {
+                } else if r.is_multiple_of(3) {
                     calls.push(alloc("cuMemAlloc_v2", ts, size, ptr));
                     expected_live.insert(ptr, size);
                 } else {
@@ -831,13 +823,7 @@ mod tests {
     fn only_memory_calls_change_a_ledger() {
         // What a streamed reader relies on: replaying the memory calls alone
         // (listing every process) gives the ledger of all calls, at any moment.
-        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
+        let mut next = crate::testing::xorshift(0x9e37_79b9_7f4a_7c15);
         let ops: Vec<&'static OpInfo> = OPS.iter().collect();
         for _ in 0..100 {
             let mut calls = Vec::new();
@@ -850,10 +836,10 @@ mod tests {
                     pid: 1 + (r >> 20) as u32 % 3,
                     tid: 10 + (r >> 24) as u32 % 2,
                     op: op.id,
-                    ret: i64::from(r % 7 == 0),
+                    ret: i64::from(r.is_multiple_of(7)),
                     size: Some(1 + (r >> 8) % 4096),
                     ptr: Some(0x1000 * (1 + (r >> 12) % 8)),
-                    nested: r % 11 == 0,
+                    nested: r.is_multiple_of(11),
                     ..Default::default()
                 });
             }

@@ -408,7 +408,9 @@ fn write_perfetto(
         },
         |c| ev.item(&call_slice(&c.call, data, origin)),
     )?;
-    rows.for_each_wait::<anyhow::Error>(pid, |wt| off_cpu_slices(&wt, origin, &mut ev))?;
+    rows.for_each_wait::<anyhow::Error>(pid, |wt| {
+        off_cpu_slices(&wt, origin).try_for_each(|s| ev.item(&s))
+    })?;
     for l in &f.ledgers {
         let name = "device memory (bytes)";
         // Start at zero so the track begins with the trace, not the first allocation.
@@ -497,16 +499,18 @@ fn metadata(
 
 /// A wait as up to two adjacent slices on its thread: blocked `[off, wake)`
 /// and runnable `[wake, on)` (the latter names the tasks that held the CPU).
-fn off_cpu_slices(w: &WaitEvent, origin: u64, ev: &mut ArrayWriter) -> anyhow::Result<()> {
-    if w.blocked_ns() > 0 {
-        ev.item(&json!({
+/// A pure function of the wait, so the test reference (reference.rs) draws
+/// its slices with it too, as it does `finding_event`.
+fn off_cpu_slices(w: &WaitEvent, origin: u64) -> impl Iterator<Item = Value> {
+    let blocked = (w.blocked_ns() > 0).then(|| {
+        json!({
             "ph": "X", "name": "off-cpu: blocked", "cat": "sched.blocked",
             "ts": us(w.off_ns, origin), "dur": dur_us(w.blocked_ns()),
             "pid": w.pid, "tid": w.tid,
             "args": {"prev_state": w.prev_state, "kind": w.kind.as_str()},
-        }))?;
-    }
-    if w.runnable_ns() > 0 {
+        })
+    });
+    let runnable = (w.runnable_ns() > 0).then(|| {
         let culprits: Vec<Value> = w
             .culprits
             .iter()
@@ -517,15 +521,15 @@ fn off_cpu_slices(w: &WaitEvent, origin: u64, ev: &mut ArrayWriter) -> anyhow::R
             .iter()
             .map(|c| format!("{} ({})", c.comm, c.pid))
             .collect();
-        ev.item(&json!({
+        json!({
             "ph": "X", "name": "off-cpu: runnable", "cat": "sched.runnable",
             "ts": us(w.wake_ns.max(w.off_ns), origin), "dur": dur_us(w.runnable_ns()),
             "pid": w.pid, "tid": w.tid,
             "args": {"kind": w.kind.as_str(), "cpu": w.cpu,
                      "preemptors": preemptors.join(", "), "culprits": culprits},
-        }))?;
-    }
-    Ok(())
+        })
+    });
+    blocked.into_iter().chain(runnable)
 }
 
 /// A finding as a global instant event at its first example call, else at

@@ -57,6 +57,15 @@ impl Sandbox {
         require_ebpf().then(|| Sandbox::new(tag))
     }
 
+    /// An eBPF sandbox in which `script` was traced with no extra options
+    /// and exited 0 (as [`Sandbox::trace`] checks); None where eBPF is
+    /// unavailable. The setup most end-to-end tests start from.
+    pub fn traced(tag: &str, script: &str) -> Option<Sandbox> {
+        let sb = Sandbox::for_ebpf(tag)?;
+        sb.trace(&[], script, 0);
+        Some(sb)
+    }
+
     pub fn new(tag: &str) -> Sandbox {
         static N: AtomicU32 = AtomicU32::new(0);
         let n = N.fetch_add(1, Ordering::Relaxed);

@@ -81,20 +81,15 @@ fn agrees(count: u64, total: u64) -> bool {
 
 /// Ok when word `i` of `counts` agrees in enough of the `n` malloc events;
 /// else the reason, `what` being the property no word had often enough.
-fn check_agreement(
-    counts: &[u64; BLOCK_WORDS],
-    i: usize,
-    n: u64,
-    what: &str,
-) -> Result<(), String> {
+fn check_agreement(counts: &[u64; BLOCK_WORDS], i: usize, n: u64, what: &str) -> Refusal {
     if agrees(counts[i], n) {
         return Ok(());
     }
-    Err(format!(
+    Err(Some(format!(
         "no Block word {what} in {:.0}% of {n} malloc events (best: word {i}, {} events)",
         MIN_AGREEMENT * 100.0,
         counts[i]
-    ))
+    )))
 }
 
 /// The index with the most agreement among `allowed`; ties go to `prefer`
@@ -122,6 +117,26 @@ fn best(
     }
 }
 
+/// For each Block word, in how many sampled malloc events `test(segments,
+/// event, request, word)` holds, the segments replayed so that each event
+/// sees them as they stood when its malloc returned.
+fn count_words(
+    steps: &[Step<'_>],
+    mut test: impl FnMut(&SegmentMap, &BlockEvent, u64, u64) -> bool,
+) -> [u64; BLOCK_WORDS] {
+    let mut counts = [0u64; BLOCK_WORDS];
+    replay(steps, None, |segs: &SegmentMap, s| {
+        if let Step::Block(b) = s {
+            if let Some(req) = sample(b) {
+                for (i, &w) in b.words.iter().enumerate() {
+                    counts[i] += u64::from(test(segs, b, req, w));
+                }
+            }
+        }
+    });
+    counts
+}
+
 pub(super) fn calibrate(steps: &[Step<'_>]) -> Calibration {
     let mut cal = Calibration {
         malloc_events: 0,
@@ -135,6 +150,19 @@ pub(super) fn calibrate(steps: &[Step<'_>]) -> Calibration {
         recognised: false,
         reason: None,
     };
+    if let Err(why) = fit(steps, &mut cal) {
+        cal.reason = why;
+    }
+    cal
+}
+
+/// Why a calibration stopped early: `Err(None)` when no word could even be
+/// tried (no candidate left), `Err(Some(..))` with the reason otherwise.
+type Refusal = Result<(), Option<String>>;
+
+/// Fills `cal` word by word; each step needs the ones before it, so the first
+/// refusal ends it (the agreement counts found so far stay in `cal`).
+fn fit(steps: &[Step<'_>], cal: &mut Calibration) -> Refusal {
     // requested_size: plain equality. Ties (every size equal to its request,
     // so the size word matches too) go to the higher index: torch declares
     // `size` right before `requested_size`, and the numbers agree anyway.
@@ -151,68 +179,35 @@ pub(super) fn calibrate(steps: &[Step<'_>]) -> Calibration {
     }
     let n = cal.malloc_events;
     if n == 0 {
-        cal.reason =
-            Some("no successful DeviceCachingAllocator::malloc event with a requested size".into());
-        return cal;
+        return Err(Some(
+            "no successful DeviceCachingAllocator::malloc event with a requested size".into(),
+        ));
     }
-    let Some(r) = best(&eq, |_| true, None, true) else {
-        return cal;
-    };
+    let r = best(&eq, |_| true, None, true).ok_or(None)?;
     cal.requested_agree = eq[r];
-    if let Err(why) = check_agreement(&eq, r, n, "equals the requested size") {
-        cal.reason = Some(why);
-        return cal;
-    }
+    check_agreement(&eq, r, n, "equals the requested size")?;
     cal.requested_index = Some(r);
 
     // ptr: inside a live segment of the process when the malloc returned.
-    let mut inside = [0u64; BLOCK_WORDS];
-    replay(steps, None, |segs: &SegmentMap, s| {
-        if let Step::Block(b) = s {
-            if sample(b).is_some() {
-                for (i, w) in b.words.iter().enumerate() {
-                    inside[i] += u64::from(segs.containing(*w).is_some());
-                }
-            }
-        }
-    });
-    let Some(p) = best(&inside, |i| i != r, Some(r + 2), false) else {
-        return cal;
-    };
+    let inside = count_words(steps, |segs, _, _, w| segs.containing(w).is_some());
+    let p = best(&inside, |i| i != r, Some(r + 2), false).ok_or(None)?;
     cal.ptr_agree = inside[p];
-    if let Err(why) = check_agreement(&inside, p, n, "points into a live CUDA segment") {
-        cal.reason = Some(why);
-        return cal;
-    }
+    check_agreement(&inside, p, n, "points into a live CUDA segment")?;
     cal.ptr_index = Some(p);
 
     // size: a rounded size, at least the request, whose block fits in the segment.
-    let mut fits = [0u64; BLOCK_WORDS];
-    replay(steps, None, |segs: &SegmentMap, s| {
-        if let Step::Block(b) = s {
-            if let Some(req) = sample(b) {
-                let ptr = b.words[p];
-                for (i, &w) in b.words.iter().enumerate() {
-                    let ok = w >= req && w % BLOCK_ROUNDING == 0 && segs.covers(ptr, w);
-                    fits[i] += u64::from(ok);
-                }
-            }
-        }
+    let fits = count_words(steps, |segs, b, req, w| {
+        w >= req && w % BLOCK_ROUNDING == 0 && segs.covers(b.words[p], w)
     });
-    let Some(sz) = best(&fits, |i| i != r && i != p, r.checked_sub(1), false) else {
-        return cal;
-    };
+    let sz = best(&fits, |i| i != r && i != p, r.checked_sub(1), false).ok_or(None)?;
     cal.size_agree = fits[sz];
-    if let Err(why) = check_agreement(
+    check_agreement(
         &fits,
         sz,
         n,
         "holds a 512-byte-rounded size ≥ the request that fits its segment",
-    ) {
-        cal.reason = Some(why);
-        return cal;
-    }
+    )?;
     cal.size_index = Some(sz);
     cal.recognised = true;
-    cal
+    Ok(())
 }

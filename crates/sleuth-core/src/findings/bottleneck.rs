@@ -24,13 +24,7 @@ fn us(ns: u64) -> String {
 
 /// Severity of a verdict from the share of wall time it explains.
 pub(super) fn severity_of_share(share: f64) -> Severity {
-    if share >= VERDICT_HIGH_SHARE {
-        Severity::High
-    } else if share >= VERDICT_MEDIUM_SHARE {
-        Severity::Medium
-    } else {
-        Severity::Low
-    }
+    Severity::grade(share, VERDICT_HIGH_SHARE, VERDICT_MEDIUM_SHARE)
 }
 
 /// "the main thread" / "thread 1234" of process comm (pid N).

@@ -579,14 +579,12 @@ mod tests {
 
     #[test]
     fn exact_histogram_matches_nearest_rank_and_the_tail_filter() {
-        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = crate::testing::xorshift(0x2545_f491_4f6c_dd1d);
         let mut h = LatencyHist::new(Resolution::Exact);
         let mut durs = Vec::new();
         let mut calls = Vec::new();
         for _ in 0..500 {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
+            let seed = next();
             let c = CallEvent {
                 dur_ns: seed % 5000,
                 runnable_ns: (seed >> 20) % 300,

@@ -160,13 +160,7 @@ pub(super) fn memory_growth(l: &ProcessLedger, span: (u64, u64)) -> Option<Findi
     growing.sort_by(|a, b| b.total.cmp(&a.total).then(a.size.cmp(&b.size)));
     let bytes: u64 = growing.iter().map(|g| g.total).sum();
     let count: u64 = growing.iter().map(|g| g.count).sum();
-    let severity = if bytes >= GROWTH_HIGH_BYTES {
-        Severity::High
-    } else if bytes >= GROWTH_MEDIUM_BYTES {
-        Severity::Medium
-    } else {
-        Severity::Low
-    };
+    let severity = Severity::grade(bytes, GROWTH_HIGH_BYTES, GROWTH_MEDIUM_BYTES);
     let secs = (last - first) as f64 / 1e9;
     let top = &growing[0];
     let groups_json: Vec<_> = growing

@@ -37,13 +37,7 @@ fn ms(ns: u64) -> String {
 
 fn finding(s: &Straggler, span_ns: u64) -> Finding {
     let share_of_span = super::share(s.lateness_ns, span_ns);
-    let severity = if share_of_span >= STRAGGLER_HIGH_SHARE {
-        Severity::High
-    } else if share_of_span >= STRAGGLER_MEDIUM_SHARE {
-        Severity::Medium
-    } else {
-        Severity::Low
-    };
+    let severity = Severity::grade(share_of_span, STRAGGLER_HIGH_SHARE, STRAGGLER_MEDIUM_SHARE);
     let t = &s.thread;
     let cause_part = match s.cause {
         Cause::HostCompute => t.host_compute_ns,

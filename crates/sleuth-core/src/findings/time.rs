@@ -7,6 +7,22 @@ use crate::ops::OpClass;
 use crate::units::fmt_ns;
 use serde_json::json;
 
+impl Severity {
+    /// The three-step ladder the threshold findings share (cpu_preemption
+    /// here, memory_growth, collective_straggler, the bottleneck verdicts):
+    /// at or above `high` is high, at or above `medium` is medium, anything
+    /// less is low.
+    pub(super) fn grade<T: PartialOrd>(value: T, high: T, medium: T) -> Severity {
+        if value >= high {
+            Severity::High
+        } else if value >= medium {
+            Severity::Medium
+        } else {
+            Severity::Low
+        }
+    }
+}
+
 /// What every time finder needs: the per-op aggregates, the trace's time
 /// origin and how to name a call site.
 pub(super) struct Context<'a> {
@@ -112,13 +128,7 @@ pub(super) fn cpu_preemption(ctx: &Context) -> Vec<Finding> {
         {
             continue;
         }
-        let severity = if op_share >= PREEMPTION_HIGH_SHARE {
-            Severity::High
-        } else if op_share >= PREEMPTION_MEDIUM_SHARE {
-            Severity::Medium
-        } else {
-            Severity::Low
-        };
+        let severity = Severity::grade(op_share, PREEMPTION_HIGH_SHARE, PREEMPTION_MEDIUM_SHARE);
         let mut culprits: Vec<FindingCulprit> = v
             .agg
             .culprits()

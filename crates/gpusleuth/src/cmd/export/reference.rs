@@ -1,11 +1,15 @@
 //! The export as it was built before it streamed (issue 16): one
 //! `serde_json::Value` document of the whole trace. Kept, for tests only,
-//! as the reference the streamed writer must match byte for byte.
+//! as the reference the streamed writer must match byte for byte. What
+//! streaming changed (rows read one at a time and filtered by pid instead
+//! of a loaded `TraceData`) is built here the old way; the per-record
+//! builders that take the same input either way (`finding_event`,
+//! `off_cpu_slices`) are the streamed writer's own.
 
-use super::{dur_us, finding_event, us};
+use super::{dur_us, finding_event, off_cpu_slices, us};
 use serde_json::{json, Value};
 use sleuth_core::analysis::Analysis;
-use sleuth_core::{Layer, TraceData, WaitEvent};
+use sleuth_core::{Layer, TraceData};
 use std::collections::BTreeSet;
 
 /// `--format json`: the calls as every other output names them — `op` and
@@ -93,7 +97,7 @@ pub fn perfetto(data: &TraceData, analysis: &Analysis) -> Value {
         }));
     }
     for w in &data.waits {
-        off_cpu_slices(w, origin, &mut ev);
+        ev.extend(off_cpu_slices(w, origin));
     }
     for l in &analysis.ledgers {
         let name = "device memory (bytes)";
@@ -185,37 +189,5 @@ fn metadata(data: &TraceData, ev: &mut Vec<Value>) {
             json!({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
                        "args": {"name": name}}),
         );
-    }
-}
-
-/// A wait as up to two adjacent slices on its thread: blocked `[off, wake)`
-/// and runnable `[wake, on)` (the latter names the tasks that held the CPU).
-fn off_cpu_slices(w: &WaitEvent, origin: u64, ev: &mut Vec<Value>) {
-    if w.blocked_ns() > 0 {
-        ev.push(json!({
-            "ph": "X", "name": "off-cpu: blocked", "cat": "sched.blocked",
-            "ts": us(w.off_ns, origin), "dur": dur_us(w.blocked_ns()),
-            "pid": w.pid, "tid": w.tid,
-            "args": {"prev_state": w.prev_state, "kind": w.kind.as_str()},
-        }));
-    }
-    if w.runnable_ns() > 0 {
-        let culprits: Vec<Value> = w
-            .culprits
-            .iter()
-            .map(|c| json!({"pid": c.pid, "tid": c.tid, "comm": c.comm, "us": dur_us(c.ns)}))
-            .collect();
-        let preemptors: Vec<String> = w
-            .culprits
-            .iter()
-            .map(|c| format!("{} ({})", c.comm, c.pid))
-            .collect();
-        ev.push(json!({
-            "ph": "X", "name": "off-cpu: runnable", "cat": "sched.runnable",
-            "ts": us(w.wake_ns.max(w.off_ns), origin), "dur": dur_us(w.runnable_ns()),
-            "pid": w.pid, "tid": w.tid,
-            "args": {"kind": w.kind.as_str(), "cpu": w.cpu,
-                     "preemptors": preemptors.join(", "), "culprits": culprits},
-        }));
     }
 }
