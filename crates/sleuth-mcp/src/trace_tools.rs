@@ -123,7 +123,7 @@ pub fn overview(db: &Path, budget: &ReadBudget) -> Result<Value> {
     let rows = Rows::open_with(&trace, budget.clone())?;
     let groups = rows.call_groups()?;
     let (waits, lifecycle) = rows.event_counts(None)?;
-    let kernel_counted: u64 = rows.op_counts(None)?.iter().map(|c| c.count).sum();
+    let kernel_counted: u64 = trace.op_counts(None)?.iter().map(|c| c.count).sum();
     let info = TraceData {
         stats: counters.clone(),
         gpu_samples: trace.gpu_samples()?,

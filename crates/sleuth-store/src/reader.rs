@@ -354,7 +354,9 @@ impl Trace {
         Ok(out)
     }
 
-    pub(crate) fn op_counts(&self, pid: Option<u32>) -> Result<Vec<OpCount>, StoreError> {
+    /// Kernel-counted calls of known ops (the `op_counts` table), of one
+    /// process or all, ordered by pid and op.
+    pub fn op_counts(&self, pid: Option<u32>) -> Result<Vec<OpCount>, StoreError> {
         let mut st = self
             .conn
             .prepare("SELECT pid, op, count FROM op_counts WHERE ?1 IS NULL OR pid = ?1 ORDER BY pid, op")
@@ -802,16 +804,28 @@ impl Trace {
             pid,
             ..Default::default()
         })?;
+        Ok(TraceData {
+            calls,
+            waits,
+            procs: self.proc_events(pid)?,
+            counts: self.op_counts(pid)?,
+            // Matching collectives needs every rank, whatever the pid filter.
+            nccl: self.nccl_calls(None)?,
+            ..self.frame(pid)?
+        })
+    }
+
+    /// What [`Trace::load`] reads besides the per-event rows (calls, waits,
+    /// lifecycle events, kernel counts, NCCL calls): the session's times,
+    /// processes, counters, GPU samples, allocator blocks and stacks, of one
+    /// process or all. The streamed views start from it.
+    pub fn frame(&self, pid: Option<u32>) -> Result<TraceData, StoreError> {
         let session = self.session()?;
         let mut processes = self.processes()?;
         if let Some(pid) = pid {
             processes.retain(|p| p.pid == pid);
         }
         Ok(TraceData {
-            calls,
-            waits,
-            procs: self.proc_events(pid)?,
-            counts: self.op_counts(pid)?,
             blocks: self.allocator_events(pid)?,
             processes,
             stats: self.stats()?,
@@ -821,11 +835,10 @@ impl Trace {
             has_host_context: self.has_host_context(),
             gpu_samples: self.gpu_samples()?,
             process_gpu: self.process_gpu_samples(pid)?,
-            // Matching collectives needs every rank, whatever the pid filter.
-            nccl: self.nccl_calls(None)?,
             hosts: self.process_hosts()?,
             hostname: session.info.hostname.clone(),
             stacks: self.stacks(pid)?,
+            ..Default::default()
         })
     }
 }

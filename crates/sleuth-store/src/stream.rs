@@ -17,7 +17,7 @@ use crate::stacks::has_column;
 use crate::types::StoredCall;
 use rusqlite::types::Value;
 use rusqlite::Connection;
-use sleuth_core::{op_by_name, OpCount, ProcEvent, ProcKind, WaitEvent, WaitKind};
+use sleuth_core::{op_by_name, ProcEvent, ProcKind, WaitEvent, WaitKind};
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 
@@ -310,30 +310,6 @@ impl Rows {
         Ok(out)
     }
 
-    /// Kernel-counted calls of known ops (`op_counts`), as [`Trace::load`]
-    /// reads them, of one process or all.
-    pub fn op_counts(&self, pid: Option<u32>) -> Result<Vec<OpCount>, StoreError> {
-        let mut st = self
-            .conn
-            .prepare("SELECT pid, op, count FROM op_counts WHERE ?1 IS NULL OR pid = ?1 ORDER BY pid, op")
-            .map_err(|e| self.read_error(e))?;
-        let rows = st
-            .query_map([pid], |r| {
-                let name: String = r.get(1)?;
-                Ok(op_by_name(&name).map(|info| OpCount {
-                    pid: r.get(0).unwrap_or(0),
-                    op: info.id,
-                    count: r.get::<_, i64>(2).unwrap_or(0).max(0) as u64,
-                }))
-            })
-            .map_err(|e| self.read_error(e))?;
-        let mut out = Vec::new();
-        for r in rows {
-            out.extend(r.map_err(|e| self.read_error(e))?);
-        }
-        Ok(out)
-    }
-
     /// How many waits and process lifecycle events [`Trace::load`] reads
     /// (of one process or all), counted inside SQLite.
     pub fn event_counts(&self, pid: Option<u32>) -> Result<(u64, u64), StoreError> {
@@ -465,33 +441,14 @@ impl MemoryTrace {
         let rows = Rows::open_with(trace, budget)?;
         let groups = rows.call_groups()?;
         let mut pids: std::collections::BTreeSet<u32> =
-            rows.op_counts(pid)?.iter().map(|c| c.pid).collect();
+            trace.op_counts(pid)?.iter().map(|c| c.pid).collect();
         pids.extend(
             groups
                 .iter()
                 .filter(|g| pid.is_none_or(|p| g.pid == p))
                 .map(|g| g.pid),
         );
-        let session = trace.session()?;
-        let mut processes = trace.processes()?;
-        if let Some(pid) = pid {
-            processes.retain(|p| p.pid == pid);
-        }
-        let base = sleuth_core::TraceData {
-            blocks: trace.allocator_events(pid)?,
-            processes,
-            stats: trace.stats()?,
-            start_ns: Some(session.info.start_mono_ns),
-            end_ns: session.end_mono_ns,
-            realtime_offset_ns: session.info.realtime_offset_ns,
-            has_host_context: trace.has_host_context(),
-            gpu_samples: trace.gpu_samples()?,
-            process_gpu: trace.process_gpu_samples(pid)?,
-            hosts: trace.process_hosts()?,
-            hostname: session.info.hostname.clone(),
-            stacks: trace.stacks(pid)?,
-            ..Default::default()
-        };
+        let base = trace.frame(pid)?;
         let span = call_span(base.start_ns, base.end_ns, &groups, pid);
         Ok(MemoryTrace {
             base,

@@ -84,7 +84,7 @@ fn lean_load(trace: &sleuth_store::Trace, pid: Option<u32>) -> anyhow::Result<Op
     mt.rows().check_totals()?;
     let ledgers = mt.ledgers(None)?;
     mt.load_memory_calls(None)?;
-    let counts = mt.rows().op_counts(None)?;
+    let counts = trace.op_counts(None)?;
     let mut data = std::mem::take(&mut mt.base);
     data.counts = counts;
     data.nccl = nccl;
