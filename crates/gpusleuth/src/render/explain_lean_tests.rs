@@ -295,3 +295,25 @@ fn traces_without_finding_rollups_take_the_full_load() {
     let t = Trace::open(&src).unwrap();
     assert!(lean_load(&t, None).unwrap().is_none());
 }
+
+#[test]
+fn the_lean_load_refuses_durations_adding_up_past_2_62_like_the_full_load() {
+    let dir = Dir::new("lean-overflow");
+    let path = dir.0.join("t.db");
+    rewrite(&every_kind(), &path);
+    // Each duration stays valid (≤ 2^62); together they add up past it.
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    let n = conn
+        .execute("UPDATE call_rows SET dur_ns = 1 << 61", [])
+        .unwrap();
+    assert!(n > 2, "{n} calls");
+    drop(conn);
+    let t = Trace::open(&path).unwrap();
+    let lean = match lean_load(&t, None) {
+        Ok(_) => panic!("the lean load read a trace whose totals overflow"),
+        Err(e) => e.to_string(),
+    };
+    let full = t.load(None).unwrap_err().to_string();
+    assert!(lean.contains("add up past 2^62"), "{lean}");
+    assert!(full.contains("add up past 2^62"), "{full}");
+}
