@@ -21,8 +21,8 @@ pub mod rollup;
 pub mod sites;
 pub mod span;
 pub mod stats;
-#[cfg(test)]
-mod testing;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 pub mod threads;
 pub mod units;
 

@@ -1,17 +1,150 @@
-//! What the unit tests of several modules share: the millisecond in trace
-//! nanoseconds, and the deterministic pseudo-random sequence the
-//! property-style tests sweep with (xorshift64: the same seed gives the same
-//! cases on every run).
+//! Test fixtures, not part of the API: what the unit tests of several
+//! modules share, and (through the `testing` feature, which only
+//! dev-dependencies turn on) what other crates' tests build their traces
+//! from, so one hand-built event means the same thing everywhere.
+//!
+//! Helpers panic on an unknown op name: a typo in a test must fail it.
+
+use crate::data::{ProcessInfo, TraceData};
+use crate::event::{BlockEvent, CallEvent, BLOCK_WORDS};
+use crate::ops::op_by_name;
 
 /// One millisecond, in the nanoseconds every timestamp is kept in.
-pub(crate) const MS: u64 = 1_000_000;
+pub const MS: u64 = 1_000_000;
+/// One microsecond, in nanoseconds.
+pub const US: u64 = 1_000;
 
-/// Successive xorshift64 values from `seed` (which must not be 0).
-pub(crate) fn xorshift(mut seed: u64) -> impl FnMut() -> u64 {
+/// Successive xorshift64 values from `seed` (which must not be 0): the
+/// deterministic pseudo-random sequence the property-style tests sweep with
+/// (the same seed gives the same cases on every run).
+pub fn xorshift(mut seed: u64) -> impl FnMut() -> u64 {
     move || {
         seed ^= seed << 13;
         seed ^= seed >> 7;
         seed ^= seed << 17;
         seed
     }
+}
+
+/// The id of the op named `op`.
+fn op_id(op: &str) -> u16 {
+    op_by_name(op)
+        .unwrap_or_else(|| panic!("unknown op {op}"))
+        .id
+}
+
+/// A call of `op` by pid/tid 100 at `ts`, lasting `dur`.
+pub fn call(op: &str, ts: u64, dur: u64) -> CallEvent {
+    CallEvent {
+        ts_ns: ts,
+        dur_ns: dur,
+        pid: 100,
+        tid: 100,
+        op: op_id(op),
+        ..Default::default()
+    }
+}
+
+/// A 10 µs `cudaMalloc` of `size` bytes returning `ptr`, by pid/tid 100.
+pub fn alloc(ts: u64, size: u64, ptr: u64) -> CallEvent {
+    let mut c = call("cudaMalloc", ts, 10 * US);
+    c.size = Some(size);
+    c.ptr = Some(ptr);
+    c
+}
+
+/// A 10 µs `cudaFree` of `ptr`, by pid/tid 100.
+pub fn free(ts: u64, ptr: u64) -> CallEvent {
+    let mut c = call("cudaFree", ts, 10 * US);
+    c.ptr = Some(ptr);
+    c
+}
+
+/// The one-process trace the findings tests build on: pid 100 named
+/// "train", with host context, spanning 0 to the end of its last call.
+pub fn trace(calls: Vec<CallEvent>) -> TraceData {
+    let end = calls.iter().map(|c| c.end_ns()).max().unwrap_or(0);
+    TraceData {
+        calls,
+        processes: vec![ProcessInfo {
+            pid: 100,
+            comm: "train".into(),
+            ..Default::default()
+        }],
+        start_ns: Some(0),
+        end_ns: Some(end),
+        has_host_context: true,
+        ..Default::default()
+    }
+}
+
+/// A PyTorch caching-allocator record (`op` is one of the
+/// `DeviceCachingAllocator::*` ops) of pid/tid `pid`, 5 ns long, ending at
+/// `ts`, for the block at address `block` whose first words are `words`.
+pub fn block_event(
+    pid: u32,
+    ts: u64,
+    op: &str,
+    block: u64,
+    requested: Option<u64>,
+    words: [u64; BLOCK_WORDS],
+) -> BlockEvent {
+    BlockEvent {
+        op: op_id(op),
+        pid,
+        tid: pid,
+        start_ns: ts - 5,
+        end_ns: ts,
+        requested,
+        block,
+        words,
+        stack_id: None,
+    }
+}
+
+/// [`block_event`] for a block that covers `size` bytes at `ptr`, its words
+/// in the layout the calibration recognises (size at word 6, requested size
+/// at 7, pointer at 9) and a value unique to `ts` elsewhere.
+pub fn torch_block(
+    pid: u32,
+    ts: u64,
+    op: &str,
+    block: u64,
+    ptr: u64,
+    size: u64,
+    requested: Option<u64>,
+) -> BlockEvent {
+    let mut words = [0x5555_0000_0000u64 + ts; BLOCK_WORDS];
+    words[6] = size;
+    words[7] = requested.unwrap_or(size - 100);
+    words[9] = ptr;
+    block_event(pid, ts, op, block, requested, words)
+}
+
+/// The allocator's life the memory tests replay in a segment at `base`: a
+/// 4 MiB block (4 MiB - 100 asked for) and a 512 B block (300 asked for)
+/// carved from it, then the first freed, at `ts[0]`, `ts[1]`, `ts[2]`.
+pub fn torch_blocks(pid: u32, base: u64, ts: [u64; 3]) -> [BlockEvent; 3] {
+    let malloc = "DeviceCachingAllocator::malloc";
+    [
+        torch_block(
+            pid,
+            ts[0],
+            malloc,
+            0xa,
+            base,
+            4 << 20,
+            Some((4 << 20) - 100),
+        ),
+        torch_block(pid, ts[1], malloc, 0xb, base + (4 << 20), 512, Some(300)),
+        torch_block(
+            pid,
+            ts[2],
+            "DeviceCachingAllocator::free",
+            0xa,
+            base,
+            4 << 20,
+            None,
+        ),
+    ]
 }

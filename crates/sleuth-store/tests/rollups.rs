@@ -6,20 +6,10 @@
 
 mod common;
 
+use common::trace_fixture::{assert_close, close};
 use common::{example, rewritten};
-use sleuth_core::rollup::MAX_RELATIVE_ERROR;
 use sleuth_core::stats::{self, StatsReport};
 use sleuth_store::Trace;
-
-fn close(got: Option<u64>, want: Option<u64>, what: &str) {
-    match (got, want) {
-        (Some(g), Some(w)) => assert!(
-            g.abs_diff(w) as f64 <= w as f64 * MAX_RELATIVE_ERROR,
-            "{what}: {g} vs {w}"
-        ),
-        (g, w) => assert_eq!(g, w, "{what}"),
-    }
-}
 
 fn assert_same(got: &StatsReport, want: &StatsReport) {
     assert_eq!(got.ops.len(), want.ops.len());
@@ -152,46 +142,6 @@ fn explain_both(name: &str) -> (serde_json::Value, serde_json::Value) {
         serde_json::to_value(&a).unwrap(),
         serde_json::to_value(&b).unwrap(),
     )
-}
-
-/// Equal, except what the histogram bounds (docs/schema.md): percentiles
-/// within MAX_RELATIVE_ERROR, a tail that may leave out calls within one
-/// bucket of p95 (its shares then follow those calls).
-fn assert_close(got: &serde_json::Value, want: &serde_json::Value, at: &str) {
-    use serde_json::Value;
-    match (got, want) {
-        (Value::Object(g), Value::Object(w)) => {
-            assert_eq!(
-                g.keys().collect::<Vec<_>>(),
-                w.keys().collect::<Vec<_>>(),
-                "{at}"
-            );
-            for (k, wv) in w {
-                let gv = &g[k];
-                let here = format!("{at}.{k}");
-                if k.ends_with("p50_ns") || k.ends_with("p95_ns") || k.ends_with("p99_ns") {
-                    close(gv.as_u64(), wv.as_u64(), &here);
-                } else if k == "p99_over_p50" {
-                    let (a, b) = (gv.as_f64().unwrap_or(0.0), wv.as_f64().unwrap_or(0.0));
-                    assert!(
-                        (a - b).abs() <= b * 3.0 * MAX_RELATIVE_ERROR,
-                        "{here}: {a} vs {b}"
-                    );
-                } else if k == "tail" && gv["calls"] != wv["calls"] {
-                    assert!(gv["calls"].as_u64() < wv["calls"].as_u64(), "{here}");
-                } else {
-                    assert_close(gv, wv, &here);
-                }
-            }
-        }
-        (Value::Array(g), Value::Array(w)) => {
-            assert_eq!(g.len(), w.len(), "{at}");
-            for (i, (a, b)) in g.iter().zip(w).enumerate() {
-                assert_close(a, b, &format!("{at}[{i}]"));
-            }
-        }
-        (g, w) => assert_eq!(g, w, "{at}"),
-    }
 }
 
 #[test]

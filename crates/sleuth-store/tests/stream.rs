@@ -6,22 +6,16 @@
 
 mod common;
 
-use common::{call, culprit, preempted, TempDir};
+use common::{call, culprit, example, preempted, TempDir};
 use serde_json::{to_value, Value};
 use sleuth_core::allocator::allocator_views;
-use sleuth_core::event::BLOCK_WORDS;
 use sleuth_core::ledger::ledger;
 use sleuth_core::sites::{memory_by_site, Frame, FrameKind, Stack};
-use sleuth_core::{op_by_name, BlockEvent, CallEvent, Event, OpCount, ProcessInfo, TraceSpan};
+use sleuth_core::testing::torch_blocks;
+use sleuth_core::{op_by_name, CallEvent, Event, OpCount, ProcessInfo, TraceSpan};
 use sleuth_store::stream::{CallQuery, MemoryTrace, Rows, StreamOrder};
 use sleuth_store::{CallFilter, CallOrder, ReadBudget, Trace, TraceWriter, WriterOptions};
-use std::path::{Path, PathBuf};
-
-fn example(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../examples")
-        .join(name)
-}
+use std::path::Path;
 
 fn budget() -> ReadBudget {
     ReadBudget::new(sleuth_store::DEFAULT_READ_TIMEOUT)
@@ -158,49 +152,7 @@ fn simulated(path: &Path) {
         c.runnable_ns = i;
         calls.push(c);
     }
-    let block = |ts: u64, op: &str, block: u64, ptr: u64, size: u64, req: Option<u64>| {
-        let mut words = [0x5555_0000_0000u64 + ts; BLOCK_WORDS];
-        words[6] = size;
-        words[7] = req.unwrap_or(size - 100);
-        words[9] = ptr;
-        BlockEvent {
-            op: op_by_name(op).unwrap().id,
-            pid: 100,
-            tid: 100,
-            start_ns: ts - 5,
-            end_ns: ts,
-            requested: req,
-            block,
-            words,
-            stack_id: None,
-        }
-    };
-    let blocks = [
-        block(
-            3_500,
-            "DeviceCachingAllocator::malloc",
-            0xa,
-            base,
-            4 << 20,
-            Some((4 << 20) - 100),
-        ),
-        block(
-            3_600,
-            "DeviceCachingAllocator::malloc",
-            0xb,
-            base + (4 << 20),
-            512,
-            Some(300),
-        ),
-        block(
-            4_500,
-            "DeviceCachingAllocator::free",
-            0xa,
-            base,
-            4 << 20,
-            None,
-        ),
-    ];
+    let blocks = torch_blocks(100, base, [3_500, 3_600, 4_500]);
     let mut events: Vec<(u64, Event)> = calls
         .into_iter()
         .map(|c| (c.ts_ns, Event::Call(c)))

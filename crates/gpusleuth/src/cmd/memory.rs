@@ -634,51 +634,9 @@ mod tests {
             ..Default::default()
         };
         let base = 0x7f00_0000_0000u64;
-        let block = |ts, op: &str, block: u64, ptr: u64, size: u64, req: Option<u64>| {
-            let mut words = [0x5555_0000_0000u64 + ts; sleuth_core::event::BLOCK_WORDS];
-            words[6] = size;
-            words[7] = req.unwrap_or(size - 100);
-            words[9] = ptr;
-            sleuth_core::BlockEvent {
-                op: sleuth_core::op_by_name(op).unwrap().id,
-                pid: 9,
-                tid: 9,
-                start_ns: ts - 5,
-                end_ns: ts,
-                requested: req,
-                block,
-                words,
-                stack_id: None,
-            }
-        };
         sleuth_core::TraceData {
             calls: vec![call(100, "cudaMalloc", Some(20 << 20), Some(base))],
-            blocks: vec![
-                block(
-                    200,
-                    "DeviceCachingAllocator::malloc",
-                    0xa,
-                    base,
-                    4 << 20,
-                    Some((4 << 20) - 100),
-                ),
-                block(
-                    300,
-                    "DeviceCachingAllocator::malloc",
-                    0xb,
-                    base + (4 << 20),
-                    512,
-                    Some(300),
-                ),
-                block(
-                    400,
-                    "DeviceCachingAllocator::free",
-                    0xa,
-                    base,
-                    4 << 20,
-                    None,
-                ),
-            ],
+            blocks: sleuth_core::testing::torch_blocks(9, base, [200, 300, 400]).to_vec(),
             ..Default::default()
         }
     }

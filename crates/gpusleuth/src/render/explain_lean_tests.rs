@@ -5,100 +5,17 @@
 //! within the histogram's bound (docs/schema.md).
 
 use super::*;
-use sleuth_core::rollup::MAX_RELATIVE_ERROR;
-use sleuth_core::{op_by_name, CallEvent, Event, ProcessInfo};
-use sleuth_store::{SessionInfo, Trace, TraceWriter, WriterOptions};
-use std::path::{Path, PathBuf};
+use sleuth_core::testing::{alloc, call, free, trace, MS, US};
+use sleuth_store::Trace;
+use std::path::Path;
 
-const MS: u64 = 1_000_000;
-const US: u64 = 1_000;
-
-/// A folder removed when the test ends.
-struct Dir(PathBuf);
-
-impl Dir {
-    fn new(tag: &str) -> Dir {
-        let p = std::env::temp_dir().join(format!(
-            "gpusleuth-explain-lean-{}-{tag}",
-            std::process::id()
-        ));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        Dir(p)
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn session() -> SessionInfo {
-    SessionInfo {
-        started_unix_ns: 1_700_000_000_000_000_000,
-        start_mono_ns: 1_000,
-        realtime_offset_ns: 1_699_999_999_000_000_000,
-        hostname: "testhost".into(),
-        kernel: "6.1.0".into(),
-        command: "gpusleuth trace -- ./work".into(),
-        target: "./work".into(),
-        launch_mode: "launch".into(),
-        tool_version: "0.1.0".into(),
-    }
-}
-
-/// Writes `data` through a fresh writer (events in time order), which
-/// stores the rollups and the finding rollups when it finishes.
-fn rewrite(data: &TraceData, path: &Path) {
-    let w = TraceWriter::create(path, session(), WriterOptions::default()).unwrap();
-    let h = w.handle();
-    for p in &data.processes {
-        h.set_process(p.clone()).unwrap();
-    }
-    for (k, v) in &data.stats {
-        if !k.starts_with("events_") {
-            h.set_stat(k.clone(), *v).unwrap();
-        }
-    }
-    h.set_op_counts(data.counts.clone()).unwrap();
-    let mut events: Vec<(u64, Event)> = data
-        .calls
-        .iter()
-        .map(|c| (c.ts_ns, Event::Call(c.clone())))
-        .chain(data.waits.iter().map(|w| (w.on_ns, Event::Wait(w.clone()))))
-        .collect();
-    events.sort_by_key(|e| e.0);
-    for (_, e) in events {
-        h.send(e).unwrap();
-    }
-    drop(h);
-    w.finish().unwrap();
-}
-
-fn call(op: &str, ts: u64, dur: u64) -> CallEvent {
-    CallEvent {
-        ts_ns: ts,
-        dur_ns: dur,
-        pid: 100,
-        tid: 100,
-        op: op_by_name(op).unwrap().id,
-        ..Default::default()
-    }
-}
-
-fn alloc(ts: u64, size: u64, ptr: u64) -> CallEvent {
-    let mut c = call("cudaMalloc", ts, 10 * US);
-    c.size = Some(size);
-    c.ptr = Some(ptr);
-    c
-}
-
-fn free(ts: u64, ptr: u64) -> CallEvent {
-    let mut c = call("cudaFree", ts, 10 * US);
-    c.ptr = Some(ptr);
-    c
-}
+// The writer fixture and the JSON comparison sleuth-store's rollup tests use.
+#[path = "../../tests/common/temp_dir.rs"]
+mod temp_dir;
+#[path = "../../../sleuth-store/tests/common/trace_fixture.rs"]
+mod trace_fixture;
+use temp_dir::TempDir;
+use trace_fixture::{assert_close, example, rewrite};
 
 /// One process that is preempted in its copies, has a slow tail of async
 /// copies, leaks memory through the run, empties and refills a cache and
@@ -137,66 +54,7 @@ fn every_kind() -> TraceData {
     failed.ret = 2;
     failed.ptr = None;
     calls.push(failed);
-    TraceData {
-        calls,
-        processes: vec![ProcessInfo {
-            pid: 100,
-            comm: "train".into(),
-            ..Default::default()
-        }],
-        has_host_context: true,
-        ..Default::default()
-    }
-}
-
-fn close(got: Option<u64>, want: Option<u64>, what: &str) {
-    match (got, want) {
-        (Some(g), Some(w)) => assert!(
-            g.abs_diff(w) as f64 <= w as f64 * MAX_RELATIVE_ERROR,
-            "{what}: {g} vs {w}"
-        ),
-        (g, w) => assert_eq!(g, w, "{what}"),
-    }
-}
-
-/// Equal, except what the histogram bounds: percentiles within
-/// MAX_RELATIVE_ERROR, a tail that may leave out calls within one bucket of
-/// p95 (as in sleuth-store's tests/rollups.rs).
-fn assert_close(got: &serde_json::Value, want: &serde_json::Value, at: &str) {
-    use serde_json::Value;
-    match (got, want) {
-        (Value::Object(g), Value::Object(w)) => {
-            assert_eq!(
-                g.keys().collect::<Vec<_>>(),
-                w.keys().collect::<Vec<_>>(),
-                "{at}"
-            );
-            for (k, wv) in w {
-                let gv = &g[k];
-                let here = format!("{at}.{k}");
-                if k.ends_with("p50_ns") || k.ends_with("p95_ns") || k.ends_with("p99_ns") {
-                    close(gv.as_u64(), wv.as_u64(), &here);
-                } else if k == "p99_over_p50" {
-                    let (a, b) = (gv.as_f64().unwrap_or(0.0), wv.as_f64().unwrap_or(0.0));
-                    assert!(
-                        (a - b).abs() <= b * 3.0 * MAX_RELATIVE_ERROR,
-                        "{here}: {a} vs {b}"
-                    );
-                } else if k == "tail" && gv["calls"] != wv["calls"] {
-                    assert!(gv["calls"].as_u64() < wv["calls"].as_u64(), "{here}");
-                } else {
-                    assert_close(gv, wv, &here);
-                }
-            }
-        }
-        (Value::Array(g), Value::Array(w)) => {
-            assert_eq!(g.len(), w.len(), "{at}");
-            for (i, (a, b)) in g.iter().zip(w).enumerate() {
-                assert_close(a, b, &format!("{at}[{i}]"));
-            }
-        }
-        (g, w) => assert_eq!(g, w, "{at}"),
-    }
+    trace(calls)
 }
 
 /// The same words in the same order; a word may differ only where both
@@ -260,12 +118,9 @@ fn compare(path: &Path, at: &str) -> Vec<String> {
 #[test]
 fn the_examples_explain_the_same_from_their_finding_rollups() {
     for name in ["h200-contention.db", "demo-sim.db"] {
-        let dir = Dir::new(name);
-        let src = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../examples")
-            .join(name);
-        let data = Trace::open(&src).unwrap().load(None).unwrap();
-        let path = dir.0.join("again.db");
+        let dir = TempDir::new(name);
+        let data = Trace::open(&example(name)).unwrap().load(None).unwrap();
+        let path = dir.join("again.db");
         rewrite(&data, &path);
         let kinds = compare(&path, name);
         assert!(!kinds.is_empty(), "{name}");
@@ -274,8 +129,8 @@ fn the_examples_explain_the_same_from_their_finding_rollups() {
 
 #[test]
 fn every_finding_kind_explains_the_same_from_the_finding_rollups() {
-    let dir = Dir::new("every-kind");
-    let path = dir.0.join("t.db");
+    let dir = TempDir::new("every-kind");
+    let path = dir.join("t.db");
     rewrite(&every_kind(), &path);
     let kinds = compare(&path, "every kind");
     for k in [
@@ -291,15 +146,14 @@ fn every_finding_kind_explains_the_same_from_the_finding_rollups() {
 
 #[test]
 fn traces_without_finding_rollups_take_the_full_load() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/demo-sim.db");
-    let t = Trace::open(&src).unwrap();
+    let t = Trace::open(&example("demo-sim.db")).unwrap();
     assert!(lean_load(&t, None).unwrap().is_none());
 }
 
 #[test]
 fn the_lean_load_refuses_durations_adding_up_past_2_62_like_the_full_load() {
-    let dir = Dir::new("lean-overflow");
-    let path = dir.0.join("t.db");
+    let dir = TempDir::new("lean-overflow");
+    let path = dir.join("t.db");
     rewrite(&every_kind(), &path);
     // Each duration stays valid (≤ 2^62); together they add up past it.
     let conn = rusqlite::Connection::open(&path).unwrap();

@@ -80,17 +80,9 @@ impl Sim {
         words: [u64; BLOCK_WORDS],
     ) {
         let ts = self.tick();
-        self.blocks.push(BlockEvent {
-            op: op_by_name(op).unwrap().id,
-            pid: PID,
-            tid: PID,
-            start_ns: ts - 5,
-            end_ns: ts,
-            requested,
-            block,
-            words,
-            stack_id: None,
-        });
+        self.blocks.push(crate::testing::block_event(
+            PID, ts, op, block, requested, words,
+        ));
     }
     pub(crate) fn malloc(&mut self, block: u64, ptr: u64, size: u64, requested: u64) {
         // Other words: host pointers, a stream handle, flags — nothing that

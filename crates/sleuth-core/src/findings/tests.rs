@@ -1,24 +1,10 @@
 //! Each finding kind from hand-built events, thresholds at their edges.
 
 use super::*;
-use crate::data::ProcessInfo;
 use crate::event::{CallEvent, WaitEvent, WaitKind, Waker};
-use crate::ops::op_by_name;
-
-pub(super) const MS: u64 = 1_000_000;
-pub(super) const US: u64 = 1_000;
-
-/// A call of `op` by pid/tid 100 (shared with the verdict tests).
-pub(super) fn call(op: &str, ts: u64, dur: u64) -> CallEvent {
-    CallEvent {
-        ts_ns: ts,
-        dur_ns: dur,
-        pid: 100,
-        tid: 100,
-        op: op_by_name(op).unwrap().id,
-        ..Default::default()
-    }
-}
+// Shared with the verdict tests (and, through the crate's `testing`
+// feature, with the lean-load tests of `explain`).
+pub(super) use crate::testing::{alloc, call, free, trace, MS, US};
 
 /// A wait of pid/tid 100 with no culprits (shared with the verdict tests).
 pub(super) fn wait(
@@ -46,35 +32,6 @@ fn split(mut c: CallEvent, runnable: u64, blocked: u64) -> CallEvent {
     c.runnable_ns = runnable;
     c.blocked_ns = blocked;
     c
-}
-
-fn alloc(ts: u64, size: u64, ptr: u64) -> CallEvent {
-    let mut c = call("cudaMalloc", ts, 10 * US);
-    c.size = Some(size);
-    c.ptr = Some(ptr);
-    c
-}
-
-fn free(ts: u64, ptr: u64) -> CallEvent {
-    let mut c = call("cudaFree", ts, 10 * US);
-    c.ptr = Some(ptr);
-    c
-}
-
-pub(super) fn trace(calls: Vec<CallEvent>) -> TraceData {
-    let end = calls.iter().map(|c| c.end_ns()).max().unwrap_or(0);
-    TraceData {
-        calls,
-        processes: vec![ProcessInfo {
-            pid: 100,
-            comm: "train".into(),
-            ..Default::default()
-        }],
-        start_ns: Some(0),
-        end_ns: Some(end),
-        has_host_context: true,
-        ..Default::default()
-    }
 }
 
 fn kinds(f: &[Finding]) -> Vec<(Kind, &str)> {

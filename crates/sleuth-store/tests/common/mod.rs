@@ -1,11 +1,10 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
-use sleuth_core::TraceData;
 use sleuth_core::{
     op_by_name, CallEvent, Culprit, Event, ProcEvent, ProcKind, WaitEvent, WaitKind,
 };
-use sleuth_store::{SessionInfo, Trace, TraceWriter, WriterOptions};
+use sleuth_store::{Trace, TraceWriter, WriterOptions};
 use std::path::{Path, PathBuf};
 
 pub mod ingero;
@@ -18,19 +17,8 @@ pub use skip::skipped;
 mod temp_dir;
 pub use temp_dir::TempDir;
 
-pub fn session() -> SessionInfo {
-    SessionInfo {
-        started_unix_ns: 1_700_000_000_000_000_000,
-        start_mono_ns: 1_000,
-        realtime_offset_ns: 1_699_999_999_000_000_000,
-        hostname: "testhost".into(),
-        kernel: "6.1.0".into(),
-        command: "gpusleuth trace -- ./work".into(),
-        target: "./work".into(),
-        launch_mode: "launch".into(),
-        tool_version: "0.1.0".into(),
-    }
-}
+pub mod trace_fixture;
+pub use trace_fixture::{example, rewrite, session};
 
 pub fn call(op: &str, pid: u32, tid: u32, ts: u64, dur: u64) -> CallEvent {
     CallEvent {
@@ -156,40 +144,6 @@ pub fn stored_counts(db: &Path) -> std::collections::BTreeMap<String, u64> {
         .iter()
         .map(|r| (r[0].as_str().unwrap().to_string(), r[1].as_u64().unwrap()))
         .collect()
-}
-
-/// A trace of the repository's `examples/` (written by earlier versions).
-pub fn example(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../examples")
-        .join(name)
-}
-
-/// Writes `data` through a fresh writer (events in time order).
-pub fn rewrite(data: &TraceData, path: &Path) {
-    let w = TraceWriter::create(path, session(), WriterOptions::default()).unwrap();
-    let h = w.handle();
-    for p in &data.processes {
-        h.set_process(p.clone()).unwrap();
-    }
-    for (k, v) in &data.stats {
-        if !k.starts_with("events_") {
-            h.set_stat(k.clone(), *v).unwrap();
-        }
-    }
-    h.set_op_counts(data.counts.clone()).unwrap();
-    let mut events: Vec<(u64, Event)> = data
-        .calls
-        .iter()
-        .map(|c| (c.ts_ns, Event::Call(c.clone())))
-        .chain(data.waits.iter().map(|w| (w.on_ns, Event::Wait(w.clone()))))
-        .collect();
-    events.sort_by_key(|e| e.0);
-    for (_, e) in events {
-        h.send(e).unwrap();
-    }
-    drop(h);
-    w.finish().unwrap();
 }
 
 /// An example trace written again through today's writer (so with rollups,

@@ -1,0 +1,111 @@
+//! Traces written again through today's writer, and the comparison of a
+//! stored-rollup answer with the in-memory one. Shared by sleuth-store's
+//! integration tests and, through `#[path]`, by the lean-load tests of
+//! `gpusleuth explain`, which check the same bound on the same kind of
+//! rewritten trace.
+
+use sleuth_core::rollup::MAX_RELATIVE_ERROR;
+use sleuth_core::{Event, TraceData};
+use sleuth_store::{SessionInfo, TraceWriter, WriterOptions};
+use std::path::{Path, PathBuf};
+
+pub fn session() -> SessionInfo {
+    SessionInfo {
+        started_unix_ns: 1_700_000_000_000_000_000,
+        start_mono_ns: 1_000,
+        realtime_offset_ns: 1_699_999_999_000_000_000,
+        hostname: "testhost".into(),
+        kernel: "6.1.0".into(),
+        command: "gpusleuth trace -- ./work".into(),
+        target: "./work".into(),
+        launch_mode: "launch".into(),
+        tool_version: "0.1.0".into(),
+    }
+}
+
+/// A trace of the repository's `examples/` (written by earlier versions).
+pub fn example(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../examples")
+        .join(name)
+}
+
+/// Writes `data` through a fresh writer (events in time order), which
+/// stores the rollups and the finding rollups when it finishes.
+pub fn rewrite(data: &TraceData, path: &Path) {
+    let w = TraceWriter::create(path, session(), WriterOptions::default()).unwrap();
+    let h = w.handle();
+    for p in &data.processes {
+        h.set_process(p.clone()).unwrap();
+    }
+    for (k, v) in &data.stats {
+        if !k.starts_with("events_") {
+            h.set_stat(k.clone(), *v).unwrap();
+        }
+    }
+    h.set_op_counts(data.counts.clone()).unwrap();
+    let mut events: Vec<(u64, Event)> = data
+        .calls
+        .iter()
+        .map(|c| (c.ts_ns, Event::Call(c.clone())))
+        .chain(data.waits.iter().map(|w| (w.on_ns, Event::Wait(w.clone()))))
+        .collect();
+    events.sort_by_key(|e| e.0);
+    for (_, e) in events {
+        h.send(e).unwrap();
+    }
+    drop(h);
+    w.finish().unwrap();
+}
+
+/// A percentile from the rollups against the exact one: within
+/// MAX_RELATIVE_ERROR, or both absent.
+pub fn close(got: Option<u64>, want: Option<u64>, what: &str) {
+    match (got, want) {
+        (Some(g), Some(w)) => assert!(
+            g.abs_diff(w) as f64 <= w as f64 * MAX_RELATIVE_ERROR,
+            "{what}: {g} vs {w}"
+        ),
+        (g, w) => assert_eq!(g, w, "{what}"),
+    }
+}
+
+/// Equal, except what the histogram bounds (docs/schema.md): percentiles
+/// within MAX_RELATIVE_ERROR, a tail that may leave out calls within one
+/// bucket of p95 (its shares then follow those calls).
+pub fn assert_close(got: &serde_json::Value, want: &serde_json::Value, at: &str) {
+    use serde_json::Value;
+    match (got, want) {
+        (Value::Object(g), Value::Object(w)) => {
+            assert_eq!(
+                g.keys().collect::<Vec<_>>(),
+                w.keys().collect::<Vec<_>>(),
+                "{at}"
+            );
+            for (k, wv) in w {
+                let gv = &g[k];
+                let here = format!("{at}.{k}");
+                if k.ends_with("p50_ns") || k.ends_with("p95_ns") || k.ends_with("p99_ns") {
+                    close(gv.as_u64(), wv.as_u64(), &here);
+                } else if k == "p99_over_p50" {
+                    let (a, b) = (gv.as_f64().unwrap_or(0.0), wv.as_f64().unwrap_or(0.0));
+                    assert!(
+                        (a - b).abs() <= b * 3.0 * MAX_RELATIVE_ERROR,
+                        "{here}: {a} vs {b}"
+                    );
+                } else if k == "tail" && gv["calls"] != wv["calls"] {
+                    assert!(gv["calls"].as_u64() < wv["calls"].as_u64(), "{here}");
+                } else {
+                    assert_close(gv, wv, &here);
+                }
+            }
+        }
+        (Value::Array(g), Value::Array(w)) => {
+            assert_eq!(g.len(), w.len(), "{at}");
+            for (i, (a, b)) in g.iter().zip(w).enumerate() {
+                assert_close(a, b, &format!("{at}[{i}]"));
+            }
+        }
+        (g, w) => assert_eq!(g, w, "{at}"),
+    }
+}
