@@ -15,7 +15,8 @@ use crate::open::{has_table, open_trace_file};
 use crate::reader::{check_is_trace, check_schema, Trace};
 use crate::rows::{call_from_row, calls_sql};
 use crate::StoreError;
-use rusqlite::{params, Connection, OptionalExtension};
+use rusqlite::types::FromSql;
+use rusqlite::{params, Connection, OptionalExtension, Params};
 use sleuth_core::decompose::Split;
 use sleuth_core::findings::inputs::{
     FindingInputs, LatencyHist, OpInputs, Resolution, ThreadInputs,
@@ -76,13 +77,11 @@ pub(crate) fn write(conn: &Connection) -> rusqlite::Result<()> {
     for (t, _) in TABLES {
         conn.execute(&format!("DELETE FROM {t}"), [])?;
     }
-    let tracer: Option<i64> = conn
-        .query_row(
-            "SELECT value FROM stats WHERE name = ?1",
-            [TRACER_PID_STAT],
-            |r| r.get(0),
-        )
-        .optional()?;
+    let tracer: Option<i64> = value(
+        conn,
+        "SELECT value FROM stats WHERE name = ?1",
+        [TRACER_PID_STAT],
+    )?;
     let tracer = tracer
         .and_then(|t| u32::try_from(t).ok())
         .filter(|&t| t != 0);
@@ -237,16 +236,19 @@ fn store(conn: &Connection, f: &FindingInputs) -> rusqlite::Result<()> {
     Ok(())
 }
 
+/// The first column of the one row `sql` finds, or None when it finds none.
+fn value<T: FromSql>(conn: &Connection, sql: &str, p: impl Params) -> rusqlite::Result<Option<T>> {
+    conn.query_row(sql, p, |r| r.get(0)).optional()
+}
+
 /// Whether `table` is a plain table with exactly `cols` and no index or
 /// trigger hung on it (a crafted file must not run anything on a read).
 fn plain_table(conn: &Connection, table: &str, cols: &[&str]) -> rusqlite::Result<bool> {
-    let kind: Option<String> = conn
-        .query_row(
-            "SELECT type FROM sqlite_master WHERE name = ?1",
-            [table],
-            |r| r.get(0),
-        )
-        .optional()?;
+    let kind: Option<String> = value(
+        conn,
+        "SELECT type FROM sqlite_master WHERE name = ?1",
+        [table],
+    )?;
     if kind.as_deref() != Some("table") {
         return Ok(false);
     }
@@ -275,14 +277,12 @@ pub fn finding_inputs(trace: &Trace) -> Result<Option<FindingInputs>, StoreError
     let (_, version) = check_is_trace(&conn, path)?;
     check_schema(&conn, path, version)?;
     let err = |e: rusqlite::Error| StoreError::file(path, format!("finding rollups: {e}"));
-    let done: Option<String> = conn
-        .query_row(
-            "SELECT value FROM meta WHERE key = 'finding_rollups'",
-            [],
-            |r| r.get(0),
-        )
-        .optional()
-        .map_err(err)?;
+    let done: Option<String> = value(
+        &conn,
+        "SELECT value FROM meta WHERE key = 'finding_rollups'",
+        [],
+    )
+    .map_err(err)?;
     if done.as_deref() != Some(COMPLETE) || !trace.has_rollups()? {
         return Ok(None);
     }

@@ -540,39 +540,26 @@ fn proc_event(
     if e.source != SRC_HOST {
         return None;
     }
-    let comm = |pid: u32| names.get(&pid).cloned().unwrap_or_default();
     let ts = e.ts as u64;
+    // Exit codes are unknown: 0. The name is the one known for the process.
+    let event = |kind, pid: u32, tid, ppid| {
+        Some(ProcEvent {
+            kind,
+            ts_ns: ts,
+            pid,
+            tid,
+            ppid,
+            exit_code: 0,
+            comm: names.get(&pid).cloned().unwrap_or_default(),
+        })
+    };
     match name? {
         "process_fork" if e.arg1 > 0 && e.arg1 <= PID_MAX_LIMIT => {
             let child = e.arg1 as u32;
-            Some(ProcEvent {
-                kind: ProcKind::Fork,
-                ts_ns: ts,
-                pid: child,
-                tid: child,
-                ppid: e.pid,
-                exit_code: 0,
-                comm: comm(child),
-            })
+            event(ProcKind::Fork, child, child, e.pid)
         }
-        "process_exec" => Some(ProcEvent {
-            kind: ProcKind::Exec,
-            ts_ns: ts,
-            pid: e.pid,
-            tid: e.tid,
-            ppid: 0,
-            exit_code: 0,
-            comm: comm(e.pid),
-        }),
-        "process_exit" if e.tid == e.pid => Some(ProcEvent {
-            kind: ProcKind::Exit,
-            ts_ns: ts,
-            pid: e.pid,
-            tid: e.tid,
-            ppid: 0,
-            exit_code: 0,
-            comm: comm(e.pid),
-        }),
+        "process_exec" => event(ProcKind::Exec, e.pid, e.tid, 0),
+        "process_exit" if e.tid == e.pid => event(ProcKind::Exit, e.pid, e.tid, 0),
         _ => None,
     }
 }
@@ -593,44 +580,44 @@ fn notes(sum: &ImportSummary, machine: &str) -> Vec<String> {
             sum.sched_switch_skipped
         ));
     }
-    if !sum.not_stored_by_ingero.is_empty() {
-        let list: Vec<String> = sum
-            .not_stored_by_ingero
-            .iter()
-            .map(|(op, n)| format!("{op} {n}"))
-            .collect();
-        out.push(format!(
-            "calls Ingero counted but did not store: {}",
-            list.join(", ")
-        ));
-    }
-    if !sum.invalid_events.is_empty() {
-        let list: Vec<String> = sum
-            .invalid_events
-            .iter()
-            .map(|(why, n)| format!("{n} ({why})"))
-            .collect();
-        out.push(format!(
-            "rows with impossible values, skipped: {}",
-            list.join(", ")
-        ));
-    }
+    push_counts(
+        &mut out,
+        "calls Ingero counted but did not store",
+        &sum.not_stored_by_ingero,
+        |op, n| format!("{op} {n}"),
+    );
+    push_counts(
+        &mut out,
+        "rows with impossible values, skipped",
+        &sum.invalid_events,
+        |why, n| format!("{n} ({why})"),
+    );
     if sum.names_cut > 0 {
         out.push(format!(
             "{} process names longer than {MAX_NAME_BYTES} bytes were cut to that length",
             sum.names_cut
         ));
     }
-    if !sum.skipped_unknown.is_empty() {
-        let list: Vec<String> = sum
-            .skipped_unknown
-            .iter()
-            .map(|(op, n)| format!("{op} {n}"))
-            .collect();
-        out.push(format!(
-            "events of ops gpusleuth does not map, skipped: {}",
-            list.join(", ")
-        ));
-    }
+    push_counts(
+        &mut out,
+        "events of ops gpusleuth does not map, skipped",
+        &sum.skipped_unknown,
+        |op, n| format!("{op} {n}"),
+    );
     out
+}
+
+/// Adds the note `what: a, b, ...` listing `counts` (each entry written by
+/// `entry`), unless there is nothing to list.
+fn push_counts(
+    out: &mut Vec<String>,
+    what: &str,
+    counts: &BTreeMap<String, u64>,
+    entry: impl Fn(&str, u64) -> String,
+) {
+    if counts.is_empty() {
+        return;
+    }
+    let list: Vec<String> = counts.iter().map(|(k, n)| entry(k, *n)).collect();
+    out.push(format!("{what}: {}", list.join(", ")));
 }

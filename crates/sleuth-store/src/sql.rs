@@ -222,28 +222,20 @@ fn authorize(ctx: AuthContext<'_>) -> Authorization {
         AuthAction::Select | AuthAction::Read { .. } | AuthAction::Recursive => {
             Authorization::Allow
         }
-        AuthAction::Function { function_name } => {
-            if DENIED_FUNCTIONS
-                .iter()
-                .any(|f| f.eq_ignore_ascii_case(function_name))
-            {
-                Authorization::Deny
-            } else {
-                Authorization::Allow
-            }
+        AuthAction::Function { function_name } if !listed(DENIED_FUNCTIONS, function_name) => {
+            Authorization::Allow
         }
-        AuthAction::Pragma { pragma_name, .. } => {
-            if READ_PRAGMAS
-                .iter()
-                .any(|p| p.eq_ignore_ascii_case(pragma_name))
-            {
-                Authorization::Allow
-            } else {
-                Authorization::Deny
-            }
+        AuthAction::Pragma { pragma_name, .. } if listed(READ_PRAGMAS, pragma_name) => {
+            Authorization::Allow
         }
         _ => Authorization::Deny,
     }
+}
+
+/// Whether `name` is in `list`: SQLite's function and pragma names are
+/// case-insensitive, so the lists must be too.
+fn listed(list: &[&str], name: &str) -> bool {
+    list.iter().any(|l| l.eq_ignore_ascii_case(name))
 }
 
 /// Lowers SQLite's process-wide hard heap limit to `bytes` (never raises it).
