@@ -11,8 +11,12 @@
 //! ground truth comes from SQLite, not from gpusleuth). Files that are
 //! intact but hold unusable rows must say so, with counts.
 
+#[path = "common/bin.rs"]
+mod bin;
 #[path = "common/mcp_stdio.rs"]
 mod mcp_stdio;
+
+use bin::gpusleuth_with;
 
 use mcp_stdio::McpStdio;
 use rusqlite::Connection;
@@ -22,7 +26,7 @@ mod temp_dir;
 use temp_dir::TempDir;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 /// Per run; a debug build on a busy 2-core CI machine reads the example in well under a second.
@@ -42,11 +46,8 @@ struct Run {
 /// Runs gpusleuth with a deadline; a run past it is killed and reported as a hang.
 fn run(args: &[&str]) -> Run {
     let t0 = Instant::now();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_gpusleuth"))
+    let mut child = gpusleuth_with(Stdio::null(), Stdio::piped(), Stdio::piped())
         .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
         .spawn()
         .expect("spawn gpusleuth");
     // Drain both pipes on threads so a chatty run cannot block on a full pipe.

@@ -6,9 +6,12 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
+#[path = "common/bin.rs"]
+mod bin;
 #[path = "common/temp_dir.rs"]
 #[allow(dead_code)] // join() is for the library crates' tests
 mod temp_dir;
+use bin::gpusleuth_with;
 use temp_dir::TempDir;
 
 use std::path::{Path, PathBuf};
@@ -32,14 +35,11 @@ impl Drop for Server {
 }
 
 fn start(extra: &[&str]) -> Server {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_gpusleuth"))
+    let mut child = gpusleuth_with(Stdio::null(), Stdio::null(), Stdio::piped())
         .args(["mcp", "--db"])
         .arg(example())
         .args(["--http", "127.0.0.1:0"])
         .args(extra)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
         .spawn()
         .expect("start server");
     let mut line = String::new();

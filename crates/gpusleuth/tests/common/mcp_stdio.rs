@@ -1,8 +1,12 @@
 //! A raw JSON-RPC client over `gpusleuth mcp`'s stdio, for tests that call
 //! MCP tools without the Python client. Included through `#[path]`.
 
+#[path = "bin.rs"]
+mod bin;
+
+use bin::gpusleuth_with;
 use std::ffi::OsStr;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 /// A raw JSON-RPC client over `gpusleuth mcp`'s stdio.
@@ -18,12 +22,9 @@ impl McpStdio {
     /// Starts `gpusleuth mcp ARGS` and initializes the session; each request
     /// must be answered within `deadline`.
     pub fn start(args: &[&OsStr], deadline: Duration) -> McpStdio {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_gpusleuth"))
+        let mut child = gpusleuth_with(Stdio::piped(), Stdio::piped(), Stdio::null())
             .arg("mcp")
             .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
             .spawn()
             .expect("start mcp");
         let stdin = child.stdin.take().expect("stdin");
