@@ -54,36 +54,37 @@ const D: u64 = 20 * MIB;
 /// NVML sample period of the simulated driver in this test.
 const PERIOD_NS: u64 = 100_000_000;
 
-/// A simulated NVML scenario of one 80 GiB GPU, plus `extra` lines.
-fn sim_scenario(sb: &Sandbox, extra: &str) -> PathBuf {
-    let scenario = sb.path("scenario.txt");
-    let device = format!("device SimGPU GPU-sim-0 {} 0\n", 80u64 << 30);
-    std::fs::write(&scenario, device + extra).unwrap();
-    scenario
+/// Where the simulated workload logs its GPU activity in the sandbox (the
+/// busy time the simulated NVML reports).
+fn activity_log(sb: &Sandbox) -> PathBuf {
+    sb.path("activity.txt")
+}
+
+/// Files in the sandbox named as a workload script names them (the
+/// `touch`/`await`/`stamp` steps the tests synchronise on).
+fn script_paths<const N: usize>(sb: &Sandbox, names: [&str; N]) -> [String; N] {
+    names.map(|n| sb.path(n).display().to_string())
 }
 
 /// The simulated workload running `script`, logging its GPU activity to
-/// `activity` (what the simulated NVML reports as busy time).
-fn sim_workload(sb: &Sandbox, script: &str, activity: &Path) -> Guard {
+/// [`activity_log`].
+fn sim_workload(sb: &Sandbox, script: &str) -> Guard {
     Guard(
         Command::new(&sb.sim.workload)
             .arg(script)
-            .env("SIM_GPU_ACTIVITY", activity)
+            .env("SIM_GPU_ACTIVITY", activity_log(sb))
             .spawn()
             .expect("start workload"),
     )
 }
 
-/// `gpusleuth trace --quiet <args>` into the sandbox's database, against the
-/// simulated NVML of `scenario` and the workload's `activity` log, writing
-/// `go` once it is attached.
-fn sim_nvml_trace(
-    sb: &Sandbox,
-    args: &[&str],
-    go: &str,
-    scenario: &Path,
-    activity: &Path,
-) -> Command {
+/// `gpusleuth trace --quiet <args>` into the sandbox's database, against a
+/// simulated NVML of one 80 GiB GPU (its scenario plus the `extra` lines)
+/// and the workload's [`activity_log`], writing `go` once it is attached.
+fn sim_nvml_trace(sb: &Sandbox, args: &[&str], go: &str, extra: &str) -> Command {
+    let scenario = sb.path("scenario.txt");
+    let device = format!("device SimGPU GPU-sim-0 {} 0\n", 80u64 << 30);
+    std::fs::write(&scenario, device + extra).unwrap();
     let mut cmd = gpusleuth();
     cmd.args(["trace", "--quiet"])
         .args(args)
@@ -93,7 +94,7 @@ fn sim_nvml_trace(
         .arg(go)
         .env("GPUSLEUTH_NVML_LIB", &support::fixtures().sim_nvml)
         .env("SIM_NVML_SCENARIO", scenario)
-        .env("SIM_GPU_ACTIVITY", activity);
+        .env("SIM_GPU_ACTIVITY", activity_log(sb));
     cmd
 }
 
@@ -181,18 +182,15 @@ fn attach_shows_memory_held_before_the_trace_and_gpu_busy_samples() {
     let Some(sb) = Sandbox::for_ebpf("attach") else {
         return;
     };
-    let scenario = sim_scenario(&sb, "sample_period_ms 100\n");
-    let activity = sb.path("activity.txt");
-    let p = |n: &str| sb.path(n).display().to_string();
-    let (pre, go, done, fin) = (p("pre"), p("go"), p("done"), p("fin"));
-    let (s0, s1) = (p("busy_start"), p("busy_end"));
+    let [pre, go, done, fin] = script_paths(&sb, ["pre", "go", "done", "fin"]);
+    let [s0, s1] = script_paths(&sb, ["busy_start", "busy_end"]);
     let script = format!(
         "malloc {A} A; malloc {B} B; touch {pre}; await {go}; \
          free A; malloc {C} C; free C; malloc {D} D; \
          stamp {s0}; sync_sleep 400; stamp {s1}; touch {done}; \
          sync_sleep 3000; await {fin}"
     );
-    let mut workload = sim_workload(&sb, &script, &activity);
+    let mut workload = sim_workload(&sb, &script);
     let pid = workload.id();
     wait_for_file(Path::new(&pre), 20);
 
@@ -207,8 +205,7 @@ fn attach_shows_memory_held_before_the_trace_and_gpu_busy_samples() {
             &sb,
             &["--pid", &pid.to_string(), "--metrics", &addr],
             &go,
-            &scenario,
-            &activity,
+            "sample_period_ms 100\n",
         )
         .stderr(Stdio::piped())
         .spawn()
@@ -309,7 +306,7 @@ fn attach_shows_memory_held_before_the_trace_and_gpu_busy_samples() {
     let samples = db
         .ints("SELECT ts_ns, period_ns, CAST(busy_pct AS INTEGER) FROM gpu_samples WHERE gpu = 0");
     assert!(samples.len() >= 10, "about one per 100 ms: {samples:?}");
-    let busy = busy_intervals(&activity, realtime_offset_ns());
+    let busy = busy_intervals(&activity_log(&sb), realtime_offset_ns());
     assert_eq!(busy.len(), 2, "two scripted syncs");
     let margin = 5_000_000u64; // clock reading skew is µs; 5 ms is ample
     let (mut inside, mut outside) = (0, 0);
@@ -415,18 +412,15 @@ fn all_processes_mode_gets_the_same_baseline() {
     let Some(sb) = Sandbox::for_ebpf("attach-all") else {
         return;
     };
-    let scenario = sim_scenario(&sb, "");
-    let activity = sb.path("activity.txt");
-    let p = |n: &str| sb.path(n).display().to_string();
-    let (pre, go, done, fin) = (p("pre"), p("go"), p("done"), p("fin"));
+    let [pre, go, done, fin] = script_paths(&sb, ["pre", "go", "done", "fin"]);
     let script = format!(
         "malloc {A} X; touch {pre}; await {go}; free X; malloc {D} Y; touch {done}; await {fin}"
     );
-    let mut workload = sim_workload(&sb, &script, &activity);
+    let mut workload = sim_workload(&sb, &script);
     let pid = workload.id();
     wait_for_file(Path::new(&pre), 20);
     let mut tracer = Guard(
-        sim_nvml_trace(&sb, &[], &go, &scenario, &activity)
+        sim_nvml_trace(&sb, &[], &go, "")
             .stderr(Stdio::null())
             .spawn()
             .expect("start trace"),
@@ -476,8 +470,7 @@ fn a_return_whose_call_began_before_the_attach_is_an_edge_not_a_drop() {
     let Some(sb) = Sandbox::for_ebpf("edge") else {
         return;
     };
-    let p = |n: &str| sb.path(n).display().to_string();
-    let (a_ready, b_ready, done, fin) = (p("a_ready"), p("b_ready"), p("done"), p("fin"));
+    let [a_ready, b_ready, done, fin] = script_paths(&sb, ["a_ready", "b_ready", "done", "fin"]);
     // The bystander only maps the libraries (one call), then waits.
     let mut bystander = Guard(
         Command::new(&sb.sim.workload)

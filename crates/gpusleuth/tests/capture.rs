@@ -7,6 +7,8 @@ mod common;
 use common::*;
 use sleuth_sim::{device_ptrs, ERR_OUT_OF_MEMORY, HOST_BASE, VA_BASE};
 use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
 
 /// Every runtime and driver entry point, with the counts this script makes.
 const ALL_OPS_SCRIPT: &str = "malloc 4096 a; malloc 1000 b; malloc_managed 2048 m; \
@@ -363,17 +365,7 @@ fn attach_to_a_running_pid_that_exits_mid_trace() {
         .spawn()
         .unwrap();
     let pid = workload.id().to_string();
-    let out = gpusleuth()
-        .args([
-            "trace",
-            "--quiet",
-            "--duration",
-            "4s",
-            "--pid",
-            &pid,
-            "--db",
-        ])
-        .arg(sb.db())
+    let out = trace_pid(&pid, "4s", &sb.db())
         .arg("--ready-file")
         .arg(&go)
         .output()
@@ -425,6 +417,22 @@ fn garbage_pid_is_rejected() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("abc"));
 }
 
+/// `trace --quiet --duration DURATION --pid PID --db DB`.
+fn trace_pid(pid: &str, duration: &str, db: &Path) -> Command {
+    let mut c = gpusleuth();
+    c.args([
+        "trace",
+        "--quiet",
+        "--duration",
+        duration,
+        "--pid",
+        pid,
+        "--db",
+    ])
+    .arg(db);
+    c
+}
+
 #[test]
 fn bad_inputs_give_one_line_errors() {
     let Some(sb) = Sandbox::for_ebpf("bad") else {
@@ -434,17 +442,7 @@ fn bad_inputs_give_one_line_errors() {
     let mut gone = std::process::Command::new("true").spawn().unwrap();
     gone.wait().unwrap();
     let gone = gone.id().to_string();
-    let out = gpusleuth()
-        .args([
-            "trace",
-            "--quiet",
-            "--duration",
-            "1s",
-            "--pid",
-            &gone,
-            "--db",
-        ])
-        .arg(sb.path("gone.db"))
+    let out = trace_pid(&gone, "1s", &sb.path("gone.db"))
         .output()
         .unwrap();
     assert_one_line_error(&out, "nonexistent pid");

@@ -102,31 +102,28 @@ fn keep_leaves_the_last_files_and_the_run_answers_over_them() {
 
 #[test]
 fn a_run_directory_is_refused_where_a_file_is_expected_and_an_old_run_is_kept() {
+    // `trace --rotate` into `db`, which must be refused; its stderr.
+    let refused = |db: &std::path::Path| {
+        let out = common::gpusleuth()
+            .args(["trace", "--rotate", "1s", "--db"])
+            .arg(db)
+            .args(["--", "true"])
+            .output()
+            .expect("run trace");
+        common::assert_no_panic(&out);
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
     let sb = Sandbox::new("rotate-args");
     let file = sb.path("plain.db");
     std::fs::write(&file, b"x").expect("write");
-    let out = common::gpusleuth()
-        .args(["trace", "--rotate", "1s", "--db"])
-        .arg(&file)
-        .args(["--", "true"])
-        .output()
-        .expect("run trace");
-    common::assert_no_panic(&out);
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = refused(&file);
     assert!(err.contains("is not a directory"), "{err}");
     // A directory that holds a run already: refused without --force, files untouched.
     let old = sb.path("old-run");
     std::fs::create_dir(&old).expect("mkdir");
     std::fs::write(old.join("part-000001.db"), b"old").expect("write");
-    let out = common::gpusleuth()
-        .args(["trace", "--rotate", "1s", "--db"])
-        .arg(&old)
-        .args(["--", "true"])
-        .output()
-        .expect("run trace");
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = refused(&old);
     assert!(err.contains("already holds a run"), "{err}");
     assert_eq!(
         std::fs::read(old.join("part-000001.db")).expect("still there"),

@@ -8,7 +8,7 @@ mod common;
 use common::*;
 use rusqlite::Connection;
 use sleuth_store::{run_readonly_sql, SqlLimits, Trace, SCHEMA_VERSION};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 fn version_of(path: &Path) -> String {
     Connection::open(path)
@@ -105,15 +105,20 @@ fn the_sandbox_reads_the_view_and_its_derived_columns() {
     }
 }
 
+/// [`small_trace_in`], then changed by `sql` the way a damaged or crafted
+/// file would be.
+fn altered_small_trace(tag: &str, sql: &str) -> (TempDir, PathBuf) {
+    let (dir, db) = small_trace_in(tag);
+    Connection::open(&db).unwrap().execute_batch(sql).unwrap();
+    (dir, db)
+}
+
 #[test]
 fn an_op_id_without_a_name_is_counted_as_an_unknown_op() {
-    let dir = TempDir::new("schema-v2-orphan");
-    let db = dir.join("t.db");
-    small_trace(&db);
-    Connection::open(&db)
-        .unwrap()
-        .execute_batch("UPDATE call_rows SET op_id = 60000 WHERE id = 1")
-        .unwrap();
+    let (_dir, db) = altered_small_trace(
+        "schema-v2-orphan",
+        "UPDATE call_rows SET op_id = 60000 WHERE id = 1",
+    );
     let t = Trace::open(&db).unwrap();
     let p = t.input_problems().unwrap();
     assert_eq!(p.unknown_op_rows(), 1, "{p:?}");
@@ -123,28 +128,21 @@ fn an_op_id_without_a_name_is_counted_as_an_unknown_op() {
 
 #[test]
 fn a_crafted_calls_view_or_long_op_name_is_refused() {
-    let dir = TempDir::new("schema-v2-hostile");
-    let db = dir.join("t.db");
-    small_trace(&db);
-    Connection::open(&db)
-        .unwrap()
-        .execute_batch(
-            "DROP VIEW call_sites; DROP VIEW calls_wall; DROP VIEW op_summary;
-             DROP VIEW call_culprits_named; DROP VIEW calls;
-             CREATE VIEW calls AS WITH RECURSIVE r(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM r)
-             SELECT c.*, 'runtime' AS layer, 'cudaMalloc' AS op FROM call_rows c, r",
-        )
-        .unwrap();
+    let (_dir, db) = altered_small_trace(
+        "schema-v2-hostile",
+        "DROP VIEW call_sites; DROP VIEW calls_wall; DROP VIEW op_summary;
+         DROP VIEW call_culprits_named; DROP VIEW calls;
+         CREATE VIEW calls AS WITH RECURSIVE r(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM r)
+         SELECT c.*, 'runtime' AS layer, 'cudaMalloc' AS op FROM call_rows c, r",
+    );
     let e = Trace::open(&db).err().expect("refused").to_string();
     assert!(e.contains("not the view gpusleuth writes"), "{e}");
     assert!(run_readonly_sql(&db, "SELECT 1", SqlLimits::default()).is_err());
 
-    let db = dir.join("long.db");
-    small_trace(&db);
-    Connection::open(&db)
-        .unwrap()
-        .execute_batch("UPDATE ops SET op = printf('%.*c', 1000000, 'Z') WHERE op = 'cudaMalloc'")
-        .unwrap();
+    let (_long_dir, db) = altered_small_trace(
+        "schema-v2-long",
+        "UPDATE ops SET op = printf('%.*c', 1000000, 'Z') WHERE op = 'cudaMalloc'",
+    );
     let e = Trace::open(&db).err().expect("refused").to_string();
     assert!(e.contains("longer than"), "{e}");
 }
