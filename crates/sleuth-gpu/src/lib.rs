@@ -130,34 +130,31 @@ mod tests {
         }
     }
 
+    /// A release build ignores the seams (it never loads a library named by
+    /// the environment), a debug build uses them; both say so, naming them.
     #[test]
-    fn release_builds_ignore_the_seams() {
-        let s = Sources::from_vars(vars, false);
-        assert_eq!(s.scan.dev_prefix, "/dev/nvidia");
-        assert!(
-            s.nvml_lib.is_none(),
-            "a release build never loads a library named by the environment"
-        );
-        assert!(s
-            .seam_note
-            .as_deref()
-            .unwrap_or("")
-            .starts_with("ignoring test seams"));
-    }
-
-    #[test]
-    fn debug_builds_use_them_and_say_so() {
-        let s = Sources::from_vars(vars, true);
-        assert_eq!(s.scan.dev_prefix, "/tmp/fake/nvidia");
-        assert_eq!(
-            s.nvml_lib.as_deref(),
-            Some(std::ffi::OsStr::new("/tmp/evil.so"))
-        );
-        assert!(s
-            .seam_note
-            .as_deref()
-            .unwrap_or("")
-            .contains("GPUSLEUTH_NVML_LIB=/tmp/evil.so"));
+    fn seams_are_used_only_by_debug_builds_and_always_named() {
+        for (honour, prefix, lib, note) in [
+            (
+                false,
+                "/dev/nvidia",
+                None,
+                "ignoring test seams in a release build: ",
+            ),
+            (
+                true,
+                "/tmp/fake/nvidia",
+                Some("/tmp/evil.so"),
+                "test seams in use (debug build): ",
+            ),
+        ] {
+            let s = Sources::from_vars(vars, honour);
+            assert_eq!(s.scan.dev_prefix, prefix, "honour {honour}");
+            assert_eq!(s.nvml_lib.as_deref(), lib.map(std::ffi::OsStr::new));
+            let n = s.seam_note.unwrap_or_default();
+            assert!(n.starts_with(note), "{n}");
+            assert!(n.contains("GPUSLEUTH_NVML_LIB=/tmp/evil.so"), "{n}");
+        }
         let none = Sources::from_vars(|_| None, true);
         assert!(none.seam_note.is_none() && none.nvml_lib.is_none());
     }
