@@ -53,6 +53,15 @@ pub fn alloc(ts: u64, size: u64, ptr: u64) -> CallEvent {
     c
 }
 
+/// A 10 µs `cudaMalloc` of `size` bytes by pid/tid 100 that failed with
+/// cudaErrorMemoryAllocation (2), so returned no pointer.
+pub fn failed_alloc(ts: u64, size: u64) -> CallEvent {
+    let mut c = alloc(ts, size, 0);
+    c.ret = 2;
+    c.ptr = None;
+    c
+}
+
 /// A 10 µs `cudaFree` of `ptr`, by pid/tid 100.
 pub fn free(ts: u64, ptr: u64) -> CallEvent {
     let mut c = call("cudaFree", ts, 10 * US);

@@ -505,32 +505,19 @@ fn render(
 mod tests {
     use super::*;
     use sleuth_core::ledger::ledger;
+    use sleuth_core::testing::{alloc, failed_alloc};
+
+    /// Fails, showing `text`, unless it holds every one of `parts`.
+    fn assert_mentions(text: &str, parts: &[&str]) {
+        for p in parts {
+            assert!(text.contains(p), "{p:?} missing from:\n{text}");
+        }
+    }
 
     #[test]
     fn render_names_unfreed_and_failed() {
         let data = sleuth_core::TraceData {
-            calls: vec![
-                sleuth_core::CallEvent {
-                    ts_ns: 100,
-                    dur_ns: 10,
-                    pid: 7,
-                    tid: 7,
-                    op: 1,
-                    size: Some(4096),
-                    ptr: Some(0xabc000),
-                    ..Default::default()
-                },
-                sleuth_core::CallEvent {
-                    ts_ns: 200,
-                    dur_ns: 10,
-                    pid: 7,
-                    tid: 7,
-                    op: 1,
-                    ret: 2,
-                    size: Some(1 << 40),
-                    ..Default::default()
-                },
-            ],
+            calls: vec![alloc(100, 4096, 0xabc000), failed_alloc(200, 1 << 40)],
             ..Default::default()
         };
         let l = ledger(&data, None);
@@ -603,22 +590,18 @@ mod tests {
         let helds = held_by_pid(&data, &mut l);
         assert_eq!(l.len(), 2, "pid 8 made no call but holds memory: shown");
         let text = render(&l, &BTreeMap::new(), &helds, 0, None, false);
-        assert!(
-            text.contains("held before tracing: 1.2 GiB (NVML)"),
-            "{text}"
-        );
-        assert!(text.contains("allocations made before the trace are not itemized"));
-        assert!(text.contains("during the trace: +0 B / -0 B"), "{text}");
-        assert!(text.contains("1 free(s) of memory allocated before the trace"));
-        assert!(
-            text.contains("device live at trace end (allocations made during the trace): 0 B"),
-            "{text}"
+        assert_mentions(
+            &text,
+            &[
+                "held before tracing: 1.2 GiB (NVML)",
+                "allocations made before the trace are not itemized",
+                "during the trace: +0 B / -0 B",
+                "1 free(s) of memory allocated before the trace",
+                "device live at trace end (allocations made during the trace): 0 B",
+                "held before tracing: 5.0 MiB (NVML)",
+            ],
         );
         assert!(!text.contains("device live at trace end: 0 B"), "{text}");
-        assert!(
-            text.contains("held before tracing: 5.0 MiB (NVML)"),
-            "{text}"
-        );
     }
 
     /// A traced PyTorch-like process: one 20 MiB segment, two blocks, one freed.
@@ -647,20 +630,14 @@ mod tests {
         let l = ledger(&data, None);
         let a = allocator_views(&data, None, &l);
         let text = render(&l, &a, &BTreeMap::new(), 0, None, true);
-        assert!(
-            text.contains(
-                "allocator (PyTorch): allocated 512 B   requested 300 B   rounding 212 B"
-            ),
-            "{text}"
-        );
-        assert!(
-            text.contains("gap memory_reserved() - memory_allocated(): 20.0 MiB"),
-            "{text}"
-        );
-        assert!(text.contains("1 live block(s) pin it"), "{text}");
-        assert!(
-            text.contains("live blocks pinning 0x7f0000000000:"),
-            "{text}"
+        assert_mentions(
+            &text,
+            &[
+                "allocator (PyTorch): allocated 512 B   requested 300 B   rounding 212 B",
+                "gap memory_reserved() - memory_allocated(): 20.0 MiB",
+                "1 live block(s) pin it",
+                "live blocks pinning 0x7f0000000000:",
+            ],
         );
         let json = serde_json::to_value(report(
             &l,

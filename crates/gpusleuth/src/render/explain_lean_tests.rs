@@ -5,7 +5,7 @@
 //! within the histogram's bound (docs/schema.md).
 
 use super::*;
-use sleuth_core::testing::{alloc, call, free, trace, MS, US};
+use sleuth_core::testing::{alloc, call, failed_alloc, free, trace, MS, US};
 use sleuth_store::Trace;
 use std::path::Path;
 
@@ -50,10 +50,7 @@ fn every_kind() -> TraceData {
         calls.push(free(i * 20 * MS + 9 * MS, 0xa000));
     }
     // A failed allocation of 1 GiB (cudaErrorMemoryAllocation).
-    let mut failed = alloc(990 * MS, 1 << 30, 0);
-    failed.ret = 2;
-    failed.ptr = None;
-    calls.push(failed);
+    calls.push(failed_alloc(990 * MS, 1 << 30));
     trace(calls)
 }
 

@@ -4,7 +4,7 @@ use super::*;
 use crate::event::{CallEvent, WaitEvent, WaitKind, Waker};
 // Shared with the verdict tests (and, through the crate's `testing`
 // feature, with the lean-load tests of `explain`).
-pub(super) use crate::testing::{alloc, call, free, trace, MS, US};
+pub(super) use crate::testing::{alloc, call, failed_alloc, free, trace, MS, US};
 
 /// A wait of pid/tid 100 with no culprits (shared with the verdict tests).
 pub(super) fn wait(
@@ -240,9 +240,7 @@ fn waiting_for_the_gpu_is_never_a_finding_and_the_summary_says_gpu_bound() {
 
 #[test]
 fn allocation_failure_reports_error_size_and_live_bytes() {
-    let mut fail = alloc(5 * MS, 8 << 30, 0);
-    fail.ret = 2;
-    fail.ptr = None;
+    let fail = failed_alloc(5 * MS, 8 << 30);
     let ok = explain(&trace(vec![alloc(0, 1 << 30, 0xa)]));
     assert!(of_kind(&ok, Kind::AllocationFailure).is_empty());
     let f = explain(&trace(vec![alloc(0, 1 << 30, 0xa), fail]));
@@ -260,14 +258,11 @@ fn allocation_failure_reports_error_size_and_live_bytes() {
 
 #[test]
 fn allocation_failure_suggests_expandable_segments_only_when_fragmentation_can_explain_it() {
-    let failing = |bytes| {
-        let mut c = alloc(5 * MS, bytes, 0);
-        c.ret = 2;
-        c.ptr = None;
-        c
-    };
     let rec = |bytes| {
-        let f = explain(&trace(vec![alloc(0, 1 << 30, 0xa), failing(bytes)]));
+        let f = explain(&trace(vec![
+            alloc(0, 1 << 30, 0xa),
+            failed_alloc(5 * MS, bytes),
+        ]));
         of_kind(&f, Kind::AllocationFailure)[0]
             .recommendation
             .clone()
