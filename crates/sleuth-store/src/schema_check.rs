@@ -269,32 +269,37 @@ mod tests {
         assert!(why.contains("calls is a view"), "{why}");
     }
 
+    /// Each change of `cases` (SQL, what the refusal must name), applied to
+    /// its own `fresh()` database, makes `check` at `version` refuse it.
+    fn refused(fresh: fn() -> Connection, version: i64, cases: &[(&str, &str)]) {
+        for (sql, names) in cases {
+            let c = fresh();
+            c.execute_batch(sql).expect("change the schema");
+            let why = check(&c, version).expect("check").expect_err("refused");
+            assert!(why.contains(names), "{sql}: {why}");
+        }
+    }
+
     #[test]
     fn our_partial_index_passes_and_a_changed_one_is_refused() {
-        let c = fresh();
-        assert_eq!(check(&c, SCHEMA_VERSION).expect("check"), Ok(()));
-        c.execute_batch(
-            "DROP INDEX call_rows_stack;
-             CREATE INDEX call_rows_stack ON call_rows(stack_id) WHERE length(printf('%.*c', 9, 'x')) > 0",
-        )
-        .expect("swap");
-        let why = check(&c, SCHEMA_VERSION)
-            .expect("check")
-            .expect_err("refused");
-        assert!(
-            why.contains("call_rows_stack on call_rows is a partial index"),
-            "{why}"
+        assert_eq!(check(&fresh(), SCHEMA_VERSION).expect("check"), Ok(()));
+        refused(
+            fresh,
+            SCHEMA_VERSION,
+            &[(
+                "DROP INDEX call_rows_stack;
+                 CREATE INDEX call_rows_stack ON call_rows(stack_id) WHERE length(printf('%.*c', 9, 'x')) > 0",
+                "call_rows_stack on call_rows is a partial index",
+            )],
         );
-        let c = fresh_v1();
-        c.execute_batch(
-            "DROP INDEX calls_stack;
-             CREATE INDEX calls_stack ON calls(stack_id) WHERE length(printf('%.*c', 9, 'x')) > 0",
-        )
-        .expect("swap");
-        let why = check(&c, 1).expect("check").expect_err("refused");
-        assert!(
-            why.contains("calls_stack on calls is a partial index"),
-            "{why}"
+        refused(
+            fresh_v1,
+            1,
+            &[(
+                "DROP INDEX calls_stack;
+                 CREATE INDEX calls_stack ON calls(stack_id) WHERE length(printf('%.*c', 9, 'x')) > 0",
+                "calls_stack on calls is a partial index",
+            )],
         );
     }
 
@@ -308,108 +313,98 @@ mod tests {
 
     #[test]
     fn view_instead_of_table_is_refused() {
-        let c = fresh_v1();
-        c.execute_batch(
-            "DROP TABLE calls;
-             CREATE VIEW calls AS WITH RECURSIVE r(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM r)
-             SELECT x AS id, x AS ts_ns FROM r",
-        )
-        .expect("swap");
-        let why = check(&c, 1).expect("check").expect_err("refused");
-        assert!(why.contains("calls is a view"), "{why}");
-        let c = fresh();
-        c.execute_batch(
-            "DROP VIEW call_sites; DROP VIEW calls_wall; DROP VIEW op_summary;
-             DROP VIEW call_culprits_named; DROP VIEW calls; DROP TABLE call_rows;
-             CREATE VIEW call_rows AS WITH RECURSIVE r(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM r)
-             SELECT x AS id, x AS ts_ns FROM r",
-        )
-        .expect("swap");
-        let why = check(&c, SCHEMA_VERSION)
-            .expect("check")
-            .expect_err("refused");
-        assert!(why.contains("call_rows is a view"), "{why}");
+        refused(
+            fresh_v1,
+            1,
+            &[(
+                "DROP TABLE calls;
+                 CREATE VIEW calls AS WITH RECURSIVE r(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM r)
+                 SELECT x AS id, x AS ts_ns FROM r",
+                "calls is a view",
+            )],
+        );
+        refused(
+            fresh,
+            SCHEMA_VERSION,
+            &[(
+                "DROP VIEW call_sites; DROP VIEW calls_wall; DROP VIEW op_summary;
+                 DROP VIEW call_culprits_named; DROP VIEW calls; DROP TABLE call_rows;
+                 CREATE VIEW call_rows AS WITH RECURSIVE r(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM r)
+                 SELECT x AS id, x AS ts_ns FROM r",
+                "call_rows is a view",
+            )],
+        );
     }
 
     #[test]
     fn a_calls_view_other_than_ours_is_refused() {
-        let c = fresh();
-        // Same columns, but every read of it would never end.
-        c.execute_batch(
-            "DROP VIEW call_sites; DROP VIEW calls_wall; DROP VIEW op_summary;
-             DROP VIEW call_culprits_named; DROP VIEW calls;
-             CREATE VIEW calls AS WITH RECURSIVE r(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM r)
-             SELECT c.* FROM call_rows c, r",
-        )
-        .expect("swap");
-        let why = check(&c, SCHEMA_VERSION)
-            .expect("check")
-            .expect_err("refused");
-        assert!(why.contains("not the view gpusleuth writes"), "{why}");
-        let c = fresh();
-        c.execute_batch("DROP VIEW call_sites; DROP VIEW calls_wall; DROP VIEW op_summary; DROP VIEW call_culprits_named; DROP VIEW calls; CREATE TABLE calls(x)")
-            .expect("swap");
-        let why = check(&c, SCHEMA_VERSION)
-            .expect("check")
-            .expect_err("refused");
-        assert!(why.contains("not the view gpusleuth writes"), "{why}");
+        refused(
+            fresh,
+            SCHEMA_VERSION,
+            &[
+                // Same columns, but every read of it would never end.
+                (
+                    "DROP VIEW call_sites; DROP VIEW calls_wall; DROP VIEW op_summary;
+                     DROP VIEW call_culprits_named; DROP VIEW calls;
+                     CREATE VIEW calls AS WITH RECURSIVE r(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM r)
+                     SELECT c.* FROM call_rows c, r",
+                    "not the view gpusleuth writes",
+                ),
+                (
+                    "DROP VIEW call_sites; DROP VIEW calls_wall; DROP VIEW op_summary;
+                     DROP VIEW call_culprits_named; DROP VIEW calls; CREATE TABLE calls(x)",
+                    "not the view gpusleuth writes",
+                ),
+            ],
+        );
     }
 
     #[test]
     fn long_op_names_are_refused() {
-        let c = fresh();
-        c.execute_batch(
-            "INSERT INTO ops(layer, op) VALUES ('runtime', printf('%.*c', 1000000, 'Z'))",
-        )
-        .expect("insert");
-        let why = check(&c, SCHEMA_VERSION)
-            .expect("check")
-            .expect_err("refused");
-        assert!(why.contains("longer than"), "{why}");
+        refused(
+            fresh,
+            SCHEMA_VERSION,
+            &[(
+                "INSERT INTO ops(layer, op) VALUES ('runtime', printf('%.*c', 1000000, 'Z'))",
+                "longer than",
+            )],
+        );
     }
 
     #[test]
     fn missing_or_retyped_columns_are_refused() {
-        let c = fresh();
-        c.execute_batch("ALTER TABLE notes DROP COLUMN level")
-            .expect("drop col");
-        assert!(check(&c, SCHEMA_VERSION)
-            .expect("check")
-            .expect_err("refused")
-            .contains("notes has no column level"));
-        let c = fresh();
-        c.execute_batch("DROP TABLE stats; CREATE TABLE stats(name TEXT PRIMARY KEY, value TEXT)")
-            .expect("retype");
-        assert!(check(&c, SCHEMA_VERSION)
-            .expect("check")
-            .expect_err("refused")
-            .contains("stats.value"));
+        refused(
+            fresh,
+            SCHEMA_VERSION,
+            &[
+                (
+                    "ALTER TABLE notes DROP COLUMN level",
+                    "notes has no column level",
+                ),
+                (
+                    "DROP TABLE stats; CREATE TABLE stats(name TEXT PRIMARY KEY, value TEXT)",
+                    "stats.value",
+                ),
+            ],
+        );
     }
 
     #[test]
     fn generated_columns_and_expression_indexes_are_refused() {
-        let c = fresh();
-        c.execute_batch(
-            "ALTER TABLE notes ADD COLUMN g TEXT GENERATED ALWAYS AS (printf('%.*c', 1000, 'x')) VIRTUAL",
-        )
-        .expect("generated");
-        assert!(check(&c, SCHEMA_VERSION)
-            .expect("check")
-            .expect_err("refused")
-            .contains("generated"));
-        let c = fresh();
-        c.execute_batch("CREATE INDEX evil ON call_rows(abs(dur_ns))")
-            .expect("index");
-        assert!(check(&c, SCHEMA_VERSION)
-            .expect("check")
-            .expect_err("refused")
-            .contains("expression"));
-        let c = fresh();
-        c.execute_batch("CREATE INDEX part ON call_rows(pid) WHERE dur_ns > 0")
-            .expect("index");
-        assert!(check(&c, SCHEMA_VERSION)
-            .expect("check")
-            .expect_err("refused")
-            .contains("partial"));
+        refused(
+            fresh,
+            SCHEMA_VERSION,
+            &[
+                (
+                    "ALTER TABLE notes ADD COLUMN g TEXT GENERATED ALWAYS AS (printf('%.*c', 1000, 'x')) VIRTUAL",
+                    "generated",
+                ),
+                ("CREATE INDEX evil ON call_rows(abs(dur_ns))", "expression"),
+                (
+                    "CREATE INDEX part ON call_rows(pid) WHERE dur_ns > 0",
+                    "partial",
+                ),
+            ],
+        );
     }
 }
