@@ -69,6 +69,12 @@ pub fn free(ts: u64, ptr: u64) -> CallEvent {
     c
 }
 
+/// Fails, showing every line, unless one of `lines` (notes, inconsistencies)
+/// passes `check`.
+pub fn assert_some_line(lines: &[String], check: impl Fn(&str) -> bool) {
+    assert!(lines.iter().any(|l| check(l)), "{lines:?}");
+}
+
 /// The one-process trace the findings tests build on: pid 100 named
 /// "train", with host context, spanning 0 to the end of its last call.
 pub fn trace(calls: Vec<CallEvent>) -> TraceData {

@@ -311,6 +311,18 @@ mod tests {
         sim
     }
 
+    /// A torch process with `n` segments of `size` bytes, 256 MiB apart;
+    /// `fill(sim, index, base)` carves each one's blocks right after it.
+    fn segments(n: u64, size: u64, mut fill: impl FnMut(&mut Sim, u64, u64)) -> Sim {
+        let mut sim = Sim::torch();
+        for s in 0..n {
+            let base = 0x7f00_0000_0000 + s * 0x1000_0000;
+            sim.cuda_malloc(base, size);
+            fill(&mut sim, s, base);
+        }
+        sim
+    }
+
     #[test]
     fn gap_thresholds_at_their_edges() {
         // 32 MiB gap, exactly 10% of reserved: fires.
@@ -387,15 +399,12 @@ mod tests {
 
     #[test]
     fn oversize_segments_split_by_smaller_blocks_suggest_max_split_size() {
-        let mut sim = Sim::torch();
-        for s in 0..2u64 {
-            let base = 0x7f00_0000_0000 + s * 0x1000_0000;
-            sim.cuda_malloc(base, 100 * MIB);
-            // Four 10 MiB blocks spread over the segment: 60 MiB free in holes.
+        // Four 10 MiB blocks spread over each segment: 60 MiB free in holes.
+        let sim = segments(2, 100 * MIB, |sim, s, base| {
             for i in 0..4u64 {
                 sim.malloc(0x100 * (s + 1) + i, base + i * 25 * MIB, 10 * MIB, 10 * MIB);
             }
-        }
+        });
         let f = finding(&sim).unwrap();
         assert_eq!(f.evidence["case"], "large_segments_split");
         assert!(
@@ -407,12 +416,9 @@ mod tests {
 
     #[test]
     fn many_pinned_standard_segments_suggest_expandable_segments() {
-        let mut sim = Sim::torch();
-        for s in 0..6u64 {
-            let base = 0x7f00_0000_0000 + s * 0x1000_0000;
-            sim.cuda_malloc(base, 20 * MIB);
-            sim.malloc(0x100 + s, base, 12 * MIB, 12 * MIB);
-        }
+        let sim = segments(6, 20 * MIB, |sim, s, base| {
+            sim.malloc(0x100 + s, base, 12 * MIB, 12 * MIB)
+        });
         let f = finding(&sim).unwrap();
         assert_eq!(f.evidence["case"], "spread_over_segments");
         assert!(f.recommendation.contains("expandable_segments:True"));
