@@ -72,13 +72,15 @@ fn simulated(path: &Path) {
         .unwrap();
     }
     let base = 0x7f00_0000_0000u64;
+    // A memory call of the training process's main thread.
+    let main = |op, ts, dur, size, ptr| mem(op, 100, 100, ts, dur, size, ptr);
     let mut calls = vec![
         mem("cudaSetDevice", 100, 101, 1_500, 10, None, 1),
         // A runtime allocation with its nested driver call, same start.
-        mem("cudaMalloc", 100, 100, 2_000, 900, Some(20 << 20), base),
+        main("cudaMalloc", 2_000, 900, Some(20 << 20), base),
         CallEvent {
             nested: true,
-            ..mem("cuMemAlloc_v2", 100, 100, 2_000, 800, Some(20 << 20), base)
+            ..main("cuMemAlloc_v2", 2_000, 800, Some(20 << 20), base)
         },
         mem(
             "cudaMalloc",
@@ -89,44 +91,20 @@ fn simulated(path: &Path) {
             Some(4096),
             base + (64 << 20),
         ),
-        mem(
-            "cudaMalloc",
-            100,
-            100,
-            3_000,
-            50,
-            Some(1 << 20),
-            base + (128 << 20),
-        ),
+        main("cudaMalloc", 3_000, 50, Some(1 << 20), base + (128 << 20)),
         CallEvent {
             ret: 2,
             ptr: None,
-            ..mem("cudaMalloc", 100, 100, 4_000, 50, Some(1 << 40), 0)
+            ..main("cudaMalloc", 4_000, 50, Some(1 << 40), 0)
         },
-        mem("cudaFree", 100, 100, 5_000, 70, None, base + (128 << 20)),
-        mem(
-            "cudaMalloc",
-            100,
-            100,
-            6_000,
-            60,
-            Some(1 << 20),
-            base + (256 << 20),
-        ),
-        mem("cuMemCreate", 100, 100, 7_000, 30, Some(2 << 20), 0x55),
-        mem(
-            "cuMemMap",
-            100,
-            100,
-            7_100,
-            30,
-            Some(2 << 20),
-            base + (512 << 20),
-        ),
-        mem("cudaHostAlloc", 100, 100, 7_500, 30, Some(8192), 0x9000),
-        mem("cudaFreeHost", 100, 100, 7_600, 30, None, 0x9000),
-        mem("cuMemRelease", 100, 100, 8_000, 30, None, 0x55),
-        mem("cudaFree", 100, 100, 8_500, 30, None, 0xdead),
+        main("cudaFree", 5_000, 70, None, base + (128 << 20)),
+        main("cudaMalloc", 6_000, 60, Some(1 << 20), base + (256 << 20)),
+        main("cuMemCreate", 7_000, 30, Some(2 << 20), 0x55),
+        main("cuMemMap", 7_100, 30, Some(2 << 20), base + (512 << 20)),
+        main("cudaHostAlloc", 7_500, 30, Some(8192), 0x9000),
+        main("cudaFreeHost", 7_600, 30, None, 0x9000),
+        main("cuMemRelease", 8_000, 30, None, 0x55),
+        main("cudaFree", 8_500, 30, None, 0xdead),
         mem(
             "cudaMalloc",
             300,
