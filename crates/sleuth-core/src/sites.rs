@@ -322,16 +322,8 @@ mod tests {
     use super::*;
     use crate::event::CallEvent;
     use crate::ops::op_by_name;
-
-    fn py(file: &str, line: u32, func: &str) -> Frame {
-        Frame {
-            kind: Some(FrameKind::Python),
-            function: Some(func.into()),
-            file: Some(file.into()),
-            line: Some(line),
-            ..Default::default()
-        }
-    }
+    // The frames the other crates' tests build too.
+    use crate::testing::py_frame as py;
 
     fn native(func: &str, module: &str) -> Frame {
         Frame {

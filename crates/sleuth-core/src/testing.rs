@@ -8,6 +8,7 @@
 use crate::data::{ProcessInfo, TraceData};
 use crate::event::{BlockEvent, CallEvent, BLOCK_WORDS};
 use crate::ops::op_by_name;
+use crate::sites::{Frame, FrameKind};
 
 /// One millisecond, in the nanoseconds every timestamp is kept in.
 pub const MS: u64 = 1_000_000;
@@ -89,6 +90,17 @@ pub fn trace(calls: Vec<CallEvent>) -> TraceData {
         start_ns: Some(0),
         end_ns: Some(end),
         has_host_context: true,
+        ..Default::default()
+    }
+}
+
+/// A Python frame: `func` at `file`:`line`.
+pub fn py_frame(file: &str, line: u32, func: &str) -> Frame {
+    Frame {
+        kind: Some(FrameKind::Python),
+        function: Some(func.into()),
+        file: Some(file.into()),
+        line: Some(line),
         ..Default::default()
     }
 }

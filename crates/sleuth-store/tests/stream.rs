@@ -10,8 +10,8 @@ use common::{call, culprit, example, preempted, TempDir};
 use serde_json::{to_value, Value};
 use sleuth_core::allocator::allocator_views;
 use sleuth_core::ledger::ledger;
-use sleuth_core::sites::{memory_by_site, Frame, FrameKind, Stack};
-use sleuth_core::testing::torch_blocks;
+use sleuth_core::sites::{memory_by_site, Stack};
+use sleuth_core::testing::{py_frame, torch_blocks};
 use sleuth_core::{op_by_name, CallEvent, Event, OpCount, ProcessInfo, TraceSpan};
 use sleuth_store::stream::{CallQuery, MemoryTrace, Rows, StreamOrder};
 use sleuth_store::{CallFilter, CallOrder, ReadBudget, Trace, TraceWriter, WriterOptions};
@@ -55,18 +55,11 @@ fn simulated(path: &Path) {
         count: 7,
     }])
     .unwrap();
-    let frame = |f: &str, line| Frame {
-        kind: Some(FrameKind::Python),
-        function: Some(f.into()),
-        file: Some("/w/train.py".into()),
-        line: Some(line),
-        ..Default::default()
-    };
     for (id, f, line) in [(1u64, "alloc_a", 10), (2, "alloc_b", 20)] {
         h.add_stack(Stack {
             id,
             pid: 100,
-            frames: vec![frame(f, line)],
+            frames: vec![py_frame("/w/train.py", line, f)],
             notes: vec![],
         })
         .unwrap();

@@ -504,6 +504,7 @@ fn gpu_samples_round_trip_and_absent_means_not_captured() {
 #[test]
 fn call_sites_round_trip_and_older_traces_have_none() {
     use sleuth_core::sites::{Frame, FrameKind, Stack};
+    use sleuth_core::testing::py_frame;
     let (_dir, path, w) = new_trace("sites");
     let h = w.handle();
     let id = u64::MAX - 7; // a 64-bit hash: stored bit for bit
@@ -511,13 +512,7 @@ fn call_sites_round_trip_and_older_traces_have_none() {
         id,
         pid: 10,
         frames: vec![
-            Frame {
-                kind: Some(FrameKind::Python),
-                function: Some("Model.forward".into()),
-                file: Some("/w/train.py".into()),
-                line: Some(42),
-                ..Default::default()
-            },
+            py_frame("/w/train.py", 42, "Model.forward"),
             Frame {
                 kind: Some(FrameKind::Native),
                 function: Some("cudaMalloc".into()),
