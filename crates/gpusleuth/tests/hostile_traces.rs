@@ -11,12 +11,11 @@
 //! ground truth comes from SQLite, not from gpusleuth). Files that are
 //! intact but hold unusable rows must say so, with counts.
 
-#[path = "common/bin.rs"]
-mod bin;
 #[path = "common/mcp_stdio.rs"]
 mod mcp_stdio;
 
-use bin::gpusleuth_with;
+// The MCP client's way of starting the binary, for the plain runs too.
+use mcp_stdio::bin::gpusleuth_with;
 
 use mcp_stdio::McpStdio;
 use rusqlite::Connection;

@@ -2,7 +2,7 @@
 //! MCP tools without the Python client. Included through `#[path]`.
 
 #[path = "bin.rs"]
-mod bin;
+pub mod bin;
 
 use bin::gpusleuth_with;
 use std::ffi::OsStr;
