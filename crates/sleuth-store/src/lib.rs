@@ -11,6 +11,7 @@
 //! The schema is documented in `docs/schema.md`.
 
 mod budget;
+mod call_groups;
 mod error;
 mod finalize;
 pub mod finding_rollups;

@@ -17,8 +17,7 @@ use crate::stacks::has_column;
 use crate::types::StoredCall;
 use rusqlite::types::Value;
 use rusqlite::Connection;
-use sleuth_core::{op_by_name, ProcEvent, ProcKind, WaitEvent, WaitKind};
-use std::collections::{BTreeMap, HashMap};
+use sleuth_core::{ProcEvent, ProcKind, WaitEvent, WaitKind};
 use std::path::PathBuf;
 
 /// Why a damaged file is refused (the words of [`Trace::load`]).
@@ -71,6 +70,8 @@ pub struct Rows {
     has_stacks: bool,
     /// The file's schema version (which table holds the call rows).
     version: i64,
+    /// The totals check, when the trace had already made it.
+    totals_overflow: Option<bool>,
 }
 
 impl Rows {
@@ -97,6 +98,7 @@ impl Rows {
             budget,
             has_stacks,
             version,
+            totals_overflow: trace.known_call_scan().map(|s| s.totals_overflow),
         })
     }
 
@@ -210,73 +212,40 @@ impl Rows {
         Ok(())
     }
 
-    /// One pass over every valid call row (all processes): counts, first
-    /// start and last end per process, thread, op and return value, by
-    /// those keys. Memory grows with the number of groups, not with the
-    /// calls. A file whose valid durations or sizes add up past 2^62 is
-    /// refused as damaged, as [`Trace::load`] refuses it.
+    /// Counts, first start and last end per process, thread, op and return
+    /// value of every valid call row (all processes), by those keys: from
+    /// the groups the writer stored when the trace ended
+    /// (`crate::call_groups`), else from one pass over the call rows.
+    /// Memory grows with the number of groups, not with the calls. A file
+    /// whose valid durations or sizes add up past 2^62 is refused as
+    /// damaged, as [`Trace::load`] refuses it (checked on the rows either
+    /// way: a file changed after it was written must not slip past).
     pub fn call_groups(&self) -> Result<Vec<CallGroup>, StoreError> {
-        let sql = format!(
-            "SELECT pid, tid, op, ret, ts_ns, dur_ns, size FROM calls WHERE {}",
-            valid_call("")
-        );
-        let mut st = self.conn.prepare(&sql).map_err(|e| self.read_error(e))?;
-        let mut rows = st.query([]).map_err(|e| self.read_error(e))?;
-        // Op names are looked up once each, not once per row.
-        let mut ops: HashMap<String, Option<u16>> = HashMap::new();
-        let mut groups: BTreeMap<(u32, u32, u16, i64), CallGroup> = BTreeMap::new();
-        let (mut dur_total, mut size_total) = (0f64, 0f64);
-        while let Some(r) = rows.next().map_err(|e| self.read_error(e))? {
-            let get = |i| r.get::<_, i64>(i);
-            let (ts, dur) = (
-                get(4).map_err(|e| self.read_error(e))?,
-                get(5).map_err(|e| self.read_error(e))?,
-            );
-            let size: Option<i64> = r.get(6).map_err(|e| self.read_error(e))?;
-            dur_total += dur as f64;
-            size_total += size.unwrap_or(0) as f64;
-            let name = r.get_ref(2).map_err(|e| self.read_error(e))?;
-            let name = name.as_str().map_err(|e| self.read_error(e.into()))?;
-            let op = match ops.get(name) {
-                Some(op) => *op,
-                None => {
-                    let op = op_by_name(name).map(|o| o.id);
-                    ops.insert(name.to_string(), op);
-                    op
-                }
-            };
-            let Some(op) = op else { continue };
-            let (pid, tid, ret): (u32, u32, i64) = (
-                r.get(0).map_err(|e| self.read_error(e))?,
-                r.get(1).map_err(|e| self.read_error(e))?,
-                r.get(3).map_err(|e| self.read_error(e))?,
-            );
-            let (ts, end) = (ts as u64, (ts as u64).saturating_add(dur as u64));
-            let g = groups.entry((pid, tid, op, ret)).or_insert(CallGroup {
-                pid,
-                tid,
-                op,
-                ret,
-                count: 0,
-                first_ts_ns: ts,
-                last_end_ns: end,
-            });
-            g.count += 1;
-            g.first_ts_ns = g.first_ts_ns.min(ts);
-            g.last_end_ns = g.last_end_ns.max(end);
+        if let Some(groups) =
+            crate::call_groups::stored(&self.conn).map_err(|e| self.read_error(e))?
+        {
+            self.check_totals()?;
+            return Ok(groups);
         }
-        if dur_total > MAX_NS as f64 || size_total > MAX_NS as f64 {
+        let pass = crate::call_groups::compute(&self.conn).map_err(|e| self.read_error(e))?;
+        if pass.dur_total > MAX_NS as f64 || pass.size_total > MAX_NS as f64 {
             return Err(StoreError::file(&self.path, TOTALS_OVERFLOW));
         }
-        Ok(groups.into_values().collect())
+        Ok(pass.groups)
     }
 
     /// Refuses a file whose valid calls' durations or sizes add up past
     /// 2^62, as [`Trace::load`] does (one pass inside SQLite, nothing held).
     pub fn check_totals(&self) -> Result<(), StoreError> {
-        if crate::problems::totals_overflow(&self.conn, self.version)
-            .map_err(|e| self.read_error(e))?
-        {
+        let overflow = match self.totals_overflow {
+            Some(o) => o,
+            None => {
+                crate::problems::call_scan(&self.conn, self.version)
+                    .map_err(|e| self.read_error(e))?
+                    .totals_overflow
+            }
+        };
+        if overflow {
             return Err(StoreError::file(&self.path, TOTALS_OVERFLOW));
         }
         Ok(())

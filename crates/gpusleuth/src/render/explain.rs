@@ -84,7 +84,16 @@ fn lean_load(trace: &sleuth_store::Trace, pid: Option<u32>) -> anyhow::Result<Op
     // (`Rows::call_groups`) sums and checks the same valid rows.
     let mut mt = MemoryTrace::open(trace, None, ReadBudget::new(DEFAULT_READ_TIMEOUT))?;
     let ledgers = mt.ledgers(None)?;
-    mt.load_memory_calls(None)?;
+    // Of the explanation's readers only the allocator view reads calls (the
+    // memory calls of processes with allocator blocks): the others read the
+    // aggregates and the ledgers, so a trace without blocks reads no call
+    // row into memory.
+    let mut block_pids: Vec<u32> = mt.base.blocks.iter().map(|b| b.pid).collect();
+    block_pids.sort_unstable();
+    block_pids.dedup();
+    if !block_pids.is_empty() {
+        mt.load_memory_calls(Some(&block_pids))?;
+    }
     let counts = trace.op_counts(None)?;
     let mut data = std::mem::take(&mut mt.base);
     data.counts = counts;
