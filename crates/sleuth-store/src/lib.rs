@@ -16,6 +16,7 @@ mod error;
 mod finalize;
 pub mod finding_rollups;
 mod import;
+pub mod lean;
 mod merge;
 mod open;
 pub mod outfile;
