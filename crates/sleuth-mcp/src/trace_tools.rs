@@ -234,8 +234,24 @@ pub fn latency_stats(db: &Path, scope: &args::CallScope, budget: &ReadBudget) ->
 pub fn findings(db: &Path, scope: &args::CallScope, budget: &ReadBudget) -> Result<Value> {
     let trace = open(db, budget)?;
     let problems = trace.input_problems()?;
-    let data = load_scoped(&trace, scope)?;
-    let report = findings::explain_report(&data);
+    check_op(scope.op.as_deref())?;
+    check_window(scope.since_ns, scope.until_ns)?;
+    // The whole trace (no process, op or window) is explained from the
+    // stored aggregates when it has them (`sleuth_store::lean`): memory
+    // bounded by the aggregates, not the calls. Else everything is loaded.
+    let whole = scope.pid.is_none()
+        && scope.op.is_none()
+        && scope.since_ns.is_none()
+        && scope.until_ns.is_none();
+    let lean = if whole {
+        sleuth_store::lean::load(&trace, None, budget.clone())?
+    } else {
+        None
+    };
+    let report = match lean {
+        Some(l) => l.explanation(),
+        None => findings::explain_report(&load_scoped(&trace, scope)?),
+    };
     Ok(json!({
         "summary": report.summary,
         "findings": report.findings,

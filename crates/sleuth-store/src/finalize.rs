@@ -26,6 +26,7 @@ pub(crate) fn complete(conn: &mut Connection, rollup: &Rollup) -> rusqlite::Resu
     let rows = per_thread_pass(&tx, rollup)?;
     crate::finding_rollups::write(&tx)?;
     write_op_rollups(&tx, rollup)?;
+    crate::call_groups::write(&tx)?;
     tx.execute(
         "INSERT OR REPLACE INTO meta(key, value) VALUES ('rollups', ?1)",
         [ROLLUPS_COMPLETE],

@@ -243,7 +243,7 @@ fn value<T: FromSql>(conn: &Connection, sql: &str, p: impl Params) -> rusqlite::
 
 /// Whether `table` is a plain table with exactly `cols` and no index or
 /// trigger hung on it (a crafted file must not run anything on a read).
-fn plain_table(conn: &Connection, table: &str, cols: &[&str]) -> rusqlite::Result<bool> {
+pub(crate) fn plain_table(conn: &Connection, table: &str, cols: &[&str]) -> rusqlite::Result<bool> {
     let kind: Option<String> = value(
         conn,
         "SELECT type FROM sqlite_master WHERE name = ?1",

@@ -11,10 +11,12 @@
 //! The schema is documented in `docs/schema.md`.
 
 mod budget;
+mod call_groups;
 mod error;
 mod finalize;
 pub mod finding_rollups;
 mod import;
+pub mod lean;
 mod merge;
 mod open;
 pub mod outfile;

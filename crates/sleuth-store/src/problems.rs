@@ -138,7 +138,7 @@ pub(crate) fn scan(
     conn: &Connection,
     version: i64,
     has_allocator_events: bool,
-) -> rusqlite::Result<InputProblems> {
+) -> rusqlite::Result<(InputProblems, CallScan)> {
     let mut p = InputProblems::default();
     // Grouping by a substring keeps a megabyte-long crafted name from
     // being copied out whole.
@@ -172,17 +172,8 @@ pub(crate) fn scan(
             }
         }
     }
-    p.impossible_calls = conn
-        .query_row(
-            &format!(
-                "SELECT count(*) FROM {} WHERE NOT {}",
-                call_table(version),
-                valid_call("")
-            ),
-            [],
-            |r| r.get::<_, i64>(0),
-        )?
-        .max(0) as u64;
+    let calls = call_scan(conn, version)?;
+    p.impossible_calls = calls.impossible;
     let mut bad_waits = conn
         .query_row(
             &format!("SELECT count(*) FROM waits WHERE NOT {}", valid_wait("")),
@@ -199,23 +190,39 @@ pub(crate) fn scan(
         }
     }
     p.impossible_waits = bad_waits;
-    Ok(p)
+    Ok((p, calls))
 }
 
 /// Whether the valid calls' durations or sizes add up past what 64-bit
 /// sums hold: then no total printed from the file could be right.
-pub(crate) fn totals_overflow(conn: &Connection, version: i64) -> rusqlite::Result<bool> {
-    // total() sums in floating point and never overflows.
-    let (dur, size): (f64, f64) = conn.query_row(
+/// What one pass over the call rows inside SQLite gives: the rows no
+/// reader uses (impossible values) and whether the valid rows' durations or
+/// sizes add up past 2^62 (the file is then refused as damaged).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct CallScan {
+    pub impossible: u64,
+    pub totals_overflow: bool,
+}
+
+/// Counts the impossible call rows and sums the valid ones' durations and
+/// sizes in one pass (the skipped-rows count and the totals check used to
+/// be two passes over the same rows).
+pub(crate) fn call_scan(conn: &Connection, version: i64) -> rusqlite::Result<CallScan> {
+    let valid = valid_call("");
+    let (bad, dur, size): (i64, f64, f64) = conn.query_row(
         &format!(
-            "SELECT total(dur_ns), total(size) FROM {} WHERE {}",
-            call_table(version),
-            valid_call("")
+            "SELECT count(*) - count(CASE WHEN {valid} THEN 1 END), \
+             total(CASE WHEN {valid} THEN dur_ns END), total(CASE WHEN {valid} THEN size END) \
+             FROM {}",
+            call_table(version)
         ),
         [],
-        |r| Ok((r.get(0)?, r.get(1)?)),
+        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
     )?;
-    Ok(dur > MAX_NS as f64 || size > MAX_NS as f64)
+    Ok(CallScan {
+        impossible: bad.max(0) as u64,
+        totals_overflow: dur > MAX_NS as f64 || size > MAX_NS as f64,
+    })
 }
 
 #[cfg(test)]

@@ -30,6 +30,9 @@ pub struct Trace {
     /// The per-call and per-wait tables (`open::BULK_TABLES`) of a large
     /// file are checked on first use, not at open: true until then.
     bulk_unchecked: std::cell::Cell<bool>,
+    /// The one pass over the call rows that counts the impossible ones and
+    /// checks the totals, once it was made (`problems::call_scan`).
+    call_scan: std::cell::Cell<Option<problems::CallScan>>,
 }
 
 impl Trace {
@@ -55,6 +58,7 @@ impl Trace {
             version,
             budget,
             bulk_unchecked: std::cell::Cell::new(bulk_unchecked),
+            call_scan: std::cell::Cell::new(None),
         })
     }
 
@@ -75,7 +79,27 @@ impl Trace {
     pub fn input_problems(&self) -> Result<InputProblems, StoreError> {
         let conn = self.bulk()?;
         let alloc = has_table(conn, "allocator_events").at(&self.path)?;
-        problems::scan(conn, self.version, alloc).map_err(|e| self.read_error(e))
+        let (p, calls) =
+            problems::scan(conn, self.version, alloc).map_err(|e| self.read_error(e))?;
+        self.call_scan.set(Some(calls));
+        Ok(p)
+    }
+
+    /// The pass over the call rows (impossible rows, totals), made once per
+    /// open trace: `input_problems` makes it, later readers reuse it.
+    pub(crate) fn call_scan(&self) -> Result<problems::CallScan, StoreError> {
+        if let Some(s) = self.call_scan.get() {
+            return Ok(s);
+        }
+        let s = problems::call_scan(self.bulk()?, self.version).map_err(|e| self.read_error(e))?;
+        self.call_scan.set(Some(s));
+        Ok(s)
+    }
+
+    /// Whether the call-row pass was already made (a streamed reader need
+    /// not make it again).
+    pub(crate) fn known_call_scan(&self) -> Option<problems::CallScan> {
+        self.call_scan.get()
     }
 
     /// A failed read, naming the budget when it stopped the read.
@@ -786,7 +810,7 @@ impl Trace {
         if let Some(pid) = pid {
             self.require_pid(pid)?;
         }
-        if problems::totals_overflow(self.bulk()?, self.version).map_err(|e| self.read_error(e))? {
+        if self.call_scan()?.totals_overflow {
             return Err(StoreError::file(
                 &self.path,
                 "damaged trace: call durations or sizes add up past 2^62 (no total read from it could be right)",

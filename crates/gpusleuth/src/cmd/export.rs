@@ -27,7 +27,7 @@ use sleuth_core::findings::Finding;
 use sleuth_core::ledger::ProcessLedger;
 use sleuth_core::{CallEvent, Layer, TraceData, WaitEvent};
 use sleuth_store::stream::{CallQuery, Rows};
-use sleuth_store::{StoreError, Trace};
+use sleuth_store::{ReadBudget, StoreError, Trace};
 use std::collections::BTreeSet;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -344,6 +344,9 @@ impl PerfettoFrame {
     /// which is let go before any call is written (the findings do not
     /// stream yet: this load is what bounds `export`'s memory now).
     fn of(trace: &Trace, pid: Option<u32>) -> anyhow::Result<PerfettoFrame> {
+        if let Some(f) = Self::lean(trace, pid)? {
+            return Ok(f);
+        }
         let mut data = trace.load(pid)?;
         let analysis = Analysis::of(&data);
         let mut threads: BTreeSet<(u32, u32)> = BTreeSet::new();
@@ -358,6 +361,43 @@ impl PerfettoFrame {
             ledgers: analysis.ledgers,
             findings: analysis.explanation.findings,
         })
+    }
+
+    /// The frame from the lean load (`sleuth_store::lean`: the stored
+    /// finding aggregates, the call groups and the streamed ledgers) when
+    /// the trace has them: memory bounded by the aggregates, not the calls.
+    /// The threads are those of the call groups and of the waits, the
+    /// origin `TraceSpan::of`'s (session start, first call, first wait or
+    /// lifecycle event), both as the full load gives them.
+    fn lean(trace: &Trace, pid: Option<u32>) -> anyhow::Result<Option<PerfettoFrame>> {
+        let budget = ReadBudget::new(sleuth_store::DEFAULT_READ_TIMEOUT);
+        let Some(lean) = sleuth_store::lean::load(trace, pid, budget)? else {
+            return Ok(None);
+        };
+        let explanation = lean.explanation();
+        let view = &lean.view;
+        let mut threads: BTreeSet<(u32, u32)> =
+            view.groups.iter().map(|g| (g.pid, g.tid)).collect();
+        threads.extend(view.rows().wait_threads(None)?);
+        let first_call = view.groups.iter().map(|g| g.first_ts_ns).min();
+        let earliest = match (first_call, view.rows().earliest_wait_or_event(None)?) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let start = view.span.start_ns;
+        let origin = match lean.data.start_ns {
+            Some(_) => earliest.map_or(start, |e| e.min(start)),
+            None => earliest.unwrap_or(start),
+        };
+        let mut ctx = lean.data;
+        ctx.calls = Vec::new();
+        Ok(Some(PerfettoFrame {
+            ctx,
+            threads,
+            origin,
+            ledgers: lean.ledgers,
+            findings: explanation.findings,
+        }))
     }
 
     /// The document around `traceEvents` (the last key in name order), so
@@ -823,5 +863,119 @@ mod tests {
         let v = json!({"a": {"first_ts_ns": 30}, "examples": [{"ts_ns": 20}, {"ts_ns": 40}]});
         assert_eq!(earliest_ts(&v), Some(20));
         assert_eq!(earliest_ts(&json!({"n": 1})), None);
+    }
+}
+
+/// The Perfetto export from the lean load (stored aggregates) against the
+/// full load, on the example traces written again through the writer: every
+/// event but the findings byte-identical; the findings the same kinds, ops,
+/// severities and processes (their evidence carries percentiles, equal
+/// within the histogram's bound: `render::explain`'s lean tests check it).
+#[cfg(test)]
+mod lean_tests {
+    use super::*;
+    use sleuth_core::Event;
+    use sleuth_store::{SessionInfo, TraceWriter, WriterOptions};
+
+    fn rewrite(data: &TraceData, path: &Path) {
+        let session = SessionInfo {
+            start_mono_ns: data.start_ns.unwrap_or(0),
+            hostname: "testhost".into(),
+            ..Default::default()
+        };
+        let w = TraceWriter::create(path, session, WriterOptions::default()).unwrap();
+        let h = w.handle();
+        for p in &data.processes {
+            h.set_process(p.clone()).unwrap();
+        }
+        for (k, v) in &data.stats {
+            if !k.starts_with("events_") {
+                h.set_stat(k.clone(), *v).unwrap();
+            }
+        }
+        h.set_op_counts(data.counts.clone()).unwrap();
+        let mut events: Vec<(u64, Event)> = data
+            .calls
+            .iter()
+            .map(|c| (c.ts_ns, Event::Call(c.clone())))
+            .chain(data.waits.iter().map(|w| (w.on_ns, Event::Wait(w.clone()))))
+            .collect();
+        events.sort_by_key(|e| e.0);
+        for (_, e) in events {
+            h.send(e).unwrap();
+        }
+        drop(h);
+        w.finish().unwrap();
+    }
+
+    fn perfetto(db: &Path) -> Value {
+        let trace = Trace::open(db).unwrap();
+        let rows = Rows::open(&trace).unwrap();
+        let frame = PerfettoFrame::of(&trace, None).unwrap();
+        let mut out = Vec::new();
+        write_perfetto(&mut out, &frame, &rows, None).unwrap();
+        serde_json::from_slice(&out).unwrap()
+    }
+
+    fn split(doc: &Value) -> (Vec<Value>, Vec<Value>) {
+        let ev = doc["traceEvents"].as_array().unwrap();
+        let (f, other): (Vec<&Value>, Vec<&Value>) = ev.iter().partition(|e| e["cat"] == "finding");
+        let f = f
+            .into_iter()
+            .map(|e| {
+                json!([
+                    e["name"],
+                    e["pid"],
+                    e["args"]["severity"],
+                    e["args"]["pids"]
+                ])
+            })
+            .collect();
+        (f, other.into_iter().cloned().collect())
+    }
+
+    #[test]
+    fn lean_perfetto_export_equals_the_full_one_on_the_examples() {
+        for name in ["demo-sim.db", "h200-contention.db"] {
+            let dir = std::env::temp_dir().join(format!(
+                "gpusleuth-export-lean-{}-{name}",
+                std::process::id()
+            ));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).unwrap();
+            let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../../examples")
+                .join(name);
+            let data = Trace::open(&src).unwrap().load(None).unwrap();
+            let lean_db = dir.join("lean.db");
+            rewrite(&data, &lean_db);
+            let trace = Trace::open(&lean_db).unwrap();
+            let budget = ReadBudget::new(sleuth_store::DEFAULT_READ_TIMEOUT);
+            assert!(
+                sleuth_store::lean::load(&trace, None, budget)
+                    .unwrap()
+                    .is_some(),
+                "{name}: the lean load answers"
+            );
+            drop(trace);
+            // The same file without its finding rollups takes the full load.
+            let full_db = dir.join("full.db");
+            std::fs::copy(&lean_db, &full_db).unwrap();
+            let c = rusqlite::Connection::open(&full_db).unwrap();
+            c.execute("DELETE FROM meta WHERE key = 'finding_rollups'", [])
+                .unwrap();
+            drop(c);
+            let (lean, full) = (perfetto(&lean_db), perfetto(&full_db));
+            assert_eq!(lean["otherData"], full["otherData"], "{name}");
+            let (lf, lo) = split(&lean);
+            let (ff, fo) = split(&full);
+            assert!(!ff.is_empty(), "{name}: the example has findings");
+            assert_eq!(lf, ff, "{name}: findings");
+            assert_eq!(lo.len(), fo.len(), "{name}");
+            for (a, b) in lo.iter().zip(&fo) {
+                assert_eq!(a, b, "{name}");
+            }
+            let _ = std::fs::remove_dir_all(&dir);
+        }
     }
 }

@@ -9,12 +9,11 @@ use crate::output::{fmt_bytes, fmt_ns};
 use crate::render::gpu_context;
 use crate::term_text::terminal_safe;
 use sleuth_core::analysis::Analysis;
-use sleuth_core::findings::inputs::FindingInputs;
-use sleuth_core::findings::{explain_inputs, Explanation, Finding, Kind};
+use sleuth_core::findings::{Explanation, Finding, Kind};
 use sleuth_core::ledger::ProcessLedger;
 use sleuth_core::threads::{ThreadSplit, WakerKind};
 use sleuth_core::TraceData;
-use sleuth_store::stream::MemoryTrace;
+use sleuth_store::lean::Lean;
 use sleuth_store::{InputProblems, ReadBudget, DEFAULT_READ_TIMEOUT};
 use std::fmt::Write as _;
 
@@ -48,7 +47,7 @@ fn output(input: &TraceInput, style: Style, lean_allowed: bool) -> anyhow::Resul
     };
     let (data, ledgers, report) = match lean {
         Some(l) => {
-            let report = explain_inputs(&l.data, &l.inputs, &l.ledgers);
+            let report = l.explanation();
             (l.data, l.ledgers, report)
         }
         None => {
@@ -60,52 +59,17 @@ fn output(input: &TraceInput, style: Style, lean_allowed: bool) -> anyhow::Resul
     render(&data, &ledgers, &report, &problems, style)
 }
 
-/// The trace as the explanation reads it, without its calls and waits: the
-/// memory view's base (session, processes, allocator events, NVML samples,
-/// counters, stacks), the op counts, the memory-op calls (the allocator
-/// view reads them), the NCCL calls, the ledgers streamed from the store,
-/// and the stored finding aggregates. None (load everything) for a trace
-/// without finding rollups, with `--pid` (the rollups are of the whole
-/// trace), or with collectives: the straggler finding reads every call and wait of
-/// the ranks.
+/// The trace as the explanation reads it, without its calls and waits
+/// (`sleuth_store::lean`, shared with the Perfetto export and the MCP
+/// `findings` tool). None (load everything) for a trace without finding
+/// rollups, with `--pid` (the rollups are of the whole trace), or with
+/// collectives: the straggler finding reads every call and wait of the ranks.
 fn lean_load(trace: &sleuth_store::Trace, pid: Option<u32>) -> anyhow::Result<Option<Lean>> {
-    if pid.is_some() {
-        return Ok(None);
-    }
-    let Some(inputs) = sleuth_store::finding_rollups::finding_inputs(trace)? else {
-        return Ok(None);
-    };
-    let nccl = trace.nccl_calls(None)?;
-    if nccl.iter().any(|e| e.is_collective()) {
-        return Ok(None);
-    }
-    // A file the full load refuses (durations or sizes adding up past 2^62)
-    // is refused here too: the pass over the calls in `MemoryTrace::open`
-    // (`Rows::call_groups`) sums and checks the same valid rows.
-    let mut mt = MemoryTrace::open(trace, None, ReadBudget::new(DEFAULT_READ_TIMEOUT))?;
-    let ledgers = mt.ledgers(None)?;
-    mt.load_memory_calls(None)?;
-    let counts = trace.op_counts(None)?;
-    let mut data = std::mem::take(&mut mt.base);
-    data.counts = counts;
-    data.nccl = nccl;
-    // Without a stored end the span ends at the last call's end, which the
-    // memory calls alone do not give: the span read from the call groups
-    // (what `TraceSpan::of` gives the full load) stands in. Of the
-    // explanation's readers only the span reads `end_ns`.
-    data.end_ns = Some(mt.span.end_ns);
-    Ok(Some(Lean {
-        data,
-        ledgers,
-        inputs,
-    }))
-}
-
-/// What [`lean_load`] reads: the explanation needs nothing more.
-struct Lean {
-    data: TraceData,
-    ledgers: Vec<ProcessLedger>,
-    inputs: FindingInputs,
+    Ok(sleuth_store::lean::load(
+        trace,
+        pid,
+        ReadBudget::new(DEFAULT_READ_TIMEOUT),
+    )?)
 }
 
 /// The explanation in `style`, as written to stdout.

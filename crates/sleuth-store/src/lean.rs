@@ -1,0 +1,83 @@
+//! The lean load (issue 16): what the explanation of a whole trace reads,
+//! without its calls and waits — the stored finding aggregates, the call
+//! groups, the ledgers streamed from the memory calls, and the memory calls
+//! of processes with allocator blocks. `explain`, the Perfetto export and
+//! the MCP `findings` tool share it, so their memory does not grow with the
+//! trace. The answer equals the full load's, percentiles within the
+//! histogram's bound (docs/schema.md).
+
+use crate::budget::ReadBudget;
+use crate::reader::Trace;
+use crate::stream::MemoryTrace;
+use crate::StoreError;
+use sleuth_core::findings::inputs::FindingInputs;
+use sleuth_core::ledger::ProcessLedger;
+use sleuth_core::TraceData;
+
+/// What [`load`] reads: the explanation needs nothing more.
+pub struct Lean {
+    /// The trace without calls and waits (the memory view's base), with the
+    /// op counts, the NCCL calls, the memory calls of processes with
+    /// allocator blocks, and the span's end.
+    pub data: TraceData,
+    pub ledgers: Vec<ProcessLedger>,
+    pub inputs: FindingInputs,
+    /// The memory view the load read through (its call groups, its streamed reader).
+    pub view: MemoryTrace,
+}
+
+impl Lean {
+    /// The explanation, as `sleuth_core::findings::explain_report` gives it
+    /// for the loaded trace.
+    pub fn explanation(&self) -> sleuth_core::findings::Explanation {
+        sleuth_core::findings::explain_inputs(&self.data, &self.inputs, &self.ledgers)
+    }
+}
+
+/// The lean load of the whole trace; None (load everything) for a trace
+/// without finding rollups, with `pid` (the rollups are of the whole trace),
+/// or with NCCL collectives (the straggler finding reads every call and
+/// wait of the ranks). Errors are those of the full load (a file whose
+/// totals overflow is refused by the call groups' check).
+pub fn load(
+    trace: &Trace,
+    pid: Option<u32>,
+    budget: ReadBudget,
+) -> Result<Option<Lean>, StoreError> {
+    if pid.is_some() {
+        return Ok(None);
+    }
+    let Some(inputs) = crate::finding_rollups::finding_inputs(trace)? else {
+        return Ok(None);
+    };
+    let nccl = trace.nccl_calls(None)?;
+    if nccl.iter().any(|e| e.is_collective()) {
+        return Ok(None);
+    }
+    let mut view = MemoryTrace::open(trace, None, budget)?;
+    let ledgers = view.ledgers(None)?;
+    // Of the explanation's readers only the allocator view reads calls (the
+    // memory calls of processes with allocator blocks): the others read the
+    // aggregates and the ledgers, so a trace without blocks holds no call.
+    let mut block_pids: Vec<u32> = view.base.blocks.iter().map(|b| b.pid).collect();
+    block_pids.sort_unstable();
+    block_pids.dedup();
+    if !block_pids.is_empty() {
+        view.load_memory_calls(Some(&block_pids))?;
+    }
+    let counts = trace.op_counts(None)?;
+    let mut data = std::mem::take(&mut view.base);
+    data.counts = counts;
+    data.nccl = nccl;
+    // Without a stored end the span ends at the last call's end, which the
+    // memory calls alone do not give: the span from the call groups (what
+    // `TraceSpan::of` gives the full load) stands in. Of the explanation's
+    // readers only the span reads `end_ns`.
+    data.end_ns = Some(view.span.end_ns);
+    Ok(Some(Lean {
+        data,
+        ledgers,
+        inputs,
+        view,
+    }))
+}

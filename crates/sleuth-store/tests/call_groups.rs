@@ -1,0 +1,123 @@
+//! The call groups the writer stores when a trace ends (issue 16) against
+//! the pass over every call row that readers make without them: the same
+//! groups, the same span, and a file changed afterwards is still refused
+//! when its rows add up past 2^62.
+
+mod common;
+
+use common::{rewritten, small_trace_in};
+use sleuth_store::stream::{MemoryTrace, Rows};
+use sleuth_store::{ReadBudget, Trace, DEFAULT_READ_TIMEOUT};
+use std::path::Path;
+
+fn groups(path: &Path) -> Vec<sleuth_store::stream::CallGroup> {
+    let t = Trace::open(path).unwrap();
+    Rows::open(&t).unwrap().call_groups().unwrap()
+}
+
+/// `path` copied with the stored groups' completeness mark removed: readers
+/// then make the pass over the rows.
+fn without_stored_groups(path: &Path, tag: &str) -> std::path::PathBuf {
+    let copy = path.with_file_name(format!("{tag}-raw.db"));
+    std::fs::copy(path, &copy).unwrap();
+    let c = rusqlite::Connection::open(&copy).unwrap();
+    let n = c
+        .execute("DELETE FROM meta WHERE key = 'call_groups'", [])
+        .unwrap();
+    assert_eq!(n, 1, "the writer marks the stored groups complete");
+    copy
+}
+
+fn assert_same_groups(path: &Path, tag: &str) {
+    let stored = groups(path);
+    assert!(!stored.is_empty(), "{tag}");
+    let raw = without_stored_groups(path, tag);
+    assert_eq!(stored, groups(&raw), "{tag}");
+    // The span `memory` and `explain` use, for the whole trace and per pid.
+    let t = Trace::open(path).unwrap();
+    let r = Trace::open(&raw).unwrap();
+    let mut pids: Vec<Option<u32>> = vec![None];
+    pids.extend(t.pids().unwrap().into_iter().map(Some));
+    for pid in pids {
+        let a = MemoryTrace::open(&t, pid, ReadBudget::new(DEFAULT_READ_TIMEOUT)).unwrap();
+        let b = MemoryTrace::open(&r, pid, ReadBudget::new(DEFAULT_READ_TIMEOUT)).unwrap();
+        assert_eq!(
+            (a.span.start_ns, a.span.end_ns),
+            (b.span.start_ns, b.span.end_ns),
+            "{tag} {pid:?}"
+        );
+    }
+}
+
+#[test]
+fn stored_groups_equal_the_pass_over_the_rows_on_the_examples() {
+    for name in ["demo-sim.db", "h200-contention.db"] {
+        let (_dir, path) = rewritten(name, "call-groups");
+        assert_same_groups(&path, name);
+    }
+}
+
+#[test]
+fn stored_groups_equal_the_pass_over_the_rows_on_a_small_trace() {
+    let (_dir, path) = small_trace_in("call-groups-small");
+    assert_same_groups(&path, "small");
+}
+
+#[test]
+fn a_trace_changed_after_it_was_written_is_still_refused_when_its_totals_overflow() {
+    let (_dir, path) = rewritten("demo-sim.db", "call-groups-overflow");
+    let c = rusqlite::Connection::open(&path).unwrap();
+    let n = c
+        .execute("UPDATE call_rows SET dur_ns = 1 << 61", [])
+        .unwrap();
+    assert!(n > 2, "{n} calls");
+    drop(c);
+    let t = Trace::open(&path).unwrap();
+    let e = Rows::open(&t)
+        .unwrap()
+        .call_groups()
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("add up past 2^62"), "{e}");
+    // Also when the trace made the check first (the counted skipped rows).
+    let t = Trace::open(&path).unwrap();
+    t.input_problems().unwrap();
+    let e = Rows::open(&t)
+        .unwrap()
+        .call_groups()
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("add up past 2^62"), "{e}");
+}
+
+#[test]
+fn a_stored_groups_table_of_another_shape_or_with_impossible_rows_is_refused() {
+    let (_dir, path) = rewritten("demo-sim.db", "call-groups-damaged");
+    let odd = path.with_file_name("odd.db");
+    std::fs::copy(&path, &odd).unwrap();
+    let c = rusqlite::Connection::open(&odd).unwrap();
+    c.execute("UPDATE call_groups SET first_ts_ns = -5", [])
+        .unwrap();
+    drop(c);
+    let t = Trace::open(&odd).unwrap();
+    let e = Rows::open(&t)
+        .unwrap()
+        .call_groups()
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("call_groups"), "{e}");
+
+    let c = rusqlite::Connection::open(&path).unwrap();
+    c.execute_batch(
+        "DROP TABLE call_groups; CREATE TABLE call_groups(pid INTEGER, tid INTEGER, op TEXT)",
+    )
+    .unwrap();
+    drop(c);
+    let t = Trace::open(&path).unwrap();
+    let e = Rows::open(&t)
+        .unwrap()
+        .call_groups()
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("call_groups"), "{e}");
+}
