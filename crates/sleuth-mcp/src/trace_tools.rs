@@ -234,11 +234,10 @@ pub fn latency_stats(db: &Path, scope: &args::CallScope, budget: &ReadBudget) ->
 pub fn findings(db: &Path, scope: &args::CallScope, budget: &ReadBudget) -> Result<Value> {
     let trace = open(db, budget)?;
     let problems = trace.input_problems()?;
-    check_op(scope.op.as_deref())?;
-    check_window(scope.since_ns, scope.until_ns)?;
     // The whole trace (no process, op or window) is explained from the
     // stored aggregates when it has them (`sleuth_store::lean`): memory
-    // bounded by the aggregates, not the calls. Else everything is loaded.
+    // bounded by the aggregates, not the calls. Else everything is loaded
+    // (`load_scoped` checks the op and the window).
     let whole = scope.pid.is_none()
         && scope.op.is_none()
         && scope.since_ns.is_none()

@@ -10,10 +10,10 @@
 //! docs/schema.md, "Call groups".
 
 use crate::finding_rollups::plain_table;
-use crate::open::has_table;
+use crate::open::{has_table, meta_value};
 use crate::problems::valid_call;
 use crate::stream::CallGroup;
-use rusqlite::{params, Connection, OptionalExtension};
+use rusqlite::{params, Connection};
 use sleuth_core::op_by_name;
 use std::collections::{BTreeMap, HashMap};
 
@@ -151,13 +151,7 @@ pub(crate) fn write(conn: &Connection) -> rusqlite::Result<()> {
 /// [`compute`] leaves them out; a row with values no call can have (times
 /// outside 0..2^62 ns, a negative count) makes the table damaged: an error.
 pub(crate) fn stored(conn: &Connection) -> rusqlite::Result<Option<Vec<CallGroup>>> {
-    let done: Option<String> = conn
-        .query_row(
-            "SELECT value FROM meta WHERE key = 'call_groups'",
-            [],
-            |r| r.get(0),
-        )
-        .optional()?;
+    let done = meta_value(conn, "call_groups")?;
     if done.as_deref() != Some(COMPLETE) || !has_table(conn, "call_groups")? {
         return Ok(None);
     }

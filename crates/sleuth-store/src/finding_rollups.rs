@@ -277,12 +277,7 @@ pub fn finding_inputs(trace: &Trace) -> Result<Option<FindingInputs>, StoreError
     let (_, version) = check_is_trace(&conn, path)?;
     check_schema(&conn, path, version)?;
     let err = |e: rusqlite::Error| StoreError::file(path, format!("finding rollups: {e}"));
-    let done: Option<String> = value(
-        &conn,
-        "SELECT value FROM meta WHERE key = 'finding_rollups'",
-        [],
-    )
-    .map_err(err)?;
+    let done = crate::open::meta_value(&conn, "finding_rollups").map_err(err)?;
     if done.as_deref() != Some(COMPLETE) || !trace.has_rollups()? {
         return Ok(None);
     }

@@ -274,6 +274,13 @@ pub(crate) fn has_table(conn: &Connection, name: &str) -> rusqlite::Result<bool>
     .map(|n| n > 0)
 }
 
+/// The `meta` value stored under `key`, or None when the trace has none.
+pub(crate) fn meta_value(conn: &Connection, key: &str) -> rusqlite::Result<Option<String>> {
+    use rusqlite::OptionalExtension;
+    conn.query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0))
+        .optional()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

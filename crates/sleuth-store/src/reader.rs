@@ -919,11 +919,7 @@ pub(crate) fn rollups_complete(conn: &Connection) -> rusqlite::Result<bool> {
             return Ok(false);
         }
     }
-    let v: Option<String> = conn
-        .query_row("SELECT value FROM meta WHERE key = 'rollups'", [], |r| {
-            r.get(0)
-        })
-        .optional()?;
+    let v = crate::open::meta_value(conn, "rollups")?;
     Ok(v.as_deref() == Some(crate::finalize::ROLLUPS_COMPLETE))
 }
 

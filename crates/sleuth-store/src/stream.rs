@@ -319,35 +319,9 @@ impl Rows {
     /// How many waits and process lifecycle events [`Trace::load`] reads
     /// (of one process or all), counted inside SQLite.
     pub fn event_counts(&self, pid: Option<u32>) -> Result<(u64, u64), StoreError> {
-        let count = |sql: String, known: &dyn Fn(&str) -> bool| -> Result<u64, StoreError> {
-            let mut st = self.conn.prepare(&sql).map_err(|e| self.read_error(e))?;
-            let rows = st
-                .query_map([pid], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))
-                .map_err(|e| self.read_error(e))?;
-            let mut n = 0u64;
-            for r in rows {
-                let (kind, c) = r.map_err(|e| self.read_error(e))?;
-                if known(&kind) {
-                    n += c.max(0) as u64;
-                }
-            }
-            Ok(n)
-        };
-        let waits = count(
-            format!(
-                "SELECT w.kind, count(*) FROM waits w WHERE {} AND (?1 IS NULL OR w.pid = ?1) GROUP BY w.kind",
-                valid_wait("w.")
-            ),
-            &|k| WaitKind::parse(k).is_some(),
-        )?;
-        let procs = count(
-            format!(
-                "SELECT kind, count(*) FROM proc_events WHERE (?1 IS NULL OR pid = ?1) \
-                 AND ts_ns BETWEEN 0 AND {MAX_NS} GROUP BY kind"
-            ),
-            &|k| ProcKind::parse(k).is_some(),
-        )?;
-        Ok((waits, procs))
+        let (waits, procs) = self.per_known_kind("count(*)", "count(*)", pid)?;
+        let sum = |v: Vec<i64>| v.into_iter().map(|c| c.max(0) as u64).sum();
+        Ok((sum(waits), sum(procs)))
     }
 
     /// The earliest start of a wait (`off_ns`) or lifecycle event that
@@ -355,42 +329,55 @@ impl Rows {
     /// start, what `TraceSpan::of` takes the origin of the extent from. Two
     /// aggregate queries; nothing held per row.
     pub fn earliest_wait_or_event(&self, pid: Option<u32>) -> Result<Option<u64>, StoreError> {
-        let min_of =
-            |sql: String, known: &dyn Fn(&str) -> bool| -> Result<Option<u64>, StoreError> {
-                let mut st = self.conn.prepare(&sql).map_err(|e| self.read_error(e))?;
-                let rows = st
-                    .query_map([pid], |r| {
-                        Ok((r.get::<_, String>(0)?, r.get::<_, Option<i64>>(1)?))
-                    })
-                    .map_err(|e| self.read_error(e))?;
-                let mut out: Option<u64> = None;
-                for r in rows {
-                    let (kind, v) = r.map_err(|e| self.read_error(e))?;
-                    if let (true, Some(v)) = (known(&kind), v) {
-                        let v = v.max(0) as u64;
-                        out = Some(out.map_or(v, |o| o.min(v)));
-                    }
+        let (waits, procs) = self.per_known_kind("min(w.off_ns)", "min(ts_ns)", pid)?;
+        Ok(waits
+            .into_iter()
+            .chain(procs)
+            .map(|v| v.max(0) as u64)
+            .min())
+    }
+
+    /// `wait_agg` over the valid waits and `proc_agg` over the lifecycle
+    /// events [`Trace::load`] reads (of one process or all), one value per
+    /// kind this build knows (rows of other kinds are not read, so they do
+    /// not count); NULL aggregates are left out.
+    fn per_known_kind(
+        &self,
+        wait_agg: &str,
+        proc_agg: &str,
+        pid: Option<u32>,
+    ) -> Result<(Vec<i64>, Vec<i64>), StoreError> {
+        let values = |sql: String, known: &dyn Fn(&str) -> bool| -> Result<Vec<i64>, StoreError> {
+            let mut st = self.conn.prepare(&sql).map_err(|e| self.read_error(e))?;
+            let rows = st
+                .query_map([pid], |r| {
+                    Ok((r.get::<_, String>(0)?, r.get::<_, Option<i64>>(1)?))
+                })
+                .map_err(|e| self.read_error(e))?;
+            let mut out = Vec::new();
+            for r in rows {
+                let (kind, v) = r.map_err(|e| self.read_error(e))?;
+                if let (true, Some(v)) = (known(&kind), v) {
+                    out.push(v);
                 }
-                Ok(out)
-            };
-        let waits = min_of(
+            }
+            Ok(out)
+        };
+        let waits = values(
             format!(
-                "SELECT w.kind, min(w.off_ns) FROM waits w WHERE {} AND (?1 IS NULL OR w.pid = ?1) GROUP BY w.kind",
+                "SELECT w.kind, {wait_agg} FROM waits w WHERE {} AND (?1 IS NULL OR w.pid = ?1) GROUP BY w.kind",
                 valid_wait("w.")
             ),
             &|k| WaitKind::parse(k).is_some(),
         )?;
-        let procs = min_of(
+        let procs = values(
             format!(
-                "SELECT kind, min(ts_ns) FROM proc_events WHERE (?1 IS NULL OR pid = ?1) \
+                "SELECT kind, {proc_agg} FROM proc_events WHERE (?1 IS NULL OR pid = ?1) \
                  AND ts_ns BETWEEN 0 AND {MAX_NS} GROUP BY kind"
             ),
             &|k| ProcKind::parse(k).is_some(),
         )?;
-        Ok(match (waits, procs) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        })
+        Ok((waits, procs))
     }
 
     /// Lifecycle events of one process in `[since, until)`, by time, as
