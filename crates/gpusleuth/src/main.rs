@@ -18,6 +18,12 @@ mod render;
 mod signals;
 mod sites;
 mod term_text;
+// Traces written again through the writer, and the comparison of a stored-
+// aggregate answer with the in-memory one: sleuth-store's test fixture, shared
+// by the lean-load tests of `explain` and of the Perfetto export.
+#[cfg(test)]
+#[path = "../../sleuth-store/tests/common/trace_fixture.rs"]
+mod trace_fixture;
 
 use clap::{Parser, Subcommand};
 

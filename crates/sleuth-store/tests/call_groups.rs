@@ -15,6 +15,15 @@ fn groups(path: &Path) -> Vec<sleuth_store::stream::CallGroup> {
     Rows::open(&t).unwrap().call_groups().unwrap()
 }
 
+/// Why the call groups of `t` are refused (they must be).
+fn refusal(t: &Trace) -> String {
+    Rows::open(t)
+        .unwrap()
+        .call_groups()
+        .unwrap_err()
+        .to_string()
+}
+
 /// `path` copied with the stored groups' completeness mark removed: readers
 /// then make the pass over the rows.
 fn without_stored_groups(path: &Path, tag: &str) -> std::path::PathBuf {
@@ -73,20 +82,12 @@ fn a_trace_changed_after_it_was_written_is_still_refused_when_its_totals_overflo
     assert!(n > 2, "{n} calls");
     drop(c);
     let t = Trace::open(&path).unwrap();
-    let e = Rows::open(&t)
-        .unwrap()
-        .call_groups()
-        .unwrap_err()
-        .to_string();
+    let e = refusal(&t);
     assert!(e.contains("add up past 2^62"), "{e}");
     // Also when the trace made the check first (the counted skipped rows).
     let t = Trace::open(&path).unwrap();
     t.input_problems().unwrap();
-    let e = Rows::open(&t)
-        .unwrap()
-        .call_groups()
-        .unwrap_err()
-        .to_string();
+    let e = refusal(&t);
     assert!(e.contains("add up past 2^62"), "{e}");
 }
 
@@ -100,11 +101,7 @@ fn a_stored_groups_table_of_another_shape_or_with_impossible_rows_is_refused() {
         .unwrap();
     drop(c);
     let t = Trace::open(&odd).unwrap();
-    let e = Rows::open(&t)
-        .unwrap()
-        .call_groups()
-        .unwrap_err()
-        .to_string();
+    let e = refusal(&t);
     assert!(e.contains("call_groups"), "{e}");
 
     let c = rusqlite::Connection::open(&path).unwrap();
@@ -114,10 +111,6 @@ fn a_stored_groups_table_of_another_shape_or_with_impossible_rows_is_refused() {
     .unwrap();
     drop(c);
     let t = Trace::open(&path).unwrap();
-    let e = Rows::open(&t)
-        .unwrap()
-        .call_groups()
-        .unwrap_err()
-        .to_string();
+    let e = refusal(&t);
     assert!(e.contains("call_groups"), "{e}");
 }

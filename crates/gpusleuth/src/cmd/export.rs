@@ -380,10 +380,10 @@ impl PerfettoFrame {
             view.groups.iter().map(|g| (g.pid, g.tid)).collect();
         threads.extend(view.rows().wait_threads(None)?);
         let first_call = view.groups.iter().map(|g| g.first_ts_ns).min();
-        let earliest = match (first_call, view.rows().earliest_wait_or_event(None)?) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
+        let earliest = first_call
+            .into_iter()
+            .chain(view.rows().earliest_wait_or_event(None)?)
+            .min();
         let start = view.span.start_ns;
         let origin = match lean.data.start_ns {
             Some(_) => earliest.map_or(start, |e| e.min(start)),
@@ -874,39 +874,7 @@ mod tests {
 #[cfg(test)]
 mod lean_tests {
     use super::*;
-    use sleuth_core::Event;
-    use sleuth_store::{SessionInfo, TraceWriter, WriterOptions};
-
-    fn rewrite(data: &TraceData, path: &Path) {
-        let session = SessionInfo {
-            start_mono_ns: data.start_ns.unwrap_or(0),
-            hostname: "testhost".into(),
-            ..Default::default()
-        };
-        let w = TraceWriter::create(path, session, WriterOptions::default()).unwrap();
-        let h = w.handle();
-        for p in &data.processes {
-            h.set_process(p.clone()).unwrap();
-        }
-        for (k, v) in &data.stats {
-            if !k.starts_with("events_") {
-                h.set_stat(k.clone(), *v).unwrap();
-            }
-        }
-        h.set_op_counts(data.counts.clone()).unwrap();
-        let mut events: Vec<(u64, Event)> = data
-            .calls
-            .iter()
-            .map(|c| (c.ts_ns, Event::Call(c.clone())))
-            .chain(data.waits.iter().map(|w| (w.on_ns, Event::Wait(w.clone()))))
-            .collect();
-        events.sort_by_key(|e| e.0);
-        for (_, e) in events {
-            h.send(e).unwrap();
-        }
-        drop(h);
-        w.finish().unwrap();
-    }
+    use crate::trace_fixture::{example, rewrite};
 
     fn perfetto(db: &Path) -> Value {
         let trace = Trace::open(db).unwrap();
@@ -943,10 +911,7 @@ mod lean_tests {
             ));
             let _ = std::fs::remove_dir_all(&dir);
             std::fs::create_dir_all(&dir).unwrap();
-            let src = Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../../examples")
-                .join(name);
-            let data = Trace::open(&src).unwrap().load(None).unwrap();
+            let data = Trace::open(&example(name)).unwrap().load(None).unwrap();
             let lean_db = dir.join("lean.db");
             rewrite(&data, &lean_db);
             let trace = Trace::open(&lean_db).unwrap();

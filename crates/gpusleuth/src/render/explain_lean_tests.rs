@@ -12,10 +12,8 @@ use std::path::Path;
 // The writer fixture and the JSON comparison sleuth-store's rollup tests use.
 #[path = "../../tests/common/temp_dir.rs"]
 mod temp_dir;
-#[path = "../../../sleuth-store/tests/common/trace_fixture.rs"]
-mod trace_fixture;
+use crate::trace_fixture::{assert_close, example, rewrite};
 use temp_dir::TempDir;
-use trace_fixture::{assert_close, example, rewrite};
 
 /// One process that is preempted in its copies, has a slow tail of async
 /// copies, leaks memory through the run, empties and refills a cache and

@@ -1,8 +1,8 @@
 //! Traces written again through today's writer, and the comparison of a
 //! stored-rollup answer with the in-memory one. Shared by sleuth-store's
-//! integration tests and, through `#[path]`, by the lean-load tests of
-//! `gpusleuth explain`, which check the same bound on the same kind of
-//! rewritten trace.
+//! integration tests and, through `#[path]` (gpusleuth's main.rs), by the
+//! lean-load tests of `gpusleuth explain` and of the Perfetto export, which
+//! check the same bound on the same kind of rewritten trace.
 
 use sleuth_core::rollup::MAX_RELATIVE_ERROR;
 use sleuth_core::{Event, TraceData};
