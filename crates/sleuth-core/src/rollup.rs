@@ -111,11 +111,29 @@ impl OpRollup {
     /// Nearest-rank percentile `p` and the bucket it fell in.
     fn percentile(&self, p: u32) -> Option<(u64, u32)> {
         let n: u64 = self.buckets.values().map(|b| b.count).sum();
-        if n == 0 {
+        self.at_rank((u64::from(p.clamp(1, 100)) * n).div_ceil(100).max(1))
+    }
+
+    /// Nearest-rank percentile `p` (1..=100) as `stats::nearest_rank` gives
+    /// it over the sorted durations, within [`MAX_RELATIVE_ERROR`]; the
+    /// 100th is the exact maximum. None without calls.
+    pub fn percentile_ns(&self, p: u32) -> Option<u64> {
+        self.percentile(p).map(|x| x.0)
+    }
+
+    /// The fastest call's duration, within [`MAX_RELATIVE_ERROR`] (exact
+    /// below [`EXACT_BELOW`] and for a single call). None without calls.
+    pub fn min_ns(&self) -> Option<u64> {
+        self.at_rank(1).map(|x| x.0)
+    }
+
+    /// The duration of the `rank`-th fastest call (1-based) and its bucket.
+    fn at_rank(&self, rank: u64) -> Option<(u64, u32)> {
+        let n: u64 = self.buckets.values().map(|b| b.count).sum();
+        if n == 0 || rank == 0 {
             return None;
         }
-        let rank = (u64::from(p.clamp(1, 100)) * n).div_ceil(100).max(1);
-        if rank == n {
+        if rank >= n {
             // The last rank is the maximum, which is kept exactly.
             return Some((self.max_ns, bucket_of(self.max_ns)));
         }

@@ -9,6 +9,7 @@
 //! outside the CUDA and PyTorch libraries, else the innermost native frame.
 
 use crate::data::TraceData;
+use crate::event::CallEvent;
 use crate::ledger::ProcessLedger;
 use crate::ops::OpClass;
 use serde::Serialize;
@@ -188,10 +189,61 @@ pub struct SiteMemory {
     pub failed_bytes: u64,
 }
 
+/// What the by-site table and the flame graph count of device allocations
+/// (`cudaMalloc`-like and `cuMemCreate`, nested calls left out): `count`
+/// allocations of `bytes` in all, failed or not, made at `stack_id`. One
+/// call is a tally of one; a streamed reader adds them up per stack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AllocTally {
+    pub stack_id: Option<u64>,
+    pub failed: bool,
+    pub count: u64,
+    pub bytes: u64,
+}
+
+impl AllocTally {
+    /// The tally of one call; None for a call that is no device allocation.
+    pub fn of(c: &CallEvent) -> Option<AllocTally> {
+        let info = c.info()?;
+        let device_alloc = matches!(info.class, OpClass::DeviceAlloc | OpClass::PhysCreate);
+        (device_alloc && !c.nested).then(|| AllocTally {
+            stack_id: c.stack_id,
+            failed: c.failed(),
+            count: 1,
+            bytes: c.size.unwrap_or(0),
+        })
+    }
+}
+
 /// Device allocations by site: allocated, unfreed at the end and live at
 /// each process's peak (summed over processes), failures. Sorted by unfreed
 /// bytes, then bytes at the peak, then allocated bytes, largest first.
 pub fn memory_by_site(data: &TraceData, ledgers: &[ProcessLedger]) -> Vec<SiteMemory> {
+    let at_peak: Vec<ProcessLedger> = ledgers
+        .iter()
+        .filter_map(|l| {
+            let at = crate::ledger::ledger(data, Some(l.peak_ts_ns?));
+            at.into_iter().find(|p| p.pid == l.pid)
+        })
+        .collect();
+    memory_by_site_of(
+        data,
+        data.calls.iter().filter_map(AllocTally::of),
+        ledgers,
+        &at_peak,
+    )
+}
+
+/// [`memory_by_site`] from the allocations' tallies (in call order: the
+/// first stack of a site is its example), the ledgers at the end and each
+/// process's ledger at its own peak (`at_peak`, by pid). `data` gives the
+/// stacks only; its calls are not read.
+pub fn memory_by_site_of(
+    data: &TraceData,
+    allocs: impl IntoIterator<Item = AllocTally>,
+    ledgers: &[ProcessLedger],
+    at_peak: &[ProcessLedger],
+) -> Vec<SiteMemory> {
     let mut rows: BTreeMap<String, SiteMemory> = BTreeMap::new();
     fn row<'a>(
         rows: &'a mut BTreeMap<String, SiteMemory>,
@@ -208,19 +260,14 @@ pub fn memory_by_site(data: &TraceData, ledgers: &[ProcessLedger]) -> Vec<SiteMe
         }
         r
     }
-    for c in &data.calls {
-        let Some(info) = c.info() else { continue };
-        let device_alloc = matches!(info.class, OpClass::DeviceAlloc | OpClass::PhysCreate);
-        if !device_alloc || c.nested {
-            continue;
-        }
-        let r = row(&mut rows, data, c.stack_id);
-        if c.failed() {
-            r.failed += 1;
-            r.failed_bytes += c.size.unwrap_or(0);
+    for a in allocs {
+        let r = row(&mut rows, data, a.stack_id);
+        if a.failed {
+            r.failed += a.count;
+            r.failed_bytes += a.bytes;
         } else {
-            r.allocs += 1;
-            r.alloc_bytes += c.size.unwrap_or(0);
+            r.allocs += a.count;
+            r.alloc_bytes += a.bytes;
         }
     }
     for l in ledgers {
@@ -229,8 +276,7 @@ pub fn memory_by_site(data: &TraceData, ledgers: &[ProcessLedger]) -> Vec<SiteMe
             r.unfreed += 1;
             r.unfreed_bytes += u.bytes;
         }
-        if let Some(peak_ts) = l.peak_ts_ns {
-            let at_peak = crate::ledger::ledger(data, Some(peak_ts));
+        if l.peak_ts_ns.is_some() {
             if let Some(p) = at_peak.iter().find(|p| p.pid == l.pid) {
                 for u in &p.unfreed {
                     row(&mut rows, data, u.stack_id).at_peak_bytes += u.bytes;
@@ -287,18 +333,21 @@ impl FlameNode {
 /// user's code), else its native frames; one "(site not captured)" or
 /// "(stack lost …)" child for allocations without a stored stack.
 pub fn allocated_by_path(data: &TraceData) -> FlameNode {
+    allocated_by_path_of(data, data.calls.iter().filter_map(AllocTally::of))
+}
+
+/// [`allocated_by_path`] from the allocations' tallies (failed ones are
+/// left out); `data` gives the stacks only.
+pub fn allocated_by_path_of(
+    data: &TraceData,
+    allocs: impl IntoIterator<Item = AllocTally>,
+) -> FlameNode {
     let mut root = FlameNode {
         name: "all".into(),
         ..Default::default()
     };
-    for c in &data.calls {
-        let Some(info) = c.info() else { continue };
-        let device_alloc = matches!(info.class, OpClass::DeviceAlloc | OpClass::PhysCreate);
-        if !device_alloc || c.nested || c.failed() {
-            continue;
-        }
-        let bytes = c.size.unwrap_or(0);
-        let stack = c.stack_id.and_then(|id| data.stacks.get(&id));
+    for a in allocs.into_iter().filter(|a| !a.failed) {
+        let stack = a.stack_id.and_then(|id| data.stacks.get(&id));
         let path: Vec<String> = match stack {
             Some(st) => {
                 let python = st.frames.iter().any(Frame::is_python);
@@ -309,9 +358,9 @@ pub fn allocated_by_path(data: &TraceData) -> FlameNode {
                     .map(Frame::label)
                     .collect()
             }
-            None => vec![label_of(data, c.stack_id)],
+            None => vec![label_of(data, a.stack_id)],
         };
-        root.add(&path, bytes);
+        root.add(&path, a.bytes);
     }
     root.sort();
     root

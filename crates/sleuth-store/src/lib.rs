@@ -22,6 +22,7 @@ mod open;
 pub mod outfile;
 mod problems;
 mod reader;
+pub mod report_reads;
 mod rows;
 pub mod run;
 mod schema;

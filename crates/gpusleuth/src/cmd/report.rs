@@ -6,18 +6,20 @@
 //! without network access and can be mailed or attached to a ticket.
 
 mod gpu;
+mod inputs;
 mod svg;
 
 use crate::args::TraceInput;
 use crate::load::{warn_input_problems, FORCE_HINT};
 use crate::output::{fmt_bytes, fmt_ns};
 use crate::render::explain::{culprit_line, thread_lines};
-use sleuth_core::analysis::Analysis;
+use inputs::{Inputs, LatencyRow};
 use sleuth_core::findings::{error_name, Explanation};
 use sleuth_core::ledger::ProcessLedger;
-use sleuth_core::stats::{self, nearest_rank};
-use sleuth_core::{Culprit, TraceData};
-use sleuth_store::{Note, Session};
+use sleuth_core::sites::{FlameNode, SiteMemory};
+use sleuth_core::stats;
+use sleuth_core::{CallEvent, Culprit, TraceData};
+use sleuth_store::{Note, ReadBudget, Session, DEFAULT_READ_TIMEOUT};
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -54,26 +56,43 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     sleuth_store::outfile::check_output(&args.output, &[db], args.force, hint)?;
     let trace = sleuth_store::Trace::open(db)?;
     warn_input_problems(&trace)?;
-    let data = trace.load(args.input.pid)?;
+    let inputs = inputs_of(&trace, args.input.pid, true)?;
     let session = trace.session()?;
     let notes = trace.notes()?;
     let title = db
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let html = render(&data, &session, &notes, &title);
+    let html = render(&inputs, &session, &notes, &title);
     sleuth_store::outfile::write_atomic(&args.output, html.as_bytes(), &[db], args.force, hint)?;
     eprintln!("gpusleuth: report written to {}", args.output.display());
     Ok(0)
 }
 
+/// What the report draws. With `lean_allowed`, a trace that stored its
+/// rollups and finding rollups is read without its calls and waits
+/// (`sleuth_store::report_reads`: memory bounded by the aggregates); else,
+/// with `--pid` or NCCL collectives, the whole trace is loaded.
+fn inputs_of(
+    trace: &sleuth_store::Trace,
+    pid: Option<u32>,
+    lean_allowed: bool,
+) -> anyhow::Result<Inputs> {
+    if lean_allowed {
+        let budget = ReadBudget::new(DEFAULT_READ_TIMEOUT);
+        if let Some(r) = sleuth_store::report_reads::load(trace, pid, budget, SLOWEST_CALLS)? {
+            return Ok(Inputs::lean(r));
+        }
+    }
+    Ok(Inputs::full(trace.load(pid)?))
+}
+
 /// The whole report as one HTML document.
-pub fn render(data: &TraceData, session: &Session, notes: &[Note], title: &str) -> String {
-    let analysis = Analysis::of(data);
-    let (origin, end) = (analysis.span.origin_ns, analysis.span.extent_end_ns);
-    let per_call = &analysis.per_call_culprits;
-    let explanation = &analysis.explanation;
-    let ledgers = &analysis.ledgers;
+pub fn render(inputs: &Inputs, session: &Session, notes: &[Note], title: &str) -> String {
+    let data = &inputs.data;
+    let (origin, end) = (inputs.span.origin_ns, inputs.span.extent_end_ns);
+    let explanation = &inputs.explanation;
+    let ledgers = &inputs.ledgers;
     let mut h = String::new();
     let _ = write!(
         h,
@@ -87,29 +106,24 @@ pub fn render(data: &TraceData, session: &Session, notes: &[Note], title: &str) 
         "<h1>gpusleuth report <span class=\"dim\">{}</span></h1>",
         esc(title)
     );
-    h.push_str(&summary_html(
-        data,
-        session,
-        notes,
-        analysis.span.duration_ns(),
-    ));
+    h.push_str(&summary_html(inputs, session, notes));
     h.push_str(&findings_html(explanation));
     h.push_str("<h2>GPU activity</h2>");
     h.push_str(&gpu::section(data, ledgers, origin, end));
     h.push_str("<h2>Device memory per process</h2>");
     h.push_str(&memory_section(ledgers, origin, end));
     h.push_str("<h2>Call sites of device memory</h2>");
-    h.push_str(&sites_section(data, ledgers));
+    h.push_str(&sites_section(data, &inputs.sites));
     if !data.stacks.is_empty() {
         h.push_str("<h3>Allocated bytes by call path</h3>");
-        h.push_str(&flame_section(data));
+        h.push_str(&flame_section(&inputs.flame));
     }
     h.push_str("<h2>Latency per op</h2>");
-    h.push_str(&latency_section(data));
+    h.push_str(&latency_section(&inputs.latency, data));
     h.push_str("<h2>Slowest calls: where their time went</h2>");
-    h.push_str(&slowest_section(data, per_call, origin));
+    h.push_str(&slowest_section(data, &inputs.slowest, origin));
     h.push_str("<h2>Processes</h2>");
-    h.push_str(&process_tree(data, ledgers));
+    h.push_str(&process_tree(data, &inputs.calls_by_pid, ledgers));
     let _ = writeln!(
         h,
         "<footer>gpusleuth {} — self-contained report, no network needed.</footer></body></html>",
@@ -145,7 +159,9 @@ th{color:#555;font-weight:600}.num{text-align:right;font-variant-numeric:tabular
 ul.tree{list-style:none;padding-left:18px}ul.tree li{margin:2px 0}code{font-size:12px;background:#f3f3f3;padding:1px 4px}\
 .note{color:#8a5a00}footer{margin-top:30px;color:#999;font-size:12px}";
 
-fn summary_html(data: &TraceData, s: &Session, notes: &[Note], span_ns: u64) -> String {
+fn summary_html(inputs: &Inputs, s: &Session, notes: &[Note]) -> String {
+    let data = &inputs.data;
+    let span_ns = inputs.span.duration_ns();
     let drops = stats::drop_counters(data);
     let lost = drops.get("total").copied().unwrap_or(0);
     let counted: u64 = data.counts.iter().map(|c| c.count).sum();
@@ -163,9 +179,9 @@ fn summary_html(data: &TraceData, s: &Session, notes: &[Note], span_ns: u64) -> 
         "Recorded",
         format!(
             "{} calls, {} kernel-counted calls, {} off-CPU intervals, {} processes",
-            data.calls.len(),
+            inputs.calls,
             counted,
-            data.waits.len(),
+            inputs.waits,
             data.processes.len()
         ),
     );
@@ -251,11 +267,10 @@ fn findings_html(e: &Explanation) -> String {
 const SITE_ROWS: usize = 15;
 
 /// Device memory by the line (or native function) that allocated it.
-fn sites_section(data: &TraceData, ledgers: &[ProcessLedger]) -> String {
+fn sites_section(data: &TraceData, rows: &[SiteMemory]) -> String {
     if data.stacks.is_empty() {
         return "<p>No call sites in this trace (taken with <code>--sites off</code>, by an older gpusleuth, or imported).</p>".into();
     }
-    let rows = sleuth_core::sites::memory_by_site(data, ledgers);
     let mut h = String::from(
         "<table><tr><th>site</th><th>allocations</th><th>allocated</th><th>unfreed</th><th>live at peak</th><th>failed</th></tr>",
     );
@@ -415,25 +430,13 @@ fn memory_chart(l: &ProcessLedger, origin: u64, end: u64) -> String {
 
 /// Per-op latency: one row per op with per-call records, on a log scale —
 /// box from p25 to p75, median tick, whiskers from min to p99, max as a dot.
-fn latency_section(data: &TraceData) -> String {
-    let mut by_op: BTreeMap<&'static str, Vec<u64>> = BTreeMap::new();
-    for c in &data.calls {
-        by_op.entry(c.op_name()).or_default().push(c.dur_ns);
-    }
-    let mut rows: Vec<(&str, Vec<u64>)> = by_op
-        .into_iter()
-        .map(|(op, mut d)| {
-            d.sort_unstable();
-            (op, d)
-        })
-        .collect();
-    // Largest total time first, like `gpusleuth stats`.
-    rows.sort_by_key(|(op, d)| (std::cmp::Reverse(d.iter().sum::<u64>()), *op));
+/// `rows`: largest total time first (see `inputs`); `data` gives the kernel counts.
+fn latency_section(rows: &[LatencyRow], data: &TraceData) -> String {
     let mut h = String::new();
     if rows.is_empty() {
         h.push_str("<p>No per-call records.</p>");
     } else {
-        h.push_str(&latency_chart(&rows));
+        h.push_str(&latency_chart(rows));
     }
     let counted = counted_ops(data);
     if !counted.is_empty() {
@@ -459,14 +462,13 @@ fn counted_ops(data: &TraceData) -> Vec<(&'static str, u64)> {
     m.into_iter().collect()
 }
 
-fn latency_chart(rows: &[(&str, Vec<u64>)]) -> String {
+fn latency_chart(rows: &[LatencyRow]) -> String {
     let (left, right, top, row_h) = (170.0, 270.0, 30.0, 26.0);
     let height = top + row_h * rows.len() as f64 + 30.0;
-    // Each row's latencies are sorted: its first is its fastest call, its last its slowest.
-    let fastest = rows.iter().filter_map(|r| r.1.first()).min();
-    let slowest = rows.iter().filter_map(|r| r.1.last()).max();
-    let lo = fastest.copied().unwrap_or(1).max(1) as f64;
-    let hi = slowest.copied().unwrap_or(1).max(2) as f64;
+    let fastest = rows.iter().map(|r| r.min).min();
+    let slowest = rows.iter().map(|r| r.max).max();
+    let lo = fastest.unwrap_or(1).max(1) as f64;
+    let hi = slowest.unwrap_or(1).max(2) as f64;
     let (lo, hi) = (
         10f64.powf(lo.log10().floor()),
         10f64.powf(hi.log10().ceil()).max(lo * 10.0),
@@ -487,11 +489,17 @@ fn latency_chart(rows: &[(&str, Vec<u64>)]) -> String {
         s.text(xx, axis_y + 16.0, &fmt_ns(v as u64), "middle", "");
     }
     s.line(left, axis_y, WIDTH - right, axis_y, "#999", "");
-    for (i, (op, d)) in rows.iter().enumerate() {
+    for (i, r) in rows.iter().enumerate() {
         let cy = top + row_h * i as f64 + row_h / 2.0;
-        let p = |q: u32| nearest_rank(d, q).unwrap_or(0) as f64;
-        let (min, p25, p50, p75, p99) = (d[0] as f64, p(25), p(50), p(75), p(99));
-        let max = *d.last().unwrap_or(&0) as f64;
+        let op = r.op;
+        let (min, p25, p50, p75, p99) = (
+            r.min as f64,
+            r.p25 as f64,
+            r.p50 as f64,
+            r.p75 as f64,
+            r.p99 as f64,
+        );
+        let max = r.max as f64;
         s.text(left - 8.0, cy + 4.0, op, "end", "");
         s.line(x.at(min), cy, x.at(p99), cy, "#555", "");
         s.line(x.at(min), cy - 5.0, x.at(min), cy + 5.0, "#555", "");
@@ -505,7 +513,7 @@ fn latency_chart(rows: &[(&str, Vec<u64>)]) -> String {
             "#a9c4e0",
             Some(&format!(
                 "{op}: n={} min {} p25 {} p50 {} p75 {} p99 {} max {}",
-                d.len(),
+                r.n,
                 fmt_ns(min as u64),
                 fmt_ns(p25 as u64),
                 fmt_ns(p50 as u64),
@@ -534,7 +542,7 @@ fn latency_chart(rows: &[(&str, Vec<u64>)]) -> String {
             cy + 4.0,
             &format!(
                 "n={}  p50 {}  p99 {}  max {}",
-                d.len(),
+                r.n,
                 fmt_ns(p50 as u64),
                 fmt_ns(p99 as u64),
                 fmt_ns(max as u64)
@@ -549,13 +557,8 @@ fn latency_chart(rows: &[(&str, Vec<u64>)]) -> String {
 /// The slowest calls (driver calls nested in a runtime call are left out:
 /// they are part of their caller's bar), each a bar split on-CPU /
 /// runnable / blocked, with the tasks that held the CPU.
-fn slowest_section(data: &TraceData, per_call: &[Vec<Culprit>], origin: u64) -> String {
-    let mut idx: Vec<usize> = (0..data.calls.len())
-        .filter(|&i| !data.calls[i].nested)
-        .collect();
-    idx.sort_by_key(|&i| (std::cmp::Reverse(data.calls[i].dur_ns), i));
-    idx.truncate(SLOWEST_CALLS);
-    if idx.is_empty() {
+fn slowest_section(data: &TraceData, slowest: &[(CallEvent, Vec<Culprit>)], origin: u64) -> String {
+    if slowest.is_empty() {
         return "<p>No per-call records.</p>".into();
     }
     let mut h = format!(
@@ -570,16 +573,15 @@ fn slowest_section(data: &TraceData, per_call: &[Vec<Culprit>], origin: u64) -> 
         ));
     }
     let (left, right, top, row_h) = (290.0, 380.0, 10.0, 26.0);
-    let height = top + row_h * idx.len() as f64 + 10.0;
-    let longest = data.calls[idx[0]].dur_ns.max(1) as f64;
+    let height = top + row_h * slowest.len() as f64 + 10.0;
+    let longest = slowest[0].0.dur_ns.max(1) as f64;
     let x = Linear::new((0.0, longest), (left, WIDTH - right));
     let mut s = Svg::new(
         WIDTH,
         height,
         "slowest calls split on-CPU, runnable, blocked",
     );
-    for (row, &i) in idx.iter().enumerate() {
-        let c = &data.calls[i];
+    for (row, (c, culprits)) in slowest.iter().enumerate() {
         let split = sleuth_core::decompose::Split::of(c);
         let y = top + row_h * row as f64;
         s.text(
@@ -616,7 +618,6 @@ fn slowest_section(data: &TraceData, per_call: &[Vec<Culprit>], origin: u64) -> 
             );
             x0 += w;
         }
-        let culprits = per_call.get(i).map(Vec::as_slice).unwrap_or(&[]);
         // The main culprit by name; the others as a count (the bar's title lists none,
         // `gpusleuth stats` and the Perfetto export list them all).
         let mut who: Vec<String> = culprits
@@ -653,8 +654,7 @@ const FLAME_ROWS: usize = 40;
 
 /// An icicle graph of allocated device bytes by call path (outermost frame
 /// on top, width = bytes; `sites::allocated_by_path`).
-fn flame_section(data: &TraceData) -> String {
-    let root = sleuth_core::sites::allocated_by_path(data);
+fn flame_section(root: &FlameNode) -> String {
     if root.bytes == 0 {
         return "<p>No device allocation in this trace.</p>".into();
     }
@@ -667,7 +667,7 @@ fn flame_section(data: &TraceData) -> String {
         }
         deepest
     };
-    let rows = (depth(&root) + 1).min(FLAME_ROWS);
+    let rows = (depth(root) + 1).min(FLAME_ROWS);
     let row_h = 18.0;
     let mut s = Svg::new(
         WIDTH,
@@ -676,7 +676,7 @@ fn flame_section(data: &TraceData) -> String {
     );
     let scale = WIDTH / root.bytes as f64;
     // Iterative walk: (node, x, row).
-    let mut todo = vec![(&root, 0.0f64, 0usize)];
+    let mut todo = vec![(root, 0.0f64, 0usize)];
     while let Some((n, x, row)) = todo.pop() {
         let w = n.bytes as f64 * scale;
         if w < 1.0 || row >= rows {
@@ -740,7 +740,7 @@ fn short_site(label: &str) -> String {
 }
 
 /// Processes nested under their parents, with their calls and memory.
-fn process_tree(data: &TraceData, ledgers: &[ProcessLedger]) -> String {
+fn process_tree(data: &TraceData, calls: &HashMap<u32, u64>, ledgers: &[ProcessLedger]) -> String {
     if data.processes.is_empty() {
         return "<p>No process recorded.</p>".into();
     }
@@ -749,13 +749,6 @@ fn process_tree(data: &TraceData, ledgers: &[ProcessLedger]) -> String {
     for p in &data.processes {
         let parent = p.ppid.filter(|pp| pids.contains(pp) && *pp != p.pid);
         children.entry(parent).or_default().push(p.pid);
-    }
-    let mut calls: HashMap<u32, u64> = HashMap::new();
-    for c in &data.calls {
-        *calls.entry(c.pid).or_default() += 1;
-    }
-    for c in &data.counts {
-        *calls.entry(c.pid).or_default() += c.count;
     }
     let peaks: HashMap<u32, u64> = ledgers.iter().map(|l| (l.pid, l.peak_bytes)).collect();
     let mut h = String::from("<ul class=\"tree\">");
@@ -832,7 +825,7 @@ mod tests {
             ],
             ..Default::default()
         };
-        let h = process_tree(&data, &[]);
+        let h = process_tree(&data, &HashMap::new(), &[]);
         assert!(h.contains("init&lt;x&gt;"));
         assert_eq!(h.matches("<ul").count(), h.matches("</ul>").count());
         assert_eq!(h.matches("<li>").count(), 4);
@@ -882,14 +875,15 @@ mod tests {
                 notes: vec![],
             },
         );
-        let h = slowest_section(&data, &[], 0);
+        let inputs = Inputs::full(data.clone());
+        let h = slowest_section(&inputs.data, &inputs.slowest, 0);
         assert!(h.contains("at train.py:42 step"), "{h}");
         assert_eq!(h.matches(" — at ").count(), 1, "only the call with a stack");
         assert_eq!(short_site("(site not captured)"), "(site not captured)");
         // The flame graph: one bar for the root, one for the frame, its name shortened.
         data.calls[0].op = sleuth_core::ops::op_by_name("cudaMalloc").unwrap().id;
         data.calls[0].size = Some(1 << 20);
-        let f = flame_section(&data);
+        let f = flame_section(&Inputs::full(data).flame);
         assert_eq!(f.matches("<rect").count(), 2, "{f}");
         assert!(f.contains("train.py:42 step"), "{f}");
         assert!(f.contains("1.0 MiB"), "{f}");

@@ -1,0 +1,191 @@
+//! What each section of the report draws, from one of two sources: the
+//! whole trace in memory ([`Inputs::full`]: `Analysis::of` over every call
+//! and wait), or the stored aggregates and the few rows the report shows
+//! ([`Inputs::lean`]: `sleuth_store::report_reads`, memory bounded by the
+//! aggregates, issue 16). Both give the same report, percentiles from the
+//! histograms within their bound (docs/schema.md "Rollups").
+
+use super::SLOWEST_CALLS;
+use sleuth_core::analysis::Analysis;
+use sleuth_core::findings::Explanation;
+use sleuth_core::ledger::ProcessLedger;
+use sleuth_core::sites::{FlameNode, SiteMemory};
+use sleuth_core::stats::nearest_rank;
+use sleuth_core::{CallEvent, Culprit, TraceData, TraceSpan};
+use sleuth_store::report_reads::LeanReport;
+use std::collections::{BTreeMap, HashMap};
+
+/// One op's latency distribution (call durations, ns).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LatencyRow {
+    pub op: &'static str,
+    pub n: u64,
+    pub total: u64,
+    pub min: u64,
+    pub p25: u64,
+    pub p50: u64,
+    pub p75: u64,
+    pub p99: u64,
+    pub max: u64,
+}
+
+/// Everything the report's sections read.
+pub struct Inputs {
+    /// The trace's processes, counters, kernel counts, stacks, NVML samples
+    /// and session times (the lean source holds no wait and at most the
+    /// memory calls of processes with allocator blocks).
+    pub data: TraceData,
+    pub ledgers: Vec<ProcessLedger>,
+    pub explanation: Explanation,
+    pub span: TraceSpan,
+    /// Per-call records and waits the trace holds.
+    pub calls: u64,
+    pub waits: u64,
+    /// Calls per process, kernel-counted ones included.
+    pub calls_by_pid: HashMap<u32, u64>,
+    /// Largest total time first, then by op name.
+    pub latency: Vec<LatencyRow>,
+    /// The slowest calls not nested in another, with the tasks that held the CPU.
+    pub slowest: Vec<(CallEvent, Vec<Culprit>)>,
+    /// Device memory by site and by call path; empty without call sites.
+    pub sites: Vec<SiteMemory>,
+    pub flame: FlameNode,
+}
+
+impl Inputs {
+    /// From the whole trace in memory.
+    pub fn full(data: TraceData) -> Inputs {
+        let analysis = Analysis::of(&data);
+        let mut idx: Vec<usize> = (0..data.calls.len())
+            .filter(|&i| !data.calls[i].nested)
+            .collect();
+        idx.sort_by_key(|&i| (std::cmp::Reverse(data.calls[i].dur_ns), i));
+        idx.truncate(SLOWEST_CALLS);
+        let slowest = idx
+            .into_iter()
+            .map(|i| {
+                let culprits = analysis
+                    .per_call_culprits
+                    .get(i)
+                    .cloned()
+                    .unwrap_or_default();
+                (data.calls[i].clone(), culprits)
+            })
+            .collect();
+        let mut by_op: BTreeMap<&'static str, Vec<u64>> = BTreeMap::new();
+        let mut per_pid: BTreeMap<u32, u64> = BTreeMap::new();
+        for c in &data.calls {
+            by_op.entry(c.op_name()).or_default().push(c.dur_ns);
+            *per_pid.entry(c.pid).or_default() += 1;
+        }
+        let latency = by_op
+            .into_iter()
+            .map(|(op, mut d)| {
+                d.sort_unstable();
+                let p = |q: u32| nearest_rank(&d, q).unwrap_or(0);
+                LatencyRow {
+                    op,
+                    n: d.len() as u64,
+                    total: d.iter().sum(),
+                    min: d[0],
+                    p25: p(25),
+                    p50: p(50),
+                    p75: p(75),
+                    p99: p(99),
+                    max: *d.last().unwrap_or(&0),
+                }
+            })
+            .collect();
+        let (sites, flame) = if data.stacks.is_empty() {
+            (Vec::new(), FlameNode::default())
+        } else {
+            (
+                sleuth_core::sites::memory_by_site(&data, &analysis.ledgers),
+                sleuth_core::sites::allocated_by_path(&data),
+            )
+        };
+        Inputs {
+            calls: data.calls.len() as u64,
+            waits: data.waits.len() as u64,
+            calls_by_pid: with_counts(per_pid, &data),
+            latency: by_total(latency),
+            slowest,
+            sites,
+            flame,
+            ledgers: analysis.ledgers,
+            explanation: analysis.explanation,
+            span: analysis.span,
+            data,
+        }
+    }
+
+    /// From the stored aggregates and the slowest calls.
+    pub fn lean(r: LeanReport) -> Inputs {
+        let explanation = r.lean.explanation();
+        let latency = r
+            .ops
+            .iter()
+            .filter(|(_, o)| o.count > 0)
+            .filter_map(|(&op, o)| {
+                let info = sleuth_core::op_by_id(op)?;
+                let p = |q: u32| o.percentile_ns(q).unwrap_or(0);
+                Some(LatencyRow {
+                    op: info.name,
+                    n: o.count,
+                    total: o.total_ns,
+                    min: o.min_ns().unwrap_or(0),
+                    p25: p(25),
+                    p50: p(50),
+                    p75: p(75),
+                    p99: p(99),
+                    max: o.max_ns,
+                })
+            })
+            .collect();
+        let data = r.lean.data;
+        let (sites, flame) = match &r.sites {
+            Some(s) => (
+                sleuth_core::sites::memory_by_site_of(
+                    &data,
+                    s.allocs.iter().copied(),
+                    &r.lean.ledgers,
+                    &s.at_peak,
+                ),
+                sleuth_core::sites::allocated_by_path_of(&data, s.allocs.iter().copied()),
+            ),
+            None => (Vec::new(), FlameNode::default()),
+        };
+        Inputs {
+            calls: r.calls,
+            waits: r.waits,
+            calls_by_pid: with_counts(r.calls_by_pid, &data),
+            latency: by_total(latency),
+            slowest: r
+                .slowest
+                .into_iter()
+                .map(|s| (s.call, s.culprits))
+                .collect(),
+            sites,
+            flame,
+            ledgers: r.lean.ledgers,
+            explanation,
+            span: r.span,
+            data,
+        }
+    }
+}
+
+/// Per-call records per process plus the kernel-counted calls.
+fn with_counts(per_pid: BTreeMap<u32, u64>, data: &TraceData) -> HashMap<u32, u64> {
+    let mut calls: HashMap<u32, u64> = per_pid.into_iter().collect();
+    for c in &data.counts {
+        *calls.entry(c.pid).or_default() += c.count;
+    }
+    calls
+}
+
+/// Largest total time first, like `gpusleuth stats`.
+fn by_total(mut rows: Vec<LatencyRow>) -> Vec<LatencyRow> {
+    rows.sort_by_key(|r| (std::cmp::Reverse(r.total), r.op));
+    rows
+}

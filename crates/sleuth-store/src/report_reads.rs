@@ -1,0 +1,371 @@
+//! What `gpusleuth report` reads of a trace without loading its calls and
+//! waits (issue 16): the lean load (`crate::lean`: findings, ledgers, the
+//! trace's frame), the per-op rollups for the latency distributions, the
+//! call groups for the counts and the span, the extent from two aggregates
+//! over the waits and lifecycle events, the slowest calls through the
+//! `(op_id, dur_ns)` index with the culprits of those calls alone, and for
+//! traces with call sites the device allocations tallied per stack in one
+//! streamed pass over the memory calls. The report built from it equals the
+//! one built from [`Trace::load`], percentiles within the histogram's bound
+//! (docs/schema.md "Rollups").
+//!
+//! Every read of the call and wait tables goes through [`Trace::bulk`] or
+//! the lean view's [`crate::stream::Rows`] (both check those tables'
+//! structure before their first read; SECURITY.md).
+
+use crate::budget::ReadBudget;
+use crate::error::{SqlContext, StoreError};
+use crate::lean::Lean;
+use crate::open::has_table;
+use crate::problems::{valid_call, valid_wait, MAX_NS};
+use crate::reader::Trace;
+use crate::rows::{call_from_row, wait_from_row, waits_sql, CALL_COLS, WAIT_CULPRITS_SQL};
+use crate::stacks::has_column;
+use crate::stream::{CallQuery, StreamOrder};
+use rusqlite::Connection;
+use sleuth_core::culprits::culprits_of_call;
+use sleuth_core::ledger::{LedgerBuilder, ProcessLedger};
+use sleuth_core::rollup::OpRollup;
+use sleuth_core::sites::AllocTally;
+use sleuth_core::{CallEvent, Culprit, ProcKind, TraceSpan, WaitEvent, WaitKind};
+use std::collections::{BTreeMap, HashMap};
+
+/// One of the slowest calls, with the tasks that held the CPU while it was
+/// runnable-waiting (`sleuth_core::culprits::call_culprits` for this call).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlowCall {
+    /// The call's row id.
+    pub id: i64,
+    pub call: CallEvent,
+    pub culprits: Vec<Culprit>,
+}
+
+/// What the by-site table and the flame graph read: the device allocations
+/// tallied per (stack, failed) and each process's ledger at its own peak.
+#[derive(Debug, Clone, Default)]
+pub struct SiteReads {
+    /// By stack id, then failed: not in call order (no example stack
+    /// depends on it in the report).
+    pub allocs: Vec<AllocTally>,
+    /// The ledger of each process that has a peak, at that peak.
+    pub at_peak: Vec<ProcessLedger>,
+}
+
+/// Everything the report shows, read without the calls and waits.
+pub struct LeanReport {
+    pub lean: Lean,
+    /// Per op (all processes merged), as `stats` reads them.
+    pub ops: BTreeMap<u16, OpRollup>,
+    /// `TraceSpan::of` of the loaded trace, extent included.
+    pub span: TraceSpan,
+    /// How many calls and waits [`Trace::load`] would give.
+    pub calls: u64,
+    pub waits: u64,
+    /// Calls per process (per-call records only; kernel counts are in `lean.data.counts`).
+    pub calls_by_pid: BTreeMap<u32, u64>,
+    /// The `n` slowest calls that are not nested in another, slowest first,
+    /// ties in load order (start time, then row id).
+    pub slowest: Vec<SlowCall>,
+    /// None when the trace has no call sites (the sections are not drawn).
+    pub sites: Option<SiteReads>,
+}
+
+/// The report's reads for the whole trace; None (load everything) where
+/// [`crate::lean::load`] gives None or the trace has no complete rollups.
+pub fn load(
+    trace: &Trace,
+    pid: Option<u32>,
+    budget: ReadBudget,
+    n_slowest: usize,
+) -> Result<Option<LeanReport>, StoreError> {
+    if pid.is_some() || !trace.has_rollups()? {
+        return Ok(None);
+    }
+    let Some(lean) = crate::lean::load(trace, pid, budget)? else {
+        return Ok(None);
+    };
+    let ops = op_rollups(trace)?;
+    let groups = &lean.view.groups;
+    let mut calls_by_pid: BTreeMap<u32, u64> = BTreeMap::new();
+    for g in groups {
+        let e = calls_by_pid.entry(g.pid).or_default();
+        *e = e.saturating_add(g.count);
+    }
+    let calls = calls_by_pid
+        .values()
+        .fold(0u64, |a, &b| a.saturating_add(b));
+    let (waits, _) = lean.view.rows().event_counts(None)?;
+    let span = extent(trace, &lean)?;
+    let slowest = slowest_calls(trace, &ops, n_slowest)?;
+    let sites = if lean.data.stacks.is_empty() {
+        None
+    } else {
+        Some(site_reads(&lean)?)
+    };
+    Ok(Some(LeanReport {
+        lean,
+        ops,
+        span,
+        calls,
+        waits,
+        calls_by_pid,
+        slowest,
+        sites,
+    }))
+}
+
+/// The stored rollups per op, every process merged (`stats` without
+/// `--pid` merges them the same way).
+pub fn op_rollups(trace: &Trace) -> Result<BTreeMap<u16, OpRollup>, StoreError> {
+    let rollups = trace.stored_rollups(None).at(trace.path())?;
+    let mut ops: BTreeMap<u16, OpRollup> = BTreeMap::new();
+    for (_, op, r) in &rollups.ops {
+        ops.entry(*op).or_default().merge(r);
+    }
+    Ok(ops)
+}
+
+/// `TraceSpan::of` of the loaded trace: the span from the session times and
+/// the call groups, widened to the earliest and latest wait and lifecycle
+/// event (aggregates inside SQLite; nothing held per row).
+fn extent(trace: &Trace, lean: &Lean) -> Result<TraceSpan, StoreError> {
+    let view = &lean.view;
+    let first_call = view.groups.iter().map(|g| g.first_ts_ns).min();
+    let last_call = view.groups.iter().map(|g| g.last_end_ns).max();
+    let earliest = first_call
+        .into_iter()
+        .chain(view.rows().earliest_wait_or_event(None)?)
+        .min();
+    let latest = last_call
+        .into_iter()
+        .chain(latest_wait_or_event(trace.bulk()?).at(trace.path())?)
+        .max();
+    let span = view.span;
+    let origin_ns = match lean.data.start_ns {
+        Some(_) => earliest.map_or(span.start_ns, |e| e.min(span.start_ns)),
+        None => earliest.unwrap_or(span.start_ns),
+    };
+    Ok(TraceSpan {
+        start_ns: span.start_ns,
+        end_ns: span.end_ns,
+        origin_ns,
+        extent_end_ns: latest.map_or(span.end_ns, |l| l.max(span.end_ns)),
+    })
+}
+
+/// The latest end of a wait (`on_ns`) or lifecycle event that
+/// [`Trace::load`] reads: kinds this build does not know are left out, as
+/// the load leaves their rows out.
+fn latest_wait_or_event(conn: &Connection) -> rusqlite::Result<Option<u64>> {
+    let mut latest: Option<u64> = None;
+    let mut take = |sql: String, known: &dyn Fn(&str) -> bool| -> rusqlite::Result<()> {
+        let mut st = conn.prepare(&sql)?;
+        let mut rows = st.query([])?;
+        while let Some(r) = rows.next()? {
+            let kind: String = r.get(0)?;
+            if let (true, Some(v)) = (known(&kind), r.get::<_, Option<i64>>(1)?) {
+                let v = v.max(0) as u64;
+                latest = Some(latest.map_or(v, |l| l.max(v)));
+            }
+        }
+        Ok(())
+    };
+    take(
+        format!(
+            "SELECT w.kind, max(w.on_ns) FROM waits w WHERE {} GROUP BY w.kind",
+            valid_wait("w.")
+        ),
+        &|k| WaitKind::parse(k).is_some(),
+    )?;
+    take(
+        format!(
+            "SELECT kind, max(ts_ns) FROM proc_events WHERE ts_ns BETWEEN 0 AND {MAX_NS} GROUP BY kind"
+        ),
+        &|k| ProcKind::parse(k).is_some(),
+    )?;
+    Ok(latest)
+}
+
+/// The `n` slowest calls not nested in another, as the full report picks
+/// them from every loaded call (slowest first, ties in load order), each
+/// with its culprits. Per op, slowest first through the `(op_id, dur_ns)`
+/// index, ops with the slowest maximum first; an op is read only down to
+/// the `n`-th slowest duration found so far (rows of that duration are all
+/// read: they may come first in load order), and an op whose maximum is
+/// below it not at all. Memory: `n` calls.
+pub fn slowest_calls(
+    trace: &Trace,
+    ops: &BTreeMap<u16, OpRollup>,
+    n: usize,
+) -> Result<Vec<SlowCall>, StoreError> {
+    let mut order: Vec<(u16, u64)> = ops
+        .iter()
+        .filter(|(_, r)| r.count > 0)
+        .map(|(&op, r)| (op, r.max_ns))
+        .collect();
+    order.sort_by_key(|&(op, max)| (std::cmp::Reverse(max), op));
+    let conn = trace.bulk()?;
+    let path = trace.path();
+    let (host, join) = if has_table(conn, "call_host_ptrs").at(path)? {
+        (
+            "h.host_ptr",
+            "LEFT JOIN call_host_ptrs h ON h.call_id = calls.id",
+        )
+    } else {
+        ("NULL", "")
+    };
+    let stack = if has_column(conn, "calls", "stack_id").at(path)? {
+        "calls.stack_id"
+    } else {
+        "NULL"
+    };
+    let cols: Vec<String> = CALL_COLS
+        .split(", ")
+        .map(|c| format!("calls.{c}"))
+        .collect();
+    let sql = format!(
+        "SELECT {}, {host}, {stack} FROM calls {join} WHERE calls.op = ?1 AND calls.dur_ns >= ?2 \
+         AND {} ORDER BY calls.dur_ns DESC",
+        cols.join(", "),
+        valid_call("calls.")
+    );
+    let mut st = conn.prepare(&sql).at(path)?;
+    // The best `n` so far by (slowest, earliest start, lowest id).
+    let mut best: Vec<(i64, CallEvent)> = Vec::new();
+    let key = |(id, c): &(i64, CallEvent)| (std::cmp::Reverse(c.dur_ns), c.ts_ns, *id);
+    let threshold = |best: &[(i64, CallEvent)]| -> u64 {
+        if n > 0 && best.len() >= n {
+            best[n - 1].1.dur_ns
+        } else {
+            0
+        }
+    };
+    for (op, max) in order {
+        let Some(info) = sleuth_core::op_by_id(op) else {
+            continue;
+        };
+        let floor = threshold(&best);
+        if n == 0 || max < floor {
+            // Ops come by their maximum, slowest first: none later can enter.
+            break;
+        }
+        let mut rows = st
+            .query(rusqlite::params![
+                info.name,
+                floor.min(MAX_NS as u64) as i64
+            ])
+            .at(path)?;
+        while let Some(row) = rows.next().at(path)? {
+            // The duration first: the row that ends the op is read no further.
+            let dur = row.get::<_, i64>(2).at(path)? as u64;
+            if best.len() >= n && dur < threshold(&best) {
+                break;
+            }
+            let Some(mut c) = call_from_row(row).at(path)? else {
+                continue;
+            };
+            if c.call.nested {
+                continue;
+            }
+            c.call.stack_id = row.get::<_, Option<i64>>(16).at(path)?.map(|v| v as u64);
+            best.push((c.id, c.call));
+            best.sort_by_key(key);
+            best.truncate(n);
+        }
+    }
+    best.into_iter()
+        .map(|(id, call)| {
+            let culprits = culprits_of(trace, &call)?;
+            Ok(SlowCall { id, call, culprits })
+        })
+        .collect()
+}
+
+/// The culprits of one call as `sleuth_core::culprits::call_culprits`
+/// gives them from every wait: from its thread's waits that end after it
+/// starts, read by end time (the `(tid, on_ns)` index) up to the first that
+/// begins after it ends — a thread's waits do not overlap, so no later one
+/// can overlap the call (the assumption `culprits_of_call` makes too).
+pub fn culprits_of(trace: &Trace, call: &CallEvent) -> Result<Vec<Culprit>, StoreError> {
+    let (start, end) = (call.ts_ns, call.end_ns());
+    if end <= start {
+        return Ok(Vec::new());
+    }
+    let conn = trace.bulk()?;
+    let path = trace.path();
+    let tail = format!(
+        "WHERE w.tid = ?1 AND w.pid = ?2 AND w.on_ns > ?3 AND {} ORDER BY w.on_ns, w.id",
+        valid_wait("w.")
+    );
+    let mut st = conn.prepare(&waits_sql(conn, &tail).at(path)?).at(path)?;
+    let mut culprits_st = conn.prepare_cached(WAIT_CULPRITS_SQL).at(path)?;
+    let mut rows = st
+        .query(rusqlite::params![
+            call.tid,
+            call.pid,
+            start.min(MAX_NS as u64) as i64
+        ])
+        .at(path)?;
+    let mut waits: Vec<WaitEvent> = Vec::new();
+    while let Some(row) = rows.next().at(path)? {
+        let off_ns: i64 = row.get(4).at(path)?;
+        if off_ns as u64 >= end {
+            break;
+        }
+        if let Some(w) = wait_from_row(row, &mut culprits_st).at(path)? {
+            if w.on_ns > w.wake_ns && !w.culprits.is_empty() {
+                waits.push(w);
+            }
+        }
+    }
+    // The order `call_culprits` sorts a thread's waits in (stable from load order).
+    waits.sort_by_key(|w| (w.on_ns, w.wake_ns));
+    let refs: Vec<&WaitEvent> = waits.iter().collect();
+    Ok(culprits_of_call(call, &refs))
+}
+
+/// The device allocations tallied per stack and each process's ledger at
+/// its own peak, from one pass over the memory calls in return order (the
+/// order the ledger replays them in): memory bounded by what is live.
+fn site_reads(lean: &Lean) -> Result<SiteReads, StoreError> {
+    let mut at_peak: HashMap<u32, LedgerBuilder> = lean
+        .ledgers
+        .iter()
+        .filter_map(|l| {
+            let mut b = LedgerBuilder::new(Some(l.peak_ts_ns?));
+            b.track(l.pid);
+            Some((l.pid, b))
+        })
+        .collect();
+    let mut tallies: BTreeMap<(Option<u64>, bool), AllocTally> = BTreeMap::new();
+    let q = CallQuery {
+        ops: Some(sleuth_core::ledger::memory_op_names()),
+        order: StreamOrder::ByReturn,
+        ..Default::default()
+    };
+    lean.view.rows().for_each_call::<StoreError>(&q, |s| {
+        let c = s.call;
+        if let Some(b) = at_peak.get_mut(&c.pid) {
+            b.push(&c);
+        }
+        if let Some(a) = AllocTally::of(&c) {
+            let t = tallies.entry((a.stack_id, a.failed)).or_insert(AllocTally {
+                count: 0,
+                bytes: 0,
+                ..a
+            });
+            t.count = t.count.saturating_add(a.count);
+            t.bytes = t.bytes.saturating_add(a.bytes);
+        }
+        Ok(())
+    })?;
+    let mut at_peak: Vec<ProcessLedger> = at_peak
+        .into_iter()
+        .filter_map(|(pid, b)| b.finish(&lean.data).into_iter().find(|l| l.pid == pid))
+        .collect();
+    at_peak.sort_by_key(|l| l.pid);
+    Ok(SiteReads {
+        allocs: tallies.into_values().collect(),
+        at_peak,
+    })
+}
