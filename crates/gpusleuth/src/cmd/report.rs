@@ -804,6 +804,9 @@ fn truncate(s: &str, max: usize) -> String {
 }
 
 #[cfg(test)]
+mod lean_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use sleuth_core::ProcessInfo;

@@ -6,7 +6,7 @@
 
 use sleuth_core::rollup::MAX_RELATIVE_ERROR;
 use sleuth_core::{Event, TraceData};
-use sleuth_store::{SessionInfo, TraceWriter, WriterOptions};
+use sleuth_store::{SessionInfo, TraceWriter, WriterHandle, WriterOptions};
 use std::path::{Path, PathBuf};
 
 pub fn session() -> SessionInfo {
@@ -33,8 +33,31 @@ pub fn example(name: &str) -> PathBuf {
 /// Writes `data` through a fresh writer (events in time order), which
 /// stores the rollups and the finding rollups when it finishes.
 pub fn rewrite(data: &TraceData, path: &Path) {
+    rewrite_with(data, path, |_| {});
+}
+
+/// [`rewrite`], also writing what the report draws besides the calls and
+/// waits: call sites, NVML samples and process lifecycle events.
+pub fn rewrite_with_context(data: &TraceData, path: &Path) {
+    rewrite_with(data, path, |h| {
+        for s in data.stacks.values() {
+            h.add_stack(s.clone()).unwrap();
+        }
+        if let Some(g) = &data.gpu_samples {
+            h.add_gpu_samples(g.clone()).unwrap();
+        }
+        h.add_process_gpu_samples(data.process_gpu.clone()).unwrap();
+        for p in &data.procs {
+            h.send(Event::Proc(p.clone())).unwrap();
+        }
+    });
+}
+
+/// [`rewrite`] with `before` writing more before the events.
+fn rewrite_with(data: &TraceData, path: &Path, before: impl FnOnce(&WriterHandle)) {
     let w = TraceWriter::create(path, session(), WriterOptions::default()).unwrap();
     let h = w.handle();
+    before(&h);
     for p in &data.processes {
         h.set_process(p.clone()).unwrap();
     }
