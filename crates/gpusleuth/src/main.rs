@@ -24,6 +24,10 @@ mod term_text;
 #[cfg(test)]
 #[path = "../../sleuth-store/tests/common/trace_fixture.rs"]
 mod trace_fixture;
+// A scratch folder removed on drop, for the unit tests that write traces.
+#[cfg(test)]
+#[path = "../tests/common/temp_dir.rs"]
+mod temp_dir;
 
 use clap::{Parser, Subcommand};
 

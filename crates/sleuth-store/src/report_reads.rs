@@ -206,30 +206,15 @@ pub fn slowest_calls(
     order.sort_by_key(|&(op, max)| (std::cmp::Reverse(max), op));
     let conn = trace.bulk()?;
     let path = trace.path();
-    let (host, join) = if has_table(conn, "call_host_ptrs").at(path)? {
-        (
-            "h.host_ptr",
-            "LEFT JOIN call_host_ptrs h ON h.call_id = calls.id",
-        )
-    } else {
-        ("NULL", "")
+    let sql = slowest_sql(conn).at(path)?;
+    let mut st = conn.prepare(&sql.query).at(path)?;
+    let mut ids_st = match sql.op_ids {
+        true => Some(
+            conn.prepare("SELECT id FROM ops WHERE op = ?1 ORDER BY id")
+                .at(path)?,
+        ),
+        false => None,
     };
-    let stack = if has_column(conn, "calls", "stack_id").at(path)? {
-        "calls.stack_id"
-    } else {
-        "NULL"
-    };
-    let cols: Vec<String> = CALL_COLS
-        .split(", ")
-        .map(|c| format!("calls.{c}"))
-        .collect();
-    let sql = format!(
-        "SELECT {}, {host}, {stack} FROM calls {join} WHERE calls.op = ?1 AND calls.dur_ns >= ?2 \
-         AND {} ORDER BY calls.dur_ns DESC",
-        cols.join(", "),
-        valid_call("calls.")
-    );
-    let mut st = conn.prepare(&sql).at(path)?;
     // The best `n` so far by (slowest, earliest start, lowest id).
     let mut best: Vec<(i64, CallEvent)> = Vec::new();
     let key = |(id, c): &(i64, CallEvent)| (std::cmp::Reverse(c.dur_ns), c.ts_ns, *id);
@@ -244,33 +229,40 @@ pub fn slowest_calls(
         let Some(info) = sleuth_core::op_by_id(op) else {
             continue;
         };
-        let floor = threshold(&best);
-        if n == 0 || max < floor {
+        if n == 0 || max < threshold(&best) {
             // Ops come by their maximum, slowest first: none later can enter.
             break;
         }
-        let mut rows = st
-            .query(rusqlite::params![
-                info.name,
-                floor.min(MAX_NS as u64) as i64
-            ])
-            .at(path)?;
-        while let Some(row) = rows.next().at(path)? {
-            // The duration first: the row that ends the op is read no further.
-            let dur = row.get::<_, i64>(2).at(path)? as u64;
-            if best.len() >= n && dur < threshold(&best) {
-                break;
+        // The op's ids in `ops` (one, unless the file was altered); version
+        // 1 filters by name (the id is unused).
+        let ids: Vec<i64> = match ids_st.as_mut() {
+            Some(ids) => ids
+                .query_map([info.name], |r| r.get(0))
+                .at(path)?
+                .collect::<rusqlite::Result<_>>()
+                .at(path)?,
+            None => vec![0],
+        };
+        for id in ids {
+            let floor = threshold(&best).min(MAX_NS as u64) as i64;
+            let mut rows = st.query(rusqlite::params![id, floor, info.name]).at(path)?;
+            while let Some(row) = rows.next().at(path)? {
+                // The duration first: the row that ends the op is read no further.
+                let dur = row.get::<_, i64>(2).at(path)? as u64;
+                if best.len() >= n && dur < threshold(&best) {
+                    break;
+                }
+                let Some(mut c) = call_from_row(row).at(path)? else {
+                    continue;
+                };
+                if c.call.nested {
+                    continue;
+                }
+                c.call.stack_id = row.get::<_, Option<i64>>(16).at(path)?.map(|v| v as u64);
+                best.push((c.id, c.call));
+                best.sort_by_key(key);
+                best.truncate(n);
             }
-            let Some(mut c) = call_from_row(row).at(path)? else {
-                continue;
-            };
-            if c.call.nested {
-                continue;
-            }
-            c.call.stack_id = row.get::<_, Option<i64>>(16).at(path)?.map(|v| v as u64);
-            best.push((c.id, c.call));
-            best.sort_by_key(key);
-            best.truncate(n);
         }
     }
     best.into_iter()
@@ -279,6 +271,58 @@ pub fn slowest_calls(
             Ok(SlowCall { id, call, culprits })
         })
         .collect()
+}
+
+/// The per-op read of the slowest calls: `?1` the op's id in `ops`, `?2`
+/// the floor (ns), `?3` the op's name; rows of [`call_from_row`] plus the
+/// stack id (column 16), slowest first.
+struct SlowestSql {
+    query: String,
+    /// Whether `?1` is used (the op's ids must be looked up).
+    op_ids: bool,
+}
+
+fn slowest_sql(conn: &Connection) -> rusqlite::Result<SlowestSql> {
+    let (host, join) = if has_table(conn, "call_host_ptrs")? {
+        (
+            "h.host_ptr",
+            "LEFT JOIN call_host_ptrs h ON h.call_id = calls.id",
+        )
+    } else {
+        ("NULL", "")
+    };
+    let stack = if has_column(conn, "calls", "stack_id")? {
+        "calls.stack_id"
+    } else {
+        "NULL"
+    };
+    // Version 2 keeps the calls in `call_rows` under the `calls` view. A
+    // query on the view loops over `ops` first and sorts every call of the
+    // op (a pass over all of them), so it reads `call_rows` by the op's id
+    // through the `(op_id, dur_ns)` index: the view's columns, the name
+    // for `op`. Version 1's `calls` table has its `(op, dur_ns)` index.
+    let v2 = has_table(conn, "call_rows")?;
+    let (source, op_cond) = if v2 {
+        ("call_rows calls", "calls.op_id = ?1")
+    } else {
+        ("calls", "calls.op = ?3 AND ?1 IS NOT NULL")
+    };
+    let cols: Vec<String> = CALL_COLS
+        .split(", ")
+        .map(|c| match (c, v2) {
+            ("op", true) => "?3".to_string(),
+            (c, _) => format!("calls.{c}"),
+        })
+        .collect();
+    Ok(SlowestSql {
+        query: format!(
+            "SELECT {}, {host}, {stack} FROM {source} {join} WHERE {op_cond} \
+             AND calls.dur_ns >= ?2 AND {} ORDER BY calls.dur_ns DESC",
+            cols.join(", "),
+            valid_call("calls.")
+        ),
+        op_ids: v2,
+    })
 }
 
 /// The culprits of one call as `sleuth_core::culprits::call_culprits`
@@ -291,10 +335,13 @@ pub fn culprits_of(trace: &Trace, call: &CallEvent) -> Result<Vec<Culprit>, Stor
     if end <= start {
         return Ok(Vec::new());
     }
+    // `+w.pid`: the `(tid, on_ns)` index, not `(pid, on_ns)`, whose range
+    // holds every thread's waits (a thread without a later wait would read
+    // the rest of its process's waits before the read stops).
     let conn = trace.bulk()?;
     let path = trace.path();
     let tail = format!(
-        "WHERE w.tid = ?1 AND w.pid = ?2 AND w.on_ns > ?3 AND {} ORDER BY w.on_ns, w.id",
+        "WHERE w.tid = ?1 AND +w.pid = ?2 AND w.on_ns > ?3 AND {} ORDER BY w.on_ns, w.id",
         valid_wait("w.")
     );
     let mut st = conn.prepare(&waits_sql(conn, &tail).at(path)?).at(path)?;

@@ -10,10 +10,8 @@ use sleuth_store::Trace;
 use std::path::Path;
 
 // The writer fixture and the JSON comparison sleuth-store's rollup tests use.
-#[path = "../../tests/common/temp_dir.rs"]
-mod temp_dir;
+use crate::temp_dir::TempDir;
 use crate::trace_fixture::{assert_close, example, rewrite};
-use temp_dir::TempDir;
 
 /// One process that is preempted in its copies, has a slow tail of async
 /// copies, leaks memory through the run, empties and refills a cache and

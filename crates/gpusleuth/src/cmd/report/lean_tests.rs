@@ -12,6 +12,7 @@
 
 use super::inputs::{Inputs, LatencyRow};
 use super::{inputs_of, render, SLOWEST_CALLS};
+use crate::temp_dir::TempDir;
 use crate::trace_fixture::{close, example, rewrite, rewrite_with_context};
 use sleuth_core::sites::Stack;
 use sleuth_core::testing::{alloc, call, failed_alloc, free, py_frame, MS, US};
@@ -20,10 +21,6 @@ use sleuth_core::{
 };
 use sleuth_store::{ReadBudget, Trace, DEFAULT_READ_TIMEOUT};
 use std::path::Path;
-
-#[path = "../../../tests/common/temp_dir.rs"]
-mod temp_dir;
-use temp_dir::TempDir;
 
 /// Two processes (a parent and its child) with call sites, allocations
 /// (failed, nested, freed, leaked), copies slow enough for the histogram's
