@@ -94,8 +94,8 @@ pub fn load(
     let calls = calls_by_pid
         .values()
         .fold(0u64, |a, &b| a.saturating_add(b));
-    let (waits, _) = lean.view.rows().event_counts(None)?;
-    let span = extent(trace, &lean)?;
+    let events = event_aggregates(trace.bulk()?).at(trace.path())?;
+    let span = extent(&lean, &events);
     let slowest = slowest_calls(trace, &ops, n_slowest)?;
     let sites = if lean.data.stacks.is_empty() {
         None
@@ -107,7 +107,7 @@ pub fn load(
         ops,
         span,
         calls,
-        waits,
+        waits: events.waits,
         calls_by_pid,
         slowest,
         sites,
@@ -127,63 +127,81 @@ pub fn op_rollups(trace: &Trace) -> Result<BTreeMap<u16, OpRollup>, StoreError> 
 
 /// `TraceSpan::of` of the loaded trace: the span from the session times and
 /// the call groups, widened to the earliest and latest wait and lifecycle
-/// event (aggregates inside SQLite; nothing held per row).
-fn extent(trace: &Trace, lean: &Lean) -> Result<TraceSpan, StoreError> {
+/// event (`events`).
+fn extent(lean: &Lean, events: &EventAggregates) -> TraceSpan {
     let view = &lean.view;
     let first_call = view.groups.iter().map(|g| g.first_ts_ns).min();
     let last_call = view.groups.iter().map(|g| g.last_end_ns).max();
-    let earliest = first_call
-        .into_iter()
-        .chain(view.rows().earliest_wait_or_event(None)?)
-        .min();
-    let latest = last_call
-        .into_iter()
-        .chain(latest_wait_or_event(trace.bulk()?).at(trace.path())?)
-        .max();
+    let earliest = first_call.into_iter().chain(events.earliest).min();
+    let latest = last_call.into_iter().chain(events.latest).max();
     let span = view.span;
     let origin_ns = match lean.data.start_ns {
         Some(_) => earliest.map_or(span.start_ns, |e| e.min(span.start_ns)),
         None => earliest.unwrap_or(span.start_ns),
     };
-    Ok(TraceSpan {
+    TraceSpan {
         start_ns: span.start_ns,
         end_ns: span.end_ns,
         origin_ns,
         extent_end_ns: latest.map_or(span.end_ns, |l| l.max(span.end_ns)),
-    })
+    }
 }
 
-/// The latest end of a wait (`on_ns`) or lifecycle event that
-/// [`Trace::load`] reads: kinds this build does not know are left out, as
-/// the load leaves their rows out.
-fn latest_wait_or_event(conn: &Connection) -> rusqlite::Result<Option<u64>> {
-    let mut latest: Option<u64> = None;
-    let mut take = |sql: String, known: &dyn Fn(&str) -> bool| -> rusqlite::Result<()> {
-        let mut st = conn.prepare(&sql)?;
-        let mut rows = st.query([])?;
-        while let Some(r) = rows.next()? {
-            let kind: String = r.get(0)?;
-            if let (true, Some(v)) = (known(&kind), r.get::<_, Option<i64>>(1)?) {
-                let v = v.max(0) as u64;
-                latest = Some(latest.map_or(v, |l| l.max(v)));
+/// What the report needs of every wait and lifecycle event that
+/// [`Trace::load`] reads (kinds this build does not know are left out, as
+/// the load leaves their rows out): how many waits, and the earliest start
+/// (`off_ns`, `ts_ns`) and latest end (`on_ns`, `ts_ns`) of any of them.
+#[derive(Debug, Default)]
+struct EventAggregates {
+    waits: u64,
+    earliest: Option<u64>,
+    latest: Option<u64>,
+}
+
+/// [`EventAggregates`] from one aggregate pass over the waits inside
+/// SQLite (and one over the lifecycle events); nothing held per row.
+fn event_aggregates(conn: &Connection) -> rusqlite::Result<EventAggregates> {
+    let mut out = EventAggregates::default();
+    let mut take =
+        |sql: String, known: &dyn Fn(&str) -> bool, waits: bool| -> rusqlite::Result<()> {
+            let mut st = conn.prepare(&sql)?;
+            let mut rows = st.query([])?;
+            while let Some(r) = rows.next()? {
+                let kind: String = r.get(0)?;
+                if !known(&kind) {
+                    continue;
+                }
+                let count = r.get::<_, i64>(1)?.max(0) as u64;
+                if waits {
+                    out.waits = out.waits.saturating_add(count);
+                }
+                let (first, last) = (r.get::<_, Option<i64>>(2)?, r.get::<_, Option<i64>>(3)?);
+                if let Some(v) = first.map(|v| v.max(0) as u64) {
+                    out.earliest = Some(out.earliest.map_or(v, |e| e.min(v)));
+                }
+                if let Some(v) = last.map(|v| v.max(0) as u64) {
+                    out.latest = Some(out.latest.map_or(v, |l| l.max(v)));
+                }
             }
-        }
-        Ok(())
-    };
+            Ok(())
+        };
     take(
         format!(
-            "SELECT w.kind, max(w.on_ns) FROM waits w WHERE {} GROUP BY w.kind",
+            "SELECT w.kind, count(*), min(w.off_ns), max(w.on_ns) FROM waits w WHERE {} GROUP BY w.kind",
             valid_wait("w.")
         ),
         &|k| WaitKind::parse(k).is_some(),
+        true,
     )?;
     take(
         format!(
-            "SELECT kind, max(ts_ns) FROM proc_events WHERE ts_ns BETWEEN 0 AND {MAX_NS} GROUP BY kind"
+            "SELECT kind, count(*), min(ts_ns), max(ts_ns) FROM proc_events \
+             WHERE ts_ns BETWEEN 0 AND {MAX_NS} GROUP BY kind"
         ),
         &|k| ProcKind::parse(k).is_some(),
+        false,
     )?;
-    Ok(latest)
+    Ok(out)
 }
 
 /// The `n` slowest calls not nested in another, as the full report picks
