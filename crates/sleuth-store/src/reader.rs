@@ -117,6 +117,11 @@ impl Trace {
         &self.path
     }
 
+    /// `meta.schema_version` (which table holds the call rows).
+    pub(crate) fn version(&self) -> i64 {
+        self.version
+    }
+
     pub fn source(&self) -> TraceSource {
         self.source
     }

@@ -224,7 +224,7 @@ pub fn slowest_calls(
     order.sort_by_key(|&(op, max)| (std::cmp::Reverse(max), op));
     let conn = trace.bulk()?;
     let path = trace.path();
-    let sql = slowest_sql(conn).at(path)?;
+    let sql = slowest_sql(conn, trace.version() >= 2).at(path)?;
     let mut st = conn.prepare(&sql.query).at(path)?;
     let mut ids_st = match sql.op_ids {
         true => Some(
@@ -300,7 +300,7 @@ struct SlowestSql {
     op_ids: bool,
 }
 
-fn slowest_sql(conn: &Connection) -> rusqlite::Result<SlowestSql> {
+fn slowest_sql(conn: &Connection, v2: bool) -> rusqlite::Result<SlowestSql> {
     let (host, join) = if has_table(conn, "call_host_ptrs")? {
         (
             "h.host_ptr",
@@ -319,7 +319,8 @@ fn slowest_sql(conn: &Connection) -> rusqlite::Result<SlowestSql> {
     // op (a pass over all of them), so it reads `call_rows` by the op's id
     // through the `(op_id, dur_ns)` index: the view's columns, the name
     // for `op`. Version 1's `calls` table has its `(op, dur_ns)` index.
-    let v2 = has_table(conn, "call_rows")?;
+    // (By the checked version: a version 1 file's stray `call_rows` table
+    // is no table its structure check covers.)
     let (source, op_cond) = if v2 {
         ("call_rows calls", "calls.op_id = ?1")
     } else {

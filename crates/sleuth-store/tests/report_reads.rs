@@ -118,3 +118,24 @@ fn the_slowest_calls_equal_the_full_pick_and_read_no_row_below_them() {
         .unwrap()
         .is_empty());
 }
+
+#[test]
+fn the_slowest_calls_of_a_version_1_trace_read_its_calls_table() {
+    // The examples are version 1 (`calls` a table, no rollups): the per-op
+    // maxima come from the loaded calls here.
+    for name in ["h200-contention.db", "demo-sim.db"] {
+        let t = Trace::open(&common::example(name)).unwrap();
+        let loaded = t.load(None).unwrap();
+        let mut ops: std::collections::BTreeMap<u16, sleuth_core::rollup::OpRollup> =
+            Default::default();
+        for c in &loaded.calls {
+            ops.entry(c.op).or_default().add(c);
+        }
+        let got = slowest_calls(&t, &ops, N).unwrap();
+        let got: Vec<(CallEvent, Vec<Culprit>)> =
+            got.into_iter().map(|s| (s.call, s.culprits)).collect();
+        let want = full_pick(&loaded);
+        assert!(!want.is_empty(), "{name}");
+        assert_eq!(got, want, "{name}");
+    }
+}
