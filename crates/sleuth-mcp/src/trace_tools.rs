@@ -233,7 +233,6 @@ pub fn latency_stats(db: &Path, scope: &args::CallScope, budget: &ReadBudget) ->
 /// `explain`'s ranked findings with evidence.
 pub fn findings(db: &Path, scope: &args::CallScope, budget: &ReadBudget) -> Result<Value> {
     let trace = open(db, budget)?;
-    let problems = trace.input_problems()?;
     // The whole trace (no process, op or window) is explained from the
     // stored aggregates when it has them (`sleuth_store::lean`): memory
     // bounded by the aggregates, not the calls. Else everything is loaded
@@ -251,6 +250,11 @@ pub fn findings(db: &Path, scope: &args::CallScope, budget: &ReadBudget) -> Resu
         Some(l) => l.explanation(),
         None => findings::explain_report(&load_scoped(&trace, scope)?),
     };
+    // After the reads: rows skipped by what was read (a large trace answered
+    // from its aggregates alone read no call or wait row, none was skipped).
+    let problems = trace.input_problems_of_reads()?;
+    let rows_read = problems.is_some();
+    let problems = problems.unwrap_or_default();
     Ok(json!({
         "summary": report.summary,
         "findings": report.findings,
@@ -258,6 +262,9 @@ pub fn findings(db: &Path, scope: &args::CallScope, budget: &ReadBudget) -> Resu
         "notes": report.notes,
         // Rows the reader had to skip were not examined: not clean.
         "input_problems": problems,
+        // False when the answer came from the stored aggregates of a large
+        // trace without reading its call and wait rows (then not counted).
+        "call_rows_read": rows_read,
         "clean": report.findings.is_empty() && problems.is_empty(),
     }))
 }

@@ -17,6 +17,7 @@ mod finalize;
 pub mod finding_rollups;
 mod import;
 pub mod lean;
+mod ledger_rollup;
 mod merge;
 mod open;
 pub mod outfile;

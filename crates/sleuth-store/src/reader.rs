@@ -2,7 +2,7 @@
 
 use crate::budget::{ReadBudget, DEFAULT_READ_TIMEOUT};
 use crate::error::{SqlContext, StoreError};
-use crate::open::{check_at_open, check_bulk_tables, has_table, open_trace_file, short};
+use crate::open::{check_at_open, has_table, open_trace_file, short, BulkCheck};
 use crate::problems::{self, InputProblems, COMM_CHARS, MAX_NS};
 use crate::rows::{query_calls, query_waits};
 use crate::schema::{READABLE_VERSIONS, SCHEMA_VERSION, TOOL};
@@ -28,8 +28,10 @@ pub struct Trace {
     /// Every read of this trace stops when it is spent.
     budget: ReadBudget,
     /// The per-call and per-wait tables (`open::BULK_TABLES`) of a large
-    /// file are checked on first use, not at open: true until then.
-    bulk_unchecked: std::cell::Cell<bool>,
+    /// file are checked on first use, not at open: true until then. Shared
+    /// with the streamed readers opened on this trace (`stream::Rows`), so
+    /// the check runs once whichever reads first.
+    bulk_unchecked: BulkCheck,
     /// The one pass over the call rows that counts the impossible ones and
     /// checks the totals, once it was made (`problems::call_scan`).
     call_scan: std::cell::Cell<Option<problems::CallScan>>,
@@ -57,7 +59,7 @@ impl Trace {
             source,
             version,
             budget,
-            bulk_unchecked: std::cell::Cell::new(bulk_unchecked),
+            bulk_unchecked: BulkCheck::new(bulk_unchecked),
             call_scan: std::cell::Cell::new(None),
         })
     }
@@ -67,21 +69,53 @@ impl Trace {
     /// `open::check_at_open`); the first such read of a large file pays a
     /// `quick_check` of them.
     pub(crate) fn bulk(&self) -> Result<&Connection, StoreError> {
-        if self.bulk_unchecked.get() {
-            check_bulk_tables(&self.conn, &self.path, &self.budget)?;
-            self.bulk_unchecked.set(false);
-        }
+        self.bulk_unchecked
+            .ensure(&self.conn, &self.path, &self.budget)?;
         Ok(&self.conn)
     }
 
+    /// The connection for reads of a few rows of the per-call and per-wait
+    /// tables by row id (the example calls of the finding rollups and their
+    /// culprits): no `quick_check` first. A lookup by id descends one
+    /// b-tree path (SQLite bounds its depth and reports a damaged page as
+    /// an error), reads a number of rows the caller bounds, and every value
+    /// read is range-checked like any other row; a check of the whole table
+    /// (3.7 s on a 10M-call file) would cost more than the answer.
+    pub(crate) fn keyed(&self) -> &Connection {
+        &self.conn
+    }
+
+    /// The check state shared with streamed readers of this trace.
+    pub(crate) fn bulk_check(&self) -> BulkCheck {
+        self.bulk_unchecked.clone()
+    }
+
+    /// [`Trace::input_problems`] when the answer read the per-call or
+    /// per-wait tables, or when the file is small enough to be checked whole
+    /// at open (then counting costs little); None for a large file answered
+    /// from its stored aggregates alone (no call or wait row was read, so
+    /// none was skipped: the rows are neither read nor counted, as `stats`
+    /// answers from its rollups). Call it after the command's reads.
+    pub fn input_problems_of_reads(&self) -> Result<Option<InputProblems>, StoreError> {
+        if self.bulk_unchecked.pending() {
+            return Ok(None);
+        }
+        self.input_problems().map(Some)
+    }
+
     /// Rows the readers skip (unknown ops, impossible values), with counts;
-    /// empty for every trace gpusleuth wrote itself.
+    /// empty for every trace gpusleuth wrote itself. The same pass checks
+    /// the totals: a file whose valid durations or sizes add up past 2^62
+    /// is refused here, as every read of its call rows refuses it.
     pub fn input_problems(&self) -> Result<InputProblems, StoreError> {
         let conn = self.bulk()?;
         let alloc = has_table(conn, "allocator_events").at(&self.path)?;
         let (p, calls) =
             problems::scan(conn, self.version, alloc).map_err(|e| self.read_error(e))?;
         self.call_scan.set(Some(calls));
+        if calls.totals_overflow {
+            return Err(StoreError::file(&self.path, problems::TOTALS_OVERFLOW));
+        }
         Ok(p)
     }
 
@@ -284,8 +318,9 @@ impl Trace {
         &self,
         call_ids: &[i64],
     ) -> Result<HashMap<i64, Vec<Culprit>>, StoreError> {
+        // Reads by key, as many lists as the caller asks for (see `keyed`).
         let mut st = self
-            .bulk()?
+            .keyed()
             .prepare_cached(
                 "SELECT pid, tid, substr(comm, 1, 64), runnable_ns FROM call_culprits
                  WHERE call_id = ?1 AND runnable_ns BETWEEN 0 AND ?2 ORDER BY runnable_ns DESC, pid, tid",
@@ -537,6 +572,14 @@ impl Trace {
         pid: Option<u32>,
     ) -> Result<Vec<sleuth_core::nccl::NcclEvent>, StoreError> {
         if !has_table(&self.conn, "nccl_calls").at(&self.path)? {
+            return Ok(Vec::new());
+        }
+        // Most traces have no NCCL call: they need no check of the call rows.
+        let any: bool = self
+            .conn
+            .query_row("SELECT EXISTS (SELECT 1 FROM nccl_calls)", [], |r| r.get(0))
+            .at(&self.path)?;
+        if !any {
             return Ok(Vec::new());
         }
         let cols: String = crate::rows::CALL_COLS
@@ -811,10 +854,7 @@ impl Trace {
             self.require_pid(pid)?;
         }
         if self.call_scan()?.totals_overflow {
-            return Err(StoreError::file(
-                &self.path,
-                "damaged trace: call durations or sizes add up past 2^62 (no total read from it could be right)",
-            ));
+            return Err(StoreError::file(&self.path, problems::TOTALS_OVERFLOW));
         }
         let calls = self
             .calls_filtered(&CallFilter {
