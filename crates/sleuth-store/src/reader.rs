@@ -18,6 +18,10 @@ use sleuth_core::{
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
+/// The most rows a read may take without the `quick_check` of their
+/// table (see [`Trace::keyed`]): a tool's page of calls or waits.
+pub(crate) const KEYED_ROWS: usize = 10_000;
+
 /// An open trace database.
 pub struct Trace {
     conn: Connection,
@@ -277,6 +281,24 @@ impl Trace {
             args.push(Value::Text(op.clone()));
             conds.push(format!("op = ?{}", args.len()));
         }
+        if let (Some(pid), true) = (f.pid, f.since_ns.is_some() || f.until_ns.is_some()) {
+            // A process's calls in a window: named by their threads (from the
+            // stored call groups), the `(tid, ts_ns)` index finds them
+            // without reading the calls outside the window.
+            if let Some(groups) =
+                crate::call_groups::stored(&self.conn).map_err(|e| self.read_error(e))?
+            {
+                let mut tids: Vec<u32> = groups
+                    .iter()
+                    .filter(|g| g.pid == pid)
+                    .map(|g| g.tid)
+                    .collect();
+                tids.sort_unstable();
+                tids.dedup();
+                let list: Vec<String> = tids.iter().map(u32::to_string).collect();
+                conds.push(format!("tid IN ({})", list.join(", ")));
+            }
+        }
         if let Some(s) = f.since_ns {
             args.push(Value::Integer(s as i64));
             conds.push(format!("ts_ns >= ?{}", args.len()));
@@ -293,7 +315,8 @@ impl Trace {
         if let Some(limit) = f.limit {
             tail.push_str(&format!(" LIMIT {}", limit.min(i64::MAX as usize)));
         }
-        let mut calls = query_calls(self.bulk()?, &tail, &args).map_err(|e| self.read_error(e))?;
+        let mut calls =
+            query_calls(self.rows_conn(f.limit)?, &tail, &args).map_err(|e| self.read_error(e))?;
         let sites =
             crate::stacks::call_stack_ids(&self.conn, f.pid).map_err(|e| self.read_error(e))?;
         if !sites.is_empty() {
@@ -372,7 +395,7 @@ impl Trace {
         if let Some(limit) = f.limit {
             tail.push_str(&format!(" LIMIT {}", limit.min(i64::MAX as usize)));
         }
-        query_waits(self.bulk()?, &tail, &args).map_err(|e| self.read_error(e))
+        query_waits(self.rows_conn(f.limit)?, &tail, &args).map_err(|e| self.read_error(e))
     }
 
     fn proc_events(&self, pid: Option<u32>) -> Result<Vec<ProcEvent>, StoreError> {
@@ -565,6 +588,52 @@ impl Trace {
         Ok(pids_of(self.bulk()?).at(&self.path)?.into_iter().collect())
     }
 
+    /// Whether the trace holds anything of `pid` (as [`Trace::pids`] lists
+    /// it): one indexed existence test per table, not the list of every pid
+    /// (which reads every wait's pid). The calls are tested in the rollups of
+    /// a finished trace, else in the rows (then checked first, see `bulk`).
+    fn holds_pid(&self, pid: u32) -> Result<bool, StoreError> {
+        let conn = if self.version == 1 || !self.has_rollups()? {
+            self.bulk()?
+        } else {
+            self.keyed()
+        };
+        let calls = if self.version == 1 {
+            "calls"
+        } else if self.has_rollups()? {
+            "rollup_ops"
+        } else {
+            "call_rows"
+        };
+        let mut tables = vec!["processes", calls, "waits", "proc_events", "op_counts"];
+        if has_table(conn, "process_gpu_samples").at(&self.path)? {
+            tables.push("process_gpu_samples");
+        }
+        for t in tables {
+            let found: bool = conn
+                .query_row(
+                    &format!("SELECT EXISTS (SELECT 1 FROM {t} WHERE pid = ?1)"),
+                    [pid],
+                    |r| r.get(0),
+                )
+                .map_err(|e| self.read_error(e))?;
+            if found {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// The connection for a read of at most `limit` rows of the per-call or
+    /// per-wait tables: [`Trace::keyed`] for a bounded read (a tool's page of
+    /// calls or waits), [`Trace::bulk`] for an unbounded one.
+    fn rows_conn(&self, limit: Option<usize>) -> Result<&Connection, StoreError> {
+        match limit {
+            Some(n) if n <= KEYED_ROWS => Ok(self.keyed()),
+            _ => self.bulk(),
+        }
+    }
+
     /// NCCL calls with their arguments, by start time. Traces recorded before
     /// the table existed simply have none.
     pub fn nccl_calls(
@@ -629,6 +698,9 @@ impl Trace {
     /// Fails when `pid` is not in the trace, naming the pids it holds: an
     /// absent process must not read as a clean bill of health.
     pub fn require_pid(&self, pid: u32) -> Result<(), StoreError> {
+        if self.holds_pid(pid)? {
+            return Ok(());
+        }
         let pids = self.pids()?;
         if pids.contains(&pid) {
             return Ok(());
