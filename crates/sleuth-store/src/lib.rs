@@ -31,6 +31,7 @@ mod sql;
 mod stacks;
 pub mod stream;
 mod types;
+mod wait_groups;
 mod writer;
 
 pub use budget::{ReadBudget, DEFAULT_READ_TIMEOUT};

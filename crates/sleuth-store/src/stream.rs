@@ -248,19 +248,28 @@ impl Rows {
     }
 
     /// How many waits and process lifecycle events [`Trace::load`] reads
-    /// (of one process or all), counted inside SQLite.
+    /// (of one process or all): the waits from the groups the writer stored
+    /// when the trace ended (`crate::wait_groups`), else counted inside SQLite.
     pub fn event_counts(&self, pid: Option<u32>) -> Result<(u64, u64), StoreError> {
-        let (waits, procs) = self.per_known_kind("count(*)", "count(*)", pid)?;
-        let sum = |v: Vec<i64>| v.into_iter().map(|c| c.max(0) as u64).sum();
-        Ok((sum(waits), sum(procs)))
+        let sum = |v: Vec<i64>| v.into_iter().map(|c| c.max(0) as u64).sum::<u64>();
+        let procs = sum(self.per_known_proc_kind("count(*)", pid)?);
+        let waits = match self.wait_groups(pid)? {
+            Some(groups) => groups.iter().fold(0u64, |n, g| n.saturating_add(g.count)),
+            None => sum(self.per_known_wait_kind("count(*)", pid)?),
+        };
+        Ok((waits, procs))
     }
 
     /// The earliest start of a wait (`off_ns`) or lifecycle event that
     /// [`Trace::load`] reads (of one process or all): with the calls' first
-    /// start, what `TraceSpan::of` takes the origin of the extent from. Two
-    /// aggregate queries; nothing held per row.
+    /// start, what `TraceSpan::of` takes the origin of the extent from.
+    /// Aggregates (or the stored wait groups); nothing held per row.
     pub fn earliest_wait_or_event(&self, pid: Option<u32>) -> Result<Option<u64>, StoreError> {
-        let (waits, procs) = self.per_known_kind("min(w.off_ns)", "min(ts_ns)", pid)?;
+        let procs = self.per_known_proc_kind("min(ts_ns)", pid)?;
+        let waits: Vec<i64> = match self.wait_groups(pid)? {
+            Some(groups) => groups.iter().map(|g| g.first_off_ns as i64).collect(),
+            None => self.per_known_wait_kind("min(w.off_ns)", pid)?,
+        };
         Ok(waits
             .into_iter()
             .chain(procs)
@@ -268,48 +277,55 @@ impl Rows {
             .min())
     }
 
-    /// `wait_agg` over the valid waits and `proc_agg` over the lifecycle
-    /// events [`Trace::load`] reads (of one process or all), one value per
-    /// kind this build knows (rows of other kinds are not read, so they do
-    /// not count); NULL aggregates are left out.
-    fn per_known_kind(
+    /// The stored wait groups (of one process or all), when the trace has them.
+    fn wait_groups(
         &self,
-        wait_agg: &str,
-        proc_agg: &str,
         pid: Option<u32>,
-    ) -> Result<(Vec<i64>, Vec<i64>), StoreError> {
-        let conn = self.bulk()?;
-        let values = |sql: String, known: &dyn Fn(&str) -> bool| -> Result<Vec<i64>, StoreError> {
-            let mut st = conn.prepare(&sql).map_err(|e| self.read_error(e))?;
-            let rows = st
-                .query_map([pid], |r| {
-                    Ok((r.get::<_, String>(0)?, r.get::<_, Option<i64>>(1)?))
-                })
-                .map_err(|e| self.read_error(e))?;
-            let mut out = Vec::new();
-            for r in rows {
-                let (kind, v) = r.map_err(|e| self.read_error(e))?;
-                if let (true, Some(v)) = (known(&kind), v) {
-                    out.push(v);
-                }
+    ) -> Result<Option<Vec<crate::wait_groups::WaitGroup>>, StoreError> {
+        crate::wait_groups::stored(&self.conn, pid).map_err(|e| self.read_error(e))
+    }
+
+    /// `agg` over the valid waits [`Trace::load`] reads (of one process or
+    /// all), one value per kind this build knows; NULL aggregates left out.
+    fn per_known_wait_kind(&self, agg: &str, pid: Option<u32>) -> Result<Vec<i64>, StoreError> {
+        let sql = format!(
+            "SELECT w.kind, {agg} FROM waits w WHERE {} AND (?1 IS NULL OR w.pid = ?1) GROUP BY w.kind",
+            valid_wait("w.")
+        );
+        self.per_kind(self.bulk()?, &sql, pid, &|k| WaitKind::parse(k).is_some())
+    }
+
+    /// `agg` over the lifecycle events [`Trace::load`] reads, one value per kind.
+    fn per_known_proc_kind(&self, agg: &str, pid: Option<u32>) -> Result<Vec<i64>, StoreError> {
+        let sql = format!(
+            "SELECT kind, {agg} FROM proc_events WHERE (?1 IS NULL OR pid = ?1) \
+             AND ts_ns BETWEEN 0 AND {MAX_NS} GROUP BY kind"
+        );
+        self.per_kind(&self.conn, &sql, pid, &|k| ProcKind::parse(k).is_some())
+    }
+
+    /// The values of a `SELECT kind, aggregate ... GROUP BY kind` of the kinds `known` accepts.
+    fn per_kind(
+        &self,
+        conn: &Connection,
+        sql: &str,
+        pid: Option<u32>,
+        known: &dyn Fn(&str) -> bool,
+    ) -> Result<Vec<i64>, StoreError> {
+        let mut st = conn.prepare(sql).map_err(|e| self.read_error(e))?;
+        let rows = st
+            .query_map([pid], |r| {
+                Ok((r.get::<_, String>(0)?, r.get::<_, Option<i64>>(1)?))
+            })
+            .map_err(|e| self.read_error(e))?;
+        let mut out = Vec::new();
+        for r in rows {
+            let (kind, v) = r.map_err(|e| self.read_error(e))?;
+            if let (true, Some(v)) = (known(&kind), v) {
+                out.push(v);
             }
-            Ok(out)
-        };
-        let waits = values(
-            format!(
-                "SELECT w.kind, {wait_agg} FROM waits w WHERE {} AND (?1 IS NULL OR w.pid = ?1) GROUP BY w.kind",
-                valid_wait("w.")
-            ),
-            &|k| WaitKind::parse(k).is_some(),
-        )?;
-        let procs = values(
-            format!(
-                "SELECT kind, {proc_agg} FROM proc_events WHERE (?1 IS NULL OR pid = ?1) \
-                 AND ts_ns BETWEEN 0 AND {MAX_NS} GROUP BY kind"
-            ),
-            &|k| ProcKind::parse(k).is_some(),
-        )?;
-        Ok((waits, procs))
+        }
+        Ok(out)
     }
 
     /// Lifecycle events of one process in `[since, until)`, by time, as

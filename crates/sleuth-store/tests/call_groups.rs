@@ -129,3 +129,51 @@ fn a_stored_groups_table_of_another_shape_or_with_impossible_rows_is_refused() {
     let e = refusal(&t);
     assert!(e.contains("call_groups"), "{e}");
 }
+
+/// The wait groups stored when the trace ends give the counts and the
+/// earliest wait that the readers' own aggregate over every wait row gives,
+/// for the whole trace and for each process; a damaged table is refused.
+#[test]
+fn stored_wait_groups_equal_the_aggregate_over_the_rows() {
+    for name in ["demo-sim.db", "h200-contention.db"] {
+        let (_dir, path) = rewritten(name, "wait-groups");
+        let raw = path.with_file_name("wait-groups-raw.db");
+        std::fs::copy(&path, &raw).unwrap();
+        let c = rusqlite::Connection::open(&raw).unwrap();
+        let n = c
+            .execute("DELETE FROM meta WHERE key = 'wait_groups'", [])
+            .unwrap();
+        assert_eq!(n, 1, "the writer marks the stored wait groups complete");
+        drop(c);
+        let (t, r) = (Trace::open(&path).unwrap(), Trace::open(&raw).unwrap());
+        let (a, b) = (Rows::open(&t).unwrap(), Rows::open(&r).unwrap());
+        let mut pids: Vec<Option<u32>> = vec![None];
+        pids.extend(t.pids().unwrap().into_iter().map(Some));
+        let mut waits = 0;
+        for pid in pids {
+            assert_eq!(
+                a.event_counts(pid).unwrap(),
+                b.event_counts(pid).unwrap(),
+                "{name} {pid:?}"
+            );
+            assert_eq!(
+                a.earliest_wait_or_event(pid).unwrap(),
+                b.earliest_wait_or_event(pid).unwrap(),
+                "{name} {pid:?}"
+            );
+            waits += a.event_counts(pid).unwrap().0;
+        }
+        assert!(waits > 0, "{name} has waits");
+
+        let c = rusqlite::Connection::open(&path).unwrap();
+        c.execute("UPDATE wait_groups SET count = -1", []).unwrap();
+        drop(c);
+        let t = Trace::open(&path).unwrap();
+        let e = Rows::open(&t)
+            .unwrap()
+            .event_counts(None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("wait_groups"), "{e}");
+    }
+}
