@@ -34,6 +34,11 @@ pub fn stats_of(db: &Path, pid: Option<u32>) -> anyhow::Result<sleuth_core::stat
 /// Prints one warning per kind of skipped row on stderr; returns them.
 pub fn warn_input_problems(trace: &sleuth_store::Trace) -> anyhow::Result<InputProblems> {
     let problems = trace.input_problems()?;
+    print_problems(trace, &problems);
+    Ok(problems)
+}
+
+fn print_problems(trace: &sleuth_store::Trace, problems: &InputProblems) {
     for line in problems.lines() {
         eprintln!(
             "gpusleuth: warning: {}: {}",
@@ -41,6 +46,15 @@ pub fn warn_input_problems(trace: &sleuth_store::Trace) -> anyhow::Result<InputP
             terminal_safe(&line)
         );
     }
+}
+
+/// [`warn_input_problems`] for a command that answers from the stored
+/// aggregates where it can: called after its reads, it counts the skipped
+/// rows only when call or wait rows were read or the file is small
+/// (`Trace::input_problems_of_reads`); else nothing was skipped.
+pub fn warn_input_problems_of_reads(trace: &sleuth_store::Trace) -> anyhow::Result<InputProblems> {
+    let problems = trace.input_problems_of_reads()?.unwrap_or_default();
+    print_problems(trace, &problems);
     Ok(problems)
 }
 

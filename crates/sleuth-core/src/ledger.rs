@@ -15,7 +15,7 @@
 use crate::data::TraceData;
 use crate::event::CallEvent;
 use crate::ops::{OpClass, OpInfo, OPS};
-use serde::{Serialize, Serializer};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::collections::{BTreeMap, HashMap};
 
 /// A timeline longer than this is thinned (see [`thin_timeline`]).
@@ -28,6 +28,115 @@ pub struct Ptr(pub u64);
 impl Serialize for Ptr {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(&format!("{:#x}", self.0))
+    }
+}
+
+impl<'de> Deserialize<'de> for Ptr {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Ptr, D::Error> {
+        let text = String::deserialize(d)?;
+        text.strip_prefix("0x")
+            .and_then(|h| u64::from_str_radix(h, 16).ok())
+            .map(Ptr)
+            .ok_or_else(|| serde::de::Error::custom(format!("not a pointer: {text:.40}")))
+    }
+}
+
+/// An op name read back (the ledger rollup of a trace, `sleuth_store`): the
+/// name of an op this build knows, else an error.
+fn known_op(name: &str) -> Result<&'static str, String> {
+    crate::op_by_name(name)
+        .map(|o| o.name)
+        .ok_or_else(|| format!("unknown op {name:.80}"))
+}
+
+/// The records below as read back: an owned op name, checked against the
+/// op table on the way in (serde cannot give `&'static str` itself).
+mod stored {
+    use super::*;
+
+    #[derive(Deserialize)]
+    pub(super) struct Unfreed {
+        ptr: Option<Ptr>,
+        bytes: u64,
+        op: String,
+        ts_ns: u64,
+        stack_id: Option<u64>,
+        site: Option<String>,
+    }
+
+    impl TryFrom<Unfreed> for super::Unfreed {
+        type Error = String;
+        fn try_from(u: Unfreed) -> Result<Self, String> {
+            Ok(super::Unfreed {
+                ptr: u.ptr,
+                bytes: u.bytes,
+                op: known_op(&u.op)?,
+                ts_ns: u.ts_ns,
+                stack_id: u.stack_id,
+                site: u.site,
+            })
+        }
+    }
+
+    #[derive(Deserialize)]
+    pub(super) struct FailedAlloc {
+        op: String,
+        bytes: u64,
+        error: i64,
+        ts_ns: u64,
+        live_bytes_at: u64,
+        stack_id: Option<u64>,
+        site: Option<String>,
+    }
+
+    impl TryFrom<FailedAlloc> for super::FailedAlloc {
+        type Error = String;
+        fn try_from(f: FailedAlloc) -> Result<Self, String> {
+            Ok(super::FailedAlloc {
+                op: known_op(&f.op)?,
+                bytes: f.bytes,
+                error: f.error,
+                ts_ns: f.ts_ns,
+                live_bytes_at: f.live_bytes_at,
+                stack_id: f.stack_id,
+                site: f.site,
+            })
+        }
+    }
+
+    #[derive(Deserialize)]
+    pub(super) struct SizeCount {
+        bytes: u64,
+        times: u64,
+        op: String,
+    }
+
+    /// `Deserialize` through the stored form (by hand: a derive would ask
+    /// the input to live for `'static` because of the `&'static str` field).
+    macro_rules! through_stored {
+        ($t:ident) => {
+            impl<'de> Deserialize<'de> for super::$t {
+                fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                    $t::deserialize(d)?
+                        .try_into()
+                        .map_err(serde::de::Error::custom)
+                }
+            }
+        };
+    }
+    through_stored!(Unfreed);
+    through_stored!(FailedAlloc);
+    through_stored!(SizeCount);
+
+    impl TryFrom<SizeCount> for super::SizeCount {
+        type Error = String;
+        fn try_from(c: SizeCount) -> Result<Self, String> {
+            Ok(super::SizeCount {
+                bytes: c.bytes,
+                times: c.times,
+                op: known_op(&c.op)?,
+            })
+        }
     }
 }
 
@@ -65,14 +174,14 @@ pub struct FailedAlloc {
 }
 
 /// One point of the device-bytes timeline: live bytes after a change at `ts_ns`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TimelinePoint {
     pub ts_ns: u64,
     pub live_bytes: u64,
 }
 
 /// The ledger of one process.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProcessLedger {
     pub pid: u32,
     pub comm: String,
@@ -124,7 +233,7 @@ pub struct ProcessLedger {
 }
 
 /// Live and peak device bytes on one device.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeviceBytes {
     pub device: u32,
     pub live_bytes: u64,
@@ -132,7 +241,7 @@ pub struct DeviceBytes {
 }
 
 /// The free-then-allocate-again pattern of a cache being emptied and refilled.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Churn {
     /// Device allocations of a size this process had allocated and freed
     /// before (each earlier free is matched by at most one re-allocation).
@@ -583,21 +692,35 @@ impl LedgerBuilder {
     /// are not read).
     pub fn finish(self, context: &TraceData) -> Vec<ProcessLedger> {
         let at_ns = self.at_ns;
+        self.finish_bare()
+            .into_iter()
+            .map(|l| in_context(l, context, at_ns))
+            .collect()
+    }
+
+    /// The ledgers without what [`in_context`] adds (no name, exit time or
+    /// site label): what a trace stores when it ends (its ledger rollup),
+    /// so a reader adds the context it reads and gets [`Self::finish`]'s answer.
+    pub fn finish_bare(self) -> Vec<ProcessLedger> {
         self.ledger
             .procs
             .into_iter()
-            .map(|(pid, r)| {
-                let info = context.process(pid);
-                let comm = info.map(|p| p.comm.clone()).unwrap_or_else(|| "?".into());
-                let exit_ns = info
-                    .and_then(|p| p.exit_ns)
-                    .filter(|&e| at_ns.is_none_or(|at| e <= at));
-                let mut l = r.finish(pid, comm, exit_ns);
-                name_sites(context, &mut l);
-                l
-            })
+            .map(|(pid, r)| r.finish(pid, String::new(), None))
             .collect()
     }
+}
+
+/// A ledger from [`LedgerBuilder::finish_bare`] with its process's name
+/// and exit time (at or before `at_ns`) from `context`, and its sites named
+/// from `context`'s stacks.
+pub fn in_context(mut l: ProcessLedger, context: &TraceData, at_ns: Option<u64>) -> ProcessLedger {
+    let info = context.process(l.pid);
+    l.comm = info.map(|p| p.comm.clone()).unwrap_or_else(|| "?".into());
+    l.exit_ns = info
+        .and_then(|p| p.exit_ns)
+        .filter(|&e| at_ns.is_none_or(|at| e <= at));
+    name_sites(context, &mut l);
+    l
 }
 
 /// The ledger of every process that made a recorded or counted call, by pid.

@@ -27,6 +27,9 @@ pub(crate) fn complete(conn: &mut Connection, rollup: &Rollup) -> rusqlite::Resu
     crate::finding_rollups::write(&tx)?;
     write_op_rollups(&tx, rollup)?;
     crate::call_groups::write(&tx)?;
+    // After the call groups: the ledger lists the processes they name.
+    crate::ledger_rollup::write(&tx)?;
+    crate::wait_groups::write(&tx)?;
     tx.execute(
         "INSERT OR REPLACE INTO meta(key, value) VALUES ('rollups', ?1)",
         [ROLLUPS_COMPLETE],

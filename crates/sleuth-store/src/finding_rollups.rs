@@ -271,8 +271,8 @@ pub(crate) fn plain_table(conn: &Connection, table: &str, cols: &[&str]) -> rusq
 /// short: `FindingInputs::of` over the loaded trace answers then).
 pub fn finding_inputs(trace: &Trace) -> Result<Option<FindingInputs>, StoreError> {
     let path = trace.path();
-    // Example calls are read from the per-call table: checked first on large files.
-    trace.bulk()?;
+    // The example calls (at most a few per op and thread) are read by row id
+    // without a check of the whole per-call table (see `Trace::keyed`).
     let conn = open_trace_file(path, &ReadBudget::new(DEFAULT_READ_TIMEOUT))?;
     let (_, version) = check_is_trace(&conn, path)?;
     check_schema(&conn, path, version)?;

@@ -17,6 +17,7 @@ mod finalize;
 pub mod finding_rollups;
 mod import;
 pub mod lean;
+mod ledger_rollup;
 mod merge;
 mod open;
 pub mod outfile;
@@ -31,6 +32,7 @@ mod sql;
 mod stacks;
 pub mod stream;
 mod types;
+mod wait_groups;
 mod writer;
 
 pub use budget::{ReadBudget, DEFAULT_READ_TIMEOUT};

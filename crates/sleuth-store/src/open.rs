@@ -125,6 +125,38 @@ fn check_at_open_above(
     Ok(true)
 }
 
+/// Whether the [`BULK_TABLES`] of an opened large file still await their
+/// `quick_check`: shared by a [`crate::Trace`] and the streamed readers
+/// opened on it (their own connections to the same file), so whichever
+/// reads those tables first runs the check, once.
+#[derive(Clone, Debug)]
+pub(crate) struct BulkCheck(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl BulkCheck {
+    pub(crate) fn new(pending: bool) -> BulkCheck {
+        BulkCheck(std::sync::Arc::new(pending.into()))
+    }
+
+    /// True until the check ran (always false for a file checked whole at open).
+    pub(crate) fn pending(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Runs the check through `conn` when it has not run yet.
+    pub(crate) fn ensure(
+        &self,
+        conn: &Connection,
+        path: &Path,
+        budget: &ReadBudget,
+    ) -> Result<(), StoreError> {
+        if self.pending() {
+            check_bulk_tables(conn, path, budget)?;
+            self.0.store(false, std::sync::atomic::Ordering::Release);
+        }
+        Ok(())
+    }
+}
+
 /// `quick_check` of each of the [`BULK_TABLES`] the file has as tables.
 pub(crate) fn check_bulk_tables(
     conn: &Connection,

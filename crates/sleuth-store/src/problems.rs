@@ -40,6 +40,11 @@ pub(crate) fn valid_wait(prefix: &str) -> String {
     )
 }
 
+/// Why a file whose valid call durations or sizes add up past 2^62 is
+/// refused (every reader that reads its call rows says the same).
+pub(crate) const TOTALS_OVERFLOW: &str =
+    "damaged trace: call durations or sizes add up past 2^62 (no total read from it could be right)";
+
 /// Unknown op names kept by name; the rest are only counted.
 const NAMES_KEPT: usize = 20;
 /// Characters of an unknown op name kept (a crafted name can be megabytes).

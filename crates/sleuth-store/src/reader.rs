@@ -2,7 +2,7 @@
 
 use crate::budget::{ReadBudget, DEFAULT_READ_TIMEOUT};
 use crate::error::{SqlContext, StoreError};
-use crate::open::{check_at_open, check_bulk_tables, has_table, open_trace_file, short};
+use crate::open::{check_at_open, has_table, open_trace_file, short, BulkCheck};
 use crate::problems::{self, InputProblems, COMM_CHARS, MAX_NS};
 use crate::rows::{query_calls, query_waits};
 use crate::schema::{READABLE_VERSIONS, SCHEMA_VERSION, TOOL};
@@ -18,6 +18,10 @@ use sleuth_core::{
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
+/// The most rows a read may take without the `quick_check` of their
+/// table (see [`Trace::keyed`]): a tool's page of calls or waits.
+pub(crate) const KEYED_ROWS: usize = 10_000;
+
 /// An open trace database.
 pub struct Trace {
     conn: Connection,
@@ -28,8 +32,10 @@ pub struct Trace {
     /// Every read of this trace stops when it is spent.
     budget: ReadBudget,
     /// The per-call and per-wait tables (`open::BULK_TABLES`) of a large
-    /// file are checked on first use, not at open: true until then.
-    bulk_unchecked: std::cell::Cell<bool>,
+    /// file are checked on first use, not at open: true until then. Shared
+    /// with the streamed readers opened on this trace (`stream::Rows`), so
+    /// the check runs once whichever reads first.
+    bulk_unchecked: BulkCheck,
     /// The one pass over the call rows that counts the impossible ones and
     /// checks the totals, once it was made (`problems::call_scan`).
     call_scan: std::cell::Cell<Option<problems::CallScan>>,
@@ -57,7 +63,7 @@ impl Trace {
             source,
             version,
             budget,
-            bulk_unchecked: std::cell::Cell::new(bulk_unchecked),
+            bulk_unchecked: BulkCheck::new(bulk_unchecked),
             call_scan: std::cell::Cell::new(None),
         })
     }
@@ -67,21 +73,53 @@ impl Trace {
     /// `open::check_at_open`); the first such read of a large file pays a
     /// `quick_check` of them.
     pub(crate) fn bulk(&self) -> Result<&Connection, StoreError> {
-        if self.bulk_unchecked.get() {
-            check_bulk_tables(&self.conn, &self.path, &self.budget)?;
-            self.bulk_unchecked.set(false);
-        }
+        self.bulk_unchecked
+            .ensure(&self.conn, &self.path, &self.budget)?;
         Ok(&self.conn)
     }
 
+    /// The connection for reads of a few rows of the per-call and per-wait
+    /// tables by row id (the example calls of the finding rollups and their
+    /// culprits): no `quick_check` first. A lookup by id descends one
+    /// b-tree path (SQLite bounds its depth and reports a damaged page as
+    /// an error), reads a number of rows the caller bounds, and every value
+    /// read is range-checked like any other row; a check of the whole table
+    /// (3.7 s on a 10M-call file) would cost more than the answer.
+    pub(crate) fn keyed(&self) -> &Connection {
+        &self.conn
+    }
+
+    /// The check state shared with streamed readers of this trace.
+    pub(crate) fn bulk_check(&self) -> BulkCheck {
+        self.bulk_unchecked.clone()
+    }
+
+    /// [`Trace::input_problems`] when the answer read the per-call or
+    /// per-wait tables, or when the file is small enough to be checked whole
+    /// at open (then counting costs little); None for a large file answered
+    /// from its stored aggregates alone (no call or wait row was read, so
+    /// none was skipped: the rows are neither read nor counted, as `stats`
+    /// answers from its rollups). Call it after the command's reads.
+    pub fn input_problems_of_reads(&self) -> Result<Option<InputProblems>, StoreError> {
+        if self.bulk_unchecked.pending() {
+            return Ok(None);
+        }
+        self.input_problems().map(Some)
+    }
+
     /// Rows the readers skip (unknown ops, impossible values), with counts;
-    /// empty for every trace gpusleuth wrote itself.
+    /// empty for every trace gpusleuth wrote itself. The same pass checks
+    /// the totals: a file whose valid durations or sizes add up past 2^62
+    /// is refused here, as every read of its call rows refuses it.
     pub fn input_problems(&self) -> Result<InputProblems, StoreError> {
         let conn = self.bulk()?;
         let alloc = has_table(conn, "allocator_events").at(&self.path)?;
         let (p, calls) =
             problems::scan(conn, self.version, alloc).map_err(|e| self.read_error(e))?;
         self.call_scan.set(Some(calls));
+        if calls.totals_overflow {
+            return Err(StoreError::file(&self.path, problems::TOTALS_OVERFLOW));
+        }
         Ok(p)
     }
 
@@ -248,6 +286,24 @@ impl Trace {
             args.push(Value::Text(op.clone()));
             conds.push(format!("op = ?{}", args.len()));
         }
+        if let (Some(pid), true) = (f.pid, f.since_ns.is_some() || f.until_ns.is_some()) {
+            // A process's calls in a window: named by their threads (from the
+            // stored call groups), the `(tid, ts_ns)` index finds them
+            // without reading the calls outside the window.
+            if let Some(groups) =
+                crate::call_groups::stored(&self.conn).map_err(|e| self.read_error(e))?
+            {
+                let mut tids: Vec<u32> = groups
+                    .iter()
+                    .filter(|g| g.pid == pid)
+                    .map(|g| g.tid)
+                    .collect();
+                tids.sort_unstable();
+                tids.dedup();
+                let list: Vec<String> = tids.iter().map(u32::to_string).collect();
+                conds.push(format!("tid IN ({})", list.join(", ")));
+            }
+        }
         if let Some(s) = f.since_ns {
             args.push(Value::Integer(s as i64));
             conds.push(format!("ts_ns >= ?{}", args.len()));
@@ -264,7 +320,8 @@ impl Trace {
         if let Some(limit) = f.limit {
             tail.push_str(&format!(" LIMIT {}", limit.min(i64::MAX as usize)));
         }
-        let mut calls = query_calls(self.bulk()?, &tail, &args).map_err(|e| self.read_error(e))?;
+        let mut calls =
+            query_calls(self.rows_conn(f.limit)?, &tail, &args).map_err(|e| self.read_error(e))?;
         let sites =
             crate::stacks::call_stack_ids(&self.conn, f.pid).map_err(|e| self.read_error(e))?;
         if !sites.is_empty() {
@@ -289,8 +346,9 @@ impl Trace {
         &self,
         call_ids: &[i64],
     ) -> Result<HashMap<i64, Vec<Culprit>>, StoreError> {
+        // Reads by key, as many lists as the caller asks for (see `keyed`).
         let mut st = self
-            .bulk()?
+            .keyed()
             .prepare_cached(
                 "SELECT pid, tid, substr(comm, 1, 64), runnable_ns FROM call_culprits
                  WHERE call_id = ?1 AND runnable_ns BETWEEN 0 AND ?2 ORDER BY runnable_ns DESC, pid, tid",
@@ -342,7 +400,7 @@ impl Trace {
         if let Some(limit) = f.limit {
             tail.push_str(&format!(" LIMIT {}", limit.min(i64::MAX as usize)));
         }
-        query_waits(self.bulk()?, &tail, &args).map_err(|e| self.read_error(e))
+        query_waits(self.rows_conn(f.limit)?, &tail, &args).map_err(|e| self.read_error(e))
     }
 
     fn proc_events(&self, pid: Option<u32>) -> Result<Vec<ProcEvent>, StoreError> {
@@ -535,6 +593,52 @@ impl Trace {
         Ok(pids_of(self.bulk()?).at(&self.path)?.into_iter().collect())
     }
 
+    /// Whether the trace holds anything of `pid` (as [`Trace::pids`] lists
+    /// it): one indexed existence test per table, not the list of every pid
+    /// (which reads every wait's pid). The calls are tested in the rollups of
+    /// a finished trace, else in the rows (then checked first, see `bulk`).
+    fn holds_pid(&self, pid: u32) -> Result<bool, StoreError> {
+        let conn = if self.version == 1 || !self.has_rollups()? {
+            self.bulk()?
+        } else {
+            self.keyed()
+        };
+        let calls = if self.version == 1 {
+            "calls"
+        } else if self.has_rollups()? {
+            "rollup_ops"
+        } else {
+            "call_rows"
+        };
+        let mut tables = vec!["processes", calls, "waits", "proc_events", "op_counts"];
+        if has_table(conn, "process_gpu_samples").at(&self.path)? {
+            tables.push("process_gpu_samples");
+        }
+        for t in tables {
+            let found: bool = conn
+                .query_row(
+                    &format!("SELECT EXISTS (SELECT 1 FROM {t} WHERE pid = ?1)"),
+                    [pid],
+                    |r| r.get(0),
+                )
+                .map_err(|e| self.read_error(e))?;
+            if found {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// The connection for a read of at most `limit` rows of the per-call or
+    /// per-wait tables: [`Trace::keyed`] for a bounded read (a tool's page of
+    /// calls or waits), [`Trace::bulk`] for an unbounded one.
+    fn rows_conn(&self, limit: Option<usize>) -> Result<&Connection, StoreError> {
+        match limit {
+            Some(n) if n <= KEYED_ROWS => Ok(self.keyed()),
+            _ => self.bulk(),
+        }
+    }
+
     /// NCCL calls with their arguments, by start time. Traces recorded before
     /// the table existed simply have none.
     pub fn nccl_calls(
@@ -542,6 +646,14 @@ impl Trace {
         pid: Option<u32>,
     ) -> Result<Vec<sleuth_core::nccl::NcclEvent>, StoreError> {
         if !has_table(&self.conn, "nccl_calls").at(&self.path)? {
+            return Ok(Vec::new());
+        }
+        // Most traces have no NCCL call: they need no check of the call rows.
+        let any: bool = self
+            .conn
+            .query_row("SELECT EXISTS (SELECT 1 FROM nccl_calls)", [], |r| r.get(0))
+            .at(&self.path)?;
+        if !any {
             return Ok(Vec::new());
         }
         let cols: String = crate::rows::CALL_COLS
@@ -591,6 +703,9 @@ impl Trace {
     /// Fails when `pid` is not in the trace, naming the pids it holds: an
     /// absent process must not read as a clean bill of health.
     pub fn require_pid(&self, pid: u32) -> Result<(), StoreError> {
+        if self.holds_pid(pid)? {
+            return Ok(());
+        }
         let pids = self.pids()?;
         if pids.contains(&pid) {
             return Ok(());
@@ -816,10 +931,7 @@ impl Trace {
             self.require_pid(pid)?;
         }
         if self.call_scan()?.totals_overflow {
-            return Err(StoreError::file(
-                &self.path,
-                "damaged trace: call durations or sizes add up past 2^62 (no total read from it could be right)",
-            ));
+            return Err(StoreError::file(&self.path, problems::TOTALS_OVERFLOW));
         }
         let calls = self
             .calls_filtered(&CallFilter {

@@ -9,8 +9,8 @@
 
 use crate::budget::{ReadBudget, DEFAULT_READ_TIMEOUT};
 use crate::error::{SqlContext, StoreError};
-use crate::open::{has_table, open_trace_file};
-use crate::problems::{valid_call, valid_wait, COMM_CHARS, MAX_NS};
+use crate::open::{has_table, open_trace_file, BulkCheck};
+use crate::problems::{valid_call, valid_wait, COMM_CHARS, MAX_NS, TOTALS_OVERFLOW};
 use crate::reader::{check_is_trace, check_schema, Trace};
 use crate::rows::{call_from_row, wait_from_row, waits_sql, CALL_COLS};
 use crate::stacks::has_column;
@@ -19,10 +19,6 @@ use rusqlite::types::Value;
 use rusqlite::Connection;
 use sleuth_core::{ProcEvent, ProcKind, WaitEvent, WaitKind};
 use std::path::PathBuf;
-
-/// Why a damaged file is refused (the words of [`Trace::load`]).
-const TOTALS_OVERFLOW: &str =
-    "damaged trace: call durations or sizes add up past 2^62 (no total read from it could be right)";
 
 /// The order calls are visited in.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -70,8 +66,10 @@ pub struct Rows {
     has_stacks: bool,
     /// The file's schema version (which table holds the call rows).
     version: i64,
-    /// The totals check, when the trace had already made it.
-    totals_overflow: Option<bool>,
+    /// The totals check, once made (by the trace or by this reader).
+    totals_overflow: std::cell::Cell<Option<bool>>,
+    /// The per-call and per-wait tables' check, shared with the trace.
+    bulk: BulkCheck,
 }
 
 impl Rows {
@@ -83,8 +81,8 @@ impl Rows {
     /// Streams from `trace` under `budget` (the caller's deadline and cancellation).
     pub fn open_with(trace: &Trace, budget: ReadBudget) -> Result<Rows, StoreError> {
         // The per-call and per-wait tables of a large file are checked before
-        // the first read of them (`Trace::bulk`); this stream reads them too.
-        trace.bulk()?;
+        // this stream's first read of them (`Rows::bulk`), not here: an
+        // answer from the stored call groups reads none of them.
         let path = trace.path().to_path_buf();
         let conn = open_trace_file(&path, &budget)?;
         // The file was checked through the first connection; a file replaced
@@ -98,8 +96,18 @@ impl Rows {
             budget,
             has_stacks,
             version,
-            totals_overflow: trace.known_call_scan().map(|s| s.totals_overflow),
+            totals_overflow: std::cell::Cell::new(
+                trace.known_call_scan().map(|s| s.totals_overflow),
+            ),
+            bulk: trace.bulk_check(),
         })
+    }
+
+    /// The connection, once the per-call and per-wait tables are checked
+    /// (`Trace::bulk`'s rule; the check runs once per opened trace).
+    fn bulk(&self) -> Result<&Connection, StoreError> {
+        self.bulk.ensure(&self.conn, &self.path, &self.budget)?;
+        Ok(&self.conn)
     }
 
     fn read_error(&self, e: rusqlite::Error) -> StoreError {
@@ -118,105 +126,26 @@ impl Rows {
     pub fn for_each_call<E: From<StoreError>>(
         &self,
         q: &CallQuery,
-        mut visit: impl FnMut(StoredCall) -> Result<(), E>,
+        visit: impl FnMut(StoredCall) -> Result<(), E>,
     ) -> Result<(), E> {
-        let mut conds = vec![valid_call("calls.")];
-        let mut args: Vec<Value> = Vec::new();
-        if let Some(pid) = q.pid {
-            args.push(Value::Integer(pid as i64));
-            conds.push(format!("calls.pid = ?{}", args.len()));
+        // Call rows are read in bulk: their table checked, their totals too (a
+        // file whose durations add up past 2^62 is refused, as `Trace::load`
+        // refuses it). A page of at most `KEYED_ROWS` calls (the slowest ones)
+        // is a bounded read, as `Trace::keyed` reads.
+        if q.limit.is_none_or(|n| n > crate::reader::KEYED_ROWS) {
+            self.bulk()?;
+            self.check_totals()?;
         }
-        if let Some(ops) = &q.ops {
-            let mut marks = Vec::with_capacity(ops.len());
-            for op in ops {
-                args.push(Value::Text((*op).to_string()));
-                marks.push(format!("?{}", args.len()));
-            }
-            conds.push(format!("calls.op IN ({})", marks.join(", ")));
-        }
-        let order = match q.order {
-            StreamOrder::ByStart => "calls.ts_ns, calls.id",
-            StreamOrder::ByReturn => "calls.ts_ns + calls.dur_ns, calls.ts_ns, calls.id",
-            StreamOrder::ByDurationDesc => "calls.dur_ns DESC, calls.id",
-        };
-        let limit = q
-            .limit
-            .map(|l| format!(" LIMIT {}", l.min(i64::MAX as usize)))
-            .unwrap_or_default();
-        let (host, join) = if has_table(&self.conn, "call_host_ptrs").at(&self.path)? {
-            (
-                "h.host_ptr",
-                "LEFT JOIN call_host_ptrs h ON h.call_id = calls.id",
-            )
-        } else {
-            ("NULL", "")
-        };
-        let stack = if self.has_stacks {
-            "calls.stack_id"
-        } else {
-            "NULL"
-        };
-        let cols: Vec<String> = CALL_COLS
-            .split(", ")
-            .map(|c| format!("calls.{c}"))
-            .collect();
-        let source = if self.scan_table(q)? {
-            table_scan_calls().unwrap_or_else(|| "calls".to_string())
-        } else {
-            "calls".to_string()
-        };
-        let sql = format!(
-            "SELECT {}, {host}, {stack} FROM {source} {join} WHERE {} ORDER BY {order}{limit}",
-            cols.join(", "),
-            conds.join(" AND ")
-        );
-        let mut st = self.conn.prepare(&sql).map_err(|e| self.read_error(e))?;
-        let mut rows = st
-            .query(rusqlite::params_from_iter(args.iter()))
-            .map_err(|e| self.read_error(e))?;
-        while let Some(row) = rows.next().map_err(|e| self.read_error(e))? {
-            let Some(mut c) = call_from_row(row).map_err(|e| self.read_error(e))? else {
-                continue;
-            };
-            c.call.stack_id = row
-                .get::<_, Option<i64>>(16)
-                .map_err(|e| self.read_error(e))?
-                .map(|v| v as u64);
-            visit(c)?;
-        }
-        Ok(())
-    }
-
-    /// Whether `q` reads faster by scanning the call rows in row order than
-    /// through the `(op_id, dur_ns)` index. SQLite picks the index for any op
-    /// filter; for ops with many calls (the memory calls of a long trace:
-    /// 1.5 million of 10 million) that fetches every row by id in duration
-    /// order, one random page read each, and a command spends most of its
-    /// time copying pages in (issue 16: 15 s CPU against 3 s for the scan on
-    /// a 10M-call trace). Version 2 only (version 1 reads `calls` as
-    /// before); the slowest-first order keeps the index (it reads `limit`
-    /// rows). The index counts the matching rows (covering: no row read):
-    /// above 1 in 32 of all rows, the scan wins.
-    fn scan_table(&self, q: &CallQuery) -> Result<bool, StoreError> {
-        let Some(ops) = &q.ops else {
-            return Ok(false);
-        };
-        if self.version < 2 || q.order == StreamOrder::ByDurationDesc || ops.is_empty() {
-            return Ok(false);
-        }
-        let marks: Vec<String> = (1..=ops.len()).map(|i| format!("?{i}")).collect();
-        let sql = format!(
-            "SELECT (SELECT count(*) FROM call_rows WHERE op_id IN (SELECT id FROM ops WHERE op IN ({}))), \
-                    (SELECT coalesce(max(id), 0) FROM call_rows)",
-            marks.join(", ")
-        );
-        let (matching, last): (i64, i64) = self
-            .conn
-            .query_row(&sql, rusqlite::params_from_iter(ops.iter()), |r| {
-                Ok((r.get(0)?, r.get(1)?))
-            })
-            .map_err(|e| self.read_error(e))?;
-        Ok(matching.saturating_mul(32) > last)
+        visit_calls(
+            &self.conn,
+            CallSource {
+                version: self.version,
+                has_stacks: self.has_stacks,
+            },
+            q,
+            &|e| self.read_error(e),
+            visit,
+        )
     }
 
     /// Visits the waits (of one process or all) by `on_ns`, then row id,
@@ -231,8 +160,9 @@ impl Rows {
             tail.push_str(" AND w.pid = ?1");
         }
         tail.push_str(" ORDER BY w.on_ns, w.id");
-        let sql = waits_sql(&self.conn, &tail).map_err(|e| self.read_error(e))?;
-        let mut st = self.conn.prepare(&sql).map_err(|e| self.read_error(e))?;
+        let conn = self.bulk()?;
+        let sql = waits_sql(conn, &tail).map_err(|e| self.read_error(e))?;
+        let mut st = conn.prepare(&sql).map_err(|e| self.read_error(e))?;
         let args: Vec<Value> = pid.map(|p| Value::Integer(p as i64)).into_iter().collect();
         let mut rows = st
             .query(rusqlite::params_from_iter(args.iter()))
@@ -261,10 +191,9 @@ impl Rows {
         if let Some(groups) =
             crate::call_groups::stored(&self.conn).map_err(|e| self.read_error(e))?
         {
-            self.check_totals()?;
             return Ok(groups);
         }
-        let pass = crate::call_groups::compute(&self.conn).map_err(|e| self.read_error(e))?;
+        let pass = crate::call_groups::compute(self.bulk()?).map_err(|e| self.read_error(e))?;
         if pass.dur_total > MAX_NS as f64 || pass.size_total > MAX_NS as f64 {
             return Err(StoreError::file(&self.path, TOTALS_OVERFLOW));
         }
@@ -274,12 +203,14 @@ impl Rows {
     /// Refuses a file whose valid calls' durations or sizes add up past
     /// 2^62, as [`Trace::load`] does (one pass inside SQLite, nothing held).
     pub fn check_totals(&self) -> Result<(), StoreError> {
-        let overflow = match self.totals_overflow {
+        let overflow = match self.totals_overflow.get() {
             Some(o) => o,
             None => {
-                crate::problems::call_scan(&self.conn, self.version)
+                let o = crate::problems::call_scan(self.bulk()?, self.version)
                     .map_err(|e| self.read_error(e))?
-                    .totals_overflow
+                    .totals_overflow;
+                self.totals_overflow.set(Some(o));
+                o
             }
         };
         if overflow {
@@ -294,7 +225,7 @@ impl Rows {
         pid: Option<u32>,
     ) -> Result<std::collections::BTreeSet<(u32, u32)>, StoreError> {
         let mut st = self
-            .conn
+            .bulk()?
             .prepare(&format!(
                 "SELECT DISTINCT w.pid, w.tid, w.kind FROM waits w WHERE {} AND (?1 IS NULL OR w.pid = ?1)",
                 valid_wait("w.")
@@ -317,19 +248,28 @@ impl Rows {
     }
 
     /// How many waits and process lifecycle events [`Trace::load`] reads
-    /// (of one process or all), counted inside SQLite.
+    /// (of one process or all): the waits from the groups the writer stored
+    /// when the trace ended (`crate::wait_groups`), else counted inside SQLite.
     pub fn event_counts(&self, pid: Option<u32>) -> Result<(u64, u64), StoreError> {
-        let (waits, procs) = self.per_known_kind("count(*)", "count(*)", pid)?;
-        let sum = |v: Vec<i64>| v.into_iter().map(|c| c.max(0) as u64).sum();
-        Ok((sum(waits), sum(procs)))
+        let sum = |v: Vec<i64>| v.into_iter().map(|c| c.max(0) as u64).sum::<u64>();
+        let procs = sum(self.per_known_proc_kind("count(*)", pid)?);
+        let waits = match self.wait_groups(pid)? {
+            Some(groups) => groups.iter().fold(0u64, |n, g| n.saturating_add(g.count)),
+            None => sum(self.per_known_wait_kind("count(*)", pid)?),
+        };
+        Ok((waits, procs))
     }
 
     /// The earliest start of a wait (`off_ns`) or lifecycle event that
     /// [`Trace::load`] reads (of one process or all): with the calls' first
-    /// start, what `TraceSpan::of` takes the origin of the extent from. Two
-    /// aggregate queries; nothing held per row.
+    /// start, what `TraceSpan::of` takes the origin of the extent from.
+    /// Aggregates (or the stored wait groups); nothing held per row.
     pub fn earliest_wait_or_event(&self, pid: Option<u32>) -> Result<Option<u64>, StoreError> {
-        let (waits, procs) = self.per_known_kind("min(w.off_ns)", "min(ts_ns)", pid)?;
+        let procs = self.per_known_proc_kind("min(ts_ns)", pid)?;
+        let waits: Vec<i64> = match self.wait_groups(pid)? {
+            Some(groups) => groups.iter().map(|g| g.first_off_ns as i64).collect(),
+            None => self.per_known_wait_kind("min(w.off_ns)", pid)?,
+        };
         Ok(waits
             .into_iter()
             .chain(procs)
@@ -337,47 +277,55 @@ impl Rows {
             .min())
     }
 
-    /// `wait_agg` over the valid waits and `proc_agg` over the lifecycle
-    /// events [`Trace::load`] reads (of one process or all), one value per
-    /// kind this build knows (rows of other kinds are not read, so they do
-    /// not count); NULL aggregates are left out.
-    fn per_known_kind(
+    /// The stored wait groups (of one process or all), when the trace has them.
+    fn wait_groups(
         &self,
-        wait_agg: &str,
-        proc_agg: &str,
         pid: Option<u32>,
-    ) -> Result<(Vec<i64>, Vec<i64>), StoreError> {
-        let values = |sql: String, known: &dyn Fn(&str) -> bool| -> Result<Vec<i64>, StoreError> {
-            let mut st = self.conn.prepare(&sql).map_err(|e| self.read_error(e))?;
-            let rows = st
-                .query_map([pid], |r| {
-                    Ok((r.get::<_, String>(0)?, r.get::<_, Option<i64>>(1)?))
-                })
-                .map_err(|e| self.read_error(e))?;
-            let mut out = Vec::new();
-            for r in rows {
-                let (kind, v) = r.map_err(|e| self.read_error(e))?;
-                if let (true, Some(v)) = (known(&kind), v) {
-                    out.push(v);
-                }
+    ) -> Result<Option<Vec<crate::wait_groups::WaitGroup>>, StoreError> {
+        crate::wait_groups::stored(&self.conn, pid).map_err(|e| self.read_error(e))
+    }
+
+    /// `agg` over the valid waits [`Trace::load`] reads (of one process or
+    /// all), one value per kind this build knows; NULL aggregates left out.
+    fn per_known_wait_kind(&self, agg: &str, pid: Option<u32>) -> Result<Vec<i64>, StoreError> {
+        let sql = format!(
+            "SELECT w.kind, {agg} FROM waits w WHERE {} AND (?1 IS NULL OR w.pid = ?1) GROUP BY w.kind",
+            valid_wait("w.")
+        );
+        self.per_kind(self.bulk()?, &sql, pid, &|k| WaitKind::parse(k).is_some())
+    }
+
+    /// `agg` over the lifecycle events [`Trace::load`] reads, one value per kind.
+    fn per_known_proc_kind(&self, agg: &str, pid: Option<u32>) -> Result<Vec<i64>, StoreError> {
+        let sql = format!(
+            "SELECT kind, {agg} FROM proc_events WHERE (?1 IS NULL OR pid = ?1) \
+             AND ts_ns BETWEEN 0 AND {MAX_NS} GROUP BY kind"
+        );
+        self.per_kind(&self.conn, &sql, pid, &|k| ProcKind::parse(k).is_some())
+    }
+
+    /// The values of a `SELECT kind, aggregate ... GROUP BY kind` of the kinds `known` accepts.
+    fn per_kind(
+        &self,
+        conn: &Connection,
+        sql: &str,
+        pid: Option<u32>,
+        known: &dyn Fn(&str) -> bool,
+    ) -> Result<Vec<i64>, StoreError> {
+        let mut st = conn.prepare(sql).map_err(|e| self.read_error(e))?;
+        let rows = st
+            .query_map([pid], |r| {
+                Ok((r.get::<_, String>(0)?, r.get::<_, Option<i64>>(1)?))
+            })
+            .map_err(|e| self.read_error(e))?;
+        let mut out = Vec::new();
+        for r in rows {
+            let (kind, v) = r.map_err(|e| self.read_error(e))?;
+            if let (true, Some(v)) = (known(&kind), v) {
+                out.push(v);
             }
-            Ok(out)
-        };
-        let waits = values(
-            format!(
-                "SELECT w.kind, {wait_agg} FROM waits w WHERE {} AND (?1 IS NULL OR w.pid = ?1) GROUP BY w.kind",
-                valid_wait("w.")
-            ),
-            &|k| WaitKind::parse(k).is_some(),
-        )?;
-        let procs = values(
-            format!(
-                "SELECT kind, {proc_agg} FROM proc_events WHERE (?1 IS NULL OR pid = ?1) \
-                 AND ts_ns BETWEEN 0 AND {MAX_NS} GROUP BY kind"
-            ),
-            &|k| ProcKind::parse(k).is_some(),
-        )?;
-        Ok((waits, procs))
+        }
+        Ok(out)
     }
 
     /// Lifecycle events of one process in `[since, until)`, by time, as
@@ -423,6 +371,211 @@ impl Rows {
         }
         Ok(out)
     }
+}
+
+/// What [`visit_calls`] needs to know of the file it reads.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CallSource {
+    /// The schema version (which table holds the call rows).
+    pub version: i64,
+    /// `calls.stack_id` exists.
+    pub has_stacks: bool,
+}
+
+impl CallSource {
+    /// The source of a file whose `calls` exist (the writer's own file at its end).
+    pub(crate) fn of(conn: &Connection) -> rusqlite::Result<CallSource> {
+        let version = crate::open::meta_value(conn, "schema_version")?
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1);
+        Ok(CallSource {
+            version,
+            has_stacks: has_column(conn, "calls", "stack_id")?,
+        })
+    }
+}
+
+/// [`Rows::for_each_call`] on any connection, without the checks (the
+/// caller made them, or reads the file it wrote itself): the one query
+/// that streams calls, so the writer's end-of-trace rollups replay calls
+/// exactly as the readers would.
+pub(crate) fn visit_calls<E: From<StoreError>>(
+    conn: &Connection,
+    src: CallSource,
+    q: &CallQuery,
+    err: &dyn Fn(rusqlite::Error) -> StoreError,
+    visit: impl FnMut(StoredCall) -> Result<(), E>,
+) -> Result<(), E> {
+    if let Some(ids) = slowest_ids(conn, src, q).map_err(err)? {
+        // The slowest calls, fetched by id, in the same order.
+        let list: Vec<String> = ids.iter().map(i64::to_string).collect();
+        let cond = format!("calls.id IN ({})", list.join(", "));
+        return select_calls(conn, src, &[cond], &[], q.order, None, "calls", err, visit);
+    }
+    let mut conds = vec![valid_call("calls.")];
+    let mut args: Vec<Value> = Vec::new();
+    if let Some(pid) = q.pid {
+        args.push(Value::Integer(pid as i64));
+        conds.push(format!("calls.pid = ?{}", args.len()));
+    }
+    if let Some(ops) = &q.ops {
+        let mut marks = Vec::with_capacity(ops.len());
+        for op in ops {
+            args.push(Value::Text((*op).to_string()));
+            marks.push(format!("?{}", args.len()));
+        }
+        conds.push(format!("calls.op IN ({})", marks.join(", ")));
+    }
+    let source = if scan_table(conn, src.version, q).map_err(err)? {
+        table_scan_calls().unwrap_or_else(|| "calls".to_string())
+    } else {
+        "calls".to_string()
+    };
+    select_calls(
+        conn, src, &conds, &args, q.order, q.limit, &source, err, visit,
+    )
+}
+
+/// Visits the calls of `source` (the `calls` view or its row-order twin)
+/// meeting every condition, in `order`, at most `limit` of them.
+#[allow(clippy::too_many_arguments)]
+fn select_calls<E: From<StoreError>>(
+    conn: &Connection,
+    src: CallSource,
+    conds: &[String],
+    args: &[Value],
+    order: StreamOrder,
+    limit: Option<usize>,
+    source: &str,
+    err: &dyn Fn(rusqlite::Error) -> StoreError,
+    mut visit: impl FnMut(StoredCall) -> Result<(), E>,
+) -> Result<(), E> {
+    let order = match order {
+        StreamOrder::ByStart => "calls.ts_ns, calls.id",
+        StreamOrder::ByReturn => "calls.ts_ns + calls.dur_ns, calls.ts_ns, calls.id",
+        StreamOrder::ByDurationDesc => "calls.dur_ns DESC, calls.id",
+    };
+    let limit = limit
+        .map(|l| format!(" LIMIT {}", l.min(i64::MAX as usize)))
+        .unwrap_or_default();
+    let (host, join) = if has_table(conn, "call_host_ptrs").map_err(err)? {
+        (
+            "h.host_ptr",
+            "LEFT JOIN call_host_ptrs h ON h.call_id = calls.id",
+        )
+    } else {
+        ("NULL", "")
+    };
+    let stack = if src.has_stacks {
+        "calls.stack_id"
+    } else {
+        "NULL"
+    };
+    let cols: Vec<String> = CALL_COLS
+        .split(", ")
+        .map(|c| format!("calls.{c}"))
+        .collect();
+    let sql = format!(
+        "SELECT {}, {host}, {stack} FROM {source} {join} WHERE {} ORDER BY {order}{limit}",
+        cols.join(", "),
+        conds.join(" AND ")
+    );
+    let mut st = conn.prepare(&sql).map_err(err)?;
+    let mut rows = st
+        .query(rusqlite::params_from_iter(args.iter()))
+        .map_err(err)?;
+    while let Some(row) = rows.next().map_err(err)? {
+        let Some(mut c) = call_from_row(row).map_err(err)? else {
+            continue;
+        };
+        c.call.stack_id = row
+            .get::<_, Option<i64>>(16)
+            .map_err(err)?
+            .map(|v| v as u64);
+        visit(c)?;
+    }
+    Ok(())
+}
+
+/// The ids of the slowest `q.limit` calls (version 2), read through the
+/// `(op_id, dur_ns)` index one op at a time and merged: the calls of one
+/// query over the `calls` view in the same order (duration, then row id).
+/// That query joins each row to its op name first, so SQLite sorts every
+/// row of the ops it reads (5 s for one op of 625,000 calls, over 30 s for
+/// all ops of a 10M-call file); the index read stops after `limit` rows per
+/// op. None for other orders, without a limit, and for version 1.
+fn slowest_ids(
+    conn: &Connection,
+    src: CallSource,
+    q: &CallQuery,
+) -> rusqlite::Result<Option<Vec<i64>>> {
+    let Some(limit) = q.limit else {
+        return Ok(None);
+    };
+    if q.order != StreamOrder::ByDurationDesc || src.version < 2 {
+        return Ok(None);
+    }
+    // The op ids of the ops asked for (all this build knows when None).
+    let mut ids: Vec<i64> = Vec::new();
+    let mut st = conn.prepare("SELECT id, op FROM ops")?;
+    let mut rows = st.query([])?;
+    while let Some(r) = rows.next()? {
+        let name = r.get_ref(1)?.as_str()?;
+        let wanted = match &q.ops {
+            Some(ops) => ops.contains(&name),
+            None => sleuth_core::op_by_name(name).is_some(),
+        };
+        if wanted {
+            ids.push(r.get(0)?);
+        }
+    }
+    let pid = q.pid.map(|p| format!(" AND pid = {p}")).unwrap_or_default();
+    let n = limit.min(i64::MAX as usize);
+    let mut st = conn.prepare(&format!(
+        "SELECT dur_ns, id FROM call_rows WHERE op_id = ?1 AND {}{pid} \
+         ORDER BY dur_ns DESC, id LIMIT {n}",
+        valid_call("")
+    ))?;
+    let mut found: Vec<(i64, i64)> = Vec::new();
+    for op in ids {
+        let rows = st.query_map([op], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        for r in rows {
+            found.push(r?);
+        }
+    }
+    found.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+    found.truncate(limit);
+    Ok(Some(found.into_iter().map(|(_, id)| id).collect()))
+}
+
+/// Whether `q` reads faster by scanning the call rows in row order than
+/// through the `(op_id, dur_ns)` index. SQLite picks the index for any op
+/// filter; for ops with many calls (the memory calls of a long trace:
+/// 1.5 million of 10 million) that fetches every row by id in duration
+/// order, one random page read each, and a command spends most of its
+/// time copying pages in (issue 16: 15 s CPU against 3 s for the scan on
+/// a 10M-call trace). Version 2 only (version 1 reads `calls` as
+/// before); the slowest-first order keeps the index (it reads `limit`
+/// rows). The index counts the matching rows (covering: no row read):
+/// above 1 in 32 of all rows, the scan wins.
+fn scan_table(conn: &Connection, version: i64, q: &CallQuery) -> rusqlite::Result<bool> {
+    let Some(ops) = &q.ops else {
+        return Ok(false);
+    };
+    if version < 2 || q.order == StreamOrder::ByDurationDesc || ops.is_empty() {
+        return Ok(false);
+    }
+    let marks: Vec<String> = (1..=ops.len()).map(|i| format!("?{i}")).collect();
+    let sql = format!(
+        "SELECT (SELECT count(*) FROM call_rows WHERE op_id IN (SELECT id FROM ops WHERE op IN ({}))), \
+                (SELECT coalesce(max(id), 0) FROM call_rows)",
+        marks.join(", ")
+    );
+    let (matching, last): (i64, i64) =
+        conn.query_row(&sql, rusqlite::params_from_iter(ops.iter()), |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })?;
+    Ok(matching.saturating_mul(32) > last)
 }
 
 /// The `calls` view of version 2 as a subquery whose `call_rows` is read
@@ -543,6 +696,15 @@ impl MemoryTrace {
         &self,
         at_ns: Option<u64>,
     ) -> Result<Vec<sleuth_core::ledger::ProcessLedger>, StoreError> {
+        // At the end: the ledgers the writer replayed when the trace ended
+        // (`crate::ledger_rollup`), without reading a call row.
+        if at_ns.is_none() {
+            let stored = crate::ledger_rollup::stored(&self.rows.conn, &self.pids, &self.base)
+                .map_err(|e| self.rows.read_error(e))?;
+            if let Some(ledgers) = stored {
+                return Ok(ledgers);
+            }
+        }
         let mut b = sleuth_core::ledger::LedgerBuilder::new(at_ns);
         for &pid in &self.pids {
             b.track(pid);

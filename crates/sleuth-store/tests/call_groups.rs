@@ -1,12 +1,12 @@
 //! The call groups the writer stores when a trace ends (issue 16) against
 //! the pass over every call row that readers make without them: the same
 //! groups, the same span, and a file changed afterwards is still refused
-//! when its rows add up past 2^62.
+//! when its rows add up past 2^62 and are read.
 
 mod common;
 
 use common::{rewritten, small_trace_in};
-use sleuth_store::stream::{MemoryTrace, Rows};
+use sleuth_store::stream::{CallQuery, MemoryTrace, Rows};
 use sleuth_store::{ReadBudget, Trace, DEFAULT_READ_TIMEOUT};
 use std::path::Path;
 
@@ -72,8 +72,11 @@ fn stored_groups_equal_the_pass_over_the_rows_on_a_small_trace() {
     assert_same_groups(&path, "small");
 }
 
+/// The stored groups are an aggregate: reading them reads no call row, so
+/// a file whose rows were changed after it was written is refused when its
+/// rows are read (a stream of calls, the whole load), not when the groups are.
 #[test]
-fn a_trace_changed_after_it_was_written_is_still_refused_when_its_totals_overflow() {
+fn a_trace_changed_after_it_was_written_is_refused_when_its_rows_are_read() {
     let (_dir, path) = rewritten("demo-sim.db", "call-groups-overflow");
     let c = rusqlite::Connection::open(&path).unwrap();
     let n = c
@@ -82,12 +85,24 @@ fn a_trace_changed_after_it_was_written_is_still_refused_when_its_totals_overflo
     assert!(n > 2, "{n} calls");
     drop(c);
     let t = Trace::open(&path).unwrap();
-    let e = refusal(&t);
+    assert!(!Rows::open(&t).unwrap().call_groups().unwrap().is_empty());
+    let streamed = |t: &Trace| {
+        Rows::open(t)
+            .unwrap()
+            .for_each_call::<sleuth_store::StoreError>(&CallQuery::default(), |_| Ok(()))
+            .unwrap_err()
+            .to_string()
+    };
+    let e = streamed(&t);
     assert!(e.contains("add up past 2^62"), "{e}");
-    // Also when the trace made the check first (the counted skipped rows).
+    let e = t.load(None).unwrap_err().to_string();
+    assert!(e.contains("add up past 2^62"), "{e}");
+    // Also when the trace made the check first: counting the skipped rows
+    // refuses it, and so does a later stream.
     let t = Trace::open(&path).unwrap();
-    t.input_problems().unwrap();
-    let e = refusal(&t);
+    let e = t.input_problems().unwrap_err().to_string();
+    assert!(e.contains("add up past 2^62"), "{e}");
+    let e = streamed(&t);
     assert!(e.contains("add up past 2^62"), "{e}");
 }
 
@@ -113,4 +128,52 @@ fn a_stored_groups_table_of_another_shape_or_with_impossible_rows_is_refused() {
     let t = Trace::open(&path).unwrap();
     let e = refusal(&t);
     assert!(e.contains("call_groups"), "{e}");
+}
+
+/// The wait groups stored when the trace ends give the counts and the
+/// earliest wait that the readers' own aggregate over every wait row gives,
+/// for the whole trace and for each process; a damaged table is refused.
+#[test]
+fn stored_wait_groups_equal_the_aggregate_over_the_rows() {
+    for name in ["demo-sim.db", "h200-contention.db"] {
+        let (_dir, path) = rewritten(name, "wait-groups");
+        let raw = path.with_file_name("wait-groups-raw.db");
+        std::fs::copy(&path, &raw).unwrap();
+        let c = rusqlite::Connection::open(&raw).unwrap();
+        let n = c
+            .execute("DELETE FROM meta WHERE key = 'wait_groups'", [])
+            .unwrap();
+        assert_eq!(n, 1, "the writer marks the stored wait groups complete");
+        drop(c);
+        let (t, r) = (Trace::open(&path).unwrap(), Trace::open(&raw).unwrap());
+        let (a, b) = (Rows::open(&t).unwrap(), Rows::open(&r).unwrap());
+        let mut pids: Vec<Option<u32>> = vec![None];
+        pids.extend(t.pids().unwrap().into_iter().map(Some));
+        let mut waits = 0;
+        for pid in pids {
+            assert_eq!(
+                a.event_counts(pid).unwrap(),
+                b.event_counts(pid).unwrap(),
+                "{name} {pid:?}"
+            );
+            assert_eq!(
+                a.earliest_wait_or_event(pid).unwrap(),
+                b.earliest_wait_or_event(pid).unwrap(),
+                "{name} {pid:?}"
+            );
+            waits += a.event_counts(pid).unwrap().0;
+        }
+        assert!(waits > 0, "{name} has waits");
+
+        let c = rusqlite::Connection::open(&path).unwrap();
+        c.execute("UPDATE wait_groups SET count = -1", []).unwrap();
+        drop(c);
+        let t = Trace::open(&path).unwrap();
+        let e = Rows::open(&t)
+            .unwrap()
+            .event_counts(None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("wait_groups"), "{e}");
+    }
 }

@@ -299,3 +299,69 @@ fn streamed_answers_equal_loaded_ones_on_a_simulated_trace() {
         "{err}"
     );
 }
+
+/// The ledgers at the end come from the ledger rollup the writer stored:
+/// equal to the replay (above), read without a call row (the memory calls
+/// deleted after the trace ended leave the answer unchanged), the replay
+/// again when the rollup is not marked complete, and a damaged rollup is an
+/// error naming it.
+#[test]
+fn ledgers_at_the_end_are_read_from_the_stored_rollup() {
+    let dir = TempDir::new("ledger_rollup");
+    let path = dir.join("sim.db");
+    simulated(&path);
+    let ledgers = |p: &Path| {
+        let trace = Trace::open(p).unwrap();
+        let mt = MemoryTrace::open(&trace, None, budget()).unwrap();
+        json(&mt.ledgers(None).unwrap())
+    };
+    let whole = ledgers(&path);
+    let p100 = &whole.as_array().unwrap()[0];
+    assert!(p100["peak_bytes"].as_u64().unwrap() > 0, "{p100}");
+
+    let c = rusqlite::Connection::open(&path).unwrap();
+    let memory_ops: Vec<String> = sleuth_core::ledger::memory_op_names()
+        .iter()
+        .map(|n| format!("'{n}'"))
+        .collect();
+    let deleted = c
+        .execute(
+            &format!(
+                "DELETE FROM call_rows WHERE op_id IN (SELECT id FROM ops WHERE op IN ({}))",
+                memory_ops.join(", ")
+            ),
+            [],
+        )
+        .unwrap();
+    assert!(deleted > 5, "{deleted}");
+    drop(c);
+    assert_eq!(ledgers(&path), whole, "answered from the rollup");
+
+    let c = rusqlite::Connection::open(&path).unwrap();
+    c.execute("DELETE FROM meta WHERE key = 'ledger_rollup'", [])
+        .unwrap();
+    drop(c);
+    let replayed = ledgers(&path);
+    assert_ne!(
+        replayed, whole,
+        "without the rollup, the replay of what is left"
+    );
+    assert_eq!(replayed[0]["peak_bytes"], 0);
+
+    let c = rusqlite::Connection::open(&path).unwrap();
+    c.execute(
+        "INSERT INTO meta(key, value) VALUES ('ledger_rollup', '1')",
+        [],
+    )
+    .unwrap();
+    c.execute(
+        "UPDATE ledger_rollup SET ledger = '{\"pid\": 1' WHERE pid = 100",
+        [],
+    )
+    .unwrap();
+    drop(c);
+    let trace = Trace::open(&path).unwrap();
+    let mt = MemoryTrace::open(&trace, None, budget()).unwrap();
+    let err = mt.ledgers(None).unwrap_err().to_string();
+    assert!(err.contains("damaged trace: ledger_rollup"), "{err}");
+}

@@ -3,7 +3,7 @@
 mod sites;
 
 use crate::args::{JsonOutput, TraceInput};
-use crate::load::{emit_json, emit_text, warn_input_problems};
+use crate::load::{emit_json, emit_text, warn_input_problems_of_reads};
 use crate::output::{fmt_bytes, fmt_ns};
 use crate::render::table::table;
 use serde::Serialize;
@@ -63,7 +63,6 @@ struct Report<'a> {
 pub fn run(args: Args) -> anyhow::Result<i32> {
     let at_offset = args.at;
     let trace = sleuth_store::Trace::open(&args.input.db)?;
-    warn_input_problems(&trace)?;
     // The memory calls are streamed from the store, never the whole trace.
     let mut mt = MemoryTrace::open(
         &trace,
@@ -88,6 +87,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     if args.by_site {
         // The per-site table reads the memory calls themselves.
         mt.load_memory_calls(None)?;
+        warn_input_problems_of_reads(&trace)?;
         let r = sites::report(&mt.base, &processes);
         if args.out.json {
             emit_json(&r)?;
@@ -104,6 +104,8 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     if !block_pids.is_empty() {
         mt.load_memory_calls(Some(&block_pids))?;
     }
+    // After the reads: what they skipped (`input_problems_of_reads`).
+    warn_input_problems_of_reads(&trace)?;
     let data = &mt.base;
     let allocators = allocator_views(data, at_abs, &processes);
     let helds = held_by_pid(data, &mut processes);

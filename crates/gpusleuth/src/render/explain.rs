@@ -4,7 +4,7 @@
 //! reuses the culprit and thread lines.
 
 use crate::args::TraceInput;
-use crate::load::{emit, json_text, warn_input_problems};
+use crate::load::{emit, json_text, warn_input_problems_of_reads};
 use crate::output::{fmt_bytes, fmt_ns};
 use crate::render::gpu_context;
 use crate::term_text::terminal_safe;
@@ -39,7 +39,6 @@ pub fn print(input: &TraceInput, style: Style) -> anyhow::Result<i32> {
 /// load's, percentiles within the histogram's bound (docs/schema.md).
 fn output(input: &TraceInput, style: Style, lean_allowed: bool) -> anyhow::Result<String> {
     let trace = sleuth_store::Trace::open(&input.db)?;
-    let problems = warn_input_problems(&trace)?;
     let lean = if lean_allowed {
         lean_load(&trace, input.pid)?
     } else {
@@ -56,6 +55,9 @@ fn output(input: &TraceInput, style: Style, lean_allowed: bool) -> anyhow::Resul
             (data, analysis.ledgers, analysis.explanation)
         }
     };
+    // After the reads: what they skipped (none when a large trace was
+    // answered from its aggregates alone; see `input_problems_of_reads`).
+    let problems = warn_input_problems_of_reads(&trace)?;
     render(&data, &ledgers, &report, &problems, style)
 }
 

@@ -143,8 +143,12 @@ fn traces_without_finding_rollups_take_the_full_load() {
     assert!(lean_load(&t, None).unwrap().is_none());
 }
 
+/// Rows changed after the trace was written so that their durations add
+/// up past 2^62: the lean load answers from the aggregates (which the change
+/// did not touch), yet `explain` refuses the file on either path, because a
+/// file this small has its rows counted, and that pass checks the totals.
 #[test]
-fn the_lean_load_refuses_durations_adding_up_past_2_62_like_the_full_load() {
+fn explain_refuses_durations_adding_up_past_2_62_on_either_path() {
     let dir = TempDir::new("lean-overflow");
     let path = dir.join("t.db");
     rewrite(&every_kind(), &path);
@@ -156,11 +160,15 @@ fn the_lean_load_refuses_durations_adding_up_past_2_62_like_the_full_load() {
     assert!(n > 2, "{n} calls");
     drop(conn);
     let t = Trace::open(&path).unwrap();
-    let lean = match lean_load(&t, None) {
-        Ok(_) => panic!("the lean load read a trace whose totals overflow"),
-        Err(e) => e.to_string(),
-    };
+    assert!(lean_load(&t, None).unwrap().is_some());
     let full = t.load(None).unwrap_err().to_string();
-    assert!(lean.contains("add up past 2^62"), "{lean}");
     assert!(full.contains("add up past 2^62"), "{full}");
+    let input = TraceInput {
+        db: path.clone(),
+        pid: None,
+    };
+    for lean in [true, false] {
+        let e = output(&input, Style::Json, lean).unwrap_err().to_string();
+        assert!(e.contains("add up past 2^62"), "lean {lean}: {e}");
+    }
 }

@@ -1,0 +1,128 @@
+//! The ledger rollup (issue 16): each process's GPU memory ledger at the
+//! end of the trace, replayed once when the trace ends and read back by
+//! `memory` (without `--at` or `--by-site`), `explain`'s lean load, the
+//! report, the Perfetto export and the MCP tools instead of a replay of
+//! every memory call (1.25 million rows of a 10M-call trace).
+//!
+//! [`write`] runs the readers' own replay (`sleuth_core::ledger::LedgerBuilder`
+//! over the calls streamed by `stream::visit_calls` in return order) on the
+//! writer's connection and stores each ledger without its context (name,
+//! exit time, site labels: `LedgerBuilder::finish_bare`); [`stored`] reads
+//! them back and adds the context the reader loaded
+//! (`sleuth_core::ledger::in_context`), which gives what the replay gives.
+//! Table and meaning: docs/schema.md, "Ledger rollup".
+
+use crate::finding_rollups::plain_table;
+use crate::open::{has_table, meta_value};
+use crate::stream::{visit_calls, CallQuery, CallSource, StreamOrder};
+use crate::StoreError;
+use rusqlite::Connection;
+use sleuth_core::ledger::{in_context, memory_op_names, LedgerBuilder, ProcessLedger};
+use sleuth_core::TraceData;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// `meta.ledger_rollup` once the table below is complete.
+const COMPLETE: &str = "1";
+
+const CREATE: &str =
+    "CREATE TABLE IF NOT EXISTS ledger_rollup(pid INTEGER NOT NULL, ledger TEXT NOT NULL)";
+
+/// The table's columns in order: a reader accepts nothing else.
+const COLS: &[&str] = &["pid", "ledger"];
+
+/// Replays the memory calls of every process and stores the ledgers; the
+/// writer's final transaction calls it after the call groups are written.
+/// The processes are those a reader lists: every pid with a stored call
+/// (the call groups) or a kernel-counted one (`op_counts`).
+pub(crate) fn write(conn: &Connection) -> rusqlite::Result<()> {
+    conn.execute_batch(CREATE)?;
+    conn.execute("DELETE FROM ledger_rollup", [])?;
+    let mut b = LedgerBuilder::new(None);
+    let mut st = conn.prepare("SELECT pid FROM call_groups UNION SELECT pid FROM op_counts")?;
+    for pid in st.query_map([], |r| r.get::<_, i64>(0))? {
+        if let Ok(pid) = u32::try_from(pid?) {
+            b.track(pid);
+        }
+    }
+    let q = CallQuery {
+        pid: None,
+        ops: Some(memory_op_names()),
+        order: StreamOrder::ByReturn,
+        limit: None,
+    };
+    let src = CallSource::of(conn)?;
+    // The writer's own file: a failed read is the SQLite error itself.
+    let sqlite = |source| StoreError::Sqlite {
+        path: std::path::PathBuf::new(),
+        source,
+    };
+    visit_calls::<StoreError>(conn, src, &q, &sqlite, |c| {
+        b.push(&c.call);
+        Ok(())
+    })
+    .map_err(|e| match e {
+        StoreError::Sqlite { source, .. } => source,
+        other => rusqlite::Error::ToSqlConversionFailure(other.to_string().into()),
+    })?;
+    let mut ins = conn.prepare("INSERT INTO ledger_rollup(pid, ledger) VALUES (?1, ?2)")?;
+    for l in b.finish_bare() {
+        let json = serde_json::to_string(&l)
+            .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
+        ins.execute(rusqlite::params![l.pid, json])?;
+    }
+    conn.execute(
+        "INSERT OR REPLACE INTO meta(key, value) VALUES ('ledger_rollup', ?1)",
+        [COMPLETE],
+    )?;
+    Ok(())
+}
+
+/// The stored ledgers of `pids`, in `context` (names, exit times, sites),
+/// by pid; None when the trace has no complete table or it lacks one of
+/// `pids` (then the replay answers). A table that is not the one gpusleuth
+/// writes, or a ledger that does not parse, makes the file damaged: an error.
+pub(crate) fn stored(
+    conn: &Connection,
+    pids: &BTreeSet<u32>,
+    context: &TraceData,
+) -> rusqlite::Result<Option<Vec<ProcessLedger>>> {
+    let done = meta_value(conn, "ledger_rollup")?;
+    if done.as_deref() != Some(COMPLETE) || !has_table(conn, "ledger_rollup")? {
+        return Ok(None);
+    }
+    let bad = |what: String| {
+        rusqlite::Error::FromSqlConversionFailure(
+            0,
+            rusqlite::types::Type::Text,
+            format!("damaged trace: ledger_rollup {what}").into(),
+        )
+    };
+    if !plain_table(conn, "ledger_rollup", COLS)? {
+        return Err(bad("is not the table gpusleuth writes".into()));
+    }
+    // One pass; only the rows of `pids` are parsed (one per process).
+    let mut st = conn.prepare("SELECT pid, ledger FROM ledger_rollup")?;
+    let mut rows = st.query([])?;
+    let mut out = BTreeMap::new();
+    while let Some(r) = rows.next()? {
+        let Ok(pid) = u32::try_from(r.get::<_, i64>(0)?) else {
+            continue;
+        };
+        if !pids.contains(&pid) {
+            continue;
+        }
+        let text = r.get_ref(1)?.as_str()?;
+        let l: ProcessLedger =
+            serde_json::from_str(text).map_err(|e| bad(format!("of pid {pid}: {e}")))?;
+        if l.pid != pid || out.contains_key(&pid) {
+            return Err(bad(format!(
+                "holds a second or a foreign row for pid {pid}"
+            )));
+        }
+        out.insert(pid, in_context(l, context, None));
+    }
+    if out.len() != pids.len() {
+        return Ok(None);
+    }
+    Ok(Some(out.into_values().collect()))
+}

@@ -1,0 +1,101 @@
+#!/usr/bin/env python3
+"""Times each MCP trace tool of `gpusleuth mcp` on one trace (issue 16: every
+tool within 2 s and 200 MB on a 10M-event trace).
+
+Each tool runs in a fresh server (stdio, the official Python MCP client), so
+the server's peak RSS (VmHWM, read from /proc before the server exits) is that
+tool's alone; the wall time is the tool call's round trip.
+
+Usage: bench_mcp_tools.py --bin target/release/gpusleuth --db TRACE.db [--pid N] [--json]
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import sqlite3
+import sys
+import time
+
+from mcp import ClientSession, StdioServerParameters, stdio_client
+
+# Whole-trace calls, as an assistant's first questions would make them.
+CALLS = [
+    ("overview", {}),
+    ("latency_stats", {}),
+    ("findings", {}),
+    ("slow_calls", {"limit": 10}),
+    ("memory", {}),
+    ("timeline", {"pid": None, "at_ns": None}),  # --pid, the trace's middle
+    ("gpu_activity", {}),
+    ("call_sites", {}),
+    ("sql", {"query": "SELECT pid, comm FROM processes LIMIT 5"}),
+]
+
+
+def server_pid(exe):
+    """The pid of the running `gpusleuth mcp` child (the only one we started)."""
+    me = os.getpid()
+    for p in os.listdir("/proc"):
+        if not p.isdigit():
+            continue
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            if ppid == me and os.path.realpath(f"/proc/{p}/exe") == os.path.realpath(exe):
+                return int(p)
+        except OSError:
+            continue
+    return None
+
+
+def hwm_mb(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024.0
+    return float("nan")
+
+
+async def one(exe, db, name, args):
+    params = StdioServerParameters(command=exe, args=["mcp", "--db", db])
+    async with stdio_client(params) as (r, w):
+        async with ClientSession(r, w) as s:
+            await s.initialize()
+            t0 = time.perf_counter()
+            res = await s.call_tool(name, args)
+            wall = time.perf_counter() - t0
+            pid = server_pid(exe)
+            rss = hwm_mb(pid) if pid else float("nan")
+            text = "".join(getattr(c, "text", "") for c in res.content)
+            err = bool(getattr(res, "isError", False) or getattr(res, "is_error", False))
+            return {"tool": name, "wall_s": round(wall, 3), "peak_rss_mb": round(rss, 1),
+                    "error": text[:200] if err else None, "answer_bytes": len(text)}
+
+
+async def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", required=True)
+    ap.add_argument("--db", required=True)
+    ap.add_argument("--pid", type=int, default=100, help="process for `timeline` (the bench trace's is 100)")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args()
+    # The middle of the trace (session times), read-only.
+    con = sqlite3.connect(f"file:{a.db}?mode=ro", uri=True)
+    start, end = con.execute("SELECT start_mono_ns, end_mono_ns FROM session").fetchone()
+    con.close()
+    fill = {"pid": a.pid, "at_ns": (start + (end or start)) // 2}
+    rows = []
+    for n, args in CALLS:
+        args = {k: (fill[k] if v is None else v) for k, v in args.items()}
+        rows.append(await one(a.bin, a.db, n, args))
+    if a.json:
+        print(json.dumps(rows, indent=1))
+        return
+    print(f"{'tool':<14} {'wall s':>8} {'peak RSS MB':>12} {'answer B':>10}  error")
+    for r in rows:
+        print(f"{r['tool']:<14} {r['wall_s']:>8.3f} {r['peak_rss_mb']:>12.1f} {r['answer_bytes']:>10}  {r['error'] or ''}")
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))
