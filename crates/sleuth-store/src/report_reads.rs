@@ -9,16 +9,18 @@
 //! one built from [`Trace::load`], percentiles within the histogram's bound
 //! (docs/schema.md "Rollups").
 //!
-//! Every read of the call and wait tables goes through [`Trace::bulk`] or
-//! the lean view's [`crate::stream::Rows`] (both check those tables'
-//! structure before their first read; SECURITY.md).
+//! Reads of the call and wait tables follow the store's rule (SECURITY.md):
+//! the few rows the report shows are read by index through
+//! [`Trace::keyed`], and past `reader::KEYED_ROWS` rows only after the
+//! tables were checked ([`Trace::bulk`]); the streamed pass over the memory
+//! calls goes through the lean view's [`crate::stream::Rows`].
 
 use crate::budget::ReadBudget;
 use crate::error::{SqlContext, StoreError};
 use crate::lean::Lean;
 use crate::open::has_table;
 use crate::problems::{valid_call, valid_wait, MAX_NS};
-use crate::reader::Trace;
+use crate::reader::{Trace, KEYED_ROWS};
 use crate::rows::{call_from_row, wait_from_row, waits_sql, CALL_COLS, WAIT_CULPRITS_SQL};
 use crate::stacks::has_column;
 use crate::stream::{CallQuery, StreamOrder};
@@ -94,9 +96,15 @@ pub fn load(
     let calls = calls_by_pid
         .values()
         .fold(0u64, |a, &b| a.saturating_add(b));
-    let events = event_aggregates(trace.bulk()?).at(trace.path())?;
+    let mut reads = KeyedReads::new(trace);
+    let rows = lean.view.rows();
+    let events = EventAggregates {
+        waits: rows.event_counts(None)?.0,
+        earliest: rows.earliest_wait_or_event(None)?,
+        latest: latest_wait_or_event(&mut reads)?,
+    };
     let span = extent(&lean, &events);
-    let slowest = slowest_calls(trace, &ops, n_slowest)?;
+    let slowest = slowest_of(&mut reads, &ops, n_slowest)?;
     let sites = if lean.data.stacks.is_empty() {
         None
     } else {
@@ -158,50 +166,91 @@ struct EventAggregates {
     latest: Option<u64>,
 }
 
-/// [`EventAggregates`] from one aggregate pass over the waits inside
-/// SQLite (and one over the lifecycle events); nothing held per row.
-fn event_aggregates(conn: &Connection) -> rusqlite::Result<EventAggregates> {
-    let mut out = EventAggregates::default();
-    let mut take =
-        |sql: String, known: &dyn Fn(&str) -> bool, waits: bool| -> rusqlite::Result<()> {
-            let mut st = conn.prepare(&sql)?;
-            let mut rows = st.query([])?;
-            while let Some(r) = rows.next()? {
-                let kind: String = r.get(0)?;
-                if !known(&kind) {
-                    continue;
-                }
-                let count = r.get::<_, i64>(1)?.max(0) as u64;
-                if waits {
-                    out.waits = out.waits.saturating_add(count);
-                }
-                let (first, last) = (r.get::<_, Option<i64>>(2)?, r.get::<_, Option<i64>>(3)?);
-                if let Some(v) = first.map(|v| v.max(0) as u64) {
-                    out.earliest = Some(out.earliest.map_or(v, |e| e.min(v)));
-                }
-                if let Some(v) = last.map(|v| v.max(0) as u64) {
-                    out.latest = Some(out.latest.map_or(v, |l| l.max(v)));
-                }
+/// The per-call and per-wait tables read a few rows at a time, by index:
+/// through [`Trace::keyed`] (no `quick_check` of the whole tables first,
+/// the policy of a bounded read: `reader::KEYED_ROWS`) until more than
+/// that many rows were read, then checked ([`Trace::bulk`]) before the next.
+struct KeyedReads<'a> {
+    trace: &'a Trace,
+    read: usize,
+}
+
+impl<'a> KeyedReads<'a> {
+    fn new(trace: &'a Trace) -> KeyedReads<'a> {
+        KeyedReads { trace, read: 0 }
+    }
+
+    /// The connection for the next rows.
+    fn conn(&self) -> Result<&'a Connection, StoreError> {
+        if self.read > KEYED_ROWS {
+            return self.trace.bulk();
+        }
+        Ok(self.trace.keyed())
+    }
+
+    /// Counts one row read; past the bound the tables are checked first.
+    fn row(&mut self) -> Result<(), StoreError> {
+        self.read += 1;
+        if self.read == KEYED_ROWS + 1 {
+            self.trace.bulk()?;
+        }
+        Ok(())
+    }
+}
+
+/// The latest end of a wait (`on_ns`) or lifecycle event that
+/// [`Trace::load`] reads (kinds this build does not know are left out, as
+/// the load leaves their rows out): per process with waits (found by
+/// seeking the `(pid, on_ns)` index), its waits latest first up to the
+/// first valid one of a known kind; the lifecycle events by an aggregate.
+fn latest_wait_or_event(reads: &mut KeyedReads) -> Result<Option<u64>, StoreError> {
+    let path = reads.trace.path();
+    let conn = reads.conn()?;
+    let mut latest: Option<u64> = None;
+    let mut take = |v: u64| latest = Some(latest.map_or(v, |l: u64| l.max(v)));
+    // Each step one seek: the next pid after the last.
+    let mut pids = conn
+        .prepare(
+            "WITH RECURSIVE p(pid) AS (SELECT min(pid) FROM waits \
+             UNION ALL SELECT (SELECT min(pid) FROM waits WHERE pid > p.pid) FROM p \
+             WHERE p.pid IS NOT NULL) SELECT pid FROM p WHERE pid IS NOT NULL",
+        )
+        .at(path)?;
+    let pids: Vec<i64> = pids
+        .query_map([], |r| r.get(0))
+        .at(path)?
+        .collect::<rusqlite::Result<_>>()
+        .at(path)?;
+    let sql = format!(
+        "SELECT w.on_ns, w.kind FROM waits w WHERE w.pid = ?1 AND {} ORDER BY w.on_ns DESC",
+        valid_wait("w.")
+    );
+    for pid in pids {
+        reads.row()?;
+        let mut st = reads.conn()?.prepare_cached(&sql).at(path)?;
+        let mut rows = st.query([pid]).at(path)?;
+        while let Some(r) = rows.next().at(path)? {
+            reads.row()?;
+            let kind: String = r.get(1).at(path)?;
+            if WaitKind::parse(&kind).is_some() {
+                take(r.get::<_, i64>(0).at(path)?.max(0) as u64);
+                break;
             }
-            Ok(())
-        };
-    take(
-        format!(
-            "SELECT w.kind, count(*), min(w.off_ns), max(w.on_ns) FROM waits w WHERE {} GROUP BY w.kind",
-            valid_wait("w.")
-        ),
-        &|k| WaitKind::parse(k).is_some(),
-        true,
-    )?;
-    take(
-        format!(
-            "SELECT kind, count(*), min(ts_ns), max(ts_ns) FROM proc_events \
-             WHERE ts_ns BETWEEN 0 AND {MAX_NS} GROUP BY kind"
-        ),
-        &|k| ProcKind::parse(k).is_some(),
-        false,
-    )?;
-    Ok(out)
+        }
+    }
+    let mut st = conn
+        .prepare(&format!(
+            "SELECT kind, max(ts_ns) FROM proc_events WHERE ts_ns BETWEEN 0 AND {MAX_NS} GROUP BY kind"
+        ))
+        .at(path)?;
+    let mut rows = st.query([]).at(path)?;
+    while let Some(r) = rows.next().at(path)? {
+        let kind: String = r.get(0).at(path)?;
+        if let (Some(_), Some(v)) = (ProcKind::parse(&kind), r.get::<_, Option<i64>>(1).at(path)?) {
+            take(v.max(0) as u64);
+        }
+    }
+    Ok(latest)
 }
 
 /// The `n` slowest calls not nested in another, as the full report picks
@@ -216,13 +265,23 @@ pub fn slowest_calls(
     ops: &BTreeMap<u16, OpRollup>,
     n: usize,
 ) -> Result<Vec<SlowCall>, StoreError> {
+    slowest_of(&mut KeyedReads::new(trace), ops, n)
+}
+
+/// [`slowest_calls`] counting the rows it reads in `reads`.
+fn slowest_of(
+    reads: &mut KeyedReads,
+    ops: &BTreeMap<u16, OpRollup>,
+    n: usize,
+) -> Result<Vec<SlowCall>, StoreError> {
+    let trace = reads.trace;
     let mut order: Vec<(u16, u64)> = ops
         .iter()
         .filter(|(_, r)| r.count > 0)
         .map(|(&op, r)| (op, r.max_ns))
         .collect();
     order.sort_by_key(|&(op, max)| (std::cmp::Reverse(max), op));
-    let conn = trace.bulk()?;
+    let conn = reads.conn()?;
     let path = trace.path();
     let sql = slowest_sql(conn, trace.version() >= 2).at(path)?;
     let mut st = conn.prepare(&sql.query).at(path)?;
@@ -265,6 +324,7 @@ pub fn slowest_calls(
             let floor = threshold(&best).min(MAX_NS as u64) as i64;
             let mut rows = st.query(rusqlite::params![id, floor, info.name]).at(path)?;
             while let Some(row) = rows.next().at(path)? {
+                reads.row()?;
                 // The duration first: the row that ends the op is read no further.
                 let dur = row.get::<_, i64>(2).at(path)? as u64;
                 if best.len() >= n && dur < threshold(&best) {
@@ -285,7 +345,7 @@ pub fn slowest_calls(
     }
     best.into_iter()
         .map(|(id, call)| {
-            let culprits = culprits_of(trace, &call)?;
+            let culprits = culprits_with(reads, &call)?;
             Ok(SlowCall { id, call, culprits })
         })
         .collect()
@@ -350,6 +410,12 @@ fn slowest_sql(conn: &Connection, v2: bool) -> rusqlite::Result<SlowestSql> {
 /// begins after it ends — a thread's waits do not overlap, so no later one
 /// can overlap the call (the assumption `culprits_of_call` makes too).
 pub fn culprits_of(trace: &Trace, call: &CallEvent) -> Result<Vec<Culprit>, StoreError> {
+    culprits_with(&mut KeyedReads::new(trace), call)
+}
+
+/// [`culprits_of`] counting the rows it reads in `reads`.
+fn culprits_with(reads: &mut KeyedReads, call: &CallEvent) -> Result<Vec<Culprit>, StoreError> {
+    let trace = reads.trace;
     let (start, end) = (call.ts_ns, call.end_ns());
     if end <= start {
         return Ok(Vec::new());
@@ -357,7 +423,7 @@ pub fn culprits_of(trace: &Trace, call: &CallEvent) -> Result<Vec<Culprit>, Stor
     // `+w.pid`: the `(tid, on_ns)` index, not `(pid, on_ns)`, whose range
     // holds every thread's waits (a thread without a later wait would read
     // the rest of its process's waits before the read stops).
-    let conn = trace.bulk()?;
+    let conn = reads.conn()?;
     let path = trace.path();
     let tail = format!(
         "WHERE w.tid = ?1 AND +w.pid = ?2 AND w.on_ns > ?3 AND {} ORDER BY w.on_ns, w.id",
@@ -374,11 +440,15 @@ pub fn culprits_of(trace: &Trace, call: &CallEvent) -> Result<Vec<Culprit>, Stor
         .at(path)?;
     let mut waits: Vec<WaitEvent> = Vec::new();
     while let Some(row) = rows.next().at(path)? {
+        reads.row()?;
         let off_ns: i64 = row.get(4).at(path)?;
         if off_ns as u64 >= end {
             break;
         }
         if let Some(w) = wait_from_row(row, &mut culprits_st).at(path)? {
+            for _ in &w.culprits {
+                reads.row()?;
+            }
             if w.on_ns > w.wake_ns && !w.culprits.is_empty() {
                 waits.push(w);
             }
