@@ -10,7 +10,7 @@ mod inputs;
 mod svg;
 
 use crate::args::TraceInput;
-use crate::load::{warn_input_problems, FORCE_HINT};
+use crate::load::{warn_input_problems_of_reads, FORCE_HINT};
 use crate::output::{fmt_bytes, fmt_ns};
 use crate::render::explain::{culprit_line, thread_lines};
 use inputs::{Inputs, LatencyRow};
@@ -55,8 +55,11 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     // Before the work: a refused output is known at once.
     sleuth_store::outfile::check_output(&args.output, &[db], args.force, hint)?;
     let trace = sleuth_store::Trace::open(db)?;
-    warn_input_problems(&trace)?;
     let inputs = inputs_of(&trace, args.input.pid, true)?;
+    // After the reads: what they skipped (none when a large trace was
+    // answered from its aggregates and a few rows read by index; see
+    // `Trace::input_problems_of_reads`).
+    warn_input_problems_of_reads(&trace)?;
     let session = trace.session()?;
     let notes = trace.notes()?;
     let title = db
