@@ -748,6 +748,8 @@ impl Capture {
 /// aya's loader and the tracepoints each parse it); freed, that memory stayed
 /// in the heap and in the tracer's RSS for the whole trace.
 fn release_freed_heap() {
+    // glibc's allocator only (other C libraries have no malloc_trim).
+    #[cfg(target_env = "gnu")]
     // SAFETY: malloc_trim only releases free memory of the allocator's
     // arenas; it touches no live allocation and has no preconditions.
     unsafe {
