@@ -22,12 +22,20 @@ pub fn call_sites(db: &Path, a: &args::CallSites, budget: &ReadBudget) -> Result
         bail!("limit must be between 1 and {SITES_MAX} (got {limit})");
     }
     let trace = Trace::open_with(db, budget.clone())?;
-    // The ledger streams; the per-site table holds the memory calls it reads.
+    // The ledger streams (or is read from the ledger rollup); the per-site
+    // tables come from the site rollup of a finished trace, else from the
+    // memory calls and one pass over every call.
     let mut mt = MemoryTrace::open(&trace, a.pid, budget.clone())?;
     let ledgers = mt.ledgers(None)?;
-    mt.load_memory_calls(None)?;
+    let (by_site, stored_calls) = match (mt.stored_sites()?, mt.stored_calls_by_site()?) {
+        (Some(m), Some(c)) => (m, Some(c)),
+        _ => {
+            mt.load_memory_calls(None)?;
+            (memory_by_site(&mt.base, &ledgers), None)
+        }
+    };
     let data = &mt.base;
-    let memory: Vec<Value> = memory_by_site(data, &ledgers)
+    let memory: Vec<Value> = by_site
         .into_iter()
         .take(limit as usize)
         .map(|s| {
@@ -48,26 +56,35 @@ pub fn call_sites(db: &Path, a: &args::CallSites, budget: &ReadBudget) -> Result
         })
         .collect();
     // Failed and slow calls by (site, op): what went wrong where.
-    let mut other: BTreeMap<(String, &'static str), (u64, u64, u64)> = BTreeMap::new();
-    // Every call is read once, in order, and only its sums are kept.
-    mt.rows().for_each_call::<sleuth_store::StoreError>(
-        &CallQuery {
-            pid: a.pid,
-            ..Default::default()
-        },
-        |s| {
-            let c = &s.call;
-            if c.stack_id.is_some() {
-                let e = other
-                    .entry((label_of(data, c.stack_id), c.op_name()))
-                    .or_default();
-                e.0 += 1;
-                e.1 += c.failed() as u64;
-                e.2 += c.dur_ns;
-            }
-            Ok(())
-        },
-    )?;
+    let other: BTreeMap<(String, &'static str), (u64, u64, u64)> = match stored_calls {
+        Some(c) => c
+            .into_iter()
+            .map(|(k, v)| (k, (v.calls, v.errors, v.total_ns)))
+            .collect(),
+        None => {
+            let mut other = BTreeMap::new();
+            // Every call is read once, in order, and only its sums are kept.
+            mt.rows().for_each_call::<sleuth_store::StoreError>(
+                &CallQuery {
+                    pid: a.pid,
+                    ..Default::default()
+                },
+                |s| {
+                    let c = &s.call;
+                    if c.stack_id.is_some() {
+                        let e: &mut (u64, u64, u64) = other
+                            .entry((label_of(data, c.stack_id), c.op_name()))
+                            .or_default();
+                        e.0 += 1;
+                        e.1 += c.failed() as u64;
+                        e.2 += c.dur_ns;
+                    }
+                    Ok(())
+                },
+            )?;
+            other
+        }
+    };
     let mut calls: Vec<Value> = other
         .into_iter()
         .map(|((site, op), (n, errors, total_ns))| {

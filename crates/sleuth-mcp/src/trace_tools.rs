@@ -350,8 +350,23 @@ pub fn memory(db: &Path, a: &args::Memory, budget: &ReadBudget) -> Result<Value>
         Some(_) => mt.ledgers(None)?,
         None => procs.clone(),
     };
-    // The allocator view and the sites read the memory calls themselves.
-    mt.load_memory_calls(None)?;
+    // The sites at the end come from the site rollup of a finished trace;
+    // else they, like the allocator view, read the memory calls themselves
+    // (of the processes with allocator blocks only, when the sites are stored).
+    let stored_sites = match a.at_ns {
+        None => mt.stored_sites()?,
+        Some(_) => None,
+    };
+    if stored_sites.is_some() {
+        let mut block_pids: Vec<u32> = mt.base.blocks.iter().map(|b| b.pid).collect();
+        block_pids.sort_unstable();
+        block_pids.dedup();
+        if !block_pids.is_empty() {
+            mt.load_memory_calls(Some(&block_pids))?;
+        }
+    } else {
+        mt.load_memory_calls(None)?;
+    }
     let data = &mt.base;
     // PyTorch's caching allocator rebuilt from `--torch-allocator` events
     // (reserved from the ledger, so before the timeline is thinned).
@@ -368,6 +383,10 @@ pub fn memory(db: &Path, a: &args::Memory, budget: &ReadBudget) -> Result<Value>
         }
     }
     procs.sort_by_key(|l| l.pid);
+    let sites = match stored_sites {
+        Some(s) => s,
+        None => sleuth_core::sites::memory_by_site(data, &procs),
+    };
     for p in &mut procs {
         let full = std::mem::take(&mut p.timeline);
         if points > 0 {
@@ -406,7 +425,7 @@ pub fn memory(db: &Path, a: &args::Memory, budget: &ReadBudget) -> Result<Value>
                  during the trace; allocations made before the trace are not itemized; \
                  pre_trace_frees counts frees of them (sizes not seen); measured: false = no NVML reading",
         "at_ns": a.at_ns,
-        "sites": sleuth_core::sites::memory_by_site(data, &procs).into_iter().take(MEMORY_SITES).collect::<Vec<_>>(),
+        "sites": sites.into_iter().take(MEMORY_SITES).collect::<Vec<_>>(),
         "allocator": "per process: PyTorch's caching allocator (allocated = memory_allocated(), gap = reserved - allocated, \
                       segments with the most free bytes first, their largest live blocks); null without allocator events",
         "processes": processes,

@@ -210,6 +210,26 @@ pub struct Capture {
     links: Vec<std::os::fd::OwnedFd>,
     /// Why the batched path is off, for the error of a refused one-by-one attach.
     multi_off_reason: Option<String>,
+    /// Whether the one-by-one uprobe programs are loaded (only once the
+    /// batched path is off: they are the same programs, verified again).
+    uprobes_loaded: bool,
+}
+
+/// The uprobe programs, attached batched (`multi`) or one by one.
+const UPROBE_PROGRAMS: [&str; 3] = ["call_entry", "call_return", "call_count"];
+
+/// Loads the uprobe programs for the one-by-one attach path.
+fn load_uprobe_programs(bpf: &mut Ebpf) -> Result<(), CaptureError> {
+    for name in UPROBE_PROGRAMS {
+        let p: &mut UProbe = bpf
+            .program_mut(name)
+            .ok_or_else(|| unavailable("eBPF object", format!("program {name} missing")))?
+            .try_into()
+            .map_err(|e| unavailable("eBPF object", e))?;
+        p.load()
+            .map_err(|e| unavailable(&format!("cannot load {name}"), error_chain(&e)))?;
+    }
+    Ok(())
 }
 
 /// File descriptors of every map aya created, by name, for the multi-uprobe
@@ -360,26 +380,13 @@ impl Capture {
                 Err(e) => log::warn!("optional tracepoint {tp} not attached: {e}"),
             }
         }
-        for name in ["call_entry", "call_return", "call_count"] {
-            let p: &mut UProbe = bpf
-                .program_mut(name)
-                .ok_or_else(|| unavailable("eBPF object", format!("program {name} missing")))?
-                .try_into()
-                .map_err(|e| unavailable("eBPF object", e))?;
-            p.load()
-                .map_err(|e| unavailable(&format!("cannot load {name}"), error_chain(&e)))?;
-        }
         let mut multi_off_reason = None;
         let multi = if std::env::var_os("GPUSLEUTH_NO_MULTI_UPROBE").is_some() {
             multi_off_reason = Some("GPUSLEUTH_NO_MULTI_UPROBE is set".to_string());
             None
         } else {
             let by_name = map_fds(&bpf);
-            match multi::load_programs(
-                &object,
-                &["call_entry", "call_return", "call_count"],
-                &by_name,
-            ) {
+            match multi::load_programs(&object, &UPROBE_PROGRAMS, &by_name) {
                 Ok(p) => Some(p),
                 Err(e) => {
                     log::warn!("batched multi-uprobes unavailable, attaching one by one: {e}");
@@ -388,6 +395,17 @@ impl Capture {
                 }
             }
         };
+        // The one-by-one programs are needed only without the batched ones:
+        // loaded (and verified, the costliest part of starting) on demand.
+        let uprobes_loaded = multi.is_none();
+        if uprobes_loaded {
+            load_uprobe_programs(&mut bpf)?;
+        }
+        // Before the ring buffer is mapped (its pages count in RSS at once):
+        // the parse garbage must be gone by then, or it sets the peak.
+        drop(btf);
+        drop(object);
+        release_freed_heap();
         let ring = RingBuf::try_from(
             bpf.take_map("events")
                 .ok_or_else(|| unavailable("eBPF object", "ring buffer map missing"))?,
@@ -402,6 +420,7 @@ impl Capture {
             multi,
             links: Vec::new(),
             multi_off_reason,
+            uprobes_loaded,
         })
     }
 
@@ -499,6 +518,10 @@ impl Capture {
         if let Some(a) = self.attach_lib_multi(lib, &syms)? {
             self.attached.insert((lib.dev, lib.ino), a.clone());
             return Ok(Some(a));
+        }
+        if !self.uprobes_loaded {
+            load_uprobe_programs(&mut self.bpf)?;
+            self.uprobes_loaded = true;
         }
         let mut probes = 0;
         let (planned, missing) = probe_plan(lib.layer, &syms, self.launch_mode);
@@ -717,6 +740,20 @@ impl Capture {
             }
         }
         out
+    }
+}
+
+/// Hands the heap's free pages back to the kernel. Loading the programs
+/// parses the kernel's BTF (tens of MB of short-lived allocations, twice:
+/// aya's loader and the tracepoints each parse it); freed, that memory stayed
+/// in the heap and in the tracer's RSS for the whole trace.
+fn release_freed_heap() {
+    // glibc's allocator only (other C libraries have no malloc_trim).
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim only releases free memory of the allocator's
+    // arenas; it touches no live allocation and has no preconditions.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 

@@ -28,7 +28,9 @@ pub(crate) fn complete(conn: &mut Connection, rollup: &Rollup) -> rusqlite::Resu
     write_op_rollups(&tx, rollup)?;
     crate::call_groups::write(&tx)?;
     // After the call groups: the ledger lists the processes they name.
-    crate::ledger_rollup::write(&tx)?;
+    let ledgers = crate::ledger_rollup::write(&tx)?;
+    // After the ledgers: the sites' unfreed bytes and peaks come from them.
+    crate::site_rollup::write(&tx, &ledgers)?;
     crate::wait_groups::write(&tx)?;
     tx.execute(
         "INSERT OR REPLACE INTO meta(key, value) VALUES ('rollups', ?1)",

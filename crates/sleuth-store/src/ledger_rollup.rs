@@ -34,7 +34,8 @@ const COLS: &[&str] = &["pid", "ledger"];
 /// writer's final transaction calls it after the call groups are written.
 /// The processes are those a reader lists: every pid with a stored call
 /// (the call groups) or a kernel-counted one (`op_counts`).
-pub(crate) fn write(conn: &Connection) -> rusqlite::Result<()> {
+/// Returns the ledgers stored (without context).
+pub(crate) fn write(conn: &Connection) -> rusqlite::Result<Vec<ProcessLedger>> {
     conn.execute_batch(CREATE)?;
     conn.execute("DELETE FROM ledger_rollup", [])?;
     let mut b = LedgerBuilder::new(None);
@@ -65,8 +66,9 @@ pub(crate) fn write(conn: &Connection) -> rusqlite::Result<()> {
         other => rusqlite::Error::ToSqlConversionFailure(other.to_string().into()),
     })?;
     let mut ins = conn.prepare("INSERT INTO ledger_rollup(pid, ledger) VALUES (?1, ?2)")?;
-    for l in b.finish_bare() {
-        let json = serde_json::to_string(&l)
+    let ledgers = b.finish_bare();
+    for l in &ledgers {
+        let json = serde_json::to_string(l)
             .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
         ins.execute(rusqlite::params![l.pid, json])?;
     }
@@ -74,7 +76,7 @@ pub(crate) fn write(conn: &Connection) -> rusqlite::Result<()> {
         "INSERT OR REPLACE INTO meta(key, value) VALUES ('ledger_rollup', ?1)",
         [COMPLETE],
     )?;
-    Ok(())
+    Ok(ledgers)
 }
 
 /// The stored ledgers of `pids`, in `context` (names, exit times, sites),

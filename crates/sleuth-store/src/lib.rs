@@ -28,6 +28,7 @@ mod rows;
 pub mod run;
 mod schema;
 mod schema_check;
+pub mod site_rollup;
 mod sql;
 mod stacks;
 pub mod stream;

@@ -713,6 +713,28 @@ impl MemoryTrace {
         Ok(b.finish(&self.base))
     }
 
+    /// `sleuth_core::sites::memory_by_site` at the end of the trace, from
+    /// the site rollup the writer stored (`crate::site_rollup`), without
+    /// reading a call row; None when the trace has none (then load the
+    /// memory calls and compute it).
+    pub fn stored_sites(&self) -> Result<Option<Vec<sleuth_core::sites::SiteMemory>>, StoreError> {
+        crate::site_rollup::memory_by_site(&self.rows.conn, &self.pids, &self.base)
+            .map_err(|e| self.rows.read_error(e))
+    }
+
+    /// The recorded calls that carry a site, by (site label, op), from the
+    /// site rollup; None when the trace has none (then stream the calls).
+    #[allow(clippy::type_complexity)]
+    pub fn stored_calls_by_site(
+        &self,
+    ) -> Result<
+        Option<std::collections::BTreeMap<(String, &'static str), crate::site_rollup::SiteCalls>>,
+        StoreError,
+    > {
+        crate::site_rollup::calls_by_site(&self.rows.conn, &self.pids, &self.base)
+            .map_err(|e| self.rows.read_error(e))
+    }
+
     /// Puts the memory calls of `pids` (all when None) into `base.calls`,
     /// in the loaded trace's order: what the allocator view and the by-site
     /// table read. Those hold the memory calls; the ledger alone does not.

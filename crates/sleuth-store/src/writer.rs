@@ -9,7 +9,7 @@ use crate::error::{SqlContext, StoreError};
 use crate::finalize;
 use crate::schema;
 use crate::types::{LibraryInfo, NoteLevel, SessionInfo, WriteSummary, WriterOptions};
-use rusqlite::{params, Connection, OpenFlags, Transaction};
+use rusqlite::{params, CachedStatement, Connection, OpenFlags, Transaction};
 use sleuth_core::record::stat;
 use sleuth_core::{CallEvent, Event, OpCount, ProcEvent, ProcessInfo, WaitEvent};
 use std::os::unix::fs::OpenOptionsExt;
@@ -24,6 +24,9 @@ const BATCH_WINDOW: Duration = Duration::from_millis(100);
 /// Messages to the writer thread.
 enum Msg {
     Event(Event),
+    /// Events in capture order: one message (one channel hand-off, one
+    /// clock read) for a whole poll's worth.
+    Events(Vec<Event>),
     Process(ProcessInfo),
     Library(LibraryInfo),
     Note(NoteLevel, String),
@@ -129,6 +132,14 @@ impl WriterHandle {
     /// Queues one event; blocks while the queue is full.
     pub fn send(&self, e: Event) -> Result<(), StoreError> {
         self.send_msg(Msg::Event(e))
+    }
+    /// Queues events in order as one message (one slot of the queue):
+    /// a hot sender's way to pay the channel once per batch, not per event.
+    pub fn send_batch(&self, events: Vec<Event>) -> Result<(), StoreError> {
+        if events.is_empty() {
+            return Ok(());
+        }
+        self.send_msg(Msg::Events(events))
     }
     /// Records (or replaces) what is known about a process.
     pub fn set_process(&self, p: ProcessInfo) -> Result<(), StoreError> {
@@ -326,8 +337,8 @@ impl WriterState {
                 // Every handle dropped without finish(): what was committed stays.
                 return;
             };
+            let mut events = msg_events(&first);
             let mut batch = vec![first];
-            let mut events = 0usize;
             let deadline = Instant::now() + BATCH_WINDOW;
             while !matches!(batch.last(), Some(Msg::Flush(_) | Msg::Finish(_)))
                 && events < self.opts.batch_events
@@ -335,9 +346,7 @@ impl WriterState {
                 let wait = deadline.saturating_duration_since(Instant::now());
                 match rx.recv_timeout(wait) {
                     Ok(m) => {
-                        if matches!(m, Msg::Event(_)) {
-                            events += 1;
-                        }
+                        events += msg_events(&m);
                         batch.push(m);
                     }
                     Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => break,
@@ -386,53 +395,17 @@ impl WriterState {
     fn apply(&mut self, batch: &[Msg]) -> rusqlite::Result<()> {
         let tx = self.conn.transaction()?;
         let mut cap_hit_now = false;
+        // The hot statements, prepared once per transaction, not per row.
+        let mut rows = EventRows::new(&tx);
         for m in batch {
             match m {
-                Msg::Event(Event::Call(c)) => {
-                    self.n.events_call += 1;
-                    if self.db_full {
-                        self.n.drop_db_full += 1;
-                    } else if insert_call(&tx, c)? {
-                        self.rollup.add_call(c);
-                        self.n.calls_stored += 1;
-                    } else {
-                        self.n.decode_errors += 1;
-                    }
+                Msg::Event(e) => {
+                    store_event(&mut self.n, &mut self.rollup, self.db_full, &mut rows, e)?
                 }
-                Msg::Event(Event::Wait(w)) => {
-                    self.n.events_wait += 1;
-                    if self.db_full {
-                        self.n.drop_db_full += 1;
-                    } else {
-                        insert_wait(&tx, w)?;
-                        self.n.waits_stored += 1;
+                Msg::Events(evs) => {
+                    for e in evs {
+                        store_event(&mut self.n, &mut self.rollup, self.db_full, &mut rows, e)?;
                     }
-                }
-                Msg::Event(Event::Nccl(n)) => {
-                    self.n.events_call += 1;
-                    if self.db_full {
-                        self.n.drop_db_full += 1;
-                    } else if insert_call(&tx, &n.call)? {
-                        insert_nccl(&tx, n, tx.last_insert_rowid())?;
-                        self.rollup.add_call(&n.call);
-                        self.n.calls_stored += 1;
-                    } else {
-                        self.n.decode_errors += 1;
-                    }
-                }
-                Msg::Event(Event::Block(b)) => {
-                    self.n.events_block += 1;
-                    if self.db_full {
-                        self.n.drop_db_full += 1;
-                    } else {
-                        insert_block(&tx, b)?;
-                    }
-                }
-                Msg::Event(Event::Proc(p)) => {
-                    // Lifecycle events are few and needed for `processes`: kept past the cap.
-                    self.n.events_proc += 1;
-                    insert_proc(&tx, p)?;
-                    self.n.procs_stored += 1;
                 }
                 Msg::Process(p) => upsert_process(&tx, p)?,
                 Msg::Library(l) => insert_library(&tx, l)?,
@@ -492,6 +465,8 @@ impl WriterState {
                 Msg::Flush(_) | Msg::Finish(_) => {}
             }
         }
+        rows.flush_calls()?;
+        drop(rows);
         if !self.db_full && db_bytes(&tx, &self.path)? >= self.opts.max_db_bytes {
             self.db_full = true;
             cap_hit_now = true;
@@ -562,144 +537,320 @@ fn db_bytes(conn: &Connection, path: &Path) -> rusqlite::Result<u64> {
     Ok((pages.max(0) as u64) * (page_size.max(0) as u64) + wal_len)
 }
 
-/// Stores one call; false when its op id is unknown (nothing stored).
-fn insert_call(tx: &Transaction, c: &CallEvent) -> rusqlite::Result<bool> {
-    let Some(info) = c.info() else {
-        return Ok(false);
-    };
-    // The op as its id (`ops` maps it to layer and name); `on_cpu_ns` is
-    // derived by the `calls` view: both were most of a row's bytes.
-    let mut st = tx.prepare_cached(
-        "INSERT INTO call_rows(ts_ns, dur_ns, pid, tid, op_id, ret, size, ptr, stream, kind,
-            nested, runnable_ns, blocked_ns, cpu, stack_id)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
-    )?;
-    st.execute(params![
-        c.ts_ns as i64,
-        c.dur_ns as i64,
-        c.pid,
-        c.tid,
-        info.id,
-        c.ret,
-        c.size.map(|v| v as i64),
-        c.ptr.map(|v| v as i64),
-        c.stream.map(|v| v as i64),
-        c.kind.map(|v| v as i64),
-        c.nested,
-        c.runnable_ns as i64,
-        c.blocked_ns as i64,
-        c.cpu,
-        c.stack_id.map(|s| s as i64)
-    ])?;
-    if let Some(hp) = c.host_ptr {
-        let id = tx.last_insert_rowid();
-        let mut hst =
-            tx.prepare_cached("INSERT INTO call_host_ptrs(call_id, host_ptr) VALUES (?1, ?2)")?;
-        hst.execute(params![id, hp as i64])?;
-    }
-    Ok(true)
-}
-
-/// The arguments of an NCCL call stored just before as `calls` row `call_id`.
-fn insert_nccl(
-    tx: &Transaction,
-    n: &sleuth_core::nccl::NcclEvent,
-    call_id: i64,
+/// One event into its rows, counted; past the size cap only counted
+/// (lifecycle events are kept: they are few and `processes` needs them).
+fn store_event<'b>(
+    n: &mut Counters,
+    rollup: &mut sleuth_core::rollup::Rollup,
+    db_full: bool,
+    rows: &mut EventRows<'_, 'b>,
+    e: &'b Event,
 ) -> rusqlite::Result<()> {
-    let mut st = tx.prepare_cached(
-        "INSERT INTO nccl_calls(call_id, comm, new_comm, count, datatype, redop, peer, rank, nranks,
-            color, unique_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
-    )?;
-    // Handles are pointers: stored as their bit pattern (like `calls.ptr`).
-    st.execute(params![
-        call_id,
-        n.comm.map(|v| v as i64),
-        n.new_comm.map(|v| v as i64),
-        n.count.map(|v| v as i64),
-        n.datatype,
-        n.redop,
-        n.peer,
-        n.rank,
-        n.nranks,
-        n.color,
-        n.unique_id
-    ])?;
-    Ok(())
-}
-
-fn insert_wait(tx: &Transaction, w: &WaitEvent) -> rusqlite::Result<()> {
-    let mut st = tx.prepare_cached(
-        "INSERT INTO waits(pid, tid, kind, off_ns, wake_ns, on_ns, prev_state, cpu, blocked_ns, runnable_ns)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
-    )?;
-    st.execute(params![
-        w.pid,
-        w.tid,
-        w.kind.as_str(),
-        w.off_ns as i64,
-        w.wake_ns as i64,
-        w.on_ns as i64,
-        w.prev_state,
-        w.cpu,
-        w.blocked_ns() as i64,
-        w.runnable_ns() as i64
-    ])?;
-    let wait_id = tx.last_insert_rowid();
-    if let Some(k) = &w.waker {
-        let mut kst = tx.prepare_cached(
-            "INSERT INTO wait_wakers(wait_id, pid, tid, comm, irq) VALUES (?1, ?2, ?3, ?4, ?5)",
-        )?;
-        kst.execute(params![wait_id, k.pid, k.tid, k.comm, k.irq])?;
-    }
-    let mut cst = tx.prepare_cached(
-        "INSERT INTO wait_culprits(wait_id, pid, tid, comm, ns) VALUES (?1, ?2, ?3, ?4, ?5)",
-    )?;
-    for c in &w.culprits {
-        cst.execute(params![wait_id, c.pid, c.tid, c.comm, c.ns as i64])?;
+    match e {
+        Event::Call(c) => {
+            n.events_call += 1;
+            if db_full {
+                n.drop_db_full += 1;
+            } else if rows.call(c)? {
+                rollup.add_call(c);
+                n.calls_stored += 1;
+            } else {
+                n.decode_errors += 1;
+            }
+        }
+        Event::Wait(w) => {
+            n.events_wait += 1;
+            if db_full {
+                n.drop_db_full += 1;
+            } else {
+                rows.wait(w)?;
+                n.waits_stored += 1;
+            }
+        }
+        Event::Nccl(nc) => {
+            n.events_call += 1;
+            if db_full {
+                n.drop_db_full += 1;
+            } else if let Some(call_id) = rows.call_with_id(&nc.call)? {
+                rows.nccl(nc, call_id)?;
+                rollup.add_call(&nc.call);
+                n.calls_stored += 1;
+            } else {
+                n.decode_errors += 1;
+            }
+        }
+        Event::Block(b) => {
+            n.events_block += 1;
+            if db_full {
+                n.drop_db_full += 1;
+            } else {
+                rows.block(b)?;
+            }
+        }
+        Event::Proc(p) => {
+            n.events_proc += 1;
+            rows.proc(p)?;
+            n.procs_stored += 1;
+        }
     }
     Ok(())
 }
 
-fn insert_block(tx: &Transaction, b: &sleuth_core::BlockEvent) -> rusqlite::Result<()> {
-    let mut st = tx.prepare_cached(
-        "INSERT INTO allocator_events(start_ns, end_ns, pid, tid, op, requested, block, words, stack_id)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-    )?;
-    let words: Vec<u8> = b.words.iter().flat_map(|w| w.to_le_bytes()).collect();
-    let op = sleuth_core::op_by_id(b.op)
-        .map(|o| o.name)
-        .unwrap_or("unknown");
-    st.execute(params![
-        b.start_ns as i64,
-        b.end_ns as i64,
-        b.pid,
-        b.tid,
-        op,
-        b.requested.map(|r| r as i64),
-        b.block as i64, // bit pattern: user-space addresses fit, above i64::MAX round-trips
-        words,
-        b.stack_id.map(|s| s as i64)
-    ])?;
-    Ok(())
+/// The event tables' INSERT statements of one transaction, each prepared on
+/// first use and held to the end of the batch: a statement-cache lookup
+/// (hashing the SQL text) per row was a measurable share of the writer's
+/// time per event. Plain calls (the bulk of a trace) are stored
+/// [`CALLS_PER_INSERT`] rows per statement. The rows stored are the same, in
+/// the same order, so they get the same ids.
+struct EventRows<'tx, 'b> {
+    tx: &'tx Transaction<'tx>,
+    /// Calls waiting for a full multi-row INSERT (none needs its row id).
+    calls: Vec<&'b CallEvent>,
+    call: Option<CachedStatement<'tx>>,
+    call_multi: Option<CachedStatement<'tx>>,
+    host_ptr: Option<CachedStatement<'tx>>,
+    nccl: Option<CachedStatement<'tx>>,
+    wait: Option<CachedStatement<'tx>>,
+    waker: Option<CachedStatement<'tx>>,
+    culprit: Option<CachedStatement<'tx>>,
+    block: Option<CachedStatement<'tx>>,
+    proc: Option<CachedStatement<'tx>>,
 }
 
-fn insert_proc(tx: &Transaction, p: &ProcEvent) -> rusqlite::Result<()> {
-    let mut st = tx.prepare_cached(
-        "INSERT INTO proc_events(ts_ns, kind, pid, tid, ppid, exit_code, comm)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-    )?;
-    let ppid = matches!(p.kind, sleuth_core::ProcKind::Fork).then_some(p.ppid);
-    let code = matches!(p.kind, sleuth_core::ProcKind::Exit).then_some(p.exit_code);
-    st.execute(params![
-        p.ts_ns as i64,
-        p.kind.as_str(),
-        p.pid,
-        p.tid,
-        ppid,
-        code,
-        p.comm
-    ])?;
-    Ok(())
+/// The statement in `slot`, prepared (through the connection's cache) on first use.
+fn stmt<'a, 'tx>(
+    tx: &'tx Transaction<'tx>,
+    slot: &'a mut Option<CachedStatement<'tx>>,
+    sql: impl FnOnce() -> String,
+) -> rusqlite::Result<&'a mut CachedStatement<'tx>> {
+    if slot.is_none() {
+        *slot = Some(tx.prepare_cached(&sql())?);
+    }
+    Ok(slot.as_mut().expect("prepared just above"))
+}
+
+/// Rows of plain calls per multi-row INSERT: one statement execution
+/// (cursor opened, table seeked) for many rows. 32 × 15 = 480 parameters,
+/// far below SQLite's limit.
+const CALLS_PER_INSERT: usize = 32;
+/// Columns bound per `call_rows` row.
+const CALL_COLUMNS: usize = 15;
+
+/// `INSERT INTO call_rows` of `rows` rows, parameters bound in order.
+fn insert_calls_sql(rows: usize) -> String {
+    let row = format!("({})", vec!["?"; CALL_COLUMNS].join(","));
+    format!(
+        "INSERT INTO call_rows(ts_ns, dur_ns, pid, tid, op_id, ret, size, ptr, stream, kind,
+            nested, runnable_ns, blocked_ns, cpu, stack_id) VALUES {}",
+        vec![row; rows].join(",")
+    )
+}
+
+/// Binds one call's columns as parameters `first + 1 ..= first + 15`. The op
+/// as its id (`ops` maps it to layer and name); `on_cpu_ns` is derived by the
+/// `calls` view: both were most of a row's bytes.
+fn bind_call(
+    st: &mut CachedStatement,
+    first: usize,
+    c: &CallEvent,
+    op_id: u16,
+) -> rusqlite::Result<()> {
+    st.raw_bind_parameter(first + 1, c.ts_ns as i64)?;
+    st.raw_bind_parameter(first + 2, c.dur_ns as i64)?;
+    st.raw_bind_parameter(first + 3, c.pid)?;
+    st.raw_bind_parameter(first + 4, c.tid)?;
+    st.raw_bind_parameter(first + 5, op_id)?;
+    st.raw_bind_parameter(first + 6, c.ret)?;
+    st.raw_bind_parameter(first + 7, c.size.map(|v| v as i64))?;
+    st.raw_bind_parameter(first + 8, c.ptr.map(|v| v as i64))?;
+    st.raw_bind_parameter(first + 9, c.stream.map(|v| v as i64))?;
+    st.raw_bind_parameter(first + 10, c.kind.map(|v| v as i64))?;
+    st.raw_bind_parameter(first + 11, c.nested)?;
+    st.raw_bind_parameter(first + 12, c.runnable_ns as i64)?;
+    st.raw_bind_parameter(first + 13, c.blocked_ns as i64)?;
+    st.raw_bind_parameter(first + 14, c.cpu)?;
+    st.raw_bind_parameter(first + 15, c.stack_id.map(|s| s as i64))
+}
+
+const INSERT_HOST_PTR: &str = "INSERT INTO call_host_ptrs(call_id, host_ptr) VALUES (?1, ?2)";
+const INSERT_NCCL: &str =
+    "INSERT INTO nccl_calls(call_id, comm, new_comm, count, datatype, redop, peer, rank, nranks,
+        color, unique_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)";
+const INSERT_WAIT: &str =
+    "INSERT INTO waits(pid, tid, kind, off_ns, wake_ns, on_ns, prev_state, cpu, blocked_ns, runnable_ns)
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)";
+const INSERT_WAKER: &str =
+    "INSERT INTO wait_wakers(wait_id, pid, tid, comm, irq) VALUES (?1, ?2, ?3, ?4, ?5)";
+const INSERT_CULPRIT: &str =
+    "INSERT INTO wait_culprits(wait_id, pid, tid, comm, ns) VALUES (?1, ?2, ?3, ?4, ?5)";
+const INSERT_BLOCK: &str =
+    "INSERT INTO allocator_events(start_ns, end_ns, pid, tid, op, requested, block, words, stack_id)
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)";
+const INSERT_PROC: &str = "INSERT INTO proc_events(ts_ns, kind, pid, tid, ppid, exit_code, comm)
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)";
+
+impl<'tx, 'b> EventRows<'tx, 'b> {
+    fn new(tx: &'tx Transaction<'tx>) -> Self {
+        EventRows {
+            tx,
+            calls: Vec::with_capacity(CALLS_PER_INSERT),
+            call: None,
+            call_multi: None,
+            host_ptr: None,
+            nccl: None,
+            wait: None,
+            waker: None,
+            culprit: None,
+            block: None,
+            proc: None,
+        }
+    }
+
+    /// Stores one call (perhaps together with the next ones); false when its
+    /// op id is unknown (nothing stored).
+    fn call(&mut self, c: &'b CallEvent) -> rusqlite::Result<bool> {
+        if c.host_ptr.is_some() {
+            // Its row id names its host pointer: stored on its own.
+            return Ok(self.call_with_id(c)?.is_some());
+        }
+        if c.info().is_none() {
+            return Ok(false);
+        }
+        self.calls.push(c);
+        if self.calls.len() == CALLS_PER_INSERT {
+            let st = stmt(self.tx, &mut self.call_multi, || {
+                insert_calls_sql(CALLS_PER_INSERT)
+            })?;
+            for (i, c) in self.calls.iter().enumerate() {
+                let op_id = c.info().map_or(c.op, |info| info.id);
+                bind_call(st, i * CALL_COLUMNS, c, op_id)?;
+            }
+            st.raw_execute()?;
+            self.calls.clear();
+        }
+        Ok(true)
+    }
+
+    /// Stores the calls still waiting for a full multi-row INSERT, one by one
+    /// (before a call whose row id is needed, and at the end of the batch).
+    fn flush_calls(&mut self) -> rusqlite::Result<()> {
+        if self.calls.is_empty() {
+            return Ok(());
+        }
+        let st = stmt(self.tx, &mut self.call, || insert_calls_sql(1))?;
+        for c in self.calls.drain(..) {
+            let op_id = c.info().map_or(c.op, |info| info.id);
+            bind_call(st, 0, c, op_id)?;
+            st.raw_execute()?;
+        }
+        Ok(())
+    }
+
+    /// Stores one call now; its row id, or None when its op id is unknown (nothing stored).
+    fn call_with_id(&mut self, c: &CallEvent) -> rusqlite::Result<Option<i64>> {
+        self.flush_calls()?;
+        let Some(info) = c.info() else {
+            return Ok(None);
+        };
+        let st = stmt(self.tx, &mut self.call, || insert_calls_sql(1))?;
+        bind_call(st, 0, c, info.id)?;
+        st.raw_execute()?;
+        let id = self.tx.last_insert_rowid();
+        if let Some(hp) = c.host_ptr {
+            stmt(self.tx, &mut self.host_ptr, || INSERT_HOST_PTR.into())?
+                .execute(params![id, hp as i64])?;
+        }
+        Ok(Some(id))
+    }
+
+    /// The arguments of an NCCL call stored just before as `calls` row `call_id`.
+    fn nccl(&mut self, n: &sleuth_core::nccl::NcclEvent, call_id: i64) -> rusqlite::Result<()> {
+        // Handles are pointers: stored as their bit pattern (like `calls.ptr`).
+        stmt(self.tx, &mut self.nccl, || INSERT_NCCL.into())?.execute(params![
+            call_id,
+            n.comm.map(|v| v as i64),
+            n.new_comm.map(|v| v as i64),
+            n.count.map(|v| v as i64),
+            n.datatype,
+            n.redop,
+            n.peer,
+            n.rank,
+            n.nranks,
+            n.color,
+            n.unique_id
+        ])?;
+        Ok(())
+    }
+
+    fn wait(&mut self, w: &WaitEvent) -> rusqlite::Result<()> {
+        stmt(self.tx, &mut self.wait, || INSERT_WAIT.into())?.execute(params![
+            w.pid,
+            w.tid,
+            w.kind.as_str(),
+            w.off_ns as i64,
+            w.wake_ns as i64,
+            w.on_ns as i64,
+            w.prev_state,
+            w.cpu,
+            w.blocked_ns() as i64,
+            w.runnable_ns() as i64
+        ])?;
+        let wait_id = self.tx.last_insert_rowid();
+        if let Some(k) = &w.waker {
+            stmt(self.tx, &mut self.waker, || INSERT_WAKER.into())?
+                .execute(params![wait_id, k.pid, k.tid, k.comm, k.irq])?;
+        }
+        if !w.culprits.is_empty() {
+            let st = stmt(self.tx, &mut self.culprit, || INSERT_CULPRIT.into())?;
+            for c in &w.culprits {
+                st.execute(params![wait_id, c.pid, c.tid, c.comm, c.ns as i64])?;
+            }
+        }
+        Ok(())
+    }
+
+    fn block(&mut self, b: &sleuth_core::BlockEvent) -> rusqlite::Result<()> {
+        let words: Vec<u8> = b.words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let op = sleuth_core::op_by_id(b.op)
+            .map(|o| o.name)
+            .unwrap_or("unknown");
+        stmt(self.tx, &mut self.block, || INSERT_BLOCK.into())?.execute(params![
+            b.start_ns as i64,
+            b.end_ns as i64,
+            b.pid,
+            b.tid,
+            op,
+            b.requested.map(|r| r as i64),
+            b.block as i64, // bit pattern: user-space addresses fit, above i64::MAX round-trips
+            words,
+            b.stack_id.map(|s| s as i64)
+        ])?;
+        Ok(())
+    }
+
+    fn proc(&mut self, p: &ProcEvent) -> rusqlite::Result<()> {
+        let ppid = matches!(p.kind, sleuth_core::ProcKind::Fork).then_some(p.ppid);
+        let code = matches!(p.kind, sleuth_core::ProcKind::Exit).then_some(p.exit_code);
+        stmt(self.tx, &mut self.proc, || INSERT_PROC.into())?.execute(params![
+            p.ts_ns as i64,
+            p.kind.as_str(),
+            p.pid,
+            p.tid,
+            ppid,
+            code,
+            p.comm
+        ])?;
+        Ok(())
+    }
+}
+
+/// Events a message carries (the batch-size count).
+fn msg_events(m: &Msg) -> usize {
+    match m {
+        Msg::Event(_) => 1,
+        Msg::Events(v) => v.len(),
+        _ => 0,
+    }
 }
 
 pub(crate) fn upsert_process(tx: &Connection, p: &ProcessInfo) -> rusqlite::Result<()> {

@@ -243,6 +243,33 @@ fn assert_streamed_equals_loaded(path: &Path, pid: Option<u32>) {
             "ledger of {path:?} at {at}"
         );
     }
+    // The site rollup (traces the writer finished) equals the by-site table
+    // of the loaded trace, and so do the calls by site.
+    if let Some(sites) = mt.stored_sites().unwrap() {
+        assert_eq!(
+            json(&sites),
+            json(&memory_by_site(&data, &end)),
+            "sites of {path:?}"
+        );
+        let mut want: std::collections::BTreeMap<(String, &str), (u64, u64, u64)> =
+            Default::default();
+        for c in data.calls.iter().filter(|c| c.stack_id.is_some()) {
+            let e = want
+                .entry((sleuth_core::sites::label_of(&data, c.stack_id), c.op_name()))
+                .or_default();
+            e.0 += 1;
+            e.1 += c.failed() as u64;
+            e.2 += c.dur_ns;
+        }
+        let got: std::collections::BTreeMap<(String, &str), (u64, u64, u64)> = mt
+            .stored_calls_by_site()
+            .unwrap()
+            .expect("both site tables")
+            .into_iter()
+            .map(|(k, v)| (k, (v.calls, v.errors, v.total_ns)))
+            .collect();
+        assert_eq!(got, want, "calls by site of {path:?}");
+    }
     mt.load_memory_calls(None).unwrap();
     assert_eq!(
         json(&memory_by_site(&mt.base, &end)),
@@ -286,6 +313,15 @@ fn streamed_answers_equal_loaded_ones_on_a_simulated_trace() {
         "counted-only process listed"
     );
     assert!(!data.blocks.is_empty() && !data.stacks.is_empty());
+    // The writer stored the site rollup: the by-site answers below read it.
+    let mt = MemoryTrace::open(&trace, None, budget()).unwrap();
+    let sites = mt.stored_sites().unwrap().expect("site rollup");
+    assert!(
+        sites
+            .iter()
+            .any(|s| s.example_stack.is_some() && s.at_peak_bytes > 0),
+        "{sites:?}"
+    );
     assert_streamed_equals_loaded(&path, None);
     for pid in [100, 300, 400] {
         assert_streamed_equals_loaded(&path, Some(pid));

@@ -576,3 +576,112 @@ fn decode_failures_reported_by_the_capture_side_are_kept() {
     assert_eq!(t.stats().unwrap()["decode_errors"], 3);
     assert_eq!(t.stats().unwrap()["events_call"], 2);
 }
+
+/// Batches through `send_batch`: plain calls are stored many rows per
+/// statement, calls whose row id is needed (a host pointer, NCCL arguments)
+/// one by one in between. Every row must come back in the order sent, with
+/// its own host pointer and NCCL arguments, and an unknown op stored nowhere.
+#[test]
+fn batched_events_keep_their_order_ids_host_pointers_and_nccl_rows() {
+    let (_dir, path, w) = new_trace("batch");
+    let h = w.handle();
+    let mut evs = Vec::new();
+    // 3 batches; 100 events each: runs of plain calls longer and shorter
+    // than one multi-row INSERT, split by calls with host pointers and NCCL.
+    for b in 0..3u64 {
+        let mut batch = Vec::new();
+        for i in 0..100u64 {
+            let n = b * 100 + i;
+            let ts = 1_000 + n * 10;
+            let ev = if n % 37 == 5 {
+                Event::Nccl(sleuth_core::nccl::NcclEvent {
+                    call: call("ncclAllReduce", 10, 11, ts, 5),
+                    count: Some(n),
+                    ..Default::default()
+                })
+            } else {
+                let mut c = call("cudaMemcpy", 10, 11, ts, 5);
+                c.size = Some(n);
+                if n % 11 == 3 {
+                    c.host_ptr = Some(0x7000_0000 + n);
+                }
+                Event::Call(c)
+            };
+            evs.push(ev.clone());
+            batch.push(ev);
+        }
+        if b == 1 {
+            // Not an op: counted as a decode error, stored nowhere.
+            batch.insert(
+                50,
+                Event::Call(sleuth_core::CallEvent {
+                    op: 60_000,
+                    ..call("cudaFree", 10, 11, 1, 1)
+                }),
+            );
+        }
+        h.send_batch(batch).unwrap();
+    }
+    h.send_batch(Vec::new()).unwrap();
+    drop(h);
+    let summary = w.finish().unwrap();
+    assert_eq!(summary.calls_stored, 300);
+    let db = rusqlite::Connection::open(&path).unwrap();
+    let rows: Vec<(i64, i64, Option<i64>)> = db
+        .prepare("SELECT id, ts_ns, size FROM call_rows ORDER BY id")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(rows.len(), 300);
+    let host: std::collections::HashMap<i64, i64> = db
+        .prepare("SELECT call_id, host_ptr FROM call_host_ptrs")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    let nccl: std::collections::HashMap<i64, i64> = db
+        .prepare("SELECT call_id, count FROM nccl_calls")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    for (k, ((id, ts, size), ev)) in rows.iter().zip(&evs).enumerate() {
+        let n = k as u64;
+        assert_eq!(*id, k as i64 + 1, "row ids follow the order sent");
+        assert_eq!(*ts as u64, 1_000 + n * 10, "row {k}");
+        match ev {
+            Event::Nccl(e) => {
+                assert_eq!(nccl.get(id).copied(), e.count.map(|c| c as i64), "row {k}");
+                assert_eq!(*size, None);
+            }
+            Event::Call(c) => {
+                assert_eq!(*size, Some(n as i64), "row {k}");
+                assert_eq!(
+                    host.get(id).copied(),
+                    c.host_ptr.map(|p| p as i64),
+                    "row {k}"
+                );
+                assert!(!nccl.contains_key(id), "row {k}");
+            }
+            _ => unreachable!(),
+        }
+    }
+    assert_eq!(
+        host.len(),
+        evs.iter()
+            .filter(|e| matches!(e, Event::Call(c) if c.host_ptr.is_some()))
+            .count()
+    );
+    assert_eq!(
+        nccl.len(),
+        evs.iter().filter(|e| matches!(e, Event::Nccl(_))).count()
+    );
+    let t = Trace::open(&path).unwrap();
+    let stats = t.stats().unwrap();
+    assert_eq!(stats.get("events_call"), Some(&301));
+    assert_eq!(stats.get("decode_errors"), Some(&1));
+}

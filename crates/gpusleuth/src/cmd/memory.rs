@@ -85,10 +85,20 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     let at_abs = at_offset.map(|o| origin.saturating_add(o));
     let mut processes = mt.ledgers(at_abs)?;
     if args.by_site {
-        // The per-site table reads the memory calls themselves.
-        mt.load_memory_calls(None)?;
+        // At the end of a finished trace the per-site table is stored (the
+        // site rollup); else it reads the memory calls themselves.
+        let stored = match at_abs {
+            None => mt.stored_sites()?,
+            Some(_) => None,
+        };
+        if stored.is_none() {
+            mt.load_memory_calls(None)?;
+        }
         warn_input_problems_of_reads(&trace)?;
-        let r = sites::report(&mt.base, &processes);
+        let r = match stored {
+            Some(s) => sites::report_of(s, &mt.base),
+            None => sites::report(&mt.base, &processes),
+        };
         if args.out.json {
             emit_json(&r)?;
         } else {

@@ -278,6 +278,9 @@ pub fn run(args: Args) -> Result<i32> {
         max_db_bytes: args.max_db,
         overwrite: args.force,
         background: true,
+        // Events come in batches of up to EVENT_BATCH: the queue holds as
+        // many events as before, in far fewer (preallocated) slots.
+        queue_capacity: EVENTS_QUEUED / EVENT_BATCH,
         ..Default::default()
     };
     let rotation = args.rotate.map(|every| Rotation {
@@ -538,6 +541,8 @@ impl Rotation {
         sinks: &mut Sinks,
         sampler: Option<&GpuSampler>,
     ) {
+        // What was taken before now belongs to the current file.
+        sinks.flush_events();
         // Never a burst of rotations after a stall: the next one is a period from now.
         self.next_at = Instant::now() + self.every;
         let now = monotonic_ns();
@@ -804,6 +809,7 @@ fn trace_loop(
     // Whether the loop ended because --duration was reached.
     let duration_up = loop {
         session.poll(Duration::from_millis(50), |c| sinks.take(c));
+        sinks.flush_events();
         sinks.live.flush();
         if let Some(pid) = child {
             if child_exit.is_none() {
@@ -897,6 +903,7 @@ fn trace_loop(
     while Instant::now() < drain_until
         && session.poll(Duration::from_millis(20), |c| sinks.take(c)) > 0
     {}
+    sinks.flush_events();
     let end_mono = monotonic_ns();
     let open_calls = session.open_calls() as u64;
     if let Some(s) = sampler {
@@ -1021,6 +1028,7 @@ fn end_command(pid: u32, session: &mut CaptureSession, sinks: &mut Sinks) -> (i3
         let deadline = Instant::now() + KILL_GRACE;
         while Instant::now() < deadline {
             session.poll(Duration::from_millis(20), |c| sinks.take(c));
+            sinks.flush_events();
             if let Some(code) = held_child::try_wait(pid) {
                 return (code, how);
             }
@@ -1066,6 +1074,22 @@ struct Sinks {
     writer_error: Option<String>,
     /// Call sites: native names added on a thread of their own.
     stacks: crate::sites::StackSink,
+    /// Events taken from the ring buffer and not yet handed to the writer:
+    /// sent as one message per poll (or per [`EVENT_BATCH`]), so the channel
+    /// costs once per batch instead of once per event.
+    pending: Vec<sleuth_core::Event>,
+}
+
+/// Most events handed to the writer in one message.
+const EVENT_BATCH: usize = 256;
+/// Events in flight to the writer before the draining thread waits (the
+/// writer's queue counts messages: this many events in full batches).
+const EVENTS_QUEUED: usize = 16_384;
+
+impl Drop for Sinks {
+    fn drop(&mut self) {
+        self.flush_events();
+    }
 }
 
 impl Sinks {
@@ -1082,7 +1106,19 @@ impl Sinks {
             metrics,
             writer_error: None,
             stacks: crate::sites::StackSink::default(),
+            pending: Vec::with_capacity(EVENT_BATCH),
         }
+    }
+
+    /// Hands the pending events to the writer (end of a poll, and before
+    /// anything else is sent, so the writer sees everything in capture order).
+    fn flush_events(&mut self) {
+        if self.pending.is_empty() {
+            return;
+        }
+        let evs = std::mem::replace(&mut self.pending, Vec::with_capacity(EVENT_BATCH));
+        let r = self.handle.send_batch(evs);
+        self.check(r);
     }
 
     fn check(&mut self, r: Result<(), sleuth_store::StoreError>) {
@@ -1093,6 +1129,7 @@ impl Sinks {
 
     /// Stores a note, printed as a warning too when it is one.
     fn note(&mut self, level: NoteLevel, text: String) {
+        self.flush_events();
         if level == NoteLevel::Warn {
             // Printed as well as stored: lost coverage must be seen while tracing.
             self.live.clear();
@@ -1103,11 +1140,16 @@ impl Sinks {
     }
 
     fn take(&mut self, c: Captured) {
+        if !matches!(c, Captured::Event(_)) {
+            self.flush_events();
+        }
         match c {
             Captured::Event(ev) => {
                 self.live.observe(&ev);
-                let r = self.handle.send(ev);
-                self.check(r);
+                self.pending.push(ev);
+                if self.pending.len() >= EVENT_BATCH {
+                    self.flush_events();
+                }
             }
             Captured::Stack(stack) => {
                 let r = self.stacks.submit(stack, &self.handle);

@@ -25,7 +25,11 @@ pub struct SitesReport<'a> {
 }
 
 pub fn report<'a>(data: &'a TraceData, ledgers: &[ProcessLedger]) -> SitesReport<'a> {
-    let sites = memory_by_site(data, ledgers);
+    report_of(memory_by_site(data, ledgers), data)
+}
+
+/// The report of sites already computed (the site rollup of a finished trace).
+pub fn report_of(sites: Vec<SiteMemory>, data: &TraceData) -> SitesReport<'_> {
     let stacks = sites
         .iter()
         .filter_map(|s| s.example_stack.and_then(|id| data.stacks.get(&id)))
