@@ -28,7 +28,7 @@ use rusqlite::Connection;
 use sleuth_core::culprits::culprits_of_call;
 use sleuth_core::ledger::{LedgerBuilder, ProcessLedger};
 use sleuth_core::rollup::OpRollup;
-use sleuth_core::sites::AllocTally;
+use sleuth_core::sites::{AllocTally, SiteMemory};
 use sleuth_core::{CallEvent, Culprit, ProcKind, TraceSpan, WaitEvent, WaitKind};
 use std::collections::{BTreeMap, HashMap};
 
@@ -42,15 +42,15 @@ pub struct SlowCall {
     pub culprits: Vec<Culprit>,
 }
 
-/// What the by-site table and the flame graph read: the device allocations
-/// tallied per (stack, failed) and each process's ledger at its own peak.
+/// What the by-site table and the flame graph draw.
 #[derive(Debug, Clone, Default)]
 pub struct SiteReads {
-    /// By stack id, then failed: not in call order (no example stack
-    /// depends on it in the report).
+    /// `sleuth_core::sites::memory_by_site` at the end of the trace (the
+    /// example stacks may differ: the report does not draw them).
+    pub sites: Vec<SiteMemory>,
+    /// The device allocations tallied per stack id (the successful ones at
+    /// least: what `sites::allocated_by_path_of` reads).
     pub allocs: Vec<AllocTally>,
-    /// The ledger of each process that has a peak, at that peak.
-    pub at_peak: Vec<ProcessLedger>,
 }
 
 /// Everything the report shows, read without the calls and waits.
@@ -108,7 +108,7 @@ pub fn load(
     let sites = if lean.data.stacks.is_empty() {
         None
     } else {
-        Some(site_reads(&lean)?)
+        Some(site_reads(trace, &lean)?)
     };
     Ok(Some(LeanReport {
         lean,
@@ -460,10 +460,37 @@ fn culprits_with(reads: &mut KeyedReads, call: &CallEvent) -> Result<Vec<Culprit
     Ok(culprits_of_call(call, &refs))
 }
 
+/// The by-site table and the allocations per stack: from the site rollup
+/// the writer stored (`crate::site_rollup`, no call row read), else from
+/// [`streamed_site_reads`].
+fn site_reads(trace: &Trace, lean: &Lean) -> Result<SiteReads, StoreError> {
+    let (conn, path) = (trace.keyed(), trace.path());
+    // Every process with a call or a counted call, as the view lists them
+    // (the lean load took the view's context: the stacks are in `lean.data`).
+    let mut pids: std::collections::BTreeSet<u32> =
+        lean.view.groups.iter().map(|g| g.pid).collect();
+    pids.extend(lean.data.counts.iter().map(|c| c.pid));
+    let sites = crate::site_rollup::memory_by_site(conn, &pids, &lean.data).at(path)?;
+    let stored = crate::site_rollup::allocated_by_stack(conn).at(path)?;
+    if let (Some(sites), Some(allocs)) = (sites, stored) {
+        let allocs = allocs
+            .into_iter()
+            .map(|(stack_id, count, bytes)| AllocTally {
+                stack_id,
+                failed: false,
+                count,
+                bytes,
+            })
+            .collect();
+        return Ok(SiteReads { sites, allocs });
+    }
+    streamed_site_reads(lean)
+}
+
 /// The device allocations tallied per stack and each process's ledger at
 /// its own peak, from one pass over the memory calls in return order (the
 /// order the ledger replays them in): memory bounded by what is live.
-fn site_reads(lean: &Lean) -> Result<SiteReads, StoreError> {
+fn streamed_site_reads(lean: &Lean) -> Result<SiteReads, StoreError> {
     let mut at_peak: HashMap<u32, LedgerBuilder> = lean
         .ledgers
         .iter()
@@ -500,8 +527,14 @@ fn site_reads(lean: &Lean) -> Result<SiteReads, StoreError> {
         .filter_map(|(pid, b)| b.finish(&lean.data).into_iter().find(|l| l.pid == pid))
         .collect();
     at_peak.sort_by_key(|l| l.pid);
+    let allocs: Vec<AllocTally> = tallies.into_values().collect();
     Ok(SiteReads {
-        allocs: tallies.into_values().collect(),
-        at_peak,
+        sites: sleuth_core::sites::memory_by_site_of(
+            &lean.data,
+            allocs.iter().copied(),
+            &lean.ledgers,
+            &at_peak,
+        ),
+        allocs,
     })
 }

@@ -348,3 +348,30 @@ pub(crate) fn calls_by_site(
     }
     Ok(Some(out))
 }
+
+/// Successful device allocations (count, bytes) per stack id (None: not
+/// captured), every process summed: what the report's flame graph of
+/// allocated bytes by call path draws; None when the trace has no
+/// complete rollup.
+pub(crate) fn allocated_by_stack(
+    conn: &Connection,
+) -> rusqlite::Result<Option<Vec<(Option<u64>, u64, u64)>>> {
+    if !complete(conn)? {
+        return Ok(None);
+    }
+    let mut st = conn.prepare("SELECT stack_id, allocs, alloc_bytes FROM site_memory")?;
+    let mut rows = st.query([])?;
+    let mut by_stack: BTreeMap<Option<u64>, (u64, u64)> = BTreeMap::new();
+    while let Some(r) = rows.next()? {
+        let stack = r.get::<_, Option<i64>>(0)?.map(|s| s as u64);
+        let (n, b): (i64, i64) = (r.get(1)?, r.get(2)?);
+        let n = u64::try_from(n).map_err(|_| damaged("holds a negative count"))?;
+        let b = u64::try_from(b).map_err(|_| damaged("holds a negative count"))?;
+        let e = by_stack.entry(stack).or_default();
+        e.0 = e.0.saturating_add(n);
+        e.1 = e.1.saturating_add(b);
+    }
+    Ok(Some(
+        by_stack.into_iter().map(|(s, (n, b))| (s, n, b)).collect(),
+    ))
+}

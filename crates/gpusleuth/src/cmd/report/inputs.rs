@@ -145,12 +145,7 @@ impl Inputs {
         let data = r.lean.data;
         let (sites, flame) = match &r.sites {
             Some(s) => (
-                sleuth_core::sites::memory_by_site_of(
-                    &data,
-                    s.allocs.iter().copied(),
-                    &r.lean.ledgers,
-                    &s.at_peak,
-                ),
+                s.sites.clone(),
                 sleuth_core::sites::allocated_by_path_of(&data, s.allocs.iter().copied()),
             ),
             None => (Vec::new(), FlameNode::default()),

@@ -288,6 +288,16 @@ fn the_lean_report_equals_the_full_one_with_sites_ties_and_culprits() {
     rewrite_with_context(&data, &path);
     let differs = compare(&path, "rich");
     assert!(differs, "some percentile comes from the histogram");
+    // Without the stored site rollup the sites come from the memory calls.
+    let again = dir.join("no-site-rollup.db");
+    std::fs::copy(&path, &again).unwrap();
+    let c = rusqlite::Connection::open(&again).unwrap();
+    let n = c
+        .execute("DELETE FROM meta WHERE key = 'site_rollup'", [])
+        .unwrap();
+    assert_eq!(n, 1, "the writer stored a site rollup");
+    drop(c);
+    compare(&again, "rich without site rollup");
     let full = inputs_of(&Trace::open(&path).unwrap(), None, false).unwrap();
     // What the comparison covered: sites, a flame graph, ties, culprits.
     assert!(full.sites.len() >= 4, "{:?}", full.sites);
