@@ -473,15 +473,6 @@ fn site_reads(trace: &Trace, lean: &Lean) -> Result<SiteReads, StoreError> {
     let sites = crate::site_rollup::memory_by_site(conn, &pids, &lean.data).at(path)?;
     let stored = crate::site_rollup::allocated_by_stack(conn).at(path)?;
     if let (Some(sites), Some(allocs)) = (sites, stored) {
-        let allocs = allocs
-            .into_iter()
-            .map(|(stack_id, count, bytes)| AllocTally {
-                stack_id,
-                failed: false,
-                count,
-                bytes,
-            })
-            .collect();
         return Ok(SiteReads { sites, allocs });
     }
     streamed_site_reads(lean)

@@ -349,13 +349,12 @@ pub(crate) fn calls_by_site(
     Ok(Some(out))
 }
 
-/// Successful device allocations (count, bytes) per stack id (None: not
-/// captured), every process summed: what the report's flame graph of
-/// allocated bytes by call path draws; None when the trace has no
-/// complete rollup.
+/// Successful device allocations per stack id (None: not captured), every
+/// process summed: what the report's flame graph of allocated bytes by call
+/// path draws; None when the trace has no complete rollup.
 pub(crate) fn allocated_by_stack(
     conn: &Connection,
-) -> rusqlite::Result<Option<Vec<(Option<u64>, u64, u64)>>> {
+) -> rusqlite::Result<Option<Vec<sleuth_core::sites::AllocTally>>> {
     if !complete(conn)? {
         return Ok(None);
     }
@@ -372,6 +371,16 @@ pub(crate) fn allocated_by_stack(
         e.1 = e.1.saturating_add(b);
     }
     Ok(Some(
-        by_stack.into_iter().map(|(s, (n, b))| (s, n, b)).collect(),
+        by_stack
+            .into_iter()
+            .map(
+                |(stack_id, (count, bytes))| sleuth_core::sites::AllocTally {
+                    stack_id,
+                    failed: false,
+                    count,
+                    bytes,
+                },
+            )
+            .collect(),
     ))
 }
