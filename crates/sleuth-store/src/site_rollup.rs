@@ -163,7 +163,8 @@ pub(crate) fn write(conn: &Connection, ledgers: &[ProcessLedger]) -> rusqlite::R
     for ((pid, stack), a) in &acc {
         ins.execute(params![
             pid,
-            stack.map(clamp),
+            // Stack ids are 64-bit hashes stored as their bits, as `calls` stores them.
+            stack.map(|s| s as i64),
             clamp(a.first.0),
             a.first.1,
             clamp(a.allocs),
@@ -205,7 +206,7 @@ pub(crate) fn write(conn: &Connection, ledgers: &[ProcessLedger]) -> rusqlite::R
     for ((pid, stack, op), c) in &calls {
         ins.execute(params![
             pid,
-            clamp(*stack),
+            *stack as i64,
             op,
             clamp(c.calls),
             clamp(c.errors),

@@ -17,6 +17,10 @@ use sleuth_store::stream::{CallQuery, MemoryTrace, Rows, StreamOrder};
 use sleuth_store::{CallFilter, CallOrder, ReadBudget, Trace, TraceWriter, WriterOptions};
 use std::path::Path;
 
+/// A stack id at or above 2^63 (ids are hashes): stored as its bits, a
+/// negative integer, and read back whole.
+const HIGH_STACK: u64 = (1 << 63) + 12_345;
+
 fn budget() -> ReadBudget {
     ReadBudget::new(sleuth_store::DEFAULT_READ_TIMEOUT)
 }
@@ -55,7 +59,7 @@ fn simulated(path: &Path) {
         count: 7,
     }])
     .unwrap();
-    for (id, f, line) in [(1u64, "alloc_a", 10), (2, "alloc_b", 20)] {
+    for (id, f, line) in [(1u64, "alloc_a", 10), (HIGH_STACK, "alloc_b", 20)] {
         h.add_stack(Stack {
             id,
             pid: 100,
@@ -109,8 +113,8 @@ fn simulated(path: &Path) {
         ),
     ];
     calls[1].stack_id = Some(1);
-    calls[4].stack_id = Some(2);
-    calls[5].stack_id = Some(2);
+    calls[4].stack_id = Some(HIGH_STACK);
+    calls[5].stack_id = Some(HIGH_STACK);
     calls[7].stack_id = Some(1);
     for i in 0..40u64 {
         let mut c = call(
