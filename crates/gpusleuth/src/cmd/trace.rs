@@ -194,7 +194,24 @@ fn hostname() -> String {
         .unwrap_or_default()
 }
 
+/// At most two malloc arenas for the whole tracer. glibc gives each thread
+/// that allocates its own arena (up to 8 per CPU) and keeps what it frees
+/// resident there: with the poller, writer, live view, symbolizer and GPU
+/// sampler each holding one, the tracer's anonymous memory on the 16-CPU
+/// H200 host was 26 MiB; capped at two, 14 MiB (scripts/gpu/tracer_smaps.py,
+/// docs/benchmarks.md). The threads allocate in batches, not per event, so
+/// sharing arenas costs no measurable contention.
+fn cap_malloc_arenas() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt only changes a tuning parameter of glibc's allocator;
+    // called first in `trace`, before the tracer starts its threads.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 2);
+    }
+}
+
 pub fn run(args: Args) -> Result<i32> {
+    cap_malloc_arenas();
     let target = match (args.command.is_empty(), args.pids.is_empty()) {
         (false, false) => bail!("give either --pid or a command after --, not both"),
         (false, true) => Target::Launch(args.command.clone()),
