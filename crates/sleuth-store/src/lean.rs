@@ -23,6 +23,9 @@ pub struct Lean {
     pub ledgers: Vec<ProcessLedger>,
     pub inputs: FindingInputs,
     /// The memory view the load read through (its call groups, its streamed reader).
+    /// Its `base` was moved into `data`: what labels sites from the view's
+    /// context (`MemoryTrace::stored_sites`) must be given `data` instead
+    /// (`site_rollup::memory_by_site`, as the report does).
     pub view: MemoryTrace,
 }
 
