@@ -173,7 +173,7 @@ pub(crate) fn check_bulk_tables(
 
 /// `quick_check` of these tables and their indexes (page structure, cell
 /// sizes, index entry counts), one table at a time.
-fn check_tables(
+pub(crate) fn check_tables(
     conn: &Connection,
     path: &Path,
     budget: &ReadBudget,
@@ -193,13 +193,13 @@ fn check_tables(
 }
 
 /// Every table of the file (not views, not indexes).
-fn tables(conn: &Connection) -> rusqlite::Result<Vec<String>> {
+pub(crate) fn tables(conn: &Connection) -> rusqlite::Result<Vec<String>> {
     let mut st = conn.prepare("SELECT name FROM sqlite_master WHERE type = 'table'")?;
     let rows = st.query_map([], |r| r.get(0))?;
     rows.collect()
 }
 
-fn file_size(path: &Path) -> u64 {
+pub(crate) fn file_size(path: &Path) -> u64 {
     std::fs::metadata(path).map(|m| m.len()).unwrap_or(u64::MAX)
 }
 
