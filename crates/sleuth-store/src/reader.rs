@@ -13,7 +13,7 @@ use crate::types::{
 use rusqlite::types::Value;
 use rusqlite::{Connection, OptionalExtension};
 use sleuth_core::{
-    op_by_name, Culprit, Layer, OpCount, ProcEvent, ProcKind, ProcessInfo, TraceData, WaitEvent,
+    op_by_name, Culprit, Layer, OpCount, ProcEvent, ProcessInfo, TraceData, WaitEvent,
 };
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -406,37 +406,18 @@ impl Trace {
     fn proc_events(&self, pid: Option<u32>) -> Result<Vec<ProcEvent>, StoreError> {
         let mut st = self
             .conn
-            .prepare(
-                &format!(
-                    "SELECT ts_ns, kind, pid, tid, ppid, exit_code, substr(comm, 1, {COMM_CHARS}) FROM proc_events
-                     WHERE (?1 IS NULL OR pid = ?1) AND ts_ns BETWEEN 0 AND {MAX_NS} ORDER BY ts_ns, id"
-                ),
-            )
+            .prepare(&format!(
+                "SELECT {} FROM proc_events
+                 WHERE (?1 IS NULL OR pid = ?1) AND ts_ns BETWEEN 0 AND {MAX_NS} ORDER BY ts_ns, id",
+                crate::rows::proc_event_cols()
+            ))
             .at(&self.path)?;
         let rows = st
-            .query_map([pid], |r| {
-                let kind: String = r.get(1)?;
-                Ok(
-                    ProcKind::parse(&kind).map(|kind| -> rusqlite::Result<ProcEvent> {
-                        Ok(ProcEvent {
-                            kind,
-                            ts_ns: r.get::<_, i64>(0)? as u64,
-                            pid: r.get(2)?,
-                            tid: r.get(3)?,
-                            ppid: r.get::<_, Option<u32>>(4)?.unwrap_or(0),
-                            // NULL (unknown, e.g. imported) reads as 0.
-                            exit_code: r.get::<_, Option<i32>>(5)?.unwrap_or(0),
-                            comm: r.get(6)?,
-                        })
-                    }),
-                )
-            })
+            .query_map([pid], crate::rows::proc_event_from_row)
             .at(&self.path)?;
         let mut out = Vec::new();
         for r in rows {
-            if let Some(e) = r.at(&self.path)? {
-                out.push(e.at(&self.path)?);
-            }
+            out.extend(r.at(&self.path)?);
         }
         Ok(out)
     }

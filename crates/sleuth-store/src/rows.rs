@@ -166,3 +166,31 @@ pub(crate) fn query_waits(
     }
     Ok(out)
 }
+
+/// The columns [`proc_event_from_row`] reads, in order (a process name is
+/// read at most `COMM_CHARS` characters).
+pub(crate) fn proc_event_cols() -> String {
+    format!(
+        "ts_ns, kind, pid, tid, ppid, exit_code, substr(comm, 1, {})",
+        crate::problems::COMM_CHARS
+    )
+}
+
+/// A lifecycle event row (columns of [`proc_event_cols`]); None for a kind
+/// this build does not know.
+pub(crate) fn proc_event_from_row(r: &Row) -> rusqlite::Result<Option<sleuth_core::ProcEvent>> {
+    let kind: String = r.get(1)?;
+    let Some(kind) = sleuth_core::ProcKind::parse(&kind) else {
+        return Ok(None);
+    };
+    Ok(Some(sleuth_core::ProcEvent {
+        kind,
+        ts_ns: r.get::<_, i64>(0)? as u64,
+        pid: r.get(2)?,
+        tid: r.get(3)?,
+        ppid: r.get::<_, Option<u32>>(4)?.unwrap_or(0),
+        // NULL (unknown, e.g. imported) reads as 0.
+        exit_code: r.get::<_, Option<i32>>(5)?.unwrap_or(0),
+        comm: r.get(6)?,
+    }))
+}

@@ -10,7 +10,7 @@
 use crate::budget::{ReadBudget, DEFAULT_READ_TIMEOUT};
 use crate::error::{SqlContext, StoreError};
 use crate::open::{has_table, open_trace_file, BulkCheck};
-use crate::problems::{valid_call, valid_wait, COMM_CHARS, MAX_NS, TOTALS_OVERFLOW};
+use crate::problems::{valid_call, valid_wait, MAX_NS, TOTALS_OVERFLOW};
 use crate::reader::{check_is_trace, check_schema, Trace};
 use crate::rows::{call_from_row, wait_from_row, waits_sql, CALL_COLS};
 use crate::stacks::has_column;
@@ -339,30 +339,16 @@ impl Rows {
         let mut st = self
             .conn
             .prepare(&format!(
-                "SELECT ts_ns, kind, pid, tid, ppid, exit_code, substr(comm, 1, {COMM_CHARS}) FROM proc_events
-                 WHERE pid = ?1 AND ts_ns BETWEEN 0 AND {MAX_NS} AND ts_ns >= ?2 AND ts_ns < ?3 ORDER BY ts_ns, id"
+                "SELECT {} FROM proc_events
+                 WHERE pid = ?1 AND ts_ns BETWEEN 0 AND {MAX_NS} AND ts_ns >= ?2 AND ts_ns < ?3 ORDER BY ts_ns, id",
+                crate::rows::proc_event_cols()
             ))
             .map_err(|e| self.read_error(e))?;
         let window = |v: u64| v.min(MAX_NS as u64 + 1) as i64;
         let rows = st
             .query_map(
                 rusqlite::params![pid, window(since_ns), window(until_ns)],
-                |r| {
-                    let kind: String = r.get(1)?;
-                    let Some(kind) = ProcKind::parse(&kind) else {
-                        return Ok(None);
-                    };
-                    Ok(Some(ProcEvent {
-                        kind,
-                        ts_ns: r.get::<_, i64>(0)? as u64,
-                        pid: r.get(2)?,
-                        tid: r.get(3)?,
-                        ppid: r.get::<_, Option<u32>>(4)?.unwrap_or(0),
-                        // NULL (unknown, e.g. imported) reads as 0.
-                        exit_code: r.get::<_, Option<i32>>(5)?.unwrap_or(0),
-                        comm: r.get(6)?,
-                    }))
-                },
+                crate::rows::proc_event_from_row,
             )
             .map_err(|e| self.read_error(e))?;
         let mut out = Vec::new();
