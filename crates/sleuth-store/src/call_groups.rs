@@ -9,8 +9,7 @@
 //! it back when `meta.call_groups` says it is complete. Table and meaning:
 //! docs/schema.md, "Call groups".
 
-use crate::finding_rollups::plain_table;
-use crate::open::{has_table, meta_value};
+use crate::finding_rollups::{complete_tables, damaged_table};
 use crate::problems::valid_call;
 use crate::stream::CallGroup;
 use rusqlite::{params, Connection};
@@ -151,20 +150,10 @@ pub(crate) fn write(conn: &Connection) -> rusqlite::Result<()> {
 /// [`compute`] leaves them out; a row with values no call can have (times
 /// outside 0..2^62 ns, a negative count) makes the table damaged: an error.
 pub(crate) fn stored(conn: &Connection) -> rusqlite::Result<Option<Vec<CallGroup>>> {
-    let done = meta_value(conn, "call_groups")?;
-    if done.as_deref() != Some(COMPLETE) || !has_table(conn, "call_groups")? {
+    if !complete_tables(conn, "call_groups", &[("call_groups", COLS)])? {
         return Ok(None);
     }
-    let bad = |what: &str| {
-        rusqlite::Error::FromSqlConversionFailure(
-            0,
-            rusqlite::types::Type::Integer,
-            format!("damaged trace: call_groups {what}").into(),
-        )
-    };
-    if !plain_table(conn, "call_groups", COLS)? {
-        return Err(bad("is not the table gpusleuth writes"));
-    }
+    let bad = |what: &str| damaged_table("call_groups", what);
     let mut st =
         conn.prepare("SELECT pid, tid, op, ret, count, first_ts_ns, last_end_ns FROM call_groups")?;
     let mut rows = st.query([])?;

@@ -241,6 +241,41 @@ fn value<T: FromSql>(conn: &Connection, sql: &str, p: impl Params) -> rusqlite::
     conn.query_row(sql, p, |r| r.get(0)).optional()
 }
 
+/// Whether the aggregate tables that `meta.<key> = 1` marks complete can
+/// be read (call groups, wait groups, the ledger and site rollups): false
+/// when the mark or a table is absent (the reader then computes the answer
+/// from the rows), an error naming the table when one is not the plain
+/// table gpusleuth writes.
+pub(crate) fn complete_tables(
+    conn: &Connection,
+    key: &str,
+    tables: &[(&str, &[&str])],
+) -> rusqlite::Result<bool> {
+    if crate::open::meta_value(conn, key)?.as_deref() != Some("1") {
+        return Ok(false);
+    }
+    for (t, _) in tables {
+        if !has_table(conn, t)? {
+            return Ok(false);
+        }
+    }
+    for (t, cols) in tables {
+        if !plain_table(conn, t, cols)? {
+            return Err(damaged_table(t, "is not the table gpusleuth writes"));
+        }
+    }
+    Ok(true)
+}
+
+/// The error of a stored aggregate table that no writer could have made.
+pub(crate) fn damaged_table(table: &str, what: &str) -> rusqlite::Error {
+    rusqlite::Error::FromSqlConversionFailure(
+        0,
+        rusqlite::types::Type::Integer,
+        format!("damaged trace: {table} {what}").into(),
+    )
+}
+
 /// Whether `table` is a plain table with exactly `cols` and no index or
 /// trigger hung on it (a crafted file must not run anything on a read).
 pub(crate) fn plain_table(conn: &Connection, table: &str, cols: &[&str]) -> rusqlite::Result<bool> {

@@ -12,8 +12,7 @@
 //! (`sleuth_core::ledger::in_context`), which gives what the replay gives.
 //! Table and meaning: docs/schema.md, "Ledger rollup".
 
-use crate::finding_rollups::plain_table;
-use crate::open::{has_table, meta_value};
+use crate::finding_rollups::{complete_tables, damaged_table};
 use crate::stream::{visit_calls, CallQuery, CallSource, StreamOrder};
 use crate::StoreError;
 use rusqlite::Connection;
@@ -88,20 +87,10 @@ pub(crate) fn stored(
     pids: &BTreeSet<u32>,
     context: &TraceData,
 ) -> rusqlite::Result<Option<Vec<ProcessLedger>>> {
-    let done = meta_value(conn, "ledger_rollup")?;
-    if done.as_deref() != Some(COMPLETE) || !has_table(conn, "ledger_rollup")? {
+    if !complete_tables(conn, "ledger_rollup", &[("ledger_rollup", COLS)])? {
         return Ok(None);
     }
-    let bad = |what: String| {
-        rusqlite::Error::FromSqlConversionFailure(
-            0,
-            rusqlite::types::Type::Text,
-            format!("damaged trace: ledger_rollup {what}").into(),
-        )
-    };
-    if !plain_table(conn, "ledger_rollup", COLS)? {
-        return Err(bad("is not the table gpusleuth writes".into()));
-    }
+    let bad = |what: String| damaged_table("ledger_rollup", &what);
     // One pass; only the rows of `pids` are parsed (one per process).
     let mut st = conn.prepare("SELECT pid, ledger FROM ledger_rollup")?;
     let mut rows = st.query([])?;

@@ -9,8 +9,7 @@
 //! `sleuth_core::sites::memory_by_site` gives from the rows, labels from the
 //! reader's stacks. Table and meaning: docs/schema.md, "Site rollup".
 
-use crate::finding_rollups::plain_table;
-use crate::open::{has_table, meta_value};
+use crate::finding_rollups::{complete_tables, damaged_table};
 use crate::problems::valid_call;
 use crate::stream::{visit_calls, CallQuery, CallSource, StreamOrder};
 use crate::StoreError;
@@ -223,27 +222,15 @@ pub(crate) fn write(conn: &Connection, ledgers: &[ProcessLedger]) -> rusqlite::R
 /// Whether the trace holds a complete site rollup of the shape gpusleuth
 /// writes; a table of another shape is damage (an error).
 fn complete(conn: &Connection) -> rusqlite::Result<bool> {
-    let done = meta_value(conn, "site_rollup")?;
-    if done.as_deref() != Some(COMPLETE)
-        || !has_table(conn, "site_memory")?
-        || !has_table(conn, "site_calls")?
-    {
-        return Ok(false);
-    }
-    if !plain_table(conn, "site_memory", MEMORY_COLS)?
-        || !plain_table(conn, "site_calls", CALLS_COLS)?
-    {
-        return Err(damaged("is not the table gpusleuth writes"));
-    }
-    Ok(true)
+    complete_tables(
+        conn,
+        "site_rollup",
+        &[("site_memory", MEMORY_COLS), ("site_calls", CALLS_COLS)],
+    )
 }
 
 fn damaged(what: &str) -> rusqlite::Error {
-    rusqlite::Error::FromSqlConversionFailure(
-        0,
-        rusqlite::types::Type::Integer,
-        format!("damaged trace: site rollup {what}").into(),
-    )
+    damaged_table("site rollup", what)
 }
 
 /// `sleuth_core::sites::memory_by_site` of the processes in `pids` at the

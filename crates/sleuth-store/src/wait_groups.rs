@@ -5,8 +5,7 @@
 //! every wait row (2.3 million of a 10M-call trace). Table and meaning:
 //! docs/schema.md, "Wait groups".
 
-use crate::finding_rollups::plain_table;
-use crate::open::{has_table, meta_value};
+use crate::finding_rollups::{complete_tables, damaged_table};
 use crate::problems::{valid_wait, MAX_NS};
 use rusqlite::Connection;
 use sleuth_core::WaitKind;
@@ -66,20 +65,10 @@ pub(crate) fn stored(
     conn: &Connection,
     pid: Option<u32>,
 ) -> rusqlite::Result<Option<Vec<WaitGroup>>> {
-    let done = meta_value(conn, "wait_groups")?;
-    if done.as_deref() != Some(COMPLETE) || !has_table(conn, "wait_groups")? {
+    if !complete_tables(conn, "wait_groups", &[("wait_groups", COLS)])? {
         return Ok(None);
     }
-    let bad = |what: &str| {
-        rusqlite::Error::FromSqlConversionFailure(
-            0,
-            rusqlite::types::Type::Integer,
-            format!("damaged trace: wait_groups {what}").into(),
-        )
-    };
-    if !plain_table(conn, "wait_groups", COLS)? {
-        return Err(bad("is not the table gpusleuth writes"));
-    }
+    let bad = |what: &str| damaged_table("wait_groups", what);
     let mut st = conn.prepare(
         "SELECT pid, kind, count, first_off_ns FROM wait_groups WHERE ?1 IS NULL OR pid = ?1",
     )?;
