@@ -13,10 +13,9 @@
 //! Table and meaning: docs/schema.md, "Ledger rollup".
 
 use crate::finding_rollups::{complete_tables, damaged_table};
-use crate::stream::{visit_calls, CallQuery, CallSource, StreamOrder};
-use crate::StoreError;
+use crate::stream::{visit_own_memory_calls, StreamOrder};
 use rusqlite::Connection;
-use sleuth_core::ledger::{in_context, memory_op_names, LedgerBuilder, ProcessLedger};
+use sleuth_core::ledger::{in_context, LedgerBuilder, ProcessLedger};
 use sleuth_core::TraceData;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -44,26 +43,7 @@ pub(crate) fn write(conn: &Connection) -> rusqlite::Result<Vec<ProcessLedger>> {
             b.track(pid);
         }
     }
-    let q = CallQuery {
-        pid: None,
-        ops: Some(memory_op_names()),
-        order: StreamOrder::ByReturn,
-        limit: None,
-    };
-    let src = CallSource::of(conn)?;
-    // The writer's own file: a failed read is the SQLite error itself.
-    let sqlite = |source| StoreError::Sqlite {
-        path: std::path::PathBuf::new(),
-        source,
-    };
-    visit_calls::<StoreError>(conn, src, &q, &sqlite, |c| {
-        b.push(&c.call);
-        Ok(())
-    })
-    .map_err(|e| match e {
-        StoreError::Sqlite { source, .. } => source,
-        other => rusqlite::Error::ToSqlConversionFailure(other.to_string().into()),
-    })?;
+    visit_own_memory_calls(conn, StreamOrder::ByReturn, |c, _| b.push(c))?;
     let mut ins = conn.prepare("INSERT INTO ledger_rollup(pid, ledger) VALUES (?1, ?2)")?;
     let ledgers = b.finish_bare();
     for l in &ledgers {

@@ -11,10 +11,9 @@
 
 use crate::finding_rollups::{complete_tables, damaged_table};
 use crate::problems::valid_call;
-use crate::stream::{visit_calls, CallQuery, CallSource, StreamOrder};
-use crate::StoreError;
+use crate::stream::{visit_own_memory_calls, StreamOrder};
 use rusqlite::{params, Connection};
-use sleuth_core::ledger::{memory_op_names, Ledger, ProcessLedger};
+use sleuth_core::ledger::{Ledger, ProcessLedger};
 use sleuth_core::ops::OpClass;
 use sleuth_core::sites::{label_of, SiteMemory};
 use sleuth_core::{op_by_name, CallEvent, TraceData};
@@ -70,31 +69,9 @@ pub(crate) fn write(conn: &Connection, ledgers: &[ProcessLedger]) -> rusqlite::R
     conn.execute_batch(CREATE)?;
     conn.execute("DELETE FROM site_memory", [])?;
     conn.execute("DELETE FROM site_calls", [])?;
-    let src = CallSource::of(conn)?;
-    let sqlite = |source| StoreError::Sqlite {
-        path: std::path::PathBuf::new(),
-        source,
-    };
-    let back = |e: StoreError| match e {
-        StoreError::Sqlite { source, .. } => source,
-        other => rusqlite::Error::ToSqlConversionFailure(other.to_string().into()),
-    };
     let mut acc: BTreeMap<(u32, Option<u64>), Acc> = BTreeMap::new();
-    let stream = |order: StreamOrder, visit: &mut dyn FnMut(&CallEvent, i64)| {
-        let q = CallQuery {
-            pid: None,
-            ops: Some(memory_op_names()),
-            order,
-            limit: None,
-        };
-        visit_calls::<StoreError>(conn, src, &q, &sqlite, |c| {
-            visit(&c.call, c.id);
-            Ok(())
-        })
-        .map_err(back)
-    };
     // What each site allocated (and failed to), in start order.
-    stream(StreamOrder::ByStart, &mut |c, id| {
+    visit_own_memory_calls(conn, StreamOrder::ByStart, |c, id| {
         let Some(info) = c.info() else { return };
         if !matches!(info.class, OpClass::DeviceAlloc | OpClass::PhysCreate) || c.nested {
             return;
@@ -137,7 +114,7 @@ pub(crate) fn write(conn: &Connection, ledgers: &[ProcessLedger]) -> rusqlite::R
         .collect();
     let mut replay = Ledger::new();
     let mut at_peak: BTreeMap<u32, ProcessLedger> = BTreeMap::new();
-    stream(StreamOrder::ByReturn, &mut |c, _| {
+    visit_own_memory_calls(conn, StreamOrder::ByReturn, |c, _| {
         if let Some(&peak) = peaks.get(&c.pid) {
             if c.end_ns() > peak && !at_peak.contains_key(&c.pid) {
                 at_peak.insert(c.pid, replay.snapshot(c.pid, String::new(), None));

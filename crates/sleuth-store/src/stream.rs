@@ -422,6 +422,34 @@ pub(crate) fn visit_calls<E: From<StoreError>>(
     )
 }
 
+/// The memory calls of the file the writer is finishing, in `order`: the
+/// readers' own stream (so the end-of-trace rollups replay calls as readers
+/// would), with SQLite's errors as they are.
+pub(crate) fn visit_own_memory_calls(
+    conn: &Connection,
+    order: StreamOrder,
+    mut visit: impl FnMut(&sleuth_core::CallEvent, i64),
+) -> rusqlite::Result<()> {
+    let q = CallQuery {
+        pid: None,
+        ops: Some(sleuth_core::ledger::memory_op_names()),
+        order,
+        limit: None,
+    };
+    let sqlite = |source| StoreError::Sqlite {
+        path: PathBuf::new(),
+        source,
+    };
+    visit_calls::<StoreError>(conn, CallSource::of(conn)?, &q, &sqlite, |c| {
+        visit(&c.call, c.id);
+        Ok(())
+    })
+    .map_err(|e| match e {
+        StoreError::Sqlite { source, .. } => source,
+        other => rusqlite::Error::ToSqlConversionFailure(other.to_string().into()),
+    })
+}
+
 /// Visits the calls of `source` (the `calls` view or its row-order twin)
 /// meeting every condition, in `order`, at most `limit` of them.
 #[allow(clippy::too_many_arguments)]
