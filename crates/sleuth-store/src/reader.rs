@@ -579,17 +579,12 @@ impl Trace {
     /// (which reads every wait's pid). The calls are tested in the rollups of
     /// a finished trace, else in the rows (then checked first, see `bulk`).
     fn holds_pid(&self, pid: u32) -> Result<bool, StoreError> {
-        let conn = if self.version == 1 || !self.has_rollups()? {
-            self.bulk()?
-        } else {
-            self.keyed()
-        };
-        let calls = if self.version == 1 {
-            "calls"
+        let (conn, calls) = if self.version == 1 {
+            (self.bulk()?, "calls")
         } else if self.has_rollups()? {
-            "rollup_ops"
+            (self.keyed(), "rollup_ops")
         } else {
-            "call_rows"
+            (self.bulk()?, "call_rows")
         };
         let mut tables = vec!["processes", calls, "waits", "proc_events", "op_counts"];
         if has_table(conn, "process_gpu_samples").at(&self.path)? {
