@@ -365,7 +365,7 @@ pub fn markdown(r: &Explanation) -> String {
 
 #[cfg(test)]
 #[path = "explain_lean_tests.rs"]
-mod lean_tests;
+pub(crate) mod lean_tests;
 
 #[cfg(test)]
 mod tests {

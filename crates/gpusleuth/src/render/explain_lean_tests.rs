@@ -52,7 +52,7 @@ fn every_kind() -> TraceData {
 
 /// The same words in the same order; a word may differ only where both
 /// hold a number (a percentile, within the bound the JSON check proves).
-fn assert_same_words(got: &str, want: &str, at: &str) {
+pub(crate) fn assert_same_words(got: &str, want: &str, at: &str) {
     if got == want {
         return;
     }

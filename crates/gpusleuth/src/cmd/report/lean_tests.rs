@@ -12,6 +12,7 @@
 
 use super::inputs::{Inputs, LatencyRow};
 use super::{inputs_of, render, SLOWEST_CALLS};
+use crate::render::explain::lean_tests::assert_same_words;
 use crate::temp_dir::TempDir;
 use crate::trace_fixture::{close, example, rewrite, rewrite_with_context};
 use sleuth_core::sites::Stack;
@@ -177,20 +178,6 @@ fn sections(html: &str) -> Vec<&str> {
     out
 }
 
-/// The same words in the same order; a word may differ only where both
-/// hold a number.
-fn same_words(got: &str, want: &str, at: &str) {
-    let (g, w): (Vec<&str>, Vec<&str>) = (
-        got.split_whitespace().collect(),
-        want.split_whitespace().collect(),
-    );
-    assert_eq!(g.len(), w.len(), "{at}:\n{got}\nvs\n{want}");
-    for (a, b) in g.iter().zip(&w) {
-        let digits = |s: &str| s.chars().any(|c| c.is_ascii_digit());
-        assert!(a == b || (digits(a) && digits(b)), "{at}: {a} vs {b}");
-    }
-}
-
 /// Exact counts, totals and maxima; the other percentiles within the bound.
 fn latency_close(lean: &[LatencyRow], full: &[LatencyRow], at: &str) {
     assert_eq!(lean.len(), full.len(), "{at}");
@@ -261,7 +248,7 @@ fn compare(path: &Path, at: &str) -> bool {
     assert!(fs.len() >= 8, "{at}: every section compared");
     for (a, b) in ls.iter().zip(&fs) {
         if b.starts_with("<h2>Findings") || b.starts_with("<h2>Latency per op") {
-            same_words(a, b, at);
+            assert_same_words(a, b, at);
         } else {
             assert_eq!(a, b, "{at}");
         }
