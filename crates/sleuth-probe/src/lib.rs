@@ -4,7 +4,7 @@
 pub mod caps;
 pub mod capture;
 pub mod discover;
-pub mod mapped;
+pub mod elf_symbols;
 mod multi;
 pub mod placement;
 pub mod session;

@@ -3,7 +3,7 @@
 //! aya can resolve a symbol per attach, but that re-parses the ELF for every
 //! probe; libcuda.so is tens of MB and we attach ~60 probes, so we parse once.
 
-use object::{Object, ObjectSection, ObjectSymbol};
+use crate::elf_symbols::{ElfSymbols, Table};
 use std::collections::HashMap;
 use std::path::Path;
 
@@ -23,38 +23,39 @@ impl SymbolOffsets {
     }
 
     /// The one ELF walk: every defined symbol whose name `key` maps to a key
-    /// is stored under that key with its file offset (first one wins).
+    /// is stored under that key with its file offset (first one wins; the
+    /// exported symbols are read first). The tables are read through a small
+    /// buffer (`crate::elf_symbols`), so a library of any size costs the
+    /// tracer a few hundred KB while it is read.
     fn scan(path: &Path, key: impl Fn(&str) -> Option<String>) -> Result<SymbolOffsets, String> {
-        let map = crate::mapped::MappedFile::open(path)
-            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-        let data = map.bytes();
-        let file = object::File::parse(data)
-            .map_err(|e| format!("{} is not a readable ELF file: {e}", path.display()))?;
+        let elf = ElfSymbols::open(path)?;
         let mut offsets = HashMap::new();
-        for sym in map.releasing(file.dynamic_symbols().chain(file.symbols())) {
-            if !sym.is_definition() || sym.address() == 0 {
-                continue;
+        elf.visit(&[Table::Dynamic, Table::Full], |sym, names| {
+            if !sym.is_definition() || sym.value == 0 {
+                return;
             }
-            let Some(k) = sym.name().ok().and_then(&key) else {
-                continue;
+            let Some(k) = names
+                .get(sym.name_off)
+                .and_then(|n| std::str::from_utf8(n).ok())
+                .and_then(&key)
+            else {
+                return;
             };
             if offsets.contains_key(&k) {
-                continue;
+                return;
             }
-            let Some(index) = sym.section_index() else {
-                continue;
+            let Some(section) = elf.section(sym.shndx) else {
+                return;
             };
-            let Ok(section) = file.section_by_index(index) else {
-                continue;
+            let Some((file_off, _)) = section.file_range else {
+                return;
             };
-            let Some((file_off, _)) = section.file_range() else {
-                continue;
-            };
-            let Some(delta) = sym.address().checked_sub(section.address()) else {
-                continue;
+            let Some(delta) = sym.value.checked_sub(section.address) else {
+                return;
             };
             offsets.insert(k, file_off + delta);
-        }
+        })
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
         Ok(SymbolOffsets { offsets })
     }
 
@@ -69,16 +70,23 @@ impl SymbolOffsets {
 /// see it, so its folders are probed before the command starts.
 pub fn runpath_dirs(exe: &Path) -> Vec<std::path::PathBuf> {
     use object::elf;
-    use object::read::elf::{Dyn, ElfFile64};
-    let Ok(map) = crate::mapped::MappedFile::open(exe) else {
+    use object::read::elf::{Dyn, FileHeader};
+    let Ok(f) = std::fs::File::open(exe) else {
         return Vec::new();
     };
-    let data = map.bytes();
-    let Ok(file) = ElfFile64::<object::Endianness>::parse(data) else {
+    // Only the headers and the dynamic section are read (object's cache
+    // holds what it read: a few KB), not the executable.
+    let cache = object::read::ReadCache::new(&f);
+    let data = &cache;
+    let Ok(header) = elf::FileHeader64::<object::Endianness>::parse(data) else {
         return Vec::new();
     };
-    let endian = file.endian();
-    let sections = file.elf_section_table();
+    let Ok(endian) = header.endian() else {
+        return Vec::new();
+    };
+    let Ok(sections) = header.sections(endian, data) else {
+        return Vec::new();
+    };
     let Ok(Some((dyns, strtab_index))) = sections.dynamic(endian, data) else {
         return Vec::new();
     };
@@ -174,26 +182,31 @@ impl SymbolOffsets {
 /// Demangled caching-allocator function names in a library (for `check`,
 /// when the expected signatures are not found: shows what is there instead).
 pub fn torch_candidates(path: &Path) -> Vec<String> {
-    let Ok(map) = crate::mapped::MappedFile::open(path) else {
+    let Ok(elf) = ElfSymbols::open(path) else {
         return Vec::new();
     };
-    let Ok(file) = object::File::parse(map.bytes()) else {
-        return Vec::new();
-    };
-    let mut out: Vec<String> = file
-        .symbols()
-        .chain(file.dynamic_symbols())
-        .filter_map(|sym| {
-            let name = sym.name().ok()?;
-            if !name.starts_with("_ZN3c104cuda20CUDACachingAllocator") || name.contains('.') {
-                return None;
-            }
-            let d = cpp_demangle::Symbol::new(name).ok()?.demangle().ok()?;
-            let interesting = ["::malloc(", "::free(", "::release_block(", "::emptyCache("];
-            (d.contains("Native::") && interesting.iter().any(|k| d.contains(k)))
-                .then(|| format!("{d}  [{name}]"))
-        })
-        .collect();
+    let mut out: Vec<String> = Vec::new();
+    let _ = elf.visit(&[Table::Full, Table::Dynamic], |sym, names| {
+        let Some(name) = names
+            .get(sym.name_off)
+            .and_then(|n| std::str::from_utf8(n).ok())
+        else {
+            return;
+        };
+        if !name.starts_with("_ZN3c104cuda20CUDACachingAllocator") || name.contains('.') {
+            return;
+        }
+        let Some(d) = cpp_demangle::Symbol::new(name)
+            .ok()
+            .and_then(|s| s.demangle().ok())
+        else {
+            return;
+        };
+        let interesting = ["::malloc(", "::free(", "::release_block(", "::emptyCache("];
+        if d.contains("Native::") && interesting.iter().any(|k| d.contains(k)) {
+            out.push(format!("{d}  [{name}]"));
+        }
+    });
     out.sort();
     out.dedup();
     out

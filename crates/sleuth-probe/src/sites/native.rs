@@ -6,94 +6,82 @@
 //! while the traced process is alive (on the draining thread); [`SymbolFiles`]
 //! names it from the file alone, later and on a thread of its own (the trace
 //! command's `gpusleuth-sym`). A file's first use stays cheap all the same:
-//! it is mapped, not read (a 1.5 GiB libtorch_cuda costs no memory beyond the
-//! pages touched), only the function symbols' addresses are indexed, and a
-//! name is read and demangled when a frame needs it. Eagerly demangling every
-//! symbol of PyTorch's libraries on the draining thread took seconds on the
-//! H200, long enough for a short program to exit before its later stacks were
-//! resolved (docs/gpu-runs.md).
+//! its symbol tables are read through a small buffer (`crate::elf_symbols`:
+//! a 1.5 GiB libtorch_cuda costs the tracer no file pages), only the function
+//! symbols' addresses are indexed, and a name is read and demangled when a
+//! frame needs it. Eagerly demangling every symbol of PyTorch's libraries on
+//! the draining thread took seconds on the H200, long enough for a short
+//! program to exit before its later stacks were resolved (docs/gpu-runs.md).
 
 use super::python::{read_maps, MapEntry};
-use crate::mapped::MappedFile;
+use crate::elf_symbols::{ElfSymbols, Segment, Table};
 use sleuth_core::sites::{Frame, FrameKind};
 use std::collections::HashMap;
 
-/// One function symbol in 16 bytes (PyTorch's libraries hold millions of
+/// One function symbol in 12 bytes (PyTorch's libraries hold millions of
 /// them, all indexed while the tracer runs): its start and size as virtual
-/// addresses, and where its name lies in the file. 32-bit fields cover any
-/// library under 4 GiB; a symbol beyond is left out (its frames show the
-/// library without a function name).
+/// addresses, and where its name starts in the file (read up to its NUL when
+/// a frame asks). 32-bit fields cover any library under 4 GiB; a symbol
+/// beyond is left out (its frames show the library without a function name).
 #[derive(Clone, Copy)]
 struct Func {
     start: u32,
     size: u32,
     name_off: u32,
-    name_len: u32,
 }
 
 /// Function symbols of one file, by virtual address; names stay in the
-/// mapped file until a frame asks for one.
+/// file until a frame asks for one.
 #[derive(Default)]
 struct FileSymbols {
-    map: Option<MappedFile>,
+    elf: Option<ElfSymbols>,
     /// Function symbols, sorted by start.
     funcs: Vec<Func>,
     /// Loadable segments: (file offset, vaddr, file size).
-    segments: Vec<(u64, u64, u64)>,
+    segments: Vec<Segment>,
     /// Names already demangled, by symbol start.
     names: HashMap<u64, String>,
 }
 
 impl FileSymbols {
     fn load(path: &str) -> FileSymbols {
-        let Ok(map) = MappedFile::open(std::path::Path::new(path)) else {
+        let Ok(elf) = ElfSymbols::open(std::path::Path::new(path)) else {
             return FileSymbols::default();
         };
-        let (funcs, segments) = match Self::index(&map) {
-            Some(x) => x,
-            None => return FileSymbols::default(),
+        let Some(funcs) = Self::index(&elf) else {
+            return FileSymbols::default();
         };
-        // Indexing touched the symbol and string tables (tens of MB for
-        // PyTorch's libraries): not kept resident, names are read back on demand.
-        map.release();
         FileSymbols {
-            map: Some(map),
+            segments: elf.segments().to_vec(),
+            elf: Some(elf),
             funcs,
-            segments,
             names: HashMap::new(),
         }
     }
 
-    /// Function symbols (start, size, name offset, name length) and segments.
-    #[allow(clippy::type_complexity)]
-    fn index(map: &MappedFile) -> Option<(Vec<Func>, Vec<(u64, u64, u64)>)> {
-        use object::{Object, ObjectSegment, ObjectSymbol, SymbolKind};
-        let data = map.bytes();
-        let file = object::File::parse(data).ok()?;
-        let base = data.as_ptr() as usize;
-        let mut funcs: Vec<Func> = map
-            .releasing(file.symbols().chain(file.dynamic_symbols()))
-            .filter(|s| s.kind() == SymbolKind::Text && s.address() != 0 && s.is_definition())
-            .filter_map(|s| {
-                let name = s.name_bytes().ok()?;
-                // The name lies in the mapped string table: keep where.
-                let off = (name.as_ptr() as usize).checked_sub(base)?;
-                Some(Func {
-                    start: u32::try_from(s.address()).ok()?,
-                    size: u32::try_from(s.size()).unwrap_or(u32::MAX),
-                    name_off: u32::try_from(off).ok()?,
-                    name_len: u32::try_from(name.len()).ok()?,
-                })
-            })
-            .collect();
+    /// The function symbols, sorted by start; of two at one address the
+    /// larger, then the one of `.symtab` (read first).
+    fn index(elf: &ElfSymbols) -> Option<Vec<Func>> {
+        let mut funcs: Vec<Func> = Vec::new();
+        elf.visit(&[Table::Full, Table::Dynamic], |s, _| {
+            if !(s.is_function() && s.is_defined() && s.value != 0) {
+                return;
+            }
+            let (Ok(start), Ok(name_off)) = (u32::try_from(s.value), u32::try_from(s.name_off))
+            else {
+                return;
+            };
+            funcs.push(Func {
+                start,
+                size: u32::try_from(s.size).unwrap_or(u32::MAX),
+                name_off,
+            });
+        })
+        .ok()?;
         funcs.sort_by(|a, b| a.start.cmp(&b.start).then(b.size.cmp(&a.size)));
         funcs.dedup_by_key(|f| f.start);
         funcs.shrink_to_fit();
-        let segments = file
-            .segments()
-            .map(|s| (s.file_range().0, s.address(), s.file_range().1))
-            .collect();
-        Some((funcs, segments))
+        Some(funcs)
     }
 
     fn vaddr_of(&self, file_off: u64) -> Option<u64> {
@@ -107,7 +95,6 @@ impl FileSymbols {
         let i = self.funcs.partition_point(|f| u64::from(f.start) <= vaddr);
         let f = *self.funcs.get(i.checked_sub(1)?)?;
         let (start, size) = (u64::from(f.start), u64::from(f.size));
-        let (name_off, name_len) = (f.name_off, f.name_len);
         // Sized symbols must contain the address; unsized ones (assembly)
         // are taken only close by.
         let limit = if size > 0 { size } else { 4096 };
@@ -117,10 +104,8 @@ impl FileSymbols {
         if let Some(n) = self.names.get(&start) {
             return Some(n.clone());
         }
-        let map = self.map.as_ref()?.bytes();
-        let raw =
-            map.get(name_off as usize..(name_off as usize).checked_add(name_len as usize)?)?;
-        let name = String::from_utf8_lossy(raw);
+        let raw = self.elf.as_ref()?.name_at(u64::from(f.name_off))?;
+        let name = String::from_utf8_lossy(&raw);
         let name = name.split('@').next().unwrap_or(&name);
         let name = demangle(name);
         self.names.insert(start, name.clone());
@@ -259,8 +244,8 @@ mod tests {
     }
 
     #[test]
-    fn a_function_symbol_takes_16_bytes() {
-        assert_eq!(std::mem::size_of::<Func>(), 16);
+    fn a_function_symbol_takes_12_bytes() {
+        assert_eq!(std::mem::size_of::<Func>(), 12);
     }
 
     #[test]

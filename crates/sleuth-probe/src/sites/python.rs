@@ -205,35 +205,38 @@ struct PySymbols {
 }
 
 fn read_symbols(path: &Path) -> Result<Option<PySymbols>, String> {
-    use object::{Object, ObjectSegment, ObjectSymbol};
-    let data = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    let file = object::File::parse(&*data)
-        .map_err(|e| format!("{} is not a readable ELF file: {e}", path.display()))?;
+    use crate::elf_symbols::{ElfSymbols, Table};
+    // Read through a small buffer: the interpreter (or libpython) is tens of
+    // MB that reading it whole used to add to the tracer's peak RSS.
+    let elf = ElfSymbols::open(path)?;
     let mut runtime = None;
     let mut version_addr = None;
-    for sym in file.dynamic_symbols().chain(file.symbols()) {
-        match sym.name() {
-            Ok("_PyRuntime") if sym.address() != 0 => runtime = Some(sym.address()),
-            Ok("Py_Version") if sym.address() != 0 => version_addr = Some(sym.address()),
+    elf.visit(&[Table::Dynamic, Table::Full], |sym, names| {
+        if sym.value == 0 {
+            return;
+        }
+        match names.get(sym.name_off) {
+            Some(b"_PyRuntime") => runtime = Some(sym.value),
+            Some(b"Py_Version") => version_addr = Some(sym.value),
             _ => {}
         }
-    }
+    })
+    .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     let Some(runtime) = runtime else {
         return Ok(None);
     };
     // Py_Version is a const in a loaded segment: read it from the file.
     let py_version = version_addr.and_then(|a| {
-        file.segments().find_map(|seg| {
-            let (off, size) = seg.file_range();
-            let rel = a.checked_sub(seg.address())?;
-            if rel + 4 > size {
+        elf.segments().iter().find_map(|&(off, vaddr, size)| {
+            let rel = a.checked_sub(vaddr)?;
+            if rel.checked_add(4)? > size {
                 return None;
             }
-            let at = (off + rel) as usize;
-            Some(u32::from_le_bytes(data.get(at..at + 4)?.try_into().ok()?))
+            let b = elf.read_at(off.checked_add(rel)?, 4)?;
+            Some(u32::from_le_bytes(b.try_into().ok()?))
         })
     });
-    let min_vaddr = file.segments().map(|s| s.address()).min().unwrap_or(0) & !0xfff;
+    let min_vaddr = elf.segments().iter().map(|s| s.1).min().unwrap_or(0) & !0xfff;
     Ok(Some(PySymbols {
         runtime,
         py_version,
