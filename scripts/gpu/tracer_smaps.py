@@ -31,23 +31,37 @@ def smaps(pid):
     return out, total
 
 
+def vm_hwm_kb(pid):
+    """The kernel's peak resident set of the process so far (VmHWM), in kB."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
 def main():
     gs, rest = sys.argv[1], sys.argv[sys.argv.index("--") + 1:]
     db = "/tmp/gs-smaps.db"
     extra = os.environ.get("GS_TRACE_ARGS", "").split()  # e.g. --ring-size 4M
     p = subprocess.Popen([gs, "trace", "--db", db, "--force", "-q"] + extra + ["--"] + rest,
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    best, best_total = None, 0
+    best, best_total, hwm_kb = None, 0, 0
     while p.poll() is None:
         maps, total = smaps(p.pid)
         if maps and total > best_total:
             best, best_total = maps, total
+        hwm_kb = max(hwm_kb, vm_hwm_kb(p.pid))
         time.sleep(0.2)
     err = p.stderr.read().decode(errors="replace")
     by_name = {}
     for name, kb in best or []:
         by_name[name] = by_name.get(name, 0) + kb
-    print(f"tracer peak sampled Rss {best_total / 1024:.1f} MiB (rc {p.returncode})")
+    print(f"tracer peak sampled Rss {best_total / 1024:.1f} MiB, VmHWM at the last sample "
+          f"{hwm_kb / 1024:.1f} MiB (rc {p.returncode})")
     for name, kb in sorted(by_name.items(), key=lambda x: -x[1])[:25]:
         print(f"{kb / 1024:8.1f} MiB  {name}")
     print(err[-600:])

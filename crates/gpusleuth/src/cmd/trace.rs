@@ -825,9 +825,12 @@ fn trace_loop(
     let mut child_exit_at: Option<Instant> = None;
     // Whether the loop ended because --duration was reached.
     let duration_up = loop {
-        session.poll(Duration::from_millis(50), |c| sinks.take(c));
+        let drained = session.poll(Duration::from_millis(50), |c| sinks.take(c));
         sinks.flush_events();
         sinks.live.flush();
+        if (1..SMALL_BATCH).contains(&drained) {
+            std::thread::sleep(POLL_NAP);
+        }
         if let Some(pid) = child {
             if child_exit.is_none() {
                 if let Some(code) = held_child::try_wait(pid) {
@@ -1054,6 +1057,21 @@ fn end_command(pid: u32, session: &mut CaptureSession, sinks: &mut Sinks) -> (i3
     // Not reaped 5 s after SIGKILL (stuck in the kernel): say what was sent.
     (128 + libc::SIGKILL, "SIGKILL (not yet reaped)")
 }
+
+/// A poll that drained fewer records than this is followed by [`POLL_NAP`].
+const SMALL_BATCH: usize = 512;
+/// The pause after a small batch. A draining thread on a CPU of its own (the
+/// placement's aim) catches up with the traced program after every few
+/// records, and each catch-up cost a wakeup of this thread, a loop and a
+/// message to the writer: most of the tracer's CPU per event on the 16-CPU
+/// H200 (docs/benchmarks.md, round 7). Pausing lets the ring buffer collect
+/// records meanwhile (the kernel wakes no one while we sleep), so one pass
+/// carries hundreds of them. 2 ms is far below what the ring absorbs (the
+/// default 8 MiB holds ~60,000 call records of 136 bytes: it fills during a
+/// pause only above 30 million records a second, where each uprobe trap
+/// costs a CPU about a microsecond) and below what a person sees in the
+/// live view.
+const POLL_NAP: Duration = Duration::from_millis(2);
 
 /// Longest time spent draining the ring buffer after the trace stopped.
 const FINAL_DRAIN: Duration = Duration::from_millis(500);
