@@ -520,6 +520,47 @@ fn render(r: &Report) -> String {
     s
 }
 
+/// Tracer CPU per event added between two floods.
+#[derive(Debug, PartialEq)]
+struct Marginal {
+    /// (smaller, larger) flood, in launches.
+    launches: (u64, u64),
+    poller_us: f64,
+    writer_us: f64,
+    tracer_us: f64,
+}
+
+/// The CPU per event that the larger flood with placement on added to the
+/// smaller one: what the tracer costs per event once the fixed costs of a
+/// trace (attaching, kernel BTF, symbol reads, the end-of-trace aggregates'
+/// set-up) are paid, which the per-event averages of a short flood include.
+/// None without two such floods of different sizes.
+fn marginal(rows: &[Footprint]) -> Option<Marginal> {
+    let on: Vec<&Footprint> = rows.iter().filter(|f| f.placement).collect();
+    let small = on.iter().min_by_key(|f| f.events_stored)?;
+    let large = on.iter().max_by_key(|f| f.events_stored)?;
+    let added = large.events_stored.checked_sub(small.events_stored)? as f64;
+    if large.launches == small.launches || added <= 0.0 {
+        return None;
+    }
+    let total_us = |f: &Footprint, per: f64| per * f.events_stored as f64;
+    let per_added = |a: f64, b: f64| (b - a) / added;
+    let poller_us = per_added(
+        total_us(small, small.poller_us_per_event),
+        total_us(large, large.poller_us_per_event),
+    );
+    let writer_us = per_added(
+        total_us(small, small.writer_us_per_event),
+        total_us(large, large.writer_us_per_event),
+    );
+    Some(Marginal {
+        launches: (small.launches, large.launches),
+        poller_us,
+        writer_us,
+        tracer_us: poller_us + writer_us,
+    })
+}
+
 /// The footprint rows; empty when there are none.
 fn render_footprint(rows: &[Footprint]) -> String {
     let mut s = String::new();
@@ -546,6 +587,12 @@ fn render_footprint(rows: &[Footprint]) -> String {
                 f.peak_rss_mb
             );
     }
+    if let Some(m) = marginal(rows) {
+        s += &format!(
+            "  per added event ({} vs {} launches, placement on): poller {:.2}, writer {:.2}, p+w {:.2} µs\n",
+            m.launches.1, m.launches.0, m.poller_us, m.writer_us, m.tracer_us
+        );
+    }
     let notes: std::collections::BTreeSet<&str> = rows
         .iter()
         .filter_map(|f| f.placement_note.as_deref())
@@ -554,4 +601,47 @@ fn render_footprint(rows: &[Footprint]) -> String {
         s += &format!("  last {note}\n");
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(launches: u64, placement: bool, events: u64, poller_s: f64, writer_s: f64) -> Footprint {
+        let per = |s: f64| s * 1e6 / events as f64;
+        Footprint {
+            launches,
+            placement,
+            events_stored: events,
+            drops: 0,
+            poller_us_per_event: per(poller_s),
+            writer_us_per_event: per(writer_s),
+            helpers_us_per_event: 0.0,
+            tracer_us_per_event: per(poller_s + writer_s),
+            traced_runnable_ms: 0.0,
+            runnable_by_tracer_ms: 0.0,
+            peak_rss_mb: 0.0,
+            placement_note: None,
+        }
+    }
+
+    #[test]
+    fn the_marginal_cost_leaves_the_fixed_cost_out() {
+        // 0.2 s of fixed poller cost and 1 µs per event for each thread.
+        let rows = [
+            row(200_000, true, 400_000, 0.2 + 0.4, 0.4),
+            row(200_000, false, 400_000, 9.0, 9.0),
+            row(800_000, true, 1_600_000, 0.2 + 1.6, 1.6),
+        ];
+        let m = marginal(&rows).unwrap();
+        assert_eq!(m.launches, (200_000, 800_000));
+        assert!((m.poller_us - 1.0).abs() < 1e-9, "{m:?}");
+        assert!((m.writer_us - 1.0).abs() < 1e-9, "{m:?}");
+        assert!((m.tracer_us - 2.0).abs() < 1e-9, "{m:?}");
+        assert!(render_footprint(&rows).contains(
+            "per added event (800000 vs 200000 launches, placement on): poller 1.00, writer 1.00, p+w 2.00 µs"
+        ));
+        // One flood size only: nothing to subtract.
+        assert_eq!(marginal(&rows[..2]), None);
+    }
 }
