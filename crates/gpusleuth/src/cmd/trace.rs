@@ -1060,16 +1060,17 @@ fn end_command(pid: u32, session: &mut CaptureSession, sinks: &mut Sinks) -> (i3
 
 /// A poll that drained fewer records than this is followed by [`POLL_NAP`].
 const SMALL_BATCH: usize = 512;
-/// The pause after a small batch. A draining thread on a CPU of its own (the
-/// placement's aim) catches up with the traced program after every few
-/// records, and each catch-up cost a wakeup of this thread, a loop and a
-/// message to the writer: most of the tracer's CPU per event on the 16-CPU
-/// H200 (docs/benchmarks.md, round 7). Pausing lets the ring buffer collect
-/// records meanwhile (the kernel wakes no one while we sleep), so one pass
-/// carries hundreds of them. 2 ms is far below what the ring absorbs (the
-/// default 8 MiB holds ~60,000 call records of 136 bytes: it fills during a
-/// pause only above 30 million records a second, where each uprobe trap
-/// costs a CPU about a microsecond) and below what a person sees in the
+/// The pause after a small batch. Records wake no one (`BPF_RB_NO_WAKEUP`
+/// below a quarter-full ring), but the loop polled again at once whenever a
+/// drain found anything, and during a flood there always was something: a
+/// draining thread on a CPU of its own (the placement's aim) spun, paying a
+/// loop, its checks and a message to the writer for every few records (most
+/// of the tracer's CPU per event on the 16-CPU H200: docs/benchmarks.md,
+/// round 7). Pausing lets the ring buffer collect records meanwhile, so one
+/// pass carries hundreds of them. 2 ms is far below what the ring absorbs
+/// (the default 8 MiB holds ~60,000 call records of 136 bytes: it fills
+/// during a pause only above 30 million records a second, where each uprobe
+/// trap costs a CPU about a microsecond) and below what a person sees in the
 /// live view.
 const POLL_NAP: Duration = Duration::from_millis(2);
 
