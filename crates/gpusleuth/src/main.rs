@@ -13,6 +13,7 @@ mod live;
 mod load;
 mod metrics;
 mod output;
+mod peak_rss;
 mod procinfo;
 mod render;
 mod signals;
@@ -99,6 +100,7 @@ fn main() {
         Command::Export(a) => cmd::export::run(a),
         Command::Report(a) => cmd::report::run(a),
     };
+    peak_rss::report_if_asked();
     match result {
         Ok(code) => std::process::exit(code),
         Err(e) => {

@@ -434,8 +434,26 @@ impl Bench {
     }
 }
 
-/// Runs a child to completion, returning its resource usage (wait4).
+/// Runs a child to completion, returning its resource usage (wait4). A
+/// gpusleuth child reports its own peak RSS (`crate::peak_rss`): the kernel's
+/// `ru_maxrss` of a child includes the bench's resident set at the spawn,
+/// a floor of tens of MB once the bench has written a large trace.
 pub(super) fn run_child(mut cmd: Command) -> Result<Usage> {
+    /// The child's peak RSS file, removed whatever happens.
+    struct PeakFile(PathBuf);
+    impl Drop for PeakFile {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let peak_file = PeakFile(std::env::temp_dir().join(format!(
+        "gpusleuth-bench-peak-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    )));
+    let _ = std::fs::remove_file(&peak_file.0);
+    cmd.env(crate::peak_rss::PEAK_RSS_ENV, &peak_file.0);
     let child = cmd
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -462,9 +480,12 @@ pub(super) fn run_child(mut cmd: Command) -> Result<Usage> {
         bail!("benchmark process failed (status {status:#x}): {line}");
     }
     let tv = |t: libc::timeval| t.tv_sec as f64 * 1000.0 + t.tv_usec as f64 / 1000.0;
+    let reported = crate::peak_rss::read_reported(&peak_file.0);
     Ok(Usage {
         cpu_ms: tv(ru.ru_utime) + tv(ru.ru_stime),
-        max_rss_kb: ru.ru_maxrss,
+        max_rss_kb: reported
+            .and_then(|kb| i64::try_from(kb).ok())
+            .unwrap_or(ru.ru_maxrss),
     })
 }
 
