@@ -238,16 +238,13 @@ pub fn latency_stats(db: &Path, scope: &args::CallScope, budget: &ReadBudget) ->
 /// `explain`'s ranked findings with evidence.
 pub fn findings(db: &Path, scope: &args::CallScope, budget: &ReadBudget) -> Result<Value> {
     let trace = open(db, budget)?;
-    // The whole trace (no process, op or window) is explained from the
-    // stored aggregates when it has them (`sleuth_store::lean`): memory
+    // The whole trace or one process (no op, no window) is explained from
+    // the stored aggregates when it has them (`sleuth_store::lean`): memory
     // bounded by the aggregates, not the calls. Else everything is loaded
     // (`load_scoped` checks the op and the window).
-    let whole = scope.pid.is_none()
-        && scope.op.is_none()
-        && scope.since_ns.is_none()
-        && scope.until_ns.is_none();
-    let lean = if whole {
-        sleuth_store::lean::load(&trace, None, budget.clone())?
+    let unfiltered = scope.op.is_none() && scope.since_ns.is_none() && scope.until_ns.is_none();
+    let lean = if unfiltered {
+        sleuth_store::lean::load(&trace, scope.pid, budget.clone())?
     } else {
         None
     };
