@@ -405,3 +405,38 @@ fn ledgers_at_the_end_are_read_from_the_stored_rollup() {
     let err = mt.ledgers(None).unwrap_err().to_string();
     assert!(err.contains("damaged trace: ledger_rollup"), "{err}");
 }
+
+/// The ledger at a moment reads only the calls that returned by then, and
+/// the pass over the call rows its stream makes (the totals check) is the
+/// one the count of skipped rows reuses after the reads: the counts equal
+/// those of a trace that made the pass itself, the ledgers those of the load.
+#[test]
+fn a_ledger_at_a_moment_and_the_skipped_rows_after_it_match_the_load() {
+    let dir = TempDir::new("stream-at-problems");
+    let path = dir.join("t.db");
+    simulated(&path);
+    // Two rows made impossible (a negative duration): skipped and counted.
+    let c = rusqlite::Connection::open(&path).unwrap();
+    let n = c
+        .execute(
+            "UPDATE call_rows SET dur_ns = -5 WHERE id IN (SELECT id FROM call_rows ORDER BY id LIMIT 2)",
+            [],
+        )
+        .unwrap();
+    assert_eq!(n, 2);
+    drop(c);
+    let fresh = Trace::open(&path).unwrap().input_problems().unwrap();
+    assert_eq!(fresh.impossible_calls, 2);
+    let trace = Trace::open(&path).unwrap();
+    let data = trace.load(None).unwrap();
+    let streamed = Trace::open(&path).unwrap();
+    let mt = MemoryTrace::open(&streamed, None, budget()).unwrap();
+    let mut ends: Vec<u64> = data.calls.iter().map(|c| c.end_ns()).collect();
+    ends.sort_unstable();
+    let at = ends[ends.len() / 2];
+    assert_eq!(
+        json(&mt.ledgers(Some(at)).unwrap()),
+        json(&ledger(&data, Some(at)))
+    );
+    assert_eq!(streamed.input_problems().unwrap(), fresh);
+}
