@@ -349,21 +349,19 @@ pub fn memory(db: &Path, a: &args::Memory, budget: &ReadBudget) -> Result<Value>
         None => procs.clone(),
     };
     // The sites at the end come from the site rollup of a finished trace;
-    // else they, like the allocator view, read the memory calls themselves
-    // (of the processes with allocator blocks only, when the sites are stored).
+    // else (at a moment, or an older trace) they are streamed from the
+    // memory calls (`MemoryTrace::sites_streamed`), never all held. The
+    // allocator view reads the memory calls of the processes with
+    // allocator blocks only.
     let stored_sites = match a.at_ns {
         None => mt.stored_sites()?,
         Some(_) => None,
     };
-    if stored_sites.is_some() {
-        let mut block_pids: Vec<u32> = mt.base.blocks.iter().map(|b| b.pid).collect();
-        block_pids.sort_unstable();
-        block_pids.dedup();
-        if !block_pids.is_empty() {
-            mt.load_memory_calls(Some(&block_pids))?;
-        }
-    } else {
-        mt.load_memory_calls(None)?;
+    let mut block_pids: Vec<u32> = mt.base.blocks.iter().map(|b| b.pid).collect();
+    block_pids.sort_unstable();
+    block_pids.dedup();
+    if !block_pids.is_empty() {
+        mt.load_memory_calls(Some(&block_pids))?;
     }
     let data = &mt.base;
     // PyTorch's caching allocator rebuilt from `--torch-allocator` events
@@ -383,7 +381,7 @@ pub fn memory(db: &Path, a: &args::Memory, budget: &ReadBudget) -> Result<Value>
     procs.sort_by_key(|l| l.pid);
     let sites = match stored_sites {
         Some(s) => s,
-        None => sleuth_core::sites::memory_by_site(data, &procs),
+        None => mt.sites_streamed(&procs)?,
     };
     for p in &mut procs {
         let full = std::mem::take(&mut p.timeline);

@@ -749,6 +749,62 @@ impl MemoryTrace {
             .map_err(|e| self.rows.read_error(e))
     }
 
+    /// `sleuth_core::sites::memory_by_site` of this view's memory calls
+    /// with `ledgers` (at the end or at a moment), without holding the
+    /// calls: the allocations are summed per stack in start order (the
+    /// first stack of a label stays its example), and each process's ledger
+    /// at its peak is replayed in return order, a snapshot taken before its
+    /// first call that returned after the peak (as the site rollup's
+    /// writer takes it). Memory grows with the sites and what is live.
+    pub fn sites_streamed(
+        &self,
+        ledgers: &[sleuth_core::ledger::ProcessLedger],
+    ) -> Result<Vec<sleuth_core::sites::SiteMemory>, StoreError> {
+        use sleuth_core::sites::AllocTally;
+        let mut tallies: Vec<AllocTally> = Vec::new();
+        let mut at: std::collections::HashMap<(Option<u64>, bool), usize> = Default::default();
+        self.for_each_memory_call(StreamOrder::ByStart, None, |c| {
+            let Some(t) = AllocTally::of(&c) else { return };
+            match at.get(&(t.stack_id, t.failed)) {
+                Some(&i) => {
+                    tallies[i].count += t.count;
+                    tallies[i].bytes = tallies[i].bytes.saturating_add(t.bytes);
+                }
+                None => {
+                    at.insert((t.stack_id, t.failed), tallies.len());
+                    tallies.push(t);
+                }
+            }
+        })?;
+        let peaks: std::collections::HashMap<u32, u64> = ledgers
+            .iter()
+            .filter_map(|l| l.peak_ts_ns.map(|t| (l.pid, t)))
+            .collect();
+        let mut at_peak: std::collections::BTreeMap<u32, sleuth_core::ledger::ProcessLedger> =
+            Default::default();
+        if let Some(&last) = peaks.values().max() {
+            let mut replay = sleuth_core::ledger::Ledger::new();
+            // Nothing that returned after the last peak is in a snapshot.
+            self.for_each_memory_call(StreamOrder::ByReturn, Some(last), |c| {
+                if let Some(&peak) = peaks.get(&c.pid) {
+                    if c.end_ns() > peak && !at_peak.contains_key(&c.pid) {
+                        at_peak.insert(c.pid, replay.snapshot(c.pid, String::new(), None));
+                    }
+                }
+                replay.apply(&c);
+            })?;
+            for &pid in peaks.keys() {
+                at_peak
+                    .entry(pid)
+                    .or_insert_with(|| replay.snapshot(pid, String::new(), None));
+            }
+        }
+        let at_peak: Vec<_> = at_peak.into_values().collect();
+        Ok(sleuth_core::sites::memory_by_site_of(
+            &self.base, tallies, ledgers, &at_peak,
+        ))
+    }
+
     /// The recorded calls that carry a site, by (site label, op), from the
     /// site rollup; None when the trace has none (then stream the calls).
     #[allow(clippy::type_complexity)]

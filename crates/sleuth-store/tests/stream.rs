@@ -1,8 +1,8 @@
 //! The streamed readers (issue 16) against the loaded trace: on the example
 //! traces and on a simulated one with every kind of memory call, the calls,
 //! waits, ledgers (at the end and at moments), the span, the allocator view
-//! and the by-site table read through `stream` equal what the whole trace
-//! loaded gives.
+//! and the by-site table (stored, and streamed at moments) read through
+//! `stream` equal what the whole trace loaded gives.
 
 mod common;
 
@@ -241,12 +241,24 @@ fn assert_streamed_equals_loaded(path: &Path, pid: Option<u32>) {
         .copied()
         .chain([0, span.end_ns])
     {
+        let at_moment = mt.ledgers(Some(at)).unwrap();
         assert_eq!(
-            json(&mt.ledgers(Some(at)).unwrap()),
+            json(&at_moment),
             json(&ledger(&data, Some(at))),
             "ledger of {path:?} at {at}"
         );
+        // The by-site table at the moment, streamed (`memory --by-site --at`).
+        assert_eq!(
+            json(&mt.sites_streamed(&at_moment).unwrap()),
+            json(&memory_by_site(&data, &at_moment)),
+            "sites of {path:?} at {at}"
+        );
     }
+    assert_eq!(
+        json(&mt.sites_streamed(&end).unwrap()),
+        json(&memory_by_site(&data, &end)),
+        "sites of {path:?} at the end, streamed"
+    );
     // The site rollup (traces the writer finished) equals the by-site table
     // of the loaded trace, and so do the calls by site.
     if let Some(sites) = mt.stored_sites().unwrap() {
