@@ -205,17 +205,19 @@ pub fn overview(db: &Path, budget: &ReadBudget) -> Result<Value> {
 
 /// Per-op latency statistics with the on-CPU / runnable / blocked split:
 /// from the rollups when the trace has them and no time window is asked
-/// for (as `stats` answers), else from the calls in the scope.
+/// for (as `stats` answers); for a window of a finished trace from the
+/// window's calls and their stored culprits ([`window_stats`]); else from
+/// the calls in the scope, loaded.
 pub fn latency_stats(db: &Path, scope: &args::CallScope, budget: &ReadBudget) -> Result<Value> {
     let trace = open(db, budget)?;
     check_op(scope.op.as_deref())?;
     check_window(scope.since_ns, scope.until_ns)?;
-    let from_rollups = if scope.since_ns.is_none() && scope.until_ns.is_none() {
+    let stored = if scope.since_ns.is_none() && scope.until_ns.is_none() {
         trace.stats_report(scope.pid)?
     } else {
-        None
+        window_stats(&trace, scope)?
     };
-    let (mut report, host_context) = match from_rollups {
+    let (mut report, host_context) = match stored {
         Some(r) => (r, trace.has_host_context()),
         None => {
             let data = load_scoped(&trace, scope)?;
@@ -233,6 +235,39 @@ pub fn latency_stats(db: &Path, scope: &args::CallScope, budget: &ReadBudget) ->
         "ops": report.ops,
         "drops": report.drops,
     }))
+}
+
+/// The statistics of the calls in the scope's window, as `stats::compute`
+/// gives them for `load_scoped`'s trace, from the window's calls and their
+/// stored culprits (`sleuth_store::window`): memory grows with the window,
+/// not with the process. None for a trace that did not finish.
+fn window_stats(trace: &Trace, scope: &args::CallScope) -> Result<Option<stats::StatsReport>> {
+    let Some(w) = sleuth_store::window::calls_in_window(
+        trace,
+        scope.pid,
+        scope.op.as_deref(),
+        scope.since_ns,
+        scope.until_ns,
+    )?
+    else {
+        return Ok(None);
+    };
+    let mut counts = trace.op_counts(scope.pid)?;
+    if scope.op.is_some() {
+        counts.retain(|oc| sleuth_core::op_by_id(oc.op).map(|o| o.name) == scope.op.as_deref());
+    }
+    // Without waits: the per-call culprits are given; the thread splits
+    // (which would read the waits) are not part of this tool's answer.
+    let data = TraceData {
+        calls: w.calls,
+        counts,
+        stats: trace.stats()?,
+        has_host_context: trace.has_host_context(),
+        ..Default::default()
+    };
+    let mut report = stats::op_stats(&data, &w.culprits);
+    report.threads.clear();
+    Ok(Some(report))
 }
 
 /// `explain`'s ranked findings with evidence.

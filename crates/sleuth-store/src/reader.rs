@@ -287,16 +287,16 @@ impl Trace {
             args.push(Value::Text(op.clone()));
             conds.push(format!("op = ?{}", args.len()));
         }
-        if let (Some(pid), true) = (f.pid, f.since_ns.is_some() || f.until_ns.is_some()) {
-            // A process's calls in a window: named by their threads (from the
-            // stored call groups), the `(tid, ts_ns)` index finds them
-            // without reading the calls outside the window.
+        if f.since_ns.is_some() || f.until_ns.is_some() {
+            // The calls in a window (of a process or all): named by their
+            // threads (from the stored call groups), the `(tid, ts_ns)`
+            // index finds them without reading the calls outside the window.
             if let Some(groups) =
                 crate::call_groups::stored(&self.conn).map_err(|e| self.read_error(e))?
             {
                 let mut tids: Vec<u32> = groups
                     .iter()
-                    .filter(|g| g.pid == pid)
+                    .filter(|g| f.pid.is_none_or(|p| g.pid == p))
                     .map(|g| g.tid)
                     .collect();
                 tids.sort_unstable();

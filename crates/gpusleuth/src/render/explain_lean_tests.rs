@@ -238,36 +238,3 @@ fn explain_refuses_durations_adding_up_past_2_62_on_either_path() {
         assert!(e.contains("add up past 2^62"), "lean {lean}: {e}");
     }
 }
-
-/// The MCP `findings` tool with a pid (its only filter) answers from the
-/// same lean load: each process of the two-process trace against the same
-/// file without its finding rollups (the full load).
-#[test]
-fn mcp_findings_of_one_process_equal_the_full_load() {
-    let dir = TempDir::new("mcp-findings-pid");
-    let lean_db = dir.join("lean.db");
-    rewrite(&two_processes(), &lean_db);
-    let full_db = dir.join("full.db");
-    std::fs::copy(&lean_db, &full_db).unwrap();
-    let conn = rusqlite::Connection::open(&full_db).unwrap();
-    conn.execute("DELETE FROM meta WHERE key = 'finding_rollups'", [])
-        .unwrap();
-    drop(conn);
-    let budget = ReadBudget::new(DEFAULT_READ_TIMEOUT);
-    for pid in [25707, 725] {
-        let scope = sleuth_mcp::args::CallScope {
-            db: None,
-            pid: Some(pid),
-            op: None,
-            since_ns: None,
-            until_ns: None,
-        };
-        let tool = |db: &Path| sleuth_mcp::trace_tools::findings(db, &scope, &budget).unwrap();
-        let (lean, full) = (tool(&lean_db), tool(&full_db));
-        assert!(
-            !full["findings"].as_array().unwrap().is_empty(),
-            "pid {pid}"
-        );
-        assert_close(&lean, &full, &format!("mcp findings pid {pid}"));
-    }
-}
