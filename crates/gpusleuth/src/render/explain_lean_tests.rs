@@ -146,6 +146,22 @@ fn each_process_of_a_two_process_trace_explains_the_same_from_its_rollups() {
     }
 }
 
+/// A process the trace lists but that made no call: its (empty) aggregates
+/// give the full load's answer too.
+#[test]
+fn a_process_without_calls_explains_the_same_from_the_rollups() {
+    let dir = TempDir::new("process-without-calls");
+    let path = dir.join("t.db");
+    let mut data = every_kind();
+    data.processes.push(sleuth_core::ProcessInfo {
+        pid: 4243,
+        comm: "idle".into(),
+        ..Default::default()
+    });
+    rewrite(&data, &path);
+    compare_scope(&path, Some(4243), "process without calls");
+}
+
 /// A file written before the per-process rollups: `--pid` takes the full
 /// load (the same answer as before), the whole trace still the lean one.
 #[test]
