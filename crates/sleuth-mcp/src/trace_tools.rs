@@ -416,7 +416,7 @@ pub fn memory(db: &Path, a: &args::Memory, budget: &ReadBudget) -> Result<Value>
     procs.sort_by_key(|l| l.pid);
     let sites = match stored_sites {
         Some(s) => s,
-        None => mt.sites_streamed(&procs)?,
+        None => mt.sites_streamed(&procs, a.at_ns)?,
     };
     for p in &mut procs {
         let full = std::mem::take(&mut p.timeline);

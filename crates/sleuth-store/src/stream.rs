@@ -750,20 +750,23 @@ impl MemoryTrace {
     }
 
     /// `sleuth_core::sites::memory_by_site` of this view's memory calls
-    /// with `ledgers` (at the end or at a moment), without holding the
-    /// calls: the allocations are summed per stack in start order (the
-    /// first stack of a label stays its example), and each process's ledger
-    /// at its peak is replayed in return order, a snapshot taken before its
-    /// first call that returned after the peak (as the site rollup's
-    /// writer takes it). Memory grows with the sites and what is live.
+    /// that returned by `at_ns` (all when None) with `ledgers` (the ledgers
+    /// then), without holding the calls: the allocations are summed per
+    /// stack in start order (the first stack of a label stays its example),
+    /// and each process's ledger at its peak is replayed in return order, a
+    /// snapshot taken before its first call that returned after the peak
+    /// (as the site rollup's writer takes it). Memory grows with the sites
+    /// and what is live.
     pub fn sites_streamed(
         &self,
         ledgers: &[sleuth_core::ledger::ProcessLedger],
+        at_ns: Option<u64>,
     ) -> Result<Vec<sleuth_core::sites::SiteMemory>, StoreError> {
         use sleuth_core::sites::AllocTally;
         let mut tallies: Vec<AllocTally> = Vec::new();
         let mut at: std::collections::HashMap<(Option<u64>, bool), usize> = Default::default();
-        self.for_each_memory_call(StreamOrder::ByStart, None, |c| {
+        // At a moment, an allocation counts once it returned (docs/stats.md, `--at`).
+        self.for_each_memory_call(StreamOrder::ByStart, at_ns, |c| {
             let Some(t) = AllocTally::of(&c) else { return };
             match at.get(&(t.stack_id, t.failed)) {
                 Some(&i) => {

@@ -247,15 +247,25 @@ fn assert_streamed_equals_loaded(path: &Path, pid: Option<u32>) {
             json(&ledger(&data, Some(at))),
             "ledger of {path:?} at {at}"
         );
-        // The by-site table at the moment, streamed (`memory --by-site --at`).
+        // The by-site table at the moment, streamed (`memory --by-site
+        // --at`): of the calls that returned by then, as the ledger counts them.
+        let by_then = sleuth_core::TraceData {
+            calls: data
+                .calls
+                .iter()
+                .filter(|c| c.end_ns() <= at)
+                .cloned()
+                .collect(),
+            ..data.clone()
+        };
         assert_eq!(
-            json(&mt.sites_streamed(&at_moment).unwrap()),
-            json(&memory_by_site(&data, &at_moment)),
+            json(&mt.sites_streamed(&at_moment, Some(at)).unwrap()),
+            json(&memory_by_site(&by_then, &at_moment)),
             "sites of {path:?} at {at}"
         );
     }
     assert_eq!(
-        json(&mt.sites_streamed(&end).unwrap()),
+        json(&mt.sites_streamed(&end, None).unwrap()),
         json(&memory_by_site(&data, &end)),
         "sites of {path:?} at the end, streamed"
     );

@@ -94,7 +94,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         };
         let sites = match stored {
             Some(s) => s,
-            None => mt.sites_streamed(&processes)?,
+            None => mt.sites_streamed(&processes, at_abs)?,
         };
         warn_input_problems_of_reads(&trace)?;
         let r = sites::report_of(sites, &mt.base);
