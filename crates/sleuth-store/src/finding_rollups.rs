@@ -6,7 +6,10 @@
 //! `call_culprits` is filled: one thread at a time, its non-nested calls in
 //! start order with their culprits, then the host-memory and copy calls in
 //! end order (the pinned-memory replay). Memory is bounded by the
-//! aggregates: histograms of the rollup kind, sums, top-3 examples.
+//! aggregates: histograms of the rollup kind, sums, top-3 examples. The op
+//! aggregates are kept for the whole trace and for each process apart
+//! (`finding_process_ops`); the others are per thread or per process
+//! already, so one process (`--pid`) is answered from its own rows.
 //! [`finding_inputs`] reads them back with the example calls (a few indexed
 //! reads by row id). Tables and their meaning: docs/schema.md.
 
