@@ -1,9 +1,9 @@
 //! The lean load (issue 16): what the explanation of a whole trace or of
 //! one process reads, without its calls and waits — the stored finding
 //! aggregates, the call groups, the ledgers streamed from the memory calls,
-//! and the memory calls of processes with allocator blocks. `explain`, the Perfetto export and
-//! the MCP `findings` tool share it, so their memory does not grow with the
-//! trace. The answer equals the full load's, percentiles within the
+//! and the memory calls of processes with allocator blocks. `explain`, the
+//! Perfetto export and the MCP `findings` tool share it, so their memory
+//! does not grow with the trace. The answer equals the full load's, percentiles within the
 //! histogram's bound (docs/schema.md).
 
 use crate::budget::ReadBudget;
