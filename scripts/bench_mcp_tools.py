@@ -6,7 +6,7 @@ Each tool runs in a fresh server (stdio, the official Python MCP client), so
 the server's peak RSS (VmHWM, read from /proc before the server exits) is that
 tool's alone; the wall time is the tool call's round trip.
 
-Usage: bench_mcp_tools.py --bin target/release/gpusleuth --db TRACE.db [--pid N] [--json]
+Usage: bench_mcp_tools.py --bin target/release/gpusleuth --db TRACE.db [--pid N] [--filtered] [--json]
 """
 
 import argparse
@@ -30,6 +30,23 @@ CALLS = [
     ("gpu_activity", {}),
     ("call_sites", {}),
     ("sql", {"query": "SELECT pid, comm FROM processes LIMIT 5"}),
+]
+
+# With `--filtered`: the same tools narrowed as a follow-up question would
+# narrow them (a process, an op, a window of one second from the middle, a
+# moment). None is filled in from the trace as for `timeline`.
+FILTERED = [
+    ("latency_stats", {"pid": None}),
+    ("latency_stats", {"op": "cudaMalloc"}),
+    ("latency_stats", {"since_ns": None, "until_ns": None}),
+    ("findings", {"pid": None}),
+    ("findings", {"op": "cudaMemcpy"}),
+    ("findings", {"since_ns": None, "until_ns": None}),
+    ("slow_calls", {"pid": None, "limit": 10}),
+    ("slow_calls", {"op": "cudaMalloc", "limit": 10}),
+    ("memory", {"pid": None}),
+    ("memory", {"at_ns": None}),
+    ("call_sites", {"pid": None}),
 ]
 
 
@@ -69,7 +86,7 @@ async def one(exe, db, name, args):
             rss = hwm_mb(pid) if pid else float("nan")
             text = "".join(getattr(c, "text", "") for c in res.content)
             err = bool(getattr(res, "isError", False) or getattr(res, "is_error", False))
-            return {"tool": name, "wall_s": round(wall, 3), "peak_rss_mb": round(rss, 1),
+            return {"tool": name, "args": args, "wall_s": round(wall, 3), "peak_rss_mb": round(rss, 1),
                     "error": text[:200] if err else None, "answer_bytes": len(text)}
 
 
@@ -78,23 +95,27 @@ async def main():
     ap.add_argument("--bin", required=True)
     ap.add_argument("--db", required=True)
     ap.add_argument("--pid", type=int, default=100, help="process for `timeline` (the bench trace's is 100)")
+    ap.add_argument("--filtered", action="store_true",
+                    help="the tools with a filter (process, op, window, moment) instead")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     # The middle of the trace (session times), read-only.
     con = sqlite3.connect(f"file:{a.db}?mode=ro", uri=True)
     start, end = con.execute("SELECT start_mono_ns, end_mono_ns FROM session").fetchone()
     con.close()
-    fill = {"pid": a.pid, "at_ns": (start + (end or start)) // 2}
+    mid = (start + (end or start)) // 2
+    fill = {"pid": a.pid, "at_ns": mid, "since_ns": mid, "until_ns": mid + 1_000_000_000}
     rows = []
-    for n, args in CALLS:
+    for n, args in FILTERED if a.filtered else CALLS:
         args = {k: (fill[k] if v is None else v) for k, v in args.items()}
         rows.append(await one(a.bin, a.db, n, args))
     if a.json:
         print(json.dumps(rows, indent=1))
         return
-    print(f"{'tool':<14} {'wall s':>8} {'peak RSS MB':>12} {'answer B':>10}  error")
+    print(f"{'tool':<14} {'filter':<24} {'wall s':>8} {'peak RSS MB':>12} {'answer B':>10}  error")
     for r in rows:
-        print(f"{r['tool']:<14} {r['wall_s']:>8.3f} {r['peak_rss_mb']:>12.1f} {r['answer_bytes']:>10}  {r['error'] or ''}")
+        shown = ",".join(k for k in r["args"] if k not in ("limit", "query", "until_ns")) or "-"
+        print(f"{r['tool']:<14} {shown:<24} {r['wall_s']:>8.3f} {r['peak_rss_mb']:>12.1f} {r['answer_bytes']:>10}  {r['error'] or ''}")
 
 
 if __name__ == "__main__":

@@ -205,17 +205,19 @@ pub fn overview(db: &Path, budget: &ReadBudget) -> Result<Value> {
 
 /// Per-op latency statistics with the on-CPU / runnable / blocked split:
 /// from the rollups when the trace has them and no time window is asked
-/// for (as `stats` answers), else from the calls in the scope.
+/// for (as `stats` answers); for a window of a finished trace from the
+/// window's calls and their stored culprits ([`window_stats`]); else from
+/// the calls in the scope, loaded.
 pub fn latency_stats(db: &Path, scope: &args::CallScope, budget: &ReadBudget) -> Result<Value> {
     let trace = open(db, budget)?;
     check_op(scope.op.as_deref())?;
     check_window(scope.since_ns, scope.until_ns)?;
-    let from_rollups = if scope.since_ns.is_none() && scope.until_ns.is_none() {
+    let stored = if scope.since_ns.is_none() && scope.until_ns.is_none() {
         trace.stats_report(scope.pid)?
     } else {
-        None
+        window_stats(&trace, scope)?
     };
-    let (mut report, host_context) = match from_rollups {
+    let (mut report, host_context) = match stored {
         Some(r) => (r, trace.has_host_context()),
         None => {
             let data = load_scoped(&trace, scope)?;
@@ -235,19 +237,49 @@ pub fn latency_stats(db: &Path, scope: &args::CallScope, budget: &ReadBudget) ->
     }))
 }
 
+/// The statistics of the calls in the scope's window, as `stats::compute`
+/// gives them for `load_scoped`'s trace, from the window's calls and their
+/// stored culprits (`sleuth_store::window`): memory grows with the window,
+/// not with the process. None for a trace that did not finish.
+fn window_stats(trace: &Trace, scope: &args::CallScope) -> Result<Option<stats::StatsReport>> {
+    let Some(w) = sleuth_store::window::calls_in_window(
+        trace,
+        scope.pid,
+        scope.op.as_deref(),
+        scope.since_ns,
+        scope.until_ns,
+    )?
+    else {
+        return Ok(None);
+    };
+    let mut counts = trace.op_counts(scope.pid)?;
+    if scope.op.is_some() {
+        counts.retain(|oc| sleuth_core::op_by_id(oc.op).map(|o| o.name) == scope.op.as_deref());
+    }
+    // Without waits: the per-call culprits are given; the thread splits
+    // (which would read the waits) are not part of this tool's answer.
+    let data = TraceData {
+        calls: w.calls,
+        counts,
+        stats: trace.stats()?,
+        has_host_context: trace.has_host_context(),
+        ..Default::default()
+    };
+    let mut report = stats::op_stats(&data, &w.culprits);
+    report.threads.clear();
+    Ok(Some(report))
+}
+
 /// `explain`'s ranked findings with evidence.
 pub fn findings(db: &Path, scope: &args::CallScope, budget: &ReadBudget) -> Result<Value> {
     let trace = open(db, budget)?;
-    // The whole trace (no process, op or window) is explained from the
-    // stored aggregates when it has them (`sleuth_store::lean`): memory
+    // The whole trace or one process (no op, no window) is explained from
+    // the stored aggregates when it has them (`sleuth_store::lean`): memory
     // bounded by the aggregates, not the calls. Else everything is loaded
     // (`load_scoped` checks the op and the window).
-    let whole = scope.pid.is_none()
-        && scope.op.is_none()
-        && scope.since_ns.is_none()
-        && scope.until_ns.is_none();
-    let lean = if whole {
-        sleuth_store::lean::load(&trace, None, budget.clone())?
+    let unfiltered = scope.op.is_none() && scope.since_ns.is_none() && scope.until_ns.is_none();
+    let lean = if unfiltered {
+        sleuth_store::lean::load(&trace, scope.pid, budget.clone())?
     } else {
         None
     };
@@ -290,6 +322,7 @@ pub fn slow_calls(db: &Path, a: &args::SlowCalls, budget: &ReadBudget) -> Result
             ops: a.op.as_deref().and_then(op_by_name).map(|o| vec![o.name]),
             order: StreamOrder::ByDurationDesc,
             limit: Some(limit as usize),
+            returned_by: None,
         },
         |c| {
             calls.push(c);
@@ -351,21 +384,19 @@ pub fn memory(db: &Path, a: &args::Memory, budget: &ReadBudget) -> Result<Value>
         None => procs.clone(),
     };
     // The sites at the end come from the site rollup of a finished trace;
-    // else they, like the allocator view, read the memory calls themselves
-    // (of the processes with allocator blocks only, when the sites are stored).
+    // else (at a moment, or an older trace) they are streamed from the
+    // memory calls (`MemoryTrace::sites_streamed`), never all held. The
+    // allocator view reads the memory calls of the processes with
+    // allocator blocks only.
     let stored_sites = match a.at_ns {
         None => mt.stored_sites()?,
         Some(_) => None,
     };
-    if stored_sites.is_some() {
-        let mut block_pids: Vec<u32> = mt.base.blocks.iter().map(|b| b.pid).collect();
-        block_pids.sort_unstable();
-        block_pids.dedup();
-        if !block_pids.is_empty() {
-            mt.load_memory_calls(Some(&block_pids))?;
-        }
-    } else {
-        mt.load_memory_calls(None)?;
+    let mut block_pids: Vec<u32> = mt.base.blocks.iter().map(|b| b.pid).collect();
+    block_pids.sort_unstable();
+    block_pids.dedup();
+    if !block_pids.is_empty() {
+        mt.load_memory_calls(Some(&block_pids))?;
     }
     let data = &mt.base;
     // PyTorch's caching allocator rebuilt from `--torch-allocator` events
@@ -385,7 +416,7 @@ pub fn memory(db: &Path, a: &args::Memory, budget: &ReadBudget) -> Result<Value>
     procs.sort_by_key(|l| l.pid);
     let sites = match stored_sites {
         Some(s) => s,
-        None => sleuth_core::sites::memory_by_site(data, &procs),
+        None => mt.sites_streamed(&procs, a.at_ns)?,
     };
     for p in &mut procs {
         let full = std::mem::take(&mut p.timeline);

@@ -6,7 +6,10 @@
 //! `call_culprits` is filled: one thread at a time, its non-nested calls in
 //! start order with their culprits, then the host-memory and copy calls in
 //! end order (the pinned-memory replay). Memory is bounded by the
-//! aggregates: histograms of the rollup kind, sums, top-3 examples.
+//! aggregates: histograms of the rollup kind, sums, top-3 examples. The op
+//! aggregates are kept for the whole trace and for each process apart
+//! (`finding_process_ops`); the others are per thread or per process
+//! already, so one process (`--pid`) is answered from its own rows.
 //! [`finding_inputs`] reads them back with the example calls (a few indexed
 //! reads by row id). Tables and their meaning: docs/schema.md.
 
@@ -34,7 +37,17 @@ CREATE TABLE IF NOT EXISTS finding_ops(op TEXT NOT NULL, inputs TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS finding_threads(pid INTEGER NOT NULL, tid INTEGER NOT NULL, inputs TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS finding_hist(kind TEXT NOT NULL, pid INTEGER NOT NULL, tid INTEGER NOT NULL, op TEXT NOT NULL, bucket INTEGER NOT NULL, count INTEGER NOT NULL, on_cpu_ns INTEGER NOT NULL, runnable_ns INTEGER NOT NULL, blocked_ns INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS finding_spans(pid INTEGER NOT NULL, first_ns INTEGER NOT NULL, last_ns INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS finding_process_ops(pid INTEGER NOT NULL, op TEXT NOT NULL, inputs TEXT NOT NULL);
 ";
+
+/// `meta.finding_process_rollups` once `finding_process_ops` (and its
+/// histogram rows) is complete. A key of its own: files written before it
+/// have complete finding rollups without it, and explain one process
+/// through the full load.
+const PROCESS_KEY: &str = "finding_process_rollups";
+
+/// The per-process op table, its columns in order (checked as [`TABLES`]).
+const PROCESS_TABLES: &[(&str, &[&str])] = &[("finding_process_ops", &["pid", "op", "inputs"])];
 
 /// The tables above, their columns in order: a reader accepts nothing else.
 const TABLES: &[(&str, &[&str])] = &[
@@ -59,6 +72,8 @@ const TABLES: &[(&str, &[&str])] = &[
 
 /// Histogram kinds of `finding_hist`.
 const HIST_OP: &str = "op";
+/// One process's op (`pid` set, `tid` 0).
+const HIST_PROCESS_OP: &str = "process_op";
 const HIST_LAUNCH: &str = "launch";
 const HIST_GAP: &str = "sync_gap";
 
@@ -74,7 +89,7 @@ fn clamp(v: u64) -> i64 {
 /// Computes and stores the finding rollups; the writer's final transaction calls it.
 pub(crate) fn write(conn: &Connection) -> rusqlite::Result<()> {
     conn.execute_batch(CREATE)?;
-    for (t, _) in TABLES {
+    for (t, _) in TABLES.iter().chain(PROCESS_TABLES) {
         conn.execute(&format!("DELETE FROM {t}"), [])?;
     }
     let tracer: Option<i64> = value(
@@ -85,7 +100,7 @@ pub(crate) fn write(conn: &Connection) -> rusqlite::Result<()> {
     let tracer = tracer
         .and_then(|t| u32::try_from(t).ok())
         .filter(|&t| t != 0);
-    let mut f = FindingInputs::new(Resolution::Bucketed, tracer);
+    let mut f = FindingInputs::new(Resolution::Bucketed, tracer).keep_process_ops();
     let threads: Vec<(u32, u32)> = {
         let mut st = conn.prepare("SELECT DISTINCT pid, tid FROM calls WHERE nested = 0")?;
         let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
@@ -164,6 +179,10 @@ pub(crate) fn write(conn: &Connection) -> rusqlite::Result<()> {
         "INSERT OR REPLACE INTO meta(key, value) VALUES ('finding_rollups', ?1)",
         [COMPLETE],
     )?;
+    conn.execute(
+        "INSERT OR REPLACE INTO meta(key, value) VALUES (?1, ?2)",
+        [PROCESS_KEY, COMPLETE],
+    )?;
     Ok(())
 }
 
@@ -216,6 +235,17 @@ fn store(conn: &Connection, f: &FindingInputs) -> rusqlite::Result<()> {
             serde_json::to_string(o).map_err(json_err)?
         ])?;
         put_hist(HIST_OP, 0, 0, info.name, &o.hist)?;
+    }
+    let mut ins =
+        conn.prepare("INSERT INTO finding_process_ops(pid, op, inputs) VALUES (?1, ?2, ?3)")?;
+    for (&(pid, op), o) in f.process_ops.iter().flatten() {
+        let Some(info) = op_by_id(op) else { continue };
+        ins.execute(params![
+            pid,
+            info.name,
+            serde_json::to_string(o).map_err(json_err)?
+        ])?;
+        put_hist(HIST_PROCESS_OP, pid, 0, info.name, &o.hist)?;
     }
     let mut ins =
         conn.prepare("INSERT INTO finding_threads(pid, tid, inputs) VALUES (?1, ?2, ?3)")?;
@@ -301,10 +331,15 @@ pub(crate) fn plain_table(conn: &Connection, table: &str, cols: &[&str]) -> rusq
         && got.iter().zip(cols).all(|((n, h), c)| n == c && *h == 0))
 }
 
-/// The finding aggregates stored in `trace`, with their example calls read
-/// back by id; None when the trace has none (older, imported, merged or cut
-/// short: `FindingInputs::of` over the loaded trace answers then).
-pub fn finding_inputs(trace: &Trace) -> Result<Option<FindingInputs>, StoreError> {
+/// The finding aggregates stored in `trace` (of process `pid`, or of the
+/// whole trace), with their example calls read back by id; None when the
+/// trace has none (older, imported, merged or cut short:
+/// `FindingInputs::of` over the loaded trace answers then), or with `pid`
+/// when it was written before the per-process op aggregates.
+pub fn finding_inputs(
+    trace: &Trace,
+    pid: Option<u32>,
+) -> Result<Option<FindingInputs>, StoreError> {
     let path = trace.path();
     // The example calls (at most a few per op and thread) are read by row id
     // without a check of the whole per-call table (see `Trace::keyed`).
@@ -324,38 +359,72 @@ pub fn finding_inputs(trace: &Trace) -> Result<Option<FindingInputs>, StoreError
             ));
         }
     }
-    read(&conn, trace).map_err(err)
+    if pid.is_some() && !complete_tables(&conn, PROCESS_KEY, PROCESS_TABLES).map_err(err)? {
+        return Ok(None);
+    }
+    read(&conn, trace, pid).map_err(err)
 }
 
-fn read(conn: &Connection, trace: &Trace) -> rusqlite::Result<Option<FindingInputs>> {
+/// The op aggregates of the whole trace (`finding_ops`) or of one process
+/// (`finding_process_ops`), without their histograms.
+fn read_ops(conn: &Connection, pid: Option<u32>) -> rusqlite::Result<BTreeMap<u16, OpInputs>> {
     let bad = |what: String| {
         rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, what.into())
     };
-    let mut ops: BTreeMap<u16, OpInputs> = BTreeMap::new();
-    let mut st = conn.prepare("SELECT op, inputs FROM finding_ops")?;
-    let mut rows = st.query([])?;
+    // `finding_ops` has no pid: the whole trace's rows (the binding is unused).
+    let (table, only) = match pid {
+        None => ("finding_ops", "?1 IS NULL"),
+        Some(_) => ("finding_process_ops", "pid = ?1"),
+    };
+    let mut ops = BTreeMap::new();
+    let mut st = conn.prepare(&format!("SELECT op, inputs FROM {table} WHERE {only}"))?;
+    let mut rows = st.query([pid])?;
     while let Some(r) = rows.next()? {
         let name: String = r.get(0)?;
         let Some(info) = op_by_name(&name) else {
             continue; // an op this build does not know
         };
         let o: OpInputs = serde_json::from_str(&r.get::<_, String>(1)?)
-            .map_err(|e| bad(format!("finding_ops {name}: {e}")))?;
+            .map_err(|e| bad(format!("{table} {name}: {e}")))?;
         ops.insert(info.id, o);
     }
+    Ok(ops)
+}
+
+/// The aggregates of the whole trace, or of process `pid`: its ops
+/// (`finding_process_ops`), and of the per-thread and per-process rows
+/// only its own. Each is what `FindingInputs::of` gives the trace loaded
+/// with that pid: every aggregate but the ops' is per thread or per process.
+fn read(
+    conn: &Connection,
+    trace: &Trace,
+    pid: Option<u32>,
+) -> rusqlite::Result<Option<FindingInputs>> {
+    let bad = |what: String| {
+        rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, what.into())
+    };
+    let mut ops = read_ops(conn, pid)?;
     let mut threads: HashMap<(u32, u32), ThreadInputs> = HashMap::new();
-    let mut st = conn.prepare("SELECT pid, tid, inputs FROM finding_threads")?;
-    let mut rows = st.query([])?;
+    let mut st =
+        conn.prepare("SELECT pid, tid, inputs FROM finding_threads WHERE ?1 IS NULL OR pid = ?1")?;
+    let mut rows = st.query([pid])?;
     while let Some(r) = rows.next()? {
         let key: (u32, u32) = (r.get(0)?, r.get(1)?);
         let t: ThreadInputs = serde_json::from_str(&r.get::<_, String>(2)?)
             .map_err(|e| bad(format!("finding_threads {key:?}: {e}")))?;
         threads.insert(key, t);
     }
+    // The op histograms of the scope read: the whole trace's (pid 0) or the process's.
+    let op_kind = if pid.is_some() {
+        HIST_PROCESS_OP
+    } else {
+        HIST_OP
+    };
     let mut st = conn.prepare(
-        "SELECT kind, pid, tid, op, bucket, count, on_cpu_ns, runnable_ns, blocked_ns FROM finding_hist",
+        "SELECT kind, pid, tid, op, bucket, count, on_cpu_ns, runnable_ns, blocked_ns FROM finding_hist
+         WHERE ?1 IS NULL OR pid = ?1",
     )?;
-    let mut rows = st.query([])?;
+    let mut rows = st.query([pid])?;
     while let Some(r) = rows.next()? {
         let kind: String = r.get(0)?;
         let num = |i: usize| -> rusqlite::Result<u64> { Ok(r.get::<_, i64>(i)?.max(0) as u64) };
@@ -366,7 +435,7 @@ fn read(conn: &Connection, trace: &Trace) -> rusqlite::Result<Option<FindingInpu
         };
         let key = (r.get::<_, u32>(1)?, r.get::<_, u32>(2)?);
         let h = match kind.as_str() {
-            HIST_OP => op_by_name(&r.get::<_, String>(3)?)
+            k if k == op_kind => op_by_name(&r.get::<_, String>(3)?)
                 .and_then(|i| ops.get_mut(&i.id))
                 .map(|o| &mut o.hist),
             HIST_LAUNCH => threads.get_mut(&key).map(|t| &mut t.launches),
@@ -378,8 +447,9 @@ fn read(conn: &Connection, trace: &Trace) -> rusqlite::Result<Option<FindingInpu
         }
     }
     let mut spans = HashMap::new();
-    let mut st = conn.prepare("SELECT pid, first_ns, last_ns FROM finding_spans")?;
-    let mut rows = st.query([])?;
+    let mut st = conn
+        .prepare("SELECT pid, first_ns, last_ns FROM finding_spans WHERE ?1 IS NULL OR pid = ?1")?;
+    let mut rows = st.query([pid])?;
     while let Some(r) = rows.next()? {
         spans.insert(
             r.get::<_, u32>(0)?,
@@ -390,8 +460,8 @@ fn read(conn: &Connection, trace: &Trace) -> rusqlite::Result<Option<FindingInpu
         );
     }
     let mut splits: Vec<ThreadSplit> = Vec::new();
-    let mut st = conn.prepare("SELECT split FROM rollup_threads")?;
-    let mut rows = st.query([])?;
+    let mut st = conn.prepare("SELECT split FROM rollup_threads WHERE ?1 IS NULL OR pid = ?1")?;
+    let mut rows = st.query([pid])?;
     while let Some(r) = rows.next()? {
         splits.push(
             serde_json::from_str(&r.get::<_, String>(0)?)

@@ -1,9 +1,9 @@
-//! The lean load (issue 16): what the explanation of a whole trace reads,
-//! without its calls and waits — the stored finding aggregates, the call
-//! groups, the ledgers streamed from the memory calls, and the memory calls
-//! of processes with allocator blocks. `explain`, the Perfetto export and
-//! the MCP `findings` tool share it, so their memory does not grow with the
-//! trace. The answer equals the full load's, percentiles within the
+//! The lean load (issue 16): what the explanation of a whole trace or of
+//! one process reads, without its calls and waits — the stored finding
+//! aggregates, the call groups, the ledgers streamed from the memory calls,
+//! and the memory calls of processes with allocator blocks. `explain`, the
+//! Perfetto export and the MCP `findings` tool share it, so their memory
+//! does not grow with the trace. The answer equals the full load's, percentiles within the
 //! histogram's bound (docs/schema.md).
 
 use crate::budget::ReadBudget;
@@ -37,27 +37,29 @@ impl Lean {
     }
 }
 
-/// The lean load of the whole trace; None (load everything) for a trace
-/// without finding rollups, with `pid` (the rollups are of the whole trace),
-/// or with NCCL collectives (the straggler finding reads every call and
-/// wait of the ranks). Errors are those of the full load (a file whose
-/// totals overflow is refused by the call groups' check).
+/// The lean load of the whole trace or of process `pid` (as `Trace::load`
+/// reads it); None (load everything) for a trace without finding rollups,
+/// with `pid` for one written before the per-process op rollups, or with
+/// NCCL collectives (the straggler finding reads every call and wait of
+/// the ranks). Errors are those of the full load (a pid the trace does not
+/// hold; a file whose totals overflow is refused by the call groups' check).
 pub fn load(
     trace: &Trace,
     pid: Option<u32>,
     budget: ReadBudget,
 ) -> Result<Option<Lean>, StoreError> {
-    if pid.is_some() {
-        return Ok(None);
+    if let Some(pid) = pid {
+        // Before any aggregate is read: the full load's error, not an empty answer.
+        trace.require_pid(pid)?;
     }
-    let Some(inputs) = crate::finding_rollups::finding_inputs(trace)? else {
+    let Some(inputs) = crate::finding_rollups::finding_inputs(trace, pid)? else {
         return Ok(None);
     };
     let nccl = trace.nccl_calls(None)?;
     if nccl.iter().any(|e| e.is_collective()) {
         return Ok(None);
     }
-    let mut view = MemoryTrace::open(trace, None, budget)?;
+    let mut view = MemoryTrace::open(trace, pid, budget)?;
     let ledgers = view.ledgers(None)?;
     // Of the explanation's readers only the allocator view reads calls (the
     // memory calls of processes with allocator blocks): the others read the
@@ -68,7 +70,7 @@ pub fn load(
     if !block_pids.is_empty() {
         view.load_memory_calls(Some(&block_pids))?;
     }
-    let counts = trace.op_counts(None)?;
+    let counts = trace.op_counts(pid)?;
     let mut data = std::mem::take(&mut view.base);
     data.counts = counts;
     data.nccl = nccl;

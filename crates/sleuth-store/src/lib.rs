@@ -34,6 +34,7 @@ mod stacks;
 pub mod stream;
 mod types;
 mod wait_groups;
+pub mod window;
 mod writer;
 
 pub use budget::{ReadBudget, DEFAULT_READ_TIMEOUT};

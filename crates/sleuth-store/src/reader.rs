@@ -37,8 +37,9 @@ pub struct Trace {
     /// the check runs once whichever reads first.
     bulk_unchecked: BulkCheck,
     /// The one pass over the call rows that counts the impossible ones and
-    /// checks the totals, once it was made (`problems::call_scan`).
-    call_scan: std::cell::Cell<Option<problems::CallScan>>,
+    /// checks the totals, once it was made (`problems::call_scan`) by this
+    /// trace or a stream opened on it.
+    call_scan: problems::SharedCallScan,
 }
 
 impl Trace {
@@ -64,7 +65,7 @@ impl Trace {
             version,
             budget,
             bulk_unchecked: BulkCheck::new(bulk_unchecked),
-            call_scan: std::cell::Cell::new(None),
+            call_scan: problems::SharedCallScan::default(),
         })
     }
 
@@ -114,9 +115,9 @@ impl Trace {
     pub fn input_problems(&self) -> Result<InputProblems, StoreError> {
         let conn = self.bulk()?;
         let alloc = has_table(conn, "allocator_events").at(&self.path)?;
-        let (p, calls) =
-            problems::scan(conn, self.version, alloc).map_err(|e| self.read_error(e))?;
-        self.call_scan.set(Some(calls));
+        let (p, calls) = problems::scan(conn, self.version, alloc, self.call_scan.get())
+            .map_err(|e| self.read_error(e))?;
+        self.call_scan.set(calls);
         if calls.totals_overflow {
             return Err(StoreError::file(&self.path, problems::TOTALS_OVERFLOW));
         }
@@ -130,14 +131,14 @@ impl Trace {
             return Ok(s);
         }
         let s = problems::call_scan(self.bulk()?, self.version).map_err(|e| self.read_error(e))?;
-        self.call_scan.set(Some(s));
+        self.call_scan.set(s);
         Ok(s)
     }
 
-    /// Whether the call-row pass was already made (a streamed reader need
-    /// not make it again).
-    pub(crate) fn known_call_scan(&self) -> Option<problems::CallScan> {
-        self.call_scan.get()
+    /// The call-row pass of this trace, shared with the streamed readers
+    /// opened on it: whichever makes it first, the others reuse it.
+    pub(crate) fn shared_call_scan(&self) -> problems::SharedCallScan {
+        self.call_scan.clone()
     }
 
     /// A failed read, naming the budget when it stopped the read.
@@ -286,16 +287,16 @@ impl Trace {
             args.push(Value::Text(op.clone()));
             conds.push(format!("op = ?{}", args.len()));
         }
-        if let (Some(pid), true) = (f.pid, f.since_ns.is_some() || f.until_ns.is_some()) {
-            // A process's calls in a window: named by their threads (from the
-            // stored call groups), the `(tid, ts_ns)` index finds them
-            // without reading the calls outside the window.
+        if f.since_ns.is_some() || f.until_ns.is_some() {
+            // The calls in a window (of a process or all): named by their
+            // threads (from the stored call groups), the `(tid, ts_ns)`
+            // index finds them without reading the calls outside the window.
             if let Some(groups) =
                 crate::call_groups::stored(&self.conn).map_err(|e| self.read_error(e))?
             {
                 let mut tids: Vec<u32> = groups
                     .iter()
-                    .filter(|g| g.pid == pid)
+                    .filter(|g| f.pid.is_none_or(|p| g.pid == p))
                     .map(|g| g.tid)
                     .collect();
                 tids.sort_unstable();

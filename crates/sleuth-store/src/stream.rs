@@ -41,6 +41,10 @@ pub struct CallQuery {
     pub ops: Option<Vec<&'static str>>,
     pub order: StreamOrder,
     pub limit: Option<usize>,
+    /// Only calls that returned at or before this time (`ts_ns + dur_ns`):
+    /// the ledger at a moment (`memory --at`) applies nothing later, so it
+    /// reads nothing later (fewer rows sorted by return and decoded).
+    pub returned_by: Option<u64>,
 }
 
 /// Calls of one process, thread, op and return value, from one pass over
@@ -66,8 +70,9 @@ pub struct Rows {
     has_stacks: bool,
     /// The file's schema version (which table holds the call rows).
     version: i64,
-    /// The totals check, once made (by the trace or by this reader).
-    totals_overflow: std::cell::Cell<Option<bool>>,
+    /// The call-row pass (totals, impossible rows), once made by the trace
+    /// or by a reader opened on it.
+    call_scan: crate::problems::SharedCallScan,
     /// The per-call and per-wait tables' check, shared with the trace.
     bulk: BulkCheck,
 }
@@ -96,9 +101,7 @@ impl Rows {
             budget,
             has_stacks,
             version,
-            totals_overflow: std::cell::Cell::new(
-                trace.known_call_scan().map(|s| s.totals_overflow),
-            ),
+            call_scan: trace.shared_call_scan(),
             bulk: trace.bulk_check(),
         })
     }
@@ -203,17 +206,16 @@ impl Rows {
     /// Refuses a file whose valid calls' durations or sizes add up past
     /// 2^62, as [`Trace::load`] does (one pass inside SQLite, nothing held).
     pub fn check_totals(&self) -> Result<(), StoreError> {
-        let overflow = match self.totals_overflow.get() {
-            Some(o) => o,
+        let scan = match self.call_scan.get() {
+            Some(s) => s,
             None => {
-                let o = crate::problems::call_scan(self.bulk()?, self.version)
-                    .map_err(|e| self.read_error(e))?
-                    .totals_overflow;
-                self.totals_overflow.set(Some(o));
-                o
+                let s = crate::problems::call_scan(self.bulk()?, self.version)
+                    .map_err(|e| self.read_error(e))?;
+                self.call_scan.set(s);
+                s
             }
         };
-        if overflow {
+        if scan.totals_overflow {
             return Err(StoreError::file(&self.path, TOTALS_OVERFLOW));
         }
         Ok(())
@@ -412,6 +414,11 @@ pub(crate) fn visit_calls<E: From<StoreError>>(
         }
         conds.push(format!("calls.op IN ({})", marks.join(", ")));
     }
+    if let Some(t) = q.returned_by {
+        // Valid rows' times and durations are at most 2^62: the sum cannot overflow.
+        args.push(Value::Integer(i64::try_from(t).unwrap_or(i64::MAX)));
+        conds.push(format!("calls.ts_ns + calls.dur_ns <= ?{}", args.len()));
+    }
     let source = if scan_table(conn, src.version, q).map_err(err)? {
         table_scan_calls().unwrap_or_else(|| "calls".to_string())
     } else {
@@ -435,6 +442,7 @@ pub(crate) fn visit_own_memory_calls(
         ops: Some(sleuth_core::ledger::memory_op_names()),
         order,
         limit: None,
+        returned_by: None,
     };
     let sqlite = |source| StoreError::Sqlite {
         path: PathBuf::new(),
@@ -526,7 +534,7 @@ fn slowest_ids(
     let Some(limit) = q.limit else {
         return Ok(None);
     };
-    if q.order != StreamOrder::ByDurationDesc || src.version < 2 {
+    if q.order != StreamOrder::ByDurationDesc || src.version < 2 || q.returned_by.is_some() {
         return Ok(None);
     }
     // The op ids of the ops asked for (all this build knows when None).
@@ -686,10 +694,12 @@ impl MemoryTrace {
         &self.rows
     }
 
-    /// Visits the memory calls (`ledger::is_memory_op`) in `order`.
+    /// Visits the memory calls (`ledger::is_memory_op`) in `order`, those
+    /// that returned by `returned_by` when given.
     fn for_each_memory_call(
         &self,
         order: StreamOrder,
+        returned_by: Option<u64>,
         mut visit: impl FnMut(sleuth_core::CallEvent),
     ) -> Result<(), StoreError> {
         let q = CallQuery {
@@ -697,6 +707,7 @@ impl MemoryTrace {
             ops: Some(sleuth_core::ledger::memory_op_names()),
             order,
             limit: None,
+            returned_by,
         };
         self.rows.for_each_call::<StoreError>(&q, |c| {
             visit(c.call);
@@ -720,10 +731,12 @@ impl MemoryTrace {
             }
         }
         let mut b = sleuth_core::ledger::LedgerBuilder::new(at_ns);
+        // Every process is listed up front, so a call that returned after
+        // `at_ns` (which the builder would only list) need not be read.
         for &pid in &self.pids {
             b.track(pid);
         }
-        self.for_each_memory_call(StreamOrder::ByReturn, |c| b.push(&c))?;
+        self.for_each_memory_call(StreamOrder::ByReturn, at_ns, |c| b.push(&c))?;
         Ok(b.finish(&self.base))
     }
 
@@ -734,6 +747,65 @@ impl MemoryTrace {
     pub fn stored_sites(&self) -> Result<Option<Vec<sleuth_core::sites::SiteMemory>>, StoreError> {
         crate::site_rollup::memory_by_site(&self.rows.conn, &self.pids, &self.base)
             .map_err(|e| self.rows.read_error(e))
+    }
+
+    /// `sleuth_core::sites::memory_by_site` of this view's memory calls
+    /// that returned by `at_ns` (all when None) with `ledgers` (the ledgers
+    /// then), without holding the calls: the allocations are summed per
+    /// stack in start order (the first stack of a label stays its example),
+    /// and each process's ledger at its peak is replayed in return order, a
+    /// snapshot taken before its first call that returned after the peak
+    /// (as the site rollup's writer takes it). Memory grows with the sites
+    /// and what is live.
+    pub fn sites_streamed(
+        &self,
+        ledgers: &[sleuth_core::ledger::ProcessLedger],
+        at_ns: Option<u64>,
+    ) -> Result<Vec<sleuth_core::sites::SiteMemory>, StoreError> {
+        use sleuth_core::sites::AllocTally;
+        let mut tallies: Vec<AllocTally> = Vec::new();
+        let mut at: std::collections::HashMap<(Option<u64>, bool), usize> = Default::default();
+        // At a moment, an allocation counts once it returned (docs/stats.md, `--at`).
+        self.for_each_memory_call(StreamOrder::ByStart, at_ns, |c| {
+            let Some(t) = AllocTally::of(&c) else { return };
+            match at.get(&(t.stack_id, t.failed)) {
+                Some(&i) => {
+                    tallies[i].count += t.count;
+                    tallies[i].bytes = tallies[i].bytes.saturating_add(t.bytes);
+                }
+                None => {
+                    at.insert((t.stack_id, t.failed), tallies.len());
+                    tallies.push(t);
+                }
+            }
+        })?;
+        let peaks: std::collections::HashMap<u32, u64> = ledgers
+            .iter()
+            .filter_map(|l| l.peak_ts_ns.map(|t| (l.pid, t)))
+            .collect();
+        let mut at_peak: std::collections::BTreeMap<u32, sleuth_core::ledger::ProcessLedger> =
+            Default::default();
+        if let Some(&last) = peaks.values().max() {
+            let mut replay = sleuth_core::ledger::Ledger::new();
+            // Nothing that returned after the last peak is in a snapshot.
+            self.for_each_memory_call(StreamOrder::ByReturn, Some(last), |c| {
+                if let Some(&peak) = peaks.get(&c.pid) {
+                    if c.end_ns() > peak && !at_peak.contains_key(&c.pid) {
+                        at_peak.insert(c.pid, replay.snapshot(c.pid, String::new(), None));
+                    }
+                }
+                replay.apply(&c);
+            })?;
+            for &pid in peaks.keys() {
+                at_peak
+                    .entry(pid)
+                    .or_insert_with(|| replay.snapshot(pid, String::new(), None));
+            }
+        }
+        let at_peak: Vec<_> = at_peak.into_values().collect();
+        Ok(sleuth_core::sites::memory_by_site_of(
+            &self.base, tallies, ledgers, &at_peak,
+        ))
     }
 
     /// The recorded calls that carry a site, by (site label, op), from the
@@ -754,7 +826,7 @@ impl MemoryTrace {
     /// table read. Those hold the memory calls; the ledger alone does not.
     pub fn load_memory_calls(&mut self, pids: Option<&[u32]>) -> Result<(), StoreError> {
         let mut calls = Vec::new();
-        self.for_each_memory_call(StreamOrder::ByStart, |c| {
+        self.for_each_memory_call(StreamOrder::ByStart, None, |c| {
             if pids.is_none_or(|p| p.contains(&c.pid)) {
                 calls.push(c);
             }

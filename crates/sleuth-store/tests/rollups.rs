@@ -111,13 +111,22 @@ fn the_duration_index_is_built_when_the_trace_ends() {
 /// `explain` from the stored finding rollups against `explain` from every
 /// call in memory, on an example trace written again through the writer.
 fn explain_both(name: &str) -> (serde_json::Value, serde_json::Value) {
-    use sleuth_core::findings::{explain_from, explain_inputs, inputs::FindingInputs};
     let (_dir, path) = rewritten(name, "finding-rollups");
-    let t = Trace::open(&path).unwrap();
-    let data = t.load(None).unwrap();
+    explain_both_at(&path, None)
+}
+
+/// [`explain_both`] of the trace at `path`, of process `pid` or all: the
+/// stored aggregates against `FindingInputs::of` the trace loaded with `pid`.
+fn explain_both_at(
+    path: &std::path::Path,
+    pid: Option<u32>,
+) -> (serde_json::Value, serde_json::Value) {
+    use sleuth_core::findings::{explain_from, explain_inputs, inputs::FindingInputs};
+    let t = Trace::open(path).unwrap();
+    let data = t.load(pid).unwrap();
     let culprits = sleuth_core::culprits::call_culprits(&data.calls, &data.waits);
     let ledgers = sleuth_core::ledger::ledger(&data, None);
-    let stored = sleuth_store::finding_rollups::finding_inputs(&t)
+    let stored = sleuth_store::finding_rollups::finding_inputs(&t, pid)
         .unwrap()
         .expect("finding rollups present");
     // The stored aggregates hold what the in-memory ones hold.
@@ -156,10 +165,70 @@ fn explain_from_finding_rollups_matches_the_in_memory_path() {
     }
 }
 
+/// Each process of a two-process trace from its own stored aggregates
+/// (`finding_process_ops` and its rows of the per-thread tables), against
+/// the trace loaded with its pid; and the whole trace as before.
+#[test]
+fn explain_of_one_process_from_finding_rollups_matches_its_load() {
+    let dir = common::TempDir::new("finding-rollups-pid");
+    let path = dir.join("two.db");
+    common::rewrite(&common::trace_fixture::two_processes(), &path);
+    for pid in [Some(25707), Some(725), None] {
+        let (mem, stored) = explain_both_at(&path, pid);
+        assert!(
+            mem["findings"].as_array().is_some_and(|f| !f.is_empty()),
+            "{pid:?}"
+        );
+        assert_close(&stored, &mem, &format!("{pid:?}"));
+    }
+}
+
 #[test]
 fn traces_without_finding_rollups_give_none() {
     let t = Trace::open(&example("demo-sim.db")).unwrap();
-    assert!(sleuth_store::finding_rollups::finding_inputs(&t)
-        .unwrap()
-        .is_none());
+    for pid in [None, Some(725)] {
+        assert!(sleuth_store::finding_rollups::finding_inputs(&t, pid)
+            .unwrap()
+            .is_none());
+    }
+}
+
+/// A file written before the per-process op rollups (no
+/// `meta.finding_process_rollups`, no `finding_process_ops`) still answers
+/// the whole trace from its rollups; one process takes the full load.
+#[test]
+fn traces_before_the_process_rollups_answer_one_process_from_its_load() {
+    let (_dir, path) = rewritten("demo-sim.db", "finding-rollups-old");
+    let c = rusqlite::Connection::open(&path).unwrap();
+    c.execute_batch(
+        "DELETE FROM meta WHERE key = 'finding_process_rollups';
+         DROP TABLE finding_process_ops;
+         DELETE FROM finding_hist WHERE kind = 'process_op';",
+    )
+    .unwrap();
+    drop(c);
+    let t = Trace::open(&path).unwrap();
+    let f = sleuth_store::finding_rollups::finding_inputs;
+    assert!(f(&t, None).unwrap().is_some());
+    assert!(f(&t, Some(725)).unwrap().is_none());
+}
+
+/// A per-process table that is not the one gpusleuth writes is refused
+/// with one line, never read.
+#[test]
+fn a_damaged_process_table_is_refused() {
+    let (_dir, path) = rewritten("demo-sim.db", "finding-rollups-damaged");
+    let c = rusqlite::Connection::open(&path).unwrap();
+    c.execute_batch(
+        "DROP TABLE finding_process_ops;
+         CREATE TABLE finding_process_ops(pid INTEGER, op TEXT, inputs TEXT, extra TEXT);",
+    )
+    .unwrap();
+    drop(c);
+    let t = Trace::open(&path).unwrap();
+    let e = sleuth_store::finding_rollups::finding_inputs(&t, Some(725))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("damaged trace: finding_process_ops"), "{e}");
+    assert!(!e.contains('\n'), "{e}");
 }

@@ -1,8 +1,8 @@
 //! The streamed readers (issue 16) against the loaded trace: on the example
 //! traces and on a simulated one with every kind of memory call, the calls,
 //! waits, ledgers (at the end and at moments), the span, the allocator view
-//! and the by-site table read through `stream` equal what the whole trace
-//! loaded gives.
+//! and the by-site table (stored, and streamed at moments) read through
+//! `stream` equal what the whole trace loaded gives.
 
 mod common;
 
@@ -241,12 +241,34 @@ fn assert_streamed_equals_loaded(path: &Path, pid: Option<u32>) {
         .copied()
         .chain([0, span.end_ns])
     {
+        let at_moment = mt.ledgers(Some(at)).unwrap();
         assert_eq!(
-            json(&mt.ledgers(Some(at)).unwrap()),
+            json(&at_moment),
             json(&ledger(&data, Some(at))),
             "ledger of {path:?} at {at}"
         );
+        // The by-site table at the moment, streamed (`memory --by-site
+        // --at`): of the calls that returned by then, as the ledger counts them.
+        let by_then = sleuth_core::TraceData {
+            calls: data
+                .calls
+                .iter()
+                .filter(|c| c.end_ns() <= at)
+                .cloned()
+                .collect(),
+            ..data.clone()
+        };
+        assert_eq!(
+            json(&mt.sites_streamed(&at_moment, Some(at)).unwrap()),
+            json(&memory_by_site(&by_then, &at_moment)),
+            "sites of {path:?} at {at}"
+        );
     }
+    assert_eq!(
+        json(&mt.sites_streamed(&end, None).unwrap()),
+        json(&memory_by_site(&data, &end)),
+        "sites of {path:?} at the end, streamed"
+    );
     // The site rollup (traces the writer finished) equals the by-site table
     // of the loaded trace, and so do the calls by site.
     if let Some(sites) = mt.stored_sites().unwrap() {
@@ -404,4 +426,39 @@ fn ledgers_at_the_end_are_read_from_the_stored_rollup() {
     let mt = MemoryTrace::open(&trace, None, budget()).unwrap();
     let err = mt.ledgers(None).unwrap_err().to_string();
     assert!(err.contains("damaged trace: ledger_rollup"), "{err}");
+}
+
+/// The ledger at a moment reads only the calls that returned by then, and
+/// the pass over the call rows its stream makes (the totals check) is the
+/// one the count of skipped rows reuses after the reads: the counts equal
+/// those of a trace that made the pass itself, the ledgers those of the load.
+#[test]
+fn a_ledger_at_a_moment_and_the_skipped_rows_after_it_match_the_load() {
+    let dir = TempDir::new("stream-at-problems");
+    let path = dir.join("t.db");
+    simulated(&path);
+    // Two rows made impossible (a negative duration): skipped and counted.
+    let c = rusqlite::Connection::open(&path).unwrap();
+    let n = c
+        .execute(
+            "UPDATE call_rows SET dur_ns = -5 WHERE id IN (SELECT id FROM call_rows ORDER BY id LIMIT 2)",
+            [],
+        )
+        .unwrap();
+    assert_eq!(n, 2);
+    drop(c);
+    let fresh = Trace::open(&path).unwrap().input_problems().unwrap();
+    assert_eq!(fresh.impossible_calls, 2);
+    let trace = Trace::open(&path).unwrap();
+    let data = trace.load(None).unwrap();
+    let streamed = Trace::open(&path).unwrap();
+    let mt = MemoryTrace::open(&streamed, None, budget()).unwrap();
+    let mut ends: Vec<u64> = data.calls.iter().map(|c| c.end_ns()).collect();
+    ends.sort_unstable();
+    let at = ends[ends.len() / 2];
+    assert_eq!(
+        json(&mt.ledgers(Some(at)).unwrap()),
+        json(&ledger(&data, Some(at)))
+    );
+    assert_eq!(streamed.input_problems().unwrap(), fresh);
 }

@@ -376,13 +376,17 @@ impl PerfettoFrame {
         };
         let explanation = lean.explanation();
         let view = &lean.view;
-        let mut threads: BTreeSet<(u32, u32)> =
-            view.groups.iter().map(|g| (g.pid, g.tid)).collect();
-        threads.extend(view.rows().wait_threads(None)?);
-        let first_call = view.groups.iter().map(|g| g.first_ts_ns).min();
+        // The view's call groups are of every process; `--pid` keeps its own.
+        let groups = view
+            .groups
+            .iter()
+            .filter(|g| pid.is_none_or(|p| g.pid == p));
+        let mut threads: BTreeSet<(u32, u32)> = groups.clone().map(|g| (g.pid, g.tid)).collect();
+        threads.extend(view.rows().wait_threads(pid)?);
+        let first_call = groups.map(|g| g.first_ts_ns).min();
         let earliest = first_call
             .into_iter()
-            .chain(view.rows().earliest_wait_or_event(None)?)
+            .chain(view.rows().earliest_wait_or_event(pid)?)
             .min();
         let start = view.span.start_ns;
         let origin = match lean.data.start_ns {
@@ -874,14 +878,15 @@ mod tests {
 #[cfg(test)]
 mod lean_tests {
     use super::*;
-    use crate::trace_fixture::{example, rewrite};
+    use crate::temp_dir::TempDir;
+    use crate::trace_fixture::{example, rewrite, two_processes};
 
-    fn perfetto(db: &Path) -> Value {
+    fn perfetto(db: &Path, pid: Option<u32>) -> Value {
         let trace = Trace::open(db).unwrap();
         let rows = Rows::open(&trace).unwrap();
-        let frame = PerfettoFrame::of(&trace, None).unwrap();
+        let frame = PerfettoFrame::of(&trace, pid).unwrap();
         let mut out = Vec::new();
-        write_perfetto(&mut out, &frame, &rows, None).unwrap();
+        write_perfetto(&mut out, &frame, &rows, pid).unwrap();
         serde_json::from_slice(&out).unwrap()
     }
 
@@ -905,42 +910,61 @@ mod lean_tests {
     #[test]
     fn lean_perfetto_export_equals_the_full_one_on_the_examples() {
         for name in ["demo-sim.db", "h200-contention.db"] {
-            let dir = std::env::temp_dir().join(format!(
-                "gpusleuth-export-lean-{}-{name}",
-                std::process::id()
-            ));
-            let _ = std::fs::remove_dir_all(&dir);
-            std::fs::create_dir_all(&dir).unwrap();
             let data = Trace::open(&example(name)).unwrap().load(None).unwrap();
-            let lean_db = dir.join("lean.db");
-            rewrite(&data, &lean_db);
-            let trace = Trace::open(&lean_db).unwrap();
+            compare(&data, name);
+        }
+    }
+
+    /// Each process of a two-process trace (`--pid`) and the whole of it.
+    #[test]
+    fn lean_perfetto_export_of_one_process_equals_the_full_one() {
+        compare(&two_processes(), "two processes");
+    }
+
+    /// The lean export of `data` written again, whole and of each of its
+    /// processes, against the same file without its finding rollups.
+    fn compare(data: &TraceData, name: &str) {
+        let dir = TempDir::new(&format!("export-lean-{}", name.replace(' ', "-")));
+        let lean_db = dir.join("lean.db");
+        rewrite(data, &lean_db);
+        let trace = Trace::open(&lean_db).unwrap();
+        let pids: Vec<u32> = data.processes.iter().map(|p| p.pid).collect();
+        for &pid in &pids {
             let budget = ReadBudget::new(sleuth_store::DEFAULT_READ_TIMEOUT);
             assert!(
-                sleuth_store::lean::load(&trace, None, budget)
+                sleuth_store::lean::load(&trace, Some(pid), budget)
                     .unwrap()
                     .is_some(),
-                "{name}: the lean load answers"
+                "{name} pid {pid}: the lean load answers"
             );
-            drop(trace);
-            // The same file without its finding rollups takes the full load.
-            let full_db = dir.join("full.db");
-            std::fs::copy(&lean_db, &full_db).unwrap();
-            let c = rusqlite::Connection::open(&full_db).unwrap();
-            c.execute("DELETE FROM meta WHERE key = 'finding_rollups'", [])
-                .unwrap();
-            drop(c);
-            let (lean, full) = (perfetto(&lean_db), perfetto(&full_db));
-            assert_eq!(lean["otherData"], full["otherData"], "{name}");
+        }
+        let budget = ReadBudget::new(sleuth_store::DEFAULT_READ_TIMEOUT);
+        assert!(
+            sleuth_store::lean::load(&trace, None, budget)
+                .unwrap()
+                .is_some(),
+            "{name}: the lean load answers"
+        );
+        drop(trace);
+        // The same file without its finding rollups takes the full load.
+        let full_db = dir.join("full.db");
+        std::fs::copy(&lean_db, &full_db).unwrap();
+        let c = rusqlite::Connection::open(&full_db).unwrap();
+        c.execute("DELETE FROM meta WHERE key = 'finding_rollups'", [])
+            .unwrap();
+        drop(c);
+        for pid in pids.iter().copied().map(Some).chain([None]) {
+            let at = format!("{name} {pid:?}");
+            let (lean, full) = (perfetto(&lean_db, pid), perfetto(&full_db, pid));
+            assert_eq!(lean["otherData"], full["otherData"], "{at}");
             let (lf, lo) = split(&lean);
             let (ff, fo) = split(&full);
-            assert!(!ff.is_empty(), "{name}: the example has findings");
-            assert_eq!(lf, ff, "{name}: findings");
-            assert_eq!(lo.len(), fo.len(), "{name}");
+            assert!(!ff.is_empty(), "{at}: the example has findings");
+            assert_eq!(lf, ff, "{at}: findings");
+            assert_eq!(lo.len(), fo.len(), "{at}");
             for (a, b) in lo.iter().zip(&fo) {
-                assert_eq!(a, b, "{name}");
+                assert_eq!(a, b, "{at}");
             }
-            let _ = std::fs::remove_dir_all(&dir);
         }
     }
 }

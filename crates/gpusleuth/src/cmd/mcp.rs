@@ -105,3 +105,7 @@ fn check_private(path: &Path) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+#[path = "mcp_lean_tests.rs"]
+mod lean_tests;

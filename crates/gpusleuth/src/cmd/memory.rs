@@ -86,19 +86,18 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     let mut processes = mt.ledgers(at_abs)?;
     if args.by_site {
         // At the end of a finished trace the per-site table is stored (the
-        // site rollup); else it reads the memory calls themselves.
+        // site rollup); else it is streamed from the memory calls, never
+        // all held (`MemoryTrace::sites_streamed`).
         let stored = match at_abs {
             None => mt.stored_sites()?,
             Some(_) => None,
         };
-        if stored.is_none() {
-            mt.load_memory_calls(None)?;
-        }
-        warn_input_problems_of_reads(&trace)?;
-        let r = match stored {
-            Some(s) => sites::report_of(s, &mt.base),
-            None => sites::report(&mt.base, &processes),
+        let sites = match stored {
+            Some(s) => s,
+            None => mt.sites_streamed(&processes, at_abs)?,
         };
+        warn_input_problems_of_reads(&trace)?;
+        let r = sites::report_of(sites, &mt.base);
         if args.out.json {
             emit_json(&r)?;
         } else {

@@ -35,7 +35,7 @@ pub fn print(input: &TraceInput, style: Style) -> anyhow::Result<i32> {
 
 /// What `explain` writes to stdout. With `lean_allowed`, a trace that
 /// stored its finding rollups is answered from them without loading its
-/// calls and waits (see [`lean_load`]); the answer is the same as the full
+/// calls and waits, with `--pid` too (see [`lean_load`]); the answer is the same as the full
 /// load's, percentiles within the histogram's bound (docs/schema.md).
 fn output(input: &TraceInput, style: Style, lean_allowed: bool) -> anyhow::Result<String> {
     let trace = sleuth_store::Trace::open(&input.db)?;
@@ -61,11 +61,12 @@ fn output(input: &TraceInput, style: Style, lean_allowed: bool) -> anyhow::Resul
     render(&data, &ledgers, &report, &problems, style)
 }
 
-/// The trace as the explanation reads it, without its calls and waits
-/// (`sleuth_store::lean`, shared with the Perfetto export and the MCP
-/// `findings` tool). None (load everything) for a trace without finding
-/// rollups, with `--pid` (the rollups are of the whole trace), or with
-/// collectives: the straggler finding reads every call and wait of the ranks.
+/// The trace (or the process of `--pid`) as the explanation reads it,
+/// without its calls and waits (`sleuth_store::lean`, shared with the
+/// Perfetto export and the MCP `findings` tool). None (load everything) for
+/// a trace without finding rollups, with `--pid` for a trace written before
+/// the per-process rollups, or with collectives: the straggler finding
+/// reads every call and wait of the ranks.
 fn lean_load(trace: &sleuth_store::Trace, pid: Option<u32>) -> anyhow::Result<Option<Lean>> {
     Ok(sleuth_store::lean::load(
         trace,

@@ -1,7 +1,8 @@
 //! `explain` from the stored finding rollups (the lean load) against the
-//! full load, on traces written by the writer: the example traces written
-//! again, and a hand-built trace with every finding kind a single process
-//! without NCCL can give. JSON, text and Markdown must agree, percentiles
+//! full load, of the whole trace and of each process (`--pid`), on traces
+//! written by the writer: the example traces written again, the two of
+//! them as one trace of two processes, and a hand-built trace with every
+//! finding kind a single process without NCCL can give. JSON, text and Markdown must agree, percentiles
 //! within the histogram's bound (docs/schema.md).
 
 use super::*;
@@ -11,7 +12,7 @@ use std::path::Path;
 
 // The writer fixture and the JSON comparison sleuth-store's rollup tests use.
 use crate::temp_dir::TempDir;
-use crate::trace_fixture::{assert_close, example, rewrite};
+use crate::trace_fixture::{assert_close, example, rewrite, two_processes};
 
 /// One process that is preempted in its copies, has a slow tail of async
 /// copies, leaks memory through the run, empties and refills a cache and
@@ -67,26 +68,33 @@ pub(crate) fn assert_same_words(got: &str, want: &str, at: &str) {
     }
 }
 
-/// Both paths in every style on the trace at `path`; returns the finding kinds.
-fn compare(path: &Path, at: &str) -> Vec<String> {
+/// Both paths in every style on the trace at `path`, of the whole trace
+/// and of each of `pids`; returns the finding kinds of the whole trace.
+fn compare(path: &Path, pids: &[u32], at: &str) -> Vec<String> {
+    for &pid in pids {
+        compare_scope(path, Some(pid), &format!("{at} pid {pid}"));
+    }
+    compare_scope(path, None, at)
+}
+
+/// Both paths in every style, of process `pid` or all; returns the finding kinds.
+fn compare_scope(path: &Path, pid: Option<u32>, at: &str) -> Vec<String> {
     let t = Trace::open(path).unwrap();
-    let lean = lean_load(&t, None)
+    let lean = lean_load(&t, pid)
         .unwrap()
         .unwrap_or_else(|| panic!("{at}: the lean load answers"));
-    // The lean load holds no wait and only memory calls.
+    // The lean load holds no wait and only memory calls (of the process).
     assert!(lean.data.waits.is_empty(), "{at}");
     assert!(
-        lean.data
-            .calls
-            .iter()
-            .all(|c| c.info().is_some_and(sleuth_core::ledger::is_memory_op)),
+        lean.data.calls.iter().all(|c| {
+            c.info().is_some_and(sleuth_core::ledger::is_memory_op)
+                && pid.is_none_or(|p| c.pid == p)
+        }),
         "{at}"
     );
-    // With --pid the full load answers.
-    assert!(lean_load(&t, Some(100)).unwrap().is_none(), "{at}");
     let input = TraceInput {
         db: path.to_path_buf(),
-        pid: None,
+        pid,
     };
     let full = output(&input, Style::Json, false).unwrap();
     let fast = output(&input, Style::Json, true).unwrap();
@@ -115,9 +123,83 @@ fn the_examples_explain_the_same_from_their_finding_rollups() {
         let data = Trace::open(&example(name)).unwrap().load(None).unwrap();
         let path = dir.join("again.db");
         rewrite(&data, &path);
-        let kinds = compare(&path, name);
+        let pids: Vec<u32> = data.processes.iter().map(|p| p.pid).collect();
+        assert!(!pids.is_empty(), "{name}");
+        let kinds = compare(&path, &pids, name);
         assert!(!kinds.is_empty(), "{name}");
     }
+}
+
+#[test]
+fn each_process_of_a_two_process_trace_explains_the_same_from_its_rollups() {
+    let dir = TempDir::new("two-processes");
+    let path = dir.join("two.db");
+    rewrite(&two_processes(), &path);
+    let kinds = compare(&path, &[25707, 725], "two processes");
+    assert!(!kinds.is_empty());
+    // Each process's answer is its own: another's findings are not in it.
+    let t = Trace::open(&path).unwrap();
+    for (pid, other) in [(25707, 725), (725, 25707)] {
+        let e = lean_load(&t, Some(pid)).unwrap().unwrap().explanation();
+        let pids = serde_json::to_string(&e).unwrap();
+        assert!(!pids.contains(&format!("\"pid\":{other}")), "pid {pid}");
+    }
+}
+
+/// A process the trace lists but that made no call: its (empty) aggregates
+/// give the full load's answer too.
+#[test]
+fn a_process_without_calls_explains_the_same_from_the_rollups() {
+    let dir = TempDir::new("process-without-calls");
+    let path = dir.join("t.db");
+    let mut data = every_kind();
+    data.processes.push(sleuth_core::ProcessInfo {
+        pid: 4243,
+        comm: "idle".into(),
+        ..Default::default()
+    });
+    rewrite(&data, &path);
+    compare_scope(&path, Some(4243), "process without calls");
+}
+
+/// A file written before the per-process rollups: `--pid` takes the full
+/// load (the same answer as before), the whole trace still the lean one.
+#[test]
+fn a_trace_before_the_process_rollups_explains_a_process_from_its_load() {
+    let dir = TempDir::new("before-process-rollups");
+    let path = dir.join("t.db");
+    rewrite(&every_kind(), &path);
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    conn.execute("DELETE FROM meta WHERE key = 'finding_process_rollups'", [])
+        .unwrap();
+    drop(conn);
+    let t = Trace::open(&path).unwrap();
+    assert!(lean_load(&t, Some(100)).unwrap().is_none());
+    assert!(lean_load(&t, None).unwrap().is_some());
+    let input = TraceInput {
+        db: path.clone(),
+        pid: Some(100),
+    };
+    assert_eq!(
+        output(&input, Style::Json, true).unwrap(),
+        output(&input, Style::Json, false).unwrap()
+    );
+}
+
+/// A pid the trace does not hold: the full load's one-line error on the lean path too.
+#[test]
+fn an_absent_pid_is_the_same_error_on_either_path() {
+    let dir = TempDir::new("absent-pid");
+    let path = dir.join("t.db");
+    rewrite(&every_kind(), &path);
+    let input = TraceInput {
+        db: path.clone(),
+        pid: Some(4242),
+    };
+    let lean = output(&input, Style::Text, true).unwrap_err().to_string();
+    let full = output(&input, Style::Text, false).unwrap_err().to_string();
+    assert_eq!(lean, full);
+    assert!(lean.contains("pid 4242 is not in this trace"), "{lean}");
 }
 
 #[test]
@@ -125,7 +207,7 @@ fn every_finding_kind_explains_the_same_from_the_finding_rollups() {
     let dir = TempDir::new("every-kind");
     let path = dir.join("t.db");
     rewrite(&every_kind(), &path);
-    let kinds = compare(&path, "every kind");
+    let kinds = compare(&path, &[100], "every kind");
     for k in [
         "allocation_failure",
         "memory_growth",

@@ -401,6 +401,10 @@ pub struct FindingInputs {
     pub spans: HashMap<u32, (u64, u64)>,
     /// Every calling thread's whole-thread split, largest window first.
     pub splits: Vec<ThreadSplit>,
+    /// `ops` of each process apart, when kept ([`FindingInputs::keep_process_ops`]):
+    /// the writer stores them so that one process is explained without
+    /// reading its calls (`explain --pid`). Keyed by (pid, op id).
+    pub process_ops: Option<BTreeMap<(u32, u16), OpInputs>>,
     pinned: HashMap<u32, PinnedRanges>,
 }
 
@@ -413,8 +417,16 @@ impl FindingInputs {
             threads: HashMap::new(),
             spans: HashMap::new(),
             splits: Vec::new(),
+            process_ops: None,
             pinned: HashMap::new(),
         }
+    }
+
+    /// Also aggregates each process's ops apart (`process_ops`): every
+    /// other aggregate is already per thread or per process.
+    pub fn keep_process_ops(mut self) -> FindingInputs {
+        self.process_ops = Some(BTreeMap::new());
+        self
     }
 
     /// Aggregates read back from storage (`splits`: the stored thread splits).
@@ -433,6 +445,7 @@ impl FindingInputs {
             threads,
             spans,
             splits,
+            process_ops: None,
             pinned: HashMap::new(),
         }
     }
@@ -466,6 +479,11 @@ impl FindingInputs {
             .entry(c.op)
             .or_insert_with(|| OpInputs::new(res))
             .add(index, c, &mine);
+        if let Some(p) = &mut self.process_ops {
+            p.entry((c.pid, c.op))
+                .or_insert_with(|| OpInputs::new(res))
+                .add(index, c, &mine);
+        }
         self.threads
             .entry((c.pid, c.tid))
             .or_insert_with(|| ThreadInputs::new(res))
@@ -616,6 +634,65 @@ mod tests {
             assert!((got - exact).abs() / exact <= crate::rollup::MAX_RELATIVE_ERROR);
         }
         assert_eq!(h.percentile(100), durs.last().copied());
+    }
+
+    /// What `keep_process_ops` keeps of one process is what the same calls
+    /// fed alone give: the writer stores it for `explain --pid`.
+    #[test]
+    fn process_ops_equal_each_process_fed_alone() {
+        let mut next = crate::testing::xorshift(0x9e37_79b9_7f4a_7c15);
+        let ops = ["cudaMemcpy", "cudaLaunchKernel", "cudaMalloc"];
+        let calls: Vec<(CallEvent, Vec<Culprit>)> = (0..300u64)
+            .map(|i| {
+                let seed = next();
+                let pid = [7, 9][(seed % 2) as usize];
+                let mut c =
+                    crate::testing::call(ops[(seed >> 8) as usize % 3], i * 1000, seed % 900);
+                c.pid = pid;
+                c.tid = pid;
+                c.runnable_ns = (seed >> 20) % 300;
+                let k = Culprit {
+                    pid: 50 + (seed >> 30) as u32 % 3,
+                    tid: 1,
+                    comm: "noisy".into(),
+                    ns: c.runnable_ns,
+                };
+                (c, vec![k])
+            })
+            .collect();
+        let mut all = FindingInputs::new(Resolution::Bucketed, None).keep_process_ops();
+        for (i, (c, k)) in calls.iter().enumerate() {
+            all.add_call(i, c, k);
+        }
+        let kept = all.process_ops.as_ref().unwrap();
+        let view = |o: &OpInputs| {
+            let buckets: Vec<(u64, u64, Split)> = o.hist.buckets().collect();
+            (serde_json::to_string(o).unwrap(), buckets, o.culprits())
+        };
+        for pid in [7, 9] {
+            let mut alone = FindingInputs::new(Resolution::Bucketed, None);
+            for (i, (c, k)) in calls.iter().enumerate().filter(|(_, (c, _))| c.pid == pid) {
+                alone.add_call(i, c, k);
+            }
+            assert!(alone.process_ops.is_none());
+            let mine: Vec<u16> = kept.keys().filter(|k| k.0 == pid).map(|k| k.1).collect();
+            assert_eq!(
+                mine,
+                alone.ops.keys().copied().collect::<Vec<_>>(),
+                "pid {pid}"
+            );
+            for (op, o) in &alone.ops {
+                assert_eq!(view(&kept[&(pid, *op)]), view(o), "pid {pid} op {op}");
+            }
+        }
+        // The whole trace's aggregates are unchanged by keeping the processes'.
+        let mut plain = FindingInputs::new(Resolution::Bucketed, None);
+        for (i, (c, k)) in calls.iter().enumerate() {
+            plain.add_call(i, c, k);
+        }
+        for (op, o) in &plain.ops {
+            assert_eq!(view(&all.ops[op]), view(o), "op {op}");
+        }
     }
 
     #[test]

@@ -30,6 +30,26 @@ pub fn example(name: &str) -> PathBuf {
         .join(name)
 }
 
+/// The two example traces as one trace of two processes (pid 25707 of
+/// `h200-contention.db`, pid 725 of `demo-sim.db`; their own calls,
+/// waits, processes and kernel counts): what `--pid` answers are checked
+/// on, each process among another's events.
+pub fn two_processes() -> TraceData {
+    let load = |name: &str| {
+        sleuth_store::Trace::open(&example(name))
+            .unwrap()
+            .load(None)
+            .unwrap()
+    };
+    let mut data = load("h200-contention.db");
+    let other = load("demo-sim.db");
+    data.calls.extend(other.calls);
+    data.waits.extend(other.waits);
+    data.processes.extend(other.processes);
+    data.counts.extend(other.counts);
+    data
+}
+
 /// Writes `data` through a fresh writer (events in time order), which
 /// stores the rollups and the finding rollups when it finishes.
 pub fn rewrite(data: &TraceData, path: &Path) {

@@ -4,8 +4,7 @@
 use crate::output::fmt_bytes;
 use crate::render::table::table;
 use serde::Serialize;
-use sleuth_core::ledger::ProcessLedger;
-use sleuth_core::sites::{memory_by_site, SiteMemory, Stack};
+use sleuth_core::sites::{SiteMemory, Stack};
 use sleuth_core::TraceData;
 use std::fmt::Write as _;
 
@@ -24,11 +23,8 @@ pub struct SitesReport<'a> {
     pub captured: bool,
 }
 
-pub fn report<'a>(data: &'a TraceData, ledgers: &[ProcessLedger]) -> SitesReport<'a> {
-    report_of(memory_by_site(data, ledgers), data)
-}
-
-/// The report of sites already computed (the site rollup of a finished trace).
+/// The report of the sites (stored by a finished trace's site rollup, or
+/// streamed from the memory calls: `MemoryTrace::sites_streamed`).
 pub fn report_of(sites: Vec<SiteMemory>, data: &TraceData) -> SitesReport<'_> {
     let stacks = sites
         .iter()

@@ -1,0 +1,90 @@
+//! MCP trace tools with a filter (issue 16) against the full load, on the
+//! two example traces written again as one trace of two processes: the
+//! answers from the stored aggregates (`findings` with a pid) and from the
+//! window's calls with their stored culprits (`latency_stats` with a
+//! window) equal those of the same file without its aggregates.
+
+use crate::temp_dir::TempDir;
+use crate::trace_fixture::{assert_close, rewrite, two_processes};
+use sleuth_mcp::args::CallScope;
+use sleuth_mcp::trace_tools;
+use sleuth_store::{ReadBudget, DEFAULT_READ_TIMEOUT};
+use std::path::{Path, PathBuf};
+
+/// The two-process trace, and a copy without the meta key `key` (the
+/// readers then take the full load).
+fn both(tag: &str, key: &str) -> (TempDir, PathBuf, PathBuf) {
+    let dir = TempDir::new(tag);
+    let lean = dir.join("lean.db");
+    rewrite(&two_processes(), &lean);
+    let full = dir.join("full.db");
+    std::fs::copy(&lean, &full).unwrap();
+    let conn = rusqlite::Connection::open(&full).unwrap();
+    conn.execute("DELETE FROM meta WHERE key = ?1", [key])
+        .unwrap();
+    drop(conn);
+    (dir, lean, full)
+}
+
+fn scope(pid: Option<u32>, op: Option<&str>, window: Option<(u64, u64)>) -> CallScope {
+    CallScope {
+        db: None,
+        pid,
+        op: op.map(str::to_string),
+        since_ns: window.map(|w| w.0),
+        until_ns: window.map(|w| w.1),
+    }
+}
+
+/// `findings` with a pid (its only filter) answers from the lean load.
+#[test]
+fn mcp_findings_of_one_process_equal_the_full_load() {
+    let (_dir, lean, full) = both("mcp-findings-pid", "finding_rollups");
+    let budget = ReadBudget::new(DEFAULT_READ_TIMEOUT);
+    for pid in [25707, 725] {
+        let s = scope(Some(pid), None, None);
+        let tool = |db: &Path| trace_tools::findings(db, &s, &budget).unwrap();
+        let (l, f) = (tool(&lean), tool(&full));
+        assert!(!f["findings"].as_array().unwrap().is_empty(), "pid {pid}");
+        assert_close(&l, &f, &format!("mcp findings pid {pid}"));
+    }
+}
+
+/// `latency_stats` over windows (with and without a process and an op):
+/// the window's calls and stored culprits give the loaded trace's answer,
+/// exactly (no histogram: every call of the window is read).
+#[test]
+fn mcp_latency_stats_of_a_window_equal_the_full_load() {
+    let (_dir, lean, full) = both("mcp-latency-window", "rollups");
+    let data = two_processes();
+    let budget = ReadBudget::new(DEFAULT_READ_TIMEOUT);
+    let mut checked_culprits = false;
+    for pid in [Some(25707), Some(725), None] {
+        let mine: Vec<_> = data
+            .calls
+            .iter()
+            .filter(|c| pid.is_none_or(|p| c.pid == p))
+            .collect();
+        let first = mine.iter().map(|c| c.ts_ns).min().unwrap();
+        let last = mine.iter().map(|c| c.ts_ns).max().unwrap();
+        let mid = first + (last - first) / 2;
+        for (window, op) in [
+            ((first, last + 1), None),
+            ((first, mid), None),
+            ((mid, last + 1), Some("cudaMemcpy")),
+            ((0, first), None),
+        ] {
+            let s = scope(pid, op, Some(window));
+            let tool = |db: &Path| trace_tools::latency_stats(db, &s, &budget).unwrap();
+            let (l, f) = (tool(&lean), tool(&full));
+            let at = format!("pid {pid:?} window {window:?} op {op:?}");
+            assert_eq!(l, f, "{at}");
+            checked_culprits |= f["ops"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|o| o["culprits"].as_array().is_some_and(|c| !c.is_empty()));
+        }
+    }
+    assert!(checked_culprits, "some window has culprits");
+}
