@@ -321,8 +321,21 @@ impl Trace {
         if let Some(limit) = f.limit {
             tail.push_str(&format!(" LIMIT {}", limit.min(i64::MAX as usize)));
         }
-        let mut calls =
-            query_calls(self.rows_conn(f.limit)?, &tail, &args).map_err(|e| self.read_error(e))?;
+        // Every call (of one process or all) in time order: read in row order
+        // and sorted, not through the `(op_id, dur_ns)` index SQLite would
+        // drive the join to `ops` with (a random page read per row; see
+        // `stream::scan_table`).
+        let every_call = f.op.is_none()
+            && f.since_ns.is_none()
+            && f.until_ns.is_none()
+            && f.order == CallOrder::ByTime
+            && self.version >= 2;
+        let source = match every_call {
+            true => crate::stream::table_scan_calls().unwrap_or_else(|| "calls".into()),
+            false => "calls".into(),
+        };
+        let mut calls = query_calls(self.rows_conn(f.limit)?, &source, &tail, &args)
+            .map_err(|e| self.read_error(e))?;
         let sites =
             crate::stacks::call_stack_ids(&self.conn, f.pid).map_err(|e| self.read_error(e))?;
         if !sites.is_empty() {

@@ -52,10 +52,15 @@ fn has(conn: &Connection, table: &str) -> rusqlite::Result<bool> {
     crate::open::has_table(conn, table)
 }
 
-/// Runs `SELECT <CALL_COLS> FROM calls <tail>` and maps known ops.
 /// `SELECT <call columns, host pointer> FROM calls ... <tail>`, rows for
 /// [`call_from_row`].
 pub(crate) fn calls_sql(conn: &Connection, tail: &str) -> rusqlite::Result<String> {
+    calls_sql_from(conn, "calls", tail)
+}
+
+/// [`calls_sql`] over `source`: the `calls` view, or a subquery with its
+/// rows and columns (`crate::stream::table_scan_calls`).
+fn calls_sql_from(conn: &Connection, source: &str, tail: &str) -> rusqlite::Result<String> {
     let (host, join) = if has(conn, "call_host_ptrs")? {
         (
             "h.host_ptr",
@@ -65,16 +70,18 @@ pub(crate) fn calls_sql(conn: &Connection, tail: &str) -> rusqlite::Result<Strin
         ("NULL", "")
     };
     Ok(format!(
-        "SELECT {CALL_COLS}, {host} FROM calls {join} {tail}"
+        "SELECT {CALL_COLS}, {host} FROM {source} {join} {tail}"
     ))
 }
 
+/// Runs `SELECT <CALL_COLS> FROM <source> <tail>` and maps known ops.
 pub(crate) fn query_calls(
     conn: &Connection,
+    source: &str,
     tail: &str,
     args: &[Value],
 ) -> rusqlite::Result<Vec<StoredCall>> {
-    let mut st = conn.prepare(&calls_sql(conn, tail)?)?;
+    let mut st = conn.prepare(&calls_sql_from(conn, source, tail)?)?;
     let rows = st.query_map(rusqlite::params_from_iter(args.iter()), call_from_row)?;
     let mut out = Vec::new();
     for r in rows {

@@ -610,7 +610,7 @@ fn scan_table(conn: &Connection, version: i64, q: &CallQuery) -> rusqlite::Resul
 /// in row order, never through an index (see [`Rows::scan_table`]): the
 /// same rows and columns as the view (`schema::CALLS_VIEW`), so the same
 /// answers. None if the view's text is not the expected shape.
-fn table_scan_calls() -> Option<String> {
+pub(crate) fn table_scan_calls() -> Option<String> {
     let select = crate::schema::CALLS_VIEW.strip_prefix("CREATE VIEW calls AS")?;
     let from = "FROM call_rows c JOIN ops o";
     if !select.contains(from) {
