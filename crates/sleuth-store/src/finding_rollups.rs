@@ -16,7 +16,7 @@
 use crate::budget::{ReadBudget, DEFAULT_READ_TIMEOUT};
 use crate::open::{has_table, open_trace_file};
 use crate::reader::{check_is_trace, check_schema, Trace};
-use crate::rows::{call_from_row, calls_sql};
+use crate::rows::{call_from_row, calls_sql, calls_sql_from};
 use crate::StoreError;
 use rusqlite::types::FromSql;
 use rusqlite::{params, Connection, OptionalExtension, Params};
@@ -144,7 +144,7 @@ pub(crate) fn write(conn: &Connection) -> rusqlite::Result<()> {
         }
     }
     // The pinned-memory replay: host allocations, registrations and copies by end.
-    let names: Vec<String> = OPS
+    let ops: Vec<&'static str> = OPS
         .iter()
         .filter(|o| {
             matches!(
@@ -156,11 +156,19 @@ pub(crate) fn write(conn: &Connection) -> rusqlite::Result<()> {
                     | OpClass::Copy
             )
         })
-        .map(|o| format!("'{}'", o.name.replace('\'', "''")))
+        .map(|o| o.name)
         .collect();
-    if !names.is_empty() {
-        let sql = calls_sql(
+    if !ops.is_empty() {
+        let names: Vec<String> = ops
+            .iter()
+            .map(|n| format!("'{}'", n.replace('\'', "''")))
+            .collect();
+        // Copies are a good share of most traces: read in row order then
+        // (through the op index, each row was a random page read).
+        let source = crate::stream::calls_source_for_ops(conn, ops)?;
+        let sql = calls_sql_from(
             conn,
+            &source,
             &format!(
                 "WHERE nested = 0 AND op IN ({}) ORDER BY ts_ns + dur_ns, id",
                 names.join(", ")

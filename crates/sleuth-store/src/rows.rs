@@ -60,7 +60,11 @@ pub(crate) fn calls_sql(conn: &Connection, tail: &str) -> rusqlite::Result<Strin
 
 /// [`calls_sql`] over `source`: the `calls` view, or a subquery with its
 /// rows and columns (`crate::stream::table_scan_calls`).
-fn calls_sql_from(conn: &Connection, source: &str, tail: &str) -> rusqlite::Result<String> {
+pub(crate) fn calls_sql_from(
+    conn: &Connection,
+    source: &str,
+    tail: &str,
+) -> rusqlite::Result<String> {
     let (host, join) = if has(conn, "call_host_ptrs")? {
         (
             "h.host_ptr",

@@ -606,6 +606,26 @@ fn scan_table(conn: &Connection, version: i64, q: &CallQuery) -> rusqlite::Resul
     Ok(matching.saturating_mul(32) > last)
 }
 
+/// What to read the calls of `ops` from (every process, in any order but
+/// slowest-first): the `calls` view, or its row-order twin when many rows
+/// match ([`scan_table`]). For queries of their own over the calls of
+/// some ops (the end-of-trace finding rollups).
+pub(crate) fn calls_source_for_ops(
+    conn: &Connection,
+    ops: Vec<&'static str>,
+) -> rusqlite::Result<String> {
+    let q = CallQuery {
+        ops: Some(ops),
+        order: StreamOrder::ByReturn,
+        ..Default::default()
+    };
+    let scan = scan_table(conn, CallSource::of(conn)?.version, &q)?;
+    Ok(match scan.then(table_scan_calls).flatten() {
+        Some(subquery) => subquery,
+        None => "calls".to_string(),
+    })
+}
+
 /// The `calls` view of version 2 as a subquery whose `call_rows` is read
 /// in row order, never through an index (see [`Rows::scan_table`]): the
 /// same rows and columns as the view (`schema::CALLS_VIEW`), so the same
