@@ -27,6 +27,9 @@ fn a_command_reports_its_own_peak_not_its_parents() {
     let _ = std::fs::remove_file(&out);
     let kb: u64 = text.trim().parse().expect("a number of kB");
     assert!(kb > 1000, "{kb} kB: implausibly small");
-    assert!(kb < 128 * 1024, "{kb} kB: the parent's 256 MiB leaked into the figure");
+    assert!(
+        kb < 128 * 1024,
+        "{kb} kB: the parent's 256 MiB leaked into the figure"
+    );
     drop(ballast);
 }
