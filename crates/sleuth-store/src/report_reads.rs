@@ -72,43 +72,40 @@ pub struct LeanReport {
     pub sites: Option<SiteReads>,
 }
 
-/// The report's reads for the whole trace; None (load everything) where
-/// [`crate::lean::load`] gives None or the trace has no complete rollups.
+/// The report's reads for the whole trace or for process `pid` (what
+/// [`Trace::load`] of that pid holds); None (load everything) where
+/// [`crate::lean::load`] gives None (with `pid`: a trace written before the
+/// per-process finding rollups) or the trace has no complete rollups.
 pub fn load(
     trace: &Trace,
     pid: Option<u32>,
     budget: ReadBudget,
     n_slowest: usize,
 ) -> Result<Option<LeanReport>, StoreError> {
-    if pid.is_some() || !trace.has_rollups()? {
+    if !trace.has_rollups()? {
         return Ok(None);
     }
     let Some(lean) = crate::lean::load(trace, pid, budget)? else {
         return Ok(None);
     };
-    let ops = op_rollups(trace)?;
-    let groups = &lean.view.groups;
-    let mut calls_by_pid: BTreeMap<u32, u64> = BTreeMap::new();
-    for g in groups {
-        let e = calls_by_pid.entry(g.pid).or_default();
-        *e = e.saturating_add(g.count);
-    }
+    let ops = op_rollups(trace, pid)?;
+    let calls_by_pid = calls_by_pid(&lean, pid);
     let calls = calls_by_pid
         .values()
         .fold(0u64, |a, &b| a.saturating_add(b));
     let mut reads = KeyedReads::new(trace);
     let rows = lean.view.rows();
     let events = EventAggregates {
-        waits: rows.event_counts(None)?.0,
-        earliest: rows.earliest_wait_or_event(None)?,
-        latest: latest_wait_or_event(&mut reads)?,
+        waits: rows.event_counts(pid)?.0,
+        earliest: rows.earliest_wait_or_event(pid)?,
+        latest: latest_wait_or_event(&mut reads, pid)?,
     };
-    let span = extent(&lean, &events);
-    let slowest = slowest_of(&mut reads, &ops, n_slowest)?;
+    let span = extent(&lean, pid, &events);
+    let slowest = slowest_of(&mut reads, &ops, pid, n_slowest)?;
     let sites = if lean.data.stacks.is_empty() {
         None
     } else {
-        Some(site_reads(trace, &lean)?)
+        Some(site_reads(trace, &lean, pid)?)
     };
     Ok(Some(LeanReport {
         lean,
@@ -122,10 +119,29 @@ pub fn load(
     }))
 }
 
-/// The stored rollups per op, every process merged (`stats` without
-/// `--pid` merges them the same way).
-pub fn op_rollups(trace: &Trace) -> Result<BTreeMap<u16, OpRollup>, StoreError> {
-    let rollups = trace.stored_rollups(None).at(trace.path())?;
+/// The call groups of `pid` (all where None): the view holds every
+/// process's groups, whatever process it was opened for.
+fn groups_of(lean: &Lean, pid: Option<u32>) -> impl Iterator<Item = &crate::stream::CallGroup> {
+    lean.view
+        .groups
+        .iter()
+        .filter(move |g| pid.is_none_or(|p| g.pid == p))
+}
+
+/// Per-call records per process (of `pid` alone where given), from the call groups.
+fn calls_by_pid(lean: &Lean, pid: Option<u32>) -> BTreeMap<u32, u64> {
+    let mut calls_by_pid: BTreeMap<u32, u64> = BTreeMap::new();
+    for g in groups_of(lean, pid) {
+        let e = calls_by_pid.entry(g.pid).or_default();
+        *e = e.saturating_add(g.count);
+    }
+    calls_by_pid
+}
+
+/// The stored rollups per op of process `pid`, or of every process merged
+/// (`stats` merges them the same way).
+pub fn op_rollups(trace: &Trace, pid: Option<u32>) -> Result<BTreeMap<u16, OpRollup>, StoreError> {
+    let rollups = trace.stored_rollups(pid).at(trace.path())?;
     let mut ops: BTreeMap<u16, OpRollup> = BTreeMap::new();
     for (_, op, r) in &rollups.ops {
         ops.entry(*op).or_default().merge(r);
@@ -135,11 +151,11 @@ pub fn op_rollups(trace: &Trace) -> Result<BTreeMap<u16, OpRollup>, StoreError> 
 
 /// `TraceSpan::of` of the loaded trace: the span from the session times and
 /// the call groups, widened to the earliest and latest wait and lifecycle
-/// event (`events`).
-fn extent(lean: &Lean, events: &EventAggregates) -> TraceSpan {
+/// event (`events`), of process `pid` where given.
+fn extent(lean: &Lean, pid: Option<u32>, events: &EventAggregates) -> TraceSpan {
     let view = &lean.view;
-    let first_call = view.groups.iter().map(|g| g.first_ts_ns).min();
-    let last_call = view.groups.iter().map(|g| g.last_end_ns).max();
+    let first_call = groups_of(lean, pid).map(|g| g.first_ts_ns).min();
+    let last_call = groups_of(lean, pid).map(|g| g.last_end_ns).max();
     let earliest = first_call.into_iter().chain(events.earliest).min();
     let latest = last_call.into_iter().chain(events.latest).max();
     let span = view.span;
@@ -200,27 +216,22 @@ impl<'a> KeyedReads<'a> {
 
 /// The latest end of a wait (`on_ns`) or lifecycle event that
 /// [`Trace::load`] reads (kinds this build does not know are left out, as
-/// the load leaves their rows out): per process with waits (found by
-/// seeking the `(pid, on_ns)` index), its waits latest first up to the
-/// first valid one of a known kind; the lifecycle events by an aggregate.
-fn latest_wait_or_event(reads: &mut KeyedReads) -> Result<Option<u64>, StoreError> {
+/// the load leaves their rows out), of process `pid` or all: per process
+/// with waits (found by seeking the `(pid, on_ns)` index), its waits latest
+/// first up to the first valid one of a known kind; the lifecycle events
+/// by an aggregate.
+fn latest_wait_or_event(
+    reads: &mut KeyedReads,
+    pid: Option<u32>,
+) -> Result<Option<u64>, StoreError> {
     let path = reads.trace.path();
     let conn = reads.conn()?;
     let mut latest: Option<u64> = None;
     let mut take = |v: u64| latest = Some(latest.map_or(v, |l: u64| l.max(v)));
-    // Each step one seek: the next pid after the last.
-    let mut pids = conn
-        .prepare(
-            "WITH RECURSIVE p(pid) AS (SELECT min(pid) FROM waits \
-             UNION ALL SELECT (SELECT min(pid) FROM waits WHERE pid > p.pid) FROM p \
-             WHERE p.pid IS NOT NULL) SELECT pid FROM p WHERE pid IS NOT NULL",
-        )
-        .at(path)?;
-    let pids: Vec<i64> = pids
-        .query_map([], |r| r.get(0))
-        .at(path)?
-        .collect::<rusqlite::Result<_>>()
-        .at(path)?;
+    let pids = match pid {
+        Some(p) => vec![i64::from(p)],
+        None => pids_with_waits(conn, path)?,
+    };
     let sql = format!(
         "SELECT w.on_ns, w.kind FROM waits w WHERE w.pid = ?1 AND {} ORDER BY w.on_ns DESC",
         valid_wait("w.")
@@ -240,10 +251,11 @@ fn latest_wait_or_event(reads: &mut KeyedReads) -> Result<Option<u64>, StoreErro
     }
     let mut st = conn
         .prepare(&format!(
-            "SELECT kind, max(ts_ns) FROM proc_events WHERE ts_ns BETWEEN 0 AND {MAX_NS} GROUP BY kind"
+            "SELECT kind, max(ts_ns) FROM proc_events WHERE (?1 IS NULL OR pid = ?1) \
+             AND ts_ns BETWEEN 0 AND {MAX_NS} GROUP BY kind"
         ))
         .at(path)?;
-    let mut rows = st.query([]).at(path)?;
+    let mut rows = st.query([pid]).at(path)?;
     while let Some(r) = rows.next().at(path)? {
         let kind: String = r.get(0).at(path)?;
         if let (Some(_), Some(v)) = (ProcKind::parse(&kind), r.get::<_, Option<i64>>(1).at(path)?) {
@@ -253,25 +265,48 @@ fn latest_wait_or_event(reads: &mut KeyedReads) -> Result<Option<u64>, StoreErro
     Ok(latest)
 }
 
-/// The `n` slowest calls not nested in another, as the full report picks
-/// them from every loaded call (slowest first, ties in load order), each
-/// with its culprits. Per op, slowest first through the `(op_id, dur_ns)`
-/// index, ops with the slowest maximum first; an op is read only down to
-/// the `n`-th slowest duration found so far (rows of that duration are all
+/// Every pid with a wait row, each found by one seek of the `(pid, on_ns)`
+/// index (the next pid after the last).
+fn pids_with_waits(conn: &Connection, path: &std::path::Path) -> Result<Vec<i64>, StoreError> {
+    let mut st = conn
+        .prepare(
+            "WITH RECURSIVE p(pid) AS (SELECT min(pid) FROM waits \
+             UNION ALL SELECT (SELECT min(pid) FROM waits WHERE pid > p.pid) FROM p \
+             WHERE p.pid IS NOT NULL) SELECT pid FROM p WHERE pid IS NOT NULL",
+        )
+        .at(path)?;
+    let pids = st
+        .query_map([], |r| r.get(0))
+        .at(path)?
+        .collect::<rusqlite::Result<_>>()
+        .at(path)?;
+    Ok(pids)
+}
+
+/// The `n` slowest calls not nested in another, of process `pid` or all,
+/// as the full report picks them from every loaded call (slowest first,
+/// ties in load order), each with its culprits. Per op, slowest first
+/// through the `(op_id, dur_ns)` index, ops with the slowest maximum first
+/// (`ops`: the rollups of `pid`, or of all); an op is read only down to the
+/// `n`-th slowest duration found so far (rows of that duration are all
 /// read: they may come first in load order), and an op whose maximum is
-/// below it not at all. Memory: `n` calls.
+/// below it not at all. With `pid`, the index holds every process's rows:
+/// those of other processes at or above that duration are read and
+/// skipped. Memory: `n` calls.
 pub fn slowest_calls(
     trace: &Trace,
     ops: &BTreeMap<u16, OpRollup>,
+    pid: Option<u32>,
     n: usize,
 ) -> Result<Vec<SlowCall>, StoreError> {
-    slowest_of(&mut KeyedReads::new(trace), ops, n)
+    slowest_of(&mut KeyedReads::new(trace), ops, pid, n)
 }
 
 /// [`slowest_calls`] counting the rows it reads in `reads`.
 fn slowest_of(
     reads: &mut KeyedReads,
     ops: &BTreeMap<u16, OpRollup>,
+    pid: Option<u32>,
     n: usize,
 ) -> Result<Vec<SlowCall>, StoreError> {
     let trace = reads.trace;
@@ -322,7 +357,9 @@ fn slowest_of(
         };
         for id in ids {
             let floor = threshold(&best).min(MAX_NS as u64) as i64;
-            let mut rows = st.query(rusqlite::params![id, floor, info.name]).at(path)?;
+            let mut rows = st
+                .query(rusqlite::params![id, floor, info.name, pid])
+                .at(path)?;
             while let Some(row) = rows.next().at(path)? {
                 reads.row()?;
                 // The duration first: the row that ends the op is read no further.
@@ -352,8 +389,8 @@ fn slowest_of(
 }
 
 /// The per-op read of the slowest calls: `?1` the op's id in `ops`, `?2`
-/// the floor (ns), `?3` the op's name; rows of [`call_from_row`] plus the
-/// stack id (column 16), slowest first.
+/// the floor (ns), `?3` the op's name, `?4` the pid (NULL: every process);
+/// rows of [`call_from_row`] plus the stack id (column 16), slowest first.
 struct SlowestSql {
     query: String,
     /// Whether `?1` is used (the op's ids must be looked up).
@@ -396,7 +433,8 @@ fn slowest_sql(conn: &Connection, v2: bool) -> rusqlite::Result<SlowestSql> {
     Ok(SlowestSql {
         query: format!(
             "SELECT {}, {host}, {stack} FROM {source} {join} WHERE {op_cond} \
-             AND calls.dur_ns >= ?2 AND {} ORDER BY calls.dur_ns DESC",
+             AND calls.dur_ns >= ?2 AND (?4 IS NULL OR calls.pid = ?4) AND {} \
+             ORDER BY calls.dur_ns DESC",
             cols.join(", "),
             valid_call("calls.")
         ),
@@ -462,26 +500,27 @@ fn culprits_with(reads: &mut KeyedReads, call: &CallEvent) -> Result<Vec<Culprit
 
 /// The by-site table and the allocations per stack: from the site rollup
 /// the writer stored (`crate::site_rollup`, no call row read), else from
-/// [`streamed_site_reads`].
-fn site_reads(trace: &Trace, lean: &Lean) -> Result<SiteReads, StoreError> {
+/// [`streamed_site_reads`]; of process `pid` or all.
+fn site_reads(trace: &Trace, lean: &Lean, pid: Option<u32>) -> Result<SiteReads, StoreError> {
     let (conn, path) = (trace.keyed(), trace.path());
     // Every process with a call or a counted call, as the view lists them
-    // (the lean load took the view's context: the stacks are in `lean.data`).
-    let mut pids: std::collections::BTreeSet<u32> =
-        lean.view.groups.iter().map(|g| g.pid).collect();
+    // (the lean load took the view's context: the stacks are in `lean.data`;
+    // its counts are those of `pid` already).
+    let mut pids: std::collections::BTreeSet<u32> = groups_of(lean, pid).map(|g| g.pid).collect();
     pids.extend(lean.data.counts.iter().map(|c| c.pid));
     let sites = crate::site_rollup::memory_by_site(conn, &pids, &lean.data).at(path)?;
-    let stored = crate::site_rollup::allocated_by_stack(conn).at(path)?;
+    let stored = crate::site_rollup::allocated_by_stack(conn, pid).at(path)?;
     if let (Some(sites), Some(allocs)) = (sites, stored) {
         return Ok(SiteReads { sites, allocs });
     }
-    streamed_site_reads(lean)
+    streamed_site_reads(lean, pid)
 }
 
 /// The device allocations tallied per stack and each process's ledger at
 /// its own peak, from one pass over the memory calls in return order (the
-/// order the ledger replays them in): memory bounded by what is live.
-fn streamed_site_reads(lean: &Lean) -> Result<SiteReads, StoreError> {
+/// order the ledger replays them in), of process `pid` or all: memory
+/// bounded by what is live.
+fn streamed_site_reads(lean: &Lean, pid: Option<u32>) -> Result<SiteReads, StoreError> {
     let mut at_peak: HashMap<u32, LedgerBuilder> = lean
         .ledgers
         .iter()
@@ -493,6 +532,7 @@ fn streamed_site_reads(lean: &Lean) -> Result<SiteReads, StoreError> {
         .collect();
     let mut tallies: BTreeMap<(Option<u64>, bool), AllocTally> = BTreeMap::new();
     let q = CallQuery {
+        pid,
         ops: Some(sleuth_core::ledger::memory_op_names()),
         order: StreamOrder::ByReturn,
         ..Default::default()

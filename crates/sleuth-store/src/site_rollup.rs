@@ -314,17 +314,20 @@ pub(crate) fn calls_by_site(
     Ok(Some(out))
 }
 
-/// Successful device allocations per stack id (None: not captured), every
-/// process summed: what the report's flame graph of allocated bytes by call
+/// Successful device allocations per stack id (None: not captured), of
+/// process `pid` or every process summed: what the report's flame graph of allocated bytes by call
 /// path draws; None when the trace has no complete rollup.
 pub(crate) fn allocated_by_stack(
     conn: &Connection,
+    pid: Option<u32>,
 ) -> rusqlite::Result<Option<Vec<sleuth_core::sites::AllocTally>>> {
     if !complete(conn)? {
         return Ok(None);
     }
-    let mut st = conn.prepare("SELECT stack_id, allocs, alloc_bytes FROM site_memory")?;
-    let mut rows = st.query([])?;
+    let mut st = conn.prepare(
+        "SELECT stack_id, allocs, alloc_bytes FROM site_memory WHERE ?1 IS NULL OR pid = ?1",
+    )?;
+    let mut rows = st.query([pid])?;
     let mut by_stack: BTreeMap<Option<u64>, (u64, u64)> = BTreeMap::new();
     while let Some(r) = rows.next()? {
         let stack = r.get::<_, Option<i64>>(0)?.map(|s| s as u64);

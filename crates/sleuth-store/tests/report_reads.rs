@@ -110,11 +110,11 @@ fn the_slowest_calls_equal_the_full_pick_and_read_no_row_below_them() {
     drop(conn);
     let t = Trace::open(&path).unwrap();
     assert!(t.load(None).is_err(), "the full load reads every row");
-    let got = slowest_calls(&t, &op_rollups(&t).unwrap(), N).unwrap();
+    let got = slowest_calls(&t, &op_rollups(&t, None).unwrap(), None, N).unwrap();
     let got: Vec<(CallEvent, Vec<Culprit>)> =
         got.into_iter().map(|s| (s.call, s.culprits)).collect();
     assert_eq!(got, want);
-    assert!(slowest_calls(&t, &op_rollups(&t).unwrap(), 0)
+    assert!(slowest_calls(&t, &op_rollups(&t, None).unwrap(), None, 0)
         .unwrap()
         .is_empty());
 }
@@ -131,7 +131,7 @@ fn the_slowest_calls_of_a_version_1_trace_read_its_calls_table() {
         for c in &loaded.calls {
             ops.entry(c.op).or_default().add(c);
         }
-        let got = slowest_calls(&t, &ops, N).unwrap();
+        let got = slowest_calls(&t, &ops, None, N).unwrap();
         let got: Vec<(CallEvent, Vec<Culprit>)> =
             got.into_iter().map(|s| (s.call, s.culprits)).collect();
         let want = full_pick(&loaded);

@@ -2,7 +2,8 @@
 //! from the whole trace (`Inputs::full`), on traces written by the writer:
 //! the example traces written again, and a hand-built two-process trace
 //! with call sites, failed and nested allocations, ties among the slowest
-//! calls, culprits, NVML samples and lifecycle events outside the session.
+//! calls, culprits, NVML samples and lifecycle events outside the session;
+//! of the whole trace and of each process (`--pid`).
 //!
 //! What may differ, and only there: the percentiles of the latency
 //! distributions (min, p25, p50, p75, p99 from the histogram: each within
@@ -200,14 +201,15 @@ fn latency_close(lean: &[LatencyRow], full: &[LatencyRow], at: &str) {
     }
 }
 
-/// Both sources on the trace at `path`: equal inputs (latency within the
-/// bound) and equal HTML outside the findings' and latency sections.
-/// Returns whether any percentile differed (the lean path is then visible).
-fn compare(path: &Path, at: &str) -> bool {
+/// Both sources on the trace at `path`, of the whole trace or of process
+/// `pid`: equal inputs (latency within the bound) and equal HTML outside
+/// the findings' and latency sections. Returns whether any percentile
+/// differed (the lean path is then visible).
+fn compare(path: &Path, pid: Option<u32>, at: &str) -> bool {
     let t = Trace::open(path).unwrap();
     let report = sleuth_store::report_reads::load(
         &t,
-        None,
+        pid,
         ReadBudget::new(DEFAULT_READ_TIMEOUT),
         SLOWEST_CALLS,
     )
@@ -215,7 +217,7 @@ fn compare(path: &Path, at: &str) -> bool {
     .unwrap_or_else(|| panic!("{at}: the lean reads answer"));
     assert!(report.lean.data.waits.is_empty(), "{at}: no wait held");
     let lean = Inputs::lean(report);
-    let full = inputs_of(&t, None, false).unwrap();
+    let full = inputs_of(&t, pid, false).unwrap();
     assert_eq!(lean.span, full.span, "{at}");
     assert_eq!((lean.calls, lean.waits), (full.calls, full.waits), "{at}");
     assert_eq!(lean.calls_by_pid, full.calls_by_pid, "{at}");
@@ -234,7 +236,7 @@ fn compare(path: &Path, at: &str) -> bool {
     assert_eq!(strip(&lean.sites), strip(&full.sites), "{at}");
     latency_close(&lean.latency, &full.latency, at);
     // The command's own choice is the lean source.
-    let chosen = inputs_of(&t, None, true).unwrap();
+    let chosen = inputs_of(&t, pid, true).unwrap();
     assert_eq!(chosen.latency, lean.latency, "{at}: the lean path is taken");
 
     let session = t.session().unwrap();
@@ -263,7 +265,12 @@ fn the_lean_report_equals_the_full_one_on_the_examples() {
         let data = Trace::open(&example(name)).unwrap().load(None).unwrap();
         let path = dir.join("again.db");
         rewrite(&data, &path);
-        compare(&path, name);
+        compare(&path, None, name);
+        let pids = Trace::open(&path).unwrap().pids().unwrap();
+        assert!(!pids.is_empty(), "{name}");
+        for pid in pids {
+            compare(&path, Some(pid), &format!("{name} pid {pid}"));
+        }
     }
 }
 
@@ -273,8 +280,15 @@ fn the_lean_report_equals_the_full_one_with_sites_ties_and_culprits() {
     let path = dir.join("t.db");
     let data = rich_trace();
     rewrite_with_context(&data, &path);
-    let differs = compare(&path, "rich");
+    let differs = compare(&path, None, "rich");
     assert!(differs, "some percentile comes from the histogram");
+    for pid in [100, 101] {
+        let differs = compare(&path, Some(pid), &format!("rich pid {pid}"));
+        assert!(
+            differs,
+            "pid {pid}: some percentile comes from the histogram"
+        );
+    }
     // Without the stored site rollup the sites come from the memory calls.
     let again = dir.join("no-site-rollup.db");
     std::fs::copy(&path, &again).unwrap();
@@ -284,7 +298,14 @@ fn the_lean_report_equals_the_full_one_with_sites_ties_and_culprits() {
         .unwrap();
     assert_eq!(n, 1, "the writer stored a site rollup");
     drop(c);
-    compare(&again, "rich without site rollup");
+    compare(&again, None, "rich without site rollup");
+    for pid in [100, 101] {
+        compare(
+            &again,
+            Some(pid),
+            &format!("rich pid {pid} without site rollup"),
+        );
+    }
     let full = inputs_of(&Trace::open(&path).unwrap(), None, false).unwrap();
     // What the comparison covered: sites, a flame graph, ties, culprits.
     assert!(full.sites.len() >= 4, "{:?}", full.sites);
@@ -300,26 +321,120 @@ fn the_lean_report_equals_the_full_one_with_sites_ties_and_culprits() {
     assert!(full.span.origin_ns < full.span.start_ns || full.span.extent_end_ns > full.span.end_ns);
 }
 
+/// What each process's report holds that the other's does not: its own
+/// calls, slowest calls, allocations by call path, and extent (the sleep
+/// before the first call is the parent's, the exit after the last the
+/// child's). A pid filter left out of any of these reads fails the
+/// comparisons above; this says they were there to fail.
 #[test]
-fn traces_without_rollups_and_pid_reports_take_the_full_path() {
-    // The examples were written before the rollups.
-    let t = Trace::open(&example("demo-sim.db")).unwrap();
-    let budget = ReadBudget::new(DEFAULT_READ_TIMEOUT);
-    assert!(
-        sleuth_store::report_reads::load(&t, None, budget, SLOWEST_CALLS)
-            .unwrap()
-            .is_none()
-    );
-    let dir = TempDir::new("report-pid");
+fn each_process_report_differs_from_the_whole_trace_where_the_pid_filters() {
+    let dir = TempDir::new("report-pid-parts");
+    let path = dir.join("t.db");
+    rewrite_with_context(&rich_trace(), &path);
+    let t = Trace::open(&path).unwrap();
+    let whole = inputs_of(&t, None, false).unwrap();
+    let parent = inputs_of(&t, Some(100), false).unwrap();
+    let child = inputs_of(&t, Some(101), false).unwrap();
+    for one in [&parent, &child] {
+        assert!(one.calls < whole.calls);
+        assert_eq!(one.calls_by_pid.len(), 1);
+        assert!(one.flame.bytes < whole.flame.bytes);
+        assert!(one.sites.len() < whole.sites.len());
+    }
+    let pids = |i: &Inputs| -> Vec<u32> { i.slowest.iter().map(|(c, _)| c.pid).collect() };
+    assert!(pids(&whole).contains(&100) && pids(&whole).contains(&101));
+    assert!(pids(&parent).iter().all(|&p| p == 100));
+    assert!(pids(&child).iter().all(|&p| p == 101));
+    assert_eq!(parent.span.origin_ns, whole.span.origin_ns);
+    assert!(child.span.origin_ns > whole.span.origin_ns);
+    assert_eq!(child.span.extent_end_ns, whole.span.extent_end_ns);
+    assert!(parent.span.extent_end_ns < whole.span.extent_end_ns);
+    assert!(child.waits < whole.waits);
+}
+
+/// A process the trace lists that made no call: its empty report from the
+/// aggregates equals the full load's.
+#[test]
+fn the_report_of_a_process_without_calls_equals_the_full_one() {
+    let dir = TempDir::new("report-pid-idle");
+    let path = dir.join("t.db");
+    let mut data = rich_trace();
+    data.processes.push(ProcessInfo {
+        pid: 4243,
+        comm: "idle".into(),
+        ..Default::default()
+    });
+    rewrite_with_context(&data, &path);
+    compare(&path, Some(4243), "process without calls");
+    let t = Trace::open(&path).unwrap();
+    let idle = inputs_of(&t, Some(4243), true).unwrap();
+    assert_eq!((idle.calls, idle.waits), (0, 0));
+    assert!(idle.slowest.is_empty() && idle.latency.is_empty());
+}
+
+/// A pid the trace does not hold: the full load's one-line error on the lean path too.
+#[test]
+fn an_absent_pid_is_the_same_error_on_either_path() {
+    let dir = TempDir::new("report-pid-absent");
     let path = dir.join("t.db");
     rewrite_with_context(&rich_trace(), &path);
     let t = Trace::open(&path).unwrap();
     let budget = ReadBudget::new(DEFAULT_READ_TIMEOUT);
-    assert!(
-        sleuth_store::report_reads::load(&t, Some(100), budget, SLOWEST_CALLS)
-            .unwrap()
-            .is_none()
-    );
+    let lean = sleuth_store::report_reads::load(&t, Some(4242), budget, SLOWEST_CALLS)
+        .err()
+        .expect("an absent pid is refused")
+        .to_string();
+    let full = inputs_of(&t, Some(4242), false)
+        .err()
+        .expect("the full load refuses it")
+        .to_string();
+    assert_eq!(lean, full);
+    assert!(lean.contains("pid 4242 is not in this trace"), "{lean}");
+    assert!(!lean.contains('\n'), "{lean}");
+}
+
+#[test]
+fn traces_without_rollups_or_process_rollups_take_the_full_path() {
+    // The examples were written before the rollups.
+    let t = Trace::open(&example("demo-sim.db")).unwrap();
+    for pid in [None, Some(t.pids().unwrap()[0])] {
+        assert!(sleuth_store::report_reads::load(
+            &t,
+            pid,
+            ReadBudget::new(DEFAULT_READ_TIMEOUT),
+            SLOWEST_CALLS
+        )
+        .unwrap()
+        .is_none());
+    }
+    // A file written before the per-process finding rollups: a process's
+    // report is read from its load, the whole trace's still from the rollups.
+    let dir = TempDir::new("report-pid-before");
+    let path = dir.join("t.db");
+    rewrite_with_context(&rich_trace(), &path);
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    let n = conn
+        .execute("DELETE FROM meta WHERE key = 'finding_process_rollups'", [])
+        .unwrap();
+    assert_eq!(n, 1, "the writer stored the per-process rollups");
+    drop(conn);
+    let t = Trace::open(&path).unwrap();
+    assert!(sleuth_store::report_reads::load(
+        &t,
+        Some(100),
+        ReadBudget::new(DEFAULT_READ_TIMEOUT),
+        SLOWEST_CALLS
+    )
+    .unwrap()
+    .is_none());
+    assert!(sleuth_store::report_reads::load(
+        &t,
+        None,
+        ReadBudget::new(DEFAULT_READ_TIMEOUT),
+        SLOWEST_CALLS
+    )
+    .unwrap()
+    .is_some());
     // With --pid the report is the loaded process's.
     let one = inputs_of(&t, Some(101), true).unwrap();
     assert_eq!(one.calls_by_pid.keys().collect::<Vec<_>>(), vec![&101]);
