@@ -438,6 +438,31 @@ mod tests {
     }
 
     #[test]
+    fn a_truncated_library_is_an_error_not_a_panic() {
+        let exe = std::fs::read(std::env::current_exe().unwrap()).unwrap();
+        let p = scratch("truncated.so");
+        // Cut inside the symbol tables, and just before the section headers.
+        let shoff = u64::from_le_bytes(exe[0x28..0x30].try_into().unwrap()) as usize;
+        for len in [exe.len() / 2, exe.len() * 9 / 10, shoff, shoff + 64] {
+            std::fs::write(&p, &exe[..len]).unwrap();
+            match ElfSymbols::open(&p) {
+                Err(e) => assert!(!e.contains('\n'), "{e}"),
+                Ok(elf) => {
+                    // Headers read; tables beyond the end fail the walk.
+                    let walked = elf.visit(&[Table::Full, Table::Dynamic], |s, names| {
+                        let _ = names.get(s.name_off);
+                    });
+                    assert!(
+                        walked.is_err() || len >= shoff,
+                        "cut at {len} of {}",
+                        exe.len()
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
     fn names_are_bounded_by_their_table() {
         let p = scratch("strings");
         // Two names, then bytes without a NUL up to the end of the "table".
