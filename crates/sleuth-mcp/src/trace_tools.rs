@@ -104,12 +104,15 @@ fn check_window(since: Option<u64>, until: Option<u64>) -> Result<()> {
 fn load_scoped(trace: &Trace, scope: &args::CallScope) -> Result<TraceData> {
     check_op(scope.op.as_deref())?;
     check_window(scope.since_ns, scope.until_ns)?;
-    let mut data = trace.load(scope.pid)?;
-    data.calls.retain(|c| {
-        scope.op.as_deref().is_none_or(|op| c.op_name() == op)
-            && scope.since_ns.is_none_or(|s| c.ts_ns >= s)
-            && scope.until_ns.is_none_or(|u| c.ts_ns < u)
-    });
+    // Only the calls in scope are read (an op or a window through the
+    // indexes), not every call of the process loaded and then dropped.
+    let mut data = trace.load_calls_of(&CallFilter {
+        pid: scope.pid,
+        op: scope.op.clone(),
+        since_ns: scope.since_ns,
+        until_ns: scope.until_ns,
+        ..Default::default()
+    })?;
     if scope.op.is_some() {
         data.counts
             .retain(|oc| sleuth_core::op_by_id(oc.op).map(|o| o.name) == scope.op.as_deref());

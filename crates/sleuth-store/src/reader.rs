@@ -917,6 +917,18 @@ impl Trace {
     /// Unusable rows are skipped (see [`Trace::input_problems`]); a file whose
     /// valid durations or sizes still add up past 2^62 is refused as damaged.
     pub fn load(&self, pid: Option<u32>) -> Result<TraceData, StoreError> {
+        self.load_calls_of(&CallFilter {
+            pid,
+            ..Default::default()
+        })
+    }
+
+    /// [`Trace::load`] of `calls.pid` with only the calls `calls` selects
+    /// (an op, a window: read through the indexes, not loaded then
+    /// dropped); everything else as `load` reads it. The order and limit
+    /// of `calls` are ignored: calls come in time order, all of them.
+    pub fn load_calls_of(&self, calls: &CallFilter) -> Result<TraceData, StoreError> {
+        let pid = calls.pid;
         if let Some(pid) = pid {
             self.require_pid(pid)?;
         }
@@ -925,8 +937,9 @@ impl Trace {
         }
         let calls = self
             .calls_filtered(&CallFilter {
-                pid,
-                ..Default::default()
+                order: CallOrder::ByTime,
+                limit: None,
+                ..calls.clone()
             })?
             .into_iter()
             .map(|s| s.call)

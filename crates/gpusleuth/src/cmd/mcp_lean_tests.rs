@@ -88,3 +88,63 @@ fn mcp_latency_stats_of_a_window_equal_the_full_load() {
     }
     assert!(checked_culprits, "some window has culprits");
 }
+
+/// `findings` with an op or a window reads only the calls in scope: the
+/// answer equals the explanation of the whole process loaded and then
+/// filtered (what the tool did before it read through the indexes).
+#[test]
+fn mcp_findings_of_an_op_or_a_window_equal_the_loaded_and_filtered_trace() {
+    let (_dir, lean, _full) = both("mcp-findings-scope", "finding_rollups");
+    let data = two_processes();
+    let budget = ReadBudget::new(DEFAULT_READ_TIMEOUT);
+    let trace = sleuth_store::Trace::open(&lean).unwrap();
+    let mut compared_findings = false;
+    for pid in [Some(25707), Some(725), None] {
+        let mine: Vec<_> = data
+            .calls
+            .iter()
+            .filter(|c| pid.is_none_or(|p| c.pid == p))
+            .collect();
+        let first = mine.iter().map(|c| c.ts_ns).min().unwrap();
+        let last = mine.iter().map(|c| c.ts_ns).max().unwrap();
+        let mid = first + (last - first) / 2;
+        for (window, op) in [
+            (None, Some("cudaMalloc")),
+            (None, Some("cudaMemcpy")),
+            (Some((first, mid)), None),
+            (Some((mid, last + 1)), Some("cudaLaunchKernel")),
+        ] {
+            let s = scope(pid, op, window);
+            let got = trace_tools::findings(&lean, &s, &budget).unwrap();
+            // The old reading: everything loaded, then filtered.
+            let mut want = trace.load(pid).unwrap();
+            want.calls.retain(|c| {
+                op.is_none_or(|o| c.op_name() == o)
+                    && window.is_none_or(|(a, b)| c.ts_ns >= a && c.ts_ns < b)
+            });
+            if op.is_some() {
+                want.counts
+                    .retain(|oc| sleuth_core::op_by_id(oc.op).map(|o| o.name) == op);
+            }
+            let report = sleuth_core::findings::explain_report(&want);
+            let at = format!("pid {pid:?} window {window:?} op {op:?}");
+            assert_eq!(
+                got["findings"],
+                serde_json::to_value(&report.findings).unwrap(),
+                "{at}"
+            );
+            assert_eq!(
+                got["summary"],
+                serde_json::to_value(&report.summary).unwrap(),
+                "{at}"
+            );
+            assert_eq!(
+                got["threads"],
+                serde_json::to_value(&report.threads).unwrap(),
+                "{at}"
+            );
+            compared_findings |= !report.findings.is_empty();
+        }
+    }
+    assert!(compared_findings, "some scope has findings");
+}
