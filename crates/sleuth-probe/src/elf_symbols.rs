@@ -173,8 +173,12 @@ impl ElfSymbols {
         while done < t.count {
             let n = (t.count - done).min(per_chunk as u64) as usize;
             let bytes = &mut buf[..n * size];
-            self.file
-                .read_exact_at(bytes, t.offset + done * size as u64)?;
+            // A crafted section offset near 2^64 must not wrap around.
+            let at = t
+                .offset
+                .checked_add(done * size as u64)
+                .ok_or_else(|| std::io::Error::other("symbol table beyond any file"))?;
+            self.file.read_exact_at(bytes, at)?;
             let Ok((syms, _)) = object::pod::slice_from_bytes::<Elf::Sym>(bytes, n) else {
                 return Ok(());
             };
@@ -183,7 +187,8 @@ impl ElfSymbols {
                 let raw = RawSymbol {
                     value: s.st_value(e).into(),
                     size: s.st_size(e).into(),
-                    name_off: t.strings.0 + u64::from(s.st_name(e)),
+                    // Saturating: NameReader refuses an offset outside the table.
+                    name_off: t.strings.0.saturating_add(u64::from(s.st_name(e))),
                     kind: s.st_type(),
                     bind: s.st_bind(),
                     shndx: s.st_shndx(e),

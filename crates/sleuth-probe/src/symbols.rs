@@ -53,7 +53,10 @@ impl SymbolOffsets {
             let Some(delta) = sym.value.checked_sub(section.address) else {
                 return;
             };
-            offsets.insert(k, file_off + delta);
+            let Some(at) = file_off.checked_add(delta) else {
+                return;
+            };
+            offsets.insert(k, at);
         })
         .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
         Ok(SymbolOffsets { offsets })

@@ -85,10 +85,11 @@ impl FileSymbols {
     }
 
     fn vaddr_of(&self, file_off: u64) -> Option<u64> {
+        // Crafted segments (a library is untrusted input) must not wrap around.
         self.segments
             .iter()
-            .find(|&&(off, _, size)| file_off >= off && file_off < off + size)
-            .map(|&(off, vaddr, _)| vaddr + (file_off - off))
+            .find(|&&(off, _, size)| file_off >= off && file_off - off < size)
+            .and_then(|&(off, vaddr, _)| vaddr.checked_add(file_off - off))
     }
 
     fn function_at(&mut self, vaddr: u64) -> Option<String> {
