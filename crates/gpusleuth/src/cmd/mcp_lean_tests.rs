@@ -36,6 +36,14 @@ fn scope(pid: Option<u32>, op: Option<&str>, window: Option<(u64, u64)>) -> Call
     }
 }
 
+/// The first, middle and last call start of process `pid` (or of all).
+fn starts(data: &sleuth_core::TraceData, pid: Option<u32>) -> (u64, u64, u64) {
+    let mine = data.calls.iter().filter(|c| pid.is_none_or(|p| c.pid == p));
+    let first = mine.clone().map(|c| c.ts_ns).min().unwrap();
+    let last = mine.map(|c| c.ts_ns).max().unwrap();
+    (first, first + (last - first) / 2, last)
+}
+
 /// `findings` with a pid (its only filter) answers from the lean load.
 #[test]
 fn mcp_findings_of_one_process_equal_the_full_load() {
@@ -60,14 +68,7 @@ fn mcp_latency_stats_of_a_window_equal_the_full_load() {
     let budget = ReadBudget::new(DEFAULT_READ_TIMEOUT);
     let mut checked_culprits = false;
     for pid in [Some(25707), Some(725), None] {
-        let mine: Vec<_> = data
-            .calls
-            .iter()
-            .filter(|c| pid.is_none_or(|p| c.pid == p))
-            .collect();
-        let first = mine.iter().map(|c| c.ts_ns).min().unwrap();
-        let last = mine.iter().map(|c| c.ts_ns).max().unwrap();
-        let mid = first + (last - first) / 2;
+        let (first, mid, last) = starts(&data, pid);
         for (window, op) in [
             ((first, last + 1), None),
             ((first, mid), None),
@@ -100,14 +101,7 @@ fn mcp_findings_of_an_op_or_a_window_equal_the_loaded_and_filtered_trace() {
     let trace = sleuth_store::Trace::open(&lean).unwrap();
     let mut compared_findings = false;
     for pid in [Some(25707), Some(725), None] {
-        let mine: Vec<_> = data
-            .calls
-            .iter()
-            .filter(|c| pid.is_none_or(|p| c.pid == p))
-            .collect();
-        let first = mine.iter().map(|c| c.ts_ns).min().unwrap();
-        let last = mine.iter().map(|c| c.ts_ns).max().unwrap();
-        let mid = first + (last - first) / 2;
+        let (first, mid, last) = starts(&data, pid);
         for (window, op) in [
             (None, Some("cudaMalloc")),
             (None, Some("cudaMemcpy")),
