@@ -215,12 +215,46 @@ impl ElfSymbols {
         read_cstr(&self.file, name_off)
     }
 
+    /// Which file this is (device, inode), to read a name from it later
+    /// without holding it open ([`name_in`]).
+    pub fn identity(&self) -> Option<FileIdentity> {
+        use std::os::unix::fs::MetadataExt;
+        let m = self.file.metadata().ok()?;
+        Some(FileIdentity {
+            dev: m.dev(),
+            ino: m.ino(),
+        })
+    }
+
     /// `len` bytes at `offset` of the file.
     pub fn read_at(&self, offset: u64, len: usize) -> Option<Vec<u8>> {
         let mut b = vec![0u8; len];
         self.file.read_exact_at(&mut b, offset).ok()?;
         Some(b)
     }
+}
+
+/// A file's device and inode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FileIdentity {
+    dev: u64,
+    ino: u64,
+}
+
+/// The name at `name_off` of the file at `path`, if that path still names
+/// the file `identity` was taken from (a library replaced since, by an
+/// upgrade, would give another file's bytes: no name then). The file is
+/// opened for the read only: the symbolizer names functions of hundreds of
+/// libraries in a long trace, and holding each open would spend the
+/// tracer's descriptors.
+pub fn name_in(path: &Path, identity: FileIdentity, name_off: u64) -> Option<Vec<u8>> {
+    use std::os::unix::fs::MetadataExt;
+    let file = File::open(path).ok()?;
+    let m = file.metadata().ok()?;
+    if (m.dev(), m.ino()) != (identity.dev, identity.ino) {
+        return None;
+    }
+    read_cstr(&file, name_off)
 }
 
 /// What the headers say: tables, sections, segments.
@@ -428,6 +462,29 @@ mod tests {
             .map(|s| (s.file_range().0, s.address(), s.file_range().1))
             .collect();
         assert_eq!(elf.segments(), &segs[..]);
+    }
+
+    #[test]
+    fn a_name_is_read_again_only_from_the_same_file() {
+        let src = std::env::current_exe().unwrap();
+        let p = scratch("same-file.so");
+        std::fs::copy(&src, &p).unwrap();
+        let elf = ElfSymbols::open(&p).unwrap();
+        let mut first = None;
+        elf.visit(&[Table::Full], |s, names| {
+            if first.is_none() && s.is_function() {
+                first = names.get(s.name_off).map(|n| (s.name_off, n.to_vec()));
+            }
+        })
+        .unwrap();
+        let (off, name) = first.expect("a function symbol");
+        let id = elf.identity().unwrap();
+        assert_eq!(name_in(&p, id, off), Some(name));
+        // Replaced by rename (as package managers do): another inode, no name.
+        let q = scratch("same-file.so.new");
+        std::fs::copy(&src, &q).unwrap();
+        std::fs::rename(&q, &p).unwrap();
+        assert_eq!(name_in(&p, id, off), None);
     }
 
     #[test]

@@ -14,7 +14,7 @@
 //! program to exit before its later stacks were resolved (docs/gpu-runs.md).
 
 use super::python::{read_maps, MapEntry};
-use crate::elf_symbols::{ElfSymbols, Segment, Table};
+use crate::elf_symbols::{name_in, ElfSymbols, FileIdentity, Segment, Table};
 use sleuth_core::sites::{Frame, FrameKind};
 use std::collections::HashMap;
 
@@ -31,10 +31,12 @@ struct Func {
 }
 
 /// Function symbols of one file, by virtual address; names stay in the
-/// file until a frame asks for one.
+/// file until a frame asks for one (read from the same file, by path and
+/// identity: the file is not held open).
 #[derive(Default)]
 struct FileSymbols {
-    elf: Option<ElfSymbols>,
+    path: String,
+    identity: Option<FileIdentity>,
     /// Function symbols, sorted by start.
     funcs: Vec<Func>,
     /// Loadable segments: (file offset, vaddr, file size).
@@ -52,8 +54,9 @@ impl FileSymbols {
             return FileSymbols::default();
         };
         FileSymbols {
+            path: path.to_string(),
+            identity: elf.identity(),
             segments: elf.segments().to_vec(),
-            elf: Some(elf),
             funcs,
             names: HashMap::new(),
         }
@@ -105,7 +108,11 @@ impl FileSymbols {
         if let Some(n) = self.names.get(&start) {
             return Some(n.clone());
         }
-        let raw = self.elf.as_ref()?.name_at(u64::from(f.name_off))?;
+        let raw = name_in(
+            std::path::Path::new(&self.path),
+            self.identity?,
+            u64::from(f.name_off),
+        )?;
         let name = String::from_utf8_lossy(&raw);
         let name = name.split('@').next().unwrap_or(&name);
         let name = demangle(name);
