@@ -172,14 +172,21 @@ impl SymbolOffsets {
     /// Compiler clones (`.cold`, `.isra`, ...) are skipped.
     pub fn read_torch(path: &Path) -> Result<SymbolOffsets, String> {
         Self::scan(path, |name| {
-            if !name.starts_with("_ZN3c104cuda20CUDACachingAllocator") || name.contains('.') {
-                return None;
-            }
-            let demangled = cpp_demangle::Symbol::new(name).ok()?.demangle().ok()?;
+            let demangled = caching_allocator_function(name)?;
             let op = torch_op_for(&demangled)?;
             sleuth_core::op_by_id(op).map(|info| info.name.to_string())
         })
     }
+}
+
+/// The demangled name of a function of PyTorch's CUDA caching allocator
+/// (`c10::cuda::CUDACachingAllocator::...`); None for other symbols and
+/// for compiler clones (`.cold`, `.isra`, ...).
+fn caching_allocator_function(mangled: &str) -> Option<String> {
+    if !mangled.starts_with("_ZN3c104cuda20CUDACachingAllocator") || mangled.contains('.') {
+        return None;
+    }
+    cpp_demangle::Symbol::new(mangled).ok()?.demangle().ok()
 }
 
 /// Demangled caching-allocator function names in a library (for `check`,
@@ -196,13 +203,7 @@ pub fn torch_candidates(path: &Path) -> Vec<String> {
         else {
             return;
         };
-        if !name.starts_with("_ZN3c104cuda20CUDACachingAllocator") || name.contains('.') {
-            return;
-        }
-        let Some(d) = cpp_demangle::Symbol::new(name)
-            .ok()
-            .and_then(|s| s.demangle().ok())
-        else {
+        let Some(d) = caching_allocator_function(name) else {
             return;
         };
         let interesting = ["::malloc(", "::free(", "::release_block(", "::emptyCache("];
