@@ -710,6 +710,61 @@ impl LedgerBuilder {
     }
 }
 
+/// What each process held at its peak, from its memory calls fed one at a
+/// time in return order (as [`LedgerBuilder`] takes them): one replay, each
+/// process's ledger taken just before its first call that returned after
+/// its peak (`ledger(data, Some(peak))` of that process). The site rollup
+/// written when a trace ends and the streamed per-site table of a reader
+/// both need it, without holding the calls.
+#[derive(Debug, Clone, Default)]
+pub struct PeakSnapshots {
+    peaks: HashMap<u32, u64>,
+    replay: Ledger,
+    at_peak: BTreeMap<u32, ProcessLedger>,
+}
+
+impl PeakSnapshots {
+    /// For the processes of `ledgers` that have a peak.
+    pub fn new(ledgers: &[ProcessLedger]) -> PeakSnapshots {
+        PeakSnapshots {
+            peaks: ledgers
+                .iter()
+                .filter_map(|l| l.peak_ts_ns.map(|t| (l.pid, t)))
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    /// The latest peak: no call that returned after it is in a snapshot.
+    pub fn last_peak(&self) -> Option<u64> {
+        self.peaks.values().copied().max()
+    }
+
+    /// The next memory call in return order.
+    pub fn push(&mut self, c: &CallEvent) {
+        if let Some(&peak) = self.peaks.get(&c.pid) {
+            if c.end_ns() > peak && !self.at_peak.contains_key(&c.pid) {
+                let l = self.replay.snapshot(c.pid, String::new(), None);
+                self.at_peak.insert(c.pid, l);
+            }
+        }
+        self.replay.apply(c);
+    }
+
+    /// Each process's ledger at its peak, by pid (bare: no name, exit time
+    /// or site label); a process whose peak no pushed call passed is taken
+    /// as the replay left it.
+    pub fn finish(mut self) -> BTreeMap<u32, ProcessLedger> {
+        for &pid in self.peaks.keys() {
+            if !self.at_peak.contains_key(&pid) {
+                let l = self.replay.snapshot(pid, String::new(), None);
+                self.at_peak.insert(pid, l);
+            }
+        }
+        self.at_peak
+    }
+}
+
 /// A ledger from [`LedgerBuilder::finish_bare`] with its process's name
 /// and exit time (at or before `at_ns`) from `context`, and its sites named
 /// from `context`'s stacks.

@@ -113,11 +113,15 @@ fn load_scoped(trace: &Trace, scope: &args::CallScope) -> Result<TraceData> {
         until_ns: scope.until_ns,
         ..Default::default()
     })?;
-    if scope.op.is_some() {
-        data.counts
-            .retain(|oc| sleuth_core::op_by_id(oc.op).map(|o| o.name) == scope.op.as_deref());
-    }
+    keep_counts_in_scope(&mut data.counts, scope);
     Ok(data)
+}
+
+/// Keeps the kernel-counted calls of the scope's op (all without one).
+fn keep_counts_in_scope(counts: &mut Vec<sleuth_core::OpCount>, scope: &args::CallScope) {
+    if let Some(op) = scope.op.as_deref() {
+        counts.retain(|oc| sleuth_core::op_by_id(oc.op).map(|o| o.name) == Some(op));
+    }
 }
 
 /// Sessions, processes, time range, counts, drops, libraries, notes: from
@@ -256,9 +260,7 @@ fn window_stats(trace: &Trace, scope: &args::CallScope) -> Result<Option<stats::
         return Ok(None);
     };
     let mut counts = trace.op_counts(scope.pid)?;
-    if scope.op.is_some() {
-        counts.retain(|oc| sleuth_core::op_by_id(oc.op).map(|o| o.name) == scope.op.as_deref());
-    }
+    keep_counts_in_scope(&mut counts, scope);
     // Without waits: the per-call culprits are given; the thread splits
     // (which would read the waits) are not part of this tool's answer.
     let data = TraceData {
@@ -395,12 +397,7 @@ pub fn memory(db: &Path, a: &args::Memory, budget: &ReadBudget) -> Result<Value>
         None => mt.stored_sites()?,
         Some(_) => None,
     };
-    let mut block_pids: Vec<u32> = mt.base.blocks.iter().map(|b| b.pid).collect();
-    block_pids.sort_unstable();
-    block_pids.dedup();
-    if !block_pids.is_empty() {
-        mt.load_memory_calls(Some(&block_pids))?;
-    }
+    mt.load_allocator_calls()?;
     let data = &mt.base;
     // PyTorch's caching allocator rebuilt from `--torch-allocator` events
     // (reserved from the ledger, so before the timeline is thinned).

@@ -64,12 +64,7 @@ pub fn load(
     // Of the explanation's readers only the allocator view reads calls (the
     // memory calls of processes with allocator blocks): the others read the
     // aggregates and the ledgers, so a trace without blocks holds no call.
-    let mut block_pids: Vec<u32> = view.base.blocks.iter().map(|b| b.pid).collect();
-    block_pids.sort_unstable();
-    block_pids.dedup();
-    if !block_pids.is_empty() {
-        view.load_memory_calls(Some(&block_pids))?;
-    }
+    view.load_allocator_calls()?;
     let counts = trace.op_counts(pid)?;
     let mut data = std::mem::take(&mut view.base);
     data.counts = counts;

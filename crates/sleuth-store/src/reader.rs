@@ -330,10 +330,7 @@ impl Trace {
             && f.until_ns.is_none()
             && f.order == CallOrder::ByTime
             && self.version >= 2;
-        let source = match every_call {
-            true => crate::stream::table_scan_calls().unwrap_or_else(|| "calls".into()),
-            false => "calls".into(),
-        };
+        let source = crate::stream::calls_source(every_call);
         let mut calls = query_calls(self.rows_conn(f.limit)?, &source, &tail, &args)
             .map_err(|e| self.read_error(e))?;
         let sites =

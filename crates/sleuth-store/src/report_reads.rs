@@ -26,11 +26,11 @@ use crate::stacks::has_column;
 use crate::stream::{CallQuery, StreamOrder};
 use rusqlite::Connection;
 use sleuth_core::culprits::culprits_of_call;
-use sleuth_core::ledger::{LedgerBuilder, ProcessLedger};
+use sleuth_core::ledger::ProcessLedger;
 use sleuth_core::rollup::OpRollup;
 use sleuth_core::sites::{AllocTally, SiteMemory};
 use sleuth_core::{CallEvent, Culprit, ProcKind, TraceSpan, WaitEvent, WaitKind};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 /// One of the slowest calls, with the tasks that held the CPU while it was
 /// runnable-waiting (`sleuth_core::culprits::call_culprits` for this call).
@@ -89,7 +89,7 @@ pub fn load(
         return Ok(None);
     };
     let ops = op_rollups(trace, pid)?;
-    let calls_by_pid = calls_by_pid(&lean, pid);
+    let calls_by_pid = calls_by_pid(&lean);
     let calls = calls_by_pid
         .values()
         .fold(0u64, |a, &b| a.saturating_add(b));
@@ -100,7 +100,7 @@ pub fn load(
         earliest: rows.earliest_wait_or_event(pid)?,
         latest: latest_wait_or_event(&mut reads, pid)?,
     };
-    let span = extent(&lean, pid, &events);
+    let span = extent(&lean, &events);
     let slowest = slowest_of(&mut reads, &ops, pid, n_slowest)?;
     let sites = if lean.data.stacks.is_empty() {
         None
@@ -119,19 +119,11 @@ pub fn load(
     }))
 }
 
-/// The call groups of `pid` (all where None): the view holds every
-/// process's groups, whatever process it was opened for.
-fn groups_of(lean: &Lean, pid: Option<u32>) -> impl Iterator<Item = &crate::stream::CallGroup> {
-    lean.view
-        .groups
-        .iter()
-        .filter(move |g| pid.is_none_or(|p| g.pid == p))
-}
-
-/// Per-call records per process (of `pid` alone where given), from the call groups.
-fn calls_by_pid(lean: &Lean, pid: Option<u32>) -> BTreeMap<u32, u64> {
+/// Per-call records per process (of the lean load's process alone where
+/// it has one), from the call groups.
+fn calls_by_pid(lean: &Lean) -> BTreeMap<u32, u64> {
     let mut calls_by_pid: BTreeMap<u32, u64> = BTreeMap::new();
-    for g in groups_of(lean, pid) {
+    for g in lean.view.own_groups() {
         let e = calls_by_pid.entry(g.pid).or_default();
         *e = e.saturating_add(g.count);
     }
@@ -151,11 +143,11 @@ pub fn op_rollups(trace: &Trace, pid: Option<u32>) -> Result<BTreeMap<u16, OpRol
 
 /// `TraceSpan::of` of the loaded trace: the span from the session times and
 /// the call groups, widened to the earliest and latest wait and lifecycle
-/// event (`events`), of process `pid` where given.
-fn extent(lean: &Lean, pid: Option<u32>, events: &EventAggregates) -> TraceSpan {
+/// event (`events`), of the lean load's process where it has one.
+fn extent(lean: &Lean, events: &EventAggregates) -> TraceSpan {
     let view = &lean.view;
-    let first_call = groups_of(lean, pid).map(|g| g.first_ts_ns).min();
-    let last_call = groups_of(lean, pid).map(|g| g.last_end_ns).max();
+    let first_call = view.own_groups().map(|g| g.first_ts_ns).min();
+    let last_call = view.own_groups().map(|g| g.last_end_ns).max();
     let earliest = first_call.into_iter().chain(events.earliest).min();
     let latest = last_call.into_iter().chain(events.latest).max();
     let span = view.span;
@@ -506,7 +498,7 @@ fn site_reads(trace: &Trace, lean: &Lean, pid: Option<u32>) -> Result<SiteReads,
     // Every process with a call or a counted call, as the view lists them
     // (the lean load took the view's context: the stacks are in `lean.data`;
     // its counts are those of `pid` already).
-    let mut pids: std::collections::BTreeSet<u32> = groups_of(lean, pid).map(|g| g.pid).collect();
+    let mut pids: std::collections::BTreeSet<u32> = lean.view.own_groups().map(|g| g.pid).collect();
     pids.extend(lean.data.counts.iter().map(|c| c.pid));
     let sites = crate::site_rollup::memory_by_site(conn, &pids, &lean.data).at(path)?;
     let stored = crate::site_rollup::allocated_by_stack(conn, pid).at(path)?;
@@ -521,15 +513,7 @@ fn site_reads(trace: &Trace, lean: &Lean, pid: Option<u32>) -> Result<SiteReads,
 /// order the ledger replays them in), of process `pid` or all: memory
 /// bounded by what is live.
 fn streamed_site_reads(lean: &Lean, pid: Option<u32>) -> Result<SiteReads, StoreError> {
-    let mut at_peak: HashMap<u32, LedgerBuilder> = lean
-        .ledgers
-        .iter()
-        .filter_map(|l| {
-            let mut b = LedgerBuilder::new(Some(l.peak_ts_ns?));
-            b.track(l.pid);
-            Some((l.pid, b))
-        })
-        .collect();
+    let mut peaks = sleuth_core::ledger::PeakSnapshots::new(&lean.ledgers);
     let mut tallies: BTreeMap<(Option<u64>, bool), AllocTally> = BTreeMap::new();
     let q = CallQuery {
         pid,
@@ -539,9 +523,7 @@ fn streamed_site_reads(lean: &Lean, pid: Option<u32>) -> Result<SiteReads, Store
     };
     lean.view.rows().for_each_call::<StoreError>(&q, |s| {
         let c = s.call;
-        if let Some(b) = at_peak.get_mut(&c.pid) {
-            b.push(&c);
-        }
+        peaks.push(&c);
         if let Some(a) = AllocTally::of(&c) {
             let t = tallies.entry((a.stack_id, a.failed)).or_insert(AllocTally {
                 count: 0,
@@ -553,11 +535,8 @@ fn streamed_site_reads(lean: &Lean, pid: Option<u32>) -> Result<SiteReads, Store
         }
         Ok(())
     })?;
-    let mut at_peak: Vec<ProcessLedger> = at_peak
-        .into_iter()
-        .filter_map(|(pid, b)| b.finish(&lean.data).into_iter().find(|l| l.pid == pid))
-        .collect();
-    at_peak.sort_by_key(|l| l.pid);
+    // By pid; bare (the table reads only what was live, by stack).
+    let at_peak: Vec<ProcessLedger> = peaks.finish().into_values().collect();
     let allocs: Vec<AllocTally> = tallies.into_values().collect();
     Ok(SiteReads {
         sites: sleuth_core::sites::memory_by_site_of(

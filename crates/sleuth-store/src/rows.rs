@@ -59,7 +59,7 @@ pub(crate) fn calls_sql(conn: &Connection, tail: &str) -> rusqlite::Result<Strin
 }
 
 /// [`calls_sql`] over `source`: the `calls` view, or a subquery with its
-/// rows and columns (`crate::stream::table_scan_calls`).
+/// rows and columns (`crate::stream::calls_source`).
 pub(crate) fn calls_sql_from(
     conn: &Connection,
     source: &str,

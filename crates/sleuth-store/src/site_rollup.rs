@@ -13,11 +13,11 @@ use crate::finding_rollups::{complete_tables, damaged_table};
 use crate::problems::valid_call;
 use crate::stream::{visit_own_memory_calls, StreamOrder};
 use rusqlite::{params, Connection};
-use sleuth_core::ledger::{Ledger, ProcessLedger};
+use sleuth_core::ledger::{PeakSnapshots, ProcessLedger};
 use sleuth_core::ops::OpClass;
 use sleuth_core::sites::{label_of, SiteMemory};
 use sleuth_core::{op_by_name, CallEvent, TraceData};
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 
 /// `meta.site_rollup` once both tables below are complete.
 const COMPLETE: &str = "1";
@@ -108,26 +108,9 @@ pub(crate) fn write(conn: &Connection, ledgers: &[ProcessLedger]) -> rusqlite::R
     // What was live at each process's peak: one replay in return order,
     // each process's allocations taken just before its first call that
     // returned after its peak (`ledger(data, Some(peak))` of that process).
-    let peaks: HashMap<u32, u64> = ledgers
-        .iter()
-        .filter_map(|l| l.peak_ts_ns.map(|t| (l.pid, t)))
-        .collect();
-    let mut replay = Ledger::new();
-    let mut at_peak: BTreeMap<u32, ProcessLedger> = BTreeMap::new();
-    visit_own_memory_calls(conn, StreamOrder::ByReturn, |c, _| {
-        if let Some(&peak) = peaks.get(&c.pid) {
-            if c.end_ns() > peak && !at_peak.contains_key(&c.pid) {
-                at_peak.insert(c.pid, replay.snapshot(c.pid, String::new(), None));
-            }
-        }
-        replay.apply(c);
-    })?;
-    for &pid in peaks.keys() {
-        at_peak
-            .entry(pid)
-            .or_insert_with(|| replay.snapshot(pid, String::new(), None));
-    }
-    for (pid, l) in &at_peak {
+    let mut peaks = PeakSnapshots::new(ledgers);
+    visit_own_memory_calls(conn, StreamOrder::ByReturn, |c, _| peaks.push(c))?;
+    for (pid, l) in &peaks.finish() {
         for u in &l.unfreed {
             let a = entry(&mut acc, *pid, u.stack_id);
             a.at_peak_bytes = a.at_peak_bytes.saturating_add(u.bytes);

@@ -419,11 +419,7 @@ pub(crate) fn visit_calls<E: From<StoreError>>(
         args.push(Value::Integer(i64::try_from(t).unwrap_or(i64::MAX)));
         conds.push(format!("calls.ts_ns + calls.dur_ns <= ?{}", args.len()));
     }
-    let source = if scan_table(conn, src.version, q).map_err(err)? {
-        table_scan_calls().unwrap_or_else(|| "calls".to_string())
-    } else {
-        "calls".to_string()
-    };
+    let source = calls_source(scan_table(conn, src.version, q).map_err(err)?);
     select_calls(
         conn, src, &conds, &args, q.order, q.limit, &source, err, visit,
     )
@@ -619,18 +615,27 @@ pub(crate) fn calls_source_for_ops(
         order: StreamOrder::ByReturn,
         ..Default::default()
     };
-    let scan = scan_table(conn, CallSource::of(conn)?.version, &q)?;
-    Ok(match scan.then(table_scan_calls).flatten() {
+    Ok(calls_source(scan_table(
+        conn,
+        CallSource::of(conn)?.version,
+        &q,
+    )?))
+}
+
+/// The `calls` view, or with `scan_rows` its row-order twin
+/// ([`table_scan_calls`]; the view when its text is not the expected shape).
+pub(crate) fn calls_source(scan_rows: bool) -> String {
+    match scan_rows.then(table_scan_calls).flatten() {
         Some(subquery) => subquery,
         None => "calls".to_string(),
-    })
+    }
 }
 
 /// The `calls` view of version 2 as a subquery whose `call_rows` is read
 /// in row order, never through an index (see [`Rows::scan_table`]): the
 /// same rows and columns as the view (`schema::CALLS_VIEW`), so the same
 /// answers. None if the view's text is not the expected shape.
-pub(crate) fn table_scan_calls() -> Option<String> {
+fn table_scan_calls() -> Option<String> {
     let select = crate::schema::CALLS_VIEW.strip_prefix("CREATE VIEW calls AS")?;
     let from = "FROM call_rows c JOIN ops o";
     if !select.contains(from) {
@@ -683,6 +688,15 @@ pub struct MemoryTrace {
 }
 
 impl MemoryTrace {
+    /// The call groups of the process this view was opened for (all when
+    /// none): [`MemoryTrace::groups`] holds every process's.
+    pub fn own_groups(&self) -> impl Iterator<Item = &CallGroup> + Clone {
+        let pid = self.pid;
+        self.groups
+            .iter()
+            .filter(move |g| pid.is_none_or(|p| g.pid == p))
+    }
+
     /// Opens the memory view of one process (`pid`) or all, reading under
     /// `budget`. Errors are those of [`Trace::load`].
     pub fn open(
@@ -805,30 +819,12 @@ impl MemoryTrace {
                 }
             }
         })?;
-        let peaks: std::collections::HashMap<u32, u64> = ledgers
-            .iter()
-            .filter_map(|l| l.peak_ts_ns.map(|t| (l.pid, t)))
-            .collect();
-        let mut at_peak: std::collections::BTreeMap<u32, sleuth_core::ledger::ProcessLedger> =
-            Default::default();
-        if let Some(&last) = peaks.values().max() {
-            let mut replay = sleuth_core::ledger::Ledger::new();
+        let mut peaks = sleuth_core::ledger::PeakSnapshots::new(ledgers);
+        if let Some(last) = peaks.last_peak() {
             // Nothing that returned after the last peak is in a snapshot.
-            self.for_each_memory_call(StreamOrder::ByReturn, Some(last), |c| {
-                if let Some(&peak) = peaks.get(&c.pid) {
-                    if c.end_ns() > peak && !at_peak.contains_key(&c.pid) {
-                        at_peak.insert(c.pid, replay.snapshot(c.pid, String::new(), None));
-                    }
-                }
-                replay.apply(&c);
-            })?;
-            for &pid in peaks.keys() {
-                at_peak
-                    .entry(pid)
-                    .or_insert_with(|| replay.snapshot(pid, String::new(), None));
-            }
+            self.for_each_memory_call(StreamOrder::ByReturn, Some(last), |c| peaks.push(&c))?;
         }
-        let at_peak: Vec<_> = at_peak.into_values().collect();
+        let at_peak: Vec<_> = peaks.finish().into_values().collect();
         Ok(sleuth_core::sites::memory_by_site_of(
             &self.base, tallies, ledgers, &at_peak,
         ))
@@ -845,6 +841,20 @@ impl MemoryTrace {
     > {
         crate::site_rollup::calls_by_site(&self.rows.conn, &self.pids, &self.base)
             .map_err(|e| self.rows.read_error(e))
+    }
+
+    /// Puts the memory calls of the processes with allocator blocks (only
+    /// traces taken with `--torch-allocator` have any) into `base.calls`:
+    /// what the allocator view replays beside their block events. Reads
+    /// nothing when there are none.
+    pub fn load_allocator_calls(&mut self) -> Result<(), StoreError> {
+        let mut pids: Vec<u32> = self.base.blocks.iter().map(|b| b.pid).collect();
+        pids.sort_unstable();
+        pids.dedup();
+        if pids.is_empty() {
+            return Ok(());
+        }
+        self.load_memory_calls(Some(&pids))
     }
 
     /// Puts the memory calls of `pids` (all when None) into `base.calls`,

@@ -377,10 +377,7 @@ impl PerfettoFrame {
         let explanation = lean.explanation();
         let view = &lean.view;
         // The view's call groups are of every process; `--pid` keeps its own.
-        let groups = view
-            .groups
-            .iter()
-            .filter(|g| pid.is_none_or(|p| g.pid == p));
+        let groups = view.own_groups();
         let mut threads: BTreeSet<(u32, u32)> = groups.clone().map(|g| (g.pid, g.tid)).collect();
         threads.extend(view.rows().wait_threads(pid)?);
         let first_call = groups.map(|g| g.first_ts_ns).min();

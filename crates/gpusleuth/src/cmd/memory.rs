@@ -107,12 +107,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     }
     // The allocator view replays its processes' memory calls beside their
     // block events (only traces taken with --torch-allocator have any).
-    let mut block_pids: Vec<u32> = mt.base.blocks.iter().map(|b| b.pid).collect();
-    block_pids.sort_unstable();
-    block_pids.dedup();
-    if !block_pids.is_empty() {
-        mt.load_memory_calls(Some(&block_pids))?;
-    }
+    mt.load_allocator_calls()?;
     // After the reads: what they skipped (`input_problems_of_reads`).
     warn_input_problems_of_reads(&trace)?;
     let data = &mt.base;
