@@ -395,17 +395,21 @@ fn an_absent_pid_is_the_same_error_on_either_path() {
 
 #[test]
 fn traces_without_rollups_or_process_rollups_take_the_full_path() {
+    // Whether the report of `pid` (or of the whole trace) is read lean.
+    let lean = |t: &Trace, pid: Option<u32>| {
+        sleuth_store::report_reads::load(
+            t,
+            pid,
+            ReadBudget::new(DEFAULT_READ_TIMEOUT),
+            SLOWEST_CALLS,
+        )
+        .unwrap()
+        .is_some()
+    };
     // The examples were written before the rollups.
     let t = Trace::open(&example("demo-sim.db")).unwrap();
     for pid in [None, Some(t.pids().unwrap()[0])] {
-        assert!(sleuth_store::report_reads::load(
-            &t,
-            pid,
-            ReadBudget::new(DEFAULT_READ_TIMEOUT),
-            SLOWEST_CALLS
-        )
-        .unwrap()
-        .is_none());
+        assert!(!lean(&t, pid));
     }
     // A file written before the per-process finding rollups: a process's
     // report is read from its load, the whole trace's still from the rollups.
@@ -419,22 +423,8 @@ fn traces_without_rollups_or_process_rollups_take_the_full_path() {
     assert_eq!(n, 1, "the writer stored the per-process rollups");
     drop(conn);
     let t = Trace::open(&path).unwrap();
-    assert!(sleuth_store::report_reads::load(
-        &t,
-        Some(100),
-        ReadBudget::new(DEFAULT_READ_TIMEOUT),
-        SLOWEST_CALLS
-    )
-    .unwrap()
-    .is_none());
-    assert!(sleuth_store::report_reads::load(
-        &t,
-        None,
-        ReadBudget::new(DEFAULT_READ_TIMEOUT),
-        SLOWEST_CALLS
-    )
-    .unwrap()
-    .is_some());
+    assert!(!lean(&t, Some(100)));
+    assert!(lean(&t, None));
     // With --pid the report is the loaded process's.
     let one = inputs_of(&t, Some(101), true).unwrap();
     assert_eq!(one.calls_by_pid.keys().collect::<Vec<_>>(), vec![&101]);
