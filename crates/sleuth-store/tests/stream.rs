@@ -462,3 +462,87 @@ fn a_ledger_at_a_moment_and_the_skipped_rows_after_it_match_the_load() {
     );
     assert_eq!(streamed.input_problems().unwrap(), fresh);
 }
+
+/// A stream of the calls of a few ops that match few rows (under 1 in 32:
+/// read through the op index, not in row order) gives exactly the calls of
+/// those ops the load gives, in each order, with a pid and a moment too.
+#[test]
+fn calls_of_rare_ops_read_through_the_op_index_equal_the_loaded_ones() {
+    let (_dir, path, w) = common::new_trace("stream-rare-ops");
+    let h = w.handle();
+    let mut events = Vec::new();
+    for i in 0..400u64 {
+        let pid = if i % 2 == 0 { 100 } else { 200 };
+        events.push(Event::Call(call(
+            "cudaLaunchKernel",
+            pid,
+            pid,
+            10_000 + i * 100,
+            40,
+        )));
+    }
+    // Six memory calls among 400 launches: 1.5% of the rows.
+    for (i, op) in [
+        "cudaMalloc",
+        "cudaFree",
+        "cudaMalloc",
+        "cudaFree",
+        "cudaMalloc",
+        "cudaMallocHost",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let pid = if i < 3 { 100 } else { 200 };
+        let ts = 20_000 + i as u64 * 3_000;
+        events.push(Event::Call(mem(
+            op,
+            pid,
+            pid,
+            ts,
+            500 - i as u64 * 50,
+            Some(4096),
+            0x1000 * (i as u64 % 2 + 1),
+        )));
+    }
+    h.send_batch(events).unwrap();
+    w.finish().unwrap();
+
+    let trace = Trace::open(&path).unwrap();
+    let rows = Rows::open(&trace).unwrap();
+    let ops = vec!["cudaMalloc", "cudaFree"];
+    for pid in [None, Some(200)] {
+        for order in [StreamOrder::ByStart, StreamOrder::ByReturn] {
+            for returned_by in [None, Some(30_000)] {
+                let mut want: Vec<CallEvent> = trace
+                    .load(pid)
+                    .unwrap()
+                    .calls
+                    .into_iter()
+                    .filter(|c| ops.contains(&sleuth_core::op_by_id(c.op).unwrap().name))
+                    .filter(|c| returned_by.is_none_or(|t| c.end_ns() <= t))
+                    .collect();
+                if order == StreamOrder::ByReturn {
+                    want.sort_by_key(|c| (c.end_ns(), c.ts_ns));
+                }
+                let mut got = Vec::new();
+                rows.for_each_call::<sleuth_store::StoreError>(
+                    &CallQuery {
+                        pid,
+                        ops: Some(ops.clone()),
+                        order,
+                        limit: None,
+                        returned_by,
+                    },
+                    |c| {
+                        got.push(c.call);
+                        Ok(())
+                    },
+                )
+                .unwrap();
+                assert!(!want.is_empty(), "{pid:?} {order:?} {returned_by:?}");
+                assert_eq!(json(&got), json(&want), "{pid:?} {order:?} {returned_by:?}");
+            }
+        }
+    }
+}
