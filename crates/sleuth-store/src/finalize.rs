@@ -2,6 +2,7 @@
 //! culprits, the final `processes` table, and the rollups `stats` answers
 //! from (see `sleuth_core::rollup` and docs/schema.md).
 
+use crate::finding_rollups::row_index;
 use crate::rows::{call_from_row, calls_sql, wait_from_row, waits_sql, WAIT_CULPRITS_SQL};
 use crate::writer::upsert_process;
 use rusqlite::{params, Connection};
@@ -16,15 +17,36 @@ use std::collections::{BTreeMap, VecDeque};
 /// imported has no such row and is answered from its raw rows.
 pub(crate) const ROLLUPS_COMPLETE: &str = "1";
 
+/// The `stats` counter of the CPU time the writer's thread spent completing
+/// the file (culprits, rollups, late indexes), in ns.
+pub const COMPLETION_CPU_STAT: &str = "tracer_cpu_ns_completion";
+
+/// CPU time of the calling thread so far, in ns (0 if the clock fails).
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a live, writable timespec; the clock id is a constant
+    // every Linux kernel supports.
+    let r = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    if r != 0 {
+        return 0;
+    }
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
+}
+
 /// Fills `call_culprits`, completes `processes` and writes the rollups;
 /// returns the culprit rows written.
 pub(crate) fn complete(conn: &mut Connection, rollup: &Rollup) -> rusqlite::Result<u64> {
+    let cpu_at_start = thread_cpu_ns();
     let tx = conn.transaction()?;
     complete_processes(&tx)?;
     // First: the per-thread pass reads each thread's calls by (tid, ts_ns).
     tx.execute_batch(crate::schema::LATE_INDEXES)?;
     let rows = per_thread_pass(&tx, rollup)?;
-    crate::finding_rollups::write(&tx)?;
     write_op_rollups(&tx, rollup)?;
     crate::call_groups::write(&tx)?;
     // After the call groups: the ledger lists the processes they name.
@@ -36,6 +58,13 @@ pub(crate) fn complete(conn: &mut Connection, rollup: &Rollup) -> rusqlite::Resu
         "INSERT OR REPLACE INTO meta(key, value) VALUES ('rollups', ?1)",
         [ROLLUPS_COMPLETE],
     )?;
+    // What completing the file cost (the commit after this aside): the
+    // tracer's CPU per event while tracing leaves it out, `bench` reports it.
+    crate::writer::set_stat(
+        &tx,
+        COMPLETION_CPU_STAT,
+        thread_cpu_ns().saturating_sub(cpu_at_start),
+    )?;
     tx.commit()?;
     Ok(rows)
 }
@@ -43,8 +72,10 @@ pub(crate) fn complete(conn: &mut Connection, rollup: &Rollup) -> rusqlite::Resu
 /// One thread at a time, streaming its calls and waits (two ordered reads
 /// each), so memory stays bounded by the calls and waits overlapping one
 /// another, not by the thread or the trace: its call culprits
-/// (`call_culprits`, summed per op into `rollup_culprits`) and its
-/// whole-thread split (`rollup_threads`).
+/// (`call_culprits`, summed per op into `rollup_culprits`), the finding
+/// rollups of its non-nested calls (fed with the culprits just computed:
+/// the calls are read once for both, not again with their culprit rows)
+/// and its whole-thread split (`rollup_threads`).
 fn per_thread_pass(conn: &Connection, rollup: &Rollup) -> rusqlite::Result<u64> {
     conn.execute("DELETE FROM call_culprits", [])?;
     let tracer: Option<i64> = conn
@@ -66,7 +97,8 @@ fn per_thread_pass(conn: &Connection, rollup: &Rollup) -> rusqlite::Result<u64> 
     )?;
     let mut ins_thread =
         conn.prepare("INSERT INTO rollup_threads(pid, tid, split) VALUES (?1, ?2, ?3)")?;
-    let all_calls_sql = calls_sql(conn, "WHERE pid = ?1 AND tid = ?2 ORDER BY ts_ns")?;
+    // Ties in start order by row id: the order the finding rollups' examples need.
+    let all_calls_sql = calls_sql(conn, "WHERE pid = ?1 AND tid = ?2 ORDER BY ts_ns, id")?;
     let split_calls_sql = calls_sql(
         conn,
         "WHERE pid = ?1 AND tid = ?2 AND nested = 0 ORDER BY ts_ns",
@@ -80,6 +112,7 @@ fn per_thread_pass(conn: &Connection, rollup: &Rollup) -> rusqlite::Result<u64> 
         "WHERE w.pid = ?1 AND w.tid = ?2 ORDER BY w.on_ns, w.off_ns",
     )?;
     let mut wcst = conn.prepare_cached(WAIT_CULPRITS_SQL)?;
+    let mut inputs = crate::finding_rollups::new_inputs(tracer);
     let mut written = 0u64;
     for (&(pid, tid), window) in &rollup.threads {
         // Call culprits: every call (nested too) against the waits that
@@ -126,9 +159,19 @@ fn per_thread_pass(conn: &Connection, rollup: &Rollup) -> rusqlite::Result<u64> 
                 }
             }
             let refs: Vec<&WaitEvent> = queue.iter().collect();
-            for c in culprits_of_call(&s.call, &refs) {
+            let mut culprits = culprits_of_call(&s.call, &refs);
+            for c in &culprits {
                 ins.execute(params![s.id, c.pid, c.tid, c.comm, c.ns as i64])?;
                 written += 1;
+            }
+            if !s.call.nested {
+                // In the order a reader of `call_culprits` gets them.
+                culprits.sort_by(|a, b| {
+                    b.ns.cmp(&a.ns)
+                        .then(a.pid.cmp(&b.pid))
+                        .then(a.tid.cmp(&b.tid))
+                });
+                inputs.add_call(row_index(s.id), &s.call, &culprits);
             }
         }
         drop(calls);
@@ -182,6 +225,7 @@ fn per_thread_pass(conn: &Connection, rollup: &Rollup) -> rusqlite::Result<u64> 
             .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
         ins_thread.execute(params![pid, tid, json])?;
     }
+    crate::finding_rollups::write(conn, inputs)?;
     // Per-op culprit sums; a float total and a clamp so a crafted huge sum
     // cannot fail the finish with an integer overflow.
     conn.execute(

@@ -2,10 +2,11 @@
 //! findings conclude from (`sleuth_core::findings::inputs`), computed once
 //! when the trace ends and read back instead of every call.
 //!
-//! Written by [`write`] at the end of the writer's final pass, after
-//! `call_culprits` is filled: one thread at a time, its non-nested calls in
-//! start order with their culprits, then the host-memory and copy calls in
-//! end order (the pinned-memory replay). Memory is bounded by the
+//! Fed by the writer's final per-thread pass (`finalize`), which computes
+//! each call's culprits: one thread at a time, its non-nested calls in
+//! start order with their culprits (one read of the calls serves both);
+//! then [`write`] replays the host-memory and copy calls in end order (the
+//! pinned-memory replay) and stores them. Memory is bounded by the
 //! aggregates: histograms of the rollup kind, sums, top-3 examples. The op
 //! aggregates are kept for the whole trace and for each process apart
 //! (`finding_process_ops`); the others are per thread or per process
@@ -26,7 +27,7 @@ use sleuth_core::findings::inputs::{
 };
 use sleuth_core::ops::{op_by_id, op_by_name, OpClass, OPS};
 use sleuth_core::threads::{ThreadSplit, TRACER_PID_STAT};
-use sleuth_core::{CallEvent, Culprit};
+use sleuth_core::CallEvent;
 use std::collections::{BTreeMap, HashMap};
 
 /// `meta.finding_rollups` once every table below is complete.
@@ -86,62 +87,25 @@ fn clamp(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
 
-/// Computes and stores the finding rollups; the writer's final transaction calls it.
-pub(crate) fn write(conn: &Connection) -> rusqlite::Result<()> {
+/// The accumulators the writer's per-thread pass feeds (`finalize`): each
+/// non-nested call of a thread in start order with its culprits, as it
+/// computes them; [`write`] completes and stores them.
+pub(crate) fn new_inputs(tracer: Option<u32>) -> FindingInputs {
+    FindingInputs::new(Resolution::Bucketed, tracer).keep_process_ops()
+}
+
+/// A call's example index: its row id (ids are positive).
+pub(crate) fn row_index(id: i64) -> usize {
+    usize::try_from(id).unwrap_or(0)
+}
+
+/// Completes the finding rollups fed by the per-thread pass (the
+/// pinned-memory replay) and stores them; the writer's final transaction
+/// calls it.
+pub(crate) fn write(conn: &Connection, mut f: FindingInputs) -> rusqlite::Result<()> {
     conn.execute_batch(CREATE)?;
     for (t, _) in TABLES.iter().chain(PROCESS_TABLES) {
         conn.execute(&format!("DELETE FROM {t}"), [])?;
-    }
-    let tracer: Option<i64> = value(
-        conn,
-        "SELECT value FROM stats WHERE name = ?1",
-        [TRACER_PID_STAT],
-    )?;
-    let tracer = tracer
-        .and_then(|t| u32::try_from(t).ok())
-        .filter(|&t| t != 0);
-    let mut f = FindingInputs::new(Resolution::Bucketed, tracer).keep_process_ops();
-    let threads: Vec<(u32, u32)> = {
-        let mut st = conn.prepare("SELECT DISTINCT pid, tid FROM calls WHERE nested = 0")?;
-        let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
-        rows.collect::<rusqlite::Result<_>>()?
-    };
-    let thread_sql = calls_sql(
-        conn,
-        "WHERE pid = ?1 AND tid = ?2 AND nested = 0 ORDER BY ts_ns, id",
-    )?;
-    // The thread's culprit rows in the same (start, id) order as its calls:
-    // a merge of two ordered reads, not one query per call.
-    let culprits_sql = "SELECT c.ts_ns, k.call_id, k.pid, k.tid, k.comm, k.runnable_ns
-         FROM call_culprits k JOIN calls c ON c.id = k.call_id
-         WHERE c.pid = ?1 AND c.tid = ?2 AND c.nested = 0
-         ORDER BY c.ts_ns, k.call_id, k.runnable_ns DESC, k.pid, k.tid";
-    for (pid, tid) in threads {
-        let mut st = conn.prepare_cached(&thread_sql)?;
-        let mut rows = st.query(params![pid, tid])?;
-        let mut kst = conn.prepare_cached(culprits_sql)?;
-        let mut krows = kst.query(params![pid, tid])?;
-        let mut next_culprit = culprit_row(krows.next()?)?;
-        while let Some(row) = rows.next()? {
-            let Some(s) = call_from_row(row)? else {
-                continue;
-            };
-            // The inverse of the reader's cast, so the keys compare as stored.
-            let at = (s.call.ts_ns as i64, s.id);
-            let mut culprits: Vec<Culprit> = Vec::new();
-            while let Some((key, k)) = next_culprit.take() {
-                if key > at {
-                    next_culprit = Some((key, k));
-                    break;
-                }
-                // Rows of calls read past (an op this build does not know) are dropped.
-                if key == at {
-                    culprits.push(k);
-                }
-                next_culprit = culprit_row(krows.next()?)?;
-            }
-            f.add_call(row_index(s.id), &s.call, &culprits);
-        }
     }
     // The pinned-memory replay: host allocations, registrations and copies by end.
     let ops: Vec<&'static str> = OPS
@@ -192,25 +156,6 @@ pub(crate) fn write(conn: &Connection) -> rusqlite::Result<()> {
         [PROCESS_KEY, COMPLETE],
     )?;
     Ok(())
-}
-
-/// One row of the culprit merge: `((call ts_ns, call id), culprit)`.
-fn culprit_row(r: Option<&rusqlite::Row>) -> rusqlite::Result<Option<((i64, i64), Culprit)>> {
-    let Some(r) = r else { return Ok(None) };
-    Ok(Some((
-        (r.get(0)?, r.get(1)?),
-        Culprit {
-            pid: r.get(2)?,
-            tid: r.get(3)?,
-            comm: r.get(4)?,
-            ns: r.get::<_, i64>(5)?.max(0) as u64,
-        },
-    )))
-}
-
-/// A call's example index: its row id (ids are positive).
-fn row_index(id: i64) -> usize {
-    usize::try_from(id).unwrap_or(0)
 }
 
 fn store(conn: &Connection, f: &FindingInputs) -> rusqlite::Result<()> {

@@ -14,6 +14,7 @@ mod budget;
 mod call_groups;
 mod error;
 mod finalize;
+pub use finalize::COMPLETION_CPU_STAT;
 pub mod finding_rollups;
 mod import;
 pub mod lean;

@@ -902,7 +902,7 @@ pub(crate) fn insert_note(
     Ok(())
 }
 
-fn set_stat(tx: &Connection, name: &str, value: u64) -> rusqlite::Result<()> {
+pub(crate) fn set_stat(tx: &Connection, name: &str, value: u64) -> rusqlite::Result<()> {
     let mut st = tx.prepare_cached(
         "INSERT INTO stats(name, value) VALUES (?1, ?2)
          ON CONFLICT(name) DO UPDATE SET value = excluded.value",

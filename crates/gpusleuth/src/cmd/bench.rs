@@ -89,6 +89,9 @@ struct Footprint {
     helpers_us_per_event: f64,
     /// Poller + writer.
     tracer_us_per_event: f64,
+    /// The writer's CPU per stored event completing the file after the
+    /// stop (culprits, rollups, late indexes: `COMPLETION_CPU_STAT`).
+    completion_us_per_event: f64,
     /// Runnable time of the traced threads, all of it and the part while one
     /// of the tracer's threads held their CPU (from the trace's wait records).
     traced_runnable_ms: f64,
@@ -400,6 +403,7 @@ impl Bench {
             tracer_us_per_event: per_event(
                 get("tracer_cpu_ns_poller") + get("tracer_cpu_ns_writer"),
             ),
+            completion_us_per_event: per_event(get(sleuth_store::COMPLETION_CPU_STAT)),
             traced_runnable_ms: traced_runnable as f64 / 1e6,
             runnable_by_tracer_ms: by_tracer as f64 / 1e6,
             peak_rss_mb: usage.max_rss_kb as f64 / 1024.0,
@@ -549,6 +553,7 @@ struct Marginal {
     poller_us: f64,
     writer_us: f64,
     tracer_us: f64,
+    completion_us: f64,
 }
 
 /// The CPU per event that the larger flood with placement on added to the
@@ -574,11 +579,16 @@ fn marginal(rows: &[Footprint]) -> Option<Marginal> {
         total_us(small, small.writer_us_per_event),
         total_us(large, large.writer_us_per_event),
     );
+    let completion_us = per_added(
+        total_us(small, small.completion_us_per_event),
+        total_us(large, large.completion_us_per_event),
+    );
     Some(Marginal {
         launches: (small.launches, large.launches),
         poller_us,
         writer_us,
         tracer_us: poller_us + writer_us,
+        completion_us,
     })
 }
 
@@ -589,12 +599,12 @@ fn render_footprint(rows: &[Footprint]) -> String {
         return s;
     }
     s += &format!(
-            "\ntracer footprint (--launches full flood, workload pinned to CPU 0):\n{:>9} {:>9} {:>9} {:>6} {:>12} {:>12} {:>12} {:>12} {:>13} {:>15} {:>8}\n",
-            "launches", "placement", "events", "drops", "poller µs/ev", "writer µs/ev", "p+w µs/ev", "helpers µs/ev", "runnable ms", "by tracer ms", "RSS MB"
+            "\ntracer footprint (--launches full flood, workload pinned to CPU 0):\n{:>9} {:>9} {:>9} {:>6} {:>12} {:>12} {:>12} {:>12} {:>15} {:>13} {:>15} {:>8}\n",
+            "launches", "placement", "events", "drops", "poller µs/ev", "writer µs/ev", "p+w µs/ev", "helpers µs/ev", "completion µs/ev", "runnable ms", "by tracer ms", "RSS MB"
         );
     for f in rows {
         s += &format!(
-                "{:>9} {:>9} {:>9} {:>6} {:>12.2} {:>12.2} {:>12.2} {:>12.2} {:>13.1} {:>15.1} {:>8.1}\n",
+                "{:>9} {:>9} {:>9} {:>6} {:>12.2} {:>12.2} {:>12.2} {:>12.2} {:>15.2} {:>13.1} {:>15.1} {:>8.1}\n",
                 f.launches,
                 if f.placement { "on" } else { "off" },
                 f.events_stored,
@@ -603,6 +613,7 @@ fn render_footprint(rows: &[Footprint]) -> String {
                 f.writer_us_per_event,
                 f.tracer_us_per_event,
                 f.helpers_us_per_event,
+                f.completion_us_per_event,
                 f.traced_runnable_ms,
                 f.runnable_by_tracer_ms,
                 f.peak_rss_mb
@@ -610,8 +621,8 @@ fn render_footprint(rows: &[Footprint]) -> String {
     }
     if let Some(m) = marginal(rows) {
         s += &format!(
-            "  per added event ({} vs {} launches, placement on): poller {:.2}, writer {:.2}, p+w {:.2} µs\n",
-            m.launches.1, m.launches.0, m.poller_us, m.writer_us, m.tracer_us
+            "  per added event ({} vs {} launches, placement on): poller {:.2}, writer {:.2}, p+w {:.2} µs; completing the file after the stop {:.2} µs\n",
+            m.launches.1, m.launches.0, m.poller_us, m.writer_us, m.tracer_us, m.completion_us
         );
     }
     let notes: std::collections::BTreeSet<&str> = rows
@@ -628,7 +639,14 @@ fn render_footprint(rows: &[Footprint]) -> String {
 mod tests {
     use super::*;
 
-    fn row(launches: u64, placement: bool, events: u64, poller_s: f64, writer_s: f64) -> Footprint {
+    fn row(
+        launches: u64,
+        placement: bool,
+        events: u64,
+        poller_s: f64,
+        writer_s: f64,
+        completion_s: f64,
+    ) -> Footprint {
         let per = |s: f64| s * 1e6 / events as f64;
         Footprint {
             launches,
@@ -639,6 +657,7 @@ mod tests {
             writer_us_per_event: per(writer_s),
             helpers_us_per_event: 0.0,
             tracer_us_per_event: per(poller_s + writer_s),
+            completion_us_per_event: per(completion_s),
             traced_runnable_ms: 0.0,
             runnable_by_tracer_ms: 0.0,
             peak_rss_mb: 0.0,
@@ -648,19 +667,21 @@ mod tests {
 
     #[test]
     fn the_marginal_cost_leaves_the_fixed_cost_out() {
-        // 0.2 s of fixed poller cost and 1 µs per event for each thread.
+        // 0.2 s of fixed poller cost and 1 µs per event for each thread;
+        // the completion 0.1 s fixed and 3 µs per event.
         let rows = [
-            row(200_000, true, 400_000, 0.2 + 0.4, 0.4),
-            row(200_000, false, 400_000, 9.0, 9.0),
-            row(800_000, true, 1_600_000, 0.2 + 1.6, 1.6),
+            row(200_000, true, 400_000, 0.2 + 0.4, 0.4, 0.1 + 1.2),
+            row(200_000, false, 400_000, 9.0, 9.0, 9.0),
+            row(800_000, true, 1_600_000, 0.2 + 1.6, 1.6, 0.1 + 4.8),
         ];
         let m = marginal(&rows).unwrap();
         assert_eq!(m.launches, (200_000, 800_000));
         assert!((m.poller_us - 1.0).abs() < 1e-9, "{m:?}");
         assert!((m.writer_us - 1.0).abs() < 1e-9, "{m:?}");
         assert!((m.tracer_us - 2.0).abs() < 1e-9, "{m:?}");
+        assert!((m.completion_us - 3.0).abs() < 1e-9, "{m:?}");
         assert!(render_footprint(&rows).contains(
-            "per added event (800000 vs 200000 launches, placement on): poller 1.00, writer 1.00, p+w 2.00 µs"
+            "per added event (800000 vs 200000 launches, placement on): poller 1.00, writer 1.00, p+w 2.00 µs; completing the file after the stop 3.00 µs"
         ));
         // One flood size only: nothing to subtract.
         assert_eq!(marginal(&rows[..2]), None);
