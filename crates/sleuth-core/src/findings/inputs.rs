@@ -31,6 +31,9 @@ use serde::{Deserialize, Serialize};
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
+mod merge;
+pub use merge::ResolutionMismatch;
+
 /// How finely a [`LatencyHist`] keeps durations.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
