@@ -26,6 +26,7 @@ mod reader;
 pub mod report_reads;
 mod rows;
 pub mod run;
+pub mod run_explain;
 mod schema;
 mod schema_check;
 pub mod site_rollup;
