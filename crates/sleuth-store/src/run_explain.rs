@@ -207,12 +207,20 @@ impl Acc {
 
 /// Adds a later file's base data to the run's. The session (start, clock
 /// offset, host) is the first file's; the end is the later file's.
-/// Processes are listed once, the later file's row (exit time, name)
-/// winning; counters and kernel counts add up as `stats` adds them.
+/// Processes are listed once: the later file's row (its name after an
+/// exec) with the first start and any exit either file saw (a file lists
+/// the known processes when it starts, so an exit may be in an earlier
+/// one); counters and kernel counts add up as `stats` adds them.
 fn add_base(run: &mut TraceData, later: TraceData) {
-    for p in later.processes {
+    for mut p in later.processes {
         match run.processes.iter_mut().find(|x| x.pid == p.pid) {
-            Some(x) => *x = p,
+            Some(x) => {
+                p.start_ns = x.start_ns.or(p.start_ns);
+                p.exit_ns = p.exit_ns.or(x.exit_ns);
+                p.exit_code = p.exit_code.or(x.exit_code);
+                p.oom_victim |= x.oom_victim;
+                *x = p;
+            }
             None => run.processes.push(p),
         }
     }
@@ -245,4 +253,75 @@ fn add_problems(run: &mut InputProblems, file: InputProblems) {
     run.unknown_ops_other = run.unknown_ops_other.saturating_add(file.unknown_ops_other);
     run.impossible_calls = run.impossible_calls.saturating_add(file.impossible_calls);
     run.impossible_waits = run.impossible_waits.saturating_add(file.impossible_waits);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sleuth_core::data::ProcessInfo;
+    use sleuth_core::event::OpCount;
+
+    fn proc(pid: u32, comm: &str, start: Option<u64>, exit: Option<u64>) -> ProcessInfo {
+        ProcessInfo {
+            pid,
+            ppid: None,
+            comm: comm.into(),
+            cmdline: String::new(),
+            start_ns: start,
+            exit_ns: exit,
+            exit_code: exit.map(|_| 0),
+            oom_victim: false,
+        }
+    }
+
+    /// A process that exited in the first file and is listed again by the
+    /// second keeps its exit; one that exec'd takes its later name; counts
+    /// and counters add up; the end is the later file's.
+    #[test]
+    fn base_data_adds_up_and_keeps_what_an_earlier_file_saw() {
+        let op = sleuth_core::op_by_name("cudaLaunchKernel").unwrap().id;
+        let mut run = TraceData {
+            processes: vec![
+                proc(1, "a", Some(5), Some(50)),
+                proc(2, "sh", Some(6), None),
+            ],
+            counts: vec![OpCount {
+                pid: 2,
+                op,
+                count: 3,
+            }],
+            stats: [("drop_ringbuf".to_string(), 4)].into(),
+            start_ns: Some(1),
+            end_ns: Some(100),
+            has_host_context: true,
+            ..Default::default()
+        };
+        let later = TraceData {
+            processes: vec![
+                proc(1, "a", None, None),
+                proc(2, "python3", None, Some(180)),
+            ],
+            counts: vec![OpCount {
+                pid: 2,
+                op,
+                count: 7,
+            }],
+            stats: [("drop_ringbuf".to_string(), 1)].into(),
+            start_ns: Some(100),
+            end_ns: Some(200),
+            has_host_context: true,
+            ..Default::default()
+        };
+        add_base(&mut run, later);
+        assert_eq!(
+            run.processes,
+            vec![
+                proc(1, "a", Some(5), Some(50)),
+                proc(2, "python3", Some(6), Some(180))
+            ]
+        );
+        assert_eq!(run.counts[0].count, 10);
+        assert_eq!(run.stats["drop_ringbuf"], 5);
+        assert_eq!((run.start_ns, run.end_ns), (Some(1), Some(200)));
+    }
 }
