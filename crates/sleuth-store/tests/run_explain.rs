@@ -259,3 +259,54 @@ fn a_directory_without_a_finished_file_is_one_error() {
     };
     assert!(msg.contains("no process 4242 in this run"), "{msg}");
 }
+
+/// Memory pinned in the first file, copied from in the second: each file
+/// replays its own pinned ranges, so the run says the copies may have been
+/// judged pageable wrongly.
+#[test]
+fn copies_from_memory_pinned_in_an_earlier_file_are_noted() {
+    use sleuth_core::testing::{call, trace, MS};
+    let dir = TempDir::new("run-explain-pinned");
+    let run = dir.join("run");
+    std::fs::create_dir(&run).unwrap();
+    let mut pin = call("cudaHostAlloc", MS, MS);
+    (pin.ptr, pin.size) = (Some(0x7000_0000), Some(1 << 20));
+    let copy = |ts| {
+        let mut c = call("cudaMemcpy", ts, MS);
+        (c.host_ptr, c.size, c.kind) = (Some(0x7000_0000), Some(4096), Some(1));
+        c
+    };
+    let note = |r: &sleuth_store::run_explain::RunLean| {
+        r.explanation()
+            .notes
+            .iter()
+            .any(|n| n.contains("pageable_copy is judged per file"))
+    };
+    rewrite(
+        &trace(vec![pin.clone(), copy(5 * MS)]),
+        &run.join(sleuth_store::run::part_name(1)),
+    );
+    rewrite(
+        &trace(vec![copy(100 * MS)]),
+        &run.join(sleuth_store::run::part_name(2)),
+    );
+    let r = sleuth_store::run_explain::load(&run, None, budget()).unwrap();
+    let pageable: u64 = r.inputs.threads.values().map(|t| t.pageable.count).sum();
+    let pinned: u64 = r
+        .inputs
+        .threads
+        .values()
+        .map(|t| t.pageable.pinned_copies)
+        .sum();
+    // One trace would say 2 pinned copies; the run judges the second file's pageable, and says so.
+    assert_eq!((pageable, pinned), (1, 1));
+    assert!(note(&r), "{:?}", r.explanation().notes);
+    // Without pinning in an earlier file: no such note.
+    std::fs::remove_file(run.join(sleuth_store::run::part_name(1))).unwrap();
+    rewrite(
+        &trace(vec![copy(5 * MS)]),
+        &run.join(sleuth_store::run::part_name(1)),
+    );
+    let r = sleuth_store::run_explain::load(&run, None, budget()).unwrap();
+    assert!(!note(&r), "{:?}", r.explanation().notes);
+}
