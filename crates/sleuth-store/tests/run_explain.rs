@@ -310,3 +310,40 @@ fn copies_from_memory_pinned_in_an_earlier_file_are_noted() {
     let r = sleuth_store::run_explain::load(&run, None, budget()).unwrap();
     assert!(!note(&r), "{:?}", r.explanation().notes);
 }
+
+/// A run whose files hold collectives is refused in one line naming the
+/// file: the straggler finding reads every call and wait of the ranks.
+#[test]
+fn a_run_with_collectives_is_one_line_error() {
+    use sleuth_core::nccl::NcclEvent;
+    use sleuth_core::testing::{call, trace, MS};
+    use sleuth_core::Event;
+    let dir = TempDir::new("run-explain-nccl");
+    let run = dir.join("run");
+    std::fs::create_dir(&run).unwrap();
+    rewrite(
+        &trace(vec![call("cudaLaunchKernel", MS, MS)]),
+        &run.join(sleuth_store::run::part_name(1)),
+    );
+    let second = run.join(sleuth_store::run::part_name(2));
+    let w =
+        sleuth_store::TraceWriter::create(&second, common::session(), Default::default()).unwrap();
+    let h = w.handle();
+    h.send(Event::Nccl(NcclEvent {
+        call: common::call("ncclAllReduce", 1, 1, 100 * MS, 50),
+        comm: Some(0xc0),
+        count: Some(8),
+        datatype: Some(7),
+        ..Default::default()
+    }))
+    .unwrap();
+    drop(h);
+    w.finish().unwrap();
+    let msg = match sleuth_store::run_explain::load(&run, None, budget()) {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("a run with collectives was answered"),
+    };
+    assert!(msg.contains("holds NCCL collectives"), "{msg}");
+    assert!(msg.contains("part-000002.db"), "{msg}");
+    assert_eq!(msg.lines().count(), 1, "{msg}");
+}
