@@ -10,6 +10,8 @@
 //! - their memory calls are streamed, in return order, into one ledger
 //!   builder for the run, so an allocation made in one file and freed in a
 //!   later one is neither unfreed nor an unmatched free;
+//! - their pinned host ranges are carried to the next file, whose copies
+//!   are judged again when memory pinned earlier is live (`run_pinned`);
 //! - their base data (processes, counters, kernel counts, GPU samples,
 //!   call sites, allocator events) is added to one `TraceData` for the
 //!   GPU lines, the held-memory notes and the allocator views.
@@ -24,6 +26,7 @@ use crate::budget::ReadBudget;
 use crate::problems::InputProblems;
 use crate::reader::Trace;
 use crate::run::{check_answered, listed_files, part_name};
+use crate::run_pinned::PinnedCarry;
 use crate::stream::MemoryTrace;
 use crate::StoreError;
 use sleuth_core::findings::inputs::{FindingInputs, Resolution};
@@ -100,10 +103,8 @@ struct Acc {
     /// Files whose aggregates were added.
     added: usize,
     problems: InputProblems,
-    /// Whether a file already added pinned host memory ...
-    pinned_before: bool,
-    /// ... and whether a later one judged copies pageable.
-    pageable_after_pin: bool,
+    /// Host ranges pinned in the files added, for the next file's copies.
+    pinned: PinnedCarry,
 }
 
 impl Acc {
@@ -139,8 +140,10 @@ impl Acc {
                 ),
             ));
         }
+        let mut inputs = inputs;
         let mut view = MemoryTrace::open(trace, pid, budget.clone())?;
         view.replay_ledger(&mut self.ledger)?;
+        self.pinned.file(view.rows(), pid, &mut inputs)?;
         view.load_allocator_calls()?;
         let mut base = std::mem::take(&mut view.base);
         base.counts = trace.op_counts(pid)?;
@@ -152,10 +155,6 @@ impl Acc {
                 run
             }
         });
-        if self.pinned_before && inputs.pageable_copies() > 0 {
-            self.pageable_after_pin = true;
-        }
-        self.pinned_before |= inputs.pinned_host_memory();
         self.inputs = Some(match self.inputs.take() {
             None => inputs,
             Some(mut run) => {
@@ -182,13 +181,6 @@ impl Acc {
                  between its last call in one file and its first in the next is in none).",
                 self.added
             ));
-        }
-        if self.pageable_after_pin {
-            notes.push(
-                "pageable_copy is judged per file of the run: a copy from host memory pinned in an earlier file \
-                 counts as pageable."
-                    .to_string(),
-            );
         }
         RunLean {
             // None only when no file was added, which `check_answered` refused.

@@ -260,55 +260,69 @@ fn a_directory_without_a_finished_file_is_one_error() {
     assert!(msg.contains("no process 4242 in this run"), "{msg}");
 }
 
-/// Memory pinned in the first file, copied from in the second: each file
-/// replays its own pinned ranges, so the run says the copies may have been
-/// judged pageable wrongly.
+/// Memory pinned in the first file, copied from in both: each file
+/// stored its own judgement (the second file's copy pageable: it saw no
+/// pinning), the run carries the pinned ranges and judges it pinned, as
+/// one trace does; a copy from memory freed before is pageable again.
 #[test]
-fn copies_from_memory_pinned_in_an_earlier_file_are_noted() {
+fn memory_pinned_in_an_earlier_file_stays_pinned() {
     use sleuth_core::testing::{call, trace, MS};
     let dir = TempDir::new("run-explain-pinned");
     let run = dir.join("run");
     std::fs::create_dir(&run).unwrap();
-    let mut pin = call("cudaHostAlloc", MS, MS);
-    (pin.ptr, pin.size) = (Some(0x7000_0000), Some(1 << 20));
-    let copy = |ts| {
-        let mut c = call("cudaMemcpy", ts, MS);
-        (c.host_ptr, c.size, c.kind) = (Some(0x7000_0000), Some(4096), Some(1));
+    let (a, b) = (0x7000_0000u64, 0x9000_0000u64);
+    let pin = |ts, ptr| {
+        let mut c = call("cudaHostAlloc", ts, MS);
+        (c.ptr, c.size) = (Some(ptr), Some(1 << 20));
         c
     };
-    let note = |r: &sleuth_store::run_explain::RunLean| {
-        r.explanation()
-            .notes
-            .iter()
-            .any(|n| n.contains("pageable_copy is judged per file"))
+    let unpin = |ts, ptr| {
+        let mut c = call("cudaFreeHost", ts, MS);
+        c.ptr = Some(ptr);
+        c
     };
-    rewrite(
-        &trace(vec![pin.clone(), copy(5 * MS)]),
-        &run.join(sleuth_store::run::part_name(1)),
-    );
-    rewrite(
-        &trace(vec![copy(100 * MS)]),
-        &run.join(sleuth_store::run::part_name(2)),
-    );
+    let copy = |ts, ptr| {
+        let mut c = call("cudaMemcpy", ts, MS);
+        (c.host_ptr, c.size, c.kind) = (Some(ptr + 64), Some(4096), Some(1));
+        c
+    };
+    let counts = |i: &FindingInputs| -> (u64, u64) {
+        i.threads.values().fold((0, 0), |(p, k), t| {
+            (p + t.pageable.count, k + t.pageable.pinned_copies)
+        })
+    };
+    let early = trace(vec![pin(MS, a), pin(2 * MS, b), copy(5 * MS, a)]);
+    let late = trace(vec![
+        unpin(90 * MS, b),
+        copy(100 * MS, a),
+        copy(110 * MS, a),
+        copy(120 * MS, b),
+    ]);
+    rewrite(&early, &run.join(sleuth_store::run::part_name(1)));
+    rewrite(&late, &run.join(sleuth_store::run::part_name(2)));
+    let second = Trace::open(&run.join(sleuth_store::run::part_name(2))).unwrap();
+    let alone = sleuth_store::lean::load(&second, None, budget())
+        .unwrap()
+        .unwrap();
+    assert_eq!(counts(&alone.inputs), (3, 0), "the second file alone");
     let r = sleuth_store::run_explain::load(&run, None, budget()).unwrap();
-    let pageable: u64 = r.inputs.threads.values().map(|t| t.pageable.count).sum();
-    let pinned: u64 = r
-        .inputs
-        .threads
-        .values()
-        .map(|t| t.pageable.pinned_copies)
-        .sum();
-    // One trace would say 2 pinned copies; the run judges the second file's pageable, and says so.
-    assert_eq!((pageable, pinned), (1, 1));
-    assert!(note(&r), "{:?}", r.explanation().notes);
-    // Without pinning in an earlier file: no such note.
-    std::fs::remove_file(run.join(sleuth_store::run::part_name(1))).unwrap();
-    rewrite(
-        &trace(vec![copy(5 * MS)]),
-        &run.join(sleuth_store::run::part_name(1)),
-    );
-    let r = sleuth_store::run_explain::load(&run, None, budget()).unwrap();
-    assert!(!note(&r), "{:?}", r.explanation().notes);
+    // One trace: 3 copies from pinned `a`, one from `b` after it was freed.
+    assert_eq!(counts(&r.inputs), (1, 3));
+    let mut both = early.clone();
+    both.calls.extend(late.calls.clone());
+    let whole = dir.join("whole.db");
+    rewrite(&both, &whole);
+    let one = sleuth_store::lean::load(&Trace::open(&whole).unwrap(), None, budget())
+        .unwrap()
+        .unwrap();
+    assert_eq!(counts(&one.inputs), counts(&r.inputs));
+    let examples = |i: &FindingInputs| -> Vec<u64> {
+        i.threads
+            .values()
+            .flat_map(|t| t.pageable.examples.examples().map(|e| e.call.ts_ns))
+            .collect()
+    };
+    assert_eq!(examples(&r.inputs), examples(&one.inputs));
 }
 
 /// A run whose files hold collectives is refused in one line naming the

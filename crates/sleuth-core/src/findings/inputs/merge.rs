@@ -12,12 +12,18 @@
 //!   last call in one file and its first in the next belongs to neither;
 //! - sync_stall's host time before a thread's first sync in a file counts
 //!   from that file's first call of the thread, not from the last sync of
-//!   the previous file;
-//! - pageable_copy replays pinned ranges per file: a copy from host memory
-//!   pinned in an earlier file counts as pageable (the run's reader notes it).
+//!   the previous file.
+//!
+//! pageable_copy's pinned ranges are replayed per file when the file is
+//! written; a run carries them from file to file ([`PinnedState`]) and
+//! judges a file's copies again when ranges pinned earlier are live.
 
-use super::{FindingInputs, LatencyHist, OpInputs, PageableInputs, Resolution, ThreadInputs, TopK};
+use super::{
+    FindingInputs, LatencyHist, OpInputs, PageableInputs, PinnedRanges, Resolution, ThreadInputs,
+    TopK,
+};
 use crate::rollup::merge_thread_split;
+use std::collections::HashMap;
 
 /// Two aggregates whose histograms keep durations differently: adding
 /// their buckets would mix keys of two kinds.
@@ -179,24 +185,46 @@ impl FindingInputs {
         Ok(())
     }
 
-    /// Whether any call pinned host memory (`cudaHostAlloc`,
-    /// `cudaHostRegister`, ...): a later file's copies from that memory
-    /// would count as pageable in a run (see the module).
-    pub fn pinned_host_memory(&self) -> bool {
-        self.ops.iter().any(|(&op, o)| {
-            o.count() > 0
-                && crate::ops::op_by_id(op).is_some_and(|i| {
-                    matches!(
-                        i.class,
-                        crate::ops::OpClass::HostAlloc | crate::ops::OpClass::HostRegister
-                    )
-                })
-        })
-    }
-
     /// Copies judged pageable, over every thread.
     pub fn pageable_copies(&self) -> u64 {
         self.threads.values().map(|t| t.pageable.count).sum()
+    }
+
+    /// The pinned host ranges live after the calls fed in end order.
+    pub fn pinned_state(&self) -> PinnedState {
+        PinnedState(self.pinned.clone())
+    }
+
+    /// Starts the pinned-range replay from `state` (ranges pinned before
+    /// the first call fed: a run's earlier files).
+    pub fn with_pinned(mut self, state: PinnedState) -> FindingInputs {
+        self.pinned = state.0;
+        self
+    }
+
+    /// Puts the pageable-copy aggregates of `judged` (the same calls fed
+    /// again in end order, from a [`PinnedState`] that knows more) in place
+    /// of this one's, thread by thread.
+    pub fn replace_pageable(&mut self, judged: FindingInputs) {
+        let mut judged = judged.threads;
+        for (key, t) in &mut self.threads {
+            t.pageable = judged.remove(key).map(|j| j.pageable).unwrap_or_default();
+        }
+        // A thread with copies and nothing else stored (none in practice: every copy is a call).
+        self.threads.extend(judged);
+    }
+}
+
+/// Pinned host ranges per process, carried from one file of a run to the
+/// next: memory pinned in one file and copied from in a later one is
+/// pinned there too.
+#[derive(Debug, Clone, Default)]
+pub struct PinnedState(HashMap<u32, PinnedRanges>);
+
+impl PinnedState {
+    /// Whether no process has a pinned range live.
+    pub fn is_empty(&self) -> bool {
+        self.0.values().all(|r| r.live.is_empty())
     }
 }
 
