@@ -116,7 +116,7 @@ impl Acc {
         budget: &ReadBudget,
     ) -> Result<(), StoreError> {
         let path = trace.path();
-        let Some(inputs) = crate::finding_rollups::finding_inputs(trace, pid)? else {
+        let Some(mut inputs) = crate::finding_rollups::finding_inputs(trace, pid)? else {
             let what = if pid.is_some() {
                 "has no per-process finding rollups"
             } else {
@@ -140,7 +140,6 @@ impl Acc {
                 ),
             ));
         }
-        let mut inputs = inputs;
         let mut view = MemoryTrace::open(trace, pid, budget.clone())?;
         view.replay_ledger(&mut self.ledger)?;
         self.pinned.file(view.rows(), pid, &mut inputs)?;
