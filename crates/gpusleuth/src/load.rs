@@ -15,12 +15,7 @@ pub const FORCE_HINT: &str = "--force replaces it";
 pub fn stats_of(db: &Path, pid: Option<u32>) -> anyhow::Result<sleuth_core::stats::StatsReport> {
     if db.is_dir() {
         let run = sleuth_store::run::run_stats(db, pid)?;
-        for f in &run.incomplete {
-            eprintln!(
-                "gpusleuth: note: {}: not finished (still being written, or its writer was killed): not in this answer",
-                terminal_safe(&f.display().to_string())
-            );
-        }
+        note_unfinished(&run.incomplete);
         return Ok(run.report);
     }
     let trace = sleuth_store::Trace::open(db)?;
@@ -31,6 +26,17 @@ pub fn stats_of(db: &Path, pid: Option<u32>) -> anyhow::Result<sleuth_core::stat
     Ok(sleuth_core::stats::compute(&trace.load(pid)?))
 }
 
+/// One note on stderr per file of a run that an answer over the run left
+/// out because it is not finished (`stats --db DIR`, `explain --db DIR`).
+pub fn note_unfinished(files: &[std::path::PathBuf]) {
+    for f in files {
+        eprintln!(
+            "gpusleuth: note: {}: not finished (still being written, or its writer was killed): not in this answer",
+            terminal_safe(&f.display().to_string())
+        );
+    }
+}
+
 /// Prints one warning per kind of skipped row on stderr; returns them.
 pub fn warn_input_problems(trace: &sleuth_store::Trace) -> anyhow::Result<InputProblems> {
     let problems = trace.input_problems()?;
@@ -39,10 +45,15 @@ pub fn warn_input_problems(trace: &sleuth_store::Trace) -> anyhow::Result<InputP
 }
 
 fn print_problems(trace: &sleuth_store::Trace, problems: &InputProblems) {
+    print_problems_at(trace.path(), problems);
+}
+
+/// One warning per kind of skipped row of the trace (or run) at `path`, on stderr.
+pub fn print_problems_at(path: &Path, problems: &InputProblems) {
     for line in problems.lines() {
         eprintln!(
             "gpusleuth: warning: {}: {}",
-            terminal_safe(&trace.path().display().to_string()),
+            terminal_safe(&path.display().to_string()),
             terminal_safe(&line)
         );
     }

@@ -27,6 +27,8 @@ mod reader;
 pub mod report_reads;
 mod rows;
 pub mod run;
+pub mod run_explain;
+mod run_pinned;
 mod schema;
 mod schema_check;
 pub mod site_rollup;

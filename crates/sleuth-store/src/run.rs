@@ -48,6 +48,45 @@ pub fn run_files(dir: &Path) -> Result<Vec<(u64, PathBuf)>, StoreError> {
     Ok(files)
 }
 
+/// [`run_files`], an error naming `dir` when it holds none: every reader
+/// of a run starts here.
+pub(crate) fn listed_files(dir: &Path) -> Result<Vec<(u64, PathBuf)>, StoreError> {
+    let listed = run_files(dir)?;
+    if listed.is_empty() {
+        return Err(StoreError::file(
+            dir,
+            format!(
+                "not a trace run: no {} files in this directory (written by `trace --rotate`)",
+                part_name(1).replace("000001", "NNNNNN")
+            ),
+        ));
+    }
+    Ok(listed)
+}
+
+/// After a reader went through a run's files: an error when none was
+/// finished (`files` empty), or when none held process `pid` (`pid_seen`).
+pub(crate) fn check_answered(
+    dir: &Path,
+    files: &[PathBuf],
+    pid: Option<u32>,
+    pid_seen: bool,
+) -> Result<(), StoreError> {
+    if files.is_empty() {
+        return Err(StoreError::file(
+            dir,
+            "no finished file in this run yet (the first file is still being written)",
+        ));
+    }
+    if !pid_seen {
+        return Err(StoreError::file(
+            dir,
+            format!("no process {} in this run", pid.unwrap_or_default()),
+        ));
+    }
+    Ok(())
+}
+
 /// The merged stats of a run, and the files it could not use.
 #[derive(Debug)]
 pub struct RunStats {
@@ -63,16 +102,7 @@ pub struct RunStats {
 /// (one process with `pid`: an error when no file holds it). A directory
 /// with no finished file is an error naming it.
 pub fn run_stats(dir: &Path, pid: Option<u32>) -> Result<RunStats, StoreError> {
-    let listed = run_files(dir)?;
-    if listed.is_empty() {
-        return Err(StoreError::file(
-            dir,
-            format!(
-                "not a trace run: no {} files in this directory (written by `trace --rotate`)",
-                part_name(1).replace("000001", "NNNNNN")
-            ),
-        ));
-    }
+    let listed = listed_files(dir)?;
     let mut rollups = StoredRollups::default();
     let mut base = TraceData {
         has_host_context: true,
@@ -103,18 +133,7 @@ pub fn run_stats(dir: &Path, pid: Option<u32>) -> Result<RunStats, StoreError> {
         base.has_host_context &= trace.has_host_context();
         files.push(path);
     }
-    if files.is_empty() {
-        return Err(StoreError::file(
-            dir,
-            "no finished file in this run yet (the first file is still being written)",
-        ));
-    }
-    if !pid_seen {
-        return Err(StoreError::file(
-            dir,
-            format!("no process {} in this run", pid.unwrap_or_default()),
-        ));
-    }
+    check_answered(dir, &files, pid, pid_seen)?;
     Ok(RunStats {
         report: sleuth_core::rollup::stats_report(&rollups, pid, &base),
         files,

@@ -818,6 +818,20 @@ impl MemoryTrace {
         Ok(b.finish(&self.base))
     }
 
+    /// Feeds this view's processes and memory calls, in return order, into
+    /// `b`: one builder fed by every file of a run in write order replays
+    /// the run's ledger, so an allocation freed in a later file is neither
+    /// unfreed nor an unmatched free (`crate::run_explain`).
+    pub fn replay_ledger(
+        &self,
+        b: &mut sleuth_core::ledger::LedgerBuilder,
+    ) -> Result<(), StoreError> {
+        for &pid in &self.pids {
+            b.track(pid);
+        }
+        self.for_each_memory_call(StreamOrder::ByReturn, None, |c| b.push(&c))
+    }
+
     /// `sleuth_core::sites::memory_by_site` at the end of the trace, from
     /// the site rollup the writer stored (`crate::site_rollup`), without
     /// reading a call row; None when the trace has none (then load the

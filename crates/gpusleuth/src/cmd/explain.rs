@@ -1,4 +1,5 @@
-//! `gpusleuth explain`: ranked, evidence-backed findings of a recorded trace.
+//! `gpusleuth explain`: ranked, evidence-backed findings of a recorded trace,
+//! or of a whole `trace --rotate` run when `--db` names its directory.
 
 use crate::args::TraceInput;
 use crate::render::explain::{print, Style};

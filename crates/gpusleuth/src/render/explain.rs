@@ -38,6 +38,9 @@ pub fn print(input: &TraceInput, style: Style) -> anyhow::Result<i32> {
 /// calls and waits, with `--pid` too (see [`lean_load`]); the answer is the same as the full
 /// load's, percentiles within the histogram's bound (docs/schema.md).
 fn output(input: &TraceInput, style: Style, lean_allowed: bool) -> anyhow::Result<String> {
+    if input.db.is_dir() {
+        return run_output(input, style);
+    }
     let trace = sleuth_store::Trace::open(&input.db)?;
     let lean = if lean_allowed {
         lean_load(&trace, input.pid)?
@@ -59,6 +62,22 @@ fn output(input: &TraceInput, style: Style, lean_allowed: bool) -> anyhow::Resul
     // answered from its aggregates alone; see `input_problems_of_reads`).
     let problems = warn_input_problems_of_reads(&trace)?;
     render(&data, &ledgers, &report, &problems, style)
+}
+
+/// `explain --db DIR` over a run of `trace --rotate`: every finished file
+/// as one trace (`sleuth_store::run_explain`), from their stored
+/// aggregates; a file still being written is left out with the note
+/// `stats` prints.
+fn run_output(input: &TraceInput, style: Style) -> anyhow::Result<String> {
+    let run = sleuth_store::run_explain::load(
+        &input.db,
+        input.pid,
+        ReadBudget::new(DEFAULT_READ_TIMEOUT),
+    )?;
+    crate::load::note_unfinished(&run.incomplete);
+    crate::load::print_problems_at(&input.db, &run.problems);
+    let report = run.explanation();
+    render(&run.data, &run.ledgers, &report, &run.problems, style)
 }
 
 /// The trace (or the process of `--pid`) as the explanation reads it,

@@ -31,6 +31,9 @@ use serde::{Deserialize, Serialize};
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
+mod merge;
+pub use merge::{PinnedState, ResolutionMismatch};
+
 /// How finely a [`LatencyHist`] keeps durations.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -374,7 +377,7 @@ impl ThreadInputs {
 }
 
 /// Pinned host ranges of one process, as replayed up to a moment.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 struct PinnedRanges {
     /// start -> end (exclusive)
     live: BTreeMap<u64, u64>,

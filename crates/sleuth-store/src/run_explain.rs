@@ -1,0 +1,318 @@
+//! `explain --db DIR`: the explanation of a whole run of `trace --rotate`
+//! (`crate::run`), as if its finished files were one trace, in memory
+//! bounded like one file's lean load (`crate::lean`): no call or wait of
+//! any file is held but the memory calls of processes with allocator
+//! blocks.
+//!
+//! Files are read one at a time, oldest first:
+//! - their finding aggregates are added (`FindingInputs::merge`: what a
+//!   file boundary cuts is documented there and in docs/findings.md);
+//! - their memory calls are streamed, in return order, into one ledger
+//!   builder for the run, so an allocation made in one file and freed in a
+//!   later one is neither unfreed nor an unmatched free;
+//! - their pinned host ranges are carried to the next file, whose copies
+//!   are judged again when memory pinned earlier is live (`run_pinned`);
+//! - their base data (processes, counters, kernel counts, GPU samples,
+//!   call sites, allocator events) is added to one `TraceData` for the
+//!   GPU lines, the held-memory notes and the allocator views.
+//!
+//! A file still being written is left out (the caller notes it, as `stats`
+//! does). What the merge cannot answer is refused with a one-line error
+//! naming the file: a file without finding rollups (an older gpusleuth),
+//! and a run with NCCL collectives (the straggler finding reads every call
+//! and wait of the ranks).
+
+use crate::budget::ReadBudget;
+use crate::problems::InputProblems;
+use crate::reader::Trace;
+use crate::run::{check_answered, listed_files, part_name};
+use crate::run_pinned::PinnedCarry;
+use crate::stream::MemoryTrace;
+use crate::StoreError;
+use sleuth_core::findings::inputs::{FindingInputs, Resolution};
+use sleuth_core::findings::Explanation;
+use sleuth_core::ledger::{LedgerBuilder, ProcessLedger};
+use sleuth_core::rollup::{merge_counters, merge_op_counts};
+use sleuth_core::TraceData;
+use std::path::{Path, PathBuf};
+
+/// What [`load`] read of a run: what `Lean` holds for one file, over all.
+pub struct RunLean {
+    /// The run's base data without calls and waits (but the memory calls
+    /// of processes with allocator blocks), from the first finished file's
+    /// start to the last one's end.
+    pub data: TraceData,
+    /// One ledger per process, replayed over every file in order.
+    pub ledgers: Vec<ProcessLedger>,
+    pub inputs: FindingInputs,
+    /// Files read, oldest first (with `pid`: those that do not hold it too).
+    pub files: Vec<PathBuf>,
+    /// Files without complete rollups (the one still being written, or one
+    /// whose writer was killed): not in the answer.
+    pub incomplete: Vec<PathBuf>,
+    /// What the files' reads skipped, added up.
+    pub problems: InputProblems,
+    /// What the answer over a run says about itself (see [`RunLean::explanation`]).
+    notes: Vec<String>,
+}
+
+impl RunLean {
+    /// The explanation of the run, with a note saying it spans several
+    /// files and what that changes.
+    pub fn explanation(&self) -> Explanation {
+        let mut e = sleuth_core::findings::explain_inputs(&self.data, &self.inputs, &self.ledgers);
+        e.notes.extend(self.notes.iter().cloned());
+        e
+    }
+}
+
+/// The explanation's inputs over every finished file of the run directory
+/// `dir` (of process `pid`: an error when no file holds it), reading under
+/// `budget`. A directory with no finished file is an error naming it.
+pub fn load(dir: &Path, pid: Option<u32>, budget: ReadBudget) -> Result<RunLean, StoreError> {
+    let mut run = Acc::default();
+    let mut incomplete = Vec::new();
+    let mut pid_seen = pid.is_none();
+    for (_, path) in listed_files(dir)? {
+        let trace = Trace::open(&path)?;
+        if !trace.has_rollups()? {
+            incomplete.push(path);
+            continue;
+        }
+        if let Some(p) = pid {
+            if !trace.pids()?.contains(&p) {
+                run.files.push(path);
+                continue;
+            }
+            pid_seen = true;
+        }
+        run.add(&trace, pid, &budget)?;
+        run.files.push(path);
+    }
+    check_answered(dir, &run.files, pid, pid_seen)?;
+    Ok(run.finish(incomplete))
+}
+
+/// The run as read so far.
+#[derive(Default)]
+struct Acc {
+    data: Option<TraceData>,
+    inputs: Option<FindingInputs>,
+    ledger: LedgerBuilder,
+    files: Vec<PathBuf>,
+    /// Files whose aggregates were added.
+    added: usize,
+    problems: InputProblems,
+    /// Host ranges pinned in the files added, for the next file's copies.
+    pinned: PinnedCarry,
+}
+
+impl Acc {
+    /// Adds one finished file holding what is asked (`pid` or all).
+    fn add(
+        &mut self,
+        trace: &Trace,
+        pid: Option<u32>,
+        budget: &ReadBudget,
+    ) -> Result<(), StoreError> {
+        let path = trace.path();
+        let Some(mut inputs) = crate::finding_rollups::finding_inputs(trace, pid)? else {
+            let what = if pid.is_some() {
+                "has no per-process finding rollups"
+            } else {
+                "has no finding rollups"
+            };
+            return Err(StoreError::file(
+                path,
+                format!(
+                    "{what} (written by an older gpusleuth): the run cannot be explained as one trace; \
+                     explain its files one at a time"
+                ),
+            ));
+        };
+        if trace.nccl_calls(None)?.iter().any(|e| e.is_collective()) {
+            return Err(StoreError::file(
+                path,
+                format!(
+                    "holds NCCL collectives: the straggler finding reads every call and wait of the ranks, \
+                     which a run is not loaded whole for; explain its files one at a time (--db DIR/{})",
+                    part_name(1).replace("000001", "NNNNNN")
+                ),
+            ));
+        }
+        let mut view = MemoryTrace::open(trace, pid, budget.clone())?;
+        view.replay_ledger(&mut self.ledger)?;
+        self.pinned.file(view.rows(), pid, &mut inputs)?;
+        view.load_allocator_calls()?;
+        let mut base = std::mem::take(&mut view.base);
+        base.counts = trace.op_counts(pid)?;
+        base.end_ns = Some(view.span.end_ns);
+        self.data = Some(match self.data.take() {
+            None => base,
+            Some(mut run) => {
+                add_base(&mut run, base);
+                run
+            }
+        });
+        self.inputs = Some(match self.inputs.take() {
+            None => inputs,
+            Some(mut run) => {
+                run.merge(inputs)
+                    .map_err(|e| StoreError::file(path, e.to_string()))?;
+                run
+            }
+        });
+        if let Some(p) = trace.input_problems_of_reads()? {
+            add_problems(&mut self.problems, p);
+        }
+        self.added += 1;
+        Ok(())
+    }
+
+    fn finish(self, incomplete: Vec<PathBuf>) -> RunLean {
+        let data = self.data.unwrap_or_default();
+        let ledgers = self.ledger.finish(&data);
+        let mut notes = Vec::new();
+        if self.added > 1 {
+            notes.push(format!(
+                "Explained over {} files of a run (trace --rotate): counts, sums, histograms, culprits and the \
+                 memory ledger cover the whole run; each thread's window adds its windows in the files (the time \
+                 between its last call in one file and its first in the next is in none).",
+                self.added
+            ));
+        }
+        RunLean {
+            // None only when no file was added, which `check_answered` refused.
+            inputs: self
+                .inputs
+                .unwrap_or_else(|| FindingInputs::new(Resolution::Bucketed, None)),
+            data,
+            ledgers,
+            files: self.files,
+            incomplete,
+            problems: self.problems,
+            notes,
+        }
+    }
+}
+
+/// Adds a later file's base data to the run's. The session (start, clock
+/// offset, host) is the first file's; the end is the later file's.
+/// Processes are listed once: the later file's row (its name after an
+/// exec) with the first start and any exit either file saw (a file lists
+/// the known processes when it starts, so an exit may be in an earlier
+/// one); counters and kernel counts add up as `stats` adds them.
+fn add_base(run: &mut TraceData, later: TraceData) {
+    for mut p in later.processes {
+        match run.processes.iter_mut().find(|x| x.pid == p.pid) {
+            Some(x) => {
+                p.start_ns = x.start_ns.or(p.start_ns);
+                p.exit_ns = p.exit_ns.or(x.exit_ns);
+                p.exit_code = p.exit_code.or(x.exit_code);
+                p.oom_victim |= x.oom_victim;
+                *x = p;
+            }
+            None => run.processes.push(p),
+        }
+    }
+    run.procs.extend(later.procs);
+    merge_op_counts(&mut run.counts, &later.counts);
+    run.blocks.extend(later.blocks);
+    run.calls.extend(later.calls);
+    merge_counters(&mut run.stats, &later.stats);
+    run.end_ns = later.end_ns.or(run.end_ns);
+    run.has_host_context &= later.has_host_context;
+    // Stack ids hash the frames: the same id names the same site in every file.
+    run.stacks.extend(later.stacks);
+    run.gpu_samples = match (run.gpu_samples.take(), later.gpu_samples) {
+        (Some(mut a), Some(b)) => {
+            a.extend(b);
+            Some(a)
+        }
+        (a, b) => a.or(b),
+    };
+    run.process_gpu.extend(later.process_gpu);
+    run.hosts.extend(later.hosts);
+}
+
+/// Adds one file's skipped rows to the run's.
+fn add_problems(run: &mut InputProblems, file: InputProblems) {
+    for (name, n) in file.unknown_ops {
+        let e = run.unknown_ops.entry(name).or_default();
+        *e = e.saturating_add(n);
+    }
+    run.unknown_ops_other = run.unknown_ops_other.saturating_add(file.unknown_ops_other);
+    run.impossible_calls = run.impossible_calls.saturating_add(file.impossible_calls);
+    run.impossible_waits = run.impossible_waits.saturating_add(file.impossible_waits);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sleuth_core::data::ProcessInfo;
+    use sleuth_core::event::OpCount;
+
+    fn proc(pid: u32, comm: &str, start: Option<u64>, exit: Option<u64>) -> ProcessInfo {
+        ProcessInfo {
+            pid,
+            ppid: None,
+            comm: comm.into(),
+            cmdline: String::new(),
+            start_ns: start,
+            exit_ns: exit,
+            exit_code: exit.map(|_| 0),
+            oom_victim: false,
+        }
+    }
+
+    /// A process that exited in the first file and is listed again by the
+    /// second keeps its exit; one that exec'd takes its later name; counts
+    /// and counters add up; the end is the later file's.
+    #[test]
+    fn base_data_adds_up_and_keeps_what_an_earlier_file_saw() {
+        let op = sleuth_core::op_by_name("cudaLaunchKernel").unwrap().id;
+        let mut run = TraceData {
+            processes: vec![
+                proc(1, "a", Some(5), Some(50)),
+                proc(2, "sh", Some(6), None),
+            ],
+            counts: vec![OpCount {
+                pid: 2,
+                op,
+                count: 3,
+            }],
+            stats: [("drop_ringbuf".to_string(), 4)].into(),
+            start_ns: Some(1),
+            end_ns: Some(100),
+            has_host_context: true,
+            ..Default::default()
+        };
+        let later = TraceData {
+            processes: vec![
+                proc(1, "a", None, None),
+                proc(2, "python3", None, Some(180)),
+            ],
+            counts: vec![OpCount {
+                pid: 2,
+                op,
+                count: 7,
+            }],
+            stats: [("drop_ringbuf".to_string(), 1)].into(),
+            start_ns: Some(100),
+            end_ns: Some(200),
+            has_host_context: true,
+            ..Default::default()
+        };
+        add_base(&mut run, later);
+        assert_eq!(
+            run.processes,
+            vec![
+                proc(1, "a", Some(5), Some(50)),
+                proc(2, "python3", Some(6), Some(180))
+            ]
+        );
+        assert_eq!(run.counts[0].count, 10);
+        assert_eq!(run.stats["drop_ringbuf"], 5);
+        assert_eq!((run.start_ns, run.end_ns), (Some(1), Some(200)));
+    }
+}

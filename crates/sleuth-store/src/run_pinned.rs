@@ -1,0 +1,64 @@
+//! pageable_copy over a run: each file's stored aggregates judged its
+//! copies with the host ranges pinned in that file only, so a copy from
+//! memory pinned in an earlier file was counted pageable. The run carries
+//! the pinned ranges from file to file (`PinnedState`): every file's
+//! pinning calls are replayed (a few rows), and a file whose copies were
+//! judged pageable while ranges pinned earlier are live has its copies
+//! judged again, streamed in end order as the writer fed them (memory: the
+//! live ranges and a few examples).
+
+use crate::stream::{CallQuery, Rows, StreamOrder};
+use crate::StoreError;
+use sleuth_core::findings::inputs::{FindingInputs, PinnedState, Resolution};
+use sleuth_core::ops::{OpClass, OPS};
+
+/// The pinned ranges the files read so far left live.
+#[derive(Default)]
+pub(crate) struct PinnedCarry {
+    state: PinnedState,
+}
+
+impl PinnedCarry {
+    /// The next file of the run (its calls under `rows`, its aggregates
+    /// `inputs`, both of `pid` or all): re-judges its copies when needed,
+    /// then carries the ranges it leaves live.
+    pub(crate) fn file(
+        &mut self,
+        rows: &Rows,
+        pid: Option<u32>,
+        inputs: &mut FindingInputs,
+    ) -> Result<(), StoreError> {
+        let rejudge = !self.state.is_empty() && inputs.pageable_copies() > 0;
+        let ops = OPS
+            .iter()
+            .filter(|o| {
+                matches!(
+                    o.class,
+                    OpClass::HostAlloc
+                        | OpClass::HostRegister
+                        | OpClass::HostFree
+                        | OpClass::HostUnregister
+                ) || (rejudge && o.class == OpClass::Copy)
+            })
+            .map(|o| o.name)
+            .collect();
+        let mut replay = FindingInputs::new(Resolution::Bucketed, None)
+            .with_pinned(std::mem::take(&mut self.state));
+        let q = CallQuery {
+            pid,
+            ops: Some(ops),
+            order: StreamOrder::ByReturn,
+            ..Default::default()
+        };
+        rows.for_each_call::<StoreError>(&q, |s| {
+            // The row id is the index the stored aggregates keep (their examples' tie-break).
+            replay.add_in_end_order(usize::try_from(s.id).unwrap_or(0), &s.call);
+            Ok(())
+        })?;
+        self.state = replay.pinned_state();
+        if rejudge {
+            inputs.replace_pageable(replay);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,363 @@
+//! `explain --db DIR` over a run (`sleuth_store::run_explain`) against one
+//! trace: each example trace is cut at a quiet moment (no call and no wait
+//! spans it) into two files of a run, written again through the writer, and
+//! the run's answer is compared with the whole trace's lean load: the same
+//! op aggregates (histograms, splits, culprits, example calls), the same
+//! ledgers (allocations of the first file freed in the second are matched),
+//! the same findings. Only what a file boundary cuts may differ (each
+//! thread's window, documented in `FindingInputs::merge`).
+
+mod common;
+
+use common::{example, rewrite, TempDir};
+use sleuth_core::findings::inputs::{FindingInputs, OpInputs};
+use sleuth_core::TraceData;
+use sleuth_store::{ReadBudget, Trace, DEFAULT_READ_TIMEOUT};
+
+/// A moment near the middle of `data` that no call and no preemption spans
+/// (calls `[ts, end)`, waits `[off, on)`), so both files see whole calls
+/// with all their culprits (blocked waits feed the thread windows, which a
+/// boundary cuts anyway).
+fn quiet_moment(data: &TraceData) -> u64 {
+    let mut spans: Vec<(u64, u64)> = data
+        .calls
+        .iter()
+        .map(|c| (c.ts_ns, c.end_ns()))
+        .chain(
+            data.waits
+                .iter()
+                .filter(|w| w.kind == sleuth_core::WaitKind::Preempted)
+                .map(|w| (w.off_ns, w.on_ns)),
+        )
+        .collect();
+    spans.sort_unstable();
+    let (first, last) = (spans[0].0, spans.iter().map(|s| s.1).max().unwrap());
+    let mid = first + (last - first) / 2;
+    let mut gaps = Vec::new();
+    let mut reach = spans[0].1;
+    for &(s, e) in &spans[1..] {
+        if s > reach {
+            gaps.push(reach + (s - reach) / 2);
+        }
+        reach = reach.max(e);
+    }
+    gaps.into_iter()
+        .min_by_key(|g| g.abs_diff(mid))
+        .expect("a quiet moment")
+}
+
+/// `data` cut at `at`: what starts before it, and the rest. Processes are
+/// in both (each file of a run lists the known processes); counters and
+/// kernel counts in the first (a run's files add up to the session's).
+fn halves(data: &TraceData, at: u64) -> (TraceData, TraceData) {
+    let part = |early: bool| TraceData {
+        calls: data
+            .calls
+            .iter()
+            .filter(|c| (c.ts_ns < at) == early)
+            .cloned()
+            .collect(),
+        waits: data
+            .waits
+            .iter()
+            .filter(|w| (w.off_ns < at) == early)
+            .cloned()
+            .collect(),
+        processes: data.processes.clone(),
+        counts: if early {
+            data.counts.clone()
+        } else {
+            Vec::new()
+        },
+        stats: if early {
+            data.stats.clone()
+        } else {
+            Default::default()
+        },
+        has_host_context: data.has_host_context,
+        ..Default::default()
+    };
+    (part(true), part(false))
+}
+
+/// An op aggregate without its row ids, its histogram buckets, its
+/// example calls by (ts, tid).
+type OpView = (
+    String,
+    Vec<(u64, u64, sleuth_core::decompose::Split)>,
+    Vec<(u64, u32)>,
+);
+
+/// Everything an op aggregate concludes from (buckets are not serialized).
+fn op_view(o: &OpInputs) -> OpView {
+    let examples = o
+        .by_runnable
+        .examples()
+        .chain(o.by_dur.examples())
+        .map(|e| (e.call.ts_ns, e.call.tid))
+        .collect();
+    let mut json: serde_json::Value = serde_json::to_value(o).unwrap();
+    // Row ids differ between the files and the whole: the calls are compared by (ts, tid).
+    for k in ["by_runnable", "by_dur"] {
+        json[k] = serde_json::Value::Null;
+    }
+    (json.to_string(), o.hist.buckets().collect(), examples)
+}
+
+fn assert_same_ops(got: &FindingInputs, want: &FindingInputs, at: &str) {
+    assert_eq!(
+        got.ops.keys().collect::<Vec<_>>(),
+        want.ops.keys().collect::<Vec<_>>(),
+        "{at}"
+    );
+    for (op, o) in &want.ops {
+        assert_eq!(op_view(&got.ops[op]), op_view(o), "{at} op {op}");
+        assert_eq!(got.ops[op].culprits(), o.culprits(), "{at} op {op}");
+    }
+    assert_eq!(got.spans, want.spans, "{at}");
+}
+
+/// The finding kinds, ops and processes, ranked.
+fn findings(e: &sleuth_core::findings::Explanation) -> Vec<(String, String, Vec<u32>)> {
+    e.findings
+        .iter()
+        .map(|f| (f.kind.as_str().to_string(), f.op.clone(), f.pids.clone()))
+        .collect()
+}
+
+fn budget() -> ReadBudget {
+    ReadBudget::new(DEFAULT_READ_TIMEOUT)
+}
+
+/// The whole trace written as one file and as a run of two; both loaded.
+fn compare(name: &str, tag: &str) {
+    let data = Trace::open(&example(name)).unwrap().load(None).unwrap();
+    let dir = TempDir::new(tag);
+    let whole = dir.join("whole.db");
+    rewrite(&data, &whole);
+    let run = dir.join("run");
+    std::fs::create_dir(&run).unwrap();
+    let (early, late) = halves(&data, quiet_moment(&data));
+    assert!(!early.calls.is_empty() && !late.calls.is_empty());
+    rewrite(&early, &run.join(sleuth_store::run::part_name(1)));
+    rewrite(&late, &run.join(sleuth_store::run::part_name(2)));
+
+    let whole_trace = Trace::open(&whole).unwrap();
+    let mut pids: Vec<Option<u32>> = vec![None];
+    pids.extend(whole_trace.pids().unwrap().into_iter().map(Some));
+    for pid in pids {
+        let at = format!("{name} pid {pid:?}");
+        let one = sleuth_store::lean::load(&whole_trace, pid, budget())
+            .unwrap()
+            .expect("a lean load");
+        let merged = sleuth_store::run_explain::load(&run, pid, budget()).unwrap();
+        assert_eq!(merged.files.len(), 2, "{at}");
+        assert!(merged.incomplete.is_empty(), "{at}");
+        assert_same_ops(&merged.inputs, &one.inputs, &at);
+        assert_eq!(merged.ledgers, one.ledgers, "{at}");
+        let (got, want) = (merged.explanation(), one.explanation());
+        assert_eq!(findings(&got), findings(&want), "{at}");
+        // The merged base: every process, the kernel counts and counters added once.
+        assert_eq!(
+            merged.data.processes.len(),
+            one.data.processes.len(),
+            "{at}"
+        );
+        let count = |d: &TraceData| d.counts.iter().map(|c| c.count).sum::<u64>();
+        assert_eq!(count(&merged.data), count(&one.data), "{at}");
+        assert!(
+            got.notes
+                .iter()
+                .any(|n| n.contains("over 2 files of a run")),
+            "{at}: {:?}",
+            got.notes
+        );
+    }
+}
+
+#[test]
+fn a_run_cut_in_two_explains_as_the_whole_trace_h200() {
+    compare("h200-contention.db", "run-explain-h200");
+}
+
+#[test]
+fn a_run_cut_in_two_explains_as_the_whole_trace_demo() {
+    compare("demo-sim.db", "run-explain-demo");
+}
+
+/// An allocation in the first file freed in the second: neither unfreed
+/// nor an unmatched free over the run (each file alone says both).
+#[test]
+fn the_ledger_runs_across_files() {
+    use sleuth_core::testing::{alloc, call, free, trace, MS};
+    let dir = TempDir::new("run-explain-ledger");
+    let run = dir.join("run");
+    std::fs::create_dir(&run).unwrap();
+    let first = trace(vec![
+        alloc(0, 1 << 20, 0xa000),
+        call("cudaLaunchKernel", 10 * MS, MS),
+    ]);
+    let second = trace(vec![
+        call("cudaLaunchKernel", 100 * MS, MS),
+        free(110 * MS, 0xa000),
+    ]);
+    rewrite(&first, &run.join(sleuth_store::run::part_name(1)));
+    rewrite(&second, &run.join(sleuth_store::run::part_name(2)));
+    let merged = sleuth_store::run_explain::load(&run, None, budget()).unwrap();
+    let l = &merged.ledgers[0];
+    assert_eq!((l.allocs, l.frees, l.unmatched_frees), (1, 1, 0));
+    assert!(l.unfreed.is_empty(), "{:?}", l.unfreed);
+    assert_eq!((l.live_bytes, l.peak_bytes), (0, 1 << 20));
+    // Each file alone: an unfreed allocation, an unmatched free.
+    let alone = |n| {
+        let t = Trace::open(&run.join(sleuth_store::run::part_name(n))).unwrap();
+        sleuth_store::lean::load(&t, None, budget())
+            .unwrap()
+            .unwrap()
+            .ledgers
+    };
+    assert_eq!(alone(1)[0].unfreed.len(), 1);
+    assert_eq!(alone(2)[0].unmatched_frees, 1);
+}
+
+/// A file of the run as its writer leaves it while still writing: no rollups yet.
+fn unfinished(path: &std::path::Path) {
+    let c = rusqlite::Connection::open(path).unwrap();
+    c.execute("DELETE FROM meta WHERE key = 'rollups'", [])
+        .unwrap();
+}
+
+#[test]
+fn a_directory_without_a_finished_file_is_one_error() {
+    use sleuth_core::testing::{call, trace, MS};
+    let dir = TempDir::new("run-explain-empty");
+    let one_line =
+        |run: &std::path::Path| match sleuth_store::run_explain::load(run, None, budget()) {
+            Err(e) => {
+                let msg = e.to_string();
+                assert_eq!(msg.lines().count(), 1, "{msg}");
+                msg
+            }
+            Ok(r) => panic!("answered over {:?}", r.files),
+        };
+    assert!(one_line(&dir.0).contains("not a trace run"));
+    let run = dir.join("run");
+    std::fs::create_dir(&run).unwrap();
+    let part = |n| run.join(sleuth_store::run::part_name(n));
+    rewrite(&trace(vec![call("cudaLaunchKernel", MS, MS)]), &part(1));
+    unfinished(&part(1));
+    let msg = one_line(&run);
+    assert!(msg.contains("no finished file in this run yet"), "{msg}");
+    // A finished file before it: answered, the unfinished one left out.
+    std::fs::rename(part(1), part(2)).unwrap();
+    rewrite(&trace(vec![call("cudaLaunchKernel", MS, MS)]), &part(1));
+    let r = sleuth_store::run_explain::load(&run, None, budget()).unwrap();
+    assert_eq!((r.files, r.incomplete), (vec![part(1)], vec![part(2)]));
+    let msg = match sleuth_store::run_explain::load(&run, Some(4242), budget()) {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("pid 4242 answered"),
+    };
+    assert!(msg.contains("no process 4242 in this run"), "{msg}");
+}
+
+/// Memory pinned in the first file, copied from in both: each file
+/// stored its own judgement (the second file's copy pageable: it saw no
+/// pinning), the run carries the pinned ranges and judges it pinned, as
+/// one trace does; a copy from memory freed before is pageable again.
+#[test]
+fn memory_pinned_in_an_earlier_file_stays_pinned() {
+    use sleuth_core::testing::{call, trace, MS};
+    let dir = TempDir::new("run-explain-pinned");
+    let run = dir.join("run");
+    std::fs::create_dir(&run).unwrap();
+    let (a, b) = (0x7000_0000u64, 0x9000_0000u64);
+    let pin = |ts, ptr| {
+        let mut c = call("cudaHostAlloc", ts, MS);
+        (c.ptr, c.size) = (Some(ptr), Some(1 << 20));
+        c
+    };
+    let unpin = |ts, ptr| {
+        let mut c = call("cudaFreeHost", ts, MS);
+        c.ptr = Some(ptr);
+        c
+    };
+    let copy = |ts, ptr| {
+        let mut c = call("cudaMemcpy", ts, MS);
+        (c.host_ptr, c.size, c.kind) = (Some(ptr + 64), Some(4096), Some(1));
+        c
+    };
+    let counts = |i: &FindingInputs| -> (u64, u64) {
+        i.threads.values().fold((0, 0), |(p, k), t| {
+            (p + t.pageable.count, k + t.pageable.pinned_copies)
+        })
+    };
+    let early = trace(vec![pin(MS, a), pin(2 * MS, b), copy(5 * MS, a)]);
+    let late = trace(vec![
+        unpin(90 * MS, b),
+        copy(100 * MS, a),
+        copy(110 * MS, a),
+        copy(120 * MS, b),
+    ]);
+    rewrite(&early, &run.join(sleuth_store::run::part_name(1)));
+    rewrite(&late, &run.join(sleuth_store::run::part_name(2)));
+    let second = Trace::open(&run.join(sleuth_store::run::part_name(2))).unwrap();
+    let alone = sleuth_store::lean::load(&second, None, budget())
+        .unwrap()
+        .unwrap();
+    assert_eq!(counts(&alone.inputs), (3, 0), "the second file alone");
+    let r = sleuth_store::run_explain::load(&run, None, budget()).unwrap();
+    // One trace: 3 copies from pinned `a`, one from `b` after it was freed.
+    assert_eq!(counts(&r.inputs), (1, 3));
+    let mut both = early.clone();
+    both.calls.extend(late.calls.clone());
+    let whole = dir.join("whole.db");
+    rewrite(&both, &whole);
+    let one = sleuth_store::lean::load(&Trace::open(&whole).unwrap(), None, budget())
+        .unwrap()
+        .unwrap();
+    assert_eq!(counts(&one.inputs), counts(&r.inputs));
+    let examples = |i: &FindingInputs| -> Vec<u64> {
+        i.threads
+            .values()
+            .flat_map(|t| t.pageable.examples.examples().map(|e| e.call.ts_ns))
+            .collect()
+    };
+    assert_eq!(examples(&r.inputs), examples(&one.inputs));
+}
+
+/// A run whose files hold collectives is refused in one line naming the
+/// file: the straggler finding reads every call and wait of the ranks.
+#[test]
+fn a_run_with_collectives_is_one_line_error() {
+    use sleuth_core::nccl::NcclEvent;
+    use sleuth_core::testing::{call, trace, MS};
+    use sleuth_core::Event;
+    let dir = TempDir::new("run-explain-nccl");
+    let run = dir.join("run");
+    std::fs::create_dir(&run).unwrap();
+    rewrite(
+        &trace(vec![call("cudaLaunchKernel", MS, MS)]),
+        &run.join(sleuth_store::run::part_name(1)),
+    );
+    let second = run.join(sleuth_store::run::part_name(2));
+    let w =
+        sleuth_store::TraceWriter::create(&second, common::session(), Default::default()).unwrap();
+    let h = w.handle();
+    h.send(Event::Nccl(NcclEvent {
+        call: common::call("ncclAllReduce", 1, 1, 100 * MS, 50),
+        comm: Some(0xc0),
+        count: Some(8),
+        datatype: Some(7),
+        ..Default::default()
+    }))
+    .unwrap();
+    drop(h);
+    w.finish().unwrap();
+    let msg = match sleuth_store::run_explain::load(&run, None, budget()) {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("a run with collectives was answered"),
+    };
+    assert!(msg.contains("holds NCCL collectives"), "{msg}");
+    assert!(msg.contains("part-000002.db"), "{msg}");
+    assert_eq!(msg.lines().count(), 1, "{msg}");
+}
