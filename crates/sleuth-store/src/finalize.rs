@@ -9,7 +9,7 @@ use rusqlite::{params, Connection};
 use sleuth_core::culprits::culprits_of_call;
 use sleuth_core::rollup::Rollup;
 use sleuth_core::threads::{ThreadStream, TRACER_PID_STAT};
-use sleuth_core::{CallEvent, ProcKind, ProcessInfo, WaitEvent};
+use sleuth_core::{ProcKind, ProcessInfo, WaitEvent};
 use std::collections::{BTreeMap, VecDeque};
 
 /// Value of `meta.rollups` once every rollup table is complete. Readers use
@@ -69,8 +69,8 @@ pub(crate) fn complete(conn: &mut Connection, rollup: &Rollup) -> rusqlite::Resu
     Ok(rows)
 }
 
-/// One thread at a time, streaming its calls and waits (two ordered reads
-/// each), so memory stays bounded by the calls and waits overlapping one
+/// One thread at a time, streaming its calls once and its waits twice
+/// (ordered reads), so memory stays bounded by the calls and waits overlapping one
 /// another, not by the thread or the trace: its call culprits
 /// (`call_culprits`, summed per op into `rollup_culprits`), the finding
 /// rollups of its non-nested calls (fed with the culprits just computed:
@@ -99,10 +99,6 @@ fn per_thread_pass(conn: &Connection, rollup: &Rollup) -> rusqlite::Result<u64> 
         conn.prepare("INSERT INTO rollup_threads(pid, tid, split) VALUES (?1, ?2, ?3)")?;
     // Ties in start order by row id: the order the finding rollups' examples need.
     let all_calls_sql = calls_sql(conn, "WHERE pid = ?1 AND tid = ?2 ORDER BY ts_ns, id")?;
-    let split_calls_sql = calls_sql(
-        conn,
-        "WHERE pid = ?1 AND tid = ?2 AND nested = 0 ORDER BY ts_ns",
-    )?;
     let culprit_waits_sql = waits_sql(
         conn,
         "WHERE w.pid = ?1 AND w.tid = ?2 AND w.on_ns > w.wake_ns ORDER BY w.on_ns, w.wake_ns",
@@ -125,6 +121,17 @@ fn per_thread_pass(conn: &Connection, rollup: &Rollup) -> rusqlite::Result<u64> 
         let mut queue: VecDeque<WaitEvent> = VecDeque::new();
         let mut pending: Option<WaitEvent> = None;
         let mut waits_done = false;
+        // The thread's split: its non-nested calls and all its waits
+        // interleaved (a wait before a call starting at or after the wait's
+        // end), from the same read of the calls. None with nested calls only.
+        let mut sst = conn.prepare_cached(&all_waits_sql)?;
+        let mut split = match *window {
+            Some(window) => Some((
+                ThreadStream::new(pid, tid, window, tracer),
+                WaitFeed::new(sst.query(params![pid, tid])?),
+            )),
+            None => None,
+        };
         while let Some(row) = calls.next()? {
             let Some(s) = call_from_row(row)? else {
                 continue;
@@ -172,54 +179,23 @@ fn per_thread_pass(conn: &Connection, rollup: &Rollup) -> rusqlite::Result<u64> 
                         .then(a.tid.cmp(&b.tid))
                 });
                 inputs.add_call(row_index(s.id), &s.call, &culprits);
+                if let Some((t, feed)) = &mut split {
+                    while let Some(w) = feed.next_until(start, &mut wcst)? {
+                        t.add_wait(&w);
+                    }
+                    t.add_call(&s.call);
+                }
             }
         }
         drop(calls);
         drop(waits);
-
-        // The thread's split: non-nested calls and all waits, interleaved.
-        let Some(window) = *window else {
+        let Some((mut t, mut feed)) = split.take() else {
             continue;
         };
-        let mut t = ThreadStream::new(pid, tid, window, tracer);
-        let mut cst = conn.prepare_cached(&split_calls_sql)?;
-        let mut calls = cst.query(params![pid, tid])?;
-        let mut wst = conn.prepare_cached(&all_waits_sql)?;
-        let mut waits = wst.query(params![pid, tid])?;
-        let mut next_call: Option<CallEvent> = None;
-        let mut calls_done = false;
-        while let Some(row) = waits.next()? {
-            let Some(w) = wait_from_row(row, &mut wcst)? else {
-                continue;
-            };
-            loop {
-                if next_call.is_none() && !calls_done {
-                    match calls.next()? {
-                        Some(r) => next_call = call_from_row(r)?.map(|s| s.call),
-                        None => calls_done = true,
-                    }
-                    if next_call.is_none() && !calls_done {
-                        continue;
-                    }
-                }
-                match next_call.take() {
-                    Some(c) if c.ts_ns < w.on_ns => t.add_call(&c),
-                    other => {
-                        next_call = other;
-                        break;
-                    }
-                }
-            }
+        while let Some(w) = feed.next_until(u64::MAX, &mut wcst)? {
             t.add_wait(&w);
         }
-        if let Some(c) = next_call.take() {
-            t.add_call(&c);
-        }
-        while let Some(r) = calls.next()? {
-            if let Some(s) = call_from_row(r)? {
-                t.add_call(&s.call);
-            }
-        }
+        drop(feed);
         let split = t.finish(comms.get(&pid).map(String::as_str).unwrap_or("?"));
         let json = serde_json::to_string(&split)
             .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
@@ -236,6 +212,48 @@ fn per_thread_pass(conn: &Connection, rollup: &Rollup) -> rusqlite::Result<u64> 
         [],
     )?;
     Ok(written)
+}
+
+/// The waits of one thread in `(on_ns, off_ns)` order, handed out up to a
+/// moment: the split's side of the merge with the thread's calls.
+struct WaitFeed<'s> {
+    rows: rusqlite::Rows<'s>,
+    /// Read, not handed out yet (it ends after the last call asked for).
+    next: Option<WaitEvent>,
+    done: bool,
+}
+
+impl<'s> WaitFeed<'s> {
+    fn new(rows: rusqlite::Rows<'s>) -> WaitFeed<'s> {
+        WaitFeed {
+            rows,
+            next: None,
+            done: false,
+        }
+    }
+
+    /// The next wait that went back on CPU at or before `until` (a call
+    /// starting at `until` comes after it); None once the next one is later
+    /// or there is none. Waits of an unknown kind are skipped.
+    fn next_until(
+        &mut self,
+        until: u64,
+        culprits_st: &mut rusqlite::CachedStatement,
+    ) -> rusqlite::Result<Option<WaitEvent>> {
+        while self.next.is_none() && !self.done {
+            match self.rows.next()? {
+                Some(r) => self.next = wait_from_row(r, culprits_st)?,
+                None => self.done = true,
+            }
+        }
+        Ok(match self.next.take() {
+            Some(w) if w.on_ns <= until => Some(w),
+            other => {
+                self.next = other;
+                None
+            }
+        })
+    }
 }
 
 fn all_processes(conn: &Connection) -> rusqlite::Result<Vec<ProcessInfo>> {
