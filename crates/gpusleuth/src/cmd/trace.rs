@@ -547,6 +547,16 @@ struct Rotation {
 }
 
 impl Rotation {
+    /// Whether the next file starts now: its time has come and the previous
+    /// file is complete. One completion at a time bounds the tracer's
+    /// memory, and waiting for one on the draining thread stalled it (the
+    /// ring buffer filled): while the previous file is still being completed
+    /// the current one keeps recording, and the next starts once it is done.
+    fn due(&self, now: Instant) -> bool {
+        let completing = self.finishing.as_ref().is_some_and(|t| !t.is_finished());
+        rotation_due(now, self.next_at, completing)
+    }
+
     /// Ends the current file and continues in the next one. If the next
     /// file cannot be created (disk full, directory gone), recording goes on
     /// in the current one, with a warning, and the next period tries again.
@@ -560,6 +570,7 @@ impl Rotation {
     ) {
         // What was taken before now belongs to the current file.
         sinks.flush_events();
+        let late = Instant::now().saturating_duration_since(self.next_at);
         // Never a burst of rotations after a stall: the next one is a period from now.
         self.next_at = Instant::now() + self.every;
         let now = monotonic_ns();
@@ -586,6 +597,11 @@ impl Rotation {
         match store_counters(handle, session, &self.stored) {
             Ok(s) => self.stored = s,
             Err(e) => sinks.check(Err(e)),
+        }
+        if late >= LATE_NOTE {
+            // The previous file's completion outlasted this file's period.
+            let r = handle.add_note(NoteLevel::Info, late_note(self.n, late));
+            sinks.check(r);
         }
         let r = handle.set_session_end(now);
         sinks.check(r);
@@ -683,6 +699,24 @@ impl Rotation {
         }
         self.totals
     }
+}
+
+/// [`Rotation::due`]: the time has come and no earlier file is still being completed.
+fn rotation_due(now: Instant, next_at: Instant, completing: bool) -> bool {
+    now >= next_at && !completing
+}
+
+/// A rotation this much past its time says so in the file that recorded longer.
+const LATE_NOTE: Duration = Duration::from_secs(1);
+
+/// The note of file `n`, which recorded `late` past its period because file
+/// `n - 1` was still being completed.
+fn late_note(n: u64, late: Duration) -> String {
+    format!(
+        "file {n} recorded {} past the period: file {} was still being completed (one file is completed at a time)",
+        sleuth_core::units::fmt_ns(u64::try_from(late.as_nanos()).unwrap_or(u64::MAX)),
+        n.saturating_sub(1)
+    )
 }
 
 /// Deletes a run's oldest files until `keep` remain; never file `current`
@@ -858,7 +892,7 @@ fn trace_loop(
         if args.duration.is_some_and(|d| t0.elapsed() >= d) {
             break true;
         }
-        if let Some(r) = rotation.as_mut().filter(|r| Instant::now() >= r.next_at) {
+        if let Some(r) = rotation.as_mut().filter(|r| r.due(Instant::now())) {
             r.rotate(
                 &mut writer,
                 &mut handle,
@@ -1251,6 +1285,23 @@ mod tests {
         Cli::try_parse_from(argv)
             .map(|c| c.args)
             .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_rotation_waits_for_the_previous_file_to_be_complete_and_says_it_was_late() {
+        let t0 = Instant::now();
+        let at = t0 + Duration::from_secs(10);
+        assert!(!rotation_due(t0, at, false), "before its time");
+        assert!(rotation_due(at, at, false));
+        assert!(
+            !rotation_due(at + Duration::from_secs(3), at, true),
+            "previous file still completing"
+        );
+        assert!(rotation_due(at + Duration::from_secs(3), at, false));
+        assert_eq!(
+            late_note(4, Duration::from_millis(2_500)),
+            "file 4 recorded 2.500s past the period: file 3 was still being completed (one file is completed at a time)"
+        );
     }
 
     #[test]
