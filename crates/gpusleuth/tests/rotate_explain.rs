@@ -41,6 +41,25 @@ fn kinds(v: &Value) -> BTreeMap<String, usize> {
     out
 }
 
+/// [`kinds`] of the findings the script below makes on purpose: the memory
+/// ones (exact counts) and the slow sync's tail. A loaded machine can slow
+/// other calls enough for a tail of their own, differently in two runs.
+fn scripted_kinds(v: &Value) -> BTreeMap<String, usize> {
+    let mut out = BTreeMap::new();
+    for f in v["findings"].as_array().expect("findings") {
+        let k = f["kind"].as_str().expect("kind");
+        let scripted = match k {
+            "allocation_failure" | "memory_growth" | "allocation_churn" => true,
+            "tail_latency" => f["op"] == "cudaStreamSynchronize",
+            _ => false,
+        };
+        if scripted {
+            *out.entry(k.to_string()).or_default() += 1;
+        }
+    }
+    out
+}
+
 fn finding<'a>(v: &'a Value, kind: &str) -> &'a Value {
     v["findings"]
         .as_array()
@@ -153,7 +172,7 @@ fn a_rotated_run_finds_what_one_trace_finds_with_and_without_pid() {
     rotated.trace(&ROTATE, FINDINGS_SCRIPT, 0);
     assert!(parts(&rotated.db()).len() >= 3);
     let (one, run) = (explain(&whole.db(), &[]), explain(&rotated.db(), &[]));
-    let want = kinds(&one);
+    let want = scripted_kinds(&one);
     for k in [
         "allocation_failure",
         "memory_growth",
@@ -162,7 +181,7 @@ fn a_rotated_run_finds_what_one_trace_finds_with_and_without_pid() {
     ] {
         assert_eq!(want.get(k), Some(&1), "{k} in one trace: {one}");
     }
-    assert_eq!(kinds(&run), want, "run:\n{run}\none trace:\n{one}");
+    assert_eq!(scripted_kinds(&run), want, "run:\n{run}\none trace:\n{one}");
     for (kind, key) in [
         ("memory_growth", "growing_allocations"),
         ("allocation_churn", "reallocs"),
@@ -174,12 +193,24 @@ fn a_rotated_run_finds_what_one_trace_finds_with_and_without_pid() {
             "{kind}"
         );
     }
-    assert_eq!(finding(&run, "tail_latency")["op"], "cudaStreamSynchronize");
-    assert_eq!(finding(&run, "tail_latency")["evidence"]["calls"], 25);
+    let sync_tail = |v: &Value| {
+        v["findings"]
+            .as_array()
+            .and_then(|f| {
+                f.iter()
+                    .find(|f| f["kind"] == "tail_latency" && f["op"] == "cudaStreamSynchronize")
+            })
+            .cloned()
+            .unwrap_or_else(|| panic!("no tail_latency of the syncs: {v}"))
+    };
+    assert_eq!(sync_tail(&run)["evidence"]["calls"], 25);
 
     // The same over the run's one process; a process it does not hold is one line.
     let pid = rotated.truth()[0].pid.to_string();
-    assert_eq!(kinds(&explain(&rotated.db(), &["--pid", &pid])), want);
+    assert_eq!(
+        scripted_kinds(&explain(&rotated.db(), &["--pid", &pid])),
+        want
+    );
     let out = common::gpusleuth()
         .args(["explain", "--db"])
         .arg(rotated.db())
