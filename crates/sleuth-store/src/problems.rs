@@ -203,29 +203,12 @@ pub(crate) fn scan(
     Ok((p, calls))
 }
 
-/// Whether the valid calls' durations or sizes add up past what 64-bit
-/// sums hold: then no total printed from the file could be right.
 /// What one pass over the call rows inside SQLite gives: the rows no
 /// reader uses (impossible values) and whether the valid rows' durations or
-/// sizes add up past 2^62 (the file is then refused as damaged).
-/// The pass over the call rows ([`call_scan`]) once made, shared by a
-/// `Trace` and the streamed readers opened on it (`stream::Rows`): a
-/// stream's totals check and the count of skipped rows after the reads
-/// are one pass over a 10M-call file (1.3 s), not two.
-#[derive(Clone, Debug, Default)]
-pub(crate) struct SharedCallScan(std::sync::Arc<std::sync::Mutex<Option<CallScan>>>);
-
-impl SharedCallScan {
-    pub(crate) fn get(&self) -> Option<CallScan> {
-        // A poisoned lock only means a reader panicked: the value is still whole.
-        *self.0.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    pub(crate) fn set(&self, s: CallScan) {
-        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(s);
-    }
-}
-
+/// sizes add up past 2^62 (the file is then refused as damaged). Made once
+/// per file and shared (`checked::Checks`): a stream's totals check and the
+/// count of skipped rows after the reads are one pass over a 10M-call file
+/// (1.3 s), not two.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct CallScan {
     pub impossible: u64,

@@ -8,8 +8,9 @@
 //! equals the loaded one.
 
 use crate::budget::{ReadBudget, DEFAULT_READ_TIMEOUT};
+use crate::checked::BulkCheck;
 use crate::error::{SqlContext, StoreError};
-use crate::open::{has_table, open_trace_file, BulkCheck};
+use crate::open::{has_table, open_trace_file};
 use crate::problems::{valid_call, valid_wait, MAX_NS, TOTALS_OVERFLOW};
 use crate::reader::{check_is_trace, check_schema, Trace};
 use crate::rows::{call_from_row, wait_from_row, waits_sql, CALL_COLS};
@@ -70,10 +71,8 @@ pub struct Rows {
     has_stacks: bool,
     /// The file's schema version (which table holds the call rows).
     version: i64,
-    /// The call-row pass (totals, impossible rows), once made by the trace
-    /// or by a reader opened on it.
-    call_scan: crate::problems::SharedCallScan,
-    /// The per-call and per-wait tables' check, shared with the trace.
+    /// The per-call and per-wait tables' check and the call-row pass
+    /// (totals, impossible rows), shared with the trace.
     bulk: BulkCheck,
 }
 
@@ -101,7 +100,6 @@ impl Rows {
             budget,
             has_stacks,
             version,
-            call_scan: trace.shared_call_scan(),
             bulk: trace.bulk_check(),
         })
     }
@@ -206,12 +204,14 @@ impl Rows {
     /// Refuses a file whose valid calls' durations or sizes add up past
     /// 2^62, as [`Trace::load`] does (one pass inside SQLite, nothing held).
     pub fn check_totals(&self) -> Result<(), StoreError> {
-        let scan = match self.call_scan.get() {
+        let conn = self.bulk()?;
+        let known = self.bulk.checks().lock().call_scan;
+        let scan = match known {
             Some(s) => s,
             None => {
-                let s = crate::problems::call_scan(self.bulk()?, self.version)
+                let s = crate::problems::call_scan(conn, self.version)
                     .map_err(|e| self.read_error(e))?;
-                self.call_scan.set(s);
+                self.bulk.checks().lock().call_scan = Some(s);
                 s
             }
         };
