@@ -192,13 +192,33 @@ impl Checks {
 pub(crate) struct BulkCheck {
     read: Arc<AtomicBool>,
     checks: Checks,
+    /// The file's identity when the trace opened it (None when it changed
+    /// while being opened or could not be read).
+    id: Option<FileIdentity>,
 }
 
 impl BulkCheck {
-    pub(crate) fn new(checks: Checks) -> BulkCheck {
+    pub(crate) fn new(checks: Checks, id: Option<FileIdentity>) -> BulkCheck {
         BulkCheck {
             read: Arc::new(false.into()),
             checks,
+            id,
+        }
+    }
+
+    /// The checks for a streamed reader that opened `path` again (its own
+    /// connection): the trace's, unless the file is no longer the one the
+    /// trace opened (replaced or written since). Then the stream checks
+    /// what it reads itself instead of trusting checks of other bytes;
+    /// whether rows were read is still the trace's.
+    pub(crate) fn for_stream(&self, path: &Path) -> BulkCheck {
+        match self.id {
+            Some(id) if FileIdentity::of(path) != Some(id) => BulkCheck {
+                read: self.read.clone(),
+                checks: Checks::default(),
+                id: None,
+            },
+            _ => self.clone(),
         }
     }
 
@@ -446,6 +466,28 @@ mod tests {
 
     /// A file written within `SETTLED` of its check is not remembered: a
     /// second write in the same tick of the file clock could keep its times.
+    /// A stream opens the file again: when it is no longer the file its
+    /// trace opened and checked, the stream checks it before reading.
+    #[test]
+    fn a_stream_on_a_file_replaced_after_its_trace_opened_checks_it() {
+        each_size(|size| {
+            let (dir, path) = copy(&format!("stream-{size}"));
+            let trace = Trace::open_with(&path, budget()).expect("open");
+            trace.input_problems().expect("intact: every check ran");
+            let other = dir.join("other.db");
+            std::fs::write(&other, damaged(&path, "calls")).expect("write");
+            std::fs::rename(&other, &path).expect("rename");
+            let rows = crate::stream::Rows::open(&trace).expect("the cheap checks pass");
+            let e = rows
+                .for_each_call::<StoreError>(&Default::default(), |_| Ok(()))
+                .expect_err("damage found")
+                .to_string();
+            // The check's words, not SQLite's error from reading the page.
+            assert!(e.contains("damaged"), "{size}: {e}");
+            let _ = std::fs::remove_dir_all(&dir);
+        });
+    }
+
     #[test]
     fn a_file_changed_just_before_its_check_is_not_remembered() {
         let (dir, path) = copy("racy");

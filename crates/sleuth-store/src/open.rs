@@ -104,9 +104,10 @@ pub(crate) fn integrity_check(
 
 /// Tables with rows per call or wait: in a large trace nearly every page is
 /// theirs. [`check_at_open`] leaves them to [`check_tables`], run by the
-/// reader (`checked::Checks::ensure_bulk`) just before the first read of any of them, so a command that
-/// answers from the other tables (`stats` from the rollups) does not pay a
-/// pass over the whole file, and no table is read before it was checked.
+/// reader (`checked::Checks::ensure_bulk`) just before the first read of
+/// any of them, so a command that answers from the other tables (`stats`
+/// from the rollups) does not pay a pass over the whole file, and no table
+/// is read before it was checked.
 pub(crate) const BULK_TABLES: &[&str] = &[
     "calls",
     "call_rows",

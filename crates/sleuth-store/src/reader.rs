@@ -71,16 +71,18 @@ impl Trace {
         budget: ReadBudget,
         memo: Option<&CheckMemo>,
     ) -> Result<Trace, StoreError> {
-        let before = memo.and_then(|_| FileIdentity::of(path));
+        let before = FileIdentity::of(path);
         let conn = open_trace_file(path, &budget)?;
         let (source, version) = check_is_trace(&conn, path)?;
         check_schema(&conn, path, version)?;
         // The identity once the connection has the file open: a file
         // replaced or written meanwhile gets checks of its own.
+        let after = FileIdentity::of(path);
         let checks = match memo {
-            Some(m) => m.checks_for(before, FileIdentity::of(path)),
+            Some(m) => m.checks_for(before, after),
             None => Checks::default(),
         };
+        let id = before.filter(|b| Some(*b) == after);
         let opened = {
             let p = checks.lock();
             p.whole || p.others
@@ -101,7 +103,7 @@ impl Trace {
             source,
             version,
             budget,
-            bulk: BulkCheck::new(checks),
+            bulk: BulkCheck::new(checks, id),
         })
     }
 

@@ -90,17 +90,20 @@ impl Rows {
         let path = trace.path().to_path_buf();
         let conn = open_trace_file(&path, &budget)?;
         // The file was checked through the first connection; a file replaced
-        // since then must still be a trace of our schema (the cheap checks).
+        // since then must still be a trace of our schema (the cheap checks),
+        // and its bulk tables are checked again before this stream reads them.
         let (_, version) = check_is_trace(&conn, &path)?;
         check_schema(&conn, &path, version)?;
         let has_stacks = has_column(&conn, "calls", "stack_id").at(&path)?;
+        // Taken now that this connection has the file open (see `for_stream`).
+        let bulk = trace.bulk_check().for_stream(&path);
         Ok(Rows {
             conn,
             path,
             budget,
             has_stacks,
             version,
-            bulk: trace.bulk_check(),
+            bulk,
         })
     }
 
