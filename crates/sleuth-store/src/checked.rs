@@ -12,8 +12,10 @@
 //! inode, so a changed file is a new key and is checked again.
 //!
 //! One [`Checks`] is shared by a [`crate::Trace`], the streamed readers
-//! opened on it and, when remembered, every later open of the same file:
-//! whichever runs a check first records it, the others skip it.
+//! opened on it while the file keeps the identity the trace opened
+//! ([`BulkCheck::for_stream`]) and, when remembered, every later open of
+//! the same file: whichever runs a check first records it, the others
+//! skip it.
 
 use crate::budget::ReadBudget;
 use crate::error::StoreError;
