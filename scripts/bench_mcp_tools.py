@@ -6,7 +6,11 @@ Each tool runs in a fresh server (stdio, the official Python MCP client), so
 the server's peak RSS (VmHWM, read from /proc before the server exits) is that
 tool's alone; the wall time is the tool call's round trip.
 
-Usage: bench_mcp_tools.py --bin target/release/gpusleuth --db TRACE.db [--pid N] [--filtered] [--json]
+With `--follow-up`, each server answers the same call twice: `wall_s` is the first call's,
+`follow_up_s` the second's (what an assistant's next question about the same file costs once
+the server remembers the file's checks, docs/mcp.md).
+
+Usage: bench_mcp_tools.py --bin target/release/gpusleuth --db TRACE.db [--pid N] [--filtered] [--follow-up] [--json]
 """
 
 import argparse
@@ -47,6 +51,7 @@ FILTERED = [
     ("memory", {"pid": None}),
     ("memory", {"at_ns": None}),
     ("call_sites", {"pid": None}),
+    ("sql", {"query": "SELECT count(*) FROM calls WHERE op = 'cudaMalloc'"}),
 ]
 
 
@@ -74,7 +79,7 @@ def hwm_mb(pid):
     return float("nan")
 
 
-async def one(exe, db, name, args):
+async def one(exe, db, name, args, follow_up=False):
     params = StdioServerParameters(command=exe, args=["mcp", "--db", db])
     async with stdio_client(params) as (r, w):
         async with ClientSession(r, w) as s:
@@ -82,12 +87,23 @@ async def one(exe, db, name, args):
             t0 = time.perf_counter()
             res = await s.call_tool(name, args)
             wall = time.perf_counter() - t0
+            again = None
+            if follow_up:
+                t1 = time.perf_counter()
+                res2 = await s.call_tool(name, args)
+                again = round(time.perf_counter() - t1, 3)
+                if "".join(getattr(c, "text", "") for c in res2.content) != "".join(
+                        getattr(c, "text", "") for c in res.content):
+                    again = f"{again} (answer differs)"
             pid = server_pid(exe)
             rss = hwm_mb(pid) if pid else float("nan")
             text = "".join(getattr(c, "text", "") for c in res.content)
             err = bool(getattr(res, "isError", False) or getattr(res, "is_error", False))
-            return {"tool": name, "args": args, "wall_s": round(wall, 3), "peak_rss_mb": round(rss, 1),
-                    "error": text[:200] if err else None, "answer_bytes": len(text)}
+            row = {"tool": name, "args": args, "wall_s": round(wall, 3), "peak_rss_mb": round(rss, 1),
+                   "error": text[:200] if err else None, "answer_bytes": len(text)}
+            if follow_up:
+                row["follow_up_s"] = again
+            return row
 
 
 async def main():
@@ -97,6 +113,8 @@ async def main():
     ap.add_argument("--pid", type=int, default=100, help="process for `timeline` (the bench trace's is 100)")
     ap.add_argument("--filtered", action="store_true",
                     help="the tools with a filter (process, op, window, moment) instead")
+    ap.add_argument("--follow-up", action="store_true",
+                    help="call each tool twice in one server and time the second call too")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     # The middle of the trace (session times), read-only.
@@ -108,14 +126,16 @@ async def main():
     rows = []
     for n, args in FILTERED if a.filtered else CALLS:
         args = {k: (fill[k] if v is None else v) for k, v in args.items()}
-        rows.append(await one(a.bin, a.db, n, args))
+        rows.append(await one(a.bin, a.db, n, args, a.follow_up))
     if a.json:
         print(json.dumps(rows, indent=1))
         return
-    print(f"{'tool':<14} {'filter':<24} {'wall s':>8} {'peak RSS MB':>12} {'answer B':>10}  error")
+    again = "  follow-up s" if a.follow_up else ""
+    print(f"{'tool':<14} {'filter':<24} {'wall s':>8} {'peak RSS MB':>12} {'answer B':>10}{again}  error")
     for r in rows:
         shown = ",".join(k for k in r["args"] if k not in ("limit", "query", "until_ns")) or "-"
-        print(f"{r['tool']:<14} {shown:<24} {r['wall_s']:>8.3f} {r['peak_rss_mb']:>12.1f} {r['answer_bytes']:>10}  {r['error'] or ''}")
+        f = f"  {str(r['follow_up_s']):>11}" if a.follow_up else ""
+        print(f"{r['tool']:<14} {shown:<24} {r['wall_s']:>8.3f} {r['peak_rss_mb']:>12.1f} {r['answer_bytes']:>10}{f}  {r['error'] or ''}")
 
 
 if __name__ == "__main__":

@@ -522,3 +522,59 @@ fn reading_a_wal_trace_leaves_no_files_beside_it() {
         }
     }
 }
+
+/// The MCP server remembers the checks a file passed (docs/mcp.md), so a
+/// file damaged after a clean answer must be checked again: written in
+/// place, or replaced by a rename. The damage (an index whose definition
+/// no longer matches its content) is one only the check finds: reading
+/// the rows alone answers, wrongly.
+#[test]
+fn mcp_server_checks_a_file_again_after_it_changes() {
+    let tmp = TempDir::new("hostile-mcp-changed");
+    let dir = tmp.0.as_path();
+    let big = repo().join("examples/h200-contention.db");
+    let in_place = copy_of(dir, &big, "inplace");
+    let replaced = copy_of(dir, &big, "replaced");
+    // (`calls_pid_op` on `(tid, op)`, the suite's own case, holds the same
+    // entries in this single-threaded trace: SQLite calls that intact.)
+    let damage = "PRAGMA writable_schema = ON;
+         UPDATE sqlite_master SET sql = 'CREATE INDEX calls_op_dur ON calls(op, ts_ns)' WHERE name = 'calls_op_dur';";
+    let bad = copy_of(dir, &big, "bad");
+    sql_edit(&bad, damage);
+    assert!(!sqlite_says_intact(&bad));
+    // Files written within 2 s of a check are not remembered: let them settle.
+    std::thread::sleep(Duration::from_millis(2200));
+    let mut server = McpStdio::start(&["--trace-dir".as_ref(), dir.as_os_str()], DEADLINE);
+    let mut ask = |path: &Path| {
+        let db = path.display().to_string();
+        let mut errors = Vec::new();
+        for (tool, args) in [
+            ("findings", serde_json::json!({"db": db})),
+            (
+                "sql",
+                serde_json::json!({"db": db, "query": "SELECT count(*) FROM calls"}),
+            ),
+        ] {
+            let r = server.call(
+                "tools/call",
+                serde_json::json!({"name": tool, "arguments": args}),
+            );
+            errors.push(r["result"]["isError"] == true);
+        }
+        errors
+    };
+    for p in [&in_place, &replaced] {
+        assert_eq!(ask(p), [false, false], "{} intact", p.display());
+        assert_eq!(
+            ask(p),
+            [false, false],
+            "{} intact, asked again",
+            p.display()
+        );
+    }
+    sql_edit(&in_place, damage);
+    assert!(!sqlite_says_intact(&in_place));
+    assert_eq!(ask(&in_place), [true, true], "written in place");
+    std::fs::rename(&bad, &replaced).expect("rename");
+    assert_eq!(ask(&replaced), [true, true], "renamed over");
+}

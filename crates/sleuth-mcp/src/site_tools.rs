@@ -7,7 +7,7 @@ use serde_json::{json, Value};
 use sleuth_core::findings;
 use sleuth_core::sites::{label_of, memory_by_site};
 use sleuth_store::stream::{CallQuery, MemoryTrace};
-use sleuth_store::{ReadBudget, Trace};
+use sleuth_store::ReadBudget;
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -21,7 +21,7 @@ pub fn call_sites(db: &Path, a: &args::CallSites, budget: &ReadBudget) -> Result
     if limit == 0 || limit > SITES_MAX {
         bail!("limit must be between 1 and {SITES_MAX} (got {limit})");
     }
-    let trace = Trace::open_with(db, budget.clone())?;
+    let trace = crate::trace_tools::open(db, budget)?;
     // The ledger streams (or is read from the ledger rollup); the per-site
     // tables come from the site rollup of a finished trace, else from the
     // memory calls and one pass over every call.

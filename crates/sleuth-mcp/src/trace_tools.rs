@@ -8,7 +8,9 @@ use serde_json::{json, Value};
 use sleuth_core::decompose::Split;
 use sleuth_core::{findings, gpu_activity, held, ledger, op_by_name, stats, CallEvent, TraceData};
 use sleuth_store::stream::{call_span, CallQuery, MemoryTrace, Rows, StreamOrder};
-use sleuth_store::{run_readonly_sql_with, CallFilter, ReadBudget, SqlLimits, Trace, WaitFilter};
+use sleuth_store::{
+    run_readonly_sql_remembered, CallFilter, CheckMemo, ReadBudget, SqlLimits, Trace, WaitFilter,
+};
 use std::path::{Path, PathBuf};
 
 const SLOW_CALLS_DEFAULT: u32 = 10;
@@ -78,8 +80,18 @@ pub fn resolve_db(arg: Option<&str>, served: &Served) -> Result<PathBuf> {
     Ok(want)
 }
 
-fn open(db: &Path, budget: &ReadBudget) -> Result<Trace> {
-    Trace::open_with(db, budget.clone()).map_err(anyhow::Error::from)
+/// The checks each trace passed, kept for the life of the server process
+/// (`sleuth_store::CheckMemo`: until the file changes, a few files at
+/// most): an assistant asks many questions about one trace, and on a
+/// 10M-call trace the checks cost seconds before each answer.
+pub(crate) fn memo() -> &'static CheckMemo {
+    static MEMO: std::sync::OnceLock<CheckMemo> = std::sync::OnceLock::new();
+    MEMO.get_or_init(CheckMemo::new)
+}
+
+/// Opens a trace for a tool, without the checks it passed for an earlier call.
+pub(crate) fn open(db: &Path, budget: &ReadBudget) -> Result<Trace> {
+    Trace::open_remembered(db, budget.clone(), memo()).map_err(anyhow::Error::from)
 }
 
 fn check_op(op: Option<&str>) -> Result<()> {
@@ -565,7 +577,7 @@ pub fn sql(db: &Path, a: &args::Sql, budget: &ReadBudget) -> Result<Value> {
         max_bytes: SQL_ANSWER_BYTES,
         ..SqlLimits::default()
     };
-    let result =
-        run_readonly_sql_with(db, &a.query, &limits, budget).context("query refused or failed")?;
+    let result = run_readonly_sql_remembered(db, &a.query, &limits, budget, memo())
+        .context("query refused or failed")?;
     Ok(serde_json::to_value(result)?)
 }

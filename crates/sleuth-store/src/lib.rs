@@ -12,6 +12,7 @@
 
 mod budget;
 mod call_groups;
+mod checked;
 mod error;
 mod finalize;
 pub use finalize::COMPLETION_CPU_STAT;
@@ -41,13 +42,17 @@ pub mod window;
 mod writer;
 
 pub use budget::{ReadBudget, DEFAULT_READ_TIMEOUT};
+pub use checked::CheckMemo;
 pub use error::StoreError;
 pub use import::{import_ingero, ImportSummary};
 pub use merge::{input_facts, write_merged, InputFacts, MergeInput};
 pub use problems::InputProblems;
 pub use reader::Trace;
 pub use schema::{SCHEMA_VERSION, TOOL};
-pub use sql::{run_readonly_sql, run_readonly_sql_with, SqlLimits, SqlResult, MAX_VALUE_BYTES};
+pub use sql::{
+    run_readonly_sql, run_readonly_sql_remembered, run_readonly_sql_with, SqlLimits, SqlResult,
+    MAX_VALUE_BYTES,
+};
 pub use types::{
     CallFilter, CallOrder, LibraryInfo, MergeNode, Note, NoteLevel, Session, SessionInfo,
     StoredCall, TraceSource, WaitFilter, WriteSummary, WriterOptions, DEFAULT_MAX_DB_BYTES,

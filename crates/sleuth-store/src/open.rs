@@ -60,6 +60,33 @@ pub(crate) fn open_trace_file(path: &Path, budget: &ReadBudget) -> Result<Connec
 /// structure and index entry counts, not index contents (docs/schema.md).
 pub const FULL_CHECK_BYTES: u64 = 64 << 20;
 
+/// [`FULL_CHECK_BYTES`], which a unit test may lower on its own thread to
+/// take the large-file path on the small example traces.
+pub(crate) fn full_check_bytes() -> u64 {
+    #[cfg(test)]
+    if let Some(b) = test_seams::FULL_CHECK_BYTES.with(|b| b.get()) {
+        return b;
+    }
+    FULL_CHECK_BYTES
+}
+
+/// What unit tests observe and change of the checks, per thread (tests run
+/// in parallel; a check runs on the thread that reads).
+#[cfg(test)]
+pub(crate) mod test_seams {
+    use std::cell::Cell;
+    thread_local! {
+        /// Check pragmas run on this thread.
+        pub(crate) static CHECKS_RUN: Cell<usize> = const { Cell::new(0) };
+        /// The size above which files get `quick_check` only, when set.
+        pub(crate) static FULL_CHECK_BYTES: Cell<Option<u64>> = const { Cell::new(None) };
+    }
+
+    pub(crate) fn checks_run() -> usize {
+        CHECKS_RUN.with(|c| c.get())
+    }
+}
+
 /// Checks the file under the connection's budget: an error when SQLite
 /// finds it damaged or the check could not finish.
 pub(crate) fn integrity_check(
@@ -67,7 +94,7 @@ pub(crate) fn integrity_check(
     path: &Path,
     budget: &ReadBudget,
 ) -> Result<(), StoreError> {
-    let pragma = if file_size(path) <= FULL_CHECK_BYTES {
+    let pragma = if file_size(path) <= full_check_bytes() {
         "PRAGMA integrity_check(1)"
     } else {
         "PRAGMA quick_check(1)"
@@ -77,9 +104,10 @@ pub(crate) fn integrity_check(
 
 /// Tables with rows per call or wait: in a large trace nearly every page is
 /// theirs. [`check_at_open`] leaves them to [`check_tables`], run by the
-/// reader just before the first read of any of them, so a command that
-/// answers from the other tables (`stats` from the rollups) does not pay a
-/// pass over the whole file, and no table is read before it was checked.
+/// reader (`checked::Checks::ensure_bulk`) just before the first read of
+/// any of them, so a command that answers from the other tables (`stats`
+/// from the rollups) does not pay a pass over the whole file, and no table
+/// is read before it was checked.
 pub(crate) const BULK_TABLES: &[&str] = &[
     "calls",
     "call_rows",
@@ -102,7 +130,7 @@ pub(crate) fn check_at_open(
     path: &Path,
     budget: &ReadBudget,
 ) -> Result<bool, StoreError> {
-    check_at_open_above(conn, path, budget, FULL_CHECK_BYTES)
+    check_at_open_above(conn, path, budget, full_check_bytes())
 }
 
 /// [`check_at_open`] with the size above which bulk tables are deferred.
@@ -123,52 +151,6 @@ fn check_at_open_above(
         .collect();
     check_tables(conn, path, budget, &others)?;
     Ok(true)
-}
-
-/// Whether the [`BULK_TABLES`] of an opened large file still await their
-/// `quick_check`: shared by a [`crate::Trace`] and the streamed readers
-/// opened on it (their own connections to the same file), so whichever
-/// reads those tables first runs the check, once.
-#[derive(Clone, Debug)]
-pub(crate) struct BulkCheck(std::sync::Arc<std::sync::atomic::AtomicBool>);
-
-impl BulkCheck {
-    pub(crate) fn new(pending: bool) -> BulkCheck {
-        BulkCheck(std::sync::Arc::new(pending.into()))
-    }
-
-    /// True until the check ran (always false for a file checked whole at open).
-    pub(crate) fn pending(&self) -> bool {
-        self.0.load(std::sync::atomic::Ordering::Acquire)
-    }
-
-    /// Runs the check through `conn` when it has not run yet.
-    pub(crate) fn ensure(
-        &self,
-        conn: &Connection,
-        path: &Path,
-        budget: &ReadBudget,
-    ) -> Result<(), StoreError> {
-        if self.pending() {
-            check_bulk_tables(conn, path, budget)?;
-            self.0.store(false, std::sync::atomic::Ordering::Release);
-        }
-        Ok(())
-    }
-}
-
-/// `quick_check` of each of the [`BULK_TABLES`] the file has as tables.
-pub(crate) fn check_bulk_tables(
-    conn: &Connection,
-    path: &Path,
-    budget: &ReadBudget,
-) -> Result<(), StoreError> {
-    let bulk: Vec<String> = tables(conn)
-        .map_err(|e| StoreError::file(path, short(&e)))?
-        .into_iter()
-        .filter(|t| BULK_TABLES.contains(&t.as_str()))
-        .collect();
-    check_tables(conn, path, budget, &bulk)
 }
 
 /// `quick_check` of these tables and their indexes (page structure, cell
@@ -217,6 +199,8 @@ fn run_check(
             format!("damaged or not a valid SQLite database: {}", short(e)),
         ),
     };
+    #[cfg(test)]
+    test_seams::CHECKS_RUN.with(|c| c.set(c.get() + 1));
     let verdict: String = conn
         .query_row(pragma, [], |r| r.get(0))
         .map_err(|e| stopped(&e))?;
@@ -371,7 +355,9 @@ mod tests {
             deferred.expect("the rest is intact"),
             "bulk tables deferred"
         );
-        let e = check_bulk_tables(&conn, &bulk, &budget).expect_err("damage found");
+        let e = crate::checked::Checks::default()
+            .ensure_bulk(&conn, &bulk, &budget)
+            .expect_err("damage found");
         assert!(e.to_string().contains("damaged"), "{e}");
 
         let other = dir.join("other.db");
@@ -384,7 +370,9 @@ mod tests {
         two_tables(&intact);
         let (deferred, conn) = check(&intact);
         assert!(deferred.expect("intact"));
-        check_bulk_tables(&conn, &intact, &budget).expect("intact");
+        crate::checked::Checks::default()
+            .ensure_bulk(&conn, &intact, &budget)
+            .expect("intact");
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -1,8 +1,9 @@
 //! The read side: a trace database opened read-only as untrusted input.
 
 use crate::budget::{ReadBudget, DEFAULT_READ_TIMEOUT};
+use crate::checked::{BulkCheck, CheckMemo, Checks, FileIdentity};
 use crate::error::{SqlContext, StoreError};
-use crate::open::{check_at_open, has_table, open_trace_file, short, BulkCheck};
+use crate::open::{check_at_open, has_table, open_trace_file, short};
 use crate::problems::{self, InputProblems, COMM_CHARS, MAX_NS};
 use crate::rows::{query_calls, query_waits};
 use crate::schema::{READABLE_VERSIONS, SCHEMA_VERSION, TOOL};
@@ -32,14 +33,12 @@ pub struct Trace {
     /// Every read of this trace stops when it is spent.
     budget: ReadBudget,
     /// The per-call and per-wait tables (`open::BULK_TABLES`) of a large
-    /// file are checked on first use, not at open: true until then. Shared
-    /// with the streamed readers opened on this trace (`stream::Rows`), so
-    /// the check runs once whichever reads first.
-    bulk_unchecked: BulkCheck,
-    /// The one pass over the call rows that counts the impossible ones and
-    /// checks the totals, once it was made (`problems::call_scan`) by this
-    /// trace or a stream opened on it.
-    call_scan: problems::SharedCallScan,
+    /// file are checked on first use, not at open. Shared with the streamed
+    /// readers opened on this trace (`stream::Rows`), so the check runs once
+    /// whichever reads first; it also holds the file's checks and the pass
+    /// over its call rows (`checked::Checks`), remembered across opens when
+    /// the trace was opened with a [`CheckMemo`].
+    bulk: BulkCheck,
 }
 
 impl Trace {
@@ -53,19 +52,58 @@ impl Trace {
     /// [`Trace::open`] with every read (the checks included) under `budget`:
     /// it stops at the budget's deadline or when the caller cancels it.
     pub fn open_with(path: &Path, budget: ReadBudget) -> Result<Trace, StoreError> {
+        Self::open_checked(path, budget, None)
+    }
+
+    /// [`Trace::open_with`] for a reader that opens the same files again
+    /// and again (the MCP server): the checks this file passed since it
+    /// last changed, kept in `memo`, are not run again (`checked`).
+    pub fn open_remembered(
+        path: &Path,
+        budget: ReadBudget,
+        memo: &CheckMemo,
+    ) -> Result<Trace, StoreError> {
+        Self::open_checked(path, budget, Some(memo))
+    }
+
+    fn open_checked(
+        path: &Path,
+        budget: ReadBudget,
+        memo: Option<&CheckMemo>,
+    ) -> Result<Trace, StoreError> {
+        let before = FileIdentity::of(path);
         let conn = open_trace_file(path, &budget)?;
         let (source, version) = check_is_trace(&conn, path)?;
         check_schema(&conn, path, version)?;
-        // Only now, with plain tables and plain indexes, is a full check safe.
-        let bulk_unchecked = check_at_open(&conn, path, &budget)?;
+        // The identity once the connection has the file open: a file
+        // replaced or written meanwhile gets checks of its own.
+        let after = FileIdentity::of(path);
+        let checks = match memo {
+            Some(m) => m.checks_for(before, after),
+            None => Checks::default(),
+        };
+        let id = before.filter(|b| Some(*b) == after);
+        let opened = {
+            let p = checks.lock();
+            p.whole || p.others
+        };
+        if !opened {
+            // Only now, with plain tables and plain indexes, is a full check safe.
+            let deferred = check_at_open(&conn, path, &budget)?;
+            let mut p = checks.lock();
+            if deferred {
+                p.others = true;
+            } else {
+                p.whole = true;
+            }
+        }
         Ok(Trace {
             conn,
             path: path.to_path_buf(),
             source,
             version,
             budget,
-            bulk_unchecked: BulkCheck::new(bulk_unchecked),
-            call_scan: problems::SharedCallScan::default(),
+            bulk: BulkCheck::new(checks, id),
         })
     }
 
@@ -74,8 +112,7 @@ impl Trace {
     /// `open::check_at_open`); the first such read of a large file pays a
     /// `quick_check` of them.
     pub(crate) fn bulk(&self) -> Result<&Connection, StoreError> {
-        self.bulk_unchecked
-            .ensure(&self.conn, &self.path, &self.budget)?;
+        self.bulk.ensure(&self.conn, &self.path, &self.budget)?;
         Ok(&self.conn)
     }
 
@@ -92,7 +129,7 @@ impl Trace {
 
     /// The check state shared with streamed readers of this trace.
     pub(crate) fn bulk_check(&self) -> BulkCheck {
-        self.bulk_unchecked.clone()
+        self.bulk.clone()
     }
 
     /// [`Trace::input_problems`] when the answer read the per-call or
@@ -102,7 +139,8 @@ impl Trace {
     /// none was skipped: the rows are neither read nor counted, as `stats`
     /// answers from its rollups). Call it after the command's reads.
     pub fn input_problems_of_reads(&self) -> Result<Option<InputProblems>, StoreError> {
-        if self.bulk_unchecked.pending() {
+        let whole = self.bulk.checks().lock().whole;
+        if !whole && !self.bulk.read() {
             return Ok(None);
         }
         self.input_problems().map(Some)
@@ -111,34 +149,35 @@ impl Trace {
     /// Rows the readers skip (unknown ops, impossible values), with counts;
     /// empty for every trace gpusleuth wrote itself. The same pass checks
     /// the totals: a file whose valid durations or sizes add up past 2^62
-    /// is refused here, as every read of its call rows refuses it.
+    /// is refused here, as every read of its call rows refuses it. Counted
+    /// once per file (per open, or while it stays the same with a memo).
     pub fn input_problems(&self) -> Result<InputProblems, StoreError> {
         let conn = self.bulk()?;
+        if let Some(p) = self.bulk.checks().lock().problems.clone() {
+            return Ok(p);
+        }
         let alloc = has_table(conn, "allocator_events").at(&self.path)?;
-        let (p, calls) = problems::scan(conn, self.version, alloc, self.call_scan.get())
-            .map_err(|e| self.read_error(e))?;
-        self.call_scan.set(calls);
+        let known = self.bulk.checks().lock().call_scan;
+        let (p, calls) =
+            problems::scan(conn, self.version, alloc, known).map_err(|e| self.read_error(e))?;
+        self.bulk.checks().lock().call_scan = Some(calls);
         if calls.totals_overflow {
             return Err(StoreError::file(&self.path, problems::TOTALS_OVERFLOW));
         }
+        self.bulk.checks().lock().problems = Some(p.clone());
         Ok(p)
     }
 
     /// The pass over the call rows (impossible rows, totals), made once per
-    /// open trace: `input_problems` makes it, later readers reuse it.
+    /// file: `input_problems` makes it, later readers reuse it.
     pub(crate) fn call_scan(&self) -> Result<problems::CallScan, StoreError> {
-        if let Some(s) = self.call_scan.get() {
+        let conn = self.bulk()?;
+        if let Some(s) = self.bulk.checks().lock().call_scan {
             return Ok(s);
         }
-        let s = problems::call_scan(self.bulk()?, self.version).map_err(|e| self.read_error(e))?;
-        self.call_scan.set(s);
+        let s = problems::call_scan(conn, self.version).map_err(|e| self.read_error(e))?;
+        self.bulk.checks().lock().call_scan = Some(s);
         Ok(s)
-    }
-
-    /// The call-row pass of this trace, shared with the streamed readers
-    /// opened on it: whichever makes it first, the others reuse it.
-    pub(crate) fn shared_call_scan(&self) -> problems::SharedCallScan {
-        self.call_scan.clone()
     }
 
     /// A failed read, naming the budget when it stopped the read.

@@ -15,8 +15,9 @@
 //! are served (the `meta` table says so).
 
 use crate::budget::ReadBudget;
+use crate::checked::{CheckMemo, Checks, FileIdentity};
 use crate::error::StoreError;
-use crate::open::{file_size, integrity_check, open_untrusted_unchecked, short, FULL_CHECK_BYTES};
+use crate::open::{file_size, full_check_bytes, integrity_check, open_untrusted_unchecked, short};
 use rusqlite::ffi;
 use rusqlite::hooks::{AuthAction, AuthContext, Authorization};
 use rusqlite::limits::Limit;
@@ -112,7 +113,21 @@ pub fn run_readonly_sql_with(
     limits: &SqlLimits,
     outer: &ReadBudget,
 ) -> Result<SqlResult, StoreError> {
-    run_checked_above(db, sql, limits, outer, FULL_CHECK_BYTES)
+    run_checked_above(db, sql, limits, outer, full_check_bytes(), None)
+}
+
+/// [`run_readonly_sql_with`] for a reader that runs many statements on the
+/// same files (MCP `sql`): the checks a file passed since it last changed,
+/// kept in `memo`, are not run again (`checked`). The statement's own
+/// limits are the same.
+pub fn run_readonly_sql_remembered(
+    db: &Path,
+    sql: &str,
+    limits: &SqlLimits,
+    outer: &ReadBudget,
+    memo: &CheckMemo,
+) -> Result<SqlResult, StoreError> {
+    run_checked_above(db, sql, limits, outer, full_check_bytes(), Some(memo))
 }
 
 /// [`run_readonly_sql_with`], the whole file checked when it is at most
@@ -124,7 +139,9 @@ fn run_checked_above(
     limits: &SqlLimits,
     outer: &ReadBudget,
     whole_check_bytes: u64,
+    memo: Option<&CheckMemo>,
 ) -> Result<SqlResult, StoreError> {
+    let before = memo.and_then(|_| FileIdentity::of(db));
     let mut conn = open_untrusted_unchecked(db)?;
     // The file checks run under the caller's budget, not the query's time limit.
     outer
@@ -132,9 +149,15 @@ fn run_checked_above(
         .map_err(|e| StoreError::Query(format!("cannot set up the time limit: {}", short(&e))))?;
     let (_, version) = crate::reader::check_is_trace(&conn, db)?;
     crate::reader::check_schema(&conn, db, version)?;
+    // The identity once the connection has the file open (see `Trace::open_remembered`).
+    let checks = match memo {
+        Some(m) => m.checks_for(before, FileIdentity::of(db)),
+        None => Checks::default(),
+    };
     let whole = file_size(db) <= whole_check_bytes;
-    if whole {
+    if whole && !checks.lock().whole {
         integrity_check(&conn, db, outer)?;
+        checks.lock().whole = true;
     }
     lower_heap_limit(limits.heap_bytes);
     sandbox(&mut conn)
@@ -144,7 +167,7 @@ fn run_checked_above(
         // (the authorizer names them while it is prepared; a view's tables
         // included), not of the whole file, which took 2.6-4.9 s on a
         // 10M-call trace before a one-row answer (issue 16).
-        check_tables_read(&mut conn, db, sql, outer)?;
+        check_tables_read(&mut conn, db, sql, outer, &checks)?;
     }
     // The query's own clock starts now, after the file was opened and checked.
     let budget = outer.narrowed(limits.timeout);
@@ -230,12 +253,15 @@ fn query_error(e: &rusqlite::Error, budget: &ReadBudget) -> StoreError {
 /// decisions and records every table read, then runs `quick_check` of those
 /// tables (the authorizer is lifted for the check: it denies that pragma)
 /// and puts the sandbox's authorizer back. A statement that does not
-/// prepare is left to the real prepare, which reports it.
+/// prepare is left to the real prepare, which reports it. Tables whose
+/// check passed (`checks`) are not checked again; those checked here are
+/// recorded there.
 fn check_tables_read(
     conn: &mut Connection,
     db: &Path,
     sql: &str,
     budget: &ReadBudget,
+    checks: &Checks,
 ) -> Result<(), StoreError> {
     let setup =
         |e: rusqlite::Error| StoreError::Query(format!("cannot set up the sandbox: {}", short(&e)));
@@ -257,9 +283,14 @@ fn check_tables_read(
     let names: Vec<String> = crate::open::tables(conn)
         .map_err(setup)?
         .into_iter()
-        .filter(|t| read.contains(t))
+        .filter(|t| read.contains(t) && !checks.lock().table(t))
         .collect();
     crate::open::check_tables(conn, db, budget, &names)?;
+    let mut passed = checks.lock();
+    for n in &names {
+        passed.pass_table(n);
+    }
+    drop(passed);
     conn.authorizer(Some(authorize)).map_err(setup)?;
     Ok(())
 }
@@ -370,7 +401,8 @@ mod tests {
         let path = damaged_waits(&dir);
         let limits = SqlLimits::default();
         let budget = ReadBudget::new(Duration::from_secs(30));
-        let run = |sql: &str, whole: u64| run_checked_above(&path, sql, &limits, &budget, whole);
+        let run =
+            |sql: &str, whole: u64| run_checked_above(&path, sql, &limits, &budget, whole, None);
         let ok = run("SELECT count(*) FROM processes", 0).expect("waits not read");
         assert_eq!(ok.rows.len(), 1);
         for sql in [

@@ -8,8 +8,9 @@
 //! equals the loaded one.
 
 use crate::budget::{ReadBudget, DEFAULT_READ_TIMEOUT};
+use crate::checked::BulkCheck;
 use crate::error::{SqlContext, StoreError};
-use crate::open::{has_table, open_trace_file, BulkCheck};
+use crate::open::{has_table, open_trace_file};
 use crate::problems::{valid_call, valid_wait, MAX_NS, TOTALS_OVERFLOW};
 use crate::reader::{check_is_trace, check_schema, Trace};
 use crate::rows::{call_from_row, wait_from_row, waits_sql, CALL_COLS};
@@ -17,6 +18,7 @@ use crate::stacks::has_column;
 use crate::types::StoredCall;
 use rusqlite::types::Value;
 use rusqlite::Connection;
+use sleuth_core::sites::AllocTally;
 use sleuth_core::{ProcEvent, ProcKind, WaitEvent, WaitKind};
 use std::path::PathBuf;
 
@@ -70,10 +72,8 @@ pub struct Rows {
     has_stacks: bool,
     /// The file's schema version (which table holds the call rows).
     version: i64,
-    /// The call-row pass (totals, impossible rows), once made by the trace
-    /// or by a reader opened on it.
-    call_scan: crate::problems::SharedCallScan,
-    /// The per-call and per-wait tables' check, shared with the trace.
+    /// The per-call and per-wait tables' check and the call-row pass
+    /// (totals, impossible rows), shared with the trace.
     bulk: BulkCheck,
 }
 
@@ -91,18 +91,20 @@ impl Rows {
         let path = trace.path().to_path_buf();
         let conn = open_trace_file(&path, &budget)?;
         // The file was checked through the first connection; a file replaced
-        // since then must still be a trace of our schema (the cheap checks).
+        // since then must still be a trace of our schema (the cheap checks),
+        // and its bulk tables are checked again before this stream reads them.
         let (_, version) = check_is_trace(&conn, &path)?;
         check_schema(&conn, &path, version)?;
         let has_stacks = has_column(&conn, "calls", "stack_id").at(&path)?;
+        // Taken now that this connection has the file open (see `for_stream`).
+        let bulk = trace.bulk_check().for_stream(&path);
         Ok(Rows {
             conn,
             path,
             budget,
             has_stacks,
             version,
-            call_scan: trace.shared_call_scan(),
-            bulk: trace.bulk_check(),
+            bulk,
         })
     }
 
@@ -206,12 +208,14 @@ impl Rows {
     /// Refuses a file whose valid calls' durations or sizes add up past
     /// 2^62, as [`Trace::load`] does (one pass inside SQLite, nothing held).
     pub fn check_totals(&self) -> Result<(), StoreError> {
-        let scan = match self.call_scan.get() {
+        let conn = self.bulk()?;
+        let known = self.bulk.checks().lock().call_scan;
+        let scan = match known {
             Some(s) => s,
             None => {
-                let s = crate::problems::call_scan(self.bulk()?, self.version)
+                let s = crate::problems::call_scan(conn, self.version)
                     .map_err(|e| self.read_error(e))?;
-                self.call_scan.set(s);
+                self.bulk.checks().lock().call_scan = Some(s);
                 s
             }
         };
@@ -723,6 +727,47 @@ pub struct MemoryTrace {
     pids: std::collections::BTreeSet<u32>,
     pid: Option<u32>,
     rows: Rows,
+    /// The allocations by site that the last streamed ledger pass tallied,
+    /// with its moment: `sites_streamed` at the same moment reads the same
+    /// calls, and takes them instead of a pass of its own.
+    tallied: std::cell::RefCell<Option<(Option<u64>, SiteTally)>>,
+}
+
+/// Device allocations summed per (stack, failed), each key remembering the
+/// first call (start time, row id) that made it: the order
+/// `sites::memory_by_site_of` needs (the first stack of a label is its
+/// example) whatever order the calls come in, so the ledger's pass in
+/// return order can tally them too.
+#[derive(Debug, Default)]
+struct SiteTally(std::collections::HashMap<(Option<u64>, bool), (FirstCall, AllocTally)>);
+
+/// A call's start time and row id: the order of the start-order pass.
+type FirstCall = (u64, i64);
+
+impl SiteTally {
+    fn add(&mut self, c: &sleuth_core::CallEvent, id: i64) {
+        let Some(t) = AllocTally::of(c) else {
+            return;
+        };
+        let first = (c.ts_ns, id);
+        match self.0.get_mut(&(t.stack_id, t.failed)) {
+            Some((at, sum)) => {
+                *at = (*at).min(first);
+                sum.count += t.count;
+                sum.bytes = sum.bytes.saturating_add(t.bytes);
+            }
+            None => {
+                self.0.insert((t.stack_id, t.failed), (first, t));
+            }
+        }
+    }
+
+    /// The tallies in the order of their first calls' starts.
+    fn in_start_order(self) -> Vec<AllocTally> {
+        let mut v: Vec<_> = self.0.into_values().collect();
+        v.sort_by_key(|(first, _)| *first);
+        v.into_iter().map(|(_, t)| t).collect()
+    }
 }
 
 impl MemoryTrace {
@@ -764,6 +809,7 @@ impl MemoryTrace {
             pids,
             pid,
             rows,
+            tallied: Default::default(),
         })
     }
 
@@ -778,7 +824,7 @@ impl MemoryTrace {
         &self,
         order: StreamOrder,
         returned_by: Option<u64>,
-        mut visit: impl FnMut(sleuth_core::CallEvent),
+        mut visit: impl FnMut(sleuth_core::CallEvent, i64),
     ) -> Result<(), StoreError> {
         let q = CallQuery {
             pid: self.pid,
@@ -788,7 +834,7 @@ impl MemoryTrace {
             returned_by,
         };
         self.rows.for_each_call::<StoreError>(&q, |c| {
-            visit(c.call);
+            visit(c.call, c.id);
             Ok(())
         })?;
         Ok(())
@@ -814,7 +860,13 @@ impl MemoryTrace {
         for &pid in &self.pids {
             b.track(pid);
         }
-        self.for_each_memory_call(StreamOrder::ByReturn, at_ns, |c| b.push(&c))?;
+        // The same calls tallied by site, for `sites_streamed` at this moment.
+        let mut tally = SiteTally::default();
+        self.for_each_memory_call(StreamOrder::ByReturn, at_ns, |c, id| {
+            b.push(&c);
+            tally.add(&c, id);
+        })?;
+        *self.tallied.borrow_mut() = Some((at_ns, tally));
         Ok(b.finish(&self.base))
     }
 
@@ -844,7 +896,9 @@ impl MemoryTrace {
     /// `sleuth_core::sites::memory_by_site` of this view's memory calls
     /// that returned by `at_ns` (all when None) with `ledgers` (the ledgers
     /// then), without holding the calls: the allocations are summed per
-    /// stack in start order (the first stack of a label stays its example),
+    /// stack and ordered by their first start (the first stack of a label
+    /// stays its example), from the pass `ledgers` made at the same moment
+    /// when it made one (one pass over the memory calls fewer),
     /// and each process's ledger at its peak is replayed in return order, a
     /// snapshot taken before its first call that returned after the peak
     /// (as the site rollup's writer takes it). Memory grows with the sites
@@ -854,27 +908,22 @@ impl MemoryTrace {
         ledgers: &[sleuth_core::ledger::ProcessLedger],
         at_ns: Option<u64>,
     ) -> Result<Vec<sleuth_core::sites::SiteMemory>, StoreError> {
-        use sleuth_core::sites::AllocTally;
-        let mut tallies: Vec<AllocTally> = Vec::new();
-        let mut at: std::collections::HashMap<(Option<u64>, bool), usize> = Default::default();
-        // At a moment, an allocation counts once it returned (docs/stats.md, `--at`).
-        self.for_each_memory_call(StreamOrder::ByStart, at_ns, |c| {
-            let Some(t) = AllocTally::of(&c) else { return };
-            match at.get(&(t.stack_id, t.failed)) {
-                Some(&i) => {
-                    tallies[i].count += t.count;
-                    tallies[i].bytes = tallies[i].bytes.saturating_add(t.bytes);
-                }
-                None => {
-                    at.insert((t.stack_id, t.failed), tallies.len());
-                    tallies.push(t);
-                }
+        // At a moment, an allocation counts once it returned (docs/stats.md,
+        // `--at`): the calls the ledger's pass at that moment read, tallied
+        // then; else one pass of their own.
+        let tally = match self.tallied.borrow_mut().take() {
+            Some((at, tally)) if at == at_ns => tally,
+            _ => {
+                let mut tally = SiteTally::default();
+                self.for_each_memory_call(StreamOrder::ByStart, at_ns, |c, id| tally.add(&c, id))?;
+                tally
             }
-        })?;
+        };
+        let tallies = tally.in_start_order();
         let mut peaks = sleuth_core::ledger::PeakSnapshots::new(ledgers);
         if let Some(last) = peaks.last_peak() {
             // Nothing that returned after the last peak is in a snapshot.
-            self.for_each_memory_call(StreamOrder::ByReturn, Some(last), |c| peaks.push(&c))?;
+            self.for_each_memory_call(StreamOrder::ByReturn, Some(last), |c, _| peaks.push(&c))?;
         }
         let at_peak: Vec<_> = peaks.finish().into_values().collect();
         Ok(sleuth_core::sites::memory_by_site_of(
@@ -914,12 +963,59 @@ impl MemoryTrace {
     /// table read. Those hold the memory calls; the ledger alone does not.
     pub fn load_memory_calls(&mut self, pids: Option<&[u32]>) -> Result<(), StoreError> {
         let mut calls = Vec::new();
-        self.for_each_memory_call(StreamOrder::ByStart, None, |c| {
+        self.for_each_memory_call(StreamOrder::ByStart, None, |c, _| {
             if pids.is_none_or(|p| p.contains(&c.pid)) {
                 calls.push(c);
             }
         })?;
         self.base.calls = calls;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sleuth_core::CallEvent;
+
+    fn malloc(ts_ns: u64, stack: u64, size: u64) -> CallEvent {
+        CallEvent {
+            ts_ns,
+            op: sleuth_core::op_by_name("cudaMalloc").expect("op").id,
+            size: Some(size),
+            stack_id: Some(stack),
+            ..Default::default()
+        }
+    }
+
+    /// Calls met in return order are tallied as the start-order pass
+    /// tallied them: each (stack, failed) once, summed, ordered by its
+    /// first call's start (then row id), which picks a label's example.
+    #[test]
+    fn site_tallies_come_out_in_first_start_order_whatever_order_calls_come_in() {
+        let mut t = SiteTally::default();
+        // (call, row id), in return order: stack 8 is met first at ts 30
+        // but started earlier (ts 10) by a call that returned later.
+        t.add(&malloc(20, 9, 100), 3);
+        t.add(&malloc(30, 8, 1), 5);
+        t.add(&malloc(5, 7, 10), 1);
+        t.add(&malloc(10, 8, 2), 2);
+        t.add(&malloc(40, 7, 10), 6);
+        t.add(&malloc(20, 6, 4), 4);
+        let got: Vec<(Option<u64>, u64, u64)> = t
+            .in_start_order()
+            .into_iter()
+            .map(|a| (a.stack_id, a.count, a.bytes))
+            .collect();
+        // Stacks 9 and 6 both first start at 20: row id 3 before 4.
+        assert_eq!(
+            got,
+            [
+                (Some(7), 2, 20),
+                (Some(8), 2, 3),
+                (Some(9), 1, 100),
+                (Some(6), 1, 4)
+            ]
+        );
     }
 }

@@ -1,0 +1,570 @@
+//! The checks a trace file passed, remembered while the file stays the same.
+//!
+//! Reading a large trace as untrusted input pays seconds of checks before
+//! the first read of its call rows (docs/schema.md "Reading untrusted
+//! files": on a 10M-call file the `quick_check` of the per-call tables, the
+//! pass over the call rows that checks the totals, the count of skipped
+//! rows). A reader that answers many questions about one file (the MCP
+//! server) keeps what passed in a [`CheckMemo`], keyed by the file's
+//! [`FileIdentity`]: device, inode, size, modification and change times of
+//! the database and of its `-wal`. Any write to either changes its change
+//! time (which a file's owner cannot set back), a replaced file has another
+//! inode, so a changed file is a new key and is checked again.
+//!
+//! One [`Checks`] is shared by a [`crate::Trace`], the streamed readers
+//! opened on it while the file keeps the identity the trace opened
+//! ([`BulkCheck::for_stream`]) and, when remembered, every later open of
+//! the same file: whichever runs a check first records it, the others
+//! skip it.
+
+use crate::budget::ReadBudget;
+use crate::error::StoreError;
+use crate::open::{check_tables, tables, BULK_TABLES};
+use crate::problems::{CallScan, InputProblems};
+use rusqlite::Connection;
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+/// Files remembered at most: a server reads one trace or a few.
+const REMEMBERED: usize = 8;
+
+/// How long a file must have been left alone before what it passed is
+/// remembered. File times come from a coarse clock (a few ms per tick, a
+/// second on some file systems): a file checked in the same tick as its
+/// last write could be written again within that tick and keep every
+/// time equal. A file left alone longer than a tick when checked gets a
+/// later time from any later write (git's "racily clean" rule). A trace
+/// still being written is therefore checked on every open.
+pub(crate) const SETTLED: Duration = Duration::from_secs(2);
+
+/// What the file system says of one file: any write changes `ctime_ns`,
+/// a replaced file changes `ino`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime_ns: i128,
+    ctime_ns: i128,
+}
+
+impl Stamp {
+    /// The stamp of `path`; None when it does not exist or cannot be read.
+    fn of(path: &Path) -> Option<Stamp> {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(path).ok()?;
+        let ns = |s: i64, n: i64| i128::from(s) * 1_000_000_000 + i128::from(n);
+        Some(Stamp {
+            dev: m.dev(),
+            ino: m.ino(),
+            size: m.size(),
+            mtime_ns: ns(m.mtime(), m.mtime_nsec()),
+            ctime_ns: ns(m.ctime(), m.ctime_nsec()),
+        })
+    }
+
+    fn changed_ns(&self) -> i128 {
+        self.mtime_ns.max(self.ctime_ns)
+    }
+}
+
+/// The identity of a trace's bytes without reading them: the database's
+/// stamp and its `-wal`'s (absent is part of the key: a `-wal` that
+/// appears, empty or not, makes another identity).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct FileIdentity {
+    db: Stamp,
+    wal: Option<Stamp>,
+}
+
+impl FileIdentity {
+    /// The identity of the file at `path` now; None when it cannot be read.
+    pub(crate) fn of(path: &Path) -> Option<FileIdentity> {
+        let db = Stamp::of(path)?;
+        let mut wal = path.as_os_str().to_os_string();
+        wal.push("-wal");
+        Some(FileIdentity {
+            db,
+            wal: Stamp::of(Path::new(&wal)),
+        })
+    }
+
+    /// Whether neither file changed within `settled` of `now_ns` (wall clock).
+    fn settled(&self, now_ns: i128, settled: Duration) -> bool {
+        let last = self.wal.map_or(self.db.changed_ns(), |w| {
+            w.changed_ns().max(self.db.changed_ns())
+        });
+        now_ns - last > settled.as_nanos() as i128
+    }
+}
+
+/// The checks one file passed and what they found.
+#[derive(Debug, Default)]
+pub(crate) struct Passed {
+    /// SQLite's `integrity_check` of the whole file (files up to
+    /// `open::FULL_CHECK_BYTES`): every table, the bulk ones included.
+    pub whole: bool,
+    /// `quick_check` of every table except [`BULK_TABLES`] (at open, larger files).
+    pub others: bool,
+    /// [`BULK_TABLES`] whose `quick_check` passed (by name).
+    pub bulk: BTreeSet<&'static str>,
+    /// Every bulk table the file has passed (so the file's table list
+    /// need not be read again on each read of them).
+    pub bulk_done: bool,
+    /// The pass over the call rows (`problems::call_scan`).
+    pub call_scan: Option<CallScan>,
+    /// The rows readers skip (`Trace::input_problems`).
+    pub problems: Option<InputProblems>,
+}
+
+impl Passed {
+    /// Whether the `quick_check` of table `name` passed (directly, or as
+    /// part of the whole file's check or the check at open).
+    pub fn table(&self, name: &str) -> bool {
+        self.whole
+            || if BULK_TABLES.contains(&name) {
+                self.bulk_done || self.bulk.contains(name)
+            } else {
+                self.others
+            }
+    }
+
+    /// Whether every bulk table the file has passed.
+    fn table_all_bulk(&self) -> bool {
+        self.whole || self.bulk_done
+    }
+
+    /// Records that table `name` passed its `quick_check`. Only bulk tables
+    /// are recorded one by one (by their static names: a hostile file's
+    /// table names are never kept); the others pass together at open.
+    pub fn pass_table(&mut self, name: &str) {
+        if let Some(&b) = BULK_TABLES.iter().find(|&&b| b == name) {
+            self.bulk.insert(b);
+        }
+    }
+}
+
+/// The checks of one file, shared (see the module's documentation).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Checks(Arc<Mutex<Passed>>);
+
+impl Checks {
+    /// The state, read or updated. A poisoned lock only means a reader
+    /// panicked between two updates of plain values: each is still whole.
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Passed> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Runs the `quick_check` of the [`BULK_TABLES`] the file has that did
+    /// not pass yet, through `conn`. Checks run without the lock held (they
+    /// take seconds; a second reader may run the same check meanwhile).
+    pub(crate) fn ensure_bulk(
+        &self,
+        conn: &Connection,
+        path: &Path,
+        budget: &ReadBudget,
+    ) -> Result<(), StoreError> {
+        if self.lock().table_all_bulk() {
+            return Ok(());
+        }
+        let names: Vec<String> = tables(conn)
+            .map_err(|e| StoreError::file(path, crate::open::short(&e)))?
+            .into_iter()
+            .filter(|t| BULK_TABLES.contains(&t.as_str()) && !self.lock().table(t))
+            .collect();
+        check_tables(conn, path, budget, &names)?;
+        let mut p = self.lock();
+        for n in &names {
+            p.pass_table(n);
+        }
+        p.bulk_done = true;
+        Ok(())
+    }
+}
+
+/// Whether the bulk tables of one opened trace were read: shared by a
+/// [`crate::Trace`] and the streamed readers opened on it, with the
+/// file's [`Checks`]. A command counts the rows it skipped only when it
+/// read such rows (`Trace::input_problems_of_reads`): that depends on what
+/// this trace read, not on what an earlier open of the same file read.
+#[derive(Debug, Clone)]
+pub(crate) struct BulkCheck {
+    read: Arc<AtomicBool>,
+    checks: Checks,
+    /// The file's identity when the trace opened it (None when it changed
+    /// while being opened or could not be read).
+    id: Option<FileIdentity>,
+}
+
+impl BulkCheck {
+    pub(crate) fn new(checks: Checks, id: Option<FileIdentity>) -> BulkCheck {
+        BulkCheck {
+            read: Arc::new(false.into()),
+            checks,
+            id,
+        }
+    }
+
+    /// The checks for a streamed reader that opened `path` again (its own
+    /// connection): the trace's, unless the file is no longer the one the
+    /// trace opened (replaced or written since). Then the stream checks
+    /// what it reads itself instead of trusting checks of other bytes;
+    /// whether rows were read is still the trace's.
+    pub(crate) fn for_stream(&self, path: &Path) -> BulkCheck {
+        match self.id {
+            Some(id) if FileIdentity::of(path) != Some(id) => BulkCheck {
+                read: self.read.clone(),
+                checks: Checks::default(),
+                id: None,
+            },
+            _ => self.clone(),
+        }
+    }
+
+    /// Whether this trace (or a stream on it) read its bulk tables.
+    pub(crate) fn read(&self) -> bool {
+        self.read.load(Ordering::Acquire)
+    }
+
+    /// The file's checks.
+    pub(crate) fn checks(&self) -> &Checks {
+        &self.checks
+    }
+
+    /// Before a read of the bulk tables through `conn`: their check, unless
+    /// it passed (for this trace or, remembered, for this file).
+    pub(crate) fn ensure(
+        &self,
+        conn: &Connection,
+        path: &Path,
+        budget: &ReadBudget,
+    ) -> Result<(), StoreError> {
+        self.checks.ensure_bulk(conn, path, budget)?;
+        self.read.store(true, Ordering::Release);
+        Ok(())
+    }
+}
+
+/// What the files a process reads passed, while each stays the same: for
+/// readers that open the same files again and again (the MCP server keeps
+/// one for its life). Cheap to clone (shared). At most a few files.
+#[derive(Debug, Clone)]
+pub struct CheckMemo {
+    entries: Arc<Mutex<Vec<Entry>>>,
+    settled: Duration,
+}
+
+#[derive(Debug)]
+struct Entry {
+    id: FileIdentity,
+    checks: Checks,
+    used: u64,
+}
+
+impl Default for CheckMemo {
+    fn default() -> Self {
+        CheckMemo::new()
+    }
+}
+
+impl CheckMemo {
+    pub fn new() -> CheckMemo {
+        CheckMemo::settling(SETTLED)
+    }
+
+    /// A memo that remembers files left alone for `settled` (tests).
+    pub(crate) fn settling(settled: Duration) -> CheckMemo {
+        CheckMemo {
+            entries: Arc::default(),
+            settled,
+        }
+    }
+
+    /// The checks for a file whose identity was `before` just before it
+    /// was opened and `after` once the connection had it open: the
+    /// remembered ones when both agree and the file had settled (see
+    /// [`SETTLED`]), else a fresh set that only this open shares (a file
+    /// changing or replaced while being opened).
+    pub(crate) fn checks_for(
+        &self,
+        before: Option<FileIdentity>,
+        after: Option<FileIdentity>,
+    ) -> Checks {
+        let (Some(id), Some(after)) = (before, after) else {
+            return Checks::default();
+        };
+        if id != after || !id.settled(now_ns(), self.settled) {
+            return Checks::default();
+        }
+        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        let tick = entries.iter().map(|e| e.used).max().unwrap_or(0) + 1;
+        if let Some(e) = entries.iter_mut().find(|e| e.id == id) {
+            e.used = tick;
+            return e.checks.clone();
+        }
+        if entries.len() >= REMEMBERED {
+            // The least recently used file is forgotten.
+            if let Some(i) = (0..entries.len()).min_by_key(|&i| entries[i].used) {
+                entries.swap_remove(i);
+            }
+        }
+        let checks = Checks::default();
+        entries.push(Entry {
+            id,
+            checks: checks.clone(),
+            used: tick,
+        });
+        checks
+    }
+
+    /// Files remembered now (tests).
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.entries.lock().map(|e| e.len()).unwrap_or(0)
+    }
+}
+
+/// Wall-clock time in ns (file times are wall-clock).
+fn now_ns() -> i128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i128)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::open::test_seams::{checks_run, FULL_CHECK_BYTES};
+    use crate::{run_readonly_sql_remembered, SqlLimits, Trace};
+
+    fn budget() -> ReadBudget {
+        ReadBudget::new(Duration::from_secs(30))
+    }
+
+    /// A fresh directory holding a copy of the example trace as `t.db`.
+    fn copy(tag: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+        let dir = std::env::temp_dir().join(format!("gs-checked-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("dir");
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/h200-contention.db");
+        let path = dir.join("t.db");
+        std::fs::copy(src, &path).expect("copy");
+        (dir, path)
+    }
+
+    /// The bytes of `path` with the b-tree page type of `table`'s root page
+    /// overwritten (SQLite then calls the table damaged): same size.
+    fn damaged(path: &Path, table: &str) -> Vec<u8> {
+        let (root, page): (i64, i64) = {
+            let c = Connection::open(path).expect("open");
+            (
+                c.query_row(
+                    "SELECT rootpage FROM sqlite_master WHERE name = ?1",
+                    [table],
+                    |r| r.get(0),
+                )
+                .expect("root"),
+                c.query_row("PRAGMA page_size", [], |r| r.get(0))
+                    .expect("page"),
+            )
+        };
+        let mut bytes = std::fs::read(path).expect("read");
+        bytes[((root - 1) * page) as usize] = 0x42;
+        bytes
+    }
+
+    /// Opens remembered and reads what needs every check: the call rows'
+    /// table check, the call-row pass and the skipped-row counts.
+    fn read_all(path: &Path, memo: &CheckMemo) -> Result<InputProblems, StoreError> {
+        Trace::open_remembered(path, budget(), memo)?.input_problems()
+    }
+
+    /// Both sizes of file: checked whole at open, and (the threshold lowered
+    /// on this thread) the large-file path, bulk tables checked on first read.
+    fn each_size(test: impl Fn(&str)) {
+        FULL_CHECK_BYTES.with(|b| b.set(None));
+        test("whole");
+        FULL_CHECK_BYTES.with(|b| b.set(Some(0)));
+        test("tables");
+        FULL_CHECK_BYTES.with(|b| b.set(None));
+    }
+
+    #[test]
+    fn checks_a_file_passed_are_not_run_again_while_it_stays_the_same() {
+        each_size(|size| {
+            let (dir, path) = copy(&format!("same-{size}"));
+            let memo = CheckMemo::settling(Duration::ZERO);
+            let n = checks_run();
+            let first = read_all(&path, &memo).expect("intact");
+            assert!(checks_run() > n, "{size}: the first open checks");
+            let n = checks_run();
+            let again = read_all(&path, &memo).expect("still intact");
+            assert_eq!(checks_run(), n, "{size}: nothing checked again");
+            assert_eq!(first, again, "{size}");
+            // Without the memo every open checks.
+            let n = checks_run();
+            Trace::open_with(&path, budget())
+                .and_then(|t| t.input_problems())
+                .expect("intact");
+            assert!(checks_run() > n, "{size}");
+            let _ = std::fs::remove_dir_all(&dir);
+        });
+    }
+
+    /// A write in place that keeps the size (one byte of a page) after the
+    /// checks passed: the file is checked again and the damage found.
+    #[test]
+    fn a_file_changed_in_place_is_checked_again() {
+        each_size(|size| {
+            let (dir, path) = copy(&format!("inplace-{size}"));
+            let memo = CheckMemo::settling(Duration::ZERO);
+            read_all(&path, &memo).expect("intact");
+            let bytes = damaged(&path, "calls");
+            let len = std::fs::metadata(&path).expect("stat").len();
+            // Past one tick of the file system's clock (see `SETTLED`).
+            std::thread::sleep(Duration::from_millis(50));
+            {
+                use std::io::{Seek, Write};
+                let mut f = std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(&path)
+                    .expect("open for writing");
+                f.seek(std::io::SeekFrom::Start(0)).expect("seek");
+                f.write_all(&bytes).expect("write");
+            }
+            assert_eq!(
+                std::fs::metadata(&path).expect("stat").len(),
+                len,
+                "same size"
+            );
+            let e = read_all(&path, &memo)
+                .expect_err("damage found")
+                .to_string();
+            assert!(e.contains("damaged"), "{size}: {e}");
+            let _ = std::fs::remove_dir_all(&dir);
+        });
+    }
+
+    /// A damaged file renamed over the checked one (a new inode).
+    #[test]
+    fn a_replaced_file_is_checked_again() {
+        each_size(|size| {
+            let (dir, path) = copy(&format!("renamed-{size}"));
+            let memo = CheckMemo::settling(Duration::ZERO);
+            read_all(&path, &memo).expect("intact");
+            let other = dir.join("other.db");
+            std::fs::write(&other, damaged(&path, "calls")).expect("write");
+            std::fs::rename(&other, &path).expect("rename");
+            let e = read_all(&path, &memo)
+                .expect_err("damage found")
+                .to_string();
+            assert!(e.contains("damaged"), "{size}: {e}");
+            let _ = std::fs::remove_dir_all(&dir);
+        });
+    }
+
+    /// A file written within `SETTLED` of its check is not remembered: a
+    /// second write in the same tick of the file clock could keep its times.
+    /// A stream opens the file again: when it is no longer the file its
+    /// trace opened and checked, the stream checks it before reading.
+    #[test]
+    fn a_stream_on_a_file_replaced_after_its_trace_opened_checks_it() {
+        each_size(|size| {
+            let (dir, path) = copy(&format!("stream-{size}"));
+            let trace = Trace::open_with(&path, budget()).expect("open");
+            trace.input_problems().expect("intact: every check ran");
+            let other = dir.join("other.db");
+            std::fs::write(&other, damaged(&path, "calls")).expect("write");
+            std::fs::rename(&other, &path).expect("rename");
+            let rows = crate::stream::Rows::open(&trace).expect("the cheap checks pass");
+            let e = rows
+                .for_each_call::<StoreError>(&Default::default(), |_| Ok(()))
+                .expect_err("damage found")
+                .to_string();
+            // The check's words, not SQLite's error from reading the page.
+            assert!(e.contains("damaged"), "{size}: {e}");
+            let _ = std::fs::remove_dir_all(&dir);
+        });
+    }
+
+    #[test]
+    fn a_file_changed_just_before_its_check_is_not_remembered() {
+        let (dir, path) = copy("racy");
+        let memo = CheckMemo::new();
+        read_all(&path, &memo).expect("intact");
+        assert_eq!(memo.len(), 0);
+        let n = checks_run();
+        read_all(&path, &memo).expect("intact");
+        assert!(checks_run() > n, "checked again");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_wal_appearing_or_changing_is_another_identity() {
+        let (dir, path) = copy("wal");
+        let plain = FileIdentity::of(&path).expect("identity");
+        let wal = dir.join("t.db-wal");
+        std::fs::write(&wal, b"").expect("empty wal");
+        let empty = FileIdentity::of(&path).expect("identity");
+        assert_ne!(plain, empty, "an empty -wal counts");
+        std::thread::sleep(Duration::from_millis(50));
+        std::fs::write(&wal, b"x").expect("wal");
+        assert_ne!(empty, FileIdentity::of(&path).expect("identity"));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_memo_keeps_a_few_files() {
+        let (dir, path) = copy("bound");
+        let memo = CheckMemo::settling(Duration::ZERO);
+        for i in 0..REMEMBERED + 3 {
+            let p = dir.join(format!("{i}.db"));
+            std::fs::copy(&path, &p).expect("copy");
+            Trace::open_remembered(&p, budget(), &memo).expect("open");
+        }
+        assert_eq!(memo.len(), REMEMBERED);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// MCP `sql`: the tables a statement reads are checked once; a change
+    /// in place is checked again. Both sizes of file.
+    #[test]
+    fn sql_statements_share_the_checks() {
+        each_size(|size| {
+            let (dir, path) = copy(&format!("sql-{size}"));
+            let memo = CheckMemo::settling(Duration::ZERO);
+            let sql = |memo: &CheckMemo| {
+                let limits = SqlLimits::default();
+                run_readonly_sql_remembered(
+                    &path,
+                    "SELECT count(*) FROM calls",
+                    &limits,
+                    &budget(),
+                    memo,
+                )
+            };
+            sql(&memo).expect("intact");
+            let n = checks_run();
+            sql(&memo).expect("intact");
+            assert_eq!(checks_run(), n, "{size}: nothing checked again");
+            // A trace opened after the statement skips what it checked.
+            let n = checks_run();
+            let t = Trace::open_remembered(&path, budget(), &memo).expect("open");
+            t.input_problems().expect("counted");
+            if size == "tables" {
+                // Only the other tables at open, and the bulk tables the
+                // statement did not read.
+                assert!(checks_run() > n, "{size}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+            let bytes = damaged(&path, "calls");
+            std::fs::write(&path, bytes).expect("write in place");
+            let e = sql(&memo).expect_err("damage found").to_string();
+            assert!(e.contains("damaged"), "{size}: {e}");
+            let _ = std::fs::remove_dir_all(&dir);
+        });
+    }
+}
