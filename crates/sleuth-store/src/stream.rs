@@ -881,7 +881,7 @@ impl MemoryTrace {
         for &pid in &self.pids {
             b.track(pid);
         }
-        self.for_each_memory_call(StreamOrder::ByReturn, None, |c| b.push(&c))
+        self.for_each_memory_call(StreamOrder::ByReturn, None, |c, _| b.push(&c))
     }
 
     /// `sleuth_core::sites::memory_by_site` at the end of the trace, from
