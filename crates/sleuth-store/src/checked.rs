@@ -355,26 +355,7 @@ mod tests {
         (dir, path)
     }
 
-    /// The bytes of `path` with the b-tree page type of `table`'s root page
-    /// overwritten (SQLite then calls the table damaged): same size.
-    fn damaged(path: &Path, table: &str) -> Vec<u8> {
-        let (root, page): (i64, i64) = {
-            let c = Connection::open(path).expect("open");
-            (
-                c.query_row(
-                    "SELECT rootpage FROM sqlite_master WHERE name = ?1",
-                    [table],
-                    |r| r.get(0),
-                )
-                .expect("root"),
-                c.query_row("PRAGMA page_size", [], |r| r.get(0))
-                    .expect("page"),
-            )
-        };
-        let mut bytes = std::fs::read(path).expect("read");
-        bytes[((root - 1) * page) as usize] = 0x42;
-        bytes
-    }
+    use crate::open::damaged_root as damaged;
 
     /// Opens remembered and reads what needs every check: the call rows'
     /// table check, the call-row pass and the skipped-row counts.

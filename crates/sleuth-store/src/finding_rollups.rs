@@ -94,6 +94,24 @@ pub(crate) fn new_inputs(tracer: Option<u32>) -> FindingInputs {
     FindingInputs::new(Resolution::Bucketed, tracer).keep_process_ops()
 }
 
+/// The ops of the pinned-memory replay (`FindingInputs::add_in_end_order`):
+/// what pins and unpins host memory, and with `copies` the copies judged
+/// against it.
+pub(crate) fn pinned_replay_ops(copies: bool) -> Vec<&'static str> {
+    OPS.iter()
+        .filter(|o| {
+            matches!(
+                o.class,
+                OpClass::HostAlloc
+                    | OpClass::HostRegister
+                    | OpClass::HostFree
+                    | OpClass::HostUnregister
+            ) || (copies && o.class == OpClass::Copy)
+        })
+        .map(|o| o.name)
+        .collect()
+}
+
 /// A call's example index: its row id (ids are positive).
 pub(crate) fn row_index(id: i64) -> usize {
     usize::try_from(id).unwrap_or(0)
@@ -108,20 +126,7 @@ pub(crate) fn write(conn: &Connection, mut f: FindingInputs) -> rusqlite::Result
         conn.execute(&format!("DELETE FROM {t}"), [])?;
     }
     // The pinned-memory replay: host allocations, registrations and copies by end.
-    let ops: Vec<&'static str> = OPS
-        .iter()
-        .filter(|o| {
-            matches!(
-                o.class,
-                OpClass::HostAlloc
-                    | OpClass::HostRegister
-                    | OpClass::HostFree
-                    | OpClass::HostUnregister
-                    | OpClass::Copy
-            )
-        })
-        .map(|o| o.name)
-        .collect();
+    let ops = pinned_replay_ops(true);
     if !ops.is_empty() {
         let names: Vec<String> = ops
             .iter()

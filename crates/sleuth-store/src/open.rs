@@ -297,6 +297,29 @@ pub(crate) fn meta_value(conn: &Connection, key: &str) -> rusqlite::Result<Optio
         .optional()
 }
 
+/// Tests: the bytes of the database at `path` with the b-tree page type of
+/// `table`'s root page overwritten (SQLite then calls the table damaged),
+/// same size.
+#[cfg(test)]
+pub(crate) fn damaged_root(path: &Path, table: &str) -> Vec<u8> {
+    let (root, page_size): (i64, i64) = {
+        let c = Connection::open(path).expect("open");
+        (
+            c.query_row(
+                "SELECT rootpage FROM sqlite_master WHERE name = ?1",
+                [table],
+                |r| r.get(0),
+            )
+            .expect("root"),
+            c.query_row("PRAGMA page_size", [], |r| r.get(0))
+                .expect("page size"),
+        )
+    };
+    let mut bytes = std::fs::read(path).expect("read");
+    bytes[((root - 1) * page_size) as usize] = 0x42;
+    bytes
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -317,22 +340,7 @@ mod tests {
     /// Overwrites the b-tree page type of `table`'s root page (SQLite then
     /// calls the table damaged).
     fn damage_root(path: &Path, table: &str) {
-        let (root, page_size): (i64, i64) = {
-            let c = Connection::open(path).expect("open");
-            (
-                c.query_row(
-                    "SELECT rootpage FROM sqlite_master WHERE name = ?1",
-                    [table],
-                    |r| r.get(0),
-                )
-                .expect("root"),
-                c.query_row("PRAGMA page_size", [], |r| r.get(0))
-                    .expect("page size"),
-            )
-        };
-        let mut bytes = std::fs::read(path).expect("read");
-        bytes[((root - 1) * page_size) as usize] = 0x42;
-        std::fs::write(path, bytes).expect("write");
+        std::fs::write(path, super::damaged_root(path, table)).expect("write");
     }
 
     fn check(path: &Path) -> (Result<bool, StoreError>, Connection) {

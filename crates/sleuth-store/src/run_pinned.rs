@@ -10,7 +10,6 @@
 use crate::stream::{CallQuery, Rows, StreamOrder};
 use crate::StoreError;
 use sleuth_core::findings::inputs::{FindingInputs, PinnedState, Resolution};
-use sleuth_core::ops::{OpClass, OPS};
 
 /// The pinned ranges the files read so far left live.
 #[derive(Default)]
@@ -29,19 +28,7 @@ impl PinnedCarry {
         inputs: &mut FindingInputs,
     ) -> Result<(), StoreError> {
         let rejudge = !self.state.is_empty() && inputs.pageable_copies() > 0;
-        let ops = OPS
-            .iter()
-            .filter(|o| {
-                matches!(
-                    o.class,
-                    OpClass::HostAlloc
-                        | OpClass::HostRegister
-                        | OpClass::HostFree
-                        | OpClass::HostUnregister
-                ) || (rejudge && o.class == OpClass::Copy)
-            })
-            .map(|o| o.name)
-            .collect();
+        let ops = crate::finding_rollups::pinned_replay_ops(rejudge);
         let mut replay = FindingInputs::new(Resolution::Bucketed, None)
             .with_pinned(std::mem::take(&mut self.state));
         let q = CallQuery {
