@@ -184,10 +184,12 @@ def proc_entry(memory_json, pid):
 
 
 def allocator_fields(entry):
-    """Keys of a `memory` process entry that look like allocator-level (issue 8) numbers."""
-    if not entry:
-        return {}
-    return {k: v for k, v in entry.items()
+    """The allocator-level (issue 8) numbers of a `memory` process entry: its
+    `allocator` object (a trace taken with `trace --torch-allocator`), empty
+    without one. The entry's own `allocated_bytes` is the ledger's sum of all
+    allocations made (docs/stats.md), not memory_allocated()."""
+    view = (entry or {}).get("allocator") or {}
+    return {k: v for k, v in view.items()
             if isinstance(v, (int, float)) and ("allocated" in k or "reserved" in k or "gap" in k)
             and not k.startswith("failed")}
 
