@@ -3,14 +3,14 @@
 //! from (see `sleuth_core::rollup` and docs/schema.md).
 
 use crate::finding_rollups::row_index;
-use crate::rows::{call_from_row, calls_sql, wait_from_row, waits_sql, WAIT_CULPRITS_SQL};
+use crate::rows::{call_from_row, calls_sql, waits_sql, WAIT_CULPRITS_SQL};
+use crate::thread_pass::{sort_culprits, ThreadPass};
 use crate::writer::upsert_process;
 use rusqlite::{params, Connection};
-use sleuth_core::culprits::culprits_of_call;
 use sleuth_core::rollup::Rollup;
 use sleuth_core::threads::{ThreadStream, TRACER_PID_STAT};
-use sleuth_core::{ProcKind, ProcessInfo, WaitEvent};
-use std::collections::{BTreeMap, VecDeque};
+use sleuth_core::{ProcKind, ProcessInfo};
+use std::collections::BTreeMap;
 
 /// Value of `meta.rollups` once every rollup table is complete. Readers use
 /// the rollups only then; a trace cut short (killed writer), merged or
@@ -69,9 +69,9 @@ pub(crate) fn complete(conn: &mut Connection, rollup: &Rollup) -> rusqlite::Resu
     Ok(rows)
 }
 
-/// One thread at a time, streaming its calls once and its waits twice
-/// (ordered reads), so memory stays bounded by the calls and waits overlapping one
-/// another, not by the thread or the trace: its call culprits
+/// One thread at a time (`thread_pass`), streaming its calls once and its
+/// waits twice (ordered reads), so memory stays bounded by the calls and
+/// waits overlapping one another, not by the thread or the trace: its call culprits
 /// (`call_culprits`, summed per op into `rollup_culprits`), the finding
 /// rollups of its non-nested calls (fed with the culprits just computed:
 /// the calls are read once for both, not again with their culprit rows)
@@ -111,95 +111,42 @@ fn per_thread_pass(conn: &Connection, rollup: &Rollup) -> rusqlite::Result<u64> 
     let mut inputs = crate::finding_rollups::new_inputs(tracer);
     let mut written = 0u64;
     for (&(pid, tid), window) in &rollup.threads {
-        // Call culprits: every call (nested too) against the waits that
-        // overlap it, kept in a queue from the first one still ending after
-        // the current call's start.
+        // Every call (nested too) against the waits that overlap it; the
+        // split of its non-nested calls and all its waits from the same
+        // read (none for a thread with nested calls only).
         let mut cst = conn.prepare_cached(&all_calls_sql)?;
         let mut calls = cst.query(params![pid, tid])?;
         let mut wst = conn.prepare_cached(&culprit_waits_sql)?;
-        let mut waits = wst.query(params![pid, tid])?;
-        let mut queue: VecDeque<WaitEvent> = VecDeque::new();
-        let mut pending: Option<WaitEvent> = None;
-        let mut waits_done = false;
-        // The thread's split: its non-nested calls and all its waits
-        // interleaved (a wait before a call starting at or after the wait's
-        // end), from the same read of the calls. None with nested calls only.
         let mut sst = conn.prepare_cached(&all_waits_sql)?;
-        let mut split = match *window {
+        let split = match *window {
             Some(window) => Some((
                 ThreadStream::new(pid, tid, window, tracer),
-                WaitFeed::new(sst.query(params![pid, tid])?),
+                sst.query(params![pid, tid])?,
             )),
             None => None,
         };
+        let mut pass = ThreadPass::new(wst.query(params![pid, tid])?, split);
         while let Some(row) = calls.next()? {
             let Some(s) = call_from_row(row)? else {
                 continue;
             };
-            let (start, end) = (s.call.ts_ns, s.call.end_ns());
-            while queue.front().is_some_and(|w| w.on_ns <= start) {
-                queue.pop_front();
-            }
-            loop {
-                if pending.is_none() && !waits_done {
-                    pending = match waits.next()? {
-                        Some(r) => wait_from_row(r, &mut wcst)?,
-                        None => {
-                            waits_done = true;
-                            None
-                        }
-                    };
-                    if pending.is_none() && !waits_done {
-                        continue; // an unknown kind: skipped
-                    }
-                }
-                match pending.take() {
-                    Some(w) if w.wake_ns < end => {
-                        if w.on_ns > start && !w.culprits.is_empty() {
-                            queue.push_back(w);
-                        }
-                    }
-                    other => {
-                        pending = other;
-                        break;
-                    }
-                }
-            }
-            let refs: Vec<&WaitEvent> = queue.iter().collect();
-            let mut culprits = culprits_of_call(&s.call, &refs);
+            let mut culprits = pass.call(&s.call, &mut wcst)?;
             for c in &culprits {
                 ins.execute(params![s.id, c.pid, c.tid, c.comm, c.ns as i64])?;
                 written += 1;
             }
             if !s.call.nested {
-                // In the order a reader of `call_culprits` gets them.
-                culprits.sort_by(|a, b| {
-                    b.ns.cmp(&a.ns)
-                        .then(a.pid.cmp(&b.pid))
-                        .then(a.tid.cmp(&b.tid))
-                });
+                sort_culprits(&mut culprits);
                 inputs.add_call(row_index(s.id), &s.call, &culprits);
-                if let Some((t, feed)) = &mut split {
-                    while let Some(w) = feed.next_until(start, &mut wcst)? {
-                        t.add_wait(&w);
-                    }
-                    t.add_call(&s.call);
-                }
             }
         }
         drop(calls);
-        drop(waits);
-        let Some((mut t, mut feed)) = split.take() else {
-            continue;
-        };
-        while let Some(w) = feed.next_until(u64::MAX, &mut wcst)? {
-            t.add_wait(&w);
+        let comm = comms.get(&pid).map(String::as_str).unwrap_or("?");
+        if let Some(split) = pass.finish(&mut wcst, comm)? {
+            let json = serde_json::to_string(&split)
+                .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
+            ins_thread.execute(params![pid, tid, json])?;
         }
-        drop(feed);
-        let split = t.finish(comms.get(&pid).map(String::as_str).unwrap_or("?"));
-        let json = serde_json::to_string(&split)
-            .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
-        ins_thread.execute(params![pid, tid, json])?;
     }
     crate::finding_rollups::write(conn, inputs)?;
     // Per-op culprit sums; a float total and a clamp so a crafted huge sum
@@ -212,48 +159,6 @@ fn per_thread_pass(conn: &Connection, rollup: &Rollup) -> rusqlite::Result<u64> 
         [],
     )?;
     Ok(written)
-}
-
-/// The waits of one thread in `(on_ns, off_ns)` order, handed out up to a
-/// moment: the split's side of the merge with the thread's calls.
-struct WaitFeed<'s> {
-    rows: rusqlite::Rows<'s>,
-    /// Read, not handed out yet (it ends after the last call asked for).
-    next: Option<WaitEvent>,
-    done: bool,
-}
-
-impl<'s> WaitFeed<'s> {
-    fn new(rows: rusqlite::Rows<'s>) -> WaitFeed<'s> {
-        WaitFeed {
-            rows,
-            next: None,
-            done: false,
-        }
-    }
-
-    /// The next wait that went back on CPU at or before `until` (a call
-    /// starting at `until` comes after it); None once the next one is later
-    /// or there is none. Waits of an unknown kind are skipped.
-    fn next_until(
-        &mut self,
-        until: u64,
-        culprits_st: &mut rusqlite::CachedStatement,
-    ) -> rusqlite::Result<Option<WaitEvent>> {
-        while self.next.is_none() && !self.done {
-            match self.rows.next()? {
-                Some(r) => self.next = wait_from_row(r, culprits_st)?,
-                None => self.done = true,
-            }
-        }
-        Ok(match self.next.take() {
-            Some(w) if w.on_ns <= until => Some(w),
-            other => {
-                self.next = other;
-                None
-            }
-        })
-    }
 }
 
 fn all_processes(conn: &Connection) -> rusqlite::Result<Vec<ProcessInfo>> {

@@ -15,6 +15,7 @@ mod call_groups;
 mod checked;
 mod error;
 mod finalize;
+mod thread_pass;
 pub use finalize::COMPLETION_CPU_STAT;
 pub mod finding_rollups;
 mod import;
