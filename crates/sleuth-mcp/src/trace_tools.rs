@@ -292,16 +292,28 @@ pub fn findings(db: &Path, scope: &args::CallScope, budget: &ReadBudget) -> Resu
     let trace = open(db, budget)?;
     // The whole trace or one process (no op, no window) is explained from
     // the stored aggregates when it has them (`sleuth_store::lean`): memory
-    // bounded by the aggregates, not the calls. Else everything is loaded
-    // (`load_scoped` checks the op and the window).
+    // bounded by the aggregates, not the calls. A scope (an op or a window)
+    // from its calls streamed thread by thread (`sleuth_store::scoped`).
+    // Else the scope is loaded (`load_scoped` checks the op and the window).
     let unfiltered = scope.op.is_none() && scope.since_ns.is_none() && scope.until_ns.is_none();
-    let lean = if unfiltered {
-        sleuth_store::lean::load(&trace, scope.pid, budget.clone())?
+    let streamed = if unfiltered {
+        sleuth_store::lean::load(&trace, scope.pid, budget.clone())?.map(|l| l.explanation())
     } else {
-        None
+        check_op(scope.op.as_deref())?;
+        check_window(scope.since_ns, scope.until_ns)?;
+        sleuth_store::scoped::explanation(
+            &trace,
+            &CallFilter {
+                pid: scope.pid,
+                op: scope.op.clone(),
+                since_ns: scope.since_ns,
+                until_ns: scope.until_ns,
+                ..Default::default()
+            },
+        )?
     };
-    let report = match lean {
-        Some(l) => l.explanation(),
+    let report = match streamed {
+        Some(r) => r,
         None => findings::explain_report(&load_scoped(&trace, scope)?),
     };
     // After the reads: rows skipped by what was read (a large trace answered

@@ -142,7 +142,7 @@ fn per_thread_pass(conn: &Connection, rollup: &Rollup) -> rusqlite::Result<u64> 
         }
         drop(calls);
         let comm = comms.get(&pid).map(String::as_str).unwrap_or("?");
-        if let Some(split) = pass.finish(&mut wcst, comm)? {
+        if let Some(split) = pass.finish(&mut wcst, comm, u64::MAX)? {
             let json = serde_json::to_string(&split)
                 .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
             ins_thread.execute(params![pid, tid, json])?;

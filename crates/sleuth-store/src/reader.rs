@@ -181,7 +181,7 @@ impl Trace {
     }
 
     /// A failed read, naming the budget when it stopped the read.
-    fn read_error(&self, e: rusqlite::Error) -> StoreError {
+    pub(crate) fn read_error(&self, e: rusqlite::Error) -> StoreError {
         match self.budget.stop_reason() {
             Some(why) => StoreError::file(&self.path, format!("reading stopped: {why}")),
             None => StoreError::Sqlite {
@@ -453,7 +453,7 @@ impl Trace {
         query_waits(self.rows_conn(f.limit)?, &tail, &args).map_err(|e| self.read_error(e))
     }
 
-    fn proc_events(&self, pid: Option<u32>) -> Result<Vec<ProcEvent>, StoreError> {
+    pub(crate) fn proc_events(&self, pid: Option<u32>) -> Result<Vec<ProcEvent>, StoreError> {
         let mut st = self
             .conn
             .prepare(&format!(

@@ -95,11 +95,17 @@ impl<'s> ThreadPass<'s> {
     }
 
     /// The thread's split once its calls are all fed: the waits left are
-    /// added. None without a split.
+    /// added, up to the first that went back on CPU at or after `last_on`
+    /// (`u64::MAX`: all of them). A thread is off CPU once at a time, so
+    /// its waits after that one start after it: given the end of the
+    /// thread's window, the rest of a long trace is not read (a later wait
+    /// adds nothing to the split: `ThreadStream` clamps waits to the window).
+    /// None without a split.
     pub(crate) fn finish(
         self,
         culprits_st: &mut CachedStatement,
         comm: &str,
+        last_on: u64,
     ) -> rusqlite::Result<Option<ThreadSplit>> {
         drop(self.culprit_waits);
         let Some((mut t, mut feed)) = self.split else {
@@ -107,6 +113,9 @@ impl<'s> ThreadPass<'s> {
         };
         while let Some(w) = feed.next_until(u64::MAX, culprits_st)? {
             t.add_wait(&w);
+            if w.on_ns >= last_on {
+                break;
+            }
         }
         Ok(Some(t.finish(comm)))
     }

@@ -1,0 +1,266 @@
+//! The explanation of the calls in a scope (an op, a time window, of one
+//! process or all: MCP `findings` with a filter) in bounded memory.
+//!
+//! The stored finding aggregates cover whole threads, so a scope is read
+//! from its calls; loading them with every wait of their processes held a
+//! 10M-call trace's 2.3M waits in memory (900 MB for `findings {op}`).
+//! Here each thread of the scope is streamed instead, through the writer's
+//! own per-thread pass (`thread_pass`): its calls in scope in start order
+//! against its waits, into the finding accumulators (`FindingInputs`, the
+//! rollup histogram: percentiles within `rollup::MAX_RELATIVE_ERROR`, as
+//! the lean load's); the scope's memory calls, in return order, into the
+//! ledger. The answer is that of the loaded trace filtered to the scope
+//! (`findings::explain_report`), percentiles within the bound; memory is
+//! one thread's overlapping waits, the aggregates, and the memory calls of
+//! processes with allocator blocks.
+
+use crate::problems::{valid_call, valid_wait, TOTALS_OVERFLOW};
+use crate::reader::Trace;
+use crate::rows::{call_from_row, calls_sql, waits_sql, WAIT_CULPRITS_SQL};
+use crate::stream::{CallQuery, Rows, StreamOrder};
+use crate::thread_pass::{sort_culprits, ThreadPass};
+use crate::types::CallFilter;
+use crate::StoreError;
+use rusqlite::types::Value;
+use sleuth_core::findings::inputs::{FindingInputs, Resolution};
+use sleuth_core::findings::Explanation;
+use sleuth_core::ledger::LedgerBuilder;
+use sleuth_core::threads::{sort_splits, tracer_pid, ThreadStream};
+use sleuth_core::{op_by_id, CallEvent, TraceData};
+use std::collections::BTreeSet;
+
+/// The explanation of the calls `filter` selects (its `pid`, `op`,
+/// `since_ns`, `until_ns`; order and limit are not read), or None where the
+/// caller must load the scope instead: a file without stored call groups
+/// (older), or one with NCCL collectives (the straggler finding reads every
+/// call and wait of the ranks). Errors are those of the load (a pid the
+/// trace does not hold, totals that overflow, a damaged table).
+pub fn explanation(trace: &Trace, filter: &CallFilter) -> Result<Option<Explanation>, StoreError> {
+    let pid = filter.pid;
+    if let Some(pid) = pid {
+        trace.require_pid(pid)?;
+    }
+    let nccl = trace.nccl_calls(None)?;
+    if nccl.iter().any(|e| e.is_collective()) {
+        return Ok(None);
+    }
+    if trace.call_scan()?.totals_overflow {
+        return Err(StoreError::file(trace.path(), TOTALS_OVERFLOW));
+    }
+    let conn = trace.bulk()?;
+    let read = |e| trace.read_error(e);
+    let Some(groups) = crate::call_groups::stored(conn).map_err(read)? else {
+        return Ok(None);
+    };
+    let in_scope = |op: u16| {
+        filter
+            .op
+            .as_deref()
+            .is_none_or(|want| op_by_id(op).is_some_and(|o| o.name == want))
+    };
+    // The threads with calls of the scope's process and op (the window is
+    // applied by the reads).
+    let threads: BTreeSet<(u32, u32)> = groups
+        .iter()
+        .filter(|g| pid.is_none_or(|p| g.pid == p) && in_scope(g.op))
+        .map(|g| (g.pid, g.tid))
+        .collect();
+
+    let mut data = TraceData {
+        procs: trace.proc_events(pid)?,
+        counts: trace.op_counts(pid)?,
+        nccl,
+        ..trace.frame(pid)?
+    };
+    if let Some(op) = filter.op.as_deref() {
+        data.counts
+            .retain(|oc| op_by_id(oc.op).is_some_and(|o| o.name == op));
+    }
+    let tracer = tracer_pid(&data);
+    let mut inputs = FindingInputs::new(Resolution::Bucketed, tracer);
+    let mut ledger = LedgerBuilder::new(None);
+    for oc in &data.counts {
+        ledger.track(oc.pid);
+    }
+
+    // The scope as SQL: ?1 pid, ?2 tid, then the op and the window.
+    let mut conds = vec![
+        "pid = ?1".to_string(),
+        "tid = ?2".to_string(),
+        valid_call(""),
+    ];
+    let mut args: Vec<Value> = Vec::new();
+    if let Some(op) = &filter.op {
+        args.push(Value::Text(op.clone()));
+        conds.push(format!("op = ?{}", args.len() + 2));
+    }
+    if let Some(s) = filter.since_ns {
+        args.push(Value::Integer(i64::try_from(s).unwrap_or(i64::MAX)));
+        conds.push(format!("ts_ns >= ?{}", args.len() + 2));
+    }
+    if let Some(u) = filter.until_ns {
+        args.push(Value::Integer(i64::try_from(u).unwrap_or(i64::MAX)));
+        conds.push(format!("ts_ns < ?{}", args.len() + 2));
+    }
+    let scope = conds.join(" AND ");
+    let calls_q = calls_sql(conn, &format!("WHERE {scope} ORDER BY ts_ns, id")).map_err(read)?;
+    let window_q =
+        format!("SELECT min(ts_ns), max(ts_ns + dur_ns) FROM calls WHERE {scope} AND nested = 0");
+    // A thread's waits that overlap its window (?3, ?4: the first start and
+    // last end of its calls in scope): one outside adds nothing to the
+    // split (`ThreadStream` clamps each wait to the window) and overlaps no
+    // call. In the `(tid, on_ns)` index's order, so SQLite hands them out
+    // as it finds them (no sort of the rest of the thread first) and the
+    // reads stop past the window. The load orders ties of `on_ns` by the
+    // time the wait began: a thread is off CPU once at a time, so its waits
+    // never share an `on_ns` but in a crafted file.
+    let valid = format!(
+        "w.pid = ?1 AND w.tid = ?2 AND {} AND w.on_ns > ?3 AND w.off_ns < ?4",
+        valid_wait("w.")
+    );
+    let culprit_waits_q = waits_sql(
+        conn,
+        &format!("WHERE {valid} AND w.on_ns > w.wake_ns ORDER BY w.on_ns, w.id"),
+    )
+    .map_err(read)?;
+    let all_waits_q =
+        waits_sql(conn, &format!("WHERE {valid} ORDER BY w.on_ns, w.id")).map_err(read)?;
+    let params = |p: u32, t: u32| -> Vec<Value> {
+        let mut v = vec![Value::Integer(p.into()), Value::Integer(t.into())];
+        v.extend(args.iter().cloned());
+        v
+    };
+    // The ops replayed in return order afterwards, within the scope's op.
+    let scoped_ops = |ops: Vec<&'static str>| -> BTreeSet<&'static str> {
+        ops.into_iter()
+            .filter(|o| filter.op.as_deref().is_none_or(|want| want == *o))
+            .collect()
+    };
+    let pinned = scoped_ops(crate::finding_rollups::pinned_replay_ops(true));
+    let memory = scoped_ops(sleuth_core::ledger::memory_op_names());
+    // With a window, those calls are kept as the pass reads them.
+    let mut kept: Option<Vec<(i64, CallEvent)>> =
+        (filter.since_ns.is_some() || filter.until_ns.is_some()).then(Vec::new);
+    let mut wcst = conn.prepare_cached(WAIT_CULPRITS_SQL).map_err(read)?;
+    let mut splits = Vec::new();
+    // The first start and last end of the calls in scope (the span of a
+    // trace without session times, as the loaded scope's).
+    let mut extent: Option<(u64, u64)> = None;
+    for &(p, t) in &threads {
+        let window: Option<(u64, u64)> = conn
+            .query_row(&window_q, rusqlite::params_from_iter(params(p, t)), |r| {
+                let (a, b): (Option<i64>, Option<i64>) = (r.get(0)?, r.get(1)?);
+                Ok(a.zip(b).map(|(a, b)| (a.max(0) as u64, b.max(0) as u64)))
+            })
+            .map_err(read)?;
+        let mut cst = conn.prepare_cached(&calls_q).map_err(read)?;
+        let mut calls = cst
+            .query(rusqlite::params_from_iter(params(p, t)))
+            .map_err(read)?;
+        // Without a non-nested call in scope the thread feeds only the
+        // ledger's list of processes: no wait is read.
+        let (a, b) = window.map_or((1, 0), |(a, b)| (a as i64, b as i64));
+        let mut wst = conn.prepare_cached(&culprit_waits_q).map_err(read)?;
+        let mut sst = conn.prepare_cached(&all_waits_q).map_err(read)?;
+        let split = match window {
+            Some(w) => Some((
+                ThreadStream::new(p, t, w, tracer),
+                sst.query(rusqlite::params![p, t, a, b]).map_err(read)?,
+            )),
+            None => None,
+        };
+        let mut pass = ThreadPass::new(
+            wst.query(rusqlite::params![p, t, a, b]).map_err(read)?,
+            split,
+        );
+        while let Some(row) = calls.next().map_err(read)? {
+            let Some(s) = call_from_row(row).map_err(read)? else {
+                continue;
+            };
+            let c = &s.call;
+            ledger.track(c.pid);
+            if let Some(kept) = &mut kept {
+                let op = c.op_name();
+                if pinned.contains(op) || memory.contains(op) {
+                    kept.push((s.id, c.clone()));
+                }
+            }
+            extent = Some(extent.map_or((c.ts_ns, c.end_ns()), |(a, b)| {
+                (a.min(c.ts_ns), b.max(c.end_ns()))
+            }));
+            if c.nested {
+                continue;
+            }
+            let mut culprits = pass.call(c, &mut wcst).map_err(read)?;
+            sort_culprits(&mut culprits);
+            inputs.add_call(crate::finding_rollups::row_index(s.id), c, &culprits);
+        }
+        drop(calls);
+        let last_on = window.map_or(u64::MAX, |w| w.1);
+        if let Some(split) = pass
+            .finish(&mut wcst, data.comm_of(p), last_on)
+            .map_err(read)?
+        {
+            splits.push(split);
+        }
+    }
+    sort_splits(&mut splits);
+    inputs.splits = splits;
+    if data.start_ns.is_none() {
+        data.start_ns = extent.map(|e| e.0);
+    }
+    if data.end_ns.is_none() {
+        data.end_ns = extent.map(|e| e.1);
+    }
+
+    // In return order: the pinned-memory replay and the ledger, from the
+    // scope's calls of those ops only. A window's were kept by the pass
+    // above (bounded by the window); an op's over the whole trace are read
+    // again through the op index, the other ops never.
+    let with_blocks: BTreeSet<u32> = data.blocks.iter().map(|b| b.pid).collect();
+    let mut allocator_calls: Vec<(u64, i64, CallEvent)> = Vec::new();
+    let mut by_return = |id: i64, c: &CallEvent| {
+        if pinned.contains(c.op_name()) {
+            inputs.add_in_end_order(crate::finding_rollups::row_index(id), c);
+        }
+        if memory.contains(c.op_name()) {
+            ledger.push(c);
+            // The allocator views read the memory calls of processes with blocks.
+            if with_blocks.contains(&c.pid) {
+                allocator_calls.push((c.ts_ns, id, c.clone()));
+            }
+        }
+    };
+    match kept {
+        Some(mut kept) => {
+            kept.sort_by_key(|(id, c)| (c.end_ns(), c.ts_ns, *id));
+            for (id, c) in &kept {
+                by_return(*id, c);
+            }
+        }
+        None => {
+            let ops: Vec<&'static str> = pinned.union(&memory).copied().collect();
+            if !ops.is_empty() {
+                Rows::open(trace)?.for_each_call::<StoreError>(
+                    &CallQuery {
+                        pid,
+                        ops: Some(ops),
+                        order: StreamOrder::ByReturn,
+                        limit: None,
+                        returned_by: None,
+                    },
+                    |s| {
+                        by_return(s.id, &s.call);
+                        Ok(())
+                    },
+                )?;
+            }
+        }
+    }
+    allocator_calls.sort_by_key(|&(ts, id, _)| (ts, id));
+    data.calls = allocator_calls.into_iter().map(|(_, _, c)| c).collect();
+    let ledgers = ledger.finish(&data);
+    Ok(Some(sleuth_core::findings::explain_inputs(
+        &data, &inputs, &ledgers,
+    )))
+}
