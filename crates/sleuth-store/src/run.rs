@@ -50,7 +50,7 @@ pub fn run_files(dir: &Path) -> Result<Vec<(u64, PathBuf)>, StoreError> {
 
 /// [`run_files`], an error naming `dir` when it holds none: every reader
 /// of a run starts here.
-pub(crate) fn listed_files(dir: &Path) -> Result<Vec<(u64, PathBuf)>, StoreError> {
+fn listed_files(dir: &Path) -> Result<Vec<(u64, PathBuf)>, StoreError> {
     let listed = run_files(dir)?;
     if listed.is_empty() {
         return Err(StoreError::file(
@@ -66,7 +66,7 @@ pub(crate) fn listed_files(dir: &Path) -> Result<Vec<(u64, PathBuf)>, StoreError
 
 /// After a reader went through a run's files: an error when none was
 /// finished (`files` empty), or when none held process `pid` (`pid_seen`).
-pub(crate) fn check_answered(
+fn check_answered(
     dir: &Path,
     files: &[PathBuf],
     pid: Option<u32>,
@@ -87,6 +87,46 @@ pub(crate) fn check_answered(
     Ok(())
 }
 
+/// The files a reader went through: read, and left out as unfinished.
+pub(crate) struct Visited {
+    /// Finished files, oldest first (with a pid: those without it too).
+    pub files: Vec<PathBuf>,
+    /// Files without complete rollups (the one still being written, or one
+    /// whose writer was killed): not in the answer.
+    pub incomplete: Vec<PathBuf>,
+}
+
+/// Opens the run's files one at a time, oldest first, and hands each
+/// finished file that holds process `pid` (each finished file, without
+/// one) to `visit`. Errors as [`check_answered`]: no finished file, or none
+/// holding `pid`.
+pub(crate) fn visit_finished(
+    dir: &Path,
+    pid: Option<u32>,
+    mut visit: impl FnMut(&Trace) -> Result<(), StoreError>,
+) -> Result<Visited, StoreError> {
+    let (mut files, mut incomplete) = (Vec::new(), Vec::new());
+    let mut pid_seen = pid.is_none();
+    for (_, path) in listed_files(dir)? {
+        let trace = Trace::open(&path)?;
+        if !trace.has_rollups()? {
+            incomplete.push(path);
+            continue;
+        }
+        let holds = match pid {
+            Some(p) => trace.pids()?.contains(&p),
+            None => true,
+        };
+        if holds {
+            pid_seen = true;
+            visit(&trace)?;
+        }
+        files.push(path);
+    }
+    check_answered(dir, &files, pid, pid_seen)?;
+    Ok(Visited { files, incomplete })
+}
+
 /// The merged stats of a run, and the files it could not use.
 #[derive(Debug)]
 pub struct RunStats {
@@ -102,42 +142,26 @@ pub struct RunStats {
 /// (one process with `pid`: an error when no file holds it). A directory
 /// with no finished file is an error naming it.
 pub fn run_stats(dir: &Path, pid: Option<u32>) -> Result<RunStats, StoreError> {
-    let listed = listed_files(dir)?;
     let mut rollups = StoredRollups::default();
     let mut base = TraceData {
         has_host_context: true,
         ..Default::default()
     };
-    let (mut files, mut incomplete) = (Vec::new(), Vec::new());
-    let mut pid_seen = pid.is_none();
-    for (_, path) in listed {
-        let trace = Trace::open(&path)?;
-        if !trace.has_rollups()? {
-            incomplete.push(path);
-            continue;
-        }
-        if let Some(p) = pid {
-            if !trace.pids()?.contains(&p) {
-                files.push(path);
-                continue;
-            }
-            pid_seen = true;
-        }
+    let visited = visit_finished(dir, pid, |trace| {
         let read = |e| StoreError::Sqlite {
-            path: path.clone(),
+            path: trace.path().to_path_buf(),
             source: e,
         };
         rollups.merge(trace.stored_rollups(pid).map_err(read)?);
         merge_counters(&mut base.stats, &trace.stats()?);
         merge_op_counts(&mut base.counts, &trace.op_counts(pid)?);
         base.has_host_context &= trace.has_host_context();
-        files.push(path);
-    }
-    check_answered(dir, &files, pid, pid_seen)?;
+        Ok(())
+    })?;
     Ok(RunStats {
         report: sleuth_core::rollup::stats_report(&rollups, pid, &base),
-        files,
-        incomplete,
+        files: visited.files,
+        incomplete: visited.incomplete,
     })
 }
 

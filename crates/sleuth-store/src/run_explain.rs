@@ -25,7 +25,7 @@
 use crate::budget::ReadBudget;
 use crate::problems::InputProblems;
 use crate::reader::Trace;
-use crate::run::{check_answered, listed_files, part_name};
+use crate::run::{part_name, visit_finished};
 use crate::run_pinned::PinnedCarry;
 use crate::stream::MemoryTrace;
 use crate::StoreError;
@@ -71,26 +71,9 @@ impl RunLean {
 /// `budget`. A directory with no finished file is an error naming it.
 pub fn load(dir: &Path, pid: Option<u32>, budget: ReadBudget) -> Result<RunLean, StoreError> {
     let mut run = Acc::default();
-    let mut incomplete = Vec::new();
-    let mut pid_seen = pid.is_none();
-    for (_, path) in listed_files(dir)? {
-        let trace = Trace::open(&path)?;
-        if !trace.has_rollups()? {
-            incomplete.push(path);
-            continue;
-        }
-        if let Some(p) = pid {
-            if !trace.pids()?.contains(&p) {
-                run.files.push(path);
-                continue;
-            }
-            pid_seen = true;
-        }
-        run.add(&trace, pid, &budget)?;
-        run.files.push(path);
-    }
-    check_answered(dir, &run.files, pid, pid_seen)?;
-    Ok(run.finish(incomplete))
+    let visited = visit_finished(dir, pid, |trace| run.add(trace, pid, &budget))?;
+    run.files = visited.files;
+    Ok(run.finish(visited.incomplete))
 }
 
 /// The run as read so far.
