@@ -677,7 +677,7 @@ fn table_scan_calls() -> Option<String> {
 /// and site rollups of a launch flood paid it five times). With the ids
 /// asked for first it searches the index op by op. The same rows and
 /// columns as the view; None if the view's text is not the expected shape.
-fn ops_searched_calls(marks: &str) -> Option<String> {
+pub(crate) fn ops_searched_calls(marks: &str) -> Option<String> {
     let select = crate::schema::CALLS_VIEW.strip_prefix("CREATE VIEW calls AS")?;
     let from = "FROM call_rows c JOIN ops o ON o.id = c.op_id";
     if !select.trim_end().ends_with(from) {
