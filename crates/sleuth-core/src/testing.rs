@@ -46,6 +46,35 @@ pub fn call(op: &str, ts: u64, dur: u64) -> CallEvent {
     }
 }
 
+/// `n` calls of `ops`, one every µs, from pids 7 and 9 (`threads` threads
+/// each: tids pid, pid + 1, ...), with pseudo-random durations and runnable
+/// time, each with one culprit ("noisy", pids 50-52) holding that runnable
+/// time; the same `seed` gives the same calls. In start order.
+pub fn noisy_calls(
+    seed: u64,
+    n: u64,
+    ops: &[&str],
+    threads: u32,
+) -> Vec<(CallEvent, Vec<crate::event::Culprit>)> {
+    let mut next = xorshift(seed);
+    (0..n)
+        .map(|i| {
+            let seed = next();
+            let mut c = call(ops[(seed >> 8) as usize % ops.len()], i * 1000, seed % 900);
+            c.pid = [7, 9][(seed % 2) as usize];
+            c.tid = c.pid + (seed >> 4) as u32 % threads;
+            c.runnable_ns = (seed >> 20) % 300;
+            let k = crate::event::Culprit {
+                pid: 50 + (seed >> 30) as u32 % 3,
+                tid: 1,
+                comm: "noisy".into(),
+                ns: c.runnable_ns,
+            };
+            (c, vec![k])
+        })
+        .collect()
+}
+
 /// A 10 µs `cudaMalloc` of `size` bytes returning `ptr`, by pid/tid 100.
 pub fn alloc(ts: u64, size: u64, ptr: u64) -> CallEvent {
     let mut c = call("cudaMalloc", ts, 10 * US);

@@ -643,26 +643,8 @@ mod tests {
     /// fed alone give: the writer stores it for `explain --pid`.
     #[test]
     fn process_ops_equal_each_process_fed_alone() {
-        let mut next = crate::testing::xorshift(0x9e37_79b9_7f4a_7c15);
         let ops = ["cudaMemcpy", "cudaLaunchKernel", "cudaMalloc"];
-        let calls: Vec<(CallEvent, Vec<Culprit>)> = (0..300u64)
-            .map(|i| {
-                let seed = next();
-                let pid = [7, 9][(seed % 2) as usize];
-                let mut c =
-                    crate::testing::call(ops[(seed >> 8) as usize % 3], i * 1000, seed % 900);
-                c.pid = pid;
-                c.tid = pid;
-                c.runnable_ns = (seed >> 20) % 300;
-                let k = Culprit {
-                    pid: 50 + (seed >> 30) as u32 % 3,
-                    tid: 1,
-                    comm: "noisy".into(),
-                    ns: c.runnable_ns,
-                };
-                (c, vec![k])
-            })
-            .collect();
+        let calls = crate::testing::noisy_calls(0x9e37_79b9_7f4a_7c15, 300, &ops, 1);
         let mut all = FindingInputs::new(Resolution::Bucketed, None).keep_process_ops();
         for (i, (c, k)) in calls.iter().enumerate() {
             all.add_call(i, c, k);

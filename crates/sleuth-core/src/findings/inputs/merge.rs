@@ -237,33 +237,13 @@ mod tests {
     /// Calls of two processes and two threads each, with culprits and
     /// runnable time, in start order; their global index is their position.
     fn calls() -> Vec<(CallEvent, Vec<Culprit>)> {
-        let mut next = crate::testing::xorshift(0x51ed_270b_27a2_b0a7);
         let ops = [
             "cudaMemcpy",
             "cudaLaunchKernel",
             "cudaMalloc",
             "cudaStreamSynchronize",
         ];
-        (0..400u64)
-            .map(|i| {
-                let seed = next();
-                let mut c = crate::testing::call(
-                    ops[(seed >> 8) as usize % ops.len()],
-                    i * 1000,
-                    seed % 900,
-                );
-                c.pid = [7, 9][(seed % 2) as usize];
-                c.tid = c.pid + (seed >> 4) as u32 % 2;
-                c.runnable_ns = (seed >> 20) % 300;
-                let k = Culprit {
-                    pid: 50 + (seed >> 30) as u32 % 3,
-                    tid: 1,
-                    comm: "noisy".into(),
-                    ns: c.runnable_ns,
-                };
-                (c, vec![k])
-            })
-            .collect()
+        crate::testing::noisy_calls(0x51ed_270b_27a2_b0a7, 400, &ops, 2)
     }
 
     fn fed<'a>(
