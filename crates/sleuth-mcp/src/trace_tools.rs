@@ -131,9 +131,7 @@ fn load_scoped(trace: &Trace, scope: &args::CallScope) -> Result<TraceData> {
 
 /// Keeps the kernel-counted calls of the scope's op (all without one).
 fn keep_counts_in_scope(counts: &mut Vec<sleuth_core::OpCount>, scope: &args::CallScope) {
-    if let Some(op) = scope.op.as_deref() {
-        counts.retain(|oc| sleuth_core::op_by_id(oc.op).map(|o| o.name) == Some(op));
-    }
+    sleuth_store::scoped::keep_counts_of_op(counts, scope.op.as_deref());
 }
 
 /// Sessions, processes, time range, counts, drops, libraries, notes: from

@@ -26,7 +26,7 @@ use sleuth_core::findings::inputs::{FindingInputs, Resolution};
 use sleuth_core::findings::Explanation;
 use sleuth_core::ledger::LedgerBuilder;
 use sleuth_core::threads::{sort_splits, tracer_pid, ThreadStream};
-use sleuth_core::{op_by_id, CallEvent, TraceData};
+use sleuth_core::{op_by_id, CallEvent, OpCount, TraceData};
 use std::collections::BTreeSet;
 
 /// The explanation of the calls `filter` selects (its `pid`, `op`,
@@ -52,17 +52,12 @@ pub fn explanation(trace: &Trace, filter: &CallFilter) -> Result<Option<Explanat
     let Some(groups) = crate::call_groups::stored(conn).map_err(read)? else {
         return Ok(None);
     };
-    let in_scope = |op: u16| {
-        filter
-            .op
-            .as_deref()
-            .is_none_or(|want| op_by_id(op).is_some_and(|o| o.name == want))
-    };
+    let op = filter.op.as_deref();
     // The threads with calls of the scope's process and op (the window is
     // applied by the reads).
     let threads: BTreeSet<(u32, u32)> = groups
         .iter()
-        .filter(|g| pid.is_none_or(|p| g.pid == p) && in_scope(g.op))
+        .filter(|g| pid.is_none_or(|p| g.pid == p) && id_in_scope(op, g.op))
         .map(|g| (g.pid, g.tid))
         .collect();
 
@@ -72,10 +67,7 @@ pub fn explanation(trace: &Trace, filter: &CallFilter) -> Result<Option<Explanat
         nccl,
         ..trace.frame(pid)?
     };
-    if let Some(op) = filter.op.as_deref() {
-        data.counts
-            .retain(|oc| op_by_id(oc.op).is_some_and(|o| o.name == op));
-    }
+    keep_counts_of_op(&mut data.counts, op);
     let tracer = tracer_pid(&data);
     let mut inputs = FindingInputs::new(Resolution::Bucketed, tracer);
     let mut ledger = LedgerBuilder::new(None);
@@ -121,17 +113,17 @@ pub fn explanation(trace: &Trace, filter: &CallFilter) -> Result<Option<Explanat
     // reads stop past the window. The load orders ties of `on_ns` by the
     // time the wait began: a thread is off CPU once at a time, so its waits
     // never share an `on_ns` but in a crafted file.
-    let valid = format!(
+    let overlapping = format!(
         "w.pid = ?1 AND w.tid = ?2 AND {} AND w.on_ns > ?3 AND w.off_ns < ?4",
         valid_wait("w.")
     );
     let culprit_waits_q = waits_sql(
         conn,
-        &format!("WHERE {valid} AND w.on_ns > w.wake_ns ORDER BY w.on_ns, w.id"),
+        &format!("WHERE {overlapping} AND w.on_ns > w.wake_ns ORDER BY w.on_ns, w.id"),
     )
     .map_err(read)?;
     let all_waits_q =
-        waits_sql(conn, &format!("WHERE {valid} ORDER BY w.on_ns, w.id")).map_err(read)?;
+        waits_sql(conn, &format!("WHERE {overlapping} ORDER BY w.on_ns, w.id")).map_err(read)?;
     let params = |p: u32, t: u32| -> Vec<Value> {
         let mut v = vec![Value::Integer(p.into()), Value::Integer(t.into())];
         v.extend(args.iter().cloned());
@@ -139,9 +131,7 @@ pub fn explanation(trace: &Trace, filter: &CallFilter) -> Result<Option<Explanat
     };
     // The ops replayed in return order afterwards, within the scope's op.
     let scoped_ops = |ops: Vec<&'static str>| -> BTreeSet<&'static str> {
-        ops.into_iter()
-            .filter(|o| filter.op.as_deref().is_none_or(|want| want == *o))
-            .collect()
+        ops.into_iter().filter(|o| name_in_scope(op, o)).collect()
     };
     let pinned = scoped_ops(crate::finding_rollups::pinned_replay_ops(true));
     let memory = scoped_ops(sleuth_core::ledger::memory_op_names());
@@ -166,9 +156,7 @@ pub fn explanation(trace: &Trace, filter: &CallFilter) -> Result<Option<Explanat
             if let Some(s) = call_from_row(row).map_err(read)? {
                 let c = &s.call;
                 if !c.nested {
-                    window = Some(window.map_or((c.ts_ns, c.end_ns()), |(a, b)| {
-                        (a.min(c.ts_ns), b.max(c.end_ns()))
-                    }));
+                    widen(&mut window, c);
                 }
             }
         }
@@ -204,9 +192,7 @@ pub fn explanation(trace: &Trace, filter: &CallFilter) -> Result<Option<Explanat
                     kept.push((s.id, c.clone()));
                 }
             }
-            extent = Some(extent.map_or((c.ts_ns, c.end_ns()), |(a, b)| {
-                (a.min(c.ts_ns), b.max(c.end_ns()))
-            }));
+            widen(&mut extent, c);
             if c.nested {
                 continue;
             }
@@ -282,4 +268,30 @@ pub fn explanation(trace: &Trace, filter: &CallFilter) -> Result<Option<Explanat
     Ok(Some(sleuth_core::findings::explain_inputs(
         &data, &inputs, &ledgers,
     )))
+}
+
+/// Whether an op named `name` is in a scope of op `op` (every op without one).
+fn name_in_scope(op: Option<&str>, name: &str) -> bool {
+    op.is_none_or(|want| want == name)
+}
+
+/// [`name_in_scope`] for an op id (an id this build does not know is in
+/// no op's scope).
+fn id_in_scope(op: Option<&str>, id: u16) -> bool {
+    op.is_none() || op_by_id(id).is_some_and(|o| name_in_scope(op, o.name))
+}
+
+/// Keeps the kernel-counted calls of op `op` (all without one): the
+/// counts of a scope, here and in MCP tools that load it.
+pub fn keep_counts_of_op(counts: &mut Vec<OpCount>, op: Option<&str>) {
+    if op.is_some() {
+        counts.retain(|oc| id_in_scope(op, oc.op));
+    }
+}
+
+/// Widens `span` (first start, last end) to cover call `c`.
+fn widen(span: &mut Option<(u64, u64)>, c: &CallEvent) {
+    *span = Some(span.map_or((c.ts_ns, c.end_ns()), |(a, b)| {
+        (a.min(c.ts_ns), b.max(c.end_ns()))
+    }));
 }
