@@ -569,20 +569,14 @@ fn marginal(rows: &[Footprint]) -> Option<Marginal> {
     if large.launches == small.launches || added <= 0.0 {
         return None;
     }
-    let total_us = |f: &Footprint, per: f64| per * f.events_stored as f64;
-    let per_added = |a: f64, b: f64| (b - a) / added;
-    let poller_us = per_added(
-        total_us(small, small.poller_us_per_event),
-        total_us(large, large.poller_us_per_event),
-    );
-    let writer_us = per_added(
-        total_us(small, small.writer_us_per_event),
-        total_us(large, large.writer_us_per_event),
-    );
-    let completion_us = per_added(
-        total_us(small, small.completion_us_per_event),
-        total_us(large, large.completion_us_per_event),
-    );
+    // One per-event column: its total over the larger flood minus the smaller's, per added event.
+    let per_added = |per_event: fn(&Footprint) -> f64| {
+        let total = |f: &Footprint| per_event(f) * f.events_stored as f64;
+        (total(large) - total(small)) / added
+    };
+    let poller_us = per_added(|f| f.poller_us_per_event);
+    let writer_us = per_added(|f| f.writer_us_per_event);
+    let completion_us = per_added(|f| f.completion_us_per_event);
     Some(Marginal {
         launches: (small.launches, large.launches),
         poller_us,
