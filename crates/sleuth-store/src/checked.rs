@@ -429,6 +429,13 @@ mod tests {
         });
     }
 
+    /// Renames a damaged copy of `path` over it (a new inode).
+    fn replace_with_damaged(dir: &Path, path: &Path) {
+        let other = dir.join("other.db");
+        std::fs::write(&other, damaged(path, "calls")).expect("write");
+        std::fs::rename(&other, path).expect("rename");
+    }
+
     /// A damaged file renamed over the checked one (a new inode).
     #[test]
     fn a_replaced_file_is_checked_again() {
@@ -436,9 +443,7 @@ mod tests {
             let (dir, path) = copy(&format!("renamed-{size}"));
             let memo = CheckMemo::settling(Duration::ZERO);
             read_all(&path, &memo).expect("intact");
-            let other = dir.join("other.db");
-            std::fs::write(&other, damaged(&path, "calls")).expect("write");
-            std::fs::rename(&other, &path).expect("rename");
+            replace_with_damaged(&dir, &path);
             let e = read_all(&path, &memo)
                 .expect_err("damage found")
                 .to_string();
@@ -447,8 +452,6 @@ mod tests {
         });
     }
 
-    /// A file written within `SETTLED` of its check is not remembered: a
-    /// second write in the same tick of the file clock could keep its times.
     /// A stream opens the file again: when it is no longer the file its
     /// trace opened and checked, the stream checks it before reading.
     #[test]
@@ -457,9 +460,7 @@ mod tests {
             let (dir, path) = copy(&format!("stream-{size}"));
             let trace = Trace::open_with(&path, budget()).expect("open");
             trace.input_problems().expect("intact: every check ran");
-            let other = dir.join("other.db");
-            std::fs::write(&other, damaged(&path, "calls")).expect("write");
-            std::fs::rename(&other, &path).expect("rename");
+            replace_with_damaged(&dir, &path);
             let rows = crate::stream::Rows::open(&trace).expect("the cheap checks pass");
             let e = rows
                 .for_each_call::<StoreError>(&Default::default(), |_| Ok(()))
@@ -471,6 +472,8 @@ mod tests {
         });
     }
 
+    /// A file written within `SETTLED` of its check is not remembered: a
+    /// second write in the same tick of the file clock could keep its times.
     #[test]
     fn a_file_changed_just_before_its_check_is_not_remembered() {
         let (dir, path) = copy("racy");
