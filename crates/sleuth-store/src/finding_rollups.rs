@@ -128,20 +128,14 @@ pub(crate) fn write(conn: &Connection, mut f: FindingInputs) -> rusqlite::Result
     // The pinned-memory replay: host allocations, registrations and copies by end.
     let ops = pinned_replay_ops(true);
     if !ops.is_empty() {
-        let names: Vec<String> = ops
-            .iter()
-            .map(|n| format!("'{}'", n.replace('\'', "''")))
-            .collect();
+        let names = crate::stream::quoted_names(&ops);
         // Copies are a good share of most traces: read in row order then
         // (through the op index, each row was a random page read).
         let source = crate::stream::calls_source_for_ops(conn, ops)?;
         let sql = calls_sql_from(
             conn,
             &source,
-            &format!(
-                "WHERE nested = 0 AND op IN ({}) ORDER BY ts_ns + dur_ns, id",
-                names.join(", ")
-            ),
+            &format!("WHERE nested = 0 AND op IN ({names}) ORDER BY ts_ns + dur_ns, id"),
         )?;
         let mut st = conn.prepare(&sql)?;
         let mut rows = st.query([])?;

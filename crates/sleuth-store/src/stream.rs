@@ -427,12 +427,7 @@ pub(crate) fn visit_calls<E: From<StoreError>>(
         conds.push(format!("calls.ts_ns + calls.dur_ns <= ?{}", args.len()));
     }
     let scan_rows = scan_table(conn, src.version, q).map_err(err)?;
-    let source = match op_marks {
-        Some(marks) if !scan_rows && src.version >= 2 => {
-            ops_searched_calls(&marks).unwrap_or_else(|| calls_source(false))
-        }
-        _ => calls_source(scan_rows),
-    };
+    let source = source_of(src.version, scan_rows, op_marks.as_deref());
     select_calls(
         conn, src, &conds, &args, q.order, q.limit, &source, err, visit,
     )
@@ -624,23 +619,37 @@ pub(crate) fn calls_source_for_ops(
     conn: &Connection,
     ops: Vec<&'static str>,
 ) -> rusqlite::Result<String> {
-    let names: Vec<String> = ops
-        .iter()
-        .map(|n| format!("'{}'", n.replace('\'', "''")))
-        .collect();
+    let names = quoted_names(&ops);
     let q = CallQuery {
         ops: Some(ops),
         order: StreamOrder::ByReturn,
         ..Default::default()
     };
     let version = CallSource::of(conn)?.version;
-    if scan_table(conn, version, &q)? {
-        return Ok(calls_source(true));
+    let scan_rows = scan_table(conn, version, &q)?;
+    Ok(source_of(version, scan_rows, Some(&names)))
+}
+
+/// Op names as a list of SQL string literals ("'a', 'b'").
+pub(crate) fn quoted_names(ops: &[&str]) -> String {
+    let names: Vec<String> = ops
+        .iter()
+        .map(|n| format!("'{}'", n.replace('\'', "''")))
+        .collect();
+    names.join(", ")
+}
+
+/// What a read of the calls (of the ops in `marks`, SQL parameters or
+/// quoted names, when given) reads from: the row-order twin with
+/// `scan_rows`, else in version 2 the rows of those ops through the op
+/// index ([`ops_searched_calls`]), else the `calls` view.
+fn source_of(version: i64, scan_rows: bool, marks: Option<&str>) -> String {
+    match marks {
+        Some(marks) if !scan_rows && version >= 2 => {
+            ops_searched_calls(marks).unwrap_or_else(|| calls_source(false))
+        }
+        _ => calls_source(scan_rows),
     }
-    Ok((version >= 2)
-        .then(|| ops_searched_calls(&names.join(", ")))
-        .flatten()
-        .unwrap_or_else(|| calls_source(false)))
 }
 
 /// The `calls` view, or with `scan_rows` its row-order twin
