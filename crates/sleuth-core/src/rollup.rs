@@ -301,15 +301,17 @@ impl StoredRollups {
         }
         self.ops = ops.into_iter().map(|((p, op), o)| (p, op, o)).collect();
         self.culprits.extend(later.culprits);
-        for t in later.threads {
-            match self
-                .threads
-                .iter_mut()
-                .find(|x| (x.pid, x.tid) == (t.pid, t.tid))
-            {
-                Some(x) => merge_thread_split(x, &t),
-                None => self.threads.push(t),
-            }
+        merge_thread_splits(&mut self.threads, later.threads);
+    }
+}
+
+/// Adds a later file's thread splits to a run's: a thread seen in both
+/// gets one merged split ([`merge_thread_split`]), a new one is appended.
+pub fn merge_thread_splits(splits: &mut Vec<ThreadSplit>, later: Vec<ThreadSplit>) {
+    for t in later {
+        match splits.iter_mut().find(|x| (x.pid, x.tid) == (t.pid, t.tid)) {
+            Some(x) => merge_thread_split(x, &t),
+            None => splits.push(t),
         }
     }
 }

@@ -22,7 +22,7 @@ use super::{
     FindingInputs, LatencyHist, OpInputs, PageableInputs, PinnedRanges, Resolution, ThreadInputs,
     TopK,
 };
-use crate::rollup::merge_thread_split;
+use crate::rollup::merge_thread_splits;
 use std::collections::HashMap;
 
 /// Two aggregates whose histograms keep durations differently: adding
@@ -156,16 +156,7 @@ impl FindingInputs {
             e.0 = e.0.min(first);
             e.1 = e.1.max(last);
         }
-        for t in later.splits {
-            match self
-                .splits
-                .iter_mut()
-                .find(|x| (x.pid, x.tid) == (t.pid, t.tid))
-            {
-                Some(x) => merge_thread_split(x, &t),
-                None => self.splits.push(t),
-            }
-        }
+        merge_thread_splits(&mut self.splits, later.splits);
         crate::threads::sort_splits(&mut self.splits);
         self.process_ops = match (self.process_ops.take(), later.process_ops) {
             (Some(mut mine), Some(theirs)) => {
