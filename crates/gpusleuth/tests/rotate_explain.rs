@@ -60,6 +60,21 @@ fn scripted_kinds(v: &Value) -> BTreeMap<String, usize> {
     out
 }
 
+/// `explain --db DB ARGS`, which must fail with a one-line error: its stderr.
+fn explain_refused(db: &Path, args: &[&str]) -> String {
+    let out = common::gpusleuth()
+        .args(["explain", "--db"])
+        .arg(db)
+        .args(args)
+        .output()
+        .expect("run explain");
+    common::assert_no_panic(&out);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    err
+}
+
 fn finding<'a>(v: &'a Value, kind: &str) -> &'a Value {
     v["findings"]
         .as_array()
@@ -211,17 +226,8 @@ fn a_rotated_run_finds_what_one_trace_finds_with_and_without_pid() {
         scripted_kinds(&explain(&rotated.db(), &["--pid", &pid])),
         want
     );
-    let out = common::gpusleuth()
-        .args(["explain", "--db"])
-        .arg(rotated.db())
-        .args(["--pid", "4242424"])
-        .output()
-        .expect("run explain");
-    common::assert_no_panic(&out);
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = explain_refused(&rotated.db(), &["--pid", "4242424"]);
     assert!(err.contains("no process 4242424 in this run"), "{err}");
-    assert_eq!(err.trim().lines().count(), 1, "{err}");
     // Text and Markdown read the same run.
     for style in [None, Some("--markdown")] {
         let out = common::run_ok(
@@ -278,14 +284,6 @@ fn explain_of_a_directory_that_is_no_run_is_one_line() {
     let sb = Sandbox::new("rotx-no-run");
     let empty = sb.path("empty");
     std::fs::create_dir(&empty).expect("mkdir");
-    let out = common::gpusleuth()
-        .args(["explain", "--db"])
-        .arg(&empty)
-        .output()
-        .expect("run explain");
-    common::assert_no_panic(&out);
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = explain_refused(&empty, &[]);
     assert!(err.contains("not a trace run"), "{err}");
-    assert_eq!(err.trim().lines().count(), 1, "{err}");
 }
