@@ -18,7 +18,7 @@ pub fn stats_of(db: &Path, pid: Option<u32>) -> anyhow::Result<sleuth_core::stat
         note_unfinished(&run.incomplete);
         return Ok(run.report);
     }
-    let trace = sleuth_store::Trace::open(db)?;
+    let trace = crate::checks_memo::open(db)?;
     if let Some(r) = trace.stats_report(pid)? {
         return Ok(r);
     }

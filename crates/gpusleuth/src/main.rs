@@ -6,6 +6,7 @@
 
 mod args;
 mod capture;
+mod checks_memo;
 mod cmd;
 mod gpu_sampler;
 mod held_child;
@@ -100,6 +101,7 @@ fn main() {
         Command::Export(a) => cmd::export::run(a),
         Command::Report(a) => cmd::report::run(a),
     };
+    checks_memo::save();
     peak_rss::report_if_asked();
     match result {
         Ok(code) => std::process::exit(code),

@@ -82,7 +82,9 @@ impl SleuthServer {
         let work = budget.clone();
         let job = move || {
             let db = trace_tools::resolve_db(db_arg.as_deref(), &served)?;
-            f(&db, &work)
+            let answer = f(&db, &work);
+            trace_tools::save_checks();
+            answer
         };
         run_cancellable(job, budget, ctx.ct.clone().cancelled_owned()).await
     }

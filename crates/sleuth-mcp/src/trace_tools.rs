@@ -81,12 +81,20 @@ pub fn resolve_db(arg: Option<&str>, served: &Served) -> Result<PathBuf> {
 }
 
 /// The checks each trace passed, kept for the life of the server process
-/// (`sleuth_store::CheckMemo`: until the file changes, a few files at
-/// most): an assistant asks many questions about one trace, and on a
-/// 10M-call trace the checks cost seconds before each answer.
+/// and shared with the command line through the user's cache
+/// (`sleuth_store::CheckMemo::on_disk`: until the file changes): an
+/// assistant asks many questions about one trace, and on a 10M-call trace
+/// the checks cost seconds before each answer. [`save_checks`] after each
+/// tool call.
 pub(crate) fn memo() -> &'static CheckMemo {
     static MEMO: std::sync::OnceLock<CheckMemo> = std::sync::OnceLock::new();
-    MEMO.get_or_init(CheckMemo::new)
+    MEMO.get_or_init(CheckMemo::on_disk)
+}
+
+/// Saves what the last tool call's checks passed into the user's cache
+/// (nothing when they passed nothing new).
+pub(crate) fn save_checks() {
+    memo().save();
 }
 
 /// Opens a trace for a tool, without the checks it passed for an earlier call.

@@ -18,10 +18,12 @@
 //! skip it.
 
 use crate::budget::ReadBudget;
+use crate::check_cache::{CheckCache, StoredEntry, StoredPassed};
 use crate::error::StoreError;
 use crate::open::{check_tables, tables, BULK_TABLES};
 use crate::problems::{CallScan, InputProblems};
 use rusqlite::Connection;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -42,7 +44,7 @@ pub(crate) const SETTLED: Duration = Duration::from_secs(2);
 
 /// What the file system says of one file: any write changes `ctime_ns`,
 /// a replaced file changes `ino`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 struct Stamp {
     dev: u64,
     ino: u64,
@@ -74,7 +76,7 @@ impl Stamp {
 /// The identity of a trace's bytes without reading them: the database's
 /// stamp and its `-wal`'s (absent is part of the key: a `-wal` that
 /// appears, empty or not, makes another identity).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct FileIdentity {
     db: Stamp,
     wal: Option<Stamp>,
@@ -250,11 +252,16 @@ impl BulkCheck {
 
 /// What the files a process reads passed, while each stays the same: for
 /// readers that open the same files again and again (the MCP server keeps
-/// one for its life). Cheap to clone (shared). At most a few files.
+/// one for its life). Cheap to clone (shared). At most a few files. One
+/// made by [`CheckMemo::on_disk`] also starts from, and [`CheckMemo::save`]s
+/// into, the user's cache (`check_cache`): the command line's runs share
+/// what each paid for.
 #[derive(Debug, Clone)]
 pub struct CheckMemo {
     entries: Arc<Mutex<Vec<Entry>>>,
     settled: Duration,
+    capacity: usize,
+    disk: Option<CheckCache>,
 }
 
 #[derive(Debug)]
@@ -262,6 +269,11 @@ struct Entry {
     id: FileIdentity,
     checks: Checks,
     used: u64,
+    /// What the cache on disk knows of this file (None: nothing), so that
+    /// saving writes only what this process learnt.
+    saved: Option<StoredPassed>,
+    /// When this process or the one that saved it last used it (s).
+    used_s: u64,
 }
 
 impl Default for CheckMemo {
@@ -280,6 +292,70 @@ impl CheckMemo {
         CheckMemo {
             entries: Arc::default(),
             settled,
+            capacity: REMEMBERED,
+            disk: None,
+        }
+    }
+
+    /// A memo that starts from the user's cache of checks on disk (where
+    /// the environment names one: `check_cache`) and saves into it.
+    pub fn on_disk() -> CheckMemo {
+        match CheckCache::from_env() {
+            Some(cache) => CheckMemo::with_cache(cache, SETTLED),
+            None => CheckMemo::new(),
+        }
+    }
+
+    /// A memo on `cache` (tests choose the directory and the settling time).
+    pub(crate) fn with_cache(cache: CheckCache, settled: Duration) -> CheckMemo {
+        let entries = cache
+            .load()
+            .into_iter()
+            .enumerate()
+            .map(|(i, e)| Entry {
+                id: e.id,
+                checks: Checks(Arc::new(Mutex::new(e.passed.passed()))),
+                // Most recently used first in the cache: older, lower ticks.
+                used: (crate::check_cache::KEPT - i) as u64,
+                saved: Some(e.passed),
+                used_s: e.used_s,
+            })
+            .collect();
+        CheckMemo {
+            entries: Arc::new(Mutex::new(entries)),
+            settled,
+            capacity: crate::check_cache::KEPT,
+            disk: Some(cache),
+        }
+    }
+
+    /// Writes what this process learnt of its files into the cache on disk
+    /// (a memo without one: nothing). Best effort: a cache that cannot be
+    /// written costs only checks paid again by a later run.
+    pub fn save(&self) {
+        let Some(cache) = &self.disk else {
+            return;
+        };
+        let news: Vec<StoredEntry> = {
+            let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+            entries
+                .iter_mut()
+                .filter_map(|e| {
+                    let now = StoredPassed::of(&e.checks.lock());
+                    if now.is_empty() || e.saved.as_ref() == Some(&now) {
+                        return None;
+                    }
+                    e.saved = Some(now.clone());
+                    Some(StoredEntry {
+                        id: e.id,
+                        passed: now,
+                        used_s: e.used_s,
+                    })
+                })
+                .collect()
+        };
+        if !news.is_empty() {
+            cache.save(news);
         }
     }
 
@@ -296,16 +372,19 @@ impl CheckMemo {
         let (Some(id), Some(after)) = (before, after) else {
             return Checks::default();
         };
-        if id != after || !id.settled(now_ns(), self.settled) {
+        let now = now_ns();
+        if id != after || !id.settled(now, self.settled) {
             return Checks::default();
         }
+        let now_s = (now / 1_000_000_000).max(0) as u64;
         let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
         let tick = entries.iter().map(|e| e.used).max().unwrap_or(0) + 1;
         if let Some(e) = entries.iter_mut().find(|e| e.id == id) {
             e.used = tick;
+            e.used_s = now_s;
             return e.checks.clone();
         }
-        if entries.len() >= REMEMBERED {
+        if entries.len() >= self.capacity {
             // The least recently used file is forgotten.
             if let Some(i) = (0..entries.len()).min_by_key(|&i| entries[i].used) {
                 entries.swap_remove(i);
@@ -316,6 +395,8 @@ impl CheckMemo {
             id,
             checks: checks.clone(),
             used: tick,
+            saved: None,
+            used_s: now_s,
         });
         checks
     }
@@ -510,6 +591,71 @@ mod tests {
             Trace::open_remembered(&p, budget(), &memo).expect("open");
         }
         assert_eq!(memo.len(), REMEMBERED);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A later run (a new memo on the same cache directory) skips what an
+    /// earlier run's checks passed, and checks again a file changed since,
+    /// in place and keeping its size, and finds the damage.
+    #[test]
+    fn checks_saved_on_disk_are_not_run_again_by_a_later_run() {
+        each_size(|size| {
+            let (dir, path) = copy(&format!("disk-{size}"));
+            let cache = || {
+                CheckMemo::with_cache(
+                    crate::check_cache::CheckCache::at(dir.join("cache")),
+                    Duration::ZERO,
+                )
+            };
+            let first_run = cache();
+            let first = read_all(&path, &first_run).expect("intact");
+            first_run.save();
+            let n = checks_run();
+            let again = read_all(&path, &cache()).expect("still intact");
+            assert_eq!(checks_run(), n, "{size}: nothing checked by the second run");
+            assert_eq!(first, again, "{size}: the counts come back");
+            // A run that learnt nothing new leaves the cache as it was.
+            let before = std::fs::read(dir.join("cache/checks.json")).expect("cache");
+            let third = cache();
+            read_all(&path, &third).expect("intact");
+            third.save();
+            assert_eq!(
+                std::fs::read(dir.join("cache/checks.json")).expect("cache"),
+                before
+            );
+            std::thread::sleep(Duration::from_millis(50));
+            let bytes = damaged(&path, "calls");
+            assert_eq!(
+                bytes.len() as u64,
+                std::fs::metadata(&path).expect("stat").len()
+            );
+            {
+                use std::io::Write;
+                let mut f = std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(&path)
+                    .expect("open for writing");
+                f.write_all(&bytes).expect("write in place");
+            }
+            let e = read_all(&path, &cache())
+                .expect_err("damage found")
+                .to_string();
+            assert!(e.contains("damaged"), "{size}: {e}");
+            let _ = std::fs::remove_dir_all(&dir);
+        });
+    }
+
+    /// Without a settled file nothing is kept on disk either.
+    #[test]
+    fn a_file_just_written_is_not_saved() {
+        let (dir, path) = copy("disk-racy");
+        let memo = CheckMemo::with_cache(
+            crate::check_cache::CheckCache::at(dir.join("cache")),
+            SETTLED,
+        );
+        read_all(&path, &memo).expect("intact");
+        memo.save();
+        assert!(!dir.join("cache/checks.json").exists());
         let _ = std::fs::remove_dir_all(&dir);
     }
 

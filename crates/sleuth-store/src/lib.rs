@@ -12,6 +12,7 @@
 
 mod budget;
 mod call_groups;
+mod check_cache;
 mod checked;
 mod error;
 mod finalize;
@@ -44,6 +45,7 @@ pub mod window;
 mod writer;
 
 pub use budget::{ReadBudget, DEFAULT_READ_TIMEOUT};
+pub use check_cache::CACHE_DIR_ENV;
 pub use checked::CheckMemo;
 pub use error::StoreError;
 pub use import::{import_ingero, ImportSummary};

@@ -7,7 +7,7 @@
 //! and every command reports it.
 
 use rusqlite::Connection;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use sleuth_core::op_by_name;
 use std::collections::BTreeMap;
 
@@ -51,7 +51,7 @@ const NAMES_KEPT: usize = 20;
 const NAME_CHARS: usize = 80;
 
 /// What a reader skipped, by kind. Empty for every trace gpusleuth wrote.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InputProblems {
     /// Calls (and kernel-counted ops, allocator events) whose op name this
     /// build does not know, by name (shortened; at most 20 names).
@@ -218,7 +218,7 @@ fn known_wait_kinds() -> String {
 /// per file and shared (`checked::Checks`): a stream's totals check and the
 /// count of skipped rows after the reads are one pass over a 10M-call file
 /// (1.3 s), not two.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct CallScan {
     pub impossible: u64,
     pub totals_overflow: bool,

@@ -229,7 +229,8 @@ pub fn run(
         ];
         for (name, argv) in runs {
             let mut cmd = Command::new(exe);
-            cmd.args(&argv);
+            // Each command as on a file it never read: no checks cache.
+            cmd.args(&argv).env(sleuth_store::CACHE_DIR_ENV, "");
             let t = Instant::now();
             let usage = super::bench::run_child(cmd).with_context(|| format!("{name} failed"))?;
             commands.push(CommandRun {

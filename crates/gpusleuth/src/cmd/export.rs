@@ -63,7 +63,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         // Before the work: a refused output is known at once.
         sleuth_store::outfile::check_output(path, &[db], args.force, Some(FORCE_HINT))?;
     }
-    let trace = Trace::open(db)?;
+    let trace = crate::checks_memo::open(db)?;
     warn_input_problems(&trace)?;
     let pid = args.input.pid;
     if let Some(pid) = pid {

@@ -62,7 +62,7 @@ struct Report<'a> {
 
 pub fn run(args: Args) -> anyhow::Result<i32> {
     let at_offset = args.at;
-    let trace = sleuth_store::Trace::open(&args.input.db)?;
+    let trace = crate::checks_memo::open(&args.input.db)?;
     // The memory calls are streamed from the store, never the whole trace.
     let mut mt = MemoryTrace::open(
         &trace,

@@ -14,7 +14,7 @@ use anyhow::{bail, Context};
 use serde::Serialize;
 use sleuth_core::nccl::align::{estimate, Alignment};
 use sleuth_core::nccl::NcclEvent;
-use sleuth_store::{input_facts, write_merged, MergeInput, Trace};
+use sleuth_store::{input_facts, write_merged, MergeInput};
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
@@ -79,7 +79,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         };
         seen.extend(f.pids.iter().map(|p| p + pid_offset));
         let session_shift = f.realtime_offset_ns - base_offset;
-        let events = Trace::open(path)?.nccl_calls(None)?;
+        let events = crate::checks_memo::open(path)?.nccl_calls(None)?;
         let moved: Vec<NcclEvent> = events
             .into_iter()
             .map(|mut e| {

@@ -2,7 +2,9 @@
 
 use crate::term_text;
 use anyhow::Context;
-use sleuth_store::{run_readonly_sql, SqlLimits, SqlResult};
+use sleuth_store::{
+    run_readonly_sql_remembered, ReadBudget, SqlLimits, SqlResult, DEFAULT_READ_TIMEOUT,
+};
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
@@ -24,7 +26,18 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         max_rows: args.limit,
         ..Default::default()
     };
-    let result = run_readonly_sql(&args.db, &args.sql, limits).context("query failed")?;
+    // The file's checks run under the command's deadline, not the
+    // statement's time limit; those it passed in an earlier run are not
+    // run again (`checks_memo`).
+    let budget = ReadBudget::new(DEFAULT_READ_TIMEOUT);
+    let result = run_readonly_sql_remembered(
+        &args.db,
+        &args.sql,
+        &limits,
+        &budget,
+        crate::checks_memo::memo(),
+    )
+    .context("query failed")?;
     if args.out.json {
         println!("{}", serde_json::to_string(&result)?);
     } else {

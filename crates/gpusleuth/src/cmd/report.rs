@@ -54,7 +54,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     let db = &args.input.db;
     // Before the work: a refused output is known at once.
     sleuth_store::outfile::check_output(&args.output, &[db], args.force, hint)?;
-    let trace = sleuth_store::Trace::open(db)?;
+    let trace = crate::checks_memo::open(db)?;
     let inputs = inputs_of(&trace, args.input.pid, true)?;
     // After the reads: what they skipped (none when a large trace was
     // answered from its aggregates and a few rows read by index; see

@@ -41,7 +41,7 @@ fn output(input: &TraceInput, style: Style, lean_allowed: bool) -> anyhow::Resul
     if input.db.is_dir() {
         return run_output(input, style);
     }
-    let trace = sleuth_store::Trace::open(&input.db)?;
+    let trace = crate::checks_memo::open(&input.db)?;
     let lean = if lean_allowed {
         lean_load(&trace, input.pid)?
     } else {

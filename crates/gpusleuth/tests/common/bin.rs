@@ -8,5 +8,12 @@ use std::process::{Command, Stdio};
 pub fn gpusleuth_with(stdin: Stdio, stdout: Stdio, stderr: Stdio) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_gpusleuth"));
     c.stdin(stdin).stdout(stdout).stderr(stderr);
+    c.env("GPUSLEUTH_CACHE_DIR", test_cache_dir());
     c
+}
+
+/// The checks cache of this test process's runs (not the user's own: the
+/// runs share it, so the tests exercise it).
+pub fn test_cache_dir() -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("gpusleuth-test-cache-{}", std::process::id()))
 }

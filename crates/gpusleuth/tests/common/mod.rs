@@ -173,7 +173,15 @@ fn file_stdio(path: &Path) -> Stdio {
 }
 
 pub fn gpusleuth() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_gpusleuth"))
+    let mut c = Command::new(env!("CARGO_BIN_EXE_gpusleuth"));
+    c.env("GPUSLEUTH_CACHE_DIR", test_cache_dir());
+    c
+}
+
+/// The checks cache of this test process's runs (not the user's own: the
+/// runs share it, so the tests exercise it).
+pub fn test_cache_dir() -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("gpusleuth-test-cache-{}", std::process::id()))
 }
 
 /// Runs a gpusleuth command to completion; fails the test (with its

@@ -1,0 +1,132 @@
+//! The checks cache shared by command-line runs (`check_cache` in the
+//! store): a run that read a settled trace leaves its entry in the cache
+//! directory, a later run answers the same, a file changed in place since is
+//! checked again and refused when damaged, and an empty
+//! `GPUSLEUTH_CACHE_DIR` turns the cache off.
+
+mod common;
+
+use common::{assert_no_panic, run_ok};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+fn example() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/h200-contention.db")
+}
+
+/// A fresh directory with a copy of the example trace, left alone long
+/// enough to be remembered (the store's two-second "settled" rule).
+fn settled_copy(tag: &str) -> (PathBuf, PathBuf) {
+    let dir = std::env::temp_dir().join(format!("gs-checks-cache-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let db = dir.join("t.db");
+    std::fs::copy(example(), &db).expect("copy");
+    std::thread::sleep(Duration::from_millis(2_100));
+    (dir, db)
+}
+
+fn gpusleuth(cache: &Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_gpusleuth"));
+    c.env("GPUSLEUTH_CACHE_DIR", cache);
+    c
+}
+
+fn memory_json(cache: &Path, db: &Path) -> String {
+    let out = run_ok(gpusleuth(cache).args(["memory", "--json", "--db"]).arg(db));
+    String::from_utf8(out.stdout).expect("utf8")
+}
+
+#[test]
+fn runs_share_the_checks_and_a_changed_file_is_checked_again() {
+    let (dir, db) = settled_copy("share");
+    let cache = dir.join("cache");
+    let first = memory_json(&cache, &db);
+    let saved =
+        std::fs::read_to_string(cache.join("checks.json")).expect("the run saved its checks");
+    assert!(saved.contains("\"whole\":true"), "{saved}");
+    let mode = {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::metadata(cache.join("checks.json"))
+            .expect("stat")
+            .permissions()
+            .mode()
+    };
+    assert_eq!(mode & 0o777, 0o600, "private to the user");
+    // A second run (and another command) read the same answers.
+    assert_eq!(memory_json(&cache, &db), first);
+    run_ok(
+        gpusleuth(&cache)
+            .args(["query", "--db"])
+            .arg(&db)
+            .arg("SELECT count(*) FROM calls"),
+    );
+
+    // One byte of the calls table's root page, in place, same size.
+    let (root, page): (i64, i64) = {
+        let c =
+            rusqlite::Connection::open_with_flags(&db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+                .expect("open");
+        let root = c
+            .query_row("SELECT rootpage FROM sqlite_master WHERE type = 'table' AND name IN ('call_rows', 'calls')", [], |r| r.get(0))
+            .expect("root");
+        (
+            root,
+            c.query_row("PRAGMA page_size", [], |r| r.get(0))
+                .expect("page size"),
+        )
+    };
+    {
+        use std::io::{Seek, SeekFrom, Write};
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&db)
+            .expect("open for writing");
+        f.seek(SeekFrom::Start(((root - 1) * page) as u64))
+            .expect("seek");
+        f.write_all(&[0x42]).expect("write");
+    }
+    let out = gpusleuth(&cache)
+        .args(["memory", "--json", "--db"])
+        .arg(&db)
+        .output()
+        .expect("run");
+    assert_no_panic(&out);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("damaged"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn an_empty_cache_dir_turns_the_cache_off() {
+    let (dir, db) = settled_copy("off");
+    run_ok(
+        Command::new(env!("CARGO_BIN_EXE_gpusleuth"))
+            .env("GPUSLEUTH_CACHE_DIR", "")
+            .env("HOME", &dir)
+            .env_remove("XDG_CACHE_HOME")
+            .args(["memory", "--db"])
+            .arg(&db),
+    );
+    let left: Vec<_> = std::fs::read_dir(&dir)
+        .expect("dir")
+        .map(|e| e.expect("entry").file_name())
+        .collect();
+    assert_eq!(
+        left,
+        vec![std::ffi::OsString::from("t.db")],
+        "nothing written beside it or in HOME"
+    );
+    // Without the variable the cache lives under HOME.
+    run_ok(
+        Command::new(env!("CARGO_BIN_EXE_gpusleuth"))
+            .env_remove("GPUSLEUTH_CACHE_DIR")
+            .env("HOME", &dir)
+            .env_remove("XDG_CACHE_HOME")
+            .args(["memory", "--db"])
+            .arg(&db),
+    );
+    assert!(dir.join(".cache/gpusleuth/checks.json").exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}
