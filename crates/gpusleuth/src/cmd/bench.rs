@@ -36,6 +36,10 @@ pub struct Args {
     /// Calls in the synthetic stored trace that `stats` and `explain` are timed on.
     #[arg(long = "analysis-calls", default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1..))]
     pub analysis_calls: u64,
+    /// Processes the synthetic stored trace's calls are spread over (each
+    /// with the whole mix on 4 threads; pids 100, 1100, 2100, ...).
+    #[arg(long = "analysis-procs", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=64))]
+    pub analysis_procs: u64,
     /// Launches per run of the tracer-footprint flood (`--launches full`,
     /// workload pinned to CPU 0; runs of N and 4N, placement on and off); 0 skips it.
     #[arg(long = "footprint-launches", default_value_t = 50_000)]
@@ -297,6 +301,7 @@ pub fn run(args: Args) -> Result<i32> {
         analysis: super::bench_analysis::run(
             &b.dir,
             args.analysis_calls,
+            args.analysis_procs,
             Some(&b.exe),
             args.keep_trace.as_deref(),
         )?,
@@ -320,6 +325,7 @@ fn run_analysis_only(args: &Args) -> Result<i32> {
     let a = super::bench_analysis::run(
         &scratch.0,
         args.analysis_calls,
+        args.analysis_procs,
         Some(&exe),
         args.keep_trace.as_deref(),
     )?;

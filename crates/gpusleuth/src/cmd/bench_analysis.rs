@@ -67,13 +67,21 @@ impl Ops {
     }
 }
 
+/// The pid of the synthetic trace's process `k` (0 is pid 100).
+fn synthetic_pid(k: u64) -> u32 {
+    100 + 1000 * k as u32
+}
+
 /// The op mix, per 16 calls on each of 4 threads: 8 launches, 3 copies
 /// (every 40th call preempted by a "hog"), 2 syncs that sleep (woken by a
 /// peer thread), a malloc/free pair and a VMM create+map every 64th slot in
-/// place of a launch; a wait record for every tenth call.
-fn events(ops: &Ops, n_calls: u64) -> impl Iterator<Item = Event> + '_ {
+/// place of a launch; a wait record for every tenth call. With `procs`
+/// processes, each run of 64 calls (one round of the mix on the 4 threads)
+/// goes to the next process in turn: every process has the whole mix.
+fn events(ops: &Ops, n_calls: u64, procs: u64) -> impl Iterator<Item = Event> + '_ {
     (0..n_calls).flat_map(move |i| {
-        let tid = 100 + (i % 4) as u32;
+        let pid = synthetic_pid((i / 64) % procs);
+        let tid = pid + (i % 4) as u32;
         let ts = 1_000_000 + i * 5_000;
         let slot = (i / 4) % 16;
         let op = match slot {
@@ -98,7 +106,7 @@ fn events(ops: &Ops, n_calls: u64) -> impl Iterator<Item = Event> + '_ {
         let call = CallEvent {
             ts_ns: ts,
             dur_ns: dur,
-            pid: 100,
+            pid,
             tid,
             op,
             size: Some(4096 << (i % 8)),
@@ -111,7 +119,7 @@ fn events(ops: &Ops, n_calls: u64) -> impl Iterator<Item = Event> + '_ {
         let mut out = vec![Event::Call(call)];
         if i % 10 == 0 || preempted || blocked_sync {
             out.push(Event::Wait(WaitEvent {
-                pid: 100,
+                pid,
                 tid,
                 kind: if preempted {
                     WaitKind::Preempted
@@ -134,8 +142,8 @@ fn events(ops: &Ops, n_calls: u64) -> impl Iterator<Item = Event> + '_ {
                     Vec::new()
                 },
                 waker: blocked_sync.then(|| Waker {
-                    pid: 100,
-                    tid: 100 + ((i + 1) % 4) as u32,
+                    pid,
+                    tid: pid + ((i + 1) % 4) as u32,
                     comm: "worker".into(),
                     irq: false,
                 }),
@@ -157,11 +165,13 @@ fn own_cpu_ms() -> f64 {
     tv(ru.ru_utime) + tv(ru.ru_stime)
 }
 
-/// Writes the synthetic trace into `dir`, then (with `exe`, this gpusleuth
-/// binary) times each analysis command on it as a child process.
+/// Writes the synthetic trace of `n_calls` calls over `procs` processes
+/// into `dir`, then (with `exe`, this gpusleuth binary) times each analysis
+/// command on it as a child process.
 pub fn run(
     dir: &Path,
     n_calls: u64,
+    procs: u64,
     exe: Option<&Path>,
     keep: Option<&Path>,
 ) -> Result<AnalysisBench> {
@@ -183,14 +193,16 @@ pub fn run(
     )
     .with_context(|| format!("cannot create {}", db.display()))?;
     let h = writer.handle();
-    h.set_process(sleuth_core::ProcessInfo {
-        pid: 100,
-        comm: "train".into(),
-        ..Default::default()
-    })?;
+    for k in 0..procs {
+        h.set_process(sleuth_core::ProcessInfo {
+            pid: synthetic_pid(k),
+            comm: "train".into(),
+            ..Default::default()
+        })?;
+    }
     let mut n_events = 0u64;
     let mut waits = 0u64;
-    for ev in events(&ops, n_calls) {
+    for ev in events(&ops, n_calls, procs) {
         waits += matches!(ev, Event::Wait(_)) as u64;
         n_events += 1;
         h.send(ev)?;
@@ -293,7 +305,7 @@ mod tests {
     fn the_synthetic_trace_round_trips_with_rollups_and_names_the_hog() {
         let dir = std::env::temp_dir().join(format!("gs-bench-analysis-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let r = run(&dir, 4_000, None, None).unwrap();
+        let r = run(&dir, 4_000, 1, None, None).unwrap();
         let _ = std::fs::remove_dir_all(&dir);
         assert_eq!(r.calls, 4_000);
         assert!(r.waits >= 400);
@@ -302,6 +314,38 @@ mod tests {
             "a trace the writer finished answers stats from rollups"
         );
         assert!(r.bytes_per_event > 0.0 && r.commands.is_empty());
+    }
+
+    /// Several processes each get the whole mix, on their own 4 threads.
+    #[test]
+    fn the_synthetic_trace_spreads_over_processes() {
+        let ops = Ops::new().unwrap();
+        let calls = |procs| -> Vec<CallEvent> {
+            events(&ops, 64 * 6, procs)
+                .filter_map(|e| match e {
+                    Event::Call(c) => Some(c),
+                    _ => None,
+                })
+                .collect()
+        };
+        let one = calls(1);
+        assert!(one
+            .iter()
+            .all(|c| c.pid == 100 && (100..104).contains(&c.tid)));
+        let three = calls(3);
+        for k in 0..3 {
+            let pid = synthetic_pid(k);
+            let mine: Vec<&CallEvent> = three.iter().filter(|c| c.pid == pid).collect();
+            assert_eq!(mine.len(), 128, "pid {pid}");
+            assert!(mine.iter().all(|c| (pid..pid + 4).contains(&c.tid)));
+            let mut mix: Vec<u16> = mine.iter().map(|c| c.op).collect();
+            mix.sort_unstable();
+            mix.dedup();
+            assert!(
+                mix.len() >= 5,
+                "pid {pid}: launches, copies, syncs, malloc, free"
+            );
+        }
     }
 
     /// Issue 16's target for the database, on this realistic mix: a size,
@@ -315,8 +359,8 @@ mod tests {
     fn the_mix_is_stored_in_at_most_80_bytes_per_event() {
         let dir = std::env::temp_dir().join(format!("gs-bench-bytes-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let small = run(&dir, 100_000, None, None).unwrap();
-        let large = run(&dir, 200_000, None, None).unwrap();
+        let small = run(&dir, 100_000, 1, None, None).unwrap();
+        let large = run(&dir, 200_000, 1, None, None).unwrap();
         let _ = std::fs::remove_dir_all(&dir);
         assert!(small.rollups && large.rollups);
         let bytes = |r: &AnalysisBench| r.db_mb * 1048576.0;
@@ -332,7 +376,7 @@ mod tests {
     #[test]
     fn the_mix_has_every_kind_it_claims() {
         let ops = Ops::new().unwrap();
-        let evs: Vec<Event> = events(&ops, 4_096).collect();
+        let evs: Vec<Event> = events(&ops, 4_096, 1).collect();
         let calls: Vec<&CallEvent> = evs
             .iter()
             .filter_map(|e| match e {
