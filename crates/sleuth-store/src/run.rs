@@ -9,6 +9,8 @@
 //! file (per-op histograms, counts, totals, maxima, culprit sums, thread
 //! splits, counters, kernel op counts) into one answer over the run.
 
+use crate::budget::{ReadBudget, DEFAULT_READ_TIMEOUT};
+use crate::checked::CheckMemo;
 use crate::error::StoreError;
 use crate::reader::Trace;
 use sleuth_core::rollup::{merge_counters, merge_op_counts, StoredRollups};
@@ -100,15 +102,19 @@ pub(crate) struct Visited {
 /// finished file that holds process `pid` (each finished file, without
 /// one) to `visit`. Errors as [`check_answered`]: no finished file, or none
 /// holding `pid`.
+/// The checks each file passed are taken from and kept in `memo` (the
+/// finished files of a run do not change: a later read of the run skips
+/// them).
 pub(crate) fn visit_finished(
     dir: &Path,
     pid: Option<u32>,
+    memo: &CheckMemo,
     mut visit: impl FnMut(&Trace) -> Result<(), StoreError>,
 ) -> Result<Visited, StoreError> {
     let (mut files, mut incomplete) = (Vec::new(), Vec::new());
     let mut pid_seen = pid.is_none();
     for (_, path) in listed_files(dir)? {
-        let trace = Trace::open(&path)?;
+        let trace = Trace::open_remembered(&path, ReadBudget::new(DEFAULT_READ_TIMEOUT), memo)?;
         if !trace.has_rollups()? {
             incomplete.push(path);
             continue;
@@ -142,12 +148,21 @@ pub struct RunStats {
 /// (one process with `pid`: an error when no file holds it). A directory
 /// with no finished file is an error naming it.
 pub fn run_stats(dir: &Path, pid: Option<u32>) -> Result<RunStats, StoreError> {
+    run_stats_remembered(dir, pid, &CheckMemo::new())
+}
+
+/// [`run_stats`], the checks each file passed taken from and kept in `memo`.
+pub fn run_stats_remembered(
+    dir: &Path,
+    pid: Option<u32>,
+    memo: &CheckMemo,
+) -> Result<RunStats, StoreError> {
     let mut rollups = StoredRollups::default();
     let mut base = TraceData {
         has_host_context: true,
         ..Default::default()
     };
-    let visited = visit_finished(dir, pid, |trace| {
+    let visited = visit_finished(dir, pid, memo, |trace| {
         let read = |e| StoreError::Sqlite {
             path: trace.path().to_path_buf(),
             source: e,

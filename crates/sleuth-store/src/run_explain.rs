@@ -23,6 +23,7 @@
 //! and wait of the ranks).
 
 use crate::budget::ReadBudget;
+use crate::checked::CheckMemo;
 use crate::problems::InputProblems;
 use crate::reader::Trace;
 use crate::run::{part_name, visit_finished};
@@ -70,8 +71,18 @@ impl RunLean {
 /// `dir` (of process `pid`: an error when no file holds it), reading under
 /// `budget`. A directory with no finished file is an error naming it.
 pub fn load(dir: &Path, pid: Option<u32>, budget: ReadBudget) -> Result<RunLean, StoreError> {
+    load_remembered(dir, pid, budget, &CheckMemo::new())
+}
+
+/// [`load`], the checks each file passed taken from and kept in `memo`.
+pub fn load_remembered(
+    dir: &Path,
+    pid: Option<u32>,
+    budget: ReadBudget,
+    memo: &CheckMemo,
+) -> Result<RunLean, StoreError> {
     let mut run = Acc::default();
-    let visited = visit_finished(dir, pid, |trace| run.add(trace, pid, &budget))?;
+    let visited = visit_finished(dir, pid, memo, |trace| run.add(trace, pid, &budget))?;
     run.files = visited.files;
     Ok(run.finish(visited.incomplete))
 }

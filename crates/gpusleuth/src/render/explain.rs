@@ -69,10 +69,11 @@ fn output(input: &TraceInput, style: Style, lean_allowed: bool) -> anyhow::Resul
 /// aggregates; a file still being written is left out with the note
 /// `stats` prints.
 fn run_output(input: &TraceInput, style: Style) -> anyhow::Result<String> {
-    let run = sleuth_store::run_explain::load(
+    let run = sleuth_store::run_explain::load_remembered(
         &input.db,
         input.pid,
         ReadBudget::new(DEFAULT_READ_TIMEOUT),
+        crate::checks_memo::memo(),
     )?;
     crate::load::note_unfinished(&run.incomplete);
     crate::load::print_problems_at(&input.db, &run.problems);
