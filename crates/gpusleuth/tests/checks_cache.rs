@@ -5,6 +5,8 @@
 //! `GPUSLEUTH_CACHE_DIR` turns the cache off.
 
 mod common;
+#[path = "common/mcp_stdio.rs"]
+mod mcp_stdio;
 
 use common::{assert_no_panic, run_ok};
 use std::path::{Path, PathBuf};
@@ -128,5 +130,34 @@ fn an_empty_cache_dir_turns_the_cache_off() {
             .arg(&db),
     );
     assert!(dir.join(".cache/gpusleuth/checks.json").exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The MCP server saves what its tool calls checked into the same cache
+/// after each call: a later command-line run (or server) starts from it.
+#[test]
+fn the_mcp_server_saves_its_checks_for_later_runs() {
+    use std::os::unix::fs::MetadataExt;
+    let (dir, db) = settled_copy("mcp");
+    let mut server =
+        mcp_stdio::McpStdio::start(&["--db".as_ref(), db.as_os_str()], Duration::from_secs(60));
+    let r = server.call(
+        "tools/call",
+        serde_json::json!({"name": "sql", "arguments": {"query": "SELECT count(*) FROM calls"}}),
+    );
+    assert_ne!(r["result"]["isError"], true, "{r}");
+    let cache = mcp_stdio::bin::test_cache_dir().join("checks.json");
+    let saved: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&cache).expect("saved after the call"))
+            .expect("json");
+    let ino = std::fs::metadata(&db).expect("stat").ino();
+    let entry = saved["files"]
+        .as_array()
+        .expect("files")
+        .iter()
+        .find(|e| e["id"]["db"]["ino"] == ino)
+        .unwrap_or_else(|| panic!("no entry for the trace: {saved}"));
+    assert_eq!(entry["passed"]["whole"], true, "{entry}");
+    drop(server);
     let _ = std::fs::remove_dir_all(&dir);
 }
