@@ -40,6 +40,7 @@ mod stacks;
 pub mod stream;
 mod types;
 mod wait_groups;
+mod wait_stream;
 pub mod window;
 mod writer;
 

@@ -16,10 +16,10 @@
 
 use crate::problems::{valid_call, valid_wait, TOTALS_OVERFLOW};
 use crate::reader::Trace;
-use crate::rows::{call_from_row, calls_sql_from, waits_sql, WAIT_CULPRITS_SQL};
+use crate::rows::{call_from_row, calls_sql_from};
 use crate::stream::{CallQuery, Rows, StreamOrder};
 use crate::thread_pass::{sort_culprits, ThreadPass};
-use crate::types::CallFilter;
+use crate::types::{CallFilter, StoredCall};
 use crate::StoreError;
 use rusqlite::types::Value;
 use sleuth_core::findings::inputs::{FindingInputs, Resolution};
@@ -105,25 +105,19 @@ pub fn explanation(trace: &Trace, filter: &CallFilter) -> Result<Option<Explanat
     };
     let calls_q = calls_sql_from(conn, &source, &format!("WHERE {scope} ORDER BY ts_ns, id"))
         .map_err(read)?;
-    // A thread's waits that overlap its window (?3, ?4: the first start and
-    // last end of its calls in scope): one outside adds nothing to the
-    // split (`ThreadStream` clamps each wait to the window) and overlaps no
-    // call. In the `(tid, on_ns)` index's order, so SQLite hands them out
-    // as it finds them (no sort of the rest of the thread first) and the
-    // reads stop past the window. The load orders ties of `on_ns` by the
-    // time the wait began: a thread is off CPU once at a time, so its waits
-    // never share an `on_ns` but in a crafted file.
-    let overlapping = format!(
-        "w.pid = ?1 AND w.tid = ?2 AND {} AND w.on_ns > ?3 AND w.off_ns < ?4",
-        valid_wait("w.")
-    );
-    let culprit_waits_q = waits_sql(
+    // A thread's waits that went back on CPU after its window's start (?3:
+    // the first start of its non-nested calls in scope): one before adds
+    // nothing to the split (`ThreadStream` clamps each wait to the window)
+    // and overlaps no call. In the `(tid, on_ns)` index's order, so SQLite
+    // hands them out as it finds them (no sort of the rest of the thread
+    // first) and the pass stops reading past the window's end
+    // (`ThreadPass::finish`): no bound on the end in SQL, where SQLite would
+    // read the rest of the thread to find that no later wait matches it.
+    let waits_q = crate::wait_stream::thread_waits_sql(
         conn,
-        &format!("WHERE {overlapping} AND w.on_ns > w.wake_ns ORDER BY w.on_ns, w.id"),
+        &format!("{} AND w.on_ns > ?3", valid_wait("w.")),
     )
     .map_err(read)?;
-    let all_waits_q =
-        waits_sql(conn, &format!("WHERE {overlapping} ORDER BY w.on_ns, w.id")).map_err(read)?;
     let params = |p: u32, t: u32| -> Vec<Value> {
         let mut v = vec![Value::Integer(p.into()), Value::Integer(t.into())];
         v.extend(args.iter().cloned());
@@ -133,57 +127,36 @@ pub fn explanation(trace: &Trace, filter: &CallFilter) -> Result<Option<Explanat
     let scoped_ops = |ops: Vec<&'static str>| -> BTreeSet<&'static str> {
         ops.into_iter().filter(|o| name_in_scope(op, o)).collect()
     };
-    let pinned = scoped_ops(crate::finding_rollups::pinned_replay_ops(true));
+    let mut pinned = scoped_ops(crate::finding_rollups::pinned_replay_ops(true));
     let memory = scoped_ops(sleuth_core::ledger::memory_op_names());
+    // Without an op that pins or unpins host memory in scope, no copy is
+    // judged against pinned memory and the order of the replay does not
+    // matter (its sums and top examples are order-free): the copies join it
+    // as the pass reads them, not read again in return order (for
+    // `findings {op: cudaMemcpy}` on a 10M-call trace, 1.9M calls and a
+    // third of the time).
+    let pinning = crate::finding_rollups::pinned_replay_ops(false);
+    let copies_in_pass = !pinned.iter().any(|o| pinning.contains(o));
+    let copies: BTreeSet<&'static str> = match copies_in_pass {
+        true => std::mem::take(&mut pinned),
+        false => BTreeSet::new(),
+    };
     // With a window, those calls are kept as the pass reads them.
     let mut kept: Option<Vec<(i64, CallEvent)>> =
         (filter.since_ns.is_some() || filter.until_ns.is_some()).then(Vec::new);
-    let mut wcst = conn.prepare_cached(WAIT_CULPRITS_SQL).map_err(read)?;
     let mut splits = Vec::new();
     // The first start and last end of the calls in scope (the span of a
     // trace without session times, as the loaded scope's).
     let mut extent: Option<(u64, u64)> = None;
     for &(p, t) in &threads {
-        // The thread's window, first start and last end of its non-nested
-        // calls in scope as the pass decodes them (calls of ops this build
-        // does not know are not in it), before the pass: it bounds the split.
         let mut cst = conn.prepare_cached(&calls_q).map_err(read)?;
-        let mut window: Option<(u64, u64)> = None;
+        let mut wst = conn.prepare_cached(&waits_q).map_err(read)?;
         let mut calls = cst
             .query(rusqlite::params_from_iter(params(p, t)))
             .map_err(read)?;
-        while let Some(row) = calls.next().map_err(read)? {
-            if let Some(s) = call_from_row(row).map_err(read)? {
-                let c = &s.call;
-                if !c.nested {
-                    widen(&mut window, c);
-                }
-            }
-        }
-        drop(calls);
-        let mut calls = cst
-            .query(rusqlite::params_from_iter(params(p, t)))
-            .map_err(read)?;
-        // Without a non-nested call in scope the thread feeds only the
-        // ledger's list of processes: no wait is read.
-        let (a, b) = window.map_or((1, 0), |(a, b)| (a as i64, b as i64));
-        let mut wst = conn.prepare_cached(&culprit_waits_q).map_err(read)?;
-        let mut sst = conn.prepare_cached(&all_waits_q).map_err(read)?;
-        let split = match window {
-            Some(w) => Some((
-                ThreadStream::new(p, t, w, tracer),
-                sst.query(rusqlite::params![p, t, a, b]).map_err(read)?,
-            )),
-            None => None,
-        };
-        let mut pass = ThreadPass::new(
-            wst.query(rusqlite::params![p, t, a, b]).map_err(read)?,
-            split,
-        );
-        while let Some(row) = calls.next().map_err(read)? {
-            let Some(s) = call_from_row(row).map_err(read)? else {
-                continue;
-            };
+        // Every call in scope, nested too: the ledger's processes, the
+        // memory calls kept for the replay in return order, the extent.
+        let mut note = |s: &StoredCall| {
             let c = &s.call;
             ledger.track(c.pid);
             if let Some(kept) = &mut kept {
@@ -193,17 +166,61 @@ pub fn explanation(trace: &Trace, filter: &CallFilter) -> Result<Option<Explanat
                 }
             }
             widen(&mut extent, c);
-            if c.nested {
-                continue;
+        };
+        // Up to the first non-nested call in scope: its start is the
+        // thread's window's start, where its waits are read from. Without
+        // one the thread feeds only the ledger's list of processes: no wait
+        // is read.
+        let mut first = None;
+        while let Some(row) = calls.next().map_err(read)? {
+            if let Some(s) = call_from_row(row).map_err(read)? {
+                note(&s);
+                if !s.call.nested {
+                    first = Some(s);
+                    break;
+                }
             }
-            let mut culprits = pass.call(c, &mut wcst).map_err(read)?;
+        }
+        let Some(first) = first else {
+            continue;
+        };
+        // The window's end, the last end of the non-nested calls in scope
+        // (calls of ops this build does not know are not in it), is known
+        // once they are read: the split is told it then.
+        let start = first.call.ts_ns;
+        let mut window_end = first.call.end_ns();
+        let mut pass = ThreadPass::new(
+            wst.query(rusqlite::params![
+                p,
+                t,
+                i64::try_from(start).unwrap_or(i64::MAX)
+            ])
+            .map_err(read)?,
+            Some(ThreadStream::new(p, t, (start, u64::MAX), tracer)),
+        );
+        let mut add = |s: &StoredCall, pass: &mut ThreadPass| -> Result<(), StoreError> {
+            window_end = window_end.max(s.call.end_ns());
+            let mut culprits = pass.call(&s.call).map_err(read)?;
             sort_culprits(&mut culprits);
-            inputs.add_call(crate::finding_rollups::row_index(s.id), c, &culprits);
+            let index = crate::finding_rollups::row_index(s.id);
+            inputs.add_call(index, &s.call, &culprits);
+            if copies.contains(s.call.op_name()) {
+                inputs.add_in_end_order(index, &s.call);
+            }
+            Ok(())
+        };
+        add(&first, &mut pass)?;
+        while let Some(row) = calls.next().map_err(read)? {
+            if let Some(s) = call_from_row(row).map_err(read)? {
+                note(&s);
+                if !s.call.nested {
+                    add(&s, &mut pass)?;
+                }
+            }
         }
         drop(calls);
-        let last_on = window.map_or(u64::MAX, |w| w.1);
         if let Some(split) = pass
-            .finish(&mut wcst, data.comm_of(p), last_on)
+            .finish(data.comm_of(p), Some(window_end))
             .map_err(read)?
         {
             splits.push(split);
