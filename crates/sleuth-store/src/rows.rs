@@ -18,8 +18,8 @@ fn opt_u64(row: &Row, i: usize) -> rusqlite::Result<Option<u64>> {
 
 /// A call row; `None` when its op name is not in this build's op table.
 pub(crate) fn call_from_row(row: &Row) -> rusqlite::Result<Option<StoredCall>> {
-    let op_name: String = row.get(5)?;
-    let Some(info) = op_by_name(&op_name) else {
+    // Borrowed, not copied: one allocation per row less (10M rows in some reads).
+    let Some(info) = op_by_name(text(row, 5)?) else {
         return Ok(None);
     };
     Ok(Some(StoredCall {
@@ -44,6 +44,14 @@ pub(crate) fn call_from_row(row: &Row) -> rusqlite::Result<Option<StoredCall>> {
             stack_id: None,
         },
     }))
+}
+
+/// Column `i` as text, borrowed from the row (an error for another type,
+/// as `row.get::<_, String>` gives).
+fn text<'r>(row: &'r Row, i: usize) -> rusqlite::Result<&'r str> {
+    row.get_ref(i)?.as_str().map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(i, rusqlite::types::Type::Text, Box::new(e))
+    })
 }
 
 /// Whether the database has `table` (tables added after the first schema
@@ -154,8 +162,7 @@ pub(crate) fn wait_from_row(
 
 /// A wait row of [`waits_sql`] without its culprits; None for an unknown kind.
 pub(crate) fn wait_fields(row: &Row) -> rusqlite::Result<Option<WaitEvent>> {
-    let kind: String = row.get(3)?;
-    let Some(kind) = WaitKind::parse(&kind) else {
+    let Some(kind) = WaitKind::parse(text(row, 3)?) else {
         return Ok(None);
     };
     Ok(Some(WaitEvent {
