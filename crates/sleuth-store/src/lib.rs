@@ -33,6 +33,7 @@ pub mod run_explain;
 mod run_pinned;
 mod schema;
 mod schema_check;
+mod scope_feed;
 pub mod scoped;
 pub mod site_rollup;
 mod sql;

@@ -16,16 +16,16 @@
 
 use crate::problems::{valid_call, valid_wait, TOTALS_OVERFLOW};
 use crate::reader::Trace;
-use crate::rows::{call_from_row, calls_sql_from};
+use crate::rows::calls_sql_from;
+use crate::scope_feed::{self, Feed};
 use crate::stream::{CallQuery, Rows, StreamOrder};
-use crate::thread_pass::{sort_culprits, ThreadPass};
-use crate::types::{CallFilter, StoredCall};
+use crate::types::CallFilter;
 use crate::StoreError;
 use rusqlite::types::Value;
 use sleuth_core::findings::inputs::{FindingInputs, Resolution};
 use sleuth_core::findings::Explanation;
 use sleuth_core::ledger::LedgerBuilder;
-use sleuth_core::threads::{sort_splits, tracer_pid, ThreadStream};
+use sleuth_core::threads::{sort_splits, tracer_pid};
 use sleuth_core::{op_by_id, CallEvent, OpCount, TraceData};
 use std::collections::BTreeSet;
 
@@ -69,12 +69,6 @@ pub fn explanation(trace: &Trace, filter: &CallFilter) -> Result<Option<Explanat
     };
     keep_counts_of_op(&mut data.counts, op);
     let tracer = tracer_pid(&data);
-    let mut inputs = FindingInputs::new(Resolution::Bucketed, tracer);
-    let mut ledger = LedgerBuilder::new(None);
-    for oc in &data.counts {
-        ledger.track(oc.pid);
-    }
-
     // The scope as SQL: ?1 pid, ?2 tid, then the op and the window.
     let mut conds = vec![
         "pid = ?1".to_string(),
@@ -118,11 +112,6 @@ pub fn explanation(trace: &Trace, filter: &CallFilter) -> Result<Option<Explanat
         &format!("{} AND w.on_ns > ?3", valid_wait("w.")),
     )
     .map_err(read)?;
-    let params = |p: u32, t: u32| -> Vec<Value> {
-        let mut v = vec![Value::Integer(p.into()), Value::Integer(t.into())];
-        v.extend(args.iter().cloned());
-        v
-    };
     // The ops replayed in return order afterwards, within the scope's op.
     let scoped_ops = |ops: Vec<&'static str>| -> BTreeSet<&'static str> {
         ops.into_iter().filter(|o| name_in_scope(op, o)).collect()
@@ -142,90 +131,73 @@ pub fn explanation(trace: &Trace, filter: &CallFilter) -> Result<Option<Explanat
         false => BTreeSet::new(),
     };
     // With a window, those calls are kept as the pass reads them.
-    let mut kept: Option<Vec<(i64, CallEvent)>> =
-        (filter.since_ns.is_some() || filter.until_ns.is_some()).then(Vec::new);
-    let mut splits = Vec::new();
-    // The first start and last end of the calls in scope (the span of a
-    // trace without session times, as the loaded scope's).
-    let mut extent: Option<(u64, u64)> = None;
-    for &(p, t) in &threads {
-        let mut cst = conn.prepare_cached(&calls_q).map_err(read)?;
-        let mut wst = conn.prepare_cached(&waits_q).map_err(read)?;
-        let mut calls = cst
-            .query(rusqlite::params_from_iter(params(p, t)))
+    let windowed = filter.since_ns.is_some() || filter.until_ns.is_some();
+    let keep: BTreeSet<&'static str> = pinned.union(&memory).copied().collect();
+    let new_feed = || {
+        let mut ledger = LedgerBuilder::new(None);
+        for oc in &data.counts {
+            ledger.track(oc.pid);
+        }
+        Feed {
+            inputs: FindingInputs::new(Resolution::Bucketed, tracer),
+            ledger,
+            kept: windowed.then(Vec::new),
+            keep: &keep,
+            copies: &copies,
+            extent: None,
+            splits: Vec::new(),
+        }
+    };
+    let th = scope_feed::Threads {
+        conn,
+        threads: &threads,
+        waits_sql: &waits_q,
+        tracer,
+        data: &data,
+    };
+    // An op's calls over the whole trace: one read of every thread's (see
+    // `scope_feed`), thread by thread if it hands a thread's calls out of
+    // order. A window's: thread by thread, each a range of the index.
+    let mut feed = new_feed();
+    let one_read = match (op.and_then(sleuth_core::op_by_name), windowed) {
+        (Some(info), false) if threads.len() <= scope_feed::ONE_READ_MAX_THREADS => {
+            let (source, scanned) =
+                crate::stream::calls_source_for_ops_scanned(conn, vec![info.name]).map_err(read)?;
+            let mut args = vec![Value::Text(info.name.into())];
+            let mut conds = vec![valid_call(""), "op = ?1".to_string()];
+            if let Some(p) = pid {
+                args.push(Value::Integer(p.into()));
+                conds.push("pid = ?2".into());
+            }
+            // In row order when the table is scanned; through the op index,
+            // sorted by thread and start (the rows of one op only).
+            let order = if scanned {
+                ""
+            } else {
+                " ORDER BY pid, tid, ts_ns, id"
+            };
+            let sql = calls_sql_from(
+                conn,
+                &source,
+                &format!("WHERE {}{order}", conds.join(" AND ")),
+            )
             .map_err(read)?;
-        // Every call in scope, nested too: the ledger's processes, the
-        // memory calls kept for the replay in return order, the extent.
-        let mut note = |s: &StoredCall| {
-            let c = &s.call;
-            ledger.track(c.pid);
-            if let Some(kept) = &mut kept {
-                let op = c.op_name();
-                if pinned.contains(op) || memory.contains(op) {
-                    kept.push((s.id, c.clone()));
-                }
-            }
-            widen(&mut extent, c);
-        };
-        // Up to the first non-nested call in scope: its start is the
-        // thread's window's start, where its waits are read from. Without
-        // one the thread feeds only the ledger's list of processes: no wait
-        // is read.
-        let mut first = None;
-        while let Some(row) = calls.next().map_err(read)? {
-            if let Some(s) = call_from_row(row).map_err(read)? {
-                note(&s);
-                if !s.call.nested {
-                    first = Some(s);
-                    break;
-                }
-            }
+            scope_feed::one_read(&mut feed, &th, &sql, &args).map_err(read)?
         }
-        let Some(first) = first else {
-            continue;
-        };
-        // The window's end, the last end of the non-nested calls in scope
-        // (calls of ops this build does not know are not in it), is known
-        // once they are read: the split is told it then.
-        let start = first.call.ts_ns;
-        let mut window_end = first.call.end_ns();
-        let mut pass = ThreadPass::new(
-            wst.query(rusqlite::params![
-                p,
-                t,
-                i64::try_from(start).unwrap_or(i64::MAX)
-            ])
-            .map_err(read)?,
-            Some(ThreadStream::new(p, t, (start, u64::MAX), tracer)),
-        );
-        let mut add = |s: &StoredCall, pass: &mut ThreadPass| -> Result<(), StoreError> {
-            window_end = window_end.max(s.call.end_ns());
-            let mut culprits = pass.call(&s.call).map_err(read)?;
-            sort_culprits(&mut culprits);
-            let index = crate::finding_rollups::row_index(s.id);
-            inputs.add_call(index, &s.call, &culprits);
-            if copies.contains(s.call.op_name()) {
-                inputs.add_in_end_order(index, &s.call);
-            }
-            Ok(())
-        };
-        add(&first, &mut pass)?;
-        while let Some(row) = calls.next().map_err(read)? {
-            if let Some(s) = call_from_row(row).map_err(read)? {
-                note(&s);
-                if !s.call.nested {
-                    add(&s, &mut pass)?;
-                }
-            }
-        }
-        drop(calls);
-        if let Some(split) = pass
-            .finish(data.comm_of(p), Some(window_end))
-            .map_err(read)?
-        {
-            splits.push(split);
-        }
+        _ => false,
+    };
+    if !one_read {
+        feed = new_feed();
+        scope_feed::per_thread(&mut feed, &th, &calls_q, &args).map_err(read)?;
     }
+    let Feed {
+        mut inputs,
+        mut ledger,
+        kept,
+        extent,
+        mut splits,
+        ..
+    } = feed;
     sort_splits(&mut splits);
     inputs.splits = splits;
     if data.start_ns.is_none() {
@@ -304,11 +276,4 @@ pub fn keep_counts_of_op(counts: &mut Vec<OpCount>, op: Option<&str>) {
     if op.is_some() {
         counts.retain(|oc| id_in_scope(op, oc.op));
     }
-}
-
-/// Widens `span` (first start, last end) to cover call `c`.
-fn widen(span: &mut Option<(u64, u64)>, c: &CallEvent) {
-    *span = Some(span.map_or((c.ts_ns, c.end_ns()), |(a, b)| {
-        (a.min(c.ts_ns), b.max(c.end_ns()))
-    }));
 }
