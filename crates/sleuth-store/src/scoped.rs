@@ -6,13 +6,24 @@
 //! 10M-call trace's 2.3M waits in memory (900 MB for `findings {op}`).
 //! Here each thread of the scope is streamed instead, through the writer's
 //! own per-thread pass (`thread_pass`): its calls in scope in start order
-//! against its waits, into the finding accumulators (`FindingInputs`, the
-//! rollup histogram: percentiles within `rollup::MAX_RELATIVE_ERROR`, as
-//! the lean load's); the scope's memory calls, in return order, into the
-//! ledger. The answer is that of the loaded trace filtered to the scope
+//! against its waits (read once, with their culprits), into the finding
+//! accumulators (`FindingInputs`, the rollup histogram: percentiles within
+//! `rollup::MAX_RELATIVE_ERROR`, as the lean load's); the scope's memory
+//! calls, in return order, into the ledger. The calls are read thread by
+//! thread, or an op's of every thread at once (`scope_feed`). The answer
+//! is that of the loaded trace filtered to the scope
 //! (`findings::explain_report`), percentiles within the bound; memory is
-//! one thread's overlapping waits, the aggregates, and the memory calls of
-//! processes with allocator blocks.
+//! the overlapping waits of one thread (of up to
+//! `scope_feed::ONE_READ_MAX_THREADS` read at once), the aggregates, and
+//! the memory calls of processes with allocator blocks.
+//!
+//! The culprits of the calls are computed from the waits, as the loaded
+//! trace computes them, not read from the file's `call_culprits` (the
+//! writer's, from the same pass): the split needs the waits and their
+//! culprits anyway, and reading both cost more (a join to `call_culprits`
+//! added ~12% to the read of one thread's copies on the 10M trace, the
+//! recomputation ~5% of the time in all); where a crafted file's
+//! `call_culprits` disagree with its waits, the waits win.
 
 use crate::problems::{valid_call, valid_wait, TOTALS_OVERFLOW};
 use crate::reader::Trace;
