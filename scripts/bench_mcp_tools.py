@@ -10,7 +10,9 @@ With `--follow-up`, each server answers the same call twice: `wall_s` is the fir
 `follow_up_s` the second's (what an assistant's next question about the same file costs once
 the server remembers the file's checks, docs/mcp.md).
 
-Usage: bench_mcp_tools.py --bin target/release/gpusleuth --db TRACE.db [--pid N] [--filtered] [--follow-up] [--json]
+With `--only TOOL` (repeatable), only the calls of those tools run.
+
+Usage: bench_mcp_tools.py --bin target/release/gpusleuth --db TRACE.db [--pid N] [--filtered] [--follow-up] [--only TOOL] [--json]
 """
 
 import argparse
@@ -115,6 +117,8 @@ async def main():
                     help="the tools with a filter (process, op, window, moment) instead")
     ap.add_argument("--follow-up", action="store_true",
                     help="call each tool twice in one server and time the second call too")
+    ap.add_argument("--only", action="append", metavar="TOOL",
+                    help="run only this tool's calls (repeatable)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     # The middle of the trace (session times), read-only.
@@ -125,6 +129,8 @@ async def main():
     fill = {"pid": a.pid, "at_ns": mid, "since_ns": mid, "until_ns": mid + 1_000_000_000}
     rows = []
     for n, args in FILTERED if a.filtered else CALLS:
+        if a.only and n not in a.only:
+            continue
         args = {k: (fill[k] if v is None else v) for k, v in args.items()}
         rows.append(await one(a.bin, a.db, n, args, a.follow_up))
     if a.json:

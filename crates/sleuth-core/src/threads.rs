@@ -199,7 +199,9 @@ pub fn sort_splits(splits: &mut [ThreadSplit]) {
 /// Feed the thread's non-nested calls in start order and its waits in
 /// `on_ns` order, interleaved so that every call starting before a wait's
 /// `on_ns` is added before that wait. `window` is the thread's first call
-/// start and last call end (known beforehand: the writer keeps them).
+/// start and last call end (known beforehand: the writer keeps them), or
+/// only its start, the end given by [`ThreadStream::close_window`] once
+/// the last call is added (a reader of a scope's calls learns it then).
 pub struct ThreadStream {
     pid: u32,
     tid: u32,
@@ -236,6 +238,16 @@ impl ThreadStream {
             holders: HashMap::new(),
             tracer_ns: 0,
         }
+    }
+
+    /// Sets the window's end, for a stream made with the end unknown
+    /// (`u64::MAX`): call it after the last call and before the waits that
+    /// went back on CPU after that call's start. The window's end only
+    /// clamps waits, and a wait added before it went back on CPU by the
+    /// start of a call, so by the end: the answer is the one a stream made
+    /// with the whole window gives.
+    pub fn close_window(&mut self, end_ns: u64) {
+        self.window.1 = end_ns.max(self.window.0);
     }
 
     /// A non-nested call, in start order.
@@ -529,6 +541,48 @@ mod tests {
         );
         assert_eq!(s.tracer_runnable_ns, 4 * MS);
         assert_eq!(s.between.runnable_ns, 10 * MS);
+    }
+
+    /// A stream told its window's end after the last call (a reader of a
+    /// scope's calls learns it then) gives the split of one told beforehand,
+    /// with waits straddling the window's end and one wholly after it.
+    #[test]
+    fn a_window_closed_after_the_last_call_gives_the_same_split() {
+        let calls = [call(1, 10 * MS, MS), call(14, 40 * MS, 20 * MS)];
+        let mut preempted = blocked(20 * MS, 22 * MS, 30 * MS, None);
+        preempted.culprits = vec![Culprit {
+            pid: 8,
+            tid: 8,
+            comm: "hog".into(),
+            ns: 8 * MS,
+        }];
+        let mut straddling = blocked(55 * MS, 58 * MS, 70 * MS, task(20, 21, "w"));
+        straddling.culprits = preempted.culprits.clone();
+        let waits = [
+            blocked(MS, 5 * MS, 6 * MS, None),
+            preempted,
+            straddling,
+            blocked(80 * MS, 90 * MS, 95 * MS, None),
+        ];
+        let run = |window: (u64, u64), close: Option<u64>| {
+            let mut t = ThreadStream::new(10, 11, window, None);
+            let mut ws = waits.iter().peekable();
+            for c in &calls {
+                while let Some(w) = ws.next_if(|w| w.on_ns <= c.ts_ns) {
+                    t.add_wait(w);
+                }
+                t.add_call(c);
+            }
+            if let Some(end) = close {
+                t.close_window(end);
+            }
+            ws.for_each(|w| t.add_wait(w));
+            t.finish("p")
+        };
+        let known = run((10 * MS, 60 * MS), None);
+        assert_eq!(run((10 * MS, u64::MAX), Some(60 * MS)), known);
+        assert_eq!(known.wall_ns, 50 * MS);
+        assert!(known.between.runnable_ns > 0 && known.between.blocked_ns > 0);
     }
 
     #[test]

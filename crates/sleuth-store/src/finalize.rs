@@ -3,7 +3,7 @@
 //! from (see `sleuth_core::rollup` and docs/schema.md).
 
 use crate::finding_rollups::row_index;
-use crate::rows::{call_from_row, calls_sql, waits_sql, WAIT_CULPRITS_SQL};
+use crate::rows::{call_from_row, calls_sql};
 use crate::thread_pass::{sort_culprits, ThreadPass};
 use crate::writer::upsert_process;
 use rusqlite::{params, Connection};
@@ -69,8 +69,8 @@ pub(crate) fn complete(conn: &mut Connection, rollup: &Rollup) -> rusqlite::Resu
     Ok(rows)
 }
 
-/// One thread at a time (`thread_pass`), streaming its calls once and its
-/// waits twice (ordered reads), so memory stays bounded by the calls and
+/// One thread at a time (`thread_pass`), streaming its calls and its waits
+/// once each (ordered reads), so memory stays bounded by the calls and
 /// waits overlapping one another, not by the thread or the trace: its call culprits
 /// (`call_culprits`, summed per op into `rollup_culprits`), the finding
 /// rollups of its non-nested calls (fed with the culprits just computed:
@@ -99,15 +99,7 @@ fn per_thread_pass(conn: &Connection, rollup: &Rollup) -> rusqlite::Result<u64> 
         conn.prepare("INSERT INTO rollup_threads(pid, tid, split) VALUES (?1, ?2, ?3)")?;
     // Ties in start order by row id: the order the finding rollups' examples need.
     let all_calls_sql = calls_sql(conn, "WHERE pid = ?1 AND tid = ?2 ORDER BY ts_ns, id")?;
-    let culprit_waits_sql = waits_sql(
-        conn,
-        "WHERE w.pid = ?1 AND w.tid = ?2 AND w.on_ns > w.wake_ns ORDER BY w.on_ns, w.wake_ns",
-    )?;
-    let all_waits_sql = waits_sql(
-        conn,
-        "WHERE w.pid = ?1 AND w.tid = ?2 ORDER BY w.on_ns, w.off_ns",
-    )?;
-    let mut wcst = conn.prepare_cached(WAIT_CULPRITS_SQL)?;
+    let waits_sql = crate::wait_stream::thread_waits_sql(conn, "1")?;
     let mut inputs = crate::finding_rollups::new_inputs(tracer);
     let mut written = 0u64;
     for (&(pid, tid), window) in &rollup.threads {
@@ -116,21 +108,14 @@ fn per_thread_pass(conn: &Connection, rollup: &Rollup) -> rusqlite::Result<u64> 
         // read (none for a thread with nested calls only).
         let mut cst = conn.prepare_cached(&all_calls_sql)?;
         let mut calls = cst.query(params![pid, tid])?;
-        let mut wst = conn.prepare_cached(&culprit_waits_sql)?;
-        let mut sst = conn.prepare_cached(&all_waits_sql)?;
-        let split = match *window {
-            Some(window) => Some((
-                ThreadStream::new(pid, tid, window, tracer),
-                sst.query(params![pid, tid])?,
-            )),
-            None => None,
-        };
+        let mut wst = conn.prepare_cached(&waits_sql)?;
+        let split = window.map(|w| ThreadStream::new(pid, tid, w, tracer));
         let mut pass = ThreadPass::new(wst.query(params![pid, tid])?, split);
         while let Some(row) = calls.next()? {
             let Some(s) = call_from_row(row)? else {
                 continue;
             };
-            let mut culprits = pass.call(&s.call, &mut wcst)?;
+            let mut culprits = pass.call(&s.call)?;
             for c in &culprits {
                 ins.execute(params![s.id, c.pid, c.tid, c.comm, c.ns as i64])?;
                 written += 1;
@@ -142,7 +127,7 @@ fn per_thread_pass(conn: &Connection, rollup: &Rollup) -> rusqlite::Result<u64> 
         }
         drop(calls);
         let comm = comms.get(&pid).map(String::as_str).unwrap_or("?");
-        if let Some(split) = pass.finish(&mut wcst, comm, u64::MAX)? {
+        if let Some(split) = pass.finish(comm, None)? {
             let json = serde_json::to_string(&split)
                 .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
             ins_thread.execute(params![pid, tid, json])?;

@@ -34,6 +34,7 @@ pub mod run_explain;
 mod run_pinned;
 mod schema;
 mod schema_check;
+mod scope_feed;
 pub mod scoped;
 pub mod site_rollup;
 mod sql;
@@ -41,6 +42,7 @@ mod stacks;
 pub mod stream;
 mod types;
 mod wait_groups;
+mod wait_stream;
 pub mod window;
 mod writer;
 

@@ -6,26 +6,37 @@
 //! 10M-call trace's 2.3M waits in memory (900 MB for `findings {op}`).
 //! Here each thread of the scope is streamed instead, through the writer's
 //! own per-thread pass (`thread_pass`): its calls in scope in start order
-//! against its waits, into the finding accumulators (`FindingInputs`, the
-//! rollup histogram: percentiles within `rollup::MAX_RELATIVE_ERROR`, as
-//! the lean load's); the scope's memory calls, in return order, into the
-//! ledger. The answer is that of the loaded trace filtered to the scope
+//! against its waits (read once, with their culprits), into the finding
+//! accumulators (`FindingInputs`, the rollup histogram: percentiles within
+//! `rollup::MAX_RELATIVE_ERROR`, as the lean load's); the scope's memory
+//! calls, in return order, into the ledger. The calls are read thread by
+//! thread, or an op's of every thread at once (`scope_feed`). The answer
+//! is that of the loaded trace filtered to the scope
 //! (`findings::explain_report`), percentiles within the bound; memory is
-//! one thread's overlapping waits, the aggregates, and the memory calls of
-//! processes with allocator blocks.
+//! the overlapping waits of one thread (of up to
+//! `scope_feed::ONE_READ_MAX_THREADS` read at once), the aggregates, and
+//! the memory calls of processes with allocator blocks.
+//!
+//! The culprits of the calls are computed from the waits, as the loaded
+//! trace computes them, not read from the file's `call_culprits` (the
+//! writer's, from the same pass): the split needs the waits and their
+//! culprits anyway, and reading both cost more (a join to `call_culprits`
+//! added ~12% to the read of one thread's copies on the 10M trace, the
+//! recomputation ~5% of the time in all); where a crafted file's
+//! `call_culprits` disagree with its waits, the waits win.
 
 use crate::problems::{valid_call, valid_wait, TOTALS_OVERFLOW};
 use crate::reader::Trace;
-use crate::rows::{call_from_row, calls_sql_from, waits_sql, WAIT_CULPRITS_SQL};
+use crate::rows::calls_sql_from;
+use crate::scope_feed::{self, Feed};
 use crate::stream::{CallQuery, Rows, StreamOrder};
-use crate::thread_pass::{sort_culprits, ThreadPass};
 use crate::types::CallFilter;
 use crate::StoreError;
 use rusqlite::types::Value;
 use sleuth_core::findings::inputs::{FindingInputs, Resolution};
 use sleuth_core::findings::Explanation;
 use sleuth_core::ledger::LedgerBuilder;
-use sleuth_core::threads::{sort_splits, tracer_pid, ThreadStream};
+use sleuth_core::threads::{sort_splits, tracer_pid};
 use sleuth_core::{op_by_id, CallEvent, OpCount, TraceData};
 use std::collections::BTreeSet;
 
@@ -69,12 +80,6 @@ pub fn explanation(trace: &Trace, filter: &CallFilter) -> Result<Option<Explanat
     };
     keep_counts_of_op(&mut data.counts, op);
     let tracer = tracer_pid(&data);
-    let mut inputs = FindingInputs::new(Resolution::Bucketed, tracer);
-    let mut ledger = LedgerBuilder::new(None);
-    for oc in &data.counts {
-        ledger.track(oc.pid);
-    }
-
     // The scope as SQL: ?1 pid, ?2 tid, then the op and the window.
     let mut conds = vec![
         "pid = ?1".to_string(),
@@ -105,110 +110,105 @@ pub fn explanation(trace: &Trace, filter: &CallFilter) -> Result<Option<Explanat
     };
     let calls_q = calls_sql_from(conn, &source, &format!("WHERE {scope} ORDER BY ts_ns, id"))
         .map_err(read)?;
-    // A thread's waits that overlap its window (?3, ?4: the first start and
-    // last end of its calls in scope): one outside adds nothing to the
-    // split (`ThreadStream` clamps each wait to the window) and overlaps no
-    // call. In the `(tid, on_ns)` index's order, so SQLite hands them out
-    // as it finds them (no sort of the rest of the thread first) and the
-    // reads stop past the window. The load orders ties of `on_ns` by the
-    // time the wait began: a thread is off CPU once at a time, so its waits
-    // never share an `on_ns` but in a crafted file.
-    let overlapping = format!(
-        "w.pid = ?1 AND w.tid = ?2 AND {} AND w.on_ns > ?3 AND w.off_ns < ?4",
-        valid_wait("w.")
-    );
-    let culprit_waits_q = waits_sql(
+    // A thread's waits that went back on CPU after its window's start (?3:
+    // the first start of its non-nested calls in scope): one before adds
+    // nothing to the split (`ThreadStream` clamps each wait to the window)
+    // and overlaps no call. In the `(tid, on_ns)` index's order, so SQLite
+    // hands them out as it finds them (no sort of the rest of the thread
+    // first) and the pass stops reading past the window's end
+    // (`ThreadPass::finish`): no bound on the end in SQL, where SQLite would
+    // read the rest of the thread to find that no later wait matches it.
+    let waits_q = crate::wait_stream::thread_waits_sql(
         conn,
-        &format!("WHERE {overlapping} AND w.on_ns > w.wake_ns ORDER BY w.on_ns, w.id"),
+        &format!("{} AND w.on_ns > ?3", valid_wait("w.")),
     )
     .map_err(read)?;
-    let all_waits_q =
-        waits_sql(conn, &format!("WHERE {overlapping} ORDER BY w.on_ns, w.id")).map_err(read)?;
-    let params = |p: u32, t: u32| -> Vec<Value> {
-        let mut v = vec![Value::Integer(p.into()), Value::Integer(t.into())];
-        v.extend(args.iter().cloned());
-        v
-    };
     // The ops replayed in return order afterwards, within the scope's op.
     let scoped_ops = |ops: Vec<&'static str>| -> BTreeSet<&'static str> {
         ops.into_iter().filter(|o| name_in_scope(op, o)).collect()
     };
-    let pinned = scoped_ops(crate::finding_rollups::pinned_replay_ops(true));
+    let mut pinned = scoped_ops(crate::finding_rollups::pinned_replay_ops(true));
     let memory = scoped_ops(sleuth_core::ledger::memory_op_names());
+    // Without an op that pins or unpins host memory in scope, no copy is
+    // judged against pinned memory and the order of the replay does not
+    // matter (its sums and top examples are order-free): the copies join it
+    // as the pass reads them, not read again in return order (for
+    // `findings {op: cudaMemcpy}` on a 10M-call trace, 1.9M calls and a
+    // third of the time).
+    let pinning = crate::finding_rollups::pinned_replay_ops(false);
+    let copies_in_pass = !pinned.iter().any(|o| pinning.contains(o));
+    let copies: BTreeSet<&'static str> = match copies_in_pass {
+        true => std::mem::take(&mut pinned),
+        false => BTreeSet::new(),
+    };
     // With a window, those calls are kept as the pass reads them.
-    let mut kept: Option<Vec<(i64, CallEvent)>> =
-        (filter.since_ns.is_some() || filter.until_ns.is_some()).then(Vec::new);
-    let mut wcst = conn.prepare_cached(WAIT_CULPRITS_SQL).map_err(read)?;
-    let mut splits = Vec::new();
-    // The first start and last end of the calls in scope (the span of a
-    // trace without session times, as the loaded scope's).
-    let mut extent: Option<(u64, u64)> = None;
-    for &(p, t) in &threads {
-        // The thread's window, first start and last end of its non-nested
-        // calls in scope as the pass decodes them (calls of ops this build
-        // does not know are not in it), before the pass: it bounds the split.
-        let mut cst = conn.prepare_cached(&calls_q).map_err(read)?;
-        let mut window: Option<(u64, u64)> = None;
-        let mut calls = cst
-            .query(rusqlite::params_from_iter(params(p, t)))
-            .map_err(read)?;
-        while let Some(row) = calls.next().map_err(read)? {
-            if let Some(s) = call_from_row(row).map_err(read)? {
-                let c = &s.call;
-                if !c.nested {
-                    widen(&mut window, c);
-                }
-            }
+    let windowed = filter.since_ns.is_some() || filter.until_ns.is_some();
+    let keep: BTreeSet<&'static str> = pinned.union(&memory).copied().collect();
+    let new_feed = || {
+        let mut ledger = LedgerBuilder::new(None);
+        for oc in &data.counts {
+            ledger.track(oc.pid);
         }
-        drop(calls);
-        let mut calls = cst
-            .query(rusqlite::params_from_iter(params(p, t)))
-            .map_err(read)?;
-        // Without a non-nested call in scope the thread feeds only the
-        // ledger's list of processes: no wait is read.
-        let (a, b) = window.map_or((1, 0), |(a, b)| (a as i64, b as i64));
-        let mut wst = conn.prepare_cached(&culprit_waits_q).map_err(read)?;
-        let mut sst = conn.prepare_cached(&all_waits_q).map_err(read)?;
-        let split = match window {
-            Some(w) => Some((
-                ThreadStream::new(p, t, w, tracer),
-                sst.query(rusqlite::params![p, t, a, b]).map_err(read)?,
-            )),
-            None => None,
-        };
-        let mut pass = ThreadPass::new(
-            wst.query(rusqlite::params![p, t, a, b]).map_err(read)?,
-            split,
-        );
-        while let Some(row) = calls.next().map_err(read)? {
-            let Some(s) = call_from_row(row).map_err(read)? else {
-                continue;
+        Feed {
+            inputs: FindingInputs::new(Resolution::Bucketed, tracer),
+            ledger,
+            kept: windowed.then(Vec::new),
+            keep: &keep,
+            copies: &copies,
+            extent: None,
+            splits: Vec::new(),
+        }
+    };
+    let th = scope_feed::Threads {
+        conn,
+        threads: &threads,
+        waits_sql: &waits_q,
+        tracer,
+        data: &data,
+    };
+    // An op's calls over the whole trace: one read of every thread's (see
+    // `scope_feed`), thread by thread if it hands a thread's calls out of
+    // order. A window's: thread by thread, each a range of the index.
+    let mut feed = new_feed();
+    let one_read = match (op.and_then(sleuth_core::op_by_name), windowed) {
+        (Some(info), false) if threads.len() <= scope_feed::ONE_READ_MAX_THREADS => {
+            let (source, scanned) =
+                crate::stream::calls_source_for_ops_scanned(conn, vec![info.name]).map_err(read)?;
+            let mut args = vec![Value::Text(info.name.into())];
+            let mut conds = vec![valid_call(""), "op = ?1".to_string()];
+            if let Some(p) = pid {
+                args.push(Value::Integer(p.into()));
+                conds.push("pid = ?2".into());
+            }
+            // In row order when the table is scanned; through the op index,
+            // sorted by thread and start (the rows of one op only).
+            let order = if scanned {
+                ""
+            } else {
+                " ORDER BY pid, tid, ts_ns, id"
             };
-            let c = &s.call;
-            ledger.track(c.pid);
-            if let Some(kept) = &mut kept {
-                let op = c.op_name();
-                if pinned.contains(op) || memory.contains(op) {
-                    kept.push((s.id, c.clone()));
-                }
-            }
-            widen(&mut extent, c);
-            if c.nested {
-                continue;
-            }
-            let mut culprits = pass.call(c, &mut wcst).map_err(read)?;
-            sort_culprits(&mut culprits);
-            inputs.add_call(crate::finding_rollups::row_index(s.id), c, &culprits);
+            let sql = calls_sql_from(
+                conn,
+                &source,
+                &format!("WHERE {}{order}", conds.join(" AND ")),
+            )
+            .map_err(read)?;
+            scope_feed::one_read(&mut feed, &th, &sql, &args).map_err(read)?
         }
-        drop(calls);
-        let last_on = window.map_or(u64::MAX, |w| w.1);
-        if let Some(split) = pass
-            .finish(&mut wcst, data.comm_of(p), last_on)
-            .map_err(read)?
-        {
-            splits.push(split);
-        }
+        _ => false,
+    };
+    if !one_read {
+        feed = new_feed();
+        scope_feed::per_thread(&mut feed, &th, &calls_q, &args).map_err(read)?;
     }
+    let Feed {
+        mut inputs,
+        mut ledger,
+        kept,
+        extent,
+        mut splits,
+        ..
+    } = feed;
     sort_splits(&mut splits);
     inputs.splits = splits;
     if data.start_ns.is_none() {
@@ -287,11 +287,4 @@ pub fn keep_counts_of_op(counts: &mut Vec<OpCount>, op: Option<&str>) {
     if op.is_some() {
         counts.retain(|oc| id_in_scope(op, oc.op));
     }
-}
-
-/// Widens `span` (first start, last end) to cover call `c`.
-fn widen(span: &mut Option<(u64, u64)>, c: &CallEvent) {
-    *span = Some(span.map_or((c.ts_ns, c.end_ns()), |(a, b)| {
-        (a.min(c.ts_ns), b.max(c.end_ns()))
-    }));
 }

@@ -619,6 +619,15 @@ pub(crate) fn calls_source_for_ops(
     conn: &Connection,
     ops: Vec<&'static str>,
 ) -> rusqlite::Result<String> {
+    Ok(calls_source_for_ops_scanned(conn, ops)?.0)
+}
+
+/// [`calls_source_for_ops`], and whether it scans the rows in row order
+/// (else their order is the op index's).
+pub(crate) fn calls_source_for_ops_scanned(
+    conn: &Connection,
+    ops: Vec<&'static str>,
+) -> rusqlite::Result<(String, bool)> {
     let names = quoted_names(&ops);
     let q = CallQuery {
         ops: Some(ops),
@@ -627,7 +636,8 @@ pub(crate) fn calls_source_for_ops(
     };
     let version = CallSource::of(conn)?.version;
     let scan_rows = scan_table(conn, version, &q)?;
-    Ok(source_of(version, scan_rows, Some(&names)))
+    let source = source_of(version, scan_rows, Some(&names));
+    Ok((source, scan_rows))
 }
 
 /// Op names as a list of SQL string literals ("'a', 'b'").

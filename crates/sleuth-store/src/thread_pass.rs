@@ -7,9 +7,15 @@
 //! the file; the scoped explanation (`scoped`) on the threads of the calls
 //! in a scope. Both get the culprits `culprits::call_culprits` and the
 //! split `threads::stream_threads` give a loaded trace.
+//!
+//! The waits are read once (`wait_stream`), for both: the culprits need
+//! those overlapping the current call, the split those back on CPU by its
+//! start; both in `on_ns` order, so one buffer of the waits read past the
+//! current call's start serves them (it was two reads of the waits, the
+//! culprits of each wait looked up in each).
 
-use crate::rows::wait_from_row;
-use rusqlite::{CachedStatement, Rows};
+use crate::wait_stream::WaitStream;
+use rusqlite::Rows;
 use sleuth_core::culprits::culprits_of_call;
 use sleuth_core::threads::{ThreadSplit, ThreadStream};
 use sleuth_core::{CallEvent, Culprit, WaitEvent};
@@ -17,103 +23,106 @@ use std::collections::VecDeque;
 
 /// The pass over one thread. Feed its calls in start order (ties: row id).
 pub(crate) struct ThreadPass<'s> {
-    /// The thread's waits with runnable time, by `(on_ns, wake_ns)`.
-    culprit_waits: Rows<'s>,
-    /// Waits that may still overlap a later call, from the first one still
-    /// ending after the current call's start.
-    queue: VecDeque<WaitEvent>,
-    /// Read and not yet due (it woke after the current call's end).
-    pending: Option<WaitEvent>,
-    waits_done: bool,
-    /// The thread's split and all its waits by `(on_ns, off_ns)`; None
-    /// without a split to compute (a thread with nested calls only).
-    split: Option<(ThreadStream, WaitFeed<'s>)>,
+    /// The thread's waits (`wait_stream::thread_waits_sql`).
+    waits: WaitStream<'s>,
+    /// Waits read that went back on CPU after the current call's start, in
+    /// stream order; the last may have woken after its end (read ahead).
+    ahead: VecDeque<WaitEvent>,
+    done: bool,
+    /// The thread's split; None without one to compute (a thread with
+    /// nested calls only): waits are then dropped once past.
+    split: Option<ThreadStream>,
 }
 
 impl<'s> ThreadPass<'s> {
-    pub(crate) fn new(
-        culprit_waits: Rows<'s>,
-        split: Option<(ThreadStream, Rows<'s>)>,
-    ) -> ThreadPass<'s> {
+    pub(crate) fn new(waits: Rows<'s>, split: Option<ThreadStream>) -> ThreadPass<'s> {
         ThreadPass {
-            culprit_waits,
-            queue: VecDeque::new(),
-            pending: None,
-            waits_done: false,
-            split: split.map(|(t, rows)| (t, WaitFeed::new(rows))),
+            waits: WaitStream::new(waits),
+            ahead: VecDeque::new(),
+            done: false,
+            split,
         }
     }
 
     /// The culprits of the thread's next call (nested ones too), in
     /// `culprits_of_call`'s order; a non-nested call also joins the
     /// thread's split, after the waits that went back on CPU by its start.
-    pub(crate) fn call(
-        &mut self,
-        c: &CallEvent,
-        culprits_st: &mut CachedStatement,
-    ) -> rusqlite::Result<Vec<Culprit>> {
+    pub(crate) fn call(&mut self, c: &CallEvent) -> rusqlite::Result<Vec<Culprit>> {
         let (start, end) = (c.ts_ns, c.end_ns());
-        while self.queue.front().is_some_and(|w| w.on_ns <= start) {
-            self.queue.pop_front();
-        }
-        loop {
-            if self.pending.is_none() && !self.waits_done {
-                self.pending = match self.culprit_waits.next()? {
-                    Some(r) => wait_from_row(r, culprits_st)?,
-                    None => {
-                        self.waits_done = true;
-                        None
-                    }
-                };
-                if self.pending.is_none() && !self.waits_done {
-                    continue; // an unknown kind: skipped
-                }
+        // Waits back on CPU by the start overlap no call from here on (calls
+        // come in start order): into the split, before this call. A nested
+        // call may pass them too: every call starting before them is in.
+        while let Some(w) = self.ahead.pop_front() {
+            if w.on_ns > start {
+                self.ahead.push_front(w);
+                break;
             }
-            match self.pending.take() {
-                Some(w) if w.wake_ns < end => {
-                    if w.on_ns > start && !w.culprits.is_empty() {
-                        self.queue.push_back(w);
-                    }
-                }
-                other => {
-                    self.pending = other;
-                    break;
-                }
+            self.pass(&w);
+        }
+        // Up to a wait back on CPU after the start that woke at or after the
+        // end: a thread is off CPU once at a time, so the waits after it
+        // start after it, past this call.
+        while !self.done
+            && !self
+                .ahead
+                .back()
+                .is_some_and(|w| w.on_ns > start && w.wake_ns >= end)
+        {
+            match self.waits.next_wait()? {
+                // Sorted by `on_ns`: `ahead` is empty then.
+                Some(w) if w.on_ns <= start && self.ahead.is_empty() => self.pass(&w),
+                Some(w) => self.ahead.push_back(w),
+                None => self.done = true,
             }
         }
-        let refs: Vec<&WaitEvent> = self.queue.iter().collect();
+        // What `culprits::call_culprits` reads: waits with runnable time and culprits.
+        let refs: Vec<&WaitEvent> = self
+            .ahead
+            .iter()
+            .filter(|w| w.on_ns > w.wake_ns && !w.culprits.is_empty())
+            .collect();
         let culprits = culprits_of_call(c, &refs);
-        if !c.nested {
-            if let Some((t, feed)) = &mut self.split {
-                while let Some(w) = feed.next_until(start, culprits_st)? {
-                    t.add_wait(&w);
-                }
-                t.add_call(c);
-            }
+        if let (false, Some(t)) = (c.nested, &mut self.split) {
+            t.add_call(c);
         }
         Ok(culprits)
     }
 
-    /// The thread's split once its calls are all fed: the waits left are
-    /// added, up to the first that went back on CPU at or after `last_on`
-    /// (`u64::MAX`: all of them). A thread is off CPU once at a time, so
-    /// its waits after that one start after it: given the end of the
-    /// thread's window, the rest of a long trace is not read (a later wait
-    /// adds nothing to the split: `ThreadStream` clamps waits to the window).
-    /// None without a split.
+    /// A wait no later call overlaps: the split's (dropped without one).
+    fn pass(&mut self, w: &WaitEvent) {
+        if let Some(t) = &mut self.split {
+            t.add_wait(w);
+        }
+    }
+
+    /// The thread's split once its calls are all fed (None without one):
+    /// the waits left are added. With `end`, the window's end where the
+    /// split was made without it (`ThreadStream::close_window`), up to the
+    /// first wait that went back on CPU at or after it: a thread is off CPU
+    /// once at a time, so the later ones start after it, and add nothing
+    /// (`ThreadStream` clamps waits to the window): the rest of a long
+    /// trace is not read.
     pub(crate) fn finish(
-        self,
-        culprits_st: &mut CachedStatement,
+        mut self,
         comm: &str,
-        last_on: u64,
+        end: Option<u64>,
     ) -> rusqlite::Result<Option<ThreadSplit>> {
-        drop(self.culprit_waits);
-        let Some((mut t, mut feed)) = self.split else {
+        let Some(mut t) = self.split.take() else {
             return Ok(None);
         };
-        while let Some(w) = feed.next_until(u64::MAX, culprits_st)? {
+        if let Some(end) = end {
+            t.close_window(end);
+        }
+        let past = |w: &WaitEvent| end.is_some_and(|e| w.on_ns >= e);
+        while let Some(w) = self.ahead.pop_front() {
             t.add_wait(&w);
-            if w.on_ns >= last_on {
+            if past(&w) {
+                return Ok(Some(t.finish(comm)));
+            }
+        }
+        while let Some(w) = self.waits.next_wait()? {
+            t.add_wait(&w);
+            if past(&w) {
                 break;
             }
         }
@@ -130,46 +139,4 @@ pub(crate) fn sort_culprits(culprits: &mut [Culprit]) {
             .then(a.pid.cmp(&b.pid))
             .then(a.tid.cmp(&b.tid))
     });
-}
-
-/// The waits of one thread in `(on_ns, off_ns)` order, handed out up to a
-/// moment: the split's side of the merge with the thread's calls.
-struct WaitFeed<'s> {
-    rows: Rows<'s>,
-    /// Read, not handed out yet (it ends after the last call asked for).
-    next: Option<WaitEvent>,
-    done: bool,
-}
-
-impl<'s> WaitFeed<'s> {
-    fn new(rows: Rows<'s>) -> WaitFeed<'s> {
-        WaitFeed {
-            rows,
-            next: None,
-            done: false,
-        }
-    }
-
-    /// The next wait that went back on CPU at or before `until` (a call
-    /// starting at `until` comes after it); None once the next one is later
-    /// or there is none. Waits of an unknown kind are skipped.
-    fn next_until(
-        &mut self,
-        until: u64,
-        culprits_st: &mut CachedStatement,
-    ) -> rusqlite::Result<Option<WaitEvent>> {
-        while self.next.is_none() && !self.done {
-            match self.rows.next()? {
-                Some(r) => self.next = wait_from_row(r, culprits_st)?,
-                None => self.done = true,
-            }
-        }
-        Ok(match self.next.take() {
-            Some(w) if w.on_ns <= until => Some(w),
-            other => {
-                self.next = other;
-                None
-            }
-        })
-    }
 }

@@ -1,0 +1,235 @@
+//! The calls of a scope (`scoped`) into the explanation's accumulators:
+//! each thread's non-nested calls in start order against the thread's
+//! waits (`thread_pass`), every call in scope into the ledger's list of
+//! processes, the extent and (with a window) the memory calls kept for the
+//! replay in return order.
+//!
+//! Two ways to read the calls: thread by thread, each through the
+//! `(tid, ts_ns)` index ([`per_thread`]: a window's calls are a range of
+//! it), or an op's calls of every thread in one read ([`one_read`]). The
+//! index holds neither the op nor the row, so a thread's read fetches every
+//! row of the thread to find its calls of the op: on a 10M-call trace,
+//! 10M row fetches for 1.9M copies, against one pass over the table.
+
+use crate::rows::call_from_row;
+use crate::thread_pass::{sort_culprits, ThreadPass};
+use crate::types::StoredCall;
+use rusqlite::types::Value;
+use rusqlite::{CachedStatement, Connection};
+use sleuth_core::findings::inputs::FindingInputs;
+use sleuth_core::ledger::LedgerBuilder;
+use sleuth_core::threads::{ThreadSplit, ThreadStream};
+use sleuth_core::{CallEvent, TraceData};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Threads read at once by [`one_read`] at most (each holds a statement and
+/// its pass); a scope of more threads is read thread by thread.
+pub(crate) const ONE_READ_MAX_THREADS: usize = 64;
+
+/// What the calls in scope feed.
+pub(crate) struct Feed<'o> {
+    pub(crate) inputs: FindingInputs,
+    pub(crate) ledger: LedgerBuilder,
+    /// With a window: its calls of the `keep` ops, for the replay in
+    /// return order.
+    pub(crate) kept: Option<Vec<(i64, CallEvent)>>,
+    pub(crate) keep: &'o BTreeSet<&'static str>,
+    /// Copies that join the pinned replay as they are read (`scoped`).
+    pub(crate) copies: &'o BTreeSet<&'static str>,
+    /// The first start and last end of the calls in scope.
+    pub(crate) extent: Option<(u64, u64)>,
+    pub(crate) splits: Vec<ThreadSplit>,
+}
+
+impl Feed<'_> {
+    /// Any call in scope, nested too.
+    fn note(&mut self, s: &StoredCall) {
+        let c = &s.call;
+        self.ledger.track(c.pid);
+        if let Some(kept) = &mut self.kept {
+            if self.keep.contains(c.op_name()) {
+                kept.push((s.id, c.clone()));
+            }
+        }
+        widen(&mut self.extent, c);
+    }
+
+    /// A non-nested call of `thread`'s, after those before it.
+    fn add(&mut self, s: &StoredCall, thread: &mut OpenThread) -> rusqlite::Result<()> {
+        thread.window_end = thread.window_end.max(s.call.end_ns());
+        thread.last = (s.call.ts_ns, s.id);
+        let mut culprits = thread.pass.call(&s.call)?;
+        sort_culprits(&mut culprits);
+        let index = crate::finding_rollups::row_index(s.id);
+        self.inputs.add_call(index, &s.call, &culprits);
+        if self.copies.contains(s.call.op_name()) {
+            self.inputs.add_in_end_order(index, &s.call);
+        }
+        Ok(())
+    }
+}
+
+/// Where the threads' waits are read from: the threads of the scope, the
+/// waits' statement (`?1` pid, `?2` tid, `?3` the window's start), the
+/// trace's tracer and process names.
+pub(crate) struct Threads<'q> {
+    pub(crate) conn: &'q Connection,
+    pub(crate) threads: &'q BTreeSet<(u32, u32)>,
+    pub(crate) waits_sql: &'q str,
+    pub(crate) tracer: Option<u32>,
+    pub(crate) data: &'q TraceData,
+}
+
+/// A thread whose pass began at its first non-nested call in scope: that
+/// call's start is the window's start, where its waits are read from; the
+/// window's end, the last end of its non-nested calls in scope, is known
+/// once they are read, and the split is told it then.
+struct OpenThread<'s> {
+    pass: ThreadPass<'s>,
+    window_end: u64,
+    /// The last call fed, (start, row id): the pass needs them in order.
+    last: (u64, i64),
+}
+
+impl<'s> OpenThread<'s> {
+    fn start(
+        waits: &'s mut CachedStatement,
+        first: &StoredCall,
+        tracer: Option<u32>,
+    ) -> rusqlite::Result<OpenThread<'s>> {
+        let c = &first.call;
+        let start = c.ts_ns;
+        let rows = waits.query(rusqlite::params![
+            c.pid,
+            c.tid,
+            i64::try_from(start).unwrap_or(i64::MAX)
+        ])?;
+        Ok(OpenThread {
+            pass: ThreadPass::new(
+                rows,
+                Some(ThreadStream::new(c.pid, c.tid, (start, u64::MAX), tracer)),
+            ),
+            window_end: start,
+            last: (0, i64::MIN),
+        })
+    }
+
+    fn finish(self, comm: &str) -> rusqlite::Result<Option<ThreadSplit>> {
+        self.pass.finish(comm, Some(self.window_end))
+    }
+}
+
+/// Each thread's calls in scope through its own read: `calls_sql` with
+/// `?1` pid, `?2` tid, then `args`, in `(ts_ns, id)` order.
+pub(crate) fn per_thread(
+    feed: &mut Feed,
+    th: &Threads,
+    calls_sql: &str,
+    args: &[Value],
+) -> rusqlite::Result<()> {
+    for &(p, t) in th.threads {
+        let mut cst = th.conn.prepare_cached(calls_sql)?;
+        let mut statement = th.conn.prepare_cached(th.waits_sql)?;
+        // Borrowed by the thread's pass once its first non-nested call is read.
+        let mut waits = Some(&mut statement);
+        let mut params = vec![Value::Integer(p.into()), Value::Integer(t.into())];
+        params.extend(args.iter().cloned());
+        let mut calls = cst.query(rusqlite::params_from_iter(params))?;
+        let mut open: Option<OpenThread> = None;
+        while let Some(row) = calls.next()? {
+            let Some(s) = call_from_row(row)? else {
+                continue;
+            };
+            feed.note(&s);
+            if s.call.nested {
+                continue;
+            }
+            // Without a non-nested call in scope the thread feeds only the
+            // ledger's list of processes: no wait is read.
+            let thread = match (&mut open, waits.take()) {
+                (Some(o), _) => o,
+                (None, Some(st)) => open.insert(OpenThread::start(st, &s, th.tracer)?),
+                (None, None) => continue, // unreachable: the pass opens once
+            };
+            feed.add(&s, thread)?;
+        }
+        drop(calls);
+        if let Some(o) = open {
+            if let Some(split) = o.finish(th.data.comm_of(p))? {
+                feed.splits.push(split);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The calls in scope of every thread from one read (`calls_sql` with
+/// `args`; rows of threads outside the scope's are passed over), the
+/// threads' passes side by side. The read may hand out a thread's calls in
+/// any order across threads, but each thread's non-nested calls must come
+/// in `(ts_ns, id)` order: the row order of a file written by the tracer
+/// (a thread's calls that do not nest do not overlap, and are stored as
+/// they return). False at the first that does not (a crafted or merged
+/// file): what was fed is then to be dropped, and the scope read thread by
+/// thread.
+pub(crate) fn one_read(
+    feed: &mut Feed,
+    th: &Threads,
+    calls_sql: &str,
+    args: &[Value],
+) -> rusqlite::Result<bool> {
+    // One waits statement per thread, each borrowed by its pass once the
+    // thread's first non-nested call is read.
+    let mut statements = th
+        .threads
+        .iter()
+        .map(|_| th.conn.prepare_cached(th.waits_sql))
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    let mut unopened: BTreeMap<(u32, u32), &mut CachedStatement> = th
+        .threads
+        .iter()
+        .copied()
+        .zip(statements.iter_mut())
+        .collect();
+    let mut open: BTreeMap<(u32, u32), OpenThread> = BTreeMap::new();
+    let mut cst = th.conn.prepare_cached(calls_sql)?;
+    let mut calls = cst.query(rusqlite::params_from_iter(args))?;
+    while let Some(row) = calls.next()? {
+        let Some(s) = call_from_row(row)? else {
+            continue;
+        };
+        let key = (s.call.pid, s.call.tid);
+        if !th.threads.contains(&key) {
+            continue;
+        }
+        feed.note(&s);
+        if s.call.nested {
+            continue;
+        }
+        let thread = match open.get_mut(&key) {
+            Some(o) if (s.call.ts_ns, s.id) <= o.last => return Ok(false),
+            Some(o) => o,
+            None => match unopened.remove(&key) {
+                Some(st) => open
+                    .entry(key)
+                    .or_insert(OpenThread::start(st, &s, th.tracer)?),
+                None => return Ok(false), // unreachable: a thread opens once
+            },
+        };
+        feed.add(&s, thread)?;
+    }
+    drop(calls);
+    for ((p, _), o) in open {
+        if let Some(split) = o.finish(th.data.comm_of(p))? {
+            feed.splits.push(split);
+        }
+    }
+    Ok(true)
+}
+
+/// Widens `span` (first start, last end) to cover call `c`.
+fn widen(span: &mut Option<(u64, u64)>, c: &CallEvent) {
+    *span = Some(span.map_or((c.ts_ns, c.end_ns()), |(a, b)| {
+        (a.min(c.ts_ns), b.max(c.end_ns()))
+    }));
+}
