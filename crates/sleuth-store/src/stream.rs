@@ -1014,7 +1014,20 @@ impl MemoryTrace {
         for &pid in &self.pids {
             b.track(pid);
         }
-        self.for_each_memory_call(StreamOrder::ByReturn, None, |c, _| b.push(&c))
+        // Read in stored order (`Rows::replay_by_return`); should the file's
+        // order force the sorted read, the replay restarts from the state
+        // the earlier files left.
+        let before = b.clone();
+        let q = self.memory_calls(StreamOrder::ByReturn, None);
+        *b = self.rows.replay_by_return::<_, StoreError>(
+            &q,
+            || before.clone(),
+            |b, c| {
+                b.push(&c.call);
+                Ok(())
+            },
+        )?;
+        Ok(())
     }
 
     /// `sleuth_core::sites::memory_by_site` at the end of the trace, from
