@@ -10,7 +10,12 @@ With `--follow-up`, each server answers the same call twice: `wall_s` is the fir
 `follow_up_s` the second's (what an assistant's next question about the same file costs once
 the server remembers the file's checks, docs/mcp.md).
 
-Usage: bench_mcp_tools.py --bin target/release/gpusleuth --db TRACE.db [--pid N] [--filtered] [--follow-up] [--json]
+With `--only TOOL[:KEY]`, only the calls of that tool (with that argument key, e.g.
+`memory:at_ns`); `--answers FILE` writes each call's answer text there (JSON lines), to compare
+two builds' answers.
+
+Usage: bench_mcp_tools.py --bin target/release/gpusleuth --db TRACE.db [--pid N] [--filtered] [--follow-up]
+       [--only TOOL[:KEY]] [--answers FILE] [--json]
 """
 
 import argparse
@@ -103,7 +108,7 @@ async def one(exe, db, name, args, follow_up=False):
                    "error": text[:200] if err else None, "answer_bytes": len(text)}
             if follow_up:
                 row["follow_up_s"] = again
-            return row
+            return row, text
 
 
 async def main():
@@ -115,6 +120,8 @@ async def main():
                     help="the tools with a filter (process, op, window, moment) instead")
     ap.add_argument("--follow-up", action="store_true",
                     help="call each tool twice in one server and time the second call too")
+    ap.add_argument("--only", help="only this tool's calls (TOOL or TOOL:KEY, e.g. memory:at_ns)")
+    ap.add_argument("--answers", help="write each call's answer text to this file (JSON lines)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     # The middle of the trace (session times), read-only.
@@ -124,9 +131,20 @@ async def main():
     mid = (start + (end or start)) // 2
     fill = {"pid": a.pid, "at_ns": mid, "since_ns": mid, "until_ns": mid + 1_000_000_000}
     rows = []
+    answers = []
     for n, args in FILTERED if a.filtered else CALLS:
+        if a.only:
+            tool, _, key = a.only.partition(":")
+            if n != tool or (key and key not in args):
+                continue
         args = {k: (fill[k] if v is None else v) for k, v in args.items()}
-        rows.append(await one(a.bin, a.db, n, args, a.follow_up))
+        row, text = await one(a.bin, a.db, n, args, a.follow_up)
+        rows.append(row)
+        answers.append({"tool": n, "args": args, "answer": text})
+    if a.answers:
+        with open(a.answers, "w") as f:
+            for ans in answers:
+                f.write(json.dumps(ans) + "\n")
     if a.json:
         print(json.dumps(rows, indent=1))
         return
