@@ -10,9 +10,12 @@ With `--follow-up`, each server answers the same call twice: `wall_s` is the fir
 `follow_up_s` the second's (what an assistant's next question about the same file costs once
 the server remembers the file's checks, docs/mcp.md).
 
-With `--only TOOL` (repeatable), only the calls of those tools run.
+With `--only TOOL[:KEY]` (repeatable), only the calls of those tools (with that argument key,
+e.g. `memory:at_ns`); `--answers FILE` writes each call's answer text there (JSON lines), to
+compare two builds' answers.
 
-Usage: bench_mcp_tools.py --bin target/release/gpusleuth --db TRACE.db [--pid N] [--filtered] [--follow-up] [--only TOOL] [--json]
+Usage: bench_mcp_tools.py --bin target/release/gpusleuth --db TRACE.db [--pid N] [--filtered] [--follow-up]
+       [--only TOOL[:KEY]]... [--answers FILE] [--json]
 """
 
 import argparse
@@ -105,7 +108,7 @@ async def one(exe, db, name, args, follow_up=False):
                    "error": text[:200] if err else None, "answer_bytes": len(text)}
             if follow_up:
                 row["follow_up_s"] = again
-            return row
+            return row, text
 
 
 async def main():
@@ -117,8 +120,9 @@ async def main():
                     help="the tools with a filter (process, op, window, moment) instead")
     ap.add_argument("--follow-up", action="store_true",
                     help="call each tool twice in one server and time the second call too")
-    ap.add_argument("--only", action="append", metavar="TOOL",
-                    help="run only this tool's calls (repeatable)")
+    ap.add_argument("--only", action="append", metavar="TOOL[:KEY]",
+                    help="only this tool's calls (TOOL or TOOL:KEY, e.g. memory:at_ns; repeatable)")
+    ap.add_argument("--answers", help="write each call's answer text to this file (JSON lines)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     # The middle of the trace (session times), read-only.
@@ -128,11 +132,21 @@ async def main():
     mid = (start + (end or start)) // 2
     fill = {"pid": a.pid, "at_ns": mid, "since_ns": mid, "until_ns": mid + 1_000_000_000}
     rows = []
+    answers = []
     for n, args in FILTERED if a.filtered else CALLS:
-        if a.only and n not in a.only:
+        if a.only and not any(
+            n == tool and (not key or key in args)
+            for tool, _, key in (o.partition(":") for o in a.only)
+        ):
             continue
         args = {k: (fill[k] if v is None else v) for k, v in args.items()}
-        rows.append(await one(a.bin, a.db, n, args, a.follow_up))
+        row, text = await one(a.bin, a.db, n, args, a.follow_up)
+        rows.append(row)
+        answers.append({"tool": n, "args": args, "answer": text})
+    if a.answers:
+        with open(a.answers, "w") as f:
+            for ans in answers:
+                f.write(json.dumps(ans) + "\n")
     if a.json:
         print(json.dumps(rows, indent=1))
         return

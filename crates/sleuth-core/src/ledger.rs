@@ -18,6 +18,10 @@ use crate::ops::{OpClass, OpInfo, OPS};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::collections::{BTreeMap, HashMap};
 
+mod peak_sites;
+use peak_sites::PeakSites;
+pub use peak_sites::{live_by_stack, LiveByStack};
+
 /// A timeline longer than this is thinned (see [`thin_timeline`]).
 pub const MAX_TIMELINE_POINTS: usize = 2000;
 
@@ -316,9 +320,24 @@ struct Replay {
     thread_device: HashMap<u32, u32>,
     /// Live and peak device bytes per device ordinal.
     per_device: BTreeMap<u32, DeviceBytes>,
+    /// What was live per site at the peak, when asked for
+    /// ([`LedgerBuilder::with_peak_sites`]).
+    sites: Option<Box<PeakSites>>,
 }
 
 impl Replay {
+    /// A device allocation became live (`added`) or stopped being live, by
+    /// a call that returned at `ts`: what the per-site state at the peak follows.
+    fn site_changed(&mut self, l: &Live, added: bool, ts: u64) {
+        if !matches!(l.pool, Pool::Device | Pool::Physical) {
+            return;
+        }
+        let after_peak = self.peak_ts.is_some_and(|p| ts > p);
+        if let Some(s) = &mut self.sites {
+            s.change(l.stack_id, l.bytes, added, after_peak);
+        }
+    }
+
     fn add(&mut self, pool: Pool, bytes: u64, dev: u32) {
         if matches!(pool, Pool::Device | Pool::Physical) {
             let d = self.per_device.entry(dev).or_insert(DeviceBytes {
@@ -359,6 +378,9 @@ impl Replay {
         if self.device > self.peak {
             self.peak = self.device;
             self.peak_ts = Some(ts);
+            if let Some(s) = &mut self.sites {
+                s.new_peak();
+            }
         }
         if !self.no_history {
             self.timeline.push(TimelinePoint {
@@ -426,7 +448,9 @@ impl Replay {
                     None
                 }
             };
+            self.site_changed(&live, true, ts);
             if let Some(old) = old {
+                self.site_changed(&old, false, ts);
                 self.reused_live_ptrs += 1;
                 self.sub(old.pool, old.bytes, old.device);
                 if matches!(old.pool, Pool::Device | Pool::Physical) {
@@ -468,6 +492,7 @@ impl Replay {
         };
         match map.remove(&ptr) {
             Some(old) => {
+                self.site_changed(&old, false, ts);
                 self.sub(old.pool, old.bytes, old.device);
                 if matches!(old.pool, Pool::Device | Pool::Physical) {
                     self.frees += 1;
@@ -548,6 +573,8 @@ pub struct Ledger {
     procs: BTreeMap<u32, Replay>,
     /// See `Replay::no_history`.
     no_history: bool,
+    /// Each process keeps what it held per site at its peak (`Replay::sites`).
+    peak_sites: bool,
 }
 
 impl Ledger {
@@ -560,15 +587,16 @@ impl Ledger {
     /// timeline, no list of failed calls).
     pub fn live() -> Ledger {
         Ledger {
-            procs: BTreeMap::new(),
             no_history: true,
+            ..Default::default()
         }
     }
 
     fn replay(&mut self, pid: u32) -> &mut Replay {
-        let no_history = self.no_history;
+        let (no_history, peak_sites) = (self.no_history, self.peak_sites);
         self.procs.entry(pid).or_insert_with(|| Replay {
             no_history,
+            sites: peak_sites.then(Default::default),
             ..Default::default()
         })
     }
@@ -678,6 +706,14 @@ impl LedgerBuilder {
         self.ledger.track(pid);
     }
 
+    /// Also keeps, per process, what was live per site at its peak
+    /// ([`Self::finish_with_peak_sites`]): what [`PeakSnapshots`] gives from
+    /// a second replay, from this one.
+    pub fn with_peak_sites(mut self) -> LedgerBuilder {
+        self.ledger.peak_sites = true;
+        self
+    }
+
     /// The next call in return order; its process is listed either way.
     pub fn push(&mut self, c: &CallEvent) {
         self.ledger.track(c.pid);
@@ -696,6 +732,22 @@ impl LedgerBuilder {
             .into_iter()
             .map(|l| in_context(l, context, at_ns))
             .collect()
+    }
+
+    /// [`Self::finish`], and the device bytes each process with a peak had
+    /// live per site at it (by pid; empty unless built [`Self::with_peak_sites`]):
+    /// the `unfreed` of `ledger(data, Some(peak))` of that process, summed by stack.
+    pub fn finish_with_peak_sites(
+        mut self,
+        context: &TraceData,
+    ) -> (Vec<ProcessLedger>, BTreeMap<u32, LiveByStack>) {
+        let mut at_peak = BTreeMap::new();
+        for (&pid, r) in &mut self.ledger.procs {
+            if let (Some(s), Some(_)) = (r.sites.take(), r.peak_ts) {
+                at_peak.insert(pid, s.at_peak());
+            }
+        }
+        (self.finish(context), at_peak)
     }
 
     /// The ledgers without what [`in_context`] adds (no name, exit time or

@@ -10,7 +10,7 @@
 
 use crate::data::TraceData;
 use crate::event::CallEvent;
-use crate::ledger::ProcessLedger;
+use crate::ledger::{live_by_stack, LiveByStack, ProcessLedger};
 use crate::ops::OpClass;
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -219,11 +219,12 @@ impl AllocTally {
 /// each process's peak (summed over processes), failures. Sorted by unfreed
 /// bytes, then bytes at the peak, then allocated bytes, largest first.
 pub fn memory_by_site(data: &TraceData, ledgers: &[ProcessLedger]) -> Vec<SiteMemory> {
-    let at_peak: Vec<ProcessLedger> = ledgers
+    let at_peak: BTreeMap<u32, LiveByStack> = ledgers
         .iter()
         .filter_map(|l| {
             let at = crate::ledger::ledger(data, Some(l.peak_ts_ns?));
-            at.into_iter().find(|p| p.pid == l.pid)
+            let p = at.into_iter().find(|p| p.pid == l.pid)?;
+            Some((l.pid, live_by_stack(&p)))
         })
         .collect();
     memory_by_site_of(
@@ -235,14 +236,15 @@ pub fn memory_by_site(data: &TraceData, ledgers: &[ProcessLedger]) -> Vec<SiteMe
 }
 
 /// [`memory_by_site`] from the allocations' tallies (in call order: the
-/// first stack of a site is its example), the ledgers at the end and each
-/// process's ledger at its own peak (`at_peak`, by pid). `data` gives the
-/// stacks only; its calls are not read.
+/// first stack of a site is its example), the ledgers at the end and what
+/// each process had live per site at its own peak (`at_peak`, by pid:
+/// `LedgerBuilder::finish_with_peak_sites`, or `live_by_stack` of its
+/// ledger then). `data` gives the stacks only; its calls are not read.
 pub fn memory_by_site_of(
     data: &TraceData,
     allocs: impl IntoIterator<Item = AllocTally>,
     ledgers: &[ProcessLedger],
-    at_peak: &[ProcessLedger],
+    at_peak: &BTreeMap<u32, LiveByStack>,
 ) -> Vec<SiteMemory> {
     let mut rows: BTreeMap<String, SiteMemory> = BTreeMap::new();
     fn row<'a>(
@@ -277,10 +279,9 @@ pub fn memory_by_site_of(
             r.unfreed_bytes += u.bytes;
         }
         if l.peak_ts_ns.is_some() {
-            if let Some(p) = at_peak.iter().find(|p| p.pid == l.pid) {
-                for u in &p.unfreed {
-                    row(&mut rows, data, u.stack_id).at_peak_bytes += u.bytes;
-                }
+            for (&stack, &bytes) in at_peak.get(&l.pid).into_iter().flatten() {
+                let r = row(&mut rows, data, stack);
+                r.at_peak_bytes = r.at_peak_bytes.wrapping_add(bytes);
             }
         }
     }

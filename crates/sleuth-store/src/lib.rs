@@ -28,6 +28,7 @@ pub mod outfile;
 mod problems;
 mod reader;
 pub mod report_reads;
+mod return_order;
 mod rows;
 pub mod run;
 pub mod run_explain;

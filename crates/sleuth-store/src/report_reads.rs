@@ -26,7 +26,6 @@ use crate::stacks::has_column;
 use crate::stream::{CallQuery, StreamOrder};
 use rusqlite::Connection;
 use sleuth_core::culprits::culprits_of_call;
-use sleuth_core::ledger::ProcessLedger;
 use sleuth_core::rollup::OpRollup;
 use sleuth_core::sites::{AllocTally, SiteMemory};
 use sleuth_core::{CallEvent, Culprit, ProcKind, TraceSpan, WaitEvent, WaitKind};
@@ -536,7 +535,11 @@ fn streamed_site_reads(lean: &Lean, pid: Option<u32>) -> Result<SiteReads, Store
         Ok(())
     })?;
     // By pid; bare (the table reads only what was live, by stack).
-    let at_peak: Vec<ProcessLedger> = peaks.finish().into_values().collect();
+    let at_peak: BTreeMap<u32, sleuth_core::ledger::LiveByStack> = peaks
+        .finish()
+        .iter()
+        .map(|(&pid, l)| (pid, sleuth_core::ledger::live_by_stack(l)))
+        .collect();
     let allocs: Vec<AllocTally> = tallies.into_values().collect();
     Ok(SiteReads {
         sites: sleuth_core::sites::memory_by_site_of(

@@ -13,6 +13,7 @@ use crate::error::{SqlContext, StoreError};
 use crate::open::{has_table, open_trace_file};
 use crate::problems::{valid_call, valid_wait, MAX_NS, TOTALS_OVERFLOW};
 use crate::reader::{check_is_trace, check_schema, Trace};
+use crate::return_order::{OutOfOrder, Reorder, REORDER_ROWS};
 use crate::rows::{call_from_row, wait_from_row, waits_sql, CALL_COLS};
 use crate::stacks::has_column;
 use crate::types::StoredCall;
@@ -33,6 +34,9 @@ pub enum StreamOrder {
     ByReturn,
     /// Slowest first, then row id (the `calls(op, dur_ns)` index serves it).
     ByDurationDesc,
+    /// By row id: the order the writer stored the calls in (a scan of
+    /// the rows needs no sort). [`Rows::replay_by_return`] reads in it.
+    ById,
 }
 
 /// Which calls a stream visits. `None` fields do not filter.
@@ -151,6 +155,64 @@ impl Rows {
             &|e| self.read_error(e),
             visit,
         )
+    }
+
+    /// Replays the calls `q` selects in return order (whatever `q.order`)
+    /// into a state made by `init`, and returns it: the calls are read in
+    /// the order they were stored and put in return order through a small
+    /// buffer (`crate::return_order`), without SQLite sorting them; if the
+    /// file's order is too far from it, the replay starts again from a
+    /// fresh state on SQLite's sorted query. Either way `visit` sees
+    /// exactly the calls and the order of a `StreamOrder::ByReturn` stream.
+    pub fn replay_by_return<S, E: From<StoreError>>(
+        &self,
+        q: &CallQuery,
+        init: impl Fn() -> S,
+        mut visit: impl FnMut(&mut S, StoredCall) -> Result<(), E>,
+    ) -> Result<S, E> {
+        /// Why the buffered read stopped.
+        enum Halt<E> {
+            Visit(E),
+            Disorder,
+        }
+        impl<E: From<StoreError>> From<StoreError> for Halt<E> {
+            fn from(e: StoreError) -> Self {
+                Halt::Visit(e.into())
+            }
+        }
+        let by_id = CallQuery {
+            order: StreamOrder::ById,
+            ..q.clone()
+        };
+        let mut state = init();
+        let mut buf = Reorder::new(REORDER_ROWS);
+        let read = self.for_each_call::<Halt<E>>(&by_id, |c| {
+            let key = (c.call.end_ns(), c.call.ts_ns, c.id);
+            match buf.push(key, c) {
+                Ok(Some(ready)) => visit(&mut state, ready).map_err(Halt::Visit),
+                Ok(None) => Ok(()),
+                Err(OutOfOrder) => Err(Halt::Disorder),
+            }
+        });
+        match read {
+            Ok(()) => {
+                while let Some(ready) = buf.pop() {
+                    visit(&mut state, ready)?;
+                }
+                Ok(state)
+            }
+            Err(Halt::Visit(e)) => Err(e),
+            Err(Halt::Disorder) => {
+                drop(buf);
+                let mut state = init();
+                let sorted = CallQuery {
+                    order: StreamOrder::ByReturn,
+                    ..q.clone()
+                };
+                self.for_each_call::<E>(&sorted, |c| visit(&mut state, c))?;
+                Ok(state)
+            }
+        }
     }
 
     /// Visits the waits (of one process or all) by `on_ns`, then row id,
@@ -480,6 +542,7 @@ fn select_calls<E: From<StoreError>>(
         StreamOrder::ByStart => "calls.ts_ns, calls.id",
         StreamOrder::ByReturn => "calls.ts_ns + calls.dur_ns, calls.ts_ns, calls.id",
         StreamOrder::ByDurationDesc => "calls.dur_ns DESC, calls.id",
+        StreamOrder::ById => "calls.id",
     };
     let limit = limit
         .map(|l| format!(" LIMIT {}", l.min(i64::MAX as usize)))
@@ -650,13 +713,18 @@ pub(crate) fn quoted_names(ops: &[&str]) -> String {
 }
 
 /// What a read of the calls (of the ops in `marks`, SQL parameters or
-/// quoted names, when given) reads from: the row-order twin with
-/// `scan_rows`, else in version 2 the rows of those ops through the op
-/// index ([`ops_searched_calls`]), else the `calls` view.
+/// quoted names, when given) reads from: in version 2 the rows of those
+/// ops, through the op index ([`ops_searched_calls`]) or with `scan_rows`
+/// in row order ([`ops_scanned_calls`]); else the row-order twin with
+/// `scan_rows`, else the `calls` view.
 fn source_of(version: i64, scan_rows: bool, marks: Option<&str>) -> String {
     match marks {
-        Some(marks) if !scan_rows && version >= 2 => {
-            ops_searched_calls(marks).unwrap_or_else(|| calls_source(false))
+        Some(marks) if version >= 2 => {
+            let of_ops = match scan_rows {
+                true => ops_scanned_calls(marks),
+                false => ops_searched_calls(marks),
+            };
+            of_ops.unwrap_or_else(|| calls_source(scan_rows))
         }
         _ => calls_source(scan_rows),
     }
@@ -708,6 +776,22 @@ pub(crate) fn ops_searched_calls(marks: &str) -> Option<String> {
     ))
 }
 
+/// The row-order twin of the `calls` view ([`table_scan_calls`]) that
+/// keeps only the rows of the ops named by `marks` (as for
+/// [`ops_searched_calls`]) by their op id, before each row is joined to
+/// its op: on the twin itself SQLite joins every row to `ops` and compares
+/// its op's name with each asked for (a 10M-call file: 1.0–1.1 s against
+/// 0.7–0.8 s for the memory calls, counted through Python's `sqlite3`
+/// under load). The same rows and columns as the view; None if the
+/// view's text is not the expected shape.
+fn ops_scanned_calls(marks: &str) -> Option<String> {
+    let twin = table_scan_calls()?;
+    let inner = twin.strip_suffix(") AS calls")?;
+    Some(format!(
+        "{inner} WHERE c.op_id IN (SELECT id FROM ops WHERE op IN ({marks}))) AS calls"
+    ))
+}
+
 /// The span `TraceSpan::of` gives a loaded trace (of `pid`, or all), from
 /// the session times and the calls' groups: start and end only (the extent
 /// equals them; no answer built on this reads it).
@@ -746,10 +830,18 @@ pub struct MemoryTrace {
     pids: std::collections::BTreeSet<u32>,
     pid: Option<u32>,
     rows: Rows,
-    /// The allocations by site that the last streamed ledger pass tallied,
-    /// with its moment: `sites_streamed` at the same moment reads the same
-    /// calls, and takes them instead of a pass of its own.
-    tallied: std::cell::RefCell<Option<(Option<u64>, SiteTally)>>,
+    /// What the last streamed ledger pass kept for the by-site table:
+    /// `sites_streamed` at the same moment takes it instead of a pass.
+    site_pass: std::cell::RefCell<Option<SitePass>>,
+}
+
+/// What one replay of the memory calls up to a moment (all when None)
+/// gives the by-site table besides the ledgers: the allocations tallied by
+/// site, and what each process had live per site at its peak.
+struct SitePass {
+    at_ns: Option<u64>,
+    tally: SiteTally,
+    at_peak: std::collections::BTreeMap<u32, sleuth_core::ledger::LiveByStack>,
 }
 
 /// Device allocations summed per (stack, failed), each key remembering the
@@ -828,7 +920,7 @@ impl MemoryTrace {
             pids,
             pid,
             rows,
-            tallied: Default::default(),
+            site_pass: Default::default(),
         })
     }
 
@@ -837,21 +929,27 @@ impl MemoryTrace {
         &self.rows
     }
 
-    /// Visits the memory calls (`ledger::is_memory_op`) in `order`, those
-    /// that returned by `returned_by` when given.
+    /// The memory calls (`ledger::is_memory_op`) of this view, those that
+    /// returned by `returned_by` when given.
+    fn memory_calls(&self, order: StreamOrder, returned_by: Option<u64>) -> CallQuery {
+        CallQuery {
+            pid: self.pid,
+            ops: Some(sleuth_core::ledger::memory_op_names()),
+            order,
+            limit: None,
+            returned_by,
+        }
+    }
+
+    /// Visits the memory calls in `order`, those that returned by
+    /// `returned_by` when given.
     fn for_each_memory_call(
         &self,
         order: StreamOrder,
         returned_by: Option<u64>,
         mut visit: impl FnMut(sleuth_core::CallEvent, i64),
     ) -> Result<(), StoreError> {
-        let q = CallQuery {
-            pid: self.pid,
-            ops: Some(sleuth_core::ledger::memory_op_names()),
-            order,
-            limit: None,
-            returned_by,
-        };
+        let q = self.memory_calls(order, returned_by);
         self.rows.for_each_call::<StoreError>(&q, |c| {
             visit(c.call, c.id);
             Ok(())
@@ -873,20 +971,46 @@ impl MemoryTrace {
                 return Ok(ledgers);
             }
         }
-        let mut b = sleuth_core::ledger::LedgerBuilder::new(at_ns);
-        // Every process is listed up front, so a call that returned after
-        // `at_ns` (which the builder would only list) need not be read.
-        for &pid in &self.pids {
-            b.track(pid);
-        }
-        // The same calls tallied by site, for `sites_streamed` at this moment.
-        let mut tally = SiteTally::default();
-        self.for_each_memory_call(StreamOrder::ByReturn, at_ns, |c, id| {
-            b.push(&c);
-            tally.add(&c, id);
-        })?;
-        *self.tallied.borrow_mut() = Some((at_ns, tally));
-        Ok(b.finish(&self.base))
+        let (ledgers, pass) = self.replay(at_ns)?;
+        *self.site_pass.borrow_mut() = Some(pass);
+        Ok(ledgers)
+    }
+
+    /// One replay of the memory calls that returned by `at_ns` (all when
+    /// None), in return order: the ledgers then, and what the by-site table
+    /// needs of the same calls (`SitePass`), so `memory --by-site --at` and
+    /// MCP `memory` at a moment read the calls once.
+    fn replay(
+        &self,
+        at_ns: Option<u64>,
+    ) -> Result<(Vec<sleuth_core::ledger::ProcessLedger>, SitePass), StoreError> {
+        let init = || {
+            let mut b = sleuth_core::ledger::LedgerBuilder::new(at_ns).with_peak_sites();
+            // Every process is listed up front, so a call that returned after
+            // `at_ns` (which the builder would only list) need not be read.
+            for &pid in &self.pids {
+                b.track(pid);
+            }
+            (b, SiteTally::default())
+        };
+        // Nothing that returned after `at_ns` takes effect: it is not read.
+        let q = self.memory_calls(StreamOrder::ByReturn, at_ns);
+        let (b, tally) =
+            self.rows
+                .replay_by_return::<_, StoreError>(&q, init, |(b, tally), c| {
+                    b.push(&c.call);
+                    tally.add(&c.call, c.id);
+                    Ok(())
+                })?;
+        let (ledgers, at_peak) = b.finish_with_peak_sites(&self.base);
+        Ok((
+            ledgers,
+            SitePass {
+                at_ns,
+                tally,
+                at_peak,
+            },
+        ))
     }
 
     /// Feeds this view's processes and memory calls, in return order, into
@@ -900,7 +1024,20 @@ impl MemoryTrace {
         for &pid in &self.pids {
             b.track(pid);
         }
-        self.for_each_memory_call(StreamOrder::ByReturn, None, |c, _| b.push(&c))
+        // Read in stored order (`Rows::replay_by_return`); should the file's
+        // order force the sorted read, the replay restarts from the state
+        // the earlier files left.
+        let before = b.clone();
+        let q = self.memory_calls(StreamOrder::ByReturn, None);
+        *b = self.rows.replay_by_return::<_, StoreError>(
+            &q,
+            || before.clone(),
+            |b, c| {
+                b.push(&c.call);
+                Ok(())
+            },
+        )?;
+        Ok(())
     }
 
     /// `sleuth_core::sites::memory_by_site` at the end of the trace, from
@@ -914,39 +1051,28 @@ impl MemoryTrace {
 
     /// `sleuth_core::sites::memory_by_site` of this view's memory calls
     /// that returned by `at_ns` (all when None) with `ledgers` (the ledgers
-    /// then), without holding the calls: the allocations are summed per
-    /// stack and ordered by their first start (the first stack of a label
-    /// stays its example), from the pass `ledgers` made at the same moment
-    /// when it made one (one pass over the memory calls fewer),
-    /// and each process's ledger at its peak is replayed in return order, a
-    /// snapshot taken before its first call that returned after the peak
-    /// (as the site rollup's writer takes it). Memory grows with the sites
-    /// and what is live.
+    /// then), without holding the calls: the allocations summed per stack
+    /// and ordered by their first start (the first stack of a label stays
+    /// its example), and what each process had live per site at its peak,
+    /// both kept by the replay that gave the ledgers (`Self::replay`; made
+    /// here when `ledgers` came from elsewhere, the ledger rollup). At a
+    /// moment, an allocation counts once it returned (docs/stats.md,
+    /// `--at`). Memory grows with the sites and what is live.
     pub fn sites_streamed(
         &self,
         ledgers: &[sleuth_core::ledger::ProcessLedger],
         at_ns: Option<u64>,
     ) -> Result<Vec<sleuth_core::sites::SiteMemory>, StoreError> {
-        // At a moment, an allocation counts once it returned (docs/stats.md,
-        // `--at`): the calls the ledger's pass at that moment read, tallied
-        // then; else one pass of their own.
-        let tally = match self.tallied.borrow_mut().take() {
-            Some((at, tally)) if at == at_ns => tally,
-            _ => {
-                let mut tally = SiteTally::default();
-                self.for_each_memory_call(StreamOrder::ByStart, at_ns, |c, id| tally.add(&c, id))?;
-                tally
-            }
+        let kept = self.site_pass.borrow_mut().take();
+        let pass = match kept {
+            Some(p) if p.at_ns == at_ns => p,
+            _ => self.replay(at_ns)?.1,
         };
-        let tallies = tally.in_start_order();
-        let mut peaks = sleuth_core::ledger::PeakSnapshots::new(ledgers);
-        if let Some(last) = peaks.last_peak() {
-            // Nothing that returned after the last peak is in a snapshot.
-            self.for_each_memory_call(StreamOrder::ByReturn, Some(last), |c, _| peaks.push(&c))?;
-        }
-        let at_peak: Vec<_> = peaks.finish().into_values().collect();
         Ok(sleuth_core::sites::memory_by_site_of(
-            &self.base, tallies, ledgers, &at_peak,
+            &self.base,
+            pass.tally.in_start_order(),
+            ledgers,
+            &pass.at_peak,
         ))
     }
 

@@ -220,6 +220,36 @@ fn the_ledger_runs_across_files() {
     assert_eq!(alone(2)[0].unmatched_frees, 1);
 }
 
+/// The same when a file's calls were stored far from the order they
+/// returned in (here its one free returns before 40,000 allocations that
+/// started before it, so it is stored after them): the file's replay
+/// starts again on SQLite's sorted query (`Rows::replay_by_return`) from
+/// the state the first file left, not from nothing.
+#[test]
+fn the_ledger_runs_across_files_whatever_order_a_file_stored_its_calls() {
+    use sleuth_core::testing::{alloc, free, trace, MS};
+    let dir = TempDir::new("run-explain-ledger-order");
+    let run = dir.join("run");
+    std::fs::create_dir(&run).unwrap();
+    let first = trace(vec![alloc(0, 1 << 20, 0xa000)]);
+    let n = 40_000u64;
+    let mut calls: Vec<_> = (0..n)
+        .map(|i| sleuth_core::CallEvent {
+            dur_ns: 1000 * MS,
+            ..alloc(100 * MS + i, 4096, 0x1_0000_0000 + i * 4096)
+        })
+        .collect();
+    calls.push(free(100 * MS + n, 0xa000));
+    rewrite(&first, &run.join(sleuth_store::run::part_name(1)));
+    rewrite(&trace(calls), &run.join(sleuth_store::run::part_name(2)));
+    let merged = sleuth_store::run_explain::load(&run, None, budget()).unwrap();
+    let l = &merged.ledgers[0];
+    assert_eq!((l.allocs, l.frees, l.unmatched_frees), (n + 1, 1, 0));
+    assert_eq!(l.live_bytes, n * 4096);
+    // The peak: every allocation of the second file live, 0xa000 freed first.
+    assert_eq!(l.peak_bytes, n * 4096);
+}
+
 /// A file of the run as its writer leaves it while still writing: no rollups yet.
 fn unfinished(path: &std::path::Path) {
     let c = rusqlite::Connection::open(path).unwrap();

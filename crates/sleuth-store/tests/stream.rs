@@ -546,3 +546,88 @@ fn calls_of_rare_ops_read_through_the_op_index_equal_the_loaded_ones() {
         }
     }
 }
+
+/// The ledger at a moment replays calls in return order from rows read in
+/// the order they were stored, put back in order through a bounded buffer
+/// (`replay_by_return`); a call stored far later than calls that returned
+/// after it (here after 40,000 of them) cannot be put back in that space,
+/// and the replay starts again on SQLite's sorted query: the ledgers and
+/// the by-site table still equal the loaded trace's.
+#[test]
+fn a_call_stored_far_out_of_return_order_still_replays_in_order() {
+    let dir = TempDir::new("stream-disorder");
+    let path = dir.join("t.db");
+    let w = TraceWriter::create(&path, common::session(), WriterOptions::default()).unwrap();
+    let h = w.handle();
+    h.add_stack(Stack {
+        id: 5,
+        pid: 100,
+        frames: vec![py_frame("/w/train.py", 5, "early")],
+        notes: vec![],
+    })
+    .unwrap();
+    let base = 0x7f00_0000_0000u64;
+    for i in 0..20_000u64 {
+        let ptr = base + (i % 64) * 4096;
+        let ts = 1_000_000 + i * 100;
+        h.send(Event::Call(mem(
+            "cudaMalloc",
+            100,
+            100,
+            ts,
+            20,
+            Some(4096),
+            ptr,
+        )))
+        .unwrap();
+        h.send(Event::Call(mem(
+            "cudaFree",
+            100,
+            100,
+            ts + 50,
+            20,
+            None,
+            ptr,
+        )))
+        .unwrap();
+    }
+    // Returned before every call above, stored after them all: the
+    // process's first allocation, and the free of a pointer it never had.
+    let mut early = mem("cudaMalloc", 100, 101, 10, 5, Some(1 << 20), 0xe000);
+    early.stack_id = Some(5);
+    h.send(Event::Call(early)).unwrap();
+    h.send(Event::Call(mem("cudaFree", 100, 101, 20, 5, None, 0xbad)))
+        .unwrap();
+    h.set_session_end(4_000_000).unwrap();
+    drop(h);
+    w.finish().unwrap();
+
+    let trace = Trace::open(&path).unwrap();
+    let data = trace.load(None).unwrap();
+    assert_eq!(data.calls.len(), 40_002);
+    let mt = MemoryTrace::open(&trace, None, budget()).unwrap();
+    for at in [15, 1_000_070, 2_000_000, 4_000_000] {
+        let at_moment = mt.ledgers(Some(at)).unwrap();
+        assert_eq!(
+            json(&at_moment),
+            json(&ledger(&data, Some(at))),
+            "ledger at {at}"
+        );
+        let by_then = sleuth_core::TraceData {
+            calls: data
+                .calls
+                .iter()
+                .filter(|c| c.end_ns() <= at)
+                .cloned()
+                .collect(),
+            ..data.clone()
+        };
+        assert_eq!(
+            json(&mt.sites_streamed(&at_moment, Some(at)).unwrap()),
+            json(&memory_by_site(&by_then, &at_moment)),
+            "sites at {at}"
+        );
+    }
+    let l = &mt.ledgers(Some(4_000_000)).unwrap()[0];
+    assert_eq!((l.unmatched_frees, l.live_bytes), (1, 1 << 20), "{l:?}");
+}
