@@ -241,28 +241,7 @@ fn assert_streamed_equals_loaded(path: &Path, pid: Option<u32>) {
         .copied()
         .chain([0, span.end_ns])
     {
-        let at_moment = mt.ledgers(Some(at)).unwrap();
-        assert_eq!(
-            json(&at_moment),
-            json(&ledger(&data, Some(at))),
-            "ledger of {path:?} at {at}"
-        );
-        // The by-site table at the moment, streamed (`memory --by-site
-        // --at`): of the calls that returned by then, as the ledger counts them.
-        let by_then = sleuth_core::TraceData {
-            calls: data
-                .calls
-                .iter()
-                .filter(|c| c.end_ns() <= at)
-                .cloned()
-                .collect(),
-            ..data.clone()
-        };
-        assert_eq!(
-            json(&mt.sites_streamed(&at_moment, Some(at)).unwrap()),
-            json(&memory_by_site(&by_then, &at_moment)),
-            "sites of {path:?} at {at}"
-        );
+        assert_memory_at(&mt, &data, at, &format!("{path:?}"));
     }
     assert_eq!(
         json(&mt.sites_streamed(&end, None).unwrap()),
@@ -607,27 +586,34 @@ fn a_call_stored_far_out_of_return_order_still_replays_in_order() {
     assert_eq!(data.calls.len(), 40_002);
     let mt = MemoryTrace::open(&trace, None, budget()).unwrap();
     for at in [15, 1_000_070, 2_000_000, 4_000_000] {
-        let at_moment = mt.ledgers(Some(at)).unwrap();
-        assert_eq!(
-            json(&at_moment),
-            json(&ledger(&data, Some(at))),
-            "ledger at {at}"
-        );
-        let by_then = sleuth_core::TraceData {
-            calls: data
-                .calls
-                .iter()
-                .filter(|c| c.end_ns() <= at)
-                .cloned()
-                .collect(),
-            ..data.clone()
-        };
-        assert_eq!(
-            json(&mt.sites_streamed(&at_moment, Some(at)).unwrap()),
-            json(&memory_by_site(&by_then, &at_moment)),
-            "sites at {at}"
-        );
+        assert_memory_at(&mt, &data, at, "late rows");
     }
     let l = &mt.ledgers(Some(4_000_000)).unwrap()[0];
     assert_eq!((l.unmatched_frees, l.live_bytes), (1, 1 << 20), "{l:?}");
+}
+
+/// The streamed ledgers at moment `at` equal the loaded trace's, and so
+/// does the by-site table then (`memory --by-site --at`): of the calls that
+/// returned by `at`, as the ledger counts them.
+fn assert_memory_at(mt: &MemoryTrace, data: &sleuth_core::TraceData, at: u64, what: &str) {
+    let at_moment = mt.ledgers(Some(at)).unwrap();
+    assert_eq!(
+        json(&at_moment),
+        json(&ledger(data, Some(at))),
+        "ledger of {what} at {at}"
+    );
+    let by_then = sleuth_core::TraceData {
+        calls: data
+            .calls
+            .iter()
+            .filter(|c| c.end_ns() <= at)
+            .cloned()
+            .collect(),
+        ..data.clone()
+    };
+    assert_eq!(
+        json(&mt.sites_streamed(&at_moment, Some(at)).unwrap()),
+        json(&memory_by_site(&by_then, &at_moment)),
+        "sites of {what} at {at}"
+    );
 }
