@@ -10,6 +10,9 @@ With `--follow-up`, each server answers the same call twice: `wall_s` is the fir
 `follow_up_s` the second's (what an assistant's next question about the same file costs once
 the server remembers the file's checks, docs/mcp.md).
 
+The server runs with this script's environment: with `GPUSLEUTH_CACHE_DIR=` (empty) it keeps
+no checks between runs, so each first call pays the file's checks (docs/mcp.md).
+
 With `--only TOOL[:KEY]` (repeatable), only the calls of those tools (with that argument key,
 e.g. `memory:at_ns`); `--answers FILE` writes each call's answer text there (JSON lines), to
 compare two builds' answers.
@@ -85,7 +88,10 @@ def hwm_mb(pid):
 
 
 async def one(exe, db, name, args, follow_up=False):
-    params = StdioServerParameters(command=exe, args=["mcp", "--db", db])
+    # The server gets this environment (the client's default passes only a
+    # few variables): `GPUSLEUTH_CACHE_DIR=` times first reads of a file,
+    # a cache directory that holds it times calls after an earlier run.
+    params = StdioServerParameters(command=exe, args=["mcp", "--db", db], env=dict(os.environ))
     async with stdio_client(params) as (r, w):
         async with ClientSession(r, w) as s:
             await s.initialize()
