@@ -19,8 +19,10 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::collections::{BTreeMap, HashMap};
 
 mod peak_sites;
+mod timeline;
 use peak_sites::PeakSites;
 pub use peak_sites::{live_by_stack, LiveByStack};
+use timeline::Timeline;
 
 /// A timeline longer than this is thinned (see [`thin_timeline`]).
 pub const MAX_TIMELINE_POINTS: usize = 2000;
@@ -303,7 +305,8 @@ struct Replay {
     host: u64,
     peak: u64,
     peak_ts: Option<u64>,
-    timeline: Vec<TimelinePoint>,
+    /// Bounded while replaying (`timeline`), thinned when finished.
+    timeline: Timeline,
     failed: Vec<FailedAlloc>,
     allocs: u64,
     frees: u64,
@@ -542,7 +545,7 @@ impl Replay {
             failed_allocs: self.failed,
             host_pinned_bytes: self.host,
             managed_bytes: self.managed,
-            timeline: thin_timeline(self.timeline, MAX_TIMELINE_POINTS),
+            timeline: self.timeline.finish(MAX_TIMELINE_POINTS),
             vmm_bytes: self.vmm,
             allocs: self.allocs,
             frees: self.frees,
