@@ -67,6 +67,9 @@ fn build() -> String {
 #[derive(Debug, Clone)]
 pub(crate) struct CheckCache {
     dir: PathBuf,
+    /// Named by `$GPUSLEUTH_CACHE_DIR`: created wherever asked (the user
+    /// chose it), not only under a parent the user owns.
+    named: bool,
 }
 
 /// One remembered file, as stored.
@@ -135,12 +138,15 @@ impl CheckCache {
     /// documentation); None when there is none to use.
     pub(crate) fn from_env() -> Option<CheckCache> {
         let var = std::env::var_os;
-        dir_from(var(CACHE_DIR_ENV), var("XDG_CACHE_HOME"), var("HOME")).map(CheckCache::at)
+        let named = var(CACHE_DIR_ENV).is_some();
+        dir_from(var(CACHE_DIR_ENV), var("XDG_CACHE_HOME"), var("HOME"))
+            .map(|dir| CheckCache { dir, named })
     }
 
-    /// A cache in `dir` (tests).
+    /// A cache in `dir`, as if named by `$GPUSLEUTH_CACHE_DIR` (tests).
+    #[cfg(test)]
     pub(crate) fn at(dir: PathBuf) -> CheckCache {
-        CheckCache { dir }
+        CheckCache { dir, named: true }
     }
 
     fn file(&self) -> PathBuf {
@@ -207,9 +213,17 @@ impl CheckCache {
         written
     }
 
-    /// The directory, created private (0700) where missing: only under a
-    /// parent this user owns (never a directory of another user's home).
+    /// The directory, created private (0700) where missing: one the user
+    /// named wherever asked; the default only under a parent this user owns
+    /// (never in another user's home, as under `sudo` with their `HOME`).
     fn make_dir(&self) -> Option<()> {
+        if self.named && std::fs::symlink_metadata(&self.dir).is_err() {
+            DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(&self.dir)
+                .ok()?;
+        }
         if std::fs::symlink_metadata(&self.dir).is_err() {
             let parent = self.dir.parent()?;
             if std::fs::symlink_metadata(parent).is_err() {
@@ -404,6 +418,49 @@ mod tests {
         }
         std::fs::write(cache.file(), &good).expect("write");
         assert_eq!(cache.load().len(), 1, "the good one reads");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// The default directory is created only under a parent this user owns;
+    /// a named one wherever asked.
+    #[test]
+    fn the_default_directory_is_made_only_in_a_home_of_this_user() {
+        let d = dir("home");
+        std::fs::create_dir_all(&d).expect("dir");
+        let a = d.join("a");
+        std::fs::write(&a, b"a").expect("a");
+        let mine = CheckCache {
+            dir: d.join("home/.cache/gpusleuth"),
+            named: false,
+        };
+        std::fs::create_dir_all(d.join("home")).expect("home");
+        mine.save(vec![entry(&a, 1)]);
+        assert_eq!(mine.load().len(), 1, "made under a home this user owns");
+        // A home of another user (root gives one away; CI runs as root):
+        // no `.cache` is made in it, where root could make one.
+        if euid() == 0 {
+            let other = d.join("other");
+            std::fs::create_dir_all(&other).expect("other home");
+            std::os::unix::fs::chown(&other, Some(65534), Some(65534)).expect("chown");
+            let theirs = CheckCache {
+                dir: other.join(".cache/gpusleuth"),
+                named: false,
+            };
+            theirs.save(vec![entry(&a, 1)]);
+            assert!(!other.join(".cache").exists(), "nothing made in their home");
+        } else {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "CI runs as root: the case of another user's home must run there"
+            );
+        }
+        let named = CheckCache::at(d.join("deep/er/cache"));
+        named.save(vec![entry(&a, 1)]);
+        assert_eq!(
+            named.load().len(),
+            1,
+            "a named directory is made with its parents"
+        );
         let _ = std::fs::remove_dir_all(&d);
     }
 
