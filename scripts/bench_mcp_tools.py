@@ -18,7 +18,7 @@ e.g. `memory:at_ns`); `--answers FILE` writes each call's answer text there (JSO
 compare two builds' answers.
 
 Usage: bench_mcp_tools.py --bin target/release/gpusleuth --db TRACE.db [--pid N] [--filtered] [--follow-up]
-       [--only TOOL[:KEY]]... [--answers FILE] [--json]
+       [--only TOOL[:KEY]]... [--pause S] [--answers FILE] [--json]
 """
 
 import argparse
@@ -87,7 +87,7 @@ def hwm_mb(pid):
     return float("nan")
 
 
-async def one(exe, db, name, args, follow_up=False):
+async def one(exe, db, name, args, follow_up=False, pause=0.0):
     # The server gets this environment (the client's default passes only a
     # few variables): `GPUSLEUTH_CACHE_DIR=` times first reads of a file,
     # a cache directory that holds it times calls after an earlier run.
@@ -95,6 +95,9 @@ async def one(exe, db, name, args, follow_up=False):
     async with stdio_client(params) as (r, w):
         async with ClientSession(r, w) as s:
             await s.initialize()
+            # A client that asks its first question later (an assistant
+            # started before the user asks): the server checks its trace ahead.
+            await asyncio.sleep(pause)
             t0 = time.perf_counter()
             res = await s.call_tool(name, args)
             wall = time.perf_counter() - t0
@@ -128,6 +131,8 @@ async def main():
                     help="call each tool twice in one server and time the second call too")
     ap.add_argument("--only", action="append", metavar="TOOL[:KEY]",
                     help="only this tool's calls (TOOL or TOOL:KEY, e.g. memory:at_ns; repeatable)")
+    ap.add_argument("--pause", type=float, default=0.0,
+                    help="seconds between the server's start and the first call")
     ap.add_argument("--answers", help="write each call's answer text to this file (JSON lines)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
@@ -146,7 +151,7 @@ async def main():
         ):
             continue
         args = {k: (fill[k] if v is None else v) for k, v in args.items()}
-        row, text = await one(a.bin, a.db, n, args, a.follow_up)
+        row, text = await one(a.bin, a.db, n, args, a.follow_up, a.pause)
         rows.append(row)
         answers.append({"tool": n, "args": args, "answer": text})
     if a.answers:

@@ -133,31 +133,80 @@ fn an_empty_cache_dir_turns_the_cache_off() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// The MCP server saves what its tool calls checked into the same cache
-/// after each call: a later command-line run (or server) starts from it.
+/// The entry the cache in `cache` holds for the trace at `db`, if any.
+fn entry_of(cache: &Path, db: &Path) -> Option<serde_json::Value> {
+    use std::os::unix::fs::MetadataExt;
+    let text = std::fs::read_to_string(cache.join("checks.json")).ok()?;
+    let saved: serde_json::Value = serde_json::from_str(&text).expect("json");
+    // The file's identity as the cache keys it (an inode alone may be
+    // another test's deleted file's).
+    let m = std::fs::metadata(db).expect("stat");
+    let ctime_ns = i128::from(m.ctime()) * 1_000_000_000 + i128::from(m.ctime_nsec());
+    saved["files"]
+        .as_array()?
+        .iter()
+        .find(|e| {
+            let id = &e["id"]["db"];
+            id["ino"] == m.ino() && id["ctime_ns"].as_i64().map(i128::from) == Some(ctime_ns)
+        })
+        .cloned()
+}
+
+/// The MCP server saves what a tool call checked into the same cache
+/// after the call: a later command-line run (or server) starts from it.
+/// (A file named in the call: the one given with `--db` is checked ahead.)
 #[test]
 fn the_mcp_server_saves_its_checks_for_later_runs() {
-    use std::os::unix::fs::MetadataExt;
+    // The servers of this file's tests share one cache: one at a time (two
+    // saving at once may lose one's news, by design).
+    let _one = common::serial();
     let (dir, db) = settled_copy("mcp");
-    let mut server =
-        mcp_stdio::McpStdio::start(&["--db".as_ref(), db.as_os_str()], Duration::from_secs(60));
+    let mut server = mcp_stdio::McpStdio::start(
+        &["--trace-dir".as_ref(), dir.as_os_str()],
+        Duration::from_secs(60),
+    );
+    let cache = mcp_stdio::bin::test_cache_dir();
+    assert!(
+        entry_of(&cache, &db).is_none(),
+        "nothing checked before the call"
+    );
     let r = server.call(
         "tools/call",
-        serde_json::json!({"name": "sql", "arguments": {"query": "SELECT count(*) FROM calls"}}),
+        serde_json::json!({"name": "sql", "arguments": {"db": db.display().to_string(), "query": "SELECT count(*) FROM calls"}}),
     );
     assert_ne!(r["result"]["isError"], true, "{r}");
-    let cache = mcp_stdio::bin::test_cache_dir().join("checks.json");
-    let saved: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&cache).expect("saved after the call"))
-            .expect("json");
-    let ino = std::fs::metadata(&db).expect("stat").ino();
-    let entry = saved["files"]
-        .as_array()
-        .expect("files")
-        .iter()
-        .find(|e| e["id"]["db"]["ino"] == ino)
-        .unwrap_or_else(|| panic!("no entry for the trace: {saved}"));
+    let entry = entry_of(&cache, &db).expect("saved after the call");
     assert_eq!(entry["passed"]["whole"], true, "{entry}");
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The trace the server is started on is checked ahead, before any
+/// question: the cache holds every check of it (the call-row pass and the
+/// skipped-row counts too) without a tool call.
+#[test]
+fn the_mcp_server_checks_its_trace_before_the_first_question() {
+    let _one = common::serial();
+    let (dir, db) = settled_copy("ahead");
+    let server =
+        mcp_stdio::McpStdio::start(&["--db".as_ref(), db.as_os_str()], Duration::from_secs(60));
+    let cache = mcp_stdio::bin::test_cache_dir();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let entry = loop {
+        match entry_of(&cache, &db) {
+            Some(e) => break e,
+            None if std::time::Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(100))
+            }
+            None => panic!("the server did not check its trace ahead"),
+        }
+    };
+    let passed = &entry["passed"];
+    assert_eq!(passed["whole"], true, "{entry}");
+    assert!(
+        passed["call_scan"].is_object() && passed["problems"].is_object(),
+        "{entry}"
+    );
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);
 }

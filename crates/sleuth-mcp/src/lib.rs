@@ -20,6 +20,10 @@ pub use server::{ServerOptions, SleuthServer};
 use anyhow::Context;
 use rmcp::ServiceExt;
 
+/// How long the check ahead of the served trace may take (as a command's
+/// read: far above a 10M-call file's seconds).
+const CHECK_AHEAD_LIMIT: std::time::Duration = sleuth_store::DEFAULT_READ_TIMEOUT;
+
 /// Serves one client over stdin/stdout until it disconnects.
 pub async fn serve_stdio(opts: ServerOptions) -> anyhow::Result<()> {
     let running = SleuthServer::new(opts)
@@ -41,7 +45,19 @@ pub enum Transport {
 }
 
 /// Blocking entry point for the CLI: builds a tokio runtime and serves.
+/// The trace the server was started on is checked ahead, on a thread of
+/// its own, while the client starts: the first question about a large
+/// trace then finds its checks paid (seconds at 10M calls; docs/mcp.md).
 pub fn run(opts: ServerOptions, transport: Transport) -> anyhow::Result<()> {
+    if let Some(db) = opts.db.clone().filter(|d| d.is_file()) {
+        let _ = std::thread::Builder::new()
+            .name("gpusleuth-check".into())
+            .spawn(move || {
+                // A damaged file is reported by the first tool call that reads it.
+                let budget = sleuth_store::ReadBudget::new(CHECK_AHEAD_LIMIT);
+                let _ = trace_tools::memo().check_ahead(&db, budget);
+            });
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -401,6 +401,24 @@ impl CheckMemo {
         checks
     }
 
+    /// Runs every check of the trace at `path` that this memo does not
+    /// hold yet (the check at open, the per-call tables' `quick_check`, the
+    /// call-row pass, the skipped-row counts) and saves what passed, so that
+    /// a later read skips them: a server that knows which file it will be
+    /// asked about checks it before the first question. Returns false, and
+    /// reads nothing, for a file changed within the settling time (what it
+    /// passed would not be remembered: a trace still being written). Errors
+    /// are the checks' (a damaged file), for the caller to drop or report.
+    pub fn check_ahead(&self, path: &Path, budget: ReadBudget) -> Result<bool, StoreError> {
+        match FileIdentity::of(path) {
+            Some(id) if id.settled(now_ns(), self.settled) => {}
+            _ => return Ok(false),
+        }
+        crate::Trace::open_remembered(path, budget, self)?.input_problems()?;
+        self.save();
+        Ok(true)
+    }
+
     /// Files remembered now (tests).
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
@@ -641,6 +659,29 @@ mod tests {
                 .expect_err("damage found")
                 .to_string();
             assert!(e.contains("damaged"), "{size}: {e}");
+            let _ = std::fs::remove_dir_all(&dir);
+        });
+    }
+
+    /// Checking ahead leaves nothing for a later read to check, and does
+    /// nothing on a file that has not settled.
+    #[test]
+    fn checking_ahead_pays_every_check_before_the_first_read() {
+        each_size(|size| {
+            let (dir, path) = copy(&format!("ahead-{size}"));
+            let memo = CheckMemo::settling(Duration::ZERO);
+            assert!(memo.check_ahead(&path, budget()).expect("intact"));
+            let n = checks_run();
+            read_all(&path, &memo).expect("intact");
+            assert_eq!(checks_run(), n, "{size}: nothing left to check");
+            let fresh = CheckMemo::new();
+            let n = checks_run();
+            assert!(!fresh.check_ahead(&path, budget()).expect("not read"));
+            assert_eq!(
+                checks_run(),
+                n,
+                "{size}: a file just written is not checked ahead"
+            );
             let _ = std::fs::remove_dir_all(&dir);
         });
     }
