@@ -877,12 +877,7 @@ pub fn thin_timeline(points: Vec<TimelinePoint>, max: usize) -> Vec<TimelinePoin
     let mut out = Vec::with_capacity(max);
     out.push(points[0]);
     for chunk in inner.chunks(per) {
-        if let Some(best) = chunk
-            .iter()
-            .max_by_key(|p| (p.live_bytes, std::cmp::Reverse(p.ts_ns)))
-        {
-            out.push(*best);
-        }
+        out.extend(chunk.iter().copied().reduce(timeline::higher));
     }
     out.push(points[points.len() - 1]);
     out

@@ -45,7 +45,7 @@ impl Default for Timeline {
 
 /// The higher of two points, as `thin_timeline` picks within a bucket: the
 /// most bytes, then the earliest; of equal points the later one.
-fn higher(a: TimelinePoint, b: TimelinePoint) -> TimelinePoint {
+pub(super) fn higher(a: TimelinePoint, b: TimelinePoint) -> TimelinePoint {
     let key = |p: &TimelinePoint| (p.live_bytes, std::cmp::Reverse(p.ts_ns));
     if key(&b) >= key(&a) {
         b
@@ -171,15 +171,7 @@ mod tests {
         assert_eq!(out.last(), pts.last());
         // The peak (most bytes, earliest) is kept, every point is a real one,
         // in time order.
-        let peak = pts.iter().copied().reduce(|a, b| {
-            if (b.live_bytes, std::cmp::Reverse(b.ts_ns))
-                > (a.live_bytes, std::cmp::Reverse(a.ts_ns))
-            {
-                b
-            } else {
-                a
-            }
-        });
+        let peak = pts.iter().copied().reduce(higher);
         assert!(out.contains(&peak.unwrap()), "{out:?}");
         assert!(out.iter().all(|p| pts.contains(p)));
         assert!(out.windows(2).all(|w| w[0].ts_ns <= w[1].ts_ns));
