@@ -947,11 +947,11 @@ impl MemoryTrace {
         &self,
         order: StreamOrder,
         returned_by: Option<u64>,
-        mut visit: impl FnMut(sleuth_core::CallEvent, i64),
+        mut visit: impl FnMut(sleuth_core::CallEvent),
     ) -> Result<(), StoreError> {
         let q = self.memory_calls(order, returned_by);
         self.rows.for_each_call::<StoreError>(&q, |c| {
-            visit(c.call, c.id);
+            visit(c.call);
             Ok(())
         })?;
         Ok(())
@@ -1108,7 +1108,7 @@ impl MemoryTrace {
     /// table read. Those hold the memory calls; the ledger alone does not.
     pub fn load_memory_calls(&mut self, pids: Option<&[u32]>) -> Result<(), StoreError> {
         let mut calls = Vec::new();
-        self.for_each_memory_call(StreamOrder::ByStart, None, |c, _| {
+        self.for_each_memory_call(StreamOrder::ByStart, None, |c| {
             if pids.is_none_or(|p| p.contains(&c.pid)) {
                 calls.push(c);
             }
