@@ -158,10 +158,7 @@ fn python_mcp_client_over_stdio_and_http() {
     let script = repo_root().join("tests/mcp/client_test.py");
     let mut cmd = Command::new("python3");
     // The server's checks cache: this test's own, not the user's.
-    cmd.env(
-        "GPUSLEUTH_CACHE_DIR",
-        std::env::temp_dir().join(format!("gpusleuth-test-cache-{}", std::process::id())),
-    );
+    cmd.env("GPUSLEUTH_CACHE_DIR", mcp_common::test_cache_dir());
     // Regenerating the example session of docs/mcp.md: GPUSLEUTH_MCP_TRANSCRIPT=/path/out.json.
     if let Ok(t) = std::env::var("GPUSLEUTH_MCP_TRANSCRIPT") {
         cmd.arg(&script).arg("--transcript").arg(t);

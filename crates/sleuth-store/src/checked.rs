@@ -494,6 +494,28 @@ mod tests {
         });
     }
 
+    /// Damages the `calls` root page of `path` by a write in place that
+    /// keeps the file's size, past one tick of the file system's clock
+    /// (see `SETTLED`) after whatever came before.
+    fn damage_in_place(path: &Path) {
+        let bytes = damaged(path, "calls");
+        let len = std::fs::metadata(path).expect("stat").len();
+        std::thread::sleep(Duration::from_millis(50));
+        {
+            use std::io::Write;
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(path)
+                .expect("open for writing");
+            f.write_all(&bytes).expect("write in place");
+        }
+        assert_eq!(
+            std::fs::metadata(path).expect("stat").len(),
+            len,
+            "same size"
+        );
+    }
+
     /// A write in place that keeps the size (one byte of a page) after the
     /// checks passed: the file is checked again and the damage found.
     #[test]
@@ -502,24 +524,7 @@ mod tests {
             let (dir, path) = copy(&format!("inplace-{size}"));
             let memo = CheckMemo::settling(Duration::ZERO);
             read_all(&path, &memo).expect("intact");
-            let bytes = damaged(&path, "calls");
-            let len = std::fs::metadata(&path).expect("stat").len();
-            // Past one tick of the file system's clock (see `SETTLED`).
-            std::thread::sleep(Duration::from_millis(50));
-            {
-                use std::io::{Seek, Write};
-                let mut f = std::fs::OpenOptions::new()
-                    .write(true)
-                    .open(&path)
-                    .expect("open for writing");
-                f.seek(std::io::SeekFrom::Start(0)).expect("seek");
-                f.write_all(&bytes).expect("write");
-            }
-            assert_eq!(
-                std::fs::metadata(&path).expect("stat").len(),
-                len,
-                "same size"
-            );
+            damage_in_place(&path);
             let e = read_all(&path, &memo)
                 .expect_err("damage found")
                 .to_string();
@@ -641,20 +646,7 @@ mod tests {
                 std::fs::read(dir.join("cache/checks.json")).expect("cache"),
                 before
             );
-            std::thread::sleep(Duration::from_millis(50));
-            let bytes = damaged(&path, "calls");
-            assert_eq!(
-                bytes.len() as u64,
-                std::fs::metadata(&path).expect("stat").len()
-            );
-            {
-                use std::io::Write;
-                let mut f = std::fs::OpenOptions::new()
-                    .write(true)
-                    .open(&path)
-                    .expect("open for writing");
-                f.write_all(&bytes).expect("write in place");
-            }
+            damage_in_place(&path);
             let e = read_all(&path, &cache())
                 .expect_err("damage found")
                 .to_string();

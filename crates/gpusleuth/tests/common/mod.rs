@@ -179,7 +179,9 @@ pub fn gpusleuth() -> Command {
 }
 
 /// The checks cache of this test process's runs (not the user's own: the
-/// runs share it, so the tests exercise it).
+/// runs share it, so the tests exercise it). The same as `bin.rs`'s: a
+/// test file may take both this module and `mcp_stdio.rs` (which takes
+/// `bin.rs`), so neither can take the other's file.
 pub fn test_cache_dir() -> std::path::PathBuf {
     std::env::temp_dir().join(format!("gpusleuth-test-cache-{}", std::process::id()))
 }

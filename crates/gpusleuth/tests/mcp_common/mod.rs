@@ -5,6 +5,10 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+#[path = "../common/bin.rs"]
+mod bin;
+#[allow(unused_imports)] // only the tests that start the server themselves use it
+pub use bin::test_cache_dir;
 #[path = "../common/skip.rs"]
 mod skip;
 use skip::skip_unless_ci;
