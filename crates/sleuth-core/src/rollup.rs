@@ -150,12 +150,22 @@ impl OpRollup {
 }
 
 /// Rollups of a whole trace as the writer keeps them: per (pid, op id), plus
-/// each calling thread's window (first start, last end of its non-nested
-/// calls; None with nested calls only), for the per-thread pass at the end.
+/// each calling thread's windows, for the per-thread pass at the end.
 #[derive(Debug, Clone, Default)]
 pub struct Rollup {
     pub ops: HashMap<(u32, u16), OpRollup>,
-    pub threads: BTreeMap<(u32, u32), Option<(u64, u64)>>,
+    pub threads: BTreeMap<(u32, u32), ThreadWindows>,
+}
+
+/// A thread's window (first start, last end of its non-nested calls; None
+/// with nested calls only) and within it each op's (the same of its
+/// non-nested calls of that op). A split clamps waits to its window, so the
+/// pass at the end needs them before it reads the waits.
+#[derive(Debug, Clone, Default)]
+pub struct ThreadWindows {
+    pub whole: Option<(u64, u64)>,
+    /// By op id, in the order first seen (a thread calls a few ops).
+    pub ops: Vec<(u16, (u64, u64))>,
 }
 
 impl Rollup {
@@ -163,11 +173,20 @@ impl Rollup {
         self.ops.entry((c.pid, c.op)).or_default().add(c);
         let w = self.threads.entry((c.pid, c.tid)).or_default();
         if !c.nested {
-            let (s, e) = w.get_or_insert((c.ts_ns, c.end_ns()));
-            *s = (*s).min(c.ts_ns);
-            *e = (*e).max(c.end_ns());
+            let (s, e) = (c.ts_ns, c.end_ns());
+            widen(w.whole.get_or_insert((s, e)), s, e);
+            match w.ops.iter_mut().find(|(op, _)| *op == c.op) {
+                Some((_, ow)) => widen(ow, s, e),
+                None => w.ops.push((c.op, (s, e))),
+            }
         }
     }
+}
+
+/// Widens window `w` (first start, last end) to cover `[s, e)`.
+fn widen(w: &mut (u64, u64), s: u64, e: u64) {
+    w.0 = w.0.min(s);
+    w.1 = w.1.max(e);
 }
 
 /// One stats row from an op's rollup, as `stats::compute` would give it

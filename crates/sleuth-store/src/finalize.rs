@@ -101,8 +101,10 @@ fn per_thread_pass(conn: &Connection, rollup: &Rollup) -> rusqlite::Result<u64> 
     let all_calls_sql = calls_sql(conn, "WHERE pid = ?1 AND tid = ?2 ORDER BY ts_ns, id")?;
     let waits_sql = crate::wait_stream::thread_waits_sql(conn, "1")?;
     let mut inputs = crate::finding_rollups::new_inputs(tracer);
+    let mut scopes = crate::scope_rollups::OpScopes::new(tracer);
     let mut written = 0u64;
-    for (&(pid, tid), window) in &rollup.threads {
+    for (&(pid, tid), windows) in &rollup.threads {
+        let window = windows.whole;
         // Every call (nested too) against the waits that overlap it; the
         // split of its non-nested calls and all its waits from the same
         // read (none for a thread with nested calls only).
@@ -110,7 +112,12 @@ fn per_thread_pass(conn: &Connection, rollup: &Rollup) -> rusqlite::Result<u64> 
         let mut calls = cst.query(params![pid, tid])?;
         let mut wst = conn.prepare_cached(&waits_sql)?;
         let split = window.map(|w| ThreadStream::new(pid, tid, w, tracer));
-        let mut pass = ThreadPass::new(wst.query(params![pid, tid])?, split);
+        let mut pass = ThreadPass::new(wst.query(params![pid, tid])?, split).with_op_splits(
+            windows.ops.clone(),
+            pid,
+            tid,
+            tracer,
+        );
         while let Some(row) = calls.next()? {
             let Some(s) = call_from_row(row)? else {
                 continue;
@@ -123,17 +130,21 @@ fn per_thread_pass(conn: &Connection, rollup: &Rollup) -> rusqlite::Result<u64> 
             if !s.call.nested {
                 sort_culprits(&mut culprits);
                 inputs.add_call(row_index(s.id), &s.call, &culprits);
+                scopes.add_call(s.id, &s.call);
             }
         }
         drop(calls);
         let comm = comms.get(&pid).map(String::as_str).unwrap_or("?");
-        if let Some(split) = pass.finish(comm, None)? {
+        let (split, op_splits) = pass.finish_with_ops(comm)?;
+        scopes.add_splits(pid, tid, op_splits);
+        if let Some(split) = split {
             let json = serde_json::to_string(&split)
                 .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
             ins_thread.execute(params![pid, tid, json])?;
         }
     }
     crate::finding_rollups::write(conn, inputs)?;
+    scopes.write(conn)?;
     // Per-op culprit sums; a float total and a clamp so a crafted huge sum
     // cannot fail the finish with an integer overflow.
     conn.execute(

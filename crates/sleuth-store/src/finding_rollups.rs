@@ -317,6 +317,18 @@ pub fn finding_inputs(
     read(&conn, trace, pid).map_err(err)
 }
 
+/// Whether the finding rollups (of the whole trace, and with `pid` the
+/// per-process op aggregates) are complete and plain tables; an error names
+/// one that is not the table gpusleuth writes.
+pub(crate) fn has_complete(conn: &Connection, pid: Option<u32>) -> rusqlite::Result<bool> {
+    if crate::open::meta_value(conn, "rollups")?.as_deref() != Some(COMPLETE)
+        || !complete_tables(conn, "finding_rollups", TABLES)?
+    {
+        return Ok(false);
+    }
+    Ok(pid.is_none() || complete_tables(conn, PROCESS_KEY, PROCESS_TABLES)?)
+}
+
 /// The op aggregates of the whole trace (`finding_ops`) or of one process
 /// (`finding_process_ops`), without their histograms.
 fn read_ops(conn: &Connection, pid: Option<u32>) -> rusqlite::Result<BTreeMap<u16, OpInputs>> {
@@ -341,6 +353,41 @@ fn read_ops(conn: &Connection, pid: Option<u32>) -> rusqlite::Result<BTreeMap<u1
         ops.insert(info.id, o);
     }
     Ok(ops)
+}
+
+/// One op's aggregates, of the whole trace or of process `pid`, with its
+/// histogram (its `finding_hist` rows alone); None where the file has none
+/// (no non-nested call of it in that scope).
+pub(crate) fn read_one_op(
+    conn: &Connection,
+    pid: Option<u32>,
+    name: &str,
+) -> rusqlite::Result<Option<OpInputs>> {
+    let Some(info) = op_by_name(name) else {
+        return Ok(None);
+    };
+    let Some(mut o) = read_ops(conn, pid)?.remove(&info.id) else {
+        return Ok(None);
+    };
+    let kind = match pid {
+        None => HIST_OP,
+        Some(_) => HIST_PROCESS_OP,
+    };
+    let mut st = conn.prepare(
+        "SELECT bucket, count, on_cpu_ns, runnable_ns, blocked_ns FROM finding_hist
+         WHERE kind = ?1 AND op = ?2 AND pid = ?3 AND tid = 0",
+    )?;
+    let mut rows = st.query(params![kind, name, pid.unwrap_or(0)])?;
+    while let Some(r) = rows.next()? {
+        let num = |i: usize| -> rusqlite::Result<u64> { Ok(r.get::<_, i64>(i)?.max(0) as u64) };
+        let split = Split {
+            on_cpu_ns: num(2)?,
+            runnable_ns: num(3)?,
+            blocked_ns: num(4)?,
+        };
+        o.hist.set_bucket(num(0)?, num(1)?, split);
+    }
+    Ok(Some(o))
 }
 
 /// The aggregates of the whole trace, or of process `pid`: its ops
@@ -420,14 +467,31 @@ fn read(
                 .map_err(|e| bad(format!("rollup_threads: {e}")))?,
         );
     }
-    let tracer = trace
+    let mut f = FindingInputs::from_parts(stored_tracer(trace), ops, threads, spans, splits);
+    fill_example_calls(conn, trace, &mut f)?;
+    Ok(Some(f))
+}
+
+/// The tracer's pid the file records (gpusleuth's own threads are never culprits).
+pub(crate) fn stored_tracer(trace: &Trace) -> Option<u32> {
+    trace
         .stats()
         .ok()
         .and_then(|s| s.get(TRACER_PID_STAT).copied())
         .and_then(|p| u32::try_from(p).ok())
-        .filter(|&p| p != 0);
-    let mut f = FindingInputs::from_parts(tracer, ops, threads, spans, splits);
-    // The example calls: a few reads by row id.
+        .filter(|&p| p != 0)
+}
+
+/// Puts back the example calls of aggregates read from storage (a few
+/// reads by row id) with their culprits (`call_culprits`).
+pub(crate) fn fill_example_calls(
+    conn: &Connection,
+    trace: &Trace,
+    f: &mut FindingInputs,
+) -> rusqlite::Result<()> {
+    let bad = |what: String| {
+        rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, what.into())
+    };
     let ids: Vec<i64> = f
         .example_indices()
         .into_iter()
@@ -467,5 +531,5 @@ fn read(
         let c = calls.get(&id)?.clone();
         Some((c, culprits.get(&id).cloned().unwrap_or_default()))
     });
-    Ok(Some(f))
+    Ok(())
 }

@@ -36,6 +36,7 @@ mod run_pinned;
 mod schema;
 mod schema_check;
 mod scope_feed;
+mod scope_rollups;
 pub mod scoped;
 pub mod site_rollup;
 mod sql;

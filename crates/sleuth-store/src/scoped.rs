@@ -55,6 +55,12 @@ pub fn explanation(trace: &Trace, filter: &CallFilter) -> Result<Option<Explanat
     if nccl.iter().any(|e| e.is_collective()) {
         return Ok(None);
     }
+    let windowed = filter.since_ns.is_some() || filter.until_ns.is_some();
+    if let (Some(op), false) = (filter.op.as_deref(), windowed) {
+        if let Some(e) = from_op_rollups(trace, op, pid, nccl.clone())? {
+            return Ok(Some(e));
+        }
+    }
     if trace.call_scan()?.totals_overflow {
         return Err(StoreError::file(trace.path(), TOTALS_OVERFLOW));
     }
@@ -142,7 +148,6 @@ pub fn explanation(trace: &Trace, filter: &CallFilter) -> Result<Option<Explanat
         false => BTreeSet::new(),
     };
     // With a window, those calls are kept as the pass reads them.
-    let windowed = filter.since_ns.is_some() || filter.until_ns.is_some();
     let keep: BTreeSet<&'static str> = pinned.union(&memory).copied().collect();
     let new_feed = || {
         let mut ledger = LedgerBuilder::new(None);
@@ -203,7 +208,7 @@ pub fn explanation(trace: &Trace, filter: &CallFilter) -> Result<Option<Explanat
     }
     let Feed {
         mut inputs,
-        mut ledger,
+        ledger,
         kept,
         extent,
         mut splits,
@@ -218,10 +223,122 @@ pub fn explanation(trace: &Trace, filter: &CallFilter) -> Result<Option<Explanat
         data.end_ns = extent.map(|e| e.1);
     }
 
-    // In return order: the pinned-memory replay and the ledger, from the
-    // scope's calls of those ops only. A window's were kept by the pass
-    // above (bounded by the window); an op's over the whole trace are read
-    // again through the op index, the other ops never.
+    replay_and_explain(
+        trace,
+        pid,
+        Replay {
+            data,
+            inputs,
+            ledger,
+            pinned,
+            memory,
+            kept,
+        },
+    )
+}
+
+/// A scope of op `op` alone (no window) from the writer's rollups of it
+/// (`scope_rollups`): no call or wait row is read, except the op's calls
+/// where it is a memory op (the ledger replays them in return order). None
+/// where the file has no such rollups (then its calls are streamed).
+fn from_op_rollups(
+    trace: &Trace,
+    op: &str,
+    pid: Option<u32>,
+    nccl: Vec<sleuth_core::nccl::NcclEvent>,
+) -> Result<Option<Explanation>, StoreError> {
+    // Aggregate tables and a few example rows by id: no check of the whole
+    // per-call table (`Trace::keyed`), as the lean whole-trace answer.
+    let conn = trace.keyed();
+    let read = |e| trace.read_error(e);
+    let Some(groups) = crate::call_groups::stored(conn).map_err(read)? else {
+        return Ok(None);
+    };
+    if !trace.has_rollups()? {
+        return Ok(None);
+    }
+    let Some(inputs) = crate::scope_rollups::read(conn, trace, op, pid).map_err(read)? else {
+        return Ok(None);
+    };
+    let mut data = TraceData {
+        procs: trace.proc_events(pid)?,
+        counts: trace.op_counts(pid)?,
+        nccl,
+        ..trace.frame(pid)?
+    };
+    keep_counts_of_op(&mut data.counts, Some(op));
+    // The ledger's processes and the extent: every call of the op, nested
+    // too, as the streamed pass notes them (`scope_feed`).
+    let mut ledger = LedgerBuilder::new(None);
+    for oc in &data.counts {
+        ledger.track(oc.pid);
+    }
+    let mut extent: Option<(u64, u64)> = None;
+    for g in groups
+        .iter()
+        .filter(|g| pid.is_none_or(|p| g.pid == p) && id_in_scope(Some(op), g.op))
+    {
+        ledger.track(g.pid);
+        extent = Some(extent.map_or((g.first_ts_ns, g.last_end_ns), |(a, b)| {
+            (a.min(g.first_ts_ns), b.max(g.last_end_ns))
+        }));
+    }
+    if data.start_ns.is_none() {
+        data.start_ns = extent.map(|e| e.0);
+    }
+    if data.end_ns.is_none() {
+        data.end_ns = extent.map(|e| e.1);
+    }
+    // The pinned-memory replay has nothing to judge: a copy op's copies are
+    // in the rollups (judged with no pinned memory), and a pinning op's
+    // scope has no copy.
+    let memory: BTreeSet<&'static str> = sleuth_core::ledger::memory_op_names()
+        .into_iter()
+        .filter(|o| *o == op)
+        .collect();
+    replay_and_explain(
+        trace,
+        pid,
+        Replay {
+            data,
+            inputs,
+            ledger,
+            pinned: BTreeSet::new(),
+            memory,
+            kept: None,
+        },
+    )
+}
+
+/// What the replay in return order completes (`replay_and_explain`).
+struct Replay {
+    data: TraceData,
+    inputs: FindingInputs,
+    ledger: LedgerBuilder,
+    /// Ops of the pinned-memory replay, and of the ledger, in scope.
+    pinned: BTreeSet<&'static str>,
+    memory: BTreeSet<&'static str>,
+    /// A window's calls of those ops, kept by the pass; None: read them.
+    kept: Option<Vec<(i64, CallEvent)>>,
+}
+
+/// The pinned-memory replay and the ledger in return order, from the
+/// scope's calls of those ops only, then the explanation. A window's were
+/// kept by the pass (bounded by the window); an op's over the whole trace
+/// are read again through the op index, the other ops never.
+fn replay_and_explain(
+    trace: &Trace,
+    pid: Option<u32>,
+    r: Replay,
+) -> Result<Option<Explanation>, StoreError> {
+    let Replay {
+        mut data,
+        mut inputs,
+        mut ledger,
+        pinned,
+        memory,
+        kept,
+    } = r;
     let with_blocks: BTreeSet<u32> = data.blocks.iter().map(|b| b.pid).collect();
     let mut allocator_calls: Vec<(u64, i64, CallEvent)> = Vec::new();
     let mut by_return = |id: i64, c: &CallEvent| {

@@ -32,6 +32,32 @@ pub(crate) struct ThreadPass<'s> {
     /// The thread's split; None without one to compute (a thread with
     /// nested calls only): waits are then dropped once past.
     split: Option<ThreadStream>,
+    /// The splits of each op's calls alone (`with_op_splits`), by op id.
+    op_splits: Vec<OpSplit>,
+}
+
+/// Each op's split of a thread, by op id (`ThreadPass::finish_with_ops`).
+pub(crate) type OpSplits = Vec<(u16, ThreadSplit)>;
+
+/// The split of one op's non-nested calls of the thread over their own
+/// window, as a scope of that op alone sees the thread (MCP `findings` with
+/// an op): the other ops' calls are time between its calls there.
+struct OpSplit {
+    op: u16,
+    window: (u64, u64),
+    stream: ThreadStream,
+}
+
+impl OpSplit {
+    /// A wait that went back on CPU by its window's start, or went off CPU
+    /// at or after its end, adds nothing to it (`ThreadStream` clamps waits
+    /// to the window): most waits of an op whose calls span part of the
+    /// thread.
+    fn add_wait(&mut self, w: &WaitEvent) {
+        if w.on_ns > self.window.0 && w.off_ns < self.window.1 {
+            self.stream.add_wait(w);
+        }
+    }
 }
 
 impl<'s> ThreadPass<'s> {
@@ -41,7 +67,30 @@ impl<'s> ThreadPass<'s> {
             ahead: VecDeque::new(),
             done: false,
             split,
+            op_splits: Vec::new(),
         }
+    }
+
+    /// Also splits each op's calls alone over its window (`windows`: op id,
+    /// first start and last end of the thread's non-nested calls of it;
+    /// `ThreadWindows::ops`), for the writer's per-op finding rollups.
+    /// Their waits are all read (`finish` with no end).
+    pub(crate) fn with_op_splits(
+        mut self,
+        windows: Vec<(u16, (u64, u64))>,
+        pid: u32,
+        tid: u32,
+        tracer: Option<u32>,
+    ) -> ThreadPass<'s> {
+        self.op_splits = windows
+            .into_iter()
+            .map(|(op, window)| OpSplit {
+                op,
+                window,
+                stream: ThreadStream::new(pid, tid, window, tracer),
+            })
+            .collect();
+        self
     }
 
     /// The culprits of the thread's next call (nested ones too), in
@@ -82,17 +131,50 @@ impl<'s> ThreadPass<'s> {
             .filter(|w| w.on_ns > w.wake_ns && !w.culprits.is_empty())
             .collect();
         let culprits = culprits_of_call(c, &refs);
-        if let (false, Some(t)) = (c.nested, &mut self.split) {
-            t.add_call(c);
+        if !c.nested {
+            if let Some(t) = &mut self.split {
+                t.add_call(c);
+            }
+            if let Some(o) = self.op_splits.iter_mut().find(|o| o.op == c.op) {
+                o.stream.add_call(c);
+            }
         }
         Ok(culprits)
     }
 
-    /// A wait no later call overlaps: the split's (dropped without one).
+    /// A wait no later call overlaps: the splits' (dropped without one).
     fn pass(&mut self, w: &WaitEvent) {
         if let Some(t) = &mut self.split {
             t.add_wait(w);
         }
+        for o in &mut self.op_splits {
+            o.add_wait(w);
+        }
+    }
+
+    /// [`ThreadPass::finish`] without an end, with the op splits
+    /// (`with_op_splits`) by op id.
+    pub(crate) fn finish_with_ops(
+        mut self,
+        comm: &str,
+    ) -> rusqlite::Result<(Option<ThreadSplit>, OpSplits)> {
+        let ops = std::mem::take(&mut self.op_splits);
+        if ops.is_empty() {
+            return Ok((self.finish(comm, None)?, Vec::new()));
+        }
+        // The whole thread's waits, each into every split.
+        self.op_splits = ops;
+        while let Some(w) = self.ahead.pop_front() {
+            self.pass(&w);
+        }
+        while let Some(w) = self.waits.next_wait()? {
+            self.pass(&w);
+        }
+        let ops = std::mem::take(&mut self.op_splits)
+            .into_iter()
+            .map(|o| (o.op, o.stream.finish(comm)))
+            .collect();
+        Ok((self.split.take().map(|t| t.finish(comm)), ops))
     }
 
     /// The thread's split once its calls are all fed (None without one):

@@ -265,6 +265,17 @@ fn same_text_within_the_bound(got: &mut serde_json::Value, want: &serde_json::Va
     }
 }
 
+/// Takes the writer's rollups of each op's scope out of the file (as in a
+/// file written before them): an op's scope is then streamed from its calls
+/// and waits, which the tests of crafted rows below exercise.
+fn without_op_rollups(path: &Path) {
+    let conn = rusqlite::Connection::open(path).unwrap();
+    let n = conn
+        .execute("DELETE FROM meta WHERE key = 'finding_op_rollups'", [])
+        .unwrap();
+    assert_eq!(n, 1, "the writer stores the op scopes' rollups");
+}
+
 fn json(e: &sleuth_core::findings::Explanation) -> serde_json::Value {
     serde_json::to_value(e).unwrap()
 }
@@ -309,6 +320,7 @@ fn waits_of_an_unknown_kind_are_skipped_as_the_load_skips_them() {
     let dir = TempDir::new("scoped-unknown-kind");
     let path = dir.join("t.db");
     rewrite(&synthetic(), &path);
+    without_op_rollups(&path);
     let conn = rusqlite::Connection::open(&path).unwrap();
     let changed = conn
         .execute("UPDATE waits SET kind = 'future' WHERE id % 5 = 0", [])
@@ -326,6 +338,7 @@ fn stored_call_culprits_that_disagree_with_the_waits_are_not_read() {
     let dir = TempDir::new("scoped-crafted-culprits");
     let path = dir.join("t.db");
     rewrite(&synthetic(), &path);
+    without_op_rollups(&path);
     let answer = |path: &Path| {
         let trace = Trace::open(path).unwrap();
         scopes()
@@ -360,6 +373,7 @@ fn calls_stored_out_of_start_order_give_the_same_answer() {
     let dir = TempDir::new("scoped-row-order");
     let path = dir.join("t.db");
     rewrite(&synthetic(), &path);
+    without_op_rollups(&path);
     let conn = rusqlite::Connection::open(&path).unwrap();
     // Every other call (and what names it) moves past the last row id; not
     // far past: the copies stay many enough of the rows to be read in row
@@ -382,4 +396,107 @@ fn calls_stored_out_of_start_order_give_the_same_answer() {
     }
     drop(conn);
     assert_scopes_equal_the_load(&path);
+}
+
+/// Every op's scope, of the process and of the whole trace, answered from
+/// the writer's rollups of it equals the answer streamed from the calls
+/// and waits (and so the loaded trace's, above), and reads no wait: with
+/// the waits gone from the file the stored answer stays, the streamed one
+/// changes.
+#[test]
+fn op_scopes_from_the_writers_rollups_equal_the_streamed_answer() {
+    let dir = TempDir::new("scoped-op-rollups");
+    let stored = dir.join("stored.db");
+    rewrite(&synthetic(), &stored);
+    let streamed = dir.join("streamed.db");
+    std::fs::copy(&stored, &streamed).unwrap();
+    without_op_rollups(&streamed);
+    let answers = |path: &Path| {
+        let trace = Trace::open(path).unwrap();
+        let ops: BTreeSet<String> = trace
+            .load(None)
+            .unwrap()
+            .calls
+            .iter()
+            .map(|c| c.op_name().to_string())
+            .collect();
+        assert!(ops.len() >= 5, "{ops:?}");
+        let mut out = Vec::new();
+        for op in ops {
+            for pid in [Some(PID), None] {
+                let f = CallFilter {
+                    pid,
+                    op: Some(op.clone()),
+                    ..Default::default()
+                };
+                let e = sleuth_store::scoped::explanation(&trace, &f)
+                    .unwrap()
+                    .expect("explained");
+                out.push((format!("{op} {pid:?}"), json(&e)));
+            }
+        }
+        out
+    };
+    let want = answers(&streamed);
+    let got = answers(&stored);
+    let mut kinds = BTreeSet::new();
+    for ((at, g), (_, w)) in got.iter().zip(&want) {
+        for k in ["findings", "summary", "threads", "notes"] {
+            assert_close(&g[k], &w[k], &format!("{at}: {k}"));
+        }
+        for f in w["findings"].as_array().unwrap() {
+            kinds.insert(f["kind"].as_str().unwrap().to_string());
+        }
+    }
+    for k in ["pageable_copy", "cpu_preemption", "tail_latency"] {
+        assert!(kinds.contains(k), "{k} among {kinds:?}");
+    }
+    // No wait is read: the answer from the rollups stays without them.
+    for path in [&stored, &streamed] {
+        let conn = rusqlite::Connection::open(path).unwrap();
+        conn.execute("DELETE FROM waits", []).unwrap();
+    }
+    let after = answers(&stored);
+    for ((at, g), (_, a)) in got.iter().zip(&after) {
+        assert_eq!(g, a, "{at}");
+    }
+    assert_ne!(
+        answers(&streamed),
+        want,
+        "the streamed answer reads the waits"
+    );
+}
+
+/// An op scope's rollup table that is not the one gpusleuth writes (a
+/// trigger hung on it, a row that does not parse) is refused with one
+/// line, never read or run.
+#[test]
+fn damaged_op_scope_rollups_are_refused() {
+    let dir = TempDir::new("scoped-op-rollups-damaged");
+    let f = CallFilter {
+        pid: Some(PID),
+        op: Some("cudaMemcpy".into()),
+        ..Default::default()
+    };
+    for (i, damage) in [
+        "CREATE TRIGGER t AFTER INSERT ON finding_op_threads BEGIN SELECT 1; END;",
+        "DROP TABLE finding_op_hist;
+         CREATE TABLE finding_op_hist(op TEXT, kind TEXT, pid INTEGER, tid INTEGER, bucket INTEGER, count INTEGER, extra TEXT);",
+        "UPDATE finding_op_threads SET split = '{\"pid\": 1' WHERE op = 'cudaMemcpy';",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let path = dir.join(&format!("t{i}.db"));
+        rewrite(&synthetic(), &path);
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.execute_batch(damage).unwrap();
+        drop(conn);
+        let trace = Trace::open(&path).unwrap();
+        let e = sleuth_store::scoped::explanation(&trace, &f)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("finding_op_"), "{damage}: {e}");
+        assert!(!e.contains('\n'), "{e}");
+    }
 }

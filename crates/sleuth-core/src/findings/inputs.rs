@@ -487,6 +487,14 @@ impl FindingInputs {
                 .or_insert_with(|| OpInputs::new(res))
                 .add(index, c, &mine);
         }
+        self.add_thread_call(c);
+    }
+
+    /// The part of [`FindingInputs::add_call`] that is its thread's and its
+    /// process's (not the op aggregates'): what the writer keeps apart for
+    /// each op's scope, whose op aggregates are the trace's own.
+    pub fn add_thread_call(&mut self, c: &CallEvent) {
+        let res = self.res;
         self.threads
             .entry((c.pid, c.tid))
             .or_insert_with(|| ThreadInputs::new(res))

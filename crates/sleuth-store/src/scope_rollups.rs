@@ -1,0 +1,216 @@
+//! Finding rollups of each op's scope (issue 16): what MCP `findings` with
+//! an op (of the whole trace or one process, no window) concludes from,
+//! kept by the writer's final per-thread pass so that the answer reads no
+//! call or wait row of the op's.
+//!
+//! A scope of one op is the trace with that op's calls alone
+//! (`scoped::explanation`'s meaning), so beside the op's own aggregates
+//! (the trace's, `finding_ops` and `finding_process_ops`: a call's culprits
+//! do not depend on the other calls) it differs from the whole trace in
+//! what is per thread: each thread's split over the window of its calls of
+//! the op, the other ops' calls being time between calls there
+//! (`ThreadPass::with_op_splits`), and its launch and host-gap histograms
+//! and pageable copies of that op alone (`FindingInputs::add_thread_call`;
+//! copies judged with no pinned memory, as a scope without the pinning ops
+//! judges them). Without those rows the op's calls span the trace, and
+//! every wait of each thread was read for them: 4.6–4.9 s for
+//! `findings {op: cudaMemcpy}` on a 10M-call trace.
+//!
+//! Tables and meaning: docs/schema.md, "Finding rollups of an op's scope".
+
+use crate::finding_rollups::{
+    complete_tables, fill_example_calls, read_one_op, row_index, stored_tracer,
+};
+use crate::reader::Trace;
+use crate::thread_pass::OpSplits;
+use rusqlite::{params, Connection};
+use sleuth_core::decompose::Split;
+use sleuth_core::findings::inputs::{FindingInputs, LatencyHist, Resolution, ThreadInputs};
+use sleuth_core::ops::{op_by_id, OpClass};
+use sleuth_core::threads::ThreadSplit;
+use sleuth_core::CallEvent;
+use std::collections::{BTreeMap, HashMap};
+
+/// `meta.finding_op_rollups` once both tables below are complete. Absent
+/// in files written before them: a scope of an op is then streamed from
+/// its calls.
+const KEY: &str = "finding_op_rollups";
+
+const CREATE: &str = "
+CREATE TABLE IF NOT EXISTS finding_op_threads(op TEXT NOT NULL, pid INTEGER NOT NULL, tid INTEGER NOT NULL, inputs TEXT NOT NULL, split TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS finding_op_hist(op TEXT NOT NULL, kind TEXT NOT NULL, pid INTEGER NOT NULL, tid INTEGER NOT NULL, bucket INTEGER NOT NULL, count INTEGER NOT NULL);
+";
+
+/// The tables, their columns in order: a reader accepts nothing else.
+const TABLES: &[(&str, &[&str])] = &[
+    (
+        "finding_op_threads",
+        &["op", "pid", "tid", "inputs", "split"],
+    ),
+    (
+        "finding_op_hist",
+        &["op", "kind", "pid", "tid", "bucket", "count"],
+    ),
+];
+
+/// Histogram kinds of `finding_op_hist` (`ThreadInputs`' two).
+const HIST_LAUNCH: &str = "launch";
+const HIST_GAP: &str = "sync_gap";
+
+/// What the writer's per-thread pass feeds for every op's scope.
+pub(crate) struct OpScopes {
+    tracer: Option<u32>,
+    /// Per op id: the thread parts of a scope of that op alone.
+    inputs: BTreeMap<u16, FindingInputs>,
+    /// Per (op id, pid, tid): the thread's split over its calls of the op.
+    splits: BTreeMap<(u16, u32, u32), ThreadSplit>,
+}
+
+impl OpScopes {
+    pub(crate) fn new(tracer: Option<u32>) -> OpScopes {
+        OpScopes {
+            tracer,
+            inputs: BTreeMap::new(),
+            splits: BTreeMap::new(),
+        }
+    }
+
+    /// A non-nested call (row `id`) of its thread, in start order.
+    pub(crate) fn add_call(&mut self, id: i64, c: &CallEvent) {
+        let tracer = self.tracer;
+        let f = self
+            .inputs
+            .entry(c.op)
+            .or_insert_with(|| FindingInputs::new(Resolution::Bucketed, tracer));
+        f.add_thread_call(c);
+        // With no pinning call in the scope no copy is pinned, and the
+        // replay's sums and examples do not depend on the order.
+        if c.info().is_some_and(|i| i.class == OpClass::Copy) {
+            f.add_in_end_order(row_index(id), c);
+        }
+    }
+
+    /// The splits of one thread's ops (`ThreadPass::finish_with_ops`).
+    pub(crate) fn add_splits(&mut self, pid: u32, tid: u32, splits: OpSplits) {
+        for (op, s) in splits {
+            self.splits.insert((op, pid, tid), s);
+        }
+    }
+
+    /// Stores them (the writer's final transaction). Marked complete only
+    /// when every thread with calls of an op has its split (both come from
+    /// the same calls; a reader streams the scope otherwise).
+    pub(crate) fn write(self, conn: &Connection) -> rusqlite::Result<()> {
+        conn.execute_batch(CREATE)?;
+        for (t, _) in TABLES {
+            conn.execute(&format!("DELETE FROM {t}"), [])?;
+        }
+        conn.execute("DELETE FROM meta WHERE key = ?1", [KEY])?;
+        let mut ins = conn.prepare(
+            "INSERT INTO finding_op_threads(op, pid, tid, inputs, split) VALUES (?1, ?2, ?3, ?4, ?5)",
+        )?;
+        let mut hist = conn.prepare(
+            "INSERT INTO finding_op_hist(op, kind, pid, tid, bucket, count) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        )?;
+        let mut complete = true;
+        for (op, f) in &self.inputs {
+            let Some(info) = op_by_id(*op) else { continue };
+            for (&(pid, tid), t) in &f.threads {
+                let Some(split) = self.splits.get(&(*op, pid, tid)) else {
+                    complete = false;
+                    continue;
+                };
+                ins.execute(params![info.name, pid, tid, to_json(t)?, to_json(split)?])?;
+                for (kind, h) in [(HIST_LAUNCH, &t.launches), (HIST_GAP, &t.host_gaps)] {
+                    for (k, n, _) in h.buckets() {
+                        hist.execute(params![info.name, kind, pid, tid, clamp(k), clamp(n)])?;
+                    }
+                }
+            }
+        }
+        if complete {
+            conn.execute(
+                "INSERT OR REPLACE INTO meta(key, value) VALUES (?1, '1')",
+                [KEY],
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// A stored value's JSON, as a SQL error where it fails.
+fn to_json<T: serde::Serialize>(v: &T) -> rusqlite::Result<String> {
+    serde_json::to_string(v).map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))
+}
+
+/// Clamps a value into SQLite's signed integers.
+fn clamp(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// The finding aggregates of a scope of op `op` alone (of process `pid`,
+/// or of the whole trace), with their example calls; None where the file
+/// has no such rollups (written before them, cut short, merged, imported)
+/// or, with `pid`, no per-process op aggregates. An error names a table
+/// that is not the plain table gpusleuth writes, or a row that does not
+/// parse.
+pub(crate) fn read(
+    conn: &Connection,
+    trace: &Trace,
+    op: &str,
+    pid: Option<u32>,
+) -> rusqlite::Result<Option<FindingInputs>> {
+    if !crate::finding_rollups::has_complete(conn, pid)? || !complete_tables(conn, KEY, TABLES)? {
+        return Ok(None);
+    }
+    let bad = |what: String| {
+        rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, what.into())
+    };
+    let mut ops = BTreeMap::new();
+    if let (Some(info), Some(o)) = (sleuth_core::op_by_name(op), read_one_op(conn, pid, op)?) {
+        ops.insert(info.id, o);
+    }
+    let mut threads: HashMap<(u32, u32), ThreadInputs> = HashMap::new();
+    let mut splits: Vec<ThreadSplit> = Vec::new();
+    let mut spans: HashMap<u32, (u64, u64)> = HashMap::new();
+    let mut st = conn.prepare(
+        "SELECT pid, tid, inputs, split FROM finding_op_threads
+         WHERE op = ?1 AND (?2 IS NULL OR pid = ?2)",
+    )?;
+    let mut rows = st.query(params![op, pid])?;
+    while let Some(r) = rows.next()? {
+        let key: (u32, u32) = (r.get(0)?, r.get(1)?);
+        let t: ThreadInputs = serde_json::from_str(&r.get::<_, String>(2)?)
+            .map_err(|e| bad(format!("finding_op_threads {op} {key:?}: {e}")))?;
+        let s: ThreadSplit = serde_json::from_str(&r.get::<_, String>(3)?)
+            .map_err(|e| bad(format!("finding_op_threads {op} {key:?}: {e}")))?;
+        // The process's span: its threads' windows of the op's calls.
+        let (a, b) = spans.entry(key.0).or_insert((s.start_ns, s.end_ns));
+        *a = (*a).min(s.start_ns);
+        *b = (*b).max(s.end_ns);
+        threads.insert(key, t);
+        splits.push(s);
+    }
+    let mut st = conn.prepare(
+        "SELECT kind, pid, tid, bucket, count FROM finding_op_hist
+         WHERE op = ?1 AND (?2 IS NULL OR pid = ?2)",
+    )?;
+    let mut rows = st.query(params![op, pid])?;
+    while let Some(r) = rows.next()? {
+        let kind: String = r.get(0)?;
+        let key: (u32, u32) = (r.get(1)?, r.get(2)?);
+        let num = |i: usize| -> rusqlite::Result<u64> { Ok(r.get::<_, i64>(i)?.max(0) as u64) };
+        let Some(t) = threads.get_mut(&key) else {
+            continue;
+        };
+        let h: &mut LatencyHist = match kind.as_str() {
+            HIST_LAUNCH => &mut t.launches,
+            HIST_GAP => &mut t.host_gaps,
+            _ => continue,
+        };
+        h.set_bucket(num(3)?, num(4)?, Split::default());
+    }
+    let mut f = FindingInputs::from_parts(stored_tracer(trace), ops, threads, spans, splits);
+    fill_example_calls(conn, trace, &mut f)?;
+    Ok(Some(f))
+}
