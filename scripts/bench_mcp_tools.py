@@ -15,10 +15,10 @@ no checks between runs, so each first call pays the file's checks (docs/mcp.md).
 
 With `--only TOOL[:KEY]` (repeatable), only the calls of those tools (with that argument key,
 e.g. `memory:at_ns`); `--answers FILE` writes each call's answer text there (JSON lines), to
-compare two builds' answers.
+compare two builds' answers; `--op NAME` puts that op in every filtered call that takes one.
 
 Usage: bench_mcp_tools.py --bin target/release/gpusleuth --db TRACE.db [--pid N] [--filtered] [--follow-up]
-       [--only TOOL[:KEY]]... [--pause S] [--answers FILE] [--json]
+       [--only TOOL[:KEY]]... [--op NAME] [--pause S] [--answers FILE] [--json]
 """
 
 import argparse
@@ -133,6 +133,7 @@ async def main():
                     help="only this tool's calls (TOOL or TOOL:KEY, e.g. memory:at_ns; repeatable)")
     ap.add_argument("--pause", type=float, default=0.0,
                     help="seconds between the server's start and the first call")
+    ap.add_argument("--op", help="the op of every filtered call that takes one (default: each call's own)")
     ap.add_argument("--answers", help="write each call's answer text to this file (JSON lines)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
@@ -151,6 +152,8 @@ async def main():
         ):
             continue
         args = {k: (fill[k] if v is None else v) for k, v in args.items()}
+        if a.op and "op" in args:
+            args["op"] = a.op
         row, text = await one(a.bin, a.db, n, args, a.follow_up, a.pause)
         rows.append(row)
         answers.append({"tool": n, "args": args, "answer": text})
