@@ -25,6 +25,27 @@ import tempfile
 import time
 
 
+def first_difference(a, b, at=""):
+    """The path and values of the first place `a` and `b` differ (None: equal)."""
+    if type(a) is not type(b):
+        return f"{at}: {str(a)[:200]} != {str(b)[:200]}"
+    if isinstance(a, dict):
+        for k in sorted(set(a) | set(b)):
+            d = first_difference(a.get(k), b.get(k), f"{at}.{k}")
+            if d:
+                return d
+        return None
+    if isinstance(a, list):
+        if len(a) != len(b):
+            return f"{at}: {len(a)} items != {len(b)}"
+        for i, (x, y) in enumerate(zip(a, b)):
+            d = first_difference(x, y, f"{at}[{i}]")
+            if d:
+                return d
+        return None
+    return None if a == b else f"{at}: {str(a)[:200]} != {str(b)[:200]}"
+
+
 class Server:
     """`gpusleuth mcp --db DB` over stdio, newline-delimited JSON-RPC."""
 
@@ -107,6 +128,8 @@ def main():
                 print(f"{'PASS' if same else 'FAIL'} {os.path.basename(os.path.dirname(db))}/"
                       f"{os.path.basename(db)} {op}: rollups {tg:.3f} s, streamed {tw:.3f} s, "
                       f"call_rows_read {read}, findings {kinds}")
+                if not same:
+                    print(f"  first difference (rollups != streamed) {first_difference(got, want)}")
         finally:
             stored_srv.close()
             streamed_srv.close()

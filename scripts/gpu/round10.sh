@@ -25,7 +25,7 @@ echo "== op scopes (MCP findings {op}: rollups vs streamed, the traces above)" >
 shopt -s nullglob
 timeout 200 "$PY" scripts/gpu/op_scopes_check.py --gs "$GS" /tmp/gs-verdict/*.db /tmp/alloc_*.db /tmp/gs-sites.*/*.db >"$OUT/op_scopes.log" 2>&1
 shopt -u nullglob
-echo "rc=$?" >>"$S"; grep -E "FAIL|SUMMARY" "$OUT/op_scopes.log" | tail -12 >>"$S"
+echo "rc=$?" >>"$S"; grep -E "FAIL|first difference|SUMMARY" "$OUT/op_scopes.log" | tail -24 >>"$S"
 echo "== footprint" >>"$S"
 (cd /tmp && timeout 280 "$GS" bench --footprint-only --footprint-launches "${N:-200000}" --reps "${REPS:-3}") >"$OUT/footprint.txt" 2>&1
 echo "rc=$?" >>"$S"; grep -E "launches|^ +[0-9]+ +(on|off)|per added" "$OUT/footprint.txt" >>"$S"

@@ -482,6 +482,28 @@ pub(crate) fn stored_tracer(trace: &Trace) -> Option<u32> {
         .filter(|&p| p != 0)
 }
 
+/// Each example call's site (its `stack_id`, read by row id), for
+/// aggregates fed by calls read without it (`scoped`'s stream): the loaded
+/// trace's calls carry it, and the example names its site.
+pub(crate) fn fill_example_sites(conn: &Connection, f: &mut FindingInputs) -> rusqlite::Result<()> {
+    if !crate::stacks::has_column(conn, "calls", "stack_id")? {
+        return Ok(());
+    }
+    let mut st = conn.prepare("SELECT stack_id FROM calls WHERE id = ?1")?;
+    let mut sites: HashMap<usize, Option<u64>> = HashMap::new();
+    for i in f.example_indices() {
+        let Ok(id) = i64::try_from(i) else { continue };
+        let site = st
+            .query_row([id], |r| r.get::<_, Option<i64>>(0))
+            .optional()?
+            .flatten()
+            .map(|s| s as u64);
+        sites.insert(i, site);
+    }
+    f.set_example_sites(|i| sites.get(&i).copied().flatten());
+    Ok(())
+}
+
 /// Puts back the example calls of aggregates read from storage (a few
 /// reads by row id) with their culprits (`call_culprits`).
 pub(crate) fn fill_example_calls(

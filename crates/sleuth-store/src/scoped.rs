@@ -216,6 +216,7 @@ pub fn explanation(trace: &Trace, filter: &CallFilter) -> Result<Option<Explanat
     } = feed;
     sort_splits(&mut splits);
     inputs.splits = splits;
+    crate::finding_rollups::fill_example_sites(conn, &mut inputs).map_err(read)?;
     if data.start_ns.is_none() {
         data.start_ns = extent.map(|e| e.0);
     }

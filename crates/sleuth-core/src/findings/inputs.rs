@@ -588,6 +588,22 @@ impl FindingInputs {
         }
     }
 
+    /// Sets each example call's site (`site(index)`: its stack id), for
+    /// aggregates fed by calls read without it (the scoped explanation's
+    /// stream).
+    pub fn set_example_sites(&mut self, mut site: impl FnMut(usize) -> Option<u64>) {
+        let tops = self
+            .ops
+            .values_mut()
+            .flat_map(|o| [&mut o.by_runnable, &mut o.by_dur])
+            .chain(self.threads.values_mut().map(|t| &mut t.pageable.examples));
+        for t in tops {
+            for (_, e) in &mut t.kept {
+                e.call.stack_id = site(e.index);
+            }
+        }
+    }
+
     fn tops(&self) -> impl Iterator<Item = &TopK> {
         self.ops
             .values()
