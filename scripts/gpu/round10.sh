@@ -29,5 +29,9 @@ echo "rc=$?" >>"$S"; grep -E "FAIL|first difference|SUMMARY" "$OUT/op_scopes.log
 echo "== footprint" >>"$S"
 (cd /tmp && timeout 280 "$GS" bench --footprint-only --footprint-launches "${N:-200000}" --reps "${REPS:-3}") >"$OUT/footprint.txt" 2>&1
 echo "rc=$?" >>"$S"; grep -E "launches|^ +[0-9]+ +(on|off)|per added" "$OUT/footprint.txt" >>"$S"
-rm -rf "$OUT/alloc" "$OUT/integ"/*/ 2>/dev/null
+# The verdict traces and answers come back (one file: at most 8 come back),
+# so a verdict can be looked into on the development machine.
+tar czf "$OUT/verdict_traces.tgz" -C /tmp/gs-verdict . "$OUT/integ" 2>/dev/null
+ls -la "$OUT/verdict_traces.tgz" >>"$S"
+rm -rf "$OUT/alloc" "$OUT/integ" 2>/dev/null
 cat "$S"
