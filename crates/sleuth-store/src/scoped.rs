@@ -217,12 +217,7 @@ pub fn explanation(trace: &Trace, filter: &CallFilter) -> Result<Option<Explanat
     sort_splits(&mut splits);
     inputs.splits = splits;
     crate::finding_rollups::fill_example_sites(conn, &mut inputs).map_err(read)?;
-    if data.start_ns.is_none() {
-        data.start_ns = extent.map(|e| e.0);
-    }
-    if data.end_ns.is_none() {
-        data.end_ns = extent.map(|e| e.1);
-    }
+    span_from_calls(&mut data, extent);
 
     replay_and_explain(
         trace,
@@ -284,12 +279,7 @@ fn from_op_rollups(
             (a.min(g.first_ts_ns), b.max(g.last_end_ns))
         }));
     }
-    if data.start_ns.is_none() {
-        data.start_ns = extent.map(|e| e.0);
-    }
-    if data.end_ns.is_none() {
-        data.end_ns = extent.map(|e| e.1);
-    }
+    span_from_calls(&mut data, extent);
     // The pinned-memory replay has nothing to judge: a copy op's copies are
     // in the rollups (judged with no pinned memory), and a pinning op's
     // scope has no copy.
@@ -386,6 +376,17 @@ fn replay_and_explain(
     Ok(Some(sleuth_core::findings::explain_inputs(
         &data, &inputs, &ledgers,
     )))
+}
+
+/// A trace without a stored start or end spans the scope's calls (first
+/// start, last end), as the loaded scope does.
+fn span_from_calls(data: &mut TraceData, extent: Option<(u64, u64)>) {
+    if data.start_ns.is_none() {
+        data.start_ns = extent.map(|e| e.0);
+    }
+    if data.end_ns.is_none() {
+        data.end_ns = extent.map(|e| e.1);
+    }
 }
 
 /// Whether an op named `name` is in a scope of op `op` (every op without one).

@@ -569,12 +569,7 @@ impl FindingInputs {
         mut call: impl FnMut(usize) -> Option<(CallEvent, Vec<Culprit>)>,
     ) {
         let tracer = self.tracer;
-        let tops = self
-            .ops
-            .values_mut()
-            .flat_map(|o| [&mut o.by_runnable, &mut o.by_dur])
-            .chain(self.threads.values_mut().map(|t| &mut t.pageable.examples));
-        for t in tops {
+        for t in self.tops_mut() {
             for (_, e) in &mut t.kept {
                 if let Some((c, k)) = call(e.index) {
                     e.call = c;
@@ -592,16 +587,19 @@ impl FindingInputs {
     /// aggregates fed by calls read without it (the scoped explanation's
     /// stream).
     pub fn set_example_sites(&mut self, mut site: impl FnMut(usize) -> Option<u64>) {
-        let tops = self
-            .ops
-            .values_mut()
-            .flat_map(|o| [&mut o.by_runnable, &mut o.by_dur])
-            .chain(self.threads.values_mut().map(|t| &mut t.pageable.examples));
-        for t in tops {
+        for t in self.tops_mut() {
             for (_, e) in &mut t.kept {
                 e.call.stack_id = site(e.index);
             }
         }
+    }
+
+    /// Every kept example list: the ops' two and each thread's pageable copies'.
+    fn tops_mut(&mut self) -> impl Iterator<Item = &mut TopK> {
+        self.ops
+            .values_mut()
+            .flat_map(|o| [&mut o.by_runnable, &mut o.by_dur])
+            .chain(self.threads.values_mut().map(|t| &mut t.pageable.examples))
     }
 
     fn tops(&self) -> impl Iterator<Item = &TopK> {
