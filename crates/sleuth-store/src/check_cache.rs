@@ -201,9 +201,15 @@ impl CheckCache {
             files: all,
         })
         .ok()?;
+        // One temporary name per save, not per process: two threads of one
+        // process may save at once (the MCP server's check ahead and a tool
+        // call; the tracer's checking thread), and with a shared name one
+        // could remove or rename the other's half-written file.
+        static SAVES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = SAVES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let tmp = self
             .dir
-            .join(format!("{FILE_NAME}.{}.tmp", std::process::id()));
+            .join(format!("{FILE_NAME}.{}.{n}.tmp", std::process::id()));
         let _ = std::fs::remove_file(&tmp);
         let written = write_private(&tmp, text.as_bytes())
             .and_then(|()| std::fs::rename(&tmp, self.file()).ok());
