@@ -13,11 +13,14 @@
 //! keep every time equal), so each check first waits for that.
 //!
 //! Only files of at least `trace --precheck SIZE` (default [`DEFAULT_MIN`])
-//! are checked: below it a first read's checks are cheap (a 64 MiB file's
-//! are checked whole at open, `open::FULL_CHECK_BYTES`; the test suite's
-//! traces take milliseconds), while prechecking adds up to the 2 s settling
-//! wait to the end of the trace. `--precheck off`, or a cache turned off
-//! (`GPUSLEUTH_CACHE_DIR=`, where nothing could be saved), checks nothing.
+//! are checked, because prechecking adds the 2 s settling wait (and the
+//! checks) to the end of the trace, and what it saves the first command is
+//! the checks alone: under 32 MiB they cost that command 0.7 s or less
+//! (measured: 0.25 s at 19 MB, 0.7–0.8 s at 33 MB; the test suite's traces,
+//! milliseconds), above it more (1.5 s at 64 MB, checked whole at open;
+//! ~4 s at 1 GB; docs/benchmarks.md, round 10). `--precheck off`, or a
+//! cache turned off (`GPUSLEUTH_CACHE_DIR=`, where nothing could be saved),
+//! checks nothing.
 //!
 //! The checks run on one helper thread, `gpusleuth-check`: placed and
 //! lowered like the tracer's other helpers (`sleuth_probe::placement` finds
@@ -36,7 +39,7 @@ use std::time::{Duration, Instant};
 
 /// The smallest file checked by default (`--precheck`): see the module's
 /// documentation.
-pub const DEFAULT_MIN: &str = "64M";
+pub const DEFAULT_MIN: &str = "32M";
 
 /// `--precheck`: the smallest file checked; None: off.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,7 +47,7 @@ pub struct MinBytes(pub Option<u64>);
 
 impl Default for MinBytes {
     fn default() -> Self {
-        MinBytes(Some(64 << 20))
+        MinBytes(Some(32 << 20))
     }
 }
 
@@ -275,6 +278,34 @@ mod tests {
         assert!(t.elapsed() < Duration::from_millis(500));
         let live = ReadBudget::new(Duration::from_secs(60));
         assert_eq!(check(&memo, &dir.join("gone.db"), &live), Outcome::Skipped);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A file the reader's checks refuse is a failure with the reason (for
+    /// the one-line warning), once the file has settled.
+    #[test]
+    fn a_damaged_file_fails_its_check() {
+        let dir = std::env::temp_dir().join(format!("gs-precheck-bad-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("dir");
+        let f = dir.join("t.db");
+        let mut bytes = std::fs::read(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/h200-contention.db"),
+        )
+        .expect("example");
+        // Pages 3 and 4 overwritten: the header still says SQLite.
+        bytes[8192..16384].fill(0xA5);
+        std::fs::write(&f, bytes).expect("write");
+        let memo = CheckMemo::new();
+        let budget = ReadBudget::new(Duration::from_secs(60));
+        let Outcome::Failed(why) = check(&memo, &f, &budget) else {
+            panic!("a damaged file passed");
+        };
+        let line = failed_line(&f, &why);
+        assert!(
+            line.starts_with("gpusleuth: warning: ") && !line.contains('\n'),
+            "{line}"
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -114,7 +114,7 @@ fn damage_in_place(db: &Path) {
     assert_eq!(std::fs::metadata(db).expect("stat").len(), len);
 }
 
-/// `--precheck off`, a file under the threshold (the default 64M: every
+/// `--precheck off`, a file under the threshold (the default 32M: every
 /// test trace) and a cache turned off check nothing and save nothing.
 #[test]
 fn off_small_files_and_no_cache_check_nothing() {
