@@ -247,3 +247,64 @@ fn an_interrupt_ends_the_wait_at_once() {
     assert!(took < Duration::from_millis(1500), "{took:?}\n{err}");
     assert!(entry_of(&test_cache_dir(), &sb.db()).is_none());
 }
+
+/// The checking thread is one of the tracer's helpers: nice +10 and, when
+/// the traced program is pinned and we have another CPU, off its CPU.
+#[test]
+fn the_checking_thread_is_placed_like_the_other_helpers() {
+    let Some(sb) = Sandbox::for_ebpf("precheck-place") else {
+        return;
+    };
+    let mut child = sb.spawn_trace(
+        &["--precheck", "0"],
+        "pin 0; repeat 40 { launch 1; sleep 50 }",
+        None,
+    );
+    let task = format!("/proc/{}/task", child.id());
+    let other_cpu = std::fs::read_to_string("/proc/self/status")
+        .expect("status")
+        .lines()
+        .any(|l| l.starts_with("Cpus_allowed_list:") && l.trim_end() != "Cpus_allowed_list:\t0");
+    // (nice, CPUs allowed) of the checking thread, once placed.
+    let placed = || -> Option<(i64, String)> {
+        std::fs::read_dir(&task).ok()?.flatten().find_map(|t| {
+            let comm = std::fs::read_to_string(t.path().join("comm")).ok()?;
+            if comm.trim_end() != "gpusleuth-check" {
+                return None;
+            }
+            let stat = std::fs::read_to_string(t.path().join("stat")).ok()?;
+            // Field 19 (nice) after the command name in parentheses.
+            let nice = stat
+                .rsplit(')')
+                .next()?
+                .split_whitespace()
+                .nth(16)?
+                .parse()
+                .ok()?;
+            let status = std::fs::read_to_string(t.path().join("status")).ok()?;
+            let cpus = status
+                .lines()
+                .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))?
+                .trim()
+                .to_string();
+            Some((nice, cpus))
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let got = loop {
+        match placed() {
+            Some((10, cpus)) if !other_cpu || !cpus.split(',').any(|r| r.starts_with('0')) => {
+                break Some(cpus)
+            }
+            _ if Instant::now() > deadline => break None,
+            _ => std::thread::sleep(Duration::from_millis(20)),
+        }
+    };
+    let status = common::wait_child(&mut child, 60);
+    assert!(status.success());
+    assert!(
+        got.is_some(),
+        "the checking thread was not lowered or moved off CPU 0: {:?}",
+        placed()
+    );
+}
