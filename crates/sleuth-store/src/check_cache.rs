@@ -219,6 +219,14 @@ impl CheckCache {
         written
     }
 
+    /// Whether saving can work: the directory is there, or could be made,
+    /// private to this user (it is made now). A tracer asks before paying
+    /// checks only a save would make worth it (not under `sudo` with another
+    /// user's `HOME`, nor in a home mounted read-only).
+    pub(crate) fn usable(&self) -> bool {
+        self.make_dir().is_some()
+    }
+
     /// The directory, created private (0700) where missing: one the user
     /// named wherever asked; the default only under a parent this user owns
     /// (never in another user's home, as under `sudo` with their `HOME`).
@@ -440,6 +448,7 @@ mod tests {
             named: false,
         };
         std::fs::create_dir_all(d.join("home")).expect("home");
+        assert!(mine.usable(), "can be made under a home this user owns");
         mine.save(vec![entry(&a, 1)]);
         assert_eq!(mine.load().len(), 1, "made under a home this user owns");
         // A home of another user (root gives one away; CI runs as root):
@@ -452,6 +461,7 @@ mod tests {
                 dir: other.join(".cache/gpusleuth"),
                 named: false,
             };
+            assert!(!theirs.usable(), "no cache to save into");
             theirs.save(vec![entry(&a, 1)]);
             assert!(!other.join(".cache").exists(), "nothing made in their home");
         } else {

@@ -412,10 +412,12 @@ impl CheckMemo {
         checks
     }
 
-    /// Whether what passed is saved into the user's cache on disk (a memo
-    /// made by [`CheckMemo::on_disk`] where the environment names a cache).
+    /// Whether what passed can be saved into the user's cache on disk: a
+    /// memo made by [`CheckMemo::on_disk`] where the environment names a
+    /// cache whose directory is there or can be made private to this user
+    /// (made now, if missing).
     pub fn saves(&self) -> bool {
-        self.disk.is_some()
+        self.disk.as_ref().is_some_and(CheckCache::usable)
     }
 
     /// How long until the file at `path` has been left alone for the
