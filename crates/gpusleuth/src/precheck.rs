@@ -143,7 +143,8 @@ pub fn failed_line(path: &Path, why: &str) -> String {
 /// rotation's completing thread holds one).
 #[derive(Clone)]
 pub struct Queue {
-    tx: mpsc::Sender<PathBuf>,
+    /// None: the end (sent by [`Prechecker::finish`] only).
+    tx: mpsc::Sender<Option<PathBuf>>,
     min_bytes: u64,
 }
 
@@ -151,9 +152,14 @@ impl Queue {
     /// Queues the file at `path` if it is large enough; whether it was.
     pub fn send(&self, path: &Path) -> bool {
         let big = std::fs::metadata(path).is_ok_and(|m| m.len() >= self.min_bytes);
-        big && self.tx.send(path.to_path_buf()).is_ok()
+        big && self.tx.send(Some(path.to_path_buf())).is_ok()
     }
 }
+
+/// Outcomes kept for [`Prechecker::finish`]: the end of a trace reports
+/// the last file's, and at most two files are pending then (the last one
+/// and the one completed before it), so a long run keeps no more.
+const OUTCOMES_KEPT: usize = 16;
 
 /// The checking thread of one trace.
 pub struct Prechecker {
@@ -161,7 +167,7 @@ pub struct Prechecker {
     /// Cancelling it stops the thread's wait and reads.
     cancel: ReadBudget,
     thread: JoinHandle<()>,
-    /// Each file's outcome, in order.
+    /// The latest files' outcomes, in order.
     done: Arc<Mutex<Vec<(PathBuf, Outcome)>>>,
 }
 
@@ -170,7 +176,7 @@ impl Prechecker {
     /// or no cache to save into) or no thread could be started.
     pub fn start(min_bytes: MinBytes, memo: &'static CheckMemo) -> Option<Prechecker> {
         let min_bytes = min_bytes.0.filter(|_| memo.saves())?;
-        let (tx, rx) = mpsc::channel::<PathBuf>();
+        let (tx, rx) = mpsc::channel::<Option<PathBuf>>();
         // The whole run's cancellation: each check narrows it to its own deadline.
         let cancel = ReadBudget::new(Duration::from_secs(100 * 365 * 86_400));
         let done: Arc<Mutex<Vec<(PathBuf, Outcome)>>> = Arc::default();
@@ -179,14 +185,19 @@ impl Prechecker {
             .name("gpusleuth-check".into())
             .spawn(move || {
                 sleuth_probe::placement::lower_this_thread();
-                for path in rx {
+                // Until the end is sent: files queued before it are checked
+                // first (in order), a clone of the queue still held elsewhere
+                // keeps nothing waiting.
+                while let Ok(Some(path)) = rx.recv() {
                     let outcome = check(memo, &path, &c);
                     if let Outcome::Failed(why) = &outcome {
                         eprintln!("{}", failed_line(&path, why));
                     }
-                    d.lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .push((path, outcome));
+                    let mut d = d.lock().unwrap_or_else(|e| e.into_inner());
+                    if d.len() >= OUTCOMES_KEPT {
+                        d.remove(0);
+                    }
+                    d.push((path, outcome));
                 }
             })
             .ok()?;
@@ -212,7 +223,7 @@ impl Prechecker {
             thread,
             done,
         } = self;
-        drop(queue);
+        let _ = queue.tx.send(None);
         while !thread.is_finished() {
             if interrupted() {
                 cancel.cancel();

@@ -8,12 +8,35 @@
 
 mod common;
 
-use common::{assert_no_panic, gpusleuth, run_ok, test_cache_dir, Sandbox};
+use common::{assert_no_panic, gpusleuth, run_ok, Sandbox};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
+use std::process::Output;
 use std::time::{Duration, Instant};
 
 const SCRIPT: &str = "repeat 20 { malloc 4096 a; free a; memcpy 4096 }";
+
+/// The checks cache of one sandbox: the tests' runs must not share one (two
+/// runs saving at once may lose one's news, by design).
+fn cache(sb: &Sandbox) -> PathBuf {
+    sb.path("cache")
+}
+
+/// `Sandbox::trace` on the sandbox's own cache: exit 0, no panic.
+fn trace(sb: &Sandbox, args: &[&str], script: &str) -> Output {
+    let out = sb
+        .trace_command(args, script)
+        .env("GPUSLEUTH_CACHE_DIR", cache(sb))
+        .output()
+        .expect("run gpusleuth trace");
+    assert_no_panic(&out);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
 
 /// The entry the cache in `cache` holds for the trace at `db` as it is now
 /// (its inode and change time: an inode alone may be a deleted file's).
@@ -49,13 +72,13 @@ fn a_traced_file_is_read_without_checks_and_checked_again_once_changed() {
         return;
     };
     let t = Instant::now();
-    sb.trace(&["--precheck", "0"], SCRIPT, 0);
+    trace(&sb, &["--precheck", "0"], SCRIPT);
     assert!(
         t.elapsed() >= Duration::from_secs(2),
         "the check waited for the file to settle"
     );
     let db = sb.db();
-    let entry = entry_of(&test_cache_dir(), &db).expect("the tracer saved its checks");
+    let entry = entry_of(&cache(&sb), &db).expect("the tracer saved its checks");
     assert_every_check(&entry);
     // The first read answers as one that checks everything itself.
     let memory = |cache: &Path| {
@@ -67,13 +90,14 @@ fn a_traced_file_is_read_without_checks_and_checked_again_once_changed() {
         );
         String::from_utf8(out.stdout).expect("utf8")
     };
-    assert_eq!(memory(&test_cache_dir()), memory(Path::new("")));
+    assert_eq!(memory(&cache(&sb)), memory(Path::new("")));
 
     // One byte of the calls table's root page, in place, same size: the
     // file is another identity, checked again, refused.
     damage_in_place(&db);
-    assert!(entry_of(&test_cache_dir(), &db).is_none());
+    assert!(entry_of(&cache(&sb), &db).is_none());
     let out = gpusleuth()
+        .env("GPUSLEUTH_CACHE_DIR", cache(&sb))
         .args(["memory", "--json", "--db"])
         .arg(&db)
         .output()
@@ -121,13 +145,13 @@ fn off_small_files_and_no_cache_check_nothing() {
     let Some(sb) = Sandbox::for_ebpf("precheck-off") else {
         return;
     };
-    sb.trace(&["--precheck", "off"], SCRIPT, 0);
-    assert!(entry_of(&test_cache_dir(), &sb.db()).is_none(), "off");
+    trace(&sb, &["--precheck", "off"], SCRIPT);
+    assert!(entry_of(&cache(&sb), &sb.db()).is_none(), "off");
     std::fs::remove_file(sb.db()).expect("rm");
     let t = Instant::now();
-    sb.trace(&[], SCRIPT, 0);
+    trace(&sb, &[], SCRIPT);
     assert!(
-        entry_of(&test_cache_dir(), &sb.db()).is_none(),
+        entry_of(&cache(&sb), &sb.db()).is_none(),
         "under the default threshold"
     );
     assert!(
@@ -165,7 +189,7 @@ fn a_rotated_runs_files_are_each_checked() {
         return;
     };
     let script = "repeat 20 { malloc 4096 a; free a; memcpy 4096; sleep 80 }";
-    let out = sb.trace(&["--rotate", "300ms", "--precheck", "0"], script, 0);
+    let out = trace(&sb, &["--rotate", "300ms", "--precheck", "0"], script);
     let files: Vec<PathBuf> = std::fs::read_dir(sb.db())
         .expect("run directory")
         .flatten()
@@ -175,7 +199,7 @@ fn a_rotated_runs_files_are_each_checked() {
     assert!(files.len() >= 3, "{files:?}");
     for f in &files {
         let entry =
-            entry_of(&test_cache_dir(), f).unwrap_or_else(|| panic!("{} not checked", f.display()));
+            entry_of(&cache(&sb), f).unwrap_or_else(|| panic!("{} not checked", f.display()));
         assert_every_check(&entry);
     }
     assert!(
@@ -193,10 +217,10 @@ fn files_deleted_by_keep_are_skipped_quietly() {
         return;
     };
     let script = "repeat 20 { malloc 4096 a; free a; memcpy 4096; sleep 80 }";
-    let out = sb.trace(
+    let out = trace(
+        &sb,
         &["--rotate", "300ms", "--keep", "1", "--precheck", "0"],
         script,
-        0,
     );
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!err.contains("warning"), "{err}");
@@ -206,7 +230,7 @@ fn files_deleted_by_keep_are_skipped_quietly() {
         .map(|e| e.path())
         .collect();
     assert_eq!(kept.len(), 1, "{kept:?}");
-    assert_every_check(&entry_of(&test_cache_dir(), &kept[0]).expect("the last file checked"));
+    assert_every_check(&entry_of(&cache(&sb), &kept[0]).expect("the last file checked"));
 }
 
 /// An interrupt while the tracer waits for its file to settle ends the run
@@ -217,7 +241,8 @@ fn an_interrupt_ends_the_wait_at_once() {
         return;
     };
     let mut cmd = gpusleuth();
-    cmd.arg("trace")
+    cmd.env("GPUSLEUTH_CACHE_DIR", cache(&sb))
+        .arg("trace")
         .arg("--db")
         .arg(sb.db())
         .args(["--precheck", "0", "--"])
@@ -245,7 +270,7 @@ fn an_interrupt_ends_the_wait_at_once() {
     assert!(status.success(), "{err}");
     assert!(err.contains("was interrupted"), "{err}");
     assert!(took < Duration::from_millis(1500), "{took:?}\n{err}");
-    assert!(entry_of(&test_cache_dir(), &sb.db()).is_none());
+    assert!(entry_of(&cache(&sb), &sb.db()).is_none());
 }
 
 /// The checking thread is one of the tracer's helpers: nice +10 and, when
