@@ -15,6 +15,7 @@ mod load;
 mod metrics;
 mod output;
 mod peak_rss;
+mod precheck;
 mod procinfo;
 mod render;
 mod signals;

@@ -201,9 +201,15 @@ impl CheckCache {
             files: all,
         })
         .ok()?;
+        // One temporary name per save, not per process: two threads of one
+        // process may save at once (the MCP server's check ahead and a tool
+        // call; the tracer's checking thread), and with a shared name one
+        // could remove or rename the other's half-written file.
+        static SAVES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = SAVES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let tmp = self
             .dir
-            .join(format!("{FILE_NAME}.{}.tmp", std::process::id()));
+            .join(format!("{FILE_NAME}.{}.{n}.tmp", std::process::id()));
         let _ = std::fs::remove_file(&tmp);
         let written = write_private(&tmp, text.as_bytes())
             .and_then(|()| std::fs::rename(&tmp, self.file()).ok());
@@ -211,6 +217,14 @@ impl CheckCache {
             let _ = std::fs::remove_file(&tmp);
         }
         written
+    }
+
+    /// Whether saving can work: the directory is there, or could be made,
+    /// private to this user (it is made now). A tracer asks before paying
+    /// checks only a save would make worth it (not under `sudo` with another
+    /// user's `HOME`, nor in a home mounted read-only).
+    pub(crate) fn usable(&self) -> bool {
+        self.make_dir().is_some()
     }
 
     /// The directory, created private (0700) where missing: one the user
@@ -434,6 +448,7 @@ mod tests {
             named: false,
         };
         std::fs::create_dir_all(d.join("home")).expect("home");
+        assert!(mine.usable(), "can be made under a home this user owns");
         mine.save(vec![entry(&a, 1)]);
         assert_eq!(mine.load().len(), 1, "made under a home this user owns");
         // A home of another user (root gives one away; CI runs as root):
@@ -446,6 +461,7 @@ mod tests {
                 dir: other.join(".cache/gpusleuth"),
                 named: false,
             };
+            assert!(!theirs.usable(), "no cache to save into");
             theirs.save(vec![entry(&a, 1)]);
             assert!(!other.join(".cache").exists(), "nothing made in their home");
         } else {

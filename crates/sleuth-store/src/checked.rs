@@ -94,12 +94,23 @@ impl FileIdentity {
         })
     }
 
+    /// When either file last changed (wall clock, ns).
+    fn changed_ns(&self) -> i128 {
+        self.wal.map_or(self.db.changed_ns(), |w| {
+            w.changed_ns().max(self.db.changed_ns())
+        })
+    }
+
     /// Whether neither file changed within `settled` of `now_ns` (wall clock).
     fn settled(&self, now_ns: i128, settled: Duration) -> bool {
-        let last = self.wal.map_or(self.db.changed_ns(), |w| {
-            w.changed_ns().max(self.db.changed_ns())
-        });
-        now_ns - last > settled.as_nanos() as i128
+        now_ns - self.changed_ns() > settled.as_nanos() as i128
+    }
+
+    /// How long after `now_ns` the files count as [`Self::settled`] (zero:
+    /// they do now).
+    fn settles_in(&self, now_ns: i128, settled: Duration) -> Duration {
+        let due = self.changed_ns() + settled.as_nanos() as i128 + 1;
+        Duration::from_nanos(u64::try_from(due - now_ns).unwrap_or(0))
     }
 }
 
@@ -401,6 +412,23 @@ impl CheckMemo {
         checks
     }
 
+    /// Whether what passed can be saved into the user's cache on disk: a
+    /// memo made by [`CheckMemo::on_disk`] where the environment names a
+    /// cache whose directory is there or can be made private to this user
+    /// (made now, if missing).
+    pub fn saves(&self) -> bool {
+        self.disk.as_ref().is_some_and(CheckCache::usable)
+    }
+
+    /// How long until the file at `path` has been left alone for the
+    /// settling time (zero: it has), so that [`CheckMemo::check_ahead`]
+    /// checks and remembers it; None when it cannot be read. For a writer
+    /// that knows a file is complete (the tracer): it waits this long, then
+    /// checks ahead. Another write meanwhile only makes the wait longer.
+    pub fn settles_in(&self, path: &Path) -> Option<Duration> {
+        Some(FileIdentity::of(path)?.settles_in(now_ns(), self.settled))
+    }
+
     /// Runs every check of the trace at `path` that this memo does not
     /// hold yet (the check at open, the per-call tables' `quick_check`, the
     /// call-row pass, the skipped-row counts) and saves what passed, so that
@@ -676,6 +704,27 @@ mod tests {
             );
             let _ = std::fs::remove_dir_all(&dir);
         });
+    }
+
+    /// A file waited for as long as `settles_in` says is checked ahead;
+    /// one written meanwhile must be waited for again.
+    #[test]
+    fn a_file_waited_for_until_it_settles_is_checked_ahead() {
+        let (dir, path) = copy("settles");
+        let memo = CheckMemo::settling(Duration::from_millis(300));
+        let wait = memo.settles_in(&path).expect("readable");
+        assert!(
+            wait > Duration::ZERO && wait <= Duration::from_millis(300),
+            "{wait:?}"
+        );
+        assert!(!memo.check_ahead(&path, budget()).expect("not yet"));
+        std::thread::sleep(wait);
+        assert_eq!(memo.settles_in(&path), Some(Duration::ZERO));
+        assert!(memo.check_ahead(&path, budget()).expect("intact"));
+        std::fs::write(dir.join("t.db-wal"), b"").expect("a -wal appears");
+        assert!(memo.settles_in(&path).expect("readable") > Duration::ZERO);
+        assert_eq!(memo.settles_in(&dir.join("gone.db")), None);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// Without a settled file nothing is kept on disk either.

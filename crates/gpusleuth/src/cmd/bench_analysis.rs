@@ -28,6 +28,20 @@ pub struct AnalysisBench {
     pub rollups: bool,
     /// Each analysis command on the stored trace, as a child process.
     pub commands: Vec<CommandRun>,
+    /// `--precheck-kept`: the check of the kept trace as `trace` makes it.
+    pub precheck: Option<Precheck>,
+}
+
+/// What checking the kept trace for later reads cost (what the end of a
+/// `trace` of that file grows by).
+#[derive(Serialize)]
+pub struct Precheck {
+    /// `saved`, or why nothing was saved.
+    pub outcome: String,
+    /// Waiting for the file to be 2 s old (after the keep's rename).
+    pub wait_ms: f64,
+    pub check_ms: f64,
+    pub check_cpu_ms: f64,
 }
 
 #[derive(Serialize)]
@@ -174,6 +188,7 @@ pub fn run(
     procs: u64,
     exe: Option<&Path>,
     keep: Option<&Path>,
+    precheck_kept: bool,
 ) -> Result<AnalysisBench> {
     let ops = Ops::new()?;
     let db = dir.join("analysis.db");
@@ -261,6 +276,10 @@ pub fn run(
             let _ = std::fs::remove_file(&db);
         }
     }
+    let precheck = match keep.filter(|_| precheck_kept) {
+        Some(k) => Some(precheck(k)?),
+        None => None,
+    };
     Ok(AnalysisBench {
         calls: n_calls,
         waits,
@@ -271,6 +290,37 @@ pub fn run(
         bytes_per_event: db_bytes as f64 / n_events.max(1) as f64,
         rollups,
         commands,
+        precheck,
+    })
+}
+
+/// Checks the kept trace at `path` as `trace` checks its files (`precheck`).
+fn precheck(path: &Path) -> Result<Precheck> {
+    let memo = crate::checks_memo::memo();
+    anyhow::ensure!(
+        memo.saves(),
+        "--precheck-kept: no checks cache to save into ({} is empty)",
+        sleuth_store::CACHE_DIR_ENV
+    );
+    let budget = sleuth_store::ReadBudget::new(sleuth_store::DEFAULT_READ_TIMEOUT);
+    let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+    Ok(match crate::precheck::check(memo, path, &budget) {
+        crate::precheck::Outcome::Saved {
+            waited,
+            checked,
+            cpu,
+        } => Precheck {
+            outcome: "saved".into(),
+            wait_ms: ms(waited),
+            check_ms: ms(checked),
+            check_cpu_ms: ms(cpu),
+        },
+        other => Precheck {
+            outcome: format!("{other:?}"),
+            wait_ms: f64::NAN,
+            check_ms: f64::NAN,
+            check_cpu_ms: f64::NAN,
+        },
     })
 }
 
@@ -294,6 +344,12 @@ pub fn render(a: &AnalysisBench) -> String {
             c.command, c.wall_ms, c.peak_rss_mb
         );
     }
+    if let Some(p) = &a.precheck {
+        s += &format!(
+            "kept trace checked for later reads ({}): {:.0} ms waiting for it to settle, {:.0} ms checking, {:.0} ms CPU\n",
+            p.outcome, p.wait_ms, p.check_ms, p.check_cpu_ms
+        );
+    }
     s
 }
 
@@ -305,7 +361,7 @@ mod tests {
     fn the_synthetic_trace_round_trips_with_rollups_and_names_the_hog() {
         let dir = std::env::temp_dir().join(format!("gs-bench-analysis-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let r = run(&dir, 4_000, 1, None, None).unwrap();
+        let r = run(&dir, 4_000, 1, None, None, false).unwrap();
         let _ = std::fs::remove_dir_all(&dir);
         assert_eq!(r.calls, 4_000);
         assert!(r.waits >= 400);
@@ -359,8 +415,8 @@ mod tests {
     fn the_mix_is_stored_in_at_most_80_bytes_per_event() {
         let dir = std::env::temp_dir().join(format!("gs-bench-bytes-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let small = run(&dir, 100_000, 1, None, None).unwrap();
-        let large = run(&dir, 200_000, 1, None, None).unwrap();
+        let small = run(&dir, 100_000, 1, None, None, false).unwrap();
+        let large = run(&dir, 200_000, 1, None, None, false).unwrap();
         let _ = std::fs::remove_dir_all(&dir);
         assert!(small.rollups && large.rollups);
         let bytes = |r: &AnalysisBench| r.db_mb * 1048576.0;

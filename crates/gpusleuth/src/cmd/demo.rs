@@ -121,6 +121,8 @@ fn live(dir: &Path, keep: bool) -> Result<i32> {
         max_db: 256 << 20,
         rotate: None,
         keep: None,
+        // A scratch trace of a few calls: nothing for a later read to skip.
+        precheck: crate::precheck::MinBytes(None),
         ring_size: sleuth_probe::DEFAULT_RING_BYTES as u64,
         torch_allocator: false,
         sites: true,

@@ -73,6 +73,13 @@ pub struct Args {
     /// once the next one is complete; the file being written is never deleted).
     #[arg(long, value_name = "N", requires = "rotate", value_parser = clap::value_parser!(u64).range(1..))]
     pub keep: Option<u64>,
+    /// Check each finished file of at least SIZE as its first reader would
+    /// (after waiting for it to be 2 s old) and keep what it passed in the
+    /// checks cache, so the first command on it skips those checks; `off`
+    /// never. The last file is checked before `trace` exits (Ctrl-C skips
+    /// it), rotated files in the background.
+    #[arg(long, value_name = "SIZE|off", default_value = crate::precheck::DEFAULT_MIN, value_parser = crate::precheck::parse_min)]
+    pub precheck: crate::precheck::MinBytes,
     /// Kernel ring buffer size (e.g. 8M, 64M): more absorbs longer bursts
     /// before events are dropped (drops are always counted and reported).
     #[arg(long = "ring-size", default_value = "8M", value_parser = crate::args::size)]
@@ -314,6 +321,7 @@ pub fn run(args: Args) -> Result<i32> {
         stored: Stored::default(),
         finishing: None,
         totals: WriteSummary::default(),
+        precheck: None,
     });
     let writer = TraceWriter::create(&db, info, opts)
         .with_context(|| format!("cannot create trace database {}", db.display()))?;
@@ -544,6 +552,8 @@ struct Rotation {
     finishing: Option<std::thread::JoinHandle<Result<WriteSummary, String>>>,
     /// What the finished files stored.
     totals: WriteSummary,
+    /// Where completed files go to be checked for later reads (`--precheck`).
+    precheck: Option<crate::precheck::Queue>,
 }
 
 impl Rotation {
@@ -636,12 +646,17 @@ impl Rotation {
         sinks.check(r);
         self.join_previous();
         let (dir, keep, current) = (self.dir.clone(), self.keep, self.n);
+        let (old_path, precheck) = (old_writer.path().to_path_buf(), self.precheck.clone());
         let complete = move || {
             drop(old_stacks);
             drop(old_handle);
             let r = old_writer.finish().map_err(|e| e.to_string());
             if let Some(keep) = keep {
                 prune(&dir, keep, current);
+            }
+            // Checked on the checking thread: the next rotation never waits for it.
+            if let (Ok(_), Some(q)) = (&r, &precheck) {
+                q.send(&old_path);
             }
             r
         };
@@ -853,6 +868,11 @@ fn trace_loop(
     let mut last_scan = Instant::now();
     // Read our CPUs now, before any pinning (the launched command is already running).
     let mut placement = sleuth_probe::placement::Placement::from_env();
+    // Started before the first placement: a helper thread, placed with the others.
+    let prechecker = crate::precheck::Prechecker::start(args.precheck, crate::checks_memo::memo());
+    if let Some(r) = rotation.as_mut() {
+        r.precheck = prechecker.as_ref().map(|p| p.queue());
+    }
     place(&mut placement, &session, &[], &mut sinks);
     let mut last_render = Instant::now();
     let mut child_exit: Option<i32> = None;
@@ -1020,6 +1040,10 @@ fn trace_loop(
         .finish()
         .context("cannot finish the trace database")?;
     meta_result.context("cannot store the trace's counters")?;
+    // Queued now: the check starts once the file has settled, while the
+    // summary below is read and printed.
+    let prechecking = prechecker.as_ref().is_some_and(|p| p.queue().send(&db));
+    let last_file = db.clone();
     // A run: the earlier files' counts too, and the answer over the run.
     let (db, files) = match rotation {
         Some(r) => {
@@ -1059,6 +1083,22 @@ fn trace_loop(
             "note"
         };
         eprintln!("gpusleuth: {tag}: {text}");
+    }
+    if let Some(p) = prechecker {
+        if prechecking && !args.quiet {
+            eprintln!(
+                "gpusleuth: checking {} for later reads (it must be 2 s old first; Ctrl-C skips, --precheck off turns this off)",
+                last_file.display()
+            );
+        }
+        // Any interrupt from now on ends the wait or the check.
+        let base = signals::interrupts();
+        for (path, outcome) in p.finish(|| signals::interrupts() > base) {
+            let line = crate::precheck::outcome_line(&path, &outcome);
+            if let (Some(line), true, false) = (line, path == last_file, args.quiet) {
+                eprintln!("{line}");
+            }
+        }
     }
     Ok(match (child, child_exit) {
         (_, Some(code)) => code,
