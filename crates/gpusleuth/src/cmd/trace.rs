@@ -868,12 +868,18 @@ fn trace_loop(
     let mut last_scan = Instant::now();
     // Read our CPUs now, before any pinning (the launched command is already running).
     let mut placement = sleuth_probe::placement::Placement::from_env();
-    // Started before the first placement: a helper thread, placed with the others.
-    let prechecker = crate::precheck::Prechecker::start(args.precheck, crate::checks_memo::memo());
+    place(&mut placement, &session, &[], &mut sinks);
+    // After the first placement, which moves this thread off the traced
+    // command's CPUs as soon as it can (the command already runs): the
+    // checking thread starts there, and later updates place it with the
+    // other helpers. With `--precheck off` the checks cache is not even read.
+    let prechecker = match args.precheck.0 {
+        Some(_) => crate::precheck::Prechecker::start(args.precheck, crate::checks_memo::memo()),
+        None => None,
+    };
     if let Some(r) = rotation.as_mut() {
         r.precheck = prechecker.as_ref().map(|p| p.queue());
     }
-    place(&mut placement, &session, &[], &mut sinks);
     let mut last_render = Instant::now();
     let mut child_exit: Option<i32> = None;
     let mut child_exit_at: Option<Instant> = None;
