@@ -133,25 +133,6 @@ fn an_empty_cache_dir_turns_the_cache_off() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// The entry the cache in `cache` holds for the trace at `db`, if any.
-fn entry_of(cache: &Path, db: &Path) -> Option<serde_json::Value> {
-    use std::os::unix::fs::MetadataExt;
-    let text = std::fs::read_to_string(cache.join("checks.json")).ok()?;
-    let saved: serde_json::Value = serde_json::from_str(&text).expect("json");
-    // The file's identity as the cache keys it (an inode alone may be
-    // another test's deleted file's).
-    let m = std::fs::metadata(db).expect("stat");
-    let ctime_ns = i128::from(m.ctime()) * 1_000_000_000 + i128::from(m.ctime_nsec());
-    saved["files"]
-        .as_array()?
-        .iter()
-        .find(|e| {
-            let id = &e["id"]["db"];
-            id["ino"] == m.ino() && id["ctime_ns"].as_i64().map(i128::from) == Some(ctime_ns)
-        })
-        .cloned()
-}
-
 /// The MCP server saves what a tool call checked into the same cache
 /// after the call: a later command-line run (or server) starts from it.
 /// (A file named in the call: the one given with `--db` is checked ahead.)
@@ -167,7 +148,7 @@ fn the_mcp_server_saves_its_checks_for_later_runs() {
     );
     let cache = mcp_stdio::bin::test_cache_dir();
     assert!(
-        entry_of(&cache, &db).is_none(),
+        common::checks_entry_of(&cache, &db).is_none(),
         "nothing checked before the call"
     );
     let r = server.call(
@@ -175,7 +156,7 @@ fn the_mcp_server_saves_its_checks_for_later_runs() {
         serde_json::json!({"name": "sql", "arguments": {"db": db.display().to_string(), "query": "SELECT count(*) FROM calls"}}),
     );
     assert_ne!(r["result"]["isError"], true, "{r}");
-    let entry = entry_of(&cache, &db).expect("saved after the call");
+    let entry = common::checks_entry_of(&cache, &db).expect("saved after the call");
     assert_eq!(entry["passed"]["whole"], true, "{entry}");
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);
@@ -193,7 +174,7 @@ fn the_mcp_server_checks_its_trace_before_the_first_question() {
     let cache = mcp_stdio::bin::test_cache_dir();
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     let entry = loop {
-        match entry_of(&cache, &db) {
+        match common::checks_entry_of(&cache, &db) {
             Some(e) => break e,
             None if std::time::Instant::now() < deadline => {
                 std::thread::sleep(Duration::from_millis(100))

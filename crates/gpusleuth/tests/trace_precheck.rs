@@ -38,24 +38,6 @@ fn trace(sb: &Sandbox, args: &[&str], script: &str) -> Output {
     out
 }
 
-/// The entry the cache in `cache` holds for the trace at `db` as it is now
-/// (its inode and change time: an inode alone may be a deleted file's).
-fn entry_of(cache: &Path, db: &Path) -> Option<Value> {
-    use std::os::unix::fs::MetadataExt;
-    let text = std::fs::read_to_string(cache.join("checks.json")).ok()?;
-    let saved: Value = serde_json::from_str(&text).expect("json");
-    let m = std::fs::metadata(db).expect("stat");
-    let ctime_ns = i128::from(m.ctime()) * 1_000_000_000 + i128::from(m.ctime_nsec());
-    saved["files"]
-        .as_array()?
-        .iter()
-        .find(|e| {
-            let id = &e["id"]["db"];
-            id["ino"] == m.ino() && id["ctime_ns"].as_i64().map(i128::from) == Some(ctime_ns)
-        })
-        .cloned()
-}
-
 /// Every check a first read pays passed: nothing is left for the reader.
 fn assert_every_check(entry: &Value) {
     let p = &entry["passed"];
@@ -78,7 +60,7 @@ fn a_traced_file_is_read_without_checks_and_checked_again_once_changed() {
         "the check waited for the file to settle"
     );
     let db = sb.db();
-    let entry = entry_of(&cache(&sb), &db).expect("the tracer saved its checks");
+    let entry = common::checks_entry_of(&cache(&sb), &db).expect("the tracer saved its checks");
     assert_every_check(&entry);
     // The first read answers as one that checks everything itself.
     let memory = |cache: &Path| {
@@ -95,7 +77,7 @@ fn a_traced_file_is_read_without_checks_and_checked_again_once_changed() {
     // One byte of the calls table's root page, in place, same size: the
     // file is another identity, checked again, refused.
     damage_in_place(&db);
-    assert!(entry_of(&cache(&sb), &db).is_none());
+    assert!(common::checks_entry_of(&cache(&sb), &db).is_none());
     let out = gpusleuth()
         .env("GPUSLEUTH_CACHE_DIR", cache(&sb))
         .args(["memory", "--json", "--db"])
@@ -146,12 +128,15 @@ fn off_small_files_and_no_cache_check_nothing() {
         return;
     };
     trace(&sb, &["--precheck", "off"], SCRIPT);
-    assert!(entry_of(&cache(&sb), &sb.db()).is_none(), "off");
+    assert!(
+        common::checks_entry_of(&cache(&sb), &sb.db()).is_none(),
+        "off"
+    );
     std::fs::remove_file(sb.db()).expect("rm");
     let t = Instant::now();
     trace(&sb, &[], SCRIPT);
     assert!(
-        entry_of(&cache(&sb), &sb.db()).is_none(),
+        common::checks_entry_of(&cache(&sb), &sb.db()).is_none(),
         "under the default threshold"
     );
     assert!(
@@ -198,8 +183,8 @@ fn a_rotated_runs_files_are_each_checked() {
         .collect();
     assert!(files.len() >= 3, "{files:?}");
     for f in &files {
-        let entry =
-            entry_of(&cache(&sb), f).unwrap_or_else(|| panic!("{} not checked", f.display()));
+        let entry = common::checks_entry_of(&cache(&sb), f)
+            .unwrap_or_else(|| panic!("{} not checked", f.display()));
         assert_every_check(&entry);
     }
     assert!(
@@ -230,7 +215,9 @@ fn files_deleted_by_keep_are_skipped_quietly() {
         .map(|e| e.path())
         .collect();
     assert_eq!(kept.len(), 1, "{kept:?}");
-    assert_every_check(&entry_of(&cache(&sb), &kept[0]).expect("the last file checked"));
+    assert_every_check(
+        &common::checks_entry_of(&cache(&sb), &kept[0]).expect("the last file checked"),
+    );
 }
 
 /// An interrupt while the tracer waits for its file to settle ends the run
@@ -270,7 +257,7 @@ fn an_interrupt_ends_the_wait_at_once() {
     assert!(status.success(), "{err}");
     assert!(err.contains("was interrupted"), "{err}");
     assert!(took < Duration::from_millis(1500), "{took:?}\n{err}");
-    assert!(entry_of(&cache(&sb), &sb.db()).is_none());
+    assert!(common::checks_entry_of(&cache(&sb), &sb.db()).is_none());
 }
 
 /// The checking thread is one of the tracer's helpers: nice +10 and, when

@@ -364,3 +364,22 @@ impl Db {
 }
 
 pub const MS: i64 = 1_000_000;
+
+/// The entry the checks cache in `cache` holds for the trace at `db` as it
+/// is now, if any: matched by inode and change time, as the cache keys it
+/// (an inode alone may be another test's deleted file's).
+pub fn checks_entry_of(cache: &Path, db: &Path) -> Option<Value> {
+    use std::os::unix::fs::MetadataExt;
+    let text = std::fs::read_to_string(cache.join("checks.json")).ok()?;
+    let saved: Value = serde_json::from_str(&text).expect("json");
+    let m = std::fs::metadata(db).expect("stat");
+    let ctime_ns = i128::from(m.ctime()) * 1_000_000_000 + i128::from(m.ctime_nsec());
+    saved["files"]
+        .as_array()?
+        .iter()
+        .find(|e| {
+            let id = &e["id"]["db"];
+            id["ino"] == m.ino() && id["ctime_ns"].as_i64().map(i128::from) == Some(ctime_ns)
+        })
+        .cloned()
+}
