@@ -881,6 +881,7 @@ fn trace_loop(
         r.precheck = prechecker.as_ref().map(|p| p.queue());
     }
     let mut last_render = Instant::now();
+    let mut last_place = Instant::now();
     let mut child_exit: Option<i32> = None;
     let mut child_exit_at: Option<Instant> = None;
     // Whether the loop ended because --duration was reached.
@@ -926,6 +927,14 @@ fn trace_loop(
                 &mut sinks,
                 sampler.as_ref(),
             );
+        }
+        // A launched program often sets its CPUs as it starts (`taskset` in
+        // a wrapper, a framework's own pinning): until the next placement the
+        // tracer's threads may run on them. In the first second the known
+        // threads are placed again every 20 ms, not only with each rescan.
+        if t0.elapsed() < EARLY_PLACEMENT && last_place.elapsed() >= EARLY_PLACEMENT_EVERY {
+            last_place = Instant::now();
+            place(&mut placement, &session, &[], &mut sinks);
         }
         if last_scan.elapsed() >= Duration::from_millis(200) {
             last_scan = Instant::now();
@@ -1153,6 +1162,10 @@ const SMALL_BATCH: usize = 512;
 /// trap costs a CPU about a microsecond) and below what a person sees in the
 /// live view.
 const POLL_NAP: Duration = Duration::from_millis(2);
+/// How long after the start, and how often, the tracer's threads are placed
+/// again besides each rescan (see the loop).
+const EARLY_PLACEMENT: Duration = Duration::from_secs(1);
+const EARLY_PLACEMENT_EVERY: Duration = Duration::from_millis(20);
 
 /// Longest time spent draining the ring buffer after the trace stopped.
 const FINAL_DRAIN: Duration = Duration::from_millis(500);
