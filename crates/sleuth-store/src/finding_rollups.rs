@@ -218,6 +218,28 @@ fn store(conn: &Connection, f: &FindingInputs) -> rusqlite::Result<()> {
     Ok(())
 }
 
+/// More calls than any file holds (a trace of 2^56 rows would take
+/// petabytes): a stored histogram whose counts add up past it is damaged.
+/// Below it its percentiles' arithmetic (a rank is up to 100 x the count)
+/// cannot overflow.
+const MAX_HIST_CALLS: u64 = 1 << 56;
+
+/// Refuses a stored histogram (of `table`) whose counts add up past
+/// [`MAX_HIST_CALLS`]: a crafted file must get a one-line error, not a
+/// panic or a percentile computed on wrapped sums.
+pub(crate) fn check_hist(h: &LatencyHist, table: &str) -> rusqlite::Result<()> {
+    let total = h
+        .buckets()
+        .try_fold(0u64, |sum, (_, n, _)| sum.checked_add(n));
+    match total {
+        Some(t) if t <= MAX_HIST_CALLS => Ok(()),
+        _ => Err(damaged_table(
+            table,
+            "counts more calls than a file can hold",
+        )),
+    }
+}
+
 /// The first column of the one row `sql` finds, or None when it finds none.
 fn value<T: FromSql>(conn: &Connection, sql: &str, p: impl Params) -> rusqlite::Result<Option<T>> {
     conn.query_row(sql, p, |r| r.get(0)).optional()
@@ -387,6 +409,7 @@ pub(crate) fn read_one_op(
         };
         o.hist.set_bucket(num(0)?, num(1)?, split);
     }
+    check_hist(&o.hist, "finding_hist")?;
     Ok(Some(o))
 }
 
@@ -444,6 +467,13 @@ fn read(
         if let Some(h) = h {
             h.set_bucket(num(4)?, num(5)?, split);
         }
+    }
+    for o in ops.values() {
+        check_hist(&o.hist, "finding_hist")?;
+    }
+    for t in threads.values() {
+        check_hist(&t.launches, "finding_hist")?;
+        check_hist(&t.host_gaps, "finding_hist")?;
     }
     let mut spans = HashMap::new();
     let mut st = conn

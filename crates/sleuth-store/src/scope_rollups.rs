@@ -19,7 +19,7 @@
 //! Tables and meaning: docs/schema.md, "Finding rollups of an op's scope".
 
 use crate::finding_rollups::{
-    complete_tables, fill_example_calls, read_one_op, row_index, stored_tracer,
+    check_hist, complete_tables, fill_example_calls, read_one_op, row_index, stored_tracer,
 };
 use crate::reader::Trace;
 use crate::thread_pass::OpSplits;
@@ -209,6 +209,10 @@ pub(crate) fn read(
             _ => continue,
         };
         h.set_bucket(num(3)?, num(4)?, Split::default());
+    }
+    for t in threads.values() {
+        check_hist(&t.launches, "finding_op_hist")?;
+        check_hist(&t.host_gaps, "finding_op_hist")?;
     }
     let mut f = FindingInputs::from_parts(stored_tracer(trace), ops, threads, spans, splits);
     fill_example_calls(conn, trace, &mut f)?;

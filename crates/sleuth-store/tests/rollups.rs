@@ -232,3 +232,29 @@ fn a_damaged_process_table_is_refused() {
     assert!(e.contains("damaged trace: finding_process_ops"), "{e}");
     assert!(!e.contains('\n'), "{e}");
 }
+
+/// Histogram counts no file can hold (a crafted file: summed, they would
+/// overflow a percentile's rank) are refused with one line, never summed.
+#[test]
+fn finding_histogram_counts_past_any_file_are_refused() {
+    let (_dir, path) = rewritten("demo-sim.db", "finding-rollups-huge-counts");
+    let c = rusqlite::Connection::open(&path).unwrap();
+    let n = c
+        .execute("UPDATE finding_hist SET count = 4611686018427387904", [])
+        .unwrap();
+    assert!(n > 4, "{n} rows");
+    drop(c);
+    let t = Trace::open(&path).unwrap();
+    // The whole trace's op histograms, and its process's (its only one).
+    let pid: u32 = rusqlite::Connection::open(&path)
+        .unwrap()
+        .query_row("SELECT pid FROM call_rows LIMIT 1", [], |r| r.get(0))
+        .unwrap();
+    for pid in [None, Some(pid)] {
+        let e = sleuth_store::finding_rollups::finding_inputs(&t, pid)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("damaged trace: finding_hist"), "{e}");
+        assert!(!e.contains('\n'), "{e}");
+    }
+}

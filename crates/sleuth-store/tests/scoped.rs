@@ -505,3 +505,42 @@ fn damaged_op_scope_rollups_are_refused() {
         assert!(!e.contains('\n'), "{e}");
     }
 }
+
+/// Histogram counts no file can hold (a crafted file: their sum would
+/// overflow the percentiles' arithmetic) are refused in one line, in the
+/// op scopes' rollups and in the trace's own op histograms they read.
+#[test]
+fn histogram_counts_past_any_file_are_refused() {
+    let dir = TempDir::new("scoped-huge-counts");
+    for (i, (table, op)) in [
+        ("finding_op_hist", "cudaStreamSynchronize"),
+        ("finding_op_hist", "cudaLaunchKernel"),
+        ("finding_hist", "cudaMemcpy"),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let path = dir.join(&format!("t{i}.db"));
+        rewrite(&synthetic(), &path);
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        let n = conn
+            .execute(
+                &format!("UPDATE {table} SET count = 4611686018427387904"),
+                [],
+            )
+            .unwrap();
+        assert!(n > 4, "{table}: {n} rows");
+        drop(conn);
+        let trace = Trace::open(&path).unwrap();
+        let f = CallFilter {
+            pid: Some(PID),
+            op: Some(op.to_string()),
+            ..Default::default()
+        };
+        let e = sleuth_store::scoped::explanation(&trace, &f)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(&format!("damaged trace: {table}")), "{op}: {e}");
+        assert!(!e.contains('\n'), "{e}");
+    }
+}
