@@ -91,7 +91,11 @@ impl LatencyHist {
     }
 
     pub fn count(&self) -> u64 {
-        self.buckets.values().map(|b| b.count).sum()
+        // Saturating: stored counts are checked by their readers, but
+        // merged files add theirs (`inputs::merge`).
+        self.buckets
+            .values()
+            .fold(0u64, |n, b| n.saturating_add(b.count))
     }
 
     /// `(bucket key, calls, split)` of every bucket, ascending.
@@ -110,14 +114,16 @@ impl LatencyHist {
         if n == 0 {
             return None;
         }
-        let rank = (u64::from(p.clamp(1, 100)) * n).div_ceil(100).max(1);
+        let rank = u64::try_from((u128::from(p.clamp(1, 100)) * u128::from(n)).div_ceil(100))
+            .unwrap_or(u64::MAX)
+            .max(1);
         if rank == n {
             // The last rank is the maximum, kept exactly.
             return Some((self.max_ns, self.key(self.max_ns)));
         }
         let mut seen = 0u64;
         for (&k, b) in &self.buckets {
-            seen += b.count;
+            seen = seen.saturating_add(b.count);
             if seen >= rank {
                 return Some((self.bounds(k).1, k));
             }
@@ -136,7 +142,7 @@ impl LatencyHist {
         if let Some((pv, pk)) = self.percentile_at(p) {
             for (&k, b) in self.buckets.range(pk..) {
                 if k > pk || self.bounds(k).0 > pv {
-                    n += b.count;
+                    n = n.saturating_add(b.count);
                     s.add(b.split);
                 }
             }
