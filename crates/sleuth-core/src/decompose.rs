@@ -33,7 +33,10 @@ impl Split {
     }
 
     pub fn wall_ns(&self) -> u64 {
-        self.on_cpu_ns + self.runnable_ns + self.blocked_ns
+        // Saturating: a split read from a stored aggregate may hold anything.
+        self.on_cpu_ns
+            .saturating_add(self.runnable_ns)
+            .saturating_add(self.blocked_ns)
     }
 
     pub fn add(&mut self, other: Split) {

@@ -370,7 +370,7 @@ fn read_ops(conn: &Connection, pid: Option<u32>) -> rusqlite::Result<BTreeMap<u1
         let Some(info) = op_by_name(&name) else {
             continue; // an op this build does not know
         };
-        let o: OpInputs = serde_json::from_str(&r.get::<_, String>(1)?)
+        let o: OpInputs = crate::stored_json::parse(&r.get::<_, String>(1)?)
             .map_err(|e| bad(format!("{table} {name}: {e}")))?;
         ops.insert(info.id, o);
     }
@@ -432,7 +432,7 @@ fn read(
     let mut rows = st.query([pid])?;
     while let Some(r) = rows.next()? {
         let key: (u32, u32) = (r.get(0)?, r.get(1)?);
-        let t: ThreadInputs = serde_json::from_str(&r.get::<_, String>(2)?)
+        let t: ThreadInputs = crate::stored_json::parse(&r.get::<_, String>(2)?)
             .map_err(|e| bad(format!("finding_threads {key:?}: {e}")))?;
         threads.insert(key, t);
     }
@@ -493,7 +493,7 @@ fn read(
     let mut rows = st.query([pid])?;
     while let Some(r) = rows.next()? {
         splits.push(
-            serde_json::from_str(&r.get::<_, String>(0)?)
+            crate::stored_json::parse(&r.get::<_, String>(0)?)
                 .map_err(|e| bad(format!("rollup_threads: {e}")))?,
         );
     }

@@ -41,6 +41,7 @@ pub mod scoped;
 pub mod site_rollup;
 mod sql;
 mod stacks;
+mod stored_json;
 pub mod stream;
 mod types;
 mod wait_groups;

@@ -921,12 +921,12 @@ impl Trace {
         let mut rows = st.query([pid])?;
         while let Some(r) = rows.next()? {
             let text: String = r.get(0)?;
-            let mut t: sleuth_core::threads::ThreadSplit =
-                serde_json::from_str(&text).map_err(|e| {
+            let mut t: sleuth_core::threads::ThreadSplit = crate::stored_json::parse(&text)
+                .map_err(|e| {
                     rusqlite::Error::FromSqlConversionFailure(
                         0,
                         rusqlite::types::Type::Text,
-                        Box::new(e),
+                        format!("rollup_threads: {e}").into(),
                     )
                 })?;
             // Shares are recomputed as the analysis computes them, so the

@@ -180,9 +180,9 @@ pub(crate) fn read(
     let mut rows = st.query(params![op, pid])?;
     while let Some(r) = rows.next()? {
         let key: (u32, u32) = (r.get(0)?, r.get(1)?);
-        let t: ThreadInputs = serde_json::from_str(&r.get::<_, String>(2)?)
+        let t: ThreadInputs = crate::stored_json::parse(&r.get::<_, String>(2)?)
             .map_err(|e| bad(format!("finding_op_threads {op} {key:?}: {e}")))?;
-        let s: ThreadSplit = serde_json::from_str(&r.get::<_, String>(3)?)
+        let s: ThreadSplit = crate::stored_json::parse(&r.get::<_, String>(3)?)
             .map_err(|e| bad(format!("finding_op_threads {op} {key:?}: {e}")))?;
         // The process's span: its threads' windows of the op's calls.
         let (a, b) = spans.entry(key.0).or_insert((s.start_ns, s.end_ns));

@@ -544,3 +544,89 @@ fn histogram_counts_past_any_file_are_refused() {
         assert!(!e.contains('\n'), "{e}");
     }
 }
+
+/// Every number of the stored aggregates (the finding rollups, the op
+/// scopes', the threads' splits) set to the largest a reader accepts
+/// (2^62) is answered, past it refused in one line: never a panic (this
+/// test runs in a debug build, where an overflow panics) nor a wrapped sum.
+#[test]
+fn stored_aggregates_at_and_past_the_largest_value_never_panic() {
+    fn set_numbers(v: &mut serde_json::Value, n: u64) {
+        use serde_json::Value;
+        match v {
+            Value::Number(_) => *v = serde_json::json!(n),
+            // Culprit triples ([pid, comm, ns]) keep their pids.
+            Value::Array(a) if !a.iter().any(Value::is_string) => {
+                a.iter_mut().for_each(|x| set_numbers(x, n))
+            }
+            Value::Object(o) => o
+                .iter_mut()
+                .filter(|(k, _)| {
+                    !["pid", "tid", "index", "k", "kept", "pids", "slowed_pids"]
+                        .contains(&k.as_str())
+                })
+                .for_each(|(_, x)| set_numbers(x, n)),
+            _ => {}
+        }
+    }
+    let dir = TempDir::new("scoped-extreme-aggregates");
+    for (i, n) in [1u64 << 62, u64::MAX].into_iter().enumerate() {
+        let path = dir.join(&format!("t{i}.db"));
+        rewrite(&synthetic(), &path);
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        for (table, col) in [
+            ("finding_ops", "inputs"),
+            ("finding_process_ops", "inputs"),
+            ("finding_threads", "inputs"),
+            ("rollup_threads", "split"),
+            ("finding_op_threads", "inputs"),
+            ("finding_op_threads", "split"),
+        ] {
+            let rows: Vec<(i64, String)> = conn
+                .prepare(&format!("SELECT rowid, {col} FROM {table}"))
+                .unwrap()
+                .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+                .unwrap()
+                .map(Result::unwrap)
+                .collect();
+            assert!(!rows.is_empty(), "{table}");
+            for (id, text) in rows {
+                let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
+                set_numbers(&mut v, n);
+                conn.execute(
+                    &format!("UPDATE {table} SET {col} = ?1 WHERE rowid = ?2"),
+                    rusqlite::params![v.to_string(), id],
+                )
+                .unwrap();
+            }
+        }
+        drop(conn);
+        let trace = Trace::open(&path).unwrap();
+        let budget = sleuth_store::ReadBudget::new(std::time::Duration::from_secs(60));
+        let mut answers = vec![sleuth_store::lean::load(&trace, None, budget)
+            .map(|l| l.map(|l| l.explanation()).is_some())];
+        for op in [
+            "cudaMemcpy",
+            "cudaStreamSynchronize",
+            "cudaMalloc",
+            "cudaHostAlloc",
+        ] {
+            let f = CallFilter {
+                pid: Some(PID),
+                op: Some(op.into()),
+                ..Default::default()
+            };
+            answers.push(sleuth_store::scoped::explanation(&trace, &f).map(|e| e.is_some()));
+        }
+        for a in answers {
+            match (n, a) {
+                (n, Ok(true)) if n == 1 << 62 => {}
+                (n, Err(e)) if n == u64::MAX => {
+                    let e = e.to_string();
+                    assert!(e.contains("no trace holds") && !e.contains('\n'), "{e}");
+                }
+                (n, other) => panic!("{n}: {:?}", other.map_err(|e| e.to_string())),
+            }
+        }
+    }
+}

@@ -129,15 +129,15 @@ pub(super) fn summary_line(
 /// gpusleuth's measured interference: runnable time of traced threads while
 /// one of its own threads held their CPU. None when it took none.
 pub(super) fn tracer_note(threads: &[ThreadSplit]) -> Option<String> {
-    let took: u64 = threads.iter().map(|t| t.tracer_runnable_ns).sum();
+    // Saturating: the splits may come from a stored aggregate.
+    let sum =
+        |f: &dyn Fn(&ThreadSplit) -> u64| threads.iter().fold(0u64, |a, t| a.saturating_add(f(t)));
+    let took = sum(&|t| t.tracer_runnable_ns);
     if took == 0 {
         return None;
     }
-    let wall: u64 = threads.iter().map(|t| t.wall_ns).sum();
-    let runnable: u64 = threads
-        .iter()
-        .map(|t| t.in_calls.runnable_ns + t.between.runnable_ns)
-        .sum();
+    let wall = sum(&|t| t.wall_ns);
+    let runnable = sum(&|t| t.in_calls.runnable_ns.saturating_add(t.between.runnable_ns));
     Some(format!(
         "gpusleuth's own threads held the CPU for {:.2} ms while traced threads waited runnable ({} of their \
          runnable time, {:.3}% of their wall time): the tracer's measured interference, never counted as a culprit.",
