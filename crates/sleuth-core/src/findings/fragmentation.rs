@@ -104,7 +104,9 @@ fn advise(s: &AllocatorState) -> Advice {
         .iter()
         .filter(|g| g.pool == Pool::Large && g.size > FRAGMENTATION_LARGE_BUFFER)
         .collect();
-    let split_free: u64 = split.iter().map(|g| g.free_bytes).sum();
+    let split_free: u64 = split
+        .iter()
+        .fold(0u64, |a, g| a.saturating_add(g.free_bytes));
     if let Some(smallest) = split.iter().map(|g| g.size).min() {
         if split_free.saturating_mul(2) >= pinned_free {
             let mb = (smallest >> 20) / 2;

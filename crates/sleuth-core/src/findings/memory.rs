@@ -158,8 +158,8 @@ pub(super) fn memory_growth(l: &ProcessLedger, span: (u64, u64)) -> Option<Findi
         return None;
     }
     growing.sort_by(|a, b| b.total.cmp(&a.total).then(a.size.cmp(&b.size)));
-    let bytes: u64 = growing.iter().map(|g| g.total).sum();
-    let count: u64 = growing.iter().map(|g| g.count).sum();
+    let bytes: u64 = growing.iter().fold(0u64, |a, g| a.saturating_add(g.total));
+    let count: u64 = growing.iter().fold(0u64, |a, g| a.saturating_add(g.count));
     let severity = Severity::grade(bytes, GROWTH_HIGH_BYTES, GROWTH_MEDIUM_BYTES);
     let secs = (last - first) as f64 / 1e9;
     let top = &growing[0];

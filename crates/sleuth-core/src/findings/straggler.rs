@@ -107,7 +107,7 @@ fn finding(s: &Straggler, span_ns: u64) -> Finding {
         "issuing_thread": s.issuing_thread.as_ref().map(split),
         "worst_collectives": s.examples.iter().map(|(seq, late)| json!({"seq": seq, "lateness_ns": late})).collect::<Vec<_>>(),
     });
-    let lost: u64 = t.culprits.iter().map(|c| c.ns).sum();
+    let lost: u64 = t.culprits.iter().fold(0u64, |a, c| a.saturating_add(c.ns));
     let culprits = t
         .culprits
         .iter()

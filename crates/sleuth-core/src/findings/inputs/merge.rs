@@ -178,7 +178,9 @@ impl FindingInputs {
 
     /// Copies judged pageable, over every thread.
     pub fn pageable_copies(&self) -> u64 {
-        self.threads.values().map(|t| t.pageable.count).sum()
+        self.threads
+            .values()
+            .fold(0u64, |a, t| a.saturating_add(t.pageable.count))
     }
 
     /// The pinned host ranges live after the calls fed in end order.
