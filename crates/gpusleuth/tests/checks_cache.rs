@@ -8,7 +8,7 @@ mod common;
 #[path = "common/mcp_stdio.rs"]
 mod mcp_stdio;
 
-use common::{assert_no_panic, run_ok};
+use common::run_ok;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -66,37 +66,12 @@ fn runs_share_the_checks_and_a_changed_file_is_checked_again() {
     );
 
     // One byte of the calls table's root page, in place, same size.
-    let (root, page): (i64, i64) = {
-        let c =
-            rusqlite::Connection::open_with_flags(&db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
-                .expect("open");
-        let root = c
-            .query_row("SELECT rootpage FROM sqlite_master WHERE type = 'table' AND name IN ('call_rows', 'calls')", [], |r| r.get(0))
-            .expect("root");
-        (
-            root,
-            c.query_row("PRAGMA page_size", [], |r| r.get(0))
-                .expect("page size"),
-        )
-    };
-    {
-        use std::io::{Seek, SeekFrom, Write};
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .open(&db)
-            .expect("open for writing");
-        f.seek(SeekFrom::Start(((root - 1) * page) as u64))
-            .expect("seek");
-        f.write_all(&[0x42]).expect("write");
-    }
-    let out = gpusleuth(&cache)
-        .args(["memory", "--json", "--db"])
-        .arg(&db)
-        .output()
-        .expect("run");
-    assert_no_panic(&out);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && err.contains("damaged"), "{err}");
+    common::damage_in_place(&db);
+    common::assert_refused_as_damaged(
+        gpusleuth(&cache)
+            .args(["memory", "--json", "--db"])
+            .arg(&db),
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -76,48 +76,14 @@ fn a_traced_file_is_read_without_checks_and_checked_again_once_changed() {
 
     // One byte of the calls table's root page, in place, same size: the
     // file is another identity, checked again, refused.
-    damage_in_place(&db);
+    common::damage_in_place(&db);
     assert!(common::checks_entry_of(&cache(&sb), &db).is_none());
-    let out = gpusleuth()
-        .env("GPUSLEUTH_CACHE_DIR", cache(&sb))
-        .args(["memory", "--json", "--db"])
-        .arg(&db)
-        .output()
-        .expect("run");
-    assert_no_panic(&out);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && err.contains("damaged"), "{err}");
-}
-
-/// Writes one byte over the root page of the per-call table, keeping the size.
-fn damage_in_place(db: &Path) {
-    use std::io::{Seek, SeekFrom, Write};
-    let (root, page): (i64, i64) = {
-        let c =
-            rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
-                .expect("open");
-        let root = c
-            .query_row(
-                "SELECT rootpage FROM sqlite_master WHERE type = 'table' AND name IN ('call_rows', 'calls')",
-                [],
-                |r| r.get(0),
-            )
-            .expect("root");
-        let page = c
-            .query_row("PRAGMA page_size", [], |r| r.get(0))
-            .expect("page size");
-        (root, page)
-    };
-    let len = std::fs::metadata(db).expect("stat").len();
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .open(db)
-        .expect("open for writing");
-    f.seek(SeekFrom::Start(((root - 1) * page) as u64))
-        .expect("seek");
-    f.write_all(&[0x42]).expect("write");
-    drop(f);
-    assert_eq!(std::fs::metadata(db).expect("stat").len(), len);
+    common::assert_refused_as_damaged(
+        gpusleuth()
+            .env("GPUSLEUTH_CACHE_DIR", cache(&sb))
+            .args(["memory", "--json", "--db"])
+            .arg(&db),
+    );
 }
 
 /// `--precheck off`, a file under the threshold (the default 32M: every

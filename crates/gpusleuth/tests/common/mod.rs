@@ -383,3 +383,45 @@ pub fn checks_entry_of(cache: &Path, db: &Path) -> Option<Value> {
         })
         .cloned()
 }
+
+/// Writes one byte over the root page of the per-call table, in place,
+/// keeping the size: the same identity to a size check, a damaged file to
+/// SQLite's (the checks cache must not take it for the file it checked).
+pub fn damage_in_place(db: &Path) {
+    use std::io::{Seek, SeekFrom, Write};
+    let (root, page): (i64, i64) = {
+        let c =
+            rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+                .expect("open");
+        let root = c
+            .query_row(
+                "SELECT rootpage FROM sqlite_master WHERE type = 'table' AND name IN ('call_rows', 'calls')",
+                [],
+                |r| r.get(0),
+            )
+            .expect("root");
+        let page = c
+            .query_row("PRAGMA page_size", [], |r| r.get(0))
+            .expect("page size");
+        (root, page)
+    };
+    let len = std::fs::metadata(db).expect("stat").len();
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(db)
+        .expect("open for writing");
+    f.seek(SeekFrom::Start(((root - 1) * page) as u64))
+        .expect("seek");
+    f.write_all(&[0x42]).expect("write");
+    drop(f);
+    assert_eq!(std::fs::metadata(db).expect("stat").len(), len);
+}
+
+/// Runs `cmd` (a read of a damaged trace) and asserts it failed, without a
+/// panic, saying the file is damaged.
+pub fn assert_refused_as_damaged(cmd: &mut Command) {
+    let out = cmd.output().expect("run");
+    assert_no_panic(&out);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("damaged"), "{err}");
+}
