@@ -340,12 +340,11 @@ pub fn finding_inputs(
 }
 
 /// Whether the finding rollups (of the whole trace, and with `pid` the
-/// per-process op aggregates) are complete and plain tables; an error names
-/// one that is not the table gpusleuth writes.
+/// per-process op aggregates) are complete and plain tables (the file's
+/// rollups as a whole are `reader::rollups_complete`'s); an error names one
+/// that is not the table gpusleuth writes.
 pub(crate) fn has_complete(conn: &Connection, pid: Option<u32>) -> rusqlite::Result<bool> {
-    if crate::open::meta_value(conn, "rollups")?.as_deref() != Some(COMPLETE)
-        || !complete_tables(conn, "finding_rollups", TABLES)?
-    {
+    if !complete_tables(conn, "finding_rollups", TABLES)? {
         return Ok(false);
     }
     Ok(pid.is_none() || complete_tables(conn, PROCESS_KEY, PROCESS_TABLES)?)

@@ -160,7 +160,10 @@ pub(crate) fn read(
     op: &str,
     pid: Option<u32>,
 ) -> rusqlite::Result<Option<FindingInputs>> {
-    if !crate::finding_rollups::has_complete(conn, pid)? || !complete_tables(conn, KEY, TABLES)? {
+    if !crate::reader::rollups_complete(conn)?
+        || !crate::finding_rollups::has_complete(conn, pid)?
+        || !complete_tables(conn, KEY, TABLES)?
+    {
         return Ok(None);
     }
     let bad = |what: String| {

@@ -250,9 +250,6 @@ fn from_op_rollups(
     let Some(groups) = crate::call_groups::stored(conn).map_err(read)? else {
         return Ok(None);
     };
-    if !trace.has_rollups()? {
-        return Ok(None);
-    }
     let Some(inputs) = crate::scope_rollups::read(conn, trace, op, pid).map_err(read)? else {
         return Ok(None);
     };
