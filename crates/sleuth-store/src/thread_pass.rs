@@ -158,17 +158,15 @@ impl<'s> ThreadPass<'s> {
         mut self,
         comm: &str,
     ) -> rusqlite::Result<(Option<ThreadSplit>, OpSplits)> {
-        let ops = std::mem::take(&mut self.op_splits);
-        if ops.is_empty() {
-            return Ok((self.finish(comm, None)?, Vec::new()));
-        }
-        // The whole thread's waits, each into every split.
-        self.op_splits = ops;
-        while let Some(w) = self.ahead.pop_front() {
-            self.pass(&w);
-        }
-        while let Some(w) = self.waits.next_wait()? {
-            self.pass(&w);
+        // The whole thread's waits, each into every split (none read
+        // without a split to add them to: a thread with nested calls only).
+        if self.split.is_some() || !self.op_splits.is_empty() {
+            while let Some(w) = self.ahead.pop_front() {
+                self.pass(&w);
+            }
+            while let Some(w) = self.waits.next_wait()? {
+                self.pass(&w);
+            }
         }
         let ops = std::mem::take(&mut self.op_splits)
             .into_iter()
