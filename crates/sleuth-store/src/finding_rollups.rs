@@ -515,22 +515,33 @@ pub(crate) fn stored_tracer(trace: &Trace) -> Option<u32> {
 /// aggregates fed by calls read without it (`scoped`'s stream): the loaded
 /// trace's calls carry it, and the example names its site.
 pub(crate) fn fill_example_sites(conn: &Connection, f: &mut FindingInputs) -> rusqlite::Result<()> {
+    let ids = f
+        .example_indices()
+        .into_iter()
+        .filter_map(|i| i64::try_from(i).ok());
+    let sites = sites_by_id(conn, ids)?;
+    f.set_example_sites(|i| sites.get(&i64::try_from(i).ok()?).copied());
+    Ok(())
+}
+
+/// The call site (`stack_id`) of each of the calls `ids` that has one, read
+/// by row id; none in a file without the column.
+fn sites_by_id(
+    conn: &Connection,
+    ids: impl IntoIterator<Item = i64>,
+) -> rusqlite::Result<HashMap<i64, u64>> {
+    let mut sites = HashMap::new();
     if !crate::stacks::has_column(conn, "calls", "stack_id")? {
-        return Ok(());
+        return Ok(sites);
     }
     let mut st = conn.prepare("SELECT stack_id FROM calls WHERE id = ?1")?;
-    let mut sites: HashMap<usize, Option<u64>> = HashMap::new();
-    for i in f.example_indices() {
-        let Ok(id) = i64::try_from(i) else { continue };
-        let site = st
-            .query_row([id], |r| r.get::<_, Option<i64>>(0))
-            .optional()?
-            .flatten()
-            .map(|s| s as u64);
-        sites.insert(i, site);
+    for id in ids {
+        let site: Option<i64> = st.query_row([id], |r| r.get(0)).optional()?.flatten();
+        if let Some(s) = site {
+            sites.insert(id, s as u64);
+        }
     }
-    f.set_example_sites(|i| sites.get(&i).copied().flatten());
-    Ok(())
+    Ok(sites)
 }
 
 /// Puts back the example calls of aggregates read from storage (a few
@@ -550,12 +561,7 @@ pub(crate) fn fill_example_calls(
         .collect();
     let mut calls: HashMap<i64, CallEvent> = HashMap::new();
     let mut st = conn.prepare(&calls_sql(conn, "WHERE id = ?1")?)?;
-    let with_sites = crate::stacks::has_column(conn, "calls", "stack_id")?;
-    let mut site = conn.prepare(if with_sites {
-        "SELECT stack_id FROM calls WHERE id = ?1"
-    } else {
-        "SELECT NULL"
-    })?;
+    let sites = sites_by_id(conn, ids.iter().copied())?;
     for &id in &ids {
         let Some(mut c) = st
             .query_row([id], call_from_row)
@@ -565,13 +571,7 @@ pub(crate) fn fill_example_calls(
         else {
             continue;
         };
-        if with_sites {
-            c.stack_id = site
-                .query_row([id], |r| r.get::<_, Option<i64>>(0))
-                .optional()?
-                .flatten()
-                .map(|s| s as u64);
-        }
+        c.stack_id = sites.get(&id).copied();
         calls.insert(id, c);
     }
     let culprits = trace
