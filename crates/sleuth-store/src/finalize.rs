@@ -113,7 +113,7 @@ fn per_thread_pass(conn: &Connection, rollup: &Rollup) -> rusqlite::Result<u64> 
         let mut wst = conn.prepare_cached(&waits_sql)?;
         let split = window.map(|w| ThreadStream::new(pid, tid, w, tracer));
         let mut pass = ThreadPass::new(wst.query(params![pid, tid])?, split).with_op_splits(
-            windows.ops.clone(),
+            &windows.ops,
             pid,
             tid,
             tracer,

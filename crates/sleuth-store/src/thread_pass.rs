@@ -77,14 +77,14 @@ impl<'s> ThreadPass<'s> {
     /// Their waits are all read (`finish` with no end).
     pub(crate) fn with_op_splits(
         mut self,
-        windows: Vec<(u16, (u64, u64))>,
+        windows: &[(u16, (u64, u64))],
         pid: u32,
         tid: u32,
         tracer: Option<u32>,
     ) -> ThreadPass<'s> {
         self.op_splits = windows
-            .into_iter()
-            .map(|(op, window)| OpSplit {
+            .iter()
+            .map(|&(op, window)| OpSplit {
                 op,
                 window,
                 stream: ThreadStream::new(pid, tid, window, tracer),
