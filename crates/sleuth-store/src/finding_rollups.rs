@@ -231,13 +231,19 @@ pub(crate) fn check_hist(h: &LatencyHist, table: &str) -> rusqlite::Result<()> {
     let total = h
         .buckets()
         .try_fold(0u64, |sum, (_, n, _)| sum.checked_add(n));
-    match total {
-        Some(t) if t <= MAX_HIST_CALLS => Ok(()),
-        _ => Err(damaged_table(
-            table,
-            "counts more calls than a file can hold",
-        )),
+    check_count(total.unwrap_or(u64::MAX), table)
+}
+
+/// Refuses a stored histogram's total count (saturated) past
+/// [`MAX_HIST_CALLS`], as [`check_hist`] does.
+pub(crate) fn check_count(total: u64, table: &str) -> rusqlite::Result<()> {
+    if total <= MAX_HIST_CALLS {
+        return Ok(());
     }
+    Err(damaged_table(
+        table,
+        "counts more calls than a file can hold",
+    ))
 }
 
 /// The first column of the one row `sql` finds, or None when it finds none.

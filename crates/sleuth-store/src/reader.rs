@@ -844,7 +844,25 @@ impl Trace {
     ) -> rusqlite::Result<sleuth_core::rollup::StoredRollups> {
         use sleuth_core::decompose::{CulpritTime, Split};
         use sleuth_core::rollup::{Bucket, OpRollup, StoredRollups};
-        let u = |v: i64| v.max(0) as u64;
+        // Every stored count, time and sum is the writer's and at most 2^62
+        // (the bound of every time a reader accepts): past it, or negative,
+        // the file was crafted or damaged, and sums of such values would
+        // overflow the answer's arithmetic.
+        let checked = |table: &'static str| {
+            move |r: &rusqlite::Row, i: usize| -> rusqlite::Result<u64> {
+                let v: i64 = r.get(i)?;
+                u64::try_from(v)
+                    .ok()
+                    .filter(|&v| v <= crate::problems::MAX_NS as u64)
+                    .ok_or_else(|| {
+                        crate::finding_rollups::damaged_table(
+                            table,
+                            &format!("holds a value no trace holds ({v})"),
+                        )
+                    })
+            }
+        };
+        let u = checked("rollup_ops");
         let mut ops: BTreeMap<(u32, u16), OpRollup> = BTreeMap::new();
         let mut st = self.conn.prepare(
             "SELECT pid, op, count, errors, total_ns, max_ns, on_cpu_ns, runnable_ns, blocked_ns
@@ -856,20 +874,21 @@ impl Trace {
                 continue;
             };
             let o = ops.entry((r.get(0)?, info.id)).or_default();
-            o.count = u(r.get(2)?);
-            o.errors = u(r.get(3)?);
-            o.total_ns = u(r.get(4)?);
-            o.max_ns = u(r.get(5)?);
+            o.count = u(r, 2)?;
+            o.errors = u(r, 3)?;
+            o.total_ns = u(r, 4)?;
+            o.max_ns = u(r, 5)?;
             o.split = Split {
-                on_cpu_ns: u(r.get(6)?),
-                runnable_ns: u(r.get(7)?),
-                blocked_ns: u(r.get(8)?),
+                on_cpu_ns: u(r, 6)?,
+                runnable_ns: u(r, 7)?,
+                blocked_ns: u(r, 8)?,
             };
         }
         let mut st = self.conn.prepare(
             "SELECT pid, op, bucket, count, on_cpu_ns, runnable_ns, blocked_ns
              FROM rollup_hist WHERE ?1 IS NULL OR pid = ?1",
         )?;
+        let h = checked("rollup_hist");
         let mut rows = st.query([pid])?;
         while let Some(r) = rows.next()? {
             let Some(info) = op_by_name(&r.get::<_, String>(1)?) else {
@@ -885,14 +904,17 @@ impl Trace {
             o.buckets.insert(
                 bucket,
                 Bucket {
-                    count: u(r.get(3)?),
+                    count: h(r, 3)?,
                     split: Split {
-                        on_cpu_ns: u(r.get(4)?),
-                        runnable_ns: u(r.get(5)?),
-                        blocked_ns: u(r.get(6)?),
+                        on_cpu_ns: h(r, 4)?,
+                        runnable_ns: h(r, 5)?,
+                        blocked_ns: h(r, 6)?,
                     },
                 },
             );
+        }
+        for o in ops.values() {
+            crate::finding_rollups::check_count(o.buckets.count(), "rollup_hist")?;
         }
         let mut culprits = Vec::new();
         let mut st = self.conn.prepare(
@@ -910,7 +932,7 @@ impl Trace {
                 CulpritTime {
                     pid: r.get(2)?,
                     comm: r.get(3)?,
-                    runnable_ns: u(r.get(4)?),
+                    runnable_ns: checked("rollup_culprits")(r, 4)?,
                 },
             ));
         }
@@ -931,7 +953,10 @@ impl Trace {
                 })?;
             // Shares are recomputed as the analysis computes them, so the
             // answer does not depend on how floats survive JSON.
-            let blocked: u64 = t.wakers.iter().map(|w| w.blocked_ns).sum();
+            let blocked = t
+                .wakers
+                .iter()
+                .fold(0u64, |sum, w| sum.saturating_add(w.blocked_ns));
             for w in &mut t.wakers {
                 w.share = if blocked == 0 {
                     0.0

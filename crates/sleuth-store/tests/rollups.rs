@@ -258,3 +258,88 @@ fn finding_histogram_counts_past_any_file_are_refused() {
         assert!(!e.contains('\n'), "{e}");
     }
 }
+
+/// `stats`' rollups hold the writer's counts and sums, each at most 2^62
+/// (the bound of every time a reader accepts). A crafted file with values
+/// past it, or histogram counts no file can hold, is refused in one line
+/// naming the table; values at the bound are answered without any sum
+/// overflowing (a panic in this debug build).
+#[test]
+fn stats_rollups_past_any_file_are_refused_and_at_the_bound_answered() {
+    const BOUND: i64 = 1 << 62;
+    let refused = |table: &str, sql: &str, why: &str| {
+        let (_dir, path) = rewritten("h200-contention.db", "rollups-crafted");
+        let n = rusqlite::Connection::open(&path)
+            .unwrap()
+            .execute(sql, [])
+            .unwrap();
+        assert!(n > 0, "{sql}");
+        let t = Trace::open(&path).unwrap();
+        let e = t.stats_report(None).unwrap_err().to_string();
+        assert!(e.contains(&format!("damaged trace: {table}")), "{sql}: {e}");
+        assert!(e.contains(why), "{sql}: {e}");
+        assert!(!e.contains('\n'), "{e}");
+    };
+    for (table, col) in [
+        ("rollup_ops", "count"),
+        ("rollup_ops", "total_ns"),
+        ("rollup_ops", "blocked_ns"),
+        ("rollup_hist", "count"),
+        ("rollup_hist", "on_cpu_ns"),
+        ("rollup_culprits", "runnable_ns"),
+    ] {
+        for v in [BOUND + 1, i64::MAX, -1] {
+            let sql = format!("UPDATE {table} SET {col} = {v}");
+            refused(table, &sql, "no trace holds");
+        }
+    }
+    // Each count at the bound, but together past any file.
+    refused(
+        "rollup_hist",
+        &format!("UPDATE rollup_hist SET count = {BOUND}"),
+        "more calls than a file can hold",
+    );
+
+    // Every value at the bound, and a thread blocked by five wakers each
+    // at the bound: answered, sums saturated.
+    let (_dir, path) = rewritten("h200-contention.db", "rollups-at-bound");
+    let c = rusqlite::Connection::open(&path).unwrap();
+    c.execute_batch(&format!(
+        "UPDATE rollup_ops SET count = {BOUND}, errors = {BOUND}, total_ns = {BOUND}, max_ns = {BOUND},
+             on_cpu_ns = {BOUND}, runnable_ns = {BOUND}, blocked_ns = {BOUND};
+         UPDATE rollup_culprits SET runnable_ns = {BOUND};
+         UPDATE rollup_hist SET on_cpu_ns = {BOUND}, runnable_ns = {BOUND}, blocked_ns = {BOUND};"
+    ))
+    .unwrap();
+    let wakers = c
+        .execute(
+            &format!(
+                "UPDATE rollup_threads SET split = json_set(split, '$.wakers', json_array(
+                     json_set(json_extract(split, '$.wakers[0]'), '$.blocked_ns', {BOUND}),
+                     json_set(json_extract(split, '$.wakers[0]'), '$.blocked_ns', {BOUND}),
+                     json_set(json_extract(split, '$.wakers[0]'), '$.blocked_ns', {BOUND}),
+                     json_set(json_extract(split, '$.wakers[0]'), '$.blocked_ns', {BOUND}),
+                     json_set(json_extract(split, '$.wakers[0]'), '$.blocked_ns', {BOUND})))
+                 WHERE json_array_length(split, '$.wakers') > 0"
+            ),
+            [],
+        )
+        .unwrap();
+    assert!(wakers > 0, "the example has a thread with wakers");
+    drop(c);
+    let t = Trace::open(&path).unwrap();
+    let r = t.stats_report(None).unwrap().expect("rollups present");
+    let per_call: Vec<_> = r
+        .ops
+        .iter()
+        .filter(|o| o.measured == sleuth_core::stats::Measured::PerCall)
+        .collect();
+    assert!(!per_call.is_empty());
+    for o in per_call {
+        assert_eq!(o.count, BOUND as u64, "{o:?}");
+        assert!(o.p99_ns.is_some() && o.tail.is_some(), "{o:?}");
+    }
+    for pid in t.pids().unwrap() {
+        t.stats_report(Some(pid)).unwrap().unwrap();
+    }
+}
