@@ -12,6 +12,7 @@ pub mod findings;
 pub mod gpu_activity;
 pub mod gpu_busy;
 pub mod held;
+pub mod int_hash;
 pub mod latency;
 pub mod ledger;
 pub mod nccl;

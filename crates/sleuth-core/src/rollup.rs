@@ -18,6 +18,7 @@
 use crate::data::TraceData;
 use crate::decompose::{culprit_times, CulpritTime, Split, TailSplit};
 use crate::event::CallEvent;
+use crate::int_hash::IntHashState;
 use crate::ops::op_by_id;
 use crate::stats::{Measured, OpStats, StatsReport, TOP_CULPRITS_PER_OP};
 use crate::threads::{sort_splits, ThreadSplit};
@@ -78,7 +79,52 @@ pub struct OpRollup {
     pub total_ns: u64,
     pub max_ns: u64,
     pub split: Split,
-    pub buckets: BTreeMap<u32, Bucket>,
+    pub buckets: Buckets,
+}
+
+/// A histogram's buckets by index. Hashed: the writer adds every stored
+/// call to one, and a `BTreeMap`'s search was 11% of its CPU per event
+/// (a profile of `bench --footprint-only`, round 11); readers that need
+/// the index order sort the few hundred keys ([`Buckets::sorted`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Buckets(HashMap<u32, Bucket, IntHashState>);
+
+impl Buckets {
+    /// Bucket `k`, added empty if absent.
+    pub fn get_or_default(&mut self, k: u32) -> &mut Bucket {
+        self.0.entry(k).or_default()
+    }
+
+    /// Sets bucket `k` (a stored histogram's row).
+    pub fn insert(&mut self, k: u32, b: Bucket) {
+        self.0.insert(k, b);
+    }
+
+    /// The buckets holding calls.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Every bucket, in no particular order.
+    pub fn iter(&self) -> impl Iterator<Item = (u32, &Bucket)> {
+        self.0.iter().map(|(&k, b)| (k, b))
+    }
+
+    /// Every bucket in index order (shortest durations first).
+    pub fn sorted(&self) -> Vec<(u32, Bucket)> {
+        let mut v: Vec<(u32, Bucket)> = self.0.iter().map(|(&k, &b)| (k, b)).collect();
+        v.sort_unstable_by_key(|&(k, _)| k);
+        v
+    }
+
+    /// Calls in all buckets (saturating: a stored histogram may hold anything).
+    pub fn count(&self) -> u64 {
+        self.0.values().fold(0u64, |n, b| n.saturating_add(b.count))
+    }
 }
 
 impl OpRollup {
@@ -89,7 +135,7 @@ impl OpRollup {
         self.max_ns = self.max_ns.max(c.dur_ns);
         let s = Split::of(c);
         self.split.add(s);
-        let b = self.buckets.entry(bucket_of(c.dur_ns)).or_default();
+        let b = self.buckets.get_or_default(bucket_of(c.dur_ns));
         b.count += 1;
         b.split.add(s);
     }
@@ -101,8 +147,8 @@ impl OpRollup {
         self.total_ns = self.total_ns.saturating_add(o.total_ns);
         self.max_ns = self.max_ns.max(o.max_ns);
         self.split.add(o.split);
-        for (&k, b) in &o.buckets {
-            let e = self.buckets.entry(k).or_default();
+        for (k, b) in o.buckets.iter() {
+            let e = self.buckets.get_or_default(k);
             e.count = e.count.saturating_add(b.count);
             e.split.add(b.split);
         }
@@ -110,8 +156,16 @@ impl OpRollup {
 
     /// Nearest-rank percentile `p` and the bucket it fell in.
     fn percentile(&self, p: u32) -> Option<(u64, u32)> {
-        let n: u64 = self.buckets.values().map(|b| b.count).sum();
-        self.at_rank((u64::from(p.clamp(1, 100)) * n).div_ceil(100).max(1))
+        self.percentile_in(&self.buckets.sorted(), p)
+    }
+
+    /// [`Self::percentile`] over `sorted` (this rollup's [`Buckets::sorted`]:
+    /// one sort for the several percentiles of a stats row).
+    fn percentile_in(&self, sorted: &[(u32, Bucket)], p: u32) -> Option<(u64, u32)> {
+        // Nearest rank: ceil(p * n / 100), at least 1 (in u128: a stored
+        // histogram's count may be near u64::MAX).
+        let rank = (u128::from(p.clamp(1, 100)) * u128::from(sorted_count(sorted))).div_ceil(100);
+        self.at_rank_in(sorted, u64::try_from(rank.max(1)).unwrap_or(u64::MAX))
     }
 
     /// Nearest-rank percentile `p` (1..=100) as `stats::nearest_rank` gives
@@ -124,12 +178,13 @@ impl OpRollup {
     /// The fastest call's duration, within [`MAX_RELATIVE_ERROR`] (exact
     /// below [`EXACT_BELOW`] and for a single call). None without calls.
     pub fn min_ns(&self) -> Option<u64> {
-        self.at_rank(1).map(|x| x.0)
+        self.at_rank_in(&self.buckets.sorted(), 1).map(|x| x.0)
     }
 
-    /// The duration of the `rank`-th fastest call (1-based) and its bucket.
-    fn at_rank(&self, rank: u64) -> Option<(u64, u32)> {
-        let n: u64 = self.buckets.values().map(|b| b.count).sum();
+    /// The duration of the `rank`-th fastest call (1-based) and its bucket,
+    /// over `sorted` (this rollup's [`Buckets::sorted`]).
+    fn at_rank_in(&self, sorted: &[(u32, Bucket)], rank: u64) -> Option<(u64, u32)> {
+        let n = sorted_count(sorted);
         if n == 0 || rank == 0 {
             return None;
         }
@@ -138,8 +193,8 @@ impl OpRollup {
             return Some((self.max_ns, bucket_of(self.max_ns)));
         }
         let mut seen = 0u64;
-        for (&k, b) in &self.buckets {
-            seen += b.count;
+        for &(k, ref b) in sorted {
+            seen = seen.saturating_add(b.count);
             if seen >= rank {
                 let (lo, _) = bucket_bounds(k);
                 return Some((bucket_value(k).min(self.max_ns).max(lo), k));
@@ -149,11 +204,18 @@ impl OpRollup {
     }
 }
 
+/// Calls in a sorted histogram (saturating).
+fn sorted_count(sorted: &[(u32, Bucket)]) -> u64 {
+    sorted
+        .iter()
+        .fold(0u64, |n, (_, b)| n.saturating_add(b.count))
+}
+
 /// Rollups of a whole trace as the writer keeps them: per (pid, op id), plus
 /// each calling thread's windows, for the per-thread pass at the end.
 #[derive(Debug, Clone, Default)]
 pub struct Rollup {
-    pub ops: HashMap<(u32, u16), OpRollup>,
+    pub ops: HashMap<(u32, u16), OpRollup, IntHashState>,
     pub threads: BTreeMap<(u32, u32), ThreadWindows>,
 }
 
@@ -200,13 +262,14 @@ pub fn op_stats_row(
 ) -> Option<OpStats> {
     let info = op_by_id(op)?;
     let known = |v: u64| host_context.then_some(v);
-    let p95 = r.percentile(95);
+    let sorted = r.buckets.sorted();
+    let p95 = r.percentile_in(&sorted, 95);
     culprits.truncate(TOP_CULPRITS_PER_OP);
     let tail = host_context.then(|| {
         let mut s = Split::default();
         let mut n = 0u64;
         if let Some((p95_ns, pb)) = p95 {
-            for (&k, b) in r.buckets.range(pb..) {
+            for &(k, b) in sorted.iter().filter(|&&(k, _)| k >= pb) {
                 // Exact buckets hold one value: the p95 bucket itself is not above p95.
                 let above = if k == pb {
                     bucket_bounds(k).0 > p95_ns
@@ -214,7 +277,7 @@ pub fn op_stats_row(
                     true
                 };
                 if above {
-                    n += b.count;
+                    n = n.saturating_add(b.count);
                     s.add(b.split);
                 }
             }
@@ -232,9 +295,9 @@ pub fn op_stats_row(
         op: info.name,
         count: r.count + also_counted.unwrap_or(0),
         errors: info.returns_status.then_some(r.errors),
-        p50_ns: r.percentile(50).map(|x| x.0),
+        p50_ns: r.percentile_in(&sorted, 50).map(|x| x.0),
         p95_ns: p95.map(|x| x.0),
-        p99_ns: r.percentile(99).map(|x| x.0),
+        p99_ns: r.percentile_in(&sorted, 99).map(|x| x.0),
         max_ns: (r.count > 0).then_some(r.max_ns),
         total_ns: Some(r.total_ns),
         on_cpu_ns: known(r.split.on_cpu_ns),

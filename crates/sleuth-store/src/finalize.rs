@@ -205,7 +205,7 @@ fn write_op_rollups(conn: &Connection, rollup: &Rollup) -> rusqlite::Result<()> 
             clamp(r.split.runnable_ns),
             clamp(r.split.blocked_ns)
         ])?;
-        for (&b, v) in &r.buckets {
+        for (b, v) in r.buckets.iter() {
             h_st.execute(params![
                 pid,
                 info.name,

@@ -1,0 +1,70 @@
+#!/usr/bin/env python3
+"""Tracer CPU per added event of two builds, interleaved (A B A B ...), so
+that both see the same machine load: `bench --footprint-only` (a flood of N
+and 4N launches with placement on; needs root and eBPF) per build and rep,
+reduced to poller, writer and completion µs per added event (4N run minus
+N run, over the added events), then the median and range per build.
+
+Usage: sudo python3 scripts/tracer_ab.py BIN_A BIN_B [--reps 5] [--launches 200000]
+"""
+import argparse
+import json
+import statistics
+import subprocess
+
+
+def per_added(rows):
+    on = sorted((r for r in rows if r["placement"]), key=lambda r: r["launches"])
+    lo, hi = on[0], on[-1]
+    added = hi["events_stored"] - lo["events_stored"]
+
+    def d(key):
+        return (hi[key] * hi["events_stored"] - lo[key] * lo["events_stored"]) / added
+
+    return {
+        "poller": d("poller_us_per_event"),
+        "writer": d("writer_us_per_event"),
+        "p+w": d("tracer_us_per_event"),
+        "completion": d("completion_us_per_event"),
+        "drops": hi["drops"] + lo["drops"],
+    }
+
+
+def run(binary, launches):
+    out = subprocess.run(
+        [binary, "bench", "--footprint-only", "--footprint-launches", str(launches),
+         "--reps", "1", "--json"],
+        check=True, capture_output=True, text=True,
+    ).stdout
+    return per_added(json.loads(out))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("a")
+    ap.add_argument("b")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--launches", type=int, default=200000)
+    args = ap.parse_args()
+    got = {args.a: [], args.b: []}
+    for rep in range(args.reps):
+        for binary in (args.a, args.b) if rep % 2 == 0 else (args.b, args.a):
+            r = run(binary, args.launches)
+            got[binary].append(r)
+            with open("/proc/loadavg") as f:
+                load = f.read().split()[0]
+            print(f"rep {rep + 1} {binary}: " + ", ".join(
+                f"{k} {v:.3f}" for k, v in r.items() if k != "drops") + f", drops {r['drops']}, load {load}",
+                flush=True)
+    print(f"µs per added event ({args.launches} vs {4 * args.launches} launches, placement on), "
+          f"median [min, max] over {args.reps} reps:")
+    for binary, rows in got.items():
+        parts = []
+        for k in ("poller", "writer", "p+w", "completion"):
+            v = [r[k] for r in rows]
+            parts.append(f"{k} {statistics.median(v):.3f} [{min(v):.3f}, {max(v):.3f}]")
+        print(f"  {binary}: " + ", ".join(parts))
+
+
+if __name__ == "__main__":
+    main()
