@@ -449,12 +449,15 @@ pub fn merge_thread_split(a: &mut ThreadSplit, b: &ThreadSplit) {
 /// Sets each waker's share of the wakers' blocked time (0 when none),
 /// as the analysis computes it (stored rollups and merged files alike).
 pub fn waker_shares(wakers: &mut [crate::threads::WakerTime]) {
-    let blocked: u64 = wakers.iter().map(|w| w.blocked_ns).sum();
+    // Summed as floats: stored splits (each value at most 2^62, added up
+    // across threads and files) cannot overflow it, and below 2^53 ns (104
+    // days) the sum is exact, as the integer sum was.
+    let blocked: f64 = wakers.iter().map(|w| w.blocked_ns as f64).sum();
     for w in wakers {
-        w.share = if blocked == 0 {
+        w.share = if blocked == 0.0 {
             0.0
         } else {
-            w.blocked_ns as f64 / blocked as f64
+            w.blocked_ns as f64 / blocked
         };
     }
 }
@@ -487,6 +490,42 @@ mod tests {
     use super::*;
     use crate::decompose::tests::call;
     use crate::stats::nearest_rank;
+
+    /// Stored splits hold values up to 2^62 each; five wakers at it add up
+    /// past u64: their shares stay exact and nothing overflows.
+    #[test]
+    fn wakers_at_the_largest_stored_value_get_exact_shares() {
+        use crate::threads::{WakerKind, WakerTime};
+        let w = WakerTime {
+            kind: WakerKind::Task,
+            pid: 1,
+            tid: 1,
+            comm: "x".into(),
+            blocked_ns: 1 << 62,
+            share: 0.0,
+        };
+        let mut wakers = vec![w; 5];
+        waker_shares(&mut wakers);
+        assert!(wakers.iter().all(|w| w.share == 0.2), "{wakers:?}");
+        let t = ThreadSplit {
+            pid: 1,
+            tid: 1,
+            comm: "x".into(),
+            start_ns: 0,
+            end_ns: 0,
+            wall_ns: 0,
+            calls: 0,
+            in_calls: Split::default(),
+            between: Split::default(),
+            syncs: 0,
+            sync_ns: 0,
+            sync_p50_ns: 0,
+            wakers,
+            preempted_by: Vec::new(),
+            tracer_runnable_ns: 0,
+        };
+        assert_eq!(t.blocked_by_tasks_ns(), u64::MAX);
+    }
 
     #[test]
     fn buckets_cover_every_value_in_order_and_within_the_bound() {

@@ -123,8 +123,8 @@ impl ThreadSplit {
         self.wakers
             .iter()
             .filter(|w| w.kind == WakerKind::Task)
-            .map(|w| w.blocked_ns)
-            .sum()
+            // Saturating: a stored split's values are each at most 2^62.
+            .fold(0u64, |n, w| n.saturating_add(w.blocked_ns))
     }
 }
 

@@ -74,7 +74,10 @@ impl InputProblems {
 
     /// Rows skipped because of unknown op names.
     pub fn unknown_op_rows(&self) -> u64 {
-        self.unknown_ops.values().sum::<u64>() + self.unknown_ops_other
+        // Saturating: a run adds up its files' counts.
+        self.unknown_ops
+            .values()
+            .fold(self.unknown_ops_other, |n, &c| n.saturating_add(c))
     }
 
     /// One line per kind of problem, for a person (untrusted names inside:

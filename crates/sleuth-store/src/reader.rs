@@ -953,17 +953,7 @@ impl Trace {
                 })?;
             // Shares are recomputed as the analysis computes them, so the
             // answer does not depend on how floats survive JSON.
-            let blocked = t
-                .wakers
-                .iter()
-                .fold(0u64, |sum, w| sum.saturating_add(w.blocked_ns));
-            for w in &mut t.wakers {
-                w.share = if blocked == 0 {
-                    0.0
-                } else {
-                    w.blocked_ns as f64 / blocked as f64
-                };
-            }
+            sleuth_core::rollup::waker_shares(&mut t.wakers);
             threads.push(t);
         }
         Ok(StoredRollups {
