@@ -225,6 +225,9 @@ pub struct Rollup {
 /// pass at the end needs them before it reads the waits.
 #[derive(Debug, Clone, Default)]
 pub struct ThreadWindows {
+    /// The earliest start of any of its calls (nested ones too): a process
+    /// seen only through its calls starts there.
+    pub first_ns: Option<u64>,
     pub whole: Option<(u64, u64)>,
     /// By op id, in the order first seen (a thread calls a few ops).
     pub ops: Vec<(u16, (u64, u64))>,
@@ -234,6 +237,7 @@ impl Rollup {
     pub fn add_call(&mut self, c: &CallEvent) {
         self.ops.entry((c.pid, c.op)).or_default().add(c);
         let w = self.threads.entry((c.pid, c.tid)).or_default();
+        w.first_ns = Some(w.first_ns.map_or(c.ts_ns, |f| f.min(c.ts_ns)));
         if !c.nested {
             let (s, e) = (c.ts_ns, c.end_ns());
             widen(w.whole.get_or_insert((s, e)), s, e);

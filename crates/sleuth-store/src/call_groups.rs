@@ -113,17 +113,43 @@ fn add(
     g.last_end_ns = g.last_end_ns.max(last);
 }
 
-/// Computes and stores the call groups; the writer's final transaction calls it.
-pub(crate) fn write(conn: &Connection) -> rusqlite::Result<()> {
+/// The call groups the writer's per-thread pass (`finalize`) adds up as it
+/// reads every call of every thread: [`compute`]'s groups without a pass
+/// of their own over the call rows (0.3-0.46 s of a 1M-call file's
+/// completion on the development VM).
+#[derive(Default)]
+pub(crate) struct Groups(BTreeMap<(u32, u32, u16, i64), CallGroup>);
+
+impl Groups {
+    /// One call row as read (`rows::call_from_row`): grouped when
+    /// [`compute`]'s `valid_call` condition would read it.
+    pub(crate) fn add_call(&mut self, c: &sleuth_core::CallEvent) {
+        if !crate::problems::call_is_valid(c) {
+            return;
+        }
+        add(
+            &mut self.0,
+            c.pid,
+            c.tid,
+            c.op,
+            c.ret,
+            1,
+            c.ts_ns,
+            c.ts_ns.saturating_add(c.dur_ns),
+        );
+    }
+}
+
+/// Stores the call groups; the writer's final transaction calls it.
+pub(crate) fn write(conn: &Connection, groups: Groups) -> rusqlite::Result<()> {
     conn.execute_batch(CREATE)?;
     conn.execute("DELETE FROM call_groups", [])?;
-    let pass = compute(conn)?;
     let mut ins = conn.prepare(
         "INSERT INTO call_groups(pid, tid, op, ret, count, first_ts_ns, last_end_ns)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
     )?;
     let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
-    for g in &pass.groups {
+    for g in groups.0.values() {
         let Some(info) = sleuth_core::ops::op_by_id(g.op) else {
             continue;
         };

@@ -31,6 +31,18 @@ pub(crate) fn valid_call(prefix: &str) -> String {
     )
 }
 
+/// [`valid_call`] of a call row as `rows::call_from_row` decodes it (each
+/// integer column read as i64 and cast: a negative value is past every
+/// bound here, as it is outside `BETWEEN 0 AND ...` there).
+pub(crate) fn call_is_valid(c: &sleuth_core::CallEvent) -> bool {
+    let ns = |v: u64| v <= MAX_NS as u64;
+    ns(c.ts_ns)
+        && ns(c.dur_ns)
+        && ns(c.runnable_ns)
+        && ns(c.blocked_ns)
+        && c.size.is_none_or(|s| s <= MAX_SIZE as u64)
+}
+
 /// SQL condition a `waits` row (prefixed) must meet to be read.
 pub(crate) fn valid_wait(prefix: &str) -> String {
     let p = prefix;

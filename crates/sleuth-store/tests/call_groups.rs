@@ -72,6 +72,58 @@ fn stored_groups_equal_the_pass_over_the_rows_on_a_small_trace() {
     assert_same_groups(&path, "small");
 }
 
+/// The writer groups the calls as it reads each thread's calls when the
+/// trace ends, and dates a process seen only through its calls from its
+/// threads' first calls: the same groups and start as the pass over the
+/// rows, with rows no reader reads (a duration or size past any call's)
+/// left out, nested calls counted, and a process whose only calls are
+/// nested started at the first of them.
+#[test]
+fn stored_groups_leave_out_the_rows_readers_skip_and_count_nested_calls() {
+    use common::{call, new_trace};
+    use sleuth_core::Event;
+    let (_dir, path, w) = new_trace("call-groups-odd");
+    let h = w.handle();
+    let mut runtime = call("cudaMalloc", 100, 100, 5_000, 3_000);
+    runtime.size = Some(4096);
+    h.send(Event::Call(runtime)).unwrap();
+    let mut nested = call("cuMemAlloc_v2", 100, 100, 6_000, 1_000);
+    nested.nested = true;
+    h.send(Event::Call(nested)).unwrap();
+    // Impossible values: stored, never read or grouped.
+    h.send(Event::Call(call(
+        "cudaLaunchKernel",
+        100,
+        101,
+        9_000,
+        (1 << 62) + 1,
+    )))
+    .unwrap();
+    let mut huge = call("cudaMemset", 100, 101, 10_000, 10);
+    huge.size = Some((1 << 50) + 1);
+    h.send(Event::Call(huge)).unwrap();
+    // A process seen only through nested calls, the earliest one last.
+    for ts in [7_000, 4_000] {
+        let mut c = call("cuMemAlloc_v2", 300, 301, ts, 100);
+        c.nested = true;
+        h.send(Event::Call(c)).unwrap();
+    }
+    h.send(Event::Call(call("cudaLaunchKernel", 100, 101, 12_000, 5)))
+        .unwrap();
+    w.finish().unwrap();
+    assert_same_groups(&path, "odd rows");
+    let g = groups(&path);
+    assert_eq!(g.iter().map(|g| g.count).sum::<u64>(), 5, "{g:?}");
+    let t = Trace::open(&path).unwrap();
+    let p = t
+        .processes()
+        .unwrap()
+        .into_iter()
+        .find(|p| p.pid == 300)
+        .expect("the process seen only through nested calls");
+    assert_eq!(p.start_ns, Some(4_000));
+}
+
 /// The stored groups are an aggregate: reading them reads no call row, so
 /// a file whose rows were changed after it was written is refused when its
 /// rows are read (a stream of calls, the whole load), not when the groups are.
