@@ -91,7 +91,9 @@ fn clamp(v: u64) -> i64 {
 /// non-nested call of a thread in start order with its culprits, as it
 /// computes them; [`write`] completes and stores them.
 pub(crate) fn new_inputs(tracer: Option<u32>) -> FindingInputs {
-    FindingInputs::new(Resolution::Bucketed, tracer).keep_process_ops()
+    // Each call into its process's op aggregates only; the whole trace's
+    // are their merge (`write` settles them).
+    FindingInputs::new(Resolution::Bucketed, tracer).whole_from_processes()
 }
 
 /// The ops of the pinned-memory replay (`FindingInputs::add_in_end_order`):
@@ -121,6 +123,7 @@ pub(crate) fn row_index(id: i64) -> usize {
 /// pinned-memory replay) and stores them; the writer's final transaction
 /// calls it.
 pub(crate) fn write(conn: &Connection, mut f: FindingInputs) -> rusqlite::Result<()> {
+    f.settle();
     conn.execute_batch(CREATE)?;
     for (t, _) in TABLES.iter().chain(PROCESS_TABLES) {
         conn.execute(&format!("DELETE FROM {t}"), [])?;

@@ -82,6 +82,18 @@ impl LatencyHist {
         }
     }
 
+    /// Adds another histogram of the same resolution and trace (bucket
+    /// counts and splits add; the maximum is the larger).
+    fn add_hist(&mut self, o: &LatencyHist) {
+        debug_assert_eq!(self.res, o.res);
+        self.max_ns = self.max_ns.max(o.max_ns);
+        for (&k, b) in &o.buckets {
+            let e = self.buckets.entry(k).or_default();
+            e.count = e.count.saturating_add(b.count);
+            e.split.add(b.split);
+        }
+    }
+
     /// One value with the split of the time it stands for.
     pub fn add(&mut self, v: u64, split: Split) {
         self.max_ns = self.max_ns.max(v);
@@ -205,6 +217,15 @@ impl TopK {
         self.kept.truncate(self.k);
     }
 
+    /// Keeps the `k` best ranks of both lists, of calls of one trace (row
+    /// indexes compare): the list sequential offers of both would keep.
+    fn add_same_trace(&mut self, o: &TopK) {
+        for (rank, ex) in &o.kept {
+            let (Reverse(key), order, index) = *rank;
+            self.offer(key, order, index, || ex.clone());
+        }
+    }
+
     /// Largest key first.
     pub fn examples(&self) -> impl Iterator<Item = &Example> {
         self.kept.iter().map(|x| &x.1)
@@ -266,6 +287,22 @@ impl OpInputs {
 
     pub fn count(&self) -> u64 {
         self.hist.count()
+    }
+
+    /// Adds the aggregates of other calls of the same trace (another
+    /// process's calls of this op): as if they had been added here.
+    fn add_same_trace(&mut self, o: &OpInputs) {
+        self.hist.add_hist(&o.hist);
+        self.split.add(o.split);
+        self.pids.extend(&o.pids);
+        self.slowed = self.slowed.saturating_add(o.slowed);
+        self.slowed_pids.extend(&o.slowed_pids);
+        for (k, &ns) in &o.culprits {
+            let e = self.culprits.entry(k.clone()).or_default();
+            *e = e.saturating_add(ns);
+        }
+        self.by_runnable.add_same_trace(&o.by_runnable);
+        self.by_dur.add_same_trace(&o.by_dur);
     }
 
     /// Culprits summed per task, largest first.
@@ -414,6 +451,9 @@ pub struct FindingInputs {
     /// the writer stores them so that one process is explained without
     /// reading its calls (`explain --pid`). Keyed by (pid, op id).
     pub process_ops: Option<BTreeMap<(u32, u16), OpInputs>>,
+    /// Calls go to `process_ops` only, and `ops` is their merge, made by
+    /// [`FindingInputs::settle`] ([`FindingInputs::whole_from_processes`]).
+    whole_from_processes: bool,
     pinned: HashMap<u32, PinnedRanges>,
 }
 
@@ -427,7 +467,39 @@ impl FindingInputs {
             spans: HashMap::new(),
             splits: Vec::new(),
             process_ops: None,
+            whole_from_processes: false,
             pinned: HashMap::new(),
+        }
+    }
+
+    /// [`FindingInputs::keep_process_ops`], with each call added to its
+    /// process's op only: the whole trace's `ops` are empty until
+    /// [`FindingInputs::settle`] merges them from the processes' (the same
+    /// aggregates: sums, sets and histograms add up, the kept examples are
+    /// the best ranks of both, compared by row index as in one trace). The
+    /// writer's end-of-trace pass feeds every call this way: each call's
+    /// histogram, sums and examples are updated once, not twice (a
+    /// histogram update is a cache miss, most of `OpInputs::add`).
+    pub fn whole_from_processes(self) -> FindingInputs {
+        FindingInputs {
+            whole_from_processes: true,
+            ..self.keep_process_ops()
+        }
+    }
+
+    /// Makes the whole trace's `ops` from the processes' when
+    /// [`FindingInputs::whole_from_processes`] left them out; nothing
+    /// otherwise. Call it once every call is in, before reading `ops`.
+    pub fn settle(&mut self) {
+        if !std::mem::take(&mut self.whole_from_processes) {
+            return;
+        }
+        let res = self.res;
+        for (&(_, op), o) in self.process_ops.iter().flatten() {
+            self.ops
+                .entry(op)
+                .or_insert_with(|| OpInputs::new(res))
+                .add_same_trace(o);
         }
     }
 
@@ -455,6 +527,7 @@ impl FindingInputs {
             spans,
             splits,
             process_ops: None,
+            whole_from_processes: false,
             pinned: HashMap::new(),
         }
     }
@@ -484,10 +557,12 @@ impl FindingInputs {
             .cloned()
             .collect();
         let res = self.res;
-        self.ops
-            .entry(c.op)
-            .or_insert_with(|| OpInputs::new(res))
-            .add(index, c, &mine);
+        if !self.whole_from_processes {
+            self.ops
+                .entry(c.op)
+                .or_insert_with(|| OpInputs::new(res))
+                .add(index, c, &mine);
+        }
         if let Some(p) = &mut self.process_ops {
             p.entry((c.pid, c.op))
                 .or_insert_with(|| OpInputs::new(res))
@@ -705,6 +780,69 @@ mod tests {
         }
         for (op, o) in &plain.ops {
             assert_eq!(view(&all.ops[op]), view(o), "op {op}");
+        }
+    }
+
+    /// The writer's mode (each call into its process's ops only, the whole
+    /// trace's merged from them once every call is in) gives what adding
+    /// every call to both gives: the same JSON, buckets and culprits, ties
+    /// between the processes' examples broken by row index as one list
+    /// breaks them.
+    #[test]
+    fn whole_trace_ops_merged_from_the_processes_equal_the_ops_fed_call_by_call() {
+        let ops = ["cudaMemcpy", "cudaLaunchKernel", "cudaMalloc"];
+        let mut calls = crate::testing::noisy_calls(0x2545_f491_4f6c_dd1d, 300, &ops, 1);
+        // Ties across processes: the same durations and runnable times in
+        // pid 9 as the slowest calls of pid 7, at later and earlier indexes.
+        let mut slow: Vec<_> = calls.iter().filter(|(c, _)| c.pid == 7).cloned().collect();
+        slow.sort_by_key(|(c, _)| std::cmp::Reverse(c.dur_ns));
+        for (n, (c, k)) in slow.into_iter().take(4).enumerate() {
+            let mut twin = c.clone();
+            twin.pid = 9;
+            twin.tid = 9;
+            if n % 2 == 0 {
+                calls.push((twin, k));
+            } else {
+                calls.insert(0, (twin, k));
+            }
+        }
+        let feed = |mut f: FindingInputs| {
+            for (i, (c, k)) in calls.iter().enumerate() {
+                f.add_call(i, c, k);
+            }
+            f
+        };
+        let both = feed(FindingInputs::new(Resolution::Bucketed, None).keep_process_ops());
+        let mut merged =
+            feed(FindingInputs::new(Resolution::Bucketed, None).whole_from_processes());
+        assert!(
+            merged.ops.is_empty(),
+            "the whole trace's ops wait for settle"
+        );
+        merged.settle();
+        let view = |o: &OpInputs| {
+            let buckets: Vec<(u64, u64, Split)> = o.hist.buckets().collect();
+            (serde_json::to_string(o).unwrap(), buckets, o.culprits())
+        };
+        assert_eq!(
+            both.ops.keys().collect::<Vec<_>>(),
+            merged.ops.keys().collect::<Vec<_>>()
+        );
+        for (op, o) in &both.ops {
+            assert_eq!(view(&merged.ops[op]), view(o), "op {op}");
+        }
+        let (bp, mp) = (
+            both.process_ops.unwrap(),
+            merged.process_ops.as_ref().unwrap(),
+        );
+        assert_eq!(bp.keys().collect::<Vec<_>>(), mp.keys().collect::<Vec<_>>());
+        for (key, o) in &bp {
+            assert_eq!(view(&mp[key]), view(o), "{key:?}");
+        }
+        // Settling twice adds nothing twice.
+        merged.settle();
+        for (op, o) in &both.ops {
+            assert_eq!(view(&merged.ops[op]), view(o), "op {op}");
         }
     }
 

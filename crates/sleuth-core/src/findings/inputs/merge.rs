@@ -55,12 +55,7 @@ impl LatencyHist {
                 later: later.res,
             });
         }
-        self.max_ns = self.max_ns.max(later.max_ns);
-        for (&k, b) in &later.buckets {
-            let e = self.buckets.entry(k).or_default();
-            e.count = e.count.saturating_add(b.count);
-            e.split.add(b.split);
-        }
+        self.add_hist(later);
         Ok(())
     }
 }
