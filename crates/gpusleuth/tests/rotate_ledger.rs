@@ -53,10 +53,6 @@ fn explain_json(dir: &Path) -> String {
     String::from_utf8(out.stdout).expect("UTF-8")
 }
 
-fn cuda_frees(file: &Path) -> u64 {
-    common::stats_count(&common::stats_json(file), "runtime", "cudaFree")
-}
-
 fn ledger_of(r: &RunLean) -> &sleuth_core::ledger::ProcessLedger {
     r.ledgers
         .iter()
@@ -64,10 +60,13 @@ fn ledger_of(r: &RunLean) -> &sleuth_core::ledger::ProcessLedger {
         .unwrap_or_else(|| panic!("no process allocated: {:?}", r.ledgers))
 }
 
+/// The size of `a` in [`SCRIPT`], which no other allocation has.
+const A_BYTES: u64 = 2_097_152;
+
 /// `a` is made in an early file and freed ~1 s later (a later file of a
 /// 300 ms period); `w` is never freed; a leak every step, a cache emptied
 /// and refilled, a failed allocation: findings to compare.
-const SCRIPT: &str = "malloc 3145728 w; malloc 1048576 a; \
+const SCRIPT: &str = "malloc 3145728 w; malloc 2097152 a; \
      repeat 12 { malloc 65536; malloc 1048576 s; free s; sync_sleep 80 }; \
      free a; malloc 1e15; sync_sleep 300";
 
@@ -79,15 +78,34 @@ fn the_carried_ledger_answers_explain_as_the_replay_did() {
     sb.trace(&["--rotate", "300ms"], SCRIPT, 0);
     let files = parts(&sb.db());
     assert!(files.len() >= 3, "{files:?}");
-    // The free of `a` is not in the file that allocated it: the run's ledger spans files.
-    let first_free = files
+    // `a` is unfreed in the file that made it (the first that allocated),
+    // alone: its free is in a later file, so the run's ledger spans files.
+    let alone = |f: &Path| {
+        let t = sleuth_store::Trace::open(f).expect("open a file");
+        let lean = sleuth_store::lean::load(&t, None, budget()).expect("lean load");
+        lean.expect("a finished file").ledgers
+    };
+    let (made_in, ledgers) = files
         .iter()
-        .position(|f| cuda_frees(f) > 0)
-        .expect("a file with frees");
-    assert!(first_free > 0, "{files:?}");
+        .enumerate()
+        .map(|(i, f)| (i, alone(f)))
+        .find(|(_, ls)| ls.iter().any(|l| l.allocs > 0))
+        .expect("a file with allocations");
+    assert!(made_in + 1 < files.len(), "{files:?}");
+    assert!(
+        ledgers
+            .iter()
+            .any(|l| l.unfreed.iter().any(|u| u.bytes == A_BYTES)),
+        "{ledgers:?}"
+    );
 
     let carried = load(&sb.db(), None, budget()).expect("explain the run");
-    assert_eq!(carried.replayed_memory_calls, 0, "the carried ledger answered");
+    assert_eq!(
+        carried.replayed_memory_calls,
+        0,
+        "the carried ledger answered: {:?}",
+        carried.explanation().notes
+    );
     let old = replay_copy(&sb.db(), &sb.path("replayed"));
     let replayed = load(&old, None, budget()).expect("explain the copy");
     assert!(replayed.replayed_memory_calls > 0);
@@ -96,7 +114,7 @@ fn the_carried_ledger_answers_explain_as_the_replay_did() {
     assert_eq!(l.unmatched_frees, 0, "{l:?}");
     let unfreed: Vec<u64> = l.unfreed.iter().map(|u| u.bytes).collect();
     assert!(unfreed.contains(&3_145_728), "{unfreed:?}");
-    assert!(!unfreed.contains(&1_048_576), "`a` was freed: {unfreed:?}");
+    assert!(!unfreed.contains(&A_BYTES), "`a` was freed: {unfreed:?}");
     assert_eq!(l.failed_allocs.len(), 1, "{l:?}");
 
     // The command's whole answer, byte for byte, as before.
@@ -105,7 +123,10 @@ fn the_carried_ledger_answers_explain_as_the_replay_did() {
     let pid = l.pid;
     let one = load(&sb.db(), Some(pid), budget()).expect("explain --pid");
     assert_eq!(one.replayed_memory_calls, 0);
-    assert_eq!(one.ledgers, load(&old, Some(pid), budget()).unwrap().ledgers);
+    assert_eq!(
+        one.ledgers,
+        load(&old, Some(pid), budget()).unwrap().ledgers
+    );
 }
 
 #[test]
@@ -136,14 +157,19 @@ fn after_keep_the_carried_ledger_still_holds_what_deleted_files_allocated() {
     assert_eq!(l.unmatched_frees, 0, "{l:?}");
     let notes = r.explanation().notes;
     assert!(
-        notes.iter().any(|n| n.contains("no longer in the directory")),
+        notes
+            .iter()
+            .any(|n| n.contains("no longer in the directory")),
         "{notes:?}"
     );
     // The replay of the kept files alone cannot know `w`.
     let old = replay_copy(&sb.db(), &sb.path("replayed"));
     let replayed = load(&old, None, budget()).expect("explain the copy");
     assert!(
-        !ledger_of(&replayed).unfreed.iter().any(|u| u.bytes == 3_145_728),
+        !ledger_of(&replayed)
+            .unfreed
+            .iter()
+            .any(|u| u.bytes == 3_145_728),
         "{:?}",
         replayed.ledgers
     );
