@@ -1059,6 +1059,12 @@ fn trace_loop(
     drop(sinks);
     drop(session); // detaches every probe before the report
     let db = writer.path().to_path_buf();
+    // One completion at a time, in file order, the last file's too: it
+    // carries the run's memory ledger from the previous file's completion
+    // (`sleuth_store::run_ledger`), which must be done.
+    if let Some(r) = rotation.as_mut() {
+        r.join_previous();
+    }
     let mut summary = writer
         .finish()
         .context("cannot finish the trace database")?;
