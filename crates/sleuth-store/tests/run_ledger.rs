@@ -338,3 +338,33 @@ fn a_damaged_run_ledger_is_refused_in_one_line() {
     };
     assert!(e.contains("damaged trace: ledger_rollup"), "{e}");
 }
+
+/// Past the bound on what the tracer carries (live allocations and the
+/// like), the chain stops: the file still stores the run's ledger up to
+/// itself, the next starts a new chain and says why, and a reader of both
+/// replays (the same answer, read from the calls).
+#[test]
+fn past_the_carried_bound_the_next_file_starts_a_new_chain() {
+    use sleuth_store::run_ledger::MAX_CARRIED_ENTRIES;
+    let tmp = TempDir::new("runled-bound");
+    let run = tmp.join("run");
+    let n = MAX_CARRIED_ENTRIES as u64 + 1;
+    let live: Vec<CallEvent> = (0..n)
+        .map(|i| alloc(i * 1000, 4096, 0x10_0000 + i * 4096))
+        .collect();
+    let parts = vec![part(live), part(vec![free(n * 1000 + MS, 0x10_0000)])];
+    write_run(&run, &RunLink::new_run(), 1, &parts);
+    let c = Connection::open(run.join(part_name(2))).unwrap();
+    let note: String = c
+        .query_row(
+            "SELECT text FROM notes WHERE text LIKE 'run ledger:%'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert!(note.contains("not carried further"), "{note}");
+    let r = load(&run, None, budget()).unwrap();
+    assert!(r.replayed_memory_calls > n, "{}", r.replayed_memory_calls);
+    let l = &r.ledgers[0];
+    assert_eq!((l.allocs, l.frees, l.unfreed.len() as u64), (n, 1, n - 1));
+}
