@@ -753,6 +753,29 @@ impl LedgerBuilder {
         (self.finish(context), at_peak)
     }
 
+    /// What the builder holds that grows with the calls fed, summed over
+    /// its processes: live allocations (pointers, handles, unknown
+    /// pointers), failed allocations kept for the answer, distinct freed
+    /// and re-allocated sizes (churn) and threads with a device. The
+    /// timeline is bounded apart (`timeline::HELD_GROUPS`). A tracer that
+    /// carries a run's ledger from file to file bounds it with this
+    /// (`sleuth_store`'s run ledger).
+    pub fn held_entries(&self) -> usize {
+        self.ledger
+            .procs
+            .values()
+            .map(|r| {
+                r.by_ptr.len()
+                    + r.by_handle.len()
+                    + r.no_ptr.len()
+                    + r.failed.len()
+                    + r.freed_sizes.len()
+                    + r.realloc_sizes.len()
+                    + r.thread_device.len()
+            })
+            .sum()
+    }
+
     /// The ledgers without what [`in_context`] adds (no name, exit time or
     /// site label): what a trace stores when it ends (its ledger rollup),
     /// so a reader adds the context it reads and gets [`Self::finish`]'s answer.

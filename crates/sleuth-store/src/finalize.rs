@@ -4,6 +4,7 @@
 
 use crate::finding_rollups::row_index;
 use crate::rows::{call_from_row, calls_sql};
+use crate::run_ledger::RunLink;
 use crate::thread_pass::{sort_culprits, ThreadPass};
 use crate::writer::upsert_process;
 use rusqlite::{params, Connection};
@@ -39,8 +40,14 @@ fn thread_cpu_ns() -> u64 {
 }
 
 /// Fills `call_culprits`, completes `processes` and writes the rollups;
-/// returns the culprit rows written.
-pub(crate) fn complete(conn: &mut Connection, rollup: &Rollup) -> rusqlite::Result<u64> {
+/// returns the culprit rows written. A file of a rotating trace (`run`)
+/// also stores the run's ledger carried from the previous file
+/// (`run_ledger`), and hands it to the next one only once committed.
+pub(crate) fn complete(
+    conn: &mut Connection,
+    rollup: &Rollup,
+    run: Option<&RunLink>,
+) -> rusqlite::Result<u64> {
     let cpu_at_start = thread_cpu_ns();
     let tx = conn.transaction()?;
     complete_processes(&tx, rollup)?;
@@ -50,7 +57,7 @@ pub(crate) fn complete(conn: &mut Connection, rollup: &Rollup) -> rusqlite::Resu
     write_op_rollups(&tx, rollup)?;
     crate::call_groups::write(&tx, groups)?;
     // After the call groups: the ledger lists the processes they name.
-    let ledgers = crate::ledger_rollup::write(&tx)?;
+    let (ledgers, carry) = crate::run_ledger::write(&tx, run)?;
     // After the ledgers: the sites' unfreed bytes and peaks come from them.
     crate::site_rollup::write(&tx, &ledgers)?;
     crate::wait_groups::write(&tx)?;
@@ -66,6 +73,9 @@ pub(crate) fn complete(conn: &mut Connection, rollup: &Rollup) -> rusqlite::Resu
         thread_cpu_ns().saturating_sub(cpu_at_start),
     )?;
     tx.commit()?;
+    if let (Some(link), Some(carry)) = (run, carry) {
+        link.settle(carry);
+    }
     Ok(rows)
 }
 

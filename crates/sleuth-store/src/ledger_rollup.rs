@@ -26,14 +26,26 @@ const CREATE: &str =
     "CREATE TABLE IF NOT EXISTS ledger_rollup(pid INTEGER NOT NULL, ledger TEXT NOT NULL)";
 
 /// The table's columns in order: a reader accepts nothing else.
-const COLS: &[&str] = &["pid", "ledger"];
+pub(crate) const COLS: &[&str] = &["pid", "ledger"];
+
+/// The members of a stored ledger that are not range-checked
+/// (`stored_json::parse_except`): stack ids are 64-bit hashes, and a failed
+/// allocation's `error` is the status the library returned (any i64). Every
+/// other number (bytes, counts, times) past 2^62 makes the file damaged.
+const LABELS: &[&str] = &["stack_id", "error"];
 
 /// Replays the memory calls of every process and stores the ledgers; the
 /// writer's final transaction calls it after the call groups are written.
 /// The processes are those a reader lists: every pid with a stored call
 /// (the call groups) or a kernel-counted one (`op_counts`).
+/// `run`, the ledger a rotating trace carries from its earlier files
+/// (`crate::run_ledger`), is fed the same processes and calls in the same
+/// order: one read of the memory calls feeds both.
 /// Returns the ledgers stored (without context).
-pub(crate) fn write(conn: &Connection) -> rusqlite::Result<Vec<ProcessLedger>> {
+pub(crate) fn write(
+    conn: &Connection,
+    mut run: Option<&mut LedgerBuilder>,
+) -> rusqlite::Result<Vec<ProcessLedger>> {
     conn.execute_batch(CREATE)?;
     conn.execute("DELETE FROM ledger_rollup", [])?;
     let mut b = LedgerBuilder::new(None);
@@ -41,21 +53,40 @@ pub(crate) fn write(conn: &Connection) -> rusqlite::Result<Vec<ProcessLedger>> {
     for pid in st.query_map([], |r| r.get::<_, i64>(0))? {
         if let Ok(pid) = u32::try_from(pid?) {
             b.track(pid);
+            if let Some(r) = run.as_deref_mut() {
+                r.track(pid);
+            }
         }
     }
-    visit_own_memory_calls(conn, StreamOrder::ByReturn, |c, _| b.push(c))?;
-    let mut ins = conn.prepare("INSERT INTO ledger_rollup(pid, ledger) VALUES (?1, ?2)")?;
+    visit_own_memory_calls(conn, StreamOrder::ByReturn, |c, _| {
+        b.push(c);
+        if let Some(r) = run.as_deref_mut() {
+            r.push(c);
+        }
+    })?;
     let ledgers = b.finish_bare();
-    for l in &ledgers {
-        let json = serde_json::to_string(l)
-            .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
-        ins.execute(rusqlite::params![l.pid, json])?;
-    }
+    store(conn, "ledger_rollup", &ledgers)?;
     conn.execute(
         "INSERT OR REPLACE INTO meta(key, value) VALUES ('ledger_rollup', ?1)",
         [COMPLETE],
     )?;
     Ok(ledgers)
+}
+
+/// Inserts `ledgers` as JSON rows `(pid, ledger)` into `table` (this one
+/// or the run's, `crate::run_ledger`: the same shape).
+pub(crate) fn store(
+    conn: &Connection,
+    table: &str,
+    ledgers: &[ProcessLedger],
+) -> rusqlite::Result<()> {
+    let mut ins = conn.prepare(&format!("INSERT INTO {table}(pid, ledger) VALUES (?1, ?2)"))?;
+    for l in ledgers {
+        let json = serde_json::to_string(l)
+            .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
+        ins.execute(rusqlite::params![l.pid, json])?;
+    }
+    Ok(())
 }
 
 /// The stored ledgers of `pids`, in `context` (names, exit times, sites),
@@ -70,9 +101,23 @@ pub(crate) fn stored(
     if !complete_tables(conn, "ledger_rollup", &[("ledger_rollup", COLS)])? {
         return Ok(None);
     }
-    let bad = |what: String| damaged_table("ledger_rollup", &what);
+    read(conn, "ledger_rollup", pids, context)
+}
+
+/// The rows of `pids` of a ledger table (`ledger_rollup` or the run's,
+/// whose completeness the caller checked), in `context`, by pid; None when
+/// one of `pids` has no row. A ledger that does not parse, holds a number
+/// no trace holds (`ledger_json`) or a second or foreign row makes the
+/// file damaged: an error.
+pub(crate) fn read(
+    conn: &Connection,
+    table: &str,
+    pids: &BTreeSet<u32>,
+    context: &TraceData,
+) -> rusqlite::Result<Option<Vec<ProcessLedger>>> {
+    let bad = |what: String| damaged_table(table, &what);
     // One pass; only the rows of `pids` are parsed (one per process).
-    let mut st = conn.prepare("SELECT pid, ledger FROM ledger_rollup")?;
+    let mut st = conn.prepare(&format!("SELECT pid, ledger FROM {table}"))?;
     let mut rows = st.query([])?;
     let mut out = BTreeMap::new();
     while let Some(r) = rows.next()? {
@@ -83,8 +128,8 @@ pub(crate) fn stored(
             continue;
         }
         let text = r.get_ref(1)?.as_str()?;
-        let l: ProcessLedger =
-            serde_json::from_str(text).map_err(|e| bad(format!("of pid {pid}: {e}")))?;
+        let l: ProcessLedger = crate::stored_json::parse_except(text, LABELS)
+            .map_err(|e| bad(format!("of pid {pid}: {e}")))?;
         if l.pid != pid || out.contains_key(&pid) {
             return Err(bad(format!(
                 "holds a second or a foreign row for pid {pid}"

@@ -32,6 +32,7 @@ mod return_order;
 mod rows;
 pub mod run;
 pub mod run_explain;
+pub mod run_ledger;
 mod run_pinned;
 mod schema;
 mod schema_check;

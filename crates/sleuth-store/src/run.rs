@@ -96,6 +96,9 @@ pub(crate) struct Visited {
     /// Files without complete rollups (the one still being written, or one
     /// whose writer was killed): not in the answer.
     pub incomplete: Vec<PathBuf>,
+    /// Each finished file's number and link to the run's carried ledger
+    /// (`run_ledger`), as `files`.
+    pub links: Vec<(u64, Option<crate::run_ledger::Link>)>,
 }
 
 /// Opens the run's files one at a time, oldest first, and hands each
@@ -111,9 +114,9 @@ pub(crate) fn visit_finished(
     memo: &CheckMemo,
     mut visit: impl FnMut(&Trace) -> Result<(), StoreError>,
 ) -> Result<Visited, StoreError> {
-    let (mut files, mut incomplete) = (Vec::new(), Vec::new());
+    let (mut files, mut incomplete, mut links) = (Vec::new(), Vec::new(), Vec::new());
     let mut pid_seen = pid.is_none();
-    for (_, path) in listed_files(dir)? {
+    for (n, path) in listed_files(dir)? {
         let trace = Trace::open_remembered(&path, ReadBudget::new(DEFAULT_READ_TIMEOUT), memo)?;
         if !trace.has_rollups()? {
             incomplete.push(path);
@@ -127,10 +130,15 @@ pub(crate) fn visit_finished(
             pid_seen = true;
             visit(&trace)?;
         }
+        links.push((n, crate::run_ledger::link(&trace)?));
         files.push(path);
     }
     check_answered(dir, &files, pid, pid_seen)?;
-    Ok(Visited { files, incomplete })
+    Ok(Visited {
+        files,
+        incomplete,
+        links,
+    })
 }
 
 /// The merged stats of a run, and the files it could not use.

@@ -7,9 +7,14 @@
 //! Files are read one at a time, oldest first:
 //! - their finding aggregates are added (`FindingInputs::merge`: what a
 //!   file boundary cuts is documented there and in docs/findings.md);
-//! - their memory calls are streamed, in return order, into one ledger
-//!   builder for the run, so an allocation made in one file and freed in a
-//!   later one is neither unfreed nor an unmatched free;
+//! - the memory ledger is the run's, so an allocation made in one file and
+//!   freed in a later one is neither unfreed nor an unmatched free: the one
+//!   the tracer carried across the files and stored in the last one
+//!   (`run_ledger`), when the chain of links is intact over the files read
+//!   (no memory call is read); else the memory calls of every file are
+//!   streamed, in return order, into one ledger builder (the replay), with
+//!   a note saying why when the files carried a ledger that could not be
+//!   used;
 //! - their pinned host ranges are carried to the next file, whose copies
 //!   are judged again when memory pinned earlier is live (`run_pinned`);
 //! - their base data (processes, counters, kernel counts, GPU samples,
@@ -27,6 +32,7 @@ use crate::checked::CheckMemo;
 use crate::problems::InputProblems;
 use crate::reader::Trace;
 use crate::run::{part_name, visit_finished};
+use crate::run_ledger::Chain;
 use crate::run_pinned::PinnedCarry;
 use crate::stream::MemoryTrace;
 use crate::StoreError;
@@ -35,6 +41,7 @@ use sleuth_core::findings::Explanation;
 use sleuth_core::ledger::{LedgerBuilder, ProcessLedger};
 use sleuth_core::rollup::{merge_counters, merge_op_counts};
 use sleuth_core::TraceData;
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 /// What [`load`] read of a run: what `Lean` holds for one file, over all.
@@ -43,8 +50,12 @@ pub struct RunLean {
     /// of processes with allocator blocks), from the first finished file's
     /// start to the last one's end.
     pub data: TraceData,
-    /// One ledger per process, replayed over every file in order.
+    /// One ledger per process over every file in order: carried by the
+    /// tracer, or replayed.
     pub ledgers: Vec<ProcessLedger>,
+    /// Memory calls read to replay the ledgers: 0 when the tracer's
+    /// carried ledger answered.
+    pub replayed_memory_calls: u64,
     pub inputs: FindingInputs,
     /// Files read, oldest first (with `pid`: those that do not hold it too).
     pub files: Vec<PathBuf>,
@@ -83,8 +94,74 @@ pub fn load_remembered(
 ) -> Result<RunLean, StoreError> {
     let mut run = Acc::default();
     let visited = visit_finished(dir, pid, memo, |trace| run.add(trace, pid, &budget))?;
+    let data = run.data.take().unwrap_or_default();
+    let ledger = run_ledger(&visited, &run, &data, pid, &budget, memo)?;
     run.files = visited.files;
-    Ok(run.finish(visited.incomplete))
+    Ok(run.finish(data, ledger, visited.incomplete))
+}
+
+/// The run's ledgers and how they were had.
+struct RunLedger {
+    ledgers: Vec<ProcessLedger>,
+    replayed: u64,
+    note: Option<String>,
+}
+
+/// The run's ledgers of the processes the files read list: the one the
+/// tracer carried, stored in the last finished file, when the chain is
+/// intact over the files read; else replayed from their memory calls.
+fn run_ledger(
+    visited: &crate::run::Visited,
+    run: &Acc,
+    data: &TraceData,
+    pid: Option<u32>,
+    budget: &ReadBudget,
+    memo: &CheckMemo,
+) -> Result<RunLedger, StoreError> {
+    let why = match crate::run_ledger::judge(&visited.links) {
+        Chain::Intact { pruned } => {
+            // `visit_finished` refused a run with no finished file.
+            let last = visited.files.last().expect("a finished file");
+            let trace = Trace::open_remembered(last, budget.clone(), memo)?;
+            if let Some(ledgers) = crate::run_ledger::stored(&trace, &run.pids, data)? {
+                let note = (pruned > 0).then(|| {
+                    format!(
+                        "The memory ledger is the one the tracer carried across the run's files: it also covers the \
+                         {pruned} earlier file(s) no longer in the directory (deleted by --keep), so their allocations \
+                         still live count as unfreed and their frees match; the findings and counts cover only the {} \
+                         file(s) read.",
+                        visited.files.len()
+                    )
+                });
+                return Ok(RunLedger {
+                    ledgers,
+                    replayed: 0,
+                    note,
+                });
+            }
+            "the last file's run ledger lacks a process the files list".to_string()
+        }
+        Chain::Broken(why) => why,
+    };
+    let mut b = LedgerBuilder::new(None);
+    let mut replayed = 0u64;
+    for path in &run.held {
+        let trace = Trace::open_remembered(path, budget.clone(), memo)?;
+        let view = MemoryTrace::open(&trace, pid, budget.clone())?;
+        replayed = replayed.saturating_add(view.replay_ledger(&mut b)?);
+    }
+    // Runs written before the tracer carried a ledger say nothing, as before.
+    let carried_some = visited.links.iter().any(|(_, l)| l.is_some());
+    Ok(RunLedger {
+        ledgers: b.finish(data),
+        replayed,
+        note: carried_some.then(|| {
+            format!(
+                "The memory ledger was replayed from the files' memory calls: the one the tracer carried could not be \
+                 used ({why})."
+            )
+        }),
+    })
 }
 
 /// The run as read so far.
@@ -92,7 +169,10 @@ pub fn load_remembered(
 struct Acc {
     data: Option<TraceData>,
     inputs: Option<FindingInputs>,
-    ledger: LedgerBuilder,
+    /// The processes the ledgers list: those each file added lists.
+    pids: BTreeSet<u32>,
+    /// The files added, for a replay of their memory calls.
+    held: Vec<PathBuf>,
     files: Vec<PathBuf>,
     /// Files whose aggregates were added.
     added: usize,
@@ -135,7 +215,8 @@ impl Acc {
             ));
         }
         let mut view = MemoryTrace::open(trace, pid, budget.clone())?;
-        view.replay_ledger(&mut self.ledger)?;
+        self.pids.extend(view.pids());
+        self.held.push(path.to_path_buf());
         self.pinned.file(view.rows(), pid, &mut inputs)?;
         view.load_allocator_calls()?;
         let mut base = std::mem::take(&mut view.base);
@@ -163,9 +244,7 @@ impl Acc {
         Ok(())
     }
 
-    fn finish(self, incomplete: Vec<PathBuf>) -> RunLean {
-        let data = self.data.unwrap_or_default();
-        let ledgers = self.ledger.finish(&data);
+    fn finish(self, data: TraceData, ledger: RunLedger, incomplete: Vec<PathBuf>) -> RunLean {
         let mut notes = Vec::new();
         if self.added > 1 {
             notes.push(format!(
@@ -175,13 +254,15 @@ impl Acc {
                 self.added
             ));
         }
+        notes.extend(ledger.note);
         RunLean {
             // None only when no file was added, which `check_answered` refused.
             inputs: self
                 .inputs
                 .unwrap_or_else(|| FindingInputs::new(Resolution::Bucketed, None)),
             data,
-            ledgers,
+            ledgers: ledger.ledgers,
+            replayed_memory_calls: ledger.replayed,
             files: self.files,
             incomplete,
             problems: self.problems,

@@ -16,15 +16,24 @@ const MAX_STORED_VALUE: u64 = 1 << 62;
 /// Parses one stored aggregate: an error (the reader's "damaged" message)
 /// for JSON that does not parse as `T` or holds a number past 2^62.
 pub(crate) fn parse<T: DeserializeOwned>(text: &str) -> Result<T, String> {
+    parse_except(text, &[])
+}
+
+/// [`parse`], the values of object members named in `labels` left
+/// unchecked: numbers that label rather than count (a stack id is a 64-bit
+/// hash of the frames; a failed call's status is what the library
+/// returned), which no reader adds up. They still parse as their type.
+pub(crate) fn parse_except<T: DeserializeOwned>(text: &str, labels: &[&str]) -> Result<T, String> {
     let v: Value = serde_json::from_str(text).map_err(|e| e.to_string())?;
-    if let Some(n) = too_large(&v) {
+    if let Some(n) = too_large(&v, labels) {
         return Err(format!("a value no trace holds ({n})"));
     }
     serde_json::from_value(v).map_err(|e| e.to_string())
 }
 
-/// The first number of `v` past [`MAX_STORED_VALUE`] either way.
-fn too_large(v: &Value) -> Option<String> {
+/// The first number of `v` past [`MAX_STORED_VALUE`] either way, outside
+/// the members named in `labels`.
+fn too_large(v: &Value, labels: &[&str]) -> Option<String> {
     match v {
         Value::Number(n) => {
             let big = n.as_u64().is_some_and(|u| u > MAX_STORED_VALUE)
@@ -34,8 +43,11 @@ fn too_large(v: &Value) -> Option<String> {
                     .is_some_and(|f| f.abs() > MAX_STORED_VALUE as f64);
             big.then(|| n.to_string())
         }
-        Value::Array(a) => a.iter().find_map(too_large),
-        Value::Object(o) => o.values().find_map(too_large),
+        Value::Array(a) => a.iter().find_map(|x| too_large(x, labels)),
+        Value::Object(o) => o
+            .iter()
+            .filter(|(k, _)| !labels.contains(&k.as_str()))
+            .find_map(|(_, x)| too_large(x, labels)),
         _ => None,
     }
 }
@@ -58,5 +70,23 @@ mod tests {
             assert!(e.contains("no trace holds"), "{bad}: {e}");
         }
         assert!(parse::<Vec<u64>>("[1, \"x\"]").is_err());
+    }
+
+    /// A label's member may hold any value of its type, at any depth; the
+    /// same number elsewhere (a sibling, the label's name on an array) is
+    /// still refused.
+    #[test]
+    fn labels_are_left_unchecked_and_only_they() {
+        let text = r#"{"unfreed": [{"stack_id": 18446744073709551615, "bytes": 1}]}"#;
+        assert!(parse::<Value>(text).is_err());
+        let v: Value = parse_except(text, &["stack_id"]).unwrap();
+        assert_eq!(v["unfreed"][0]["stack_id"], u64::MAX);
+        for bad in [
+            r#"{"unfreed": [{"stack_id": 1, "bytes": 18446744073709551615}]}"#,
+            r#"{"stack_ids": [18446744073709551615]}"#,
+        ] {
+            let e = parse_except::<Value>(bad, &["stack_id"]).unwrap_err();
+            assert!(e.contains("no trace holds"), "{bad}: {e}");
+        }
     }
 }

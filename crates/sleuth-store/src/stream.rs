@@ -1017,13 +1017,17 @@ impl MemoryTrace {
     /// `b`: one builder fed by every file of a run in write order replays
     /// the run's ledger, so an allocation freed in a later file is neither
     /// unfreed nor an unmatched free (`crate::run_explain`).
+    /// Returns how many memory calls it read (a restarted read counts
+    /// twice): `explain --db DIR` reports it, its tests check the run's
+    /// carried ledger spares it (`crate::run_ledger`).
     pub fn replay_ledger(
         &self,
         b: &mut sleuth_core::ledger::LedgerBuilder,
-    ) -> Result<(), StoreError> {
+    ) -> Result<u64, StoreError> {
         for &pid in &self.pids {
             b.track(pid);
         }
+        let mut read = 0u64;
         // Read in stored order (`Rows::replay_by_return`); should the file's
         // order force the sorted read, the replay restarts from the state
         // the earlier files left.
@@ -1033,11 +1037,18 @@ impl MemoryTrace {
             &q,
             || before.clone(),
             |b, c| {
+                read += 1;
                 b.push(&c.call);
                 Ok(())
             },
         )?;
-        Ok(())
+        Ok(read)
+    }
+
+    /// Every process the loaded trace has a call or a counted call of
+    /// (with a pid: that one, if it has), as the ledger lists them.
+    pub fn pids(&self) -> &std::collections::BTreeSet<u32> {
+        &self.pids
     }
 
     /// `sleuth_core::sites::memory_by_site` at the end of the trace, from

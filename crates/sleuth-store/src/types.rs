@@ -79,6 +79,10 @@ pub struct WriterOptions {
     /// its SQLite work must not take CPU time from the traced threads, and
     /// the bounded queue absorbs its delays.
     pub background: bool,
+    /// A file of a rotating trace (`trace --rotate`): its completion
+    /// carries the run's memory ledger from the previous file
+    /// (`crate::run_ledger`). None for a single trace.
+    pub run: Option<crate::run_ledger::RunLink>,
 }
 
 /// Default size cap: 1 GiB.
@@ -93,6 +97,7 @@ impl Default for WriterOptions {
             queue_capacity: 16_384,
             overwrite: false,
             source: TraceSource::Gpusleuth,
+            run: None,
         }
     }
 }

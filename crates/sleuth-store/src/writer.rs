@@ -483,7 +483,8 @@ impl WriterState {
     }
 
     fn finish(&mut self) -> rusqlite::Result<WriteSummary> {
-        let culprit_rows = finalize::complete(&mut self.conn, &self.rollup)?;
+        let culprit_rows =
+            finalize::complete(&mut self.conn, &self.rollup, self.opts.run.as_ref())?;
         // One self-contained file: checkpoint the WAL and leave WAL mode.
         self.conn.pragma_update(None, "journal_mode", "DELETE")?;
         let db_bytes = std::fs::metadata(&self.path).map(|m| m.len()).unwrap_or(0);

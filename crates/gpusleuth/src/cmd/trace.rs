@@ -305,6 +305,10 @@ pub fn run(args: Args) -> Result<i32> {
         // Events come in batches of up to EVENT_BATCH: the queue holds as
         // many events as before, in far fewer (preallocated) slots.
         queue_capacity: EVENTS_QUEUED / EVENT_BATCH,
+        // Each file's completion carries the run's memory ledger to the next.
+        run: args
+            .rotate
+            .map(|_| sleuth_store::run_ledger::RunLink::new_run()),
         ..Default::default()
     };
     let rotation = args.rotate.map(|every| Rotation {
@@ -590,7 +594,11 @@ impl Rotation {
             start_mono_ns: now,
             ..self.info.clone()
         };
-        let next = match TraceWriter::create(&path, info, self.opts.clone()) {
+        let opts = WriterOptions {
+            run: self.opts.run.as_ref().map(|r| r.for_file(self.n + 1)),
+            ..self.opts.clone()
+        };
+        let next = match TraceWriter::create(&path, info, opts) {
             Ok(w) => w,
             Err(e) => {
                 sinks.note(
@@ -1051,6 +1059,12 @@ fn trace_loop(
     drop(sinks);
     drop(session); // detaches every probe before the report
     let db = writer.path().to_path_buf();
+    // One completion at a time, in file order, the last file's too: it
+    // carries the run's memory ledger from the previous file's completion
+    // (`sleuth_store::run_ledger`), which must be done.
+    if let Some(r) = rotation.as_mut() {
+        r.join_previous();
+    }
     let mut summary = writer
         .finish()
         .context("cannot finish the trace database")?;

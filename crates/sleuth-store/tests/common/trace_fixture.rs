@@ -53,13 +53,19 @@ pub fn two_processes() -> TraceData {
 /// Writes `data` through a fresh writer (events in time order), which
 /// stores the rollups and the finding rollups when it finishes.
 pub fn rewrite(data: &TraceData, path: &Path) {
-    rewrite_with(data, path, |_| {});
+    rewrite_with(data, path, WriterOptions::default(), |_| {});
 }
 
 /// [`rewrite`], also writing what the report draws besides the calls and
 /// waits: call sites, NVML samples and process lifecycle events.
 pub fn rewrite_with_context(data: &TraceData, path: &Path) {
-    rewrite_with(data, path, |h| {
+    rewrite_with_options(data, path, WriterOptions::default());
+}
+
+/// [`rewrite_with_context`] through a writer with `opts` (a file of a
+/// rotating trace: `opts.run`).
+pub fn rewrite_with_options(data: &TraceData, path: &Path, opts: WriterOptions) {
+    rewrite_with(data, path, opts, |h| {
         for s in data.stacks.values() {
             h.add_stack(s.clone()).unwrap();
         }
@@ -74,8 +80,13 @@ pub fn rewrite_with_context(data: &TraceData, path: &Path) {
 }
 
 /// [`rewrite`] with `before` writing more before the events.
-fn rewrite_with(data: &TraceData, path: &Path, before: impl FnOnce(&WriterHandle)) {
-    let w = TraceWriter::create(path, session(), WriterOptions::default()).unwrap();
+fn rewrite_with(
+    data: &TraceData,
+    path: &Path,
+    opts: WriterOptions,
+    before: impl FnOnce(&WriterHandle),
+) {
+    let w = TraceWriter::create(path, session(), opts).unwrap();
     let h = w.handle();
     before(&h);
     for p in &data.processes {

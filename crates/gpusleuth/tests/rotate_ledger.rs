@@ -1,0 +1,176 @@
+//! The run's memory ledger the tracer carries across the files of a
+//! `trace --rotate` run (real eBPF, simulated CUDA; `sleuth_store::run_ledger`):
+//! `explain --db DIR` answers from the last file's carried ledger without
+//! reading a memory call, and gives what the replay of every file's memory
+//! calls gives (the same files with the carried ledger removed, as files of
+//! an older gpusleuth); after `--keep` pruned files, the carried ledger
+//! still holds what they allocated and never freed, with its site named.
+
+mod common;
+
+use common::Sandbox;
+use rusqlite::Connection;
+use sleuth_store::run_explain::{load, RunLean};
+use sleuth_store::{ReadBudget, DEFAULT_READ_TIMEOUT};
+use std::path::{Path, PathBuf};
+
+fn budget() -> ReadBudget {
+    ReadBudget::new(DEFAULT_READ_TIMEOUT)
+}
+
+/// The run's files, oldest first.
+fn parts(dir: &Path) -> Vec<PathBuf> {
+    sleuth_store::run::run_files(dir)
+        .expect("run directory")
+        .into_iter()
+        .map(|(_, p)| p)
+        .collect()
+}
+
+/// A copy of the run `dir` without the carried ledger (meta keys and
+/// table removed): what `explain --db DIR` answered before the tracer
+/// carried one, the replay of every file's memory calls.
+fn replay_copy(dir: &Path, to: &Path) -> PathBuf {
+    std::fs::create_dir_all(to).expect("copy dir");
+    for f in parts(dir) {
+        let dst = to.join(f.file_name().expect("name"));
+        std::fs::copy(&f, &dst).expect("copy");
+        Connection::open(&dst)
+            .expect("open copy")
+            .execute_batch("DELETE FROM meta WHERE key LIKE 'run%'; DROP TABLE run_ledger")
+            .expect("strip the carried ledger");
+    }
+    to.to_path_buf()
+}
+
+/// `explain --json --db DIR`'s stdout, which must succeed.
+fn explain_json(dir: &Path) -> String {
+    let out = common::run_ok(
+        common::gpusleuth()
+            .args(["explain", "--json", "--db"])
+            .arg(dir),
+    );
+    String::from_utf8(out.stdout).expect("UTF-8")
+}
+
+fn ledger_of(r: &RunLean) -> &sleuth_core::ledger::ProcessLedger {
+    r.ledgers
+        .iter()
+        .find(|l| l.allocs > 0)
+        .unwrap_or_else(|| panic!("no process allocated: {:?}", r.ledgers))
+}
+
+/// The size of `a` in [`SCRIPT`], which no other allocation has.
+const A_BYTES: u64 = 2_097_152;
+
+/// `a` is made in an early file and freed ~1 s later (a later file of a
+/// 300 ms period); `w` is never freed; a leak every step, a cache emptied
+/// and refilled, a failed allocation: findings to compare.
+const SCRIPT: &str = "malloc 3145728 w; malloc 2097152 a; \
+     repeat 12 { malloc 65536; malloc 1048576 s; free s; sync_sleep 80 }; \
+     free a; malloc 1e15; sync_sleep 300";
+
+#[test]
+fn the_carried_ledger_answers_explain_as_the_replay_did() {
+    let Some(sb) = Sandbox::for_ebpf("rotl-equal") else {
+        return;
+    };
+    sb.trace(&["--rotate", "300ms"], SCRIPT, 0);
+    let files = parts(&sb.db());
+    assert!(files.len() >= 3, "{files:?}");
+    // `a` is unfreed in the file that made it (the first that allocated),
+    // alone: its free is in a later file, so the run's ledger spans files.
+    let alone = |f: &Path| {
+        let t = sleuth_store::Trace::open(f).expect("open a file");
+        let lean = sleuth_store::lean::load(&t, None, budget()).expect("lean load");
+        lean.expect("a finished file").ledgers
+    };
+    let (made_in, ledgers) = files
+        .iter()
+        .enumerate()
+        .map(|(i, f)| (i, alone(f)))
+        .find(|(_, ls)| ls.iter().any(|l| l.allocs > 0))
+        .expect("a file with allocations");
+    assert!(made_in + 1 < files.len(), "{files:?}");
+    assert!(
+        ledgers
+            .iter()
+            .any(|l| l.unfreed.iter().any(|u| u.bytes == A_BYTES)),
+        "{ledgers:?}"
+    );
+
+    let carried = load(&sb.db(), None, budget()).expect("explain the run");
+    assert_eq!(
+        carried.replayed_memory_calls,
+        0,
+        "the carried ledger answered: {:?}",
+        carried.explanation().notes
+    );
+    let old = replay_copy(&sb.db(), &sb.path("replayed"));
+    let replayed = load(&old, None, budget()).expect("explain the copy");
+    assert!(replayed.replayed_memory_calls > 0);
+    assert_eq!(carried.ledgers, replayed.ledgers);
+    let l = ledger_of(&carried);
+    assert_eq!(l.unmatched_frees, 0, "{l:?}");
+    let unfreed: Vec<u64> = l.unfreed.iter().map(|u| u.bytes).collect();
+    assert!(unfreed.contains(&3_145_728), "{unfreed:?}");
+    assert!(!unfreed.contains(&A_BYTES), "`a` was freed: {unfreed:?}");
+    assert_eq!(l.failed_allocs.len(), 1, "{l:?}");
+
+    // The command's whole answer, byte for byte, as before.
+    assert_eq!(explain_json(&sb.db()), explain_json(&old));
+    // With --pid: the same rule.
+    let pid = l.pid;
+    let one = load(&sb.db(), Some(pid), budget()).expect("explain --pid");
+    assert_eq!(one.replayed_memory_calls, 0);
+    assert_eq!(
+        one.ledgers,
+        load(&old, Some(pid), budget()).unwrap().ledgers
+    );
+}
+
+#[test]
+fn after_keep_the_carried_ledger_still_holds_what_deleted_files_allocated() {
+    let Some(sb) = Sandbox::for_ebpf("rotl-keep") else {
+        return;
+    };
+    sb.trace(&["--rotate", "300ms", "--keep", "2"], SCRIPT, 0);
+    let kept = sleuth_store::run::run_files(&sb.db()).expect("run");
+    assert_eq!(kept.len(), 2, "{kept:?}");
+    assert!(kept[0].0 > 2, "files were pruned: {kept:?}");
+
+    let r = load(&sb.db(), None, budget()).expect("explain the run");
+    assert_eq!(r.replayed_memory_calls, 0);
+    let l = ledger_of(&r);
+    // `w`, made in a deleted file and never freed, is still live, its site
+    // named (the tracer copied its stack forward); `a`'s free matched.
+    let w = l
+        .unfreed
+        .iter()
+        .find(|u| u.bytes == 3_145_728)
+        .unwrap_or_else(|| panic!("w unfreed: {:?}", l.unfreed));
+    let site = w.site.as_deref().expect("a site");
+    assert!(
+        site != sleuth_core::sites::LOST && site != sleuth_core::sites::NOT_CAPTURED,
+        "{site}"
+    );
+    assert_eq!(l.unmatched_frees, 0, "{l:?}");
+    let notes = r.explanation().notes;
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains("no longer in the directory")),
+        "{notes:?}"
+    );
+    // The replay of the kept files alone cannot know `w`.
+    let old = replay_copy(&sb.db(), &sb.path("replayed"));
+    let replayed = load(&old, None, budget()).expect("explain the copy");
+    assert!(
+        !ledger_of(&replayed)
+            .unfreed
+            .iter()
+            .any(|u| u.bytes == 3_145_728),
+        "{:?}",
+        replayed.ledgers
+    );
+}

@@ -1,0 +1,426 @@
+//! A run's memory ledger carried by the tracer across its files (issue 16).
+//!
+//! `trace --rotate` writes a run of complete files (`crate::run`). Each
+//! file stores its own ledger (`crate::ledger_rollup`), which cannot know
+//! the allocations of earlier files: a reader of the whole run
+//! (`explain --db DIR`) replayed every memory call of every file, a cost
+//! that grows with the run, and once `--keep N` pruned files it could not
+//! know what they allocated. The tracer completes its files one at a time,
+//! in order, so the completion of file k+1 starts its replay from the
+//! ledger state the completion of file k left ([`RunLink`]) and stores,
+//! beside the file's own ledger, the run's ledger up to the end of this
+//! file: table `run_ledger(pid, ledger)` (a table of its own, not rows
+//! marked in `ledger_rollup`, so every reader of one file, older ones
+//! included, reads that file's ledger as before). Meta keys say what it
+//! covers: `run_id` (random per `trace --rotate`), `run_file` (this file's
+//! number), `run_ledger_from` (the first file the carried state starts
+//! from) and `run_ledger = 1` once the table is complete.
+//!
+//! What is carried in memory from one completion to the next
+//! ([`Carried`]): the run's `LedgerBuilder` (per process: live
+//! allocations, failed allocations, distinct freed and re-allocated sizes,
+//! threads' devices, and the timeline, bounded apart) and the stacks its
+//! ledgers name. Past [`MAX_CARRIED_ENTRIES`] entries the chain stops: the
+//! file still stores the run's ledger up to itself, the next file starts a
+//! new chain and says so in a note, and readers replay (see below).
+//! A file whose completion failed or was cut short leaves the chain broken
+//! the same way (the state is taken out before the completion and put back
+//! only after its commit).
+//!
+//! Sites: stack ids are hashes of the frames, and the tracer stores a
+//! stack in each file that has a call of it. A carried allocation may have
+//! been made in a file `--keep` deleted, so the completion copies the stack
+//! of every site the run's ledger names into the file (from the file
+//! itself or from the stacks carried): a reader of the last file reads
+//! every label the run's ledger needs.
+//!
+//! Readers ([`Chain`]): the last finished file's run ledger answers for
+//! the files read only when every one of them carries a link of the same
+//! run and chain, numbered as its name says, with no gap. Anything else
+//! (an older file, a gap, another run's file, a restarted chain) makes the
+//! reader replay the memory calls, as before, and say why in a note. Every
+//! value read back is range-checked (`stored_json`).
+//! Docs: docs/schema.md "Run ledger".
+
+use crate::finding_rollups::{complete_tables, damaged_table};
+use crate::reader::Trace;
+use crate::StoreError;
+use rusqlite::Connection;
+use sleuth_core::ledger::{LedgerBuilder, ProcessLedger};
+use sleuth_core::sites::Stack;
+use sleuth_core::TraceData;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+
+/// Past this many entries held by the carried builder
+/// (`LedgerBuilder::held_entries`: live allocations, failed allocations,
+/// distinct churn sizes, threads) the chain stops. About 100 bytes each
+/// with the hash tables' overhead, so ~25 MB, held twice while a file's
+/// run ledger is finished (a clone): the tracer's flat footprint
+/// (issue 16) keeps its bound.
+pub const MAX_CARRIED_ENTRIES: usize = 250_000;
+
+/// `meta.run_ledger` once the table is complete.
+const COMPLETE: &str = "1";
+const TABLE: &str = "run_ledger";
+const CREATE: &str =
+    "CREATE TABLE IF NOT EXISTS run_ledger(pid INTEGER NOT NULL, ledger TEXT NOT NULL)";
+
+/// The link of one file of a rotating trace to the run's carried ledger:
+/// the run's identity, this file's number and the state shared by the
+/// run's completions (one at a time, in file order: `trace --rotate`).
+#[derive(Clone)]
+pub struct RunLink {
+    run_id: Arc<str>,
+    file: u64,
+    state: Arc<Mutex<CarryState>>,
+}
+
+impl std::fmt::Debug for RunLink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "RunLink(run {}, file {})", self.run_id, self.file)
+    }
+}
+
+impl PartialEq for RunLink {
+    fn eq(&self, o: &RunLink) -> bool {
+        Arc::ptr_eq(&self.state, &o.state) && self.file == o.file
+    }
+}
+impl Eq for RunLink {}
+
+impl RunLink {
+    /// A new run (a fresh random id), for its file 1.
+    pub fn new_run() -> RunLink {
+        RunLink {
+            run_id: random_id().into(),
+            file: 1,
+            state: Arc::new(Mutex::new(CarryState::Start)),
+        }
+    }
+
+    /// The same run, for its file `n`.
+    pub fn for_file(&self, n: u64) -> RunLink {
+        RunLink {
+            file: n,
+            ..self.clone()
+        }
+    }
+
+    pub fn run_id(&self) -> &str {
+        &self.run_id
+    }
+
+    /// Takes the state the previous completion left, leaving "broken" in
+    /// its place until [`Self::settle`] after this completion's commit.
+    fn take(&self) -> CarryState {
+        let broken = CarryState::Broken(format!(
+            "the completion of file {} did not finish",
+            self.file
+        ));
+        // A completion that panicked poisoned the lock: its state is broken.
+        let mut g = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        std::mem::replace(&mut *g, broken)
+    }
+
+    /// What this file's completion leaves to the next one, once committed.
+    pub(crate) fn settle(&self, next: CarryState) {
+        let mut g = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        *g = next;
+    }
+}
+
+/// 128 random bits as hex (the kernel's generator; the time and pid if it
+/// cannot be read): two runs never share an id, so a file of another run
+/// copied into a run directory does not continue its chain.
+fn random_id() -> String {
+    use std::io::Read;
+    let mut b = [0u8; 16];
+    let read = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut b));
+    if read.is_err() {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        b = (t ^ (u128::from(std::process::id()) << 96)).to_le_bytes();
+    }
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// What the completions of a run pass on.
+pub(crate) enum CarryState {
+    /// No file completed yet.
+    Start,
+    Carried(Box<Carried>),
+    /// Why the next file starts a new chain.
+    Broken(String),
+}
+
+/// The run's ledger at the end of file `last`, carried to file `last + 1`.
+pub(crate) struct Carried {
+    from: u64,
+    last: u64,
+    builder: LedgerBuilder,
+    /// The stacks of the sites the run's ledger names (by id).
+    stacks: BTreeMap<u64, Stack>,
+}
+
+/// The file's own ledger (`ledger_rollup`) and, for a file of a rotating
+/// trace (`link`), the run's ledger up to its end with its links; returns
+/// the file's own ledgers and what to [`RunLink::settle`] after the commit.
+pub(crate) fn write(
+    conn: &Connection,
+    link: Option<&RunLink>,
+) -> rusqlite::Result<(Vec<ProcessLedger>, Option<CarryState>)> {
+    let Some(link) = link else {
+        return Ok((crate::ledger_rollup::write(conn, None)?, None));
+    };
+    let mut c = match link.take() {
+        CarryState::Carried(c) if c.last.checked_add(1) == Some(link.file) => *c,
+        other => {
+            let why = match other {
+                CarryState::Start if link.file == 1 => None,
+                CarryState::Start => Some("no earlier file of this run was completed".to_string()),
+                CarryState::Broken(why) => Some(why),
+                CarryState::Carried(c) => Some(format!("the last file carried is file {}", c.last)),
+            };
+            if let Some(why) = why {
+                let text = format!(
+                    "run ledger: file {} starts a new chain ({why}); `explain --db DIR` replays the memory calls of a run read across it",
+                    link.file
+                );
+                crate::writer::insert_note(
+                    conn,
+                    crate::writer::monotonic_now_ns(),
+                    crate::NoteLevel::Info.as_str(),
+                    &text,
+                )?;
+            }
+            Carried {
+                from: link.file,
+                last: 0,
+                builder: LedgerBuilder::new(None),
+                stacks: BTreeMap::new(),
+            }
+        }
+    };
+    let own = crate::ledger_rollup::write(conn, Some(&mut c.builder))?;
+    let run = c.builder.clone().finish_bare();
+    c.stacks = copy_stacks(conn, &run, std::mem::take(&mut c.stacks))?;
+    conn.execute_batch(CREATE)?;
+    conn.execute("DELETE FROM run_ledger", [])?;
+    crate::ledger_rollup::store(conn, TABLE, &run)?;
+    let mut meta = conn.prepare("INSERT OR REPLACE INTO meta(key, value) VALUES (?1, ?2)")?;
+    meta.execute(["run_id", link.run_id()])?;
+    meta.execute(["run_file", &link.file.to_string()])?;
+    meta.execute(["run_ledger_from", &c.from.to_string()])?;
+    meta.execute(["run_ledger", COMPLETE])?;
+    c.last = link.file;
+    let next = if c.builder.held_entries() > MAX_CARRIED_ENTRIES {
+        CarryState::Broken(format!(
+            "the run's ledger held more than {MAX_CARRIED_ENTRIES} live allocations, failed allocations, sizes and threads at the end of file {}: not carried further",
+            link.file
+        ))
+    } else {
+        CarryState::Carried(Box::new(c))
+    };
+    Ok((own, Some(next)))
+}
+
+/// Stores in the file the stacks of every site `run` names that it lacks
+/// (from `carried`), and returns those stacks, read from the file or
+/// carried, for the next file.
+fn copy_stacks(
+    conn: &Connection,
+    run: &[ProcessLedger],
+    mut carried: BTreeMap<u64, Stack>,
+) -> rusqlite::Result<BTreeMap<u64, Stack>> {
+    let named: BTreeSet<u64> = run
+        .iter()
+        .flat_map(|l| {
+            let unfreed = l.unfreed.iter().filter_map(|u| u.stack_id);
+            unfreed.chain(l.failed_allocs.iter().filter_map(|f| f.stack_id))
+        })
+        .collect();
+    if named.is_empty() {
+        return Ok(BTreeMap::new());
+    }
+    let mut own = crate::stacks::read_all(conn, None)?;
+    let mut out = BTreeMap::new();
+    for id in named {
+        if let Some(s) = own.remove(&id) {
+            out.insert(id, s);
+        } else if let Some(s) = carried.remove(&id) {
+            crate::stacks::insert(conn, &s)?;
+            out.insert(id, s);
+        }
+        // Neither: the stack never reached a file (`LOST`), as in a replay.
+    }
+    Ok(out)
+}
+
+/// One file's link to a run's carried ledger, as read back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Link {
+    run_id: String,
+    file: u64,
+    from: u64,
+}
+
+/// The link of a finished file; None when it has none (a file of an older
+/// gpusleuth, of a trace without `--rotate`, or a value that is not one a
+/// tracer writes: then readers replay).
+pub(crate) fn link(trace: &Trace) -> Result<Option<Link>, StoreError> {
+    let conn = trace.keyed();
+    let get = |k| crate::open::meta_value(conn, k).map_err(|e| trace.read_error(e));
+    if get("run_ledger")?.as_deref() != Some(COMPLETE) {
+        return Ok(None);
+    }
+    let number = |v: Option<String>| {
+        v.and_then(|s| s.parse::<u64>().ok())
+            .filter(|&n| n >= 1 && n <= crate::problems::MAX_NS as u64)
+    };
+    let run_id = get("run_id")?
+        .filter(|s| (1..=64).contains(&s.len()) && s.bytes().all(|b| b.is_ascii_hexdigit()));
+    Ok(
+        match (
+            run_id,
+            number(get("run_file")?),
+            number(get("run_ledger_from")?),
+        ) {
+            (Some(run_id), Some(file), Some(from)) if from <= file => {
+                Some(Link { run_id, file, from })
+            }
+            _ => None,
+        },
+    )
+}
+
+/// Whether the run ledger of the last of a run's files answers for them.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Chain {
+    /// It does; `pruned` files before the first one read are covered too
+    /// (deleted by `--keep`, or otherwise gone).
+    Intact { pruned: u64 },
+    /// It does not: why (the readers replay and say so).
+    Broken(String),
+}
+
+/// Judges the links of the finished files read (`files`: number from the
+/// name and link, oldest first).
+pub(crate) fn judge(files: &[(u64, Option<Link>)]) -> Chain {
+    let (last_n, last) = match files.last() {
+        Some((n, Some(l))) => (n, l),
+        Some((n, None)) => {
+            return Chain::Broken(format!(
+                "{} carries no run ledger (an older gpusleuth, or a file not written by `trace --rotate`)",
+                crate::run::part_name(*n)
+            ))
+        }
+        None => return Chain::Broken("no file".into()),
+    };
+    let mut expected = None;
+    for (n, l) in files {
+        let name = crate::run::part_name(*n);
+        let Some(l) = l else {
+            return Chain::Broken(format!("{name} carries no run ledger (an older gpusleuth, or a file not written by `trace --rotate`)"));
+        };
+        if l.file != *n {
+            return Chain::Broken(format!("{name} says it is file {} of its run", l.file));
+        }
+        if l.run_id != last.run_id {
+            return Chain::Broken(format!("{name} is a file of another run"));
+        }
+        if l.from != last.from {
+            return Chain::Broken(format!(
+                "the run's ledger restarts between {name} and file {last_n} (a file's completion did not carry it)"
+            ));
+        }
+        if expected.is_some_and(|e| e != *n) {
+            return Chain::Broken(format!("files before {name} are missing or unfinished"));
+        }
+        expected = n.checked_add(1);
+    }
+    let first = files[0].0;
+    if last.from > first {
+        // Unreachable with the checks above (every file's `from` ≤ its number).
+        return Chain::Broken(format!("the run's ledger starts at file {}", last.from));
+    }
+    Chain::Intact {
+        pruned: first - last.from,
+    }
+}
+
+/// The run's ledgers of `pids` stored in the last file of an intact chain,
+/// in `context`; an error when the table is not the one gpusleuth writes
+/// or a ledger is damaged; None when a pid has no row (then the replay
+/// answers).
+pub(crate) fn stored(
+    trace: &Trace,
+    pids: &BTreeSet<u32>,
+    context: &TraceData,
+) -> Result<Option<Vec<ProcessLedger>>, StoreError> {
+    let conn = trace.keyed();
+    let read = || -> rusqlite::Result<Option<Vec<ProcessLedger>>> {
+        if !complete_tables(conn, "run_ledger", &[(TABLE, crate::ledger_rollup::COLS)])? {
+            return Err(damaged_table(
+                TABLE,
+                "is missing though meta.run_ledger says it is complete",
+            ));
+        }
+        crate::ledger_rollup::read(conn, TABLE, pids, context)
+    };
+    read().map_err(|e| trace.read_error(e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn l(run: &str, file: u64, from: u64) -> Option<Link> {
+        Some(Link {
+            run_id: run.into(),
+            file,
+            from,
+        })
+    }
+
+    #[test]
+    fn a_chain_is_intact_only_over_consecutive_files_of_one_run_and_chain() {
+        assert_eq!(
+            judge(&[(1, l("ab", 1, 1)), (2, l("ab", 2, 1)), (3, l("ab", 3, 1))]),
+            Chain::Intact { pruned: 0 }
+        );
+        assert_eq!(
+            judge(&[(4, l("ab", 4, 1)), (5, l("ab", 5, 1))]),
+            Chain::Intact { pruned: 3 }
+        );
+        let broken = |files: &[(u64, Option<Link>)], why: &str| match judge(files) {
+            Chain::Broken(w) => assert!(w.contains(why), "{w}"),
+            c => panic!("{c:?} for {files:?}"),
+        };
+        broken(&[(1, None), (2, l("ab", 2, 1))], "carries no run ledger");
+        broken(&[(1, l("ab", 1, 1)), (2, None)], "carries no run ledger");
+        broken(&[(1, l("ab", 1, 1)), (3, l("ab", 3, 1))], "missing");
+        broken(&[(1, l("cd", 1, 1)), (2, l("ab", 2, 1))], "another run");
+        broken(&[(1, l("ab", 1, 1)), (2, l("ab", 2, 2))], "restarts");
+        broken(
+            &[(1, l("ab", 1, 1)), (2, l("ab", 7, 1))],
+            "says it is file 7",
+        );
+        // A restarted chain that the files read all share but that starts
+        // after the first of them.
+        broken(
+            &[(1, l("ab", 1, 2)), (2, l("ab", 2, 2))],
+            "starts at file 2",
+        );
+        broken(&[], "no file");
+    }
+
+    #[test]
+    fn run_ids_are_random_hex() {
+        let (a, b) = (random_id(), random_id());
+        assert_eq!(a.len(), 32);
+        assert!(a.bytes().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(a, b);
+    }
+}

@@ -1,0 +1,370 @@
+//! The run's memory ledger carried by the writer across the files of a run
+//! (`sleuth_store::run_ledger`): files written through the writer as
+//! `trace --rotate` writes them (one `RunLink`, completions in file order),
+//! read by `explain --db DIR`'s loader (`run_explain::load`). The carried
+//! ledger answers without a memory call read and equals the replay of the
+//! same files; pruned files stay covered, with their sites named; a crafted
+//! or broken chain falls back to the replay (with a note) or is refused in
+//! one line, never answered wrong.
+
+mod common;
+
+use common::trace_fixture::rewrite_with_options;
+use common::TempDir;
+use rusqlite::Connection;
+use sleuth_core::sites::Stack;
+use sleuth_core::testing::{alloc, call, failed_alloc, free, py_frame, trace, MS};
+use sleuth_core::{CallEvent, TraceData};
+use sleuth_store::run::part_name;
+use sleuth_store::run_explain::{load, RunLean};
+use sleuth_store::run_ledger::RunLink;
+use sleuth_store::{ReadBudget, WriterOptions, DEFAULT_READ_TIMEOUT};
+use std::path::{Path, PathBuf};
+
+fn budget() -> ReadBudget {
+    ReadBudget::new(DEFAULT_READ_TIMEOUT)
+}
+
+/// Stack ids are 64-bit hashes: the top bit set, as real ones often have.
+const SITE_A: u64 = 0xf000_0000_0000_00a1;
+const SITE_B: u64 = 0xf000_0000_0000_00b2;
+const SITE_FAIL: u64 = 0xf000_0000_0000_00c3;
+
+fn at(mut c: CallEvent, stack: u64) -> CallEvent {
+    c.stack_id = Some(stack);
+    c
+}
+
+fn stack(id: u64, line: u32) -> Stack {
+    Stack {
+        id,
+        pid: 100,
+        frames: vec![py_frame("/train.py", line, "step")],
+        notes: Vec::new(),
+    }
+}
+
+/// A file's trace: `calls`, with the stacks of the sites they name (the
+/// tracer stores a stack in each file that has a call of it).
+fn part(calls: Vec<CallEvent>) -> TraceData {
+    let mut data = trace(calls);
+    for (id, line) in [(SITE_A, 10), (SITE_B, 20), (SITE_FAIL, 30)] {
+        if data.calls.iter().any(|c| c.stack_id == Some(id)) {
+            data.stacks.insert(id, stack(id, line));
+        }
+    }
+    data
+}
+
+/// Three files: A (1 MiB) made in file 1 and freed in file 3; B (2 MiB)
+/// made in file 1, never freed; a failed allocation in file 1; file 2 has
+/// no memory call; C made and freed in file 3.
+fn three_parts() -> Vec<TraceData> {
+    vec![
+        part(vec![
+            at(alloc(0, 1 << 20, 0xa000), SITE_A),
+            at(alloc(MS, 2 << 20, 0xb000), SITE_B),
+            at(failed_alloc(2 * MS, 1 << 40), SITE_FAIL),
+            call("cudaLaunchKernel", 10 * MS, MS),
+        ]),
+        part(vec![call("cudaLaunchKernel", 100 * MS, MS)]),
+        part(vec![
+            call("cudaLaunchKernel", 200 * MS, MS),
+            free(210 * MS, 0xa000),
+            alloc(220 * MS, 4096, 0xc000),
+            free(230 * MS, 0xc000),
+        ]),
+    ]
+}
+
+/// Writes `parts` as files `first`, `first + 1`, ... of the run of `link`
+/// into `dir` (created).
+fn write_run(dir: &Path, link: &RunLink, first: u64, parts: &[TraceData]) {
+    std::fs::create_dir_all(dir).unwrap();
+    for (i, data) in parts.iter().enumerate() {
+        let n = first + i as u64;
+        let opts = WriterOptions {
+            run: Some(link.for_file(n)),
+            ..Default::default()
+        };
+        rewrite_with_options(data, &dir.join(part_name(n)), opts);
+    }
+}
+
+/// A copy of the run `dir` with no carried ledger (as files written before
+/// the tracer carried one): its answer is the replay's.
+fn without_carried(dir: &Path, to: &Path) -> PathBuf {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let dst = to.join(e.file_name());
+        std::fs::copy(e.path(), &dst).unwrap();
+        let c = Connection::open(&dst).unwrap();
+        c.execute_batch("DELETE FROM meta WHERE key LIKE 'run%'; DROP TABLE IF EXISTS run_ledger")
+            .unwrap();
+    }
+    to.to_path_buf()
+}
+
+fn sql(path: &Path, sql: &str) {
+    Connection::open(path).unwrap().execute_batch(sql).unwrap();
+}
+
+fn notes(r: &RunLean) -> Vec<String> {
+    r.explanation().notes
+}
+
+/// The same answer as the replay's: ledgers (sites named), findings, notes.
+fn assert_same_answer(carried: &RunLean, replayed: &RunLean) {
+    assert_eq!(carried.ledgers, replayed.ledgers);
+    let (a, b) = (carried.explanation(), replayed.explanation());
+    assert_eq!(
+        serde_json::to_value(&a).unwrap(),
+        serde_json::to_value(&b).unwrap()
+    );
+}
+
+#[test]
+fn the_carried_ledger_answers_as_the_replay_without_reading_a_memory_call() {
+    let tmp = TempDir::new("runled-equal");
+    let run = tmp.join("run");
+    write_run(&run, &RunLink::new_run(), 1, &three_parts());
+    let carried = load(&run, None, budget()).unwrap();
+    assert_eq!(carried.replayed_memory_calls, 0);
+    let replayed = load(&without_carried(&run, &tmp.join("old")), None, budget()).unwrap();
+    assert!(replayed.replayed_memory_calls >= 6);
+    assert_same_answer(&carried, &replayed);
+    let l = &carried.ledgers[0];
+    // A made in file 1 and freed in file 3 is matched; B is left; C too.
+    assert_eq!((l.allocs, l.frees, l.unmatched_frees), (3, 2, 0));
+    assert_eq!(l.unfreed.len(), 1);
+    assert_eq!(l.unfreed[0].stack_id, Some(SITE_B));
+    assert_eq!(l.unfreed[0].site.as_deref(), Some("/train.py:20 step"));
+    assert_eq!(l.failed_allocs.len(), 1);
+    // With a pid: the same.
+    let one = load(&run, Some(100), budget()).unwrap();
+    assert_eq!(one.replayed_memory_calls, 0);
+    assert_eq!(one.ledgers, carried.ledgers);
+}
+
+/// `--keep` deleted file 1: the carried ledger still knows B (made there,
+/// never freed, its site named from the stack the writer copied into the
+/// later files) and matches A's free; the answer says what it covers.
+/// The replay of the kept files could not (A's free unmatched, B unknown).
+#[test]
+fn a_pruned_run_keeps_what_its_deleted_files_allocated_with_their_sites() {
+    let tmp = TempDir::new("runled-pruned");
+    let run = tmp.join("run");
+    write_run(&run, &RunLink::new_run(), 1, &three_parts());
+    std::fs::remove_file(run.join(part_name(1))).unwrap();
+    let r = load(&run, None, budget()).unwrap();
+    assert_eq!(r.replayed_memory_calls, 0);
+    let l = &r.ledgers[0];
+    assert_eq!((l.allocs, l.frees, l.unmatched_frees), (3, 2, 0));
+    assert_eq!(l.unfreed[0].site.as_deref(), Some("/train.py:20 step"));
+    assert_eq!(
+        l.failed_allocs[0].site.as_deref(),
+        Some("/train.py:30 step")
+    );
+    assert!(
+        notes(&r)
+            .iter()
+            .any(|n| n.contains("1 earlier file(s) no longer in the directory")),
+        "{:?}",
+        notes(&r)
+    );
+    let replayed = load(&without_carried(&run, &tmp.join("old")), None, budget()).unwrap();
+    assert_eq!(replayed.ledgers[0].unmatched_frees, 1);
+}
+
+/// Runs the loader on a run whose chain `craft` broke: the replay answers
+/// (as on the copy without carried ledgers) and a note says why.
+fn falls_back(tag: &str, craft: impl FnOnce(&Path), why: &str) {
+    let tmp = TempDir::new(tag);
+    let run = tmp.join("run");
+    write_run(&run, &RunLink::new_run(), 1, &three_parts());
+    craft(&run);
+    let r = load(&run, None, budget()).unwrap();
+    assert!(r.replayed_memory_calls > 0, "{tag}");
+    let replayed = load(&without_carried(&run, &tmp.join("old")), None, budget()).unwrap();
+    assert_eq!(r.ledgers, replayed.ledgers, "{tag}");
+    assert!(
+        notes(&r)
+            .iter()
+            .any(|n| n.contains("replayed from the files' memory calls") && n.contains(why)),
+        "{tag}: {:?}",
+        notes(&r)
+    );
+}
+
+#[test]
+fn a_crafted_or_broken_chain_falls_back_to_the_replay() {
+    let p = |run: &Path, n| run.join(part_name(n));
+    falls_back(
+        "runled-other-id",
+        |run| {
+            sql(
+                &p(run, 2),
+                "UPDATE meta SET value = 'beef' WHERE key = 'run_id'",
+            )
+        },
+        "another run",
+    );
+    falls_back(
+        "runled-gap",
+        |run| std::fs::remove_file(p(run, 2)).unwrap(),
+        "missing or unfinished",
+    );
+    falls_back(
+        "runled-renumbered",
+        |run| {
+            sql(
+                &p(run, 3),
+                "UPDATE meta SET value = '7' WHERE key = 'run_file'",
+            )
+        },
+        "says it is file 7",
+    );
+    // Meta values no tracer writes: the file carries no link.
+    falls_back(
+        "runled-odd-meta",
+        |run| {
+            sql(
+                &p(run, 2),
+                "UPDATE meta SET value = '99999999999999999999' WHERE key = 'run_ledger_from'",
+            )
+        },
+        "carries no run ledger",
+    );
+    // File 2 of another run with the same numbers, copied in.
+    falls_back(
+        "runled-foreign",
+        |run| {
+            let other = run.parent().unwrap().join("other");
+            write_run(&other, &RunLink::new_run(), 1, &three_parts());
+            std::fs::copy(p(&other, 2), p(run, 2)).unwrap();
+        },
+        "another run",
+    );
+}
+
+/// The writer's side of a broken chain: a file whose completion did not
+/// happen (file 2 never finished: its writer dropped) makes file 3 start a
+/// new chain and say so; a reader of files 1 and 3 replays.
+#[test]
+fn a_file_not_completed_breaks_the_chain_and_the_next_says_so() {
+    let tmp = TempDir::new("runled-cut");
+    let run = tmp.join("run");
+    let link = RunLink::new_run();
+    let parts = three_parts();
+    write_run(&run, &link, 1, &parts[..1]);
+    write_run(&run, &link, 3, &parts[2..]);
+    let c = Connection::open(run.join(part_name(3))).unwrap();
+    let from: String = c
+        .query_row(
+            "SELECT value FROM meta WHERE key = 'run_ledger_from'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(from, "3");
+    let note: String = c
+        .query_row(
+            "SELECT text FROM notes WHERE text LIKE 'run ledger:%'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert!(note.contains("file 3 starts a new chain"), "{note}");
+    let r = load(&run, None, budget()).unwrap();
+    assert!(r.replayed_memory_calls > 0);
+    assert!(
+        notes(&r).iter().any(|n| n.contains("restarts between")),
+        "{:?}",
+        notes(&r)
+    );
+}
+
+/// Refused in one line: a stored run ledger holding a number no trace
+/// holds, or one announced complete but missing. The file's own ledger
+/// rollup is range-checked too, its 64-bit stack ids aside.
+#[test]
+fn a_damaged_run_ledger_is_refused_in_one_line() {
+    let refused = |tag: &str, craft: &str| {
+        let tmp = TempDir::new(tag);
+        let run = tmp.join("run");
+        write_run(&run, &RunLink::new_run(), 1, &three_parts());
+        sql(&run.join(part_name(3)), craft);
+        let e = match load(&run, None, budget()) {
+            Ok(_) => panic!("{tag}: accepted"),
+            Err(e) => e.to_string(),
+        };
+        assert_eq!(e.lines().count(), 1, "{e}");
+        assert!(e.contains("damaged trace: run_ledger"), "{tag}: {e}");
+    };
+    refused(
+        "runled-huge",
+        "UPDATE run_ledger SET ledger = replace(ledger, '\"allocs\":3', '\"allocs\":9223372036854775807')",
+    );
+    refused("runled-gone", "DROP TABLE run_ledger");
+    refused(
+        "runled-not-json",
+        "UPDATE run_ledger SET ledger = '{\"pid\": 100'",
+    );
+
+    // The file's own ledger: a huge count refused, stack ids (past 2^62
+    // here) read.
+    let tmp = TempDir::new("runled-own");
+    let run = tmp.join("run");
+    write_run(&run, &RunLink::new_run(), 1, &three_parts());
+    let one = run.join(part_name(1));
+    let t = sleuth_store::Trace::open(&one).unwrap();
+    let lean = sleuth_store::lean::load(&t, None, budget())
+        .unwrap()
+        .unwrap();
+    assert_eq!(lean.ledgers[0].unfreed.len(), 2);
+    assert!(lean.ledgers[0]
+        .unfreed
+        .iter()
+        .any(|u| u.stack_id == Some(SITE_A)));
+    drop(t);
+    sql(
+        &one,
+        "UPDATE ledger_rollup SET ledger = replace(ledger, '\"allocs\":2', '\"allocs\":9223372036854775807')",
+    );
+    let t = sleuth_store::Trace::open(&one).unwrap();
+    let e = match sleuth_store::lean::load(&t, None, budget()) {
+        Ok(_) => panic!("a huge count accepted"),
+        Err(e) => e.to_string(),
+    };
+    assert!(e.contains("damaged trace: ledger_rollup"), "{e}");
+}
+
+/// Past the bound on what the tracer carries (live allocations and the
+/// like), the chain stops: the file still stores the run's ledger up to
+/// itself, the next starts a new chain and says why, and a reader of both
+/// replays (the same answer, read from the calls).
+#[test]
+fn past_the_carried_bound_the_next_file_starts_a_new_chain() {
+    use sleuth_store::run_ledger::MAX_CARRIED_ENTRIES;
+    let tmp = TempDir::new("runled-bound");
+    let run = tmp.join("run");
+    let n = MAX_CARRIED_ENTRIES as u64 + 1;
+    let live: Vec<CallEvent> = (0..n)
+        .map(|i| alloc(i * 1000, 4096, 0x10_0000 + i * 4096))
+        .collect();
+    let parts = vec![part(live), part(vec![free(n * 1000 + MS, 0x10_0000)])];
+    write_run(&run, &RunLink::new_run(), 1, &parts);
+    let c = Connection::open(run.join(part_name(2))).unwrap();
+    let note: String = c
+        .query_row(
+            "SELECT text FROM notes WHERE text LIKE 'run ledger:%'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert!(note.contains("not carried further"), "{note}");
+    let r = load(&run, None, budget()).unwrap();
+    assert!(r.replayed_memory_calls > n, "{}", r.replayed_memory_calls);
+    let l = &r.ledgers[0];
+    assert_eq!((l.allocs, l.frees, l.unfreed.len() as u64), (n, 1, n - 1));
+}
