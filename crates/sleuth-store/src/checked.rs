@@ -19,8 +19,9 @@
 
 use crate::budget::ReadBudget;
 use crate::check_cache::{CheckCache, StoredEntry, StoredPassed};
+use crate::check_plan::Plan;
 use crate::error::StoreError;
-use crate::open::{check_tables, tables, BULK_TABLES};
+use crate::open::{tables, BULK_TABLES};
 use crate::problems::{CallScan, InputProblems};
 use rusqlite::Connection;
 use serde::{Deserialize, Serialize};
@@ -92,6 +93,12 @@ impl FileIdentity {
             db,
             wal: Stamp::of(Path::new(&wal)),
         })
+    }
+
+    /// Whether readers open the file `immutable` (no `-wal` with content),
+    /// so that no connection sees it change.
+    fn immutable(&self) -> bool {
+        self.wal.is_none_or(|w| w.size == 0)
     }
 
     /// When either file last changed (wall clock, ns).
@@ -172,29 +179,139 @@ impl Checks {
     }
 
     /// Runs the `quick_check` of the [`BULK_TABLES`] the file has that did
-    /// not pass yet, through `conn`. Checks run without the lock held (they
-    /// take seconds; a second reader may run the same check meanwhile).
+    /// not pass yet, through `conn` alone.
+    #[cfg(test)]
     pub(crate) fn ensure_bulk(
         &self,
         conn: &Connection,
         path: &Path,
         budget: &ReadBudget,
     ) -> Result<(), StoreError> {
+        self.ensure_bulk_with(conn, path, budget, &Helpers::new(path, budget, None))
+    }
+
+    /// The same, side by side on `helpers`' connections (`check_plan`).
+    /// Checks run without the lock held (they take seconds; a second reader
+    /// may run the same check meanwhile).
+    pub(crate) fn ensure_bulk_with(
+        &self,
+        conn: &Connection,
+        path: &Path,
+        budget: &ReadBudget,
+        helpers: &Helpers,
+    ) -> Result<(), StoreError> {
         if self.lock().table_all_bulk() {
             return Ok(());
         }
-        let names: Vec<String> = tables(conn)
-            .map_err(|e| StoreError::file(path, crate::open::short(&e)))?
-            .into_iter()
-            .filter(|t| BULK_TABLES.contains(&t.as_str()) && !self.lock().table(t))
-            .collect();
-        check_tables(conn, path, budget, &names)?;
+        let names = self.bulk_todo(conn, path)?;
+        let outcome = Plan::tables(&names, 0)
+            .run(conn, path, budget, helpers.workers(), || helpers.open())?;
+        self.record(outcome);
+        Ok(())
+    }
+
+    /// Every check a first read pays, side by side on `helpers`'
+    /// connections (`check_plan`): the bulk tables' `quick_check`, the pass
+    /// over the call rows and the skipped-row counts of a trace of schema
+    /// `version`, each unless it passed already. Returns the pass and the
+    /// counts; the counts are None (not recorded) for a file whose totals
+    /// overflow, which its readers refuse.
+    pub(crate) fn ensure_counts(
+        &self,
+        conn: &Connection,
+        path: &Path,
+        budget: &ReadBudget,
+        version: i64,
+        helpers: &Helpers,
+    ) -> Result<(CallScan, Option<InputProblems>), StoreError> {
+        let known = {
+            let p = self.lock();
+            if let (Some(c), Some(pr)) = (p.call_scan, &p.problems) {
+                if p.table_all_bulk() {
+                    return Ok((c, Some(pr.clone())));
+                }
+            }
+            p.call_scan
+        };
+        let names = if self.lock().table_all_bulk() {
+            Vec::new()
+        } else {
+            self.bulk_todo(conn, path)?
+        };
+        let alloc = crate::open::has_table(conn, "allocator_events")
+            .map_err(|e| StoreError::file(path, crate::open::short(&e)))?;
+        let workers = helpers.workers();
+        let plan = Plan::counts(&names, version, alloc, known, workers);
+        let outcome = plan.run(conn, path, budget, workers, || helpers.open())?;
+        let calls = outcome.calls;
+        let problems = outcome.problems.clone();
+        self.record(outcome);
+        let calls = calls.ok_or_else(|| StoreError::file(path, "the call-row pass did not run"))?;
+        let problems = problems.filter(|_| !calls.totals_overflow);
         let mut p = self.lock();
-        for n in &names {
+        p.call_scan = Some(calls);
+        if let Some(pr) = &problems {
+            p.problems = Some(pr.clone());
+        }
+        Ok((calls, problems))
+    }
+
+    /// The file's bulk tables whose `quick_check` has not passed, by their
+    /// static names.
+    fn bulk_todo(&self, conn: &Connection, path: &Path) -> Result<Vec<&'static str>, StoreError> {
+        let names = tables(conn).map_err(|e| StoreError::file(path, crate::open::short(&e)))?;
+        let p = self.lock();
+        Ok(BULK_TABLES
+            .iter()
+            .copied()
+            .filter(|b| names.iter().any(|n| n == b) && !p.table(b))
+            .collect())
+    }
+
+    /// Records what a plan passed: it ran every bulk table the file had
+    /// not passed, so all of them have now.
+    fn record(&self, outcome: crate::check_plan::Outcome) {
+        #[cfg(test)]
+        crate::open::test_seams::CHECKS_RUN.with(|c| c.set(c.get() + outcome.checks_elsewhere));
+        let mut p = self.lock();
+        for n in &outcome.tables {
             p.pass_table(n);
         }
         p.bulk_done = true;
-        Ok(())
+    }
+}
+
+/// Where a plan's helper threads get their connections: the file again,
+/// opened as every reader opens it, only while it is still the file the
+/// trace opened and checked (`id`) and cannot change under a reader
+/// (no `-wal` with content: the file is opened `immutable`). Otherwise the
+/// plan runs on the trace's connection alone.
+pub(crate) struct Helpers<'a> {
+    path: &'a Path,
+    budget: &'a ReadBudget,
+    id: Option<FileIdentity>,
+}
+
+impl<'a> Helpers<'a> {
+    pub(crate) fn new(path: &'a Path, budget: &'a ReadBudget, id: Option<FileIdentity>) -> Self {
+        Helpers { path, budget, id }
+    }
+
+    /// Connections a plan may use, the caller's included.
+    pub(crate) fn workers(&self) -> usize {
+        match self.id {
+            Some(id) if id.immutable() => crate::check_plan::workers(),
+            _ => 1,
+        }
+    }
+
+    /// A helper's connection; None when the file is no longer the one the
+    /// trace opened (the helper then does not help).
+    pub(crate) fn open(&self) -> Option<Connection> {
+        let id = self.id?;
+        let conn = crate::open::open_trace_file(self.path, self.budget).ok()?;
+        // Taken once this connection has the file open, as `for_stream` does.
+        (FileIdentity::of(self.path) == Some(id)).then_some(conn)
     }
 }
 
@@ -255,9 +372,30 @@ impl BulkCheck {
         path: &Path,
         budget: &ReadBudget,
     ) -> Result<(), StoreError> {
-        self.checks.ensure_bulk(conn, path, budget)?;
+        let helpers = Helpers::new(path, budget, self.id);
+        self.checks.ensure_bulk_with(conn, path, budget, &helpers)?;
         self.read.store(true, Ordering::Release);
         Ok(())
+    }
+
+    /// Before a read that needs the pass over the call rows (a totals
+    /// check) or the skipped-row counts: every check a first read pays,
+    /// side by side (`Checks::ensure_counts`). A reader that checks the
+    /// totals counts the skipped rows after its reads: one plan makes both,
+    /// so that the counts fill the cores the table checks leave idle.
+    pub(crate) fn ensure_counts(
+        &self,
+        conn: &Connection,
+        path: &Path,
+        budget: &ReadBudget,
+        version: i64,
+    ) -> Result<(CallScan, Option<InputProblems>), StoreError> {
+        let helpers = Helpers::new(path, budget, self.id);
+        let found = self
+            .checks
+            .ensure_counts(conn, path, budget, version, &helpers)?;
+        self.read.store(true, Ordering::Release);
+        Ok(found)
     }
 }
 

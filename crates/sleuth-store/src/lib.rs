@@ -13,6 +13,7 @@
 mod budget;
 mod call_groups;
 mod check_cache;
+mod check_plan;
 mod checked;
 mod error;
 mod finalize;

@@ -162,16 +162,26 @@ pub(crate) fn check_tables(
     names: &[String],
 ) -> Result<(), StoreError> {
     for name in names {
-        // A name from the file, as an SQL string literal.
-        let quoted = name.replace('\'', "''");
-        run_check(
-            conn,
-            path,
-            budget,
-            &format!("PRAGMA quick_check('{quoted}')"),
-        )?;
+        check_table(conn, path, budget, name)?;
     }
     Ok(())
+}
+
+/// `quick_check` of one table and its indexes.
+pub(crate) fn check_table(
+    conn: &Connection,
+    path: &Path,
+    budget: &ReadBudget,
+    name: &str,
+) -> Result<(), StoreError> {
+    // A name from the file, as an SQL string literal.
+    let quoted = name.replace('\'', "''");
+    run_check(
+        conn,
+        path,
+        budget,
+        &format!("PRAGMA quick_check('{quoted}')"),
+    )
 }
 
 /// Every table of the file (not views, not indexes).
@@ -205,9 +215,12 @@ fn run_check(
         .query_row(pragma, [], |r| r.get(0))
         .map_err(|e| stopped(&e))?;
     if verdict != "ok" {
+        // SQLite's verdict spans lines ("*** in database main ***" first);
+        // an error is one line.
+        let verdict: Vec<&str> = verdict.lines().map(str::trim).collect();
         return Err(StoreError::file(
             path,
-            format!("SQLite database is damaged: {verdict}"),
+            format!("SQLite database is damaged: {}", verdict.join(" ")),
         ));
     }
     Ok(())

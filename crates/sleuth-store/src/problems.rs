@@ -152,15 +152,11 @@ pub(crate) fn call_table(version: i64) -> &'static str {
     }
 }
 
-/// Counts the rows readers skip. `version`: the schema version;
-/// `has_allocator_events`: whether that table exists.
-pub(crate) fn scan(
-    conn: &Connection,
-    version: i64,
-    has_allocator_events: bool,
-    known: Option<CallScan>,
-) -> rusqlite::Result<(InputProblems, CallScan)> {
-    let mut p = InputProblems::default();
+/// The queries that count rows by op name, in the order their names are
+/// kept (`InputProblems::add_unknown` keeps the first 20): the call rows
+/// (per op id in version 2), `op_counts`, then `allocator_events` when the
+/// file has it. Each gives `(name, rows)`.
+pub(crate) fn op_name_queries(version: i64, has_allocator_events: bool) -> Vec<String> {
     // Grouping by a substring keeps a megabyte-long crafted name from
     // being copied out whole.
     let by_name =
@@ -182,39 +178,74 @@ pub(crate) fn scan(
     if has_allocator_events {
         counts.push(by_name("allocator_events"));
     }
-    for sql in counts {
-        let mut st = conn.prepare(&sql)?;
-        let mut rows = st.query([])?;
-        while let Some(r) = rows.next()? {
-            let name: String = r.get(0)?;
-            let n = r.get::<_, i64>(1)?.max(0) as u64;
-            if op_by_name(&name).is_none() {
-                p.add_unknown(&name, n);
-            }
+    counts
+}
+
+/// Rows of one [`op_name_queries`] query.
+pub(crate) type OpRows = Vec<(String, u64)>;
+
+/// Runs one of [`op_name_queries`].
+pub(crate) fn op_rows(conn: &Connection, sql: &str) -> rusqlite::Result<OpRows> {
+    let mut st = conn.prepare(sql)?;
+    let mut rows = st.query([])?;
+    let mut out = Vec::new();
+    while let Some(r) = rows.next()? {
+        out.push((r.get(0)?, r.get::<_, i64>(1)?.max(0) as u64));
+    }
+    Ok(out)
+}
+
+/// The waits readers skip: every wait minus those readers read (valid
+/// times, a kind this build knows): each skipped row once, NULLs included,
+/// in one pass without a sort (a `GROUP BY kind` sorted 2.3M rows: 0.9 s
+/// against 0.3 s).
+pub(crate) fn bad_waits(conn: &Connection) -> rusqlite::Result<u64> {
+    let n = conn.query_row(
+        &format!(
+            "SELECT (SELECT count(*) FROM waits) - count(*) FROM waits WHERE {} AND kind IN ({})",
+            valid_wait(""),
+            known_wait_kinds()
+        ),
+        [],
+        |r| r.get::<_, i64>(0),
+    )?;
+    Ok(n.max(0) as u64)
+}
+
+/// The skipped-row counts from the rows of [`op_name_queries`] (in their
+/// order), the call-row pass and the skipped waits.
+pub(crate) fn problems_of(op_rows: &[OpRows], calls: CallScan, bad_waits: u64) -> InputProblems {
+    let mut p = InputProblems::default();
+    for (name, n) in op_rows.iter().flatten() {
+        if op_by_name(name).is_none() {
+            p.add_unknown(name, *n);
         }
     }
-    // The pass over every call row, unless a stream of this trace made it.
+    p.impossible_calls = calls.impossible;
+    p.impossible_waits = bad_waits;
+    p
+}
+
+/// Counts the rows readers skip on one connection, one query after the
+/// other (`check_plan` runs the same queries side by side for readers).
+/// `version`: the schema version; `has_allocator_events`: whether that
+/// table exists.
+#[cfg(test)]
+pub(crate) fn scan(
+    conn: &Connection,
+    version: i64,
+    has_allocator_events: bool,
+    known: Option<CallScan>,
+) -> rusqlite::Result<(InputProblems, CallScan)> {
+    let rows = op_name_queries(version, has_allocator_events)
+        .iter()
+        .map(|sql| op_rows(conn, sql))
+        .collect::<rusqlite::Result<Vec<_>>>()?;
     let calls = match known {
         Some(c) => c,
         None => call_scan(conn, version)?,
     };
-    p.impossible_calls = calls.impossible;
-    // Every wait minus those readers read (valid times, a kind this build
-    // knows): each skipped row once, NULLs included, in one pass without a
-    // sort (a `GROUP BY kind` sorted 2.3M rows: 0.9 s against 0.3 s).
-    let bad_waits = conn
-        .query_row(
-            &format!(
-                "SELECT (SELECT count(*) FROM waits) - count(*) FROM waits WHERE {} AND kind IN ({})",
-                valid_wait(""),
-                known_wait_kinds()
-            ),
-            [],
-            |r| r.get::<_, i64>(0),
-        )?
-        .max(0) as u64;
-    p.impossible_waits = bad_waits;
-    Ok((p, calls))
+    Ok((problems_of(&rows, calls, bad_waits(conn)?), calls))
 }
 
 /// The wait kinds this build reads, as an SQL list of string literals.
@@ -239,27 +270,118 @@ pub(crate) struct CallScan {
     pub totals_overflow: bool,
 }
 
-/// Counts the impossible call rows and sums the valid ones' durations and
-/// sizes in one pass (the skipped-rows count and the totals check used to
-/// be two passes over the same rows).
-pub(crate) fn call_scan(conn: &Connection, version: i64) -> rusqlite::Result<CallScan> {
-    // The condition once per row in `WHERE` (as a `CASE` in each aggregate
-    // it ran three times: 2.9 s against 1.5 s on a 10M-call file); the
-    // rows without it are counted from the table's smallest b-tree.
-    let table = call_table(version);
-    let (bad, dur, size): (i64, f64, f64) = conn.query_row(
-        &format!(
-            "SELECT (SELECT count(*) FROM {table}) - count(*), total(dur_ns), total(size) \
-             FROM {table} WHERE {}",
-            valid_call("")
-        ),
+/// The valid call rows of part of the table: how many, and their
+/// durations' and sizes' totals (SQLite's `total()`, a float: a sum of
+/// valid values cannot overflow it, and the refusal is "past 2^62").
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct CallSums {
+    pub valid: u64,
+    pub dur: f64,
+    pub size: f64,
+}
+
+impl CallSums {
+    pub(crate) fn add(&mut self, o: CallSums) {
+        self.valid += o.valid;
+        self.dur += o.dur;
+        self.size += o.size;
+    }
+
+    /// The pass's verdict, given every row of the table (`rows`).
+    pub(crate) fn scan(&self, rows: u64) -> CallScan {
+        CallScan {
+            impossible: rows.saturating_sub(self.valid),
+            totals_overflow: self.dur > MAX_NS as f64 || self.size > MAX_NS as f64,
+        }
+    }
+}
+
+/// The call rows of a trace of `version`, all of them (the table's
+/// smallest b-tree answers).
+pub(crate) fn call_rows(conn: &Connection, version: i64) -> rusqlite::Result<u64> {
+    let n: i64 = conn.query_row(
+        &format!("SELECT count(*) FROM {}", call_table(version)),
         [],
-        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        |r| r.get(0),
     )?;
-    Ok(CallScan {
-        impossible: bad.max(0) as u64,
-        totals_overflow: dur > MAX_NS as f64 || size > MAX_NS as f64,
+    Ok(n.max(0) as u64)
+}
+
+/// [`CallSums`] of the call rows whose rowid is in `ids` (inclusive), or
+/// of every row (None). The condition is tested once per row in `WHERE`
+/// (as a `CASE` in each aggregate it ran three times: 2.9 s against 1.5 s
+/// on a 10M-call file); the rows without it are [`call_rows`] minus these.
+pub(crate) fn call_sums(
+    conn: &Connection,
+    version: i64,
+    ids: Option<(i64, i64)>,
+) -> rusqlite::Result<CallSums> {
+    let table = call_table(version);
+    let range = if ids.is_some() {
+        "rowid BETWEEN ?1 AND ?2 AND"
+    } else {
+        ""
+    };
+    let (lo, hi) = ids.unwrap_or((0, 0));
+    let sql = format!(
+        "SELECT count(*), total(dur_ns), total(size) FROM {table} WHERE {range} {}",
+        valid_call("")
+    );
+    let mut st = conn.prepare(&sql)?;
+    let params: &[&dyn rusqlite::ToSql] = if ids.is_some() { &[&lo, &hi] } else { &[] };
+    st.query_row(params, |r| {
+        Ok(CallSums {
+            valid: r.get::<_, i64>(0)?.max(0) as u64,
+            dur: r.get(1)?,
+            size: r.get(2)?,
+        })
     })
+}
+
+/// The smallest and largest rowid of the call rows, when the table can be
+/// split into rowid ranges: a rowid table (not `WITHOUT ROWID`) where
+/// `rowid` names the row id itself (no column of that name: the schema
+/// check allows extra columns). None when it cannot, or has no rows.
+pub(crate) fn call_rowids(conn: &Connection, version: i64) -> rusqlite::Result<Option<(i64, i64)>> {
+    let table = call_table(version);
+    let shadowed: i64 = conn.query_row(
+        "SELECT count(*) FROM pragma_table_xinfo(?1) WHERE lower(name) = 'rowid'",
+        [table],
+        |r| r.get(0),
+    )?;
+    if shadowed > 0 {
+        return Ok(None);
+    }
+    // A `WITHOUT ROWID` table has no rowid: the statement does not prepare.
+    let Ok(mut st) = conn.prepare(&format!("SELECT min(rowid), max(rowid) FROM {table}")) else {
+        return Ok(None);
+    };
+    st.query_row([], |r| {
+        Ok(
+            match (r.get::<_, Option<i64>>(0)?, r.get::<_, Option<i64>>(1)?) {
+                (Some(lo), Some(hi)) => Some((lo, hi)),
+                _ => None,
+            },
+        )
+    })
+}
+
+/// Part `i` of `n` of the rowids `lo..=hi`: consecutive, together exactly
+/// `lo..=hi`; None for an empty part (more parts than rowids).
+pub(crate) fn rowid_part(lo: i64, hi: i64, i: usize, n: usize) -> Option<(i64, i64)> {
+    let span = i128::from(hi) - i128::from(lo) + 1;
+    let at = |k: usize| i128::from(lo) + span * k as i128 / n as i128;
+    let (a, b) = (at(i), at(i + 1) - 1);
+    (a <= b).then_some((a as i64, b as i64))
+}
+
+/// Counts the impossible call rows and sums the valid ones' durations and
+/// sizes in one pass on one connection (`check_plan` splits the same pass
+/// into rowid ranges run side by side).
+#[cfg(test)]
+pub(crate) fn call_scan(conn: &Connection, version: i64) -> rusqlite::Result<CallScan> {
+    let rows = call_rows(conn, version)?;
+    Ok(call_sums(conn, version, None)?.scan(rows))
 }
 
 #[cfg(test)]

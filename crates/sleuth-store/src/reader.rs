@@ -152,32 +152,23 @@ impl Trace {
     /// is refused here, as every read of its call rows refuses it. Counted
     /// once per file (per open, or while it stays the same with a memo).
     pub fn input_problems(&self) -> Result<InputProblems, StoreError> {
-        let conn = self.bulk()?;
-        if let Some(p) = self.bulk.checks().lock().problems.clone() {
-            return Ok(p);
+        let (calls, problems) =
+            self.bulk
+                .ensure_counts(&self.conn, &self.path, &self.budget, self.version)?;
+        match problems {
+            Some(p) if !calls.totals_overflow => Ok(p),
+            _ => Err(StoreError::file(&self.path, problems::TOTALS_OVERFLOW)),
         }
-        let alloc = has_table(conn, "allocator_events").at(&self.path)?;
-        let known = self.bulk.checks().lock().call_scan;
-        let (p, calls) =
-            problems::scan(conn, self.version, alloc, known).map_err(|e| self.read_error(e))?;
-        self.bulk.checks().lock().call_scan = Some(calls);
-        if calls.totals_overflow {
-            return Err(StoreError::file(&self.path, problems::TOTALS_OVERFLOW));
-        }
-        self.bulk.checks().lock().problems = Some(p.clone());
-        Ok(p)
     }
 
     /// The pass over the call rows (impossible rows, totals), made once per
-    /// file: `input_problems` makes it, later readers reuse it.
+    /// file with the skipped-row counts (`BulkCheck::ensure_counts`): later
+    /// readers reuse it.
     pub(crate) fn call_scan(&self) -> Result<problems::CallScan, StoreError> {
-        let conn = self.bulk()?;
-        if let Some(s) = self.bulk.checks().lock().call_scan {
-            return Ok(s);
-        }
-        let s = problems::call_scan(conn, self.version).map_err(|e| self.read_error(e))?;
-        self.bulk.checks().lock().call_scan = Some(s);
-        Ok(s)
+        let (calls, _) =
+            self.bulk
+                .ensure_counts(&self.conn, &self.path, &self.budget, self.version)?;
+        Ok(calls)
     }
 
     /// A failed read, naming the budget when it stopped the read.

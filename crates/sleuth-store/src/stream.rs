@@ -270,17 +270,9 @@ impl Rows {
     /// Refuses a file whose valid calls' durations or sizes add up past
     /// 2^62, as [`Trace::load`] does (one pass inside SQLite, nothing held).
     pub fn check_totals(&self) -> Result<(), StoreError> {
-        let conn = self.bulk()?;
-        let known = self.bulk.checks().lock().call_scan;
-        let scan = match known {
-            Some(s) => s,
-            None => {
-                let s = crate::problems::call_scan(conn, self.version)
-                    .map_err(|e| self.read_error(e))?;
-                self.bulk.checks().lock().call_scan = Some(s);
-                s
-            }
-        };
+        let (scan, _) =
+            self.bulk
+                .ensure_counts(&self.conn, &self.path, &self.budget, self.version)?;
         if scan.totals_overflow {
             return Err(StoreError::file(&self.path, TOTALS_OVERFLOW));
         }
