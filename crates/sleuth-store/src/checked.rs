@@ -169,13 +169,55 @@ impl Passed {
 
 /// The checks of one file, shared (see the module's documentation).
 #[derive(Debug, Clone, Default)]
-pub(crate) struct Checks(Arc<Mutex<Passed>>);
+pub(crate) struct Checks(Arc<Shared>);
+
+#[derive(Debug, Default)]
+struct Shared {
+    passed: Mutex<Passed>,
+    /// Held while a reader runs checks of this file: a second reader of
+    /// the same file (the MCP server's first tool call while its check
+    /// ahead runs) waits for them and takes what they passed, instead of
+    /// running the same seconds of checks beside them.
+    turn: Mutex<()>,
+}
+
+/// How often a reader waiting for another's checks looks at its own budget.
+const TURN_POLL: Duration = Duration::from_millis(5);
 
 impl Checks {
+    /// Checks starting from what `passed` says passed.
+    fn of(passed: Passed) -> Checks {
+        Checks(Arc::new(Shared {
+            passed: Mutex::new(passed),
+            turn: Mutex::new(()),
+        }))
+    }
+
     /// The state, read or updated. A poisoned lock only means a reader
     /// panicked between two updates of plain values: each is still whole.
     pub(crate) fn lock(&self) -> MutexGuard<'_, Passed> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+        self.0.passed.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// This reader's turn to run checks of the file, once no other reader
+    /// runs any; waiting ends with the reader's budget (its deadline, a
+    /// cancelled call), as its own checks would.
+    fn turn(&self, path: &Path, budget: &ReadBudget) -> Result<MutexGuard<'_, ()>, StoreError> {
+        loop {
+            match self.0.turn.try_lock() {
+                Ok(g) => return Ok(g),
+                // A reader that panicked while checking recorded nothing.
+                Err(std::sync::TryLockError::Poisoned(e)) => return Ok(e.into_inner()),
+                Err(std::sync::TryLockError::WouldBlock) => {}
+            }
+            if let Some(why) = budget.stop_reason() {
+                return Err(StoreError::file(
+                    path,
+                    format!("integrity check stopped: {why}"),
+                ));
+            }
+            std::thread::sleep(TURN_POLL);
+        }
     }
 
     /// Runs the `quick_check` of the [`BULK_TABLES`] the file has that did
@@ -203,6 +245,11 @@ impl Checks {
         if self.lock().table_all_bulk() {
             return Ok(());
         }
+        let _turn = self.turn(path, budget)?;
+        // Another reader's checks may have passed them while this one waited.
+        if self.lock().table_all_bulk() {
+            return Ok(());
+        }
         let names = self.bulk_todo(conn, path)?;
         let outcome = Plan::tables(&names, 0)
             .run(conn, path, budget, helpers.workers(), || helpers.open())?;
@@ -224,6 +271,10 @@ impl Checks {
         version: i64,
         helpers: &Helpers,
     ) -> Result<(CallScan, Option<InputProblems>), StoreError> {
+        if let Some(done) = self.counted() {
+            return Ok(done);
+        }
+        let _turn = self.turn(path, budget)?;
         let known = {
             let p = self.lock();
             if let (Some(c), Some(pr)) = (p.call_scan, &p.problems) {
@@ -254,6 +305,16 @@ impl Checks {
             p.problems = Some(pr.clone());
         }
         Ok((calls, problems))
+    }
+
+    /// What [`Checks::ensure_counts`] returns, when every check it runs
+    /// passed already.
+    fn counted(&self) -> Option<(CallScan, Option<InputProblems>)> {
+        let p = self.lock();
+        match (p.call_scan, &p.problems) {
+            (Some(c), Some(pr)) if p.table_all_bulk() => Some((c, Some(pr.clone()))),
+            _ => None,
+        }
     }
 
     /// The file's bulk tables whose `quick_check` has not passed, by their
@@ -463,7 +524,7 @@ impl CheckMemo {
             .enumerate()
             .map(|(i, e)| Entry {
                 id: e.id,
-                checks: Checks(Arc::new(Mutex::new(e.passed.passed()))),
+                checks: Checks::of(e.passed.passed()),
                 // Most recently used first in the cache: older, lower ticks.
                 used: (crate::check_cache::KEPT - i) as u64,
                 saved: Some(e.passed),
@@ -819,6 +880,70 @@ mod tests {
             assert!(e.contains("damaged"), "{size}: {e}");
             let _ = std::fs::remove_dir_all(&dir);
         });
+    }
+
+    /// A reader of a file whose checks another reader is running (the MCP
+    /// server's first tool call while its check ahead runs) waits for them
+    /// and runs none itself; its own budget ends the wait.
+    #[test]
+    fn a_reader_waits_for_the_checks_another_is_running() {
+        FULL_CHECK_BYTES.with(|b| b.set(Some(0)));
+        let (dir, path) = copy("turn");
+        let memo = CheckMemo::settling(Duration::ZERO);
+        let t = Trace::open_remembered(&path, budget(), &memo).expect("intact");
+        let checks = t.bulk_check().checks().clone();
+        // Another reader holds the turn: a reader with 100 ms to spend
+        // waits it out, runs no check and says why it stopped.
+        let held = checks.0.turn.lock().expect("turn");
+        let short = ReadBudget::new(Duration::from_millis(100));
+        let n = checks_run();
+        let e = Trace::open_remembered(&path, short, &memo)
+            .and_then(|t| t.input_problems())
+            .expect_err("stopped waiting")
+            .to_string();
+        assert!(e.contains("integrity check stopped"), "{e}");
+        assert!(!e.contains('\n'), "{e}");
+        assert_eq!(checks_run(), n, "no check ran while another reader's did");
+        drop(held);
+
+        // Two readers at once: one runs the checks, the other takes them.
+        let (dir2, path2) = copy("turn-both");
+        let memo = CheckMemo::settling(Duration::ZERO);
+        let alone = {
+            let fresh = CheckMemo::settling(Duration::ZERO);
+            let n = checks_run();
+            read_all(&path2, &fresh).expect("intact");
+            checks_run() - n
+        };
+        let start = std::sync::Barrier::new(2);
+        let counts: Vec<usize> = std::thread::scope(|s| {
+            let run = || {
+                FULL_CHECK_BYTES.with(|b| b.set(Some(0)));
+                let t = Trace::open_remembered(&path2, budget(), &memo).expect("intact");
+                start.wait();
+                let n = checks_run();
+                t.input_problems().expect("intact");
+                checks_run() - n
+            };
+            let a = s.spawn(run);
+            let b = s.spawn(run);
+            vec![a.join().expect("a"), b.join().expect("b")]
+        });
+        let opened = {
+            // What the open itself checks, paid by each reader above.
+            let fresh = CheckMemo::settling(Duration::ZERO);
+            let n = checks_run();
+            Trace::open_remembered(&path2, budget(), &fresh).expect("intact");
+            checks_run() - n
+        };
+        assert_eq!(
+            counts.iter().sum::<usize>(),
+            alone - opened,
+            "the bulk checks ran once between two readers: {counts:?}"
+        );
+        FULL_CHECK_BYTES.with(|b| b.set(None));
+        let _ = std::fs::remove_dir_all(&dir);
+        let _ = std::fs::remove_dir_all(&dir2);
     }
 
     /// Checking ahead leaves nothing for a later read to check, and does
