@@ -100,15 +100,6 @@ impl Buckets {
         self.0.insert(k, b);
     }
 
-    /// The buckets holding calls.
-    pub fn len(&self) -> usize {
-        self.0.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
     /// Every bucket, in no particular order.
     pub fn iter(&self) -> impl Iterator<Item = (u32, &Bucket)> {
         self.0.iter().map(|(&k, b)| (k, b))

@@ -293,6 +293,14 @@ impl OpInputs {
     /// process's calls of this op): as if they had been added here.
     fn add_same_trace(&mut self, o: &OpInputs) {
         self.hist.add_hist(&o.hist);
+        self.add_sums(o);
+        self.by_runnable.add_same_trace(&o.by_runnable);
+        self.by_dur.add_same_trace(&o.by_dur);
+    }
+
+    /// Adds `o`'s sums, processes and culprit sums (not its histogram or
+    /// examples, which a file boundary and one trace add differently).
+    fn add_sums(&mut self, o: &OpInputs) {
         self.split.add(o.split);
         self.pids.extend(&o.pids);
         self.slowed = self.slowed.saturating_add(o.slowed);
@@ -301,8 +309,6 @@ impl OpInputs {
             let e = self.culprits.entry(k.clone()).or_default();
             *e = e.saturating_add(ns);
         }
-        self.by_runnable.add_same_trace(&o.by_runnable);
-        self.by_dur.add_same_trace(&o.by_dur);
     }
 
     /// Culprits summed per task, largest first.

@@ -76,14 +76,7 @@ impl TopK {
 impl OpInputs {
     pub fn merge(&mut self, later: OpInputs) -> Result<(), ResolutionMismatch> {
         self.hist.merge(&later.hist)?;
-        self.split.add(later.split);
-        self.pids.extend(later.pids);
-        self.slowed = self.slowed.saturating_add(later.slowed);
-        self.slowed_pids.extend(later.slowed_pids);
-        for (k, ns) in later.culprits {
-            let e = self.culprits.entry(k).or_default();
-            *e = e.saturating_add(ns);
-        }
+        self.add_sums(&later);
         self.by_runnable.merge(later.by_runnable);
         self.by_dur.merge(later.by_dur);
         Ok(())
