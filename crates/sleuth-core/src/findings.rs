@@ -97,10 +97,14 @@ pub const CHURN_MEDIUM_SHARE: f64 = 0.05;
 // --- tail_latency ---------------------------------------------------------------
 /// An op needs at least this many per-call records ...
 pub const TAIL_MIN_CALLS: u64 = 20;
-/// ... a p99 at least this many times its p50 ...
+/// ... a tail at least this many times its p50 ...
 pub const TAIL_MIN_RATIO: f64 = 10.0;
-/// ... p99 - p50 at least this long (ignores tails of a few microseconds) ...
+/// ... tail - p50 at least this long (ignores tails of a few microseconds) ...
 pub const TAIL_MIN_EXCESS_NS: u64 = 100_000;
+/// ... where the tail is judged on p99, or on the call this many places from
+/// the slowest when that is faster: below 200 calls p99 is one of the last
+/// two calls, and one hiccup of the machine is not a tail.
+pub const TAIL_MIN_SLOW_CALLS: u64 = 3;
 /// ... and a tail whose runnable share stays below this (else the host explains it).
 pub const TAIL_HOST_EXPLAINED_SHARE: f64 = PREEMPTION_MIN_TAIL_SHARE;
 /// p99/p50 from which severity is medium (else low).

@@ -123,12 +123,27 @@ impl LatencyHist {
     /// Nearest-rank percentile `p` (as `stats::nearest_rank`) and its bucket.
     fn percentile_at(&self, p: u32) -> Option<(u64, u64)> {
         let n = self.count();
-        if n == 0 {
-            return None;
-        }
         let rank = u64::try_from((u128::from(p.clamp(1, 100)) * u128::from(n)).div_ceil(100))
             .unwrap_or(u64::MAX)
             .max(1);
+        self.at_rank(rank)
+    }
+
+    /// The value of the `k`-th slowest call (1: the maximum, exact); the
+    /// fastest call when there are fewer than `k`.
+    pub fn kth_slowest(&self, k: u64) -> Option<u64> {
+        let n = self.count();
+        self.at_rank(n.saturating_sub(k.max(1)).saturating_add(1).max(1))
+            .map(|x| x.0)
+    }
+
+    /// The value at ascending rank `rank` (1-based, at most the count) and its bucket.
+    fn at_rank(&self, rank: u64) -> Option<(u64, u64)> {
+        let n = self.count();
+        if n == 0 {
+            return None;
+        }
+        let rank = rank.clamp(1, n);
         if rank == n {
             // The last rank is the maximum, kept exactly.
             return Some((self.max_ns, self.key(self.max_ns)));
@@ -160,6 +175,24 @@ impl LatencyHist {
             }
         }
         (n, s)
+    }
+
+    /// [`TailSplit`] of the calls at or above `v` (in its bucket or a
+    /// slower one where durations are bucketed).
+    pub fn tail_from(&self, v: u64) -> TailSplit {
+        let mut calls = 0u64;
+        let mut s = Split::default();
+        for b in self.buckets.range(self.key(v)..).map(|(_, b)| b) {
+            calls = calls.saturating_add(b.count);
+            s.add(b.split);
+        }
+        let (on_cpu_share, runnable_share, blocked_share) = s.shares();
+        TailSplit {
+            calls,
+            on_cpu_share,
+            runnable_share,
+            blocked_share,
+        }
     }
 
     /// [`TailSplit`] of the calls above p95.

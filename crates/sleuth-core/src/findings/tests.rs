@@ -393,36 +393,78 @@ fn allocation_churn_edges() {
     assert!(c.recommendation.contains("empty_cache"));
 }
 
-/// 19 calls of `p50` and `slow` calls of `p99`.
-fn tail_trace(n_fast: u64, p50: u64, p99: u64) -> TraceData {
+/// `n_fast` calls of `p50` then `n_slow` calls of `p99`.
+fn slow_calls(n_fast: u64, n_slow: u64, p50: u64, p99: u64) -> TraceData {
     let mut calls = series("cudaMemcpyAsync", 0, n_fast, p50);
-    calls.push(call("cudaMemcpyAsync", 100 * MS, p99));
+    for i in 0..n_slow {
+        calls.push(call("cudaMemcpyAsync", 100 * MS + i * MS, p99));
+    }
     trace(calls)
+}
+
+/// 17 calls of `p50` and 3 of `p99`: the smallest tail that is judged.
+fn tail_trace(n_fast: u64, p50: u64, p99: u64) -> TraceData {
+    slow_calls(n_fast, TAIL_MIN_SLOW_CALLS, p50, p99)
 }
 
 #[test]
 fn tail_latency_edges() {
     let tl = |d: &TraceData| of_kind(&explain(d), Kind::TailLatency).len();
-    // 20 calls: p50 is the 10th, p99 the 20th.
-    assert_eq!(tl(&tail_trace(19, 20 * US, 200 * US)), 1); // ratio 10, excess 180 us
-    assert_eq!(tl(&tail_trace(19, 20 * US, 200 * US - 1)), 0); // ratio just below 10
-    assert_eq!(tl(&tail_trace(18, 20 * US, 200 * US)), 0); // 19 calls
-    assert_eq!(tl(&tail_trace(19, 10 * US, 110 * US)), 1); // excess exactly 100 us
-    assert_eq!(tl(&tail_trace(19, 10 * US, 110 * US - 1)), 0); // excess just below
-    let f = explain(&tail_trace(19, 20 * US, 200 * US));
+    // 20 calls: p50 is the 10th, p99 the 20th, the third-slowest the 18th.
+    assert_eq!(tl(&tail_trace(17, 20 * US, 200 * US)), 1); // ratio 10, excess 180 us
+    assert_eq!(tl(&tail_trace(17, 20 * US, 200 * US - 1)), 0); // ratio just below 10
+    assert_eq!(tl(&tail_trace(16, 20 * US, 200 * US)), 0); // 19 calls
+    assert_eq!(tl(&tail_trace(17, 10 * US, 110 * US)), 1); // excess exactly 100 us
+    assert_eq!(tl(&tail_trace(17, 10 * US, 110 * US - 1)), 0); // excess just below
+    let f = explain(&tail_trace(17, 20 * US, 200 * US));
     let t = of_kind(&f, Kind::TailLatency)[0];
-    assert!(t.summary.contains("10x"));
-    assert_eq!(t.evidence["tail"]["calls"], 1);
+    assert!(t.summary.contains("p99 is 10x"), "{}", t.summary);
+    // Fewer than three calls above p95: the split is of the three slowest.
+    assert_eq!(t.evidence["tail"]["calls"], 3);
+    assert_eq!(t.evidence["tail_ns"], 200 * US);
     assert!(t.summary.contains("on-CPU"));
+    // p99 is one far slower call: the judged value is the third-slowest, and said so.
+    let mut d = tail_trace(17, 20 * US, 200 * US);
+    let last = d.calls.len() - 1;
+    d.calls[last].dur_ns = 5 * MS;
+    let f = explain(&d);
+    let t = of_kind(&f, Kind::TailLatency)[0];
+    assert!(
+        t.summary
+            .contains("slowest 3 of 20 calls took 200.0us or more, 10x its p50 of 20.0us"),
+        "{}",
+        t.summary
+    );
+    assert_eq!(t.evidence["p99_ns"], 5 * MS);
+    assert_eq!(t.evidence["tail_judged_on"], "call 3 from the slowest");
+}
+
+#[test]
+fn one_or_two_slow_calls_are_not_a_tail() {
+    let tl = |d: &TraceData| of_kind(&explain(d), Kind::TailLatency).len();
+    // A hiccup of the machine in a short run: p99 is the slowest call.
+    assert_eq!(tl(&slow_calls(19, 1, 20 * US, 3 * MS)), 0);
+    assert_eq!(tl(&slow_calls(18, 2, 20 * US, 3 * MS)), 0);
+    assert_eq!(tl(&slow_calls(17, 3, 20 * US, 3 * MS)), 1);
+    // With 300 calls p99 is the 297th: three slow calls are below it, four reach it,
+    // and the finding is then judged (and said) on p99.
+    assert_eq!(tl(&slow_calls(297, 3, 20 * US, 3 * MS)), 0);
+    let f = explain(&slow_calls(296, 4, 20 * US, 3 * MS));
+    let t = of_kind(&f, Kind::TailLatency)[0];
+    assert!(t.summary.contains("p99 is 150x its p50"), "{}", t.summary);
+    assert_eq!(t.evidence["tail_judged_on"], "p99");
 }
 
 #[test]
 fn tail_explained_by_runnable_time_is_not_a_tail_finding() {
-    let mut d = tail_trace(19, 20 * US, 200 * US);
-    let last = d.calls.len() - 1;
-    d.calls[last].runnable_ns = 100 * US; // exactly half the slow call
+    let mut d = tail_trace(17, 20 * US, 200 * US);
+    // Half of the three slow calls' 600 us runnable: the host explains the tail.
+    let n = d.calls.len();
+    for c in &mut d.calls[n - 3..] {
+        c.runnable_ns = 100 * US;
+    }
     assert!(of_kind(&explain(&d), Kind::TailLatency).is_empty());
-    d.calls[last].runnable_ns = 100 * US - 1;
+    d.calls[n - 1].runnable_ns = 100 * US - 1;
     assert_eq!(of_kind(&explain(&d), Kind::TailLatency).len(), 1);
 }
 
@@ -442,7 +484,7 @@ fn without_host_context_time_findings_are_declared_not_evaluated() {
     );
     assert!(r.notes[1].contains("is unknown"), "{}", r.notes[1]);
     assert!(r.summary.is_none());
-    let mut t = tail_trace(19, 20 * US, 200 * US);
+    let mut t = tail_trace(17, 20 * US, 200 * US);
     t.has_host_context = false;
     let f = explain(&t);
     let tail = of_kind(&f, Kind::TailLatency)[0];

@@ -206,15 +206,30 @@ pub(super) fn tail_latency(ctx: &Context) -> Vec<Finding> {
     let mut out = Vec::new();
     for v in ctx.views() {
         let n = v.agg.count();
-        let ratio = if v.p50 == 0 {
-            f64::INFINITY
+        // Judged on p99, or on the third-slowest call where that is faster
+        // (fewer than 200 calls), so that a tail is more than one call.
+        let nth_slowest = v.agg.hist.kth_slowest(TAIL_MIN_SLOW_CALLS).unwrap_or(v.p99);
+        let tail_ns = v.p99.min(nth_slowest);
+        let on_p99 = tail_ns == v.p99;
+        let ratio_of = |x: u64| {
+            if v.p50 == 0 {
+                f64::INFINITY
+            } else {
+                x as f64 / v.p50 as f64
+            }
+        };
+        let ratio = ratio_of(tail_ns);
+        // The slow calls whose split is judged: those above p95, or, where
+        // fewer than TAIL_MIN_SLOW_CALLS are, the calls from the judged value up.
+        let t = if v.tail.calls >= TAIL_MIN_SLOW_CALLS {
+            v.tail
         } else {
-            v.p99 as f64 / v.p50 as f64
+            v.agg.hist.tail_from(tail_ns)
         };
         if n < TAIL_MIN_CALLS
             || ratio < TAIL_MIN_RATIO
-            || v.p99.saturating_sub(v.p50) < TAIL_MIN_EXCESS_NS
-            || (host && v.tail.runnable_share >= TAIL_HOST_EXPLAINED_SHARE)
+            || tail_ns.saturating_sub(v.p50) < TAIL_MIN_EXCESS_NS
+            || (host && t.runnable_share >= TAIL_HOST_EXPLAINED_SHARE)
         {
             continue;
         }
@@ -223,7 +238,6 @@ pub(super) fn tail_latency(ctx: &Context) -> Vec<Finding> {
         } else {
             Severity::Low
         };
-        let t = &v.tail;
         let (known, recommendation) = if !host {
             (
                 "host context was not captured, so whether the CPU was taken is unknown".to_string(),
@@ -267,20 +281,36 @@ pub(super) fn tail_latency(ctx: &Context) -> Vec<Finding> {
             severity,
             op: v.op.to_string(),
             pids: v.pids.clone(),
-            summary: format!(
-                "{} p99 is {:.0}x its p50 ({} vs {}); {}",
-                v.op,
-                ratio,
-                fmt_ns(v.p99),
-                fmt_ns(v.p50),
-                known
-            ),
+            summary: if on_p99 {
+                format!(
+                    "{} p99 is {:.0}x its p50 ({} vs {}); {}",
+                    v.op,
+                    ratio,
+                    fmt_ns(v.p99),
+                    fmt_ns(v.p50),
+                    known
+                )
+            } else {
+                format!(
+                    "{} slowest {} of {} calls took {} or more, {:.0}x its p50 of {}; {}",
+                    v.op,
+                    TAIL_MIN_SLOW_CALLS,
+                    n,
+                    fmt_ns(tail_ns),
+                    ratio,
+                    fmt_ns(v.p50),
+                    known
+                )
+            },
             evidence: json!({
                 "calls": n,
                 "p50_ns": v.p50,
                 "p95_ns": v.p95,
                 "p99_ns": v.p99,
-                "p99_over_p50": if ratio.is_finite() { json!(ratio) } else { json!(null) },
+                "p99_over_p50": finite(ratio_of(v.p99)),
+                "tail_ns": tail_ns,
+                "tail_judged_on": if on_p99 { "p99".to_string() } else { format!("call {TAIL_MIN_SLOW_CALLS} from the slowest") },
+                "tail_over_p50": finite(ratio),
                 "tail": if host { json!(t) } else { json!(null) },
                 "host_context": host,
                 "not_known": "what the GPU and the driver were doing during the slow calls",
@@ -293,4 +323,13 @@ pub(super) fn tail_latency(ctx: &Context) -> Vec<Finding> {
         });
     }
     out
+}
+
+/// A ratio as JSON: null where p50 was 0.
+fn finite(r: f64) -> serde_json::Value {
+    if r.is_finite() {
+        json!(r)
+    } else {
+        json!(null)
+    }
 }
