@@ -221,6 +221,11 @@ pub struct TracerCpu {
     pub poller_ns: u64,
     pub writer_ns: u64,
     pub helpers_ns: u64,
+    /// The part of `poller_ns` and `writer_ns` spent in the kernel (system
+    /// time, from `/proc/self/task/*/stat` in clock ticks: 10 ms steps on
+    /// most kernels), to tell syscall and file-system cost from our own code.
+    pub poller_sys_ns: u64,
+    pub writer_sys_ns: u64,
 }
 
 pub fn tracer_cpu() -> TracerCpu {
@@ -236,13 +241,34 @@ pub fn tracer_cpu() -> TracerCpu {
         let name = thread_name(me, tid);
         if tid == me {
             t.poller_ns += ns;
+            t.poller_sys_ns += system_ns(me, tid);
         } else if name == "gpusleuth-db" {
             t.writer_ns += ns;
+            t.writer_sys_ns += system_ns(me, tid);
         } else if name.starts_with(HELPER_PREFIX) {
             t.helpers_ns += ns;
         }
     }
     t
+}
+
+/// System time of a thread in ns (0 when unreadable).
+fn system_ns(pid: u32, tid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).unwrap_or_default();
+    // SAFETY: sysconf takes a plain integer and has no preconditions.
+    let ticks_per_s = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    stime_ticks(&stat)
+        .filter(|_| ticks_per_s > 0)
+        .map(|t| t.saturating_mul(1_000_000_000) / ticks_per_s as u64)
+        .unwrap_or(0)
+}
+
+/// `stime` (field 15) of a `/proc/*/task/*/stat` line; the command name
+/// (field 2) may hold spaces and parentheses, so fields are counted from
+/// the last `)`.
+fn stime_ticks(stat: &str) -> Option<u64> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(12)?.parse().ok()
 }
 
 fn thread_name(pid: u32, tid: u32) -> String {
@@ -257,6 +283,18 @@ mod tests {
 
     fn set(v: &[usize]) -> Cpus {
         v.iter().copied().collect()
+    }
+
+    #[test]
+    fn system_time_is_read_past_a_command_name_with_spaces() {
+        let line = "42 (a b) c) S 1 42 42 0 -1 4194560 100 0 0 0 731 29 0 0 20 0 3 0";
+        assert_eq!(stime_ticks(line), Some(29));
+        assert_eq!(stime_ticks("42 (x) S 1"), None);
+        assert_eq!(stime_ticks("no name"), None);
+        // This thread's own line parses.
+        let me = std::process::id();
+        let own = std::fs::read_to_string(format!("/proc/{me}/task/{}/stat", gettid())).unwrap();
+        assert!(stime_ticks(&own).is_some(), "{own}");
     }
 
     #[test]

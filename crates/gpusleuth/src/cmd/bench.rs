@@ -98,6 +98,13 @@ struct Footprint {
     helpers_us_per_event: f64,
     /// Poller + writer.
     tracer_us_per_event: f64,
+    /// Where that time went: the poller's and the writer's time in the
+    /// kernel (system time), the writer's inside its commits (WAL writes,
+    /// checkpoints), and how many transactions it committed.
+    poller_sys_us_per_event: f64,
+    writer_sys_us_per_event: f64,
+    writer_commit_us_per_event: f64,
+    writer_batches: u64,
     /// The writer's CPU per stored event completing the file after the
     /// stop (culprits, rollups, late indexes: `COMPLETION_CPU_STAT`).
     completion_us_per_event: f64,
@@ -416,6 +423,10 @@ impl Bench {
             tracer_us_per_event: per_event(
                 get("tracer_cpu_ns_poller") + get("tracer_cpu_ns_writer"),
             ),
+            poller_sys_us_per_event: per_event(get("tracer_sys_ns_poller")),
+            writer_sys_us_per_event: per_event(get("tracer_sys_ns_writer")),
+            writer_commit_us_per_event: per_event(get("writer_cpu_ns_commit")),
+            writer_batches: get("writer_batches"),
             completion_us_per_event: per_event(get(sleuth_store::COMPLETION_CPU_STAT)),
             traced_runnable_ms: traced_runnable as f64 / 1e6,
             runnable_by_tracer_ms: by_tracer as f64 / 1e6,
@@ -570,6 +581,9 @@ struct Marginal {
     writer_us: f64,
     tracer_us: f64,
     completion_us: f64,
+    poller_sys_us: f64,
+    writer_sys_us: f64,
+    writer_commit_us: f64,
 }
 
 /// The CPU per event that the larger flood with placement on added to the
@@ -599,6 +613,9 @@ fn marginal(rows: &[Footprint]) -> Option<Marginal> {
         writer_us,
         tracer_us: poller_us + writer_us,
         completion_us,
+        poller_sys_us: per_added(|f| f.poller_sys_us_per_event),
+        writer_sys_us: per_added(|f| f.writer_sys_us_per_event),
+        writer_commit_us: per_added(|f| f.writer_commit_us_per_event),
     })
 }
 
@@ -634,6 +651,17 @@ fn render_footprint(rows: &[Footprint]) -> String {
             "  per added event ({} vs {} launches, placement on): poller {:.2}, writer {:.2}, p+w {:.2} µs; completing the file after the stop {:.2} µs\n",
             m.launches.1, m.launches.0, m.poller_us, m.writer_us, m.tracer_us, m.completion_us
         );
+        s += &format!(
+            "    of which in the kernel: poller {:.2}, writer {:.2} µs; inside the writer's commits {:.2} µs ({})\n",
+            m.poller_sys_us,
+            m.writer_sys_us,
+            m.writer_commit_us,
+            rows.iter()
+                .filter(|f| f.placement)
+                .map(|f| format!("{} transactions for {} events", f.writer_batches, f.events_stored))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
     }
     let notes: std::collections::BTreeSet<&str> = rows
         .iter()
@@ -667,6 +695,10 @@ mod tests {
             writer_us_per_event: per(writer_s),
             helpers_us_per_event: 0.0,
             tracer_us_per_event: per(poller_s + writer_s),
+            poller_sys_us_per_event: per(poller_s / 4.0),
+            writer_sys_us_per_event: per(writer_s / 2.0),
+            writer_commit_us_per_event: per(writer_s / 4.0),
+            writer_batches: events / 1000,
             completion_us_per_event: per(completion_s),
             traced_runnable_ms: 0.0,
             runnable_by_tracer_ms: 0.0,
@@ -690,9 +722,17 @@ mod tests {
         assert!((m.writer_us - 1.0).abs() < 1e-9, "{m:?}");
         assert!((m.tracer_us - 2.0).abs() < 1e-9, "{m:?}");
         assert!((m.completion_us - 3.0).abs() < 1e-9, "{m:?}");
-        assert!(render_footprint(&rows).contains(
+        assert!((m.poller_sys_us - 0.25).abs() < 1e-9, "{m:?}");
+        assert!((m.writer_sys_us - 0.5).abs() < 1e-9, "{m:?}");
+        assert!((m.writer_commit_us - 0.25).abs() < 1e-9, "{m:?}");
+        let text = render_footprint(&rows);
+        assert!(text.contains(
             "per added event (800000 vs 200000 launches, placement on): poller 1.00, writer 1.00, p+w 2.00 µs; completing the file after the stop 3.00 µs"
         ));
+        assert!(
+            text.contains("of which in the kernel: poller 0.25, writer 0.50 µs; inside the writer's commits 0.25 µs (400 transactions for 400000 events, 1600 transactions for 1600000 events)"),
+            "{text}"
+        );
         // One flood size only: nothing to subtract.
         assert_eq!(marginal(&rows[..2]), None);
     }

@@ -1042,6 +1042,8 @@ fn trace_loop(
         handle.set_stat("tracer_cpu_ns_poller", cpu.poller_ns)?;
         handle.set_stat("tracer_cpu_ns_writer", cpu.writer_ns)?;
         handle.set_stat("tracer_cpu_ns_helpers", cpu.helpers_ns)?;
+        handle.set_stat("tracer_sys_ns_poller", cpu.poller_sys_ns)?;
+        handle.set_stat("tracer_sys_ns_writer", cpu.writer_sys_ns)?;
         if child.is_some() && child_exit.is_none() && signals::interrupts() >= 2 {
             handle.add_note(
                 NoteLevel::Warn,

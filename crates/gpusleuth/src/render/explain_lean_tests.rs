@@ -28,11 +28,13 @@ fn every_kind() -> TraceData {
         c.runnable_ns = 2 * MS;
         calls.push(c);
     }
-    // Async copies with a tail 50× their median.
-    for i in 0..19 {
+    // Async copies with a tail (three calls) 50× their median.
+    for i in 0..17 {
         calls.push(call("cudaMemcpyAsync", 600 * MS + i * 100 * US, 100 * US));
     }
-    calls.push(call("cudaMemcpyAsync", 610 * MS, 5 * MS));
+    for i in 0..3 {
+        calls.push(call("cudaMemcpyAsync", 610 * MS + i * 6 * MS, 5 * MS));
+    }
     // 64 MiB leaked every 10 ms over the whole run.
     for i in 0..100u64 {
         calls.push(alloc(

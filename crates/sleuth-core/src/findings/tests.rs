@@ -418,7 +418,13 @@ fn tail_latency_edges() {
     assert_eq!(tl(&tail_trace(17, 10 * US, 110 * US - 1)), 0); // excess just below
     let f = explain(&tail_trace(17, 20 * US, 200 * US));
     let t = of_kind(&f, Kind::TailLatency)[0];
-    assert!(t.summary.contains("p99 is 10x"), "{}", t.summary);
+    assert!(
+        t.summary
+            .contains("slowest 3 of 20 calls took 200.0us or more, 10x"),
+        "{}",
+        t.summary
+    );
+    assert_eq!(t.evidence["p99_ns"], 200 * US);
     // Fewer than three calls above p95: the split is of the three slowest.
     assert_eq!(t.evidence["tail"]["calls"], 3);
     assert_eq!(t.evidence["tail_ns"], 200 * US);

@@ -139,9 +139,13 @@ pub fn assert_close(got: &serde_json::Value, want: &serde_json::Value, at: &str)
             for (k, wv) in w {
                 let gv = &g[k];
                 let here = format!("{at}.{k}");
-                if k.ends_with("p50_ns") || k.ends_with("p95_ns") || k.ends_with("p99_ns") {
+                if k.ends_with("p50_ns")
+                    || k.ends_with("p95_ns")
+                    || k.ends_with("p99_ns")
+                    || k == "tail_ns"
+                {
                     close(gv.as_u64(), wv.as_u64(), &here);
-                } else if k == "p99_over_p50" {
+                } else if k == "p99_over_p50" || k == "tail_over_p50" {
                     let (a, b) = (gv.as_f64().unwrap_or(0.0), wv.as_f64().unwrap_or(0.0));
                     assert!(
                         (a - b).abs() <= b * 3.0 * MAX_RELATIVE_ERROR,
