@@ -3,7 +3,9 @@
 that both see the same machine load: `bench --footprint-only` (a flood of N
 and 4N launches with placement on; needs root and eBPF) per build and rep,
 reduced to poller, writer and completion µs per added event (4N run minus
-N run, over the added events), then the median and range per build.
+N run, over the added events), then the median and range per build; with
+builds since round 12 also the poller's and writer's kernel time and the
+writer's time inside its commits.
 
 Usage: sudo python3 scripts/tracer_ab.py BIN_A BIN_B [--reps 5] [--launches 200000]
 """
@@ -26,6 +28,10 @@ def per_added(rows):
         "writer": d("writer_us_per_event"),
         "p+w": d("tracer_us_per_event"),
         "completion": d("completion_us_per_event"),
+        # Builds since round 12 also say where the time went (0 before).
+        "poller_sys": d("poller_sys_us_per_event") if "poller_sys_us_per_event" in hi else 0.0,
+        "writer_sys": d("writer_sys_us_per_event") if "writer_sys_us_per_event" in hi else 0.0,
+        "commit": d("writer_commit_us_per_event") if "writer_commit_us_per_event" in hi else 0.0,
         "drops": hi["drops"] + lo["drops"],
     }
 
@@ -60,7 +66,7 @@ def main():
           f"median [min, max] over {args.reps} reps:")
     for binary, rows in got.items():
         parts = []
-        for k in ("poller", "writer", "p+w", "completion"):
+        for k in ("poller", "writer", "p+w", "completion", "poller_sys", "writer_sys", "commit"):
             v = [r[k] for r in rows]
             parts.append(f"{k} {statistics.median(v):.3f} [{min(v):.3f}, {max(v):.3f}]")
         print(f"  {binary}: " + ", ".join(parts))
