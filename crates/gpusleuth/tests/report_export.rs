@@ -215,6 +215,65 @@ fn json_export_lists_every_call() {
 }
 
 #[test]
+fn json_export_of_a_window_lists_the_calls_that_start_in_it() {
+    let dir = out_dir("json-window");
+    let db = Db::open(&demo_db());
+    let start = db.int("SELECT start_mono_ns FROM session");
+    let out = dir.join("calls.json");
+    common::run_ok(
+        gpusleuth()
+            .args([
+                "export", "--format", "json", "--from", "100ms", "--to", "300ms", "--db",
+            ])
+            .arg(demo_db())
+            .arg("-o")
+            .arg(&out),
+    );
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let calls = doc.as_array().expect("an array of calls");
+    let (lo, hi) = (start + 100_000_000, start + 300_000_000);
+    let want = db.int(&format!(
+        "SELECT count(*) FROM calls WHERE ts_ns >= {lo} AND ts_ns < {hi}"
+    ));
+    assert!(want > 0 && want < db.int("SELECT count(*) FROM calls"));
+    assert_eq!(calls.len() as i64, want);
+    assert!(calls.iter().all(|c| {
+        let ts = c["ts_ns"].as_i64().unwrap();
+        (lo..hi).contains(&ts)
+    }));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn an_empty_or_late_window_is_refused() {
+    let duration_ms = {
+        let db = Db::open(&demo_db());
+        db.int("SELECT (end_mono_ns - start_mono_ns) / 1000000 FROM session")
+    };
+    for (args, says) in [
+        (vec!["--from", "2s", "--to", "1s"], "is not after --from"),
+        (vec!["--from", "1s", "--to", "1s"], "is not after --from"),
+        (
+            vec!["--from", &format!("{}ms", duration_ms + 1000)],
+            "the trace lasts only",
+        ),
+        (vec!["--from", "soon"], "soon"),
+    ] {
+        let o = gpusleuth()
+            .args(["export", "--db"])
+            .arg(demo_db())
+            .args(&args)
+            .output()
+            .expect("run export");
+        assert_no_panic(&o);
+        assert_ne!(o.status.code(), Some(0), "{args:?}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(says), "{args:?}: {err}");
+        assert!(o.stdout.is_empty(), "{args:?}: nothing written");
+    }
+}
+
+#[test]
 fn export_of_a_missing_database_is_one_line_error() {
     let o = gpusleuth()
         .args([

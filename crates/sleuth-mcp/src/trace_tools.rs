@@ -357,7 +357,7 @@ pub fn slow_calls(db: &Path, a: &args::SlowCalls, budget: &ReadBudget) -> Result
             ops: a.op.as_deref().and_then(op_by_name).map(|o| vec![o.name]),
             order: StreamOrder::ByDurationDesc,
             limit: Some(limit as usize),
-            returned_by: None,
+            ..Default::default()
         },
         |c| {
             calls.push(c);

@@ -24,8 +24,12 @@ pub(crate) const COMM_CHARS: i64 = 64;
 /// SQL condition a `calls` row (optionally prefixed) must meet to be read.
 pub(crate) fn valid_call(prefix: &str) -> String {
     let p = prefix;
+    // `+ts_ns`: unary plus leaves the value as it is but keeps SQLite from
+    // taking this bound (every valid time) as the `(tid, ts_ns)` index's
+    // range, where a window's own bounds must be: a 1 ms window of a
+    // 10M-call trace read every row of its threads (0.7 s instead of 1 ms).
     format!(
-        "({p}ts_ns BETWEEN 0 AND {MAX_NS} AND {p}dur_ns BETWEEN 0 AND {MAX_NS} \
+        "(+{p}ts_ns BETWEEN 0 AND {MAX_NS} AND {p}dur_ns BETWEEN 0 AND {MAX_NS} \
          AND {p}runnable_ns BETWEEN 0 AND {MAX_NS} AND {p}blocked_ns BETWEEN 0 AND {MAX_NS} \
          AND ({p}size IS NULL OR {p}size BETWEEN 0 AND {MAX_SIZE}))"
     )
@@ -43,12 +47,13 @@ pub(crate) fn call_is_valid(c: &sleuth_core::CallEvent) -> bool {
         && c.size.is_none_or(|s| s <= MAX_SIZE as u64)
 }
 
-/// SQL condition a `waits` row (prefixed) must meet to be read.
+/// SQL condition a `waits` row (prefixed) must meet to be read (`+on_ns`:
+/// as `+ts_ns` in [`valid_call`], for the `(tid, on_ns)` index).
 pub(crate) fn valid_wait(prefix: &str) -> String {
     let p = prefix;
     format!(
         "({p}off_ns BETWEEN 0 AND {MAX_NS} AND {p}wake_ns BETWEEN 0 AND {MAX_NS} \
-         AND {p}on_ns BETWEEN 0 AND {MAX_NS})"
+         AND +{p}on_ns BETWEEN 0 AND {MAX_NS})"
     )
 }
 

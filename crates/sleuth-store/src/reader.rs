@@ -321,18 +321,10 @@ impl Trace {
             // The calls in a window (of a process or all): named by their
             // threads (from the stored call groups), the `(tid, ts_ns)`
             // index finds them without reading the calls outside the window.
-            if let Some(groups) =
-                crate::call_groups::stored(&self.conn).map_err(|e| self.read_error(e))?
+            if let Some(tids) =
+                crate::stream::window_tids(&self.conn, f.pid, "").map_err(|e| self.read_error(e))?
             {
-                let mut tids: Vec<u32> = groups
-                    .iter()
-                    .filter(|g| f.pid.is_none_or(|p| g.pid == p))
-                    .map(|g| g.tid)
-                    .collect();
-                tids.sort_unstable();
-                tids.dedup();
-                let list: Vec<String> = tids.iter().map(u32::to_string).collect();
-                conds.push(format!("tid IN ({})", list.join(", ")));
+                conds.push(tids);
             }
         }
         if let Some(s) = f.since_ns {

@@ -356,8 +356,7 @@ fn replay_and_explain(
                         pid,
                         ops: Some(ops),
                         order: StreamOrder::ByReturn,
-                        limit: None,
-                        returned_by: None,
+                        ..Default::default()
                     },
                     |s| {
                         by_return(s.id, &s.call);

@@ -51,6 +51,11 @@ pub struct CallQuery {
     /// the ledger at a moment (`memory --at`) applies nothing later, so it
     /// reads nothing later (fewer rows sorted by return and decoded).
     pub returned_by: Option<u64>,
+    /// Only calls that started in `[since_ns, until_ns)` (either bound may
+    /// be absent): found per thread through the `(tid, ts_ns)` index, so a
+    /// window reads its own calls, not the trace's.
+    pub since_ns: Option<u64>,
+    pub until_ns: Option<u64>,
 }
 
 /// Calls of one process, thread, op and return value, from one pass over
@@ -241,6 +246,83 @@ impl Rows {
         while let Some(row) = rows.next().map_err(|e| self.read_error(e))? {
             if let Some(w) = wait_from_row(row, &mut culprits).map_err(|e| self.read_error(e))? {
                 visit(w)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The waits of process `pid` (or all) that overlap `[since_ns,
+    /// until_ns)`, thread by thread (each in `on_ns` order): those that
+    /// ended in the window, read as one range of the `(tid, on_ns)` index,
+    /// and the one that began before its end and ended after it (a
+    /// thread's waits do not overlap: the first to end after the window).
+    /// The threads are listed by skipping through that index, one search
+    /// per thread: a window reads its own waits, not the trace's.
+    pub fn for_each_wait_in<E: From<StoreError>>(
+        &self,
+        pid: Option<u32>,
+        since_ns: u64,
+        until_ns: u64,
+        mut visit: impl FnMut(WaitEvent) -> Result<(), E>,
+    ) -> Result<(), E> {
+        let conn = self.bulk()?;
+        let tids: Vec<i64> = {
+            let mut st = conn
+                .prepare(
+                    "WITH RECURSIVE t(tid) AS (SELECT min(tid) FROM waits \
+                     UNION ALL SELECT (SELECT min(tid) FROM waits WHERE tid > t.tid) FROM t \
+                     WHERE t.tid IS NOT NULL) SELECT tid FROM t WHERE tid IS NOT NULL",
+                )
+                .map_err(|e| self.read_error(e))?;
+            let rows = st
+                .query_map([], |r| r.get::<_, rusqlite::types::Value>(0))
+                .map_err(|e| self.read_error(e))?;
+            let mut tids = Vec::new();
+            for v in rows {
+                // A tid that is no integer (a damaged file) is no thread of ours.
+                if let rusqlite::types::Value::Integer(t) = v.map_err(|e| self.read_error(e))? {
+                    tids.push(t);
+                }
+            }
+            tids
+        };
+        // `+w.pid`: the pid is checked, not searched, so SQLite reads the
+        // thread's own index range.
+        let base = format!(
+            "WHERE {} AND (?1 IS NULL OR +w.pid = ?1) AND w.tid = ?2",
+            valid_wait("w.")
+        );
+        let ended_in = waits_sql(
+            conn,
+            &format!("{base} AND w.on_ns >= ?3 AND w.on_ns < ?4 ORDER BY w.on_ns, w.id"),
+        )
+        .map_err(|e| self.read_error(e))?;
+        let ends_after = waits_sql(
+            conn,
+            &format!("{base} AND w.on_ns >= ?3 ORDER BY w.on_ns, w.id LIMIT 1"),
+        )
+        .map_err(|e| self.read_error(e))?;
+        let mut culprits = self
+            .conn
+            .prepare_cached(crate::rows::WAIT_CULPRITS_SQL)
+            .map_err(|e| self.read_error(e))?;
+        let (since, until) = (
+            i64::try_from(since_ns).unwrap_or(i64::MAX),
+            i64::try_from(until_ns).unwrap_or(i64::MAX),
+        );
+        for t in tids {
+            for (sql, args) in [
+                (&ended_in, rusqlite::params![pid, t, since, until]),
+                (&ends_after, rusqlite::params![pid, t, until]),
+            ] {
+                let mut st = conn.prepare_cached(sql).map_err(|e| self.read_error(e))?;
+                let mut rows = st.query(args).map_err(|e| self.read_error(e))?;
+                while let Some(row) = rows.next().map_err(|e| self.read_error(e))? {
+                    let w = wait_from_row(row, &mut culprits).map_err(|e| self.read_error(e))?;
+                    if let Some(w) = w.filter(|w| w.off_ns < until_ns) {
+                        visit(w)?;
+                    }
+                }
             }
         }
         Ok(())
@@ -480,11 +562,46 @@ pub(crate) fn visit_calls<E: From<StoreError>>(
         args.push(Value::Integer(i64::try_from(t).unwrap_or(i64::MAX)));
         conds.push(format!("calls.ts_ns + calls.dur_ns <= ?{}", args.len()));
     }
-    let scan_rows = scan_table(conn, src.version, q).map_err(err)?;
+    let windowed = q.since_ns.is_some() || q.until_ns.is_some();
+    if windowed {
+        // The threads (from the stored call groups) name the index ranges;
+        // without stored groups SQLite reads every row and filters.
+        if let Some(tids) = window_tids(conn, q.pid, "calls.").map_err(err)? {
+            conds.push(tids);
+        }
+    }
+    for (bound, op) in [(q.since_ns, ">="), (q.until_ns, "<")] {
+        if let Some(t) = bound {
+            args.push(Value::Integer(i64::try_from(t).unwrap_or(i64::MAX)));
+            conds.push(format!("calls.ts_ns {op} ?{}", args.len()));
+        }
+    }
+    let scan_rows = !windowed && scan_table(conn, src.version, q).map_err(err)?;
     let source = source_of(src.version, scan_rows, op_marks.as_deref());
     select_calls(
         conn, src, &conds, &args, q.order, q.limit, &source, err, visit,
     )
+}
+
+/// `{prefix}tid IN (...)`: the threads of process `pid` (or all) that have
+/// calls, from the stored call groups; None without them.
+pub(crate) fn window_tids(
+    conn: &Connection,
+    pid: Option<u32>,
+    prefix: &str,
+) -> rusqlite::Result<Option<String>> {
+    let Some(groups) = crate::call_groups::stored(conn)? else {
+        return Ok(None);
+    };
+    let mut tids: Vec<u32> = groups
+        .iter()
+        .filter(|g| pid.is_none_or(|p| g.pid == p))
+        .map(|g| g.tid)
+        .collect();
+    tids.sort_unstable();
+    tids.dedup();
+    let list: Vec<String> = tids.iter().map(u32::to_string).collect();
+    Ok(Some(format!("{prefix}tid IN ({})", list.join(", "))))
 }
 
 /// The memory calls of the file the writer is finishing, in `order`: the
@@ -499,8 +616,7 @@ pub(crate) fn visit_own_memory_calls(
         pid: None,
         ops: Some(sleuth_core::ledger::memory_op_names()),
         order,
-        limit: None,
-        returned_by: None,
+        ..Default::default()
     };
     let sqlite = |source| StoreError::Sqlite {
         path: PathBuf::new(),
@@ -928,8 +1044,8 @@ impl MemoryTrace {
             pid: self.pid,
             ops: Some(sleuth_core::ledger::memory_op_names()),
             order,
-            limit: None,
             returned_by,
+            ..Default::default()
         }
     }
 

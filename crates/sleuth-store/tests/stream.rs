@@ -510,8 +510,8 @@ fn calls_of_rare_ops_read_through_the_op_index_equal_the_loaded_ones() {
                         pid,
                         ops: Some(ops.clone()),
                         order,
-                        limit: None,
                         returned_by,
+                        ..Default::default()
                     },
                     |c| {
                         got.push(c.call);

@@ -25,6 +25,7 @@ use serde_json::{json, Value};
 use sleuth_core::analysis::Analysis;
 use sleuth_core::findings::Finding;
 use sleuth_core::ledger::ProcessLedger;
+use sleuth_core::units::fmt_ns;
 use sleuth_core::{CallEvent, Layer, TraceData, WaitEvent};
 use sleuth_store::stream::{CallQuery, Rows};
 use sleuth_store::{ReadBudget, StoreError, Trace};
@@ -55,6 +56,71 @@ pub struct Args {
     /// Replace the output file if it exists.
     #[arg(long)]
     pub force: bool,
+    /// Only what happened from this moment on, as time since the trace
+    /// started (as `memory --at` counts it: 1.5s, 250ms, 0): the calls that
+    /// start in the window, the waits that overlap it, the memory tracks and
+    /// GPU samples inside it (the findings stay the whole trace's).
+    #[arg(long, value_parser = crate::args::duration_ns)]
+    pub from: Option<u64>,
+    /// Only what happened before this moment (time since the trace started).
+    #[arg(long, value_parser = crate::args::duration_ns)]
+    pub to: Option<u64>,
+}
+
+/// The part of the trace an export covers, in monotonic ns: `[since, until)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Window {
+    since: u64,
+    until: u64,
+}
+
+impl Window {
+    /// The window `--from`/`--to` name, or None for the whole trace.
+    fn of(args: &Args, trace: &Trace) -> anyhow::Result<Option<Window>> {
+        if args.from.is_none() && args.to.is_none() {
+            return Ok(None);
+        }
+        let from = args.from.unwrap_or(0);
+        if let Some(to) = args.to {
+            if to <= from {
+                anyhow::bail!(
+                    "--to {} is not after --from {}: the window would be empty",
+                    fmt_ns(to),
+                    fmt_ns(from)
+                );
+            }
+        }
+        let session = trace.session()?;
+        let start = session.info.start_mono_ns;
+        if let Some(end) = session.end_mono_ns {
+            let lasts = end.saturating_sub(start);
+            if from > lasts {
+                anyhow::bail!(
+                    "--from {}: the trace lasts only {} (--from is the time since the trace started)",
+                    fmt_ns(from),
+                    fmt_ns(lasts)
+                );
+            }
+        }
+        Ok(Some(Window {
+            since: start.saturating_add(from),
+            until: args.to.map_or(u64::MAX, |t| start.saturating_add(t)),
+        }))
+    }
+
+    fn holds(&self, ts_ns: u64) -> bool {
+        (self.since..self.until).contains(&ts_ns)
+    }
+
+    /// The calls of process `pid` (or all) that start in window `w` (or all).
+    fn calls(w: Option<Window>, pid: Option<u32>) -> CallQuery {
+        CallQuery {
+            pid,
+            since_ns: w.map(|w| w.since),
+            until_ns: w.map(|w| w.until).filter(|&u| u != u64::MAX),
+            ..Default::default()
+        }
+    }
 }
 
 pub fn run(args: Args) -> anyhow::Result<i32> {
@@ -69,17 +135,18 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     if let Some(pid) = pid {
         trace.require_pid(pid)?;
     }
+    let window = Window::of(&args, &trace)?;
     let rows = Rows::open(&trace)?;
     // A damaged file is refused before anything is written (as loading it would be).
     rows.check_totals()?;
     let frame = match args.format {
-        Format::Perfetto => Some(PerfettoFrame::of(&trace, pid)?),
+        Format::Perfetto => Some(PerfettoFrame::of(&trace, pid, window.is_some())?),
         Format::Json => None,
     };
     let write = |w: &mut dyn Write| -> anyhow::Result<()> {
         match &frame {
-            Some(f) => write_perfetto(w, f, &rows, pid),
-            None => write_calls_json(w, &rows, pid, trace.has_host_context()),
+            Some(f) => write_perfetto(w, f, &rows, pid, window),
+            None => write_calls_json(w, &rows, pid, window, trace.has_host_context()),
         }
     };
     match &args.output {
@@ -230,16 +297,13 @@ fn write_calls_json(
     w: &mut dyn Write,
     rows: &Rows,
     pid: Option<u32>,
+    window: Option<Window>,
     host: bool,
 ) -> anyhow::Result<()> {
     let mut a = ArrayWriter::open(w)?;
-    rows.for_each_call::<anyhow::Error>(
-        &CallQuery {
-            pid,
-            ..Default::default()
-        },
-        |c| a.item(&json_call(&c.call, host)),
-    )?;
+    rows.for_each_call::<anyhow::Error>(&Window::calls(window, pid), |c| {
+        a.item(&json_call(&c.call, host))
+    })?;
     a.close()?;
     Ok(())
 }
@@ -343,8 +407,10 @@ impl PerfettoFrame {
     /// `explain` and the report show); it needs the whole trace loaded,
     /// which is let go before any call is written (the findings do not
     /// stream yet: this load is what bounds `export`'s memory now).
-    fn of(trace: &Trace, pid: Option<u32>) -> anyhow::Result<PerfettoFrame> {
-        if let Some(f) = Self::lean(trace, pid)? {
+    /// `windowed`: the threads named up front are those with calls; the
+    /// waits' own are named as the window's waits are written.
+    fn of(trace: &Trace, pid: Option<u32>, windowed: bool) -> anyhow::Result<PerfettoFrame> {
+        if let Some(f) = Self::lean(trace, pid, windowed)? {
             return Ok(f);
         }
         let mut data = trace.load(pid)?;
@@ -369,7 +435,11 @@ impl PerfettoFrame {
     /// The threads are those of the call groups and of the waits, the
     /// origin `TraceSpan::of`'s (session start, first call, first wait or
     /// lifecycle event), both as the full load gives them.
-    fn lean(trace: &Trace, pid: Option<u32>) -> anyhow::Result<Option<PerfettoFrame>> {
+    fn lean(
+        trace: &Trace,
+        pid: Option<u32>,
+        windowed: bool,
+    ) -> anyhow::Result<Option<PerfettoFrame>> {
         let budget = ReadBudget::new(sleuth_store::DEFAULT_READ_TIMEOUT);
         let Some(lean) = sleuth_store::lean::load(trace, pid, budget)? else {
             return Ok(None);
@@ -379,7 +449,10 @@ impl PerfettoFrame {
         // The view's call groups are of every process; `--pid` keeps its own.
         let groups = view.own_groups();
         let mut threads: BTreeSet<(u32, u32)> = groups.clone().map(|g| (g.pid, g.tid)).collect();
-        threads.extend(view.rows().wait_threads(pid)?);
+        if !windowed {
+            // Every wait's thread: a pass over the waits.
+            threads.extend(view.rows().wait_threads(pid)?);
+        }
         let first_call = groups.map(|g| g.first_ts_ns).min();
         let earliest = first_call
             .into_iter()
@@ -430,6 +503,7 @@ fn write_perfetto(
     f: &PerfettoFrame,
     rows: &Rows,
     pid: Option<u32>,
+    window: Option<Window>,
 ) -> anyhow::Result<()> {
     // Every timestamp is relative to the extent's origin: a wait begun
     // before tracing started is drawn at its place, never at a negative time.
@@ -442,34 +516,65 @@ fn write_perfetto(
         first: true,
     };
     metadata(data, &f.threads, &mut ev)?;
-    rows.for_each_call::<anyhow::Error>(
-        &CallQuery {
-            pid,
-            ..Default::default()
-        },
-        |c| ev.item(&call_slice(&c.call, data, origin)),
-    )?;
-    rows.for_each_wait::<anyhow::Error>(pid, |wt| {
-        off_cpu_slices(&wt, origin).try_for_each(|s| ev.item(&s))
+    rows.for_each_call::<anyhow::Error>(&Window::calls(window, pid), |c| {
+        ev.item(&call_slice(&c.call, data, origin))
     })?;
+    match window {
+        Some(win) => {
+            // The threads of the window's waits not named yet (the frame
+            // named those with calls), named after their slices.
+            let mut unnamed = BTreeSet::new();
+            rows.for_each_wait_in::<anyhow::Error>(pid, win.since, win.until, |wt| {
+                if !f.threads.contains(&(wt.pid, wt.tid)) {
+                    unnamed.insert((wt.pid, wt.tid));
+                }
+                off_cpu_slices(&wt, origin).try_for_each(|s| ev.item(&s))
+            })?;
+            let pids: BTreeSet<u32> = data.processes.iter().map(|p| p.pid).collect();
+            let new_pids = unnamed
+                .iter()
+                .map(|t| t.0)
+                .filter(|p| !pids.contains(p) && !f.threads.iter().any(|t| t.0 == *p));
+            process_names(data, &new_pids.collect(), &mut ev)?;
+            thread_names(data, &unnamed, &mut ev)?;
+        }
+        None => rows.for_each_wait::<anyhow::Error>(pid, |wt| {
+            off_cpu_slices(&wt, origin).try_for_each(|s| ev.item(&s))
+        })?,
+    }
+    let held = |ts: u64| window.is_none_or(|w| w.holds(ts));
     for l in &f.ledgers {
         let name = "device memory (bytes)";
-        // Start at zero so the track begins with the trace, not the first allocation.
-        ev.item(&json!({"ph": "C", "name": name, "pid": l.pid, "ts": 0.0,
-                        "args": {"live_bytes": 0}}))?;
-        for p in &l.timeline {
+        // The track begins with the trace (at zero) or the window (at what
+        // was live then), not at the first allocation.
+        let (start_ts, start_bytes) = match window {
+            None => (0.0, 0),
+            Some(w) => (
+                us(w.since, origin),
+                l.timeline
+                    .iter()
+                    .take_while(|p| p.ts_ns < w.since)
+                    .last()
+                    .map_or(0, |p| p.live_bytes),
+            ),
+        };
+        ev.item(
+            &json!({"ph": "C", "name": name, "pid": l.pid, "ts": start_ts,
+                        "args": {"live_bytes": start_bytes}}),
+        )?;
+        for p in l.timeline.iter().filter(|p| held(p.ts_ns)) {
             ev.item(
                 &json!({"ph": "C", "name": name, "pid": l.pid, "ts": us(p.ts_ns, origin),
                         "args": {"live_bytes": p.live_bytes}}),
             )?;
         }
-        for fa in &l.failed_allocs {
+        for fa in l.failed_allocs.iter().filter(|fa| held(fa.ts_ns)) {
             ev.item(&json!({"ph": "i", "s": "p", "name": format!("failed {}", fa.op),
                             "cat": "memory", "pid": l.pid, "tid": l.pid, "ts": us(fa.ts_ns, origin),
                             "args": {"bytes": fa.bytes, "error": fa.error, "live_bytes_at": fa.live_bytes_at}}))?;
         }
     }
-    gpu_counters(data, origin, &mut ev)?;
+    gpu_counters(data, origin, window, &mut ev)?;
     for finding in &f.findings {
         ev.item(&finding_event(finding, data, origin))?;
     }
@@ -483,13 +588,19 @@ const GPU_TRACK_PID: u32 = 0;
 /// NVML figures as counter tracks: GPU busy per GPU (a step at the start
 /// of each sample period) on a "GPUs (NVML)" track, and per process the
 /// device memory the driver attributed to it (pre-trace memory included).
-fn gpu_counters(data: &TraceData, origin: u64, ev: &mut ArrayWriter) -> anyhow::Result<()> {
+fn gpu_counters(
+    data: &TraceData,
+    origin: u64,
+    window: Option<Window>,
+    ev: &mut ArrayWriter,
+) -> anyhow::Result<()> {
+    let held = |ts: u64| window.is_none_or(|w| w.holds(ts));
     if let Some(samples) = &data.gpu_samples {
         ev.item(
             &json!({"ph": "M", "name": "process_name", "pid": GPU_TRACK_PID, "tid": 0,
                        "args": {"name": "GPUs (NVML)"}}),
         )?;
-        for g in samples {
+        for g in samples.iter().filter(|g| held(g.ts_ns)) {
             let at = g.ts_ns.saturating_sub(g.period_ns).max(origin);
             ev.item(
                 &json!({"ph": "C", "name": format!("GPU {} busy (%)", g.gpu),
@@ -498,7 +609,7 @@ fn gpu_counters(data: &TraceData, origin: u64, ev: &mut ArrayWriter) -> anyhow::
             )?;
         }
     }
-    for p in &data.process_gpu {
+    for p in data.process_gpu.iter().filter(|p| held(p.ts_ns)) {
         if let Some(b) = p.used_bytes {
             ev.item(
                 &json!({"ph": "C", "name": format!("GPU {} memory held, NVML (bytes)", p.gpu),
@@ -518,12 +629,31 @@ fn metadata(
 ) -> anyhow::Result<()> {
     let mut pids: BTreeSet<u32> = data.processes.iter().map(|p| p.pid).collect();
     pids.extend(threads.iter().map(|t| t.0));
-    for pid in &pids {
+    process_names(data, &pids, ev)?;
+    thread_names(data, threads, ev)
+}
+
+/// `process_name` records of `pids`.
+fn process_names(
+    data: &TraceData,
+    pids: &BTreeSet<u32>,
+    ev: &mut ArrayWriter,
+) -> anyhow::Result<()> {
+    for pid in pids {
         ev.item(
             &json!({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
                        "args": {"name": format!("{} ({pid})", data.comm_of(*pid))}}),
         )?;
     }
+    Ok(())
+}
+
+/// `thread_name` records of `threads`.
+fn thread_names(
+    data: &TraceData,
+    threads: &BTreeSet<(u32, u32)>,
+    ev: &mut ArrayWriter,
+) -> anyhow::Result<()> {
     for &(pid, tid) in threads {
         let name = if pid == tid {
             format!("{} (main {tid})", data.comm_of(pid))
@@ -638,11 +768,11 @@ mod tests {
         let mut out = Vec::new();
         match format {
             Format::Perfetto => {
-                let frame = PerfettoFrame::of(&trace, pid).unwrap();
-                write_perfetto(&mut out, &frame, &rows, pid).unwrap();
+                let frame = PerfettoFrame::of(&trace, pid, false).unwrap();
+                write_perfetto(&mut out, &frame, &rows, pid, None).unwrap();
             }
             Format::Json => {
-                write_calls_json(&mut out, &rows, pid, trace.has_host_context()).unwrap()
+                write_calls_json(&mut out, &rows, pid, None, trace.has_host_context()).unwrap()
             }
         }
         out
@@ -656,6 +786,142 @@ mod tests {
             Format::Json => reference::calls_json(&data),
         };
         serde_json::to_vec(&doc).unwrap()
+    }
+
+    /// The Perfetto document `export` writes for `db`, `pid` and `window`.
+    pub(super) fn perfetto_doc(db: &Path, pid: Option<u32>, window: Option<Window>) -> Value {
+        let trace = Trace::open(db).unwrap();
+        let rows = Rows::open(&trace).unwrap();
+        let frame = PerfettoFrame::of(&trace, pid, window.is_some()).unwrap();
+        let mut out = Vec::new();
+        write_perfetto(&mut out, &frame, &rows, pid, window).unwrap();
+        serde_json::from_slice(&out).unwrap()
+    }
+
+    /// The middle third of `db`'s calls as a window: its export holds the
+    /// calls starting in it and the waits overlapping it, each as the whole
+    /// export draws it, the memory points inside it (after one at its start
+    /// with what was live then), and names every thread it draws.
+    pub(super) fn assert_window(db: &Path) {
+        let trace = Trace::open(db).unwrap();
+        let data = trace.load(None).unwrap();
+        // The middle third of the calls' extent (a rewritten trace's
+        // session may start at 0, long before its calls).
+        let start = data.calls.iter().map(|c| c.ts_ns).min().unwrap();
+        let d = data.calls.iter().map(|c| c.ts_ns + c.dur_ns).max().unwrap() - start;
+        let w = Window {
+            since: start + d / 3,
+            until: start + 2 * d / 3,
+        };
+        let whole = perfetto_doc(db, None, None);
+        let win = perfetto_doc(db, None, Some(w));
+        let origin = whole["otherData"]["origin_mono_ns"].as_u64().unwrap();
+        assert_eq!(win["otherData"], whole["otherData"], "{db:?}");
+        let events = |doc: &Value, cat: &str| -> Vec<String> {
+            let mut v: Vec<String> = doc["traceEvents"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|e| e["cat"].as_str().is_some_and(|c| c.starts_with(cat)))
+                .map(|e| e.to_string())
+                .collect();
+            v.sort();
+            v
+        };
+        let (lo, hi) = (us(w.since, origin), us(w.until, origin));
+        let in_window = |e: &String| {
+            let ts = serde_json::from_str::<Value>(e).unwrap()["ts"]
+                .as_f64()
+                .unwrap();
+            (lo..hi).contains(&ts)
+        };
+        let calls: Vec<String> = events(&whole, "cuda.")
+            .into_iter()
+            .filter(in_window)
+            .collect();
+        assert!(!calls.is_empty(), "{db:?}: no call in the window");
+        assert!(
+            calls.len() < events(&whole, "cuda.").len(),
+            "{db:?}: every call in the window"
+        );
+        assert_eq!(events(&win, "cuda."), calls, "{db:?}");
+        let mut waits: Vec<String> = data
+            .waits
+            .iter()
+            .filter(|x| x.off_ns < w.until && x.on_ns >= w.since)
+            .flat_map(|x| off_cpu_slices(x, origin))
+            .map(|e| e.to_string())
+            .collect();
+        waits.sort();
+        assert!(!waits.is_empty(), "{db:?}: no wait in the window");
+        assert_eq!(events(&win, "sched."), waits, "{db:?}");
+        // Memory: one point at the window's start, then the whole track's points inside it.
+        let counters = |doc: &Value| -> Vec<(u64, f64, u64)> {
+            doc["traceEvents"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|e| e["ph"] == "C" && e["name"] == "device memory (bytes)")
+                .map(|e| {
+                    let bytes = e["args"]["live_bytes"].as_u64().unwrap();
+                    (e["pid"].as_u64().unwrap(), e["ts"].as_f64().unwrap(), bytes)
+                })
+                .collect()
+        };
+        for pid in counters(&whole)
+            .iter()
+            .map(|c| c.0)
+            .collect::<BTreeSet<_>>()
+        {
+            let track = |doc: &Value| -> Vec<(f64, u64)> {
+                counters(doc)
+                    .into_iter()
+                    .filter(|c| c.0 == pid)
+                    .map(|c| (c.1, c.2))
+                    .collect()
+            };
+            let (all, got) = (track(&whole), track(&win));
+            let before = all
+                .iter()
+                .take_while(|p| p.0 < lo)
+                .last()
+                .map_or(0, |p| p.1);
+            let mut want = vec![(lo, before)];
+            want.extend(
+                all.iter()
+                    .copied()
+                    .filter(|p| (lo..hi).contains(&p.0))
+                    .skip(
+                        // The whole track's first point (0 at ts 0) is no point of the ledger.
+                        usize::from(lo == 0.0),
+                    ),
+            );
+            assert_eq!(got, want, "{db:?} pid {pid}");
+        }
+        // Every thread drawn is named.
+        let named: BTreeSet<(u64, u64)> = win["traceEvents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["ph"] == "M" && e["name"] == "thread_name")
+            .map(|e| (e["pid"].as_u64().unwrap(), e["tid"].as_u64().unwrap()))
+            .collect();
+        for e in win["traceEvents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["ph"] == "X")
+        {
+            let t = (e["pid"].as_u64().unwrap(), e["tid"].as_u64().unwrap());
+            assert!(named.contains(&t), "{db:?}: thread {t:?} drawn, not named");
+        }
+    }
+
+    #[test]
+    fn a_window_holds_what_the_whole_export_holds_in_it_on_the_examples() {
+        for name in ["demo-sim.db", "h200-contention.db"] {
+            assert_window(&example(name));
+        }
     }
 
     fn assert_identical(db: &Path, pid: Option<u32>) {
@@ -852,7 +1118,7 @@ mod tests {
         // Without host context (an import) the split is null, never 0.
         let trace = Trace::open(&db).unwrap();
         let mut out = Vec::new();
-        write_calls_json(&mut out, &Rows::open(&trace).unwrap(), None, false).unwrap();
+        write_calls_json(&mut out, &Rows::open(&trace).unwrap(), None, None, false).unwrap();
         let _ = std::fs::remove_file(&db);
         let doc: Value = serde_json::from_slice(&out).unwrap();
         assert!(doc[0]["on_cpu_ns"].is_null() && doc[0]["runnable_ns"].is_null());
@@ -879,12 +1145,20 @@ mod lean_tests {
     use crate::trace_fixture::{example, rewrite, two_processes};
 
     fn perfetto(db: &Path, pid: Option<u32>) -> Value {
-        let trace = Trace::open(db).unwrap();
-        let rows = Rows::open(&trace).unwrap();
-        let frame = PerfettoFrame::of(&trace, pid).unwrap();
-        let mut out = Vec::new();
-        write_perfetto(&mut out, &frame, &rows, pid).unwrap();
-        serde_json::from_slice(&out).unwrap()
+        super::tests::perfetto_doc(db, pid, None)
+    }
+
+    #[test]
+    fn a_window_of_a_trace_with_rollups_holds_what_the_whole_export_holds_in_it() {
+        let dir = TempDir::new("window");
+        for name in ["demo-sim.db", "h200-contention.db"] {
+            let path = dir.join(name);
+            rewrite(
+                &Trace::open(&example(name)).unwrap().load(None).unwrap(),
+                &path,
+            );
+            super::tests::assert_window(&path);
+        }
     }
 
     fn split(doc: &Value) -> (Vec<Value>, Vec<Value>) {
