@@ -22,23 +22,6 @@ pub(crate) const ROLLUPS_COMPLETE: &str = "1";
 /// the file (culprits, rollups, late indexes), in ns.
 pub const COMPLETION_CPU_STAT: &str = "tracer_cpu_ns_completion";
 
-/// CPU time of the calling thread so far, in ns (0 if the clock fails).
-fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a live, writable timespec; the clock id is a constant
-    // every Linux kernel supports.
-    let r = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    if r != 0 {
-        return 0;
-    }
-    (ts.tv_sec as u64)
-        .saturating_mul(1_000_000_000)
-        .saturating_add(ts.tv_nsec as u64)
-}
-
 /// Fills `call_culprits`, completes `processes` and writes the rollups;
 /// returns the culprit rows written. A file of a rotating trace (`run`)
 /// also stores the run's ledger carried from the previous file
@@ -48,7 +31,7 @@ pub(crate) fn complete(
     rollup: &Rollup,
     run: Option<&RunLink>,
 ) -> rusqlite::Result<u64> {
-    let cpu_at_start = thread_cpu_ns();
+    let cpu_at_start = crate::writer::thread_cpu_ns();
     let tx = conn.transaction()?;
     complete_processes(&tx, rollup)?;
     // First: the per-thread pass reads each thread's calls by (tid, ts_ns).
@@ -70,7 +53,7 @@ pub(crate) fn complete(
     crate::writer::set_stat(
         &tx,
         COMPLETION_CPU_STAT,
-        thread_cpu_ns().saturating_sub(cpu_at_start),
+        crate::writer::thread_cpu_ns().saturating_sub(cpu_at_start),
     )?;
     tx.commit()?;
     if let (Some(link), Some(carry)) = (run, carry) {

@@ -203,13 +203,25 @@ pub fn drop_stat_name(index: usize) -> Option<String> {
 
 /// CLOCK_MONOTONIC now, in ns (the clock of every trace timestamp).
 pub fn monotonic_now_ns() -> u64 {
+    clock_ns(libc::CLOCK_MONOTONIC)
+}
+
+/// CPU time of the calling thread in ns (exact: the scheduler's runtime).
+pub(crate) fn thread_cpu_ns() -> u64 {
+    clock_ns(libc::CLOCK_THREAD_CPUTIME_ID)
+}
+
+/// Clock `id` now, in ns (0 if the clock fails).
+fn clock_ns(id: libc::clockid_t) -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
     // SAFETY: clock_gettime writes one timespec to a valid, exclusive pointer;
-    // CLOCK_MONOTONIC is always supported on Linux.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    // both clocks used here exist on every Linux kernel.
+    if unsafe { libc::clock_gettime(id, &mut ts) } != 0 {
+        return 0;
+    }
     (ts.tv_sec as u64)
         .saturating_mul(1_000_000_000)
         .saturating_add(ts.tv_nsec as u64)
@@ -528,20 +540,6 @@ fn write_counters(tx: &Connection, n: &Counters) -> rusqlite::Result<()> {
 
 /// The `stats` row counting records and rows that could not be decoded or stored.
 const DECODE_ERRORS: &str = "decode_errors";
-
-/// CPU time of the calling thread in ns (exact: the scheduler's runtime).
-fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes one timespec to a valid, exclusive pointer;
-    // CLOCK_THREAD_CPUTIME_ID is supported on Linux.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    (ts.tv_sec as u64)
-        .saturating_mul(1_000_000_000)
-        .saturating_add(ts.tv_nsec as u64)
-}
 
 /// Nice +10 for the calling thread only (Linux: PRIO_PROCESS with a thread
 /// id). Best effort: on failure the writer keeps the normal priority.

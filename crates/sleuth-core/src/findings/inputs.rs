@@ -186,25 +186,13 @@ impl LatencyHist {
             calls = calls.saturating_add(b.count);
             s.add(b.split);
         }
-        let (on_cpu_share, runnable_share, blocked_share) = s.shares();
-        TailSplit {
-            calls,
-            on_cpu_share,
-            runnable_share,
-            blocked_share,
-        }
+        tail_split(calls, s)
     }
 
     /// [`TailSplit`] of the calls above p95.
     pub fn tail(&self) -> TailSplit {
         let (calls, s) = self.above(95);
-        let (on_cpu_share, runnable_share, blocked_share) = s.shares();
-        TailSplit {
-            calls,
-            on_cpu_share,
-            runnable_share,
-            blocked_share,
-        }
+        tail_split(calls, s)
     }
 }
 
@@ -732,6 +720,17 @@ impl FindingInputs {
     /// First call start to last call end of one process ((0, 0) without calls).
     pub fn cuda_span(&self, pid: u32) -> (u64, u64) {
         self.spans.get(&pid).copied().unwrap_or((0, 0))
+    }
+}
+
+/// The shares of `calls` calls whose summed split is `s`.
+fn tail_split(calls: u64, s: Split) -> TailSplit {
+    let (on_cpu_share, runnable_share, blocked_share) = s.shares();
+    TailSplit {
+        calls,
+        on_cpu_share,
+        runnable_share,
+        blocked_share,
     }
 }
 
