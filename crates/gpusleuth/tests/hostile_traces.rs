@@ -295,6 +295,18 @@ fn commands(db: &str, out_dir: &Path, tag: &str) -> Vec<Vec<String>> {
             "-o",
             &o("json"),
         ],
+        // A window: calls and waits read per thread through the indexes.
+        vec![
+            "export",
+            "--db",
+            db,
+            "--from",
+            "1ms",
+            "--to",
+            "2s",
+            "-o",
+            &o("w.json"),
+        ],
         vec!["query", "--db", db, "SELECT * FROM processes"],
     ]
     .into_iter()
