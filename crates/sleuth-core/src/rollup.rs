@@ -153,10 +153,7 @@ impl OpRollup {
     /// [`Self::percentile`] over `sorted` (this rollup's [`Buckets::sorted`]:
     /// one sort for the several percentiles of a stats row).
     fn percentile_in(&self, sorted: &[(u32, Bucket)], p: u32) -> Option<(u64, u32)> {
-        // Nearest rank: ceil(p * n / 100), at least 1 (in u128: a stored
-        // histogram's count may be near u64::MAX).
-        let rank = (u128::from(p.clamp(1, 100)) * u128::from(sorted_count(sorted))).div_ceil(100);
-        self.at_rank_in(sorted, u64::try_from(rank.max(1)).unwrap_or(u64::MAX))
+        self.at_rank_in(sorted, crate::stats::rank_of(p, sorted_count(sorted)))
     }
 
     /// Nearest-rank percentile `p` (1..=100) as `stats::nearest_rank` gives

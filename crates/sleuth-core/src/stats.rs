@@ -33,9 +33,18 @@ pub fn nearest_rank(sorted: &[u64], p: u32) -> Option<u64> {
     if sorted.is_empty() {
         return None;
     }
-    let n = sorted.len() as u64;
-    let rank = (u64::from(p.clamp(1, 100)) * n).div_ceil(100).max(1);
+    let rank = rank_of(p, sorted.len() as u64);
     sorted.get((rank - 1) as usize).copied()
+}
+
+/// The nearest rank of percentile `p` (1..=100) among `n` values:
+/// ceil(p/100 * n), at least 1. In u128: a stored histogram's count may be
+/// near u64::MAX. Every percentile (of raw calls, rollups, finding
+/// histograms) takes its rank from here.
+pub fn rank_of(p: u32, n: u64) -> u64 {
+    u64::try_from((u128::from(p.clamp(1, 100)) * u128::from(n)).div_ceil(100))
+        .unwrap_or(u64::MAX)
+        .max(1)
 }
 
 /// Whether an op's numbers come from per-call records or kernel counters.

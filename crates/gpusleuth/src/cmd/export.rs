@@ -108,8 +108,9 @@ impl Window {
         }))
     }
 
-    fn holds(&self, ts_ns: u64) -> bool {
-        (self.since..self.until).contains(&ts_ns)
+    /// Whether `ts_ns` is inside window `w` (every moment is, without one).
+    fn covers(w: Option<Window>, ts_ns: u64) -> bool {
+        w.is_none_or(|w| (w.since..w.until).contains(&ts_ns))
     }
 
     /// The calls of process `pid` (or all) that start in window `w` (or all).
@@ -530,11 +531,14 @@ fn write_perfetto(
                 }
                 off_cpu_slices(&wt, origin).try_for_each(|s| ev.item(&s))
             })?;
-            let pids: BTreeSet<u32> = data.processes.iter().map(|p| p.pid).collect();
-            let new_pids = unnamed
+            // The processes `metadata` named: the trace's and the frame threads'.
+            let named: BTreeSet<u32> = data
+                .processes
                 .iter()
-                .map(|t| t.0)
-                .filter(|p| !pids.contains(p) && !f.threads.iter().any(|t| t.0 == *p));
+                .map(|p| p.pid)
+                .chain(f.threads.iter().map(|t| t.0))
+                .collect();
+            let new_pids = unnamed.iter().map(|t| t.0).filter(|p| !named.contains(p));
             process_names(data, &new_pids.collect(), &mut ev)?;
             thread_names(data, &unnamed, &mut ev)?;
         }
@@ -542,7 +546,7 @@ fn write_perfetto(
             off_cpu_slices(&wt, origin).try_for_each(|s| ev.item(&s))
         })?,
     }
-    let held = |ts: u64| window.is_none_or(|w| w.holds(ts));
+    let held = |ts: u64| Window::covers(window, ts);
     for l in &f.ledgers {
         let name = "device memory (bytes)";
         // The track begins with the trace (at zero) or the window (at what
@@ -594,7 +598,7 @@ fn gpu_counters(
     window: Option<Window>,
     ev: &mut ArrayWriter,
 ) -> anyhow::Result<()> {
-    let held = |ts: u64| window.is_none_or(|w| w.holds(ts));
+    let held = |ts: u64| Window::covers(window, ts);
     if let Some(samples) = &data.gpu_samples {
         ev.item(
             &json!({"ph": "M", "name": "process_name", "pid": GPU_TRACK_PID, "tid": 0,

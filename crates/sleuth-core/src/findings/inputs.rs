@@ -122,19 +122,20 @@ impl LatencyHist {
 
     /// Nearest-rank percentile `p` (as `stats::nearest_rank`) and its bucket.
     fn percentile_at(&self, p: u32) -> Option<(u64, u64)> {
-        let n = self.count();
-        let rank = u64::try_from((u128::from(p.clamp(1, 100)) * u128::from(n)).div_ceil(100))
-            .unwrap_or(u64::MAX)
-            .max(1);
-        self.at_rank(rank)
+        self.at_rank(crate::stats::rank_of(p, self.count()))
     }
 
-    /// The value of the `k`-th slowest call (1: the maximum, exact); the
-    /// fastest call when there are fewer than `k`.
-    pub fn kth_slowest(&self, k: u64) -> Option<u64> {
+    /// Percentile `p`, or the value of the `k`-th slowest call where `p`'s
+    /// rank is past it (too few calls for `p` to leave `k` calls at or
+    /// above it), and whether it is `p`. Decided on ranks, so exact and
+    /// bucketed durations decide alike.
+    pub fn percentile_or_kth_slowest(&self, p: u32, k: u64) -> Option<(u64, bool)> {
         let n = self.count();
-        self.at_rank(n.saturating_sub(k.max(1)).saturating_add(1).max(1))
-            .map(|x| x.0)
+        let kth = n.saturating_add(1).saturating_sub(k);
+        let rank = crate::stats::rank_of(p, n);
+        let on_p = rank <= kth;
+        let at = if on_p { rank } else { kth.max(1) };
+        self.at_rank(at).map(|x| (x.0, on_p))
     }
 
     /// The value at ascending rank `rank` (1-based, at most the count) and its bucket.

@@ -207,15 +207,12 @@ pub(super) fn tail_latency(ctx: &Context) -> Vec<Finding> {
     for v in ctx.views() {
         let n = v.agg.count();
         // Judged on p99, or on the third-slowest call where p99's rank is
-        // past it (fewer than 200 calls), so that a tail is more than one
-        // call. Decided on ranks: exact and bucketed durations agree.
-        let p99_rank = (u128::from(n) * 99).div_ceil(100);
-        let on_p99 = p99_rank + u128::from(TAIL_MIN_SLOW_CALLS) <= u128::from(n) + 1;
-        let tail_ns = if on_p99 {
-            v.p99
-        } else {
-            v.agg.hist.kth_slowest(TAIL_MIN_SLOW_CALLS).unwrap_or(v.p99)
-        };
+        // past it (fewer than 200 calls), so that a tail is more than one call.
+        let (tail_ns, on_p99) = v
+            .agg
+            .hist
+            .percentile_or_kth_slowest(99, TAIL_MIN_SLOW_CALLS)
+            .unwrap_or((v.p99, true));
         let ratio_of = |x: u64| {
             if v.p50 == 0 {
                 f64::INFINITY
