@@ -192,6 +192,68 @@ static __always_inline struct thread_state *thread_get_or_create(__u32 tid)
 	return bpf_map_lookup_elem(&threads, &tid);
 }
 
+/*
+ * One off-CPU interval [off, on) of a traced thread, blocked until `wake`;
+ * culprits are the caller's to add. NULL when the ring is full (counted).
+ */
+static __always_inline struct gs_wait *reserve_wait(struct thread_state *ts, __u32 pid, __u32 tid,
+						    __u64 wake, __u64 on)
+{
+	struct gs_wait *w = bpf_ringbuf_reserve(&events, sizeof(*w), 0);
+	if (!w) {
+		count_stat(GS_STAT_RING_DROP_WAIT);
+		return NULL;
+	}
+	__builtin_memset(w, 0, sizeof(*w));
+	w->type = GS_REC_WAIT;
+	w->kind = ts->wake_ns == ts->off_ns && ts->state == THREAD_RUNNABLE ? GS_WAIT_PREEMPTED
+									     : GS_WAIT_BLOCKED;
+	w->pid = pid;
+	w->tid = tid;
+	w->off_ns = ts->off_ns;
+	w->wake_ns = wake;
+	w->on_ns = on;
+	w->prev_state = ts->prev_state;
+	w->cpu = bpf_get_smp_processor_id();
+	if (ts->waker_flags & GS_WAKER_KNOWN) {
+		w->waker_pid = ts->waker_pid;
+		w->waker_tid = ts->waker_tid;
+		w->waker_flags = ts->waker_flags;
+		__builtin_memcpy(w->waker_comm, ts->waker_comm, GS_COMM_LEN);
+	}
+	return w;
+}
+
+/*
+ * A traced thread seen running (in a probe, or being switched out) while its
+ * state says it is off the CPU: the kernel ran it without our sched_switch
+ * program seeing the switch to it. Seen on a 6.18 Firecracker guest when the
+ * thread was woken in a hard interrupt over the VM's agent: ftrace showed the
+ * wakeup and no switch, and our sched_wakeup program did not run either (no
+ * recursion miss counted). Without this the next switch-out overwrote the
+ * interval and a whole sleep vanished from the call it happened in. The
+ * interval is settled here: blocked up to the wakeup where one was seen;
+ * where none was, everything up to now counts as blocked (the switch-in
+ * handler's rule for a wakeup it never saw); the runnable part is unknown
+ * and counts as 0. Counted in GS_STAT_SWITCH_IN_UNSEEN.
+ */
+static __always_inline void settle_unseen_switch_in(struct thread_state *ts, __u32 pid, __u32 tid)
+{
+	if (ts->state == THREAD_ON_CPU || ts->off_ns == 0)
+		return;
+	count_stat(GS_STAT_SWITCH_IN_UNSEEN);
+	__u64 wake = ts->state == THREAD_RUNNABLE ? ts->wake_ns : bpf_ktime_get_ns();
+	if (wake > ts->off_ns) {
+		ts->blocked_total += wake - ts->off_ns;
+		struct gs_wait *w = reserve_wait(ts, pid, tid, wake, wake);
+		if (w) {
+			w->kind = GS_WAIT_BLOCKED;
+			bpf_ringbuf_submit(w, submit_flags());
+		}
+	}
+	ts->state = THREAD_ON_CPU;
+}
+
 /* ---------------------------------------------------------------- call sites */
 
 /* tgid -> how to walk its CPython frames; set by user space, removed at exec/exit. */
@@ -385,6 +447,7 @@ int BPF_KPROBE(call_entry)
 	c.args[4] = PT_REGS_PARM5(ctx);
 	c.args[5] = ctx->r9 /* 6th argument; libbpf 1.1 has no PT_REGS_PARM6 */;
 	if (ts) {
+		settle_unseen_switch_in(ts, tgid, tid);
 		c.runnable_snap = ts->runnable_total;
 		c.blocked_snap = ts->blocked_total;
 		if (cookie & GS_COOKIE_RUNTIME)
@@ -438,6 +501,8 @@ static __always_inline void emit_nccl(void *ctx, __u64 cookie, __u64 key, struct
 				      __u32 tgid, __u32 tid, __u32 op, __u64 now)
 {
 	struct thread_state *ts = bpf_map_lookup_elem(&threads, &tid);
+	if (ts)
+		settle_unseen_switch_in(ts, tgid, tid);
 	struct gs_nccl *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 	if (!e) {
 		count_stat(GS_STAT_RING_DROP_NCCL);
@@ -537,6 +602,8 @@ int BPF_KRETPROBE(call_return)
 		return 0;
 	}
 	struct thread_state *ts = bpf_map_lookup_elem(&threads, &tid);
+	if (ts)
+		settle_unseen_switch_in(ts, tgid, tid);
 
 	struct gs_call *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 	if (!e) {
@@ -643,6 +710,7 @@ int BPF_PROG(on_sched_switch, bool preempt, struct task_struct *prev, struct tas
 	if (prev_tid != 0 && is_traced(prev_tgid)) {
 		struct thread_state *ts = thread_get_or_create(prev_tid);
 		if (ts) {
+			settle_unseen_switch_in(ts, prev_tgid, prev_tid);
 			ts->off_ns = now;
 			ts->wake_ns = now;
 			ts->prev_state = prev_state;
@@ -662,28 +730,8 @@ int BPF_PROG(on_sched_switch, bool preempt, struct task_struct *prev, struct tas
 				wake = now; /* never saw the wakeup: count it all as blocked */
 			ts->blocked_total += wake - ts->off_ns;
 			ts->runnable_total += now - wake;
-			struct gs_wait *w = bpf_ringbuf_reserve(&events, sizeof(*w), 0);
-			if (!w) {
-				count_stat(GS_STAT_RING_DROP_WAIT);
-			} else {
-				__builtin_memset(w, 0, sizeof(*w));
-				w->type = GS_REC_WAIT;
-				w->kind = ts->wake_ns == ts->off_ns && ts->state == THREAD_RUNNABLE
-						  ? GS_WAIT_PREEMPTED
-						  : GS_WAIT_BLOCKED;
-				w->pid = next_tgid;
-				w->tid = next_tid;
-				w->off_ns = ts->off_ns;
-				w->wake_ns = wake;
-				w->on_ns = now;
-				w->prev_state = ts->prev_state;
-				w->cpu = bpf_get_smp_processor_id();
-				if (ts->waker_flags & GS_WAKER_KNOWN) {
-					w->waker_pid = ts->waker_pid;
-					w->waker_tid = ts->waker_tid;
-					w->waker_flags = ts->waker_flags;
-					__builtin_memcpy(w->waker_comm, ts->waker_comm, GS_COMM_LEN);
-				}
+			struct gs_wait *w = reserve_wait(ts, next_tgid, next_tid, wake, now);
+			if (w) {
 				if (h && now > wake)
 					attribute_wait(w, h, wake, now, next_tid);
 				bpf_ringbuf_submit(w, submit_flags());

@@ -237,7 +237,8 @@ struct gs_count_key {
 #define GS_STAT_RING_DROP_BLOCK 8
 #define GS_STAT_RING_DROP_NCCL 9
 #define GS_STAT_RING_DROP_STACK 10 /* a call site lost: calls name a stack never stored */
-#define GS_STAT_MAX 11
+#define GS_STAT_SWITCH_IN_UNSEEN 11 /* a traced thread ran without a sched_switch to it */
+#define GS_STAT_MAX 12
 
 /* Sizes pinned by crates/sleuth-core/src/record.rs: change both together. */
 _Static_assert(sizeof(struct gs_call) == 128, "gs_call layout");

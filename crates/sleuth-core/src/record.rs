@@ -103,7 +103,10 @@ pub mod stat {
     pub const RING_DROP_BLOCK: usize = 8;
     pub const RING_DROP_NCCL: usize = 9;
     pub const RING_DROP_STACK: usize = 10;
-    pub const MAX: usize = 11;
+    /// A traced thread ran without a `sched_switch` to it (the kernel did
+    /// not report the switch): that wait's runnable part is unknown.
+    pub const SWITCH_IN_UNSEEN: usize = 11;
+    pub const MAX: usize = 12;
     pub const NAMES: [&str; MAX] = [
         "ring_full_call",
         "ring_full_wait",
@@ -116,6 +119,7 @@ pub mod stat {
         "ring_full_block",
         "ring_full_nccl",
         "ring_full_stack",
+        "switch_in_unseen",
     ];
 
     /// Whether counter `i` is an expected edge of attaching to running

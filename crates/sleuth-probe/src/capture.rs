@@ -725,6 +725,29 @@ impl Capture {
             .collect()
     }
 
+    /// Runs of each loaded program that the kernel skipped (its recursion
+    /// guard: a program is not run again on a CPU where it is running),
+    /// non-zero ones only, by program name. A skipped `sched_switch` run
+    /// loses the scheduler accounting of that switch, which no ring-buffer
+    /// counter sees. Read from `/proc/self/fdinfo` (`recursion_misses`,
+    /// Linux 5.12+; older kernels print none and this is empty).
+    pub fn program_misses(&self) -> Vec<(String, u64)> {
+        let mut out: Vec<(String, u64)> = self
+            .bpf
+            .programs()
+            .filter_map(|(name, p)| {
+                let fd = p.fd().ok()?.as_fd().as_raw_fd();
+                Some((name.to_string(), fdinfo_misses(fd)?))
+            })
+            .chain(self.multi.iter().flatten().filter_map(|(name, p)| {
+                Some((format!("{name} (multi)"), fdinfo_misses(p.raw_fd())?))
+            }))
+            .filter(|(_, n)| *n > 0)
+            .collect();
+        out.sort();
+        out
+    }
+
     /// Loss counters summed over CPUs (indices: `sleuth_core::record::stat`).
     pub fn loss_stats(&self) -> [u64; stat::MAX] {
         let mut out = [0u64; stat::MAX];
@@ -741,6 +764,20 @@ impl Capture {
         }
         out
     }
+}
+
+/// `recursion_misses` of the BPF program behind `fd`, from this process's
+/// fdinfo; None where the kernel does not print it.
+fn fdinfo_misses(fd: std::os::fd::RawFd) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).ok()?;
+    parse_misses(&text)
+}
+
+fn parse_misses(fdinfo: &str) -> Option<u64> {
+    fdinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("recursion_misses:"))
+        .and_then(|v| v.trim().parse().ok())
 }
 
 /// Hands the heap's free pages back to the kernel. Loading the programs
@@ -805,6 +842,15 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 mod tests {
     use super::*;
     use sleuth_core::op_by_name;
+
+    #[test]
+    fn recursion_misses_are_read_from_fdinfo() {
+        let fdinfo =
+            "pos:\t0\nprog_type:\t26\nrun_cnt:\t0\nrecursion_misses:\t17\nverified_insns:\t1859\n";
+        assert_eq!(parse_misses(fdinfo), Some(17));
+        assert_eq!(parse_misses("pos:\t0\nprog_type:\t26\n"), None);
+        assert_eq!(parse_misses("recursion_misses:\tx\n"), None);
+    }
 
     #[test]
     fn launch_modes_pick_the_right_probes() {

@@ -32,6 +32,13 @@ pub struct MultiProg {
     fd: OwnedFd,
 }
 
+impl MultiProg {
+    /// The loaded program's descriptor (for its fdinfo).
+    pub fn raw_fd(&self) -> std::os::fd::RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
 fn bpf(cmd: libc::c_long, attr: &mut [u8; 128]) -> Result<i32, String> {
     // SAFETY: attr is a 128-byte, zero-initialised bpf_attr image that outlives
     // the call; the kernel reads at most `size` bytes of it.

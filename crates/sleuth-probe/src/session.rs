@@ -83,6 +83,9 @@ pub struct LossStats {
     pub thread_map_full: u64,
     pub count_map_full: u64,
     pub traced_map_full: u64,
+    /// Switches to a traced thread the kernel did not report: the runnable
+    /// part of those waits is unknown (counted as 0).
+    pub switch_in_unseen: u64,
     /// Not a loss: a return whose entry came before the process was traced.
     pub unmatched_return: u64,
 }
@@ -101,6 +104,7 @@ impl LossStats {
             thread_map_full: c[stat::THREAD_FULL],
             count_map_full: c[stat::COUNT_FULL],
             traced_map_full: c[stat::TRACED_FULL],
+            switch_in_unseen: c[stat::SWITCH_IN_UNSEEN],
             unmatched_return: c[stat::UNMATCHED_RETURN],
         }
     }
@@ -118,6 +122,7 @@ impl LossStats {
         c[stat::THREAD_FULL] = self.thread_map_full;
         c[stat::COUNT_FULL] = self.count_map_full;
         c[stat::TRACED_FULL] = self.traced_map_full;
+        c[stat::SWITCH_IN_UNSEEN] = self.switch_in_unseen;
         c[stat::UNMATCHED_RETURN] = self.unmatched_return;
         c
     }
@@ -139,7 +144,7 @@ impl LossStats {
 
     /// Every loss (attach edges excluded).
     pub fn total(&self) -> u64 {
-        self.ring() + self.maps()
+        self.ring() + self.maps() + self.switch_in_unseen
     }
 }
 
@@ -385,6 +390,12 @@ impl CaptureSession {
         self.cap.open_calls()
     }
 
+    /// Runs of gpusleuth's programs the kernel skipped, by program
+    /// ([`Capture::program_misses`]).
+    pub fn program_misses(&self) -> Vec<(String, u64)> {
+        self.cap.program_misses()
+    }
+
     /// Entries left in the kernel's per-process and per-thread maps.
     pub fn map_occupancy(&self) -> (usize, usize) {
         self.cap.map_occupancy()
@@ -504,6 +515,6 @@ mod tests {
                 .sum()
         };
         assert_eq!(l.ring(), by_name(true));
-        assert_eq!(l.maps(), by_name(false));
+        assert_eq!(l.maps() + l.switch_in_unseen, by_name(false));
     }
 }

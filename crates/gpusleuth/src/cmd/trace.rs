@@ -1035,6 +1035,22 @@ fn trace_loop(
         let (traced_left, threads_left) = session.map_occupancy();
         handle.set_stat("map_traced_left", traced_left as u64)?;
         handle.set_stat("map_threads_left", threads_left as u64)?;
+        // Runs the kernel skipped (its per-CPU recursion guard): what they
+        // would have recorded is missing and no ring-buffer counter saw it.
+        let skipped = session.program_misses();
+        let total: u64 = skipped.iter().map(|(_, n)| n).sum();
+        handle.set_stat("bpf_skipped_runs", total)?;
+        if total > 0 {
+            let each: Vec<String> = skipped.iter().map(|(p, n)| format!("{p} {n}")).collect();
+            handle.add_note(
+                NoteLevel::Warn,
+                format!(
+                    "the kernel skipped {total} runs of gpusleuth's eBPF programs since the trace started ({}): \
+                     what they would have recorded (a call, or the scheduler time of a switch) is missing",
+                    each.join(", ")
+                ),
+            )?;
+        }
         handle.set_session_end(end_mono)?;
         // The tracer's own CPU while tracing (the file's completion after this
         // is not in it): `bench` divides it by the events stored.
@@ -1096,7 +1112,7 @@ fn trace_loop(
         );
     }
     eprintln!(
-        "gpusleuth: trace saved to {}{files} — {} calls, {} waits, {} process events recorded; dropped: {} (ring buffer full), {} (kernel maps full), {} (database cap); attach edges (not losses): {} return(s) of calls begun before tracing, {} call(s) open at the end",
+        "gpusleuth: trace saved to {}{files} — {} calls, {} waits, {} process events recorded; dropped: {} (ring buffer full), {} (kernel maps full), {} (database cap), {} (switch-ins the kernel did not report); attach edges (not losses): {} return(s) of calls begun before tracing, {} call(s) open at the end",
         db.display(),
         summary.calls_stored,
         summary.waits_stored,
@@ -1104,6 +1120,7 @@ fn trace_loop(
         losses.ring(),
         losses.maps(),
         summary.dropped_db_full,
+        losses.switch_in_unseen,
         losses.unmatched_return,
         open_calls
     );
