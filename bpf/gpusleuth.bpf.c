@@ -51,6 +51,7 @@ struct thread_state {
 	__u32 waker_pid;
 	__u32 waker_tid;
 	char waker_comm[GS_COMM_LEN];
+	__u64 ran_at_off; /* its CPU time (se.sum_exec_runtime) at switch-out */
 };
 #define THREAD_ON_CPU 0
 #define THREAD_RUNNABLE 1
@@ -227,29 +228,41 @@ static __always_inline struct gs_wait *reserve_wait(struct thread_state *ts, __u
 /*
  * A traced thread seen running (in a probe, or being switched out) while its
  * state says it is off the CPU: the kernel ran it without our sched_switch
- * program seeing the switch to it. Seen on a 6.18 Firecracker guest when the
- * thread was woken in a hard interrupt over the VM's agent: ftrace showed the
- * wakeup and no switch, and our sched_wakeup program did not run either (no
- * recursion miss counted). Without this the next switch-out overwrote the
- * interval and a whole sleep vanished from the call it happened in. The
- * interval is settled here: blocked up to the wakeup where one was seen;
- * where none was, everything up to now counts as blocked (the switch-in
- * handler's rule for a wakeup it never saw); the runnable part is unknown
- * and counts as 0. Counted in GS_STAT_SWITCH_IN_UNSEEN.
+ * program seeing the switch to it. Seen on the 6.18 Firecracker guests (the
+ * development VM and the H200 machine) when the thread was woken in a hard
+ * interrupt over the VM's agent: ftrace showed the wakeup and no switch, and
+ * our sched_wakeup program did not run either (no recursion miss counted).
+ * Without this the next switch-out overwrote the interval and a whole sleep
+ * vanished from the call it happened in.
+ *
+ * `current` is the thread (probes and the switch-out run in its context), so
+ * the CPU time it has had since its switch-out dates the unseen switch-in:
+ * now minus that (the scheduler's count lags by at most a tick in a probe).
+ * Blocked runs up to the wakeup where one was seen; where none was, up to
+ * the switch-in (the switch-in handler's rule for a wakeup it never saw);
+ * runnable from the wakeup to the switch-in. Counted in
+ * GS_STAT_SWITCH_IN_UNSEEN; the wait record carries no culprits.
  */
 static __always_inline void settle_unseen_switch_in(struct thread_state *ts, __u32 pid, __u32 tid)
 {
 	if (ts->state == THREAD_ON_CPU || ts->off_ns == 0)
 		return;
 	count_stat(GS_STAT_SWITCH_IN_UNSEEN);
-	__u64 wake = ts->state == THREAD_RUNNABLE ? ts->wake_ns : bpf_ktime_get_ns();
-	if (wake > ts->off_ns) {
+	__u64 now = bpf_ktime_get_ns();
+	struct task_struct *task = bpf_get_current_task_btf();
+	__u64 ran = task->se.sum_exec_runtime - ts->ran_at_off;
+	__u64 on = now > ran ? now - ran : 0;
+	if (on < ts->off_ns)
+		on = ts->off_ns;
+	__u64 wake = ts->state == THREAD_RUNNABLE ? ts->wake_ns : on;
+	if (wake > on)
+		wake = on;
+	if (on > ts->off_ns) {
 		ts->blocked_total += wake - ts->off_ns;
-		struct gs_wait *w = reserve_wait(ts, pid, tid, wake, wake);
-		if (w) {
-			w->kind = GS_WAIT_BLOCKED;
+		ts->runnable_total += on - wake;
+		struct gs_wait *w = reserve_wait(ts, pid, tid, wake, on);
+		if (w)
 			bpf_ringbuf_submit(w, submit_flags());
-		}
 	}
 	ts->state = THREAD_ON_CPU;
 }
@@ -712,6 +725,7 @@ int BPF_PROG(on_sched_switch, bool preempt, struct task_struct *prev, struct tas
 		if (ts) {
 			settle_unseen_switch_in(ts, prev_tgid, prev_tid);
 			ts->off_ns = now;
+			ts->ran_at_off = prev->se.sum_exec_runtime;
 			ts->wake_ns = now;
 			ts->prev_state = prev_state;
 			ts->state = (preempt || prev_state == 0) ? THREAD_RUNNABLE : THREAD_BLOCKED;
@@ -909,5 +923,5 @@ int BPF_PROG(on_oom_victim, struct task_struct *p, uid_t uid)
 }
 
 /* Sizes pinned by crates/sleuth-core/src/record.rs (ThreadState, InflightCall). */
-_Static_assert(sizeof(struct thread_state) == 72, "thread_state layout");
+_Static_assert(sizeof(struct thread_state) == 80, "thread_state layout");
 _Static_assert(sizeof(struct inflight_call) == 80, "inflight_call layout");

@@ -145,9 +145,18 @@ pub mod stat {
         NAMES.get(i).is_some_and(|n| n.starts_with("ring_full_"))
     }
 
-    /// Indices of the real loss counters (every counter but the attach edges).
+    /// Whether counter `i` counts intervals the capture settled itself
+    /// because the kernel did not run our program for an event (stored
+    /// under its own name, `switch_in_unseen`): nothing was lost, but the
+    /// runnable part of those waits is unknown.
+    pub fn is_settled_gap(i: usize) -> bool {
+        i == SWITCH_IN_UNSEEN
+    }
+
+    /// Indices of the real loss counters (every counter but the attach
+    /// edges and the settled gaps).
     pub fn losses() -> impl Iterator<Item = usize> {
-        (0..MAX).filter(|&i| !is_attach_edge(i))
+        (0..MAX).filter(|&i| !is_attach_edge(i) && !is_settled_gap(i))
     }
 }
 
@@ -349,6 +358,9 @@ pub struct ThreadState {
     pub waker_pid: u32,
     pub waker_tid: u32,
     pub waker_comm: [u8; COMM_LEN],
+    /// Its CPU time (`se.sum_exec_runtime`) at switch-out: dates a
+    /// switch-in the scheduler probe did not see.
+    pub ran_at_off: u64,
 }
 
 /// Value of the kernel's `inflight` map (`struct inflight_call` in
@@ -694,10 +706,11 @@ mod tests {
         assert_eq!(offset_of!(RawPyLayout, instr_size), 52);
         assert_eq!(size_of::<CountKey>(), 8);
         assert_eq!(offset_of!(CountKey, op), 4);
-        assert_eq!(size_of::<ThreadState>(), 72);
+        assert_eq!(size_of::<ThreadState>(), 80);
         assert_eq!(offset_of!(ThreadState, state), 32);
         assert_eq!(offset_of!(ThreadState, waker_tid), 52);
         assert_eq!(offset_of!(ThreadState, waker_comm), 56);
+        assert_eq!(offset_of!(ThreadState, ran_at_off), 72);
         assert_eq!(size_of::<InflightCall>(), 80);
         assert_eq!(offset_of!(InflightCall, runnable_snap), 56);
         assert_eq!(offset_of!(InflightCall, flags), 72);

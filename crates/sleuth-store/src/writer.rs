@@ -196,6 +196,8 @@ pub fn drop_stat_name(index: usize) -> Option<String> {
     let name = stat::NAMES.get(index)?;
     Some(if stat::is_attach_edge(index) {
         format!("edge_{}", stat::edge_name(index))
+    } else if stat::is_settled_gap(index) {
+        name.to_string()
     } else {
         format!("drop_{name}")
     })
@@ -295,6 +297,10 @@ fn init(conn: &Connection, info: &SessionInfo, opts: &WriterOptions) -> rusqlite
         st.execute([format!("edge_{}", stat::edge_name(i))])?;
     }
     st.execute(["edge_call_open_at_end"])?;
+    // Gaps the capture settled itself: not losses, stored under their name.
+    for i in (0..stat::MAX).filter(|&i| stat::is_settled_gap(i)) {
+        st.execute([stat::NAMES[i]])?;
+    }
     drop(st);
     conn.execute_batch("COMMIT")
 }

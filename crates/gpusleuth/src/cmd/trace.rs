@@ -493,6 +493,9 @@ fn store_counters(
     for i in (0..stat::MAX).filter(|&i| stat::is_attach_edge(i)) {
         handle.set_stat(format!("edge_{}", stat::edge_name(i)), d(i))?;
     }
+    for i in (0..stat::MAX).filter(|&i| stat::is_settled_gap(i)) {
+        handle.set_stat(stat::NAMES[i], d(i))?;
+    }
     let (c, b) = (now.counts, before.counts);
     handle.set_stat("events_call", c.calls.saturating_sub(b.calls))?;
     handle.set_stat("events_wait", c.waits.saturating_sub(b.waits))?;
@@ -1112,7 +1115,7 @@ fn trace_loop(
         );
     }
     eprintln!(
-        "gpusleuth: trace saved to {}{files} — {} calls, {} waits, {} process events recorded; dropped: {} (ring buffer full), {} (kernel maps full), {} (database cap), {} (switch-ins the kernel did not report); attach edges (not losses): {} return(s) of calls begun before tracing, {} call(s) open at the end",
+        "gpusleuth: trace saved to {}{files} — {} calls, {} waits, {} process events recorded; dropped: {} (ring buffer full), {} (kernel maps full), {} (database cap); attach edges (not losses): {} return(s) of calls begun before tracing, {} call(s) open at the end",
         db.display(),
         summary.calls_stored,
         summary.waits_stored,
@@ -1120,10 +1123,15 @@ fn trace_loop(
         losses.ring(),
         losses.maps(),
         summary.dropped_db_full,
-        losses.switch_in_unseen,
         losses.unmatched_return,
         open_calls
     );
+    if losses.switch_in_unseen > 0 {
+        eprintln!(
+            "gpusleuth: note: {} switch(es) to a traced thread were not seen by the scheduler probe (a kernel gap); their waits were closed at the thread's next probe, runnable part unknown (switch_in_unseen)",
+            losses.switch_in_unseen
+        );
+    }
     if let Some((level, text)) = coverage {
         let tag = if level == NoteLevel::Warn {
             "warning"

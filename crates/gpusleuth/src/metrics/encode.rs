@@ -270,7 +270,7 @@ fn encode_state(s: &State, mut enc: DescriptorEncoder) -> Fmt {
         stat::NAMES
             .iter()
             .enumerate()
-            .filter(|(i, _)| !stat::is_attach_edge(*i))
+            .filter(|(i, _)| stat::losses().any(|l| l == *i))
             .map(|(i, cause)| (vec![("cause", cause.to_string())], s.drops[i])),
     )?;
     counter(
