@@ -25,6 +25,11 @@ const volatile __u64 slow_stack_ns = 0; /* also capture the site of calls at lea
 /* offsetof(struct task_struct, thread.fsbase), found by user space in the
  * kernel's BTF: the call programs are also loaded without CO-RE (multi.rs). */
 const volatile __u32 task_fsbase_off = 0;
+/* Test seam (debug builds only, GPUSLEUTH_TEST_UNSEEN_SWITCH_IN): act as the
+ * kernel did when it ran our programs for neither event (see
+ * settle_unseen_switch_in): 1 = ignore every switch-in that ends a sleep,
+ * 2 = also ignore the wakeups of sleeping threads. 0 in every real trace. */
+const volatile __u32 test_unseen_switch_in = 0;
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
@@ -738,6 +743,9 @@ int BPF_PROG(on_sched_switch, bool preempt, struct task_struct *prev, struct tas
 
 	if (next_tid != 0 && is_traced(next_tgid)) {
 		struct thread_state *ts = bpf_map_lookup_elem(&threads, &next_tid);
+		if (ts && test_unseen_switch_in && ts->state != THREAD_ON_CPU &&
+		    (ts->state == THREAD_BLOCKED || ts->wake_ns != ts->off_ns))
+			ts = NULL; /* test seam: this switch-in goes unseen */
 		if (ts && ts->state != THREAD_ON_CPU && ts->off_ns != 0) {
 			__u64 wake = ts->wake_ns;
 			if (ts->state == THREAD_BLOCKED)
@@ -771,6 +779,8 @@ static __always_inline void on_wakeup(struct task_struct *p)
 	__u32 tid = p->pid;
 	if (!is_traced(p->tgid))
 		return;
+	if (test_unseen_switch_in >= 2)
+		return; /* test seam: the wakeup goes unseen too */
 	struct thread_state *ts = bpf_map_lookup_elem(&threads, &tid);
 	if (ts && ts->state == THREAD_BLOCKED) {
 		ts->wake_ns = bpf_ktime_get_ns();

@@ -330,6 +330,7 @@ impl Capture {
                 0
             }
         };
+        let test_unseen: u32 = test_unseen_switch_in();
         let object = BPF_OBJECT.to_vec();
         let mut bpf = EbpfLoader::new()
             .map_max_entries("events", ring_bytes)
@@ -338,6 +339,7 @@ impl Capture {
             .override_global("stacks_on", &stacks_on, true)
             .override_global("slow_stack_ns", &slow_stack_ns, true)
             .override_global("task_fsbase_off", &task_fsbase_off, true)
+            .override_global("test_unseen_switch_in", &test_unseen, true)
             .load(&object)
             .map_err(|e| unavailable("cannot load gpusleuth's eBPF programs", error_chain(&e)))?;
         let btf = Btf::from_sys_fs().map_err(|e| unavailable("cannot read kernel BTF", e))?;
@@ -766,6 +768,30 @@ impl Capture {
     }
 }
 
+/// Env var of the test seam that makes the scheduler programs act as the
+/// kernel did when it ran them for neither the wakeup nor the switch-in of a
+/// sleeping thread (`1`: the switch-in unseen, `2`: the wakeup too), so the
+/// settling of such waits is tested on any machine. Honoured by debug builds
+/// only: a release build always traces as it should.
+pub const TEST_UNSEEN_SWITCH_IN_ENV: &str = "GPUSLEUTH_TEST_UNSEEN_SWITCH_IN";
+
+fn test_unseen_switch_in() -> u32 {
+    unseen_seam(
+        std::env::var(TEST_UNSEEN_SWITCH_IN_ENV).ok().as_deref(),
+        cfg!(debug_assertions),
+    )
+}
+
+/// The seam's mode from the variable's value, 0 unless `honour`ed.
+fn unseen_seam(value: Option<&str>, honour: bool) -> u32 {
+    if !honour {
+        return 0;
+    }
+    value
+        .and_then(|v| v.parse::<u32>().ok())
+        .map_or(0, |v| v.min(2))
+}
+
 /// `recursion_misses` of the BPF program behind `fd`, from this process's
 /// fdinfo; None where the kernel does not print it.
 fn fdinfo_misses(fd: std::os::fd::RawFd) -> Option<u64> {
@@ -842,6 +868,15 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 mod tests {
     use super::*;
     use sleuth_core::op_by_name;
+
+    #[test]
+    fn release_builds_ignore_the_unseen_switch_in_seam() {
+        assert_eq!(unseen_seam(Some("2"), false), 0);
+        assert_eq!(unseen_seam(Some("1"), true), 1);
+        assert_eq!(unseen_seam(Some("9"), true), 2);
+        assert_eq!(unseen_seam(Some("x"), true), 0);
+        assert_eq!(unseen_seam(None, true), 0);
+    }
 
     #[test]
     fn recursion_misses_are_read_from_fdinfo() {
