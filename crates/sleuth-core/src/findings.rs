@@ -418,6 +418,14 @@ fn notes(data: &TraceData) -> Vec<String> {
              (not recorded), {open} call(s) were still in progress when the trace stopped."
         ));
     }
+    let settled = data.stats.get("switch_in_unseen").copied().unwrap_or(0);
+    if settled > 0 {
+        out.push(format!(
+            "{settled} wait(s) were closed by the capture itself: the kernel ran no scheduler probe \
+             for the switch back to the thread, so their runnable part is estimated from its CPU time \
+             (switch_in_unseen)."
+        ));
+    }
     out
 }
 

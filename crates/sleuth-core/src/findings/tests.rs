@@ -588,3 +588,24 @@ fn advice_follows_the_main_culprit_not_a_minor_own_thread() {
         pre[0].recommendation
     );
 }
+
+#[test]
+fn waits_the_capture_settled_are_noted_not_counted_as_drops() {
+    let quiet = explain_report(&trace(series("cudaMemcpy", 0, 20, MS)));
+    assert!(!quiet.notes.iter().any(|n| n.contains("switch_in_unseen")));
+    let mut d = trace(series("cudaMemcpy", 0, 20, MS));
+    d.stats.insert("switch_in_unseen".into(), 3);
+    let r = explain_report(&d);
+    assert!(
+        r.notes
+            .iter()
+            .any(|n| n.starts_with("3 wait(s) were closed by the capture itself")),
+        "{:?}",
+        r.notes
+    );
+    assert!(
+        !r.notes.iter().any(|n| n.contains("dropped")),
+        "{:?}",
+        r.notes
+    );
+}
