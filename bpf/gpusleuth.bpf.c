@@ -199,12 +199,22 @@ static __always_inline struct thread_state *thread_get_or_create(__u32 tid)
 }
 
 /*
- * One off-CPU interval [off, on) of a traced thread, blocked until `wake`;
- * culprits are the caller's to add. NULL when the ring is full (counted).
+ * Ends a traced thread's off-CPU interval [off, on): adds its blocked part
+ * (to the wakeup; to `on` when no wakeup was seen: all of it counts as
+ * blocked) and its runnable part (from the wakeup to `on`) to the thread's
+ * totals, and reserves its wait record, culprits left to the caller, which
+ * submits it. NULL when the ring is full (counted). `*wake_out`: the wakeup
+ * used.
  */
-static __always_inline struct gs_wait *reserve_wait(struct thread_state *ts, __u32 pid, __u32 tid,
-						    __u64 wake, __u64 on)
+static __always_inline struct gs_wait *close_interval(struct thread_state *ts, __u32 pid, __u32 tid,
+						      __u64 on, __u64 *wake_out)
 {
+	__u64 wake = ts->state == THREAD_BLOCKED ? on : ts->wake_ns;
+	if (wake > on)
+		wake = on;
+	*wake_out = wake;
+	ts->blocked_total += wake - ts->off_ns;
+	ts->runnable_total += on - wake;
 	struct gs_wait *w = bpf_ringbuf_reserve(&events, sizeof(*w), 0);
 	if (!w) {
 		count_stat(GS_STAT_RING_DROP_WAIT);
@@ -257,15 +267,9 @@ static __always_inline void settle_unseen_switch_in(struct thread_state *ts, __u
 	struct task_struct *task = bpf_get_current_task_btf();
 	__u64 ran = task->se.sum_exec_runtime - ts->ran_at_off;
 	__u64 on = now > ran ? now - ran : 0;
-	if (on < ts->off_ns)
-		on = ts->off_ns;
-	__u64 wake = ts->state == THREAD_RUNNABLE ? ts->wake_ns : on;
-	if (wake > on)
-		wake = on;
 	if (on > ts->off_ns) {
-		ts->blocked_total += wake - ts->off_ns;
-		ts->runnable_total += on - wake;
-		struct gs_wait *w = reserve_wait(ts, pid, tid, wake, on);
+		__u64 wake;
+		struct gs_wait *w = close_interval(ts, pid, tid, on, &wake);
 		if (w)
 			bpf_ringbuf_submit(w, submit_flags());
 	}
@@ -747,12 +751,8 @@ int BPF_PROG(on_sched_switch, bool preempt, struct task_struct *prev, struct tas
 		    (ts->state == THREAD_BLOCKED || ts->wake_ns != ts->off_ns))
 			ts = NULL; /* test seam: this switch-in goes unseen */
 		if (ts && ts->state != THREAD_ON_CPU && ts->off_ns != 0) {
-			__u64 wake = ts->wake_ns;
-			if (ts->state == THREAD_BLOCKED)
-				wake = now; /* never saw the wakeup: count it all as blocked */
-			ts->blocked_total += wake - ts->off_ns;
-			ts->runnable_total += now - wake;
-			struct gs_wait *w = reserve_wait(ts, next_tgid, next_tid, wake, now);
+			__u64 wake;
+			struct gs_wait *w = close_interval(ts, next_tgid, next_tid, now, &wake);
 			if (w) {
 				if (h && now > wake)
 					attribute_wait(w, h, wake, now, next_tid);

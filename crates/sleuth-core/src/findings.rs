@@ -418,7 +418,8 @@ fn notes(data: &TraceData) -> Vec<String> {
              (not recorded), {open} call(s) were still in progress when the trace stopped."
         ));
     }
-    let settled = data.stats.get("switch_in_unseen").copied().unwrap_or(0);
+    let unseen = crate::record::stat::NAMES[crate::record::stat::SWITCH_IN_UNSEEN];
+    let settled = data.stats.get(unseen).copied().unwrap_or(0);
     if settled > 0 {
         out.push(format!(
             "{settled} wait(s) were closed by the capture itself: the kernel ran no scheduler probe \

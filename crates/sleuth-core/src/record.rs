@@ -103,8 +103,9 @@ pub mod stat {
     pub const RING_DROP_BLOCK: usize = 8;
     pub const RING_DROP_NCCL: usize = 9;
     pub const RING_DROP_STACK: usize = 10;
-    /// A traced thread ran without a `sched_switch` to it (the kernel did
-    /// not report the switch): that wait's runnable part is unknown.
+    /// A traced thread ran without our `sched_switch` program seeing the
+    /// switch to it: its wait was closed by the next probe, the switch-in
+    /// dated by the thread's CPU time since its switch-out.
     pub const SWITCH_IN_UNSEEN: usize = 11;
     pub const MAX: usize = 12;
     pub const NAMES: [&str; MAX] = [
@@ -147,8 +148,8 @@ pub mod stat {
 
     /// Whether counter `i` counts intervals the capture settled itself
     /// because the kernel did not run our program for an event (stored
-    /// under its own name, `switch_in_unseen`): nothing was lost, but the
-    /// runnable part of those waits is unknown.
+    /// under its own name, `switch_in_unseen`): nothing was lost, but those
+    /// waits' switch-in times are estimates.
     pub fn is_settled_gap(i: usize) -> bool {
         i == SWITCH_IN_UNSEEN
     }

@@ -83,8 +83,8 @@ pub struct LossStats {
     pub thread_map_full: u64,
     pub count_map_full: u64,
     pub traced_map_full: u64,
-    /// Switches to a traced thread the kernel did not report: the runnable
-    /// part of those waits is unknown (counted as 0).
+    /// Switches to a traced thread our scheduler program did not see: not a
+    /// loss (the waits were closed by the next probe, switch-in estimated).
     pub switch_in_unseen: u64,
     /// Not a loss: a return whose entry came before the process was traced.
     pub unmatched_return: u64,

@@ -191,7 +191,8 @@ impl WriterHandle {
 }
 
 /// Stats name of a kernel counter: `drop_` + `record::stat::NAMES[i]` for a
-/// loss, `edge_` + `record::stat::edge_name(i)` for an attach edge.
+/// loss, `edge_` + `record::stat::edge_name(i)` for an attach edge, the bare
+/// name for a gap the capture settled itself (not a loss). None past the last.
 pub fn drop_stat_name(index: usize) -> Option<String> {
     let name = stat::NAMES.get(index)?;
     Some(if stat::is_attach_edge(index) {
@@ -289,18 +290,12 @@ fn init(conn: &Connection, info: &SessionInfo, opts: &WriterOptions) -> rusqlite
     ] {
         st.execute([name])?;
     }
-    for i in stat::losses() {
-        st.execute([format!("drop_{}", stat::NAMES[i])])?;
-    }
-    // Attach edges are counted apart from drops (they are not losses).
-    for i in (0..stat::MAX).filter(|&i| stat::is_attach_edge(i)) {
-        st.execute([format!("edge_{}", stat::edge_name(i))])?;
+    // Every kernel counter under its class's name (losses as `drop_`,
+    // attach edges as `edge_`, settled gaps as themselves).
+    for name in (0..stat::MAX).filter_map(drop_stat_name) {
+        st.execute([name])?;
     }
     st.execute(["edge_call_open_at_end"])?;
-    // Gaps the capture settled itself: not losses, stored under their name.
-    for i in (0..stat::MAX).filter(|&i| stat::is_settled_gap(i)) {
-        st.execute([stat::NAMES[i]])?;
-    }
     drop(st);
     conn.execute_batch("COMMIT")
 }

@@ -481,21 +481,17 @@ fn store_counters(
         counts: session.counts(),
         op_counts: session.op_counts(),
     };
-    let d = |i: usize| now.counters[i].saturating_sub(before.counters[i]);
-    for i in stat::losses() {
-        handle.set_stat(format!("drop_{}", stat::NAMES[i]), d(i))?;
+    // Each kernel counter under its class's name (drop_, edge_, or bare).
+    for (i, (n, b)) in now.counters.iter().zip(&before.counters).enumerate() {
+        if let Some(name) = sleuth_store::drop_stat_name(i) {
+            handle.set_stat(name, n.saturating_sub(*b))?;
+        }
     }
     // Lets `explain` recognise the tracer's own threads (never culprits).
     handle.set_stat(
         sleuth_core::threads::TRACER_PID_STAT,
         u64::from(std::process::id()),
     )?;
-    for i in (0..stat::MAX).filter(|&i| stat::is_attach_edge(i)) {
-        handle.set_stat(format!("edge_{}", stat::edge_name(i)), d(i))?;
-    }
-    for i in (0..stat::MAX).filter(|&i| stat::is_settled_gap(i)) {
-        handle.set_stat(stat::NAMES[i], d(i))?;
-    }
     let (c, b) = (now.counts, before.counts);
     handle.set_stat("events_call", c.calls.saturating_sub(b.calls))?;
     handle.set_stat("events_wait", c.waits.saturating_sub(b.waits))?;
@@ -1128,7 +1124,7 @@ fn trace_loop(
     );
     if losses.switch_in_unseen > 0 {
         eprintln!(
-            "gpusleuth: note: {} switch(es) to a traced thread were not seen by the scheduler probe (a kernel gap); their waits were closed at the thread's next probe, runnable part unknown (switch_in_unseen)",
+            "gpusleuth: note: {} switch(es) to a traced thread were not seen by the scheduler probe (a kernel gap); their waits were closed at the thread's next probe, the switch-in dated by its CPU time (switch_in_unseen)",
             losses.switch_in_unseen
         );
     }

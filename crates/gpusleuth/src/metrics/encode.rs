@@ -267,11 +267,7 @@ fn encode_state(s: &State, mut enc: DescriptorEncoder) -> Fmt {
         enc,
         "gpusleuth_dropped_events",
         "Events lost before reaching user space, by cause.",
-        stat::NAMES
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| stat::losses().any(|l| l == *i))
-            .map(|(i, cause)| (vec![("cause", cause.to_string())], s.drops[i])),
+        stat::losses().map(|i| (vec![("cause", stat::NAMES[i].to_string())], s.drops[i])),
     )?;
     counter(
         enc,
