@@ -21,6 +21,7 @@ mod render;
 mod signals;
 mod sites;
 mod term_text;
+mod window;
 // Traces written again through the writer, and the comparison of a stored-
 // aggregate answer with the in-memory one: sleuth-store's test fixture, shared
 // by the lean-load tests of `explain` and of the Perfetto export.

@@ -283,6 +283,11 @@ fn commands(db: &str, out_dir: &Path, tag: &str) -> Vec<Vec<String>> {
         vec!["stats", "--db", db, "--json"],
         vec!["explain", "--db", db],
         vec!["explain", "--db", db, "--json"],
+        // A window: its calls through the indexes, its threads' waits.
+        vec!["stats", "--db", db, "--from", "1ms", "--to", "2s"],
+        vec![
+            "explain", "--db", db, "--from", "1ms", "--to", "2s", "--json",
+        ],
         vec!["memory", "--db", db],
         vec!["memory", "--db", db, "--json"],
         vec!["report", "--db", db, "-o", &o("html")],

@@ -6,6 +6,7 @@
 mod common;
 
 use common::{assert_no_panic, gpusleuth, Db};
+use rusqlite::types::Value as SqlValue;
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -259,18 +260,114 @@ fn an_empty_or_late_window_is_refused() {
         ),
         (vec!["--from", "soon"], "soon"),
     ] {
-        let o = gpusleuth()
-            .args(["export", "--db"])
-            .arg(demo_db())
-            .args(&args)
-            .output()
-            .expect("run export");
-        assert_no_panic(&o);
-        assert_ne!(o.status.code(), Some(0), "{args:?}");
-        let err = String::from_utf8_lossy(&o.stderr);
-        assert!(err.contains(says), "{args:?}: {err}");
-        assert!(o.stdout.is_empty(), "{args:?}: nothing written");
+        for cmd in ["export", "stats", "explain"] {
+            let o = gpusleuth()
+                .args([cmd, "--db"])
+                .arg(demo_db())
+                .args(&args)
+                .output()
+                .expect("run");
+            assert_no_panic(&o);
+            assert_ne!(o.status.code(), Some(0), "{cmd} {args:?}");
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert!(err.contains(says), "{cmd} {args:?}: {err}");
+            // Ours are one line; clap's (a bad duration) add its usage.
+            assert!(
+                err.lines().next().unwrap_or("").contains(says),
+                "{cmd}: {err}"
+            );
+            assert!(o.stdout.is_empty(), "{cmd} {args:?}: nothing written");
+        }
     }
+}
+
+/// `stats` and `explain` of a window: the calls that start in it, counted
+/// from the rows themselves; the window in the answer; the kernel-counted
+/// launches (no times) left out and said so; a run's directory refused.
+#[test]
+fn stats_and_explain_of_a_window_answer_for_its_calls() {
+    let db = Db::open(&demo_db());
+    let start = db.int("SELECT start_mono_ns FROM session");
+    let (lo, hi) = (start + 100_000_000, start + 300_000_000);
+    let run = |cmd: &str, extra: &[&str]| -> Value {
+        let out = common::run_ok(
+            gpusleuth()
+                .args([cmd, "--json", "--from", "100ms", "--to", "300ms", "--db"])
+                .arg(demo_db())
+                .args(extra),
+        );
+        serde_json::from_slice(&out.stdout).expect("JSON")
+    };
+    let stats = run("stats", &[]);
+    assert_eq!(stats["window"]["from_ns"], 100_000_000);
+    assert_eq!(stats["window"]["to_ns"], 300_000_000);
+    assert_eq!(stats["window"]["since_mono_ns"], lo);
+    let per_op: BTreeMap<String, i64> = stats["ops"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| {
+            (
+                o["op"].as_str().unwrap().to_string(),
+                o["count"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    let want: BTreeMap<String, i64> = db
+        .rows(&format!(
+            "SELECT op, count(*) FROM calls WHERE ts_ns >= {lo} AND ts_ns < {hi} GROUP BY op"
+        ))
+        .into_iter()
+        .map(|r| match (&r[0], &r[1]) {
+            (SqlValue::Text(op), SqlValue::Integer(n)) => (op.clone(), *n),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert!(!want.is_empty(), "the window holds calls");
+    assert_eq!(per_op, want, "the window's calls, no counted-only row");
+    let counted = db.int("SELECT coalesce(sum(count), 0) FROM op_counts");
+    let notes = stats["notes"].as_array().unwrap();
+    assert_eq!(notes.len(), usize::from(counted > 0), "{notes:?}");
+    if counted > 0 {
+        assert!(notes[0]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("{counted} call(s)")));
+    }
+
+    let explain = run("explain", &[]);
+    assert_eq!(explain["window"], stats["window"]);
+    assert!(explain["findings"].is_array() && explain["gpu_activity"].is_object());
+    assert!(explain.get("held_memory").is_none(), "a whole-trace fact");
+    let text = String::from_utf8(
+        common::run_ok(
+            gpusleuth()
+                .args(["explain", "--from", "100ms", "--to", "300ms", "--db"])
+                .arg(demo_db()),
+        )
+        .stdout,
+    )
+    .unwrap();
+    assert!(
+        text.starts_with("Window: the calls that started from 100.00ms to 300.00ms"),
+        "{text}"
+    );
+
+    // A run's directory: one line, nothing written.
+    let dir = out_dir("window-dir");
+    for cmd in ["stats", "explain"] {
+        let o = gpusleuth()
+            .args([cmd, "--from", "1s", "--db"])
+            .arg(&dir)
+            .output()
+            .expect("run");
+        assert_no_panic(&o);
+        assert_ne!(o.status.code(), Some(0));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains("one trace file"), "{cmd}: {err}");
+        assert!(o.stdout.is_empty());
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

@@ -8,6 +8,7 @@ use serde_json::{json, Value};
 use sleuth_core::decompose::Split;
 use sleuth_core::{findings, gpu_activity, held, ledger, op_by_name, stats, CallEvent, TraceData};
 use sleuth_store::stream::{call_span, CallQuery, MemoryTrace, Rows, StreamOrder};
+use sleuth_store::window;
 use sleuth_store::{
     run_readonly_sql_remembered, CallFilter, CheckMemo, ReadBudget, SqlLimits, Trace, WaitFilter,
 };
@@ -231,22 +232,35 @@ pub fn overview(db: &Path, budget: &ReadBudget) -> Result<Value> {
 /// Per-op latency statistics with the on-CPU / runnable / blocked split:
 /// from the rollups when the trace has them and no time window is asked
 /// for (as `stats` answers); for a window of a finished trace from the
-/// window's calls and their stored culprits ([`window_stats`]); else from
-/// the calls in the scope, loaded.
+/// window's calls and their stored culprits (`sleuth_store::window`, as
+/// `stats --from/--to`); else from the calls in the scope, loaded. A
+/// window leaves the kernel-counted calls out (they carry no time) and
+/// says so in `notes`.
 pub fn latency_stats(db: &Path, scope: &args::CallScope, budget: &ReadBudget) -> Result<Value> {
     let trace = open(db, budget)?;
     check_op(scope.op.as_deref())?;
     check_window(scope.since_ns, scope.until_ns)?;
-    let stored = if scope.since_ns.is_none() && scope.until_ns.is_none() {
-        trace.stats_report(scope.pid)?
+    let windowed = scope.since_ns.is_some() || scope.until_ns.is_some();
+    let stored = if windowed {
+        window::stats_report(
+            &trace,
+            scope.pid,
+            scope.op.as_deref(),
+            scope.since_ns,
+            scope.until_ns,
+        )?
     } else {
-        window_stats(&trace, scope)?
+        trace.stats_report(scope.pid)?.map(|r| (r, 0))
     };
-    let (mut report, host_context) = match stored {
+    let ((mut report, left_out), host_context) = match stored {
         Some(r) => (r, trace.has_host_context()),
         None => {
             let data = load_scoped(&trace, scope)?;
-            (stats::compute(&data), data.has_host_context)
+            let host_context = data.has_host_context;
+            match windowed {
+                true => (window::stats_from_loaded(data), host_context),
+                false => ((stats::compute(&data), 0), host_context),
+            }
         }
     };
     // Each op's figures are its own: an op filter keeps its row.
@@ -259,38 +273,8 @@ pub fn latency_stats(db: &Path, scope: &args::CallScope, budget: &ReadBudget) ->
         "host_context": host_context,
         "ops": report.ops,
         "drops": report.drops,
+        "notes": window::counted_note(left_out).into_iter().collect::<Vec<_>>(),
     }))
-}
-
-/// The statistics of the calls in the scope's window, as `stats::compute`
-/// gives them for `load_scoped`'s trace, from the window's calls and their
-/// stored culprits (`sleuth_store::window`): memory grows with the window,
-/// not with the process. None for a trace that did not finish.
-fn window_stats(trace: &Trace, scope: &args::CallScope) -> Result<Option<stats::StatsReport>> {
-    let Some(w) = sleuth_store::window::calls_in_window(
-        trace,
-        scope.pid,
-        scope.op.as_deref(),
-        scope.since_ns,
-        scope.until_ns,
-    )?
-    else {
-        return Ok(None);
-    };
-    let mut counts = trace.op_counts(scope.pid)?;
-    keep_counts_in_scope(&mut counts, scope);
-    // Without waits: the per-call culprits are given; the thread splits
-    // (which would read the waits) are not part of this tool's answer.
-    let data = TraceData {
-        calls: w.calls,
-        counts,
-        stats: trace.stats()?,
-        has_host_context: trace.has_host_context(),
-        ..Default::default()
-    };
-    let mut report = stats::op_stats(&data, &w.culprits);
-    report.threads.clear();
-    Ok(Some(report))
 }
 
 /// `explain`'s ranked findings with evidence.
@@ -320,7 +304,13 @@ pub fn findings(db: &Path, scope: &args::CallScope, budget: &ReadBudget) -> Resu
     };
     let report = match streamed {
         Some(r) => r,
-        None => findings::explain_report(&load_scoped(&trace, scope)?),
+        None => {
+            let data = load_scoped(&trace, scope)?;
+            match scope.since_ns.is_some() || scope.until_ns.is_some() {
+                true => window::explain_loaded(data),
+                false => findings::explain_report(&data),
+            }
+        }
     };
     // After the reads: rows skipped by what was read (a large trace answered
     // from its aggregates alone read no call or wait row, none was skipped).

@@ -85,6 +85,11 @@ pub fn explanation(trace: &Trace, filter: &CallFilter) -> Result<Option<Explanat
         ..trace.frame(pid)?
     };
     keep_counts_of_op(&mut data.counts, op);
+    // A window cannot place the kernel-counted calls (no times).
+    let counted_left_out = match windowed {
+        true => crate::window::leave_out_counted(&mut data.counts),
+        false => 0,
+    };
     let tracer = tracer_pid(&data);
     // The scope as SQL: ?1 pid, ?2 tid, then the op and the window.
     let mut conds = vec![
@@ -219,7 +224,7 @@ pub fn explanation(trace: &Trace, filter: &CallFilter) -> Result<Option<Explanat
     crate::finding_rollups::fill_example_sites(conn, &mut inputs).map_err(read)?;
     span_from_calls(&mut data, extent);
 
-    replay_and_explain(
+    let explained = replay_and_explain(
         trace,
         pid,
         Replay {
@@ -230,7 +235,12 @@ pub fn explanation(trace: &Trace, filter: &CallFilter) -> Result<Option<Explanat
             memory,
             kept,
         },
-    )
+    )?;
+    Ok(explained.map(|mut e| {
+        e.notes
+            .extend(crate::window::counted_note(counted_left_out));
+        e
+    }))
 }
 
 /// A scope of op `op` alone (no window) from the writer's rollups of it

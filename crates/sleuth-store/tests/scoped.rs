@@ -630,3 +630,109 @@ fn stored_aggregates_at_and_past_the_largest_value_never_panic() {
         }
     }
 }
+
+/// Launches counted in the kernel (`--launches driver`, the default) carry
+/// no time. A window given the whole trace's count judged a short window
+/// of a thread launch-bound (20 us of host time per launch here, where the
+/// whole trace has 198): a window's answer leaves them out and says so,
+/// streamed or loaded, for findings and for statistics.
+#[test]
+fn a_window_leaves_the_kernel_counted_launches_out() {
+    const MS: u64 = 1_000_000;
+    let dir = TempDir::new("scoped-window-counted");
+    let path = dir.join("t.db");
+    // One sync of 1 ms every 100 ms for 10 s, on the CPU between them.
+    let calls: Vec<CallEvent> = (0..=100)
+        .map(|i| {
+            let mut c = call(41, "cudaStreamSynchronize", 1_000 * MS + i * 100 * MS, MS);
+            c.stack_id = None;
+            c
+        })
+        .collect();
+    let launches = 50_000;
+    let data = TraceData {
+        calls,
+        counts: vec![sleuth_core::OpCount {
+            pid: PID,
+            op: op_by_name("cuLaunchKernel").unwrap().id,
+            count: launches,
+        }],
+        processes: vec![ProcessInfo {
+            pid: PID,
+            comm: "train".into(),
+            ..Default::default()
+        }],
+        has_host_context: true,
+        ..Default::default()
+    };
+    rewrite(&data, &path);
+    let trace = Trace::open(&path).unwrap();
+    let kinds = |e: &sleuth_core::findings::Explanation| -> Vec<&'static str> {
+        e.findings.iter().map(|f| f.kind.as_str()).collect()
+    };
+    let whole = sleuth_core::findings::explain_report(&trace.load(None).unwrap());
+    assert!(
+        !kinds(&whole).contains(&"launch_bound"),
+        "{:?}",
+        kinds(&whole)
+    );
+
+    let window = CallFilter {
+        pid: Some(PID),
+        since_ns: Some(2_000 * MS),
+        until_ns: Some(3_000 * MS),
+        ..Default::default()
+    };
+    // What the window said before: the whole trace's launches in it.
+    let with_counts = trace.load_calls_of(&window).unwrap();
+    assert_eq!(with_counts.counts.len(), 1);
+    let before = sleuth_core::findings::explain_report(&with_counts);
+    assert!(
+        kinds(&before).contains(&"launch_bound"),
+        "{:?}",
+        kinds(&before)
+    );
+
+    let note = sleuth_store::window::counted_note(launches).unwrap();
+    let streamed = sleuth_store::scoped::explanation(&trace, &window)
+        .unwrap()
+        .expect("streamed");
+    let loaded = sleuth_store::window::explain_loaded(trace.load_calls_of(&window).unwrap());
+    for (how, e) in [("streamed", &streamed), ("loaded", &loaded)] {
+        assert!(!kinds(e).contains(&"launch_bound"), "{how}: {:?}", kinds(e));
+        assert!(e.notes.contains(&note), "{how}: {:?}", e.notes);
+    }
+    let (mut g, w) = (json(&streamed), json(&loaded));
+    same_text_within_the_bound(&mut g, &w);
+    assert_close(&g["findings"], &w["findings"], "window findings");
+
+    // Statistics: the window's 10 syncs, no counted row, the same count left out.
+    let (stored, n) = sleuth_store::window::stats_report(
+        &trace,
+        Some(PID),
+        None,
+        window.since_ns,
+        window.until_ns,
+    )
+    .unwrap()
+    .expect("a finished trace");
+    let (from_load, m) =
+        sleuth_store::window::stats_from_loaded(trace.load_calls_of(&window).unwrap());
+    assert_eq!((n, m), (launches, launches));
+    for r in [&stored, &from_load] {
+        let ops: Vec<(&str, u64)> = r.ops.iter().map(|o| (o.op, o.count)).collect();
+        assert_eq!(ops, vec![("cudaStreamSynchronize", 10)]);
+    }
+    // No window, no note: the whole trace's answer keeps its counts.
+    let all = sleuth_store::scoped::explanation(
+        &trace,
+        &CallFilter {
+            pid: Some(PID),
+            op: Some("cudaStreamSynchronize".into()),
+            ..Default::default()
+        },
+    )
+    .unwrap()
+    .expect("streamed");
+    assert!(!all.notes.contains(&note), "{:?}", all.notes);
+}

@@ -154,7 +154,11 @@ fn live(dir: &Path, keep: bool) -> Result<i32> {
 /// The demo's last step: `gpusleuth explain` of the trace, as text.
 fn explain(db: PathBuf) -> Result<i32> {
     let input = crate::args::TraceInput { db, pid: None };
-    crate::render::explain::print(&input, crate::render::explain::Style::Text)
+    crate::render::explain::print(
+        &input,
+        crate::window::WindowArgs::default(),
+        crate::render::explain::Style::Text,
+    )
 }
 
 /// The tracer's own threads stay off the contended CPU 0 where the machine

@@ -3,11 +3,16 @@
 
 use crate::args::TraceInput;
 use crate::render::explain::{print, Style};
+use crate::window::WindowArgs;
 
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]
     pub input: TraceInput,
+    /// `--from`/`--to`: the findings of the calls that start in the window
+    /// (their waits, culprits and memory calls), GPU busy inside it.
+    #[command(flatten)]
+    pub window: WindowArgs,
     /// Machine-readable output (the documented findings contract).
     #[arg(long)]
     pub json: bool,
@@ -24,5 +29,5 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     } else {
         Style::Text
     };
-    print(&args.input, style)
+    print(&args.input, args.window, style)
 }

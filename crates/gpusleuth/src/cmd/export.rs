@@ -20,14 +20,14 @@
 
 use crate::args::TraceInput;
 use crate::load::{warn_input_problems, FORCE_HINT};
+use crate::window::{Window, WindowArgs};
 use serde::Serialize;
 use serde_json::{json, Value};
 use sleuth_core::analysis::Analysis;
 use sleuth_core::findings::Finding;
 use sleuth_core::ledger::ProcessLedger;
-use sleuth_core::units::fmt_ns;
 use sleuth_core::{CallEvent, Layer, TraceData, WaitEvent};
-use sleuth_store::stream::{CallQuery, Rows};
+use sleuth_store::stream::Rows;
 use sleuth_store::{ReadBudget, StoreError, Trace};
 use std::collections::BTreeSet;
 use std::io::Write;
@@ -56,72 +56,11 @@ pub struct Args {
     /// Replace the output file if it exists.
     #[arg(long)]
     pub force: bool,
-    /// Only what happened from this moment on, as time since the trace
-    /// started (as `memory --at` counts it: 1.5s, 250ms, 0): the calls that
-    /// start in the window, the waits that overlap it, the memory tracks and
-    /// GPU samples inside it (the findings stay the whole trace's).
-    #[arg(long, value_parser = crate::args::duration_ns)]
-    pub from: Option<u64>,
-    /// Only what happened before this moment (time since the trace started).
-    #[arg(long, value_parser = crate::args::duration_ns)]
-    pub to: Option<u64>,
-}
-
-/// The part of the trace an export covers, in monotonic ns: `[since, until)`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Window {
-    since: u64,
-    until: u64,
-}
-
-impl Window {
-    /// The window `--from`/`--to` name, or None for the whole trace.
-    fn of(args: &Args, trace: &Trace) -> anyhow::Result<Option<Window>> {
-        if args.from.is_none() && args.to.is_none() {
-            return Ok(None);
-        }
-        let from = args.from.unwrap_or(0);
-        if let Some(to) = args.to {
-            if to <= from {
-                anyhow::bail!(
-                    "--to {} is not after --from {}: the window would be empty",
-                    fmt_ns(to),
-                    fmt_ns(from)
-                );
-            }
-        }
-        let session = trace.session()?;
-        let start = session.info.start_mono_ns;
-        if let Some(end) = session.end_mono_ns {
-            let lasts = end.saturating_sub(start);
-            if from > lasts {
-                anyhow::bail!(
-                    "--from {}: the trace lasts only {} (--from is the time since the trace started)",
-                    fmt_ns(from),
-                    fmt_ns(lasts)
-                );
-            }
-        }
-        Ok(Some(Window {
-            since: start.saturating_add(from),
-            until: args.to.map_or(u64::MAX, |t| start.saturating_add(t)),
-        }))
-    }
-
-    /// Whether `ts_ns` is inside window `w` (every moment is, without one).
-    fn covers(w: Option<Window>, ts_ns: u64) -> bool {
-        w.is_none_or(|w| (w.since..w.until).contains(&ts_ns))
-    }
-
-    /// The calls of process `pid` (or all) that start in window `w` (or all).
-    fn calls(w: Option<Window>, pid: Option<u32>) -> CallQuery {
-        CallQuery {
-            pid,
-            since_ns: w.map(|w| w.since),
-            until_ns: w.map(|w| w.until).filter(|&u| u != u64::MAX),
-            ..Default::default()
-        }
-    }
+    /// `--from`/`--to`: the calls that start in the window, the waits
+    /// that overlap it, the memory tracks and GPU samples inside it (the
+    /// findings stay the whole trace's).
+    #[command(flatten)]
+    pub window: WindowArgs,
 }
 
 pub fn run(args: Args) -> anyhow::Result<i32> {
@@ -136,7 +75,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     if let Some(pid) = pid {
         trace.require_pid(pid)?;
     }
-    let window = Window::of(&args, &trace)?;
+    let window = args.window.resolve(&trace)?;
     let rows = Rows::open(&trace)?;
     // A damaged file is refused before anything is written (as loading it would be).
     rows.check_totals()?;
@@ -816,6 +755,8 @@ mod tests {
         let w = Window {
             since: start + d / 3,
             until: start + 2 * d / 3,
+            from_ns: 0,
+            to_ns: None,
         };
         let whole = perfetto_doc(db, None, None);
         let win = perfetto_doc(db, None, Some(w));

@@ -1,17 +1,28 @@
-//! `gpusleuth stats`: per-op latency and time decomposition of a recorded trace.
+//! `gpusleuth stats`: per-op latency and time decomposition of a recorded
+//! trace, or of a part of it (`--from`/`--to`).
 
 use crate::args::{JsonOutput, TraceInput};
-use crate::load::{emit_json, emit_text, stats_of};
+use crate::load::{emit_json, emit_text, stats_of, warn_input_problems_of_reads};
+use crate::window::{Window, WindowArgs};
+use sleuth_core::stats::StatsReport;
+use sleuth_store::window;
 
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]
     pub input: TraceInput,
+    /// `--from`/`--to`: the calls that start in the window (the event and
+    /// drop counters stay the whole trace's).
+    #[command(flatten)]
+    pub window: WindowArgs,
     #[command(flatten)]
     pub out: JsonOutput,
 }
 
 pub fn run(args: Args) -> anyhow::Result<i32> {
+    if args.window.is_set() {
+        return run_window(&args);
+    }
     let report = stats_of(&args.input.db, args.input.pid)?;
     if args.out.json {
         emit_json(&report)?;
@@ -19,4 +30,62 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         emit_text(&crate::render::stats::render(&report))?;
     }
     Ok(0)
+}
+
+/// `stats --from/--to`: the window's calls with their stored culprits
+/// (`sleuth_store::window`), without the per-thread splits; a trace that
+/// did not finish has its window's calls loaded with their waits instead.
+fn run_window(args: &Args) -> anyhow::Result<i32> {
+    let db = &args.input.db;
+    if db.is_dir() {
+        args.window.refuse_for_run()?;
+    }
+    let pid = args.input.pid;
+    let trace = crate::checks_memo::open(db)?;
+    if let Some(pid) = pid {
+        trace.require_pid(pid)?;
+    }
+    let w = args
+        .window
+        .resolve(&trace)?
+        .ok_or_else(|| anyhow::anyhow!("--from/--to: no window given"))?;
+    let (report, left_out) =
+        match window::stats_report(&trace, pid, None, Some(w.since), w.until_ns())? {
+            Some(r) => r,
+            None => window::stats_from_loaded(trace.load_calls_of(&w.filter(pid))?),
+        };
+    warn_input_problems_of_reads(&trace)?;
+    let notes: Vec<String> = window::counted_note(left_out).into_iter().collect();
+    if args.out.json {
+        emit_json(&WindowStats {
+            window: w.json(),
+            report: &report,
+            notes,
+        })?;
+    } else {
+        emit_text(&render_window(&w, &report, &notes))?;
+    }
+    Ok(0)
+}
+
+/// `stats --json` of a window: the window, the report's fields, the notes.
+#[derive(serde::Serialize)]
+struct WindowStats<'a> {
+    window: serde_json::Value,
+    #[serde(flatten)]
+    report: &'a StatsReport,
+    notes: Vec<String>,
+}
+
+/// The window's header line, the table, the notes.
+fn render_window(w: &Window, report: &StatsReport, notes: &[String]) -> String {
+    let mut out = format!(
+        "{}; the event and drop counters are the whole trace's.\n",
+        w.describe()
+    );
+    out.push_str(&crate::render::stats::render(report));
+    for n in notes {
+        out.push_str(&format!("Note: {n}\n"));
+    }
+    out
 }

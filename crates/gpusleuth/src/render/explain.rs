@@ -8,6 +8,7 @@ use crate::load::{emit, json_text, warn_input_problems_of_reads};
 use crate::output::{fmt_bytes, fmt_ns};
 use crate::render::gpu_context;
 use crate::term_text::terminal_safe;
+use crate::window::WindowArgs;
 use sleuth_core::analysis::Analysis;
 use sleuth_core::findings::{Explanation, Finding, Kind};
 use sleuth_core::ledger::ProcessLedger;
@@ -27,10 +28,80 @@ pub enum Style {
 
 pub const CLEAN: &str = "No abnormal behaviour found";
 
-/// Loads a trace and prints its explanation in `style` (the `explain` command).
-pub fn print(input: &TraceInput, style: Style) -> anyhow::Result<i32> {
-    emit(&output(input, style, true)?)?;
+/// Loads a trace and prints its explanation in `style` (the `explain`
+/// command), of the part `window` names or the whole trace.
+pub fn print(input: &TraceInput, window: WindowArgs, style: Style) -> anyhow::Result<i32> {
+    if window.is_set() {
+        emit(&window_output(input, window, style)?)?;
+    } else {
+        emit(&output(input, style, true)?)?;
+    }
     Ok(0)
+}
+
+/// `explain --from/--to`: the findings of the calls that start in the
+/// window, from those calls streamed thread by thread against their
+/// waits (`sleuth_store::scoped`, as MCP `findings` with a window; a file
+/// without stored call groups has the window's calls loaded instead), and
+/// NVML's busy samples inside the window. The memory each process held
+/// before the trace is a fact of the whole trace: `explain` without a
+/// window gives it.
+fn window_output(input: &TraceInput, window: WindowArgs, style: Style) -> anyhow::Result<String> {
+    if input.db.is_dir() {
+        window.refuse_for_run()?;
+    }
+    let trace = crate::checks_memo::open(&input.db)?;
+    if let Some(pid) = input.pid {
+        trace.require_pid(pid)?;
+    }
+    let w = window
+        .resolve(&trace)?
+        .ok_or_else(|| anyhow::anyhow!("--from/--to: no window given"))?;
+    let filter = w.filter(input.pid);
+    let report = match sleuth_store::scoped::explanation(&trace, &filter)? {
+        Some(r) => r,
+        None => sleuth_store::window::explain_loaded(trace.load_calls_of(&filter)?),
+    };
+    let problems = warn_input_problems_of_reads(&trace)?;
+    let busy =
+        sleuth_core::gpu_activity::busy(trace.gpu_samples()?.as_deref(), Some((w.since, w.until)));
+    if style == Style::Json {
+        #[derive(serde::Serialize)]
+        struct Doc<'a> {
+            window: serde_json::Value,
+            #[serde(flatten)]
+            report: &'a Explanation,
+            gpu_activity: sleuth_core::gpu_activity::GpuActivity,
+            #[serde(skip_serializing_if = "InputProblems::is_empty")]
+            input_problems: &'a InputProblems,
+        }
+        return json_text(&Doc {
+            window: w.json(),
+            report: &report,
+            gpu_activity: busy,
+            input_problems: &problems,
+        });
+    }
+    let gpu = gpu_context::busy_lines(&busy);
+    let body = if style == Style::Markdown {
+        let mut md = format!("{}\n\n", w.describe());
+        md.push_str(&markdown(&report));
+        md.push_str("\n## GPU\n\n");
+        for l in &gpu {
+            md.push_str(&format!("- {l}\n"));
+        }
+        md
+    } else {
+        let mut t = format!("{}\n", w.describe());
+        t.push_str(&text_with(&report, !problems.is_empty()));
+        t.push('\n');
+        for l in &gpu {
+            t.push_str(l);
+            t.push('\n');
+        }
+        t
+    };
+    Ok(terminal_safe(&format!("{}{}", problem_text(&problems), body)).into_owned())
 }
 
 /// What `explain` writes to stdout. With `lean_allowed`, a trace that

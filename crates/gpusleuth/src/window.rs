@@ -1,0 +1,149 @@
+//! `--from`/`--to`: a part of one trace, named as time since the trace
+//! started (as `memory --at` counts it), for `stats`, `explain` and
+//! `export`. A long trace (a node agent's, a day of training) is asked
+//! about "the last ten minutes" or "the slow phase", not only as a whole;
+//! the answers read the window's calls through the `(tid, ts_ns)` index,
+//! so their cost grows with the window, not with the trace (issue 16).
+
+use crate::output::fmt_ns;
+use sleuth_store::stream::CallQuery;
+use sleuth_store::{CallFilter, Trace};
+
+/// The options, flattened into each command that takes a window.
+#[derive(clap::Args, Clone, Copy, Debug, Default)]
+pub struct WindowArgs {
+    /// Only what happened from this moment on, as time since the trace
+    /// started (as `memory --at` counts it: 1.5s, 250ms, 0). One file,
+    /// not a `--rotate` run's directory.
+    #[arg(long, value_parser = crate::args::duration_ns)]
+    pub from: Option<u64>,
+    /// Only what happened before this moment (time since the trace started).
+    #[arg(long, value_parser = crate::args::duration_ns)]
+    pub to: Option<u64>,
+}
+
+/// A window in monotonic ns, `[since, until)`; `until` is `u64::MAX`
+/// without `--to`. `from_ns`/`to_ns` are the options as given (time since
+/// the trace started), for the answer's header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Window {
+    pub since: u64,
+    pub until: u64,
+    pub from_ns: u64,
+    pub to_ns: Option<u64>,
+}
+
+impl WindowArgs {
+    /// Whether a window was asked for.
+    pub fn is_set(&self) -> bool {
+        self.from.is_some() || self.to.is_some()
+    }
+
+    /// The window the options name in `trace`, or None for the whole
+    /// trace. Errors (one line each): an empty window, a start past the
+    /// end of a finished trace.
+    pub fn resolve(&self, trace: &Trace) -> anyhow::Result<Option<Window>> {
+        if !self.is_set() {
+            return Ok(None);
+        }
+        let from = self.from.unwrap_or(0);
+        if let Some(to) = self.to {
+            if to <= from {
+                anyhow::bail!(
+                    "--to {} is not after --from {}: the window would be empty",
+                    fmt_ns(to),
+                    fmt_ns(from)
+                );
+            }
+        }
+        let session = trace.session()?;
+        let start = session.info.start_mono_ns;
+        if let Some(end) = session.end_mono_ns {
+            let lasts = end.saturating_sub(start);
+            if from > lasts {
+                anyhow::bail!(
+                    "--from {}: the trace lasts only {} (--from is the time since the trace started)",
+                    fmt_ns(from),
+                    fmt_ns(lasts)
+                );
+            }
+        }
+        Ok(Some(Window {
+            since: start.saturating_add(from),
+            until: self.to.map_or(u64::MAX, |t| start.saturating_add(t)),
+            from_ns: from,
+            to_ns: self.to,
+        }))
+    }
+
+    /// The one-line refusal for a run's directory: a window is one file's.
+    pub fn refuse_for_run(&self) -> anyhow::Result<()> {
+        if self.is_set() {
+            anyhow::bail!(
+                "--from/--to name a part of one trace file; --db names a run's directory (pick the file that holds the window)"
+            );
+        }
+        Ok(())
+    }
+}
+
+impl Window {
+    /// Whether `ts_ns` is inside window `w` (every moment is, without one).
+    pub fn covers(w: Option<Window>, ts_ns: u64) -> bool {
+        w.is_none_or(|w| (w.since..w.until).contains(&ts_ns))
+    }
+
+    /// The end bound for a store filter: None when open-ended.
+    pub fn until_ns(&self) -> Option<u64> {
+        (self.until != u64::MAX).then_some(self.until)
+    }
+
+    /// The calls of process `pid` (or all) that start in window `w` (or
+    /// all), as a streamed read.
+    pub fn calls(w: Option<Window>, pid: Option<u32>) -> CallQuery {
+        CallQuery {
+            pid,
+            since_ns: w.map(|w| w.since),
+            until_ns: w.and_then(|w| w.until_ns()),
+            ..Default::default()
+        }
+    }
+
+    /// The calls of process `pid` (or all) that start in the window, as a
+    /// filter of the loading and explaining reads.
+    pub fn filter(&self, pid: Option<u32>) -> CallFilter {
+        CallFilter {
+            pid,
+            since_ns: Some(self.since),
+            until_ns: self.until_ns(),
+            ..Default::default()
+        }
+    }
+
+    /// "calls that started from 10.0s to 20.0s after the trace began",
+    /// the header line of a windowed answer.
+    pub fn describe(&self) -> String {
+        match self.to_ns {
+            Some(to) => format!(
+                "Window: the calls that started from {} to {} after the trace began (--from/--to)",
+                fmt_ns(self.from_ns),
+                fmt_ns(to)
+            ),
+            None => format!(
+                "Window: the calls that started {} or more after the trace began (--from)",
+                fmt_ns(self.from_ns)
+            ),
+        }
+    }
+
+    /// The window in a JSON answer: the options as ns since the trace
+    /// started, and the monotonic bounds the store was read with.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "from_ns": self.from_ns,
+            "to_ns": self.to_ns,
+            "since_mono_ns": self.since,
+            "until_mono_ns": self.until_ns(),
+        })
+    }
+}
