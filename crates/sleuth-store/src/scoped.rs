@@ -47,6 +47,18 @@ use std::collections::BTreeSet;
 /// call and wait of the ranks). Errors are those of the load (a pid the
 /// trace does not hold, totals that overflow, a damaged table).
 pub fn explanation(trace: &Trace, filter: &CallFilter) -> Result<Option<Explanation>, StoreError> {
+    explanation_keeping_at_most(trace, filter, scope_feed::KEPT_MAX)
+}
+
+/// [`explanation`] with a window's memory and pinning calls kept by the
+/// pass up to `kept_max` (then read again in return order): the tests
+/// compare both ways on small traces.
+#[doc(hidden)]
+pub fn explanation_keeping_at_most(
+    trace: &Trace,
+    filter: &CallFilter,
+    kept_max: usize,
+) -> Result<Option<Explanation>, StoreError> {
     let pid = filter.pid;
     if let Some(pid) = pid {
         trace.require_pid(pid)?;
@@ -163,6 +175,7 @@ pub fn explanation(trace: &Trace, filter: &CallFilter) -> Result<Option<Explanat
             inputs: FindingInputs::new(Resolution::Bucketed, tracer),
             ledger,
             kept: windowed.then(Vec::new),
+            kept_max,
             keep: &keep,
             copies: &copies,
             extent: None,
@@ -234,6 +247,8 @@ pub fn explanation(trace: &Trace, filter: &CallFilter) -> Result<Option<Explanat
             pinned,
             memory,
             kept,
+            since_ns: filter.since_ns,
+            until_ns: filter.until_ns,
         },
     )?;
     Ok(explained.map(|mut e| {
@@ -304,6 +319,8 @@ fn from_op_rollups(
             pinned: BTreeSet::new(),
             memory,
             kept: None,
+            since_ns: None,
+            until_ns: None,
         },
     )
 }
@@ -318,12 +335,17 @@ struct Replay {
     memory: BTreeSet<&'static str>,
     /// A window's calls of those ops, kept by the pass; None: read them.
     kept: Option<Vec<(i64, CallEvent)>>,
+    /// The window's bounds (of the read when nothing was kept).
+    since_ns: Option<u64>,
+    until_ns: Option<u64>,
 }
 
 /// The pinned-memory replay and the ledger in return order, from the
 /// scope's calls of those ops only, then the explanation. A window's were
-/// kept by the pass (bounded by the window); an op's over the whole trace
-/// are read again through the op index, the other ops never.
+/// kept by the pass (up to `scope_feed::KEPT_MAX`; past it they are read
+/// again, the window's rows sorted by SQLite in bounded memory); an op's
+/// over the whole trace are read again through the op index, the other
+/// ops never.
 fn replay_and_explain(
     trace: &Trace,
     pid: Option<u32>,
@@ -336,6 +358,8 @@ fn replay_and_explain(
         pinned,
         memory,
         kept,
+        since_ns,
+        until_ns,
     } = r;
     let with_blocks: BTreeSet<u32> = data.blocks.iter().map(|b| b.pid).collect();
     let mut allocator_calls: Vec<(u64, i64, CallEvent)> = Vec::new();
@@ -366,6 +390,8 @@ fn replay_and_explain(
                         pid,
                         ops: Some(ops),
                         order: StreamOrder::ByReturn,
+                        since_ns,
+                        until_ns,
                         ..Default::default()
                     },
                     |s| {

@@ -37,6 +37,10 @@ pub enum StreamOrder {
     /// By row id: the order the writer stored the calls in (a scan of
     /// the rows needs no sort). [`Rows::replay_by_return`] reads in it.
     ById,
+    /// In the order SQLite finds them, no sort: for sums and histograms,
+    /// whose result does not depend on it (a window's statistics: each of
+    /// its threads in start order through the `(tid, ts_ns)` index).
+    AsFound,
 }
 
 /// Which calls a stream visits. `None` fields do not filter.
@@ -647,10 +651,11 @@ fn select_calls<E: From<StoreError>>(
     mut visit: impl FnMut(StoredCall) -> Result<(), E>,
 ) -> Result<(), E> {
     let order = match order {
-        StreamOrder::ByStart => "calls.ts_ns, calls.id",
-        StreamOrder::ByReturn => "calls.ts_ns + calls.dur_ns, calls.ts_ns, calls.id",
-        StreamOrder::ByDurationDesc => "calls.dur_ns DESC, calls.id",
-        StreamOrder::ById => "calls.id",
+        StreamOrder::ByStart => " ORDER BY calls.ts_ns, calls.id",
+        StreamOrder::ByReturn => " ORDER BY calls.ts_ns + calls.dur_ns, calls.ts_ns, calls.id",
+        StreamOrder::ByDurationDesc => " ORDER BY calls.dur_ns DESC, calls.id",
+        StreamOrder::ById => " ORDER BY calls.id",
+        StreamOrder::AsFound => "",
     };
     let limit = limit
         .map(|l| format!(" LIMIT {}", l.min(i64::MAX as usize)))
@@ -673,7 +678,7 @@ fn select_calls<E: From<StoreError>>(
         .map(|c| format!("calls.{c}"))
         .collect();
     let sql = format!(
-        "SELECT {}, {host}, {stack} FROM {source} {join} WHERE {} ORDER BY {order}{limit}",
+        "SELECT {}, {host}, {stack} FROM {source} {join} WHERE {}{order}{limit}",
         cols.join(", "),
         conds.join(" AND ")
     );
