@@ -248,16 +248,16 @@ fn the_slow_rank_is_the_straggler_with_its_cause() {
     }
 }
 
-#[test]
-fn a_rank_whose_cpu_a_hog_takes_is_the_straggler_and_the_hog_is_named() {
-    let Some((sb, _serial, slow_cpu, other_cpu)) = pinned_sandbox("nccl-hog") else {
-        return;
-    };
-    if slow_cpu == other_cpu {
-        eprintln!("skipping: needs two CPUs (the hog's and the other rank's)");
-        return;
-    }
+/// Runs the hog scenario once: the ranks' logs, the hog's pid and the
+/// trace's explanation.
+fn hog_run(sb: &Sandbox, slow_cpu: usize, other_cpu: usize) -> (RankLog, RankLog, u32, Value) {
     let hog_ready = sb.path("hog-ready");
+    // A run again starts from nothing an earlier one left (the ranks meet
+    // through the `id` file).
+    for f in ["hog-ready", "id", "r0.log", "r1.log"] {
+        let _ = std::fs::remove_file(sb.path(f));
+    }
+    let _ = std::fs::remove_file(sb.db());
     let mut hog = Command::new(&sb.sim.hog)
         .arg(slow_cpu.to_string())
         .arg("60000")
@@ -275,11 +275,12 @@ fn a_rank_whose_cpu_a_hog_takes_is_the_straggler_and_the_hog_is_named() {
     let work = 5;
     let shell = format!(
         "{} & {}; wait",
-        rank_cmd(&sb, 0, work, 0, other_cpu),
-        rank_cmd(&sb, 1, work, 0, slow_cpu)
+        rank_cmd(sb, 0, work, 0, other_cpu),
+        rank_cmd(sb, 1, work, 0, slow_cpu)
     );
-    let t = trace(&sb, &sb.db(), &shell, other_cpu);
+    let t = trace(sb, &sb.db(), &shell, other_cpu);
     let traced = t.wait_with_output().expect("wait for trace");
+    let hog_pid = hog.id();
     let _ = hog.kill();
     let _ = hog.wait();
     assert!(
@@ -288,14 +289,43 @@ fn a_rank_whose_cpu_a_hog_takes_is_the_straggler_and_the_hog_is_named() {
         String::from_utf8_lossy(&traced.stderr)
     );
     let (r0, r1) = (read_log(&sb.path("r0.log")), read_log(&sb.path("r1.log")));
-    let f = straggler(&explain_json(&sb.db()));
+    (r0, r1, hog_pid, explain_json(&sb.db()))
+}
+
+#[test]
+fn a_rank_whose_cpu_a_hog_takes_is_the_straggler_and_the_hog_is_named() {
+    let Some((sb, _serial, slow_cpu, other_cpu)) = pinned_sandbox("nccl-hog") else {
+        return;
+    };
+    if slow_cpu == other_cpu {
+        eprintln!("skipping: needs two CPUs (the hog's and the other rank's)");
+        return;
+    }
+    // The scenario is built so that rank 1 is late at (nearly) every
+    // collective; on a 2-CPU machine busy with other work the fast rank can
+    // be held up too. Such a run did not happen as built (the ranks' own
+    // logs say so): it is run again, at most three times, and gpusleuth's
+    // answer is judged only on a run that did.
+    let mut attempt = 0;
+    let (r0, r1, hog_pid, report) = loop {
+        attempt += 1;
+        let run = hog_run(&sb, slow_cpu, other_cpu);
+        let (_, late) = true_lateness(&run.0, &run.1);
+        if late >= ITERS - 1 || attempt == 3 {
+            break run;
+        }
+        eprintln!(
+            "attempt {attempt}: rank 1 was late {late} of {ITERS} times, not as built; again"
+        );
+    };
+    let f = straggler(&report);
     check_finding(&f, &r0, &r1, "preemption");
     // The hog is named, by pid and comm, among the tasks that took the
     // rank's CPU. (On a quiet machine it is the first; on a shared CI machine
     // other jobs, in other cgroups where its nice value does not reach, take
     // that CPU too and may come first.)
     let named = f["culprits"].as_array().expect("culprits").iter().any(|c| {
-        c["pid"].as_u64() == Some(u64::from(hog.id()))
+        c["pid"].as_u64() == Some(u64::from(hog_pid))
             && c["comm"] == sleuth_sim::HOG_COMM
             && c["runnable_ns"].as_u64().unwrap_or(0) > 0
     });
