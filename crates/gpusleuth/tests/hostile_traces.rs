@@ -219,6 +219,21 @@ const SQL_MUTATIONS: &[(&str, &str, &str, bool)] = &[
          UPDATE wait_culprits SET comm = char(27) || '[31mred';",
         false,
     ),
+    // The launch-count samples a window places counted launches by: out
+    // of range, decreasing, unknown ops, text where numbers go, out of order.
+    (
+        "crafted_count_samples",
+        "countsamples",
+        "CREATE TABLE op_count_samples(ts_ns INTEGER NOT NULL, pid INTEGER NOT NULL, op TEXT NOT NULL, count INTEGER NOT NULL);
+         CREATE INDEX op_count_samples_pid ON op_count_samples(pid, ts_ns);
+         INSERT INTO op_count_samples SELECT s.start_mono_ns + 2000000000, o.pid, o.op, 9223372036854775807 FROM op_counts o, session s;
+         INSERT INTO op_count_samples SELECT s.start_mono_ns + 1000000000, o.pid, o.op, 5 FROM op_counts o, session s;
+         INSERT INTO op_count_samples SELECT s.start_mono_ns + 1500000000, o.pid, o.op, 3 FROM op_counts o, session s;
+         INSERT INTO op_count_samples SELECT -1, o.pid, o.op, -7 FROM op_counts o;
+         INSERT INTO op_count_samples SELECT 9223372036854775807, o.pid, 'cudaFrobnicate', 1 FROM op_counts o;
+         INSERT INTO op_count_samples SELECT 'x', -3, o.op, 'y' FROM op_counts o;",
+        false,
+    ),
     (
         "wrong_type",
         "wrongtype",

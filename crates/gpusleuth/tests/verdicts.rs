@@ -214,3 +214,85 @@ fn a_healthy_gpu_bound_run_has_zero_findings() {
     assert_eq!(t["pid"], pid);
     assert!(t["sync_ns"].as_u64().unwrap() >= 20 * 20 * MS, "{t}");
 }
+
+/// Launches counted in the kernel have no time; `trace` samples their
+/// running count every 200 ms and a window places them by it. A quiet
+/// phase (40 steps of 20 ms of host work, 10 launches and a sync), then a
+/// storm (400,000 launches, a sync every 1000): the storm's window holds
+/// exactly its 400,000 launches and the quiet one 400 (the script's
+/// counts), within the bounds the samples give; only the storm's window
+/// is launch-bound, judged on the launches certainly inside it.
+#[test]
+fn a_window_places_counted_launches_by_the_tracers_samples() {
+    let script =
+        "repeat 40 { compute 20; launch 10; sync_stream }; repeat 400 { launch 1000; sync_stream }";
+    let Some(sb) = Sandbox::traced("window-launches", script) else {
+        return;
+    };
+    let db = common::Db::open(&sb.db());
+    let start = db.int("SELECT start_mono_ns FROM session");
+    let syncs = db.ints(
+        "SELECT ts_ns, ts_ns + dur_ns FROM calls WHERE op = 'cudaStreamSynchronize' ORDER BY ts_ns",
+    );
+    assert_eq!(syncs.len(), 440, "one sync per step");
+    let samples = db.int("SELECT count(*) FROM op_count_samples");
+    assert!(samples >= 3, "{samples} samples of the launch count");
+    // The storm begins when the 40th sync returned and ends with the last.
+    let storm = (syncs[39][1] - start, syncs[439][1] - start + 1);
+    let quiet = (0, syncs[39][1] - start);
+    let window = |cmd: &str, (from, to): (i64, i64)| -> Value {
+        let out = common::run_ok(
+            common::gpusleuth()
+                .args([
+                    cmd,
+                    "--json",
+                    "--from",
+                    &format!("{from}ns"),
+                    "--to",
+                    &format!("{to}ns"),
+                    "--db",
+                ])
+                .arg(sb.db()),
+        );
+        serde_json::from_slice(&out.stdout).expect("JSON")
+    };
+    for (w, truth) in [(storm, 400_000u64), (quiet, 400)] {
+        let s = window("stats", w);
+        let placed = s["counted_in_window"].as_array().expect("placed").clone();
+        let at = |k: &str| placed.iter().map(|p| p[k].as_u64().unwrap()).sum::<u64>();
+        assert!(
+            at("at_least") <= truth && truth <= at("at_most"),
+            "{truth} launches outside [{}, {}]: {placed:?}",
+            at("at_least"),
+            at("at_most")
+        );
+        let counted: u64 = s["ops"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|o| o["measured"] == "counted")
+            .map(|o| o["count"].as_u64().unwrap())
+            .sum();
+        assert_eq!(counted, at("estimate"), "the rows show the estimate");
+    }
+    let e = window("explain", storm);
+    let f = findings(&e)
+        .into_iter()
+        .find(|f| f["kind"] == "launch_bound")
+        .unwrap_or_else(|| panic!("storm not launch-bound: {e}"));
+    let judged = f["evidence"]["launches"].as_u64().unwrap();
+    assert!(judged > 0 && judged <= 400_000, "{judged}");
+    assert!(
+        e["notes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n.as_str().unwrap().contains("of them fell in this window")),
+        "{e}"
+    );
+    let e = window("explain", quiet);
+    assert!(
+        !kinds(&findings(&e)).contains(&"launch_bound".to_string()),
+        "{e}"
+    );
+}

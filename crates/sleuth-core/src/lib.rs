@@ -4,6 +4,7 @@
 
 pub mod allocator;
 pub mod analysis;
+pub mod counted;
 pub mod culprits;
 pub mod data;
 pub mod decompose;

@@ -250,16 +250,24 @@ pub fn latency_stats(db: &Path, scope: &args::CallScope, budget: &ReadBudget) ->
             scope.until_ns,
         )?
     } else {
-        trace.stats_report(scope.pid)?.map(|r| (r, 0))
+        trace
+            .stats_report(scope.pid)?
+            .map(|r| (r, window::WindowCounts::default()))
     };
-    let ((mut report, left_out), host_context) = match stored {
+    let ((mut report, counted), host_context) = match stored {
         Some(r) => (r, trace.has_host_context()),
         None => {
             let data = load_scoped(&trace, scope)?;
             let host_context = data.has_host_context;
             match windowed {
-                true => (window::stats_from_loaded(data), host_context),
-                false => ((stats::compute(&data), 0), host_context),
+                true => (
+                    window::stats_from_loaded(&trace, data, scope.since_ns, scope.until_ns)?,
+                    host_context,
+                ),
+                false => (
+                    (stats::compute(&data), window::WindowCounts::default()),
+                    host_context,
+                ),
             }
         }
     };
@@ -273,7 +281,8 @@ pub fn latency_stats(db: &Path, scope: &args::CallScope, budget: &ReadBudget) ->
         "host_context": host_context,
         "ops": report.ops,
         "drops": report.drops,
-        "notes": window::counted_note(left_out).into_iter().collect::<Vec<_>>(),
+        "notes": counted.notes(window::STATS_COUNT),
+        "counted_in_window": counted.json(),
     }))
 }
 
@@ -307,7 +316,7 @@ pub fn findings(db: &Path, scope: &args::CallScope, budget: &ReadBudget) -> Resu
         None => {
             let data = load_scoped(&trace, scope)?;
             match scope.since_ns.is_some() || scope.until_ns.is_some() {
-                true => window::explain_loaded(data),
+                true => window::explain_loaded(&trace, data, scope.since_ns, scope.until_ns)?,
                 false => findings::explain_report(&data),
             }
         }

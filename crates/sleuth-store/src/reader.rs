@@ -481,6 +481,47 @@ impl Trace {
         Ok(out)
     }
 
+    /// The running counts of the kernel-counted ops that `trace` sampled
+    /// (calls since the file began; `sleuth_core::counted`), of process
+    /// `pid` (or all), by time; None for a trace written before they were
+    /// (then a window cannot place those calls). Rows out of range (a
+    /// crafted file) or of an op this build does not know are left out.
+    pub fn count_samples(
+        &self,
+        pid: Option<u32>,
+    ) -> Result<Option<Vec<sleuth_core::counted::CountSample>>, StoreError> {
+        if !crate::open::has_table(&self.conn, "op_count_samples").at(&self.path)? {
+            return Ok(None);
+        }
+        let mut st = self
+            .conn
+            .prepare(
+                "SELECT ts_ns, pid, op, count FROM op_count_samples
+                 WHERE (?1 IS NULL OR pid = ?1) AND ts_ns BETWEEN 0 AND ?2 AND count BETWEEN 0 AND ?2
+                   AND pid BETWEEN 0 AND 4294967295
+                 ORDER BY pid, op, ts_ns",
+            )
+            .at(&self.path)?;
+        let rows = st
+            .query_map(rusqlite::params![pid, problems::MAX_NS], |r| {
+                let name = r.get_ref(2)?.as_str().ok().and_then(op_by_name);
+                Ok(name.map(|info| sleuth_core::counted::CountSample {
+                    ts_ns: r.get::<_, i64>(0).unwrap_or(0).max(0) as u64,
+                    pid: r.get(1).unwrap_or(0),
+                    op: info.id,
+                    count: r.get::<_, i64>(3).unwrap_or(0).max(0) as u64,
+                }))
+            })
+            .at(&self.path)?;
+        let mut out = Vec::new();
+        for r in rows {
+            if let Some(c) = r.at(&self.path)? {
+                out.push(c);
+            }
+        }
+        Ok(Some(out))
+    }
+
     /// Caching-allocator events (`trace --torch-allocator`), by end time.
     /// Traces recorded before the table existed simply have none.
     pub fn allocator_events(

@@ -130,6 +130,8 @@ CREATE TABLE process_gpu_samples(
     phase TEXT NOT NULL
 );
 CREATE INDEX process_gpu_samples_pid ON process_gpu_samples(pid, ts_ns);
+CREATE TABLE op_count_samples(ts_ns INTEGER NOT NULL, pid INTEGER NOT NULL, op TEXT NOT NULL, count INTEGER NOT NULL);
+CREATE INDEX op_count_samples_pid ON op_count_samples(pid, ts_ns);
 CREATE TABLE nccl_calls(
     call_id INTEGER PRIMARY KEY,
     comm INTEGER,

@@ -31,6 +31,7 @@ use crate::rows::calls_sql_from;
 use crate::scope_feed::{self, Feed};
 use crate::stream::{CallQuery, Rows, StreamOrder};
 use crate::types::CallFilter;
+use crate::window::WindowCounts;
 use crate::StoreError;
 use rusqlite::types::Value;
 use sleuth_core::findings::inputs::{FindingInputs, Resolution};
@@ -97,10 +98,15 @@ pub fn explanation_keeping_at_most(
         ..trace.frame(pid)?
     };
     keep_counts_of_op(&mut data.counts, op);
-    // A window cannot place the kernel-counted calls (no times).
-    let counted_left_out = match windowed {
-        true => crate::window::leave_out_counted(&mut data.counts),
-        false => 0,
+    // The kernel-counted calls have no times: a window's are placed by
+    // their samples, and judged on those certainly inside it.
+    let window_counts = match windowed {
+        true => {
+            let w = WindowCounts::of(trace, &data.counts, filter.since_ns, filter.until_ns)?;
+            data.counts = w.at_least();
+            Some(w)
+        }
+        false => None,
     };
     let tracer = tracer_pid(&data);
     // The scope as SQL: ?1 pid, ?2 tid, then the op and the window.
@@ -252,8 +258,9 @@ pub fn explanation_keeping_at_most(
         },
     )?;
     Ok(explained.map(|mut e| {
-        e.notes
-            .extend(crate::window::counted_note(counted_left_out));
+        if let Some(w) = &window_counts {
+            e.notes.extend(w.notes(crate::window::FINDINGS_COUNT));
+        }
         e
     }))
 }

@@ -16,6 +16,7 @@ use crate::reader::Trace;
 use crate::stream::{CallQuery, Rows, StreamOrder};
 use crate::StoreError;
 use rusqlite::types::Value;
+use sleuth_core::counted::{self, WindowCount};
 use sleuth_core::decompose::CulpritTime;
 use sleuth_core::findings::{self, Explanation};
 use sleuth_core::rollup::{self, OpRollup, StoredRollups};
@@ -131,36 +132,159 @@ fn window_culprits(
         .collect())
 }
 
-/// Calls counted in the kernel (launches under `trace --launches driver`
-/// or `all`, the default) carry no time: a window cannot say how many fell
-/// inside it, and the whole trace's count would make a short window look
-/// launch-bound. A window's answer leaves them out (this empties
-/// `counts`) and says so with [`counted_note`]; returns how many calls
-/// that was.
-pub fn leave_out_counted(counts: &mut Vec<OpCount>) -> u64 {
-    let n = counts.iter().fold(0u64, |n, c| n.saturating_add(c.count));
-    counts.clear();
-    n
+/// The kernel-counted calls of a window (launches under `trace --launches
+/// driver` or `all`, the default): they have no record, so no time. The
+/// tracer samples their running counts every 200 ms (`op_count_samples`):
+/// a window is given those certainly counted inside it, those possibly
+/// counted in it, and an estimate between (`sleuth_core::counted`). A
+/// trace written before the samples cannot place them: they are left out
+/// (the whole trace's count made a short window look launch-bound) and
+/// the answer says so.
+#[derive(Debug, Clone, Default)]
+pub struct WindowCounts {
+    /// Per (pid, op id), where the samples place the window's calls.
+    pub placed: Vec<(u32, u16, WindowCount)>,
+    /// Calls of the file that no sample places (an older trace).
+    pub left_out: u64,
 }
 
-/// The note of a window's answer that left `n` kernel-counted calls out.
-pub fn counted_note(n: u64) -> Option<String> {
-    (n > 0).then(|| {
-        format!(
-            "{n} call(s) of the whole trace were counted in the kernel without times (launches under \
-             `trace --launches driver` or `all`): a window cannot place them, so this answer leaves \
-             them out (no launch count or launch-rate verdict for the window; `--launches full` \
-             records each launch's time)"
+impl WindowCounts {
+    /// The calls of `counts` (the file's, kept to the scope's process and
+    /// op) in `[since_ns, until_ns)`.
+    pub fn of(
+        trace: &Trace,
+        counts: &[OpCount],
+        since_ns: Option<u64>,
+        until_ns: Option<u64>,
+    ) -> Result<WindowCounts, StoreError> {
+        if counts.is_empty() {
+            return Ok(WindowCounts::default());
+        }
+        let Some(samples) = trace.count_samples(None)? else {
+            return Ok(WindowCounts {
+                placed: Vec::new(),
+                left_out: counts.iter().fold(0u64, |n, c| n.saturating_add(c.count)),
+            });
+        };
+        let session = trace.session()?;
+        let start = session.info.start_mono_ns;
+        let mut by_key: HashMap<(u32, u16), Vec<(u64, u64)>> = HashMap::new();
+        for s in samples {
+            by_key
+                .entry((s.pid, s.op))
+                .or_default()
+                .push((s.ts_ns, s.count));
+        }
+        let since = since_ns.unwrap_or(start);
+        let until = until_ns.unwrap_or(u64::MAX);
+        let placed = counts
+            .iter()
+            .map(|c| {
+                // The file began at 0; it ended at the stored total.
+                let mut points = vec![(start, 0)];
+                points.extend(by_key.remove(&(c.pid, c.op)).unwrap_or_default());
+                if let Some(end) = session.end_mono_ns {
+                    points.push((end, c.count));
+                }
+                // A crafted file's samples in any order still give bounds.
+                points.sort_unstable();
+                (c.pid, c.op, counted::in_window(&points, since, until))
+            })
+            .collect();
+        Ok(WindowCounts {
+            placed,
+            left_out: 0,
+        })
+    }
+
+    /// The counts as `stats` rows show them: the estimates (zeros left out).
+    pub fn estimates(&self) -> Vec<OpCount> {
+        self.as_counts(|w| w.estimate)
+    }
+
+    /// The counts the verdicts judge a window on: only the calls certainly
+    /// in it (a launch rate is never overstated, so a window is never
+    /// called launch-bound on calls that may lie outside it).
+    pub fn at_least(&self) -> Vec<OpCount> {
+        self.as_counts(|w| w.at_least)
+    }
+
+    fn as_counts(&self, pick: impl Fn(&WindowCount) -> u64) -> Vec<OpCount> {
+        self.placed
+            .iter()
+            .map(|(pid, op, w)| OpCount {
+                pid: *pid,
+                op: *op,
+                count: pick(w),
+            })
+            .filter(|c| c.count > 0)
+            .collect()
+    }
+
+    /// What the answer says about them: `used` names the figure it
+    /// counted ("the estimate" in statistics, "the certain ones" in
+    /// findings).
+    pub fn notes(&self, used: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        if !self.placed.is_empty() {
+            let sum = |f: fn(&WindowCount) -> u64| {
+                self.placed
+                    .iter()
+                    .fold(0u64, |n, (_, _, w)| n.saturating_add(f(w)))
+            };
+            out.push(format!(
+                "Calls counted in the kernel (launches under `trace --launches driver` or `all`) have \
+                 no time: by the tracer's samples of their counts (every 200 ms), {} to {} of them fell \
+                 in this window, about {} at a steady rate between samples; this answer counts {used}",
+                sum(|w| w.at_least),
+                sum(|w| w.at_most),
+                sum(|w| w.estimate),
+            ));
+        }
+        if self.left_out > 0 {
+            out.push(format!(
+                "{} call(s) of the whole trace were counted in the kernel without times (launches under \
+                 `trace --launches driver` or `all`) and this trace holds no samples of their counts: a \
+                 window cannot place them, so this answer leaves them out (no launch count or launch-rate \
+                 verdict for the window)",
+                self.left_out
+            ));
+        }
+        out
+    }
+
+    /// Each op's bounds, for a JSON answer.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::Value::Array(
+            self.placed
+                .iter()
+                .map(|(pid, op, w)| {
+                    serde_json::json!({
+                        "pid": pid,
+                        "op": sleuth_core::op_by_id(*op).map(|o| o.name),
+                        "at_least": w.at_least,
+                        "estimate": w.estimate,
+                        "at_most": w.at_most,
+                    })
+                })
+                .collect(),
         )
-    })
+    }
 }
+
+/// What a window's statistics say about the kernel-counted calls.
+pub const STATS_COUNT: &str = "the estimate in its COUNT column";
+/// What a window's findings say about them.
+pub const FINDINGS_COUNT: &str =
+    "only those certainly in the window (the launch-rate verdict never overstates the launches)";
 
 /// Per-op statistics of the calls of process `pid` (or all) and op `op`
 /// (or all) that start in `[since_ns, until_ns)`, as the whole trace's
 /// `stats` gives them from its rollups (percentiles within the histogram's
 /// bound), streamed: memory grows with the ops, not the window. Without
-/// the per-thread splits (they would read every wait). Also the
-/// kernel-counted calls left out ([`leave_out_counted`]). None for a
+/// the per-thread splits (they would read every wait). The kernel-counted
+/// calls are placed by their samples ([`WindowCounts`]; rows show the
+/// estimate). None for a
 /// trace that did not finish (no stored culprits): then
 /// [`stats_from_loaded`] over the loaded window.
 pub fn stats_report(
@@ -169,7 +293,7 @@ pub fn stats_report(
     op: Option<&str>,
     since_ns: Option<u64>,
     until_ns: Option<u64>,
-) -> Result<Option<(StatsReport, u64)>, StoreError> {
+) -> Result<Option<(StatsReport, WindowCounts)>, StoreError> {
     if let Some(pid) = pid {
         trace.require_pid(pid)?;
     }
@@ -195,38 +319,53 @@ pub fn stats_report(
     };
     let mut counts = trace.op_counts(pid)?;
     crate::scoped::keep_counts_of_op(&mut counts, op);
-    let left_out = leave_out_counted(&mut counts);
+    let window_counts = WindowCounts::of(trace, &counts, since_ns, until_ns)?;
     let rollups = StoredRollups {
         ops: ops.into_iter().map(|((p, o), r)| (p, o, r)).collect(),
         culprits,
         threads: Vec::new(),
     };
     let base = TraceData {
+        counts: window_counts.estimates(),
         stats: trace.stats()?,
         has_host_context: trace.has_host_context(),
         ..Default::default()
     };
-    Ok(Some((rollup::stats_report(&rollups, pid, &base), left_out)))
+    Ok(Some((
+        rollup::stats_report(&rollups, pid, &base),
+        window_counts,
+    )))
 }
 
 /// [`stats_report`]'s answer for a window's calls loaded with their
 /// processes' waits (`Trace::load_calls_of`, counts already kept to the
-/// scope's op), for a trace that did not finish: the same rows, the same
-/// counted calls left out.
-pub fn stats_from_loaded(mut data: TraceData) -> (StatsReport, u64) {
-    let left_out = leave_out_counted(&mut data.counts);
+/// scope's op), for a trace that did not finish: the same rows, the
+/// kernel-counted calls placed the same way.
+pub fn stats_from_loaded(
+    trace: &Trace,
+    mut data: TraceData,
+    since_ns: Option<u64>,
+    until_ns: Option<u64>,
+) -> Result<(StatsReport, WindowCounts), StoreError> {
+    let window_counts = WindowCounts::of(trace, &data.counts, since_ns, until_ns)?;
+    data.counts = window_counts.estimates();
     let mut report = stats::compute(&data);
     report.threads.clear();
-    (report, left_out)
+    Ok((report, window_counts))
 }
 
 /// The explanation of a window's calls loaded with their processes' waits
 /// (`Trace::load_calls_of`), for a file without stored call groups: the
-/// kernel-counted calls left out and noted, as `scoped::explanation`
-/// leaves them out of a window streamed.
-pub fn explain_loaded(mut data: TraceData) -> Explanation {
-    let left_out = leave_out_counted(&mut data.counts);
+/// kernel-counted calls placed as `scoped::explanation` places them.
+pub fn explain_loaded(
+    trace: &Trace,
+    mut data: TraceData,
+    since_ns: Option<u64>,
+    until_ns: Option<u64>,
+) -> Result<Explanation, StoreError> {
+    let window_counts = WindowCounts::of(trace, &data.counts, since_ns, until_ns)?;
+    data.counts = window_counts.at_least();
     let mut e = findings::explain_report(&data);
-    e.notes.extend(counted_note(left_out));
-    e
+    e.notes.extend(window_counts.notes(FINDINGS_COUNT));
+    Ok(e)
 }

@@ -32,6 +32,8 @@ enum Msg {
     Note(NoteLevel, String),
     Stat(String, u64),
     OpCounts(Vec<OpCount>),
+    /// Running counts of the kernel-counted ops, as this file counts them.
+    CountSamples(Vec<sleuth_core::counted::CountSample>),
     SessionEnd(u64),
     /// A resolved call site (stored once per id).
     Stack(Box<sleuth_core::sites::Stack>),
@@ -160,6 +162,15 @@ impl WriterHandle {
     /// Replaces the kernel-counted hot-path counts of the given (pid, op) pairs.
     pub fn set_op_counts(&self, counts: Vec<OpCount>) -> Result<(), StoreError> {
         self.send_msg(Msg::OpCounts(counts))
+    }
+    /// Running counts of the kernel-counted ops (calls since this file
+    /// began), so that a time window can place them
+    /// (`sleuth_core::counted`).
+    pub fn add_count_samples(
+        &self,
+        s: Vec<sleuth_core::counted::CountSample>,
+    ) -> Result<(), StoreError> {
+        self.send_msg(Msg::CountSamples(s))
     }
     /// GPU busy samples (NVML) taken during the trace.
     pub fn add_gpu_samples(&self, s: Vec<sleuth_core::GpuSample>) -> Result<(), StoreError> {
@@ -438,6 +449,13 @@ impl WriterState {
                 Msg::OpCounts(counts) => {
                     for c in counts {
                         upsert_op_count(&tx, c)?;
+                    }
+                }
+                // A few rows a second at most (one per changed count every
+                // 200 ms): kept past the cap, like the GPU samples.
+                Msg::CountSamples(samples) => {
+                    for c in samples {
+                        insert_count_sample(&tx, c)?;
                     }
                 }
                 Msg::SessionEnd(ns) => {
@@ -934,6 +952,20 @@ pub(crate) fn set_stat(tx: &Connection, name: &str, value: u64) -> rusqlite::Res
          ON CONFLICT(name) DO UPDATE SET value = excluded.value",
     )?;
     st.execute(params![name, value as i64])?;
+    Ok(())
+}
+
+fn insert_count_sample(
+    tx: &Transaction,
+    c: &sleuth_core::counted::CountSample,
+) -> rusqlite::Result<()> {
+    let Some(info) = sleuth_core::op_by_id(c.op) else {
+        return Ok(());
+    };
+    tx.prepare_cached(
+        "INSERT INTO op_count_samples(ts_ns, pid, op, count) VALUES (?1, ?2, ?3, ?4)",
+    )?
+    .execute(params![c.ts_ns as i64, c.pid, info.name, c.count as i64])?;
     Ok(())
 }
 

@@ -642,32 +642,26 @@ fn stored_aggregates_at_and_past_the_largest_value_never_panic() {
     }
 }
 
-/// Launches counted in the kernel (`--launches driver`, the default) carry
-/// no time. A window given the whole trace's count judged a short window
-/// of a thread launch-bound (20 us of host time per launch here, where the
-/// whole trace has 198): a window's answer leaves them out and says so,
-/// streamed or loaded, for findings and for statistics.
-#[test]
-fn a_window_leaves_the_kernel_counted_launches_out() {
-    const MS: u64 = 1_000_000;
-    let dir = TempDir::new("scoped-window-counted");
-    let path = dir.join("t.db");
-    // One sync of 1 ms every 100 ms for 10 s, on the CPU between them.
+const MS: u64 = 1_000_000;
+
+/// A 10-second trace of one thread: a 1 ms sync every 100 ms, on the CPU
+/// between them, and 100,000 launches counted in the kernel, all in the
+/// last 5 s (20,000 a second). `samples`: their running count sampled
+/// every 200 ms, as `trace` stores it. The whole trace is not
+/// launch-bound (99 us of host time per launch); its last seconds are.
+fn counted_trace(path: &Path, samples: bool) -> u64 {
+    let origin = common::trace_fixture::session().start_mono_ns;
     let calls: Vec<CallEvent> = (0..=100)
         .map(|i| {
-            let mut c = call(41, "cudaStreamSynchronize", 1_000 * MS + i * 100 * MS, MS);
+            let mut c = call(41, "cudaStreamSynchronize", origin + i * 100 * MS, MS);
             c.stack_id = None;
             c
         })
         .collect();
-    let launches = 50_000;
+    let launches = 100_000;
+    let op = op_by_name("cuLaunchKernel").unwrap().id;
     let data = TraceData {
         calls,
-        counts: vec![sleuth_core::OpCount {
-            pid: PID,
-            op: op_by_name("cuLaunchKernel").unwrap().id,
-            count: launches,
-        }],
         processes: vec![ProcessInfo {
             pid: PID,
             comm: "train".into(),
@@ -676,11 +670,93 @@ fn a_window_leaves_the_kernel_counted_launches_out() {
         has_host_context: true,
         ..Default::default()
     };
-    rewrite(&data, &path);
+    let w = sleuth_store::TraceWriter::create(
+        path,
+        common::trace_fixture::session(),
+        Default::default(),
+    )
+    .unwrap();
+    let h = w.handle();
+    for p in &data.processes {
+        h.set_process(p.clone()).unwrap();
+    }
+    for c in &data.calls {
+        h.send(sleuth_core::Event::Call(c.clone())).unwrap();
+    }
+    if samples {
+        let per_sample = launches / 25; // 25 samples of 200 ms in the last 5 s
+        let rows = (1..=50)
+            .map(|k| sleuth_core::counted::CountSample {
+                ts_ns: origin + k * 200 * MS,
+                pid: PID,
+                op,
+                count: k.saturating_sub(25) * per_sample,
+            })
+            .collect();
+        h.add_count_samples(rows).unwrap();
+    }
+    h.set_op_counts(vec![sleuth_core::OpCount {
+        pid: PID,
+        op,
+        count: launches,
+    }])
+    .unwrap();
+    h.set_session_end(origin + 10_000 * MS).unwrap();
+    drop(h);
+    w.finish().unwrap();
+    if !samples {
+        // A trace written before the samples: no table at all.
+        let conn = rusqlite::Connection::open(path).unwrap();
+        conn.execute_batch("DROP TABLE op_count_samples").unwrap();
+    }
+    launches
+}
+
+fn kinds(e: &sleuth_core::findings::Explanation) -> Vec<&'static str> {
+    e.findings.iter().map(|f| f.kind.as_str()).collect()
+}
+
+/// The window `[from, to)` of the counted trace (ms since it began).
+fn counted_window(from: u64, to: u64) -> CallFilter {
+    let origin = common::trace_fixture::session().start_mono_ns;
+    CallFilter {
+        pid: Some(PID),
+        since_ns: Some(origin + from * MS),
+        until_ns: Some(origin + to * MS),
+        ..Default::default()
+    }
+}
+
+/// The explanation of a window, streamed and loaded (the same answer).
+fn window_explained(trace: &Trace, w: &CallFilter) -> sleuth_core::findings::Explanation {
+    let streamed = sleuth_store::scoped::explanation(trace, w)
+        .unwrap()
+        .expect("streamed");
+    let loaded = sleuth_store::window::explain_loaded(
+        trace,
+        trace.load_calls_of(w).unwrap(),
+        w.since_ns,
+        w.until_ns,
+    )
+    .unwrap();
+    let (mut g, l) = (json(&streamed), json(&loaded));
+    same_text_within_the_bound(&mut g, &l);
+    assert_close(&g["findings"], &l["findings"], "window findings");
+    assert_eq!(streamed.notes, loaded.notes);
+    streamed
+}
+
+/// Launches counted in the kernel (`--launches driver`, the default) have
+/// no time; the tracer's samples of their count place them in a window.
+/// Given the whole trace's count, a window of the quiet first seconds was
+/// launch-bound (what MCP windows said before): placed, only the window of
+/// the launch storm is, judged on the launches certainly inside it.
+#[test]
+fn a_window_places_the_kernel_counted_launches_by_their_samples() {
+    let dir = TempDir::new("scoped-window-counted");
+    let path = dir.join("t.db");
+    let launches = counted_trace(&path, true);
     let trace = Trace::open(&path).unwrap();
-    let kinds = |e: &sleuth_core::findings::Explanation| -> Vec<&'static str> {
-        e.findings.iter().map(|f| f.kind.as_str()).collect()
-    };
     let whole = sleuth_core::findings::explain_report(&trace.load(None).unwrap());
     assert!(
         !kinds(&whole).contains(&"launch_bound"),
@@ -688,53 +764,66 @@ fn a_window_leaves_the_kernel_counted_launches_out() {
         kinds(&whole)
     );
 
-    let window = CallFilter {
-        pid: Some(PID),
-        since_ns: Some(2_000 * MS),
-        until_ns: Some(3_000 * MS),
-        ..Default::default()
-    };
-    // What the window said before: the whole trace's launches in it.
-    let with_counts = trace.load_calls_of(&window).unwrap();
-    assert_eq!(with_counts.counts.len(), 1);
+    // The quiet seconds with the whole trace's count: launch-bound (wrong).
+    let quiet = counted_window(1_000, 3_000);
+    let with_counts = trace.load_calls_of(&quiet).unwrap();
+    assert_eq!(with_counts.counts[0].count, launches);
     let before = sleuth_core::findings::explain_report(&with_counts);
     assert!(
         kinds(&before).contains(&"launch_bound"),
         "{:?}",
         kinds(&before)
     );
+    // Placed: none of them there.
+    let e = window_explained(&trace, &quiet);
+    assert!(!kinds(&e).contains(&"launch_bound"), "{:?}", kinds(&e));
+    assert!(e.notes[0].contains("0 to 0 of them"), "{:?}", e.notes);
 
-    let note = sleuth_store::window::counted_note(launches).unwrap();
-    let streamed = sleuth_store::scoped::explanation(&trace, &window)
-        .unwrap()
-        .expect("streamed");
-    let loaded = sleuth_store::window::explain_loaded(trace.load_calls_of(&window).unwrap());
-    for (how, e) in [("streamed", &streamed), ("loaded", &loaded)] {
-        assert!(!kinds(e).contains(&"launch_bound"), "{how}: {:?}", kinds(e));
-        assert!(e.notes.contains(&note), "{how}: {:?}", e.notes);
-    }
-    let (mut g, w) = (json(&streamed), json(&loaded));
-    same_text_within_the_bound(&mut g, &w);
-    assert_close(&g["findings"], &w["findings"], "window findings");
+    // The storm: 40,000 launches certainly in [6 s, 8 s) (samples on both
+    // edges), ~49.5 us of host time each: launch-bound.
+    let storm = counted_window(6_000, 8_000);
+    let e = window_explained(&trace, &storm);
+    let f = e
+        .findings
+        .iter()
+        .find(|f| f.kind.as_str() == "launch_bound")
+        .unwrap_or_else(|| panic!("{:?} {:?}", kinds(&e), e.notes));
+    assert_eq!(f.evidence["launches"], 40_000);
+    assert!(
+        e.notes[0].contains("40000 to 40000 of them"),
+        "{:?}",
+        e.notes
+    );
+    // Off the sample times: judged on the certain ones only.
+    let e = window_explained(&trace, &counted_window(6_100, 8_100));
+    assert!(
+        e.notes[0].contains("36000 to 44000 of them") && e.notes[0].contains("about 40000"),
+        "{:?}",
+        e.notes
+    );
 
-    // Statistics: the window's 10 syncs, no counted row, the same count left out.
-    let (stored, n) = sleuth_store::window::stats_report(
+    // Statistics: the window's syncs and the estimate of its launches.
+    let (r, counted) =
+        sleuth_store::window::stats_report(&trace, Some(PID), None, storm.since_ns, storm.until_ns)
+            .unwrap()
+            .expect("a finished trace");
+    let ops: Vec<(&str, u64)> = r.ops.iter().map(|o| (o.op, o.count)).collect();
+    assert_eq!(
+        ops,
+        vec![("cudaStreamSynchronize", 20), ("cuLaunchKernel", 40_000)]
+    );
+    assert_eq!(counted.json()[0]["at_most"], 40_000);
+    let (loaded, _) = sleuth_store::window::stats_from_loaded(
         &trace,
-        Some(PID),
-        None,
-        window.since_ns,
-        window.until_ns,
+        trace.load_calls_of(&storm).unwrap(),
+        storm.since_ns,
+        storm.until_ns,
     )
-    .unwrap()
-    .expect("a finished trace");
-    let (from_load, m) =
-        sleuth_store::window::stats_from_loaded(trace.load_calls_of(&window).unwrap());
-    assert_eq!((n, m), (launches, launches));
-    for r in [&stored, &from_load] {
-        let ops: Vec<(&str, u64)> = r.ops.iter().map(|o| (o.op, o.count)).collect();
-        assert_eq!(ops, vec![("cudaStreamSynchronize", 10)]);
-    }
-    // No window, no note: the whole trace's answer keeps its counts.
+    .unwrap();
+    let lops: Vec<(&str, u64)> = loaded.ops.iter().map(|o| (o.op, o.count)).collect();
+    assert_eq!(lops, ops);
+
+    // No window: the whole trace's count, no note.
     let all = sleuth_store::scoped::explanation(
         &trace,
         &CallFilter {
@@ -745,5 +834,41 @@ fn a_window_leaves_the_kernel_counted_launches_out() {
     )
     .unwrap()
     .expect("streamed");
-    assert!(!all.notes.contains(&note), "{:?}", all.notes);
+    assert!(
+        all.notes
+            .iter()
+            .all(|n| !n.contains("counted in the kernel")),
+        "{:?}",
+        all.notes
+    );
+}
+
+/// A trace written before the samples cannot place its counted launches:
+/// a window leaves them out and says so, never the whole trace's count.
+#[test]
+fn a_window_of_a_trace_without_count_samples_leaves_the_launches_out() {
+    let dir = TempDir::new("scoped-window-unsampled");
+    let path = dir.join("t.db");
+    let launches = counted_trace(&path, false);
+    let trace = Trace::open(&path).unwrap();
+    for w in [counted_window(1_000, 3_000), counted_window(6_000, 8_000)] {
+        let e = window_explained(&trace, &w);
+        assert!(!kinds(&e).contains(&"launch_bound"), "{:?}", kinds(&e));
+        assert!(
+            e.notes
+                .iter()
+                .any(|n| n.starts_with(&format!("{launches} call(s) of the whole trace"))),
+            "{:?}",
+            e.notes
+        );
+        let (r, _) =
+            sleuth_store::window::stats_report(&trace, Some(PID), None, w.since_ns, w.until_ns)
+                .unwrap()
+                .unwrap();
+        assert!(
+            r.ops.iter().all(|o| o.op != "cuLaunchKernel"),
+            "{:?}",
+            r.ops
+        );
+    }
 }

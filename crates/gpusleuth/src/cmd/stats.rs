@@ -49,18 +49,24 @@ fn run_window(args: &Args) -> anyhow::Result<i32> {
         .window
         .resolve(&trace)?
         .ok_or_else(|| anyhow::anyhow!("--from/--to: no window given"))?;
-    let (report, left_out) =
+    let (report, counted) =
         match window::stats_report(&trace, pid, None, Some(w.since), w.until_ns())? {
             Some(r) => r,
-            None => window::stats_from_loaded(trace.load_calls_of(&w.filter(pid))?),
+            None => window::stats_from_loaded(
+                &trace,
+                trace.load_calls_of(&w.filter(pid))?,
+                Some(w.since),
+                w.until_ns(),
+            )?,
         };
     warn_input_problems_of_reads(&trace)?;
-    let notes: Vec<String> = window::counted_note(left_out).into_iter().collect();
+    let notes = counted.notes(window::STATS_COUNT);
     if args.out.json {
         emit_json(&WindowStats {
             window: w.json(),
             report: &report,
             notes,
+            counted_in_window: counted.json(),
         })?;
     } else {
         emit_text(&render_window(&w, &report, &notes))?;
@@ -68,13 +74,17 @@ fn run_window(args: &Args) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-/// `stats --json` of a window: the window, the report's fields, the notes.
+/// `stats --json` of a window: the window, the report's fields, the notes
+/// and the kernel-counted calls' bounds.
 #[derive(serde::Serialize)]
 struct WindowStats<'a> {
     window: serde_json::Value,
     #[serde(flatten)]
     report: &'a StatsReport,
     notes: Vec<String>,
+    /// Per kernel-counted op: the calls certainly, probably and possibly
+    /// in the window (`sleuth_store::window::WindowCounts`).
+    counted_in_window: serde_json::Value,
 }
 
 /// The window's header line, the table, the notes.

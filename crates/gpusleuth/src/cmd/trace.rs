@@ -501,12 +501,19 @@ fn store_counters(
         c.decode_errors.saturating_sub(b.decode_errors),
     )?;
     handle.set_stat("sites_stored", c.stacks.saturating_sub(b.stacks))?;
-    let share: Vec<sleuth_core::OpCount> = now
-        .op_counts
-        .iter()
+    handle.set_op_counts(file_share(&now.op_counts, &before.op_counts))?;
+    Ok(now)
+}
+
+/// The kernel counts of this file: the session's minus what earlier files
+/// of a rotating run stored (`before`), zeros left out.
+fn file_share(
+    now: &[sleuth_core::OpCount],
+    before: &[sleuth_core::OpCount],
+) -> Vec<sleuth_core::OpCount> {
+    now.iter()
         .filter_map(|oc| {
             let earlier = before
-                .op_counts
                 .iter()
                 .find(|x| (x.pid, x.op) == (oc.pid, oc.op))
                 .map_or(0, |x| x.count);
@@ -516,9 +523,45 @@ fn store_counters(
                 ..oc.clone()
             })
         })
-        .collect();
-    handle.set_op_counts(share)?;
-    Ok(now)
+        .collect()
+}
+
+/// Samples of the kernel-counted ops' running counts (this file's share),
+/// taken with each 200 ms scan and stored when they changed: a time window
+/// places those calls by them (`sleuth_core::counted`).
+#[derive(Default)]
+struct CountSampler {
+    /// This file's counts as last stored.
+    sent: Vec<sleuth_core::OpCount>,
+}
+
+impl CountSampler {
+    /// The counts that changed since the last sample, dated `ts_ns`.
+    fn sample(
+        &mut self,
+        now: &[sleuth_core::OpCount],
+        before: &[sleuth_core::OpCount],
+        ts_ns: u64,
+    ) -> Vec<sleuth_core::counted::CountSample> {
+        let share = file_share(now, before);
+        let changed = share
+            .iter()
+            .filter(|c| !self.sent.contains(c))
+            .map(|c| sleuth_core::counted::CountSample {
+                ts_ns,
+                pid: c.pid,
+                op: c.op,
+                count: c.count,
+            })
+            .collect();
+        self.sent = share;
+        changed
+    }
+
+    /// A new file of a rotating run counts from zero again.
+    fn new_file(&mut self) {
+        self.sent.clear();
+    }
 }
 
 /// The record of an attached library, as the trace stores it.
@@ -873,6 +916,7 @@ fn trace_loop(
     signals::install();
     let t0 = Instant::now();
     let mut last_scan = Instant::now();
+    let mut count_sampler = CountSampler::default();
     // Read our CPUs now, before any pinning (the launched command is already running).
     let mut placement = sleuth_probe::placement::Placement::from_env();
     place(&mut placement, &session, &[], &mut sinks);
@@ -934,6 +978,7 @@ fn trace_loop(
                 &mut sinks,
                 sampler.as_ref(),
             );
+            count_sampler.new_file();
         }
         // A launched program often sets its CPUs as it starts (`taskset` in
         // a wrapper, a framework's own pinning): until the next placement the
@@ -945,10 +990,19 @@ fn trace_loop(
         }
         if last_scan.elapsed() >= Duration::from_millis(200) {
             last_scan = Instant::now();
+            let op_counts = session.op_counts();
+            let before = rotation
+                .as_ref()
+                .map_or(&[][..], |r| &r.stored.op_counts[..]);
+            let samples = count_sampler.sample(&op_counts, before, monotonic_ns());
+            if !samples.is_empty() {
+                let r = handle.add_count_samples(samples);
+                sinks.check(r);
+            }
             if sinks.metrics.is_some() {
                 sinks
                     .live
-                    .set_kernel_counters(session.losses().counters(), session.op_counts());
+                    .set_kernel_counters(session.losses().counters(), op_counts);
             }
             let pids = session.scan_pids();
             if let Some(s) = &sampler {
