@@ -154,12 +154,17 @@ fn synthetic() -> TraceData {
     TraceData {
         calls,
         waits,
-        processes: vec![ProcessInfo {
-            pid: PID,
-            comm: "train".into(),
-            ..Default::default()
-        }],
+        processes: vec![train()],
         has_host_context: true,
+        ..Default::default()
+    }
+}
+
+/// The traced process of these traces.
+fn train() -> ProcessInfo {
+    ProcessInfo {
+        pid: PID,
+        comm: "train".into(),
         ..Default::default()
     }
 }
@@ -660,16 +665,6 @@ fn counted_trace(path: &Path, samples: bool) -> u64 {
         .collect();
     let launches = 100_000;
     let op = op_by_name("cuLaunchKernel").unwrap().id;
-    let data = TraceData {
-        calls,
-        processes: vec![ProcessInfo {
-            pid: PID,
-            comm: "train".into(),
-            ..Default::default()
-        }],
-        has_host_context: true,
-        ..Default::default()
-    };
     let w = sleuth_store::TraceWriter::create(
         path,
         common::trace_fixture::session(),
@@ -677,11 +672,9 @@ fn counted_trace(path: &Path, samples: bool) -> u64 {
     )
     .unwrap();
     let h = w.handle();
-    for p in &data.processes {
-        h.set_process(p.clone()).unwrap();
-    }
-    for c in &data.calls {
-        h.send(sleuth_core::Event::Call(c.clone())).unwrap();
+    h.set_process(train()).unwrap();
+    for c in calls {
+        h.send(sleuth_core::Event::Call(c)).unwrap();
     }
     if samples {
         let per_sample = launches / 25; // 25 samples of 200 ms in the last 5 s
