@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 /// 20 steps of 80 ms: about 1.6 s of calls, so a 300 ms period rotates
 /// at least 4 times while calls are being made.
-const SCRIPT: &str = "repeat 20 { malloc 4096 a; free a; memcpy 4096; sleep 80 }";
+const SCRIPT: &str = "repeat 20 { malloc 4096 a; free a; memcpy 4096; launch 50; sleep 80 }";
 const OPS: [&str; 3] = ["cudaMalloc", "cudaFree", "cudaMemcpy"];
 
 /// The run's files, oldest first, with their numbers.
@@ -67,6 +67,27 @@ fn a_rotating_trace_adds_up_to_what_the_workload_did() {
         );
         assert_eq!(sum_of_files(&files, op), want, "{op} added file by file");
     }
+    // The launches, counted in the kernel: each file stores its share of
+    // the count and samples of it that never pass that share (a new file
+    // counts from zero), and the shares add up to the script's 1,000.
+    let mut launches = 0;
+    let mut sampled = 0;
+    for (_, f) in &files {
+        let db = common::Db::open(f);
+        let total =
+            db.int("SELECT coalesce(sum(count), 0) FROM op_counts WHERE op = 'cuLaunchKernel'");
+        let max_sample = db.int(
+            "SELECT coalesce(max(count), 0) FROM op_count_samples WHERE op = 'cuLaunchKernel'",
+        );
+        assert!(
+            max_sample <= total,
+            "{f:?}: a sample of {max_sample} past the file's {total}"
+        );
+        launches += total;
+        sampled += db.int("SELECT count(*) FROM op_count_samples");
+    }
+    assert_eq!(launches, 1_000, "20 steps of 50 launches");
+    assert!(sampled >= 2, "the counts were sampled ({sampled} rows)");
     // The files between the first and the last hold calls of their own.
     assert!(
         files[1..files.len() - 1].iter().any(|(_, f)| stats_count(
