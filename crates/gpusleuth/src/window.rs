@@ -20,6 +20,10 @@ pub struct WindowArgs {
     /// Only what happened before this moment (time since the trace started).
     #[arg(long, value_parser = crate::args::duration_ns)]
     pub to: Option<u64>,
+    /// Only the last part of the trace (`5m`): up to its end, or for a
+    /// trace still being written up to its latest call.
+    #[arg(long, value_parser = crate::args::duration_ns, conflicts_with_all = ["from", "to"])]
+    pub last: Option<u64>,
 }
 
 /// A window in monotonic ns, `[since, until)`; `until` is `u64::MAX`
@@ -31,12 +35,14 @@ pub struct Window {
     pub until: u64,
     pub from_ns: u64,
     pub to_ns: Option<u64>,
+    /// `--last`, as given.
+    pub last_ns: Option<u64>,
 }
 
 impl WindowArgs {
     /// Whether a window was asked for.
     pub fn is_set(&self) -> bool {
-        self.from.is_some() || self.to.is_some()
+        self.from.is_some() || self.to.is_some() || self.last.is_some()
     }
 
     /// The window the options name in `trace`, or None for the whole
@@ -45,6 +51,9 @@ impl WindowArgs {
     pub fn resolve(&self, trace: &Trace) -> anyhow::Result<Option<Window>> {
         if !self.is_set() {
             return Ok(None);
+        }
+        if let Some(last) = self.last {
+            return last_part(trace, last).map(Some);
         }
         let from = self.from.unwrap_or(0);
         if let Some(to) = self.to {
@@ -73,6 +82,7 @@ impl WindowArgs {
             until: self.to.map_or(u64::MAX, |t| start.saturating_add(t)),
             from_ns: from,
             to_ns: self.to,
+            last_ns: None,
         }))
     }
 
@@ -80,11 +90,34 @@ impl WindowArgs {
     pub fn refuse_for_run(&self) -> anyhow::Result<()> {
         if self.is_set() {
             anyhow::bail!(
-                "--from/--to name a part of one trace file; --db names a run's directory (pick the file that holds the window)"
+                "--from/--to/--last name a part of one trace file; --db names a run's directory (pick the file that holds the window: with --rotate, the newest part-*.db for --last)"
             );
         }
         Ok(())
     }
+}
+
+/// `--last D`: from D before the trace's end (its session end, or for a
+/// trace still being written its latest call's) to the end, open-ended.
+fn last_part(trace: &Trace, last: u64) -> anyhow::Result<Window> {
+    if last == 0 {
+        anyhow::bail!("--last 0: the window would be empty (give a duration such as 5m)");
+    }
+    let session = trace.session()?;
+    let start = session.info.start_mono_ns;
+    let end = match session.end_mono_ns {
+        Some(end) => end,
+        None => trace.latest_call_end()?.unwrap_or(start),
+    }
+    .max(start);
+    let since = end.saturating_sub(last).max(start);
+    Ok(Window {
+        since,
+        until: u64::MAX,
+        from_ns: since - start,
+        to_ns: None,
+        last_ns: Some(last),
+    })
 }
 
 impl Window {
@@ -123,6 +156,13 @@ impl Window {
     /// "calls that started from 10.0s to 20.0s after the trace began",
     /// the header line of a windowed answer.
     pub fn describe(&self) -> String {
+        if let Some(last) = self.last_ns {
+            return format!(
+                "Window: the calls that started in the last {} of the trace, {} or more after it began (--last)",
+                fmt_ns(last),
+                fmt_ns(self.from_ns)
+            );
+        }
         match self.to_ns {
             Some(to) => format!(
                 "Window: the calls that started from {} to {} after the trace began (--from/--to)",
@@ -142,6 +182,7 @@ impl Window {
         serde_json::json!({
             "from_ns": self.from_ns,
             "to_ns": self.to_ns,
+            "last_ns": self.last_ns,
             "since_mono_ns": self.since,
             "until_mono_ns": self.until_ns(),
         })

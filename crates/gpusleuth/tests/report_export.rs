@@ -552,3 +552,67 @@ fn report_renders_in_headless_chromium() {
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
+
+/// `--last D`: the window from D before the trace's end, the same as the
+/// `--from` that names that moment; for a trace still being written (no
+/// session end) from D before its latest call's end. Conflicts and an
+/// empty `--last` are refused.
+#[test]
+fn last_names_the_end_of_the_trace() {
+    let stats = |db: &Path, args: &[&str]| -> Value {
+        let out = common::run_ok(
+            gpusleuth()
+                .args(["stats", "--json", "--db"])
+                .arg(db)
+                .args(args),
+        );
+        serde_json::from_slice(&out.stdout).expect("JSON")
+    };
+    let db = Db::open(&demo_db());
+    let (start, end) = (
+        db.int("SELECT start_mono_ns FROM session"),
+        db.int("SELECT end_mono_ns FROM session"),
+    );
+    let from = end - 200_000_000 - start;
+    let last = stats(&demo_db(), &["--last", "200ms"]);
+    let same = stats(&demo_db(), &["--from", &format!("{from}ns")]);
+    assert_eq!(last["window"]["from_ns"], from);
+    assert_eq!(last["window"]["last_ns"], 200_000_000);
+    assert_eq!(last["ops"], same["ops"]);
+    assert!(
+        !last["ops"].as_array().unwrap().is_empty(),
+        "calls in the last 200 ms"
+    );
+
+    // Still being written: no session end; the latest call's end stands for it.
+    let dir = out_dir("window-last");
+    let open = dir.join("open.db");
+    std::fs::copy(demo_db(), &open).unwrap();
+    rusqlite::Connection::open(&open)
+        .unwrap()
+        .execute("UPDATE session SET end_mono_ns = NULL", [])
+        .unwrap();
+    let latest = db.int("SELECT max(ts_ns + dur_ns) FROM calls");
+    let w = stats(&open, &["--last", "200ms"]);
+    assert_eq!(w["window"]["since_mono_ns"], latest - 200_000_000);
+
+    for (args, says) in [
+        (vec!["--last", "0"], "--last 0"),
+        (vec!["--last", "1s", "--from", "0"], "cannot be used with"),
+    ] {
+        let o = gpusleuth()
+            .args(["explain", "--db"])
+            .arg(demo_db())
+            .args(&args)
+            .output()
+            .expect("run");
+        assert_no_panic(&o);
+        assert_ne!(o.status.code(), Some(0), "{args:?}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.lines().next().unwrap_or("").contains(says),
+            "{args:?}: {err}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -481,6 +481,20 @@ impl Trace {
         Ok(out)
     }
 
+    /// The latest end of the last calls stored (the writer stores calls as
+    /// they return, so the last 1,000 rows by id hold it), for a trace
+    /// still being written (no session end yet); None without a call. Read
+    /// through the row id: a few pages, whatever the file's size.
+    pub fn latest_call_end(&self) -> Result<Option<u64>, StoreError> {
+        let sql = format!(
+            "SELECT max(ts_ns + dur_ns) FROM \
+             (SELECT ts_ns, dur_ns FROM calls WHERE {} ORDER BY id DESC LIMIT 1000)",
+            problems::valid_call("")
+        );
+        let v: Option<i64> = self.conn.query_row(&sql, [], |r| r.get(0)).at(&self.path)?;
+        Ok(v.map(|v| v.max(0) as u64))
+    }
+
     /// The running counts of the kernel-counted ops that `trace` sampled
     /// (calls since the file began; `sleuth_core::counted`), of process
     /// `pid` (or all), by time; None for a trace written before they were

@@ -757,6 +757,7 @@ mod tests {
             until: start + 2 * d / 3,
             from_ns: 0,
             to_ns: None,
+            last_ns: None,
         };
         let whole = perfetto_doc(db, None, None);
         let win = perfetto_doc(db, None, Some(w));
