@@ -1,6 +1,6 @@
-//! `--from`/`--to`: a part of one trace, named as time since the trace
-//! started (as `memory --at` counts it), for `stats`, `explain` and
-//! `export`. A long trace (a node agent's, a day of training) is asked
+//! `--from`/`--to`/`--last`: a part of one trace, named as time since the
+//! trace started (as `memory --at` counts it) or as its last part, for
+//! `stats`, `explain` and `export`. A long trace (a node agent's, a day of training) is asked
 //! about "the last ten minutes" or "the slow phase", not only as a whole;
 //! the answers read the window's calls through the `(tid, ts_ns)` index,
 //! so their cost grows with the window, not with the trace (issue 16).

@@ -88,25 +88,37 @@ fn window_output(input: &TraceInput, window: WindowArgs, style: Style) -> anyhow
         });
     }
     let gpu = gpu_context::busy_lines(&busy);
-    let body = if style == Style::Markdown {
-        let mut md = format!("{}\n\n", w.describe());
-        md.push_str(&markdown(&report));
-        md.push_str("\n## GPU\n\n");
-        for l in &gpu {
-            md.push_str(&format!("- {l}\n"));
+    Ok(human(Some(&w.describe()), &report, &gpu, &problems, style))
+}
+
+/// The explanation for people, text or Markdown: the skipped rows, a
+/// header line (a window's), the findings, then the GPU lines.
+fn human(
+    header: Option<&str>,
+    report: &Explanation,
+    gpu: &[String],
+    problems: &InputProblems,
+    style: Style,
+) -> String {
+    let mut body = header.map(|h| format!("{h}\n")).unwrap_or_default();
+    if style == Style::Markdown {
+        if header.is_some() {
+            body.push('\n');
         }
-        md
+        body.push_str(&markdown(report));
+        body.push_str("\n## GPU\n\n");
+        for l in gpu {
+            body.push_str(&format!("- {l}\n"));
+        }
     } else {
-        let mut t = format!("{}\n", w.describe());
-        t.push_str(&text_with(&report, !problems.is_empty()));
-        t.push('\n');
-        for l in &gpu {
-            t.push_str(l);
-            t.push('\n');
+        body.push_str(&text_with(report, !problems.is_empty()));
+        body.push('\n');
+        for l in gpu {
+            body.push_str(l);
+            body.push('\n');
         }
-        t
-    };
-    Ok(terminal_safe(&format!("{}{}", problem_text(&problems), body)).into_owned())
+    }
+    terminal_safe(&format!("{}{}", problem_text(problems), body)).into_owned()
 }
 
 /// What `explain` writes to stdout. With `lean_allowed`, a trace that
@@ -199,21 +211,8 @@ fn render(
             input_problems: problems,
         };
         Ok(json_text(&doc)?)
-    } else if style == Style::Markdown {
-        let mut md = markdown(report);
-        md.push_str("\n## GPU\n\n");
-        for l in &gpu {
-            md.push_str(&format!("- {l}\n"));
-        }
-        Ok(terminal_safe(&format!("{}{}", problem_text(problems), md)).into_owned())
     } else {
-        let mut t = text_with(report, !problems.is_empty());
-        t.push('\n');
-        for l in &gpu {
-            t.push_str(l);
-            t.push('\n');
-        }
-        Ok(terminal_safe(&format!("{}{}", problem_text(problems), t)).into_owned())
+        Ok(human(None, report, &gpu, problems, style))
     }
 }
 
