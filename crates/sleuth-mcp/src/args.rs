@@ -29,6 +29,19 @@ pub struct CallScope {
     pub until_ns: Option<u64>,
 }
 
+impl CallScope {
+    /// The calls the scope selects, as the store filters them.
+    pub fn filter(&self) -> sleuth_store::CallFilter {
+        sleuth_store::CallFilter {
+            pid: self.pid,
+            op: self.op.clone(),
+            since_ns: self.since_ns,
+            until_ns: self.until_ns,
+            ..Default::default()
+        }
+    }
+}
+
 /// `slow_calls`.
 #[derive(Debug, Default, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]

@@ -127,13 +127,7 @@ fn load_scoped(trace: &Trace, scope: &args::CallScope) -> Result<TraceData> {
     check_window(scope.since_ns, scope.until_ns)?;
     // Only the calls in scope are read (an op or a window through the
     // indexes), not every call of the process loaded and then dropped.
-    let mut data = trace.load_calls_of(&CallFilter {
-        pid: scope.pid,
-        op: scope.op.clone(),
-        since_ns: scope.since_ns,
-        until_ns: scope.until_ns,
-        ..Default::default()
-    })?;
+    let mut data = trace.load_calls_of(&scope.filter())?;
     keep_counts_in_scope(&mut data.counts, scope);
     Ok(data)
 }
@@ -261,7 +255,7 @@ pub fn latency_stats(db: &Path, scope: &args::CallScope, budget: &ReadBudget) ->
             let host_context = data.has_host_context;
             match windowed {
                 true => (
-                    window::stats_from_loaded(&trace, data, scope.since_ns, scope.until_ns)?,
+                    window::stats_from_loaded(&trace, data, &scope.filter())?,
                     host_context,
                 ),
                 false => (
@@ -316,7 +310,7 @@ pub fn findings(db: &Path, scope: &args::CallScope, budget: &ReadBudget) -> Resu
         None => {
             let data = load_scoped(&trace, scope)?;
             match scope.since_ns.is_some() || scope.until_ns.is_some() {
-                true => window::explain_loaded(&trace, data, scope.since_ns, scope.until_ns)?,
+                true => window::explain_loaded(&trace, data, &scope.filter())?,
                 false => findings::explain_report(&data),
             }
         }

@@ -102,7 +102,7 @@ pub fn explanation_keeping_at_most(
     // their samples, and judged on those certainly inside it.
     let window_counts = match windowed {
         true => {
-            let w = WindowCounts::of(trace, &data.counts, filter.since_ns, filter.until_ns)?;
+            let w = WindowCounts::of(trace, &data.counts, filter)?;
             data.counts = w.at_least();
             Some(w)
         }

@@ -14,6 +14,7 @@
 use crate::problems::{valid_call, MAX_NS};
 use crate::reader::Trace;
 use crate::stream::{CallQuery, Rows, StreamOrder};
+use crate::types::CallFilter;
 use crate::StoreError;
 use rusqlite::types::Value;
 use sleuth_core::counted::{self, WindowCount};
@@ -22,7 +23,7 @@ use sleuth_core::findings::{self, Explanation};
 use sleuth_core::rollup::{self, OpRollup, StoredRollups};
 use sleuth_core::stats::{self, StatsReport};
 use sleuth_core::{op_by_name, OpCount, TraceData};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 /// Rollups by (pid, op id).
 type OpRollups = HashMap<(u32, u16), OpRollup>;
@@ -146,54 +147,76 @@ pub struct WindowCounts {
     pub placed: Vec<(u32, u16, WindowCount)>,
     /// Calls of the file that no sample places (an older trace).
     pub left_out: u64,
+    /// The file is still being written: the calls counted after its
+    /// latest sample are in no bound yet.
+    pub open: bool,
 }
 
 impl WindowCounts {
     /// The calls of `counts` (the file's, kept to the scope's process and
-    /// op) in `[since_ns, until_ns)`.
+    /// op) that `scope` (its pid, op and window) selects. A file still being
+    /// written has no counts stored yet (they are stored when it ends): its
+    /// samples alone place the calls counted so far.
     pub fn of(
         trace: &Trace,
         counts: &[OpCount],
-        since_ns: Option<u64>,
-        until_ns: Option<u64>,
+        scope: &CallFilter,
     ) -> Result<WindowCounts, StoreError> {
-        if counts.is_empty() {
+        let session = trace.session()?;
+        let open = session.end_mono_ns.is_none();
+        if counts.is_empty() && !open {
             return Ok(WindowCounts::default());
         }
-        let Some(samples) = trace.count_samples(None)? else {
+        let Some(samples) = trace.count_samples(scope.pid)? else {
             return Ok(WindowCounts {
                 placed: Vec::new(),
                 left_out: counts.iter().fold(0u64, |n, c| n.saturating_add(c.count)),
+                open,
             });
         };
-        let session = trace.session()?;
         let start = session.info.start_mono_ns;
-        let mut by_key: HashMap<(u32, u16), Vec<(u64, u64)>> = HashMap::new();
+        let op = scope.op.as_deref();
+        let mut by_key: BTreeMap<(u32, u16), Vec<(u64, u64)>> = BTreeMap::new();
         for s in samples {
-            by_key
-                .entry((s.pid, s.op))
-                .or_default()
-                .push((s.ts_ns, s.count));
+            if op.is_none_or(|o| sleuth_core::op_by_id(s.op).is_some_and(|i| i.name == o)) {
+                by_key
+                    .entry((s.pid, s.op))
+                    .or_default()
+                    .push((s.ts_ns, s.count));
+            }
         }
-        let since = since_ns.unwrap_or(start);
-        let until = until_ns.unwrap_or(u64::MAX);
-        let placed = counts
+        // The stored totals, or (a file still being written) the sampled ops.
+        let mut totals: Vec<(u32, u16, Option<u64>)> = counts
             .iter()
-            .map(|c| {
+            .map(|c| (c.pid, c.op, Some(c.count)))
+            .collect();
+        if open {
+            for &(pid, op) in by_key.keys() {
+                if !totals.iter().any(|t| (t.0, t.1) == (pid, op)) {
+                    totals.push((pid, op, None));
+                }
+            }
+        }
+        let since = scope.since_ns.unwrap_or(start);
+        let until = scope.until_ns.unwrap_or(u64::MAX);
+        let placed = totals
+            .into_iter()
+            .map(|(pid, op, total)| {
                 // The file began at 0; it ended at the stored total.
                 let mut points = vec![(start, 0)];
-                points.extend(by_key.remove(&(c.pid, c.op)).unwrap_or_default());
-                if let Some(end) = session.end_mono_ns {
-                    points.push((end, c.count));
+                points.extend(by_key.remove(&(pid, op)).unwrap_or_default());
+                if let (Some(end), Some(total)) = (session.end_mono_ns, total) {
+                    points.push((end, total));
                 }
                 // A crafted file's samples in any order still give bounds.
                 points.sort_unstable();
-                (c.pid, c.op, counted::in_window(&points, since, until))
+                (pid, op, counted::in_window(&points, since, until))
             })
             .collect();
         Ok(WindowCounts {
             placed,
             left_out: 0,
+            open,
         })
     }
 
@@ -235,10 +258,14 @@ impl WindowCounts {
             out.push(format!(
                 "Calls counted in the kernel (launches under `trace --launches driver` or `all`) have \
                  no time: by the tracer's samples of their counts (every 200 ms), {} to {} of them fell \
-                 in this window, about {} at a steady rate between samples; this answer counts {used}",
+                 in this window, about {} at a steady rate between samples; this answer counts {used}{}",
                 sum(|w| w.at_least),
                 sum(|w| w.at_most),
                 sum(|w| w.estimate),
+                match self.open {
+                    true => " (the file is still being written: those counted since its latest sample are not in it yet)",
+                    false => "",
+                },
             ));
         }
         if self.left_out > 0 {
@@ -319,7 +346,14 @@ pub fn stats_report(
     };
     let mut counts = trace.op_counts(pid)?;
     crate::scoped::keep_counts_of_op(&mut counts, op);
-    let window_counts = WindowCounts::of(trace, &counts, since_ns, until_ns)?;
+    let scope = CallFilter {
+        pid,
+        op: op.map(str::to_string),
+        since_ns,
+        until_ns,
+        ..Default::default()
+    };
+    let window_counts = WindowCounts::of(trace, &counts, &scope)?;
     let rollups = StoredRollups {
         ops: ops.into_iter().map(|((p, o), r)| (p, o, r)).collect(),
         culprits,
@@ -344,10 +378,9 @@ pub fn stats_report(
 pub fn stats_from_loaded(
     trace: &Trace,
     mut data: TraceData,
-    since_ns: Option<u64>,
-    until_ns: Option<u64>,
+    scope: &CallFilter,
 ) -> Result<(StatsReport, WindowCounts), StoreError> {
-    let window_counts = WindowCounts::of(trace, &data.counts, since_ns, until_ns)?;
+    let window_counts = WindowCounts::of(trace, &data.counts, scope)?;
     data.counts = window_counts.estimates();
     let mut report = stats::compute(&data);
     report.threads.clear();
@@ -360,10 +393,9 @@ pub fn stats_from_loaded(
 pub fn explain_loaded(
     trace: &Trace,
     mut data: TraceData,
-    since_ns: Option<u64>,
-    until_ns: Option<u64>,
+    scope: &CallFilter,
 ) -> Result<Explanation, StoreError> {
-    let window_counts = WindowCounts::of(trace, &data.counts, since_ns, until_ns)?;
+    let window_counts = WindowCounts::of(trace, &data.counts, scope)?;
     data.counts = window_counts.at_least();
     let mut e = findings::explain_report(&data);
     e.notes.extend(window_counts.notes(FINDINGS_COUNT));

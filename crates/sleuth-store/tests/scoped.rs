@@ -725,13 +725,8 @@ fn window_explained(trace: &Trace, w: &CallFilter) -> sleuth_core::findings::Exp
     let streamed = sleuth_store::scoped::explanation(trace, w)
         .unwrap()
         .expect("streamed");
-    let loaded = sleuth_store::window::explain_loaded(
-        trace,
-        trace.load_calls_of(w).unwrap(),
-        w.since_ns,
-        w.until_ns,
-    )
-    .unwrap();
+    let loaded =
+        sleuth_store::window::explain_loaded(trace, trace.load_calls_of(w).unwrap(), w).unwrap();
     let (mut g, l) = (json(&streamed), json(&loaded));
     same_text_within_the_bound(&mut g, &l);
     assert_close(&g["findings"], &l["findings"], "window findings");
@@ -809,12 +804,39 @@ fn a_window_places_the_kernel_counted_launches_by_their_samples() {
     let (loaded, _) = sleuth_store::window::stats_from_loaded(
         &trace,
         trace.load_calls_of(&storm).unwrap(),
-        storm.since_ns,
-        storm.until_ns,
+        &storm,
     )
     .unwrap();
     let lops: Vec<(&str, u64)> = loaded.ops.iter().map(|o| (o.op, o.count)).collect();
     assert_eq!(lops, ops);
+
+    // A file still being written: no session end and no stored counts yet
+    // (they are stored when it ends); its samples alone place the calls.
+    let open = dir.join("open.db");
+    std::fs::copy(&path, &open).unwrap();
+    rusqlite::Connection::open(&open)
+        .unwrap()
+        .execute_batch("UPDATE session SET end_mono_ns = NULL; DELETE FROM op_counts;")
+        .unwrap();
+    let live = Trace::open(&open).unwrap();
+    let e = window_explained(&live, &storm);
+    assert!(
+        kinds(&e).contains(&"launch_bound"),
+        "{:?} {:?}",
+        kinds(&e),
+        e.notes
+    );
+    assert!(
+        e.notes[0].contains("40000 to 40000 of them"),
+        "{:?}",
+        e.notes
+    );
+    assert!(e.notes[0].contains("still being written"), "{:?}", e.notes);
+    let (_, counted) =
+        sleuth_store::window::stats_report(&live, Some(PID), None, storm.since_ns, storm.until_ns)
+            .unwrap()
+            .unwrap();
+    assert_eq!(counted.estimates()[0].count, 40_000);
 
     // No window: the whole trace's count, no note.
     let all = sleuth_store::scoped::explanation(

@@ -52,12 +52,10 @@ fn run_window(args: &Args) -> anyhow::Result<i32> {
     let (report, counted) =
         match window::stats_report(&trace, pid, None, Some(w.since), w.until_ns())? {
             Some(r) => r,
-            None => window::stats_from_loaded(
-                &trace,
-                trace.load_calls_of(&w.filter(pid))?,
-                Some(w.since),
-                w.until_ns(),
-            )?,
+            None => {
+                let scope = w.filter(pid);
+                window::stats_from_loaded(&trace, trace.load_calls_of(&scope)?, &scope)?
+            }
         };
     warn_input_problems_of_reads(&trace)?;
     let notes = counted.notes(window::STATS_COUNT);

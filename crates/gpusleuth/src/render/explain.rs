@@ -60,12 +60,9 @@ fn window_output(input: &TraceInput, window: WindowArgs, style: Style) -> anyhow
     let filter = w.filter(input.pid);
     let report = match sleuth_store::scoped::explanation(&trace, &filter)? {
         Some(r) => r,
-        None => sleuth_store::window::explain_loaded(
-            &trace,
-            trace.load_calls_of(&filter)?,
-            filter.since_ns,
-            filter.until_ns,
-        )?,
+        None => {
+            sleuth_store::window::explain_loaded(&trace, trace.load_calls_of(&filter)?, &filter)?
+        }
     };
     let problems = warn_input_problems_of_reads(&trace)?;
     let busy =
