@@ -228,8 +228,8 @@ pub fn overview(db: &Path, budget: &ReadBudget) -> Result<Value> {
 /// for (as `stats` answers); for a window of a finished trace from the
 /// window's calls and their stored culprits (`sleuth_store::window`, as
 /// `stats --from/--to`); else from the calls in the scope, loaded. A
-/// window leaves the kernel-counted calls out (they carry no time) and
-/// says so in `notes`.
+/// window places the kernel-counted calls, which carry no time, by the
+/// tracer's samples of their counts (`counted_in_window`, `notes`).
 pub fn latency_stats(db: &Path, scope: &args::CallScope, budget: &ReadBudget) -> Result<Value> {
     let trace = open(db, budget)?;
     check_op(scope.op.as_deref())?;

@@ -245,8 +245,7 @@ impl WindowCounts {
     }
 
     /// What the answer says about them: `used` names the figure it
-    /// counted ("the estimate" in statistics, "the certain ones" in
-    /// findings).
+    /// counted ([`STATS_COUNT`] or [`FINDINGS_COUNT`]).
     pub fn notes(&self, used: &str) -> Vec<String> {
         let mut out = Vec::new();
         if !self.placed.is_empty() {
@@ -263,7 +262,7 @@ impl WindowCounts {
                 sum(|w| w.at_most),
                 sum(|w| w.estimate),
                 match self.open {
-                    true => " (the file is still being written: those counted since its latest sample are not in it yet)",
+                    true => " (the file has no end yet, being written or its writer killed: those counted since its latest sample are in no bound)",
                     false => "",
                 },
             ));
@@ -311,9 +310,8 @@ pub const FINDINGS_COUNT: &str =
 /// bound), streamed: memory grows with the ops, not the window. Without
 /// the per-thread splits (they would read every wait). The kernel-counted
 /// calls are placed by their samples ([`WindowCounts`]; rows show the
-/// estimate). None for a
-/// trace that did not finish (no stored culprits): then
-/// [`stats_from_loaded`] over the loaded window.
+/// estimate). None for a trace that did not finish (no stored culprits):
+/// then [`stats_from_loaded`] over the loaded window.
 pub fn stats_report(
     trace: &Trace,
     pid: Option<u32>,
