@@ -235,36 +235,17 @@ pub fn latency_stats(db: &Path, scope: &args::CallScope, budget: &ReadBudget) ->
     check_op(scope.op.as_deref())?;
     check_window(scope.since_ns, scope.until_ns)?;
     let windowed = scope.since_ns.is_some() || scope.until_ns.is_some();
-    let stored = if windowed {
-        window::stats_report(
-            &trace,
-            scope.pid,
-            scope.op.as_deref(),
-            scope.since_ns,
-            scope.until_ns,
-        )?
-    } else {
-        trace
-            .stats_report(scope.pid)?
-            .map(|r| (r, window::WindowCounts::default()))
-    };
-    let ((mut report, counted), host_context) = match stored {
-        Some(r) => (r, trace.has_host_context()),
-        None => {
-            let data = load_scoped(&trace, scope)?;
-            let host_context = data.has_host_context;
-            match windowed {
-                true => (
-                    window::stats_from_loaded(&trace, data, &scope.filter())?,
-                    host_context,
-                ),
-                false => (
-                    (stats::compute(&data), window::WindowCounts::default()),
-                    host_context,
-                ),
-            }
+    let (mut report, counted) = match windowed {
+        true => window::stats_of(&trace, &scope.filter())?,
+        false => {
+            let report = match trace.stats_report(scope.pid)? {
+                Some(r) => r,
+                None => stats::compute(&load_scoped(&trace, scope)?),
+            };
+            (report, window::WindowCounts::default())
         }
     };
+    let host_context = trace.has_host_context();
     // Each op's figures are its own: an op filter keeps its row.
     if let Some(op) = scope.op.as_deref() {
         report.ops.retain(|o| o.op == op);
@@ -289,31 +270,15 @@ pub fn findings(db: &Path, scope: &args::CallScope, budget: &ReadBudget) -> Resu
     // from its calls streamed thread by thread (`sleuth_store::scoped`).
     // Else the scope is loaded (`load_scoped` checks the op and the window).
     let unfiltered = scope.op.is_none() && scope.since_ns.is_none() && scope.until_ns.is_none();
-    let streamed = if unfiltered {
-        sleuth_store::lean::load(&trace, scope.pid, budget.clone())?.map(|l| l.explanation())
+    let report = if unfiltered {
+        match sleuth_store::lean::load(&trace, scope.pid, budget.clone())? {
+            Some(l) => l.explanation(),
+            None => findings::explain_report(&load_scoped(&trace, scope)?),
+        }
     } else {
         check_op(scope.op.as_deref())?;
         check_window(scope.since_ns, scope.until_ns)?;
-        sleuth_store::scoped::explanation(
-            &trace,
-            &CallFilter {
-                pid: scope.pid,
-                op: scope.op.clone(),
-                since_ns: scope.since_ns,
-                until_ns: scope.until_ns,
-                ..Default::default()
-            },
-        )?
-    };
-    let report = match streamed {
-        Some(r) => r,
-        None => {
-            let data = load_scoped(&trace, scope)?;
-            match scope.since_ns.is_some() || scope.until_ns.is_some() {
-                true => window::explain_loaded(&trace, data, &scope.filter())?,
-                false => findings::explain_report(&data),
-            }
-        }
+        sleuth_store::scoped::explanation_or_loaded(&trace, &scope.filter())?
     };
     // After the reads: rows skipped by what was read (a large trace answered
     // from its aggregates alone read no call or wait row, none was skipped).

@@ -51,6 +51,24 @@ pub fn explanation(trace: &Trace, filter: &CallFilter) -> Result<Option<Explanat
     explanation_keeping_at_most(trace, filter, scope_feed::KEPT_MAX)
 }
 
+/// The explanation of the calls `filter` selects: streamed
+/// ([`explanation`]), or where that cannot be the scope's calls loaded (a
+/// window's with its kernel-counted calls placed, `window::explain_loaded`).
+pub fn explanation_or_loaded(
+    trace: &Trace,
+    filter: &CallFilter,
+) -> Result<Explanation, StoreError> {
+    if let Some(e) = explanation(trace, filter)? {
+        return Ok(e);
+    }
+    let mut data = trace.load_calls_of(filter)?;
+    keep_counts_of_op(&mut data.counts, filter.op.as_deref());
+    match filter.since_ns.is_some() || filter.until_ns.is_some() {
+        true => crate::window::explain_loaded(trace, data, filter),
+        false => Ok(sleuth_core::findings::explain_report(&data)),
+    }
+}
+
 /// [`explanation`] with a window's memory and pinning calls kept by the
 /// pass up to `kept_max` (then read again in return order): the tests
 /// compare both ways on small traces.
@@ -435,7 +453,7 @@ fn name_in_scope(op: Option<&str>, name: &str) -> bool {
 
 /// [`name_in_scope`] for an op id (an id this build does not know is in
 /// no op's scope).
-fn id_in_scope(op: Option<&str>, id: u16) -> bool {
+pub(crate) fn id_in_scope(op: Option<&str>, id: u16) -> bool {
     op.is_none() || op_by_id(id).is_some_and(|o| name_in_scope(op, o.name))
 }
 

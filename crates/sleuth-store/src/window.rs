@@ -178,7 +178,7 @@ impl WindowCounts {
         let op = scope.op.as_deref();
         let mut by_key: BTreeMap<(u32, u16), Vec<(u64, u64)>> = BTreeMap::new();
         for s in samples {
-            if op.is_none_or(|o| sleuth_core::op_by_id(s.op).is_some_and(|i| i.name == o)) {
+            if crate::scoped::id_in_scope(op, s.op) {
                 by_key
                     .entry((s.pid, s.op))
                     .or_default()
@@ -304,21 +304,19 @@ pub const STATS_COUNT: &str = "the estimate in its COUNT column";
 pub const FINDINGS_COUNT: &str =
     "only those certainly in the window (the launch-rate verdict never overstates the launches)";
 
-/// Per-op statistics of the calls of process `pid` (or all) and op `op`
-/// (or all) that start in `[since_ns, until_ns)`, as the whole trace's
-/// `stats` gives them from its rollups (percentiles within the histogram's
-/// bound), streamed: memory grows with the ops, not the window. Without
+/// Per-op statistics of the calls `scope` selects (its process, op and
+/// window), as the whole trace's `stats` gives them from its rollups
+/// (percentiles within the histogram's bound), streamed: memory grows with
+/// the ops, not the window. Without
 /// the per-thread splits (they would read every wait). The kernel-counted
 /// calls are placed by their samples ([`WindowCounts`]; rows show the
 /// estimate). None for a trace that did not finish (no stored culprits):
 /// then [`stats_from_loaded`] over the loaded window.
 pub fn stats_report(
     trace: &Trace,
-    pid: Option<u32>,
-    op: Option<&str>,
-    since_ns: Option<u64>,
-    until_ns: Option<u64>,
+    scope: &CallFilter,
 ) -> Result<Option<(StatsReport, WindowCounts)>, StoreError> {
+    let (pid, op) = (scope.pid, scope.op.as_deref());
     if let Some(pid) = pid {
         trace.require_pid(pid)?;
     }
@@ -329,8 +327,8 @@ pub fn stats_report(
         pid,
         ops: op.and_then(op_by_name).map(|o| vec![o.name]),
         order: StreamOrder::AsFound,
-        since_ns,
-        until_ns,
+        since_ns: scope.since_ns,
+        until_ns: scope.until_ns,
         ..Default::default()
     };
     // An op this build does not know: no call of it is read.
@@ -344,14 +342,7 @@ pub fn stats_report(
     };
     let mut counts = trace.op_counts(pid)?;
     crate::scoped::keep_counts_of_op(&mut counts, op);
-    let scope = CallFilter {
-        pid,
-        op: op.map(str::to_string),
-        since_ns,
-        until_ns,
-        ..Default::default()
-    };
-    let window_counts = WindowCounts::of(trace, &counts, &scope)?;
+    let window_counts = WindowCounts::of(trace, &counts, scope)?;
     let rollups = StoredRollups {
         ops: ops.into_iter().map(|((p, o), r)| (p, o, r)).collect(),
         culprits,
@@ -367,6 +358,21 @@ pub fn stats_report(
         rollup::stats_report(&rollups, pid, &base),
         window_counts,
     )))
+}
+
+/// The statistics of the calls `scope` selects in a window: from the
+/// stored culprits ([`stats_report`]), or for a trace that did not finish
+/// from its window's calls loaded ([`stats_from_loaded`]).
+pub fn stats_of(
+    trace: &Trace,
+    scope: &CallFilter,
+) -> Result<(StatsReport, WindowCounts), StoreError> {
+    if let Some(r) = stats_report(trace, scope)? {
+        return Ok(r);
+    }
+    let mut data = trace.load_calls_of(scope)?;
+    crate::scoped::keep_counts_of_op(&mut data.counts, scope.op.as_deref());
+    stats_from_loaded(trace, data, scope)
 }
 
 /// [`stats_report`]'s answer for a window's calls loaded with their

@@ -791,10 +791,9 @@ fn a_window_places_the_kernel_counted_launches_by_their_samples() {
     );
 
     // Statistics: the window's syncs and the estimate of its launches.
-    let (r, counted) =
-        sleuth_store::window::stats_report(&trace, Some(PID), None, storm.since_ns, storm.until_ns)
-            .unwrap()
-            .expect("a finished trace");
+    let (r, counted) = sleuth_store::window::stats_report(&trace, &storm)
+        .unwrap()
+        .expect("a finished trace");
     let ops: Vec<(&str, u64)> = r.ops.iter().map(|o| (o.op, o.count)).collect();
     assert_eq!(
         ops,
@@ -832,10 +831,9 @@ fn a_window_places_the_kernel_counted_launches_by_their_samples() {
         e.notes
     );
     assert!(e.notes[0].contains("no end yet"), "{:?}", e.notes);
-    let (_, counted) =
-        sleuth_store::window::stats_report(&live, Some(PID), None, storm.since_ns, storm.until_ns)
-            .unwrap()
-            .unwrap();
+    let (_, counted) = sleuth_store::window::stats_report(&live, &storm)
+        .unwrap()
+        .unwrap();
     assert_eq!(counted.estimates()[0].count, 40_000);
 
     // No window: the whole trace's count, no note.
@@ -876,10 +874,9 @@ fn a_window_of_a_trace_without_count_samples_leaves_the_launches_out() {
             "{:?}",
             e.notes
         );
-        let (r, _) =
-            sleuth_store::window::stats_report(&trace, Some(PID), None, w.since_ns, w.until_ns)
-                .unwrap()
-                .unwrap();
+        let (r, _) = sleuth_store::window::stats_report(&trace, &w)
+            .unwrap()
+            .unwrap();
         assert!(
             r.ops.iter().all(|o| o.op != "cuLaunchKernel"),
             "{:?}",

@@ -9,7 +9,7 @@ use crate::window::WindowArgs;
 pub struct Args {
     #[command(flatten)]
     pub input: TraceInput,
-    /// `--from`/`--to`: the findings of the calls that start in the window
+    /// `--from`/`--to`/`--last`: the findings of the calls that start in the window
     /// (their waits, culprits and memory calls), GPU busy inside it.
     #[command(flatten)]
     pub window: WindowArgs,

@@ -56,7 +56,7 @@ pub struct Args {
     /// Replace the output file if it exists.
     #[arg(long)]
     pub force: bool,
-    /// `--from`/`--to`: the calls that start in the window, the waits
+    /// `--from`/`--to`/`--last`: the calls that start in the window, the waits
     /// that overlap it, the memory tracks and GPU samples inside it (the
     /// findings stay the whole trace's).
     #[command(flatten)]

@@ -11,7 +11,7 @@ use sleuth_store::window;
 pub struct Args {
     #[command(flatten)]
     pub input: TraceInput,
-    /// `--from`/`--to`: the calls that start in the window (the event and
+    /// `--from`/`--to`/`--last`: the calls that start in the window (the event and
     /// drop counters stay the whole trace's).
     #[command(flatten)]
     pub window: WindowArgs,
@@ -32,7 +32,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-/// `stats --from/--to`: the window's calls with their stored culprits
+/// `stats --from/--to` (or `--last`): the window's calls with their stored culprits
 /// (`sleuth_store::window`), without the per-thread splits; a trace that
 /// did not finish has its window's calls loaded with their waits instead.
 fn run_window(args: &Args) -> anyhow::Result<i32> {
@@ -49,14 +49,7 @@ fn run_window(args: &Args) -> anyhow::Result<i32> {
         .window
         .resolve(&trace)?
         .ok_or_else(|| anyhow::anyhow!("--from/--to: no window given"))?;
-    let (report, counted) =
-        match window::stats_report(&trace, pid, None, Some(w.since), w.until_ns())? {
-            Some(r) => r,
-            None => {
-                let scope = w.filter(pid);
-                window::stats_from_loaded(&trace, trace.load_calls_of(&scope)?, &scope)?
-            }
-        };
+    let (report, counted) = window::stats_of(&trace, &w.filter(pid))?;
     warn_input_problems_of_reads(&trace)?;
     let notes = counted.notes(window::STATS_COUNT);
     if args.out.json {

@@ -39,7 +39,7 @@ pub fn print(input: &TraceInput, window: WindowArgs, style: Style) -> anyhow::Re
     Ok(0)
 }
 
-/// `explain --from/--to`: the findings of the calls that start in the
+/// `explain --from/--to` (or `--last`): the findings of the calls that start in the
 /// window, from those calls streamed thread by thread against their
 /// waits (`sleuth_store::scoped`, as MCP `findings` with a window; a file
 /// without stored call groups has the window's calls loaded instead), and
@@ -57,13 +57,7 @@ fn window_output(input: &TraceInput, window: WindowArgs, style: Style) -> anyhow
     let w = window
         .resolve(&trace)?
         .ok_or_else(|| anyhow::anyhow!("--from/--to: no window given"))?;
-    let filter = w.filter(input.pid);
-    let report = match sleuth_store::scoped::explanation(&trace, &filter)? {
-        Some(r) => r,
-        None => {
-            sleuth_store::window::explain_loaded(&trace, trace.load_calls_of(&filter)?, &filter)?
-        }
-    };
+    let report = sleuth_store::scoped::explanation_or_loaded(&trace, &w.filter(input.pid))?;
     let problems = warn_input_problems_of_reads(&trace)?;
     let busy =
         sleuth_core::gpu_activity::busy(trace.gpu_samples()?.as_deref(), Some((w.since, w.until)));
