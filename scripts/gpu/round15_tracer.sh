@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Issue 16, round 15 on the H200: the tracer's CPU per added event
+# (poller + writer), the build alone or against a variant, by
+# scripts/tracer_ab.py, with the machine's CPU topology (the writer costs
+# ~3x the development VM's per event there; on the VM the bench's tracer
+# threads share one CPU, on the H200 they spread over 15).
+# Usage (device, repo root):
+#   OUT=$OUT bash scripts/gpu/round15_tracer.sh REPS LAUNCHES BUILD[@CPUS] [BUILD[@CPUS] ...]
+set -u
+OUT=${OUT:-/tmp/gs-out}; mkdir -p "$OUT"
+REPS=$1; LAUNCHES=$2; shift 2
+for b in "$@"; do chmod +x "${b%@*}"; done
+mount -t tracefs nodev /sys/kernel/tracing 2>/dev/null || true
+S=$OUT/summary.txt
+{
+  date -u; uname -r; nproc; grep -m1 "model name" /proc/cpuinfo
+  lscpu | grep -E "^(Thread|Core|Socket|NUMA node|L1d|L2|L3|CPU max MHz|CPU MHz|BogoMIPS)" 
+  lscpu -e=CPU,NODE,SOCKET,CORE,CACHE 2>/dev/null | head -20
+  echo "loadavg $(cat /proc/loadavg)"
+} >"$S" 2>&1
+echo "== tracer_ab reps $REPS launches $LAUNCHES: $*" >>"$S"
+timeout 570 python3 scripts/tracer_ab.py "$@" --reps "$REPS" --launches "$LAUNCHES" >"$OUT/ab.log" 2>&1
+echo "rc=$?" >>"$S"
+sed -n '/^µs per added/,$p' "$OUT/ab.log" >>"$S"
+cat "$S"
