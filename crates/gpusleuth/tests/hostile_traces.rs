@@ -306,6 +306,18 @@ fn commands(db: &str, out_dir: &Path, tag: &str) -> Vec<Vec<String>> {
         vec!["memory", "--db", db],
         vec!["memory", "--db", db, "--json"],
         vec!["report", "--db", db, "-o", &o("html")],
+        // A window: its calls streamed, its slowest calls' waits by index.
+        vec![
+            "report",
+            "--db",
+            db,
+            "--from",
+            "1ms",
+            "--to",
+            "2s",
+            "-o",
+            &o("w.html"),
+        ],
         vec![
             "export",
             "--db",

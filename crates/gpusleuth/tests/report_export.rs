@@ -452,6 +452,146 @@ fn report_is_one_self_contained_html_file_with_every_section() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `report --from/--to`: the call sections are the window's (its findings
+/// as `explain` of the window gives them, one latency row per op with the
+/// window's count from the rows, its slowest calls), the charts the whole
+/// trace's with the window shaded; a bad window and a run's directory are
+/// refused in one line with nothing written.
+#[test]
+fn report_of_a_window_narrows_its_call_sections() {
+    let dir = out_dir("report-window");
+    let out = dir.join("w.html");
+    common::run_ok(
+        gpusleuth()
+            .args(["report", "--from", "100ms", "--to", "300ms", "--db"])
+            .arg(demo_db())
+            .arg("-o")
+            .arg(&out),
+    );
+    let html = std::fs::read_to_string(&out).expect("read report");
+    let db = Db::open(&demo_db());
+    let start = db.int("SELECT start_mono_ns FROM session");
+    let (lo, hi) = (start + 100_000_000, start + 300_000_000);
+    let in_window = format!("ts_ns >= {lo} AND ts_ns < {hi}");
+    assert!(
+        html.contains("<th>Window</th><td>the calls that started from 100.00ms to 300.00ms"),
+        "window row missing"
+    );
+    let window_ops = db.text_ints(&format!(
+        "SELECT op, count(*) FROM calls WHERE {in_window} GROUP BY op"
+    ));
+    assert!(!window_ops.is_empty(), "the window holds calls");
+    for (op, n) in &window_ops {
+        assert!(
+            html.contains(&format!("{op}: n={n} ")),
+            "no window row for {op} n={n}"
+        );
+    }
+    for (op, _) in db.text_ints("SELECT op, count(*) FROM calls GROUP BY op") {
+        if !window_ops.iter().any(|(o, _)| *o == op) {
+            assert!(
+                !html.contains(&format!("{op}: n=")),
+                "{op} has no call in the window"
+            );
+        }
+    }
+    let calls: i64 = window_ops.iter().map(|(_, n)| n).sum();
+    assert!(html.contains(&format!("<th>In the window</th><td>{calls} calls,")));
+    // The slowest calls: the window's calls not nested in another, up to the cap.
+    let top = db.int(&format!(
+        "SELECT count(*) FROM calls WHERE {in_window} AND nested = 0"
+    ));
+    assert_eq!(html.matches("<title>on-CPU ").count() as i64, top.min(15));
+    // 100 to 200 ms holds fewer than the cap.
+    let narrow = dir.join("narrow.html");
+    common::run_ok(
+        gpusleuth()
+            .args(["report", "--from", "100ms", "--to", "200ms", "--db"])
+            .arg(demo_db())
+            .arg("-o")
+            .arg(&narrow),
+    );
+    let narrow = std::fs::read_to_string(&narrow).expect("read report");
+    let few = db.int(&format!(
+        "SELECT count(*) FROM calls WHERE ts_ns >= {lo} AND ts_ns < {} AND nested = 0",
+        start + 200_000_000
+    ));
+    assert!((1..15).contains(&few), "{few}");
+    assert_eq!(narrow.matches("<title>on-CPU ").count() as i64, few);
+    // The findings are those of `explain` of the same window.
+    let explain: Value = serde_json::from_slice(
+        &common::run_ok(
+            gpusleuth()
+                .args([
+                    "explain", "--json", "--from", "100ms", "--to", "300ms", "--db",
+                ])
+                .arg(demo_db()),
+        )
+        .stdout,
+    )
+    .expect("JSON");
+    let kinds: Vec<&str> = explain["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["kind"].as_str().unwrap())
+        .collect();
+    assert!(!kinds.is_empty(), "the window has a finding");
+    let findings =
+        &html[html.find("<h2>Findings").unwrap()..html.find("<h2>GPU activity").unwrap()];
+    for kind in ["allocation_failure", "sync_stall", "cpu_preemption"] {
+        assert_eq!(
+            findings.contains(kind),
+            kinds.contains(&kind),
+            "{kind}: {kinds:?}"
+        );
+    }
+    assert!(findings.starts_with("<h2>Findings <span class=\"dim\">(the window)</span></h2>"));
+    // The memory chart is the whole trace's (its peak), the window shaded.
+    assert!(html.contains("peak 64.0 MiB"));
+    assert!(
+        html.contains("<title>the report&#39;s window</title>"),
+        "no band"
+    );
+    // The kernel-counted launches: this trace holds no samples, said once.
+    let counted = db.int("SELECT coalesce(sum(count), 0) FROM op_counts");
+    assert_eq!(
+        html.matches("a window cannot place them").count(),
+        usize::from(counted > 0)
+    );
+
+    // Refusals: one line, nothing written.
+    let run_dir = out_dir("report-window-dir");
+    let refused = [
+        (
+            vec!["--from", "2s", "--to", "1s"],
+            demo_db(),
+            "is not after --from",
+        ),
+        (vec!["--from", "1h"], demo_db(), "the trace lasts only"),
+        (vec!["--from", "1s"], run_dir.clone(), "one trace file"),
+    ];
+    for (args, input, says) in refused {
+        let target = dir.join("refused.html");
+        let o = gpusleuth()
+            .args(["report", "--db"])
+            .arg(&input)
+            .args(&args)
+            .arg("-o")
+            .arg(&target)
+            .output()
+            .expect("run");
+        assert_no_panic(&o);
+        assert_ne!(o.status.code(), Some(0), "{args:?}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+        assert!(!target.exists(), "{args:?}: nothing written");
+    }
+    let _ = std::fs::remove_dir_all(&run_dir);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// The Chromium binary, or None (skip with a reason; a failure when CI=true).
 fn chromium() -> Option<PathBuf> {
     let found = ["chromium", "chromium-browser", "google-chrome"]

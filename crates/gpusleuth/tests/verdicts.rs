@@ -295,4 +295,42 @@ fn a_window_places_counted_launches_by_the_tracers_samples() {
         !kinds(&findings(&e)).contains(&"launch_bound".to_string()),
         "{e}"
     );
+    // `report` of the storm: its summary shows the estimate `stats` shows,
+    // its findings the launch-bound verdict, one note on the counted calls.
+    let s = window("stats", storm);
+    let estimate: u64 = s["counted_in_window"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["estimate"].as_u64().unwrap())
+        .sum();
+    let html_path = sb.path("storm.html");
+    common::run_ok(
+        common::gpusleuth()
+            .args([
+                "report",
+                "--from",
+                &format!("{}ns", storm.0),
+                "--to",
+                &format!("{}ns", storm.1),
+                "-o",
+            ])
+            .arg(&html_path)
+            .arg("--db")
+            .arg(sb.db()),
+    );
+    let html = std::fs::read_to_string(&html_path).expect("report");
+    assert!(
+        html.contains(&format!(
+            " calls, {estimate} kernel-counted calls (see the note)"
+        )),
+        "estimate {estimate} not in the summary"
+    );
+    let findings_part =
+        &html[html.find("<h2>Findings").unwrap()..html.find("<h2>GPU activity").unwrap()];
+    assert!(
+        findings_part.contains("launch_bound"),
+        "storm not launch-bound in the report"
+    );
+    assert_eq!(html.matches("of them fell in this window").count(), 1);
 }

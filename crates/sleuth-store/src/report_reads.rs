@@ -118,6 +118,107 @@ pub fn load(
     }))
 }
 
+/// What `report --from/--to` draws of a window's calls (its other sections
+/// are the whole trace's, from [`load`] or the loaded trace): per op, per
+/// process, and the slowest, from one streamed pass over the calls that
+/// start in the window (memory: the ops' histograms and `n` calls), the
+/// kernel-counted calls placed by the tracer's samples.
+pub struct WindowCalls {
+    /// Per op (all processes of the scope merged), as `stats --from/--to`
+    /// reads them.
+    pub ops: BTreeMap<u16, OpRollup>,
+    /// Per-call records in the window.
+    pub calls: u64,
+    pub calls_by_pid: BTreeMap<u32, u64>,
+    /// The `n` slowest calls in the window not nested in another, slowest
+    /// first, ties by start time then row id, each with its culprits.
+    pub slowest: Vec<SlowCall>,
+    /// The kernel-counted calls placed in the window.
+    pub counts: crate::window::WindowCounts,
+}
+
+/// [`WindowCalls`] of the calls `scope` selects (its process and window;
+/// its op, order and limit are not read).
+pub fn window_calls(
+    trace: &Trace,
+    scope: &crate::CallFilter,
+    n: usize,
+) -> Result<WindowCalls, StoreError> {
+    if let Some(pid) = scope.pid {
+        trace.require_pid(pid)?;
+    }
+    let q = CallQuery {
+        pid: scope.pid,
+        order: StreamOrder::AsFound,
+        since_ns: scope.since_ns,
+        until_ns: scope.until_ns,
+        ..Default::default()
+    };
+    let mut ops: BTreeMap<u16, OpRollup> = BTreeMap::new();
+    let mut calls_by_pid: BTreeMap<u32, u64> = BTreeMap::new();
+    let mut best = SlowestKept::new(n);
+    crate::stream::Rows::open(trace)?.for_each_call::<StoreError>(&q, |s| {
+        ops.entry(s.call.op).or_default().add(&s.call);
+        *calls_by_pid.entry(s.call.pid).or_default() += 1;
+        if !s.call.nested {
+            best.offer(s.id, s.call);
+        }
+        Ok(())
+    })?;
+    let mut reads = KeyedReads::new(trace);
+    let slowest = best
+        .kept
+        .into_iter()
+        .map(|(id, call)| {
+            let culprits = culprits_with(&mut reads, &call)?;
+            Ok(SlowCall { id, call, culprits })
+        })
+        .collect::<Result<_, StoreError>>()?;
+    let counts = crate::window::WindowCounts::of(trace, &trace.op_counts(scope.pid)?, scope)?;
+    Ok(WindowCalls {
+        calls: calls_by_pid
+            .values()
+            .fold(0u64, |a, &b| a.saturating_add(b)),
+        ops,
+        calls_by_pid,
+        slowest,
+        counts,
+    })
+}
+
+/// The `n` slowest calls offered so far, slowest first, ties by start time
+/// then row id (the order the whole trace's report gives them).
+struct SlowestKept {
+    n: usize,
+    kept: Vec<(i64, CallEvent)>,
+}
+
+impl SlowestKept {
+    fn new(n: usize) -> SlowestKept {
+        SlowestKept {
+            n,
+            kept: Vec::new(),
+        }
+    }
+
+    fn offer(&mut self, id: i64, call: CallEvent) {
+        let key = |(id, c): &(i64, CallEvent)| (std::cmp::Reverse(c.dur_ns), c.ts_ns, *id);
+        let new = (id, call);
+        if self.n == 0 {
+            return;
+        }
+        if self.kept.len() == self.n {
+            // Full: only a call ahead of the last kept one enters.
+            if key(&new) >= key(&self.kept[self.n - 1]) {
+                return;
+            }
+            self.kept.pop();
+        }
+        let at = self.kept.partition_point(|k| key(k) < key(&new));
+        self.kept.insert(at, new);
+    }
+}
+
 /// Per-call records per process (of the lean load's process alone where
 /// it has one), from the call groups.
 fn calls_by_pid(lean: &Lean) -> BTreeMap<u32, u64> {

@@ -13,6 +13,7 @@ use crate::args::TraceInput;
 use crate::load::{warn_input_problems_of_reads, FORCE_HINT};
 use crate::output::{fmt_bytes, fmt_ns};
 use crate::render::explain::{culprit_line, thread_lines};
+use crate::window::WindowArgs;
 use inputs::{Inputs, LatencyRow};
 use sleuth_core::findings::{error_name, Explanation};
 use sleuth_core::ledger::ProcessLedger;
@@ -23,7 +24,7 @@ use sleuth_store::{Note, ReadBudget, Session, DEFAULT_READ_TIMEOUT};
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 use std::path::PathBuf;
-use svg::{decades, esc, nice_ticks, time_scale, value_scale, Linear, Log, Svg};
+use svg::{decades, esc, nice_ticks, time_scale, value_scale, Band, Linear, Log, Svg};
 
 /// How many of the slowest calls the report breaks down.
 pub const SLOWEST_CALLS: usize = 15;
@@ -37,10 +38,18 @@ const FAIL: &str = "#d62728";
 const UNKNOWN: &str = "#d9d9d9";
 
 #[derive(clap::Args)]
-#[command(after_help = "Example:\n  gpusleuth report --db trace.db -o report.html")]
+#[command(
+    after_help = "Examples:\n  gpusleuth report --db trace.db -o report.html\n  gpusleuth report --db trace.db --from 10s --to 20s -o slow-phase.html"
+)]
 pub struct Args {
     #[command(flatten)]
     pub input: TraceInput,
+    /// `--from`/`--to`/`--last`: findings, latency, slowest calls and calls
+    /// per process of the calls that start in the window; the charts over
+    /// time, the call sites and the processes stay the whole trace's, the
+    /// window drawn on the charts.
+    #[command(flatten)]
+    pub window: WindowArgs,
     /// HTML file to write (atomically; never the input trace).
     #[arg(long, short, default_value = "report.html")]
     pub output: PathBuf,
@@ -54,8 +63,22 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     let db = &args.input.db;
     // Before the work: a refused output is known at once.
     sleuth_store::outfile::check_output(&args.output, &[db], args.force, hint)?;
+    if db.is_dir() {
+        args.window.refuse_for_run()?;
+    }
     let trace = crate::checks_memo::open(db)?;
-    let inputs = inputs_of(&trace, args.input.pid, true)?;
+    let pid = args.input.pid;
+    if let Some(pid) = pid {
+        trace.require_pid(pid)?;
+    }
+    // Resolved before the whole trace's reads: a bad window is known at once.
+    let window = args.window.resolve(&trace)?;
+    let mut inputs = inputs_of(&trace, pid, true)?;
+    if let Some(w) = window {
+        let part = sleuth_store::report_reads::window_calls(&trace, &w.filter(pid), SLOWEST_CALLS)?;
+        let explanation = sleuth_store::scoped::explanation_or_loaded(&trace, &w.filter(pid))?;
+        inputs = inputs.narrowed_to(w, part, explanation);
+    }
     // After the reads: what they skipped (none when a large trace was
     // answered from its aggregates and a few rows read by index; see
     // `Trace::input_problems_of_reads`).
@@ -109,23 +132,50 @@ pub fn render(inputs: &Inputs, session: &Session, notes: &[Note], title: &str) -
         "<h1>gpusleuth report <span class=\"dim\">{}</span></h1>",
         esc(title)
     );
+    // With a window, the sections about calls are the window's and the
+    // others the whole trace's: each heading says which.
+    let band = inputs.window.map(|w| Band {
+        since: w.since,
+        until: w.until,
+    });
+    let (part, whole) = match band {
+        Some(_) => (
+            " <span class=\"dim\">(the window)</span>",
+            " <span class=\"dim\">(whole trace, the window shaded)</span>",
+        ),
+        None => ("", ""),
+    };
+    let whole_only = if band.is_some() {
+        " <span class=\"dim\">(whole trace)</span>"
+    } else {
+        ""
+    };
     h.push_str(&summary_html(inputs, session, notes));
-    h.push_str(&findings_html(explanation));
-    h.push_str("<h2>GPU activity</h2>");
-    h.push_str(&gpu::section(data, ledgers, origin, end));
-    h.push_str("<h2>Device memory per process</h2>");
-    h.push_str(&memory_section(ledgers, origin, end));
-    h.push_str("<h2>Call sites of device memory</h2>");
+    let _ = write!(h, "<h2>Findings{part}</h2>");
+    h.push_str(&findings_html(explanation, band.is_some()));
+    let _ = write!(h, "<h2>GPU activity{whole}</h2>");
+    h.push_str(&gpu::section(data, ledgers, origin, end, band));
+    let _ = write!(h, "<h2>Device memory per process{whole}</h2>");
+    h.push_str(&memory_section(ledgers, origin, end, band));
+    let _ = write!(h, "<h2>Call sites of device memory{whole_only}</h2>");
     h.push_str(&sites_section(data, &inputs.sites));
     if !data.stacks.is_empty() {
         h.push_str("<h3>Allocated bytes by call path</h3>");
         h.push_str(&flame_section(&inputs.flame));
     }
-    h.push_str("<h2>Latency per op</h2>");
+    let _ = write!(h, "<h2>Latency per op{part}</h2>");
     h.push_str(&latency_section(&inputs.latency, data));
-    h.push_str("<h2>Slowest calls: where their time went</h2>");
+    let _ = write!(h, "<h2>Slowest calls: where their time went{part}</h2>");
     h.push_str(&slowest_section(data, &inputs.slowest, origin));
-    h.push_str("<h2>Processes</h2>");
+    let _ = write!(
+        h,
+        "<h2>Processes{}</h2>",
+        if band.is_some() {
+            " <span class=\"dim\">(calls: the window's)</span>"
+        } else {
+            ""
+        }
+    );
     h.push_str(&process_tree(data, &inputs.calls_by_pid, ledgers));
     let _ = writeln!(
         h,
@@ -178,16 +228,35 @@ fn summary_html(inputs: &Inputs, s: &Session, notes: &[Note]) -> String {
         format!("{} (kernel {})", esc(&s.info.hostname), esc(&s.info.kernel)),
     );
     row("Duration", esc(&fmt_ns(span_ns)));
-    row(
-        "Recorded",
-        format!(
-            "{} calls, {} kernel-counted calls, {} off-CPU intervals, {} processes",
-            inputs.calls,
-            counted,
-            inputs.waits,
-            data.processes.len()
+    match &inputs.window {
+        Some(w) => {
+            let what = w.describe();
+            row("Window", esc(what.trim_start_matches("Window: ")));
+            row(
+                "In the window",
+                format!(
+                    "{} calls, {} kernel-counted calls{}, {} processes traced",
+                    inputs.calls,
+                    counted,
+                    match inputs.window_notes.is_empty() {
+                        true => "",
+                        false => " (see the note)",
+                    },
+                    data.processes.len()
+                ),
+            );
+        }
+        None => row(
+            "Recorded",
+            format!(
+                "{} calls, {} kernel-counted calls, {} off-CPU intervals, {} processes",
+                inputs.calls,
+                counted,
+                inputs.waits,
+                data.processes.len()
+            ),
         ),
-    );
+    }
     row(
         "Dropped events",
         if lost == 0 {
@@ -212,20 +281,25 @@ fn summary_html(inputs: &Inputs, s: &Session, notes: &[Note]) -> String {
     );
     row("Source", esc(s.source.as_str()));
     h.push_str("</table>");
-    for n in notes {
-        let _ = write!(h, "<div class=\"note\">note: {}</div>", esc(&n.text));
+    let window_notes = inputs.window_notes.iter();
+    for n in notes.iter().map(|n| &n.text).chain(window_notes) {
+        let _ = write!(h, "<div class=\"note\">note: {}</div>", esc(n));
     }
     h
 }
 
-fn findings_html(e: &Explanation) -> String {
-    let mut h = String::from("<h2>Findings</h2>");
+/// The findings' section body (its heading is the caller's); `windowed`:
+/// the explanation is of a window's calls.
+fn findings_html(e: &Explanation, windowed: bool) -> String {
+    let mut h = String::new();
     if let Some(s) = &e.summary {
         let _ = write!(h, "<p class=\"verdict\"><b>{}</b></p>", esc(s));
     }
     if e.findings.is_empty() {
-        h.push_str(
-            "<p>No finding: nothing in this trace crossed a threshold (see docs/findings.md).</p>",
+        let _ = write!(
+            h,
+            "<p>No finding: nothing in this {} crossed a threshold (see docs/findings.md).</p>",
+            if windowed { "window" } else { "trace" }
         );
     }
     for f in &e.findings {
@@ -301,7 +375,7 @@ fn sites_section(data: &TraceData, rows: &[SiteMemory]) -> String {
     h
 }
 
-fn memory_section(ledgers: &[ProcessLedger], origin: u64, end: u64) -> String {
+fn memory_section(ledgers: &[ProcessLedger], origin: u64, end: u64, band: Option<Band>) -> String {
     let mut h = String::new();
     let shown: Vec<&ProcessLedger> = ledgers
         .iter()
@@ -311,12 +385,12 @@ fn memory_section(ledgers: &[ProcessLedger], origin: u64, end: u64) -> String {
         h.push_str("<p>No device allocation was recorded.</p>");
     }
     for l in shown {
-        h.push_str(&memory_chart(l, origin, end));
+        h.push_str(&memory_chart(l, origin, end, band));
     }
     h
 }
 
-fn memory_chart(l: &ProcessLedger, origin: u64, end: u64) -> String {
+fn memory_chart(l: &ProcessLedger, origin: u64, end: u64, band: Option<Band>) -> String {
     let (left, right, top, bottom, height) = (80.0, 20.0, 34.0, 30.0, 240.0);
     let (x, span_s) = time_scale(origin, end, left, right);
     let ymax = l
@@ -349,6 +423,7 @@ fn memory_chart(l: &ProcessLedger, origin: u64, end: u64) -> String {
         "start",
         "t",
     );
+    s.band(band, &x, origin, top, height - bottom);
     for v in byte_ticks(ymax, 5) {
         let yy = y.at(v);
         s.line(left, yy, WIDTH - right, yy, "#eee", "");

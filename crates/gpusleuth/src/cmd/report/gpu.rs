@@ -2,7 +2,7 @@
 //! the trace's time axis, and per process the memory the driver said it held
 //! before the trace began beside the ledger.
 
-use super::svg::{esc, time_scale, value_scale, Svg};
+use super::svg::{esc, time_scale, value_scale, Band, Svg};
 use super::WIDTH;
 use crate::output::fmt_ns;
 use crate::render::gpu_context;
@@ -15,7 +15,13 @@ use std::fmt::Write as _;
 const BUSY: &str = "#59a14f";
 
 /// The section's HTML: a chart per GPU, or a line saying it was not measured.
-pub fn section(data: &TraceData, ledgers: &[ProcessLedger], origin: u64, end: u64) -> String {
+pub fn section(
+    data: &TraceData,
+    ledgers: &[ProcessLedger],
+    origin: u64,
+    end: u64,
+    band: Option<Band>,
+) -> String {
     let mut h = String::new();
     let activity = gpu_activity::of_trace(data);
     for line in gpu_context::busy_lines(&activity) {
@@ -27,7 +33,7 @@ pub fn section(data: &TraceData, ledgers: &[ProcessLedger], origin: u64, end: u6
             by_gpu.entry(s.gpu).or_default().push(s);
         }
         for (gpu, list) in by_gpu {
-            h.push_str(&chart(gpu, &list, origin, end));
+            h.push_str(&chart(gpu, &list, origin, end, band));
         }
     }
     let helds = sleuth_core::held::held(data, ledgers);
@@ -37,7 +43,13 @@ pub fn section(data: &TraceData, ledgers: &[ProcessLedger], origin: u64, end: u6
     h
 }
 
-fn chart(gpu: u32, samples: &[&sleuth_core::GpuSample], origin: u64, end: u64) -> String {
+fn chart(
+    gpu: u32,
+    samples: &[&sleuth_core::GpuSample],
+    origin: u64,
+    end: u64,
+    band: Option<Band>,
+) -> String {
     let (left, right, top, bottom, height) = (80.0, 20.0, 30.0, 30.0, 160.0);
     let (x, span_s) = time_scale(origin, end, left, right);
     let y = value_scale(100.0, height - bottom, top);
@@ -50,6 +62,7 @@ fn chart(gpu: u32, samples: &[&sleuth_core::GpuSample], origin: u64, end: u64) -
         "start",
         "t",
     );
+    s.band(band, &x, origin, top, height - bottom);
     for v in [0.0, 50.0, 100.0] {
         let yy = y.at(v);
         s.line(left, yy, WIDTH - right, yy, "#eee", "");

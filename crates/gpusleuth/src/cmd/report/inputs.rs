@@ -6,13 +6,15 @@
 //! histograms within their bound (docs/schema.md "Rollups").
 
 use super::SLOWEST_CALLS;
+use crate::window::Window;
 use sleuth_core::analysis::Analysis;
 use sleuth_core::findings::Explanation;
 use sleuth_core::ledger::ProcessLedger;
+use sleuth_core::rollup::OpRollup;
 use sleuth_core::sites::{FlameNode, SiteMemory};
 use sleuth_core::stats::nearest_rank;
 use sleuth_core::{CallEvent, Culprit, TraceData, TraceSpan};
-use sleuth_store::report_reads::LeanReport;
+use sleuth_store::report_reads::{LeanReport, WindowCalls};
 use std::collections::{BTreeMap, HashMap};
 
 /// One op's latency distribution (call durations, ns).
@@ -50,7 +52,17 @@ pub struct Inputs {
     /// Device memory by site and by call path; empty without call sites.
     pub sites: Vec<SiteMemory>,
     pub flame: FlameNode,
+    /// The window the call sections are narrowed to ([`Inputs::narrowed_to`]).
+    pub window: Option<Window>,
+    /// What the window's sections say about the kernel-counted calls.
+    pub window_notes: Vec<String>,
 }
+
+/// What a window's summary and latency sections count of the
+/// kernel-counted calls (`WindowCounts::notes`).
+const WINDOW_COUNT: &str =
+    "the estimate in its summary, latency and process sections, and its findings \
+                            only those certainly in the window";
 
 impl Inputs {
     /// From the whole trace in memory.
@@ -112,6 +124,8 @@ impl Inputs {
             slowest,
             sites,
             flame,
+            window: None,
+            window_notes: Vec::new(),
             ledgers: analysis.ledgers,
             explanation: analysis.explanation,
             span: analysis.span,
@@ -119,29 +133,47 @@ impl Inputs {
         }
     }
 
+    /// The sections about calls narrowed to a window (`report --from/--to`):
+    /// its findings, latency per op, slowest calls, calls per process and
+    /// kernel-counted calls (the estimate placed by the tracer's samples);
+    /// the charts over time, the call sites and the process tree stay the
+    /// whole trace's (the report draws the window on the charts).
+    pub fn narrowed_to(
+        self,
+        window: Window,
+        part: WindowCalls,
+        mut explanation: Explanation,
+    ) -> Inputs {
+        let mut data = self.data;
+        data.counts = part.counts.estimates();
+        // One note on the kernel-counted calls, in the summary, for every
+        // section (the findings' own says what they judged on).
+        let findings_notes = part.counts.notes(sleuth_store::window::FINDINGS_COUNT);
+        explanation.notes.retain(|n| !findings_notes.contains(n));
+        let window_notes = part.counts.notes(WINDOW_COUNT);
+        Inputs {
+            calls: part.calls,
+            // Not counted per window (the summary leaves them out).
+            waits: 0,
+            calls_by_pid: with_counts(part.calls_by_pid, &data),
+            latency: by_total(latency_of(&part.ops)),
+            slowest: part
+                .slowest
+                .into_iter()
+                .map(|s| (s.call, s.culprits))
+                .collect(),
+            explanation,
+            data,
+            window: Some(window),
+            window_notes,
+            ..self
+        }
+    }
+
     /// From the stored aggregates and the slowest calls.
     pub fn lean(r: LeanReport) -> Inputs {
         let explanation = r.lean.explanation();
-        let latency = r
-            .ops
-            .iter()
-            .filter(|(_, o)| o.count > 0)
-            .filter_map(|(&op, o)| {
-                let info = sleuth_core::op_by_id(op)?;
-                let p = |q: u32| o.percentile_ns(q).unwrap_or(0);
-                Some(LatencyRow {
-                    op: info.name,
-                    n: o.count,
-                    total: o.total_ns,
-                    min: o.min_ns().unwrap_or(0),
-                    p25: p(25),
-                    p50: p(50),
-                    p75: p(75),
-                    p99: p(99),
-                    max: o.max_ns,
-                })
-            })
-            .collect();
+        let latency = latency_of(&r.ops);
         let data = r.lean.data;
         let (sites, flame) = match &r.sites {
             Some(s) => (
@@ -162,12 +194,37 @@ impl Inputs {
                 .collect(),
             sites,
             flame,
+            window: None,
+            window_notes: Vec::new(),
             ledgers: r.lean.ledgers,
             explanation,
             span: r.span,
             data,
         }
     }
+}
+
+/// The latency rows of per-op rollups (percentiles within the histogram's
+/// bound; the maximum exact).
+fn latency_of(ops: &BTreeMap<u16, OpRollup>) -> Vec<LatencyRow> {
+    ops.iter()
+        .filter(|(_, o)| o.count > 0)
+        .filter_map(|(&op, o)| {
+            let info = sleuth_core::op_by_id(op)?;
+            let p = |q: u32| o.percentile_ns(q).unwrap_or(0);
+            Some(LatencyRow {
+                op: info.name,
+                n: o.count,
+                total: o.total_ns,
+                min: o.min_ns().unwrap_or(0),
+                p25: p(25),
+                p50: p(50),
+                p75: p(75),
+                p99: p(99),
+                max: o.max_ns,
+            })
+        })
+        .collect()
 }
 
 /// Per-call records per process plus the kernel-counted calls.

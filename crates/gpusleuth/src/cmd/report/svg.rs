@@ -143,6 +143,39 @@ pub fn time_scale(origin: u64, end: u64, left: f64, right: f64) -> (Linear, f64)
     (x, span_s)
 }
 
+/// The window a report's call sections are narrowed to, drawn on its time
+/// charts: monotonic ns `[since, until)` (`until` past the end: to the end).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Band {
+    pub since: u64,
+    pub until: u64,
+}
+
+/// Fill of the window's band (behind the data).
+const BAND: &str = "#fdf1c7";
+
+impl Svg {
+    /// Shades `band` (if any) on a chart whose x scale is `x` (seconds since
+    /// `origin`), from `top` down to `bottom`, clipped to the plot.
+    pub fn band(&mut self, band: Option<Band>, x: &Linear, origin: u64, top: f64, bottom: f64) {
+        let Some(b) = band else { return };
+        let at = |ns: u64| x.at(ns.saturating_sub(origin) as f64 / 1e9);
+        let (lo, hi) = (x.r0.min(x.r1), x.r0.max(x.r1));
+        let x0 = at(b.since).clamp(lo, hi);
+        let x1 = at(b.until).clamp(lo, hi);
+        if x1 > x0 {
+            self.rect(
+                x0,
+                top,
+                x1 - x0,
+                bottom - top,
+                BAND,
+                Some("the report's window"),
+            );
+        }
+    }
+}
+
 /// A y scale from 0 at `base` (the plot's bottom edge) up to `max` at `top`.
 pub fn value_scale(max: f64, base: f64, top: f64) -> Linear {
     Linear::new((0.0, max), (base, top))
