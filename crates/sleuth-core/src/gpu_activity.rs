@@ -48,7 +48,9 @@ pub const BUSY_MEANING: &str =
     "NVML device utilization: the share of each sample period during which \
      some kernel was running on the GPU (not SM occupancy)";
 
-/// Per-GPU busy summary of `samples` (those whose period ends inside `window`, when given).
+/// Per-GPU busy summary of `samples` (with `window`, `[since, until)`: those
+/// whose period ends after its start and not after its end; one ending at
+/// the start lies wholly before the window).
 pub fn busy(samples: Option<&[GpuSample]>, window: Option<(u64, u64)>) -> GpuActivity {
     let Some(samples) = samples else {
         return GpuActivity {
@@ -60,7 +62,7 @@ pub fn busy(samples: Option<&[GpuSample]>, window: Option<(u64, u64)>) -> GpuAct
     let mut by_gpu: BTreeMap<u32, Vec<&GpuSample>> = BTreeMap::new();
     for s in samples
         .iter()
-        .filter(|s| window.is_none_or(|(lo, hi)| s.ts_ns >= lo && s.ts_ns <= hi))
+        .filter(|s| window.is_none_or(|(lo, hi)| s.ts_ns > lo && s.ts_ns <= hi))
     {
         by_gpu.entry(s.gpu).or_default().push(s);
     }
@@ -155,5 +157,10 @@ mod tests {
         let w = busy(Some(&samples), Some((150, 1000)));
         assert_eq!(w.gpus[0].samples, 1);
         assert_eq!(w.gpus[0].busy_pct, 0.0);
+        // A sample ending at the window's start is before it; one ending at
+        // its end is inside.
+        let w = busy(Some(&samples), Some((100, 400)));
+        assert_eq!((w.gpus[0].samples, w.gpus[0].busy_pct), (1, 0.0));
+        assert_eq!(w.gpus[1].samples, 1);
     }
 }

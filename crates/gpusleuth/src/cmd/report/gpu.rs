@@ -27,6 +27,13 @@ pub fn section(
     for line in gpu_context::busy_lines(&activity) {
         let _ = write!(h, "<p>{}</p>", esc(&line));
     }
+    // A window's own busy time, as `explain --from/--to` gives it.
+    if let (Some(b), true) = (band, activity.measured) {
+        let window = gpu_activity::busy(data.gpu_samples.as_deref(), Some((b.since, b.until)));
+        for line in gpu_context::busy_lines(&window) {
+            let _ = write!(h, "<p>In the window: {}</p>", esc(&line));
+        }
+    }
     if let Some(samples) = &data.gpu_samples {
         let mut by_gpu: BTreeMap<u32, Vec<&sleuth_core::GpuSample>> = BTreeMap::new();
         for s in samples {
@@ -89,4 +96,66 @@ fn chart(
         }
     }
     s.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sleuth_core::GpuSample;
+
+    /// Ten 100 ms NVML samples: 20% busy for the first half second, 80%
+    /// after (sample ends at 0.1 s ... 1.0 s).
+    fn two_phases() -> TraceData {
+        TraceData {
+            gpu_samples: Some(
+                (1..=10u64)
+                    .map(|k| GpuSample {
+                        ts_ns: k * 100_000_000,
+                        gpu: 0,
+                        busy_pct: if k <= 5 { 20.0 } else { 80.0 },
+                        period_ns: 100_000_000,
+                    })
+                    .collect(),
+            ),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_window_adds_its_own_busy_line_and_is_shaded() {
+        let data = two_phases();
+        let whole = section(&data, &[], 0, 1_000_000_000, None);
+        assert!(whole.contains("GPU 0 busy 50%"), "{whole}");
+        assert!(!whole.contains("In the window"));
+        assert!(!whole.contains("the report&#39;s window"));
+        let band = Band {
+            since: 500_000_000,
+            until: 1_000_000_000,
+        };
+        let windowed = section(&data, &[], 0, 1_000_000_000, Some(band));
+        assert!(windowed.contains("<p>GPU 0 busy 50%"), "{windowed}");
+        assert!(
+            windowed.contains("<p>In the window: GPU 0 busy 80%"),
+            "{windowed}"
+        );
+        assert_eq!(
+            windowed
+                .matches("<title>the report&#39;s window</title>")
+                .count(),
+            1
+        );
+    }
+
+    #[test]
+    fn without_samples_no_window_line() {
+        let band = Band {
+            since: 0,
+            until: u64::MAX,
+        };
+        let h = section(&TraceData::default(), &[], 0, 1, Some(band));
+        assert!(
+            h.contains("not measured") && !h.contains("In the window"),
+            "{h}"
+        );
+    }
 }
