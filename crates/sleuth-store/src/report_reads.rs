@@ -186,8 +186,13 @@ pub fn window_calls(
     })
 }
 
-/// The `n` slowest calls offered so far, slowest first, ties by start time
-/// then row id (the order the whole trace's report gives them).
+/// The order of the report's slowest calls (row id, call): slowest first,
+/// ties by start time then row id (the whole trace's load order).
+fn slowest_first((id, c): &(i64, CallEvent)) -> (std::cmp::Reverse<u64>, u64, i64) {
+    (std::cmp::Reverse(c.dur_ns), c.ts_ns, *id)
+}
+
+/// The `n` slowest calls offered so far, in [`slowest_first`] order.
 struct SlowestKept {
     n: usize,
     kept: Vec<(i64, CallEvent)>,
@@ -202,7 +207,7 @@ impl SlowestKept {
     }
 
     fn offer(&mut self, id: i64, call: CallEvent) {
-        let key = |(id, c): &(i64, CallEvent)| (std::cmp::Reverse(c.dur_ns), c.ts_ns, *id);
+        let key = slowest_first;
         let new = (id, call);
         if self.n == 0 {
             return;
@@ -421,7 +426,7 @@ fn slowest_of(
     };
     // The best `n` so far by (slowest, earliest start, lowest id).
     let mut best: Vec<(i64, CallEvent)> = Vec::new();
-    let key = |(id, c): &(i64, CallEvent)| (std::cmp::Reverse(c.dur_ns), c.ts_ns, *id);
+    let key = slowest_first;
     let threshold = |best: &[(i64, CallEvent)]| -> u64 {
         if n > 0 && best.len() >= n {
             best[n - 1].1.dur_ns
