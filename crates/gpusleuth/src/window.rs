@@ -1,6 +1,7 @@
 //! `--from`/`--to`/`--last`: a part of one trace, named as time since the
 //! trace started (as `memory --at` counts it) or as its last part, for
-//! `stats`, `explain` and `export`. A long trace (a node agent's, a day of training) is asked
+//! `stats`, `explain`, `export` and `report` (`--last` of a run's directory:
+//! its newest file, [`WindowArgs::file_of`]). A long trace (a node agent's, a day of training) is asked
 //! about "the last ten minutes" or "the slow phase", not only as a whole;
 //! the answers read the window's calls through the `(tid, ts_ns)` index,
 //! so their cost grows with the window, not with the trace (issue 16).
@@ -8,20 +9,22 @@
 use crate::output::fmt_ns;
 use sleuth_store::stream::CallQuery;
 use sleuth_store::{CallFilter, Trace};
+use std::path::{Path, PathBuf};
 
 /// The options, flattened into each command that takes a window.
 #[derive(clap::Args, Clone, Copy, Debug, Default)]
 pub struct WindowArgs {
     /// Only what happened from this moment on, as time since the trace
     /// started (as `memory --at` counts it: 1.5s, 250ms, 0). One file,
-    /// not a `--rotate` run's directory.
+    /// not a `--rotate` run's directory (there: --last).
     #[arg(long, value_parser = crate::args::duration_ns)]
     pub from: Option<u64>,
     /// Only what happened before this moment (time since the trace started).
     #[arg(long, value_parser = crate::args::duration_ns)]
     pub to: Option<u64>,
     /// Only the last part of the trace (`5m`): up to its end, or for a
-    /// trace still being written up to its latest call.
+    /// trace still being written up to its latest call. A `--rotate` run's
+    /// directory: from its newest file, when that file holds the window.
     #[arg(long, value_parser = crate::args::duration_ns, conflicts_with_all = ["from", "to"])]
     pub last: Option<u64>,
 }
@@ -86,15 +89,81 @@ impl WindowArgs {
         }))
     }
 
-    /// The one-line refusal for a run's directory: a window is one file's.
-    pub fn refuse_for_run(&self) -> anyhow::Result<()> {
-        if self.is_set() {
-            anyhow::bail!(
-                "--from/--to/--last name a part of one trace file; --db names a run's directory (pick the file that holds the window: with --rotate, the newest part-*.db for --last)"
-            );
+    /// The trace file a window of `db` is read from: `db` itself, or for a
+    /// run's directory (`trace --rotate`) with `--last D` its newest file,
+    /// when that file holds the whole window (said on stderr). One-line
+    /// errors: `--from`/`--to` on a directory (they count from one file's
+    /// start); a `--last` that reaches back before the newest file began,
+    /// naming the files it spans (a window is answered from one file).
+    pub fn file_of(&self, db: &Path) -> anyhow::Result<PathBuf> {
+        if !db.is_dir() {
+            return Ok(db.to_path_buf());
         }
-        Ok(())
+        let Some(last) = self.last else {
+            anyhow::bail!(
+                "--from/--to count from the start of one trace file; --db names a run's directory (pick the part-*.db file that holds the window, or use --last D for the run's latest part)"
+            );
+        };
+        let files = sleuth_store::run::run_files(db)?;
+        let Some((_, newest)) = files.last() else {
+            anyhow::bail!(
+                "{}: no part-NNNNNN.db files in this directory (not a run of `trace --rotate`)",
+                db.display()
+            );
+        };
+        let trace = crate::checks_memo::open(newest)?;
+        let (start, end) = start_and_end(&trace)?;
+        let since = end.checked_sub(last);
+        if since.is_some_and(|s| s >= start) {
+            eprintln!(
+                "gpusleuth: --last {} of the run in {}: read from its newest file, {}",
+                fmt_ns(last),
+                db.display(),
+                name_of(newest)
+            );
+            return Ok(newest.clone());
+        }
+        // The files back to the one that began before the window did.
+        let mut spanned = vec![name_of(newest)];
+        for (_, path) in files.iter().rev().skip(1) {
+            spanned.push(name_of(path));
+            let began = crate::checks_memo::open(path)?
+                .session()?
+                .info
+                .start_mono_ns;
+            if since.is_some_and(|s| began <= s) {
+                break;
+            }
+        }
+        spanned.reverse();
+        anyhow::bail!(
+            "--last {} of the run in {} spans {} files ({}): a window is answered from one file (ask each with --db FILE and --from/--to, or a shorter --last)",
+            fmt_ns(last),
+            db.display(),
+            spanned.len(),
+            spanned.join(", ")
+        )
     }
+}
+
+/// A file's name for a message.
+fn name_of(path: &Path) -> String {
+    path.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| path.display().to_string())
+}
+
+/// Where a trace begins and ends: its session's start, and its session end
+/// or, for a file still being written (or whose writer was killed), the
+/// latest end among its last calls (never before its start).
+fn start_and_end(trace: &Trace) -> anyhow::Result<(u64, u64)> {
+    let session = trace.session()?;
+    let start = session.info.start_mono_ns;
+    let end = match session.end_mono_ns {
+        Some(end) => end,
+        None => trace.latest_call_end()?.unwrap_or(start),
+    };
+    Ok((start, end.max(start)))
 }
 
 /// `--last D`: from D before the trace's end (its session end, or for a
@@ -103,13 +172,7 @@ fn last_part(trace: &Trace, last: u64) -> anyhow::Result<Window> {
     if last == 0 {
         anyhow::bail!("--last 0: the window would be empty (give a duration such as 5m)");
     }
-    let session = trace.session()?;
-    let start = session.info.start_mono_ns;
-    let end = match session.end_mono_ns {
-        Some(end) => end,
-        None => trace.latest_call_end()?.unwrap_or(start),
-    }
-    .max(start);
+    let (start, end) = start_and_end(trace)?;
     let since = end.saturating_sub(last).max(start);
     Ok(Window {
         since,

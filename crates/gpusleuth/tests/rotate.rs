@@ -97,6 +97,71 @@ fn a_rotating_trace_adds_up_to_what_the_workload_did() {
         ) > 0),
         "calls spread over the files"
     );
+    last_of_the_run_is_read_from_its_newest_file(&run, &files);
+}
+
+/// `--last D` on a run's directory: its newest file answers when it holds
+/// the whole window (the same answer as that file's, byte for byte); a
+/// longer one names the files it spans; `--from` is refused.
+fn last_of_the_run_is_read_from_its_newest_file(run: &Path, files: &[(u64, PathBuf)]) {
+    let newest = &files[files.len() - 1].1;
+    let previous = &files[files.len() - 2].1;
+    let lasted = {
+        let db = common::Db::open(newest);
+        db.int("SELECT end_mono_ns - start_mono_ns FROM session")
+    };
+    assert!(lasted > 0, "the newest file has a span");
+    let last = format!("{}ns", lasted / 2);
+    let answer = |db: &Path, cmd: &str, last: &str| {
+        common::gpusleuth()
+            .args([cmd, "--json", "--last", last, "--db"])
+            .arg(db)
+            .output()
+            .expect("run")
+    };
+    for cmd in ["stats", "explain"] {
+        let of_run = answer(run, cmd, &last);
+        assert!(
+            of_run.status.success(),
+            "{cmd}: {}",
+            String::from_utf8_lossy(&of_run.stderr)
+        );
+        let of_file = common::run_ok(
+            common::gpusleuth()
+                .args([cmd, "--json", "--last", &last, "--db"])
+                .arg(newest),
+        );
+        assert_eq!(
+            of_run.stdout, of_file.stdout,
+            "{cmd}: the newest file's answer"
+        );
+        let said = String::from_utf8_lossy(&of_run.stderr);
+        assert!(
+            said.contains(&format!(
+                "read from its newest file, {}",
+                newest.file_name().unwrap().to_string_lossy()
+            )),
+            "{said}"
+        );
+    }
+    let too_long = format!("{}ns", lasted + 1);
+    let o = answer(run, "stats", &too_long);
+    common::assert_no_panic(&o);
+    assert_ne!(o.status.code(), Some(0));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    for f in [previous, newest] {
+        let name = f.file_name().unwrap().to_string_lossy();
+        assert!(err.contains(&*name), "{name} not named: {err}");
+    }
+    assert!(o.stdout.is_empty());
+    let o = common::gpusleuth()
+        .args(["stats", "--from", "0", "--db"])
+        .arg(run)
+        .output()
+        .expect("run");
+    assert_ne!(o.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("one trace file"));
 }
 
 #[test]

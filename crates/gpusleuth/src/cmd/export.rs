@@ -64,7 +64,11 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<i32> {
-    let db = &args.input.db;
+    // A window of a run's directory is read from the file that holds it.
+    let db = &match args.window.is_set() {
+        true => args.window.file_of(&args.input.db)?,
+        false => args.input.db.clone(),
+    };
     if let Some(path) = &args.output {
         // Before the work: a refused output is known at once.
         sleuth_store::outfile::check_output(path, &[db], args.force, Some(FORCE_HINT))?;

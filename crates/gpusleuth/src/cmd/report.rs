@@ -60,12 +60,13 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<i32> {
     let hint = Some(FORCE_HINT);
-    let db = &args.input.db;
+    // A window of a run's directory is read from the file that holds it.
+    let db = &match args.window.is_set() {
+        true => args.window.file_of(&args.input.db)?,
+        false => args.input.db.clone(),
+    };
     // Before the work: a refused output is known at once.
     sleuth_store::outfile::check_output(&args.output, &[db], args.force, hint)?;
-    if db.is_dir() {
-        args.window.refuse_for_run()?;
-    }
     let trace = crate::checks_memo::open(db)?;
     let pid = args.input.pid;
     if let Some(pid) = pid {

@@ -36,12 +36,9 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
 /// (`sleuth_store::window`), without the per-thread splits; a trace that
 /// did not finish has its window's calls loaded with their waits instead.
 fn run_window(args: &Args) -> anyhow::Result<i32> {
-    let db = &args.input.db;
-    if db.is_dir() {
-        args.window.refuse_for_run()?;
-    }
+    let db = args.window.file_of(&args.input.db)?;
     let pid = args.input.pid;
-    let trace = crate::checks_memo::open(db)?;
+    let trace = crate::checks_memo::open(&db)?;
     if let Some(pid) = pid {
         trace.require_pid(pid)?;
     }

@@ -47,10 +47,8 @@ pub fn print(input: &TraceInput, window: WindowArgs, style: Style) -> anyhow::Re
 /// before the trace is a fact of the whole trace: `explain` without a
 /// window gives it.
 fn window_output(input: &TraceInput, window: WindowArgs, style: Style) -> anyhow::Result<String> {
-    if input.db.is_dir() {
-        window.refuse_for_run()?;
-    }
-    let trace = crate::checks_memo::open(&input.db)?;
+    let db = window.file_of(&input.db)?;
+    let trace = crate::checks_memo::open(&db)?;
     if let Some(pid) = input.pid {
         trace.require_pid(pid)?;
     }
