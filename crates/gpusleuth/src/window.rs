@@ -112,7 +112,7 @@ impl WindowArgs {
             );
         };
         let trace = crate::checks_memo::open(newest)?;
-        let (start, end) = start_and_end(&trace)?;
+        let (start, end) = trace.start_and_end()?;
         let since = end.checked_sub(last);
         if since.is_some_and(|s| s >= start) {
             eprintln!(
@@ -153,26 +153,13 @@ fn name_of(path: &Path) -> String {
         .unwrap_or_else(|| path.display().to_string())
 }
 
-/// Where a trace begins and ends: its session's start, and its session end
-/// or, for a file still being written (or whose writer was killed), the
-/// latest end among its last calls (never before its start).
-fn start_and_end(trace: &Trace) -> anyhow::Result<(u64, u64)> {
-    let session = trace.session()?;
-    let start = session.info.start_mono_ns;
-    let end = match session.end_mono_ns {
-        Some(end) => end,
-        None => trace.latest_call_end()?.unwrap_or(start),
-    };
-    Ok((start, end.max(start)))
-}
-
 /// `--last D`: from D before the trace's end (its session end, or for a
 /// trace still being written its latest call's) to the end, open-ended.
 fn last_part(trace: &Trace, last: u64) -> anyhow::Result<Window> {
     if last == 0 {
         anyhow::bail!("--last 0: the window would be empty (give a duration such as 5m)");
     }
-    let (start, end) = start_and_end(trace)?;
+    let (start, end) = trace.start_and_end()?;
     let since = end.saturating_sub(last).max(start);
     Ok(Window {
         since,

@@ -27,9 +27,33 @@ pub struct CallScope {
     pub since_ns: Option<u64>,
     /// Only calls starting before this monotonic timestamp (ns).
     pub until_ns: Option<u64>,
+    /// Only calls starting in the last this many ns of the trace (up to its
+    /// end, or for a trace still being written its latest call), as
+    /// `gpusleuth stats --last`. Not with since_ns/until_ns.
+    pub last_ns: Option<u64>,
 }
 
 impl CallScope {
+    /// The scope with `last_ns` turned into `since_ns` for `trace` (the
+    /// last part of it, never before its start); errors: `last_ns` with
+    /// `since_ns`/`until_ns`, or 0 (an empty window).
+    pub fn resolved(&self, trace: &sleuth_store::Trace) -> anyhow::Result<CallScope> {
+        let Some(last) = self.last_ns else {
+            return Ok(self.clone());
+        };
+        if self.since_ns.is_some() || self.until_ns.is_some() {
+            anyhow::bail!("last_ns names its own window: give it without since_ns/until_ns");
+        }
+        if last == 0 {
+            anyhow::bail!("empty time window: last_ns must be above 0");
+        }
+        let (start, end) = trace.start_and_end()?;
+        Ok(CallScope {
+            since_ns: Some(end.saturating_sub(last).max(start)),
+            ..self.clone()
+        })
+    }
+
     /// The calls the scope selects, as the store filters them.
     pub fn filter(&self) -> sleuth_store::CallFilter {
         sleuth_store::CallFilter {

@@ -163,7 +163,8 @@ impl SleuthServer {
     #[tool(
         description = "Per-op latency statistics (count, errors, exact p50/p95/p99/max, total) with the \
         time split on-CPU / runnable (waiting for a CPU held by named culprit processes) / blocked (sleeping, \
-        e.g. waiting for the GPU). Filters: pid, op, since_ns/until_ns (monotonic ns)."
+        e.g. waiting for the GPU). Filters: pid, op, since_ns/until_ns (monotonic ns) or last_ns (the last part \
+        of the trace)."
     )]
     async fn latency_stats(
         &self,
@@ -177,7 +178,7 @@ impl SleuthServer {
     #[tool(
         description = "Ranked, evidence-backed findings (what `gpusleuth explain` prints): CPU preemption \
         with culprits, GPU waits, failed allocations, unfreed memory, allocation churn, tail latency. \
-        All arguments optional (pid, op, since_ns/until_ns narrow the calls considered)."
+        All arguments optional (pid, op, since_ns/until_ns or last_ns narrow the calls considered)."
     )]
     async fn findings(
         &self,

@@ -232,6 +232,7 @@ pub fn overview(db: &Path, budget: &ReadBudget) -> Result<Value> {
 /// tracer's samples of their counts (`counted_in_window`, `notes`).
 pub fn latency_stats(db: &Path, scope: &args::CallScope, budget: &ReadBudget) -> Result<Value> {
     let trace = open(db, budget)?;
+    let scope = &scope.resolved(&trace)?;
     check_op(scope.op.as_deref())?;
     check_window(scope.since_ns, scope.until_ns)?;
     let windowed = scope.since_ns.is_some() || scope.until_ns.is_some();
@@ -252,7 +253,8 @@ pub fn latency_stats(db: &Path, scope: &args::CallScope, budget: &ReadBudget) ->
     }
     Ok(json!({
         "units": "ns; on_cpu + runnable + blocked = total; runnable = waiting for a CPU held by `culprits`",
-        "filter": {"pid": scope.pid, "op": scope.op, "since_ns": scope.since_ns, "until_ns": scope.until_ns},
+        "filter": {"pid": scope.pid, "op": scope.op, "since_ns": scope.since_ns, "until_ns": scope.until_ns,
+                   "last_ns": scope.last_ns},
         "host_context": host_context,
         "ops": report.ops,
         "drops": report.drops,
@@ -264,6 +266,7 @@ pub fn latency_stats(db: &Path, scope: &args::CallScope, budget: &ReadBudget) ->
 /// `explain`'s ranked findings with evidence.
 pub fn findings(db: &Path, scope: &args::CallScope, budget: &ReadBudget) -> Result<Value> {
     let trace = open(db, budget)?;
+    let scope = &scope.resolved(&trace)?;
     // The whole trace or one process (no op, no window) is explained from
     // the stored aggregates when it has them (`sleuth_store::lean`): memory
     // bounded by the aggregates, not the calls. A scope (an op or a window)

@@ -495,6 +495,20 @@ impl Trace {
         Ok(v.map(|v| v.max(0) as u64))
     }
 
+    /// Where the trace begins and ends, monotonic ns: its session's start,
+    /// and its session end or, for a file still being written (or whose
+    /// writer was killed), [`Self::latest_call_end`] (never before the
+    /// start). What "the last D of the trace" counts back from.
+    pub fn start_and_end(&self) -> Result<(u64, u64), StoreError> {
+        let session = self.session()?;
+        let start = session.info.start_mono_ns;
+        let end = match session.end_mono_ns {
+            Some(end) => end,
+            None => self.latest_call_end()?.unwrap_or(start),
+        };
+        Ok((start, end.max(start)))
+    }
+
     /// The running counts of the kernel-counted ops that `trace` sampled
     /// (calls since the file began; `sleuth_core::counted`), of process
     /// `pid` (or all), by time; None for a trace written before they were

@@ -33,6 +33,7 @@ fn scope(pid: Option<u32>, op: Option<&str>, window: Option<(u64, u64)>) -> Call
         op: op.map(str::to_string),
         since_ns: window.map(|w| w.0),
         until_ns: window.map(|w| w.1),
+        last_ns: None,
     }
 }
 
@@ -154,4 +155,75 @@ fn mcp_findings_of_an_op_or_a_window_equal_the_loaded_and_filtered_trace() {
         }
     }
     assert!(compared_findings, "some scope has findings");
+}
+
+/// `last_ns`: the last part of the trace, the same answer as `since_ns`
+/// at that many ns before its end (never before its start); refused with
+/// `since_ns`/`until_ns` and as 0.
+#[test]
+fn mcp_last_ns_is_the_window_up_to_the_end_of_the_trace() {
+    let (_dir, lean, _full) = both("mcp-last", "finding_rollups");
+    let budget = ReadBudget::new(DEFAULT_READ_TIMEOUT);
+    let trace = sleuth_store::Trace::open(&lean).unwrap();
+    let (start, end) = trace.start_and_end().unwrap();
+    assert!(end > start);
+    for last in [(end - start) / 3, end - start + 1_000_000_000] {
+        let by_last = CallScope {
+            last_ns: Some(last),
+            ..scope(None, None, None)
+        };
+        let since = end.saturating_sub(last).max(start);
+        let by_since = CallScope {
+            since_ns: Some(since),
+            ..scope(None, None, None)
+        };
+        let f = |s: &CallScope| trace_tools::findings(&lean, s, &budget).unwrap();
+        assert_eq!(f(&by_last), f(&by_since), "findings, last {last}");
+        let l = trace_tools::latency_stats(&lean, &by_last, &budget).unwrap();
+        let mut want = trace_tools::latency_stats(&lean, &by_since, &budget).unwrap();
+        assert_eq!(l["filter"]["since_ns"], since, "last {last}");
+        assert_eq!(l["filter"]["last_ns"], last);
+        want["filter"]["last_ns"] = last.into();
+        assert_eq!(l, want, "latency_stats, last {last}");
+    }
+    // A third of the trace holds fewer calls than the whole.
+    let third = CallScope {
+        last_ns: Some((end - start) / 3),
+        ..scope(None, None, None)
+    };
+    let whole = trace_tools::latency_stats(&lean, &scope(None, None, None), &budget).unwrap();
+    let part = trace_tools::latency_stats(&lean, &third, &budget).unwrap();
+    let calls = |v: &serde_json::Value| -> u64 {
+        v["ops"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|o| o["count"].as_u64().unwrap())
+            .sum()
+    };
+    assert!(0 < calls(&part) && calls(&part) < calls(&whole));
+    for (bad, says) in [
+        (
+            CallScope {
+                last_ns: Some(1_000),
+                since_ns: Some(start),
+                ..scope(None, None, None)
+            },
+            "without since_ns/until_ns",
+        ),
+        (
+            CallScope {
+                last_ns: Some(0),
+                ..scope(None, None, None)
+            },
+            "above 0",
+        ),
+    ] {
+        for err in [
+            trace_tools::findings(&lean, &bad, &budget).unwrap_err(),
+            trace_tools::latency_stats(&lean, &bad, &budget).unwrap_err(),
+        ] {
+            assert!(err.to_string().contains(says), "{err}");
+        }
+    }
 }
