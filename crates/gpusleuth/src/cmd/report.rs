@@ -139,18 +139,11 @@ pub fn render(inputs: &Inputs, session: &Session, notes: &[Note], title: &str) -
         since: w.since,
         until: w.until,
     });
-    let (part, whole) = match band {
-        Some(_) => (
-            " <span class=\"dim\">(the window)</span>",
-            " <span class=\"dim\">(whole trace, the window shaded)</span>",
-        ),
-        None => ("", ""),
+    let scope = |what: &str| match band {
+        Some(_) => format!(" <span class=\"dim\">({what})</span>"),
+        None => String::new(),
     };
-    let whole_only = if band.is_some() {
-        " <span class=\"dim\">(whole trace)</span>"
-    } else {
-        ""
-    };
+    let (part, whole) = (scope("the window"), scope("whole trace, the window shaded"));
     h.push_str(&summary_html(inputs, session, notes));
     let _ = write!(h, "<h2>Findings{part}</h2>");
     h.push_str(&findings_html(explanation, band.is_some()));
@@ -158,7 +151,11 @@ pub fn render(inputs: &Inputs, session: &Session, notes: &[Note], title: &str) -
     h.push_str(&gpu::section(data, ledgers, origin, end, band));
     let _ = write!(h, "<h2>Device memory per process{whole}</h2>");
     h.push_str(&memory_section(ledgers, origin, end, band));
-    let _ = write!(h, "<h2>Call sites of device memory{whole_only}</h2>");
+    let _ = write!(
+        h,
+        "<h2>Call sites of device memory{}</h2>",
+        scope("whole trace")
+    );
     h.push_str(&sites_section(data, &inputs.sites));
     if !data.stacks.is_empty() {
         h.push_str("<h3>Allocated bytes by call path</h3>");
@@ -168,15 +165,7 @@ pub fn render(inputs: &Inputs, session: &Session, notes: &[Note], title: &str) -
     h.push_str(&latency_section(&inputs.latency, data));
     let _ = write!(h, "<h2>Slowest calls: where their time went{part}</h2>");
     h.push_str(&slowest_section(data, &inputs.slowest, origin));
-    let _ = write!(
-        h,
-        "<h2>Processes{}</h2>",
-        if band.is_some() {
-            " <span class=\"dim\">(calls: the window's)</span>"
-        } else {
-            ""
-        }
-    );
+    let _ = write!(h, "<h2>Processes{}</h2>", scope("calls: the window's"));
     h.push_str(&process_tree(data, &inputs.calls_by_pid, ledgers));
     let _ = writeln!(
         h,
