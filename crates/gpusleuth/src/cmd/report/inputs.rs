@@ -60,9 +60,8 @@ pub struct Inputs {
 
 /// What a window's summary and latency sections count of the
 /// kernel-counted calls (`WindowCounts::notes`).
-const WINDOW_COUNT: &str =
-    "the estimate in its summary, latency and process sections, and its findings \
-                            only those certainly in the window";
+const WINDOW_COUNT: &str = "the estimate in its summary, latency and process sections, \
+     and its findings only those certainly in the window";
 
 impl Inputs {
     /// From the whole trace in memory.
