@@ -334,3 +334,38 @@ fn a_window_places_counted_launches_by_the_tracers_samples() {
     );
     assert_eq!(html.matches("of them fell in this window").count(), 1);
 }
+
+/// A window's copies from memory pinned before it began are pinned (real
+/// capture): a thread pins a buffer, sleeps, then copies from it and from
+/// pageable memory in turn. `explain` of the copies' window counts the
+/// pageable ones alone, the pinned ones as pinned, as the whole trace does.
+#[test]
+fn a_window_knows_memory_pinned_before_it() {
+    let script = "host_alloc 65536 buf; sleep 60; repeat 30 { h2d 4096 4 buf; h2d 4096 4 }";
+    let Some(sb) = Sandbox::traced("window-pinned", script) else {
+        return;
+    };
+    let db = common::Db::open(&sb.db());
+    let start = db.int("SELECT start_mono_ns FROM session");
+    let pinned_end = db.int("SELECT ts_ns + dur_ns FROM calls WHERE op = 'cudaHostAlloc'");
+    let first_copy = db.int("SELECT min(ts_ns) FROM calls WHERE op = 'cudaMemcpy'");
+    assert!(first_copy > pinned_end + 10_000_000, "the sleep parts them");
+    let from = format!("{}ns", (pinned_end + first_copy) / 2 - start);
+    let explain = |extra: &[&str]| -> Value {
+        let out = common::run_ok(
+            common::gpusleuth()
+                .args(["explain", "--json", "--db"])
+                .arg(sb.db())
+                .args(extra),
+        );
+        serde_json::from_slice(&out.stdout).expect("JSON")
+    };
+    for e in [explain(&[]), explain(&["--from", &from])] {
+        let f = findings(&e)
+            .into_iter()
+            .find(|f| f["kind"] == "pageable_copy")
+            .unwrap_or_else(|| panic!("the pageable copies are found: {e}"));
+        assert_eq!(f["evidence"]["copies"], 30, "{f}");
+        assert_eq!(f["evidence"]["pinned_copies"], 30, "{f}");
+    }
+}

@@ -252,6 +252,15 @@ pub fn explain_report(data: &TraceData) -> Explanation {
     )
 }
 
+/// [`explain_report`] of a window's calls, with the host ranges `pinned`
+/// live when it began (a copy from memory pinned before the window is
+/// pinned, not pageable).
+pub fn explain_report_pinned(data: &TraceData, pinned: inputs::PinnedState) -> Explanation {
+    let culprits = crate::culprits::call_culprits(&data.calls, &data.waits);
+    let inputs = inputs::FindingInputs::of_pinned(data, &culprits, pinned);
+    explain_inputs(data, &inputs, &crate::ledger::ledger(data, None))
+}
+
 /// Ranked findings and notes given per-call culprits aligned with `data.calls`.
 pub fn explain_with(data: &TraceData, per_call_culprits: &[Vec<Culprit>]) -> Explanation {
     explain_from(data, per_call_culprits, &crate::ledger::ledger(data, None))

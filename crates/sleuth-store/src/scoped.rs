@@ -34,7 +34,7 @@ use crate::types::CallFilter;
 use crate::window::WindowCounts;
 use crate::StoreError;
 use rusqlite::types::Value;
-use sleuth_core::findings::inputs::{FindingInputs, Resolution};
+use sleuth_core::findings::inputs::{FindingInputs, PinnedState, Resolution};
 use sleuth_core::findings::Explanation;
 use sleuth_core::ledger::LedgerBuilder;
 use sleuth_core::threads::{sort_splits, tracer_pid};
@@ -67,6 +67,36 @@ pub fn explanation_or_loaded(
         true => crate::window::explain_loaded(trace, data, filter),
         false => Ok(sleuth_core::findings::explain_report(&data)),
     }
+}
+
+/// The host ranges process `pid` (or each) had pinned when a window
+/// starting at `since` began: its pinning calls (host allocations and
+/// registrations, their frees) that started before it, replayed in end
+/// order (their rows alone, through the op index). A window's copies are
+/// judged against them and the window's own pinning calls, so a copy from
+/// memory pinned earlier is pinned, as the whole trace judges it. Empty
+/// without a start.
+pub fn pinned_before(
+    trace: &Trace,
+    pid: Option<u32>,
+    since: Option<u64>,
+) -> Result<PinnedState, StoreError> {
+    let Some(since) = since else {
+        return Ok(PinnedState::default());
+    };
+    let mut replay = FindingInputs::new(Resolution::Bucketed, None);
+    let q = CallQuery {
+        pid,
+        ops: Some(crate::finding_rollups::pinned_replay_ops(false)),
+        order: StreamOrder::ByReturn,
+        until_ns: Some(since),
+        ..Default::default()
+    };
+    Rows::open(trace)?.for_each_call::<StoreError>(&q, |s| {
+        replay.add_in_end_order(crate::finding_rollups::row_index(s.id), &s.call);
+        Ok(())
+    })?;
+    Ok(replay.pinned_state())
 }
 
 /// [`explanation`] with a window's memory and pinning calls kept by the
@@ -190,13 +220,16 @@ pub fn explanation_keeping_at_most(
     };
     // With a window, those calls are kept as the pass reads them.
     let keep: BTreeSet<&'static str> = pinned.union(&memory).copied().collect();
+    // Memory pinned before a window is pinned inside it.
+    let pinned_earlier = pinned_before(trace, pid, filter.since_ns)?;
     let new_feed = || {
         let mut ledger = LedgerBuilder::new(None);
         for oc in &data.counts {
             ledger.track(oc.pid);
         }
         Feed {
-            inputs: FindingInputs::new(Resolution::Bucketed, tracer),
+            inputs: FindingInputs::new(Resolution::Bucketed, tracer)
+                .with_pinned(pinned_earlier.clone()),
             ledger,
             kept: windowed.then(Vec::new),
             kept_max,

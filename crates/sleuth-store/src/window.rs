@@ -401,7 +401,8 @@ pub fn explain_loaded(
 ) -> Result<Explanation, StoreError> {
     let window_counts = WindowCounts::of(trace, &data.counts, scope)?;
     data.counts = window_counts.at_least();
-    let mut e = findings::explain_report(&data);
+    let pinned = crate::scoped::pinned_before(trace, scope.pid, scope.since_ns)?;
+    let mut e = findings::explain_report_pinned(&data, pinned);
     e.notes.extend(window_counts.notes(FINDINGS_COUNT));
     Ok(e)
 }

@@ -9,6 +9,7 @@ mod common;
 
 use common::trace_fixture::{assert_close, rewrite};
 use common::TempDir;
+use sleuth_core::findings::inputs::{FindingInputs, PinnedState, Resolution};
 use sleuth_core::rollup::MAX_RELATIVE_ERROR;
 use sleuth_core::{
     op_by_name, CallEvent, Culprit, ProcessInfo, TraceData, WaitEvent, WaitKind, Waker,
@@ -201,13 +202,16 @@ fn assert_scopes_equal_the_load(path: &Path) -> BTreeSet<&'static str> {
             .unwrap()
             .expect("streamed");
         let mut want = trace.load(f.pid).unwrap();
+        // A window's copies are judged against the host memory pinned
+        // before it too (every pinning call that began before it).
+        let pinned = pinned_before(&want.calls, f.since_ns);
         want.calls.retain(|c| {
             f.op.as_deref().is_none_or(|o| c.op_name() == o)
                 && f.since_ns.is_none_or(|s| c.ts_ns >= s)
                 && f.until_ns.is_none_or(|u| c.ts_ns < u)
         });
         sleuth_store::scoped::keep_counts_of_op(&mut want.counts, f.op.as_deref());
-        let want = sleuth_core::findings::explain_report(&want);
+        let want = sleuth_core::findings::explain_report_pinned(&want, pinned);
         let at = format!("op {:?} window {:?}..{:?}", f.op, f.since_ns, f.until_ns);
         let (mut g, w) = (json(&got), json(&want));
         same_text_within_the_bound(&mut g, &w);
@@ -229,6 +233,21 @@ fn assert_scopes_equal_the_load(path: &Path) -> BTreeSet<&'static str> {
         kinds.extend(want.findings.iter().map(|x| x.kind.as_str()));
     }
     kinds
+}
+
+/// The host ranges pinned when a window starting at `since` began: the
+/// loaded pinning calls that started before it, in end order.
+fn pinned_before(calls: &[CallEvent], since: Option<u64>) -> PinnedState {
+    let mut replay = FindingInputs::new(Resolution::Exact, None);
+    if let Some(since) = since {
+        let mut before: Vec<&CallEvent> = calls.iter().filter(|c| c.ts_ns < since).collect();
+        before.sort_by_key(|c| c.end_ns());
+        for (i, c) in before.into_iter().enumerate() {
+            // Copies before the window are fed too: they change no range.
+            replay.add_in_end_order(i, c);
+        }
+    }
+    replay.pinned_state()
 }
 
 /// Where a sentence of `got` differs from `want`'s only by numbers within
@@ -883,4 +902,83 @@ fn a_window_of_a_trace_without_count_samples_leaves_the_launches_out() {
             r.ops
         );
     }
+}
+
+/// A window's copies from host memory pinned before the window began are
+/// pinned, as the whole trace judges them (they were counted pageable: a
+/// false `pageable_copy` for any program that pins its buffers early),
+/// streamed and through the loaded window alike; copies from pageable
+/// memory stay pageable.
+#[test]
+fn a_window_judges_copies_against_memory_pinned_before_it() {
+    const MS: u64 = 1_000_000;
+    let pinned_at = 0x7f00_0010_0000u64;
+    let mut alloc = call(41, "cudaHostAlloc", MS, 20_000);
+    alloc.stack_id = None;
+    alloc.ptr = Some(pinned_at);
+    alloc.size = Some(1 << 20);
+    let mut calls = vec![alloc];
+    for (tid, host) in [(41, pinned_at + 8), (42, 0x5000_0000)] {
+        for k in 0..30 {
+            let mut c = call(tid, "cudaMemcpy", 20 * MS + k * 11 * MS / 2, 5 * MS);
+            c.stack_id = None;
+            c.size = Some(4096);
+            c.kind = Some(1);
+            c.host_ptr = Some(host);
+            calls.push(c);
+        }
+    }
+    calls.sort_by_key(|c| c.ts_ns);
+    let data = TraceData {
+        calls,
+        processes: vec![train()],
+        has_host_context: true,
+        ..Default::default()
+    };
+    let dir = TempDir::new("scoped-pinned-before");
+    let path = dir.join("t.db");
+    rewrite(&data, &path);
+    let trace = Trace::open(&path).unwrap();
+    let pageable = |e: &sleuth_core::findings::Explanation| -> Vec<(u64, u64, u64)> {
+        e.findings
+            .iter()
+            .filter(|f| f.kind.as_str() == "pageable_copy")
+            .map(|f| {
+                let n = |k: &str| f.evidence[k].as_u64().unwrap();
+                (n("tid"), n("copies"), n("pinned_copies"))
+            })
+            .collect()
+    };
+    let whole = sleuth_store::scoped::explanation(&trace, &CallFilter::default())
+        .unwrap()
+        .expect("streamed");
+    assert_eq!(pageable(&whole), vec![(42, 30, 0)], "the whole trace");
+    let window = CallFilter {
+        since_ns: Some(10 * MS),
+        ..Default::default()
+    };
+    let streamed = sleuth_store::scoped::explanation(&trace, &window)
+        .unwrap()
+        .expect("streamed");
+    assert_eq!(
+        pageable(&streamed),
+        vec![(42, 30, 0)],
+        "the window, streamed"
+    );
+    let loaded = sleuth_store::window::explain_loaded(
+        &trace,
+        trace.load_calls_of(&window).unwrap(),
+        &window,
+    )
+    .unwrap();
+    assert_eq!(pageable(&loaded), vec![(42, 30, 0)], "the window, loaded");
+    // The pinning call itself is not in the window.
+    assert!(
+        !sleuth_store::scoped::pinned_before(&trace, None, Some(10 * MS))
+            .unwrap()
+            .is_empty()
+    );
+    assert!(sleuth_store::scoped::pinned_before(&trace, None, Some(MS))
+        .unwrap()
+        .is_empty());
 }

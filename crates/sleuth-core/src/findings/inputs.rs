@@ -563,7 +563,19 @@ impl FindingInputs {
     /// The in-memory path: every call and wait of `data`, with the per-call
     /// culprits aligned with `data.calls` (may be shorter: none then).
     pub fn of(data: &crate::TraceData, per_call_culprits: &[Vec<Culprit>]) -> FindingInputs {
-        let mut f = FindingInputs::new(Resolution::Exact, crate::threads::tracer_pid(data));
+        Self::of_pinned(data, per_call_culprits, PinnedState::default())
+    }
+
+    /// [`Self::of`] with the host ranges `pinned` live before `data`'s
+    /// calls (a window's: pinned before it began, so a copy from them is
+    /// pinned, as the whole trace judges it).
+    pub fn of_pinned(
+        data: &crate::TraceData,
+        per_call_culprits: &[Vec<Culprit>],
+        pinned: PinnedState,
+    ) -> FindingInputs {
+        let mut f = FindingInputs::new(Resolution::Exact, crate::threads::tracer_pid(data))
+            .with_pinned(pinned);
         let splits = crate::threads::stream_threads(data, |i, c| {
             f.add_call(i, c, crate::decompose::culprits_of(per_call_culprits, i))
         });
