@@ -7,6 +7,7 @@
 //! so their cost grows with the window, not with the trace (issue 16).
 
 use crate::output::fmt_ns;
+use sleuth_core::findings::inputs::PinnedState;
 use sleuth_store::stream::CallQuery;
 use sleuth_store::{CallFilter, Trace};
 use std::path::{Path, PathBuf};
@@ -95,9 +96,12 @@ impl WindowArgs {
     /// errors: `--from`/`--to` on a directory (they count from one file's
     /// start); a `--last` that reaches back before the newest file began,
     /// naming the files it spans (a window is answered from one file).
-    pub fn file_of(&self, db: &Path) -> anyhow::Result<PathBuf> {
+    pub fn file_of(&self, db: &Path) -> anyhow::Result<WindowFile> {
         if !db.is_dir() {
-            return Ok(db.to_path_buf());
+            return Ok(WindowFile {
+                path: db.to_path_buf(),
+                run: None,
+            });
         }
         let Some(last) = self.last else {
             anyhow::bail!(
@@ -105,7 +109,7 @@ impl WindowArgs {
             );
         };
         let files = sleuth_store::run::run_files(db)?;
-        let Some((_, newest)) = files.last() else {
+        let Some((number, newest)) = files.last() else {
             anyhow::bail!(
                 "{}: no part-NNNNNN.db files in this directory (not a run of `trace --rotate`)",
                 db.display()
@@ -121,7 +125,10 @@ impl WindowArgs {
                 db.display(),
                 name_of(newest)
             );
-            return Ok(newest.clone());
+            return Ok(WindowFile {
+                path: newest.clone(),
+                run: Some((db.to_path_buf(), *number)),
+            });
         }
         // The files back to the one that began before the window did.
         let mut spanned = vec![name_of(newest)];
@@ -143,6 +150,28 @@ impl WindowArgs {
             spanned.len(),
             spanned.join(", ")
         )
+    }
+}
+
+/// The trace file a window is read from ([`WindowArgs::file_of`]).
+pub struct WindowFile {
+    pub path: PathBuf,
+    /// For a run's newest file: the run's directory and the file's number.
+    pub run: Option<(PathBuf, u64)>,
+}
+
+impl WindowFile {
+    /// The host memory process `pid` (or each) had pinned when the file
+    /// began: what a run's earlier files left pinned (their pinning calls
+    /// replayed), nothing for a file of its own. A window's copies are
+    /// judged against it.
+    pub fn pinned_earlier(&self, pid: Option<u32>) -> anyhow::Result<PinnedState> {
+        Ok(match &self.run {
+            Some((dir, n)) => {
+                sleuth_store::run::pinned_when_file_began(dir, *n, pid, crate::checks_memo::memo())?
+            }
+            None => PinnedState::default(),
+        })
     }
 }
 

@@ -239,3 +239,54 @@ fn a_run_directory_is_refused_where_a_file_is_expected_and_an_old_run_is_kept() 
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// `--last` of a run reads its newest file, judging that file's copies
+/// against the memory its earlier files left pinned: a buffer pinned at the
+/// program's start, copied from after a rotation, is pinned there (the file
+/// alone knows no pinning: its every copy looks pageable).
+#[test]
+fn last_of_a_run_knows_memory_pinned_in_its_earlier_files() {
+    let Some(sb) = Sandbox::for_ebpf("rotate-pinned") else {
+        return;
+    };
+    // One rotation, during the sleep: the pinning in the first file, the
+    // copies (pinned and pageable in turn) in the second.
+    let script = "host_alloc 65536 buf; sleep 2200; repeat 25 { h2d 4096 4 buf; h2d 4096 4 }";
+    sb.trace(&["--rotate", "2s"], script, 0);
+    let run = sb.db();
+    let files = parts(&run);
+    assert_eq!(files.len(), 2, "{files:?}");
+    let newest = &files[1].1;
+    let db = common::Db::open(newest);
+    assert_eq!(
+        db.int("SELECT count(*) FROM calls WHERE op = 'cudaHostAlloc'"),
+        0
+    );
+    assert_eq!(
+        db.int("SELECT count(*) FROM calls WHERE op = 'cudaMemcpy'"),
+        50
+    );
+    let last = format!(
+        "{}ns",
+        db.int("SELECT end_mono_ns - start_mono_ns FROM session") - 1_000_000
+    );
+    let copies = |target: &Path| -> (u64, u64) {
+        let out = common::run_ok(
+            common::gpusleuth()
+                .args(["explain", "--json", "--last", &last, "--db"])
+                .arg(target),
+        );
+        let e: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        let f = e["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["kind"] == "pageable_copy")
+            .unwrap_or_else(|| panic!("pageable copies found: {e}"))
+            .clone();
+        let n = |k: &str| f["evidence"][k].as_u64().unwrap();
+        (n("copies"), n("pinned_copies"))
+    };
+    assert_eq!(copies(&run), (25, 25), "the run: pinned in its first file");
+    assert_eq!(copies(newest), (50, 0), "the file alone");
+}

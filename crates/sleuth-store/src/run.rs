@@ -13,6 +13,7 @@ use crate::budget::{ReadBudget, DEFAULT_READ_TIMEOUT};
 use crate::checked::CheckMemo;
 use crate::error::StoreError;
 use crate::reader::Trace;
+use sleuth_core::findings::inputs::PinnedState;
 use sleuth_core::rollup::{merge_counters, merge_op_counts, StoredRollups};
 use sleuth_core::stats::StatsReport;
 use sleuth_core::TraceData;
@@ -139,6 +140,28 @@ pub(crate) fn visit_finished(
         incomplete,
         links,
     })
+}
+
+/// The host ranges process `pid` (or each) had pinned when the run's file
+/// number `n` began: every earlier file's pinning calls replayed in end
+/// order, file after file (their rows alone, through the op index). A
+/// window of that file judges its copies against them (a buffer pinned
+/// at the program's start is pinned in a file written hours later).
+pub fn pinned_when_file_began(
+    dir: &Path,
+    n: u64,
+    pid: Option<u32>,
+    memo: &CheckMemo,
+) -> Result<PinnedState, StoreError> {
+    let mut pinned = PinnedState::default();
+    for (k, path) in run_files(dir)? {
+        if k >= n {
+            break;
+        }
+        let trace = Trace::open_remembered(&path, ReadBudget::new(DEFAULT_READ_TIMEOUT), memo)?;
+        pinned = crate::scoped::pinned_before(&trace, pid, None, pinned)?;
+    }
+    Ok(pinned)
 }
 
 /// The merged stats of a run, and the files it could not use.

@@ -58,38 +58,62 @@ pub fn explanation_or_loaded(
     trace: &Trace,
     filter: &CallFilter,
 ) -> Result<Explanation, StoreError> {
-    if let Some(e) = explanation(trace, filter)? {
+    explanation_or_loaded_after(trace, filter, PinnedState::default())
+}
+
+/// [`explanation_or_loaded`] of a file that began with the host ranges
+/// `earlier` pinned (a run's newest file: those its earlier files left
+/// live, `run_pinned::pinned_when_file_began`).
+pub fn explanation_or_loaded_after(
+    trace: &Trace,
+    filter: &CallFilter,
+    earlier: PinnedState,
+) -> Result<Explanation, StoreError> {
+    let pinned = pinned_at_start(trace, filter, earlier)?;
+    if let Some(e) = explanation_seeded(trace, filter, scope_feed::KEPT_MAX, &pinned)? {
         return Ok(e);
     }
     let mut data = trace.load_calls_of(filter)?;
     keep_counts_of_op(&mut data.counts, filter.op.as_deref());
     match filter.since_ns.is_some() || filter.until_ns.is_some() {
-        true => crate::window::explain_loaded(trace, data, filter),
+        true => crate::window::explain_loaded(trace, data, filter, pinned),
         false => Ok(sleuth_core::findings::explain_report(&data)),
     }
 }
 
-/// The host ranges process `pid` (or each) had pinned when a window
-/// starting at `since` began: its pinning calls (host allocations and
-/// registrations, their frees) that started before it, replayed in end
-/// order (their rows alone, through the op index). A window's copies are
-/// judged against them and the window's own pinning calls, so a copy from
-/// memory pinned earlier is pinned, as the whole trace judges it. Empty
-/// without a start.
+/// The host ranges pinned when the scope `filter` begins: `earlier` (pinned
+/// before the file began) and, for a window, the file's pinning calls that
+/// began before it ([`pinned_before`]).
+fn pinned_at_start(
+    trace: &Trace,
+    filter: &CallFilter,
+    earlier: PinnedState,
+) -> Result<PinnedState, StoreError> {
+    match filter.since_ns {
+        Some(since) => pinned_before(trace, filter.pid, Some(since), earlier),
+        None => Ok(earlier),
+    }
+}
+
+/// The host ranges process `pid` (or each) had pinned when the file
+/// reached `until` (its end, without one), starting from `earlier`: its
+/// pinning calls (host allocations and registrations, their frees) that
+/// started before then, replayed in end order (their rows alone, through
+/// the op index). A window's copies are judged against them and the
+/// window's own pinning calls, so a copy from memory pinned earlier is
+/// pinned, as the whole trace judges it.
 pub fn pinned_before(
     trace: &Trace,
     pid: Option<u32>,
-    since: Option<u64>,
+    until: Option<u64>,
+    earlier: PinnedState,
 ) -> Result<PinnedState, StoreError> {
-    let Some(since) = since else {
-        return Ok(PinnedState::default());
-    };
-    let mut replay = FindingInputs::new(Resolution::Bucketed, None);
+    let mut replay = FindingInputs::new(Resolution::Bucketed, None).with_pinned(earlier);
     let q = CallQuery {
         pid,
         ops: Some(crate::finding_rollups::pinned_replay_ops(false)),
         order: StreamOrder::ByReturn,
-        until_ns: Some(since),
+        until_ns: until,
         ..Default::default()
     };
     Rows::open(trace)?.for_each_call::<StoreError>(&q, |s| {
@@ -107,6 +131,18 @@ pub fn explanation_keeping_at_most(
     trace: &Trace,
     filter: &CallFilter,
     kept_max: usize,
+) -> Result<Option<Explanation>, StoreError> {
+    let pinned = pinned_at_start(trace, filter, PinnedState::default())?;
+    explanation_seeded(trace, filter, kept_max, &pinned)
+}
+
+/// [`explanation_keeping_at_most`] with the host ranges `pinned_ranges`
+/// live when the scope begins ([`pinned_at_start`]).
+fn explanation_seeded(
+    trace: &Trace,
+    filter: &CallFilter,
+    kept_max: usize,
+    pinned_ranges: &PinnedState,
 ) -> Result<Option<Explanation>, StoreError> {
     let pid = filter.pid;
     if let Some(pid) = pid {
@@ -220,16 +256,15 @@ pub fn explanation_keeping_at_most(
     };
     // With a window, those calls are kept as the pass reads them.
     let keep: BTreeSet<&'static str> = pinned.union(&memory).copied().collect();
-    // Memory pinned before a window is pinned inside it.
-    let pinned_earlier = pinned_before(trace, pid, filter.since_ns)?;
     let new_feed = || {
         let mut ledger = LedgerBuilder::new(None);
         for oc in &data.counts {
             ledger.track(oc.pid);
         }
         Feed {
+            // Memory pinned before the scope began is pinned inside it.
             inputs: FindingInputs::new(Resolution::Bucketed, tracer)
-                .with_pinned(pinned_earlier.clone()),
+                .with_pinned(pinned_ranges.clone()),
             ledger,
             kept: windowed.then(Vec::new),
             kept_max,

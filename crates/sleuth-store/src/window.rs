@@ -398,10 +398,10 @@ pub fn explain_loaded(
     trace: &Trace,
     mut data: TraceData,
     scope: &CallFilter,
+    pinned: sleuth_core::findings::inputs::PinnedState,
 ) -> Result<Explanation, StoreError> {
     let window_counts = WindowCounts::of(trace, &data.counts, scope)?;
     data.counts = window_counts.at_least();
-    let pinned = crate::scoped::pinned_before(trace, scope.pid, scope.since_ns)?;
     let mut e = findings::explain_report_pinned(&data, pinned);
     e.notes.extend(window_counts.notes(FINDINGS_COUNT));
     Ok(e)

@@ -744,8 +744,12 @@ fn window_explained(trace: &Trace, w: &CallFilter) -> sleuth_core::findings::Exp
     let streamed = sleuth_store::scoped::explanation(trace, w)
         .unwrap()
         .expect("streamed");
+    let pinned =
+        sleuth_store::scoped::pinned_before(trace, w.pid, w.since_ns, PinnedState::default())
+            .unwrap();
     let loaded =
-        sleuth_store::window::explain_loaded(trace, trace.load_calls_of(w).unwrap(), w).unwrap();
+        sleuth_store::window::explain_loaded(trace, trace.load_calls_of(w).unwrap(), w, pinned)
+            .unwrap();
     let (mut g, l) = (json(&streamed), json(&loaded));
     same_text_within_the_bound(&mut g, &l);
     assert_close(&g["findings"], &l["findings"], "window findings");
@@ -965,20 +969,89 @@ fn a_window_judges_copies_against_memory_pinned_before_it() {
         vec![(42, 30, 0)],
         "the window, streamed"
     );
+    // The loaded window, as `scoped::explanation_or_loaded` falls back to it.
+    let pinned =
+        sleuth_store::scoped::pinned_before(&trace, None, Some(10 * MS), PinnedState::default())
+            .unwrap();
     let loaded = sleuth_store::window::explain_loaded(
         &trace,
         trace.load_calls_of(&window).unwrap(),
         &window,
+        pinned,
     )
     .unwrap();
     assert_eq!(pageable(&loaded), vec![(42, 30, 0)], "the window, loaded");
     // The pinning call itself is not in the window.
-    assert!(
-        !sleuth_store::scoped::pinned_before(&trace, None, Some(10 * MS))
-            .unwrap()
-            .is_empty()
+    let before = |t: u64| {
+        sleuth_store::scoped::pinned_before(&trace, None, Some(t), PinnedState::default()).unwrap()
+    };
+    assert!(!before(10 * MS).is_empty());
+    assert!(before(MS).is_empty());
+}
+
+/// A run's newest file: a window of it judges its copies against what the
+/// run's earlier files left pinned (`run::pinned_when_file_began`), so a
+/// buffer pinned when the program started is pinned in a file written
+/// long after; without it, every copy of the file is pageable.
+#[test]
+fn a_runs_newest_file_knows_memory_pinned_in_earlier_files() {
+    const MS: u64 = 1_000_000;
+    let pinned_at = 0x7f00_0010_0000u64;
+    let dir = TempDir::new("scoped-pinned-run");
+    let file = |name: &str, calls: Vec<CallEvent>| {
+        let data = TraceData {
+            calls,
+            processes: vec![train()],
+            has_host_context: true,
+            ..Default::default()
+        };
+        rewrite(&data, &dir.join(name));
+    };
+    let mut alloc = call(41, "cudaHostAlloc", MS, 20_000);
+    alloc.ptr = Some(pinned_at);
+    alloc.size = Some(1 << 20);
+    file("part-000001.db", vec![alloc]);
+    let mut copies = Vec::new();
+    for k in 0..30u64 {
+        for (j, host) in [pinned_at + 8, 0x5000_0000].into_iter().enumerate() {
+            let mut c = call(
+                41,
+                "cudaMemcpy",
+                500 * MS + k * 11 * MS + j as u64 * 11 * MS / 2,
+                5 * MS,
+            );
+            c.size = Some(4096);
+            c.kind = Some(1);
+            c.host_ptr = Some(host);
+            copies.push(c);
+        }
+    }
+    file("part-000002.db", copies);
+    let newest = Trace::open(&dir.join("part-000002.db")).unwrap();
+    let window = CallFilter {
+        since_ns: Some(400 * MS),
+        ..Default::default()
+    };
+    let copies_of = |e: &sleuth_core::findings::Explanation| -> (u64, u64) {
+        let f = e
+            .findings
+            .iter()
+            .find(|f| f.kind.as_str() == "pageable_copy")
+            .expect("pageable copies found");
+        let n = |k: &str| f.evidence[k].as_u64().unwrap();
+        (n("copies"), n("pinned_copies"))
+    };
+    let earlier =
+        sleuth_store::run::pinned_when_file_began(&dir.0, 2, None, &sleuth_store::CheckMemo::new())
+            .unwrap();
+    assert!(!earlier.is_empty(), "the first file pinned a buffer");
+    let carried =
+        sleuth_store::scoped::explanation_or_loaded_after(&newest, &window, earlier).unwrap();
+    assert_eq!(copies_of(&carried), (30, 30), "carried from the first file");
+    let alone = sleuth_store::scoped::explanation_or_loaded(&newest, &window).unwrap();
+    assert_eq!(
+        copies_of(&alone),
+        (60, 0),
+        "the file alone knows no pinning"
     );
-    assert!(sleuth_store::scoped::pinned_before(&trace, None, Some(MS))
-        .unwrap()
-        .is_empty());
 }

@@ -61,10 +61,11 @@ pub struct Args {
 pub fn run(args: Args) -> anyhow::Result<i32> {
     let hint = Some(FORCE_HINT);
     // A window of a run's directory is read from the file that holds it.
-    let db = &match args.window.is_set() {
-        true => args.window.file_of(&args.input.db)?,
-        false => args.input.db.clone(),
+    let file = match args.window.is_set() {
+        true => Some(args.window.file_of(&args.input.db)?),
+        false => None,
     };
+    let db = file.as_ref().map_or(&args.input.db, |f| &f.path);
     // Before the work: a refused output is known at once.
     sleuth_store::outfile::check_output(&args.output, &[db], args.force, hint)?;
     let trace = crate::checks_memo::open(db)?;
@@ -75,9 +76,11 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     // Resolved before the whole trace's reads: a bad window is known at once.
     let window = args.window.resolve(&trace)?;
     let mut inputs = inputs_of(&trace, pid, true)?;
-    if let Some(w) = window {
+    if let (Some(w), Some(file)) = (window, &file) {
         let part = sleuth_store::report_reads::window_calls(&trace, &w.filter(pid), SLOWEST_CALLS)?;
-        let explanation = sleuth_store::scoped::explanation_or_loaded(&trace, &w.filter(pid))?;
+        let earlier = file.pinned_earlier(pid)?;
+        let explanation =
+            sleuth_store::scoped::explanation_or_loaded_after(&trace, &w.filter(pid), earlier)?;
         inputs = inputs.narrowed_to(w, part, explanation);
     }
     // After the reads: what they skipped (none when a large trace was

@@ -36,7 +36,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
 /// (`sleuth_store::window`), without the per-thread splits; a trace that
 /// did not finish has its window's calls loaded with their waits instead.
 fn run_window(args: &Args) -> anyhow::Result<i32> {
-    let db = args.window.file_of(&args.input.db)?;
+    let db = args.window.file_of(&args.input.db)?.path;
     let pid = args.input.pid;
     let trace = crate::checks_memo::open(&db)?;
     if let Some(pid) = pid {

@@ -47,15 +47,17 @@ pub fn print(input: &TraceInput, window: WindowArgs, style: Style) -> anyhow::Re
 /// before the trace is a fact of the whole trace: `explain` without a
 /// window gives it.
 fn window_output(input: &TraceInput, window: WindowArgs, style: Style) -> anyhow::Result<String> {
-    let db = window.file_of(&input.db)?;
-    let trace = crate::checks_memo::open(&db)?;
+    let file = window.file_of(&input.db)?;
+    let trace = crate::checks_memo::open(&file.path)?;
     if let Some(pid) = input.pid {
         trace.require_pid(pid)?;
     }
     let w = window
         .resolve(&trace)?
         .ok_or_else(|| anyhow::anyhow!("--from/--to: no window given"))?;
-    let report = sleuth_store::scoped::explanation_or_loaded(&trace, &w.filter(input.pid))?;
+    let earlier = file.pinned_earlier(input.pid)?;
+    let report =
+        sleuth_store::scoped::explanation_or_loaded_after(&trace, &w.filter(input.pid), earlier)?;
     let problems = warn_input_problems_of_reads(&trace)?;
     let busy =
         sleuth_core::gpu_activity::busy(trace.gpu_samples()?.as_deref(), Some((w.since, w.until)));
