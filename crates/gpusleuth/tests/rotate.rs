@@ -289,4 +289,17 @@ fn last_of_a_run_knows_memory_pinned_in_its_earlier_files() {
     };
     assert_eq!(copies(&run), (25, 25), "the run: pinned in its first file");
     assert_eq!(copies(newest), (50, 0), "the file alone");
+    // The file alone, whole, says what it cannot know; the run does not.
+    let notes = |target: &Path| -> String {
+        let out = common::run_ok(
+            common::gpusleuth()
+                .args(["explain", "--json", "--db"])
+                .arg(target),
+        );
+        let e: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        e["notes"].to_string()
+    };
+    let part = "part 2 of a `trace --rotate` run: host memory pinned in the run's earlier files";
+    assert!(notes(newest).contains(part), "{}", notes(newest));
+    assert!(!notes(&run).contains("of a `trace --rotate` run: host memory"));
 }

@@ -27,13 +27,27 @@ pub struct Lean {
     /// context (`MemoryTrace::stored_sites`) must be given `data` instead
     /// (`site_rollup::memory_by_site`, as the report does).
     pub view: MemoryTrace,
+    /// The file's number in a `trace --rotate` run (None: not one).
+    pub run_file: Option<u64>,
 }
 
 impl Lean {
     /// The explanation, as `sleuth_core::findings::explain_report` gives it
-    /// for the loaded trace.
+    /// for the loaded trace; a later file of a run says what it cannot know.
     pub fn explanation(&self) -> sleuth_core::findings::Explanation {
-        sleuth_core::findings::explain_inputs(&self.data, &self.inputs, &self.ledgers)
+        let mut e = sleuth_core::findings::explain_inputs(&self.data, &self.inputs, &self.ledgers);
+        let pageable = e
+            .findings
+            .iter()
+            .any(|f| f.kind == sleuth_core::findings::Kind::PageableCopy);
+        if let (Some(n), true) = (self.run_file.filter(|&n| n > 1), pageable) {
+            e.notes.push(format!(
+                "This file is part {n} of a `trace --rotate` run: host memory pinned in the run's earlier files is \
+                 not known here, so copies from it count as pageable; `explain --db` on the run's directory (or \
+                 `--last` on it) judges them with it."
+            ));
+        }
+        e
     }
 }
 
@@ -74,10 +88,12 @@ pub fn load(
     // `TraceSpan::of` gives the full load) stands in. Of the explanation's
     // readers only the span reads `end_ns`.
     data.end_ns = Some(view.span.end_ns);
+    let run_file = crate::run_ledger::link(trace)?.map(|l| l.file());
     Ok(Some(Lean {
         data,
         ledgers,
         inputs,
         view,
+        run_file,
     }))
 }

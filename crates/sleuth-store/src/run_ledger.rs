@@ -266,6 +266,13 @@ pub(crate) struct Link {
     from: u64,
 }
 
+impl Link {
+    /// The file's number in its run (1 for the first).
+    pub(crate) fn file(&self) -> u64 {
+        self.file
+    }
+}
+
 /// The link of a finished file; None when it has none (a file of an older
 /// gpusleuth, of a trace without `--rotate`, or a value that is not one a
 /// tracer writes: then readers replay).
