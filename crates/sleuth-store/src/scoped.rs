@@ -63,7 +63,7 @@ pub fn explanation_or_loaded(
 
 /// [`explanation_or_loaded`] of a file that began with the host ranges
 /// `earlier` pinned (a run's newest file: those its earlier files left
-/// live, `run_pinned::pinned_when_file_began`).
+/// live, `run::pinned_when_file_began`).
 pub fn explanation_or_loaded_after(
     trace: &Trace,
     filter: &CallFilter,
