@@ -360,10 +360,26 @@ fn mutated_traces_through_every_command() {
         let intact = sqlite_says_intact(&case.path);
         let db = case.path.display().to_string();
         let before = std::fs::read(&case.path).unwrap_or_default();
-        for (i, args) in commands(&db, &out_dir, &format!("{}-{i}", case.name, i = runs))
-            .iter()
-            .enumerate()
-        {
+        // The file as the newest part of a run (`--last` of the directory
+        // reads it, after the earlier part's pinning calls).
+        let run_dir = dir.join(format!("run-{}", case.name));
+        std::fs::create_dir_all(&run_dir).expect("run dir");
+        std::fs::copy(
+            repo().join("examples/demo-sim.db"),
+            run_dir.join("part-000001.db"),
+        )
+        .expect("first part");
+        let _ = std::fs::copy(&case.path, run_dir.join("part-000002.db"));
+        let run_db = run_dir.display().to_string();
+        let mut all = commands(&db, &out_dir, &format!("{}-{i}", case.name, i = runs));
+        for cmd in ["stats", "explain"] {
+            all.push(
+                [cmd, "--db", &run_db, "--last", "100ms", "--json"]
+                    .map(String::from)
+                    .to_vec(),
+            );
+        }
+        for (i, args) in all.iter().enumerate() {
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
             let r = run(&args);
             runs += 1;
