@@ -238,6 +238,25 @@ fn a_run_directory_is_refused_where_a_file_is_expected_and_an_old_run_is_kept() 
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // A command that reads one file, given a run: one line naming the run's
+    // newest file (the old run above has parts 1 and 7).
+    std::fs::write(old.join("part-000007.db"), b"old").expect("write");
+    for cmd in [vec!["memory"], vec!["query", "SELECT 1"]] {
+        let out = common::gpusleuth()
+            .args(&cmd)
+            .arg("--db")
+            .arg(&old)
+            .output()
+            .expect("run");
+        common::assert_no_panic(&out);
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert!(
+            err.contains("a run of `trace --rotate`") && err.contains("the newest: part-000007.db"),
+            "{cmd:?}: {err}"
+        );
+    }
 }
 
 /// `--last` of a run reads its newest file, judging that file's copies

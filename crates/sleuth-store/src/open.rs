@@ -235,7 +235,23 @@ pub(crate) fn open_untrusted_unchecked(path: &Path) -> Result<Connection, StoreE
         _ => StoreError::io(path, e),
     })?;
     if !meta.is_file() {
-        return Err(StoreError::file(path, "not a regular file"));
+        // A run of `trace --rotate` is a directory: say which commands read
+        // it whole and which file the others take.
+        let newest = meta
+            .is_dir()
+            .then(|| crate::run::run_files(path).ok())
+            .flatten()
+            .and_then(|f| f.last().map(|(n, _)| crate::run::part_name(*n)));
+        return Err(StoreError::file(
+            path,
+            match newest {
+                Some(name) => format!(
+                    "a run of `trace --rotate` (a directory): `stats` and `explain` read it whole, and with \
+                     `export` and `report` its `--last D`; give this command one of its files (the newest: {name})"
+                ),
+                None => "not a regular file".to_string(),
+            },
+        ));
     }
     let flags = OpenFlags::SQLITE_OPEN_READ_ONLY
         | OpenFlags::SQLITE_OPEN_NO_MUTEX
