@@ -108,24 +108,39 @@ pub fn pinned_before(
     until: Option<u64>,
     earlier: PinnedState,
 ) -> Result<PinnedState, StoreError> {
-    let mut replay = FindingInputs::new(Resolution::Bucketed, None).with_pinned(earlier);
     // Every pinning call of the file, found by the op index, the bound
     // applied here: a bound in the query makes SQLite walk the threads'
     // `(tid, ts_ns)` ranges up to it instead (1.1 s on the 10M-call trace,
-    // where the op index finds its few rows at once).
-    let q = CallQuery {
-        pid,
-        ops: Some(crate::finding_rollups::pinned_replay_ops(false)),
-        order: StreamOrder::ByReturn,
-        ..Default::default()
+    // where the op index finds its few rows at once). A few rows are a
+    // bounded read (`reader::KEYED_ROWS`: no check of the whole per-call
+    // table first, which a run's earlier files would each pay); a file with
+    // more is read again, checked.
+    let rows = Rows::open(trace)?;
+    let replay = |limit: Option<usize>| -> Result<(FindingInputs, usize), StoreError> {
+        let mut replay =
+            FindingInputs::new(Resolution::Bucketed, None).with_pinned(earlier.clone());
+        let q = CallQuery {
+            pid,
+            ops: Some(crate::finding_rollups::pinned_replay_ops(false)),
+            order: StreamOrder::ByReturn,
+            limit,
+            ..Default::default()
+        };
+        let mut read = 0usize;
+        rows.for_each_call::<StoreError>(&q, |s| {
+            read += 1;
+            if until.is_none_or(|u| s.call.ts_ns < u) {
+                replay.add_in_end_order(crate::finding_rollups::row_index(s.id), &s.call);
+            }
+            Ok(())
+        })?;
+        Ok((replay, read))
     };
-    Rows::open(trace)?.for_each_call::<StoreError>(&q, |s| {
-        if until.is_none_or(|u| s.call.ts_ns < u) {
-            replay.add_in_end_order(crate::finding_rollups::row_index(s.id), &s.call);
-        }
-        Ok(())
-    })?;
-    Ok(replay.pinned_state())
+    let (mut done, read) = replay(Some(crate::reader::KEYED_ROWS))?;
+    if read >= crate::reader::KEYED_ROWS {
+        done = replay(None)?.0;
+    }
+    Ok(done.pinned_state())
 }
 
 /// [`explanation`] with a window's memory and pinning calls kept by the

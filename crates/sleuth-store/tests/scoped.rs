@@ -1055,3 +1055,57 @@ fn a_runs_newest_file_knows_memory_pinned_in_earlier_files() {
         "the file alone knows no pinning"
     );
 }
+
+/// More pinning calls before a window than a bounded read takes: the
+/// replay reads them all (checked), so the last one's range is known.
+#[test]
+fn pinning_calls_past_the_bounded_read_are_all_replayed() {
+    const MS: u64 = 1_000_000;
+    let mut calls = Vec::new();
+    for k in 0..10_001u64 {
+        let mut a = call(41, "cudaHostAlloc", 1_000 + k * 500, 100);
+        a.stack_id = None;
+        a.ptr = Some(0x7f00_0000_0000 + k * 0x10_0000);
+        a.size = Some(0x1000);
+        calls.push(a);
+    }
+    let last = 0x7f00_0000_0000 + 10_000 * 0x10_0000;
+    for (tid, host) in [(41, last + 8), (42, 0x5000_0000)] {
+        for k in 0..30 {
+            let mut c = call(tid, "cudaMemcpy", 20 * MS + k * 11 * MS / 2, 5 * MS);
+            c.stack_id = None;
+            c.size = Some(4096);
+            c.kind = Some(1);
+            c.host_ptr = Some(host);
+            calls.push(c);
+        }
+    }
+    calls.sort_by_key(|c| c.ts_ns);
+    let data = TraceData {
+        calls,
+        processes: vec![train()],
+        has_host_context: true,
+        ..Default::default()
+    };
+    let dir = TempDir::new("scoped-many-pinning");
+    let path = dir.join("t.db");
+    rewrite(&data, &path);
+    let trace = Trace::open(&path).unwrap();
+    let window = CallFilter {
+        since_ns: Some(10 * MS),
+        ..Default::default()
+    };
+    let e = sleuth_store::scoped::explanation(&trace, &window)
+        .unwrap()
+        .expect("streamed");
+    let pageable: Vec<(u64, u64, u64)> = e
+        .findings
+        .iter()
+        .filter(|f| f.kind.as_str() == "pageable_copy")
+        .map(|f| {
+            let n = |k: &str| f.evidence[k].as_u64().unwrap();
+            (n("tid"), n("copies"), n("pinned_copies"))
+        })
+        .collect();
+    assert_eq!(pageable, vec![(42, 30, 0)]);
+}
