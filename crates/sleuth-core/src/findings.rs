@@ -252,12 +252,17 @@ pub fn explain_report(data: &TraceData) -> Explanation {
     )
 }
 
-/// [`explain_report`] of a window's calls, with the host ranges `pinned`
-/// live when it began (a copy from memory pinned before the window is
-/// pinned, not pageable).
-pub fn explain_report_pinned(data: &TraceData, pinned: inputs::PinnedState) -> Explanation {
+/// [`explain_report`] of a scope's calls (a window, an op), with the host
+/// ranges `pinned` live when it began and the pinning calls of other ops
+/// in it, `pinning` (`FindingInputs::of_pinned`): a copy from memory
+/// pinned before the window, or by another op, is pinned, not pageable.
+pub fn explain_report_pinned(
+    data: &TraceData,
+    pinned: inputs::PinnedState,
+    pinning: &[crate::CallEvent],
+) -> Explanation {
     let culprits = crate::culprits::call_culprits(&data.calls, &data.waits);
-    let inputs = inputs::FindingInputs::of_pinned(data, &culprits, pinned);
+    let inputs = inputs::FindingInputs::of_pinned(data, &culprits, pinned, pinning);
     explain_inputs(data, &inputs, &crate::ledger::ledger(data, None))
 }
 

@@ -12,7 +12,8 @@
 //! (`ThreadPass::with_op_splits`), and its launch and host-gap histograms
 //! and pageable copies of that op alone (`FindingInputs::add_thread_call`;
 //! copies judged with no pinned memory, as a scope without the pinning ops
-//! judges them). Without those rows the op's calls span the trace, and
+//! judges them: the reader judges them again against the file's pinning
+//! calls where it has any, `scoped::rejudge_copies`). Without those rows the op's calls span the trace, and
 //! every wait of each thread was read for them: 4.6–4.9 s for
 //! `findings {op: cudaMemcpy}` on a 10M-call trace.
 //!

@@ -77,8 +77,37 @@ pub fn explanation_or_loaded_after(
     keep_counts_of_op(&mut data.counts, filter.op.as_deref());
     match filter.since_ns.is_some() || filter.until_ns.is_some() {
         true => crate::window::explain_loaded(trace, data, filter, pinned),
-        false => Ok(sleuth_core::findings::explain_report(&data)),
+        false => {
+            let pinning = pinning_outside(trace, filter)?;
+            Ok(sleuth_core::findings::explain_report_pinned(
+                &data, pinned, &pinning,
+            ))
+        }
     }
+}
+
+/// For a loaded scope of one copy op: the pinning calls of its time (its
+/// process's, other ops'), which the loaded explanation replays with its
+/// copies (`FindingInputs::of_pinned`); none for any other scope.
+pub(crate) fn pinning_outside(
+    trace: &Trace,
+    scope: &CallFilter,
+) -> Result<Vec<CallEvent>, StoreError> {
+    let mut pinning = Vec::new();
+    if copy_op(scope.op.as_deref()).is_some() {
+        let q = CallQuery {
+            pid: scope.pid,
+            ops: Some(crate::finding_rollups::pinned_replay_ops(false)),
+            since_ns: scope.since_ns,
+            until_ns: scope.until_ns,
+            ..Default::default()
+        };
+        Rows::open(trace)?.for_each_call::<StoreError>(&q, |s| {
+            pinning.push(s.call);
+            Ok(())
+        })?;
+    }
+    Ok(pinning)
 }
 
 /// The host ranges pinned when the scope `filter` begins: `earlier` (pinned
@@ -174,7 +203,7 @@ fn explanation_seeded(
     }
     let windowed = filter.since_ns.is_some() || filter.until_ns.is_some();
     if let (Some(op), false) = (filter.op.as_deref(), windowed) {
-        if let Some(e) = from_op_rollups(trace, op, pid, nccl.clone())? {
+        if let Some(e) = from_op_rollups(trace, op, pid, nccl.clone(), pinned_ranges)? {
             return Ok(Some(e));
         }
     }
@@ -361,6 +390,7 @@ fn explanation_seeded(
             kept,
             since_ns: filter.since_ns,
             until_ns: filter.until_ns,
+            copies_of: copy_op(op).map(|o| (o, pinned_ranges.clone())),
         },
     )?;
     Ok(explained.map(|mut e| {
@@ -380,6 +410,7 @@ fn from_op_rollups(
     op: &str,
     pid: Option<u32>,
     nccl: Vec<sleuth_core::nccl::NcclEvent>,
+    pinned_ranges: &PinnedState,
 ) -> Result<Option<Explanation>, StoreError> {
     // Aggregate tables and a few example rows by id: no check of the whole
     // per-call table (`Trace::keyed`), as the lean whole-trace answer.
@@ -434,8 +465,65 @@ fn from_op_rollups(
             kept: None,
             since_ns: None,
             until_ns: None,
+            copies_of: copy_op(Some(op)).map(|o| (o, pinned_ranges.clone())),
         },
     )
+}
+
+/// The scope's op when it copies (its copies are judged against pinning
+/// calls the scope does not hold).
+pub(crate) fn copy_op(op: Option<&str>) -> Option<&'static str> {
+    let info = sleuth_core::op_by_name(op?)?;
+    (info.class == sleuth_core::ops::OpClass::Copy).then_some(info.name)
+}
+
+/// A scope of one copy op holds no pinning call, so its copies were judged
+/// with no pinned memory (the writer's op-scope rollups, the pass): judged
+/// again here against every pinning call of the scope's time, from
+/// `earlier` (pinned before it began), replayed with the copies in end
+/// order, as the whole trace judges them. Nothing pinned at all (the usual
+/// program without pinned buffers): nothing read but one bounded look for a
+/// pinning call.
+fn rejudge_copies(
+    trace: &Trace,
+    pid: Option<u32>,
+    op: &'static str,
+    (since_ns, until_ns): (Option<u64>, Option<u64>),
+    earlier: PinnedState,
+    inputs: &mut FindingInputs,
+) -> Result<(), StoreError> {
+    let pinning = crate::finding_rollups::pinned_replay_ops(false);
+    let rows = Rows::open(trace)?;
+    let some_pinning = |limit| CallQuery {
+        pid,
+        ops: Some(pinning.clone()),
+        since_ns,
+        until_ns,
+        limit,
+        ..Default::default()
+    };
+    let mut found = false;
+    rows.for_each_call::<StoreError>(&some_pinning(Some(1)), |_| {
+        found = true;
+        Ok(())
+    })?;
+    if !found && earlier.is_empty() {
+        return Ok(());
+    }
+    let mut replay = FindingInputs::new(Resolution::Bucketed, None).with_pinned(earlier);
+    let mut ops = pinning.clone();
+    ops.push(op);
+    let q = CallQuery {
+        ops: Some(ops),
+        order: StreamOrder::ByReturn,
+        ..some_pinning(None)
+    };
+    rows.for_each_call::<StoreError>(&q, |s| {
+        replay.add_in_end_order(crate::finding_rollups::row_index(s.id), &s.call);
+        Ok(())
+    })?;
+    inputs.replace_pageable(replay);
+    Ok(())
 }
 
 /// What the replay in return order completes (`replay_and_explain`).
@@ -451,6 +539,10 @@ struct Replay {
     /// The window's bounds (of the read when nothing was kept).
     since_ns: Option<u64>,
     until_ns: Option<u64>,
+    /// A scope of one copy op: its copies judged again against every
+    /// pinning call ([`rejudge_copies`]), from these ranges (pinned before
+    /// the scope began).
+    copies_of: Option<(&'static str, PinnedState)>,
 }
 
 /// The pinned-memory replay and the ledger in return order, from the
@@ -473,7 +565,11 @@ fn replay_and_explain(
         kept,
         since_ns,
         until_ns,
+        copies_of,
     } = r;
+    if let Some((op, earlier)) = copies_of {
+        rejudge_copies(trace, pid, op, (since_ns, until_ns), earlier, &mut inputs)?;
+    }
     let with_blocks: BTreeSet<u32> = data.blocks.iter().map(|b| b.pid).collect();
     let mut allocator_calls: Vec<(u64, i64, CallEvent)> = Vec::new();
     let mut by_return = |id: i64, c: &CallEvent| {

@@ -402,7 +402,8 @@ pub fn explain_loaded(
 ) -> Result<Explanation, StoreError> {
     let window_counts = WindowCounts::of(trace, &data.counts, scope)?;
     data.counts = window_counts.at_least();
-    let mut e = findings::explain_report_pinned(&data, pinned);
+    let pinning = crate::scoped::pinning_outside(trace, scope)?;
+    let mut e = findings::explain_report_pinned(&data, pinned, &pinning);
     e.notes.extend(window_counts.notes(FINDINGS_COUNT));
     Ok(e)
 }

@@ -203,15 +203,31 @@ fn assert_scopes_equal_the_load(path: &Path) -> BTreeSet<&'static str> {
             .expect("streamed");
         let mut want = trace.load(f.pid).unwrap();
         // A window's copies are judged against the host memory pinned
-        // before it too (every pinning call that began before it).
+        // before it too (every pinning call that began before it), and a
+        // copy op's against the pinning calls of its time.
         let pinned = pinned_before(&want.calls, f.since_ns);
+        let copy_scope =
+            f.op.as_deref()
+                .and_then(op_by_name)
+                .is_some_and(|o| o.class == sleuth_core::ops::OpClass::Copy);
+        let pinning: Vec<CallEvent> = want
+            .calls
+            .iter()
+            .filter(|c| {
+                copy_scope
+                    && is_pinning(c)
+                    && f.since_ns.is_none_or(|s| c.ts_ns >= s)
+                    && f.until_ns.is_none_or(|u| c.ts_ns < u)
+            })
+            .cloned()
+            .collect();
         want.calls.retain(|c| {
             f.op.as_deref().is_none_or(|o| c.op_name() == o)
                 && f.since_ns.is_none_or(|s| c.ts_ns >= s)
                 && f.until_ns.is_none_or(|u| c.ts_ns < u)
         });
         sleuth_store::scoped::keep_counts_of_op(&mut want.counts, f.op.as_deref());
-        let want = sleuth_core::findings::explain_report_pinned(&want, pinned);
+        let want = sleuth_core::findings::explain_report_pinned(&want, pinned, &pinning);
         let at = format!("op {:?} window {:?}..{:?}", f.op, f.since_ns, f.until_ns);
         let (mut g, w) = (json(&got), json(&want));
         same_text_within_the_bound(&mut g, &w);
@@ -233,6 +249,20 @@ fn assert_scopes_equal_the_load(path: &Path) -> BTreeSet<&'static str> {
         kinds.extend(want.findings.iter().map(|x| x.kind.as_str()));
     }
     kinds
+}
+
+/// Whether a call pins or unpins host memory.
+fn is_pinning(c: &CallEvent) -> bool {
+    use sleuth_core::ops::OpClass;
+    c.info().is_some_and(|i| {
+        matches!(
+            i.class,
+            OpClass::HostAlloc
+                | OpClass::HostRegister
+                | OpClass::HostFree
+                | OpClass::HostUnregister
+        )
+    })
 }
 
 /// The host ranges pinned when a window starting at `since` began: the
@@ -981,6 +1011,46 @@ fn a_window_judges_copies_against_memory_pinned_before_it() {
     )
     .unwrap();
     assert_eq!(pageable(&loaded), vec![(42, 30, 0)], "the window, loaded");
+    // A scope of the copy op alone (MCP `findings {op}`), with and without
+    // the window, from the writer's op rollups or streamed: the copies are
+    // judged against the pinning calls it does not hold.
+    let streamed_copy = dir.join("streamed.db");
+    std::fs::copy(&path, &streamed_copy).unwrap();
+    without_op_rollups(&streamed_copy);
+    let streamed_copy = Trace::open(&streamed_copy).unwrap();
+    // From before the pinning call (inside the scope's time, another op's)
+    // and from after it (pinned before the window).
+    for since_ns in [None, Some(MS / 2), Some(10 * MS)] {
+        let f = CallFilter {
+            op: Some("cudaMemcpy".into()),
+            since_ns,
+            ..Default::default()
+        };
+        for (t, how) in [(&trace, "rollups"), (&streamed_copy, "streamed")] {
+            let e = sleuth_store::scoped::explanation(t, &f)
+                .unwrap()
+                .expect("explained");
+            assert_eq!(
+                pageable(&e),
+                vec![(42, 30, 0)],
+                "copies alone, {how}, since {since_ns:?}"
+            );
+        }
+        // A window of the copies loaded (a file without stored call groups).
+        if since_ns.is_some() {
+            let mut data = trace.load_calls_of(&f).unwrap();
+            sleuth_store::scoped::keep_counts_of_op(&mut data.counts, f.op.as_deref());
+            let seed =
+                sleuth_store::scoped::pinned_before(&trace, None, since_ns, PinnedState::default())
+                    .unwrap();
+            let loaded = sleuth_store::window::explain_loaded(&trace, data, &f, seed).unwrap();
+            assert_eq!(
+                pageable(&loaded),
+                vec![(42, 30, 0)],
+                "copies alone, loaded window"
+            );
+        }
+    }
     // The pinning call itself is not in the window.
     let before = |t: u64| {
         sleuth_store::scoped::pinned_before(&trace, None, Some(t), PinnedState::default()).unwrap()

@@ -563,16 +563,19 @@ impl FindingInputs {
     /// The in-memory path: every call and wait of `data`, with the per-call
     /// culprits aligned with `data.calls` (may be shorter: none then).
     pub fn of(data: &crate::TraceData, per_call_culprits: &[Vec<Culprit>]) -> FindingInputs {
-        Self::of_pinned(data, per_call_culprits, PinnedState::default())
+        Self::of_pinned(data, per_call_culprits, PinnedState::default(), &[])
     }
 
-    /// [`Self::of`] with the host ranges `pinned` live before `data`'s
-    /// calls (a window's: pinned before it began, so a copy from them is
-    /// pinned, as the whole trace judges it).
+    /// [`Self::of`] of a scope (a window, an op) with the host ranges
+    /// `pinned` live before `data`'s calls, and `pinning`: pinning calls
+    /// outside the scope (other ops') replayed in end order with its calls,
+    /// for the pinned ranges alone. A copy in the scope is then judged
+    /// pinned where the whole trace judges it so.
     pub fn of_pinned(
         data: &crate::TraceData,
         per_call_culprits: &[Vec<Culprit>],
         pinned: PinnedState,
+        pinning: &[CallEvent],
     ) -> FindingInputs {
         let mut f = FindingInputs::new(Resolution::Exact, crate::threads::tracer_pid(data))
             .with_pinned(pinned);
@@ -580,10 +583,23 @@ impl FindingInputs {
             f.add_call(i, c, crate::decompose::culprits_of(per_call_culprits, i))
         });
         f.splits = splits;
-        let mut order: Vec<usize> = (0..data.calls.len()).collect();
-        order.sort_by_key(|&i| data.calls[i].end_ns());
-        for i in order {
-            f.add_in_end_order(i, &data.calls[i]);
+        // The scope's calls and the outside pinning calls by end, start
+        // (the scope's first on a tie); an outside call makes no example.
+        let mut order: Vec<(u64, u64, bool, usize)> = (0..data.calls.len())
+            .map(|i| (data.calls[i].end_ns(), data.calls[i].ts_ns, false, i))
+            .chain(
+                pinning
+                    .iter()
+                    .enumerate()
+                    .map(|(i, c)| (c.end_ns(), c.ts_ns, true, i)),
+            )
+            .collect();
+        order.sort_by_key(|&(end, ts, outside, i)| (end, ts, outside, i));
+        for (_, _, outside, i) in order {
+            match outside {
+                false => f.add_in_end_order(i, &data.calls[i]),
+                true => f.add_in_end_order(usize::MAX, &pinning[i]),
+            }
         }
         f
     }
