@@ -583,19 +583,20 @@ impl FindingInputs {
             f.add_call(i, c, crate::decompose::culprits_of(per_call_culprits, i))
         });
         f.splits = splits;
-        // The scope's calls and the outside pinning calls by end, start
-        // (the scope's first on a tie); an outside call makes no example.
-        let mut order: Vec<(u64, u64, bool, usize)> = (0..data.calls.len())
-            .map(|i| (data.calls[i].end_ns(), data.calls[i].ts_ns, false, i))
+        // The scope's calls by end (ties in their order, as ever) and the
+        // outside pinning calls before those ending with them; an outside
+        // call makes no example.
+        let mut order: Vec<(u64, bool, usize)> = (0..data.calls.len())
+            .map(|i| (data.calls[i].end_ns(), false, i))
             .chain(
                 pinning
                     .iter()
                     .enumerate()
-                    .map(|(i, c)| (c.end_ns(), c.ts_ns, true, i)),
+                    .map(|(i, c)| (c.end_ns(), true, i)),
             )
             .collect();
-        order.sort_by_key(|&(end, ts, outside, i)| (end, ts, outside, i));
-        for (_, _, outside, i) in order {
+        order.sort_by_key(|&(end, outside, i)| (end, !outside, i));
+        for (_, outside, i) in order {
             match outside {
                 false => f.add_in_end_order(i, &data.calls[i]),
                 true => f.add_in_end_order(usize::MAX, &pinning[i]),
