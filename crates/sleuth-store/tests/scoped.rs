@@ -938,21 +938,20 @@ fn a_window_of_a_trace_without_count_samples_leaves_the_launches_out() {
     }
 }
 
-/// A window's copies from host memory pinned before the window began are
-/// pinned, as the whole trace judges them (they were counted pageable: a
-/// false `pageable_copy` for any program that pins its buffers early),
-/// streamed and through the loaded window alike; copies from pageable
-/// memory stay pageable.
-#[test]
-fn a_window_judges_copies_against_memory_pinned_before_it() {
-    const MS: u64 = 1_000_000;
-    let pinned_at = 0x7f00_0010_0000u64;
-    let mut alloc = call(41, "cudaHostAlloc", MS, 20_000);
-    alloc.stack_id = None;
-    alloc.ptr = Some(pinned_at);
-    alloc.size = Some(1 << 20);
-    let mut calls = vec![alloc];
-    for (tid, host) in [(41, pinned_at + 8), (42, 0x5000_0000)] {
+/// A host allocation of thread 41 pinning `size` bytes at `ptr`.
+fn host_alloc(ts: u64, ptr: u64, size: u64) -> CallEvent {
+    let mut a = call(41, "cudaHostAlloc", ts, 100);
+    a.stack_id = None;
+    a.ptr = Some(ptr);
+    a.size = Some(size);
+    a
+}
+
+/// 30 copies of 5 ms on the CPU from 20 ms on, by thread 41 from `pinned`
+/// and thread 42 from pageable memory: enough staging for pageable_copy.
+fn copies_from(pinned: u64) -> Vec<CallEvent> {
+    let mut calls = Vec::new();
+    for (tid, host) in [(41, pinned), (42, 0x5000_0000)] {
         for k in 0..30 {
             let mut c = call(tid, "cudaMemcpy", 20 * MS + k * 11 * MS / 2, 5 * MS);
             c.stack_id = None;
@@ -962,6 +961,11 @@ fn a_window_judges_copies_against_memory_pinned_before_it() {
             calls.push(c);
         }
     }
+    calls
+}
+
+/// `calls` as a trace of the one process, written to `path`.
+fn written(mut calls: Vec<CallEvent>, path: &Path) {
     calls.sort_by_key(|c| c.ts_ns);
     let data = TraceData {
         calls,
@@ -969,20 +973,35 @@ fn a_window_judges_copies_against_memory_pinned_before_it() {
         has_host_context: true,
         ..Default::default()
     };
+    rewrite(&data, path);
+}
+
+/// Each pageable_copy finding's (tid, copies, pinned_copies).
+fn pageable(e: &sleuth_core::findings::Explanation) -> Vec<(u64, u64, u64)> {
+    e.findings
+        .iter()
+        .filter(|f| f.kind.as_str() == "pageable_copy")
+        .map(|f| {
+            let n = |k: &str| f.evidence[k].as_u64().unwrap();
+            (n("tid"), n("copies"), n("pinned_copies"))
+        })
+        .collect()
+}
+
+/// A window's copies from host memory pinned before the window began are
+/// pinned, as the whole trace judges them (they were counted pageable: a
+/// false `pageable_copy` for any program that pins its buffers early),
+/// streamed and through the loaded window alike; copies from pageable
+/// memory stay pageable.
+#[test]
+fn a_window_judges_copies_against_memory_pinned_before_it() {
+    let pinned_at = 0x7f00_0010_0000u64;
+    let mut calls = vec![host_alloc(MS, pinned_at, 1 << 20)];
+    calls.extend(copies_from(pinned_at + 8));
     let dir = TempDir::new("scoped-pinned-before");
     let path = dir.join("t.db");
-    rewrite(&data, &path);
+    written(calls, &path);
     let trace = Trace::open(&path).unwrap();
-    let pageable = |e: &sleuth_core::findings::Explanation| -> Vec<(u64, u64, u64)> {
-        e.findings
-            .iter()
-            .filter(|f| f.kind.as_str() == "pageable_copy")
-            .map(|f| {
-                let n = |k: &str| f.evidence[k].as_u64().unwrap();
-                (n("tid"), n("copies"), n("pinned_copies"))
-            })
-            .collect()
-    };
     let whole = sleuth_store::scoped::explanation(&trace, &CallFilter::default())
         .unwrap()
         .expect("streamed");
@@ -1065,51 +1084,17 @@ fn a_window_judges_copies_against_memory_pinned_before_it() {
 /// long after; without it, every copy of the file is pageable.
 #[test]
 fn a_runs_newest_file_knows_memory_pinned_in_earlier_files() {
-    const MS: u64 = 1_000_000;
     let pinned_at = 0x7f00_0010_0000u64;
     let dir = TempDir::new("scoped-pinned-run");
-    let file = |name: &str, calls: Vec<CallEvent>| {
-        let data = TraceData {
-            calls,
-            processes: vec![train()],
-            has_host_context: true,
-            ..Default::default()
-        };
-        rewrite(&data, &dir.join(name));
-    };
-    let mut alloc = call(41, "cudaHostAlloc", MS, 20_000);
-    alloc.ptr = Some(pinned_at);
-    alloc.size = Some(1 << 20);
-    file("part-000001.db", vec![alloc]);
-    let mut copies = Vec::new();
-    for k in 0..30u64 {
-        for (j, host) in [pinned_at + 8, 0x5000_0000].into_iter().enumerate() {
-            let mut c = call(
-                41,
-                "cudaMemcpy",
-                500 * MS + k * 11 * MS + j as u64 * 11 * MS / 2,
-                5 * MS,
-            );
-            c.size = Some(4096);
-            c.kind = Some(1);
-            c.host_ptr = Some(host);
-            copies.push(c);
-        }
-    }
-    file("part-000002.db", copies);
+    written(
+        vec![host_alloc(MS, pinned_at, 1 << 20)],
+        &dir.join("part-000001.db"),
+    );
+    written(copies_from(pinned_at + 8), &dir.join("part-000002.db"));
     let newest = Trace::open(&dir.join("part-000002.db")).unwrap();
     let window = CallFilter {
-        since_ns: Some(400 * MS),
+        since_ns: Some(10 * MS),
         ..Default::default()
-    };
-    let copies_of = |e: &sleuth_core::findings::Explanation| -> (u64, u64) {
-        let f = e
-            .findings
-            .iter()
-            .find(|f| f.kind.as_str() == "pageable_copy")
-            .expect("pageable copies found");
-        let n = |k: &str| f.evidence[k].as_u64().unwrap();
-        (n("copies"), n("pinned_copies"))
     };
     let earlier =
         sleuth_store::run::pinned_when_file_began(&dir.0, 2, None, &sleuth_store::CheckMemo::new())
@@ -1117,11 +1102,15 @@ fn a_runs_newest_file_knows_memory_pinned_in_earlier_files() {
     assert!(!earlier.is_empty(), "the first file pinned a buffer");
     let carried =
         sleuth_store::scoped::explanation_or_loaded_after(&newest, &window, earlier).unwrap();
-    assert_eq!(copies_of(&carried), (30, 30), "carried from the first file");
+    assert_eq!(
+        pageable(&carried),
+        vec![(42, 30, 0)],
+        "carried from the first file"
+    );
     let alone = sleuth_store::scoped::explanation_or_loaded(&newest, &window).unwrap();
     assert_eq!(
-        copies_of(&alone),
-        (60, 0),
+        pageable(&alone),
+        vec![(41, 30, 0), (42, 30, 0)],
         "the file alone knows no pinning"
     );
 }
@@ -1130,36 +1119,14 @@ fn a_runs_newest_file_knows_memory_pinned_in_earlier_files() {
 /// replay reads them all (checked), so the last one's range is known.
 #[test]
 fn pinning_calls_past_the_bounded_read_are_all_replayed() {
-    const MS: u64 = 1_000_000;
-    let mut calls = Vec::new();
-    for k in 0..10_001u64 {
-        let mut a = call(41, "cudaHostAlloc", 1_000 + k * 500, 100);
-        a.stack_id = None;
-        a.ptr = Some(0x7f00_0000_0000 + k * 0x10_0000);
-        a.size = Some(0x1000);
-        calls.push(a);
-    }
-    let last = 0x7f00_0000_0000 + 10_000 * 0x10_0000;
-    for (tid, host) in [(41, last + 8), (42, 0x5000_0000)] {
-        for k in 0..30 {
-            let mut c = call(tid, "cudaMemcpy", 20 * MS + k * 11 * MS / 2, 5 * MS);
-            c.stack_id = None;
-            c.size = Some(4096);
-            c.kind = Some(1);
-            c.host_ptr = Some(host);
-            calls.push(c);
-        }
-    }
-    calls.sort_by_key(|c| c.ts_ns);
-    let data = TraceData {
-        calls,
-        processes: vec![train()],
-        has_host_context: true,
-        ..Default::default()
-    };
+    let base = 0x7f00_0000_0000u64;
+    let mut calls: Vec<CallEvent> = (0..10_001u64)
+        .map(|k| host_alloc(1_000 + k * 500, base + k * 0x10_0000, 0x1000))
+        .collect();
+    calls.extend(copies_from(base + 10_000 * 0x10_0000 + 8));
     let dir = TempDir::new("scoped-many-pinning");
     let path = dir.join("t.db");
-    rewrite(&data, &path);
+    written(calls, &path);
     let trace = Trace::open(&path).unwrap();
     let window = CallFilter {
         since_ns: Some(10 * MS),
@@ -1168,14 +1135,5 @@ fn pinning_calls_past_the_bounded_read_are_all_replayed() {
     let e = sleuth_store::scoped::explanation(&trace, &window)
         .unwrap()
         .expect("streamed");
-    let pageable: Vec<(u64, u64, u64)> = e
-        .findings
-        .iter()
-        .filter(|f| f.kind.as_str() == "pageable_copy")
-        .map(|f| {
-            let n = |k: &str| f.evidence[k].as_u64().unwrap();
-            (n("tid"), n("copies"), n("pinned_copies"))
-        })
-        .collect();
-    assert_eq!(pageable, vec![(42, 30, 0)]);
+    assert_eq!(pageable(&e), vec![(42, 30, 0)]);
 }
