@@ -188,8 +188,7 @@ fn last_part(trace: &Trace, last: u64) -> anyhow::Result<Window> {
     if last == 0 {
         anyhow::bail!("--last 0: the window would be empty (give a duration such as 5m)");
     }
-    let (start, end) = trace.start_and_end()?;
-    let since = end.saturating_sub(last).max(start);
+    let (start, since) = trace.start_and_since_last(last)?;
     Ok(Window {
         since,
         until: u64::MAX,

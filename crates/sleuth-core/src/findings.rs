@@ -246,10 +246,7 @@ pub fn top_findings(data: &TraceData, n: usize) -> Vec<Finding> {
 
 /// Ranked findings and notes, culprits joined from the trace's waits.
 pub fn explain_report(data: &TraceData) -> Explanation {
-    explain_with(
-        data,
-        &crate::culprits::call_culprits(&data.calls, &data.waits),
-    )
+    explain_report_pinned(data, inputs::PinnedState::default(), &[])
 }
 
 /// [`explain_report`] of a scope's calls (a window, an op), with the host

@@ -47,9 +47,9 @@ impl CallScope {
         if last == 0 {
             anyhow::bail!("empty time window: last_ns must be above 0");
         }
-        let (start, end) = trace.start_and_end()?;
+        let (_, since) = trace.start_and_since_last(last)?;
         Ok(CallScope {
-            since_ns: Some(end.saturating_sub(last).max(start)),
+            since_ns: Some(since),
             ..self.clone()
         })
     }

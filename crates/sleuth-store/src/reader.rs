@@ -509,6 +509,13 @@ impl Trace {
         Ok((start, end.max(start)))
     }
 
+    /// Where "the last `last` ns of the trace" begins, never before its
+    /// start ([`Self::start_and_end`]); with the start.
+    pub fn start_and_since_last(&self, last: u64) -> Result<(u64, u64), StoreError> {
+        let (start, end) = self.start_and_end()?;
+        Ok((start, end.saturating_sub(last).max(start)))
+    }
+
     /// The running counts of the kernel-counted ops that `trace` sampled
     /// (calls since the file began; `sleuth_core::counted`), of process
     /// `pid` (or all), by time; None for a trace written before they were

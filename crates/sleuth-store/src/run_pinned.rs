@@ -7,9 +7,9 @@
 //! judged again, streamed in end order as the writer fed them (memory: the
 //! live ranges and a few examples).
 
-use crate::stream::{CallQuery, Rows, StreamOrder};
+use crate::stream::{CallQuery, Rows};
 use crate::StoreError;
-use sleuth_core::findings::inputs::{FindingInputs, PinnedState, Resolution};
+use sleuth_core::findings::inputs::{FindingInputs, PinnedState};
 
 /// The pinned ranges the files read so far left live.
 #[derive(Default)]
@@ -28,20 +28,13 @@ impl PinnedCarry {
         inputs: &mut FindingInputs,
     ) -> Result<(), StoreError> {
         let rejudge = !self.state.is_empty() && inputs.pageable_copies() > 0;
-        let ops = crate::finding_rollups::pinned_replay_ops(rejudge);
-        let mut replay = FindingInputs::new(Resolution::Bucketed, None)
-            .with_pinned(std::mem::take(&mut self.state));
         let q = CallQuery {
             pid,
-            ops: Some(ops),
-            order: StreamOrder::ByReturn,
+            ops: Some(crate::finding_rollups::pinned_replay_ops(rejudge)),
             ..Default::default()
         };
-        rows.for_each_call::<StoreError>(&q, |s| {
-            // The row id is the index the stored aggregates keep (their examples' tie-break).
-            replay.add_in_end_order(usize::try_from(s.id).unwrap_or(0), &s.call);
-            Ok(())
-        })?;
+        let earlier = std::mem::take(&mut self.state);
+        let (replay, _) = crate::scoped::replay_pinning(rows, q, earlier, |_| true)?;
         self.state = replay.pinned_state();
         if rejudge {
             inputs.replace_pageable(replay);

@@ -145,31 +145,47 @@ pub fn pinned_before(
     // table first, which a run's earlier files would each pay); a file with
     // more is read again, checked.
     let rows = Rows::open(trace)?;
-    let replay = |limit: Option<usize>| -> Result<(FindingInputs, usize), StoreError> {
-        let mut replay =
-            FindingInputs::new(Resolution::Bucketed, None).with_pinned(earlier.clone());
-        let q = CallQuery {
-            pid,
-            ops: Some(crate::finding_rollups::pinned_replay_ops(false)),
-            order: StreamOrder::ByReturn,
-            limit,
-            ..Default::default()
-        };
-        let mut read = 0usize;
-        rows.for_each_call::<StoreError>(&q, |s| {
-            read += 1;
-            if until.is_none_or(|u| s.call.ts_ns < u) {
-                replay.add_in_end_order(crate::finding_rollups::row_index(s.id), &s.call);
-            }
-            Ok(())
-        })?;
-        Ok((replay, read))
+    let q = |limit| CallQuery {
+        pid,
+        ops: Some(crate::finding_rollups::pinned_replay_ops(false)),
+        limit,
+        ..Default::default()
     };
-    let (mut done, read) = replay(Some(crate::reader::KEYED_ROWS))?;
+    let before = |c: &CallEvent| until.is_none_or(|u| c.ts_ns < u);
+    let bounded = Some(crate::reader::KEYED_ROWS);
+    let (mut done, read) = replay_pinning(&rows, q(bounded), earlier.clone(), before)?;
     if read >= crate::reader::KEYED_ROWS {
-        done = replay(None)?.0;
+        done = replay_pinning(&rows, q(None), earlier, before)?.0;
     }
     Ok(done.pinned_state())
+}
+
+/// The pinned-range replay (`FindingInputs::add_in_end_order`) of the
+/// calls `q` selects, read in return order, from the ranges `earlier`:
+/// those `keep` accepts are fed (by their row id, the index the stored
+/// aggregates' examples keep); with how many rows were read. The one
+/// reader of pinning calls: a window's start, a copy op's scope, a run's
+/// files (`run_pinned`).
+pub(crate) fn replay_pinning(
+    rows: &Rows,
+    q: CallQuery,
+    earlier: PinnedState,
+    keep: impl Fn(&CallEvent) -> bool,
+) -> Result<(FindingInputs, usize), StoreError> {
+    let mut replay = FindingInputs::new(Resolution::Bucketed, None).with_pinned(earlier);
+    let q = CallQuery {
+        order: StreamOrder::ByReturn,
+        ..q
+    };
+    let mut read = 0usize;
+    rows.for_each_call::<StoreError>(&q, |s| {
+        read += 1;
+        if keep(&s.call) {
+            replay.add_in_end_order(crate::finding_rollups::row_index(s.id), &s.call);
+        }
+        Ok(())
+    })?;
+    Ok((replay, read))
 }
 
 /// [`explanation`] with a window's memory and pinning calls kept by the
@@ -510,18 +526,13 @@ fn rejudge_copies(
     if !found && earlier.is_empty() {
         return Ok(());
     }
-    let mut replay = FindingInputs::new(Resolution::Bucketed, None).with_pinned(earlier);
     let mut ops = pinning.clone();
     ops.push(op);
     let q = CallQuery {
         ops: Some(ops),
-        order: StreamOrder::ByReturn,
         ..some_pinning(None)
     };
-    rows.for_each_call::<StoreError>(&q, |s| {
-        replay.add_in_end_order(crate::finding_rollups::row_index(s.id), &s.call);
-        Ok(())
-    })?;
+    let (replay, _) = replay_pinning(&rows, q, earlier, |_| true)?;
     inputs.replace_pageable(replay);
     Ok(())
 }
