@@ -1,13 +1,15 @@
 //! `--from`/`--to`/`--last`: a part of one trace, named as time since the
 //! trace started (as `memory --at` counts it) or as its last part, for
 //! `stats`, `explain`, `export` and `report` (`--last` of a run's directory:
-//! its newest file, [`WindowArgs::file_of`]). A long trace (a node agent's, a day of training) is asked
+//! its newest file, or for `stats` and `explain` the files it spans,
+//! [`WindowArgs::source_of`]). A long trace (a node agent's, a day of training) is asked
 //! about "the last ten minutes" or "the slow phase", not only as a whole;
 //! the answers read the window's calls through the `(tid, ts_ns)` index,
 //! so their cost grows with the window, not with the trace (issue 16).
 
 use crate::output::fmt_ns;
 use sleuth_core::findings::inputs::PinnedState;
+use sleuth_store::run_window::RunLast;
 use sleuth_store::stream::CallQuery;
 use sleuth_store::{CallFilter, Trace};
 use std::path::{Path, PathBuf};
@@ -25,7 +27,8 @@ pub struct WindowArgs {
     pub to: Option<u64>,
     /// Only the last part of the trace (`5m`): up to its end, or for a
     /// trace still being written up to its latest call. A `--rotate` run's
-    /// directory: from its newest file, when that file holds the window.
+    /// directory: up to its newest file's end, over the files it spans
+    /// (`report` and `export`: when the newest file holds the window).
     #[arg(long, value_parser = crate::args::duration_ns, conflicts_with_all = ["from", "to"])]
     pub last: Option<u64>,
 }
@@ -90,66 +93,83 @@ impl WindowArgs {
         }))
     }
 
-    /// The trace file a window of `db` is read from: `db` itself, or for a
-    /// run's directory (`trace --rotate`) with `--last D` its newest file,
-    /// when that file holds the whole window (said on stderr). One-line
-    /// errors: `--from`/`--to` on a directory (they count from one file's
-    /// start); a `--last` that reaches back before the newest file began,
-    /// naming the files it spans (a window is answered from one file).
-    pub fn file_of(&self, db: &Path) -> anyhow::Result<WindowFile> {
+    /// Where a window of `db` is read from: `db` itself, or for a run's
+    /// directory (`trace --rotate`) with `--last D` its newest file when
+    /// that file holds the whole window (said on stderr), else the files
+    /// the window spans (named on stderr). One-line error: `--from`/`--to`
+    /// on a directory (they count from one file's start).
+    pub fn source_of(&self, db: &Path) -> anyhow::Result<WindowSource> {
         if !db.is_dir() {
-            return Ok(WindowFile {
+            return Ok(WindowSource::File(WindowFile {
                 path: db.to_path_buf(),
                 run: None,
-            });
+            }));
         }
         let Some(last) = self.last else {
             anyhow::bail!(
                 "--from/--to count from the start of one trace file; --db names a run's directory (pick the part-*.db file that holds the window, or use --last D for the run's latest part)"
             );
         };
-        let files = sleuth_store::run::run_files(db)?;
-        let Some((number, newest)) = files.last() else {
-            anyhow::bail!(
-                "{}: no part-NNNNNN.db files in this directory (not a run of `trace --rotate`)",
-                db.display()
-            );
-        };
-        let trace = crate::checks_memo::open(newest)?;
-        let (start, end) = trace.start_and_end()?;
-        let since = end.checked_sub(last);
-        if since.is_some_and(|s| s >= start) {
+        if last == 0 {
+            anyhow::bail!("--last 0: the window would be empty (give a duration such as 5m)");
+        }
+        let run = sleuth_store::run_window::last_of_run(db, last, crate::checks_memo::memo())?;
+        if let [(number, newest)] = run.files.as_slice() {
             eprintln!(
                 "gpusleuth: --last {} of the run in {}: read from its newest file, {}",
                 fmt_ns(last),
                 db.display(),
                 name_of(newest)
             );
-            return Ok(WindowFile {
+            return Ok(WindowSource::File(WindowFile {
                 path: newest.clone(),
                 run: Some((db.to_path_buf(), *number)),
-            });
+            }));
         }
-        // The files back to the one that began before the window did.
-        let mut spanned = vec![name_of(newest)];
-        for (_, path) in files.iter().rev().skip(1) {
-            spanned.push(name_of(path));
-            let began = crate::checks_memo::open(path)?
-                .session()?
-                .info
-                .start_mono_ns;
-            if since.is_some_and(|s| began <= s) {
-                break;
-            }
-        }
-        spanned.reverse();
-        anyhow::bail!(
-            "--last {} of the run in {} spans {} files ({}): a window is answered from one file (ask each with --db FILE and --from/--to, or a shorter --last)",
+        eprintln!(
+            "gpusleuth: --last {} of the run in {}: read from the {} files it spans, {}",
             fmt_ns(last),
             db.display(),
-            spanned.len(),
-            spanned.join(", ")
-        )
+            run.files.len(),
+            files_named(&run)
+        );
+        Ok(WindowSource::Run(run))
+    }
+
+    /// The one trace file a window of `db` is read from ([`Self::source_of`]),
+    /// for `command`, which reads one file: a `--last` that spans several
+    /// files of a run is a one-line error naming them.
+    pub fn file_of(&self, db: &Path, command: &str) -> anyhow::Result<WindowFile> {
+        match self.source_of(db)? {
+            WindowSource::File(f) => Ok(f),
+            WindowSource::Run(run) => anyhow::bail!(
+                "--last {} of the run in {} spans {} files ({}): `{command}` reads a window from one file (`stats` and `explain` answer it over the files; or ask each with --db FILE and --from/--to, or a shorter --last)",
+                fmt_ns(self.last.unwrap_or_default()),
+                db.display(),
+                run.files.len(),
+                run.files
+                    .iter()
+                    .map(|(_, p)| name_of(p))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        }
+    }
+}
+
+/// Where a window is read from ([`WindowArgs::source_of`]).
+pub enum WindowSource {
+    File(WindowFile),
+    /// Several files of a run (`--last` of its directory).
+    Run(RunLast),
+}
+
+/// "part-000003.db to part-000005.db" (or the one file's name).
+pub fn files_named(run: &RunLast) -> String {
+    match (run.files.first(), run.files.last()) {
+        (Some((a, pa)), Some((b, pb))) if a != b => format!("{} to {}", name_of(pa), name_of(pb)),
+        (Some((_, p)), _) => name_of(p),
+        _ => String::new(),
     }
 }
 
@@ -199,6 +219,19 @@ fn last_part(trace: &Trace, last: u64) -> anyhow::Result<Window> {
 }
 
 impl Window {
+    /// The window `--last D` names over a run's files: from D before the
+    /// newest file's end, counted from the start of the run's oldest file
+    /// still in its directory.
+    pub fn of_run(run: &RunLast, last: u64) -> Window {
+        Window {
+            since: run.since,
+            until: u64::MAX,
+            from_ns: run.since.saturating_sub(run.run_start),
+            to_ns: None,
+            last_ns: Some(last),
+        }
+    }
+
     /// Whether `ts_ns` is inside window `w` (every moment is, without one).
     pub fn covers(w: Option<Window>, ts_ns: u64) -> bool {
         w.is_none_or(|w| (w.since..w.until).contains(&ts_ns))

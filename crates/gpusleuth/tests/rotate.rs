@@ -102,7 +102,8 @@ fn a_rotating_trace_adds_up_to_what_the_workload_did() {
 
 /// `--last D` on a run's directory: its newest file answers when it holds
 /// the whole window (the same answer as that file's, byte for byte); a
-/// longer one names the files it spans; `--from` is refused.
+/// longer one is answered over the files it spans (`stats`, `explain`) or
+/// names them (`report`, `export`); `--from` is refused.
 fn last_of_the_run_is_read_from_its_newest_file(run: &Path, files: &[(u64, PathBuf)]) {
     let newest = &files[files.len() - 1].1;
     let previous = &files[files.len() - 2].1;
@@ -144,17 +145,100 @@ fn last_of_the_run_is_read_from_its_newest_file(run: &Path, files: &[(u64, PathB
             "{said}"
         );
     }
+    // Longer than the newest file: `stats` and `explain` answer over the
+    // files the window spans (named on stderr and in the JSON), `report`
+    // and `export` read one file and name them in a one-line error.
     let too_long = format!("{}ns", lasted + 1);
-    let o = answer(run, "stats", &too_long);
-    common::assert_no_panic(&o);
-    assert_ne!(o.status.code(), Some(0));
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(err.trim().lines().count(), 1, "{err}");
-    for f in [previous, newest] {
-        let name = f.file_name().unwrap().to_string_lossy();
-        assert!(err.contains(&*name), "{name} not named: {err}");
+    for cmd in ["stats", "explain"] {
+        let o = answer(run, cmd, &too_long);
+        common::assert_no_panic(&o);
+        assert!(
+            o.status.success(),
+            "{cmd}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let said = String::from_utf8_lossy(&o.stderr);
+        let doc: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+        let names: Vec<String> = [previous, newest]
+            .iter()
+            .map(|f| f.file_name().unwrap().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(doc["files"], serde_json::json!(names), "{cmd}");
+        assert!(said.contains("read from the 2 files it spans"), "{said}");
+        if cmd == "stats" {
+            // Every call of the window once: those of the two files that
+            // started at or after its start.
+            let since = doc["window"]["since_mono_ns"].as_i64().expect("since");
+            for op in OPS {
+                let want: i64 = [previous, newest]
+                    .iter()
+                    .map(|f| {
+                        common::Db::open(f).int(&format!(
+                            "SELECT count(*) FROM calls WHERE op = '{op}' AND ts_ns >= {since}"
+                        ))
+                    })
+                    .sum();
+                assert_eq!(
+                    stats_count(&doc, "runtime", op) as i64,
+                    want,
+                    "{op} in the window over two files"
+                );
+            }
+        } else {
+            assert!(
+                doc["notes"].to_string().contains("over 2 files of a run"),
+                "{doc}"
+            );
+        }
     }
-    assert!(o.stdout.is_empty());
+    // The whole run as one window: the same per-op figures as the run's `stats`.
+    let all = format!("{}s", 3600);
+    let o = common::run_ok(
+        common::gpusleuth()
+            .args(["stats", "--json", "--last", &all, "--db"])
+            .arg(run),
+    );
+    let window: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    let whole = stats_json(run);
+    let figures = |doc: &serde_json::Value| -> Vec<String> {
+        let mut v: Vec<String> = doc["ops"]
+            .as_array()
+            .expect("ops")
+            .iter()
+            .map(|r| {
+                format!(
+                    "{} {} {} {} {} {}",
+                    r["op"], r["count"], r["p50_ns"], r["p99_ns"], r["max_ns"], r["total_ns"]
+                )
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(
+        figures(&window),
+        figures(&whole),
+        "every file in the window"
+    );
+    assert_eq!(window["files"].as_array().map(Vec::len), Some(files.len()));
+    for cmd in ["report", "export"] {
+        let o = common::gpusleuth()
+            .args([cmd, "--last", &too_long, "--db"])
+            .arg(run)
+            .arg("-o")
+            .arg(run.with_extension(format!("{cmd}.out")))
+            .output()
+            .expect("run");
+        common::assert_no_panic(&o);
+        assert_ne!(o.status.code(), Some(0));
+        let err = String::from_utf8_lossy(&o.stderr);
+        let err = err.trim().lines().last().unwrap_or_default().to_string();
+        for f in [previous, newest] {
+            let name = f.file_name().unwrap().to_string_lossy();
+            assert!(err.contains(&*name), "{cmd}: {name} not named: {err}");
+        }
+        assert!(err.contains("reads a window from one file"), "{err}");
+    }
     let o = common::gpusleuth()
         .args(["stats", "--from", "0", "--db"])
         .arg(run)

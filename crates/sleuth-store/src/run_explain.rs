@@ -277,7 +277,7 @@ impl Acc {
 /// exec) with the first start and any exit either file saw (a file lists
 /// the known processes when it starts, so an exit may be in an earlier
 /// one); counters and kernel counts add up as `stats` adds them.
-fn add_base(run: &mut TraceData, later: TraceData) {
+pub(crate) fn add_base(run: &mut TraceData, later: TraceData) {
     for mut p in later.processes {
         match run.processes.iter_mut().find(|x| x.pid == p.pid) {
             Some(x) => {
@@ -311,7 +311,7 @@ fn add_base(run: &mut TraceData, later: TraceData) {
 }
 
 /// Adds one file's skipped rows to the run's.
-fn add_problems(run: &mut InputProblems, file: InputProblems) {
+pub(crate) fn add_problems(run: &mut InputProblems, file: InputProblems) {
     for (name, n) in file.unknown_ops {
         let e = run.unknown_ops.entry(name).or_default();
         *e = e.saturating_add(n);

@@ -209,6 +209,115 @@ fn explanation_seeded(
     kept_max: usize,
     pinned_ranges: &PinnedState,
 ) -> Result<Option<Explanation>, StoreError> {
+    let parts = parts_seeded(
+        trace,
+        filter,
+        kept_max,
+        pinned_ranges,
+        &LedgerBuilder::new(None),
+    )?;
+    Ok(parts.map(ScopeParts::explain))
+}
+
+/// What one file's scope gives its explanation before it is made: the
+/// base data (with the allocator views' memory calls), the finding
+/// aggregates, the ledger fed up to the scope's last memory call, a
+/// window's kernel-counted calls placed. A window over several files of a
+/// run adds them up (`run_window`).
+pub struct ScopeParts {
+    pub data: TraceData,
+    pub inputs: FindingInputs,
+    pub ledger: LedgerBuilder,
+    pub window_counts: Option<WindowCounts>,
+}
+
+impl ScopeParts {
+    /// The explanation of the scope.
+    pub fn explain(self) -> Explanation {
+        let ledgers = self.ledger.finish(&self.data);
+        let mut e = sleuth_core::findings::explain_inputs(&self.data, &self.inputs, &ledgers);
+        if let Some(w) = &self.window_counts {
+            e.notes.extend(w.notes(crate::window::FINDINGS_COUNT));
+        }
+        e
+    }
+}
+
+/// The parts of the window `filter` names (no op) of one file of a run,
+/// the file begun with the host ranges `earlier` pinned and the ledger
+/// `ledger` (the run's earlier files' parts of the window fed it):
+/// streamed, or for a file without stored call groups (the one a run is
+/// still writing) its window's calls loaded.
+pub fn window_parts_after(
+    trace: &Trace,
+    filter: &CallFilter,
+    earlier: PinnedState,
+    ledger: LedgerBuilder,
+) -> Result<ScopeParts, StoreError> {
+    let pinned = pinned_at_start(trace, filter, earlier)?;
+    if let Some(p) = parts_seeded(trace, filter, scope_feed::KEPT_MAX, &pinned, &ledger)? {
+        return Ok(p);
+    }
+    loaded_parts(trace, filter, pinned, ledger)
+}
+
+/// [`window_parts_after`] of a file without stored call groups: the
+/// window's calls loaded with their processes' waits, aggregated as the
+/// streamed pass aggregates them (the rollup histogram), the memory calls
+/// fed to `ledger` in return order; kept only the memory calls of
+/// processes with allocator blocks (for their views), no wait.
+fn loaded_parts(
+    trace: &Trace,
+    filter: &CallFilter,
+    pinned: PinnedState,
+    mut ledger: LedgerBuilder,
+) -> Result<ScopeParts, StoreError> {
+    let mut data = trace.load_calls_of(filter)?;
+    keep_counts_of_op(&mut data.counts, filter.op.as_deref());
+    let window_counts = WindowCounts::of(trace, &data.counts, filter)?;
+    data.counts = window_counts.at_least();
+    let culprits = sleuth_core::culprits::call_culprits(&data.calls, &data.waits);
+    let pinning = pinning_outside(trace, filter)?;
+    let inputs =
+        FindingInputs::of_pinned_at(Resolution::Bucketed, &data, &culprits, pinned, &pinning);
+    let memory: BTreeSet<&'static str> =
+        sleuth_core::ledger::memory_op_names().into_iter().collect();
+    for oc in &data.counts {
+        ledger.track(oc.pid);
+    }
+    let mut by_return: Vec<usize> = Vec::new();
+    for (i, c) in data.calls.iter().enumerate() {
+        ledger.track(c.pid);
+        if memory.contains(c.op_name()) {
+            by_return.push(i);
+        }
+    }
+    by_return.sort_by_key(|&i| (data.calls[i].end_ns(), data.calls[i].ts_ns, i));
+    for &i in &by_return {
+        ledger.push(&data.calls[i]);
+    }
+    let with_blocks: BTreeSet<u32> = data.blocks.iter().map(|b| b.pid).collect();
+    data.calls
+        .retain(|c| memory.contains(c.op_name()) && with_blocks.contains(&c.pid));
+    data.waits = Vec::new();
+    Ok(ScopeParts {
+        data,
+        inputs,
+        ledger,
+        window_counts: Some(window_counts),
+    })
+}
+
+/// [`explanation_seeded`]'s parts, the ledger started from `start` (empty
+/// for one file); None where the scope must be loaded instead (see
+/// [`explanation`]).
+fn parts_seeded(
+    trace: &Trace,
+    filter: &CallFilter,
+    kept_max: usize,
+    pinned_ranges: &PinnedState,
+    start: &LedgerBuilder,
+) -> Result<Option<ScopeParts>, StoreError> {
     let pid = filter.pid;
     if let Some(pid) = pid {
         trace.require_pid(pid)?;
@@ -218,9 +327,10 @@ fn explanation_seeded(
         return Ok(None);
     }
     let windowed = filter.since_ns.is_some() || filter.until_ns.is_some();
+    // An op's scope over the whole trace starts from no ledger (no run adds it up).
     if let (Some(op), false) = (filter.op.as_deref(), windowed) {
-        if let Some(e) = from_op_rollups(trace, op, pid, nccl.clone(), pinned_ranges)? {
-            return Ok(Some(e));
+        if let Some(p) = from_op_rollups(trace, op, pid, nccl.clone(), pinned_ranges)? {
+            return Ok(Some(p));
         }
     }
     if trace.call_scan()?.totals_overflow {
@@ -322,7 +432,7 @@ fn explanation_seeded(
     // With a window, those calls are kept as the pass reads them.
     let keep: BTreeSet<&'static str> = pinned.union(&memory).copied().collect();
     let new_feed = || {
-        let mut ledger = LedgerBuilder::new(None);
+        let mut ledger = start.clone();
         for oc in &data.counts {
             ledger.track(oc.pid);
         }
@@ -394,7 +504,7 @@ fn explanation_seeded(
     crate::finding_rollups::fill_example_sites(conn, &mut inputs).map_err(read)?;
     span_from_calls(&mut data, extent);
 
-    let explained = replay_and_explain(
+    let mut parts = replay(
         trace,
         pid,
         Replay {
@@ -409,12 +519,8 @@ fn explanation_seeded(
             copies_of: copy_op(op).map(|o| (o, pinned_ranges.clone())),
         },
     )?;
-    Ok(explained.map(|mut e| {
-        if let Some(w) = &window_counts {
-            e.notes.extend(w.notes(crate::window::FINDINGS_COUNT));
-        }
-        e
-    }))
+    parts.window_counts = window_counts;
+    Ok(Some(parts))
 }
 
 /// A scope of op `op` alone (no window) from the writer's rollups of it
@@ -427,7 +533,7 @@ fn from_op_rollups(
     pid: Option<u32>,
     nccl: Vec<sleuth_core::nccl::NcclEvent>,
     pinned_ranges: &PinnedState,
-) -> Result<Option<Explanation>, StoreError> {
+) -> Result<Option<ScopeParts>, StoreError> {
     // Aggregate tables and a few example rows by id: no check of the whole
     // per-call table (`Trace::keyed`), as the lean whole-trace answer.
     let conn = trace.keyed();
@@ -469,7 +575,7 @@ fn from_op_rollups(
         .into_iter()
         .filter(|o| *o == op)
         .collect();
-    replay_and_explain(
+    replay(
         trace,
         pid,
         Replay {
@@ -484,6 +590,7 @@ fn from_op_rollups(
             copies_of: copy_op(Some(op)).map(|o| (o, pinned_ranges.clone())),
         },
     )
+    .map(Some)
 }
 
 /// The scope's op when it copies (its copies are judged against pinning
@@ -537,7 +644,7 @@ fn rejudge_copies(
     Ok(())
 }
 
-/// What the replay in return order completes (`replay_and_explain`).
+/// What the replay in return order completes (`replay`).
 struct Replay {
     data: TraceData,
     inputs: FindingInputs,
@@ -557,16 +664,12 @@ struct Replay {
 }
 
 /// The pinned-memory replay and the ledger in return order, from the
-/// scope's calls of those ops only, then the explanation. A window's were
+/// scope's calls of those ops only: the scope's parts. A window's were
 /// kept by the pass (up to `scope_feed::KEPT_MAX`; past it they are read
 /// again, the window's rows sorted by SQLite in bounded memory); an op's
 /// over the whole trace are read again through the op index, the other
 /// ops never.
-fn replay_and_explain(
-    trace: &Trace,
-    pid: Option<u32>,
-    r: Replay,
-) -> Result<Option<Explanation>, StoreError> {
+fn replay(trace: &Trace, pid: Option<u32>, r: Replay) -> Result<ScopeParts, StoreError> {
     let Replay {
         mut data,
         mut inputs,
@@ -624,10 +727,12 @@ fn replay_and_explain(
     }
     allocator_calls.sort_by_key(|&(ts, id, _)| (ts, id));
     data.calls = allocator_calls.into_iter().map(|(_, _, c)| c).collect();
-    let ledgers = ledger.finish(&data);
-    Ok(Some(sleuth_core::findings::explain_inputs(
-        &data, &inputs, &ledgers,
-    )))
+    Ok(ScopeParts {
+        data,
+        inputs,
+        ledger,
+        window_counts: None,
+    })
 }
 
 /// A trace without a stored start or end spans the scope's calls (first

@@ -220,6 +220,28 @@ impl WindowCounts {
         })
     }
 
+    /// Adds a later file's counts (a window over several files of a run):
+    /// the bounds of the same (pid, op) add up, as do the calls no sample
+    /// places; the later file's being written is the window's.
+    pub fn merge(&mut self, later: WindowCounts) {
+        for (pid, op, w) in later.placed {
+            match self
+                .placed
+                .iter_mut()
+                .find(|(p, o, _)| (*p, *o) == (pid, op))
+            {
+                Some((_, _, mine)) => {
+                    mine.at_least = mine.at_least.saturating_add(w.at_least);
+                    mine.at_most = mine.at_most.saturating_add(w.at_most);
+                    mine.estimate = mine.estimate.saturating_add(w.estimate);
+                }
+                None => self.placed.push((pid, op, w)),
+            }
+        }
+        self.left_out = self.left_out.saturating_add(later.left_out);
+        self.open |= later.open;
+    }
+
     /// The counts as `stats` rows show them: the estimates (zeros left out).
     pub fn estimates(&self) -> Vec<OpCount> {
         self.as_counts(|w| w.estimate)
@@ -316,6 +338,51 @@ pub fn stats_report(
     trace: &Trace,
     scope: &CallFilter,
 ) -> Result<Option<(StatsReport, WindowCounts)>, StoreError> {
+    let Some(parts) = stored_parts(trace, scope)? else {
+        return Ok(None);
+    };
+    Ok(Some(parts.report(scope.pid)))
+}
+
+/// What one file gives a window's statistics before they are computed:
+/// its per-op rollups and culprit sums, the kernel-counted calls placed,
+/// its counters. A window over several files of a run adds them up
+/// ([`StatsParts::merge`]); one file's is [`StatsParts::report`]ed.
+#[derive(Debug, Default)]
+pub struct StatsParts {
+    pub rollups: StoredRollups,
+    pub counts: WindowCounts,
+    /// The file's counters (the whole file's: a window does not split them).
+    pub stats: BTreeMap<String, u64>,
+    pub has_host_context: bool,
+}
+
+impl StatsParts {
+    /// Adds a later file's parts (`trace --rotate`): rollups and counts add
+    /// up, counters as a run's `stats` adds them.
+    pub fn merge(&mut self, later: StatsParts) {
+        self.rollups.merge(later.rollups);
+        self.counts.merge(later.counts);
+        rollup::merge_counters(&mut self.stats, &later.stats);
+        self.has_host_context &= later.has_host_context;
+    }
+
+    /// The statistics (of process `pid` or all) and the counted calls'
+    /// bounds; rows show the estimate.
+    pub fn report(self, pid: Option<u32>) -> (StatsReport, WindowCounts) {
+        let base = TraceData {
+            counts: self.counts.estimates(),
+            stats: self.stats,
+            has_host_context: self.has_host_context,
+            ..Default::default()
+        };
+        (rollup::stats_report(&self.rollups, pid, &base), self.counts)
+    }
+}
+
+/// [`stats_report`]'s parts of a finished file (None otherwise): the
+/// window's calls streamed into rollups, their stored culprits summed.
+pub fn stored_parts(trace: &Trace, scope: &CallFilter) -> Result<Option<StatsParts>, StoreError> {
     let (pid, op) = (scope.pid, scope.op.as_deref());
     if let Some(pid) = pid {
         trace.require_pid(pid)?;
@@ -342,22 +409,58 @@ pub fn stats_report(
     };
     let mut counts = trace.op_counts(pid)?;
     crate::scoped::keep_counts_of_op(&mut counts, op);
-    let window_counts = WindowCounts::of(trace, &counts, scope)?;
-    let rollups = StoredRollups {
-        ops: ops.into_iter().map(|((p, o), r)| (p, o, r)).collect(),
-        culprits,
-        threads: Vec::new(),
-    };
-    let base = TraceData {
-        counts: window_counts.estimates(),
+    Ok(Some(StatsParts {
+        rollups: StoredRollups {
+            ops: ops.into_iter().map(|((p, o), r)| (p, o, r)).collect(),
+            culprits,
+            threads: Vec::new(),
+        },
+        counts: WindowCounts::of(trace, &counts, scope)?,
         stats: trace.stats()?,
         has_host_context: trace.has_host_context(),
-        ..Default::default()
-    };
-    Ok(Some((
-        rollup::stats_report(&rollups, pid, &base),
-        window_counts,
-    )))
+    }))
+}
+
+/// The parts of a window of a file that did not finish (no stored
+/// culprits: the one a run is still writing, or one whose writer was
+/// killed): its window's calls loaded with their processes' waits, into
+/// the same rollups, culprits computed from the waits as the writer
+/// computes them when a file ends.
+pub fn loaded_parts(trace: &Trace, scope: &CallFilter) -> Result<StatsParts, StoreError> {
+    let mut data = trace.load_calls_of(scope)?;
+    crate::scoped::keep_counts_of_op(&mut data.counts, scope.op.as_deref());
+    let per_call = sleuth_core::culprits::call_culprits(&data.calls, &data.waits);
+    let mut ops = OpRollups::new();
+    let mut sums: BTreeMap<(u32, u16, u32, String), u64> = BTreeMap::new();
+    for (i, c) in data.calls.iter().enumerate() {
+        ops.entry((c.pid, c.op)).or_default().add(c);
+        for k in sleuth_core::decompose::culprits_of(&per_call, i) {
+            let e = sums
+                .entry((c.pid, c.op, k.pid, k.comm.clone()))
+                .or_default();
+            *e = e.saturating_add(k.ns);
+        }
+    }
+    Ok(StatsParts {
+        rollups: StoredRollups {
+            ops: ops.into_iter().map(|((p, o), r)| (p, o, r)).collect(),
+            culprits: sums
+                .into_iter()
+                .map(|((pid, op, cpid, comm), runnable_ns)| {
+                    let who = CulpritTime {
+                        pid: cpid,
+                        comm,
+                        runnable_ns,
+                    };
+                    (pid, op, who)
+                })
+                .collect(),
+            threads: Vec::new(),
+        },
+        counts: WindowCounts::of(trace, &data.counts, scope)?,
+        stats: trace.stats()?,
+        has_host_context: trace.has_host_context(),
+    })
 }
 
 /// The statistics of the calls `scope` selects in a window: from the

@@ -12,6 +12,7 @@ mod common;
 use common::{example, rewrite, TempDir};
 use sleuth_core::findings::inputs::{FindingInputs, OpInputs};
 use sleuth_core::TraceData;
+use sleuth_store::run_window::RunLast;
 use sleuth_store::{ReadBudget, Trace, DEFAULT_READ_TIMEOUT};
 
 /// A moment near the middle of `data` that no call and no preemption spans
@@ -390,4 +391,180 @@ fn a_run_with_collectives_is_one_line_error() {
     assert!(msg.contains("holds NCCL collectives"), "{msg}");
     assert!(msg.contains("part-000002.db"), "{msg}");
     assert_eq!(msg.lines().count(), 1, "{msg}");
+}
+
+// --- A window over several files (`--last` of a run's directory) ---
+
+/// The example cut in two at a quiet moment (a run, the second file left
+/// unfinished when `live`: no rollups, no call groups, as the tracer
+/// leaves the file it is writing) and written whole; the window from a
+/// moment in the first file to the end.
+fn window_over_two_files(name: &str, tag: &str, live: bool) -> (TempDir, Trace, RunLast, u64) {
+    let data = Trace::open(&example(name)).unwrap().load(None).unwrap();
+    let dir = TempDir::new(tag);
+    let whole = dir.join("whole.db");
+    rewrite(&data, &whole);
+    let run = dir.join("run");
+    std::fs::create_dir(&run).unwrap();
+    let cut = quiet_moment(&data);
+    let (early, late) = halves(&data, cut);
+    let parts: Vec<(u64, std::path::PathBuf)> = (1..=2)
+        .map(|n| (n, run.join(sleuth_store::run::part_name(n))))
+        .collect();
+    rewrite(&early, &parts[0].1);
+    rewrite(&late, &parts[1].1);
+    if live {
+        unfinished(&parts[1].1);
+        let c = rusqlite::Connection::open(&parts[1].1).unwrap();
+        c.execute("DROP TABLE call_groups", []).unwrap();
+    }
+    let first = data.calls.iter().map(|c| c.ts_ns).min().unwrap();
+    let since = first + (cut - first) / 2;
+    assert!(
+        early.calls.iter().any(|c| c.ts_ns >= since) && !late.calls.is_empty(),
+        "{name}: the window must hold calls of both files"
+    );
+    let last = RunLast {
+        dir: run,
+        files: parts,
+        since,
+        run_start: common::session().start_mono_ns,
+    };
+    (dir, Trace::open(&whole).unwrap(), last, since)
+}
+
+/// Stats and findings of the window over the files equal the same window
+/// of the whole trace, for each process and all.
+fn compare_window(name: &str, tag: &str, live: bool) {
+    let (_dir, whole, run, since) = window_over_two_files(name, tag, live);
+    let memo = sleuth_store::CheckMemo::new();
+    let mut pids: Vec<Option<u32>> = vec![None];
+    pids.extend(whole.pids().unwrap().into_iter().map(Some));
+    for pid in pids {
+        let at = format!("{name} live {live} pid {pid:?}");
+        let filter = sleuth_store::CallFilter {
+            pid,
+            since_ns: Some(since),
+            ..Default::default()
+        };
+        let (want, want_counts) = sleuth_store::window::stats_of(&whole, &filter).unwrap();
+        let (got, got_counts, _) = run.stats(pid, &memo).unwrap();
+        assert!(!want.ops.is_empty(), "{at}");
+        assert_eq!(
+            serde_json::to_value(&got).unwrap(),
+            serde_json::to_value(&want).unwrap(),
+            "{at}"
+        );
+        assert_eq!(got_counts.json(), want_counts.json(), "{at}");
+        let want = sleuth_store::scoped::explanation_or_loaded(&whole, &filter).unwrap();
+        let (got, _) = run.explanation(pid, &memo).unwrap();
+        assert_eq!(findings(&got), findings(&want), "{at}");
+        assert!(
+            got.notes
+                .iter()
+                .any(|n| n.contains("over 2 files of a run")),
+            "{at}: {:?}",
+            got.notes
+        );
+    }
+}
+
+#[test]
+fn a_window_over_two_files_answers_as_the_whole_traces_h200() {
+    compare_window("h200-contention.db", "run-window-h200", false);
+}
+
+#[test]
+fn a_window_over_two_files_answers_as_the_whole_traces_demo() {
+    compare_window("demo-sim.db", "run-window-demo", false);
+}
+
+/// The newest file still being written (no rollups, no call groups): its
+/// part of the window is loaded, aggregated the same way.
+#[test]
+fn a_window_over_a_finished_file_and_a_live_one_answers_as_the_whole_traces() {
+    compare_window("h200-contention.db", "run-window-h200-live", true);
+    compare_window("demo-sim.db", "run-window-demo-live", true);
+}
+
+/// Allocated in the window's first file, freed in its second: not
+/// held at the end (the one not freed is); memory pinned before the window in the first file and copied
+/// from in the second: not pageable.
+#[test]
+fn a_window_over_two_files_carries_its_ledger_and_pinned_memory() {
+    use sleuth_core::testing::{alloc, call, free, trace, MS};
+    let dir = TempDir::new("run-window-carry");
+    let run = dir.join("run");
+    std::fs::create_dir(&run).unwrap();
+    let host = 0x7000_0000u64;
+    let mut pin = call("cudaHostAlloc", MS, MS);
+    (pin.ptr, pin.size) = (Some(host), Some(1 << 20));
+    let copies = |from: u64| -> Vec<sleuth_core::CallEvent> {
+        (0..50)
+            .map(|i| {
+                let mut c = call("cudaMemcpy", from + i * MS, MS / 2);
+                (c.host_ptr, c.size, c.kind) = (Some(host + 64), Some(64 << 20), Some(1));
+                c
+            })
+            .collect()
+    };
+    let mut first = vec![
+        pin,
+        alloc(20 * MS, 1 << 30, 0xa000),
+        alloc(21 * MS, 256 << 20, 0xb000),
+    ];
+    first.extend(copies(30 * MS));
+    let mut second = copies(200 * MS);
+    second.push(free(300 * MS, 0xa000));
+    let parts: Vec<(u64, std::path::PathBuf)> = (1..=2)
+        .map(|n| (n, run.join(sleuth_store::run::part_name(n))))
+        .collect();
+    rewrite(&trace(first), &parts[0].1);
+    rewrite(&trace(second), &parts[1].1);
+    let last = RunLast {
+        dir: run.clone(),
+        files: parts.clone(),
+        since: 10 * MS,
+        run_start: 0,
+    };
+    let memo = sleuth_store::CheckMemo::new();
+    let (e, _) = last.explanation(None, &memo).unwrap();
+    let kinds: Vec<&str> = e.findings.iter().map(|f| f.kind.as_str()).collect();
+    assert!(!kinds.contains(&"unfreed_memory"), "{kinds:?}");
+    assert!(!kinds.contains(&"pageable_copy"), "{kinds:?}");
+    // What stays held is the one allocation the second file did not free.
+    assert!(
+        e.notes
+            .iter()
+            .any(|n| n.contains("held 256.0 MiB of device memory in 1 allocation(s)")),
+        "{:?}",
+        e.notes
+    );
+    // The second file alone: the copies look pageable, the free unmatched.
+    let alone = RunLast {
+        files: parts[1..].to_vec(),
+        ..last.clone()
+    };
+    let (e, _) = alone.explanation(None, &memo).unwrap();
+    let kinds: Vec<&str> = e.findings.iter().map(|f| f.kind.as_str()).collect();
+    assert!(
+        !kinds.contains(&"pageable_copy"),
+        "the run's earlier file pinned it: {kinds:?}"
+    );
+    let fresh = dir.join("fresh");
+    std::fs::create_dir(&fresh).unwrap();
+    let moved = fresh.join(sleuth_store::run::part_name(2));
+    std::fs::copy(&parts[1].1, &moved).unwrap();
+    let orphan = RunLast {
+        dir: fresh,
+        files: vec![(2, moved)],
+        since: 10 * MS,
+        run_start: 0,
+    };
+    let (e, _) = orphan.explanation(None, &memo).unwrap();
+    let kinds: Vec<&str> = e.findings.iter().map(|f| f.kind.as_str()).collect();
+    assert!(
+        kinds.contains(&"pageable_copy"),
+        "nothing pinned: {kinds:?}"
+    );
 }

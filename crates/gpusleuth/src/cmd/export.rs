@@ -66,7 +66,7 @@ pub struct Args {
 pub fn run(args: Args) -> anyhow::Result<i32> {
     // A window of a run's directory is read from the file that holds it.
     let db = &match args.window.is_set() {
-        true => args.window.file_of(&args.input.db)?.path,
+        true => args.window.file_of(&args.input.db, "export")?.path,
         false => args.input.db.clone(),
     };
     if let Some(path) = &args.output {

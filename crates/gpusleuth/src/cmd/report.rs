@@ -62,7 +62,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     let hint = Some(FORCE_HINT);
     // A window of a run's directory is read from the file that holds it.
     let file = match args.window.is_set() {
-        true => Some(args.window.file_of(&args.input.db)?),
+        true => Some(args.window.file_of(&args.input.db, "report")?),
         false => None,
     };
     let db = file.as_ref().map_or(&args.input.db, |f| &f.path);

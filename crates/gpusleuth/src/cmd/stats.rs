@@ -3,8 +3,9 @@
 
 use crate::args::{JsonOutput, TraceInput};
 use crate::load::{emit_json, emit_text, stats_of, warn_input_problems_of_reads};
-use crate::window::{Window, WindowArgs};
+use crate::window::{files_named, Window, WindowArgs, WindowSource};
 use sleuth_core::stats::StatsReport;
+use sleuth_store::run_window::RunLast;
 use sleuth_store::window;
 
 #[derive(clap::Args)]
@@ -36,7 +37,10 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
 /// (`sleuth_store::window`), without the per-thread splits; a trace that
 /// did not finish has its window's calls loaded with their waits instead.
 fn run_window(args: &Args) -> anyhow::Result<i32> {
-    let db = args.window.file_of(&args.input.db)?.path;
+    let db = match args.window.source_of(&args.input.db)? {
+        WindowSource::File(f) => f.path,
+        WindowSource::Run(run) => return run_window_of_run(args, &run),
+    };
     let pid = args.input.pid;
     let trace = crate::checks_memo::open(&db)?;
     if let Some(pid) = pid {
@@ -52,12 +56,42 @@ fn run_window(args: &Args) -> anyhow::Result<i32> {
     if args.out.json {
         emit_json(&WindowStats {
             window: w.json(),
+            files: Vec::new(),
             report: &report,
             notes,
             counted_in_window: counted.json(),
         })?;
     } else {
-        emit_text(&render_window(&w, &report, &notes))?;
+        emit_text(&render_window(&w, &report, &notes, None))?;
+    }
+    Ok(0)
+}
+
+/// `stats --last` of a run's directory when the window spans several of
+/// its files: each file's part of the window added up
+/// (`sleuth_store::run_window`).
+fn run_window_of_run(args: &Args, run: &RunLast) -> anyhow::Result<i32> {
+    let last = args.window.last.unwrap_or_default();
+    let w = Window::of_run(run, last);
+    let (report, counted, read) = run.stats(args.input.pid, crate::checks_memo::memo())?;
+    crate::load::print_problems_at(&run.dir, &read.problems);
+    let notes = counted.notes(window::STATS_COUNT);
+    if args.out.json {
+        emit_json(&WindowStats {
+            window: w.json(),
+            files: run.file_names(),
+            report: &report,
+            notes,
+            counted_in_window: counted.json(),
+        })?;
+    } else {
+        let files = format!(
+            "{} ({} files of the run in {})",
+            files_named(run),
+            run.files.len(),
+            run.dir.display()
+        );
+        emit_text(&render_window(&w, &report, &notes, Some(&files)))?;
     }
     Ok(0)
 }
@@ -67,6 +101,9 @@ fn run_window(args: &Args) -> anyhow::Result<i32> {
 #[derive(serde::Serialize)]
 struct WindowStats<'a> {
     window: serde_json::Value,
+    /// A window over several files of a run: their names, oldest first.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    files: Vec<String>,
     #[serde(flatten)]
     report: &'a StatsReport,
     notes: Vec<String>,
@@ -76,11 +113,22 @@ struct WindowStats<'a> {
 }
 
 /// The window's header line, the table, the notes.
-fn render_window(w: &Window, report: &StatsReport, notes: &[String]) -> String {
-    let mut out = format!(
-        "{}; the event and drop counters are the whole trace's.\n",
-        w.describe()
-    );
+fn render_window(
+    w: &Window,
+    report: &StatsReport,
+    notes: &[String],
+    files: Option<&str>,
+) -> String {
+    let mut out = match files {
+        None => format!(
+            "{}; the event and drop counters are the whole trace's.\n",
+            w.describe()
+        ),
+        Some(files) => format!(
+            "{}; the event and drop counters are those of the files it spans.\nFiles: {files}\n",
+            w.describe()
+        ),
+    };
     out.push_str(&crate::render::stats::render(report));
     for n in notes {
         out.push_str(&format!("Note: {n}\n"));

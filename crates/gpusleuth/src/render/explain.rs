@@ -8,13 +8,14 @@ use crate::load::{emit, json_text, warn_input_problems_of_reads};
 use crate::output::{fmt_bytes, fmt_ns};
 use crate::render::gpu_context;
 use crate::term_text::terminal_safe;
-use crate::window::WindowArgs;
+use crate::window::{Window, WindowArgs, WindowSource};
 use sleuth_core::analysis::Analysis;
 use sleuth_core::findings::{Explanation, Finding, Kind};
 use sleuth_core::ledger::ProcessLedger;
 use sleuth_core::threads::{ThreadSplit, WakerKind};
 use sleuth_core::TraceData;
 use sleuth_store::lean::Lean;
+use sleuth_store::run_window::RunLast;
 use sleuth_store::{InputProblems, ReadBudget, DEFAULT_READ_TIMEOUT};
 use std::fmt::Write as _;
 
@@ -47,7 +48,10 @@ pub fn print(input: &TraceInput, window: WindowArgs, style: Style) -> anyhow::Re
 /// before the trace is a fact of the whole trace: `explain` without a
 /// window gives it.
 fn window_output(input: &TraceInput, window: WindowArgs, style: Style) -> anyhow::Result<String> {
-    let file = window.file_of(&input.db)?;
+    let file = match window.source_of(&input.db)? {
+        WindowSource::File(f) => f,
+        WindowSource::Run(run) => return run_window_output(input, window, &run, style),
+    };
     let trace = crate::checks_memo::open(&file.path)?;
     if let Some(pid) = input.pid {
         trace.require_pid(pid)?;
@@ -59,12 +63,50 @@ fn window_output(input: &TraceInput, window: WindowArgs, style: Style) -> anyhow
     let report =
         sleuth_store::scoped::explanation_or_loaded_after(&trace, &w.filter(input.pid), earlier)?;
     let problems = warn_input_problems_of_reads(&trace)?;
-    let busy =
-        sleuth_core::gpu_activity::busy(trace.gpu_samples()?.as_deref(), Some((w.since, w.until)));
+    let samples = trace.gpu_samples()?;
+    window_text(&w, None, &report, samples.as_deref(), &problems, style)
+}
+
+/// `explain --last` of a run's directory when the window spans several of
+/// its files: each file's part of the window added up, the ledger and the
+/// pinned host ranges carried from file to file (`sleuth_store::run_window`).
+fn run_window_output(
+    input: &TraceInput,
+    window: WindowArgs,
+    run: &RunLast,
+    style: Style,
+) -> anyhow::Result<String> {
+    let w = Window::of_run(run, window.last.unwrap_or_default());
+    let (report, read) = run.explanation(input.pid, crate::checks_memo::memo())?;
+    crate::load::print_problems_at(&run.dir, &read.problems);
+    window_text(
+        &w,
+        Some(run),
+        &report,
+        read.gpu_samples.as_deref(),
+        &read.problems,
+        style,
+    )
+}
+
+/// A window's explanation as written to stdout, with NVML's busy samples
+/// inside it; over several files of a run (`run`), their names.
+fn window_text(
+    w: &Window,
+    run: Option<&RunLast>,
+    report: &Explanation,
+    samples: Option<&[sleuth_core::GpuSample]>,
+    problems: &InputProblems,
+    style: Style,
+) -> anyhow::Result<String> {
+    let busy = sleuth_core::gpu_activity::busy(samples, Some((w.since, w.until)));
     if style == Style::Json {
         #[derive(serde::Serialize)]
         struct Doc<'a> {
             window: serde_json::Value,
+            /// A window over several files of a run: their names, oldest first.
+            #[serde(skip_serializing_if = "Vec::is_empty")]
+            files: Vec<String>,
             #[serde(flatten)]
             report: &'a Explanation,
             gpu_activity: sleuth_core::gpu_activity::GpuActivity,
@@ -73,13 +115,24 @@ fn window_output(input: &TraceInput, window: WindowArgs, style: Style) -> anyhow
         }
         return json_text(&Doc {
             window: w.json(),
-            report: &report,
+            files: run.map_or_else(Vec::new, RunLast::file_names),
+            report,
             gpu_activity: busy,
-            input_problems: &problems,
+            input_problems: problems,
         });
     }
     let gpu = gpu_context::busy_lines(&busy);
-    Ok(human(Some(&w.describe()), &report, &gpu, &problems, style))
+    let header = match run {
+        None => w.describe(),
+        Some(r) => format!(
+            "{}\nFiles: {} ({} files of the run in {})",
+            w.describe(),
+            crate::window::files_named(r),
+            r.files.len(),
+            r.dir.display()
+        ),
+    };
+    Ok(human(Some(&header), report, &gpu, problems, style))
 }
 
 /// The explanation for people, text or Markdown: the skipped rows, a

@@ -577,8 +577,20 @@ impl FindingInputs {
         pinned: PinnedState,
         pinning: &[CallEvent],
     ) -> FindingInputs {
-        let mut f = FindingInputs::new(Resolution::Exact, crate::threads::tracer_pid(data))
-            .with_pinned(pinned);
+        Self::of_pinned_at(Resolution::Exact, data, per_call_culprits, pinned, pinning)
+    }
+
+    /// [`Self::of_pinned`] with histograms of resolution `res`: bucketed
+    /// to be added to the aggregates the store streams (a window over the
+    /// files of a run, one of them loaded).
+    pub fn of_pinned_at(
+        res: Resolution,
+        data: &crate::TraceData,
+        per_call_culprits: &[Vec<Culprit>],
+        pinned: PinnedState,
+        pinning: &[CallEvent],
+    ) -> FindingInputs {
+        let mut f = FindingInputs::new(res, crate::threads::tracer_pid(data)).with_pinned(pinned);
         let splits = crate::threads::stream_threads(data, |i, c| {
             f.add_call(i, c, crate::decompose::culprits_of(per_call_culprits, i))
         });

@@ -1,0 +1,244 @@
+//! `--last D` of a run's directory (`trace --rotate`) when the window
+//! reaches back past its newest file: the window's part of each file it
+//! spans, added up as one window (issue 16: a node agent rotating every
+//! minute is asked about its last ten).
+//!
+//! Each file gives what one file's window gives before the answer is made
+//! (`window::StatsParts` for `stats`, `scoped::ScopeParts` for `explain`),
+//! read the way that file's window is read alone: streamed from a finished
+//! file, loaded from one that did not finish (the file the tracer is still
+//! writing). Those add up as a whole run's do (`run`, `run_explain`): per-op
+//! histograms, counts, culprit sums and kernel-counted calls; the finding
+//! aggregates by `FindingInputs::merge` (what a file boundary cuts is
+//! documented there); one ledger fed every file's memory calls of the
+//! window in order; the host ranges pinned when the window began (the
+//! earlier files' pinning calls and the first file's before the window)
+//! carried from file to file.
+
+use crate::checked::CheckMemo;
+use crate::problems::InputProblems;
+use crate::reader::Trace;
+use crate::run::{pinned_when_file_began, run_files};
+use crate::scoped::ScopeParts;
+use crate::types::CallFilter;
+use crate::window::{StatsParts, WindowCounts};
+use crate::{ReadBudget, StoreError, DEFAULT_READ_TIMEOUT};
+use sleuth_core::findings::Explanation;
+use sleuth_core::ledger::LedgerBuilder;
+use sleuth_core::stats::StatsReport;
+use sleuth_core::GpuSample;
+use std::path::{Path, PathBuf};
+
+/// The files of a run that `--last D` spans, and the window's start.
+#[derive(Debug, Clone)]
+pub struct RunLast {
+    pub dir: PathBuf,
+    /// The files the window spans, oldest first: the newest, and back to
+    /// the one that began at or before the window's start (or the oldest
+    /// kept). Each with its number.
+    pub files: Vec<(u64, PathBuf)>,
+    /// The window's start (monotonic ns): D before the newest file's end
+    /// (its session end, or its latest call while it is written).
+    pub since: u64,
+    /// When the run's oldest file still in the directory began.
+    pub run_start: u64,
+}
+
+/// The files `--last last` of the run in `dir` spans ([`RunLast`]). An
+/// error naming `dir` when it holds no file of a run.
+pub fn last_of_run(dir: &Path, last: u64, memo: &CheckMemo) -> Result<RunLast, StoreError> {
+    let listed = run_files(dir)?;
+    let Some((_, newest)) = listed.last() else {
+        return Err(StoreError::file(
+            dir,
+            "no part-NNNNNN.db files in this directory (not a run of `trace --rotate`)",
+        ));
+    };
+    let (newest_start, end) = open(newest, memo)?.start_and_end()?;
+    let since = end.saturating_sub(last);
+    let mut files = Vec::new();
+    let mut began = newest_start;
+    for (n, path) in listed.iter().rev() {
+        if !files.is_empty() {
+            began = open(path, memo)?.session()?.info.start_mono_ns;
+        }
+        files.push((*n, path.clone()));
+        if began <= since {
+            break;
+        }
+    }
+    files.reverse();
+    let run_start = match listed.first() {
+        Some((n, path)) if *n != files[0].0 => open(path, memo)?.session()?.info.start_mono_ns,
+        _ => began,
+    };
+    Ok(RunLast {
+        dir: dir.to_path_buf(),
+        files,
+        since,
+        run_start,
+    })
+}
+
+fn open(path: &Path, memo: &CheckMemo) -> Result<Trace, StoreError> {
+    Trace::open_remembered(path, ReadBudget::new(DEFAULT_READ_TIMEOUT), memo)
+}
+
+/// What a window over several files read, besides its answer.
+#[derive(Debug, Default)]
+pub struct Read {
+    /// The rows the files' reads skipped, added up.
+    pub problems: InputProblems,
+    /// The GPU's busy samples of the files, in order.
+    pub gpu_samples: Option<Vec<GpuSample>>,
+}
+
+impl RunLast {
+    /// The spanned files' names, oldest first.
+    pub fn file_names(&self) -> Vec<String> {
+        self.files
+            .iter()
+            .map(|(n, _)| crate::run::part_name(*n))
+            .collect()
+    }
+
+    /// The window as a store filter, of process `pid` or all.
+    pub fn filter(&self, pid: Option<u32>) -> CallFilter {
+        CallFilter {
+            pid,
+            since_ns: Some(self.since),
+            ..Default::default()
+        }
+    }
+
+    /// Each spanned file that holds process `pid` (each, without one),
+    /// opened, to `visit`, oldest first; what the reads skipped and the GPU
+    /// samples gathered. An error when none holds `pid`.
+    fn visit(
+        &self,
+        pid: Option<u32>,
+        memo: &CheckMemo,
+        mut visit: impl FnMut(&Trace) -> Result<(), StoreError>,
+    ) -> Result<Read, StoreError> {
+        let mut read = Read::default();
+        let mut seen = false;
+        for (_, path) in &self.files {
+            let trace = open(path, memo)?;
+            if let Some(p) = pid {
+                if !trace.pids()?.contains(&p) {
+                    continue;
+                }
+            }
+            seen = true;
+            visit(&trace)?;
+            if let Some(p) = trace.input_problems_of_reads()? {
+                crate::run_explain::add_problems(&mut read.problems, p);
+            }
+            if let Some(s) = trace.gpu_samples()? {
+                read.gpu_samples.get_or_insert_with(Vec::new).extend(s);
+            }
+        }
+        if !seen {
+            return Err(StoreError::file(
+                &self.dir,
+                format!(
+                    "no process {} in the {} file(s) of the window",
+                    pid.unwrap_or_default(),
+                    self.files.len()
+                ),
+            ));
+        }
+        Ok(read)
+    }
+
+    /// The window's statistics (`stats --last` of the run), with where its
+    /// kernel-counted calls fall: each file's part (`window::stored_parts`,
+    /// or `loaded_parts` for a file that did not finish), added up.
+    pub fn stats(
+        &self,
+        pid: Option<u32>,
+        memo: &CheckMemo,
+    ) -> Result<(StatsReport, WindowCounts, Read), StoreError> {
+        let scope = self.filter(pid);
+        let mut sum: Option<StatsParts> = None;
+        let read = self.visit(pid, memo, |trace| {
+            let part = match crate::window::stored_parts(trace, &scope)? {
+                Some(p) => p,
+                None => crate::window::loaded_parts(trace, &scope)?,
+            };
+            match &mut sum {
+                Some(s) => s.merge(part),
+                None => sum = Some(part),
+            }
+            Ok(())
+        })?;
+        // `visit` refused a window where no file held the process.
+        let (report, counts) = sum.unwrap_or_default().report(pid);
+        Ok((report, counts, read))
+    }
+
+    /// The window's explanation (`explain --last` of the run): each file's
+    /// parts (`scoped::window_parts_after`), the pinned ranges and the
+    /// ledger carried from each to the next, added up. A run with NCCL
+    /// collectives is refused (the straggler finding reads every call and
+    /// wait of the ranks), naming the file.
+    pub fn explanation(
+        &self,
+        pid: Option<u32>,
+        memo: &CheckMemo,
+    ) -> Result<(Explanation, Read), StoreError> {
+        let scope = self.filter(pid);
+        let mut pinned = pinned_when_file_began(&self.dir, self.files[0].0, pid, memo)?;
+        let mut ledger = LedgerBuilder::new(None);
+        let mut sum: Option<ScopeParts> = None;
+        let mut added = 0usize;
+        let read = self.visit(pid, memo, |trace| {
+            if trace.nccl_calls(None)?.iter().any(|e| e.is_collective()) {
+                return Err(StoreError::file(
+                    trace.path(),
+                    "holds NCCL collectives: the straggler finding reads every call and wait of the ranks, \
+                     which a window over several files of a run does not load; ask this file alone (--db FILE --from/--to)",
+                ));
+            }
+            let mut part = crate::scoped::window_parts_after(
+                trace,
+                &scope,
+                pinned.clone(),
+                std::mem::take(&mut ledger),
+            )?;
+            pinned = part.inputs.pinned_state();
+            ledger = std::mem::take(&mut part.ledger);
+            added += 1;
+            sum = Some(match sum.take() {
+                None => part,
+                Some(mut s) => {
+                    crate::run_explain::add_base(&mut s.data, part.data);
+                    s.inputs
+                        .merge(part.inputs)
+                        .map_err(|e| StoreError::file(trace.path(), e.to_string()))?;
+                    match (&mut s.window_counts, part.window_counts) {
+                        (Some(mine), Some(later)) => mine.merge(later),
+                        (mine, later) => *mine = mine.take().or(later),
+                    }
+                    s
+                }
+            });
+            Ok(())
+        })?;
+        // `visit` refused a window where no file held the process.
+        let mut parts = sum.expect("a file of the window");
+        if let Some(w) = &parts.window_counts {
+            parts.data.counts = w.at_least();
+        }
+        parts.ledger = ledger;
+        let mut e = parts.explain();
+        if added > 1 {
+            e.notes.push(format!(
+                "Explained over {added} files of a run (trace --rotate): counts, sums, histograms, culprits and the \
+                 memory ledger of the window cover its part of each file; each thread's window adds its windows in \
+                 the files (the time between its last call in one file and its first in the next is in none)."
+            ));
+        }
+        Ok((e, read))
+    }
+}
