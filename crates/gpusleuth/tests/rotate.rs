@@ -390,6 +390,14 @@ fn last_of_a_run_knows_memory_pinned_in_its_earlier_files() {
         let n = |k: &str| f["evidence"][k].as_u64().unwrap();
         (n("copies"), n("pinned_copies"))
     };
+    // The tracer stored the buffer as pinned at the first file's end: the
+    // run's reader starts the newest file from it (`run_pinned`).
+    let first = common::Db::open(&files[0].1);
+    assert_eq!(first.int("SELECT count(*) FROM run_pinned"), 1);
+    assert_eq!(
+        first.int("SELECT end_ptr - start_ptr FROM run_pinned"),
+        65536
+    );
     assert_eq!(copies(&run), (25, 25), "the run: pinned in its first file");
     assert_eq!(copies(newest), (50, 0), "the file alone");
     // The file alone, whole, says what it cannot know; the run does not.

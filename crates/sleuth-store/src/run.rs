@@ -153,6 +153,9 @@ pub fn pinned_when_file_began(
     pid: Option<u32>,
     memo: &CheckMemo,
 ) -> Result<PinnedState, StoreError> {
+    if let Some(carried) = carried_pinned(dir, n, pid, memo)? {
+        return Ok(carried);
+    }
     let mut pinned = PinnedState::default();
     for (k, path) in run_files(dir)? {
         if k >= n {
@@ -162,6 +165,36 @@ pub fn pinned_when_file_began(
         pinned = crate::scoped::pinned_before(&trace, pid, None, pinned)?;
     }
     Ok(pinned)
+}
+
+/// What the tracer stored as pinned at the end of file `n - 1` of the run
+/// in `dir`, when `n - 1` and `n` are consecutive files of one run whose
+/// carried chain starts at file 1 (`run_ledger::continues_from_start`):
+/// the whole run's pinned ranges when `n` began, files `--keep` deleted
+/// included, read from one file. None: replay the earlier files.
+fn carried_pinned(
+    dir: &Path,
+    n: u64,
+    pid: Option<u32>,
+    memo: &CheckMemo,
+) -> Result<Option<PinnedState>, StoreError> {
+    let Some(before) = n.checked_sub(1).filter(|&b| b >= 1) else {
+        return Ok(None);
+    };
+    let prev_path = dir.join(part_name(before));
+    if !prev_path.is_file() {
+        return Ok(None);
+    }
+    let open = |p: &Path| Trace::open_remembered(p, ReadBudget::new(DEFAULT_READ_TIMEOUT), memo);
+    let prev = open(&prev_path)?;
+    let Some(prev_link) = crate::run_ledger::link(&prev)? else {
+        return Ok(None);
+    };
+    let next_link = crate::run_ledger::link(&open(&dir.join(part_name(n)))?)?;
+    if !crate::run_ledger::continues_from_start(&prev_link, next_link.as_ref(), n) {
+        return Ok(None);
+    }
+    crate::run_pinned::stored(&prev, pid)
 }
 
 /// The merged stats of a run, and the files it could not use.

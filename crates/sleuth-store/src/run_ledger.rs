@@ -46,6 +46,7 @@ use crate::finding_rollups::{complete_tables, damaged_table};
 use crate::reader::Trace;
 use crate::StoreError;
 use rusqlite::Connection;
+use sleuth_core::findings::inputs::PinnedState;
 use sleuth_core::ledger::{LedgerBuilder, ProcessLedger};
 use sleuth_core::sites::Stack;
 use sleuth_core::TraceData;
@@ -162,6 +163,8 @@ pub(crate) struct Carried {
     builder: LedgerBuilder,
     /// The stacks of the sites the run's ledger names (by id).
     stacks: BTreeMap<u64, Stack>,
+    /// The host ranges pinned at the end of file `last` (`run_pinned`).
+    pinned: PinnedState,
 }
 
 /// The file's own ledger (`ledger_rollup`) and, for a file of a rotating
@@ -200,6 +203,7 @@ pub(crate) fn write(
                 last: 0,
                 builder: LedgerBuilder::new(None),
                 stacks: BTreeMap::new(),
+                pinned: PinnedState::default(),
             }
         }
     };
@@ -209,15 +213,17 @@ pub(crate) fn write(
     conn.execute_batch(CREATE)?;
     conn.execute("DELETE FROM run_ledger", [])?;
     crate::ledger_rollup::store(conn, TABLE, &run)?;
+    c.pinned = crate::run_pinned::carry_through(conn, std::mem::take(&mut c.pinned))?;
+    crate::run_pinned::store(conn, &c.pinned)?;
     let mut meta = conn.prepare("INSERT OR REPLACE INTO meta(key, value) VALUES (?1, ?2)")?;
     meta.execute(["run_id", link.run_id()])?;
     meta.execute(["run_file", &link.file.to_string()])?;
     meta.execute(["run_ledger_from", &c.from.to_string()])?;
     meta.execute(["run_ledger", COMPLETE])?;
     c.last = link.file;
-    let next = if c.builder.held_entries() > MAX_CARRIED_ENTRIES {
+    let next = if c.builder.held_entries() + c.pinned.range_count() > MAX_CARRIED_ENTRIES {
         CarryState::Broken(format!(
-            "the run's ledger held more than {MAX_CARRIED_ENTRIES} live allocations, failed allocations, sizes and threads at the end of file {}: not carried further",
+            "the run's ledger held more than {MAX_CARRIED_ENTRIES} live allocations, failed allocations, sizes, threads and pinned host ranges at the end of file {}: not carried further",
             link.file
         ))
     } else {
@@ -300,6 +306,15 @@ pub(crate) fn link(trace: &Trace) -> Result<Option<Link>, StoreError> {
             _ => None,
         },
     )
+}
+
+/// Whether file `n`, whose link is `next` (None: not finished yet, the
+/// file the tracer is writing), began where `prev` (file `n - 1`'s link)
+/// ended, on a chain that starts at the run's file 1: then `n - 1`'s
+/// stored end state (`run_pinned`) is `n`'s start, over the whole run.
+pub(crate) fn continues_from_start(prev: &Link, next: Option<&Link>, n: u64) -> bool {
+    let prev_ok = prev.from == 1 && prev.file.checked_add(1) == Some(n);
+    prev_ok && next.is_none_or(|l| l.file == n && l.run_id == prev.run_id && l.from == prev.from)
 }
 
 /// Whether the run ledger of the last of a run's files answers for them.

@@ -7,8 +7,13 @@
 //! judged again, streamed in end order as the writer fed them (memory: the
 //! live ranges and a few examples).
 
+use crate::finding_rollups::{complete_tables, damaged_table, row_index};
+use crate::reader::Trace;
+use crate::rows::{call_from_row, calls_sql_from};
 use crate::stream::{CallQuery, Rows};
 use crate::StoreError;
+use rusqlite::{params, Connection};
+use sleuth_core::findings::inputs::Resolution;
 use sleuth_core::findings::inputs::{FindingInputs, PinnedState};
 
 /// The pinned ranges the files read so far left live.
@@ -41,4 +46,99 @@ impl PinnedCarry {
         }
         Ok(())
     }
+}
+
+// --- The run's pinned ranges carried by the tracer ---
+//
+// A reader of a run's file `n` (`--last` of a run's directory) needs the
+// ranges the run's earlier files left pinned; replaying them opens every
+// earlier file (each one's checks: 9 s for the 40 earlier files of a
+// 42-file run, each a first read; docs/benchmarks.md), and cannot know the
+// files `--keep` deleted. The tracer completes its files in order, carrying
+// the run's ledger from one to the next (`run_ledger`); it carries the
+// pinned ranges with it and stores, in each file it completes, the ranges
+// live at the file's end: table `run_pinned(pid, start_ptr, end_ptr)`,
+// `meta.run_pinned = 1` once complete. File `n` began with what file `n - 1`
+// stored, when their links say they are consecutive files of one run
+// whose chain starts at file 1 ([`when_file_began`]); anything else
+// replays, as before.
+
+const TABLE: &str = "run_pinned";
+const COLS: &[&str] = &["pid", "start_ptr", "end_ptr"];
+const CREATE: &str = "CREATE TABLE IF NOT EXISTS run_pinned(pid INTEGER NOT NULL, start_ptr INTEGER NOT NULL, end_ptr INTEGER NOT NULL)";
+
+/// The ranges `earlier` (live when the file began) after the file's own
+/// pinning calls, replayed in end order on the completion's connection.
+pub(crate) fn carry_through(
+    conn: &Connection,
+    earlier: PinnedState,
+) -> rusqlite::Result<PinnedState> {
+    let ops = crate::finding_rollups::pinned_replay_ops(false);
+    let names = crate::stream::quoted_names(&ops);
+    let source = crate::stream::calls_source_for_ops(conn, ops)?;
+    let sql = calls_sql_from(
+        conn,
+        &source,
+        &format!("WHERE nested = 0 AND op IN ({names}) ORDER BY ts_ns + dur_ns, id"),
+    )?;
+    let mut replay = FindingInputs::new(Resolution::Bucketed, None).with_pinned(earlier);
+    let mut st = conn.prepare(&sql)?;
+    let mut rows = st.query([])?;
+    while let Some(row) = rows.next()? {
+        if let Some(s) = call_from_row(row)? {
+            replay.add_in_end_order(row_index(s.id), &s.call);
+        }
+    }
+    Ok(replay.pinned_state())
+}
+
+/// Stores `state` as the ranges live at this file's end.
+pub(crate) fn store(conn: &Connection, state: &PinnedState) -> rusqlite::Result<()> {
+    conn.execute_batch(CREATE)?;
+    conn.execute("DELETE FROM run_pinned", [])?;
+    let mut ins =
+        conn.prepare("INSERT INTO run_pinned(pid, start_ptr, end_ptr) VALUES (?1, ?2, ?3)")?;
+    for (pid, start, end) in state.ranges() {
+        // Addresses are stored as SQLite's signed integers, bit for bit.
+        ins.execute(params![pid, start as i64, end as i64])?;
+    }
+    conn.execute(
+        "INSERT OR REPLACE INTO meta(key, value) VALUES ('run_pinned', '1')",
+        [],
+    )?;
+    Ok(())
+}
+
+/// The ranges of process `pid` (or every process) `trace` stored as live
+/// at its end; None when it stored none (an older file, a file of a trace
+/// without `--rotate`). A table that is not the one gpusleuth writes, or
+/// that holds more ranges than a tracer carries, is an error naming it.
+pub(crate) fn stored(trace: &Trace, pid: Option<u32>) -> Result<Option<PinnedState>, StoreError> {
+    let conn = trace.keyed();
+    let read = || -> rusqlite::Result<Option<PinnedState>> {
+        if !complete_tables(conn, "run_pinned", &[(TABLE, COLS)])? {
+            return Ok(None);
+        }
+        let max = crate::run_ledger::MAX_CARRIED_ENTRIES;
+        let mut st = conn.prepare(
+            "SELECT pid, start_ptr, end_ptr FROM run_pinned WHERE ?1 IS NULL OR pid = ?1 LIMIT ?2",
+        )?;
+        let mut rows = st.query(params![pid, max as i64 + 1])?;
+        let mut ranges = Vec::new();
+        while let Some(r) = rows.next()? {
+            let (p, s, e): (i64, i64, i64) = (r.get(0)?, r.get(1)?, r.get(2)?);
+            let Ok(p) = u32::try_from(p) else {
+                return Err(damaged_table(TABLE, "holds a pid no process has"));
+            };
+            ranges.push((p, s as u64, e as u64));
+        }
+        if ranges.len() > max {
+            return Err(damaged_table(
+                TABLE,
+                "holds more ranges than a tracer carries",
+            ));
+        }
+        Ok(Some(PinnedState::from_ranges(ranges)))
+    };
+    read().map_err(|e| trace.read_error(e))
 }

@@ -368,3 +368,89 @@ fn past_the_carried_bound_the_next_file_starts_a_new_chain() {
     let l = &r.ledgers[0];
     assert_eq!((l.allocs, l.frees, l.unfreed.len() as u64), (n, 1, n - 1));
 }
+
+/// The tracer stores in each file the host ranges pinned at its end
+/// (`run_pinned`): a reader of file 3 knows what file 1 pinned after
+/// `--keep` deleted it, which no replay can; a run without the stored
+/// ranges (an older tracer) replays the files present.
+#[test]
+fn memory_pinned_in_a_deleted_file_stays_pinned() {
+    use sleuth_core::findings::inputs::PinnedState;
+    let dir = TempDir::new("run-pinned-carried");
+    let run = dir.join("run");
+    let (a, b) = (0x7000_0000u64, 0x9000_0000u64);
+    let pin = |ts, ptr| {
+        let mut c = call("cudaHostAlloc", ts, MS);
+        (c.ptr, c.size) = (Some(ptr), Some(1 << 20));
+        c
+    };
+    let mut unpin = call("cudaFreeHost", 120 * MS, MS);
+    unpin.ptr = Some(b);
+    let parts = vec![
+        part(vec![pin(0, a), pin(MS, b)]),
+        part(vec![unpin, call("cudaLaunchKernel", 130 * MS, MS)]),
+        part(vec![call("cudaLaunchKernel", 200 * MS, MS)]),
+    ];
+    write_run(&run, &RunLink::new_run(), 1, &parts);
+    let memo = sleuth_store::CheckMemo::new();
+    let began = |dir: &Path, n| {
+        sleuth_store::run::pinned_when_file_began(dir, n, None, &memo)
+            .unwrap()
+            .ranges()
+    };
+    let only_a = vec![(100, a, a + (1 << 20))];
+    assert_eq!(began(&run, 3), only_a, "b was unpinned in file 2");
+    assert_eq!(began(&run, 2).len(), 2, "both pinned when file 2 began");
+    // As `--keep 2` leaves it: file 1 gone, its pinning still known.
+    std::fs::remove_file(run.join(part_name(1))).unwrap();
+    assert_eq!(began(&run, 3), only_a);
+    // Without the stored ranges the files present are replayed: file 1's
+    // pinning is lost with it.
+    let old = without_carried(&run, &dir.join("old"));
+    assert_eq!(began(&old, 3), Vec::new());
+    // Another process's ranges are not this one's.
+    let other = sleuth_store::run::pinned_when_file_began(&run, 3, Some(4242), &memo).unwrap();
+    assert!(other.is_empty());
+    let _: PinnedState = other;
+}
+
+/// A stored pinned-range table no tracer writes is a one-line error
+/// naming it; ranges that are no range are ignored.
+#[test]
+fn a_damaged_run_pinned_table_is_refused_in_one_line() {
+    let dir = TempDir::new("run-pinned-damaged");
+    let run = dir.join("run");
+    let parts = vec![
+        part(vec![call("cudaLaunchKernel", 0, MS)]),
+        part(vec![call("cudaLaunchKernel", 100 * MS, MS)]),
+    ];
+    write_run(&run, &RunLink::new_run(), 1, &parts);
+    let first = run.join(part_name(1));
+    let began = || {
+        sleuth_store::run::pinned_when_file_began(&run, 2, None, &sleuth_store::CheckMemo::new())
+    };
+    sql(
+        &first,
+        "INSERT INTO run_pinned VALUES (100, 4096, 4096), (100, 9000, 10)",
+    );
+    assert!(began().unwrap().is_empty(), "empty and inverted ranges");
+    for (damage, what) in [
+        (
+            "INSERT INTO run_pinned VALUES (-1, 0, 4096)",
+            "holds a pid no process has",
+        ),
+        (
+            "DROP TABLE run_pinned; CREATE TABLE run_pinned(pid INTEGER, start_ptr INTEGER)",
+            "is not the table gpusleuth writes",
+        ),
+    ] {
+        sql(&first, damage);
+        let msg = began().expect_err(damage).to_string();
+        assert!(msg.contains("run_pinned") && msg.contains(what), "{msg}");
+        assert_eq!(msg.lines().count(), 1, "{msg}");
+        sql(
+            &first,
+            "DROP TABLE run_pinned; CREATE TABLE run_pinned(pid INTEGER NOT NULL, start_ptr INTEGER NOT NULL, end_ptr INTEGER NOT NULL)",
+        );
+    }
+}

@@ -207,6 +207,35 @@ impl PinnedState {
     pub fn is_empty(&self) -> bool {
         self.0.values().all(|r| r.live.is_empty())
     }
+
+    /// The live ranges as (pid, start, end exclusive), by pid then start:
+    /// what a file stores for the next one (`sleuth_store`'s run carry).
+    pub fn ranges(&self) -> Vec<(u32, u64, u64)> {
+        let mut out: Vec<(u32, u64, u64)> = self
+            .0
+            .iter()
+            .flat_map(|(&pid, r)| r.live.iter().map(move |(&s, &e)| (pid, s, e)))
+            .collect();
+        out.sort_unstable();
+        out
+    }
+
+    /// The state of `ranges` ([`Self::ranges`]' shape); a start at or past
+    /// its end is no range.
+    pub fn from_ranges(ranges: impl IntoIterator<Item = (u32, u64, u64)>) -> PinnedState {
+        let mut state = PinnedState::default();
+        for (pid, start, end) in ranges {
+            if start < end {
+                state.0.entry(pid).or_default().live.insert(start, end);
+            }
+        }
+        state
+    }
+
+    /// How many ranges are live, over every process.
+    pub fn range_count(&self) -> usize {
+        self.0.values().map(|r| r.live.len()).sum()
+    }
 }
 
 #[cfg(test)]
