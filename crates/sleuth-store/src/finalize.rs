@@ -129,7 +129,7 @@ fn per_thread_pass(
             if !s.call.nested {
                 sort_culprits(&mut culprits);
                 inputs.add_call(row_index(s.id), &s.call, &culprits);
-                scopes.add_call(s.id, &s.call);
+                scopes.add_call(&s.call);
             }
         }
         drop(calls);
@@ -142,7 +142,7 @@ fn per_thread_pass(
             ins_thread.execute(params![pid, tid, json])?;
         }
     }
-    crate::finding_rollups::write(conn, inputs)?;
+    crate::finding_rollups::write(conn, inputs, &mut scopes)?;
     scopes.write(conn)?;
     // Per-op culprit sums; a float total and a clamp so a crafted huge sum
     // cannot fail the finish with an integer overflow.

@@ -120,9 +120,14 @@ pub(crate) fn row_index(id: i64) -> usize {
 }
 
 /// Completes the finding rollups fed by the per-thread pass (the
-/// pinned-memory replay) and stores them; the writer's final transaction
-/// calls it.
-pub(crate) fn write(conn: &Connection, mut f: FindingInputs) -> rusqlite::Result<()> {
+/// pinned-memory replay, which also judges the copies of each copy op's
+/// scope: `scopes`) and stores them; the writer's final transaction calls
+/// it.
+pub(crate) fn write(
+    conn: &Connection,
+    mut f: FindingInputs,
+    scopes: &mut crate::scope_rollups::OpScopes,
+) -> rusqlite::Result<()> {
     f.settle();
     conn.execute_batch(CREATE)?;
     for (t, _) in TABLES.iter().chain(PROCESS_TABLES) {
@@ -145,6 +150,7 @@ pub(crate) fn write(conn: &Connection, mut f: FindingInputs) -> rusqlite::Result
         while let Some(row) = rows.next()? {
             if let Some(s) = call_from_row(row)? {
                 f.add_in_end_order(row_index(s.id), &s.call);
+                scopes.replay_in_end_order(s.id, &s.call);
             }
         }
     }

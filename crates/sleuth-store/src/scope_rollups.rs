@@ -10,10 +10,13 @@
 //! what is per thread: each thread's split over the window of its calls of
 //! the op, the other ops' calls being time between calls there
 //! (`ThreadPass::with_op_splits`), and its launch and host-gap histograms
-//! and pageable copies of that op alone (`FindingInputs::add_thread_call`;
-//! copies judged with no pinned memory, as a scope without the pinning ops
-//! judges them: the reader judges them again against the file's pinning
-//! calls where it has any, `scoped::rejudge_copies`). Without those rows the op's calls span the trace, and
+//! and pageable copies of that op alone (`FindingInputs::add_thread_call`).
+//! Since round 16 a copy op's copies are judged against every pinning call
+//! of the file, in the writer's end-order replay with them
+//! ([`OpScopes::replay_in_end_order`], `meta.finding_op_copies = 1`), as the
+//! reader judged them again before (`scoped::rejudge_copies`, still used for
+//! older files and for a file begun with memory pinned earlier in its run).
+//! Without those rows the op's calls span the trace, and
 //! every wait of each thread was read for them: 4.6–4.9 s for
 //! `findings {op: cudaMemcpy}` on a 10M-call trace.
 //!
@@ -54,6 +57,10 @@ const TABLES: &[(&str, &[&str])] = &[
     ),
 ];
 
+/// `meta.finding_op_copies` once a copy op's scope judged its copies
+/// against the file's pinning calls (absent: judged with none).
+const COPIES_KEY: &str = "finding_op_copies";
+
 /// Histogram kinds of `finding_op_hist` (`ThreadInputs`' two).
 const HIST_LAUNCH: &str = "launch";
 const HIST_GAP: &str = "sync_gap";
@@ -76,18 +83,32 @@ impl OpScopes {
         }
     }
 
-    /// A non-nested call (row `id`) of its thread, in start order.
-    pub(crate) fn add_call(&mut self, id: i64, c: &CallEvent) {
+    /// A non-nested call of its thread, in start order.
+    pub(crate) fn add_call(&mut self, c: &CallEvent) {
         let tracer = self.tracer;
         let f = self
             .inputs
             .entry(c.op)
             .or_insert_with(|| FindingInputs::new(Resolution::Bucketed, tracer));
         f.add_thread_call(c);
-        // With no pinning call in the scope no copy is pinned, and the
-        // replay's sums and examples do not depend on the order.
-        if c.info().is_some_and(|i| i.class == OpClass::Copy) {
-            f.add_in_end_order(row_index(id), c);
+    }
+
+    /// The next call of the file's pinned-memory replay (pinning calls and
+    /// copies by end, `finding_rollups::write`): a copy joins its op's
+    /// scope, judged against the pinning calls fed before it; a pinning
+    /// call changes the pinned ranges of every copy op's scope.
+    pub(crate) fn replay_in_end_order(&mut self, id: i64, c: &CallEvent) {
+        let Some(info) = c.info() else { return };
+        if info.class == OpClass::Copy {
+            if let Some(f) = self.inputs.get_mut(&c.op) {
+                f.add_in_end_order(row_index(id), c);
+            }
+            return;
+        }
+        for (op, f) in &mut self.inputs {
+            if op_by_id(*op).is_some_and(|o| o.class == OpClass::Copy) {
+                f.add_in_end_order(row_index(id), c);
+            }
         }
     }
 
@@ -106,7 +127,9 @@ impl OpScopes {
         for (t, _) in TABLES {
             conn.execute(&format!("DELETE FROM {t}"), [])?;
         }
-        conn.execute("DELETE FROM meta WHERE key = ?1", [KEY])?;
+        for key in [KEY, COPIES_KEY] {
+            conn.execute("DELETE FROM meta WHERE key = ?1", [key])?;
+        }
         let mut ins = conn.prepare(
             "INSERT INTO finding_op_threads(op, pid, tid, inputs, split) VALUES (?1, ?2, ?3, ?4, ?5)",
         )?;
@@ -130,13 +153,21 @@ impl OpScopes {
             }
         }
         if complete {
-            conn.execute(
-                "INSERT OR REPLACE INTO meta(key, value) VALUES (?1, '1')",
-                [KEY],
-            )?;
+            for key in [KEY, COPIES_KEY] {
+                conn.execute(
+                    "INSERT OR REPLACE INTO meta(key, value) VALUES (?1, '1')",
+                    [key],
+                )?;
+            }
         }
         Ok(())
     }
+}
+
+/// Whether the file's op scopes judged their copies against its pinning
+/// calls ([`OpScopes::replay_in_end_order`]).
+pub(crate) fn copies_judged(conn: &Connection) -> rusqlite::Result<bool> {
+    Ok(crate::open::meta_value(conn, COPIES_KEY)?.as_deref() == Some("1"))
 }
 
 /// A stored value's JSON, as a SQL error where it fails.

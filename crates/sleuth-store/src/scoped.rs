@@ -569,8 +569,12 @@ fn from_op_rollups(
     }
     span_from_calls(&mut data, extent);
     // The pinned-memory replay has nothing to judge: a copy op's copies are
-    // in the rollups (judged with no pinned memory), and a pinning op's
-    // scope has no copy.
+    // in the rollups, judged against the file's pinning calls (a file
+    // written before round 16: with none), and a pinning op's scope has no
+    // copy. They are judged again where the rollups could not know all:
+    // an older file, or memory pinned before the file began.
+    let judged = crate::scope_rollups::copies_judged(conn).map_err(read)?;
+    let rejudge = !judged || !pinned_ranges.is_empty();
     let memory: BTreeSet<&'static str> = sleuth_core::ledger::memory_op_names()
         .into_iter()
         .filter(|o| *o == op)
@@ -587,7 +591,9 @@ fn from_op_rollups(
             kept: None,
             since_ns: None,
             until_ns: None,
-            copies_of: copy_op(Some(op)).map(|o| (o, pinned_ranges.clone())),
+            copies_of: copy_op(Some(op))
+                .filter(|_| rejudge)
+                .map(|o| (o, pinned_ranges.clone())),
         },
     )
     .map(Some)
