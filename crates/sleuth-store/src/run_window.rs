@@ -152,8 +152,10 @@ impl RunLast {
     }
 
     /// The window's statistics (`stats --last` of the run), with where its
-    /// kernel-counted calls fall: each file's part (`window::stored_parts`,
-    /// or `loaded_parts` for a file that did not finish), added up.
+    /// kernel-counted calls fall: each file's part (a finished file wholly
+    /// inside the window from its rollups, `window::whole_file_parts`; else
+    /// its window streamed, `stored_parts`, or loaded for a file that did
+    /// not finish, `loaded_parts`), added up.
     pub fn stats(
         &self,
         pid: Option<u32>,
@@ -162,9 +164,12 @@ impl RunLast {
         let scope = self.filter(pid);
         let mut sum: Option<StatsParts> = None;
         let read = self.visit(pid, memo, |trace| {
-            let part = match crate::window::stored_parts(trace, &scope)? {
+            let part = match crate::window::whole_file_parts(trace, &scope)? {
                 Some(p) => p,
-                None => crate::window::loaded_parts(trace, &scope)?,
+                None => match crate::window::stored_parts(trace, &scope)? {
+                    Some(p) => p,
+                    None => crate::window::loaded_parts(trace, &scope)?,
+                },
             };
             match &mut sum {
                 Some(s) => s.merge(part),

@@ -421,6 +421,42 @@ pub fn stored_parts(trace: &Trace, scope: &CallFilter) -> Result<Option<StatsPar
     }))
 }
 
+/// [`stored_parts`] of a finished file whose every call starts inside the
+/// open-ended window `scope` (no op, no end; its call groups' first start
+/// at or after the window's): the writer's rollups without the thread
+/// splits, the same sums as the window's calls streamed, no call row read
+/// (a run's files after the first one `--last` spans). None otherwise.
+pub fn whole_file_parts(
+    trace: &Trace,
+    scope: &CallFilter,
+) -> Result<Option<StatsParts>, StoreError> {
+    let Some(since) = scope.since_ns else {
+        return Ok(None);
+    };
+    if scope.until_ns.is_some() || scope.op.is_some() || !trace.has_rollups()? {
+        return Ok(None);
+    }
+    if let Some(pid) = scope.pid {
+        trace.require_pid(pid)?;
+    }
+    let read = |e| trace.read_error(e);
+    let Some(groups) = crate::call_groups::stored(trace.keyed()).map_err(read)? else {
+        return Ok(None);
+    };
+    if groups.iter().any(|g| g.first_ts_ns < since) {
+        return Ok(None);
+    }
+    let mut rollups = trace.stored_rollups(scope.pid).map_err(read)?;
+    rollups.threads.clear();
+    let counts = trace.op_counts(scope.pid)?;
+    Ok(Some(StatsParts {
+        rollups,
+        counts: WindowCounts::of(trace, &counts, scope)?,
+        stats: trace.stats()?,
+        has_host_context: trace.has_host_context(),
+    }))
+}
+
 /// The parts of a window of a file that did not finish (no stored
 /// culprits: the one a run is still writing, or one whose writer was
 /// killed): its window's calls loaded with their processes' waits, into
