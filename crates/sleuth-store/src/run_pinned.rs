@@ -23,6 +23,16 @@ pub(crate) struct PinnedCarry {
 }
 
 impl PinnedCarry {
+    /// A carry from the ranges `state` (pinned before the first file).
+    pub(crate) fn starting(state: PinnedState) -> PinnedCarry {
+        PinnedCarry { state }
+    }
+
+    /// The ranges the files read so far left live.
+    pub(crate) fn into_state(self) -> PinnedState {
+        self.state
+    }
+
     /// The next file of the run (its calls under `rows`, its aggregates
     /// `inputs`, both of `pid` or all): re-judges its copies when needed,
     /// then carries the ranges it leaves live.

@@ -19,10 +19,13 @@ use crate::checked::CheckMemo;
 use crate::problems::InputProblems;
 use crate::reader::Trace;
 use crate::run::{pinned_when_file_began, run_files};
+use crate::run_pinned::PinnedCarry;
 use crate::scoped::ScopeParts;
+use crate::stream::MemoryTrace;
 use crate::types::CallFilter;
 use crate::window::{StatsParts, WindowCounts};
 use crate::{ReadBudget, StoreError, DEFAULT_READ_TIMEOUT};
+use sleuth_core::findings::inputs::PinnedState;
 use sleuth_core::findings::Explanation;
 use sleuth_core::ledger::LedgerBuilder;
 use sleuth_core::stats::StatsReport;
@@ -205,12 +208,15 @@ impl RunLast {
                      which a window over several files of a run does not load; ask this file alone (--db FILE --from/--to)",
                 ));
             }
-            let mut part = crate::scoped::window_parts_after(
-                trace,
-                &scope,
-                pinned.clone(),
-                std::mem::take(&mut ledger),
-            )?;
+            let mut part = match whole_file(trace, &scope)? {
+                true => whole_file_parts(trace, &scope, pinned.clone(), std::mem::take(&mut ledger))?,
+                false => crate::scoped::window_parts_after(
+                    trace,
+                    &scope,
+                    pinned.clone(),
+                    std::mem::take(&mut ledger),
+                )?,
+            };
             pinned = part.inputs.pinned_state();
             ledger = std::mem::take(&mut part.ledger);
             added += 1;
@@ -246,4 +252,60 @@ impl RunLast {
         }
         Ok((e, read))
     }
+}
+
+/// Whether every call of a finished file with stored finding aggregates
+/// starts inside the open-ended window `scope` (no op, no end; its call
+/// groups' first start at or after the window's): then its part of the
+/// window is the whole file's ([`whole_file_parts`]).
+fn whole_file(trace: &Trace, scope: &CallFilter) -> Result<bool, StoreError> {
+    let (Some(since), None, None) = (scope.since_ns, scope.until_ns, scope.op.as_deref()) else {
+        return Ok(false);
+    };
+    if !trace.has_rollups()?
+        || !crate::finding_rollups::has_complete(trace.keyed(), scope.pid)
+            .map_err(|e| trace.read_error(e))?
+    {
+        return Ok(false);
+    }
+    let groups = crate::call_groups::stored(trace.keyed()).map_err(|e| trace.read_error(e))?;
+    Ok(groups.is_some_and(|g| g.iter().all(|g| g.first_ts_ns >= since)))
+}
+
+/// A file wholly inside the window ([`whole_file`]), read as a whole run's
+/// explanation reads each file (`run_explain`): its stored finding
+/// aggregates, its copies judged again when memory pinned before it
+/// (`earlier`) is live, its memory calls replayed into the window's
+/// `ledger`, its base data with the allocator views' calls; no other call
+/// or wait row is read.
+fn whole_file_parts(
+    trace: &Trace,
+    scope: &CallFilter,
+    earlier: PinnedState,
+    mut ledger: LedgerBuilder,
+) -> Result<ScopeParts, StoreError> {
+    let pid = scope.pid;
+    let Some(mut inputs) = crate::finding_rollups::finding_inputs(trace, pid)? else {
+        // `whole_file` saw them complete.
+        return Err(StoreError::file(
+            trace.path(),
+            "finding rollups vanished while read",
+        ));
+    };
+    let mut view = MemoryTrace::open(trace, pid, ReadBudget::new(DEFAULT_READ_TIMEOUT))?;
+    let mut carry = PinnedCarry::starting(earlier);
+    carry.file(view.rows(), pid, &mut inputs)?;
+    let inputs = inputs.with_pinned(carry.into_state());
+    view.replay_ledger(&mut ledger)?;
+    view.load_allocator_calls()?;
+    let mut data = std::mem::take(&mut view.base);
+    let counts = trace.op_counts(pid)?;
+    let window_counts = WindowCounts::of(trace, &counts, scope)?;
+    data.counts = window_counts.at_least();
+    Ok(ScopeParts {
+        data,
+        inputs,
+        ledger,
+        window_counts: Some(window_counts),
+    })
 }

@@ -459,6 +459,17 @@ fn compare_window(name: &str, tag: &str, live: bool) {
         let want = sleuth_store::scoped::explanation_or_loaded(&whole, &filter).unwrap();
         let (got, _) = run.explanation(pid, &memo).unwrap();
         assert_eq!(findings(&got), findings(&want), "{at}");
+        let (g, w) = (
+            serde_json::to_value(&got.findings).unwrap(),
+            serde_json::to_value(&want.findings).unwrap(),
+        );
+        let mut d = Vec::new();
+        json_diff(&g, &w, String::new(), &mut d);
+        // A finding's share of the wall time is of the trace's span: here
+        // the test's two files span less than the whole trace they were cut
+        // from (a real run's files follow each other).
+        d.retain(|l| !l.contains(".wall_share:"));
+        assert!(d.is_empty(), "{at}: the evidence differs: {d:#?}");
         assert!(
             got.notes
                 .iter()
@@ -567,4 +578,24 @@ fn a_window_over_two_files_carries_its_ledger_and_pinned_memory() {
         kinds.contains(&"pageable_copy"),
         "nothing pinned: {kinds:?}"
     );
+}
+
+/// The leaves where two JSON values differ, by path.
+fn json_diff(a: &serde_json::Value, b: &serde_json::Value, at: String, out: &mut Vec<String>) {
+    use serde_json::Value;
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            for k in x.keys().chain(y.keys().filter(|k| !x.contains_key(*k))) {
+                let n = Value::Null;
+                json_diff(x.get(k).unwrap_or(&n), y.get(k).unwrap_or(&n), format!("{at}.{k}"), out);
+            }
+        }
+        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => {
+            for (i, (p, q)) in x.iter().zip(y).enumerate() {
+                json_diff(p, q, format!("{at}[{i}]"), out);
+            }
+        }
+        _ if a != b => out.push(format!("{at}: {a} vs {b}")),
+        _ => {}
+    }
 }
