@@ -127,8 +127,10 @@ impl RunLast {
         let mut seen = false;
         for (_, path) in &self.files {
             let trace = open(path, memo)?;
+            // By the aggregates where the file has them: no per-call table
+            // is checked for a file answered from its rollups.
             if let Some(p) = pid {
-                if !trace.pids()?.contains(&p) {
+                if !trace.holds_pid(p)? {
                     continue;
                 }
             }
@@ -237,7 +239,8 @@ impl RunLast {
             Ok(())
         })?;
         // `visit` refused a window where no file held the process.
-        let mut parts = sum.expect("a file of the window");
+        let mut parts =
+            sum.ok_or_else(|| StoreError::file(&self.dir, "no file of the window was read"))?;
         if let Some(w) = &parts.window_counts {
             parts.data.counts = w.at_least();
         }
@@ -255,21 +258,12 @@ impl RunLast {
 }
 
 /// Whether every call of a finished file with stored finding aggregates
-/// starts inside the open-ended window `scope` (no op, no end; its call
-/// groups' first start at or after the window's): then its part of the
-/// window is the whole file's ([`whole_file_parts`]).
+/// starts inside the window (`window::wholly_inside`): then its part of
+/// the window is the whole file's ([`whole_file_parts`]).
 fn whole_file(trace: &Trace, scope: &CallFilter) -> Result<bool, StoreError> {
-    let (Some(since), None, None) = (scope.since_ns, scope.until_ns, scope.op.as_deref()) else {
-        return Ok(false);
-    };
-    if !trace.has_rollups()?
-        || !crate::finding_rollups::has_complete(trace.keyed(), scope.pid)
-            .map_err(|e| trace.read_error(e))?
-    {
-        return Ok(false);
-    }
-    let groups = crate::call_groups::stored(trace.keyed()).map_err(|e| trace.read_error(e))?;
-    Ok(groups.is_some_and(|g| g.iter().all(|g| g.first_ts_ns >= since)))
+    Ok(crate::window::wholly_inside(trace, scope)?
+        && crate::finding_rollups::has_complete(trace.keyed(), scope.pid)
+            .map_err(|e| trace.read_error(e))?)
 }
 
 /// A file wholly inside the window ([`whole_file`]), read as a whole run's

@@ -430,23 +430,15 @@ pub fn whole_file_parts(
     trace: &Trace,
     scope: &CallFilter,
 ) -> Result<Option<StatsParts>, StoreError> {
-    let Some(since) = scope.since_ns else {
-        return Ok(None);
-    };
-    if scope.until_ns.is_some() || scope.op.is_some() || !trace.has_rollups()? {
+    if !wholly_inside(trace, scope)? {
         return Ok(None);
     }
     if let Some(pid) = scope.pid {
         trace.require_pid(pid)?;
     }
-    let read = |e| trace.read_error(e);
-    let Some(groups) = crate::call_groups::stored(trace.keyed()).map_err(read)? else {
-        return Ok(None);
-    };
-    if groups.iter().any(|g| g.first_ts_ns < since) {
-        return Ok(None);
-    }
-    let mut rollups = trace.stored_rollups(scope.pid).map_err(read)?;
+    let mut rollups = trace
+        .stored_rollups(scope.pid)
+        .map_err(|e| trace.read_error(e))?;
     rollups.threads.clear();
     let counts = trace.op_counts(scope.pid)?;
     Ok(Some(StatsParts {
@@ -455,6 +447,21 @@ pub fn whole_file_parts(
         stats: trace.stats()?,
         has_host_context: trace.has_host_context(),
     }))
+}
+
+/// Whether every call of a finished file starts inside the open-ended
+/// window `scope` (no op, no end): its stored call groups' first starts
+/// are all at or after the window's. Then its part of the window is the
+/// whole file, answered from what the writer stored.
+pub(crate) fn wholly_inside(trace: &Trace, scope: &CallFilter) -> Result<bool, StoreError> {
+    let (Some(since), None, None) = (scope.since_ns, scope.until_ns, scope.op.as_deref()) else {
+        return Ok(false);
+    };
+    if !trace.has_rollups()? {
+        return Ok(false);
+    }
+    let groups = crate::call_groups::stored(trace.keyed()).map_err(|e| trace.read_error(e))?;
+    Ok(groups.is_some_and(|g| g.iter().all(|g| g.first_ts_ns >= since)))
 }
 
 /// The parts of a window of a file that did not finish (no stored
