@@ -134,26 +134,10 @@ pub(crate) fn write(
         conn.execute(&format!("DELETE FROM {t}"), [])?;
     }
     // The pinned-memory replay: host allocations, registrations and copies by end.
-    let ops = pinned_replay_ops(true);
-    if !ops.is_empty() {
-        let names = crate::stream::quoted_names(&ops);
-        // Copies are a good share of most traces: read in row order then
-        // (through the op index, each row was a random page read).
-        let source = crate::stream::calls_source_for_ops(conn, ops)?;
-        let sql = calls_sql_from(
-            conn,
-            &source,
-            &format!("WHERE nested = 0 AND op IN ({names}) ORDER BY ts_ns + dur_ns, id"),
-        )?;
-        let mut st = conn.prepare(&sql)?;
-        let mut rows = st.query([])?;
-        while let Some(row) = rows.next()? {
-            if let Some(s) = call_from_row(row)? {
-                f.add_in_end_order(row_index(s.id), &s.call);
-                scopes.replay_in_end_order(s.id, &s.call);
-            }
-        }
-    }
+    in_end_order(conn, pinned_replay_ops(true), |id, c| {
+        f.add_in_end_order(row_index(id), c);
+        scopes.replay_in_end_order(id, c);
+    })?;
     store(conn, &f)?;
     conn.execute(
         "INSERT OR REPLACE INTO meta(key, value) VALUES ('finding_rollups', ?1)",
@@ -163,6 +147,36 @@ pub(crate) fn write(
         "INSERT OR REPLACE INTO meta(key, value) VALUES (?1, ?2)",
         [PROCESS_KEY, COMPLETE],
     )?;
+    Ok(())
+}
+
+/// The file's non-nested calls of `ops` by end (ties by row id), each with
+/// its row id, to `each`: the writer's pinned-memory replays (the finding
+/// rollups', a run's carried ranges in `run_pinned`).
+pub(crate) fn in_end_order(
+    conn: &Connection,
+    ops: Vec<&'static str>,
+    mut each: impl FnMut(i64, &sleuth_core::CallEvent),
+) -> rusqlite::Result<()> {
+    if ops.is_empty() {
+        return Ok(());
+    }
+    let names = crate::stream::quoted_names(&ops);
+    // Copies are a good share of most traces: read in row order then
+    // (through the op index, each row was a random page read).
+    let source = crate::stream::calls_source_for_ops(conn, ops)?;
+    let sql = calls_sql_from(
+        conn,
+        &source,
+        &format!("WHERE nested = 0 AND op IN ({names}) ORDER BY ts_ns + dur_ns, id"),
+    )?;
+    let mut st = conn.prepare(&sql)?;
+    let mut rows = st.query([])?;
+    while let Some(row) = rows.next()? {
+        if let Some(s) = call_from_row(row)? {
+            each(s.id, &s.call);
+        }
+    }
     Ok(())
 }
 

@@ -9,7 +9,6 @@
 
 use crate::finding_rollups::{complete_tables, damaged_table, row_index};
 use crate::reader::Trace;
-use crate::rows::{call_from_row, calls_sql_from};
 use crate::stream::{CallQuery, Rows};
 use crate::StoreError;
 use rusqlite::{params, Connection};
@@ -83,22 +82,12 @@ pub(crate) fn carry_through(
     conn: &Connection,
     earlier: PinnedState,
 ) -> rusqlite::Result<PinnedState> {
-    let ops = crate::finding_rollups::pinned_replay_ops(false);
-    let names = crate::stream::quoted_names(&ops);
-    let source = crate::stream::calls_source_for_ops(conn, ops)?;
-    let sql = calls_sql_from(
-        conn,
-        &source,
-        &format!("WHERE nested = 0 AND op IN ({names}) ORDER BY ts_ns + dur_ns, id"),
-    )?;
     let mut replay = FindingInputs::new(Resolution::Bucketed, None).with_pinned(earlier);
-    let mut st = conn.prepare(&sql)?;
-    let mut rows = st.query([])?;
-    while let Some(row) = rows.next()? {
-        if let Some(s) = call_from_row(row)? {
-            replay.add_in_end_order(row_index(s.id), &s.call);
-        }
-    }
+    crate::finding_rollups::in_end_order(
+        conn,
+        crate::finding_rollups::pinned_replay_ops(false),
+        |id, c| replay.add_in_end_order(row_index(id), c),
+    )?;
     Ok(replay.pinned_state())
 }
 

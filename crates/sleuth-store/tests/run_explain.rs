@@ -130,20 +130,58 @@ fn budget() -> ReadBudget {
     ReadBudget::new(DEFAULT_READ_TIMEOUT)
 }
 
-/// The whole trace written as one file and as a run of two; both loaded.
-fn compare(name: &str, tag: &str) {
+/// An example trace written whole (`whole.db`) and as a run of two files
+/// cut at a quiet moment (`run/`), in `dir`.
+struct Cut {
+    dir: TempDir,
+    data: TraceData,
+    whole: Trace,
+    run: std::path::PathBuf,
+    at: u64,
+    early: TraceData,
+    late: TraceData,
+}
+
+fn cut_in_two(name: &str, tag: &str) -> Cut {
     let data = Trace::open(&example(name)).unwrap().load(None).unwrap();
     let dir = TempDir::new(tag);
     let whole = dir.join("whole.db");
     rewrite(&data, &whole);
     let run = dir.join("run");
     std::fs::create_dir(&run).unwrap();
-    let (early, late) = halves(&data, quiet_moment(&data));
+    let at = quiet_moment(&data);
+    let (early, late) = halves(&data, at);
     assert!(!early.calls.is_empty() && !late.calls.is_empty());
     rewrite(&early, &run.join(sleuth_store::run::part_name(1)));
     rewrite(&late, &run.join(sleuth_store::run::part_name(2)));
+    Cut {
+        dir,
+        data,
+        whole: Trace::open(&whole).unwrap(),
+        run,
+        at,
+        early,
+        late,
+    }
+}
 
-    let whole_trace = Trace::open(&whole).unwrap();
+/// The explanation says it spans the run's two files.
+fn assert_over_two_files(e: &sleuth_core::findings::Explanation, at: &str) {
+    assert!(
+        e.notes.iter().any(|n| n.contains("over 2 files of a run")),
+        "{at}: {:?}",
+        e.notes
+    );
+}
+
+/// The whole trace written as one file and as a run of two; both loaded.
+fn compare(name: &str, tag: &str) {
+    let Cut {
+        dir: _dir,
+        whole: whole_trace,
+        run,
+        ..
+    } = cut_in_two(name, tag);
     let mut pids: Vec<Option<u32>> = vec![None];
     pids.extend(whole_trace.pids().unwrap().into_iter().map(Some));
     for pid in pids {
@@ -166,13 +204,7 @@ fn compare(name: &str, tag: &str) {
         );
         let count = |d: &TraceData| d.counts.iter().map(|c| c.count).sum::<u64>();
         assert_eq!(count(&merged.data), count(&one.data), "{at}");
-        assert!(
-            got.notes
-                .iter()
-                .any(|n| n.contains("over 2 files of a run")),
-            "{at}: {:?}",
-            got.notes
-        );
+        assert_over_two_files(&got, &at);
     }
 }
 
@@ -400,19 +432,18 @@ fn a_run_with_collectives_is_one_line_error() {
 /// leaves the file it is writing) and written whole; the window from a
 /// moment in the first file to the end.
 fn window_over_two_files(name: &str, tag: &str, live: bool) -> (TempDir, Trace, RunLast, u64) {
-    let data = Trace::open(&example(name)).unwrap().load(None).unwrap();
-    let dir = TempDir::new(tag);
-    let whole = dir.join("whole.db");
-    rewrite(&data, &whole);
-    let run = dir.join("run");
-    std::fs::create_dir(&run).unwrap();
-    let cut = quiet_moment(&data);
-    let (early, late) = halves(&data, cut);
+    let Cut {
+        dir,
+        data,
+        whole,
+        run,
+        at: cut,
+        early,
+        late,
+    } = cut_in_two(name, tag);
     let parts: Vec<(u64, std::path::PathBuf)> = (1..=2)
         .map(|n| (n, run.join(sleuth_store::run::part_name(n))))
         .collect();
-    rewrite(&early, &parts[0].1);
-    rewrite(&late, &parts[1].1);
     if live {
         unfinished(&parts[1].1);
         let c = rusqlite::Connection::open(&parts[1].1).unwrap();
@@ -430,7 +461,7 @@ fn window_over_two_files(name: &str, tag: &str, live: bool) -> (TempDir, Trace, 
         since,
         run_start: common::session().start_mono_ns,
     };
-    (dir, Trace::open(&whole).unwrap(), last, since)
+    (dir, whole, last, since)
 }
 
 /// Stats and findings of the window over the files equal the same window
@@ -470,13 +501,7 @@ fn compare_window(name: &str, tag: &str, live: bool) {
         // from (a real run's files follow each other).
         d.retain(|l| !l.contains(".wall_share:"));
         assert!(d.is_empty(), "{at}: the evidence differs: {d:#?}");
-        assert!(
-            got.notes
-                .iter()
-                .any(|n| n.contains("over 2 files of a run")),
-            "{at}: {:?}",
-            got.notes
-        );
+        assert_over_two_files(&got, &at);
     }
 }
 
@@ -587,7 +612,12 @@ fn json_diff(a: &serde_json::Value, b: &serde_json::Value, at: String, out: &mut
         (Value::Object(x), Value::Object(y)) => {
             for k in x.keys().chain(y.keys().filter(|k| !x.contains_key(*k))) {
                 let n = Value::Null;
-                json_diff(x.get(k).unwrap_or(&n), y.get(k).unwrap_or(&n), format!("{at}.{k}"), out);
+                json_diff(
+                    x.get(k).unwrap_or(&n),
+                    y.get(k).unwrap_or(&n),
+                    format!("{at}.{k}"),
+                    out,
+                );
             }
         }
         (Value::Array(x), Value::Array(y)) if x.len() == y.len() => {
