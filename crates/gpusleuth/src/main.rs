@@ -110,9 +110,27 @@ fn main() {
         Err(e) => {
             // One line, the whole context chain, no backtrace; the message
             // may quote a path or a name from an untrusted file.
-            let msg = format!("{e:#}").replace(['\n', '\r'], " ");
+            let msg = error_line(&e);
             eprintln!("gpusleuth: error: {}", term_text::terminal_safe(&msg));
             std::process::exit(1);
         }
     }
+}
+
+/// The error and its causes on one line, each cause once: a store error's
+/// message already ends with the SQLite error it wraps, which the chain
+/// names again ("X: X" before).
+fn error_line(e: &anyhow::Error) -> String {
+    let mut msg = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if msg.ends_with(&text) {
+            continue;
+        }
+        if !msg.is_empty() {
+            msg.push_str(": ");
+        }
+        msg.push_str(&text);
+    }
+    msg.replace(['\n', '\r'], " ")
 }

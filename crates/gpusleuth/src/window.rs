@@ -103,6 +103,7 @@ impl WindowArgs {
             return Ok(WindowSource::File(WindowFile {
                 path: db.to_path_buf(),
                 run: None,
+                note: None,
             }));
         }
         let Some(last) = self.last else {
@@ -115,7 +116,7 @@ impl WindowArgs {
         }
         let run = sleuth_store::run_window::last_of_run(db, last, crate::checks_memo::memo())?;
         if let [(number, newest)] = run.files.as_slice() {
-            eprintln!(
+            let note = format!(
                 "gpusleuth: --last {} of the run in {}: read from its newest file, {}",
                 fmt_ns(last),
                 db.display(),
@@ -124,16 +125,17 @@ impl WindowArgs {
             return Ok(WindowSource::File(WindowFile {
                 path: newest.clone(),
                 run: Some((db.to_path_buf(), *number)),
+                note: Some(note),
             }));
         }
-        eprintln!(
+        let note = format!(
             "gpusleuth: --last {} of the run in {}: read from the {} files it spans, {}",
             fmt_ns(last),
             db.display(),
             run.files.len(),
             files_named(&run)
         );
-        Ok(WindowSource::Run(run))
+        Ok(WindowSource::Run(run, note))
     }
 
     /// The one trace file a window of `db` is read from ([`Self::source_of`]),
@@ -142,7 +144,7 @@ impl WindowArgs {
     pub fn file_of(&self, db: &Path, command: &str) -> anyhow::Result<WindowFile> {
         match self.source_of(db)? {
             WindowSource::File(f) => Ok(f),
-            WindowSource::Run(run) => anyhow::bail!(
+            WindowSource::Run(run, _) => anyhow::bail!(
                 "--last {} of the run in {} spans {} files ({}): `{command}` reads a window from one file (`stats` and `explain` answer it over the files; or ask each with --db FILE and --from/--to, or a shorter --last)",
                 fmt_ns(self.last.unwrap_or_default()),
                 db.display(),
@@ -160,8 +162,10 @@ impl WindowArgs {
 /// Where a window is read from ([`WindowArgs::source_of`]).
 pub enum WindowSource {
     File(WindowFile),
-    /// Several files of a run (`--last` of its directory).
-    Run(RunLast),
+    /// Several files of a run (`--last` of its directory), and the stderr
+    /// line naming them, said once the answer is made (a failure stays
+    /// one line).
+    Run(RunLast, String),
 }
 
 /// "part-000003.db to part-000005.db" (or the one file's name).
@@ -178,9 +182,19 @@ pub struct WindowFile {
     pub path: PathBuf,
     /// For a run's newest file: the run's directory and the file's number.
     pub run: Option<(PathBuf, u64)>,
+    /// For a run's newest file: the stderr line naming it, said once the
+    /// answer is made ([`Self::say`]), so that a failure stays one line.
+    pub note: Option<String>,
 }
 
 impl WindowFile {
+    /// Says which file of a run answered (nothing for a file of its own).
+    pub fn say(&self) {
+        if let Some(n) = &self.note {
+            eprintln!("{n}");
+        }
+    }
+
     /// The host memory process `pid` (or each) had pinned when the file
     /// began: what a run's earlier files left pinned (their pinning calls
     /// replayed), nothing for a file of its own. A window's copies are

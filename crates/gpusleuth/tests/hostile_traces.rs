@@ -361,7 +361,8 @@ fn mutated_traces_through_every_command() {
         let db = case.path.display().to_string();
         let before = std::fs::read(&case.path).unwrap_or_default();
         // The file as the newest part of a run (`--last` of the directory
-        // reads it, after the earlier part's pinning calls).
+        // reads it, after the earlier part's pinning calls; `--last 1h`
+        // spans both parts: each file's part of the window added up).
         let run_dir = dir.join(format!("run-{}", case.name));
         std::fs::create_dir_all(&run_dir).expect("run dir");
         std::fs::copy(
@@ -373,11 +374,13 @@ fn mutated_traces_through_every_command() {
         let run_db = run_dir.display().to_string();
         let mut all = commands(&db, &out_dir, &format!("{}-{i}", case.name, i = runs));
         for cmd in ["stats", "explain"] {
-            all.push(
-                [cmd, "--db", &run_db, "--last", "100ms", "--json"]
-                    .map(String::from)
-                    .to_vec(),
-            );
+            for last in ["100ms", "1h"] {
+                all.push(
+                    [cmd, "--db", &run_db, "--last", last, "--json"]
+                        .map(String::from)
+                        .to_vec(),
+                );
+            }
         }
         for (i, args) in all.iter().enumerate() {
             let args: Vec<&str> = args.iter().map(String::as_str).collect();

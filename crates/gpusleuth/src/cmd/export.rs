@@ -65,10 +65,11 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<i32> {
     // A window of a run's directory is read from the file that holds it.
-    let db = &match args.window.is_set() {
-        true => args.window.file_of(&args.input.db, "export")?.path,
-        false => args.input.db.clone(),
+    let file = match args.window.is_set() {
+        true => Some(args.window.file_of(&args.input.db, "export")?),
+        false => None,
     };
+    let db = file.as_ref().map_or(&args.input.db, |f| &f.path);
     if let Some(path) = &args.output {
         // Before the work: a refused output is known at once.
         sleuth_store::outfile::check_output(path, &[db], args.force, Some(FORCE_HINT))?;
@@ -96,6 +97,9 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     match &args.output {
         Some(path) => write_file(path, db, args.force, write)?,
         None => write_stdout(write)?,
+    }
+    if let Some(f) = &file {
+        f.say();
     }
     Ok(0)
 }

@@ -95,6 +95,9 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         .unwrap_or_default();
     let html = render(&inputs, &session, &notes, &title);
     sleuth_store::outfile::write_atomic(&args.output, html.as_bytes(), &[db], args.force, hint)?;
+    if let Some(f) = &file {
+        f.say();
+    }
     eprintln!("gpusleuth: report written to {}", args.output.display());
     Ok(0)
 }

@@ -37,12 +37,13 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
 /// (`sleuth_store::window`), without the per-thread splits; a trace that
 /// did not finish has its window's calls loaded with their waits instead.
 fn run_window(args: &Args) -> anyhow::Result<i32> {
-    let db = match args.window.source_of(&args.input.db)? {
-        WindowSource::File(f) => f.path,
-        WindowSource::Run(run) => return run_window_of_run(args, &run),
+    let file = match args.window.source_of(&args.input.db)? {
+        WindowSource::File(f) => f,
+        WindowSource::Run(run, note) => return run_window_of_run(args, &run, &note),
     };
+    let db = &file.path;
     let pid = args.input.pid;
-    let trace = crate::checks_memo::open(&db)?;
+    let trace = crate::checks_memo::open(db)?;
     if let Some(pid) = pid {
         trace.require_pid(pid)?;
     }
@@ -52,6 +53,7 @@ fn run_window(args: &Args) -> anyhow::Result<i32> {
         .ok_or_else(|| anyhow::anyhow!("--from/--to: no window given"))?;
     let (report, counted) = window::stats_of(&trace, &w.filter(pid))?;
     warn_input_problems_of_reads(&trace)?;
+    file.say();
     let notes = counted.notes(window::STATS_COUNT);
     if args.out.json {
         emit_json(&WindowStats {
@@ -70,11 +72,12 @@ fn run_window(args: &Args) -> anyhow::Result<i32> {
 /// `stats --last` of a run's directory when the window spans several of
 /// its files: each file's part of the window added up
 /// (`sleuth_store::run_window`).
-fn run_window_of_run(args: &Args, run: &RunLast) -> anyhow::Result<i32> {
+fn run_window_of_run(args: &Args, run: &RunLast, note: &str) -> anyhow::Result<i32> {
     let last = args.window.last.unwrap_or_default();
     let w = Window::of_run(run, last);
     let (report, counted, read) = run.stats(args.input.pid, crate::checks_memo::memo())?;
     crate::load::print_problems_at(&run.dir, &read.problems);
+    eprintln!("{note}");
     let notes = counted.notes(window::STATS_COUNT);
     if args.out.json {
         emit_json(&WindowStats {

@@ -50,7 +50,9 @@ pub fn print(input: &TraceInput, window: WindowArgs, style: Style) -> anyhow::Re
 fn window_output(input: &TraceInput, window: WindowArgs, style: Style) -> anyhow::Result<String> {
     let file = match window.source_of(&input.db)? {
         WindowSource::File(f) => f,
-        WindowSource::Run(run) => return run_window_output(input, window, &run, style),
+        WindowSource::Run(run, note) => {
+            return run_window_output(input, window, &run, style).inspect(|_| eprintln!("{note}"))
+        }
     };
     let trace = crate::checks_memo::open(&file.path)?;
     if let Some(pid) = input.pid {
@@ -64,6 +66,7 @@ fn window_output(input: &TraceInput, window: WindowArgs, style: Style) -> anyhow
         sleuth_store::scoped::explanation_or_loaded_after(&trace, &w.filter(input.pid), earlier)?;
     let problems = warn_input_problems_of_reads(&trace)?;
     let samples = trace.gpu_samples()?;
+    file.say();
     window_text(&w, None, &report, samples.as_deref(), &problems, style)
 }
 
