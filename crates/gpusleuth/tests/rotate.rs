@@ -345,8 +345,10 @@ fn a_run_directory_is_refused_where_a_file_is_expected_and_an_old_run_is_kept() 
 
 /// `--last` of a run reads its newest file, judging that file's copies
 /// against the memory its earlier files left pinned: a buffer pinned at the
-/// program's start, copied from after a rotation, is pinned there (the file
-/// alone knows no pinning: its every copy looks pageable).
+/// program's start, copied from after a rotation, is pinned there; so is
+/// the newest file given by its path beside its previous one (which stored
+/// the pinned ranges); the file alone, elsewhere, knows no pinning: its
+/// every copy looks pageable, and `explain` says why.
 #[test]
 fn last_of_a_run_knows_memory_pinned_in_its_earlier_files() {
     let Some(sb) = Sandbox::for_ebpf("rotate-pinned") else {
@@ -373,10 +375,12 @@ fn last_of_a_run_knows_memory_pinned_in_its_earlier_files() {
         "{}ns",
         db.int("SELECT end_mono_ns - start_mono_ns FROM session") - 1_000_000
     );
-    let copies = |target: &Path| -> (u64, u64) {
+    let copies_of = |target: &Path, window: &[&str]| -> (u64, u64) {
         let out = common::run_ok(
             common::gpusleuth()
-                .args(["explain", "--json", "--last", &last, "--db"])
+                .args(["explain", "--json"])
+                .args(window)
+                .arg("--db")
                 .arg(target),
         );
         let e: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
@@ -390,6 +394,7 @@ fn last_of_a_run_knows_memory_pinned_in_its_earlier_files() {
         let n = |k: &str| f["evidence"][k].as_u64().unwrap();
         (n("copies"), n("pinned_copies"))
     };
+    let copies = |target: &Path| copies_of(target, &["--last", &last]);
     // The tracer stored the buffer as pinned at the first file's end: the
     // run's reader starts the newest file from it (`run_pinned`).
     let first = common::Db::open(&files[0].1);
@@ -399,7 +404,15 @@ fn last_of_a_run_knows_memory_pinned_in_its_earlier_files() {
         65536
     );
     assert_eq!(copies(&run), (25, 25), "the run: pinned in its first file");
-    assert_eq!(copies(newest), (50, 0), "the file alone");
+    // The newest file given by its path, in its run's directory: its
+    // previous file stored the buffer as pinned. Copied out of the
+    // directory it knows nothing of it: every copy looks pageable.
+    assert_eq!(copies(newest), (25, 25), "the file beside its previous one");
+    let away = sb.path("away");
+    std::fs::create_dir_all(&away).expect("mkdir");
+    let alone = away.join(newest.file_name().unwrap());
+    std::fs::copy(newest, &alone).expect("copy");
+    assert_eq!(copies(&alone), (50, 0), "the file alone");
     // The file alone, whole, says what it cannot know; the run does not.
     let notes = |target: &Path| -> String {
         let out = common::run_ok(
@@ -411,6 +424,15 @@ fn last_of_a_run_knows_memory_pinned_in_its_earlier_files() {
         e["notes"].to_string()
     };
     let part = "part 2 of a `trace --rotate` run: host memory pinned in the run's earlier files";
-    assert!(notes(newest).contains(part), "{}", notes(newest));
-    assert!(!notes(&run).contains("of a `trace --rotate` run: host memory"));
+    assert!(notes(&alone).contains(part), "{}", notes(&alone));
+    for known in [&run, newest] {
+        assert!(!notes(known).contains("of a `trace --rotate` run: host memory"));
+    }
+    // Whole, not a window: the same judgement.
+    assert_eq!(
+        copies_of(newest, &[]),
+        (25, 25),
+        "the whole file beside its previous one"
+    );
+    assert_eq!(copies_of(&alone, &[]), (50, 0), "the whole file alone");
 }

@@ -27,7 +27,10 @@ pub struct Lean {
     /// context (`MemoryTrace::stored_sites`) must be given `data` instead
     /// (`site_rollup::memory_by_site`, as the report does).
     pub view: MemoryTrace,
-    /// The file's number in a `trace --rotate` run (None: not one).
+    /// The file's number in a `trace --rotate` run whose earlier files'
+    /// pinned memory is not known here (None: not a later file of a run,
+    /// or one whose copies were judged with the ranges its previous file
+    /// stored, `run_pinned`).
     pub run_file: Option<u64>,
 }
 
@@ -66,7 +69,7 @@ pub fn load(
         // Before any aggregate is read: the full load's error, not an empty answer.
         trace.require_pid(pid)?;
     }
-    let Some(inputs) = crate::finding_rollups::finding_inputs(trace, pid)? else {
+    let Some(mut inputs) = crate::finding_rollups::finding_inputs(trace, pid)? else {
         return Ok(None);
     };
     let nccl = trace.nccl_calls(None)?;
@@ -88,7 +91,20 @@ pub fn load(
     // `TraceSpan::of` gives the full load) stands in. Of the explanation's
     // readers only the span reads `end_ns`.
     data.end_ns = Some(view.span.end_ns);
-    let run_file = crate::run_ledger::link(trace)?.map(|l| l.file());
+    let run_file = match crate::run_ledger::link(trace)?.map(|l| l.file()) {
+        Some(n) if n > 1 && inputs.pageable_copies() > 0 => {
+            match crate::run::pinned_before_file(trace.path(), pid, &crate::CheckMemo::new())? {
+                Some(pinned) => {
+                    // Judged again only where memory pinned earlier is live.
+                    let mut carry = crate::run_pinned::PinnedCarry::starting(pinned);
+                    carry.file(view.rows(), pid, &mut inputs)?;
+                    None
+                }
+                None => Some(n),
+            }
+        }
+        _ => None,
+    };
     Ok(Some(Lean {
         data,
         ledgers,

@@ -197,6 +197,27 @@ fn carried_pinned(
     crate::run_pinned::stored(&prev, pid)
 }
 
+/// For a file of a run read alone, by its path (`DIR/part-NNNNNN.db`):
+/// the host ranges the run had pinned when it began, when its previous
+/// file beside it stored them ([`carried_pinned`]: one file read, no
+/// replay). None otherwise: not a later file of a run, or one whose
+/// previous file is gone, older or of another chain.
+pub fn pinned_before_file(
+    path: &Path,
+    pid: Option<u32>,
+    memo: &CheckMemo,
+) -> Result<Option<PinnedState>, StoreError> {
+    let (Some(dir), Some(n)) = (
+        path.parent(),
+        path.file_name()
+            .and_then(|n| n.to_str())
+            .and_then(part_number),
+    ) else {
+        return Ok(None);
+    };
+    carried_pinned(dir, n, pid, memo)
+}
+
 /// The merged stats of a run, and the files it could not use.
 #[derive(Debug)]
 pub struct RunStats {
