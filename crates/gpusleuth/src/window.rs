@@ -199,15 +199,13 @@ impl WindowFile {
     /// began: what a run's earlier files left pinned (stored by the
     /// previous file, or their pinning calls replayed); for a run's file
     /// given by its path, what its previous file beside it stored, if it
-    /// did; nothing for a file of its own. A window's copies are judged
-    /// against it.
-    pub fn pinned_earlier(&self, pid: Option<u32>) -> anyhow::Result<PinnedState> {
+    /// did; nothing for a file of its own. `trace` is the file, open. A
+    /// window's copies are judged against it.
+    pub fn pinned_earlier(&self, trace: &Trace, pid: Option<u32>) -> anyhow::Result<PinnedState> {
         let memo = crate::checks_memo::memo();
         Ok(match &self.run {
             Some((dir, n)) => sleuth_store::run::pinned_when_file_began(dir, *n, pid, memo)?,
-            None => {
-                sleuth_store::run::pinned_before_file(&self.path, pid, memo)?.unwrap_or_default()
-            }
+            None => sleuth_store::run::pinned_before_file(trace, pid, memo)?.unwrap_or_default(),
         })
     }
 }

@@ -717,6 +717,21 @@ impl LedgerBuilder {
         self
     }
 
+    /// Every process of `data`'s counted calls listed, then each of its
+    /// calls pushed in return order (effects happen at return; stable for
+    /// ties): a loaded trace, or the loaded part of one, after what was
+    /// fed before.
+    pub fn feed(&mut self, data: &TraceData) {
+        let mut order: Vec<&CallEvent> = data.calls.iter().collect();
+        order.sort_by_key(|c| c.end_ns());
+        for oc in &data.counts {
+            self.track(oc.pid);
+        }
+        for c in order {
+            self.push(c);
+        }
+    }
+
     /// The next call in return order; its process is listed either way.
     pub fn push(&mut self, c: &CallEvent) {
         self.ledger.track(c.pid);
@@ -860,16 +875,8 @@ pub fn in_context(mut l: ProcessLedger, context: &TraceData, at_ns: Option<u64>)
 /// With `at_ns`, only calls that returned at or before that moment count
 /// (and a call failing before it).
 pub fn ledger(data: &TraceData, at_ns: Option<u64>) -> Vec<ProcessLedger> {
-    // Effects happen at return; replay in that order, stable for ties.
-    let mut order: Vec<&CallEvent> = data.calls.iter().collect();
-    order.sort_by_key(|c| c.end_ns());
     let mut b = LedgerBuilder::new(at_ns);
-    for oc in &data.counts {
-        b.track(oc.pid);
-    }
-    for c in order {
-        b.push(c);
-    }
+    b.feed(data);
     b.finish(data)
 }
 

@@ -118,7 +118,7 @@ pub(crate) fn visit_finished(
     let (mut files, mut incomplete, mut links) = (Vec::new(), Vec::new(), Vec::new());
     let mut pid_seen = pid.is_none();
     for (n, path) in listed_files(dir)? {
-        let trace = Trace::open_remembered(&path, ReadBudget::new(DEFAULT_READ_TIMEOUT), memo)?;
+        let trace = open_in_run(&path, memo)?;
         if !trace.has_rollups()? {
             incomplete.push(path);
             continue;
@@ -153,7 +153,9 @@ pub fn pinned_when_file_began(
     pid: Option<u32>,
     memo: &CheckMemo,
 ) -> Result<PinnedState, StoreError> {
-    if let Some(carried) = carried_pinned(dir, n, pid, memo)? {
+    let file = open_in_run(&dir.join(part_name(n)), memo)?;
+    let link = crate::run_ledger::link(&file)?;
+    if let Some(carried) = carried_pinned(dir, n, link.as_ref(), pid, memo)? {
         return Ok(carried);
     }
     let mut pinned = PinnedState::default();
@@ -161,20 +163,27 @@ pub fn pinned_when_file_began(
         if k >= n {
             break;
         }
-        let trace = Trace::open_remembered(&path, ReadBudget::new(DEFAULT_READ_TIMEOUT), memo)?;
+        let trace = open_in_run(&path, memo)?;
         pinned = crate::scoped::pinned_before(&trace, pid, None, pinned)?;
     }
     Ok(pinned)
 }
 
+/// A file of a run opened as its readers open it, its checks kept in `memo`.
+fn open_in_run(path: &Path, memo: &CheckMemo) -> Result<Trace, StoreError> {
+    Trace::open_remembered(path, ReadBudget::new(DEFAULT_READ_TIMEOUT), memo)
+}
+
 /// What the tracer stored as pinned at the end of file `n - 1` of the run
-/// in `dir`, when `n - 1` and `n` are consecutive files of one run whose
-/// carried chain starts at file 1 (`run_ledger::continues_from_start`):
-/// the whole run's pinned ranges when `n` began, files `--keep` deleted
-/// included, read from one file. None: replay the earlier files.
+/// in `dir`, when `n - 1` and `n` (its link `next`) are consecutive files
+/// of one run whose carried chain starts at file 1
+/// (`run_ledger::continues_from_start`): the whole run's pinned ranges
+/// when `n` began, files `--keep` deleted included, read from one file.
+/// None: replay the earlier files.
 fn carried_pinned(
     dir: &Path,
     n: u64,
+    next: Option<&crate::run_ledger::Link>,
     pid: Option<u32>,
     memo: &CheckMemo,
 ) -> Result<Option<PinnedState>, StoreError> {
@@ -185,28 +194,27 @@ fn carried_pinned(
     if !prev_path.is_file() {
         return Ok(None);
     }
-    let open = |p: &Path| Trace::open_remembered(p, ReadBudget::new(DEFAULT_READ_TIMEOUT), memo);
-    let prev = open(&prev_path)?;
+    let prev = open_in_run(&prev_path, memo)?;
     let Some(prev_link) = crate::run_ledger::link(&prev)? else {
         return Ok(None);
     };
-    let next_link = crate::run_ledger::link(&open(&dir.join(part_name(n)))?)?;
-    if !crate::run_ledger::continues_from_start(&prev_link, next_link.as_ref(), n) {
+    if !crate::run_ledger::continues_from_start(&prev_link, next, n) {
         return Ok(None);
     }
     crate::run_pinned::stored(&prev, pid)
 }
 
-/// For a file of a run read alone, by its path (`DIR/part-NNNNNN.db`):
-/// the host ranges the run had pinned when it began, when its previous
-/// file beside it stored them ([`carried_pinned`]: one file read, no
-/// replay). None otherwise: not a later file of a run, or one whose
-/// previous file is gone, older or of another chain.
+/// For a file of a run read alone (`DIR/part-NNNNNN.db`, opened as
+/// `trace`): the host ranges the run had pinned when it began, when its
+/// previous file beside it stored them ([`carried_pinned`]: one more file
+/// read, no replay). None otherwise: not a later file of a run, or one
+/// whose previous file is gone, older or of another chain.
 pub fn pinned_before_file(
-    path: &Path,
+    trace: &Trace,
     pid: Option<u32>,
     memo: &CheckMemo,
 ) -> Result<Option<PinnedState>, StoreError> {
+    let path = trace.path();
     let (Some(dir), Some(n)) = (
         path.parent(),
         path.file_name()
@@ -215,7 +223,8 @@ pub fn pinned_before_file(
     ) else {
         return Ok(None);
     };
-    carried_pinned(dir, n, pid, memo)
+    let link = crate::run_ledger::link(trace)?;
+    carried_pinned(dir, n, link.as_ref(), pid, memo)
 }
 
 /// The merged stats of a run, and the files it could not use.

@@ -280,22 +280,9 @@ fn loaded_parts(
     let pinning = pinning_outside(trace, filter)?;
     let inputs =
         FindingInputs::of_pinned_at(Resolution::Bucketed, &data, &culprits, pinned, &pinning);
+    ledger.feed(&data);
     let memory: BTreeSet<&'static str> =
         sleuth_core::ledger::memory_op_names().into_iter().collect();
-    for oc in &data.counts {
-        ledger.track(oc.pid);
-    }
-    let mut by_return: Vec<usize> = Vec::new();
-    for (i, c) in data.calls.iter().enumerate() {
-        ledger.track(c.pid);
-        if memory.contains(c.op_name()) {
-            by_return.push(i);
-        }
-    }
-    by_return.sort_by_key(|&i| (data.calls[i].end_ns(), data.calls[i].ts_ns, i));
-    for &i in &by_return {
-        ledger.push(&data.calls[i]);
-    }
     let with_blocks: BTreeSet<u32> = data.blocks.iter().map(|b| b.pid).collect();
     data.calls
         .retain(|c| memory.contains(c.op_name()) && with_blocks.contains(&c.pid));
@@ -607,8 +594,9 @@ pub(crate) fn copy_op(op: Option<&str>) -> Option<&'static str> {
 }
 
 /// A scope of one copy op holds no pinning call, so its copies were judged
-/// with no pinned memory (the writer's op-scope rollups, the pass): judged
-/// again here against every pinning call of the scope's time, from
+/// with no pinned memory (a window's pass; the op-scope rollups of a file
+/// written before round 16) or without what was pinned before the file
+/// began: judged again here against every pinning call of the scope's time, from
 /// `earlier` (pinned before it began), replayed with the copies in end
 /// order, as the whole trace judges them. Nothing pinned at all (the usual
 /// program without pinned buffers): nothing read but one bounded look for a

@@ -61,7 +61,7 @@ fn window_output(input: &TraceInput, window: WindowArgs, style: Style) -> anyhow
     let w = window
         .resolve(&trace)?
         .ok_or_else(|| anyhow::anyhow!("--from/--to: no window given"))?;
-    let earlier = file.pinned_earlier(input.pid)?;
+    let earlier = file.pinned_earlier(&trace, input.pid)?;
     let report =
         sleuth_store::scoped::explanation_or_loaded_after(&trace, &w.filter(input.pid), earlier)?;
     let problems = warn_input_problems_of_reads(&trace)?;
