@@ -17,7 +17,12 @@ pub fn memo() -> &'static CheckMemo {
 /// Opens a trace as [`Trace::open`] does, without the checks it passed in
 /// an earlier run while it stayed the same.
 pub fn open(path: &Path) -> Result<Trace, StoreError> {
-    Trace::open_remembered(path, ReadBudget::new(DEFAULT_READ_TIMEOUT), memo())
+    Trace::open_remembered(path, budget(), memo())
+}
+
+/// The budget a command's reads run under ([`DEFAULT_READ_TIMEOUT`]).
+pub fn budget() -> ReadBudget {
+    ReadBudget::new(DEFAULT_READ_TIMEOUT)
 }
 
 /// Saves what this run's checks passed (when it read a trace at all).

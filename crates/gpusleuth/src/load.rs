@@ -14,7 +14,12 @@ pub const FORCE_HINT: &str = "--force replaces it";
 /// answer merges the rollups of its finished files (`sleuth_store::run`).
 pub fn stats_of(db: &Path, pid: Option<u32>) -> anyhow::Result<sleuth_core::stats::StatsReport> {
     if db.is_dir() {
-        let run = sleuth_store::run::run_stats_remembered(db, pid, crate::checks_memo::memo())?;
+        let run = sleuth_store::run::run_stats_remembered(
+            db,
+            pid,
+            &crate::checks_memo::budget(),
+            crate::checks_memo::memo(),
+        )?;
         note_unfinished(&run.incomplete);
         return Ok(run.report);
     }

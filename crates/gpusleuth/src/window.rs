@@ -114,7 +114,12 @@ impl WindowArgs {
         if last == 0 {
             anyhow::bail!("--last 0: the window would be empty (give a duration such as 5m)");
         }
-        let run = sleuth_store::run_window::last_of_run(db, last, crate::checks_memo::memo())?;
+        let run = sleuth_store::run_window::last_of_run(
+            db,
+            last,
+            &crate::checks_memo::budget(),
+            crate::checks_memo::memo(),
+        )?;
         if let [(number, newest)] = run.files.as_slice() {
             let note = format!(
                 "gpusleuth: --last {} of the run in {}: read from its newest file, {}",
@@ -204,7 +209,9 @@ impl WindowFile {
     pub fn pinned_earlier(&self, trace: &Trace, pid: Option<u32>) -> anyhow::Result<PinnedState> {
         let memo = crate::checks_memo::memo();
         Ok(match &self.run {
-            Some((dir, n)) => sleuth_store::run::pinned_when_file_began(dir, *n, pid, memo)?,
+            Some((dir, n)) => {
+                sleuth_store::run::pinned_when_file_began(dir, *n, pid, trace.budget(), memo)?
+            }
             None => sleuth_store::run::pinned_before_file(trace, pid, memo)?.unwrap_or_default(),
         })
     }

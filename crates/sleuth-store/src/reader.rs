@@ -186,6 +186,12 @@ impl Trace {
         &self.path
     }
 
+    /// The budget this trace's reads run under (a reader that opens other
+    /// files for it, such as a run's previous file, reads them under it too).
+    pub fn budget(&self) -> &ReadBudget {
+        &self.budget
+    }
+
     /// `meta.schema_version` (which table holds the call rows).
     pub(crate) fn version(&self) -> i64 {
         self.version

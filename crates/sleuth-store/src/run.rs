@@ -112,13 +112,14 @@ pub(crate) struct Visited {
 pub(crate) fn visit_finished(
     dir: &Path,
     pid: Option<u32>,
+    budget: &ReadBudget,
     memo: &CheckMemo,
     mut visit: impl FnMut(&Trace) -> Result<(), StoreError>,
 ) -> Result<Visited, StoreError> {
     let (mut files, mut incomplete, mut links) = (Vec::new(), Vec::new(), Vec::new());
     let mut pid_seen = pid.is_none();
     for (n, path) in listed_files(dir)? {
-        let trace = open_in_run(&path, memo)?;
+        let trace = open_in_run(&path, budget, memo)?;
         if !trace.has_rollups()? {
             incomplete.push(path);
             continue;
@@ -151,11 +152,12 @@ pub fn pinned_when_file_began(
     dir: &Path,
     n: u64,
     pid: Option<u32>,
+    budget: &ReadBudget,
     memo: &CheckMemo,
 ) -> Result<PinnedState, StoreError> {
-    let file = open_in_run(&dir.join(part_name(n)), memo)?;
+    let file = open_in_run(&dir.join(part_name(n)), budget, memo)?;
     let link = crate::run_ledger::link(&file)?;
-    if let Some(carried) = carried_pinned(dir, n, link.as_ref(), pid, memo)? {
+    if let Some(carried) = carried_pinned(dir, n, link.as_ref(), pid, budget, memo)? {
         return Ok(carried);
     }
     let mut pinned = PinnedState::default();
@@ -163,15 +165,21 @@ pub fn pinned_when_file_began(
         if k >= n {
             break;
         }
-        let trace = open_in_run(&path, memo)?;
+        let trace = open_in_run(&path, budget, memo)?;
         pinned = crate::scoped::pinned_before(&trace, pid, None, pinned)?;
     }
     Ok(pinned)
 }
 
-/// A file of a run opened as its readers open it, its checks kept in `memo`.
-fn open_in_run(path: &Path, memo: &CheckMemo) -> Result<Trace, StoreError> {
-    Trace::open_remembered(path, ReadBudget::new(DEFAULT_READ_TIMEOUT), memo)
+/// A file of a run opened as its readers open it, read under `budget`
+/// (one for the whole answer: an MCP tool's time limit and cancellation
+/// stop a read of many files), its checks kept in `memo`.
+pub(crate) fn open_in_run(
+    path: &Path,
+    budget: &ReadBudget,
+    memo: &CheckMemo,
+) -> Result<Trace, StoreError> {
+    Trace::open_remembered(path, budget.clone(), memo)
 }
 
 /// What the tracer stored as pinned at the end of file `n - 1` of the run
@@ -185,6 +193,7 @@ fn carried_pinned(
     n: u64,
     next: Option<&crate::run_ledger::Link>,
     pid: Option<u32>,
+    budget: &ReadBudget,
     memo: &CheckMemo,
 ) -> Result<Option<PinnedState>, StoreError> {
     let Some(before) = n.checked_sub(1).filter(|&b| b >= 1) else {
@@ -194,7 +203,7 @@ fn carried_pinned(
     if !prev_path.is_file() {
         return Ok(None);
     }
-    let prev = open_in_run(&prev_path, memo)?;
+    let prev = open_in_run(&prev_path, budget, memo)?;
     let Some(prev_link) = crate::run_ledger::link(&prev)? else {
         return Ok(None);
     };
@@ -224,7 +233,7 @@ pub fn pinned_before_file(
         return Ok(None);
     };
     let link = crate::run_ledger::link(trace)?;
-    carried_pinned(dir, n, link.as_ref(), pid, memo)
+    carried_pinned(dir, n, link.as_ref(), pid, trace.budget(), memo)
 }
 
 /// The merged stats of a run, and the files it could not use.
@@ -242,13 +251,20 @@ pub struct RunStats {
 /// (one process with `pid`: an error when no file holds it). A directory
 /// with no finished file is an error naming it.
 pub fn run_stats(dir: &Path, pid: Option<u32>) -> Result<RunStats, StoreError> {
-    run_stats_remembered(dir, pid, &CheckMemo::new())
+    run_stats_remembered(
+        dir,
+        pid,
+        &ReadBudget::new(DEFAULT_READ_TIMEOUT),
+        &CheckMemo::new(),
+    )
 }
 
-/// [`run_stats`], the checks each file passed taken from and kept in `memo`.
+/// [`run_stats`], read under `budget`, the checks each file passed taken
+/// from and kept in `memo`.
 pub fn run_stats_remembered(
     dir: &Path,
     pid: Option<u32>,
+    budget: &ReadBudget,
     memo: &CheckMemo,
 ) -> Result<RunStats, StoreError> {
     let mut rollups = StoredRollups::default();
@@ -256,7 +272,7 @@ pub fn run_stats_remembered(
         has_host_context: true,
         ..Default::default()
     };
-    let visited = visit_finished(dir, pid, memo, |trace| {
+    let visited = visit_finished(dir, pid, budget, memo, |trace| {
         let read = |e| StoreError::Sqlite {
             path: trace.path().to_path_buf(),
             source: e,

@@ -93,7 +93,9 @@ pub fn load_remembered(
     memo: &CheckMemo,
 ) -> Result<RunLean, StoreError> {
     let mut run = Acc::default();
-    let visited = visit_finished(dir, pid, memo, |trace| run.add(trace, pid, &budget))?;
+    let visited = visit_finished(dir, pid, &budget, memo, |trace| {
+        run.add(trace, pid, &budget)
+    })?;
     let data = run.data.take().unwrap_or_default();
     let ledger = run_ledger(&visited, &run, &data, pid, &budget, memo)?;
     run.files = visited.files;

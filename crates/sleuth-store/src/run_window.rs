@@ -18,13 +18,13 @@
 use crate::checked::CheckMemo;
 use crate::problems::InputProblems;
 use crate::reader::Trace;
-use crate::run::{pinned_when_file_began, run_files};
+use crate::run::{open_in_run, pinned_when_file_began, run_files};
 use crate::run_pinned::PinnedCarry;
 use crate::scoped::ScopeParts;
 use crate::stream::MemoryTrace;
 use crate::types::CallFilter;
 use crate::window::{StatsParts, WindowCounts};
-use crate::{ReadBudget, StoreError, DEFAULT_READ_TIMEOUT};
+use crate::{ReadBudget, StoreError};
 use sleuth_core::findings::inputs::PinnedState;
 use sleuth_core::findings::Explanation;
 use sleuth_core::ledger::LedgerBuilder;
@@ -45,11 +45,21 @@ pub struct RunLast {
     pub since: u64,
     /// When the run's oldest file still in the directory began.
     pub run_start: u64,
+    /// Every read of the window's files runs under it (an MCP tool's time
+    /// limit and cancellation stop the whole answer).
+    pub budget: ReadBudget,
 }
 
-/// The files `--last last` of the run in `dir` spans ([`RunLast`]). An
-/// error naming `dir` when it holds no file of a run.
-pub fn last_of_run(dir: &Path, last: u64, memo: &CheckMemo) -> Result<RunLast, StoreError> {
+/// The files `--last last` of the run in `dir` spans ([`RunLast`]), read
+/// (now and by its answers) under `budget`. An error naming `dir` when it
+/// holds no file of a run.
+pub fn last_of_run(
+    dir: &Path,
+    last: u64,
+    budget: &ReadBudget,
+    memo: &CheckMemo,
+) -> Result<RunLast, StoreError> {
+    let open = |path: &Path| open_in_run(path, budget, memo);
     let listed = run_files(dir)?;
     let Some((_, newest)) = listed.last() else {
         return Err(StoreError::file(
@@ -57,13 +67,13 @@ pub fn last_of_run(dir: &Path, last: u64, memo: &CheckMemo) -> Result<RunLast, S
             "no part-NNNNNN.db files in this directory (not a run of `trace --rotate`)",
         ));
     };
-    let (newest_start, end) = open(newest, memo)?.start_and_end()?;
+    let (newest_start, end) = open(newest)?.start_and_end()?;
     let since = end.saturating_sub(last);
     let mut files = Vec::new();
     let mut began = newest_start;
     for (n, path) in listed.iter().rev() {
         if !files.is_empty() {
-            began = open(path, memo)?.session()?.info.start_mono_ns;
+            began = open(path)?.session()?.info.start_mono_ns;
         }
         files.push((*n, path.clone()));
         if began <= since {
@@ -72,7 +82,7 @@ pub fn last_of_run(dir: &Path, last: u64, memo: &CheckMemo) -> Result<RunLast, S
     }
     files.reverse();
     let run_start = match listed.first() {
-        Some((n, path)) if *n != files[0].0 => open(path, memo)?.session()?.info.start_mono_ns,
+        Some((n, path)) if *n != files[0].0 => open(path)?.session()?.info.start_mono_ns,
         _ => began,
     };
     Ok(RunLast {
@@ -80,11 +90,8 @@ pub fn last_of_run(dir: &Path, last: u64, memo: &CheckMemo) -> Result<RunLast, S
         files,
         since,
         run_start,
+        budget: budget.clone(),
     })
-}
-
-fn open(path: &Path, memo: &CheckMemo) -> Result<Trace, StoreError> {
-    Trace::open_remembered(path, ReadBudget::new(DEFAULT_READ_TIMEOUT), memo)
 }
 
 /// What a window over several files read, besides its answer.
@@ -126,7 +133,7 @@ impl RunLast {
         let mut read = Read::default();
         let mut seen = false;
         for (_, path) in &self.files {
-            let trace = open(path, memo)?;
+            let trace = open_in_run(path, &self.budget, memo)?;
             // By the aggregates where the file has them: no per-call table
             // is checked for a file answered from its rollups.
             if let Some(p) = pid {
@@ -198,7 +205,8 @@ impl RunLast {
         memo: &CheckMemo,
     ) -> Result<(Explanation, Read), StoreError> {
         let scope = self.filter(pid);
-        let mut pinned = pinned_when_file_began(&self.dir, self.files[0].0, pid, memo)?;
+        let mut pinned =
+            pinned_when_file_began(&self.dir, self.files[0].0, pid, &self.budget, memo)?;
         let mut ledger = LedgerBuilder::new(None);
         let mut sum: Option<ScopeParts> = None;
         let mut added = 0usize;
@@ -286,7 +294,7 @@ fn whole_file_parts(
             "finding rollups vanished while read",
         ));
     };
-    let mut view = MemoryTrace::open(trace, pid, ReadBudget::new(DEFAULT_READ_TIMEOUT))?;
+    let mut view = MemoryTrace::open(trace, pid, trace.budget().clone())?;
     let mut carry = PinnedCarry::starting(earlier);
     carry.file(view.rows(), pid, &mut inputs)?;
     let inputs = inputs.with_pinned(carry.into_state());

@@ -460,8 +460,13 @@ fn window_over_two_files(name: &str, tag: &str, live: bool) -> (TempDir, Trace, 
         files: parts,
         since,
         run_start: common::session().start_mono_ns,
+        budget: read_budget(),
     };
     (dir, whole, last, since)
+}
+
+fn read_budget() -> sleuth_store::ReadBudget {
+    sleuth_store::ReadBudget::new(sleuth_store::DEFAULT_READ_TIMEOUT)
 }
 
 /// Stats and findings of the window over the files equal the same window
@@ -562,6 +567,7 @@ fn a_window_over_two_files_carries_its_ledger_and_pinned_memory() {
         files: parts.clone(),
         since: 10 * MS,
         run_start: 0,
+        budget: read_budget(),
     };
     let memo = sleuth_store::CheckMemo::new();
     let (e, _) = last.explanation(None, &memo).unwrap();
@@ -596,6 +602,7 @@ fn a_window_over_two_files_carries_its_ledger_and_pinned_memory() {
         files: vec![(2, moved)],
         since: 10 * MS,
         run_start: 0,
+        budget: read_budget(),
     };
     let (e, _) = orphan.explanation(None, &memo).unwrap();
     let kinds: Vec<&str> = e.findings.iter().map(|f| f.kind.as_str()).collect();

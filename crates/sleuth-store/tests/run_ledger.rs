@@ -394,7 +394,7 @@ fn memory_pinned_in_a_deleted_file_stays_pinned() {
     write_run(&run, &RunLink::new_run(), 1, &parts);
     let memo = sleuth_store::CheckMemo::new();
     let began = |dir: &Path, n| {
-        sleuth_store::run::pinned_when_file_began(dir, n, None, &memo)
+        sleuth_store::run::pinned_when_file_began(dir, n, None, &budget(), &memo)
             .unwrap()
             .ranges()
     };
@@ -409,7 +409,8 @@ fn memory_pinned_in_a_deleted_file_stays_pinned() {
     let old = without_carried(&run, &dir.join("old"));
     assert_eq!(began(&old, 3), Vec::new());
     // Another process's ranges are not this one's.
-    let other = sleuth_store::run::pinned_when_file_began(&run, 3, Some(4242), &memo).unwrap();
+    let other =
+        sleuth_store::run::pinned_when_file_began(&run, 3, Some(4242), &budget(), &memo).unwrap();
     assert!(other.is_empty());
     let _: PinnedState = other;
 }
@@ -427,7 +428,13 @@ fn a_damaged_run_pinned_table_is_refused_in_one_line() {
     write_run(&run, &RunLink::new_run(), 1, &parts);
     let first = run.join(part_name(1));
     let began = || {
-        sleuth_store::run::pinned_when_file_began(&run, 2, None, &sleuth_store::CheckMemo::new())
+        sleuth_store::run::pinned_when_file_began(
+            &run,
+            2,
+            None,
+            &budget(),
+            &sleuth_store::CheckMemo::new(),
+        )
     };
     sql(
         &first,

@@ -1096,9 +1096,14 @@ fn a_runs_newest_file_knows_memory_pinned_in_earlier_files() {
         since_ns: Some(10 * MS),
         ..Default::default()
     };
-    let earlier =
-        sleuth_store::run::pinned_when_file_began(&dir.0, 2, None, &sleuth_store::CheckMemo::new())
-            .unwrap();
+    let earlier = sleuth_store::run::pinned_when_file_began(
+        &dir.0,
+        2,
+        None,
+        &sleuth_store::ReadBudget::new(sleuth_store::DEFAULT_READ_TIMEOUT),
+        &sleuth_store::CheckMemo::new(),
+    )
+    .unwrap();
     assert!(!earlier.is_empty(), "the first file pinned a buffer");
     let carried =
         sleuth_store::scoped::explanation_or_loaded_after(&newest, &window, earlier).unwrap();
