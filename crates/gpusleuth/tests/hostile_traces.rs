@@ -454,7 +454,27 @@ fn mutated_traces_through_every_mcp_tool() {
     for case in &cases {
         let intact = sqlite_says_intact(&case.path);
         let db = case.path.display().to_string();
+        // The file as the newest part of a run under the served directory:
+        // the tools that answer over a run read it after a good part.
+        let run_dir = dir.join(format!("run-{}", case.name));
+        std::fs::create_dir_all(&run_dir).expect("run dir");
+        std::fs::copy(
+            repo().join("examples/demo-sim.db"),
+            run_dir.join("part-000001.db"),
+        )
+        .expect("first part");
+        let _ = std::fs::copy(&case.path, run_dir.join("part-000002.db"));
+        let run = run_dir.display().to_string();
+        let hour = 3_600_000_000_000u64;
         let tools = [
+            ("overview", serde_json::json!({"db": run})),
+            ("latency_stats", serde_json::json!({"db": run})),
+            (
+                "latency_stats",
+                serde_json::json!({"db": run, "last_ns": hour}),
+            ),
+            ("findings", serde_json::json!({"db": run})),
+            ("findings", serde_json::json!({"db": run, "last_ns": hour})),
             ("overview", serde_json::json!({"db": db})),
             ("latency_stats", serde_json::json!({"db": db})),
             ("findings", serde_json::json!({"db": db})),

@@ -2,9 +2,13 @@
 //! a run of several files whose merged `stats` equals what the workload did.
 
 mod common;
+#[path = "common/mcp_stdio.rs"]
+mod mcp_stdio;
 
 use common::{stats_count, stats_json, Sandbox};
+use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 /// 20 steps of 80 ms: about 1.6 s of calls, so a 300 ms period rotates
 /// at least 4 times while calls are being made.
@@ -98,6 +102,7 @@ fn a_rotating_trace_adds_up_to_what_the_workload_did() {
         "calls spread over the files"
     );
     last_of_the_run_is_read_from_its_newest_file(&run, &files);
+    mcp_answers_over_the_run(&run, &files, &sb);
 }
 
 /// `--last D` on a run's directory: its newest file answers when it holds
@@ -246,6 +251,123 @@ fn last_of_the_run_is_read_from_its_newest_file(run: &Path, files: &[(u64, PathB
         .expect("run");
     assert_ne!(o.status.code(), Some(0));
     assert!(String::from_utf8_lossy(&o.stderr).contains("one trace file"));
+}
+
+/// One MCP tool call: its JSON answer, or Err with the error text.
+fn tool(server: &mut mcp_stdio::McpStdio, name: &str, args: Value) -> Result<Value, String> {
+    let reply = server.call("tools/call", json!({"name": name, "arguments": args}));
+    let text = reply["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{name}: {reply}"))
+        .to_string();
+    if reply["result"]["isError"] == true {
+        return Err(text);
+    }
+    Ok(serde_json::from_str(&text).unwrap_or_else(|e| panic!("{name}: {e}: {text}")))
+}
+
+/// `gpusleuth CMD --json --db RUN ARGS`, which must succeed.
+fn cli_json(cmd: &str, run: &Path, args: &[&str]) -> Value {
+    let o = common::run_ok(
+        common::gpusleuth()
+            .args([cmd, "--json", "--db"])
+            .arg(run)
+            .args(args),
+    );
+    serde_json::from_slice(&o.stdout).expect("JSON")
+}
+
+/// `gpusleuth mcp --db RUN` (and `--trace-dir` above it): `overview` lists
+/// the run's files and adds them up, `latency_stats` and `findings` give
+/// the command line's answers over the run, whole and with `last_ns` over
+/// two files; the one-file tools name the files, and read one given as db.
+fn mcp_answers_over_the_run(run: &Path, files: &[(u64, PathBuf)], sb: &Sandbox) {
+    let mut server = mcp_stdio::McpStdio::start(
+        &["--db".as_ref(), run.as_os_str()],
+        Duration::from_secs(120),
+    );
+    let o = tool(&mut server, "overview", json!({})).expect("overview of the run");
+    let listed = o["run"]["files"].as_array().expect("files");
+    assert_eq!(listed.len(), files.len(), "{o}");
+    let mut calls = 0;
+    for ((n, path), f) in files.iter().zip(listed) {
+        assert_eq!(f["number"], json!(n));
+        // A file of the served run is served too.
+        let one = tool(&mut server, "overview", json!({"db": path}))
+            .unwrap_or_else(|e| panic!("{path:?}: {e}"));
+        assert_eq!(f["calls"], one["counts"]["calls"], "{path:?}");
+        assert_eq!(f["start_ns"], one["time_range"]["start_ns"], "{path:?}");
+        calls += one["counts"]["calls"].as_u64().expect("calls");
+    }
+    assert_eq!(o["counts"]["calls"], json!(calls), "the files added up");
+    assert_eq!(o["counts"]["kernel_counted_calls"], json!(1_000), "{o}");
+    let pid = sb.truth()[0].pid;
+    let procs = o["processes"].as_array().expect("processes");
+    let p = procs
+        .iter()
+        .find(|p| p["pid"] == json!(pid))
+        .expect("the workload");
+    assert!(p["calls"].as_u64().unwrap_or(0) >= 60, "{p}");
+
+    // The whole run, as `stats` and `explain --db DIR` answer it.
+    let stats = tool(&mut server, "latency_stats", json!({})).expect("latency_stats");
+    assert_eq!(stats["ops"], cli_json("stats", run, &[])["ops"]);
+    let found = tool(&mut server, "findings", json!({})).expect("findings");
+    assert_eq!(found["findings"], cli_json("explain", run, &[])["findings"]);
+    // The trace ended: every file finished and in the answer.
+    assert_eq!(found["files"].as_array().map(Vec::len), Some(files.len()));
+    assert_eq!(stats["files"].as_array().map(Vec::len), Some(files.len()));
+    // A window over the last two files, as `--last` answers it.
+    let lasted = common::Db::open(&files[files.len() - 1].1)
+        .int("SELECT end_mono_ns - start_mono_ns FROM session");
+    let last = (lasted + 1) as u64;
+    let arg = format!("{last}ns");
+    let names: Vec<String> = files[files.len() - 2..]
+        .iter()
+        .map(|(_, f)| f.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    let stats = tool(&mut server, "latency_stats", json!({"last_ns": last})).expect("window");
+    let cli = cli_json("stats", run, &["--last", &arg]);
+    assert_eq!(stats["ops"], cli["ops"]);
+    assert_eq!(stats["files"], json!(names));
+    assert_eq!(stats["counted_in_window"], cli["counted_in_window"]);
+    let found = tool(&mut server, "findings", json!({"last_ns": last})).expect("window");
+    let cli = cli_json("explain", run, &["--last", &arg]);
+    assert_eq!(found["findings"], cli["findings"]);
+    assert_eq!(found["files"], json!(names));
+    assert!(
+        found["notes"].to_string().contains("over 2 files of a run"),
+        "{found}"
+    );
+
+    // The tools that read one file name the run's files; one of them is read.
+    let err = tool(&mut server, "slow_calls", json!({})).expect_err("a directory");
+    assert!(err.contains("is a run's directory"), "{err}");
+    assert!(err.contains("part-000001.db to"), "{err}");
+    let err = tool(&mut server, "sql", json!({"query": "SELECT 1"})).expect_err("a directory");
+    assert!(err.contains("is a run's directory"), "{err}");
+    let slow = tool(
+        &mut server,
+        "slow_calls",
+        json!({"db": files[0].1, "limit": 3}),
+    )
+    .expect("a file of the run");
+    assert!(slow.to_string().contains("ts_ns"), "{slow}");
+    let err = tool(&mut server, "latency_stats", json!({"since_ns": 1})).expect_err("since_ns");
+    assert!(err.contains("use last_ns"), "{err}");
+    let err = tool(&mut server, "findings", json!({"op": "cudaMalloc"})).expect_err("op");
+    assert!(err.contains("one file"), "{err}");
+    drop(server);
+
+    // Served from above: the run's directory under --trace-dir.
+    let above = run.parent().expect("parent");
+    let mut server = mcp_stdio::McpStdio::start(
+        &["--trace-dir".as_ref(), above.as_os_str()],
+        Duration::from_secs(120),
+    );
+    let stats =
+        tool(&mut server, "latency_stats", json!({"db": run})).expect("a run under --trace-dir");
+    assert_eq!(stats["ops"], cli_json("stats", run, &[])["ops"]);
 }
 
 #[test]

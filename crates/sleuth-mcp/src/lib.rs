@@ -10,6 +10,7 @@ pub mod args;
 pub mod conn_limit;
 pub mod gpu_tools;
 pub mod http;
+pub mod run_tools;
 pub mod server;
 pub mod site_tools;
 pub mod trace_tools;
@@ -37,6 +38,17 @@ pub async fn serve_stdio(opts: ServerOptions) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The trace files `--db` names: the file, or a run's files (oldest first:
+/// an answer over the run reads them all).
+fn files_served(db: &std::path::Path) -> Vec<std::path::PathBuf> {
+    if db.is_file() {
+        return vec![db.to_path_buf()];
+    }
+    sleuth_store::run::run_files(db)
+        .map(|files| files.into_iter().map(|(_, p)| p).collect())
+        .unwrap_or_default()
+}
+
 /// Which transport [`run`] serves.
 #[derive(Debug, Clone)]
 pub enum Transport {
@@ -49,13 +61,15 @@ pub enum Transport {
 /// its own, while the client starts: the first question about a large
 /// trace then finds its checks paid (seconds at 10M calls; docs/mcp.md).
 pub fn run(opts: ServerOptions, transport: Transport) -> anyhow::Result<()> {
-    if let Some(db) = opts.db.clone().filter(|d| d.is_file()) {
+    if let Some(db) = opts.db.clone() {
         let _ = std::thread::Builder::new()
             .name("gpusleuth-check".into())
             .spawn(move || {
                 // A damaged file is reported by the first tool call that reads it.
                 let budget = sleuth_store::ReadBudget::new(CHECK_AHEAD_LIMIT);
-                let _ = trace_tools::memo().check_ahead(&db, budget);
+                for file in files_served(&db) {
+                    let _ = trace_tools::memo().check_ahead(&file, budget.clone());
+                }
             });
     }
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -37,45 +37,52 @@ const SQL_ROWS_MAX: u32 = 1000;
 /// return 2 GB of JSON).
 const SQL_ANSWER_BYTES: usize = 1 << 20;
 
-/// The traces a server may read: the one named at start (`--db`) and any
-/// under one directory (`--trace-dir`). A tool's `db` argument must resolve
-/// (symbolic links followed) to one of them; anything else gets the same
-/// answer whether it exists or not, so a client learns nothing about the
-/// machine's files.
+/// The traces a server may read: the one named at start (`--db`, a file
+/// or a run's directory with its files) and any under one directory
+/// (`--trace-dir`, runs' directories included). A tool's `db` argument must
+/// resolve (symbolic links followed) to one of them; anything else gets the
+/// same answer whether it exists or not, so a client learns nothing about
+/// the machine's files.
 #[derive(Debug, Clone, Default)]
 pub struct Served {
     pub db: Option<PathBuf>,
     pub dir: Option<PathBuf>,
 }
 
-/// Which database a call reads: its own `db` argument, else the server's `--db`.
+/// Which database a call reads: its own `db` argument, else the server's
+/// `--db`. A directory is a run of `trace --rotate` (the tools that answer
+/// over a run say so; the others ask for one of its files).
 pub fn resolve_db(arg: Option<&str>, served: &Served) -> Result<PathBuf> {
     let Some(a) = arg else {
         return match &served.db {
             Some(d) => Ok(d.clone()),
             None => bail!(
-                "no trace database: start the server with --db FILE, or with --trace-dir DIR and pass `db`"
+                "no trace database: start the server with --db FILE (or a run's directory), or with --trace-dir DIR and pass `db`"
             ),
         };
     };
     let refused = || {
         anyhow::anyhow!(
-            "trace database {a:?} is not served: this server reads only the trace given with --db \
+            "trace database {a:?} is not served: this server reads only the trace (or run) given with --db \
              and existing traces under its --trace-dir"
         )
     };
     let want = std::fs::canonicalize(a).map_err(|_| refused())?;
-    let is_db = served
+    let db = served
         .db
         .as_ref()
-        .and_then(|d| std::fs::canonicalize(d).ok())
-        .is_some_and(|d| d == want);
+        .and_then(|d| std::fs::canonicalize(d).ok());
+    let is_db = db.as_ref().is_some_and(|d| *d == want);
+    // A file of the run `--db` names.
+    let in_run = db
+        .as_ref()
+        .is_some_and(|d| d.is_dir() && want.starts_with(d));
     let in_dir = served
         .dir
         .as_ref()
         .and_then(|d| std::fs::canonicalize(d).ok())
         .is_some_and(|d| want.starts_with(d));
-    if !(is_db || in_dir) || !want.is_file() {
+    if !(is_db || in_run || in_dir) || !(want.is_file() || want.is_dir()) {
         return Err(refused());
     }
     Ok(want)
@@ -98,12 +105,15 @@ pub(crate) fn save_checks() {
     memo().save();
 }
 
-/// Opens a trace for a tool, without the checks it passed for an earlier call.
+/// Opens a trace for a tool, without the checks it passed for an earlier
+/// call. A run's directory is a one-line error for a tool that reads one
+/// file (`run_tools::one_file`).
 pub(crate) fn open(db: &Path, budget: &ReadBudget) -> Result<Trace> {
+    crate::run_tools::one_file(db)?;
     Trace::open_remembered(db, budget.clone(), memo()).map_err(anyhow::Error::from)
 }
 
-fn check_op(op: Option<&str>) -> Result<()> {
+pub(crate) fn check_op(op: Option<&str>) -> Result<()> {
     if let Some(name) = op {
         if op_by_name(name).is_none() {
             bail!("unknown op {name:?}: use a CUDA symbol name such as cudaMalloc, cudaStreamSynchronize or cuMemAlloc_v2");
@@ -137,90 +147,181 @@ fn keep_counts_in_scope(counts: &mut Vec<sleuth_core::OpCount>, scope: &args::Ca
     sleuth_store::scoped::keep_counts_of_op(counts, scope.op.as_deref());
 }
 
-/// Sessions, processes, time range, counts, drops, libraries, notes: from
-/// one pass over the call rows and SQL counts, nothing held per call.
-pub fn overview(db: &Path, budget: &ReadBudget) -> Result<Value> {
-    let trace = open(db, budget)?;
-    let session = trace.session()?;
-    let counters = trace.stats()?;
-    let rows = Rows::open_with(&trace, budget.clone())?;
-    let groups = rows.call_groups()?;
-    let (waits, lifecycle) = rows.event_counts(None)?;
-    let kernel_counted: u64 = trace.op_counts(None)?.iter().map(|c| c.count).sum();
-    let info = TraceData {
-        stats: counters.clone(),
-        gpu_samples: trace.gpu_samples()?,
-        process_gpu: trace.process_gpu_samples(None)?,
-        ..Default::default()
-    };
-    let calls_of = |pid: u32| -> u64 {
-        groups
-            .iter()
-            .filter(|g| g.pid == pid)
-            .map(|g| g.count)
-            .sum()
-    };
-    let trace_processes = trace.processes()?;
-    let processes: Vec<Value> = trace_processes
-        .iter()
-        .map(|p| {
-            json!({
-                "pid": p.pid, "ppid": p.ppid, "comm": p.comm, "cmdline": p.cmdline,
-                "start_ns": p.start_ns, "exit_ns": p.exit_ns, "exit_code": p.exit_code,
-                "oom_victim": p.oom_victim, "calls": calls_of(p.pid),
+/// What `overview` reads from one trace file: from one pass over its call
+/// groups and SQL counts, nothing held per call. A run's overview adds up
+/// its files' (`run_tools::overview`).
+pub(crate) struct FileOverview {
+    pub session: sleuth_store::Session,
+    pub span: sleuth_core::TraceSpan,
+    /// The stored counters, the NVML samples (`gpu_activity`, drops).
+    pub info: TraceData,
+    /// Each process with its calls.
+    pub processes: Vec<(sleuth_core::data::ProcessInfo, u64)>,
+    pub counts: OverviewCounts,
+    pub host_context: bool,
+    pub libraries: Vec<sleuth_store::LibraryInfo>,
+    pub notes: Vec<sleuth_store::Note>,
+    /// The rows the reads skipped.
+    pub problems: sleuth_store::InputProblems,
+}
+
+/// The event counts of an overview.
+#[derive(Debug, Default, Clone, Copy, serde::Serialize)]
+pub(crate) struct OverviewCounts {
+    pub calls: u64,
+    pub failed_calls: u64,
+    pub waits: u64,
+    pub lifecycle_events: u64,
+    pub kernel_counted_calls: u64,
+}
+
+impl OverviewCounts {
+    /// Adds another file's (saturating: a crafted file's counts are not trusted).
+    pub fn add(&mut self, o: &OverviewCounts) {
+        self.calls = self.calls.saturating_add(o.calls);
+        self.failed_calls = self.failed_calls.saturating_add(o.failed_calls);
+        self.waits = self.waits.saturating_add(o.waits);
+        self.lifecycle_events = self.lifecycle_events.saturating_add(o.lifecycle_events);
+        self.kernel_counted_calls = self
+            .kernel_counted_calls
+            .saturating_add(o.kernel_counted_calls);
+    }
+}
+
+impl FileOverview {
+    pub fn read(trace: &Trace, budget: &ReadBudget) -> Result<FileOverview> {
+        let session = trace.session()?;
+        let rows = Rows::open_with(trace, budget.clone())?;
+        let groups = rows.call_groups()?;
+        let (waits, lifecycle) = rows.event_counts(None)?;
+        let info = TraceData {
+            stats: trace.stats()?,
+            gpu_samples: trace.gpu_samples()?,
+            process_gpu: trace.process_gpu_samples(None)?,
+            ..Default::default()
+        };
+        let calls_of = |pid: u32| -> u64 {
+            groups
+                .iter()
+                .filter(|g| g.pid == pid)
+                .map(|g| g.count)
+                .sum()
+        };
+        let processes = trace
+            .processes()?
+            .into_iter()
+            .map(|p| {
+                let calls = calls_of(p.pid);
+                (p, calls)
             })
+            .collect();
+        // A stored trace always says when it started, so its span is known.
+        let span = call_span(
+            Some(session.info.start_mono_ns),
+            session.end_mono_ns,
+            &groups,
+            None,
+        );
+        let failed_calls = groups
+            .iter()
+            .filter(|g| {
+                CallEvent {
+                    op: g.op,
+                    ret: g.ret,
+                    ..Default::default()
+                }
+                .failed()
+            })
+            .map(|g| g.count)
+            .sum();
+        let counts = OverviewCounts {
+            calls: groups.iter().map(|g| g.count).sum(),
+            failed_calls,
+            waits,
+            lifecycle_events: lifecycle,
+            kernel_counted_calls: trace.op_counts(None)?.iter().map(|c| c.count).sum(),
+        };
+        Ok(FileOverview {
+            session,
+            span,
+            info,
+            processes,
+            counts,
+            host_context: trace.has_host_context(),
+            libraries: trace.libraries()?,
+            notes: trace.notes()?,
+            // After the reads: the rows they skipped (a large finished trace
+            // is answered from its stored groups without reading a call or
+            // wait row).
+            problems: trace.input_problems_of_reads()?.unwrap_or_default(),
         })
-        .collect();
-    // A stored trace always says when it started, so its span is known.
-    let span = call_span(
-        Some(session.info.start_mono_ns),
-        session.end_mono_ns,
-        &groups,
-        None,
-    );
-    let calls: u64 = groups.iter().map(|g| g.count).sum();
-    let failed: u64 = groups
+    }
+}
+
+/// The overview's time range.
+pub(crate) fn time_range_json(span: &sleuth_core::TraceSpan, realtime_offset_ns: i64) -> Value {
+    json!({
+        "clock": "CLOCK_MONOTONIC ns; wall-clock ns = value + realtime_offset_ns",
+        "start_ns": span.start_ns, "end_ns": span.end_ns,
+        "duration_ns": span.duration_ns(),
+        "realtime_offset_ns": realtime_offset_ns,
+    })
+}
+
+/// Sessions, processes, time range, counts, drops, libraries, notes: from
+/// one pass over the call rows and SQL counts, nothing held per call. A
+/// run's directory: its files added up (`run_tools::overview`).
+pub fn overview(db: &Path, budget: &ReadBudget) -> Result<Value> {
+    if db.is_dir() {
+        return crate::run_tools::overview(db, budget);
+    }
+    let trace = open(db, budget)?;
+    let o = FileOverview::read(&trace, budget)?;
+    let processes: Vec<Value> = o
+        .processes
         .iter()
-        .filter(|g| {
-            CallEvent {
-                op: g.op,
-                ret: g.ret,
-                ..Default::default()
-            }
-            .failed()
-        })
-        .map(|g| g.count)
-        .sum();
+        .map(|(p, calls)| process_json(p, *calls))
+        .collect();
     Ok(json!({
         "db": db.display().to_string(),
-        "session": session,
-        "time_range": {
-            "clock": "CLOCK_MONOTONIC ns; wall-clock ns = value + realtime_offset_ns",
-            "start_ns": span.start_ns, "end_ns": span.end_ns,
-            "duration_ns": span.duration_ns(),
-            "realtime_offset_ns": session.info.realtime_offset_ns,
-        },
-        "host_context": trace.has_host_context(),
-        "counts": {
-            "calls": calls, "failed_calls": failed,
-            "waits": waits, "lifecycle_events": lifecycle,
-            "kernel_counted_calls": kernel_counted,
-            "processes": trace_processes.len(),
-        },
-        "drops": stats::drop_counters(&info),
-        "attach_edges": stats::attach_edges(&info),
-        "events": stats::event_counters(&info),
-        "gpu_activity": gpu_activity::of_trace(&info),
-        "counters": counters,
+        "session": o.session,
+        "time_range": time_range_json(&o.span, o.session.info.realtime_offset_ns),
+        "host_context": o.host_context,
+        "counts": counts_json(&o.counts, o.processes.len()),
+        "drops": stats::drop_counters(&o.info),
+        "attach_edges": stats::attach_edges(&o.info),
+        "events": stats::event_counters(&o.info),
+        "gpu_activity": gpu_activity::of_trace(&o.info),
+        "counters": o.info.stats,
         "processes": processes,
-        "libraries": trace.libraries()?,
-        "notes": trace.notes()?,
-        // After the reads: the rows they skipped (a large finished trace is
-        // answered from its stored groups without reading a call or wait row).
-        "input_problems": trace.input_problems_of_reads()?.unwrap_or_default(),
-        "gpus": "gpu_activity: NVML busy samples taken during the trace (measured: false when NVML was not available); \
-                 use the gpu_holders tool for the GPUs of this machine now",
+        "libraries": o.libraries,
+        "notes": o.notes,
+        "input_problems": o.problems,
+        "gpus": GPUS_NOTE,
     }))
+}
+
+/// What `gpu_activity` in an overview is, and where the GPUs of now are.
+pub(crate) const GPUS_NOTE: &str = "gpu_activity: NVML busy samples taken during the trace (measured: false when NVML was not available); \
+                 use the gpu_holders tool for the GPUs of this machine now";
+
+/// One process of an overview, with its calls.
+pub(crate) fn process_json(p: &sleuth_core::data::ProcessInfo, calls: u64) -> Value {
+    json!({
+        "pid": p.pid, "ppid": p.ppid, "comm": p.comm, "cmdline": p.cmdline,
+        "start_ns": p.start_ns, "exit_ns": p.exit_ns, "exit_code": p.exit_code,
+        "oom_victim": p.oom_victim, "calls": calls,
+    })
+}
+
+/// An overview's counts, with its processes' number.
+pub(crate) fn counts_json(c: &OverviewCounts, processes: usize) -> Value {
+    json!({
+        "calls": c.calls, "failed_calls": c.failed_calls,
+        "waits": c.waits, "lifecycle_events": c.lifecycle_events,
+        "kernel_counted_calls": c.kernel_counted_calls,
+        "processes": processes,
+    })
 }
 
 /// Per-op latency statistics with the on-CPU / runnable / blocked split:
@@ -231,6 +332,9 @@ pub fn overview(db: &Path, budget: &ReadBudget) -> Result<Value> {
 /// window places the kernel-counted calls, which carry no time, by the
 /// tracer's samples of their counts (`counted_in_window`, `notes`).
 pub fn latency_stats(db: &Path, scope: &args::CallScope, budget: &ReadBudget) -> Result<Value> {
+    if db.is_dir() {
+        return crate::run_tools::latency_stats(db, scope, budget);
+    }
     let trace = open(db, budget)?;
     let scope = &scope.resolved(&trace)?;
     check_op(scope.op.as_deref())?;
@@ -252,7 +356,7 @@ pub fn latency_stats(db: &Path, scope: &args::CallScope, budget: &ReadBudget) ->
         report.ops.retain(|o| o.op == op);
     }
     Ok(json!({
-        "units": "ns; on_cpu + runnable + blocked = total; runnable = waiting for a CPU held by `culprits`",
+        "units": STATS_UNITS,
         "filter": {"pid": scope.pid, "op": scope.op, "since_ns": scope.since_ns, "until_ns": scope.until_ns,
                    "last_ns": scope.last_ns},
         "host_context": host_context,
@@ -263,8 +367,15 @@ pub fn latency_stats(db: &Path, scope: &args::CallScope, budget: &ReadBudget) ->
     }))
 }
 
+/// What `latency_stats`' figures are.
+pub(crate) const STATS_UNITS: &str =
+    "ns; on_cpu + runnable + blocked = total; runnable = waiting for a CPU held by `culprits`";
+
 /// `explain`'s ranked findings with evidence.
 pub fn findings(db: &Path, scope: &args::CallScope, budget: &ReadBudget) -> Result<Value> {
+    if db.is_dir() {
+        return crate::run_tools::findings(db, scope, budget);
+    }
     let trace = open(db, budget)?;
     let scope = &scope.resolved(&trace)?;
     // The whole trace or one process (no op, no window) is explained from
@@ -551,6 +662,7 @@ pub fn sql(db: &Path, a: &args::Sql, budget: &ReadBudget) -> Result<Value> {
     if max_rows == 0 || max_rows > SQL_ROWS_MAX {
         bail!("max_rows must be between 1 and {SQL_ROWS_MAX} (got {max_rows})");
     }
+    crate::run_tools::one_file(db)?;
     let limits = SqlLimits {
         max_rows: max_rows as usize,
         max_bytes: SQL_ANSWER_BYTES,
@@ -559,4 +671,69 @@ pub fn sql(db: &Path, a: &args::Sql, budget: &ReadBudget) -> Result<Value> {
     let result = run_readonly_sql_remembered(db, &a.query, &limits, budget, memo())
         .context("query refused or failed")?;
     Ok(serde_json::to_value(result)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A directory of its own under the system's temporary one, removed on drop.
+    struct Scratch(PathBuf);
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    #[test]
+    fn a_served_run_serves_its_files_and_nothing_beside_it() {
+        let top =
+            Scratch(std::env::temp_dir().join(format!("sleuth-served-{}", std::process::id())));
+        let run = top.0.join("run");
+        std::fs::create_dir_all(&run).unwrap();
+        let part = run.join("part-000001.db");
+        let beside = top.0.join("other.db");
+        std::fs::write(&part, b"").unwrap();
+        std::fs::write(&beside, b"").unwrap();
+        let s = |p: &Path| Some(p.to_str().unwrap().to_string());
+        let canon = |p: &Path| std::fs::canonicalize(p).unwrap();
+
+        let by_db = Served {
+            db: Some(run.clone()),
+            dir: None,
+        };
+        assert_eq!(resolve_db(None, &by_db).unwrap(), run);
+        assert_eq!(resolve_db(s(&run).as_deref(), &by_db).unwrap(), canon(&run));
+        assert_eq!(
+            resolve_db(s(&part).as_deref(), &by_db).unwrap(),
+            canon(&part)
+        );
+        for refused in [&beside, &top.0] {
+            let e = resolve_db(s(refused).as_deref(), &by_db).unwrap_err();
+            assert!(e.to_string().contains("is not served"), "{refused:?}: {e}");
+        }
+
+        let by_dir = Served {
+            db: None,
+            dir: Some(top.0.clone()),
+        };
+        for served in [&run, &part, &beside] {
+            assert_eq!(
+                resolve_db(s(served).as_deref(), &by_dir).unwrap(),
+                canon(served)
+            );
+        }
+        assert!(resolve_db(Some("/etc/passwd"), &by_dir).is_err());
+
+        // A file named with --db serves no path below it.
+        let by_file = Served {
+            db: Some(beside.clone()),
+            dir: None,
+        };
+        assert!(resolve_db(s(&part).as_deref(), &by_file).is_err());
+        assert_eq!(
+            resolve_db(s(&beside).as_deref(), &by_file).unwrap(),
+            canon(&beside)
+        );
+    }
 }

@@ -82,6 +82,19 @@ pub struct InputProblems {
 }
 
 impl InputProblems {
+    /// Adds another file's skipped rows (a run's files, one answer).
+    pub fn add(&mut self, other: InputProblems) {
+        for (name, n) in other.unknown_ops {
+            let e = self.unknown_ops.entry(name).or_default();
+            *e = e.saturating_add(n);
+        }
+        self.unknown_ops_other = self
+            .unknown_ops_other
+            .saturating_add(other.unknown_ops_other);
+        self.impossible_calls = self.impossible_calls.saturating_add(other.impossible_calls);
+        self.impossible_waits = self.impossible_waits.saturating_add(other.impossible_waits);
+    }
+
     pub fn is_empty(&self) -> bool {
         self.unknown_ops.is_empty()
             && self.unknown_ops_other == 0

@@ -240,7 +240,7 @@ impl Acc {
             }
         });
         if let Some(p) = trace.input_problems_of_reads()? {
-            add_problems(&mut self.problems, p);
+            self.problems.add(p);
         }
         self.added += 1;
         Ok(())
@@ -310,17 +310,6 @@ pub(crate) fn add_base(run: &mut TraceData, later: TraceData) {
     };
     run.process_gpu.extend(later.process_gpu);
     run.hosts.extend(later.hosts);
-}
-
-/// Adds one file's skipped rows to the run's.
-pub(crate) fn add_problems(run: &mut InputProblems, file: InputProblems) {
-    for (name, n) in file.unknown_ops {
-        let e = run.unknown_ops.entry(name).or_default();
-        *e = e.saturating_add(n);
-    }
-    run.unknown_ops_other = run.unknown_ops_other.saturating_add(file.unknown_ops_other);
-    run.impossible_calls = run.impossible_calls.saturating_add(file.impossible_calls);
-    run.impossible_waits = run.impossible_waits.saturating_add(file.impossible_waits);
 }
 
 #[cfg(test)]

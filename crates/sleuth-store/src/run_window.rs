@@ -144,7 +144,7 @@ impl RunLast {
             seen = true;
             visit(&trace)?;
             if let Some(p) = trace.input_problems_of_reads()? {
-                crate::run_explain::add_problems(&mut read.problems, p);
+                read.problems.add(p);
             }
             if let Some(s) = trace.gpu_samples()? {
                 read.gpu_samples.get_or_insert_with(Vec::new).extend(s);

@@ -13,7 +13,9 @@ pub const TOKEN_ENV: &str = "GPUSLEUTH_MCP_TOKEN";
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Trace database the tools read.
+    /// Trace database the tools read, or a run's directory (`trace --rotate`):
+    /// `overview`, `latency_stats` and `findings` answer over its files, the
+    /// other tools read one of them.
     #[arg(long)]
     db: Option<PathBuf>,
     /// Directory of traces a tool call may also name with its `db` argument
@@ -37,9 +39,9 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<i32> {
     if let Some(db) = &args.db {
-        if !db.is_file() {
+        if !db.is_file() && !db.is_dir() {
             bail!(
-                "trace database {} does not exist (or is not a file)",
+                "trace database {} does not exist (give a trace file or a run's directory)",
                 db.display()
             );
         }

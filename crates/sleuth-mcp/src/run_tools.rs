@@ -1,0 +1,337 @@
+//! The trace tools over a run's directory (`trace --rotate`): a node agent
+//! rotates every few minutes and keeps the last N files, and an assistant
+//! asks about the run, not about one of its files. `overview` adds the
+//! files up and lists each with its time range (a question about one
+//! moment then goes to the file that holds it); `latency_stats` and
+//! `findings` answer over the run's finished files, or with `last_ns` over
+//! the files the window spans, as `gpusleuth stats`/`explain --db DIR
+//! [--last D]` do (`sleuth_store::run`, `run_explain`, `run_window`). The
+//! other tools read one file: on a directory they say so in one line
+//! ([`one_file`]).
+
+use crate::args;
+use crate::trace_tools::{
+    self, counts_json, memo, process_json, time_range_json, FileOverview, OverviewCounts,
+};
+use anyhow::{bail, Result};
+use serde_json::{json, Value};
+use sleuth_core::data::ProcessInfo;
+use sleuth_core::rollup::merge_counters;
+use sleuth_core::{gpu_activity, stats, TraceData};
+use sleuth_store::run::{part_name, run_files};
+use sleuth_store::run_window::{last_of_run, RunLast};
+use sleuth_store::{InputProblems, ReadBudget};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// An error for a tool that reads one file when `db` names a run's
+/// directory: which files it holds, and what to do.
+pub fn one_file(db: &Path) -> Result<()> {
+    if !db.is_dir() {
+        return Ok(());
+    }
+    let files = run_files(db)?;
+    let named = match (files.first(), files.last()) {
+        (Some((a, _)), Some((b, _))) if a != b => format!("{} to {}", part_name(*a), part_name(*b)),
+        (Some((a, _)), _) => part_name(*a),
+        _ => String::new(),
+    };
+    bail!(
+        "db {} is a run's directory ({} files, {named}): this tool reads one file; pass one of them as db \
+         (`overview` of the directory lists each with its time range). latency_stats and findings answer over the run",
+        db.display(),
+        files.len()
+    )
+}
+
+/// The run's overview: its files, each with its time range, calls,
+/// processes and whether the run's answers include it (finished), and
+/// what `overview` gives of one file added up over them (counts, stored
+/// counters and drops, processes with their calls, NVML samples, the rows
+/// the reads skipped); session and libraries of its oldest and newest file.
+pub fn overview(dir: &Path, budget: &ReadBudget) -> Result<Value> {
+    let listed = run_files(dir)?;
+    let mut files = Vec::new();
+    let mut counts = OverviewCounts::default();
+    let mut info = TraceData::default();
+    let mut processes: BTreeMap<u32, (ProcessInfo, u64)> = BTreeMap::new();
+    let mut problems = InputProblems::default();
+    let mut notes: Vec<Value> = Vec::new();
+    let mut seen_notes = std::collections::BTreeSet::new();
+    let mut host_context = true;
+    let (mut run_start, mut run_end) = (u64::MAX, 0u64);
+    let mut first: Option<FileOverview> = None;
+    let mut last: Option<FileOverview> = None;
+    for (n, path) in &listed {
+        let trace = trace_tools::open(path, budget)?;
+        let finished = trace.has_rollups()?;
+        let mut o = FileOverview::read(&trace, budget)?;
+        files.push(json!({
+            "file": path.display().to_string(),
+            "number": n,
+            "start_ns": o.span.start_ns,
+            "end_ns": o.span.end_ns,
+            "finished": finished,
+            "calls": o.counts.calls,
+            "pids": o.processes.iter().map(|(p, _)| p.pid).collect::<Vec<_>>(),
+        }));
+        run_start = run_start.min(o.span.start_ns);
+        run_end = run_end.max(o.span.end_ns);
+        counts.add(&o.counts);
+        merge_counters(&mut info.stats, &o.info.stats);
+        if let Some(s) = o.info.gpu_samples.take() {
+            info.gpu_samples.get_or_insert_with(Vec::new).extend(s);
+        }
+        info.process_gpu.append(&mut o.info.process_gpu);
+        for (p, calls) in o.processes.drain(..) {
+            add_process(&mut processes, p, calls);
+        }
+        problems.add(std::mem::take(&mut o.problems));
+        // A note each file repeats (the same library missing) is said once.
+        for note in o.notes.drain(..) {
+            if seen_notes.insert(serde_json::to_string(&note)?) {
+                notes.push(json!({"file": part_name(*n), "note": note}));
+            }
+        }
+        host_context &= o.host_context;
+        match first {
+            None => first = Some(o),
+            Some(_) => last = Some(o),
+        }
+    }
+    // `run_files` refused a directory without files.
+    let Some(first) = first else {
+        bail!("{}: no file of the run was read", dir.display());
+    };
+    let newest = last.as_ref().unwrap_or(&first);
+    // From the earliest start to the latest end: files of one run follow
+    // each other, but a file copied in from elsewhere need not.
+    let span = sleuth_core::TraceSpan {
+        start_ns: run_start,
+        end_ns: run_end.max(run_start),
+        origin_ns: run_start,
+        extent_end_ns: run_end.max(run_start),
+    };
+    let finished = files.iter().filter(|f| f["finished"] == true).count();
+    let processes: Vec<Value> = processes
+        .values()
+        .map(|(p, calls)| process_json(p, *calls))
+        .collect();
+    Ok(json!({
+        "db": dir.display().to_string(),
+        "run": {
+            "files": files,
+            "finished_files": finished,
+            "about": "A run of `gpusleuth trace --rotate`: one file per period, oldest first. latency_stats and findings \
+                      answer over its finished files (with last_ns, over the files that window spans, the file still \
+                      being written included); the other tools read one file: pass its path as db.",
+        },
+        "session": first.session,
+        "time_range": time_range_json(&span, first.session.info.realtime_offset_ns),
+        "host_context": host_context,
+        "counts": counts_json(&counts, processes.len()),
+        "drops": stats::drop_counters(&info),
+        "attach_edges": stats::attach_edges(&info),
+        "events": stats::event_counters(&info),
+        "gpu_activity": gpu_activity::of_trace(&info),
+        "counters": info.stats,
+        "processes": processes,
+        "libraries": newest.libraries,
+        "notes": notes,
+        "input_problems": problems,
+        "gpus": trace_tools::GPUS_NOTE,
+    }))
+}
+
+/// A process seen in several files: its calls added up; its start from
+/// the first file that lists it, its exit from the last that saw one.
+fn add_process(all: &mut BTreeMap<u32, (ProcessInfo, u64)>, p: ProcessInfo, calls: u64) {
+    match all.get_mut(&p.pid) {
+        None => {
+            all.insert(p.pid, (p, calls));
+        }
+        Some((known, n)) => {
+            *n = n.saturating_add(calls);
+            if p.exit_ns.is_some() {
+                known.exit_ns = p.exit_ns;
+                known.exit_code = p.exit_code;
+                known.oom_victim = p.oom_victim;
+            }
+        }
+    }
+}
+
+/// What narrows a run's answer: pid, and last_ns for its last part.
+/// since_ns/until_ns count on one file's clock range and are refused (as
+/// `--from/--to` are on a directory).
+fn check_run_scope(scope: &args::CallScope) -> Result<()> {
+    if scope.since_ns.is_some() || scope.until_ns.is_some() {
+        bail!(
+            "since_ns/until_ns name a window of one file; db is a run's directory: use last_ns for its last part, \
+             or pass the file that holds the window as db (`overview` lists each file's time range)"
+        );
+    }
+    if scope.last_ns == Some(0) {
+        bail!("empty time window: last_ns must be above 0");
+    }
+    Ok(())
+}
+
+/// The files `last_ns` of the run spans; None for the whole run.
+fn window_of(dir: &Path, scope: &args::CallScope, budget: &ReadBudget) -> Result<Option<RunLast>> {
+    Ok(match scope.last_ns {
+        Some(last) => Some(last_of_run(dir, last, budget, memo())?),
+        None => None,
+    })
+}
+
+/// The one file a window of the run spans, as a db path for the one-file tools.
+fn only_file(run: &RunLast) -> Option<&Path> {
+    match run.files.as_slice() {
+        [(_, path)] => Some(path),
+        _ => None,
+    }
+}
+
+/// The notes naming the files an answer over the whole run left out.
+fn unfinished_notes(files: &[std::path::PathBuf]) -> Vec<String> {
+    files
+        .iter()
+        .map(|f| {
+            format!(
+                "{}: not finished (still being written, or its writer was killed): not in this answer \
+                 (last_ns includes the file being written)",
+                f.file_name().map(|n| n.to_string_lossy()).unwrap_or_default()
+            )
+        })
+        .collect()
+}
+
+/// Adds the names of the files read to a one-file answer.
+fn with_files(mut v: Value, files: Vec<String>) -> Value {
+    v["files"] = json!(files);
+    v
+}
+
+/// `latency_stats` over a run: every finished file's rollups added up, or
+/// with `last_ns` the window's part of each file it spans (a window the
+/// newest file holds alone is that file's answer).
+pub fn latency_stats(dir: &Path, scope: &args::CallScope, budget: &ReadBudget) -> Result<Value> {
+    check_run_scope(scope)?;
+    trace_tools::check_op(scope.op.as_deref())?;
+    let (mut report, counted, paths, notes) = match window_of(dir, scope, budget)? {
+        Some(run) => {
+            if let Some(file) = only_file(&run) {
+                let v = trace_tools::latency_stats(file, scope, budget)?;
+                return Ok(with_files(v, run.file_names()));
+            }
+            let (report, counted, read) = run.stats(scope.pid, memo())?;
+            let mut notes = counted.notes(sleuth_store::window::STATS_COUNT);
+            notes.extend(problem_notes(&read.problems));
+            let paths = run.files.iter().map(|(_, p)| p.clone()).collect();
+            (report, Some(counted), paths, notes)
+        }
+        None => {
+            let run = sleuth_store::run::run_stats_remembered(dir, scope.pid, budget, memo())?;
+            (
+                run.report,
+                None,
+                run.files,
+                unfinished_notes(&run.incomplete),
+            )
+        }
+    };
+    if let Some(op) = scope.op.as_deref() {
+        report.ops.retain(|o| o.op == op);
+    }
+    Ok(json!({
+        "units": trace_tools::STATS_UNITS,
+        "filter": {"pid": scope.pid, "op": scope.op, "last_ns": scope.last_ns},
+        "files": names(&paths),
+        "host_context": host_context_of(&paths, budget)?,
+        "ops": report.ops,
+        "drops": report.drops,
+        "notes": notes,
+        "counted_in_window": counted.map(|c| c.json()),
+    }))
+}
+
+/// `findings` over a run: the finished files' stored aggregates and the
+/// run's ledger, or with `last_ns` the window's parts of the files it spans
+/// (a window the newest file holds alone is that file's answer). `op`
+/// narrows one file's findings only.
+pub fn findings(dir: &Path, scope: &args::CallScope, budget: &ReadBudget) -> Result<Value> {
+    check_run_scope(scope)?;
+    if scope.op.is_some() {
+        bail!(
+            "op narrows the findings of one file; db is a run's directory: findings over the run take pid and last_ns \
+             (or pass one of its files as db with op)"
+        );
+    }
+    let (report, problems, files, left_out) = match window_of(dir, scope, budget)? {
+        Some(run) => {
+            if let Some(file) = only_file(&run) {
+                let v = trace_tools::findings(file, scope, budget)?;
+                return Ok(with_files(v, run.file_names()));
+            }
+            let (e, read) = run.explanation(scope.pid, memo())?;
+            (e, read.problems, run.file_names(), Vec::new())
+        }
+        None => {
+            let run =
+                sleuth_store::run_explain::load_remembered(dir, scope.pid, budget.clone(), memo())?;
+            let e = run.explanation();
+            (
+                e,
+                run.problems,
+                names(&run.files),
+                unfinished_notes(&run.incomplete),
+            )
+        }
+    };
+    let mut notes = report.notes;
+    notes.extend(left_out);
+    Ok(json!({
+        "files": files,
+        "summary": report.summary,
+        "findings": report.findings,
+        "threads": report.threads,
+        "notes": notes,
+        "input_problems": problems,
+        "clean": report.findings.is_empty() && problems.is_empty(),
+    }))
+}
+
+/// Whether every file read holds the scheduler's context (the runnable and
+/// blocked split); the files were opened by the answer, their checks kept.
+fn host_context_of(files: &[std::path::PathBuf], budget: &ReadBudget) -> Result<bool> {
+    for f in files {
+        if !trace_tools::open(f, budget)?.has_host_context() {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// The file names of paths, for an answer's `files`.
+fn names(paths: &[std::path::PathBuf]) -> Vec<String> {
+    paths
+        .iter()
+        .map(|p| {
+            p.file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        })
+        .collect()
+}
+
+/// A note when the reads skipped rows (a stats answer has no other place for them).
+fn problem_notes(p: &InputProblems) -> Vec<String> {
+    if p.is_empty() {
+        return Vec::new();
+    }
+    vec![format!(
+        "rows skipped by the reads (not in this answer): {}",
+        serde_json::to_string(p).unwrap_or_default()
+    )]
+}
