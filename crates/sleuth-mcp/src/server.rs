@@ -150,7 +150,8 @@ fn tool_result(joined: Result<anyhow::Result<Value>, tokio::task::JoinError>) ->
 impl SleuthServer {
     #[tool(
         description = "Overview of a trace: session (host, kernel, command, target), time range, \
-        processes with their call counts, event counts, dropped events, probed CUDA libraries, notes. Start here."
+        processes with their call counts, event counts, dropped events, probed CUDA libraries, notes. Start here. \
+        On a run's directory (trace --rotate) also its files, each with its time range."
     )]
     async fn overview(
         &self,
@@ -164,7 +165,7 @@ impl SleuthServer {
         description = "Per-op latency statistics (count, errors, exact p50/p95/p99/max, total) with the \
         time split on-CPU / runnable (waiting for a CPU held by named culprit processes) / blocked (sleeping, \
         e.g. waiting for the GPU). Filters: pid, op, since_ns/until_ns (monotonic ns) or last_ns (the last part \
-        of the trace)."
+        of the trace). On a run's directory: over its files (whole, or last_ns)."
     )]
     async fn latency_stats(
         &self,
@@ -178,7 +179,8 @@ impl SleuthServer {
     #[tool(
         description = "Ranked, evidence-backed findings (what `gpusleuth explain` prints): CPU preemption \
         with culprits, GPU waits, failed allocations, unfreed memory, allocation churn, tail latency. \
-        All arguments optional (pid, op, since_ns/until_ns or last_ns narrow the calls considered)."
+        All arguments optional (pid, op, since_ns/until_ns or last_ns narrow the calls considered). \
+        On a run's directory: over its files (whole, or last_ns; pid)."
     )]
     async fn findings(
         &self,
