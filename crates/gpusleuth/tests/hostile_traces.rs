@@ -373,6 +373,12 @@ fn mutated_traces_through_every_command() {
         let _ = std::fs::copy(&case.path, run_dir.join("part-000002.db"));
         let run_db = run_dir.display().to_string();
         let mut all = commands(&db, &out_dir, &format!("{}-{i}", case.name, i = runs));
+        // The run's memory ledger over both parts.
+        all.push(
+            ["memory", "--db", &run_db, "--json"]
+                .map(String::from)
+                .to_vec(),
+        );
         for cmd in ["stats", "explain"] {
             for last in ["100ms", "1h"] {
                 all.push(
@@ -475,6 +481,7 @@ fn mutated_traces_through_every_mcp_tool() {
             ),
             ("findings", serde_json::json!({"db": run})),
             ("findings", serde_json::json!({"db": run, "last_ns": hour})),
+            ("memory", serde_json::json!({"db": run})),
             ("overview", serde_json::json!({"db": db})),
             ("latency_stats", serde_json::json!({"db": db})),
             ("findings", serde_json::json!({"db": db})),

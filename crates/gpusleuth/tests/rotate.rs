@@ -340,6 +340,36 @@ fn mcp_answers_over_the_run(run: &Path, files: &[(u64, PathBuf)], sb: &Sandbox) 
         "{found}"
     );
 
+    // The run's memory ledger, as `memory --db DIR` gives it: the script's
+    // 20 allocations, each freed.
+    let mem = tool(&mut server, "memory", json!({})).expect("memory of the run");
+    let cli = cli_json("memory", run, &[]);
+    let of = |v: &Value| -> Value {
+        v["processes"]
+            .as_array()
+            .expect("processes")
+            .iter()
+            .find(|p| p["pid"] == json!(pid))
+            .cloned()
+            .unwrap_or_else(|| panic!("pid {pid}: {v}"))
+    };
+    let (m, c) = (of(&mem), of(&cli));
+    for key in [
+        "live_bytes",
+        "peak_bytes",
+        "allocs",
+        "frees",
+        "unmatched_frees",
+        "unfreed",
+    ] {
+        assert_eq!(m[key], c[key], "{key}");
+    }
+    assert_eq!(m["allocs"], 20, "{m}");
+    assert_eq!(m["frees"], 20, "{m}");
+    assert_eq!(mem["files"].as_array().map(Vec::len), Some(files.len()));
+    let err = tool(&mut server, "memory", json!({"at_ns": 1})).expect_err("at_ns");
+    assert!(err.contains("one file"), "{err}");
+
     // The tools that read one file name the run's files; one of them is read.
     let err = tool(&mut server, "slow_calls", json!({})).expect_err("a directory");
     assert!(err.contains("is a run's directory"), "{err}");

@@ -53,6 +53,40 @@ fn explain_json(dir: &Path) -> String {
     String::from_utf8(out.stdout).expect("UTF-8")
 }
 
+/// `memory --json --db DIR`: the process that allocated, which must be there.
+fn memory_of_run(dir: &Path, args: &[&str]) -> serde_json::Value {
+    let out = common::run_ok(
+        common::gpusleuth()
+            .args(["memory", "--json", "--db"])
+            .arg(dir)
+            .args(args),
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    v["processes"]
+        .as_array()
+        .expect("processes")
+        .iter()
+        .find(|p| p["allocs"].as_u64().unwrap_or(0) > 0)
+        .unwrap_or_else(|| panic!("no process allocated: {v}"))
+        .clone()
+}
+
+/// What [`SCRIPT`] leaves, by its own account: `w` and the twelve 64 KiB
+/// leaks live (3 MiB + 768 KiB), 26 allocations (w, a, 12 leaks, 12 `s`),
+/// 13 frees (`a`, 12 `s`), the 1e15 one failed.
+fn assert_script_ledger(l: &serde_json::Value, at: &str) {
+    assert_eq!(l["live_bytes"], 3_145_728 + 12 * 65_536, "{at}: {l}");
+    assert_eq!(l["allocs"], 26, "{at}: {l}");
+    assert_eq!(l["frees"], 13, "{at}: {l}");
+    assert_eq!(l["unmatched_frees"], 0, "{at}: {l}");
+    assert_eq!(l["unfreed"].as_array().map(Vec::len), Some(13), "{at}: {l}");
+    assert_eq!(
+        l["failed_allocs"].as_array().map(Vec::len),
+        Some(1),
+        "{at}: {l}"
+    );
+}
+
 fn ledger_of(r: &RunLean) -> &sleuth_core::ledger::ProcessLedger {
     r.ledgers
         .iter()
@@ -119,6 +153,28 @@ fn the_carried_ledger_answers_explain_as_the_replay_did() {
 
     // The command's whole answer, byte for byte, as before.
     assert_eq!(explain_json(&sb.db()), explain_json(&old));
+    // `memory --db DIR`: the run's ledger, what the script left; the same
+    // from the replay; `--at` and `--by-site` read one file.
+    let m = memory_of_run(&sb.db(), &[]);
+    assert_script_ledger(&m, "memory of the run");
+    assert_eq!(m, memory_of_run(&old, &[]), "carried and replayed");
+    for extra in [["--at", "1s"].as_slice(), ["--by-site"].as_slice()] {
+        let o = common::gpusleuth()
+            .args(["memory", "--db"])
+            .arg(sb.db())
+            .args(extra)
+            .output()
+            .expect("run");
+        common::assert_no_panic(&o);
+        assert_ne!(o.status.code(), Some(0), "{extra:?}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert!(err.contains("run's directory"), "{err}");
+    }
+    let text = common::run_ok(common::gpusleuth().args(["memory", "--db"]).arg(sb.db()));
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.starts_with("Run in "), "{text}");
+    assert!(text.contains("device live"), "{text}");
     // With --pid: the same rule.
     let pid = l.pid;
     let one = load(&sb.db(), Some(pid), budget()).expect("explain --pid");
@@ -155,6 +211,23 @@ fn after_keep_the_carried_ledger_still_holds_what_deleted_files_allocated() {
         "{site}"
     );
     assert_eq!(l.unmatched_frees, 0, "{l:?}");
+    // `memory --db DIR` gives the whole run's ledger, deleted files
+    // included, and says so.
+    let m = memory_of_run(&sb.db(), &[]);
+    assert_script_ledger(&m, "memory after --keep");
+    let out = common::run_ok(
+        common::gpusleuth()
+            .args(["memory", "--json", "--db"])
+            .arg(sb.db()),
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert!(
+        v["notes"]
+            .to_string()
+            .contains("no longer in the directory"),
+        "{v}"
+    );
+    assert_eq!(v["files"].as_array().map(Vec::len), Some(kept.len()), "{v}");
     let notes = r.explanation().notes;
     assert!(
         notes

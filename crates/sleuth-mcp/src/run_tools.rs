@@ -5,8 +5,9 @@
 //! moment then goes to the file that holds it); `latency_stats` and
 //! `findings` answer over the run's finished files, or with `last_ns` over
 //! the files the window spans, as `gpusleuth stats`/`explain --db DIR
-//! [--last D]` do (`sleuth_store::run`, `run_explain`, `run_window`). The
-//! other tools read one file: on a directory they say so in one line
+//! [--last D]` do (`sleuth_store::run`, `run_explain`, `run_window`);
+//! `memory` gives the run's ledger as `memory --db DIR` does. The other
+//! tools read one file: on a directory they say so in one line
 //! ([`one_file`]).
 
 use crate::args;
@@ -38,7 +39,7 @@ pub fn one_file(db: &Path) -> Result<()> {
     };
     bail!(
         "db {} is a run's directory ({} files, {named}): this tool reads one file; pass one of them as db \
-         (`overview` of the directory lists each with its time range). latency_stats and findings answer over the run",
+         (`overview` of the directory lists each with its time range). latency_stats, findings and memory answer over the run",
         db.display(),
         files.len()
     )
@@ -122,9 +123,10 @@ pub fn overview(dir: &Path, budget: &ReadBudget) -> Result<Value> {
         "run": {
             "files": files,
             "finished_files": finished,
-            "about": "A run of `gpusleuth trace --rotate`: one file per period, oldest first. latency_stats and findings \
-                      answer over its finished files (with last_ns, over the files that window spans, the file still \
-                      being written included); the other tools read one file: pass its path as db.",
+            "about": "A run of `gpusleuth trace --rotate`: one file per period, oldest first. latency_stats, findings and \
+                      memory answer over its finished files (latency_stats and findings with last_ns over the files that \
+                      window spans, the file still being written included); the other tools read one file: pass its path \
+                      as db.",
         },
         "session": first.session,
         "time_range": time_range_json(&span, first.session.info.realtime_offset_ns),
@@ -334,4 +336,37 @@ fn problem_notes(p: &InputProblems) -> Vec<String> {
         "rows skipped by the reads (not in this answer): {}",
         serde_json::to_string(p).unwrap_or_default()
     )]
+}
+
+/// `memory` over a run: the run's ledger (the one the tracer carried
+/// across its files, which also covers files `--keep` deleted; else
+/// replayed), the allocator views over the files' block events, the
+/// driver's view, as `gpusleuth memory --db DIR`. `at_ns` reads one file;
+/// the per-site table too (`call_sites`, or `memory` of a file): the
+/// unfreed allocations carry their sites.
+pub fn memory(dir: &Path, a: &args::Memory, points: usize, budget: &ReadBudget) -> Result<Value> {
+    if a.at_ns.is_some() {
+        bail!(
+            "at_ns names a moment of one file; db is a run's directory: pass the file that holds the moment as db \
+             (`overview` lists each file's time range)"
+        );
+    }
+    let run = sleuth_store::run_explain::load_remembered(dir, a.pid, budget.clone(), memo())?;
+    let data = &run.data;
+    let allocators = sleuth_core::allocator::allocator_views(data, None, &run.ledgers);
+    let helds = sleuth_core::held::held(data, &run.ledgers);
+    let mut v = trace_tools::memory_json(run.ledgers.clone(), &allocators, &helds, data, points)?;
+    let mut notes: Vec<String> = run.ledger_note.iter().cloned().collect();
+    notes.extend(unfinished_notes(&run.incomplete));
+    notes.push(
+        "sites: the per-site table reads one file (memory or call_sites with one of the run's files as db); \
+         each unfreed allocation here carries its site"
+            .into(),
+    );
+    v["at_ns"] = Value::Null;
+    v["sites"] = json!([]);
+    v["files"] = json!(names(&run.files));
+    v["notes"] = json!(notes);
+    v["input_problems"] = json!(run.problems);
+    Ok(v)
 }

@@ -208,7 +208,8 @@ impl SleuthServer {
         description = "GPU memory ledger per process: live and peak device bytes, unfreed allocations, \
         failed allocations (with the live bytes when they failed), pinned/managed memory apart, a thinned \
         timeline, and `held`: what NVML said the process held before the trace began (allocations made \
-        before the trace are not itemized). `at_ns` gives the ledger as it stood at that moment."
+        before the trace are not itemized). `at_ns` gives the ledger as it stood at that moment. \
+        On a run's directory: the run's ledger over its files."
     )]
     async fn memory(
         &self,

@@ -6,6 +6,7 @@ use crate::args;
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 use sleuth_core::decompose::Split;
+use sleuth_core::ledger::ProcessLedger;
 use sleuth_core::{findings, gpu_activity, held, ledger, op_by_name, stats, CallEvent, TraceData};
 use sleuth_store::stream::{call_span, CallQuery, MemoryTrace, Rows, StreamOrder};
 use sleuth_store::window;
@@ -481,10 +482,13 @@ pub fn memory(db: &Path, a: &args::Memory, budget: &ReadBudget) -> Result<Value>
             ledger::MAX_TIMELINE_POINTS
         );
     }
+    if db.is_dir() {
+        return crate::run_tools::memory(db, a, points, budget);
+    }
     let trace = open(db, budget)?;
     // The ledger is replayed from the memory calls streamed from the store.
     let mut mt = MemoryTrace::open(&trace, a.pid, budget.clone())?;
-    let mut procs = mt.ledgers(a.at_ns)?;
+    let procs = mt.ledgers(a.at_ns)?;
     // What the driver said each process held before the trace (whole trace).
     let end = match a.at_ns {
         Some(_) => mt.ledgers(None)?,
@@ -505,7 +509,24 @@ pub fn memory(db: &Path, a: &args::Memory, budget: &ReadBudget) -> Result<Value>
     // (reserved from the ledger, so before the timeline is thinned).
     let allocators = sleuth_core::allocator::allocator_views(data, a.at_ns, &procs);
     let helds = held::held(data, &end);
-    for h in &helds {
+    let sites = match stored_sites {
+        Some(s) => s,
+        None => {
+            let mut listed = procs.clone();
+            add_held_only(&mut listed, &helds, data);
+            mt.sites_streamed(&listed, a.at_ns)?
+        }
+    };
+    let mut v = memory_json(procs, &allocators, &helds, data, points)?;
+    v["at_ns"] = json!(a.at_ns);
+    v["sites"] = json!(sites.into_iter().take(MEMORY_SITES).collect::<Vec<_>>());
+    Ok(v)
+}
+
+/// Each process NVML lists that the ledger has not, with an empty ledger:
+/// it is shown, never as holding nothing.
+fn add_held_only(procs: &mut Vec<ProcessLedger>, helds: &[held::HeldMemory], data: &TraceData) {
+    for h in helds {
         if !procs.iter().any(|l| l.pid == h.pid) {
             let info = data.process(h.pid);
             procs.push(ledger::empty_ledger(
@@ -516,10 +537,19 @@ pub fn memory(db: &Path, a: &args::Memory, budget: &ReadBudget) -> Result<Value>
         }
     }
     procs.sort_by_key(|l| l.pid);
-    let sites = match stored_sites {
-        Some(s) => s,
-        None => mt.sites_streamed(&procs, a.at_ns)?,
-    };
+}
+
+/// The `memory` answer's processes (ledgers with their lists capped, the
+/// timeline thinned to `points`, allocator view and the driver's view) and
+/// what its fields mean; the caller adds `at_ns` and `sites`.
+pub(crate) fn memory_json(
+    mut procs: Vec<ProcessLedger>,
+    allocators: &std::collections::BTreeMap<u32, sleuth_core::allocator::AllocatorView>,
+    helds: &[held::HeldMemory],
+    data: &TraceData,
+    points: usize,
+) -> Result<Value> {
+    add_held_only(&mut procs, helds, data);
     for p in &mut procs {
         let full = std::mem::take(&mut p.timeline);
         if points > 0 {
@@ -557,8 +587,6 @@ pub fn memory(db: &Path, a: &args::Memory, budget: &ReadBudget) -> Result<Value>
                  0 = not listed then), at the end and its maximum, beside the ledger's allocations/frees \
                  during the trace; allocations made before the trace are not itemized; \
                  pre_trace_frees counts frees of them (sizes not seen); measured: false = no NVML reading",
-        "at_ns": a.at_ns,
-        "sites": sites.into_iter().take(MEMORY_SITES).collect::<Vec<_>>(),
         "allocator": "per process: PyTorch's caching allocator (allocated = memory_allocated(), gap = reserved - allocated, \
                       segments with the most free bytes first, their largest live blocks); null without allocator events",
         "processes": processes,

@@ -56,6 +56,9 @@ pub struct RunLean {
     /// Memory calls read to replay the ledgers: 0 when the tracer's
     /// carried ledger answered.
     pub replayed_memory_calls: u64,
+    /// How the ledgers were had, when a reader should be told (they also
+    /// cover files `--keep` deleted; or they were replayed, and why).
+    pub ledger_note: Option<String>,
     pub inputs: FindingInputs,
     /// Files read, oldest first (with `pid`: those that do not hold it too).
     pub files: Vec<PathBuf>,
@@ -256,8 +259,9 @@ impl Acc {
                 self.added
             ));
         }
-        notes.extend(ledger.note);
+        notes.extend(ledger.note.clone());
         RunLean {
+            ledger_note: ledger.note,
             // None only when no file was added, which `check_answered` refused.
             inputs: self
                 .inputs

@@ -52,6 +52,13 @@ struct ProcessReport<'a> {
 
 #[derive(Serialize)]
 struct Report<'a> {
+    /// A run's directory (`--db DIR`): the finished files read, oldest first.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    files: Vec<String>,
+    /// A run's directory: how its ledger was had (carried over files
+    /// `--keep` deleted, or replayed and why).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    notes: Vec<String>,
     processes: Vec<ProcessReport<'a>>,
     /// GPU busy per GPU over the trace (NVML), or `measured: false`.
     gpu_activity: &'a GpuActivity,
@@ -61,6 +68,9 @@ struct Report<'a> {
 }
 
 pub fn run(args: Args) -> anyhow::Result<i32> {
+    if args.input.db.is_dir() {
+        return run_of_run(&args);
+    }
     let at_offset = args.at;
     let trace = crate::checks_memo::open(&args.input.db)?;
     // The memory calls are streamed from the store, never the whole trace.
@@ -135,6 +145,105 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     Ok(0)
 }
 
+/// `memory --db DIR` of a run of `trace --rotate`: the run's ledger (the
+/// one the tracer carried across its files, stored in the last finished
+/// one, which also covers files `--keep` deleted; else replayed from every
+/// file's memory calls), the allocator views over the files' block events,
+/// the driver's view and GPU busy over the files (`sleuth_store::run_explain`,
+/// as `explain --db DIR` reads them). The file still being written is left
+/// out with a note. `--at` and `--by-site` read one file.
+fn run_of_run(args: &Args) -> anyhow::Result<i32> {
+    let dir = &args.input.db;
+    if args.at.is_some() {
+        anyhow::bail!(
+            "--at counts from the start of one trace file; --db names a run's directory (pick the part-*.db file that holds the moment)"
+        );
+    }
+    if args.by_site {
+        anyhow::bail!(
+            "--by-site reads one trace file; --db names a run's directory (pass one of its part-*.db files; the run's unfreed allocations carry their sites here)"
+        );
+    }
+    let run = sleuth_store::run_explain::load_remembered(
+        dir,
+        args.input.pid,
+        crate::checks_memo::budget(),
+        crate::checks_memo::memo(),
+    )?;
+    crate::load::note_unfinished(&run.incomplete);
+    crate::load::print_problems_at(dir, &run.problems);
+    let mut processes = run.ledgers.clone();
+    let data = &run.data;
+    let allocators = allocator_views(data, None, &processes);
+    let helds = held_by_pid(data, &mut processes);
+    let activity = gpu_activity::of_trace(data);
+    let files: Vec<String> = run
+        .files
+        .iter()
+        .map(|f| {
+            f.file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        })
+        .collect();
+    let notes: Vec<String> = run.ledger_note.iter().cloned().collect();
+    if args.out.json {
+        let mut r = report(&processes, &allocators, &helds, &activity, None);
+        r.files = files;
+        r.notes = notes;
+        emit_json(&r)?;
+    } else {
+        // Allocations carried from files `--keep` deleted began before the
+        // oldest file kept: times count from the earliest of them.
+        let origin = earliest(&processes).min(data.start_ns.unwrap_or(u64::MAX));
+        let mut text = format!(
+            "Run in {}: {} finished file(s), {}; times since {}.\n",
+            dir.display(),
+            files.len(),
+            match (files.first(), files.last()) {
+                (Some(a), Some(b)) if a != b => format!("{a} to {b}"),
+                (Some(a), _) => a.clone(),
+                _ => String::new(),
+            },
+            if data.start_ns.is_some_and(|s| s <= origin) {
+                "the oldest file's start"
+            } else {
+                "the earliest allocation the run's ledger holds (made in a file --keep deleted)"
+            }
+        );
+        for n in &notes {
+            text.push_str(&format!("Note: {n}\n"));
+        }
+        text.push('\n');
+        text.push_str(&render(
+            &processes,
+            &allocators,
+            &helds,
+            origin,
+            None,
+            args.segments,
+        ));
+        emit_text(&crate::term_text::terminal_safe(&text))?;
+    }
+    Ok(0)
+}
+
+/// The earliest moment a ledger names (an unfreed allocation, a failed
+/// one, the timeline's first point); `u64::MAX` when none.
+fn earliest(ledgers: &[ProcessLedger]) -> u64 {
+    ledgers
+        .iter()
+        .flat_map(|l| {
+            l.unfreed
+                .iter()
+                .map(|u| u.ts_ns)
+                .chain(l.failed_allocs.iter().map(|f| f.ts_ns))
+                .chain(l.timeline.first().map(|t| t.ts_ns))
+        })
+        .min()
+        .unwrap_or(u64::MAX)
+}
+
 /// The driver's view per pid; a process NVML lists but the trace saw no call
 /// of gets an empty ledger, so it is shown (never as holding nothing).
 pub(crate) fn held_by_pid(
@@ -164,6 +273,8 @@ fn report<'a>(
     at_offset_ns: Option<u64>,
 ) -> Report<'a> {
     Report {
+        files: Vec::new(),
+        notes: Vec::new(),
         processes: processes
             .iter()
             .map(|l| ProcessReport {
