@@ -477,7 +477,9 @@ fn a_run_directory_is_refused_where_a_file_is_expected_and_an_old_run_is_kept() 
     // A command that reads one file, given a run: one line naming the run's
     // newest file (the old run above has parts 1 and 7).
     std::fs::write(old.join("part-000007.db"), b"old").expect("write");
-    for cmd in [vec!["memory"], vec!["query", "SELECT 1"]] {
+    let html = sb.path("r.html");
+    let html = html.to_str().expect("UTF-8 path");
+    for cmd in [vec!["query", "SELECT 1"], vec!["report", "-o", html]] {
         let out = common::gpusleuth()
             .args(&cmd)
             .arg("--db")
