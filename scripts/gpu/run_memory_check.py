@@ -1,0 +1,105 @@
+"""Checks `memory --db DIR` and MCP `memory` of a `trace --rotate 2s --keep 3`
+run of run_memory_workload.py against the program's own counters (issue 16,
+round 17): the run's ledger at the program's exit equals
+torch.cuda.memory_reserved() at its last checkpoint, though the model's
+allocations were made in files --keep deleted.
+
+Usage: run_memory_check.py GS RUN_DIR TRUTH_JSON OUT_DIR
+Prints one line per check and `checks: P/T passed` last.
+"""
+import glob
+import json
+import os
+import subprocess
+import sys
+
+gs, run, truth_path, out = sys.argv[1:5]
+truth = json.load(open(truth_path))
+results = []
+
+
+def check(name, ok, detail):
+    results.append(ok)
+    print(f"{'PASS' if ok else 'FAIL'} {name}: {detail}")
+
+
+def gsjson(*args):
+    p = subprocess.run([gs, *args], capture_output=True, text=True, timeout=300)
+    if p.returncode != 0:
+        print(p.stderr)
+        raise SystemExit(f"{args}: rc {p.returncode}")
+    return json.loads(p.stdout), p.stderr
+
+
+def mcp(db, calls):
+    """Tool calls over `gpusleuth mcp --db DB` stdio; their JSON answers."""
+    p = subprocess.Popen([gs, "mcp", "--db", db], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def send(msg):
+        p.stdin.write(json.dumps(msg) + "\n")
+        p.stdin.flush()
+
+    def answer(i):
+        while True:
+            m = json.loads(p.stdout.readline())
+            if m.get("id") == i:
+                return m
+
+    send({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+          "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "r17", "version": "0"}}})
+    answer(0)
+    send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+    got = []
+    for i, (name, args) in enumerate(calls, start=1):
+        send({"jsonrpc": "2.0", "id": i, "method": "tools/call", "params": {"name": name, "arguments": args}})
+        r = answer(i)["result"]
+        text = r["content"][0]["text"]
+        got.append(("error: " + text) if r.get("isError") else json.loads(text))
+    p.kill()
+    return got
+
+
+files = sorted(glob.glob(os.path.join(run, "part-*.db")))
+numbers = [int(os.path.basename(f)[5:11]) for f in files]
+check("--keep 3 pruned files", len(files) == 3 and numbers[0] > 1, f"kept {[os.path.basename(f) for f in files]}")
+pid = truth["pid"]
+end = truth["points"][-1]
+print(f"program: {truth['steps']} steps, {truth['kept']} tensors kept; last checkpoint reserved {end['reserved']} "
+      f"allocated {end['allocated']}")
+
+doc, err = gsjson("memory", "--json", "--db", run)
+json.dump(doc, open(os.path.join(out, "memory_run.json"), "w"), indent=1)
+procs = [p for p in doc["processes"] if p["pid"] == pid]
+check("the program is in the run's ledger", len(procs) == 1, f"pids {[p['pid'] for p in doc['processes']]}")
+l = procs[0] if procs else {}
+check("live at exit == memory_reserved() at the last checkpoint", l.get("live_bytes") == end["reserved"],
+      f"ledger {l.get('live_bytes')} vs torch {end['reserved']}")
+model = 6 * (256 << 20)
+check("the model (made in a deleted file) is unfreed in the ledger",
+      sum(u["bytes"] for u in l.get("unfreed", [])) >= model and l.get("unmatched_frees") == 0,
+      f"unfreed {sum(u['bytes'] for u in l.get('unfreed', []))} B in {len(l.get('unfreed', []))}, "
+      f"unmatched frees {l.get('unmatched_frees')}")
+check("the ledger says it covers the deleted files", "no longer in the directory" in json.dumps(doc.get("notes")),
+      f"{doc.get('notes')}")
+peak = max(p["reserved"] for p in truth["points"])
+check("peak >= the largest reserved checkpoint", l.get("peak_bytes", 0) >= peak,
+      f"ledger peak {l.get('peak_bytes')} vs torch max checkpoint {peak}")
+
+text = subprocess.run([gs, "memory", "--db", run], capture_output=True, text=True, timeout=300).stdout
+open(os.path.join(out, "memory_run.txt"), "w").write(text)
+
+mem, stats, found, over = mcp(run, [("memory", {}), ("latency_stats", {}), ("findings", {}), ("overview", {})])
+m = [p for p in mem["processes"] if p["pid"] == pid] if isinstance(mem, dict) else []
+check("MCP memory of the run == the command's", bool(m) and all(m[0][k] == l.get(k) for k in
+      ("live_bytes", "peak_bytes", "allocs", "frees", "unmatched_frees")), f"{m[0]['live_bytes'] if m else mem}")
+cli_stats, _ = gsjson("stats", "--json", "--db", run)
+check("MCP latency_stats of the run == stats --db DIR", isinstance(stats, dict) and stats["ops"] == cli_stats["ops"],
+      f"{len(cli_stats['ops'])} ops")
+cli_exp, _ = gsjson("explain", "--json", "--db", run)
+json.dump(cli_exp, open(os.path.join(out, "explain_run.json"), "w"), indent=1)
+check("MCP findings of the run == explain --db DIR",
+      isinstance(found, dict) and found["findings"] == cli_exp["findings"],
+      f"kinds {[f['kind'] for f in cli_exp['findings']]}")
+check("MCP overview lists the kept files", isinstance(over, dict) and len(over["run"]["files"]) == len(files),
+      f"{[f['number'] for f in over['run']['files']] if isinstance(over, dict) else over}")
+print(f"checks: {sum(results)}/{len(results)} passed")
