@@ -199,3 +199,26 @@ def file_size(path):
         return os.path.getsize(path)
     except OSError:
         return None
+
+
+class Checks:
+    """Named pass/fail checks: one line each as they are made, the count last."""
+
+    def __init__(self):
+        self.results = []
+
+    def __call__(self, name, ok, detail):
+        self.results.append(bool(ok))
+        print(f"{'PASS' if ok else 'FAIL'} {name}: {detail}")
+
+    def summary(self):
+        print(f"checks: {sum(self.results)}/{len(self.results)} passed")
+
+
+def gs_json(gs, *args):
+    """`gpusleuth ARGS` (which must succeed): its JSON answer and its stderr."""
+    p = subprocess.run([gs, *args], capture_output=True, text=True, timeout=300)
+    if p.returncode != 0:
+        print(p.stderr)
+        raise SystemExit(f"{args}: rc {p.returncode}")
+    return json.loads(p.stdout), p.stderr

@@ -13,22 +13,16 @@ import os
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gslib import Checks, gs_json  # noqa: E402
+
 gs, run, truth_path, out = sys.argv[1:5]
 truth = json.load(open(truth_path))
-results = []
-
-
-def check(name, ok, detail):
-    results.append(ok)
-    print(f"{'PASS' if ok else 'FAIL'} {name}: {detail}")
+check = Checks()
 
 
 def gsjson(*args):
-    p = subprocess.run([gs, *args], capture_output=True, text=True, timeout=300)
-    if p.returncode != 0:
-        print(p.stderr)
-        raise SystemExit(f"{args}: rc {p.returncode}")
-    return json.loads(p.stdout), p.stderr
+    return gs_json(gs, *args)
 
 
 def mcp(db, calls):
@@ -102,4 +96,4 @@ check("MCP findings of the run == explain --db DIR",
       f"kinds {[f['kind'] for f in cli_exp['findings']]}")
 check("MCP overview lists the kept files", isinstance(over, dict) and len(over["run"]["files"]) == len(files),
       f"{[f['number'] for f in over['run']['files']] if isinstance(over, dict) else over}")
-print(f"checks: {sum(results)}/{len(results)} passed")
+check.summary()

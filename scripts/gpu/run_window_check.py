@@ -11,23 +11,17 @@ import sqlite3
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gslib import Checks, gs_json  # noqa: E402
+
 gs, run, truth_path, out = sys.argv[1:5]
 truth = json.load(open(truth_path))
 copies = truth["copies"]
-results = []
-
-
-def check(name, ok, detail):
-    results.append(ok)
-    print(f"{'PASS' if ok else 'FAIL'} {name}: {detail}")
+check = Checks()
 
 
 def gsjson(*args):
-    p = subprocess.run([gs, *args], capture_output=True, text=True, timeout=300)
-    if p.returncode != 0:
-        print(p.stderr)
-        raise SystemExit(f"{args}: rc {p.returncode}")
-    return json.loads(p.stdout), p.stderr
+    return gs_json(gs, *args)
 
 
 def finding(doc, kind):
@@ -116,4 +110,4 @@ check(
     (wev.get("copies"), wev.get("pinned_copies")) == (ev.get("copies"), ev.get("pinned_copies")),
     f"whole run {wev.get('copies')}/{wev.get('pinned_copies')}",
 )
-print(f"checks: {sum(results)}/{len(results)} passed")
+check.summary()

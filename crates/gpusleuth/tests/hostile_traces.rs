@@ -346,6 +346,20 @@ fn commands(db: &str, out_dir: &Path, tag: &str) -> Vec<Vec<String>> {
     .collect()
 }
 
+/// A run's directory in `dir` whose first part is a good trace and whose
+/// second is `case`'s file; its path.
+fn run_after_a_good_part(dir: &Path, case: &Case) -> String {
+    let run_dir = dir.join(format!("run-{}", case.name));
+    std::fs::create_dir_all(&run_dir).expect("run dir");
+    std::fs::copy(
+        repo().join("examples/demo-sim.db"),
+        run_dir.join("part-000001.db"),
+    )
+    .expect("first part");
+    let _ = std::fs::copy(&case.path, run_dir.join("part-000002.db"));
+    run_dir.display().to_string()
+}
+
 #[test]
 fn mutated_traces_through_every_command() {
     let tmp = TempDir::new("hostile");
@@ -363,15 +377,7 @@ fn mutated_traces_through_every_command() {
         // The file as the newest part of a run (`--last` of the directory
         // reads it, after the earlier part's pinning calls; `--last 1h`
         // spans both parts: each file's part of the window added up).
-        let run_dir = dir.join(format!("run-{}", case.name));
-        std::fs::create_dir_all(&run_dir).expect("run dir");
-        std::fs::copy(
-            repo().join("examples/demo-sim.db"),
-            run_dir.join("part-000001.db"),
-        )
-        .expect("first part");
-        let _ = std::fs::copy(&case.path, run_dir.join("part-000002.db"));
-        let run_db = run_dir.display().to_string();
+        let run_db = run_after_a_good_part(dir, case);
         let mut all = commands(&db, &out_dir, &format!("{}-{i}", case.name, i = runs));
         // The run's memory ledger over both parts.
         all.push(
@@ -462,15 +468,7 @@ fn mutated_traces_through_every_mcp_tool() {
         let db = case.path.display().to_string();
         // The file as the newest part of a run under the served directory:
         // the tools that answer over a run read it after a good part.
-        let run_dir = dir.join(format!("run-{}", case.name));
-        std::fs::create_dir_all(&run_dir).expect("run dir");
-        std::fs::copy(
-            repo().join("examples/demo-sim.db"),
-            run_dir.join("part-000001.db"),
-        )
-        .expect("first part");
-        let _ = std::fs::copy(&case.path, run_dir.join("part-000002.db"));
-        let run = run_dir.display().to_string();
+        let run = run_after_a_good_part(dir, case);
         let hour = 3_600_000_000_000u64;
         let tools = [
             ("overview", serde_json::json!({"db": run})),

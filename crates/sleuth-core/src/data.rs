@@ -106,6 +106,10 @@ pub struct TraceData {
     pub gpu_samples: Option<Vec<GpuSample>>,
     /// Per-process driver view (memory held, SM use) by time; empty when not captured.
     pub process_gpu: Vec<ProcessGpuSample>,
+    /// The readings taken when tracing began are not in `process_gpu`: a
+    /// run of `trace --rotate` whose first file `--keep` deleted. What each
+    /// process held before the trace is then unknown, not 0.
+    pub process_gpu_start_lost: bool,
     /// NCCL calls with their arguments, by start time (also in `calls`); empty when none.
     pub nccl: Vec<crate::nccl::NcclEvent>,
     /// Host of each process, and its pid there (a merged trace may renumber

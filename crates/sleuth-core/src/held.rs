@@ -59,8 +59,17 @@ pub struct HeldMemory {
     /// NVML's change over the trace minus the ledger's (`allocated − freed`):
     /// negative when pre-trace memory was freed, positive when the driver
     /// charged memory outside the traced allocation calls. None unless both
-    /// ends were measured.
+    /// ends were measured, and None for a process that exited during the
+    /// trace: the driver released all its memory then (NVML's 0 at the end),
+    /// which the ledger's live bytes at exit do not count as freed.
     pub unexplained_change_bytes: Option<i64>,
+    /// The process exited during the trace: `at_end_bytes` is NVML's figure
+    /// after its exit (0: the driver released its memory).
+    pub exited: bool,
+    /// NVML's readings when tracing began were in a run's first file, which
+    /// `--keep` deleted: `before_trace_bytes` is unknown (None).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub start_lost: bool,
 }
 
 impl HeldMemory {
@@ -73,6 +82,10 @@ impl HeldMemory {
         }
         let before = match self.before_trace_bytes {
             Some(b) => format!("{} (NVML)", fmt_bytes(b)),
+            None if self.start_lost => {
+                "unknown (NVML's readings when tracing began were in the run's first file, deleted by --keep)"
+                    .into()
+            }
             None => "unknown (NVML listed the process without a figure)".into(),
         };
         let mut s = format!(
@@ -132,7 +145,7 @@ fn one(data: &TraceData, pid: u32, l: Option<&ProcessLedger>, measured: bool) ->
     let sum = |f: &dyn Fn(&GpuHeld) -> Option<u64>| -> Option<u64> {
         gpus.values().map(f).try_fold(0u64, |a, b| Some(a + b?))
     };
-    let before_trace_bytes = if !measured {
+    let before_trace_bytes = if !measured || data.process_gpu_start_lost {
         None
     } else {
         // Not listed when its tracing began: no context, nothing held.
@@ -153,8 +166,12 @@ fn one(data: &TraceData, pid: u32, l: Option<&ProcessLedger>, measured: bool) ->
     let (alloc, freed, unmatched) = l.map_or((0, 0, 0), |l| {
         (l.allocated_bytes, l.freed_bytes, l.unmatched_frees)
     });
+    let exited = l.and_then(|l| l.exit_ns).is_some()
+        || data.process(pid).is_some_and(|p| p.exit_ns.is_some());
     let unexplained = match (before_trace_bytes, at_end_bytes) {
-        (Some(b), Some(e)) if ended => Some(e as i64 - b as i64 - (alloc as i64 - freed as i64)),
+        (Some(b), Some(e)) if ended && !exited => {
+            Some(e as i64 - b as i64 - (alloc as i64 - freed as i64))
+        }
         _ => None,
     };
     HeldMemory {
@@ -168,6 +185,8 @@ fn one(data: &TraceData, pid: u32, l: Option<&ProcessLedger>, measured: bool) ->
         freed_during_bytes: freed,
         pre_trace_frees: unmatched,
         unexplained_change_bytes: unexplained,
+        exited,
+        start_lost: measured && data.process_gpu_start_lost,
     }
 }
 
@@ -269,6 +288,43 @@ mod tests {
         assert_eq!(h.before_trace_bytes, None);
         assert_eq!(h.unexplained_change_bytes, None);
         assert!(h.line(|b| b.to_string()).contains("not measured"));
+    }
+
+    #[test]
+    fn a_process_that_exited_is_not_compared_with_nvmls_zero_after_exit() {
+        let mb = 1u64 << 20;
+        let mut d = trace(
+            vec![
+                sample(10, 7, 150 * mb, SamplePhase::Start),
+                sample(250, 7, 200 * mb, SamplePhase::Sample),
+                // Gone at the end: the sampler's row for a process no longer listed.
+                sample(500, 7, 0, SamplePhase::End),
+            ],
+            3,
+        );
+        d.processes.push(crate::data::ProcessInfo {
+            pid: 7,
+            exit_ns: Some(450),
+            ..Default::default()
+        });
+        let h = &held(&d, &crate::ledger::ledger(&d, None))[0];
+        assert!(h.exited);
+        assert_eq!(h.at_end_bytes, Some(0));
+        // 0 − 150 − 50 would blame 200 MiB on frees the trace never saw.
+        assert_eq!(h.unexplained_change_bytes, None);
+        assert_eq!(h.before_trace_bytes, Some(150 * mb));
+    }
+
+    #[test]
+    fn a_run_without_its_first_file_does_not_know_what_was_held_before() {
+        let mut d = trace(vec![sample(500, 7, 70 << 20, SamplePhase::End)], 3);
+        d.process_gpu_start_lost = true;
+        let h = &held(&d, &crate::ledger::ledger(&d, None))[0];
+        assert_eq!(h.before_trace_bytes, None, "not 0: the reading was deleted");
+        assert_eq!(h.unexplained_change_bytes, None);
+        assert!(h.start_lost);
+        let line = h.line(|b| b.to_string());
+        assert!(line.contains("deleted by --keep"), "{line}");
     }
 
     #[test]

@@ -253,6 +253,7 @@ impl RunLast {
             parts.data.counts = w.at_least();
         }
         parts.ledger = ledger;
+        parts.data.process_gpu_start_lost = self.files[0].0 != 1;
         let mut e = parts.explain();
         if added > 1 {
             e.notes.push(format!(

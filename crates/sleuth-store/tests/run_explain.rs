@@ -290,6 +290,22 @@ fn unfinished(path: &std::path::Path) {
         .unwrap();
 }
 
+/// NVML's readings when tracing began are stored in a run's first file:
+/// without it (deleted by `--keep`), what a process held before the trace
+/// is unknown, not 0.
+#[test]
+fn a_run_without_its_first_file_says_the_start_readings_are_lost() {
+    let cut = cut_in_two("demo-sim.db", "start-lost");
+    let load = |dir: &std::path::Path| {
+        sleuth_store::run_explain::load(dir, None, budget())
+            .expect("load the run")
+            .data
+    };
+    assert!(!load(&cut.run).process_gpu_start_lost);
+    std::fs::remove_file(cut.run.join(sleuth_store::run::part_name(1))).unwrap();
+    assert!(load(&cut.run).process_gpu_start_lost);
+}
+
 #[test]
 fn a_directory_without_a_finished_file_is_one_error() {
     use sleuth_core::testing::{call, trace, MS};
@@ -460,13 +476,9 @@ fn window_over_two_files(name: &str, tag: &str, live: bool) -> (TempDir, Trace, 
         files: parts,
         since,
         run_start: common::session().start_mono_ns,
-        budget: read_budget(),
+        budget: budget(),
     };
     (dir, whole, last, since)
-}
-
-fn read_budget() -> sleuth_store::ReadBudget {
-    sleuth_store::ReadBudget::new(sleuth_store::DEFAULT_READ_TIMEOUT)
 }
 
 /// Stats and findings of the window over the files equal the same window
@@ -567,7 +579,7 @@ fn a_window_over_two_files_carries_its_ledger_and_pinned_memory() {
         files: parts.clone(),
         since: 10 * MS,
         run_start: 0,
-        budget: read_budget(),
+        budget: budget(),
     };
     let memo = sleuth_store::CheckMemo::new();
     let (e, _) = last.explanation(None, &memo).unwrap();
@@ -602,7 +614,7 @@ fn a_window_over_two_files_carries_its_ledger_and_pinned_memory() {
         files: vec![(2, moved)],
         since: 10 * MS,
         run_start: 0,
-        budget: read_budget(),
+        budget: budget(),
     };
     let (e, _) = orphan.explanation(None, &memo).unwrap();
     let kinds: Vec<&str> = e.findings.iter().map(|f| f.kind.as_str()).collect();

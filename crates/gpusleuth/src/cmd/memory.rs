@@ -293,6 +293,16 @@ fn report<'a>(
 pub(crate) fn render_held(out: &mut String, h: &HeldMemory) {
     let _ = writeln!(out, "  {}", h.line(fmt_bytes));
     if let Some(end) = h.at_end_bytes.filter(|_| h.measured) {
+        if h.exited {
+            // Not compared with the ledger: the driver released the
+            // process's memory when it exited, which no free call shows.
+            let _ = writeln!(
+                out,
+                "  NVML after the process exited: {} (the driver releases a process's memory at exit)",
+                fmt_bytes(end)
+            );
+            return;
+        }
         let _ = write!(out, "  NVML at trace end: {}", fmt_bytes(end));
         match h.unexplained_change_bytes {
             Some(d) if d < 0 => {
