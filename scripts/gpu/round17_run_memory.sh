@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 16, round 17 on the H200 (one device call, ~1 minute): the memory
+# Issue 16, round 17 on the H200 (one device call, under a minute): the memory
 # ledger of a `trace --rotate 2s --keep 3` run of a real PyTorch program
 # whose model was allocated in files --keep deleted (run_memory_workload.py),
 # from `memory --db DIR` and MCP `memory` of the directory, checked against
@@ -19,7 +19,11 @@ timeout 180 "$GS" trace --quiet --rotate 2s --keep 3 --db "$W/run" --cuda-lib "$
   -- "$PY" scripts/gpu/run_memory_workload.py "$W/truth.json"
 echo "trace rc=$?"
 ls "$W/run" | tr '\n' ' '; echo
+echo "== the same program into one file $(date -u +%FT%TZ)"
+timeout 180 "$GS" trace --quiet --db "$W/one.db" --cuda-lib "$CUDART" --cuda-lib "$LIBCUDA" \
+  -- "$PY" scripts/gpu/run_memory_workload.py "$W/one-truth.json"
+echo "trace rc=$?"
 echo "== checks"
-timeout 300 python3 scripts/gpu/run_memory_check.py "$GS" "$W/run" "$W/truth.json" "$OUT"
+timeout 300 python3 scripts/gpu/run_memory_check.py "$GS" "$W/run" "$W/truth.json" "$OUT" "$W/one.db" "$W/one-truth.json"
 } >"$OUT/summary.txt" 2>&1
 cat "$OUT/summary.txt"

@@ -4,7 +4,8 @@ round 17): the run's ledger at the program's exit equals
 torch.cuda.memory_reserved() at its last checkpoint, though the model's
 allocations were made in files --keep deleted.
 
-Usage: run_memory_check.py GS RUN_DIR TRUTH_JSON OUT_DIR
+Usage: run_memory_check.py GS RUN_DIR TRUTH_JSON OUT_DIR [ONE_DB ONE_TRUTH_JSON]
+(ONE_DB: the same program traced into one file: its exited process's NVML lines.)
 Prints one line per check and `checks: P/T passed` last.
 """
 import glob
@@ -81,6 +82,14 @@ check("peak >= the largest reserved checkpoint", l.get("peak_bytes", 0) >= peak,
 
 text = subprocess.run([gs, "memory", "--db", run], capture_output=True, text=True, timeout=300).stdout
 open(os.path.join(out, "memory_run.txt"), "w").write(text)
+held = l.get("held") or {}
+check("NVML's reading before tracing is unknown, not 0 (its file was deleted)",
+      held.get("before_trace_bytes") is None and held.get("start_lost") is True,
+      f"before_trace_bytes {held.get('before_trace_bytes')}, start_lost {held.get('start_lost')}")
+check("the exited program is not compared with NVML's 0 after its exit",
+      held.get("exited") is True and held.get("unexplained_change_bytes") is None
+      and "NVML after the process exited" in text and "less than the ledger explains" not in text,
+      f"exited {held.get('exited')}, unexplained {held.get('unexplained_change_bytes')}")
 
 mem, stats, found, over = mcp(run, [("memory", {}), ("latency_stats", {}), ("findings", {}), ("overview", {})])
 m = [p for p in mem["processes"] if p["pid"] == pid] if isinstance(mem, dict) else []
@@ -96,4 +105,18 @@ check("MCP findings of the run == explain --db DIR",
       f"kinds {[f['kind'] for f in cli_exp['findings']]}")
 check("MCP overview lists the kept files", isinstance(over, dict) and len(over["run"]["files"]) == len(files),
       f"{[f['number'] for f in over['run']['files']] if isinstance(over, dict) else over}")
+if len(sys.argv) > 6:
+    one, one_truth = sys.argv[5], json.load(open(sys.argv[6]))
+    doc, _ = gsjson("memory", "--json", "--db", one)
+    p1 = [p for p in doc["processes"] if p["pid"] == one_truth["pid"]]
+    h1 = (p1[0].get("held") or {}) if p1 else {}
+    text1 = subprocess.run([gs, "memory", "--db", one], capture_output=True, text=True, timeout=300).stdout
+    open(os.path.join(out, "memory_one.txt"), "w").write(text1)
+    check("one file: live at exit == memory_reserved() at the last checkpoint",
+          bool(p1) and p1[0]["live_bytes"] == one_truth["points"][-1]["reserved"],
+          f"ledger {p1[0]['live_bytes'] if p1 else None} vs torch {one_truth['points'][-1]['reserved']}")
+    check("one file: the exited program is not compared with NVML's 0 after exit",
+          h1.get("exited") is True and h1.get("unexplained_change_bytes") is None
+          and "NVML after the process exited" in text1,
+          f"held {json.dumps({k: h1.get(k) for k in ('before_trace_bytes', 'at_end_bytes', 'max_bytes', 'exited', 'unexplained_change_bytes')})}")
 check.summary()
