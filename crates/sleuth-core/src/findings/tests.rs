@@ -353,6 +353,35 @@ fn memory_growth_needs_repeats_spread_over_the_run() {
     );
 }
 
+/// A run's ledger after `--keep`: allocations made before the calls the
+/// kept files hold. The growth is measured from the oldest of them.
+#[test]
+fn memory_growth_counts_its_time_from_the_oldest_allocation_it_counts() {
+    use crate::ledger::{ProcessLedger, Unfreed};
+    let mib = 1u64 << 20;
+    let sec = 1_000_000_000u64;
+    let l = ProcessLedger {
+        pid: 7,
+        comm: "python3".into(),
+        unfreed: (0..11)
+            .map(|i| Unfreed {
+                ptr: None,
+                bytes: 32 * mib,
+                op: "cudaMalloc",
+                ts_ns: i * sec,
+                stack_id: None,
+                site: None,
+            })
+            .collect(),
+        ..crate::ledger::empty_ledger(7, "python3".into(), Some(12 * sec))
+    };
+    // The kept files' calls: 7 s to 11 s.
+    let f = super::memory::memory_growth(&l, (7 * sec, 11 * sec)).expect("growth");
+    assert_eq!(f.evidence["growing_allocations"], 11);
+    assert_eq!(f.evidence["span_ns"], 11 * sec);
+    assert!(f.summary.contains("over 11.0 s"), "{}", f.summary);
+}
+
 #[test]
 fn memory_held_at_exit_is_no_finding_and_a_running_process_gets_a_note() {
     // One big buffer held until exit: the driver frees it with the context.
