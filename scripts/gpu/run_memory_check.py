@@ -103,6 +103,13 @@ json.dump(cli_exp, open(os.path.join(out, "explain_run.json"), "w"), indent=1)
 check("MCP findings of the run == explain --db DIR",
       isinstance(found, dict) and found["findings"] == cli_exp["findings"],
       f"kinds {[f['kind'] for f in cli_exp['findings']]}")
+growth = [f for f in cli_exp["findings"] if f["kind"] == "memory_growth"]
+groups = growth[0]["evidence"]["groups"] if growth else []
+kept = [g for g in groups if g["bytes"] == 32 << 20]
+span_s = growth[0]["evidence"]["span_ns"] / 1e9 if growth else 0
+check("memory_growth: the kept 32 MiB tensors, over the time they were made",
+      len(kept) == 1 and kept[0]["count"] == truth["kept"] and span_s >= truth["kept"] - 1,
+      f"{kept} over {span_s:.1f} s; {growth[0]['summary'] if growth else 'no finding'}")
 check("MCP overview lists the kept files", isinstance(over, dict) and len(over["run"]["files"]) == len(files),
       f"{[f['number'] for f in over['run']['files']] if isinstance(over, dict) else over}")
 if len(sys.argv) > 6:
