@@ -25,6 +25,10 @@ use sleuth_store::{InputProblems, ReadBudget};
 use std::collections::BTreeMap;
 use std::path::Path;
 
+/// Distinct notes a run's `overview` lists (a run of a thousand files may
+/// say a thousand things; an assistant reads the first ones and the count).
+const RUN_NOTES_MAX: usize = 100;
+
 /// An error for a tool that reads one file when `db` names a run's
 /// directory: which files it holds, and what to do.
 pub fn one_file(db: &Path) -> Result<()> {
@@ -59,6 +63,7 @@ pub fn overview(dir: &Path, budget: &ReadBudget) -> Result<Value> {
     let mut problems = InputProblems::default();
     let mut notes: Vec<Value> = Vec::new();
     let mut seen_notes = std::collections::BTreeSet::new();
+    let mut notes_left_out = 0u64;
     let mut host_context = true;
     let (mut run_start, mut run_end) = (u64::MAX, 0u64);
     let mut first: Option<FileOverview> = None;
@@ -88,10 +93,14 @@ pub fn overview(dir: &Path, budget: &ReadBudget) -> Result<Value> {
             add_process(&mut processes, p, calls);
         }
         problems.add(std::mem::take(&mut o.problems));
-        // A note each file repeats (the same library missing) is said once.
+        // A note each file repeats (the same library missing) is said once;
+        // past RUN_NOTES_MAX distinct notes, only counted.
         for note in o.notes.drain(..) {
             if seen_notes.insert(serde_json::to_string(&note)?) {
-                notes.push(json!({"file": part_name(*n), "note": note}));
+                match notes.len() < RUN_NOTES_MAX {
+                    true => notes.push(json!({"file": part_name(*n), "note": note})),
+                    false => notes_left_out += 1,
+                }
             }
         }
         host_context &= o.host_context;
@@ -140,6 +149,7 @@ pub fn overview(dir: &Path, budget: &ReadBudget) -> Result<Value> {
         "processes": processes,
         "libraries": newest.libraries,
         "notes": notes,
+        "notes_left_out": notes_left_out,
         "input_problems": problems,
         "gpus": trace_tools::GPUS_NOTE,
     }))
@@ -195,15 +205,18 @@ fn only_file(run: &RunLast) -> Option<&Path> {
     }
 }
 
-/// The notes naming the files an answer over the whole run left out.
-fn unfinished_notes(files: &[std::path::PathBuf]) -> Vec<String> {
-    files
-        .iter()
+/// The notes naming the files an answer over the whole run left out
+/// (`last_hint`: the tool's `last_ns` would include them).
+fn unfinished_notes(files: &[std::path::PathBuf], last_hint: bool) -> Vec<String> {
+    let hint = match last_hint {
+        true => " (last_ns includes the file being written)",
+        false => "",
+    };
+    names(files)
+        .into_iter()
         .map(|f| {
             format!(
-                "{}: not finished (still being written, or its writer was killed): not in this answer \
-                 (last_ns includes the file being written)",
-                f.file_name().map(|n| n.to_string_lossy()).unwrap_or_default()
+                "{f}: not finished (still being written, or its writer was killed): not in this answer{hint}"
             )
         })
         .collect()
@@ -239,7 +252,7 @@ pub fn latency_stats(dir: &Path, scope: &args::CallScope, budget: &ReadBudget) -
                 run.report,
                 None,
                 run.files,
-                unfinished_notes(&run.incomplete),
+                unfinished_notes(&run.incomplete, true),
             )
         }
     };
@@ -287,7 +300,7 @@ pub fn findings(dir: &Path, scope: &args::CallScope, budget: &ReadBudget) -> Res
                 e,
                 run.problems,
                 names(&run.files),
-                unfinished_notes(&run.incomplete),
+                unfinished_notes(&run.incomplete, true),
             )
         }
     };
@@ -357,7 +370,7 @@ pub fn memory(dir: &Path, a: &args::Memory, points: usize, budget: &ReadBudget) 
     let helds = sleuth_core::held::held(data, &run.ledgers);
     let mut v = trace_tools::memory_json(run.ledgers.clone(), &allocators, &helds, data, points)?;
     let mut notes: Vec<String> = run.ledger_note.iter().cloned().collect();
-    notes.extend(unfinished_notes(&run.incomplete));
+    notes.extend(unfinished_notes(&run.incomplete, false));
     notes.push(
         "sites: the per-site table reads one file (memory or call_sites with one of the run's files as db); \
          each unfreed allocation here carries its site"
