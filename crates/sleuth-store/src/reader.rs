@@ -32,6 +32,9 @@ pub struct Trace {
     version: i64,
     /// Every read of this trace stops when it is spent.
     budget: ReadBudget,
+    /// The memo it was opened with, for the files a reader opens beside it
+    /// (a run's previous file): their checks are remembered as this one's.
+    memo: Option<CheckMemo>,
     /// The per-call and per-wait tables (`open::BULK_TABLES`) of a large
     /// file are checked on first use, not at open. Shared with the streamed
     /// readers opened on this trace (`stream::Rows`), so the check runs once
@@ -103,6 +106,7 @@ impl Trace {
             source,
             version,
             budget,
+            memo: memo.cloned(),
             bulk: BulkCheck::new(checks, id),
         })
     }
@@ -184,6 +188,12 @@ impl Trace {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The memo this trace was opened with (a fresh one when none was): a
+    /// reader that opens other files for it opens them with it.
+    pub fn memo(&self) -> CheckMemo {
+        self.memo.clone().unwrap_or_else(CheckMemo::new)
     }
 
     /// The budget this trace's reads run under (a reader that opens other
