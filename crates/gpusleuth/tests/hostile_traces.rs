@@ -480,6 +480,7 @@ fn mutated_traces_through_every_mcp_tool() {
             ("findings", serde_json::json!({"db": run})),
             ("findings", serde_json::json!({"db": run, "last_ns": hour})),
             ("memory", serde_json::json!({"db": run})),
+            ("slow_calls", serde_json::json!({"db": run})),
             ("overview", serde_json::json!({"db": db})),
             ("latency_stats", serde_json::json!({"db": db})),
             ("findings", serde_json::json!({"db": db})),

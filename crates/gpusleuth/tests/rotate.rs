@@ -370,8 +370,35 @@ fn mcp_answers_over_the_run(run: &Path, files: &[(u64, PathBuf)], sb: &Sandbox) 
     let err = tool(&mut server, "memory", json!({"at_ns": 1})).expect_err("at_ns");
     assert!(err.contains("one file"), "{err}");
 
+    // The slowest calls of the run: each file's, the slowest of them all,
+    // each naming its file.
+    let slow = tool(&mut server, "slow_calls", json!({"limit": 5})).expect("slow calls of the run");
+    let calls = slow["calls"].as_array().expect("calls");
+    assert_eq!(calls.len(), 5, "{slow}");
+    let slowest: i64 = files
+        .iter()
+        .map(|(_, f)| common::Db::open(f).int("SELECT coalesce(max(dur_ns), 0) FROM calls"))
+        .max()
+        .unwrap_or(0);
+    assert_eq!(calls[0]["dur_ns"], json!(slowest), "{slow}");
+    let durs: Vec<u64> = calls
+        .iter()
+        .map(|c| c["dur_ns"].as_u64().unwrap())
+        .collect();
+    assert!(durs.windows(2).all(|w| w[0] >= w[1]), "{durs:?}");
+    let in_file = calls[0]["file"].as_str().expect("file");
+    let db = common::Db::open(&run.join(in_file));
+    assert_eq!(
+        db.int(&format!(
+            "SELECT dur_ns FROM calls WHERE id = {}",
+            calls[0]["id"]
+        )),
+        slowest,
+        "its id is a row of its file"
+    );
+
     // The tools that read one file name the run's files; one of them is read.
-    let err = tool(&mut server, "slow_calls", json!({})).expect_err("a directory");
+    let err = tool(&mut server, "gpu_activity", json!({})).expect_err("a directory");
     assert!(err.contains("is a run's directory"), "{err}");
     assert!(err.contains("part-000001.db to"), "{err}");
     let err = tool(&mut server, "sql", json!({"query": "SELECT 1"})).expect_err("a directory");

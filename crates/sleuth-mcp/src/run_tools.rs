@@ -6,7 +6,8 @@
 //! `findings` answer over the run's finished files, or with `last_ns` over
 //! the files the window spans, as `gpusleuth stats`/`explain --db DIR
 //! [--last D]` do (`sleuth_store::run`, `run_explain`, `run_window`);
-//! `memory` gives the run's ledger as `memory --db DIR` does. The other
+//! `memory` gives the run's ledger as `memory --db DIR` does; `slow_calls`
+//! the slowest calls of all its files. The other
 //! tools read one file: on a directory they say so in one line
 //! ([`one_file`]).
 
@@ -43,7 +44,7 @@ pub fn one_file(db: &Path) -> Result<()> {
     };
     bail!(
         "db {} is a run's directory ({} files, {named}): this tool reads one file; pass one of them as db \
-         (`overview` of the directory lists each with its time range). latency_stats, findings and memory answer over the run",
+         (`overview` of the directory lists each with its time range). latency_stats, findings, memory and slow_calls answer over the run",
         db.display(),
         files.len()
     )
@@ -133,7 +134,7 @@ pub fn overview(dir: &Path, budget: &ReadBudget) -> Result<Value> {
             "files": files,
             "finished_files": finished,
             "about": "A run of `gpusleuth trace --rotate`: one file per period, oldest first. latency_stats, findings and \
-                      memory answer over its finished files (latency_stats and findings with last_ns over the files that \
+                      memory answer over its finished files, slow_calls over all of them (latency_stats and findings with last_ns over the files that \
                       window spans, the file still being written included); the other tools read one file: pass its path \
                       as db.",
         },
@@ -381,5 +382,34 @@ pub fn memory(dir: &Path, a: &args::Memory, points: usize, budget: &ReadBudget) 
     v["files"] = json!(names(&run.files));
     v["notes"] = json!(notes);
     v["input_problems"] = json!(run.problems);
+    Ok(v)
+}
+
+/// `slow_calls` over a run: each file's slowest calls (through its
+/// `(op, dur_ns)` index: `limit` rows a file), the slowest `limit` of them
+/// all, each with the file it is in (`id` is a row of that file). The
+/// file still being written is read too: its calls are on disk.
+pub fn slow_calls(dir: &Path, a: &args::SlowCalls, budget: &ReadBudget) -> Result<Value> {
+    let limit = a.limit.unwrap_or(trace_tools::SLOW_CALLS_DEFAULT) as usize;
+    let files = run_files(dir)?;
+    let mut head: Option<Value> = None;
+    let mut rows: Vec<Value> = Vec::new();
+    for (n, path) in &files {
+        let mut v = trace_tools::slow_calls(path, a, budget)?;
+        if let Some(calls) = v["calls"].as_array_mut() {
+            for mut c in calls.drain(..) {
+                c["file"] = json!(part_name(*n));
+                rows.push(c);
+            }
+        }
+        head.get_or_insert(v);
+    }
+    // Slowest first; a tie keeps the files' order (a stable sort).
+    rows.sort_by_key(|c| std::cmp::Reverse(c["dur_ns"].as_u64().unwrap_or(0)));
+    rows.truncate(limit);
+    // `run_files` refused a directory without files.
+    let mut v = head.unwrap_or_else(|| json!({}));
+    v["calls"] = json!(rows);
+    v["files"] = json!(files.iter().map(|(n, _)| part_name(*n)).collect::<Vec<_>>());
     Ok(v)
 }

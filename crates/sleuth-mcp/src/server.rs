@@ -193,7 +193,8 @@ impl SleuthServer {
 
     #[tool(
         description = "The slowest calls (of one op if given), slowest first, each with its on-CPU / \
-        runnable / blocked split and the tasks that held the CPU while it waited (culprits)."
+        runnable / blocked split and the tasks that held the CPU while it waited (culprits). \
+        On a run's directory: the slowest of all its files, each naming its file."
     )]
     async fn slow_calls(
         &self,

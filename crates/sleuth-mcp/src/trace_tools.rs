@@ -15,7 +15,7 @@ use sleuth_store::{
 };
 use std::path::{Path, PathBuf};
 
-const SLOW_CALLS_DEFAULT: u32 = 10;
+pub(crate) const SLOW_CALLS_DEFAULT: u32 = 10;
 const SLOW_CALLS_MAX: u32 = 100;
 const TIMELINE_WINDOW_DEFAULT_NS: u64 = 10_000_000;
 const TIMELINE_DEFAULT: u32 = 200;
@@ -420,6 +420,9 @@ pub fn slow_calls(db: &Path, a: &args::SlowCalls, budget: &ReadBudget) -> Result
     let limit = a.limit.unwrap_or(SLOW_CALLS_DEFAULT);
     if limit == 0 || limit > SLOW_CALLS_MAX {
         bail!("limit must be between 1 and {SLOW_CALLS_MAX} (got {limit})");
+    }
+    if db.is_dir() {
+        return crate::run_tools::slow_calls(db, a, budget);
     }
     let trace = open(db, budget)?;
     // Through the calls(op, dur_ns) index: only `limit` rows are read.

@@ -193,7 +193,7 @@ impl Trace {
     /// The memo this trace was opened with (a fresh one when none was): a
     /// reader that opens other files for it opens them with it.
     pub fn memo(&self) -> CheckMemo {
-        self.memo.clone().unwrap_or_else(CheckMemo::new)
+        self.memo.clone().unwrap_or_default()
     }
 
     /// The budget this trace's reads run under (a reader that opens other
