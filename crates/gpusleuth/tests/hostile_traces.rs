@@ -481,6 +481,11 @@ fn mutated_traces_through_every_mcp_tool() {
             ("findings", serde_json::json!({"db": run, "last_ns": hour})),
             ("memory", serde_json::json!({"db": run})),
             ("slow_calls", serde_json::json!({"db": run})),
+            ("gpu_activity", serde_json::json!({"db": run})),
+            (
+                "timeline",
+                serde_json::json!({"db": run, "pid": 1, "at_ns": 0}),
+            ),
             ("overview", serde_json::json!({"db": db})),
             ("latency_stats", serde_json::json!({"db": db})),
             ("findings", serde_json::json!({"db": db})),

@@ -397,8 +397,50 @@ fn mcp_answers_over_the_run(run: &Path, files: &[(u64, PathBuf)], sb: &Sandbox) 
         "its id is a row of its file"
     );
 
+    // The events of a window across a rotation: from both files, merged.
+    let at = common::Db::open(&files[files.len() - 1].1).int("SELECT start_mono_ns FROM session");
+    let w: i64 = 200_000_000;
+    let tl = tool(
+        &mut server,
+        "timeline",
+        json!({"pid": pid, "at_ns": at, "window_ns": w, "limit": 2000}),
+    )
+    .expect("timeline across a rotation");
+    assert_eq!(tl["truncated"], false, "{tl}");
+    assert_eq!(tl["files"].as_array().map(Vec::len), Some(2), "{tl}");
+    let events = tl["events"].as_array().expect("events");
+    let ts: Vec<u64> = events
+        .iter()
+        .map(|e| e["ts_ns"].as_u64().unwrap())
+        .collect();
+    assert!(ts.windows(2).all(|p| p[0] <= p[1]), "oldest first");
+    let in_window: i64 = files
+        .iter()
+        .map(|(_, f)| {
+            common::Db::open(f).int(&format!(
+                "SELECT count(*) FROM calls WHERE pid = {pid} AND ts_ns >= {} AND ts_ns < {}",
+                at - w,
+                at + w
+            ))
+        })
+        .sum();
+    let calls_seen = events.iter().filter(|e| e["event"] == "call").count() as i64;
+    assert!(in_window > 0, "calls around the rotation");
+    assert_eq!(
+        calls_seen, in_window,
+        "every call of the window, from both files"
+    );
+    let err = tool(&mut server, "timeline", json!({"pid": 1, "at_ns": at})).expect_err("pid 1");
+    assert!(err.contains("no process 1"), "{err}");
+    let gpu = tool(&mut server, "gpu_activity", json!({})).expect("gpu_activity of the run");
+    assert_eq!(
+        gpu["files"].as_array().map(Vec::len),
+        Some(files.len()),
+        "{gpu}"
+    );
+
     // The tools that read one file name the run's files; one of them is read.
-    let err = tool(&mut server, "gpu_activity", json!({})).expect_err("a directory");
+    let err = tool(&mut server, "call_sites", json!({})).expect_err("a directory");
     assert!(err.contains("is a run's directory"), "{err}");
     assert!(err.contains("part-000001.db to"), "{err}");
     let err = tool(&mut server, "sql", json!({"query": "SELECT 1"})).expect_err("a directory");

@@ -6,10 +6,11 @@
 //! `findings` answer over the run's finished files, or with `last_ns` over
 //! the files the window spans, as `gpusleuth stats`/`explain --db DIR
 //! [--last D]` do (`sleuth_store::run`, `run_explain`, `run_window`);
-//! `memory` gives the run's ledger as `memory --db DIR` does; `slow_calls`
-//! the slowest calls of all its files. The other
-//! tools read one file: on a directory they say so in one line
-//! ([`one_file`]).
+//! `memory` gives the run's ledger as `memory --db DIR` does, and
+//! `gpu_activity` its NVML samples beside it; `slow_calls` the slowest calls
+//! of all its files; `timeline` a window from the files it overlaps.
+//! `call_sites` and `sql` read one file: on a directory they say so in one
+//! line ([`one_file`]).
 
 use crate::args;
 use crate::trace_tools::{
@@ -44,7 +45,7 @@ pub fn one_file(db: &Path) -> Result<()> {
     };
     bail!(
         "db {} is a run's directory ({} files, {named}): this tool reads one file; pass one of them as db \
-         (`overview` of the directory lists each with its time range). latency_stats, findings, memory and slow_calls answer over the run",
+         (`overview` of the directory lists each with its time range); the other tools answer over the run",
         db.display(),
         files.len()
     )
@@ -133,10 +134,10 @@ pub fn overview(dir: &Path, budget: &ReadBudget) -> Result<Value> {
         "run": {
             "files": files,
             "finished_files": finished,
-            "about": "A run of `gpusleuth trace --rotate`: one file per period, oldest first. latency_stats, findings and \
-                      memory answer over its finished files, slow_calls over all of them (latency_stats and findings with last_ns over the files that \
-                      window spans, the file still being written included); the other tools read one file: pass its path \
-                      as db.",
+            "about": "A run of `gpusleuth trace --rotate`: one file per period, oldest first. latency_stats, findings, memory \
+                      and gpu_activity answer over its finished files, slow_calls and timeline over all of them (latency_stats and findings with last_ns over the files that \
+                      window spans, the file still being written included); call_sites and sql read one file: pass its \
+                      path as db.",
         },
         "session": first.session,
         "time_range": time_range_json(&span, first.session.info.realtime_offset_ns),
@@ -412,4 +413,69 @@ pub fn slow_calls(dir: &Path, a: &args::SlowCalls, budget: &ReadBudget) -> Resul
     v["calls"] = json!(rows);
     v["files"] = json!(files.iter().map(|(n, _)| part_name(*n)).collect::<Vec<_>>());
     Ok(v)
+}
+
+/// `gpu_activity` over a run: the NVML samples of its finished files in
+/// order, the driver's view beside the run's ledger (as `memory` of the
+/// run reads them).
+pub fn gpu_activity(dir: &Path, budget: &ReadBudget) -> Result<Value> {
+    let run = sleuth_store::run_explain::load_remembered(dir, None, budget.clone(), memo())?;
+    let mut v = trace_tools::gpu_activity_json(&run.data, &run.ledgers)?;
+    v["files"] = json!(names(&run.files));
+    v["notes"] = json!(unfinished_notes(&run.incomplete, false));
+    Ok(v)
+}
+
+/// `timeline` over a run: the window `[at_ns - window_ns, at_ns +
+/// window_ns)` read from each file that holds the process and overlaps it
+/// (a window across a rotation reads both files), merged oldest first and
+/// capped; each event names its file. An error when no file holds the
+/// process.
+pub fn timeline(dir: &Path, a: &args::Timeline, budget: &ReadBudget) -> Result<Value> {
+    let window = a
+        .window_ns
+        .unwrap_or(trace_tools::TIMELINE_WINDOW_DEFAULT_NS);
+    let limit = a.limit.unwrap_or(trace_tools::TIMELINE_DEFAULT) as usize;
+    let (since, until) = (
+        a.at_ns.saturating_sub(window),
+        a.at_ns.saturating_add(window),
+    );
+    let mut held = false;
+    let mut read = Vec::new();
+    let mut events: Vec<Value> = Vec::new();
+    let mut truncated = false;
+    for (n, path) in run_files(dir)? {
+        let trace = trace_tools::open(&path, budget)?;
+        if !trace.pids()?.contains(&a.pid) {
+            continue;
+        }
+        held = true;
+        let (start, end) = trace.start_and_end()?;
+        if end < since || start >= until {
+            continue;
+        }
+        drop(trace);
+        let mut v = trace_tools::timeline(&path, a, budget)?;
+        truncated |= v["truncated"] == true;
+        if let Some(list) = v["events"].as_array_mut() {
+            for mut e in list.drain(..) {
+                e["file"] = json!(part_name(n));
+                events.push(e);
+            }
+        }
+        read.push(part_name(n));
+    }
+    if !held {
+        bail!("no process {} in the run in {}", a.pid, dir.display());
+    }
+    // Oldest first; a tie keeps the files' order (a stable sort).
+    events.sort_by_key(|e| e["ts_ns"].as_u64().unwrap_or(0));
+    truncated |= events.len() > limit;
+    events.truncate(limit);
+    Ok(json!({
+        "pid": a.pid, "since_ns": since, "until_ns": until,
+        "files": read,
+        "truncated": truncated,
+        "events": events,
+    }))
 }

@@ -225,7 +225,8 @@ impl SleuthServer {
         description = "GPU activity NVML sampled during the trace: busy per GPU (share of each sample period \
         some kernel ran; not SM occupancy) summarised and as a time series, and per traced process the device \
         memory the driver attributed to it (start = when its tracing began, the memory it held before the \
-        trace) and its SM use where reported. measured: false when NVML was not available."
+        trace) and its SM use where reported. measured: false when NVML was not available. \
+        On a run's directory: over its finished files."
     )]
     async fn gpu_activity(
         &self,
@@ -251,7 +252,8 @@ impl SleuthServer {
 
     #[tool(
         description = "Every event of one process (CUDA calls, off-CPU waits with culprits, fork/exec/exit) \
-        in the window [at_ns - window_ns, at_ns + window_ns), oldest first, capped by `limit`."
+        in the window [at_ns - window_ns, at_ns + window_ns), oldest first, capped by `limit`. \
+        On a run's directory: from the files the window overlaps."
     )]
     async fn timeline(
         &self,

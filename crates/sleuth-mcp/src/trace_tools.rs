@@ -17,8 +17,8 @@ use std::path::{Path, PathBuf};
 
 pub(crate) const SLOW_CALLS_DEFAULT: u32 = 10;
 const SLOW_CALLS_MAX: u32 = 100;
-const TIMELINE_WINDOW_DEFAULT_NS: u64 = 10_000_000;
-const TIMELINE_DEFAULT: u32 = 200;
+pub(crate) const TIMELINE_WINDOW_DEFAULT_NS: u64 = 10_000_000;
+pub(crate) const TIMELINE_DEFAULT: u32 = 200;
 const TIMELINE_MAX: u32 = 2000;
 const MEMORY_POINTS_DEFAULT: u32 = 50;
 /// GPU samples returned by `gpu_activity` (the series is thinned to this).
@@ -598,10 +598,18 @@ pub(crate) fn memory_json(
 
 /// NVML samples of the trace: summary, busy series (thinned), per-process readings (capped).
 pub fn gpu_activity(db: &Path, budget: &ReadBudget) -> Result<Value> {
+    if db.is_dir() {
+        return crate::run_tools::gpu_activity(db, budget);
+    }
     let trace = open(db, budget)?;
     let mt = MemoryTrace::open(&trace, None, budget.clone())?;
     let ledgers = mt.ledgers(None)?;
-    let data = &mt.base;
+    gpu_activity_json(&mt.base, &ledgers)
+}
+
+/// `gpu_activity`'s answer from the samples in `data` and the ledgers
+/// beside the driver's view (a file's, or a run's).
+pub(crate) fn gpu_activity_json(data: &TraceData, ledgers: &[ProcessLedger]) -> Result<Value> {
     let summary = gpu_activity::of_trace(data);
     let samples = data.gpu_samples.as_deref().unwrap_or(&[]);
     let step = samples.len().div_ceil(GPU_SAMPLES_MAX).max(1);
@@ -617,7 +625,7 @@ pub fn gpu_activity(db: &Path, budget: &ReadBudget) -> Result<Value> {
         "samples_step": step,
         "process_samples": per_process,
         "process_samples_total": data.process_gpu.len(),
-        "held": held::held(data, &ledgers),
+        "held": held::held(data, ledgers),
     }))
 }
 
@@ -627,6 +635,9 @@ pub fn timeline(db: &Path, a: &args::Timeline, budget: &ReadBudget) -> Result<Va
     let limit = a.limit.unwrap_or(TIMELINE_DEFAULT);
     if limit == 0 || limit > TIMELINE_MAX {
         bail!("limit must be between 1 and {TIMELINE_MAX} (got {limit})");
+    }
+    if db.is_dir() {
+        return crate::run_tools::timeline(db, a, budget);
     }
     let since = a.at_ns.saturating_sub(window);
     let until = a.at_ns.saturating_add(window);
