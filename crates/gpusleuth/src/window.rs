@@ -212,7 +212,7 @@ impl WindowFile {
             Some((dir, n)) => {
                 sleuth_store::run::pinned_when_file_began(dir, *n, pid, trace.budget(), memo)?
             }
-            None => sleuth_store::run::pinned_before_file(trace, pid, memo)?.unwrap_or_default(),
+            None => sleuth_store::run::pinned_before_file(trace, pid)?.unwrap_or_default(),
         })
     }
 }

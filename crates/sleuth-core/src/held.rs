@@ -116,6 +116,23 @@ pub fn held(data: &TraceData, ledgers: &[ProcessLedger]) -> Vec<HeldMemory> {
         .collect()
 }
 
+/// Each process of `helds` the ledgers do not list gets an empty ledger
+/// (its name and exit from `data`), so that a process NVML says holds
+/// memory is shown, never as holding nothing; the ledgers end by pid.
+pub fn list_held_only(ledgers: &mut Vec<ProcessLedger>, helds: &[HeldMemory], data: &TraceData) {
+    for h in helds {
+        if !ledgers.iter().any(|l| l.pid == h.pid) {
+            let info = data.process(h.pid);
+            ledgers.push(crate::ledger::empty_ledger(
+                h.pid,
+                info.map(|p| p.comm.clone()).unwrap_or_else(|| "?".into()),
+                info.and_then(|p| p.exit_ns),
+            ));
+        }
+    }
+    ledgers.sort_by_key(|l| l.pid);
+}
+
 fn one(data: &TraceData, pid: u32, l: Option<&ProcessLedger>, measured: bool) -> HeldMemory {
     let mut gpus: BTreeMap<u32, GpuHeld> = BTreeMap::new();
     let mut ended = false;

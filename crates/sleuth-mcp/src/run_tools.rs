@@ -236,7 +236,7 @@ fn with_files(mut v: Value, files: Vec<String>) -> Value {
 pub fn latency_stats(dir: &Path, scope: &args::CallScope, budget: &ReadBudget) -> Result<Value> {
     check_run_scope(scope)?;
     trace_tools::check_op(scope.op.as_deref())?;
-    let (mut report, counted, paths, notes) = match window_of(dir, scope, budget)? {
+    let (mut report, counted, files, host_context, notes) = match window_of(dir, scope, budget)? {
         Some(run) => {
             if let Some(file) = only_file(&run) {
                 let v = trace_tools::latency_stats(file, scope, budget)?;
@@ -245,17 +245,18 @@ pub fn latency_stats(dir: &Path, scope: &args::CallScope, budget: &ReadBudget) -
             let (report, counted, read) = run.stats(scope.pid, memo())?;
             let mut notes = counted.notes(sleuth_store::window::STATS_COUNT);
             notes.extend(problem_notes(&read.problems));
-            let paths = run.files.iter().map(|(_, p)| p.clone()).collect();
-            (report, Some(counted), paths, notes)
+            (
+                report,
+                Some(counted),
+                run.file_names(),
+                read.host_context,
+                notes,
+            )
         }
         None => {
             let run = sleuth_store::run::run_stats_remembered(dir, scope.pid, budget, memo())?;
-            (
-                run.report,
-                None,
-                run.files,
-                unfinished_notes(&run.incomplete, true),
-            )
+            let notes = unfinished_notes(&run.incomplete, true);
+            (run.report, None, names(&run.files), run.host_context, notes)
         }
     };
     if let Some(op) = scope.op.as_deref() {
@@ -264,8 +265,8 @@ pub fn latency_stats(dir: &Path, scope: &args::CallScope, budget: &ReadBudget) -
     Ok(json!({
         "units": trace_tools::STATS_UNITS,
         "filter": {"pid": scope.pid, "op": scope.op, "last_ns": scope.last_ns},
-        "files": names(&paths),
-        "host_context": host_context_of(&paths, budget)?,
+        "files": files,
+        "host_context": host_context,
         "ops": report.ops,
         "drops": report.drops,
         "notes": notes,
@@ -317,17 +318,6 @@ pub fn findings(dir: &Path, scope: &args::CallScope, budget: &ReadBudget) -> Res
         "input_problems": problems,
         "clean": report.findings.is_empty() && problems.is_empty(),
     }))
-}
-
-/// Whether every file read holds the scheduler's context (the runnable and
-/// blocked split); the files were opened by the answer, their checks kept.
-fn host_context_of(files: &[std::path::PathBuf], budget: &ReadBudget) -> Result<bool> {
-    for f in files {
-        if !trace_tools::open(f, budget)?.has_host_context() {
-            return Ok(false);
-        }
-    }
-    Ok(true)
 }
 
 /// The file names of paths, for an answer's `files`.
@@ -432,14 +422,8 @@ pub fn gpu_activity(dir: &Path, budget: &ReadBudget) -> Result<Value> {
 /// capped; each event names its file. An error when no file holds the
 /// process.
 pub fn timeline(dir: &Path, a: &args::Timeline, budget: &ReadBudget) -> Result<Value> {
-    let window = a
-        .window_ns
-        .unwrap_or(trace_tools::TIMELINE_WINDOW_DEFAULT_NS);
     let limit = a.limit.unwrap_or(trace_tools::TIMELINE_DEFAULT) as usize;
-    let (since, until) = (
-        a.at_ns.saturating_sub(window),
-        a.at_ns.saturating_add(window),
-    );
+    let (since, until) = trace_tools::timeline_window(a);
     let mut held = false;
     let mut read = Vec::new();
     let mut events: Vec<Value> = Vec::new();
@@ -454,8 +438,7 @@ pub fn timeline(dir: &Path, a: &args::Timeline, budget: &ReadBudget) -> Result<V
         if end < since || start >= until {
             continue;
         }
-        drop(trace);
-        let mut v = trace_tools::timeline(&path, a, budget)?;
+        let mut v = trace_tools::timeline_in(&trace, a, budget)?;
         truncated |= v["truncated"] == true;
         if let Some(list) = v["events"].as_array_mut() {
             for mut e in list.drain(..) {

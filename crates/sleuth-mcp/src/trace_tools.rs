@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 
 pub(crate) const SLOW_CALLS_DEFAULT: u32 = 10;
 const SLOW_CALLS_MAX: u32 = 100;
-pub(crate) const TIMELINE_WINDOW_DEFAULT_NS: u64 = 10_000_000;
+const TIMELINE_WINDOW_DEFAULT_NS: u64 = 10_000_000;
 pub(crate) const TIMELINE_DEFAULT: u32 = 200;
 const TIMELINE_MAX: u32 = 2000;
 const MEMORY_POINTS_DEFAULT: u32 = 50;
@@ -516,7 +516,7 @@ pub fn memory(db: &Path, a: &args::Memory, budget: &ReadBudget) -> Result<Value>
         Some(s) => s,
         None => {
             let mut listed = procs.clone();
-            add_held_only(&mut listed, &helds, data);
+            held::list_held_only(&mut listed, &helds, data);
             mt.sites_streamed(&listed, a.at_ns)?
         }
     };
@@ -524,22 +524,6 @@ pub fn memory(db: &Path, a: &args::Memory, budget: &ReadBudget) -> Result<Value>
     v["at_ns"] = json!(a.at_ns);
     v["sites"] = json!(sites.into_iter().take(MEMORY_SITES).collect::<Vec<_>>());
     Ok(v)
-}
-
-/// Each process NVML lists that the ledger has not, with an empty ledger:
-/// it is shown, never as holding nothing.
-fn add_held_only(procs: &mut Vec<ProcessLedger>, helds: &[held::HeldMemory], data: &TraceData) {
-    for h in helds {
-        if !procs.iter().any(|l| l.pid == h.pid) {
-            let info = data.process(h.pid);
-            procs.push(ledger::empty_ledger(
-                h.pid,
-                info.map(|p| p.comm.clone()).unwrap_or_else(|| "?".into()),
-                info.and_then(|p| p.exit_ns),
-            ));
-        }
-    }
-    procs.sort_by_key(|l| l.pid);
 }
 
 /// The `memory` answer's processes (ledgers with their lists capped, the
@@ -552,7 +536,7 @@ pub(crate) fn memory_json(
     data: &TraceData,
     points: usize,
 ) -> Result<Value> {
-    add_held_only(&mut procs, helds, data);
+    held::list_held_only(&mut procs, helds, data);
     for p in &mut procs {
         let full = std::mem::take(&mut p.timeline);
         if points > 0 {
@@ -631,7 +615,6 @@ pub(crate) fn gpu_activity_json(data: &TraceData, ledgers: &[ProcessLedger]) -> 
 
 /// Every event of one process in `[at - window, at + window)`, oldest first, capped.
 pub fn timeline(db: &Path, a: &args::Timeline, budget: &ReadBudget) -> Result<Value> {
-    let window = a.window_ns.unwrap_or(TIMELINE_WINDOW_DEFAULT_NS);
     let limit = a.limit.unwrap_or(TIMELINE_DEFAULT);
     if limit == 0 || limit > TIMELINE_MAX {
         bail!("limit must be between 1 and {TIMELINE_MAX} (got {limit})");
@@ -639,9 +622,22 @@ pub fn timeline(db: &Path, a: &args::Timeline, budget: &ReadBudget) -> Result<Va
     if db.is_dir() {
         return crate::run_tools::timeline(db, a, budget);
     }
-    let since = a.at_ns.saturating_sub(window);
-    let until = a.at_ns.saturating_add(window);
-    let trace = open(db, budget)?;
+    timeline_in(&open(db, budget)?, a, budget)
+}
+
+/// The window `[at_ns - window_ns, at_ns + window_ns)` of `a`.
+pub(crate) fn timeline_window(a: &args::Timeline) -> (u64, u64) {
+    let window = a.window_ns.unwrap_or(TIMELINE_WINDOW_DEFAULT_NS);
+    (
+        a.at_ns.saturating_sub(window),
+        a.at_ns.saturating_add(window),
+    )
+}
+
+/// [`timeline`] of one open trace (`a.limit` checked by the caller).
+pub(crate) fn timeline_in(trace: &Trace, a: &args::Timeline, budget: &ReadBudget) -> Result<Value> {
+    let limit = a.limit.unwrap_or(TIMELINE_DEFAULT);
+    let (since, until) = timeline_window(a);
     // One more than the cap of each kind tells whether anything was cut.
     let fetch = limit as usize + 1;
     let calls = trace.calls_filtered(&CallFilter {
@@ -662,7 +658,7 @@ pub fn timeline(db: &Path, a: &args::Timeline, budget: &ReadBudget) -> Result<Va
     // page of calls and waits is a bounded read (`limit`): the whole-file
     // checks of a full load are not made for it (docs/schema.md).
     trace.require_pid(a.pid)?;
-    let rows = Rows::open_with(&trace, budget.clone())?;
+    let rows = Rows::open_with(trace, budget.clone())?;
     let lifecycle = rows.proc_events_in(a.pid, since, until)?;
     let mut events: Vec<(u64, Value)> = Vec::new();
     for s in &calls {

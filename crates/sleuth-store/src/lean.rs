@@ -93,7 +93,7 @@ pub fn load(
     data.end_ns = Some(view.span.end_ns);
     let run_file = match crate::run_ledger::link(trace)?.map(|l| l.file()) {
         Some(n) if n > 1 && inputs.pageable_copies() > 0 => {
-            match crate::run::pinned_before_file(trace, pid, &trace.memo())? {
+            match crate::run::pinned_before_file(trace, pid)? {
                 Some(pinned) => {
                     // Judged again only where memory pinned earlier is live.
                     let mut carry = crate::run_pinned::PinnedCarry::starting(pinned);

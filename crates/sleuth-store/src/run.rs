@@ -216,12 +216,12 @@ fn carried_pinned(
 /// For a file of a run read alone (`DIR/part-NNNNNN.db`, opened as
 /// `trace`): the host ranges the run had pinned when it began, when its
 /// previous file beside it stored them ([`carried_pinned`]: one more file
-/// read, no replay). None otherwise: not a later file of a run, or one
-/// whose previous file is gone, older or of another chain.
+/// read, no replay, under the trace's budget and memo). None otherwise:
+/// not a later file of a run, or one whose previous file is gone, older or
+/// of another chain.
 pub fn pinned_before_file(
     trace: &Trace,
     pid: Option<u32>,
-    memo: &CheckMemo,
 ) -> Result<Option<PinnedState>, StoreError> {
     let path = trace.path();
     let (Some(dir), Some(n)) = (
@@ -233,7 +233,7 @@ pub fn pinned_before_file(
         return Ok(None);
     };
     let link = crate::run_ledger::link(trace)?;
-    carried_pinned(dir, n, link.as_ref(), pid, trace.budget(), memo)
+    carried_pinned(dir, n, link.as_ref(), pid, trace.budget(), &trace.memo())
 }
 
 /// The merged stats of a run, and the files it could not use.
@@ -245,6 +245,9 @@ pub struct RunStats {
     /// Files without complete rollups (the one still being written, or one
     /// whose writer was killed): not in the answer.
     pub incomplete: Vec<PathBuf>,
+    /// Every file that answered holds the scheduler's context (the
+    /// on-CPU / runnable / blocked split).
+    pub host_context: bool,
 }
 
 /// The stats answer over every finished file of the run directory `dir`
@@ -287,6 +290,7 @@ pub fn run_stats_remembered(
         report: sleuth_core::rollup::stats_report(&rollups, pid, &base),
         files: visited.files,
         incomplete: visited.incomplete,
+        host_context: base.has_host_context,
     })
 }
 

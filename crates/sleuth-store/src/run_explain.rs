@@ -101,20 +101,10 @@ pub fn load_remembered(
     })?;
     let mut data = run.data.take().unwrap_or_default();
     // NVML's readings when tracing began are stored in the run's first file.
-    data.process_gpu_start_lost = !begins_the_run(&visited.files);
+    data.process_gpu_start_lost = visited.links.first().map(|(n, _)| *n) != Some(1);
     let ledger = run_ledger(&visited, &run, &data, pid, &budget, memo)?;
     run.files = visited.files;
     Ok(run.finish(data, ledger, visited.incomplete))
-}
-
-/// Whether the first of `files` is the run's first file (`part-000001.db`).
-pub(crate) fn begins_the_run(files: &[PathBuf]) -> bool {
-    files
-        .first()
-        .and_then(|f| f.file_name())
-        .and_then(|n| n.to_str())
-        .and_then(crate::run::part_number)
-        == Some(1)
 }
 
 /// The run's ledgers and how they were had.

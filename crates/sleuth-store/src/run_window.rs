@@ -101,6 +101,9 @@ pub struct Read {
     pub problems: InputProblems,
     /// The GPU's busy samples of the files, in order.
     pub gpu_samples: Option<Vec<GpuSample>>,
+    /// Every file that answered holds the scheduler's context (the
+    /// on-CPU / runnable / blocked split).
+    pub host_context: bool,
 }
 
 impl RunLast {
@@ -130,7 +133,10 @@ impl RunLast {
         memo: &CheckMemo,
         mut visit: impl FnMut(&Trace) -> Result<(), StoreError>,
     ) -> Result<Read, StoreError> {
-        let mut read = Read::default();
+        let mut read = Read {
+            host_context: true,
+            ..Read::default()
+        };
         let mut seen = false;
         for (_, path) in &self.files {
             let trace = open_in_run(path, &self.budget, memo)?;
@@ -142,6 +148,7 @@ impl RunLast {
                 }
             }
             seen = true;
+            read.host_context &= trace.has_host_context();
             visit(&trace)?;
             if let Some(p) = trace.input_problems_of_reads()? {
                 read.problems.add(p);

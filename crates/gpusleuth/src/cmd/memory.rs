@@ -10,7 +10,7 @@ use serde::Serialize;
 use sleuth_core::allocator::{allocator_views, AllocatorState, AllocatorView};
 use sleuth_core::gpu_activity::{self, GpuActivity};
 use sleuth_core::held::{held, HeldMemory};
-use sleuth_core::ledger::{empty_ledger, ProcessLedger};
+use sleuth_core::ledger::ProcessLedger;
 use sleuth_store::stream::MemoryTrace;
 use sleuth_store::ReadBudget;
 use std::collections::BTreeMap;
@@ -251,17 +251,7 @@ pub(crate) fn held_by_pid(
     processes: &mut Vec<ProcessLedger>,
 ) -> BTreeMap<u32, HeldMemory> {
     let helds = held(data, processes);
-    for h in &helds {
-        if !processes.iter().any(|l| l.pid == h.pid) {
-            let info = data.process(h.pid);
-            processes.push(empty_ledger(
-                h.pid,
-                info.map(|p| p.comm.clone()).unwrap_or_else(|| "?".into()),
-                info.and_then(|p| p.exit_ns),
-            ));
-        }
-    }
-    processes.sort_by_key(|l| l.pid);
+    sleuth_core::held::list_held_only(processes, &helds, data);
     helds.into_iter().map(|h| (h.pid, h)).collect()
 }
 
