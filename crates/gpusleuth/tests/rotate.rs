@@ -103,6 +103,88 @@ fn a_rotating_trace_adds_up_to_what_the_workload_did() {
     );
     last_of_the_run_is_read_from_its_newest_file(&run, &files);
     mcp_answers_over_the_run(&run, &files, &sb);
+    report_over_the_run(&run, &files, &sb);
+}
+
+/// `report --db DIR`: one report of the whole run, its counts those of
+/// every file added up (SQL over each), its findings `explain --db DIR`'s;
+/// never written over a file of the run nor under a run file's name.
+fn report_over_the_run(run: &Path, files: &[(u64, PathBuf)], sb: &Sandbox) {
+    let html = sb.path("run-report.html");
+    let o = common::run_ok(
+        common::gpusleuth()
+            .args(["report", "--db"])
+            .arg(run)
+            .arg("-o")
+            .arg(&html),
+    );
+    common::assert_no_panic(&o);
+    let text = std::fs::read_to_string(&html).expect("the report");
+    let sum = |sql: &str| -> i64 {
+        files
+            .iter()
+            .map(|(_, f)| common::Db::open(f).int(sql))
+            .sum()
+    };
+    let calls = sum("SELECT count(*) FROM calls");
+    let waits = sum("SELECT count(*) FROM waits");
+    let counted = sum("SELECT coalesce(sum(count), 0) FROM op_counts");
+    let recorded = format!(
+        "{calls} calls, {counted} kernel-counted calls, {waits} off-CPU intervals, 1 processes"
+    );
+    assert!(text.contains(&recorded), "{recorded} not in the report");
+    let first = files[0]
+        .1
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    let last = files[files.len() - 1]
+        .1
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    assert!(
+        text.contains(&format!("({} files, {first} to {last})", files.len())),
+        "the title names the files"
+    );
+    let explained = cli_json("explain", run, &[]);
+    let kinds: Vec<&str> = explained["findings"]
+        .as_array()
+        .expect("findings")
+        .iter()
+        .filter_map(|f| f["kind"].as_str())
+        .collect();
+    assert!(!kinds.is_empty(), "{explained}");
+    for k in kinds {
+        assert!(
+            text.contains(&format!(">{k}<")),
+            "finding {k} not in the report"
+        );
+    }
+    assert!(
+        !text.contains("of a run that starts a new file every"),
+        "the tracer's per-file note"
+    );
+    // Never over a file of the run, nor under the name of its next file.
+    for name in [first.clone(), format!("part-{:06}.db", files.len() + 1)] {
+        let before = std::fs::read(run.join(&name)).ok();
+        let o = common::gpusleuth()
+            .args(["report", "--force", "--db"])
+            .arg(run)
+            .arg("-o")
+            .arg(run.join(&name))
+            .output()
+            .expect("run");
+        common::assert_no_panic(&o);
+        assert_ne!(o.status.code(), Some(0), "{name}");
+        assert_eq!(
+            std::fs::read(run.join(&name)).ok(),
+            before,
+            "{name} untouched"
+        );
+    }
 }
 
 /// `--last D` on a run's directory: its newest file answers when it holds
@@ -367,6 +449,10 @@ fn mcp_answers_over_the_run(run: &Path, files: &[(u64, PathBuf)], sb: &Sandbox) 
     assert_eq!(m["allocs"], 20, "{m}");
     assert_eq!(m["frees"], 20, "{m}");
     assert_eq!(mem["files"].as_array().map(Vec::len), Some(files.len()));
+    // Its sites: `memory --by-site --db DIR`'s (20 allocations of the script's one site).
+    let by_site = cli_json("memory", run, &["--by-site"]);
+    assert_eq!(mem["sites"], by_site["sites"], "{mem}");
+    assert_eq!(mem["sites"][0]["allocs"], 20, "{mem}");
     let err = tool(&mut server, "memory", json!({"at_ns": 1})).expect_err("at_ns");
     assert!(err.contains("one file"), "{err}");
 
@@ -548,22 +634,30 @@ fn a_run_directory_is_refused_where_a_file_is_expected_and_an_old_run_is_kept() 
     std::fs::write(old.join("part-000007.db"), b"old").expect("write");
     let html = sb.path("r.html");
     let html = html.to_str().expect("UTF-8 path");
-    for cmd in [vec!["query", "SELECT 1"], vec!["report", "-o", html]] {
+    let one_line_error = |cmd: &[&str]| -> String {
         let out = common::gpusleuth()
-            .args(&cmd)
+            .args(cmd)
             .arg("--db")
             .arg(&old)
             .output()
             .expect("run");
         common::assert_no_panic(&out);
-        assert!(!out.status.success());
-        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{cmd:?}");
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
         assert_eq!(err.trim().lines().count(), 1, "{err}");
-        assert!(
-            err.contains("a run of `trace --rotate`") && err.contains("the newest: part-000007.db"),
-            "{cmd:?}: {err}"
-        );
-    }
+        err
+    };
+    let err = one_line_error(&["query", "SELECT 1"]);
+    assert!(
+        err.contains("a run of `trace --rotate`") && err.contains("the newest: part-000007.db"),
+        "query: {err}"
+    );
+    // `report` reads the run: its first file is no trace.
+    let err = one_line_error(&["report", "-o", html]);
+    assert!(
+        err.contains("part-000001.db") && err.contains("not a valid SQLite database"),
+        "report: {err}"
+    );
 }
 
 /// `--last` of a run reads its newest file, judging that file's copies

@@ -71,6 +71,45 @@ fn memory_of_run(dir: &Path, args: &[&str]) -> serde_json::Value {
         .clone()
 }
 
+/// `memory --by-site --json --db DIR`, which must succeed.
+fn sites_of_run(dir: &Path) -> serde_json::Value {
+    let out = common::run_ok(
+        common::gpusleuth()
+            .args(["memory", "--by-site", "--json", "--db"])
+            .arg(dir),
+    );
+    serde_json::from_slice(&out.stdout).expect("JSON")
+}
+
+/// [`SCRIPT`]'s allocations by site over its run, by its own account
+/// (every call from one native function: its sites add up to the script):
+/// 26 made (w 3 MiB, a 2 MiB, 12 leaks of 64 KiB, 12 `s` of 1 MiB), 13
+/// unfreed (w and the leaks), one failure of 1e15 bytes; no bytes at
+/// the peak over a run's files.
+fn assert_script_sites(v: &serde_json::Value) {
+    let sites = v["sites"].as_array().expect("sites");
+    let sum = |k: &str| -> u64 { sites.iter().map(|s| s[k].as_u64().expect(k)).sum() };
+    assert_eq!(sum("allocs"), 26, "{v}");
+    assert_eq!(
+        sum("alloc_bytes"),
+        3_145_728 + 2_097_152 + 12 * (65_536 + 1_048_576),
+        "{v}"
+    );
+    assert_eq!(
+        (sum("unfreed"), sum("unfreed_bytes")),
+        (13, 3_145_728 + 12 * 65_536),
+        "{v}"
+    );
+    assert_eq!(
+        (sum("failed"), sum("failed_bytes")),
+        (1, 1_000_000_000_000_000),
+        "{v}"
+    );
+    assert_eq!(sum("at_peak_bytes"), 0, "{v}");
+    assert_eq!(v["at_peak_known"], false, "{v}");
+    assert!(v["files"].as_array().is_some_and(|f| f.len() >= 3), "{v}");
+}
+
 /// What [`SCRIPT`] leaves, by its own account: `w` and the twelve 64 KiB
 /// leaks live (3 MiB + 768 KiB), 26 allocations (w, a, 12 leaks, 12 `s`),
 /// 13 frees (`a`, 12 `s`), the 1e15 one failed.
@@ -154,23 +193,25 @@ fn the_carried_ledger_answers_explain_as_the_replay_did() {
     // The command's whole answer, byte for byte, as before.
     assert_eq!(explain_json(&sb.db()), explain_json(&old));
     // `memory --db DIR`: the run's ledger, what the script left; the same
-    // from the replay; `--at` and `--by-site` read one file.
+    // from the replay; `--at` reads one file.
     let m = memory_of_run(&sb.db(), &[]);
     assert_script_ledger(&m, "memory of the run");
     assert_eq!(m, memory_of_run(&old, &[]), "carried and replayed");
-    for extra in [["--at", "1s"].as_slice(), ["--by-site"].as_slice()] {
-        let o = common::gpusleuth()
-            .args(["memory", "--db"])
-            .arg(sb.db())
-            .args(extra)
-            .output()
-            .expect("run");
-        common::assert_no_panic(&o);
-        assert_ne!(o.status.code(), Some(0), "{extra:?}");
-        let err = String::from_utf8_lossy(&o.stderr);
-        assert_eq!(err.trim().lines().count(), 1, "{err}");
-        assert!(err.contains("run's directory"), "{err}");
-    }
+    // `--by-site`: the script's allocations added up over the files, what
+    // it left unfreed (from the run's ledger), its one failure.
+    let sites = sites_of_run(&sb.db());
+    assert_script_sites(&sites);
+    assert_eq!(sites, sites_of_run(&old), "carried and replayed");
+    let o = common::gpusleuth()
+        .args(["memory", "--at", "1s", "--db"])
+        .arg(sb.db())
+        .output()
+        .expect("run");
+    common::assert_no_panic(&o);
+    assert_ne!(o.status.code(), Some(0), "--at");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("run's directory"), "{err}");
     let text = common::run_ok(common::gpusleuth().args(["memory", "--db"]).arg(sb.db()));
     let text = String::from_utf8_lossy(&text.stdout);
     assert!(text.starts_with("Run in "), "{text}");

@@ -346,9 +346,10 @@ fn problem_notes(p: &InputProblems) -> Vec<String> {
 /// `memory` over a run: the run's ledger (the one the tracer carried
 /// across its files, which also covers files `--keep` deleted; else
 /// replayed), the allocator views over the files' block events, the
-/// driver's view, as `gpusleuth memory --db DIR`. `at_ns` reads one file;
-/// the per-site table too (`call_sites`, or `memory` of a file): the
-/// unfreed allocations carry their sites.
+/// driver's view, as `gpusleuth memory --db DIR`, and the run's per-site
+/// table (`memory --by-site --db DIR`: allocations added up over the
+/// files, unfreed from the run's ledger, no bytes at the peak). `at_ns`
+/// reads one file.
 pub fn memory(dir: &Path, a: &args::Memory, points: usize, budget: &ReadBudget) -> Result<Value> {
     if a.at_ns.is_some() {
         bail!(
@@ -356,20 +357,21 @@ pub fn memory(dir: &Path, a: &args::Memory, points: usize, budget: &ReadBudget) 
              (`overview` lists each file's time range)"
         );
     }
-    let run = sleuth_store::run_explain::load_remembered(dir, a.pid, budget.clone(), memo())?;
+    let (run, sites) = sleuth_store::run_report::load_sites(dir, a.pid, budget.clone(), memo())?;
     let data = &run.data;
     let allocators = sleuth_core::allocator::allocator_views(data, None, &run.ledgers);
     let helds = sleuth_core::held::held(data, &run.ledgers);
     let mut v = trace_tools::memory_json(run.ledgers.clone(), &allocators, &helds, data, points)?;
     let mut notes: Vec<String> = run.ledger_note.iter().cloned().collect();
     notes.extend(unfinished_notes(&run.incomplete, false));
-    notes.push(
-        "sites: the per-site table reads one file (memory or call_sites with one of the run's files as db); \
-         each unfreed allocation here carries its site"
-            .into(),
-    );
+    if !sites.is_empty() {
+        notes.push(format!("sites: {}", sleuth_store::run_report::SITES_NOTE));
+    }
     v["at_ns"] = Value::Null;
-    v["sites"] = json!([]);
+    v["sites"] = json!(sites
+        .into_iter()
+        .take(trace_tools::MEMORY_SITES)
+        .collect::<Vec<_>>());
     v["files"] = json!(names(&run.files));
     v["notes"] = json!(notes);
     v["input_problems"] = json!(run.problems);

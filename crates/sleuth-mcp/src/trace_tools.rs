@@ -26,7 +26,7 @@ const GPU_SAMPLES_MAX: usize = 2000;
 /// Allocator segments (most free first) and live blocks per segment in `memory`.
 const MEMORY_SEGMENTS: usize = 20;
 /// Call sites listed by `memory` (largest unfreed first; `call_sites` lists more).
-const MEMORY_SITES: usize = 10;
+pub(crate) const MEMORY_SITES: usize = 10;
 const MEMORY_SEGMENT_BLOCKS: usize = 10;
 /// Unfreed and failed allocations listed per process in `memory` (oldest
 /// first; the counts say how many there are): a leak of 39,000 allocations

@@ -35,6 +35,7 @@ pub mod run;
 pub mod run_explain;
 pub mod run_ledger;
 mod run_pinned;
+pub mod run_report;
 pub mod run_window;
 mod schema;
 mod schema_check;

@@ -23,7 +23,7 @@ use crate::problems::{valid_call, valid_wait, MAX_NS};
 use crate::reader::{Trace, KEYED_ROWS};
 use crate::rows::{call_from_row, wait_from_row, waits_sql, CALL_COLS, WAIT_CULPRITS_SQL};
 use crate::stacks::has_column;
-use crate::stream::{CallQuery, StreamOrder};
+use crate::stream::{CallQuery, MemoryTrace, StreamOrder};
 use rusqlite::Connection;
 use sleuth_core::culprits::culprits_of_call;
 use sleuth_core::rollup::OpRollup;
@@ -87,20 +87,13 @@ pub fn load(
     let Some(lean) = crate::lean::load(trace, pid, budget)? else {
         return Ok(None);
     };
-    let ops = op_rollups(trace, pid)?;
-    let calls_by_pid = calls_by_pid(&lean);
-    let calls = calls_by_pid
-        .values()
-        .fold(0u64, |a, &b| a.saturating_add(b));
-    let mut reads = KeyedReads::new(trace);
-    let rows = lean.view.rows();
-    let events = EventAggregates {
-        waits: rows.event_counts(pid)?.0,
-        earliest: rows.earliest_wait_or_event(pid)?,
-        latest: latest_wait_or_event(&mut reads, pid)?,
-    };
-    let span = extent(&lean, &events);
-    let slowest = slowest_of(&mut reads, &ops, pid, n_slowest)?;
+    let parts = file_parts(
+        trace,
+        &lean.view,
+        lean.data.start_ns.is_some(),
+        pid,
+        n_slowest,
+    )?;
     let sites = if lean.data.stacks.is_empty() {
         None
     } else {
@@ -108,14 +101,63 @@ pub fn load(
     };
     Ok(Some(LeanReport {
         lean,
+        ops: parts.ops,
+        span: parts.span,
+        calls: parts.calls,
+        waits: parts.waits,
+        calls_by_pid: parts.calls_by_pid,
+        slowest: parts.slowest,
+        sites,
+    }))
+}
+
+/// What the report reads of one file besides its lean load: what a run's
+/// report adds up file by file (`crate::run_report`).
+#[derive(Debug, Clone)]
+pub struct FileParts {
+    /// Per op (all processes merged, or `pid`'s), as `stats` reads them.
+    pub ops: BTreeMap<u16, OpRollup>,
+    /// `TraceSpan::of` of the loaded file, extent included.
+    pub span: TraceSpan,
+    pub calls: u64,
+    pub waits: u64,
+    pub calls_by_pid: BTreeMap<u32, u64>,
+    /// The `n` slowest calls not nested in another, slowest first.
+    pub slowest: Vec<SlowCall>,
+}
+
+/// [`FileParts`] of `trace` read through its memory view `view` (of
+/// process `pid` or all); `started`: the file stores its session start
+/// (the span's origin is then never after it).
+pub fn file_parts(
+    trace: &Trace,
+    view: &MemoryTrace,
+    started: bool,
+    pid: Option<u32>,
+    n_slowest: usize,
+) -> Result<FileParts, StoreError> {
+    let ops = op_rollups(trace, pid)?;
+    let calls_by_pid = calls_by_pid(view);
+    let calls = calls_by_pid
+        .values()
+        .fold(0u64, |a, &b| a.saturating_add(b));
+    let mut reads = KeyedReads::new(trace);
+    let rows = view.rows();
+    let events = EventAggregates {
+        waits: rows.event_counts(pid)?.0,
+        earliest: rows.earliest_wait_or_event(pid)?,
+        latest: latest_wait_or_event(&mut reads, pid)?,
+    };
+    let span = extent(view, started, &events);
+    let slowest = slowest_of(&mut reads, &ops, pid, n_slowest)?;
+    Ok(FileParts {
         ops,
         span,
         calls,
         waits: events.waits,
         calls_by_pid,
         slowest,
-        sites,
-    }))
+    })
 }
 
 /// What `report --from/--to` draws of a window's calls (its other sections
@@ -224,11 +266,11 @@ impl SlowestKept {
     }
 }
 
-/// Per-call records per process (of the lean load's process alone where
-/// it has one), from the call groups.
-fn calls_by_pid(lean: &Lean) -> BTreeMap<u32, u64> {
+/// Per-call records per process (of the view's process alone where it
+/// has one), from the call groups.
+fn calls_by_pid(view: &MemoryTrace) -> BTreeMap<u32, u64> {
     let mut calls_by_pid: BTreeMap<u32, u64> = BTreeMap::new();
-    for g in lean.view.own_groups() {
+    for g in view.own_groups() {
         let e = calls_by_pid.entry(g.pid).or_default();
         *e = e.saturating_add(g.count);
     }
@@ -248,17 +290,17 @@ pub fn op_rollups(trace: &Trace, pid: Option<u32>) -> Result<BTreeMap<u16, OpRol
 
 /// `TraceSpan::of` of the loaded trace: the span from the session times and
 /// the call groups, widened to the earliest and latest wait and lifecycle
-/// event (`events`), of the lean load's process where it has one.
-fn extent(lean: &Lean, events: &EventAggregates) -> TraceSpan {
-    let view = &lean.view;
+/// event (`events`), of the view's process where it has one; `started`:
+/// the trace stores its session start.
+fn extent(view: &MemoryTrace, started: bool, events: &EventAggregates) -> TraceSpan {
     let first_call = view.own_groups().map(|g| g.first_ts_ns).min();
     let last_call = view.own_groups().map(|g| g.last_end_ns).max();
     let earliest = first_call.into_iter().chain(events.earliest).min();
     let latest = last_call.into_iter().chain(events.latest).max();
     let span = view.span;
-    let origin_ns = match lean.data.start_ns {
-        Some(_) => earliest.map_or(span.start_ns, |e| e.min(span.start_ns)),
-        None => earliest.unwrap_or(span.start_ns),
+    let origin_ns = match started {
+        true => earliest.map_or(span.start_ns, |e| e.min(span.start_ns)),
+        false => earliest.unwrap_or(span.start_ns),
     };
     TraceSpan {
         start_ns: span.start_ns,
@@ -619,6 +661,47 @@ fn site_reads(trace: &Trace, lean: &Lean, pid: Option<u32>) -> Result<SiteReads,
 /// bounded by what is live.
 fn streamed_site_reads(lean: &Lean, pid: Option<u32>) -> Result<SiteReads, StoreError> {
     let mut peaks = sleuth_core::ledger::PeakSnapshots::new(&lean.ledgers);
+    let allocs = streamed_tallies(&lean.view, pid, |c| peaks.push(c))?;
+    // By pid; bare (the table reads only what was live, by stack).
+    let at_peak: BTreeMap<u32, sleuth_core::ledger::LiveByStack> = peaks
+        .finish()
+        .iter()
+        .map(|(&pid, l)| (pid, sleuth_core::ledger::live_by_stack(l)))
+        .collect();
+    Ok(SiteReads {
+        sites: sleuth_core::sites::memory_by_site_of(
+            &lean.data,
+            allocs.iter().copied(),
+            &lean.ledgers,
+            &at_peak,
+        ),
+        allocs,
+    })
+}
+
+/// The device allocations of one file tallied per stack, failed ones
+/// apart, of process `pid` or all: from its site rollup, else from one pass
+/// over its memory calls (`view`'s rows).
+pub fn alloc_tallies(
+    trace: &Trace,
+    view: &MemoryTrace,
+    pid: Option<u32>,
+) -> Result<Vec<AllocTally>, StoreError> {
+    let stored = crate::site_rollup::allocated_by_stack(trace.keyed(), pid).at(trace.path())?;
+    match stored {
+        Some(allocs) => Ok(allocs),
+        None => streamed_tallies(view, pid, |_| {}),
+    }
+}
+
+/// The device allocations tallied per stack (failed ones apart) from one
+/// pass over the memory calls in return order, each call also handed to
+/// `each`; of process `pid` or all.
+fn streamed_tallies(
+    view: &MemoryTrace,
+    pid: Option<u32>,
+    mut each: impl FnMut(&CallEvent),
+) -> Result<Vec<AllocTally>, StoreError> {
     let mut tallies: BTreeMap<(Option<u64>, bool), AllocTally> = BTreeMap::new();
     let q = CallQuery {
         pid,
@@ -626,9 +709,9 @@ fn streamed_site_reads(lean: &Lean, pid: Option<u32>) -> Result<SiteReads, Store
         order: StreamOrder::ByReturn,
         ..Default::default()
     };
-    lean.view.rows().for_each_call::<StoreError>(&q, |s| {
+    view.rows().for_each_call::<StoreError>(&q, |s| {
         let c = s.call;
-        peaks.push(&c);
+        each(&c);
         if let Some(a) = AllocTally::of(&c) {
             let t = tallies.entry((a.stack_id, a.failed)).or_insert(AllocTally {
                 count: 0,
@@ -640,20 +723,5 @@ fn streamed_site_reads(lean: &Lean, pid: Option<u32>) -> Result<SiteReads, Store
         }
         Ok(())
     })?;
-    // By pid; bare (the table reads only what was live, by stack).
-    let at_peak: BTreeMap<u32, sleuth_core::ledger::LiveByStack> = peaks
-        .finish()
-        .iter()
-        .map(|(&pid, l)| (pid, sleuth_core::ledger::live_by_stack(l)))
-        .collect();
-    let allocs: Vec<AllocTally> = tallies.into_values().collect();
-    Ok(SiteReads {
-        sites: sleuth_core::sites::memory_by_site_of(
-            &lean.data,
-            allocs.iter().copied(),
-            &lean.ledgers,
-            &at_peak,
-        ),
-        allocs,
-    })
+    Ok(tallies.into_values().collect())
 }

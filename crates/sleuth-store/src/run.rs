@@ -36,6 +36,27 @@ pub fn part_number(name: &str) -> Option<u64> {
     digits.parse().ok()
 }
 
+/// The note the tracer writes into file `n` (2 and later) of a run that
+/// starts a new file every `every` (a duration as written for people).
+pub fn rotation_note(n: u64, every: &str) -> String {
+    format!(
+        "{ROTATION_NOTE_HEAD}{n}{ROTATION_NOTE_TAIL}{every}: calls and waits are stored in the file open when they ended"
+    )
+}
+
+const ROTATION_NOTE_HEAD: &str = "file ";
+const ROTATION_NOTE_TAIL: &str = " of a run that starts a new file every ";
+
+/// Whether `text` is a [`rotation_note`]: an answer over the run's files
+/// names the files instead of repeating one such note per file.
+pub fn is_rotation_note(text: &str) -> bool {
+    let Some(rest) = text.strip_prefix(ROTATION_NOTE_HEAD) else {
+        return false;
+    };
+    let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+    digits > 0 && rest[digits..].starts_with(ROTATION_NOTE_TAIL)
+}
+
 /// The files of a run directory, oldest first (by number).
 pub fn run_files(dir: &Path) -> Result<Vec<(u64, PathBuf)>, StoreError> {
     let entries = std::fs::read_dir(dir).map_err(|e| StoreError::io(dir, e))?;
@@ -301,6 +322,13 @@ mod tests {
     #[test]
     fn part_names_round_trip_and_nothing_else_matches() {
         assert_eq!(part_name(1), "part-000001.db");
+        assert!(is_rotation_note(&rotation_note(12, "1m")));
+        assert!(!is_rotation_note(
+            "file of a run that starts a new file every 1m"
+        ));
+        assert!(!is_rotation_note(
+            "the file 2 of a run that starts a new file every 1m"
+        ));
         assert_eq!(part_name(1_234_567), "part-1234567.db");
         for n in [1, 42, 999_999, 1_000_000] {
             assert_eq!(part_number(&part_name(n)), Some(n));

@@ -95,9 +95,23 @@ pub fn load_remembered(
     budget: ReadBudget,
     memo: &CheckMemo,
 ) -> Result<RunLean, StoreError> {
+    load_with(dir, pid, budget, memo, |_, _| Ok(()))
+}
+
+/// [`load_remembered`], each file added also handed to `also` with the
+/// memory view it was read through (before its base data was taken):
+/// what a reader of the run needs besides the explanation (`crate::run_report`)
+/// is read from the same files in the same pass.
+pub(crate) fn load_with(
+    dir: &Path,
+    pid: Option<u32>,
+    budget: ReadBudget,
+    memo: &CheckMemo,
+    mut also: impl FnMut(&Trace, &MemoryTrace) -> Result<(), StoreError>,
+) -> Result<RunLean, StoreError> {
     let mut run = Acc::default();
     let visited = visit_finished(dir, pid, &budget, memo, |trace| {
-        run.add(trace, pid, &budget)
+        run.add(trace, pid, &budget, &mut also)
     })?;
     let mut data = run.data.take().unwrap_or_default();
     // NVML's readings when tracing began are stored in the run's first file.
@@ -195,6 +209,7 @@ impl Acc {
         trace: &Trace,
         pid: Option<u32>,
         budget: &ReadBudget,
+        also: &mut impl FnMut(&Trace, &MemoryTrace) -> Result<(), StoreError>,
     ) -> Result<(), StoreError> {
         let path = trace.path();
         let Some(mut inputs) = crate::finding_rollups::finding_inputs(trace, pid)? else {
@@ -225,6 +240,7 @@ impl Acc {
         self.pids.extend(view.pids());
         self.held.push(path.to_path_buf());
         self.pinned.file(view.rows(), pid, &mut inputs)?;
+        also(trace, &view)?;
         view.load_allocator_calls()?;
         let mut base = std::mem::take(&mut view.base);
         base.counts = trace.op_counts(pid)?;

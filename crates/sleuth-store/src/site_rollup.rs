@@ -297,9 +297,11 @@ pub(crate) fn calls_by_site(
     Ok(Some(out))
 }
 
-/// Successful device allocations per stack id (None: not captured), of
-/// process `pid` or every process summed: what the report's flame graph of allocated bytes by call
-/// path draws; None when the trace has no complete rollup.
+/// Device allocations per stack id (None: not captured), the successful
+/// ones and the failed ones apart, of process `pid` or every process
+/// summed: what the report's flame graph of allocated bytes by call path
+/// draws (the successful ones) and a run's per-site table adds up
+/// (`crate::run_report`); None when the trace has no complete rollup.
 pub(crate) fn allocated_by_stack(
     conn: &Connection,
     pid: Option<u32>,
@@ -308,26 +310,32 @@ pub(crate) fn allocated_by_stack(
         return Ok(None);
     }
     let mut st = conn.prepare(
-        "SELECT stack_id, allocs, alloc_bytes FROM site_memory WHERE ?1 IS NULL OR pid = ?1",
+        "SELECT stack_id, allocs, alloc_bytes, failed, failed_bytes FROM site_memory \
+         WHERE ?1 IS NULL OR pid = ?1",
     )?;
     let mut rows = st.query([pid])?;
-    let mut by_stack: BTreeMap<Option<u64>, (u64, u64)> = BTreeMap::new();
+    let mut by_stack: BTreeMap<(Option<u64>, bool), (u64, u64)> = BTreeMap::new();
     while let Some(r) = rows.next()? {
         let stack = r.get::<_, Option<i64>>(0)?.map(|s| s as u64);
-        let (n, b): (i64, i64) = (r.get(1)?, r.get(2)?);
-        let n = u64::try_from(n).map_err(|_| damaged("holds a negative count"))?;
-        let b = u64::try_from(b).map_err(|_| damaged("holds a negative count"))?;
-        let e = by_stack.entry(stack).or_default();
-        e.0 = e.0.saturating_add(n);
-        e.1 = e.1.saturating_add(b);
+        for (failed, col) in [(false, 1), (true, 3)] {
+            let (n, b): (i64, i64) = (r.get(col)?, r.get(col + 1)?);
+            let n = u64::try_from(n).map_err(|_| damaged("holds a negative count"))?;
+            let b = u64::try_from(b).map_err(|_| damaged("holds a negative count"))?;
+            if failed && n == 0 {
+                continue;
+            }
+            let e = by_stack.entry((stack, failed)).or_default();
+            e.0 = e.0.saturating_add(n);
+            e.1 = e.1.saturating_add(b);
+        }
     }
     Ok(Some(
         by_stack
             .into_iter()
             .map(
-                |(stack_id, (count, bytes))| sleuth_core::sites::AllocTally {
+                |((stack_id, failed), (count, bytes))| sleuth_core::sites::AllocTally {
                     stack_id,
-                    failed: false,
+                    failed,
                     count,
                     bytes,
                 },

@@ -160,9 +160,7 @@ fn run_of_run(args: &Args) -> anyhow::Result<i32> {
         );
     }
     if args.by_site {
-        anyhow::bail!(
-            "--by-site reads one trace file; --db names a run's directory (pass one of its part-*.db files; the run's unfreed allocations carry their sites here)"
-        );
+        return sites_of_run(args);
     }
     let run = sleuth_store::run_explain::load_remembered(
         dir,
@@ -177,15 +175,7 @@ fn run_of_run(args: &Args) -> anyhow::Result<i32> {
     let allocators = allocator_views(data, None, &processes);
     let helds = held_by_pid(data, &mut processes);
     let activity = gpu_activity::of_trace(data);
-    let files: Vec<String> = run
-        .files
-        .iter()
-        .map(|f| {
-            f.file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default()
-        })
-        .collect();
+    let files = file_names(&run.files);
     let notes: Vec<String> = run.ledger_note.iter().cloned().collect();
     if args.out.json {
         let mut r = report(&processes, &allocators, &helds, &activity, None);
@@ -226,6 +216,44 @@ fn run_of_run(args: &Args) -> anyhow::Result<i32> {
         emit_text(&crate::term_text::terminal_safe(&text))?;
     }
     Ok(0)
+}
+
+/// `memory --by-site --db DIR`: the run's per-site table
+/// (`sleuth_store::run_report::load_sites`: the files' allocations added
+/// up, unfreed from the run's ledger; no bytes at the peak).
+fn sites_of_run(args: &Args) -> anyhow::Result<i32> {
+    let dir = &args.input.db;
+    let (run, table) = sleuth_store::run_report::load_sites(
+        dir,
+        args.input.pid,
+        crate::checks_memo::budget(),
+        crate::checks_memo::memo(),
+    )?;
+    crate::load::note_unfinished(&run.incomplete);
+    crate::load::print_problems_at(dir, &run.problems);
+    let mut r = sites::report_of(table, &run.data);
+    r.at_peak_known = false;
+    r.files = file_names(&run.files);
+    r.notes = run.ledger_note.iter().cloned().collect();
+    r.notes.push(sleuth_store::run_report::SITES_NOTE.into());
+    if args.out.json {
+        emit_json(&r)?;
+    } else {
+        emit_text(&crate::term_text::terminal_safe(&sites::render(&r)))?;
+    }
+    Ok(0)
+}
+
+/// The files' names, for an answer over a run.
+fn file_names(files: &[std::path::PathBuf]) -> Vec<String> {
+    files
+        .iter()
+        .map(|f| {
+            f.file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        })
+        .collect()
 }
 
 /// The earliest moment a ledger names (an unfreed allocation, a failed

@@ -60,6 +60,9 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<i32> {
     let hint = Some(FORCE_HINT);
+    if args.input.db.is_dir() && !args.window.is_set() {
+        return report_of_run(&args);
+    }
     // A window of a run's directory is read from the file that holds it.
     let file = match args.window.is_set() {
         true => Some(args.window.file_of(&args.input.db, "report")?),
@@ -100,6 +103,103 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     }
     eprintln!("gpusleuth: report written to {}", args.output.display());
     Ok(0)
+}
+
+/// `report --db DIR` of a run of `trace --rotate`: its finished files
+/// added up (`sleuth_store::run_report`: the explanation and the memory
+/// ledgers are `explain --db DIR`'s and `memory --db DIR`'s); the file
+/// still being written is left out with a note.
+fn report_of_run(args: &Args) -> anyhow::Result<i32> {
+    let (dir, hint) = (&args.input.db, Some(FORCE_HINT));
+    // Never over one of the run's files, nor where the tracer writes its next one.
+    let files: Vec<PathBuf> = sleuth_store::run::run_files(dir)?
+        .into_iter()
+        .map(|(_, p)| p)
+        .collect();
+    refuse_a_part_name(&args.output, dir)?;
+    sleuth_store::outfile::check_output(&args.output, &inputs_of_run(&files), args.force, hint)?;
+    let r = sleuth_store::run_report::load(
+        dir,
+        args.input.pid,
+        crate::checks_memo::budget(),
+        crate::checks_memo::memo(),
+        SLOWEST_CALLS,
+    )?;
+    crate::load::note_unfinished(&r.run.incomplete);
+    crate::load::print_problems_at(dir, &r.run.problems);
+    let session = r.session.clone();
+    let mut notes = r.notes.clone();
+    if r.notes_left_out > 0 {
+        notes.push(Note {
+            ts_ns: 0,
+            level: "info".into(),
+            text: format!(
+                "{} more distinct notes in the run's files (MCP overview of the directory lists them)",
+                r.notes_left_out
+            ),
+        });
+    }
+    let read: Vec<String> = r.run.files.iter().map(|f| file_name(f)).collect();
+    let title = format!(
+        "{} ({} files, {})",
+        file_name(dir),
+        read.len(),
+        match (read.first(), read.last()) {
+            (Some(a), Some(b)) if a != b => format!("{a} to {b}"),
+            (Some(a), _) => a.clone(),
+            _ => String::new(),
+        }
+    );
+    let inputs = Inputs::run(r);
+    let html = render(&inputs, &session, &notes, &title);
+    sleuth_store::outfile::write_atomic(
+        &args.output,
+        html.as_bytes(),
+        &inputs_of_run(&files),
+        args.force,
+        hint,
+    )?;
+    eprintln!("gpusleuth: report written to {}", args.output.display());
+    Ok(0)
+}
+
+/// An output named like a run's file in the run's directory would be
+/// taken for one of its files (or take the name of the tracer's next).
+fn refuse_a_part_name(output: &std::path::Path, dir: &std::path::Path) -> anyhow::Result<()> {
+    let in_dir = match (output.parent(), dir.canonicalize()) {
+        (Some(p), Ok(d)) => {
+            let p = if p.as_os_str().is_empty() {
+                std::path::Path::new(".")
+            } else {
+                p
+            };
+            p.canonicalize().is_ok_and(|p| p == d)
+        }
+        _ => false,
+    };
+    let part = output
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(sleuth_store::run::part_number)
+        .is_some();
+    if in_dir && part {
+        anyhow::bail!(
+            "{}: a run's file name in the run's directory (refusing to write a report there)",
+            output.display()
+        );
+    }
+    Ok(())
+}
+
+fn inputs_of_run(files: &[PathBuf]) -> Vec<&std::path::Path> {
+    files.iter().map(|p| p.as_path()).collect()
+}
+
+/// A path's last part, for a title or a message.
+fn file_name(p: &std::path::Path) -> String {
+    p.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| p.display().to_string())
 }
 
 /// What the report draws. With `lean_allowed`, a trace that stored its
@@ -162,7 +262,7 @@ pub fn render(inputs: &Inputs, session: &Session, notes: &[Note], title: &str) -
         "<h2>Call sites of device memory{}</h2>",
         scope("whole trace")
     );
-    h.push_str(&sites_section(data, &inputs.sites));
+    h.push_str(&sites_section(data, &inputs.sites, inputs.sites_at_peak));
     if !data.stacks.is_empty() {
         h.push_str("<h3>Allocated bytes by call path</h3>");
         h.push_str(&flame_section(&inputs.flame));
@@ -340,7 +440,9 @@ fn findings_html(e: &Explanation, windowed: bool) -> String {
 const SITE_ROWS: usize = 15;
 
 /// Device memory by the line (or native function) that allocated it.
-fn sites_section(data: &TraceData, rows: &[SiteMemory]) -> String {
+/// `at_peak`: whether the bytes live at each process's peak are known
+/// (not over a run's files: the column says so).
+fn sites_section(data: &TraceData, rows: &[SiteMemory], at_peak: bool) -> String {
     if data.stacks.is_empty() {
         return "<p>No call sites in this trace (taken with <code>--sites off</code>, by an older gpusleuth, or imported).</p>".into();
     }
@@ -348,6 +450,10 @@ fn sites_section(data: &TraceData, rows: &[SiteMemory]) -> String {
         "<table><tr><th>site</th><th>allocations</th><th>allocated</th><th>unfreed</th><th>live at peak</th><th>failed</th></tr>",
     );
     for r in rows.iter().take(SITE_ROWS) {
+        let peak = match at_peak {
+            true => fmt_bytes(r.at_peak_bytes),
+            false => "–".to_string(),
+        };
         let _ = write!(
             h,
             "<tr><td><code>{}</code></td><td>{}</td><td>{}</td><td>{} ({})</td><td>{}</td><td>{}</td></tr>",
@@ -356,11 +462,18 @@ fn sites_section(data: &TraceData, rows: &[SiteMemory]) -> String {
             fmt_bytes(r.alloc_bytes),
             fmt_bytes(r.unfreed_bytes),
             r.unfreed,
-            fmt_bytes(r.at_peak_bytes),
+            peak,
             r.failed
         );
     }
     h.push_str("</table>");
+    if !at_peak {
+        let _ = write!(
+            h,
+            "<p class=\"dim\">Sites {}.</p>",
+            esc(sleuth_store::run_report::SITES_NOTE)
+        );
+    }
     if rows.len() > SITE_ROWS {
         let _ = write!(
             h,

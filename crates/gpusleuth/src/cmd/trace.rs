@@ -687,10 +687,11 @@ impl Rotation {
         }
         let r = new_handle.add_note(
             NoteLevel::Info,
-            format!(
-                "file {} of a run that starts a new file every {}: calls and waits are stored in the file open when they ended",
+            sleuth_store::run::rotation_note(
                 self.n,
-                sleuth_core::units::fmt_ns(u64::try_from(self.every.as_nanos()).unwrap_or(u64::MAX))
+                &sleuth_core::units::fmt_ns(
+                    u64::try_from(self.every.as_nanos()).unwrap_or(u64::MAX),
+                ),
             ),
         );
         sinks.check(r);

@@ -17,6 +17,7 @@ pub use skip::skipped;
 mod temp_dir;
 pub use temp_dir::TempDir;
 
+pub mod run_cut;
 pub mod trace_fixture;
 pub use trace_fixture::{example, rewrite, session};
 

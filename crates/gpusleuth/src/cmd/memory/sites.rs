@@ -21,6 +21,13 @@ pub struct SitesReport<'a> {
     pub stacks: Vec<&'a Stack>,
     /// Whether the trace captured any site at all.
     pub captured: bool,
+    /// Whether `at_peak_bytes` is known: not over a run's files (zero there).
+    pub at_peak_known: bool,
+    /// A run's directory: the files read, oldest first.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
 }
 
 /// The report of the sites (stored by a finished trace's site rollup, or
@@ -34,6 +41,9 @@ pub fn report_of(sites: Vec<SiteMemory>, data: &TraceData) -> SitesReport<'_> {
         sites,
         stacks,
         captured: !data.stacks.is_empty(),
+        at_peak_known: true,
+        files: Vec::new(),
+        notes: Vec::new(),
     }
 }
 
@@ -49,6 +59,9 @@ pub fn render(r: &SitesReport) -> String {
         "Device memory by call site ({} sites; unfreed = still allocated at exit or at the end, at peak = live at the process's peak)",
         r.sites.len()
     );
+    for n in &r.notes {
+        let _ = writeln!(out, "Note: {n}");
+    }
     let rows: Vec<Vec<String>> = r
         .sites
         .iter()
@@ -59,7 +72,10 @@ pub fn render(r: &SitesReport) -> String {
                 s.allocs.to_string(),
                 fmt_bytes(s.alloc_bytes),
                 format!("{} ({})", fmt_bytes(s.unfreed_bytes), s.unfreed),
-                fmt_bytes(s.at_peak_bytes),
+                match r.at_peak_known {
+                    true => fmt_bytes(s.at_peak_bytes),
+                    false => "–".into(),
+                },
                 if s.failed > 0 {
                     format!("{} ({})", s.failed, fmt_bytes(s.failed_bytes))
                 } else {

@@ -15,6 +15,7 @@ use sleuth_core::sites::{FlameNode, SiteMemory};
 use sleuth_core::stats::nearest_rank;
 use sleuth_core::{CallEvent, Culprit, TraceData, TraceSpan};
 use sleuth_store::report_reads::{LeanReport, WindowCalls};
+use sleuth_store::run_report::RunReport;
 use std::collections::{BTreeMap, HashMap};
 
 /// One op's latency distribution (call durations, ns).
@@ -51,6 +52,9 @@ pub struct Inputs {
     pub slowest: Vec<(CallEvent, Vec<Culprit>)>,
     /// Device memory by site and by call path; empty without call sites.
     pub sites: Vec<SiteMemory>,
+    /// Whether the sites' bytes live at each process's peak are known (not
+    /// over a run's files: `sleuth_store::run_report`).
+    pub sites_at_peak: bool,
     pub flame: FlameNode,
     /// The window the call sections are narrowed to ([`Inputs::narrowed_to`]).
     pub window: Option<Window>,
@@ -122,6 +126,7 @@ impl Inputs {
             latency: by_total(latency),
             slowest,
             sites,
+            sites_at_peak: true,
             flame,
             window: None,
             window_notes: Vec::new(),
@@ -192,10 +197,43 @@ impl Inputs {
                 .map(|s| (s.call, s.culprits))
                 .collect(),
             sites,
+            sites_at_peak: true,
             flame,
             window: None,
             window_notes: Vec::new(),
             ledgers: r.lean.ledgers,
+            explanation,
+            span: r.span,
+            data,
+        }
+    }
+
+    /// From a run's files added up (`report --db DIR`).
+    pub fn run(r: RunReport) -> Inputs {
+        let explanation = r.run.explanation();
+        let sites = r.sites();
+        let flame = match &r.allocs {
+            Some(a) => sleuth_core::sites::allocated_by_path_of(&r.run.data, a.iter().copied()),
+            None => FlameNode::default(),
+        };
+        let latency = latency_of(&r.ops);
+        let data = r.run.data;
+        Inputs {
+            calls: r.calls,
+            waits: r.waits,
+            calls_by_pid: with_counts(r.calls_by_pid, &data),
+            latency: by_total(latency),
+            slowest: r
+                .slowest
+                .into_iter()
+                .map(|s| (s.call, s.culprits))
+                .collect(),
+            sites,
+            sites_at_peak: false,
+            flame,
+            window: None,
+            window_notes: Vec::new(),
+            ledgers: r.run.ledgers,
             explanation,
             span: r.span,
             data,
