@@ -28,7 +28,7 @@ pub struct WindowArgs {
     /// Only the last part of the trace (`5m`): up to its end, or for a
     /// trace still being written up to its latest call. A `--rotate` run's
     /// directory: up to its newest file's end, over the files it spans
-    /// (`report` and `export`: when the newest file holds the window).
+    /// (`export`: when the newest file holds the window).
     #[arg(long, value_parser = crate::args::duration_ns, conflicts_with_all = ["from", "to"])]
     pub last: Option<u64>,
 }
@@ -150,7 +150,7 @@ impl WindowArgs {
         match self.source_of(db)? {
             WindowSource::File(f) => Ok(f),
             WindowSource::Run(run, _) => anyhow::bail!(
-                "--last {} of the run in {} spans {} files ({}): `{command}` reads a window from one file (`stats` and `explain` answer it over the files; or ask each with --db FILE and --from/--to, or a shorter --last)",
+                "--last {} of the run in {} spans {} files ({}): `{command}` reads a window from one file (`stats`, `explain` and `report` answer it over the files; or ask each with --db FILE and --from/--to, or a shorter --last)",
                 fmt_ns(self.last.unwrap_or_default()),
                 db.display(),
                 run.files.len(),

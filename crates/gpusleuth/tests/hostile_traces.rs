@@ -379,12 +379,25 @@ fn mutated_traces_through_every_command() {
         // spans both parts: each file's part of the window added up).
         let run_db = run_after_a_good_part(dir, case);
         let mut all = commands(&db, &out_dir, &format!("{}-{i}", case.name, i = runs));
-        // The run's memory ledger over both parts.
+        // The run's memory ledger and per-site table over both parts; its
+        // report, whole and of a window over both.
         all.push(
             ["memory", "--db", &run_db, "--json"]
                 .map(String::from)
                 .to_vec(),
         );
+        all.push(
+            ["memory", "--by-site", "--db", &run_db, "--json"]
+                .map(String::from)
+                .to_vec(),
+        );
+        let html = out_dir.join(format!("{}-run.html", case.name));
+        let html = html.display().to_string();
+        for last in [None, Some("1h")] {
+            let mut args = vec!["report", "--force", "--db", &run_db, "-o", &html];
+            args.extend(last.map(|l| ["--last", l]).into_iter().flatten());
+            all.push(args.into_iter().map(String::from).collect());
+        }
         for cmd in ["stats", "explain"] {
             for last in ["100ms", "1h"] {
                 all.push(

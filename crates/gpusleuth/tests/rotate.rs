@@ -232,10 +232,12 @@ fn last_of_the_run_is_read_from_its_newest_file(run: &Path, files: &[(u64, PathB
             "{said}"
         );
     }
-    // Longer than the newest file: `stats` and `explain` answer over the
-    // files the window spans (named on stderr and in the JSON), `report`
-    // and `export` read one file and name them in a one-line error.
+    // Longer than the newest file: `stats`, `explain` and `report` answer
+    // over the files the window spans (named on stderr and in the JSON),
+    // `export` reads one file and names them in a one-line error.
     let too_long = format!("{}ns", lasted + 1);
+    let mut window_calls = 0i64;
+    let mut window_kinds: Vec<String> = Vec::new();
     for cmd in ["stats", "explain"] {
         let o = answer(run, cmd, &too_long);
         common::assert_no_panic(&o);
@@ -271,7 +273,21 @@ fn last_of_the_run_is_read_from_its_newest_file(run: &Path, files: &[(u64, PathB
                     "{op} in the window over two files"
                 );
             }
+            window_calls = [previous, newest]
+                .iter()
+                .map(|f| {
+                    common::Db::open(f).int(&format!(
+                        "SELECT count(*) FROM calls WHERE ts_ns >= {since}"
+                    ))
+                })
+                .sum();
         } else {
+            window_kinds = doc["findings"]
+                .as_array()
+                .expect("findings")
+                .iter()
+                .filter_map(|f| f["kind"].as_str().map(String::from))
+                .collect();
             assert!(
                 doc["notes"].to_string().contains("over 2 files of a run"),
                 "{doc}"
@@ -308,24 +324,50 @@ fn last_of_the_run_is_read_from_its_newest_file(run: &Path, files: &[(u64, PathB
         "every file in the window"
     );
     assert_eq!(window["files"].as_array().map(Vec::len), Some(files.len()));
-    for cmd in ["report", "export"] {
-        let o = common::gpusleuth()
-            .args([cmd, "--last", &too_long, "--db"])
+    // `report`: the window's calls (every call of the two files that
+    // started in it, as SQL counts them) and `explain --last`'s findings.
+    let html = run.with_extension("window.html");
+    let o = common::run_ok(
+        common::gpusleuth()
+            .args(["report", "--last", &too_long, "--db"])
             .arg(run)
             .arg("-o")
-            .arg(run.with_extension(format!("{cmd}.out")))
-            .output()
-            .expect("run");
-        common::assert_no_panic(&o);
-        assert_ne!(o.status.code(), Some(0));
-        let err = String::from_utf8_lossy(&o.stderr);
-        let err = err.trim().lines().last().unwrap_or_default().to_string();
-        for f in [previous, newest] {
-            let name = f.file_name().unwrap().to_string_lossy();
-            assert!(err.contains(&*name), "{cmd}: {name} not named: {err}");
-        }
-        assert!(err.contains("reads a window from one file"), "{err}");
+            .arg(&html),
+    );
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("read from the 2 files it spans"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let text = std::fs::read_to_string(&html).expect("the report");
+    assert!(window_calls > 0);
+    assert!(
+        text.contains(&format!("<td>{window_calls} calls, ")),
+        "{window_calls} calls in the window"
+    );
+    assert!(!window_kinds.is_empty());
+    for k in &window_kinds {
+        assert!(
+            text.contains(&format!(">{k}<")),
+            "finding {k} not in the report"
+        );
     }
+    let o = common::gpusleuth()
+        .args(["export", "--last", &too_long, "--db"])
+        .arg(run)
+        .arg("-o")
+        .arg(run.with_extension("export.out"))
+        .output()
+        .expect("run");
+    common::assert_no_panic(&o);
+    assert_ne!(o.status.code(), Some(0));
+    let err = String::from_utf8_lossy(&o.stderr);
+    let err = err.trim().lines().last().unwrap_or_default().to_string();
+    for f in [previous, newest] {
+        let name = f.file_name().unwrap().to_string_lossy();
+        assert!(err.contains(&*name), "export: {name} not named: {err}");
+    }
+    assert!(err.contains("reads a window from one file"), "{err}");
     let o = common::gpusleuth()
         .args(["stats", "--from", "0", "--db"])
         .arg(run)

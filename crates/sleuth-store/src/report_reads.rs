@@ -228,6 +228,71 @@ pub fn window_calls(
     })
 }
 
+/// [`WindowCalls`] of a finished file whose every call starts in the
+/// window `scope` names (`window::wholly_inside`): from its stored rollups
+/// and by index, as the whole file's report reads them (no call streamed);
+/// None when the file is not wholly inside.
+pub fn whole_file_calls(
+    trace: &Trace,
+    scope: &crate::CallFilter,
+    n: usize,
+) -> Result<Option<WindowCalls>, StoreError> {
+    if !crate::window::wholly_inside(trace, scope)? {
+        return Ok(None);
+    }
+    if let Some(pid) = scope.pid {
+        trace.require_pid(pid)?;
+    }
+    let rollups = trace.stored_rollups(scope.pid).at(trace.path())?;
+    let mut ops: BTreeMap<u16, OpRollup> = BTreeMap::new();
+    let mut calls_by_pid: BTreeMap<u32, u64> = BTreeMap::new();
+    for (pid, op, r) in &rollups.ops {
+        ops.entry(*op).or_default().merge(r);
+        let e = calls_by_pid.entry(*pid).or_default();
+        *e = e.saturating_add(r.count);
+    }
+    let slowest = slowest_calls(trace, &ops, scope.pid, n)?;
+    let counts = crate::window::WindowCounts::of(trace, &trace.op_counts(scope.pid)?, scope)?;
+    Ok(Some(WindowCalls {
+        calls: calls_by_pid
+            .values()
+            .fold(0u64, |a, &b| a.saturating_add(b)),
+        ops,
+        calls_by_pid,
+        slowest,
+        counts,
+    }))
+}
+
+impl WindowCalls {
+    /// Adds a later file's part of the same window (a run's `report
+    /// --last`): per op, per process and the kernel-counted calls added
+    /// up; the `n` slowest of both kept (this part's first on a tie of
+    /// duration and start: the earlier file).
+    pub fn merge(&mut self, later: WindowCalls, n: usize) {
+        for (op, r) in &later.ops {
+            self.ops.entry(*op).or_default().merge(r);
+        }
+        self.calls = self.calls.saturating_add(later.calls);
+        for (p, c) in later.calls_by_pid {
+            let e = self.calls_by_pid.entry(p).or_default();
+            *e = e.saturating_add(c);
+        }
+        keep_slowest(&mut self.slowest, later.slowest, n);
+        self.counts.merge(later.counts);
+    }
+}
+
+/// Adds a later file's slowest calls to `kept` (an earlier file's, or
+/// several files'), keeping the `n` slowest: slowest first, ties by start
+/// time, then the earlier file, then the row id (a stable sort of the
+/// files' own orders).
+pub(crate) fn keep_slowest(kept: &mut Vec<SlowCall>, later: Vec<SlowCall>, n: usize) {
+    kept.extend(later);
+    kept.sort_by_key(|s| (std::cmp::Reverse(s.call.dur_ns), s.call.ts_ns));
+    kept.truncate(n);
+}
+
 /// The order of the report's slowest calls (row id, call): slowest first,
 /// ties by start time then row id (the whole trace's load order).
 fn slowest_first((id, c): &(i64, CallEvent)) -> (std::cmp::Reverse<u64>, u64, i64) {

@@ -21,7 +21,7 @@
 
 use crate::budget::ReadBudget;
 use crate::checked::CheckMemo;
-use crate::report_reads::{alloc_tallies, file_parts, SlowCall};
+use crate::report_reads::{alloc_tallies, file_parts, keep_slowest, SlowCall};
 use crate::run_explain::RunLean;
 use crate::types::{Note, Session};
 use crate::StoreError;
@@ -130,7 +130,7 @@ pub fn load(
         calls: acc.calls,
         waits: acc.waits,
         calls_by_pid: acc.calls_by_pid,
-        slowest: slowest.into_iter().map(|(_, s)| s).collect(),
+        slowest,
         allocs: has_sites.then_some(acc.allocs),
         session,
         notes: acc.notes,
@@ -151,23 +151,16 @@ fn add_tallies(
     Ok(())
 }
 
-/// The order of the run's slowest calls (file index, call): slowest
-/// first, ties by start time, then file, then row id.
-fn slowest_first((file, s): &(usize, SlowCall)) -> (std::cmp::Reverse<u64>, u64, usize, i64) {
-    (std::cmp::Reverse(s.call.dur_ns), s.call.ts_ns, *file, s.id)
-}
-
 /// The run as read so far.
 #[derive(Default)]
 struct Acc {
-    files: usize,
     ops: BTreeMap<u16, OpRollup>,
     span: Option<TraceSpan>,
     calls: u64,
     waits: u64,
     calls_by_pid: BTreeMap<u32, u64>,
-    /// The slowest so far, each with its file's index.
-    slowest: Vec<(usize, SlowCall)>,
+    /// The slowest so far (`report_reads::keep_slowest`).
+    slowest: Vec<SlowCall>,
     allocs: Vec<AllocTally>,
     session: Option<Session>,
     notes: Vec<Note>,
@@ -202,12 +195,8 @@ impl Acc {
             let e = self.calls_by_pid.entry(p).or_default();
             *e = e.saturating_add(n);
         }
-        let file = self.files;
-        self.slowest
-            .extend(parts.slowest.into_iter().map(|s| (file, s)));
         // The slowest `n` so far: memory stays `n` calls however many files.
-        self.slowest.sort_by_key(slowest_first);
-        self.slowest.truncate(n);
+        keep_slowest(&mut self.slowest, parts.slowest, n);
         add_tallies(&mut self.allocs, trace, view, pid)?;
         let session = trace.session()?;
         self.session = Some(match self.session.take() {
@@ -229,7 +218,6 @@ impl Acc {
                 }
             }
         }
-        self.files += 1;
         Ok(())
     }
 }

@@ -18,6 +18,7 @@
 use crate::checked::CheckMemo;
 use crate::problems::InputProblems;
 use crate::reader::Trace;
+use crate::report_reads::WindowCalls;
 use crate::run::{open_in_run, pinned_when_file_began, run_files};
 use crate::run_pinned::PinnedCarry;
 use crate::scoped::ScopeParts;
@@ -43,6 +44,9 @@ pub struct RunLast {
     /// The window's start (monotonic ns): D before the newest file's end
     /// (its session end, or its latest call while it is written).
     pub since: u64,
+    /// The newest file's end (its session end, or its latest call while
+    /// it is written): where the window ends.
+    pub end: u64,
     /// When the run's oldest file still in the directory began.
     pub run_start: u64,
     /// Every read of the window's files runs under it (an MCP tool's time
@@ -89,6 +93,7 @@ pub fn last_of_run(
         dir: dir.to_path_buf(),
         files,
         since,
+        end,
         run_start,
         budget: budget.clone(),
     })
@@ -199,6 +204,36 @@ impl RunLast {
         // `visit` refused a window where no file held the process.
         let (report, counts) = sum.unwrap_or_default().report(pid);
         Ok((report, counts, read))
+    }
+
+    /// The window's calls as the report draws them (`report --last` of
+    /// the run): each file's part (a finished file wholly inside the
+    /// window from its rollups and by index,
+    /// `report_reads::whole_file_calls`; else its window streamed,
+    /// `report_reads::window_calls`), added up, the `n` slowest of all kept.
+    pub fn report_calls(
+        &self,
+        pid: Option<u32>,
+        memo: &CheckMemo,
+        n: usize,
+    ) -> Result<(WindowCalls, Read), StoreError> {
+        let scope = self.filter(pid);
+        let mut sum: Option<WindowCalls> = None;
+        let read = self.visit(pid, memo, |trace| {
+            let part = match crate::report_reads::whole_file_calls(trace, &scope, n)? {
+                Some(p) => p,
+                None => crate::report_reads::window_calls(trace, &scope, n)?,
+            };
+            match &mut sum {
+                Some(s) => s.merge(part, n),
+                None => sum = Some(part),
+            }
+            Ok(())
+        })?;
+        // `visit` refused a window where no file held the process.
+        let calls =
+            sum.ok_or_else(|| StoreError::file(&self.dir, "no file of the window was read"))?;
+        Ok((calls, read))
     }
 
     /// The window's explanation (`explain --last` of the run): each file's

@@ -375,6 +375,7 @@ fn window_over_two_files(name: &str, tag: &str, live: bool) -> (TempDir, Trace, 
         dir: run,
         files: parts,
         since,
+        end: u64::MAX,
         run_start: common::session().start_mono_ns,
         budget: budget(),
     };
@@ -404,6 +405,22 @@ fn compare_window(name: &str, tag: &str, live: bool) {
             "{at}"
         );
         assert_eq!(got_counts.json(), want_counts.json(), "{at}");
+        // What `report --last` draws of the window's calls.
+        let want = sleuth_store::report_reads::window_calls(&whole, &filter, 15).unwrap();
+        let (got, _) = run.report_calls(pid, &memo, 15).unwrap();
+        assert_eq!(got.ops, want.ops, "{at}");
+        assert_eq!(
+            (got.calls, &got.calls_by_pid),
+            (want.calls, &want.calls_by_pid),
+            "{at}"
+        );
+        let slow = |s: &[sleuth_store::report_reads::SlowCall]| {
+            s.iter()
+                .map(|s| (s.call.clone(), s.culprits.clone()))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(slow(&got.slowest), slow(&want.slowest), "{at}");
+        assert_eq!(got.counts.json(), want.counts.json(), "{at}");
         let want = sleuth_store::scoped::explanation_or_loaded(&whole, &filter).unwrap();
         let (got, _) = run.explanation(pid, &memo).unwrap();
         assert_eq!(findings(&got), findings(&want), "{at}");
@@ -478,6 +495,7 @@ fn a_window_over_two_files_carries_its_ledger_and_pinned_memory() {
         dir: run.clone(),
         files: parts.clone(),
         since: 10 * MS,
+        end: u64::MAX,
         run_start: 0,
         budget: budget(),
     };
@@ -513,6 +531,7 @@ fn a_window_over_two_files_carries_its_ledger_and_pinned_memory() {
         dir: fresh,
         files: vec![(2, moved)],
         since: 10 * MS,
+        end: u64::MAX,
         run_start: 0,
         budget: budget(),
     };

@@ -13,13 +13,14 @@ use crate::args::TraceInput;
 use crate::load::{warn_input_problems_of_reads, FORCE_HINT};
 use crate::output::{fmt_bytes, fmt_ns};
 use crate::render::explain::{culprit_line, thread_lines};
-use crate::window::WindowArgs;
+use crate::window::{Window, WindowArgs, WindowSource};
 use inputs::{Inputs, LatencyRow};
 use sleuth_core::findings::{error_name, Explanation};
 use sleuth_core::ledger::ProcessLedger;
 use sleuth_core::sites::{FlameNode, SiteMemory};
 use sleuth_core::stats;
 use sleuth_core::{CallEvent, Culprit, TraceData};
+use sleuth_store::run_window::RunLast;
 use sleuth_store::{Note, ReadBudget, Session, DEFAULT_READ_TIMEOUT};
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
@@ -39,7 +40,7 @@ const UNKNOWN: &str = "#d9d9d9";
 
 #[derive(clap::Args)]
 #[command(
-    after_help = "Examples:\n  gpusleuth report --db trace.db -o report.html\n  gpusleuth report --db trace.db --from 10s --to 20s -o slow-phase.html"
+    after_help = "Examples:\n  gpusleuth report --db trace.db -o report.html\n  gpusleuth report --db trace.db --from 10s --to 20s -o slow-phase.html\n  gpusleuth report --db /var/lib/gpusleuth/run -o run.html          # a trace --rotate run, whole\n  gpusleuth report --db /var/lib/gpusleuth/run --last 30m -o last.html"
 )]
 pub struct Args {
     #[command(flatten)]
@@ -61,11 +62,17 @@ pub struct Args {
 pub fn run(args: Args) -> anyhow::Result<i32> {
     let hint = Some(FORCE_HINT);
     if args.input.db.is_dir() && !args.window.is_set() {
-        return report_of_run(&args);
+        return report_of_run(&args, None);
     }
-    // A window of a run's directory is read from the file that holds it.
+    // A window of a run's directory is read from the file that holds it,
+    // or over the files it spans.
     let file = match args.window.is_set() {
-        true => Some(args.window.file_of(&args.input.db, "report")?),
+        true => match args.window.source_of(&args.input.db)? {
+            WindowSource::File(f) => Some(f),
+            WindowSource::Run(run, note) => {
+                return report_of_run(&args, Some(&run)).inspect(|_| eprintln!("{note}"))
+            }
+        },
         false => None,
     };
     let db = file.as_ref().map_or(&args.input.db, |f| &f.path);
@@ -108,8 +115,11 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
 /// `report --db DIR` of a run of `trace --rotate`: its finished files
 /// added up (`sleuth_store::run_report`: the explanation and the memory
 /// ledgers are `explain --db DIR`'s and `memory --db DIR`'s); the file
-/// still being written is left out with a note.
-fn report_of_run(args: &Args) -> anyhow::Result<i32> {
+/// still being written is left out with a note. With `window` (`--last D`
+/// spanning several files), the sections about calls are the window's over
+/// the files it spans (`RunLast::report_calls`, and `explain --last`'s
+/// findings), the file still being written included; the others the run's.
+fn report_of_run(args: &Args, window: Option<&RunLast>) -> anyhow::Result<i32> {
     let (dir, hint) = (&args.input.db, Some(FORCE_HINT));
     // Never over one of the run's files, nor where the tracer writes its next one.
     let files: Vec<PathBuf> = sleuth_store::run::run_files(dir)?
@@ -125,7 +135,10 @@ fn report_of_run(args: &Args) -> anyhow::Result<i32> {
         crate::checks_memo::memo(),
         SLOWEST_CALLS,
     )?;
-    crate::load::note_unfinished(&r.run.incomplete);
+    match window {
+        None => crate::load::note_unfinished(&r.run.incomplete),
+        Some(_) => note_unfinished_outside_the_window(&r.run.incomplete),
+    }
     crate::load::print_problems_at(dir, &r.run.problems);
     let session = r.session.clone();
     let mut notes = r.notes.clone();
@@ -150,7 +163,18 @@ fn report_of_run(args: &Args) -> anyhow::Result<i32> {
             _ => String::new(),
         }
     );
-    let inputs = Inputs::run(r);
+    let mut inputs = Inputs::run(r);
+    if let Some(run) = window {
+        let memo = crate::checks_memo::memo();
+        let (part, read) = run.report_calls(args.input.pid, memo, SLOWEST_CALLS)?;
+        crate::load::print_problems_at(dir, &read.problems);
+        let (explanation, read) = run.explanation(args.input.pid, memo)?;
+        crate::load::print_problems_at(dir, &read.problems);
+        let w = Window::of_run(run, args.window.last.unwrap_or_default());
+        // The charts reach the window's end (the file still being written).
+        inputs.span.extent_end_ns = inputs.span.extent_end_ns.max(run.end);
+        inputs = inputs.narrowed_to(w, part, explanation);
+    }
     let html = render(&inputs, &session, &notes, &title);
     sleuth_store::outfile::write_atomic(
         &args.output,
@@ -161,6 +185,18 @@ fn report_of_run(args: &Args) -> anyhow::Result<i32> {
     )?;
     eprintln!("gpusleuth: report written to {}", args.output.display());
     Ok(0)
+}
+
+/// The files of a run a window's report reads only for the window's
+/// sections (the file still being written): the others cover the
+/// finished files.
+fn note_unfinished_outside_the_window(files: &[PathBuf]) {
+    for f in files {
+        eprintln!(
+            "gpusleuth: note: {}: not finished (still being written, or its writer was killed): in the window's sections, not in the run's charts, call sites and processes",
+            crate::term_text::terminal_safe(&f.display().to_string())
+        );
+    }
 }
 
 /// An output named like a run's file in the run's directory would be
