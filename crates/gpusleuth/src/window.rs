@@ -1,8 +1,7 @@
 //! `--from`/`--to`/`--last`: a part of one trace, named as time since the
 //! trace started (as `memory --at` counts it) or as its last part, for
 //! `stats`, `explain`, `export` and `report` (`--last` of a run's directory:
-//! its newest file, or for `stats` and `explain` the files it spans,
-//! [`WindowArgs::source_of`]). A long trace (a node agent's, a day of training) is asked
+//! its newest file, or the files it spans, [`WindowArgs::source_of`]). A long trace (a node agent's, a day of training) is asked
 //! about "the last ten minutes" or "the slow phase", not only as a whole;
 //! the answers read the window's calls through the `(tid, ts_ns)` index,
 //! so their cost grows with the window, not with the trace (issue 16).
@@ -27,8 +26,7 @@ pub struct WindowArgs {
     pub to: Option<u64>,
     /// Only the last part of the trace (`5m`): up to its end, or for a
     /// trace still being written up to its latest call. A `--rotate` run's
-    /// directory: up to its newest file's end, over the files it spans
-    /// (`export`: when the newest file holds the window).
+    /// directory: up to its newest file's end, over the files it spans.
     #[arg(long, value_parser = crate::args::duration_ns, conflicts_with_all = ["from", "to"])]
     pub last: Option<u64>,
 }
@@ -142,26 +140,6 @@ impl WindowArgs {
         );
         Ok(WindowSource::Run(run, note))
     }
-
-    /// The one trace file a window of `db` is read from ([`Self::source_of`]),
-    /// for `command`, which reads one file: a `--last` that spans several
-    /// files of a run is a one-line error naming them.
-    pub fn file_of(&self, db: &Path, command: &str) -> anyhow::Result<WindowFile> {
-        match self.source_of(db)? {
-            WindowSource::File(f) => Ok(f),
-            WindowSource::Run(run, _) => anyhow::bail!(
-                "--last {} of the run in {} spans {} files ({}): `{command}` reads a window from one file (`stats`, `explain` and `report` answer it over the files; or ask each with --db FILE and --from/--to, or a shorter --last)",
-                fmt_ns(self.last.unwrap_or_default()),
-                db.display(),
-                run.files.len(),
-                run.files
-                    .iter()
-                    .map(|(_, p)| name_of(p))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-        }
-    }
 }
 
 /// Where a window is read from ([`WindowArgs::source_of`]).
@@ -182,7 +160,7 @@ pub fn files_named(run: &RunLast) -> String {
     }
 }
 
-/// The trace file a window is read from ([`WindowArgs::file_of`]).
+/// The trace file a window is read from ([`WindowArgs::source_of`]).
 pub struct WindowFile {
     pub path: PathBuf,
     /// For a run's newest file: the run's directory and the file's number.

@@ -189,8 +189,8 @@ fn report_over_the_run(run: &Path, files: &[(u64, PathBuf)], sb: &Sandbox) {
 
 /// `--last D` on a run's directory: its newest file answers when it holds
 /// the whole window (the same answer as that file's, byte for byte); a
-/// longer one is answered over the files it spans (`stats`, `explain`) or
-/// names them (`report`, `export`); `--from` is refused.
+/// longer one is answered over the files it spans (`stats`, `explain`,
+/// `report`, `export`); `--from` is refused.
 fn last_of_the_run_is_read_from_its_newest_file(run: &Path, files: &[(u64, PathBuf)]) {
     let newest = &files[files.len() - 1].1;
     let previous = &files[files.len() - 2].1;
@@ -232,10 +232,23 @@ fn last_of_the_run_is_read_from_its_newest_file(run: &Path, files: &[(u64, PathB
             "{said}"
         );
     }
-    // Longer than the newest file: `stats`, `explain` and `report` answer
-    // over the files the window spans (named on stderr and in the JSON),
-    // `export` reads one file and names them in a one-line error.
-    let too_long = format!("{}ns", lasted + 1);
+    // Longer than the newest file: `stats`, `explain`, `report` and
+    // `export` answer over the files the window spans (named on stderr and
+    // in the JSON).
+    // Into the middle of the previous file, so that both hold calls of the
+    // window (calls are stored in the file open when they end).
+    let reaches = {
+        let db = common::Db::open(newest);
+        let end = db.int("SELECT end_mono_ns FROM session");
+        let db = common::Db::open(previous);
+        let (start, stop) = (
+            db.int("SELECT start_mono_ns FROM session"),
+            db.int("SELECT end_mono_ns FROM session"),
+        );
+        end - (start + (stop - start) / 2)
+    };
+    assert!(reaches > lasted);
+    let too_long = format!("{reaches}ns");
     let mut window_calls = 0i64;
     let mut window_kinds: Vec<String> = Vec::new();
     for cmd in ["stats", "explain"] {
@@ -352,22 +365,8 @@ fn last_of_the_run_is_read_from_its_newest_file(run: &Path, files: &[(u64, PathB
             "finding {k} not in the report"
         );
     }
-    let o = common::gpusleuth()
-        .args(["export", "--last", &too_long, "--db"])
-        .arg(run)
-        .arg("-o")
-        .arg(run.with_extension("export.out"))
-        .output()
-        .expect("run");
-    common::assert_no_panic(&o);
-    assert_ne!(o.status.code(), Some(0));
-    let err = String::from_utf8_lossy(&o.stderr);
-    let err = err.trim().lines().last().unwrap_or_default().to_string();
-    for f in [previous, newest] {
-        let name = f.file_name().unwrap().to_string_lossy();
-        assert!(err.contains(&*name), "export: {name} not named: {err}");
-    }
-    assert!(err.contains("reads a window from one file"), "{err}");
+    let newest_start = common::Db::open(newest).int("SELECT start_mono_ns FROM session");
+    export_of_a_window_over_two_files(run, newest_start, &too_long, window_calls, &window_kinds);
     let o = common::gpusleuth()
         .args(["stats", "--from", "0", "--db"])
         .arg(run)
@@ -375,6 +374,93 @@ fn last_of_the_run_is_read_from_its_newest_file(run: &Path, files: &[(u64, PathB
         .expect("run");
     assert_ne!(o.status.code(), Some(0));
     assert!(String::from_utf8_lossy(&o.stderr).contains("one trace file"));
+}
+
+/// `export --last` over the two files the window spans: `json` holds
+/// every call of the window once (as SQL over both files counts them),
+/// `perfetto` a slice for each, every thread named, the memory track and
+/// `explain --last`'s findings.
+fn export_of_a_window_over_two_files(
+    run: &Path,
+    newest_start: i64,
+    last: &str,
+    calls: i64,
+    kinds: &[String],
+) {
+    let export = |format: &str| -> Value {
+        let out = run.with_extension(format!("window.{format}.json"));
+        let o = common::run_ok(
+            common::gpusleuth()
+                .args([
+                    "export", "--force", "--format", format, "--last", last, "--db",
+                ])
+                .arg(run)
+                .arg("-o")
+                .arg(&out),
+        );
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains("read from the 2 files it spans"),
+            "{format}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        serde_json::from_slice(&std::fs::read(&out).expect("written")).expect("JSON")
+    };
+    let doc = export("json");
+    let rows = doc.as_array().expect("an array");
+    assert_eq!(rows.len() as i64, calls, "every call of the window once");
+    let in_previous = rows
+        .iter()
+        .filter(|c| c["ts_ns"].as_i64().unwrap() < newest_start)
+        .count();
+    assert!(in_previous > 0, "calls of the previous file in the window");
+    let mut keys: Vec<(u64, u64)> = rows
+        .iter()
+        .map(|c| (c["ts_ns"].as_u64().unwrap(), c["tid"].as_u64().unwrap()))
+        .collect();
+    keys.sort_unstable();
+    keys.dedup();
+    assert_eq!(keys.len() as i64, calls, "no call twice");
+    let doc = export("perfetto");
+    let events = doc["traceEvents"].as_array().expect("events");
+    let slices: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["cat"].as_str().is_some_and(|c| c.starts_with("cuda.")))
+        .collect();
+    assert_eq!(
+        slices.len() as i64,
+        calls,
+        "a slice for every call of the window"
+    );
+    let named: std::collections::BTreeSet<(u64, u64)> = events
+        .iter()
+        .filter(|e| e["ph"] == "M" && e["name"] == "thread_name")
+        .map(|e| (e["pid"].as_u64().unwrap(), e["tid"].as_u64().unwrap()))
+        .collect();
+    for e in events.iter().filter(|e| e["ph"] == "X") {
+        let t = (e["pid"].as_u64().unwrap(), e["tid"].as_u64().unwrap());
+        assert!(named.contains(&t), "thread {t:?} not named");
+    }
+    assert!(
+        events.iter().any(|e| e["name"] == "device memory (bytes)"),
+        "the memory track"
+    );
+    let mut found: Vec<String> = events
+        .iter()
+        .filter(|e| e["cat"] == "finding")
+        .map(|e| {
+            e["name"]
+                .as_str()
+                .unwrap()
+                .split(':')
+                .next()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    let mut want = kinds.to_vec();
+    found.sort();
+    want.sort();
+    assert_eq!(found, want, "explain --last's findings");
 }
 
 /// One MCP tool call: its JSON answer, or Err with the error text.

@@ -703,7 +703,7 @@ impl Trace {
     /// it): one indexed existence test per table, not the list of every pid
     /// (which reads every wait's pid). The calls are tested in the rollups of
     /// a finished trace, else in the rows (then checked first, see `bulk`).
-    pub(crate) fn holds_pid(&self, pid: u32) -> Result<bool, StoreError> {
+    pub fn holds_pid(&self, pid: u32) -> Result<bool, StoreError> {
         let (conn, calls) = if self.version == 1 {
             (self.bulk()?, "calls")
         } else if self.has_rollups()? {

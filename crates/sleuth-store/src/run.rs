@@ -57,6 +57,32 @@ pub fn is_rotation_note(text: &str) -> bool {
     digits > 0 && rest[digits..].starts_with(ROTATION_NOTE_TAIL)
 }
 
+/// Refuses `output` when it is named like a run's file in the run's
+/// directory `dir`: it would be taken for one of the run's files (or take
+/// the name of the tracer's next one).
+pub fn refuse_output_in_run(output: &Path, dir: &Path) -> Result<(), StoreError> {
+    let parent = match output.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let in_dir = match (parent.canonicalize(), dir.canonicalize()) {
+        (Ok(p), Ok(d)) => p == d,
+        _ => false,
+    };
+    let part = output
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(part_number)
+        .is_some();
+    if in_dir && part {
+        return Err(StoreError::file(
+            output,
+            "a run's file name in the run's directory (refusing to write there)",
+        ));
+    }
+    Ok(())
+}
+
 /// The files of a run directory, oldest first (by number).
 pub fn run_files(dir: &Path) -> Result<Vec<(u64, PathBuf)>, StoreError> {
     let entries = std::fs::read_dir(dir).map_err(|e| StoreError::io(dir, e))?;

@@ -301,7 +301,7 @@ impl Acc {
 /// exec) with the first start and any exit either file saw (a file lists
 /// the known processes when it starts, so an exit may be in an earlier
 /// one); counters and kernel counts add up as `stats` adds them.
-pub(crate) fn add_base(run: &mut TraceData, later: TraceData) {
+pub fn add_base(run: &mut TraceData, later: TraceData) {
     for mut p in later.processes {
         match run.processes.iter_mut().find(|x| x.pid == p.pid) {
             Some(x) => {

@@ -20,7 +20,7 @@
 
 use crate::args::TraceInput;
 use crate::load::{warn_input_problems, FORCE_HINT};
-use crate::window::{Window, WindowArgs};
+use crate::window::{Window, WindowArgs, WindowSource};
 use serde::Serialize;
 use serde_json::{json, Value};
 use sleuth_core::analysis::Analysis;
@@ -64,9 +64,17 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<i32> {
-    // A window of a run's directory is read from the file that holds it.
+    // A window of a run's directory is read from the file that holds it,
+    // or over the files it spans.
     let file = match args.window.is_set() {
-        true => Some(args.window.file_of(&args.input.db, "export")?),
+        true => match args.window.source_of(&args.input.db)? {
+            WindowSource::File(f) => Some(f),
+            WindowSource::Run(run, note) => {
+                run_window::export(&args, &run)?;
+                eprintln!("{note}");
+                return Ok(0);
+            }
+        },
         false => None,
     };
     let db = file.as_ref().map_or(&args.input.db, |f| &f.path);
@@ -422,26 +430,32 @@ impl PerfettoFrame {
         }))
     }
 
-    /// The document around `traceEvents` (the last key in name order), so
-    /// events can be written between its two halves.
+    /// The document around `traceEvents` ([`halves_at`]).
     fn halves(&self) -> anyhow::Result<(String, String)> {
-        let doc = json!({
-            "traceEvents": [],
-            "displayTimeUnit": "ms",
-            "otherData": {
-                "tool": "gpusleuth",
-                "version": env!("CARGO_PKG_VERSION"),
-                "origin_mono_ns": self.origin,
-                "origin_unix_ns": self.origin as i128 + self.ctx.realtime_offset_ns as i128,
-            },
-        });
-        let text = serde_json::to_string(&doc)?;
-        match text.strip_suffix("[]}") {
-            Some(head) if head.ends_with("\"traceEvents\":") => {
-                Ok((format!("{head}["), "]}".to_string()))
-            }
-            _ => anyhow::bail!("internal error: traceEvents is not the document's last key"),
+        halves_at(self.origin, self.ctx.realtime_offset_ns)
+    }
+}
+
+/// The document around `traceEvents` (the last key in name order), so
+/// events can be written between its two halves; times count from
+/// `origin` (monotonic ns), `realtime_offset_ns` gives its wall-clock time.
+fn halves_at(origin: u64, realtime_offset_ns: i64) -> anyhow::Result<(String, String)> {
+    let doc = json!({
+        "traceEvents": [],
+        "displayTimeUnit": "ms",
+        "otherData": {
+            "tool": "gpusleuth",
+            "version": env!("CARGO_PKG_VERSION"),
+            "origin_mono_ns": origin,
+            "origin_unix_ns": origin as i128 + realtime_offset_ns as i128,
+        },
+    });
+    let text = serde_json::to_string(&doc)?;
+    match text.strip_suffix("[]}") {
+        Some(head) if head.ends_with("\"traceEvents\":") => {
+            Ok((format!("{head}["), "]}".to_string()))
         }
+        _ => anyhow::bail!("internal error: traceEvents is not the document's last key"),
     }
 }
 
@@ -493,8 +507,26 @@ fn write_perfetto(
             off_cpu_slices(&wt, origin).try_for_each(|s| ev.item(&s))
         })?,
     }
+    memory_tracks(&f.ledgers, origin, window, &mut ev)?;
+    gpu_counters(data, origin, window, &mut ev)?;
+    for finding in &f.findings {
+        ev.item(&finding_event(finding, data, origin))?;
+    }
+    w.write_all(tail.as_bytes())?;
+    Ok(())
+}
+
+/// Device memory per process as counter tracks (live bytes after each
+/// change of the ledgers' timelines in the window) and each failed
+/// allocation in it as an instant event.
+fn memory_tracks(
+    ledgers: &[ProcessLedger],
+    origin: u64,
+    window: Option<Window>,
+    ev: &mut ArrayWriter,
+) -> anyhow::Result<()> {
     let held = |ts: u64| Window::covers(window, ts);
-    for l in &f.ledgers {
+    for l in ledgers {
         let name = "device memory (bytes)";
         // The track begins with the trace (at zero) or the window (at what
         // was live then), not at the first allocation.
@@ -525,11 +557,6 @@ fn write_perfetto(
                             "args": {"bytes": fa.bytes, "error": fa.error, "live_bytes_at": fa.live_bytes_at}}))?;
         }
     }
-    gpu_counters(data, origin, window, &mut ev)?;
-    for finding in &f.findings {
-        ev.item(&finding_event(finding, data, origin))?;
-    }
-    w.write_all(tail.as_bytes())?;
     Ok(())
 }
 
@@ -693,6 +720,8 @@ fn earliest_ts(v: &Value) -> Option<u64> {
         _ => None,
     }
 }
+
+mod run_window;
 
 #[cfg(test)]
 mod reference;

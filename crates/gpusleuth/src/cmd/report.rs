@@ -126,7 +126,7 @@ fn report_of_run(args: &Args, window: Option<&RunLast>) -> anyhow::Result<i32> {
         .into_iter()
         .map(|(_, p)| p)
         .collect();
-    refuse_a_part_name(&args.output, dir)?;
+    sleuth_store::run::refuse_output_in_run(&args.output, dir)?;
     sleuth_store::outfile::check_output(&args.output, &inputs_of_run(&files), args.force, hint)?;
     let r = sleuth_store::run_report::load(
         dir,
@@ -135,11 +135,7 @@ fn report_of_run(args: &Args, window: Option<&RunLast>) -> anyhow::Result<i32> {
         crate::checks_memo::memo(),
         SLOWEST_CALLS,
     )?;
-    match window {
-        None => crate::load::note_unfinished(&r.run.incomplete),
-        Some(_) => note_unfinished_outside_the_window(&r.run.incomplete),
-    }
-    crate::load::print_problems_at(dir, &r.run.problems);
+    let (incomplete, mut problems) = (r.run.incomplete.clone(), r.run.problems.clone());
     let session = r.session.clone();
     let mut notes = r.notes.clone();
     if r.notes_left_out > 0 {
@@ -167,14 +163,20 @@ fn report_of_run(args: &Args, window: Option<&RunLast>) -> anyhow::Result<i32> {
     if let Some(run) = window {
         let memo = crate::checks_memo::memo();
         let (part, read) = run.report_calls(args.input.pid, memo, SLOWEST_CALLS)?;
-        crate::load::print_problems_at(dir, &read.problems);
+        problems.add(read.problems);
         let (explanation, read) = run.explanation(args.input.pid, memo)?;
-        crate::load::print_problems_at(dir, &read.problems);
+        problems.add(read.problems);
         let w = Window::of_run(run, args.window.last.unwrap_or_default());
         // The charts reach the window's end (the file still being written).
         inputs.span.extent_end_ns = inputs.span.extent_end_ns.max(run.end);
         inputs = inputs.narrowed_to(w, part, explanation);
     }
+    // Said once every read succeeded: a failure stays one line.
+    match window {
+        None => crate::load::note_unfinished(&incomplete),
+        Some(_) => note_unfinished_outside_the_window(&incomplete),
+    }
+    crate::load::print_problems_at(dir, &problems);
     let html = render(&inputs, &session, &notes, &title);
     sleuth_store::outfile::write_atomic(
         &args.output,
@@ -197,34 +199,6 @@ fn note_unfinished_outside_the_window(files: &[PathBuf]) {
             crate::term_text::terminal_safe(&f.display().to_string())
         );
     }
-}
-
-/// An output named like a run's file in the run's directory would be
-/// taken for one of its files (or take the name of the tracer's next).
-fn refuse_a_part_name(output: &std::path::Path, dir: &std::path::Path) -> anyhow::Result<()> {
-    let in_dir = match (output.parent(), dir.canonicalize()) {
-        (Some(p), Ok(d)) => {
-            let p = if p.as_os_str().is_empty() {
-                std::path::Path::new(".")
-            } else {
-                p
-            };
-            p.canonicalize().is_ok_and(|p| p == d)
-        }
-        _ => false,
-    };
-    let part = output
-        .file_name()
-        .and_then(|n| n.to_str())
-        .and_then(sleuth_store::run::part_number)
-        .is_some();
-    if in_dir && part {
-        anyhow::bail!(
-            "{}: a run's file name in the run's directory (refusing to write a report there)",
-            output.display()
-        );
-    }
-    Ok(())
 }
 
 fn inputs_of_run(files: &[PathBuf]) -> Vec<&std::path::Path> {

@@ -1,0 +1,273 @@
+//! `export --last D` of a run's directory (`trace --rotate`) when the
+//! window spans several of its files (a node agent rotating every minute,
+//! asked for its last ten): one document of the window over the files it
+//! spans, each file's calls and waits of the window streamed in turn, the
+//! file still being written included.
+//!
+//! `json`: the window's calls of each file, oldest file first, in one
+//! array. `perfetto`: times count from the first spanned file's origin
+//! (its start, or its earliest wait or lifecycle event if older); the
+//! processes, threads, call sites and NVML samples are the spanned files'
+//! (`run_explain::add_base` of their frames); each thread is named where
+//! it first appears; the memory tracks are the run's ledgers (the one the
+//! tracer carried across its finished files, as `report --last` draws
+//! them) within the window; the findings are `explain --last`'s over the
+//! same files. Every spanned file is checked before anything is written:
+//! a damaged one is refused as the one-file export refuses it.
+
+use super::{
+    call_slice, gpu_counters, halves_at, json_call, memory_tracks, off_cpu_slices, process_names,
+    thread_names, write_file, write_stdout, Args, ArrayWriter, Format,
+};
+use crate::load::FORCE_HINT;
+use crate::window::Window;
+use sleuth_core::findings::Finding;
+use sleuth_core::ledger::ProcessLedger;
+use sleuth_core::TraceData;
+use sleuth_store::run_window::RunLast;
+use sleuth_store::stream::Rows;
+use sleuth_store::InputProblems;
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// Writes the window of `run` that `args` names (`--last`), in `args.format`.
+pub(super) fn export(args: &Args, run: &RunLast) -> anyhow::Result<()> {
+    let pid = args.input.pid;
+    let window = Window::of_run(run, args.window.last.unwrap_or_default());
+    if let Some(path) = &args.output {
+        // Before the work: a refused output is known at once.
+        let files: Vec<&Path> = run.files.iter().map(|(_, p)| p.as_path()).collect();
+        sleuth_store::run::refuse_output_in_run(path, &run.dir)?;
+        sleuth_store::outfile::check_output(path, &files, args.force, Some(FORCE_HINT))?;
+    }
+    let (held, problems) = checked_files(run, pid)?;
+    let frame = match args.format {
+        Format::Perfetto => Some(RunFrame::of(run, &held, pid)?),
+        Format::Json => None,
+    };
+    let write = |w: &mut dyn Write| -> anyhow::Result<()> {
+        match &frame {
+            Some(f) => write_perfetto(w, f, &held, pid, window),
+            None => write_calls_json(w, &held, pid, window),
+        }
+    };
+    match &args.output {
+        Some(path) => write_file(path, &run.dir, args.force, write)?,
+        None => write_stdout(write)?,
+    }
+    // Said once the document is written: a failure stays one line.
+    for (path, p) in &problems {
+        crate::load::print_problems_at(path, p);
+    }
+    if let Some(f) = &frame {
+        if let Some(note) = &f.ledger_note {
+            eprintln!("gpusleuth: note: {note}");
+        }
+    }
+    Ok(())
+}
+
+/// The rows each file's reads skip, by file.
+type Problems = Vec<(PathBuf, InputProblems)>;
+
+/// The spanned files that hold process `pid` (each, without one), oldest
+/// first, each checked (its skipped rows counted, its totals checked)
+/// before anything is written; an error naming the run when none holds
+/// `pid`.
+fn checked_files(run: &RunLast, pid: Option<u32>) -> anyhow::Result<(Vec<PathBuf>, Problems)> {
+    let (mut held, mut problems) = (Vec::new(), Vec::new());
+    for (_, path) in &run.files {
+        let trace = crate::checks_memo::open(path)?;
+        if let Some(p) = pid {
+            if !trace.holds_pid(p)? {
+                continue;
+            }
+        }
+        let p = trace.input_problems()?;
+        if !p.is_empty() {
+            problems.push((path.clone(), p));
+        }
+        Rows::open(&trace)?.check_totals()?;
+        held.push(path.clone());
+    }
+    if held.is_empty() {
+        anyhow::bail!(
+            "{}: no process {} in the {} file(s) of the window",
+            run.dir.display(),
+            pid.unwrap_or_default(),
+            run.files.len()
+        );
+    }
+    Ok((held, problems))
+}
+
+/// The window's calls of each file as one JSON array.
+fn write_calls_json(
+    w: &mut dyn Write,
+    held: &[PathBuf],
+    pid: Option<u32>,
+    window: Window,
+) -> anyhow::Result<()> {
+    let mut a = ArrayWriter::open(w)?;
+    for path in held {
+        let trace = crate::checks_memo::open(path)?;
+        let host = trace.has_host_context();
+        Rows::open(&trace)?
+            .for_each_call::<anyhow::Error>(&Window::calls(Some(window), pid), |c| {
+                a.item(&json_call(&c.call, host))
+            })?;
+    }
+    a.close()?;
+    Ok(())
+}
+
+/// What the Perfetto document of a run's window holds besides its calls
+/// and waits.
+struct RunFrame {
+    /// The spanned files' frames added up: processes, stacks, NVML samples.
+    ctx: TraceData,
+    origin: u64,
+    ledgers: Vec<ProcessLedger>,
+    /// Why there are no memory tracks, when there are none to draw.
+    ledger_note: Option<String>,
+    findings: Vec<Finding>,
+}
+
+impl RunFrame {
+    fn of(run: &RunLast, held: &[PathBuf], pid: Option<u32>) -> anyhow::Result<RunFrame> {
+        let mut ctx: Option<TraceData> = None;
+        let mut origin = u64::MAX;
+        for path in held {
+            let trace = crate::checks_memo::open(path)?;
+            let frame = trace.frame(pid)?;
+            ctx = Some(match ctx.take() {
+                None => {
+                    // Times count from the first file's origin: its start, or
+                    // a wait or lifecycle event that began before it.
+                    let earliest = Rows::open(&trace)?.earliest_wait_or_event(pid)?;
+                    origin = frame
+                        .start_ns
+                        .into_iter()
+                        .chain(earliest)
+                        .min()
+                        .unwrap_or(0);
+                    frame
+                }
+                Some(mut c) => {
+                    sleuth_store::run_explain::add_base(&mut c, frame);
+                    c
+                }
+            });
+        }
+        let memo = crate::checks_memo::memo();
+        // The run's ledgers come from its finished files (the carried one,
+        // or replayed): a run with none holding the process has none.
+        let (ledgers, ledger_note) = match any_finished(run, pid)? {
+            true => {
+                let budget = crate::checks_memo::budget();
+                let lean = sleuth_store::run_explain::load_remembered(&run.dir, pid, budget, memo)?;
+                (lean.ledgers, None)
+            }
+            false => (
+                Vec::new(),
+                Some(format!(
+                    "{}: no memory track: {} (the run's memory ledger is that of its finished files)",
+                    run.dir.display(),
+                    match pid {
+                        Some(p) => format!("no finished file of the run holds process {p}"),
+                        None => "the run has no finished file".to_string(),
+                    }
+                )),
+            ),
+        };
+        let (explanation, _) = run.explanation(pid, memo)?;
+        Ok(RunFrame {
+            ctx: ctx.unwrap_or_default(),
+            origin,
+            ledgers,
+            ledger_note,
+            findings: explanation.findings,
+        })
+    }
+}
+
+/// Whether a finished file of the run (one with its rollups: not the file
+/// being written) holds process `pid` (any, without one).
+fn any_finished(run: &RunLast, pid: Option<u32>) -> anyhow::Result<bool> {
+    for (_, path) in sleuth_store::run::run_files(&run.dir)? {
+        let trace = crate::checks_memo::open(&path)?;
+        if trace.has_rollups()? && pid.map_or(Ok(true), |p| trace.holds_pid(p))? {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// The names given so far: a process or thread is named where it first
+/// appears (the files of a run list their own).
+#[derive(Default)]
+struct Named {
+    pids: BTreeSet<u32>,
+    threads: BTreeSet<(u32, u32)>,
+}
+
+impl Named {
+    /// Names `(pid, tid)` (and its process) if not named yet.
+    fn thread(
+        &mut self,
+        ctx: &TraceData,
+        pid: u32,
+        tid: u32,
+        ev: &mut ArrayWriter,
+    ) -> anyhow::Result<()> {
+        if self.pids.insert(pid) {
+            process_names(ctx, &BTreeSet::from([pid]), ev)?;
+        }
+        if self.threads.insert((pid, tid)) {
+            thread_names(ctx, &BTreeSet::from([(pid, tid)]), ev)?;
+        }
+        Ok(())
+    }
+}
+
+/// The window over the files as one Chrome Trace Event document.
+fn write_perfetto(
+    w: &mut dyn Write,
+    f: &RunFrame,
+    held: &[PathBuf],
+    pid: Option<u32>,
+    window: Window,
+) -> anyhow::Result<()> {
+    let (origin, ctx) = (f.origin, &f.ctx);
+    let (head, tail) = halves_at(origin, ctx.realtime_offset_ns)?;
+    w.write_all(head.as_bytes())?;
+    let mut ev = ArrayWriter {
+        w: &mut *w,
+        first: true,
+    };
+    let mut named = Named::default();
+    for p in &ctx.processes {
+        named.pids.insert(p.pid);
+    }
+    process_names(ctx, &named.pids, &mut ev)?;
+    for path in held {
+        let trace = crate::checks_memo::open(path)?;
+        let rows = Rows::open(&trace)?;
+        rows.for_each_call::<anyhow::Error>(&Window::calls(Some(window), pid), |c| {
+            named.thread(ctx, c.call.pid, c.call.tid, &mut ev)?;
+            ev.item(&call_slice(&c.call, ctx, origin))
+        })?;
+        rows.for_each_wait_in::<anyhow::Error>(pid, window.since, window.until, |wt| {
+            named.thread(ctx, wt.pid, wt.tid, &mut ev)?;
+            off_cpu_slices(&wt, origin).try_for_each(|s| ev.item(&s))
+        })?;
+    }
+    memory_tracks(&f.ledgers, origin, Some(window), &mut ev)?;
+    gpu_counters(ctx, origin, Some(window), &mut ev)?;
+    for finding in &f.findings {
+        ev.item(&super::finding_event(finding, ctx, origin))?;
+    }
+    w.write_all(tail.as_bytes())?;
+    Ok(())
+}
