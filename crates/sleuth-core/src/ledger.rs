@@ -759,13 +759,30 @@ impl LedgerBuilder {
         mut self,
         context: &TraceData,
     ) -> (Vec<ProcessLedger>, BTreeMap<u32, LiveByStack>) {
+        let at_peak = self.take_peak_sites();
+        (self.finish(context), at_peak)
+    }
+
+    /// [`Self::finish_bare`], and the device bytes each process with a
+    /// peak had live per site at it, as [`Self::finish_with_peak_sites`]
+    /// gives them (the site rollup a file stores when it is completed).
+    pub fn finish_bare_with_peak_sites(
+        mut self,
+    ) -> (Vec<ProcessLedger>, BTreeMap<u32, LiveByStack>) {
+        let at_peak = self.take_peak_sites();
+        (self.finish_bare(), at_peak)
+    }
+
+    /// Each process's live bytes per site at its peak (by pid; only
+    /// processes with a peak, and only when built [`Self::with_peak_sites`]).
+    fn take_peak_sites(&mut self) -> BTreeMap<u32, LiveByStack> {
         let mut at_peak = BTreeMap::new();
         for (&pid, r) in &mut self.ledger.procs {
             if let (Some(s), Some(_)) = (r.sites.take(), r.peak_ts) {
                 at_peak.insert(pid, s.at_peak());
             }
         }
-        (self.finish(context), at_peak)
+        at_peak
     }
 
     /// What the builder holds that grows with the calls fed, summed over

@@ -39,10 +39,12 @@ pub(crate) fn complete(
     let (rows, groups) = per_thread_pass(&tx, rollup)?;
     write_op_rollups(&tx, rollup)?;
     crate::call_groups::write(&tx, groups)?;
-    // After the call groups: the ledger lists the processes they name.
-    let (ledgers, carry) = crate::run_ledger::write(&tx, run)?;
+    // After the call groups: the ledger lists the processes they name. Its
+    // replay of the memory calls also tallies what each site allocated.
+    let mut sites = crate::site_rollup::Tallies::default();
+    let (own, carry) = crate::run_ledger::write(&tx, run, |c, id| sites.add(c, id))?;
     // After the ledgers: the sites' unfreed bytes and peaks come from them.
-    crate::site_rollup::write(&tx, &ledgers)?;
+    crate::site_rollup::write(&tx, sites, &own.ledgers, &own.at_peak)?;
     crate::wait_groups::write(&tx)?;
     tx.execute(
         "INSERT OR REPLACE INTO meta(key, value) VALUES ('rollups', ?1)",

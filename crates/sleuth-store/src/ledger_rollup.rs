@@ -15,8 +15,8 @@
 use crate::finding_rollups::{complete_tables, damaged_table};
 use crate::stream::{visit_own_memory_calls, StreamOrder};
 use rusqlite::Connection;
-use sleuth_core::ledger::{in_context, LedgerBuilder, ProcessLedger};
-use sleuth_core::TraceData;
+use sleuth_core::ledger::{in_context, LedgerBuilder, LiveByStack, ProcessLedger};
+use sleuth_core::{CallEvent, TraceData};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// `meta.ledger_rollup` once the table below is complete.
@@ -45,10 +45,13 @@ const LABELS: &[&str] = &["stack_id", "error"];
 pub(crate) fn write(
     conn: &Connection,
     mut run: Option<&mut LedgerBuilder>,
-) -> rusqlite::Result<Vec<ProcessLedger>> {
+    mut also: impl FnMut(&CallEvent, i64),
+) -> rusqlite::Result<Written> {
     conn.execute_batch(CREATE)?;
     conn.execute("DELETE FROM ledger_rollup", [])?;
-    let mut b = LedgerBuilder::new(None);
+    // What each process held per site at its peak comes out of the same
+    // replay (the site rollup's "live at the peak"): no second one.
+    let mut b = LedgerBuilder::new(None).with_peak_sites();
     let mut st = conn.prepare("SELECT pid FROM call_groups UNION SELECT pid FROM op_counts")?;
     for pid in st.query_map([], |r| r.get::<_, i64>(0))? {
         if let Ok(pid) = u32::try_from(pid?) {
@@ -58,19 +61,27 @@ pub(crate) fn write(
             }
         }
     }
-    visit_own_memory_calls(conn, StreamOrder::ByReturn, |c, _| {
+    visit_own_memory_calls(conn, StreamOrder::ByReturn, |c, id| {
         b.push(c);
         if let Some(r) = run.as_deref_mut() {
             r.push(c);
         }
+        also(c, id);
     })?;
-    let ledgers = b.finish_bare();
+    let (ledgers, at_peak) = b.finish_bare_with_peak_sites();
     store(conn, "ledger_rollup", &ledgers)?;
     conn.execute(
         "INSERT OR REPLACE INTO meta(key, value) VALUES ('ledger_rollup', ?1)",
         [COMPLETE],
     )?;
-    Ok(ledgers)
+    Ok(Written { ledgers, at_peak })
+}
+
+/// What [`write`] computed: the file's own ledgers (bare) and what each
+/// process with a peak held per site at it.
+pub(crate) struct Written {
+    pub ledgers: Vec<ProcessLedger>,
+    pub at_peak: BTreeMap<u32, LiveByStack>,
 }
 
 /// Inserts `ledgers` as JSON rows `(pid, ledger)` into `table` (this one

@@ -49,7 +49,7 @@ use rusqlite::Connection;
 use sleuth_core::findings::inputs::PinnedState;
 use sleuth_core::ledger::{LedgerBuilder, ProcessLedger};
 use sleuth_core::sites::Stack;
-use sleuth_core::TraceData;
+use sleuth_core::{CallEvent, TraceData};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
@@ -169,13 +169,16 @@ pub(crate) struct Carried {
 
 /// The file's own ledger (`ledger_rollup`) and, for a file of a rotating
 /// trace (`link`), the run's ledger up to its end with its links; returns
-/// the file's own ledgers and what to [`RunLink::settle`] after the commit.
+/// the file's own ledgers (with each process's sites at its peak) and what
+/// to [`RunLink::settle`] after the commit. Each memory call of the replay
+/// is also handed to `also` (with its row id).
 pub(crate) fn write(
     conn: &Connection,
     link: Option<&RunLink>,
-) -> rusqlite::Result<(Vec<ProcessLedger>, Option<CarryState>)> {
+    also: impl FnMut(&CallEvent, i64),
+) -> rusqlite::Result<(crate::ledger_rollup::Written, Option<CarryState>)> {
     let Some(link) = link else {
-        return Ok((crate::ledger_rollup::write(conn, None)?, None));
+        return Ok((crate::ledger_rollup::write(conn, None, also)?, None));
     };
     let mut c = match link.take() {
         CarryState::Carried(c) if c.last.checked_add(1) == Some(link.file) => *c,
@@ -207,7 +210,7 @@ pub(crate) fn write(
             }
         }
     };
-    let own = crate::ledger_rollup::write(conn, Some(&mut c.builder))?;
+    let own = crate::ledger_rollup::write(conn, Some(&mut c.builder), also)?;
     let run = c.builder.clone().finish_bare();
     c.stacks = copy_stacks(conn, &run, std::mem::take(&mut c.stacks))?;
     conn.execute_batch(CREATE)?;

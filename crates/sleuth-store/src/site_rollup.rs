@@ -3,17 +3,17 @@
 //! `memory --by-site`, MCP `memory` and `call_sites` instead of holding
 //! every memory call (1.25 million of a 10M-call trace: 300 MB, 30 s).
 //!
-//! [`write`] streams the memory calls twice (start order for what each
-//! site allocated, return order for what was live at each process's peak)
-//! and groups the calls that carry a site in SQL; [`stored`] rebuilds what
+//! [`write`] takes what each site allocated and what was live at each
+//! process's peak from the completion's one replay of the memory calls
+//! (`ledger_rollup::write`, [`Tallies`]) and groups the calls that carry a
+//! site in SQL; [`stored`] rebuilds what
 //! `sleuth_core::sites::memory_by_site` gives from the rows, labels from the
 //! reader's stacks. Table and meaning: docs/schema.md, "Site rollup".
 
 use crate::finding_rollups::{complete_tables, damaged_table};
 use crate::problems::valid_call;
-use crate::stream::{visit_own_memory_calls, StreamOrder};
 use rusqlite::{params, Connection};
-use sleuth_core::ledger::{PeakSnapshots, ProcessLedger};
+use sleuth_core::ledger::{LiveByStack, ProcessLedger};
 use sleuth_core::ops::OpClass;
 use sleuth_core::sites::{label_of, SiteMemory};
 use sleuth_core::{op_by_name, CallEvent, TraceData};
@@ -63,23 +63,25 @@ pub struct SiteCalls {
     pub total_ns: u64,
 }
 
-/// Computes and stores the site rollup from the memory calls and the end
-/// ledgers (`ledgers`, as the ledger rollup stored them).
-pub(crate) fn write(conn: &Connection, ledgers: &[ProcessLedger]) -> rusqlite::Result<()> {
-    conn.execute_batch(CREATE)?;
-    conn.execute("DELETE FROM site_memory", [])?;
-    conn.execute("DELETE FROM site_calls", [])?;
-    let mut acc: BTreeMap<(u32, Option<u64>), Acc> = BTreeMap::new();
-    // What each site allocated (and failed to), in start order.
-    visit_own_memory_calls(conn, StreamOrder::ByStart, |c, id| {
+/// What each site allocated (and failed to), per process, from the
+/// memory calls in any order: the ledger's replay hands them over
+/// (`ledger_rollup::write`), so they are not read a second time.
+#[derive(Debug, Default)]
+pub(crate) struct Tallies(BTreeMap<(u32, Option<u64>), Acc>);
+
+impl Tallies {
+    /// One memory call (`id` its row id).
+    pub(crate) fn add(&mut self, c: &CallEvent, id: i64) {
         let Some(info) = c.info() else { return };
         if !matches!(info.class, OpClass::DeviceAlloc | OpClass::PhysCreate) || c.nested {
             return;
         }
-        let a = acc.entry((c.pid, c.stack_id)).or_insert_with(|| Acc {
+        let a = self.0.entry((c.pid, c.stack_id)).or_insert_with(|| Acc {
             first: (c.ts_ns, id),
             ..Default::default()
         });
+        // The first in start order (ties by row id), whatever the order fed.
+        a.first = a.first.min((c.ts_ns, id));
         if c.failed() {
             a.failed += 1;
             a.failed_bytes = a.failed_bytes.saturating_add(c.size.unwrap_or(0));
@@ -87,7 +89,22 @@ pub(crate) fn write(conn: &Connection, ledgers: &[ProcessLedger]) -> rusqlite::R
             a.allocs += 1;
             a.alloc_bytes = a.alloc_bytes.saturating_add(c.size.unwrap_or(0));
         }
-    })?;
+    }
+}
+
+/// Stores the site rollup from what each site allocated (`tallies`), the
+/// end ledgers (`ledgers`, as the ledger rollup stored them) and what each
+/// process held per site at its peak (`at_peak`, from the same replay).
+pub(crate) fn write(
+    conn: &Connection,
+    tallies: Tallies,
+    ledgers: &[ProcessLedger],
+    at_peak: &BTreeMap<u32, LiveByStack>,
+) -> rusqlite::Result<()> {
+    conn.execute_batch(CREATE)?;
+    conn.execute("DELETE FROM site_memory", [])?;
+    conn.execute("DELETE FROM site_calls", [])?;
+    let mut acc = tallies.0;
     fn entry(
         acc: &mut BTreeMap<(u32, Option<u64>), Acc>,
         pid: u32,
@@ -105,15 +122,12 @@ pub(crate) fn write(conn: &Connection, ledgers: &[ProcessLedger]) -> rusqlite::R
             a.unfreed_bytes = a.unfreed_bytes.saturating_add(u.bytes);
         }
     }
-    // What was live at each process's peak: one replay in return order,
-    // each process's allocations taken just before its first call that
-    // returned after its peak (`ledger(data, Some(peak))` of that process).
-    let mut peaks = PeakSnapshots::new(ledgers);
-    visit_own_memory_calls(conn, StreamOrder::ByReturn, |c, _| peaks.push(c))?;
-    for (pid, l) in &peaks.finish() {
-        for u in &l.unfreed {
-            let a = entry(&mut acc, *pid, u.stack_id);
-            a.at_peak_bytes = a.at_peak_bytes.saturating_add(u.bytes);
+    // What was live at each process's peak (`ledger(data, Some(peak))` of
+    // that process, by site).
+    for (pid, live) in at_peak {
+        for (&stack, &bytes) in live {
+            let a = entry(&mut acc, *pid, stack);
+            a.at_peak_bytes = a.at_peak_bytes.saturating_add(bytes);
         }
     }
     let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);

@@ -617,3 +617,57 @@ fn assert_memory_at(mt: &MemoryTrace, data: &sleuth_core::TraceData, at: u64, wh
         "sites of {what} at {at}"
     );
 }
+
+/// One label (same line) reached by two call paths (two stack ids): the
+/// site's example stack is that of its first allocation in start order,
+/// as `memory_by_site` of the loaded trace picks it, though the writer's
+/// replay meets the allocations in return order (here the late path's,
+/// then the early path's second, then its first), and the live bytes at
+/// the peak come from that same replay.
+#[test]
+fn a_sites_example_is_its_first_allocation_in_start_order() {
+    use sleuth_core::testing::{alloc, trace, MS};
+    let dir = TempDir::new("stream-first-site");
+    let path = dir.join("t.db");
+    let (early, late) = (0xa1u64, HIGH_STACK);
+    let mut slow = alloc(0, 1 << 20, 0xa000);
+    slow.dur_ns = 100 * MS;
+    slow.stack_id = Some(early);
+    let mut quick = alloc(10 * MS, 2 << 20, 0xb000);
+    quick.stack_id = Some(late);
+    // The early path again, after the late one: its row returns before
+    // the slow first one.
+    let mut again = alloc(50 * MS, 1 << 20, 0xc000);
+    again.stack_id = Some(early);
+    let mut data = trace(vec![slow, quick, again]);
+    for id in [early, late] {
+        let mut frames = vec![py_frame("/train.py", 42, "step")];
+        // A different caller: another stack, the same site label.
+        frames.push(py_frame(
+            "/train.py",
+            if id == early { 7 } else { 8 },
+            "main",
+        ));
+        data.stacks.insert(
+            id,
+            Stack {
+                id,
+                pid: data.calls[0].pid,
+                frames,
+                notes: Vec::new(),
+            },
+        );
+    }
+    common::trace_fixture::rewrite_with_context(&data, &path);
+    let trace = Trace::open(&path).unwrap();
+    let loaded = trace.load(None).unwrap();
+    let want = memory_by_site(&loaded, &ledger(&loaded, None));
+    let mt = MemoryTrace::open(&trace, None, budget()).unwrap();
+    let got = mt.stored_sites().unwrap().expect("site rollup");
+    assert_eq!(want.len(), 1, "{want:?}");
+    assert_eq!(want[0].example_stack, Some(early));
+    assert_eq!(
+        (got[0].example_stack, got[0].at_peak_bytes, got[0].allocs),
+        (Some(early), 4 << 20, 3)
+    );
+}
