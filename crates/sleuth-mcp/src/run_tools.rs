@@ -411,7 +411,7 @@ pub fn slow_calls(dir: &Path, a: &args::SlowCalls, budget: &ReadBudget) -> Resul
 /// order, the driver's view beside the run's ledger (as `memory` of the
 /// run reads them).
 pub fn gpu_activity(dir: &Path, budget: &ReadBudget) -> Result<Value> {
-    let run = sleuth_store::run_explain::load_remembered(dir, None, budget.clone(), memo())?;
+    let run = sleuth_store::run_explain::load_memory(dir, None, budget.clone(), memo())?;
     let mut v = trace_tools::gpu_activity_json(&run.data, &run.ledgers)?;
     v["files"] = json!(names(&run.files));
     v["notes"] = json!(unfinished_notes(&run.incomplete, false));

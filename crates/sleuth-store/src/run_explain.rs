@@ -107,9 +107,51 @@ pub(crate) fn load_with(
     pid: Option<u32>,
     budget: ReadBudget,
     memo: &CheckMemo,
+    also: impl FnMut(&Trace, &MemoryTrace) -> Result<(), StoreError>,
+) -> Result<RunLean, StoreError> {
+    load_run(dir, pid, budget, memo, true, also)
+}
+
+/// The run's memory as [`load_remembered`] reads it (the ledgers, carried
+/// or replayed; the base data; the allocator views' calls), each file also
+/// handed to `also`, without what only the explanation needs: no finding
+/// aggregate is read, no copy judged again against memory pinned in an
+/// earlier file (a pass over each file's copies), and a run with NCCL
+/// collectives is read too. Its [`RunLean::inputs`] are empty: for
+/// `memory --db DIR` and the per-site table, not for findings.
+pub(crate) fn load_memory_with(
+    dir: &Path,
+    pid: Option<u32>,
+    budget: ReadBudget,
+    memo: &CheckMemo,
+    also: impl FnMut(&Trace, &MemoryTrace) -> Result<(), StoreError>,
+) -> Result<RunLean, StoreError> {
+    load_run(dir, pid, budget, memo, false, also)
+}
+
+/// [`load_memory_with`] with nothing else read.
+pub fn load_memory(
+    dir: &Path,
+    pid: Option<u32>,
+    budget: ReadBudget,
+    memo: &CheckMemo,
+) -> Result<RunLean, StoreError> {
+    load_memory_with(dir, pid, budget, memo, |_, _| Ok(()))
+}
+
+/// The run read file by file; `explain`: with the explanation's inputs.
+fn load_run(
+    dir: &Path,
+    pid: Option<u32>,
+    budget: ReadBudget,
+    memo: &CheckMemo,
+    explain: bool,
     mut also: impl FnMut(&Trace, &MemoryTrace) -> Result<(), StoreError>,
 ) -> Result<RunLean, StoreError> {
-    let mut run = Acc::default();
+    let mut run = Acc {
+        explain,
+        ..Acc::default()
+    };
     let visited = visit_finished(dir, pid, &budget, memo, |trace| {
         run.add(trace, pid, &budget, &mut also)
     })?;
@@ -188,6 +230,8 @@ fn run_ledger(
 /// The run as read so far.
 #[derive(Default)]
 struct Acc {
+    /// Whether the explanation's inputs are read (else the memory alone).
+    explain: bool,
     data: Option<TraceData>,
     inputs: Option<FindingInputs>,
     /// The processes the ledgers list: those each file added lists.
@@ -212,35 +256,25 @@ impl Acc {
         also: &mut impl FnMut(&Trace, &MemoryTrace) -> Result<(), StoreError>,
     ) -> Result<(), StoreError> {
         let path = trace.path();
-        let Some(mut inputs) = crate::finding_rollups::finding_inputs(trace, pid)? else {
-            let what = if pid.is_some() {
-                "has no per-process finding rollups"
-            } else {
-                "has no finding rollups"
-            };
-            return Err(StoreError::file(
-                path,
-                format!(
-                    "{what} (written by an older gpusleuth): the run cannot be explained as one trace; \
-                     explain its files one at a time"
-                ),
-            ));
+        let inputs = match self.explain {
+            true => Some(explanation_inputs(trace, pid)?),
+            false => None,
         };
-        if trace.nccl_calls(None)?.iter().any(|e| e.is_collective()) {
-            return Err(StoreError::file(
-                path,
-                format!(
-                    "holds NCCL collectives: the straggler finding reads every call and wait of the ranks, \
-                     which a run is not loaded whole for; explain its files one at a time (--db DIR/{})",
-                    part_name(1).replace("000001", "NNNNNN")
-                ),
-            ));
-        }
         let mut view = MemoryTrace::open(trace, pid, budget.clone())?;
         self.pids.extend(view.pids());
         self.held.push(path.to_path_buf());
-        self.pinned.file(view.rows(), pid, &mut inputs)?;
         also(trace, &view)?;
+        if let Some(mut inputs) = inputs {
+            self.pinned.file(view.rows(), pid, &mut inputs)?;
+            self.inputs = Some(match self.inputs.take() {
+                None => inputs,
+                Some(mut run) => {
+                    run.merge(inputs)
+                        .map_err(|e| StoreError::file(path, e.to_string()))?;
+                    run
+                }
+            });
+        }
         view.load_allocator_calls()?;
         let mut base = std::mem::take(&mut view.base);
         base.counts = trace.op_counts(pid)?;
@@ -252,24 +286,49 @@ impl Acc {
                 run
             }
         });
-        self.inputs = Some(match self.inputs.take() {
-            None => inputs,
-            Some(mut run) => {
-                run.merge(inputs)
-                    .map_err(|e| StoreError::file(path, e.to_string()))?;
-                run
-            }
-        });
         if let Some(p) = trace.input_problems_of_reads()? {
             self.problems.add(p);
         }
         self.added += 1;
         Ok(())
     }
+}
 
+/// One file's finding aggregates, for the explanation of the run; a file
+/// without them (an older gpusleuth), or with NCCL collectives, is refused.
+fn explanation_inputs(trace: &Trace, pid: Option<u32>) -> Result<FindingInputs, StoreError> {
+    let path = trace.path();
+    let Some(inputs) = crate::finding_rollups::finding_inputs(trace, pid)? else {
+        let what = if pid.is_some() {
+            "has no per-process finding rollups"
+        } else {
+            "has no finding rollups"
+        };
+        return Err(StoreError::file(
+                path,
+                format!(
+                    "{what} (written by an older gpusleuth): the run cannot be explained as one trace; \
+                     explain its files one at a time"
+                ),
+            ));
+    };
+    if trace.nccl_calls(None)?.iter().any(|e| e.is_collective()) {
+        return Err(StoreError::file(
+                path,
+                format!(
+                    "holds NCCL collectives: the straggler finding reads every call and wait of the ranks, \
+                     which a run is not loaded whole for; explain its files one at a time (--db DIR/{})",
+                    part_name(1).replace("000001", "NNNNNN")
+                ),
+            ));
+    }
+    Ok(inputs)
+}
+
+impl Acc {
     fn finish(self, data: TraceData, ledger: RunLedger, incomplete: Vec<PathBuf>) -> RunLean {
         let mut notes = Vec::new();
-        if self.added > 1 {
+        if self.explain && self.added > 1 {
             notes.push(format!(
                 "Explained over {} files of a run (trace --rotate): counts, sums, histograms, culprits and the \
                  memory ledger cover the whole run; each thread's window adds its windows in the files (the time \

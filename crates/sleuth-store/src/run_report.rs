@@ -81,7 +81,8 @@ pub fn sites_of(run: &RunLean, allocs: impl IntoIterator<Item = AllocTally>) -> 
     sleuth_core::sites::memory_by_site_of(&run.data, allocs, &run.ledgers, &BTreeMap::new())
 }
 
-/// The run read as `explain --db DIR` reads it, with its per-site table
+/// The run's memory as `explain --db DIR` reads it (`run_explain::load_memory_with`:
+/// no finding aggregate), with its per-site table
 /// ([`sites_of`]; empty when no file holds call sites): what `memory
 /// --by-site --db DIR` and MCP `memory` of a run's directory show.
 pub fn load_sites(
@@ -91,7 +92,7 @@ pub fn load_sites(
     memo: &CheckMemo,
 ) -> Result<(RunLean, Vec<SiteMemory>), StoreError> {
     let mut allocs = Vec::new();
-    let run = crate::run_explain::load_with(dir, pid, budget, memo, |trace, view| {
+    let run = crate::run_explain::load_memory_with(dir, pid, budget, memo, |trace, view| {
         add_tallies(&mut allocs, trace, view, pid)
     })?;
     let sites = match run.data.stacks.is_empty() {

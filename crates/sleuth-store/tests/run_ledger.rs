@@ -144,6 +144,20 @@ fn the_carried_ledger_answers_as_the_replay_without_reading_a_memory_call() {
     let one = load(&run, Some(100), budget()).unwrap();
     assert_eq!(one.replayed_memory_calls, 0);
     assert_eq!(one.ledgers, carried.ledgers);
+    // The memory alone (`memory --db DIR`, no finding aggregate read): the
+    // same ledgers and base data, carried or replayed.
+    let memo = sleuth_store::CheckMemo::new();
+    for (dir, whole) in [(run.clone(), &carried), (tmp.join("old"), &replayed)] {
+        let m = sleuth_store::run_explain::load_memory(&dir, None, budget(), &memo).unwrap();
+        assert_eq!(m.ledgers, whole.ledgers);
+        assert_eq!(m.replayed_memory_calls, whole.replayed_memory_calls);
+        assert_eq!(m.ledger_note, whole.ledger_note);
+        assert_eq!(
+            serde_json::to_value(&m.data.processes).unwrap(),
+            serde_json::to_value(&whole.data.processes).unwrap()
+        );
+        assert_eq!(m.data.stacks, whole.data.stacks);
+    }
 }
 
 /// `--keep` deleted file 1: the carried ledger still knows B (made there,

@@ -162,7 +162,7 @@ fn run_of_run(args: &Args) -> anyhow::Result<i32> {
     if args.by_site {
         return sites_of_run(args);
     }
-    let run = sleuth_store::run_explain::load_remembered(
+    let run = sleuth_store::run_explain::load_memory(
         dir,
         args.input.pid,
         crate::checks_memo::budget(),

@@ -166,7 +166,7 @@ impl RunFrame {
         let (ledgers, ledger_note) = match any_finished(run, pid)? {
             true => {
                 let budget = crate::checks_memo::budget();
-                let lean = sleuth_store::run_explain::load_remembered(&run.dir, pid, budget, memo)?;
+                let lean = sleuth_store::run_explain::load_memory(&run.dir, pid, budget, memo)?;
                 (lean.ledgers, None)
             }
             false => (
