@@ -55,18 +55,8 @@ pub struct SiteReads {
 /// Everything the report shows, read without the calls and waits.
 pub struct LeanReport {
     pub lean: Lean,
-    /// Per op (all processes merged), as `stats` reads them.
-    pub ops: BTreeMap<u16, OpRollup>,
-    /// `TraceSpan::of` of the loaded trace, extent included.
-    pub span: TraceSpan,
-    /// How many calls and waits [`Trace::load`] would give.
-    pub calls: u64,
-    pub waits: u64,
-    /// Calls per process (per-call records only; kernel counts are in `lean.data.counts`).
-    pub calls_by_pid: BTreeMap<u32, u64>,
-    /// The `n` slowest calls that are not nested in another, slowest first,
-    /// ties in load order (start time, then row id).
-    pub slowest: Vec<SlowCall>,
+    /// Rollups, counts, span and slowest calls ([`FileParts`]).
+    pub parts: FileParts,
     /// None when the trace has no call sites (the sections are not drawn).
     pub sites: Option<SiteReads>,
 }
@@ -99,31 +89,50 @@ pub fn load(
     } else {
         Some(site_reads(trace, &lean, pid)?)
     };
-    Ok(Some(LeanReport {
-        lean,
-        ops: parts.ops,
-        span: parts.span,
-        calls: parts.calls,
-        waits: parts.waits,
-        calls_by_pid: parts.calls_by_pid,
-        slowest: parts.slowest,
-        sites,
-    }))
+    Ok(Some(LeanReport { lean, parts, sites }))
 }
 
-/// What the report reads of one file besides its lean load: what a run's
-/// report adds up file by file (`crate::run_report`).
+/// What the report reads of one file besides its lean load, and what a
+/// run's report adds up file by file (`crate::run_report`, [`FileParts::add`]).
 #[derive(Debug, Clone)]
 pub struct FileParts {
     /// Per op (all processes merged, or `pid`'s), as `stats` reads them.
     pub ops: BTreeMap<u16, OpRollup>,
     /// `TraceSpan::of` of the loaded file, extent included.
     pub span: TraceSpan,
+    /// How many calls and waits [`Trace::load`] would give.
     pub calls: u64,
     pub waits: u64,
+    /// Calls per process (per-call records only; kernel counts are apart).
     pub calls_by_pid: BTreeMap<u32, u64>,
-    /// The `n` slowest calls not nested in another, slowest first.
+    /// The `n` slowest calls not nested in another, slowest first, ties in
+    /// load order (start time, then row id; over files, the earlier file).
     pub slowest: Vec<SlowCall>,
+}
+
+impl FileParts {
+    /// Adds a later file's parts (a run's report): rollups merged, counts
+    /// added, the span from this one's start to the later one's end (the
+    /// origin and extent widened), the `n` slowest of both kept.
+    pub fn add(&mut self, later: FileParts, n: usize) {
+        for (op, r) in &later.ops {
+            self.ops.entry(*op).or_default().merge(r);
+        }
+        let (a, b) = (self.span, later.span);
+        self.span = TraceSpan {
+            start_ns: a.start_ns,
+            end_ns: b.end_ns.max(a.end_ns),
+            origin_ns: a.origin_ns.min(b.origin_ns),
+            extent_end_ns: a.extent_end_ns.max(b.extent_end_ns),
+        };
+        self.calls = self.calls.saturating_add(later.calls);
+        self.waits = self.waits.saturating_add(later.waits);
+        for (p, c) in later.calls_by_pid {
+            let e = self.calls_by_pid.entry(p).or_default();
+            *e = e.saturating_add(c);
+        }
+        keep_slowest(&mut self.slowest, later.slowest, n);
+    }
 }
 
 /// [`FileParts`] of `trace` read through its memory view `view` (of
@@ -287,7 +296,7 @@ impl WindowCalls {
 /// several files'), keeping the `n` slowest: slowest first, ties by start
 /// time, then the earlier file, then the row id (a stable sort of the
 /// files' own orders).
-pub(crate) fn keep_slowest(kept: &mut Vec<SlowCall>, later: Vec<SlowCall>, n: usize) {
+fn keep_slowest(kept: &mut Vec<SlowCall>, later: Vec<SlowCall>, n: usize) {
     kept.extend(later);
     kept.sort_by_key(|s| (std::cmp::Reverse(s.call.dur_ns), s.call.ts_ns));
     kept.truncate(n);

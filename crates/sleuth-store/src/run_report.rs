@@ -21,13 +21,11 @@
 
 use crate::budget::ReadBudget;
 use crate::checked::CheckMemo;
-use crate::report_reads::{alloc_tallies, file_parts, keep_slowest, SlowCall};
+use crate::report_reads::{alloc_tallies, file_parts, FileParts};
 use crate::run_explain::RunLean;
 use crate::types::{Note, Session};
 use crate::StoreError;
-use sleuth_core::rollup::OpRollup;
 use sleuth_core::sites::{AllocTally, SiteMemory};
-use sleuth_core::TraceSpan;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
@@ -40,15 +38,9 @@ pub struct RunReport {
     /// The run's explanation's inputs: base data, ledgers, findings, the
     /// files read and left out, what their reads skipped.
     pub run: RunLean,
-    /// Per op (every process merged, or `pid`'s), over the files.
-    pub ops: BTreeMap<u16, OpRollup>,
-    pub span: TraceSpan,
-    pub calls: u64,
-    pub waits: u64,
-    pub calls_by_pid: BTreeMap<u32, u64>,
-    /// The `n` slowest calls of the run not nested in another, slowest
-    /// first, ties by start time then file order then row id.
-    pub slowest: Vec<SlowCall>,
+    /// The files' rollups, counts, span and slowest calls added up
+    /// (`FileParts::add`).
+    pub parts: FileParts,
     /// The device allocations tallied per stack over the files (failed
     /// ones apart); None when no file holds call sites.
     pub allocs: Option<Vec<AllocTally>>,
@@ -119,19 +111,13 @@ pub fn load(
         acc.add(trace, view, pid, n_slowest)
     })?;
     let has_sites = !run.data.stacks.is_empty();
-    let Some(session) = acc.session else {
+    let (Some(session), Some(parts)) = (acc.session, acc.parts) else {
         // `load_with` refused a run with no file added.
         return Err(StoreError::file(dir, "no finished file in this run"));
     };
-    let slowest = acc.slowest;
     Ok(RunReport {
         run,
-        ops: acc.ops,
-        span: acc.span.unwrap_or_default(),
-        calls: acc.calls,
-        waits: acc.waits,
-        calls_by_pid: acc.calls_by_pid,
-        slowest,
+        parts,
         allocs: has_sites.then_some(acc.allocs),
         session,
         notes: acc.notes,
@@ -155,13 +141,8 @@ fn add_tallies(
 /// The run as read so far.
 #[derive(Default)]
 struct Acc {
-    ops: BTreeMap<u16, OpRollup>,
-    span: Option<TraceSpan>,
-    calls: u64,
-    waits: u64,
-    calls_by_pid: BTreeMap<u32, u64>,
-    /// The slowest so far (`report_reads::keep_slowest`).
-    slowest: Vec<SlowCall>,
+    /// The files' parts added up so far.
+    parts: Option<FileParts>,
     allocs: Vec<AllocTally>,
     session: Option<Session>,
     notes: Vec<Note>,
@@ -178,26 +159,11 @@ impl Acc {
         n: usize,
     ) -> Result<(), StoreError> {
         let parts = file_parts(trace, view, view.base.start_ns.is_some(), pid, n)?;
-        for (op, r) in &parts.ops {
-            self.ops.entry(*op).or_default().merge(r);
-        }
-        self.span = Some(match self.span {
-            None => parts.span,
-            Some(run) => TraceSpan {
-                start_ns: run.start_ns,
-                end_ns: parts.span.end_ns.max(run.end_ns),
-                origin_ns: run.origin_ns.min(parts.span.origin_ns),
-                extent_end_ns: run.extent_end_ns.max(parts.span.extent_end_ns),
-            },
-        });
-        self.calls = self.calls.saturating_add(parts.calls);
-        self.waits = self.waits.saturating_add(parts.waits);
-        for (p, n) in parts.calls_by_pid {
-            let e = self.calls_by_pid.entry(p).or_default();
-            *e = e.saturating_add(n);
-        }
         // The slowest `n` so far: memory stays `n` calls however many files.
-        keep_slowest(&mut self.slowest, parts.slowest, n);
+        match &mut self.parts {
+            Some(run) => run.add(parts, n),
+            None => self.parts = Some(parts),
+        }
         add_tallies(&mut self.allocs, trace, view, pid)?;
         let session = trace.session()?;
         self.session = Some(match self.session.take() {

@@ -41,16 +41,16 @@ fn compare(name: &str, tag: &str) {
         let r = sleuth_store::run_report::load(&run, pid, budget(), &CheckMemo::new(), SLOWEST)
             .unwrap();
         assert_eq!(r.run.files.len(), 2, "{at}");
-        assert!(!r.ops.is_empty(), "{at}");
-        assert_eq!(r.ops, one.ops, "{at}");
+        assert!(!r.parts.ops.is_empty(), "{at}");
+        assert_eq!(r.parts.ops, one.parts.ops, "{at}");
         assert_eq!(
-            (r.calls, r.waits, &r.calls_by_pid),
-            (one.calls, one.waits, &one.calls_by_pid),
+            (r.parts.calls, r.parts.waits, &r.parts.calls_by_pid),
+            (one.parts.calls, one.parts.waits, &one.parts.calls_by_pid),
             "{at}"
         );
         assert_eq!(
-            (r.span.origin_ns, r.span.extent_end_ns),
-            (one.span.origin_ns, one.span.extent_end_ns),
+            (r.parts.span.origin_ns, r.parts.span.extent_end_ns),
+            (one.parts.span.origin_ns, one.parts.span.extent_end_ns),
             "{at}"
         );
         // Row ids differ between the files and the whole: the calls by what they are.
@@ -60,13 +60,13 @@ fn compare(name: &str, tag: &str) {
                 .collect::<Vec<_>>()
         };
         assert_eq!(
-            slow(&r.slowest).len(),
-            SLOWEST.min(one.slowest.len()),
+            slow(&r.parts.slowest).len(),
+            SLOWEST.min(one.parts.slowest.len()),
             "{at}"
         );
-        assert_eq!(slow(&r.slowest), slow(&one.slowest), "{at}");
+        assert_eq!(slow(&r.parts.slowest), slow(&one.parts.slowest), "{at}");
         assert!(
-            r.slowest.iter().any(|s| !s.culprits.is_empty()) || name != "h200-contention.db",
+            r.parts.slowest.iter().any(|s| !s.culprits.is_empty()) || name != "h200-contention.db",
             "{at}: the contention trace's slowest calls have culprits"
         );
         assert!(r.allocs.is_none(), "{at}: no call sites in the examples");
@@ -179,8 +179,8 @@ fn a_run_tallies_its_sites_over_the_files() {
     let f = row("/train.py:30").expect("the failure's row");
     assert_eq!((f.failed, f.failed_bytes), (1, 1 << 40));
     // The slowest call of the run is file 2's; the counts add up.
-    assert_eq!(r.slowest[0].call.dur_ns, 9 * MS);
-    assert_eq!((r.calls, one.calls), (9, 9));
+    assert_eq!(r.parts.slowest[0].call.dur_ns, 9 * MS);
+    assert_eq!((r.parts.calls, one.parts.calls), (9, 9));
     let flame = sleuth_core::sites::allocated_by_path_of(&r.run.data, r.allocs.unwrap());
     assert_eq!(flame.bytes, (1 << 20) + (4 << 20));
 }

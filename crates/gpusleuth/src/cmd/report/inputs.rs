@@ -14,7 +14,7 @@ use sleuth_core::rollup::OpRollup;
 use sleuth_core::sites::{FlameNode, SiteMemory};
 use sleuth_core::stats::nearest_rank;
 use sleuth_core::{CallEvent, Culprit, TraceData, TraceSpan};
-use sleuth_store::report_reads::{LeanReport, WindowCalls};
+use sleuth_store::report_reads::{FileParts, LeanReport, WindowCalls};
 use sleuth_store::run_report::RunReport;
 use std::collections::{BTreeMap, HashMap};
 
@@ -177,7 +177,6 @@ impl Inputs {
     /// From the stored aggregates and the slowest calls.
     pub fn lean(r: LeanReport) -> Inputs {
         let explanation = r.lean.explanation();
-        let latency = latency_of(&r.ops);
         let data = r.lean.data;
         let (sites, flame) = match &r.sites {
             Some(s) => (
@@ -186,59 +185,67 @@ impl Inputs {
             ),
             None => (Vec::new(), FlameNode::default()),
         };
-        Inputs {
-            calls: r.calls,
-            waits: r.waits,
-            calls_by_pid: with_counts(r.calls_by_pid, &data),
-            latency: by_total(latency),
-            slowest: r
-                .slowest
-                .into_iter()
-                .map(|s| (s.call, s.culprits))
-                .collect(),
-            sites,
-            sites_at_peak: true,
+        let sites = Sites {
+            table: sites,
+            at_peak: true,
             flame,
-            window: None,
-            window_notes: Vec::new(),
-            ledgers: r.lean.ledgers,
-            explanation,
-            span: r.span,
-            data,
-        }
+        };
+        Inputs::of_parts(r.parts, data, r.lean.ledgers, explanation, sites)
     }
 
     /// From a run's files added up (`report --db DIR`).
     pub fn run(r: RunReport) -> Inputs {
         let explanation = r.run.explanation();
-        let sites = r.sites();
-        let flame = match &r.allocs {
-            Some(a) => sleuth_core::sites::allocated_by_path_of(&r.run.data, a.iter().copied()),
-            None => FlameNode::default(),
+        let sites = Sites {
+            table: r.sites(),
+            // Not known over several files (`sleuth_store::run_report`).
+            at_peak: false,
+            flame: match &r.allocs {
+                Some(a) => sleuth_core::sites::allocated_by_path_of(&r.run.data, a.iter().copied()),
+                None => FlameNode::default(),
+            },
         };
-        let latency = latency_of(&r.ops);
-        let data = r.run.data;
+        Inputs::of_parts(r.parts, r.run.data, r.run.ledgers, explanation, sites)
+    }
+
+    /// From what the report reads of a trace or a run besides its base data,
+    /// ledgers, explanation and sites.
+    fn of_parts(
+        parts: FileParts,
+        data: TraceData,
+        ledgers: Vec<ProcessLedger>,
+        explanation: Explanation,
+        sites: Sites,
+    ) -> Inputs {
         Inputs {
-            calls: r.calls,
-            waits: r.waits,
-            calls_by_pid: with_counts(r.calls_by_pid, &data),
-            latency: by_total(latency),
-            slowest: r
+            calls: parts.calls,
+            waits: parts.waits,
+            calls_by_pid: with_counts(parts.calls_by_pid, &data),
+            latency: by_total(latency_of(&parts.ops)),
+            slowest: parts
                 .slowest
                 .into_iter()
                 .map(|s| (s.call, s.culprits))
                 .collect(),
-            sites,
-            sites_at_peak: false,
-            flame,
+            sites: sites.table,
+            sites_at_peak: sites.at_peak,
+            flame: sites.flame,
             window: None,
             window_notes: Vec::new(),
-            ledgers: r.run.ledgers,
+            ledgers,
             explanation,
-            span: r.span,
+            span: parts.span,
             data,
         }
     }
+}
+
+/// The call-site sections' inputs.
+struct Sites {
+    table: Vec<SiteMemory>,
+    /// Whether the bytes at each process's peak are known.
+    at_peak: bool,
+    flame: FlameNode,
 }
 
 /// The latency rows of per-op rollups (percentiles within the histogram's
