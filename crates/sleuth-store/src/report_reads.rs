@@ -225,16 +225,7 @@ pub fn window_calls(
             Ok(SlowCall { id, call, culprits })
         })
         .collect::<Result<_, StoreError>>()?;
-    let counts = crate::window::WindowCounts::of(trace, &trace.op_counts(scope.pid)?, scope)?;
-    Ok(WindowCalls {
-        calls: calls_by_pid
-            .values()
-            .fold(0u64, |a, &b| a.saturating_add(b)),
-        ops,
-        calls_by_pid,
-        slowest,
-        counts,
-    })
+    WindowCalls::of(trace, scope, ops, calls_by_pid, slowest)
 }
 
 /// [`WindowCalls`] of a finished file whose every call starts in the
@@ -261,19 +252,32 @@ pub fn whole_file_calls(
         *e = e.saturating_add(r.count);
     }
     let slowest = slowest_calls(trace, &ops, scope.pid, n)?;
-    let counts = crate::window::WindowCounts::of(trace, &trace.op_counts(scope.pid)?, scope)?;
-    Ok(Some(WindowCalls {
-        calls: calls_by_pid
-            .values()
-            .fold(0u64, |a, &b| a.saturating_add(b)),
-        ops,
-        calls_by_pid,
-        slowest,
-        counts,
-    }))
+    WindowCalls::of(trace, scope, ops, calls_by_pid, slowest).map(Some)
 }
 
 impl WindowCalls {
+    /// The window's calls of `trace` (`scope`'s window and process) from
+    /// what was read of them, with their count and the kernel-counted calls
+    /// the file's samples place in the window.
+    fn of(
+        trace: &Trace,
+        scope: &crate::CallFilter,
+        ops: BTreeMap<u16, OpRollup>,
+        calls_by_pid: BTreeMap<u32, u64>,
+        slowest: Vec<SlowCall>,
+    ) -> Result<WindowCalls, StoreError> {
+        let counts = crate::window::WindowCounts::of(trace, &trace.op_counts(scope.pid)?, scope)?;
+        Ok(WindowCalls {
+            calls: calls_by_pid
+                .values()
+                .fold(0u64, |a, &b| a.saturating_add(b)),
+            ops,
+            calls_by_pid,
+            slowest,
+            counts,
+        })
+    }
+
     /// Adds a later file's part of the same window (a run's `report
     /// --last`): per op, per process and the kernel-counted calls added
     /// up; the `n` slowest of both kept (this part's first on a tie of
