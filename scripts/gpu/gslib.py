@@ -222,3 +222,32 @@ def gs_json(gs, *args):
         print(p.stderr)
         raise SystemExit(f"{args}: rc {p.returncode}")
     return json.loads(p.stdout), p.stderr
+
+
+def mcp_calls(gs, db, calls):
+    """Tool calls `[(name, args)]` over `gpusleuth mcp --db DB` stdio: each
+    JSON answer, or "error: TEXT" for a tool error."""
+    p = subprocess.Popen([gs, "mcp", "--db", db], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def send(msg):
+        p.stdin.write(json.dumps(msg) + "\n")
+        p.stdin.flush()
+
+    def answer(i):
+        while True:
+            m = json.loads(p.stdout.readline())
+            if m.get("id") == i:
+                return m
+
+    send({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+          "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "gs-check", "version": "0"}}})
+    answer(0)
+    send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+    got = []
+    for i, (name, args) in enumerate(calls, start=1):
+        send({"jsonrpc": "2.0", "id": i, "method": "tools/call", "params": {"name": name, "arguments": args}})
+        r = answer(i)["result"]
+        text = r["content"][0]["text"]
+        got.append(("error: " + text) if r.get("isError") else json.loads(text))
+    p.kill()
+    return got

@@ -15,7 +15,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gslib import Checks, gs_json  # noqa: E402
+from gslib import Checks, gs_json, mcp_calls  # noqa: E402
 
 gs, run, truth_path, out = sys.argv[1:5]
 truth = json.load(open(truth_path))
@@ -27,31 +27,7 @@ def gsjson(*args):
 
 
 def mcp(db, calls):
-    """Tool calls over `gpusleuth mcp --db DB` stdio; their JSON answers."""
-    p = subprocess.Popen([gs, "mcp", "--db", db], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-
-    def send(msg):
-        p.stdin.write(json.dumps(msg) + "\n")
-        p.stdin.flush()
-
-    def answer(i):
-        while True:
-            m = json.loads(p.stdout.readline())
-            if m.get("id") == i:
-                return m
-
-    send({"jsonrpc": "2.0", "id": 0, "method": "initialize",
-          "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "r17", "version": "0"}}})
-    answer(0)
-    send({"jsonrpc": "2.0", "method": "notifications/initialized"})
-    got = []
-    for i, (name, args) in enumerate(calls, start=1):
-        send({"jsonrpc": "2.0", "id": i, "method": "tools/call", "params": {"name": name, "arguments": args}})
-        r = answer(i)["result"]
-        text = r["content"][0]["text"]
-        got.append(("error: " + text) if r.get("isError") else json.loads(text))
-    p.kill()
-    return got
+    return mcp_calls(gs, db, calls)
 
 
 files = sorted(glob.glob(os.path.join(run, "part-*.db")))
