@@ -508,6 +508,7 @@ fn mutated_traces_through_every_mcp_tool() {
             ("memory", serde_json::json!({"db": run})),
             ("slow_calls", serde_json::json!({"db": run})),
             ("gpu_activity", serde_json::json!({"db": run})),
+            ("call_sites", serde_json::json!({"db": run})),
             (
                 "timeline",
                 serde_json::json!({"db": run, "pid": 1, "at_ns": 0}),

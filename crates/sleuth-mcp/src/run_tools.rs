@@ -8,8 +8,9 @@
 //! [--last D]` do (`sleuth_store::run`, `run_explain`, `run_window`);
 //! `memory` gives the run's ledger as `memory --db DIR` does, and
 //! `gpu_activity` its NVML samples beside it; `slow_calls` the slowest calls
-//! of all its files; `timeline` a window from the files it overlaps.
-//! `call_sites` and `sql` read one file: on a directory they say so in one
+//! of all its files; `timeline` a window from the files it overlaps;
+//! `call_sites` the run's per-site table and its files' calls by site
+//! (`site_tools`). `sql` reads one file: on a directory it says so in one
 //! line ([`one_file`]).
 
 use crate::args;
@@ -136,8 +137,8 @@ pub fn overview(dir: &Path, budget: &ReadBudget) -> Result<Value> {
             "finished_files": finished,
             "about": "A run of `gpusleuth trace --rotate`: one file per period, oldest first. latency_stats, findings, memory \
                       and gpu_activity answer over its finished files, slow_calls and timeline over all of them (latency_stats and findings with last_ns over the files that \
-                      window spans, the file still being written included); call_sites and sql read one file: pass its \
-                      path as db.",
+                      window spans, the file still being written included), call_sites over its finished files; sql reads one \
+                      file: pass its path as db.",
         },
         "session": first.session,
         "time_range": time_range_json(&span, first.session.info.realtime_offset_ns),

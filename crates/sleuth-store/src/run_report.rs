@@ -83,9 +83,22 @@ pub fn load_sites(
     budget: ReadBudget,
     memo: &CheckMemo,
 ) -> Result<(RunLean, Vec<SiteMemory>), StoreError> {
+    load_sites_with(dir, pid, budget, memo, |_, _| Ok(()))
+}
+
+/// [`load_sites`], each file read also handed to `also` with its memory
+/// view (MCP `call_sites` of a run adds up each file's calls by site).
+pub fn load_sites_with(
+    dir: &Path,
+    pid: Option<u32>,
+    budget: ReadBudget,
+    memo: &CheckMemo,
+    mut also: impl FnMut(&crate::Trace, &crate::stream::MemoryTrace) -> Result<(), StoreError>,
+) -> Result<(RunLean, Vec<SiteMemory>), StoreError> {
     let mut allocs = Vec::new();
     let run = crate::run_explain::load_memory_with(dir, pid, budget, memo, |trace, view| {
-        add_tallies(&mut allocs, trace, view, pid)
+        add_tallies(&mut allocs, trace, view, pid)?;
+        also(trace, view)
     })?;
     let sites = match run.data.stacks.is_empty() {
         true => Vec::new(),

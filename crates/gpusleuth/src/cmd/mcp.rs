@@ -14,8 +14,7 @@ pub const TOKEN_ENV: &str = "GPUSLEUTH_MCP_TOKEN";
 #[derive(clap::Args)]
 pub struct Args {
     /// Trace database the tools read, or a run's directory (`trace --rotate`):
-    /// the tools answer over its files (`call_sites` and `sql` read one of
-    /// them).
+    /// the tools answer over its files (`sql` reads one of them).
     #[arg(long)]
     db: Option<PathBuf>,
     /// Directory of traces a tool call may also name with its `db` argument
