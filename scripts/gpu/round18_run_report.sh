@@ -6,12 +6,7 @@
 # and SQL over the run's files (run_report_check.py).
 # Usage (device, repo root): OUT=$OUT bash scripts/gpu/round18_run_report.sh target/release/gpusleuth
 set -u
-OUT=${OUT:-/tmp/gs-out}; mkdir -p "$OUT"
-GS=$(readlink -f "$1"); chmod +x "$GS"
-PY=${PY:-/opt/torch/.venv/bin/python3}
-CUDART=${CUDART:-/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cu13/lib/libcudart.so.13}
-LIBCUDA=${LIBCUDA:-/usr/local/nvidia/lib64/libcuda.so.1}
-mount -t tracefs nodev /sys/kernel/tracing 2>/dev/null || true
+. "$(dirname "$0")/device_env.sh"
 W=/tmp/gs-runrep; rm -rf "$W"; mkdir -p "$W"
 {
 echo "== trace $(date -u +%FT%TZ)"

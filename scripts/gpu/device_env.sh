@@ -1,0 +1,10 @@
+# Sourced by the device scripts (round 18 on): the H200 machine's paths
+# (../shared/GPU.md), $OUT, the gpusleuth binary given as $1 in $GS, and
+# tracefs mounted for the scheduler tracepoints. Each may be overridden
+# from the environment.
+OUT=${OUT:-/tmp/gs-out}; mkdir -p "$OUT"
+GS=$(readlink -f "$1"); chmod +x "$GS"
+PY=${PY:-/opt/torch/.venv/bin/python3}
+CUDART=${CUDART:-/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cu13/lib/libcudart.so.13}
+LIBCUDA=${LIBCUDA:-/usr/local/nvidia/lib64/libcuda.so.1}
+mount -t tracefs nodev /sys/kernel/tracing 2>/dev/null || true
