@@ -135,7 +135,11 @@ fn report_of_run(args: &Args, window: Option<&RunLast>) -> anyhow::Result<i32> {
         crate::checks_memo::memo(),
         SLOWEST_CALLS,
     )?;
-    let (incomplete, mut problems) = (r.run.incomplete.clone(), r.run.problems.clone());
+    let (incomplete, problems) = (r.run.incomplete.clone(), r.run.problems.clone());
+    // The window's reads (the same files again, and the file being
+    // written) are said apart: added to the run's they would count a
+    // file's skipped rows twice.
+    let mut window_problems = sleuth_store::InputProblems::default();
     let session = r.session.clone();
     let mut notes = r.notes.clone();
     if r.notes_left_out > 0 {
@@ -163,9 +167,9 @@ fn report_of_run(args: &Args, window: Option<&RunLast>) -> anyhow::Result<i32> {
     if let Some(run) = window {
         let memo = crate::checks_memo::memo();
         let (part, read) = run.report_calls(args.input.pid, memo, SLOWEST_CALLS)?;
-        problems.add(read.problems);
-        let (explanation, read) = run.explanation(args.input.pid, memo)?;
-        problems.add(read.problems);
+        // The explanation reads the same files: its skipped rows are these.
+        window_problems = read.problems;
+        let (explanation, _) = run.explanation(args.input.pid, memo)?;
         let w = Window::of_run(run, args.window.last.unwrap_or_default());
         // The charts reach the window's end (the file still being written).
         inputs.span.extent_end_ns = inputs.span.extent_end_ns.max(run.end);
@@ -177,6 +181,8 @@ fn report_of_run(args: &Args, window: Option<&RunLast>) -> anyhow::Result<i32> {
         Some(_) => note_unfinished_outside_the_window(&incomplete),
     }
     crate::load::print_problems_at(dir, &problems);
+    let window_label = PathBuf::from(format!("{} (the window's files)", dir.display()));
+    crate::load::print_problems_at(&window_label, &window_problems);
     let html = render(&inputs, &session, &notes, &title);
     sleuth_store::outfile::write_atomic(
         &args.output,
