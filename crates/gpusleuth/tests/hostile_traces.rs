@@ -398,7 +398,7 @@ fn mutated_traces_through_every_command() {
             args.extend(last.map(|l| ["--last", l]).into_iter().flatten());
             all.push(args.into_iter().map(String::from).collect());
         }
-        // Its export of a window over both parts, in both formats.
+        // Its export of a window over both parts, in both formats, and whole.
         let exported = out_dir.join(format!("{}-run.json", case.name));
         let exported = exported.display().to_string();
         for format in ["perfetto", "json"] {
@@ -411,6 +411,11 @@ fn mutated_traces_through_every_command() {
                 .to_vec(),
             );
         }
+        all.push(
+            ["export", "--force", "--db", &run_db, "-o", &exported]
+                .map(String::from)
+                .to_vec(),
+        );
         for cmd in ["stats", "explain"] {
             for last in ["100ms", "1h"] {
                 all.push(

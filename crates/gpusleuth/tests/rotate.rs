@@ -167,6 +167,22 @@ fn report_over_the_run(run: &Path, files: &[(u64, PathBuf)], sb: &Sandbox) {
         !text.contains("of a run that starts a new file every"),
         "the tracer's per-file note"
     );
+    // `export --db DIR`: every call of every file once.
+    let out = sb.path("run-export.json");
+    common::run_ok(
+        common::gpusleuth()
+            .args(["export", "--format", "json", "--db"])
+            .arg(run)
+            .arg("-o")
+            .arg(&out),
+    );
+    let exported: Value =
+        serde_json::from_slice(&std::fs::read(&out).expect("written")).expect("JSON");
+    assert_eq!(
+        exported.as_array().map(Vec::len),
+        Some(calls as usize),
+        "export of the whole run"
+    );
     // Never over a file of the run, nor under the name of its next file.
     for name in [first.clone(), format!("part-{:06}.db", files.len() + 1)] {
         let before = std::fs::read(run.join(&name)).ok();

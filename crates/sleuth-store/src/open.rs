@@ -246,8 +246,8 @@ pub(crate) fn open_untrusted_unchecked(path: &Path) -> Result<Connection, StoreE
             path,
             match newest {
                 Some(name) => format!(
-                    "a run of `trace --rotate` (a directory): `stats`, `explain`, `memory` and `report` read it whole, \
-                     and `export` its `--last D`; give this command one of its files (the newest: {name})"
+                    "a run of `trace --rotate` (a directory): `stats`, `explain`, `memory`, `report` and `export` read \
+                     it; give this command one of its files (the newest: {name})"
                 ),
                 None => "not a regular file".to_string(),
             },

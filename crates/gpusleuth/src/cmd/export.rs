@@ -64,6 +64,23 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<i32> {
+    if args.input.db.is_dir() && !args.window.is_set() {
+        // A whole run: every file of its directory, as a window from its start.
+        let run = sleuth_store::run_window::last_of_run(
+            &args.input.db,
+            u64::MAX,
+            &crate::checks_memo::budget(),
+            crate::checks_memo::memo(),
+        )?;
+        run_window::export(&args, &run)?;
+        eprintln!(
+            "gpusleuth: the run in {}: read from its {} file(s), {}",
+            args.input.db.display(),
+            run.files.len(),
+            crate::window::files_named(&run)
+        );
+        return Ok(0);
+    }
     // A window of a run's directory is read from the file that holds it,
     // or over the files it spans.
     let file = match args.window.is_set() {
