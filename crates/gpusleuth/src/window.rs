@@ -153,11 +153,8 @@ pub enum WindowSource {
 
 /// "part-000003.db to part-000005.db" (or the one file's name).
 pub fn files_named(run: &RunLast) -> String {
-    match (run.files.first(), run.files.last()) {
-        (Some((a, pa)), Some((b, pb))) if a != b => format!("{} to {}", name_of(pa), name_of(pb)),
-        (Some((_, p)), _) => name_of(p),
-        _ => String::new(),
-    }
+    let paths: Vec<PathBuf> = run.files.iter().map(|(_, p)| p.clone()).collect();
+    sleuth_store::run::first_to_last(&sleuth_store::run::file_names(&paths))
 }
 
 /// The trace file a window is read from ([`WindowArgs::source_of`]).
@@ -196,7 +193,7 @@ impl WindowFile {
 }
 
 /// A file's name for a message.
-fn name_of(path: &Path) -> String {
+pub(crate) fn name_of(path: &Path) -> String {
     path.file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| path.display().to_string())

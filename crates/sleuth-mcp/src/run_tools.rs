@@ -39,11 +39,8 @@ pub fn one_file(db: &Path) -> Result<()> {
         return Ok(());
     }
     let files = run_files(db)?;
-    let named = match (files.first(), files.last()) {
-        (Some((a, _)), Some((b, _))) if a != b => format!("{} to {}", part_name(*a), part_name(*b)),
-        (Some((a, _)), _) => part_name(*a),
-        _ => String::new(),
-    };
+    let parts: Vec<String> = files.iter().map(|(n, _)| part_name(*n)).collect();
+    let named = sleuth_store::run::first_to_last(&parts);
     bail!(
         "db {} is a run's directory ({} files, {named}): this tool reads one file; pass one of them as db \
          (`overview` of the directory lists each with its time range); the other tools answer over the run",
@@ -210,12 +207,12 @@ fn only_file(run: &RunLast) -> Option<&Path> {
 
 /// The notes naming the files an answer over the whole run left out
 /// (`last_hint`: the tool's `last_ns` would include them).
-fn unfinished_notes(files: &[std::path::PathBuf], last_hint: bool) -> Vec<String> {
+pub(crate) fn unfinished_notes(files: &[std::path::PathBuf], last_hint: bool) -> Vec<String> {
     let hint = match last_hint {
         true => " (last_ns includes the file being written)",
         false => "",
     };
-    names(files)
+    sleuth_store::run::file_names(files)
         .into_iter()
         .map(|f| {
             format!(
@@ -257,7 +254,13 @@ pub fn latency_stats(dir: &Path, scope: &args::CallScope, budget: &ReadBudget) -
         None => {
             let run = sleuth_store::run::run_stats_remembered(dir, scope.pid, budget, memo())?;
             let notes = unfinished_notes(&run.incomplete, true);
-            (run.report, None, names(&run.files), run.host_context, notes)
+            (
+                run.report,
+                None,
+                sleuth_store::run::file_names(&run.files),
+                run.host_context,
+                notes,
+            )
         }
     };
     if let Some(op) = scope.op.as_deref() {
@@ -303,7 +306,7 @@ pub fn findings(dir: &Path, scope: &args::CallScope, budget: &ReadBudget) -> Res
             (
                 e,
                 run.problems,
-                names(&run.files),
+                sleuth_store::run::file_names(&run.files),
                 unfinished_notes(&run.incomplete, true),
             )
         }
@@ -319,18 +322,6 @@ pub fn findings(dir: &Path, scope: &args::CallScope, budget: &ReadBudget) -> Res
         "input_problems": problems,
         "clean": report.findings.is_empty() && problems.is_empty(),
     }))
-}
-
-/// The file names of paths, for an answer's `files`.
-fn names(paths: &[std::path::PathBuf]) -> Vec<String> {
-    paths
-        .iter()
-        .map(|p| {
-            p.file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default()
-        })
-        .collect()
 }
 
 /// A note when the reads skipped rows (a stats answer has no other place for them).
@@ -373,7 +364,7 @@ pub fn memory(dir: &Path, a: &args::Memory, points: usize, budget: &ReadBudget) 
         .into_iter()
         .take(trace_tools::MEMORY_SITES)
         .collect::<Vec<_>>());
-    v["files"] = json!(names(&run.files));
+    v["files"] = json!(sleuth_store::run::file_names(&run.files));
     v["notes"] = json!(notes);
     v["input_problems"] = json!(run.problems);
     Ok(v)
@@ -414,7 +405,7 @@ pub fn slow_calls(dir: &Path, a: &args::SlowCalls, budget: &ReadBudget) -> Resul
 pub fn gpu_activity(dir: &Path, budget: &ReadBudget) -> Result<Value> {
     let run = sleuth_store::run_explain::load_memory(dir, None, budget.clone(), memo())?;
     let mut v = trace_tools::gpu_activity_json(&run.data, &run.ledgers)?;
-    v["files"] = json!(names(&run.files));
+    v["files"] = json!(sleuth_store::run::file_names(&run.files));
     v["notes"] = json!(unfinished_notes(&run.incomplete, false));
     Ok(v)
 }

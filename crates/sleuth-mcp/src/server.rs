@@ -239,7 +239,8 @@ impl SleuthServer {
     #[tool(
         description = "Call sites (Python file:line function, or native function and library) captured at \
         allocations, frees, failed and slow calls: device memory by site (allocated, unfreed, live at the \
-        peak, failed) with an example stack, calls by site and op, and the sites of failed allocations."
+        peak, failed) with an example stack, calls by site and op, and the sites of failed allocations. \
+        On a run's directory: over its finished files (live at the peak is not known over several files)."
     )]
     async fn call_sites(
         &self,

@@ -67,22 +67,13 @@ fn call_sites_of_run(
         },
     )?;
     let mut v = answer(by_site, &run.data, calls, &run.ledgers, limit);
-    v["files"] = json!(run
-        .files
-        .iter()
-        .filter_map(|f| f.file_name().map(|n| n.to_string_lossy().into_owned()))
-        .collect::<Vec<_>>());
+    v["files"] = json!(sleuth_store::run::file_names(&run.files));
     let mut notes: Vec<String> = run.ledger_note.iter().cloned().collect();
     notes.push(format!(
         "memory_by_site: {}",
         sleuth_store::run_report::SITES_NOTE
     ));
-    notes.extend(run.incomplete.iter().map(|f| {
-        format!(
-            "{}: not finished (still being written): not in this answer",
-            f.display()
-        )
-    }));
+    notes.extend(crate::run_tools::unfinished_notes(&run.incomplete, false));
     v["notes"] = json!(notes);
     Ok(v)
 }

@@ -115,9 +115,7 @@ impl FileParts {
     /// added, the span from this one's start to the later one's end (the
     /// origin and extent widened), the `n` slowest of both kept.
     pub fn add(&mut self, later: FileParts, n: usize) {
-        for (op, r) in &later.ops {
-            self.ops.entry(*op).or_default().merge(r);
-        }
+        merge_ops(&mut self.ops, &later.ops);
         let (a, b) = (self.span, later.span);
         self.span = TraceSpan {
             start_ns: a.start_ns,
@@ -127,11 +125,23 @@ impl FileParts {
         };
         self.calls = self.calls.saturating_add(later.calls);
         self.waits = self.waits.saturating_add(later.waits);
-        for (p, c) in later.calls_by_pid {
-            let e = self.calls_by_pid.entry(p).or_default();
-            *e = e.saturating_add(c);
-        }
+        add_counts(&mut self.calls_by_pid, later.calls_by_pid);
         keep_slowest(&mut self.slowest, later.slowest, n);
+    }
+}
+
+/// Merges a later file's per-op rollups into `ops`.
+fn merge_ops(ops: &mut BTreeMap<u16, OpRollup>, later: &BTreeMap<u16, OpRollup>) {
+    for (op, r) in later {
+        ops.entry(*op).or_default().merge(r);
+    }
+}
+
+/// Adds a later file's calls per process to `calls_by_pid`.
+fn add_counts(calls_by_pid: &mut BTreeMap<u32, u64>, later: BTreeMap<u32, u64>) {
+    for (p, c) in later {
+        let e = calls_by_pid.entry(p).or_default();
+        *e = e.saturating_add(c);
     }
 }
 
@@ -283,14 +293,9 @@ impl WindowCalls {
     /// up; the `n` slowest of both kept (this part's first on a tie of
     /// duration and start: the earlier file).
     pub fn merge(&mut self, later: WindowCalls, n: usize) {
-        for (op, r) in &later.ops {
-            self.ops.entry(*op).or_default().merge(r);
-        }
+        merge_ops(&mut self.ops, &later.ops);
         self.calls = self.calls.saturating_add(later.calls);
-        for (p, c) in later.calls_by_pid {
-            let e = self.calls_by_pid.entry(p).or_default();
-            *e = e.saturating_add(c);
-        }
+        add_counts(&mut self.calls_by_pid, later.calls_by_pid);
         keep_slowest(&mut self.slowest, later.slowest, n);
         self.counts.merge(later.counts);
     }

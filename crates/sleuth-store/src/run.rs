@@ -83,6 +83,28 @@ pub fn refuse_output_in_run(output: &Path, dir: &Path) -> Result<(), StoreError>
     Ok(())
 }
 
+/// The file names of `paths` (a run's files), for an answer that names them.
+pub fn file_names(paths: &[PathBuf]) -> Vec<String> {
+    paths
+        .iter()
+        .map(|p| {
+            p.file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_else(|| p.display().to_string())
+        })
+        .collect()
+}
+
+/// "part-000003.db to part-000005.db": the first and last of `names`
+/// (the one name, or nothing).
+pub fn first_to_last(names: &[String]) -> String {
+    match (names.first(), names.last()) {
+        (Some(a), Some(b)) if a != b => format!("{a} to {b}"),
+        (Some(a), _) => a.clone(),
+        _ => String::new(),
+    }
+}
+
 /// The files of a run directory, oldest first (by number).
 pub fn run_files(dir: &Path) -> Result<Vec<(u64, PathBuf)>, StoreError> {
     let entries = std::fs::read_dir(dir).map_err(|e| StoreError::io(dir, e))?;

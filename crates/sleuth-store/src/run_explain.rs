@@ -292,40 +292,7 @@ impl Acc {
         self.added += 1;
         Ok(())
     }
-}
 
-/// One file's finding aggregates, for the explanation of the run; a file
-/// without them (an older gpusleuth), or with NCCL collectives, is refused.
-fn explanation_inputs(trace: &Trace, pid: Option<u32>) -> Result<FindingInputs, StoreError> {
-    let path = trace.path();
-    let Some(inputs) = crate::finding_rollups::finding_inputs(trace, pid)? else {
-        let what = if pid.is_some() {
-            "has no per-process finding rollups"
-        } else {
-            "has no finding rollups"
-        };
-        return Err(StoreError::file(
-                path,
-                format!(
-                    "{what} (written by an older gpusleuth): the run cannot be explained as one trace; \
-                     explain its files one at a time"
-                ),
-            ));
-    };
-    if trace.nccl_calls(None)?.iter().any(|e| e.is_collective()) {
-        return Err(StoreError::file(
-                path,
-                format!(
-                    "holds NCCL collectives: the straggler finding reads every call and wait of the ranks, \
-                     which a run is not loaded whole for; explain its files one at a time (--db DIR/{})",
-                    part_name(1).replace("000001", "NNNNNN")
-                ),
-            ));
-    }
-    Ok(inputs)
-}
-
-impl Acc {
     fn finish(self, data: TraceData, ledger: RunLedger, incomplete: Vec<PathBuf>) -> RunLean {
         let mut notes = Vec::new();
         if self.explain && self.added > 1 {
@@ -352,6 +319,37 @@ impl Acc {
             notes,
         }
     }
+}
+
+/// One file's finding aggregates, for the explanation of the run; a file
+/// without them (an older gpusleuth), or with NCCL collectives, is refused.
+fn explanation_inputs(trace: &Trace, pid: Option<u32>) -> Result<FindingInputs, StoreError> {
+    let path = trace.path();
+    let Some(inputs) = crate::finding_rollups::finding_inputs(trace, pid)? else {
+        let what = if pid.is_some() {
+            "has no per-process finding rollups"
+        } else {
+            "has no finding rollups"
+        };
+        return Err(StoreError::file(
+            path,
+            format!(
+                "{what} (written by an older gpusleuth): the run cannot be explained as one trace; \
+                 explain its files one at a time"
+            ),
+        ));
+    };
+    if trace.nccl_calls(None)?.iter().any(|e| e.is_collective()) {
+        return Err(StoreError::file(
+            path,
+            format!(
+                "holds NCCL collectives: the straggler finding reads every call and wait of the ranks, \
+                 which a run is not loaded whole for; explain its files one at a time (--db DIR/{})",
+                part_name(1).replace("000001", "NNNNNN")
+            ),
+        ));
+    }
+    Ok(inputs)
 }
 
 /// Adds a later file's base data to the run's. The session (start, clock

@@ -14,8 +14,7 @@ use crate::finding_rollups::{complete_tables, damaged_table};
 use crate::problems::valid_call;
 use rusqlite::{params, Connection};
 use sleuth_core::ledger::{LiveByStack, ProcessLedger};
-use sleuth_core::ops::OpClass;
-use sleuth_core::sites::{label_of, SiteMemory};
+use sleuth_core::sites::{label_of, AllocTally, SiteMemory};
 use sleuth_core::{op_by_name, CallEvent, TraceData};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -72,22 +71,20 @@ pub(crate) struct Tallies(BTreeMap<(u32, Option<u64>), Acc>);
 impl Tallies {
     /// One memory call (`id` its row id).
     pub(crate) fn add(&mut self, c: &CallEvent, id: i64) {
-        let Some(info) = c.info() else { return };
-        if !matches!(info.class, OpClass::DeviceAlloc | OpClass::PhysCreate) || c.nested {
-            return;
-        }
-        let a = self.0.entry((c.pid, c.stack_id)).or_insert_with(|| Acc {
+        // A device allocation (`AllocTally::of`: the by-site table's own rule).
+        let Some(t) = AllocTally::of(c) else { return };
+        let a = self.0.entry((c.pid, t.stack_id)).or_insert_with(|| Acc {
             first: (c.ts_ns, id),
             ..Default::default()
         });
         // The first in start order (ties by row id), whatever the order fed.
         a.first = a.first.min((c.ts_ns, id));
-        if c.failed() {
+        if t.failed {
             a.failed += 1;
-            a.failed_bytes = a.failed_bytes.saturating_add(c.size.unwrap_or(0));
+            a.failed_bytes = a.failed_bytes.saturating_add(t.bytes);
         } else {
             a.allocs += 1;
-            a.alloc_bytes = a.alloc_bytes.saturating_add(c.size.unwrap_or(0));
+            a.alloc_bytes = a.alloc_bytes.saturating_add(t.bytes);
         }
     }
 }

@@ -175,7 +175,7 @@ fn run_of_run(args: &Args) -> anyhow::Result<i32> {
     let allocators = allocator_views(data, None, &processes);
     let helds = held_by_pid(data, &mut processes);
     let activity = gpu_activity::of_trace(data);
-    let files = file_names(&run.files);
+    let files = sleuth_store::run::file_names(&run.files);
     let notes: Vec<String> = run.ledger_note.iter().cloned().collect();
     if args.out.json {
         let mut r = report(&processes, &allocators, &helds, &activity, None);
@@ -190,11 +190,7 @@ fn run_of_run(args: &Args) -> anyhow::Result<i32> {
             "Run in {}: {} finished file(s), {}; times since {}.\n",
             dir.display(),
             files.len(),
-            match (files.first(), files.last()) {
-                (Some(a), Some(b)) if a != b => format!("{a} to {b}"),
-                (Some(a), _) => a.clone(),
-                _ => String::new(),
-            },
+            sleuth_store::run::first_to_last(&files),
             if data.start_ns.is_some_and(|s| s <= origin) {
                 "the oldest file's start"
             } else {
@@ -233,7 +229,7 @@ fn sites_of_run(args: &Args) -> anyhow::Result<i32> {
     crate::load::print_problems_at(dir, &run.problems);
     let mut r = sites::report_of(table, &run.data);
     r.at_peak_known = false;
-    r.files = file_names(&run.files);
+    r.files = sleuth_store::run::file_names(&run.files);
     r.notes = run.ledger_note.iter().cloned().collect();
     r.notes.push(sleuth_store::run_report::SITES_NOTE.into());
     if args.out.json {
@@ -242,18 +238,6 @@ fn sites_of_run(args: &Args) -> anyhow::Result<i32> {
         emit_text(&crate::term_text::terminal_safe(&sites::render(&r)))?;
     }
     Ok(0)
-}
-
-/// The files' names, for an answer over a run.
-fn file_names(files: &[std::path::PathBuf]) -> Vec<String> {
-    files
-        .iter()
-        .map(|f| {
-            f.file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default()
-        })
-        .collect()
 }
 
 /// The earliest moment a ledger names (an unfreed allocation, a failed

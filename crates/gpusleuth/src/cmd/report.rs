@@ -152,16 +152,12 @@ fn report_of_run(args: &Args, window: Option<&RunLast>) -> anyhow::Result<i32> {
             ),
         });
     }
-    let read: Vec<String> = r.run.files.iter().map(|f| file_name(f)).collect();
+    let read = sleuth_store::run::file_names(&r.run.files);
     let title = format!(
         "{} ({} files, {})",
-        file_name(dir),
+        crate::window::name_of(dir),
         read.len(),
-        match (read.first(), read.last()) {
-            (Some(a), Some(b)) if a != b => format!("{a} to {b}"),
-            (Some(a), _) => a.clone(),
-            _ => String::new(),
-        }
+        sleuth_store::run::first_to_last(&read)
     );
     let mut inputs = Inputs::run(r);
     if let Some(run) = window {
@@ -209,13 +205,6 @@ fn note_unfinished_outside_the_window(files: &[PathBuf]) {
 
 fn inputs_of_run(files: &[PathBuf]) -> Vec<&std::path::Path> {
     files.iter().map(|p| p.as_path()).collect()
-}
-
-/// A path's last part, for a title or a message.
-fn file_name(p: &std::path::Path) -> String {
-    p.file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| p.display().to_string())
 }
 
 /// What the report draws. With `lean_allowed`, a trace that stored its
