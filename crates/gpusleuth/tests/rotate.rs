@@ -849,8 +849,11 @@ fn a_run_directory_is_refused_where_a_file_is_expected_and_an_old_run_is_kept() 
 /// against the memory its earlier files left pinned: a buffer pinned at the
 /// program's start, copied from after a rotation, is pinned there; so is
 /// the newest file given by its path beside its previous one (which stored
-/// the pinned ranges); the file alone, elsewhere, knows no pinning: its
-/// every copy looks pageable, and `explain` says why.
+/// the pinned ranges at its end), and since round 19 the file copied
+/// elsewhere, alone: the tracer judged its copies at its completion
+/// against the run's pinned ranges and stored those (`run_pinned_begin`),
+/// so no answer says it cannot know them (before, its every copy looked
+/// pageable, with a note).
 #[test]
 fn last_of_a_run_knows_memory_pinned_in_its_earlier_files() {
     let Some(sb) = Sandbox::for_ebpf("rotate-pinned") else {
@@ -906,16 +909,17 @@ fn last_of_a_run_knows_memory_pinned_in_its_earlier_files() {
         65536
     );
     assert_eq!(copies(&run), (25, 25), "the run: pinned in its first file");
-    // The newest file given by its path, in its run's directory: its
-    // previous file stored the buffer as pinned. Copied out of the
-    // directory it knows nothing of it: every copy looks pageable.
+    // The newest file given by its path, in its run's directory, and
+    // copied out of it: it stored the ranges pinned when it began.
     assert_eq!(copies(newest), (25, 25), "the file beside its previous one");
+    let began = db.int("SELECT end_ptr - start_ptr FROM run_pinned_begin");
+    assert_eq!(began, 65536, "the buffer, pinned when the file began");
     let away = sb.path("away");
     std::fs::create_dir_all(&away).expect("mkdir");
     let alone = away.join(newest.file_name().unwrap());
     std::fs::copy(newest, &alone).expect("copy");
-    assert_eq!(copies(&alone), (50, 0), "the file alone");
-    // The file alone, whole, says what it cannot know; the run does not.
+    assert_eq!(copies(&alone), (25, 25), "the file alone");
+    // No answer says it cannot know what was pinned before it.
     let notes = |target: &Path| -> String {
         let out = common::run_ok(
             common::gpusleuth()
@@ -925,9 +929,7 @@ fn last_of_a_run_knows_memory_pinned_in_its_earlier_files() {
         let e: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
         e["notes"].to_string()
     };
-    let part = "part 2 of a `trace --rotate` run: host memory pinned in the run's earlier files";
-    assert!(notes(&alone).contains(part), "{}", notes(&alone));
-    for known in [&run, newest] {
+    for known in [&run, newest, &alone] {
         assert!(!notes(known).contains("of a `trace --rotate` run: host memory"));
     }
     // Whole, not a window: the same judgement.
@@ -936,5 +938,5 @@ fn last_of_a_run_knows_memory_pinned_in_its_earlier_files() {
         (25, 25),
         "the whole file beside its previous one"
     );
-    assert_eq!(copies_of(&alone, &[]), (50, 0), "the whole file alone");
+    assert_eq!(copies_of(&alone, &[]), (25, 25), "the whole file alone");
 }

@@ -8,6 +8,7 @@ use crate::run_ledger::RunLink;
 use crate::thread_pass::{sort_culprits, ThreadPass};
 use crate::writer::upsert_process;
 use rusqlite::{params, Connection};
+use sleuth_core::findings::inputs::PinnedState;
 use sleuth_core::rollup::Rollup;
 use sleuth_core::threads::{ThreadStream, TRACER_PID_STAT};
 use sleuth_core::{ProcKind, ProcessInfo};
@@ -34,15 +35,31 @@ pub(crate) fn complete(
     let cpu_at_start = crate::writer::thread_cpu_ns();
     let tx = conn.transaction()?;
     complete_processes(&tx, rollup)?;
+    // The run's state when this file began: the copies are judged against
+    // the host ranges pinned in its earlier files (`run_pinned`).
+    let carried = run
+        .map(|link| crate::run_ledger::begin(&tx, link))
+        .transpose()?;
+    let earlier = carried
+        .as_ref()
+        .map(|c| c.pinned().clone())
+        .unwrap_or_default();
+    let judged_with_run = carried
+        .as_ref()
+        .is_some_and(crate::run_ledger::Carried::covers_whole_run);
     // First: the per-thread pass reads each thread's calls by (tid, ts_ns).
     tx.execute_batch(crate::schema::LATE_INDEXES)?;
-    let (rows, groups) = per_thread_pass(&tx, rollup)?;
+    if judged_with_run {
+        crate::run_pinned::store_judged_from(&tx, &earlier)?;
+    }
+    let (rows, groups, pinned_at_end) = per_thread_pass(&tx, rollup, earlier)?;
     write_op_rollups(&tx, rollup)?;
     crate::call_groups::write(&tx, groups)?;
     // After the call groups: the ledger lists the processes they name. Its
     // replay of the memory calls also tallies what each site allocated.
     let mut sites = crate::site_rollup::Tallies::default();
-    let (own, carry) = crate::run_ledger::write(&tx, run, |c, id| sites.add(c, id))?;
+    let chain = run.zip(carried).map(|(link, c)| (link, c, pinned_at_end));
+    let (own, carry) = crate::run_ledger::write(&tx, chain, |c, id| sites.add(c, id))?;
     // After the ledgers: the sites' unfreed bytes and peaks come from them.
     crate::site_rollup::write(&tx, sites, &own.ledgers, &own.at_peak)?;
     crate::wait_groups::write(&tx)?;
@@ -75,7 +92,8 @@ pub(crate) fn complete(
 fn per_thread_pass(
     conn: &Connection,
     rollup: &Rollup,
-) -> rusqlite::Result<(u64, crate::call_groups::Groups)> {
+    earlier: PinnedState,
+) -> rusqlite::Result<(u64, crate::call_groups::Groups, PinnedState)> {
     conn.execute("DELETE FROM call_culprits", [])?;
     let tracer: Option<i64> = conn
         .query_row(
@@ -99,8 +117,8 @@ fn per_thread_pass(
     // Ties in start order by row id: the order the finding rollups' examples need.
     let all_calls_sql = calls_sql(conn, "WHERE pid = ?1 AND tid = ?2 ORDER BY ts_ns, id")?;
     let waits_sql = crate::wait_stream::thread_waits_sql(conn, "1")?;
-    let mut inputs = crate::finding_rollups::new_inputs(tracer);
-    let mut scopes = crate::scope_rollups::OpScopes::new(tracer);
+    let mut inputs = crate::finding_rollups::new_inputs(tracer).with_pinned(earlier.clone());
+    let mut scopes = crate::scope_rollups::OpScopes::new(tracer, earlier);
     let mut written = 0u64;
     let mut groups = crate::call_groups::Groups::default();
     for (&(pid, tid), windows) in &rollup.threads {
@@ -144,7 +162,7 @@ fn per_thread_pass(
             ins_thread.execute(params![pid, tid, json])?;
         }
     }
-    crate::finding_rollups::write(conn, inputs, &mut scopes)?;
+    let pinned_at_end = crate::finding_rollups::write(conn, inputs, &mut scopes)?;
     scopes.write(conn)?;
     // Per-op culprit sums; a float total and a clamp so a crafted huge sum
     // cannot fail the finish with an integer overflow.
@@ -155,7 +173,7 @@ fn per_thread_pass(
          GROUP BY c.pid, c.op, k.pid, k.comm",
         [],
     )?;
-    Ok((written, groups))
+    Ok((written, groups, pinned_at_end))
 }
 
 fn all_processes(conn: &Connection) -> rusqlite::Result<Vec<ProcessInfo>> {

@@ -23,7 +23,7 @@ use rusqlite::types::FromSql;
 use rusqlite::{params, Connection, OptionalExtension, Params};
 use sleuth_core::decompose::Split;
 use sleuth_core::findings::inputs::{
-    FindingInputs, LatencyHist, OpInputs, Resolution, ThreadInputs,
+    FindingInputs, LatencyHist, OpInputs, PinnedState, Resolution, ThreadInputs,
 };
 use sleuth_core::ops::{op_by_id, op_by_name, OpClass, OPS};
 use sleuth_core::threads::{ThreadSplit, TRACER_PID_STAT};
@@ -120,14 +120,15 @@ pub(crate) fn row_index(id: i64) -> usize {
 }
 
 /// Completes the finding rollups fed by the per-thread pass (the
-/// pinned-memory replay, which also judges the copies of each copy op's
-/// scope: `scopes`) and stores them; the writer's final transaction calls
-/// it.
+/// pinned-memory replay, from the ranges `f` was started with, which also
+/// judges the copies of each copy op's scope: `scopes`) and stores them;
+/// returns the host ranges live at the file's end. The writer's final
+/// transaction calls it.
 pub(crate) fn write(
     conn: &Connection,
     mut f: FindingInputs,
     scopes: &mut crate::scope_rollups::OpScopes,
-) -> rusqlite::Result<()> {
+) -> rusqlite::Result<PinnedState> {
     f.settle();
     conn.execute_batch(CREATE)?;
     for (t, _) in TABLES.iter().chain(PROCESS_TABLES) {
@@ -147,12 +148,12 @@ pub(crate) fn write(
         "INSERT OR REPLACE INTO meta(key, value) VALUES (?1, ?2)",
         [PROCESS_KEY, COMPLETE],
     )?;
-    Ok(())
+    Ok(f.pinned_state())
 }
 
 /// The file's non-nested calls of `ops` by end (ties by row id), each with
-/// its row id, to `each`: the writer's pinned-memory replays (the finding
-/// rollups', a run's carried ranges in `run_pinned`).
+/// its row id, to `each`: the writer's pinned-memory replay (the finding
+/// rollups', which also carries a run's pinned ranges, `run_pinned`).
 pub(crate) fn in_end_order(
     conn: &Connection,
     ops: Vec<&'static str>,

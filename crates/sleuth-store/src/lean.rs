@@ -30,7 +30,7 @@ pub struct Lean {
     /// The file's number in a `trace --rotate` run whose earlier files'
     /// pinned memory is not known here (None: not a later file of a run,
     /// or one whose copies were judged with the ranges its previous file
-    /// stored, `run_pinned`).
+    /// stored, `run_pinned`, or by the tracer against the whole run's).
     pub run_file: Option<u64>,
 }
 
@@ -91,13 +91,16 @@ pub fn load(
     // `TraceSpan::of` gives the full load) stands in. Of the explanation's
     // readers only the span reads `end_ns`.
     data.end_ns = Some(view.span.end_ns);
+    // A file the tracer judged against the whole run's pinned ranges
+    // (`run_pinned::judged_from`) is not judged again.
+    let judged = crate::run_pinned::judged_from(trace, pid)?.is_some();
     let run_file = match crate::run_ledger::link(trace)?.map(|l| l.file()) {
-        Some(n) if n > 1 && inputs.pageable_copies() > 0 => {
+        Some(n) if n > 1 && !judged && inputs.pageable_copies() > 0 => {
             match crate::run::pinned_before_file(trace, pid)? {
                 Some(pinned) => {
                     // Judged again only where memory pinned earlier is live.
                     let mut carry = crate::run_pinned::PinnedCarry::starting(pinned);
-                    carry.file(view.rows(), pid, &mut inputs)?;
+                    carry.file(trace, view.rows(), pid, &mut inputs)?;
                     None
                 }
                 None => Some(n),

@@ -213,8 +213,10 @@ pub(crate) fn visit_finished(
 }
 
 /// The host ranges process `pid` (or each) had pinned when the run's file
-/// number `n` began: every earlier file's pinning calls replayed in end
-/// order, file after file (their rows alone, through the op index). A
+/// number `n` began: as file `n` stored them (round 19), else as file
+/// `n - 1` stored them at its end, else every earlier file's pinning calls
+/// replayed in end order, file after file (their rows alone, through the
+/// op index). A
 /// window of that file judges its copies against them (a buffer pinned
 /// at the program's start is pinned in a file written hours later).
 pub fn pinned_when_file_began(
@@ -225,6 +227,9 @@ pub fn pinned_when_file_began(
     memo: &CheckMemo,
 ) -> Result<PinnedState, StoreError> {
     let file = open_in_run(&dir.join(part_name(n)), budget, memo)?;
+    if let Some(judged) = crate::run_pinned::judged_from(&file, pid)? {
+        return Ok(judged);
+    }
     let link = crate::run_ledger::link(&file)?;
     if let Some(carried) = carried_pinned(dir, n, link.as_ref(), pid, budget, memo)? {
         return Ok(carried);
@@ -283,15 +288,19 @@ fn carried_pinned(
 }
 
 /// For a file of a run read alone (`DIR/part-NNNNNN.db`, opened as
-/// `trace`): the host ranges the run had pinned when it began, when its
-/// previous file beside it stored them ([`carried_pinned`]: one more file
-/// read, no replay, under the trace's budget and memo). None otherwise:
-/// not a later file of a run, or one whose previous file is gone, older or
-/// of another chain.
+/// `trace`): the host ranges the run had pinned when it began, as the file
+/// itself stored them (round 19, `run_pinned::judged_from`: wherever the
+/// file lies), or as its previous file beside it stored them
+/// ([`carried_pinned`]: one more file read, no replay, under the trace's
+/// budget and memo). None otherwise: not a later file of a run, or an
+/// older one whose previous file is gone, older or of another chain.
 pub fn pinned_before_file(
     trace: &Trace,
     pid: Option<u32>,
 ) -> Result<Option<PinnedState>, StoreError> {
+    if let Some(judged) = crate::run_pinned::judged_from(trace, pid)? {
+        return Ok(Some(judged));
+    }
     let path = trace.path();
     let (Some(dir), Some(n)) = (
         path.parent(),

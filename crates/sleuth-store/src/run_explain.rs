@@ -265,7 +265,7 @@ impl Acc {
         self.held.push(path.to_path_buf());
         also(trace, &view)?;
         if let Some(mut inputs) = inputs {
-            self.pinned.file(view.rows(), pid, &mut inputs)?;
+            self.pinned.file(trace, view.rows(), pid, &mut inputs)?;
             self.inputs = Some(match self.inputs.take() {
                 None => inputs,
                 Some(mut run) => {

@@ -167,20 +167,25 @@ pub(crate) struct Carried {
     pinned: PinnedState,
 }
 
-/// The file's own ledger (`ledger_rollup`) and, for a file of a rotating
-/// trace (`link`), the run's ledger up to its end with its links; returns
-/// the file's own ledgers (with each process's sites at its peak) and what
-/// to [`RunLink::settle`] after the commit. Each memory call of the replay
-/// is also handed to `also` (with its row id).
-pub(crate) fn write(
-    conn: &Connection,
-    link: Option<&RunLink>,
-    also: impl FnMut(&CallEvent, i64),
-) -> rusqlite::Result<(crate::ledger_rollup::Written, Option<CarryState>)> {
-    let Some(link) = link else {
-        return Ok((crate::ledger_rollup::write(conn, None, also)?, None));
-    };
-    let mut c = match link.take() {
+impl Carried {
+    /// The host ranges live when this file began, over its chain.
+    pub(crate) fn pinned(&self) -> &PinnedState {
+        &self.pinned
+    }
+
+    /// Whether the chain starts at the run's file 1: then what it carries
+    /// is the whole run's (files `--keep` deleted included).
+    pub(crate) fn covers_whole_run(&self) -> bool {
+        self.from == 1
+    }
+}
+
+/// The state the previous completion of the run of `link` left for this
+/// file (taken: "broken" until [`RunLink::settle`]); a new chain from
+/// this file when there is none to continue, with a note saying why
+/// (unless this is the run's first file).
+pub(crate) fn begin(conn: &Connection, link: &RunLink) -> rusqlite::Result<Carried> {
+    Ok(match link.take() {
         CarryState::Carried(c) if c.last.checked_add(1) == Some(link.file) => *c,
         other => {
             let why = match other {
@@ -209,6 +214,22 @@ pub(crate) fn write(
                 pinned: PinnedState::default(),
             }
         }
+    })
+}
+
+/// The file's own ledger (`ledger_rollup`) and, for a file of a rotating
+/// trace (`run`: its link and the state [`begin`] took, with the host
+/// ranges live at the file's end), the run's ledger up to its end with its
+/// links; returns the file's own ledgers (with each process's sites at its
+/// peak) and what to [`RunLink::settle`] after the commit. Each memory
+/// call of the replay is also handed to `also` (with its row id).
+pub(crate) fn write(
+    conn: &Connection,
+    run: Option<(&RunLink, Carried, PinnedState)>,
+    also: impl FnMut(&CallEvent, i64),
+) -> rusqlite::Result<(crate::ledger_rollup::Written, Option<CarryState>)> {
+    let Some((link, mut c, pinned_at_end)) = run else {
+        return Ok((crate::ledger_rollup::write(conn, None, also)?, None));
     };
     let own = crate::ledger_rollup::write(conn, Some(&mut c.builder), also)?;
     let run = c.builder.clone().finish_bare();
@@ -216,7 +237,7 @@ pub(crate) fn write(
     conn.execute_batch(CREATE)?;
     conn.execute("DELETE FROM run_ledger", [])?;
     crate::ledger_rollup::store(conn, TABLE, &run)?;
-    c.pinned = crate::run_pinned::carry_through(conn, std::mem::take(&mut c.pinned))?;
+    c.pinned = pinned_at_end;
     crate::run_pinned::store(conn, &c.pinned)?;
     let mut meta = conn.prepare("INSERT OR REPLACE INTO meta(key, value) VALUES (?1, ?2)")?;
     meta.execute(["run_id", link.run_id()])?;

@@ -339,7 +339,7 @@ fn whole_file_parts(
     };
     let mut view = MemoryTrace::open(trace, pid, trace.budget().clone())?;
     let mut carry = PinnedCarry::starting(earlier);
-    carry.file(view.rows(), pid, &mut inputs)?;
+    carry.file(trace, view.rows(), pid, &mut inputs)?;
     let inputs = inputs.with_pinned(carry.into_state());
     view.replay_ledger(&mut ledger)?;
     view.load_allocator_calls()?;

@@ -29,7 +29,9 @@ use crate::reader::Trace;
 use crate::thread_pass::OpSplits;
 use rusqlite::{params, Connection};
 use sleuth_core::decompose::Split;
-use sleuth_core::findings::inputs::{FindingInputs, LatencyHist, Resolution, ThreadInputs};
+use sleuth_core::findings::inputs::{
+    FindingInputs, LatencyHist, PinnedState, Resolution, ThreadInputs,
+};
 use sleuth_core::ops::{op_by_id, OpClass};
 use sleuth_core::threads::ThreadSplit;
 use sleuth_core::CallEvent;
@@ -68,6 +70,9 @@ const HIST_GAP: &str = "sync_gap";
 /// What the writer's per-thread pass feeds for every op's scope.
 pub(crate) struct OpScopes {
     tracer: Option<u32>,
+    /// Host ranges pinned before the file began (a run's earlier files):
+    /// each scope's copies are judged from them.
+    earlier: PinnedState,
     /// Per op id: the thread parts of a scope of that op alone.
     inputs: BTreeMap<u16, FindingInputs>,
     /// Per (op id, pid, tid): the thread's split over its calls of the op.
@@ -75,9 +80,10 @@ pub(crate) struct OpScopes {
 }
 
 impl OpScopes {
-    pub(crate) fn new(tracer: Option<u32>) -> OpScopes {
+    pub(crate) fn new(tracer: Option<u32>, earlier: PinnedState) -> OpScopes {
         OpScopes {
             tracer,
+            earlier,
             inputs: BTreeMap::new(),
             splits: BTreeMap::new(),
         }
@@ -85,11 +91,10 @@ impl OpScopes {
 
     /// A non-nested call of its thread, in start order.
     pub(crate) fn add_call(&mut self, c: &CallEvent) {
-        let tracer = self.tracer;
-        let f = self
-            .inputs
-            .entry(c.op)
-            .or_insert_with(|| FindingInputs::new(Resolution::Bucketed, tracer));
+        let (tracer, earlier) = (self.tracer, &self.earlier);
+        let f = self.inputs.entry(c.op).or_insert_with(|| {
+            FindingInputs::new(Resolution::Bucketed, tracer).with_pinned(earlier.clone())
+        });
         f.add_thread_call(c);
     }
 

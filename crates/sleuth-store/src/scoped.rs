@@ -559,9 +559,11 @@ fn from_op_rollups(
     // in the rollups, judged against the file's pinning calls (a file
     // written before round 16: with none), and a pinning op's scope has no
     // copy. They are judged again where the rollups could not know all:
-    // an older file, or memory pinned before the file began.
+    // an older file, or memory pinned before the file began that the
+    // tracer did not judge them against (`run_pinned::judged_from`).
     let judged = crate::scope_rollups::copies_judged(conn).map_err(read)?;
-    let rejudge = !judged || !pinned_ranges.is_empty();
+    let rejudge = !judged
+        || (!pinned_ranges.is_empty() && crate::run_pinned::judged_from(trace, pid)?.is_none());
     let memory: BTreeSet<&'static str> = sleuth_core::ledger::memory_op_names()
         .into_iter()
         .filter(|o| *o == op)

@@ -418,6 +418,13 @@ fn memory_pinned_in_a_deleted_file_stays_pinned() {
     // As `--keep 2` leaves it: file 1 gone, its pinning still known.
     std::fs::remove_file(run.join(part_name(1))).unwrap();
     assert_eq!(began(&run, 3), only_a);
+    // A file without the ranges it began with (written before round 19)
+    // takes its previous file's end ranges.
+    sql(
+        &run.join(part_name(3)),
+        "DELETE FROM meta WHERE key = 'run_copies_judged'",
+    );
+    assert_eq!(began(&run, 3), only_a, "file 2's end ranges");
     // Without the stored ranges the files present are replayed: file 1's
     // pinning is lost with it.
     let old = without_carried(&run, &dir.join("old"));
@@ -429,8 +436,9 @@ fn memory_pinned_in_a_deleted_file_stays_pinned() {
     let _: PinnedState = other;
 }
 
-/// A stored pinned-range table no tracer writes is a one-line error
-/// naming it; ranges that are no range are ignored.
+/// A stored pinned-range table no tracer writes (the ranges a file ended
+/// with, or began with) is a one-line error naming it; ranges that are no
+/// range are ignored.
 #[test]
 fn a_damaged_run_pinned_table_is_refused_in_one_line() {
     let dir = TempDir::new("run-pinned-damaged");
@@ -440,10 +448,23 @@ fn a_damaged_run_pinned_table_is_refused_in_one_line() {
         part(vec![call("cudaLaunchKernel", 100 * MS, MS)]),
     ];
     write_run(&run, &RunLink::new_run(), 1, &parts);
-    let first = run.join(part_name(1));
+    let (first, second) = (run.join(part_name(1)), run.join(part_name(2)));
+    // File 2's own ranges first (the previous file's are read without them).
+    for (table, key) in [
+        ("run_pinned_begin", "run_copies_judged"),
+        ("run_pinned", ""),
+    ] {
+        let file = if key.is_empty() { &first } else { &second };
+        damaged_ranges_are_refused(&run, file, table);
+        sql(&second, "DELETE FROM meta WHERE key = 'run_copies_judged'");
+    }
+}
+
+/// [`a_damaged_run_pinned_table_is_refused_in_one_line`] for one table.
+fn damaged_ranges_are_refused(run: &Path, file: &Path, table: &str) {
     let began = || {
         sleuth_store::run::pinned_when_file_began(
-            &run,
+            run,
             2,
             None,
             &budget(),
@@ -451,27 +472,164 @@ fn a_damaged_run_pinned_table_is_refused_in_one_line() {
         )
     };
     sql(
-        &first,
-        "INSERT INTO run_pinned VALUES (100, 4096, 4096), (100, 9000, 10)",
+        file,
+        &format!("INSERT INTO {table} VALUES (100, 4096, 4096), (100, 9000, 10)"),
     );
-    assert!(began().unwrap().is_empty(), "empty and inverted ranges");
+    assert!(
+        began().unwrap().is_empty(),
+        "{table}: empty and inverted ranges"
+    );
     for (damage, what) in [
         (
-            "INSERT INTO run_pinned VALUES (-1, 0, 4096)",
+            format!("INSERT INTO {table} VALUES (-1, 0, 4096)"),
             "holds a pid no process has",
         ),
         (
-            "DROP TABLE run_pinned; CREATE TABLE run_pinned(pid INTEGER, start_ptr INTEGER)",
+            format!("DROP TABLE {table}; CREATE TABLE {table}(pid INTEGER, start_ptr INTEGER)"),
             "is not the table gpusleuth writes",
         ),
     ] {
-        sql(&first, damage);
-        let msg = began().expect_err(damage).to_string();
-        assert!(msg.contains("run_pinned") && msg.contains(what), "{msg}");
+        sql(file, &damage);
+        let msg = began().expect_err(&damage).to_string();
+        assert!(msg.contains(table) && msg.contains(what), "{msg}");
         assert_eq!(msg.lines().count(), 1, "{msg}");
         sql(
-            &first,
-            "DROP TABLE run_pinned; CREATE TABLE run_pinned(pid INTEGER NOT NULL, start_ptr INTEGER NOT NULL, end_ptr INTEGER NOT NULL)",
+            file,
+            &format!("DROP TABLE {table}; CREATE TABLE {table}(pid INTEGER NOT NULL, start_ptr INTEGER NOT NULL, end_ptr INTEGER NOT NULL)"),
         );
     }
+}
+
+/// Memory pinned in file 1 (`a`) and copied from in files 2 and 3: the
+/// tracer judges each file's copies at its completion against the ranges
+/// it carries (`meta.run_copies_judged`), so once `--keep` deleted the
+/// files that pinned it, the run (whose reader knows only `c`, pinned in
+/// file 2, and would judge file 3 again against it), a file read alone
+/// (without a note that its earlier files' pinned memory is unknown) and
+/// an op's scope still count the copies from it pinned; the copy from the
+/// buffer unpinned in file 2 (`b`) stays pageable. The whole run answers as
+/// one trace of the same calls.
+#[test]
+fn copies_are_judged_at_completion_against_the_whole_runs_pinned_memory() {
+    use sleuth_core::findings::inputs::{FindingInputs, PinnedState};
+    let dir = TempDir::new("run-copies-judged");
+    let run = dir.join("run");
+    let (a, b, c) = (0x7000_0000u64, 0x9000_0000u64, 0xb000_0000u64);
+    let pin = |ts, ptr| {
+        let mut c = call("cudaHostAlloc", ts, MS);
+        (c.ptr, c.size) = (Some(ptr), Some(1 << 20));
+        c
+    };
+    let copy = |ts, ptr| {
+        let mut c = call("cudaMemcpy", ts, MS);
+        (c.host_ptr, c.size, c.kind) = (Some(ptr + 64), Some(4096), Some(1));
+        c
+    };
+    let mut unpin = call("cudaFreeHost", 120 * MS, MS);
+    unpin.ptr = Some(b);
+    let parts = vec![
+        part(vec![pin(0, a), pin(MS, b), copy(5 * MS, a)]),
+        part(vec![
+            copy(100 * MS, a),
+            copy(110 * MS, a),
+            unpin,
+            pin(130 * MS, c),
+        ]),
+        part(vec![
+            copy(200 * MS, a),
+            copy(210 * MS, b),
+            copy(220 * MS, c),
+        ]),
+    ];
+    write_run(&run, &RunLink::new_run(), 1, &parts);
+    // (pageable, pinned) copies over every thread.
+    let counts = |i: &FindingInputs| -> (u64, u64) {
+        i.threads.values().fold((0, 0), |(p, k), t| {
+            (p + t.pageable.count, k + t.pageable.pinned_copies)
+        })
+    };
+    let whole = dir.join("whole.db");
+    let mut all = parts[0].clone();
+    for p in &parts[1..] {
+        all.calls.extend(p.calls.iter().cloned());
+    }
+    common::rewrite(&all, &whole);
+    let one = sleuth_store::lean::load(&sleuth_store::Trace::open(&whole).unwrap(), None, budget())
+        .unwrap()
+        .unwrap();
+    assert_eq!(counts(&one.inputs), (1, 5), "the calls as one trace");
+    assert_eq!(counts(&load(&run, None, budget()).unwrap().inputs), (1, 5));
+    // As `--keep 2` leaves it: file 1, which pinned `a`, is gone.
+    std::fs::remove_file(run.join(part_name(1))).unwrap();
+    let kept = load(&run, None, budget()).unwrap();
+    assert_eq!(counts(&kept.inputs), (1, 4), "file 2's and 3's copies of a");
+    // As `--keep 1` leaves it: file 3 alone, nothing beside it to read.
+    std::fs::remove_file(run.join(part_name(2))).unwrap();
+    let third = sleuth_store::Trace::open(&run.join(part_name(3))).unwrap();
+    let alone = sleuth_store::lean::load(&third, None, budget())
+        .unwrap()
+        .unwrap();
+    assert_eq!(counts(&alone.inputs), (1, 2), "file 3 read alone");
+    assert_eq!(alone.run_file, None, "nothing it cannot know");
+    // A window of it starts from the ranges it stored as pinned when it began.
+    let began = sleuth_store::run::pinned_when_file_began(
+        &run,
+        3,
+        None,
+        &budget(),
+        &sleuth_store::CheckMemo::new(),
+    )
+    .unwrap();
+    assert_eq!(began.ranges().len(), 2, "a and c: {:?}", began.ranges());
+    let scope = sleuth_store::CallFilter {
+        op: Some("cudaMemcpy".into()),
+        ..Default::default()
+    };
+    let op_scope = |earlier| {
+        let p = sleuth_store::scoped::window_parts_after(
+            &third,
+            &scope,
+            earlier,
+            sleuth_core::ledger::LedgerBuilder::new(None),
+        )
+        .unwrap();
+        counts(&p.inputs)
+    };
+    assert_eq!(
+        op_scope(PinnedState::default()),
+        (1, 2),
+        "cudaMemcpy's scope"
+    );
+    // A reader that knows less than the tracer (`c` alone) takes its judgement.
+    let only_c = PinnedState::from_ranges([(100, c, c + (1 << 20))]);
+    assert_eq!(op_scope(only_c), (1, 2), "cudaMemcpy's scope, c known");
+}
+
+/// A file on a chain that did not start at the run's file 1 (its earlier
+/// files never completed) cannot know what they pinned: it stores no
+/// ranges it began with, its copies count pageable, and read alone it
+/// says it is a later file of a run (`run_file`).
+#[test]
+fn a_chain_begun_after_file_1_does_not_claim_the_runs_pinned_memory() {
+    let dir = TempDir::new("run-late-chain");
+    let run = dir.join("run");
+    let mut copy = call("cudaMemcpy", 100 * MS, MS);
+    (copy.host_ptr, copy.size, copy.kind) = (Some(0x7000_0040), Some(4096), Some(1));
+    write_run(&run, &RunLink::new_run(), 2, &[part(vec![copy])]);
+    let second = sleuth_store::Trace::open(&run.join(part_name(2))).unwrap();
+    let lean = sleuth_store::lean::load(&second, None, budget())
+        .unwrap()
+        .unwrap();
+    let pageable: u64 = lean.inputs.threads.values().map(|t| t.pageable.count).sum();
+    assert_eq!(pageable, 1);
+    assert_eq!(lean.run_file, Some(2));
+    let c = Connection::open(run.join(part_name(2))).unwrap();
+    let judged: i64 = c
+        .query_row(
+            "SELECT count(*) FROM meta WHERE key = 'run_copies_judged'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(judged, 0);
 }
