@@ -597,8 +597,28 @@ fn mcp_answers_over_the_run(run: &Path, files: &[(u64, PathBuf)], sb: &Sandbox) 
     let by_site = cli_json("memory", run, &["--by-site"]);
     assert_eq!(mem["sites"], by_site["sites"], "{mem}");
     assert_eq!(mem["sites"][0]["allocs"], 20, "{mem}");
+    // At a moment (the files' clock): the ledger replayed from the files
+    // begun by then, as `memory --db DIR --at` (from the oldest file's
+    // start) gives it; at the run's end, the run's ledger.
+    let start = common::Db::open(&files[0].1).int("SELECT start_mono_ns FROM session");
+    let end = common::Db::open(&files[files.len() - 1].1).int("SELECT end_mono_ns FROM session");
+    let at_end = tool(&mut server, "memory", json!({"at_ns": end})).expect("memory at the end");
+    let cli_at = cli_json("memory", run, &["--at", &format!("{}ns", end - start)]);
+    assert_eq!(at_end["at_ns"], json!(end));
+    for key in [
+        "live_bytes",
+        "peak_bytes",
+        "allocs",
+        "frees",
+        "unmatched_frees",
+        "unfreed",
+    ] {
+        assert_eq!(of(&at_end)[key], m[key], "{key} at the end");
+        assert_eq!(of(&at_end)[key], of(&cli_at)[key], "{key}: MCP and CLI");
+    }
+    assert_eq!(at_end["files"], mem["files"]);
     let err = tool(&mut server, "memory", json!({"at_ns": 1})).expect_err("at_ns");
-    assert!(err.contains("one file"), "{err}");
+    assert!(err.contains("outside the run's finished files"), "{err}");
 
     // The slowest calls of the run: each file's, the slowest of them all,
     // each naming its file.

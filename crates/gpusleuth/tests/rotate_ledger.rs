@@ -143,6 +143,63 @@ const SCRIPT: &str = "malloc 3145728 w; malloc 2097152 a; \
      repeat 12 { malloc 65536; malloc 1048576 s; free s; sync_sleep 80 }; \
      free a; malloc 1e15; sync_sleep 300";
 
+/// `memory --at` of the run's directory (counted from the oldest file's
+/// start): between `a`'s allocation and its free (in a later file) `a`
+/// is live, up to the free; at the run's end the ledger replayed from every file equals
+/// the one the tracer carried (`end`, `memory --db DIR`); past the end, a
+/// one-line error.
+fn memory_at_moments_of_the_run(dir: &Path, files: &[PathBuf], end: &serde_json::Value) {
+    let rows = |f: &Path, sql: &str| common::Db::open(f).ints(sql);
+    let start = rows(&files[0], "SELECT start_mono_ns FROM session")[0][0];
+    let run_end = rows(files.last().unwrap(), "SELECT end_mono_ns FROM session")[0][0];
+    // `a`'s allocation and its free, each in the file that holds it.
+    let a_sql = format!(
+        "SELECT ts_ns + dur_ns, ptr FROM calls WHERE op = 'cudaMalloc' AND size = {A_BYTES}"
+    );
+    let (made, ptr) = files
+        .iter()
+        .find_map(|f| rows(f, &a_sql).first().map(|r| (r[0], r[1])))
+        .expect("a made");
+    let free_sql = format!("SELECT ts_ns FROM calls WHERE op = 'cudaFree' AND ptr = {ptr}");
+    let freed = files
+        .iter()
+        .find_map(|f| rows(f, &free_sql).first().map(|r| r[0]))
+        .expect("a freed");
+    assert!(made < freed);
+    let at = |offset: i64| memory_of_run(dir, &["--at", &format!("{offset}ns")]);
+    let unfreed = |v: serde_json::Value| -> Vec<u64> {
+        let us = v["unfreed"].as_array().unwrap().iter();
+        us.map(|u| u["bytes"].as_u64().unwrap()).collect()
+    };
+    // Midway, and just before the free (in the file that holds it, read
+    // with the calls after the moment left out).
+    for moment in [(made + freed) / 2, freed - 1] {
+        let live = unfreed(at(moment - start));
+        assert!(live.contains(&A_BYTES), "a live at {moment}: {live:?}");
+    }
+    let at_end = at(run_end - start);
+    for k in [
+        "live_bytes",
+        "peak_bytes",
+        "allocs",
+        "frees",
+        "unfreed",
+        "failed_allocs",
+    ] {
+        assert_eq!(at_end[k], end[k], "{k} at the run's end");
+    }
+    let o = common::gpusleuth()
+        .args(["memory", "--at", "1h", "--db"])
+        .arg(dir)
+        .output()
+        .expect("run");
+    common::assert_no_panic(&o);
+    assert_ne!(o.status.code(), Some(0), "--at 1h");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("outside the run's finished files"), "{err}");
+}
+
 #[test]
 fn the_carried_ledger_answers_explain_as_the_replay_did() {
     let Some(sb) = Sandbox::for_ebpf("rotl-equal") else {
@@ -193,7 +250,7 @@ fn the_carried_ledger_answers_explain_as_the_replay_did() {
     // The command's whole answer, byte for byte, as before.
     assert_eq!(explain_json(&sb.db()), explain_json(&old));
     // `memory --db DIR`: the run's ledger, what the script left; the same
-    // from the replay; `--at` reads one file.
+    // from the replay.
     let m = memory_of_run(&sb.db(), &[]);
     assert_script_ledger(&m, "memory of the run");
     assert_eq!(m, memory_of_run(&old, &[]), "carried and replayed");
@@ -202,16 +259,7 @@ fn the_carried_ledger_answers_explain_as_the_replay_did() {
     let sites = sites_of_run(&sb.db());
     assert_script_sites(&sites);
     assert_eq!(sites, sites_of_run(&old), "carried and replayed");
-    let o = common::gpusleuth()
-        .args(["memory", "--at", "1s", "--db"])
-        .arg(sb.db())
-        .output()
-        .expect("run");
-    common::assert_no_panic(&o);
-    assert_ne!(o.status.code(), Some(0), "--at");
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(err.trim().lines().count(), 1, "{err}");
-    assert!(err.contains("run's directory"), "{err}");
+    memory_at_moments_of_the_run(&sb.db(), &files, &m);
     let text = common::run_ok(common::gpusleuth().args(["memory", "--db"]).arg(sb.db()));
     let text = String::from_utf8_lossy(&text.stdout);
     assert!(text.starts_with("Run in "), "{text}");

@@ -340,14 +340,12 @@ fn problem_notes(p: &InputProblems) -> Vec<String> {
 /// replayed), the allocator views over the files' block events, the
 /// driver's view, as `gpusleuth memory --db DIR`, and the run's per-site
 /// table (`memory --by-site --db DIR`: allocations added up over the
-/// files, unfreed from the run's ledger, no bytes at the peak). `at_ns`
-/// reads one file.
+/// files, unfreed from the run's ledger, no bytes at the peak). At
+/// `at_ns`: the ledger replayed from the memory calls of the files that
+/// began by then (`run_explain::load_memory_at`), without sites.
 pub fn memory(dir: &Path, a: &args::Memory, points: usize, budget: &ReadBudget) -> Result<Value> {
-    if a.at_ns.is_some() {
-        bail!(
-            "at_ns names a moment of one file; db is a run's directory: pass the file that holds the moment as db \
-             (`overview` lists each file's time range)"
-        );
+    if let Some(at) = a.at_ns {
+        return memory_at(dir, a, at, points, budget);
     }
     let (run, sites) = sleuth_store::run_report::load_sites(dir, a.pid, budget.clone(), memo())?;
     let data = &run.data;
@@ -364,6 +362,44 @@ pub fn memory(dir: &Path, a: &args::Memory, points: usize, budget: &ReadBudget) 
         .into_iter()
         .take(trace_tools::MEMORY_SITES)
         .collect::<Vec<_>>());
+    v["files"] = json!(sleuth_store::run::file_names(&run.files));
+    v["notes"] = json!(notes);
+    v["input_problems"] = json!(run.problems);
+    Ok(v)
+}
+
+/// `memory` of a run at `at` (a timestamp of the files' clock, as
+/// `overview` gives each file's range): the ledger as it stood then, the
+/// allocator views up to then, the driver's view; no per-site table (it
+/// reads one file at a moment: a note says which to ask).
+fn memory_at(
+    dir: &Path,
+    a: &args::Memory,
+    at: u64,
+    points: usize,
+    budget: &ReadBudget,
+) -> Result<Value> {
+    let run = sleuth_store::run_explain::load_memory_at(
+        dir,
+        a.pid,
+        sleuth_store::run_explain::Moment::At(at),
+        budget.clone(),
+        memo(),
+    )?;
+    let data = &run.data;
+    let allocators = sleuth_core::allocator::allocator_views(data, Some(at), &run.ledgers);
+    let helds = sleuth_core::held::held(data, &run.ledgers);
+    let mut v = trace_tools::memory_json(run.ledgers.clone(), &allocators, &helds, data, points)?;
+    let mut notes: Vec<String> = run.ledger_note.iter().cloned().collect();
+    notes.extend(unfinished_notes(&run.incomplete, false));
+    if let Some(last) = run.files.last() {
+        notes.push(format!(
+            "sites: not listed at a moment of a run; ask {} (the file that holds the moment) with the same at_ns",
+            sleuth_store::run::file_names(std::slice::from_ref(last)).join("")
+        ));
+    }
+    v["at_ns"] = json!(at);
+    v["sites"] = json!([]);
     v["files"] = json!(sleuth_store::run::file_names(&run.files));
     v["notes"] = json!(notes);
     v["input_problems"] = json!(run.problems);

@@ -210,7 +210,7 @@ impl SleuthServer {
         failed allocations (with the live bytes when they failed), pinned/managed memory apart, a thinned \
         timeline, and `held`: what NVML said the process held before the trace began (allocations made \
         before the trace are not itemized). `at_ns` gives the ledger as it stood at that moment. \
-        On a run's directory: the run's ledger over its files."
+        On a run's directory: the run's ledger over its files (at `at_ns`: replayed from the files begun by then)."
     )]
     async fn memory(
         &self,

@@ -67,6 +67,8 @@ pub struct RunLean {
     pub incomplete: Vec<PathBuf>,
     /// What the files' reads skipped, added up.
     pub problems: InputProblems,
+    /// The moment the ledgers stand at ([`load_memory_at`]); None: the end.
+    pub at_ns: Option<u64>,
     /// What the answer over a run says about itself (see [`RunLean::explanation`]).
     notes: Vec<String>,
 }
@@ -109,7 +111,18 @@ pub(crate) fn load_with(
     memo: &CheckMemo,
     also: impl FnMut(&Trace, &MemoryTrace) -> Result<(), StoreError>,
 ) -> Result<RunLean, StoreError> {
-    load_run(dir, pid, budget, memo, true, also)
+    load_run(dir, pid, budget, memo, Read::Explain, also)
+}
+
+/// What a reader of the run reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Read {
+    /// The explanation's inputs and the memory, at the end.
+    Explain,
+    /// The memory at the end.
+    Memory,
+    /// The memory at a moment: the files that began by then.
+    At(Moment),
 }
 
 /// The run's memory as [`load_remembered`] reads it (the ledgers, carried
@@ -126,7 +139,7 @@ pub(crate) fn load_memory_with(
     memo: &CheckMemo,
     also: impl FnMut(&Trace, &MemoryTrace) -> Result<(), StoreError>,
 ) -> Result<RunLean, StoreError> {
-    load_run(dir, pid, budget, memo, false, also)
+    load_run(dir, pid, budget, memo, Read::Memory, also)
 }
 
 /// [`load_memory_with`] with nothing else read.
@@ -139,17 +152,85 @@ pub fn load_memory(
     load_memory_with(dir, pid, budget, memo, |_, _| Ok(()))
 }
 
-/// The run read file by file; `explain`: with the explanation's inputs.
+/// A moment of a run, for [`load_memory_at`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Moment {
+    /// This long after the oldest finished file began (`memory --at`).
+    Since(u64),
+    /// A monotonic timestamp in ns, the files' clock (MCP `at_ns`).
+    At(u64),
+}
+
+/// The run's memory as it stood at `moment`, as [`load_memory`] reads it
+/// for the end: the files that began by then (their base data, the
+/// allocator views' calls) and one ledger replayed from their memory calls
+/// in order, the calls that returned after the moment left out, as one
+/// trace's `memory --at` replays its own. The carried ledger holds the
+/// run's end only, so this reads every memory call up to the moment; what
+/// files `--keep` deleted held is not known (a note says so).
+/// [`RunLean::at_ns`] is the moment. A moment past the finished files'
+/// end, or before the first one's start, is an error saying the run's
+/// extent.
+pub fn load_memory_at(
+    dir: &Path,
+    pid: Option<u32>,
+    moment: Moment,
+    budget: ReadBudget,
+    memo: &CheckMemo,
+) -> Result<RunLean, StoreError> {
+    load_run(dir, pid, budget, memo, Read::At(moment), |_, _| Ok(()))
+}
+
+/// Refuses a moment `at` outside the run read (`run`: the files that began
+/// by then, `began_after`: whether a finished file began after it).
+fn check_moment(
+    dir: &Path,
+    run: &Acc,
+    data: &TraceData,
+    incomplete: &[PathBuf],
+) -> Result<(), StoreError> {
+    let (Some(at), Some(start), Some(end)) = (run.at_ns, data.start_ns, data.end_ns) else {
+        return Ok(());
+    };
+    // Between two files (the time a rotation took) is inside the run.
+    if at < start || (at > end && !run.began_after) {
+        let mut msg = format!(
+            "the moment is outside the run's finished files, which last {} from the oldest one's start (--at counts from it)",
+            sleuth_core::units::fmt_ns(end.saturating_sub(start))
+        );
+        if let Some(live) = incomplete.last() {
+            msg.push_str(&format!(
+                "; {} is still being written: read it alone (--db that file)",
+                part_label(live)
+            ));
+        }
+        return Err(StoreError::file(dir, msg));
+    }
+    Ok(())
+}
+
+/// A file's name for a message.
+fn part_label(path: &Path) -> String {
+    path.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| path.display().to_string())
+}
+
+/// The run read file by file, for `read`.
 fn load_run(
     dir: &Path,
     pid: Option<u32>,
     budget: ReadBudget,
     memo: &CheckMemo,
-    explain: bool,
+    read: Read,
     mut also: impl FnMut(&Trace, &MemoryTrace) -> Result<(), StoreError>,
 ) -> Result<RunLean, StoreError> {
     let mut run = Acc {
-        explain,
+        explain: read == Read::Explain,
+        moment: match read {
+            Read::At(m) => Some(m),
+            _ => None,
+        },
         ..Acc::default()
     };
     let visited = visit_finished(dir, pid, &budget, memo, |trace| {
@@ -157,10 +238,53 @@ fn load_run(
     })?;
     let mut data = run.data.take().unwrap_or_default();
     // NVML's readings when tracing began are stored in the run's first file.
-    data.process_gpu_start_lost = visited.links.first().map(|(n, _)| *n) != Some(1);
-    let ledger = run_ledger(&visited, &run, &data, pid, &budget, memo)?;
-    run.files = visited.files;
+    let first = visited.links.first().map(|(n, _)| *n);
+    data.process_gpu_start_lost = first != Some(1);
+    check_moment(dir, &run, &data, &visited.incomplete)?;
+    let ledger = match run.at_ns {
+        Some(at) => ledger_at(&run, at, first, &data, pid, &budget, memo)?,
+        None => run_ledger(&visited, &run, &data, pid, &budget, memo)?,
+    };
+    run.files = match read {
+        // The files that began by the moment.
+        Read::At(_) => run.held.clone(),
+        _ => visited.files,
+    };
     Ok(run.finish(data, ledger, visited.incomplete))
+}
+
+/// The run's ledgers at `at`: the memory calls of the files read, oldest
+/// first, replayed into one builder up to the moment; `first` is the
+/// oldest finished file's number (past 1: earlier files are gone).
+fn ledger_at(
+    run: &Acc,
+    at: u64,
+    first: Option<u64>,
+    data: &TraceData,
+    pid: Option<u32>,
+    budget: &ReadBudget,
+    memo: &CheckMemo,
+) -> Result<RunLedger, StoreError> {
+    let mut b = LedgerBuilder::new(Some(at));
+    let mut replayed = 0u64;
+    for path in &run.held {
+        let trace = Trace::open_remembered(path, budget.clone(), memo)?;
+        let view = MemoryTrace::open(&trace, pid, budget.clone())?;
+        replayed = replayed.saturating_add(view.replay_ledger(&mut b)?);
+    }
+    let note = first.filter(|&n| n > 1).map(|n| {
+        format!(
+            "The ledger at a moment is replayed from the memory calls of the files in the directory: the run's first {} \
+             file(s) are gone (deleted by --keep), so what they allocated and had not freed by then is not in it \
+             (at the run's end, memory --db DIR without --at counts it: the tracer carried it).",
+            n - 1
+        )
+    });
+    Ok(RunLedger {
+        ledgers: b.finish(data),
+        replayed,
+        note,
+    })
 }
 
 /// The run's ledgers and how they were had.
@@ -244,6 +368,12 @@ struct Acc {
     problems: InputProblems,
     /// Host ranges pinned in the files added, for the next file's copies.
     pinned: PinnedCarry,
+    /// The moment asked for, when the memory is read at one.
+    moment: Option<Moment>,
+    /// That moment as a timestamp, once the first file added resolved it.
+    at_ns: Option<u64>,
+    /// A finished file began after the moment (which is inside the run).
+    began_after: bool,
 }
 
 impl Acc {
@@ -261,6 +391,17 @@ impl Acc {
             false => None,
         };
         let mut view = MemoryTrace::open(trace, pid, budget.clone())?;
+        if let Some(moment) = self.moment {
+            let at = *self.at_ns.get_or_insert(match moment {
+                Moment::Since(d) => view.span.start_ns.saturating_add(d),
+                Moment::At(t) => t,
+            });
+            if view.span.start_ns > at && self.data.is_some() {
+                // Began after the moment: nothing of it had happened yet.
+                self.began_after = true;
+                return Ok(());
+            }
+        }
         self.pids.extend(view.pids());
         self.held.push(path.to_path_buf());
         also(trace, &view)?;
@@ -316,6 +457,7 @@ impl Acc {
             files: self.files,
             incomplete,
             problems: self.problems,
+            at_ns: self.at_ns,
             notes,
         }
     }

@@ -633,3 +633,102 @@ fn a_chain_begun_after_file_1_does_not_claim_the_runs_pinned_memory() {
         .unwrap();
     assert_eq!(judged, 0);
 }
+
+/// `memory --at` of a run (`run_explain::load_memory_at`): at moments in
+/// each of the three files, before and after A's free, the run's ledgers
+/// equal the ledger of one trace of the same calls at the same moment
+/// (`memory --at` of one file); the files that began after the moment are
+/// not read. A moment given from the oldest file's start is the same.
+/// Outside the files, a one-line error; files `--keep` deleted: a note.
+#[test]
+fn the_ledger_at_a_moment_of_a_run_is_the_whole_traces_at_that_moment() {
+    use sleuth_store::run_explain::{load_memory_at, Moment};
+    let tmp = TempDir::new("runled-at");
+    let run = tmp.join("run");
+    let parts = three_parts();
+    // Each file begins where a rotation cut the run.
+    let link = RunLink::new_run();
+    std::fs::create_dir_all(&run).unwrap();
+    for (k, start) in [0, 90 * MS, 190 * MS].into_iter().enumerate() {
+        let n = k as u64 + 1;
+        let opts = WriterOptions {
+            run: Some(link.for_file(n)),
+            ..Default::default()
+        };
+        let session = sleuth_store::SessionInfo {
+            start_mono_ns: start,
+            ..common::session()
+        };
+        common::trace_fixture::rewrite_in_session(
+            &parts[k],
+            &run.join(part_name(n)),
+            opts,
+            session,
+        );
+    }
+    let mut all = parts[0].clone();
+    for p in &parts[1..] {
+        all.calls.extend(p.calls.iter().cloned());
+        all.stacks.extend(p.stacks.clone());
+    }
+    let whole = tmp.join("whole.db");
+    common::rewrite(&all, &whole);
+    let one = sleuth_store::Trace::open(&whole).unwrap();
+    let memo = sleuth_store::CheckMemo::new();
+    let at = |m| load_memory_at(&run, None, m, budget(), &memo);
+    for (t, files) in [
+        (MS / 2, 1),
+        (5 * MS, 1),
+        (150 * MS, 2),
+        (215 * MS, 3),
+        (225 * MS, 3),
+        (230 * MS + 10_000, 3),
+    ] {
+        let r = at(Moment::At(t)).unwrap();
+        let want = sleuth_store::stream::MemoryTrace::open(&one, None, budget())
+            .unwrap()
+            .ledgers(Some(t))
+            .unwrap();
+        // The run labels its sites from the stacks its files hold.
+        let mut got = r.ledgers.clone();
+        for l in &mut got {
+            for u in &mut l.unfreed {
+                assert_eq!(u.site.is_some(), u.stack_id.is_some(), "at {t}: {u:?}");
+                u.site = None;
+            }
+            for f in &mut l.failed_allocs {
+                f.site = None;
+            }
+        }
+        assert_eq!(got, want, "at {t}");
+        assert_eq!(r.at_ns, Some(t));
+        assert_eq!(r.files.len(), files, "at {t}");
+        assert_eq!(r.ledger_note, None);
+    }
+    // A (1 MiB) and B (2 MiB) live at 150 ms; A freed at 210 ms.
+    let live = |t| at(Moment::At(t)).unwrap().ledgers[0].live_bytes;
+    assert_eq!(live(150 * MS), 3 << 20);
+    assert_eq!(live(215 * MS), 2 << 20);
+    let start = at(Moment::At(0)).unwrap().data.start_ns.unwrap();
+    let since = at(Moment::Since(150 * MS - start)).unwrap();
+    assert_eq!(since.at_ns, Some(150 * MS));
+    assert_eq!(since.ledgers[0].live_bytes, 3 << 20);
+    let past = match at(Moment::At(10_000 * MS)) {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("a moment past the run answered"),
+    };
+    assert!(past.contains("outside the run's finished files"), "{past}");
+    assert_eq!(past.lines().count(), 1, "{past}");
+    // As `--keep 2` leaves it: what file 1 allocated is not known at a moment.
+    std::fs::remove_file(run.join(part_name(1))).unwrap();
+    let pruned = at(Moment::At(150 * MS)).unwrap();
+    assert!(
+        pruned
+            .ledger_note
+            .as_deref()
+            .unwrap()
+            .contains("first 1 file(s) are gone"),
+        "{:?}",
+        pruned.ledger_note
+    );
+}

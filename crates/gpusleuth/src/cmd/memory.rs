@@ -151,45 +151,62 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
 /// file's memory calls), the allocator views over the files' block events,
 /// the driver's view and GPU busy over the files (`sleuth_store::run_explain`,
 /// as `explain --db DIR` reads them). The file still being written is left
-/// out with a note. `--at` and `--by-site` read one file.
+/// out with a note. With `--at` (counted from the oldest finished file's
+/// start): the ledger replayed from the memory calls of the files that
+/// began by then (`run_explain::load_memory_at`); `--by-site --at` reads
+/// one file.
 fn run_of_run(args: &Args) -> anyhow::Result<i32> {
     let dir = &args.input.db;
-    if args.at.is_some() {
-        anyhow::bail!(
-            "--at counts from the start of one trace file; --db names a run's directory (pick the part-*.db file that holds the moment)"
-        );
-    }
     if args.by_site {
+        if args.at.is_some() {
+            anyhow::bail!(
+                "--by-site --at reads one trace file; --db names a run's directory (pick the part-*.db file that holds the moment, or drop --by-site)"
+            );
+        }
         return sites_of_run(args);
     }
-    let run = sleuth_store::run_explain::load_memory(
-        dir,
-        args.input.pid,
-        crate::checks_memo::budget(),
-        crate::checks_memo::memo(),
-    )?;
+    let (budget, memo) = (crate::checks_memo::budget(), crate::checks_memo::memo());
+    let run = match args.at {
+        Some(offset) => sleuth_store::run_explain::load_memory_at(
+            dir,
+            args.input.pid,
+            sleuth_store::run_explain::Moment::Since(offset),
+            budget,
+            memo,
+        )?,
+        None => sleuth_store::run_explain::load_memory(dir, args.input.pid, budget, memo)?,
+    };
     crate::load::note_unfinished(&run.incomplete);
     crate::load::print_problems_at(dir, &run.problems);
     let mut processes = run.ledgers.clone();
     let data = &run.data;
-    let allocators = allocator_views(data, None, &processes);
+    let allocators = allocator_views(data, run.at_ns, &processes);
     let helds = held_by_pid(data, &mut processes);
     let activity = gpu_activity::of_trace(data);
     let files = sleuth_store::run::file_names(&run.files);
     let notes: Vec<String> = run.ledger_note.iter().cloned().collect();
     if args.out.json {
-        let mut r = report(&processes, &allocators, &helds, &activity, None);
+        let mut r = report(&processes, &allocators, &helds, &activity, args.at);
         r.files = files;
         r.notes = notes;
         emit_json(&r)?;
     } else {
         // Allocations carried from files `--keep` deleted began before the
-        // oldest file kept: times count from the earliest of them.
-        let origin = earliest(&processes).min(data.start_ns.unwrap_or(u64::MAX));
+        // oldest file kept: times count from the earliest of them (at a
+        // moment the ledger is the kept files', from the oldest one's start).
+        let origin = match args.at {
+            Some(_) => data.start_ns.unwrap_or(0),
+            None => earliest(&processes).min(data.start_ns.unwrap_or(u64::MAX)),
+        };
         let mut text = format!(
-            "Run in {}: {} finished file(s), {}; times since {}.\n",
+            "Run in {}: {} finished file(s){}, {}; times since {}.\n",
             dir.display(),
             files.len(),
+            if args.at.is_some() {
+                " that began by the moment"
+            } else {
+                ""
+            },
             sleuth_store::run::first_to_last(&files),
             if data.start_ns.is_some_and(|s| s <= origin) {
                 "the oldest file's start"
@@ -206,7 +223,7 @@ fn run_of_run(args: &Args) -> anyhow::Result<i32> {
             &allocators,
             &helds,
             origin,
-            None,
+            args.at,
             args.segments,
         ));
         emit_text(&crate::term_text::terminal_safe(&text))?;

@@ -53,7 +53,7 @@ pub fn two_processes() -> TraceData {
 /// Writes `data` through a fresh writer (events in time order), which
 /// stores the rollups and the finding rollups when it finishes.
 pub fn rewrite(data: &TraceData, path: &Path) {
-    rewrite_with(data, path, WriterOptions::default(), |_| {});
+    rewrite_with(data, path, WriterOptions::default(), session(), |_| {});
 }
 
 /// [`rewrite`], also writing what the report draws besides the calls and
@@ -65,7 +65,18 @@ pub fn rewrite_with_context(data: &TraceData, path: &Path) {
 /// [`rewrite_with_context`] through a writer with `opts` (a file of a
 /// rotating trace: `opts.run`).
 pub fn rewrite_with_options(data: &TraceData, path: &Path, opts: WriterOptions) {
-    rewrite_with(data, path, opts, |h| {
+    rewrite_in_session(data, path, opts, session());
+}
+
+/// [`rewrite_with_options`] in `session` (its start: where a file of a run
+/// began).
+pub fn rewrite_in_session(
+    data: &TraceData,
+    path: &Path,
+    opts: WriterOptions,
+    session: SessionInfo,
+) {
+    rewrite_with(data, path, opts, session, |h| {
         for s in data.stacks.values() {
             h.add_stack(s.clone()).unwrap();
         }
@@ -84,9 +95,10 @@ fn rewrite_with(
     data: &TraceData,
     path: &Path,
     opts: WriterOptions,
+    session: SessionInfo,
     before: impl FnOnce(&WriterHandle),
 ) {
-    let w = TraceWriter::create(path, session(), opts).unwrap();
+    let w = TraceWriter::create(path, session, opts).unwrap();
     let h = w.handle();
     before(&h);
     for p in &data.processes {
