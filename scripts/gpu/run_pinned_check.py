@@ -86,13 +86,29 @@ check("capture: every copy the program made is recorded with its host pointer",
 flags = [meta(f, "run_copies_judged") for f in files]
 check("every file's copies were judged against the run's pinned ranges (meta.run_copies_judged)",
       all(v == "1" for v in flags), f"{flags}")
+
+
+def pinning_file(fs, p):
+    """The index of the first file holding a pinning call of process `p`."""
+    for i, f in enumerate(fs):
+        c = ro(f)
+        n = c.execute("SELECT count(*) FROM calls WHERE pid = ? AND nested = 0 AND op IN "
+                      "('cudaHostAlloc', 'cudaMallocHost', 'cuMemHostAlloc', 'cuMemAllocHost_v2')", (p,)).fetchone()[0]
+        c.close()
+        if n:
+            return i
+    return None
+
+
 tot = [judged(f, pid) for f in files]
 pinned = sum(p for _, p in tot)
 pageable = sum(g for g, _ in tot)
-later_pinned = sum(p for _, p in tot[1:])
-check("stored judgement: the copies from the buffer pinned in file 1 are pinned in every file",
+pin_at = pinning_file(files, pid)
+later_pinned = sum(p for _, p in tot[pin_at + 1:]) if pin_at is not None else 0
+check("stored judgement: the copies from the buffer are pinned in every file, the ones after its pinning's too",
       pinned == truth["pinned_copies"] and later_pinned > 0,
-      f"pinned {pinned} (files after the first: {later_pinned}) vs program {truth['pinned_copies']}; per file {tot}")
+      f"pinned {pinned} vs program {truth['pinned_copies']}, {later_pinned} of them in files after the pinning "
+      f"(file {None if pin_at is None else pin_at + 1}); (pageable, pinned) per file {tot}")
 check("stored judgement: the copies from the pageable buffer stay pageable",
       pageable >= truth["pageable_copies"],
       f"pageable {pageable} vs program {truth['pageable_copies']} (plus any torch made itself)")
@@ -110,16 +126,19 @@ print(f"explain --db DIR, this build on its run: {secs_new:.2f} s")
 # The newest finished file copied out of the run's directory: it knows the buffer.
 away = os.path.join(out, "away")
 os.makedirs(away, exist_ok=True)
-newest = files[-1]
+# (the newest one holding copies: the last file may end with the program).
+newest = [f for f, t in zip(files, tot) if t[1] > 0][-1]
 copy = os.path.join(away, os.path.basename(newest))
 shutil.copy(newest, copy)
 a, _ = gs_json(gs, "explain", "--json", "--db", copy)
 fa = [x for x in a["findings"] if x["kind"] == "pageable_copy"]
 want = judged(newest, pid)[1]
 notes = json.dumps(a.get("notes", []))
-check("the newest file alone, elsewhere: its copies from the buffer pinned in file 1 are pinned, no 'part N' note",
-      "of a `trace --rotate` run: host memory" not in notes and (not fa or fa[0]["evidence"].get("pinned_copies") == want),
-      f"{len(fa)} pageable_copy finding(s), stored pinned {want}")
+check("the newest file with copies, alone elsewhere: its copies from the buffer pinned earlier are pinned, no 'part N' note",
+      want > 0 and "of a `trace --rotate` run: host memory" not in notes
+      and (not fa or fa[0]["evidence"].get("pinned_copies") == want),
+      f"{os.path.basename(newest)}: {len(fa)} pageable_copy finding(s)"
+      f"{' with ' + str(fa[0]['evidence'].get('pinned_copies')) + ' pinned' if fa else ''}, stored pinned {want}")
 
 # The memory at each checkpoint: CLI --at (from the oldest file's start) and MCP at_ns.
 c = ro(files[0])
@@ -144,9 +163,10 @@ if old:
     t_old = json.load(open(truth_old_path))
     of = parts(run_old)
     tot_old = [judged(x, t_old["pid"]) for x in of]
+    with_pinned = [i + 1 for i, (_, p) in enumerate(tot_old) if p > 0]
     check("the previous build's files judged each file's copies against its own pinning only",
-          sum(p for _, p in tot_old[1:]) == 0 and sum(p for _, p in tot_old) < t_old["pinned_copies"],
-          f"stored pinned per file {[p for _, p in tot_old]} of {t_old['pinned_copies']}")
+          with_pinned == [pinning_file(of, t_old["pid"]) + 1] and sum(p for _, p in tot_old) < t_old["pinned_copies"],
+          f"stored pinned per file {[p for _, p in tot_old]} of {t_old['pinned_copies']} (pinning in file {with_pinned})")
     p, secs_old = timed(gs_old, "explain", "--json", "--db", run_old)
     p2, secs_cross = timed(gs, "explain", "--json", "--db", run_old)
     same = p.returncode == 0 and p2.returncode == 0 and p.stdout == p2.stdout
