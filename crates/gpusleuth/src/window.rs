@@ -194,9 +194,7 @@ impl WindowFile {
 
 /// A file's name for a message.
 pub(crate) fn name_of(path: &Path) -> String {
-    path.file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| path.display().to_string())
+    sleuth_store::run::file_name(path)
 }
 
 /// `--last D`: from D before the trace's end (its session end, or for a

@@ -580,14 +580,16 @@ fn mcp_answers_over_the_run(run: &Path, files: &[(u64, PathBuf)], sb: &Sandbox) 
             .unwrap_or_else(|| panic!("pid {pid}: {v}"))
     };
     let (m, c) = (of(&mem), of(&cli));
-    for key in [
+    // What a ledger answers, compared field by field.
+    const LEDGER: [&str; 6] = [
         "live_bytes",
         "peak_bytes",
         "allocs",
         "frees",
         "unmatched_frees",
         "unfreed",
-    ] {
+    ];
+    for key in LEDGER {
         assert_eq!(m[key], c[key], "{key}");
     }
     assert_eq!(m["allocs"], 20, "{m}");
@@ -605,14 +607,7 @@ fn mcp_answers_over_the_run(run: &Path, files: &[(u64, PathBuf)], sb: &Sandbox) 
     let at_end = tool(&mut server, "memory", json!({"at_ns": end})).expect("memory at the end");
     let cli_at = cli_json("memory", run, &["--at", &format!("{}ns", end - start)]);
     assert_eq!(at_end["at_ns"], json!(end));
-    for key in [
-        "live_bytes",
-        "peak_bytes",
-        "allocs",
-        "frees",
-        "unmatched_frees",
-        "unfreed",
-    ] {
+    for key in LEDGER {
         assert_eq!(of(&at_end)[key], m[key], "{key} at the end");
         assert_eq!(of(&at_end)[key], of(&cli_at)[key], "{key}: MCP and CLI");
     }

@@ -395,7 +395,7 @@ fn memory_at(
     if let Some(last) = run.files.last() {
         notes.push(format!(
             "sites: not listed at a moment of a run; ask {} (the file that holds the moment) with the same at_ns",
-            sleuth_store::run::file_names(std::slice::from_ref(last)).join("")
+            sleuth_store::run::file_name(last)
         ));
     }
     v["at_ns"] = json!(at);

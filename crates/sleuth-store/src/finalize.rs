@@ -47,11 +47,11 @@ pub(crate) fn complete(
     let judged_with_run = carried
         .as_ref()
         .is_some_and(crate::run_ledger::Carried::covers_whole_run);
-    // First: the per-thread pass reads each thread's calls by (tid, ts_ns).
-    tx.execute_batch(crate::schema::LATE_INDEXES)?;
     if judged_with_run {
         crate::run_pinned::store_judged_from(&tx, &earlier)?;
     }
+    // First: the per-thread pass reads each thread's calls by (tid, ts_ns).
+    tx.execute_batch(crate::schema::LATE_INDEXES)?;
     let (rows, groups, pinned_at_end) = per_thread_pass(&tx, rollup, earlier)?;
     write_op_rollups(&tx, rollup)?;
     crate::call_groups::write(&tx, groups)?;

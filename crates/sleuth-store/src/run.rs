@@ -85,14 +85,14 @@ pub fn refuse_output_in_run(output: &Path, dir: &Path) -> Result<(), StoreError>
 
 /// The file names of `paths` (a run's files), for an answer that names them.
 pub fn file_names(paths: &[PathBuf]) -> Vec<String> {
-    paths
-        .iter()
-        .map(|p| {
-            p.file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_else(|| p.display().to_string())
-        })
-        .collect()
+    paths.iter().map(|p| file_name(p)).collect()
+}
+
+/// A run's file's name, for an answer that names it.
+pub fn file_name(path: &Path) -> String {
+    path.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| path.display().to_string())
 }
 
 /// "part-000003.db to part-000005.db": the first and last of `names`

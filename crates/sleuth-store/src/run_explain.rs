@@ -201,19 +201,12 @@ fn check_moment(
         if let Some(live) = incomplete.last() {
             msg.push_str(&format!(
                 "; {} is still being written: read it alone (--db that file)",
-                part_label(live)
+                crate::run::file_name(live)
             ));
         }
         return Err(StoreError::file(dir, msg));
     }
     Ok(())
-}
-
-/// A file's name for a message.
-fn part_label(path: &Path) -> String {
-    path.file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| path.display().to_string())
 }
 
 /// The run read file by file, for `read`.

@@ -105,6 +105,14 @@ fn without_carried(dir: &Path, to: &Path) -> PathBuf {
     to.to_path_buf()
 }
 
+/// A file's `meta` value of `key`, if any.
+fn meta(path: &Path, key: &str) -> Option<String> {
+    let c = Connection::open(path).unwrap();
+    let mut st = c.prepare("SELECT value FROM meta WHERE key = ?1").unwrap();
+    let v = st.query_row([key], |r| r.get(0));
+    v.ok()
+}
+
 fn sql(path: &Path, sql: &str) {
     Connection::open(path).unwrap().execute_batch(sql).unwrap();
 }
@@ -272,15 +280,9 @@ fn a_file_not_completed_breaks_the_chain_and_the_next_says_so() {
     let parts = three_parts();
     write_run(&run, &link, 1, &parts[..1]);
     write_run(&run, &link, 3, &parts[2..]);
-    let c = Connection::open(run.join(part_name(3))).unwrap();
-    let from: String = c
-        .query_row(
-            "SELECT value FROM meta WHERE key = 'run_ledger_from'",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
-    assert_eq!(from, "3");
+    let third = run.join(part_name(3));
+    assert_eq!(meta(&third, "run_ledger_from").as_deref(), Some("3"));
+    let c = Connection::open(&third).unwrap();
     let note: String = c
         .query_row(
             "SELECT text FROM notes WHERE text LIKE 'run ledger:%'",
@@ -623,15 +625,7 @@ fn a_chain_begun_after_file_1_does_not_claim_the_runs_pinned_memory() {
     let pageable: u64 = lean.inputs.threads.values().map(|t| t.pageable.count).sum();
     assert_eq!(pageable, 1);
     assert_eq!(lean.run_file, Some(2));
-    let c = Connection::open(run.join(part_name(2))).unwrap();
-    let judged: i64 = c
-        .query_row(
-            "SELECT count(*) FROM meta WHERE key = 'run_copies_judged'",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
-    assert_eq!(judged, 0);
+    assert_eq!(meta(&run.join(part_name(2)), "run_copies_judged"), None);
 }
 
 /// `memory --at` of a run (`run_explain::load_memory_at`): at moments in
