@@ -84,9 +84,10 @@ fn sites_of_run(dir: &Path) -> serde_json::Value {
 /// [`SCRIPT`]'s allocations by site over its run, by its own account
 /// (every call from one native function: its sites add up to the script):
 /// 26 made (w 3 MiB, a 2 MiB, 12 leaks of 64 KiB, 12 `s` of 1 MiB), 13
-/// unfreed (w and the leaks), one failure of 1e15 bytes; no bytes at
-/// the peak over a run's files.
-fn assert_script_sites(v: &serde_json::Value) {
+/// unfreed (w and the leaks), one failure of 1e15 bytes; at the peak
+/// `peak` bytes (a replay at a moment knows them), or none known over a
+/// run's stored tables (None).
+fn assert_script_sites(v: &serde_json::Value, peak: Option<u64>) {
     let sites = v["sites"].as_array().expect("sites");
     let sum = |k: &str| -> u64 { sites.iter().map(|s| s[k].as_u64().expect(k)).sum() };
     assert_eq!(sum("allocs"), 26, "{v}");
@@ -105,8 +106,8 @@ fn assert_script_sites(v: &serde_json::Value) {
         (1, 1_000_000_000_000_000),
         "{v}"
     );
-    assert_eq!(sum("at_peak_bytes"), 0, "{v}");
-    assert_eq!(v["at_peak_known"], false, "{v}");
+    assert_eq!(sum("at_peak_bytes"), peak.unwrap_or(0), "{v}");
+    assert_eq!(v["at_peak_known"], peak.is_some(), "{v}");
     assert!(v["files"].as_array().is_some_and(|f| f.len() >= 3), "{v}");
 }
 
@@ -188,6 +189,16 @@ fn memory_at_moments_of_the_run(dir: &Path, files: &[PathBuf], end: &serde_json:
     ] {
         assert_eq!(at_end[k], end[k], "{k} at the run's end");
     }
+    // Its sites then: the script's own account, with what was live per
+    // site at the peak adding up to the peak.
+    let sites_at = common::run_ok(
+        common::gpusleuth()
+            .args(["memory", "--by-site", "--json", "--db"])
+            .arg(dir)
+            .args(["--at", &format!("{}ns", run_end - start)]),
+    );
+    let sites_at: serde_json::Value = serde_json::from_slice(&sites_at.stdout).expect("JSON");
+    assert_script_sites(&sites_at, end["peak_bytes"].as_u64());
     let o = common::gpusleuth()
         .args(["memory", "--at", "1h", "--db"])
         .arg(dir)
@@ -257,7 +268,7 @@ fn the_carried_ledger_answers_explain_as_the_replay_did() {
     // `--by-site`: the script's allocations added up over the files, what
     // it left unfreed (from the run's ledger), its one failure.
     let sites = sites_of_run(&sb.db());
-    assert_script_sites(&sites);
+    assert_script_sites(&sites, None);
     assert_eq!(sites, sites_of_run(&old), "carried and replayed");
     memory_at_moments_of_the_run(&sb.db(), &files, &m);
     let text = common::run_ok(common::gpusleuth().args(["memory", "--db"]).arg(sb.db()));

@@ -369,9 +369,8 @@ pub fn memory(dir: &Path, a: &args::Memory, points: usize, budget: &ReadBudget) 
 }
 
 /// `memory` of a run at `at` (a timestamp of the files' clock, as
-/// `overview` gives each file's range): the ledger as it stood then, the
-/// allocator views up to then, the driver's view; no per-site table (it
-/// reads one file at a moment: a note says which to ask).
+/// `overview` gives each file's range): the ledger and the per-site table
+/// as they stood then, the allocator views up to then, the driver's view.
 fn memory_at(
     dir: &Path,
     a: &args::Memory,
@@ -392,14 +391,12 @@ fn memory_at(
     let mut v = trace_tools::memory_json(run.ledgers.clone(), &allocators, &helds, data, points)?;
     let mut notes: Vec<String> = run.ledger_note.iter().cloned().collect();
     notes.extend(unfinished_notes(&run.incomplete, false));
-    if let Some(last) = run.files.last() {
-        notes.push(format!(
-            "sites: not listed at a moment of a run; ask {} (the file that holds the moment) with the same at_ns",
-            sleuth_store::run::file_name(last)
-        ));
-    }
     v["at_ns"] = json!(at);
-    v["sites"] = json!([]);
+    v["sites"] = json!(run
+        .sites_at
+        .into_iter()
+        .take(trace_tools::MEMORY_SITES)
+        .collect::<Vec<_>>());
     v["files"] = json!(sleuth_store::run::file_names(&run.files));
     v["notes"] = json!(notes);
     v["input_problems"] = json!(run.problems);

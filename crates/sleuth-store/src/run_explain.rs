@@ -40,6 +40,7 @@ use sleuth_core::findings::inputs::{FindingInputs, Resolution};
 use sleuth_core::findings::Explanation;
 use sleuth_core::ledger::{LedgerBuilder, ProcessLedger};
 use sleuth_core::rollup::{merge_counters, merge_op_counts};
+use sleuth_core::sites::SiteMemory;
 use sleuth_core::TraceData;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -69,6 +70,10 @@ pub struct RunLean {
     pub problems: InputProblems,
     /// The moment the ledgers stand at ([`load_memory_at`]); None: the end.
     pub at_ns: Option<u64>,
+    /// At a moment: the per-site table then (`memory --by-site --at`),
+    /// bytes at each process's peak up to then included; empty at the end
+    /// (`run_report::load_sites` reads the stored one).
+    pub sites_at: Vec<SiteMemory>,
     /// What the answer over a run says about itself (see [`RunLean::explanation`]).
     notes: Vec<String>,
 }
@@ -258,13 +263,18 @@ fn ledger_at(
     budget: &ReadBudget,
     memo: &CheckMemo,
 ) -> Result<RunLedger, StoreError> {
-    let mut b = LedgerBuilder::new(Some(at));
+    let mut b = LedgerBuilder::new(Some(at)).with_peak_sites();
+    let mut tally = crate::stream::SiteTally::default();
     let mut replayed = 0u64;
     for path in &run.held {
         let trace = Trace::open_remembered(path, budget.clone(), memo)?;
         let view = MemoryTrace::open(&trace, pid, budget.clone())?;
-        replayed = replayed.saturating_add(view.replay_ledger(&mut b)?);
+        let read = view.replay_ledger_and_sites(&mut b, &mut tally, Some(at))?;
+        replayed = replayed.saturating_add(read);
     }
+    let (ledgers, at_peak) = b.finish_with_peak_sites(data);
+    let sites =
+        sleuth_core::sites::memory_by_site_of(data, tally.in_start_order(), &ledgers, &at_peak);
     let note = first.filter(|&n| n > 1).map(|n| {
         format!(
             "The ledger at a moment is replayed from the memory calls of the files in the directory: the run's first {} \
@@ -274,9 +284,10 @@ fn ledger_at(
         )
     });
     Ok(RunLedger {
-        ledgers: b.finish(data),
+        ledgers,
         replayed,
         note,
+        sites,
     })
 }
 
@@ -285,6 +296,8 @@ struct RunLedger {
     ledgers: Vec<ProcessLedger>,
     replayed: u64,
     note: Option<String>,
+    /// At a moment: the per-site table then (the replay tallies it).
+    sites: Vec<SiteMemory>,
 }
 
 /// The run's ledgers of the processes the files read list: the one the
@@ -317,6 +330,7 @@ fn run_ledger(
                     ledgers,
                     replayed: 0,
                     note,
+                    sites: Vec::new(),
                 });
             }
             "the last file's run ledger lacks a process the files list".to_string()
@@ -341,6 +355,7 @@ fn run_ledger(
                  used ({why})."
             )
         }),
+        sites: Vec::new(),
     })
 }
 
@@ -451,6 +466,7 @@ impl Acc {
             incomplete,
             problems: self.problems,
             at_ns: self.at_ns,
+            sites_at: ledger.sites,
             notes,
         }
     }

@@ -980,8 +980,8 @@ struct SitePass {
 /// `sites::memory_by_site_of` needs (the first stack of a label is its
 /// example) whatever order the calls come in, so the ledger's pass in
 /// return order can tally them too.
-#[derive(Debug, Default)]
-struct SiteTally(std::collections::HashMap<(Option<u64>, bool), (FirstCall, AllocTally)>);
+#[derive(Debug, Default, Clone)]
+pub struct SiteTally(std::collections::HashMap<(Option<u64>, bool), (FirstCall, AllocTally)>);
 
 /// A call's start time and row id: the order of the start-order pass.
 type FirstCall = (u64, i64);
@@ -1005,7 +1005,7 @@ impl SiteTally {
     }
 
     /// The tallies in the order of their first calls' starts.
-    fn in_start_order(self) -> Vec<AllocTally> {
+    pub(crate) fn in_start_order(self) -> Vec<AllocTally> {
         let mut v: Vec<_> = self.0.into_values().collect();
         v.sort_by_key(|(first, _)| *first);
         v.into_iter().map(|(_, t)| t).collect()
@@ -1170,6 +1170,37 @@ impl MemoryTrace {
             |b, c| {
                 read += 1;
                 b.push(&c.call);
+                Ok(())
+            },
+        )?;
+        Ok(read)
+    }
+
+    /// [`Self::replay_ledger`] of the memory calls that returned by
+    /// `at_ns`, each also tallied by site in `tally`: a run's ledger and
+    /// per-site table at a moment, file after file
+    /// (`crate::run_explain::load_memory_at`). A file's row ids order
+    /// allocations of the same start time only within the file: the files
+    /// of a run cover disjoint times.
+    pub(crate) fn replay_ledger_and_sites(
+        &self,
+        b: &mut sleuth_core::ledger::LedgerBuilder,
+        tally: &mut SiteTally,
+        at_ns: Option<u64>,
+    ) -> Result<u64, StoreError> {
+        for &pid in &self.pids {
+            b.track(pid);
+        }
+        let mut read = 0u64;
+        let before = (b.clone(), tally.clone());
+        let q = self.memory_calls(StreamOrder::ByReturn, at_ns);
+        (*b, *tally) = self.rows.replay_by_return::<_, StoreError>(
+            &q,
+            || before.clone(),
+            |(b, tally), c| {
+                read += 1;
+                b.push(&c.call);
+                tally.add(&c.call, c.id);
                 Ok(())
             },
         )?;

@@ -666,7 +666,7 @@ fn the_ledger_at_a_moment_of_a_run_is_the_whole_traces_at_that_moment() {
         all.stacks.extend(p.stacks.clone());
     }
     let whole = tmp.join("whole.db");
-    common::rewrite(&all, &whole);
+    rewrite_with_options(&all, &whole, WriterOptions::default());
     let one = sleuth_store::Trace::open(&whole).unwrap();
     let memo = sleuth_store::CheckMemo::new();
     let at = |m| load_memory_at(&run, None, m, budget(), &memo);
@@ -679,22 +679,13 @@ fn the_ledger_at_a_moment_of_a_run_is_the_whole_traces_at_that_moment() {
         (230 * MS + 10_000, 3),
     ] {
         let r = at(Moment::At(t)).unwrap();
-        let want = sleuth_store::stream::MemoryTrace::open(&one, None, budget())
-            .unwrap()
-            .ledgers(Some(t))
-            .unwrap();
-        // The run labels its sites from the stacks its files hold.
-        let mut got = r.ledgers.clone();
-        for l in &mut got {
-            for u in &mut l.unfreed {
-                assert_eq!(u.site.is_some(), u.stack_id.is_some(), "at {t}: {u:?}");
-                u.site = None;
-            }
-            for f in &mut l.failed_allocs {
-                f.site = None;
-            }
-        }
-        assert_eq!(got, want, "at {t}");
+        let view = sleuth_store::stream::MemoryTrace::open(&one, None, budget()).unwrap();
+        let want = view.ledgers(Some(t)).unwrap();
+        // The per-site table then, bytes at the peak up to then included.
+        let sites = view.sites_streamed(&want, Some(t)).unwrap();
+        assert_eq!(r.sites_at, sites, "sites at {t}");
+        assert!(!sites.is_empty(), "at {t}");
+        assert_eq!(r.ledgers, want, "at {t}");
         assert_eq!(r.at_ns, Some(t));
         assert_eq!(r.files.len(), files, "at {t}");
         assert_eq!(r.ledger_note, None);

@@ -152,17 +152,11 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
 /// the driver's view and GPU busy over the files (`sleuth_store::run_explain`,
 /// as `explain --db DIR` reads them). The file still being written is left
 /// out with a note. With `--at` (counted from the oldest finished file's
-/// start): the ledger replayed from the memory calls of the files that
-/// began by then (`run_explain::load_memory_at`); `--by-site --at` reads
-/// one file.
+/// start): the ledger and per-site table replayed from the memory calls of
+/// the files that began by then (`run_explain::load_memory_at`).
 fn run_of_run(args: &Args) -> anyhow::Result<i32> {
     let dir = &args.input.db;
-    if args.by_site {
-        if args.at.is_some() {
-            anyhow::bail!(
-                "--by-site --at reads one trace file; --db names a run's directory (pick the part-*.db file that holds the moment, or drop --by-site)"
-            );
-        }
+    if args.by_site && args.at.is_none() {
         return sites_of_run(args);
     }
     let (budget, memo) = (crate::checks_memo::budget(), crate::checks_memo::memo());
@@ -178,6 +172,13 @@ fn run_of_run(args: &Args) -> anyhow::Result<i32> {
     };
     crate::load::note_unfinished(&run.incomplete);
     crate::load::print_problems_at(dir, &run.problems);
+    if args.by_site {
+        // At a moment (`--at`): the replay's table, peaks included.
+        let mut r = sites::report_of(run.sites_at.clone(), &run.data);
+        r.files = sleuth_store::run::file_names(&run.files);
+        r.notes = run.ledger_note.iter().cloned().collect();
+        return emit_sites(args, &r);
+    }
     let mut processes = run.ledgers.clone();
     let data = &run.data;
     let allocators = allocator_views(data, run.at_ns, &processes);
@@ -249,10 +250,15 @@ fn sites_of_run(args: &Args) -> anyhow::Result<i32> {
     r.files = sleuth_store::run::file_names(&run.files);
     r.notes = run.ledger_note.iter().cloned().collect();
     r.notes.push(sleuth_store::run_report::SITES_NOTE.into());
+    emit_sites(args, &r)
+}
+
+/// A run's per-site table, as JSON or text.
+fn emit_sites(args: &Args, r: &sites::SitesReport) -> anyhow::Result<i32> {
     if args.out.json {
-        emit_json(&r)?;
+        emit_json(r)?;
     } else {
-        emit_text(&crate::term_text::terminal_safe(&sites::render(&r)))?;
+        emit_text(&crate::term_text::terminal_safe(&sites::render(r)))?;
     }
     Ok(0)
 }
