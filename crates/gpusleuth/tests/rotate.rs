@@ -614,7 +614,10 @@ fn mcp_answers_over_the_run(run: &Path, files: &[(u64, PathBuf)], sb: &Sandbox) 
     assert_eq!(at_end["files"], mem["files"]);
     // Its sites then: the script's one site, its bytes at the peak known.
     assert_eq!(at_end["sites"][0]["allocs"], 20, "{at_end}");
-    assert_eq!(at_end["sites"][0]["at_peak_bytes"], m["peak_bytes"], "{at_end}");
+    assert_eq!(
+        at_end["sites"][0]["at_peak_bytes"], m["peak_bytes"],
+        "{at_end}"
+    );
     let err = tool(&mut server, "memory", json!({"at_ns": 1})).expect_err("at_ns");
     assert!(err.contains("outside the run's finished files"), "{err}");
 

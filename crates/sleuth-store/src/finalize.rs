@@ -3,7 +3,7 @@
 //! from (see `sleuth_core::rollup` and docs/schema.md).
 
 use crate::finding_rollups::row_index;
-use crate::rows::{call_from_row, calls_sql};
+use crate::rows::{call_from_row, calls_sql_without_host_ptrs};
 use crate::run_ledger::RunLink;
 use crate::thread_pass::{sort_culprits, ThreadPass};
 use crate::writer::upsert_process;
@@ -115,7 +115,8 @@ fn per_thread_pass(
     let mut ins_thread =
         conn.prepare("INSERT INTO rollup_threads(pid, tid, split) VALUES (?1, ?2, ?3)")?;
     // Ties in start order by row id: the order the finding rollups' examples need.
-    let all_calls_sql = calls_sql(conn, "WHERE pid = ?1 AND tid = ?2 ORDER BY ts_ns, id")?;
+    let all_calls_sql =
+        calls_sql_without_host_ptrs("WHERE pid = ?1 AND tid = ?2 ORDER BY ts_ns, id");
     let waits_sql = crate::wait_stream::thread_waits_sql(conn, "1")?;
     let mut inputs = crate::finding_rollups::new_inputs(tracer).with_pinned(earlier.clone());
     let mut scopes = crate::scope_rollups::OpScopes::new(tracer, earlier);
