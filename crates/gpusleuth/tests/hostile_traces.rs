@@ -360,6 +360,15 @@ fn run_after_a_good_part(dir: &Path, case: &Case) -> String {
     run_dir.display().to_string()
 }
 
+/// A run's directory in `dir` whose only part is `case`'s file (the first
+/// file of a run is read by every moment of it); its path.
+fn run_of_the_file_alone(dir: &Path, case: &Case) -> String {
+    let run_dir = dir.join(format!("alone-{}", case.name));
+    std::fs::create_dir_all(&run_dir).expect("run dir");
+    let _ = std::fs::copy(&case.path, run_dir.join("part-000001.db"));
+    run_dir.display().to_string()
+}
+
 #[test]
 fn mutated_traces_through_every_command() {
     let tmp = TempDir::new("hostile");
@@ -391,6 +400,14 @@ fn mutated_traces_through_every_command() {
                 .map(String::from)
                 .to_vec(),
         );
+        // The run's ledger and per-site table at a moment of its first
+        // file (the file alone in a run: a moment always reads it).
+        let alone = run_of_the_file_alone(dir, case);
+        for by_site in [None, Some("--by-site")] {
+            let mut args = vec!["memory", "--db", &alone, "--at", "1ms", "--json"];
+            args.extend(by_site);
+            all.push(args.into_iter().map(String::from).collect());
+        }
         let html = out_dir.join(format!("{}-run.html", case.name));
         let html = html.display().to_string();
         for last in [None, Some("1h")] {
@@ -501,7 +518,18 @@ fn mutated_traces_through_every_mcp_tool() {
         // the tools that answer over a run read it after a good part.
         let run = run_after_a_good_part(dir, case);
         let hour = 3_600_000_000_000u64;
+        // The file alone in a run, at a moment 1 ms after its start (as
+        // stored, when SQLite can read it: else a moment outside it).
+        let alone = run_of_the_file_alone(dir, case);
+        let start: i64 = rusqlite::Connection::open_with_flags(
+            &case.path,
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+        )
+        .and_then(|c| c.query_row("SELECT start_mono_ns FROM session", [], |r| r.get(0)))
+        .unwrap_or(0);
+        let moment = start.saturating_add(1_000_000).max(0);
         let tools = [
+            ("memory", serde_json::json!({"db": alone, "at_ns": moment})),
             ("overview", serde_json::json!({"db": run})),
             ("latency_stats", serde_json::json!({"db": run})),
             (
