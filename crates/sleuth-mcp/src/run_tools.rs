@@ -6,7 +6,8 @@
 //! `findings` answer over the run's finished files, or with `last_ns` over
 //! the files the window spans, as `gpusleuth stats`/`explain --db DIR
 //! [--last D]` do (`sleuth_store::run`, `run_explain`, `run_window`);
-//! `memory` gives the run's ledger as `memory --db DIR` does, and
+//! `memory` gives the run's ledger as `memory --db DIR` does (with
+//! `at_ns`, as it stood then: `memory --db DIR --at`), and
 //! `gpu_activity` its NVML samples beside it; `slow_calls` the slowest calls
 //! of all its files; `timeline` a window from the files it overlaps;
 //! `call_sites` the run's per-site table and its files' calls by site
