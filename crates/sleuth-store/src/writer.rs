@@ -650,8 +650,8 @@ struct EventRows<'tx, 'b> {
     tx: &'tx Transaction<'tx>,
     /// Calls waiting for a full multi-row INSERT (none needs its row id).
     calls: Vec<&'b CallEvent>,
-    call: Option<CachedStatement<'tx>>,
-    call_multi: Option<CachedStatement<'tx>>,
+    call: Option<CallInsert<'tx>>,
+    call_multi: Option<CallInsert<'tx>>,
     host_ptr: Option<CachedStatement<'tx>>,
     nccl: Option<CachedStatement<'tx>>,
     wait: Option<CachedStatement<'tx>>,
@@ -673,6 +673,18 @@ fn stmt<'a, 'tx>(
     Ok(slot.as_mut().expect("prepared just above"))
 }
 
+/// The call INSERT of `rows` rows in `slot`, prepared on first use.
+fn call_insert<'a, 'tx>(
+    tx: &'tx Transaction<'tx>,
+    slot: &'a mut Option<CallInsert<'tx>>,
+    rows: usize,
+) -> rusqlite::Result<&'a mut CallInsert<'tx>> {
+    if slot.is_none() {
+        *slot = Some(CallInsert::prepare(tx, rows)?);
+    }
+    Ok(slot.as_mut().expect("prepared just above"))
+}
+
 /// Rows of plain calls per multi-row INSERT: one statement execution
 /// (cursor opened, table seeked) for many rows. 32 × 15 = 480 parameters,
 /// far below SQLite's limit.
@@ -690,30 +702,64 @@ fn insert_calls_sql(rows: usize) -> String {
     )
 }
 
-/// Binds one call's columns as parameters `first + 1 ..= first + 15`. The op
-/// as its id (`ops` maps it to layer and name); `on_cpu_ns` is derived by the
-/// `calls` view: both were most of a row's bytes.
-fn bind_call(
-    st: &mut CachedStatement,
-    first: usize,
-    c: &CallEvent,
-    op_id: u16,
-) -> rusqlite::Result<()> {
-    st.raw_bind_parameter(first + 1, c.ts_ns as i64)?;
-    st.raw_bind_parameter(first + 2, c.dur_ns as i64)?;
-    st.raw_bind_parameter(first + 3, c.pid)?;
-    st.raw_bind_parameter(first + 4, c.tid)?;
-    st.raw_bind_parameter(first + 5, op_id)?;
-    st.raw_bind_parameter(first + 6, c.ret)?;
-    st.raw_bind_parameter(first + 7, c.size.map(|v| v as i64))?;
-    st.raw_bind_parameter(first + 8, c.ptr.map(|v| v as i64))?;
-    st.raw_bind_parameter(first + 9, c.stream.map(|v| v as i64))?;
-    st.raw_bind_parameter(first + 10, c.kind.map(|v| v as i64))?;
-    st.raw_bind_parameter(first + 11, c.nested)?;
-    st.raw_bind_parameter(first + 12, c.runnable_ns as i64)?;
-    st.raw_bind_parameter(first + 13, c.blocked_ns as i64)?;
-    st.raw_bind_parameter(first + 14, c.cpu)?;
-    st.raw_bind_parameter(first + 15, c.stack_id.map(|s| s as i64))
+/// A prepared `INSERT INTO call_rows` and the values its parameters hold.
+/// SQLite keeps a statement's bindings across `sqlite3_reset` (rusqlite's
+/// `raw_execute` resets and never clears them), so a parameter is bound
+/// again only when its value changed: in a flood of launches most columns
+/// of row i of one multi-row INSERT equal those of row i of the previous
+/// one (pid, tid, op, ret, stream, cpu, the NULL ones), and the bind calls
+/// were a seventh of the writer's CPU (a VM profile, round 20). Held for
+/// one transaction: the statement cache clears the bindings when it takes
+/// the statement back, and a new `CallInsert` starts knowing none.
+struct CallInsert<'tx> {
+    st: CachedStatement<'tx>,
+    /// Per parameter (0-based): the value bound, `None` until first bound.
+    bound: Vec<Option<Option<i64>>>,
+}
+
+impl<'tx> CallInsert<'tx> {
+    fn prepare(tx: &'tx Transaction<'tx>, rows: usize) -> rusqlite::Result<Self> {
+        Ok(CallInsert {
+            st: tx.prepare_cached(&insert_calls_sql(rows))?,
+            bound: vec![None; rows * CALL_COLUMNS],
+        })
+    }
+
+    /// Binds one call's columns as parameters `first + 1 ..= first + 15`,
+    /// those whose value changed. The op as its id (`ops` maps it to layer
+    /// and name); `on_cpu_ns` is derived by the `calls` view: both were most
+    /// of a row's bytes.
+    fn bind(&mut self, first: usize, c: &CallEvent, op_id: u16) -> rusqlite::Result<()> {
+        let values: [Option<i64>; CALL_COLUMNS] = [
+            Some(c.ts_ns as i64),
+            Some(c.dur_ns as i64),
+            Some(i64::from(c.pid)),
+            Some(i64::from(c.tid)),
+            Some(i64::from(op_id)),
+            Some(c.ret),
+            c.size.map(|v| v as i64),
+            c.ptr.map(|v| v as i64),
+            c.stream.map(|v| v as i64),
+            c.kind.map(|v| v as i64),
+            Some(i64::from(c.nested)),
+            Some(c.runnable_ns as i64),
+            Some(c.blocked_ns as i64),
+            Some(i64::from(c.cpu)),
+            c.stack_id.map(|s| s as i64),
+        ];
+        for (k, v) in values.into_iter().enumerate() {
+            let slot = &mut self.bound[first + k];
+            if *slot != Some(v) {
+                self.st.raw_bind_parameter(first + k + 1, v)?;
+                *slot = Some(v);
+            }
+        }
+        Ok(())
+    }
+
+    fn execute(&mut self) -> rusqlite::Result<usize> {
+        self.st.raw_execute()
+    }
 }
 
 const INSERT_HOST_PTR: &str = "INSERT INTO call_host_ptrs(call_id, host_ptr) VALUES (?1, ?2)";
@@ -762,14 +808,12 @@ impl<'tx, 'b> EventRows<'tx, 'b> {
         }
         self.calls.push(c);
         if self.calls.len() == CALLS_PER_INSERT {
-            let st = stmt(self.tx, &mut self.call_multi, || {
-                insert_calls_sql(CALLS_PER_INSERT)
-            })?;
+            let ins = call_insert(self.tx, &mut self.call_multi, CALLS_PER_INSERT)?;
             for (i, c) in self.calls.iter().enumerate() {
                 let op_id = c.info().map_or(c.op, |info| info.id);
-                bind_call(st, i * CALL_COLUMNS, c, op_id)?;
+                ins.bind(i * CALL_COLUMNS, c, op_id)?;
             }
-            st.raw_execute()?;
+            ins.execute()?;
             self.calls.clear();
         }
         Ok(true)
@@ -781,11 +825,11 @@ impl<'tx, 'b> EventRows<'tx, 'b> {
         if self.calls.is_empty() {
             return Ok(());
         }
-        let st = stmt(self.tx, &mut self.call, || insert_calls_sql(1))?;
+        let ins = call_insert(self.tx, &mut self.call, 1)?;
         for c in self.calls.drain(..) {
             let op_id = c.info().map_or(c.op, |info| info.id);
-            bind_call(st, 0, c, op_id)?;
-            st.raw_execute()?;
+            ins.bind(0, c, op_id)?;
+            ins.execute()?;
         }
         Ok(())
     }
@@ -796,9 +840,9 @@ impl<'tx, 'b> EventRows<'tx, 'b> {
         let Some(info) = c.info() else {
             return Ok(None);
         };
-        let st = stmt(self.tx, &mut self.call, || insert_calls_sql(1))?;
-        bind_call(st, 0, c, info.id)?;
-        st.raw_execute()?;
+        let ins = call_insert(self.tx, &mut self.call, 1)?;
+        ins.bind(0, c, info.id)?;
+        ins.execute()?;
         let id = self.tx.last_insert_rowid();
         if let Some(hp) = c.host_ptr {
             stmt(self.tx, &mut self.host_ptr, || INSERT_HOST_PTR.into())?
