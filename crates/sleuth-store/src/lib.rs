@@ -44,6 +44,7 @@ mod scope_rollups;
 pub mod scoped;
 pub mod site_rollup;
 mod sql;
+mod sqlite_config;
 mod stacks;
 mod stored_json;
 pub mod stream;
@@ -66,6 +67,7 @@ pub use sql::{
     run_readonly_sql, run_readonly_sql_remembered, run_readonly_sql_with, SqlLimits, SqlResult,
     MAX_VALUE_BYTES,
 };
+pub use sqlite_config::turn_off_memory_statistics;
 pub use types::{
     CallFilter, CallOrder, LibraryInfo, MergeNode, Note, NoteLevel, Session, SessionInfo,
     StoredCall, TraceSource, WaitFilter, WriteSummary, WriterOptions, DEFAULT_MAX_DB_BYTES,

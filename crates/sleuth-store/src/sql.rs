@@ -141,6 +141,12 @@ fn run_checked_above(
     whole_check_bytes: u64,
     memo: Option<&CheckMemo>,
 ) -> Result<SqlResult, StoreError> {
+    if !crate::sqlite_config::memory_statistics_on() {
+        // Without them SQLite does not enforce the heap limit below.
+        return Err(StoreError::Query(
+            "this process turned SQLite's memory statistics off: no caller's SQL runs without its heap limit".into(),
+        ));
+    }
     let before = memo.and_then(|_| FileIdentity::of(db));
     let mut conn = open_untrusted_unchecked(db)?;
     // The file checks run under the caller's budget, not the query's time limit.

@@ -219,6 +219,8 @@ fn cap_malloc_arenas() {
 
 pub fn run(args: Args) -> Result<i32> {
     cap_malloc_arenas();
+    // Before the first connection; the tracer runs no caller's SQL.
+    sleuth_store::turn_off_memory_statistics();
     let target = match (args.command.is_empty(), args.pids.is_empty()) {
         (false, false) => bail!("give either --pid or a command after --, not both"),
         (false, true) => Target::Launch(args.command.clone()),
