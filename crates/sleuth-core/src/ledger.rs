@@ -19,9 +19,11 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::collections::{BTreeMap, HashMap};
 
 mod peak_sites;
+mod state;
 mod timeline;
 use peak_sites::PeakSites;
 pub use peak_sites::{live_by_stack, LiveByStack};
+pub use state::ProcessState;
 use timeline::Timeline;
 
 /// A timeline longer than this is thinned (see [`thin_timeline`]).

@@ -87,6 +87,57 @@ impl PeakSites {
     }
 }
 
+/// One site's entry of a stored [`PeakSites`]: the stack, what is live
+/// (count, bytes) and the change after the latest peak (count, bytes).
+pub(crate) type SiteState = (Option<u64>, u64, u64, u64, u64);
+
+impl PeakSites {
+    /// What the state holds, to be stored (sites in stack order).
+    pub(super) fn state(&self) -> Vec<SiteState> {
+        let mut out: Vec<SiteState> = self
+            .live
+            .iter()
+            .map(|(&stack, live)| {
+                let after = self.after_peak.get(&stack).copied().unwrap_or_default();
+                (stack, live.count, live.bytes, after.count, after.bytes)
+            })
+            .collect();
+        // Every site of `after_peak` is in `live` (`change` adds to both).
+        out.sort_unstable();
+        out
+    }
+
+    /// The state [`Self::state`] gave; an error for a site listed twice.
+    pub(super) fn from_state(sites: Vec<SiteState>) -> Result<PeakSites, String> {
+        let mut p = PeakSites::default();
+        for (stack, lc, lb, ac, ab) in sites {
+            let fresh = p
+                .live
+                .insert(
+                    stack,
+                    Held {
+                        count: lc,
+                        bytes: lb,
+                    },
+                )
+                .is_none();
+            if !fresh {
+                return Err("a site listed twice".into());
+            }
+            if (ac, ab) != (0, 0) {
+                p.after_peak.insert(
+                    stack,
+                    Held {
+                        count: ac,
+                        bytes: ab,
+                    },
+                );
+            }
+        }
+        Ok(p)
+    }
+}
+
 /// The device bytes of a ledger's `unfreed` allocations, by site: what a
 /// ledger taken at a peak (`PeakSnapshots`, `ledger(data, Some(peak))`)
 /// held per site, in the form [`PeakSites`] keeps it.
@@ -100,7 +151,7 @@ pub fn live_by_stack(l: &super::ProcessLedger) -> LiveByStack {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::super::{ledger, LedgerBuilder, PeakSnapshots};
     use super::*;
     use crate::data::TraceData;
@@ -108,7 +159,7 @@ mod tests {
     use crate::ops::op_by_name;
 
     /// A memory call of `pid` that starts at `ts` and takes `dur`.
-    fn call(
+    pub(in crate::ledger) fn call(
         op: &str,
         pid: u32,
         ts: u64,
@@ -135,7 +186,7 @@ mod tests {
     /// frees of live, freed and never-allocated pointers, `cuMemCreate`
     /// handles, nested driver twins, failed calls, and many equal return
     /// times (ties at a peak's very time).
-    fn random_calls(next: &mut impl FnMut() -> u64) -> Vec<CallEvent> {
+    pub(in crate::ledger) fn random_calls(next: &mut impl FnMut() -> u64) -> Vec<CallEvent> {
         let mut calls = Vec::new();
         for i in 0..80u64 {
             let r = next();

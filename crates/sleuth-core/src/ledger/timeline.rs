@@ -43,6 +43,18 @@ impl Default for Timeline {
     }
 }
 
+/// A [`Timeline`] as stored (`LedgerBuilder::states`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct TimelineState {
+    first: Option<TimelinePoint>,
+    latest: Option<TimelinePoint>,
+    groups: Vec<TimelinePoint>,
+    filling: Option<TimelinePoint>,
+    in_filling: u64,
+    stride: u64,
+}
+
 /// The higher of two points, as `thin_timeline` picks within a bucket: the
 /// most bytes, then the earliest; of equal points the later one.
 pub(super) fn higher(a: TimelinePoint, b: TimelinePoint) -> TimelinePoint {
@@ -106,6 +118,42 @@ impl Timeline {
         points.extend(self.filling);
         points.extend(self.latest);
         thin_timeline(points, max)
+    }
+
+    /// What the timeline holds, to be stored and taken up again ([`Self::from_state`]).
+    pub(crate) fn state(&self) -> TimelineState {
+        TimelineState {
+            first: self.first,
+            latest: self.latest,
+            groups: self.groups.clone(),
+            filling: self.filling,
+            in_filling: self.in_filling as u64,
+            stride: self.stride as u64,
+        }
+    }
+
+    /// The timeline [`Self::state`] gave, as the default one would be
+    /// after the same points; an error for a state it cannot have had.
+    pub(crate) fn from_state(s: TimelineState) -> Result<Timeline, String> {
+        let limit = HELD_GROUPS.max(2).next_multiple_of(2);
+        let stride_ok = s.stride >= 1 && s.stride.is_power_of_two() && s.stride <= 1 << 40;
+        if !stride_ok
+            || s.in_filling >= s.stride
+            || s.filling.is_some() != (s.in_filling > 0)
+            || s.groups.len() > limit + 1
+            || (s.first.is_none() && (s.latest.is_some() || !s.groups.is_empty()))
+        {
+            return Err("a timeline state no replay leaves".into());
+        }
+        Ok(Timeline {
+            first: s.first,
+            latest: s.latest,
+            groups: s.groups,
+            filling: s.filling,
+            in_filling: s.in_filling as usize,
+            stride: s.stride as usize,
+            limit,
+        })
     }
 
     /// Points held now (tests).
