@@ -695,6 +695,8 @@ pub fn memory_op_names() -> Vec<&'static str> {
 pub struct LedgerBuilder {
     ledger: Ledger,
     at_ns: Option<u64>,
+    /// The latest return time of the calls applied (see [`Self::last_applied_end_ns`]).
+    last_end_ns: Option<u64>,
 }
 
 impl LedgerBuilder {
@@ -703,6 +705,7 @@ impl LedgerBuilder {
         LedgerBuilder {
             ledger: Ledger::new(),
             at_ns,
+            last_end_ns: None,
         }
     }
 
@@ -740,7 +743,15 @@ impl LedgerBuilder {
         if self.at_ns.is_some_and(|at| c.end_ns() > at) {
             return;
         }
+        self.last_end_ns = self.last_end_ns.max(Some(c.end_ns()));
         self.ledger.apply(c);
+    }
+
+    /// The latest return time of the calls applied so far (None before
+    /// any): a state stored now holds nothing later, so a reader may take
+    /// it up at any moment from then on.
+    pub fn last_applied_end_ns(&self) -> Option<u64> {
+        self.last_end_ns
     }
 
     /// The ledger of every listed process, by pid. Names, exit times and

@@ -240,7 +240,10 @@ fn load_run(
     data.process_gpu_start_lost = first != Some(1);
     check_moment(dir, &run, &data, &visited.incomplete)?;
     let ledger = match run.at_ns {
-        Some(at) => ledger_at(&run, at, first, &data, pid, &budget, memo)?,
+        Some(at) => match ledger_at_from_begin(&run, at, &visited, &data, pid, &budget, memo)? {
+            Some(l) => l,
+            None => ledger_at(&run, at, first, &data, pid, &budget, memo)?,
+        },
         None => run_ledger(&visited, &run, &data, pid, &budget, memo)?,
     };
     run.files = match read {
@@ -249,6 +252,62 @@ fn load_run(
         _ => visited.files,
     };
     Ok(run.finish(data, ledger, visited.incomplete))
+}
+
+/// The run's ledgers at `at` from the state the last file read stored
+/// when it began (`run_ledger::begin_state`: the tracer's carried ledger
+/// over every earlier file of the run, those `--keep` deleted included),
+/// with that file's memory calls replayed up to the moment: one file read
+/// however late the moment. None (then [`ledger_at`] replays every file)
+/// when the file stored no such state, the files read are not one intact
+/// chain of links, or the state holds a call that returned after the moment.
+fn ledger_at_from_begin(
+    run: &Acc,
+    at: u64,
+    visited: &crate::run::Visited,
+    data: &TraceData,
+    pid: Option<u32>,
+    budget: &ReadBudget,
+    memo: &CheckMemo,
+) -> Result<Option<RunLedger>, StoreError> {
+    let Some(last) = run.held.last() else {
+        return Ok(None);
+    };
+    let Some(idx) = visited.files.iter().position(|f| f == last) else {
+        return Ok(None);
+    };
+    let Chain::Intact { pruned } = crate::run_ledger::judge(&visited.links[..=idx]) else {
+        return Ok(None);
+    };
+    let trace = Trace::open_remembered(last, budget.clone(), memo)?;
+    let Some(begin) = crate::run_ledger::begin_state(&trace, pid)? else {
+        return Ok(None);
+    };
+    if begin.until.is_some_and(|u| u > at) {
+        return Ok(None);
+    }
+    let mut b = LedgerBuilder::from_states(begin.states, Some(at), true)
+        .map_err(|e| StoreError::file(last, format!("damaged trace: run_ledger_begin {e}")))?;
+    let mut tally = begin.tally;
+    let view = MemoryTrace::open(&trace, pid, budget.clone())?;
+    let replayed = view.replay_ledger_and_sites(&mut b, &mut tally, Some(at))?;
+    let (ledgers, at_peak) = b.finish_with_peak_sites(data);
+    let sites =
+        sleuth_core::sites::memory_by_site_of(data, tally.in_start_order(), &ledgers, &at_peak);
+    let note = (pruned > 0).then(|| {
+        format!(
+            "The ledger at the moment continues the one the tracer carried to {}: it also covers the {pruned} \
+             earlier file(s) no longer in the directory (deleted by --keep), so what they allocated and had not \
+             freed by then counts.",
+            crate::run::file_name(last)
+        )
+    });
+    Ok(Some(RunLedger {
+        ledgers,
+        replayed,
+        note,
+        sites,
+    }))
 }
 
 /// The run's ledgers at `at`: the memory calls of the files read, oldest

@@ -44,10 +44,11 @@
 
 use crate::finding_rollups::{complete_tables, damaged_table};
 use crate::reader::Trace;
+use crate::stream::SiteTally;
 use crate::StoreError;
 use rusqlite::Connection;
 use sleuth_core::findings::inputs::PinnedState;
-use sleuth_core::ledger::{LedgerBuilder, ProcessLedger};
+use sleuth_core::ledger::{LedgerBuilder, ProcessLedger, ProcessState};
 use sleuth_core::sites::Stack;
 use sleuth_core::{CallEvent, TraceData};
 use std::collections::{BTreeMap, BTreeSet};
@@ -66,6 +67,11 @@ const COMPLETE: &str = "1";
 const TABLE: &str = "run_ledger";
 const CREATE: &str =
     "CREATE TABLE IF NOT EXISTS run_ledger(pid INTEGER NOT NULL, ledger TEXT NOT NULL)";
+
+/// The run's ledger state when a file began (see [`store_begin`]).
+const BEGIN_TABLE: &str = "run_ledger_begin";
+const BEGIN_CREATE: &str = "CREATE TABLE IF NOT EXISTS run_ledger_begin(pid INTEGER NOT NULL, state TEXT NOT NULL, sites TEXT NOT NULL)";
+const BEGIN_COLS: &[&str] = &["pid", "state", "sites"];
 
 /// The link of one file of a rotating trace to the run's carried ledger:
 /// the run's identity, this file's number and the state shared by the
@@ -165,6 +171,9 @@ pub(crate) struct Carried {
     stacks: BTreeMap<u64, Stack>,
     /// The host ranges pinned at the end of file `last` (`run_pinned`).
     pinned: PinnedState,
+    /// The run's device allocations per site, per process (the per-site
+    /// table's counts), stored with the builder at each file's start.
+    tally: BTreeMap<u32, SiteTally>,
 }
 
 impl Carried {
@@ -209,9 +218,12 @@ pub(crate) fn begin(conn: &Connection, link: &RunLink) -> rusqlite::Result<Carri
             Carried {
                 from: link.file,
                 last: 0,
-                builder: LedgerBuilder::new(None),
+                // Sites at the peak too: a file's stored start state
+                // answers `memory --by-site --at`.
+                builder: LedgerBuilder::new(None).with_peak_sites(),
                 stacks: BTreeMap::new(),
                 pinned: PinnedState::default(),
+                tally: BTreeMap::new(),
             }
         }
     })
@@ -231,9 +243,19 @@ pub(crate) fn write(
     let Some((link, mut c, pinned_at_end)) = run else {
         return Ok((crate::ledger_rollup::write(conn, None, also)?, None));
     };
-    let own = crate::ledger_rollup::write(conn, Some(&mut c.builder), also)?;
+    let begin_named = match c.covers_whole_run() {
+        true => store_begin(conn, &c)?,
+        false => BTreeSet::new(),
+    };
+    let mut tally = std::mem::take(&mut c.tally);
+    let mut also = also;
+    let own = crate::ledger_rollup::write(conn, Some(&mut c.builder), |call, id| {
+        tally.entry(call.pid).or_default().add(call, id);
+        also(call, id);
+    })?;
+    c.tally = tally;
     let run = c.builder.clone().finish_bare();
-    c.stacks = copy_stacks(conn, &run, std::mem::take(&mut c.stacks))?;
+    c.stacks = copy_stacks(conn, &run, begin_named, std::mem::take(&mut c.stacks))?;
     conn.execute_batch(CREATE)?;
     conn.execute("DELETE FROM run_ledger", [])?;
     crate::ledger_rollup::store(conn, TABLE, &run)?;
@@ -245,7 +267,9 @@ pub(crate) fn write(
     meta.execute(["run_ledger_from", &c.from.to_string()])?;
     meta.execute(["run_ledger", COMPLETE])?;
     c.last = link.file;
-    let next = if c.builder.held_entries() + c.pinned.range_count() > MAX_CARRIED_ENTRIES {
+    let tallied: usize = c.tally.values().map(SiteTally::len).sum();
+    let next = if c.builder.held_entries() + c.pinned.range_count() + tallied > MAX_CARRIED_ENTRIES
+    {
         CarryState::Broken(format!(
             "the run's ledger held more than {MAX_CARRIED_ENTRIES} live allocations, failed allocations, sizes, threads and pinned host ranges at the end of file {}: not carried further",
             link.file
@@ -256,21 +280,62 @@ pub(crate) fn write(
     Ok((own, Some(next)))
 }
 
-/// Stores in the file the stacks of every site `run` names that it lacks
-/// (from `carried`), and returns those stacks, read from the file or
-/// carried, for the next file.
+/// Stores the run's ledger state and per-site tallies as they were when
+/// this file began (`run_ledger_begin`, `meta.run_ledger_begin`, and
+/// `meta.run_ledger_begin_until`: the latest return time applied), for
+/// `memory --at` of the run to replay this file alone; returns the stack
+/// ids the state names (their stacks must be in this file).
+fn store_begin(conn: &Connection, c: &Carried) -> rusqlite::Result<BTreeSet<u64>> {
+    conn.execute_batch(BEGIN_CREATE)?;
+    conn.execute(&format!("DELETE FROM {BEGIN_TABLE}"), [])?;
+    let mut named = BTreeSet::new();
+    let mut st = conn.prepare(&format!(
+        "INSERT INTO {BEGIN_TABLE}(pid, state, sites) VALUES (?1, ?2, ?3)"
+    ))?;
+    for state in c.builder.states() {
+        named.extend(state.stack_ids());
+        let sites = c
+            .tally
+            .get(&state.pid)
+            .map(SiteTally::entries)
+            .unwrap_or_default();
+        named.extend(sites.iter().filter_map(|e| e.0));
+        st.execute(rusqlite::params![
+            state.pid,
+            to_json(&state)?,
+            to_json(&sites)?
+        ])?;
+    }
+    let mut meta = conn.prepare("INSERT OR REPLACE INTO meta(key, value) VALUES (?1, ?2)")?;
+    match c.builder.last_applied_end_ns() {
+        Some(t) => meta.execute(["run_ledger_begin_until", &t.to_string()])?,
+        None => meta.execute(["run_ledger_begin_until", "none"])?,
+    };
+    meta.execute(["run_ledger_begin", COMPLETE])?;
+    Ok(named)
+}
+
+fn to_json<T: serde::Serialize>(v: &T) -> rusqlite::Result<String> {
+    serde_json::to_string(v).map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))
+}
+
+/// Stores in the file the stacks of every site `run` or `also` names that
+/// it lacks (from `carried`), and returns those stacks, read from the file
+/// or carried, for the next file.
 fn copy_stacks(
     conn: &Connection,
     run: &[ProcessLedger],
+    also: BTreeSet<u64>,
     mut carried: BTreeMap<u64, Stack>,
 ) -> rusqlite::Result<BTreeMap<u64, Stack>> {
-    let named: BTreeSet<u64> = run
+    let mut named: BTreeSet<u64> = run
         .iter()
         .flat_map(|l| {
             let unfreed = l.unfreed.iter().filter_map(|u| u.stack_id);
             unfreed.chain(l.failed_allocs.iter().filter_map(|f| f.stack_id))
         })
         .collect();
+    named.extend(also);
     if named.is_empty() {
         return Ok(BTreeMap::new());
     }
@@ -394,6 +459,101 @@ pub(crate) fn judge(files: &[(u64, Option<Link>)]) -> Chain {
     Chain::Intact {
         pruned: first - last.from,
     }
+}
+
+/// What a file stored of the run's ledger when it began ([`store_begin`]).
+pub(crate) struct Begin {
+    /// The replay state of the processes asked for.
+    pub(crate) states: Vec<ProcessState>,
+    /// Their device allocations per site over the files before.
+    pub(crate) tally: SiteTally,
+    /// The latest return time in the state (None: no call applied).
+    pub(crate) until: Option<u64>,
+}
+
+/// Longest stored state or tally of one process: a tracer's bound
+/// (`MAX_CARRIED_ENTRIES`, tens of bytes each) is far below it.
+const MAX_BEGIN_TEXT: usize = 64 << 20;
+
+/// The run's ledger as `trace` began, of process `pid` (all when None),
+/// over the whole run: None when the file stored none (an older
+/// gpusleuth, a file that is not part of a `--rotate` run) or its chain
+/// does not start at the run's file 1; an error naming `run_ledger_begin`
+/// for a table, a meta value or a state no tracer writes.
+pub(crate) fn begin_state(trace: &Trace, pid: Option<u32>) -> Result<Option<Begin>, StoreError> {
+    let conn = trace.keyed();
+    let get = |k| crate::open::meta_value(conn, k).map_err(|e| trace.read_error(e));
+    if get("run_ledger_begin")?.as_deref() != Some(COMPLETE) {
+        return Ok(None);
+    }
+    if link(trace)?.is_none_or(|l| l.from != 1) {
+        return Ok(None);
+    }
+    let until = get("run_ledger_begin_until")?;
+    let read = || -> rusqlite::Result<Begin> {
+        let bad = |what: String| damaged_table(BEGIN_TABLE, &what);
+        if !complete_tables(conn, "run_ledger_begin", &[(BEGIN_TABLE, BEGIN_COLS)])? {
+            return Err(bad(
+                "is missing though meta.run_ledger_begin says it is complete".into(),
+            ));
+        }
+        let until = match until.as_deref() {
+            Some("none") => None,
+            Some(v) => Some(
+                v.parse::<u64>()
+                    .ok()
+                    .filter(|&t| t <= crate::problems::MAX_NS as u64)
+                    .ok_or_else(|| {
+                        bad("has a meta.run_ledger_begin_until no tracer writes".into())
+                    })?,
+            ),
+            None => return Err(bad("has no meta.run_ledger_begin_until".into())),
+        };
+        let mut st = conn.prepare(&format!("SELECT pid, state, sites FROM {BEGIN_TABLE}"))?;
+        let mut rows = st.query([])?;
+        let mut seen = BTreeSet::new();
+        let (mut states, mut tally, mut entries) = (Vec::new(), SiteTally::default(), 0usize);
+        while let Some(r) = rows.next()? {
+            let row_pid = u32::try_from(r.get::<_, i64>(0)?)
+                .map_err(|_| bad("holds a pid outside 0..2^32".into()))?;
+            if !seen.insert(row_pid) {
+                return Err(bad(format!("holds a second row for pid {row_pid}")));
+            }
+            if pid.is_some_and(|p| p != row_pid) {
+                continue;
+            }
+            let text = |i: usize| -> rusqlite::Result<&str> {
+                let t = r.get_ref(i)?.as_str()?;
+                match t.len() > MAX_BEGIN_TEXT {
+                    true => Err(bad(format!(
+                        "holds a row of pid {row_pid} longer than any tracer writes"
+                    ))),
+                    false => Ok(t),
+                }
+            };
+            let state: ProcessState = serde_json::from_str(text(1)?)
+                .map_err(|e| bad(format!("of pid {row_pid}: {e}")))?;
+            let sites: Vec<crate::stream::TallyEntry> = serde_json::from_str(text(2)?)
+                .map_err(|e| bad(format!("of pid {row_pid}: {e}")))?;
+            if state.pid != row_pid {
+                return Err(bad(format!("holds a foreign row for pid {row_pid}")));
+            }
+            entries = entries.saturating_add(state.entries() + sites.len());
+            if entries > 2 * MAX_CARRIED_ENTRIES {
+                return Err(bad("holds more entries than a tracer carries".into()));
+            }
+            tally
+                .add_entries(sites)
+                .map_err(|e| bad(format!("of pid {row_pid}: {e}")))?;
+            states.push(state);
+        }
+        Ok(Begin {
+            states,
+            tally,
+            until,
+        })
+    };
+    read().map(Some).map_err(|e| trace.read_error(e))
 }
 
 /// The run's ledgers of `pids` stored in the last file of an intact chain,

@@ -986,8 +986,11 @@ pub struct SiteTally(std::collections::HashMap<(Option<u64>, bool), (FirstCall, 
 /// A call's start time and row id: the order of the start-order pass.
 type FirstCall = (u64, i64);
 
+/// One stored [`SiteTally`] entry (`SiteTally::entries`).
+pub(crate) type TallyEntry = (Option<u64>, bool, u64, i64, u64, u64);
+
 impl SiteTally {
-    fn add(&mut self, c: &sleuth_core::CallEvent, id: i64) {
+    pub(crate) fn add(&mut self, c: &sleuth_core::CallEvent, id: i64) {
         let Some(t) = AllocTally::of(c) else {
             return;
         };
@@ -995,13 +998,59 @@ impl SiteTally {
         match self.0.get_mut(&(t.stack_id, t.failed)) {
             Some((at, sum)) => {
                 *at = (*at).min(first);
-                sum.count += t.count;
+                sum.count = sum.count.saturating_add(t.count);
                 sum.bytes = sum.bytes.saturating_add(t.bytes);
             }
             None => {
                 self.0.insert((t.stack_id, t.failed), (first, t));
             }
         }
+    }
+
+    /// The entries, to be stored: stack, failed, the first call's start
+    /// and row id, count, bytes (in key order).
+    pub(crate) fn entries(&self) -> Vec<TallyEntry> {
+        let mut v: Vec<TallyEntry> = self
+            .0
+            .iter()
+            .map(|(&(stack, failed), &((ts, id), t))| (stack, failed, ts, id, t.count, t.bytes))
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// Adds stored entries (another process's, or the same keys again):
+    /// the earlier first call, the sums. Counts past 2^62 are refused (no
+    /// trace holds them; the sums below must not overflow).
+    pub(crate) fn add_entries(&mut self, entries: Vec<TallyEntry>) -> Result<(), String> {
+        for (stack, failed, ts, id, count, bytes) in entries {
+            if count > 1 << 62 {
+                return Err(format!("a count no trace holds ({count})"));
+            }
+            let first = (ts, id);
+            let t = AllocTally {
+                stack_id: stack,
+                failed,
+                count,
+                bytes,
+            };
+            match self.0.get_mut(&(stack, failed)) {
+                Some((at, sum)) => {
+                    *at = (*at).min(first);
+                    sum.count = sum.count.saturating_add(count);
+                    sum.bytes = sum.bytes.saturating_add(bytes);
+                }
+                None => {
+                    self.0.insert((stack, failed), (first, t));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Distinct entries held.
+    pub(crate) fn len(&self) -> usize {
+        self.0.len()
     }
 
     /// The tallies in the order of their first calls' starts.

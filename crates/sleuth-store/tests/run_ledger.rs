@@ -355,6 +355,59 @@ fn a_damaged_run_ledger_is_refused_in_one_line() {
     assert!(e.contains("damaged trace: ledger_rollup"), "{e}");
 }
 
+/// Refused in one line naming `run_ledger_begin`: the state a file began
+/// with holding what no replay leaves, a table announced but missing or
+/// not a plain table, a second row of a process, a meta value no tracer
+/// writes (`memory --at` of the run at a moment in that file).
+#[test]
+fn a_damaged_run_ledger_begin_is_refused_in_one_line() {
+    use sleuth_store::run_explain::{load_memory_at, Moment};
+    let refused = |tag: &str, craft: &str| {
+        let tmp = TempDir::new(tag);
+        let run = tmp.join("run");
+        write_run(&run, &RunLink::new_run(), 1, &three_parts());
+        let third = run.join(part_name(3));
+        assert_eq!(meta(&third, "run_ledger_begin").as_deref(), Some("1"));
+        sql(&third, craft);
+        let memo = sleuth_store::CheckMemo::new();
+        let e = match load_memory_at(&run, None, Moment::At(225 * MS), budget(), &memo) {
+            Ok(_) => panic!("{tag}: accepted"),
+            Err(e) => e.to_string(),
+        };
+        assert_eq!(e.lines().count(), 1, "{e}");
+        assert!(e.contains("damaged trace: run_ledger_begin"), "{tag}: {e}");
+    };
+    refused(
+        "runbeg-op",
+        "UPDATE run_ledger_begin SET state = replace(state, '\"cudaMalloc\"', '\"cudaLaunchKernel\"')",
+    );
+    refused(
+        "runbeg-count",
+        "UPDATE run_ledger_begin SET state = replace(state, '\"allocs\":2', '\"allocs\":18446744073709551615')",
+    );
+    refused(
+        "runbeg-json",
+        "UPDATE run_ledger_begin SET state = '{\"pid\": 100'",
+    );
+    refused(
+        "runbeg-sites",
+        "UPDATE run_ledger_begin SET sites = '[[1]]'",
+    );
+    refused(
+        "runbeg-twice",
+        "INSERT INTO run_ledger_begin SELECT * FROM run_ledger_begin",
+    );
+    refused("runbeg-gone", "DROP TABLE run_ledger_begin");
+    refused(
+        "runbeg-view",
+        "ALTER TABLE run_ledger_begin RENAME TO x; CREATE VIEW run_ledger_begin AS SELECT * FROM x",
+    );
+    refused(
+        "runbeg-until",
+        "UPDATE meta SET value = 'soon' WHERE key = 'run_ledger_begin_until'",
+    );
+}
+
 /// Past the bound on what the tracer carries (live allocations and the
 /// like), the chain stops: the file still stores the run's ledger up to
 /// itself, the next starts a new chain and says why, and a reader of both
@@ -670,15 +723,28 @@ fn the_ledger_at_a_moment_of_a_run_is_the_whole_traces_at_that_moment() {
     let one = sleuth_store::Trace::open(&whole).unwrap();
     let memo = sleuth_store::CheckMemo::new();
     let at = |m| load_memory_at(&run, None, m, budget(), &memo);
-    for (t, files) in [
-        (MS / 2, 1),
-        (5 * MS, 1),
-        (150 * MS, 2),
-        (215 * MS, 3),
-        (225 * MS, 3),
-        (230 * MS + 10_000, 3),
+    // The same run without the states its files began with: every file replayed.
+    let old = without_carried(&run, &tmp.join("old"));
+    for (t, files, replayed) in [
+        (MS / 2, 1, 1),
+        (5 * MS, 1, 3),
+        (150 * MS, 2, 0),
+        (215 * MS, 3, 1),
+        (225 * MS, 3, 2),
+        (230 * MS + 10_000, 3, 3),
     ] {
         let r = at(Moment::At(t)).unwrap();
+        // One file's memory calls replayed, from the state it began with.
+        assert_eq!(r.replayed_memory_calls, replayed, "at {t}");
+        let full = load_memory_at(&old, None, Moment::At(t), budget(), &memo).unwrap();
+        assert_eq!(
+            (&r.ledgers, &r.sites_at),
+            (&full.ledgers, &full.sites_at),
+            "at {t}"
+        );
+        if files > 1 {
+            assert!(full.replayed_memory_calls > replayed, "at {t}");
+        }
         let view = sleuth_store::stream::MemoryTrace::open(&one, None, budget()).unwrap();
         let want = view.ledgers(Some(t)).unwrap();
         // The per-site table then, bytes at the peak up to then included.
@@ -704,16 +770,59 @@ fn the_ledger_at_a_moment_of_a_run_is_the_whole_traces_at_that_moment() {
     };
     assert!(past.contains("outside the run's finished files"), "{past}");
     assert_eq!(past.lines().count(), 1, "{past}");
-    // As `--keep 2` leaves it: what file 1 allocated is not known at a moment.
+    // A state holding a call that returned after the moment is not taken
+    // up: the files are replayed (the same answer).
+    let whole_run = at(Moment::At(215 * MS)).unwrap();
+    sql(
+        &run.join(part_name(3)),
+        &format!(
+            "UPDATE meta SET value = '{}' WHERE key = 'run_ledger_begin_until'",
+            216 * MS
+        ),
+    );
+    let late = at(Moment::At(215 * MS)).unwrap();
+    assert_eq!(late.replayed_memory_calls, 4);
+    assert_eq!(
+        (&late.ledgers, &late.sites_at),
+        (&whole_run.ledgers, &whole_run.sites_at)
+    );
+    sql(
+        &run.join(part_name(3)),
+        &format!(
+            "UPDATE meta SET value = '{}' WHERE key = 'run_ledger_begin_until'",
+            2 * MS + 1
+        ),
+    );
+    // As `--keep 2` leaves it: the state file 2 began with still knows
+    // what file 1 allocated, so the answer is the whole run's.
+    let before = at(Moment::At(150 * MS)).unwrap();
     std::fs::remove_file(run.join(part_name(1))).unwrap();
     let pruned = at(Moment::At(150 * MS)).unwrap();
+    assert_eq!(pruned.ledgers, before.ledgers);
+    assert_eq!(pruned.sites_at, before.sites_at);
+    assert_eq!(pruned.ledgers[0].live_bytes, 3 << 20);
     assert!(
         pruned
             .ledger_note
             .as_deref()
             .unwrap()
-            .contains("first 1 file(s) are gone"),
+            .contains("also covers the 1 earlier file(s)"),
         "{:?}",
         pruned.ledger_note
+    );
+    let pruned_late = at(Moment::At(215 * MS)).unwrap();
+    assert_eq!(pruned_late.ledgers, whole_run.ledgers);
+    // Without the states, the replay cannot know it (a note says so).
+    std::fs::remove_file(old.join(part_name(1))).unwrap();
+    let replayed = load_memory_at(&old, None, Moment::At(150 * MS), budget(), &memo).unwrap();
+    assert_eq!(replayed.ledgers[0].live_bytes, 0);
+    assert!(
+        replayed
+            .ledger_note
+            .as_deref()
+            .unwrap()
+            .contains("first 1 file(s) are gone"),
+        "{:?}",
+        replayed.ledger_note
     );
 }

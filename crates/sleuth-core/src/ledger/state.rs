@@ -82,6 +82,9 @@ impl ProcessState {
     }
 }
 
+/// The largest count a stored state may hold (as any trace's values, 2^62).
+const MAX_COUNT: u64 = 1 << 62;
+
 const POOLS: [Pool; 4] = [
     Pool::Device,
     Pool::Physical,
@@ -199,6 +202,21 @@ impl Replay {
     }
 
     fn from_state(s: ProcessState, no_history: bool) -> Result<Replay, String> {
+        // Counts grow by one per call (unchecked sums): none may be near
+        // overflow. Byte sums saturate and are left as they are.
+        let counts = [
+            s.allocs,
+            s.frees,
+            s.unmatched_frees,
+            s.reused_live_ptrs,
+            s.unknown_ptr_allocs,
+            s.reallocs,
+        ];
+        let per_size = s.freed_sizes.iter().map(|e| e.1);
+        let per_size = per_size.chain(s.realloc_sizes.iter().map(|e| e.1));
+        if let Some(n) = counts.into_iter().chain(per_size).find(|&n| n > MAX_COUNT) {
+            return Err(format!("a count no replay reaches ({n})"));
+        }
         let lives = |v: Vec<(u64, LiveState)>, what: &str| {
             let mut m = std::collections::HashMap::with_capacity(v.len());
             for (ptr, l) in v {
@@ -331,6 +349,7 @@ impl LedgerBuilder {
                 peak_sites,
             },
             at_ns,
+            last_end_ns: None,
         })
     }
 }
@@ -482,6 +501,10 @@ mod tests {
         );
         refused(&|v| v[0]["extra"] = 1.into(), "unknown field");
         refused(&|v| v[0]["device"] = (-1).into(), "invalid value");
+        refused(
+            &|v| v[0]["allocs"] = u64::MAX.into(),
+            "a count no replay reaches",
+        );
         let twice = serde_json::Value::Array(vec![json[0].clone(), json[0].clone()]);
         let s: Vec<ProcessState> = serde_json::from_value(twice).unwrap();
         let err = LedgerBuilder::from_states(s, None, true).unwrap_err();
