@@ -449,6 +449,101 @@ mod tests {
         assert!(restored >= 2000, "{restored}");
     }
 
+    /// Every number of a stored state set to an extreme (0, 1, 2^62,
+    /// 2^63 - 1, u64::MAX, -1), one at a time and in random pairs: the
+    /// state is refused or taken up, and a replay continued from it then
+    /// finished never panics (overflow checks on in test builds).
+    #[test]
+    fn crafted_numbers_in_a_state_never_panic_the_replay() {
+        let mut next = crate::testing::xorshift(0x9e37_79b9_7f4a_7c15);
+        let calls = random_calls(&mut next);
+        let data = TraceData {
+            calls: calls.clone(),
+            ..Default::default()
+        };
+        let mut order: Vec<&CallEvent> = calls.iter().collect();
+        order.sort_by_key(|c| c.end_ns());
+        let mut first = LedgerBuilder::new(None).with_peak_sites();
+        for &c in &order[..order.len() / 2] {
+            first.push(c);
+        }
+        let json = serde_json::to_value(first.states()).unwrap();
+        // Paths to every number in the state.
+        fn numbers(v: &serde_json::Value, at: &mut Vec<String>, out: &mut Vec<Vec<String>>) {
+            match v {
+                serde_json::Value::Number(_) => out.push(at.clone()),
+                serde_json::Value::Array(a) => a.iter().enumerate().for_each(|(i, x)| {
+                    at.push(i.to_string());
+                    numbers(x, at, out);
+                    at.pop();
+                }),
+                serde_json::Value::Object(o) => o.iter().for_each(|(k, x)| {
+                    at.push(k.clone());
+                    numbers(x, at, out);
+                    at.pop();
+                }),
+                _ => {}
+            }
+        }
+        let mut paths = Vec::new();
+        numbers(&json, &mut Vec::new(), &mut paths);
+        assert!(paths.len() > 100, "{}", paths.len());
+        let extremes: [serde_json::Value; 6] = [
+            0.into(),
+            1.into(),
+            (1u64 << 62).into(),
+            i64::MAX.into(),
+            u64::MAX.into(),
+            (-1).into(),
+        ];
+        let set = |v: &mut serde_json::Value, path: &[String], x: &serde_json::Value| {
+            let mut cur = v;
+            for k in path {
+                cur = match k.parse::<usize>() {
+                    Ok(i) if cur.is_array() => &mut cur[i],
+                    _ => &mut cur[k.as_str()],
+                };
+            }
+            *cur = x.clone();
+        };
+        let (mut taken, mut refused) = (0, 0);
+        let mut try_state = |v: serde_json::Value| {
+            let Ok(states) = serde_json::from_value::<Vec<ProcessState>>(v) else {
+                refused += 1;
+                return;
+            };
+            match LedgerBuilder::from_states(states, None, true) {
+                Ok(mut b) => {
+                    for &c in &order[order.len() / 2..] {
+                        b.push(c);
+                    }
+                    let _ = b.finish_with_peak_sites(&data);
+                    taken += 1;
+                }
+                Err(_) => refused += 1,
+            }
+        };
+        for path in &paths {
+            for x in &extremes {
+                let mut v = json.clone();
+                set(&mut v, path, x);
+                try_state(v);
+            }
+        }
+        for _ in 0..2000 {
+            let mut v = json.clone();
+            for _ in 0..2 {
+                let path = &paths[(next() % paths.len() as u64) as usize];
+                set(&mut v, path, &extremes[(next() % 6) as usize]);
+            }
+            try_state(v);
+        }
+        assert!(
+            taken > 100 && refused > 100,
+            "taken {taken}, refused {refused}"
+        );
+    }
+
     /// States no replay leaves are refused with a line naming why.
     #[test]
     fn a_state_no_replay_leaves_is_refused() {
