@@ -27,6 +27,16 @@
 //! the same way (the state is taken out before the completion and put back
 //! only after its commit).
 //!
+//! A file's start (round 20): on a chain from the run's file 1, the
+//! completion first stores the carried state as it came into the file,
+//! `run_ledger_begin(pid, state, sites)` (`LedgerBuilder::each_state`,
+//! one process at a time, and the per-site tallies carried beside it),
+//! with `meta.run_ledger_begin = 1` and `run_ledger_begin_until` (the
+//! latest return time in it). `memory --at` of the run takes the state of
+//! the file holding the moment and replays that file alone ([`begin_state`],
+//! `run_explain`), where it replayed every file before; the state is
+//! untrusted input, checked by `LedgerBuilder::from_states` and here.
+//!
 //! Sites: stack ids are hashes of the frames, and the tracer stores a
 //! stack in each file that has a call of it. A carried allocation may have
 //! been made in a file `--keep` deleted, so the completion copies the stack
@@ -292,7 +302,7 @@ fn store_begin(conn: &Connection, c: &Carried) -> rusqlite::Result<BTreeSet<u64>
     let mut st = conn.prepare(&format!(
         "INSERT INTO {BEGIN_TABLE}(pid, state, sites) VALUES (?1, ?2, ?3)"
     ))?;
-    for state in c.builder.states() {
+    for state in c.builder.each_state() {
         named.extend(state.stack_ids());
         let sites = c
             .tally

@@ -134,18 +134,13 @@ fn live_of(s: LiveState) -> Result<Live, String> {
 
 impl Replay {
     fn state(&self, pid: u32) -> ProcessState {
-        let mut by_ptr: Vec<(u64, LiveState)> = self
-            .by_ptr
-            .iter()
-            .map(|(&p, l)| (p, live_state(l)))
-            .collect();
-        by_ptr.sort_unstable_by_key(|e| e.0);
-        let mut by_handle: Vec<(u64, LiveState)> = self
-            .by_handle
-            .iter()
-            .map(|(&p, l)| (p, live_state(l)))
-            .collect();
-        by_handle.sort_unstable_by_key(|e| e.0);
+        // By key: the same state always stores the same text.
+        let lives = |m: &std::collections::HashMap<u64, Live>| {
+            let mut v: Vec<(u64, LiveState)> = m.iter().map(|(&p, l)| (p, live_state(l))).collect();
+            v.sort_unstable_by_key(|e| e.0);
+            v
+        };
+        let (by_ptr, by_handle) = (lives(&self.by_ptr), lives(&self.by_handle));
         let mut freed_sizes: Vec<(u64, u64)> =
             self.freed_sizes.iter().map(|(&b, &n)| (b, n)).collect();
         freed_sizes.sort_unstable();
@@ -312,11 +307,13 @@ impl LedgerBuilder {
     /// them up again). Only a builder without a moment (`new(None)`) and
     /// with history (timelines, failures) is meant to be stored.
     pub fn states(&self) -> Vec<ProcessState> {
-        self.ledger
-            .procs
-            .iter()
-            .map(|(&pid, r)| r.state(pid))
-            .collect()
+        self.each_state().collect()
+    }
+
+    /// [`Self::states`] one process at a time (a writer holds one state,
+    /// not all, beside the builder).
+    pub fn each_state(&self) -> impl Iterator<Item = ProcessState> + '_ {
+        self.ledger.procs.iter().map(|(&pid, r)| r.state(pid))
     }
 
     /// A builder at `at_ns` (as [`Self::new`]) that continues from
