@@ -745,6 +745,12 @@ fn the_ledger_at_a_moment_of_a_run_is_the_whole_traces_at_that_moment() {
         if files > 1 {
             assert!(full.replayed_memory_calls > replayed, "at {t}");
         }
+        // One process asked for (`--pid`): the same from its state alone.
+        let one_pid = load_memory_at(&run, Some(100), Moment::At(t), budget(), &memo).unwrap();
+        let one_full = load_memory_at(&old, Some(100), Moment::At(t), budget(), &memo).unwrap();
+        assert_eq!(one_pid.ledgers, one_full.ledgers, "pid 100 at {t}");
+        assert_eq!(one_pid.sites_at, one_full.sites_at, "pid 100 at {t}");
+        assert_eq!(one_pid.ledgers, r.ledgers, "pid 100 is the only process, at {t}");
         let view = sleuth_store::stream::MemoryTrace::open(&one, None, budget()).unwrap();
         let want = view.ledgers(Some(t)).unwrap();
         // The per-site table then, bytes at the peak up to then included.
