@@ -750,7 +750,10 @@ fn the_ledger_at_a_moment_of_a_run_is_the_whole_traces_at_that_moment() {
         let one_full = load_memory_at(&old, Some(100), Moment::At(t), budget(), &memo).unwrap();
         assert_eq!(one_pid.ledgers, one_full.ledgers, "pid 100 at {t}");
         assert_eq!(one_pid.sites_at, one_full.sites_at, "pid 100 at {t}");
-        assert_eq!(one_pid.ledgers, r.ledgers, "pid 100 is the only process, at {t}");
+        assert_eq!(
+            one_pid.ledgers, r.ledgers,
+            "pid 100 is the only process, at {t}"
+        );
         let view = sleuth_store::stream::MemoryTrace::open(&one, None, budget()).unwrap();
         let want = view.ledgers(Some(t)).unwrap();
         // The per-site table then, bytes at the peak up to then included.
