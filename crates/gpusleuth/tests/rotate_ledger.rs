@@ -335,8 +335,45 @@ fn after_keep_the_carried_ledger_still_holds_what_deleted_files_allocated() {
             .any(|n| n.contains("no longer in the directory")),
         "{notes:?}"
     );
+    // At a moment too (`memory --at`, from the state the oldest kept file
+    // stored when it began): `w` is live then, and a note says the answer
+    // covers the deleted files.
+    let out = common::run_ok(
+        common::gpusleuth()
+            .args(["memory", "--json", "--at", "0", "--db"])
+            .arg(sb.db()),
+    );
+    let at: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let unfreed_at = |v: &serde_json::Value| -> Vec<u64> {
+        v["processes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|p| p["unfreed"].as_array().cloned().unwrap_or_default())
+            .filter_map(|u| u["bytes"].as_u64())
+            .collect()
+    };
+    assert!(
+        unfreed_at(&at).contains(&3_145_728),
+        "w live at the kept files' start: {at}"
+    );
+    assert!(
+        at["notes"].to_string().contains("also covers the"),
+        "{}",
+        at["notes"]
+    );
     // The replay of the kept files alone cannot know `w`.
     let old = replay_copy(&sb.db(), &sb.path("replayed"));
+    let out = common::run_ok(
+        common::gpusleuth()
+            .args(["memory", "--json", "--at", "0", "--db"])
+            .arg(&old),
+    );
+    let at_old: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert!(
+        !unfreed_at(&at_old).contains(&3_145_728),
+        "the replay knows nothing of w: {at_old}"
+    );
     let replayed = load(&old, None, budget()).expect("explain the copy");
     assert!(
         !ledger_of(&replayed)
