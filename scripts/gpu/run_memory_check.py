@@ -88,6 +88,19 @@ check("memory_growth: the kept 32 MiB tensors, over the time they were made",
       f"{kept} over {span_s:.1f} s; {growth[0]['summary'] if growth else 'no finding'}")
 check("MCP overview lists the kept files", isinstance(over, dict) and len(over["run"]["files"]) == len(files),
       f"{[f['number'] for f in over['run']['files']] if isinstance(over, dict) else over}")
+# Round 20: at each checkpoint inside the kept files, the run's memory then
+# (MCP `memory {at_ns}`: from the state the file holding it stored when it
+# began) equals memory_reserved(), the model made in deleted files included.
+at = mcp(run, [("memory", {"at_ns": p["ts_ns"]}) for p in truth["points"]])
+inside = []
+for p, r in zip(truth["points"], at):
+    if isinstance(r, dict):
+        mine = [q for q in r["processes"] if q["pid"] == pid]
+        inside.append((p["what"], p["reserved"], mine[0]["live_bytes"] if mine else None))
+check("memory at_ns at each checkpoint inside the kept files == memory_reserved(), deleted files' model included",
+      bool(inside) and all(want == got for _, want, got in inside),
+      f"{len(inside)} of {len(truth['points'])} checkpoints inside: "
+      + "; ".join(f"{w}: {got} vs {want}" for w, want, got in inside))
 if len(sys.argv) > 6:
     one, one_truth = sys.argv[5], json.load(open(sys.argv[6]))
     doc, _ = gsjson("memory", "--json", "--db", one)
