@@ -66,10 +66,13 @@ use std::sync::{Arc, Mutex};
 
 /// Past this many entries held by the carried builder
 /// (`LedgerBuilder::held_entries`: live allocations, failed allocations,
-/// distinct churn sizes, threads) the chain stops. About 100 bytes each
-/// with the hash tables' overhead, so ~25 MB, held twice while a file's
-/// run ledger is finished (a clone): the tracer's flat footprint
-/// (issue 16) keeps its bound.
+/// distinct churn sizes, threads; with the pinned ranges and site tallies)
+/// the chain stops. About 100 bytes each with the hash tables' overhead,
+/// so ~25 MB, held twice while a file's run ledger is finished (a clone),
+/// and beside it one process's start state and its JSON text while they
+/// are stored (`store_begin`). What is live bounds the tracer's memory,
+/// not the trace's length: 200,000 live allocations peaked at ~200 MB
+/// (docs/benchmarks.md, target table).
 pub const MAX_CARRIED_ENTRIES: usize = 250_000;
 
 /// `meta.run_ledger` once the table is complete.
