@@ -291,9 +291,7 @@ fn ledger_at_from_begin(
     let mut tally = begin.tally;
     let view = MemoryTrace::open(&trace, pid, budget.clone())?;
     let replayed = view.replay_ledger_and_sites(&mut b, &mut tally, Some(at))?;
-    let (ledgers, at_peak) = b.finish_with_peak_sites(data);
-    let sites =
-        sleuth_core::sites::memory_by_site_of(data, tally.in_start_order(), &ledgers, &at_peak);
+    let (ledgers, sites) = ledgers_and_sites(b, tally, data);
     let note = (pruned > 0).then(|| {
         format!(
             "The ledger at the moment continues the one the tracer carried to {}: it also covers the {pruned} \
@@ -331,9 +329,7 @@ fn ledger_at(
         let read = view.replay_ledger_and_sites(&mut b, &mut tally, Some(at))?;
         replayed = replayed.saturating_add(read);
     }
-    let (ledgers, at_peak) = b.finish_with_peak_sites(data);
-    let sites =
-        sleuth_core::sites::memory_by_site_of(data, tally.in_start_order(), &ledgers, &at_peak);
+    let (ledgers, sites) = ledgers_and_sites(b, tally, data);
     let note = first.filter(|&n| n > 1).map(|n| {
         format!(
             "The ledger at a moment is replayed from the memory calls of the files in the directory: the run's first {} \
@@ -348,6 +344,18 @@ fn ledger_at(
         note,
         sites,
     })
+}
+
+/// The ledgers of a replay at a moment and the per-site table then.
+fn ledgers_and_sites(
+    b: LedgerBuilder,
+    tally: crate::stream::SiteTally,
+    data: &TraceData,
+) -> (Vec<ProcessLedger>, Vec<SiteMemory>) {
+    let (ledgers, at_peak) = b.finish_with_peak_sites(data);
+    let sites =
+        sleuth_core::sites::memory_by_site_of(data, tally.in_start_order(), &ledgers, &at_peak);
+    (ledgers, sites)
 }
 
 /// The run's ledgers and how they were had.

@@ -994,7 +994,11 @@ impl SiteTally {
         let Some(t) = AllocTally::of(c) else {
             return;
         };
-        let first = (c.ts_ns, id);
+        self.merge((c.ts_ns, id), t);
+    }
+
+    /// Adds `t` to its site's entry: the earlier first call, the sums.
+    fn merge(&mut self, first: FirstCall, t: AllocTally) {
         match self.0.get_mut(&(t.stack_id, t.failed)) {
             Some((at, sum)) => {
                 *at = (*at).min(first);
@@ -1027,23 +1031,13 @@ impl SiteTally {
             if count > 1 << 62 {
                 return Err(format!("a count no trace holds ({count})"));
             }
-            let first = (ts, id);
             let t = AllocTally {
                 stack_id: stack,
                 failed,
                 count,
                 bytes,
             };
-            match self.0.get_mut(&(stack, failed)) {
-                Some((at, sum)) => {
-                    *at = (*at).min(first);
-                    sum.count = sum.count.saturating_add(count);
-                    sum.bytes = sum.bytes.saturating_add(bytes);
-                }
-                None => {
-                    self.0.insert((stack, failed), (first, t));
-                }
-            }
+            self.merge((ts, id), t);
         }
         Ok(())
     }

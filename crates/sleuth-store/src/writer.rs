@@ -667,10 +667,7 @@ fn stmt<'a, 'tx>(
     slot: &'a mut Option<CachedStatement<'tx>>,
     sql: impl FnOnce() -> String,
 ) -> rusqlite::Result<&'a mut CachedStatement<'tx>> {
-    if slot.is_none() {
-        *slot = Some(tx.prepare_cached(&sql())?);
-    }
-    Ok(slot.as_mut().expect("prepared just above"))
+    first_use(slot, || tx.prepare_cached(&sql()))
 }
 
 /// The call INSERT of `rows` rows in `slot`, prepared on first use.
@@ -679,10 +676,18 @@ fn call_insert<'a, 'tx>(
     slot: &'a mut Option<CallInsert<'tx>>,
     rows: usize,
 ) -> rusqlite::Result<&'a mut CallInsert<'tx>> {
+    first_use(slot, || CallInsert::prepare(tx, rows))
+}
+
+/// What `slot` holds, made by `make` the first time.
+fn first_use<T>(
+    slot: &mut Option<T>,
+    make: impl FnOnce() -> rusqlite::Result<T>,
+) -> rusqlite::Result<&mut T> {
     if slot.is_none() {
-        *slot = Some(CallInsert::prepare(tx, rows)?);
+        *slot = Some(make()?);
     }
-    Ok(slot.as_mut().expect("prepared just above"))
+    Ok(slot.as_mut().expect("made just above"))
 }
 
 /// Rows of plain calls per multi-row INSERT: one statement execution
