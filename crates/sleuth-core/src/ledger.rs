@@ -29,6 +29,15 @@ use timeline::Timeline;
 /// A timeline longer than this is thinned (see [`thin_timeline`]).
 pub const MAX_TIMELINE_POINTS: usize = 2000;
 
+/// Failed allocations a process's ledger lists; later ones are counted
+/// (`ProcessLedger::failed_allocs_not_kept`): a ledger's memory stays
+/// bounded by what is live, not by how often an allocation failed.
+pub const MAX_FAILED_KEPT: usize = 1000;
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
 /// A device pointer or handle, written as `"0x..."` in JSON.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Ptr(pub u64);
@@ -200,7 +209,13 @@ pub struct ProcessLedger {
     pub peak_ts_ns: Option<u64>,
     /// Device allocations (including `cuMemCreate` handles) not freed, oldest first.
     pub unfreed: Vec<Unfreed>,
+    /// The first [`MAX_FAILED_KEPT`] failed allocations, in return order.
     pub failed_allocs: Vec<FailedAlloc>,
+    /// Failed allocations after those listed: counted, not kept (a program
+    /// retrying an allocation that fails would otherwise grow the tracer's
+    /// ledger with the trace). Absent from the JSON when 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub failed_allocs_not_kept: u64,
     /// Page-locked host memory live at the end (not device memory).
     pub host_pinned_bytes: u64,
     /// Managed (unified) memory live at the end (not counted in `live_bytes`).
@@ -238,6 +253,13 @@ pub struct ProcessLedger {
     /// thread's last `cudaSetDevice` (0 before any); driver-API context
     /// switches (`cuCtxSetCurrent`) are not followed.
     pub devices: Vec<DeviceBytes>,
+}
+
+impl ProcessLedger {
+    /// Every failed allocation, those listed and those only counted.
+    pub fn failed_alloc_count(&self) -> u64 {
+        (self.failed_allocs.len() as u64).saturating_add(self.failed_allocs_not_kept)
+    }
 }
 
 /// Live and peak device bytes on one device.
@@ -310,6 +332,8 @@ struct Replay {
     /// Bounded while replaying (`timeline`), thinned when finished.
     timeline: Timeline,
     failed: Vec<FailedAlloc>,
+    /// Failed allocations past [`MAX_FAILED_KEPT`] (counted only).
+    failed_not_kept: u64,
     allocs: u64,
     frees: u64,
     allocated_bytes: u64,
@@ -420,6 +444,10 @@ impl Replay {
             if c.failed() && self.no_history {
                 return;
             }
+            if c.failed() && self.failed.len() >= MAX_FAILED_KEPT {
+                self.failed_not_kept += 1;
+                return;
+            }
             if c.failed() {
                 self.failed.push(FailedAlloc {
                     op: info.name,
@@ -511,7 +539,15 @@ impl Replay {
         }
     }
 
-    fn finish(mut self, pid: u32, comm: String, exit_ns: Option<u64>) -> ProcessLedger {
+    fn finish(self, pid: u32, comm: String, exit_ns: Option<u64>) -> ProcessLedger {
+        self.ledger(pid, comm, exit_ns)
+    }
+
+    /// The ledger so far, the replay left as it is: only what the answer
+    /// lists is copied (the live maps are read, not cloned), so a tracer
+    /// that stores a run's ledger and carries on holds its live
+    /// allocations once more as the answer's list, not twice.
+    fn ledger(&self, pid: u32, comm: String, exit_ns: Option<u64>) -> ProcessLedger {
         let mut top: Vec<SizeCount> = self
             .realloc_sizes
             .iter()
@@ -519,7 +555,10 @@ impl Replay {
             .collect();
         top.sort_by(|a, b| b.times.cmp(&a.times).then(b.bytes.cmp(&a.bytes)));
         top.truncate(5);
-        self.churn.top_sizes = top;
+        let churn = Churn {
+            top_sizes: top,
+            ..self.churn.clone()
+        };
         let mut unfreed: Vec<Unfreed> = self
             .by_ptr
             .iter()
@@ -544,10 +583,11 @@ impl Replay {
             peak_bytes: self.peak,
             peak_ts_ns: self.peak_ts,
             unfreed,
-            failed_allocs: self.failed,
+            failed_allocs: self.failed.clone(),
+            failed_allocs_not_kept: self.failed_not_kept,
             host_pinned_bytes: self.host,
             managed_bytes: self.managed,
-            timeline: self.timeline.finish(MAX_TIMELINE_POINTS),
+            timeline: self.timeline.finished(MAX_TIMELINE_POINTS),
             vmm_bytes: self.vmm,
             allocs: self.allocs,
             frees: self.frees,
@@ -557,8 +597,8 @@ impl Replay {
             reused_live_ptrs: self.reused_live_ptrs,
             unknown_ptr_allocs: self.unknown_ptr_allocs,
             exit_ns,
-            churn: self.churn,
-            devices: self.per_device.into_values().collect(),
+            churn,
+            devices: self.per_device.values().cloned().collect(),
         }
     }
 }
@@ -650,11 +690,10 @@ impl Ledger {
 
     /// The full ledger of one process now.
     pub fn snapshot(&self, pid: u32, comm: String, exit_ns: Option<u64>) -> ProcessLedger {
-        self.procs
-            .get(&pid)
-            .cloned()
-            .unwrap_or_default()
-            .finish(pid, comm, exit_ns)
+        match self.procs.get(&pid) {
+            Some(r) => r.ledger(pid, comm, exit_ns),
+            None => Replay::default().finish(pid, comm, exit_ns),
+        }
     }
 }
 
@@ -829,6 +868,17 @@ impl LedgerBuilder {
             .procs
             .into_iter()
             .map(|(pid, r)| r.finish(pid, String::new(), None))
+            .collect()
+    }
+
+    /// [`Self::finish_bare`]'s ledgers, the builder kept to be fed on (a
+    /// run's ledger stored at each file's end): nothing cloned but what
+    /// the ledgers list.
+    pub fn bare_ledgers(&self) -> Vec<ProcessLedger> {
+        self.ledger
+            .procs
+            .iter()
+            .map(|(&pid, r)| r.ledger(pid, String::new(), None))
             .collect()
     }
 }
@@ -1186,6 +1236,42 @@ mod tests {
                 site: None,
             }]
         );
+    }
+
+    /// A process retrying an allocation that fails: the first
+    /// `MAX_FAILED_KEPT` failures are listed, the rest counted; the JSON of
+    /// a ledger with fewer failures has no count member (as before).
+    #[test]
+    fn failures_past_the_kept_list_are_counted_not_listed() {
+        let fail = |ts: u64| {
+            let mut f = alloc("cudaMalloc", ts, 1 << 40, 0);
+            f.ret = 2;
+            f.ptr = None;
+            f
+        };
+        let n = MAX_FAILED_KEPT as u64 + 500;
+        let mut calls = vec![alloc("cudaMalloc", 1, 300, 0xa)];
+        calls.extend((0..n).map(|i| fail(10 + i)));
+        calls.push(free("cudaFree", 10 + n, 0xa));
+        let l = one(calls);
+        assert_eq!(l.failed_allocs.len(), MAX_FAILED_KEPT);
+        assert_eq!((l.failed_allocs_not_kept, l.failed_alloc_count()), (500, n));
+        // The first ones, in order.
+        assert_eq!(l.failed_allocs[0].ts_ns, 10);
+        assert_eq!(
+            l.failed_allocs.last().unwrap().ts_ns,
+            10 + MAX_FAILED_KEPT as u64 - 1
+        );
+        assert_eq!((l.frees, l.live_bytes), (1, 0));
+        let v = serde_json::to_value(&l).unwrap();
+        assert_eq!(v["failed_allocs_not_kept"], 500);
+        let few = one(vec![fail(1)]);
+        let v = serde_json::to_value(&few).unwrap();
+        assert!(v.get("failed_allocs_not_kept").is_none(), "{v}");
+        assert_eq!(few.failed_alloc_count(), 1);
+        // A stored ledger of an older build (no member) reads as none counted.
+        let back: ProcessLedger = serde_json::from_value(v).unwrap();
+        assert_eq!(back.failed_allocs_not_kept, 0);
     }
 
     #[test]

@@ -551,7 +551,12 @@ pub(crate) fn memory_json(
             ("failed_allocs", "failed_alloc_count"),
         ] {
             if let Some(items) = v[list].as_array_mut() {
-                let n = items.len();
+                // Failures past the ledger's list are counted only.
+                let not_kept = match list {
+                    "failed_allocs" => p.failed_allocs_not_kept as usize,
+                    _ => 0,
+                };
+                let n = items.len() + not_kept;
                 items.truncate(MEMORY_LIST_MAX);
                 v[count] = json!(n);
             }
@@ -721,6 +726,35 @@ mod tests {
         fn drop(&mut self) {
             let _ = std::fs::remove_dir_all(&self.0);
         }
+    }
+
+    /// The lists are capped; their counts are of every entry, failures
+    /// the ledger only counted included.
+    #[test]
+    fn memory_counts_failures_past_the_ledgers_list() {
+        let fail = |ts: u64| sleuth_core::CallEvent {
+            ts_ns: ts,
+            dur_ns: 1,
+            pid: 5,
+            tid: 5,
+            op: sleuth_core::op_by_name("cudaMalloc").unwrap().id,
+            ret: 2,
+            size: Some(1 << 40),
+            ..Default::default()
+        };
+        let n = ledger::MAX_FAILED_KEPT as u64 + 7;
+        let data = TraceData {
+            calls: (0..n).map(|i| fail(10 + i)).collect(),
+            ..Default::default()
+        };
+        let procs = ledger::ledger(&data, None);
+        let v = memory_json(procs, &Default::default(), &[], &data, 0).unwrap();
+        let p = &v["processes"][0];
+        assert_eq!(p["failed_alloc_count"], n, "{p}");
+        assert_eq!(
+            p["failed_allocs"].as_array().unwrap().len(),
+            MEMORY_LIST_MAX
+        );
     }
 
     #[test]

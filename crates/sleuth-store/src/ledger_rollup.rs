@@ -13,6 +13,7 @@
 //! Table and meaning: docs/schema.md, "Ledger rollup".
 
 use crate::finding_rollups::{complete_tables, damaged_table};
+use crate::json_column::{insert_row, json, text_of, Col};
 use crate::stream::{visit_own_memory_calls, StreamOrder};
 use rusqlite::Connection;
 use sleuth_core::ledger::{in_context, LedgerBuilder, LiveByStack, ProcessLedger};
@@ -85,17 +86,21 @@ pub(crate) struct Written {
 }
 
 /// Inserts `ledgers` as JSON rows `(pid, ledger)` into `table` (this one
-/// or the run's, `crate::run_ledger`: the same shape).
+/// or the run's, `crate::run_ledger`: the same shape); a long ledger (many
+/// live allocations) is written in pieces (`crate::json_column`).
 pub(crate) fn store(
     conn: &Connection,
     table: &str,
     ledgers: &[ProcessLedger],
 ) -> rusqlite::Result<()> {
-    let mut ins = conn.prepare(&format!("INSERT INTO {table}(pid, ledger) VALUES (?1, ?2)"))?;
     for l in ledgers {
-        let json = serde_json::to_string(l)
-            .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
-        ins.execute(rusqlite::params![l.pid, json])?;
+        let ledger = json(l);
+        insert_row(
+            conn,
+            table,
+            COLS,
+            &[Col::Int(l.pid.into()), Col::Json(&ledger)],
+        )?;
     }
     Ok(())
 }
@@ -138,7 +143,7 @@ pub(crate) fn read(
         if !pids.contains(&pid) {
             continue;
         }
-        let text = r.get_ref(1)?.as_str()?;
+        let text = text_of(r.get_ref(1)?).map_err(|e| bad(format!("of pid {pid}: {e}")))?;
         let l: ProcessLedger = crate::stored_json::parse_except(text, LABELS)
             .map_err(|e| bad(format!("of pid {pid}: {e}")))?;
         if l.pid != pid || out.contains_key(&pid) {

@@ -21,6 +21,7 @@ mod thread_pass;
 pub use finalize::COMPLETION_CPU_STAT;
 pub mod finding_rollups;
 mod import;
+mod json_column;
 pub mod lean;
 mod ledger_rollup;
 mod merge;

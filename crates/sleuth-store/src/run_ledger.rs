@@ -53,6 +53,7 @@
 //! Docs: docs/schema.md "Run ledger".
 
 use crate::finding_rollups::{complete_tables, damaged_table};
+use crate::json_column::{insert_row, json, text_of, Col};
 use crate::reader::Trace;
 use crate::stream::SiteTally;
 use crate::StoreError;
@@ -267,7 +268,7 @@ pub(crate) fn write(
         also(call, id);
     })?;
     c.tally = tally;
-    let run = c.builder.clone().finish_bare();
+    let run = c.builder.bare_ledgers();
     c.stacks = copy_stacks(conn, &run, begin_named, std::mem::take(&mut c.stacks))?;
     conn.execute_batch(CREATE)?;
     conn.execute("DELETE FROM run_ledger", [])?;
@@ -302,9 +303,6 @@ fn store_begin(conn: &Connection, c: &Carried) -> rusqlite::Result<BTreeSet<u64>
     conn.execute_batch(BEGIN_CREATE)?;
     conn.execute(&format!("DELETE FROM {BEGIN_TABLE}"), [])?;
     let mut named = BTreeSet::new();
-    let mut st = conn.prepare(&format!(
-        "INSERT INTO {BEGIN_TABLE}(pid, state, sites) VALUES (?1, ?2, ?3)"
-    ))?;
     for state in c.builder.each_state() {
         named.extend(state.stack_ids());
         let sites = c
@@ -313,11 +311,17 @@ fn store_begin(conn: &Connection, c: &Carried) -> rusqlite::Result<BTreeSet<u64>
             .map(SiteTally::entries)
             .unwrap_or_default();
         named.extend(sites.iter().filter_map(|e| e.0));
-        st.execute(rusqlite::params![
-            state.pid,
-            to_json(&state)?,
-            to_json(&sites)?
-        ])?;
+        let (state_json, sites_json) = (json(&state), json(&sites));
+        insert_row(
+            conn,
+            BEGIN_TABLE,
+            BEGIN_COLS,
+            &[
+                Col::Int(state.pid.into()),
+                Col::Json(&state_json),
+                Col::Json(&sites_json),
+            ],
+        )?;
     }
     let mut meta = conn.prepare("INSERT OR REPLACE INTO meta(key, value) VALUES (?1, ?2)")?;
     match c.builder.last_applied_end_ns() {
@@ -326,10 +330,6 @@ fn store_begin(conn: &Connection, c: &Carried) -> rusqlite::Result<BTreeSet<u64>
     };
     meta.execute(["run_ledger_begin", COMPLETE])?;
     Ok(named)
-}
-
-fn to_json<T: serde::Serialize>(v: &T) -> rusqlite::Result<String> {
-    serde_json::to_string(v).map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))
 }
 
 /// Stores in the file the stacks of every site `run` or `also` names that
@@ -536,7 +536,8 @@ pub(crate) fn begin_state(trace: &Trace, pid: Option<u32>) -> Result<Option<Begi
                 continue;
             }
             let text = |i: usize| -> rusqlite::Result<&str> {
-                let t = r.get_ref(i)?.as_str()?;
+                let t =
+                    text_of(r.get_ref(i)?).map_err(|e| bad(format!("of pid {row_pid}: {e}")))?;
                 match t.len() > MAX_BEGIN_TEXT {
                     true => Err(bad(format!(
                         "holds a row of pid {row_pid} longer than any tracer writes"

@@ -407,6 +407,100 @@ fn ledgers_at_the_end_are_read_from_the_stored_rollup() {
     assert!(err.contains("damaged trace: ledger_rollup"), "{err}");
 }
 
+/// A ledger too long to hold twice (many live allocations, failures past
+/// the kept list) is stored as a BLOB of its JSON text, written in pieces
+/// (`json_column`), and reads back as the replay's ledger; one listing a
+/// few allocations stays TEXT.
+#[test]
+fn a_long_ledger_is_stored_in_pieces_and_reads_back_as_the_replay() {
+    let dir = TempDir::new("long_ledger");
+    let path = dir.join("long.db");
+    let w = TraceWriter::create(&path, common::session(), WriterOptions::default()).unwrap();
+    let h = w.handle();
+    let base = 0x7f00_0000_0000u64;
+    // 15,000 live allocations (~100 bytes of JSON each) in pid 100, and
+    // 1,200 failures; pid 300 allocates one buffer.
+    for i in 0..15_000u64 {
+        h.send(Event::Call(mem(
+            "cudaMalloc",
+            100,
+            100,
+            1_000 + i * 10,
+            5,
+            Some(4096),
+            base + i * 4096,
+        )))
+        .unwrap();
+    }
+    for i in 0..1_200u64 {
+        h.send(Event::Call(CallEvent {
+            ret: 2,
+            ptr: None,
+            ..mem(
+                "cudaMalloc",
+                100,
+                100,
+                200_000 + i * 10,
+                5,
+                Some(1 << 40),
+                0,
+            )
+        }))
+        .unwrap();
+    }
+    h.send(Event::Call(mem(
+        "cudaMalloc",
+        300,
+        300,
+        300_000,
+        5,
+        Some(512),
+        base - 4096,
+    )))
+    .unwrap();
+    h.set_session_end(400_000).unwrap();
+    drop(h);
+    w.finish().unwrap();
+
+    let c = rusqlite::Connection::open(&path).unwrap();
+    let types: Vec<(i64, String, i64)> = c
+        .prepare("SELECT pid, typeof(ledger), length(CAST(ledger AS BLOB)) FROM ledger_rollup ORDER BY pid")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(types.len(), 2, "{types:?}");
+    assert_eq!(
+        (types[0].0, types[0].1.as_str()),
+        (100, "blob"),
+        "{types:?}"
+    );
+    assert!(types[0].2 > 1 << 20, "{types:?}");
+    assert_eq!(
+        (types[1].0, types[1].1.as_str()),
+        (300, "text"),
+        "{types:?}"
+    );
+    drop(c);
+
+    let trace = Trace::open(&path).unwrap();
+    let data = trace.load(None).unwrap();
+    let replayed = ledger(&data, None);
+    assert_eq!(replayed[0].unfreed.len(), 15_000);
+    assert_eq!(replayed[0].failed_alloc_count(), 1_200);
+    let mt = MemoryTrace::open(&trace, None, budget()).unwrap();
+    assert_eq!(json(&mt.ledgers(None).unwrap()), json(&replayed));
+    drop((mt, trace));
+    // Answered from the stored ledgers: the calls deleted change nothing.
+    let c = rusqlite::Connection::open(&path).unwrap();
+    c.execute("DELETE FROM call_rows", []).unwrap();
+    drop(c);
+    let trace = Trace::open(&path).unwrap();
+    let mt = MemoryTrace::open(&trace, None, budget()).unwrap();
+    assert_eq!(json(&mt.ledgers(None).unwrap()), json(&replayed));
+}
+
 /// The ledger at a moment reads only the calls that returned by then, and
 /// the pass over the call rows its stream makes (the totals check) is the
 /// one the count of skipped rows reuses after the reads: the counts equal

@@ -10,7 +10,7 @@ use serde::Serialize;
 use sleuth_core::allocator::{allocator_views, AllocatorState, AllocatorView};
 use sleuth_core::gpu_activity::{self, GpuActivity};
 use sleuth_core::held::{held, HeldMemory};
-use sleuth_core::ledger::ProcessLedger;
+use sleuth_core::ledger::{self, ProcessLedger};
 use sleuth_store::stream::MemoryTrace;
 use sleuth_store::ReadBudget;
 use std::collections::BTreeMap;
@@ -636,7 +636,7 @@ fn render(
                 let _ = writeln!(out, "    ... {} more (use --json)", p.unfreed.len() - 20);
             }
         }
-        for f in &p.failed_allocs {
+        for f in p.failed_allocs.iter().take(20) {
             let _ = writeln!(
                 out,
                 "  FAILED: {} of {} returned {} at +{} with {} live",
@@ -646,6 +646,14 @@ fn render(
                 rel(f.ts_ns),
                 fmt_bytes(f.live_bytes_at)
             );
+        }
+        let failed = p.failed_alloc_count();
+        if failed > 20 {
+            let listed = match p.failed_allocs_not_kept {
+                0 => "use --json".to_string(),
+                _ => format!("--json lists the first {}", ledger::MAX_FAILED_KEPT),
+            };
+            let _ = writeln!(out, "  ... {} more failed ({listed})", failed - 20);
         }
         render_allocator(&mut out, allocators.get(&p.pid), origin, segments);
         out.push('\n');
@@ -704,6 +712,42 @@ mod tests {
         assert!(text.contains("need a trace taken with `trace --torch-allocator`"));
         assert_eq!(p["unfreed"][0]["ptr"], "0xabc000");
         assert_eq!(p["failed_allocs"][0]["error"], 2);
+    }
+
+    /// Many failures: twenty lines, then how many more and where the
+    /// kept ones are listed; the JSON counts every one.
+    #[test]
+    fn many_failures_are_summed_up_after_twenty_lines() {
+        let n = ledger::MAX_FAILED_KEPT as u64 + 30;
+        let data = sleuth_core::TraceData {
+            calls: (0..n).map(|i| failed_alloc(100 + i, 1 << 40)).collect(),
+            ..Default::default()
+        };
+        let l = ledger::ledger(&data, None);
+        let text = render(&l, &BTreeMap::new(), &BTreeMap::new(), 0, None, true);
+        assert_eq!(text.matches("FAILED: ").count(), 20, "{text}");
+        assert!(
+            text.contains(&format!(
+                "... {} more failed (--json lists the first {})",
+                n - 20,
+                ledger::MAX_FAILED_KEPT
+            )),
+            "{text}"
+        );
+        let json = serde_json::to_value(report(
+            &l,
+            &BTreeMap::new(),
+            &BTreeMap::new(),
+            &gpu_activity::busy(None, None),
+            None,
+        ))
+        .unwrap();
+        let p = &json["processes"][0];
+        assert_eq!(
+            p["failed_allocs"].as_array().unwrap().len(),
+            ledger::MAX_FAILED_KEPT
+        );
+        assert_eq!(p["failed_allocs_not_kept"], 30);
     }
 
     #[test]

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 
 /// Failed allocations of one process.
 pub(super) fn allocation_failure(l: &ProcessLedger) -> Option<Finding> {
-    if l.failed_allocs.len() < ALLOC_FAILURE_MIN_COUNT {
+    if l.failed_alloc_count() < ALLOC_FAILURE_MIN_COUNT as u64 {
         return None;
     }
     let first = l.failed_allocs.first()?;
@@ -77,7 +77,7 @@ pub(super) fn allocation_failure(l: &ProcessLedger) -> Option<Finding> {
         pids: vec![l.pid],
         summary: format!(
             "{} allocation(s) failed in {} (pid {}): first {} of {}{at} returned {} ({}) with {} live",
-            l.failed_allocs.len(),
+            l.failed_alloc_count(),
             l.comm,
             l.pid,
             first.op,
@@ -87,7 +87,7 @@ pub(super) fn allocation_failure(l: &ProcessLedger) -> Option<Finding> {
             fmt_bytes(held)
         ),
         evidence: json!({
-            "failures": l.failed_allocs.len(),
+            "failures": l.failed_alloc_count(),
             "examples": examples,
             "peak_bytes": l.peak_bytes,
             "peak_ts_ns": l.peak_ts_ns,

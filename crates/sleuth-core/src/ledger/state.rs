@@ -40,6 +40,9 @@ pub struct ProcessState {
     peak_ts: Option<u64>,
     timeline: TimelineState,
     failed: Vec<FailedState>,
+    /// Absent when 0 (the states of round 20 have no such member).
+    #[serde(default, skip_serializing_if = "super::is_zero")]
+    failed_not_kept: u64,
     allocs: u64,
     frees: u64,
     allocated_bytes: u64,
@@ -179,6 +182,7 @@ impl Replay {
                     )
                 })
                 .collect(),
+            failed_not_kept: self.failed_not_kept,
             allocs: self.allocs,
             frees: self.frees,
             allocated_bytes: self.allocated_bytes,
@@ -200,6 +204,7 @@ impl Replay {
         // Counts grow by one per call (unchecked sums): none may be near
         // overflow. Byte sums saturate and are left as they are.
         let counts = [
+            s.failed_not_kept,
             s.allocs,
             s.frees,
             s.unmatched_frees,
@@ -245,6 +250,17 @@ impl Replay {
                 return Err("a device listed twice".into());
             }
         }
+        // A replay lists the first failures and counts the rest only once
+        // the list is full.
+        if s.failed.len() > super::MAX_FAILED_KEPT
+            || (s.failed_not_kept > 0 && s.failed.len() < super::MAX_FAILED_KEPT)
+        {
+            return Err(format!(
+                "{} failed allocations listed and {} counted, which no replay keeps",
+                s.failed.len(),
+                s.failed_not_kept
+            ));
+        }
         let failed = s
             .failed
             .into_iter()
@@ -277,6 +293,7 @@ impl Replay {
             peak_ts: s.peak_ts,
             timeline: Timeline::from_state(s.timeline)?,
             failed,
+            failed_not_kept: s.failed_not_kept,
             allocs: s.allocs,
             frees: s.frees,
             allocated_bytes: s.allocated_bytes,
@@ -446,6 +463,39 @@ mod tests {
         assert!(restored >= 2000, "{restored}");
     }
 
+    /// Failures past the kept list: a state stored before the list is
+    /// full, as it fills and after, taken up again, ends as one replay
+    /// (list and count).
+    #[test]
+    fn failures_counted_past_the_list_survive_a_stored_state() {
+        let kept = super::super::MAX_FAILED_KEPT;
+        let mut calls = vec![call("cudaMalloc", 1, 1, 1, Some(64), Some(0x10), None)];
+        for i in 0..(kept as u64 + 300) {
+            let mut f = call("cudaMalloc", 1, 10 + i, 1, Some(1 << 40), None, Some(i % 3));
+            f.ret = 2;
+            calls.push(f);
+        }
+        let data = TraceData {
+            calls,
+            ..Default::default()
+        };
+        let whole = {
+            let mut b = LedgerBuilder::new(None);
+            data.calls.iter().for_each(|c| b.push(c));
+            b.finish(&data)
+        };
+        assert_eq!(whole[0].failed_allocs_not_kept, 300);
+        for split in [1, kept, kept + 1, kept + 150, data.calls.len()] {
+            let mut first = LedgerBuilder::new(None);
+            data.calls[..split].iter().for_each(|c| first.push(c));
+            let json = serde_json::to_string(&first.states()).unwrap();
+            let back: Vec<ProcessState> = serde_json::from_str(&json).unwrap();
+            let mut b = LedgerBuilder::from_states(back, None, false).unwrap();
+            data.calls[split..].iter().for_each(|c| b.push(c));
+            assert_eq!(b.finish(&data), whole, "split {split}");
+        }
+    }
+
     /// Every number of a stored state set to an extreme (0, 1, 2^62,
     /// 2^63 - 1, u64::MAX, -1), one at a time and in random pairs: the
     /// state is refused or taken up, and a replay continued from it then
@@ -596,6 +646,15 @@ mod tests {
         refused(
             &|v| v[0]["allocs"] = u64::MAX.into(),
             "a count no replay reaches",
+        );
+        refused(
+            &|v| v[0]["failed_not_kept"] = 3.into(),
+            "which no replay keeps",
+        );
+        let failure = serde_json::json!(["cudaMalloc", 1, 2, 30, 0, null]);
+        refused(
+            &|v| v[0]["failed"] = vec![failure.clone(); super::super::MAX_FAILED_KEPT + 1].into(),
+            "which no replay keeps",
         );
         let twice = serde_json::Value::Array(vec![json[0].clone(), json[0].clone()]);
         let s: Vec<ProcessState> = serde_json::from_value(twice).unwrap();

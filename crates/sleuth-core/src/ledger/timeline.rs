@@ -112,9 +112,9 @@ impl Timeline {
     }
 
     /// The timeline, thinned to at most `max` points.
-    pub(crate) fn finish(self, max: usize) -> Vec<TimelinePoint> {
+    pub(crate) fn finished(&self, max: usize) -> Vec<TimelinePoint> {
         let mut points: Vec<TimelinePoint> = self.first.into_iter().collect();
-        points.extend(self.groups);
+        points.extend(self.groups.iter().copied());
         points.extend(self.filling);
         points.extend(self.latest);
         thin_timeline(points, max)
@@ -193,7 +193,7 @@ mod tests {
         for n in [0, 1, 2, 3, 50, 401, 402, 403] {
             let pts = points(n);
             assert_eq!(
-                built(&pts, 400).finish(100),
+                built(&pts, 400).finished(100),
                 thin_timeline(pts.clone(), 100),
                 "{n} points"
             );
@@ -203,7 +203,7 @@ mod tests {
         let pts = points(HELD_GROUPS as u64 + 2);
         let t = built(&pts, HELD_GROUPS);
         assert_eq!(
-            t.clone().finish(super::super::MAX_TIMELINE_POINTS),
+            t.finished(super::super::MAX_TIMELINE_POINTS),
             thin_timeline(pts, super::super::MAX_TIMELINE_POINTS)
         );
     }
@@ -213,7 +213,7 @@ mod tests {
         let pts = points(100_000);
         let t = built(&pts, 64);
         assert!(t.held() <= 64 + 4, "{} points held", t.held());
-        let out = t.finish(20);
+        let out = t.finished(20);
         assert!(out.len() <= 20);
         assert_eq!(out.first(), pts.first());
         assert_eq!(out.last(), pts.last());

@@ -1,0 +1,295 @@
+//! JSON values the tracer stores in a column (a process's ledger, the
+//! run's ledger state when a file began), written without holding them
+//! whole when they are large.
+//!
+//! A ledger lists every allocation still live: a program keeping 200,000
+//! allocations makes a 24 MB JSON text. Serialized into a `String` and
+//! bound, that text was held three times at once (the string grown by
+//! doubling, 33.5 MB; SQLite's copy of the bound text; the record it built
+//! to insert), 81 MB of the tracer's 112 MB peak heap (heaptrack, 2-vCPU VM,
+//! 2026-12-03). A value longer than [`STREAM_ABOVE`] is instead stored as a
+//! BLOB of the same UTF-8 text: the row is inserted with a `zeroblob` of its
+//! length (SQLite writes the zeros without allocating them) and the JSON is
+//! serialized again straight into the row through SQLite's incremental blob
+//! I/O, 64 KiB at a time. Shorter values stay TEXT, serialized once, as
+//! before: an older reader reads them as it did.
+//!
+//! Readers take either ([`text_of`]): the bytes must be UTF-8 JSON either way.
+
+use rusqlite::types::{ToSqlOutput, Value, ValueRef};
+use rusqlite::{Connection, MAIN_DB};
+use std::io::{BufWriter, Write};
+
+/// JSON longer than this (bytes) is written in pieces as a BLOB.
+pub(crate) const STREAM_ABOVE: usize = 1 << 20;
+
+/// The pieces an incremental write hands to SQLite.
+const PIECE: usize = 64 << 10;
+
+/// One column of a row to insert.
+pub(crate) enum Col<'a> {
+    Int(i64),
+    /// A value serialized by the function, which must write the same bytes
+    /// each time it is called (it is called twice for a long value).
+    Json(&'a dyn Fn(&mut dyn Write) -> serde_json::Result<()>),
+}
+
+/// Serializes `v` as a [`Col::Json`] writer.
+pub(crate) fn json<T: serde::Serialize>(
+    v: &T,
+) -> impl Fn(&mut dyn Write) -> serde_json::Result<()> + '_ {
+    move |w| serde_json::to_writer(w, v)
+}
+
+/// Inserts one row of `cols` (named `names`) into `table` of the main
+/// database, each JSON value as TEXT when at most [`STREAM_ABOVE`] bytes
+/// long, else as a BLOB written in pieces.
+pub(crate) fn insert_row(
+    conn: &Connection,
+    table: &str,
+    names: &[&str],
+    cols: &[Col<'_>],
+) -> rusqlite::Result<()> {
+    let mut bound: Vec<ToSqlOutput<'static>> = Vec::with_capacity(cols.len());
+    let mut streamed = Vec::new();
+    for (i, c) in cols.iter().enumerate() {
+        match c {
+            Col::Int(v) => bound.push(ToSqlOutput::Owned(Value::Integer(*v))),
+            Col::Json(write) => {
+                let mut first = Spill::default();
+                write(&mut first).map_err(conversion)?;
+                match first.text {
+                    Some(bytes) => {
+                        let text = String::from_utf8(bytes).map_err(conversion)?;
+                        bound.push(ToSqlOutput::Owned(Value::Text(text)));
+                    }
+                    None => {
+                        // SQLite refuses a zeroblob past its length limit
+                        // (an error from the INSERT, nothing stored).
+                        bound.push(ToSqlOutput::ZeroBlob(first.len as u64));
+                        streamed.push((i, first.len));
+                    }
+                }
+            }
+        }
+    }
+    let placeholders = (1..=cols.len())
+        .map(|n| format!("?{n}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let sql = format!(
+        "INSERT INTO {table}({}) VALUES ({placeholders})",
+        names.join(", ")
+    );
+    conn.prepare_cached(&sql)?
+        .execute(rusqlite::params_from_iter(bound))?;
+    let row = conn.last_insert_rowid();
+    for (i, len) in streamed {
+        let Col::Json(write) = &cols[i] else {
+            unreachable!("only JSON columns are streamed")
+        };
+        let blob = conn.blob_open(MAIN_DB, table, names[i], row, false)?;
+        let mut w = BufWriter::with_capacity(
+            PIECE,
+            Counted {
+                inner: blob,
+                len: 0,
+            },
+        );
+        write(&mut w).map_err(conversion)?;
+        let written = w.into_inner().map_err(|e| conversion(e.into_error()))?.len;
+        if written != len {
+            // The serializer wrote fewer bytes than it did the first time:
+            // the row would end in zeros no reader parses.
+            return Err(conversion(std::io::Error::other(format!(
+                "{} changed length between two serializations ({len} then {written} bytes)",
+                names[i]
+            ))));
+        }
+    }
+    Ok(())
+}
+
+/// The text of a stored JSON value, TEXT or BLOB; an error for another
+/// type or bytes that are not UTF-8 (the caller names the file damaged).
+pub(crate) fn text_of(v: ValueRef<'_>) -> Result<&str, String> {
+    match v {
+        ValueRef::Text(b) | ValueRef::Blob(b) => {
+            std::str::from_utf8(b).map_err(|_| "a value that is not UTF-8 text".to_string())
+        }
+        _ => Err(format!("a {} where JSON text belongs", v.data_type())),
+    }
+}
+
+fn conversion<E: std::error::Error + Send + Sync + 'static>(e: E) -> rusqlite::Error {
+    rusqlite::Error::ToSqlConversionFailure(Box::new(e))
+}
+
+/// A writer that keeps what it is given while it is at most
+/// [`STREAM_ABOVE`] bytes long, then only counts.
+#[derive(Default)]
+struct Spill {
+    text: Option<Vec<u8>>,
+    len: usize,
+    started: bool,
+}
+
+impl Write for Spill {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if !self.started {
+            self.started = true;
+            self.text = Some(Vec::new());
+        }
+        self.len += buf.len();
+        if self.len > STREAM_ABOVE {
+            self.text = None;
+        } else if let Some(t) = &mut self.text {
+            t.extend_from_slice(buf);
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A writer that counts the bytes its inner writer took.
+struct Counted<W> {
+    inner: W,
+    len: usize,
+}
+
+impl<W: Write> Write for Counted<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.len += n;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table() -> Connection {
+        let c = Connection::open_in_memory().unwrap();
+        c.execute_batch("CREATE TABLE t(pid INTEGER NOT NULL, a TEXT NOT NULL, b TEXT NOT NULL)")
+            .unwrap();
+        c
+    }
+
+    /// A short value is TEXT, a long one a BLOB; both read back as the
+    /// text `serde_json::to_string` gives, beside the integer column.
+    #[test]
+    fn short_values_are_text_long_ones_blobs_of_the_same_text() {
+        let c = table();
+        let short: Vec<u64> = (0..1000).collect();
+        // ~1.9 MB of JSON: past the threshold.
+        let long: Vec<String> = (0..100_000).map(|i| format!("entry {i:08}")).collect();
+        for (pid, a, b) in [(1, &short, &long), (2, &short, &long)] {
+            let (ja, jb) = (json(a), json(b));
+            insert_row(
+                &c,
+                "t",
+                &["pid", "a", "b"],
+                &[Col::Int(pid), Col::Json(&ja), Col::Json(&jb)],
+            )
+            .unwrap();
+        }
+        let mut st = c
+            .prepare("SELECT pid, typeof(a), typeof(b), a, b FROM t ORDER BY pid")
+            .unwrap();
+        let mut rows = st.query([]).unwrap();
+        let mut n = 0;
+        while let Some(r) = rows.next().unwrap() {
+            n += 1;
+            assert_eq!(r.get::<_, i64>(0).unwrap(), n);
+            assert_eq!(r.get::<_, String>(1).unwrap(), "text");
+            assert_eq!(r.get::<_, String>(2).unwrap(), "blob");
+            let a = text_of(r.get_ref(3).unwrap()).unwrap();
+            let b = text_of(r.get_ref(4).unwrap()).unwrap();
+            assert_eq!(a, serde_json::to_string(&short).unwrap());
+            assert_eq!(b, serde_json::to_string(&long).unwrap());
+            assert!(b.len() > STREAM_ABOVE);
+        }
+        assert_eq!(n, 2);
+        // SQL over the column reads a BLOB's text as it reads TEXT.
+        let (first, last): (String, String) = c
+            .query_row(
+                "SELECT json_extract(b, '$[0]'), json_extract(b, '$[#-1]') FROM t WHERE pid = 1",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .unwrap();
+        assert_eq!(
+            (first.as_str(), last.as_str()),
+            ("entry 00000000", "entry 00099999")
+        );
+    }
+
+    /// A value exactly at the threshold stays TEXT; one byte more is a BLOB.
+    #[test]
+    fn the_threshold_is_inclusive() {
+        let c = table();
+        // A JSON string of n bytes of 'x' is n + 2 bytes long.
+        for (pid, len, ty) in [(1, STREAM_ABOVE, "text"), (2, STREAM_ABOVE + 1, "blob")] {
+            let s = "x".repeat(len - 2);
+            let j = json(&s);
+            insert_row(
+                &c,
+                "t",
+                &["pid", "a", "b"],
+                &[Col::Int(pid), Col::Json(&j), Col::Json(&j)],
+            )
+            .unwrap();
+            let (got, n): (String, i64) = c
+                .query_row(
+                    "SELECT typeof(a), length(CAST(a AS BLOB)) FROM t WHERE pid = ?1",
+                    [pid],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .unwrap();
+            assert_eq!((got.as_str(), n as usize), (ty, len), "pid {pid}");
+        }
+    }
+
+    /// A serializer that writes less the second time is an error, not a
+    /// row ending in zeros.
+    #[test]
+    fn a_value_that_shrinks_between_its_two_writes_is_an_error() {
+        let c = table();
+        let calls = std::cell::Cell::new(0);
+        let shrinking = |w: &mut dyn Write| {
+            calls.set(calls.get() + 1);
+            let n = if calls.get() == 1 {
+                STREAM_ABOVE + 10
+            } else {
+                5
+            };
+            w.write_all(&vec![b'1'; n]).map_err(serde_json::Error::io)
+        };
+        let ok = json(&1);
+        let e = insert_row(
+            &c,
+            "t",
+            &["pid", "a", "b"],
+            &[Col::Int(1), Col::Json(&ok), Col::Json(&shrinking)],
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("changed length"), "{e}");
+    }
+
+    #[test]
+    fn readers_refuse_other_types_and_bytes_that_are_not_utf8() {
+        assert_eq!(text_of(ValueRef::Text(b"[1]")).unwrap(), "[1]");
+        assert_eq!(text_of(ValueRef::Blob(b"[1]")).unwrap(), "[1]");
+        assert!(text_of(ValueRef::Blob(&[0xff, 0xfe])).is_err());
+        assert!(text_of(ValueRef::Integer(3)).is_err());
+        assert!(text_of(ValueRef::Null).is_err());
+    }
+}
