@@ -208,24 +208,33 @@ fn hostname() -> String {
 /// H200 host was 26 MiB; capped at two, 14 MiB (scripts/gpu/tracer_smaps.py,
 /// docs/benchmarks.md). The threads allocate in batches, not per event, so
 /// sharing arenas costs no measurable contention.
-fn cap_malloc_arenas() {
+///
+/// And fixed thresholds: blocks of 1 MiB or more are mapped (and given
+/// back when freed), free memory at the top of an arena is kept up to
+/// 8 MiB. glibc's default raises its mmap threshold to the size of each
+/// large block freed (up to 32 MiB), after which the ledgers and lists a
+/// file's completion builds came from the arenas and stayed resident when
+/// freed: a trace of a program holding 65,536 allocations peaked at
+/// 57-68 MB in one file (56 MB with these thresholds) and 91-101 MB with
+/// `--rotate 1s` (docs/benchmarks.md "Live and failed allocations in the
+/// tracer's footprint (round 21)"). A fixed mmap threshold alone also
+/// fixes the trim threshold at 128 KiB, and the arenas' tops shrinking and
+/// growing again cost the poller 10% per event; at 8 MiB no cost shows
+/// (`scripts/tracer_ab.py`, 5 interleaved reps).
+fn tune_malloc() {
     #[cfg(target_env = "gnu")]
-    // SAFETY: mallopt only changes a tuning parameter of glibc's allocator;
+    // SAFETY: mallopt only changes tuning parameters of glibc's allocator;
     // called first in `trace`, before the tracer starts its threads.
     unsafe {
         libc::mallopt(libc::M_ARENA_MAX, 2);
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 8 << 20);
     }
 }
 
-/// Gives the memory a file's completion freed back to the system. glibc
-/// raises its mmap threshold to the size of each large block freed (up to
-/// 32 MiB), so after the first completion the next one's tables and lists
-/// of live allocations come from the arenas and stay resident when freed,
-/// beside the next completion's: a `--rotate 1s` trace of a program
-/// holding 65,536 allocations peaked at 98-104 MB (docs/benchmarks.md
-/// "Live allocations in the tracer's footprint (round 21)"). Trimmed once
-/// per file on the completion's own thread, not per allocation: a fixed
-/// 1 MiB threshold gave the same peak but cost the poller 6% per event.
+/// Gives the memory a file's completion freed back to the system (below
+/// the trim threshold, [`tune_malloc`], an arena keeps up to 8 MiB of it):
+/// once per file, on the completion's own thread.
 fn give_back_freed_memory() {
     #[cfg(target_env = "gnu")]
     // SAFETY: malloc_trim only returns free pages of glibc's arenas to the
@@ -236,7 +245,7 @@ fn give_back_freed_memory() {
 }
 
 pub fn run(args: Args) -> Result<i32> {
-    cap_malloc_arenas();
+    tune_malloc();
     // Before the first connection; the tracer runs no caller's SQL.
     sleuth_store::turn_off_memory_statistics();
     let target = match (args.command.is_empty(), args.pids.is_empty()) {
