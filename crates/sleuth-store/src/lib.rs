@@ -23,6 +23,7 @@ pub mod finding_rollups;
 mod import;
 mod json_column;
 pub mod lean;
+mod ledger_feed;
 mod ledger_rollup;
 mod merge;
 mod open;

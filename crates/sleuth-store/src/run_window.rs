@@ -16,6 +16,7 @@
 //! carried from file to file.
 
 use crate::checked::CheckMemo;
+use crate::ledger_feed::{read_ahead, Fed};
 use crate::problems::InputProblems;
 use crate::reader::Trace;
 use crate::report_reads::WindowCalls;
@@ -32,6 +33,7 @@ use sleuth_core::ledger::LedgerBuilder;
 use sleuth_core::stats::StatsReport;
 use sleuth_core::GpuSample;
 use std::path::{Path, PathBuf};
+use std::sync::mpsc::Receiver;
 
 /// The files of a run that `--last D` spans, and the window's start.
 #[derive(Debug, Clone)]
@@ -118,6 +120,12 @@ impl RunLast {
             .iter()
             .map(|(n, _)| crate::run::part_name(*n))
             .collect()
+    }
+
+    /// The spanned file after `path`, if any.
+    fn file_after(&self, path: &Path) -> Option<PathBuf> {
+        let i = self.files.iter().position(|(_, p)| p == path)?;
+        self.files.get(i + 1).map(|(_, p)| p.clone())
     }
 
     /// The window as a store filter, of process `pid` or all.
@@ -252,7 +260,19 @@ impl RunLast {
         let mut ledger = LedgerBuilder::new(None);
         let mut sum: Option<ScopeParts> = None;
         let mut added = 0usize;
-        let read = self.visit(pid, memo, |trace| {
+        let read = std::thread::scope(|threads| {
+            // The next file's memory calls, read on a second thread while this
+            // one is answered (`ledger_feed`).
+            let mut ahead: Option<(PathBuf, Receiver<Fed>)> = None;
+            let read = self.visit(pid, memo, |trace| {
+            let feed = match ahead.take() {
+                Some((path, rx)) if path == trace.path() => Some(rx),
+                _ => None,
+            };
+            if let Some(next) = self.file_after(trace.path()) {
+                let rx = read_ahead(threads, next.clone(), pid, self.budget.clone(), memo.clone());
+                ahead = Some((next, rx));
+            }
             if trace.nccl_calls(None)?.iter().any(|e| e.is_collective()) {
                 return Err(StoreError::file(
                     trace.path(),
@@ -261,7 +281,13 @@ impl RunLast {
                 ));
             }
             let mut part = match whole_file(trace, &scope)? {
-                true => whole_file_parts(trace, &scope, pinned.clone(), std::mem::take(&mut ledger))?,
+                true => whole_file_parts(
+                    trace,
+                    &scope,
+                    pinned.clone(),
+                    std::mem::take(&mut ledger),
+                    feed,
+                )?,
                 false => crate::scoped::window_parts_after(
                     trace,
                     &scope,
@@ -287,6 +313,10 @@ impl RunLast {
                 }
             });
             Ok(())
+        });
+            // A read ahead nobody takes stops at its next message.
+            drop(ahead);
+            read
         })?;
         // `visit` refused a window where no file held the process.
         let mut parts =
@@ -328,6 +358,7 @@ fn whole_file_parts(
     scope: &CallFilter,
     earlier: PinnedState,
     mut ledger: LedgerBuilder,
+    feed: Option<Receiver<Fed>>,
 ) -> Result<ScopeParts, StoreError> {
     let pid = scope.pid;
     let Some(mut inputs) = crate::finding_rollups::finding_inputs(trace, pid)? else {
@@ -341,7 +372,10 @@ fn whole_file_parts(
     let mut carry = PinnedCarry::starting(earlier);
     carry.file(trace, view.rows(), pid, &mut inputs)?;
     let inputs = inputs.with_pinned(carry.into_state());
-    view.replay_ledger(&mut ledger)?;
+    match feed {
+        Some(rx) => view.replay_ledger_fed(&mut ledger, rx)?,
+        None => view.replay_ledger(&mut ledger)?,
+    };
     view.load_allocator_calls()?;
     let mut data = std::mem::take(&mut view.base);
     let counts = trace.op_counts(pid)?;

@@ -966,6 +966,22 @@ pub struct MemoryTrace {
     site_pass: std::cell::RefCell<Option<SitePass>>,
 }
 
+/// The memory calls of process `pid` (all without one) in `order`, those
+/// that returned by `returned_by` when given: what a ledger replays.
+pub(crate) fn memory_calls_of(
+    pid: Option<u32>,
+    order: StreamOrder,
+    returned_by: Option<u64>,
+) -> CallQuery {
+    CallQuery {
+        pid,
+        ops: Some(sleuth_core::ledger::memory_op_names()),
+        order,
+        returned_by,
+        ..Default::default()
+    }
+}
+
 /// What one replay of the memory calls up to a moment (all when None)
 /// gives the by-site table besides the ledgers: the allocations tallied by
 /// site, and what each process had live per site at its peak.
@@ -1106,13 +1122,7 @@ impl MemoryTrace {
     /// The memory calls (`ledger::is_memory_op`) of this view, those that
     /// returned by `returned_by` when given.
     fn memory_calls(&self, order: StreamOrder, returned_by: Option<u64>) -> CallQuery {
-        CallQuery {
-            pid: self.pid,
-            ops: Some(sleuth_core::ledger::memory_op_names()),
-            order,
-            returned_by,
-            ..Default::default()
-        }
+        memory_calls_of(self.pid, order, returned_by)
     }
 
     /// Visits the memory calls in `order`, those that returned by
@@ -1217,6 +1227,43 @@ impl MemoryTrace {
             },
         )?;
         Ok(read)
+    }
+
+    /// [`Self::replay_ledger`] from the calls another thread read from the
+    /// same file (`crate::ledger_feed::read_ahead`): the same calls in the
+    /// same order, so the same state. Should the feed fail or end without
+    /// saying it is complete, the file is replayed here instead, from the
+    /// state `b` had.
+    pub(crate) fn replay_ledger_fed(
+        &self,
+        b: &mut sleuth_core::ledger::LedgerBuilder,
+        feed: impl IntoIterator<Item = crate::ledger_feed::Fed>,
+    ) -> Result<u64, StoreError> {
+        use crate::ledger_feed::LedgerFeed;
+        for &pid in &self.pids {
+            b.track(pid);
+        }
+        let before = b.clone();
+        let mut read = 0u64;
+        for m in feed {
+            match m {
+                Ok(LedgerFeed::Calls(calls)) => {
+                    read += calls.len() as u64;
+                    for c in &calls {
+                        b.push(c);
+                    }
+                }
+                // The file's order forced SQLite's sort: from the start again.
+                Ok(LedgerFeed::Restart) => {
+                    *b = before.clone();
+                    read = 0;
+                }
+                Ok(LedgerFeed::Done) => return Ok(read),
+                Err(_) => break,
+            }
+        }
+        *b = before;
+        self.replay_ledger(b)
     }
 
     /// [`Self::replay_ledger`] of the memory calls that returned by

@@ -1,0 +1,256 @@
+//! A file's memory calls read ahead on another thread (issue 16).
+//!
+//! `explain --last` over a run's files replays the memory calls of each
+//! whole file of the window into the window's ledger, file after file: 89%
+//! of its time, of which the ledger's own work is 3% and SQLite's steps
+//! and the rows' decoding the rest (docs/benchmarks.md). The files are
+//! replayed in order, but reading one needs nothing from the others: while
+//! one file is answered, the next one's memory calls are read on a second
+//! thread, in the order its replay applies them, into a bounded channel
+//! ([`AHEAD_CALLS`] calls). The replay then applies them
+//! (`MemoryTrace::replay_ledger_fed`), or replays the file itself should
+//! the read ahead fail.
+
+use crate::checked::CheckMemo;
+use crate::run::open_in_run;
+use crate::stream::{memory_calls_of, Rows, StreamOrder};
+use crate::{ReadBudget, StoreError};
+use sleuth_core::CallEvent;
+use std::cell::Cell;
+use std::path::PathBuf;
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+
+/// Calls per message.
+const CHUNK: usize = 8192;
+
+/// Calls read ahead at most (~28 MB of calls): a file of up to this many
+/// memory calls is read whole while the one before it is answered.
+pub(crate) const AHEAD_CALLS: usize = 256 * 1024;
+
+/// One message of a read ahead.
+pub(crate) enum LedgerFeed {
+    /// The next calls, in the order the ledger applies them.
+    Calls(Vec<CallEvent>),
+    /// The file's order forced SQLite's sorted read: the calls sent before
+    /// are void, the stream starts again.
+    Restart,
+    /// Every call was sent.
+    Done,
+}
+
+pub(crate) type Fed = Result<LedgerFeed, StoreError>;
+
+/// Starts reading the memory calls of the run file `path` (of process
+/// `pid`) on a thread of `scope`; the receiver yields them. Dropping it
+/// stops the thread at its next message.
+pub(crate) fn read_ahead<'scope>(
+    scope: &'scope std::thread::Scope<'scope, '_>,
+    path: PathBuf,
+    pid: Option<u32>,
+    budget: ReadBudget,
+    memo: CheckMemo,
+) -> Receiver<Fed> {
+    let (tx, rx) = sync_channel(AHEAD_CALLS / CHUNK);
+    let started = std::thread::Builder::new()
+        .name("gpusleuth-ahead".into())
+        .spawn_scoped(scope, move || {
+            let r = open_in_run(&path, &budget, &memo)
+                .and_then(|trace| send_calls(&Rows::open_with(&trace, budget)?, &path, pid, &tx));
+            let _ = tx.send(r.map(|()| LedgerFeed::Done));
+        });
+    // No thread: the receiver ends at once, and the file is replayed where
+    // it is answered.
+    drop(started);
+    rx
+}
+
+/// Sends the memory calls `rows` hold as `MemoryTrace::replay_ledger`
+/// applies them (`Rows::replay_by_return` of the same query); Ok when the
+/// receiver went away.
+fn send_calls(
+    rows: &Rows,
+    path: &std::path::Path,
+    pid: Option<u32>,
+    tx: &SyncSender<Fed>,
+) -> Result<(), StoreError> {
+    let q = memory_calls_of(pid, StreamOrder::ByReturn, None);
+    let gone = Cell::new(false);
+    let first = Cell::new(true);
+    let send = |m: LedgerFeed| {
+        if tx.send(Ok(m)).is_err() {
+            gone.set(true);
+        }
+        !gone.get()
+    };
+    let rest = rows.replay_by_return::<_, StoreError>(
+        &q,
+        || {
+            if !first.replace(false) {
+                send(LedgerFeed::Restart);
+            }
+            Vec::with_capacity(CHUNK)
+        },
+        |buf, c| {
+            buf.push(c.call);
+            if buf.len() == CHUNK {
+                let full = std::mem::replace(buf, Vec::with_capacity(CHUNK));
+                if !send(LedgerFeed::Calls(full)) {
+                    return Err(StoreError::file(path, "nobody reads the calls read ahead"));
+                }
+            }
+            Ok(())
+        },
+    );
+    match rest {
+        Ok(rest) if !rest.is_empty() => {
+            send(LedgerFeed::Calls(rest));
+            Ok(())
+        }
+        Ok(_) => Ok(()),
+        Err(_) if gone.get() => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reader::Trace;
+    use crate::stream::MemoryTrace;
+    use sleuth_core::ledger::LedgerBuilder;
+    use sleuth_core::{op_by_name, Event};
+    use std::path::Path;
+
+    fn session() -> crate::SessionInfo {
+        crate::SessionInfo {
+            started_unix_ns: 1_700_000_000_000_000_000,
+            start_mono_ns: 1_000,
+            realtime_offset_ns: 1_699_999_999_000_000_000,
+            hostname: "testhost".into(),
+            kernel: "6.1.0".into(),
+            command: "gpusleuth trace -- ./work".into(),
+            target: "./work".into(),
+            launch_mode: "launch".into(),
+            tool_version: "0.1.0".into(),
+        }
+    }
+
+    fn call(op: &str, ts: u64, dur: u64, size: Option<u64>, ptr: u64) -> CallEvent {
+        CallEvent {
+            ts_ns: ts,
+            dur_ns: dur,
+            pid: 7,
+            tid: 7,
+            op: op_by_name(op).unwrap().id,
+            size,
+            ptr: Some(ptr),
+            ..Default::default()
+        }
+    }
+
+    /// 60,000 allocations and frees in start order, then (`disordered`) an
+    /// allocation stored last that returned before all of them: further
+    /// back than the return-order buffer holds, so the replay restarts on
+    /// SQLite's sorted read, after some calls were sent.
+    fn written(path: &Path, disordered: bool) {
+        let w = crate::TraceWriter::create(path, session(), Default::default()).unwrap();
+        let h = w.handle();
+        for i in 0..60_000u64 {
+            let ptr = 0x10_0000 + (i % 5000) * 0x100;
+            let (op, size) = match i % 2 {
+                0 => ("cudaMalloc", Some(256)),
+                _ => ("cudaFree", None),
+            };
+            h.send(Event::Call(call(op, 10_000 + i * 10, 5, size, ptr)))
+                .unwrap();
+        }
+        if disordered {
+            h.send(Event::Call(call("cudaMalloc", 9_000, 5, Some(64), 0x9999)))
+                .unwrap();
+        }
+        drop(h);
+        w.finish().unwrap();
+    }
+
+    fn fed(path: &Path) -> Vec<Fed> {
+        let (budget, memo) = (
+            ReadBudget::new(std::time::Duration::from_secs(60)),
+            CheckMemo::new(),
+        );
+        std::thread::scope(|s| {
+            read_ahead(s, path.to_path_buf(), None, budget, memo)
+                .iter()
+                .collect()
+        })
+    }
+
+    /// The ledger of a file replayed here, from a state earlier files left.
+    fn replayed(path: &Path, feed: Option<Vec<Fed>>) -> Vec<sleuth_core::ledger::ProcessLedger> {
+        let trace = Trace::open(path).unwrap();
+        let view = MemoryTrace::open(
+            &trace,
+            None,
+            ReadBudget::new(std::time::Duration::from_secs(60)),
+        )
+        .unwrap();
+        let mut b = LedgerBuilder::new(None);
+        b.push(&call("cudaMalloc", 1, 1, Some(1 << 20), 0x1));
+        match feed {
+            Some(f) => view.replay_ledger_fed(&mut b, f).unwrap(),
+            None => view.replay_ledger(&mut b).unwrap(),
+        };
+        b.finish_bare()
+    }
+
+    /// Read ahead on another thread, a file's memory calls give the ledger
+    /// its own replay gives, whether they came in stored order or the
+    /// file's order forced the sorted read (a restart on the way).
+    #[test]
+    fn calls_read_ahead_give_the_files_own_replay() {
+        let dir = std::env::temp_dir().join(format!("gs-feed-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for disordered in [false, true] {
+            let path = dir.join(format!("t{disordered}.db"));
+            written(&path, disordered);
+            let messages = fed(&path);
+            let restarts = messages
+                .iter()
+                .filter(|m| matches!(m, Ok(LedgerFeed::Restart)))
+                .count();
+            assert_eq!(restarts, usize::from(disordered), "disordered {disordered}");
+            // Calls were sent before the restart (they must be dropped).
+            assert!(matches!(messages[0], Ok(LedgerFeed::Calls(_))));
+            assert!(matches!(messages.last(), Some(Ok(LedgerFeed::Done))));
+            let want = replayed(&path, None);
+            assert_eq!(want[0].allocs, 30_000 + u64::from(disordered) + 1);
+            assert_eq!(
+                replayed(&path, Some(messages)),
+                want,
+                "disordered {disordered}"
+            );
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A read ahead that failed or stopped short (no `Done`) is replaced by
+    /// the file's own replay from the state before it.
+    #[test]
+    fn a_failed_or_short_read_ahead_falls_back_to_the_files_replay() {
+        let dir = std::env::temp_dir().join(format!("gs-feed-short-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("t.db");
+        written(&path, false);
+        let want = replayed(&path, None);
+        let first = || {
+            let mut m = fed(&path);
+            m.truncate(1);
+            assert!(matches!(m[0], Ok(LedgerFeed::Calls(_))));
+            m
+        };
+        let mut failed = first();
+        failed.push(Err(StoreError::file(&path, "read ahead failed")));
+        assert_eq!(replayed(&path, Some(failed)), want);
+        assert_eq!(replayed(&path, Some(first())), want, "no Done");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
