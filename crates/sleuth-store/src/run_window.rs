@@ -265,55 +265,57 @@ impl RunLast {
             // one is answered (`ledger_feed`).
             let mut ahead: Option<(PathBuf, Receiver<Fed>)> = None;
             let read = self.visit(pid, memo, |trace| {
-            let feed = match ahead.take() {
-                Some((path, rx)) if path == trace.path() => Some(rx),
-                _ => None,
-            };
-            if let Some(next) = self.file_after(trace.path()) {
-                let rx = read_ahead(threads, next.clone(), pid, self.budget.clone(), memo.clone());
-                ahead = Some((next, rx));
-            }
-            if trace.nccl_calls(None)?.iter().any(|e| e.is_collective()) {
-                return Err(StoreError::file(
-                    trace.path(),
-                    "holds NCCL collectives: the straggler finding reads every call and wait of the ranks, \
-                     which a window over several files of a run does not load; ask this file alone (--db FILE --from/--to)",
-                ));
-            }
-            let mut part = match whole_file(trace, &scope)? {
-                true => whole_file_parts(
-                    trace,
-                    &scope,
-                    pinned.clone(),
-                    std::mem::take(&mut ledger),
-                    feed,
-                )?,
-                false => crate::scoped::window_parts_after(
-                    trace,
-                    &scope,
-                    pinned.clone(),
-                    std::mem::take(&mut ledger),
-                )?,
-            };
-            pinned = part.inputs.pinned_state();
-            ledger = std::mem::take(&mut part.ledger);
-            added += 1;
-            sum = Some(match sum.take() {
-                None => part,
-                Some(mut s) => {
-                    crate::run_explain::add_base(&mut s.data, part.data);
-                    s.inputs
-                        .merge(part.inputs)
-                        .map_err(|e| StoreError::file(trace.path(), e.to_string()))?;
-                    match (&mut s.window_counts, part.window_counts) {
-                        (Some(mine), Some(later)) => mine.merge(later),
-                        (mine, later) => *mine = mine.take().or(later),
-                    }
-                    s
+                let feed = match ahead.take() {
+                    Some((path, rx)) if path == trace.path() => Some(rx),
+                    _ => None,
+                };
+                if let Some(next) = self.file_after(trace.path()) {
+                    let rx = read_ahead(
+                        threads,
+                        next.clone(),
+                        pid,
+                        self.budget.clone(),
+                        memo.clone(),
+                    );
+                    ahead = Some((next, rx));
                 }
+                if trace.nccl_calls(None)?.iter().any(|e| e.is_collective()) {
+                    return Err(StoreError::file(trace.path(), NCCL_OVER_FILES));
+                }
+                let mut part = match whole_file(trace, &scope)? {
+                    true => whole_file_parts(
+                        trace,
+                        &scope,
+                        pinned.clone(),
+                        std::mem::take(&mut ledger),
+                        feed,
+                    )?,
+                    false => crate::scoped::window_parts_after(
+                        trace,
+                        &scope,
+                        pinned.clone(),
+                        std::mem::take(&mut ledger),
+                    )?,
+                };
+                pinned = part.inputs.pinned_state();
+                ledger = std::mem::take(&mut part.ledger);
+                added += 1;
+                sum = Some(match sum.take() {
+                    None => part,
+                    Some(mut s) => {
+                        crate::run_explain::add_base(&mut s.data, part.data);
+                        s.inputs
+                            .merge(part.inputs)
+                            .map_err(|e| StoreError::file(trace.path(), e.to_string()))?;
+                        match (&mut s.window_counts, part.window_counts) {
+                            (Some(mine), Some(later)) => mine.merge(later),
+                            (mine, later) => *mine = mine.take().or(later),
+                        }
+                        s
+                    }
+                });
+                Ok(())
             });
-            Ok(())
-        });
             // A read ahead nobody takes stops at its next message.
             drop(ahead);
             read
@@ -337,6 +339,10 @@ impl RunLast {
         Ok((e, read))
     }
 }
+
+/// Why a window over several files of a run with NCCL collectives is refused.
+const NCCL_OVER_FILES: &str = "holds NCCL collectives: the straggler finding reads every call and wait of the ranks, \
+     which a window over several files of a run does not load; ask this file alone (--db FILE --from/--to)";
 
 /// Whether every call of a finished file with stored finding aggregates
 /// starts inside the window (`window::wholly_inside`): then its part of
