@@ -581,17 +581,7 @@ mod tests {
             return path;
         }
         let data = Trace::open(&src).expect("open").load(None).expect("load");
-        let session = crate::SessionInfo {
-            started_unix_ns: 1_700_000_000_000_000_000,
-            start_mono_ns: 1_000,
-            realtime_offset_ns: 1_699_999_999_000_000_000,
-            hostname: "testhost".into(),
-            kernel: "6.1.0".into(),
-            command: "gpusleuth trace -- ./work".into(),
-            target: "./work".into(),
-            launch_mode: "launch".into(),
-            tool_version: "0.1.0".into(),
-        };
+        let session = crate::SessionInfo::for_tests();
         let w = crate::TraceWriter::create(&path, session, Default::default()).expect("writer");
         let h = w.handle();
         for p in &data.processes {

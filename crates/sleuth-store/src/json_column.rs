@@ -56,7 +56,7 @@ pub(crate) fn insert_row(
         match c {
             Col::Int(v) => bound.push(ToSqlOutput::Owned(Value::Integer(*v))),
             Col::Json(write) => {
-                let mut first = Spill::default();
+                let mut first = Spill::new();
                 write(&mut first).map_err(conversion)?;
                 match first.text {
                     Some(bytes) => {
@@ -127,19 +127,23 @@ fn conversion<E: std::error::Error + Send + Sync + 'static>(e: E) -> rusqlite::E
 
 /// A writer that keeps what it is given while it is at most
 /// [`STREAM_ABOVE`] bytes long, then only counts.
-#[derive(Default)]
 struct Spill {
+    /// None once longer than [`STREAM_ABOVE`].
     text: Option<Vec<u8>>,
     len: usize,
-    started: bool,
+}
+
+impl Spill {
+    fn new() -> Spill {
+        Spill {
+            text: Some(Vec::new()),
+            len: 0,
+        }
+    }
 }
 
 impl Write for Spill {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        if !self.started {
-            self.started = true;
-            self.text = Some(Vec::new());
-        }
         self.len += buf.len();
         if self.len > STREAM_ABOVE {
             self.text = None;

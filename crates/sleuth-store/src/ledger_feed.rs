@@ -121,20 +121,6 @@ mod tests {
     use sleuth_core::{op_by_name, Event};
     use std::path::Path;
 
-    fn session() -> crate::SessionInfo {
-        crate::SessionInfo {
-            started_unix_ns: 1_700_000_000_000_000_000,
-            start_mono_ns: 1_000,
-            realtime_offset_ns: 1_699_999_999_000_000_000,
-            hostname: "testhost".into(),
-            kernel: "6.1.0".into(),
-            command: "gpusleuth trace -- ./work".into(),
-            target: "./work".into(),
-            launch_mode: "launch".into(),
-            tool_version: "0.1.0".into(),
-        }
-    }
-
     fn call(op: &str, ts: u64, dur: u64, size: Option<u64>, ptr: u64) -> CallEvent {
         CallEvent {
             ts_ns: ts,
@@ -153,7 +139,9 @@ mod tests {
     /// back than the return-order buffer holds, so the replay restarts on
     /// SQLite's sorted read, after some calls were sent.
     fn written(path: &Path, disordered: bool) {
-        let w = crate::TraceWriter::create(path, session(), Default::default()).unwrap();
+        let w =
+            crate::TraceWriter::create(path, crate::SessionInfo::for_tests(), Default::default())
+                .unwrap();
         let h = w.handle();
         for i in 0..60_000u64 {
             let ptr = 0x10_0000 + (i % 5000) * 0x100;

@@ -50,6 +50,24 @@ pub struct SessionInfo {
     pub tool_version: String,
 }
 
+#[cfg(test)]
+impl SessionInfo {
+    /// A session for the crate's own tests that write a trace.
+    pub(crate) fn for_tests() -> SessionInfo {
+        SessionInfo {
+            started_unix_ns: 1_700_000_000_000_000_000,
+            start_mono_ns: 1_000,
+            realtime_offset_ns: 1_699_999_999_000_000_000,
+            hostname: "testhost".into(),
+            kernel: "6.1.0".into(),
+            command: "gpusleuth trace -- ./work".into(),
+            target: "./work".into(),
+            launch_mode: "launch".into(),
+            tool_version: "0.1.0".into(),
+        }
+    }
+}
+
 /// A stored session: what was given at creation plus what is known at the end.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Session {
