@@ -29,6 +29,7 @@
 
 use crate::budget::ReadBudget;
 use crate::checked::CheckMemo;
+use crate::ledger_feed::read_ahead;
 use crate::problems::InputProblems;
 use crate::reader::Trace;
 use crate::run::{part_name, visit_finished};
@@ -406,11 +407,31 @@ fn run_ledger(
     };
     let mut b = LedgerBuilder::new(None);
     let mut replayed = 0u64;
-    for path in &run.held {
-        let trace = Trace::open_remembered(path, budget.clone(), memo)?;
-        let view = MemoryTrace::open(&trace, pid, budget.clone())?;
-        replayed = replayed.saturating_add(view.replay_ledger(&mut b)?);
-    }
+    std::thread::scope(|threads| {
+        // Each next file's memory calls read on a second thread while one
+        // is replayed (`ledger_feed`).
+        let mut ahead = None;
+        for (i, path) in run.held.iter().enumerate() {
+            let feed = ahead.take();
+            if let Some(next) = run.held.get(i + 1) {
+                ahead = Some(read_ahead(
+                    threads,
+                    next.clone(),
+                    pid,
+                    budget.clone(),
+                    memo.clone(),
+                ));
+            }
+            let trace = Trace::open_remembered(path, budget.clone(), memo)?;
+            let view = MemoryTrace::open(&trace, pid, budget.clone())?;
+            let read = match feed {
+                Some(rx) => view.replay_ledger_fed(&mut b, rx)?,
+                None => view.replay_ledger(&mut b)?,
+            };
+            replayed = replayed.saturating_add(read);
+        }
+        Ok::<(), StoreError>(())
+    })?;
     // Runs written before the tracer carried a ledger say nothing, as before.
     let carried_some = visited.links.iter().any(|(_, l)| l.is_some());
     Ok(RunLedger {
