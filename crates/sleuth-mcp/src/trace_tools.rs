@@ -546,17 +546,16 @@ pub(crate) fn memory_json(
     let mut processes = Vec::with_capacity(procs.len());
     for p in &procs {
         let mut v = serde_json::to_value(p)?;
-        for (list, count) in [
-            ("unfreed", "unfreed_count"),
-            ("failed_allocs", "failed_alloc_count"),
+        // Failures past the ledger's list are counted, not listed.
+        for (list, count, n) in [
+            ("unfreed", "unfreed_count", p.unfreed.len() as u64),
+            (
+                "failed_allocs",
+                "failed_alloc_count",
+                p.failed_alloc_count(),
+            ),
         ] {
             if let Some(items) = v[list].as_array_mut() {
-                // Failures past the ledger's list are counted only.
-                let not_kept = match list {
-                    "failed_allocs" => p.failed_allocs_not_kept as usize,
-                    _ => 0,
-                };
-                let n = items.len() + not_kept;
                 items.truncate(MEMORY_LIST_MAX);
                 v[count] = json!(n);
             }

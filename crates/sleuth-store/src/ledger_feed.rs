@@ -17,13 +17,15 @@ use crate::stream::{memory_calls_of, Rows, StreamOrder};
 use crate::{ReadBudget, StoreError};
 use sleuth_core::CallEvent;
 use std::cell::Cell;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::thread::Scope;
 
 /// Calls per message.
 const CHUNK: usize = 8192;
 
-/// Calls read ahead at most (~28 MB of calls): a file of up to this many
+/// Calls read ahead at most (with the file being drained, 64–72 MB more at
+/// `explain --last`'s peak, docs/benchmarks.md): a file of up to this many
 /// memory calls is read whole while the one before it is answered.
 pub(crate) const AHEAD_CALLS: usize = 256 * 1024;
 
@@ -40,11 +42,60 @@ pub(crate) enum LedgerFeed {
 
 pub(crate) type Fed = Result<LedgerFeed, StoreError>;
 
+/// Files of a run replayed in order, each next one read ahead: the one
+/// reader both `--last` (`run_window`) and a run replayed file by file
+/// (`run_explain`) use. Dropping it stops the read ahead not taken.
+pub(crate) struct ReadAhead<'scope, 'env> {
+    scope: &'scope Scope<'scope, 'env>,
+    pid: Option<u32>,
+    budget: ReadBudget,
+    memo: CheckMemo,
+    ahead: Option<(PathBuf, Receiver<Fed>)>,
+}
+
+impl<'scope, 'env> ReadAhead<'scope, 'env> {
+    pub(crate) fn new(
+        scope: &'scope Scope<'scope, 'env>,
+        pid: Option<u32>,
+        budget: &ReadBudget,
+        memo: &CheckMemo,
+    ) -> Self {
+        ReadAhead {
+            scope,
+            pid,
+            budget: budget.clone(),
+            memo: memo.clone(),
+            ahead: None,
+        }
+    }
+
+    /// The calls read ahead for `path`, the file about to be replayed
+    /// (None if it was not the one read ahead: a file skipped between),
+    /// and the read ahead of `next` started.
+    pub(crate) fn take(&mut self, path: &Path, next: Option<&Path>) -> Option<Receiver<Fed>> {
+        let feed = match self.ahead.take() {
+            Some((p, rx)) if p == path => Some(rx),
+            _ => None,
+        };
+        if let Some(next) = next {
+            let rx = read_ahead(
+                self.scope,
+                next.to_path_buf(),
+                self.pid,
+                self.budget.clone(),
+                self.memo.clone(),
+            );
+            self.ahead = Some((next.to_path_buf(), rx));
+        }
+        feed
+    }
+}
+
 /// Starts reading the memory calls of the run file `path` (of process
 /// `pid`) on a thread of `scope`; the receiver yields them. Dropping it
 /// stops the thread at its next message.
-pub(crate) fn read_ahead<'scope>(
-    scope: &'scope std::thread::Scope<'scope, '_>,
+fn read_ahead<'scope>(
+    scope: &'scope Scope<'scope, '_>,
     path: PathBuf,
     pid: Option<u32>,
     budget: ReadBudget,
@@ -184,7 +235,7 @@ mod tests {
         let mut b = LedgerBuilder::new(None);
         b.push(&call("cudaMalloc", 1, 1, Some(1 << 20), 0x1));
         match feed {
-            Some(f) => view.replay_ledger_fed(&mut b, f).unwrap(),
+            Some(f) => view.replay_ledger_fed(&mut b, Some(f)).unwrap(),
             None => view.replay_ledger(&mut b).unwrap(),
         };
         b.finish_bare()

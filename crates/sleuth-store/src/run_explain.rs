@@ -29,7 +29,7 @@
 
 use crate::budget::ReadBudget;
 use crate::checked::CheckMemo;
-use crate::ledger_feed::read_ahead;
+use crate::ledger_feed::ReadAhead;
 use crate::problems::InputProblems;
 use crate::reader::Trace;
 use crate::run::{part_name, visit_finished};
@@ -410,25 +410,12 @@ fn run_ledger(
     std::thread::scope(|threads| {
         // Each next file's memory calls read on a second thread while one
         // is replayed (`ledger_feed`).
-        let mut ahead = None;
+        let mut ahead = ReadAhead::new(threads, pid, budget, memo);
         for (i, path) in run.held.iter().enumerate() {
-            let feed = ahead.take();
-            if let Some(next) = run.held.get(i + 1) {
-                ahead = Some(read_ahead(
-                    threads,
-                    next.clone(),
-                    pid,
-                    budget.clone(),
-                    memo.clone(),
-                ));
-            }
+            let feed = ahead.take(path, run.held.get(i + 1).map(PathBuf::as_path));
             let trace = Trace::open_remembered(path, budget.clone(), memo)?;
             let view = MemoryTrace::open(&trace, pid, budget.clone())?;
-            let read = match feed {
-                Some(rx) => view.replay_ledger_fed(&mut b, rx)?,
-                None => view.replay_ledger(&mut b)?,
-            };
-            replayed = replayed.saturating_add(read);
+            replayed = replayed.saturating_add(view.replay_ledger_fed(&mut b, feed)?);
         }
         Ok::<(), StoreError>(())
     })?;

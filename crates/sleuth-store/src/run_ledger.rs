@@ -69,11 +69,12 @@ use std::sync::{Arc, Mutex};
 /// (`LedgerBuilder::held_entries`: live allocations, failed allocations,
 /// distinct churn sizes, threads; with the pinned ranges and site tallies)
 /// the chain stops. About 100 bytes each with the hash tables' overhead,
-/// so ~25 MB, held twice while a file's run ledger is finished (a clone),
-/// and beside it one process's start state and its JSON text while they
-/// are stored (`store_begin`). What is live bounds the tracer's memory,
-/// not the trace's length: 200,000 live allocations peaked at ~200 MB
-/// (docs/benchmarks.md, target table).
+/// so ~25 MB; while a file's run ledger is stored, its answer's lists
+/// (`LedgerBuilder::bare_ledgers`, no clone of the builder) and one
+/// process's start state (`store_begin`, its JSON written in pieces when
+/// long: `crate::json_column`) are held beside it. What is live bounds the
+/// tracer's memory, not the trace's length: 65,536 live allocations peaked
+/// at 83–85 MB with `--rotate 1s` (docs/benchmarks.md, round 21).
 pub const MAX_CARRIED_ENTRIES: usize = 250_000;
 
 /// `meta.run_ledger` once the table is complete.

@@ -16,7 +16,7 @@
 //! carried from file to file.
 
 use crate::checked::CheckMemo;
-use crate::ledger_feed::{read_ahead, Fed};
+use crate::ledger_feed::{Fed, ReadAhead};
 use crate::problems::InputProblems;
 use crate::reader::Trace;
 use crate::report_reads::WindowCalls;
@@ -263,22 +263,10 @@ impl RunLast {
         let read = std::thread::scope(|threads| {
             // The next file's memory calls, read on a second thread while this
             // one is answered (`ledger_feed`).
-            let mut ahead: Option<(PathBuf, Receiver<Fed>)> = None;
+            let mut ahead = ReadAhead::new(threads, pid, &self.budget, memo);
             let read = self.visit(pid, memo, |trace| {
-                let feed = match ahead.take() {
-                    Some((path, rx)) if path == trace.path() => Some(rx),
-                    _ => None,
-                };
-                if let Some(next) = self.file_after(trace.path()) {
-                    let rx = read_ahead(
-                        threads,
-                        next.clone(),
-                        pid,
-                        self.budget.clone(),
-                        memo.clone(),
-                    );
-                    ahead = Some((next, rx));
-                }
+                let next = self.file_after(trace.path());
+                let feed = ahead.take(trace.path(), next.as_deref());
                 if trace.nccl_calls(None)?.iter().any(|e| e.is_collective()) {
                     return Err(StoreError::file(trace.path(), NCCL_OVER_FILES));
                 }
@@ -378,10 +366,7 @@ fn whole_file_parts(
     let mut carry = PinnedCarry::starting(earlier);
     carry.file(trace, view.rows(), pid, &mut inputs)?;
     let inputs = inputs.with_pinned(carry.into_state());
-    match feed {
-        Some(rx) => view.replay_ledger_fed(&mut ledger, rx)?,
-        None => view.replay_ledger(&mut ledger)?,
-    };
+    view.replay_ledger_fed(&mut ledger, feed)?;
     view.load_allocator_calls()?;
     let mut data = std::mem::take(&mut view.base);
     let counts = trace.op_counts(pid)?;

@@ -1230,16 +1230,19 @@ impl MemoryTrace {
     }
 
     /// [`Self::replay_ledger`] from the calls another thread read from the
-    /// same file (`crate::ledger_feed::read_ahead`): the same calls in the
-    /// same order, so the same state. Should the feed fail or end without
-    /// saying it is complete, the file is replayed here instead, from the
-    /// state `b` had.
+    /// same file (`crate::ledger_feed::ReadAhead`): the same calls in the
+    /// same order, so the same state. Without a feed, or should it fail or
+    /// end without saying it is complete, the file is replayed here
+    /// instead, from the state `b` had.
     pub(crate) fn replay_ledger_fed(
         &self,
         b: &mut sleuth_core::ledger::LedgerBuilder,
-        feed: impl IntoIterator<Item = crate::ledger_feed::Fed>,
+        feed: Option<impl IntoIterator<Item = crate::ledger_feed::Fed>>,
     ) -> Result<u64, StoreError> {
         use crate::ledger_feed::LedgerFeed;
+        let Some(feed) = feed else {
+            return self.replay_ledger(b);
+        };
         for &pid in &self.pids {
             b.track(pid);
         }
