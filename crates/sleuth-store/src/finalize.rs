@@ -57,11 +57,15 @@ pub(crate) fn complete(
     crate::call_groups::write(&tx, groups)?;
     // After the call groups: the ledger lists the processes they name. Its
     // replay of the memory calls also tallies what each site allocated.
-    let mut sites = crate::site_rollup::Tallies::default();
+    let sites = std::cell::RefCell::new(crate::site_rollup::Tallies::default());
     let chain = run.zip(carried).map(|(link, c)| (link, c, pinned_at_end));
-    let (own, carry) = crate::run_ledger::write(&tx, chain, |c, id| sites.add(c, id))?;
-    // After the ledgers: the sites' unfreed bytes and peaks come from them.
-    crate::site_rollup::write(&tx, sites, &own.ledgers, &own.at_peak)?;
+    let carry = crate::run_ledger::write(
+        &tx,
+        chain,
+        |c, id| sites.borrow_mut().add(c, id),
+        // After the file's ledgers: the sites' unfreed bytes and peaks come from them.
+        |own| crate::site_rollup::write(&tx, sites.take(), &own.ledgers, &own.at_peak),
+    )?;
     crate::wait_groups::write(&tx)?;
     tx.execute(
         "INSERT OR REPLACE INTO meta(key, value) VALUES ('rollups', ?1)",
