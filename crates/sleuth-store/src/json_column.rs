@@ -43,36 +43,48 @@ pub(crate) fn json<T: serde::Serialize>(
 
 /// Inserts one row of `cols` (named `names`) into `table` of the main
 /// database, each JSON value as TEXT when at most [`STREAM_ABOVE`] bytes
-/// long, else as a BLOB written in pieces.
+/// long, else as a BLOB written in pieces. SQLite leaves a `zeroblob`
+/// unexpanded only when no column after it holds bytes: a JSON column
+/// following a long one is stored as a BLOB of its text too (written
+/// after the insert), so the long one is never held whole (it was twice,
+/// the zeros and the record, for `run_ledger_begin`'s state).
 pub(crate) fn insert_row(
     conn: &Connection,
     table: &str,
     names: &[&str],
     cols: &[Col<'_>],
 ) -> rusqlite::Result<()> {
-    let mut bound: Vec<ToSqlOutput<'static>> = Vec::with_capacity(cols.len());
-    let mut streamed = Vec::new();
-    for (i, c) in cols.iter().enumerate() {
-        match c {
-            Col::Int(v) => bound.push(ToSqlOutput::Owned(Value::Integer(*v))),
+    let mut held: Vec<Held> = Vec::with_capacity(cols.len());
+    for c in cols {
+        held.push(match c {
+            Col::Int(v) => Held::Int(*v),
             Col::Json(write) => {
                 let mut first = Spill::new();
                 write(&mut first).map_err(conversion)?;
                 match first.text {
-                    Some(bytes) => {
-                        let text = String::from_utf8(bytes).map_err(conversion)?;
-                        bound.push(ToSqlOutput::Owned(Value::Text(text)));
-                    }
-                    None => {
-                        // SQLite refuses a zeroblob past its length limit
-                        // (an error from the INSERT, nothing stored).
-                        bound.push(ToSqlOutput::ZeroBlob(first.len as u64));
-                        streamed.push((i, first.len));
-                    }
+                    Some(bytes) => Held::Text(String::from_utf8(bytes).map_err(conversion)?),
+                    None => Held::Long(first.len),
+                }
+            }
+        });
+    }
+    if let Some(f) = held.iter().position(|h| matches!(h, Held::Long(_))) {
+        if held[f..].iter().all(|h| !matches!(h, Held::Int(_))) {
+            for h in &mut held[f..] {
+                if let Held::Text(t) = h {
+                    *h = Held::Trailing(std::mem::take(t).into_bytes());
                 }
             }
         }
     }
+    let bound = held.iter().map(|h| match h {
+        Held::Int(v) => ToSqlOutput::Owned(Value::Integer(*v)),
+        Held::Text(t) => ToSqlOutput::Borrowed(ValueRef::Text(t.as_bytes())),
+        // SQLite refuses a zeroblob past its length limit (an error from
+        // the INSERT, nothing stored).
+        Held::Long(len) => ToSqlOutput::ZeroBlob(*len as u64),
+        Held::Trailing(b) => ToSqlOutput::ZeroBlob(b.len() as u64),
+    });
     let placeholders = (1..=cols.len())
         .map(|n| format!("?{n}"))
         .collect::<Vec<_>>()
@@ -84,9 +96,9 @@ pub(crate) fn insert_row(
     conn.prepare_cached(&sql)?
         .execute(rusqlite::params_from_iter(bound))?;
     let row = conn.last_insert_rowid();
-    for (i, len) in streamed {
-        let Col::Json(write) = &cols[i] else {
-            unreachable!("only JSON columns are streamed")
+    for (i, h) in held.iter().enumerate() {
+        let (Held::Long(_) | Held::Trailing(_)) = h else {
+            continue;
         };
         let blob = conn.blob_open(MAIN_DB, table, names[i], row, false)?;
         let mut w = BufWriter::with_capacity(
@@ -96,7 +108,17 @@ pub(crate) fn insert_row(
                 len: 0,
             },
         );
-        write(&mut w).map_err(conversion)?;
+        let len = match (h, &cols[i]) {
+            (Held::Long(len), Col::Json(write)) => {
+                write(&mut w).map_err(conversion)?;
+                *len
+            }
+            (Held::Trailing(bytes), _) => {
+                w.write_all(bytes).map_err(conversion)?;
+                bytes.len()
+            }
+            _ => unreachable!("only JSON columns are streamed"),
+        };
         let written = w.into_inner().map_err(|e| conversion(e.into_error()))?.len;
         if written != len {
             // The serializer wrote fewer bytes than it did the first time:
@@ -108,6 +130,18 @@ pub(crate) fn insert_row(
         }
     }
     Ok(())
+}
+
+/// A column of a row about to be inserted.
+enum Held {
+    Int(i64),
+    /// JSON bound as TEXT.
+    Text(String),
+    /// JSON longer than [`STREAM_ABOVE`] (its length), serialized again
+    /// into the row.
+    Long(usize),
+    /// Short JSON after a long one, written into the row as it is.
+    Trailing(Vec<u8>),
 }
 
 /// The text of a stored JSON value, TEXT or BLOB; an error for another
@@ -233,6 +267,59 @@ mod tests {
         assert_eq!(
             (first.as_str(), last.as_str()),
             ("entry 00000000", "entry 00099999")
+        );
+    }
+
+    /// A short value after a long one is stored as a BLOB of its text (so
+    /// SQLite leaves the long one's zeros unexpanded); a short one before
+    /// it, or one with an integer column between, stays TEXT.
+    #[test]
+    fn a_short_value_after_a_long_one_is_a_blob_of_its_text() {
+        let c = Connection::open_in_memory().unwrap();
+        c.execute_batch("CREATE TABLE t(pid INTEGER NOT NULL, a TEXT, b TEXT, n INTEGER, d TEXT)")
+            .unwrap();
+        let long: Vec<String> = (0..100_000).map(|i| format!("entry {i:08}")).collect();
+        let short = vec![1u64, 2, 3];
+        let (jl, js) = (json(&long), json(&short));
+        insert_row(
+            &c,
+            "t",
+            &["pid", "a", "b"],
+            &[Col::Int(1), Col::Json(&jl), Col::Json(&js)],
+        )
+        .unwrap();
+        insert_row(
+            &c,
+            "t",
+            &["pid", "a", "n", "d"],
+            &[Col::Int(2), Col::Json(&jl), Col::Int(7), Col::Json(&js)],
+        )
+        .unwrap();
+        let row = |pid: i64| -> (String, String, String, String) {
+            c.query_row(
+                "SELECT typeof(a), typeof(coalesce(b, d)), CAST(a AS TEXT), CAST(coalesce(b, d) AS TEXT) FROM t WHERE pid = ?1",
+                [pid],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+            )
+            .unwrap()
+        };
+        let (long_text, short_text) = (
+            serde_json::to_string(&long).unwrap(),
+            serde_json::to_string(&short).unwrap(),
+        );
+        let (ta, tb, a, b) = row(1);
+        assert_eq!((ta.as_str(), tb.as_str()), ("blob", "blob"));
+        assert_eq!(
+            (a.as_str(), b.as_str()),
+            (long_text.as_str(), short_text.as_str())
+        );
+        // An integer after the long value: SQLite expands it anyway, the
+        // short one stays as an older reader expects it.
+        let (ta, td, a, d) = row(2);
+        assert_eq!((ta.as_str(), td.as_str()), ("blob", "text"));
+        assert_eq!(
+            (a.as_str(), d.as_str()),
+            (long_text.as_str(), short_text.as_str())
         );
     }
 
