@@ -300,15 +300,53 @@ enum Pool {
     HostPinned,
 }
 
+/// A live allocation, held once by every ledger for each allocation live:
+/// 32 bytes, 41 per hash-map slot with its key and control byte (65 with
+/// the op's name and an `Option` stack id: 8.5 MB per ledger at 65,536
+/// live, docs/benchmarks.md).
 #[derive(Debug, Clone, Copy)]
 struct Live {
     bytes: u64,
-    op: &'static str,
     ts_ns: u64,
-    pool: Pool,
+    /// The call site's stack id, when `has_stack`.
+    stack: u64,
     /// Device ordinal: the allocating thread's last `cudaSetDevice` (0 before any).
     device: u32,
-    stack_id: Option<u64>,
+    /// The allocating op's id (`crate::ops::OPS`, a memory op).
+    op: u16,
+    pool: Pool,
+    has_stack: bool,
+}
+
+impl Live {
+    fn new(
+        bytes: u64,
+        op: &crate::ops::OpInfo,
+        ts_ns: u64,
+        pool: Pool,
+        device: u32,
+        stack_id: Option<u64>,
+    ) -> Live {
+        Live {
+            bytes,
+            ts_ns,
+            stack: stack_id.unwrap_or(0),
+            device,
+            op: op.id,
+            pool,
+            has_stack: stack_id.is_some(),
+        }
+    }
+
+    /// The allocating op's name.
+    fn op(&self) -> &'static str {
+        // Only made from an op this build knows (`new`).
+        crate::ops::op_by_id(self.op).map_or("?", |i| i.name)
+    }
+
+    fn stack_id(&self) -> Option<u64> {
+        self.has_stack.then_some(self.stack)
+    }
 }
 
 /// Running state of one process while replaying its calls.
@@ -363,7 +401,7 @@ impl Replay {
         }
         let after_peak = self.peak_ts.is_some_and(|p| ts > p);
         if let Some(s) = &mut self.sites {
-            s.change(l.stack_id, l.bytes, added, after_peak);
+            s.change(l.stack_id(), l.bytes, added, after_peak);
         }
     }
 
@@ -463,14 +501,7 @@ impl Replay {
             let Some(bytes) = c.size else {
                 return;
             };
-            let live = Live {
-                bytes,
-                op: info.name,
-                ts_ns: c.ts_ns,
-                pool,
-                device: dev,
-                stack_id: c.stack_id,
-            };
+            let live = Live::new(bytes, info, c.ts_ns, pool, dev, c.stack_id);
             let old = match c.ptr {
                 Some(ptr) if pool == Pool::Physical => self.by_handle.insert(ptr, live),
                 Some(ptr) => self.by_ptr.insert(ptr, live),
@@ -569,9 +600,9 @@ impl Replay {
             .map(|(ptr, l)| Unfreed {
                 ptr,
                 bytes: l.bytes,
-                op: l.op,
+                op: l.op(),
                 ts_ns: l.ts_ns,
-                stack_id: l.stack_id,
+                stack_id: l.stack_id(),
                 site: None,
             })
             .collect();
@@ -1024,6 +1055,42 @@ mod tests {
         c.nested = true;
         c
     }
+    /// Every ledger holds one `Live` per live allocation: it stays small.
+    #[test]
+    fn a_live_allocation_takes_32_bytes() {
+        assert_eq!(std::mem::size_of::<Live>(), 32);
+    }
+
+    /// The packed entry gives back its op and its stack id, a stack id of
+    /// 0 told apart from none, in the answer and through a stored state.
+    #[test]
+    fn a_live_allocation_keeps_its_op_and_its_stack() {
+        let mut with_zero = alloc("cuMemAlloc_v2", 20, 512, 0xb000);
+        with_zero.stack_id = Some(0);
+        let mut with_stack = alloc("cudaMallocManaged", 30, 256, 0xc000);
+        with_stack.stack_id = Some(u64::MAX);
+        let calls = vec![alloc("cudaMalloc", 10, 4096, 0xa000), with_zero, with_stack];
+        let mut b = LedgerBuilder::new(None);
+        for c in &calls {
+            b.push(c);
+        }
+        let stored = serde_json::to_string(&b.each_state().collect::<Vec<_>>()).unwrap();
+        let states = serde_json::from_str(&stored).unwrap();
+        let again = LedgerBuilder::from_states(states, None, false).unwrap();
+        for l in [b.bare_ledgers(), again.bare_ledgers()] {
+            let got: Vec<_> = l[0]
+                .unfreed
+                .iter()
+                .map(|u| (u.op, u.bytes, u.stack_id))
+                .collect();
+            // Managed memory is not device memory: not listed as unfreed.
+            assert_eq!(
+                got,
+                [("cudaMalloc", 4096, None), ("cuMemAlloc_v2", 512, Some(0))]
+            );
+        }
+    }
+
     fn trace(calls: Vec<CallEvent>) -> TraceData {
         TraceData {
             calls,

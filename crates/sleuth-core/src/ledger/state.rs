@@ -100,10 +100,9 @@ fn pool_code(p: Pool) -> u8 {
 }
 
 /// The op's name as this build knows it, when it is a memory op.
-fn memory_op(name: &str) -> Result<&'static str, String> {
+fn memory_op(name: &str) -> Result<&'static crate::ops::OpInfo, String> {
     op_by_name(name)
         .filter(|i| super::is_memory_op(i))
-        .map(|i| i.name)
         .ok_or_else(|| {
             let shown: String = name.chars().take(40).collect();
             format!("an op that allocates no memory: {shown:?}")
@@ -113,11 +112,11 @@ fn memory_op(name: &str) -> Result<&'static str, String> {
 fn live_state(l: &Live) -> LiveState {
     LiveState(
         l.bytes,
-        l.op.to_string(),
+        l.op().to_string(),
         l.ts_ns,
         pool_code(l.pool),
         l.device,
-        l.stack_id,
+        l.stack_id(),
     )
 }
 
@@ -125,14 +124,7 @@ fn live_of(s: LiveState) -> Result<Live, String> {
     let pool = *POOLS
         .get(usize::from(s.3))
         .ok_or("an unknown memory pool")?;
-    Ok(Live {
-        bytes: s.0,
-        op: memory_op(&s.1)?,
-        ts_ns: s.2,
-        pool,
-        device: s.4,
-        stack_id: s.5,
-    })
+    Ok(Live::new(s.0, memory_op(&s.1)?, s.2, pool, s.4, s.5))
 }
 
 impl Replay {
@@ -234,7 +226,7 @@ impl Replay {
         }
         let mut realloc_sizes = std::collections::HashMap::with_capacity(s.realloc_sizes.len());
         for (b, n, op) in s.realloc_sizes {
-            if realloc_sizes.insert(b, (n, memory_op(&op)?)).is_some() {
+            if realloc_sizes.insert(b, (n, memory_op(&op)?.name)).is_some() {
                 return Err("a re-allocated size listed twice".into());
             }
         }
@@ -266,7 +258,7 @@ impl Replay {
             .into_iter()
             .map(|f| {
                 Ok(FailedAlloc {
-                    op: memory_op(&f.0)?,
+                    op: memory_op(&f.0)?.name,
                     bytes: f.1,
                     error: f.2,
                     ts_ns: f.3,
