@@ -5,7 +5,10 @@
 //! use. When some of ours are outside every traced thread's set, the
 //! tracer's threads (the draining thread and every `gpusleuth-*` helper:
 //! writer, symbolizer, live view, NVML sampler, rotation) are pinned there:
-//! they cannot preempt a traced thread at all. When there are none (the
+//! they cannot preempt a traced thread at all. Of those CPUs, the ones on
+//! cores no traced CPU shares are taken when there are any: two hardware
+//! threads of a core share its execution units, so a tracer thread on a
+//! traced CPU's sibling would slow the program and itself. When there are none (the
 //! usual unpinned program may run anywhere), nothing is pinned: pinning the
 //! tracer to one CPU would put it on a CPU the program uses anyway, and
 //! crowd its own threads. The helpers run at nice +10 in both cases; the
@@ -112,6 +115,54 @@ pub fn spare_cpus(ours: &Cpus, traced: &Cpus) -> Cpus {
     ours.difference(traced).copied().collect()
 }
 
+/// Of the `spare` CPUs, those whose core runs no CPU of `traced`
+/// (`siblings(cpu)`: the CPUs sharing its core, itself included), when
+/// there are any; else `spare` as it is. Two hardware threads of one core
+/// share its execution units: a tracer thread on a traced CPU's sibling
+/// slows the traced thread and runs slower itself (pure).
+pub fn off_traced_cores(spare: &Cpus, traced: &Cpus, siblings: impl Fn(usize) -> Cpus) -> Cpus {
+    let whole: Cpus = spare
+        .iter()
+        .copied()
+        .filter(|&c| siblings(c).is_disjoint(traced))
+        .collect();
+    match whole.is_empty() {
+        true => spare.clone(),
+        false => whole,
+    }
+}
+
+/// The CPUs sharing `cpu`'s core, itself included (sysfs
+/// `topology/thread_siblings_list`); just `cpu` when unreadable.
+pub fn core_siblings(cpu: usize) -> Cpus {
+    std::fs::read_to_string(format!(
+        "/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list"
+    ))
+    .ok()
+    .and_then(|s| parse_cpu_list(s.trim()))
+    .unwrap_or_else(|| Cpus::from([cpu]))
+}
+
+/// Parses a `0-3,8` style list (the kernel's); None if malformed.
+pub fn parse_cpu_list(s: &str) -> Option<Cpus> {
+    let mut out = Cpus::new();
+    for part in s.split(',').filter(|p| !p.is_empty()) {
+        let (lo, hi): (usize, usize) = match part.split_once('-') {
+            Some((lo, hi)) => (lo.parse().ok()?, hi.parse().ok()?),
+            None => {
+                let c = part.parse().ok()?;
+                (c, c)
+            }
+        };
+        // A range wider than any cpu_set_t is not the kernel's.
+        if lo > hi || hi >= libc::CPU_SETSIZE as usize {
+            return None;
+        }
+        out.extend(lo..=hi);
+    }
+    Some(out)
+}
+
 /// What placement decided, for the trace's notes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
@@ -182,7 +233,8 @@ impl Placement {
     /// the decision when it changed (to be noted in the trace).
     pub fn update(&mut self, pids: &[u32]) -> Option<Decision> {
         let me = std::process::id();
-        let spare = spare_cpus(&self.ours, &traced_cpus(pids));
+        let traced = traced_cpus(pids);
+        let spare = off_traced_cores(&spare_cpus(&self.ours, &traced), &traced, core_siblings);
         let decision = if spare.is_empty() || pids.is_empty() {
             Decision::Shared
         } else {
@@ -295,6 +347,40 @@ mod tests {
         let me = std::process::id();
         let own = std::fs::read_to_string(format!("/proc/{me}/task/{}/stat", gettid())).unwrap();
         assert!(stime_ticks(&own).is_some(), "{own}");
+    }
+
+    #[test]
+    fn spare_cpus_off_the_traced_cores_when_there_are_some() {
+        // Two threads per core: (0, 4), (1, 5), (2, 6), (3, 7).
+        let siblings = |c: usize| set(&[c % 4, c % 4 + 4]);
+        let traced = set(&[0]);
+        let spare = spare_cpus(&set(&[0, 1, 2, 3, 4, 5, 6, 7]), &traced);
+        assert_eq!(
+            off_traced_cores(&spare, &traced, siblings),
+            set(&[1, 2, 3, 5, 6, 7])
+        );
+        // Every spare CPU shares a core with a traced one: the spare ones still.
+        let traced = set(&[0, 1, 2, 3]);
+        let spare = set(&[4, 5, 6, 7]);
+        assert_eq!(off_traced_cores(&spare, &traced, siblings), spare);
+        // No SMT: each CPU its own core.
+        let alone = |c: usize| set(&[c]);
+        assert_eq!(
+            off_traced_cores(&set(&[1, 2]), &set(&[0]), alone),
+            set(&[1, 2])
+        );
+    }
+
+    #[test]
+    fn cpu_lists_parse_as_the_kernel_writes_them() {
+        assert_eq!(parse_cpu_list("0-2,5,7-8"), Some(set(&[0, 1, 2, 5, 7, 8])));
+        assert_eq!(parse_cpu_list("3"), Some(set(&[3])));
+        assert_eq!(parse_cpu_list("0,64"), Some(set(&[0, 64])));
+        for bad in ["x", "3-1", "1-", "0-99999999", "-1"] {
+            assert_eq!(parse_cpu_list(bad), None, "{bad}");
+        }
+        // This machine's own topology reads back with each CPU among its siblings.
+        assert!(core_siblings(0).contains(&0));
     }
 
     #[test]
