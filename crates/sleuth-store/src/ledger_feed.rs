@@ -1,7 +1,9 @@
 //! A file's memory calls read ahead on another thread (issue 16).
 //!
 //! `explain --last` over a run's files replays the memory calls of each
-//! whole file of the window into the window's ledger, file after file: 89%
+//! whole file of the window into the window's ledger, file after file (as
+//! do `explain --db DIR` of a run replayed file by file and `memory --at`
+//! of a run whose files stored no state to start from): 89%
 //! of its time, of which the ledger's own work is 3% and SQLite's steps
 //! and the rows' decoding the rest (docs/benchmarks.md). The files are
 //! replayed in order, but reading one needs nothing from the others: while
@@ -14,8 +16,8 @@
 use crate::checked::CheckMemo;
 use crate::run::open_in_run;
 use crate::stream::{memory_calls_of, Rows, StreamOrder};
+use crate::types::StoredCall;
 use crate::{ReadBudget, StoreError};
-use sleuth_core::CallEvent;
 use std::cell::Cell;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
@@ -32,7 +34,7 @@ pub(crate) const AHEAD_CALLS: usize = 256 * 1024;
 /// One message of a read ahead.
 pub(crate) enum LedgerFeed {
     /// The next calls, in the order the ledger applies them.
-    Calls(Vec<CallEvent>),
+    Calls(Vec<StoredCall>),
     /// The file's order forced SQLite's sorted read: the calls sent before
     /// are void, the stream starts again.
     Restart,
@@ -48,6 +50,8 @@ pub(crate) type Fed = Result<LedgerFeed, StoreError>;
 pub(crate) struct ReadAhead<'scope, 'env> {
     scope: &'scope Scope<'scope, 'env>,
     pid: Option<u32>,
+    /// Only the calls that returned by then (`memory --at`); None: all.
+    until: Option<u64>,
     budget: ReadBudget,
     memo: CheckMemo,
     ahead: Option<(PathBuf, Receiver<Fed>)>,
@@ -63,10 +67,17 @@ impl<'scope, 'env> ReadAhead<'scope, 'env> {
         ReadAhead {
             scope,
             pid,
+            until: None,
             budget: budget.clone(),
             memo: memo.clone(),
             ahead: None,
         }
+    }
+
+    /// Reads only the calls that returned by `at_ns` (a ledger at a moment).
+    pub(crate) fn until(mut self, at_ns: Option<u64>) -> Self {
+        self.until = at_ns;
+        self
     }
 
     /// The calls read ahead for `path`, the file about to be replayed
@@ -81,7 +92,7 @@ impl<'scope, 'env> ReadAhead<'scope, 'env> {
             let rx = read_ahead(
                 self.scope,
                 next.to_path_buf(),
-                self.pid,
+                (self.pid, self.until),
                 self.budget.clone(),
                 self.memo.clone(),
             );
@@ -92,12 +103,12 @@ impl<'scope, 'env> ReadAhead<'scope, 'env> {
 }
 
 /// Starts reading the memory calls of the run file `path` (of process
-/// `pid`) on a thread of `scope`; the receiver yields them. Dropping it
-/// stops the thread at its next message.
+/// `pid`, returned by `until` when given) on a thread of `scope`; the
+/// receiver yields them. Dropping it stops the thread at its next message.
 fn read_ahead<'scope>(
     scope: &'scope Scope<'scope, '_>,
     path: PathBuf,
-    pid: Option<u32>,
+    (pid, until): (Option<u32>, Option<u64>),
     budget: ReadBudget,
     memo: CheckMemo,
 ) -> Receiver<Fed> {
@@ -105,8 +116,9 @@ fn read_ahead<'scope>(
     let started = std::thread::Builder::new()
         .name("gpusleuth-ahead".into())
         .spawn_scoped(scope, move || {
-            let r = open_in_run(&path, &budget, &memo)
-                .and_then(|trace| send_calls(&Rows::open_with(&trace, budget)?, &path, pid, &tx));
+            let r = open_in_run(&path, &budget, &memo).and_then(|trace| {
+                send_calls(&Rows::open_with(&trace, budget)?, &path, (pid, until), &tx)
+            });
             let _ = tx.send(r.map(|()| LedgerFeed::Done));
         });
     // No thread: the receiver ends at once, and the file is replayed where
@@ -116,15 +128,16 @@ fn read_ahead<'scope>(
 }
 
 /// Sends the memory calls `rows` hold as `MemoryTrace::replay_ledger`
-/// applies them (`Rows::replay_by_return` of the same query); Ok when the
-/// receiver went away.
+/// (`replay_ledger_and_sites` with a moment) applies them
+/// (`Rows::replay_by_return` of the same query); Ok when the receiver went
+/// away.
 fn send_calls(
     rows: &Rows,
     path: &std::path::Path,
-    pid: Option<u32>,
+    (pid, until): (Option<u32>, Option<u64>),
     tx: &SyncSender<Fed>,
 ) -> Result<(), StoreError> {
-    let q = memory_calls_of(pid, StreamOrder::ByReturn, None);
+    let q = memory_calls_of(pid, StreamOrder::ByReturn, until);
     let gone = Cell::new(false);
     let first = Cell::new(true);
     let send = |m: LedgerFeed| {
@@ -142,7 +155,7 @@ fn send_calls(
             Vec::with_capacity(CHUNK)
         },
         |buf, c| {
-            buf.push(c.call);
+            buf.push(c);
             if buf.len() == CHUNK {
                 let full = std::mem::replace(buf, Vec::with_capacity(CHUNK));
                 if !send(LedgerFeed::Calls(full)) {
@@ -169,7 +182,7 @@ mod tests {
     use crate::reader::Trace;
     use crate::stream::MemoryTrace;
     use sleuth_core::ledger::LedgerBuilder;
-    use sleuth_core::{op_by_name, Event};
+    use sleuth_core::{op_by_name, CallEvent, Event};
     use std::path::Path;
 
     fn call(op: &str, ts: u64, dur: u64, size: Option<u64>, ptr: u64) -> CallEvent {
@@ -212,15 +225,84 @@ mod tests {
     }
 
     fn fed(path: &Path) -> Vec<Fed> {
+        fed_until(path, None)
+    }
+
+    fn fed_until(path: &Path, until: Option<u64>) -> Vec<Fed> {
         let (budget, memo) = (
             ReadBudget::new(std::time::Duration::from_secs(60)),
             CheckMemo::new(),
         );
         std::thread::scope(|s| {
-            read_ahead(s, path.to_path_buf(), None, budget, memo)
+            read_ahead(s, path.to_path_buf(), (None, until), budget, memo)
                 .iter()
                 .collect()
         })
+    }
+
+    /// A file's ledger and per-site tallies at `at` replayed here, from a
+    /// state earlier files left (`memory --at` of a run).
+    fn replayed_at(
+        path: &Path,
+        at: u64,
+        feed: Option<Vec<Fed>>,
+    ) -> (
+        Vec<sleuth_core::ledger::ProcessLedger>,
+        Vec<crate::stream::TallyEntry>,
+    ) {
+        let trace = Trace::open(path).unwrap();
+        let view = MemoryTrace::open(
+            &trace,
+            None,
+            ReadBudget::new(std::time::Duration::from_secs(60)),
+        )
+        .unwrap();
+        let mut b = LedgerBuilder::new(Some(at)).with_peak_sites();
+        let mut tally = crate::stream::SiteTally::default();
+        // At a site of its own: the file's calls start their own tally.
+        let mut early = call("cudaMalloc", 1, 1, Some(1 << 20), 0x1);
+        early.stack_id = Some(7);
+        b.push(&early);
+        tally.add(&early, 0);
+        view.replay_ledger_and_sites_fed(&mut b, &mut tally, Some(at), feed)
+            .unwrap();
+        (b.finish_bare(), tally.entries())
+    }
+
+    /// Read ahead up to a moment, a file's memory calls give the ledger and
+    /// the site tallies its own replay to that moment gives, the allocation
+    /// stored out of order included.
+    #[test]
+    fn calls_read_ahead_to_a_moment_give_the_files_own_replay_then() {
+        let dir = std::env::temp_dir().join(format!("gs-feed-at-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        // Half the calls returned by then.
+        let at = 10_000 + 30_000 * 10;
+        for disordered in [false, true] {
+            let path = dir.join(format!("t{disordered}.db"));
+            written(&path, disordered);
+            let messages = fed_until(&path, Some(at));
+            let sent: usize = messages
+                .iter()
+                .map(|m| match m {
+                    Ok(LedgerFeed::Calls(c)) => c.len(),
+                    _ => 0,
+                })
+                .sum();
+            let want = replayed_at(&path, at, None);
+            assert_eq!(want.0[0].allocs, 15_000 + u64::from(disordered) + 1);
+            // Only the calls that returned by the moment were read ahead
+            // (the stored-order read sent every one of them once).
+            if !disordered {
+                assert_eq!(sent, 30_000);
+            }
+            assert_eq!(
+                replayed_at(&path, at, Some(messages)),
+                want,
+                "disordered {disordered}"
+            );
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// The ledger of a file replayed here, from a state earlier files left.

@@ -324,12 +324,19 @@ fn ledger_at(
     let mut b = LedgerBuilder::new(Some(at)).with_peak_sites();
     let mut tally = crate::stream::SiteTally::default();
     let mut replayed = 0u64;
-    for path in &run.held {
-        let trace = Trace::open_remembered(path, budget.clone(), memo)?;
-        let view = MemoryTrace::open(&trace, pid, budget.clone())?;
-        let read = view.replay_ledger_and_sites(&mut b, &mut tally, Some(at))?;
-        replayed = replayed.saturating_add(read);
-    }
+    std::thread::scope(|threads| {
+        // Each next file's memory calls up to the moment read on a second
+        // thread while one is replayed (`ledger_feed`).
+        let mut ahead = ReadAhead::new(threads, pid, budget, memo).until(Some(at));
+        for (i, path) in run.held.iter().enumerate() {
+            let feed = ahead.take(path, run.held.get(i + 1).map(PathBuf::as_path));
+            let trace = Trace::open_remembered(path, budget.clone(), memo)?;
+            let view = MemoryTrace::open(&trace, pid, budget.clone())?;
+            let read = view.replay_ledger_and_sites_fed(&mut b, &mut tally, Some(at), feed)?;
+            replayed = replayed.saturating_add(read);
+        }
+        Ok::<(), StoreError>(())
+    })?;
     let (ledgers, sites) = ledgers_and_sites(b, tally, data);
     let note = first.filter(|&n| n > 1).map(|n| {
         format!(

@@ -1253,7 +1253,7 @@ impl MemoryTrace {
                 Ok(LedgerFeed::Calls(calls)) => {
                     read += calls.len() as u64;
                     for c in &calls {
-                        b.push(c);
+                        b.push(&c.call);
                     }
                 }
                 // The file's order forced SQLite's sort: from the start again.
@@ -1298,6 +1298,48 @@ impl MemoryTrace {
             },
         )?;
         Ok(read)
+    }
+
+    /// [`Self::replay_ledger_and_sites`] from the calls another thread read
+    /// from the same file up to the same moment
+    /// (`crate::ledger_feed::ReadAhead::until`), as
+    /// [`Self::replay_ledger_fed`] is to [`Self::replay_ledger`]: without a
+    /// feed, or should it fail or end short, the file is replayed here.
+    pub(crate) fn replay_ledger_and_sites_fed(
+        &self,
+        b: &mut sleuth_core::ledger::LedgerBuilder,
+        tally: &mut SiteTally,
+        at_ns: Option<u64>,
+        feed: Option<impl IntoIterator<Item = crate::ledger_feed::Fed>>,
+    ) -> Result<u64, StoreError> {
+        use crate::ledger_feed::LedgerFeed;
+        let Some(feed) = feed else {
+            return self.replay_ledger_and_sites(b, tally, at_ns);
+        };
+        for &pid in &self.pids {
+            b.track(pid);
+        }
+        let before = (b.clone(), tally.clone());
+        let mut read = 0u64;
+        for m in feed {
+            match m {
+                Ok(LedgerFeed::Calls(calls)) => {
+                    read += calls.len() as u64;
+                    for c in &calls {
+                        b.push(&c.call);
+                        tally.add(&c.call, c.id);
+                    }
+                }
+                Ok(LedgerFeed::Restart) => {
+                    (*b, *tally) = before.clone();
+                    read = 0;
+                }
+                Ok(LedgerFeed::Done) => return Ok(read),
+                Err(_) => break,
+            }
+        }
+        (*b, *tally) = before;
+        self.replay_ledger_and_sites(b, tally, at_ns)
     }
 
     /// Every process the loaded trace has a call or a counted call of
