@@ -102,6 +102,38 @@ impl<'scope, 'env> ReadAhead<'scope, 'env> {
     }
 }
 
+/// Applies the calls of a read ahead to `state` with `each`, in the order
+/// sent: how many when the feed said it sent every one; None, `state` as
+/// it was before, when it failed or ended without saying so (the caller
+/// then replays the file itself). A restart voids the calls before it.
+pub(crate) fn apply<S: Clone>(
+    state: &mut S,
+    feed: impl IntoIterator<Item = Fed>,
+    mut each: impl FnMut(&mut S, &StoredCall),
+) -> Option<u64> {
+    let before = state.clone();
+    let mut read = 0u64;
+    for m in feed {
+        match m {
+            Ok(LedgerFeed::Calls(calls)) => {
+                read += calls.len() as u64;
+                for c in &calls {
+                    each(state, c);
+                }
+            }
+            // The file's order forced SQLite's sort: from the start again.
+            Ok(LedgerFeed::Restart) => {
+                *state = before.clone();
+                read = 0;
+            }
+            Ok(LedgerFeed::Done) => return Some(read),
+            Err(_) => break,
+        }
+    }
+    *state = before;
+    None
+}
+
 /// Starts reading the memory calls of the run file `path` (of process
 /// `pid`, returned by `until` when given) on a thread of `scope`; the
 /// receiver yields them. Dropping it stops the thread at its next message.

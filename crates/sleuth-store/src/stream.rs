@@ -1239,33 +1239,14 @@ impl MemoryTrace {
         b: &mut sleuth_core::ledger::LedgerBuilder,
         feed: Option<impl IntoIterator<Item = crate::ledger_feed::Fed>>,
     ) -> Result<u64, StoreError> {
-        use crate::ledger_feed::LedgerFeed;
-        let Some(feed) = feed else {
-            return self.replay_ledger(b);
-        };
-        for &pid in &self.pids {
-            b.track(pid);
-        }
-        let before = b.clone();
-        let mut read = 0u64;
-        for m in feed {
-            match m {
-                Ok(LedgerFeed::Calls(calls)) => {
-                    read += calls.len() as u64;
-                    for c in &calls {
-                        b.push(&c.call);
-                    }
-                }
-                // The file's order forced SQLite's sort: from the start again.
-                Ok(LedgerFeed::Restart) => {
-                    *b = before.clone();
-                    read = 0;
-                }
-                Ok(LedgerFeed::Done) => return Ok(read),
-                Err(_) => break,
+        if let Some(feed) = feed {
+            for &pid in &self.pids {
+                b.track(pid);
+            }
+            if let Some(read) = crate::ledger_feed::apply(b, feed, |b, c| b.push(&c.call)) {
+                return Ok(read);
             }
         }
-        *b = before;
         self.replay_ledger(b)
     }
 
@@ -1312,33 +1293,20 @@ impl MemoryTrace {
         at_ns: Option<u64>,
         feed: Option<impl IntoIterator<Item = crate::ledger_feed::Fed>>,
     ) -> Result<u64, StoreError> {
-        use crate::ledger_feed::LedgerFeed;
-        let Some(feed) = feed else {
-            return self.replay_ledger_and_sites(b, tally, at_ns);
-        };
-        for &pid in &self.pids {
-            b.track(pid);
-        }
-        let before = (b.clone(), tally.clone());
-        let mut read = 0u64;
-        for m in feed {
-            match m {
-                Ok(LedgerFeed::Calls(calls)) => {
-                    read += calls.len() as u64;
-                    for c in &calls {
-                        b.push(&c.call);
-                        tally.add(&c.call, c.id);
-                    }
-                }
-                Ok(LedgerFeed::Restart) => {
-                    (*b, *tally) = before.clone();
-                    read = 0;
-                }
-                Ok(LedgerFeed::Done) => return Ok(read),
-                Err(_) => break,
+        if let Some(feed) = feed {
+            for &pid in &self.pids {
+                b.track(pid);
+            }
+            let mut both = (std::mem::take(b), std::mem::take(tally));
+            let applied = crate::ledger_feed::apply(&mut both, feed, |(b, tally), c| {
+                b.push(&c.call);
+                tally.add(&c.call, c.id);
+            });
+            (*b, *tally) = both;
+            if let Some(read) = applied {
+                return Ok(read);
             }
         }
-        (*b, *tally) = before;
         self.replay_ledger_and_sites(b, tally, at_ns)
     }
 
