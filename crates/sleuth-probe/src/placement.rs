@@ -210,6 +210,9 @@ pub fn cpu_list(c: &Cpus) -> String {
 pub struct Placement {
     /// CPUs gpusleuth was allowed at start (before any pinning of its own).
     ours: Cpus,
+    /// Each of ours with the CPUs sharing its core (read once: placement
+    /// is re-applied every rescan).
+    siblings: std::collections::BTreeMap<usize, Cpus>,
     decision: Option<Decision>,
     /// Helper threads already lowered.
     lowered: BTreeSet<u32>,
@@ -222,8 +225,10 @@ impl Placement {
         if std::env::var(PLACEMENT_ENV).is_ok_and(|v| v == "off") {
             return None;
         }
+        let ours = affinity(std::process::id())?;
         Some(Placement {
-            ours: affinity(std::process::id())?,
+            siblings: ours.iter().map(|&c| (c, core_siblings(c))).collect(),
+            ours,
             decision: None,
             lowered: BTreeSet::new(),
         })
@@ -234,7 +239,13 @@ impl Placement {
     pub fn update(&mut self, pids: &[u32]) -> Option<Decision> {
         let me = std::process::id();
         let traced = traced_cpus(pids);
-        let spare = off_traced_cores(&spare_cpus(&self.ours, &traced), &traced, core_siblings);
+        let siblings = |c: usize| {
+            self.siblings
+                .get(&c)
+                .cloned()
+                .unwrap_or_else(|| Cpus::from([c]))
+        };
+        let spare = off_traced_cores(&spare_cpus(&self.ours, &traced), &traced, siblings);
         let decision = if spare.is_empty() || pids.is_empty() {
             Decision::Shared
         } else {
