@@ -12,7 +12,9 @@
 //! length (SQLite writes the zeros without allocating them) and the JSON is
 //! serialized again straight into the row through SQLite's incremental blob
 //! I/O, 64 KiB at a time. Shorter values stay TEXT, serialized once, as
-//! before: an older reader reads them as it did.
+//! before: an older reader reads them as it did (unless they follow a long
+//! one in the same row: [`insert_row`]; a reader that refuses the long one
+//! refuses the row anyway).
 //!
 //! Readers take either ([`text_of`]): the bytes must be UTF-8 JSON either way.
 

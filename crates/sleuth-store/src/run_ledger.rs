@@ -247,9 +247,11 @@ pub(crate) fn begin(conn: &Connection, link: &RunLink) -> rusqlite::Result<Carri
 /// The file's own ledger (`ledger_rollup`) and, for a file of a rotating
 /// trace (`run`: its link and the state [`begin`] took, with the host
 /// ranges live at the file's end), the run's ledger up to its end with its
-/// links; returns the file's own ledgers (with each process's sites at its
-/// peak) and what to [`RunLink::settle`] after the commit. Each memory
-/// call of the replay is also handed to `also` (with its row id).
+/// links. The file's own ledgers (with each process's sites at its peak)
+/// are handed to `with_own` as soon as they are stored, and dropped before
+/// the run's are listed; returns what to [`RunLink::settle`] after the
+/// commit. Each memory call of the replay is also handed to `also` (with
+/// its row id).
 pub(crate) fn write(
     conn: &Connection,
     run: Option<(&RunLink, Carried, PinnedState)>,
