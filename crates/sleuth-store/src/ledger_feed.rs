@@ -46,7 +46,8 @@ pub(crate) type Fed = Result<LedgerFeed, StoreError>;
 
 /// Files of a run replayed in order, each next one read ahead: the one
 /// reader both `--last` (`run_window`) and a run replayed file by file
-/// (`run_explain`) use. Dropping it stops the read ahead not taken.
+/// (`run_explain`, through [`visit_read_ahead`]) use. Dropping it stops
+/// the read ahead not taken.
 pub(crate) struct ReadAhead<'scope, 'env> {
     scope: &'scope Scope<'scope, 'env>,
     pid: Option<u32>,
@@ -100,6 +101,26 @@ impl<'scope, 'env> ReadAhead<'scope, 'env> {
         }
         feed
     }
+}
+
+/// Visits the run files `paths` in order, each with the calls read ahead
+/// for it (of process `pid`, returned by `until` when given): while
+/// `visit` replays one, the next is read on a second thread.
+pub(crate) fn visit_read_ahead(
+    paths: &[PathBuf],
+    (pid, until): (Option<u32>, Option<u64>),
+    budget: &ReadBudget,
+    memo: &CheckMemo,
+    mut visit: impl FnMut(&Path, Option<Receiver<Fed>>) -> Result<(), StoreError>,
+) -> Result<(), StoreError> {
+    std::thread::scope(|threads| {
+        let mut ahead = ReadAhead::new(threads, pid, budget, memo).until(until);
+        for (i, path) in paths.iter().enumerate() {
+            let feed = ahead.take(path, paths.get(i + 1).map(PathBuf::as_path));
+            visit(path, feed)?;
+        }
+        Ok(())
+    })
 }
 
 /// Applies the calls of a read ahead to `state` with `each`, in the order
@@ -256,19 +277,25 @@ mod tests {
         w.finish().unwrap();
     }
 
+    fn budget() -> ReadBudget {
+        ReadBudget::new(std::time::Duration::from_secs(60))
+    }
+
     fn fed(path: &Path) -> Vec<Fed> {
         fed_until(path, None)
     }
 
     fn fed_until(path: &Path, until: Option<u64>) -> Vec<Fed> {
-        let (budget, memo) = (
-            ReadBudget::new(std::time::Duration::from_secs(60)),
-            CheckMemo::new(),
-        );
         std::thread::scope(|s| {
-            read_ahead(s, path.to_path_buf(), (None, until), budget, memo)
-                .iter()
-                .collect()
+            read_ahead(
+                s,
+                path.to_path_buf(),
+                (None, until),
+                budget(),
+                CheckMemo::new(),
+            )
+            .iter()
+            .collect()
         })
     }
 
@@ -283,12 +310,7 @@ mod tests {
         Vec<crate::stream::TallyEntry>,
     ) {
         let trace = Trace::open(path).unwrap();
-        let view = MemoryTrace::open(
-            &trace,
-            None,
-            ReadBudget::new(std::time::Duration::from_secs(60)),
-        )
-        .unwrap();
+        let view = MemoryTrace::open(&trace, None, budget()).unwrap();
         let mut b = LedgerBuilder::new(Some(at)).with_peak_sites();
         let mut tally = crate::stream::SiteTally::default();
         // At a site of its own: the file's calls start their own tally.
@@ -340,12 +362,7 @@ mod tests {
     /// The ledger of a file replayed here, from a state earlier files left.
     fn replayed(path: &Path, feed: Option<Vec<Fed>>) -> Vec<sleuth_core::ledger::ProcessLedger> {
         let trace = Trace::open(path).unwrap();
-        let view = MemoryTrace::open(
-            &trace,
-            None,
-            ReadBudget::new(std::time::Duration::from_secs(60)),
-        )
-        .unwrap();
+        let view = MemoryTrace::open(&trace, None, budget()).unwrap();
         let mut b = LedgerBuilder::new(None);
         b.push(&call("cudaMalloc", 1, 1, Some(1 << 20), 0x1));
         match feed {

@@ -29,7 +29,7 @@
 
 use crate::budget::ReadBudget;
 use crate::checked::CheckMemo;
-use crate::ledger_feed::ReadAhead;
+use crate::ledger_feed::visit_read_ahead;
 use crate::problems::InputProblems;
 use crate::reader::Trace;
 use crate::run::{part_name, visit_finished};
@@ -324,18 +324,14 @@ fn ledger_at(
     let mut b = LedgerBuilder::new(Some(at)).with_peak_sites();
     let mut tally = crate::stream::SiteTally::default();
     let mut replayed = 0u64;
-    std::thread::scope(|threads| {
-        // Each next file's memory calls up to the moment read on a second
-        // thread while one is replayed (`ledger_feed`).
-        let mut ahead = ReadAhead::new(threads, pid, budget, memo).until(Some(at));
-        for (i, path) in run.held.iter().enumerate() {
-            let feed = ahead.take(path, run.held.get(i + 1).map(PathBuf::as_path));
-            let trace = Trace::open_remembered(path, budget.clone(), memo)?;
-            let view = MemoryTrace::open(&trace, pid, budget.clone())?;
-            let read = view.replay_ledger_and_sites_fed(&mut b, &mut tally, Some(at), feed)?;
-            replayed = replayed.saturating_add(read);
-        }
-        Ok::<(), StoreError>(())
+    // Each next file's memory calls up to the moment read on a second
+    // thread while one is replayed.
+    visit_read_ahead(&run.held, (pid, Some(at)), budget, memo, |path, feed| {
+        let trace = Trace::open_remembered(path, budget.clone(), memo)?;
+        let view = MemoryTrace::open(&trace, pid, budget.clone())?;
+        let read = view.replay_ledger_and_sites_fed(&mut b, &mut tally, Some(at), feed)?;
+        replayed = replayed.saturating_add(read);
+        Ok(())
     })?;
     let (ledgers, sites) = ledgers_and_sites(b, tally, data);
     let note = first.filter(|&n| n > 1).map(|n| {
@@ -414,17 +410,13 @@ fn run_ledger(
     };
     let mut b = LedgerBuilder::new(None);
     let mut replayed = 0u64;
-    std::thread::scope(|threads| {
-        // Each next file's memory calls read on a second thread while one
-        // is replayed (`ledger_feed`).
-        let mut ahead = ReadAhead::new(threads, pid, budget, memo);
-        for (i, path) in run.held.iter().enumerate() {
-            let feed = ahead.take(path, run.held.get(i + 1).map(PathBuf::as_path));
-            let trace = Trace::open_remembered(path, budget.clone(), memo)?;
-            let view = MemoryTrace::open(&trace, pid, budget.clone())?;
-            replayed = replayed.saturating_add(view.replay_ledger_fed(&mut b, feed)?);
-        }
-        Ok::<(), StoreError>(())
+    // Each next file's memory calls read on a second thread while one is
+    // replayed.
+    visit_read_ahead(&run.held, (pid, None), budget, memo, |path, feed| {
+        let trace = Trace::open_remembered(path, budget.clone(), memo)?;
+        let view = MemoryTrace::open(&trace, pid, budget.clone())?;
+        replayed = replayed.saturating_add(view.replay_ledger_fed(&mut b, feed)?);
+        Ok(())
     })?;
     // Runs written before the tracer carried a ledger say nothing, as before.
     let carried_some = visited.links.iter().any(|(_, l)| l.is_some());
