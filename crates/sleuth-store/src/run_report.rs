@@ -123,19 +123,46 @@ pub fn load(
     let run = crate::run_explain::load_with(dir, pid, budget, memo, |trace, view| {
         acc.add(trace, view, pid, n_slowest)
     })?;
-    let has_sites = !run.data.stacks.is_empty();
-    let (Some(session), Some(parts)) = (acc.session, acc.parts) else {
-        // `load_with` refused a run with no file added.
-        return Err(StoreError::file(dir, "no finished file in this run"));
-    };
-    Ok(RunReport {
-        run,
-        parts,
-        allocs: has_sites.then_some(acc.allocs),
-        session,
-        notes: acc.notes,
-        notes_left_out: acc.notes_left_out,
-    })
+    acc.finish(dir, run)
+}
+
+/// What the report of a window of the run (`report --last`) draws from
+/// the whole run: [`load`] without what the window's own reads replace.
+/// No finding aggregate is read and no copy judged again (the findings
+/// are the window's: `run_window::RunLast::explanation`), no slowest call
+/// (the window's), so its [`RunReport::run`] has empty finding inputs and
+/// its [`RunReport::parts`] no slowest calls. A run with NCCL collectives
+/// is read too (the window's explanation refuses it, naming the file).
+pub fn load_outside_window(
+    dir: &Path,
+    pid: Option<u32>,
+    budget: ReadBudget,
+    memo: &CheckMemo,
+) -> Result<RunReport, StoreError> {
+    let mut acc = Acc::default();
+    let run = crate::run_explain::load_memory_with(dir, pid, budget, memo, |trace, view| {
+        acc.add(trace, view, pid, 0)
+    })?;
+    acc.finish(dir, run)
+}
+
+impl Acc {
+    /// The report of the run read into `self`.
+    fn finish(self, dir: &Path, run: RunLean) -> Result<RunReport, StoreError> {
+        let has_sites = !run.data.stacks.is_empty();
+        let (Some(session), Some(parts)) = (self.session, self.parts) else {
+            // The run's reads refused a run with no file added.
+            return Err(StoreError::file(dir, "no finished file in this run"));
+        };
+        Ok(RunReport {
+            run,
+            parts,
+            allocs: has_sites.then_some(self.allocs),
+            session,
+            notes: self.notes,
+            notes_left_out: self.notes_left_out,
+        })
+    }
 }
 
 /// Adds one file's allocations tallied per stack, when it holds call sites.

@@ -70,7 +70,47 @@ fn compare(name: &str, tag: &str) {
             "{at}: the contention trace's slowest calls have culprits"
         );
         assert!(r.allocs.is_none(), "{at}: no call sites in the examples");
+        outside_a_window_reads_the_same_run(&run, pid, &r, &at);
     }
+}
+
+/// What a window's report draws from the whole run
+/// (`run_report::load_outside_window`) is [`sleuth_store::run_report::load`]'s
+/// but the findings' inputs and the slowest calls (the window's own).
+fn outside_a_window_reads_the_same_run(
+    run: &std::path::Path,
+    pid: Option<u32>,
+    r: &sleuth_store::run_report::RunReport,
+    at: &str,
+) {
+    let w = sleuth_store::run_report::load_outside_window(run, pid, budget(), &CheckMemo::new())
+        .unwrap();
+    assert_eq!(w.parts.ops, r.parts.ops, "{at}");
+    assert_eq!(
+        (w.parts.calls, w.parts.waits, &w.parts.calls_by_pid),
+        (r.parts.calls, r.parts.waits, &r.parts.calls_by_pid),
+        "{at}"
+    );
+    assert_eq!(
+        (w.parts.span.origin_ns, w.parts.span.extent_end_ns),
+        (r.parts.span.origin_ns, r.parts.span.extent_end_ns),
+        "{at}"
+    );
+    assert!(w.parts.slowest.is_empty(), "{at}: the window's own");
+    assert_eq!(w.run.ledgers, r.run.ledgers, "{at}");
+    assert_eq!(w.run.data.processes, r.run.data.processes, "{at}");
+    assert_eq!(
+        (&w.run.files, &w.session),
+        (&r.run.files, &r.session),
+        "{at}"
+    );
+    assert_eq!(w.notes.len(), r.notes.len(), "{at}");
+    // No finding aggregate is read (the window's explanation is its own).
+    assert!(
+        w.run.inputs.ops.is_empty() && w.run.inputs.threads.is_empty(),
+        "{at}"
+    );
+    assert!(!r.run.inputs.ops.is_empty(), "{at}");
 }
 
 #[test]
@@ -181,6 +221,11 @@ fn a_run_tallies_its_sites_over_the_files() {
     // The slowest call of the run is file 2's; the counts add up.
     assert_eq!(r.parts.slowest[0].call.dur_ns, 9 * MS);
     assert_eq!((r.parts.calls, one.parts.calls), (9, 9));
+    // A window's report of the run draws the same table.
+    let w = sleuth_store::run_report::load_outside_window(&run, None, budget(), &CheckMemo::new())
+        .unwrap();
+    assert_eq!(w.sites(), sites);
+    assert!(w.parts.slowest.is_empty());
     let flame = sleuth_core::sites::allocated_by_path_of(&r.run.data, r.allocs.unwrap());
     assert_eq!(flame.bytes, (1 << 20) + (4 << 20));
 }

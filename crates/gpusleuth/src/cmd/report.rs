@@ -20,6 +20,7 @@ use sleuth_core::ledger::ProcessLedger;
 use sleuth_core::sites::{FlameNode, SiteMemory};
 use sleuth_core::stats;
 use sleuth_core::{CallEvent, Culprit, TraceData};
+use sleuth_store::report_reads::WindowCalls;
 use sleuth_store::run_window::RunLast;
 use sleuth_store::{Note, ReadBudget, Session, DEFAULT_READ_TIMEOUT};
 use std::collections::{BTreeMap, HashMap};
@@ -128,13 +129,30 @@ fn report_of_run(args: &Args, window: Option<&RunLast>) -> anyhow::Result<i32> {
         .collect();
     sleuth_store::run::refuse_output_in_run(&args.output, dir)?;
     sleuth_store::outfile::check_output(&args.output, &inputs_of_run(&files), args.force, hint)?;
-    let r = sleuth_store::run_report::load(
-        dir,
+    let (pid, budget, memo) = (
         args.input.pid,
         crate::checks_memo::budget(),
         crate::checks_memo::memo(),
-        SLOWEST_CALLS,
-    )?;
+    );
+    // A window's findings and slowest calls are its own: the run's are not
+    // read. The window's reads go on beside the run's (on a second core:
+    // each reads its files under its own budget); an error of the run's
+    // reads is said first, as when they ran one after the other.
+    let (r, window_reads) = std::thread::scope(|threads| {
+        let whole = threads.spawn(|| match window {
+            None => sleuth_store::run_report::load(dir, pid, budget.clone(), memo, SLOWEST_CALLS),
+            Some(_) => {
+                sleuth_store::run_report::load_outside_window(dir, pid, budget.clone(), memo)
+            }
+        });
+        let window_reads = window.map(|run| window_reads(run, pid));
+        let r = whole
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        (r, window_reads)
+    });
+    let r = r?;
+    let window_reads = window_reads.transpose()?;
     let (incomplete, problems) = (r.run.incomplete.clone(), r.run.problems.clone());
     // The window's reads (the same files again, and the file being
     // written) are said apart: added to the run's they would count a
@@ -160,12 +178,9 @@ fn report_of_run(args: &Args, window: Option<&RunLast>) -> anyhow::Result<i32> {
         sleuth_store::run::first_to_last(&read)
     );
     let mut inputs = Inputs::run(r);
-    if let Some(run) = window {
-        let memo = crate::checks_memo::memo();
-        let (part, read) = run.report_calls(args.input.pid, memo, SLOWEST_CALLS)?;
+    if let (Some(run), Some((part, read, explanation))) = (window, window_reads) {
         // The explanation reads the same files: its skipped rows are these.
         window_problems = read.problems;
-        let (explanation, _) = run.explanation(args.input.pid, memo)?;
         let w = Window::of_run(run, args.window.last.unwrap_or_default());
         // The charts reach the window's end (the file still being written).
         inputs.span.extent_end_ns = inputs.span.extent_end_ns.max(run.end);
@@ -189,6 +204,18 @@ fn report_of_run(args: &Args, window: Option<&RunLast>) -> anyhow::Result<i32> {
     )?;
     eprintln!("gpusleuth: report written to {}", args.output.display());
     Ok(0)
+}
+
+/// What a window of a run draws of its own: its calls (per op, per
+/// process, the slowest), what their reads skipped, and its explanation.
+fn window_reads(
+    run: &RunLast,
+    pid: Option<u32>,
+) -> anyhow::Result<(WindowCalls, sleuth_store::run_window::Read, Explanation)> {
+    let memo = crate::checks_memo::memo();
+    let (part, read) = run.report_calls(pid, memo, SLOWEST_CALLS)?;
+    let (explanation, _) = run.explanation(pid, memo)?;
+    Ok((part, read, explanation))
 }
 
 /// The files of a run a window's report reads only for the window's
