@@ -497,6 +497,15 @@ pub(crate) struct Begin {
 /// (`MAX_CARRIED_ENTRIES`, tens of bytes each) is far below it.
 const MAX_BEGIN_TEXT: usize = 64 << 20;
 
+/// Whether the file says it stored the run's state as it began
+/// (`meta.run_ledger_begin`): a meta value only; [`begin_state`] reads and
+/// checks the state.
+pub(crate) fn stores_begin_state(trace: &Trace) -> Result<bool, StoreError> {
+    let v = crate::open::meta_value(trace.keyed(), "run_ledger_begin")
+        .map_err(|e| trace.read_error(e))?;
+    Ok(v.as_deref() == Some(COMPLETE))
+}
+
 /// The run's ledger as `trace` began, of process `pid` (all when None),
 /// over the whole run: None when the file stored none (an older
 /// gpusleuth, a file that is not part of a `--rotate` run) or its chain

@@ -21,6 +21,7 @@ use crate::problems::InputProblems;
 use crate::reader::Trace;
 use crate::report_reads::WindowCalls;
 use crate::run::{open_in_run, pinned_when_file_began, run_files};
+use crate::run_ledger::Chain;
 use crate::run_pinned::PinnedCarry;
 use crate::scoped::ScopeParts;
 use crate::stream::MemoryTrace;
@@ -111,6 +112,10 @@ pub struct Read {
     /// Every file that answered holds the scheduler's context (the
     /// on-CPU / runnable / blocked split).
     pub host_context: bool,
+    /// The explanation's ledger started from the run's state the tracer
+    /// stored when this file (its number) began: no memory call of the
+    /// files before it was read ([`RunLast::explanation`]).
+    pub ledger_from_file: Option<u64>,
 }
 
 impl RunLast {
@@ -126,6 +131,66 @@ impl RunLast {
     fn file_after(&self, path: &Path) -> Option<PathBuf> {
         let i = self.files.iter().position(|(_, p)| p == path)?;
         self.files.get(i + 1).map(|(_, p)| p.clone())
+    }
+
+    /// The number of the spanned file `path` (0 if it is none of them).
+    fn number_of(&self, path: &Path) -> u64 {
+        self.files
+            .iter()
+            .find(|(_, p)| p == path)
+            .map_or(0, |(n, _)| *n)
+    }
+
+    /// Where the window's ledger can start from a state the tracer stored
+    /// instead of from nothing. A window that holds the whole of the run's
+    /// file 1 starts before anything the run allocated: its ledger, started
+    /// empty, is the run's from its start, which the tracer carried from
+    /// file to file and stored as each file began (`run_ledger_begin`). So
+    /// the ledger takes up the state of the last finished file that stored
+    /// one, on a chain of links from file 1 with none missing, every file
+    /// before it wholly in the window (each then answered from its stored
+    /// aggregates); only the memory calls from that file on are replayed.
+    /// None otherwise (a window that starts later, files `--keep` deleted,
+    /// older files): every file's are.
+    fn carried_start(
+        &self,
+        scope: &CallFilter,
+        memo: &CheckMemo,
+    ) -> Result<Option<CarriedStart>, StoreError> {
+        if self.files.first().map(|(n, _)| *n) != Some(1) {
+            return Ok(None);
+        }
+        let mut links = Vec::new();
+        let mut last = None;
+        for (n, path) in &self.files {
+            let trace = open_in_run(path, &self.budget, memo)?;
+            // A file being written has no link: the chain ends before it.
+            let Some(link) = crate::run_ledger::link(&trace)? else {
+                break;
+            };
+            links.push((*n, Some(link)));
+            if crate::run_ledger::judge(&links) != (Chain::Intact { pruned: 0 }) {
+                break;
+            }
+            // The files before the state's must be answered whole; its own need not.
+            let whole = whole_file(&trace, scope)?;
+            if *n > 1 && crate::run_ledger::stores_begin_state(&trace)? {
+                last = Some((*n, trace));
+            }
+            if !whole {
+                break;
+            }
+        }
+        let Some((file, trace)) = last else {
+            return Ok(None);
+        };
+        let Some(begin) = crate::run_ledger::begin_state(&trace, scope.pid)? else {
+            return Ok(None);
+        };
+        let ledger = LedgerBuilder::from_states(begin.states, None, false).map_err(|e| {
+            StoreError::file(trace.path(), format!("damaged trace: run_ledger_begin {e}"))
+        })?;
+        Ok(Some(CarriedStart { file, ledger }))
     }
 
     /// The window as a store filter, of process `pid` or all.
@@ -258,6 +323,10 @@ impl RunLast {
         let mut pinned =
             pinned_when_file_began(&self.dir, self.files[0].0, pid, &self.budget, memo)?;
         let mut ledger = LedgerBuilder::new(None);
+        // From the run's start, the ledger the tracer carried into a later
+        // file: the files before it replay nothing.
+        let mut carried = self.carried_start(&scope, memo)?;
+        let ledger_from_file = carried.as_ref().map(|c| c.file);
         let mut sum: Option<ScopeParts> = None;
         let mut added = 0usize;
         let read = std::thread::scope(|threads| {
@@ -265,7 +334,15 @@ impl RunLast {
             // one is answered (`ledger_feed`).
             let mut ahead = ReadAhead::new(threads, pid, &self.budget, memo);
             let read = self.visit(pid, memo, |trace| {
-                let next = self.file_after(trace.path());
+                let n = self.number_of(trace.path());
+                if carried.as_ref().is_some_and(|c| n >= c.file) {
+                    ledger = carried.take().map(|c| c.ledger).unwrap_or_default();
+                }
+                let replay = carried.is_none();
+                // Read ahead only what is replayed.
+                let next = self
+                    .file_after(trace.path())
+                    .filter(|p| carried.as_ref().is_none_or(|c| self.number_of(p) >= c.file));
                 let feed = ahead.take(trace.path(), next.as_deref());
                 if trace.nccl_calls(None)?.iter().any(|e| e.is_collective()) {
                     return Err(StoreError::file(trace.path(), NCCL_OVER_FILES));
@@ -275,7 +352,7 @@ impl RunLast {
                         trace,
                         &scope,
                         pinned.clone(),
-                        std::mem::take(&mut ledger),
+                        replay.then(|| std::mem::take(&mut ledger)),
                         feed,
                     )?,
                     false => crate::scoped::window_parts_after(
@@ -286,7 +363,9 @@ impl RunLast {
                     )?,
                 };
                 pinned = part.inputs.pinned_state();
-                ledger = std::mem::take(&mut part.ledger);
+                if replay {
+                    ledger = std::mem::take(&mut part.ledger);
+                }
                 added += 1;
                 sum = Some(match sum.take() {
                     None => part,
@@ -308,6 +387,14 @@ impl RunLast {
             drop(ahead);
             read
         })?;
+        // No file from the state's on held the process: the state is its ledger.
+        if let Some(c) = carried {
+            ledger = c.ledger;
+        }
+        let read = Read {
+            ledger_from_file,
+            ..read
+        };
         // `visit` refused a window where no file held the process.
         let mut parts =
             sum.ok_or_else(|| StoreError::file(&self.dir, "no file of the window was read"))?;
@@ -328,6 +415,13 @@ impl RunLast {
     }
 }
 
+/// The window's ledger as the tracer carried it into file `file` of the
+/// run ([`RunLast::carried_start`]).
+struct CarriedStart {
+    file: u64,
+    ledger: LedgerBuilder,
+}
+
 /// Why a window over several files of a run with NCCL collectives is refused.
 const NCCL_OVER_FILES: &str = "holds NCCL collectives: the straggler finding reads every call and wait of the ranks, \
      which a window over several files of a run does not load; ask this file alone (--db FILE --from/--to)";
@@ -345,13 +439,14 @@ fn whole_file(trace: &Trace, scope: &CallFilter) -> Result<bool, StoreError> {
 /// explanation reads each file (`run_explain`): its stored finding
 /// aggregates, its copies judged again when memory pinned before it
 /// (`earlier`) is live, its memory calls replayed into the window's
-/// `ledger`, its base data with the allocator views' calls; no other call
-/// or wait row is read.
+/// `ledger` (none read without one: a later file's stored state holds
+/// them, [`RunLast::carried_start`]), its base data with the allocator
+/// views' calls; no other call or wait row is read.
 fn whole_file_parts(
     trace: &Trace,
     scope: &CallFilter,
     earlier: PinnedState,
-    mut ledger: LedgerBuilder,
+    ledger: Option<LedgerBuilder>,
     feed: Option<Receiver<Fed>>,
 ) -> Result<ScopeParts, StoreError> {
     let pid = scope.pid;
@@ -366,7 +461,10 @@ fn whole_file_parts(
     let mut carry = PinnedCarry::starting(earlier);
     carry.file(trace, view.rows(), pid, &mut inputs)?;
     let inputs = inputs.with_pinned(carry.into_state());
-    view.replay_ledger_fed(&mut ledger, feed)?;
+    let mut ledger = ledger;
+    if let Some(ledger) = &mut ledger {
+        view.replay_ledger_fed(ledger, feed)?;
+    }
     view.load_allocator_calls()?;
     let mut data = std::mem::take(&mut view.base);
     let counts = trace.op_counts(pid)?;
@@ -375,7 +473,7 @@ fn whole_file_parts(
     Ok(ScopeParts {
         data,
         inputs,
-        ledger,
+        ledger: ledger.unwrap_or_default(),
         window_counts: Some(window_counts),
     })
 }

@@ -835,3 +835,96 @@ fn the_ledger_at_a_moment_of_a_run_is_the_whole_traces_at_that_moment() {
         replayed.ledger_note
     );
 }
+
+/// `explain --last` of a window holding the whole of the run's file 1:
+/// its ledger takes up the state the tracer stored as the last finished
+/// file began, and replays the memory calls from that file on only; the
+/// explanation equals the replay of every file's (the same run without
+/// its carried states). A window from later in file 1, a run without
+/// states, or a run without its file 1 replay every file; with the newest
+/// file still being written, the state is the last finished file's.
+#[test]
+fn a_window_from_the_runs_start_takes_up_the_carried_ledger() {
+    use sleuth_store::run_window::RunLast;
+    let tmp = TempDir::new("runled-window");
+    let run = tmp.join("run");
+    let link = RunLink::new_run();
+    std::fs::create_dir_all(&run).unwrap();
+    let starts = [0, 90 * MS, 190 * MS];
+    // A second process, only in file 1, holds 8 MiB from then on.
+    let mut parts = three_parts();
+    let mut other = alloc(3 * MS, 8 << 20, 0xd000);
+    (other.pid, other.tid) = (200, 200);
+    parts[0] = part(parts[0].calls.iter().cloned().chain([other]).collect());
+    for (k, start) in starts.into_iter().enumerate() {
+        let n = k as u64 + 1;
+        let opts = WriterOptions {
+            run: Some(link.for_file(n)),
+            ..Default::default()
+        };
+        let session = sleuth_store::SessionInfo {
+            start_mono_ns: start,
+            ..common::session()
+        };
+        common::trace_fixture::rewrite_in_session(
+            &parts[k],
+            &run.join(part_name(n)),
+            opts,
+            session,
+        );
+    }
+    let old = without_carried(&run, &tmp.join("old"));
+    let memo = sleuth_store::CheckMemo::new();
+    let window = |dir: &Path, first: u64, since: u64| RunLast {
+        dir: dir.to_path_buf(),
+        files: (first..=3).map(|n| (n, dir.join(part_name(n)))).collect(),
+        since,
+        end: u64::MAX,
+        run_start: 0,
+        budget: budget(),
+    };
+    let explain = |w: &RunLast, pid: Option<u32>| {
+        let (e, read) = w.explanation(pid, &memo).unwrap();
+        (serde_json::to_value(&e).unwrap(), read.ledger_from_file)
+    };
+    for (pid, held) in [
+        (None, "held 2.0 MiB of device memory in 1 allocation(s)"),
+        (
+            Some(100),
+            "held 2.0 MiB of device memory in 1 allocation(s)",
+        ),
+        // Process 200 is in no file from the state's on: the state is its ledger.
+        (
+            Some(200),
+            "held 8.0 MiB of device memory in 1 allocation(s)",
+        ),
+    ] {
+        let (carried, from) = explain(&window(&run, 1, 0), pid);
+        let (replayed, none) = explain(&window(&old, 1, 0), pid);
+        assert_eq!((from, none), (Some(3), None), "pid {pid:?}");
+        assert_eq!(carried, replayed, "pid {pid:?}");
+        // Made in file 1, held at the end: in the ledger only through the state.
+        assert!(carried.to_string().contains(held), "pid {pid:?}: {carried}");
+    }
+    // From inside file 1 (after A and B were made): replayed, and B is not the window's.
+    let (late, from) = explain(&window(&run, 1, 5 * MS), None);
+    assert_eq!(from, None);
+    assert_eq!(late, explain(&window(&old, 1, 5 * MS), None).0);
+    assert!(!late.to_string().contains("held 2.0 MiB"), "{late}");
+    // Without file 1 (deleted by --keep): what it made is before the window.
+    let (kept, from) = explain(&window(&run, 2, 0), None);
+    assert_eq!(from, None);
+    assert_eq!(kept, explain(&window(&old, 2, 0), None).0);
+    // The newest file still being written (no rollups, no link, no state):
+    // file 2's state, files 2 and 3 replayed.
+    for dir in [&run, &old] {
+        sql(
+            &dir.join(part_name(3)),
+            "DELETE FROM meta WHERE key = 'rollups' OR key LIKE 'run%'; DROP TABLE call_groups",
+        );
+    }
+    let (live, from) = explain(&window(&run, 1, 0), None);
+    assert_eq!(from, Some(2));
+    assert_eq!(live, explain(&window(&old, 1, 0), None).0);
+    assert!(live.to_string().contains("held 2.0 MiB"), "{live}");
+}
