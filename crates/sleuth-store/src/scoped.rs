@@ -325,17 +325,26 @@ fn parts_seeded(
     }
     let conn = trace.bulk()?;
     let read = |e| trace.read_error(e);
-    let Some(groups) = crate::call_groups::stored(conn).map_err(read)? else {
-        return Ok(None);
-    };
     let op = filter.op.as_deref();
     // The threads with calls of the scope's process and op (the window is
-    // applied by the reads).
-    let threads: BTreeSet<(u32, u32)> = groups
-        .iter()
-        .filter(|g| pid.is_none_or(|p| g.pid == p) && id_in_scope(op, g.op))
-        .map(|g| (g.pid, g.tid))
-        .collect();
+    // applied by the reads), from the stored call groups. A file without
+    // them (the one a run's tracer is still writing: its `(tid, ts_ns)`
+    // index is not built yet either) is read in one pass over its rows
+    // ([`unthreaded`]); None (loaded) where that cannot be.
+    let (threads, one_pass) = match crate::call_groups::stored(conn).map_err(read)? {
+        Some(groups) => (
+            groups
+                .iter()
+                .filter(|g| pid.is_none_or(|p| g.pid == p) && id_in_scope(op, g.op))
+                .map(|g| (g.pid, g.tid))
+                .collect::<BTreeSet<(u32, u32)>>(),
+            None,
+        ),
+        None => match unthreaded(conn, trace.version(), filter).map_err(read)? {
+            Some(mut pass) => (std::mem::take(&mut pass.threads), Some(pass)),
+            None => return Ok(None),
+        },
+    };
 
     let mut data = TraceData {
         procs: trace.proc_events(pid)?,
@@ -447,7 +456,14 @@ fn parts_seeded(
     // `scope_feed`), thread by thread if it hands a thread's calls out of
     // order. A window's: thread by thread, each a range of the index.
     let mut feed = new_feed();
+    if let Some(pass) = &one_pass {
+        // In row order, each thread's calls in its order: else loaded.
+        if !scope_feed::one_read(&mut feed, &th, &pass.sql, &pass.args).map_err(read)? {
+            return Ok(None);
+        }
+    }
     let one_read = match (op.and_then(sleuth_core::op_by_name), windowed) {
+        _ if one_pass.is_some() => true,
         (Some(info), false) if threads.len() <= scope_feed::ONE_READ_MAX_THREADS => {
             let (source, scanned) =
                 crate::stream::calls_source_for_ops_scanned(conn, vec![info.name]).map_err(read)?;
@@ -508,6 +524,65 @@ fn parts_seeded(
     )?;
     parts.window_counts = window_counts;
     Ok(Some(parts))
+}
+
+/// One read of a scope's calls in a file without call groups: the
+/// threads it holds, its SQL and parameters.
+struct OnePass {
+    threads: BTreeSet<(u32, u32)>,
+    sql: String,
+    args: Vec<Value>,
+}
+
+/// The threads of `filter`'s scope in a file without stored call groups,
+/// and the one read of its calls `scope_feed::one_read` takes (SQL and
+/// parameters): a pass over the rows in row order, which is each thread's
+/// call order in a file the tracer writes (the file a run's tracer is
+/// still writing has neither call groups nor the `(tid, ts_ns)` index, and
+/// loading its window held every call of it and every wait of the file:
+/// gigabytes for `explain --last 10m` an hour into `--rotate 1h`). The
+/// threads come from a first pass (`SELECT DISTINCT`); None over
+/// [`scope_feed::ONE_READ_MAX_THREADS`] (each open thread holds a
+/// statement), when the scope is then loaded as before.
+fn unthreaded(
+    conn: &rusqlite::Connection,
+    version: i64,
+    filter: &CallFilter,
+) -> rusqlite::Result<Option<OnePass>> {
+    let mut conds = vec![valid_call("")];
+    let mut args: Vec<Value> = Vec::new();
+    if let Some(p) = filter.pid {
+        args.push(Value::Integer(p.into()));
+        conds.push(format!("pid = ?{}", args.len()));
+    }
+    if let Some(op) = &filter.op {
+        args.push(Value::Text(op.clone()));
+        conds.push(format!("op = ?{}", args.len()));
+    }
+    if let Some(s) = filter.since_ns {
+        args.push(Value::Integer(i64::try_from(s).unwrap_or(i64::MAX)));
+        conds.push(format!("ts_ns >= ?{}", args.len()));
+    }
+    if let Some(u) = filter.until_ns {
+        args.push(Value::Integer(i64::try_from(u).unwrap_or(i64::MAX)));
+        conds.push(format!("ts_ns < ?{}", args.len()));
+    }
+    let source = crate::stream::calls_source(version >= 2);
+    let scope = conds.join(" AND ");
+    let mut threads = BTreeSet::new();
+    let mut st = conn.prepare(&format!(
+        "SELECT DISTINCT pid, tid FROM {source} WHERE {scope} LIMIT {}",
+        scope_feed::ONE_READ_MAX_THREADS + 1
+    ))?;
+    let mut rows = st.query(rusqlite::params_from_iter(args.iter()))?;
+    while let Some(r) = rows.next()? {
+        threads.insert((r.get(0)?, r.get(1)?));
+    }
+    if threads.len() > scope_feed::ONE_READ_MAX_THREADS {
+        return Ok(None);
+    }
+    let sql = calls_sql_from(conn, &source, &format!("WHERE {scope}"))?;
+    Ok(Some(OnePass { threads, sql, args }))
 }
 
 /// A scope of op `op` alone (no window) from the writer's rollups of it
@@ -758,5 +833,129 @@ pub(crate) fn id_in_scope(op: Option<&str>, id: u16) -> bool {
 pub fn keep_counts_of_op(counts: &mut Vec<OpCount>, op: Option<&str>) {
     if op.is_some() {
         counts.retain(|oc| id_in_scope(op, oc.op));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sleuth_core::{op_by_name, Event};
+    use std::path::Path;
+
+    fn call(op: &str, (pid, tid): (u32, u32), ts: u64, dur: u64) -> CallEvent {
+        CallEvent {
+            ts_ns: ts,
+            dur_ns: dur,
+            pid,
+            tid,
+            op: op_by_name(op).unwrap().id,
+            ..Default::default()
+        }
+    }
+
+    /// A file the tracer wrote, left as it is while still being written:
+    /// no call groups, no rollups, no `(tid, ts_ns)` index. `threads`
+    /// threads of two processes each launch, allocate and free, and sync.
+    fn being_written(path: &Path, threads: u32) {
+        let w =
+            crate::TraceWriter::create(path, crate::SessionInfo::for_tests(), Default::default())
+                .unwrap();
+        let h = w.handle();
+        for i in 0..400u64 {
+            for t in 0..threads {
+                let who = (100 + t % 2, 1000 + t);
+                let ts = 1_000_000 + i * 10_000 + u64::from(t) * 100;
+                let c = match i % 4 {
+                    0 => {
+                        let mut c = call("cudaMalloc", who, ts, 50);
+                        (c.size, c.ptr) =
+                            (Some(4096 << t), Some(0x10_0000 + u64::from(t) * 0x1000));
+                        c
+                    }
+                    1 => {
+                        let mut c = call("cudaFree", who, ts, 40);
+                        c.ptr = Some(0x10_0000 + u64::from(t) * 0x1000);
+                        c
+                    }
+                    2 => call("cudaStreamSynchronize", who, ts, 3_000 + i),
+                    _ => call("cudaLaunchKernel", who, ts, 5 + i % 7),
+                };
+                h.send(Event::Call(c)).unwrap();
+            }
+        }
+        drop(h);
+        w.finish().unwrap();
+        let c = rusqlite::Connection::open(path).unwrap();
+        c.execute_batch(
+            "DROP TABLE call_groups; DELETE FROM meta WHERE key = 'rollups';
+             DROP INDEX IF EXISTS call_rows_tid_ts; DROP INDEX IF EXISTS call_rows_op_dur;",
+        )
+        .unwrap();
+    }
+
+    /// The explanation as JSON, without what depends on the trace's span:
+    /// a file still being written has no end, which the loaded scope
+    /// leaves unknown (a share of 0) and the streamed one takes from the
+    /// calls it read (`span_from_calls`).
+    fn explanation_json(p: ScopeParts) -> serde_json::Value {
+        let mut v = serde_json::to_value(p.explain()).unwrap();
+        for f in v["findings"].as_array_mut().unwrap() {
+            f["evidence"]
+                .as_object_mut()
+                .unwrap()
+                .remove("share_of_trace");
+            f["summary"] = serde_json::Value::Null;
+        }
+        v
+    }
+
+    /// A window (or an op) of a file without call groups is read in one
+    /// pass over its rows, not loaded: the same explanation as loading it;
+    /// more threads than one pass holds statements for are loaded.
+    #[test]
+    fn a_file_without_call_groups_is_streamed_in_one_pass() {
+        let dir = std::env::temp_dir().join(format!("gs-unthreaded-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("live.db");
+        being_written(&path, 4);
+        let trace = Trace::open(&path).unwrap();
+        let start = LedgerBuilder::new(None);
+        let pinned = PinnedState::default();
+        for filter in [
+            CallFilter {
+                since_ns: Some(2_000_000),
+                ..Default::default()
+            },
+            CallFilter {
+                pid: Some(101),
+                since_ns: Some(1_500_000),
+                until_ns: Some(3_000_000),
+                ..Default::default()
+            },
+            CallFilter {
+                op: Some("cudaMalloc".into()),
+                ..Default::default()
+            },
+        ] {
+            let streamed = parts_seeded(&trace, &filter, scope_feed::KEPT_MAX, &pinned, &start)
+                .unwrap()
+                .expect("streamed in one pass");
+            let loaded = loaded_parts(&trace, &filter, pinned.clone(), start.clone()).unwrap();
+            let (s, l) = (explanation_json(streamed), explanation_json(loaded));
+            // Churn found in a window, memory held in the op's scope.
+            let said = |k: &str| s[k].as_array().is_some_and(|a| !a.is_empty());
+            assert!(said("findings") || said("notes"), "{s}");
+            assert_eq!(s, l, "{filter:?}");
+        }
+        let many = dir.join("many.db");
+        being_written(&many, scope_feed::ONE_READ_MAX_THREADS as u32 + 1);
+        let trace = Trace::open(&many).unwrap();
+        let filter = CallFilter {
+            since_ns: Some(2_000_000),
+            ..Default::default()
+        };
+        let parts = parts_seeded(&trace, &filter, scope_feed::KEPT_MAX, &pinned, &start).unwrap();
+        assert!(parts.is_none(), "loaded past one pass's threads");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
