@@ -110,4 +110,37 @@ check(
     (wev.get("copies"), wev.get("pinned_copies")) == (ev.get("copies"), ev.get("pinned_copies")),
     f"whole run {wev.get('copies')}/{wev.get('pinned_copies')}",
 )
+
+# Round 23: the whole run as one window takes up the ledger the tracer stored
+# as the last finished file began (run_ledger_begin); a copy of the run without
+# those states replays every file's memory calls: the same answer.
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+
+bare = os.path.join(tempfile.mkdtemp(prefix="gs-runwin-bare-"), "run")
+shutil.copytree(run, bare)
+stripped = 0
+for f in sorted(glob.glob(os.path.join(bare, "part-*.db"))):
+    c = sqlite3.connect(f)
+    stripped += c.execute("DELETE FROM meta WHERE key = 'run_ledger_begin'").rowcount
+    c.commit()
+    c.close()
+
+
+def timed_explain(d):
+    t = time.monotonic()
+    r = subprocess.run([gs, "explain", "--json", "--last", "1h", "--db", d], capture_output=True, text=True)
+    return r.stdout, time.monotonic() - t
+
+
+carried_out, carried_s = timed_explain(run)
+replayed_out, replayed_s = timed_explain(bare)
+check(
+    "--last 1h from the carried ledger == every file replayed",
+    stripped > 0 and carried_out == replayed_out and carried_out.strip() != "",
+    f"{stripped} states removed from the copy; {carried_s:.2f} s vs {replayed_s:.2f} s replayed",
+)
+notes = [n for n in json.loads(carried_out).get("notes", []) if "device memory" in n]
+print(f"--last 1h memory notes: {notes[:2]}")
 check.summary()
