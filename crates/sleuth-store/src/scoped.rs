@@ -86,6 +86,64 @@ pub fn explanation_or_loaded_after(
     }
 }
 
+/// Call rows past which a whole file without rollups is streamed, not
+/// loaded ([`whole_streamed`]): loaded, 250,000 calls take ~40–60 MB.
+pub const STREAMED_ABOVE_ROWS: i64 = 250_000;
+
+/// A file's base data, ledgers and explanation: what `explain` renders.
+pub type Explained = (
+    TraceData,
+    Vec<sleuth_core::ledger::ProcessLedger>,
+    Explanation,
+);
+
+/// The explanation of a whole file (of process `pid`, all when None) that
+/// has no rollups to answer from (the file a run's tracer is still
+/// writing, one whose writer was killed) and more call rows than
+/// `above_rows` (by row ids: no row is counted), streamed as a scope with
+/// no op and no window is (one pass over its rows without call groups,
+/// thread by thread with them), percentiles from the histograms as the
+/// rollups give them. None for a file with rollups, a smaller one, and
+/// where the scope must be loaded (NCCL collectives, more threads than one
+/// pass holds, rows out of their threads' order): then `Trace::load`
+/// answers, holding every call and wait.
+pub fn whole_streamed(
+    trace: &Trace,
+    pid: Option<u32>,
+    above_rows: i64,
+) -> Result<Option<Explained>, StoreError> {
+    if trace.has_rollups()? {
+        return Ok(None);
+    }
+    let table = match trace.version() >= 2 {
+        true => "call_rows",
+        false => "calls",
+    };
+    let span: Option<i64> = trace
+        .keyed()
+        .query_row(
+            &format!("SELECT max(id) - min(id) + 1 FROM {table}"),
+            [],
+            |r| r.get(0),
+        )
+        .map_err(|e| trace.read_error(e))?;
+    if span.unwrap_or(0) <= above_rows {
+        return Ok(None);
+    }
+    let filter = CallFilter {
+        pid,
+        ..Default::default()
+    };
+    let pinned = pinned_at_start(trace, &filter, PinnedState::default())?;
+    let start = LedgerBuilder::new(None);
+    let Some(parts) = parts_seeded(trace, &filter, scope_feed::KEPT_MAX, &pinned, &start)? else {
+        return Ok(None);
+    };
+    let ledgers = parts.ledger.finish(&parts.data);
+    let e = sleuth_core::findings::explain_inputs(&parts.data, &parts.inputs, &ledgers);
+    Ok(Some((parts.data, ledgers, e)))
+}
+
 /// For a loaded scope of one copy op: the pinning calls of its time (its
 /// process's, other ops'), which the loaded explanation replays with its
 /// copies (`FindingInputs::of_pinned`); none for any other scope.

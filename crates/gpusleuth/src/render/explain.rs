@@ -187,11 +187,23 @@ fn output(input: &TraceInput, style: Style, lean_allowed: bool) -> anyhow::Resul
             let report = l.explanation();
             (l.data, l.ledgers, report)
         }
-        None => {
-            let data = trace.load(input.pid)?;
-            let analysis = Analysis::of(&data);
-            (data, analysis.ledgers, analysis.explanation)
-        }
+        // No rollups (a file still being written, or whose writer was
+        // killed): streamed where it can be, in bounded memory.
+        None => match lean_allowed
+            .then(|| {
+                let above = sleuth_store::scoped::STREAMED_ABOVE_ROWS;
+                sleuth_store::scoped::whole_streamed(&trace, input.pid, above)
+            })
+            .transpose()?
+            .flatten()
+        {
+            Some(streamed) => streamed,
+            None => {
+                let data = trace.load(input.pid)?;
+                let analysis = Analysis::of(&data);
+                (data, analysis.ledgers, analysis.explanation)
+            }
+        },
     };
     // After the reads: what they skipped (none when a large trace was
     // answered from its aggregates alone; see `input_problems_of_reads`).

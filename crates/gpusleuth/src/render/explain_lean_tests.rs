@@ -256,3 +256,71 @@ fn explain_refuses_durations_adding_up_past_2_62_on_either_path() {
         assert!(e.contains("add up past 2^62"), "lean {lean}: {e}");
     }
 }
+
+/// A file without rollups or call groups, as the tracer leaves the file it
+/// is still writing (or one whose writer was killed): past
+/// `STREAMED_ABOVE_ROWS` call rows `explain` streams it in one pass
+/// (`scoped::whole_streamed`, here with a bound of 0 rows) and answers as
+/// the full load, percentiles within the histogram's bound, of the whole
+/// trace and of each process; a file with rollups, or no more rows than
+/// the bound, is not streamed (the lean or the full load answers).
+#[test]
+fn a_file_being_written_explains_streamed_as_the_full_load() {
+    use sleuth_store::scoped::whole_streamed;
+    let cases = [
+        ("h200-contention.db", None),
+        ("demo-sim.db", None),
+        ("every kind", Some(every_kind())),
+    ];
+    for (name, built) in cases {
+        let dir = TempDir::new(&format!("streamed-{}", name.replace(' ', "-")));
+        let data = match built {
+            Some(d) => d,
+            None => Trace::open(&example(name)).unwrap().load(None).unwrap(),
+        };
+        let path = dir.join("live.db");
+        rewrite(&data, &path);
+        let finished = Trace::open(&path).unwrap();
+        assert!(
+            whole_streamed(&finished, None, 0).unwrap().is_none(),
+            "{name}: rollups"
+        );
+        drop(finished);
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.execute_batch(
+            "DROP TABLE call_groups; DELETE FROM meta WHERE key = 'rollups';
+             DROP INDEX IF EXISTS call_rows_tid_ts; DROP INDEX IF EXISTS call_rows_op_dur;",
+        )
+        .unwrap();
+        drop(conn);
+        let t = Trace::open(&path).unwrap();
+        assert!(lean_load(&t, None).unwrap().is_none(), "{name}");
+        let rows = data.calls.len() as i64;
+        assert!(
+            whole_streamed(&t, None, rows).unwrap().is_none(),
+            "{name}: small"
+        );
+        let mut scopes: Vec<Option<u32>> = vec![None];
+        scopes.extend(data.processes.iter().map(|p| Some(p.pid)));
+        for pid in scopes {
+            let at = format!("{name} pid {pid:?}");
+            let (d, ledgers, e) = whole_streamed(&t, pid, 0)
+                .unwrap()
+                .unwrap_or_else(|| panic!("{at}: streamed"));
+            let input = TraceInput {
+                db: path.clone(),
+                pid,
+            };
+            let none = InputProblems::default();
+            let streamed = render(&d, &ledgers, &e, &none, Style::Json).unwrap();
+            let full = output(&input, Style::Json, false).unwrap();
+            let full: serde_json::Value = serde_json::from_str(&full).unwrap();
+            let streamed: serde_json::Value = serde_json::from_str(&streamed).unwrap();
+            assert!(
+                !full["findings"].as_array().unwrap().is_empty() || pid.is_some(),
+                "{at}"
+            );
+            assert_close(&streamed, &full, &at);
+        }
+    }
+}
