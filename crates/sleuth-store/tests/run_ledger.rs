@@ -91,6 +91,31 @@ fn write_run(dir: &Path, link: &RunLink, first: u64, parts: &[TraceData]) {
     }
 }
 
+/// Writes [`three_parts`]-like `parts` as files 1, 2, 3 of one run into
+/// `dir` (created), each beginning where a rotation cut the run (0, 90 and
+/// 190 ms).
+fn write_run_cut_at(dir: &Path, parts: &[TraceData]) {
+    let link = RunLink::new_run();
+    std::fs::create_dir_all(dir).unwrap();
+    for (k, start) in [0, 90 * MS, 190 * MS].into_iter().enumerate() {
+        let n = k as u64 + 1;
+        let opts = WriterOptions {
+            run: Some(link.for_file(n)),
+            ..Default::default()
+        };
+        let session = sleuth_store::SessionInfo {
+            start_mono_ns: start,
+            ..common::session()
+        };
+        common::trace_fixture::rewrite_in_session(
+            &parts[k],
+            &dir.join(part_name(n)),
+            opts,
+            session,
+        );
+    }
+}
+
 /// A copy of the run `dir` with no carried ledger (as files written before
 /// the tracer carried one): its answer is the replay's.
 fn without_carried(dir: &Path, to: &Path) -> PathBuf {
@@ -693,26 +718,7 @@ fn the_ledger_at_a_moment_of_a_run_is_the_whole_traces_at_that_moment() {
     let tmp = TempDir::new("runled-at");
     let run = tmp.join("run");
     let parts = three_parts();
-    // Each file begins where a rotation cut the run.
-    let link = RunLink::new_run();
-    std::fs::create_dir_all(&run).unwrap();
-    for (k, start) in [0, 90 * MS, 190 * MS].into_iter().enumerate() {
-        let n = k as u64 + 1;
-        let opts = WriterOptions {
-            run: Some(link.for_file(n)),
-            ..Default::default()
-        };
-        let session = sleuth_store::SessionInfo {
-            start_mono_ns: start,
-            ..common::session()
-        };
-        common::trace_fixture::rewrite_in_session(
-            &parts[k],
-            &run.join(part_name(n)),
-            opts,
-            session,
-        );
-    }
+    write_run_cut_at(&run, &parts);
     let mut all = parts[0].clone();
     for p in &parts[1..] {
         all.calls.extend(p.calls.iter().cloned());
@@ -848,31 +854,12 @@ fn a_window_from_the_runs_start_takes_up_the_carried_ledger() {
     use sleuth_store::run_window::RunLast;
     let tmp = TempDir::new("runled-window");
     let run = tmp.join("run");
-    let link = RunLink::new_run();
-    std::fs::create_dir_all(&run).unwrap();
-    let starts = [0, 90 * MS, 190 * MS];
     // A second process, only in file 1, holds 8 MiB from then on.
     let mut parts = three_parts();
     let mut other = alloc(3 * MS, 8 << 20, 0xd000);
     (other.pid, other.tid) = (200, 200);
     parts[0] = part(parts[0].calls.iter().cloned().chain([other]).collect());
-    for (k, start) in starts.into_iter().enumerate() {
-        let n = k as u64 + 1;
-        let opts = WriterOptions {
-            run: Some(link.for_file(n)),
-            ..Default::default()
-        };
-        let session = sleuth_store::SessionInfo {
-            start_mono_ns: start,
-            ..common::session()
-        };
-        common::trace_fixture::rewrite_in_session(
-            &parts[k],
-            &run.join(part_name(n)),
-            opts,
-            session,
-        );
-    }
+    write_run_cut_at(&run, &parts);
     let old = without_carried(&run, &tmp.join("old"));
     let memo = sleuth_store::CheckMemo::new();
     let window = |dir: &Path, first: u64, since: u64| RunLast {

@@ -42,17 +42,7 @@ fn compare(name: &str, tag: &str) {
             .unwrap();
         assert_eq!(r.run.files.len(), 2, "{at}");
         assert!(!r.parts.ops.is_empty(), "{at}");
-        assert_eq!(r.parts.ops, one.parts.ops, "{at}");
-        assert_eq!(
-            (r.parts.calls, r.parts.waits, &r.parts.calls_by_pid),
-            (one.parts.calls, one.parts.waits, &one.parts.calls_by_pid),
-            "{at}"
-        );
-        assert_eq!(
-            (r.parts.span.origin_ns, r.parts.span.extent_end_ns),
-            (one.parts.span.origin_ns, one.parts.span.extent_end_ns),
-            "{at}"
-        );
+        assert_same_counts(&r.parts, &one.parts, &at);
         // Row ids differ between the files and the whole: the calls by what they are.
         let slow = |s: &[sleuth_store::report_reads::SlowCall]| {
             s.iter()
@@ -74,6 +64,25 @@ fn compare(name: &str, tag: &str) {
     }
 }
 
+/// The same per-op rollups, counts and span.
+fn assert_same_counts(
+    got: &sleuth_store::report_reads::FileParts,
+    want: &sleuth_store::report_reads::FileParts,
+    at: &str,
+) {
+    assert_eq!(got.ops, want.ops, "{at}");
+    assert_eq!(
+        (got.calls, got.waits, &got.calls_by_pid),
+        (want.calls, want.waits, &want.calls_by_pid),
+        "{at}"
+    );
+    assert_eq!(
+        (got.span.origin_ns, got.span.extent_end_ns),
+        (want.span.origin_ns, want.span.extent_end_ns),
+        "{at}"
+    );
+}
+
 /// What a window's report draws from the whole run
 /// (`run_report::load_outside_window`) is [`sleuth_store::run_report::load`]'s
 /// but the findings' inputs and the slowest calls (the window's own).
@@ -85,17 +94,7 @@ fn outside_a_window_reads_the_same_run(
 ) {
     let w = sleuth_store::run_report::load_outside_window(run, pid, budget(), &CheckMemo::new())
         .unwrap();
-    assert_eq!(w.parts.ops, r.parts.ops, "{at}");
-    assert_eq!(
-        (w.parts.calls, w.parts.waits, &w.parts.calls_by_pid),
-        (r.parts.calls, r.parts.waits, &r.parts.calls_by_pid),
-        "{at}"
-    );
-    assert_eq!(
-        (w.parts.span.origin_ns, w.parts.span.extent_end_ns),
-        (r.parts.span.origin_ns, r.parts.span.extent_end_ns),
-        "{at}"
-    );
+    assert_same_counts(&w.parts, &r.parts, at);
     assert!(w.parts.slowest.is_empty(), "{at}: the window's own");
     assert_eq!(w.run.ledgers, r.run.ledgers, "{at}");
     assert_eq!(w.run.data.processes, r.run.data.processes, "{at}");
