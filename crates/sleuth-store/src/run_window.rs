@@ -251,8 +251,9 @@ impl RunLast {
     /// The window's statistics (`stats --last` of the run), with where its
     /// kernel-counted calls fall: each file's part (a finished file wholly
     /// inside the window from its rollups, `window::whole_file_parts`; else
-    /// its window streamed, `stored_parts`, or loaded for a file that did
-    /// not finish, `loaded_parts`), added up.
+    /// its window streamed, `stored_parts`, or for a file that did not
+    /// finish its calls streamed with their culprits from the waits,
+    /// `streamed_parts`), added up.
     pub fn stats(
         &self,
         pid: Option<u32>,
@@ -265,7 +266,7 @@ impl RunLast {
                 Some(p) => p,
                 None => match crate::window::stored_parts(trace, &scope)? {
                     Some(p) => p,
-                    None => crate::window::loaded_parts(trace, &scope)?,
+                    None => crate::window::streamed_parts(trace, &scope)?,
                 },
             };
             match &mut sum {

@@ -112,22 +112,7 @@ pub fn whole_streamed(
     pid: Option<u32>,
     above_rows: i64,
 ) -> Result<Option<Explained>, StoreError> {
-    if trace.has_rollups()? {
-        return Ok(None);
-    }
-    let table = match trace.version() >= 2 {
-        true => "call_rows",
-        false => "calls",
-    };
-    let span: Option<i64> = trace
-        .keyed()
-        .query_row(
-            &format!("SELECT max(id) - min(id) + 1 FROM {table}"),
-            [],
-            |r| r.get(0),
-        )
-        .map_err(|e| trace.read_error(e))?;
-    if span.unwrap_or(0) <= above_rows {
+    if trace.has_rollups()? || !more_rows_than(trace, above_rows)? {
         return Ok(None);
     }
     let filter = CallFilter {
@@ -142,6 +127,25 @@ pub fn whole_streamed(
     let ledgers = parts.ledger.finish(&parts.data);
     let e = sleuth_core::findings::explain_inputs(&parts.data, &parts.inputs, &ledgers);
     Ok(Some((parts.data, ledgers, e)))
+}
+
+/// Whether the file's call rows span more than `n` row ids (from its
+/// first and last row id: no row is counted), where loading them all
+/// would hold more than [`STREAMED_ABOVE_ROWS`] is meant to allow.
+pub(crate) fn more_rows_than(trace: &Trace, n: i64) -> Result<bool, StoreError> {
+    let table = match trace.version() >= 2 {
+        true => "call_rows",
+        false => "calls",
+    };
+    let span: Option<i64> = trace
+        .keyed()
+        .query_row(
+            &format!("SELECT max(id) - min(id) + 1 FROM {table}"),
+            [],
+            |r| r.get(0),
+        )
+        .map_err(|e| trace.read_error(e))?;
+    Ok(span.unwrap_or(0) > n)
 }
 
 /// For a loaded scope of one copy op: the pinning calls of its time (its

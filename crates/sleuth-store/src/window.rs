@@ -468,8 +468,10 @@ pub(crate) fn wholly_inside(trace: &Trace, scope: &CallFilter) -> Result<bool, S
 /// culprits: the one a run is still writing, or one whose writer was
 /// killed): its window's calls loaded with their processes' waits, into
 /// the same rollups, culprits computed from the waits as the writer
-/// computes them when a file ends.
-pub fn loaded_parts(trace: &Trace, scope: &CallFilter) -> Result<StatsParts, StoreError> {
+/// computes them when a file ends. The reference [`streamed_parts`] is
+/// tested against (readers stream).
+#[cfg(test)]
+fn loaded_parts(trace: &Trace, scope: &CallFilter) -> Result<StatsParts, StoreError> {
     let mut data = trace.load_calls_of(scope)?;
     crate::scoped::keep_counts_of_op(&mut data.counts, scope.op.as_deref());
     let per_call = sleuth_core::culprits::call_culprits(&data.calls, &data.waits);
@@ -487,23 +489,97 @@ pub fn loaded_parts(trace: &Trace, scope: &CallFilter) -> Result<StatsParts, Sto
     Ok(StatsParts {
         rollups: StoredRollups {
             ops: ops.into_iter().map(|((p, o), r)| (p, o, r)).collect(),
-            culprits: sums
-                .into_iter()
-                .map(|((pid, op, cpid, comm), runnable_ns)| {
-                    let who = CulpritTime {
-                        pid: cpid,
-                        comm,
-                        runnable_ns,
-                    };
-                    (pid, op, who)
-                })
-                .collect(),
+            culprits: culprit_rows(sums),
             threads: Vec::new(),
         },
         counts: WindowCounts::of(trace, &data.counts, scope)?,
         stats: trace.stats()?,
         has_host_context: trace.has_host_context(),
     })
+}
+
+/// [`loaded_parts`] without holding the window's calls: they are streamed
+/// into the same rollups (row order: the rollups do not depend on it),
+/// each call's culprits taken from its thread's waits that can name any
+/// (runnable time and culprits: the only ones `culprits::call_culprits`
+/// uses), held per thread and sorted as it sorts them. The same parts,
+/// from memory that grows with those waits, not with the calls (the file
+/// a run's tracer is still writing holds up to a whole rotation period).
+pub fn streamed_parts(trace: &Trace, scope: &CallFilter) -> Result<StatsParts, StoreError> {
+    let pid = scope.pid;
+    if let Some(pid) = pid {
+        trace.require_pid(pid)?;
+    }
+    let rows = Rows::open(trace)?;
+    let mut held = Vec::new();
+    rows.for_each_wait::<StoreError>(pid, |w| {
+        if w.on_ns > w.wake_ns && !w.culprits.is_empty() {
+            held.push(w);
+        }
+        Ok(())
+    })?;
+    let mut by_thread: HashMap<(u32, u32), Vec<&sleuth_core::WaitEvent>> = HashMap::new();
+    for w in &held {
+        by_thread.entry((w.pid, w.tid)).or_default().push(w);
+    }
+    for list in by_thread.values_mut() {
+        list.sort_by_key(|w| (w.on_ns, w.wake_ns));
+    }
+    let mut ops = OpRollups::new();
+    let mut sums: BTreeMap<(u32, u16, u32, String), u64> = BTreeMap::new();
+    let q = CallQuery {
+        pid,
+        ops: scope
+            .op
+            .as_deref()
+            .and_then(op_by_name)
+            .map(|o| vec![o.name]),
+        order: StreamOrder::AsFound,
+        since_ns: scope.since_ns,
+        until_ns: scope.until_ns,
+        ..Default::default()
+    };
+    // An op this build does not know: no call of it is read.
+    let unknown_op = scope.op.is_some() && q.ops.is_none();
+    if !unknown_op {
+        rows.for_each_call::<StoreError>(&q, |s| {
+            let c = &s.call;
+            ops.entry((c.pid, c.op)).or_default().add(c);
+            if let Some(waits) = by_thread.get(&(c.pid, c.tid)) {
+                for k in sleuth_core::culprits::culprits_of_call(c, waits) {
+                    let e = sums.entry((c.pid, c.op, k.pid, k.comm)).or_default();
+                    *e = e.saturating_add(k.ns);
+                }
+            }
+            Ok(())
+        })?;
+    }
+    let mut counts = trace.op_counts(pid)?;
+    crate::scoped::keep_counts_of_op(&mut counts, scope.op.as_deref());
+    Ok(StatsParts {
+        rollups: StoredRollups {
+            ops: ops.into_iter().map(|((p, o), r)| (p, o, r)).collect(),
+            culprits: culprit_rows(sums),
+            threads: Vec::new(),
+        },
+        counts: WindowCounts::of(trace, &counts, scope)?,
+        stats: trace.stats()?,
+        has_host_context: trace.has_host_context(),
+    })
+}
+
+/// Culprit sums per (process, op, culprit process, name) as rollup rows.
+fn culprit_rows(sums: BTreeMap<(u32, u16, u32, String), u64>) -> Vec<(u32, u16, CulpritTime)> {
+    sums.into_iter()
+        .map(|((pid, op, cpid, comm), runnable_ns)| {
+            let who = CulpritTime {
+                pid: cpid,
+                comm,
+                runnable_ns,
+            };
+            (pid, op, who)
+        })
+        .collect()
 }
 
 /// The statistics of the calls `scope` selects in a window: from the
@@ -515,6 +591,10 @@ pub fn stats_of(
 ) -> Result<(StatsReport, WindowCounts), StoreError> {
     if let Some(r) = stats_report(trace, scope)? {
         return Ok(r);
+    }
+    // A large file that did not finish: streamed, not loaded.
+    if crate::scoped::more_rows_than(trace, crate::scoped::STREAMED_ABOVE_ROWS)? {
+        return Ok(streamed_parts(trace, scope)?.report(scope.pid));
     }
     let mut data = trace.load_calls_of(scope)?;
     crate::scoped::keep_counts_of_op(&mut data.counts, scope.op.as_deref());
@@ -552,4 +632,71 @@ pub fn explain_loaded(
     let mut e = findings::explain_report_pinned(&data, pinned, &pinning);
     e.notes.extend(window_counts.notes(FINDINGS_COUNT));
     Ok(e)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn example(name: &str) -> std::path::PathBuf {
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../examples")
+            .join(name)
+    }
+
+    /// The rollups and culprit sums of a window of a file that did not
+    /// finish, streamed, equal those of its calls loaded with their
+    /// waits: the whole file, a window, a process, an op, an unknown op.
+    #[test]
+    fn a_window_of_an_unfinished_file_streams_to_the_loaded_parts() {
+        let trace = Trace::open(&example("h200-contention.db")).unwrap();
+        assert!(!trace.has_rollups().unwrap());
+        let data = trace.load(None).unwrap();
+        let first = data.calls.iter().map(|c| c.ts_ns).min().unwrap();
+        let last = data.calls.iter().map(|c| c.ts_ns).max().unwrap();
+        let pid = data.calls[0].pid;
+        let scopes = [
+            CallFilter::default(),
+            CallFilter {
+                since_ns: Some(first + (last - first) / 3),
+                until_ns: Some(first + 2 * (last - first) / 3),
+                ..Default::default()
+            },
+            CallFilter {
+                pid: Some(pid),
+                since_ns: Some(first + (last - first) / 2),
+                ..Default::default()
+            },
+            CallFilter {
+                op: Some(data.calls[0].op_name().into()),
+                ..Default::default()
+            },
+            CallFilter {
+                op: Some("noSuchOp".into()),
+                ..Default::default()
+            },
+        ];
+        let mut with_culprits = 0;
+        for scope in scopes {
+            let (s, l) = (
+                streamed_parts(&trace, &scope).unwrap(),
+                loaded_parts(&trace, &scope).unwrap(),
+            );
+            let sorted = |r: &StoredRollups| {
+                let mut ops = r.ops.clone();
+                ops.sort_by_key(|(p, o, _)| (*p, *o));
+                let mut c: Vec<String> = r.culprits.iter().map(|x| format!("{x:?}")).collect();
+                c.sort();
+                (ops, c)
+            };
+            assert_eq!(sorted(&s.rollups), sorted(&l.rollups), "{scope:?}");
+            assert_eq!(s.counts.json(), l.counts.json(), "{scope:?}");
+            assert_eq!(s.stats, l.stats, "{scope:?}");
+            with_culprits += usize::from(!s.rollups.culprits.is_empty());
+            if scope.op.as_deref() != Some("noSuchOp") {
+                assert!(!s.rollups.ops.is_empty(), "{scope:?}");
+            }
+        }
+        assert!(with_culprits >= 2, "the contention trace names culprits");
+    }
 }
