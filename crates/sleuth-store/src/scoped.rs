@@ -930,8 +930,8 @@ mod tests {
                 let c = match i % 4 {
                     0 => {
                         let mut c = call("cudaMalloc", who, ts, 50);
-                        (c.size, c.ptr) =
-                            (Some(4096 << t), Some(0x10_0000 + u64::from(t) * 0x1000));
+                        let size = 4096 * (1 + u64::from(t % 8));
+                        (c.size, c.ptr) = (Some(size), Some(0x10_0000 + u64::from(t) * 0x1000));
                         c
                     }
                     1 => {
