@@ -16,15 +16,7 @@ use std::collections::{BTreeMap, HashMap};
 /// overlapping wait by binary search: O((calls + waits) log n) overall, plus
 /// the overlapping waits themselves.
 pub fn call_culprits(calls: &[CallEvent], waits: &[WaitEvent]) -> Vec<Vec<Culprit>> {
-    let mut by_thread: HashMap<(u32, u32), Vec<&WaitEvent>> = HashMap::new();
-    for w in waits {
-        if w.on_ns > w.wake_ns && !w.culprits.is_empty() {
-            by_thread.entry((w.pid, w.tid)).or_default().push(w);
-        }
-    }
-    for list in by_thread.values_mut() {
-        list.sort_by_key(|w| (w.on_ns, w.wake_ns));
-    }
+    let by_thread = culprit_waits_by_thread(waits);
     calls
         .iter()
         .map(|c| match by_thread.get(&(c.pid, c.tid)) {
@@ -32,6 +24,28 @@ pub fn call_culprits(calls: &[CallEvent], waits: &[WaitEvent]) -> Vec<Vec<Culpri
             None => Vec::new(),
         })
         .collect()
+}
+
+/// Whether a wait can name culprits of a call: it has runnable time and
+/// culprits (the only waits [`call_culprits`] uses; a reader streaming the
+/// calls keeps just these).
+pub fn names_culprits(w: &WaitEvent) -> bool {
+    w.on_ns > w.wake_ns && !w.culprits.is_empty()
+}
+
+/// The waits that [`names_culprits`] of each thread, sorted by
+/// `(on_ns, wake_ns)`: what [`culprits_of_call`] takes.
+pub fn culprit_waits_by_thread<'w>(
+    waits: impl IntoIterator<Item = &'w WaitEvent>,
+) -> HashMap<(u32, u32), Vec<&'w WaitEvent>> {
+    let mut by_thread: HashMap<(u32, u32), Vec<&WaitEvent>> = HashMap::new();
+    for w in waits.into_iter().filter(|w| names_culprits(w)) {
+        by_thread.entry((w.pid, w.tid)).or_default().push(w);
+    }
+    for list in by_thread.values_mut() {
+        list.sort_by_key(|w| (w.on_ns, w.wake_ns));
+    }
+    by_thread
 }
 
 /// The culprits of one call from its thread's waits that have culprits and

@@ -433,18 +433,7 @@ fn parts_seeded(
         valid_call(""),
     ];
     let mut args: Vec<Value> = Vec::new();
-    if let Some(op) = &filter.op {
-        args.push(Value::Text(op.clone()));
-        conds.push(format!("op = ?{}", args.len() + 2));
-    }
-    if let Some(s) = filter.since_ns {
-        args.push(Value::Integer(i64::try_from(s).unwrap_or(i64::MAX)));
-        conds.push(format!("ts_ns >= ?{}", args.len() + 2));
-    }
-    if let Some(u) = filter.until_ns {
-        args.push(Value::Integer(i64::try_from(u).unwrap_or(i64::MAX)));
-        conds.push(format!("ts_ns < ?{}", args.len() + 2));
-    }
+    push_op_and_window(filter, 2, &mut conds, &mut args);
     let scope = conds.join(" AND ");
     // With an op, the rows of that op are picked by their op id before the
     // join to `ops` (on the view SQLite joins every call of the thread to
@@ -588,6 +577,29 @@ fn parts_seeded(
     Ok(Some(parts))
 }
 
+/// Adds `filter`'s op and window to a read of the calls as conditions on
+/// numbered parameters, their values to `args`; `before`: parameters the
+/// read numbers ahead of `args` (the thread's pid and tid).
+fn push_op_and_window(
+    filter: &CallFilter,
+    before: usize,
+    conds: &mut Vec<String>,
+    args: &mut Vec<Value>,
+) {
+    let time = |t: u64| Value::Integer(i64::try_from(t).unwrap_or(i64::MAX));
+    let parts = [
+        (filter.op.clone().map(Value::Text), "op ="),
+        (filter.since_ns.map(time), "ts_ns >="),
+        (filter.until_ns.map(time), "ts_ns <"),
+    ];
+    for (value, cond) in parts {
+        if let Some(v) = value {
+            args.push(v);
+            conds.push(format!("{cond} ?{}", args.len() + before));
+        }
+    }
+}
+
 /// One read of a scope's calls in a file without call groups: the
 /// threads it holds, its SQL and parameters.
 struct OnePass {
@@ -617,18 +629,7 @@ fn unthreaded(
         args.push(Value::Integer(p.into()));
         conds.push(format!("pid = ?{}", args.len()));
     }
-    if let Some(op) = &filter.op {
-        args.push(Value::Text(op.clone()));
-        conds.push(format!("op = ?{}", args.len()));
-    }
-    if let Some(s) = filter.since_ns {
-        args.push(Value::Integer(i64::try_from(s).unwrap_or(i64::MAX)));
-        conds.push(format!("ts_ns >= ?{}", args.len()));
-    }
-    if let Some(u) = filter.until_ns {
-        args.push(Value::Integer(i64::try_from(u).unwrap_or(i64::MAX)));
-        conds.push(format!("ts_ns < ?{}", args.len()));
-    }
+    push_op_and_window(filter, 0, &mut conds, &mut args);
     let source = crate::stream::calls_source(version >= 2);
     let scope = conds.join(" AND ");
     let mut threads = BTreeSet::new();

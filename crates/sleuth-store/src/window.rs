@@ -383,33 +383,52 @@ impl StatsParts {
 /// [`stats_report`]'s parts of a finished file (None otherwise): the
 /// window's calls streamed into rollups, their stored culprits summed.
 pub fn stored_parts(trace: &Trace, scope: &CallFilter) -> Result<Option<StatsParts>, StoreError> {
-    let (pid, op) = (scope.pid, scope.op.as_deref());
-    if let Some(pid) = pid {
+    if let Some(pid) = scope.pid {
         trace.require_pid(pid)?;
     }
     if !trace.has_rollups()? {
         return Ok(None);
     }
-    let q = CallQuery {
-        pid,
-        ops: op.and_then(op_by_name).map(|o| vec![o.name]),
+    let (mut ops, mut culprits) = (HashMap::new(), Vec::new());
+    if let Some(q) = window_query(scope) {
+        let ids;
+        (ops, ids) = window_rollups(trace, &q)?;
+        if let Some(range) = ids {
+            culprits = window_culprits(trace, &q, range)?;
+        }
+    }
+    parts_of(trace, scope, ops, culprits).map(Some)
+}
+
+/// The read of the calls `scope` selects (its process, op and window), in
+/// the order they are found; None for an op this build does not know (no
+/// call of it is read).
+fn window_query(scope: &CallFilter) -> Option<CallQuery> {
+    let ops = match scope.op.as_deref() {
+        Some(op) => Some(vec![op_by_name(op)?.name]),
+        None => None,
+    };
+    Some(CallQuery {
+        pid: scope.pid,
+        ops,
         order: StreamOrder::AsFound,
         since_ns: scope.since_ns,
         until_ns: scope.until_ns,
         ..Default::default()
-    };
-    // An op this build does not know: no call of it is read.
-    let (ops, ids) = match (op, &q.ops) {
-        (Some(_), None) => (HashMap::new(), None),
-        _ => window_rollups(trace, &q)?,
-    };
-    let culprits = match ids {
-        Some(range) => window_culprits(trace, &q, range)?,
-        None => Vec::new(),
-    };
-    let mut counts = trace.op_counts(pid)?;
-    crate::scoped::keep_counts_of_op(&mut counts, op);
-    Ok(Some(StatsParts {
+    })
+}
+
+/// A window's parts from its per-op rollups and culprit rows: the file's
+/// kernel-counted calls of the scope's op placed, its counters.
+fn parts_of(
+    trace: &Trace,
+    scope: &CallFilter,
+    ops: OpRollups,
+    culprits: Vec<(u32, u16, CulpritTime)>,
+) -> Result<StatsParts, StoreError> {
+    let mut counts = trace.op_counts(scope.pid)?;
+    crate::scoped::keep_counts_of_op(&mut counts, scope.op.as_deref());
+    Ok(StatsParts {
         rollups: StoredRollups {
             ops: ops.into_iter().map(|((p, o), r)| (p, o, r)).collect(),
             culprits,
@@ -418,7 +437,7 @@ pub fn stored_parts(trace: &Trace, scope: &CallFilter) -> Result<Option<StatsPar
         counts: WindowCounts::of(trace, &counts, scope)?,
         stats: trace.stats()?,
         has_host_context: trace.has_host_context(),
-    }))
+    })
 }
 
 /// [`stored_parts`] of a finished file whose every call starts inside the
@@ -513,35 +532,15 @@ pub fn streamed_parts(trace: &Trace, scope: &CallFilter) -> Result<StatsParts, S
     let rows = Rows::open(trace)?;
     let mut held = Vec::new();
     rows.for_each_wait::<StoreError>(pid, |w| {
-        if w.on_ns > w.wake_ns && !w.culprits.is_empty() {
+        if sleuth_core::culprits::names_culprits(&w) {
             held.push(w);
         }
         Ok(())
     })?;
-    let mut by_thread: HashMap<(u32, u32), Vec<&sleuth_core::WaitEvent>> = HashMap::new();
-    for w in &held {
-        by_thread.entry((w.pid, w.tid)).or_default().push(w);
-    }
-    for list in by_thread.values_mut() {
-        list.sort_by_key(|w| (w.on_ns, w.wake_ns));
-    }
+    let by_thread = sleuth_core::culprits::culprit_waits_by_thread(&held);
     let mut ops = OpRollups::new();
     let mut sums: BTreeMap<(u32, u16, u32, String), u64> = BTreeMap::new();
-    let q = CallQuery {
-        pid,
-        ops: scope
-            .op
-            .as_deref()
-            .and_then(op_by_name)
-            .map(|o| vec![o.name]),
-        order: StreamOrder::AsFound,
-        since_ns: scope.since_ns,
-        until_ns: scope.until_ns,
-        ..Default::default()
-    };
-    // An op this build does not know: no call of it is read.
-    let unknown_op = scope.op.is_some() && q.ops.is_none();
-    if !unknown_op {
+    if let Some(q) = window_query(scope) {
         rows.for_each_call::<StoreError>(&q, |s| {
             let c = &s.call;
             ops.entry((c.pid, c.op)).or_default().add(c);
@@ -554,18 +553,7 @@ pub fn streamed_parts(trace: &Trace, scope: &CallFilter) -> Result<StatsParts, S
             Ok(())
         })?;
     }
-    let mut counts = trace.op_counts(pid)?;
-    crate::scoped::keep_counts_of_op(&mut counts, scope.op.as_deref());
-    Ok(StatsParts {
-        rollups: StoredRollups {
-            ops: ops.into_iter().map(|((p, o), r)| (p, o, r)).collect(),
-            culprits: culprit_rows(sums),
-            threads: Vec::new(),
-        },
-        counts: WindowCounts::of(trace, &counts, scope)?,
-        stats: trace.stats()?,
-        has_host_context: trace.has_host_context(),
-    })
+    parts_of(trace, scope, ops, culprit_rows(sums))
 }
 
 /// Culprit sums per (process, op, culprit process, name) as rollup rows.
