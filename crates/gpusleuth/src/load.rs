@@ -28,6 +28,12 @@ pub fn stats_of(db: &Path, pid: Option<u32>) -> anyhow::Result<sleuth_core::stat
         return Ok(r);
     }
     warn_input_problems(&trace)?;
+    // A large file without rollups (still being written, or its writer
+    // was killed) is streamed, not loaded.
+    let above = sleuth_store::scoped::STREAMED_ABOVE_ROWS;
+    if let Some(r) = sleuth_store::whole_stats::streamed(&trace, pid, above)? {
+        return Ok(r);
+    }
     Ok(sleuth_core::stats::compute(&trace.load(pid)?))
 }
 

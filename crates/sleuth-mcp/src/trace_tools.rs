@@ -143,6 +143,19 @@ fn load_scoped(trace: &Trace, scope: &args::CallScope) -> Result<TraceData> {
     Ok(data)
 }
 
+/// The statistics of a whole large file without rollups (still being
+/// written, or its writer was killed), streamed (`whole_stats`), when the
+/// scope has no op (an op's scope loads its calls alone); None otherwise.
+fn streamed_whole(trace: &Trace, scope: &args::CallScope) -> Result<Option<stats::StatsReport>> {
+    if scope.op.is_some() {
+        return Ok(None);
+    }
+    let above = sleuth_store::scoped::STREAMED_ABOVE_ROWS;
+    Ok(sleuth_store::whole_stats::streamed(
+        trace, scope.pid, above,
+    )?)
+}
+
 /// Keeps the kernel-counted calls of the scope's op (all without one).
 fn keep_counts_in_scope(counts: &mut Vec<sleuth_core::OpCount>, scope: &args::CallScope) {
     sleuth_store::scoped::keep_counts_of_op(counts, scope.op.as_deref());
@@ -346,7 +359,10 @@ pub fn latency_stats(db: &Path, scope: &args::CallScope, budget: &ReadBudget) ->
         false => {
             let report = match trace.stats_report(scope.pid)? {
                 Some(r) => r,
-                None => stats::compute(&load_scoped(&trace, scope)?),
+                None => match streamed_whole(&trace, scope)? {
+                    Some(r) => r,
+                    None => stats::compute(&load_scoped(&trace, scope)?),
+                },
             };
             (report, window::WindowCounts::default())
         }

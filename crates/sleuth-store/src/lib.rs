@@ -53,6 +53,7 @@ pub mod stream;
 mod types;
 mod wait_groups;
 mod wait_stream;
+pub mod whole_stats;
 pub mod window;
 mod writer;
 

@@ -19,6 +19,7 @@ use rusqlite::{CachedStatement, Connection};
 use sleuth_core::findings::inputs::FindingInputs;
 use sleuth_core::ledger::LedgerBuilder;
 use sleuth_core::threads::{ThreadSplit, ThreadStream};
+use sleuth_core::Culprit;
 use sleuth_core::{CallEvent, TraceData};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -49,8 +50,19 @@ pub(crate) struct Feed<'o> {
     pub(crate) splits: Vec<ThreadSplit>,
 }
 
-impl Feed<'_> {
-    /// Any call in scope, nested too.
+/// What a pass over the calls in scope ([`per_thread`], [`one_read`])
+/// hands them to.
+pub(crate) trait CallSink {
+    /// Any call in scope, nested too, as it is read.
+    fn note(&mut self, s: &StoredCall);
+    /// A non-nested call of a thread, after those before it, with its
+    /// culprits from the thread's pass (sorted as `call_culprits` sorts them).
+    fn add(&mut self, s: &StoredCall, culprits: Vec<Culprit>);
+    /// A thread's whole split, once its calls in scope are read.
+    fn split(&mut self, split: ThreadSplit);
+}
+
+impl CallSink for Feed<'_> {
     fn note(&mut self, s: &StoredCall) {
         let c = &s.call;
         self.ledger.track(c.pid);
@@ -66,18 +78,16 @@ impl Feed<'_> {
         widen(&mut self.extent, c);
     }
 
-    /// A non-nested call of `thread`'s, after those before it.
-    fn add(&mut self, s: &StoredCall, thread: &mut OpenThread) -> rusqlite::Result<()> {
-        thread.window_end = thread.window_end.max(s.call.end_ns());
-        thread.last = (s.call.ts_ns, s.id);
-        let mut culprits = thread.pass.call(&s.call)?;
-        sort_culprits(&mut culprits);
+    fn add(&mut self, s: &StoredCall, culprits: Vec<Culprit>) {
         let index = crate::finding_rollups::row_index(s.id);
         self.inputs.add_call(index, &s.call, &culprits);
         if self.copies.contains(s.call.op_name()) {
             self.inputs.add_in_end_order(index, &s.call);
         }
-        Ok(())
+    }
+
+    fn split(&mut self, split: ThreadSplit) {
+        self.splits.push(split);
     }
 }
 
@@ -126,6 +136,15 @@ impl<'s> OpenThread<'s> {
         })
     }
 
+    /// The thread's next non-nested call: its culprits, sorted.
+    fn feed(&mut self, s: &StoredCall) -> rusqlite::Result<Vec<Culprit>> {
+        self.window_end = self.window_end.max(s.call.end_ns());
+        self.last = (s.call.ts_ns, s.id);
+        let mut culprits = self.pass.call(&s.call)?;
+        sort_culprits(&mut culprits);
+        Ok(culprits)
+    }
+
     fn finish(self, comm: &str) -> rusqlite::Result<Option<ThreadSplit>> {
         self.pass.finish(comm, Some(self.window_end))
     }
@@ -134,7 +153,7 @@ impl<'s> OpenThread<'s> {
 /// Each thread's calls in scope through its own read: `calls_sql` with
 /// `?1` pid, `?2` tid, then `args`, in `(ts_ns, id)` order.
 pub(crate) fn per_thread(
-    feed: &mut Feed,
+    feed: &mut impl CallSink,
     th: &Threads,
     calls_sql: &str,
     args: &[Value],
@@ -163,12 +182,13 @@ pub(crate) fn per_thread(
                 (None, Some(st)) => open.insert(OpenThread::start(st, &s, th.tracer)?),
                 (None, None) => continue, // unreachable: the pass opens once
             };
-            feed.add(&s, thread)?;
+            let culprits = thread.feed(&s)?;
+            feed.add(&s, culprits);
         }
         drop(calls);
         if let Some(o) = open {
             if let Some(split) = o.finish(th.data.comm_of(p))? {
-                feed.splits.push(split);
+                feed.split(split);
             }
         }
     }
@@ -185,7 +205,7 @@ pub(crate) fn per_thread(
 /// file): what was fed is then to be dropped, and the scope read thread by
 /// thread.
 pub(crate) fn one_read(
-    feed: &mut Feed,
+    feed: &mut impl CallSink,
     th: &Threads,
     calls_sql: &str,
     args: &[Value],
@@ -228,12 +248,13 @@ pub(crate) fn one_read(
                 None => return Ok(false), // unreachable: a thread opens once
             },
         };
-        feed.add(&s, thread)?;
+        let culprits = thread.feed(&s)?;
+        feed.add(&s, culprits);
     }
     drop(calls);
     for ((p, _), o) in open {
         if let Some(split) = o.finish(th.data.comm_of(p))? {
-            feed.splits.push(split);
+            feed.split(split);
         }
     }
     Ok(true)

@@ -602,10 +602,10 @@ fn push_op_and_window(
 
 /// One read of a scope's calls in a file without call groups: the
 /// threads it holds, its SQL and parameters.
-struct OnePass {
-    threads: BTreeSet<(u32, u32)>,
-    sql: String,
-    args: Vec<Value>,
+pub(crate) struct OnePass {
+    pub(crate) threads: BTreeSet<(u32, u32)>,
+    pub(crate) sql: String,
+    pub(crate) args: Vec<Value>,
 }
 
 /// The threads of `filter`'s scope in a file without stored call groups,
@@ -618,7 +618,7 @@ struct OnePass {
 /// threads come from a first pass (`SELECT DISTINCT`); None over
 /// [`scope_feed::ONE_READ_MAX_THREADS`] (each open thread holds a
 /// statement), when the scope is then loaded as before.
-fn unthreaded(
+pub(crate) fn unthreaded(
     conn: &rusqlite::Connection,
     version: i64,
     filter: &CallFilter,

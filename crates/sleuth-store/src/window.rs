@@ -557,7 +557,9 @@ pub fn streamed_parts(trace: &Trace, scope: &CallFilter) -> Result<StatsParts, S
 }
 
 /// Culprit sums per (process, op, culprit process, name) as rollup rows.
-fn culprit_rows(sums: BTreeMap<(u32, u16, u32, String), u64>) -> Vec<(u32, u16, CulpritTime)> {
+pub(crate) fn culprit_rows(
+    sums: BTreeMap<(u32, u16, u32, String), u64>,
+) -> Vec<(u32, u16, CulpritTime)> {
     sums.into_iter()
         .map(|((pid, op, cpid, comm), runnable_ns)| {
             let who = CulpritTime {

@@ -343,3 +343,47 @@ fn stats_rollups_past_any_file_are_refused_and_at_the_bound_answered() {
         t.stats_report(Some(pid)).unwrap().unwrap();
     }
 }
+
+/// `stats` of a whole file without rollups (the one a run's tracer is still
+/// writing, a killed writer's), streamed (`whole_stats`), gives what loading
+/// it gives: counts, totals, culprits (nested calls' too), thread splits
+/// and counters equal, percentiles within the histogram's bound; a file
+/// with rollups, or at most the row bound, is left to them and the load.
+#[test]
+fn a_file_being_written_gives_its_stats_streamed_as_loaded() {
+    use sleuth_store::whole_stats::streamed;
+    for name in ["h200-contention.db", "demo-sim.db"] {
+        let (_dir, path) = rewritten(name, "whole-stats");
+        let finished = Trace::open(&path).unwrap();
+        assert!(streamed(&finished, None, 0).unwrap().is_none(), "{name}");
+        drop(finished);
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.execute_batch(
+            "DROP TABLE call_groups; DELETE FROM meta WHERE key = 'rollups';
+             DROP INDEX IF EXISTS call_rows_tid_ts; DROP INDEX IF EXISTS call_rows_op_dur;",
+        )
+        .unwrap();
+        drop(conn);
+        let t = Trace::open(&path).unwrap();
+        assert!(t.stats_report(None).unwrap().is_none(), "{name}");
+        let all = t.load(None).unwrap();
+        assert!(
+            all.calls.iter().any(|c| c.nested),
+            "{name} has nested calls"
+        );
+        let rows = all.calls.len() as i64;
+        assert!(streamed(&t, None, rows).unwrap().is_none(), "{name}: small");
+        let mut scopes = vec![None];
+        scopes.extend(t.pids().unwrap().into_iter().map(Some));
+        for pid in scopes {
+            let raw = stats::compute(&t.load(pid).unwrap());
+            let got = streamed(&t, pid, 0).unwrap().expect("streamed");
+            assert!(!raw.ops.is_empty(), "{name} {pid:?}");
+            assert_same(&got, &raw);
+            if name == "h200-contention.db" && pid.is_none() {
+                assert!(raw.ops.iter().any(|o| !o.culprits.is_empty()));
+                assert!(!raw.threads.is_empty());
+            }
+        }
+    }
+}
