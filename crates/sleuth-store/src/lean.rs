@@ -54,6 +54,32 @@ impl Lean {
     }
 }
 
+/// The lean load of a large file without rollups (the one a run's tracer
+/// is still writing, a killed writer's; more than `above_rows` call rows):
+/// the finding inputs, ledgers and frame from one streamed pass over its
+/// calls (`scoped::whole_streamed_parts`, as `explain` reads such a file),
+/// the memory view beside them for the report's per-site reads. None where
+/// that pass gives None (then the file is loaded).
+pub fn streamed(
+    trace: &Trace,
+    pid: Option<u32>,
+    budget: ReadBudget,
+    above_rows: i64,
+) -> Result<Option<Lean>, StoreError> {
+    let Some(parts) = crate::scoped::whole_streamed_parts(trace, pid, above_rows)? else {
+        return Ok(None);
+    };
+    let view = MemoryTrace::open(trace, pid, budget)?;
+    let ledgers = parts.ledger.finish(&parts.data);
+    Ok(Some(Lean {
+        data: parts.data,
+        ledgers,
+        inputs: parts.inputs,
+        view,
+        run_file: None,
+    }))
+}
+
 /// The lean load of the whole trace or of process `pid` (as `Trace::load`
 /// reads it); None (load everything) for a trace without finding rollups,
 /// with `pid` for one written before the per-process op rollups, or with

@@ -92,6 +92,46 @@ pub fn load(
     Ok(Some(LeanReport { lean, parts, sites }))
 }
 
+/// [`load`] of a large file without rollups (the one a run's tracer is
+/// still writing, a killed writer's; more than `above_rows` call rows):
+/// the lean load from one streamed pass over its calls
+/// ([`crate::lean::streamed`]), its calls' per-op rollups and slowest from
+/// another ([`window_calls`] of no window), the rest as [`file_parts`]
+/// reads it. None where the file has rollups, is smaller, or must be
+/// loaded (`scoped::whole_streamed`).
+pub fn streamed(
+    trace: &Trace,
+    pid: Option<u32>,
+    budget: ReadBudget,
+    n_slowest: usize,
+    above_rows: i64,
+) -> Result<Option<LeanReport>, StoreError> {
+    let Some(lean) = crate::lean::streamed(trace, pid, budget, above_rows)? else {
+        return Ok(None);
+    };
+    let whole = crate::CallFilter {
+        pid,
+        ..Default::default()
+    };
+    let calls = window_calls(trace, &whole, n_slowest)?;
+    let started = lean.view.base.start_ns.is_some();
+    let mut reads = KeyedReads::new(trace);
+    let parts = parts_around(
+        &mut reads,
+        &lean.view,
+        started,
+        pid,
+        calls.ops,
+        calls.slowest,
+    )?;
+    let sites = if lean.data.stacks.is_empty() {
+        None
+    } else {
+        Some(site_reads(trace, &lean, pid)?)
+    };
+    Ok(Some(LeanReport { lean, parts, sites }))
+}
+
 /// What the report reads of one file besides its lean load, and what a
 /// run's report adds up file by file (`crate::run_report`, [`FileParts::add`]).
 #[derive(Debug, Clone)]
@@ -156,19 +196,33 @@ pub fn file_parts(
     n_slowest: usize,
 ) -> Result<FileParts, StoreError> {
     let ops = op_rollups(trace, pid)?;
+    let mut reads = KeyedReads::new(trace);
+    let slowest = slowest_of(&mut reads, &ops, pid, n_slowest)?;
+    parts_around(&mut reads, view, started, pid, ops, slowest)
+}
+
+/// A file's parts from its calls' per-op rollups and slowest calls: the
+/// calls per process from the view's call groups, the waits and the span
+/// from the waits and lifecycle events.
+fn parts_around(
+    reads: &mut KeyedReads,
+    view: &MemoryTrace,
+    started: bool,
+    pid: Option<u32>,
+    ops: BTreeMap<u16, OpRollup>,
+    slowest: Vec<SlowCall>,
+) -> Result<FileParts, StoreError> {
     let calls_by_pid = calls_by_pid(view);
     let calls = calls_by_pid
         .values()
         .fold(0u64, |a, &b| a.saturating_add(b));
-    let mut reads = KeyedReads::new(trace);
     let rows = view.rows();
     let events = EventAggregates {
         waits: rows.event_counts(pid)?.0,
         earliest: rows.earliest_wait_or_event(pid)?,
-        latest: latest_wait_or_event(&mut reads, pid)?,
+        latest: latest_wait_or_event(reads, pid)?,
     };
     let span = extent(view, started, &events);
-    let slowest = slowest_of(&mut reads, &ops, pid, n_slowest)?;
     Ok(FileParts {
         ops,
         span,

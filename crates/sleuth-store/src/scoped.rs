@@ -112,6 +112,21 @@ pub fn whole_streamed(
     pid: Option<u32>,
     above_rows: i64,
 ) -> Result<Option<Explained>, StoreError> {
+    let Some(parts) = whole_streamed_parts(trace, pid, above_rows)? else {
+        return Ok(None);
+    };
+    let ledgers = parts.ledger.finish(&parts.data);
+    let e = sleuth_core::findings::explain_inputs(&parts.data, &parts.inputs, &ledgers);
+    Ok(Some((parts.data, ledgers, e)))
+}
+
+/// The parts [`whole_streamed`] explains (the report's lean reads of such
+/// a file take them: `lean::streamed`); None where it gives None.
+pub(crate) fn whole_streamed_parts(
+    trace: &Trace,
+    pid: Option<u32>,
+    above_rows: i64,
+) -> Result<Option<ScopeParts>, StoreError> {
     if trace.has_rollups()? || !more_rows_than(trace, above_rows)? {
         return Ok(None);
     }
@@ -121,12 +136,7 @@ pub fn whole_streamed(
     };
     let pinned = pinned_at_start(trace, &filter, PinnedState::default())?;
     let start = LedgerBuilder::new(None);
-    let Some(parts) = parts_seeded(trace, &filter, scope_feed::KEPT_MAX, &pinned, &start)? else {
-        return Ok(None);
-    };
-    let ledgers = parts.ledger.finish(&parts.data);
-    let e = sleuth_core::findings::explain_inputs(&parts.data, &parts.inputs, &ledgers);
-    Ok(Some((parts.data, ledgers, e)))
+    parts_seeded(trace, &filter, scope_feed::KEPT_MAX, &pinned, &start)
 }
 
 /// Whether the file's call rows span more than `n` row ids (from its

@@ -236,7 +236,8 @@ fn inputs_of_run(files: &[PathBuf]) -> Vec<&std::path::Path> {
 
 /// What the report draws. With `lean_allowed`, a trace that stored its
 /// rollups and finding rollups is read without its calls and waits
-/// (`sleuth_store::report_reads`: memory bounded by the aggregates); else,
+/// (`sleuth_store::report_reads`: memory bounded by the aggregates), and a
+/// large one without rollups streamed (`report_reads::streamed`); else,
 /// with `--pid` or NCCL collectives, the whole trace is loaded.
 fn inputs_of(
     trace: &sleuth_store::Trace,
@@ -245,7 +246,17 @@ fn inputs_of(
 ) -> anyhow::Result<Inputs> {
     if lean_allowed {
         let budget = ReadBudget::new(DEFAULT_READ_TIMEOUT);
-        if let Some(r) = sleuth_store::report_reads::load(trace, pid, budget, SLOWEST_CALLS)? {
+        if let Some(r) =
+            sleuth_store::report_reads::load(trace, pid, budget.clone(), SLOWEST_CALLS)?
+        {
+            return Ok(Inputs::lean(r));
+        }
+        // A large file without rollups (still being written, or its
+        // writer was killed): streamed, not loaded.
+        let above = sleuth_store::scoped::STREAMED_ABOVE_ROWS;
+        if let Some(r) =
+            sleuth_store::report_reads::streamed(trace, pid, budget, SLOWEST_CALLS, above)?
+        {
             return Ok(Inputs::lean(r));
         }
     }

@@ -21,6 +21,7 @@ use sleuth_core::testing::{alloc, call, failed_alloc, free, py_frame, MS, US};
 use sleuth_core::{
     CallEvent, Culprit, GpuSample, ProcEvent, ProcKind, ProcessInfo, TraceData, WaitEvent, WaitKind,
 };
+use sleuth_store::report_reads::LeanReport;
 use sleuth_store::{ReadBudget, Trace, DEFAULT_READ_TIMEOUT};
 use std::path::Path;
 
@@ -206,15 +207,24 @@ fn latency_close(lean: &[LatencyRow], full: &[LatencyRow], at: &str) {
 /// the findings' and latency sections. Returns whether any percentile
 /// differed (the lean path is then visible).
 fn compare(path: &Path, pid: Option<u32>, at: &str) -> bool {
+    let stored = |t: &Trace, pid| {
+        let budget = ReadBudget::new(DEFAULT_READ_TIMEOUT);
+        sleuth_store::report_reads::load(t, pid, budget, SLOWEST_CALLS).unwrap()
+    };
+    compare_read(path, pid, at, stored, true)
+}
+
+/// [`compare`] with the lean reads `read` gives; `chosen`: the command's
+/// own choice (`inputs_of`) is checked to be them.
+fn compare_read(
+    path: &Path,
+    pid: Option<u32>,
+    at: &str,
+    read: impl Fn(&Trace, Option<u32>) -> Option<LeanReport>,
+    chosen: bool,
+) -> bool {
     let t = Trace::open(path).unwrap();
-    let report = sleuth_store::report_reads::load(
-        &t,
-        pid,
-        ReadBudget::new(DEFAULT_READ_TIMEOUT),
-        SLOWEST_CALLS,
-    )
-    .unwrap()
-    .unwrap_or_else(|| panic!("{at}: the lean reads answer"));
+    let report = read(&t, pid).unwrap_or_else(|| panic!("{at}: the lean reads answer"));
     assert!(report.lean.data.waits.is_empty(), "{at}: no wait held");
     let lean = Inputs::lean(report);
     let full = inputs_of(&t, pid, false).unwrap();
@@ -236,8 +246,10 @@ fn compare(path: &Path, pid: Option<u32>, at: &str) -> bool {
     assert_eq!(strip(&lean.sites), strip(&full.sites), "{at}");
     latency_close(&lean.latency, &full.latency, at);
     // The command's own choice is the lean source.
-    let chosen = inputs_of(&t, pid, true).unwrap();
-    assert_eq!(chosen.latency, lean.latency, "{at}: the lean path is taken");
+    if chosen {
+        let chosen = inputs_of(&t, pid, true).unwrap();
+        assert_eq!(chosen.latency, lean.latency, "{at}: the lean path is taken");
+    }
 
     let session = t.session().unwrap();
     let notes = t.notes().unwrap();
@@ -428,4 +440,67 @@ fn traces_without_rollups_or_process_rollups_take_the_full_path() {
     // With --pid the report is the loaded process's.
     let one = inputs_of(&t, Some(101), true).unwrap();
     assert_eq!(one.calls_by_pid.keys().collect::<Vec<_>>(), vec![&101]);
+}
+
+/// Leaves the file at `path` as the tracer leaves the file it is still
+/// writing: no meta key its completion writes (rollups, call groups,
+/// finding and site rollups), no call groups table, no call-row indexes.
+fn strip_as_being_written(path: &Path) {
+    let c = rusqlite::Connection::open(path).unwrap();
+    c.execute_batch(
+        "DELETE FROM meta WHERE key NOT IN ('schema_version', 'tool', 'source', 'tool_version');
+         DROP TABLE call_groups;
+         DROP INDEX IF EXISTS call_rows_tid_ts; DROP INDEX IF EXISTS call_rows_op_dur;",
+    )
+    .unwrap();
+}
+
+/// A file without rollups (the one a run's tracer is still writing, a
+/// killed writer's) past the row bound is read streamed
+/// (`report_reads::streamed`), not loaded: the same report as its full
+/// load, of the whole file and of each process; a smaller one, or one
+/// with rollups, is left to the load and the stored reads.
+#[test]
+fn the_report_of_a_file_being_written_is_streamed_as_the_full_one() {
+    let streamed = |above: i64| {
+        move |t: &Trace, pid| {
+            let budget = ReadBudget::new(DEFAULT_READ_TIMEOUT);
+            sleuth_store::report_reads::streamed(t, pid, budget, SLOWEST_CALLS, above).unwrap()
+        }
+    };
+    let cases = [
+        ("h200-contention.db", None),
+        ("demo-sim.db", None),
+        ("rich", Some(rich_trace())),
+    ];
+    for (name, built) in cases {
+        let dir = TempDir::new(&format!("report-streamed-{name}"));
+        let path = dir.join("live.db");
+        match built {
+            Some(d) => rewrite_with_context(&d, &path),
+            None => rewrite(
+                &Trace::open(&example(name)).unwrap().load(None).unwrap(),
+                &path,
+            ),
+        }
+        assert!(
+            streamed(0)(&Trace::open(&path).unwrap(), None).is_none(),
+            "{name}: rollups"
+        );
+        strip_as_being_written(&path);
+        let t = Trace::open(&path).unwrap();
+        let rows = t.load(None).unwrap().calls.len() as i64;
+        assert!(streamed(rows)(&t, None).is_none(), "{name}: small");
+        let mut scopes = vec![None];
+        scopes.extend(t.pids().unwrap().into_iter().map(Some));
+        for pid in scopes {
+            compare_read(
+                &path,
+                pid,
+                &format!("{name} being written, pid {pid:?}"),
+                streamed(0),
+                false,
+            );
+        }
+    }
 }
