@@ -397,14 +397,24 @@ pub fn findings(db: &Path, scope: &args::CallScope, budget: &ReadBudget) -> Resu
     let scope = &scope.resolved(&trace)?;
     // The whole trace or one process (no op, no window) is explained from
     // the stored aggregates when it has them (`sleuth_store::lean`): memory
-    // bounded by the aggregates, not the calls. A scope (an op or a window)
-    // from its calls streamed thread by thread (`sleuth_store::scoped`).
+    // bounded by the aggregates, not the calls; a large file without them
+    // streamed in one pass. A scope (an op or a window) from its calls
+    // streamed thread by thread (`sleuth_store::scoped`).
     // Else the scope is loaded (`load_scoped` checks the op and the window).
     let unfiltered = scope.op.is_none() && scope.since_ns.is_none() && scope.until_ns.is_none();
     let report = if unfiltered {
         match sleuth_store::lean::load(&trace, scope.pid, budget.clone())? {
             Some(l) => l.explanation(),
-            None => findings::explain_report(&load_scoped(&trace, scope)?),
+            // A large file without rollups (still being written, or its
+            // writer was killed): streamed as `explain` streams it.
+            None => match sleuth_store::scoped::whole_streamed(
+                &trace,
+                scope.pid,
+                sleuth_store::scoped::STREAMED_ABOVE_ROWS,
+            )? {
+                Some((_, _, e)) => e,
+                None => findings::explain_report(&load_scoped(&trace, scope)?),
+            },
         }
     } else {
         check_op(scope.op.as_deref())?;
