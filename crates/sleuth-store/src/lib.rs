@@ -11,6 +11,7 @@
 //! The schema is documented in `docs/schema.md`.
 
 mod budget;
+mod call_blocks;
 mod call_groups;
 mod check_cache;
 mod check_plan;

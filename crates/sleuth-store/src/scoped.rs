@@ -640,6 +640,17 @@ pub(crate) fn unthreaded(
         conds.push(format!("pid = ?{}", args.len()));
     }
     push_op_and_window(filter, 0, &mut conds, &mut args);
+    // A window: the ids of the blocks it overlaps (`call_blocks`), not every row.
+    if filter.since_ns.is_some() || filter.until_ns.is_some() {
+        if let Some((first, last)) =
+            crate::call_blocks::id_range(conn, filter.since_ns, filter.until_ns)?
+        {
+            args.push(Value::Integer(first));
+            conds.push(format!("id >= ?{}", args.len()));
+            args.push(Value::Integer(last));
+            conds.push(format!("id <= ?{}", args.len()));
+        }
+    }
     let source = crate::stream::calls_source(version >= 2);
     let scope = conds.join(" AND ");
     let mut threads = BTreeSet::new();

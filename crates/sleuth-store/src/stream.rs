@@ -230,17 +230,34 @@ impl Rows {
     pub fn for_each_wait<E: From<StoreError>>(
         &self,
         pid: Option<u32>,
+        visit: impl FnMut(WaitEvent) -> Result<(), E>,
+    ) -> Result<(), E> {
+        self.for_each_wait_after(pid, None, visit)
+    }
+
+    /// [`Rows::for_each_wait`] of the waits back on CPU after `after_ns`
+    /// (all without it): those that can overlap a call starting at or
+    /// after it (a window's calls' culprits need no earlier wait).
+    pub fn for_each_wait_after<E: From<StoreError>>(
+        &self,
+        pid: Option<u32>,
+        after_ns: Option<u64>,
         mut visit: impl FnMut(WaitEvent) -> Result<(), E>,
     ) -> Result<(), E> {
         let mut tail = format!("WHERE {}", valid_wait("w."));
-        if pid.is_some() {
-            tail.push_str(" AND w.pid = ?1");
+        let mut args: Vec<Value> = Vec::new();
+        if let Some(p) = pid {
+            args.push(Value::Integer(p.into()));
+            tail.push_str(&format!(" AND w.pid = ?{}", args.len()));
+        }
+        if let Some(t) = after_ns {
+            args.push(Value::Integer(i64::try_from(t).unwrap_or(i64::MAX)));
+            tail.push_str(&format!(" AND w.on_ns > ?{}", args.len()));
         }
         tail.push_str(" ORDER BY w.on_ns, w.id");
         let conn = self.bulk()?;
         let sql = waits_sql(conn, &tail).map_err(|e| self.read_error(e))?;
         let mut st = conn.prepare(&sql).map_err(|e| self.read_error(e))?;
-        let args: Vec<Value> = pid.map(|p| Value::Integer(p as i64)).into_iter().collect();
         let mut rows = st
             .query(rusqlite::params_from_iter(args.iter()))
             .map_err(|e| self.read_error(e))?;
@@ -590,6 +607,14 @@ pub(crate) fn visit_calls<E: From<StoreError>>(
         // without stored groups SQLite reads every row and filters.
         if let Some(tids) = window_tids(conn, q.pid, "calls.").map_err(err)? {
             conds.push(tids);
+        } else if let Some((first, last)) =
+            crate::call_blocks::id_range(conn, q.since_ns, q.until_ns).map_err(err)?
+        {
+            // A file still being written: the ids of the blocks the window overlaps.
+            args.push(Value::Integer(first));
+            conds.push(format!("calls.id >= ?{}", args.len()));
+            args.push(Value::Integer(last));
+            conds.push(format!("calls.id <= ?{}", args.len()));
         }
     }
     for (bound, op) in [(q.since_ns, ">="), (q.until_ns, "<")] {

@@ -531,7 +531,8 @@ pub fn streamed_parts(trace: &Trace, scope: &CallFilter) -> Result<StatsParts, S
     }
     let rows = Rows::open(trace)?;
     let mut held = Vec::new();
-    rows.for_each_wait::<StoreError>(pid, |w| {
+    // A wait back on CPU by the window's start overlaps none of its calls.
+    rows.for_each_wait_after::<StoreError>(pid, scope.since_ns, |w| {
         if sleuth_core::culprits::names_culprits(&w) {
             held.push(w);
         }
@@ -645,7 +646,18 @@ mod tests {
         let first = data.calls.iter().map(|c| c.ts_ns).min().unwrap();
         let last = data.calls.iter().map(|c| c.ts_ns).max().unwrap();
         let pid = data.calls[0].pid;
+        // A window that starts at a call whose culprits come from a wait
+        // back on CPU inside it: the waits read for the window must reach it.
+        let per_call = sleuth_core::culprits::call_culprits(&data.calls, &data.waits);
+        let blamed = (0..data.calls.len())
+            .find(|&i| !per_call[i].is_empty())
+            .map(|i| data.calls[i].ts_ns)
+            .expect("the contention trace names culprits");
         let scopes = [
+            CallFilter {
+                since_ns: Some(blamed),
+                ..Default::default()
+            },
             CallFilter::default(),
             CallFilter {
                 since_ns: Some(first + (last - first) / 3),
@@ -687,6 +699,6 @@ mod tests {
                 assert!(!s.rollups.ops.is_empty(), "{scope:?}");
             }
         }
-        assert!(with_culprits >= 2, "the contention trace names culprits");
+        assert!(with_culprits >= 3, "the contention trace names culprits");
     }
 }

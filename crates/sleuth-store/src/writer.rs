@@ -344,6 +344,8 @@ struct WriterState {
     /// (the WAL writes and checkpoints): `bench` tells it from storing rows.
     batches: u64,
     commit_cpu_ns: u64,
+    /// The row id the next stored call gets (`call_blocks`).
+    next_call_id: i64,
 }
 
 impl WriterState {
@@ -358,6 +360,7 @@ impl WriterState {
             failed: None,
             batches: 0,
             commit_cpu_ns: 0,
+            next_call_id: 1,
         }
     }
 
@@ -503,7 +506,11 @@ impl WriterState {
             }
         }
         rows.flush_calls()?;
+        let starts = rows.starts;
         drop(rows);
+        if let Some(starts) = starts {
+            self.next_call_id = store_call_block(&tx, self.next_call_id, starts)?;
+        }
         if !self.db_full && db_bytes(&tx, &self.path)? >= self.opts.max_db_bytes {
             self.db_full = true;
             cap_hit_now = true;
@@ -659,6 +666,8 @@ struct EventRows<'tx, 'b> {
     culprit: Option<CachedStatement<'tx>>,
     block: Option<CachedStatement<'tx>>,
     proc: Option<CachedStatement<'tx>>,
+    /// The earliest and latest start of the calls stored (`call_blocks`).
+    starts: Option<(u64, u64)>,
 }
 
 /// The statement in `slot`, prepared (through the connection's cache) on first use.
@@ -798,7 +807,14 @@ impl<'tx, 'b> EventRows<'tx, 'b> {
             culprit: None,
             block: None,
             proc: None,
+            starts: None,
         }
+    }
+
+    /// Call `c` is stored in this transaction: its start joins the block's.
+    fn note_start(&mut self, c: &CallEvent) {
+        let t = c.ts_ns;
+        self.starts = Some(self.starts.map_or((t, t), |(a, b)| (a.min(t), b.max(t))));
     }
 
     /// Stores one call (perhaps together with the next ones); false when its
@@ -811,6 +827,7 @@ impl<'tx, 'b> EventRows<'tx, 'b> {
         if c.info().is_none() {
             return Ok(false);
         }
+        self.note_start(c);
         self.calls.push(c);
         if self.calls.len() == CALLS_PER_INSERT {
             let ins = call_insert(self.tx, &mut self.call_multi, CALLS_PER_INSERT)?;
@@ -849,6 +866,7 @@ impl<'tx, 'b> EventRows<'tx, 'b> {
         ins.bind(0, c, info.id)?;
         ins.execute()?;
         let id = self.tx.last_insert_rowid();
+        self.note_start(c);
         if let Some(hp) = c.host_ptr {
             stmt(self.tx, &mut self.host_ptr, || INSERT_HOST_PTR.into())?
                 .execute(params![id, hp as i64])?;
@@ -938,6 +956,24 @@ impl<'tx, 'b> EventRows<'tx, 'b> {
 }
 
 /// Events a message carries (the batch-size count).
+/// Stores the block of the calls this transaction stored (row ids from
+/// `first_id` to the table's last, `starts`: their earliest and latest
+/// start); returns the next call's row id. One indexed lookup and one row
+/// per transaction (thousands of events). A block never claims less than
+/// its rows: `first_id` starts at 1, so a file the writer did not create
+/// empty gets a wider first block, never a gap.
+fn store_call_block(tx: &Transaction, first_id: i64, starts: (u64, u64)) -> rusqlite::Result<i64> {
+    let last_id: i64 = tx.query_row("SELECT coalesce(max(id), 0) FROM call_rows", [], |r| {
+        r.get(0)
+    })?;
+    let ns = |t: u64| i64::try_from(t).unwrap_or(i64::MAX);
+    tx.prepare_cached(
+        "INSERT INTO call_blocks(first_id, last_id, min_ts_ns, max_ts_ns) VALUES (?1, ?2, ?3, ?4)",
+    )?
+    .execute(params![first_id, last_id, ns(starts.0), ns(starts.1)])?;
+    Ok(last_id.saturating_add(1))
+}
+
 fn msg_events(m: &Msg) -> usize {
     match m {
         Msg::Event(_) => 1,
