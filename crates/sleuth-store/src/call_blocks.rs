@@ -1,30 +1,56 @@
-//! The row ids of a window's calls in a file still being written.
+//! The row ids of the calls a read wants in a file still being written.
 //!
-//! The file a run's tracer is writing has no `(tid, ts_ns)` index yet (it
-//! is built when the file is completed: keeping it while writing cost the
-//! tracer), so a window of it (`explain --last 10m` an hour into `trace
-//! --rotate 1h`) read every call row to find those that start in the
-//! window. The writer stores one row per transaction in `call_blocks`: the
-//! id range of the calls it stored and their earliest and latest start. A
-//! window's calls lie in the blocks whose starts overlap it, so a read of
-//! the window is kept to the ids from the first such block to the last:
-//! the rows of that span, not of the file (rows are stored as calls return,
-//! so a window's rows are one stretch of the table).
+//! The file a run's tracer is writing has neither the `(tid, ts_ns)` nor
+//! the `(op_id, dur_ns)` index yet (both are built when the file is
+//! completed: keeping them while writing cost the tracer), so a window of
+//! it (`explain --last 10m` an hour into `trace --rotate 1h`), and a read of
+//! a few ops (the pinning calls before that window), read every call row.
+//! The writer stores one row per transaction in `call_blocks`: the id range
+//! of the calls it stored, their earliest and latest start, and the classes
+//! of their ops (a bit per `OpClass`). A read keeps to the blocks that can
+//! hold its calls: those whose starts overlap its window and which hold a
+//! call of one of its ops' classes; contiguous blocks are one id range.
 
 use crate::open::has_table;
+use rusqlite::types::Value;
 use rusqlite::{Connection, OptionalExtension};
 
-/// The ids `[first, last]` holding every call row that starts in
-/// `[since, until)` (a bound None is open), from `call_blocks`; `(1, 0)`
-/// (no id) when no block overlaps the window. None where the blocks cannot
-/// say: no such table (a file written before it, or not by the tracer), or
-/// blocks that do not cover every call row without a gap (then every row is
-/// read, as before).
-pub(crate) fn id_range(
+/// Id ranges past which a read takes the one range from the first to the
+/// last (each range is a term of the read's condition).
+const MAX_RANGES: usize = 64;
+
+/// Every op class (the mask of a read of any op).
+pub(crate) const ALL_CLASSES: i64 = -1;
+
+/// The class bit of an op (`call_blocks.classes`).
+pub(crate) fn class_bit(info: &sleuth_core::ops::OpInfo) -> i64 {
+    1i64 << (info.class as u32 % 63)
+}
+
+/// The classes of the ops named (`CallQuery::ops`; every class without);
+/// None when one is not an op this build knows (a later tracer's op may
+/// have a class this build has no bit for: the blocks cannot say).
+pub(crate) fn classes_of(ops: Option<&[&str]>) -> Option<i64> {
+    match ops {
+        None => Some(ALL_CLASSES),
+        Some(ops) => ops.iter().try_fold(0i64, |mask, name| {
+            sleuth_core::op_by_name(name).map(|info| mask | class_bit(info))
+        }),
+    }
+}
+
+/// The id ranges (first, last; ascending, disjoint) holding every call row
+/// that starts in `[since, until)` (a bound None is open) and is of an op
+/// whose class bit is in `classes`, from `call_blocks`; empty when no block
+/// can hold one. None where the blocks cannot say: no such table (a file
+/// written before it, or not by the tracer), or blocks that do not cover
+/// every call row without a gap (then every row is read, as before).
+pub(crate) fn id_ranges(
     conn: &Connection,
     since: Option<u64>,
     until: Option<u64>,
-) -> rusqlite::Result<Option<(i64, i64)>> {
+    classes: i64,
+) -> rusqlite::Result<Option<Vec<(i64, i64)>>> {
     if !has_table(conn, "call_blocks")? || !has_table(conn, "call_rows")? {
         return Ok(None);
     }
@@ -44,14 +70,14 @@ pub(crate) fn id_range(
     let ns = |t: u64| i64::try_from(t).unwrap_or(i64::MAX);
     let (since, until) = (since.map_or(i64::MIN, ns), until.map_or(i64::MAX, ns));
     let mut st = conn.prepare_cached(
-        "SELECT first_id, last_id, min_ts_ns, max_ts_ns FROM call_blocks ORDER BY first_id",
+        "SELECT first_id, last_id, min_ts_ns, max_ts_ns, classes FROM call_blocks ORDER BY first_id",
     )?;
     let mut rows = st.query([])?;
     let mut next: Option<i64> = None;
-    let mut span: Option<(i64, i64)> = None;
+    let mut ranges: Vec<(i64, i64)> = Vec::new();
     while let Some(r) = rows.next()? {
-        let (first, last, lo, hi): (i64, i64, i64, i64) =
-            (r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?);
+        let (first, last, lo, hi, held): (i64, i64, i64, i64, i64) =
+            (r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?);
         // Contiguous from the table's first row: no row outside a block.
         let covered = match next {
             None => first <= min_id,
@@ -61,14 +87,38 @@ pub(crate) fn id_range(
             return Ok(None);
         }
         next = Some(last.saturating_add(1));
-        if hi >= since && lo < until && last >= first {
-            span = Some(span.map_or((first, last), |(a, _)| (a, last)));
+        if hi >= since && lo < until && held & classes != 0 && last >= first {
+            match ranges.last_mut() {
+                Some(r) if r.1.saturating_add(1) == first => r.1 = last,
+                _ => ranges.push((first, last)),
+            }
         }
     }
     if next.is_none_or(|n| n <= max_id) {
         return Ok(None);
     }
-    Ok(Some(span.unwrap_or((1, 0))))
+    if ranges.len() > MAX_RANGES {
+        let (a, b) = (ranges[0].0, ranges[ranges.len() - 1].1);
+        ranges = vec![(a, b)];
+    }
+    Ok(Some(ranges))
+}
+
+/// The condition that keeps a read to `ranges` (of [`id_ranges`]) on the
+/// id column `id` (`calls.id`), its bounds added to `args`.
+pub(crate) fn condition(id: &str, ranges: &[(i64, i64)], args: &mut Vec<Value>) -> String {
+    if ranges.is_empty() {
+        return "0".into();
+    }
+    let terms: Vec<String> = ranges
+        .iter()
+        .map(|&(a, b)| {
+            args.push(Value::Integer(a));
+            args.push(Value::Integer(b));
+            format!("{id} BETWEEN ?{} AND ?{}", args.len() - 1, args.len())
+        })
+        .collect();
+    format!("({})", terms.join(" OR "))
 }
 
 #[cfg(test)]
@@ -91,6 +141,9 @@ mod tests {
         }
     }
 
+    /// The pinned buffer's address.
+    const PINNED: u64 = 0x7f00_0000_0000;
+
     /// A file as the tracer leaves the one it is still writing, its calls
     /// stored in eight transactions (a flush after each): two threads
     /// launch, copy and sync; one is preempted by a hog in every copy.
@@ -99,13 +152,24 @@ mod tests {
             crate::TraceWriter::create(path, crate::SessionInfo::for_tests(), Default::default())
                 .unwrap();
         let h = w.handle();
+        // A pinned host buffer, allocated in the first block only: the
+        // later windows' copies from it are pinned (read through the blocks
+        // of its class).
+        let mut pin = call("cudaHostAlloc", 100, 500_000, 20_000);
+        (pin.size, pin.ptr) = (Some(1 << 20), Some(PINNED));
+        h.send(Event::Call(pin)).unwrap();
         for block in 0..8u64 {
             for i in 0..100u64 {
                 for tid in [100u32, 101] {
                     let ts = 1_000_000 + (block * 100 + i) * 10_000 + u64::from(tid - 100) * 10;
                     let c = match i % 3 {
                         0 => call("cudaLaunchKernel", tid, ts, 5 + i % 7),
-                        1 => call("cudaMemcpy", tid, ts, 2_000 + i),
+                        1 => {
+                            let mut c = call("cudaMemcpy", tid, ts, 4_000 + i);
+                            (c.size, c.kind) = (Some(1 << 16), Some(1));
+                            c.host_ptr = Some(PINNED + (i % 8) * 4096);
+                            c
+                        }
                         _ => call("cudaStreamSynchronize", tid, ts, 3_000 + block),
                     };
                     if i % 3 == 1 {
@@ -153,19 +217,34 @@ mod tests {
         let path = dir.join("live.db");
         being_written(&path);
         let c = Connection::open(&path).unwrap();
-        let blocks: Vec<(i64, i64, i64, i64)> = c
+        let blocks: Vec<(i64, i64, i64, i64, i64)> = c
             .prepare(
-                "SELECT first_id, last_id, min_ts_ns, max_ts_ns FROM call_blocks ORDER BY first_id",
+                "SELECT first_id, last_id, min_ts_ns, max_ts_ns, classes FROM call_blocks
+                 ORDER BY first_id",
             )
             .unwrap()
-            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+            .query_map([], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+            })
             .unwrap()
             .collect::<rusqlite::Result<_>>()
             .unwrap();
         assert!(blocks.len() >= 8, "{blocks:?}");
         let mut next = 1;
-        for &(first, last, lo, hi) in &blocks {
+        for &(first, last, lo, hi, classes) in &blocks {
             assert_eq!(first, next);
+            let ops: Vec<String> = c
+                .prepare(
+                    "SELECT DISTINCT o.op FROM call_rows c JOIN ops o ON o.id = c.op_id
+                     WHERE c.id BETWEEN ?1 AND ?2",
+                )
+                .unwrap()
+                .query_map([first, last], |r| r.get(0))
+                .unwrap()
+                .collect::<rusqlite::Result<_>>()
+                .unwrap();
+            let names: Vec<&str> = ops.iter().map(String::as_str).collect();
+            assert_eq!(Some(classes), classes_of(Some(&names)), "{names:?}");
             let (a, b): (i64, i64) = c
                 .query_row(
                     "SELECT min(ts_ns), max(ts_ns) FROM call_rows WHERE id BETWEEN ?1 AND ?2",
@@ -207,11 +286,15 @@ mod tests {
         ];
         let (with, bare) = (Trace::open(&path).unwrap(), Trace::open(&without).unwrap());
         let conn = with.bulk().unwrap();
-        let all = id_range(conn, None, None).unwrap().unwrap();
+        let span = |r: Vec<(i64, i64)>| match (r.first(), r.last()) {
+            (Some(a), Some(b)) => (a.0, b.1),
+            _ => (1, 0),
+        };
+        let all = span(id_ranges(conn, None, None, ALL_CLASSES).unwrap().unwrap());
         assert_eq!(all.0, 1);
         for (since, until) in windows {
             let at = format!("{since:?}..{until:?}");
-            let range = id_range(conn, since, until).unwrap().unwrap();
+            let range = span(id_ranges(conn, since, until, ALL_CLASSES).unwrap().unwrap());
             assert!(
                 range.1 - range.0 < all.1 - all.0,
                 "{at}: {range:?} of {all:?}"
@@ -232,11 +315,26 @@ mod tests {
             };
             assert_eq!(explain(&with), explain(&bare), "{at}: explain");
         }
-        assert_eq!(
-            id_range(conn, Some(900_000_000), None).unwrap(),
-            Some((1, 0))
+        let late = id_ranges(conn, Some(900_000_000), None, ALL_CLASSES).unwrap();
+        assert_eq!(late, Some(vec![]));
+        // The pinning calls are in the first block alone; the memory pinned
+        // before a late window is found through it.
+        let pinning = classes_of(Some(&["cudaHostAlloc", "cudaFreeHost"])).unwrap();
+        let first_block = id_ranges(conn, None, None, pinning).unwrap().unwrap();
+        assert!(
+            first_block.len() == 1 && first_block[0].0 == 1 && first_block[0].1 < all.1,
+            "{first_block:?}"
         );
-        assert_eq!(id_range(bare.bulk().unwrap(), Some(1), None).unwrap(), None);
+        let pinned = |t: &Trace| {
+            let p = crate::scoped::pinned_before(t, None, Some(7_000_000), Default::default());
+            p.unwrap().ranges()
+        };
+        assert_eq!(pinned(&with), vec![(100, PINNED, PINNED + (1 << 20))]);
+        assert_eq!(pinned(&with), pinned(&bare));
+        assert_eq!(
+            id_ranges(bare.bulk().unwrap(), Some(1), None, ALL_CLASSES).unwrap(),
+            None
+        );
         // A gap between two blocks: every row is read.
         drop((with, bare));
         let c = Connection::open(&path).unwrap();
@@ -245,7 +343,10 @@ mod tests {
             [],
         )
         .unwrap();
-        assert_eq!(id_range(&c, Some(7_000_000), None).unwrap(), None);
+        assert_eq!(
+            id_ranges(&c, Some(7_000_000), None, ALL_CLASSES).unwrap(),
+            None
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

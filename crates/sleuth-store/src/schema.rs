@@ -80,15 +80,16 @@ CREATE TABLE call_rows(
     stack_id INTEGER
 );
 CREATE INDEX call_rows_stack ON call_rows(stack_id) WHERE stack_id IS NOT NULL;
--- One row per writer transaction that stored calls: its call rows' id range
--- and their earliest and latest start (`call_blocks`: a window of a file
--- still being written, which has no (tid, ts_ns) index yet, reads the ids
--- of the blocks it overlaps, not every row).
+-- One row per writer transaction that stored calls: its call rows' id range,
+-- their earliest and latest start and their ops' classes (a bit per
+-- OpClass): a read of a file still being written, which has no call-row
+-- index yet, keeps to the blocks that can hold its calls (`call_blocks`).
 CREATE TABLE call_blocks(
     first_id INTEGER NOT NULL,
     last_id INTEGER NOT NULL,
     min_ts_ns INTEGER NOT NULL,
-    max_ts_ns INTEGER NOT NULL
+    max_ts_ns INTEGER NOT NULL,
+    classes INTEGER NOT NULL
 );
 CREATE TABLE waits(
     id INTEGER PRIMARY KEY,

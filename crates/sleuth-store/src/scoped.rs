@@ -640,15 +640,13 @@ pub(crate) fn unthreaded(
         conds.push(format!("pid = ?{}", args.len()));
     }
     push_op_and_window(filter, 0, &mut conds, &mut args);
-    // A window: the ids of the blocks it overlaps (`call_blocks`), not every row.
-    if filter.since_ns.is_some() || filter.until_ns.is_some() {
-        if let Some((first, last)) =
-            crate::call_blocks::id_range(conn, filter.since_ns, filter.until_ns)?
-        {
-            args.push(Value::Integer(first));
-            conds.push(format!("id >= ?{}", args.len()));
-            args.push(Value::Integer(last));
-            conds.push(format!("id <= ?{}", args.len()));
+    // The ids of the writer's blocks that can hold the scope's calls
+    // (`call_blocks`: its window, its op), not every row.
+    let ops = filter.op.as_deref().map(|o| vec![o]);
+    if let Some(classes) = crate::call_blocks::classes_of(ops.as_deref()) {
+        let (since, until) = (filter.since_ns, filter.until_ns);
+        if let Some(ranges) = crate::call_blocks::id_ranges(conn, since, until, classes)? {
+            conds.push(crate::call_blocks::condition("id", &ranges, &mut args));
         }
     }
     let source = crate::stream::calls_source(version >= 2);

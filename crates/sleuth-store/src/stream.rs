@@ -602,19 +602,32 @@ pub(crate) fn visit_calls<E: From<StoreError>>(
         conds.push(format!("calls.ts_ns + calls.dur_ns <= ?{}", args.len()));
     }
     let windowed = q.since_ns.is_some() || q.until_ns.is_some();
-    if windowed {
-        // The threads (from the stored call groups) name the index ranges;
-        // without stored groups SQLite reads every row and filters.
-        if let Some(tids) = window_tids(conn, q.pid, "calls.").map_err(err)? {
-            conds.push(tids);
-        } else if let Some((first, last)) =
-            crate::call_blocks::id_range(conn, q.since_ns, q.until_ns).map_err(err)?
-        {
-            // A file still being written: the ids of the blocks the window overlaps.
-            args.push(Value::Integer(first));
-            conds.push(format!("calls.id >= ?{}", args.len()));
-            args.push(Value::Integer(last));
-            conds.push(format!("calls.id <= ?{}", args.len()));
+    // A file still being written (no call groups, no call-row index yet):
+    // a window or a few ops read the ids of the writer's blocks that can
+    // hold their calls (`call_blocks`), not every row.
+    let mut in_blocks = false;
+    let unindexed = match windowed {
+        // The threads (from the stored call groups) name the index ranges.
+        true => match window_tids(conn, q.pid, "calls.").map_err(err)? {
+            Some(tids) => {
+                conds.push(tids);
+                false
+            }
+            None => true,
+        },
+        false => q.ops.is_some() && !crate::call_groups::complete(conn).map_err(err)?,
+    };
+    if unindexed {
+        let classes = crate::call_blocks::classes_of(q.ops.as_deref());
+        if let Some(classes) = classes {
+            let ranges = crate::call_blocks::id_ranges(conn, q.since_ns, q.until_ns, classes)
+                .map_err(err)?;
+            if let Some(ranges) = ranges {
+                conds.push(crate::call_blocks::condition(
+                    "calls.id", &ranges, &mut args,
+                ));
+                in_blocks = true;
+            }
         }
     }
     for (bound, op) in [(q.since_ns, ">="), (q.until_ns, "<")] {
@@ -623,7 +636,11 @@ pub(crate) fn visit_calls<E: From<StoreError>>(
             conds.push(format!("calls.ts_ns {op} ?{}", args.len()));
         }
     }
-    let scan_rows = !windowed && scan_table(conn, src.version, q).map_err(err)?;
+    // In blocks: the rows by id, in row order (`scan_table`'s count of an
+    // op's rows would itself read every row without the op index).
+    let scan_rows = !windowed
+        && src.version >= 2
+        && (in_blocks || scan_table(conn, src.version, q).map_err(err)?);
     let source = source_of(src.version, scan_rows, op_marks.as_deref());
     select_calls(
         conn, src, &conds, &args, q.order, q.limit, &source, err, visit,

@@ -506,10 +506,10 @@ impl WriterState {
             }
         }
         rows.flush_calls()?;
-        let starts = rows.starts;
+        let (starts, classes) = (rows.starts, rows.classes);
         drop(rows);
         if let Some(starts) = starts {
-            self.next_call_id = store_call_block(&tx, self.next_call_id, starts)?;
+            self.next_call_id = store_call_block(&tx, self.next_call_id, starts, classes)?;
         }
         if !self.db_full && db_bytes(&tx, &self.path)? >= self.opts.max_db_bytes {
             self.db_full = true;
@@ -666,8 +666,10 @@ struct EventRows<'tx, 'b> {
     culprit: Option<CachedStatement<'tx>>,
     block: Option<CachedStatement<'tx>>,
     proc: Option<CachedStatement<'tx>>,
-    /// The earliest and latest start of the calls stored (`call_blocks`).
+    /// The earliest and latest start of the calls stored, and their ops'
+    /// classes (`call_blocks`).
     starts: Option<(u64, u64)>,
+    classes: i64,
 }
 
 /// The statement in `slot`, prepared (through the connection's cache) on first use.
@@ -808,13 +810,16 @@ impl<'tx, 'b> EventRows<'tx, 'b> {
             block: None,
             proc: None,
             starts: None,
+            classes: 0,
         }
     }
 
-    /// Call `c` is stored in this transaction: its start joins the block's.
-    fn note_start(&mut self, c: &CallEvent) {
+    /// Call `c` (of op `info`) is stored in this transaction: its start
+    /// and its op's class join the block's.
+    fn note_block(&mut self, c: &CallEvent, info: &sleuth_core::ops::OpInfo) {
         let t = c.ts_ns;
         self.starts = Some(self.starts.map_or((t, t), |(a, b)| (a.min(t), b.max(t))));
+        self.classes |= crate::call_blocks::class_bit(info);
     }
 
     /// Stores one call (perhaps together with the next ones); false when its
@@ -824,10 +829,10 @@ impl<'tx, 'b> EventRows<'tx, 'b> {
             // Its row id names its host pointer: stored on its own.
             return Ok(self.call_with_id(c)?.is_some());
         }
-        if c.info().is_none() {
+        let Some(info) = c.info() else {
             return Ok(false);
-        }
-        self.note_start(c);
+        };
+        self.note_block(c, info);
         self.calls.push(c);
         if self.calls.len() == CALLS_PER_INSERT {
             let ins = call_insert(self.tx, &mut self.call_multi, CALLS_PER_INSERT)?;
@@ -866,7 +871,7 @@ impl<'tx, 'b> EventRows<'tx, 'b> {
         ins.bind(0, c, info.id)?;
         ins.execute()?;
         let id = self.tx.last_insert_rowid();
-        self.note_start(c);
+        self.note_block(c, info);
         if let Some(hp) = c.host_ptr {
             stmt(self.tx, &mut self.host_ptr, || INSERT_HOST_PTR.into())?
                 .execute(params![id, hp as i64])?;
@@ -955,25 +960,37 @@ impl<'tx, 'b> EventRows<'tx, 'b> {
     }
 }
 
-/// Events a message carries (the batch-size count).
 /// Stores the block of the calls this transaction stored (row ids from
 /// `first_id` to the table's last, `starts`: their earliest and latest
-/// start); returns the next call's row id. One indexed lookup and one row
+/// start, `classes`: their ops' class bits); returns the next call's row id. One indexed lookup and one row
 /// per transaction (thousands of events). A block never claims less than
 /// its rows: `first_id` starts at 1, so a file the writer did not create
 /// empty gets a wider first block, never a gap.
-fn store_call_block(tx: &Transaction, first_id: i64, starts: (u64, u64)) -> rusqlite::Result<i64> {
+fn store_call_block(
+    tx: &Transaction,
+    first_id: i64,
+    starts: (u64, u64),
+    classes: i64,
+) -> rusqlite::Result<i64> {
     let last_id: i64 = tx.query_row("SELECT coalesce(max(id), 0) FROM call_rows", [], |r| {
         r.get(0)
     })?;
     let ns = |t: u64| i64::try_from(t).unwrap_or(i64::MAX);
     tx.prepare_cached(
-        "INSERT INTO call_blocks(first_id, last_id, min_ts_ns, max_ts_ns) VALUES (?1, ?2, ?3, ?4)",
+        "INSERT INTO call_blocks(first_id, last_id, min_ts_ns, max_ts_ns, classes)
+         VALUES (?1, ?2, ?3, ?4, ?5)",
     )?
-    .execute(params![first_id, last_id, ns(starts.0), ns(starts.1)])?;
+    .execute(params![
+        first_id,
+        last_id,
+        ns(starts.0),
+        ns(starts.1),
+        classes
+    ])?;
     Ok(last_id.saturating_add(1))
 }
 
+/// Events a message carries (the batch-size count).
 fn msg_events(m: &Msg) -> usize {
     match m {
         Msg::Event(_) => 1,
