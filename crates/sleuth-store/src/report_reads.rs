@@ -84,11 +84,7 @@ pub fn load(
         pid,
         n_slowest,
     )?;
-    let sites = if lean.data.stacks.is_empty() {
-        None
-    } else {
-        Some(site_reads(trace, &lean, pid)?)
-    };
+    let sites = sites_of(trace, &lean, pid)?;
     Ok(Some(LeanReport { lean, parts, sites }))
 }
 
@@ -124,12 +120,17 @@ pub fn streamed(
         calls.ops,
         calls.slowest,
     )?;
-    let sites = if lean.data.stacks.is_empty() {
-        None
-    } else {
-        Some(site_reads(trace, &lean, pid)?)
-    };
+    let sites = sites_of(trace, &lean, pid)?;
     Ok(Some(LeanReport { lean, parts, sites }))
+}
+
+/// The call-site sections' reads; None for a file without call sites
+/// (the sections are not drawn).
+fn sites_of(trace: &Trace, lean: &Lean, pid: Option<u32>) -> Result<Option<SiteReads>, StoreError> {
+    match lean.data.stacks.is_empty() {
+        true => Ok(None),
+        false => site_reads(trace, lean, pid).map(Some),
+    }
 }
 
 /// What the report reads of one file besides its lean load, and what a
