@@ -104,9 +104,27 @@ pub(crate) fn id_ranges(
     Ok(Some(ranges))
 }
 
+/// The condition that keeps a read of the calls of `ops` (all without)
+/// starting in `[since, until)` to the blocks that can hold them, on the id
+/// column `id` (`calls.id`), its bounds added to `args`; None where the
+/// blocks cannot say ([`classes_of`], [`id_ranges`]): every row is read.
+pub(crate) fn restrict(
+    conn: &Connection,
+    ops: Option<&[&str]>,
+    (since, until): (Option<u64>, Option<u64>),
+    id: &str,
+    args: &mut Vec<Value>,
+) -> rusqlite::Result<Option<String>> {
+    let Some(classes) = classes_of(ops) else {
+        return Ok(None);
+    };
+    let ranges = id_ranges(conn, since, until, classes)?;
+    Ok(ranges.map(|r| condition(id, &r, args)))
+}
+
 /// The condition that keeps a read to `ranges` (of [`id_ranges`]) on the
 /// id column `id` (`calls.id`), its bounds added to `args`.
-pub(crate) fn condition(id: &str, ranges: &[(i64, i64)], args: &mut Vec<Value>) -> String {
+fn condition(id: &str, ranges: &[(i64, i64)], args: &mut Vec<Value>) -> String {
     if ranges.is_empty() {
         return "0".into();
     }

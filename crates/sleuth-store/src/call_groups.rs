@@ -175,12 +175,6 @@ pub(crate) fn write(conn: &Connection, groups: Groups) -> rusqlite::Result<()> {
 /// answers). Rows of ops this build does not know are left out, as
 /// [`compute`] leaves them out; a row with values no call can have (times
 /// outside 0..2^62 ns, a negative count) makes the table damaged: an error.
-/// Whether the file stored its call groups (a finished file; the one a
-/// run's tracer is still writing has none, nor its call-row indexes).
-pub(crate) fn complete(conn: &Connection) -> rusqlite::Result<bool> {
-    complete_tables(conn, "call_groups", &[("call_groups", COLS)])
-}
-
 pub(crate) fn stored(conn: &Connection) -> rusqlite::Result<Option<Vec<CallGroup>>> {
     if !complete_tables(conn, "call_groups", &[("call_groups", COLS)])? {
         return Ok(None);

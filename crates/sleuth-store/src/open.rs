@@ -319,6 +319,16 @@ pub(crate) fn has_table(conn: &Connection, name: &str) -> rusqlite::Result<bool>
     .map(|n| n > 0)
 }
 
+/// Whether an index of that name exists.
+pub(crate) fn has_index(conn: &Connection, name: &str) -> rusqlite::Result<bool> {
+    conn.query_row(
+        "SELECT count(*) FROM sqlite_master WHERE type = 'index' AND name = ?1",
+        [name],
+        |r| r.get::<_, i64>(0),
+    )
+    .map(|n| n > 0)
+}
+
 /// The `meta` value stored under `key`, or None when the trace has none.
 pub(crate) fn meta_value(conn: &Connection, key: &str) -> rusqlite::Result<Option<String>> {
     use rusqlite::OptionalExtension;

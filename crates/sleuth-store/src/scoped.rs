@@ -643,11 +643,9 @@ pub(crate) fn unthreaded(
     // The ids of the writer's blocks that can hold the scope's calls
     // (`call_blocks`: its window, its op), not every row.
     let ops = filter.op.as_deref().map(|o| vec![o]);
-    if let Some(classes) = crate::call_blocks::classes_of(ops.as_deref()) {
-        let (since, until) = (filter.since_ns, filter.until_ns);
-        if let Some(ranges) = crate::call_blocks::id_ranges(conn, since, until, classes)? {
-            conds.push(crate::call_blocks::condition("id", &ranges, &mut args));
-        }
+    let window = (filter.since_ns, filter.until_ns);
+    if let Some(c) = crate::call_blocks::restrict(conn, ops.as_deref(), window, "id", &mut args)? {
+        conds.push(c);
     }
     let source = crate::stream::calls_source(version >= 2);
     let scope = conds.join(" AND ");

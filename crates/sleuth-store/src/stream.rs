@@ -10,7 +10,7 @@
 use crate::budget::{ReadBudget, DEFAULT_READ_TIMEOUT};
 use crate::checked::BulkCheck;
 use crate::error::{SqlContext, StoreError};
-use crate::open::{has_table, open_trace_file};
+use crate::open::{has_index, has_table, open_trace_file};
 use crate::problems::{valid_call, valid_wait, MAX_NS, TOTALS_OVERFLOW};
 use crate::reader::{check_is_trace, check_schema, Trace};
 use crate::return_order::{OutOfOrder, Reorder, REORDER_ROWS};
@@ -605,7 +605,6 @@ pub(crate) fn visit_calls<E: From<StoreError>>(
     // A file still being written (no call groups, no call-row index yet):
     // a window or a few ops read the ids of the writer's blocks that can
     // hold their calls (`call_blocks`), not every row.
-    let mut in_blocks = false;
     let unindexed = match windowed {
         // The threads (from the stored call groups) name the index ranges.
         true => match window_tids(conn, q.pid, "calls.").map_err(err)? {
@@ -615,19 +614,18 @@ pub(crate) fn visit_calls<E: From<StoreError>>(
             }
             None => true,
         },
-        false => q.ops.is_some() && !crate::call_groups::complete(conn).map_err(err)?,
+        // The op index finds a few ops' rows where the file has it (the
+        // writer's completion builds it before its own reads of them).
+        false => q.ops.is_some() && !has_index(conn, "call_rows_op_dur").map_err(err)?,
     };
+    let mut in_blocks = false;
     if unindexed {
-        let classes = crate::call_blocks::classes_of(q.ops.as_deref());
-        if let Some(classes) = classes {
-            let ranges = crate::call_blocks::id_ranges(conn, q.since_ns, q.until_ns, classes)
-                .map_err(err)?;
-            if let Some(ranges) = ranges {
-                conds.push(crate::call_blocks::condition(
-                    "calls.id", &ranges, &mut args,
-                ));
-                in_blocks = true;
-            }
+        let window = (q.since_ns, q.until_ns);
+        let ops = q.ops.as_deref();
+        let blocks = crate::call_blocks::restrict(conn, ops, window, "calls.id", &mut args);
+        if let Some(c) = blocks.map_err(err)? {
+            conds.push(c);
+            in_blocks = true;
         }
     }
     for (bound, op) in [(q.since_ns, ">="), (q.until_ns, "<")] {
