@@ -91,6 +91,14 @@ impl CallSink for Feed<'_> {
     }
 }
 
+/// A thread's waits that went back on CPU after its window's start (`?1`
+/// pid, `?2` tid, `?3` the first start of its non-nested calls in scope):
+/// the statement a pass ([`Threads::waits_sql`]) reads them with.
+pub(crate) fn thread_waits_after_sql(conn: &Connection) -> rusqlite::Result<String> {
+    let valid = crate::problems::valid_wait("w.");
+    crate::wait_stream::thread_waits_sql(conn, &format!("{valid} AND w.on_ns > ?3"))
+}
+
 /// Where the threads' waits are read from: the threads of the scope, the
 /// waits' statement (`?1` pid, `?2` tid, `?3` the window's start), the
 /// trace's tracer and process names.

@@ -25,7 +25,7 @@
 //! recomputation ~5% of the time in all); where a crafted file's
 //! `call_culprits` disagree with its waits, the waits win.
 
-use crate::problems::{valid_call, valid_wait, TOTALS_OVERFLOW};
+use crate::problems::{valid_call, TOTALS_OVERFLOW};
 use crate::reader::Trace;
 use crate::rows::calls_sql_from;
 use crate::scope_feed::{self, Feed};
@@ -463,11 +463,7 @@ fn parts_seeded(
     // first) and the pass stops reading past the window's end
     // (`ThreadPass::finish`): no bound on the end in SQL, where SQLite would
     // read the rest of the thread to find that no later wait matches it.
-    let waits_q = crate::wait_stream::thread_waits_sql(
-        conn,
-        &format!("{} AND w.on_ns > ?3", valid_wait("w.")),
-    )
-    .map_err(read)?;
+    let waits_q = scope_feed::thread_waits_after_sql(conn).map_err(read)?;
     // The ops replayed in return order afterwards, within the scope's op.
     let scoped_ops = |ops: Vec<&'static str>| -> BTreeSet<&'static str> {
         ops.into_iter().filter(|o| name_in_scope(op, o)).collect()

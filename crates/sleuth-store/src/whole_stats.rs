@@ -12,18 +12,16 @@
 //! loaded file's `threads::thread_splits` gives. Memory is those waits,
 //! the rollups and one pass per thread; not the calls.
 
-use crate::problems::valid_wait;
 use crate::reader::Trace;
 use crate::scope_feed::{self, CallSink};
 use crate::stream::Rows;
 use crate::types::{CallFilter, StoredCall};
+use crate::window::CallTally;
 use crate::StoreError;
-use sleuth_core::culprits::{culprit_waits_by_thread, culprits_of_call, names_culprits};
-use sleuth_core::rollup::{self, OpRollup, StoredRollups};
+use sleuth_core::rollup::{self, StoredRollups};
 use sleuth_core::stats::StatsReport;
 use sleuth_core::threads::{sort_splits, tracer_pid, ThreadSplit};
-use sleuth_core::{Culprit, TraceData, WaitEvent};
-use std::collections::{BTreeMap, HashMap};
+use sleuth_core::{Culprit, TraceData};
 
 /// The statistics of the whole file (of process `pid`, all when None), as
 /// `stats` gives them, streamed; None where the caller loads the file
@@ -52,26 +50,14 @@ pub fn streamed(
     else {
         return Ok(None);
     };
-    let mut held = Vec::new();
-    Rows::open(trace)?.for_each_wait::<StoreError>(pid, |w| {
-        if names_culprits(&w) {
-            held.push(w);
-        }
-        Ok(())
-    })?;
+    let held = crate::window::culprit_waits(&Rows::open(trace)?, pid, None)?;
     let base = TraceData {
         counts: trace.op_counts(pid)?,
         stats: trace.stats()?,
         has_host_context: trace.has_host_context(),
         ..trace.frame(pid)?
     };
-    // A thread's waits back on CPU after its first non-nested call's start
-    // (`?3`), as a scope's pass reads them (`scoped::parts_seeded`).
-    let waits_sql = crate::wait_stream::thread_waits_sql(
-        conn,
-        &format!("{} AND w.on_ns > ?3", valid_wait("w.")),
-    )
-    .map_err(read)?;
+    let waits_sql = scope_feed::thread_waits_after_sql(conn).map_err(read)?;
     let th = scope_feed::Threads {
         conn,
         threads: &pass.threads,
@@ -80,24 +66,18 @@ pub fn streamed(
         data: &base,
     };
     let mut sink = StatsSink {
-        waits: culprit_waits_by_thread(&held),
-        ops: HashMap::new(),
-        sums: BTreeMap::new(),
+        tally: CallTally::new(&held),
         splits: Vec::new(),
     };
     if !scope_feed::one_read(&mut sink, &th, &pass.sql, &pass.args).map_err(read)? {
         return Ok(None);
     }
-    let StatsSink {
-        ops,
-        sums,
-        mut splits,
-        ..
-    } = sink;
+    let StatsSink { tally, mut splits } = sink;
     sort_splits(&mut splits);
+    let (ops, culprits) = tally.finish();
     let rollups = StoredRollups {
         ops: ops.into_iter().map(|((p, o), r)| (p, o, r)).collect(),
-        culprits: crate::window::culprit_rows(sums),
+        culprits,
         threads: splits,
     };
     Ok(Some(rollup::stats_report(&rollups, pid, &base)))
@@ -105,12 +85,7 @@ pub fn streamed(
 
 /// The accumulators of [`streamed`].
 struct StatsSink<'w> {
-    /// Each thread's waits that can name culprits, sorted as
-    /// `culprits_of_call` takes them.
-    waits: HashMap<(u32, u32), Vec<&'w WaitEvent>>,
-    ops: HashMap<(u32, u16), OpRollup>,
-    /// Runnable time per (process, op, culprit's process, culprit's name).
-    sums: BTreeMap<(u32, u16, u32, String), u64>,
+    tally: CallTally<'w>,
     splits: Vec<ThreadSplit>,
 }
 
@@ -119,14 +94,7 @@ impl CallSink for StatsSink<'_> {
     /// the sums (a nested call's are its own: its thread's pass sees only
     /// the non-nested ones, which come after it in row order).
     fn note(&mut self, s: &StoredCall) {
-        let c = &s.call;
-        self.ops.entry((c.pid, c.op)).or_default().add(c);
-        if let Some(waits) = self.waits.get(&(c.pid, c.tid)) {
-            for k in culprits_of_call(c, waits) {
-                let e = self.sums.entry((c.pid, c.op, k.pid, k.comm)).or_default();
-                *e = e.saturating_add(k.ns);
-            }
-        }
+        self.tally.add(&s.call);
     }
 
     /// The pass's culprits are those `note` took from the same waits.

@@ -22,11 +22,11 @@ use sleuth_core::decompose::CulpritTime;
 use sleuth_core::findings::{self, Explanation};
 use sleuth_core::rollup::{self, OpRollup, StoredRollups};
 use sleuth_core::stats::{self, StatsReport};
-use sleuth_core::{op_by_name, OpCount, TraceData};
+use sleuth_core::{op_by_name, CallEvent, OpCount, TraceData, WaitEvent};
 use std::collections::{BTreeMap, HashMap};
 
 /// Rollups by (pid, op id).
-type OpRollups = HashMap<(u32, u16), OpRollup>;
+pub(crate) type OpRollups = HashMap<(u32, u16), OpRollup>;
 
 /// The per-(pid, op) rollups of the calls `q` selects (a window's), and
 /// the lowest and highest row id among them.
@@ -530,37 +530,76 @@ pub fn streamed_parts(trace: &Trace, scope: &CallFilter) -> Result<StatsParts, S
         trace.require_pid(pid)?;
     }
     let rows = Rows::open(trace)?;
-    let mut held = Vec::new();
     // A wait back on CPU by the window's start overlaps none of its calls.
-    rows.for_each_wait_after::<StoreError>(pid, scope.since_ns, |w| {
+    let held = culprit_waits(&rows, pid, scope.since_ns)?;
+    let mut tally = CallTally::new(&held);
+    if let Some(q) = window_query(scope) {
+        rows.for_each_call::<StoreError>(&q, |s| {
+            tally.add(&s.call);
+            Ok(())
+        })?;
+    }
+    let (ops, culprits) = tally.finish();
+    parts_of(trace, scope, ops, culprits)
+}
+
+/// The waits of process `pid` (all without) back on CPU after `after_ns`
+/// (all without) that can name culprits (`culprits::names_culprits`): what
+/// a streamed read of calls holds to find their culprits ([`CallTally`]).
+pub(crate) fn culprit_waits(
+    rows: &Rows,
+    pid: Option<u32>,
+    after_ns: Option<u64>,
+) -> Result<Vec<WaitEvent>, StoreError> {
+    let mut held = Vec::new();
+    rows.for_each_wait_after::<StoreError>(pid, after_ns, |w| {
         if sleuth_core::culprits::names_culprits(&w) {
             held.push(w);
         }
         Ok(())
     })?;
-    let by_thread = sleuth_core::culprits::culprit_waits_by_thread(&held);
-    let mut ops = OpRollups::new();
-    let mut sums: BTreeMap<(u32, u16, u32, String), u64> = BTreeMap::new();
-    if let Some(q) = window_query(scope) {
-        rows.for_each_call::<StoreError>(&q, |s| {
-            let c = &s.call;
-            ops.entry((c.pid, c.op)).or_default().add(c);
-            if let Some(waits) = by_thread.get(&(c.pid, c.tid)) {
-                for k in sleuth_core::culprits::culprits_of_call(c, waits) {
-                    let e = sums.entry((c.pid, c.op, k.pid, k.comm)).or_default();
-                    *e = e.saturating_add(k.ns);
-                }
-            }
-            Ok(())
-        })?;
+    Ok(held)
+}
+
+/// Calls streamed in any order into their ops' rollups and their culprit
+/// sums, each call's culprits from its thread's waits that can name any
+/// (held: [`culprit_waits`]), as `culprits::call_culprits` takes them from
+/// a loaded trace.
+pub(crate) struct CallTally<'w> {
+    waits: HashMap<(u32, u32), Vec<&'w WaitEvent>>,
+    ops: OpRollups,
+    /// Runnable time per (process, op, culprit's process, culprit's name).
+    sums: BTreeMap<(u32, u16, u32, String), u64>,
+}
+
+impl<'w> CallTally<'w> {
+    pub(crate) fn new(held: &'w [WaitEvent]) -> CallTally<'w> {
+        CallTally {
+            waits: sleuth_core::culprits::culprit_waits_by_thread(held),
+            ops: OpRollups::new(),
+            sums: BTreeMap::new(),
+        }
     }
-    parts_of(trace, scope, ops, culprit_rows(sums))
+
+    /// One call, nested too.
+    pub(crate) fn add(&mut self, c: &CallEvent) {
+        self.ops.entry((c.pid, c.op)).or_default().add(c);
+        if let Some(waits) = self.waits.get(&(c.pid, c.tid)) {
+            for k in sleuth_core::culprits::culprits_of_call(c, waits) {
+                let e = self.sums.entry((c.pid, c.op, k.pid, k.comm)).or_default();
+                *e = e.saturating_add(k.ns);
+            }
+        }
+    }
+
+    /// The rollups by (process, op) and the culprit sums as rollup rows.
+    pub(crate) fn finish(self) -> (OpRollups, Vec<(u32, u16, CulpritTime)>) {
+        (self.ops, culprit_rows(self.sums))
+    }
 }
 
 /// Culprit sums per (process, op, culprit process, name) as rollup rows.
-pub(crate) fn culprit_rows(
-    sums: BTreeMap<(u32, u16, u32, String), u64>,
-) -> Vec<(u32, u16, CulpritTime)> {
+fn culprit_rows(sums: BTreeMap<(u32, u16, u32, String), u64>) -> Vec<(u32, u16, CulpritTime)> {
     sums.into_iter()
         .map(|((pid, op, cpid, comm), runnable_ns)| {
             let who = CulpritTime {
