@@ -357,14 +357,7 @@ fn a_file_being_written_gives_its_stats_streamed_as_loaded() {
         let finished = Trace::open(&path).unwrap();
         assert!(streamed(&finished, None, 0).unwrap().is_none(), "{name}");
         drop(finished);
-        let conn = rusqlite::Connection::open(&path).unwrap();
-        conn.execute_batch(
-            "DROP TABLE call_groups;
-             DELETE FROM meta WHERE key NOT IN ('schema_version', 'tool', 'source', 'tool_version');
-             DROP INDEX IF EXISTS call_rows_tid_ts; DROP INDEX IF EXISTS call_rows_op_dur;",
-        )
-        .unwrap();
-        drop(conn);
+        common::trace_fixture::strip_as_being_written(&path);
         let t = Trace::open(&path).unwrap();
         assert!(t.stats_report(None).unwrap().is_none(), "{name}");
         let all = t.load(None).unwrap();

@@ -23,6 +23,20 @@ pub fn session() -> SessionInfo {
     }
 }
 
+/// Leaves the file at `path` as the tracer leaves the file it is still
+/// writing (or a killed writer's): no meta key its completion writes
+/// (rollups, call groups, finding and site rollups), no call groups table,
+/// no call-row indexes.
+pub fn strip_as_being_written(path: &Path) {
+    let c = rusqlite::Connection::open(path).unwrap();
+    c.execute_batch(
+        "DELETE FROM meta WHERE key NOT IN ('schema_version', 'tool', 'source', 'tool_version');
+         DROP TABLE call_groups;
+         DROP INDEX IF EXISTS call_rows_tid_ts; DROP INDEX IF EXISTS call_rows_op_dur;",
+    )
+    .unwrap();
+}
+
 /// A trace of the repository's `examples/` (written by earlier versions).
 pub fn example(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

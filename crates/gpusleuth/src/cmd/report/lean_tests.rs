@@ -15,7 +15,7 @@ use super::inputs::{Inputs, LatencyRow};
 use super::{inputs_of, render, SLOWEST_CALLS};
 use crate::render::explain::lean_tests::assert_same_words;
 use crate::temp_dir::TempDir;
-use crate::trace_fixture::{close, example, rewrite, rewrite_with_context};
+use crate::trace_fixture::{close, example, rewrite, rewrite_with_context, strip_as_being_written};
 use sleuth_core::sites::Stack;
 use sleuth_core::testing::{alloc, call, failed_alloc, free, py_frame, MS, US};
 use sleuth_core::{
@@ -440,19 +440,6 @@ fn traces_without_rollups_or_process_rollups_take_the_full_path() {
     // With --pid the report is the loaded process's.
     let one = inputs_of(&t, Some(101), true).unwrap();
     assert_eq!(one.calls_by_pid.keys().collect::<Vec<_>>(), vec![&101]);
-}
-
-/// Leaves the file at `path` as the tracer leaves the file it is still
-/// writing: no meta key its completion writes (rollups, call groups,
-/// finding and site rollups), no call groups table, no call-row indexes.
-fn strip_as_being_written(path: &Path) {
-    let c = rusqlite::Connection::open(path).unwrap();
-    c.execute_batch(
-        "DELETE FROM meta WHERE key NOT IN ('schema_version', 'tool', 'source', 'tool_version');
-         DROP TABLE call_groups;
-         DROP INDEX IF EXISTS call_rows_tid_ts; DROP INDEX IF EXISTS call_rows_op_dur;",
-    )
-    .unwrap();
 }
 
 /// A file without rollups (the one a run's tracer is still writing, a
