@@ -86,17 +86,31 @@ fn synthetic_pid(k: u64) -> u32 {
     100 + 1000 * k as u32
 }
 
+/// One call starts every this many ns, on the 4 threads in turn: each
+/// thread starts one every 20 µs.
+const CALL_EVERY_NS: u64 = 5_000;
+/// The longest call: under a thread's 20 µs between starts, with room for
+/// a sleep after it, so a thread's calls and waits never overlap (they did
+/// before round 25: calls of up to 52 µs every 20 µs, "135% inside CUDA
+/// calls" in each thread's split).
+const LONGEST_CALL_NS: u64 = 15_000;
+/// Where a wait inside a call begins, after the call's start.
+const WAIT_INSIDE_AFTER_NS: u64 = 200;
+
 /// The op mix, per 16 calls on each of 4 threads: 8 launches, 3 copies
 /// (every 40th call preempted by a "hog"), 2 syncs that sleep (woken by a
-/// peer thread), a malloc/free pair and a VMM create+map every 64th slot in
-/// place of a launch; a wait record for every tenth call. With `procs`
-/// processes, each run of 64 calls (one round of the mix on the 4 threads)
-/// goes to the next process in turn: every process has the whole mix.
+/// peer thread), a malloc/free pair (each thread's allocation its own, freed
+/// by its next call) and a VMM create+map every 64th slot in place of a
+/// launch; a thread sleeps 2 µs after every tenth call. Calls last 1–15 µs,
+/// across the histogram's exact buckets (< 2,048 ns) and its log ones; a
+/// thread's calls and waits follow one another without overlapping. With
+/// `procs` processes, each run of 64 calls (one round of the mix on the 4
+/// threads) goes to the next process in turn: every process has the whole mix.
 fn events(ops: &Ops, n_calls: u64, procs: u64) -> impl Iterator<Item = Event> + '_ {
     (0..n_calls).flat_map(move |i| {
         let pid = synthetic_pid((i / 64) % procs);
         let tid = pid + (i % 4) as u32;
-        let ts = 1_000_000 + i * 5_000;
+        let ts = 1_000_000 + i * CALL_EVERY_NS;
         let slot = (i / 4) % 16;
         let op = match slot {
             0..=7 if (i / 4) % 64 == 0 => ops.mem_create,
@@ -110,8 +124,8 @@ fn events(ops: &Ops, n_calls: u64, procs: u64) -> impl Iterator<Item = Event> + 
         };
         let preempted = op == ops.memcpy && i % 40 < 4;
         let blocked_sync = op == ops.sync;
-        // Durations spread over two decades so the histogram is exercised.
-        let dur = 2_000 + (i.wrapping_mul(2_654_435_761) % 50_000);
+        // Durations spread over 1–15 µs so the histogram is exercised.
+        let dur = 1_000 + (i.wrapping_mul(2_654_435_761) % (LONGEST_CALL_NS - 1_000));
         let (runnable, blocked) = match (preempted, blocked_sync) {
             (true, _) => (dur / 2, 0),
             (_, true) => (0, dur * 3 / 4),
@@ -124,7 +138,14 @@ fn events(ops: &Ops, n_calls: u64, procs: u64) -> impl Iterator<Item = Event> + 
             tid,
             op,
             size: Some(4096 << (i % 8)),
-            ptr: Some(0x7f00_0000_0000 + (i / 16) * 4096),
+            ptr: Some(if op == ops.malloc || op == ops.free {
+                // A malloc and the free 4 slots later on the same thread
+                // (same round, same thread): one MiB apart, above the
+                // largest size (512 KiB), so no two live allocations meet.
+                0x7e00_0000_0000 + ((i / 64) * 4 + i % 4) * (1 << 20)
+            } else {
+                0x7f00_0000_0000 + (i / 16) * 4096
+            }),
             runnable_ns: runnable,
             blocked_ns: blocked,
             cpu: (i % 2) as u32,
@@ -132,6 +153,14 @@ fn events(ops: &Ops, n_calls: u64, procs: u64) -> impl Iterator<Item = Event> + 
         };
         let mut out = vec![Event::Call(call)];
         if i % 10 == 0 || preempted || blocked_sync {
+            let inside = preempted || blocked_sync;
+            // A preemption or a sync's sleep inside its call; otherwise the
+            // thread sleeps 2 µs after the call, before its next one.
+            let (off, blocked) = if inside {
+                (ts + WAIT_INSIDE_AFTER_NS, blocked)
+            } else {
+                (ts + dur + 500, 2_000)
+            };
             out.push(Event::Wait(WaitEvent {
                 pid,
                 tid,
@@ -140,9 +169,9 @@ fn events(ops: &Ops, n_calls: u64, procs: u64) -> impl Iterator<Item = Event> + 
                 } else {
                     WaitKind::Blocked
                 },
-                off_ns: ts + 500,
-                wake_ns: ts + 500 + blocked,
-                on_ns: ts + 500 + blocked + runnable,
+                off_ns: off,
+                wake_ns: off + blocked,
+                on_ns: off + blocked + runnable,
                 prev_state: if preempted { 0 } else { 2 },
                 cpu: (i % 2) as u32,
                 culprits: if preempted {
@@ -356,6 +385,7 @@ pub fn render(a: &AnalysisBench) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::HashMap;
 
     #[test]
     fn the_synthetic_trace_round_trips_with_rollups_and_names_the_hog() {
@@ -427,6 +457,70 @@ mod tests {
             "{marginal:.1} bytes per added event ({:.1} per event at 200,000 calls)",
             large.bytes_per_event
         );
+    }
+
+    /// A thread does one thing at a time: its calls follow one another,
+    /// each wait lies inside one of its calls or between two, and a
+    /// malloc's pointer is never one still live (each free frees the
+    /// allocation its thread made last).
+    #[test]
+    fn a_threads_calls_and_waits_never_overlap() {
+        let ops = Ops::new().unwrap();
+        for procs in [1, 3] {
+            let evs: Vec<Event> = events(&ops, 64 * 40, procs).collect();
+            let mut by_tid: HashMap<u32, (Vec<&CallEvent>, Vec<&WaitEvent>)> = HashMap::new();
+            for e in &evs {
+                match e {
+                    Event::Call(c) => by_tid.entry(c.tid).or_default().0.push(c),
+                    Event::Wait(w) => by_tid.entry(w.tid).or_default().1.push(w),
+                    _ => {}
+                }
+            }
+            assert_eq!(by_tid.len() as u64, 4 * procs);
+            for (tid, (calls, waits)) in &by_tid {
+                for pair in calls.windows(2) {
+                    assert!(
+                        pair[0].ts_ns + pair[0].dur_ns <= pair[1].ts_ns,
+                        "tid {tid}: a call at {} overlaps the next",
+                        pair[0].ts_ns
+                    );
+                }
+                for w in waits {
+                    assert!(w.off_ns <= w.wake_ns && w.wake_ns <= w.on_ns);
+                    let inside = calls
+                        .iter()
+                        .any(|c| c.ts_ns <= w.off_ns && w.on_ns <= c.ts_ns + c.dur_ns);
+                    let crossing = calls
+                        .iter()
+                        .any(|c| w.off_ns < c.ts_ns + c.dur_ns && c.ts_ns < w.on_ns);
+                    assert!(
+                        inside || !crossing,
+                        "tid {tid}: a wait at {} straddles a call",
+                        w.off_ns
+                    );
+                }
+            }
+            let mut live: HashMap<u64, u64> = HashMap::new();
+            let mut frees = 0;
+            for c in evs.iter().filter_map(|e| match e {
+                Event::Call(c) => Some(c),
+                _ => None,
+            }) {
+                let p = c.ptr.unwrap();
+                if c.op == ops.malloc {
+                    let size = c.size.unwrap();
+                    assert!(
+                        live.iter().all(|(&q, &n)| p + size <= q || q + n <= p),
+                        "a malloc at {p:#x} meets a live allocation"
+                    );
+                    live.insert(p, size);
+                } else if c.op == ops.free {
+                    assert!(live.remove(&p).is_some(), "a free of {p:#x}, not live");
+                    frees += 1;
+                }
+            }
+            assert!(live.is_empty() && frees > 0);
+        }
     }
 
     #[test]
