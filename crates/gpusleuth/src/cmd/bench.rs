@@ -40,6 +40,12 @@ pub struct Args {
     /// with the whole mix on 4 threads; pids 100, 1100, 2100, ...).
     #[arg(long = "analysis-procs", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=64))]
     pub analysis_procs: u64,
+    /// Add PyTorch caching-allocator events to the synthetic trace (what
+    /// `trace --torch-allocator` stores): each process's main thread makes
+    /// a 20 MiB segment and takes and gives back a 2 MiB block of it every
+    /// 64 calls (2 allocator events per 64 calls).
+    #[arg(long = "analysis-allocator")]
+    pub analysis_allocator: bool,
     /// Launches per run of the tracer-footprint flood (`--launches full`,
     /// workload pinned to CPU 0; runs of N and 4N, placement on and off); 0 skips it.
     #[arg(long = "footprint-launches", default_value_t = 50_000)]
@@ -314,6 +320,7 @@ pub fn run(args: Args) -> Result<i32> {
             &b.dir,
             args.analysis_calls,
             args.analysis_procs,
+            args.analysis_allocator,
             Some(&b.exe),
             args.keep_trace.as_deref(),
             args.precheck_kept,
@@ -339,6 +346,7 @@ fn run_analysis_only(args: &Args) -> Result<i32> {
         &scratch.0,
         args.analysis_calls,
         args.analysis_procs,
+        args.analysis_allocator,
         Some(&exe),
         args.keep_trace.as_deref(),
         args.precheck_kept,

@@ -6,7 +6,8 @@
 
 use anyhow::{Context, Result};
 use serde::Serialize;
-use sleuth_core::{op_by_name, CallEvent, Culprit, Event, WaitEvent, WaitKind, Waker};
+use sleuth_core::event::BLOCK_WORDS;
+use sleuth_core::{op_by_name, BlockEvent, CallEvent, Culprit, Event, WaitEvent, WaitKind, Waker};
 use sleuth_store::{SessionInfo, Trace, TraceWriter, WriterOptions};
 use std::path::Path;
 use std::process::Command;
@@ -60,6 +61,10 @@ struct Ops {
     launch: u16,
     mem_create: u16,
     mem_map: u16,
+    mem_unmap: u16,
+    mem_release: u16,
+    block_malloc: u16,
+    block_free: u16,
 }
 
 impl Ops {
@@ -77,6 +82,10 @@ impl Ops {
             launch: id("cudaLaunchKernel")?,
             mem_create: id("cuMemCreate")?,
             mem_map: id("cuMemMap")?,
+            mem_unmap: id("cuMemUnmap")?,
+            mem_release: id("cuMemRelease")?,
+            block_malloc: id("DeviceCachingAllocator::malloc")?,
+            block_free: id("DeviceCachingAllocator::free")?,
         })
     }
 }
@@ -96,25 +105,83 @@ const CALL_EVERY_NS: u64 = 5_000;
 const LONGEST_CALL_NS: u64 = 15_000;
 /// Where a wait inside a call begins, after the call's start.
 const WAIT_INSIDE_AFTER_NS: u64 = 200;
+/// The caching allocator's segment of each process (a `cudaMalloc` in its
+/// first round, never freed) and the blocks carved from it.
+const SEGMENT_BYTES: u64 = 20 << 20;
+const BLOCK_BYTES: u64 = 2 << 20;
+/// A page of the virtual memory API (`cuMemCreate`'s granularity on
+/// NVIDIA GPUs).
+const VMM_PAGE_BYTES: u64 = 2 << 20;
+
+/// Where process `k`'s allocator segment lies.
+fn segment_base(k: u64) -> u64 {
+    0x7d00_0000_0000 + (k << 32)
+}
+
+/// A PyTorch caching-allocator event (`DeviceCachingAllocator::malloc` or
+/// `::free`) of the block at `ptr`, its `Block` words in the layout the
+/// calibration finds in PyTorch 2.x (size at word 6, requested size at 7,
+/// pointer at 9; the other words differ from event to event).
+fn block_event(op: u16, pid: u32, start: u64, round: u64, ptr: u64, malloc: bool) -> BlockEvent {
+    let requested = BLOCK_BYTES - 100;
+    let mut words = [0x5555_0000_0000 + start; BLOCK_WORDS];
+    words[6] = BLOCK_BYTES;
+    words[7] = requested;
+    words[9] = ptr;
+    BlockEvent {
+        op,
+        pid,
+        tid: pid,
+        start_ns: start,
+        end_ns: start + 300,
+        requested: malloc.then_some(requested),
+        // The `Block` object's own (host) address: one per round.
+        block: 0x5600_0000_0000 + round * 64,
+        words,
+        stack_id: None,
+    }
+}
 
 /// The op mix, per 16 calls on each of 4 threads: 8 launches, 3 copies
 /// (every 40th call preempted by a "hog"), 2 syncs that sleep (woken by a
 /// peer thread), a malloc/free pair (each thread's allocation its own, freed
-/// by its next call) and a VMM create+map every 64th slot in place of a
-/// launch; a thread sleeps 2 µs after every tenth call. Calls last 1–15 µs,
+/// by its next call); every fourth round a 2 MiB VMM page made (create,
+/// map) and given back (unmap, release) in place of 4 launches; a thread
+/// sleeps 2 µs after every tenth call. With `allocator`, each process's
+/// main thread (its first) also makes the caching allocator's segment (a
+/// 20 MiB `cudaMalloc` in place of a launch of its first round), and in
+/// every round takes a 2 MiB block from it after one launch and gives it
+/// back after another (`--torch-allocator`'s events). Calls last 1–15 µs,
 /// across the histogram's exact buckets (< 2,048 ns) and its log ones; a
 /// thread's calls and waits follow one another without overlapping. With
 /// `procs` processes, each run of 64 calls (one round of the mix on the 4
 /// threads) goes to the next process in turn: every process has the whole mix.
-fn events(ops: &Ops, n_calls: u64, procs: u64) -> impl Iterator<Item = Event> + '_ {
+fn events(
+    ops: &Ops,
+    n_calls: u64,
+    procs: u64,
+    allocator: bool,
+) -> impl Iterator<Item = Event> + '_ {
     (0..n_calls).flat_map(move |i| {
         let pid = synthetic_pid((i / 64) % procs);
         let tid = pid + (i % 4) as u32;
         let ts = 1_000_000 + i * CALL_EVERY_NS;
         let slot = (i / 4) % 16;
+        let proc_k = (i / 64) % procs;
+        // The process's own round: its allocator's segment is made in its
+        // first one (main thread, slot 2), its block taken at slot 3 and
+        // given back at slot 6.
+        let proc_round = i / 64 / procs;
+        let main_thread = i % 4 == 0;
+        let makes_segment = allocator && main_thread && proc_round == 0 && slot == 2;
+        // Every fourth round each thread makes a VMM page (create, map:
+        // slots 0, 1) and gives it back (unmap, release: slots 4, 5).
         let op = match slot {
-            0..=7 if (i / 4) % 64 == 0 => ops.mem_create,
-            0..=7 if (i / 4) % 64 == 1 => ops.mem_map,
+            _ if makes_segment => ops.malloc,
+            0 if (i / 64) % 4 == 0 => ops.mem_create,
+            1 if (i / 64) % 4 == 0 => ops.mem_map,
+            4 if (i / 64) % 4 == 0 => ops.mem_unmap,
+            5 if (i / 64) % 4 == 0 => ops.mem_release,
             0..=7 => ops.launch,
             8..=10 => ops.memcpy,
             11 | 12 => ops.sync,
@@ -131,27 +198,54 @@ fn events(ops: &Ops, n_calls: u64, procs: u64) -> impl Iterator<Item = Event> + 
             (_, true) => (0, dur * 3 / 4),
             _ => (0, 0),
         };
+        // The thread's own allocation or VMM page of this round.
+        let own = (i / 64) * 4 + i % 4;
+        let (size, ptr) = if makes_segment {
+            (SEGMENT_BYTES, segment_base(proc_k))
+        } else if op == ops.malloc || op == ops.free {
+            // A malloc and the free 4 slots later: one MiB apart, above
+            // the largest size (512 KiB), so no two live allocations meet.
+            (4096 << (i % 8), 0x7e00_0000_0000 + own * (1 << 20))
+        } else if op == ops.mem_create || op == ops.mem_release {
+            // The physical page's handle.
+            (VMM_PAGE_BYTES, 0x7b00_0000_0000 + own * 0x1000)
+        } else if op == ops.mem_map || op == ops.mem_unmap {
+            (VMM_PAGE_BYTES, 0x7c00_0000_0000 + own * VMM_PAGE_BYTES)
+        } else {
+            (4096 << (i % 8), 0x7f00_0000_0000 + (i / 16) * 4096)
+        };
         let call = CallEvent {
             ts_ns: ts,
             dur_ns: dur,
             pid,
             tid,
             op,
-            size: Some(4096 << (i % 8)),
-            ptr: Some(if op == ops.malloc || op == ops.free {
-                // A malloc and the free 4 slots later on the same thread
-                // (same round, same thread): one MiB apart, above the
-                // largest size (512 KiB), so no two live allocations meet.
-                0x7e00_0000_0000 + ((i / 64) * 4 + i % 4) * (1 << 20)
-            } else {
-                0x7f00_0000_0000 + (i / 16) * 4096
-            }),
+            size: Some(size),
+            ptr: Some(ptr),
             runnable_ns: runnable,
             blocked_ns: blocked,
             cpu: (i % 2) as u32,
             ..Default::default()
         };
         let mut out = vec![Event::Call(call)];
+        if allocator && main_thread && (slot == 3 || slot == 6) {
+            // Between this call and the thread's next (the sleep after
+            // every tenth call starts 500 ns after the call).
+            let ptr = segment_base(proc_k) + (proc_round % 10) * BLOCK_BYTES;
+            let (op, malloc) = if slot == 3 {
+                (ops.block_malloc, true)
+            } else {
+                (ops.block_free, false)
+            };
+            out.push(Event::Block(block_event(
+                op,
+                pid,
+                ts + dur + 100,
+                i / 64,
+                ptr,
+                malloc,
+            )));
+        }
         if i % 10 == 0 || preempted || blocked_sync {
             let inside = preempted || blocked_sync;
             // A preemption or a sync's sleep inside its call; otherwise the
@@ -209,12 +303,13 @@ fn own_cpu_ms() -> f64 {
 }
 
 /// Writes the synthetic trace of `n_calls` calls over `procs` processes
-/// into `dir`, then (with `exe`, this gpusleuth binary) times each analysis
+/// (with allocator events when `allocator`) into `dir`, then (with `exe`, this gpusleuth binary) times each analysis
 /// command on it as a child process.
 pub fn run(
     dir: &Path,
     n_calls: u64,
     procs: u64,
+    allocator: bool,
     exe: Option<&Path>,
     keep: Option<&Path>,
     precheck_kept: bool,
@@ -246,7 +341,7 @@ pub fn run(
     }
     let mut n_events = 0u64;
     let mut waits = 0u64;
-    for ev in events(&ops, n_calls, procs) {
+    for ev in events(&ops, n_calls, procs, allocator) {
         waits += matches!(ev, Event::Wait(_)) as u64;
         n_events += 1;
         h.send(ev)?;
@@ -391,7 +486,7 @@ mod tests {
     fn the_synthetic_trace_round_trips_with_rollups_and_names_the_hog() {
         let dir = std::env::temp_dir().join(format!("gs-bench-analysis-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let r = run(&dir, 4_000, 1, None, None, false).unwrap();
+        let r = run(&dir, 4_000, 1, false, None, None, false).unwrap();
         let _ = std::fs::remove_dir_all(&dir);
         assert_eq!(r.calls, 4_000);
         assert!(r.waits >= 400);
@@ -407,7 +502,7 @@ mod tests {
     fn the_synthetic_trace_spreads_over_processes() {
         let ops = Ops::new().unwrap();
         let calls = |procs| -> Vec<CallEvent> {
-            events(&ops, 64 * 6, procs)
+            events(&ops, 64 * 6, procs, true)
                 .filter_map(|e| match e {
                     Event::Call(c) => Some(c),
                     _ => None,
@@ -445,8 +540,8 @@ mod tests {
     fn the_mix_is_stored_in_at_most_80_bytes_per_event() {
         let dir = std::env::temp_dir().join(format!("gs-bench-bytes-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let small = run(&dir, 100_000, 1, None, None, false).unwrap();
-        let large = run(&dir, 200_000, 1, None, None, false).unwrap();
+        let small = run(&dir, 100_000, 1, false, None, None, false).unwrap();
+        let large = run(&dir, 200_000, 1, false, None, None, false).unwrap();
         let _ = std::fs::remove_dir_all(&dir);
         assert!(small.rollups && large.rollups);
         let bytes = |r: &AnalysisBench| r.db_mb * 1048576.0;
@@ -467,7 +562,7 @@ mod tests {
     fn a_threads_calls_and_waits_never_overlap() {
         let ops = Ops::new().unwrap();
         for procs in [1, 3] {
-            let evs: Vec<Event> = events(&ops, 64 * 40, procs).collect();
+            let evs: Vec<Event> = events(&ops, 64 * 40, procs, true).collect();
             let mut by_tid: HashMap<u32, (Vec<&CallEvent>, Vec<&WaitEvent>)> = HashMap::new();
             for e in &evs {
                 match e {
@@ -502,6 +597,8 @@ mod tests {
             }
             let mut live: HashMap<u64, u64> = HashMap::new();
             let mut frees = 0;
+            let mut vmm = std::collections::HashSet::new();
+            let mut vmm_gone = 0;
             for c in evs.iter().filter_map(|e| match e {
                 Event::Call(c) => Some(c),
                 _ => None,
@@ -517,16 +614,50 @@ mod tests {
                 } else if c.op == ops.free {
                     assert!(live.remove(&p).is_some(), "a free of {p:#x}, not live");
                     frees += 1;
+                } else if c.op == ops.mem_create || c.op == ops.mem_map {
+                    assert!(vmm.insert((c.op == ops.mem_map, p)), "{p:#x} made twice");
+                } else if c.op == ops.mem_release || c.op == ops.mem_unmap {
+                    assert!(vmm.remove(&(c.op == ops.mem_unmap, p)), "{p:#x} not made");
+                    vmm_gone += 1;
                 }
             }
-            assert!(live.is_empty() && frees > 0);
+            assert!(vmm.is_empty() && vmm_gone > 0, "every VMM page given back");
+            // What stays: each process's allocator segment.
+            let segments: Vec<u64> = (0..procs).map(segment_base).collect();
+            let mut left: Vec<u64> = live.keys().copied().collect();
+            left.sort_unstable();
+            assert_eq!(left, segments);
+            assert!(frees > 0);
+            // The allocator's blocks: on the main thread, between its
+            // calls, inside the segment, one taken at a time and given back.
+            let mut taken: HashMap<u32, u64> = HashMap::new();
+            let mut blocks = 0;
+            for b in evs.iter().filter_map(|e| match e {
+                Event::Block(b) => Some(b),
+                _ => None,
+            }) {
+                blocks += 1;
+                let (calls, _) = &by_tid[&b.tid];
+                assert!(calls
+                    .iter()
+                    .all(|c| b.end_ns <= c.ts_ns || c.ts_ns + c.dur_ns <= b.start_ns));
+                let seg = segment_base(u64::from((b.pid - 100) / 1000));
+                let ptr = b.words[9];
+                assert!(seg <= ptr && ptr + b.words[6] <= seg + SEGMENT_BYTES);
+                if b.op == ops.block_malloc {
+                    assert!(taken.insert(b.pid, ptr).is_none());
+                } else {
+                    assert_eq!(taken.remove(&b.pid), Some(ptr));
+                }
+            }
+            assert!(blocks >= 2 * 40 && taken.is_empty());
         }
     }
 
     #[test]
     fn the_mix_has_every_kind_it_claims() {
         let ops = Ops::new().unwrap();
-        let evs: Vec<Event> = events(&ops, 4_096, 1).collect();
+        let evs: Vec<Event> = events(&ops, 4_096, 1, true).collect();
         let calls: Vec<&CallEvent> = evs
             .iter()
             .filter_map(|e| match e {
@@ -542,8 +673,17 @@ mod tests {
             ops.launch,
             ops.mem_create,
             ops.mem_map,
+            ops.mem_unmap,
+            ops.mem_release,
         ] {
             assert!(calls.iter().any(|c| c.op == op), "op {op} missing");
+        }
+        for op in [ops.block_malloc, ops.block_free] {
+            assert!(
+                evs.iter()
+                    .any(|e| matches!(e, Event::Block(b) if b.op == op)),
+                "allocator op {op} missing"
+            );
         }
         let hog = evs
             .iter()
