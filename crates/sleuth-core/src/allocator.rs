@@ -41,16 +41,39 @@ pub const SMALL_BLOCK_MAX_BYTES: u64 = 1 << 20;
 
 /// One event of a process in replay order.
 #[derive(Clone, Copy)]
-enum Step<'a> {
+pub enum Step<'a> {
     Call(&'a CallEvent),
     Block(&'a BlockEvent),
 }
 
 impl Step<'_> {
-    fn end_ns(&self) -> u64 {
+    pub fn end_ns(&self) -> u64 {
         match self {
             Step::Call(c) => c.end_ns(),
             Step::Block(b) => b.end_ns,
+        }
+    }
+}
+
+/// One process's memory calls and allocator events in replay order: by
+/// completion time, calls first at equal times (a segment is created
+/// inside the malloc that uses it), calls of equal completion by start,
+/// allocator events of equal completion as stored. Walked once per pass
+/// (a view takes two: calibration, then the replay), so that a source can
+/// stream them from a file rather than hold them (`sleuth_store`).
+pub trait StepSource {
+    /// Calls `visit` with each step of process `pid` in replay order until
+    /// it returns false.
+    fn for_each_step(&self, pid: u32, visit: &mut dyn FnMut(Step<'_>) -> bool);
+}
+
+/// A loaded trace: its calls (in load order) and allocator events.
+impl StepSource for TraceData {
+    fn for_each_step(&self, pid: u32, visit: &mut dyn FnMut(Step<'_>) -> bool) {
+        for s in steps_of(self, pid) {
+            if !visit(s) {
+                return;
+            }
         }
     }
 }
@@ -67,26 +90,6 @@ fn steps_of(data: &TraceData, pid: u32) -> Vec<Step<'_>> {
         .collect();
     steps.sort_by_key(|s| (s.end_ns(), matches!(s, Step::Block(_))));
     steps
-}
-
-/// Replays steps up to `at_ns` (those ending at or before it), keeping the
-/// segment map current; `visit` sees each step after it was applied.
-fn replay<'a>(
-    steps: &[Step<'a>],
-    at_ns: Option<u64>,
-    mut visit: impl FnMut(&SegmentMap, Step<'a>),
-) -> SegmentMap {
-    let mut segs = SegmentMap::default();
-    for s in steps {
-        if at_ns.is_some_and(|at| s.end_ns() > at) {
-            break;
-        }
-        if let Step::Call(c) = s {
-            segs.apply(c);
-        }
-        visit(&segs, *s);
-    }
-    segs
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -285,14 +288,27 @@ pub fn allocator_views(
     let mut pids: Vec<u32> = data.blocks.iter().map(|b| b.pid).collect();
     pids.sort_unstable();
     pids.dedup();
-    pids.into_iter()
-        .map(|pid| {
+    allocator_views_of(data, data, &pids, at_ns, ledgers)
+}
+
+/// [`allocator_views`] of processes `pids` (those with allocator events),
+/// their steps from `source`; `data` names the sites of their blocks
+/// (its stacks).
+pub fn allocator_views_of(
+    source: &dyn StepSource,
+    data: &TraceData,
+    pids: &[u32],
+    at_ns: Option<u64>,
+    ledgers: &[ProcessLedger],
+) -> BTreeMap<u32, AllocatorView> {
+    pids.iter()
+        .map(|&pid| {
             let reserved = ledgers
                 .iter()
                 .find(|l| l.pid == pid)
                 .map(|l| l.live_bytes)
                 .unwrap_or(0);
-            (pid, allocator_view(data, pid, at_ns, reserved))
+            (pid, allocator_view_of(source, data, pid, at_ns, reserved))
         })
         .collect()
 }
@@ -304,11 +320,21 @@ pub fn allocator_view(
     at_ns: Option<u64>,
     reserved_bytes: u64,
 ) -> AllocatorView {
-    let steps = steps_of(data, pid);
-    let calibration = calibrate::calibrate(&steps);
+    allocator_view_of(data, data, pid, at_ns, reserved_bytes)
+}
+
+/// [`allocator_view`], the process's steps from `source` (two passes).
+pub fn allocator_view_of(
+    source: &dyn StepSource,
+    data: &TraceData,
+    pid: u32,
+    at_ns: Option<u64>,
+    reserved_bytes: u64,
+) -> AllocatorView {
+    let calibration = calibrate::calibrate(source, pid);
     let mut state = calibration
         .layout()
-        .map(|layout| rebuild(&steps, layout, at_ns, reserved_bytes));
+        .map(|layout| rebuild(source, pid, layout, at_ns, reserved_bytes));
     // Which line asked for each block that pins a segment.
     if let (Some(st), false) = (state.as_mut(), data.stacks.is_empty()) {
         for seg in &mut st.segments {
@@ -435,18 +461,18 @@ impl Blocks {
 }
 
 fn rebuild(
-    steps: &[Step<'_>],
+    source: &dyn StepSource,
+    pid: u32,
     layout: Layout,
     at_ns: Option<u64>,
     reserved_bytes: u64,
 ) -> AllocatorState {
     let mut blocks = Blocks::default();
-    // Block events also mark segments as the allocator's, so the map is
-    // replayed here by hand rather than through `replay`.
+    // Block events also mark segments as the allocator's.
     let mut segs = SegmentMap::default();
-    for s in steps {
+    source.for_each_step(pid, &mut |s| {
         if at_ns.is_some_and(|at| s.end_ns() > at) {
-            break;
+            return false;
         }
         match s {
             Step::Call(c) => {
@@ -455,7 +481,8 @@ fn rebuild(
             }
             Step::Block(b) => blocks.apply(&mut segs, b, layout),
         }
-    }
+        true
+    });
     assemble(blocks, &segs, reserved_bytes)
 }
 

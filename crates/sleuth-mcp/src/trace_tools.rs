@@ -516,7 +516,7 @@ pub fn memory(db: &Path, a: &args::Memory, budget: &ReadBudget) -> Result<Value>
     }
     let trace = open(db, budget)?;
     // The ledger is replayed from the memory calls streamed from the store.
-    let mut mt = MemoryTrace::open(&trace, a.pid, budget.clone())?;
+    let mt = MemoryTrace::open(&trace, a.pid, budget.clone())?;
     let procs = mt.ledgers(a.at_ns)?;
     // What the driver said each process held before the trace (whole trace).
     let end = match a.at_ns {
@@ -525,18 +525,17 @@ pub fn memory(db: &Path, a: &args::Memory, budget: &ReadBudget) -> Result<Value>
     };
     // The sites at the end come from the site rollup of a finished trace;
     // else (at a moment, or an older trace) they are streamed from the
-    // memory calls (`MemoryTrace::sites_streamed`), never all held. The
-    // allocator view reads the memory calls of the processes with
-    // allocator blocks only.
+    // memory calls (`MemoryTrace::sites_streamed`), never all held. So is
+    // the allocator view: it reads the memory calls of the processes with
+    // allocator blocks at each of its passes.
     let stored_sites = match a.at_ns {
         None => mt.stored_sites()?,
         Some(_) => None,
     };
-    mt.load_allocator_calls()?;
-    let data = &mt.base;
     // PyTorch's caching allocator rebuilt from `--torch-allocator` events
     // (reserved from the ledger, so before the timeline is thinned).
-    let allocators = sleuth_core::allocator::allocator_views(data, a.at_ns, &procs);
+    let allocators = mt.allocator_views(a.at_ns, &procs)?;
+    let data = &mt.base;
     let helds = held::held(data, &end);
     let sites = match stored_sites {
         Some(s) => s,

@@ -275,6 +275,15 @@ fn assert_streamed_equals_loaded(path: &Path, pid: Option<u32>) {
             .collect();
         assert_eq!(got, want, "calls by site of {path:?}");
     }
+    for at in [None, Some(4_000), Some(span.end_ns)] {
+        // Read from the file at each pass, the memory calls never held.
+        let l = ledger(&data, at);
+        assert_eq!(
+            json(&mt.allocator_views(at, &l).unwrap()),
+            json(&allocator_views(&data, at, &l)),
+            "allocator views of {path:?} at {at:?}, streamed"
+        );
+    }
     mt.load_memory_calls(None).unwrap();
     assert_eq!(
         json(&memory_by_site(&mt.base, &end)),

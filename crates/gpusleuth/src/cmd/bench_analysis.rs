@@ -654,6 +654,35 @@ mod tests {
         }
     }
 
+    /// The allocator mix's views, streamed from the file (`memory`'s and
+    /// MCP `memory`'s way), equal those of the loaded trace: at the end,
+    /// between a block's malloc and its free, and before the segment.
+    #[test]
+    fn the_allocator_mix_gives_the_loaded_views_streamed() {
+        let dir = std::env::temp_dir().join(format!("gs-bench-alloc-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let db = dir.join("kept.db");
+        run(&dir, 6_400, 2, true, None, Some(&db), false).unwrap();
+        let trace = Trace::open(&db).unwrap();
+        let data = trace.load(None).unwrap();
+        assert!(data.blocks.len() >= 200);
+        let mt = sleuth_store::stream::MemoryTrace::open(
+            &trace,
+            None,
+            sleuth_store::ReadBudget::new(sleuth_store::DEFAULT_READ_TIMEOUT),
+        )
+        .unwrap();
+        let mid_block = data.blocks[100].end_ns + 1;
+        for at in [None, Some(mid_block), Some(1_000_000)] {
+            let l = sleuth_core::ledger::ledger(&data, at);
+            let want = sleuth_core::allocator::allocator_views(&data, at, &l);
+            assert_eq!(want.len(), 2);
+            assert!(want.values().all(|v| v.state.is_some()));
+            assert_eq!(mt.allocator_views(at, &l).unwrap(), want, "at {at:?}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     #[test]
     fn the_mix_has_every_kind_it_claims() {
         let ops = Ops::new().unwrap();

@@ -74,7 +74,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     let at_offset = args.at;
     let trace = crate::checks_memo::open(&args.input.db)?;
     // The memory calls are streamed from the store, never the whole trace.
-    let mut mt = MemoryTrace::open(
+    let mt = MemoryTrace::open(
         &trace,
         args.input.pid,
         ReadBudget::new(sleuth_store::DEFAULT_READ_TIMEOUT),
@@ -116,12 +116,12 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         return Ok(0);
     }
     // The allocator view replays its processes' memory calls beside their
-    // block events (only traces taken with --torch-allocator have any).
-    mt.load_allocator_calls()?;
+    // block events (only traces taken with --torch-allocator have any),
+    // read from the file at each of its passes.
+    let allocators = mt.allocator_views(at_abs, &processes)?;
     // After the reads: what they skipped (`input_problems_of_reads`).
     warn_input_problems_of_reads(&trace)?;
     let data = &mt.base;
-    let allocators = allocator_views(data, at_abs, &processes);
     let helds = held_by_pid(data, &mut processes);
     let activity = gpu_activity::of_trace(data);
     if args.out.json {

@@ -10,7 +10,7 @@
 //!   live segments.
 
 use super::segments::SegmentMap;
-use super::{replay, Step};
+use super::{Step, StepSource};
 use crate::event::{BlockEvent, BLOCK_WORDS};
 use crate::ops::OpClass;
 use serde::Serialize;
@@ -117,27 +117,63 @@ fn best(
     }
 }
 
-/// For each Block word, in how many sampled malloc events `test(segments,
-/// event, request, word)` holds, the segments replayed so that each event
-/// sees them as they stood when its malloc returned.
-fn count_words(
-    steps: &[Step<'_>],
-    mut test: impl FnMut(&SegmentMap, &BlockEvent, u64, u64) -> bool,
-) -> [u64; BLOCK_WORDS] {
-    let mut counts = [0u64; BLOCK_WORDS];
-    replay(steps, None, |segs: &SegmentMap, s| {
-        if let Step::Block(b) = s {
-            if let Some(req) = sample(b) {
-                for (i, &w) in b.words.iter().enumerate() {
-                    counts[i] += u64::from(test(segs, b, req, w));
-                }
-            }
-        }
-    });
-    counts
+/// What one pass over a process's steps counts for the fit, for every
+/// Block word at once: each later choice (the pointer word given the
+/// requested one, the size word given the pointer word) picks among
+/// these counts, so the choices are those of a pass per word.
+struct WordCounts {
+    /// Sampled malloc events (successful, with a requested size).
+    n: u64,
+    /// Events whose word equals the requested size.
+    equal: [u64; BLOCK_WORDS],
+    /// Events whose word points into a live segment of the process when
+    /// the malloc returned.
+    inside: [u64; BLOCK_WORDS],
+    /// `fits[p][i]`: events whose word `i` is a 512-byte-rounded size ≥ the
+    /// request and a block of that size at word `p` lies inside live
+    /// segments (only words `p` that point into one can; the others stay 0).
+    fits: [[u64; BLOCK_WORDS]; BLOCK_WORDS],
 }
 
-pub(super) fn calibrate(steps: &[Step<'_>]) -> Calibration {
+impl WordCounts {
+    /// One pass over `pid`'s steps, the segments replayed so that each
+    /// malloc event sees them as they stood when it returned.
+    fn of(source: &dyn StepSource, pid: u32) -> WordCounts {
+        let mut c = WordCounts {
+            n: 0,
+            equal: [0; BLOCK_WORDS],
+            inside: [0; BLOCK_WORDS],
+            fits: [[0; BLOCK_WORDS]; BLOCK_WORDS],
+        };
+        let mut segs = SegmentMap::default();
+        source.for_each_step(pid, &mut |s| {
+            match s {
+                Step::Call(call) => segs.apply(call),
+                Step::Block(b) => c.add(&segs, b),
+            }
+            true
+        });
+        c
+    }
+
+    fn add(&mut self, segs: &SegmentMap, b: &BlockEvent) {
+        let Some(req) = sample(b) else { return };
+        self.n += 1;
+        for (i, &w) in b.words.iter().enumerate() {
+            self.equal[i] += u64::from(w == req);
+            if segs.containing(w).is_none() {
+                continue;
+            }
+            self.inside[i] += 1;
+            for (k, &size) in b.words.iter().enumerate() {
+                let fits = size >= req && size % BLOCK_ROUNDING == 0 && segs.covers(w, size);
+                self.fits[i][k] += u64::from(fits);
+            }
+        }
+    }
+}
+
+pub(super) fn calibrate(source: &dyn StepSource, pid: u32) -> Calibration {
     let mut cal = Calibration {
         malloc_events: 0,
         requested_index: None,
@@ -150,7 +186,7 @@ pub(super) fn calibrate(steps: &[Step<'_>]) -> Calibration {
         recognised: false,
         reason: None,
     };
-    if let Err(why) = fit(steps, &mut cal) {
+    if let Err(why) = fit(&WordCounts::of(source, pid), &mut cal) {
         cal.reason = why;
     }
     cal
@@ -162,21 +198,12 @@ type Refusal = Result<(), Option<String>>;
 
 /// Fills `cal` word by word; each step needs the ones before it, so the first
 /// refusal ends it (the agreement counts found so far stay in `cal`).
-fn fit(steps: &[Step<'_>], cal: &mut Calibration) -> Refusal {
+fn fit(counts: &WordCounts, cal: &mut Calibration) -> Refusal {
     // requested_size: plain equality. Ties (every size equal to its request,
     // so the size word matches too) go to the higher index: torch declares
     // `size` right before `requested_size`, and the numbers agree anyway.
-    let mut eq = [0u64; BLOCK_WORDS];
-    for s in steps {
-        if let Step::Block(b) = s {
-            if let Some(r) = sample(b) {
-                cal.malloc_events += 1;
-                for (i, w) in b.words.iter().enumerate() {
-                    eq[i] += u64::from(*w == r);
-                }
-            }
-        }
-    }
+    let eq = counts.equal;
+    cal.malloc_events = counts.n;
     let n = cal.malloc_events;
     if n == 0 {
         return Err(Some(
@@ -189,16 +216,14 @@ fn fit(steps: &[Step<'_>], cal: &mut Calibration) -> Refusal {
     cal.requested_index = Some(r);
 
     // ptr: inside a live segment of the process when the malloc returned.
-    let inside = count_words(steps, |segs, _, _, w| segs.containing(w).is_some());
+    let inside = counts.inside;
     let p = best(&inside, |i| i != r, Some(r + 2), false).ok_or(None)?;
     cal.ptr_agree = inside[p];
     check_agreement(&inside, p, n, "points into a live CUDA segment")?;
     cal.ptr_index = Some(p);
 
     // size: a rounded size, at least the request, whose block fits in the segment.
-    let fits = count_words(steps, |segs, b, req, w| {
-        w >= req && w % BLOCK_ROUNDING == 0 && segs.covers(b.words[p], w)
-    });
+    let fits = counts.fits[p];
     let sz = best(&fits, |i| i != r && i != p, r.checked_sub(1), false).ok_or(None)?;
     cal.size_agree = fits[sz];
     check_agreement(
