@@ -323,6 +323,102 @@ pub fn allocator_view(
     allocator_view_of(data, data, pid, at_ns, reserved_bytes)
 }
 
+/// Where an explanation's allocator views come from: a loaded trace
+/// rebuilds them from its calls and allocator events; a reader of a file
+/// gives [`KnownViews`], rebuilt beforehand from the file without holding
+/// its calls.
+pub trait AllocatorReads {
+    /// The views at the end of the processes with allocator events;
+    /// `ledgers` are the processes' ledgers at the end.
+    fn views(&self, ledgers: &[ProcessLedger]) -> BTreeMap<u32, AllocatorView>;
+    /// Process `pid`'s view at `ts`, reserved bytes from its ledger then
+    /// (None when not known).
+    fn view_at(&self, pid: u32, ts: u64) -> Option<AllocatorView>;
+}
+
+impl AllocatorReads for TraceData {
+    fn views(&self, ledgers: &[ProcessLedger]) -> BTreeMap<u32, AllocatorView> {
+        allocator_views(self, None, ledgers)
+    }
+
+    fn view_at(&self, pid: u32, ts: u64) -> Option<AllocatorView> {
+        let reserved = crate::ledger::ledger(self, Some(ts))
+            .iter()
+            .find(|l| l.pid == pid)
+            .map(|l| l.live_bytes)
+            .unwrap_or(0);
+        Some(allocator_view(self, pid, Some(ts), reserved))
+    }
+}
+
+/// The views an explanation reads, rebuilt ahead from a [`StepSource`]:
+/// those at the end and, for each one whose fragmentation finding
+/// describes another moment (a failure, the reserved peak), the view then.
+#[derive(Debug, Clone, Default)]
+pub struct KnownViews {
+    end: BTreeMap<u32, AllocatorView>,
+    moments: BTreeMap<(u32, u64), AllocatorView>,
+}
+
+impl KnownViews {
+    /// The views of processes `pids` (those with allocator events) from
+    /// `source`; `data` names their blocks' sites, `ledgers` are the end's.
+    pub fn of(
+        source: &dyn StepSource,
+        data: &TraceData,
+        pids: &[u32],
+        ledgers: &[ProcessLedger],
+    ) -> KnownViews {
+        let end = allocator_views_of(source, data, pids, None, ledgers);
+        let mut moments = BTreeMap::new();
+        for (&pid, v) in &end {
+            let Some(ts) = v
+                .state
+                .as_ref()
+                .and_then(crate::findings::fragmentation_moment)
+            else {
+                continue;
+            };
+            let reserved = reserved_at(source, pid, ts);
+            moments.insert(
+                (pid, ts),
+                allocator_view_of(source, data, pid, Some(ts), reserved),
+            );
+        }
+        KnownViews { end, moments }
+    }
+}
+
+impl AllocatorReads for KnownViews {
+    fn views(&self, _ledgers: &[ProcessLedger]) -> BTreeMap<u32, AllocatorView> {
+        self.end.clone()
+    }
+
+    fn view_at(&self, pid: u32, ts: u64) -> Option<AllocatorView> {
+        self.moments.get(&(pid, ts)).cloned()
+    }
+}
+
+/// Process `pid`'s live device bytes at `ts` by the ledger's rules (what
+/// `ledger::ledger(data, Some(ts))` gives it), from `source`'s calls.
+fn reserved_at(source: &dyn StepSource, pid: u32, ts: u64) -> u64 {
+    let mut b = crate::ledger::LedgerBuilder::new(Some(ts));
+    b.track(pid);
+    source.for_each_step(pid, &mut |s| {
+        if s.end_ns() > ts {
+            return false;
+        }
+        if let Step::Call(c) = s {
+            b.push(c);
+        }
+        true
+    });
+    b.finish_bare()
+        .iter()
+        .find(|l| l.pid == pid)
+        .map_or(0, |l| l.live_bytes)
+}
+
 /// [`allocator_view`], the process's steps from `source` (two passes).
 pub fn allocator_view_of(
     source: &dyn StepSource,

@@ -232,6 +232,12 @@ pub struct Explanation {
     pub notes: Vec<String>,
 }
 
+/// The moment whose allocator state a fragmentation finding of `end`
+/// describes, when not the end (see `allocator::KnownViews`).
+pub fn fragmentation_moment(end: &crate::allocator::AllocatorState) -> Option<u64> {
+    fragmentation::moment_of(end)
+}
+
 /// Ranked findings of a trace.
 pub fn explain(data: &TraceData) -> Vec<Finding> {
     explain_report(data).findings
@@ -290,6 +296,18 @@ pub fn explain_inputs(
     inputs: &inputs::FindingInputs,
     ledgers: &[crate::ledger::ProcessLedger],
 ) -> Explanation {
+    explain_inputs_with(data, inputs, ledgers, data)
+}
+
+/// [`explain_inputs`], the allocator views from `allocators` (a loaded
+/// trace rebuilds them from its calls, a file's reader gives those it
+/// rebuilt without holding them: `allocator::KnownViews`).
+pub fn explain_inputs_with(
+    data: &TraceData,
+    inputs: &inputs::FindingInputs,
+    ledgers: &[crate::ledger::ProcessLedger],
+    allocators: &dyn crate::allocator::AllocatorReads,
+) -> Explanation {
     let site = |id: Option<u64>| crate::sites::label_of(data, id);
     let ctx = time::Context::new(
         inputs,
@@ -332,9 +350,10 @@ pub fn explain_inputs(
         findings.extend(memory::allocation_churn(l, span));
         memory_notes.extend(memory::held_at_end_note(l));
     }
-    let allocators = crate::allocator::allocator_views(data, None, ledgers);
+    let reads = allocators;
+    let allocators = reads.views(ledgers);
     for v in allocators.values() {
-        findings.extend(fragmentation::fragmentation(data, v, ledgers));
+        findings.extend(fragmentation::fragmentation(v, ledgers, reads));
     }
     rank(&mut findings);
     let summary = verdict::summary_line(data.has_host_context, &threads, &views, &findings, &gpu);

@@ -1,7 +1,9 @@
 //! The lean load (issue 16): what the explanation of a whole trace or of
 //! one process reads, without its calls and waits — the stored finding
 //! aggregates, the call groups, the ledgers streamed from the memory calls,
-//! and the memory calls of processes with allocator blocks. `explain`, the
+//! and the allocator views rebuilt from the memory calls of processes with
+//! allocator blocks, read from the file at each pass (round 25; before,
+//! those calls were loaded). `explain`, the
 //! Perfetto export and the MCP `findings` tool share it, so their memory
 //! does not grow with the trace. The answer equals the full load's, percentiles within the
 //! histogram's bound (docs/schema.md).
@@ -17,11 +19,13 @@ use sleuth_core::TraceData;
 /// What [`load`] reads: the explanation needs nothing more.
 pub struct Lean {
     /// The trace without calls and waits (the memory view's base), with the
-    /// op counts, the NCCL calls, the memory calls of processes with
-    /// allocator blocks, and the span's end.
+    /// op counts, the NCCL calls and the span's end.
     pub data: TraceData,
     pub ledgers: Vec<ProcessLedger>,
     pub inputs: FindingInputs,
+    /// The allocator views the explanation reads (at the end, and at the
+    /// moments their fragmentation findings describe).
+    pub allocators: sleuth_core::allocator::KnownViews,
     /// The memory view the load read through (its call groups, its streamed reader).
     /// Its `base` was moved into `data`: what labels sites from the view's
     /// context (`MemoryTrace::stored_sites`) must be given `data` instead
@@ -38,7 +42,12 @@ impl Lean {
     /// The explanation, as `sleuth_core::findings::explain_report` gives it
     /// for the loaded trace; a later file of a run says what it cannot know.
     pub fn explanation(&self) -> sleuth_core::findings::Explanation {
-        let mut e = sleuth_core::findings::explain_inputs(&self.data, &self.inputs, &self.ledgers);
+        let mut e = sleuth_core::findings::explain_inputs_with(
+            &self.data,
+            &self.inputs,
+            &self.ledgers,
+            &self.allocators,
+        );
         let pageable = e
             .findings
             .iter()
@@ -71,10 +80,14 @@ pub fn streamed(
     };
     let view = MemoryTrace::open(trace, pid, budget)?;
     let ledgers = parts.ledger.finish(&parts.data);
+    // This pass's data holds the memory calls of processes with allocator
+    // blocks: their views from it, as the full load gives them.
+    let allocators = known_views_of_loaded(&parts.data, &ledgers);
     Ok(Some(Lean {
         data: parts.data,
         ledgers,
         inputs: parts.inputs,
+        allocators,
         view,
         run_file: None,
     }))
@@ -105,9 +118,10 @@ pub fn load(
     let mut view = MemoryTrace::open(trace, pid, budget)?;
     let ledgers = view.ledgers(None)?;
     // Of the explanation's readers only the allocator view reads calls (the
-    // memory calls of processes with allocator blocks): the others read the
-    // aggregates and the ledgers, so a trace without blocks holds no call.
-    view.load_allocator_calls()?;
+    // memory calls of processes with allocator blocks), at each of its
+    // passes from the file: the others read the aggregates and the ledgers,
+    // so no call is held.
+    let allocators = view.known_allocator_views(&ledgers)?;
     let counts = trace.op_counts(pid)?;
     let mut data = std::mem::take(&mut view.base);
     data.counts = counts;
@@ -138,7 +152,20 @@ pub fn load(
         data,
         ledgers,
         inputs,
+        allocators,
         view,
         run_file,
     }))
+}
+
+/// The allocator views of a loaded (part of a) trace, as its explanation
+/// rebuilds them from its calls.
+fn known_views_of_loaded(
+    data: &TraceData,
+    ledgers: &[ProcessLedger],
+) -> sleuth_core::allocator::KnownViews {
+    let mut pids: Vec<u32> = data.blocks.iter().map(|b| b.pid).collect();
+    pids.sort_unstable();
+    pids.dedup();
+    sleuth_core::allocator::KnownViews::of(data, data, &pids, ledgers)
 }

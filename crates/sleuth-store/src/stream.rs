@@ -1012,8 +1012,28 @@ pub struct MemoryTrace {
 /// `sleuth_core::allocator::StepSource` asks for. The first read error
 /// ends every later pass and is kept for the caller.
 struct FileSteps<'a> {
-    trace: &'a MemoryTrace,
+    rows: &'a Rows,
+    /// Every allocator event of the view, in completion order.
+    blocks: &'a [sleuth_core::BlockEvent],
     failed: std::cell::RefCell<Option<StoreError>>,
+}
+
+impl<'a> FileSteps<'a> {
+    fn new(rows: &'a Rows, blocks: &'a [sleuth_core::BlockEvent]) -> Self {
+        FileSteps {
+            rows,
+            blocks,
+            failed: std::cell::RefCell::new(None),
+        }
+    }
+
+    /// The first read error of any pass, if one failed.
+    fn into_result(self) -> Result<(), StoreError> {
+        match self.failed.into_inner() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
 }
 
 /// Why a pass over the calls stopped early.
@@ -1039,15 +1059,9 @@ impl sleuth_core::allocator::StepSource for FileSteps<'_> {
         if self.failed.borrow().is_some() {
             return;
         }
-        let mut blocks = self
-            .trace
-            .base
-            .blocks
-            .iter()
-            .filter(|b| b.pid == pid)
-            .peekable();
+        let mut blocks = self.blocks.iter().filter(|b| b.pid == pid).peekable();
         let q = memory_calls_of(Some(pid), StreamOrder::ByReturn, None);
-        let calls = self.trace.rows.for_each_call::<Halt>(&q, |c| {
+        let calls = self.rows.for_each_call::<Halt>(&q, |c| {
             // At equal completion times calls go first.
             while let Some(b) = blocks.next_if(|b| b.end_ns < c.call.end_ns()) {
                 if !visit(Step::Block(b)) {
@@ -1489,16 +1503,26 @@ impl MemoryTrace {
         let mut pids: Vec<u32> = self.base.blocks.iter().map(|b| b.pid).collect();
         pids.sort_unstable();
         pids.dedup();
-        let source = FileSteps {
-            trace: self,
-            failed: std::cell::RefCell::new(None),
-        };
+        let source = FileSteps::new(&self.rows, &self.base.blocks);
         let views =
             sleuth_core::allocator::allocator_views_of(&source, &self.base, &pids, at_ns, ledgers);
-        match source.failed.into_inner() {
-            Some(e) => Err(e),
-            None => Ok(views),
-        }
+        source.into_result().map(|()| views)
+    }
+
+    /// What an explanation of this view reads of the allocator: the views
+    /// at the end (`ledgers`) and at the moments their fragmentation
+    /// findings describe, rebuilt from the file without holding its
+    /// calls (`sleuth_core::allocator::KnownViews`).
+    pub fn known_allocator_views(
+        &self,
+        ledgers: &[sleuth_core::ledger::ProcessLedger],
+    ) -> Result<sleuth_core::allocator::KnownViews, StoreError> {
+        let mut pids: Vec<u32> = self.base.blocks.iter().map(|b| b.pid).collect();
+        pids.sort_unstable();
+        pids.dedup();
+        let source = FileSteps::new(&self.rows, &self.base.blocks);
+        let known = sleuth_core::allocator::KnownViews::of(&source, &self.base, &pids, ledgers);
+        source.into_result().map(|()| known)
     }
 
     /// Puts the memory calls of the processes with allocator blocks (only

@@ -774,3 +774,130 @@ fn a_sites_example_is_its_first_allocation_in_start_order() {
         (Some(early), 4 << 20, 3)
     );
 }
+
+/// A fragmentation finding of a failure the allocator's gap could have
+/// served describes the state at the failure, not the end: the lean
+/// explanation (`lean::load`), which rebuilds the allocator views from the
+/// file without holding a call, gives the full load's finding, that
+/// moment's evidence included.
+#[test]
+fn a_fragmentation_finding_at_a_failure_reads_its_moment_from_the_file() {
+    use sleuth_core::findings::{explain_report, Kind};
+    use sleuth_core::testing::torch_block;
+    const MIB: u64 = 1 << 20;
+    let dir = TempDir::new("gs-frag-moment");
+    let path = dir.0.join("t.db");
+    let w = TraceWriter::create(&path, common::session(), WriterOptions::default()).unwrap();
+    let h = w.handle();
+    let (base, base2) = (0x7f00_0000_0000u64, 0x7f10_0000_0000u64);
+    let (malloc, free) = (
+        "DeviceCachingAllocator::malloc",
+        "DeviceCachingAllocator::free",
+    );
+    let mut failed = mem("cudaMalloc", 100, 100, 4_000, 10, Some(32 * MIB), 0);
+    failed.ret = 2;
+    let events = vec![
+        Event::Call(mem("cudaMalloc", 100, 100, 1_000, 10, Some(64 * MIB), base)),
+        Event::Block(torch_block(
+            100,
+            2_000,
+            malloc,
+            0xa,
+            base,
+            40 * MIB,
+            Some(40 * MIB - 100),
+        )),
+        Event::Block(torch_block(
+            100,
+            2_100,
+            malloc,
+            0xb,
+            base + 40 * MIB,
+            MIB,
+            Some(MIB - 100),
+        )),
+        // The 40 MiB block back in the cache: 63 MiB reserved, not allocated.
+        Event::Block(torch_block(100, 3_000, free, 0xa, base, 40 * MIB, None)),
+        // cudaMalloc fails for 32 MiB the cache holds twice over.
+        Event::Call(failed),
+        Event::Call(mem(
+            "cudaMalloc",
+            100,
+            100,
+            5_000,
+            10,
+            Some(64 * MIB),
+            base2,
+        )),
+        Event::Block(torch_block(
+            100,
+            5_100,
+            malloc,
+            0xc,
+            base2,
+            32 * MIB,
+            Some(32 * MIB - 100),
+        )),
+        Event::Block(torch_block(
+            100,
+            6_000,
+            free,
+            0xb,
+            base + 40 * MIB,
+            MIB,
+            None,
+        )),
+    ];
+    for e in events {
+        h.send(e).unwrap();
+    }
+    h.set_session_end(10_000).unwrap();
+    drop(h);
+    w.finish().unwrap();
+
+    let trace = Trace::open(&path).unwrap();
+    let data = trace.load(None).unwrap();
+    let frag = |e: &sleuth_core::findings::Explanation| -> Vec<Value> {
+        e.findings
+            .iter()
+            .filter(|f| f.kind == Kind::Fragmentation)
+            .map(json)
+            .collect()
+    };
+    let want = explain_report(&data);
+    let want_frag = frag(&want);
+    assert_eq!(want_frag.len(), 1, "{want_frag:?}");
+    assert!(
+        want_frag[0].to_string().contains("failure"),
+        "the failure's moment: {}",
+        want_frag[0]
+    );
+    let lean = sleuth_store::lean::load(&trace, None, budget())
+        .unwrap()
+        .expect("a finished trace has finding rollups");
+    assert!(lean.data.calls.is_empty(), "no call held");
+    let got = lean.explanation();
+    assert_eq!(frag(&got), want_frag);
+    let allocator_notes = |e: &sleuth_core::findings::Explanation| -> Vec<String> {
+        e.notes
+            .iter()
+            .filter(|n| n.contains("allocator"))
+            .cloned()
+            .collect()
+    };
+    assert_eq!(allocator_notes(&got), allocator_notes(&want));
+    // The moment's view itself, reserved bytes (from the ledger then) included.
+    use sleuth_core::allocator::AllocatorReads;
+    let end = allocator_views(&data, None, &ledger(&data, None));
+    let ts = sleuth_core::findings::fragmentation_moment(end[&100].state.as_ref().unwrap())
+        .expect("the failure's moment");
+    let at_failure = data.view_at(100, ts).unwrap();
+    assert_eq!(
+        at_failure.state.as_ref().map(|s| s.reserved_bytes),
+        Some(64 * MIB)
+    );
+    assert_eq!(
+        json(&lean.allocators.view_at(100, ts)),
+        json(&Some(at_failure))
+    );
+}

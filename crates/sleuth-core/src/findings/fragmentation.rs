@@ -4,7 +4,7 @@
 //! count (memory of other libraries is not the allocator's gap).
 
 use super::*;
-use crate::allocator::{allocator_view, AllocatorState, AllocatorView, Pool, Segment};
+use crate::allocator::{AllocatorReads, AllocatorState, AllocatorView, Pool, Segment};
 use crate::ledger::ProcessLedger;
 use crate::units::fmt_bytes;
 use serde_json::json;
@@ -155,18 +155,15 @@ fn segment_json(g: &Segment) -> serde_json::Value {
     })
 }
 
-/// The finding for one process's allocator view (its ledger supplies reserved bytes).
-pub(super) fn fragmentation(
-    data: &TraceData,
-    view: &AllocatorView,
-    ledgers: &[ProcessLedger],
-) -> Option<Finding> {
-    let end = view.state.as_ref()?;
+/// What makes the finding of a process's end state, if anything: a
+/// failed request the gap could have served, a large gap at the end, or
+/// one at the allocator's reserved peak.
+fn trigger_of(end: &AllocatorState) -> Option<Trigger> {
     let failure = end
         .failures
         .iter()
         .find(|f| f.bytes > 0 && f.at.gap_bytes >= f.bytes as i64);
-    let trigger = if let Some(f) = failure {
+    Some(if let Some(f) = failure {
         Trigger::Failure {
             ts: f.at.ts_ns,
             bytes: f.bytes,
@@ -180,18 +177,33 @@ pub(super) fn fragmentation(
             return None;
         }
         Trigger::Peak(p.ts_ns)
-    };
+    })
+}
+
+/// The moment whose allocator state the finding of `end` describes, when
+/// it is not the end itself (a failure, the reserved peak).
+pub(crate) fn moment_of(end: &AllocatorState) -> Option<u64> {
+    match trigger_of(end)? {
+        Trigger::End => None,
+        Trigger::Peak(ts) | Trigger::Failure { ts, .. } => Some(ts),
+    }
+}
+
+/// The finding for one process's allocator view (its ledger supplies
+/// reserved bytes); the state at a failure or at the peak from `reads`.
+pub(super) fn fragmentation(
+    view: &AllocatorView,
+    ledgers: &[ProcessLedger],
+    reads: &dyn AllocatorReads,
+) -> Option<Finding> {
+    let end = view.state.as_ref()?;
+    let trigger = trigger_of(end)?;
     // The state the evidence describes: the end, or the moment that triggered.
     let moment_view;
     let (moment, state) = match trigger {
         Trigger::End => ("end", end),
         Trigger::Peak(ts) | Trigger::Failure { ts, .. } => {
-            let reserved = crate::ledger::ledger(data, Some(ts))
-                .iter()
-                .find(|l| l.pid == view.pid)
-                .map(|l| l.live_bytes)
-                .unwrap_or(0);
-            moment_view = allocator_view(data, view.pid, Some(ts), reserved);
+            moment_view = reads.view_at(view.pid, ts)?;
             let s = moment_view.state.as_ref()?;
             (
                 if matches!(trigger, Trigger::Peak(_)) {
@@ -302,7 +314,7 @@ mod tests {
         let data = sim.data();
         let l = ledger(&data, None);
         let views = allocator_views(&data, None, &l);
-        fragmentation(&data, views.values().next()?, &l)
+        fragmentation(views.values().next()?, &l, &data)
     }
 
     /// One segment of `reserved` bytes holding one block of `allocated`.
