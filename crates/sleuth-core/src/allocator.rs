@@ -285,10 +285,15 @@ pub fn allocator_views(
     at_ns: Option<u64>,
     ledgers: &[ProcessLedger],
 ) -> BTreeMap<u32, AllocatorView> {
-    let mut pids: Vec<u32> = data.blocks.iter().map(|b| b.pid).collect();
+    allocator_views_of(data, data, &pids_with_blocks(&data.blocks), at_ns, ledgers)
+}
+
+/// The processes of `blocks` (allocator events), each once, in order.
+pub fn pids_with_blocks(blocks: &[BlockEvent]) -> Vec<u32> {
+    let mut pids: Vec<u32> = blocks.iter().map(|b| b.pid).collect();
     pids.sort_unstable();
     pids.dedup();
-    allocator_views_of(data, data, &pids, at_ns, ledgers)
+    pids
 }
 
 /// [`allocator_views`] of processes `pids` (those with allocator events),
@@ -342,12 +347,12 @@ impl AllocatorReads for TraceData {
     }
 
     fn view_at(&self, pid: u32, ts: u64) -> Option<AllocatorView> {
-        let reserved = crate::ledger::ledger(self, Some(ts))
-            .iter()
-            .find(|l| l.pid == pid)
-            .map(|l| l.live_bytes)
-            .unwrap_or(0);
-        Some(allocator_view(self, pid, Some(ts), reserved))
+        Some(allocator_view(
+            self,
+            pid,
+            Some(ts),
+            reserved_at(self, pid, ts),
+        ))
     }
 }
 
@@ -361,15 +366,12 @@ pub struct KnownViews {
 }
 
 impl KnownViews {
-    /// The views of processes `pids` (those with allocator events) from
-    /// `source`; `data` names their blocks' sites, `ledgers` are the end's.
-    pub fn of(
-        source: &dyn StepSource,
-        data: &TraceData,
-        pids: &[u32],
-        ledgers: &[ProcessLedger],
-    ) -> KnownViews {
-        let end = allocator_views_of(source, data, pids, None, ledgers);
+    /// The views of the processes with allocator events in `data` (which
+    /// also names their blocks' sites), their steps from `source`;
+    /// `ledgers` are the end's.
+    pub fn of(source: &dyn StepSource, data: &TraceData, ledgers: &[ProcessLedger]) -> KnownViews {
+        let pids = pids_with_blocks(&data.blocks);
+        let end = allocator_views_of(source, data, &pids, None, ledgers);
         let mut moments = BTreeMap::new();
         for (&pid, v) in &end {
             let Some(ts) = v

@@ -82,7 +82,7 @@ pub fn streamed(
     let ledgers = parts.ledger.finish(&parts.data);
     // This pass's data holds the memory calls of processes with allocator
     // blocks: their views from it, as the full load gives them.
-    let allocators = known_views_of_loaded(&parts.data, &ledgers);
+    let allocators = sleuth_core::allocator::KnownViews::of(&parts.data, &parts.data, &ledgers);
     Ok(Some(Lean {
         data: parts.data,
         ledgers,
@@ -156,16 +156,4 @@ pub fn load(
         view,
         run_file,
     }))
-}
-
-/// The allocator views of a loaded (part of a) trace, as its explanation
-/// rebuilds them from its calls.
-fn known_views_of_loaded(
-    data: &TraceData,
-    ledgers: &[ProcessLedger],
-) -> sleuth_core::allocator::KnownViews {
-    let mut pids: Vec<u32> = data.blocks.iter().map(|b| b.pid).collect();
-    pids.sort_unstable();
-    pids.dedup();
-    sleuth_core::allocator::KnownViews::of(data, data, &pids, ledgers)
 }

@@ -1500,9 +1500,7 @@ impl MemoryTrace {
         ledgers: &[sleuth_core::ledger::ProcessLedger],
     ) -> Result<std::collections::BTreeMap<u32, sleuth_core::allocator::AllocatorView>, StoreError>
     {
-        let mut pids: Vec<u32> = self.base.blocks.iter().map(|b| b.pid).collect();
-        pids.sort_unstable();
-        pids.dedup();
+        let pids = sleuth_core::allocator::pids_with_blocks(&self.base.blocks);
         let source = FileSteps::new(&self.rows, &self.base.blocks);
         let views =
             sleuth_core::allocator::allocator_views_of(&source, &self.base, &pids, at_ns, ledgers);
@@ -1517,11 +1515,8 @@ impl MemoryTrace {
         &self,
         ledgers: &[sleuth_core::ledger::ProcessLedger],
     ) -> Result<sleuth_core::allocator::KnownViews, StoreError> {
-        let mut pids: Vec<u32> = self.base.blocks.iter().map(|b| b.pid).collect();
-        pids.sort_unstable();
-        pids.dedup();
         let source = FileSteps::new(&self.rows, &self.base.blocks);
-        let known = sleuth_core::allocator::KnownViews::of(&source, &self.base, &pids, ledgers);
+        let known = sleuth_core::allocator::KnownViews::of(&source, &self.base, ledgers);
         source.into_result().map(|()| known)
     }
 
@@ -1530,9 +1525,7 @@ impl MemoryTrace {
     /// what the allocator view replays beside their block events. Reads
     /// nothing when there are none.
     pub fn load_allocator_calls(&mut self) -> Result<(), StoreError> {
-        let mut pids: Vec<u32> = self.base.blocks.iter().map(|b| b.pid).collect();
-        pids.sort_unstable();
-        pids.dedup();
+        let pids = sleuth_core::allocator::pids_with_blocks(&self.base.blocks);
         if pids.is_empty() {
             return Ok(());
         }
