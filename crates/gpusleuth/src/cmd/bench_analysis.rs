@@ -118,16 +118,22 @@ fn segment_base(k: u64) -> u64 {
     0x7d00_0000_0000 + (k << 32)
 }
 
+/// Where `Block`'s size, requested size and pointer lie (8-byte words):
+/// where the calibration found them in torch 2.11 on the H200
+/// (docs/gpu/h200-allocator-check-2026-11-30.txt).
+const BLOCK_SIZE_WORD: usize = 7;
+const BLOCK_REQUESTED_WORD: usize = 8;
+const BLOCK_PTR_WORD: usize = 10;
+
 /// A PyTorch caching-allocator event (`DeviceCachingAllocator::malloc` or
-/// `::free`) of the block at `ptr`, its `Block` words in the layout the
-/// calibration finds in PyTorch 2.x (size at word 6, requested size at 7,
-/// pointer at 9; the other words differ from event to event).
+/// `::free`) of the block at `ptr`, its `Block` words in torch 2.11's
+/// layout (the other words differ from event to event).
 fn block_event(op: u16, pid: u32, start: u64, round: u64, ptr: u64, malloc: bool) -> BlockEvent {
     let requested = BLOCK_BYTES - 100;
     let mut words = [0x5555_0000_0000 + start; BLOCK_WORDS];
-    words[6] = BLOCK_BYTES;
-    words[7] = requested;
-    words[9] = ptr;
+    words[BLOCK_SIZE_WORD] = BLOCK_BYTES;
+    words[BLOCK_REQUESTED_WORD] = requested;
+    words[BLOCK_PTR_WORD] = ptr;
     BlockEvent {
         op,
         pid,
@@ -198,19 +204,23 @@ fn events(
             (_, true) => (0, dur * 3 / 4),
             _ => (0, 0),
         };
-        // The thread's own allocation or VMM page of this round.
-        let own = (i / 64) * 4 + i % 4;
+        // The thread's allocation and VMM page are given back in the round
+        // that makes them: each thread reuses its own addresses (ranges
+        // that grew with the round met the segments after 8M calls). The
+        // page's handle is new each time.
+        let thread = proc_k * 4 + i % 4;
         let (size, ptr) = if makes_segment {
             (SEGMENT_BYTES, segment_base(proc_k))
         } else if op == ops.malloc || op == ops.free {
-            // A malloc and the free 4 slots later: one MiB apart, above
-            // the largest size (512 KiB), so no two live allocations meet.
-            (4096 << (i % 8), 0x7e00_0000_0000 + own * (1 << 20))
+            // One MiB apart, above the largest size (512 KiB).
+            (4096 << (i % 8), 0x7e00_0000_0000 + thread * (1 << 20))
         } else if op == ops.mem_create || op == ops.mem_release {
-            // The physical page's handle.
-            (VMM_PAGE_BYTES, 0x7b00_0000_0000 + own * 0x1000)
+            (
+                VMM_PAGE_BYTES,
+                0x7b00_0000_0000 + ((i / 64) * 4 + i % 4) * 0x1000,
+            )
         } else if op == ops.mem_map || op == ops.mem_unmap {
-            (VMM_PAGE_BYTES, 0x7c00_0000_0000 + own * VMM_PAGE_BYTES)
+            (VMM_PAGE_BYTES, 0x7c00_0000_0000 + thread * VMM_PAGE_BYTES)
         } else {
             (4096 << (i % 8), 0x7f00_0000_0000 + (i / 16) * 4096)
         };
@@ -614,10 +624,21 @@ mod tests {
                 } else if c.op == ops.free {
                     assert!(live.remove(&p).is_some(), "a free of {p:#x}, not live");
                     frees += 1;
-                } else if c.op == ops.mem_create || c.op == ops.mem_map {
-                    assert!(vmm.insert((c.op == ops.mem_map, p)), "{p:#x} made twice");
+                } else if c.op == ops.mem_create {
+                    assert!(vmm.insert((false, p)), "handle {p:#x} made twice");
+                } else if c.op == ops.mem_map {
+                    let size = c.size.unwrap();
+                    assert!(
+                        live.iter().all(|(&q, &n)| p + size <= q || q + n <= p),
+                        "a page mapped at {p:#x} meets a live allocation"
+                    );
+                    assert!(vmm.insert((true, p)), "{p:#x} mapped twice");
+                    live.insert(p, size);
                 } else if c.op == ops.mem_release || c.op == ops.mem_unmap {
                     assert!(vmm.remove(&(c.op == ops.mem_unmap, p)), "{p:#x} not made");
+                    if c.op == ops.mem_unmap {
+                        live.remove(&p);
+                    }
                     vmm_gone += 1;
                 }
             }
@@ -642,8 +663,8 @@ mod tests {
                     .iter()
                     .all(|c| b.end_ns <= c.ts_ns || c.ts_ns + c.dur_ns <= b.start_ns));
                 let seg = segment_base(u64::from((b.pid - 100) / 1000));
-                let ptr = b.words[9];
-                assert!(seg <= ptr && ptr + b.words[6] <= seg + SEGMENT_BYTES);
+                let ptr = b.words[BLOCK_PTR_WORD];
+                assert!(seg <= ptr && ptr + b.words[BLOCK_SIZE_WORD] <= seg + SEGMENT_BYTES);
                 if b.op == ops.block_malloc {
                     assert!(taken.insert(b.pid, ptr).is_none());
                 } else {
