@@ -299,14 +299,14 @@ pub fn explain_inputs(
     explain_inputs_with(data, inputs, ledgers, data)
 }
 
-/// [`explain_inputs`], the allocator views from `allocators` (a loaded
-/// trace rebuilds them from its calls, a file's reader gives those it
-/// rebuilt without holding them: `allocator::KnownViews`).
+/// [`explain_inputs`], the allocator views from `allocator_reads` (a
+/// loaded trace rebuilds them from its calls, a file's reader gives those
+/// it rebuilt without holding them: `allocator::KnownViews`).
 pub fn explain_inputs_with(
     data: &TraceData,
     inputs: &inputs::FindingInputs,
     ledgers: &[crate::ledger::ProcessLedger],
-    allocators: &dyn crate::allocator::AllocatorReads,
+    allocator_reads: &dyn crate::allocator::AllocatorReads,
 ) -> Explanation {
     let site = |id: Option<u64>| crate::sites::label_of(data, id);
     let ctx = time::Context::new(
@@ -350,10 +350,9 @@ pub fn explain_inputs_with(
         findings.extend(memory::allocation_churn(l, span));
         memory_notes.extend(memory::held_at_end_note(l));
     }
-    let reads = allocators;
-    let allocators = reads.views(ledgers);
+    let allocators = allocator_reads.views(ledgers);
     for v in allocators.values() {
-        findings.extend(fragmentation::fragmentation(v, ledgers, reads));
+        findings.extend(fragmentation::fragmentation(v, ledgers, allocator_reads));
     }
     rank(&mut findings);
     let summary = verdict::summary_line(data.has_host_context, &threads, &views, &findings, &gpu);

@@ -311,18 +311,19 @@ pub(crate) fn short(e: &rusqlite::Error) -> String {
 
 /// Whether a table (or view) of that name exists.
 pub(crate) fn has_table(conn: &Connection, name: &str) -> rusqlite::Result<bool> {
-    conn.query_row(
-        "SELECT count(*) FROM sqlite_master WHERE type IN ('table','view') AND name = ?1",
-        [name],
-        |r| r.get::<_, i64>(0),
-    )
-    .map(|n| n > 0)
+    in_schema(conn, "type IN ('table','view')", name)
 }
 
 /// Whether an index of that name exists.
 pub(crate) fn has_index(conn: &Connection, name: &str) -> rusqlite::Result<bool> {
+    in_schema(conn, "type = 'index'", name)
+}
+
+/// Whether the schema holds an object of that name whose type meets
+/// `types` (a condition on `sqlite_master.type`).
+fn in_schema(conn: &Connection, types: &str, name: &str) -> rusqlite::Result<bool> {
     conn.query_row(
-        "SELECT count(*) FROM sqlite_master WHERE type = 'index' AND name = ?1",
+        &format!("SELECT count(*) FROM sqlite_master WHERE {types} AND name = ?1"),
         [name],
         |r| r.get::<_, i64>(0),
     )

@@ -969,10 +969,11 @@ impl<'tx, 'b> EventRows<'tx, 'b> {
 
 /// Stores the block of the calls this transaction stored (row ids from
 /// `first_id` to the table's last, `starts`: their earliest and latest
-/// start, `classes`: their ops' class bits); returns the next call's row id. One indexed lookup and one row
-/// per transaction (thousands of events). A block never claims less than
-/// its rows: `first_id` starts at 1, so a file the writer did not create
-/// empty gets a wider first block, never a gap.
+/// start, `classes`: their ops' class bits); returns the next call's row
+/// id. One indexed lookup and one row per transaction (thousands of
+/// events). A block never claims less than its rows: `first_id` starts at
+/// 1, so a file the writer did not create empty gets a wider first block,
+/// never a gap.
 fn store_call_block(
     tx: &Transaction,
     first_id: i64,
