@@ -31,7 +31,7 @@ use crate::event::{BlockEvent, CallEvent};
 use crate::ledger::{ProcessLedger, Ptr};
 use crate::ops::{op_by_id, OpClass};
 use segments::SegmentMap;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 
 /// Segment size of PyTorch's small pool (`kSmallBuffer`).
@@ -92,7 +92,7 @@ fn steps_of(data: &TraceData, pid: u32) -> Vec<Step<'_>> {
     steps
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Pool {
     Small,
@@ -100,7 +100,7 @@ pub enum Pool {
 }
 
 /// A block handed out and not yet freed.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LiveBlock {
     /// The `Block*` (key of malloc/free pairs).
     pub block: Ptr,
@@ -119,7 +119,7 @@ pub struct LiveBlock {
 }
 
 /// One live segment with the blocks in it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Segment {
     pub base: Ptr,
     pub size: u64,
@@ -141,7 +141,7 @@ pub struct Segment {
 }
 
 /// Reserved and allocated bytes of one pool.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PoolBytes {
     pub segments: u64,
     pub reserved_bytes: u64,
@@ -149,7 +149,7 @@ pub struct PoolBytes {
     pub free_bytes: u64,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Pools {
     pub small: PoolBytes,
     pub large: PoolBytes,
@@ -157,7 +157,7 @@ pub struct Pools {
 
 /// Allocator totals at one moment of the replay (reserved: the allocator's
 /// own segments).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Moment {
     pub ts_ns: u64,
     pub reserved_bytes: u64,
@@ -175,8 +175,31 @@ pub struct FailedRequest {
     pub at: Moment,
 }
 
+/// A [`FailedRequest`] as read back (a trace's allocator rollup,
+/// `sleuth_store`): its op named by a name this build knows.
+#[derive(Deserialize)]
+struct StoredFailedRequest {
+    op: String,
+    bytes: u64,
+    #[serde(flatten)]
+    at: Moment,
+}
+
+// By hand: a derive would ask the input to live for `'static` because of
+// the `&'static str` field.
+impl<'de> Deserialize<'de> for FailedRequest {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let f = StoredFailedRequest::deserialize(d)?;
+        Ok(FailedRequest {
+            op: crate::ledger::known_op(&f.op).map_err(serde::de::Error::custom)?,
+            bytes: f.bytes,
+            at: f.at,
+        })
+    }
+}
+
 /// Event counts of the replay.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BlockCounts {
     pub mallocs: u64,
     pub frees: u64,
@@ -195,7 +218,7 @@ pub struct BlockCounts {
 }
 
 /// The rebuilt allocator state of one process.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AllocatorState {
     /// Σ size of live blocks: `torch.cuda.memory_allocated()`.
     pub allocated_bytes: u64,
@@ -243,7 +266,45 @@ pub struct AllocatorView {
     pub state: Option<AllocatorState>,
 }
 
+/// An [`AllocatorView`] as a trace stores it (`sleuth_store`'s allocator
+/// rollup): its state a member of its own rather than flattened into the
+/// view, so that reading it back tells an absent state (the layout was not
+/// recognised) from a damaged one.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct StoredView {
+    pub pid: u32,
+    pub calibration: Calibration,
+    pub state: Option<AllocatorState>,
+}
+
+/// [`StoredView`]'s serialization of a view, borrowed.
+#[derive(Serialize)]
+pub struct StoredViewRef<'a> {
+    pid: u32,
+    calibration: &'a Calibration,
+    state: &'a Option<AllocatorState>,
+}
+
+impl From<StoredView> for AllocatorView {
+    fn from(v: StoredView) -> Self {
+        AllocatorView {
+            pid: v.pid,
+            calibration: v.calibration,
+            state: v.state,
+        }
+    }
+}
+
 impl AllocatorView {
+    /// The view as a trace stores it ([`StoredView`]).
+    pub fn to_stored(&self) -> StoredViewRef<'_> {
+        StoredViewRef {
+            pid: self.pid,
+            calibration: &self.calibration,
+            state: &self.state,
+        }
+    }
+
     /// The line to show when the state could not be rebuilt.
     pub fn refusal(&self) -> Option<String> {
         if self.state.is_some() {
@@ -370,8 +431,17 @@ impl KnownViews {
     /// also names their blocks' sites), their steps from `source`;
     /// `ledgers` are the end's.
     pub fn of(source: &dyn StepSource, data: &TraceData, ledgers: &[ProcessLedger]) -> KnownViews {
-        let pids = pids_with_blocks(&data.blocks);
-        let end = allocator_views_of(source, data, &pids, None, ledgers);
+        Self::of_pids(source, data, &pids_with_blocks(&data.blocks), ledgers)
+    }
+
+    /// [`KnownViews::of`] the processes `pids` (those with allocator events).
+    pub fn of_pids(
+        source: &dyn StepSource,
+        data: &TraceData,
+        pids: &[u32],
+        ledgers: &[ProcessLedger],
+    ) -> KnownViews {
+        let end = allocator_views_of(source, data, pids, None, ledgers);
         let mut moments = BTreeMap::new();
         for (&pid, v) in &end {
             let Some(ts) = v
@@ -388,6 +458,25 @@ impl KnownViews {
             );
         }
         KnownViews { end, moments }
+    }
+
+    /// The views already rebuilt: at the end by pid, and at other moments
+    /// by (pid, time) (a trace's stored ones).
+    pub fn from_parts(
+        end: BTreeMap<u32, AllocatorView>,
+        moments: BTreeMap<(u32, u64), AllocatorView>,
+    ) -> KnownViews {
+        KnownViews { end, moments }
+    }
+
+    /// The views at the end, by pid.
+    pub fn end(&self) -> &BTreeMap<u32, AllocatorView> {
+        &self.end
+    }
+
+    /// The views at other moments, by (pid, time).
+    pub fn moments(&self) -> &BTreeMap<(u32, u64), AllocatorView> {
+        &self.moments
     }
 }
 
@@ -430,21 +519,29 @@ pub fn allocator_view_of(
     reserved_bytes: u64,
 ) -> AllocatorView {
     let calibration = calibrate::calibrate(source, pid);
-    let mut state = calibration
+    let state = calibration
         .layout()
         .map(|layout| rebuild(source, pid, layout, at_ns, reserved_bytes));
-    // Which line asked for each block that pins a segment.
-    if let (Some(st), false) = (state.as_mut(), data.stacks.is_empty()) {
-        for seg in &mut st.segments {
-            for b in &mut seg.live_blocks {
-                b.site = b.stack_id.map(|id| crate::sites::label_of(data, Some(id)));
-            }
-        }
-    }
-    AllocatorView {
+    let mut view = AllocatorView {
         pid,
         calibration,
         state,
+    };
+    name_sites(&mut view, data);
+    view
+}
+
+/// Names the line (or native function) that asked for each live block of
+/// `view` from `data`'s stacks: a view rebuilt without them (a trace's
+/// stored one) reads them from the trace that loads it.
+pub fn name_sites(view: &mut AllocatorView, data: &TraceData) {
+    let (Some(st), false) = (view.state.as_mut(), data.stacks.is_empty()) else {
+        return;
+    };
+    for seg in &mut st.segments {
+        for b in &mut seg.live_blocks {
+            b.site = b.stack_id.map(|id| crate::sites::label_of(data, Some(id)));
+        }
     }
 }
 

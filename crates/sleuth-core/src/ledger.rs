@@ -60,7 +60,7 @@ impl<'de> Deserialize<'de> for Ptr {
 
 /// An op name read back (the ledger rollup of a trace, `sleuth_store`): the
 /// name of an op this build knows, else an error.
-fn known_op(name: &str) -> Result<&'static str, String> {
+pub(crate) fn known_op(name: &str) -> Result<&'static str, String> {
     crate::op_by_name(name)
         .map(|o| o.name)
         .ok_or_else(|| format!("unknown op {name:.80}"))

@@ -63,8 +63,12 @@ pub(crate) fn complete(
         &tx,
         chain,
         |c, id| sites.borrow_mut().add(c, id),
-        // After the file's ledgers: the sites' unfreed bytes and peaks come from them.
-        |own| crate::site_rollup::write(&tx, sites.take(), &own.ledgers, &own.at_peak),
+        // After the file's ledgers: the sites' unfreed bytes and peaks come
+        // from them, and the allocator views' reserved bytes.
+        |own| {
+            crate::site_rollup::write(&tx, sites.take(), &own.ledgers, &own.at_peak)?;
+            crate::allocator_rollup::write(&tx, &own.ledgers)
+        },
     )?;
     crate::wait_groups::write(&tx)?;
     tx.execute(

@@ -31,6 +31,7 @@ const PIECE: usize = 64 << 10;
 /// One column of a row to insert.
 pub(crate) enum Col<'a> {
     Int(i64),
+    Null,
     /// A value serialized by the function, which must write the same bytes
     /// each time it is called (it is called twice for a long value).
     Json(&'a dyn Fn(&mut dyn Write) -> serde_json::Result<()>),
@@ -60,6 +61,7 @@ pub(crate) fn insert_row(
     for c in cols {
         held.push(match c {
             Col::Int(v) => Held::Int(*v),
+            Col::Null => Held::Null,
             Col::Json(write) => {
                 let mut first = Spill::new();
                 write(&mut first).map_err(conversion)?;
@@ -81,6 +83,7 @@ pub(crate) fn insert_row(
     }
     let bound = held.iter().map(|h| match h {
         Held::Int(v) => ToSqlOutput::Owned(Value::Integer(*v)),
+        Held::Null => ToSqlOutput::Owned(Value::Null),
         Held::Text(t) => ToSqlOutput::Borrowed(ValueRef::Text(t.as_bytes())),
         // SQLite refuses a zeroblob past its length limit (an error from
         // the INSERT, nothing stored).
@@ -137,6 +140,7 @@ pub(crate) fn insert_row(
 /// A column of a row about to be inserted.
 enum Held {
     Int(i64),
+    Null,
     /// JSON bound as TEXT.
     Text(String),
     /// JSON longer than [`STREAM_ABOVE`] (its length), serialized again

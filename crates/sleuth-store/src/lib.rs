@@ -10,6 +10,8 @@
 //!
 //! The schema is documented in `docs/schema.md`.
 
+mod allocator_rollup;
+mod allocator_rows;
 mod budget;
 mod call_blocks;
 mod call_groups;
@@ -17,6 +19,7 @@ mod check_cache;
 mod check_plan;
 mod checked;
 mod error;
+mod file_steps;
 mod finalize;
 mod thread_pass;
 pub use finalize::COMPLETION_CPU_STAT;

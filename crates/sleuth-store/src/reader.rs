@@ -579,44 +579,12 @@ impl Trace {
         &self,
         pid: Option<u32>,
     ) -> Result<Vec<sleuth_core::BlockEvent>, StoreError> {
-        if !crate::open::has_table(&self.conn, "allocator_events").at(&self.path)? {
+        let Some(sql) = crate::allocator_rows::query(&self.conn, false).at(&self.path)? else {
             return Ok(Vec::new());
-        }
-        let stack_col = if crate::stacks::has_column(&self.conn, "allocator_events", "stack_id")
-            .at(&self.path)?
-        {
-            "stack_id"
-        } else {
-            "NULL"
         };
-        let mut st = self
-            .conn
-            .prepare(&format!(
-                "SELECT start_ns, end_ns, pid, tid, op, requested, block, words, {stack_col} FROM allocator_events
-                 WHERE (?1 IS NULL OR pid = ?1) AND start_ns BETWEEN 0 AND {MAX_NS}
-                   AND end_ns BETWEEN 0 AND {MAX_NS} ORDER BY end_ns, id"
-            ))
-            .at(&self.path)?;
+        let mut st = self.conn.prepare(&sql).at(&self.path)?;
         let rows = st
-            .query_map([pid], |r| {
-                let name: String = r.get(4)?;
-                let blob: Vec<u8> = r.get(7)?;
-                let mut words = [0u64; sleuth_core::event::BLOCK_WORDS];
-                for (w, chunk) in words.iter_mut().zip(blob.chunks_exact(8)) {
-                    *w = u64::from_le_bytes(chunk.try_into().unwrap_or([0; 8]));
-                }
-                Ok(op_by_name(&name).map(|info| sleuth_core::BlockEvent {
-                    op: info.id,
-                    start_ns: r.get::<_, i64>(0).unwrap_or(0) as u64,
-                    end_ns: r.get::<_, i64>(1).unwrap_or(0) as u64,
-                    pid: r.get(2).unwrap_or(0),
-                    tid: r.get(3).unwrap_or(0),
-                    requested: r.get::<_, Option<i64>>(5).unwrap_or(None).map(|v| v as u64),
-                    block: r.get::<_, i64>(6).unwrap_or(0) as u64,
-                    words,
-                    stack_id: r.get::<_, Option<i64>>(8).unwrap_or(None).map(|v| v as u64),
-                }))
-            })
+            .query_map([pid], crate::allocator_rows::block_of)
             .at(&self.path)?;
         let mut out = Vec::new();
         for r in rows {
@@ -1090,13 +1058,21 @@ impl Trace {
     /// processes, counters, GPU samples, allocator blocks and stacks, of one
     /// process or all. The streamed views start from it.
     pub fn frame(&self, pid: Option<u32>) -> Result<TraceData, StoreError> {
+        Ok(TraceData {
+            blocks: self.allocator_events(pid)?,
+            ..self.frame_without_blocks(pid)?
+        })
+    }
+
+    /// [`Trace::frame`] without the allocator events: a view that streams
+    /// them from the file (`stream::MemoryTrace`) does not hold them.
+    pub(crate) fn frame_without_blocks(&self, pid: Option<u32>) -> Result<TraceData, StoreError> {
         let session = self.session()?;
         let mut processes = self.processes()?;
         if let Some(pid) = pid {
             processes.retain(|p| p.pid == pid);
         }
         Ok(TraceData {
-            blocks: self.allocator_events(pid)?,
             processes,
             stats: self.stats()?,
             start_ns: Some(session.info.start_mono_ns),

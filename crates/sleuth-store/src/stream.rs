@@ -128,7 +128,12 @@ impl Rows {
         Ok(&self.conn)
     }
 
-    fn read_error(&self, e: rusqlite::Error) -> StoreError {
+    /// The connection under the stream (its reads are the caller's to check).
+    pub(crate) fn conn(&self) -> &Connection {
+        &self.conn
+    }
+
+    pub(crate) fn read_error(&self, e: rusqlite::Error) -> StoreError {
         match self.budget.stop_reason() {
             Some(why) => StoreError::file(&self.path, format!("reading stopped: {why}")),
             None => StoreError::Sqlite {
@@ -989,9 +994,10 @@ pub fn call_span(
 /// is replayed from the memory calls streamed from the store in return
 /// order, so memory grows with what is live, not with the trace.
 pub struct MemoryTrace {
-    /// The trace without calls and waits: session times, processes,
-    /// allocator events, NVML samples, counters and stacks, as
-    /// [`Trace::load`] would give them for `pid`.
+    /// The trace without calls, waits and allocator events: session times,
+    /// processes, NVML samples, counters and stacks, as [`Trace::load`]
+    /// would give them for `pid` ([`Self::load_allocator_calls`] adds the
+    /// allocator events).
     pub base: sleuth_core::TraceData,
     /// The span `TraceSpan::of` gives the loaded trace.
     pub span: sleuth_core::TraceSpan,
@@ -999,93 +1005,14 @@ pub struct MemoryTrace {
     pub groups: Vec<CallGroup>,
     /// Every process the loaded trace has a call or a counted call of.
     pids: std::collections::BTreeSet<u32>,
+    /// The processes with allocator events (`trace --torch-allocator`), of
+    /// `pid` when given: the events themselves stay in the file.
+    block_pids: Vec<u32>,
     pid: Option<u32>,
     rows: Rows,
     /// What the last streamed ledger pass kept for the by-site table:
     /// `sites_streamed` at the same moment takes it instead of a pass.
     site_pass: std::cell::RefCell<Option<SitePass>>,
-}
-
-/// A process's allocator-view steps read from the file at each pass: its
-/// memory calls in return order merged with its allocator events (held by
-/// the view's frame, in completion order), the order
-/// `sleuth_core::allocator::StepSource` asks for. The first read error
-/// ends every later pass and is kept for the caller.
-struct FileSteps<'a> {
-    rows: &'a Rows,
-    /// Every allocator event of the view, in completion order.
-    blocks: &'a [sleuth_core::BlockEvent],
-    failed: std::cell::RefCell<Option<StoreError>>,
-}
-
-impl<'a> FileSteps<'a> {
-    fn new(rows: &'a Rows, blocks: &'a [sleuth_core::BlockEvent]) -> Self {
-        FileSteps {
-            rows,
-            blocks,
-            failed: std::cell::RefCell::new(None),
-        }
-    }
-
-    /// The first read error of any pass, if one failed.
-    fn into_result(self) -> Result<(), StoreError> {
-        match self.failed.into_inner() {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
-    }
-}
-
-/// Why a pass over the calls stopped early.
-enum Halt {
-    /// The view asked for no more steps.
-    Done,
-    Failed(StoreError),
-}
-
-impl From<StoreError> for Halt {
-    fn from(e: StoreError) -> Self {
-        Halt::Failed(e)
-    }
-}
-
-impl sleuth_core::allocator::StepSource for FileSteps<'_> {
-    fn for_each_step(
-        &self,
-        pid: u32,
-        visit: &mut dyn FnMut(sleuth_core::allocator::Step<'_>) -> bool,
-    ) {
-        use sleuth_core::allocator::Step;
-        if self.failed.borrow().is_some() {
-            return;
-        }
-        let mut blocks = self.blocks.iter().filter(|b| b.pid == pid).peekable();
-        let q = memory_calls_of(Some(pid), StreamOrder::ByReturn, None);
-        let calls = self.rows.for_each_call::<Halt>(&q, |c| {
-            // At equal completion times calls go first.
-            while let Some(b) = blocks.next_if(|b| b.end_ns < c.call.end_ns()) {
-                if !visit(Step::Block(b)) {
-                    return Err(Halt::Done);
-                }
-            }
-            if visit(Step::Call(&c.call)) {
-                Ok(())
-            } else {
-                Err(Halt::Done)
-            }
-        });
-        match calls {
-            Ok(()) => {
-                for b in blocks {
-                    if !visit(Step::Block(b)) {
-                        break;
-                    }
-                }
-            }
-            Err(Halt::Done) => {}
-            Err(Halt::Failed(e)) => *self.failed.borrow_mut() = Some(e),
-        }
-    }
 }
 
 /// The memory calls of process `pid` (all without one) in `order`, those
@@ -1223,13 +1150,17 @@ impl MemoryTrace {
                 .filter(|g| pid.is_none_or(|p| g.pid == p))
                 .map(|g| g.pid),
         );
-        let base = trace.frame(pid)?;
+        let base = trace.frame_without_blocks(pid)?;
         let span = call_span(base.start_ns, base.end_ns, &groups, pid);
+        let mut block_pids =
+            crate::allocator_rows::pids(&rows.conn).map_err(|e| rows.read_error(e))?;
+        block_pids.retain(|&p| pid.is_none_or(|only| only == p));
         Ok(MemoryTrace {
             base,
             span,
             groups,
             pids,
+            block_pids,
             pid,
             rows,
             site_pass: Default::default(),
@@ -1500,11 +1431,27 @@ impl MemoryTrace {
         ledgers: &[sleuth_core::ledger::ProcessLedger],
     ) -> Result<std::collections::BTreeMap<u32, sleuth_core::allocator::AllocatorView>, StoreError>
     {
-        let pids = sleuth_core::allocator::pids_with_blocks(&self.base.blocks);
-        let source = FileSteps::new(&self.rows, &self.base.blocks);
+        let pids = &self.block_pids;
+        // At the end: the views the writer rebuilt when the trace ended.
+        if at_ns.is_none() {
+            if let Some(known) = self.stored_allocator_views(pids)? {
+                return Ok(known.end().clone());
+            }
+        }
+        let source = crate::file_steps::FileSteps::read(&self.rows);
         let views =
-            sleuth_core::allocator::allocator_views_of(&source, &self.base, &pids, at_ns, ledgers);
+            sleuth_core::allocator::allocator_views_of(&source, &self.base, pids, at_ns, ledgers);
         source.into_result().map(|()| views)
+    }
+
+    /// The allocator views of `pids` the writer stored when the trace ended
+    /// (`crate::allocator_rollup`); None when it stored none of some.
+    fn stored_allocator_views(
+        &self,
+        pids: &[u32],
+    ) -> Result<Option<sleuth_core::allocator::KnownViews>, StoreError> {
+        crate::allocator_rollup::stored_views(&self.rows.conn, pids, &self.base)
+            .map_err(|e| self.rows.read_error(e))
     }
 
     /// What an explanation of this view reads of the allocator: the views
@@ -1515,21 +1462,52 @@ impl MemoryTrace {
         &self,
         ledgers: &[sleuth_core::ledger::ProcessLedger],
     ) -> Result<sleuth_core::allocator::KnownViews, StoreError> {
-        let source = FileSteps::new(&self.rows, &self.base.blocks);
-        let known = sleuth_core::allocator::KnownViews::of(&source, &self.base, ledgers);
+        if let Some(known) = self.stored_allocator_views(&self.block_pids)? {
+            return Ok(known);
+        }
+        let source = crate::file_steps::FileSteps::read(&self.rows);
+        let known = sleuth_core::allocator::KnownViews::of_pids(
+            &source,
+            &self.base,
+            &self.block_pids,
+            ledgers,
+        );
         source.into_result().map(|()| known)
     }
 
-    /// Puts the memory calls of the processes with allocator blocks (only
-    /// traces taken with `--torch-allocator` have any) into `base.calls`:
-    /// what the allocator view replays beside their block events. Reads
-    /// nothing when there are none.
+    /// Puts the allocator events (only traces taken with
+    /// `--torch-allocator` have any) into `base.blocks` and the memory calls
+    /// of their processes into `base.calls`: what the allocator view of the
+    /// loaded trace replays. Reads nothing when there are none.
     pub fn load_allocator_calls(&mut self) -> Result<(), StoreError> {
-        let pids = sleuth_core::allocator::pids_with_blocks(&self.base.blocks);
-        if pids.is_empty() {
+        if self.block_pids.is_empty() {
             return Ok(());
         }
+        self.load_allocator_events()?;
+        let pids = self.block_pids.clone();
         self.load_memory_calls(Some(&pids))
+    }
+
+    /// Puts the allocator events of this view into `base.blocks`, as
+    /// [`Trace::load`] gives them.
+    pub fn load_allocator_events(&mut self) -> Result<(), StoreError> {
+        let Some(sql) = crate::allocator_rows::query(&self.rows.conn, false)
+            .map_err(|e| self.rows.read_error(e))?
+        else {
+            return Ok(());
+        };
+        let mut blocks = Vec::new();
+        let read = (|| {
+            let mut st = self.rows.conn.prepare(&sql)?;
+            let mut rows = st.query([self.pid])?;
+            while let Some(r) = rows.next()? {
+                blocks.extend(crate::allocator_rows::block_of(r)?);
+            }
+            Ok(())
+        })();
+        read.map_err(|e| self.rows.read_error(e))?;
+        self.base.blocks = blocks;
+        Ok(())
     }
 
     /// Puts the memory calls of `pids` (all when None) into `base.calls`,

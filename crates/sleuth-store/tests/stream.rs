@@ -127,7 +127,9 @@ fn simulated(path: &Path) {
         c.runnable_ns = i;
         calls.push(c);
     }
-    let blocks = torch_blocks(100, base, [3_500, 3_600, 4_500]);
+    let mut blocks = torch_blocks(100, base, [3_500, 3_600, 4_500]);
+    // The block still live at the end was asked for at a known line.
+    blocks[1].stack_id = Some(1);
     let mut events: Vec<(u64, Event)> = calls
         .into_iter()
         .map(|c| (c.ts_ns, Event::Call(c)))
@@ -285,6 +287,12 @@ fn assert_streamed_equals_loaded(path: &Path, pid: Option<u32>) {
         );
     }
     mt.load_memory_calls(None).unwrap();
+    assert!(
+        mt.base.blocks.is_empty(),
+        "the view holds no allocator event"
+    );
+    mt.load_allocator_events().unwrap();
+    assert_eq!(json(&mt.base.blocks), json(&data.blocks));
     assert_eq!(
         json(&memory_by_site(&mt.base, &end)),
         json(&memory_by_site(&data, &end))
@@ -900,4 +908,176 @@ fn a_fragmentation_finding_at_a_failure_reads_its_moment_from_the_file() {
         json(&lean.allocators.view_at(100, ts)),
         json(&Some(at_failure))
     );
+    // Above, the views the writer stored (the moment's among them); without
+    // them, the views rebuilt from the file give the same.
+    let stored: i64 = rusqlite::Connection::open(&path)
+        .unwrap()
+        .query_row(
+            "SELECT count(*) FROM allocator_rollup WHERE pid = 100 AND at_ns = ?1",
+            [ts as i64],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(stored, 1, "the moment's view is stored");
+    rusqlite::Connection::open(&path)
+        .unwrap()
+        .execute("DELETE FROM meta WHERE key = 'allocator_rollup'", [])
+        .unwrap();
+    let trace = Trace::open(&path).unwrap();
+    let streamed = sleuth_store::lean::load(&trace, None, budget())
+        .unwrap()
+        .unwrap();
+    assert_eq!(frag(&streamed.explanation()), want_frag);
+    assert_eq!(
+        json(&streamed.allocators.view_at(100, ts)),
+        json(&lean.allocators.view_at(100, ts))
+    );
+}
+
+/// The allocator views at the end come from the allocator rollup the
+/// writer stored: equal to the views rebuilt from the file (with sites
+/// named), read without a memory call (deleting them leaves the answer
+/// unchanged), rebuilt again when the rollup is not marked complete or
+/// lacks a process, and a damaged rollup is an error naming it.
+#[test]
+fn allocator_views_at_the_end_are_read_from_the_stored_rollup() {
+    let dir = TempDir::new("allocator_rollup");
+    let path = dir.join("sim.db");
+    simulated(&path);
+    let views = |p: &Path| -> Result<Value, String> {
+        let trace = Trace::open(p).unwrap();
+        let mt = MemoryTrace::open(&trace, None, budget()).unwrap();
+        let l = mt.ledgers(None).unwrap();
+        let end = mt.allocator_views(None, &l).map_err(|e| e.to_string())?;
+        let known = mt.known_allocator_views(&l).map_err(|e| e.to_string())?;
+        assert_eq!(json(known.end()), json(&end));
+        Ok(json(&end))
+    };
+    let sql = |p: &Path, q: &str| {
+        rusqlite::Connection::open(p)
+            .unwrap()
+            .execute(q, [])
+            .unwrap()
+    };
+    let whole = views(&path).unwrap();
+    let trace = Trace::open(&path).unwrap();
+    let data = trace.load(None).unwrap();
+    assert_eq!(
+        whole,
+        json(&allocator_views(&data, None, &ledger(&data, None)))
+    );
+    assert!(
+        whole[&"100"]["segments"][0]["live_blocks"][0]["site"].is_string(),
+        "sites named: {whole}"
+    );
+    let rebuilt_path = dir.join("rebuilt.db");
+    std::fs::copy(&path, &rebuilt_path).unwrap();
+    sql(
+        &rebuilt_path,
+        "DELETE FROM meta WHERE key = 'allocator_rollup'",
+    );
+    assert_eq!(
+        views(&rebuilt_path).unwrap(),
+        whole,
+        "rebuilt from the file"
+    );
+
+    // Read from the table: the memory calls gone, the answer stays.
+    let memory_ops: Vec<String> = sleuth_core::ledger::memory_op_names()
+        .iter()
+        .map(|n| format!("'{n}'"))
+        .collect();
+    let deleted = sql(
+        &path,
+        &format!(
+            "DELETE FROM call_rows WHERE pid = 100 AND op_id IN (SELECT id FROM ops WHERE op IN ({}))",
+            memory_ops.join(", ")
+        ),
+    );
+    assert!(deleted > 5, "{deleted}");
+    assert_eq!(views(&path).unwrap(), whole, "answered from the rollup");
+    // A process without its view at the end: rebuilt from what is left.
+    let stored_copy = dir.join("stored.db");
+    std::fs::copy(&path, &stored_copy).unwrap();
+    sql(
+        &path,
+        "DELETE FROM allocator_rollup WHERE pid = 100 AND at_ns IS NULL",
+    );
+    assert_ne!(
+        views(&path).unwrap(),
+        whole,
+        "rebuilt without the memory calls"
+    );
+
+    for (change, what) in [
+        ("UPDATE allocator_rollup SET view = '{\"pid\": 1' WHERE pid = 100", "of pid 100"),
+        (
+            "UPDATE allocator_rollup SET view = replace(view, '\"allocated_bytes\":', '\"allocated_bytes\":9223372036854775807') WHERE pid = 100",
+            "no trace holds",
+        ),
+        (
+            "UPDATE allocator_rollup SET view = replace(view, '\"pid\":100', '\"pid\":7')",
+            "foreign",
+        ),
+        ("INSERT INTO allocator_rollup SELECT * FROM allocator_rollup", "second view"),
+        ("UPDATE allocator_rollup SET at_ns = -1", "time no trace holds"),
+    ] {
+        let damaged = dir.join("damaged.db");
+        std::fs::copy(&stored_copy, &damaged).unwrap();
+        assert_eq!(views(&damaged).unwrap(), whole);
+        sql(&damaged, change);
+        let err = views(&damaged).unwrap_err();
+        assert!(err.contains("damaged trace: allocator_rollup"), "{change}: {err}");
+        assert!(err.contains(what), "{change}: {err}");
+    }
+}
+
+/// A view holding a number no reader accepts (a request of 2^63 bytes the
+/// allocator refused) is not stored: the reader rebuilds it from the file,
+/// with the same answer as the loaded trace's, rather than refusing the
+/// file as damaged.
+#[test]
+fn a_view_a_reader_would_refuse_is_rebuilt_rather_than_stored() {
+    use sleuth_core::testing::torch_block;
+    const MIB: u64 = 1 << 20;
+    let dir = TempDir::new("gs-allocator-huge");
+    let path = dir.0.join("t.db");
+    let w = TraceWriter::create(&path, common::session(), WriterOptions::default()).unwrap();
+    let h = w.handle();
+    let base = 0x7f00_0000_0000u64;
+    let malloc = "DeviceCachingAllocator::malloc";
+    let mut refused = torch_block(100, 3_000, malloc, 0, 0, 512, Some(1 << 63));
+    refused.block = 0;
+    for e in [
+        Event::Call(mem("cudaMalloc", 100, 100, 1_000, 10, Some(20 * MIB), base)),
+        Event::Block(torch_block(
+            100,
+            2_000,
+            malloc,
+            0xa,
+            base,
+            MIB,
+            Some(MIB - 100),
+        )),
+        Event::Block(refused),
+    ] {
+        h.send(e).unwrap();
+    }
+    h.set_session_end(10_000).unwrap();
+    drop(h);
+    w.finish().unwrap();
+
+    let rows: i64 = rusqlite::Connection::open(&path)
+        .unwrap()
+        .query_row("SELECT count(*) FROM allocator_rollup", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(rows, 0, "not stored");
+    let trace = Trace::open(&path).unwrap();
+    let data = trace.load(None).unwrap();
+    let want = allocator_views(&data, None, &ledger(&data, None));
+    let failures = &want[&100].state.as_ref().unwrap().failures;
+    assert_eq!(failures[0].bytes, 1 << 63, "{failures:?}");
+    let mt = MemoryTrace::open(&trace, None, budget()).unwrap();
+    let l = mt.ledgers(None).unwrap();
+    assert_eq!(mt.allocator_views(None, &l).unwrap(), want);
 }

@@ -13,7 +13,7 @@ use super::segments::SegmentMap;
 use super::{Step, StepSource};
 use crate::event::{BlockEvent, BLOCK_WORDS};
 use crate::ops::OpClass;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Share of malloc events a field's test must hold for.
 pub const MIN_AGREEMENT: f64 = 0.99;
@@ -21,7 +21,7 @@ pub const MIN_AGREEMENT: f64 = 0.99;
 pub const BLOCK_ROUNDING: u64 = 512;
 
 /// The result of calibration, reported as is.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Calibration {
     /// Successful malloc events with a requested size (the sample).
     pub malloc_events: u64,

@@ -11,11 +11,11 @@
 
 use crate::event::CallEvent;
 use crate::ops::OpClass;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// How a segment came to exist.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum SegmentKind {
     /// A live device allocation (`cudaMalloc`, `cuMemAlloc_v2`, ...).

@@ -1,0 +1,144 @@
+//! The allocator rollup (issue 16): the PyTorch allocator views
+//! (`sleuth_core::allocator`) of each process with allocator events
+//! (`trace --torch-allocator`), rebuilt once when the trace ends and read
+//! back by whole-file answers (`memory` without `--at`, the lean
+//! explanation of `explain`, the report, the Perfetto export, the MCP
+//! tools) instead of two passes over the process's memory calls per view
+//! (4–5 s on the bench's 10M-call trace with allocator events).
+//!
+//! Rows: each process's view at the end (`at_ns` NULL) and, where its
+//! fragmentation finding describes another moment (a failure, the
+//! reserved peak), its view then (`sleuth_core::allocator::KnownViews`,
+//! what an explanation reads). Views are stored without their blocks'
+//! site labels, which the reader names from its stacks
+//! (`sleuth_core::allocator::name_sites`). A view whose numbers a reader
+//! would refuse (a value past 2^62: `stored_json`) is not stored, and
+//! the reader rebuilds that process's views from the file. Table and
+//! meaning: docs/schema.md, "Allocator rollup".
+
+use crate::file_steps::FileSteps;
+use crate::finding_rollups::{complete_tables, damaged_table};
+use crate::json_column::{insert_row, json, text_of, Col};
+use rusqlite::Connection;
+use sleuth_core::allocator::{name_sites, AllocatorView, KnownViews, StoredView};
+use sleuth_core::ledger::ProcessLedger;
+use sleuth_core::TraceData;
+use std::collections::BTreeMap;
+
+/// `meta.allocator_rollup` once the table below is complete.
+const COMPLETE: &str = "1";
+
+const CREATE: &str = "CREATE TABLE IF NOT EXISTS allocator_rollup(pid INTEGER NOT NULL, at_ns INTEGER, view TEXT NOT NULL)";
+
+/// The table's columns in order: a reader accepts nothing else.
+const COLS: &[&str] = &["pid", "at_ns", "view"];
+
+/// Members of a stored view not range-checked (`stored_json::parse_except`):
+/// stack ids are 64-bit hashes.
+const LABELS: &[&str] = &["stack_id"];
+
+/// Rebuilds and stores the views of every process with allocator events
+/// from the file being completed (its calls and events streamed:
+/// `FileSteps::own`); `ledgers` are the file's own at its end (the views'
+/// reserved bytes). A file without allocator events gets no table.
+pub(crate) fn write(conn: &Connection, ledgers: &[ProcessLedger]) -> rusqlite::Result<()> {
+    let pids = crate::allocator_rows::pids(conn)?;
+    if pids.is_empty() {
+        return Ok(());
+    }
+    let source = FileSteps::own(conn)?;
+    let known = KnownViews::of_pids(&source, &TraceData::default(), &pids, ledgers);
+    source.into_result().map_err(|e| match e {
+        crate::error::StoreError::Sqlite { source, .. } => source,
+        other => rusqlite::Error::ToSqlConversionFailure(other.to_string().into()),
+    })?;
+    conn.execute_batch(CREATE)?;
+    conn.execute("DELETE FROM allocator_rollup", [])?;
+    let rows = known.end().iter().map(|(&pid, v)| (pid, None, v)).chain(
+        known
+            .moments()
+            .iter()
+            .map(|(&(pid, ts), v)| (pid, Some(ts), v)),
+    );
+    let refused: std::collections::BTreeSet<u32> = rows
+        .clone()
+        .filter(|(_, _, v)| !crate::stored_json::readable(&v.to_stored(), LABELS))
+        .map(|(pid, _, _)| pid)
+        .collect();
+    for (pid, at_ns, v) in rows.filter(|(pid, _, _)| !refused.contains(pid)) {
+        let view = v.to_stored();
+        let view = json(&view);
+        let at = at_ns.map_or(Col::Null, |ts| Col::Int(ts as i64));
+        insert_row(
+            conn,
+            "allocator_rollup",
+            COLS,
+            &[Col::Int(pid.into()), at, Col::Json(&view)],
+        )?;
+    }
+    conn.execute(
+        "INSERT OR REPLACE INTO meta(key, value) VALUES ('allocator_rollup', ?1)",
+        [COMPLETE],
+    )?;
+    Ok(())
+}
+
+/// The stored views of `pids` (their blocks' sites named from `context`),
+/// or None when the trace has no complete table or lacks one of `pids`'
+/// views at the end (then rebuild them from the file). A table that is not
+/// the one gpusleuth writes, or a row that does not parse or holds a
+/// number no trace holds, a second view of a process at the same moment,
+/// or a foreign one, makes the file damaged: an error.
+pub(crate) fn stored_views(
+    conn: &Connection,
+    pids: &[u32],
+    context: &TraceData,
+) -> rusqlite::Result<Option<KnownViews>> {
+    if pids.is_empty() || !complete_tables(conn, "allocator_rollup", &[("allocator_rollup", COLS)])?
+    {
+        return Ok(None);
+    }
+    let bad = |what: String| damaged_table("allocator_rollup", &what);
+    let mut st = conn.prepare("SELECT pid, at_ns, view FROM allocator_rollup")?;
+    let mut rows = st.query([])?;
+    let mut end = BTreeMap::new();
+    let mut moments = BTreeMap::new();
+    while let Some(r) = rows.next()? {
+        let Ok(pid) = u32::try_from(r.get::<_, i64>(0)?) else {
+            continue;
+        };
+        if !pids.contains(&pid) {
+            continue;
+        }
+        let at_ns: Option<i64> = r.get(1)?;
+        let at_ns = at_ns
+            .map(|t| {
+                u64::try_from(t)
+                    .ok()
+                    .filter(|&t| t <= crate::problems::MAX_NS as u64)
+            })
+            .map(|t| t.ok_or_else(|| bad(format!("has a time no trace holds for pid {pid}"))))
+            .transpose()?;
+        let text = text_of(r.get_ref(2)?).map_err(|e| bad(format!("of pid {pid}: {e}")))?;
+        let v: StoredView = crate::stored_json::parse_except(text, LABELS)
+            .map_err(|e| bad(format!("of pid {pid}: {e}")))?;
+        if v.pid != pid {
+            return Err(bad(format!("holds a foreign view for pid {pid}")));
+        }
+        let mut view = AllocatorView::from(v);
+        name_sites(&mut view, context);
+        let second = match at_ns {
+            None => end.insert(pid, view).is_some(),
+            Some(ts) => moments.insert((pid, ts), view).is_some(),
+        };
+        if second {
+            return Err(bad(format!(
+                "holds a second view of pid {pid} at one moment"
+            )));
+        }
+    }
+    if end.len() != pids.len() {
+        return Ok(None);
+    }
+    Ok(Some(KnownViews::from_parts(end, moments)))
+}

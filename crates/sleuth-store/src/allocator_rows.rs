@@ -1,0 +1,85 @@
+//! The rows of `allocator_events` (PyTorch's caching-allocator events,
+//! `trace --torch-allocator`) as `sleuth_core::BlockEvent`s: the one query
+//! and row reading that the loaded trace, the streamed allocator views and
+//! the writer's allocator rollup (`crate::allocator_rollup`) share.
+
+use crate::problems::MAX_NS;
+use rusqlite::{Connection, Row};
+use sleuth_core::ops::op_by_name;
+
+/// The query of the allocator events in completion order (ties in row
+/// order): those of one process (`?1`) when `of_one_pid`, else those of
+/// `?1` or all when it is NULL; None when the file has no such table
+/// (traces recorded before it existed). Rows with a time no trace holds
+/// are left out. One process's rows come from the `(pid, end_ns)` index
+/// in that order, unsorted.
+pub(crate) fn query(conn: &Connection, of_one_pid: bool) -> rusqlite::Result<Option<String>> {
+    if !crate::open::has_table(conn, "allocator_events")? {
+        return Ok(None);
+    }
+    let stack_col = if crate::stacks::has_column(conn, "allocator_events", "stack_id")? {
+        "stack_id"
+    } else {
+        "NULL"
+    };
+    let pid_cond = match of_one_pid {
+        true => "pid = ?1",
+        false => "(?1 IS NULL OR pid = ?1)",
+    };
+    Ok(Some(format!(
+        "SELECT start_ns, end_ns, pid, tid, op, requested, block, words, {stack_col} FROM allocator_events
+         WHERE {pid_cond} AND start_ns BETWEEN 0 AND {MAX_NS}
+           AND end_ns BETWEEN 0 AND {MAX_NS} ORDER BY end_ns, id"
+    )))
+}
+
+/// One row of [`query`]; None for an op this build does not know.
+pub(crate) fn block_of(r: &Row<'_>) -> rusqlite::Result<Option<sleuth_core::BlockEvent>> {
+    let name: String = r.get(4)?;
+    let blob: Vec<u8> = r.get(7)?;
+    let mut words = [0u64; sleuth_core::event::BLOCK_WORDS];
+    for (w, chunk) in words.iter_mut().zip(blob.chunks_exact(8)) {
+        *w = u64::from_le_bytes(chunk.try_into().unwrap_or([0; 8]));
+    }
+    Ok(op_by_name(&name).map(|info| sleuth_core::BlockEvent {
+        op: info.id,
+        start_ns: r.get::<_, i64>(0).unwrap_or(0) as u64,
+        end_ns: r.get::<_, i64>(1).unwrap_or(0) as u64,
+        pid: r.get(2).unwrap_or(0),
+        tid: r.get(3).unwrap_or(0),
+        requested: r.get::<_, Option<i64>>(5).unwrap_or(None).map(|v| v as u64),
+        block: r.get::<_, i64>(6).unwrap_or(0) as u64,
+        words,
+        stack_id: r.get::<_, Option<i64>>(8).unwrap_or(None).map(|v| v as u64),
+    }))
+}
+
+/// The processes with an allocator event that [`query`] reads (a valid
+/// time, an op this build knows), each once, in order: one look into the
+/// `(pid, end_ns)` index per process, not a read of every row; none when
+/// the file has no such table.
+pub(crate) fn pids(conn: &Connection) -> rusqlite::Result<Vec<u32>> {
+    if !crate::open::has_table(conn, "allocator_events")? {
+        return Ok(Vec::new());
+    }
+    let known: Vec<String> = sleuth_core::ops::OPS
+        .iter()
+        .map(|o| format!("'{}'", o.name))
+        .collect();
+    let mut st = conn.prepare(&format!(
+        "SELECT p.pid FROM (SELECT DISTINCT pid FROM allocator_events) p
+         WHERE EXISTS (SELECT 1 FROM allocator_events a WHERE a.pid = p.pid
+           AND a.start_ns BETWEEN 0 AND {MAX_NS} AND a.end_ns BETWEEN 0 AND {MAX_NS}
+           AND a.op IN ({}))
+         ORDER BY p.pid",
+        known.join(", ")
+    ))?;
+    let pids = st.query_map([], |r| r.get::<_, i64>(0))?;
+    let mut out = Vec::new();
+    for p in pids {
+        if let Ok(p) = u32::try_from(p?) {
+            out.push(p);
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,165 @@
+//! A process's allocator-view steps read from a file at each pass: its
+//! memory calls in return order merged with its allocator events in
+//! completion order (from their `(pid, end_ns)` index, unsorted), the
+//! order `sleuth_core::allocator::StepSource` asks for, so a view is
+//! rebuilt holding neither. A reader's file is read through its stream
+//! (checks, budget); the writer completing its own file
+//! (`crate::allocator_rollup`) reads it directly. The first read error ends
+//! every later pass and is kept for the caller.
+
+use crate::error::StoreError;
+use crate::stream::{memory_calls_of, visit_calls, CallSource, Rows, StreamOrder};
+use rusqlite::Connection;
+use sleuth_core::allocator::{Step, StepSource};
+use sleuth_core::BlockEvent;
+use std::cell::RefCell;
+
+pub(crate) struct FileSteps<'a> {
+    calls: Calls<'a>,
+    failed: RefCell<Option<StoreError>>,
+}
+
+/// Where the memory calls come from.
+enum Calls<'a> {
+    /// A reader's stream (its checks and budget).
+    Read(&'a Rows),
+    /// The writer's own file.
+    Own(&'a Connection, CallSource),
+}
+
+impl<'a> FileSteps<'a> {
+    /// The steps of a reader's file, read through `rows`.
+    pub(crate) fn read(rows: &'a Rows) -> Self {
+        Self::new(Calls::Read(rows))
+    }
+
+    /// The steps of the file the writer is completing.
+    pub(crate) fn own(conn: &'a Connection) -> rusqlite::Result<Self> {
+        Ok(Self::new(Calls::Own(conn, CallSource::of(conn)?)))
+    }
+
+    fn new(calls: Calls<'a>) -> Self {
+        FileSteps {
+            calls,
+            failed: RefCell::new(None),
+        }
+    }
+
+    fn conn(&self) -> &'a Connection {
+        match self.calls {
+            Calls::Read(rows) => rows.conn(),
+            Calls::Own(conn, _) => conn,
+        }
+    }
+
+    /// The first read error of any pass, if one failed.
+    pub(crate) fn into_result(self) -> Result<(), StoreError> {
+        match self.failed.into_inner() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    fn fail(&self, e: StoreError) {
+        self.failed.borrow_mut().get_or_insert(e);
+    }
+
+    fn sqlite(&self, e: rusqlite::Error) -> StoreError {
+        match self.calls {
+            Calls::Read(rows) => rows.read_error(e),
+            Calls::Own(..) => StoreError::Sqlite {
+                path: Default::default(),
+                source: e,
+            },
+        }
+    }
+
+    /// Visits process `pid`'s memory calls merged with `blocks` (its
+    /// allocator events in completion order) until `visit` returns false.
+    fn merge(
+        &self,
+        pid: u32,
+        blocks: impl Iterator<Item = BlockEvent>,
+        visit: &mut dyn FnMut(Step<'_>) -> bool,
+    ) {
+        let mut blocks = blocks.peekable();
+        let q = memory_calls_of(Some(pid), StreamOrder::ByReturn, None);
+        let mut each = |c: crate::types::StoredCall| {
+            // At equal completion times calls go first.
+            while let Some(b) = blocks.next_if(|b| b.end_ns < c.call.end_ns()) {
+                if !visit(Step::Block(&b)) {
+                    return Err(Halt::Done);
+                }
+            }
+            match visit(Step::Call(&c.call)) {
+                true => Ok(()),
+                false => Err(Halt::Done),
+            }
+        };
+        let calls = match self.calls {
+            Calls::Read(rows) => rows.for_each_call::<Halt>(&q, &mut each),
+            Calls::Own(conn, src) => visit_calls::<Halt>(conn, src, &q, &|e| self.sqlite(e), each),
+        };
+        match calls {
+            Ok(()) => {
+                for b in blocks {
+                    if !visit(Step::Block(&b)) {
+                        break;
+                    }
+                }
+            }
+            Err(Halt::Done) => {}
+            Err(Halt::Failed(e)) => self.fail(e),
+        }
+    }
+
+    /// [`Self::merge`] with process `pid`'s allocator events read from the
+    /// file's table as the calls are.
+    fn merge_from_file(&self, pid: u32, visit: &mut dyn FnMut(Step<'_>) -> bool) {
+        let conn = self.conn();
+        let sql = match crate::allocator_rows::query(conn, true) {
+            Ok(Some(sql)) => sql,
+            Ok(None) => return self.merge(pid, std::iter::empty(), visit),
+            Err(e) => return self.fail(self.sqlite(e)),
+        };
+        let mut st = match conn.prepare_cached(&sql) {
+            Ok(st) => st,
+            Err(e) => return self.fail(self.sqlite(e)),
+        };
+        let rows = match st.query_map([pid], crate::allocator_rows::block_of) {
+            Ok(rows) => rows,
+            Err(e) => return self.fail(self.sqlite(e)),
+        };
+        // A row that cannot be read ends the events (and fails the pass).
+        let broken = RefCell::new(None);
+        let blocks = rows
+            .map_while(|r| r.map_err(|e| *broken.borrow_mut() = Some(e)).ok())
+            .flatten();
+        self.merge(pid, blocks, visit);
+        if let Some(e) = broken.into_inner() {
+            self.fail(self.sqlite(e));
+        }
+    }
+}
+
+/// Why a pass over the calls stopped early.
+enum Halt {
+    /// The view asked for no more steps.
+    Done,
+    Failed(StoreError),
+}
+
+impl From<StoreError> for Halt {
+    fn from(e: StoreError) -> Self {
+        Halt::Failed(e)
+    }
+}
+
+impl StepSource for FileSteps<'_> {
+    fn for_each_step(&self, pid: u32, visit: &mut dyn FnMut(Step<'_>) -> bool) {
+        if self.failed.borrow().is_some() {
+            return;
+        }
+        self.merge_from_file(pid, visit);
+    }
+}
