@@ -23,7 +23,7 @@ mod segments;
 #[cfg(test)]
 pub(crate) mod tests;
 
-pub use calibrate::{Calibration, Layout, BLOCK_ROUNDING, MIN_AGREEMENT};
+pub use calibrate::{calibrate, Calibration, Calibrator, Layout, BLOCK_ROUNDING, MIN_AGREEMENT};
 pub use segments::SegmentKind;
 
 use crate::data::TraceData;
@@ -441,7 +441,32 @@ impl KnownViews {
         pids: &[u32],
         ledgers: &[ProcessLedger],
     ) -> KnownViews {
-        let end = allocator_views_of(source, data, pids, None, ledgers);
+        let calibrations = pids.iter().map(|&p| (p, calibrate(source, p))).collect();
+        Self::of_calibrated(source, data, calibrations, ledgers)
+    }
+
+    /// [`KnownViews::of_pids`] the processes of `calibrations`, each
+    /// calibrated already (by a pass made for something else too): one
+    /// pass per view.
+    pub fn of_calibrated(
+        source: &dyn StepSource,
+        data: &TraceData,
+        calibrations: BTreeMap<u32, Calibration>,
+        ledgers: &[ProcessLedger],
+    ) -> KnownViews {
+        let live = |pid| {
+            ledgers
+                .iter()
+                .find(|l| l.pid == pid)
+                .map_or(0, |l| l.live_bytes)
+        };
+        let end: BTreeMap<u32, AllocatorView> = calibrations
+            .into_iter()
+            .map(|(pid, cal)| {
+                let view = allocator_view_calibrated(source, data, pid, None, live(pid), cal);
+                (pid, view)
+            })
+            .collect();
         let mut moments = BTreeMap::new();
         for (&pid, v) in &end {
             let Some(ts) = v
@@ -452,9 +477,11 @@ impl KnownViews {
                 continue;
             };
             let reserved = reserved_at(source, pid, ts);
+            // The calibration reads every step whatever the moment: the end's.
+            let cal = v.calibration.clone();
             moments.insert(
                 (pid, ts),
-                allocator_view_of(source, data, pid, Some(ts), reserved),
+                allocator_view_calibrated(source, data, pid, Some(ts), reserved, cal),
             );
         }
         KnownViews { end, moments }
@@ -518,7 +545,19 @@ pub fn allocator_view_of(
     at_ns: Option<u64>,
     reserved_bytes: u64,
 ) -> AllocatorView {
-    let calibration = calibrate::calibrate(source, pid);
+    let calibration = calibrate(source, pid);
+    allocator_view_calibrated(source, data, pid, at_ns, reserved_bytes, calibration)
+}
+
+/// [`allocator_view_of`] with the process's calibration known: one pass.
+pub fn allocator_view_calibrated(
+    source: &dyn StepSource,
+    data: &TraceData,
+    pid: u32,
+    at_ns: Option<u64>,
+    reserved_bytes: u64,
+    calibration: Calibration,
+) -> AllocatorView {
     let state = calibration
         .layout()
         .map(|layout| rebuild(source, pid, layout, at_ns, reserved_bytes));

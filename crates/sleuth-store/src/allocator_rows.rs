@@ -33,6 +33,19 @@ pub(crate) fn query(conn: &Connection, of_one_pid: bool) -> rusqlite::Result<Opt
     )))
 }
 
+/// [`query`] of one process (`?1`) a page at a time: the rows after
+/// (`?2` end, `?3` id), at most `?4` of them, their id last; None without
+/// the table.
+pub(crate) fn page_query(conn: &Connection) -> rusqlite::Result<Option<String>> {
+    Ok(query(conn, true)?.map(|q| {
+        q.replace(" FROM allocator_events", ", id FROM allocator_events")
+            .replace(
+                " ORDER BY end_ns, id",
+                " AND (end_ns > ?2 OR (end_ns = ?2 AND id > ?3)) ORDER BY end_ns, id LIMIT ?4",
+            )
+    }))
+}
+
 /// One row of [`query`]; None for an op this build does not know.
 pub(crate) fn block_of(r: &Row<'_>) -> rusqlite::Result<Option<sleuth_core::BlockEvent>> {
     let name: String = r.get(4)?;

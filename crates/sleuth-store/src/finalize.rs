@@ -58,16 +58,27 @@ pub(crate) fn complete(
     // After the call groups: the ledger lists the processes they name. Its
     // replay of the memory calls also tallies what each site allocated.
     let sites = std::cell::RefCell::new(crate::site_rollup::Tallies::default());
+    // The same replay calibrates the allocator views (traces with allocator events).
+    let calibrating = std::cell::RefCell::new(crate::allocator_rollup::CalibrationFeed::new(&tx)?);
     let chain = run.zip(carried).map(|(link, c)| (link, c, pinned_at_end));
     let carry = crate::run_ledger::write(
         &tx,
         chain,
-        |c, id| sites.borrow_mut().add(c, id),
+        |c, id| {
+            sites.borrow_mut().add(c, id);
+            if let Some(feed) = calibrating.borrow_mut().as_mut() {
+                feed.push_call(c);
+            }
+        },
         // After the file's ledgers: the sites' unfreed bytes and peaks come
         // from them, and the allocator views' reserved bytes.
         |own| {
             crate::site_rollup::write(&tx, sites.take(), &own.ledgers, &own.at_peak)?;
-            crate::allocator_rollup::write(&tx, &own.ledgers)
+            let calibrations = match calibrating.take() {
+                Some(feed) => feed.finish()?,
+                None => Default::default(),
+            };
+            crate::allocator_rollup::write(&tx, &own.ledgers, calibrations)
         },
     )?;
     crate::wait_groups::write(&tx)?;

@@ -1081,3 +1081,109 @@ fn a_view_a_reader_would_refuse_is_rebuilt_rather_than_stored() {
     let l = mt.ledgers(None).unwrap();
     assert_eq!(mt.allocator_views(None, &l).unwrap(), want);
 }
+
+/// The writer calibrates the allocator views from its ledger replay, each
+/// allocator event merged in among the memory calls where it completed:
+/// the stored views equal the loaded trace's where the order decides
+/// (a block of a segment freed right after it, another in the segment
+/// that replaced it at another address).
+#[test]
+fn the_stored_calibration_sees_each_block_among_the_calls_where_it_completed() {
+    use sleuth_core::testing::torch_block;
+    const MIB: u64 = 1 << 20;
+    let dir = TempDir::new("gs-allocator-order");
+    let path = dir.0.join("t.db");
+    let w = TraceWriter::create(&path, common::session(), WriterOptions::default()).unwrap();
+    let h = w.handle();
+    let (a, b, c) = (
+        0x7f00_0000_0000u64,
+        0x7f10_0000_0000u64,
+        0x7f20_0000_0000u64,
+    );
+    let (malloc, free) = (
+        "DeviceCachingAllocator::malloc",
+        "DeviceCachingAllocator::free",
+    );
+    let mut events = vec![Event::Call(mem(
+        "cudaMalloc",
+        100,
+        100,
+        1_000,
+        10,
+        Some(20 * MIB),
+        a,
+    ))];
+    // Blocks of segment `a`, which is freed right after each is given back.
+    for i in 0..4u64 {
+        let t = 2_000 + i * 10;
+        events.push(Event::Block(torch_block(
+            100,
+            t,
+            malloc,
+            0xa + i,
+            a + i * MIB,
+            MIB,
+            Some(MIB - 100),
+        )));
+        events.push(Event::Block(torch_block(
+            100,
+            t + 5,
+            free,
+            0xa + i,
+            a + i * MIB,
+            MIB,
+            None,
+        )));
+    }
+    events.push(Event::Call(mem("cudaFree", 100, 100, 3_000, 10, None, a)));
+    events.push(Event::Call(mem(
+        "cudaMalloc",
+        100,
+        100,
+        4_000,
+        10,
+        Some(20 * MIB),
+        b,
+    )));
+    events.push(Event::Block(torch_block(
+        100,
+        5_000,
+        malloc,
+        0xe,
+        b,
+        MIB,
+        Some(MIB - 100),
+    )));
+    events.push(Event::Call(mem(
+        "cudaMalloc",
+        100,
+        100,
+        6_000,
+        10,
+        Some(20 * MIB),
+        c,
+    )));
+    for e in events {
+        h.send(e).unwrap();
+    }
+    h.set_session_end(10_000).unwrap();
+    drop(h);
+    w.finish().unwrap();
+
+    let trace = Trace::open(&path).unwrap();
+    let data = trace.load(None).unwrap();
+    let want = allocator_views(&data, None, &ledger(&data, None));
+    assert_eq!(
+        want[&100].calibration.ptr_agree, 5,
+        "{:?}",
+        want[&100].calibration
+    );
+    let mt = MemoryTrace::open(&trace, None, budget()).unwrap();
+    let l = mt.ledgers(None).unwrap();
+    let stored: i64 = rusqlite::Connection::open(&path)
+        .unwrap()
+        .query_row("SELECT count(*) FROM allocator_rollup", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(stored, 1);
+    assert_eq!(json(&mt.allocator_views(None, &l).unwrap()), json(&want));
+}

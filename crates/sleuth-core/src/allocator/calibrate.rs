@@ -135,27 +135,61 @@ struct WordCounts {
     fits: [[u64; BLOCK_WORDS]; BLOCK_WORDS],
 }
 
-impl WordCounts {
-    /// One pass over `pid`'s steps, the segments replayed so that each
-    /// malloc event sees them as they stood when it returned.
-    fn of(source: &dyn StepSource, pid: u32) -> WordCounts {
-        let mut c = WordCounts {
-            n: 0,
-            equal: [0; BLOCK_WORDS],
-            inside: [0; BLOCK_WORDS],
-            fits: [[0; BLOCK_WORDS]; BLOCK_WORDS],
-        };
-        let mut segs = SegmentMap::default();
-        source.for_each_step(pid, &mut |s| {
-            match s {
-                Step::Call(call) => segs.apply(call),
-                Step::Block(b) => c.add(&segs, b),
-            }
-            true
-        });
-        c
+/// A calibration fed one step at a time, in replay order, by a pass that
+/// reads the process's steps for another purpose too (the writer's ledger
+/// replay, `sleuth_store`): what [`calibrate`] makes of one pass over a
+/// [`StepSource`].
+pub struct Calibrator {
+    counts: WordCounts,
+    /// The segments replayed so that each malloc event sees them as they
+    /// stood when it returned.
+    segs: SegmentMap,
+}
+
+impl Default for Calibrator {
+    fn default() -> Self {
+        Calibrator {
+            counts: WordCounts {
+                n: 0,
+                equal: [0; BLOCK_WORDS],
+                inside: [0; BLOCK_WORDS],
+                fits: [[0; BLOCK_WORDS]; BLOCK_WORDS],
+            },
+            segs: SegmentMap::default(),
+        }
+    }
+}
+
+impl Calibrator {
+    /// The process's next step.
+    pub fn push(&mut self, s: Step<'_>) {
+        match s {
+            Step::Call(call) => self.segs.apply(call),
+            Step::Block(b) => self.counts.add(&self.segs, b),
+        }
     }
 
+    pub fn finish(self) -> Calibration {
+        let mut cal = Calibration {
+            malloc_events: 0,
+            requested_index: None,
+            requested_agree: 0,
+            ptr_index: None,
+            ptr_agree: 0,
+            size_index: None,
+            size_agree: 0,
+            min_agreement: MIN_AGREEMENT,
+            recognised: false,
+            reason: None,
+        };
+        if let Err(why) = fit(&self.counts, &mut cal) {
+            cal.reason = why;
+        }
+        cal
+    }
+}
+
+impl WordCounts {
     fn add(&mut self, segs: &SegmentMap, b: &BlockEvent) {
         let Some(req) = sample(b) else { return };
         self.n += 1;
@@ -173,23 +207,14 @@ impl WordCounts {
     }
 }
 
-pub(super) fn calibrate(source: &dyn StepSource, pid: u32) -> Calibration {
-    let mut cal = Calibration {
-        malloc_events: 0,
-        requested_index: None,
-        requested_agree: 0,
-        ptr_index: None,
-        ptr_agree: 0,
-        size_index: None,
-        size_agree: 0,
-        min_agreement: MIN_AGREEMENT,
-        recognised: false,
-        reason: None,
-    };
-    if let Err(why) = fit(&WordCounts::of(source, pid), &mut cal) {
-        cal.reason = why;
-    }
-    cal
+/// The calibration of `pid` from one pass over its steps.
+pub fn calibrate(source: &dyn StepSource, pid: u32) -> Calibration {
+    let mut c = Calibrator::default();
+    source.for_each_step(pid, &mut |s| {
+        c.push(s);
+        true
+    });
+    c.finish()
 }
 
 /// Why a calibration stopped early: `Err(None)` when no word could even be
