@@ -43,6 +43,5 @@ PY
     if cmp -s "$a" "$b"; then v=SAME; else v=DIFFERENT; fi
     echo "  $mode $cmd: $v (rc $ra/$rb; stored $(( (t1 - t0) / 1000000 )) ms, rebuilt $(( (t2 - t1) / 1000000 )) ms, $(wc -c <"$a") bytes)" >>"$S"
   done
-  grep -o '"allocated_bytes":[0-9]*' "$OUT/${mode}_stored_memory_--json.out" | head -1 | sed "s/^/  $mode end: /" >>"$S"
 done
 cat "$S"
