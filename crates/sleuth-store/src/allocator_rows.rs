@@ -33,6 +33,24 @@ pub(crate) fn query(conn: &Connection, of_one_pid: bool) -> rusqlite::Result<Opt
     )))
 }
 
+/// Every row [`query`] reads of process `pid` (all when None), in
+/// completion order; none without the table.
+pub(crate) fn load(
+    conn: &Connection,
+    pid: Option<u32>,
+) -> rusqlite::Result<Vec<sleuth_core::BlockEvent>> {
+    let Some(sql) = query(conn, false)? else {
+        return Ok(Vec::new());
+    };
+    let mut st = conn.prepare(&sql)?;
+    let mut rows = st.query([pid])?;
+    let mut out = Vec::new();
+    while let Some(r) = rows.next()? {
+        out.extend(block_of(r)?);
+    }
+    Ok(out)
+}
+
 /// [`query`] of one process (`?1`) a page at a time: the rows after
 /// (`?2` end, `?3` id), at most `?4` of them, their id last; None without
 /// the table.

@@ -579,20 +579,7 @@ impl Trace {
         &self,
         pid: Option<u32>,
     ) -> Result<Vec<sleuth_core::BlockEvent>, StoreError> {
-        let Some(sql) = crate::allocator_rows::query(&self.conn, false).at(&self.path)? else {
-            return Ok(Vec::new());
-        };
-        let mut st = self.conn.prepare(&sql).at(&self.path)?;
-        let rows = st
-            .query_map([pid], crate::allocator_rows::block_of)
-            .at(&self.path)?;
-        let mut out = Vec::new();
-        for r in rows {
-            if let Some(b) = r.at(&self.path)? {
-                out.push(b);
-            }
-        }
-        Ok(out)
+        crate::allocator_rows::load(&self.conn, pid).at(&self.path)
     }
 
     /// GPU busy samples by time, or `None` when the trace has none (GPU

@@ -1491,22 +1491,8 @@ impl MemoryTrace {
     /// Puts the allocator events of this view into `base.blocks`, as
     /// [`Trace::load`] gives them.
     pub fn load_allocator_events(&mut self) -> Result<(), StoreError> {
-        let Some(sql) = crate::allocator_rows::query(&self.rows.conn, false)
-            .map_err(|e| self.rows.read_error(e))?
-        else {
-            return Ok(());
-        };
-        let mut blocks = Vec::new();
-        let read = (|| {
-            let mut st = self.rows.conn.prepare(&sql)?;
-            let mut rows = st.query([self.pid])?;
-            while let Some(r) = rows.next()? {
-                blocks.extend(crate::allocator_rows::block_of(r)?);
-            }
-            Ok(())
-        })();
-        read.map_err(|e| self.rows.read_error(e))?;
-        self.base.blocks = blocks;
+        self.base.blocks = crate::allocator_rows::load(&self.rows.conn, self.pid)
+            .map_err(|e| self.rows.read_error(e))?;
         Ok(())
     }
 

@@ -37,6 +37,18 @@ fn mem(op: &str, pid: u32, tid: u32, ts: u64, dur: u64, size: Option<u64>, ptr: 
 /// allocation, device switches, the virtual memory API, equal start times,
 /// call sites, allocator blocks, a process with launches only and one with
 /// counted calls only, and waits.
+/// A trace of `events` (the session ending at 10 µs) written at `path`.
+fn write_trace(path: &Path, events: Vec<Event>) {
+    let w = TraceWriter::create(path, common::session(), WriterOptions::default()).unwrap();
+    let h = w.handle();
+    for e in events {
+        h.send(e).unwrap();
+    }
+    h.set_session_end(10_000).unwrap();
+    drop(h);
+    w.finish().unwrap();
+}
+
 fn simulated(path: &Path) {
     let w = TraceWriter::create(path, common::session(), WriterOptions::default()).unwrap();
     let h = w.handle();
@@ -795,8 +807,6 @@ fn a_fragmentation_finding_at_a_failure_reads_its_moment_from_the_file() {
     const MIB: u64 = 1 << 20;
     let dir = TempDir::new("gs-frag-moment");
     let path = dir.0.join("t.db");
-    let w = TraceWriter::create(&path, common::session(), WriterOptions::default()).unwrap();
-    let h = w.handle();
     let (base, base2) = (0x7f00_0000_0000u64, 0x7f10_0000_0000u64);
     let (malloc, free) = (
         "DeviceCachingAllocator::malloc",
@@ -856,12 +866,7 @@ fn a_fragmentation_finding_at_a_failure_reads_its_moment_from_the_file() {
             None,
         )),
     ];
-    for e in events {
-        h.send(e).unwrap();
-    }
-    h.set_session_end(10_000).unwrap();
-    drop(h);
-    w.finish().unwrap();
+    write_trace(&path, events);
 
     let trace = Trace::open(&path).unwrap();
     let data = trace.load(None).unwrap();
@@ -1042,13 +1047,11 @@ fn a_view_a_reader_would_refuse_is_rebuilt_rather_than_stored() {
     const MIB: u64 = 1 << 20;
     let dir = TempDir::new("gs-allocator-huge");
     let path = dir.0.join("t.db");
-    let w = TraceWriter::create(&path, common::session(), WriterOptions::default()).unwrap();
-    let h = w.handle();
     let base = 0x7f00_0000_0000u64;
     let malloc = "DeviceCachingAllocator::malloc";
     let mut refused = torch_block(100, 3_000, malloc, 0, 0, 512, Some(1 << 63));
     refused.block = 0;
-    for e in [
+    let events = vec![
         Event::Call(mem("cudaMalloc", 100, 100, 1_000, 10, Some(20 * MIB), base)),
         Event::Block(torch_block(
             100,
@@ -1060,12 +1063,8 @@ fn a_view_a_reader_would_refuse_is_rebuilt_rather_than_stored() {
             Some(MIB - 100),
         )),
         Event::Block(refused),
-    ] {
-        h.send(e).unwrap();
-    }
-    h.set_session_end(10_000).unwrap();
-    drop(h);
-    w.finish().unwrap();
+    ];
+    write_trace(&path, events);
 
     let rows: i64 = rusqlite::Connection::open(&path)
         .unwrap()
@@ -1093,8 +1092,6 @@ fn the_stored_calibration_sees_each_block_among_the_calls_where_it_completed() {
     const MIB: u64 = 1 << 20;
     let dir = TempDir::new("gs-allocator-order");
     let path = dir.0.join("t.db");
-    let w = TraceWriter::create(&path, common::session(), WriterOptions::default()).unwrap();
-    let h = w.handle();
     let (a, b, c) = (
         0x7f00_0000_0000u64,
         0x7f10_0000_0000u64,
@@ -1163,12 +1160,7 @@ fn the_stored_calibration_sees_each_block_among_the_calls_where_it_completed() {
         Some(20 * MIB),
         c,
     )));
-    for e in events {
-        h.send(e).unwrap();
-    }
-    h.set_session_end(10_000).unwrap();
-    drop(h);
-    w.finish().unwrap();
+    write_trace(&path, events);
 
     let trace = Trace::open(&path).unwrap();
     let data = trace.load(None).unwrap();
