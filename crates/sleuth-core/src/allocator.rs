@@ -487,6 +487,52 @@ impl KnownViews {
         KnownViews { end, moments }
     }
 
+    /// The views a window ending at `until_ns` reads (the end of the
+    /// trace when None): each process's view then, its steps from the
+    /// start of `source` (a segment outlives the window that uses it) and
+    /// its reserved bytes from `source`'s calls then, not from the window's
+    /// own ledger; and the view at its fragmentation finding's moment.
+    /// `calibrations` are those known already (a trace's stored views':
+    /// the calibration reads every step whatever the moment); the others
+    /// take a pass of their own.
+    pub fn until(
+        source: &dyn StepSource,
+        data: &TraceData,
+        pids: &[u32],
+        until_ns: Option<u64>,
+        calibrations: &BTreeMap<u32, Calibration>,
+    ) -> KnownViews {
+        let mut end = BTreeMap::new();
+        let mut moments = BTreeMap::new();
+        for &pid in pids {
+            let cal = match calibrations.get(&pid) {
+                Some(c) => c.clone(),
+                None => calibrate(source, pid),
+            };
+            // One pass: the view and its reserved bytes then.
+            let state = cal
+                .layout()
+                .map(|layout| rebuild(source, pid, layout, until_ns, Reserved::Replayed));
+            let mut view = AllocatorView {
+                pid,
+                calibration: cal.clone(),
+                state,
+            };
+            name_sites(&mut view, data);
+            if let Some(ts) = view
+                .state
+                .as_ref()
+                .and_then(crate::findings::fragmentation_moment)
+            {
+                let reserved = reserved_at(source, pid, ts);
+                let at = allocator_view_calibrated(source, data, pid, Some(ts), reserved, cal);
+                moments.insert((pid, ts), at);
+            }
+            end.insert(pid, view);
+        }
+        KnownViews { end, moments }
+    }
+
     /// The views already rebuilt: at the end by pid, and at other moments
     /// by (pid, time) (a trace's stored ones).
     pub fn from_parts(
@@ -560,7 +606,7 @@ pub fn allocator_view_calibrated(
 ) -> AllocatorView {
     let state = calibration
         .layout()
-        .map(|layout| rebuild(source, pid, layout, at_ns, reserved_bytes));
+        .map(|layout| rebuild(source, pid, layout, at_ns, Reserved::Known(reserved_bytes)));
     let mut view = AllocatorView {
         pid,
         calibration,
@@ -694,16 +740,33 @@ impl Blocks {
     }
 }
 
+/// The reserved bytes a view is rebuilt with.
+enum Reserved {
+    /// The process's ledger's live bytes then, known.
+    Known(u64),
+    /// Counted by the ledger's rules from the replay's own calls
+    /// ([`reserved_at`] in the same pass).
+    Replayed,
+}
+
 fn rebuild(
     source: &dyn StepSource,
     pid: u32,
     layout: Layout,
     at_ns: Option<u64>,
-    reserved_bytes: u64,
+    reserved: Reserved,
 ) -> AllocatorState {
     let mut blocks = Blocks::default();
     // Block events also mark segments as the allocator's.
     let mut segs = SegmentMap::default();
+    let mut ledger = match reserved {
+        Reserved::Replayed => {
+            let mut b = crate::ledger::LedgerBuilder::new(Some(at_ns.unwrap_or(u64::MAX)));
+            b.track(pid);
+            Some(b)
+        }
+        Reserved::Known(_) => None,
+    };
     source.for_each_step(pid, &mut |s| {
         if at_ns.is_some_and(|at| s.end_ns() > at) {
             return false;
@@ -712,11 +775,23 @@ fn rebuild(
             Step::Call(c) => {
                 segs.apply(c);
                 blocks.cuda_failure(c, &segs);
+                if let Some(l) = ledger.as_mut() {
+                    l.push(c);
+                }
             }
             Step::Block(b) => blocks.apply(&mut segs, b, layout),
         }
         true
     });
+    let reserved_bytes = match (reserved, ledger) {
+        (Reserved::Known(bytes), _) => bytes,
+        (Reserved::Replayed, Some(l)) => l
+            .finish_bare()
+            .iter()
+            .find(|l| l.pid == pid)
+            .map_or(0, |l| l.live_bytes),
+        (Reserved::Replayed, None) => 0,
+    };
     assemble(blocks, &segs, reserved_bytes)
 }
 

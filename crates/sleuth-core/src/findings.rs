@@ -264,9 +264,21 @@ pub fn explain_report_pinned(
     pinned: inputs::PinnedState,
     pinning: &[crate::CallEvent],
 ) -> Explanation {
+    explain_report_pinned_with(data, pinned, pinning, data)
+}
+
+/// [`explain_report_pinned`], the allocator views from `allocator_reads`
+/// (a window's, replayed from the file's start: `sleuth_store`).
+pub fn explain_report_pinned_with(
+    data: &TraceData,
+    pinned: inputs::PinnedState,
+    pinning: &[crate::CallEvent],
+    allocator_reads: &dyn crate::allocator::AllocatorReads,
+) -> Explanation {
     let culprits = crate::culprits::call_culprits(&data.calls, &data.waits);
     let inputs = inputs::FindingInputs::of_pinned(data, &culprits, pinned, pinning);
-    explain_inputs(data, &inputs, &crate::ledger::ledger(data, None))
+    let ledgers = crate::ledger::ledger(data, None);
+    explain_inputs_with(data, &inputs, &ledgers, allocator_reads)
 }
 
 /// Ranked findings and notes given per-call culprits aligned with `data.calls`.

@@ -476,5 +476,6 @@ fn whole_file_parts(
         inputs,
         ledger: ledger.unwrap_or_default(),
         window_counts: Some(window_counts),
+        allocators: None,
     })
 }

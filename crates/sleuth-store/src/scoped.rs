@@ -288,7 +288,29 @@ fn explanation_seeded(
         pinned_ranges,
         &LedgerBuilder::new(None),
     )?;
-    Ok(parts.map(ScopeParts::explain))
+    let Some(mut parts) = parts else {
+        return Ok(None);
+    };
+    parts.allocators = window_allocators(trace, filter)?;
+    Ok(Some(parts.explain()))
+}
+
+/// The allocator views a window of one file reads: each process's at the
+/// window's end, replayed from the file's start (a segment, like a pinned
+/// buffer, outlives the window that uses it: replayed from the window's
+/// start, the segments made before it were unknown and the view refused),
+/// its reserved bytes the file's then. None for a scope without a window
+/// (its own calls are the whole file's) or a file without allocator
+/// events.
+pub(crate) fn window_allocators(
+    trace: &Trace,
+    filter: &CallFilter,
+) -> Result<Option<sleuth_core::allocator::KnownViews>, StoreError> {
+    if filter.since_ns.is_none() && filter.until_ns.is_none() {
+        return Ok(None);
+    }
+    let view = crate::stream::MemoryTrace::open(trace, filter.pid, trace.budget().clone())?;
+    view.allocator_views_until(filter.until_ns)
 }
 
 /// What one file's scope gives its explanation before it is made: the
@@ -301,13 +323,25 @@ pub struct ScopeParts {
     pub inputs: FindingInputs,
     pub ledger: LedgerBuilder,
     pub window_counts: Option<WindowCounts>,
+    /// The allocator views of a window of one file, at its end and
+    /// replayed from the file's start ([`window_allocators`]); None: those
+    /// of `data` (its allocator events and memory calls).
+    pub allocators: Option<sleuth_core::allocator::KnownViews>,
 }
 
 impl ScopeParts {
     /// The explanation of the scope.
     pub fn explain(self) -> Explanation {
         let ledgers = self.ledger.finish(&self.data);
-        let mut e = sleuth_core::findings::explain_inputs(&self.data, &self.inputs, &ledgers);
+        let mut e = match &self.allocators {
+            Some(known) => sleuth_core::findings::explain_inputs_with(
+                &self.data,
+                &self.inputs,
+                &ledgers,
+                known,
+            ),
+            None => sleuth_core::findings::explain_inputs(&self.data, &self.inputs, &ledgers),
+        };
         if let Some(w) = &self.window_counts {
             e.notes.extend(w.notes(crate::window::FINDINGS_COUNT));
         }
@@ -364,6 +398,7 @@ fn loaded_parts(
         inputs,
         ledger,
         window_counts: Some(window_counts),
+        allocators: None,
     })
 }
 
@@ -879,6 +914,7 @@ fn replay(trace: &Trace, pid: Option<u32>, r: Replay) -> Result<ScopeParts, Stor
         inputs,
         ledger,
         window_counts: None,
+        allocators: None,
     })
 }
 

@@ -1475,6 +1475,38 @@ impl MemoryTrace {
         source.into_result().map(|()| known)
     }
 
+    /// The allocator views a window ending at `until_ns` (the end when
+    /// None) reads: each process's view then, replayed from the file's
+    /// start (`sleuth_core::allocator::KnownViews::until`), and at its
+    /// fragmentation finding's moment; None when no process has
+    /// allocator events.
+    pub fn allocator_views_until(
+        &self,
+        until_ns: Option<u64>,
+    ) -> Result<Option<sleuth_core::allocator::KnownViews>, StoreError> {
+        if self.block_pids.is_empty() {
+            return Ok(None);
+        }
+        // The calibration of the views the writer stored, when it did.
+        let calibrations = match self.stored_allocator_views(&self.block_pids)? {
+            Some(stored) => stored
+                .end()
+                .iter()
+                .map(|(&pid, v)| (pid, v.calibration.clone()))
+                .collect(),
+            None => Default::default(),
+        };
+        let source = crate::file_steps::FileSteps::read(&self.rows);
+        let known = sleuth_core::allocator::KnownViews::until(
+            &source,
+            &self.base,
+            &self.block_pids,
+            until_ns,
+            &calibrations,
+        );
+        source.into_result().map(|()| Some(known))
+    }
+
     /// Puts the allocator events (only traces taken with
     /// `--torch-allocator` have any) into `base.blocks` and the memory calls
     /// of their processes into `base.calls`: what the allocator view of the

@@ -659,7 +659,10 @@ pub fn explain_loaded(
     let window_counts = WindowCounts::of(trace, &data.counts, scope)?;
     data.counts = window_counts.at_least();
     let pinning = crate::scoped::pinning_outside(trace, scope)?;
-    let mut e = findings::explain_report_pinned(&data, pinned, &pinning);
+    let mut e = match crate::scoped::window_allocators(trace, scope)? {
+        Some(known) => findings::explain_report_pinned_with(&data, pinned, &pinning, &known),
+        None => findings::explain_report_pinned(&data, pinned, &pinning),
+    };
     e.notes.extend(window_counts.notes(FINDINGS_COUNT));
     Ok(e)
 }

@@ -800,13 +800,12 @@ fn a_sites_example_is_its_first_allocation_in_start_order() {
 /// explanation (`lean::load`), which rebuilds the allocator views from the
 /// file without holding a call, gives the full load's finding, that
 /// moment's evidence included.
-#[test]
-fn a_fragmentation_finding_at_a_failure_reads_its_moment_from_the_file() {
-    use sleuth_core::findings::{explain_report, Kind};
+/// A trace at `path` whose PyTorch allocator fails to grow at 4 µs
+/// (`cudaMalloc` of 32 MiB refused) while its 64 MiB segment, made at 1 µs,
+/// caches 63 MiB: a fragmentation finding at the failure.
+fn fragmentation_at_a_failure(path: &Path) {
     use sleuth_core::testing::torch_block;
     const MIB: u64 = 1 << 20;
-    let dir = TempDir::new("gs-frag-moment");
-    let path = dir.0.join("t.db");
     let (base, base2) = (0x7f00_0000_0000u64, 0x7f10_0000_0000u64);
     let (malloc, free) = (
         "DeviceCachingAllocator::malloc",
@@ -866,7 +865,16 @@ fn a_fragmentation_finding_at_a_failure_reads_its_moment_from_the_file() {
             None,
         )),
     ];
-    write_trace(&path, events);
+    write_trace(path, events);
+}
+
+#[test]
+fn a_fragmentation_finding_at_a_failure_reads_its_moment_from_the_file() {
+    use sleuth_core::findings::{explain_report, Kind};
+    const MIB: u64 = 1 << 20;
+    let dir = TempDir::new("gs-frag-moment");
+    let path = dir.0.join("t.db");
+    fragmentation_at_a_failure(&path);
 
     let trace = Trace::open(&path).unwrap();
     let data = trace.load(None).unwrap();
@@ -1178,4 +1186,59 @@ fn the_stored_calibration_sees_each_block_among_the_calls_where_it_completed() {
         .unwrap();
     assert_eq!(stored, 1);
     assert_eq!(json(&mt.allocator_views(None, &l).unwrap()), json(&want));
+}
+
+/// A window's allocator view is the file's at the window's end, replayed
+/// from the file's start: the segment made before the window is known, so
+/// the window holding the failure gets the whole file's fragmentation
+/// finding (it was refused as "layout not recognised": the window's own
+/// memory calls lacked the segment), and a window before the segment's
+/// first block gets no allocator view of blocks it does not hold.
+#[test]
+fn a_windows_allocator_view_is_the_files_at_its_end() {
+    use sleuth_core::findings::{explain_report, Kind};
+    let dir = TempDir::new("gs-frag-window");
+    let path = dir.0.join("t.db");
+    fragmentation_at_a_failure(&path);
+    let trace = Trace::open(&path).unwrap();
+    let data = trace.load(None).unwrap();
+    let frag = |e: &sleuth_core::findings::Explanation| -> Vec<Value> {
+        e.findings
+            .iter()
+            .filter(|f| f.kind == Kind::Fragmentation)
+            .map(json)
+            .collect()
+    };
+    let whole = frag(&explain_report(&data));
+    assert_eq!(whole.len(), 1);
+    let window = |since: u64, until: u64| {
+        let filter = CallFilter {
+            since_ns: Some(since),
+            until_ns: Some(until),
+            ..Default::default()
+        };
+        let streamed = sleuth_store::scoped::explanation(&trace, &filter)
+            .unwrap()
+            .expect("streamed");
+        let loaded = sleuth_store::scoped::explanation_or_loaded(&trace, &filter).unwrap();
+        for e in [&streamed, &loaded] {
+            assert!(
+                !e.notes.iter().any(|n| n.contains("not recognised")),
+                "{:?}",
+                e.notes
+            );
+        }
+        streamed
+    };
+    assert_eq!(frag(&window(3_500, 10_000)), whole);
+    let loaded_window = {
+        let filter = CallFilter {
+            since_ns: Some(3_500),
+            until_ns: Some(10_000),
+            ..Default::default()
+        };
+        let data = trace.load_calls_of(&filter).unwrap();
+        sleuth_store::window::explain_loaded(&trace, data, &filter, Default::default()).unwrap()
+    };
+    assert_eq!(frag(&loaded_window), whole, "the loaded window's too");
 }
