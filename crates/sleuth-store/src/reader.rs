@@ -573,6 +573,12 @@ impl Trace {
         Ok(Some(out))
     }
 
+    /// The processes with caching-allocator events, from their index
+    /// (`allocator_rows::pids`): none for most traces.
+    pub(crate) fn allocator_pids(&self) -> Result<Vec<u32>, StoreError> {
+        crate::allocator_rows::pids(&self.conn).at(&self.path)
+    }
+
     /// Caching-allocator events (`trace --torch-allocator`), by end time.
     /// Traces recorded before the table existed simply have none.
     pub fn allocator_events(

@@ -309,6 +309,14 @@ pub(crate) fn window_allocators(
     if filter.since_ns.is_none() && filter.until_ns.is_none() {
         return Ok(None);
     }
+    // Most traces have no allocator event: nothing more is opened for them.
+    let pids = trace.allocator_pids()?;
+    if !pids
+        .iter()
+        .any(|&p| filter.pid.is_none_or(|only| only == p))
+    {
+        return Ok(None);
+    }
     let view = crate::stream::MemoryTrace::open(trace, filter.pid, trace.budget().clone())?;
     view.allocator_views_until(filter.until_ns)
 }
