@@ -408,12 +408,8 @@ impl AllocatorReads for TraceData {
     }
 
     fn view_at(&self, pid: u32, ts: u64) -> Option<AllocatorView> {
-        Some(allocator_view(
-            self,
-            pid,
-            Some(ts),
-            reserved_at(self, pid, ts),
-        ))
+        let cal = calibrate(self, pid);
+        Some(view_replayed(self, self, pid, Some(ts), cal))
     }
 }
 
@@ -467,23 +463,10 @@ impl KnownViews {
                 (pid, view)
             })
             .collect();
-        let mut moments = BTreeMap::new();
-        for (&pid, v) in &end {
-            let Some(ts) = v
-                .state
-                .as_ref()
-                .and_then(crate::findings::fragmentation_moment)
-            else {
-                continue;
-            };
-            let reserved = reserved_at(source, pid, ts);
-            // The calibration reads every step whatever the moment: the end's.
-            let cal = v.calibration.clone();
-            moments.insert(
-                (pid, ts),
-                allocator_view_calibrated(source, data, pid, Some(ts), reserved, cal),
-            );
-        }
+        let moments = end
+            .values()
+            .filter_map(|v| moment_view(source, data, v))
+            .collect();
         KnownViews { end, moments }
     }
 
@@ -509,25 +492,8 @@ impl KnownViews {
                 Some(c) => c.clone(),
                 None => calibrate(source, pid),
             };
-            // One pass: the view and its reserved bytes then.
-            let state = cal
-                .layout()
-                .map(|layout| rebuild(source, pid, layout, until_ns, Reserved::Replayed));
-            let mut view = AllocatorView {
-                pid,
-                calibration: cal.clone(),
-                state,
-            };
-            name_sites(&mut view, data);
-            if let Some(ts) = view
-                .state
-                .as_ref()
-                .and_then(crate::findings::fragmentation_moment)
-            {
-                let reserved = reserved_at(source, pid, ts);
-                let at = allocator_view_calibrated(source, data, pid, Some(ts), reserved, cal);
-                moments.insert((pid, ts), at);
-            }
+            let view = view_replayed(source, data, pid, until_ns, cal);
+            moments.extend(moment_view(source, data, &view));
             end.insert(pid, view);
         }
         KnownViews { end, moments }
@@ -563,24 +529,40 @@ impl AllocatorReads for KnownViews {
     }
 }
 
-/// Process `pid`'s live device bytes at `ts` by the ledger's rules (what
-/// `ledger::ledger(data, Some(ts))` gives it), from `source`'s calls.
-fn reserved_at(source: &dyn StepSource, pid: u32, ts: u64) -> u64 {
-    let mut b = crate::ledger::LedgerBuilder::new(Some(ts));
-    b.track(pid);
-    source.for_each_step(pid, &mut |s| {
-        if s.end_ns() > ts {
-            return false;
-        }
-        if let Step::Call(c) = s {
-            b.push(c);
-        }
-        true
-    });
-    b.finish_bare()
-        .iter()
-        .find(|l| l.pid == pid)
-        .map_or(0, |l| l.live_bytes)
+/// The view of `end`'s process at the moment its fragmentation finding
+/// describes (a failure, the reserved peak), keyed by (pid, moment); None
+/// when the finding describes the end itself. The calibration reads every
+/// step whatever the moment: `end`'s.
+fn moment_view(
+    source: &dyn StepSource,
+    data: &TraceData,
+    end: &AllocatorView,
+) -> Option<((u32, u64), AllocatorView)> {
+    let ts = crate::findings::fragmentation_moment(end.state.as_ref()?)?;
+    let view = view_replayed(source, data, end.pid, Some(ts), end.calibration.clone());
+    Some(((end.pid, ts), view))
+}
+
+/// The view of `pid` at `at_ns` (the end when None) with its calibration
+/// known, its reserved bytes (the process's ledger's live bytes then, by
+/// the ledger's rules) counted by the same pass: one pass.
+fn view_replayed(
+    source: &dyn StepSource,
+    data: &TraceData,
+    pid: u32,
+    at_ns: Option<u64>,
+    calibration: Calibration,
+) -> AllocatorView {
+    let state = calibration
+        .layout()
+        .map(|layout| rebuild(source, pid, layout, at_ns, Reserved::Replayed));
+    let mut view = AllocatorView {
+        pid,
+        calibration,
+        state,
+    };
+    name_sites(&mut view, data);
+    view
 }
 
 /// [`allocator_view`], the process's steps from `source` (two passes).
@@ -744,8 +726,8 @@ impl Blocks {
 enum Reserved {
     /// The process's ledger's live bytes then, known.
     Known(u64),
-    /// Counted by the ledger's rules from the replay's own calls
-    /// ([`reserved_at`] in the same pass).
+    /// Counted by the ledger's rules (`ledger::ledger(data, Some(at))`'s
+    /// live bytes) from the replay's own calls, in the same pass.
     Replayed,
 }
 
@@ -783,14 +765,14 @@ fn rebuild(
         }
         true
     });
-    let reserved_bytes = match (reserved, ledger) {
-        (Reserved::Known(bytes), _) => bytes,
-        (Reserved::Replayed, Some(l)) => l
-            .finish_bare()
-            .iter()
-            .find(|l| l.pid == pid)
-            .map_or(0, |l| l.live_bytes),
-        (Reserved::Replayed, None) => 0,
+    let reserved_bytes = match reserved {
+        Reserved::Known(bytes) => bytes,
+        Reserved::Replayed => ledger.map_or(0, |l| {
+            l.finish_bare()
+                .iter()
+                .find(|l| l.pid == pid)
+                .map_or(0, |l| l.live_bytes)
+        }),
     };
     assemble(blocks, &segs, reserved_bytes)
 }

@@ -47,7 +47,7 @@ const LABELS: &[&str] = &["stack_id"];
 /// instead of two.
 pub(crate) struct CalibrationFeed<'a> {
     conn: &'a Connection,
-    /// The page query (`allocator_rows::page_query`).
+    /// The page query (`allocator_rows::Select::OnePidPage`).
     sql: String,
     procs: BTreeMap<u32, Fed>,
     failed: Option<rusqlite::Error>,
@@ -72,7 +72,9 @@ impl<'a> CalibrationFeed<'a> {
     /// when it has none.
     pub(crate) fn new(conn: &'a Connection) -> rusqlite::Result<Option<Self>> {
         let pids = crate::allocator_rows::pids(conn)?;
-        let Some(sql) = crate::allocator_rows::page_query(conn)?.filter(|_| !pids.is_empty())
+        let Some(sql) =
+            crate::allocator_rows::query(conn, crate::allocator_rows::Select::OnePidPage)?
+                .filter(|_| !pids.is_empty())
         else {
             return Ok(None);
         };

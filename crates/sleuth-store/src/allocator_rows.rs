@@ -7,13 +7,24 @@ use crate::problems::MAX_NS;
 use rusqlite::{Connection, Row};
 use sleuth_core::ops::op_by_name;
 
-/// The query of the allocator events in completion order (ties in row
-/// order): those of one process (`?1`) when `of_one_pid`, else those of
-/// `?1` or all when it is NULL; None when the file has no such table
-/// (traces recorded before it existed). Rows with a time no trace holds
-/// are left out. One process's rows come from the `(pid, end_ns)` index
-/// in that order, unsorted.
-pub(crate) fn query(conn: &Connection, of_one_pid: bool) -> rusqlite::Result<Option<String>> {
+/// Which allocator events a [`query`] reads.
+#[derive(Clone, Copy)]
+pub(crate) enum Select {
+    /// Those of process `?1`, or all when it is NULL.
+    Any,
+    /// Those of process `?1`, from the `(pid, end_ns)` index in completion
+    /// order, unsorted.
+    OnePid,
+    /// [`Select::OnePid`] a page at a time: the rows after (`?2` end, `?3`
+    /// id), at most `?4` of them.
+    OnePidPage,
+}
+
+/// The query of the allocator events `select` names, in completion order
+/// (ties in row order), each row's id last; None when the file has no such
+/// table (traces recorded before it existed). Rows with a time no trace
+/// holds are left out.
+pub(crate) fn query(conn: &Connection, select: Select) -> rusqlite::Result<Option<String>> {
     if !crate::open::has_table(conn, "allocator_events")? {
         return Ok(None);
     }
@@ -22,14 +33,18 @@ pub(crate) fn query(conn: &Connection, of_one_pid: bool) -> rusqlite::Result<Opt
     } else {
         "NULL"
     };
-    let pid_cond = match of_one_pid {
-        true => "pid = ?1",
-        false => "(?1 IS NULL OR pid = ?1)",
+    let (pid_cond, page) = match select {
+        Select::Any => ("(?1 IS NULL OR pid = ?1)", ""),
+        Select::OnePid => ("pid = ?1", ""),
+        Select::OnePidPage => (
+            "pid = ?1 AND (end_ns > ?2 OR (end_ns = ?2 AND id > ?3))",
+            " LIMIT ?4",
+        ),
     };
     Ok(Some(format!(
-        "SELECT start_ns, end_ns, pid, tid, op, requested, block, words, {stack_col} FROM allocator_events
+        "SELECT start_ns, end_ns, pid, tid, op, requested, block, words, {stack_col}, id FROM allocator_events
          WHERE {pid_cond} AND start_ns BETWEEN 0 AND {MAX_NS}
-           AND end_ns BETWEEN 0 AND {MAX_NS} ORDER BY end_ns, id"
+           AND end_ns BETWEEN 0 AND {MAX_NS} ORDER BY end_ns, id{page}"
     )))
 }
 
@@ -39,7 +54,7 @@ pub(crate) fn load(
     conn: &Connection,
     pid: Option<u32>,
 ) -> rusqlite::Result<Vec<sleuth_core::BlockEvent>> {
-    let Some(sql) = query(conn, false)? else {
+    let Some(sql) = query(conn, Select::Any)? else {
         return Ok(Vec::new());
     };
     let mut st = conn.prepare(&sql)?;
@@ -51,20 +66,8 @@ pub(crate) fn load(
     Ok(out)
 }
 
-/// [`query`] of one process (`?1`) a page at a time: the rows after
-/// (`?2` end, `?3` id), at most `?4` of them, their id last; None without
-/// the table.
-pub(crate) fn page_query(conn: &Connection) -> rusqlite::Result<Option<String>> {
-    Ok(query(conn, true)?.map(|q| {
-        q.replace(" FROM allocator_events", ", id FROM allocator_events")
-            .replace(
-                " ORDER BY end_ns, id",
-                " AND (end_ns > ?2 OR (end_ns = ?2 AND id > ?3)) ORDER BY end_ns, id LIMIT ?4",
-            )
-    }))
-}
-
-/// One row of [`query`]; None for an op this build does not know.
+/// One row of [`query`] (its id, column 9, aside); None for an op this
+/// build does not know.
 pub(crate) fn block_of(r: &Row<'_>) -> rusqlite::Result<Option<sleuth_core::BlockEvent>> {
     let name: String = r.get(4)?;
     let blob: Vec<u8> = r.get(7)?;

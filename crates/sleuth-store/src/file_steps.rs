@@ -117,7 +117,7 @@ impl<'a> FileSteps<'a> {
     /// file's table as the calls are.
     fn merge_from_file(&self, pid: u32, visit: &mut dyn FnMut(Step<'_>) -> bool) {
         let conn = self.conn();
-        let sql = match crate::allocator_rows::query(conn, true) {
+        let sql = match crate::allocator_rows::query(conn, crate::allocator_rows::Select::OnePid) {
             Ok(Some(sql)) => sql,
             Ok(None) => return self.merge(pid, std::iter::empty(), visit),
             Err(e) => return self.fail(self.sqlite(e)),

@@ -800,6 +800,15 @@ fn a_sites_example_is_its_first_allocation_in_start_order() {
 /// explanation (`lean::load`), which rebuilds the allocator views from the
 /// file without holding a call, gives the full load's finding, that
 /// moment's evidence included.
+/// The fragmentation findings of `e`, as JSON.
+fn fragmentation_findings(e: &sleuth_core::findings::Explanation) -> Vec<Value> {
+    e.findings
+        .iter()
+        .filter(|f| f.kind == sleuth_core::findings::Kind::Fragmentation)
+        .map(json)
+        .collect()
+}
+
 /// A trace at `path` whose PyTorch allocator fails to grow at 4 µs
 /// (`cudaMalloc` of 32 MiB refused) while its 64 MiB segment, made at 1 µs,
 /// caches 63 MiB: a fragmentation finding at the failure.
@@ -870,7 +879,7 @@ fn fragmentation_at_a_failure(path: &Path) {
 
 #[test]
 fn a_fragmentation_finding_at_a_failure_reads_its_moment_from_the_file() {
-    use sleuth_core::findings::{explain_report, Kind};
+    use sleuth_core::findings::explain_report;
     const MIB: u64 = 1 << 20;
     let dir = TempDir::new("gs-frag-moment");
     let path = dir.0.join("t.db");
@@ -878,15 +887,8 @@ fn a_fragmentation_finding_at_a_failure_reads_its_moment_from_the_file() {
 
     let trace = Trace::open(&path).unwrap();
     let data = trace.load(None).unwrap();
-    let frag = |e: &sleuth_core::findings::Explanation| -> Vec<Value> {
-        e.findings
-            .iter()
-            .filter(|f| f.kind == Kind::Fragmentation)
-            .map(json)
-            .collect()
-    };
     let want = explain_report(&data);
-    let want_frag = frag(&want);
+    let want_frag = fragmentation_findings(&want);
     assert_eq!(want_frag.len(), 1, "{want_frag:?}");
     assert!(
         want_frag[0].to_string().contains("failure"),
@@ -898,7 +900,7 @@ fn a_fragmentation_finding_at_a_failure_reads_its_moment_from_the_file() {
         .expect("a finished trace has finding rollups");
     assert!(lean.data.calls.is_empty(), "no call held");
     let got = lean.explanation();
-    assert_eq!(frag(&got), want_frag);
+    assert_eq!(fragmentation_findings(&got), want_frag);
     let allocator_notes = |e: &sleuth_core::findings::Explanation| -> Vec<String> {
         e.notes
             .iter()
@@ -940,7 +942,7 @@ fn a_fragmentation_finding_at_a_failure_reads_its_moment_from_the_file() {
     let streamed = sleuth_store::lean::load(&trace, None, budget())
         .unwrap()
         .unwrap();
-    assert_eq!(frag(&streamed.explanation()), want_frag);
+    assert_eq!(fragmentation_findings(&streamed.explanation()), want_frag);
     assert_eq!(
         json(&streamed.allocators.view_at(100, ts)),
         json(&lean.allocators.view_at(100, ts))
@@ -1191,25 +1193,17 @@ fn the_stored_calibration_sees_each_block_among_the_calls_where_it_completed() {
 /// A window's allocator view is the file's at the window's end, replayed
 /// from the file's start: the segment made before the window is known, so
 /// the window holding the failure gets the whole file's fragmentation
-/// finding (it was refused as "layout not recognised": the window's own
-/// memory calls lacked the segment), and a window before the segment's
-/// first block gets no allocator view of blocks it does not hold.
+/// finding, streamed and loaded (it was refused as "layout not
+/// recognised": the window's own memory calls lacked the segment).
 #[test]
 fn a_windows_allocator_view_is_the_files_at_its_end() {
-    use sleuth_core::findings::{explain_report, Kind};
+    use sleuth_core::findings::explain_report;
     let dir = TempDir::new("gs-frag-window");
     let path = dir.0.join("t.db");
     fragmentation_at_a_failure(&path);
     let trace = Trace::open(&path).unwrap();
     let data = trace.load(None).unwrap();
-    let frag = |e: &sleuth_core::findings::Explanation| -> Vec<Value> {
-        e.findings
-            .iter()
-            .filter(|f| f.kind == Kind::Fragmentation)
-            .map(json)
-            .collect()
-    };
-    let whole = frag(&explain_report(&data));
+    let whole = fragmentation_findings(&explain_report(&data));
     assert_eq!(whole.len(), 1);
     let window = |since: u64, until: u64| {
         let filter = CallFilter {
@@ -1230,7 +1224,7 @@ fn a_windows_allocator_view_is_the_files_at_its_end() {
         }
         streamed
     };
-    assert_eq!(frag(&window(3_500, 10_000)), whole);
+    assert_eq!(fragmentation_findings(&window(3_500, 10_000)), whole);
     let loaded_window = {
         let filter = CallFilter {
             since_ns: Some(3_500),
@@ -1240,5 +1234,9 @@ fn a_windows_allocator_view_is_the_files_at_its_end() {
         let data = trace.load_calls_of(&filter).unwrap();
         sleuth_store::window::explain_loaded(&trace, data, &filter, Default::default()).unwrap()
     };
-    assert_eq!(frag(&loaded_window), whole, "the loaded window's too");
+    assert_eq!(
+        fragmentation_findings(&loaded_window),
+        whole,
+        "the loaded window's too"
+    );
 }
