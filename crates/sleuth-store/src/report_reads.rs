@@ -221,7 +221,7 @@ fn parts_around(
     let events = EventAggregates {
         waits: rows.event_counts(pid)?.0,
         earliest: rows.earliest_wait_or_event(pid)?,
-        latest: latest_wait_or_event(reads, pid)?,
+        latest: latest_wait_or_event(reads, rows, pid)?,
     };
     let span = extent(view, started, &events);
     Ok(FileParts {
@@ -493,26 +493,60 @@ impl<'a> KeyedReads<'a> {
 
 /// The latest end of a wait (`on_ns`) or lifecycle event that
 /// [`Trace::load`] reads (kinds this build does not know are left out, as
-/// the load leaves their rows out), of process `pid` or all: per process
-/// with waits (found by seeking the `(pid, on_ns)` index), its waits latest
-/// first up to the first valid one of a known kind; the lifecycle events
-/// by an aggregate.
+/// the load leaves their rows out), of process `pid` or all: the waits'
+/// from the ends stored when the file was completed (`wait_ends`); in a
+/// file without them, by seeking a `(pid, on_ns)` index where the file has
+/// one (written before round 27), else by one aggregate over the wait rows
+/// (a file still being written); the lifecycle events' by an aggregate.
 fn latest_wait_or_event(
+    reads: &mut KeyedReads,
+    rows: &crate::stream::Rows,
+    pid: Option<u32>,
+) -> Result<Option<u64>, StoreError> {
+    let path = reads.trace.path();
+    let waits = match rows.stored_wait_ends(pid)? {
+        Some(ends) => ends.into_iter().max(),
+        None if crate::open::has_index(reads.conn()?, "waits_pid_on").at(path)? => {
+            latest_wait_by_pid_index(reads, pid)?
+        }
+        None => rows.latest_wait_by_scan(pid)?,
+    };
+    let mut latest = waits;
+    let mut take = |v: u64| latest = Some(latest.map_or(v, |l: u64| l.max(v)));
+    let mut st = reads
+        .conn()?
+        .prepare(&format!(
+            "SELECT kind, max(ts_ns) FROM proc_events WHERE (?1 IS NULL OR pid = ?1) \
+             AND ts_ns BETWEEN 0 AND {MAX_NS} GROUP BY kind"
+        ))
+        .at(path)?;
+    let mut events = st.query([pid]).at(path)?;
+    while let Some(r) = events.next().at(path)? {
+        let kind: String = r.get(0).at(path)?;
+        if let (Some(_), Some(v)) = (ProcKind::parse(&kind), r.get::<_, Option<i64>>(1).at(path)?) {
+            take(v.max(0) as u64);
+        }
+    }
+    Ok(latest)
+}
+
+/// The latest valid wait of a known kind of `pid` or all, through the
+/// `(pid, on_ns)` index of a file that has one: per process with waits, its
+/// waits latest first up to the first valid one of a known kind.
+fn latest_wait_by_pid_index(
     reads: &mut KeyedReads,
     pid: Option<u32>,
 ) -> Result<Option<u64>, StoreError> {
     let path = reads.trace.path();
-    let conn = reads.conn()?;
-    let mut latest: Option<u64> = None;
-    let mut take = |v: u64| latest = Some(latest.map_or(v, |l: u64| l.max(v)));
     let pids = match pid {
         Some(p) => vec![i64::from(p)],
-        None => pids_with_waits(conn, path)?,
+        None => pids_with_waits(reads.conn()?, path)?,
     };
     let sql = format!(
         "SELECT w.on_ns, w.kind FROM waits w WHERE w.pid = ?1 AND {} ORDER BY w.on_ns DESC",
         valid_wait("w.")
     );
+    let mut latest: Option<u64> = None;
     for pid in pids {
         reads.row()?;
         let mut st = reads.conn()?.prepare_cached(&sql).at(path)?;
@@ -521,22 +555,10 @@ fn latest_wait_or_event(
             reads.row()?;
             let kind: String = r.get(1).at(path)?;
             if WaitKind::parse(&kind).is_some() {
-                take(r.get::<_, i64>(0).at(path)?.max(0) as u64);
+                let v = r.get::<_, i64>(0).at(path)?.max(0) as u64;
+                latest = Some(latest.map_or(v, |l| l.max(v)));
                 break;
             }
-        }
-    }
-    let mut st = conn
-        .prepare(&format!(
-            "SELECT kind, max(ts_ns) FROM proc_events WHERE (?1 IS NULL OR pid = ?1) \
-             AND ts_ns BETWEEN 0 AND {MAX_NS} GROUP BY kind"
-        ))
-        .at(path)?;
-    let mut rows = st.query([pid]).at(path)?;
-    while let Some(r) = rows.next().at(path)? {
-        let kind: String = r.get(0).at(path)?;
-        if let (Some(_), Some(v)) = (ProcKind::parse(&kind), r.get::<_, Option<i64>>(1).at(path)?) {
-            take(v.max(0) as u64);
         }
     }
     Ok(latest)

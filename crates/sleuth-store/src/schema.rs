@@ -104,8 +104,10 @@ CREATE TABLE waits(
     blocked_ns INTEGER NOT NULL,
     runnable_ns INTEGER NOT NULL
 );
+-- One index: readers go thread by thread (a process's threads from the
+-- call groups or a skip through this index); a `(pid, on_ns)` index cost
+-- 3.5 bytes per event of a 10M-call trace (docs/benchmarks.md, round 27).
 CREATE INDEX waits_tid_on ON waits(tid, on_ns);
-CREATE INDEX waits_pid_on ON waits(pid, on_ns);
 CREATE TABLE wait_culprits(wait_id INTEGER NOT NULL, pid INTEGER NOT NULL, tid INTEGER NOT NULL, comm TEXT NOT NULL, ns INTEGER NOT NULL);
 CREATE INDEX wait_culprits_wait ON wait_culprits(wait_id);
 CREATE TABLE wait_wakers(wait_id INTEGER PRIMARY KEY, pid INTEGER NOT NULL, tid INTEGER NOT NULL, comm TEXT NOT NULL, irq INTEGER NOT NULL);

@@ -446,6 +446,23 @@ impl Rows {
             .min())
     }
 
+    /// The latest end of each stored wait group (of one process or all),
+    /// when the trace has them (`crate::wait_groups`).
+    pub(crate) fn stored_wait_ends(
+        &self,
+        pid: Option<u32>,
+    ) -> Result<Option<Vec<u64>>, StoreError> {
+        crate::wait_groups::stored_ends(&self.conn, pid).map_err(|e| self.read_error(e))
+    }
+
+    /// The latest end (`on_ns`) of a wait [`Trace::load`] reads (of one
+    /// process or all), by an aggregate over every wait row: for a file
+    /// without stored ends nor a `(pid, on_ns)` index.
+    pub(crate) fn latest_wait_by_scan(&self, pid: Option<u32>) -> Result<Option<u64>, StoreError> {
+        let ends = self.per_known_wait_kind("max(w.on_ns)", pid)?;
+        Ok(ends.into_iter().map(|v| v.max(0) as u64).max())
+    }
+
     /// The stored wait groups (of one process or all), when the trace has them.
     fn wait_groups(
         &self,

@@ -184,7 +184,8 @@ fn a_stored_groups_table_of_another_shape_or_with_impossible_rows_is_refused() {
 
 /// The wait groups stored when the trace ends give the counts and the
 /// earliest wait that the readers' own aggregate over every wait row gives,
-/// for the whole trace and for each process; a damaged table is refused.
+/// for the whole trace and for each process; a damaged table is refused
+/// (theirs and the latest ends', `wait_ends`).
 #[test]
 fn stored_wait_groups_equal_the_aggregate_over_the_rows() {
     for name in ["demo-sim.db", "h200-contention.db"] {
@@ -216,6 +217,19 @@ fn stored_wait_groups_equal_the_aggregate_over_the_rows() {
             waits += a.event_counts(pid).unwrap().0;
         }
         assert!(waits > 0, "{name} has waits");
+
+        // The stored latest ends: an end no wait can give is refused.
+        let c = rusqlite::Connection::open(&path).unwrap();
+        c.execute("UPDATE wait_ends SET last_on_ns = -1", [])
+            .unwrap();
+        drop(c);
+        let t = Trace::open(&path).unwrap();
+        let budget = ReadBudget::new(DEFAULT_READ_TIMEOUT);
+        let e = match sleuth_store::report_reads::load(&t, None, budget, 15) {
+            Ok(_) => panic!("{name}: a damaged wait_ends was read"),
+            Err(e) => e.to_string(),
+        };
+        assert!(e.contains("wait_ends"), "{e}");
 
         let c = rusqlite::Connection::open(&path).unwrap();
         c.execute("UPDATE wait_groups SET count = -1", []).unwrap();

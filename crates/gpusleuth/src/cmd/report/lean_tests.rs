@@ -121,6 +121,21 @@ fn rich_trace() -> TraceData {
         culprits: vec![],
         waker: None,
     });
+    let end = calls.iter().map(|c| c.end_ns()).max().unwrap_or(0);
+    // A wait of the parent that ends after everything else (its extent's
+    // end and the trace's: the latest wait is read).
+    waits.push(WaitEvent {
+        pid: 100,
+        tid: 1100,
+        kind: WaitKind::Blocked,
+        off_ns: end + 4 * MS,
+        wake_ns: end + 5 * MS,
+        on_ns: end + 5 * MS + 10 * US,
+        prev_state: 1,
+        cpu: 0,
+        culprits: vec![],
+        waker: None,
+    });
     let mut stacks = std::collections::BTreeMap::new();
     for pid in [100u32, 101] {
         for k in 0..3 {
@@ -128,7 +143,6 @@ fn rich_trace() -> TraceData {
             stacks.insert(id, stack(id, pid, 40 + k as u32 + (pid - 100) * 10));
         }
     }
-    let end = calls.iter().map(|c| c.end_ns()).max().unwrap_or(0);
     TraceData {
         calls,
         waits,
@@ -318,6 +332,27 @@ fn the_lean_report_equals_the_full_one_with_sites_ties_and_culprits() {
             &format!("rich pid {pid} without site rollup"),
         );
     }
+    // Without the stored wait ends the latest wait comes from the rows: by
+    // an aggregate, or through a `(pid, on_ns)` index where a file has one
+    // (written before round 27).
+    for (tag, index) in [("no-wait-ends", false), ("pid-index", true)] {
+        let again = dir.join(&format!("{tag}.db"));
+        std::fs::copy(&path, &again).unwrap();
+        let c = rusqlite::Connection::open(&again).unwrap();
+        let n = c
+            .execute("DELETE FROM meta WHERE key = 'wait_ends'", [])
+            .unwrap();
+        assert_eq!(n, 1, "the writer stored the wait ends");
+        if index {
+            c.execute_batch("CREATE INDEX waits_pid_on ON waits(pid, on_ns)")
+                .unwrap();
+        }
+        drop(c);
+        compare(&again, None, tag);
+        for pid in [100, 101] {
+            compare(&again, Some(pid), &format!("rich pid {pid} {tag}"));
+        }
+    }
     let full = inputs_of(&Trace::open(&path).unwrap(), None, false).unwrap();
     // What the comparison covered: sites, a flame graph, ties, culprits.
     assert!(full.sites.len() >= 4, "{:?}", full.sites);
@@ -331,12 +366,18 @@ fn the_lean_report_equals_the_full_one_with_sites_ties_and_culprits() {
         .count();
     assert!(ties > 2, "{ties} tied calls");
     assert!(full.span.origin_ns < full.span.start_ns || full.span.extent_end_ns > full.span.end_ns);
+    let last_wait = data.waits.iter().map(|w| w.on_ns).max();
+    assert_eq!(
+        Some(full.span.extent_end_ns),
+        last_wait,
+        "a wait ends the trace"
+    );
 }
 
 /// What each process's report holds that the other's does not: its own
 /// calls, slowest calls, allocations by call path, and extent (the sleep
-/// before the first call is the parent's, the exit after the last the
-/// child's). A pid filter left out of any of these reads fails the
+/// before the first call and the wait after everything are the parent's;
+/// the child's ends at its exit). A pid filter left out of any of these reads fails the
 /// comparisons above; this says they were there to fail.
 #[test]
 fn each_process_report_differs_from_the_whole_trace_where_the_pid_filters() {
@@ -359,8 +400,8 @@ fn each_process_report_differs_from_the_whole_trace_where_the_pid_filters() {
     assert!(pids(&child).iter().all(|&p| p == 101));
     assert_eq!(parent.span.origin_ns, whole.span.origin_ns);
     assert!(child.span.origin_ns > whole.span.origin_ns);
-    assert_eq!(child.span.extent_end_ns, whole.span.extent_end_ns);
-    assert!(parent.span.extent_end_ns < whole.span.extent_end_ns);
+    assert_eq!(parent.span.extent_end_ns, whole.span.extent_end_ns);
+    assert!(child.span.extent_end_ns < whole.span.extent_end_ns);
     assert!(child.waits < whole.waits);
 }
 
