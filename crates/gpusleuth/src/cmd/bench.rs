@@ -46,6 +46,13 @@ pub struct Args {
     /// 64 calls (2 allocator events per 64 calls).
     #[arg(long = "analysis-allocator")]
     pub analysis_allocator: bool,
+    /// Give the synthetic trace the clock and pids of a node that has run
+    /// for days (10 days since boot, pids near 3,000,000) instead of a
+    /// machine that just booted (times from 1 ms, pids from 100): SQLite
+    /// stores larger integers in more bytes, so the database's size depends
+    /// on them.
+    #[arg(long = "analysis-long-uptime")]
+    pub analysis_long_uptime: bool,
     /// Launches per run of the tracer-footprint flood (`--launches full`,
     /// workload pinned to CPU 0; runs of N and 4N, placement on and off); 0 skips it.
     #[arg(long = "footprint-launches", default_value_t = 50_000)]
@@ -318,9 +325,7 @@ pub fn run(args: Args) -> Result<i32> {
         tracer_peak_rss_mb: peak_rss_kb as f64 / 1024.0,
         analysis: super::bench_analysis::run(
             &b.dir,
-            args.analysis_calls,
-            args.analysis_procs,
-            args.analysis_allocator,
+            args.synthetic(),
             Some(&b.exe),
             args.keep_trace.as_deref(),
             args.precheck_kept,
@@ -334,6 +339,22 @@ pub fn run(args: Args) -> Result<i32> {
     Ok(0)
 }
 
+impl Args {
+    /// The synthetic stored trace the analysis part writes.
+    fn synthetic(&self) -> super::bench_analysis::Synthetic {
+        use super::bench_analysis::{Magnitudes, Synthetic};
+        Synthetic {
+            calls: self.analysis_calls,
+            procs: self.analysis_procs,
+            allocator: self.analysis_allocator,
+            at: match self.analysis_long_uptime {
+                true => Magnitudes::NODE,
+                false => Magnitudes::FRESH,
+            },
+        }
+    }
+}
+
 /// `--analysis-only`: the storage and analysis part alone.
 fn run_analysis_only(args: &Args) -> Result<i32> {
     let scratch = Scratch(
@@ -344,9 +365,7 @@ fn run_analysis_only(args: &Args) -> Result<i32> {
     let exe = std::env::current_exe().context("cannot find the gpusleuth binary")?;
     let a = super::bench_analysis::run(
         &scratch.0,
-        args.analysis_calls,
-        args.analysis_procs,
-        args.analysis_allocator,
+        args.synthetic(),
         Some(&exe),
         args.keep_trace.as_deref(),
         args.precheck_kept,

@@ -90,9 +90,62 @@ impl Ops {
     }
 }
 
-/// The pid of the synthetic trace's process `k` (0 is pid 100).
-fn synthetic_pid(k: u64) -> u32 {
-    100 + 1000 * k as u32
+/// Where the synthetic trace's clock and pids start. SQLite stores an
+/// integer in 1, 2, 3, 4, 6 or 8 bytes by its magnitude, so a trace's size
+/// depends on them, not only on its mix: a time past 2^47 ns (39 hours
+/// since boot) takes 8 bytes, below 6; a pid or tid past 32,767 takes 3,
+/// below 128 one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Magnitudes {
+    /// The session's start on the tracer's clock (monotonic ns since boot).
+    pub clock_ns: u64,
+    /// Process 0's pid (its threads' tids follow it).
+    pub pid: u32,
+}
+
+impl Magnitudes {
+    /// A machine that has just booted: times from 1 ms, pids from 100 (the
+    /// bench's trace until round 27, and the H200 device's: pid 725 about
+    /// 100 s after boot in `examples/h200-contention.db`).
+    pub const FRESH: Magnitudes = Magnitudes {
+        clock_ns: 0,
+        pid: 100,
+    };
+    /// A node that has run for days (a node agent's usual case): 10 days
+    /// since boot, host pids near 3 million (64-bit kernels allow 4,194,304).
+    pub const NODE: Magnitudes = Magnitudes {
+        clock_ns: 10 * 86_400 * 1_000_000_000,
+        pid: 3_000_100,
+    };
+
+    /// The pid of the synthetic trace's process `k` (0 is [`Self::pid`]).
+    fn pid_of(self, k: u64) -> u32 {
+        self.pid + 1000 * k as u32
+    }
+}
+
+/// The synthetic trace to write.
+#[derive(Clone, Copy, Debug)]
+pub struct Synthetic {
+    pub calls: u64,
+    /// Processes the calls are spread over.
+    pub procs: u64,
+    /// With PyTorch caching-allocator events.
+    pub allocator: bool,
+    pub at: Magnitudes,
+}
+
+impl Synthetic {
+    /// `calls` calls of one process, no allocator events, a fresh machine's magnitudes.
+    #[cfg(test)]
+    fn fresh(calls: u64) -> Synthetic {
+        Synthetic {
+            calls,
+            procs: 1,
+            allocator: false,
+            at: Magnitudes::FRESH,
+        }
+    }
 }
 
 /// One call starts every this many ns, on the 4 threads in turn: each
@@ -162,16 +215,17 @@ fn block_event(op: u16, pid: u32, start: u64, round: u64, ptr: u64, malloc: bool
 /// thread's calls and waits follow one another without overlapping. With
 /// `procs` processes, each run of 64 calls (one round of the mix on the 4
 /// threads) goes to the next process in turn: every process has the whole mix.
-fn events(
-    ops: &Ops,
-    n_calls: u64,
-    procs: u64,
-    allocator: bool,
-) -> impl Iterator<Item = Event> + '_ {
+fn events(ops: &Ops, shape: Synthetic) -> impl Iterator<Item = Event> + '_ {
+    let Synthetic {
+        calls: n_calls,
+        procs,
+        allocator,
+        at,
+    } = shape;
     (0..n_calls).flat_map(move |i| {
-        let pid = synthetic_pid((i / 64) % procs);
+        let pid = at.pid_of((i / 64) % procs);
         let tid = pid + (i % 4) as u32;
-        let ts = 1_000_000 + i * CALL_EVERY_NS;
+        let ts = at.clock_ns + 1_000_000 + i * CALL_EVERY_NS;
         let slot = (i / 4) % 16;
         let proc_k = (i / 64) % procs;
         // The process's own round: its allocator's segment is made in its
@@ -312,14 +366,11 @@ fn own_cpu_ms() -> f64 {
     tv(ru.ru_utime) + tv(ru.ru_stime)
 }
 
-/// Writes the synthetic trace of `n_calls` calls over `procs` processes
-/// (with allocator events when `allocator`) into `dir`, then (with `exe`, this gpusleuth binary) times each analysis
-/// command on it as a child process.
+/// Writes the synthetic trace `shape` into `dir`, then (with `exe`, this
+/// gpusleuth binary) times each analysis command on it as a child process.
 pub fn run(
     dir: &Path,
-    n_calls: u64,
-    procs: u64,
-    allocator: bool,
+    shape: Synthetic,
     exe: Option<&Path>,
     keep: Option<&Path>,
     precheck_kept: bool,
@@ -332,7 +383,7 @@ pub fn run(
     let writer = TraceWriter::create(
         &db,
         SessionInfo {
-            start_mono_ns: 0,
+            start_mono_ns: shape.at.clock_ns,
             ..Default::default()
         },
         WriterOptions {
@@ -342,21 +393,22 @@ pub fn run(
     )
     .with_context(|| format!("cannot create {}", db.display()))?;
     let h = writer.handle();
-    for k in 0..procs {
+    for k in 0..shape.procs {
         h.set_process(sleuth_core::ProcessInfo {
-            pid: synthetic_pid(k),
+            pid: shape.at.pid_of(k),
             comm: "train".into(),
             ..Default::default()
         })?;
     }
     let mut n_events = 0u64;
     let mut waits = 0u64;
-    for ev in events(&ops, n_calls, procs, allocator) {
+    for ev in events(&ops, shape) {
         waits += matches!(ev, Event::Wait(_)) as u64;
         n_events += 1;
         h.send(ev)?;
     }
-    h.set_session_end(1_000_000 + n_calls * 5_000)?;
+    let n_calls = shape.calls;
+    h.set_session_end(shape.at.clock_ns + 1_000_000 + n_calls * 5_000)?;
     drop(h);
     writer.finish()?;
     let write_ms = t.elapsed().as_secs_f64() * 1e3;
@@ -496,7 +548,7 @@ mod tests {
     fn the_synthetic_trace_round_trips_with_rollups_and_names_the_hog() {
         let dir = std::env::temp_dir().join(format!("gs-bench-analysis-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let r = run(&dir, 4_000, 1, false, None, None, false).unwrap();
+        let r = run(&dir, Synthetic::fresh(4_000), None, None, false).unwrap();
         let _ = std::fs::remove_dir_all(&dir);
         assert_eq!(r.calls, 4_000);
         assert!(r.waits >= 400);
@@ -512,12 +564,19 @@ mod tests {
     fn the_synthetic_trace_spreads_over_processes() {
         let ops = Ops::new().unwrap();
         let calls = |procs| -> Vec<CallEvent> {
-            events(&ops, 64 * 6, procs, true)
-                .filter_map(|e| match e {
-                    Event::Call(c) => Some(c),
-                    _ => None,
-                })
-                .collect()
+            events(
+                &ops,
+                Synthetic {
+                    procs,
+                    allocator: true,
+                    ..Synthetic::fresh(64 * 6)
+                },
+            )
+            .filter_map(|e| match e {
+                Event::Call(c) => Some(c),
+                _ => None,
+            })
+            .collect()
         };
         let one = calls(1);
         assert!(one
@@ -525,7 +584,7 @@ mod tests {
             .all(|c| c.pid == 100 && (100..104).contains(&c.tid)));
         let three = calls(3);
         for k in 0..3 {
-            let pid = synthetic_pid(k);
+            let pid = Magnitudes::FRESH.pid_of(k);
             let mine: Vec<&CallEvent> = three.iter().filter(|c| c.pid == pid).collect();
             assert_eq!(mine.len(), 128, "pid {pid}");
             assert!(mine.iter().all(|c| (pid..pid + 4).contains(&c.tid)));
@@ -550,8 +609,8 @@ mod tests {
     fn the_mix_is_stored_in_at_most_80_bytes_per_event() {
         let dir = std::env::temp_dir().join(format!("gs-bench-bytes-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let small = run(&dir, 100_000, 1, false, None, None, false).unwrap();
-        let large = run(&dir, 200_000, 1, false, None, None, false).unwrap();
+        let small = run(&dir, Synthetic::fresh(100_000), None, None, false).unwrap();
+        let large = run(&dir, Synthetic::fresh(200_000), None, None, false).unwrap();
         let _ = std::fs::remove_dir_all(&dir);
         assert!(small.rollups && large.rollups);
         let bytes = |r: &AnalysisBench| r.db_mb * 1048576.0;
@@ -564,6 +623,50 @@ mod tests {
         );
     }
 
+    /// A node's clock and pids change the numbers stored, not the trace:
+    /// the same per-op statistics and event counts, times past 2^47 ns and
+    /// pids past 2^21 in the rows, and more bytes per event (each such
+    /// number takes 8 and 3 bytes in SQLite's records, 6 and 1 on a fresh
+    /// machine).
+    #[test]
+    fn a_nodes_magnitudes_change_the_sizes_not_the_answers() {
+        let dir = std::env::temp_dir().join(format!("gs-bench-node-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (fresh_db, node_db) = (dir.join("fresh.db"), dir.join("node.db"));
+        let shape = Synthetic::fresh(20_000);
+        let fresh = run(&dir, shape, None, Some(&fresh_db), false).unwrap();
+        let node = Synthetic {
+            at: Magnitudes::NODE,
+            ..shape
+        };
+        let node = run(&dir, node, None, Some(&node_db), false).unwrap();
+        assert_eq!((fresh.calls, fresh.waits), (node.calls, node.waits));
+        assert!(
+            node.bytes_per_event > fresh.bytes_per_event + 4.0,
+            "{} vs {} bytes per event",
+            node.bytes_per_event,
+            fresh.bytes_per_event
+        );
+        let ops = |db: &Path| {
+            let stats = Trace::open(db).unwrap().stats_report(None).unwrap();
+            serde_json::to_value(stats.expect("rollups").ops).unwrap()
+        };
+        assert_eq!(ops(&fresh_db), ops(&node_db));
+        let c = rusqlite::Connection::open(&node_db).unwrap();
+        let (ts, pid, off): (i64, i64, i64) = c
+            .query_row(
+                "SELECT min(ts_ns), min(pid), (SELECT min(off_ns) FROM waits) FROM call_rows",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
+            .unwrap();
+        assert!(
+            ts > 1 << 47 && off > 1 << 47 && pid > 1 << 21,
+            "{ts} {off} {pid}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     /// A thread does one thing at a time: its calls follow one another,
     /// each wait lies inside one of its calls or between two, and a
     /// malloc's pointer is never one still live (each free frees the
@@ -572,7 +675,15 @@ mod tests {
     fn a_threads_calls_and_waits_never_overlap() {
         let ops = Ops::new().unwrap();
         for procs in [1, 3] {
-            let evs: Vec<Event> = events(&ops, 64 * 40, procs, true).collect();
+            let evs: Vec<Event> = events(
+                &ops,
+                Synthetic {
+                    procs,
+                    allocator: true,
+                    ..Synthetic::fresh(64 * 40)
+                },
+            )
+            .collect();
             let mut by_tid: HashMap<u32, (Vec<&CallEvent>, Vec<&WaitEvent>)> = HashMap::new();
             for e in &evs {
                 match e {
@@ -683,7 +794,18 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("gs-bench-alloc-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let db = dir.join("kept.db");
-        run(&dir, 6_400, 2, true, None, Some(&db), false).unwrap();
+        run(
+            &dir,
+            Synthetic {
+                procs: 2,
+                allocator: true,
+                ..Synthetic::fresh(6_400)
+            },
+            None,
+            Some(&db),
+            false,
+        )
+        .unwrap();
         let trace = Trace::open(&db).unwrap();
         let data = trace.load(None).unwrap();
         assert!(data.blocks.len() >= 200);
@@ -707,7 +829,14 @@ mod tests {
     #[test]
     fn the_mix_has_every_kind_it_claims() {
         let ops = Ops::new().unwrap();
-        let evs: Vec<Event> = events(&ops, 4_096, 1, true).collect();
+        let evs: Vec<Event> = events(
+            &ops,
+            Synthetic {
+                allocator: true,
+                ..Synthetic::fresh(4_096)
+            },
+        )
+        .collect();
         let calls: Vec<&CallEvent> = evs
             .iter()
             .filter_map(|e| match e {
