@@ -315,40 +315,28 @@ fn the_lean_report_equals_the_full_one_with_sites_ties_and_culprits() {
             "pid {pid}: some percentile comes from the histogram"
         );
     }
-    // Without the stored site rollup the sites come from the memory calls.
-    let again = dir.join("no-site-rollup.db");
-    std::fs::copy(&path, &again).unwrap();
-    let c = rusqlite::Connection::open(&again).unwrap();
-    let n = c
-        .execute("DELETE FROM meta WHERE key = 'site_rollup'", [])
-        .unwrap();
-    assert_eq!(n, 1, "the writer stored a site rollup");
-    drop(c);
-    compare(&again, None, "rich without site rollup");
-    for pid in [100, 101] {
-        compare(
-            &again,
-            Some(pid),
-            &format!("rich pid {pid} without site rollup"),
-        );
-    }
-    // Without the stored wait ends the latest wait comes from the rows: by
-    // an aggregate, or through a `(pid, on_ns)` index where a file has one
-    // (written before round 27).
-    for (tag, index) in [("no-wait-ends", false), ("pid-index", true)] {
+    // Without a stored aggregate the answer comes from the rows: the sites
+    // from the memory calls; the latest wait by an aggregate, or through a
+    // `(pid, on_ns)` index where a file has one (written before round 27).
+    for (tag, mark, then) in [
+        ("no-site-rollup", "site_rollup", ""),
+        ("no-wait-ends", "wait_ends", ""),
+        (
+            "pid-index",
+            "wait_ends",
+            "CREATE INDEX waits_pid_on ON waits(pid, on_ns)",
+        ),
+    ] {
         let again = dir.join(&format!("{tag}.db"));
         std::fs::copy(&path, &again).unwrap();
         let c = rusqlite::Connection::open(&again).unwrap();
         let n = c
-            .execute("DELETE FROM meta WHERE key = 'wait_ends'", [])
+            .execute("DELETE FROM meta WHERE key = ?1", [mark])
             .unwrap();
-        assert_eq!(n, 1, "the writer stored the wait ends");
-        if index {
-            c.execute_batch("CREATE INDEX waits_pid_on ON waits(pid, on_ns)")
-                .unwrap();
-        }
+        assert_eq!(n, 1, "the writer stored {mark}");
+        c.execute_batch(then).unwrap();
         drop(c);
-        compare(&again, None, tag);
+        compare(&again, None, &format!("rich {tag}"));
         for pid in [100, 101] {
             compare(&again, Some(pid), &format!("rich pid {pid} {tag}"));
         }
