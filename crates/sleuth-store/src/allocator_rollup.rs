@@ -158,7 +158,7 @@ fn feed_blocks(
         let mut read = 0;
         while let Some(r) = rows.next()? {
             read += 1;
-            fed.after = (r.get(1)?, r.get(9)?);
+            fed.after = (r.get(1)?, r.get(crate::allocator_rows::ID_COL)?);
             fed.ahead.extend(crate::allocator_rows::block_of(r)?);
         }
         fed.done = read < PAGE;

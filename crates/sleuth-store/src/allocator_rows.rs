@@ -21,7 +21,7 @@ pub(crate) enum Select {
 }
 
 /// The query of the allocator events `select` names, in completion order
-/// (ties in row order), each row's id last; None when the file has no such
+/// (ties in row order), each row's id at [`ID_COL`]; None when the file has no such
 /// table (traces recorded before it existed). Rows with a time no trace
 /// holds are left out.
 pub(crate) fn query(conn: &Connection, select: Select) -> rusqlite::Result<Option<String>> {
@@ -41,8 +41,14 @@ pub(crate) fn query(conn: &Connection, select: Select) -> rusqlite::Result<Optio
             " LIMIT ?4",
         ),
     };
+    // Version 3 stores the words as 16 integers, earlier files as one BLOB.
+    let words = if crate::stacks::has_column(conn, "allocator_events", "w0")? {
+        WORD_COLS
+    } else {
+        "words"
+    };
     Ok(Some(format!(
-        "SELECT start_ns, end_ns, pid, tid, op, requested, block, words, {stack_col}, id FROM allocator_events
+        "SELECT start_ns, end_ns, pid, tid, op, requested, block, {stack_col}, id, {words} FROM allocator_events
          WHERE {pid_cond} AND start_ns BETWEEN 0 AND {MAX_NS}
            AND end_ns BETWEEN 0 AND {MAX_NS} ORDER BY end_ns, id{page}"
     )))
@@ -66,14 +72,37 @@ pub(crate) fn load(
     Ok(out)
 }
 
-/// One row of [`query`] (its id, column 9, aside); None for an op this
-/// build does not know.
+/// The column of a [`query`] row that holds its id.
+pub(crate) const ID_COL: usize = 8;
+
+/// Version 3's word columns, in order.
+const WORD_COLS: &str = "w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13, w14, w15";
+
+/// One row of [`query`] (its id, column [`ID_COL`], aside); None for an op
+/// this build does not know. The words are the 16 integer columns after
+/// the id (version 3, each a word's bit pattern) or one little-endian BLOB
+/// there (earlier files).
 pub(crate) fn block_of(r: &Row<'_>) -> rusqlite::Result<Option<sleuth_core::BlockEvent>> {
     let name: String = r.get(4)?;
-    let blob: Vec<u8> = r.get(7)?;
+    let first = ID_COL + 1;
     let mut words = [0u64; sleuth_core::event::BLOCK_WORDS];
-    for (w, chunk) in words.iter_mut().zip(blob.chunks_exact(8)) {
-        *w = u64::from_le_bytes(chunk.try_into().unwrap_or([0; 8]));
+    if r.as_ref().column_count() > first + 1 {
+        for (i, w) in words.iter_mut().enumerate() {
+            *w = match r.get_ref(first + i)? {
+                rusqlite::types::ValueRef::Integer(v) => v as u64,
+                _ => {
+                    return Err(crate::finding_rollups::damaged_table(
+                        "allocator_events",
+                        "holds a word that is no integer",
+                    ))
+                }
+            };
+        }
+    } else {
+        let blob: Vec<u8> = r.get(first)?;
+        for (w, chunk) in words.iter_mut().zip(blob.chunks_exact(8)) {
+            *w = u64::from_le_bytes(chunk.try_into().unwrap_or([0; 8]));
+        }
     }
     Ok(op_by_name(&name).map(|info| sleuth_core::BlockEvent {
         op: info.id,
@@ -84,7 +113,7 @@ pub(crate) fn block_of(r: &Row<'_>) -> rusqlite::Result<Option<sleuth_core::Bloc
         requested: r.get::<_, Option<i64>>(5).unwrap_or(None).map(|v| v as u64),
         block: r.get::<_, i64>(6).unwrap_or(0) as u64,
         words,
-        stack_id: r.get::<_, Option<i64>>(8).unwrap_or(None).map(|v| v as u64),
+        stack_id: r.get::<_, Option<i64>>(7).unwrap_or(None).map(|v| v as u64),
     }))
 }
 

@@ -4,11 +4,15 @@ use rusqlite::Connection;
 
 /// Bumped on any incompatible change. Version 2 stores calls in `call_rows`
 /// with the op as an integer (`ops`) behind a `calls` view with version 1's
-/// columns; readers read both ([`READABLE_VERSIONS`]), writers write this one.
-pub const SCHEMA_VERSION: i64 = 2;
+/// columns; version 3 stores an allocator event's 16 `Block` words as 16
+/// integer columns (`w0`..`w15`) instead of one 128-byte `words` BLOB (SQLite
+/// stores each integer in the bytes its magnitude needs: 66 bytes on real
+/// PyTorch traces, docs/benchmarks.md round 27). Readers read every version
+/// ([`READABLE_VERSIONS`]), writers write this one.
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// Every schema version the readers accept.
-pub const READABLE_VERSIONS: &[i64] = &[1, 2];
+pub const READABLE_VERSIONS: &[i64] = &[1, 2, 3];
 
 /// Value of `meta.tool` in every database this crate writes.
 pub const TOOL: &str = "gpusleuth";
@@ -124,7 +128,10 @@ CREATE TABLE allocator_events(
     op TEXT NOT NULL,
     requested INTEGER,
     block INTEGER NOT NULL,
-    words BLOB NOT NULL
+    w0 INTEGER NOT NULL, w1 INTEGER NOT NULL, w2 INTEGER NOT NULL, w3 INTEGER NOT NULL,
+    w4 INTEGER NOT NULL, w5 INTEGER NOT NULL, w6 INTEGER NOT NULL, w7 INTEGER NOT NULL,
+    w8 INTEGER NOT NULL, w9 INTEGER NOT NULL, w10 INTEGER NOT NULL, w11 INTEGER NOT NULL,
+    w12 INTEGER NOT NULL, w13 INTEGER NOT NULL, w14 INTEGER NOT NULL, w15 INTEGER NOT NULL
 );
 CREATE INDEX allocator_events_pid ON allocator_events(pid, end_ns);
 CREATE TABLE gpu_samples(
@@ -196,6 +203,21 @@ CREATE TABLE merge_nodes(
 );
 CREATE TABLE process_nodes(pid INTEGER PRIMARY KEY, node INTEGER NOT NULL, host TEXT NOT NULL, host_pid INTEGER NOT NULL);
 "#;
+
+/// `allocator_events` before version 3 (the words as one little-endian
+/// BLOB): kept so that `schema_check` can check traces written before, which
+/// readers still read. Its `stack_id` column was added by `ALTER TABLE`.
+pub(crate) const ALLOCATOR_EVENTS_V2: &str = "CREATE TABLE allocator_events(
+    id INTEGER PRIMARY KEY,
+    start_ns INTEGER NOT NULL,
+    end_ns INTEGER NOT NULL,
+    pid INTEGER NOT NULL,
+    tid INTEGER NOT NULL,
+    op TEXT NOT NULL,
+    requested INTEGER,
+    block INTEGER NOT NULL,
+    words BLOB NOT NULL
+)";
 
 /// Version 1's `calls` table (op and layer as text in every row), which
 /// version 2 replaced by `call_rows` and the `calls` view: kept so that

@@ -13,7 +13,7 @@
 //! gpusleuth writes (`schema::CALLS_VIEW`), over the plain tables checked
 //! here. Version 1 files (still read) have a plain `calls` table instead.
 
-use crate::schema::{CALLS_V1, CALLS_VIEW, CREATE};
+use crate::schema::{ALLOCATOR_EVENTS_V2, CALLS_V1, CALLS_VIEW, CREATE};
 use rusqlite::{Connection, OptionalExtension};
 use std::collections::BTreeMap;
 
@@ -52,6 +52,11 @@ fn reference(version: i64) -> rusqlite::Result<Columns> {
     if version == 1 {
         conn.execute_batch(&format!(
             "DROP TABLE call_rows; DROP TABLE ops; {CALLS_V1};"
+        ))?;
+    }
+    if version < 3 {
+        conn.execute_batch(&format!(
+            "DROP TABLE allocator_events; {ALLOCATOR_EVENTS_V2};"
         ))?;
     }
     let names: Vec<String> = {
@@ -241,9 +246,21 @@ mod tests {
         c
     }
 
+    /// A version 2 database: the allocator events' words one BLOB.
+    fn fresh_v2() -> Connection {
+        let c = fresh();
+        c.execute_batch(&format!(
+            "DROP TABLE allocator_events; {ALLOCATOR_EVENTS_V2};
+             ALTER TABLE allocator_events ADD COLUMN stack_id INTEGER;
+             CREATE INDEX allocator_events_pid ON allocator_events(pid, end_ns);"
+        ))
+        .expect("v2");
+        c
+    }
+
     /// A version 1 database: `calls` a table, no `call_rows` or `ops`.
     fn fresh_v1() -> Connection {
-        let c = fresh();
+        let c = fresh_v2();
         c.execute_batch(&format!(
             "DROP VIEW call_sites; DROP VIEW calls_wall; DROP VIEW op_summary;
              DROP VIEW call_culprits_named; DROP VIEW calls; DROP TABLE call_rows; DROP TABLE ops;
@@ -258,6 +275,7 @@ mod tests {
     #[test]
     fn our_schema_passes() {
         assert_eq!(check(&fresh(), SCHEMA_VERSION).expect("check"), Ok(()));
+        assert_eq!(check(&fresh_v2(), 2).expect("check"), Ok(()));
         assert_eq!(check(&fresh_v1(), 1).expect("check"), Ok(()));
     }
 
@@ -265,8 +283,19 @@ mod tests {
     fn each_version_needs_its_own_calls() {
         let why = check(&fresh_v1(), 2).expect("check").expect_err("refused");
         assert!(why.contains("missing"), "{why}");
-        let why = check(&fresh(), 1).expect("check").expect_err("refused");
+        let why = check(&fresh_v2(), 1).expect("check").expect_err("refused");
         assert!(why.contains("calls is a view"), "{why}");
+    }
+
+    #[test]
+    fn each_version_needs_its_own_allocator_words() {
+        let why = check(&fresh(), 2).expect("check").expect_err("refused");
+        assert!(
+            why.contains("allocator_events has no column words"),
+            "{why}"
+        );
+        let why = check(&fresh_v2(), 3).expect("check").expect_err("refused");
+        assert!(why.contains("allocator_events has no column w0"), "{why}");
     }
 
     /// Each change of `cases` (SQL, what the refusal must name), applied to

@@ -797,8 +797,10 @@ const INSERT_WAKER: &str =
 const INSERT_CULPRIT: &str =
     "INSERT INTO wait_culprits(wait_id, pid, tid, comm, ns) VALUES (?1, ?2, ?3, ?4, ?5)";
 const INSERT_BLOCK: &str =
-    "INSERT INTO allocator_events(start_ns, end_ns, pid, tid, op, requested, block, words, stack_id)
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)";
+    "INSERT INTO allocator_events(start_ns, end_ns, pid, tid, op, requested, block, stack_id,
+        w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13, w14, w15)
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8,
+        ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24)";
 const INSERT_PROC: &str = "INSERT INTO proc_events(ts_ns, kind, pid, tid, ppid, exit_code, comm)
      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)";
 
@@ -933,21 +935,24 @@ impl<'tx, 'b> EventRows<'tx, 'b> {
     }
 
     fn block(&mut self, b: &sleuth_core::BlockEvent) -> rusqlite::Result<()> {
-        let words: Vec<u8> = b.words.iter().flat_map(|w| w.to_le_bytes()).collect();
         let op = sleuth_core::op_by_id(b.op)
             .map(|o| o.name)
             .unwrap_or("unknown");
-        stmt(self.tx, &mut self.block, || INSERT_BLOCK.into())?.execute(params![
-            b.start_ns as i64,
-            b.end_ns as i64,
-            b.pid,
-            b.tid,
-            op,
-            b.requested.map(|r| r as i64),
-            b.block as i64, // bit pattern: user-space addresses fit, above i64::MAX round-trips
-            words,
-            b.stack_id.map(|s| s as i64)
-        ])?;
+        let st = stmt(self.tx, &mut self.block, || INSERT_BLOCK.into())?;
+        st.raw_bind_parameter(1, b.start_ns as i64)?;
+        st.raw_bind_parameter(2, b.end_ns as i64)?;
+        st.raw_bind_parameter(3, b.pid)?;
+        st.raw_bind_parameter(4, b.tid)?;
+        st.raw_bind_parameter(5, op)?;
+        st.raw_bind_parameter(6, b.requested.map(|r| r as i64))?;
+        // Bit patterns: user-space addresses fit, above i64::MAX round-trips.
+        st.raw_bind_parameter(7, b.block as i64)?;
+        st.raw_bind_parameter(8, b.stack_id.map(|s| s as i64))?;
+        for (i, w) in b.words.iter().enumerate() {
+            // Each word in the bytes its magnitude needs (a BLOB took 8 each).
+            st.raw_bind_parameter(9 + i, *w as i64)?;
+        }
+        st.raw_execute()?;
         Ok(())
     }
 

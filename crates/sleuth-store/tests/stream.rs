@@ -1047,6 +1047,87 @@ fn allocator_views_at_the_end_are_read_from_the_stored_rollup() {
     }
 }
 
+/// Version 3 stores an allocator event's 16 words as integer columns;
+/// a version 2 file (one little-endian BLOB) holding the same events reads
+/// the same events and views. A word that is no integer is a one-line error.
+#[test]
+fn version_2_allocator_words_read_as_version_3_ones() {
+    let dir = TempDir::new("allocator_v2");
+    let path = dir.join("sim.db");
+    simulated(&path);
+    let old = dir.join("v2.db");
+    std::fs::copy(&path, &old).unwrap();
+    let c = rusqlite::Connection::open(&old).unwrap();
+    let cols = "id, start_ns, end_ns, pid, tid, op, requested, block, stack_id";
+    let rows: Vec<(Vec<rusqlite::types::Value>, Vec<u8>)> = {
+        let words: Vec<String> = (0..16).map(|i| format!("w{i}")).collect();
+        let mut st = c
+            .prepare(&format!(
+                "SELECT {cols}, {} FROM allocator_events",
+                words.join(", ")
+            ))
+            .unwrap();
+        let rows = st.query_map([], |r| {
+            let head = (0..9)
+                .map(|i| r.get(i))
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            let mut blob = Vec::new();
+            for i in 0..16 {
+                blob.extend_from_slice(&r.get::<_, i64>(9 + i)?.to_le_bytes());
+            }
+            Ok((head, blob))
+        });
+        rows.unwrap().collect::<rusqlite::Result<_>>().unwrap()
+    };
+    assert!(rows.len() >= 3, "the trace has allocator events");
+    c.execute_batch(
+        "DROP TABLE allocator_events;
+         CREATE TABLE allocator_events(id INTEGER PRIMARY KEY, start_ns INTEGER NOT NULL,
+           end_ns INTEGER NOT NULL, pid INTEGER NOT NULL, tid INTEGER NOT NULL, op TEXT NOT NULL,
+           requested INTEGER, block INTEGER NOT NULL, words BLOB NOT NULL, stack_id INTEGER);
+         CREATE INDEX allocator_events_pid ON allocator_events(pid, end_ns);
+         UPDATE meta SET value = '2' WHERE key = 'schema_version';
+         DELETE FROM meta WHERE key = 'allocator_rollup';",
+    )
+    .unwrap();
+    for (head, blob) in rows {
+        let mut values = head;
+        values.push(rusqlite::types::Value::Blob(blob));
+        c.execute(
+            &format!("INSERT INTO allocator_events({cols}, words) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"),
+            rusqlite::params_from_iter(values),
+        )
+        .unwrap();
+    }
+    drop(c);
+    let views = |p: &Path| -> Result<(Value, Value), String> {
+        let trace = Trace::open(p).map_err(|e| e.to_string())?;
+        let blocks = json(&trace.load(None).map_err(|e| e.to_string())?.blocks);
+        let mt = MemoryTrace::open(&trace, None, budget()).unwrap();
+        let l = mt.ledgers(None).unwrap();
+        let end = mt.allocator_views(None, &l).map_err(|e| e.to_string())?;
+        Ok((blocks, json(&end)))
+    };
+    let (blocks, end) = views(&path).unwrap();
+    assert!(blocks.as_array().is_some_and(|b| b.len() >= 3), "{blocks}");
+    assert!(
+        end[&"100"]["segments"][0]["live_blocks"].is_array(),
+        "{end}"
+    );
+    assert_eq!(views(&old).unwrap(), (blocks, end));
+
+    let c = rusqlite::Connection::open(&path).unwrap();
+    c.execute("UPDATE allocator_events SET w3 = 'x' WHERE id = 1", [])
+        .unwrap();
+    drop(c);
+    let err = views(&path).unwrap_err();
+    assert!(
+        err.contains("damaged trace: allocator_events holds a word that is no integer")
+            && !err.contains('\n'),
+        "{err}"
+    );
+}
+
 /// A view holding a number no reader accepts (a request of 2^63 bytes the
 /// allocator refused) is not stored: the reader rebuilds it from the file,
 /// with the same answer as the loaded trace's, rather than refusing the
