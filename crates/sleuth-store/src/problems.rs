@@ -179,22 +179,28 @@ pub(crate) fn op_name_queries(version: i64, has_allocator_events: bool) -> Vec<S
     // being copied out whole.
     let by_name =
         |table: &str| format!("SELECT substr(op, 1, 200), count(*) FROM {table} GROUP BY op");
+    // Per op id, then the name; an id `ops` does not hold is a row the
+    // view over the table drops: counted as an unknown op.
+    let by_id = |table: &str| {
+        format!(
+            "SELECT coalesce(substr(o.op, 1, 200), 'op id ' || g.op_id), g.n
+             FROM (SELECT op_id, count(*) AS n FROM {table} GROUP BY op_id) g
+             LEFT JOIN ops o ON o.id = g.op_id"
+        )
+    };
     let mut counts = Vec::new();
     if version == 1 {
         counts.push(by_name("calls"));
     } else {
-        // Per op id (its index answers), then the name; an id `ops` does not
-        // hold is a row the `calls` view drops: counted as an unknown op.
-        counts.push(
-            "SELECT coalesce(substr(o.op, 1, 200), 'op id ' || g.op_id), g.n
-             FROM (SELECT op_id, count(*) AS n FROM call_rows GROUP BY op_id) g
-             LEFT JOIN ops o ON o.id = g.op_id"
-                .to_string(),
-        );
+        // The call rows' op index answers.
+        counts.push(by_id("call_rows"));
     }
     counts.push(by_name("op_counts"));
     if has_allocator_events {
-        counts.push(by_name("allocator_events"));
+        counts.push(match version {
+            ..=2 => by_name("allocator_events"),
+            _ => by_id("allocator_rows"),
+        });
     }
     counts
 }

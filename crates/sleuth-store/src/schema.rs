@@ -4,10 +4,12 @@ use rusqlite::Connection;
 
 /// Bumped on any incompatible change. Version 2 stores calls in `call_rows`
 /// with the op as an integer (`ops`) behind a `calls` view with version 1's
-/// columns; version 3 stores an allocator event's 16 `Block` words as 16
-/// integer columns (`w0`..`w15`) instead of one 128-byte `words` BLOB (SQLite
-/// stores each integer in the bytes its magnitude needs: 66 bytes on real
-/// PyTorch traces, docs/benchmarks.md round 27). Readers read every version
+/// columns; version 3 stores allocator events in `allocator_rows` with the
+/// op as an integer and the 16 `Block` words as 16 integer columns (`w0`..
+/// `w15`; version 2 had one 128-byte `words` BLOB: SQLite stores each
+/// integer in the bytes its magnitude needs, 66 bytes on real PyTorch
+/// traces, docs/benchmarks.md round 27) behind an `allocator_events` view
+/// with the op's name. Readers read every version
 /// ([`READABLE_VERSIONS`]), writers write this one.
 pub const SCHEMA_VERSION: i64 = 3;
 
@@ -119,21 +121,22 @@ CREATE TABLE call_host_ptrs(call_id INTEGER PRIMARY KEY, host_ptr INTEGER NOT NU
 CREATE TABLE call_culprits(call_id INTEGER NOT NULL, pid INTEGER NOT NULL, tid INTEGER NOT NULL, comm TEXT NOT NULL, runnable_ns INTEGER NOT NULL);
 CREATE INDEX call_culprits_call ON call_culprits(call_id);
 CREATE TABLE op_counts(pid INTEGER NOT NULL, layer TEXT NOT NULL, op TEXT NOT NULL, count INTEGER NOT NULL, PRIMARY KEY(pid, op));
-CREATE TABLE allocator_events(
+CREATE TABLE allocator_rows(
     id INTEGER PRIMARY KEY,
     start_ns INTEGER NOT NULL,
     end_ns INTEGER NOT NULL,
     pid INTEGER NOT NULL,
     tid INTEGER NOT NULL,
-    op TEXT NOT NULL,
+    op_id INTEGER NOT NULL,
     requested INTEGER,
     block INTEGER NOT NULL,
+    stack_id INTEGER,
     w0 INTEGER NOT NULL, w1 INTEGER NOT NULL, w2 INTEGER NOT NULL, w3 INTEGER NOT NULL,
     w4 INTEGER NOT NULL, w5 INTEGER NOT NULL, w6 INTEGER NOT NULL, w7 INTEGER NOT NULL,
     w8 INTEGER NOT NULL, w9 INTEGER NOT NULL, w10 INTEGER NOT NULL, w11 INTEGER NOT NULL,
     w12 INTEGER NOT NULL, w13 INTEGER NOT NULL, w14 INTEGER NOT NULL, w15 INTEGER NOT NULL
 );
-CREATE INDEX allocator_events_pid ON allocator_events(pid, end_ns);
+CREATE INDEX allocator_rows_pid ON allocator_rows(pid, end_ns);
 CREATE TABLE gpu_samples(
     ts_ns INTEGER NOT NULL,
     gpu INTEGER NOT NULL,
@@ -204,9 +207,20 @@ CREATE TABLE merge_nodes(
 CREATE TABLE process_nodes(pid INTEGER PRIMARY KEY, node INTEGER NOT NULL, host TEXT NOT NULL, host_pid INTEGER NOT NULL);
 "#;
 
-/// `allocator_events` before version 3 (the words as one little-endian
-/// BLOB): kept so that `schema_check` can check traces written before, which
-/// readers still read. Its `stack_id` column was added by `ALTER TABLE`.
+/// Version 3's allocator events as readers read them (and version 2's
+/// table's columns, the words apart): the op's name from `ops`.
+pub(crate) const ALLOCATOR_VIEW: &str = "CREATE VIEW allocator_events AS
+    SELECT a.id AS id, a.start_ns AS start_ns, a.end_ns AS end_ns, a.pid AS pid, a.tid AS tid,
+           o.op AS op, a.requested AS requested, a.block AS block, a.stack_id AS stack_id,
+           a.w0 AS w0, a.w1 AS w1, a.w2 AS w2, a.w3 AS w3, a.w4 AS w4, a.w5 AS w5, a.w6 AS w6,
+           a.w7 AS w7, a.w8 AS w8, a.w9 AS w9, a.w10 AS w10, a.w11 AS w11, a.w12 AS w12,
+           a.w13 AS w13, a.w14 AS w14, a.w15 AS w15
+    FROM allocator_rows a JOIN ops o ON o.id = a.op_id";
+
+/// `allocator_events` before version 3 (a table, the op's name in each row,
+/// the words as one little-endian BLOB): kept so that `schema_check` can
+/// check traces written before, which readers still read. Its `stack_id`
+/// column was added by `ALTER TABLE`.
 pub(crate) const ALLOCATOR_EVENTS_V2: &str = "CREATE TABLE allocator_events(
     id INTEGER PRIMARY KEY,
     start_ns INTEGER NOT NULL,
@@ -301,6 +315,7 @@ pub(crate) fn create_deferring_late_indexes(
 ) -> rusqlite::Result<()> {
     conn.execute_batch(CREATE)?;
     conn.execute_batch(CALLS_VIEW)?;
+    conn.execute_batch(ALLOCATOR_VIEW)?;
     conn.execute_batch(VIEWS)?;
     conn.execute_batch(crate::stacks::CREATE)?;
     // Every op this build knows, under its op-table id (what the writer

@@ -13,7 +13,7 @@
 //! gpusleuth writes (`schema::CALLS_VIEW`), over the plain tables checked
 //! here. Version 1 files (still read) have a plain `calls` table instead.
 
-use crate::schema::{ALLOCATOR_EVENTS_V2, CALLS_V1, CALLS_VIEW, CREATE};
+use crate::schema::{ALLOCATOR_EVENTS_V2, ALLOCATOR_VIEW, CALLS_V1, CALLS_VIEW, CREATE};
 use rusqlite::{Connection, OptionalExtension};
 use std::collections::BTreeMap;
 
@@ -39,10 +39,11 @@ type Columns = BTreeMap<String, Vec<(String, String)>>;
 
 /// Tables every trace of `version` has besides [`REQUIRED`].
 fn required_of(version: i64) -> &'static [&'static str] {
-    if version == 1 {
-        &["calls"]
-    } else {
-        &["call_rows", "ops"]
+    match version {
+        1 => &["calls"],
+        2 => &["call_rows", "ops"],
+        // Every version 3 file has them (and the view over them).
+        _ => &["call_rows", "ops", "allocator_rows"],
     }
 }
 
@@ -56,7 +57,7 @@ fn reference(version: i64) -> rusqlite::Result<Columns> {
     }
     if version < 3 {
         conn.execute_batch(&format!(
-            "DROP TABLE allocator_events; {ALLOCATOR_EVENTS_V2};"
+            "DROP TABLE allocator_rows; {ALLOCATOR_EVENTS_V2};"
         ))?;
     }
     let names: Vec<String> = {
@@ -143,23 +144,19 @@ pub(crate) fn check(conn: &Connection, version: i64) -> rusqlite::Result<Result<
             return Ok(Err(why));
         }
     }
+    let mut views = Vec::new();
     if version != 1 {
-        let view: Option<(String, Option<String>)> = conn
-            .query_row(
-                "SELECT type, sql FROM sqlite_master WHERE name = 'calls' COLLATE NOCASE",
-                [],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )
-            .optional()?;
-        match view {
-            None => return Ok(Err("view calls is missing".into())),
-            Some((kind, sql)) if kind != "view" || sql.as_deref() != Some(CALLS_VIEW) => {
-                return Ok(Err(format!(
-                    "calls is a {kind} that is not the view gpusleuth writes"
-                )))
-            }
-            Some(_) => {}
+        views.push(("calls", CALLS_VIEW));
+    }
+    if version >= 3 {
+        views.push(("allocator_events", ALLOCATOR_VIEW));
+    }
+    for (name, text) in views {
+        if let Some(why) = odd_view(conn, name, text)? {
+            return Ok(Err(why));
         }
+    }
+    if version != 1 {
         // Every call row carries its op's name through the view: one
         // megabyte-long name would be copied once per call.
         let long: i64 = conn.query_row(
@@ -174,6 +171,25 @@ pub(crate) fn check(conn: &Connection, version: i64) -> rusqlite::Result<Result<
         }
     }
     Ok(Ok(()))
+}
+
+/// Why view `name` is not exactly the one gpusleuth writes (`text`): a
+/// view is SQL from the file that every read of it runs.
+fn odd_view(conn: &Connection, name: &str, text: &str) -> rusqlite::Result<Option<String>> {
+    let view: Option<(String, Option<String>)> = conn
+        .query_row(
+            "SELECT type, sql FROM sqlite_master WHERE name = ?1 COLLATE NOCASE",
+            [name],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .optional()?;
+    Ok(match view {
+        None => Some(format!("view {name} is missing")),
+        Some((kind, sql)) if kind != "view" || sql.as_deref() != Some(text) => Some(format!(
+            "{name} is a {kind} that is not the view gpusleuth writes"
+        )),
+        Some(_) => None,
+    })
 }
 
 /// Longest op or layer name `ops` may hold (CUDA's longest symbols are
@@ -246,11 +262,12 @@ mod tests {
         c
     }
 
-    /// A version 2 database: the allocator events' words one BLOB.
+    /// A version 2 database: the allocator events a table, the op's name
+    /// in each row, the words one BLOB.
     fn fresh_v2() -> Connection {
         let c = fresh();
         c.execute_batch(&format!(
-            "DROP TABLE allocator_events; {ALLOCATOR_EVENTS_V2};
+            "DROP VIEW allocator_events; DROP TABLE allocator_rows; {ALLOCATOR_EVENTS_V2};
              ALTER TABLE allocator_events ADD COLUMN stack_id INTEGER;
              CREATE INDEX allocator_events_pid ON allocator_events(pid, end_ns);"
         ))
@@ -288,14 +305,29 @@ mod tests {
     }
 
     #[test]
-    fn each_version_needs_its_own_allocator_words() {
+    fn each_version_needs_its_own_allocator_events() {
         let why = check(&fresh(), 2).expect("check").expect_err("refused");
         assert!(
-            why.contains("allocator_events has no column words"),
+            why.contains("allocator_events is a view, not a table"),
             "{why}"
         );
         let why = check(&fresh_v2(), 3).expect("check").expect_err("refused");
-        assert!(why.contains("allocator_events has no column w0"), "{why}");
+        assert!(why.contains("table allocator_rows is missing"), "{why}");
+        refused(
+            fresh,
+            3,
+            &[
+                (
+                    "DROP VIEW allocator_events;
+                     CREATE VIEW allocator_events AS SELECT * FROM allocator_rows",
+                    "allocator_events is a view that is not the view gpusleuth writes",
+                ),
+                (
+                    "DROP VIEW allocator_events",
+                    "view allocator_events is missing",
+                ),
+            ],
+        );
     }
 
     /// Each change of `cases` (SQL, what the refusal must name), applied to
@@ -335,9 +367,13 @@ mod tests {
     #[test]
     fn optional_table_may_be_absent() {
         let c = fresh();
+        c.execute_batch("DROP TABLE gpu_samples").expect("drop");
+        assert_eq!(check(&c, SCHEMA_VERSION).expect("check"), Ok(()));
+        // Version 2's allocator events were optional (added after version 1).
+        let c = fresh_v2();
         c.execute_batch("DROP TABLE allocator_events")
             .expect("drop");
-        assert_eq!(check(&c, SCHEMA_VERSION).expect("check"), Ok(()));
+        assert_eq!(check(&c, 2).expect("check"), Ok(()));
     }
 
     #[test]

@@ -27,7 +27,6 @@ CREATE TABLE stack_frames(
     addr INTEGER,
     PRIMARY KEY(stack_id, depth)
 );
-ALTER TABLE allocator_events ADD COLUMN stack_id INTEGER;
 CREATE VIEW call_sites AS
     SELECT c.id AS call_id, c.pid, c.tid, c.op, c.ts_ns, c.dur_ns, c.ret, c.size, s.site, c.stack_id
     FROM calls c JOIN stacks s ON s.id = c.stack_id;

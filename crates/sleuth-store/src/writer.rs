@@ -797,7 +797,7 @@ const INSERT_WAKER: &str =
 const INSERT_CULPRIT: &str =
     "INSERT INTO wait_culprits(wait_id, pid, tid, comm, ns) VALUES (?1, ?2, ?3, ?4, ?5)";
 const INSERT_BLOCK: &str =
-    "INSERT INTO allocator_events(start_ns, end_ns, pid, tid, op, requested, block, stack_id,
+    "INSERT INTO allocator_rows(start_ns, end_ns, pid, tid, op_id, requested, block, stack_id,
         w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13, w14, w15)
      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8,
         ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24)";
@@ -935,15 +935,13 @@ impl<'tx, 'b> EventRows<'tx, 'b> {
     }
 
     fn block(&mut self, b: &sleuth_core::BlockEvent) -> rusqlite::Result<()> {
-        let op = sleuth_core::op_by_id(b.op)
-            .map(|o| o.name)
-            .unwrap_or("unknown");
         let st = stmt(self.tx, &mut self.block, || INSERT_BLOCK.into())?;
         st.raw_bind_parameter(1, b.start_ns as i64)?;
         st.raw_bind_parameter(2, b.end_ns as i64)?;
         st.raw_bind_parameter(3, b.pid)?;
         st.raw_bind_parameter(4, b.tid)?;
-        st.raw_bind_parameter(5, op)?;
+        // Under its op-table id, as `call_rows.op_id` (`ops` names it).
+        st.raw_bind_parameter(5, b.op)?;
         st.raw_bind_parameter(6, b.requested.map(|r| r as i64))?;
         // Bit patterns: user-space addresses fit, above i64::MAX round-trips.
         st.raw_bind_parameter(7, b.block as i64)?;

@@ -1047,9 +1047,11 @@ fn allocator_views_at_the_end_are_read_from_the_stored_rollup() {
     }
 }
 
-/// Version 3 stores an allocator event's 16 words as integer columns;
-/// a version 2 file (one little-endian BLOB) holding the same events reads
-/// the same events and views. A word that is no integer is a one-line error.
+/// Version 3 stores an allocator event's op as an id and its 16 words as
+/// integer columns (`allocator_rows`, behind the `allocator_events` view);
+/// a version 2 file (a table: the op's name, the words one little-endian
+/// BLOB) holding the same events reads the same events and views. A word
+/// that is no integer is a one-line error.
 #[test]
 fn version_2_allocator_words_read_as_version_3_ones() {
     let dir = TempDir::new("allocator_v2");
@@ -1081,7 +1083,7 @@ fn version_2_allocator_words_read_as_version_3_ones() {
     };
     assert!(rows.len() >= 3, "the trace has allocator events");
     c.execute_batch(
-        "DROP TABLE allocator_events;
+        "DROP VIEW allocator_events; DROP TABLE allocator_rows;
          CREATE TABLE allocator_events(id INTEGER PRIMARY KEY, start_ns INTEGER NOT NULL,
            end_ns INTEGER NOT NULL, pid INTEGER NOT NULL, tid INTEGER NOT NULL, op TEXT NOT NULL,
            requested INTEGER, block INTEGER NOT NULL, words BLOB NOT NULL, stack_id INTEGER);
@@ -1117,7 +1119,7 @@ fn version_2_allocator_words_read_as_version_3_ones() {
     assert_eq!(views(&old).unwrap(), (blocks, end));
 
     let c = rusqlite::Connection::open(&path).unwrap();
-    c.execute("UPDATE allocator_events SET w3 = 'x' WHERE id = 1", [])
+    c.execute("UPDATE allocator_rows SET w3 = 'x' WHERE id = 1", [])
         .unwrap();
     drop(c);
     let err = views(&path).unwrap_err();
