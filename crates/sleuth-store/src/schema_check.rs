@@ -12,6 +12,9 @@
 //! file that every read runs, so it is accepted only with exactly the text
 //! gpusleuth writes (`schema::CALLS_VIEW`), over the plain tables checked
 //! here. Version 1 files (still read) have a plain `calls` table instead.
+//! Version 3 reads allocator events through a view too (`allocator_events`
+//! over `allocator_rows`, `schema::ALLOCATOR_VIEW`), accepted the same way;
+//! earlier files have it as a plain table.
 
 use crate::schema::{ALLOCATOR_EVENTS_V2, ALLOCATOR_VIEW, CALLS_V1, CALLS_VIEW, CREATE};
 use rusqlite::{Connection, OptionalExtension};
