@@ -553,16 +553,7 @@ fn view_replayed(
     at_ns: Option<u64>,
     calibration: Calibration,
 ) -> AllocatorView {
-    let state = calibration
-        .layout()
-        .map(|layout| rebuild(source, pid, layout, at_ns, Reserved::Replayed));
-    let mut view = AllocatorView {
-        pid,
-        calibration,
-        state,
-    };
-    name_sites(&mut view, data);
-    view
+    view_with(source, data, pid, at_ns, calibration, Reserved::Replayed)
 }
 
 /// [`allocator_view`], the process's steps from `source` (two passes).
@@ -586,9 +577,23 @@ pub fn allocator_view_calibrated(
     reserved_bytes: u64,
     calibration: Calibration,
 ) -> AllocatorView {
+    let reserved = Reserved::Known(reserved_bytes);
+    view_with(source, data, pid, at_ns, calibration, reserved)
+}
+
+/// The view of `pid` at `at_ns` with its calibration known and its
+/// reserved bytes as `reserved` says, its blocks' sites named: one pass.
+fn view_with(
+    source: &dyn StepSource,
+    data: &TraceData,
+    pid: u32,
+    at_ns: Option<u64>,
+    calibration: Calibration,
+    reserved: Reserved,
+) -> AllocatorView {
     let state = calibration
         .layout()
-        .map(|layout| rebuild(source, pid, layout, at_ns, Reserved::Known(reserved_bytes)));
+        .map(|layout| rebuild(source, pid, layout, at_ns, reserved));
     let mut view = AllocatorView {
         pid,
         calibration,
