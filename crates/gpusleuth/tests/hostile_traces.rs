@@ -733,8 +733,9 @@ fn mcp_server_checks_a_file_again_after_it_changes() {
     assert_eq!(ask(&replaced), [true, true], "renamed over");
 }
 
-/// Mutations of a version 3 trace with PyTorch allocator events (the
-/// allocator rows behind the `allocator_events` view, words as integers),
+/// Mutations of a version 4 trace with PyTorch allocator events (the
+/// allocator rows behind the `allocator_events` view, words as integers,
+/// a row's left-out words in its `base_id` row),
 /// each with the stored views removed so that every reader rebuilds them
 /// from the rows: no panic, no hang, no success on a file SQLite calls
 /// damaged, a failure in one line.
@@ -753,6 +754,24 @@ const ALLOCATOR_MUTATIONS: &[(&str, &str)] = &[
         "UPDATE allocator_rows SET end_ns = -1 WHERE id = 2;
          UPDATE allocator_rows SET start_ns = 9223372036854775807 WHERE id = 3;
          UPDATE allocator_rows SET end_ns = 0 WHERE id = 9;",
+    ),
+    (
+        "base_is_itself",
+        "UPDATE allocator_rows SET base_id = id, w3 = NULL WHERE id % 2 = 0;",
+    ),
+    (
+        "base_is_gone",
+        "UPDATE allocator_rows SET base_id = -5, w1 = NULL WHERE id = 4;",
+    ),
+    (
+        "base_is_later_or_text",
+        "UPDATE allocator_rows SET base_id = id + 1, w5 = NULL WHERE id % 5 = 0;
+         UPDATE allocator_rows SET base_id = 'x' WHERE id % 5 = 1;",
+    ),
+    (
+        "base_leaves_it_out_too",
+        "UPDATE allocator_rows SET base_id = id + 1, w2 = NULL, w6 = NULL WHERE id % 3 = 0;
+         UPDATE allocator_rows SET w6 = NULL WHERE id % 3 = 1;",
     ),
     (
         "recursive_view",

@@ -12,6 +12,7 @@
 
 mod allocator_rollup;
 mod allocator_rows;
+mod block_bases;
 mod budget;
 mod call_blocks;
 mod call_groups;

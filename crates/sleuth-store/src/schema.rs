@@ -9,12 +9,16 @@ use rusqlite::Connection;
 /// `w15`; version 2 had one 128-byte `words` BLOB: SQLite stores each
 /// integer in the bytes its magnitude needs, 66 bytes on real PyTorch
 /// traces, docs/benchmarks.md round 27) behind an `allocator_events` view
-/// with the op's name. Readers read every version
-/// ([`READABLE_VERSIONS`]), writers write this one.
-pub const SCHEMA_VERSION: i64 = 3;
+/// with the op's name; version 4 leaves out (NULL) the words of an
+/// allocator row that equal those of an earlier row of the same block,
+/// named by `base_id`, which the view puts back (real PyTorch traces: half
+/// of each `Block` changes between its events, docs/benchmarks.md round
+/// 28). Readers read every version ([`READABLE_VERSIONS`]), writers write
+/// this one.
+pub const SCHEMA_VERSION: i64 = 4;
 
 /// Every schema version the readers accept.
-pub const READABLE_VERSIONS: &[i64] = &[1, 2, 3];
+pub const READABLE_VERSIONS: &[i64] = &[1, 2, 3, 4];
 
 /// Value of `meta.tool` in every database this crate writes.
 pub const TOOL: &str = "gpusleuth";
@@ -131,10 +135,11 @@ CREATE TABLE allocator_rows(
     requested INTEGER,
     block INTEGER NOT NULL,
     stack_id INTEGER,
-    w0 INTEGER NOT NULL, w1 INTEGER NOT NULL, w2 INTEGER NOT NULL, w3 INTEGER NOT NULL,
-    w4 INTEGER NOT NULL, w5 INTEGER NOT NULL, w6 INTEGER NOT NULL, w7 INTEGER NOT NULL,
-    w8 INTEGER NOT NULL, w9 INTEGER NOT NULL, w10 INTEGER NOT NULL, w11 INTEGER NOT NULL,
-    w12 INTEGER NOT NULL, w13 INTEGER NOT NULL, w14 INTEGER NOT NULL, w15 INTEGER NOT NULL
+    -- Version 4: the row whose words this row's NULL words are (a row of
+    -- the same block that stores all 16); NULL when this row stores all.
+    base_id INTEGER,
+    w0 INTEGER, w1 INTEGER, w2 INTEGER, w3 INTEGER, w4 INTEGER, w5 INTEGER, w6 INTEGER, w7 INTEGER,
+    w8 INTEGER, w9 INTEGER, w10 INTEGER, w11 INTEGER, w12 INTEGER, w13 INTEGER, w14 INTEGER, w15 INTEGER
 );
 CREATE INDEX allocator_rows_pid ON allocator_rows(pid, end_ns);
 CREATE TABLE gpu_samples(
@@ -207,9 +212,25 @@ CREATE TABLE merge_nodes(
 CREATE TABLE process_nodes(pid INTEGER PRIMARY KEY, node INTEGER NOT NULL, host TEXT NOT NULL, host_pid INTEGER NOT NULL);
 "#;
 
-/// Version 3's allocator events as readers read them (and version 2's
-/// table's columns, the words apart): the op's name from `ops`.
+/// The allocator events as readers read them (and version 2's table's
+/// columns, the words apart): the op's name from `ops`, each word left out
+/// of its row (NULL) taken from the row's `base_id` row. A word that is
+/// NULL in both (a damaged file) reads as NULL, which readers refuse.
 pub(crate) const ALLOCATOR_VIEW: &str = "CREATE VIEW allocator_events AS
+    SELECT a.id AS id, a.start_ns AS start_ns, a.end_ns AS end_ns, a.pid AS pid, a.tid AS tid,
+           o.op AS op, a.requested AS requested, a.block AS block, a.stack_id AS stack_id,
+           coalesce(a.w0, b.w0) AS w0, coalesce(a.w1, b.w1) AS w1, coalesce(a.w2, b.w2) AS w2,
+           coalesce(a.w3, b.w3) AS w3, coalesce(a.w4, b.w4) AS w4, coalesce(a.w5, b.w5) AS w5,
+           coalesce(a.w6, b.w6) AS w6, coalesce(a.w7, b.w7) AS w7, coalesce(a.w8, b.w8) AS w8,
+           coalesce(a.w9, b.w9) AS w9, coalesce(a.w10, b.w10) AS w10, coalesce(a.w11, b.w11) AS w11,
+           coalesce(a.w12, b.w12) AS w12, coalesce(a.w13, b.w13) AS w13, coalesce(a.w14, b.w14) AS w14,
+           coalesce(a.w15, b.w15) AS w15
+    FROM allocator_rows a JOIN ops o ON o.id = a.op_id LEFT JOIN allocator_rows b ON b.id = a.base_id";
+
+/// Version 3's `allocator_events` view (every row stores its 16 words, no
+/// `base_id`): kept so that `schema_check` can check version 3 traces,
+/// which readers still read.
+pub(crate) const ALLOCATOR_VIEW_V3: &str = "CREATE VIEW allocator_events AS
     SELECT a.id AS id, a.start_ns AS start_ns, a.end_ns AS end_ns, a.pid AS pid, a.tid AS tid,
            o.op AS op, a.requested AS requested, a.block AS block, a.stack_id AS stack_id,
            a.w0 AS w0, a.w1 AS w1, a.w2 AS w2, a.w3 AS w3, a.w4 AS w4, a.w5 AS w5, a.w6 AS w6,

@@ -13,10 +13,13 @@
 //! gpusleuth writes (`schema::CALLS_VIEW`), over the plain tables checked
 //! here. Version 1 files (still read) have a plain `calls` table instead.
 //! Version 3 reads allocator events through a view too (`allocator_events`
-//! over `allocator_rows`, `schema::ALLOCATOR_VIEW`), accepted the same way;
-//! earlier files have it as a plain table.
+//! over `allocator_rows`, `schema::ALLOCATOR_VIEW_V3`; version 4's,
+//! `schema::ALLOCATOR_VIEW`, also joins each row's `base_id` row), accepted
+//! the same way; earlier files have it as a plain table.
 
-use crate::schema::{ALLOCATOR_EVENTS_V2, ALLOCATOR_VIEW, CALLS_V1, CALLS_VIEW, CREATE};
+use crate::schema::{
+    ALLOCATOR_EVENTS_V2, ALLOCATOR_VIEW, ALLOCATOR_VIEW_V3, CALLS_V1, CALLS_VIEW, CREATE,
+};
 use rusqlite::{Connection, OptionalExtension};
 use std::collections::BTreeMap;
 
@@ -62,6 +65,8 @@ fn reference(version: i64) -> rusqlite::Result<Columns> {
         conn.execute_batch(&format!(
             "DROP TABLE allocator_rows; {ALLOCATOR_EVENTS_V2};"
         ))?;
+    } else if version == 3 {
+        conn.execute_batch("ALTER TABLE allocator_rows DROP COLUMN base_id")?;
     }
     let names: Vec<String> = {
         let mut st = conn.prepare(
@@ -151,8 +156,10 @@ pub(crate) fn check(conn: &Connection, version: i64) -> rusqlite::Result<Result<
     if version != 1 {
         views.push(("calls", CALLS_VIEW));
     }
-    if version >= 3 {
-        views.push(("allocator_events", ALLOCATOR_VIEW));
+    match version {
+        ..=2 => {}
+        3 => views.push(("allocator_events", ALLOCATOR_VIEW_V3)),
+        _ => views.push(("allocator_events", ALLOCATOR_VIEW)),
     }
     for (name, text) in views {
         if let Some(why) = odd_view(conn, name, text)? {
@@ -265,6 +272,18 @@ mod tests {
         c
     }
 
+    /// A version 3 database: every allocator row stores its 16 words (no
+    /// `base_id`), read through version 3's view.
+    fn fresh_v3() -> Connection {
+        let c = fresh();
+        c.execute_batch(&format!(
+            "DROP VIEW allocator_events; ALTER TABLE allocator_rows DROP COLUMN base_id;
+             {ALLOCATOR_VIEW_V3};"
+        ))
+        .expect("v3");
+        c
+    }
+
     /// A version 2 database: the allocator events a table, the op's name
     /// in each row, the words one BLOB.
     fn fresh_v2() -> Connection {
@@ -295,6 +314,7 @@ mod tests {
     #[test]
     fn our_schema_passes() {
         assert_eq!(check(&fresh(), SCHEMA_VERSION).expect("check"), Ok(()));
+        assert_eq!(check(&fresh_v3(), 3).expect("check"), Ok(()));
         assert_eq!(check(&fresh_v2(), 2).expect("check"), Ok(()));
         assert_eq!(check(&fresh_v1(), 1).expect("check"), Ok(()));
     }
@@ -316,9 +336,28 @@ mod tests {
         );
         let why = check(&fresh_v2(), 3).expect("check").expect_err("refused");
         assert!(why.contains("table allocator_rows is missing"), "{why}");
+        // Version 4's view joins a column version 3 files do not have, and
+        // a version 3 view would read version 4's left-out words as NULL.
+        let why = check(&fresh_v3(), 4).expect("check").expect_err("refused");
+        assert!(why.contains("base_id"), "{why}");
+        let why = check(&fresh(), 3).expect("check").expect_err("refused");
+        assert!(
+            why.contains("allocator_events is a view that is not the view gpusleuth writes"),
+            "{why}"
+        );
+        let why = {
+            let c = fresh();
+            c.execute_batch(&format!("DROP VIEW allocator_events; {ALLOCATOR_VIEW_V3};"))
+                .expect("v3 view");
+            check(&c, 4).expect("check").expect_err("refused")
+        };
+        assert!(
+            why.contains("allocator_events is a view that is not the view gpusleuth writes"),
+            "{why}"
+        );
         refused(
             fresh,
-            3,
+            SCHEMA_VERSION,
             &[
                 (
                     "DROP VIEW allocator_events;

@@ -346,6 +346,9 @@ struct WriterState {
     commit_cpu_ns: u64,
     /// The row id the next stored call gets (`call_blocks`).
     next_call_id: i64,
+    /// Each allocator block's base row (schema version 4), as of the last
+    /// committed transaction.
+    block_bases: crate::block_bases::BlockBases,
 }
 
 impl WriterState {
@@ -361,6 +364,7 @@ impl WriterState {
             batches: 0,
             commit_cpu_ns: 0,
             next_call_id: 1,
+            block_bases: Default::default(),
         }
     }
 
@@ -429,7 +433,9 @@ impl WriterState {
         let tx = self.conn.transaction()?;
         let mut cap_hit_now = false;
         // The hot statements, prepared once per transaction, not per row.
-        let mut rows = EventRows::new(&tx);
+        // Taken back only once the transaction commits: a base row rolled
+        // back must not be named by a later row.
+        let mut rows = EventRows::new(&tx, std::mem::take(&mut self.block_bases));
         for m in batch {
             match m {
                 Msg::Event(e) => {
@@ -507,6 +513,7 @@ impl WriterState {
         }
         rows.flush_calls()?;
         let (starts, classes) = (rows.starts, rows.classes);
+        let block_bases = std::mem::take(&mut rows.block_bases);
         drop(rows);
         if let Some(starts) = starts {
             self.next_call_id = store_call_block(&tx, self.next_call_id, starts, classes)?;
@@ -525,6 +532,7 @@ impl WriterState {
         write_counters(&tx, &self.n)?;
         let before = thread_cpu_ns();
         tx.commit()?;
+        self.block_bases = block_bases;
         self.commit_cpu_ns += thread_cpu_ns().saturating_sub(before);
         self.batches += 1;
         Ok(())
@@ -677,6 +685,8 @@ struct EventRows<'tx, 'b> {
     /// classes (`call_blocks`).
     starts: Option<(u64, u64)>,
     classes: i64,
+    /// Which words of an allocator event to leave out (`block_bases`).
+    block_bases: crate::block_bases::BlockBases,
 }
 
 /// The statement in `slot`, prepared (through the connection's cache) on first use.
@@ -798,14 +808,14 @@ const INSERT_CULPRIT: &str =
     "INSERT INTO wait_culprits(wait_id, pid, tid, comm, ns) VALUES (?1, ?2, ?3, ?4, ?5)";
 const INSERT_BLOCK: &str =
     "INSERT INTO allocator_rows(start_ns, end_ns, pid, tid, op_id, requested, block, stack_id,
-        w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13, w14, w15)
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8,
-        ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24)";
+        base_id, w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13, w14, w15)
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9,
+        ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25)";
 const INSERT_PROC: &str = "INSERT INTO proc_events(ts_ns, kind, pid, tid, ppid, exit_code, comm)
      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)";
 
 impl<'tx, 'b> EventRows<'tx, 'b> {
-    fn new(tx: &'tx Transaction<'tx>) -> Self {
+    fn new(tx: &'tx Transaction<'tx>, block_bases: crate::block_bases::BlockBases) -> Self {
         EventRows {
             tx,
             calls: Vec::with_capacity(CALLS_PER_INSERT),
@@ -820,6 +830,7 @@ impl<'tx, 'b> EventRows<'tx, 'b> {
             proc: None,
             starts: None,
             classes: 0,
+            block_bases,
         }
     }
 
@@ -946,11 +957,20 @@ impl<'tx, 'b> EventRows<'tx, 'b> {
         // Bit patterns: user-space addresses fit, above i64::MAX round-trips.
         st.raw_bind_parameter(7, b.block as i64)?;
         st.raw_bind_parameter(8, b.stack_id.map(|s| s as i64))?;
+        let base = self.block_bases.base_for(b.block, &b.words);
+        st.raw_bind_parameter(9, base.map(|(id, _)| id))?;
         for (i, w) in b.words.iter().enumerate() {
-            // Each word in the bytes its magnitude needs (a BLOB took 8 each).
-            st.raw_bind_parameter(9 + i, *w as i64)?;
+            // Each word in the bytes its magnitude needs (a BLOB took 8
+            // each), or left out where the base row holds it.
+            let kept = base.is_none_or(|(_, words)| words[i] != *w);
+            st.raw_bind_parameter(10 + i, kept.then_some(*w as i64))?;
         }
+        let whole = base.is_none();
         st.raw_execute()?;
+        if whole {
+            let id = self.tx.last_insert_rowid();
+            self.block_bases.stored_whole(b.block, id, &b.words);
+        }
         Ok(())
     }
 

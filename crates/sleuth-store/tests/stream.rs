@@ -11,7 +11,7 @@ use serde_json::{to_value, Value};
 use sleuth_core::allocator::allocator_views;
 use sleuth_core::ledger::ledger;
 use sleuth_core::sites::{memory_by_site, Stack};
-use sleuth_core::testing::{py_frame, torch_blocks};
+use sleuth_core::testing::{block_event, py_frame, torch_blocks};
 use sleuth_core::{op_by_name, CallEvent, Event, OpCount, ProcessInfo, TraceSpan};
 use sleuth_store::stream::{CallQuery, MemoryTrace, Rows, StreamOrder};
 use sleuth_store::{CallFilter, CallOrder, ReadBudget, Trace, TraceWriter, WriterOptions};
@@ -1128,6 +1128,129 @@ fn version_2_allocator_words_read_as_version_3_ones() {
             && !err.contains('\n'),
         "{err}"
     );
+}
+
+/// Version 4 leaves out (NULL) each word of an allocator row that equals
+/// the same word of its block's base row, an earlier row of that block
+/// storing all 16 (`block_bases`): a row with more than 2 changed words is
+/// stored whole and becomes the base. Readers get every word back through
+/// the view, as from a version 3 file holding the same events; a left-out
+/// word the base does not hold either is a one-line error.
+#[test]
+fn allocator_rows_leave_out_the_words_their_blocks_base_row_holds() {
+    let dir = TempDir::new("allocator_bases");
+    let path = dir.join("bases.db");
+    let (malloc, free) = (
+        "DeviceCachingAllocator::malloc",
+        "DeviceCachingAllocator::free",
+    );
+    let mut sent = Vec::new();
+    let mut t = 1_000;
+    let mut at = || {
+        t += 100;
+        t
+    };
+    // Two blocks, each allocated and freed three times; each malloc asks
+    // for another size, each free flips the allocated flag.
+    for round in 0..3u64 {
+        for block in [0xa000u64, 0xb000] {
+            let mut w: [u64; 16] =
+                std::array::from_fn(|i| 0x3f80_3f80_0000_0000 + block * 16 + i as u64);
+            w[7] = 1 << 20;
+            w[8] = (1 << 20) - 100 - round;
+            sent.push(block_event(100, at(), malloc, block, Some(w[8]), w));
+            w[11] ^= 0x100;
+            sent.push(block_event(100, at(), free, block, None, w));
+        }
+    }
+    // Three more words changed (and the request): stored whole, the base.
+    let mut w = sent[0].words;
+    w[0..3].copy_from_slice(&[1, 2, 3]);
+    w[8] = 5;
+    sent.push(block_event(100, at(), malloc, 0xa000, Some(5), w));
+    w[11] ^= 0x100;
+    sent.push(block_event(100, at(), free, 0xa000, None, w));
+    write_trace(&path, sent.iter().cloned().map(Event::Block).collect());
+
+    let blocks = |p: &Path| -> Result<Vec<sleuth_core::BlockEvent>, String> {
+        let trace = Trace::open(p).map_err(|e| e.to_string())?;
+        Ok(trace.load(None).map_err(|e| e.to_string())?.blocks)
+    };
+    assert_eq!(blocks(&path).unwrap(), sent);
+    let c = rusqlite::Connection::open(&path).unwrap();
+    let nulls: Vec<String> = (0..16).map(|i| format!("(w{i} IS NULL)")).collect();
+    let stored: Vec<(i64, Option<i64>, i64)> = c
+        .prepare(&format!(
+            "SELECT id, base_id, {} FROM allocator_rows ORDER BY id",
+            nulls.join(" + ")
+        ))
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .unwrap()
+        .collect::<rusqlite::Result<_>>()
+        .unwrap();
+    let (a, b) = (Some(1), Some(3));
+    #[rustfmt::skip]
+    let want = vec![
+        (1, None, 0), (2, a, 15), (3, None, 0), (4, b, 15),
+        (5, a, 15), (6, a, 14), (7, b, 15), (8, b, 14),
+        (9, a, 15), (10, a, 14), (11, b, 15), (12, b, 14),
+        (13, None, 0), (14, Some(13), 15),
+    ];
+    assert_eq!(stored, want);
+    drop(c);
+
+    // The same events in a version 3 file: every word in its row.
+    let old = dir.join("v3.db");
+    std::fs::copy(&path, &old).unwrap();
+    let c = rusqlite::Connection::open(&old).unwrap();
+    c.execute_batch(
+        "CREATE TABLE resolved AS SELECT * FROM allocator_events;
+         DROP VIEW allocator_events; DROP TABLE allocator_rows;
+         CREATE TABLE allocator_rows(id INTEGER PRIMARY KEY, start_ns INTEGER NOT NULL,
+           end_ns INTEGER NOT NULL, pid INTEGER NOT NULL, tid INTEGER NOT NULL,
+           op_id INTEGER NOT NULL, requested INTEGER, block INTEGER NOT NULL, stack_id INTEGER,
+           w0 INTEGER NOT NULL, w1 INTEGER NOT NULL, w2 INTEGER NOT NULL, w3 INTEGER NOT NULL,
+           w4 INTEGER NOT NULL, w5 INTEGER NOT NULL, w6 INTEGER NOT NULL, w7 INTEGER NOT NULL,
+           w8 INTEGER NOT NULL, w9 INTEGER NOT NULL, w10 INTEGER NOT NULL, w11 INTEGER NOT NULL,
+           w12 INTEGER NOT NULL, w13 INTEGER NOT NULL, w14 INTEGER NOT NULL, w15 INTEGER NOT NULL);
+         INSERT INTO allocator_rows SELECT r.id, r.start_ns, r.end_ns, r.pid, r.tid, o.id,
+           r.requested, r.block, r.stack_id, r.w0, r.w1, r.w2, r.w3, r.w4, r.w5, r.w6, r.w7,
+           r.w8, r.w9, r.w10, r.w11, r.w12, r.w13, r.w14, r.w15
+           FROM resolved r JOIN ops o ON o.op = r.op;
+         DROP TABLE resolved;
+         CREATE INDEX allocator_rows_pid ON allocator_rows(pid, end_ns);
+         CREATE VIEW allocator_events AS
+    SELECT a.id AS id, a.start_ns AS start_ns, a.end_ns AS end_ns, a.pid AS pid, a.tid AS tid,
+           o.op AS op, a.requested AS requested, a.block AS block, a.stack_id AS stack_id,
+           a.w0 AS w0, a.w1 AS w1, a.w2 AS w2, a.w3 AS w3, a.w4 AS w4, a.w5 AS w5, a.w6 AS w6,
+           a.w7 AS w7, a.w8 AS w8, a.w9 AS w9, a.w10 AS w10, a.w11 AS w11, a.w12 AS w12,
+           a.w13 AS w13, a.w14 AS w14, a.w15 AS w15
+    FROM allocator_rows a JOIN ops o ON o.id = a.op_id;
+         UPDATE meta SET value = '3' WHERE key = 'schema_version';",
+    )
+    .unwrap();
+    drop(c);
+    assert_eq!(blocks(&old).unwrap(), sent);
+
+    // A base row that is gone, or that leaves the word out too.
+    for change in [
+        "UPDATE allocator_rows SET base_id = 99 WHERE id = 2",
+        "UPDATE allocator_rows SET base_id = 2 WHERE id = 5",
+        "UPDATE allocator_rows SET base_id = NULL WHERE id = 14",
+    ] {
+        let damaged = dir.join("damaged.db");
+        std::fs::copy(&path, &damaged).unwrap();
+        let c = rusqlite::Connection::open(&damaged).unwrap();
+        c.execute_batch(change).unwrap();
+        drop(c);
+        let err = blocks(&damaged).unwrap_err();
+        assert!(
+            err.contains("damaged trace: allocator_events holds a word that is no integer")
+                && !err.contains('\n'),
+            "{change}: {err}"
+        );
+    }
 }
 
 /// A view holding a number no reader accepts (a request of 2^63 bytes the
