@@ -346,7 +346,8 @@ pub fn allocator_views(
     at_ns: Option<u64>,
     ledgers: &[ProcessLedger],
 ) -> BTreeMap<u32, AllocatorView> {
-    allocator_views_of(data, data, &pids_with_blocks(&data.blocks), at_ns, ledgers)
+    let pids = pids_with_blocks(&data.blocks);
+    allocator_views_of(data, data, &pids, at_ns, ledgers, &BTreeMap::new())
 }
 
 /// The processes of `blocks` (allocator events), each once, in order.
@@ -359,13 +360,16 @@ pub fn pids_with_blocks(blocks: &[BlockEvent]) -> Vec<u32> {
 
 /// [`allocator_views`] of processes `pids` (those with allocator events),
 /// their steps from `source`; `data` names the sites of their blocks
-/// (its stacks).
+/// (its stacks). `calibrations` are those known already (a trace's stored
+/// views': the calibration reads every step whatever the moment, so the
+/// end's is every moment's); the others take a pass of their own.
 pub fn allocator_views_of(
     source: &dyn StepSource,
     data: &TraceData,
     pids: &[u32],
     at_ns: Option<u64>,
     ledgers: &[ProcessLedger],
+    calibrations: &BTreeMap<u32, Calibration>,
 ) -> BTreeMap<u32, AllocatorView> {
     pids.iter()
         .map(|&pid| {
@@ -374,7 +378,13 @@ pub fn allocator_views_of(
                 .find(|l| l.pid == pid)
                 .map(|l| l.live_bytes)
                 .unwrap_or(0);
-            (pid, allocator_view_of(source, data, pid, at_ns, reserved))
+            let view = match calibrations.get(&pid) {
+                Some(cal) => {
+                    allocator_view_calibrated(source, data, pid, at_ns, reserved, cal.clone())
+                }
+                None => allocator_view_of(source, data, pid, at_ns, reserved),
+            };
+            (pid, view)
         })
         .collect()
 }

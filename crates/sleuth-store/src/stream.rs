@@ -1007,6 +1007,20 @@ pub fn call_span(
     }
 }
 
+/// The calibration of each view the writer stored at the end (none when
+/// it stored none): every moment's, as the calibration reads every step.
+fn calibrations_of(
+    stored: Option<&sleuth_core::allocator::KnownViews>,
+) -> std::collections::BTreeMap<u32, sleuth_core::allocator::Calibration> {
+    stored.map_or_else(Default::default, |known| {
+        known
+            .end()
+            .iter()
+            .map(|(&pid, v)| (pid, v.calibration.clone()))
+            .collect()
+    })
+}
+
 /// A trace opened for memory answers without loading its calls: the ledger
 /// is replayed from the memory calls streamed from the store in return
 /// order, so memory grows with what is live, not with the trace.
@@ -1449,15 +1463,23 @@ impl MemoryTrace {
     ) -> Result<std::collections::BTreeMap<u32, sleuth_core::allocator::AllocatorView>, StoreError>
     {
         let pids = &self.block_pids;
+        let stored = self.stored_allocator_views(pids)?;
         // At the end: the views the writer rebuilt when the trace ended.
-        if at_ns.is_none() {
-            if let Some(known) = self.stored_allocator_views(pids)? {
-                return Ok(known.end().clone());
-            }
+        if let (None, Some(known)) = (at_ns, &stored) {
+            return Ok(known.end().clone());
         }
+        // At a moment: replayed up to it with their calibration (a pass
+        // over every step of the file) taken from them.
+        let calibrations = calibrations_of(stored.as_ref());
         let source = crate::file_steps::FileSteps::read(&self.rows);
-        let views =
-            sleuth_core::allocator::allocator_views_of(&source, &self.base, pids, at_ns, ledgers);
+        let views = sleuth_core::allocator::allocator_views_of(
+            &source,
+            &self.base,
+            pids,
+            at_ns,
+            ledgers,
+            &calibrations,
+        );
         source.into_result().map(|()| views)
     }
 
@@ -1505,14 +1527,7 @@ impl MemoryTrace {
             return Ok(None);
         }
         // The calibration of the views the writer stored, when it did.
-        let calibrations = match self.stored_allocator_views(&self.block_pids)? {
-            Some(stored) => stored
-                .end()
-                .iter()
-                .map(|(&pid, v)| (pid, v.calibration.clone()))
-                .collect(),
-            None => Default::default(),
-        };
+        let calibrations = calibrations_of(self.stored_allocator_views(&self.block_pids)?.as_ref());
         let source = crate::file_steps::FileSteps::read(&self.rows);
         let known = sleuth_core::allocator::KnownViews::until(
             &source,
