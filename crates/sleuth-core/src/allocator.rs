@@ -62,16 +62,17 @@ impl Step<'_> {
 /// (a view takes two: calibration, then the replay), so that a source can
 /// stream them from a file rather than hold them (`sleuth_store`).
 pub trait StepSource {
-    /// Calls `visit` with each step of process `pid` in replay order until
-    /// it returns false.
-    fn for_each_step(&self, pid: u32, visit: &mut dyn FnMut(Step<'_>) -> bool);
+    /// Calls `visit` with each step of process `pid` in replay order that
+    /// completed by `until` (every step when None) until it returns false:
+    /// a source reading a file reads no later step.
+    fn for_each_step(&self, pid: u32, until: Option<u64>, visit: &mut dyn FnMut(Step<'_>) -> bool);
 }
 
 /// A loaded trace: its calls (in load order) and allocator events.
 impl StepSource for TraceData {
-    fn for_each_step(&self, pid: u32, visit: &mut dyn FnMut(Step<'_>) -> bool) {
+    fn for_each_step(&self, pid: u32, until: Option<u64>, visit: &mut dyn FnMut(Step<'_>) -> bool) {
         for s in steps_of(self, pid) {
-            if !visit(s) {
+            if until.is_some_and(|u| s.end_ns() > u) || !visit(s) {
                 return;
             }
         }
@@ -764,7 +765,7 @@ fn rebuild(
         }
         Reserved::Known(_) => None,
     };
-    source.for_each_step(pid, &mut |s| {
+    source.for_each_step(pid, at_ns, &mut |s| {
         if at_ns.is_some_and(|at| s.end_ns() > at) {
             return false;
         }

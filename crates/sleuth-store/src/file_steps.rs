@@ -74,16 +74,20 @@ impl<'a> FileSteps<'a> {
         }
     }
 
-    /// Visits process `pid`'s memory calls merged with `blocks` (its
-    /// allocator events in completion order) until `visit` returns false.
+    /// Visits process `pid`'s memory calls that returned by `until` (all
+    /// when None) merged with `blocks` (its allocator events in completion
+    /// order) until `visit` returns false. The bound is the query's: the
+    /// return order is SQLite's sort (or a bounded buffer's), which would
+    /// otherwise take in every later memory call of the file too.
     fn merge(
         &self,
         pid: u32,
+        until: Option<u64>,
         blocks: impl Iterator<Item = BlockEvent>,
         visit: &mut dyn FnMut(Step<'_>) -> bool,
     ) {
         let mut blocks = blocks.peekable();
-        let q = memory_calls_of(Some(pid), StreamOrder::ByReturn, None);
+        let q = memory_calls_of(Some(pid), StreamOrder::ByReturn, until);
         let mut each = |c: crate::types::StoredCall| {
             // At equal completion times calls go first.
             while let Some(b) = blocks.next_if(|b| b.end_ns < c.call.end_ns()) {
@@ -115,11 +119,16 @@ impl<'a> FileSteps<'a> {
 
     /// [`Self::merge`] with process `pid`'s allocator events read from the
     /// file's table as the calls are.
-    fn merge_from_file(&self, pid: u32, visit: &mut dyn FnMut(Step<'_>) -> bool) {
+    fn merge_from_file(
+        &self,
+        pid: u32,
+        until: Option<u64>,
+        visit: &mut dyn FnMut(Step<'_>) -> bool,
+    ) {
         let conn = self.conn();
         let sql = match crate::allocator_rows::query(conn, crate::allocator_rows::Select::OnePid) {
             Ok(Some(sql)) => sql,
-            Ok(None) => return self.merge(pid, std::iter::empty(), visit),
+            Ok(None) => return self.merge(pid, until, std::iter::empty(), visit),
             Err(e) => return self.fail(self.sqlite(e)),
         };
         let mut st = match conn.prepare_cached(&sql) {
@@ -135,7 +144,7 @@ impl<'a> FileSteps<'a> {
         let blocks = rows
             .map_while(|r| r.map_err(|e| *broken.borrow_mut() = Some(e)).ok())
             .flatten();
-        self.merge(pid, blocks, visit);
+        self.merge(pid, until, blocks, visit);
         if let Some(e) = broken.into_inner() {
             self.fail(self.sqlite(e));
         }
@@ -156,10 +165,10 @@ impl From<StoreError> for Halt {
 }
 
 impl StepSource for FileSteps<'_> {
-    fn for_each_step(&self, pid: u32, visit: &mut dyn FnMut(Step<'_>) -> bool) {
+    fn for_each_step(&self, pid: u32, until: Option<u64>, visit: &mut dyn FnMut(Step<'_>) -> bool) {
         if self.failed.borrow().is_some() {
             return;
         }
-        self.merge_from_file(pid, visit);
+        self.merge_from_file(pid, until, visit);
     }
 }

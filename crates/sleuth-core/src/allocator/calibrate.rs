@@ -210,7 +210,7 @@ impl WordCounts {
 /// The calibration of `pid` from one pass over its steps.
 pub fn calibrate(source: &dyn StepSource, pid: u32) -> Calibration {
     let mut c = Calibrator::default();
-    source.for_each_step(pid, &mut |s| {
+    source.for_each_step(pid, None, &mut |s| {
         c.push(s);
         true
     });
