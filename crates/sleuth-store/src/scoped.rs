@@ -136,7 +136,7 @@ pub(crate) fn whole_streamed_parts(
     };
     let pinned = pinned_at_start(trace, &filter, PinnedState::default())?;
     let start = LedgerBuilder::new(None);
-    parts_seeded(trace, &filter, scope_feed::KEPT_MAX, &pinned, &start)
+    parts_seeded(trace, &filter, scope_feed::KEPT_MAX, &pinned, &start, true)
 }
 
 /// Whether the file's call rows span more than `n` row ids (from its
@@ -281,17 +281,22 @@ fn explanation_seeded(
     kept_max: usize,
     pinned_ranges: &PinnedState,
 ) -> Result<Option<Explanation>, StoreError> {
+    // A window's allocator views are replayed from the file (its start
+    // on): the scope then neither loads the file's allocator events nor
+    // keeps the memory calls that a replay of its own would read.
+    let allocators = window_allocators(trace, filter)?;
     let parts = parts_seeded(
         trace,
         filter,
         kept_max,
         pinned_ranges,
         &LedgerBuilder::new(None),
+        allocators.is_none(),
     )?;
     let Some(mut parts) = parts else {
         return Ok(None);
     };
-    parts.allocators = window_allocators(trace, filter)?;
+    parts.allocators = allocators;
     Ok(Some(parts.explain()))
 }
 
@@ -369,7 +374,7 @@ pub fn window_parts_after(
     ledger: LedgerBuilder,
 ) -> Result<ScopeParts, StoreError> {
     let pinned = pinned_at_start(trace, filter, earlier)?;
-    if let Some(p) = parts_seeded(trace, filter, scope_feed::KEPT_MAX, &pinned, &ledger)? {
+    if let Some(p) = parts_seeded(trace, filter, scope_feed::KEPT_MAX, &pinned, &ledger, true)? {
         return Ok(p);
     }
     loaded_parts(trace, filter, pinned, ledger)
@@ -412,13 +417,16 @@ fn loaded_parts(
 
 /// [`explanation_seeded`]'s parts, the ledger started from `start` (empty
 /// for one file); None where the scope must be loaded instead (see
-/// [`explanation`]).
+/// [`explanation`]). `with_blocks`: the parts hold the allocator events
+/// and their processes' memory calls, what the data's own allocator views
+/// replay (false where the views come from elsewhere).
 fn parts_seeded(
     trace: &Trace,
     filter: &CallFilter,
     kept_max: usize,
     pinned_ranges: &PinnedState,
     start: &LedgerBuilder,
+    with_blocks: bool,
 ) -> Result<Option<ScopeParts>, StoreError> {
     let pid = filter.pid;
     if let Some(pid) = pid {
@@ -461,11 +469,15 @@ fn parts_seeded(
         },
     };
 
+    let frame = match with_blocks {
+        true => trace.frame(pid)?,
+        false => trace.frame_without_blocks(pid)?,
+    };
     let mut data = TraceData {
         procs: trace.proc_events(pid)?,
         counts: trace.op_counts(pid)?,
         nccl,
-        ..trace.frame(pid)?
+        ..frame
     };
     keep_counts_of_op(&mut data.counts, op);
     // The kernel-counted calls have no times: a window's are placed by
@@ -1057,9 +1069,10 @@ mod tests {
                 ..Default::default()
             },
         ] {
-            let streamed = parts_seeded(&trace, &filter, scope_feed::KEPT_MAX, &pinned, &start)
-                .unwrap()
-                .expect("streamed in one pass");
+            let streamed =
+                parts_seeded(&trace, &filter, scope_feed::KEPT_MAX, &pinned, &start, true)
+                    .unwrap()
+                    .expect("streamed in one pass");
             let loaded = loaded_parts(&trace, &filter, pinned.clone(), start.clone()).unwrap();
             let (s, l) = (explanation_json(streamed), explanation_json(loaded));
             // Churn found in a window, memory held in the op's scope.
@@ -1074,7 +1087,8 @@ mod tests {
             since_ns: Some(2_000_000),
             ..Default::default()
         };
-        let parts = parts_seeded(&trace, &filter, scope_feed::KEPT_MAX, &pinned, &start).unwrap();
+        let parts =
+            parts_seeded(&trace, &filter, scope_feed::KEPT_MAX, &pinned, &start, true).unwrap();
         assert!(parts.is_none(), "loaded past one pass's threads");
         let _ = std::fs::remove_dir_all(&dir);
     }
