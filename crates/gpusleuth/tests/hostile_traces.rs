@@ -735,7 +735,8 @@ fn mcp_server_checks_a_file_again_after_it_changes() {
 
 /// Mutations of a version 4 trace with PyTorch allocator events (the
 /// allocator rows behind the `allocator_events` view, words as integers,
-/// a row's left-out words in its `base_id` row),
+/// a row's left-out words in its `base_id` row, the rows read by id as
+/// its meta says they are in completion order),
 /// each with the stored views removed so that every reader rebuilds them
 /// from the rows: no panic, no hang, no success on a file SQLite calls
 /// damaged, a failure in one line.
@@ -767,6 +768,15 @@ const ALLOCATOR_MUTATIONS: &[(&str, &str)] = &[
         "base_is_later_or_text",
         "UPDATE allocator_rows SET base_id = id + 1, w5 = NULL WHERE id % 5 = 0;
          UPDATE allocator_rows SET base_id = 'x' WHERE id % 5 = 1;",
+    ),
+    (
+        "out_of_the_order_meta_says",
+        "UPDATE allocator_rows SET end_ns = end_ns + 1000000 WHERE id % 7 = 3;",
+    ),
+    (
+        "order_unsaid",
+        "DELETE FROM meta WHERE key = 'allocator_rows_in_end_order';
+         UPDATE allocator_rows SET end_ns = end_ns + 1000000 WHERE id % 7 = 3;",
     ),
     (
         "base_leaves_it_out_too",

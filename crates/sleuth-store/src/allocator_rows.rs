@@ -4,7 +4,7 @@
 //! the writer's allocator rollup (`crate::allocator_rollup`) share.
 
 use crate::problems::MAX_NS;
-use rusqlite::{Connection, Row};
+use rusqlite::{Connection, OptionalExtension, Row};
 use sleuth_core::ops::op_by_name;
 
 /// Which allocator events a [`query`] reads.
@@ -20,10 +20,75 @@ pub(crate) enum Select {
     OnePidPage,
 }
 
+/// `meta` key saying the file's allocator rows are stored in completion
+/// order (by row id, `end_ns` never decreasing): readers then read them by
+/// id, and the file has no `(pid, end_ns)` index (`schema::ALLOCATOR_INDEX`).
+pub(crate) const IN_END_ORDER: &str = "allocator_rows_in_end_order";
+
+/// At the file's completion: says the allocator rows are in completion
+/// order when they are, else builds the index that reads them in it. One
+/// pass over the rows' ids and end times (SQLite's `lag` over the row-id
+/// order); nothing for a file without allocator rows.
+pub(crate) fn settle_order(conn: &Connection) -> rusqlite::Result<()> {
+    let (rows, out_of_order): (i64, bool) = conn.query_row(
+        "SELECT count(*), coalesce(sum(end_ns < prev), 0) > 0 FROM
+           (SELECT end_ns, lag(end_ns) OVER (ORDER BY id) AS prev FROM allocator_rows)",
+        [],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )?;
+    if rows == 0 {
+        return Ok(());
+    }
+    if out_of_order {
+        return conn.execute_batch(crate::schema::ALLOCATOR_INDEX);
+    }
+    conn.execute(
+        "INSERT OR REPLACE INTO meta(key, value) VALUES (?1, '1')",
+        [IN_END_ORDER],
+    )?;
+    Ok(())
+}
+
+/// Whether the file says its allocator rows are in completion order (only
+/// version 4 files written since round 28 can).
+fn in_end_order(conn: &Connection) -> rusqlite::Result<bool> {
+    let value: Option<String> = conn
+        .query_row(
+            "SELECT value FROM meta WHERE key = ?1",
+            [IN_END_ORDER],
+            |r| r.get(0),
+        )
+        .optional()?;
+    Ok(value.as_deref() == Some("1") && crate::open::has_table(conn, "allocator_rows")?)
+}
+
+/// Checks, row after row of one [`query`], that rows read by id in a file
+/// that says they are in completion order are: a file changed afterwards
+/// is refused rather than replayed out of order.
+#[derive(Default)]
+pub(crate) struct EndOrder {
+    last: u64,
+}
+
+impl EndOrder {
+    pub(crate) fn check(&mut self, b: &sleuth_core::BlockEvent) -> rusqlite::Result<()> {
+        if b.end_ns < self.last {
+            return Err(crate::finding_rollups::damaged_table(
+                "allocator_events",
+                "is not in the completion order its meta says",
+            ));
+        }
+        self.last = b.end_ns;
+        Ok(())
+    }
+}
+
 /// The query of the allocator events `select` names, in completion order
 /// (ties in row order), each row's id at [`ID_COL`]; None when the file has no such
 /// table (traces recorded before it existed). Rows with a time no trace
-/// holds are left out.
+/// holds are left out. A file whose rows are in completion order by id
+/// ([`IN_END_ORDER`]) is read by id (no index, no sort): its readers check
+/// the order with [`EndOrder`].
 pub(crate) fn query(conn: &Connection, select: Select) -> rusqlite::Result<Option<String>> {
     if !crate::open::has_table(conn, "allocator_events")? {
         return Ok(None);
@@ -33,14 +98,18 @@ pub(crate) fn query(conn: &Connection, select: Select) -> rusqlite::Result<Optio
     } else {
         "NULL"
     };
+    let by_id = in_end_order(conn)?;
     let (pid_cond, page) = match select {
         Select::Any => ("(?1 IS NULL OR pid = ?1)", ""),
         Select::OnePid => ("pid = ?1", ""),
+        // In row order the id alone says where the page starts.
+        Select::OnePidPage if by_id => ("pid = ?1 AND ?2 IS NOT NULL AND id > ?3", " LIMIT ?4"),
         Select::OnePidPage => (
             "pid = ?1 AND (end_ns > ?2 OR (end_ns = ?2 AND id > ?3))",
             " LIMIT ?4",
         ),
     };
+    let order = if by_id { "id" } else { "end_ns, id" };
     // Version 3 stores the words as 16 integers, earlier files as one BLOB.
     let words = if crate::stacks::has_column(conn, "allocator_events", "w0")? {
         WORD_COLS
@@ -50,7 +119,7 @@ pub(crate) fn query(conn: &Connection, select: Select) -> rusqlite::Result<Optio
     Ok(Some(format!(
         "SELECT start_ns, end_ns, pid, tid, op, requested, block, {stack_col}, id, {words} FROM allocator_events
          WHERE {pid_cond} AND start_ns BETWEEN 0 AND {MAX_NS}
-           AND end_ns BETWEEN 0 AND {MAX_NS} ORDER BY end_ns, id{page}"
+           AND end_ns BETWEEN 0 AND {MAX_NS} ORDER BY {order}{page}"
     )))
 }
 
@@ -66,8 +135,12 @@ pub(crate) fn load(
     let mut st = conn.prepare(&sql)?;
     let mut rows = st.query([pid])?;
     let mut out = Vec::new();
+    let mut order = EndOrder::default();
     while let Some(r) = rows.next()? {
-        out.extend(block_of(r)?);
+        if let Some(b) = block_of(r)? {
+            order.check(&b)?;
+            out.push(b);
+        }
     }
     Ok(out)
 }

@@ -139,11 +139,20 @@ impl<'a> FileSteps<'a> {
             Ok(rows) => rows,
             Err(e) => return self.fail(self.sqlite(e)),
         };
-        // A row that cannot be read ends the events (and fails the pass).
+        // A row that cannot be read, or out of completion order, ends the
+        // events (and fails the pass).
         let broken = RefCell::new(None);
+        let mut order = crate::allocator_rows::EndOrder::default();
         let blocks = rows
             .map_while(|r| r.map_err(|e| *broken.borrow_mut() = Some(e)).ok())
-            .flatten();
+            .flatten()
+            .map_while(|b| match order.check(&b) {
+                Ok(()) => Some(b),
+                Err(e) => {
+                    *broken.borrow_mut() = Some(e);
+                    None
+                }
+            });
         self.merge(pid, until, blocks, visit);
         if let Some(e) = broken.into_inner() {
             self.fail(self.sqlite(e));

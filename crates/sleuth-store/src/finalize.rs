@@ -52,6 +52,8 @@ pub(crate) fn complete(
     }
     // First: the per-thread pass reads each thread's calls by (tid, ts_ns).
     tx.execute_batch(crate::schema::LATE_INDEXES)?;
+    // Before the allocator views' passes: how they read the allocator rows.
+    crate::allocator_rows::settle_order(&tx)?;
     let (rows, groups, pinned_at_end) = per_thread_pass(&tx, rollup, earlier)?;
     write_op_rollups(&tx, rollup)?;
     crate::call_groups::write(&tx, groups)?;

@@ -141,7 +141,8 @@ CREATE TABLE allocator_rows(
     w0 INTEGER, w1 INTEGER, w2 INTEGER, w3 INTEGER, w4 INTEGER, w5 INTEGER, w6 INTEGER, w7 INTEGER,
     w8 INTEGER, w9 INTEGER, w10 INTEGER, w11 INTEGER, w12 INTEGER, w13 INTEGER, w14 INTEGER, w15 INTEGER
 );
-CREATE INDEX allocator_rows_pid ON allocator_rows(pid, end_ns);
+-- No index by (pid, end_ns) unless the rows are out of that order (see
+-- `ALLOCATOR_INDEX`).
 CREATE TABLE gpu_samples(
     ts_ns INTEGER NOT NULL,
     gpu INTEGER NOT NULL,
@@ -322,10 +323,22 @@ pub(crate) const LATE_INDEXES: &str =
     "CREATE INDEX IF NOT EXISTS call_rows_op_dur ON call_rows(op_id, dur_ns);
      CREATE INDEX IF NOT EXISTS call_rows_tid_ts ON call_rows(tid, ts_ns);";
 
+/// The allocator rows' index in completion order, per process. The writer
+/// stores allocator events as they are captured, which on real PyTorch
+/// traces is their completion order: the completion then says so
+/// (`meta.allocator_rows_in_end_order = 1`) and readers read the rows by id,
+/// without this index (15 bytes per event of a real `--torch-allocator`
+/// trace, docs/benchmarks.md round 28); it builds the index only for a
+/// file whose rows are not in that order. Files before round 28 have it.
+pub(crate) const ALLOCATOR_INDEX: &str =
+    "CREATE INDEX IF NOT EXISTS allocator_rows_pid ON allocator_rows(pid, end_ns)";
+
 /// Creates every table, index and view and fills `meta`.
 pub(crate) fn create(conn: &Connection, source: &str, tool_version: &str) -> rusqlite::Result<()> {
     create_deferring_late_indexes(conn, source, tool_version)?;
-    conn.execute_batch(LATE_INDEXES)
+    conn.execute_batch(LATE_INDEXES)?;
+    // Other creators do not say in which order they stored allocator rows.
+    conn.execute_batch(ALLOCATOR_INDEX)
 }
 
 /// [`create`] without [`LATE_INDEXES`] (the writer adds them at the end).

@@ -11,7 +11,7 @@ use serde_json::{to_value, Value};
 use sleuth_core::allocator::allocator_views;
 use sleuth_core::ledger::ledger;
 use sleuth_core::sites::{memory_by_site, Stack};
-use sleuth_core::testing::{block_event, py_frame, torch_blocks};
+use sleuth_core::testing::{block_event, py_frame, torch_block, torch_blocks};
 use sleuth_core::{op_by_name, CallEvent, Event, OpCount, ProcessInfo, TraceSpan};
 use sleuth_store::stream::{CallQuery, MemoryTrace, Rows, StreamOrder};
 use sleuth_store::{CallFilter, CallOrder, ReadBudget, Trace, TraceWriter, WriterOptions};
@@ -1251,6 +1251,89 @@ fn allocator_rows_leave_out_the_words_their_blocks_base_row_holds() {
             "{change}: {err}"
         );
     }
+}
+
+/// Allocator rows stored in completion order (as captured: real PyTorch
+/// traces are) are read by row id: the completed file says so
+/// (`meta.allocator_rows_in_end_order`) and has no `(pid, end_ns)` index;
+/// rows stored out of that order get the index instead. Both read the
+/// events in completion order; a file whose rows left that order after it
+/// said so is refused in one line, by the loaded trace and by the streamed
+/// allocator view.
+#[test]
+fn allocator_rows_in_completion_order_are_read_by_id() {
+    let dir = TempDir::new("allocator_order");
+    let malloc = "DeviceCachingAllocator::malloc";
+    // Blocks carved from one 64 MiB segment: the layout is recognised, so
+    // the streamed view replays the rows.
+    let base = 0x7f00_0000_0000u64;
+    let segment = mem("cudaMalloc", 100, 100, 500, 10, Some(64 << 20), base);
+    let event = |i: u64| {
+        let ptr = base + i * 4096;
+        torch_block(100, 1_000 * i, malloc, 0xa0 + i, ptr, 4096, Some(4000))
+    };
+    let in_order: Vec<_> = (1..=6).map(event).collect();
+    let mut out_of_order = in_order.clone();
+    out_of_order.swap(2, 3);
+    let events = |blocks: &[sleuth_core::BlockEvent]| -> Vec<Event> {
+        std::iter::once(Event::Call(segment.clone()))
+            .chain(blocks.iter().cloned().map(Event::Block))
+            .collect()
+    };
+    let facts = |p: &Path| -> (Option<String>, bool) {
+        let c = rusqlite::Connection::open(p).unwrap();
+        let meta = c
+            .query_row(
+                "SELECT value FROM meta WHERE key = 'allocator_rows_in_end_order'",
+                [],
+                |r| r.get(0),
+            )
+            .ok();
+        let index: i64 = c
+            .query_row(
+                "SELECT count(*) FROM sqlite_master WHERE name = 'allocator_rows_pid'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        (meta, index == 1)
+    };
+    let read = |p: &Path| -> Result<(Vec<sleuth_core::BlockEvent>, Value), String> {
+        let trace = Trace::open(p).map_err(|e| e.to_string())?;
+        let blocks = trace.load(None).map_err(|e| e.to_string())?.blocks;
+        let mt = MemoryTrace::open(&trace, None, budget()).map_err(|e| e.to_string())?;
+        let l = mt.ledgers(Some(5_500)).map_err(|e| e.to_string())?;
+        let views = mt
+            .allocator_views(Some(5_500), &l)
+            .map_err(|e| e.to_string())?;
+        Ok((blocks, json(&views)))
+    };
+    let a = dir.join("in_order.db");
+    write_trace(&a, events(&in_order));
+    assert_eq!(facts(&a), (Some("1".into()), false));
+    let b = dir.join("out_of_order.db");
+    write_trace(&b, events(&out_of_order));
+    assert_eq!(facts(&b), (None, true));
+    let (blocks_a, views_a) = read(&a).unwrap();
+    assert_eq!(blocks_a, in_order);
+    assert_eq!(views_a["100"]["live_blocks"], 5, "{views_a}");
+    assert_eq!(read(&b).unwrap(), (in_order.clone(), views_a));
+
+    // Row 3 moved past row 4 after the file said they were in order.
+    let damaged = dir.join("damaged.db");
+    std::fs::copy(&a, &damaged).unwrap();
+    let c = rusqlite::Connection::open(&damaged).unwrap();
+    c.execute("UPDATE allocator_rows SET end_ns = 4500 WHERE id = 3", [])
+        .unwrap();
+    drop(c);
+    let trace = Trace::open(&damaged).unwrap();
+    let err = trace.load(None).unwrap_err().to_string();
+    let want = "damaged trace: allocator_events is not in the completion order its meta says";
+    assert!(err.contains(want) && !err.contains('\n'), "{err}");
+    let mt = MemoryTrace::open(&trace, None, budget()).unwrap();
+    let l = mt.ledgers(Some(5_500)).unwrap();
+    let err = mt.allocator_views(Some(5_500), &l).unwrap_err().to_string();
+    assert!(err.contains(want) && !err.contains('\n'), "{err}");
 }
 
 /// A view holding a number no reader accepts (a request of 2^63 bytes the
