@@ -122,15 +122,56 @@ fn main() {
 /// names again ("X: X" before).
 fn error_line(e: &anyhow::Error) -> String {
     let mut msg = String::new();
-    for cause in e.chain() {
-        let text = cause.to_string();
-        if msg.ends_with(&text) {
+    let causes: Vec<String> = e.chain().map(|c| c.to_string()).collect();
+    for (i, text) in causes.iter().enumerate() {
+        // Said already, or a wrapper of a deeper cause already said (a
+        // damaged value's message inside SQLite's conversion error).
+        let wraps_said = !msg.is_empty()
+            && causes[i + 1..].iter().any(|deeper| {
+                !deeper.is_empty()
+                    && msg.ends_with(deeper.as_str())
+                    && text.ends_with(deeper.as_str())
+            });
+        if msg.ends_with(text.as_str()) || wraps_said {
             continue;
         }
         if !msg.is_empty() {
             msg.push_str(": ");
         }
-        msg.push_str(&text);
+        msg.push_str(text);
     }
     msg.replace(['\n', '\r'], " ")
+}
+
+#[cfg(test)]
+mod error_line_tests {
+    use super::error_line;
+
+    #[test]
+    fn a_damaged_value_is_said_once_without_sqlites_conversion_words() {
+        let damaged = sleuth_store::StoreError::Sqlite {
+            path: "t.db".into(),
+            source: rusqlite::Error::FromSqlConversionFailure(
+                0,
+                rusqlite::types::Type::Integer,
+                "damaged trace: allocator_events holds a word that is no integer".into(),
+            ),
+        };
+        assert_eq!(
+            error_line(&anyhow::Error::new(damaged)),
+            "t.db: damaged trace: allocator_events holds a word that is no integer"
+        );
+        // Any other SQLite error keeps rusqlite's words, once.
+        let other = sleuth_store::StoreError::Sqlite {
+            path: "t.db".into(),
+            source: rusqlite::Error::InvalidColumnIndex(3),
+        };
+        assert_eq!(
+            error_line(&anyhow::Error::new(other)),
+            "t.db: Invalid column index: 3"
+        );
+        // Context over a cause: both, in order.
+        let e = anyhow::Error::new(std::io::Error::other("no such file")).context("reading x");
+        assert_eq!(error_line(&e), "reading x: no such file");
+    }
 }

@@ -8,7 +8,7 @@ pub enum StoreError {
     #[error("{}: {msg}", path.display())]
     File { path: PathBuf, msg: String },
     /// SQLite refused an operation on a database we opened.
-    #[error("{}: {source}", path.display())]
+    #[error("{}: {}", path.display(), sqlite_text(source))]
     Sqlite {
         path: PathBuf,
         #[source]
@@ -26,6 +26,20 @@ pub enum StoreError {
         #[source]
         source: std::io::Error,
     },
+}
+
+/// SQLite's error as a reader says it: a value the readers refused as
+/// damage (`finding_rollups::damaged_table` and its kin carry their
+/// message as the cause of a conversion failure) without rusqlite's
+/// "Conversion error from type .. at index: ..," before it.
+fn sqlite_text(e: &rusqlite::Error) -> String {
+    if let rusqlite::Error::FromSqlConversionFailure(_, _, inner) = e {
+        let text = inner.to_string();
+        if text.starts_with("damaged trace:") {
+            return text;
+        }
+    }
+    e.to_string()
 }
 
 impl StoreError {
