@@ -26,5 +26,8 @@ print(sys.argv[1], "schema", v, "calls waits allocator_events:", *n, f"{size} B,
 if int(v) >= 4:
     based, left = c.execute("SELECT count(base_id), sum(" + " + ".join(f"(w{i} IS NULL)" for i in range(16)) + ") FROM allocator_rows").fetchone()
     print("  rows stored against a base:", based, "of", n[2], f"words left out per such row {left / max(based, 1):.2f}")
+    order = c.execute("SELECT value FROM meta WHERE key = 'allocator_rows_in_end_order'").fetchone()
+    index = c.execute("SELECT count(*) FROM sqlite_master WHERE name = 'allocator_rows_pid'").fetchone()[0]
+    print("  allocator_rows_in_end_order:", order[0] if order else None, "(pid, end_ns) index:", index)
 PY
 done
