@@ -733,10 +733,11 @@ fn mcp_server_checks_a_file_again_after_it_changes() {
     assert_eq!(ask(&replaced), [true, true], "renamed over");
 }
 
-/// Mutations of a version 4 trace with PyTorch allocator events (the
+/// Mutations of a version 5 trace with PyTorch allocator events (the
 /// allocator rows behind the `allocator_events` view, words as integers,
-/// a row's left-out words in its `base_id` row, the rows read by id as
-/// its meta says they are in completion order),
+/// a row's left-out words in the row `base_back` rows before it, the start
+/// from the end and `dur_ns`, the rows read by id as its meta says they
+/// are in completion order),
 /// each with the stored views removed so that every reader rebuilds them
 /// from the rows: no panic, no hang, no success on a file SQLite calls
 /// damaged, a failure in one line.
@@ -753,21 +754,29 @@ const ALLOCATOR_MUTATIONS: &[(&str, &str)] = &[
     (
         "bad_times",
         "UPDATE allocator_rows SET end_ns = -1 WHERE id = 2;
-         UPDATE allocator_rows SET start_ns = 9223372036854775807 WHERE id = 3;
+         UPDATE allocator_rows SET dur_ns = -9223372036854775807 WHERE id = 3;
          UPDATE allocator_rows SET end_ns = 0 WHERE id = 9;",
     ),
     (
         "base_is_itself",
-        "UPDATE allocator_rows SET base_id = id, w3 = NULL WHERE id % 2 = 0;",
+        "UPDATE allocator_rows SET base_back = 0, w3 = NULL WHERE id % 2 = 0;",
     ),
     (
         "base_is_gone",
-        "UPDATE allocator_rows SET base_id = -5, w1 = NULL WHERE id = 4;",
+        "UPDATE allocator_rows SET base_back = id + 5, w1 = NULL WHERE id = 4;",
     ),
     (
         "base_is_later_or_text",
-        "UPDATE allocator_rows SET base_id = id + 1, w5 = NULL WHERE id % 5 = 0;
-         UPDATE allocator_rows SET base_id = 'x' WHERE id % 5 = 1;",
+        "UPDATE allocator_rows SET base_back = -1, w5 = NULL WHERE id % 5 = 0;
+         UPDATE allocator_rows SET base_back = 'x' WHERE id % 5 = 1;
+         UPDATE allocator_rows SET base_back = -9223372036854775807, w2 = NULL WHERE id = 7;",
+    ),
+    (
+        "odd_durations_and_threads",
+        "UPDATE allocator_rows SET dur_ns = -5000000000 WHERE id % 4 = 1;
+         UPDATE allocator_rows SET dur_ns = -9223372036854775807 WHERE id % 4 = 2;
+         UPDATE allocator_rows SET dur_ns = 'x', tid = 'y' WHERE id % 4 = 3;
+         UPDATE allocator_rows SET tid = -1 WHERE id % 9 = 0;",
     ),
     (
         "out_of_the_order_meta_says",
@@ -780,14 +789,14 @@ const ALLOCATOR_MUTATIONS: &[(&str, &str)] = &[
     ),
     (
         "base_leaves_it_out_too",
-        "UPDATE allocator_rows SET base_id = id + 1, w2 = NULL, w6 = NULL WHERE id % 3 = 0;
+        "UPDATE allocator_rows SET base_back = -1, w2 = NULL, w6 = NULL WHERE id % 3 = 0;
          UPDATE allocator_rows SET w6 = NULL WHERE id % 3 = 1;",
     ),
     (
         "recursive_view",
         "DROP VIEW allocator_events;
          CREATE VIEW allocator_events AS WITH RECURSIVE r(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM r)
-           SELECT a.id AS id, a.start_ns AS start_ns, a.end_ns AS end_ns, a.pid AS pid, a.tid AS tid,
+           SELECT a.id AS id, a.end_ns - a.dur_ns AS start_ns, a.end_ns AS end_ns, a.pid AS pid, a.tid AS tid,
                   'DeviceCachingAllocator::malloc' AS op, a.requested AS requested, a.block AS block,
                   a.stack_id AS stack_id, a.w0 AS w0, a.w1 AS w1, a.w2 AS w2, a.w3 AS w3, a.w4 AS w4,
                   a.w5 AS w5, a.w6 AS w6, a.w7 AS w7, a.w8 AS w8, a.w9 AS w9, a.w10 AS w10,

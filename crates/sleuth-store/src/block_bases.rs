@@ -30,13 +30,28 @@ pub(crate) const MAX_CHANGED: usize = 2;
 /// the H200 traces above had ~1,000 blocks.
 const MAX_BLOCKS: usize = 4096;
 
-/// The base row of each block the writer stored a row of, in one file.
+/// The base row of each block the writer stored a row of, in one file, and
+/// the id of its last allocator row (the writer gives each row its id, so
+/// that a row can name its base by how many rows back it lies: a few bytes
+/// where the id took up to 3, schema version 5).
 #[derive(Default)]
 pub(crate) struct BlockBases {
     bases: HashMap<u64, (i64, [u64; BLOCK_WORDS])>,
+    last_id: i64,
 }
 
 impl BlockBases {
+    /// The id of the next allocator row (the table starts empty in each
+    /// file the writer creates).
+    pub(crate) fn next_id(&self) -> i64 {
+        self.last_id + 1
+    }
+
+    /// Row `id` (the one [`Self::next_id`] gave) was stored.
+    pub(crate) fn stored(&mut self, id: i64) {
+        self.last_id = id;
+    }
+
     /// The base row to store `words` of `block` against (its row id and
     /// words), or None: store them all.
     pub(crate) fn base_for(

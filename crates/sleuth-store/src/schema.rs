@@ -13,12 +13,16 @@ use rusqlite::Connection;
 /// allocator row that equal those of an earlier row of the same block,
 /// named by `base_id`, which the view puts back (real PyTorch traces: half
 /// of each `Block` changes between its events, docs/benchmarks.md round
-/// 28). Readers read every version ([`READABLE_VERSIONS`]), writers write
-/// this one.
-pub const SCHEMA_VERSION: i64 = 4;
+/// 28); version 5 stores an allocator row's duration instead of its start,
+/// its thread as NULL when it is the process's main thread, and its base
+/// row as how many rows back it lies (`base_back`), each a few bytes where
+/// the value they replace took up to 6 (the view gives back version 4's
+/// columns). Readers read every version ([`READABLE_VERSIONS`]), writers
+/// write this one.
+pub const SCHEMA_VERSION: i64 = 5;
 
 /// Every schema version the readers accept.
-pub const READABLE_VERSIONS: &[i64] = &[1, 2, 3, 4];
+pub const READABLE_VERSIONS: &[i64] = &[1, 2, 3, 4, 5];
 
 /// Value of `meta.tool` in every database this crate writes.
 pub const TOOL: &str = "gpusleuth";
@@ -127,17 +131,20 @@ CREATE INDEX call_culprits_call ON call_culprits(call_id);
 CREATE TABLE op_counts(pid INTEGER NOT NULL, layer TEXT NOT NULL, op TEXT NOT NULL, count INTEGER NOT NULL, PRIMARY KEY(pid, op));
 CREATE TABLE allocator_rows(
     id INTEGER PRIMARY KEY,
-    start_ns INTEGER NOT NULL,
     end_ns INTEGER NOT NULL,
+    -- Version 5: end_ns - start_ns (version 4 stored start_ns).
+    dur_ns INTEGER NOT NULL,
     pid INTEGER NOT NULL,
-    tid INTEGER NOT NULL,
+    -- Version 5: NULL when the thread is the process's main one (= pid).
+    tid INTEGER,
     op_id INTEGER NOT NULL,
     requested INTEGER,
     block INTEGER NOT NULL,
     stack_id INTEGER,
-    -- Version 4: the row whose words this row's NULL words are (a row of
-    -- the same block that stores all 16); NULL when this row stores all.
-    base_id INTEGER,
+    -- The row whose words this row's NULL words are (a row of the same
+    -- block that stores all 16), as how many rows before this one it lies
+    -- (version 4: its id, `base_id`); NULL when this row stores all.
+    base_back INTEGER,
     w0 INTEGER, w1 INTEGER, w2 INTEGER, w3 INTEGER, w4 INTEGER, w5 INTEGER, w6 INTEGER, w7 INTEGER,
     w8 INTEGER, w9 INTEGER, w10 INTEGER, w11 INTEGER, w12 INTEGER, w13 INTEGER, w14 INTEGER, w15 INTEGER
 );
@@ -214,10 +221,28 @@ CREATE TABLE process_nodes(pid INTEGER PRIMARY KEY, node INTEGER NOT NULL, host 
 "#;
 
 /// The allocator events as readers read them (and version 2's table's
-/// columns, the words apart): the op's name from `ops`, each word left out
-/// of its row (NULL) taken from the row's `base_id` row. A word that is
-/// NULL in both (a damaged file) reads as NULL, which readers refuse.
+/// columns, the words apart): the start from the end and the duration,
+/// the main thread's id from the pid, the op's name from `ops`, each word
+/// left out of its row (NULL) taken from the row `base_back` rows before
+/// it. A word that is NULL in both (a damaged file) reads as NULL, which
+/// readers refuse.
 pub(crate) const ALLOCATOR_VIEW: &str = "CREATE VIEW allocator_events AS
+    SELECT a.id AS id, a.end_ns - a.dur_ns AS start_ns, a.end_ns AS end_ns, a.pid AS pid,
+           coalesce(a.tid, a.pid) AS tid,
+           o.op AS op, a.requested AS requested, a.block AS block, a.stack_id AS stack_id,
+           coalesce(a.w0, b.w0) AS w0, coalesce(a.w1, b.w1) AS w1, coalesce(a.w2, b.w2) AS w2,
+           coalesce(a.w3, b.w3) AS w3, coalesce(a.w4, b.w4) AS w4, coalesce(a.w5, b.w5) AS w5,
+           coalesce(a.w6, b.w6) AS w6, coalesce(a.w7, b.w7) AS w7, coalesce(a.w8, b.w8) AS w8,
+           coalesce(a.w9, b.w9) AS w9, coalesce(a.w10, b.w10) AS w10, coalesce(a.w11, b.w11) AS w11,
+           coalesce(a.w12, b.w12) AS w12, coalesce(a.w13, b.w13) AS w13, coalesce(a.w14, b.w14) AS w14,
+           coalesce(a.w15, b.w15) AS w15
+    FROM allocator_rows a JOIN ops o ON o.id = a.op_id
+    LEFT JOIN allocator_rows b ON b.id = a.id - a.base_back";
+
+/// Version 4's `allocator_events` view (the start, the thread and the base
+/// row's id stored as they are): kept so that `schema_check` can check
+/// version 4 traces, which readers still read.
+pub(crate) const ALLOCATOR_VIEW_V4: &str = "CREATE VIEW allocator_events AS
     SELECT a.id AS id, a.start_ns AS start_ns, a.end_ns AS end_ns, a.pid AS pid, a.tid AS tid,
            o.op AS op, a.requested AS requested, a.block AS block, a.stack_id AS stack_id,
            coalesce(a.w0, b.w0) AS w0, coalesce(a.w1, b.w1) AS w1, coalesce(a.w2, b.w2) AS w2,

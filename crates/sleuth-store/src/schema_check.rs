@@ -14,11 +14,14 @@
 //! here. Version 1 files (still read) have a plain `calls` table instead.
 //! Version 3 reads allocator events through a view too (`allocator_events`
 //! over `allocator_rows`, `schema::ALLOCATOR_VIEW_V3`; version 4's,
-//! `schema::ALLOCATOR_VIEW`, also joins each row's `base_id` row), accepted
-//! the same way; earlier files have it as a plain table.
+//! `schema::ALLOCATOR_VIEW_V4`, also joins each row's `base_id` row;
+//! version 5's, `schema::ALLOCATOR_VIEW`, computes the start, the thread and
+//! the base row), accepted the same way; earlier files have it as a plain
+//! table.
 
 use crate::schema::{
-    ALLOCATOR_EVENTS_V2, ALLOCATOR_VIEW, ALLOCATOR_VIEW_V3, CALLS_V1, CALLS_VIEW, CREATE,
+    ALLOCATOR_EVENTS_V2, ALLOCATOR_VIEW, ALLOCATOR_VIEW_V3, ALLOCATOR_VIEW_V4, CALLS_V1,
+    CALLS_VIEW, CREATE,
 };
 use rusqlite::{Connection, OptionalExtension};
 use std::collections::BTreeMap;
@@ -65,8 +68,14 @@ fn reference(version: i64) -> rusqlite::Result<Columns> {
         conn.execute_batch(&format!(
             "DROP TABLE allocator_rows; {ALLOCATOR_EVENTS_V2};"
         ))?;
-    } else if version == 3 {
-        conn.execute_batch("ALTER TABLE allocator_rows DROP COLUMN base_id")?;
+    } else if version < 5 {
+        conn.execute_batch(
+            "ALTER TABLE allocator_rows RENAME COLUMN dur_ns TO start_ns;
+             ALTER TABLE allocator_rows RENAME COLUMN base_back TO base_id;",
+        )?;
+        if version == 3 {
+            conn.execute_batch("ALTER TABLE allocator_rows DROP COLUMN base_id")?;
+        }
     }
     let names: Vec<String> = {
         let mut st = conn.prepare(
@@ -159,6 +168,7 @@ pub(crate) fn check(conn: &Connection, version: i64) -> rusqlite::Result<Result<
     match version {
         ..=2 => {}
         3 => views.push(("allocator_events", ALLOCATOR_VIEW_V3)),
+        4 => views.push(("allocator_events", ALLOCATOR_VIEW_V4)),
         _ => views.push(("allocator_events", ALLOCATOR_VIEW)),
     }
     for (name, text) in views {
@@ -272,10 +282,24 @@ mod tests {
         c
     }
 
+    /// A version 4 database: each allocator row's start, thread and base
+    /// row's id stored as they are, read through version 4's view.
+    fn fresh_v4() -> Connection {
+        let c = fresh();
+        c.execute_batch(&format!(
+            "DROP VIEW allocator_events;
+             ALTER TABLE allocator_rows RENAME COLUMN dur_ns TO start_ns;
+             ALTER TABLE allocator_rows RENAME COLUMN base_back TO base_id;
+             {ALLOCATOR_VIEW_V4};"
+        ))
+        .expect("v4");
+        c
+    }
+
     /// A version 3 database: every allocator row stores its 16 words (no
     /// `base_id`), read through version 3's view.
     fn fresh_v3() -> Connection {
-        let c = fresh();
+        let c = fresh_v4();
         c.execute_batch(&format!(
             "DROP VIEW allocator_events; ALTER TABLE allocator_rows DROP COLUMN base_id;
              {ALLOCATOR_VIEW_V3};"
@@ -314,6 +338,7 @@ mod tests {
     #[test]
     fn our_schema_passes() {
         assert_eq!(check(&fresh(), SCHEMA_VERSION).expect("check"), Ok(()));
+        assert_eq!(check(&fresh_v4(), 4).expect("check"), Ok(()));
         assert_eq!(check(&fresh_v3(), 3).expect("check"), Ok(()));
         assert_eq!(check(&fresh_v2(), 2).expect("check"), Ok(()));
         assert_eq!(check(&fresh_v1(), 1).expect("check"), Ok(()));
@@ -337,24 +362,38 @@ mod tests {
         let why = check(&fresh_v2(), 3).expect("check").expect_err("refused");
         assert!(why.contains("table allocator_rows is missing"), "{why}");
         // Version 4's view joins a column version 3 files do not have, and
-        // a version 3 view would read version 4's left-out words as NULL.
+        // a version 3 view would read version 4's left-out words as NULL;
+        // version 5 stores a duration and a distance where version 4 stored
+        // a start and an id.
         let why = check(&fresh_v3(), 4).expect("check").expect_err("refused");
         assert!(why.contains("base_id"), "{why}");
-        let why = check(&fresh(), 3).expect("check").expect_err("refused");
+        let why = check(&fresh_v4(), 5).expect("check").expect_err("refused");
+        assert!(why.contains("allocator_rows has no column dur_ns"), "{why}");
+        let why = check(&fresh(), 4).expect("check").expect_err("refused");
         assert!(
-            why.contains("allocator_events is a view that is not the view gpusleuth writes"),
+            why.contains("allocator_rows has no column start_ns"),
             "{why}"
         );
+        let not_ours = "allocator_events is a view that is not the view gpusleuth writes";
+        let why = check(&fresh_v4(), 3).expect("check").expect_err("refused");
+        assert!(why.contains(not_ours), "{why}");
         let why = {
-            let c = fresh();
+            let c = fresh_v4();
             c.execute_batch(&format!("DROP VIEW allocator_events; {ALLOCATOR_VIEW_V3};"))
                 .expect("v3 view");
             check(&c, 4).expect("check").expect_err("refused")
         };
-        assert!(
-            why.contains("allocator_events is a view that is not the view gpusleuth writes"),
-            "{why}"
-        );
+        assert!(why.contains(not_ours), "{why}");
+        let why = {
+            let c = fresh();
+            c.execute_batch(&format!(
+                "DROP VIEW allocator_events; ALTER TABLE allocator_rows ADD COLUMN start_ns INTEGER;
+                 ALTER TABLE allocator_rows ADD COLUMN base_id INTEGER; {ALLOCATOR_VIEW_V4};"
+            ))
+            .expect("v4 view");
+            check(&c, 5).expect("check").expect_err("refused")
+        };
+        assert!(why.contains(not_ours), "{why}");
         refused(
             fresh,
             SCHEMA_VERSION,

@@ -807,9 +807,9 @@ const INSERT_WAKER: &str =
 const INSERT_CULPRIT: &str =
     "INSERT INTO wait_culprits(wait_id, pid, tid, comm, ns) VALUES (?1, ?2, ?3, ?4, ?5)";
 const INSERT_BLOCK: &str =
-    "INSERT INTO allocator_rows(start_ns, end_ns, pid, tid, op_id, requested, block, stack_id,
-        base_id, w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13, w14, w15)
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9,
+    "INSERT INTO allocator_rows(id, end_ns, dur_ns, pid, tid, op_id, requested, block, stack_id,
+        base_back, w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13, w14, w15)
+     VALUES (?26, ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9,
         ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25)";
 const INSERT_PROC: &str = "INSERT INTO proc_events(ts_ns, kind, pid, tid, ppid, exit_code, comm)
      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)";
@@ -947,10 +947,15 @@ impl<'tx, 'b> EventRows<'tx, 'b> {
 
     fn block(&mut self, b: &sleuth_core::BlockEvent) -> rusqlite::Result<()> {
         let st = stmt(self.tx, &mut self.block, || INSERT_BLOCK.into())?;
-        st.raw_bind_parameter(1, b.start_ns as i64)?;
-        st.raw_bind_parameter(2, b.end_ns as i64)?;
+        let id = self.block_bases.next_id();
+        st.raw_bind_parameter(26, id)?;
+        // The end and the duration: the start is a few bytes from the end
+        // (allocator calls take microseconds), stored whole it took 6.
+        st.raw_bind_parameter(1, b.end_ns as i64)?;
+        st.raw_bind_parameter(2, (b.end_ns as i64).wrapping_sub(b.start_ns as i64))?;
         st.raw_bind_parameter(3, b.pid)?;
-        st.raw_bind_parameter(4, b.tid)?;
+        // The main thread (most allocator events) as NULL: no byte.
+        st.raw_bind_parameter(4, (b.tid != b.pid).then_some(b.tid))?;
         // Under its op-table id, as `call_rows.op_id` (`ops` names it).
         st.raw_bind_parameter(5, b.op)?;
         st.raw_bind_parameter(6, b.requested.map(|r| r as i64))?;
@@ -958,7 +963,7 @@ impl<'tx, 'b> EventRows<'tx, 'b> {
         st.raw_bind_parameter(7, b.block as i64)?;
         st.raw_bind_parameter(8, b.stack_id.map(|s| s as i64))?;
         let base = self.block_bases.base_for(b.block, &b.words);
-        st.raw_bind_parameter(9, base.map(|(id, _)| id))?;
+        st.raw_bind_parameter(9, base.map(|(base_id, _)| id - base_id))?;
         for (i, w) in b.words.iter().enumerate() {
             // Each word in the bytes its magnitude needs (a BLOB took 8
             // each), or left out where the base row holds it.
@@ -967,8 +972,8 @@ impl<'tx, 'b> EventRows<'tx, 'b> {
         }
         let whole = base.is_none();
         st.raw_execute()?;
+        self.block_bases.stored(id);
         if whole {
-            let id = self.tx.last_insert_rowid();
             self.block_bases.stored_whole(b.block, id, &b.words);
         }
         Ok(())

@@ -1133,9 +1133,11 @@ fn version_2_allocator_words_read_as_version_3_ones() {
 /// Version 4 leaves out (NULL) each word of an allocator row that equals
 /// the same word of its block's base row, an earlier row of that block
 /// storing all 16 (`block_bases`): a row with more than 2 changed words is
-/// stored whole and becomes the base. Readers get every word back through
-/// the view, as from a version 3 file holding the same events; a left-out
-/// word the base does not hold either is a one-line error.
+/// stored whole and becomes the base. Version 5 names the base by how many
+/// rows back it lies, and stores the duration instead of the start and the
+/// main thread as NULL. Readers get every event back through the view, as
+/// from a version 4 or 3 file holding the same events; a left-out word the
+/// base does not hold either is a one-line error.
 #[test]
 fn allocator_rows_leave_out_the_words_their_blocks_base_row_holds() {
     let dir = TempDir::new("allocator_bases");
@@ -1169,7 +1171,10 @@ fn allocator_rows_leave_out_the_words_their_blocks_base_row_holds() {
     w[8] = 5;
     sent.push(block_event(100, at(), malloc, 0xa000, Some(5), w));
     w[11] ^= 0x100;
-    sent.push(block_event(100, at(), free, 0xa000, None, w));
+    // Freed by another thread than the process's main one.
+    let mut other_thread = block_event(100, at(), free, 0xa000, None, w);
+    other_thread.tid = 101;
+    sent.push(other_thread);
     write_trace(&path, sent.iter().cloned().map(Event::Block).collect());
 
     let blocks = |p: &Path| -> Result<Vec<sleuth_core::BlockEvent>, String> {
@@ -1181,7 +1186,7 @@ fn allocator_rows_leave_out_the_words_their_blocks_base_row_holds() {
     let nulls: Vec<String> = (0..16).map(|i| format!("(w{i} IS NULL)")).collect();
     let stored: Vec<(i64, Option<i64>, i64)> = c
         .prepare(&format!(
-            "SELECT id, base_id, {} FROM allocator_rows ORDER BY id",
+            "SELECT id, id - base_back, {} FROM allocator_rows ORDER BY id",
             nulls.join(" + ")
         ))
         .unwrap()
@@ -1198,7 +1203,49 @@ fn allocator_rows_leave_out_the_words_their_blocks_base_row_holds() {
         (13, None, 0), (14, Some(13), 15),
     ];
     assert_eq!(stored, want);
+    // Version 5 stores the duration, and the main thread as no thread.
+    let (durations, threads): (String, String) = c
+        .query_row(
+            "SELECT group_concat(DISTINCT dur_ns), group_concat(tid) FROM allocator_rows",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    assert_eq!((durations.as_str(), threads.as_str()), ("5", "101"));
     drop(c);
+
+    // The same rows in a version 4 file: the start, the thread and the
+    // base row's id as they are.
+    let v4 = dir.join("v4.db");
+    std::fs::copy(&path, &v4).unwrap();
+    let c = rusqlite::Connection::open(&v4).unwrap();
+    c.execute_batch(
+        "DROP VIEW allocator_events; ALTER TABLE allocator_rows RENAME TO v5;
+         CREATE TABLE allocator_rows(id INTEGER PRIMARY KEY, start_ns INTEGER NOT NULL,
+           end_ns INTEGER NOT NULL, pid INTEGER NOT NULL, tid INTEGER NOT NULL,
+           op_id INTEGER NOT NULL, requested INTEGER, block INTEGER NOT NULL, stack_id INTEGER,
+           base_id INTEGER, w0 INTEGER, w1 INTEGER, w2 INTEGER, w3 INTEGER, w4 INTEGER,
+           w5 INTEGER, w6 INTEGER, w7 INTEGER, w8 INTEGER, w9 INTEGER, w10 INTEGER,
+           w11 INTEGER, w12 INTEGER, w13 INTEGER, w14 INTEGER, w15 INTEGER);
+         INSERT INTO allocator_rows SELECT id, end_ns - dur_ns, end_ns, pid, coalesce(tid, pid),
+           op_id, requested, block, stack_id, id - base_back, w0, w1, w2, w3, w4, w5, w6, w7,
+           w8, w9, w10, w11, w12, w13, w14, w15 FROM v5;
+         DROP TABLE v5;
+         CREATE VIEW allocator_events AS
+    SELECT a.id AS id, a.start_ns AS start_ns, a.end_ns AS end_ns, a.pid AS pid, a.tid AS tid,
+           o.op AS op, a.requested AS requested, a.block AS block, a.stack_id AS stack_id,
+           coalesce(a.w0, b.w0) AS w0, coalesce(a.w1, b.w1) AS w1, coalesce(a.w2, b.w2) AS w2,
+           coalesce(a.w3, b.w3) AS w3, coalesce(a.w4, b.w4) AS w4, coalesce(a.w5, b.w5) AS w5,
+           coalesce(a.w6, b.w6) AS w6, coalesce(a.w7, b.w7) AS w7, coalesce(a.w8, b.w8) AS w8,
+           coalesce(a.w9, b.w9) AS w9, coalesce(a.w10, b.w10) AS w10, coalesce(a.w11, b.w11) AS w11,
+           coalesce(a.w12, b.w12) AS w12, coalesce(a.w13, b.w13) AS w13, coalesce(a.w14, b.w14) AS w14,
+           coalesce(a.w15, b.w15) AS w15
+    FROM allocator_rows a JOIN ops o ON o.id = a.op_id LEFT JOIN allocator_rows b ON b.id = a.base_id;
+         UPDATE meta SET value = '4' WHERE key = 'schema_version';",
+    )
+    .unwrap();
+    drop(c);
+    assert_eq!(blocks(&v4).unwrap(), sent);
 
     // The same events in a version 3 file: every word in its row.
     let old = dir.join("v3.db");
@@ -1235,9 +1282,9 @@ fn allocator_rows_leave_out_the_words_their_blocks_base_row_holds() {
 
     // A base row that is gone, or that leaves the word out too.
     for change in [
-        "UPDATE allocator_rows SET base_id = 99 WHERE id = 2",
-        "UPDATE allocator_rows SET base_id = 2 WHERE id = 5",
-        "UPDATE allocator_rows SET base_id = NULL WHERE id = 14",
+        "UPDATE allocator_rows SET base_back = id - 99 WHERE id = 2",
+        "UPDATE allocator_rows SET base_back = 3 WHERE id = 5",
+        "UPDATE allocator_rows SET base_back = NULL WHERE id = 14",
     ] {
         let damaged = dir.join("damaged.db");
         std::fs::copy(&path, &damaged).unwrap();
