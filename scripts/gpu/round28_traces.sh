@@ -24,7 +24,8 @@ v = c.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[
 size = os.path.getsize(sys.argv[1])
 print(sys.argv[1], "schema", v, "calls waits allocator_events:", *n, f"{size} B, {size / sum(n):.1f} B/event")
 if int(v) >= 4:
-    based, left = c.execute("SELECT count(base_id), sum(" + " + ".join(f"(w{i} IS NULL)" for i in range(16)) + ") FROM allocator_rows").fetchone()
+    base = "base_id" if int(v) == 4 else "base_back"
+    based, left = c.execute(f"SELECT count({base}), sum(" + " + ".join(f"(w{i} IS NULL)" for i in range(16)) + ") FROM allocator_rows").fetchone()
     print("  rows stored against a base:", based, "of", n[2], f"words left out per such row {left / max(based, 1):.2f}")
     order = c.execute("SELECT value FROM meta WHERE key = 'allocator_rows_in_end_order'").fetchone()
     index = c.execute("SELECT count(*) FROM sqlite_master WHERE name = 'allocator_rows_pid'").fetchone()[0]
