@@ -4,7 +4,8 @@
 //! PyTorch reuses its `Block` structs: a block's events (malloc, free,
 //! malloc again) carry words that mostly repeat. A row may leave out (store
 //! NULL for) each word equal to the same word of a **base** row, an earlier
-//! row of the same block that stores all 16 (`allocator_rows.base_id`); the
+//! row of the same block that stores all 16 (`allocator_rows.base_back`: how
+//! many rows back it lies; version 4 stored its id, `base_id`); the
 //! `allocator_events` view puts them back with one lookup by row id. A base
 //! row never has a base itself, so a reader resolves any row in one step,
 //! in any order: no chain to follow, no state carried from row to row.
