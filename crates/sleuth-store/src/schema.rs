@@ -220,38 +220,48 @@ CREATE TABLE merge_nodes(
 CREATE TABLE process_nodes(pid INTEGER PRIMARY KEY, node INTEGER NOT NULL, host TEXT NOT NULL, host_pid INTEGER NOT NULL);
 "#;
 
+/// The view's 16 word columns, each the row's word or its base row's (the
+/// text both version 4's and version 5's views hold, byte for byte).
+macro_rules! words_or_base {
+    () => {
+        "           coalesce(a.w0, b.w0) AS w0, coalesce(a.w1, b.w1) AS w1, coalesce(a.w2, b.w2) AS w2,
+           coalesce(a.w3, b.w3) AS w3, coalesce(a.w4, b.w4) AS w4, coalesce(a.w5, b.w5) AS w5,
+           coalesce(a.w6, b.w6) AS w6, coalesce(a.w7, b.w7) AS w7, coalesce(a.w8, b.w8) AS w8,
+           coalesce(a.w9, b.w9) AS w9, coalesce(a.w10, b.w10) AS w10, coalesce(a.w11, b.w11) AS w11,
+           coalesce(a.w12, b.w12) AS w12, coalesce(a.w13, b.w13) AS w13, coalesce(a.w14, b.w14) AS w14,
+           coalesce(a.w15, b.w15) AS w15
+"
+    };
+}
+
 /// The allocator events as readers read them (and version 2's table's
 /// columns, the words apart): the start from the end and the duration,
 /// the main thread's id from the pid, the op's name from `ops`, each word
 /// left out of its row (NULL) taken from the row `base_back` rows before
 /// it. A word that is NULL in both (a damaged file) reads as NULL, which
 /// readers refuse.
-pub(crate) const ALLOCATOR_VIEW: &str = "CREATE VIEW allocator_events AS
+pub(crate) const ALLOCATOR_VIEW: &str = concat!(
+    "CREATE VIEW allocator_events AS
     SELECT a.id AS id, a.end_ns - a.dur_ns AS start_ns, a.end_ns AS end_ns, a.pid AS pid,
            coalesce(a.tid, a.pid) AS tid,
            o.op AS op, a.requested AS requested, a.block AS block, a.stack_id AS stack_id,
-           coalesce(a.w0, b.w0) AS w0, coalesce(a.w1, b.w1) AS w1, coalesce(a.w2, b.w2) AS w2,
-           coalesce(a.w3, b.w3) AS w3, coalesce(a.w4, b.w4) AS w4, coalesce(a.w5, b.w5) AS w5,
-           coalesce(a.w6, b.w6) AS w6, coalesce(a.w7, b.w7) AS w7, coalesce(a.w8, b.w8) AS w8,
-           coalesce(a.w9, b.w9) AS w9, coalesce(a.w10, b.w10) AS w10, coalesce(a.w11, b.w11) AS w11,
-           coalesce(a.w12, b.w12) AS w12, coalesce(a.w13, b.w13) AS w13, coalesce(a.w14, b.w14) AS w14,
-           coalesce(a.w15, b.w15) AS w15
-    FROM allocator_rows a JOIN ops o ON o.id = a.op_id
-    LEFT JOIN allocator_rows b ON b.id = a.id - a.base_back";
+",
+    words_or_base!(),
+    "    FROM allocator_rows a JOIN ops o ON o.id = a.op_id
+    LEFT JOIN allocator_rows b ON b.id = a.id - a.base_back"
+);
 
 /// Version 4's `allocator_events` view (the start, the thread and the base
 /// row's id stored as they are): kept so that `schema_check` can check
 /// version 4 traces, which readers still read.
-pub(crate) const ALLOCATOR_VIEW_V4: &str = "CREATE VIEW allocator_events AS
+pub(crate) const ALLOCATOR_VIEW_V4: &str = concat!(
+    "CREATE VIEW allocator_events AS
     SELECT a.id AS id, a.start_ns AS start_ns, a.end_ns AS end_ns, a.pid AS pid, a.tid AS tid,
            o.op AS op, a.requested AS requested, a.block AS block, a.stack_id AS stack_id,
-           coalesce(a.w0, b.w0) AS w0, coalesce(a.w1, b.w1) AS w1, coalesce(a.w2, b.w2) AS w2,
-           coalesce(a.w3, b.w3) AS w3, coalesce(a.w4, b.w4) AS w4, coalesce(a.w5, b.w5) AS w5,
-           coalesce(a.w6, b.w6) AS w6, coalesce(a.w7, b.w7) AS w7, coalesce(a.w8, b.w8) AS w8,
-           coalesce(a.w9, b.w9) AS w9, coalesce(a.w10, b.w10) AS w10, coalesce(a.w11, b.w11) AS w11,
-           coalesce(a.w12, b.w12) AS w12, coalesce(a.w13, b.w13) AS w13, coalesce(a.w14, b.w14) AS w14,
-           coalesce(a.w15, b.w15) AS w15
-    FROM allocator_rows a JOIN ops o ON o.id = a.op_id LEFT JOIN allocator_rows b ON b.id = a.base_id";
+",
+    words_or_base!(),
+    "    FROM allocator_rows a JOIN ops o ON o.id = a.op_id LEFT JOIN allocator_rows b ON b.id = a.base_id"
+);
 
 /// Version 3's `allocator_events` view (every row stores its 16 words, no
 /// `base_id`): kept so that `schema_check` can check version 3 traces,
@@ -390,4 +400,34 @@ pub(crate) fn create_deferring_late_indexes(
     st.execute(["source", source])?;
     st.execute(["tool_version", tool_version])?;
     Ok(())
+}
+
+#[cfg(test)]
+mod view_text_tests {
+    /// The views' text is what files hold and readers compare byte for
+    /// byte: assembled from a shared part, it must stay the text written.
+    #[test]
+    fn the_allocator_views_keep_their_text() {
+        for (view, columns, from) in [
+            (
+                super::ALLOCATOR_VIEW,
+                "a.end_ns - a.dur_ns AS start_ns, a.end_ns AS end_ns, a.pid AS pid,\n           coalesce(a.tid, a.pid) AS tid,\n",
+                "\n    LEFT JOIN allocator_rows b ON b.id = a.id - a.base_back",
+            ),
+            (
+                super::ALLOCATOR_VIEW_V4,
+                "a.start_ns AS start_ns, a.end_ns AS end_ns, a.pid AS pid, a.tid AS tid,\n",
+                " LEFT JOIN allocator_rows b ON b.id = a.base_id",
+            ),
+        ] {
+            let words: Vec<String> = (0..16)
+                .map(|i| format!("coalesce(a.w{i}, b.w{i}) AS w{i}"))
+                .collect();
+            assert!(view.starts_with("CREATE VIEW allocator_events AS\n    SELECT a.id AS id, "));
+            assert!(view.contains(columns), "{view}");
+            assert!(view.ends_with(&format!("FROM allocator_rows a JOIN ops o ON o.id = a.op_id{from}")));
+            let flat = view.split_whitespace().collect::<Vec<_>>().join(" ");
+            assert!(flat.contains(&words.join(", ")), "{view}");
+        }
+    }
 }
