@@ -49,8 +49,8 @@ pub(crate) fn settle_order(conn: &Connection) -> rusqlite::Result<()> {
     Ok(())
 }
 
-/// Whether the file says its allocator rows are in completion order (only
-/// version 4 files written since round 28 can).
+/// Whether the file says its allocator rows are in completion order (files
+/// written since round 28, versions 4 and 5).
 fn in_end_order(conn: &Connection) -> rusqlite::Result<bool> {
     let value: Option<String> = conn
         .query_row(
@@ -62,9 +62,10 @@ fn in_end_order(conn: &Connection) -> rusqlite::Result<bool> {
     Ok(value.as_deref() == Some("1") && crate::open::has_table(conn, "allocator_rows")?)
 }
 
-/// Checks, row after row of one [`query`], that rows read by id in a file
-/// that says they are in completion order are: a file changed afterwards
-/// is refused rather than replayed out of order.
+/// Checks, row after row of one [`query`], that the rows come in
+/// completion order: those read by id because the file says they are in it
+/// may not be (a file changed afterwards), and are refused rather than
+/// replayed out of order; those SQLite ordered always pass.
 #[derive(Default)]
 pub(crate) struct EndOrder {
     last: u64,
