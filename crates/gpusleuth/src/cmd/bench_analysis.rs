@@ -525,9 +525,14 @@ fn precheck(path: &Path) -> Result<Precheck> {
 
 /// The analysis part as text.
 pub fn render(a: &AnalysisBench) -> String {
+    // The allocator events count as events too (`bytes_per_event`).
+    let blocks = match a.allocator_events {
+        0 => String::new(),
+        n => format!(" + {n} allocator events"),
+    };
     let mut s = format!(
-        "stored trace of {} calls + {} waits (synthetic): written in {:.0} ms = {:.0} events/s, \
-         {:.2} µs CPU per event; {:.0} MB = {:.0} bytes per event; stats from rollups: {}\n",
+        "stored trace of {} calls + {} waits{blocks} (synthetic): written in {:.0} ms = {:.0} events/s, \
+         {:.2} µs CPU per event; {:.0} MiB = {:.1} bytes per event; stats from rollups: {}\n",
         a.calls,
         a.waits,
         a.write_ms,
