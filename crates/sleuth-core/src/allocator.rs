@@ -765,10 +765,8 @@ fn rebuild(
         }
         Reserved::Known(_) => None,
     };
+    // The source gives only the steps that completed by `at_ns`.
     source.for_each_step(pid, at_ns, &mut |s| {
-        if at_ns.is_some_and(|at| s.end_ns() > at) {
-            return false;
-        }
         match s {
             Step::Call(c) => {
                 segs.apply(c);

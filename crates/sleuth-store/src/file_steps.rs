@@ -74,11 +74,11 @@ impl<'a> FileSteps<'a> {
         }
     }
 
-    /// Visits process `pid`'s memory calls that returned by `until` (all
-    /// when None) merged with `blocks` (its allocator events in completion
-    /// order) until `visit` returns false. The bound is the query's: the
-    /// return order is SQLite's sort (or a bounded buffer's), which would
-    /// otherwise take in every later memory call of the file too.
+    /// Visits process `pid`'s memory calls and `blocks` (its allocator
+    /// events in completion order) that completed by `until` (all when
+    /// None), merged, until `visit` returns false. The calls' bound is the
+    /// query's: the return order is SQLite's sort (or a bounded buffer's),
+    /// which would otherwise take in every later memory call of the file.
     fn merge(
         &self,
         pid: u32,
@@ -86,7 +86,9 @@ impl<'a> FileSteps<'a> {
         blocks: impl Iterator<Item = BlockEvent>,
         visit: &mut dyn FnMut(Step<'_>) -> bool,
     ) {
-        let mut blocks = blocks.peekable();
+        let mut blocks = blocks
+            .take_while(|b| until.is_none_or(|u| b.end_ns <= u))
+            .peekable();
         let q = memory_calls_of(Some(pid), StreamOrder::ByReturn, until);
         let mut each = |c: crate::types::StoredCall| {
             // At equal completion times calls go first.
