@@ -49,6 +49,15 @@ fn write_trace(path: &Path, events: Vec<Event>) {
     w.finish().unwrap();
 }
 
+/// A copy of the trace at `from` at `to`, changed by `sql`.
+fn changed_copy(from: &Path, to: &Path, sql: &str) {
+    std::fs::copy(from, to).unwrap();
+    rusqlite::Connection::open(to)
+        .unwrap()
+        .execute_batch(sql)
+        .unwrap();
+}
+
 fn simulated(path: &Path) {
     let w = TraceWriter::create(path, common::session(), WriterOptions::default()).unwrap();
     let h = w.handle();
@@ -1217,9 +1226,9 @@ fn allocator_rows_leave_out_the_words_their_blocks_base_row_holds() {
     // The same rows in a version 4 file: the start, the thread and the
     // base row's id as they are.
     let v4 = dir.join("v4.db");
-    std::fs::copy(&path, &v4).unwrap();
-    let c = rusqlite::Connection::open(&v4).unwrap();
-    c.execute_batch(
+    changed_copy(
+        &path,
+        &v4,
         "DROP VIEW allocator_events; ALTER TABLE allocator_rows RENAME TO v5;
          CREATE TABLE allocator_rows(id INTEGER PRIMARY KEY, start_ns INTEGER NOT NULL,
            end_ns INTEGER NOT NULL, pid INTEGER NOT NULL, tid INTEGER NOT NULL,
@@ -1242,16 +1251,14 @@ fn allocator_rows_leave_out_the_words_their_blocks_base_row_holds() {
            coalesce(a.w15, b.w15) AS w15
     FROM allocator_rows a JOIN ops o ON o.id = a.op_id LEFT JOIN allocator_rows b ON b.id = a.base_id;
          UPDATE meta SET value = '4' WHERE key = 'schema_version';",
-    )
-    .unwrap();
-    drop(c);
+    );
     assert_eq!(blocks(&v4).unwrap(), sent);
 
     // The same events in a version 3 file: every word in its row.
     let old = dir.join("v3.db");
-    std::fs::copy(&path, &old).unwrap();
-    let c = rusqlite::Connection::open(&old).unwrap();
-    c.execute_batch(
+    changed_copy(
+        &path,
+        &old,
         "CREATE TABLE resolved AS SELECT * FROM allocator_events;
          DROP VIEW allocator_events; DROP TABLE allocator_rows;
          CREATE TABLE allocator_rows(id INTEGER PRIMARY KEY, start_ns INTEGER NOT NULL,
@@ -1275,9 +1282,7 @@ fn allocator_rows_leave_out_the_words_their_blocks_base_row_holds() {
            a.w13 AS w13, a.w14 AS w14, a.w15 AS w15
     FROM allocator_rows a JOIN ops o ON o.id = a.op_id;
          UPDATE meta SET value = '3' WHERE key = 'schema_version';",
-    )
-    .unwrap();
-    drop(c);
+    );
     assert_eq!(blocks(&old).unwrap(), sent);
 
     // A base row that is gone, or that leaves the word out too.
@@ -1287,10 +1292,7 @@ fn allocator_rows_leave_out_the_words_their_blocks_base_row_holds() {
         "UPDATE allocator_rows SET base_back = NULL WHERE id = 14",
     ] {
         let damaged = dir.join("damaged.db");
-        std::fs::copy(&path, &damaged).unwrap();
-        let c = rusqlite::Connection::open(&damaged).unwrap();
-        c.execute_batch(change).unwrap();
-        drop(c);
+        changed_copy(&path, &damaged, change);
         let err = blocks(&damaged).unwrap_err();
         assert!(
             err.contains("damaged trace: allocator_events holds a word that is no integer")
@@ -1368,11 +1370,11 @@ fn allocator_rows_in_completion_order_are_read_by_id() {
 
     // Row 3 moved past row 4 after the file said they were in order.
     let damaged = dir.join("damaged.db");
-    std::fs::copy(&a, &damaged).unwrap();
-    let c = rusqlite::Connection::open(&damaged).unwrap();
-    c.execute("UPDATE allocator_rows SET end_ns = 4500 WHERE id = 3", [])
-        .unwrap();
-    drop(c);
+    changed_copy(
+        &a,
+        &damaged,
+        "UPDATE allocator_rows SET end_ns = 4500 WHERE id = 3",
+    );
     let trace = Trace::open(&damaged).unwrap();
     let err = trace.load(None).unwrap_err().to_string();
     let want = "damaged trace: allocator_events is not in the completion order its meta says";
