@@ -283,20 +283,23 @@ fn explanation_seeded(
 ) -> Result<Option<Explanation>, StoreError> {
     // A window's allocator views are replayed from the file (its start
     // on): the scope then neither loads the file's allocator events nor
-    // keeps the memory calls that a replay of its own would read.
-    let allocators = window_allocators(trace, filter)?;
+    // keeps the memory calls that a replay of its own would read. The
+    // replay runs once the scope is streamed (a loaded scope makes its own).
+    let replayed = window_replays_allocators(trace, filter)?;
     let parts = parts_seeded(
         trace,
         filter,
         kept_max,
         pinned_ranges,
         &LedgerBuilder::new(None),
-        allocators.is_none(),
+        !replayed,
     )?;
     let Some(mut parts) = parts else {
         return Ok(None);
     };
-    parts.allocators = allocators;
+    if replayed {
+        parts.allocators = replay_window_allocators(trace, filter)?;
+    }
     Ok(Some(parts.explain()))
 }
 
@@ -311,19 +314,32 @@ pub(crate) fn window_allocators(
     trace: &Trace,
     filter: &CallFilter,
 ) -> Result<Option<sleuth_core::allocator::KnownViews>, StoreError> {
-    if filter.since_ns.is_none() && filter.until_ns.is_none() {
+    if !window_replays_allocators(trace, filter)? {
         return Ok(None);
     }
-    // Most traces have no allocator event: nothing more is opened for them.
-    let pids = trace.allocator_pids()?;
-    if !pids
-        .iter()
-        .any(|&p| filter.pid.is_none_or(|only| only == p))
-    {
-        return Ok(None);
-    }
+    replay_window_allocators(trace, filter)
+}
+
+/// [`window_allocators`] of a window known to replay them.
+fn replay_window_allocators(
+    trace: &Trace,
+    filter: &CallFilter,
+) -> Result<Option<sleuth_core::allocator::KnownViews>, StoreError> {
     let view = crate::stream::MemoryTrace::open(trace, filter.pid, trace.budget().clone())?;
     view.allocator_views_until(filter.until_ns)
+}
+
+/// Whether [`window_allocators`] replays views for `filter`: a window over
+/// processes with allocator events. Most traces have none: nothing more is
+/// opened for them.
+fn window_replays_allocators(trace: &Trace, filter: &CallFilter) -> Result<bool, StoreError> {
+    if filter.since_ns.is_none() && filter.until_ns.is_none() {
+        return Ok(false);
+    }
+    let pids = trace.allocator_pids()?;
+    Ok(pids
+        .iter()
+        .any(|&p| filter.pid.is_none_or(|only| only == p)))
 }
 
 /// What one file's scope gives its explanation before it is made: the

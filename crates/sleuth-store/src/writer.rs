@@ -346,8 +346,8 @@ struct WriterState {
     commit_cpu_ns: u64,
     /// The row id the next stored call gets (`call_blocks`).
     next_call_id: i64,
-    /// Each allocator block's base row (schema version 4), as of the last
-    /// committed transaction.
+    /// Each allocator block's base row and the last allocator row's id
+    /// (`block_bases`), as of the last committed transaction.
     block_bases: crate::block_bases::BlockBases,
 }
 
