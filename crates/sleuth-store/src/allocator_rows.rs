@@ -103,7 +103,8 @@ pub(crate) fn query(conn: &Connection, select: Select) -> rusqlite::Result<Optio
     let (pid_cond, page) = match select {
         Select::Any => ("(?1 IS NULL OR pid = ?1)", ""),
         Select::OnePid => ("pid = ?1", ""),
-        // In row order the id alone says where the page starts.
+        // In row order the id alone says where the page starts (the end,
+        // ?2, is still bound by the caller: named so the parameters match).
         Select::OnePidPage if by_id => ("pid = ?1 AND ?2 IS NOT NULL AND id > ?3", " LIMIT ?4"),
         Select::OnePidPage => (
             "pid = ?1 AND (end_ns > ?2 OR (end_ns = ?2 AND id > ?3))",
