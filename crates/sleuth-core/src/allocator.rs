@@ -754,9 +754,7 @@ fn rebuild(
     at_ns: Option<u64>,
     reserved: Reserved,
 ) -> AllocatorState {
-    let mut blocks = Blocks::default();
-    // Block events also mark segments as the allocator's.
-    let mut segs = SegmentMap::default();
+    let mut replay = Rebuilder::new(layout);
     let mut ledger = match reserved {
         Reserved::Replayed => {
             let mut b = crate::ledger::LedgerBuilder::new(Some(at_ns.unwrap_or(u64::MAX)));
@@ -767,16 +765,10 @@ fn rebuild(
     };
     // The source gives only the steps that completed by `at_ns`.
     source.for_each_step(pid, at_ns, &mut |s| {
-        match s {
-            Step::Call(c) => {
-                segs.apply(c);
-                blocks.cuda_failure(c, &segs);
-                if let Some(l) = ledger.as_mut() {
-                    l.push(c);
-                }
-            }
-            Step::Block(b) => blocks.apply(&mut segs, b, layout),
+        if let (Step::Call(c), Some(l)) = (s, ledger.as_mut()) {
+            l.push(c);
         }
+        replay.push(s);
         true
     });
     let reserved_bytes = match reserved {
@@ -788,7 +780,81 @@ fn rebuild(
                 .map_or(0, |l| l.live_bytes)
         }),
     };
-    assemble(blocks, &segs, reserved_bytes)
+    replay.finish(reserved_bytes)
+}
+
+/// What takes a process's steps one at a time, in replay order.
+pub trait StepSink {
+    fn push(&mut self, s: Step<'_>);
+}
+
+impl StepSink for Calibrator {
+    fn push(&mut self, s: Step<'_>) {
+        Calibrator::push(self, s);
+    }
+}
+
+/// The block replay of one process with its calibration's layout, fed a
+/// step at a time (in replay order, those that completed by the view's
+/// moment): what a view rebuilds, so that a reader can feed it from a pass
+/// it makes anyway (`memory --at`'s ledger replay, `sleuth_store`).
+pub struct Rebuilder {
+    blocks: Blocks,
+    /// Block events also mark segments as the allocator's.
+    segs: SegmentMap,
+    layout: Layout,
+}
+
+impl Rebuilder {
+    pub fn new(layout: Layout) -> Rebuilder {
+        Rebuilder {
+            blocks: Blocks::default(),
+            segs: SegmentMap::default(),
+            layout,
+        }
+    }
+
+    /// The state after every step pushed; `reserved_bytes` is the
+    /// process's ledger's live bytes at the same moment.
+    pub fn finish(self, reserved_bytes: u64) -> AllocatorState {
+        assemble(self.blocks, &self.segs, reserved_bytes)
+    }
+}
+
+impl StepSink for Rebuilder {
+    fn push(&mut self, s: Step<'_>) {
+        match s {
+            Step::Call(c) => {
+                self.segs.apply(c);
+                self.blocks.cuda_failure(c, &self.segs);
+            }
+            Step::Block(b) => self.blocks.apply(&mut self.segs, b, self.layout),
+        }
+    }
+}
+
+/// The view of `pid` calibrated by `calibration` from the replay fed to
+/// `rebuilt` (None when the calibration has no layout: the view says why),
+/// `reserved_bytes` its ledger's live bytes then; its blocks' sites named
+/// from `data`.
+pub fn view_rebuilt(
+    pid: u32,
+    calibration: Calibration,
+    rebuilt: Option<Rebuilder>,
+    reserved_bytes: u64,
+    data: &TraceData,
+) -> AllocatorView {
+    let state = calibration
+        .layout()
+        .and(rebuilt)
+        .map(|r| r.finish(reserved_bytes));
+    let mut view = AllocatorView {
+        pid,
+        calibration,
+        state,
+    };
+    name_sites(&mut view, data);
+    view
 }
 
 fn pool_of(size: u64, blocks: &[LiveBlock]) -> Pool {

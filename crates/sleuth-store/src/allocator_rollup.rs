@@ -19,9 +19,10 @@
 use crate::file_steps::FileSteps;
 use crate::finding_rollups::{complete_tables, damaged_table};
 use crate::json_column::{insert_row, json, text_of, Col};
+use crate::step_feed::StepFeed;
 use rusqlite::Connection;
 use sleuth_core::allocator::{
-    name_sites, AllocatorView, Calibration, Calibrator, KnownViews, Step, StoredView,
+    name_sites, AllocatorView, Calibration, Calibrator, KnownViews, StoredView,
 };
 use sleuth_core::ledger::ProcessLedger;
 use sleuth_core::TraceData;
@@ -41,128 +42,28 @@ const LABELS: &[&str] = &["stack_id"];
 
 /// The calibrations of the processes with allocator events, fed the
 /// memory calls by the completion's ledger replay (which reads them in
-/// return order anyway, `crate::ledger_rollup::write`) and merged here
-/// with each process's allocator events, read a page at a time from their
-/// `(pid, end_ns)` index: the views then take one pass of their own
-/// instead of two.
-pub(crate) struct CalibrationFeed<'a> {
-    conn: &'a Connection,
-    /// The page query (`allocator_rows::Select::OnePidPage`).
-    sql: String,
-    procs: BTreeMap<u32, Fed>,
-    failed: Option<rusqlite::Error>,
+/// return order anyway, `crate::ledger_rollup::write`) and merged there
+/// with each process's allocator events (`crate::step_feed`): the views
+/// then take one pass of their own instead of two.
+pub(crate) type CalibrationFeed<'a> = StepFeed<'a, Calibrator>;
+
+/// A [`CalibrationFeed`] for every process of the file with allocator
+/// events; None when it has none.
+pub(crate) fn calibration_feed(conn: &Connection) -> rusqlite::Result<Option<CalibrationFeed<'_>>> {
+    let pids = crate::allocator_rows::pids(conn)?;
+    if pids.is_empty() {
+        return Ok(None);
+    }
+    let sinks = pids
+        .into_iter()
+        .map(|p| (p, Calibrator::default()))
+        .collect();
+    StepFeed::new(conn, sinks)
 }
 
-/// One process's calibration and the allocator events read ahead of it.
-#[derive(Default)]
-struct Fed {
-    cal: Calibrator,
-    ahead: std::collections::VecDeque<sleuth_core::BlockEvent>,
-    /// The (end, id) of the last row read.
-    after: (i64, i64),
-    /// Every row read.
-    done: bool,
-}
-
-/// Allocator events read per page.
-const PAGE: i64 = 4096;
-
-impl<'a> CalibrationFeed<'a> {
-    /// A feed for every process of the file with allocator events; None
-    /// when it has none.
-    pub(crate) fn new(conn: &'a Connection) -> rusqlite::Result<Option<Self>> {
-        let pids = crate::allocator_rows::pids(conn)?;
-        let Some(sql) =
-            crate::allocator_rows::query(conn, crate::allocator_rows::Select::OnePidPage)?
-                .filter(|_| !pids.is_empty())
-        else {
-            return Ok(None);
-        };
-        let procs = pids
-            .into_iter()
-            .map(|p| {
-                let fed = Fed {
-                    after: (-1, 0),
-                    ..Default::default()
-                };
-                (p, fed)
-            })
-            .collect();
-        Ok(Some(CalibrationFeed {
-            conn,
-            sql,
-            procs,
-            failed: None,
-        }))
-    }
-
-    /// The next memory call of the replay (all processes, in return order):
-    /// the allocator events of its process that completed before it, then
-    /// it (at equal times calls go first, as `FileSteps` merges them).
-    pub(crate) fn push_call(&mut self, c: &sleuth_core::CallEvent) {
-        if self.failed.is_some() {
-            return;
-        }
-        let Some(fed) = self.procs.get_mut(&c.pid) else {
-            return;
-        };
-        let end = c.end_ns();
-        if let Err(e) = feed_blocks(self.conn, &self.sql, c.pid, fed, Some(end)) {
-            self.failed = Some(e);
-            return;
-        }
-        fed.cal.push(Step::Call(c));
-    }
-
-    /// Each process's calibration once every call was pushed.
-    pub(crate) fn finish(mut self) -> rusqlite::Result<BTreeMap<u32, Calibration>> {
-        for (&pid, fed) in &mut self.procs {
-            if self.failed.is_none() {
-                if let Err(e) = feed_blocks(self.conn, &self.sql, pid, fed, None) {
-                    self.failed = Some(e);
-                }
-            }
-        }
-        if let Some(e) = self.failed {
-            return Err(e);
-        }
-        Ok(self
-            .procs
-            .into_iter()
-            .map(|(pid, fed)| (pid, fed.cal.finish()))
-            .collect())
-    }
-}
-
-/// Pushes `pid`'s allocator events that completed before `before` (all
-/// when None) into its calibration, reading pages as needed.
-fn feed_blocks(
-    conn: &Connection,
-    sql: &str,
-    pid: u32,
-    fed: &mut Fed,
-    before: Option<u64>,
-) -> rusqlite::Result<()> {
-    loop {
-        while let Some(b) = fed
-            .ahead
-            .pop_front_if(|b| before.is_none_or(|t| b.end_ns < t))
-        {
-            fed.cal.push(Step::Block(&b));
-        }
-        if !fed.ahead.is_empty() || fed.done {
-            return Ok(());
-        }
-        let mut st = conn.prepare_cached(sql)?;
-        let mut rows = st.query(rusqlite::params![pid, fed.after.0, fed.after.1, PAGE])?;
-        let mut read = 0;
-        while let Some(r) = rows.next()? {
-            read += 1;
-            fed.after = (r.get(1)?, r.get(crate::allocator_rows::ID_COL)?);
-            fed.ahead.extend(crate::allocator_rows::block_of(r)?);
-        }
-        fed.done = read < PAGE;
-    }
+/// Each process's calibration from its fed calibrator.
+pub(crate) fn calibrations(fed: BTreeMap<u32, Calibrator>) -> BTreeMap<u32, Calibration> {
+    fed.into_iter().map(|(pid, c)| (pid, c.finish())).collect()
 }
 
 /// Rebuilds and stores the views of every process with allocator events

@@ -61,7 +61,7 @@ pub(crate) fn complete(
     // replay of the memory calls also tallies what each site allocated.
     let sites = std::cell::RefCell::new(crate::site_rollup::Tallies::default());
     // The same replay calibrates the allocator views (traces with allocator events).
-    let calibrating = std::cell::RefCell::new(crate::allocator_rollup::CalibrationFeed::new(&tx)?);
+    let calibrating = std::cell::RefCell::new(crate::allocator_rollup::calibration_feed(&tx)?);
     let chain = run.zip(carried).map(|(link, c)| (link, c, pinned_at_end));
     let carry = crate::run_ledger::write(
         &tx,
@@ -77,7 +77,7 @@ pub(crate) fn complete(
         |own| {
             crate::site_rollup::write(&tx, sites.take(), &own.ledgers, &own.at_peak)?;
             let calibrations = match calibrating.take() {
-                Some(feed) => feed.finish()?,
+                Some(feed) => crate::allocator_rollup::calibrations(feed.finish(None)?),
                 None => Default::default(),
             };
             crate::allocator_rollup::write(&tx, &own.ledgers, calibrations)

@@ -53,6 +53,7 @@ pub mod site_rollup;
 mod sql;
 mod sqlite_config;
 mod stacks;
+mod step_feed;
 mod stored_json;
 pub mod stream;
 mod types;

@@ -650,6 +650,16 @@ pub(crate) fn visit_calls<E: From<StoreError>>(
             in_blocks = true;
         }
     }
+    // A moment (the ledger at `--at`): a call that returned by it started
+    // by it, so only the blocks that start by then can hold one. Without
+    // this a moment early in a 10M-call file scanned every row after it.
+    if let (Some(t), false, false) = (q.returned_by, windowed, in_blocks) {
+        let (ops, until) = (q.ops.as_deref(), Some(t.saturating_add(1)));
+        let blocks = crate::call_blocks::restrict(conn, ops, (None, until), "calls.id", &mut args);
+        if let Some(c) = blocks.map_err(err)? {
+            conds.push(c);
+        }
+    }
     for (bound, op) in [(q.since_ns, ">="), (q.until_ns, "<")] {
         if let Some(t) = bound {
             args.push(Value::Integer(i64::try_from(t).unwrap_or(i64::MAX)));
@@ -1021,6 +1031,33 @@ fn calibrations_of(
     })
 }
 
+/// What a ledger pass at a moment feeds the allocator views with
+/// ([`MemoryTrace::rebuild_plan`]).
+struct RebuildPlan {
+    /// The allocator events' page query (`crate::step_feed::page_query`).
+    sql: String,
+    calibrations: std::collections::BTreeMap<u32, sleuth_core::allocator::Calibration>,
+}
+
+impl RebuildPlan {
+    /// A fresh feed of a replay per process whose calibration has a layout
+    /// (a pass that starts again starts from one too).
+    fn feed<'a>(
+        &self,
+        conn: &'a Connection,
+    ) -> crate::step_feed::StepFeed<'a, sleuth_core::allocator::Rebuilder> {
+        let sinks = self
+            .calibrations
+            .iter()
+            .filter_map(|(&pid, cal)| {
+                let layout = cal.layout()?;
+                Some((pid, sleuth_core::allocator::Rebuilder::new(layout)))
+            })
+            .collect();
+        crate::step_feed::StepFeed::with_query(conn, self.sql.clone(), sinks)
+    }
+}
+
 /// A trace opened for memory answers without loading its calls: the ledger
 /// is replayed from the memory calls streamed from the store in return
 /// order, so memory grows with what is live, not with the trace.
@@ -1044,6 +1081,19 @@ pub struct MemoryTrace {
     /// What the last streamed ledger pass kept for the by-site table:
     /// `sites_streamed` at the same moment takes it instead of a pass.
     site_pass: std::cell::RefCell<Option<SitePass>>,
+    /// The allocator replays the last ledger pass at a moment fed:
+    /// `allocator_views` at the same moment takes them instead of a pass.
+    rebuilt: std::cell::RefCell<Option<Rebuilt>>,
+}
+
+/// The allocator replays of one ledger pass at a moment (`at_ns`), with
+/// the calibrations (the writer's) they were fed by.
+struct Rebuilt {
+    at_ns: u64,
+    calibrations: std::collections::BTreeMap<u32, sleuth_core::allocator::Calibration>,
+    /// The replays, or why the feed failed (the allocator views' answer:
+    /// the ledgers read no allocator event and stand).
+    replays: Result<std::collections::BTreeMap<u32, sleuth_core::allocator::Rebuilder>, StoreError>,
 }
 
 /// The memory calls of process `pid` (all without one) in `order`, those
@@ -1195,6 +1245,7 @@ impl MemoryTrace {
             pid,
             rows,
             site_pass: Default::default(),
+            rebuilt: Default::default(),
         })
     }
 
@@ -1252,6 +1303,11 @@ impl MemoryTrace {
         &self,
         at_ns: Option<u64>,
     ) -> Result<(Vec<sleuth_core::ledger::ProcessLedger>, SitePass), StoreError> {
+        // At a moment, the allocator views then are fed by the same pass.
+        let rebuild = match at_ns {
+            Some(_) => self.rebuild_plan()?,
+            None => None,
+        };
         let init = || {
             let mut b = sleuth_core::ledger::LedgerBuilder::new(at_ns).with_peak_sites();
             // Every process is listed up front, so a call that returned after
@@ -1259,17 +1315,29 @@ impl MemoryTrace {
             for &pid in &self.pids {
                 b.track(pid);
             }
-            (b, SiteTally::default())
+            let feed = rebuild.as_ref().map(|plan| plan.feed(&self.rows.conn));
+            (b, SiteTally::default(), feed)
         };
         // Nothing that returned after `at_ns` takes effect: it is not read.
         let q = self.memory_calls(StreamOrder::ByReturn, at_ns);
-        let (b, tally) =
+        let (b, tally, feed) =
             self.rows
-                .replay_by_return::<_, StoreError>(&q, init, |(b, tally), c| {
+                .replay_by_return::<_, StoreError>(&q, init, |(b, tally, feed), c| {
                     b.push(&c.call);
                     tally.add(&c.call, c.id);
+                    if let Some(feed) = feed {
+                        feed.push_call(&c.call);
+                    }
                     Ok(())
                 })?;
+        if let (Some(feed), Some(plan), Some(at)) = (feed, rebuild, at_ns) {
+            let replays = feed.finish(at_ns).map_err(|e| self.rows.read_error(e));
+            *self.rebuilt.borrow_mut() = Some(Rebuilt {
+                at_ns: at,
+                calibrations: plan.calibrations,
+                replays,
+            });
+        }
         let (ledgers, at_peak) = b.finish_with_peak_sites(&self.base);
         Ok((
             ledgers,
@@ -1468,6 +1536,10 @@ impl MemoryTrace {
         if let (None, Some(known)) = (at_ns, &stored) {
             return Ok(known.end().clone());
         }
+        // At a moment the ledgers' pass fed: the views from its replays.
+        if let Some(views) = self.views_rebuilt(at_ns, ledgers) {
+            return views;
+        }
         // At a moment: replayed up to it with their calibration (a pass
         // over every step of the file) taken from them.
         let calibrations = calibrations_of(stored.as_ref());
@@ -1481,6 +1553,68 @@ impl MemoryTrace {
             &calibrations,
         );
         source.into_result().map(|()| views)
+    }
+
+    /// What the ledgers' pass at a moment feeds the allocator views with:
+    /// each process's calibration (the writer's, from its stored views)
+    /// and, where it has a layout, a replay. None when no process has
+    /// allocator events, or the writer stored no views of some (their
+    /// calibration then takes a pass of its own).
+    fn rebuild_plan(&self) -> Result<Option<RebuildPlan>, StoreError> {
+        if self.block_pids.is_empty() {
+            return Ok(None);
+        }
+        let stored = self.stored_allocator_views(&self.block_pids)?;
+        let calibrations = calibrations_of(stored.as_ref());
+        if !self.block_pids.iter().all(|p| calibrations.contains_key(p)) {
+            return Ok(None);
+        }
+        let sql =
+            crate::step_feed::page_query(&self.rows.conn).map_err(|e| self.rows.read_error(e))?;
+        Ok(sql.map(|sql| RebuildPlan { sql, calibrations }))
+    }
+
+    /// The views at `at_ns` from the replays the ledgers' pass at that
+    /// moment fed (`ledgers`, that moment's, give their reserved bytes),
+    /// or the error that ended its feed; None when that pass fed none.
+    #[allow(clippy::type_complexity)]
+    fn views_rebuilt(
+        &self,
+        at_ns: Option<u64>,
+        ledgers: &[sleuth_core::ledger::ProcessLedger],
+    ) -> Option<
+        Result<std::collections::BTreeMap<u32, sleuth_core::allocator::AllocatorView>, StoreError>,
+    > {
+        let at_ns = at_ns?;
+        let mut slot = self.rebuilt.borrow_mut();
+        if slot.as_ref().is_none_or(|r| r.at_ns != at_ns) {
+            return None;
+        }
+        let Rebuilt {
+            calibrations,
+            replays,
+            ..
+        } = slot.take()?;
+        let mut replays = match replays {
+            Ok(r) => r,
+            Err(e) => return Some(Err(e)),
+        };
+        // Every process's calibration is there (`rebuild_plan`).
+        let views = calibrations
+            .into_iter()
+            .filter(|(pid, _)| self.block_pids.contains(pid))
+            .map(|(pid, cal)| {
+                let reserved = ledgers
+                    .iter()
+                    .find(|l| l.pid == pid)
+                    .map_or(0, |l| l.live_bytes);
+                let replay = replays.remove(&pid);
+                let view =
+                    sleuth_core::allocator::view_rebuilt(pid, cal, replay, reserved, &self.base);
+                (pid, view)
+            })
+            .collect();
+        Some(Ok(views))
     }
 
     /// The allocator views of `pids` the writer stored when the trace ended

@@ -1385,6 +1385,84 @@ fn allocator_rows_in_completion_order_are_read_by_id() {
     assert!(err.contains(want) && !err.contains('\n'), "{err}");
 }
 
+/// `memory --at`'s allocator views are rebuilt by its ledger pass (the
+/// writer's calibration, each process's allocator events merged with its
+/// memory calls): the loaded trace's views at every moment, a block
+/// completing at the very time of the `cudaMalloc` that made its segment
+/// included (calls go first), and of the process asked for only.
+#[test]
+fn views_at_a_moment_from_the_ledger_pass_are_the_loaded_traces() {
+    let dir = TempDir::new("allocator_fed");
+    let malloc = "DeviceCachingAllocator::malloc";
+    let free = "DeviceCachingAllocator::free";
+    let (a, b) = (0x7f00_0000_0000u64, 0x7f10_0000_0000u64);
+    let mut events = vec![
+        Event::Call(mem("cudaMalloc", 100, 100, 100, 400, Some(64 << 20), a)),
+        // Segment B returns at 9_000, with a block carved from it.
+        Event::Call(mem("cudaMalloc", 100, 100, 8_500, 500, Some(20 << 20), b)),
+        Event::Block(torch_block(
+            100,
+            9_000,
+            malloc,
+            0xb0,
+            b,
+            1 << 20,
+            Some(1000),
+        )),
+        // Another process's events, left out when one process is asked for.
+        Event::Call(mem("cudaMalloc", 200, 200, 100, 400, Some(64 << 20), a)),
+    ];
+    for i in 1..=6u64 {
+        let ptr = a + i * 4096;
+        events.push(Event::Block(torch_block(
+            100,
+            1_000 * i,
+            malloc,
+            0xa0 + i,
+            ptr,
+            4096,
+            Some(4000),
+        )));
+        events.push(Event::Block(torch_block(
+            200,
+            1_000 * i + 1,
+            malloc,
+            0xc0 + i,
+            ptr,
+            4096,
+            Some(4000),
+        )));
+    }
+    events.push(Event::Block(torch_block(
+        100,
+        7_500,
+        free,
+        0xa2,
+        a + 2 * 4096,
+        4096,
+        None,
+    )));
+    let path = dir.join("t.db");
+    write_trace(&path, events);
+    let trace = Trace::open(&path).unwrap();
+    let data = trace.load(None).unwrap();
+    for pid in [None, Some(100)] {
+        for at in [900, 3_500, 7_500, 8_999, 9_000, 9_500] {
+            let mt = MemoryTrace::open(&trace, pid, budget()).unwrap();
+            let l = mt.ledgers(Some(at)).unwrap();
+            let got = mt.allocator_views(Some(at), &l).unwrap();
+            let whole = allocator_views(&data, Some(at), &ledger(&data, Some(at)));
+            let want: std::collections::BTreeMap<_, _> = whole
+                .into_iter()
+                .filter(|(p, _)| pid.is_none_or(|want| *p == want))
+                .collect();
+            assert_eq!(json(&got), json(&want), "{pid:?} at {at}");
+            let fed = &got[&100];
+            assert!(fed.state.is_some(), "{pid:?} at {at}: {}", json(fed));
+        }
+    }
+}
+
 /// A view holding a number no reader accepts (a request of 2^63 bytes the
 /// allocator refused) is not stored: the reader rebuilds it from the file,
 /// with the same answer as the loaded trace's, rather than refusing the

@@ -1,0 +1,151 @@
+//! A process's allocator-view steps fed from a pass over the memory calls
+//! that some other answer makes anyway, in return order (the completion's
+//! ledger replay, `memory --at`'s): each call of a process with allocator
+//! events is preceded by that process's allocator events that completed
+//! before it (at equal times calls go first, as `FileSteps` merges them),
+//! read a page at a time in completion order. The views then take no pass
+//! of their own (`crate::allocator_rollup` calibrates with one, `memory
+//! --at` rebuilds with one).
+
+use crate::allocator_rows::{EndOrder, Select};
+use rusqlite::Connection;
+use sleuth_core::allocator::{Step, StepSink};
+use std::collections::{BTreeMap, VecDeque};
+
+/// Allocator events read per page.
+const PAGE: i64 = 4096;
+
+/// The processes' sinks (`S`: a calibration, a rebuild) and the allocator
+/// events read ahead of them.
+pub(crate) struct StepFeed<'a, S> {
+    conn: &'a Connection,
+    /// The page query (`allocator_rows::Select::OnePidPage`).
+    sql: String,
+    procs: BTreeMap<u32, Fed<S>>,
+    failed: Option<rusqlite::Error>,
+}
+
+/// One process's sink and the allocator events read ahead of it.
+struct Fed<S> {
+    sink: S,
+    ahead: VecDeque<sleuth_core::BlockEvent>,
+    /// The (end, id) of the last row read.
+    after: (i64, i64),
+    /// Every row read.
+    done: bool,
+    /// Rows read by id must come in completion order.
+    order: EndOrder,
+}
+
+impl<'a, S: StepSink> StepFeed<'a, S> {
+    /// A feed for the processes of `sinks` (each process's allocator events
+    /// go to its sink); None when the file has no allocator events.
+    pub(crate) fn new(
+        conn: &'a Connection,
+        sinks: BTreeMap<u32, S>,
+    ) -> rusqlite::Result<Option<Self>> {
+        Ok(page_query(conn)?.map(|sql| Self::with_query(conn, sql, sinks)))
+    }
+
+    /// [`Self::new`] with the file's [`page_query`] known.
+    pub(crate) fn with_query(conn: &'a Connection, sql: String, sinks: BTreeMap<u32, S>) -> Self {
+        let procs = sinks
+            .into_iter()
+            .map(|(pid, sink)| {
+                let fed = Fed {
+                    sink,
+                    ahead: VecDeque::new(),
+                    after: (-1, 0),
+                    done: false,
+                    order: EndOrder::default(),
+                };
+                (pid, fed)
+            })
+            .collect();
+        StepFeed {
+            conn,
+            sql,
+            procs,
+            failed: None,
+        }
+    }
+
+    /// The next memory call of the pass (all processes, in return order):
+    /// the allocator events of its process that completed before it, then it.
+    pub(crate) fn push_call(&mut self, c: &sleuth_core::CallEvent) {
+        if self.failed.is_some() {
+            return;
+        }
+        let Some(fed) = self.procs.get_mut(&c.pid) else {
+            return;
+        };
+        if let Err(e) = feed_blocks(self.conn, &self.sql, c.pid, fed, Some(c.end_ns())) {
+            self.failed = Some(e);
+            return;
+        }
+        fed.sink.push(Step::Call(c));
+    }
+
+    /// Each process's sink once every call was pushed, fed the allocator
+    /// events that completed by `until` (all when None); the first read
+    /// error of the feed instead, if one failed.
+    pub(crate) fn finish(mut self, until: Option<u64>) -> rusqlite::Result<BTreeMap<u32, S>> {
+        let before = until.map(|t| t.saturating_add(1));
+        for (&pid, fed) in &mut self.procs {
+            if self.failed.is_none() {
+                if let Err(e) = feed_blocks(self.conn, &self.sql, pid, fed, before) {
+                    self.failed = Some(e);
+                }
+            }
+        }
+        if let Some(e) = self.failed {
+            return Err(e);
+        }
+        Ok(self
+            .procs
+            .into_iter()
+            .map(|(pid, fed)| (pid, fed.sink))
+            .collect())
+    }
+}
+
+/// The query a feed reads a process's allocator events with, a page at a
+/// time; None when the file has no allocator events.
+pub(crate) fn page_query(conn: &Connection) -> rusqlite::Result<Option<String>> {
+    crate::allocator_rows::query(conn, Select::OnePidPage)
+}
+
+/// Pushes `pid`'s allocator events that completed before `before` (all
+/// when None) into its sink, reading pages as needed: a page is read only
+/// when none is ahead, so a bound early in the file reads no later page.
+fn feed_blocks<S: StepSink>(
+    conn: &Connection,
+    sql: &str,
+    pid: u32,
+    fed: &mut Fed<S>,
+    before: Option<u64>,
+) -> rusqlite::Result<()> {
+    loop {
+        while let Some(b) = fed
+            .ahead
+            .pop_front_if(|b| before.is_none_or(|t| b.end_ns < t))
+        {
+            fed.sink.push(Step::Block(&b));
+        }
+        if !fed.ahead.is_empty() || fed.done {
+            return Ok(());
+        }
+        let mut st = conn.prepare_cached(sql)?;
+        let mut rows = st.query(rusqlite::params![pid, fed.after.0, fed.after.1, PAGE])?;
+        let mut read = 0;
+        while let Some(r) = rows.next()? {
+            read += 1;
+            fed.after = (r.get(1)?, r.get(crate::allocator_rows::ID_COL)?);
+            if let Some(b) = crate::allocator_rows::block_of(r)? {
+                fed.order.check(&b)?;
+                fed.ahead.push_back(b);
+            }
+        }
+        fed.done = read < PAGE;
+    }
+}
