@@ -510,6 +510,21 @@ impl KnownViews {
         KnownViews { end, moments }
     }
 
+    /// [`KnownViews::until`] with the views at the window's end rebuilt
+    /// already (`end`, by a pass made for something else too): the views
+    /// at their fragmentation findings' moments, each a pass of `source`.
+    pub fn with_moments(
+        source: &dyn StepSource,
+        data: &TraceData,
+        end: BTreeMap<u32, AllocatorView>,
+    ) -> KnownViews {
+        let moments = end
+            .values()
+            .filter_map(|v| moment_view(source, data, v))
+            .collect();
+        KnownViews { end, moments }
+    }
+
     /// The views already rebuilt: at the end by pid, and at other moments
     /// by (pid, time) (a trace's stored ones).
     pub fn from_parts(

@@ -1574,6 +1574,81 @@ impl MemoryTrace {
         Ok(sql.map(|sql| RebuildPlan { sql, calibrations }))
     }
 
+    /// The views of the processes with allocator events at `at_ns` (the
+    /// end when None), each calibrated by `calibrations`, their reserved
+    /// bytes by the ledger's rules from their memory calls then
+    /// (`KnownViews::until`'s): one pass over those calls in stored order
+    /// (no sort, `Rows::replay_by_return`) feeding a ledger and each
+    /// process's allocator replay. None when a process's calibration is
+    /// not known.
+    #[allow(clippy::type_complexity)]
+    fn views_fed(
+        &self,
+        at_ns: Option<u64>,
+        calibrations: &std::collections::BTreeMap<u32, sleuth_core::allocator::Calibration>,
+    ) -> Result<
+        Option<std::collections::BTreeMap<u32, sleuth_core::allocator::AllocatorView>>,
+        StoreError,
+    > {
+        let pids = &self.block_pids;
+        if pids.is_empty() || !pids.iter().all(|p| calibrations.contains_key(p)) {
+            return Ok(None);
+        }
+        let sql =
+            crate::step_feed::page_query(&self.rows.conn).map_err(|e| self.rows.read_error(e))?;
+        let Some(sql) = sql else {
+            return Ok(None);
+        };
+        let plan = RebuildPlan {
+            sql,
+            calibrations: calibrations
+                .iter()
+                .filter(|(p, _)| pids.contains(p))
+                .map(|(&p, c)| (p, c.clone()))
+                .collect(),
+        };
+        let init = || {
+            let mut ledger =
+                sleuth_core::ledger::LedgerBuilder::new(Some(at_ns.unwrap_or(u64::MAX)));
+            for &pid in pids {
+                ledger.track(pid);
+            }
+            (ledger, plan.feed(&self.rows.conn))
+        };
+        // One process: only its calls are read.
+        let pid = match pids[..] {
+            [only] => Some(only),
+            _ => self.pid,
+        };
+        let q = memory_calls_of(pid, StreamOrder::ByReturn, at_ns);
+        let (ledger, feed) =
+            self.rows
+                .replay_by_return::<_, StoreError>(&q, init, |(ledger, feed), c| {
+                    if pids.contains(&c.call.pid) {
+                        ledger.push(&c.call);
+                    }
+                    feed.push_call(&c.call);
+                    Ok(())
+                })?;
+        let mut replays = feed.finish(at_ns).map_err(|e| self.rows.read_error(e))?;
+        let ledgers = ledger.finish_bare();
+        let views = plan
+            .calibrations
+            .into_iter()
+            .map(|(pid, cal)| {
+                let reserved = ledgers
+                    .iter()
+                    .find(|l| l.pid == pid)
+                    .map_or(0, |l| l.live_bytes);
+                let replay = replays.remove(&pid);
+                let view =
+                    sleuth_core::allocator::view_rebuilt(pid, cal, replay, reserved, &self.base);
+                (pid, view)
+            })
+            .collect();
+        Ok(Some(views))
+    }
+
     /// The views at `at_ns` from the replays the ledgers' pass at that
     /// moment fed (`ledgers`, that moment's, give their reserved bytes),
     /// or the error that ended its feed; None when that pass fed none.
@@ -1663,6 +1738,11 @@ impl MemoryTrace {
         // The calibration of the views the writer stored, when it did.
         let calibrations = calibrations_of(self.stored_allocator_views(&self.block_pids)?.as_ref());
         let source = crate::file_steps::FileSteps::read(&self.rows);
+        // Every calibration known: the views then in one pass for all.
+        if let Some(end) = self.views_fed(until_ns, &calibrations)? {
+            let known = sleuth_core::allocator::KnownViews::with_moments(&source, &self.base, end);
+            return source.into_result().map(|()| Some(known));
+        }
         let known = sleuth_core::allocator::KnownViews::until(
             &source,
             &self.base,

@@ -1389,7 +1389,9 @@ fn allocator_rows_in_completion_order_are_read_by_id() {
 /// writer's calibration, each process's allocator events merged with its
 /// memory calls): the loaded trace's views at every moment, a block
 /// completing at the very time of the `cudaMalloc` that made its segment
-/// included (calls go first), and of the process asked for only.
+/// included (calls go first), and of the process asked for only; a
+/// window's views (`allocator_views_until`) are rebuilt by one such pass
+/// too, with their reserved bytes by the ledger's rules.
 #[test]
 fn views_at_a_moment_from_the_ledger_pass_are_the_loaded_traces() {
     let dir = TempDir::new("allocator_fed");
@@ -1459,6 +1461,19 @@ fn views_at_a_moment_from_the_ledger_pass_are_the_loaded_traces() {
             assert_eq!(json(&got), json(&want), "{pid:?} at {at}");
             let fed = &got[&100];
             assert!(fed.state.is_some(), "{pid:?} at {at}: {}", json(fed));
+            // A window ending then: its views (reserved bytes by the
+            // ledger's rules from the process's own calls) in one pass.
+            let until = mt.allocator_views_until(Some(at)).unwrap().expect("views");
+            let pids: Vec<u32> = want.keys().copied().collect();
+            let none = std::collections::BTreeMap::new();
+            let loaded =
+                sleuth_core::allocator::KnownViews::until(&data, &data, &pids, Some(at), &none);
+            assert_eq!(json(until.end()), json(loaded.end()), "{pid:?} until {at}");
+            assert_eq!(
+                json(until.moments()),
+                json(loaded.moments()),
+                "{pid:?} until {at}"
+            );
         }
     }
 }
