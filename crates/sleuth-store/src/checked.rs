@@ -285,10 +285,24 @@ impl Checks {
         } else {
             self.bulk_todo(conn, path)?
         };
+        // Passed in an earlier run (the checks cache keeps the tables that
+        // passed, not that they were all the file has: its schema, just
+        // read, says so): nothing to run. The counts were run again on
+        // every read of a cached file (0.4 s of a 10M-call file's window).
+        if names.is_empty() {
+            let mut p = self.lock();
+            p.bulk_done = true;
+            drop(p);
+            if let Some(done) = self.counted() {
+                return Ok(done);
+            }
+        }
         let alloc = crate::open::has_table(conn, "allocator_events")
             .map_err(|e| StoreError::file(path, crate::open::short(&e)))?;
         let workers = helpers.workers();
         let plan = Plan::counts(&names, version, alloc, known, workers);
+        #[cfg(test)]
+        crate::open::test_seams::PLANS_RUN.with(|c| c.set(c.get() + 1));
         let outcome = plan.run(conn, path, budget, workers, || helpers.open())?;
         let calls = outcome.calls;
         let problems = outcome.problems.clone();
@@ -856,9 +870,11 @@ mod tests {
             let first_run = cache();
             let first = read_all(&path, &first_run).expect("intact");
             first_run.save();
-            let n = checks_run();
+            let (n, plans) = (checks_run(), crate::open::test_seams::plans_run());
             let again = read_all(&path, &cache()).expect("still intact");
             assert_eq!(checks_run(), n, "{size}: nothing checked by the second run");
+            let plans = crate::open::test_seams::plans_run() - plans;
+            assert_eq!(plans, 0, "{size}: nothing counted again by the second run");
             assert_eq!(first, again, "{size}: the counts come back");
             // A run that learnt nothing new leaves the cache as it was.
             let before = std::fs::read(dir.join("cache/checks.json")).expect("cache");

@@ -78,12 +78,18 @@ pub(crate) mod test_seams {
     thread_local! {
         /// Check pragmas run on this thread.
         pub(crate) static CHECKS_RUN: Cell<usize> = const { Cell::new(0) };
+        /// Plans of checks and counts run on this thread (`Checks::ensure_counts`).
+        pub(crate) static PLANS_RUN: Cell<usize> = const { Cell::new(0) };
         /// The size above which files get `quick_check` only, when set.
         pub(crate) static FULL_CHECK_BYTES: Cell<Option<u64>> = const { Cell::new(None) };
     }
 
     pub(crate) fn checks_run() -> usize {
         CHECKS_RUN.with(|c| c.get())
+    }
+
+    pub(crate) fn plans_run() -> usize {
+        PLANS_RUN.with(|c| c.get())
     }
 }
 
