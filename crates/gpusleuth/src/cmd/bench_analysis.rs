@@ -464,6 +464,7 @@ pub fn run(
                 peak_rss_mb: usage.max_rss_kb as f64 / 1024.0,
             });
         }
+        commands.extend(moments_and_windows(exe, &db, n_calls)?);
         let _ = std::fs::remove_file(&out);
     }
     match keep {
@@ -491,6 +492,67 @@ pub fn run(
         commands,
         precheck,
     })
+}
+
+/// What a moment and a window cost early and late in the file (6% and
+/// 90% into its calls): each replays the memory calls (and allocator
+/// events) from the file's start, so a late one reads most of the file.
+/// Timed as a user's next command is: a first one paid the checks into a
+/// checks cache of the bench's own (timed too, as the first read).
+fn moments_and_windows(exe: &Path, db: &Path, n_calls: u64) -> Result<Vec<CommandRun>> {
+    let dir = db.parent().unwrap_or(Path::new("."));
+    let cache = dir.join("analysis-checks-cache");
+    let _ = std::fs::remove_dir_all(&cache);
+    // The calls span 5 µs each (`events`).
+    let at = |f: f64| format!("{}us", (n_calls as f64 * 5.0 * f) as u64);
+    let db_s = db.display().to_string();
+    let (early, early_end, late, late_end) = (at(0.06), at(0.08), at(0.90), at(0.92));
+    let runs: [(&str, Vec<&str>); 6] = [
+        (
+            "memory --at, first read",
+            vec!["memory", "--json", "--db", &db_s, "--at", &early],
+        ),
+        (
+            "memory --at 6%",
+            vec!["memory", "--json", "--db", &db_s, "--at", &early],
+        ),
+        (
+            "memory --at 92%",
+            vec!["memory", "--json", "--db", &db_s, "--at", &late_end],
+        ),
+        (
+            "explain 6-8%",
+            vec![
+                "explain", "--json", "--db", &db_s, "--from", &early, "--to", &early_end,
+            ],
+        ),
+        (
+            "explain 90-92%",
+            vec![
+                "explain", "--json", "--db", &db_s, "--from", &late, "--to", &late_end,
+            ],
+        ),
+        (
+            "stats 90-92%",
+            vec![
+                "stats", "--json", "--db", &db_s, "--from", &late, "--to", &late_end,
+            ],
+        ),
+    ];
+    let mut out = Vec::new();
+    for (name, argv) in runs {
+        let mut cmd = Command::new(exe);
+        cmd.args(&argv).env(sleuth_store::CACHE_DIR_ENV, &cache);
+        let t = Instant::now();
+        let usage = super::bench::run_child(cmd).with_context(|| format!("{name} failed"))?;
+        out.push(CommandRun {
+            command: name.into(),
+            wall_ms: t.elapsed().as_secs_f64() * 1e3,
+            peak_rss_mb: usage.max_rss_kb as f64 / 1024.0,
+        });
+    }
+    let _ = std::fs::remove_dir_all(&cache);
+    Ok(out)
 }
 
 /// Checks the kept trace at `path` as `trace` checks its files (`precheck`).
@@ -544,7 +606,7 @@ pub fn render(a: &AnalysisBench) -> String {
     );
     for c in &a.commands {
         s += &format!(
-            "  {:<8} {:>9.0} ms wall {:>9.1} MB peak RSS\n",
+            "  {:<24} {:>9.0} ms wall {:>9.1} MB peak RSS\n",
             c.command, c.wall_ms, c.peak_rss_mb
         );
     }
