@@ -409,6 +409,12 @@ impl BulkCheck {
         }
     }
 
+    /// The file's identity when the trace opened it (None when it changed
+    /// while being opened): helper connections read it only while it holds.
+    pub(crate) fn identity(&self) -> Option<FileIdentity> {
+        self.id
+    }
+
     /// The checks for a streamed reader that opened `path` again (its own
     /// connection): the trace's, unless the file is no longer the one the
     /// trace opened (replaced or written since). Then the stream checks

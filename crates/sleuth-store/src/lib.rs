@@ -50,6 +50,7 @@ mod scope_feed;
 mod scope_rollups;
 pub mod scoped;
 pub mod site_rollup;
+mod split_read;
 mod sql;
 mod sqlite_config;
 mod stacks;

@@ -43,6 +43,22 @@ pub enum StreamOrder {
     AsFound,
 }
 
+/// A read error of the file at `path` read under `budget`: why the budget
+/// stopped it, else SQLite's.
+pub(crate) fn read_error_of(
+    path: &std::path::Path,
+    budget: &ReadBudget,
+    e: rusqlite::Error,
+) -> StoreError {
+    match budget.stop_reason() {
+        Some(why) => StoreError::file(path, format!("reading stopped: {why}")),
+        None => StoreError::Sqlite {
+            path: path.to_path_buf(),
+            source: e,
+        },
+    }
+}
+
 /// Which calls a stream visits. `None` fields do not filter.
 #[derive(Debug, Clone, Default)]
 pub struct CallQuery {
@@ -134,13 +150,26 @@ impl Rows {
     }
 
     pub(crate) fn read_error(&self, e: rusqlite::Error) -> StoreError {
-        match self.budget.stop_reason() {
-            Some(why) => StoreError::file(&self.path, format!("reading stopped: {why}")),
-            None => StoreError::Sqlite {
-                path: self.path.clone(),
-                source: e,
-            },
-        }
+        read_error_of(&self.path, &self.budget, e)
+    }
+
+    /// The file's path, budget, schema and checks: what a read split over
+    /// helper connections needs (`crate::split_read`).
+    pub(crate) fn parts(&self) -> (&std::path::Path, &ReadBudget, CallSource, &BulkCheck) {
+        let src = CallSource {
+            version: self.version,
+            has_stacks: self.has_stacks,
+            host_ptrs: true,
+        };
+        (&self.path, &self.budget, src, &self.bulk)
+    }
+
+    /// The connection after the checks a bulk read of the call rows makes
+    /// ([`Self::for_each_call`]'s).
+    pub(crate) fn checked_for_calls(&self) -> Result<&Connection, StoreError> {
+        self.bulk()?;
+        self.check_totals()?;
+        Ok(&self.conn)
     }
 
     /// Visits the calls `q` selects, in its order, one at a time; stops at
@@ -201,7 +230,8 @@ impl Rows {
         };
         let mut state = init();
         let mut buf = Reorder::new(REORDER_ROWS);
-        let read = self.for_each_call::<Halt<E>>(&by_id, |c| {
+        // A large file's chunks read side by side (the same calls in order).
+        let read = crate::split_read::for_each_call::<Halt<E>>(self, &by_id, |c| {
             let key = (c.call.end_ns(), c.call.ts_ns, c.id);
             match buf.push(key, c) {
                 Ok(Some(ready)) => visit(&mut state, ready).map_err(Halt::Visit),
@@ -599,8 +629,50 @@ pub(crate) fn visit_calls<E: From<StoreError>>(
         // The slowest calls, fetched by id, in the same order.
         let list: Vec<String> = ids.iter().map(i64::to_string).collect();
         let cond = format!("calls.id IN ({})", list.join(", "));
-        return select_calls(conn, src, &[cond], &[], q.order, None, "calls", err, visit);
+        let sql = select_sql(conn, src, &[cond], q.order, None, "calls").map_err(err)?;
+        return run_select(conn, &sql, &[], err, visit);
     }
+    let st = call_statement(conn, src, q, false).map_err(err)?;
+    run_select(conn, &st.sql, &st.args, err, visit)
+}
+
+/// A call query as one statement (any but the slowest calls' page,
+/// `slowest_ids`): what [`visit_calls`] runs.
+pub(crate) struct CallStatement {
+    pub(crate) sql: String,
+    args: Vec<Value>,
+    /// With an id range to set (`call_statement`'s `ranged`): the
+    /// positions in `args` of its first and last id.
+    range: Option<(usize, usize)>,
+}
+
+impl CallStatement {
+    /// The statement's arguments with its id range set to `[first, last]`.
+    pub(crate) fn args_for(&self, first: i64, last: i64) -> Vec<Value> {
+        let mut args = self.args.clone();
+        if let Some((a, b)) = self.range {
+            args[a] = Value::Integer(first);
+            args[b] = Value::Integer(last);
+        }
+        args
+    }
+}
+
+/// The statement of query `q` (not a slowest-calls page); with `ranged`,
+/// its rows also keep to an id range set per run ([`CallStatement::args_for`]).
+pub(crate) fn call_statement(
+    conn: &Connection,
+    src: CallSource,
+    q: &CallQuery,
+    ranged: bool,
+) -> rusqlite::Result<CallStatement> {
+    let src = CallSource {
+        host_ptrs: src.host_ptrs
+            && q.ops
+                .as_ref()
+                .is_none_or(|ops| ops.iter().any(|o| copies(o))),
+        ..src
+    };
     let mut conds = vec![valid_call("calls.")];
     let mut args: Vec<Value> = Vec::new();
     if let Some(pid) = q.pid {
@@ -629,7 +701,7 @@ pub(crate) fn visit_calls<E: From<StoreError>>(
     // hold their calls (`call_blocks`), not every row.
     let unindexed = match windowed {
         // The threads (from the stored call groups) name the index ranges.
-        true => match window_tids(conn, q.pid, "calls.").map_err(err)? {
+        true => match window_tids(conn, q.pid, "calls.")? {
             Some(tids) => {
                 conds.push(tids);
                 false
@@ -638,14 +710,14 @@ pub(crate) fn visit_calls<E: From<StoreError>>(
         },
         // The op index finds a few ops' rows where the file has it (the
         // writer's completion builds it before its own reads of them).
-        false => q.ops.is_some() && !has_index(conn, "call_rows_op_dur").map_err(err)?,
+        false => q.ops.is_some() && !has_index(conn, "call_rows_op_dur")?,
     };
     let mut in_blocks = false;
     if unindexed {
         let window = (q.since_ns, q.until_ns);
         let ops = q.ops.as_deref();
         let blocks = crate::call_blocks::restrict(conn, ops, window, "calls.id", &mut args);
-        if let Some(c) = blocks.map_err(err)? {
+        if let Some(c) = blocks? {
             conds.push(c);
             in_blocks = true;
         }
@@ -656,7 +728,7 @@ pub(crate) fn visit_calls<E: From<StoreError>>(
     if let (Some(t), false, false) = (q.returned_by, windowed, in_blocks) {
         let (ops, until) = (q.ops.as_deref(), Some(t.saturating_add(1)));
         let blocks = crate::call_blocks::restrict(conn, ops, (None, until), "calls.id", &mut args);
-        if let Some(c) = blocks.map_err(err)? {
+        if let Some(c) = blocks? {
             conds.push(c);
         }
     }
@@ -668,13 +740,18 @@ pub(crate) fn visit_calls<E: From<StoreError>>(
     }
     // In blocks: the rows by id, in row order (`scan_table`'s count of an
     // op's rows would itself read every row without the op index).
-    let scan_rows = !windowed
-        && src.version >= 2
-        && (in_blocks || scan_table(conn, src.version, q).map_err(err)?);
+    let scan_rows =
+        !windowed && src.version >= 2 && (in_blocks || scan_table(conn, src.version, q)?);
     let source = source_of(src.version, scan_rows, op_marks.as_deref());
-    select_calls(
-        conn, src, &conds, &args, q.order, q.limit, &source, err, visit,
-    )
+    let range = ranged.then(|| {
+        args.push(Value::Integer(i64::MIN));
+        args.push(Value::Integer(i64::MAX));
+        let (a, b) = (args.len() - 2, args.len() - 1);
+        conds.push(format!("calls.id BETWEEN ?{} AND ?{}", a + 1, b + 1));
+        (a, b)
+    });
+    let sql = select_sql(conn, src, &conds, q.order, q.limit, &source)?;
+    Ok(CallStatement { sql, args, range })
 }
 
 /// `{prefix}tid IN (...)`: the threads of process `pid` (or all) that have
@@ -727,19 +804,17 @@ pub(crate) fn visit_own_memory_calls(
 }
 
 /// Visits the calls of `source` (the `calls` view or its row-order twin)
-/// meeting every condition, in `order`, at most `limit` of them.
-#[allow(clippy::too_many_arguments)]
-fn select_calls<E: From<StoreError>>(
+/// The statement that selects the calls of `source` (the `calls` view or
+/// its row-order twin) meeting every condition, in `order`, at most
+/// `limit` of them: the columns [`run_select`] reads.
+fn select_sql(
     conn: &Connection,
     src: CallSource,
     conds: &[String],
-    args: &[Value],
     order: StreamOrder,
     limit: Option<usize>,
     source: &str,
-    err: &dyn Fn(rusqlite::Error) -> StoreError,
-    mut visit: impl FnMut(StoredCall) -> Result<(), E>,
-) -> Result<(), E> {
+) -> rusqlite::Result<String> {
     let order = match order {
         StreamOrder::ByStart => " ORDER BY calls.ts_ns, calls.id",
         StreamOrder::ByReturn => " ORDER BY calls.ts_ns + calls.dur_ns, calls.ts_ns, calls.id",
@@ -750,7 +825,7 @@ fn select_calls<E: From<StoreError>>(
     let limit = limit
         .map(|l| format!(" LIMIT {}", l.min(i64::MAX as usize)))
         .unwrap_or_default();
-    let (host, join) = if src.host_ptrs && has_table(conn, "call_host_ptrs").map_err(err)? {
+    let (host, join) = if src.host_ptrs && has_table(conn, "call_host_ptrs")? {
         (
             "h.host_ptr",
             "LEFT JOIN call_host_ptrs h ON h.call_id = calls.id",
@@ -767,12 +842,22 @@ fn select_calls<E: From<StoreError>>(
         .split(", ")
         .map(|c| format!("calls.{c}"))
         .collect();
-    let sql = format!(
+    Ok(format!(
         "SELECT {}, {host}, {stack} FROM {source} {join} WHERE {}{order}{limit}",
         cols.join(", "),
         conds.join(" AND ")
-    );
-    let mut st = conn.prepare(&sql).map_err(err)?;
+    ))
+}
+
+/// Visits the calls statement `sql` (of [`select_sql`]) selects with `args`.
+pub(crate) fn run_select<E: From<StoreError>>(
+    conn: &Connection,
+    sql: &str,
+    args: &[Value],
+    err: &dyn Fn(rusqlite::Error) -> StoreError,
+    mut visit: impl FnMut(StoredCall) -> Result<(), E>,
+) -> Result<(), E> {
+    let mut st = conn.prepare_cached(sql).map_err(err)?;
     let mut rows = st
         .query(rusqlite::params_from_iter(args.iter()))
         .map_err(err)?;
