@@ -9,7 +9,8 @@
 //! `checked::Helpers`), the row ids are cut into chunks read on helper
 //! connections, each chunk's calls sent whole, and visited chunk after
 //! chunk: the calls and order of one read by id. Memory: a chunk's calls
-//! per helper, one more in each channel.
+//! per helper, one more in each channel, the chunks cut smaller the more
+//! helpers there are ([`IDS_IN_FLIGHT`]).
 
 use crate::checked::Helpers;
 use crate::error::StoreError;
@@ -17,9 +18,11 @@ use crate::stream::{call_statement, read_error_of, run_select, CallQuery, Rows, 
 use crate::types::StoredCall;
 use std::sync::mpsc::sync_channel;
 
-/// Row ids per chunk: at most 128k calls decoded ahead per helper (a
-/// query of every call), a few thousand for a query of memory calls.
-const CHUNK_IDS: i64 = 128 * 1024;
+/// Row ids of the chunks in flight at most (each helper's chunk being read
+/// and the one in its channel): at most this many calls decoded ahead, 80
+/// MB for a read of every call (about 160 bytes each), a fifth of that for
+/// the memory calls of the bench's mix. Two helpers read chunks of 128k ids.
+const IDS_IN_FLIGHT: i64 = 512 * 1024;
 
 /// A helper's answer for one chunk.
 enum Chunk {
@@ -54,7 +57,9 @@ pub(crate) fn for_each_call<E: From<StoreError>>(
         (span, None) => span,
     };
     let chunks = match span {
-        Some((lo, hi)) if hi.saturating_sub(lo) >= 2 * chunk_ids() => cut(lo, hi),
+        Some((lo, hi)) if hi.saturating_sub(lo) >= 2 * chunk_ids(workers) => {
+            cut(lo, hi, chunk_ids(workers))
+        }
         _ => return rows.for_each_call(q, visit),
     };
     let st = call_statement(conn, src, q, true).map_err(err)?;
@@ -67,7 +72,9 @@ pub(crate) fn for_each_call<E: From<StoreError>>(
             answers.push(rx);
             let mine: Vec<(i64, i64)> = chunks.iter().copied().skip(w).step_by(workers).collect();
             let (st, helpers) = (&st, &helpers);
-            scope.spawn(move || {
+            // A helper that cannot be started reads nothing: its channel
+            // closes and the reader reads its chunks itself.
+            let _ = std::thread::Builder::new().spawn_scoped(scope, move || {
                 let Some(conn) = helpers.open() else {
                     for _ in mine {
                         if tx.send(Chunk::Unhelped).is_err() {
@@ -146,9 +153,8 @@ fn blocks_bounds(
     Ok(ranges.map(|r| r.first().zip(r.last()).map(|(a, b)| (a.0, b.1))))
 }
 
-/// `[lo, hi]` cut into chunks of [`chunk_ids`] ids.
-fn cut(lo: i64, hi: i64) -> Vec<(i64, i64)> {
-    let n = chunk_ids();
+/// `[lo, hi]` cut into chunks of `n` ids.
+fn cut(lo: i64, hi: i64, n: i64) -> Vec<(i64, i64)> {
     let mut out = Vec::new();
     let mut a = lo;
     while a <= hi {
@@ -162,12 +168,13 @@ fn cut(lo: i64, hi: i64) -> Vec<(i64, i64)> {
     out
 }
 
-fn chunk_ids() -> i64 {
+/// Row ids per chunk read by one of `workers` helpers.
+fn chunk_ids(workers: usize) -> i64 {
     #[cfg(test)]
     if let Some(n) = test_seams::CHUNK_IDS.with(|c| c.get()) {
         return n;
     }
-    CHUNK_IDS
+    (IDS_IN_FLIGHT / (2 * workers.max(1) as i64)).max(1)
 }
 
 #[cfg(test)]
@@ -191,6 +198,29 @@ mod tests {
         std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../../examples")
             .join(name)
+    }
+
+    /// The chunks in flight hold at most [`IDS_IN_FLIGHT`] ids, whatever
+    /// the helpers, and cover the range once.
+    #[test]
+    fn chunks_shrink_with_helpers_and_cover_the_range() {
+        for workers in 1..=8 {
+            let n = chunk_ids(workers);
+            assert!(2 * workers as i64 * n <= IDS_IN_FLIGHT, "{workers}");
+        }
+        assert_eq!(chunk_ids(2), 128 * 1024);
+        for (lo, hi, n) in [
+            (1, 10, 3),
+            (5, 5, 7),
+            (1, 9, 3),
+            (i64::MAX - 4, i64::MAX, 2),
+        ] {
+            let chunks = cut(lo, hi, n);
+            assert_eq!(chunks.first().map(|c| c.0), Some(lo));
+            assert_eq!(chunks.last().map(|c| c.1), Some(hi));
+            assert!(chunks.windows(2).all(|w| w[1].0 == w[0].1 + 1));
+            assert!(chunks.iter().all(|c| c.0 <= c.1 && c.1 - c.0 < n));
+        }
     }
 
     fn ids(rows: &Rows, q: &CallQuery) -> Vec<(i64, u64)> {
