@@ -8,9 +8,9 @@
 //! reader (opened `immutable`, as the checks' helper connections need:
 //! `checked::Helpers`), the row ids are cut into chunks read on helper
 //! connections, each chunk's calls sent whole, and visited chunk after
-//! chunk: the calls and order of one read by id. Memory: a chunk's calls
-//! per helper, one more in each channel, the chunks cut smaller the more
-//! helpers there are ([`IDS_IN_FLIGHT`]).
+//! chunk: the calls and order of one read by id. Memory: the calls the
+//! helpers send in pieces ahead of the reader, [`CALLS_IN_FLIGHT`] at most
+//! however the rows lie in the chunks.
 
 use crate::checked::Helpers;
 use crate::error::StoreError;
@@ -18,19 +18,46 @@ use crate::stream::{call_statement, read_error_of, run_select, CallQuery, Rows, 
 use crate::types::StoredCall;
 use std::sync::mpsc::sync_channel;
 
-/// Row ids of the chunks in flight at most (each helper's chunk being read
-/// and the one in its channel): at most this many calls decoded ahead, 80
-/// MB for a read of every call (about 160 bytes each), a fifth of that for
-/// the memory calls of the bench's mix. Two helpers read chunks of 128k ids.
-const IDS_IN_FLIGHT: i64 = 512 * 1024;
+/// Row ids per chunk, whatever the helpers: 128k (a file of 10M calls is
+/// 77 chunks).
+const CHUNK_IDS: i64 = 128 * 1024;
 
-/// A helper's answer for one chunk.
-enum Chunk {
+/// Chunks at most: a file whose ids span more (a hostile one: ids 1 and
+/// 2^62) gets larger chunks, not billions of reads.
+const MAX_CHUNKS: i64 = 4096;
+
+/// Calls per message of a helper.
+const PIECE: usize = 4096;
+
+/// Calls decoded ahead at most, over all helpers (each holds the piece it
+/// fills and those in its channel): about 80 MB at 160 bytes a call,
+/// however many calls a chunk holds (a hostile file's one chunk may hold
+/// every row).
+const CALLS_IN_FLIGHT: usize = 512 * 1024;
+
+/// A helper's message.
+enum Piece {
+    /// The next calls of its current chunk.
     Calls(Vec<StoredCall>),
+    /// Its current chunk is done.
+    End,
     Failed(StoreError),
     /// No helper connection (the file changed since the trace opened it):
     /// the reader reads the chunk itself.
     Unhelped,
+}
+
+/// Why a helper's read of a chunk stopped early.
+enum Stop {
+    /// The reader is gone (an error, or the replay's restart).
+    Gone,
+    Failed(StoreError),
+}
+
+impl From<StoreError> for Stop {
+    fn from(e: StoreError) -> Self {
+        Stop::Failed(e)
+    }
 }
 
 /// [`Rows::for_each_call`] of `q`, its chunks read on helper connections
@@ -57,18 +84,22 @@ pub(crate) fn for_each_call<E: From<StoreError>>(
         (span, None) => span,
     };
     let chunks = match span {
-        Some((lo, hi)) if hi.saturating_sub(lo) >= 2 * chunk_ids(workers) => {
-            cut(lo, hi, chunk_ids(workers))
+        Some((lo, hi)) if hi.saturating_sub(lo) >= 2 * chunk_ids() => {
+            let n = chunk_ids().max(hi.saturating_sub(lo) / MAX_CHUNKS + 1);
+            cut(lo, hi, n)
         }
         _ => return rows.for_each_call(q, visit),
     };
     let st = call_statement(conn, src, q, true).map_err(err)?;
     #[cfg(test)]
     test_seams::SPLIT.with(|c| c.set(c.get() + 1));
+    let pieces_ahead = (CALLS_IN_FLIGHT / piece() / workers)
+        .saturating_sub(1)
+        .max(1);
     std::thread::scope(|scope| {
         let mut answers = Vec::with_capacity(workers);
         for w in 0..workers {
-            let (tx, rx) = sync_channel::<Chunk>(1);
+            let (tx, rx) = sync_channel::<Piece>(pieces_ahead);
             answers.push(rx);
             let mine: Vec<(i64, i64)> = chunks.iter().copied().skip(w).step_by(workers).collect();
             let (st, helpers) = (&st, &helpers);
@@ -77,7 +108,7 @@ pub(crate) fn for_each_call<E: From<StoreError>>(
             let _ = std::thread::Builder::new().spawn_scoped(scope, move || {
                 let Some(conn) = helpers.open() else {
                     for _ in mine {
-                        if tx.send(Chunk::Unhelped).is_err() {
+                        if tx.send(Piece::Unhelped).is_err() {
                             return;
                         }
                     }
@@ -86,32 +117,49 @@ pub(crate) fn for_each_call<E: From<StoreError>>(
                 for (a, b) in mine {
                     let mut calls = Vec::new();
                     let args = st.args_for(a, b);
-                    let read = run_select::<StoreError>(&conn, &st.sql, &args, &err, |c| {
+                    let read = run_select::<Stop>(&conn, &st.sql, &args, &err, |c| {
                         calls.push(c);
+                        if calls.len() >= piece() {
+                            let full = std::mem::take(&mut calls);
+                            tx.send(Piece::Calls(full)).map_err(|_| Stop::Gone)?;
+                        }
                         Ok(())
                     });
-                    let answer = match read {
-                        Ok(()) => Chunk::Calls(calls),
-                        Err(e) => Chunk::Failed(e),
+                    let last = match read {
+                        Ok(()) => tx
+                            .send(Piece::Calls(calls))
+                            .and_then(|()| tx.send(Piece::End)),
+                        Err(Stop::Failed(e)) => tx.send(Piece::Failed(e)),
+                        Err(Stop::Gone) => return,
                     };
-                    // The reader stopped (an error, or the replay's restart).
-                    if tx.send(answer).is_err() {
+                    if last.is_err() {
                         return;
                     }
                 }
             });
         }
         for (i, &(a, b)) in chunks.iter().enumerate() {
-            match answers[i % workers].recv() {
-                Ok(Chunk::Calls(calls)) => {
-                    for c in calls {
-                        visit(c)?;
+            let mut started = false;
+            loop {
+                match answers[i % workers].recv() {
+                    Ok(Piece::Calls(calls)) => {
+                        started = true;
+                        for c in calls {
+                            visit(c)?;
+                        }
                     }
-                }
-                Ok(Chunk::Failed(e)) => return Err(e.into()),
-                // A helper without a connection (or gone): read here.
-                Ok(Chunk::Unhelped) | Err(_) => {
-                    run_select(conn, &st.sql, &st.args_for(a, b), &err, &mut visit)?;
+                    Ok(Piece::End) => break,
+                    Ok(Piece::Failed(e)) => return Err(e.into()),
+                    // A helper without a connection (or never started):
+                    // read here.
+                    Ok(Piece::Unhelped) | Err(_) if !started => {
+                        run_select(conn, &st.sql, &st.args_for(a, b), &err, &mut visit)?;
+                        break;
+                    }
+                    Ok(Piece::Unhelped) | Err(_) => {
+                        let why = "a helper stopped in the middle of its part of the read";
+                        return Err(StoreError::file(path, why).into());
+                    }
                 }
             }
         }
@@ -168,13 +216,22 @@ fn cut(lo: i64, hi: i64, n: i64) -> Vec<(i64, i64)> {
     out
 }
 
-/// Row ids per chunk read by one of `workers` helpers.
-fn chunk_ids(workers: usize) -> i64 {
+/// Row ids per chunk (at least: see [`MAX_CHUNKS`]).
+fn chunk_ids() -> i64 {
     #[cfg(test)]
     if let Some(n) = test_seams::CHUNK_IDS.with(|c| c.get()) {
         return n;
     }
-    (IDS_IN_FLIGHT / (2 * workers.max(1) as i64)).max(1)
+    CHUNK_IDS
+}
+
+/// Calls per message of a helper.
+fn piece() -> usize {
+    #[cfg(test)]
+    if let Some(n) = test_seams::PIECE.with(|c| c.get()) {
+        return n;
+    }
+    PIECE
 }
 
 #[cfg(test)]
@@ -183,6 +240,8 @@ pub(crate) mod test_seams {
     thread_local! {
         /// Row ids per chunk of reads from this thread, when set.
         pub(crate) static CHUNK_IDS: Cell<Option<i64>> = const { Cell::new(None) };
+        /// Calls per helper message of reads from this thread, when set.
+        pub(crate) static PIECE: Cell<Option<usize>> = const { Cell::new(None) };
         /// Reads split into chunks on this thread.
         pub(crate) static SPLIT: Cell<usize> = const { Cell::new(0) };
     }
@@ -200,15 +259,57 @@ mod tests {
             .join(name)
     }
 
-    /// The chunks in flight hold at most [`IDS_IN_FLIGHT`] ids, whatever
-    /// the helpers, and cover the range once.
-    #[test]
-    fn chunks_shrink_with_helpers_and_cover_the_range() {
-        for workers in 1..=8 {
-            let n = chunk_ids(workers);
-            assert!(2 * workers as i64 * n <= IDS_IN_FLIGHT, "{workers}");
+    /// A trace of this build's schema at `path`: 3,000 calls of two
+    /// threads, allocations, frees and launches.
+    fn written(path: &std::path::Path) {
+        use sleuth_core::{op_by_name, CallEvent, Event};
+        let w =
+            crate::TraceWriter::create(path, crate::SessionInfo::for_tests(), Default::default())
+                .expect("writer");
+        let h = w.handle();
+        for i in 0..3_000u64 {
+            let (op, size) = match i % 3 {
+                0 => ("cudaMalloc", Some(256)),
+                1 => ("cudaFree", None),
+                _ => ("cudaLaunchKernel", None),
+            };
+            let call = CallEvent {
+                ts_ns: 10_000 + i * 10,
+                dur_ns: 5 + i % 7,
+                pid: 7,
+                tid: 7 + (i % 2) as u32,
+                op: op_by_name(op).expect("op").id,
+                size,
+                ptr: Some(0x10_0000 + (i / 3 % 500) * 0x100),
+                ..Default::default()
+            };
+            h.send(Event::Call(call)).expect("send");
         }
-        assert_eq!(chunk_ids(2), 128 * 1024);
+        drop(h);
+        w.finish().expect("finish");
+    }
+
+    /// A directory of its own, removed when dropped.
+    struct Dir(std::path::PathBuf);
+
+    impl Dir {
+        fn new(tag: &str) -> Dir {
+            let d = std::env::temp_dir().join(format!("gs-split-{tag}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&d);
+            std::fs::create_dir_all(&d).expect("dir");
+            Dir(d)
+        }
+    }
+
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    /// Chunks cover the range once, each at most `n` ids.
+    #[test]
+    fn chunks_cover_the_range() {
         for (lo, hi, n) in [
             (1, 10, 3),
             (5, 5, 7),
@@ -238,8 +339,17 @@ mod tests {
     /// and a chunk size of one id, of more than the file, a single helper.
     #[test]
     fn chunks_read_side_by_side_are_one_read_by_id() {
-        for name in ["demo-sim.db", "h200-contention.db"] {
-            let trace = Trace::open(&example(name)).expect("open");
+        let dir = Dir::new("read");
+        let current = dir.0.join("t.db");
+        written(&current);
+        let files = [
+            example("demo-sim.db"),
+            example("h200-contention.db"),
+            current,
+        ];
+        for file in &files {
+            let name = file.file_name().and_then(|n| n.to_str()).unwrap_or("?");
+            let trace = Trace::open(file).expect("open");
             let rows = Rows::open(&trace).expect("rows");
             let calls = trace.load(None).expect("load").calls;
             let end = calls.iter().map(|c| c.end_ns()).max().expect("calls");
@@ -255,9 +365,12 @@ mod tests {
             for q in [&all, &memory, &moment] {
                 WORKERS.with(|w| w.set(Some(1)));
                 let one = ids(&rows, q);
-                for (workers, chunk) in [(2, 7), (3, 1), (2, 1_000), (2, 1 << 40)] {
+                for (workers, chunk, piece) in
+                    [(2, 7, 2), (3, 1, 1), (2, 1_000, 4096), (2, 1 << 40, 3)]
+                {
                     WORKERS.with(|w| w.set(Some(workers)));
                     test_seams::CHUNK_IDS.with(|c| c.set(Some(chunk)));
+                    test_seams::PIECE.with(|c| c.set(Some(piece)));
                     let before = test_seams::SPLIT.with(|c| c.get());
                     let what = format!("{name}, {workers} workers, {chunk} ids per chunk");
                     assert_eq!(ids(&rows, q), one, "{what}");
@@ -266,9 +379,50 @@ mod tests {
                 }
             }
             let memory_calls = ids(&rows, &memory).len();
-            assert!(name != "demo-sim.db" || memory_calls >= 5, "{memory_calls}");
+            assert!(
+                name == "h200-contention.db" || memory_calls >= 5,
+                "{memory_calls}"
+            );
         }
         WORKERS.with(|w| w.set(None));
         test_seams::CHUNK_IDS.with(|c| c.set(None));
+        test_seams::PIECE.with(|c| c.set(None));
+    }
+
+    /// Ids far apart (a file changed by hand: its last call's id near
+    /// 2^62) make larger chunks, not billions of reads, and the same calls.
+    #[test]
+    fn ids_far_apart_are_read_in_few_chunks() {
+        let dir = Dir::new("sparse");
+        let path = dir.0.join("t.db");
+        written(&path);
+        rusqlite::Connection::open(&path)
+            .expect("open")
+            .execute_batch(
+                "UPDATE call_rows SET id = 4611686018427387000 WHERE id = (SELECT max(id) FROM call_rows)",
+            )
+            .expect("update");
+        let trace = Trace::open(&path).expect("open");
+        let rows = Rows::open(&trace).expect("rows");
+        let all = CallQuery {
+            order: StreamOrder::ById,
+            ..Default::default()
+        };
+        WORKERS.with(|w| w.set(Some(1)));
+        let one = ids(&rows, &all);
+        assert_eq!(one.last().map(|c| c.0), Some(4611686018427387000));
+        WORKERS.with(|w| w.set(Some(2)));
+        test_seams::CHUNK_IDS.with(|c| c.set(Some(7)));
+        test_seams::PIECE.with(|c| c.set(Some(16)));
+        let t = std::time::Instant::now();
+        assert_eq!(ids(&rows, &all), one);
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(60),
+            "{:?}",
+            t.elapsed()
+        );
+        WORKERS.with(|w| w.set(None));
+        test_seams::CHUNK_IDS.with(|c| c.set(None));
+        test_seams::PIECE.with(|c| c.set(None));
     }
 }
