@@ -219,19 +219,23 @@ fn the_carried_ledger_answers_explain_as_the_replay_did() {
     sb.trace(&["--rotate", "300ms"], SCRIPT, 0);
     let files = parts(&sb.db());
     assert!(files.len() >= 3, "{files:?}");
-    // `a` is unfreed in the file that made it (the first that allocated),
-    // alone: its free is in a later file, so the run's ledger spans files.
+    // `a` is unfreed in the file that made it, alone: its free is in a
+    // later file, so the run's ledger spans files. (That file is found by
+    // `a`'s own call: a rotation may fall between `w`'s malloc and `a`'s,
+    // which once made the first file that allocated hold `w` alone.)
     let alone = |f: &Path| {
         let t = sleuth_store::Trace::open(f).expect("open a file");
         let lean = sleuth_store::lean::load(&t, None, budget()).expect("lean load");
         lean.expect("a finished file").ledgers
     };
+    let a_sql = format!("SELECT count(*) FROM calls WHERE op = 'cudaMalloc' AND size = {A_BYTES}");
+    let makes_a = |f: &Path| common::Db::open(f).ints(&a_sql)[0][0] > 0;
     let (made_in, ledgers) = files
         .iter()
         .enumerate()
+        .find(|(_, f)| makes_a(f))
         .map(|(i, f)| (i, alone(f)))
-        .find(|(_, ls)| ls.iter().any(|l| l.allocs > 0))
-        .expect("a file with allocations");
+        .expect("a file that made `a`");
     assert!(made_in + 1 < files.len(), "{files:?}");
     assert!(
         ledgers
