@@ -115,12 +115,13 @@ pub(crate) fn for_each_call<E: From<StoreError>>(
                     return;
                 };
                 for (a, b) in mine {
-                    let mut calls = Vec::new();
+                    let mut calls = Vec::with_capacity(piece());
                     let args = st.args_for(a, b);
                     let read = run_select::<Stop>(&conn, &st.sql, &args, &err, |c| {
                         calls.push(c);
                         if calls.len() >= piece() {
-                            let full = std::mem::take(&mut calls);
+                            let next = Vec::with_capacity(piece());
+                            let full = std::mem::replace(&mut calls, next);
                             tx.send(Piece::Calls(full)).map_err(|_| Stop::Gone)?;
                         }
                         Ok(())
