@@ -620,6 +620,16 @@ fn view_with(
     let state = calibration
         .layout()
         .map(|layout| rebuild(source, pid, layout, at_ns, reserved));
+    named_view(pid, calibration, state, data)
+}
+
+/// The view of `pid` with `state`, its blocks' sites named from `data`.
+fn named_view(
+    pid: u32,
+    calibration: Calibration,
+    state: Option<AllocatorState>,
+    data: &TraceData,
+) -> AllocatorView {
     let mut view = AllocatorView {
         pid,
         calibration,
@@ -863,13 +873,7 @@ pub fn view_rebuilt(
         .layout()
         .and(rebuilt)
         .map(|r| r.finish(reserved_bytes));
-    let mut view = AllocatorView {
-        pid,
-        calibration,
-        state,
-    };
-    name_sites(&mut view, data);
-    view
+    named_view(pid, calibration, state, data)
 }
 
 fn pool_of(size: u64, blocks: &[LiveBlock]) -> Pool {

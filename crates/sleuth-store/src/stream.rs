@@ -156,12 +156,16 @@ impl Rows {
     /// The file's path, budget, schema and checks: what a read split over
     /// helper connections needs (`crate::split_read`).
     pub(crate) fn parts(&self) -> (&std::path::Path, &ReadBudget, CallSource, &BulkCheck) {
-        let src = CallSource {
+        (&self.path, &self.budget, self.call_source(), &self.bulk)
+    }
+
+    /// Where this stream's calls come from (every column it has).
+    fn call_source(&self) -> CallSource {
+        CallSource {
             version: self.version,
             has_stacks: self.has_stacks,
             host_ptrs: true,
-        };
-        (&self.path, &self.budget, src, &self.bulk)
+        }
     }
 
     /// The connection after the checks a bulk read of the call rows makes
@@ -185,20 +189,10 @@ impl Rows {
         // refuses it). A page of at most `KEYED_ROWS` calls (the slowest ones)
         // is a bounded read, as `Trace::keyed` reads.
         if q.limit.is_none_or(|n| n > crate::reader::KEYED_ROWS) {
-            self.bulk()?;
-            self.check_totals()?;
+            self.checked_for_calls()?;
         }
-        visit_calls(
-            &self.conn,
-            CallSource {
-                version: self.version,
-                has_stacks: self.has_stacks,
-                host_ptrs: true,
-            },
-            q,
-            &|e| self.read_error(e),
-            visit,
-        )
+        let err = |e| self.read_error(e);
+        visit_calls(&self.conn, self.call_source(), q, &err, visit)
     }
 
     /// Replays the calls `q` selects in return order (whatever `q.order`)
@@ -594,6 +588,18 @@ fn copies(name: &str) -> bool {
 }
 
 impl CallSource {
+    /// This source for query `q`: without the copies' host pointers when
+    /// it reads no op that copies.
+    fn for_query(self, q: &CallQuery) -> CallSource {
+        CallSource {
+            host_ptrs: self.host_ptrs
+                && q.ops
+                    .as_ref()
+                    .is_none_or(|ops| ops.iter().any(|o| copies(o))),
+            ..self
+        }
+    }
+
     /// The source of a file whose `calls` exist (the writer's own file at its end).
     pub(crate) fn of(conn: &Connection) -> rusqlite::Result<CallSource> {
         let version = crate::open::meta_value(conn, "schema_version")?
@@ -618,13 +624,7 @@ pub(crate) fn visit_calls<E: From<StoreError>>(
     err: &dyn Fn(rusqlite::Error) -> StoreError,
     visit: impl FnMut(StoredCall) -> Result<(), E>,
 ) -> Result<(), E> {
-    let src = CallSource {
-        host_ptrs: src.host_ptrs
-            && q.ops
-                .as_ref()
-                .is_none_or(|ops| ops.iter().any(|o| copies(o))),
-        ..src
-    };
+    let src = src.for_query(q);
     if let Some(ids) = slowest_ids(conn, src, q).map_err(err)? {
         // The slowest calls, fetched by id, in the same order.
         let list: Vec<String> = ids.iter().map(i64::to_string).collect();
@@ -666,13 +666,7 @@ pub(crate) fn call_statement(
     q: &CallQuery,
     ranged: bool,
 ) -> rusqlite::Result<CallStatement> {
-    let src = CallSource {
-        host_ptrs: src.host_ptrs
-            && q.ops
-                .as_ref()
-                .is_none_or(|ops| ops.iter().any(|o| copies(o))),
-        ..src
-    };
+    let src = src.for_query(q);
     let mut conds = vec![valid_call("calls.")];
     let mut args: Vec<Value> = Vec::new();
     if let Some(pid) = q.pid {
@@ -1615,15 +1609,15 @@ impl MemoryTrace {
         ledgers: &[sleuth_core::ledger::ProcessLedger],
     ) -> Result<std::collections::BTreeMap<u32, sleuth_core::allocator::AllocatorView>, StoreError>
     {
+        // At a moment the ledgers' pass fed: the views from its replays.
+        if let Some(views) = self.views_rebuilt(at_ns, ledgers) {
+            return views;
+        }
         let pids = &self.block_pids;
         let stored = self.stored_allocator_views(pids)?;
         // At the end: the views the writer rebuilt when the trace ended.
         if let (None, Some(known)) = (at_ns, &stored) {
             return Ok(known.end().clone());
-        }
-        // At a moment the ledgers' pass fed: the views from its replays.
-        if let Some(views) = self.views_rebuilt(at_ns, ledgers) {
-            return views;
         }
         // At a moment: replayed up to it with their calibration (a pass
         // over every step of the file) taken from them.
@@ -1650,13 +1644,54 @@ impl MemoryTrace {
             return Ok(None);
         }
         let stored = self.stored_allocator_views(&self.block_pids)?;
-        let calibrations = calibrations_of(stored.as_ref());
-        if !self.block_pids.iter().all(|p| calibrations.contains_key(p)) {
+        self.plan_for(&calibrations_of(stored.as_ref()))
+    }
+
+    /// The plan that feeds the views of the processes with allocator
+    /// events calibrated by `calibrations`; None when one has none there
+    /// (or no process has allocator events).
+    fn plan_for(
+        &self,
+        calibrations: &std::collections::BTreeMap<u32, sleuth_core::allocator::Calibration>,
+    ) -> Result<Option<RebuildPlan>, StoreError> {
+        let pids = &self.block_pids;
+        if pids.is_empty() || !pids.iter().all(|p| calibrations.contains_key(p)) {
             return Ok(None);
         }
         let sql =
             crate::step_feed::page_query(&self.rows.conn).map_err(|e| self.rows.read_error(e))?;
-        Ok(sql.map(|sql| RebuildPlan { sql, calibrations }))
+        Ok(sql.map(|sql| RebuildPlan {
+            sql,
+            calibrations: calibrations
+                .iter()
+                .filter(|(p, _)| pids.contains(p))
+                .map(|(&p, c)| (p, c.clone()))
+                .collect(),
+        }))
+    }
+
+    /// Each process's view from the replay fed for it (`replays`), by its
+    /// calibration; its reserved bytes its ledger's live bytes (`ledgers`,
+    /// of the same moment).
+    fn views_of(
+        &self,
+        calibrations: std::collections::BTreeMap<u32, sleuth_core::allocator::Calibration>,
+        mut replays: std::collections::BTreeMap<u32, sleuth_core::allocator::Rebuilder>,
+        ledgers: &[sleuth_core::ledger::ProcessLedger],
+    ) -> std::collections::BTreeMap<u32, sleuth_core::allocator::AllocatorView> {
+        calibrations
+            .into_iter()
+            .map(|(pid, cal)| {
+                let reserved = ledgers
+                    .iter()
+                    .find(|l| l.pid == pid)
+                    .map_or(0, |l| l.live_bytes);
+                let replay = replays.remove(&pid);
+                let view =
+                    sleuth_core::allocator::view_rebuilt(pid, cal, replay, reserved, &self.base);
+                (pid, view)
+            })
+            .collect()
     }
 
     /// The views of the processes with allocator events at `at_ns` (the
@@ -1675,23 +1710,10 @@ impl MemoryTrace {
         Option<std::collections::BTreeMap<u32, sleuth_core::allocator::AllocatorView>>,
         StoreError,
     > {
+        let Some(plan) = self.plan_for(calibrations)? else {
+            return Ok(None);
+        };
         let pids = &self.block_pids;
-        if pids.is_empty() || !pids.iter().all(|p| calibrations.contains_key(p)) {
-            return Ok(None);
-        }
-        let sql =
-            crate::step_feed::page_query(&self.rows.conn).map_err(|e| self.rows.read_error(e))?;
-        let Some(sql) = sql else {
-            return Ok(None);
-        };
-        let plan = RebuildPlan {
-            sql,
-            calibrations: calibrations
-                .iter()
-                .filter(|(p, _)| pids.contains(p))
-                .map(|(&p, c)| (p, c.clone()))
-                .collect(),
-        };
         let init = || {
             let mut ledger =
                 sleuth_core::ledger::LedgerBuilder::new(Some(at_ns.unwrap_or(u64::MAX)));
@@ -1715,23 +1737,9 @@ impl MemoryTrace {
                     feed.push_call(&c.call);
                     Ok(())
                 })?;
-        let mut replays = feed.finish(at_ns).map_err(|e| self.rows.read_error(e))?;
+        let replays = feed.finish(at_ns).map_err(|e| self.rows.read_error(e))?;
         let ledgers = ledger.finish_bare();
-        let views = plan
-            .calibrations
-            .into_iter()
-            .map(|(pid, cal)| {
-                let reserved = ledgers
-                    .iter()
-                    .find(|l| l.pid == pid)
-                    .map_or(0, |l| l.live_bytes);
-                let replay = replays.remove(&pid);
-                let view =
-                    sleuth_core::allocator::view_rebuilt(pid, cal, replay, reserved, &self.base);
-                (pid, view)
-            })
-            .collect();
-        Ok(Some(views))
+        Ok(Some(self.views_of(plan.calibrations, replays, &ledgers)))
     }
 
     /// The views at `at_ns` from the replays the ledgers' pass at that
@@ -1755,26 +1763,8 @@ impl MemoryTrace {
             replays,
             ..
         } = slot.take()?;
-        let mut replays = match replays {
-            Ok(r) => r,
-            Err(e) => return Some(Err(e)),
-        };
-        // Every process's calibration is there (`rebuild_plan`).
-        let views = calibrations
-            .into_iter()
-            .filter(|(pid, _)| self.block_pids.contains(pid))
-            .map(|(pid, cal)| {
-                let reserved = ledgers
-                    .iter()
-                    .find(|l| l.pid == pid)
-                    .map_or(0, |l| l.live_bytes);
-                let replay = replays.remove(&pid);
-                let view =
-                    sleuth_core::allocator::view_rebuilt(pid, cal, replay, reserved, &self.base);
-                (pid, view)
-            })
-            .collect();
-        Some(Ok(views))
+        // Every process's calibration is there, and only theirs (`plan_for`).
+        Some(replays.map(|r| self.views_of(calibrations, r, ledgers)))
     }
 
     /// The allocator views of `pids` the writer stored when the trace ended
