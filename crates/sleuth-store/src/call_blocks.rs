@@ -54,17 +54,7 @@ pub(crate) fn id_ranges(
     if !has_table(conn, "call_blocks")? || !has_table(conn, "call_rows")? {
         return Ok(None);
     }
-    // Each alone: SQLite answers a lone min() or max() of the row id from
-    // the table's ends; both in one statement would scan it.
-    let end = |sql: &str| -> rusqlite::Result<Option<i64>> {
-        conn.query_row(sql, [], |r| r.get(0))
-            .optional()
-            .map(Option::flatten)
-    };
-    let (Some(min_id), Some(max_id)) = (
-        end("SELECT min(id) FROM call_rows")?,
-        end("SELECT max(id) FROM call_rows")?,
-    ) else {
+    let Some((min_id, max_id)) = id_span(conn, "call_rows")? else {
         return Ok(None);
     };
     let ns = |t: u64| i64::try_from(t).unwrap_or(i64::MAX);
@@ -102,6 +92,18 @@ pub(crate) fn id_ranges(
         ranges = vec![(a, b)];
     }
     Ok(Some(ranges))
+}
+
+/// The first and last row id of `table` (None without rows): each alone,
+/// as SQLite answers a lone min() or max() of the row id from the table's
+/// ends; both in one statement would scan it.
+pub(crate) fn id_span(conn: &Connection, table: &str) -> rusqlite::Result<Option<(i64, i64)>> {
+    let end = |f: &str| -> rusqlite::Result<Option<i64>> {
+        conn.query_row(&format!("SELECT {f}(rowid) FROM {table}"), [], |r| r.get(0))
+            .optional()
+            .map(Option::flatten)
+    };
+    Ok(end("min")?.zip(end("max")?))
 }
 
 /// The condition that keeps a read of the calls of `ops` (all without)

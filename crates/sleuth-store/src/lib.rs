@@ -83,3 +83,14 @@ pub use types::{
     StoredCall, TraceSource, WaitFilter, WriteSummary, WriterOptions, DEFAULT_MAX_DB_BYTES,
 };
 pub use writer::{drop_stat_name, monotonic_now_ns, TraceWriter, WriterHandle};
+
+/// Files the unit tests read.
+#[cfg(test)]
+pub(crate) mod test_files {
+    /// The repository's example trace `name` (`examples/`).
+    pub(crate) fn example(name: &str) -> std::path::PathBuf {
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../examples")
+            .join(name)
+    }
+}

@@ -76,7 +76,8 @@ pub(crate) fn for_each_call<E: From<StoreError>>(
     }
     let conn = rows.checked_for_calls()?;
     let err = |e| read_error_of(path, budget, e);
-    let span = id_span(conn, src.version).map_err(err)?;
+    let table = crate::problems::call_table(src.version);
+    let span = crate::call_blocks::id_span(conn, table).map_err(err)?;
     let span = match (span, blocks_bounds(conn, q).map_err(err)?) {
         (Some((lo, hi)), Some(Some((a, b)))) => Some((lo.max(a), hi.min(b))),
         // No row, or no block can hold one of its calls.
@@ -168,19 +169,6 @@ pub(crate) fn for_each_call<E: From<StoreError>>(
     })
 }
 
-/// The first and last call row id (None without rows): each alone, as
-/// SQLite answers a lone min() or max() of the row id from the table's ends.
-fn id_span(conn: &rusqlite::Connection, version: i64) -> rusqlite::Result<Option<(i64, i64)>> {
-    let table = match version {
-        1 => "calls",
-        _ => "call_rows",
-    };
-    let end = |f: &str| -> rusqlite::Result<Option<i64>> {
-        conn.query_row(&format!("SELECT {f}(rowid) FROM {table}"), [], |r| r.get(0))
-    };
-    Ok(end("min")?.zip(end("max")?))
-}
-
 /// The first and last id of the writer's blocks that can hold a call of
 /// `q` (`call_blocks`: a moment's calls started by it, a window's in it,
 /// a few ops' in blocks of their classes), Some(None) when none can; None
@@ -254,11 +242,7 @@ mod tests {
     use crate::check_plan::test_seams::WORKERS;
     use crate::Trace;
 
-    fn example(name: &str) -> std::path::PathBuf {
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../examples")
-            .join(name)
-    }
+    use crate::test_files::example;
 
     /// A trace of this build's schema at `path`: 3,000 calls of two
     /// threads, allocations, frees and launches.
@@ -354,7 +338,8 @@ mod tests {
             let rows = Rows::open(&trace).expect("rows");
             let calls = trace.load(None).expect("load").calls;
             let end = calls.iter().map(|c| c.end_ns()).max().expect("calls");
-            let span = id_span(rows.conn(), rows.parts().2.version)
+            let table = crate::problems::call_table(rows.parts().2.version);
+            let span = crate::call_blocks::id_span(rows.conn(), table)
                 .expect("span")
                 .expect("rows");
             let memory = crate::stream::memory_calls_of(None, StreamOrder::ById, None);

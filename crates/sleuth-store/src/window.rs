@@ -671,11 +671,7 @@ pub fn explain_loaded(
 mod tests {
     use super::*;
 
-    fn example(name: &str) -> std::path::PathBuf {
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../examples")
-            .join(name)
-    }
+    use crate::test_files::example;
 
     /// The rollups and culprit sums of a window of a file that did not
     /// finish, streamed, equal those of its calls loaded with their
