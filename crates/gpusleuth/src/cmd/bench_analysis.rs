@@ -453,16 +453,8 @@ pub fn run(
             ),
         ];
         for (name, argv) in runs {
-            let mut cmd = Command::new(exe);
             // Each command as on a file it never read: no checks cache.
-            cmd.args(&argv).env(sleuth_store::CACHE_DIR_ENV, "");
-            let t = Instant::now();
-            let usage = super::bench::run_child(cmd).with_context(|| format!("{name} failed"))?;
-            commands.push(CommandRun {
-                command: name.into(),
-                wall_ms: t.elapsed().as_secs_f64() * 1e3,
-                peak_rss_mb: usage.max_rss_kb as f64 / 1024.0,
-            });
+            commands.push(timed(exe, name, &argv, Path::new(""))?);
         }
         commands.extend(moments_and_windows(exe, &db, n_calls)?);
         let _ = std::fs::remove_file(&out);
@@ -539,20 +531,26 @@ fn moments_and_windows(exe: &Path, db: &Path, n_calls: u64) -> Result<Vec<Comman
             ],
         ),
     ];
-    let mut out = Vec::new();
-    for (name, argv) in runs {
-        let mut cmd = Command::new(exe);
-        cmd.args(&argv).env(sleuth_store::CACHE_DIR_ENV, &cache);
-        let t = Instant::now();
-        let usage = super::bench::run_child(cmd).with_context(|| format!("{name} failed"))?;
-        out.push(CommandRun {
-            command: name.into(),
-            wall_ms: t.elapsed().as_secs_f64() * 1e3,
-            peak_rss_mb: usage.max_rss_kb as f64 / 1024.0,
-        });
-    }
+    let out = runs
+        .iter()
+        .map(|(name, argv)| timed(exe, name, argv, &cache))
+        .collect::<Result<Vec<_>>>();
     let _ = std::fs::remove_dir_all(&cache);
-    Ok(out)
+    out
+}
+
+/// Runs `exe` with `argv` (the command `name`) with its checks cache in
+/// `cache` (none when empty): its wall time and its own peak RSS.
+fn timed(exe: &Path, name: &str, argv: &[&str], cache: &Path) -> Result<CommandRun> {
+    let mut cmd = Command::new(exe);
+    cmd.args(argv).env(sleuth_store::CACHE_DIR_ENV, cache);
+    let t = Instant::now();
+    let usage = super::bench::run_child(cmd).with_context(|| format!("{name} failed"))?;
+    Ok(CommandRun {
+        command: name.into(),
+        wall_ms: t.elapsed().as_secs_f64() * 1e3,
+        peak_rss_mb: usage.max_rss_kb as f64 / 1024.0,
+    })
 }
 
 /// Checks the kept trace at `path` as `trace` checks its files (`precheck`).
