@@ -19,11 +19,13 @@
 //! 20 MiB pages when expandable); otherwise it is in the large pool.
 
 mod calibrate;
+mod resume;
 mod segments;
 #[cfg(test)]
 pub(crate) mod tests;
 
 pub use calibrate::{calibrate, Calibration, Calibrator, Layout, BLOCK_ROUNDING, MIN_AGREEMENT};
+pub use resume::RebuildState;
 pub use segments::SegmentKind;
 
 use crate::data::TraceData;

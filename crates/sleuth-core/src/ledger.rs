@@ -782,6 +782,16 @@ impl LedgerBuilder {
         }
     }
 
+    /// A builder without history (no timeline, no failed allocations
+    /// listed; every count, byte total and live allocation kept), bounded
+    /// by what is live: states small enough to store often.
+    pub fn without_history() -> LedgerBuilder {
+        LedgerBuilder {
+            ledger: Ledger::live(),
+            ..LedgerBuilder::new(None)
+        }
+    }
+
     /// Lists a process that made a call (memory or not) or a counted call.
     pub fn track(&mut self, pid: u32) {
         self.ledger.track(pid);

@@ -187,4 +187,23 @@ impl SegmentMap {
     pub fn iter(&self) -> impl Iterator<Item = (u64, &Seg)> + '_ {
         self.by_base.iter().map(|(b, s)| (*b, s))
     }
+
+    /// A map holding `segments` (by base, each once) with `owned_total`
+    /// as the replay that left them summed it: a stored state taken up
+    /// again (`super::resume`).
+    pub fn from_parts(
+        segments: impl IntoIterator<Item = (u64, Seg)>,
+        owned_total: u64,
+    ) -> Result<SegmentMap, String> {
+        let mut by_base = BTreeMap::new();
+        for (base, seg) in segments {
+            if by_base.insert(base, seg).is_some() {
+                return Err(format!("segment {base:#x} listed twice"));
+            }
+        }
+        Ok(SegmentMap {
+            by_base,
+            owned_total,
+        })
+    }
 }

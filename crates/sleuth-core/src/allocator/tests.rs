@@ -50,7 +50,7 @@ impl Sim {
         self.ts += 100;
         self.ts
     }
-    fn call(&mut self, op: &str, size: Option<u64>, ptr: Option<u64>) -> &mut CallEvent {
+    pub(crate) fn call(&mut self, op: &str, size: Option<u64>, ptr: Option<u64>) -> &mut CallEvent {
         let ts = self.tick();
         self.calls.push(CallEvent {
             ts_ns: ts,

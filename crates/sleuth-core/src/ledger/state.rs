@@ -334,13 +334,36 @@ impl LedgerBuilder {
         at_ns: Option<u64>,
         peak_sites: bool,
     ) -> Result<LedgerBuilder, String> {
+        Self::restored(states, at_ns, peak_sites, false)
+    }
+
+    /// [`Self::from_states`] of states a builder [`Self::without_history`]
+    /// left (no timeline, no failures listed), continued the same way: what
+    /// a reader that needs only live bytes takes up (the allocator
+    /// checkpoints of `sleuth_store`).
+    pub fn from_states_without_history(
+        states: Vec<ProcessState>,
+        at_ns: Option<u64>,
+    ) -> Result<LedgerBuilder, String> {
+        Self::restored(states, at_ns, false, true)
+    }
+
+    fn restored(
+        states: Vec<ProcessState>,
+        at_ns: Option<u64>,
+        peak_sites: bool,
+        no_history: bool,
+    ) -> Result<LedgerBuilder, String> {
         let mut procs = std::collections::BTreeMap::new();
         for s in states {
             let pid = s.pid;
             if peak_sites && s.sites.is_none() {
                 return Err(format!("process {pid}'s state keeps no sites"));
             }
-            let mut r = Replay::from_state(s, false)?;
+            if no_history && (!s.failed.is_empty() || !s.timeline.is_empty()) {
+                return Err(format!("process {pid}'s state keeps a history"));
+            }
+            let mut r = Replay::from_state(s, no_history)?;
             if !peak_sites {
                 r.sites = None;
             }
@@ -351,7 +374,7 @@ impl LedgerBuilder {
         Ok(LedgerBuilder {
             ledger: Ledger {
                 procs,
-                no_history: false,
+                no_history,
                 peak_sites,
             },
             at_ns,
@@ -453,6 +476,53 @@ mod tests {
             }
         }
         assert!(restored >= 2000, "{restored}");
+    }
+
+    /// A builder without history stored midway and taken up again ends
+    /// with the live bytes, counts and live allocations of one replay with
+    /// history; a state with history is refused as one without.
+    #[test]
+    fn a_replay_without_history_stored_midway_keeps_what_is_live() {
+        let mut next = crate::testing::xorshift(0x5851_f42d_4c95_7f2d);
+        for round in 0..100u64 {
+            let data = TraceData {
+                calls: random_calls(&mut next),
+                ..Default::default()
+            };
+            let mut order: Vec<&CallEvent> = data.calls.iter().collect();
+            order.sort_by_key(|c| c.end_ns());
+            let at = Some(round * 20);
+            let mut whole = LedgerBuilder::new(at);
+            order.iter().for_each(|c| whole.push(c));
+            let want = whole.finish_bare();
+            // A state holds only calls that returned by the moment.
+            let before = order
+                .iter()
+                .take_while(|c| at.is_none_or(|t| c.end_ns() <= t))
+                .count();
+            for split in [0, before / 3, before / 2, before] {
+                let mut first = LedgerBuilder::without_history();
+                order[..split].iter().for_each(|c| first.push(c));
+                let json = serde_json::to_string(&first.states()).unwrap();
+                let back: Vec<ProcessState> = serde_json::from_str(&json).unwrap();
+                let mut b = LedgerBuilder::from_states_without_history(back, at).unwrap();
+                order[split..].iter().for_each(|c| b.push(c));
+                let got = b.finish_bare();
+                assert_eq!(got.len(), want.len());
+                for (g, w) in got.iter().zip(&want) {
+                    let key = |l: &crate::ledger::ProcessLedger| {
+                        (l.pid, l.live_bytes, l.allocs, l.frees, l.unfreed.len())
+                    };
+                    assert_eq!(key(g), key(w), "round {round} split {split}");
+                }
+            }
+            let mut with_history = LedgerBuilder::new(None);
+            order.iter().for_each(|c| with_history.push(c));
+            let states = with_history.states();
+            if states.iter().any(|s| !s.timeline.is_empty()) {
+                assert!(LedgerBuilder::from_states_without_history(states, None).is_err());
+            }
+        }
     }
 
     /// Failures past the kept list: a state stored before the list is

@@ -55,6 +55,16 @@ pub(crate) struct TimelineState {
     stride: u64,
 }
 
+impl TimelineState {
+    /// No point kept (a ledger without history keeps none).
+    pub(crate) fn is_empty(&self) -> bool {
+        self.first.is_none()
+            && self.latest.is_none()
+            && self.groups.is_empty()
+            && self.filling.is_none()
+    }
+}
+
 /// The higher of two points, as `thin_timeline` picks within a bucket: the
 /// most bytes, then the earliest; of equal points the later one.
 pub(super) fn higher(a: TimelinePoint, b: TimelinePoint) -> TimelinePoint {
