@@ -656,7 +656,7 @@ pub fn name_sites(view: &mut AllocatorView, data: &TraceData) {
 }
 
 /// Running state of the block replay.
-#[derive(Default)]
+#[derive(Default, Clone)]
 struct Blocks {
     live: HashMap<u64, LiveBlock>,
     allocated: u64,
@@ -825,6 +825,7 @@ impl StepSink for Calibrator {
 /// step at a time (in replay order, those that completed by the view's
 /// moment): what a view rebuilds, so that a reader can feed it from a pass
 /// it makes anyway (`memory --at`'s ledger replay, `sleuth_store`).
+#[derive(Clone)]
 pub struct Rebuilder {
     blocks: Blocks,
     /// Block events also mark segments as the allocator's.

@@ -22,7 +22,7 @@ use crate::json_column::{insert_row, json, text_of, Col};
 use crate::step_feed::StepFeed;
 use rusqlite::Connection;
 use sleuth_core::allocator::{
-    name_sites, AllocatorView, Calibration, Calibrator, KnownViews, StoredView,
+    name_sites, view_rebuilt, AllocatorView, Calibration, Calibrator, KnownViews, StoredView,
 };
 use sleuth_core::ledger::ProcessLedger;
 use sleuth_core::TraceData;
@@ -80,7 +80,27 @@ pub(crate) fn write(
         return Ok(());
     }
     let source = FileSteps::own(conn)?;
-    let known = KnownViews::of_calibrated(&source, &TraceData::default(), calibrations, ledgers);
+    // Each view at the end from a replay that stores checkpoints of itself
+    // along the way (`crate::allocator_checkpoints`), then the views at
+    // their fragmentation findings' moments.
+    let sql = crate::step_feed::page_query(conn)?.unwrap_or_default();
+    let mut end = BTreeMap::new();
+    for (pid, cal) in calibrations {
+        let replay = match cal.layout() {
+            Some(layout) => Some(crate::allocator_checkpoints::replay_storing(
+                conn, &sql, pid, layout,
+            )?),
+            None => None,
+        };
+        let live = ledgers
+            .iter()
+            .find(|l| l.pid == pid)
+            .map_or(0, |l| l.live_bytes);
+        let view = view_rebuilt(pid, cal, replay, live, &TraceData::default());
+        end.insert(pid, view);
+    }
+    crate::allocator_checkpoints::settle(conn)?;
+    let known = KnownViews::with_moments(&source, &TraceData::default(), end);
     source.into_result().map_err(|e| match e {
         crate::error::StoreError::Sqlite { source, .. } => source,
         other => rusqlite::Error::ToSqlConversionFailure(other.to_string().into()),

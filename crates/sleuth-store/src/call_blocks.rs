@@ -117,10 +117,32 @@ pub(crate) fn restrict(
     id: &str,
     args: &mut Vec<Value>,
 ) -> rusqlite::Result<Option<String>> {
+    restrict_from(conn, ops, (since, until), None, id, args)
+}
+
+/// [`restrict`] to the ids from `from` on (all when None): a replay taken
+/// up from a checkpoint. The ranges themselves are cut, not a condition
+/// added beside them: SQLite reads a disjunction of ranges range by range
+/// and would read every earlier block to drop its rows.
+pub(crate) fn restrict_from(
+    conn: &Connection,
+    ops: Option<&[&str]>,
+    (since, until): (Option<u64>, Option<u64>),
+    from: Option<i64>,
+    id: &str,
+    args: &mut Vec<Value>,
+) -> rusqlite::Result<Option<String>> {
     let Some(classes) = classes_of(ops) else {
         return Ok(None);
     };
-    let ranges = id_ranges(conn, since, until, classes)?;
+    let ranges = id_ranges(conn, since, until, classes)?.map(|r| match from {
+        None => r,
+        Some(f) => r
+            .into_iter()
+            .filter(|&(_, b)| b >= f)
+            .map(|(a, b)| (a.max(f), b))
+            .collect(),
+    });
     Ok(ranges.map(|r| condition(id, &r, args)))
 }
 

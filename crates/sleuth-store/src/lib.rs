@@ -10,6 +10,7 @@
 //!
 //! The schema is documented in `docs/schema.md`.
 
+pub mod allocator_checkpoints;
 mod allocator_rollup;
 mod allocator_rows;
 mod block_bases;

@@ -84,6 +84,8 @@ pub(crate) fn for_each_call<E: From<StoreError>>(
         (None, _) | (_, Some(None)) => None,
         (span, None) => span,
     };
+    // A replay taken up from a checkpoint reads from its first id on.
+    let span = span.map(|(lo, hi)| (lo.max(q.from_id.unwrap_or(lo)), hi));
     let chunks = match span {
         Some((lo, hi)) if hi.saturating_sub(lo) >= 2 * chunk_ids() => {
             let n = chunk_ids().max(hi.saturating_sub(lo) / MAX_CHUNKS + 1);

@@ -9,11 +9,27 @@
 
 use crate::allocator_rows::{EndOrder, Select};
 use rusqlite::Connection;
-use sleuth_core::allocator::{Step, StepSink};
+use sleuth_core::allocator::{Calibrator, Rebuilder, Step, StepSink};
 use std::collections::{BTreeMap, VecDeque};
 
 /// Allocator events read per page.
 const PAGE: i64 = 4096;
+
+/// Where a feed stands in a process's allocator rows: the (end, id) of
+/// the last row it read, or pushed; (-1, 0) before the first.
+pub(crate) type RowPos = (i64, i64);
+
+/// Before the first row.
+pub(crate) const START: RowPos = (-1, 0);
+
+/// A sink a feed pushes steps into, told the position of each allocator
+/// row it was pushed (a checkpoint stores where the rows it holds end).
+pub(crate) trait FedSink: StepSink {
+    fn applied_row(&mut self, _pos: RowPos) {}
+}
+
+impl FedSink for Calibrator {}
+impl FedSink for Rebuilder {}
 
 /// The processes' sinks (`S`: a calibration, a rebuild) and the allocator
 /// events read ahead of them.
@@ -28,16 +44,17 @@ pub(crate) struct StepFeed<'a, S> {
 /// One process's sink and the allocator events read ahead of it.
 struct Fed<S> {
     sink: S,
-    ahead: VecDeque<sleuth_core::BlockEvent>,
-    /// The (end, id) of the last row read.
-    after: (i64, i64),
+    /// Events read and not yet pushed, each with its row's position.
+    ahead: VecDeque<(sleuth_core::BlockEvent, RowPos)>,
+    /// The position of the last row read.
+    after: RowPos,
     /// Every row read.
     done: bool,
     /// Rows read by id must come in completion order.
     order: EndOrder,
 }
 
-impl<'a, S: StepSink> StepFeed<'a, S> {
+impl<'a, S: FedSink> StepFeed<'a, S> {
     /// A feed for the processes of `sinks` (each process's allocator events
     /// go to its sink); None when the file has no allocator events.
     pub(crate) fn new(
@@ -49,13 +66,24 @@ impl<'a, S: StepSink> StepFeed<'a, S> {
 
     /// [`Self::new`] with the file's [`page_query`] known.
     pub(crate) fn with_query(conn: &'a Connection, sql: String, sinks: BTreeMap<u32, S>) -> Self {
+        let at_start = sinks.into_iter().map(|(pid, s)| (pid, (s, START)));
+        Self::resumed(conn, sql, at_start.collect())
+    }
+
+    /// [`Self::with_query`] with each process's sink fed already the rows
+    /// up to a position (a checkpoint's): its rows after it follow.
+    pub(crate) fn resumed(
+        conn: &'a Connection,
+        sql: String,
+        sinks: BTreeMap<u32, (S, RowPos)>,
+    ) -> Self {
         let procs = sinks
             .into_iter()
-            .map(|(pid, sink)| {
+            .map(|(pid, (sink, after))| {
                 let fed = Fed {
                     sink,
                     ahead: VecDeque::new(),
-                    after: (-1, 0),
+                    after,
                     done: false,
                     order: EndOrder::default(),
                 };
@@ -84,6 +112,11 @@ impl<'a, S: StepSink> StepFeed<'a, S> {
             return;
         }
         fed.sink.push(Step::Call(c));
+    }
+
+    /// Process `pid`'s sink as it stands.
+    pub(crate) fn sink(&self, pid: u32) -> Option<&S> {
+        self.procs.get(&pid).map(|f| &f.sink)
     }
 
     /// Each process's sink once every call was pushed, fed the allocator
@@ -118,7 +151,7 @@ pub(crate) fn page_query(conn: &Connection) -> rusqlite::Result<Option<String>> 
 /// Pushes `pid`'s allocator events that completed before `before` (all
 /// when None) into its sink, reading pages as needed: a page is read only
 /// when none is ahead, so a bound early in the file reads no later page.
-fn feed_blocks<S: StepSink>(
+fn feed_blocks<S: FedSink>(
     conn: &Connection,
     sql: &str,
     pid: u32,
@@ -126,11 +159,12 @@ fn feed_blocks<S: StepSink>(
     before: Option<u64>,
 ) -> rusqlite::Result<()> {
     loop {
-        while let Some(b) = fed
+        while let Some((b, pos)) = fed
             .ahead
-            .pop_front_if(|b| before.is_none_or(|t| b.end_ns < t))
+            .pop_front_if(|(b, _)| before.is_none_or(|t| b.end_ns < t))
         {
             fed.sink.push(Step::Block(&b));
+            fed.sink.applied_row(pos);
         }
         if !fed.ahead.is_empty() || fed.done {
             return Ok(());
@@ -143,7 +177,7 @@ fn feed_blocks<S: StepSink>(
             fed.after = (r.get(1)?, r.get(crate::allocator_rows::ID_COL)?);
             if let Some(b) = crate::allocator_rows::block_of(r)? {
                 fed.order.check(&b)?;
-                fed.ahead.push_back(b);
+                fed.ahead.push_back((b, fed.after));
             }
         }
         fed.done = read < PAGE;

@@ -71,6 +71,11 @@ pub struct CallQuery {
     /// the ledger at a moment (`memory --at`) applies nothing later, so it
     /// reads nothing later (fewer rows sorted by return and decoded).
     pub returned_by: Option<u64>,
+    /// Only calls that returned after this time, with a row id of at least
+    /// `from_id`: the calls a replay taken up from a checkpoint still
+    /// needs (`crate::allocator_checkpoints`), read from that id on.
+    pub returned_after: Option<u64>,
+    pub from_id: Option<i64>,
     /// Only calls that started in `[since_ns, until_ns)` (either bound may
     /// be absent): found per thread through the `(tid, ts_ns)` index, so a
     /// window reads its own calls, not the trace's.
@@ -689,6 +694,14 @@ pub(crate) fn call_statement(
         args.push(Value::Integer(i64::try_from(t).unwrap_or(i64::MAX)));
         conds.push(format!("calls.ts_ns + calls.dur_ns <= ?{}", args.len()));
     }
+    if let Some(t) = q.returned_after {
+        args.push(Value::Integer(i64::try_from(t).unwrap_or(i64::MAX)));
+        conds.push(format!("calls.ts_ns + calls.dur_ns > ?{}", args.len()));
+    }
+    if let Some(id) = q.from_id {
+        args.push(Value::Integer(id));
+        conds.push(format!("calls.id >= ?{}", args.len()));
+    }
     let windowed = q.since_ns.is_some() || q.until_ns.is_some();
     // A file still being written (no call groups, no call-row index yet):
     // a window or a few ops read the ids of the writer's blocks that can
@@ -721,7 +734,9 @@ pub(crate) fn call_statement(
     // this a moment early in a 10M-call file scanned every row after it.
     if let (Some(t), false, false) = (q.returned_by, windowed, in_blocks) {
         let (ops, until) = (q.ops.as_deref(), Some(t.saturating_add(1)));
-        let blocks = crate::call_blocks::restrict(conn, ops, (None, until), "calls.id", &mut args);
+        let window = (None, until);
+        let blocks =
+            crate::call_blocks::restrict_from(conn, ops, window, q.from_id, "calls.id", &mut args);
         if let Some(c) = blocks? {
             conds.push(c);
         }
@@ -734,8 +749,10 @@ pub(crate) fn call_statement(
     }
     // In blocks: the rows by id, in row order (`scan_table`'s count of an
     // op's rows would itself read every row without the op index).
-    let scan_rows =
-        !windowed && src.version >= 2 && (in_blocks || scan_table(conn, src.version, q)?);
+    // From a first id: the rows from it on, by id (an index of the ops
+    // would read the file's every memory call to keep those past it).
+    let by_id = in_blocks || q.from_id.is_some();
+    let scan_rows = !windowed && src.version >= 2 && (by_id || scan_table(conn, src.version, q)?);
     let source = source_of(src.version, scan_rows, op_marks.as_deref());
     let range = ranged.then(|| {
         args.push(Value::Integer(i64::MIN));
@@ -1125,15 +1142,68 @@ impl RebuildPlan {
         &self,
         conn: &'a Connection,
     ) -> crate::step_feed::StepFeed<'a, sleuth_core::allocator::Rebuilder> {
+        self.feed_from(conn, &std::collections::BTreeMap::new())
+    }
+
+    /// [`Self::feed`], the processes of `taken_up` continuing the replays
+    /// taken up from checkpoints (each from its allocator rows after the
+    /// position given).
+    fn feed_from<'a>(
+        &self,
+        conn: &'a Connection,
+        taken_up: &std::collections::BTreeMap<
+            u32,
+            (sleuth_core::allocator::Rebuilder, crate::step_feed::RowPos),
+        >,
+    ) -> crate::step_feed::StepFeed<'a, sleuth_core::allocator::Rebuilder> {
         let sinks = self
             .calibrations
             .iter()
             .filter_map(|(&pid, cal)| {
                 let layout = cal.layout()?;
-                Some((pid, sleuth_core::allocator::Rebuilder::new(layout)))
+                let fresh = || {
+                    (
+                        sleuth_core::allocator::Rebuilder::new(layout),
+                        crate::step_feed::START,
+                    )
+                };
+                Some((pid, taken_up.get(&pid).cloned().unwrap_or_else(fresh)))
             })
             .collect();
-        crate::step_feed::StepFeed::with_query(conn, self.sql.clone(), sinks)
+        crate::step_feed::StepFeed::resumed(conn, self.sql.clone(), sinks)
+    }
+}
+
+/// What a pass at a moment takes up from the file's allocator checkpoints
+/// (`crate::allocator_checkpoints`): the ledger of the processes taken up,
+/// each one's replay and allocator row position, and the calls still to
+/// read. Empty (the default): every process from the file's start.
+struct Resumed {
+    ledger: sleuth_core::ledger::LedgerBuilder,
+    replays: std::collections::BTreeMap<
+        u32,
+        (sleuth_core::allocator::Rebuilder, crate::step_feed::RowPos),
+    >,
+    /// Each process taken up: its checkpoint's time (its calls that
+    /// returned by then are in the state).
+    after: std::collections::BTreeMap<u32, u64>,
+    /// The read's bounds: calls that returned after the earliest
+    /// checkpoint's time, from the lowest first id (None: from the start).
+    returned_after: Option<u64>,
+    from_id: Option<i64>,
+}
+
+impl Resumed {
+    /// Every process from the file's start, its ledger at `at_ns` (the
+    /// end when None).
+    fn fresh(at_ns: Option<u64>) -> Resumed {
+        Resumed {
+            ledger: sleuth_core::ledger::LedgerBuilder::new(Some(at_ns.unwrap_or(u64::MAX))),
+            replays: Default::default(),
+            after: Default::default(),
+            returned_after: None,
+            from_id: None,
+        }
     }
 }
 
@@ -1670,6 +1740,52 @@ impl MemoryTrace {
         }))
     }
 
+    /// What a pass at `at_ns` takes up from the file's allocator checkpoints
+    /// (`crate::allocator_checkpoints`): each process with a layout, from
+    /// its latest checkpoint at or before the moment where it has one.
+    /// When every such process has one, the pass reads only the calls
+    /// that returned after the earliest checkpoint's time, from the lowest
+    /// first id on; otherwise every call, each process taken up skipping
+    /// those in its state. A process without a layout is left out: its
+    /// view reads neither a replay nor its reserved bytes. A state no
+    /// writer stores is an error naming the table.
+    fn checkpoints_at(&self, plan: &RebuildPlan, at_ns: u64) -> Result<Resumed, StoreError> {
+        use crate::allocator_checkpoints::{latest, refused};
+        let mut r = Resumed::fresh(Some(at_ns));
+        let err = |e| self.rows.read_error(e);
+        let (mut states, mut every) = (Vec::new(), true);
+        let (mut from_id, mut returned_after) = (i64::MAX, u64::MAX);
+        for &pid in &self.block_pids {
+            let Some(layout) = plan.calibrations.get(&pid).and_then(|c| c.layout()) else {
+                continue;
+            };
+            let Some(cp) = latest(&self.rows.conn, pid, at_ns).map_err(err)? else {
+                every = false;
+                continue;
+            };
+            let replay = sleuth_core::allocator::Rebuilder::resume(cp.replay, layout)
+                .map_err(|e| err(refused(pid, &e)))?;
+            states.push(cp.ledger);
+            r.replays.insert(pid, (replay, cp.rows_after));
+            r.after.insert(pid, cp.at_ns);
+            // No call returned after it: none to read for this process.
+            from_id = from_id.min(cp.from_id.unwrap_or(i64::MAX));
+            returned_after = returned_after.min(cp.at_ns);
+        }
+        if states.is_empty() {
+            return Ok(r);
+        }
+        crate::allocator_checkpoints::note_taken_up();
+        let pid = states[0].pid;
+        r.ledger =
+            sleuth_core::ledger::LedgerBuilder::from_states_without_history(states, Some(at_ns))
+                .map_err(|e| err(refused(pid, &e)))?;
+        if every {
+            (r.from_id, r.returned_after) = (Some(from_id), Some(returned_after));
+        }
+        Ok(r)
+    }
+
     /// Each process's view from the replay fed for it (`replays`), by its
     /// calibration; its reserved bytes its ledger's live bytes (`ledgers`,
     /// of the same moment).
@@ -1714,23 +1830,40 @@ impl MemoryTrace {
             return Ok(None);
         };
         let pids = &self.block_pids;
+        // At a moment: each process's replay taken up from the file's
+        // latest checkpoint before it, where it stores one.
+        let resumed = match at_ns {
+            Some(at) => self.checkpoints_at(&plan, at)?,
+            None => Resumed::fresh(None),
+        };
         let init = || {
-            let mut ledger =
-                sleuth_core::ledger::LedgerBuilder::new(Some(at_ns.unwrap_or(u64::MAX)));
+            let mut ledger = resumed.ledger.clone();
             for &pid in pids {
                 ledger.track(pid);
             }
-            (ledger, plan.feed(&self.rows.conn))
+            (ledger, plan.feed_from(&self.rows.conn, &resumed.replays))
         };
         // One process: only its calls are read.
         let pid = match pids[..] {
             [only] => Some(only),
             _ => self.pid,
         };
-        let q = memory_calls_of(pid, StreamOrder::ByReturn, at_ns);
+        let q = CallQuery {
+            returned_after: resumed.returned_after,
+            from_id: resumed.from_id,
+            ..memory_calls_of(pid, StreamOrder::ByReturn, at_ns)
+        };
+        let after = &resumed.after;
         let (ledger, feed) =
             self.rows
                 .replay_by_return::<_, StoreError>(&q, init, |(ledger, feed), c| {
+                    // In the state already.
+                    if after
+                        .get(&c.call.pid)
+                        .is_some_and(|&t| c.call.end_ns() <= t)
+                    {
+                        return Ok(());
+                    }
                     if pids.contains(&c.call.pid) {
                         ledger.push(&c.call);
                     }

@@ -1671,3 +1671,201 @@ fn a_windows_allocator_view_is_the_files_at_its_end() {
         "the loaded window's too"
     );
 }
+
+/// A random allocator workload of processes 100 and 200: segments made and
+/// freed, blocks carved from them and freed, failed requests at both
+/// levels, calls of random lengths (so they return out of their start and
+/// row order), blocks completing at the very time of a call; its session
+/// end.
+fn random_allocator_workload(seed: u64) -> (Vec<Event>, u64) {
+    const MIB: u64 = 1 << 20;
+    let malloc = "DeviceCachingAllocator::malloc";
+    let free = "DeviceCachingAllocator::free";
+    let mut next = sleuth_core::testing::xorshift(seed);
+    let mut events = Vec::new();
+    let mut t = 1_000u64;
+    // Per process: live segments (base, size, bump, returned at), live
+    // blocks (key, ptr, size).
+    let mut segs: [Vec<(u64, u64, u64, u64)>; 2] = [Vec::new(), Vec::new()];
+    let mut live: [Vec<(u64, u64, u64)>; 2] = [Vec::new(), Vec::new()];
+    let mut key = 0x1000u64;
+    for step in 0..4_000u64 {
+        let r = next();
+        let p = (r % 2) as usize;
+        let pid = 100 + 100 * p as u32;
+        // Calls return on a 100 ns grid, blocks on a 10 ns one: many steps
+        // complete at one time.
+        t += 10 * (1 + r % 9);
+        let dur = (t / 100 + 1 + (r >> 8) % 30) * 100 - t;
+        match (r >> 20) % 16 {
+            0 | 1 => {
+                let size = if (r >> 30).is_multiple_of(3) {
+                    20 * MIB
+                } else {
+                    2 * MIB
+                };
+                let base = 0x7f00_0000_0000 + (step << 26) + ((p as u64) << 44);
+                events.push(Event::Call(mem(
+                    "cudaMalloc",
+                    pid,
+                    pid + 1,
+                    t,
+                    dur,
+                    Some(size),
+                    base,
+                )));
+                segs[p].push((base, size, 0, t + dur));
+            }
+            2 if !segs[p].is_empty() => {
+                let i = (r >> 40) as usize % segs[p].len();
+                let (base, ..) = segs[p].swap_remove(i);
+                events.push(Event::Call(mem("cudaFree", pid, pid, t, dur, None, base)));
+            }
+            3 => {
+                let mut c = mem("cudaMalloc", pid, pid, t, dur, Some(80 * MIB), 0);
+                c.ret = 2;
+                events.push(Event::Call(c));
+                let mut b = torch_block(pid, t + 1, malloc, 0, 0, 512, Some(80 * MIB));
+                b.block = 0;
+                events.push(Event::Block(b));
+            }
+            4..=7 if !live[p].is_empty() => {
+                let i = (r >> 40) as usize % live[p].len();
+                let (k, ptr, size) = live[p].swap_remove(i);
+                events.push(Event::Block(torch_block(pid, t, free, k, ptr, size, None)));
+            }
+            _ => {
+                let requested = 1 + (r >> 24) % (MIB / 2);
+                let size = requested.div_ceil(512) * 512;
+                // From a segment whose allocation returned.
+                let fits = |s: &&mut (u64, u64, u64, u64)| s.2 + size <= s.1 && s.3 < t - 5;
+                let Some(s) = segs[p].iter_mut().find(fits) else {
+                    continue;
+                };
+                let ptr = s.0 + s.2;
+                s.2 += size;
+                key += 0x40;
+                // Now and then at the very time a call returned.
+                let end = match (r >> 50) % 8 {
+                    0 => t.saturating_sub(10),
+                    _ => t,
+                };
+                let b = torch_block(pid, end, malloc, key, ptr, size, Some(requested));
+                events.push(Event::Block(b));
+                live[p].push((key, ptr, size));
+            }
+        }
+    }
+    // The writer takes allocator events in completion order.
+    events.sort_by_key(|e| match e {
+        Event::Block(b) => (b.end_ns, 1),
+        Event::Call(c) => (c.ts_ns, 0),
+        _ => (0, 0),
+    });
+    (events, t + 10_000)
+}
+
+/// [`random_allocator_workload`] written at `path` with a checkpoint every
+/// 97 steps; its session end.
+fn checkpointed_trace(path: &Path) -> u64 {
+    sleuth_store::allocator_checkpoints::set_steps_for_tests(97);
+    let (events, end) = random_allocator_workload(0x9e37_79b9_7f4a_7c15);
+    let w = TraceWriter::create(path, common::session(), WriterOptions::default()).unwrap();
+    let h = w.handle();
+    for e in events {
+        h.send(e).unwrap();
+    }
+    h.set_session_end(end).unwrap();
+    drop(h);
+    w.finish().unwrap();
+    end
+}
+
+/// A checkpoint no writer stores (a foreign or second state, a number past
+/// 2^62, another layout, a negative first id, a table announced complete
+/// but missing or of other columns, a state that does not parse) makes a
+/// window's views a one-line error naming the table; a crafted first id
+/// past every call gives views, never a panic.
+#[test]
+fn a_damaged_allocator_checkpoint_is_refused_in_one_line() {
+    let dir = TempDir::new("allocator_checkpoints_damaged");
+    let good = dir.join("good.db");
+    let end = checkpointed_trace(&good);
+    let at = end * 9 / 10;
+    let t = "allocator_checkpoints";
+    let latest = format!("(SELECT max(at_ns) FROM {t} WHERE pid = 100 AND at_ns <= {at})");
+    let damaged = [
+        format!("UPDATE {t} SET ledger = replace(ledger, '\"pid\":100', '\"pid\":7') WHERE at_ns = {latest}"),
+        format!("UPDATE {t} SET replay = replace(replay, '\"allocated\":', '\"allocated\":9223372036854775807,\"x\":') WHERE at_ns = {latest}"),
+        format!("UPDATE {t} SET replay = replace(replay, '\"layout\":[7,9,6]', '\"layout\":[7,8,6]') WHERE at_ns = {latest}"),
+        format!("INSERT INTO {t} SELECT * FROM {t} WHERE pid = 100 AND at_ns = {latest}"),
+        format!("UPDATE {t} SET from_id = -5 WHERE at_ns = {latest}"),
+        format!("UPDATE {t} SET replay = '{{' WHERE at_ns = {latest}"),
+        format!("DROP TABLE {t}"),
+        format!("ALTER TABLE {t} ADD COLUMN extra INTEGER"),
+    ];
+    for (i, sql) in damaged.iter().enumerate() {
+        let path = dir.join(&format!("d{i}.db"));
+        changed_copy(&good, &path, sql);
+        let trace = Trace::open(&path).unwrap();
+        let mt = MemoryTrace::open(&trace, None, budget()).unwrap();
+        let err = match mt.allocator_views_until(Some(at)) {
+            Err(e) => e.to_string(),
+            Ok(_) => panic!("{sql}: views given"),
+        };
+        assert!(err.contains(t) && !err.contains('\n'), "{sql}: {err}");
+    }
+    let path = dir.join("past.db");
+    changed_copy(&good, &path, &format!("UPDATE {t} SET from_id = 1 << 61"));
+    let trace = Trace::open(&path).unwrap();
+    let mt = MemoryTrace::open(&trace, None, budget()).unwrap();
+    assert!(mt.allocator_views_until(Some(at)).unwrap().is_some());
+}
+
+/// Allocator views at a moment (a window's end) taken up from the file's
+/// allocator checkpoints equal the loaded trace's replayed from its start:
+/// at every checkpoint's time, just before and after it, and between, for
+/// both processes and each alone. The checkpoints were taken up.
+#[test]
+fn views_taken_up_from_checkpoints_are_those_replayed_from_the_start() {
+    let dir = TempDir::new("allocator_checkpoints");
+    let path = dir.join("t.db");
+    let end = checkpointed_trace(&path);
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    let mut st = conn
+        .prepare("SELECT at_ns, from_id FROM allocator_checkpoints ORDER BY at_ns")
+        .unwrap();
+    let stored: Vec<(u64, Option<i64>)> = st
+        .query_map([], |r| Ok((r.get::<_, i64>(0)? as u64, r.get(1)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert!(stored.len() >= 20, "{} checkpoints", stored.len());
+    let trace = Trace::open(&path).unwrap();
+    let data = trace.load(None).unwrap();
+    let mut moments: Vec<u64> = (0..=10).map(|i| end * i / 10).collect();
+    for (at, _) in stored.iter().step_by(4) {
+        moments.extend([at - 1, *at, at + 1]);
+    }
+    let before = sleuth_store::allocator_checkpoints::taken_up_for_tests();
+    let none = std::collections::BTreeMap::new();
+    for pid in [None, Some(100), Some(200)] {
+        for &at in &moments {
+            let mt = MemoryTrace::open(&trace, pid, budget()).unwrap();
+            let got = mt.allocator_views_until(Some(at)).unwrap().expect("views");
+            let pids: Vec<u32> = [100, 200]
+                .into_iter()
+                .filter(|p| pid.is_none_or(|only| only == *p))
+                .collect();
+            let want =
+                sleuth_core::allocator::KnownViews::until(&data, &data, &pids, Some(at), &none);
+            assert_eq!(json(got.end()), json(want.end()), "{pid:?} until {at}");
+            let listed = |k: &sleuth_core::allocator::KnownViews| {
+                json(&k.moments().iter().collect::<Vec<_>>())
+            };
+            assert_eq!(listed(&got), listed(&want), "{pid:?} until {at}");
+        }
+    }
+    let taken = sleuth_store::allocator_checkpoints::taken_up_for_tests() - before;
+    assert!(taken as usize >= moments.len(), "{taken} reads took one up");
+}

@@ -39,7 +39,7 @@ impl Seg {
     }
 }
 
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub(super) struct SegmentMap {
     by_base: BTreeMap<u64, Seg>,
     /// Σ size of the segments an allocator block has used.
