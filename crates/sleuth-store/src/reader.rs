@@ -42,6 +42,10 @@ pub struct Trace {
     /// over its call rows (`checked::Checks`), remembered across opens when
     /// the trace was opened with a [`CheckMemo`].
     bulk: BulkCheck,
+    /// [`Self::allocator_pids`], read once: each command asks several
+    /// times (the window, each streamed view), and the look reads every
+    /// allocator row of a file stored in completion order (no index).
+    allocator_pids: std::sync::OnceLock<Vec<u32>>,
 }
 
 impl Trace {
@@ -108,6 +112,7 @@ impl Trace {
             budget,
             memo: memo.cloned(),
             bulk: BulkCheck::new(checks, id),
+            allocator_pids: std::sync::OnceLock::new(),
         })
     }
 
@@ -576,7 +581,11 @@ impl Trace {
     /// The processes with caching-allocator events, from their index
     /// (`allocator_rows::pids`): none for most traces.
     pub(crate) fn allocator_pids(&self) -> Result<Vec<u32>, StoreError> {
-        crate::allocator_rows::pids(&self.conn).at(&self.path)
+        if let Some(p) = self.allocator_pids.get() {
+            return Ok(p.clone());
+        }
+        let pids = crate::allocator_rows::pids(&self.conn).at(&self.path)?;
+        Ok(self.allocator_pids.get_or_init(|| pids).clone())
     }
 
     /// Caching-allocator events (`trace --torch-allocator`), by end time.

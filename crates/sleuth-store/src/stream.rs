@@ -1382,8 +1382,7 @@ impl MemoryTrace {
         );
         let base = trace.frame_without_blocks(pid)?;
         let span = call_span(base.start_ns, base.end_ns, &groups, pid);
-        let mut block_pids =
-            crate::allocator_rows::pids(&rows.conn).map_err(|e| rows.read_error(e))?;
+        let mut block_pids = trace.allocator_pids()?;
         block_pids.retain(|&p| pid.is_none_or(|only| only == p));
         Ok(MemoryTrace {
             base,
