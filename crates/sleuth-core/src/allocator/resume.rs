@@ -131,7 +131,7 @@ impl Rebuilder {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::{Sim, BASE};
+    use super::super::tests::Sim;
     use super::super::{steps_of, Layout, Rebuilder, StepSink};
     use super::RebuildState;
     use crate::event::BLOCK_WORDS;
@@ -167,22 +167,8 @@ mod tests {
                     );
                 }
                 _ => {
-                    let req = 1 + r % (3 * MIB);
-                    let size = req.div_ceil(512) * 512;
-                    let i = match segs.iter().position(|&(_, s, off)| off + size <= s) {
-                        Some(i) => i,
-                        None => {
-                            let base = BASE + step * 64 * MIB;
-                            let sz = if size <= MIB { 2 * MIB } else { 20 * MIB };
-                            sim.cuda_malloc(base, sz);
-                            segs.push((base, sz, 0));
-                            segs.len() - 1
-                        }
-                    };
-                    let (base, _, off) = segs[i];
-                    segs[i].2 += size;
                     block += 0x40;
-                    sim.malloc(block, base + off, size, req);
+                    sim.malloc_carved(&mut segs, step, block, 1 + r % (3 * MIB));
                     live.push(block);
                 }
             }
@@ -190,15 +176,18 @@ mod tests {
         sim
     }
 
+    /// `Sim::torch`'s layout.
+    const LAYOUT: Layout = Layout {
+        requested: 7,
+        ptr: 9,
+        size: 6,
+    };
+
     /// A replay stored after any prefix of the steps (as JSON, as a file
     /// stores it) and taken up again ends exactly as one replay of them all.
     #[test]
     fn a_replay_stored_midway_and_taken_up_again_ends_as_one_replay() {
-        let layout = Layout {
-            requested: 7,
-            ptr: 9,
-            size: 6,
-        };
+        let layout = LAYOUT;
         let mut next = crate::testing::xorshift(0x5851_f42d_4c95_7f2d);
         let mut resumed = 0;
         for _ in 0..40 {
@@ -229,11 +218,7 @@ mod tests {
 
     #[test]
     fn a_state_of_another_layout_or_with_a_block_twice_is_refused() {
-        let layout = Layout {
-            requested: 7,
-            ptr: 9,
-            size: 6,
-        };
+        let layout = LAYOUT;
         let mut next = crate::testing::xorshift(0x2545_f491_4f6c_dd1d);
         let data = random_sim(&mut next).data();
         let mut r = Rebuilder::new(layout);

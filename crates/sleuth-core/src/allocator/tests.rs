@@ -98,6 +98,33 @@ impl Sim {
         self.words.insert(block, w);
         self.block_event("DeviceCachingAllocator::malloc", block, Some(requested), w);
     }
+    /// Mallocs `block` for `req` bytes (rounded to 512) from the first of
+    /// `segs` (base, size, bump offset) with room, `cudaMalloc`ing a new
+    /// segment at a base made from `step` when none has (2 MiB for a small
+    /// request, 20 MiB else): how a random workload grows. Its size.
+    pub(crate) fn malloc_carved(
+        &mut self,
+        segs: &mut Vec<(u64, u64, u64)>,
+        step: u64,
+        block: u64,
+        req: u64,
+    ) -> u64 {
+        let size = req.div_ceil(512) * 512;
+        let i = match segs.iter().position(|&(_, s, off)| off + size <= s) {
+            Some(i) => i,
+            None => {
+                let base = BASE + step * 64 * MIB;
+                let sz = if size <= MIB { 2 * MIB } else { 20 * MIB };
+                self.cuda_malloc(base, sz);
+                segs.push((base, sz, 0));
+                segs.len() - 1
+            }
+        };
+        let (base, _, off) = segs[i];
+        segs[i].2 += size;
+        self.malloc(block, base + off, size, req);
+        size
+    }
     pub(crate) fn free(&mut self, block: u64) {
         let w = self.words.remove(&block).expect("free of a live block");
         self.block_event("DeviceCachingAllocator::free", block, None, w);
@@ -507,23 +534,8 @@ fn random_workloads_always_explain_the_gap_exactly() {
                 sim.free(b);
                 continue;
             }
-            let req = 1 + r % (3 * MIB);
-            let size = req.div_ceil(512) * 512;
-            let fit = segs.iter().position(|&(_, s, off)| off + size <= s);
-            let i = match fit {
-                Some(i) => i,
-                None => {
-                    let base = 0x7f00_0000_0000 + step * 64 * MIB;
-                    let sz = if size <= MIB { 2 * MIB } else { 20 * MIB };
-                    sim.cuda_malloc(base, sz);
-                    segs.push((base, sz, 0));
-                    segs.len() - 1
-                }
-            };
-            let (base, _, off) = segs[i];
-            segs[i].2 += size;
             block_id += 0x40;
-            sim.malloc(block_id, base + off, size, req);
+            let size = sim.malloc_carved(&mut segs, step, block_id, 1 + r % (3 * MIB));
             live.push((block_id, size));
         }
         let s = sim.state();
