@@ -134,7 +134,6 @@ mod tests {
     use super::super::tests::Sim;
     use super::super::{steps_of, Layout, Rebuilder, StepSink};
     use super::RebuildState;
-    use crate::event::BLOCK_WORDS;
 
     const MIB: u64 = 1 << 20;
 
@@ -156,16 +155,7 @@ mod tests {
                     let (base, _, _) = segs.swap_remove((r as usize / 11) % segs.len());
                     sim.cuda_free(base);
                 }
-                4 => {
-                    let failed = sim.call("cudaMalloc", Some(80 * MIB), Some(0));
-                    failed.ret = 2;
-                    sim.block_event(
-                        "DeviceCachingAllocator::malloc",
-                        0,
-                        Some(80 * MIB),
-                        [0; BLOCK_WORDS],
-                    );
-                }
+                4 => sim.failed_request(80 * MIB),
                 _ => {
                     block += 0x40;
                     sim.malloc_carved(&mut segs, step, block, 1 + r % (3 * MIB));

@@ -50,7 +50,7 @@ impl Sim {
         self.ts += 100;
         self.ts
     }
-    pub(crate) fn call(&mut self, op: &str, size: Option<u64>, ptr: Option<u64>) -> &mut CallEvent {
+    fn call(&mut self, op: &str, size: Option<u64>, ptr: Option<u64>) -> &mut CallEvent {
         let ts = self.tick();
         self.calls.push(CallEvent {
             ts_ns: ts,
@@ -124,6 +124,17 @@ impl Sim {
         segs[i].2 += size;
         self.malloc(block, base + off, size, req);
         size
+    }
+    /// A request of `bytes` the allocator could not serve: a failed
+    /// `cudaMalloc`, then a malloc event that returned no block.
+    pub(crate) fn failed_request(&mut self, bytes: u64) {
+        self.call("cudaMalloc", Some(bytes), Some(0)).ret = 2;
+        self.block_event(
+            "DeviceCachingAllocator::malloc",
+            0,
+            Some(bytes),
+            [0; BLOCK_WORDS],
+        );
     }
     pub(crate) fn free(&mut self, block: u64) {
         let w = self.words.remove(&block).expect("free of a live block");
@@ -501,14 +512,7 @@ fn failures_record_the_gap_at_that_moment() {
     let mut sim = Sim::torch_with_segment(100 * MIB);
     let base = BASE;
     sim.malloc(0x1, base, 10 * MIB, 10 * MIB);
-    let failed = sim.call("cudaMalloc", Some(80 * MIB), Some(0));
-    failed.ret = 2;
-    sim.block_event(
-        "DeviceCachingAllocator::malloc",
-        0,
-        Some(80 * MIB),
-        [0; BLOCK_WORDS],
-    );
+    sim.failed_request(80 * MIB);
     let s = sim.state();
     assert_eq!(s.failures.len(), 2);
     assert_eq!(s.failures[0].op, "cudaMalloc");
