@@ -34,6 +34,7 @@ fn the_analysis_bench_times_moments_and_windows_early_and_late() {
         "memory --at 92% ",
         "explain 6-8% ",
         "explain 90-92% ",
+        "report 90-92% ",
         "stats 90-92% ",
     ] {
         let line = stdout

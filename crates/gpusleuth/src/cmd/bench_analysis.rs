@@ -487,8 +487,10 @@ pub fn run(
 }
 
 /// What a moment and a window cost early and late in the file (6% and
-/// 90% into its calls): each replays the memory calls (and allocator
-/// events) from the file's start, so a late one reads most of the file.
+/// 90% into its calls): a moment replays the memory calls (and allocator
+/// events) from the file's start, so a late one reads most of the file; a
+/// window's allocator views take up the replay the writer stored along
+/// the file (allocator checkpoints), so early and late cost the same.
 /// Timed as a user's next command is: a first one paid the checks into a
 /// checks cache of the bench's own (timed too, as the first read).
 fn moments_and_windows(exe: &Path, db: &Path, n_calls: u64) -> Result<Vec<CommandRun>> {
@@ -498,8 +500,9 @@ fn moments_and_windows(exe: &Path, db: &Path, n_calls: u64) -> Result<Vec<Comman
     // The calls span 5 µs each (`events`).
     let at = |f: f64| format!("{}us", (n_calls as f64 * 5.0 * f) as u64);
     let db_s = db.display().to_string();
+    let out_s = dir.join("analysis-out").display().to_string();
     let (early, early_end, late, late_end) = (at(0.06), at(0.08), at(0.90), at(0.92));
-    let runs: [(&str, Vec<&str>); 6] = [
+    let runs: [(&str, Vec<&str>); 7] = [
         (
             "memory --at, first read",
             vec!["memory", "--json", "--db", &db_s, "--at", &early],
@@ -522,6 +525,13 @@ fn moments_and_windows(exe: &Path, db: &Path, n_calls: u64) -> Result<Vec<Comman
             "explain 90-92%",
             vec![
                 "explain", "--json", "--db", &db_s, "--from", &late, "--to", &late_end,
+            ],
+        ),
+        (
+            "report 90-92%",
+            vec![
+                "report", "--force", "-o", &out_s, "--db", &db_s, "--from", &late, "--to",
+                &late_end,
             ],
         ),
         (
