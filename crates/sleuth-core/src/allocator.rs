@@ -455,9 +455,8 @@ impl KnownViews {
     }
 
     /// [`KnownViews::of_pids`] the processes of `calibrations`, each
-    /// calibrated already (by a pass made for something else too): one
-    /// pass per view.
-    pub fn of_calibrated(
+    /// calibrated already: one pass per view.
+    fn of_calibrated(
         source: &dyn StepSource,
         data: &TraceData,
         calibrations: BTreeMap<u32, Calibration>,

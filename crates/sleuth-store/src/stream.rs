@@ -1177,7 +1177,7 @@ impl RebuildPlan {
 /// What a pass at a moment takes up from the file's allocator checkpoints
 /// (`crate::allocator_checkpoints`): the ledger of the processes taken up,
 /// each one's replay and allocator row position, and the calls still to
-/// read. Empty (the default): every process from the file's start.
+/// read ([`Resumed::fresh`]: every process from the file's start).
 struct Resumed {
     ledger: sleuth_core::ledger::LedgerBuilder,
     replays: std::collections::BTreeMap<
