@@ -339,6 +339,9 @@ fn python_allocations_frees_and_failures_have_their_exact_line() {
 }
 
 /// A C program built with frame pointers: native sites name its functions.
+/// It lives 1 s after its last call: a stack is resolved from the live
+/// process's memory map, and a tracer starved of CPU (CI, 2026-12-04: the
+/// program then lived 300 ms) read a stack after the process was gone.
 #[test]
 fn native_sites_of_a_frame_pointer_program() {
     let Some(sb) = Sandbox::for_ebpf("sites-native") else {
@@ -360,7 +363,7 @@ __attribute__((noinline)) void quick_memset(void *p) { cudaMemset(p, 0, 64); }
 __attribute__((noinline)) void *alloc_weights(size_t n) { void *p = 0; cudaMalloc(&p, n); return p; }
 __attribute__((noinline)) void leak_loop(int k) { for (int i = 0; i < k; i++) alloc_weights(1 << 20); }
 __attribute__((noinline)) void fail_big(void) { void *p = 0; cudaMalloc(&p, (size_t)1 << 50); }
-int main(void) { usleep(200000); leak_loop(3); void *w = alloc_weights(4096); quick_memset(w); cudaFree(w); fail_big(); slow_sync(); usleep(300000); return 0; }
+int main(void) { usleep(200000); leak_loop(3); void *w = alloc_weights(4096); quick_memset(w); cudaFree(w); fail_big(); slow_sync(); usleep(1000000); return 0; }
 "#,
     )
     .expect("write fp.c");

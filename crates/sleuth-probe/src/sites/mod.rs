@@ -174,11 +174,18 @@ impl SiteResolver {
                 lookups.push((frames.len(), path, file_off));
             }
             if frame.module.is_none() {
-                // Not in any mapping: the frame-pointer chain ran through
-                // code built without frame pointers; the rest is noise.
-                notes.push(format!(
-                    "native stack unwound through {unwound} frame(s), the rest could not be unwound (code without frame pointers)"
-                ));
+                notes.push(match self.maps.known(pid) {
+                    // Not in any mapping: the frame-pointer chain ran through
+                    // code built without frame pointers; the rest is noise.
+                    true => format!(
+                        "native stack unwound through {unwound} frame(s), the rest could not be unwound (code without frame pointers)"
+                    ),
+                    // No map to place any frame in: the stack was read after
+                    // the process exited (the tracer fell behind).
+                    false => format!(
+                        "native frames not resolved: process {pid} exited before its stack was read (its memory map is gone)"
+                    ),
+                });
                 break;
             }
             unwound += 1;
@@ -259,6 +266,44 @@ mod tests {
         );
         assert!(
             s.notes[0].contains("code object 0x10: no CPython known"),
+            "{:?}",
+            s.notes
+        );
+    }
+
+    /// A native stack read after its process exited says so, not that the
+    /// program lacks frame pointers; one of a live process whose chain runs
+    /// out of the mappings says the latter.
+    #[test]
+    fn native_frames_of_an_exited_process_say_it_exited() {
+        let mut child = std::process::Command::new("true")
+            .spawn()
+            .expect("spawn true");
+        let gone = child.id();
+        child.wait().expect("wait");
+        let mut raw = RawStack {
+            pid: gone,
+            n_native: 1,
+            ..Default::default()
+        };
+        raw.native[0] = 0x1000;
+        let s = SiteResolver::new()
+            .resolve_live(&raw)
+            .finish(&mut SymbolFiles::default());
+        assert!(s.frames.is_empty());
+        assert_eq!(s.notes.len(), 1, "{:?}", s.notes);
+        assert!(
+            s.notes[0].contains(&format!("process {gone} exited before its stack was read")),
+            "{:?}",
+            s.notes
+        );
+        let mut alive = raw;
+        alive.pid = std::process::id();
+        let s = SiteResolver::new()
+            .resolve_live(&alive)
+            .finish(&mut SymbolFiles::default());
+        assert!(
+            s.notes[0].contains("code without frame pointers"),
             "{:?}",
             s.notes
         );

@@ -189,6 +189,12 @@ impl ProcessMaps {
         found
     }
 
+    /// Whether any of the process's memory map is known (read while it
+    /// lived): none once it exited before its first stack was resolved.
+    pub fn known(&self, pid: u32) -> bool {
+        self.maps.get(&pid).is_some_and(|m| !m.is_empty())
+    }
+
     /// Where a return address lies (looked up at `addr - 1`, inside the call).
     pub fn locate(&mut self, pid: u32, addr: u64) -> Located {
         let Some(m) = self.mapping(pid, addr).filter(|m| m.exec) else {
