@@ -42,7 +42,7 @@
 use crate::finding_rollups::{complete_tables, damaged_table};
 use crate::json_column::{insert_row, json, text_of, Col};
 use crate::step_feed::{FedSink, RowPos, StepFeed};
-use crate::stream::{memory_calls_of, visit_calls, CallSource, StreamOrder};
+use crate::stream::{visit_own_memory_calls, StreamOrder};
 use rusqlite::Connection;
 use sleuth_core::allocator::{Layout, RebuildState, Rebuilder, Step, StepSink};
 use sleuth_core::ledger::{LedgerBuilder, ProcessState};
@@ -241,23 +241,13 @@ pub(crate) fn replay_storing(
     // The lowest id of the calls applied after each checkpoint, before the next.
     let mut lowest: Vec<Option<i64>> = Vec::new();
     let taken = |f: &StepFeed<'_, Checkpointer<'_>>| f.sink(pid).map_or(0, |s| s.times.len());
-    let q = memory_calls_of(Some(pid), StreamOrder::ByReturn, None);
-    let sqlite = |source| crate::StoreError::Sqlite {
-        path: Default::default(),
-        source,
-    };
-    visit_calls::<crate::StoreError>(conn, CallSource::of(conn)?, &q, &sqlite, |c| {
-        let before = taken(&feed);
-        feed.push_call(&c.call);
-        lowest.resize(taken(&feed).max(before), None);
+    visit_own_memory_calls(conn, Some(pid), StreamOrder::ByReturn, |c, id| {
+        feed.push_call(c);
+        // A checkpoint taken as this call was pushed starts a segment: the call is its first.
+        lowest.resize(taken(&feed), None);
         if let Some(low) = lowest.last_mut() {
-            *low = Some(low.map_or(c.id, |l| l.min(c.id)));
+            *low = Some(low.map_or(id, |l| l.min(id)));
         }
-        Ok(())
-    })
-    .map_err(|e| match e {
-        crate::StoreError::Sqlite { source, .. } => source,
-        other => rusqlite::Error::ToSqlConversionFailure(other.to_string().into()),
     })?;
     let mut sinks = feed.finish(None)?;
     let Some(sink) = sinks.remove(&pid) else {

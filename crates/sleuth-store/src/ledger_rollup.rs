@@ -62,7 +62,7 @@ pub(crate) fn write(
             }
         }
     }
-    visit_own_memory_calls(conn, StreamOrder::ByReturn, |c, id| {
+    visit_own_memory_calls(conn, None, StreamOrder::ByReturn, |c, id| {
         b.push(c);
         if let Some(r) = run.as_deref_mut() {
             r.push(c);

@@ -786,20 +786,17 @@ pub(crate) fn window_tids(
     Ok(Some(format!("{prefix}tid IN ({})", list.join(", "))))
 }
 
-/// The memory calls of the file the writer is finishing, in `order`: the
-/// readers' own stream (so the end-of-trace rollups replay calls as readers
-/// would), with SQLite's errors as they are.
+/// The memory calls of the file the writer is finishing (of process
+/// `pid`, all when None), in `order`: the readers' own stream (so the
+/// end-of-trace rollups replay calls as readers would), with SQLite's
+/// errors as they are.
 pub(crate) fn visit_own_memory_calls(
     conn: &Connection,
+    pid: Option<u32>,
     order: StreamOrder,
     mut visit: impl FnMut(&sleuth_core::CallEvent, i64),
 ) -> rusqlite::Result<()> {
-    let q = CallQuery {
-        pid: None,
-        ops: Some(sleuth_core::ledger::memory_op_names()),
-        order,
-        ..Default::default()
-    };
+    let q = memory_calls_of(pid, order, None);
     let sqlite = |source| StoreError::Sqlite {
         path: PathBuf::new(),
         source,

@@ -254,21 +254,26 @@ mod tests {
             ..Default::default()
         };
         raw.py[0].code = 0x10;
+        let note = only_note(&raw);
+        assert!(
+            note.contains("1 Python frame(s) could not be read"),
+            "{note}"
+        );
+        assert!(
+            note.contains("code object 0x10: no CPython known"),
+            "{note}"
+        );
+    }
+
+    /// The one note of `raw` resolved by a fresh resolver, which places no
+    /// frame of it.
+    fn only_note(raw: &RawStack) -> String {
         let s = SiteResolver::new()
-            .resolve_live(&raw)
+            .resolve_live(raw)
             .finish(&mut SymbolFiles::default());
-        assert!(s.frames.is_empty());
+        assert!(s.frames.is_empty(), "{:?}", s.frames);
         assert_eq!(s.notes.len(), 1, "{:?}", s.notes);
-        assert!(
-            s.notes[0].contains("1 Python frame(s) could not be read"),
-            "{:?}",
-            s.notes
-        );
-        assert!(
-            s.notes[0].contains("code object 0x10: no CPython known"),
-            "{:?}",
-            s.notes
-        );
+        s.notes[0].clone()
     }
 
     /// A native stack read after its process exited says so, not that the
@@ -287,25 +292,14 @@ mod tests {
             ..Default::default()
         };
         raw.native[0] = 0x1000;
-        let s = SiteResolver::new()
-            .resolve_live(&raw)
-            .finish(&mut SymbolFiles::default());
-        assert!(s.frames.is_empty());
-        assert_eq!(s.notes.len(), 1, "{:?}", s.notes);
+        let note = only_note(&raw);
         assert!(
-            s.notes[0].contains(&format!("process {gone} exited before its stack was read")),
-            "{:?}",
-            s.notes
+            note.contains(&format!("process {gone} exited before its stack was read")),
+            "{note}"
         );
         let mut alive = raw;
         alive.pid = std::process::id();
-        let s = SiteResolver::new()
-            .resolve_live(&alive)
-            .finish(&mut SymbolFiles::default());
-        assert!(
-            s.notes[0].contains("code without frame pointers"),
-            "{:?}",
-            s.notes
-        );
+        let note = only_note(&alive);
+        assert!(note.contains("code without frame pointers"), "{note}");
     }
 }
