@@ -101,10 +101,7 @@ pub(crate) fn write(
     }
     crate::allocator_checkpoints::settle(conn)?;
     let known = KnownViews::with_moments(&source, &TraceData::default(), end);
-    source.into_result().map_err(|e| match e {
-        crate::error::StoreError::Sqlite { source, .. } => source,
-        other => rusqlite::Error::ToSqlConversionFailure(other.to_string().into()),
-    })?;
+    source.into_result().map_err(crate::stream::own_error)?;
     conn.execute_batch(CREATE)?;
     conn.execute("DELETE FROM allocator_rollup", [])?;
     let rows = known.end().iter().map(|(&pid, v)| (pid, None, v)).chain(

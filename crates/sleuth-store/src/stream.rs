@@ -805,10 +805,16 @@ pub(crate) fn visit_own_memory_calls(
         visit(&c.call, c.id);
         Ok(())
     })
-    .map_err(|e| match e {
+    .map_err(own_error)
+}
+
+/// A read error of the file the writer is finishing, as SQLite's error its
+/// completion returns: SQLite's own as it is, any other in words.
+pub(crate) fn own_error(e: StoreError) -> rusqlite::Error {
+    match e {
         StoreError::Sqlite { source, .. } => source,
         other => rusqlite::Error::ToSqlConversionFailure(other.to_string().into()),
-    })
+    }
 }
 
 /// Visits the calls of `source` (the `calls` view or its row-order twin)
