@@ -374,22 +374,82 @@ pub fn allocator_views_of(
     ledgers: &[ProcessLedger],
     calibrations: &BTreeMap<u32, Calibration>,
 ) -> BTreeMap<u32, AllocatorView> {
+    by_pid(pids, ledgers, |pid, reserved| {
+        match calibrations.get(&pid) {
+            Some(cal) => allocator_view_calibrated(source, data, pid, at_ns, reserved, cal.clone()),
+            None => allocator_view_of(source, data, pid, at_ns, reserved),
+        }
+    })
+}
+
+/// The view `view` makes of each of `pids` given its reserved bytes (its
+/// ledger's live bytes in `ledgers`, 0 without one), by pid.
+fn by_pid(
+    pids: &[u32],
+    ledgers: &[ProcessLedger],
+    view: impl Fn(u32, u64) -> AllocatorView,
+) -> BTreeMap<u32, AllocatorView> {
     pids.iter()
         .map(|&pid| {
             let reserved = ledgers
                 .iter()
                 .find(|l| l.pid == pid)
-                .map(|l| l.live_bytes)
-                .unwrap_or(0);
-            let view = match calibrations.get(&pid) {
-                Some(cal) => {
-                    allocator_view_calibrated(source, data, pid, at_ns, reserved, cal.clone())
-                }
-                None => allocator_view_of(source, data, pid, at_ns, reserved),
-            };
-            (pid, view)
+                .map_or(0, |l| l.live_bytes);
+            (pid, view(pid, reserved))
         })
         .collect()
+}
+
+/// [`allocator_views_of`] with each process's layout guessed beforehand
+/// (`guesses`: the layout its trace's parts were calibrated to, such as a
+/// run's files' stored views): one pass both calibrates the process over
+/// every step and replays its blocks with the guess; the view is that
+/// replay when the calibration found the guessed layout, else (or without
+/// a guess) the calibration's own replay, a second pass. The views are
+/// [`allocator_views_of`]'s whatever the guesses.
+pub fn allocator_views_guessed(
+    source: &dyn StepSource,
+    data: &TraceData,
+    pids: &[u32],
+    at_ns: Option<u64>,
+    ledgers: &[ProcessLedger],
+    guesses: &BTreeMap<u32, Layout>,
+) -> BTreeMap<u32, AllocatorView> {
+    by_pid(pids, ledgers, |pid, reserved| {
+        let guess = guesses.get(&pid).copied();
+        view_guessed(source, data, pid, at_ns, reserved, guess)
+    })
+}
+
+/// [`allocator_view_of`] in one pass when `guess` is the layout the
+/// calibration finds (see [`allocator_views_guessed`]).
+fn view_guessed(
+    source: &dyn StepSource,
+    data: &TraceData,
+    pid: u32,
+    at_ns: Option<u64>,
+    reserved_bytes: u64,
+    guess: Option<Layout>,
+) -> AllocatorView {
+    let Some(layout) = guess else {
+        return allocator_view_of(source, data, pid, at_ns, reserved_bytes);
+    };
+    let mut calibrator = Calibrator::default();
+    let mut replay = Rebuilder::new(layout);
+    // The calibration reads every step whatever the moment; the replay
+    // those that completed by it (a prefix: steps come in completion order).
+    source.for_each_step(pid, None, &mut |s| {
+        calibrator.push(s);
+        if at_ns.is_none_or(|at| s.end_ns() <= at) {
+            replay.push(s);
+        }
+        true
+    });
+    let calibration = calibrator.finish();
+    if calibration.layout() == Some(layout) {
+        return view_rebuilt(pid, calibration, Some(replay), reserved_bytes, data);
+    }
+    allocator_view_calibrated(source, data, pid, at_ns, reserved_bytes, calibration)
 }
 
 /// The allocator view of one process; `reserved_bytes` is its ledger's live bytes at that moment.
@@ -452,6 +512,20 @@ impl KnownViews {
     ) -> KnownViews {
         let calibrations = pids.iter().map(|&p| (p, calibrate(source, p))).collect();
         Self::of_calibrated(source, data, calibrations, ledgers)
+    }
+
+    /// [`KnownViews::of_pids`], the views at the end rebuilt with each
+    /// process's layout guessed ([`allocator_views_guessed`]): one pass
+    /// for each when the guess is right, where `of_pids` takes two.
+    pub fn of_pids_guessed(
+        source: &dyn StepSource,
+        data: &TraceData,
+        pids: &[u32],
+        ledgers: &[ProcessLedger],
+        guesses: &BTreeMap<u32, Layout>,
+    ) -> KnownViews {
+        let end = allocator_views_guessed(source, data, pids, None, ledgers, guesses);
+        Self::with_moments(source, data, end)
     }
 
     /// [`KnownViews::of_pids`] the processes of `calibrations`, each

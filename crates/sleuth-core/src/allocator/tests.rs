@@ -610,3 +610,71 @@ fn other_libraries_memory_is_reserved_but_not_part_of_the_gap() {
         20 * MIB
     );
 }
+
+/// A trace's steps, counting the passes made over them.
+struct CountedPasses<'a> {
+    data: &'a TraceData,
+    passes: std::cell::Cell<u32>,
+}
+
+impl StepSource for CountedPasses<'_> {
+    fn for_each_step(&self, pid: u32, until: Option<u64>, visit: &mut dyn FnMut(Step<'_>) -> bool) {
+        self.passes.set(self.passes.get() + 1);
+        self.data.for_each_step(pid, until, visit);
+    }
+}
+
+#[test]
+fn a_guessed_layout_gives_the_same_views_in_one_pass_when_right() {
+    let right = Layout {
+        requested: 9,
+        size: 8,
+        ptr: 11,
+    };
+    let wrong = Layout {
+        requested: 9,
+        size: 11,
+        ptr: 8,
+    };
+    let mut sim = Sim::new(9, 8, 11);
+    workload(&mut sim);
+    sim.failed_request(64 * MIB);
+    // The same workload with its requested sizes scrambled: refused.
+    let mut refused = Sim::new(9, 8, 11);
+    workload(&mut refused);
+    for (i, b) in refused.blocks.iter_mut().enumerate() {
+        let r = b.words[9];
+        b.words[9] = 0;
+        b.words[1 + i % 5] = r;
+    }
+    for (sim, recognised) in [(&sim, true), (&refused, false)] {
+        let data = sim.data();
+        let mid = data.blocks[10].end_ns;
+        for at in [None, Some(mid), Some(mid - 1), Some(0)] {
+            let l = ledger(&data, at);
+            let want = allocator_views_of(&data, &data, &[PID], at, &l, &BTreeMap::new());
+            assert_eq!(want[&PID].calibration.recognised, recognised);
+            // A right guess: one pass; a wrong one or none: the calibration's
+            // pass, then its replay (none when it found no layout).
+            let other = if recognised { 2 } else { 1 };
+            for (guess, passes) in [(Some(right), 1), (Some(wrong), other), (None, other)] {
+                let src = CountedPasses {
+                    data: &data,
+                    passes: Default::default(),
+                };
+                let guesses: BTreeMap<u32, Layout> = guess.map(|g| (PID, g)).into_iter().collect();
+                let got = allocator_views_guessed(&src, &data, &[PID], at, &l, &guesses);
+                assert_eq!(got, want, "guess {guess:?} at {at:?}");
+                assert_eq!(src.passes.get(), passes, "guess {guess:?} at {at:?}");
+            }
+        }
+        // An explanation's views: those at the end and at the failure.
+        let l = ledger(&data, None);
+        let want = KnownViews::of_pids(&data, &data, &[PID], &l);
+        let guesses = BTreeMap::from([(PID, right)]);
+        let got = KnownViews::of_pids_guessed(&data, &data, &[PID], &l, &guesses);
+        assert_eq!(got.end(), want.end());
+        assert_eq!(got.moments(), want.moments());
+        assert_eq!(want.moments().is_empty(), !recognised);
+    }
+}
