@@ -249,7 +249,7 @@ fn the_carried_ledger_answers_explain_as_the_replay_did() {
         carried.replayed_memory_calls,
         0,
         "the carried ledger answered: {:?}",
-        carried.explanation().notes
+        carried.explanation().unwrap().notes
     );
     let old = replay_copy(&sb.db(), &sb.path("replayed"));
     let replayed = load(&old, None, budget()).expect("explain the copy");
@@ -332,7 +332,7 @@ fn after_keep_the_carried_ledger_still_holds_what_deleted_files_allocated() {
         "{v}"
     );
     assert_eq!(v["files"].as_array().map(Vec::len), Some(kept.len()), "{v}");
-    let notes = r.explanation().notes;
+    let notes = r.explanation().unwrap().notes;
     assert!(
         notes
             .iter()

@@ -303,7 +303,7 @@ pub fn findings(dir: &Path, scope: &args::CallScope, budget: &ReadBudget) -> Res
         None => {
             let run =
                 sleuth_store::run_explain::load_remembered(dir, scope.pid, budget.clone(), memo())?;
-            let e = run.explanation();
+            let e = run.explanation()?;
             (
                 e,
                 run.problems,
@@ -350,7 +350,7 @@ pub fn memory(dir: &Path, a: &args::Memory, points: usize, budget: &ReadBudget) 
     }
     let (run, sites) = sleuth_store::run_report::load_sites(dir, a.pid, budget.clone(), memo())?;
     let data = &run.data;
-    let allocators = sleuth_core::allocator::allocator_views(data, None, &run.ledgers);
+    let allocators = run.allocator_views()?;
     let helds = sleuth_core::held::held(data, &run.ledgers);
     let mut v = trace_tools::memory_json(run.ledgers.clone(), &allocators, &helds, data, points)?;
     let mut notes: Vec<String> = run.ledger_note.iter().cloned().collect();
@@ -387,7 +387,7 @@ fn memory_at(
         memo(),
     )?;
     let data = &run.data;
-    let allocators = sleuth_core::allocator::allocator_views(data, Some(at), &run.ledgers);
+    let allocators = run.allocator_views()?;
     let helds = sleuth_core::held::held(data, &run.ledgers);
     let mut v = trace_tools::memory_json(run.ledgers.clone(), &allocators, &helds, data, points)?;
     let mut notes: Vec<String> = run.ledger_note.iter().cloned().collect();

@@ -51,7 +51,7 @@ pub(crate) fn settle_order(conn: &Connection) -> rusqlite::Result<()> {
 
 /// Whether the file says its allocator rows are in completion order (files
 /// written since round 28, versions 4 and 5).
-fn in_end_order(conn: &Connection) -> rusqlite::Result<bool> {
+pub(crate) fn in_end_order(conn: &Connection) -> rusqlite::Result<bool> {
     let value: Option<String> = conn
         .query_row(
             "SELECT value FROM meta WHERE key = ?1",
@@ -179,8 +179,20 @@ pub(crate) fn block_of(r: &Row<'_>) -> rusqlite::Result<Option<sleuth_core::Bloc
             *w = u64::from_le_bytes(chunk.try_into().unwrap_or([0; 8]));
         }
     }
-    Ok(op_by_name(&name).map(|info| sleuth_core::BlockEvent {
-        op: info.id,
+    Ok(op_by_name(&name).map(|info| event_of(r, info.id, words)))
+}
+
+/// The event of op `op` with `words` whose other fields are the columns of
+/// row `r` before the op's and after it up to the stack (what [`query`]
+/// reads and `crate::allocator_raw` reads the same way); a value out of
+/// its field's range reads as 0 (or none).
+pub(crate) fn event_of(
+    r: &Row<'_>,
+    op: u16,
+    words: [u64; sleuth_core::event::BLOCK_WORDS],
+) -> sleuth_core::BlockEvent {
+    sleuth_core::BlockEvent {
+        op,
         start_ns: r.get::<_, i64>(0).unwrap_or(0) as u64,
         end_ns: r.get::<_, i64>(1).unwrap_or(0) as u64,
         pid: r.get(2).unwrap_or(0),
@@ -189,7 +201,7 @@ pub(crate) fn block_of(r: &Row<'_>) -> rusqlite::Result<Option<sleuth_core::Bloc
         block: r.get::<_, i64>(6).unwrap_or(0) as u64,
         words,
         stack_id: r.get::<_, Option<i64>>(7).unwrap_or(None).map(|v| v as u64),
-    }))
+    }
 }
 
 /// The processes with an allocator event that [`query`] reads (a valid

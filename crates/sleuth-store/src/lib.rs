@@ -11,6 +11,7 @@
 //! The schema is documented in `docs/schema.md`.
 
 pub mod allocator_checkpoints;
+mod allocator_raw;
 mod allocator_rollup;
 mod allocator_rows;
 mod block_bases;
@@ -44,6 +45,7 @@ pub mod run_explain;
 pub mod run_ledger;
 mod run_pinned;
 pub mod run_report;
+mod run_steps;
 pub mod run_window;
 mod schema;
 mod schema_check;
@@ -93,5 +95,22 @@ pub(crate) mod test_files {
         std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../../examples")
             .join(name)
+    }
+
+    /// A trace of this build's schema at `path` holding `events`, completed
+    /// by its writer.
+    pub(crate) fn written_with(
+        path: &std::path::Path,
+        events: impl IntoIterator<Item = sleuth_core::Event>,
+    ) {
+        let w =
+            crate::TraceWriter::create(path, crate::SessionInfo::for_tests(), Default::default())
+                .expect("writer");
+        let h = w.handle();
+        for e in events {
+            h.send(e).expect("send");
+        }
+        drop(h);
+        w.finish().expect("finish");
     }
 }

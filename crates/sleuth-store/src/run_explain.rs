@@ -1,8 +1,7 @@
 //! `explain --db DIR`: the explanation of a whole run of `trace --rotate`
 //! (`crate::run`), as if its finished files were one trace, in memory
-//! bounded like one file's lean load (`crate::lean`): no call or wait of
-//! any file is held but the memory calls of processes with allocator
-//! blocks.
+//! bounded like one file's lean load (`crate::lean`): no call, wait or
+//! allocator event of any file is held.
 //!
 //! Files are read one at a time, oldest first:
 //! - their finding aggregates are added (`FindingInputs::merge`: what a
@@ -18,8 +17,12 @@
 //! - their pinned host ranges are carried to the next file, whose copies
 //!   are judged again when memory pinned earlier is live (`run_pinned`);
 //! - their base data (processes, counters, kernel counts, GPU samples,
-//!   call sites, allocator events) is added to one `TraceData` for the
-//!   GPU lines, the held-memory notes and the allocator views.
+//!   call sites) is added to one `TraceData` for the GPU lines and the
+//!   held-memory notes;
+//! - the processes with allocator events are listed: their allocator
+//!   views are rebuilt when asked ([`RunLean::allocator_views`],
+//!   [`RunLean::explanation`]) by passes over the files' steps
+//!   (`crate::run_steps`), none of them held.
 //!
 //! A file still being written is left out (the caller notes it, as `stats`
 //! does). What the merge cannot answer is refused with a one-line error
@@ -35,22 +38,23 @@ use crate::reader::Trace;
 use crate::run::{part_name, visit_finished};
 use crate::run_ledger::Chain;
 use crate::run_pinned::PinnedCarry;
+use crate::run_steps::RunSteps;
 use crate::stream::MemoryTrace;
 use crate::StoreError;
+use sleuth_core::allocator::{AllocatorView, KnownViews, Layout};
 use sleuth_core::findings::inputs::{FindingInputs, Resolution};
 use sleuth_core::findings::Explanation;
 use sleuth_core::ledger::{LedgerBuilder, ProcessLedger};
 use sleuth_core::rollup::{merge_counters, merge_op_counts};
 use sleuth_core::sites::SiteMemory;
 use sleuth_core::TraceData;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 /// What [`load`] read of a run: what `Lean` holds for one file, over all.
 pub struct RunLean {
-    /// The run's base data without calls and waits (but the memory calls
-    /// of processes with allocator blocks), from the first finished file's
-    /// start to the last one's end.
+    /// The run's base data without calls, waits and allocator events,
+    /// from the first finished file's start to the last one's end.
     pub data: TraceData,
     /// One ledger per process over every file in order: carried by the
     /// tracer, or replayed.
@@ -77,15 +81,65 @@ pub struct RunLean {
     pub sites_at: Vec<SiteMemory>,
     /// What the answer over a run says about itself (see [`RunLean::explanation`]).
     notes: Vec<String>,
+    /// The processes with allocator events in the files read (of `pid`).
+    block_pids: Vec<u32>,
+    /// The layouts the files' stored views were calibrated to, by pid:
+    /// with them a view takes one pass over the run's steps, not two
+    /// (`allocator::allocator_views_guessed`).
+    layouts: BTreeMap<u32, Layout>,
+    /// The files whose steps the allocator views replay (those read; at a
+    /// moment, those that began by then), oldest first.
+    step_files: Vec<PathBuf>,
+    /// How the files are read again for the allocator views.
+    budget: ReadBudget,
+    memo: CheckMemo,
 }
 
 impl RunLean {
     /// The explanation of the run, with a note saying it spans several
-    /// files and what that changes.
-    pub fn explanation(&self) -> Explanation {
-        let mut e = sleuth_core::findings::explain_inputs(&self.data, &self.inputs, &self.ledgers);
+    /// files and what that changes. Its allocator views (fragmentation)
+    /// are rebuilt by passes over the files' steps.
+    pub fn explanation(&self) -> Result<Explanation, StoreError> {
+        let steps = self.steps();
+        let known = KnownViews::of_pids_guessed(
+            &steps,
+            &self.data,
+            &self.block_pids,
+            &self.ledgers,
+            &self.layouts,
+        );
+        steps.into_result()?;
+        let mut e = sleuth_core::findings::explain_inputs_with(
+            &self.data,
+            &self.inputs,
+            &self.ledgers,
+            &known,
+        );
         e.notes.extend(self.notes.iter().cloned());
-        e
+        Ok(e)
+    }
+
+    /// The allocator views of the processes with allocator events at the
+    /// moment the ledgers stand at ([`Self::at_ns`]; the end when None),
+    /// their reserved bytes from [`Self::ledgers`]: what
+    /// `allocator::allocator_views` gives the files' events and memory
+    /// calls loaded as one trace (across a rotation, in file order:
+    /// `crate::run_steps`), read from the files at each pass.
+    pub fn allocator_views(&self) -> Result<BTreeMap<u32, AllocatorView>, StoreError> {
+        let steps = self.steps();
+        let views = sleuth_core::allocator::allocator_views_guessed(
+            &steps,
+            &self.data,
+            &self.block_pids,
+            self.at_ns,
+            &self.ledgers,
+            &self.layouts,
+        );
+        steps.into_result().map(|()| views)
+    }
+
+    fn steps(&self) -> RunSteps<'_> {
+        RunSteps::new(&self.step_files, &self.budget, &self.memo)
     }
 }
 
@@ -252,7 +306,8 @@ fn load_run(
         Read::At(_) => run.held.clone(),
         _ => visited.files,
     };
-    Ok(run.finish(data, ledger, visited.incomplete))
+    let reads = (budget, memo.clone());
+    Ok(run.finish(data, ledger, visited.incomplete, reads))
 }
 
 /// The run's ledgers at `at` from the state the last file read stored
@@ -442,6 +497,11 @@ struct Acc {
     inputs: Option<FindingInputs>,
     /// The processes the ledgers list: those each file added lists.
     pids: BTreeSet<u32>,
+    /// The processes with allocator events in the files added.
+    block_pids: BTreeSet<u32>,
+    /// Each one's layout as the first file that stored a view of it was
+    /// calibrated to: the views' guess.
+    layouts: BTreeMap<u32, Layout>,
     /// The files added, for a replay of their memory calls.
     held: Vec<PathBuf>,
     files: Vec<PathBuf>,
@@ -485,6 +545,16 @@ impl Acc {
             }
         }
         self.pids.extend(view.pids());
+        self.block_pids.extend(view.block_pids());
+        if view
+            .block_pids()
+            .iter()
+            .any(|p| !self.layouts.contains_key(p))
+        {
+            for (pid, layout) in view.stored_layouts()? {
+                self.layouts.entry(pid).or_insert(layout);
+            }
+        }
         self.held.push(path.to_path_buf());
         also(trace, &view)?;
         if let Some(mut inputs) = inputs {
@@ -498,7 +568,6 @@ impl Acc {
                 }
             });
         }
-        view.load_allocator_calls()?;
         let mut base = std::mem::take(&mut view.base);
         base.counts = trace.op_counts(pid)?;
         base.end_ns = Some(view.span.end_ns);
@@ -516,7 +585,13 @@ impl Acc {
         Ok(())
     }
 
-    fn finish(self, data: TraceData, ledger: RunLedger, incomplete: Vec<PathBuf>) -> RunLean {
+    fn finish(
+        self,
+        data: TraceData,
+        ledger: RunLedger,
+        incomplete: Vec<PathBuf>,
+        (budget, memo): (ReadBudget, CheckMemo),
+    ) -> RunLean {
         let mut notes = Vec::new();
         if self.explain && self.added > 1 {
             notes.push(format!(
@@ -542,6 +617,11 @@ impl Acc {
             at_ns: self.at_ns,
             sites_at: ledger.sites,
             notes,
+            block_pids: self.block_pids.into_iter().collect(),
+            layouts: self.layouts,
+            step_files: self.held,
+            budget,
+            memo,
         }
     }
 }

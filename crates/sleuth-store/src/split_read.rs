@@ -250,17 +250,13 @@ mod tests {
     /// threads, allocations, frees and launches.
     fn written(path: &std::path::Path) {
         use sleuth_core::{op_by_name, CallEvent, Event};
-        let w =
-            crate::TraceWriter::create(path, crate::SessionInfo::for_tests(), Default::default())
-                .expect("writer");
-        let h = w.handle();
-        for i in 0..3_000u64 {
+        let calls = (0..3_000u64).map(|i| {
             let (op, size) = match i % 3 {
                 0 => ("cudaMalloc", Some(256)),
                 1 => ("cudaFree", None),
                 _ => ("cudaLaunchKernel", None),
             };
-            let call = CallEvent {
+            Event::Call(CallEvent {
                 ts_ns: 10_000 + i * 10,
                 dur_ns: 5 + i % 7,
                 pid: 7,
@@ -269,11 +265,9 @@ mod tests {
                 size,
                 ptr: Some(0x10_0000 + (i / 3 % 500) * 0x100),
                 ..Default::default()
-            };
-            h.send(Event::Call(call)).expect("send");
-        }
-        drop(h);
-        w.finish().expect("finish");
+            })
+        });
+        crate::test_files::written_with(path, calls);
     }
 
     /// A directory of its own, removed when dropped.

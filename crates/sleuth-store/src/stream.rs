@@ -1400,6 +1400,11 @@ impl MemoryTrace {
         })
     }
 
+    /// The processes with allocator events (of this view's pid).
+    pub fn block_pids(&self) -> &[u32] {
+        &self.block_pids
+    }
+
     /// The streamed reader under this view.
     pub fn rows(&self) -> &Rows {
         &self.rows
@@ -1910,6 +1915,19 @@ impl MemoryTrace {
     ) -> Result<Option<sleuth_core::allocator::KnownViews>, StoreError> {
         crate::allocator_rollup::stored_views(&self.rows.conn, pids, &self.base)
             .map_err(|e| self.rows.read_error(e))
+    }
+
+    /// The layout each process's stored views were calibrated to (those
+    /// the writer rebuilt and found one for): a guess for a view over more
+    /// than this file (`allocator::allocator_views_guessed`).
+    pub(crate) fn stored_layouts(
+        &self,
+    ) -> Result<std::collections::BTreeMap<u32, sleuth_core::allocator::Layout>, StoreError> {
+        let stored = self.stored_allocator_views(&self.block_pids)?;
+        Ok(calibrations_of(stored.as_ref())
+            .into_iter()
+            .filter_map(|(pid, cal)| Some((pid, cal.layout()?)))
+            .collect())
     }
 
     /// What an explanation of this view reads of the allocator: the views

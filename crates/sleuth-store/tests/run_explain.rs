@@ -94,7 +94,7 @@ fn compare(name: &str, tag: &str) {
         assert!(merged.incomplete.is_empty(), "{at}");
         assert_same_ops(&merged.inputs, &one.inputs, &at);
         assert_eq!(merged.ledgers, one.ledgers, "{at}");
-        let (got, want) = (merged.explanation(), one.explanation());
+        let (got, want) = (merged.explanation().unwrap(), one.explanation());
         assert_eq!(findings(&got), findings(&want), "{at}");
         // The merged base: every process, the kernel counts and counters added once.
         assert_eq!(

@@ -143,13 +143,16 @@ fn sql(path: &Path, sql: &str) {
 }
 
 fn notes(r: &RunLean) -> Vec<String> {
-    r.explanation().notes
+    r.explanation().unwrap().notes
 }
 
 /// The same answer as the replay's: ledgers (sites named), findings, notes.
 fn assert_same_answer(carried: &RunLean, replayed: &RunLean) {
     assert_eq!(carried.ledgers, replayed.ledgers);
-    let (a, b) = (carried.explanation(), replayed.explanation());
+    let (a, b) = (
+        carried.explanation().unwrap(),
+        replayed.explanation().unwrap(),
+    );
     assert_eq!(
         serde_json::to_value(&a).unwrap(),
         serde_json::to_value(&b).unwrap()

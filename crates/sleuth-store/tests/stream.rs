@@ -1672,104 +1672,12 @@ fn a_windows_allocator_view_is_the_files_at_its_end() {
     );
 }
 
-/// A random allocator workload of processes 100 and 200: segments made and
-/// freed, blocks carved from them and freed, failed requests at both
-/// levels, calls of random lengths (so they return out of their start and
-/// row order), blocks completing at the very time of a call; its session
-/// end.
-fn random_allocator_workload(seed: u64) -> (Vec<Event>, u64) {
-    const MIB: u64 = 1 << 20;
-    let malloc = "DeviceCachingAllocator::malloc";
-    let free = "DeviceCachingAllocator::free";
-    let mut next = sleuth_core::testing::xorshift(seed);
-    let mut events = Vec::new();
-    let mut t = 1_000u64;
-    // Per process: live segments (base, size, bump, returned at), live
-    // blocks (key, ptr, size).
-    let mut segs: [Vec<(u64, u64, u64, u64)>; 2] = [Vec::new(), Vec::new()];
-    let mut live: [Vec<(u64, u64, u64)>; 2] = [Vec::new(), Vec::new()];
-    let mut key = 0x1000u64;
-    for step in 0..4_000u64 {
-        let r = next();
-        let p = (r % 2) as usize;
-        let pid = 100 + 100 * p as u32;
-        // Calls return on a 100 ns grid, blocks on a 10 ns one: many steps
-        // complete at one time.
-        t += 10 * (1 + r % 9);
-        let dur = (t / 100 + 1 + (r >> 8) % 30) * 100 - t;
-        match (r >> 20) % 16 {
-            0 | 1 => {
-                let size = if (r >> 30).is_multiple_of(3) {
-                    20 * MIB
-                } else {
-                    2 * MIB
-                };
-                let base = 0x7f00_0000_0000 + (step << 26) + ((p as u64) << 44);
-                events.push(Event::Call(mem(
-                    "cudaMalloc",
-                    pid,
-                    pid + 1,
-                    t,
-                    dur,
-                    Some(size),
-                    base,
-                )));
-                segs[p].push((base, size, 0, t + dur));
-            }
-            2 if !segs[p].is_empty() => {
-                let i = (r >> 40) as usize % segs[p].len();
-                let (base, ..) = segs[p].swap_remove(i);
-                events.push(Event::Call(mem("cudaFree", pid, pid, t, dur, None, base)));
-            }
-            3 => {
-                let mut c = mem("cudaMalloc", pid, pid, t, dur, Some(80 * MIB), 0);
-                c.ret = 2;
-                events.push(Event::Call(c));
-                let mut b = torch_block(pid, t + 1, malloc, 0, 0, 512, Some(80 * MIB));
-                b.block = 0;
-                events.push(Event::Block(b));
-            }
-            4..=7 if !live[p].is_empty() => {
-                let i = (r >> 40) as usize % live[p].len();
-                let (k, ptr, size) = live[p].swap_remove(i);
-                events.push(Event::Block(torch_block(pid, t, free, k, ptr, size, None)));
-            }
-            _ => {
-                let requested = 1 + (r >> 24) % (MIB / 2);
-                let size = requested.div_ceil(512) * 512;
-                // From a segment whose allocation returned.
-                let fits = |s: &&mut (u64, u64, u64, u64)| s.2 + size <= s.1 && s.3 < t - 5;
-                let Some(s) = segs[p].iter_mut().find(fits) else {
-                    continue;
-                };
-                let ptr = s.0 + s.2;
-                s.2 += size;
-                key += 0x40;
-                // Now and then at the very time a call returned.
-                let end = match (r >> 50) % 8 {
-                    0 => t.saturating_sub(10),
-                    _ => t,
-                };
-                let b = torch_block(pid, end, malloc, key, ptr, size, Some(requested));
-                events.push(Event::Block(b));
-                live[p].push((key, ptr, size));
-            }
-        }
-    }
-    // The writer takes allocator events in completion order.
-    events.sort_by_key(|e| match e {
-        Event::Block(b) => (b.end_ns, 1),
-        Event::Call(c) => (c.ts_ns, 0),
-        _ => (0, 0),
-    });
-    (events, t + 10_000)
-}
-
-/// [`random_allocator_workload`] written at `path` with a checkpoint every
+/// `common::allocator_workload`'s random workload written at `path` with a checkpoint every
 /// 97 steps; its session end.
 fn checkpointed_trace(path: &Path) -> u64 {
     sleuth_store::allocator_checkpoints::set_steps_for_tests(97);
-    let (events, end) = random_allocator_workload(0x9e37_79b9_7f4a_7c15);
+    let (events, end) =
+        common::allocator_workload::random_allocator_workload(0x9e37_79b9_7f4a_7c15);
     let w = TraceWriter::create(path, common::session(), WriterOptions::default()).unwrap();
     let h = w.handle();
     for e in events {

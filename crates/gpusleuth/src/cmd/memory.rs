@@ -7,7 +7,7 @@ use crate::load::{emit_json, emit_text, warn_input_problems_of_reads};
 use crate::output::{fmt_bytes, fmt_ns};
 use crate::render::table::table;
 use serde::Serialize;
-use sleuth_core::allocator::{allocator_views, AllocatorState, AllocatorView};
+use sleuth_core::allocator::{AllocatorState, AllocatorView};
 use sleuth_core::gpu_activity::{self, GpuActivity};
 use sleuth_core::held::{held, HeldMemory};
 use sleuth_core::ledger::{self, ProcessLedger};
@@ -181,7 +181,7 @@ fn run_of_run(args: &Args) -> anyhow::Result<i32> {
     }
     let mut processes = run.ledgers.clone();
     let data = &run.data;
-    let allocators = allocator_views(data, run.at_ns, &processes);
+    let allocators = run.allocator_views()?;
     let helds = held_by_pid(data, &mut processes);
     let activity = gpu_activity::of_trace(data);
     let files = sleuth_store::run::file_names(&run.files);
@@ -664,6 +664,7 @@ fn render(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sleuth_core::allocator::allocator_views;
     use sleuth_core::ledger::ledger;
     use sleuth_core::testing::{alloc, failed_alloc};
 

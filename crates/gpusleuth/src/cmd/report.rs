@@ -177,15 +177,22 @@ fn report_of_run(args: &Args, window: Option<&RunLast>) -> anyhow::Result<i32> {
         read.len(),
         sleuth_store::run::first_to_last(&read)
     );
-    let mut inputs = Inputs::run(r);
-    if let (Some(run), Some((part, read, explanation))) = (window, window_reads) {
-        // The explanation reads the same files: its skipped rows are these.
-        window_problems = read.problems;
-        let w = Window::of_run(run, args.window.last.unwrap_or_default());
-        // The charts reach the window's end (the file still being written).
-        inputs.span.extent_end_ns = inputs.span.extent_end_ns.max(run.end);
-        inputs = inputs.narrowed_to(w, part, explanation);
-    }
+    let inputs = match (window, window_reads) {
+        (Some(run), Some((part, read, explanation))) => {
+            // The explanation reads the same files: its skipped rows are these.
+            window_problems = read.problems;
+            let w = Window::of_run(run, args.window.last.unwrap_or_default());
+            // The window's findings are the report's: the run's are not made.
+            let mut inputs = Inputs::run(r, explanation.clone());
+            // The charts reach the window's end (the file still being written).
+            inputs.span.extent_end_ns = inputs.span.extent_end_ns.max(run.end);
+            inputs.narrowed_to(w, part, explanation)
+        }
+        _ => {
+            let explanation = r.run.explanation()?;
+            Inputs::run(r, explanation)
+        }
+    };
     // Said once every read succeeded: a failure stays one line.
     match window {
         None => crate::load::note_unfinished(&incomplete),

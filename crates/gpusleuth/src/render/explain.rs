@@ -224,7 +224,7 @@ fn run_output(input: &TraceInput, style: Style) -> anyhow::Result<String> {
     )?;
     crate::load::note_unfinished(&run.incomplete);
     crate::load::print_problems_at(&input.db, &run.problems);
-    let report = run.explanation();
+    let report = run.explanation()?;
     render(&run.data, &run.ledgers, &report, &run.problems, style)
 }
 

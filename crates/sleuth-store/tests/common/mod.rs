@@ -7,6 +7,7 @@ use sleuth_core::{
 use sleuth_store::{Trace, TraceWriter, WriterOptions};
 use std::path::{Path, PathBuf};
 
+pub mod allocator_workload;
 pub mod ingero;
 #[path = "../../../gpusleuth/tests/common/skip.rs"]
 mod skip;

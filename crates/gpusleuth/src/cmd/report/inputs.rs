@@ -193,9 +193,9 @@ impl Inputs {
         Inputs::of_parts(r.parts, data, r.lean.ledgers, explanation, sites)
     }
 
-    /// From a run's files added up (`report --db DIR`).
-    pub fn run(r: RunReport) -> Inputs {
-        let explanation = r.run.explanation();
+    /// From a run's files added up (`report --db DIR`) and `explanation`
+    /// (the run's, or its window's).
+    pub fn run(r: RunReport, explanation: Explanation) -> Inputs {
         let sites = Sites {
             table: r.sites(),
             // Not known over several files (`sleuth_store::run_report`).

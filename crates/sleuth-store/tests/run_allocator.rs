@@ -1,0 +1,212 @@
+//! The allocator views over a run of `trace --rotate --torch-allocator`
+//! (`RunLean::allocator_views`, `RunLean::explanation`): rebuilt by passes
+//! over the files' steps, none of them held, they are the views of the same
+//! events loaded as one trace, at the end and at any moment, of every
+//! process and of each; a damaged file is a one-line error naming it.
+
+mod common;
+
+use common::allocator_workload::random_allocator_workload;
+use common::TempDir;
+use serde_json::Value;
+use sleuth_core::allocator::allocator_views;
+use sleuth_core::Event;
+use sleuth_store::run::part_name;
+use sleuth_store::run_explain::{load, load_memory, load_memory_at, Moment};
+use sleuth_store::run_ledger::RunLink;
+use sleuth_store::{CheckMemo, ReadBudget, SessionInfo, Trace, TraceWriter, WriterOptions};
+use std::path::Path;
+
+fn budget() -> ReadBudget {
+    ReadBudget::new(sleuth_store::DEFAULT_READ_TIMEOUT)
+}
+
+fn json<T: serde::Serialize>(v: &T) -> Value {
+    serde_json::to_value(v).unwrap()
+}
+
+/// Where two JSON values first differ (a path and both values), if they do.
+fn first_difference(got: &Value, want: &Value, path: &str) -> Option<String> {
+    match (got, want) {
+        (Value::Object(a), Value::Object(b)) => {
+            let keys: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+            keys.into_iter().find_map(|k| {
+                let (x, y) = (
+                    a.get(k).unwrap_or(&Value::Null),
+                    b.get(k).unwrap_or(&Value::Null),
+                );
+                first_difference(x, y, &format!("{path}.{k}"))
+            })
+        }
+        (Value::Array(a), Value::Array(b)) if a.len() == b.len() => a
+            .iter()
+            .zip(b)
+            .enumerate()
+            .find_map(|(i, (x, y))| first_difference(x, y, &format!("{path}[{i}]"))),
+        _ => (got != want).then(|| format!("{path}: {got} != {want}")),
+    }
+}
+
+fn assert_same(got: &Value, want: &Value, what: &str) {
+    if let Some(d) = first_difference(got, want, "") {
+        panic!("{what}: {d}");
+    }
+}
+
+/// When an event completed: the file a rotation puts it in.
+fn end_of(e: &Event) -> u64 {
+    match e {
+        Event::Call(c) => c.end_ns(),
+        Event::Block(b) => b.end_ns,
+        _ => 0,
+    }
+}
+
+/// `events` written at `path` in a session from `start` to `end`, as file
+/// `run`'s link says (or alone).
+fn write(path: &Path, events: &[Event], (start, end): (u64, u64), run: Option<RunLink>) {
+    let session = SessionInfo {
+        start_mono_ns: start,
+        ..common::trace_fixture::session()
+    };
+    let opts = WriterOptions {
+        run,
+        ..Default::default()
+    };
+    let w = TraceWriter::create(path, session, opts).unwrap();
+    let h = w.handle();
+    for e in events {
+        h.send(e.clone()).unwrap();
+    }
+    h.set_session_end(end).unwrap();
+    drop(h);
+    w.finish().unwrap();
+}
+
+/// The fragmentation findings and the allocator's refusals of an explanation.
+fn allocator_answers(e: &sleuth_core::findings::Explanation) -> (Vec<Value>, Vec<String>) {
+    let findings = e
+        .findings
+        .iter()
+        .filter(|f| f.kind == sleuth_core::findings::Kind::Fragmentation)
+        .map(json)
+        .collect();
+    let refusals = e
+        .notes
+        .iter()
+        .filter(|n| n.contains("allocator layout"))
+        .cloned()
+        .collect();
+    (findings, refusals)
+}
+
+#[test]
+fn a_runs_allocator_views_are_those_of_its_events_loaded_as_one_trace() {
+    let dir = TempDir::new("run_allocator");
+    let (events, end) = random_allocator_workload(0x2545_f491_4f6c_dd1d);
+    let whole = dir.join("whole.db");
+    write(&whole, &events, (1_000, end), None);
+    // Four files, each holding the events that completed while it was the
+    // one written: segments and blocks of one file used and freed in later ones.
+    let cuts = [1_000, end / 4, end / 2, 3 * end / 4, end + 1];
+    let run = dir.join("run");
+    std::fs::create_dir_all(&run).unwrap();
+    let link = RunLink::new_run();
+    for k in 0..4 {
+        let part: Vec<Event> = events
+            .iter()
+            .filter(|e| (cuts[k]..cuts[k + 1]).contains(&end_of(e)))
+            .cloned()
+            .collect();
+        let n = k as u64 + 1;
+        let span = (cuts[k], cuts[k + 1].min(end));
+        write(&run.join(part_name(n)), &part, span, Some(link.for_file(n)));
+    }
+    let trace = Trace::open(&whole).unwrap();
+    let data = trace.load(None).unwrap();
+    assert!(
+        data.blocks.len() > 1_000,
+        "{} allocator events",
+        data.blocks.len()
+    );
+    let memo = CheckMemo::new();
+
+    // At the end, every process and each.
+    for pid in [None, Some(100), Some(200)] {
+        let r = load_memory(&run, pid, budget(), &memo).unwrap();
+        assert_eq!(r.files.len(), 4);
+        let got = r.allocator_views().unwrap();
+        let mut want = allocator_views(&data, None, &r.ledgers);
+        want.retain(|p, _| pid.is_none_or(|only| only == *p));
+        assert_eq!(got.len(), if pid.is_some() { 1 } else { 2 });
+        assert!(got.values().all(|v| v.state.is_some()), "views rebuilt");
+        assert_same(&json(&got), &json(&want), &format!("pid {pid:?}"));
+    }
+    // The ledgers the views take their reserved bytes from are the whole
+    // trace's.
+    let r = load_memory(&run, None, budget(), &memo).unwrap();
+    let live = |l: &[sleuth_core::ledger::ProcessLedger]| -> Vec<(u32, u64)> {
+        l.iter().map(|p| (p.pid, p.live_bytes)).collect()
+    };
+    assert_eq!(
+        live(&r.ledgers),
+        live(&sleuth_core::ledger::ledger(&data, None))
+    );
+
+    // At moments: inside each file, at its first and last nanosecond.
+    let mut moments: Vec<u64> = (1..10).map(|i| end * i / 10).collect();
+    for &c in &cuts[1..4] {
+        moments.extend([c - 1, c, c + 1]);
+    }
+    for at in moments {
+        let r = load_memory_at(&run, None, Moment::At(at), budget(), &memo).unwrap();
+        let got = r.allocator_views().unwrap();
+        // The files that began by the moment, loaded as one trace: their
+        // every step calibrates, those up to the moment are replayed.
+        let mut began = sleuth_core::TraceData::default();
+        for f in &r.files {
+            let d = Trace::open(f).unwrap().load(None).unwrap();
+            began.calls.extend(d.calls);
+            began.blocks.extend(d.blocks);
+        }
+        assert!(r.files.len() < 4 || at >= cuts[3]);
+        let want = allocator_views(&began, Some(at), &r.ledgers);
+        assert_same(&json(&got), &json(&want), &format!("at {at} of {end}"));
+    }
+
+    // The explanation's fragmentation findings and refusals.
+    let one = sleuth_store::lean::load(&trace, None, budget())
+        .unwrap()
+        .expect("a lean load");
+    let merged = load(&run, None, budget()).unwrap();
+    let answers = allocator_answers(&merged.explanation().unwrap());
+    assert!(!answers.0.is_empty(), "a fragmentation finding");
+    assert_eq!(answers, allocator_answers(&one.explanation()));
+
+    // A damaged word in the third file: a one-line error naming it, not a
+    // view that stops there.
+    let damaged = dir.join("damaged");
+    std::fs::create_dir_all(&damaged).unwrap();
+    for n in 1..=4 {
+        std::fs::copy(run.join(part_name(n)), damaged.join(part_name(n))).unwrap();
+    }
+    rusqlite::Connection::open(damaged.join(part_name(3)))
+        .unwrap()
+        .execute_batch(
+            "UPDATE allocator_rows SET w3 = 'x'
+             WHERE id = (SELECT min(id) FROM allocator_rows WHERE w3 IS NOT NULL)",
+        )
+        .unwrap();
+    let r = load_memory(&damaged, None, budget(), &CheckMemo::new()).unwrap();
+    let err = r.allocator_views().unwrap_err().to_string();
+    assert!(
+        err.contains(&part_name(3)) && err.contains("no integer") && !err.contains('\n'),
+        "{err}"
+    );
+    let err = load(&damaged, None, budget())
+        .unwrap()
+        .explanation()
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains(&part_name(3)), "{err}");
+}
