@@ -214,10 +214,10 @@ impl FedSink for Checkpointer<'_> {
 /// Replays process `pid`'s steps in the file being completed with
 /// `layout`, storing checkpoints along the way (the table made first),
 /// and returns the replay at the end (what its view at the end is
-/// assembled from). `sql` is the allocator rows' page query.
+/// assembled from). `pages` is the allocator rows' page query.
 pub(crate) fn replay_storing(
     conn: &Connection,
-    sql: &str,
+    pages: &crate::step_feed::PageQuery,
     pid: u32,
     layout: Layout,
 ) -> rusqlite::Result<Rebuilder> {
@@ -237,7 +237,7 @@ pub(crate) fn replay_storing(
         ended: false,
         failed: None,
     };
-    let mut feed = StepFeed::with_query(conn, sql.to_string(), [(pid, sink)].into());
+    let mut feed = StepFeed::with_query(conn, pages.clone(), [(pid, sink)].into());
     // The lowest id of the calls applied after each checkpoint, before the next.
     let mut lowest: Vec<Option<i64>> = Vec::new();
     let taken = |f: &StepFeed<'_, Checkpointer<'_>>| f.sink(pid).map_or(0, |s| s.times.len());

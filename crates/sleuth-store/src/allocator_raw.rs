@@ -28,6 +28,7 @@ use sleuth_core::event::BLOCK_WORDS;
 use sleuth_core::ops::op_by_name;
 use sleuth_core::BlockEvent;
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 
 /// 2^63 as a float: the REAL row ids SQLite can compare with an integer one lie within ±it.
 const I64_BOUND: f64 = 9_223_372_036_854_775_808.0;
@@ -67,9 +68,20 @@ const BASE_SQL: &str =
     "SELECT w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13, w14, w15 \
      FROM allocator_rows WHERE id = ?1";
 
-/// The query and its parameters' meaning for a file read this way; None
+/// Which of a process's rows a [`query`] reads.
+#[derive(Clone, Copy)]
+pub(crate) enum Rows {
+    /// Every one (`?1`: the pid).
+    All,
+    /// A page: those after row id `?3`, at most `?4` (`?2`, the last
+    /// row's end, is bound but not needed: rows are in id order), as
+    /// `allocator_rows::Select::OnePidPage` reads them.
+    Page,
+}
+
+/// The query of `rows` and the file's ops for a file read this way; None
 /// when it is not (see the module's comment).
-pub(crate) fn query(conn: &Connection) -> rusqlite::Result<Option<(String, Ops)>> {
+pub(crate) fn query(conn: &Connection, rows: Rows) -> rusqlite::Result<Option<(String, Ops)>> {
     if !crate::allocator_rows::in_end_order(conn)?
         || !crate::stacks::has_column(conn, "allocator_rows", "base_back")?
         || !crate::stacks::has_column(conn, "allocator_rows", "dur_ns")?
@@ -79,8 +91,13 @@ pub(crate) fn query(conn: &Connection) -> rusqlite::Result<Option<(String, Ops)>
     let Some(ops) = Ops::read(conn)? else {
         return Ok(None);
     };
+    let (after, page) = match rows {
+        Rows::All => ("", ""),
+        Rows::Page => (" AND ?2 IS NOT NULL AND a.id > ?3", " LIMIT ?4"),
+    };
     let sql = format!(
-        "{SQL} AND a.end_ns - a.dur_ns BETWEEN 0 AND {MAX_NS} AND a.end_ns BETWEEN 0 AND {MAX_NS} ORDER BY a.id"
+        "{SQL}{after} AND a.end_ns - a.dur_ns BETWEEN 0 AND {MAX_NS} AND a.end_ns BETWEEN 0 AND {MAX_NS} \
+         ORDER BY a.id{page}"
     );
     Ok(Some((sql, ops)))
 }
@@ -151,7 +168,7 @@ pub(crate) fn raw_row(r: &Row<'_>) -> rusqlite::Result<RawRow> {
 /// Completes the rows of one pass: their ops and their base rows' words.
 pub(crate) struct Resolver<'c> {
     conn: &'c Connection,
-    ops: Ops,
+    ops: Arc<Ops>,
     cached: HashMap<i64, Words>,
     order: VecDeque<i64>,
     /// How many rows are kept ([`CACHED_ROWS`]; fewer in tests).
@@ -159,11 +176,11 @@ pub(crate) struct Resolver<'c> {
 }
 
 impl<'c> Resolver<'c> {
-    pub(crate) fn new(conn: &'c Connection, ops: Ops) -> Self {
+    pub(crate) fn new(conn: &'c Connection, ops: Arc<Ops>) -> Self {
         Self::keeping(conn, ops, CACHED_ROWS)
     }
 
-    fn keeping(conn: &'c Connection, ops: Ops, capacity: usize) -> Self {
+    fn keeping(conn: &'c Connection, ops: Arc<Ops>, capacity: usize) -> Self {
         Resolver {
             conn,
             ops,
@@ -315,11 +332,11 @@ mod tests {
         pid: u32,
         capacity: usize,
     ) -> Option<Result<Vec<BlockEvent>, String>> {
-        let (sql, ops) = query(conn).expect("query")?;
+        let (sql, ops) = query(conn, Rows::All).expect("query")?;
         let read = || -> rusqlite::Result<Vec<BlockEvent>> {
             let mut st = conn.prepare(&sql)?;
             let mut rows = st.query([pid])?;
-            let mut resolver = Resolver::keeping(conn, ops, capacity);
+            let mut resolver = Resolver::keeping(conn, Arc::new(ops), capacity);
             let (mut out, mut order) = (Vec::new(), EndOrder::default());
             while let Some(r) = rows.next()? {
                 if let Some(b) = resolver.resolve(raw_row(r)?)? {
@@ -330,6 +347,36 @@ mod tests {
             Ok(out)
         };
         Some(read().map_err(|e| e.to_string()))
+    }
+
+    /// The same read a page of 7 rows at a time, as a feed reads them
+    /// (`crate::step_feed`: one resolver from page to page).
+    fn via_pages(conn: &Connection, pid: u32) -> Result<Vec<BlockEvent>, String> {
+        let (sql, ops) = query(conn, Rows::Page)
+            .expect("query")
+            .expect("read this way");
+        let read = || -> rusqlite::Result<Vec<BlockEvent>> {
+            let mut resolver = Resolver::new(conn, Arc::new(ops));
+            let (mut out, mut order) = (Vec::new(), EndOrder::default());
+            let mut after = (-1i64, 0i64);
+            loop {
+                let mut st = conn.prepare_cached(&sql)?;
+                let mut rows = st.query(rusqlite::params![pid, after.0, after.1, 7])?;
+                let mut read = 0;
+                while let Some(r) = rows.next()? {
+                    read += 1;
+                    after = (r.get(1)?, r.get(crate::allocator_rows::ID_COL)?);
+                    if let Some(b) = resolver.resolve(raw_row(r)?)? {
+                        order.check(&b)?;
+                        out.push(b);
+                    }
+                }
+                if read < 7 {
+                    return Ok(out);
+                }
+            }
+        };
+        read().map_err(|e| e.to_string())
     }
 
     /// Every row the writer stores, and every change of a row a crafted
@@ -400,6 +447,11 @@ mod tests {
                     let got = via_table(&conn, pid, capacity).expect("read from the table");
                     assert_eq!(got, want, "{change:?}, pid {pid}, keeping {capacity}");
                 }
+                assert_eq!(
+                    via_pages(&conn, pid),
+                    want,
+                    "{change:?}, pid {pid}, by pages"
+                );
             }
         }
         // Not read this way: a name that is no text, rows out of order.

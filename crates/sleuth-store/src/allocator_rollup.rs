@@ -83,12 +83,12 @@ pub(crate) fn write(
     // Each view at the end from a replay that stores checkpoints of itself
     // along the way (`crate::allocator_checkpoints`), then the views at
     // their fragmentation findings' moments.
-    let sql = crate::step_feed::page_query(conn)?.unwrap_or_default();
+    let pages = crate::step_feed::page_query(conn)?.unwrap_or_default();
     let mut end = BTreeMap::new();
     for (pid, cal) in calibrations {
         let replay = match cal.layout() {
             Some(layout) => Some(crate::allocator_checkpoints::replay_storing(
-                conn, &sql, pid, layout,
+                conn, &pages, pid, layout,
             )?),
             None => None,
         };

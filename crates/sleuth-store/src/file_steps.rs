@@ -129,8 +129,9 @@ impl<'a> FileSteps<'a> {
         visit: &mut dyn FnMut(Step<'_>) -> bool,
     ) {
         let conn = self.conn();
-        match crate::allocator_raw::query(conn) {
+        match crate::allocator_raw::query(conn, crate::allocator_raw::Rows::All) {
             Ok(Some((sql, ops))) => {
+                let ops = std::sync::Arc::new(ops);
                 let mut resolver = crate::allocator_raw::Resolver::new(conn, ops);
                 let read = |r: &rusqlite::Row<'_>| crate::allocator_raw::raw_row(r);
                 return self.merge_rows(pid, until, &sql, read, |raw| resolver.resolve(raw), visit);

@@ -7,10 +7,12 @@
 //! of their own (`crate::allocator_rollup` calibrates with one, `memory
 //! --at` rebuilds with one).
 
+use crate::allocator_raw::{Ops, Resolver};
 use crate::allocator_rows::{EndOrder, Select};
 use rusqlite::Connection;
 use sleuth_core::allocator::{Calibrator, Rebuilder, Step, StepSink};
 use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
 
 /// Allocator events read per page.
 const PAGE: i64 = 4096;
@@ -35,15 +37,27 @@ impl FedSink for Rebuilder {}
 /// events read ahead of them.
 pub(crate) struct StepFeed<'a, S> {
     conn: &'a Connection,
-    /// The page query (`allocator_rows::Select::OnePidPage`).
-    sql: String,
-    procs: BTreeMap<u32, Fed<S>>,
+    pages: PageQuery,
+    procs: BTreeMap<u32, Fed<'a, S>>,
     failed: Option<rusqlite::Error>,
 }
 
+/// How a feed reads a process's allocator events a page at a time: from
+/// `allocator_rows` itself where `crate::allocator_raw` reads the file
+/// (with the file's ops), else through the `allocator_events` view
+/// (`allocator_rows::Select::OnePidPage`): the same events either way.
+#[derive(Clone, Default)]
+pub(crate) struct PageQuery {
+    sql: String,
+    ops: Option<Arc<Ops>>,
+}
+
 /// One process's sink and the allocator events read ahead of it.
-struct Fed<S> {
+struct Fed<'a, S> {
     sink: S,
+    /// Completes the rows read from the table (their base rows' words),
+    /// its rows kept from page to page.
+    resolver: Option<Resolver<'a>>,
     /// Events read and not yet pushed, each with its row's position.
     ahead: VecDeque<(sleuth_core::BlockEvent, RowPos)>,
     /// The position of the last row read.
@@ -61,20 +75,24 @@ impl<'a, S: FedSink> StepFeed<'a, S> {
         conn: &'a Connection,
         sinks: BTreeMap<u32, S>,
     ) -> rusqlite::Result<Option<Self>> {
-        Ok(page_query(conn)?.map(|sql| Self::with_query(conn, sql, sinks)))
+        Ok(page_query(conn)?.map(|pages| Self::with_query(conn, pages, sinks)))
     }
 
     /// [`Self::new`] with the file's [`page_query`] known.
-    pub(crate) fn with_query(conn: &'a Connection, sql: String, sinks: BTreeMap<u32, S>) -> Self {
+    pub(crate) fn with_query(
+        conn: &'a Connection,
+        pages: PageQuery,
+        sinks: BTreeMap<u32, S>,
+    ) -> Self {
         let at_start = sinks.into_iter().map(|(pid, s)| (pid, (s, START)));
-        Self::resumed(conn, sql, at_start.collect())
+        Self::resumed(conn, pages, at_start.collect())
     }
 
     /// [`Self::with_query`] with each process's sink fed already the rows
     /// up to a position (a checkpoint's): its rows after it follow.
     pub(crate) fn resumed(
         conn: &'a Connection,
-        sql: String,
+        pages: PageQuery,
         sinks: BTreeMap<u32, (S, RowPos)>,
     ) -> Self {
         let procs = sinks
@@ -82,6 +100,7 @@ impl<'a, S: FedSink> StepFeed<'a, S> {
             .map(|(pid, (sink, after))| {
                 let fed = Fed {
                     sink,
+                    resolver: pages.ops.clone().map(|ops| Resolver::new(conn, ops)),
                     ahead: VecDeque::new(),
                     after,
                     done: false,
@@ -92,7 +111,7 @@ impl<'a, S: FedSink> StepFeed<'a, S> {
             .collect();
         StepFeed {
             conn,
-            sql,
+            pages,
             procs,
             failed: None,
         }
@@ -107,7 +126,7 @@ impl<'a, S: FedSink> StepFeed<'a, S> {
         let Some(fed) = self.procs.get_mut(&c.pid) else {
             return;
         };
-        if let Err(e) = feed_blocks(self.conn, &self.sql, c.pid, fed, Some(c.end_ns())) {
+        if let Err(e) = feed_blocks(self.conn, &self.pages.sql, c.pid, fed, Some(c.end_ns())) {
             self.failed = Some(e);
             return;
         }
@@ -126,7 +145,7 @@ impl<'a, S: FedSink> StepFeed<'a, S> {
         let before = until.map(|t| t.saturating_add(1));
         for (&pid, fed) in &mut self.procs {
             if self.failed.is_none() {
-                if let Err(e) = feed_blocks(self.conn, &self.sql, pid, fed, before) {
+                if let Err(e) = feed_blocks(self.conn, &self.pages.sql, pid, fed, before) {
                     self.failed = Some(e);
                 }
             }
@@ -144,8 +163,13 @@ impl<'a, S: FedSink> StepFeed<'a, S> {
 
 /// The query a feed reads a process's allocator events with, a page at a
 /// time; None when the file has no allocator events.
-pub(crate) fn page_query(conn: &Connection) -> rusqlite::Result<Option<String>> {
-    crate::allocator_rows::query(conn, Select::OnePidPage)
+pub(crate) fn page_query(conn: &Connection) -> rusqlite::Result<Option<PageQuery>> {
+    if let Some((sql, ops)) = crate::allocator_raw::query(conn, crate::allocator_raw::Rows::Page)? {
+        let ops = Some(Arc::new(ops));
+        return Ok(Some(PageQuery { sql, ops }));
+    }
+    let sql = crate::allocator_rows::query(conn, Select::OnePidPage)?;
+    Ok(sql.map(|sql| PageQuery { sql, ops: None }))
 }
 
 /// Pushes `pid`'s allocator events that completed before `before` (all
@@ -155,7 +179,7 @@ fn feed_blocks<S: FedSink>(
     conn: &Connection,
     sql: &str,
     pid: u32,
-    fed: &mut Fed<S>,
+    fed: &mut Fed<'_, S>,
     before: Option<u64>,
 ) -> rusqlite::Result<()> {
     loop {
@@ -175,7 +199,11 @@ fn feed_blocks<S: FedSink>(
         while let Some(r) = rows.next()? {
             read += 1;
             fed.after = (r.get(1)?, r.get(crate::allocator_rows::ID_COL)?);
-            if let Some(b) = crate::allocator_rows::block_of(r)? {
+            let b = match fed.resolver.as_mut() {
+                Some(resolver) => resolver.resolve(crate::allocator_raw::raw_row(r)?)?,
+                None => crate::allocator_rows::block_of(r)?,
+            };
+            if let Some(b) = b {
                 fed.order.check(&b)?;
                 fed.ahead.push_back((b, fed.after));
             }

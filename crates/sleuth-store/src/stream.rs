@@ -1134,7 +1134,7 @@ fn calibrations_of(
 /// ([`MemoryTrace::rebuild_plan`]).
 struct RebuildPlan {
     /// The allocator events' page query (`crate::step_feed::page_query`).
-    sql: String,
+    pages: crate::step_feed::PageQuery,
     calibrations: std::collections::BTreeMap<u32, sleuth_core::allocator::Calibration>,
 }
 
@@ -1173,7 +1173,7 @@ impl RebuildPlan {
                 Some((pid, taken_up.get(&pid).cloned().unwrap_or_else(fresh)))
             })
             .collect();
-        crate::step_feed::StepFeed::resumed(conn, self.sql.clone(), sinks)
+        crate::step_feed::StepFeed::resumed(conn, self.pages.clone(), sinks)
     }
 }
 
@@ -1735,10 +1735,10 @@ impl MemoryTrace {
         if pids.is_empty() || !pids.iter().all(|p| calibrations.contains_key(p)) {
             return Ok(None);
         }
-        let sql =
+        let pages =
             crate::step_feed::page_query(&self.rows.conn).map_err(|e| self.rows.read_error(e))?;
-        Ok(sql.map(|sql| RebuildPlan {
-            sql,
+        Ok(pages.map(|pages| RebuildPlan {
+            pages,
             calibrations: calibrations
                 .iter()
                 .filter(|(p, _)| pids.contains(p))
