@@ -417,7 +417,7 @@ pub fn allocator_views_guessed(
 ) -> BTreeMap<u32, AllocatorView> {
     by_pid(pids, ledgers, |pid, reserved| {
         let guess = guesses.get(&pid).copied();
-        view_guessed(source, data, pid, at_ns, reserved, guess)
+        view_guessed(source, data, pid, at_ns, Reserved::Known(reserved), guess)
     })
 }
 
@@ -428,28 +428,34 @@ fn view_guessed(
     data: &TraceData,
     pid: u32,
     at_ns: Option<u64>,
-    reserved_bytes: u64,
+    reserved: Reserved,
     guess: Option<Layout>,
 ) -> AllocatorView {
     let Some(layout) = guess else {
-        return allocator_view_of(source, data, pid, at_ns, reserved_bytes);
+        let calibration = calibrate(source, pid);
+        return view_with(source, data, pid, at_ns, calibration, reserved);
     };
     let mut calibrator = Calibrator::default();
     let mut replay = Rebuilder::new(layout);
+    let mut ledger = reserved.counter(pid, at_ns);
     // The calibration reads every step whatever the moment; the replay
     // those that completed by it (a prefix: steps come in completion order).
     source.for_each_step(pid, None, &mut |s| {
         calibrator.push(s);
         if at_ns.is_none_or(|at| s.end_ns() <= at) {
+            if let (Step::Call(c), Some(l)) = (s, ledger.as_mut()) {
+                l.push(c);
+            }
             replay.push(s);
         }
         true
     });
     let calibration = calibrator.finish();
     if calibration.layout() == Some(layout) {
+        let reserved_bytes = reserved.bytes(ledger, pid);
         return view_rebuilt(pid, calibration, Some(replay), reserved_bytes, data);
     }
-    allocator_view_calibrated(source, data, pid, at_ns, reserved_bytes, calibration)
+    view_with(source, data, pid, at_ns, calibration, reserved)
 }
 
 /// The allocator view of one process; `reserved_bytes` is its ledger's live bytes at that moment.
@@ -583,6 +589,27 @@ impl KnownViews {
             end.insert(pid, view);
         }
         KnownViews { end, moments }
+    }
+
+    /// [`KnownViews::until`] with each process's layout guessed
+    /// (`guesses`, see [`allocator_views_guessed`]): one pass for each
+    /// view at the window's end when the guess is right, the same views.
+    pub fn until_guessed(
+        source: &dyn StepSource,
+        data: &TraceData,
+        pids: &[u32],
+        until_ns: Option<u64>,
+        guesses: &BTreeMap<u32, Layout>,
+    ) -> KnownViews {
+        let end = pids
+            .iter()
+            .map(|&pid| {
+                let guess = guesses.get(&pid).copied();
+                let view = view_guessed(source, data, pid, until_ns, Reserved::Replayed, guess);
+                (pid, view)
+            })
+            .collect();
+        Self::with_moments(source, data, end)
     }
 
     /// [`KnownViews::until`] with the views at the window's end rebuilt
@@ -839,12 +866,42 @@ impl Blocks {
 }
 
 /// The reserved bytes a view is rebuilt with.
+#[derive(Clone, Copy)]
 enum Reserved {
     /// The process's ledger's live bytes then, known.
     Known(u64),
     /// Counted by the ledger's rules (`ledger::ledger(data, Some(at))`'s
     /// live bytes) from the replay's own calls, in the same pass.
     Replayed,
+}
+
+impl Reserved {
+    /// The ledger that counts `pid`'s reserved bytes at `at_ns` from the
+    /// replay's calls, when they are counted so.
+    fn counter(self, pid: u32, at_ns: Option<u64>) -> Option<crate::ledger::LedgerBuilder> {
+        match self {
+            Reserved::Replayed => {
+                let mut b = crate::ledger::LedgerBuilder::new(Some(at_ns.unwrap_or(u64::MAX)));
+                b.track(pid);
+                Some(b)
+            }
+            Reserved::Known(_) => None,
+        }
+    }
+
+    /// The reserved bytes: known, or `pid`'s live bytes in the `counter`
+    /// the replay's calls were pushed to.
+    fn bytes(self, counter: Option<crate::ledger::LedgerBuilder>, pid: u32) -> u64 {
+        match self {
+            Reserved::Known(bytes) => bytes,
+            Reserved::Replayed => counter.map_or(0, |l| {
+                l.finish_bare()
+                    .iter()
+                    .find(|l| l.pid == pid)
+                    .map_or(0, |l| l.live_bytes)
+            }),
+        }
+    }
 }
 
 fn rebuild(
@@ -855,14 +912,7 @@ fn rebuild(
     reserved: Reserved,
 ) -> AllocatorState {
     let mut replay = Rebuilder::new(layout);
-    let mut ledger = match reserved {
-        Reserved::Replayed => {
-            let mut b = crate::ledger::LedgerBuilder::new(Some(at_ns.unwrap_or(u64::MAX)));
-            b.track(pid);
-            Some(b)
-        }
-        Reserved::Known(_) => None,
-    };
+    let mut ledger = reserved.counter(pid, at_ns);
     // The source gives only the steps that completed by `at_ns`.
     source.for_each_step(pid, at_ns, &mut |s| {
         if let (Step::Call(c), Some(l)) = (s, ledger.as_mut()) {
@@ -871,16 +921,7 @@ fn rebuild(
         replay.push(s);
         true
     });
-    let reserved_bytes = match reserved {
-        Reserved::Known(bytes) => bytes,
-        Reserved::Replayed => ledger.map_or(0, |l| {
-            l.finish_bare()
-                .iter()
-                .find(|l| l.pid == pid)
-                .map_or(0, |l| l.live_bytes)
-        }),
-    };
-    replay.finish(reserved_bytes)
+    replay.finish(reserved.bytes(ledger, pid))
 }
 
 /// What takes a process's steps one at a time, in replay order.

@@ -404,6 +404,7 @@ impl RunLast {
         }
         parts.ledger = ledger;
         parts.data.process_gpu_start_lost = self.files[0].0 != 1;
+        parts.allocators = Some(self.allocator_views(pid, memo, &parts.data)?);
         let mut e = parts.explain();
         if added > 1 {
             e.notes.push(format!(
@@ -413,6 +414,58 @@ impl RunLast {
             ));
         }
         Ok((e, read))
+    }
+}
+
+impl RunLast {
+    /// The allocator views the window's explanation reads: those of the
+    /// processes (of `pid`) with allocator events in the files the window
+    /// spans, each at the window's end replayed from the start of the
+    /// run's oldest file in the directory (a segment outlives the window,
+    /// and the file, that use it: PyTorch's are made early), its steps
+    /// read file after file (`crate::run_steps`, none held), its reserved
+    /// bytes counted by the same pass, its layout guessed from the files'
+    /// stored views; and the views at their fragmentation findings'
+    /// moments. `data` names the blocks' sites. What it costs is a pass
+    /// over the run's allocator events up to the window's end, whatever
+    /// the window's length.
+    pub fn allocator_views(
+        &self,
+        pid: Option<u32>,
+        memo: &CheckMemo,
+        data: &sleuth_core::TraceData,
+    ) -> Result<sleuth_core::allocator::KnownViews, StoreError> {
+        let newest = self.files.last().map_or(0, |(n, _)| *n);
+        let first_spanned = self.files.first().map_or(0, |(n, _)| *n);
+        let files: Vec<(u64, PathBuf)> = run_files(&self.dir)?
+            .into_iter()
+            .filter(|(n, _)| *n <= newest)
+            .collect();
+        let mut pids = std::collections::BTreeSet::new();
+        let mut layouts = std::collections::BTreeMap::new();
+        for (n, path) in &files {
+            let trace = open_in_run(path, &self.budget, memo)?;
+            if let Some(p) = pid {
+                if !trace.holds_pid(p)? {
+                    continue;
+                }
+            }
+            let view = MemoryTrace::open(&trace, pid, self.budget.clone())?;
+            if *n >= first_spanned {
+                pids.extend(view.block_pids().iter().copied());
+            }
+            if view.block_pids().iter().any(|p| !layouts.contains_key(p)) {
+                for (p, layout) in view.stored_layouts()? {
+                    layouts.entry(p).or_insert(layout);
+                }
+            }
+        }
+        let pids: Vec<u32> = pids.into_iter().collect();
+        let files: Vec<PathBuf> = files.into_iter().map(|(_, p)| p).collect();
+        let steps = crate::run_steps::RunSteps::new(&files, &self.budget, memo);
+        let known =
+            sleuth_core::allocator::KnownViews::until_guessed(&steps, data, &pids, None, &layouts);
+        steps.into_result().map(|()| known)
     }
 }
 
@@ -441,8 +494,9 @@ fn whole_file(trace: &Trace, scope: &CallFilter) -> Result<bool, StoreError> {
 /// aggregates, its copies judged again when memory pinned before it
 /// (`earlier`) is live, its memory calls replayed into the window's
 /// `ledger` (none read without one: a later file's stored state holds
-/// them, [`RunLast::carried_start`]), its base data with the allocator
-/// views' calls; no other call or wait row is read.
+/// them, [`RunLast::carried_start`]), its base data; no other call or
+/// wait row is read, and no allocator event (the window's views are
+/// replayed from the files: [`RunLast::allocator_views`]).
 fn whole_file_parts(
     trace: &Trace,
     scope: &CallFilter,
@@ -466,7 +520,6 @@ fn whole_file_parts(
     if let Some(ledger) = &mut ledger {
         view.replay_ledger_fed(ledger, feed)?;
     }
-    view.load_allocator_calls()?;
     let mut data = std::mem::take(&mut view.base);
     let counts = trace.op_counts(pid)?;
     let window_counts = WindowCounts::of(trace, &counts, scope)?;

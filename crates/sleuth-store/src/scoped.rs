@@ -382,7 +382,9 @@ impl ScopeParts {
 /// the file begun with the host ranges `earlier` pinned and the ledger
 /// `ledger` (the run's earlier files' parts of the window fed it):
 /// streamed, or for a file without stored call groups (the one a run is
-/// still writing) its window's calls loaded.
+/// still writing) its window's calls loaded. Without the allocator events
+/// and their memory calls: the window's allocator views are replayed from
+/// the run's files (`run_window`).
 pub fn window_parts_after(
     trace: &Trace,
     filter: &CallFilter,
@@ -390,7 +392,7 @@ pub fn window_parts_after(
     ledger: LedgerBuilder,
 ) -> Result<ScopeParts, StoreError> {
     let pinned = pinned_at_start(trace, filter, earlier)?;
-    if let Some(p) = parts_seeded(trace, filter, scope_feed::KEPT_MAX, &pinned, &ledger, true)? {
+    if let Some(p) = parts_seeded(trace, filter, scope_feed::KEPT_MAX, &pinned, &ledger, false)? {
         return Ok(p);
     }
     loaded_parts(trace, filter, pinned, ledger)
@@ -399,8 +401,7 @@ pub fn window_parts_after(
 /// [`window_parts_after`] of a file without stored call groups: the
 /// window's calls loaded with their processes' waits, aggregated as the
 /// streamed pass aggregates them (the rollup histogram), the memory calls
-/// fed to `ledger` in return order; kept only the memory calls of
-/// processes with allocator blocks (for their views), no wait.
+/// fed to `ledger` in return order; no call, wait or allocator event kept.
 fn loaded_parts(
     trace: &Trace,
     filter: &CallFilter,
@@ -416,12 +417,9 @@ fn loaded_parts(
     let inputs =
         FindingInputs::of_pinned_at(Resolution::Bucketed, &data, &culprits, pinned, &pinning);
     ledger.feed(&data);
-    let memory: BTreeSet<&'static str> =
-        sleuth_core::ledger::memory_op_names().into_iter().collect();
-    let with_blocks: BTreeSet<u32> = data.blocks.iter().map(|b| b.pid).collect();
-    data.calls
-        .retain(|c| memory.contains(c.op_name()) && with_blocks.contains(&c.pid));
+    data.calls = Vec::new();
     data.waits = Vec::new();
+    data.blocks = Vec::new();
     Ok(ScopeParts {
         data,
         inputs,

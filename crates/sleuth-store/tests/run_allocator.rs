@@ -183,6 +183,50 @@ fn a_runs_allocator_views_are_those_of_its_events_loaded_as_one_trace() {
     assert!(!answers.0.is_empty(), "a fragmentation finding");
     assert_eq!(answers, allocator_answers(&one.explanation()));
 
+    // A window over the last three files (`--last`): the views at its end
+    // replayed from the run's start (segments of file 1 serve blocks of
+    // later files), as the run's files loaded as one trace give them; its
+    // explanation answers.
+    let last =
+        sleuth_store::run_window::last_of_run(&run, end - cuts[1] - 10, &budget(), &memo).unwrap();
+    assert_eq!(last.files.len(), 3);
+    let mut spanned = sleuth_core::TraceData::default();
+    for n in 1..=4 {
+        let d = Trace::open(&run.join(part_name(n)))
+            .unwrap()
+            .load(None)
+            .unwrap();
+        spanned.calls.extend(d.calls);
+        spanned.blocks.extend(d.blocks);
+    }
+    let none = std::collections::BTreeMap::new();
+    for pid in [None, Some(200)] {
+        let pids: Vec<u32> = [100, 200]
+            .into_iter()
+            .filter(|p| pid.is_none_or(|only| only == *p))
+            .collect();
+        let want =
+            sleuth_core::allocator::KnownViews::until(&spanned, &spanned, &pids, None, &none);
+        let got = last.allocator_views(pid, &memo, &spanned).unwrap();
+        assert!(
+            got.end().values().all(|v| v.state.is_some()),
+            "views rebuilt"
+        );
+        assert_same(
+            &json(got.end()),
+            &json(want.end()),
+            &format!("window, pid {pid:?}"),
+        );
+        let moments =
+            |k: &sleuth_core::allocator::KnownViews| json(&k.moments().iter().collect::<Vec<_>>());
+        assert_same(
+            &moments(&got),
+            &moments(&want),
+            &format!("window moments, pid {pid:?}"),
+        );
+    }
+    last.explanation(None, &memo).unwrap();
+
     // A damaged word in the third file: a one-line error naming it, not a
     // view that stops there.
     let damaged = dir.join("damaged");

@@ -666,6 +666,12 @@ fn a_guessed_layout_gives_the_same_views_in_one_pass_when_right() {
                 let got = allocator_views_guessed(&src, &data, &[PID], at, &l, &guesses);
                 assert_eq!(got, want, "guess {guess:?} at {at:?}");
                 assert_eq!(src.passes.get(), passes, "guess {guess:?} at {at:?}");
+                // A window's views (reserved bytes counted by the pass).
+                let none = BTreeMap::new();
+                let want = KnownViews::until(&data, &data, &[PID], at, &none);
+                let got = KnownViews::until_guessed(&data, &data, &[PID], at, &guesses);
+                assert_eq!(got.end(), want.end(), "until, guess {guess:?} at {at:?}");
+                assert_eq!(got.moments(), want.moments(), "guess {guess:?} at {at:?}");
             }
         }
         // An explanation's views: those at the end and at the failure.
