@@ -38,10 +38,10 @@ use crate::reader::Trace;
 use crate::run::{part_name, visit_finished};
 use crate::run_ledger::Chain;
 use crate::run_pinned::PinnedCarry;
-use crate::run_steps::RunSteps;
+use crate::run_steps::{Guesses, RunSteps};
 use crate::stream::MemoryTrace;
 use crate::StoreError;
-use sleuth_core::allocator::{AllocatorView, KnownViews, Layout};
+use sleuth_core::allocator::{AllocatorView, KnownViews};
 use sleuth_core::findings::inputs::{FindingInputs, Resolution};
 use sleuth_core::findings::Explanation;
 use sleuth_core::ledger::{LedgerBuilder, ProcessLedger};
@@ -81,12 +81,10 @@ pub struct RunLean {
     pub sites_at: Vec<SiteMemory>,
     /// What the answer over a run says about itself (see [`RunLean::explanation`]).
     notes: Vec<String>,
-    /// The processes with allocator events in the files read (of `pid`).
-    block_pids: Vec<u32>,
-    /// The layouts the files' stored views were calibrated to, by pid:
-    /// with them a view takes one pass over the run's steps, not two
-    /// (`allocator::allocator_views_guessed`).
-    layouts: BTreeMap<u32, Layout>,
+    /// The processes with allocator events in the files read (of `pid`)
+    /// and the layouts their views guess (one pass over the run's steps
+    /// each, not two).
+    guesses: Guesses,
     /// The files whose steps the allocator views replay (those read; at a
     /// moment, those that began by then), oldest first.
     step_files: Vec<PathBuf>,
@@ -104,9 +102,9 @@ impl RunLean {
         let known = KnownViews::of_pids_guessed(
             &steps,
             &self.data,
-            &self.block_pids,
+            &self.guesses.pids(),
             &self.ledgers,
-            &self.layouts,
+            &self.guesses.layouts,
         );
         steps.into_result()?;
         let mut e = sleuth_core::findings::explain_inputs_with(
@@ -130,10 +128,10 @@ impl RunLean {
         let views = sleuth_core::allocator::allocator_views_guessed(
             &steps,
             &self.data,
-            &self.block_pids,
+            &self.guesses.pids(),
             self.at_ns,
             &self.ledgers,
-            &self.layouts,
+            &self.guesses.layouts,
         );
         steps.into_result().map(|()| views)
     }
@@ -497,11 +495,9 @@ struct Acc {
     inputs: Option<FindingInputs>,
     /// The processes the ledgers list: those each file added lists.
     pids: BTreeSet<u32>,
-    /// The processes with allocator events in the files added.
-    block_pids: BTreeSet<u32>,
-    /// Each one's layout as the first file that stored a view of it was
-    /// calibrated to: the views' guess.
-    layouts: BTreeMap<u32, Layout>,
+    /// The processes with allocator events in the files added, and the
+    /// layouts their views guess.
+    guesses: Guesses,
     /// The files added, for a replay of their memory calls.
     held: Vec<PathBuf>,
     files: Vec<PathBuf>,
@@ -545,16 +541,7 @@ impl Acc {
             }
         }
         self.pids.extend(view.pids());
-        self.block_pids.extend(view.block_pids());
-        if view
-            .block_pids()
-            .iter()
-            .any(|p| !self.layouts.contains_key(p))
-        {
-            for (pid, layout) in view.stored_layouts()? {
-                self.layouts.entry(pid).or_insert(layout);
-            }
-        }
+        self.guesses.add(&view, true)?;
         self.held.push(path.to_path_buf());
         also(trace, &view)?;
         if let Some(mut inputs) = inputs {
@@ -617,8 +604,7 @@ impl Acc {
             at_ns: self.at_ns,
             sites_at: ledger.sites,
             notes,
-            block_pids: self.block_pids.into_iter().collect(),
-            layouts: self.layouts,
+            guesses: self.guesses,
             step_files: self.held,
             budget,
             memo,

@@ -19,11 +19,48 @@
 use crate::checked::CheckMemo;
 use crate::file_steps::FileSteps;
 use crate::reader::Trace;
-use crate::stream::Rows;
+use crate::stream::{MemoryTrace, Rows};
 use crate::{ReadBudget, StoreError};
-use sleuth_core::allocator::{Step, StepSource};
+use sleuth_core::allocator::{Layout, Step, StepSource};
 use std::cell::RefCell;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
+
+/// What a run's views guess before their passes: the layout each
+/// process's stored views were calibrated to (the first file's that
+/// stored one), so that one pass both calibrates and replays
+/// (`sleuth_core::allocator::allocator_views_guessed`); and the processes
+/// with allocator events in the files listed.
+#[derive(Default)]
+pub(crate) struct Guesses {
+    pub(crate) pids: BTreeSet<u32>,
+    pub(crate) layouts: BTreeMap<u32, Layout>,
+}
+
+impl Guesses {
+    /// Adds one file read through `view`; its processes with allocator
+    /// events are listed when `listed` (else only their layouts are taken).
+    pub(crate) fn add(&mut self, view: &MemoryTrace, listed: bool) -> Result<(), StoreError> {
+        if listed {
+            self.pids.extend(view.block_pids().iter().copied());
+        }
+        if view
+            .block_pids()
+            .iter()
+            .any(|p| !self.layouts.contains_key(p))
+        {
+            for (pid, layout) in view.stored_layouts()? {
+                self.layouts.entry(pid).or_insert(layout);
+            }
+        }
+        Ok(())
+    }
+
+    /// The processes listed, in order.
+    pub(crate) fn pids(&self) -> Vec<u32> {
+        self.pids.iter().copied().collect()
+    }
+}
 
 pub(crate) struct RunSteps<'a> {
     files: &'a [PathBuf],

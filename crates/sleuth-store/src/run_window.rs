@@ -441,8 +441,7 @@ impl RunLast {
             .into_iter()
             .filter(|(n, _)| *n <= newest)
             .collect();
-        let mut pids = std::collections::BTreeSet::new();
-        let mut layouts = std::collections::BTreeMap::new();
+        let mut guesses = crate::run_steps::Guesses::default();
         for (n, path) in &files {
             let trace = open_in_run(path, &self.budget, memo)?;
             if let Some(p) = pid {
@@ -451,20 +450,17 @@ impl RunLast {
                 }
             }
             let view = MemoryTrace::open(&trace, pid, self.budget.clone())?;
-            if *n >= first_spanned {
-                pids.extend(view.block_pids().iter().copied());
-            }
-            if view.block_pids().iter().any(|p| !layouts.contains_key(p)) {
-                for (p, layout) in view.stored_layouts()? {
-                    layouts.entry(p).or_insert(layout);
-                }
-            }
+            guesses.add(&view, *n >= first_spanned)?;
         }
-        let pids: Vec<u32> = pids.into_iter().collect();
         let files: Vec<PathBuf> = files.into_iter().map(|(_, p)| p).collect();
         let steps = crate::run_steps::RunSteps::new(&files, &self.budget, memo);
-        let known =
-            sleuth_core::allocator::KnownViews::until_guessed(&steps, data, &pids, None, &layouts);
+        let known = sleuth_core::allocator::KnownViews::until_guessed(
+            &steps,
+            data,
+            &guesses.pids(),
+            None,
+            &guesses.layouts,
+        );
         steps.into_result().map(|()| known)
     }
 }
