@@ -53,6 +53,12 @@ pub struct Args {
     /// on them.
     #[arg(long = "analysis-long-uptime")]
     pub analysis_long_uptime: bool,
+    /// Also write the synthetic trace as a run of this many files (as
+    /// `trace --rotate` leaves one: part-NNNNNN.db, each carrying the run's
+    /// ledger to the next) and time `memory`, `explain` and `report` of the
+    /// run's directory and `explain --last` of its last files; 0 skips it.
+    #[arg(long = "analysis-run-files", default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=1000))]
+    pub analysis_run_files: u64,
     /// Launches per run of the tracer-footprint flood (`--launches full`,
     /// workload pinned to CPU 0; runs of N and 4N, placement on and off); 0 skips it.
     #[arg(long = "footprint-launches", default_value_t = 50_000)]
@@ -329,6 +335,7 @@ pub fn run(args: Args) -> Result<i32> {
             Some(&b.exe),
             args.keep_trace.as_deref(),
             args.precheck_kept,
+            args.analysis_run_files,
         )?,
     };
     if args.json {
@@ -369,6 +376,7 @@ fn run_analysis_only(args: &Args) -> Result<i32> {
         Some(&exe),
         args.keep_trace.as_deref(),
         args.precheck_kept,
+        args.analysis_run_files,
     )?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&a)?);

@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use serde::Serialize;
 use sleuth_core::event::BLOCK_WORDS;
 use sleuth_core::{op_by_name, BlockEvent, CallEvent, Culprit, Event, WaitEvent, WaitKind, Waker};
-use sleuth_store::{SessionInfo, Trace, TraceWriter, WriterOptions};
+use sleuth_store::{SessionInfo, Trace, TraceWriter, WriterHandle, WriterOptions};
 use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
@@ -384,6 +384,7 @@ pub fn run(
     exe: Option<&Path>,
     keep: Option<&Path>,
     precheck_kept: bool,
+    run_files: u64,
 ) -> Result<AnalysisBench> {
     let ops = Ops::new()?;
     let db = dir.join("analysis.db");
@@ -458,6 +459,13 @@ pub fn run(
         }
         commands.extend(moments_and_windows(exe, &db, n_calls)?);
         let _ = std::fs::remove_file(&out);
+        if run_files > 0 {
+            let run_dir = dir.join("analysis-run");
+            let _ = std::fs::remove_dir_all(&run_dir);
+            write_run(&ops, shape, &run_dir, run_files)?;
+            commands.extend(run_commands(exe, &run_dir, n_calls)?);
+            let _ = std::fs::remove_dir_all(&run_dir);
+        }
     }
     match keep {
         Some(k) => std::fs::rename(&db, k)
@@ -549,6 +557,103 @@ fn moments_and_windows(exe: &Path, db: &Path, n_calls: u64) -> Result<Vec<Comman
     out
 }
 
+/// The synthetic trace written again as a run of `files` files, as
+/// `trace --rotate` leaves one in `dir`: the events cut into files of as
+/// many calls each, at a call (a record belongs to the file open when it
+/// is drained), each file completed (and its run's ledger carried to the
+/// next) before the next one begins, as the tracer's rotation does.
+fn write_run(ops: &Ops, shape: Synthetic, dir: &Path, files: u64) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let link = sleuth_store::run_ledger::RunLink::new_run();
+    let per_file = shape.calls.div_ceil(files).max(1);
+    let open = |n: u64, start: u64| -> Result<(TraceWriter, WriterHandle)> {
+        let path = dir.join(sleuth_store::run::part_name(n));
+        let writer = TraceWriter::create(
+            &path,
+            SessionInfo {
+                start_mono_ns: start,
+                ..Default::default()
+            },
+            WriterOptions {
+                max_db_bytes: 64 << 30,
+                run: Some(link.for_file(n)),
+                ..Default::default()
+            },
+        )
+        .with_context(|| format!("cannot create {}", path.display()))?;
+        let h = writer.handle();
+        for k in 0..shape.procs {
+            h.set_process(sleuth_core::ProcessInfo {
+                pid: shape.at.pid_of(k),
+                comm: "train".into(),
+                ..Default::default()
+            })?;
+        }
+        Ok((writer, h))
+    };
+    let close = |(writer, h): (TraceWriter, WriterHandle), end: u64| -> Result<()> {
+        h.set_session_end(end)?;
+        drop(h);
+        writer.finish()?;
+        Ok(())
+    };
+    let mut n = 1;
+    let mut current = open(n, shape.at.clock_ns)?;
+    let mut calls = 0u64;
+    for ev in events(ops, shape) {
+        if let Event::Call(c) = &ev {
+            if calls > 0 && calls.is_multiple_of(per_file) {
+                close(current, c.ts_ns)?;
+                n += 1;
+                current = open(n, c.ts_ns)?;
+            }
+            calls += 1;
+        }
+        current.1.send(ev)?;
+    }
+    close(
+        current,
+        shape.at.clock_ns + 1_000_000 + shape.calls * CALL_EVERY_NS,
+    )
+}
+
+/// What the run's readers cost (`--analysis-run-files`): `memory`,
+/// `explain` and `report` of its directory (the whole run, as one trace)
+/// and `explain --last` of its last 8%, timed as a user's next command
+/// (the first read, timed too, paid the files' checks into a checks cache
+/// of the bench's own).
+fn run_commands(exe: &Path, run: &Path, n_calls: u64) -> Result<Vec<CommandRun>> {
+    let dir = run.parent().unwrap_or(Path::new("."));
+    let cache = dir.join("analysis-run-checks-cache");
+    let _ = std::fs::remove_dir_all(&cache);
+    let run_s = run.display().to_string();
+    let out_s = dir.join("analysis-run-out").display().to_string();
+    let last = format!("{}us", (n_calls as f64 * 5.0 * 0.08) as u64);
+    let runs: [(&str, Vec<&str>); 5] = [
+        (
+            "run: stats, first read",
+            vec!["stats", "--json", "--db", &run_s],
+        ),
+        ("run: memory", vec!["memory", "--json", "--db", &run_s]),
+        ("run: explain", vec!["explain", "--json", "--db", &run_s]),
+        (
+            "run: report",
+            vec!["report", "--force", "-o", &out_s, "--db", &run_s],
+        ),
+        (
+            "run: explain --last 8%",
+            vec!["explain", "--json", "--db", &run_s, "--last", &last],
+        ),
+    ];
+    let out = runs
+        .iter()
+        .map(|(name, argv)| timed(exe, name, argv, &cache))
+        .collect::<Result<Vec<_>>>();
+    let _ = std::fs::remove_dir_all(&cache);
+    let _ = std::fs::remove_file(&out_s);
+    out
+}
+
 /// Runs `exe` with `argv` (the command `name`) with its checks cache in
 /// `cache` (none when empty): its wall time and its own peak RSS.
 fn timed(exe: &Path, name: &str, argv: &[&str], cache: &Path) -> Result<CommandRun> {
@@ -636,7 +741,7 @@ mod tests {
     fn the_synthetic_trace_round_trips_with_rollups_and_names_the_hog() {
         let dir = std::env::temp_dir().join(format!("gs-bench-analysis-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let r = run(&dir, Synthetic::fresh(4_000), None, None, false).unwrap();
+        let r = run(&dir, Synthetic::fresh(4_000), None, None, false, 0).unwrap();
         let _ = std::fs::remove_dir_all(&dir);
         assert_eq!(r.calls, 4_000);
         assert!(r.waits >= 400);
@@ -645,6 +750,42 @@ mod tests {
             "a trace the writer finished answers stats from rollups"
         );
         assert!(r.bytes_per_event > 0.0 && r.commands.is_empty());
+    }
+
+    /// `--analysis-run-files`: the synthetic trace cut into a run of files
+    /// whose tracer-carried ledger and allocator views are those of the
+    /// trace written as one file.
+    #[test]
+    fn the_synthetic_run_is_the_trace_cut_into_files() {
+        let dir = std::env::temp_dir().join(format!("gs-bench-run-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let shape = Synthetic {
+            allocator: true,
+            ..Synthetic::fresh(6_400)
+        };
+        let (one, run_dir) = (dir.join("one.db"), dir.join("run"));
+        run(&dir, shape, None, Some(&one), false, 0).unwrap();
+        write_run(&Ops::new().unwrap(), shape, &run_dir, 3).unwrap();
+        assert_eq!(sleuth_store::run::run_files(&run_dir).unwrap().len(), 3);
+        let budget = sleuth_store::ReadBudget::new(sleuth_store::DEFAULT_READ_TIMEOUT);
+        let memo = sleuth_store::CheckMemo::new();
+        let r = sleuth_store::run_explain::load_memory(&run_dir, None, budget, &memo).unwrap();
+        assert_eq!(r.replayed_memory_calls, 0, "the ledger the writer carried");
+        let data = Trace::open(&one).unwrap().load(None).unwrap();
+        let ledgers = sleuth_core::ledger::ledger(&data, None);
+        let live = |l: &[sleuth_core::ledger::ProcessLedger]| -> Vec<(u32, u64)> {
+            l.iter().map(|p| (p.pid, p.live_bytes)).collect()
+        };
+        assert_eq!(live(&r.ledgers), live(&ledgers));
+        let want = sleuth_core::allocator::allocator_views(&data, None, &ledgers);
+        let got = r.allocator_views().unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(got.values().all(|v| v.state.is_some()));
+        assert_eq!(
+            serde_json::to_value(&got).unwrap(),
+            serde_json::to_value(&want).unwrap()
+        );
     }
 
     /// Several processes each get the whole mix, on their own 4 threads.
@@ -707,8 +848,8 @@ mod tests {
                 at: Magnitudes::UP_AN_HOUR,
                 ..Synthetic::fresh(calls)
             };
-            let small = run(&dir, shape(100_000), None, None, false).unwrap();
-            let large = run(&dir, shape(200_000), None, None, false).unwrap();
+            let small = run(&dir, shape(100_000), None, None, false, 0).unwrap();
+            let large = run(&dir, shape(200_000), None, None, false, 0).unwrap();
             assert!(small.rollups && large.rollups);
             assert_eq!(large.allocator_events > 0, allocator);
             let bytes = |r: &AnalysisBench| r.db_mb * 1048576.0;
@@ -734,12 +875,12 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let (fresh_db, node_db) = (dir.join("fresh.db"), dir.join("node.db"));
         let shape = Synthetic::fresh(20_000);
-        let fresh = run(&dir, shape, None, Some(&fresh_db), false).unwrap();
+        let fresh = run(&dir, shape, None, Some(&fresh_db), false, 0).unwrap();
         let node = Synthetic {
             at: Magnitudes::NODE,
             ..shape
         };
-        let node = run(&dir, node, None, Some(&node_db), false).unwrap();
+        let node = run(&dir, node, None, Some(&node_db), false, 0).unwrap();
         assert_eq!((fresh.calls, fresh.waits), (node.calls, node.waits));
         assert!(
             node.bytes_per_event > fresh.bytes_per_event + 4.0,
@@ -904,6 +1045,7 @@ mod tests {
             None,
             Some(&db),
             false,
+            0,
         )
         .unwrap();
         let trace = Trace::open(&db).unwrap();
