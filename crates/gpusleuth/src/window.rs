@@ -95,8 +95,16 @@ impl WindowArgs {
     /// directory (`trace --rotate`) with `--last D` its newest file when
     /// that file holds the whole window (said on stderr), else the files
     /// the window spans (named on stderr). One-line error: `--from`/`--to`
-    /// on a directory (they count from one file's start).
-    pub fn source_of(&self, db: &Path) -> anyhow::Result<WindowSource> {
+    /// on a directory (they count from one file's start). `allocator_views`:
+    /// the answer shows PyTorch allocator views (of process `pid`), which a
+    /// window in the newest file replays from the run's oldest file: then
+    /// it is read as a window over the run even when it lies in one file
+    /// (`RunLast::views_need_earlier_files`).
+    pub fn source_of(
+        &self,
+        db: &Path,
+        allocator_views: Option<Option<u32>>,
+    ) -> anyhow::Result<WindowSource> {
         if !db.is_dir() {
             return Ok(WindowSource::File(WindowFile {
                 path: db.to_path_buf(),
@@ -118,7 +126,12 @@ impl WindowArgs {
             &crate::checks_memo::budget(),
             crate::checks_memo::memo(),
         )?;
-        if let [(number, newest)] = run.files.as_slice() {
+        let memo = crate::checks_memo::memo();
+        let whole_run = match allocator_views {
+            Some(pid) => run.views_need_earlier_files(pid, memo)?,
+            None => false,
+        };
+        if let ([(number, newest)], false) = (run.files.as_slice(), whole_run) {
             let note = format!(
                 "gpusleuth: --last {} of the run in {}: read from its newest file, {}",
                 fmt_ns(last),
@@ -131,13 +144,22 @@ impl WindowArgs {
                 note: Some(note),
             }));
         }
-        let note = format!(
-            "gpusleuth: --last {} of the run in {}: read from the {} files it spans, {}",
-            fmt_ns(last),
-            db.display(),
-            run.files.len(),
-            files_named(&run)
-        );
+        let note = match whole_run {
+            true => format!(
+                "gpusleuth: --last {} of the run in {}: read from its newest file, {}, its allocator views \
+                 replayed from the run's oldest file",
+                fmt_ns(last),
+                db.display(),
+                files_named(&run)
+            ),
+            false => format!(
+                "gpusleuth: --last {} of the run in {}: read from the {} files it spans, {}",
+                fmt_ns(last),
+                db.display(),
+                run.files.len(),
+                files_named(&run)
+            ),
+        };
         Ok(WindowSource::Run(run, note))
     }
 }

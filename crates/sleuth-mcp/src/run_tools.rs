@@ -293,7 +293,13 @@ pub fn findings(dir: &Path, scope: &args::CallScope, budget: &ReadBudget) -> Res
     }
     let (report, problems, files, left_out) = match window_of(dir, scope, budget)? {
         Some(run) => {
-            if let Some(file) = only_file(&run) {
+            // A window in the newest file whose allocator views need the
+            // run's earlier files is explained over the run.
+            let file = match run.views_need_earlier_files(scope.pid, memo())? {
+                true => None,
+                false => only_file(&run),
+            };
+            if let Some(file) = file {
                 let v = trace_tools::findings(file, scope, budget)?;
                 return Ok(with_files(v, run.file_names()));
             }

@@ -418,6 +418,29 @@ impl RunLast {
 }
 
 impl RunLast {
+    /// Whether the window's allocator views need files of the run it does
+    /// not span: it spans one file, a file of the run older than it is in
+    /// the directory, and the spanned file has allocator events (of `pid`).
+    /// That file's own window replays its views from its start, where a
+    /// segment made in an earlier file is unknown: read it as a window over
+    /// the run ([`Self::explanation`]) instead.
+    pub fn views_need_earlier_files(
+        &self,
+        pid: Option<u32>,
+        memo: &CheckMemo,
+    ) -> Result<bool, StoreError> {
+        let [(n, path)] = self.files.as_slice() else {
+            return Ok(false);
+        };
+        let oldest = run_files(&self.dir)?.first().map_or(*n, |(k, _)| *k);
+        if oldest >= *n {
+            return Ok(false);
+        }
+        let trace = open_in_run(path, &self.budget, memo)?;
+        let pids = trace.allocator_pids()?;
+        Ok(pids.iter().any(|&p| pid.is_none_or(|only| only == p)))
+    }
+
     /// The allocator views the window's explanation reads: those of the
     /// processes (of `pid`) with allocator events in the files the window
     /// spans, each at the window's end replayed from the start of the

@@ -226,6 +226,26 @@ fn a_runs_allocator_views_are_those_of_its_events_loaded_as_one_trace() {
         );
     }
     last.explanation(None, &memo).unwrap();
+    assert!(
+        !last.views_need_earlier_files(None, &memo).unwrap(),
+        "it spans 3 files"
+    );
+
+    // A window inside the newest file: its views need the earlier files
+    // (read over the run, as above), unless the file is the oldest left.
+    let newest = sleuth_store::run_window::last_of_run(&run, 10, &budget(), &memo).unwrap();
+    assert_eq!(newest.files.len(), 1);
+    assert!(newest.views_need_earlier_files(None, &memo).unwrap());
+    let want =
+        sleuth_core::allocator::KnownViews::until(&spanned, &spanned, &[100, 200], None, &none);
+    let got = newest.allocator_views(None, &memo, &spanned).unwrap();
+    assert_same(&json(got.end()), &json(want.end()), "newest file's window");
+    newest.explanation(None, &memo).unwrap();
+    let alone = dir.join("alone");
+    std::fs::create_dir_all(&alone).unwrap();
+    std::fs::copy(run.join(part_name(4)), alone.join(part_name(4))).unwrap();
+    let alone = sleuth_store::run_window::last_of_run(&alone, 10, &budget(), &memo).unwrap();
+    assert!(!alone.views_need_earlier_files(None, &memo).unwrap());
 
     // A damaged word in the third file: a one-line error naming it, not a
     // view that stops there.

@@ -70,7 +70,8 @@ pub struct Args {
     /// the synthetic trace and time each analysis command on it.
     #[arg(long = "analysis-only")]
     pub analysis_only: bool,
-    /// Keep the synthetic stored trace at this path (to time other builds on it).
+    /// Keep the synthetic stored trace at this path (to time other builds
+    /// on it), and the run of `--analysis-run-files` at PATH.run.
     #[arg(long = "keep-trace")]
     pub keep_trace: Option<PathBuf>,
     /// Check the kept trace as `trace` checks the files it wrote (`trace

@@ -68,7 +68,10 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     // A window of a run's directory is read from the file that holds it,
     // or over the files it spans.
     let file = match args.window.is_set() {
-        true => match args.window.source_of(&args.input.db)? {
+        true => match args
+            .window
+            .source_of(&args.input.db, Some(args.input.pid))?
+        {
             WindowSource::File(f) => Some(f),
             WindowSource::Run(run, note) => {
                 return report_of_run(&args, Some(&run)).inspect(|_| eprintln!("{note}"))

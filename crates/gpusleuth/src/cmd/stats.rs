@@ -37,7 +37,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
 /// (`sleuth_store::window`), without the per-thread splits; a trace that
 /// did not finish has its window's calls loaded with their waits instead.
 fn run_window(args: &Args) -> anyhow::Result<i32> {
-    let file = match args.window.source_of(&args.input.db)? {
+    let file = match args.window.source_of(&args.input.db, None)? {
         WindowSource::File(f) => f,
         WindowSource::Run(run, note) => return run_window_of_run(args, &run, &note),
     };

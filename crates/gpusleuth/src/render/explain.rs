@@ -48,7 +48,7 @@ pub fn print(input: &TraceInput, window: WindowArgs, style: Style) -> anyhow::Re
 /// before the trace is a fact of the whole trace: `explain` without a
 /// window gives it.
 fn window_output(input: &TraceInput, window: WindowArgs, style: Style) -> anyhow::Result<String> {
-    let file = match window.source_of(&input.db)? {
+    let file = match window.source_of(&input.db, Some(input.pid))? {
         WindowSource::File(f) => f,
         WindowSource::Run(run, note) => {
             return run_window_output(input, window, &run, style).inspect(|_| eprintln!("{note}"))
