@@ -391,26 +391,7 @@ pub fn run(
     let _ = std::fs::remove_file(&db);
     let t = Instant::now();
     let cpu0 = own_cpu_ms();
-    let writer = TraceWriter::create(
-        &db,
-        SessionInfo {
-            start_mono_ns: shape.at.clock_ns,
-            ..Default::default()
-        },
-        WriterOptions {
-            max_db_bytes: 64 << 30,
-            ..Default::default()
-        },
-    )
-    .with_context(|| format!("cannot create {}", db.display()))?;
-    let h = writer.handle();
-    for k in 0..shape.procs {
-        h.set_process(sleuth_core::ProcessInfo {
-            pid: shape.at.pid_of(k),
-            comm: "train".into(),
-            ..Default::default()
-        })?;
-    }
+    let (writer, h) = synthetic_writer(&db, shape, shape.at.clock_ns, None)?;
     let mut n_events = 0u64;
     let mut waits = 0u64;
     let mut blocks = 0u64;
@@ -573,6 +554,38 @@ fn kept_run(keep: &Path) -> std::path::PathBuf {
     k
 }
 
+/// A writer of the synthetic trace's processes at `path`, its session
+/// beginning at `start`, as file `run` of a run when given.
+fn synthetic_writer(
+    path: &Path,
+    shape: Synthetic,
+    start: u64,
+    run: Option<sleuth_store::run_ledger::RunLink>,
+) -> Result<(TraceWriter, WriterHandle)> {
+    let writer = TraceWriter::create(
+        path,
+        SessionInfo {
+            start_mono_ns: start,
+            ..Default::default()
+        },
+        WriterOptions {
+            max_db_bytes: 64 << 30,
+            run,
+            ..Default::default()
+        },
+    )
+    .with_context(|| format!("cannot create {}", path.display()))?;
+    let h = writer.handle();
+    for k in 0..shape.procs {
+        h.set_process(sleuth_core::ProcessInfo {
+            pid: shape.at.pid_of(k),
+            comm: "train".into(),
+            ..Default::default()
+        })?;
+    }
+    Ok((writer, h))
+}
+
 /// The synthetic trace written again as a run of `files` files, as
 /// `trace --rotate` leaves one in `dir`: the events cut into files of as
 /// many calls each, at a call (a record belongs to the file open when it
@@ -582,30 +595,9 @@ fn write_run(ops: &Ops, shape: Synthetic, dir: &Path, files: u64) -> Result<()> 
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let link = sleuth_store::run_ledger::RunLink::new_run();
     let per_file = shape.calls.div_ceil(files).max(1);
-    let open = |n: u64, start: u64| -> Result<(TraceWriter, WriterHandle)> {
+    let open = |n: u64, start: u64| {
         let path = dir.join(sleuth_store::run::part_name(n));
-        let writer = TraceWriter::create(
-            &path,
-            SessionInfo {
-                start_mono_ns: start,
-                ..Default::default()
-            },
-            WriterOptions {
-                max_db_bytes: 64 << 30,
-                run: Some(link.for_file(n)),
-                ..Default::default()
-            },
-        )
-        .with_context(|| format!("cannot create {}", path.display()))?;
-        let h = writer.handle();
-        for k in 0..shape.procs {
-            h.set_process(sleuth_core::ProcessInfo {
-                pid: shape.at.pid_of(k),
-                comm: "train".into(),
-                ..Default::default()
-            })?;
-        }
-        Ok((writer, h))
+        synthetic_writer(&path, shape, start, Some(link.for_file(n)))
     };
     let close = |(writer, h): (TraceWriter, WriterHandle), end: u64| -> Result<()> {
         h.set_session_end(end)?;
