@@ -429,16 +429,28 @@ impl RunLast {
         pid: Option<u32>,
         memo: &CheckMemo,
     ) -> Result<bool, StoreError> {
-        let [(n, path)] = self.files.as_slice() else {
+        let [(n, _)] = self.files.as_slice() else {
             return Ok(false);
         };
         let oldest = run_files(&self.dir)?.first().map_or(*n, |(k, _)| *k);
-        if oldest >= *n {
-            return Ok(false);
+        Ok(oldest < *n && self.spans_allocator_events(pid, memo)?)
+    }
+
+    /// Whether a file the window spans has allocator events (of `pid`):
+    /// without, the window has no allocator view and no earlier file is
+    /// opened for one.
+    fn spans_allocator_events(
+        &self,
+        pid: Option<u32>,
+        memo: &CheckMemo,
+    ) -> Result<bool, StoreError> {
+        for (_, path) in &self.files {
+            let pids = open_in_run(path, &self.budget, memo)?.allocator_pids()?;
+            if pids.iter().any(|&p| pid.is_none_or(|only| only == p)) {
+                return Ok(true);
+            }
         }
-        let trace = open_in_run(path, &self.budget, memo)?;
-        let pids = trace.allocator_pids()?;
-        Ok(pids.iter().any(|&p| pid.is_none_or(|only| only == p)))
+        Ok(false)
     }
 
     /// The allocator views the window's explanation reads: those of the
@@ -458,6 +470,9 @@ impl RunLast {
         memo: &CheckMemo,
         data: &sleuth_core::TraceData,
     ) -> Result<sleuth_core::allocator::KnownViews, StoreError> {
+        if !self.spans_allocator_events(pid, memo)? {
+            return Ok(Default::default());
+        }
         let newest = self.files.last().map_or(0, |(n, _)| *n);
         let first_spanned = self.files.first().map_or(0, |(n, _)| *n);
         let files: Vec<(u64, PathBuf)> = run_files(&self.dir)?
