@@ -217,7 +217,7 @@ impl FedSink for Checkpointer<'_> {
 /// assembled from). `pages` is the allocator rows' page query.
 pub(crate) fn replay_storing(
     conn: &Connection,
-    pages: &crate::step_feed::PageQuery,
+    pages: &crate::allocator_raw::RowsQuery,
     pid: u32,
     layout: Layout,
 ) -> rusqlite::Result<Rebuilder> {

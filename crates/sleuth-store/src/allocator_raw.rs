@@ -19,7 +19,9 @@
 //!
 //! Only files whose rows are in completion order by id (the `meta` key
 //! `allocator_rows_in_end_order`), whose `ops` names are all text, are read
-//! this way; the others through the view.
+//! this way; the others through the view. [`RowsQuery`] is the one place
+//! that picks the way and reads a row either way (a pass's, or a feed's a
+//! page at a time).
 
 use crate::problems::MAX_NS;
 use rusqlite::types::ValueRef;
@@ -79,9 +81,57 @@ pub(crate) enum Rows {
     Page,
 }
 
+/// How a process's allocator events are read from a file: from
+/// `allocator_rows` itself where this module reads the file (with its
+/// ops), else through the `allocator_events` view
+/// (`allocator_rows::query`): the same events either way.
+#[derive(Clone, Default)]
+pub(crate) struct RowsQuery {
+    /// Its parameters are `allocator_rows::Select::OnePid`'s, or
+    /// `OnePidPage`'s for a page ([`Rows`]).
+    pub(crate) sql: String,
+    ops: Option<Arc<Ops>>,
+}
+
+impl RowsQuery {
+    /// The query of `rows`; None when the file has no allocator events.
+    pub(crate) fn of(conn: &Connection, rows: Rows) -> rusqlite::Result<Option<RowsQuery>> {
+        if let Some((sql, ops)) = query(conn, rows)? {
+            let ops = Some(Arc::new(ops));
+            return Ok(Some(RowsQuery { sql, ops }));
+        }
+        let select = match rows {
+            Rows::All => crate::allocator_rows::Select::OnePid,
+            Rows::Page => crate::allocator_rows::Select::OnePidPage,
+        };
+        let sql = crate::allocator_rows::query(conn, select)?;
+        Ok(sql.map(|sql| RowsQuery { sql, ops: None }))
+    }
+
+    /// A reader of this query's rows, for one pass or one feed (it keeps
+    /// rows for the later ones to take their words from).
+    pub(crate) fn reader<'c>(&self, conn: &'c Connection) -> RowReader<'c> {
+        RowReader(self.ops.clone().map(|ops| Resolver::new(conn, ops)))
+    }
+}
+
+/// Reads the rows of a [`RowsQuery`] ([`RowsQuery::reader`]).
+pub(crate) struct RowReader<'c>(Option<Resolver<'c>>);
+
+impl RowReader<'_> {
+    /// The event of row `r` of the query; None for a row the view leaves
+    /// out or an op this build does not know.
+    pub(crate) fn event(&mut self, r: &Row<'_>) -> rusqlite::Result<Option<BlockEvent>> {
+        match &mut self.0 {
+            Some(resolver) => resolver.resolve(raw_row(r)?),
+            None => crate::allocator_rows::block_of(r),
+        }
+    }
+}
+
 /// The query of `rows` and the file's ops for a file read this way; None
 /// when it is not (see the module's comment).
-pub(crate) fn query(conn: &Connection, rows: Rows) -> rusqlite::Result<Option<(String, Ops)>> {
+fn query(conn: &Connection, rows: Rows) -> rusqlite::Result<Option<(String, Ops)>> {
     if !crate::allocator_rows::in_end_order(conn)?
         || !crate::stacks::has_column(conn, "allocator_rows", "base_back")?
         || !crate::stacks::has_column(conn, "allocator_rows", "dur_ns")?
@@ -104,7 +154,7 @@ pub(crate) fn query(conn: &Connection, rows: Rows) -> rusqlite::Result<Option<(S
 
 /// The file's ops by id: this build's op id of each name (None: a name it
 /// does not know).
-pub(crate) struct Ops(HashMap<i64, Option<u16>>);
+struct Ops(HashMap<i64, Option<u16>>);
 
 impl Ops {
     /// None when a name is not text (the view's reader refuses it where
@@ -128,7 +178,7 @@ impl Ops {
 }
 
 /// One row as read, before its op and its base row's words are known.
-pub(crate) struct RawRow {
+struct RawRow {
     event: BlockEvent,
     id: i64,
     op_id: Option<i64>,
@@ -137,7 +187,7 @@ pub(crate) struct RawRow {
 }
 
 /// Reads one row of [`query`].
-pub(crate) fn raw_row(r: &Row<'_>) -> rusqlite::Result<RawRow> {
+fn raw_row(r: &Row<'_>) -> rusqlite::Result<RawRow> {
     let mut words = [Word::Null; BLOCK_WORDS];
     for (i, w) in words.iter_mut().enumerate() {
         *w = Word::of(r.get_ref(10 + i)?);
@@ -166,7 +216,7 @@ pub(crate) fn raw_row(r: &Row<'_>) -> rusqlite::Result<RawRow> {
 }
 
 /// Completes the rows of one pass: their ops and their base rows' words.
-pub(crate) struct Resolver<'c> {
+struct Resolver<'c> {
     conn: &'c Connection,
     ops: Arc<Ops>,
     cached: HashMap<i64, Words>,
@@ -176,7 +226,7 @@ pub(crate) struct Resolver<'c> {
 }
 
 impl<'c> Resolver<'c> {
-    pub(crate) fn new(conn: &'c Connection, ops: Arc<Ops>) -> Self {
+    fn new(conn: &'c Connection, ops: Arc<Ops>) -> Self {
         Self::keeping(conn, ops, CACHED_ROWS)
     }
 
@@ -194,7 +244,7 @@ impl<'c> Resolver<'c> {
     /// `allocator_rows::block_of`: None for a row the view leaves out or
     /// an op this build does not know; an error for a word that is no
     /// integer (checked before the op, as there).
-    pub(crate) fn resolve(&mut self, raw: RawRow) -> rusqlite::Result<Option<BlockEvent>> {
+    fn resolve(&mut self, raw: RawRow) -> rusqlite::Result<Option<BlockEvent>> {
         let RawRow {
             mut event,
             id,

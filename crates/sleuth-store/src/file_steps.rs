@@ -120,8 +120,7 @@ impl<'a> FileSteps<'a> {
     }
 
     /// [`Self::merge`] with process `pid`'s allocator events read from the
-    /// file as the calls are: from `allocator_rows` itself where
-    /// `crate::allocator_raw` reads the file, else through the view.
+    /// file as the calls are (`crate::allocator_raw::RowsQuery`).
     fn merge_from_file(
         &self,
         pid: u32,
@@ -129,20 +128,10 @@ impl<'a> FileSteps<'a> {
         visit: &mut dyn FnMut(Step<'_>) -> bool,
     ) {
         let conn = self.conn();
-        match crate::allocator_raw::query(conn, crate::allocator_raw::Rows::All) {
-            Ok(Some((sql, ops))) => {
-                let ops = std::sync::Arc::new(ops);
-                let mut resolver = crate::allocator_raw::Resolver::new(conn, ops);
-                let read = |r: &rusqlite::Row<'_>| crate::allocator_raw::raw_row(r);
-                return self.merge_rows(pid, until, &sql, read, |raw| resolver.resolve(raw), visit);
-            }
-            Ok(None) => {}
-            Err(e) => return self.fail(self.sqlite(e)),
-        }
-        match crate::allocator_rows::query(conn, crate::allocator_rows::Select::OnePid) {
-            Ok(Some(sql)) => {
-                let read = crate::allocator_rows::block_of;
-                self.merge_rows(pid, until, &sql, read, Ok, visit)
+        match crate::allocator_raw::RowsQuery::of(conn, crate::allocator_raw::Rows::All) {
+            Ok(Some(q)) => {
+                let mut reader = q.reader(conn);
+                self.merge_rows(pid, until, &q.sql, |r| reader.event(r), visit)
             }
             Ok(None) => self.merge(pid, until, std::iter::empty(), visit),
             Err(e) => self.fail(self.sqlite(e)),
@@ -150,17 +139,16 @@ impl<'a> FileSteps<'a> {
     }
 
     /// [`Self::merge`] with process `pid`'s allocator events of query
-    /// `sql` (its one parameter the pid), each row read by `read` and made
-    /// an event (or none: an op this build does not know) by `complete`.
-    /// A row that cannot be read, or out of completion order, ends the
-    /// events (and fails the pass).
-    fn merge_rows<R>(
+    /// `sql` (its one parameter the pid), each row made an event (or none:
+    /// left out, an op this build does not know) by `read`. A row that
+    /// cannot be read, or out of completion order, ends the events (and
+    /// fails the pass).
+    fn merge_rows(
         &self,
         pid: u32,
         until: Option<u64>,
         sql: &str,
-        read: impl FnMut(&rusqlite::Row<'_>) -> rusqlite::Result<R>,
-        mut complete: impl FnMut(R) -> rusqlite::Result<Option<BlockEvent>>,
+        read: impl FnMut(&rusqlite::Row<'_>) -> rusqlite::Result<Option<BlockEvent>>,
         visit: &mut dyn FnMut(Step<'_>) -> bool,
     ) {
         let conn = self.conn();
@@ -175,11 +163,7 @@ impl<'a> FileSteps<'a> {
         let broken = RefCell::new(None);
         let mut order = crate::allocator_rows::EndOrder::default();
         let blocks = rows
-            .map_while(|r| {
-                r.and_then(&mut complete)
-                    .map_err(|e| *broken.borrow_mut() = Some(e))
-                    .ok()
-            })
+            .map_while(|r| r.map_err(|e| *broken.borrow_mut() = Some(e)).ok())
             .flatten()
             .map_while(|b| match order.check(&b) {
                 Ok(()) => Some(b),

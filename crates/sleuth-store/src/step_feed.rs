@@ -7,12 +7,11 @@
 //! of their own (`crate::allocator_rollup` calibrates with one, `memory
 //! --at` rebuilds with one).
 
-use crate::allocator_raw::{Ops, Resolver};
-use crate::allocator_rows::{EndOrder, Select};
+use crate::allocator_raw::{RowReader, Rows, RowsQuery};
+use crate::allocator_rows::EndOrder;
 use rusqlite::Connection;
 use sleuth_core::allocator::{Calibrator, Rebuilder, Step, StepSink};
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::Arc;
 
 /// Allocator events read per page.
 const PAGE: i64 = 4096;
@@ -37,27 +36,16 @@ impl FedSink for Rebuilder {}
 /// events read ahead of them.
 pub(crate) struct StepFeed<'a, S> {
     conn: &'a Connection,
-    pages: PageQuery,
+    pages: RowsQuery,
     procs: BTreeMap<u32, Fed<'a, S>>,
     failed: Option<rusqlite::Error>,
-}
-
-/// How a feed reads a process's allocator events a page at a time: from
-/// `allocator_rows` itself where `crate::allocator_raw` reads the file
-/// (with the file's ops), else through the `allocator_events` view
-/// (`allocator_rows::Select::OnePidPage`): the same events either way.
-#[derive(Clone, Default)]
-pub(crate) struct PageQuery {
-    sql: String,
-    ops: Option<Arc<Ops>>,
 }
 
 /// One process's sink and the allocator events read ahead of it.
 struct Fed<'a, S> {
     sink: S,
-    /// Completes the rows read from the table (their base rows' words),
-    /// its rows kept from page to page.
-    resolver: Option<Resolver<'a>>,
+    /// Reads the pages' rows, its rows kept from page to page.
+    reader: RowReader<'a>,
     /// Events read and not yet pushed, each with its row's position.
     ahead: VecDeque<(sleuth_core::BlockEvent, RowPos)>,
     /// The position of the last row read.
@@ -81,7 +69,7 @@ impl<'a, S: FedSink> StepFeed<'a, S> {
     /// [`Self::new`] with the file's [`page_query`] known.
     pub(crate) fn with_query(
         conn: &'a Connection,
-        pages: PageQuery,
+        pages: RowsQuery,
         sinks: BTreeMap<u32, S>,
     ) -> Self {
         let at_start = sinks.into_iter().map(|(pid, s)| (pid, (s, START)));
@@ -92,7 +80,7 @@ impl<'a, S: FedSink> StepFeed<'a, S> {
     /// up to a position (a checkpoint's): its rows after it follow.
     pub(crate) fn resumed(
         conn: &'a Connection,
-        pages: PageQuery,
+        pages: RowsQuery,
         sinks: BTreeMap<u32, (S, RowPos)>,
     ) -> Self {
         let procs = sinks
@@ -100,7 +88,7 @@ impl<'a, S: FedSink> StepFeed<'a, S> {
             .map(|(pid, (sink, after))| {
                 let fed = Fed {
                     sink,
-                    resolver: pages.ops.clone().map(|ops| Resolver::new(conn, ops)),
+                    reader: pages.reader(conn),
                     ahead: VecDeque::new(),
                     after,
                     done: false,
@@ -163,13 +151,8 @@ impl<'a, S: FedSink> StepFeed<'a, S> {
 
 /// The query a feed reads a process's allocator events with, a page at a
 /// time; None when the file has no allocator events.
-pub(crate) fn page_query(conn: &Connection) -> rusqlite::Result<Option<PageQuery>> {
-    if let Some((sql, ops)) = crate::allocator_raw::query(conn, crate::allocator_raw::Rows::Page)? {
-        let ops = Some(Arc::new(ops));
-        return Ok(Some(PageQuery { sql, ops }));
-    }
-    let sql = crate::allocator_rows::query(conn, Select::OnePidPage)?;
-    Ok(sql.map(|sql| PageQuery { sql, ops: None }))
+pub(crate) fn page_query(conn: &Connection) -> rusqlite::Result<Option<RowsQuery>> {
+    RowsQuery::of(conn, Rows::Page)
 }
 
 /// Pushes `pid`'s allocator events that completed before `before` (all
@@ -199,11 +182,7 @@ fn feed_blocks<S: FedSink>(
         while let Some(r) = rows.next()? {
             read += 1;
             fed.after = (r.get(1)?, r.get(crate::allocator_rows::ID_COL)?);
-            let b = match fed.resolver.as_mut() {
-                Some(resolver) => resolver.resolve(crate::allocator_raw::raw_row(r)?)?,
-                None => crate::allocator_rows::block_of(r)?,
-            };
-            if let Some(b) = b {
+            if let Some(b) = fed.reader.event(r)? {
                 fed.order.check(&b)?;
                 fed.ahead.push_back((b, fed.after));
             }

@@ -1134,7 +1134,7 @@ fn calibrations_of(
 /// ([`MemoryTrace::rebuild_plan`]).
 struct RebuildPlan {
     /// The allocator events' page query (`crate::step_feed::page_query`).
-    pages: crate::step_feed::PageQuery,
+    pages: crate::allocator_raw::RowsQuery,
     calibrations: std::collections::BTreeMap<u32, sleuth_core::allocator::Calibration>,
 }
 
