@@ -436,24 +436,19 @@ fn view_guessed(
         return view_with(source, data, pid, at_ns, calibration, reserved);
     };
     let mut calibrator = Calibrator::default();
-    let mut replay = Rebuilder::new(layout);
-    let mut ledger = reserved.counter(pid, at_ns);
+    let mut replay = Replay::new(layout, pid, at_ns, reserved);
     // The calibration reads every step whatever the moment; the replay
     // those that completed by it (a prefix: steps come in completion order).
     source.for_each_step(pid, None, &mut |s| {
         calibrator.push(s);
         if at_ns.is_none_or(|at| s.end_ns() <= at) {
-            if let (Step::Call(c), Some(l)) = (s, ledger.as_mut()) {
-                l.push(c);
-            }
             replay.push(s);
         }
         true
     });
     let calibration = calibrator.finish();
     if calibration.layout() == Some(layout) {
-        let reserved_bytes = reserved.bytes(ledger, pid);
-        return view_rebuilt(pid, calibration, Some(replay), reserved_bytes, data);
+        return named_view(pid, calibration, Some(replay.finish()), data);
     }
     view_with(source, data, pid, at_ns, calibration, reserved)
 }
@@ -875,32 +870,52 @@ enum Reserved {
     Replayed,
 }
 
-impl Reserved {
-    /// The ledger that counts `pid`'s reserved bytes at `at_ns` from the
-    /// replay's calls, when they are counted so.
-    fn counter(self, pid: u32, at_ns: Option<u64>) -> Option<crate::ledger::LedgerBuilder> {
-        match self {
+/// One process's block replay up to a moment, with its reserved bytes as
+/// [`Reserved`] says: known, or counted by a ledger its calls are pushed to.
+struct Replay {
+    blocks: Rebuilder,
+    pid: u32,
+    reserved: Reserved,
+    /// Counts the reserved bytes (`Reserved::Replayed`).
+    counter: Option<crate::ledger::LedgerBuilder>,
+}
+
+impl Replay {
+    fn new(layout: Layout, pid: u32, at_ns: Option<u64>, reserved: Reserved) -> Replay {
+        let counter = match reserved {
             Reserved::Replayed => {
                 let mut b = crate::ledger::LedgerBuilder::new(Some(at_ns.unwrap_or(u64::MAX)));
                 b.track(pid);
                 Some(b)
             }
             Reserved::Known(_) => None,
+        };
+        Replay {
+            blocks: Rebuilder::new(layout),
+            pid,
+            reserved,
+            counter,
         }
     }
 
-    /// The reserved bytes: known, or `pid`'s live bytes in the `counter`
-    /// the replay's calls were pushed to.
-    fn bytes(self, counter: Option<crate::ledger::LedgerBuilder>, pid: u32) -> u64 {
-        match self {
+    fn push(&mut self, s: Step<'_>) {
+        if let (Step::Call(c), Some(l)) = (s, self.counter.as_mut()) {
+            l.push(c);
+        }
+        self.blocks.push(s);
+    }
+
+    fn finish(self) -> AllocatorState {
+        let reserved_bytes = match self.reserved {
             Reserved::Known(bytes) => bytes,
-            Reserved::Replayed => counter.map_or(0, |l| {
+            Reserved::Replayed => self.counter.map_or(0, |l| {
                 l.finish_bare()
                     .iter()
-                    .find(|l| l.pid == pid)
+                    .find(|l| l.pid == self.pid)
                     .map_or(0, |l| l.live_bytes)
             }),
-        }
+        };
+        self.blocks.finish(reserved_bytes)
     }
 }
 
@@ -911,17 +926,13 @@ fn rebuild(
     at_ns: Option<u64>,
     reserved: Reserved,
 ) -> AllocatorState {
-    let mut replay = Rebuilder::new(layout);
-    let mut ledger = reserved.counter(pid, at_ns);
+    let mut replay = Replay::new(layout, pid, at_ns, reserved);
     // The source gives only the steps that completed by `at_ns`.
     source.for_each_step(pid, at_ns, &mut |s| {
-        if let (Step::Call(c), Some(l)) = (s, ledger.as_mut()) {
-            l.push(c);
-        }
         replay.push(s);
         true
     });
-    replay.finish(reserved.bytes(ledger, pid))
+    replay.finish()
 }
 
 /// What takes a process's steps one at a time, in replay order.
