@@ -490,8 +490,6 @@ pub fn run(
 /// checks cache of the bench's own (timed too, as the first read).
 fn moments_and_windows(exe: &Path, db: &Path, n_calls: u64) -> Result<Vec<CommandRun>> {
     let dir = db.parent().unwrap_or(Path::new("."));
-    let cache = dir.join("analysis-checks-cache");
-    let _ = std::fs::remove_dir_all(&cache);
     // The calls span 5 µs each (`events`).
     let at = |f: f64| format!("{}us", (n_calls as f64 * 5.0 * f) as u64);
     let db_s = db.display().to_string();
@@ -536,11 +534,19 @@ fn moments_and_windows(exe: &Path, db: &Path, n_calls: u64) -> Result<Vec<Comman
             ],
         ),
     ];
+    timed_in_turn(exe, &runs, &dir.join("analysis-checks-cache"))
+}
+
+/// Each of `runs` (a name and its command line) [`timed`] in turn, sharing
+/// the checks cache `cache` (empty first, removed after): the first one
+/// pays the checks the others find done.
+fn timed_in_turn(exe: &Path, runs: &[(&str, Vec<&str>)], cache: &Path) -> Result<Vec<CommandRun>> {
+    let _ = std::fs::remove_dir_all(cache);
     let out = runs
         .iter()
-        .map(|(name, argv)| timed(exe, name, argv, &cache))
+        .map(|(name, argv)| timed(exe, name, argv, cache))
         .collect::<Result<Vec<_>>>();
-    let _ = std::fs::remove_dir_all(&cache);
+    let _ = std::fs::remove_dir_all(cache);
     out
 }
 
@@ -632,8 +638,6 @@ fn write_run(ops: &Ops, shape: Synthetic, dir: &Path, files: u64) -> Result<()> 
 /// checks cache of the bench's own).
 fn run_commands(exe: &Path, run: &Path, n_calls: u64) -> Result<Vec<CommandRun>> {
     let dir = run.parent().unwrap_or(Path::new("."));
-    let cache = dir.join("analysis-run-checks-cache");
-    let _ = std::fs::remove_dir_all(&cache);
     let run_s = run.display().to_string();
     let out_s = dir.join("analysis-run-out").display().to_string();
     let last = format!("{}us", (n_calls as f64 * 5.0 * 0.08) as u64);
@@ -656,11 +660,7 @@ fn run_commands(exe: &Path, run: &Path, n_calls: u64) -> Result<Vec<CommandRun>>
             vec!["explain", "--json", "--db", &run_s, "--last", &last],
         ),
     ];
-    let out = runs
-        .iter()
-        .map(|(name, argv)| timed(exe, name, argv, &cache))
-        .collect::<Result<Vec<_>>>();
-    let _ = std::fs::remove_dir_all(&cache);
+    let out = timed_in_turn(exe, &runs, &dir.join("analysis-run-checks-cache"));
     let _ = std::fs::remove_file(&out_s);
     out
 }
