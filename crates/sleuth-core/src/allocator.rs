@@ -19,12 +19,14 @@
 //! 20 MiB pages when expandable); otherwise it is in the large pool.
 
 mod calibrate;
+mod carry;
 mod resume;
 mod segments;
 #[cfg(test)]
 pub(crate) mod tests;
 
 pub use calibrate::{calibrate, Calibration, Calibrator, Layout, BLOCK_ROUNDING, MIN_AGREEMENT};
+pub use carry::{shapes_allocator_view, CarriedReplay, FileViews, MAX_PENDING_STEPS};
 pub use resume::RebuildState;
 pub use segments::SegmentKind;
 
@@ -965,6 +967,11 @@ impl Rebuilder {
             segs: SegmentMap::default(),
             layout,
         }
+    }
+
+    /// Entries held: live blocks, segments and failed requests.
+    pub fn held_entries(&self) -> usize {
+        self.blocks.live.len() + self.blocks.failures.len() + self.segs.len()
     }
 
     /// The state after every step pushed; `reserved_bytes` is the

@@ -238,6 +238,14 @@ pub fn fragmentation_moment(end: &crate::allocator::AllocatorState) -> Option<u6
     fragmentation::moment_of(end)
 }
 
+/// The moments whose state the fragmentation finding of a later state of
+/// the same replay may describe (the reserved peak so far, the first
+/// failed request the gap could have served): [`fragmentation_moment`]
+/// of any later state is one of them, or one after `end`.
+pub fn fragmentation_moments_kept(end: &crate::allocator::AllocatorState) -> Vec<u64> {
+    fragmentation::moments_kept(end)
+}
+
 /// Ranked findings of a trace.
 pub fn explain(data: &TraceData) -> Vec<Finding> {
     explain_report(data).findings

@@ -830,6 +830,11 @@ impl LedgerBuilder {
         self.ledger.apply(c);
     }
 
+    /// Process `pid`'s device bytes live now, by the ledger's rules.
+    pub fn live_bytes(&self, pid: u32) -> u64 {
+        self.ledger.live_bytes(pid)
+    }
+
     /// The latest return time of the calls applied so far (None before
     /// any): a state stored now holds nothing later, so a reader may take
     /// it up at any moment from then on.

@@ -31,10 +31,10 @@ use std::collections::BTreeMap;
 /// `meta.allocator_rollup` once the table below is complete.
 const COMPLETE: &str = "1";
 
-const CREATE: &str = "CREATE TABLE IF NOT EXISTS allocator_rollup(pid INTEGER NOT NULL, at_ns INTEGER, view TEXT NOT NULL)";
+const TABLE: &str = "allocator_rollup";
 
 /// The table's columns in order: a reader accepts nothing else.
-const COLS: &[&str] = &["pid", "at_ns", "view"];
+pub(crate) const COLS: &[&str] = &["pid", "at_ns", "view"];
 
 /// Members of a stored view not range-checked (`stored_json::parse_except`):
 /// stack ids are 64-bit hashes.
@@ -102,14 +102,33 @@ pub(crate) fn write(
     crate::allocator_checkpoints::settle(conn)?;
     let known = KnownViews::with_moments(&source, &TraceData::default(), end);
     source.into_result().map_err(crate::stream::own_error)?;
-    conn.execute_batch(CREATE)?;
-    conn.execute("DELETE FROM allocator_rollup", [])?;
     let rows = known.end().iter().map(|(&pid, v)| (pid, None, v)).chain(
         known
             .moments()
             .iter()
             .map(|(&(pid, ts), v)| (pid, Some(ts), v)),
     );
+    store_views(conn, TABLE, rows)?;
+    conn.execute(
+        "INSERT OR REPLACE INTO meta(key, value) VALUES ('allocator_rollup', ?1)",
+        [COMPLETE],
+    )?;
+    Ok(())
+}
+
+/// Stores `rows` (pid, moment (None: the end), view) in `table` (created
+/// with [`COLS`] and emptied first), leaving out every view of a process
+/// one of whose views a reader would refuse (a value past 2^62:
+/// `stored_json`): the reader rebuilds that process's views.
+pub(crate) fn store_views<'v>(
+    conn: &Connection,
+    table: &str,
+    rows: impl Iterator<Item = (u32, Option<u64>, &'v AllocatorView)> + Clone,
+) -> rusqlite::Result<()> {
+    conn.execute_batch(&format!(
+        "CREATE TABLE IF NOT EXISTS {table}(pid INTEGER NOT NULL, at_ns INTEGER, view TEXT NOT NULL)"
+    ))?;
+    conn.execute(&format!("DELETE FROM {table}"), [])?;
     let refused: std::collections::BTreeSet<u32> = rows
         .clone()
         .filter(|(_, _, v)| !crate::stored_json::readable(&v.to_stored(), LABELS))
@@ -121,15 +140,11 @@ pub(crate) fn write(
         let at = at_ns.map_or(Col::Null, |ts| Col::Int(ts as i64));
         insert_row(
             conn,
-            "allocator_rollup",
+            table,
             COLS,
             &[Col::Int(pid.into()), at, Col::Json(&view)],
         )?;
     }
-    conn.execute(
-        "INSERT OR REPLACE INTO meta(key, value) VALUES ('allocator_rollup', ?1)",
-        [COMPLETE],
-    )?;
     Ok(())
 }
 
@@ -144,12 +159,35 @@ pub(crate) fn stored_views(
     pids: &[u32],
     context: &TraceData,
 ) -> rusqlite::Result<Option<KnownViews>> {
-    if pids.is_empty() || !complete_tables(conn, "allocator_rollup", &[("allocator_rollup", COLS)])?
-    {
+    if pids.is_empty() || !complete_tables(conn, TABLE, &[(TABLE, COLS)])? {
         return Ok(None);
     }
-    let bad = |what: String| damaged_table("allocator_rollup", &what);
-    let mut st = conn.prepare("SELECT pid, at_ns, view FROM allocator_rollup")?;
+    let (end, moments) = read_views(conn, TABLE, &|pid| pids.contains(&pid), context)?;
+    if end.len() != pids.len() {
+        return Ok(None);
+    }
+    Ok(Some(KnownViews::from_parts(end, moments)))
+}
+
+/// Views at the end by pid, and at other moments by (pid, time).
+pub(crate) type Views = (
+    BTreeMap<u32, AllocatorView>,
+    BTreeMap<(u32, u64), AllocatorView>,
+);
+
+/// The views stored in `table` of the processes `wanted` keeps (their
+/// blocks' sites named from `context`): at the end by pid, at other
+/// moments by (pid, time). A row that does not parse or holds a number no
+/// trace holds, a second view of a process at the same moment, or a
+/// foreign one, makes the file damaged: an error naming the table.
+pub(crate) fn read_views(
+    conn: &Connection,
+    table: &str,
+    wanted: &dyn Fn(u32) -> bool,
+    context: &TraceData,
+) -> rusqlite::Result<Views> {
+    let bad = |what: String| damaged_table(table, &what);
+    let mut st = conn.prepare(&format!("SELECT pid, at_ns, view FROM {table}"))?;
     let mut rows = st.query([])?;
     let mut end = BTreeMap::new();
     let mut moments = BTreeMap::new();
@@ -157,7 +195,7 @@ pub(crate) fn stored_views(
         let Ok(pid) = u32::try_from(r.get::<_, i64>(0)?) else {
             continue;
         };
-        if !pids.contains(&pid) {
+        if !wanted(pid) {
             continue;
         }
         let at_ns: Option<i64> = r.get(1)?;
@@ -187,8 +225,5 @@ pub(crate) fn stored_views(
             )));
         }
     }
-    if end.len() != pids.len() {
-        return Ok(None);
-    }
-    Ok(Some(KnownViews::from_parts(end, moments)))
+    Ok((end, moments))
 }

@@ -51,6 +51,9 @@ use sleuth_core::TraceData;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
+type EndViews = BTreeMap<u32, AllocatorView>;
+type MomentViews = BTreeMap<(u32, u64), AllocatorView>;
+
 /// What [`load`] read of a run: what `Lean` holds for one file, over all.
 pub struct RunLean {
     /// The run's base data without calls, waits and allocator events,
@@ -91,6 +94,11 @@ pub struct RunLean {
     /// How the files are read again for the allocator views.
     budget: ReadBudget,
     memo: CheckMemo,
+    /// The file that stores the run's allocator views the tracer carried
+    /// (`run_allocator`): the last of an intact chain, at the end.
+    carried_in: Option<PathBuf>,
+    /// The process asked for (all when None).
+    pid: Option<u32>,
 }
 
 impl RunLean {
@@ -98,15 +106,19 @@ impl RunLean {
     /// files and what that changes. Its allocator views (fragmentation)
     /// are rebuilt by passes over the files' steps.
     pub fn explanation(&self) -> Result<Explanation, StoreError> {
+        let (mut end, mut moments, rest) = self.carried_views()?;
         let steps = self.steps();
-        let known = KnownViews::of_pids_guessed(
+        let replayed = KnownViews::of_pids_guessed(
             &steps,
             &self.data,
-            &self.guesses.pids(),
+            &rest,
             &self.ledgers,
             &self.guesses.layouts,
         );
         steps.into_result()?;
+        end.extend(replayed.end().iter().map(|(&p, v)| (p, v.clone())));
+        moments.extend(replayed.moments().iter().map(|(&k, v)| (k, v.clone())));
+        let known = KnownViews::from_parts(end, moments);
         let mut e = sleuth_core::findings::explain_inputs_with(
             &self.data,
             &self.inputs,
@@ -124,16 +136,46 @@ impl RunLean {
     /// calls loaded as one trace (across a rotation, in file order:
     /// `crate::run_steps`), read from the files at each pass.
     pub fn allocator_views(&self) -> Result<BTreeMap<u32, AllocatorView>, StoreError> {
+        let (mut views, _, rest) = self.carried_views()?;
         let steps = self.steps();
-        let views = sleuth_core::allocator::allocator_views_guessed(
+        let replayed = sleuth_core::allocator::allocator_views_guessed(
             &steps,
             &self.data,
-            &self.guesses.pids(),
+            &rest,
             self.at_ns,
             &self.ledgers,
             &self.guesses.layouts,
         );
-        steps.into_result().map(|()| views)
+        steps.into_result()?;
+        views.extend(replayed);
+        Ok(views)
+    }
+
+    /// The views the tracer carried over the run (`run_allocator`), at the
+    /// end and at their findings' moments, and the processes with
+    /// allocator events that it did not carry (to be replayed). The
+    /// carried views also cover files `--keep` deleted, processes whose
+    /// allocator events were all in them included.
+    fn carried_views(&self) -> Result<(EndViews, MomentViews, Vec<u32>), StoreError> {
+        let (end, moments) = match (&self.carried_in, self.at_ns) {
+            (Some(last), None) => {
+                let trace = Trace::open_remembered(last, self.budget.clone(), &self.memo)?;
+                let pid = self.pid;
+                crate::run_allocator::stored(
+                    &trace,
+                    &|p| pid.is_none_or(|only| only == p),
+                    &self.data,
+                )?
+            }
+            _ => Default::default(),
+        };
+        let rest = self
+            .guesses
+            .pids()
+            .into_iter()
+            .filter(|p| !end.contains_key(p))
+            .collect();
+        Ok((end, moments, rest))
     }
 
     fn steps(&self) -> RunSteps<'_> {
@@ -305,7 +347,7 @@ fn load_run(
         _ => visited.files,
     };
     let reads = (budget, memo.clone());
-    Ok(run.finish(data, ledger, visited.incomplete, reads))
+    Ok(run.finish(data, ledger, visited.incomplete, reads, pid))
 }
 
 /// The run's ledgers at `at` from the state the last file read stored
@@ -359,6 +401,7 @@ fn ledger_at_from_begin(
         replayed,
         note,
         sites,
+        carried_in: None,
     }))
 }
 
@@ -400,6 +443,7 @@ fn ledger_at(
         replayed,
         note,
         sites,
+        carried_in: None,
     })
 }
 
@@ -422,6 +466,9 @@ struct RunLedger {
     note: Option<String>,
     /// At a moment: the per-site table then (the replay tallies it).
     sites: Vec<SiteMemory>,
+    /// The file whose run ledger answered (the last of an intact chain):
+    /// it also stores the run's allocator views (`run_allocator`).
+    carried_in: Option<PathBuf>,
 }
 
 /// The run's ledgers of the processes the files read list: the one the
@@ -455,6 +502,7 @@ fn run_ledger(
                     replayed: 0,
                     note,
                     sites: Vec::new(),
+                    carried_in: Some(last.clone()),
                 });
             }
             "the last file's run ledger lacks a process the files list".to_string()
@@ -483,6 +531,7 @@ fn run_ledger(
             )
         }),
         sites: Vec::new(),
+        carried_in: None,
     })
 }
 
@@ -578,6 +627,7 @@ impl Acc {
         ledger: RunLedger,
         incomplete: Vec<PathBuf>,
         (budget, memo): (ReadBudget, CheckMemo),
+        pid: Option<u32>,
     ) -> RunLean {
         let mut notes = Vec::new();
         if self.explain && self.added > 1 {
@@ -608,6 +658,8 @@ impl Acc {
             step_files: self.held,
             budget,
             memo,
+            carried_in: ledger.carried_in,
+            pid,
         }
     }
 }

@@ -189,6 +189,8 @@ pub(crate) struct Carried {
     /// The run's device allocations per site, per process (the per-site
     /// table's counts), stored with the builder at each file's start.
     tally: BTreeMap<u32, SiteTally>,
+    /// The run's allocator views (`run_allocator`).
+    allocator: crate::run_allocator::AllocatorCarry,
 }
 
 impl Carried {
@@ -239,6 +241,7 @@ pub(crate) fn begin(conn: &Connection, link: &RunLink) -> rusqlite::Result<Carri
                 stacks: BTreeMap::new(),
                 pinned: PinnedState::default(),
                 tally: BTreeMap::new(),
+                allocator: Default::default(),
             }
         }
     })
@@ -267,9 +270,11 @@ pub(crate) fn write(
         false => BTreeSet::new(),
     };
     let mut tally = std::mem::take(&mut c.tally);
+    let mut allocator = std::mem::take(&mut c.allocator);
     let mut also = also;
     let own = crate::ledger_rollup::write(conn, Some(&mut c.builder), |call, id| {
         tally.entry(call.pid).or_default().add(call, id);
+        allocator.saw(call);
         also(call, id);
     })?;
     c.tally = tally;
@@ -278,6 +283,10 @@ pub(crate) fn write(
     // both at once was the completion's peak (docs/benchmarks.md).
     with_own(own)?;
     let run = c.builder.bare_ledgers();
+    // The run's allocator views up to this file's end, their reserved
+    // bytes the run's ledger's.
+    allocator.write(conn, &run)?;
+    c.allocator = allocator;
     c.stacks = copy_stacks(conn, &run, begin_named, std::mem::take(&mut c.stacks))?;
     conn.execute_batch(CREATE)?;
     conn.execute("DELETE FROM run_ledger", [])?;
@@ -291,10 +300,10 @@ pub(crate) fn write(
     meta.execute(["run_ledger", COMPLETE])?;
     c.last = link.file;
     let tallied: usize = c.tally.values().map(SiteTally::len).sum();
-    let next = if c.builder.held_entries() + c.pinned.range_count() + tallied > MAX_CARRIED_ENTRIES
-    {
+    let held = c.builder.held_entries() + c.pinned.range_count() + c.allocator.held_entries();
+    let next = if held + tallied > MAX_CARRIED_ENTRIES {
         CarryState::Broken(format!(
-            "the run's ledger held more than {MAX_CARRIED_ENTRIES} live allocations, failed allocations, sizes, threads and pinned host ranges at the end of file {}: not carried further",
+            "the run's ledger held more than {MAX_CARRIED_ENTRIES} live allocations, failed allocations, sizes, threads, pinned host ranges and allocator blocks and segments at the end of file {}: not carried further",
             link.file
         ))
     } else {

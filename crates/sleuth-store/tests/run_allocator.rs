@@ -261,16 +261,297 @@ fn a_runs_allocator_views_are_those_of_its_events_loaded_as_one_trace() {
              WHERE id = (SELECT min(id) FROM allocator_rows WHERE w3 IS NOT NULL)",
         )
         .unwrap();
+    // At the end the views the tracer carried answer: file 3's rows are
+    // not read.
     let r = load_memory(&damaged, None, budget(), &CheckMemo::new()).unwrap();
+    let carried = json(&r.allocator_views().unwrap());
+    assert_same(
+        &carried,
+        &json(&allocator_views(&data, None, &r.ledgers)),
+        "carried",
+    );
+    // At a moment in file 4 the replay reads file 3.
+    let r = load_memory_at(
+        &damaged,
+        None,
+        Moment::At(end - 10),
+        budget(),
+        &CheckMemo::new(),
+    )
+    .unwrap();
     let err = r.allocator_views().unwrap_err().to_string();
     assert!(
         err.contains(&part_name(3)) && err.contains("no integer") && !err.contains('\n'),
         "{err}"
     );
+    // Without the carried views (a file of an older gpusleuth) the
+    // replay answers, and reads file 3.
+    rusqlite::Connection::open(damaged.join(part_name(4)))
+        .unwrap()
+        .execute_batch("DELETE FROM meta WHERE key = 'run_allocator'")
+        .unwrap();
     let err = load(&damaged, None, budget())
         .unwrap()
         .explanation()
         .unwrap_err()
         .to_string();
     assert!(err.contains(&part_name(3)), "{err}");
+}
+
+/// A run's files as a reader's replay reads them: each file's steps in
+/// order (`run_steps`), every step of a file before every step of the next.
+struct FilesInOrder(Vec<sleuth_core::TraceData>);
+
+impl sleuth_core::allocator::StepSource for FilesInOrder {
+    fn for_each_step(
+        &self,
+        pid: u32,
+        until: Option<u64>,
+        visit: &mut dyn FnMut(sleuth_core::allocator::Step<'_>) -> bool,
+    ) {
+        for d in &self.0 {
+            let mut more = true;
+            d.for_each_step(pid, until, &mut |s| {
+                more = visit(s);
+                more
+            });
+            if !more {
+                return;
+            }
+        }
+    }
+}
+
+/// Checks that each of the `n` files of `run` stored, for each process it
+/// carried, the views a replay of the files up to it gives (at the end and
+/// at the moment its finding describes); returns how many (file,
+/// process) pairs were carried.
+fn assert_carried(run: &Path, n: u64) -> usize {
+    let mut files = FilesInOrder(Vec::new());
+    let mut spanned = sleuth_core::TraceData::default();
+    let none = std::collections::BTreeMap::new();
+    let mut carried = 0;
+    for k in 1..=n {
+        let d = Trace::open(&run.join(part_name(k)))
+            .unwrap()
+            .load(None)
+            .unwrap();
+        spanned.stacks.extend(d.stacks.clone());
+        files.0.push(d);
+        let want =
+            sleuth_core::allocator::KnownViews::until(&files, &spanned, &[100, 200], None, &none);
+        let want_rows = |pid: u32| -> Vec<(Option<i64>, Value)> {
+            let end = want.end().get(&pid).map(|v| (None, json(&v.to_stored())));
+            let moments = want
+                .moments()
+                .iter()
+                .filter(|((p, _), _)| *p == pid)
+                .map(|(&(_, t), v)| (Some(t as i64), json(&v.to_stored())));
+            end.into_iter().chain(moments).collect()
+        };
+        let c = rusqlite::Connection::open(run.join(part_name(k))).unwrap();
+        let mut st = c
+            .prepare("SELECT pid, at_ns, view FROM run_allocator ORDER BY pid, at_ns")
+            .unwrap();
+        let got: Vec<(u32, Option<i64>, Value)> = st
+            .query_map([], |r| {
+                let text: String = r.get(2)?;
+                Ok((r.get(0)?, r.get(1)?, serde_json::from_str(&text).unwrap()))
+            })
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        for pid in [100, 200] {
+            let mine: Vec<(Option<i64>, Value)> = got
+                .iter()
+                .filter(|r| r.0 == pid)
+                .map(|r| (r.1, r.2.clone()))
+                .collect();
+            if mine.is_empty() {
+                continue;
+            }
+            carried += 1;
+            let want = want_rows(pid);
+            let keys = |v: &[(Option<i64>, Value)]| v.iter().map(|r| r.0).collect::<Vec<_>>();
+            assert_eq!(keys(&mine), keys(&want), "file {k}, pid {pid}: moments");
+            for (g, w) in mine.iter().zip(&want) {
+                assert_same(&g.1, &w.1, &format!("file {k}, pid {pid} at {:?}", g.0));
+            }
+        }
+    }
+    carried
+}
+
+/// Copies of `run`'s files `files` into `dir`.
+fn copy_run(run: &Path, dir: &Path, files: std::ops::RangeInclusive<u64>) {
+    std::fs::create_dir_all(dir).unwrap();
+    for n in files {
+        std::fs::copy(run.join(part_name(n)), dir.join(part_name(n))).unwrap();
+    }
+}
+
+#[test]
+fn the_views_the_tracer_carried_are_the_replays_and_cover_deleted_files() {
+    let dir = TempDir::new("run_allocator_carried");
+    let (events, end) = random_allocator_workload(0x9e37_79b9_7f4a_7c15);
+    let whole = dir.join("whole.db");
+    write(&whole, &events, (1_000, end), None);
+    let cuts: Vec<u64> = (0..=6).map(|k| 1_000 + (end - 1_000) * k / 6).collect();
+    let run = dir.join("run");
+    std::fs::create_dir_all(&run).unwrap();
+    let link = RunLink::new_run();
+    for k in 0..6 {
+        let hi = if k == 5 { end + 1 } else { cuts[k + 1] };
+        let part: Vec<Event> = events
+            .iter()
+            .filter(|e| (cuts[k]..hi).contains(&end_of(e)))
+            .cloned()
+            .collect();
+        let n = k as u64 + 1;
+        write(
+            &run.join(part_name(n)),
+            &part,
+            (cuts[k], hi.min(end)),
+            Some(link.for_file(n)),
+        );
+    }
+    let data = Trace::open(&whole).unwrap().load(None).unwrap();
+    let one = sleuth_store::lean::load(&Trace::open(&whole).unwrap(), None, budget())
+        .unwrap()
+        .expect("a lean load");
+    let want_answers = allocator_answers(&one.explanation());
+    assert!(!want_answers.0.is_empty(), "a fragmentation finding");
+    // Every file stored the run's views up to its end, and at the moments
+    // their findings describe: those a replay of the files so far gives.
+    assert_eq!(
+        assert_carried(&run, 6),
+        12,
+        "both processes carried in every file"
+    );
+    // Carried and replayed (the carried views left out of the last file)
+    // give the whole trace's views and findings.
+    let replayed = dir.join("replayed");
+    copy_run(&run, &replayed, 1..=6);
+    rusqlite::Connection::open(replayed.join(part_name(6)))
+        .unwrap()
+        .execute_batch("DELETE FROM meta WHERE key = 'run_allocator'")
+        .unwrap();
+    for d in [&run, &replayed] {
+        for pid in [None, Some(200)] {
+            let r = load_memory(d, pid, budget(), &CheckMemo::new()).unwrap();
+            let mut want = allocator_views(&data, None, &r.ledgers);
+            want.retain(|p, _| pid.is_none_or(|only| only == *p));
+            let got = r.allocator_views().unwrap();
+            assert_same(
+                &json(&got),
+                &json(&want),
+                &format!("{} pid {pid:?}", d.display()),
+            );
+        }
+        let e = load(d, None, budget()).unwrap().explanation().unwrap();
+        assert_eq!(allocator_answers(&e), want_answers, "{}", d.display());
+    }
+
+    // `--keep 4`: the first two files deleted. The carried views still
+    // cover them (segments made there serve blocks of later files); a
+    // replay of the files left cannot.
+    let kept = dir.join("kept");
+    copy_run(&run, &kept, 3..=6);
+    let r = load_memory(&kept, None, budget(), &CheckMemo::new()).unwrap();
+    assert_eq!(r.files.len(), 4);
+    let got = r.allocator_views().unwrap();
+    let want = allocator_views(&data, None, &r.ledgers);
+    assert_same(&json(&got), &json(&want), "kept");
+    let e = load(&kept, None, budget()).unwrap().explanation().unwrap();
+    assert_eq!(allocator_answers(&e), want_answers, "kept");
+    rusqlite::Connection::open(kept.join(part_name(6)))
+        .unwrap()
+        .execute_batch("DELETE FROM meta WHERE key = 'run_allocator'")
+        .unwrap();
+    let r = load_memory(&kept, None, budget(), &CheckMemo::new()).unwrap();
+    assert_ne!(
+        json(&r.allocator_views().unwrap()),
+        json(&want),
+        "a replay of the files left"
+    );
+
+    // Events that completed just before a rotation but reached the next
+    // file (two CPUs on either side of it): the carried views are still
+    // those a replay of the files in order gives, at the end and at the
+    // moments of the findings (or the reader replays the process).
+    let late = dir.join("late");
+    std::fs::create_dir_all(&late).unwrap();
+    let link = RunLink::new_run();
+    let file_of = |e: &Event| {
+        let t = end_of(e);
+        // Half the events of the last eighth of a file go to the next one.
+        let band = (end - 1_000) / 48;
+        let straddles = |c: u64| t < c && t + band >= c && t % 20 < 10;
+        (0..6).find(|&k| {
+            let hi = if k == 5 { end + 1 } else { cuts[k + 1] };
+            let moved_in = k > 0 && straddles(cuts[k]);
+            let moved_out = k < 5 && straddles(cuts[k + 1]);
+            ((cuts[k]..hi).contains(&t) && !moved_out) || moved_in
+        })
+    };
+    let mut moved = 0;
+    for k in 0..6 {
+        let part: Vec<Event> = events
+            .iter()
+            .filter(|e| file_of(e) == Some(k))
+            .cloned()
+            .collect();
+        moved += part.iter().filter(|e| end_of(e) < cuts[k]).count();
+        let hi = if k == 5 { end + 1 } else { cuts[k + 1] };
+        let n = k as u64 + 1;
+        write(
+            &late.join(part_name(n)),
+            &part,
+            (cuts[k], hi.min(end)),
+            Some(link.for_file(n)),
+        );
+    }
+    assert!(moved > 10, "{moved} events moved");
+    let late_replayed = dir.join("late_replayed");
+    copy_run(&late, &late_replayed, 1..=6);
+    rusqlite::Connection::open(late_replayed.join(part_name(6)))
+        .unwrap()
+        .execute_batch("DELETE FROM meta WHERE key = 'run_allocator'")
+        .unwrap();
+    let views = |d: &Path| {
+        let r = load_memory(d, None, budget(), &CheckMemo::new()).unwrap();
+        json(&r.allocator_views().unwrap())
+    };
+    assert_same(&views(&late), &views(&late_replayed), "straddling events");
+    let carried = assert_carried(&late, 6);
+    assert!(carried >= 8, "{carried} of 12 carried");
+    let answers = |d: &Path| {
+        json(
+            &load(d, None, budget())
+                .unwrap()
+                .explanation()
+                .unwrap()
+                .findings,
+        )
+    };
+    assert_eq!(answers(&late), answers(&late_replayed), "straddling events");
+
+    // A damaged carried view: a one-line error naming the table and file.
+    let damaged = dir.join("damaged");
+    copy_run(&run, &damaged, 1..=6);
+    rusqlite::Connection::open(damaged.join(part_name(6)))
+        .unwrap()
+        .execute_batch(
+            "UPDATE run_allocator SET view = '{\"pid\": 100}' WHERE pid = 100 AND at_ns IS NULL",
+        )
+        .unwrap();
+    let err = load_memory(&damaged, None, budget(), &CheckMemo::new())
+        .unwrap()
+        .allocator_views()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("run_allocator") && err.contains(&part_name(6)) && !err.contains('\n'),
+        "{err}"
+    );
 }

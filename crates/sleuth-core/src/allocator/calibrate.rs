@@ -121,6 +121,7 @@ fn best(
 /// Block word at once: each later choice (the pointer word given the
 /// requested one, the size word given the pointer word) picks among
 /// these counts, so the choices are those of a pass per word.
+#[derive(Clone)]
 struct WordCounts {
     /// Sampled malloc events (successful, with a requested size).
     n: u64,
@@ -139,6 +140,7 @@ struct WordCounts {
 /// reads the process's steps for another purpose too (the writer's ledger
 /// replay, `sleuth_store`): what [`calibrate`] makes of one pass over a
 /// [`StepSource`].
+#[derive(Clone)]
 pub struct Calibrator {
     counts: WordCounts,
     /// The segments replayed so that each malloc event sees them as they
@@ -167,6 +169,11 @@ impl Calibrator {
             Step::Call(call) => self.segs.apply(call),
             Step::Block(b) => self.counts.add(&self.segs, b),
         }
+    }
+
+    /// Entries held: the segments replayed.
+    pub fn held_entries(&self) -> usize {
+        self.segs.len()
     }
 
     pub fn finish(self) -> Calibration {

@@ -47,6 +47,11 @@ pub(super) struct SegmentMap {
 }
 
 impl SegmentMap {
+    /// Segments held.
+    pub fn len(&self) -> usize {
+        self.by_base.len()
+    }
+
     /// Applies one CUDA call (effect at its return, like the ledger).
     pub fn apply(&mut self, c: &CallEvent) {
         let Some(info) = c.info() else { return };

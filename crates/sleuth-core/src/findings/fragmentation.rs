@@ -4,7 +4,9 @@
 //! count (memory of other libraries is not the allocator's gap).
 
 use super::*;
-use crate::allocator::{AllocatorReads, AllocatorState, AllocatorView, Pool, Segment};
+use crate::allocator::{
+    AllocatorReads, AllocatorState, AllocatorView, FailedRequest, Pool, Segment,
+};
 use crate::ledger::ProcessLedger;
 use crate::units::fmt_bytes;
 use serde_json::json;
@@ -159,10 +161,7 @@ fn segment_json(g: &Segment) -> serde_json::Value {
 /// failed request the gap could have served, a large gap at the end, or
 /// one at the allocator's reserved peak.
 fn trigger_of(end: &AllocatorState) -> Option<Trigger> {
-    let failure = end
-        .failures
-        .iter()
-        .find(|f| f.bytes > 0 && f.at.gap_bytes >= f.bytes as i64);
+    let failure = first_servable_failure(end);
     Some(if let Some(f) = failure {
         Trigger::Failure {
             ts: f.at.ts_ns,
@@ -178,6 +177,26 @@ fn trigger_of(end: &AllocatorState) -> Option<Trigger> {
         }
         Trigger::Peak(p.ts_ns)
     })
+}
+
+/// The first failed request the gap could have served: once a replay
+/// has one it stays the first whatever comes after.
+fn first_servable_failure(end: &AllocatorState) -> Option<&FailedRequest> {
+    end.failures
+        .iter()
+        .find(|f| f.bytes > 0 && f.at.gap_bytes >= f.bytes as i64)
+}
+
+/// Every moment whose state the finding of a later state of the same
+/// replay may describe, from `end`: the reserved peak so far and the
+/// first failure the gap could have served (a replay carried across a
+/// run's files keeps the views at these: `allocator::CarriedReplay`).
+pub(crate) fn moments_kept(end: &AllocatorState) -> Vec<u64> {
+    let peak = end.peak.as_ref().map(|p| p.ts_ns);
+    let failure = first_servable_failure(end).map(|f| f.at.ts_ns);
+    let mut v: Vec<u64> = peak.into_iter().chain(failure).collect();
+    v.dedup();
+    v
 }
 
 /// The moment whose allocator state the finding of `end` describes, when

@@ -1,0 +1,475 @@
+//! One process's allocator replay carried across the files of a run by the
+//! tracer (`trace --rotate --torch-allocator`, `sleuth_store::run_allocator`).
+//!
+//! Each file's completion pushes the process's steps of that file (its
+//! memory calls and allocator events in replay order; every step of a
+//! file before every step of the next, as a reader's pass over the run's
+//! files gives them) and takes the views a reader of the whole run would
+//! rebuild by passes over every file: at the end, and at the moment its
+//! fragmentation finding describes. What is carried is bounded by what is
+//! live (the replay's blocks and segments, its ledger without history,
+//! the requests that failed), and, until the process's layout is known,
+//! its steps (at most [`MAX_PENDING_STEPS`]).
+//!
+//! Exact or nothing: where the carried state cannot give the view a
+//! reader's replay gives, it says so, and the reader replays the process:
+//! - the calibration over every step so far must keep the layout the
+//!   replay started with;
+//! - a moment's view is the replay of the steps that completed by then: it
+//!   is made in the file holding the moment only when every earlier step
+//!   completed by it, and kept for later files only while none of their
+//!   steps completed by it. The views kept are those at the moments a
+//!   later finding may describe (the reserved peak so far, the first
+//!   failed request the gap could have served), so a finding that
+//!   switches from the end to an earlier peak finds its view.
+
+use super::{
+    named_view, AllocatorView, Calibration, Calibrator, Layout, Rebuilder, Step, StepSink,
+};
+use super::{BlockEvent, CallEvent, StepSource};
+use crate::ledger::LedgerBuilder;
+use crate::ops::OpClass;
+use crate::TraceData;
+use std::collections::BTreeMap;
+
+/// Steps kept while a process's layout is not known (about 200 bytes
+/// each): past them the process is carried no further.
+pub const MAX_PENDING_STEPS: usize = 16_384;
+
+/// Whether a call changes what a process's allocator view replays (its
+/// segments, its reserved bytes, its failed requests): a process with
+/// such a call in an earlier file than its first allocator event is not
+/// carried (its replay would start without it).
+pub fn shapes_allocator_view(c: &CallEvent) -> bool {
+    c.info().is_some_and(|i| {
+        matches!(
+            i.class,
+            OpClass::DeviceAlloc | OpClass::PhysCreate | OpClass::VirtualMap
+        )
+    })
+}
+
+#[derive(Clone)]
+enum OwnedStep {
+    Call(CallEvent),
+    Block(BlockEvent),
+}
+
+impl OwnedStep {
+    fn of(s: Step<'_>) -> OwnedStep {
+        match s {
+            Step::Call(c) => OwnedStep::Call(c.clone()),
+            Step::Block(b) => OwnedStep::Block(b.clone()),
+        }
+    }
+
+    fn step(&self) -> Step<'_> {
+        match self {
+            OwnedStep::Call(c) => Step::Call(c),
+            OwnedStep::Block(b) => Step::Block(b),
+        }
+    }
+}
+
+/// The block replay and the ledger a moment's view takes its reserved
+/// bytes from (the process's memory calls by the ledger's rules).
+#[derive(Clone)]
+struct Replayed {
+    layout: Layout,
+    blocks: Rebuilder,
+    counter: LedgerBuilder,
+}
+
+impl Replayed {
+    fn new(layout: Layout, pid: u32) -> Replayed {
+        let mut counter = LedgerBuilder::without_history();
+        counter.track(pid);
+        Replayed {
+            layout,
+            blocks: Rebuilder::new(layout),
+            counter,
+        }
+    }
+
+    fn push(&mut self, s: Step<'_>) {
+        if let Step::Call(c) = s {
+            self.counter.push(c);
+        }
+        self.blocks.push(s);
+    }
+}
+
+/// One process's replay over the files completed so far.
+#[derive(Clone)]
+pub struct CarriedReplay {
+    pid: u32,
+    calibrator: Calibrator,
+    /// None until the calibration finds a layout (the steps wait in
+    /// `pending` meanwhile).
+    replayed: Option<Replayed>,
+    pending: Vec<OwnedStep>,
+    /// More steps came before the layout was known than `pending` keeps.
+    overflowed: bool,
+    /// The replay as the current file began.
+    at_begin: Option<Replayed>,
+    /// The latest completion of the steps of earlier files.
+    before_max_end: Option<u64>,
+    /// The earliest and latest completion of the current file's steps.
+    file_ends: Option<(u64, u64)>,
+    /// The views at the moments a later finding may describe (the
+    /// reserved peak, the first failed request the gap could have served),
+    /// by time.
+    kept: BTreeMap<u64, AllocatorView>,
+}
+
+/// What the end of a file gives of one process.
+pub struct FileViews {
+    /// Its view at the end of the file (of the run so far).
+    pub end: AllocatorView,
+    /// Its view at the moment its fragmentation finding describes (a
+    /// failure, the reserved peak); None when it describes the end or
+    /// there is none.
+    pub moment: Option<(u64, AllocatorView)>,
+    /// False when that moment's view cannot be had from what is carried
+    /// (a reader replays the process).
+    pub complete: bool,
+}
+
+impl CarriedReplay {
+    pub fn new(pid: u32) -> CarriedReplay {
+        CarriedReplay {
+            pid,
+            calibrator: Calibrator::default(),
+            replayed: None,
+            pending: Vec::new(),
+            overflowed: false,
+            at_begin: None,
+            before_max_end: None,
+            file_ends: None,
+            kept: BTreeMap::new(),
+        }
+    }
+
+    /// Before the steps of the next file (`source` gives them): for a
+    /// process whose layout is not known yet, a pass of its own calibrates
+    /// over the steps so far and the file's, so that the replay starts
+    /// before the file's steps are pushed (a process's first file holds
+    /// far more steps than are kept waiting). Err (why) when the process
+    /// can be carried no further.
+    pub fn begin_file(&mut self, source: &dyn StepSource) -> Result<(), String> {
+        if self.replayed.is_none() {
+            let mut calibrator = self.calibrator.clone();
+            source.for_each_step(self.pid, None, &mut |s| {
+                calibrator.push(s);
+                true
+            });
+            if let Some(layout) = calibrator.finish().layout() {
+                self.start(layout)?;
+            }
+        }
+        self.at_begin = self.replayed.clone();
+        self.file_ends = None;
+        Ok(())
+    }
+
+    /// Starts the replay with `layout`, replaying the steps kept waiting.
+    fn start(&mut self, layout: Layout) -> Result<(), String> {
+        if self.overflowed {
+            return Err(format!(
+                "more than {MAX_PENDING_STEPS} steps came before its layout was known"
+            ));
+        }
+        let mut r = Replayed::new(layout, self.pid);
+        for s in self.pending.drain(..) {
+            r.push(s.step());
+        }
+        self.pending = Vec::new();
+        self.replayed = Some(r);
+        Ok(())
+    }
+
+    /// The process's next step of the current file.
+    pub fn push(&mut self, s: Step<'_>) {
+        self.calibrator.push(s);
+        let end = s.end_ns();
+        self.file_ends = Some(match self.file_ends {
+            None => (end, end),
+            Some((lo, hi)) => (lo.min(end), hi.max(end)),
+        });
+        match self.replayed.as_mut() {
+            Some(r) => r.push(s),
+            None if self.pending.len() < MAX_PENDING_STEPS => self.pending.push(OwnedStep::of(s)),
+            None => self.overflowed = true,
+        }
+    }
+
+    /// Entries held (live blocks, segments, failed requests, live
+    /// allocations, steps waiting): what bounds the carried state.
+    pub fn held_entries(&self) -> usize {
+        let replayed = self
+            .replayed
+            .as_ref()
+            .map_or(0, |r| r.blocks.held_entries() + r.counter.held_entries());
+        let begin = self
+            .at_begin
+            .as_ref()
+            .map_or(0, |r| r.blocks.held_entries());
+        replayed + begin + self.calibrator.held_entries() + self.pending.len()
+    }
+
+    /// The views after the current file's steps; `reserved_bytes` is the
+    /// process's live device bytes then (the run's ledger); `source` gives
+    /// the current file's steps again for a moment's view. Err (why) when
+    /// the process can be carried no further.
+    pub fn end_file(
+        &mut self,
+        source: &dyn StepSource,
+        reserved_bytes: u64,
+    ) -> Result<FileViews, String> {
+        let calibration = self.calibrator.clone().finish();
+        let layout = calibration.layout();
+        if let (None, Some(l)) = (self.replayed.as_ref(), layout) {
+            // Not reached when `begin_file` calibrated over the same steps.
+            self.start(l)?;
+        }
+        if self
+            .replayed
+            .as_ref()
+            .is_some_and(|r| Some(r.layout) != layout)
+        {
+            return Err(
+                "its calibration over the run no longer finds the layout its replay started with"
+                    .into(),
+            );
+        }
+        let state = self
+            .replayed
+            .as_ref()
+            .map(|r| r.blocks.clone().finish(reserved_bytes));
+        let end = named_view(self.pid, calibration.clone(), state, &TraceData::default());
+        // The views at the moments a finding may describe, now or after
+        // later files: kept while no later step completed by them, else
+        // replayed from the file's start when every earlier step had.
+        let trigger = end
+            .state
+            .as_ref()
+            .and_then(crate::findings::fragmentation_moment);
+        let mut wanted = end
+            .state
+            .as_ref()
+            .map(crate::findings::fragmentation_moments_kept)
+            .unwrap_or_default();
+        wanted.extend(trigger);
+        wanted.sort_unstable();
+        wanted.dedup();
+        let old = std::mem::take(&mut self.kept);
+        for ts in wanted {
+            let unchanged = self.file_ends.is_none_or(|(lo, _)| lo > ts);
+            let view = match old.get(&ts) {
+                Some(v) if unchanged => Some(v.clone()),
+                _ => self.moment_in_file(source, ts, &calibration),
+            };
+            if let Some(mut v) = view {
+                // The calibration over every step, as a reader's.
+                v.calibration = calibration.clone();
+                self.kept.insert(ts, v);
+            }
+        }
+        let (moment, complete) = match trigger {
+            None => (None, true),
+            Some(ts) => match self.kept.get(&ts) {
+                Some(v) => (Some((ts, v.clone())), true),
+                None => (None, false),
+            },
+        };
+        if let Some((_, hi)) = self.file_ends {
+            self.before_max_end = self.before_max_end.max(Some(hi));
+        }
+        self.at_begin = None;
+        Ok(FileViews {
+            end,
+            moment,
+            complete,
+        })
+    }
+
+    /// The view at `ts`, a moment after every step of the earlier files
+    /// completed: the replay as the file began, then the file's steps that
+    /// completed by it. None when an earlier step completed after it, or
+    /// when the replay began in this file from earlier files' steps.
+    fn moment_in_file(
+        &self,
+        source: &dyn StepSource,
+        ts: u64,
+        calibration: &Calibration,
+    ) -> Option<AllocatorView> {
+        if self.before_max_end.is_some_and(|m| m > ts) {
+            return None;
+        }
+        let layout = calibration.layout()?;
+        let mut r = match &self.at_begin {
+            Some(r) => r.clone(),
+            None if self.before_max_end.is_none() => Replayed::new(layout, self.pid),
+            None => return None,
+        };
+        source.for_each_step(self.pid, Some(ts), &mut |s| {
+            r.push(s);
+            true
+        });
+        let reserved = r.counter.live_bytes(self.pid);
+        let state = r.blocks.finish(reserved);
+        Some(named_view(
+            self.pid,
+            calibration.clone(),
+            Some(state),
+            &TraceData::default(),
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::Sim;
+    use super::super::{view_replayed, KnownViews};
+    use super::*;
+    use crate::testing::xorshift;
+
+    const PID: u32 = 7;
+
+    /// A run's files as a reader's replay reads them: each file's steps in
+    /// order, every step of a file before every step of the next.
+    struct FilesInOrder<'a>(&'a [TraceData]);
+
+    impl StepSource for FilesInOrder<'_> {
+        fn for_each_step(
+            &self,
+            pid: u32,
+            until: Option<u64>,
+            visit: &mut dyn FnMut(Step<'_>) -> bool,
+        ) {
+            for d in self.0 {
+                let mut more = true;
+                d.for_each_step(pid, until, &mut |s| {
+                    more = visit(s);
+                    more
+                });
+                if !more {
+                    return;
+                }
+            }
+        }
+    }
+
+    /// A random workload of one process cut into `files` files, the events
+    /// of a band before each cut sent to the next file at random.
+    fn random_run(seed: u64, files: usize) -> Vec<TraceData> {
+        const MIB: u64 = 1 << 20;
+        let mut next = xorshift(seed);
+        let mut sim = Sim::torch();
+        let mut segs = Vec::new();
+        let mut live: Vec<u64> = Vec::new();
+        for step in 0..700u64 {
+            let r = next();
+            match r % 10 {
+                0..=3 if !live.is_empty() => {
+                    let b = live.swap_remove((r >> 8) as usize % live.len());
+                    sim.free(b);
+                }
+                4 if step % 3 == 0 => sim.failed_request(40 * MIB + (r >> 12) % MIB),
+                _ => {
+                    let block = 0x10_0000 + step * 0x40;
+                    let req = 1 + (r >> 16) % (3 * MIB / 2);
+                    sim.malloc_carved(&mut segs, step, block, req);
+                    live.push(block);
+                }
+            }
+        }
+        let data = sim.data();
+        let last = data
+            .calls
+            .iter()
+            .map(CallEvent::end_ns)
+            .chain(data.blocks.iter().map(|b| b.end_ns))
+            .max()
+            .unwrap();
+        let cuts: Vec<u64> = (1..files as u64).map(|k| last * k / files as u64).collect();
+        let band = last / (files as u64 * 4);
+        let mut file_of = |end: u64| {
+            let k = cuts.partition_point(|&c| c <= end);
+            let straddles = k < cuts.len() && end + band >= cuts[k] && next().is_multiple_of(2);
+            k + usize::from(straddles)
+        };
+        let mut out = vec![TraceData::default(); files];
+        for c in &data.calls {
+            out[file_of(c.end_ns())].calls.push(c.clone());
+        }
+        for b in &data.blocks {
+            out[file_of(b.end_ns)].blocks.push(b.clone());
+        }
+        out
+    }
+
+    fn json<T: serde::Serialize>(v: &T) -> serde_json::Value {
+        serde_json::to_value(v).unwrap()
+    }
+
+    #[test]
+    fn carried_views_are_those_replayed_over_the_files_so_far() {
+        let (mut kept_checked, mut moments, mut lost) = (0, 0, 0);
+        for seed in 1..=40u64 {
+            let files = random_run(seed * 0x9e37_79b9, 2 + (seed % 4) as usize);
+            let mut carry = CarriedReplay::new(PID);
+            let mut counter = LedgerBuilder::new(None);
+            for k in 0..files.len() {
+                let file = &files[k..=k];
+                carry.begin_file(&FilesInOrder(file)).unwrap();
+                FilesInOrder(file).for_each_step(PID, None, &mut |s| {
+                    carry.push(s);
+                    if let Step::Call(c) = s {
+                        counter.push(c);
+                    }
+                    true
+                });
+                let Ok(v) = carry.end_file(&FilesInOrder(file), counter.live_bytes(PID)) else {
+                    // A straddling segment changed the run's calibration:
+                    // carried no further (a reader replays the process).
+                    lost += 1;
+                    break;
+                };
+                let so_far = FilesInOrder(&files[..=k]);
+                let none = std::collections::BTreeMap::new();
+                let want = KnownViews::until(&so_far, &TraceData::default(), &[PID], None, &none);
+                let what = format!("seed {seed}, file {k}");
+                assert_eq!(json(&v.end), json(&want.end()[&PID]), "{what}: end");
+                if v.complete {
+                    let want_moment = want
+                        .moments()
+                        .iter()
+                        .next()
+                        .map(|(&(_, t), v)| (t, json(v)));
+                    assert_eq!(
+                        v.moment.map(|(t, m)| (t, json(&m))),
+                        want_moment,
+                        "{what}: moment"
+                    );
+                    moments += usize::from(want_moment_is_some(&want));
+                }
+                for (&ts, view) in &carry.kept {
+                    let cal = v.end.calibration.clone();
+                    let replayed =
+                        view_replayed(&so_far, &TraceData::default(), PID, Some(ts), cal);
+                    assert_eq!(json(view), json(&replayed), "{what}: kept at {ts}");
+                    kept_checked += 1;
+                }
+            }
+        }
+        assert!(
+            kept_checked > 50 && moments > 20 && lost < 12,
+            "{kept_checked} kept, {moments} moments, {lost} lost"
+        );
+    }
+
+    fn want_moment_is_some(k: &KnownViews) -> bool {
+        !k.moments().is_empty()
+    }
+}

@@ -1,0 +1,163 @@
+//! A run's allocator views carried by the tracer across its files (issue
+//! 16, round 32), as `run_ledger` carries its ledger.
+//!
+//! A reader of a whole `trace --rotate --torch-allocator` run rebuilt each
+//! process's allocator views by passes over every file's memory calls and
+//! allocator events (`crate::run_steps`: ~1 µs a row, 2.5–5 s on the runs
+//! measured), and a file `--keep` had deleted was missing from them. The
+//! tracer completes its files one at a time, in order: each completion
+//! now pushes the file's steps of every process it carries into that
+//! process's replay (`sleuth_core::allocator::CarriedReplay`, one more
+//! pass per process over the file's own steps) and stores the run's views
+//! up to the end of the file in table `run_allocator(pid, at_ns, view)`
+//! (`allocator_rollup`'s columns: the view at the end, `at_ns` NULL, and
+//! the one at the moment its fragmentation finding describes), with
+//! `meta.run_allocator = 1`. A reader of an intact chain (the one
+//! `run_ledger` judges) reads the last file's rows instead of replaying.
+//!
+//! Exact or replayed: a process has rows only when its carried views are
+//! those a replay of the chain's files gives. A process is not carried
+//! (and a reader replays it) when its first allocator event comes in a
+//! later file than a call that shapes its view (a segment, a failed
+//! device allocation: `shapes_allocator_view`), when its calibration over
+//! the run changes the layout its replay started with, when more steps
+//! than `MAX_PENDING_STEPS` come before its layout is known, or, for one
+//! file, when its finding's moment cannot be had from the carried state.
+//! The carried state counts toward `run_ledger::MAX_CARRIED_ENTRIES`.
+//! Docs: docs/schema.md "Run allocator views".
+
+use crate::file_steps::FileSteps;
+use crate::finding_rollups::complete_tables;
+use crate::reader::Trace;
+use crate::StoreError;
+use rusqlite::Connection;
+use sleuth_core::allocator::{AllocatorView, CarriedReplay, StepSource};
+use sleuth_core::ledger::ProcessLedger;
+use sleuth_core::{CallEvent, TraceData};
+use std::collections::{BTreeMap, BTreeSet};
+
+const TABLE: &str = "run_allocator";
+/// `meta.run_allocator` once the table is complete.
+const COMPLETE: &str = "1";
+
+/// What the completions of a run's files carry of its allocator views.
+#[derive(Default)]
+pub(crate) struct AllocatorCarry {
+    replays: BTreeMap<u32, CarriedReplay>,
+    /// Processes carried no further: a reader replays them.
+    dropped: BTreeSet<u32>,
+    /// Processes with a call that shapes an allocator view in an earlier
+    /// file of the chain.
+    shaped: BTreeSet<u32>,
+    /// Those of the current file (added to `shaped` at its end).
+    shaped_now: BTreeSet<u32>,
+}
+
+impl AllocatorCarry {
+    /// One memory call of the current file, as the ledger's replay reads it.
+    pub(crate) fn saw(&mut self, c: &CallEvent) {
+        if sleuth_core::allocator::shapes_allocator_view(c) {
+            self.shaped_now.insert(c.pid);
+        }
+    }
+
+    /// Entries held (see `CarriedReplay::held_entries`).
+    pub(crate) fn held_entries(&self) -> usize {
+        let replays: usize = self.replays.values().map(|r| r.held_entries()).sum();
+        replays + self.shaped.len() + self.dropped.len()
+    }
+
+    /// Pushes the file's steps into the replays of the processes carried
+    /// and of those whose first allocator events it holds, and stores the
+    /// run's views at its end (`run`: the run's ledgers then, for the
+    /// views' reserved bytes).
+    pub(crate) fn write(
+        &mut self,
+        conn: &Connection,
+        run: &[ProcessLedger],
+    ) -> rusqlite::Result<()> {
+        for pid in crate::allocator_rows::pids(conn)? {
+            if self.replays.contains_key(&pid) || self.dropped.contains(&pid) {
+                continue;
+            }
+            match self.shaped.contains(&pid) {
+                true => self.dropped.insert(pid),
+                false => self.replays.insert(pid, CarriedReplay::new(pid)).is_none(),
+            };
+        }
+        self.shaped.append(&mut self.shaped_now);
+        let source = FileSteps::own(conn)?;
+        let mut views: Vec<(u32, Option<u64>, AllocatorView)> = Vec::new();
+        let mut lost = Vec::new();
+        for (&pid, replay) in self.replays.iter_mut() {
+            if let Err(why) = replay.begin_file(&source) {
+                lost.push((pid, why));
+                continue;
+            }
+            source.for_each_step(pid, None, &mut |s| {
+                replay.push(s);
+                true
+            });
+            let reserved = run
+                .iter()
+                .find(|l| l.pid == pid)
+                .map_or(0, |l| l.live_bytes);
+            match replay.end_file(&source, reserved) {
+                Ok(v) if v.complete => {
+                    views.push((pid, None, v.end));
+                    views.extend(v.moment.map(|(ts, m)| (pid, Some(ts), m)));
+                }
+                Ok(_) => {}
+                Err(why) => lost.push((pid, why)),
+            }
+        }
+        source.into_result().map_err(crate::stream::own_error)?;
+        for (pid, why) in lost {
+            self.replays.remove(&pid);
+            self.dropped.insert(pid);
+            crate::writer::insert_note(
+                conn,
+                crate::writer::monotonic_now_ns(),
+                crate::NoteLevel::Info.as_str(),
+                &format!(
+                    "run allocator views: process {pid} is carried no further ({why}); `memory --db DIR` replays its allocator events"
+                ),
+            )?;
+        }
+        let rows = views.iter().map(|(pid, at, v)| (*pid, *at, v));
+        crate::allocator_rollup::store_views(conn, TABLE, rows)?;
+        conn.execute(
+            "INSERT OR REPLACE INTO meta(key, value) VALUES ('run_allocator', ?1)",
+            [COMPLETE],
+        )?;
+        Ok(())
+    }
+}
+
+/// The run's allocator views stored in the last file of an intact chain
+/// (`trace`), of the processes `wanted` keeps, their blocks' sites named
+/// from `context`: the processes listed have their view at the end and,
+/// where their finding describes another moment, their view then; empty
+/// when the file stored none (an older gpusleuth, a run without allocator
+/// events). An error naming the table when it is not the one gpusleuth
+/// writes or a view is damaged.
+pub(crate) fn stored(
+    trace: &Trace,
+    wanted: &dyn Fn(u32) -> bool,
+    context: &TraceData,
+) -> Result<crate::allocator_rollup::Views, StoreError> {
+    let conn = trace.keyed();
+    let read = || -> rusqlite::Result<crate::allocator_rollup::Views> {
+        if crate::open::meta_value(conn, "run_allocator")?.as_deref() != Some(COMPLETE) {
+            return Ok(Default::default());
+        }
+        if !complete_tables(conn, TABLE, &[(TABLE, crate::allocator_rollup::COLS)])? {
+            return Err(crate::finding_rollups::damaged_table(
+                TABLE,
+                "is missing though meta.run_allocator says it is complete",
+            ));
+        }
+        crate::allocator_rollup::read_views(conn, TABLE, wanted, context)
+    };
+    read().map_err(|e| trace.read_error(e))
+}
