@@ -461,9 +461,12 @@ impl RunLast {
     /// read file after file (`crate::run_steps`, none held), its reserved
     /// bytes counted by the same pass, its layout guessed from the files'
     /// stored views; and the views at their fragmentation findings'
-    /// moments. `data` names the blocks' sites. What it costs is a pass
-    /// over the run's allocator events up to the window's end, whatever
-    /// the window's length.
+    /// moments. `data` names the blocks' sites. Since round 32 the views
+    /// the tracer carried to the newest file answer for the processes
+    /// they hold when the files up to it form an intact chain (the window
+    /// ends with that file); the others cost a pass over the run's
+    /// allocator events up to the window's end, whatever the window's
+    /// length.
     pub fn allocator_views(
         &self,
         pid: Option<u32>,
@@ -480,8 +483,10 @@ impl RunLast {
             .filter(|(n, _)| *n <= newest)
             .collect();
         let mut guesses = crate::run_steps::Guesses::default();
+        let mut links = Vec::new();
         for (n, path) in &files {
             let trace = open_in_run(path, &self.budget, memo)?;
+            links.push((*n, crate::run_ledger::link(&trace)?));
             if let Some(p) = pid {
                 if !trace.holds_pid(p)? {
                     continue;
@@ -490,16 +495,37 @@ impl RunLast {
             let view = MemoryTrace::open(&trace, pid, self.budget.clone())?;
             guesses.add(&view, *n >= first_spanned)?;
         }
+        // The window ends with the newest file: the views the tracer
+        // carried to its end answer, on an intact chain (`run_allocator`).
+        let (mut end, mut moments) = match (crate::run_ledger::judge(&links), files.last()) {
+            (Chain::Intact { .. }, Some((_, newest))) => {
+                let trace = open_in_run(newest, &self.budget, memo)?;
+                let listed = &guesses.pids;
+                crate::run_allocator::stored(&trace, &|p| listed.contains(&p), data)?
+            }
+            _ => Default::default(),
+        };
+        let rest: Vec<u32> = guesses
+            .pids()
+            .into_iter()
+            .filter(|p| !end.contains_key(p))
+            .collect();
+        if rest.is_empty() {
+            return Ok(sleuth_core::allocator::KnownViews::from_parts(end, moments));
+        }
         let files: Vec<PathBuf> = files.into_iter().map(|(_, p)| p).collect();
         let steps = crate::run_steps::RunSteps::new(&files, &self.budget, memo);
-        let known = sleuth_core::allocator::KnownViews::until_guessed(
+        let replayed = sleuth_core::allocator::KnownViews::until_guessed(
             &steps,
             data,
-            &guesses.pids(),
+            &rest,
             None,
             &guesses.layouts,
         );
-        steps.into_result().map(|()| known)
+        steps.into_result()?;
+        end.extend(replayed.end().iter().map(|(&p, v)| (p, v.clone())));
+        moments.extend(replayed.moments().iter().map(|(&k, v)| (k, v.clone())));
+        Ok(sleuth_core::allocator::KnownViews::from_parts(end, moments))
     }
 }
 

@@ -464,6 +464,13 @@ fn the_views_the_tracer_carried_are_the_replays_and_cover_deleted_files() {
     assert_same(&json(&got), &json(&want), "kept");
     let e = load(&kept, None, budget()).unwrap().explanation().unwrap();
     assert_eq!(allocator_answers(&e), want_answers, "kept");
+    // A window `--last` over the kept files ends with the newest: its
+    // views are the carried ones too.
+    let memo = CheckMemo::new();
+    let last = sleuth_store::run_window::last_of_run(&kept, end / 3, &budget(), &memo).unwrap();
+    assert!(last.files.len() >= 2, "{} files", last.files.len());
+    let got = last.allocator_views(None, &memo, &data).unwrap();
+    assert_same(&json(got.end()), &json(&want), "kept window");
     rusqlite::Connection::open(kept.join(part_name(6)))
         .unwrap()
         .execute_batch("DELETE FROM meta WHERE key = 'run_allocator'")
