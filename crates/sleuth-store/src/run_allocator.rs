@@ -28,15 +28,24 @@
 
 use crate::file_steps::FileSteps;
 use crate::finding_rollups::complete_tables;
+use crate::json_column::{insert_row, json, text_of, Col};
 use crate::reader::Trace;
 use crate::StoreError;
 use rusqlite::Connection;
-use sleuth_core::allocator::{AllocatorView, CarriedReplay, StepSource};
+use sleuth_core::allocator::{
+    view_rebuilt, AllocatorView, Calibration, CarriedReplay, RebuildState, Rebuilder, StepSink,
+    StepSource,
+};
 use sleuth_core::ledger::ProcessLedger;
 use sleuth_core::{CallEvent, TraceData};
 use std::collections::{BTreeMap, BTreeSet};
 
 const TABLE: &str = "run_allocator";
+/// Each carried process's replay as the file began (see [`views_at`]).
+const BEGIN_TABLE: &str = "run_allocator_begin";
+const BEGIN_COLS: &[&str] = &["pid", "before_ns", "replay"];
+/// Members of a stored replay not range-checked: stack ids are hashes.
+const LABELS: &[&str] = &["stack_id"];
 /// `meta.run_allocator` once the table is complete.
 const COMPLETE: &str = "1";
 
@@ -86,6 +95,10 @@ impl AllocatorCarry {
             };
         }
         self.shaped.append(&mut self.shaped_now);
+        conn.execute_batch(&format!(
+            "CREATE TABLE IF NOT EXISTS {BEGIN_TABLE}(pid INTEGER NOT NULL, before_ns INTEGER, replay TEXT NOT NULL)"
+        ))?;
+        conn.execute(&format!("DELETE FROM {BEGIN_TABLE}"), [])?;
         let source = FileSteps::own(conn)?;
         let mut views: Vec<(u32, Option<u64>, AllocatorView)> = Vec::new();
         let mut lost = Vec::new();
@@ -94,6 +107,7 @@ impl AllocatorCarry {
                 lost.push((pid, why));
                 continue;
             }
+            store_begin(conn, pid, replay)?;
             source.for_each_step(pid, None, &mut |s| {
                 replay.push(s);
                 true
@@ -126,13 +140,143 @@ impl AllocatorCarry {
         }
         let rows = views.iter().map(|(pid, at, v)| (*pid, *at, v));
         crate::allocator_rollup::store_views(conn, TABLE, rows)?;
-        conn.execute(
-            "INSERT OR REPLACE INTO meta(key, value) VALUES ('run_allocator', ?1)",
-            [COMPLETE],
-        )?;
+        let mut meta = conn.prepare("INSERT OR REPLACE INTO meta(key, value) VALUES (?1, ?2)")?;
+        meta.execute(["run_allocator", COMPLETE])?;
+        meta.execute(["run_allocator_begin", COMPLETE])?;
         Ok(())
     }
 }
+
+/// Stores process `pid`'s replay as the file began, when it has one that
+/// a reader would accept (a number past 2^62 outside `stack_id`, or more
+/// entries than a checkpoint holds: none, and readers replay).
+fn store_begin(conn: &Connection, pid: u32, replay: &CarriedReplay) -> rusqlite::Result<()> {
+    let Some((state, before)) = replay.begin_state() else {
+        return Ok(());
+    };
+    if state.entries() > crate::allocator_checkpoints::MAX_ENTRIES
+        || !crate::stored_json::readable(&state, LABELS)
+    {
+        return Ok(());
+    }
+    let before = before.map_or(Col::Null, |t| Col::Int(t as i64));
+    let text = json(&state);
+    insert_row(
+        conn,
+        BEGIN_TABLE,
+        BEGIN_COLS,
+        &[Col::Int(pid.into()), before, Col::Json(&text)],
+    )
+}
+
+/// The views at `at` of the processes `pids` that `rows`' file (the last
+/// file of a run begun by `at`, on an intact chain of links) gives from
+/// the replays it stored as it began: each taken up with the layout of
+/// the file's own carried view at its end (whose calibration, over every
+/// step of the chain's files up to this one, is the one a reader's replay
+/// of the files begun by `at` finds), then fed the file's steps that
+/// completed by `at`; reserved bytes from `ledgers` (the run's at `at`).
+/// A process without a begin state, without a view at the file's end, or
+/// one an earlier file's step completed after `at`, is left out (the
+/// caller replays it). An error naming the table for a row no writer
+/// stores.
+pub(crate) fn views_at(
+    rows: &crate::stream::Rows,
+    at: u64,
+    pids: &[u32],
+    ledgers: &[ProcessLedger],
+    data: &TraceData,
+) -> Result<BTreeMap<u32, AllocatorView>, StoreError> {
+    let conn = rows.conn();
+    let bad = |what: String| crate::finding_rollups::damaged_table(BEGIN_TABLE, &what);
+    let read = || -> rusqlite::Result<BTreeMap<u32, (Calibration, RebuildState)>> {
+        let meta = |k| crate::open::meta_value(conn, k);
+        if meta("run_allocator")?.as_deref() != Some(COMPLETE)
+            || meta("run_allocator_begin")?.as_deref() != Some(COMPLETE)
+        {
+            return Ok(BTreeMap::new());
+        }
+        if !complete_tables(conn, TABLE, &[(TABLE, crate::allocator_rollup::COLS)])?
+            || !complete_tables(conn, BEGIN_TABLE, &[(BEGIN_TABLE, BEGIN_COLS)])?
+        {
+            return Err(bad(
+                "is missing though meta.run_allocator_begin says it is complete".into(),
+            ));
+        }
+        let (ends, _) =
+            crate::allocator_rollup::read_views(conn, TABLE, &|p| pids.contains(&p), data)?;
+        let mut st = conn.prepare(&format!("SELECT pid, before_ns, replay FROM {BEGIN_TABLE}"))?;
+        let mut q = st.query([])?;
+        let mut out = BTreeMap::new();
+        let mut seen = BTreeSet::new();
+        while let Some(r) = q.next()? {
+            let Ok(pid) = u32::try_from(r.get::<_, i64>(0)?) else {
+                return Err(bad("holds a pid outside 0..2^32".into()));
+            };
+            if !seen.insert(pid) {
+                return Err(bad(format!("holds a second row for pid {pid}")));
+            }
+            let Some(end) = ends.get(&pid) else { continue };
+            let before: Option<i64> = r.get(1)?;
+            let before = before
+                .map(|t| {
+                    u64::try_from(t)
+                        .ok()
+                        .filter(|&t| t <= crate::problems::MAX_NS as u64)
+                        .ok_or_else(|| bad(format!("has a time no trace holds for pid {pid}")))
+                })
+                .transpose()?;
+            if before.is_some_and(|b| b > at) {
+                continue;
+            }
+            let text = text_of(r.get_ref(2)?).map_err(|e| bad(format!("of pid {pid}: {e}")))?;
+            if text.len() > MAX_BEGIN_TEXT {
+                return Err(bad(format!(
+                    "holds a state of pid {pid} longer than any writer stores"
+                )));
+            }
+            let state: RebuildState = crate::stored_json::parse_except(text, LABELS)
+                .map_err(|e| bad(format!("of pid {pid}: {e}")))?;
+            if state.entries() > crate::allocator_checkpoints::MAX_ENTRIES {
+                return Err(bad(format!(
+                    "holds a state of pid {pid} larger than any writer stores"
+                )));
+            }
+            out.insert(pid, (end.calibration.clone(), state));
+        }
+        Ok(out)
+    };
+    let states = read().map_err(|e| rows.read_error(e))?;
+    let steps = FileSteps::read(rows);
+    let mut views = BTreeMap::new();
+    for (pid, (calibration, state)) in states {
+        let Some(layout) = calibration.layout() else {
+            continue;
+        };
+        let mut replay = Rebuilder::resume(state, layout).map_err(|why| {
+            rows.read_error(bad(format!(
+                "holds a state of pid {pid} no writer stores: {why}"
+            )))
+        })?;
+        steps.for_each_step(pid, Some(at), &mut |s| {
+            replay.push(s);
+            true
+        });
+        let reserved = ledgers
+            .iter()
+            .find(|l| l.pid == pid)
+            .map_or(0, |l| l.live_bytes);
+        views.insert(
+            pid,
+            view_rebuilt(pid, calibration, Some(replay), reserved, data),
+        );
+    }
+    steps.into_result()?;
+    Ok(views)
+}
+
+/// Longest stored begin state (a checkpoint's bound).
+const MAX_BEGIN_TEXT: usize = 256 << 20;
 
 /// The run's allocator views stored in the last file of an intact chain
 /// (`trace`), of the processes `wanted` keeps, their blocks' sites named

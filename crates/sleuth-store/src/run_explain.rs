@@ -95,7 +95,8 @@ pub struct RunLean {
     budget: ReadBudget,
     memo: CheckMemo,
     /// The file that stores the run's allocator views the tracer carried
-    /// (`run_allocator`): the last of an intact chain, at the end.
+    /// (`run_allocator`), on an intact chain: at the end the last file, at
+    /// a moment the last one begun by then (the replays it began with).
     carried_in: Option<PathBuf>,
     /// The process asked for (all when None).
     pid: Option<u32>,
@@ -136,7 +137,24 @@ impl RunLean {
     /// calls loaded as one trace (across a rotation, in file order:
     /// `crate::run_steps`), read from the files at each pass.
     pub fn allocator_views(&self) -> Result<BTreeMap<u32, AllocatorView>, StoreError> {
-        let (mut views, _, rest) = self.carried_views()?;
+        let (mut views, rest) = match (self.at_ns, &self.carried_in) {
+            (Some(at), Some(file)) => {
+                let pids = self.guesses.pids();
+                let trace = Trace::open_remembered(file, self.budget.clone(), &self.memo)?;
+                let rows = crate::stream::Rows::open_with(&trace, self.budget.clone())?;
+                let views =
+                    crate::run_allocator::views_at(&rows, at, &pids, &self.ledgers, &self.data)?;
+                let rest = pids
+                    .into_iter()
+                    .filter(|p| !views.contains_key(p))
+                    .collect();
+                (views, rest)
+            }
+            _ => {
+                let (views, _, rest) = self.carried_views()?;
+                (views, rest)
+            }
+        };
         let steps = self.steps();
         let replayed = sleuth_core::allocator::allocator_views_guessed(
             &steps,
@@ -341,13 +359,32 @@ fn load_run(
         },
         None => run_ledger(&visited, &run, &data, pid, &budget, memo)?,
     };
+    // The file whose carried allocator views answer: at the end the last
+    // one (where the run's ledger was the carried one), at a moment the
+    // last one begun by then, on an intact chain (its begin states).
+    let carried_in = match run.at_ns {
+        None => ledger.carried_in.clone(),
+        Some(_) => run
+            .held
+            .last()
+            .filter(|last| {
+                let idx = visited.files.iter().position(|f| f == *last);
+                idx.is_some_and(|i| {
+                    matches!(
+                        crate::run_ledger::judge(&visited.links[..=i]),
+                        Chain::Intact { .. }
+                    )
+                })
+            })
+            .cloned(),
+    };
     run.files = match read {
         // The files that began by the moment.
         Read::At(_) => run.held.clone(),
         _ => visited.files,
     };
     let reads = (budget, memo.clone());
-    Ok(run.finish(data, ledger, visited.incomplete, reads, pid))
+    Ok(run.finish(data, ledger, visited.incomplete, reads, (pid, carried_in)))
 }
 
 /// The run's ledgers at `at` from the state the last file read stored
@@ -627,7 +664,7 @@ impl Acc {
         ledger: RunLedger,
         incomplete: Vec<PathBuf>,
         (budget, memo): (ReadBudget, CheckMemo),
-        pid: Option<u32>,
+        (pid, carried_in): (Option<u32>, Option<PathBuf>),
     ) -> RunLean {
         let mut notes = Vec::new();
         if self.explain && self.added > 1 {
@@ -658,7 +695,7 @@ impl Acc {
             step_files: self.held,
             budget,
             memo,
-            carried_in: ledger.carried_in,
+            carried_in,
             pid,
         }
     }

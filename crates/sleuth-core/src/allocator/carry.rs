@@ -172,6 +172,15 @@ impl CarriedReplay {
         Ok(())
     }
 
+    /// The replay as the current file began (after [`Self::begin_file`])
+    /// and the latest completion of the earlier files' steps: a reader at
+    /// a moment in this file from then on takes the state up and replays
+    /// the file's steps up to the moment. None before the replay started.
+    pub fn begin_state(&self) -> Option<(super::RebuildState, Option<u64>)> {
+        let r = self.at_begin.as_ref()?;
+        Some((r.blocks.state(), self.before_max_end))
+    }
+
     /// Starts the replay with `layout`, replaying the steps kept waiting.
     fn start(&mut self, layout: Layout) -> Result<(), String> {
         if self.overflowed {
