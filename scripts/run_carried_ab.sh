@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # A `trace --rotate --torch-allocator` run read two ways by one build: with
 # the allocator views the tracer carried across its files (`run_allocator`,
-# round 32) and without them (the key `meta.run_allocator` deleted from a
-# copy's last file: the reader replays every file, as before round 32).
-# Prints wall time and peak RSS of `memory`, `explain` and `report` over the
+# `run_allocator_begin`, round 32) and without them (the keys
+# `meta.run_allocator` and `meta.run_allocator_begin` deleted from a copy's
+# files: the reader replays every file, as before round 32).
+# Prints wall time and peak RSS of `memory` (also `--at`), `explain` and `report` over the
 # run's directory, whether both ways answer byte for byte the same, and the
 # completion CPU of each file (`tracer_cpu_ns_completion`) against BASE_BIN's
 # recording of the same workload (docs/benchmarks.md "A run's allocator views
@@ -31,8 +32,9 @@ mkdir -p "$work/carried" "$work/replayed" "$work/base"
 [[ -d $old ]] || record "$base" "$old"
 if [[ ! -d $replay ]]; then
   cp -r "$run" "$replay"
-  last=$(ls "$replay"/part-*.db | tail -1)
-  sqlite3 "$last" "DELETE FROM meta WHERE key = 'run_allocator'"
+  for f in "$replay"/part-*.db; do
+    sqlite3 "$f" "DELETE FROM meta WHERE key IN ('run_allocator', 'run_allocator_begin')"
+  done
 fi
 completion() { # completion DIR: each file's completion CPU in ms
   for f in "$1"/part-*.db; do
@@ -46,7 +48,7 @@ out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 # Once each, so that every file's checks are cached before the timings.
 for d in "$run" "$replay"; do "$new" stats --db "$d" >/dev/null 2>&1 || true; done
-cmds=("memory" "explain --json" "report --force -o OUT.html")
+cmds=("memory" "memory --at 1500ms" "memory --at 3500ms" "explain --json" "report --force -o OUT.html")
 for ((r = 1; r <= reps; r++)); do
   for c in "${cmds[@]}"; do
     for way in carried replayed; do
