@@ -482,11 +482,46 @@ impl RunLast {
             .into_iter()
             .filter(|(n, _)| *n <= newest)
             .collect();
-        let mut guesses = crate::run_steps::Guesses::default();
+        // The processes the window lists (those of the files it spans) and
+        // every file's link: on an intact chain the views the tracer
+        // carried to the newest file's end, which the window ends with,
+        // answer for them (`run_allocator`), and no earlier file is read.
+        let mut listed = crate::run_steps::Guesses::default();
         let mut links = Vec::new();
         for (n, path) in &files {
             let trace = open_in_run(path, &self.budget, memo)?;
             links.push((*n, crate::run_ledger::link(&trace)?));
+            if *n < first_spanned {
+                continue;
+            }
+            if let Some(p) = pid {
+                if !trace.holds_pid(p)? {
+                    continue;
+                }
+            }
+            listed.add(&MemoryTrace::open(&trace, pid, self.budget.clone())?, true)?;
+        }
+        let (mut end, mut moments) = match (crate::run_ledger::judge(&links), files.last()) {
+            (Chain::Intact { .. }, Some((_, newest))) => {
+                let trace = open_in_run(newest, &self.budget, memo)?;
+                let pids = &listed.pids;
+                crate::run_allocator::stored(&trace, &|p| pids.contains(&p), data)?
+            }
+            _ => Default::default(),
+        };
+        let rest: Vec<u32> = listed
+            .pids()
+            .into_iter()
+            .filter(|p| !end.contains_key(p))
+            .collect();
+        if rest.is_empty() {
+            return Ok(sleuth_core::allocator::KnownViews::from_parts(end, moments));
+        }
+        // The others are replayed from the run's oldest file, their layouts
+        // guessed from the files' stored views, oldest first.
+        let mut guesses = crate::run_steps::Guesses::default();
+        for (n, path) in &files {
+            let trace = open_in_run(path, &self.budget, memo)?;
             if let Some(p) = pid {
                 if !trace.holds_pid(p)? {
                     continue;
@@ -494,24 +529,6 @@ impl RunLast {
             }
             let view = MemoryTrace::open(&trace, pid, self.budget.clone())?;
             guesses.add(&view, *n >= first_spanned)?;
-        }
-        // The window ends with the newest file: the views the tracer
-        // carried to its end answer, on an intact chain (`run_allocator`).
-        let (mut end, mut moments) = match (crate::run_ledger::judge(&links), files.last()) {
-            (Chain::Intact { .. }, Some((_, newest))) => {
-                let trace = open_in_run(newest, &self.budget, memo)?;
-                let listed = &guesses.pids;
-                crate::run_allocator::stored(&trace, &|p| listed.contains(&p), data)?
-            }
-            _ => Default::default(),
-        };
-        let rest: Vec<u32> = guesses
-            .pids()
-            .into_iter()
-            .filter(|p| !end.contains_key(p))
-            .collect();
-        if rest.is_empty() {
-            return Ok(sleuth_core::allocator::KnownViews::from_parts(end, moments));
         }
         let files: Vec<PathBuf> = files.into_iter().map(|(_, p)| p).collect();
         let steps = crate::run_steps::RunSteps::new(&files, &self.budget, memo);
