@@ -393,10 +393,7 @@ fn by_pid(
 ) -> BTreeMap<u32, AllocatorView> {
     pids.iter()
         .map(|&pid| {
-            let reserved = ledgers
-                .iter()
-                .find(|l| l.pid == pid)
-                .map_or(0, |l| l.live_bytes);
+            let reserved = crate::ledger::live_bytes_of(ledgers, pid);
             (pid, view(pid, reserved))
         })
         .collect()
@@ -539,12 +536,7 @@ impl KnownViews {
         calibrations: BTreeMap<u32, Calibration>,
         ledgers: &[ProcessLedger],
     ) -> KnownViews {
-        let live = |pid| {
-            ledgers
-                .iter()
-                .find(|l| l.pid == pid)
-                .map_or(0, |l| l.live_bytes)
-        };
+        let live = |pid| crate::ledger::live_bytes_of(ledgers, pid);
         let end: BTreeMap<u32, AllocatorView> = calibrations
             .into_iter()
             .map(|(pid, cal)| {
@@ -910,12 +902,7 @@ impl Replay {
     fn finish(self) -> AllocatorState {
         let reserved_bytes = match self.reserved {
             Reserved::Known(bytes) => bytes,
-            Reserved::Replayed => self.counter.map_or(0, |l| {
-                l.finish_bare()
-                    .iter()
-                    .find(|l| l.pid == self.pid)
-                    .map_or(0, |l| l.live_bytes)
-            }),
+            Reserved::Replayed => self.counter.map_or(0, |l| l.live_bytes(self.pid)),
         };
         self.blocks.finish(reserved_bytes)
     }

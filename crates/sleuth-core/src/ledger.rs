@@ -637,6 +637,15 @@ impl Replay {
     }
 }
 
+/// Process `pid`'s live device bytes in `ledgers` (0 when it has none):
+/// the reserved bytes its allocator views are rebuilt with.
+pub fn live_bytes_of(ledgers: &[ProcessLedger], pid: u32) -> u64 {
+    ledgers
+        .iter()
+        .find(|l| l.pid == pid)
+        .map_or(0, |l| l.live_bytes)
+}
+
 /// The ledger of a process the trace saw no CUDA call of (e.g. one NVML
 /// lists as holding memory that it allocated before the trace).
 pub fn empty_ledger(pid: u32, comm: String, exit_ns: Option<u64>) -> ProcessLedger {

@@ -204,3 +204,28 @@ pub fn torch_blocks(pid: u32, base: u64, ts: [u64; 3]) -> [BlockEvent; 3] {
         ),
     ]
 }
+
+/// A run's files as a reader's replay reads them (`sleuth_store`'s
+/// `run_steps`): each file's steps in replay order, every step of a file
+/// before every step of the next.
+pub struct FilesInOrder<'a>(pub &'a [TraceData]);
+
+impl crate::allocator::StepSource for FilesInOrder<'_> {
+    fn for_each_step(
+        &self,
+        pid: u32,
+        until: Option<u64>,
+        visit: &mut dyn FnMut(crate::allocator::Step<'_>) -> bool,
+    ) {
+        for d in self.0 {
+            let mut more = true;
+            d.for_each_step(pid, until, &mut |s| {
+                more = visit(s);
+                more
+            });
+            if !more {
+                return;
+            }
+        }
+    }
+}

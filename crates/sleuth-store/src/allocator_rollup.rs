@@ -92,10 +92,7 @@ pub(crate) fn write(
             )?),
             None => None,
         };
-        let live = ledgers
-            .iter()
-            .find(|l| l.pid == pid)
-            .map_or(0, |l| l.live_bytes);
+        let live = sleuth_core::ledger::live_bytes_of(ledgers, pid);
         let view = view_rebuilt(pid, cal, replay, live, &TraceData::default());
         end.insert(pid, view);
     }

@@ -112,10 +112,7 @@ impl AllocatorCarry {
                 replay.push(s);
                 true
             });
-            let reserved = run
-                .iter()
-                .find(|l| l.pid == pid)
-                .map_or(0, |l| l.live_bytes);
+            let reserved = sleuth_core::ledger::live_bytes_of(run, pid);
             match replay.end_file(&source, reserved) {
                 Ok(v) if v.complete => {
                     views.push((pid, None, v.end));
@@ -262,10 +259,7 @@ pub(crate) fn views_at(
             replay.push(s);
             true
         });
-        let reserved = ledgers
-            .iter()
-            .find(|l| l.pid == pid)
-            .map_or(0, |l| l.live_bytes);
+        let reserved = sleuth_core::ledger::live_bytes_of(ledgers, pid);
         views.insert(
             pid,
             view_rebuilt(pid, calibration, Some(replay), reserved, data),

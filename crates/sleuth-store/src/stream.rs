@@ -1805,10 +1805,7 @@ impl MemoryTrace {
         calibrations
             .into_iter()
             .map(|(pid, cal)| {
-                let reserved = ledgers
-                    .iter()
-                    .find(|l| l.pid == pid)
-                    .map_or(0, |l| l.live_bytes);
+                let reserved = sleuth_core::ledger::live_bytes_of(ledgers, pid);
                 let replay = replays.remove(&pid);
                 let view =
                     sleuth_core::allocator::view_rebuilt(pid, cal, replay, reserved, &self.base);

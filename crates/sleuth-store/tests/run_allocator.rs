@@ -10,6 +10,7 @@ use common::allocator_workload::random_allocator_workload;
 use common::TempDir;
 use serde_json::Value;
 use sleuth_core::allocator::allocator_views;
+use sleuth_core::testing::FilesInOrder;
 use sleuth_core::Event;
 use sleuth_store::run::part_name;
 use sleuth_store::run_explain::{load, load_memory, load_memory_at, Moment};
@@ -295,36 +296,12 @@ fn a_runs_allocator_views_are_those_of_its_events_loaded_as_one_trace() {
     assert!(err.contains(&part_name(3)), "{err}");
 }
 
-/// A run's files as a reader's replay reads them: each file's steps in
-/// order (`run_steps`), every step of a file before every step of the next.
-struct FilesInOrder(Vec<sleuth_core::TraceData>);
-
-impl sleuth_core::allocator::StepSource for FilesInOrder {
-    fn for_each_step(
-        &self,
-        pid: u32,
-        until: Option<u64>,
-        visit: &mut dyn FnMut(sleuth_core::allocator::Step<'_>) -> bool,
-    ) {
-        for d in &self.0 {
-            let mut more = true;
-            d.for_each_step(pid, until, &mut |s| {
-                more = visit(s);
-                more
-            });
-            if !more {
-                return;
-            }
-        }
-    }
-}
-
 /// Checks that each of the `n` files of `run` stored, for each process it
 /// carried, the views a replay of the files up to it gives (at the end and
 /// at the moment its finding describes); returns how many (file,
 /// process) pairs were carried.
 fn assert_carried(run: &Path, n: u64) -> usize {
-    let mut files = FilesInOrder(Vec::new());
+    let mut files = Vec::new();
     let mut spanned = sleuth_core::TraceData::default();
     let none = std::collections::BTreeMap::new();
     let mut carried = 0;
@@ -334,9 +311,14 @@ fn assert_carried(run: &Path, n: u64) -> usize {
             .load(None)
             .unwrap();
         spanned.stacks.extend(d.stacks.clone());
-        files.0.push(d);
-        let want =
-            sleuth_core::allocator::KnownViews::until(&files, &spanned, &[100, 200], None, &none);
+        files.push(d);
+        let want = sleuth_core::allocator::KnownViews::until(
+            &FilesInOrder(&files),
+            &spanned,
+            &[100, 200],
+            None,
+            &none,
+        );
         let want_rows = |pid: u32| -> Vec<(Option<i64>, Value)> {
             let end = want.end().get(&pid).map(|v| (None, json(&v.to_stored())));
             let moments = want

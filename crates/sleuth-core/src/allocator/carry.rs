@@ -341,33 +341,9 @@ mod tests {
     use super::super::tests::Sim;
     use super::super::{view_replayed, KnownViews};
     use super::*;
-    use crate::testing::xorshift;
+    use crate::testing::{xorshift, FilesInOrder};
 
     const PID: u32 = 7;
-
-    /// A run's files as a reader's replay reads them: each file's steps in
-    /// order, every step of a file before every step of the next.
-    struct FilesInOrder<'a>(&'a [TraceData]);
-
-    impl StepSource for FilesInOrder<'_> {
-        fn for_each_step(
-            &self,
-            pid: u32,
-            until: Option<u64>,
-            visit: &mut dyn FnMut(Step<'_>) -> bool,
-        ) {
-            for d in self.0 {
-                let mut more = true;
-                d.for_each_step(pid, until, &mut |s| {
-                    more = visit(s);
-                    more
-                });
-                if !more {
-                    return;
-                }
-            }
-        }
-    }
 
     /// A random workload of one process cut into `files` files, the events
     /// of a band before each cut sent to the next file at random.
