@@ -41,7 +41,7 @@ pub mod report_reads;
 mod return_order;
 mod rows;
 pub mod run;
-mod run_allocator;
+pub mod run_allocator;
 pub mod run_explain;
 pub mod run_ledger;
 mod run_pinned;

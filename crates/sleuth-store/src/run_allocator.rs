@@ -22,8 +22,9 @@
 //! device allocation: `shapes_allocator_view`), when its calibration over
 //! the run changes the layout its replay started with, when more steps
 //! than `MAX_PENDING_STEPS` come before its layout is known, or, for one
-//! file, when its finding's moment cannot be had from the carried state.
-//! The carried state counts toward `run_ledger::MAX_CARRIED_ENTRIES`.
+//! file, when its finding's moment cannot be had from the carried state;
+//! and the processes holding the most when the replays together hold more
+//! than [`MAX_CARRIED_ENTRIES`] (the run's ledger is carried on).
 //! Docs: docs/schema.md "Run allocator views".
 
 use crate::file_steps::FileSteps;
@@ -49,6 +50,27 @@ const LABELS: &[&str] = &["stack_id"];
 /// `meta.run_allocator` once the table is complete.
 const COMPLETE: &str = "1";
 
+/// Past this many entries held by the carried replays
+/// (`CarriedReplay::held_entries`: live blocks, segments, failed
+/// requests, live allocations, the kept views' and the steps waiting for
+/// a layout), the processes holding the most are carried no further (a
+/// reader replays them), so that the tracer's memory stays bounded by
+/// this, not by what the traced program keeps live: ~100-200 bytes
+/// each, 10-20 MB, and as much again while a file's begin states are
+/// held. The run's ledger is carried on either way.
+pub const MAX_CARRIED_ENTRIES: usize = 100_000;
+
+/// [`MAX_CARRIED_ENTRIES`], or what a test set ([`set_max_carried_for_tests`]).
+static MAX_CARRIED: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(MAX_CARRIED_ENTRIES);
+
+/// Lowers the bound on what the replays carried hold, for this process
+/// (a test binary of its own: the tests beside it would see it).
+#[doc(hidden)]
+pub fn set_max_carried_for_tests(n: usize) {
+    MAX_CARRIED.store(n, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// What the completions of a run's files carry of its allocator views.
 #[derive(Default)]
 pub(crate) struct AllocatorCarry {
@@ -68,12 +90,6 @@ impl AllocatorCarry {
         if sleuth_core::allocator::shapes_allocator_view(c) {
             self.shaped_now.insert(c.pid);
         }
-    }
-
-    /// Entries held (see `CarriedReplay::held_entries`).
-    pub(crate) fn held_entries(&self) -> usize {
-        let replays: usize = self.replays.values().map(|r| r.held_entries()).sum();
-        replays + self.shaped.len() + self.dropped.len()
     }
 
     /// Pushes the file's steps into the replays of the processes carried
@@ -123,6 +139,25 @@ impl AllocatorCarry {
             }
         }
         source.into_result().map_err(crate::stream::own_error)?;
+        // The processes holding the most first, until the rest fit.
+        let mut held: Vec<(usize, u32)> = self
+            .replays
+            .iter()
+            .filter(|(pid, _)| !lost.iter().any(|(l, _)| l == *pid))
+            .map(|(&pid, r)| (r.held_entries(), pid))
+            .collect();
+        held.sort_unstable();
+        let mut total: usize = held.iter().map(|h| h.0).sum();
+        let max = MAX_CARRIED.load(std::sync::atomic::Ordering::Relaxed);
+        while total > max {
+            let Some((n, pid)) = held.pop() else { break };
+            total -= n;
+            views.retain(|v| v.0 != pid);
+            lost.push((
+                pid,
+                format!("its replay held {n} blocks, segments, requests and views, more than the {max} the tracer carries"),
+            ));
+        }
         for (pid, why) in lost {
             self.replays.remove(&pid);
             self.dropped.insert(pid);

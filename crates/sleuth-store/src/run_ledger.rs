@@ -300,10 +300,10 @@ pub(crate) fn write(
     meta.execute(["run_ledger", COMPLETE])?;
     c.last = link.file;
     let tallied: usize = c.tally.values().map(SiteTally::len).sum();
-    let held = c.builder.held_entries() + c.pinned.range_count() + c.allocator.held_entries();
+    let held = c.builder.held_entries() + c.pinned.range_count();
     let next = if held + tallied > MAX_CARRIED_ENTRIES {
         CarryState::Broken(format!(
-            "the run's ledger held more than {MAX_CARRIED_ENTRIES} live allocations, failed allocations, sizes, threads, pinned host ranges and allocator blocks and segments at the end of file {}: not carried further",
+            "the run's ledger held more than {MAX_CARRIED_ENTRIES} live allocations, failed allocations, sizes, threads and pinned host ranges at the end of file {}: not carried further",
             link.file
         ))
     } else {

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::allocator_workload::random_allocator_workload;
+use common::allocator_workload::{end_of, random_allocator_workload, write};
 use common::TempDir;
 use serde_json::Value;
 use sleuth_core::allocator::allocator_views;
@@ -15,7 +15,7 @@ use sleuth_core::Event;
 use sleuth_store::run::part_name;
 use sleuth_store::run_explain::{load, load_memory, load_memory_at, Moment};
 use sleuth_store::run_ledger::RunLink;
-use sleuth_store::{CheckMemo, ReadBudget, SessionInfo, Trace, TraceWriter, WriterOptions};
+use sleuth_store::{CheckMemo, ReadBudget, Trace};
 use std::path::Path;
 
 fn budget() -> ReadBudget {
@@ -52,36 +52,6 @@ fn assert_same(got: &Value, want: &Value, what: &str) {
     if let Some(d) = first_difference(got, want, "") {
         panic!("{what}: {d}");
     }
-}
-
-/// When an event completed: the file a rotation puts it in.
-fn end_of(e: &Event) -> u64 {
-    match e {
-        Event::Call(c) => c.end_ns(),
-        Event::Block(b) => b.end_ns,
-        _ => 0,
-    }
-}
-
-/// `events` written at `path` in a session from `start` to `end`, as file
-/// `run`'s link says (or alone).
-fn write(path: &Path, events: &[Event], (start, end): (u64, u64), run: Option<RunLink>) {
-    let session = SessionInfo {
-        start_mono_ns: start,
-        ..common::trace_fixture::session()
-    };
-    let opts = WriterOptions {
-        run,
-        ..Default::default()
-    };
-    let w = TraceWriter::create(path, session, opts).unwrap();
-    let h = w.handle();
-    for e in events {
-        h.send(e.clone()).unwrap();
-    }
-    h.set_session_end(end).unwrap();
-    drop(h);
-    w.finish().unwrap();
 }
 
 /// The fragmentation findings and the allocator's refusals of an explanation.

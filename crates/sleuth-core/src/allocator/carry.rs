@@ -223,7 +223,13 @@ impl CarriedReplay {
             .at_begin
             .as_ref()
             .map_or(0, |r| r.blocks.held_entries());
-        replayed + begin + self.calibrator.held_entries() + self.pending.len()
+        let kept: usize = self
+            .kept
+            .values()
+            .filter_map(|v| v.state.as_ref())
+            .map(|s| s.segments.len() + s.live_blocks as usize + s.failures.len())
+            .sum();
+        replayed + begin + kept + self.calibrator.held_entries() + self.pending.len()
     }
 
     /// The views after the current file's steps; `reserved_bytes` is the

@@ -104,3 +104,38 @@ pub fn random_allocator_workload(seed: u64) -> (Vec<Event>, u64) {
     });
     (events, t + 10_000)
 }
+
+/// When an event completed: the file a rotation puts it in.
+pub fn end_of(e: &Event) -> u64 {
+    match e {
+        Event::Call(c) => c.end_ns(),
+        Event::Block(b) => b.end_ns,
+        _ => 0,
+    }
+}
+
+/// `events` written at `path` in a session from `start` to `end`, as file
+/// `run`'s link says (or alone).
+pub fn write(
+    path: &std::path::Path,
+    events: &[Event],
+    (start, end): (u64, u64),
+    run: Option<sleuth_store::run_ledger::RunLink>,
+) {
+    let session = sleuth_store::SessionInfo {
+        start_mono_ns: start,
+        ..super::trace_fixture::session()
+    };
+    let opts = sleuth_store::WriterOptions {
+        run,
+        ..Default::default()
+    };
+    let w = sleuth_store::TraceWriter::create(path, session, opts).unwrap();
+    let h = w.handle();
+    for e in events {
+        h.send(e.clone()).unwrap();
+    }
+    h.set_session_end(end).unwrap();
+    drop(h);
+    w.finish().unwrap();
+}
