@@ -148,12 +148,16 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
 /// `memory --db DIR` of a run of `trace --rotate`: the run's ledger (the
 /// one the tracer carried across its files, stored in the last finished
 /// one, which also covers files `--keep` deleted; else replayed from every
-/// file's memory calls), the allocator views over the files' block events,
+/// file's memory calls), the allocator views (those the tracer carried,
+/// stored in the last finished file; else replayed over the files' block
+/// events),
 /// the driver's view and GPU busy over the files (`sleuth_store::run_explain`,
 /// as `explain --db DIR` reads them). The file still being written is left
 /// out with a note. With `--at` (counted from the oldest finished file's
 /// start): the ledger and per-site table replayed from the memory calls of
-/// the files that began by then (`run_explain::load_memory_at`).
+/// the files that began by then (`run_explain::load_memory_at`), or from
+/// the state the tracer stored as the file holding the moment began, and
+/// the allocator views likewise (`run_allocator_begin`, round 32).
 fn run_of_run(args: &Args) -> anyhow::Result<i32> {
     let dir = &args.input.db;
     if args.by_site && args.at.is_none() {
