@@ -5,10 +5,11 @@
 # empty_cache rounds as a run of files, the ledger and the views at every
 # checkpoint against torch's own counters), then, per allocator mode: which
 # files carried which process, the notes of processes carried no further,
-# each file's completion CPU, and `memory --json` / `explain --json` of the
-# run with its carried views against the same run replayed (a copy whose
-# last file's `meta.run_allocator` is deleted): byte-identical or not, and
-# both timed twice.
+# each file's completion CPU, and `memory --json` (at the end and at two
+# moments) and `explain --json` of the run with its carried views and begin
+# states against the same run replayed (a copy whose files'
+# `meta.run_allocator` and `meta.run_allocator_begin` are deleted):
+# byte-identical or not, and both timed twice.
 # Usage (device, repo root, the build carried as target/release/gpusleuth):
 #   OUT=$OUT bash scripts/gpu/round32_carried_views.sh target/release/gpusleuth
 set -u
@@ -37,12 +38,14 @@ for f in files:
     notes = [r[0] for r in c.execute("SELECT text FROM notes WHERE text LIKE 'run allocator views%'")]
     print(f"  {f}: run_allocator={meta.get('run_allocator')} carried pids {pids}, {alloc} allocator events, "
           f"completion {cpu[0] / 1e6 if cpu else -1:.0f} ms" + (f", notes {notes}" if notes else ""))
-last = os.path.join(replayed, files[-1])
-c = sqlite3.connect(last)
-c.execute("DELETE FROM meta WHERE key = 'run_allocator'")
-c.commit()
+for f in files:
+    c = sqlite3.connect(os.path.join(replayed, f))
+    c.execute("DELETE FROM meta WHERE key IN ('run_allocator', 'run_allocator_begin')")
+    c.commit()
 EOF
-  for c in memory explain; do
+  n=$(ls "$d" | grep -c '\.db$')
+  # Two moments in the run's last third, where the allocator events are.
+  for c in memory explain "memory --at $((n * 2 * 70 / 100))s" "memory --at $((n * 2 * 85 / 100))s"; do
     for i in 1 2; do
       for way in carried replayed; do
         case $way in carried) dir=$(dirname "$d") ;; replayed) dir=$(dirname "$r") ;; esac
