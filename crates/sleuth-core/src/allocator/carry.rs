@@ -157,7 +157,9 @@ impl CarriedReplay {
     /// far more steps than are kept waiting). Err (why) when the process
     /// can be carried no further.
     pub fn begin_file(&mut self, source: &dyn StepSource) -> Result<(), String> {
-        if self.replayed.is_none() {
+        // Once steps were dropped waiting, no replay can start: the end's
+        // calibration says whether the process is carried further.
+        if self.replayed.is_none() && !self.overflowed {
             let mut calibrator = self.calibrator.clone();
             source.for_each_step(self.pid, None, &mut |s| {
                 calibrator.push(s);
@@ -458,6 +460,53 @@ mod tests {
             kept_checked > 50 && moments > 20 && lost < 12,
             "{kept_checked} kept, {moments} moments, {lost} lost"
         );
+    }
+
+    /// A process with `frees` block frees (no sample for the calibration)
+    /// in its first file and well-formed mallocs in its second: carried on
+    /// when the frees were kept waiting, not when more came than are kept.
+    fn after_frees(frees: u64) -> Result<FileViews, String> {
+        let mut sim = Sim::torch_with_segment(64 << 20);
+        for i in 0..frees {
+            let words = [0; crate::event::BLOCK_WORDS];
+            sim.block_event("DeviceCachingAllocator::free", 0x9000 + i, None, words);
+        }
+        let first = sim.data();
+        for i in 0..50u64 {
+            let base = super::super::tests::BASE;
+            sim.malloc(0x1_0000 + i, base + i * 4096, 4096, 4000);
+        }
+        let all = sim.data();
+        let second = TraceData {
+            calls: all.calls[first.calls.len()..].to_vec(),
+            blocks: all.blocks[first.blocks.len()..].to_vec(),
+            ..Default::default()
+        };
+        let files = [first, second];
+        let mut carry = CarriedReplay::new(PID);
+        let mut last = None;
+        for k in 0..files.len() {
+            let file = FilesInOrder(&files[k..=k]);
+            carry.begin_file(&file)?;
+            file.for_each_step(PID, None, &mut |s| {
+                carry.push(s);
+                true
+            });
+            last = Some(carry.end_file(&file, 64 << 20)?);
+        }
+        Ok(last.expect("two files"))
+    }
+
+    #[test]
+    fn steps_kept_waiting_for_a_layout_are_bounded() {
+        let v = after_frees(100).unwrap();
+        let state = v.end.state.expect("a replay once calibrated");
+        assert_eq!(state.counts.mallocs, 50);
+        assert_eq!(state.counts.unmatched_frees, 100);
+        let err = after_frees(MAX_PENDING_STEPS as u64 + 1)
+            .err()
+            .expect("carried no further");
+        assert!(err.contains("came before its layout was known"), "{err}");
     }
 
     fn want_moment_is_some(k: &KnownViews) -> bool {
