@@ -546,4 +546,33 @@ fn the_views_the_tracer_carried_are_the_replays_and_cover_deleted_files() {
         err.contains("run_allocator") && err.contains(&part_name(6)) && !err.contains('\n'),
         "{err}"
     );
+
+    // A damaged begin state: a one-line error naming the table and file,
+    // at a moment in that file.
+    let at = (cuts[4] + cuts[5]) / 2;
+    for (i, damage) in [
+        "UPDATE run_allocator_begin SET replay = 'x' WHERE pid = 100",
+        "UPDATE run_allocator_begin SET before_ns = -5 WHERE pid = 100",
+        "INSERT INTO run_allocator_begin SELECT * FROM run_allocator_begin WHERE pid = 100",
+        "UPDATE run_allocator_begin SET replay = replace(replay, '\"layout\":[', '\"layout\":[1,') WHERE pid = 100",
+        "UPDATE run_allocator_begin SET replay = replace(replay, '\"allocated\":', '\"allocated\":9223372036854775807') WHERE pid = 100",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let d = dir.join(&format!("damaged_begin_{i}"));
+        copy_run(&run, &d, 1..=6);
+        let c = rusqlite::Connection::open(d.join(part_name(5))).unwrap();
+        assert_eq!(c.execute(damage, []).unwrap(), 1, "{damage}");
+        drop(c);
+        let err = load_memory_at(&d, None, Moment::At(at), budget(), &CheckMemo::new())
+            .unwrap()
+            .allocator_views()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("run_allocator_begin") && err.contains(&part_name(5)) && !err.contains('\n'),
+            "{damage}: {err}"
+        );
+    }
 }
