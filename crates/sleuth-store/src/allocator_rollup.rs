@@ -48,16 +48,15 @@ const LABELS: &[&str] = &["stack_id"];
 pub(crate) type CalibrationFeed<'a> = StepFeed<'a, Calibrator>;
 
 /// A [`CalibrationFeed`] for every process of the file with allocator
-/// events; None when it has none.
-pub(crate) fn calibration_feed(conn: &Connection) -> rusqlite::Result<Option<CalibrationFeed<'_>>> {
-    let pids = crate::allocator_rows::pids(conn)?;
+/// events (`pids`, `allocator_rows::pids`); None when it has none.
+pub(crate) fn calibration_feed<'a>(
+    conn: &'a Connection,
+    pids: &[u32],
+) -> rusqlite::Result<Option<CalibrationFeed<'a>>> {
     if pids.is_empty() {
         return Ok(None);
     }
-    let sinks = pids
-        .into_iter()
-        .map(|p| (p, Calibrator::default()))
-        .collect();
+    let sinks = pids.iter().map(|&p| (p, Calibrator::default())).collect();
     StepFeed::new(conn, sinks)
 }
 

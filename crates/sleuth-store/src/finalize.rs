@@ -61,8 +61,16 @@ pub(crate) fn complete(
     // replay of the memory calls also tallies what each site allocated.
     let sites = std::cell::RefCell::new(crate::site_rollup::Tallies::default());
     // The same replay calibrates the allocator views (traces with allocator events).
-    let calibrating = std::cell::RefCell::new(crate::allocator_rollup::calibration_feed(&tx)?);
-    let chain = run.zip(carried).map(|(link, c)| (link, c, pinned_at_end));
+    // The processes with allocator events, read once (a pass over the
+    // allocator rows when they are in completion order).
+    let allocator_pids = crate::allocator_rows::pids(&tx)?;
+    let calibrating = std::cell::RefCell::new(crate::allocator_rollup::calibration_feed(
+        &tx,
+        &allocator_pids,
+    )?);
+    let chain = run
+        .zip(carried)
+        .map(|(link, c)| (link, c, pinned_at_end, allocator_pids.as_slice()));
     let carry = crate::run_ledger::write(
         &tx,
         chain,

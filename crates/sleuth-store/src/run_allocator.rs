@@ -93,15 +93,17 @@ impl AllocatorCarry {
     }
 
     /// Pushes the file's steps into the replays of the processes carried
-    /// and of those whose first allocator events it holds, and stores the
-    /// run's views at its end (`run`: the run's ledgers then, for the
-    /// views' reserved bytes).
+    /// and of those whose first allocator events it holds (`pids`: the
+    /// file's processes with allocator events), and stores the run's views
+    /// at its end (`run`: the run's ledgers then, for the views' reserved
+    /// bytes).
     pub(crate) fn write(
         &mut self,
         conn: &Connection,
         run: &[ProcessLedger],
+        pids: &[u32],
     ) -> rusqlite::Result<()> {
-        for pid in crate::allocator_rows::pids(conn)? {
+        for &pid in pids {
             if self.replays.contains_key(&pid) || self.dropped.contains(&pid) {
                 continue;
             }

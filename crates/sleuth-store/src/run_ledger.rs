@@ -249,19 +249,20 @@ pub(crate) fn begin(conn: &Connection, link: &RunLink) -> rusqlite::Result<Carri
 
 /// The file's own ledger (`ledger_rollup`) and, for a file of a rotating
 /// trace (`run`: its link and the state [`begin`] took, with the host
-/// ranges live at the file's end), the run's ledger up to its end with its
-/// links. The file's own ledgers (with each process's sites at its peak)
+/// ranges live at the file's end and the file's processes with allocator
+/// events), the run's ledger up to its end with its links, and the run's
+/// allocator views (`run_allocator`). The file's own ledgers (with each process's sites at its peak)
 /// are handed to `with_own` as soon as they are stored, and dropped before
 /// the run's are listed; returns what to [`RunLink::settle`] after the
 /// commit. Each memory call of the replay is also handed to `also` (with
 /// its row id).
 pub(crate) fn write(
     conn: &Connection,
-    run: Option<(&RunLink, Carried, PinnedState)>,
+    run: Option<(&RunLink, Carried, PinnedState, &[u32])>,
     also: impl FnMut(&CallEvent, i64),
     with_own: impl FnOnce(crate::ledger_rollup::Written) -> rusqlite::Result<()>,
 ) -> rusqlite::Result<Option<CarryState>> {
-    let Some((link, mut c, pinned_at_end)) = run else {
+    let Some((link, mut c, pinned_at_end, allocator_pids)) = run else {
         with_own(crate::ledger_rollup::write(conn, None, also)?)?;
         return Ok(None);
     };
@@ -285,7 +286,7 @@ pub(crate) fn write(
     let run = c.builder.bare_ledgers();
     // The run's allocator views up to this file's end, their reserved
     // bytes the run's ledger's.
-    allocator.write(conn, &run)?;
+    allocator.write(conn, &run, allocator_pids)?;
     c.allocator = allocator;
     c.stacks = copy_stacks(conn, &run, begin_named, std::mem::take(&mut c.stacks))?;
     conn.execute_batch(CREATE)?;
