@@ -625,6 +625,13 @@ impl KnownViews {
         KnownViews { end, moments }
     }
 
+    /// These views and `other`'s (of other processes), as one.
+    pub fn join(mut self, other: KnownViews) -> KnownViews {
+        self.end.extend(other.end);
+        self.moments.extend(other.moments);
+        self
+    }
+
     /// The views at the end, by pid.
     pub fn end(&self) -> &BTreeMap<u32, AllocatorView> {
         &self.end
@@ -865,7 +872,10 @@ enum Reserved {
 }
 
 /// One process's block replay up to a moment, with its reserved bytes as
-/// [`Reserved`] says: known, or counted by a ledger its calls are pushed to.
+/// [`Reserved`] says: known, or counted by a ledger its calls are pushed to
+/// (without history: the live bytes are the same, and a replay carried
+/// across a run's files, `carry`, holds only what is live).
+#[derive(Clone)]
 struct Replay {
     blocks: Rebuilder,
     pid: u32,
@@ -878,7 +888,7 @@ impl Replay {
     fn new(layout: Layout, pid: u32, at_ns: Option<u64>, reserved: Reserved) -> Replay {
         let counter = match reserved {
             Reserved::Replayed => {
-                let mut b = crate::ledger::LedgerBuilder::new(Some(at_ns.unwrap_or(u64::MAX)));
+                let mut b = crate::ledger::LedgerBuilder::without_history().until(at_ns);
                 b.track(pid);
                 Some(b)
             }
@@ -890,6 +900,21 @@ impl Replay {
             reserved,
             counter,
         }
+    }
+
+    /// A replay carried across a run's files (`carry`): every step of each
+    /// file pushed, its reserved bytes counted at the moment it finishes.
+    fn carried(layout: Layout, pid: u32) -> Replay {
+        Replay::new(layout, pid, None, Reserved::Replayed)
+    }
+
+    /// Entries held: the blocks' and the counting ledger's.
+    fn held_entries(&self) -> usize {
+        let counter = self
+            .counter
+            .as_ref()
+            .map_or(0, crate::ledger::LedgerBuilder::held_entries);
+        self.blocks.held_entries() + counter
     }
 
     fn push(&mut self, s: Step<'_>) {

@@ -801,6 +801,13 @@ impl LedgerBuilder {
         }
     }
 
+    /// With `at_ns`, only calls that returned at or before it take effect
+    /// from now on (see [`Self::new`]).
+    pub fn until(mut self, at_ns: Option<u64>) -> LedgerBuilder {
+        self.at_ns = at_ns;
+        self
+    }
+
     /// Lists a process that made a call (memory or not) or a counted call.
     pub fn track(&mut self, pid: u32) {
         self.ledger.track(pid);

@@ -331,13 +331,8 @@ pub(crate) fn latest(
     let Some(r) = rows.next()? else {
         return Ok(None);
     };
-    let time = |v: i64| {
-        u64::try_from(v)
-            .ok()
-            .filter(|&t| t <= crate::problems::MAX_NS as u64)
-    };
-    let at_ns =
-        time(r.get(0)?).ok_or_else(|| bad(format!("has a time no trace holds for pid {pid}")))?;
+    let at_ns = crate::problems::stored_time(r.get(0)?)
+        .ok_or_else(|| bad(format!("has a time no trace holds for pid {pid}")))?;
     let from_id: Option<i64> = r.get(1)?;
     if from_id.is_some_and(|id| id < 0) {
         return Err(bad(format!("has a row id no file holds for pid {pid}")));

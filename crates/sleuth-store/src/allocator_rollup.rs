@@ -197,11 +197,9 @@ pub(crate) fn read_views(
         let at_ns: Option<i64> = r.get(1)?;
         let at_ns = at_ns
             .map(|t| {
-                u64::try_from(t)
-                    .ok()
-                    .filter(|&t| t <= crate::problems::MAX_NS as u64)
+                crate::problems::stored_time(t)
+                    .ok_or_else(|| bad(format!("has a time no trace holds for pid {pid}")))
             })
-            .map(|t| t.ok_or_else(|| bad(format!("has a time no trace holds for pid {pid}"))))
             .transpose()?;
         let text = text_of(r.get_ref(2)?).map_err(|e| bad(format!("of pid {pid}: {e}")))?;
         let v: StoredView = crate::stored_json::parse_except(text, LABELS)

@@ -15,6 +15,12 @@ use std::collections::BTreeMap;
 /// above it, or below 0, a value can only come from damage, and sums of
 /// valid values cannot overflow 64 bits.
 pub(crate) const MAX_NS: i64 = 1 << 62;
+
+/// A time stored by a writer (a stored aggregate's moment), as a reader
+/// accepts it: in 0..=[`MAX_NS`]; None for any other value.
+pub(crate) fn stored_time(v: i64) -> Option<u64> {
+    u64::try_from(v).ok().filter(|&t| t <= MAX_NS as u64)
+}
 /// Largest byte count a call may carry (1 PiB).
 pub(crate) const MAX_SIZE: i64 = 1 << 50;
 /// Characters of a process name read (Linux keeps 15): a crafted 70k-character

@@ -254,9 +254,7 @@ pub(crate) fn views_at(
             let before: Option<i64> = r.get(1)?;
             let before = before
                 .map(|t| {
-                    u64::try_from(t)
-                        .ok()
-                        .filter(|&t| t <= crate::problems::MAX_NS as u64)
+                    crate::problems::stored_time(t)
                         .ok_or_else(|| bad(format!("has a time no trace holds for pid {pid}")))
                 })
                 .transpose()?;

@@ -107,7 +107,7 @@ impl RunLean {
     /// files and what that changes. Its allocator views (fragmentation)
     /// are rebuilt by passes over the files' steps.
     pub fn explanation(&self) -> Result<Explanation, StoreError> {
-        let (mut end, mut moments, rest) = self.carried_views()?;
+        let (end, moments, rest) = self.carried_views()?;
         let steps = self.steps();
         let replayed = KnownViews::of_pids_guessed(
             &steps,
@@ -117,9 +117,7 @@ impl RunLean {
             &self.guesses.layouts,
         );
         steps.into_result()?;
-        end.extend(replayed.end().iter().map(|(&p, v)| (p, v.clone())));
-        moments.extend(replayed.moments().iter().map(|(&k, v)| (k, v.clone())));
-        let known = KnownViews::from_parts(end, moments);
+        let known = KnownViews::from_parts(end, moments).join(replayed);
         let mut e = sleuth_core::findings::explain_inputs_with(
             &self.data,
             &self.inputs,
@@ -367,15 +365,7 @@ fn load_run(
         Some(_) => run
             .held
             .last()
-            .filter(|last| {
-                let idx = visited.files.iter().position(|f| f == *last);
-                idx.is_some_and(|i| {
-                    matches!(
-                        crate::run_ledger::judge(&visited.links[..=i]),
-                        Chain::Intact { .. }
-                    )
-                })
-            })
+            .filter(|last| matches!(chain_to(&visited, last), Chain::Intact { .. }))
             .cloned(),
     };
     run.files = match read {
@@ -385,6 +375,14 @@ fn load_run(
     };
     let reads = (budget, memo.clone());
     Ok(run.finish(data, ledger, visited.incomplete, reads, (pid, carried_in)))
+}
+
+/// How the links of the finished files up to `last` (one of them) chain.
+fn chain_to(visited: &crate::run::Visited, last: &Path) -> Chain {
+    match visited.files.iter().position(|f| f == last) {
+        Some(i) => crate::run_ledger::judge(&visited.links[..=i]),
+        None => Chain::Broken(format!("{} was not read", last.display())),
+    }
 }
 
 /// The run's ledgers at `at` from the state the last file read stored
@@ -406,10 +404,7 @@ fn ledger_at_from_begin(
     let Some(last) = run.held.last() else {
         return Ok(None);
     };
-    let Some(idx) = visited.files.iter().position(|f| f == last) else {
-        return Ok(None);
-    };
-    let Chain::Intact { pruned } = crate::run_ledger::judge(&visited.links[..=idx]) else {
+    let Chain::Intact { pruned } = chain_to(visited, last) else {
         return Ok(None);
     };
     let trace = Trace::open_remembered(last, budget.clone(), memo)?;

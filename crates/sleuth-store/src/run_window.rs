@@ -501,7 +501,7 @@ impl RunLast {
             }
             listed.add(&MemoryTrace::open(&trace, pid, self.budget.clone())?, true)?;
         }
-        let (mut end, mut moments) = match (crate::run_ledger::judge(&links), files.last()) {
+        let (end, moments) = match (crate::run_ledger::judge(&links), files.last()) {
             (Chain::Intact { .. }, Some((_, newest))) => {
                 let trace = open_in_run(newest, &self.budget, memo)?;
                 let pids = &listed.pids;
@@ -540,9 +540,7 @@ impl RunLast {
             &guesses.layouts,
         );
         steps.into_result()?;
-        end.extend(replayed.end().iter().map(|(&p, v)| (p, v.clone())));
-        moments.extend(replayed.moments().iter().map(|(&k, v)| (k, v.clone())));
-        Ok(sleuth_core::allocator::KnownViews::from_parts(end, moments))
+        Ok(sleuth_core::allocator::KnownViews::from_parts(end, moments).join(replayed))
     }
 }
 

@@ -23,11 +23,8 @@
 //!   failed request the gap could have served), so a finding that
 //!   switches from the end to an earlier peak finds its view.
 
-use super::{
-    named_view, AllocatorView, Calibration, Calibrator, Layout, Rebuilder, Step, StepSink,
-};
+use super::{named_view, AllocatorView, Calibration, Calibrator, Layout, Replay, Step};
 use super::{BlockEvent, CallEvent, StepSource};
-use crate::ledger::LedgerBuilder;
 use crate::ops::OpClass;
 use crate::TraceData;
 use std::collections::BTreeMap;
@@ -71,47 +68,19 @@ impl OwnedStep {
     }
 }
 
-/// The block replay and the ledger a moment's view takes its reserved
-/// bytes from (the process's memory calls by the ledger's rules).
-#[derive(Clone)]
-struct Replayed {
-    layout: Layout,
-    blocks: Rebuilder,
-    counter: LedgerBuilder,
-}
-
-impl Replayed {
-    fn new(layout: Layout, pid: u32) -> Replayed {
-        let mut counter = LedgerBuilder::without_history();
-        counter.track(pid);
-        Replayed {
-            layout,
-            blocks: Rebuilder::new(layout),
-            counter,
-        }
-    }
-
-    fn push(&mut self, s: Step<'_>) {
-        if let Step::Call(c) = s {
-            self.counter.push(c);
-        }
-        self.blocks.push(s);
-    }
-}
-
 /// One process's replay over the files completed so far.
 #[derive(Clone)]
 pub struct CarriedReplay {
     pid: u32,
     calibrator: Calibrator,
     /// None until the calibration finds a layout (the steps wait in
-    /// `pending` meanwhile).
-    replayed: Option<Replayed>,
+    /// `pending` meanwhile). Its ledger counts a moment's reserved bytes.
+    replayed: Option<Replay>,
     pending: Vec<OwnedStep>,
     /// More steps came before the layout was known than `pending` keeps.
     overflowed: bool,
     /// The replay as the current file began.
-    at_begin: Option<Replayed>,
+    at_begin: Option<Replay>,
     /// The latest completion of the steps of earlier files.
     before_max_end: Option<u64>,
     /// The earliest and latest completion of the current file's steps.
@@ -190,7 +159,7 @@ impl CarriedReplay {
                 "more than {MAX_PENDING_STEPS} steps came before its layout was known"
             ));
         }
-        let mut r = Replayed::new(layout, self.pid);
+        let mut r = Replay::carried(layout, self.pid);
         for s in self.pending.drain(..) {
             r.push(s.step());
         }
@@ -217,10 +186,7 @@ impl CarriedReplay {
     /// Entries held (live blocks, segments, failed requests, live
     /// allocations, steps waiting): what bounds the carried state.
     pub fn held_entries(&self) -> usize {
-        let replayed = self
-            .replayed
-            .as_ref()
-            .map_or(0, |r| r.blocks.held_entries() + r.counter.held_entries());
+        let replayed = self.replayed.as_ref().map_or(0, Replay::held_entries);
         let begin = self
             .at_begin
             .as_ref()
@@ -252,7 +218,7 @@ impl CarriedReplay {
         if self
             .replayed
             .as_ref()
-            .is_some_and(|r| Some(r.layout) != layout)
+            .is_some_and(|r| Some(r.blocks.layout) != layout)
         {
             return Err(
                 "its calibration over the run no longer finds the layout its replay started with"
@@ -326,19 +292,17 @@ impl CarriedReplay {
         let layout = calibration.layout()?;
         let mut r = match &self.at_begin {
             Some(r) => r.clone(),
-            None if self.before_max_end.is_none() => Replayed::new(layout, self.pid),
+            None if self.before_max_end.is_none() => Replay::carried(layout, self.pid),
             None => return None,
         };
         source.for_each_step(self.pid, Some(ts), &mut |s| {
             r.push(s);
             true
         });
-        let reserved = r.counter.live_bytes(self.pid);
-        let state = r.blocks.finish(reserved);
         Some(named_view(
             self.pid,
             calibration.clone(),
-            Some(state),
+            Some(r.finish()),
             &TraceData::default(),
         ))
     }
@@ -349,6 +313,7 @@ mod tests {
     use super::super::tests::Sim;
     use super::super::{view_replayed, KnownViews};
     use super::*;
+    use crate::ledger::LedgerBuilder;
     use crate::testing::{xorshift, FilesInOrder};
 
     const PID: u32 = 7;
