@@ -6,7 +6,9 @@
 
 mod common;
 
-use common::allocator_workload::{end_of, random_allocator_workload, write};
+use common::allocator_workload::{
+    end_of, random_allocator_workload, write, write_run, write_run_by,
+};
 use common::TempDir;
 use serde_json::Value;
 use sleuth_core::allocator::allocator_views;
@@ -14,7 +16,6 @@ use sleuth_core::testing::FilesInOrder;
 use sleuth_core::Event;
 use sleuth_store::run::part_name;
 use sleuth_store::run_explain::{load, load_memory, load_memory_at, Moment};
-use sleuth_store::run_ledger::RunLink;
 use sleuth_store::{CheckMemo, ReadBudget, Trace};
 use std::path::Path;
 
@@ -81,18 +82,7 @@ fn a_runs_allocator_views_are_those_of_its_events_loaded_as_one_trace() {
     // one written: segments and blocks of one file used and freed in later ones.
     let cuts = [1_000, end / 4, end / 2, 3 * end / 4, end + 1];
     let run = dir.join("run");
-    std::fs::create_dir_all(&run).unwrap();
-    let link = RunLink::new_run();
-    for k in 0..4 {
-        let part: Vec<Event> = events
-            .iter()
-            .filter(|e| (cuts[k]..cuts[k + 1]).contains(&end_of(e)))
-            .cloned()
-            .collect();
-        let n = k as u64 + 1;
-        let span = (cuts[k], cuts[k + 1].min(end));
-        write(&run.join(part_name(n)), &part, span, Some(link.for_file(n)));
-    }
+    write_run(&run, &events, &cuts, end);
     let trace = Trace::open(&whole).unwrap();
     let data = trace.load(None).unwrap();
     assert!(
@@ -345,25 +335,11 @@ fn the_views_the_tracer_carried_are_the_replays_and_cover_deleted_files() {
     let (events, end) = random_allocator_workload(0x9e37_79b9_7f4a_7c15);
     let whole = dir.join("whole.db");
     write(&whole, &events, (1_000, end), None);
-    let cuts: Vec<u64> = (0..=6).map(|k| 1_000 + (end - 1_000) * k / 6).collect();
+    // Six files; the last holds the events that completed at the end too.
+    let mut cuts: Vec<u64> = (0..=6).map(|k| 1_000 + (end - 1_000) * k / 6).collect();
+    cuts[6] = end + 1;
     let run = dir.join("run");
-    std::fs::create_dir_all(&run).unwrap();
-    let link = RunLink::new_run();
-    for k in 0..6 {
-        let hi = if k == 5 { end + 1 } else { cuts[k + 1] };
-        let part: Vec<Event> = events
-            .iter()
-            .filter(|e| (cuts[k]..hi).contains(&end_of(e)))
-            .cloned()
-            .collect();
-        let n = k as u64 + 1;
-        write(
-            &run.join(part_name(n)),
-            &part,
-            (cuts[k], hi.min(end)),
-            Some(link.for_file(n)),
-        );
-    }
+    write_run(&run, &events, &cuts, end);
     let data = Trace::open(&whole).unwrap().load(None).unwrap();
     let one = sleuth_store::lean::load(&Trace::open(&whole).unwrap(), None, budget())
         .unwrap()
@@ -436,8 +412,6 @@ fn the_views_the_tracer_carried_are_the_replays_and_cover_deleted_files() {
     // those a replay of the files in order gives, at the end and at the
     // moments of the findings (or the reader replays the process).
     let late = dir.join("late");
-    std::fs::create_dir_all(&late).unwrap();
-    let link = RunLink::new_run();
     let file_of = |e: &Event| {
         let t = end_of(e);
         // Half the events of the last eighth of a file go to the next one,
@@ -448,29 +422,17 @@ fn the_views_the_tracer_carried_are_the_replays_and_cover_deleted_files() {
         let straddles = |c: u64| t < c && t + band >= c && t % 20 < 10;
         let lingers = |c: u64| t >= c && t < c + band / 8 && (t / 10) % 4 == 3;
         (0..6).find(|&k| {
-            let hi = if k == 5 { end + 1 } else { cuts[k + 1] };
+            let hi = cuts[k + 1];
             let moved_in = (k > 0 && straddles(cuts[k])) || (k < 5 && lingers(cuts[k + 1]));
             let moved_out = (k < 5 && straddles(cuts[k + 1])) || (k > 0 && lingers(cuts[k]));
             ((cuts[k]..hi).contains(&t) && !moved_out) || moved_in
         })
     };
-    let mut moved = 0;
-    for k in 0..6 {
-        let part: Vec<Event> = events
-            .iter()
-            .filter(|e| file_of(e) == Some(k))
-            .cloned()
-            .collect();
-        moved += part.iter().filter(|e| end_of(e) < cuts[k]).count();
-        let hi = if k == 5 { end + 1 } else { cuts[k + 1] };
-        let n = k as u64 + 1;
-        write(
-            &late.join(part_name(n)),
-            &part,
-            (cuts[k], hi.min(end)),
-            Some(link.for_file(n)),
-        );
-    }
+    let moved = events
+        .iter()
+        .filter(|e| file_of(e).is_some_and(|k| end_of(e) < cuts[k]))
+        .count();
+    write_run_by(&late, &events, &cuts, end, file_of);
     assert!(moved > 10, "{moved} events moved");
     let late_replayed = dir.join("late_replayed");
     copy_run(&late, &late_replayed, 1..=6);

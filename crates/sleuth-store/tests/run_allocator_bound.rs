@@ -6,13 +6,11 @@
 
 mod common;
 
-use common::allocator_workload::{end_of, random_allocator_workload, write};
+use common::allocator_workload::{random_allocator_workload, write, write_run};
 use common::TempDir;
 use sleuth_core::allocator::allocator_views;
-use sleuth_core::Event;
 use sleuth_store::run::part_name;
 use sleuth_store::run_explain::load_memory;
-use sleuth_store::run_ledger::RunLink;
 use sleuth_store::{CheckMemo, ReadBudget, Trace};
 
 #[test]
@@ -24,22 +22,7 @@ fn processes_past_the_bound_are_replayed_by_readers() {
     write(&whole, &events, (1_000, end), None);
     let cuts = [1_000, end / 3, 2 * end / 3, end + 1];
     let run = dir.join("run");
-    std::fs::create_dir_all(&run).unwrap();
-    let link = RunLink::new_run();
-    for k in 0..3 {
-        let part: Vec<Event> = events
-            .iter()
-            .filter(|e| (cuts[k]..cuts[k + 1]).contains(&end_of(e)))
-            .cloned()
-            .collect();
-        let n = k as u64 + 1;
-        write(
-            &run.join(part_name(n)),
-            &part,
-            (cuts[k], cuts[k + 1].min(end)),
-            Some(link.for_file(n)),
-        );
-    }
+    write_run(&run, &events, &cuts, end);
     // Each process holds a few hundred live blocks: the larger one is
     // dropped at the first file past the bound, and says so.
     let last = rusqlite::Connection::open(run.join(part_name(3))).unwrap();

@@ -139,3 +139,37 @@ pub fn write(
     drop(h);
     w.finish().unwrap();
 }
+
+/// `events` written as a run of `trace --rotate` in `dir` (created): file
+/// k+1 holds the events `file_of` puts in k, its session from `bounds[k]`
+/// to `bounds[k + 1]` or `end`, whichever comes first.
+pub fn write_run_by(
+    dir: &std::path::Path,
+    events: &[Event],
+    bounds: &[u64],
+    end: u64,
+    file_of: impl Fn(&Event) -> Option<usize>,
+) {
+    std::fs::create_dir_all(dir).unwrap();
+    let link = sleuth_store::run_ledger::RunLink::new_run();
+    for k in 0..bounds.len() - 1 {
+        let part: Vec<Event> = events
+            .iter()
+            .filter(|e| file_of(e) == Some(k))
+            .cloned()
+            .collect();
+        let n = k as u64 + 1;
+        let span = (bounds[k], bounds[k + 1].min(end));
+        let path = dir.join(sleuth_store::run::part_name(n));
+        write(&path, &part, span, Some(link.for_file(n)));
+    }
+}
+
+/// [`write_run_by`], each event in the file open when it completed: file
+/// k+1 holds those that completed in `bounds[k]..bounds[k + 1]`.
+pub fn write_run(dir: &std::path::Path, events: &[Event], bounds: &[u64], end: u64) {
+    write_run_by(dir, events, bounds, end, |e| {
+        let t = end_of(e);
+        (0..bounds.len() - 1).find(|&k| (bounds[k]..bounds[k + 1]).contains(&t))
+    });
+}
