@@ -60,7 +60,10 @@ def main():
             say(r.stderr[-2000:])
             fails += 1
             continue
-        start = json.loads(run([a.gs, "query", "--db", first, "--json", "SELECT start_mono_ns FROM session"]).stdout)["rows"][0][0]
+        # The session's start on CLOCK_MONOTONIC (the trace's clock plus its base), as the checkpoints are.
+        start = json.loads(run([a.gs, "query", "--db", first, "--json",
+                                "SELECT start_mono_ns + coalesce((SELECT CAST(value AS INTEGER) FROM meta "
+                                "WHERE key = 'clock_base_ns'), 0) FROM session"]).stdout)["rows"][0][0]
         if a.rotate:
             say(f"  run of {len([f for f in os.listdir(db) if f.endswith('.db')])} files")
         cps = [c for c in (json.loads(l) for l in open(log) if l.strip()) if "allocated" in c and "mono_ns" in c]

@@ -15,7 +15,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gslib import (DRIVER_ALLOC, DRIVER_FREE, LAUNCH_OPS, RUNTIME_ALLOC, RUNTIME_FREE, VMM_CREATE,  # noqa: E402
+from gslib import (on_file_clock, DRIVER_ALLOC, DRIVER_FREE, LAUNCH_OPS, RUNTIME_ALLOC, RUNTIME_FREE, VMM_CREATE,  # noqa: E402
                    VMM_RELEASE, Gs, Trace, allocator_fields, proc_entry, read_jsonl)
 
 # Scenario 2: the quiet phase may hold at most this share of its wall time as runnable-waiting.
@@ -68,7 +68,8 @@ def open_run(c, runs, name, work):
     except Exception as e:  # a broken database is a finding, not a crash of the checker
         c.add("trace database", False, f"cannot read {run['db']}: {e}")
         return None
-    log = read_jsonl(os.path.join(work, f"{name}.jsonl"))
+    # The workload stamps CLOCK_MONOTONIC; the trace stores its own clock.
+    log = on_file_clock(read_jsonl(os.path.join(work, f"{name}.jsonl")), tr.clock_base())
     if not log:
         c.add("workload log", None, f"empty or missing {name}.jsonl")
     return run, tr, log

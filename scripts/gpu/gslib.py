@@ -39,6 +39,26 @@ def mb(n):
     return "?" if n is None else f"{n / 1e6:.1f} MB"
 
 
+# Workload-log keys that hold CLOCK_MONOTONIC times (what the workloads stamp).
+MONO_KEYS = ("mono_ns", "mono_before_ns", "attempt_start_ns", "attempt_end_ns", "start_mono_ns", "end_mono_ns")
+
+
+def clock_base_of(conn):
+    """meta.clock_base_ns of an open trace database (0 when absent)."""
+    row = conn.execute("SELECT value FROM meta WHERE key = 'clock_base_ns'").fetchone()
+    return int(row[0]) if row else 0
+
+
+def on_file_clock(record, base):
+    """A workload-log record with its CLOCK_MONOTONIC times moved onto a trace's clock."""
+    if isinstance(record, dict):
+        return {k: (v - base if k in MONO_KEYS and isinstance(v, int) else on_file_clock(v, base))
+                for k, v in record.items()}
+    if isinstance(record, list):
+        return [on_file_clock(v, base) for v in record]
+    return record
+
+
 class Trace:
     """Read-only view of one trace database."""
 
@@ -52,6 +72,11 @@ class Trace:
     def one(self, sql, *args):
         rows = self.q(sql, *args)
         return rows[0][0] if rows else None
+
+    def clock_base(self):
+        """The trace's clock base: its stored times are CLOCK_MONOTONIC minus it
+        (0 on a machine up less than an hour, and in files written before it)."""
+        return clock_base_of(self.conn)
 
     def session(self):
         cols = [r[1] for r in self.q("PRAGMA table_info(session)")]

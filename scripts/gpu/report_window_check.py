@@ -33,7 +33,9 @@ def main():
     os.makedirs(out, exist_ok=True)
     truth = json.load(open(truth_path))
     c = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    start = c.execute("SELECT start_mono_ns FROM session").fetchone()[0]
+    start = c.execute(  # on CLOCK_MONOTONIC, as the workload's stamps
+        "SELECT start_mono_ns + coalesce((SELECT CAST(value AS INTEGER) FROM meta WHERE key = 'clock_base_ns'), 0) "
+        "FROM session").fetchone()[0]
     run(gs, "report", "--force", "-o", f"{out}/report-whole.html", "--db", db, json_out=False)
     ok = True
     for ph in truth["phases"]:

@@ -142,7 +142,9 @@ check("the newest file with copies, alone elsewhere: its copies from the buffer 
 
 # The memory at each checkpoint: CLI --at (from the oldest file's start) and MCP at_ns.
 c = ro(files[0])
-start = c.execute("SELECT start_mono_ns FROM session").fetchone()[0]
+start = c.execute(  # on CLOCK_MONOTONIC, as the workload's stamps
+        "SELECT start_mono_ns + coalesce((SELECT CAST(value AS INTEGER) FROM meta WHERE key = 'clock_base_ns'), 0) "
+        "FROM session").fetchone()[0]
 c.close()
 good, lines = 0, []
 for pt in truth["points"]:

@@ -304,7 +304,10 @@ fn attach_shows_memory_held_before_the_trace_and_gpu_busy_samples() {
     // --- GPU busy samples: stored on the trace clock, right where the workload was busy
     let db = sb.open_db();
     let samples = db
-        .ints("SELECT ts_ns, period_ns, CAST(busy_pct AS INTEGER) FROM gpu_samples WHERE gpu = 0");
+        // Back on CLOCK_MONOTONIC (the file's clock plus its base) to
+        // compare with the simulated driver's log.
+        .ints("SELECT ts_ns + (SELECT CAST(value AS INTEGER) FROM meta WHERE key = 'clock_base_ns'), \
+               period_ns, CAST(busy_pct AS INTEGER) FROM gpu_samples WHERE gpu = 0");
     assert!(samples.len() >= 10, "about one per 100 ms: {samples:?}");
     let busy = busy_intervals(&activity_log(&sb), realtime_offset_ns());
     assert_eq!(busy.len(), 2, "two scripted syncs");

@@ -49,6 +49,7 @@ fn write_trace(db: &Path) -> serde_json::Value {
         target: "python3 train.py".into(),
         launch_mode: "launch".into(),
         tool_version: "test".into(),
+        clock_base_ns: 0,
         ..Default::default()
     };
     let w = TraceWriter::create(db, info, WriterOptions::default()).expect("create trace");

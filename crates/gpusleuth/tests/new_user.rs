@@ -202,6 +202,7 @@ fn write_trace(path: &Path, calls: Vec<CallEvent>) {
         target: "test".into(),
         launch_mode: "driver".into(),
         tool_version: "test".into(),
+        clock_base_ns: 0,
         ..Default::default()
     };
     let w = TraceWriter::create(path, info, WriterOptions::default()).unwrap();

@@ -275,7 +275,7 @@ impl FileOverview {
 /// The overview's time range.
 pub(crate) fn time_range_json(span: &sleuth_core::TraceSpan, realtime_offset_ns: i64) -> Value {
     json!({
-        "clock": "CLOCK_MONOTONIC ns; wall-clock ns = value + realtime_offset_ns",
+        "clock": "the trace's clock, ns (CLOCK_MONOTONIC minus meta.clock_base_ns); wall-clock ns = value + realtime_offset_ns",
         "start_ns": span.start_ns, "end_ns": span.end_ns,
         "duration_ns": span.duration_ns(),
         "realtime_offset_ns": realtime_offset_ns,

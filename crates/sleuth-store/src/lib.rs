@@ -22,6 +22,7 @@ mod check_cache;
 mod check_plan;
 mod checked;
 mod error;
+pub mod file_clock;
 mod file_steps;
 mod finalize;
 mod thread_pass;

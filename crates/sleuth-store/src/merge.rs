@@ -123,6 +123,13 @@ fn write_into(
         let session = read_session(&src).at(p)?;
         if i == 0 {
             copy_session(&src, &tx).at(out)?;
+            // The merged clock is the first input's, base and all.
+            let base = crate::file_clock::stored_clock_base(&src).at(p)?;
+            tx.execute(
+                "INSERT INTO meta(key, value) VALUES ('clock_base_ns', ?1)",
+                [base.to_string()],
+            )
+            .at(out)?;
         }
         // A clock moved back past its own zero (only seen with synthetic
         // timestamps: a real session starts long after boot) starts at 0, as

@@ -222,6 +222,7 @@ impl Trace {
     }
 
     pub fn session(&self) -> Result<Session, StoreError> {
+        let clock_base_ns = crate::file_clock::stored_clock_base(&self.conn).at(&self.path)?;
         self.conn
             .query_row(
                 "SELECT started_unix_ns, start_mono_ns, end_mono_ns, realtime_offset_ns, hostname,
@@ -241,6 +242,7 @@ impl Trace {
                             target: r.get(7)?,
                             launch_mode: r.get(8)?,
                             tool_version: r.get(9)?,
+                            clock_base_ns,
                         },
                         end_mono_ns: r.get::<_, Option<i64>>(2)?.and_then(valid_ns),
                         source: self.source,

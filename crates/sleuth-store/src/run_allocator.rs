@@ -165,7 +165,7 @@ impl AllocatorCarry {
             self.dropped.insert(pid);
             crate::writer::insert_note(
                 conn,
-                crate::writer::monotonic_now_ns(),
+                crate::file_clock::now_on_file_clock(conn)?,
                 crate::NoteLevel::Info.as_str(),
                 &format!(
                     "run allocator views: process {pid} is carried no further ({why}); `memory --db DIR` replays its allocator events"

@@ -227,7 +227,7 @@ pub(crate) fn begin(conn: &Connection, link: &RunLink) -> rusqlite::Result<Carri
                 );
                 crate::writer::insert_note(
                     conn,
-                    crate::writer::monotonic_now_ns(),
+                    crate::file_clock::now_on_file_clock(conn)?,
                     crate::NoteLevel::Info.as_str(),
                     &text,
                 )?;

@@ -48,6 +48,11 @@ pub struct SessionInfo {
     /// How launches were captured ("driver", "all", "full", "off"), or "import".
     pub launch_mode: String,
     pub tool_version: String,
+    /// Subtracted from every CLOCK_MONOTONIC time the writer stores: the
+    /// file's clock (`crate::file_clock`; `file_clock::clock_base_for`
+    /// the run's start for a recorded trace, 0 to keep CLOCK_MONOTONIC).
+    /// Every file of a run has the same.
+    pub clock_base_ns: u64,
 }
 
 #[cfg(test)]
@@ -64,6 +69,7 @@ impl SessionInfo {
             target: "./work".into(),
             launch_mode: "launch".into(),
             tool_version: "0.1.0".into(),
+            clock_base_ns: 0,
         }
     }
 }

@@ -6,6 +6,7 @@
 //! may lose the last batches but never corrupts the file.
 
 use crate::error::{SqlContext, StoreError};
+use crate::file_clock;
 use crate::finalize;
 use crate::schema;
 use crate::types::{LibraryInfo, NoteLevel, SessionInfo, WriteSummary, WriterOptions};
@@ -74,7 +75,7 @@ impl TraceWriter {
         init(&conn, &info, &opts).at(path)?;
         let (tx, rx) = sync_channel(opts.queue_capacity.max(1));
         let background = opts.background;
-        let mut state = WriterState::new(conn, path.to_path_buf(), opts);
+        let mut state = WriterState::new(conn, path.to_path_buf(), opts, info.clock_base_ns);
         let thread = std::thread::Builder::new()
             .name("gpusleuth-db".into())
             .spawn(move || {
@@ -280,8 +281,10 @@ fn init(conn: &Connection, info: &SessionInfo, opts: &WriterOptions) -> rusqlite
          VALUES (1, ?1, ?2, NULL, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
         params![
             info.started_unix_ns,
-            info.start_mono_ns as i64,
-            info.realtime_offset_ns,
+            file_clock::on_file_clock(info.start_mono_ns, info.clock_base_ns) as i64,
+            // Wall-clock minus the file's clock: wall-clock times read as before.
+            info.realtime_offset_ns
+                .saturating_add(info.clock_base_ns as i64),
             info.hostname,
             info.kernel,
             info.command,
@@ -289,6 +292,10 @@ fn init(conn: &Connection, info: &SessionInfo, opts: &WriterOptions) -> rusqlite
             info.launch_mode,
             info.tool_version
         ],
+    )?;
+    conn.execute(
+        "INSERT INTO meta(key, value) VALUES ('clock_base_ns', ?1)",
+        [info.clock_base_ns.to_string()],
     )?;
     // Every counter exists from the start, so "0 dropped" is stated, not implied.
     let mut st = conn.prepare("INSERT INTO stats(name, value) VALUES (?1, 0)")?;
@@ -311,6 +318,34 @@ fn init(conn: &Connection, info: &SessionInfo, opts: &WriterOptions) -> rusqlite
     conn.execute_batch("COMMIT")
 }
 
+/// Moves a message's times onto the file's clock, as it arrives: the
+/// writer and the file's completion see no other clock.
+fn rebase(m: &mut Msg, base: u64) {
+    if base == 0 {
+        return;
+    }
+    let at = |t: &mut u64| *t = file_clock::on_file_clock(*t, base);
+    match m {
+        Msg::Event(e) => file_clock::rebase_event(e, base),
+        Msg::Events(evs) => evs
+            .iter_mut()
+            .for_each(|e| file_clock::rebase_event(e, base)),
+        Msg::Process(p) => file_clock::rebase_process(p, base),
+        Msg::Library(l) => file_clock::rebase_library(l, base),
+        Msg::CountSamples(s) => s.iter_mut().for_each(|c| at(&mut c.ts_ns)),
+        Msg::SessionEnd(t) => at(t),
+        Msg::GpuSamples(s) => s.iter_mut().for_each(|g| at(&mut g.ts_ns)),
+        Msg::ProcessGpuSamples(s) => s.iter_mut().for_each(|g| at(&mut g.ts_ns)),
+        // No time in them (a note is stamped when stored, `WriterState::now`).
+        Msg::Note(..)
+        | Msg::Stat(..)
+        | Msg::OpCounts(_)
+        | Msg::Stack(_)
+        | Msg::Flush(_)
+        | Msg::Finish(_) => {}
+    }
+}
+
 /// Counters the writer keeps itself.
 #[derive(Default)]
 struct Counters {
@@ -331,6 +366,9 @@ struct Counters {
 }
 
 struct WriterState {
+    /// The file's clock base (`file_clock`): subtracted from every time
+    /// as its message arrives.
+    clock_base_ns: u64,
     conn: Connection,
     path: PathBuf,
     opts: WriterOptions,
@@ -352,8 +390,9 @@ struct WriterState {
 }
 
 impl WriterState {
-    fn new(conn: Connection, path: PathBuf, opts: WriterOptions) -> Self {
+    fn new(conn: Connection, path: PathBuf, opts: WriterOptions, clock_base_ns: u64) -> Self {
         WriterState {
+            clock_base_ns,
             conn,
             path,
             opts,
@@ -370,10 +409,11 @@ impl WriterState {
 
     fn run(&mut self, rx: Receiver<Msg>) {
         loop {
-            let Ok(first) = rx.recv() else {
+            let Ok(mut first) = rx.recv() else {
                 // Every handle dropped without finish(): what was committed stays.
                 return;
             };
+            rebase(&mut first, self.clock_base_ns);
             let mut events = msg_events(&first);
             let mut batch = vec![first];
             let deadline = Instant::now() + BATCH_WINDOW;
@@ -382,7 +422,8 @@ impl WriterState {
             {
                 let wait = deadline.saturating_duration_since(Instant::now());
                 match rx.recv_timeout(wait) {
-                    Ok(m) => {
+                    Ok(mut m) => {
+                        rebase(&mut m, self.clock_base_ns);
                         events += msg_events(&m);
                         batch.push(m);
                     }
@@ -430,6 +471,8 @@ impl WriterState {
     }
 
     fn apply(&mut self, batch: &[Msg]) -> rusqlite::Result<()> {
+        // Notes are stamped when stored, on the file's clock.
+        let now = || file_clock::on_file_clock(monotonic_now_ns(), self.clock_base_ns);
         let tx = self.conn.transaction()?;
         let mut cap_hit_now = false;
         // The hot statements, prepared once per transaction, not per row.
@@ -448,9 +491,7 @@ impl WriterState {
                 }
                 Msg::Process(p) => upsert_process(&tx, p)?,
                 Msg::Library(l) => insert_library(&tx, l)?,
-                Msg::Note(level, text) => {
-                    insert_note(&tx, monotonic_now_ns(), level.as_str(), text)?
-                }
+                Msg::Note(level, text) => insert_note(&tx, now(), level.as_str(), text)?,
                 Msg::Stat(name, v) if name == DECODE_ERRORS => {
                     self.n.decode_errors_upstream = *v;
                 }
@@ -527,7 +568,7 @@ impl WriterState {
                 "database size cap of {} bytes reached: later calls and waits are counted in stats.drop_db_full, not stored",
                 self.opts.max_db_bytes
             );
-            insert_note(&tx, monotonic_now_ns(), NoteLevel::Warn.as_str(), &text)?;
+            insert_note(&tx, now(), NoteLevel::Warn.as_str(), &text)?;
         }
         write_counters(&tx, &self.n)?;
         let before = thread_cpu_ns();

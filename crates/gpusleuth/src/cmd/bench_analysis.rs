@@ -572,6 +572,8 @@ fn synthetic_writer(
         path,
         SessionInfo {
             start_mono_ns: start,
+            // The run's clock base, as `trace` sets it: every file of a run has it.
+            clock_base_ns: sleuth_store::file_clock::clock_base_for(shape.at.clock_ns),
             ..Default::default()
         },
         WriterOptions {

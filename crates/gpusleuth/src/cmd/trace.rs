@@ -326,6 +326,8 @@ pub fn run(args: Args) -> Result<i32> {
         },
         launch_mode: args.launches.as_str().into(),
         tool_version: env!("CARGO_PKG_VERSION").into(),
+        // One base for the whole run: its files' carried states share a clock.
+        clock_base_ns: sleuth_store::file_clock::clock_base_for(start_mono),
     };
     let opts = WriterOptions {
         max_db_bytes: args.max_db,

@@ -119,11 +119,27 @@ pub fn end_of(e: &Event) -> u64 {
 pub fn write(
     path: &std::path::Path,
     events: &[Event],
+    span: (u64, u64),
+    run: Option<sleuth_store::run_ledger::RunLink>,
+) {
+    write_on_clock(path, events, span, run, 0)
+}
+
+/// [`write`] on a file clock of base `clock_base_ns` (`file_clock`): the
+/// events and the session as recorded by a monotonic clock that read that
+/// much more (the wall clock the same).
+pub fn write_on_clock(
+    path: &std::path::Path,
+    events: &[Event],
     (start, end): (u64, u64),
     run: Option<sleuth_store::run_ledger::RunLink>,
+    clock_base_ns: u64,
 ) {
     let session = sleuth_store::SessionInfo {
         start_mono_ns: start,
+        clock_base_ns,
+        realtime_offset_ns: super::trace_fixture::session().realtime_offset_ns
+            - clock_base_ns as i64,
         ..super::trace_fixture::session()
     };
     let opts = sleuth_store::WriterOptions {
@@ -150,6 +166,18 @@ pub fn write_run_by(
     end: u64,
     file_of: impl Fn(&Event) -> Option<usize>,
 ) {
+    write_run_on_clock(dir, events, bounds, end, file_of, 0)
+}
+
+/// [`write_run_by`] on a file clock of base `clock_base_ns`.
+pub fn write_run_on_clock(
+    dir: &std::path::Path,
+    events: &[Event],
+    bounds: &[u64],
+    end: u64,
+    file_of: impl Fn(&Event) -> Option<usize>,
+    clock_base_ns: u64,
+) {
     std::fs::create_dir_all(dir).unwrap();
     let link = sleuth_store::run_ledger::RunLink::new_run();
     for k in 0..bounds.len() - 1 {
@@ -161,7 +189,7 @@ pub fn write_run_by(
         let n = k as u64 + 1;
         let span = (bounds[k], bounds[k + 1].min(end));
         let path = dir.join(sleuth_store::run::part_name(n));
-        write(&path, &part, span, Some(link.for_file(n)));
+        write_on_clock(&path, &part, span, Some(link.for_file(n)), clock_base_ns);
     }
 }
 

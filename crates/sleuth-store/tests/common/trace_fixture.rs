@@ -20,6 +20,7 @@ pub fn session() -> SessionInfo {
         target: "./work".into(),
         launch_mode: "launch".into(),
         tool_version: "0.1.0".into(),
+        clock_base_ns: 0,
     }
 }
 
