@@ -740,13 +740,12 @@ mod tests {
             let c = Connection::open(&path).expect("open");
             c.execute_batch(
                 "WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM r WHERE i < 150000)
-                 INSERT INTO call_rows(ts_ns, dur_ns, pid, tid, op_id, ret, nested,
+                 INSERT INTO call_rows(ts_ns, dur_ns, pid_gap, tid, op_id, ret, nested,
                      runnable_ns, blocked_ns, cpu)
-                 SELECT i, i, 1, 1 + i % 7, (SELECT min(id) FROM ops), 0, 0, 0, 0, 0 FROM r;
+                 SELECT i, i, i % 7, 1 + i % 7, (SELECT min(id) FROM ops), 0, 0, 0, 0, 0 FROM r;
                  WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM r WHERE i < 600000)
-                 INSERT INTO waits(pid, tid, kind, off_ns, wake_ns, on_ns, prev_state, cpu,
-                     blocked_ns, runnable_ns)
-                 SELECT 1, 1 + i % 7, 'blocked', i, i, i, 0, 0, 0, 0 FROM r;",
+                 INSERT INTO waits(pid_gap, tid, kind_id, off_ns, wake_ns, on_ns, prev_state, cpu)
+                 SELECT i % 7, 1 + i % 7, 1, i, i, i, 0, 0 FROM r;",
             )
             .expect("fill");
         }

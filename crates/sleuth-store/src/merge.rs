@@ -30,6 +30,14 @@ const TIME_COLS: &[&str] = &[
     "attached_mono_ns",
 ];
 const TASK_COLS: &[&str] = &["pid", "tid", "ppid"];
+/// Stored columns of version 6 and how a version 5 source gives them.
+const DERIVED: &[(&str, &str)] = &[
+    ("pid_gap", "tid - pid"),
+    (
+        "kind_id",
+        "CASE kind WHEN 'preempted' THEN 0 WHEN 'blocked' THEN 1 END",
+    ),
+];
 /// Written by the merge itself, not copied (`ops` is filled by the schema;
 /// calls are copied through the `calls` view or table by `copy_calls`).
 const OWN_TABLES: &[&str] = &[
@@ -306,7 +314,15 @@ fn copy_table(
     } else {
         0
     };
-    let map: Vec<Box<dyn Fn(Value) -> Value>> = cols
+    // Columns this file stores that an older source computes from others
+    // (a version 6 file from a version 5 one): a thread's distance to its
+    // process (moved with both) and a wait's kind as a number.
+    let derived: Vec<(&str, &str)> = DERIVED
+        .iter()
+        .filter(|(c, _)| dst_cols.contains(*c) && !cols.iter().any(|s| s == c))
+        .copied()
+        .collect();
+    let mut map: Vec<Box<dyn Fn(Value) -> Value>> = cols
         .iter()
         .map(|c| -> Box<dyn Fn(Value) -> Value> {
             let shift = input.shift_ns;
@@ -331,13 +347,30 @@ fn copy_table(
             }
         })
         .collect();
-    let list = cols.join(", ");
-    let n = cols.len() + usize::from(by_name);
+    map.extend(
+        derived
+            .iter()
+            .map(|_| -> Box<dyn Fn(Value) -> Value> { Box::new(|v| v) }),
+    );
+    let list = cols
+        .iter()
+        .map(String::as_str)
+        .chain(derived.iter().map(|d| d.0))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let sel = cols
+        .iter()
+        .map(String::as_str)
+        .chain(derived.iter().map(|d| d.1))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let read = map.len();
+    let n = read + usize::from(by_name);
     let marks: Vec<String> = (1..=n).map(|i| format!("?{i}")).collect();
     let (ins_list, sel_list) = if by_name {
-        (format!("{list}, op_id"), format!("{list}, layer, op"))
+        (format!("{list}, op_id"), format!("{sel}, layer, op"))
     } else {
-        (list.clone(), list)
+        (list, sel)
     };
     let mut ins = dst.prepare(&format!(
         "INSERT INTO {dst_table}({ins_list}) VALUES ({})",
@@ -351,8 +384,8 @@ fn copy_table(
             vals.push(f(r.get::<_, Value>(i)?));
         }
         if by_name {
-            let layer: String = r.get(cols.len())?;
-            let op: String = r.get(cols.len() + 1)?;
+            let layer: String = r.get(read)?;
+            let op: String = r.get(read + 1)?;
             vals.push(Value::Integer(op_id(dst, &layer, &op)?));
         }
         ins.execute(rusqlite::params_from_iter(vals))?;

@@ -19,10 +19,14 @@ use rusqlite::Connection;
 /// the value they replace took up to 6 (the view gives back version 4's
 /// columns). Readers read every version ([`READABLE_VERSIONS`]), writers
 /// write this one.
-pub const SCHEMA_VERSION: i64 = 5;
+/// Version 6 computes a row's pid from its tid and a small
+/// `pid_gap`, a wait's kind from a number and its blocked and runnable
+/// parts from its times, in generated columns (a long-running node's pids
+/// took 3 bytes in every row: docs/benchmarks.md round 33).
+pub const SCHEMA_VERSION: i64 = 6;
 
 /// Every schema version the readers accept.
-pub const READABLE_VERSIONS: &[i64] = &[1, 2, 3, 4, 5];
+pub const READABLE_VERSIONS: &[i64] = &[1, 2, 3, 4, 5, 6];
 
 /// Value of `meta.tool` in every database this crate writes.
 pub const TOOL: &str = "gpusleuth";
@@ -79,7 +83,7 @@ CREATE TABLE call_rows(
     id INTEGER PRIMARY KEY,
     ts_ns INTEGER NOT NULL,
     dur_ns INTEGER NOT NULL,
-    pid INTEGER NOT NULL,
+    pid INTEGER GENERATED ALWAYS AS (tid - pid_gap) VIRTUAL,
     tid INTEGER NOT NULL,
     op_id INTEGER NOT NULL,
     ret INTEGER NOT NULL,
@@ -91,7 +95,8 @@ CREATE TABLE call_rows(
     runnable_ns INTEGER NOT NULL,
     blocked_ns INTEGER NOT NULL,
     cpu INTEGER NOT NULL,
-    stack_id INTEGER
+    stack_id INTEGER,
+    pid_gap INTEGER NOT NULL
 );
 CREATE INDEX call_rows_stack ON call_rows(stack_id) WHERE stack_id IS NOT NULL;
 -- One row per writer transaction that stored calls: its call rows' id range,
@@ -107,16 +112,18 @@ CREATE TABLE call_blocks(
 );
 CREATE TABLE waits(
     id INTEGER PRIMARY KEY,
-    pid INTEGER NOT NULL,
+    pid INTEGER GENERATED ALWAYS AS (tid - pid_gap) VIRTUAL,
     tid INTEGER NOT NULL,
-    kind TEXT NOT NULL,
+    kind TEXT GENERATED ALWAYS AS (CASE kind_id WHEN 0 THEN 'preempted' WHEN 1 THEN 'blocked' ELSE 'unknown' END) VIRTUAL,
     off_ns INTEGER NOT NULL,
     wake_ns INTEGER NOT NULL,
     on_ns INTEGER NOT NULL,
     prev_state INTEGER NOT NULL,
     cpu INTEGER NOT NULL,
-    blocked_ns INTEGER NOT NULL,
-    runnable_ns INTEGER NOT NULL
+    blocked_ns INTEGER GENERATED ALWAYS AS (max(wake_ns - off_ns, 0)) VIRTUAL,
+    runnable_ns INTEGER GENERATED ALWAYS AS (max(on_ns - wake_ns, 0)) VIRTUAL,
+    pid_gap INTEGER NOT NULL,
+    kind_id INTEGER NOT NULL
 );
 -- One index: readers go thread by thread (a process's threads from the
 -- call groups or a skip through this index); a `(pid, on_ns)` index cost
@@ -327,6 +334,60 @@ pub(crate) const CALLS_VIEW: &str = "CREATE VIEW calls AS
            c.runnable_ns AS runnable_ns, c.blocked_ns AS blocked_ns, c.cpu AS cpu,
            c.stack_id AS stack_id
     FROM call_rows c JOIN ops o ON o.id = c.op_id";
+
+/// `call_rows` and `waits` as versions 2 to 5 have them (version 1's
+/// calls are `CALLS_V1`): every column stored. Version 6 stores a thread's
+/// distance to its process (`pid_gap`: 0 for the main thread, a few for the
+/// others, where a node's pid took 3 bytes) and a wait's kind as a number,
+/// and computes `pid`, `kind` and the wait's blocked and runnable parts in
+/// generated columns of the same names (docs/benchmarks.md, round 33).
+pub(crate) const CALL_ROWS_V5: &str = "CREATE TABLE call_rows(
+    id INTEGER PRIMARY KEY,
+    ts_ns INTEGER NOT NULL,
+    dur_ns INTEGER NOT NULL,
+    pid INTEGER NOT NULL,
+    tid INTEGER NOT NULL,
+    op_id INTEGER NOT NULL,
+    ret INTEGER NOT NULL,
+    size INTEGER,
+    ptr INTEGER,
+    stream INTEGER,
+    kind INTEGER,
+    nested INTEGER NOT NULL,
+    runnable_ns INTEGER NOT NULL,
+    blocked_ns INTEGER NOT NULL,
+    cpu INTEGER NOT NULL,
+    stack_id INTEGER
+)";
+
+/// `waits` of versions 1 to 5 (see [`CALL_ROWS_V5`]).
+pub(crate) const WAITS_V5: &str = "CREATE TABLE waits(
+    id INTEGER PRIMARY KEY,
+    pid INTEGER NOT NULL,
+    tid INTEGER NOT NULL,
+    kind TEXT NOT NULL,
+    off_ns INTEGER NOT NULL,
+    wake_ns INTEGER NOT NULL,
+    on_ns INTEGER NOT NULL,
+    prev_state INTEGER NOT NULL,
+    cpu INTEGER NOT NULL,
+    blocked_ns INTEGER NOT NULL,
+    runnable_ns INTEGER NOT NULL
+)";
+
+/// The tables whose columns version 6 computes (generated columns): a
+/// reader accepts them only with exactly the text gpusleuth writes, as a
+/// view (`schema_check`).
+pub(crate) const GENERATED_TABLES: &[&str] = &["call_rows", "waits"];
+
+/// A wait's kind as version 6 stores it (`waits.kind_id`; the generated
+/// `kind` gives the name back).
+pub(crate) fn wait_kind_id(kind: sleuth_core::WaitKind) -> i64 {
+    match kind {
+        sleuth_core::WaitKind::Preempted => 0,
+        sleuth_core::WaitKind::Blocked => 1,
+    }
+}
 
 /// Views over `calls` for people writing SQL (docs/schema.md).
 pub(crate) const VIEWS: &str = r#"

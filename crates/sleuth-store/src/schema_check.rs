@@ -21,7 +21,7 @@
 
 use crate::schema::{
     ALLOCATOR_EVENTS_V2, ALLOCATOR_VIEW, ALLOCATOR_VIEW_V3, ALLOCATOR_VIEW_V4, CALLS_V1,
-    CALLS_VIEW, CREATE,
+    CALLS_VIEW, CALL_ROWS_V5, CREATE, GENERATED_TABLES, WAITS_V5,
 };
 use rusqlite::{Connection, OptionalExtension};
 use std::collections::BTreeMap;
@@ -56,9 +56,15 @@ fn required_of(version: i64) -> &'static [&'static str] {
     }
 }
 
-fn reference(version: i64) -> rusqlite::Result<Columns> {
+/// The tables of `version` as gpusleuth creates them, in memory.
+fn reference_db(version: i64) -> rusqlite::Result<Connection> {
     let conn = Connection::open_in_memory()?;
     conn.execute_batch(CREATE)?;
+    if version < 6 {
+        conn.execute_batch(&format!(
+            "DROP TABLE call_rows; {CALL_ROWS_V5}; DROP TABLE waits; {WAITS_V5};"
+        ))?;
+    }
     if version == 1 {
         conn.execute_batch(&format!(
             "DROP TABLE call_rows; DROP TABLE ops; {CALLS_V1};"
@@ -77,6 +83,10 @@ fn reference(version: i64) -> rusqlite::Result<Columns> {
             conn.execute_batch("ALTER TABLE allocator_rows DROP COLUMN base_id")?;
         }
     }
+    Ok(conn)
+}
+
+fn reference(conn: &Connection) -> rusqlite::Result<Columns> {
     let names: Vec<String> = {
         let mut st = conn.prepare(
             "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'",
@@ -86,7 +96,7 @@ fn reference(version: i64) -> rusqlite::Result<Columns> {
     };
     let mut out = Columns::new();
     for name in names {
-        let cols = columns(&conn, &name)?
+        let cols = columns(conn, &name)?
             .into_iter()
             .map(|(n, t, _hidden)| (n, t))
             .collect();
@@ -113,7 +123,8 @@ fn columns(conn: &Connection, table: &str) -> rusqlite::Result<Vec<(String, Stri
 /// `version` is the file's `meta.schema_version` (already checked to be one
 /// of `schema::READABLE_VERSIONS`).
 pub(crate) fn check(conn: &Connection, version: i64) -> rusqlite::Result<Result<(), String>> {
-    let want = reference(version)?;
+    let ours = reference_db(version)?;
+    let want = reference(&ours)?;
     for (table, want_cols) in &want {
         let found: Option<(String, Option<String>)> = {
             let mut st =
@@ -136,15 +147,29 @@ pub(crate) fn check(conn: &Connection, version: i64) -> rusqlite::Result<Result<
                 "{table} is a {kind}, not a table (gpusleuth writes a table)"
             )));
         }
-        let sql = sql.unwrap_or_default().to_ascii_uppercase();
-        if sql.trim_start().starts_with("CREATE VIRTUAL") {
+        let sql = sql.unwrap_or_default();
+        if sql
+            .to_ascii_uppercase()
+            .trim_start()
+            .starts_with("CREATE VIRTUAL")
+        {
             return Ok(Err(format!("{table} is a virtual table")));
         }
         let have = columns(conn, table)?;
         if let Some((name, _, _)) = have.iter().find(|c| c.2 != 0) {
-            return Ok(Err(format!(
-                "{table}.{name} is a hidden or generated column"
-            )));
+            // Version 6 computes some columns: SQL from the file that every
+            // read runs, so accepted only as gpusleuth writes it, word for word.
+            let generated_here = version >= 6 && GENERATED_TABLES.contains(&table.as_str());
+            if !generated_here || Some(sql) != table_sql(&ours, table)? {
+                return Ok(Err(format!(
+                    "{table}.{name} is a hidden or generated column{}",
+                    if generated_here {
+                        " not written by gpusleuth"
+                    } else {
+                        ""
+                    }
+                )));
+            }
         }
         for (name, ty) in want_cols {
             match have.iter().find(|c| &c.0 == name) {
@@ -191,6 +216,17 @@ pub(crate) fn check(conn: &Connection, version: i64) -> rusqlite::Result<Result<
         }
     }
     Ok(Ok(()))
+}
+
+/// The text `CREATE TABLE` statement of `table` in `conn`.
+fn table_sql(conn: &Connection, table: &str) -> rusqlite::Result<Option<String>> {
+    conn.query_row(
+        "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?1",
+        [table],
+        |r| r.get(0),
+    )
+    .optional()
+    .map(Option::flatten)
 }
 
 /// Why view `name` is not exactly the one gpusleuth writes (`text`): a
@@ -282,10 +318,23 @@ mod tests {
         c
     }
 
+    /// A version 5 database: every column of `call_rows` and `waits`
+    /// stored (none generated).
+    fn fresh_v5() -> Connection {
+        let c = fresh();
+        c.execute_batch(&format!(
+            "DROP TABLE call_rows; {CALL_ROWS_V5};
+             CREATE INDEX call_rows_stack ON call_rows(stack_id) WHERE stack_id IS NOT NULL;
+             DROP TABLE waits; {WAITS_V5}; CREATE INDEX waits_tid_on ON waits(tid, on_ns);"
+        ))
+        .expect("v5");
+        c
+    }
+
     /// A version 4 database: each allocator row's start, thread and base
     /// row's id stored as they are, read through version 4's view.
     fn fresh_v4() -> Connection {
-        let c = fresh();
+        let c = fresh_v5();
         c.execute_batch(&format!(
             "DROP VIEW allocator_events;
              ALTER TABLE allocator_rows RENAME COLUMN dur_ns TO start_ns;
@@ -311,7 +360,7 @@ mod tests {
     /// A version 2 database: the allocator events a table, the op's name
     /// in each row, the words one BLOB.
     fn fresh_v2() -> Connection {
-        let c = fresh();
+        let c = fresh_v5();
         c.execute_batch(&format!(
             "DROP VIEW allocator_events; DROP TABLE allocator_rows; {ALLOCATOR_EVENTS_V2};
              ALTER TABLE allocator_events ADD COLUMN stack_id INTEGER;
@@ -338,6 +387,7 @@ mod tests {
     #[test]
     fn our_schema_passes() {
         assert_eq!(check(&fresh(), SCHEMA_VERSION).expect("check"), Ok(()));
+        assert_eq!(check(&fresh_v5(), 5).expect("check"), Ok(()));
         assert_eq!(check(&fresh_v4(), 4).expect("check"), Ok(()));
         assert_eq!(check(&fresh_v3(), 3).expect("check"), Ok(()));
         assert_eq!(check(&fresh_v2(), 2).expect("check"), Ok(()));
@@ -385,7 +435,7 @@ mod tests {
         };
         assert!(why.contains(not_ours), "{why}");
         let why = {
-            let c = fresh();
+            let c = fresh_v5();
             c.execute_batch(&format!(
                 "DROP VIEW allocator_events; ALTER TABLE allocator_rows ADD COLUMN start_ns INTEGER;
                  ALTER TABLE allocator_rows ADD COLUMN base_id INTEGER; {ALLOCATOR_VIEW_V4};"
@@ -443,6 +493,50 @@ mod tests {
                 "calls_stack on calls is a partial index",
             )],
         );
+    }
+
+    /// Version 6's computed columns are SQL from the file that every read
+    /// runs: a table is accepted with them only as gpusleuth writes it,
+    /// and only in a version 6 file.
+    #[test]
+    fn computed_columns_only_as_written_and_only_in_version_6() {
+        let why = check(&fresh(), 5).expect("check").expect_err("refused");
+        assert_eq!(why, "call_rows.pid is a hidden or generated column");
+        let why = check(&fresh_v5(), 6).expect("check").expect_err("refused");
+        assert_eq!(why, "call_rows has no column pid_gap");
+        for (table, changed) in [
+            (
+                "call_rows",
+                create_v6("call_rows").replace("(tid - pid_gap)", "(tid - pid_gap + 0)"),
+            ),
+            (
+                "waits",
+                create_v6("waits").replace("max(on_ns - wake_ns, 0)", "max(on_ns - wake_ns, 1)"),
+            ),
+            (
+                "waits",
+                create_v6("waits").replace("ELSE 'unknown'", "ELSE 'blocked'"),
+            ),
+        ] {
+            let c = fresh();
+            let index = if table == "waits" {
+                "CREATE INDEX waits_tid_on ON waits(tid, on_ns);"
+            } else {
+                ""
+            };
+            c.execute_batch(&format!("DROP TABLE {table}; {changed}; {index}"))
+                .expect("changed");
+            let why = check(&c, 6).expect("check").expect_err("refused");
+            assert!(
+                why.starts_with(&format!("{table}.")) && why.ends_with("not written by gpusleuth"),
+                "{why}"
+            );
+        }
+    }
+
+    /// `call_rows` and `waits` as version 6 writes them, taken from a fresh file.
+    fn create_v6(table: &str) -> String {
+        table_sql(&fresh(), table).expect("sql").expect("table")
     }
 
     #[test]

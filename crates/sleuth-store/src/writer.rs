@@ -770,7 +770,7 @@ const CALL_COLUMNS: usize = 15;
 fn insert_calls_sql(rows: usize) -> String {
     let row = format!("({})", vec!["?"; CALL_COLUMNS].join(","));
     format!(
-        "INSERT INTO call_rows(ts_ns, dur_ns, pid, tid, op_id, ret, size, ptr, stream, kind,
+        "INSERT INTO call_rows(ts_ns, dur_ns, pid_gap, tid, op_id, ret, size, ptr, stream, kind,
             nested, runnable_ns, blocked_ns, cpu, stack_id) VALUES {}",
         vec![row; rows].join(",")
     )
@@ -807,7 +807,9 @@ impl<'tx> CallInsert<'tx> {
         let values: [Option<i64>; CALL_COLUMNS] = [
             Some(c.ts_ns as i64),
             Some(c.dur_ns as i64),
-            Some(i64::from(c.pid)),
+            // The thread's distance to its process (the `pid` column gives
+            // the pid back): 0 on the main thread, a few bytes at most.
+            Some(i64::from(c.tid) - i64::from(c.pid)),
             Some(i64::from(c.tid)),
             Some(i64::from(op_id)),
             Some(c.ret),
@@ -841,8 +843,8 @@ const INSERT_NCCL: &str =
     "INSERT INTO nccl_calls(call_id, comm, new_comm, count, datatype, redop, peer, rank, nranks,
         color, unique_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)";
 const INSERT_WAIT: &str =
-    "INSERT INTO waits(pid, tid, kind, off_ns, wake_ns, on_ns, prev_state, cpu, blocked_ns, runnable_ns)
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)";
+    "INSERT INTO waits(pid_gap, tid, kind_id, off_ns, wake_ns, on_ns, prev_state, cpu)
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)";
 const INSERT_WAKER: &str =
     "INSERT INTO wait_wakers(wait_id, pid, tid, comm, irq) VALUES (?1, ?2, ?3, ?4, ?5)";
 const INSERT_CULPRIT: &str =
@@ -960,17 +962,17 @@ impl<'tx, 'b> EventRows<'tx, 'b> {
     }
 
     fn wait(&mut self, w: &WaitEvent) -> rusqlite::Result<()> {
+        // The pid, the kind's name and the blocked and runnable parts are
+        // the table's generated columns.
         stmt(self.tx, &mut self.wait, || INSERT_WAIT.into())?.execute(params![
-            w.pid,
+            i64::from(w.tid) - i64::from(w.pid),
             w.tid,
-            w.kind.as_str(),
+            schema::wait_kind_id(w.kind),
             w.off_ns as i64,
             w.wake_ns as i64,
             w.on_ns as i64,
             w.prev_state,
-            w.cpu,
-            w.blocked_ns() as i64,
-            w.runnable_ns() as i64
+            w.cpu
         ])?;
         let wait_id = self.tx.last_insert_rowid();
         if let Some(k) = &w.waker {

@@ -391,7 +391,7 @@ fn waits_of_an_unknown_kind_are_skipped_as_the_load_skips_them() {
     without_op_rollups(&path);
     let conn = rusqlite::Connection::open(&path).unwrap();
     let changed = conn
-        .execute("UPDATE waits SET kind = 'future' WHERE id % 5 = 0", [])
+        .execute("UPDATE waits SET kind_id = 7 WHERE id % 5 = 0", [])
         .unwrap();
     assert!(changed > 100);
     drop(conn);

@@ -58,6 +58,12 @@ fn changed_copy(from: &Path, to: &Path, sql: &str) {
         .unwrap();
 }
 
+/// [`changed_copy`] as a version 5 file first (`call_rows` and `waits`
+/// with every column stored), then `sql` making it older.
+fn older_copy(from: &Path, to: &Path, sql: &str) {
+    changed_copy(from, to, &format!("{}{sql}", common::ROWS_AS_VERSION_5));
+}
+
 fn simulated(path: &Path) {
     let w = TraceWriter::create(path, common::session(), WriterOptions::default()).unwrap();
     let h = w.handle();
@@ -1091,6 +1097,7 @@ fn version_2_allocator_words_read_as_version_3_ones() {
         rows.unwrap().collect::<rusqlite::Result<_>>().unwrap()
     };
     assert!(rows.len() >= 3, "the trace has allocator events");
+    c.execute_batch(common::ROWS_AS_VERSION_5).unwrap();
     c.execute_batch(
         "DROP VIEW allocator_events; DROP TABLE allocator_rows;
          CREATE TABLE allocator_events(id INTEGER PRIMARY KEY, start_ns INTEGER NOT NULL,
@@ -1226,7 +1233,7 @@ fn allocator_rows_leave_out_the_words_their_blocks_base_row_holds() {
     // The same rows in a version 4 file: the start, the thread and the
     // base row's id as they are.
     let v4 = dir.join("v4.db");
-    changed_copy(
+    older_copy(
         &path,
         &v4,
         "DROP VIEW allocator_events; ALTER TABLE allocator_rows RENAME TO v5;
@@ -1256,7 +1263,7 @@ fn allocator_rows_leave_out_the_words_their_blocks_base_row_holds() {
 
     // The same events in a version 3 file: every word in its row.
     let old = dir.join("v3.db");
-    changed_copy(
+    older_copy(
         &path,
         &old,
         "CREATE TABLE resolved AS SELECT * FROM allocator_events;

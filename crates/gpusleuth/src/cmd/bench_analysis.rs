@@ -877,11 +877,12 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
-    /// A node's clock and pids change the numbers stored, not the trace:
-    /// the same per-op statistics and event counts, times past 2^47 ns and
-    /// pids past 2^21 in the rows, and more bytes per event (each such
-    /// number takes 8 and 3 bytes in SQLite's records, 6 and 1 on a fresh
-    /// machine).
+    /// A node's clock and pids change the numbers read, not the trace: the
+    /// same per-op statistics and event counts, times past 2^47 ns and pids
+    /// past 2^21 as read, and more bytes per event (its tids take 3 bytes in
+    /// SQLite's records, 1 on a fresh machine; its times are stored on the
+    /// trace's clock, 6 bytes, and its pids as the threads' distance to
+    /// them, since round 33).
     #[test]
     fn a_nodes_magnitudes_change_the_sizes_not_the_answers() {
         let dir = std::env::temp_dir().join(format!("gs-bench-node-{}", std::process::id()));
@@ -906,17 +907,22 @@ mod tests {
             serde_json::to_value(stats.expect("rollups").ops).unwrap()
         };
         assert_eq!(ops(&fresh_db), ops(&node_db));
+        // Stored on the trace's clock (6 bytes each), CLOCK_MONOTONIC past
+        // 2^47 ns once its base is added; pids past 2^21, stored as the
+        // threads' distance to them.
         let c = rusqlite::Connection::open(&node_db).unwrap();
-        let (ts, pid, off): (i64, i64, i64) = c
+        let (ts, last, pid, off, base): (i64, i64, i64, i64, i64) = c
             .query_row(
-                "SELECT min(ts_ns), min(pid), (SELECT min(off_ns) FROM waits) FROM call_rows",
+                "SELECT min(ts_ns), max(ts_ns + dur_ns), min(pid), (SELECT min(off_ns) FROM waits),
+                    (SELECT CAST(value AS INTEGER) FROM meta WHERE key = 'clock_base_ns')
+                 FROM call_rows",
                 [],
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
             )
             .unwrap();
         assert!(
-            ts > 1 << 47 && off > 1 << 47 && pid > 1 << 21,
-            "{ts} {off} {pid}"
+            ts + base > 1 << 47 && off + base > 1 << 47 && last < 1 << 47 && pid > 1 << 21,
+            "{ts} {off} {last} {base} {pid}"
         );
         let _ = std::fs::remove_dir_all(&dir);
     }
