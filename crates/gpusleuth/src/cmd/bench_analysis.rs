@@ -191,9 +191,19 @@ const BLOCK_PTR_WORD: usize = 10;
 /// A PyTorch caching-allocator event (`DeviceCachingAllocator::malloc` or
 /// `::free`) of the block at `ptr`, its `Block` words in torch 2.11's
 /// layout (the other words differ from event to event).
-fn block_event(op: u16, pid: u32, start: u64, round: u64, ptr: u64, malloc: bool) -> BlockEvent {
+fn block_event(
+    op: u16,
+    pid: u32,
+    (start, since_boot): (u64, u64),
+    round: u64,
+    ptr: u64,
+    malloc: bool,
+) -> BlockEvent {
     let requested = BLOCK_BYTES - 100;
-    let mut words = [0x5555_0000_0000 + start; BLOCK_WORDS];
+    // Words that change with every event, as a `Block`'s do, but not with
+    // how long the machine has been up (memory contents are no times:
+    // `since_boot` is the session's start on the clock).
+    let mut words = [0x5555_0000_0000 + start - since_boot; BLOCK_WORDS];
     words[BLOCK_SIZE_WORD] = BLOCK_BYTES;
     words[BLOCK_REQUESTED_WORD] = requested;
     words[BLOCK_PTR_WORD] = ptr;
@@ -314,7 +324,7 @@ fn events(ops: &Ops, shape: Synthetic) -> impl Iterator<Item = Event> + '_ {
             out.push(Event::Block(block_event(
                 op,
                 pid,
-                ts + dur + 100,
+                (ts + dur + 100, at.clock_ns),
                 i / 64,
                 ptr,
                 malloc,
