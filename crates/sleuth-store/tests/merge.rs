@@ -138,3 +138,59 @@ fn colliding_pids_are_renumbered_and_every_row_keeps_its_references() {
     let err = input_facts(&out).unwrap_err();
     assert!(err.to_string().contains("already a merged trace"), "{err}");
 }
+
+/// A version 5 input (every column of `call_rows` and `waits` stored)
+/// merges into a version 6 trace as the same trace written by this build
+/// does: the thread's distance to its process and the wait's kind number
+/// are computed from its columns.
+#[test]
+fn a_version_5_input_merges_as_a_version_6_one() {
+    let dir = TempDir::new("merge_v5");
+    let (a, b, old_b) = (dir.join("a.db"), dir.join("b.db"), dir.join("b5.db"));
+    node(&a, "node-a", 1_000_000);
+    node(&b, "node-b", 5_000_000);
+    // A blocked wait too (node's is a preemption).
+    rusqlite::Connection::open(&b)
+        .unwrap()
+        .execute("UPDATE waits SET kind_id = 1", [])
+        .unwrap();
+    std::fs::copy(&b, &old_b).unwrap();
+    let c = rusqlite::Connection::open(&old_b).unwrap();
+    c.execute_batch(ROWS_AS_VERSION_5).unwrap();
+    c.execute_batch("UPDATE meta SET value = '5' WHERE key = 'schema_version'")
+        .unwrap();
+    drop(c);
+    let merged = |b: &std::path::Path, name: &str| {
+        let out = dir.join(name);
+        let off = 1 << 22;
+        write_merged(
+            &[
+                input(a.clone(), 0, 0),
+                input(b.to_path_buf(), -3_000_000, off),
+            ],
+            &out,
+            false,
+            "t",
+        )
+        .unwrap();
+        let d = Trace::open(&out).unwrap().load(None).unwrap();
+        let mut calls: Vec<(u32, u32, u64, String)> = d
+            .calls
+            .iter()
+            .map(|c| (c.pid, c.tid, c.ts_ns, c.op_name().to_string()))
+            .collect();
+        calls.sort();
+        let mut waits: Vec<String> = d.waits.iter().map(|w| format!("{w:?}")).collect();
+        waits.sort();
+        (calls, waits)
+    };
+    let (calls, waits) = merged(&b, "v6.db");
+    assert_eq!(calls.len(), 4);
+    assert!(
+        waits
+            .iter()
+            .any(|w| w.contains("pid: 4194314") && w.contains("Blocked")),
+        "{waits:?}"
+    );
+    assert_eq!(merged(&old_b, "v5.db"), (calls, waits));
+}
