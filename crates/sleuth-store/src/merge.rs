@@ -352,18 +352,16 @@ fn copy_table(
             .iter()
             .map(|_| -> Box<dyn Fn(Value) -> Value> { Box::new(|v| v) }),
     );
-    let list = cols
-        .iter()
-        .map(String::as_str)
-        .chain(derived.iter().map(|d| d.0))
-        .collect::<Vec<_>>()
-        .join(", ");
-    let sel = cols
-        .iter()
-        .map(String::as_str)
-        .chain(derived.iter().map(|d| d.1))
-        .collect::<Vec<_>>()
-        .join(", ");
+    // The columns copied, then the derived ones: by name (inserted) or
+    // by how the source gives them (selected).
+    let listed = |derived_as: fn(&(&str, &str)) -> String| {
+        cols.iter()
+            .cloned()
+            .chain(derived.iter().map(derived_as))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let (list, sel) = (listed(|d| d.0.to_string()), listed(|d| d.1.to_string()));
     let read = map.len();
     let n = read + usize::from(by_name);
     let marks: Vec<String> = (1..=n).map(|i| format!("?{i}")).collect();

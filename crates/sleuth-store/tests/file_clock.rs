@@ -41,31 +41,15 @@ fn later(e: &Event) -> Event {
 /// `data` as recorded `DAYS` later.
 fn data_later(data: &TraceData) -> TraceData {
     let mut d = data.clone();
-    let one = |e: Event| later(&e);
-    d.calls = d
-        .calls
-        .into_iter()
-        .map(|c| match one(Event::Call(c)) {
-            Event::Call(c) => c,
-            _ => unreachable!(),
-        })
-        .collect();
-    d.waits = d
-        .waits
-        .into_iter()
-        .map(|w| match one(Event::Wait(w)) {
-            Event::Wait(w) => w,
-            _ => unreachable!(),
-        })
-        .collect();
-    d.procs = d
-        .procs
-        .into_iter()
-        .map(|p| match one(Event::Proc(p)) {
-            Event::Proc(p) => p,
-            _ => unreachable!(),
-        })
-        .collect();
+    for c in &mut d.calls {
+        c.ts_ns += DAYS;
+    }
+    for w in &mut d.waits {
+        (w.off_ns, w.wake_ns, w.on_ns) = (w.off_ns + DAYS, w.wake_ns + DAYS, w.on_ns + DAYS);
+    }
+    for p in &mut d.procs {
+        p.ts_ns += DAYS;
+    }
     for p in &mut d.processes {
         for t in [&mut p.start_ns, &mut p.exit_ns].into_iter().flatten() {
             *t += DAYS;
