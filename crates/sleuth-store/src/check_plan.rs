@@ -744,8 +744,9 @@ mod tests {
                      runnable_ns, blocked_ns, cpu)
                  SELECT i, i, i % 7, 1 + i % 7, (SELECT min(id) FROM ops), 0, 0, 0, 0, 0 FROM r;
                  WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM r WHERE i < 600000)
-                 INSERT INTO waits(pid_gap, tid, kind_id, off_ns, wake_ns, on_ns, prev_state, cpu)
-                 SELECT i % 7, 1 + i % 7, 1, i, i, i, 0, 0 FROM r;",
+                 INSERT INTO waits(pid_gap, tid, kind_id, off_ns, blocked_for, runnable_for,
+                     prev_state, cpu)
+                 SELECT i % 7, 1 + i % 7, 1, i, 0, 0, 0, 0 FROM r;",
             )
             .expect("fill");
         }

@@ -37,6 +37,8 @@ const DERIVED: &[(&str, &str)] = &[
         "kind_id",
         "CASE kind WHEN 'preempted' THEN 0 WHEN 'blocked' THEN 1 END",
     ),
+    ("blocked_for", "wake_ns - off_ns"),
+    ("runnable_for", "on_ns - wake_ns"),
 ];
 /// Written by the merge itself, not copied (`ops` is filled by the schema;
 /// calls are copied through the `calls` view or table by `copy_calls`).

@@ -511,7 +511,7 @@ mod tests {
             ),
             (
                 "waits",
-                create_v6("waits").replace("max(on_ns - wake_ns, 0)", "max(on_ns - wake_ns, 1)"),
+                create_v6("waits").replace("max(runnable_for, 0)", "max(runnable_for, 1)"),
             ),
             (
                 "waits",

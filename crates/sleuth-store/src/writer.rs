@@ -843,7 +843,7 @@ const INSERT_NCCL: &str =
     "INSERT INTO nccl_calls(call_id, comm, new_comm, count, datatype, redop, peer, rank, nranks,
         color, unique_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)";
 const INSERT_WAIT: &str =
-    "INSERT INTO waits(pid_gap, tid, kind_id, off_ns, wake_ns, on_ns, prev_state, cpu)
+    "INSERT INTO waits(pid_gap, tid, kind_id, off_ns, blocked_for, runnable_for, prev_state, cpu)
      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)";
 const INSERT_WAKER: &str =
     "INSERT INTO wait_wakers(wait_id, pid, tid, comm, irq) VALUES (?1, ?2, ?3, ?4, ?5)";
@@ -962,15 +962,17 @@ impl<'tx, 'b> EventRows<'tx, 'b> {
     }
 
     fn wait(&mut self, w: &WaitEvent) -> rusqlite::Result<()> {
-        // The pid, the kind's name and the blocked and runnable parts are
-        // the table's generated columns.
+        // The pid, the kind's name, the wake-up and return times and the
+        // blocked and runnable parts are the table's generated columns (the
+        // differences as they are: the times come back exactly, even out of
+        // order).
         stmt(self.tx, &mut self.wait, || INSERT_WAIT.into())?.execute(params![
             i64::from(w.tid) - i64::from(w.pid),
             w.tid,
             schema::wait_kind_id(w.kind),
             w.off_ns as i64,
-            w.wake_ns as i64,
-            w.on_ns as i64,
+            (w.wake_ns as i64).wrapping_sub(w.off_ns as i64),
+            (w.on_ns as i64).wrapping_sub(w.wake_ns as i64),
             w.prev_state,
             w.cpu
         ])?;

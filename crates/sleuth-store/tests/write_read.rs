@@ -756,3 +756,51 @@ fn calls_whose_fields_change_row_to_row_read_back_exactly() {
         assert_eq!(got, want);
     }
 }
+
+/// Version 6 stores a wait's wake-up and return as the time blocked and
+/// runnable before them and its pid as its thread's distance to it: every
+/// time, pid and kind reads back exactly, times out of order included
+/// (their blocked and runnable parts then 0, as `WaitEvent` says).
+#[test]
+fn a_waits_times_pid_and_kind_read_back_exactly() {
+    let (_dir, path, w) = new_trace("waits_v6");
+    let h = w.handle();
+    let blocked = sleuth_core::WaitEvent {
+        kind: sleuth_core::WaitKind::Blocked,
+        wake_ns: 1_500,
+        prev_state: 1,
+        ..preempted(3_000_000, 3_000_007, 1_000, 1_600, vec![])
+    };
+    // A switch-in settled from the thread's CPU time can date the wake-up
+    // before the switch-out: kept as it was measured.
+    let odd = sleuth_core::WaitEvent {
+        wake_ns: 1_990,
+        ..preempted(3_000_000, 2_999_990, 2_000, 1_980, vec![])
+    };
+    for w in [&blocked, &odd] {
+        h.send(Event::Wait(w.clone())).unwrap();
+    }
+    drop(h);
+    w.finish().unwrap();
+    let t = Trace::open(&path).unwrap();
+    let mut got = t.load(None).unwrap().waits;
+    got.sort_by_key(|w| w.off_ns);
+    assert_eq!(got, vec![blocked.clone(), odd.clone()]);
+    let c = rusqlite::Connection::open(&path).unwrap();
+    let parts: Vec<(i64, i64, i64, i64, String)> = c
+        .prepare("SELECT pid, pid_gap, blocked_ns, runnable_ns, kind FROM waits ORDER BY off_ns")
+        .unwrap()
+        .query_map([], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+        })
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(
+        parts,
+        vec![
+            (3_000_000, 7, 500, 100, "blocked".to_string()),
+            (3_000_000, -10, 0, 0, "preempted".to_string()),
+        ]
+    );
+}
