@@ -803,4 +803,15 @@ fn a_waits_times_pid_and_kind_read_back_exactly() {
             (3_000_000, -10, 0, 0, "preempted".to_string()),
         ]
     );
+    // Crafted differences that overflow give floating-point times: outside
+    // every valid range, so the wait is skipped and counted.
+    c.execute_batch(
+        "UPDATE waits SET off_ns = 1 << 62, blocked_for = 1 << 62 WHERE kind_id = 1;
+         UPDATE waits SET runnable_for = 9223372036854775807 WHERE kind_id = 0;",
+    )
+    .unwrap();
+    drop(c);
+    let t = Trace::open(&path).unwrap();
+    assert!(t.load(None).unwrap().waits.is_empty());
+    assert_eq!(t.input_problems().unwrap().impossible_waits, 2);
 }
