@@ -295,6 +295,9 @@ impl CarriedReplay {
             None if self.before_max_end.is_none() => Replay::carried(layout, self.pid),
             None => return None,
         };
+        // About as many blocks as the carried replay holds now: one table,
+        // not the doublings' old and new ones side by side beside it.
+        r.reserve_live(self.replayed.as_ref().map_or(0, Replay::live_blocks));
         source.for_each_step(self.pid, Some(ts), &mut |s| {
             r.push(s);
             true

@@ -13,7 +13,7 @@
 //! so crafted numbers give wrong answers at worst, never a panic.
 
 use super::segments::{Seg, SegmentKind, SegmentMap};
-use super::{BlockCounts, Blocks, FailedRequest, Layout, LiveBlock, Moment, Rebuilder};
+use super::{BlockCounts, Blocks, FailedRequest, Held, Layout, LiveBlock, Moment, Rebuilder};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 
@@ -63,7 +63,7 @@ impl Rebuilder {
     /// The state of the replay so far ([`Self::resume`] takes it up).
     pub fn state(&self) -> RebuildState {
         let b = &self.blocks;
-        let mut live: Vec<LiveBlock> = b.live.values().cloned().collect();
+        let mut live: Vec<LiveBlock> = b.live.iter().map(|(k, h)| h.live(*k)).collect();
         live.sort_unstable_by_key(|l| l.block);
         let segments = self
             .segs
@@ -97,11 +97,10 @@ impl Rebuilder {
             return Err("a state read with another layout".into());
         }
         let mut live = HashMap::with_capacity(state.live.len());
-        for mut l in state.live {
-            // Labels are the reader's to name.
-            l.site = None;
+        for l in state.live {
+            // Labels are the reader's to name (a held block has none).
             let key = l.block.0;
-            if live.insert(key, l).is_some() {
+            if live.insert(key, Held::of(&l)).is_some() {
                 return Err(format!("block {key:#x} listed twice"));
             }
         }
