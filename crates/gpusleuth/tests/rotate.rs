@@ -961,3 +961,87 @@ fn last_of_a_run_knows_memory_pinned_in_its_earlier_files() {
     );
     assert_eq!(copies_of(&alone, &[]), (25, 25), "the whole file alone");
 }
+
+/// CLOCK_MONOTONIC now, as the tracer reads it.
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Every file of a run is on one clock (`meta.clock_base_ns`): with
+/// `GPUSLEUTH_CLOCK_MARGIN_S=1` the base is a second before the run's start
+/// on any machine (an hour by default, 0 on a machine up less), the stored
+/// start plus the base is when the trace began, and the files' times go on
+/// from one to the next. A margin that is no number of seconds is a
+/// one-line error.
+#[test]
+fn a_runs_files_are_on_one_clock_a_margin_before_its_start() {
+    let Some(sb) = Sandbox::for_ebpf("clock") else {
+        return;
+    };
+    let before = monotonic_ns();
+    let out = sb
+        .trace_command(&["--rotate", "300ms"], SCRIPT)
+        .env("GPUSLEUTH_CLOCK_MARGIN_S", "1")
+        .output()
+        .expect("run gpusleuth trace");
+    let after = monotonic_ns();
+    common::assert_no_panic(&out);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let files = parts(&sb.db());
+    assert!(files.len() >= 2, "{files:?}");
+    let mut last_end = 0;
+    for (n, f) in &files {
+        let db = common::Db::open(f);
+        let base = db.int("SELECT CAST(value AS INTEGER) FROM meta WHERE key = 'clock_base_ns'");
+        let (start, end) = (
+            db.int("SELECT start_mono_ns FROM session"),
+            db.int("SELECT end_mono_ns FROM session"),
+        );
+        assert!(
+            base > 0 && base % 1_000_000_000 == 0,
+            "file {n}: base {base}"
+        );
+        assert!(
+            (before as i64..=after as i64).contains(&(start + base)),
+            "file {n}: began at {} on CLOCK_MONOTONIC, the trace ran from {before} to {after}",
+            start + base
+        );
+        if *n == 1 {
+            // A second before the start, on a whole second.
+            assert!((1_000_000_000..2_000_000_000).contains(&start), "{start}");
+        }
+        assert!(
+            start >= last_end - 1_000_000_000 && end >= start,
+            "file {n}: {start}..{end}"
+        );
+        last_end = end;
+        // Every call of the file on its clock, inside its session.
+        let outside = db.int(&format!(
+            "SELECT count(*) FROM calls WHERE ts_ns < {} OR ts_ns > {end}",
+            start - 1_000_000_000
+        ));
+        assert_eq!(outside, 0, "file {n}: calls outside its session");
+    }
+    let bad = sb
+        .trace_command(&[], SCRIPT)
+        .env("GPUSLEUTH_CLOCK_MARGIN_S", "soon")
+        .output()
+        .expect("run gpusleuth trace");
+    common::assert_no_panic(&bad);
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        !bad.status.success() && err.contains("GPUSLEUTH_CLOCK_MARGIN_S"),
+        "{err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+}

@@ -195,6 +195,22 @@ fn uname_release() -> String {
         .unwrap_or_default()
 }
 
+/// The run's clock base (`sleuth_store::file_clock`), an hour before its
+/// start unless `GPUSLEUTH_CLOCK_MARGIN_S` names another margin.
+fn clock_base(start_mono: u64) -> Result<u64> {
+    use sleuth_store::file_clock::{clock_base_with_margin, MARGIN_ENV, MARGIN_NS};
+    let margin = match std::env::var(MARGIN_ENV) {
+        Err(_) => MARGIN_NS,
+        Ok(v) => match v.parse::<u64>() {
+            Ok(s) if s <= 86_400 * 365 => s * 1_000_000_000,
+            _ => {
+                bail!("{MARGIN_ENV}={v:?}: a whole number of seconds (at most a year) is expected")
+            }
+        },
+    };
+    Ok(clock_base_with_margin(start_mono, margin))
+}
+
 fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_string())
@@ -327,7 +343,7 @@ pub fn run(args: Args) -> Result<i32> {
         launch_mode: args.launches.as_str().into(),
         tool_version: env!("CARGO_PKG_VERSION").into(),
         // One base for the whole run: its files' carried states share a clock.
-        clock_base_ns: sleuth_store::file_clock::clock_base_for(start_mono),
+        clock_base_ns: clock_base(start_mono)?,
     };
     let opts = WriterOptions {
         max_db_bytes: args.max_db,
