@@ -80,6 +80,25 @@ pub(crate) fn rebase_library(l: &mut LibraryInfo, base: u64) {
     }
 }
 
+/// Why a stored clock base is refused.
+pub(crate) const NOT_A_BASE: &str =
+    "damaged trace: meta.clock_base_ns is not a number of nanoseconds";
+
+/// [`stored_clock_base`] of the trace at `path`, a damaged value a
+/// one-line error naming it.
+pub(crate) fn stored_clock_base_of(
+    conn: &rusqlite::Connection,
+    path: &std::path::Path,
+) -> Result<u64, crate::StoreError> {
+    use crate::error::SqlContext;
+    match stored_clock_base(conn) {
+        Err(rusqlite::Error::InvalidColumnType(..)) => {
+            Err(crate::StoreError::file(path, NOT_A_BASE))
+        }
+        other => other.at(path),
+    }
+}
+
 /// The file's clock base as stored (0 in files written before it existed:
 /// their times are CLOCK_MONOTONIC).
 pub fn stored_clock_base(conn: &rusqlite::Connection) -> rusqlite::Result<u64> {

@@ -134,7 +134,7 @@ fn write_into(
         if i == 0 {
             copy_session(&src, &tx).at(out)?;
             // The merged clock is the first input's, base and all.
-            let base = crate::file_clock::stored_clock_base(&src).at(p)?;
+            let base = crate::file_clock::stored_clock_base_of(&src, p)?;
             tx.execute(
                 "INSERT INTO meta(key, value) VALUES ('clock_base_ns', ?1)",
                 [base.to_string()],

@@ -222,7 +222,7 @@ impl Trace {
     }
 
     pub fn session(&self) -> Result<Session, StoreError> {
-        let clock_base_ns = crate::file_clock::stored_clock_base(&self.conn).at(&self.path)?;
+        let clock_base_ns = crate::file_clock::stored_clock_base_of(&self.conn, &self.path)?;
         self.conn
             .query_row(
                 "SELECT started_unix_ns, start_mono_ns, end_mono_ns, realtime_offset_ns, hostname,

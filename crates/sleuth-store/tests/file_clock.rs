@@ -207,3 +207,32 @@ fn a_runs_files_and_the_states_it_carries_are_on_one_clock() {
         assert_same_file(&a.join(&name), &b.join(&name));
     }
 }
+
+/// A stored base that is not a number of nanoseconds is a one-line error
+/// naming the file and the key.
+#[test]
+fn a_damaged_clock_base_is_a_one_line_error() {
+    let dir = TempDir::new("file_clock_damaged");
+    let path = dir.join("t.db");
+    rewrite_in_session(&two_processes(), &path, Default::default(), session());
+    for bad in ["abc", "-5", "1e9", "18446744073709551616"] {
+        rusqlite::Connection::open(&path)
+            .unwrap()
+            .execute(
+                "UPDATE meta SET value = ?1 WHERE key = 'clock_base_ns'",
+                [bad],
+            )
+            .unwrap();
+        let err = sleuth_store::Trace::open(&path)
+            .unwrap()
+            .session()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("meta.clock_base_ns is not a number of nanoseconds")
+                && err.contains("t.db")
+                && !err.contains('\n'),
+            "{bad}: {err}"
+        );
+    }
+}
