@@ -4,11 +4,13 @@
 //! and a CLOCK_MONOTONIC time past 2^47 ns (39 hours since boot: any node
 //! agent's machine) takes 8 bytes where a smaller one takes 6, in every
 //! call and wait row and in their time indexes (4.7 bytes per event of the
-//! bench's mix: docs/benchmarks.md, "Times on the file's clock (round 33)").
+//! bench's mix: docs/benchmarks.md, "Times on the trace's clock, and a
+//! row's pid computed (round 33)").
 //! So the writer stores every time as CLOCK_MONOTONIC minus the run's
 //! **clock base** (`meta.clock_base_ns`): the monotonic time an hour before
 //! the run started, on a whole second (0 on a machine up less than an
-//! hour, where the files keep CLOCK_MONOTONIC itself). Every file of a
+//! hour, where the files keep CLOCK_MONOTONIC itself; `MARGIN_ENV` names
+//! another margin). Every file of a
 //! `--rotate` run has the same base, so the states the tracer carries from
 //! file to file need no conversion; a run's times stay under 2^47 for its
 //! first 38 hours.
