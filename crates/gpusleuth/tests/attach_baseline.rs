@@ -114,15 +114,7 @@ fn run(args: &[&str], db: &Path) -> Output {
 
 /// wall-clock ns − monotonic ns, measured by this test (not by the tool).
 fn realtime_offset_ns() -> i128 {
-    let read = |clock| {
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: clock_gettime writes the timespec we own.
-        unsafe { libc::clock_gettime(clock, &mut ts) };
-        ts.tv_sec as i128 * 1_000_000_000 + ts.tv_nsec as i128
-    };
+    let read = common::clock_ns;
     let m0 = read(libc::CLOCK_MONOTONIC);
     let r = read(libc::CLOCK_REALTIME);
     let m1 = read(libc::CLOCK_MONOTONIC);

@@ -964,13 +964,7 @@ fn last_of_a_run_knows_memory_pinned_in_its_earlier_files() {
 
 /// CLOCK_MONOTONIC now, as the tracer reads it.
 fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes the timespec we own.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    common::clock_ns(libc::CLOCK_MONOTONIC) as u64
 }
 
 /// Every file of a run is on one clock (`meta.clock_base_ns`): with

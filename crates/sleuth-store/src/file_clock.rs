@@ -86,6 +86,16 @@ pub(crate) fn rebase_library(l: &mut LibraryInfo, base: u64) {
 pub(crate) const NOT_A_BASE: &str =
     "damaged trace: meta.clock_base_ns is not a number of nanoseconds";
 
+/// The file's clock base as stored: 0 in files written before it existed
+/// (their times are CLOCK_MONOTONIC), None when it is not a number of
+/// nanoseconds (a damaged file).
+fn stored_clock_base(conn: &rusqlite::Connection) -> rusqlite::Result<Option<u64>> {
+    Ok(match crate::open::meta_value(conn, "clock_base_ns")? {
+        None => Some(0),
+        Some(v) => v.parse().ok(),
+    })
+}
+
 /// [`stored_clock_base`] of the trace at `path`, a damaged value a
 /// one-line error naming it.
 pub(crate) fn stored_clock_base_of(
@@ -93,45 +103,18 @@ pub(crate) fn stored_clock_base_of(
     path: &std::path::Path,
 ) -> Result<u64, crate::StoreError> {
     use crate::error::SqlContext;
-    match stored_clock_base(conn) {
-        Err(rusqlite::Error::InvalidColumnType(..)) => {
-            Err(crate::StoreError::file(path, NOT_A_BASE))
-        }
-        other => other.at(path),
-    }
-}
-
-/// The file's clock base as stored (0 in files written before it existed:
-/// their times are CLOCK_MONOTONIC).
-pub fn stored_clock_base(conn: &rusqlite::Connection) -> rusqlite::Result<u64> {
-    use rusqlite::OptionalExtension;
-    let v: Option<String> = conn
-        .query_row(
-            "SELECT value FROM meta WHERE key = 'clock_base_ns'",
-            [],
-            |r| r.get(0),
-        )
-        .optional()?;
-    match v {
-        None => Ok(0),
-        // Not a number: a damaged file (no answer depends on it).
-        Some(v) => v.parse().map_err(|_| {
-            rusqlite::Error::InvalidColumnType(
-                0,
-                "meta.clock_base_ns".into(),
-                rusqlite::types::Type::Text,
-            )
-        }),
-    }
+    stored_clock_base(conn)
+        .at(path)?
+        .ok_or_else(|| crate::StoreError::file(path, NOT_A_BASE))
 }
 
 /// Now, on the clock of the file `conn` writes (for the notes the
 /// completion adds).
 pub(crate) fn now_on_file_clock(conn: &rusqlite::Connection) -> rusqlite::Result<u64> {
-    Ok(on_file_clock(
-        crate::writer::monotonic_now_ns(),
-        stored_clock_base(conn)?,
-    ))
+    let base = stored_clock_base(conn)?.ok_or_else(|| {
+        rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, NOT_A_BASE.into())
+    })?;
+    Ok(on_file_clock(crate::writer::monotonic_now_ns(), base))
 }
 
 #[cfg(test)]

@@ -317,8 +317,9 @@ fn copy_table(
         0
     };
     // Columns this file stores that an older source computes from others
-    // (a version 6 file from a version 5 one): a thread's distance to its
-    // process (moved with both) and a wait's kind as a number.
+    // (a version 6 file from a version 5 one, `DERIVED`): a thread's
+    // distance to its process (moved with both), a wait's kind as a number
+    // and its blocked and runnable times (differences: not moved).
     let derived: Vec<(&str, &str)> = DERIVED
         .iter()
         .filter(|(c, _)| dst_cols.contains(*c) && !cols.iter().any(|s| s == c))

@@ -17,7 +17,11 @@
 //! `schema::ALLOCATOR_VIEW_V4`, also joins each row's `base_id` row;
 //! version 5's, `schema::ALLOCATOR_VIEW`, computes the start, the thread and
 //! the base row), accepted the same way; earlier files have it as a plain
-//! table.
+//! table. Version 6 computes some columns of `call_rows` and `waits`
+//! (`schema::GENERATED_TABLES`): those two tables are accepted with
+//! generated columns only in a version 6 file and only with exactly the
+//! text gpusleuth writes, as the views are; earlier versions' tables are
+//! `schema::CALL_ROWS_V5` and `schema::WAITS_V5`.
 
 use crate::schema::{
     ALLOCATOR_EVENTS_V2, ALLOCATOR_VIEW, ALLOCATOR_VIEW_V3, ALLOCATOR_VIEW_V4, CALLS_V1,

@@ -336,7 +336,7 @@ fn rebase(m: &mut Msg, base: u64) {
         Msg::SessionEnd(t) => at(t),
         Msg::GpuSamples(s) => s.iter_mut().for_each(|g| at(&mut g.ts_ns)),
         Msg::ProcessGpuSamples(s) => s.iter_mut().for_each(|g| at(&mut g.ts_ns)),
-        // No time in them (a note is stamped when stored, `WriterState::now`).
+        // No time in them (a note is stamped when stored, in `apply`).
         Msg::Note(..)
         | Msg::Stat(..)
         | Msg::OpCounts(_)

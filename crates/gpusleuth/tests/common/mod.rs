@@ -425,3 +425,14 @@ pub fn assert_refused_as_damaged(cmd: &mut Command) {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("damaged"), "{err}");
 }
+
+/// A clock's reading now, in ns (`CLOCK_MONOTONIC` is the tracer's clock).
+pub fn clock_ns(clock: libc::clockid_t) -> i128 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec we own.
+    unsafe { libc::clock_gettime(clock, &mut ts) };
+    ts.tv_sec as i128 * 1_000_000_000 + ts.tv_nsec as i128
+}
