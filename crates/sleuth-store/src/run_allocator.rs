@@ -118,6 +118,7 @@ impl AllocatorCarry {
         ))?;
         conn.execute(&format!("DELETE FROM {BEGIN_TABLE}"), [])?;
         let source = FileSteps::own(conn)?;
+        let max = MAX_CARRIED.load(std::sync::atomic::Ordering::Relaxed);
         let mut views: Vec<(u32, Option<u64>, AllocatorView)> = Vec::new();
         let mut lost = Vec::new();
         for (&pid, replay) in self.replays.iter_mut() {
@@ -131,7 +132,9 @@ impl AllocatorCarry {
                 true
             });
             let reserved = sleuth_core::ledger::live_bytes_of(run, pid);
-            match replay.end_file(&source, reserved) {
+            // A process past the bound alone is dropped by the loop below
+            // too (the largest go first): it stops before its views.
+            match replay.end_file(&source, reserved, max) {
                 Ok(v) if v.complete => {
                     views.push((pid, None, v.end));
                     views.extend(v.moment.map(|(ts, m)| (pid, Some(ts), m)));
@@ -150,7 +153,6 @@ impl AllocatorCarry {
             .collect();
         held.sort_unstable();
         let mut total: usize = held.iter().map(|h| h.0).sum();
-        let max = MAX_CARRIED.load(std::sync::atomic::Ordering::Relaxed);
         while total > max {
             let Some((n, pid)) = held.pop() else { break };
             total -= n;

@@ -191,24 +191,38 @@ impl CarriedReplay {
             .at_begin
             .as_ref()
             .map_or(0, |r| r.blocks.held_entries());
-        let kept: usize = self
-            .kept
-            .values()
-            .filter_map(|v| v.state.as_ref())
-            .map(|s| s.segments.len() + s.live_blocks as usize + s.failures.len())
-            .sum();
+        let kept: usize = self.kept.values().map(view_entries).sum();
         replayed + begin + kept + self.calibrator.held_entries() + self.pending.len()
+    }
+
+    /// [`Self::held_entries`] less the replay as the file began and the
+    /// views kept: what the end of a file keeps besides the views it makes.
+    fn carried_entries(&self) -> usize {
+        let replayed = self.replayed.as_ref().map_or(0, Replay::held_entries);
+        replayed + self.calibrator.held_entries() + self.pending.len()
     }
 
     /// The views after the current file's steps; `reserved_bytes` is the
     /// process's live device bytes then (the run's ledger); `source` gives
     /// the current file's steps again for a moment's view. Err (why) when
-    /// the process can be carried no further.
+    /// the process can be carried no further, also when what it would hold
+    /// after the file ([`Self::held_entries`]) is past `max_entries`:
+    /// known before the end's view (its carried replay alone) and before
+    /// each moment's view is made (a replay's entries are its view's), so
+    /// that a process the tracer drops anyway holds no moment's view
+    /// beside its end view and its carried replay.
     pub fn end_file(
         &mut self,
         source: &dyn StepSource,
         reserved_bytes: u64,
+        max_entries: usize,
     ) -> Result<FileViews, String> {
+        let too_many = |n: usize| {
+            format!(
+                "its replay held {n} blocks, segments, requests and views (counted until past the bound), \
+                 more than the {max_entries} the tracer carries"
+            )
+        };
         let calibration = self.calibrator.clone().finish();
         let layout = calibration.layout();
         if let (None, Some(l)) = (self.replayed.as_ref(), layout) {
@@ -225,10 +239,14 @@ impl CarriedReplay {
                     .into(),
             );
         }
+        let mut held = self.carried_entries();
+        if held > max_entries {
+            return Err(too_many(held));
+        }
         let state = self
             .replayed
             .as_ref()
-            .map(|r| r.blocks.clone().finish(reserved_bytes));
+            .map(|r| r.blocks.state_now(reserved_bytes));
         let end = named_view(self.pid, calibration.clone(), state, &TraceData::default());
         // The views at the moments a finding may describe, now or after
         // later files: kept while no later step completed by them, else
@@ -245,18 +263,27 @@ impl CarriedReplay {
         wanted.extend(trigger);
         wanted.sort_unstable();
         wanted.dedup();
-        let old = std::mem::take(&mut self.kept);
+        let mut old = std::mem::take(&mut self.kept);
         for ts in wanted {
+            let room = max_entries
+                .checked_sub(held)
+                .ok_or_else(|| too_many(held))?;
             let unchanged = self.file_ends.is_none_or(|(lo, _)| lo > ts);
-            let view = match old.get(&ts) {
-                Some(v) if unchanged => Some(v.clone()),
-                _ => self.moment_in_file(source, ts, &calibration),
+            let view = match old.remove(&ts) {
+                Some(v) if unchanged => Some(v),
+                _ => self
+                    .moment_in_file(source, ts, &calibration, room)
+                    .map_err(|n| too_many(held + n))?,
             };
             if let Some(mut v) = view {
+                held += view_entries(&v);
                 // The calibration over every step, as a reader's.
                 v.calibration = calibration.clone();
                 self.kept.insert(ts, v);
             }
+        }
+        if held > max_entries {
+            return Err(too_many(held));
         }
         let (moment, complete) = match trigger {
             None => (None, true),
@@ -279,36 +306,67 @@ impl CarriedReplay {
     /// The view at `ts`, a moment after every step of the earlier files
     /// completed: the replay as the file began, then the file's steps that
     /// completed by it. None when an earlier step completed after it, or
-    /// when the replay began in this file from earlier files' steps.
+    /// when the replay began in this file from earlier files' steps;
+    /// Err(entries) when the view would hold more than `room` entries
+    /// (then it is not made).
     fn moment_in_file(
         &self,
         source: &dyn StepSource,
         ts: u64,
         calibration: &Calibration,
-    ) -> Option<AllocatorView> {
+        room: usize,
+    ) -> Result<Option<AllocatorView>, usize> {
         if self.before_max_end.is_some_and(|m| m > ts) {
-            return None;
+            return Ok(None);
         }
-        let layout = calibration.layout()?;
+        let Some(layout) = calibration.layout() else {
+            return Ok(None);
+        };
+        if self.at_begin.is_none() && self.before_max_end.is_some() {
+            return Ok(None);
+        }
+        // The carried replay's blocks live since before `ts` are live in
+        // the view at `ts`: past the room, no replay is made (its table
+        // would be as large as the carried one's).
+        let at_least = self
+            .replayed
+            .as_ref()
+            .map_or(0, |r| r.live_blocks_since_by(ts));
+        if at_least > room {
+            return Err(at_least);
+        }
         let mut r = match &self.at_begin {
             Some(r) => r.clone(),
-            None if self.before_max_end.is_none() => Replay::carried(layout, self.pid),
-            None => return None,
+            None => Replay::carried(layout, self.pid),
         };
         // About as many blocks as the carried replay holds now: one table,
-        // not the doublings' old and new ones side by side beside it.
+        // not the doublings' old and new ones side by side beside it (a
+        // table sized to `room` doubles past it when the moment holds more).
         r.reserve_live(self.replayed.as_ref().map_or(0, Replay::live_blocks));
         source.for_each_step(self.pid, Some(ts), &mut |s| {
             r.push(s);
             true
         });
-        Some(named_view(
+        // The view's entries, known before it is made: one segment per
+        // segment replayed, one block per live one, the failed requests.
+        let n = r.blocks.held_entries();
+        if n > room {
+            return Err(n);
+        }
+        Ok(Some(named_view(
             self.pid,
             calibration.clone(),
             Some(r.finish()),
             &TraceData::default(),
-        ))
+        )))
     }
+}
+
+/// Entries a kept view holds: its segments, live blocks and failed requests.
+fn view_entries(v: &AllocatorView) -> usize {
+    v.state.as_ref().map_or(0, |s| {
+        s.segments.len() + s.live_blocks as usize + s.failures.len()
+    })
 }
 
 #[cfg(test)]
@@ -391,7 +449,9 @@ mod tests {
                     }
                     true
                 });
-                let Ok(v) = carry.end_file(&FilesInOrder(file), counter.live_bytes(PID)) else {
+                let Ok(v) =
+                    carry.end_file(&FilesInOrder(file), counter.live_bytes(PID), usize::MAX)
+                else {
                     // A straddling segment changed the run's calibration:
                     // carried no further (a reader replays the process).
                     lost += 1;
@@ -430,6 +490,112 @@ mod tests {
         );
     }
 
+    /// One carried run of `files` under `max_entries`: what each file's
+    /// end gave (its views as JSON, or the error) and what the carry held
+    /// after it.
+    fn carried_under(
+        files: &[TraceData],
+        max_entries: usize,
+    ) -> Vec<(Result<String, String>, usize)> {
+        let mut carry = CarriedReplay::new(PID);
+        let mut counter = LedgerBuilder::new(None);
+        let mut out = Vec::new();
+        for k in 0..files.len() {
+            let file = FilesInOrder(&files[k..=k]);
+            if let Err(e) = carry.begin_file(&file) {
+                out.push((Err(e), 0));
+                break;
+            }
+            file.for_each_step(PID, None, &mut |s| {
+                carry.push(s);
+                if let Step::Call(c) = s {
+                    counter.push(c);
+                }
+                true
+            });
+            let v = carry.end_file(&file, counter.live_bytes(PID), max_entries);
+            let v = v.map(|v| json(&(v.end, v.moment, v.complete)).to_string());
+            let stop = v.is_err();
+            out.push((v, carry.held_entries()));
+            if stop {
+                break;
+            }
+        }
+        out
+    }
+
+    /// The tracer drops a process whose carry holds more than the bound
+    /// after a file (`sleuth_store::run_allocator`); `end_file` stops
+    /// before that file's views exactly then, and otherwise gives what it
+    /// gives unbounded. Mutation: the check before the end's view off by
+    /// one fails it (a moment's check only spares memory: a view past the
+    /// room is refused after the loop too).
+    #[test]
+    fn the_bound_stops_a_file_exactly_when_the_carry_would_hold_more() {
+        let (mut stopped, mut at_the_edge) = (0, 0);
+        for seed in 1..=24u64 {
+            let files = random_run(seed * 0x2545_f491, 2 + (seed % 3) as usize);
+            let free = carried_under(&files, usize::MAX);
+            for (k, (v, held)) in free.iter().enumerate() {
+                if v.is_err() {
+                    break;
+                }
+                for max in [held.saturating_sub(1), *held, held + 1] {
+                    let bounded = carried_under(&files, max);
+                    for (j, (got, got_held)) in bounded.iter().enumerate() {
+                        let (want, want_held) = &free[j];
+                        let what = format!("seed {seed}, file {j}, bound {max}");
+                        if *want_held > max && want.is_ok() {
+                            let e = got.as_ref().expect_err(&what);
+                            assert!(
+                                e.contains(&format!("more than the {max} the tracer carries")),
+                                "{what}: {e}"
+                            );
+                            stopped += 1;
+                            at_the_edge += usize::from(j == k && max + 1 == *held);
+                            break;
+                        }
+                        assert_eq!(got, want, "{what}");
+                        assert_eq!(got_held, want_held, "{what}");
+                    }
+                }
+            }
+        }
+        assert!(
+            stopped > 40 && at_the_edge > 10,
+            "{stopped} stopped, {at_the_edge} at the edge"
+        );
+    }
+
+    /// A view kept from an earlier file (no step of this file completed by
+    /// its moment) is not made again, and counts toward the bound too.
+    #[test]
+    fn a_view_kept_from_an_earlier_file_counts_toward_the_bound() {
+        let base = super::super::tests::BASE;
+        let mut sim = Sim::torch_with_segment(64 << 20);
+        for i in 0..20u64 {
+            sim.malloc(0x1_0000 + i, base + i * 4096, 4096, 4000);
+        }
+        let first = sim.data();
+        for i in 20..25u64 {
+            sim.malloc(0x1_0000 + i, base + i * 4096, 4096, 4000);
+        }
+        let all = sim.data();
+        let second = TraceData {
+            calls: all.calls[first.calls.len()..].to_vec(),
+            blocks: all.blocks[first.blocks.len()..].to_vec(),
+            ..Default::default()
+        };
+        let files = [first, second];
+        let free = carried_under(&files, usize::MAX);
+        assert!(free.iter().all(|(v, _)| v.is_ok()), "{free:?}");
+        let held = free[1].1;
+        let bounded = carried_under(&files, held - 1);
+        assert_eq!(bounded[0], free[0]);
+        let e = bounded[1].0.as_ref().expect_err("past the bound");
+        assert!(e.contains("the tracer carries"), "{e}");
+    }
+
     /// A process with `frees` block frees (no sample for the calibration)
     /// in its first file and well-formed mallocs in its second: carried on
     /// when the frees were kept waiting, not when more came than are kept.
@@ -460,7 +626,7 @@ mod tests {
                 carry.push(s);
                 true
             });
-            last = Some(carry.end_file(&file, 64 << 20)?);
+            last = Some(carry.end_file(&file, 64 << 20, usize::MAX)?);
         }
         Ok(last.expect("two files"))
     }
