@@ -259,15 +259,17 @@ pub(crate) fn replay_storing(
     // A checkpoint's first id: the lowest of every call applied after it.
     lowest.resize(sink.times.len(), None);
     let mut low: Option<i64> = None;
-    let mut st = conn.prepare(&format!(
-        "UPDATE {TABLE} SET from_id = ?1 WHERE pid = ?2 AND at_ns = ?3"
+    let mut row = conn.prepare(&format!(
+        "SELECT rowid FROM {TABLE} WHERE pid = ?1 AND at_ns = ?2"
     ))?;
     for (at, l) in sink.times.iter().zip(&lowest).rev() {
         low = match (low, *l) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        st.execute(rusqlite::params![low, pid, *at as i64])?;
+        let rowid: i64 = row.query_row(rusqlite::params![pid, *at as i64], |r| r.get(0))?;
+        // Not an UPDATE: it would hold a long state twice over.
+        crate::json_column::set_int(conn, TABLE, COLS, rowid, "from_id", low)?;
     }
     Ok(sink.replay)
 }
