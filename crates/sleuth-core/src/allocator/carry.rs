@@ -567,6 +567,16 @@ mod tests {
         );
     }
 
+    /// `first` and what `all` holds after it: two files of one run.
+    fn two_files(first: TraceData, all: TraceData) -> [TraceData; 2] {
+        let second = TraceData {
+            calls: all.calls[first.calls.len()..].to_vec(),
+            blocks: all.blocks[first.blocks.len()..].to_vec(),
+            ..Default::default()
+        };
+        [first, second]
+    }
+
     /// A view kept from an earlier file (no step of this file completed by
     /// its moment) is not made again, and counts toward the bound too.
     #[test]
@@ -580,13 +590,7 @@ mod tests {
         for i in 20..25u64 {
             sim.malloc(0x1_0000 + i, base + i * 4096, 4096, 4000);
         }
-        let all = sim.data();
-        let second = TraceData {
-            calls: all.calls[first.calls.len()..].to_vec(),
-            blocks: all.blocks[first.blocks.len()..].to_vec(),
-            ..Default::default()
-        };
-        let files = [first, second];
+        let files = two_files(first, sim.data());
         let free = carried_under(&files, usize::MAX);
         assert!(free.iter().all(|(v, _)| v.is_ok()), "{free:?}");
         let held = free[1].1;
@@ -610,13 +614,7 @@ mod tests {
             let base = super::super::tests::BASE;
             sim.malloc(0x1_0000 + i, base + i * 4096, 4096, 4000);
         }
-        let all = sim.data();
-        let second = TraceData {
-            calls: all.calls[first.calls.len()..].to_vec(),
-            blocks: all.blocks[first.blocks.len()..].to_vec(),
-            ..Default::default()
-        };
-        let files = [first, second];
+        let files = two_files(first, sim.data());
         let mut carry = CarriedReplay::new(PID);
         let mut last = None;
         for k in 0..files.len() {
