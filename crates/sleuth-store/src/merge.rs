@@ -31,15 +31,14 @@ const TIME_COLS: &[&str] = &[
 ];
 const TASK_COLS: &[&str] = &["pid", "tid", "ppid"];
 /// Stored columns of version 6 and how a version 5 source gives them.
-const DERIVED: &[(&str, &str)] = &[
-    ("pid_gap", "tid - pid"),
-    (
-        "kind_id",
-        "CASE kind WHEN 'preempted' THEN 0 WHEN 'blocked' THEN 1 END",
-    ),
-    ("blocked_for", "wake_ns - off_ns"),
-    ("runnable_for", "on_ns - wake_ns"),
-];
+fn derived_columns() -> [(&'static str, String); 4] {
+    [
+        ("pid_gap", "tid - pid".into()),
+        ("kind_id", crate::schema::wait_kind_case("kind", false)),
+        ("blocked_for", "wake_ns - off_ns".into()),
+        ("runnable_for", "on_ns - wake_ns".into()),
+    ]
+}
 /// Written by the merge itself, not copied (`ops` is filled by the schema;
 /// calls are copied through the `calls` view or table by `copy_calls`).
 const OWN_TABLES: &[&str] = &[
@@ -317,13 +316,12 @@ fn copy_table(
         0
     };
     // Columns this file stores that an older source computes from others
-    // (a version 6 file from a version 5 one, `DERIVED`): a thread's
-    // distance to its process (moved with both), a wait's kind as a number
-    // and its blocked and runnable times (differences: not moved).
-    let derived: Vec<(&str, &str)> = DERIVED
-        .iter()
+    // (a version 6 file from a version 5 one, `derived_columns`): a
+    // thread's distance to its process (moved with both), a wait's kind as
+    // a number and its blocked and runnable times (differences: not moved).
+    let derived: Vec<(&str, String)> = derived_columns()
+        .into_iter()
         .filter(|(c, _)| dst_cols.contains(*c) && !cols.iter().any(|s| s == c))
-        .copied()
         .collect();
     let mut map: Vec<Box<dyn Fn(Value) -> Value>> = cols
         .iter()
@@ -357,14 +355,14 @@ fn copy_table(
     );
     // The columns copied, then the derived ones: by name (inserted) or
     // by how the source gives them (selected).
-    let listed = |derived_as: fn(&(&str, &str)) -> String| {
+    let listed = |derived_as: fn(&(&str, String)) -> String| {
         cols.iter()
             .cloned()
             .chain(derived.iter().map(derived_as))
             .collect::<Vec<_>>()
             .join(", ")
     };
-    let (list, sel) = (listed(|d| d.0.to_string()), listed(|d| d.1.to_string()));
+    let (list, sel) = (listed(|d| d.0.to_string()), listed(|d| d.1.clone()));
     let read = map.len();
     let n = read + usize::from(by_name);
     let marks: Vec<String> = (1..=n).map(|i| format!("?{i}")).collect();

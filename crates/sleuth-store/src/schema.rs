@@ -386,13 +386,36 @@ pub(crate) const WAITS_V5: &str = "CREATE TABLE waits(
 /// view (`schema_check`).
 pub(crate) const GENERATED_TABLES: &[&str] = &["call_rows", "waits"];
 
-/// A wait's kind as version 6 stores it (`waits.kind_id`; the generated
-/// `kind` gives the name back).
+/// The wait kinds as version 6 stores them: `waits.kind_id` is the place
+/// in this list (the generated `kind` of `WAITS`, spelled out in its DDL,
+/// gives the name back: a test holds the two together).
+const WAIT_KINDS: [sleuth_core::WaitKind; 2] = [
+    sleuth_core::WaitKind::Preempted,
+    sleuth_core::WaitKind::Blocked,
+];
+
+/// A wait's kind as version 6 stores it (`waits.kind_id`).
 pub(crate) fn wait_kind_id(kind: sleuth_core::WaitKind) -> i64 {
-    match kind {
-        sleuth_core::WaitKind::Preempted => 0,
-        sleuth_core::WaitKind::Blocked => 1,
-    }
+    WAIT_KINDS
+        .iter()
+        .position(|&k| k == kind)
+        .expect("every wait kind has an id") as i64
+}
+
+/// `CASE {column} WHEN name THEN id … END` (`reverse`: from the id to the
+/// name, unknown ids `'unknown'`): the stored id of a kind named in
+/// `column` (a version 5 file's, merged), and the generated `kind`.
+pub(crate) fn wait_kind_case(column: &str, reverse: bool) -> String {
+    let arms: String = WAIT_KINDS
+        .iter()
+        .enumerate()
+        .map(|(id, k)| match reverse {
+            false => format!(" WHEN '{}' THEN {id}", k.as_str()),
+            true => format!(" WHEN {id} THEN '{}'", k.as_str()),
+        })
+        .collect();
+    let other = if reverse { " ELSE 'unknown'" } else { "" };
+    format!("CASE {column}{arms}{other} END")
 }
 
 /// Views over `calls` for people writing SQL (docs/schema.md).
@@ -471,6 +494,24 @@ pub(crate) fn create_deferring_late_indexes(
 
 #[cfg(test)]
 mod view_text_tests {
+    /// The generated `kind` spelled out in the waits' DDL names each kind
+    /// by the id `wait_kind_id` stores.
+    #[test]
+    fn the_waits_kind_names_the_ids_written() {
+        let kind = format!(
+            "kind TEXT GENERATED ALWAYS AS ({}) VIRTUAL,",
+            super::wait_kind_case("kind_id", true)
+        );
+        assert!(super::CREATE.contains(&kind), "{kind}");
+        for k in [
+            sleuth_core::WaitKind::Preempted,
+            sleuth_core::WaitKind::Blocked,
+        ] {
+            let arm = format!("WHEN {} THEN '{}'", super::wait_kind_id(k), k.as_str());
+            assert!(kind.contains(&arm), "{arm}");
+        }
+    }
+
     /// The views' text is what files hold and readers compare byte for
     /// byte: assembled from a shared part, it must stay the text written.
     #[test]
