@@ -156,7 +156,7 @@ fn a_version_5_input_merges_as_a_version_6_one() {
         .unwrap();
     std::fs::copy(&b, &old_b).unwrap();
     let c = rusqlite::Connection::open(&old_b).unwrap();
-    c.execute_batch(ROWS_AS_VERSION_5).unwrap();
+    c.execute_batch(&rows_as_version_5()).unwrap();
     c.execute_batch("UPDATE meta SET value = '5' WHERE key = 'schema_version'")
         .unwrap();
     drop(c);

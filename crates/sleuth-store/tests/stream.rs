@@ -61,7 +61,7 @@ fn changed_copy(from: &Path, to: &Path, sql: &str) {
 /// [`changed_copy`] as a version 5 file first (`call_rows` and `waits`
 /// with every column stored), then `sql` making it older.
 fn older_copy(from: &Path, to: &Path, sql: &str) {
-    changed_copy(from, to, &format!("{}{sql}", common::ROWS_AS_VERSION_5));
+    changed_copy(from, to, &format!("{}{sql}", common::rows_as_version_5()));
 }
 
 fn simulated(path: &Path) {
@@ -1097,7 +1097,7 @@ fn version_2_allocator_words_read_as_version_3_ones() {
         rows.unwrap().collect::<rusqlite::Result<_>>().unwrap()
     };
     assert!(rows.len() >= 3, "the trace has allocator events");
-    c.execute_batch(common::ROWS_AS_VERSION_5).unwrap();
+    c.execute_batch(&common::rows_as_version_5()).unwrap();
     c.execute_batch(
         "DROP VIEW allocator_events; DROP TABLE allocator_rows;
          CREATE TABLE allocator_events(id INTEGER PRIMARY KEY, start_ns INTEGER NOT NULL,

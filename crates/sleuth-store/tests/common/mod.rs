@@ -162,32 +162,27 @@ pub fn rewritten(name: &str, tag: &str) -> (TempDir, PathBuf) {
 
 /// SQL that turns a file's `call_rows` and `waits` into version 5's, every
 /// column stored (version 6 computes `pid`, a wait's `kind` and its blocked
-/// and runnable parts: `schema::CALL_ROWS_V5`, `schema::WAITS_V5`), for the
-/// tests that make an older file out of a fresh one.
-pub const ROWS_AS_VERSION_5: &str = "
-    CREATE TABLE call_rows_v6 AS SELECT id, ts_ns, dur_ns, pid, tid, op_id, ret, size, ptr,
-        stream, kind, nested, runnable_ns, blocked_ns, cpu, stack_id FROM call_rows;
-    DROP TABLE call_rows;
-    CREATE TABLE call_rows(
-        id INTEGER PRIMARY KEY, ts_ns INTEGER NOT NULL, dur_ns INTEGER NOT NULL,
-        pid INTEGER NOT NULL, tid INTEGER NOT NULL, op_id INTEGER NOT NULL, ret INTEGER NOT NULL,
-        size INTEGER, ptr INTEGER, stream INTEGER, kind INTEGER, nested INTEGER NOT NULL,
-        runnable_ns INTEGER NOT NULL, blocked_ns INTEGER NOT NULL, cpu INTEGER NOT NULL,
-        stack_id INTEGER);
-    INSERT INTO call_rows SELECT * FROM call_rows_v6;
-    DROP TABLE call_rows_v6;
-    CREATE INDEX call_rows_stack ON call_rows(stack_id) WHERE stack_id IS NOT NULL;
-    CREATE INDEX call_rows_op_dur ON call_rows(op_id, dur_ns);
-    CREATE INDEX call_rows_tid_ts ON call_rows(tid, ts_ns);
-    CREATE TABLE waits_v6 AS SELECT id, pid, tid, kind, off_ns, wake_ns, on_ns, prev_state, cpu,
-        blocked_ns, runnable_ns FROM waits;
-    DROP TABLE waits;
-    CREATE TABLE waits(
-        id INTEGER PRIMARY KEY, pid INTEGER NOT NULL, tid INTEGER NOT NULL, kind TEXT NOT NULL,
-        off_ns INTEGER NOT NULL, wake_ns INTEGER NOT NULL, on_ns INTEGER NOT NULL,
-        prev_state INTEGER NOT NULL, cpu INTEGER NOT NULL, blocked_ns INTEGER NOT NULL,
-        runnable_ns INTEGER NOT NULL);
-    INSERT INTO waits SELECT * FROM waits_v6;
-    DROP TABLE waits_v6;
-    CREATE INDEX waits_tid_on ON waits(tid, on_ns);
-";
+/// and runnable parts), the tables as that version wrote them
+/// (`older_tables`), for the tests that make an older file out of a fresh
+/// one.
+pub fn rows_as_version_5() -> String {
+    use sleuth_store::older_tables::{CALL_ROWS_V5, WAITS_V5};
+    format!(
+        "CREATE TABLE call_rows_v6 AS SELECT id, ts_ns, dur_ns, pid, tid, op_id, ret, size, ptr,
+            stream, kind, nested, runnable_ns, blocked_ns, cpu, stack_id FROM call_rows;
+        DROP TABLE call_rows;
+        {CALL_ROWS_V5};
+        INSERT INTO call_rows SELECT * FROM call_rows_v6;
+        DROP TABLE call_rows_v6;
+        CREATE INDEX call_rows_stack ON call_rows(stack_id) WHERE stack_id IS NOT NULL;
+        CREATE INDEX call_rows_op_dur ON call_rows(op_id, dur_ns);
+        CREATE INDEX call_rows_tid_ts ON call_rows(tid, ts_ns);
+        CREATE TABLE waits_v6 AS SELECT id, pid, tid, kind, off_ns, wake_ns, on_ns, prev_state,
+            cpu, blocked_ns, runnable_ns FROM waits;
+        DROP TABLE waits;
+        {WAITS_V5};
+        INSERT INTO waits SELECT * FROM waits_v6;
+        DROP TABLE waits_v6;
+        CREATE INDEX waits_tid_on ON waits(tid, on_ns);"
+    )
+}
