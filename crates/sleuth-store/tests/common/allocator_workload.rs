@@ -105,6 +105,60 @@ pub fn random_allocator_workload(seed: u64) -> (Vec<Event>, u64) {
     (events, t + 10_000)
 }
 
+/// Process 100 keeping many blocks live at once: one 1 GiB segment, then
+/// `n` 4 KiB blocks taken from it, every eighth given back, a call now and
+/// then; its session end. Its allocator states grow past a megabyte of
+/// JSON (the long values the writer stores in pieces).
+pub fn many_live_blocks_workload(n: u64) -> (Vec<Event>, u64) {
+    let (malloc, free) = (
+        "DeviceCachingAllocator::malloc",
+        "DeviceCachingAllocator::free",
+    );
+    let base = 0x7f00_0000_0000u64;
+    let mut events = vec![Event::Call(mem(
+        "cudaMalloc",
+        100,
+        100,
+        1_000,
+        500,
+        Some(1 << 30),
+        base,
+    ))];
+    let mut t = 2_000u64;
+    for i in 0..n {
+        t += 100;
+        let (key, ptr) = (0x1000 + i * 0x40, base + i * 4096);
+        events.push(Event::Block(torch_block(
+            100,
+            t,
+            malloc,
+            key,
+            ptr,
+            4096,
+            Some(4000),
+        )));
+        if i % 8 == 7 {
+            t += 100;
+            events.push(Event::Block(torch_block(
+                100, t, free, key, ptr, 4096, None,
+            )));
+        }
+        if i % 1000 == 0 {
+            t += 100;
+            events.push(Event::Call(mem(
+                "cudaMalloc",
+                100,
+                101,
+                t,
+                50,
+                Some(4096),
+                0x6000_0000_0000 + i * 8192,
+            )));
+        }
+    }
+    (events, t + 10_000)
+}
+
 /// When an event completed: the file a rotation puts it in.
 pub fn end_of(e: &Event) -> u64 {
     match e {
