@@ -5,13 +5,13 @@
 # replays and the moments they view hold every live block), REPS times,
 # builds interleaved. Needs root, eBPF and the simulated libraries
 # (`gpusleuth demo --keep DIR`).
-# Usage: sudo bash scripts/torch_blocks_footprint.sh SIM_DIR REPS BIN [BIN ...]
+# Usage: sudo [NS="40000 90000 250000"] bash scripts/torch_blocks_footprint.sh SIM_DIR REPS BIN [BIN ...]
 set -u
 sim=$1 reps=$2; shift 2
 export PATH=$sim/bin:$PATH LD_LIBRARY_PATH=$sim/lib
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-for n in 40000 90000; do
+for n in ${NS:-40000 90000 250000}; do
   for mode in single rot; do
     for ((r = 1; r <= reps; r++)); do
       for bin in "$@"; do
