@@ -127,10 +127,20 @@ impl AllocatorCarry {
                 continue;
             }
             store_begin(conn, pid, replay)?;
+            let mut over = None;
             source.for_each_step(pid, None, &mut |s| {
-                replay.push(s);
-                true
+                over = replay.push_within(s, max).err();
+                over.is_none()
             });
+            if let Some(n) = over {
+                // Its replay's memory goes now, not after every process.
+                *replay = CarriedReplay::new(pid);
+                lost.push((
+                    pid,
+                    format!("its replay held {n} blocks, segments, requests and views during the file, more than the {max} the tracer carries"),
+                ));
+                continue;
+            }
             let reserved = sleuth_core::ledger::live_bytes_of(run, pid);
             // A process past the bound alone is dropped by the loop below
             // too (the largest go first): it stops before its views.

@@ -183,6 +183,21 @@ impl CarriedReplay {
         }
     }
 
+    /// [`Self::push`], then Err(entries) when the carry now holds more
+    /// than `max_entries` (its replay and the views it keeps, as
+    /// [`Self::end_file`] counts them): the tracer drops the process then,
+    /// so that what it carries is bounded at every step of a file, not only
+    /// at the file's end (a process keeping 250,000 blocks live grew a
+    /// 30 MB table before its file ended).
+    pub fn push_within(&mut self, s: Step<'_>, max_entries: usize) -> Result<(), usize> {
+        self.push(s);
+        let kept: usize = self.kept.values().map(view_entries).sum();
+        match self.carried_entries() + kept {
+            n if n > max_entries => Err(n),
+            _ => Ok(()),
+        }
+    }
+
     /// Entries held (live blocks, segments, failed requests, live
     /// allocations, steps waiting): what bounds the carried state.
     pub fn held_entries(&self) -> usize {
@@ -490,33 +505,42 @@ mod tests {
         );
     }
 
-    /// One carried run of `files` under `max_entries`: what each file's
-    /// end gave (its views as JSON, or the error) and what the carry held
-    /// after it.
+    /// One carried run of `files` under `max_entries`, each step pushed
+    /// as the tracer pushes it (`push_within`): per file, what its end gave
+    /// (its views as JSON, or the error), what the carry held after it and
+    /// the most it held after a step of it.
     fn carried_under(
         files: &[TraceData],
         max_entries: usize,
-    ) -> Vec<(Result<String, String>, usize)> {
+    ) -> Vec<(Result<String, String>, usize, usize)> {
         let mut carry = CarriedReplay::new(PID);
         let mut counter = LedgerBuilder::new(None);
         let mut out = Vec::new();
+        let past = |n: usize| format!("{n} held: more than the {max_entries} the tracer carries");
         for k in 0..files.len() {
             let file = FilesInOrder(&files[k..=k]);
             if let Err(e) = carry.begin_file(&file) {
-                out.push((Err(e), 0));
+                out.push((Err(e), 0, 0));
                 break;
             }
+            let (mut most, mut over) = (0, None);
             file.for_each_step(PID, None, &mut |s| {
-                carry.push(s);
+                over = carry.push_within(s, max_entries).err();
+                let kept: usize = carry.kept.values().map(view_entries).sum();
+                most = most.max(carry.carried_entries() + kept);
                 if let Step::Call(c) = s {
                     counter.push(c);
                 }
-                true
+                over.is_none()
             });
+            if let Some(n) = over {
+                out.push((Err(past(n)), 0, most));
+                break;
+            }
             let v = carry.end_file(&file, counter.live_bytes(PID), max_entries);
             let v = v.map(|v| json(&(v.end, v.moment, v.complete)).to_string());
             let stop = v.is_err();
-            out.push((v, carry.held_entries()));
+            out.push((v, carry.held_entries(), most));
             if stop {
                 break;
             }
@@ -525,27 +549,31 @@ mod tests {
     }
 
     /// The tracer drops a process whose carry holds more than the bound
-    /// after a file (`sleuth_store::run_allocator`); `end_file` stops
-    /// before that file's views exactly then, and otherwise gives what it
-    /// gives unbounded. Mutation: the check before the end's view off by
-    /// one fails it (a moment's check only spares memory: a view past the
-    /// room is refused after the loop too).
+    /// after a step of a file or at its end (`sleuth_store::run_allocator`);
+    /// `push_within` says so at that step and `end_file` before that file's
+    /// views, exactly then, and otherwise each gives what it gives
+    /// unbounded. Mutation: the check before the end's view, or the
+    /// push's, off by one fails it (a moment's check only spares memory: a
+    /// view past the room is refused after the loop too).
     #[test]
     fn the_bound_stops_a_file_exactly_when_the_carry_would_hold_more() {
-        let (mut stopped, mut at_the_edge) = (0, 0);
+        let (mut stopped, mut at_the_edge, mut by_a_step) = (0, 0, 0);
         for seed in 1..=24u64 {
             let files = random_run(seed * 0x2545_f491, 2 + (seed % 3) as usize);
             let free = carried_under(&files, usize::MAX);
-            for (k, (v, held)) in free.iter().enumerate() {
+            for (k, (v, held, most)) in free.iter().enumerate() {
                 if v.is_err() {
                     break;
                 }
-                for max in [held.saturating_sub(1), *held, held + 1] {
+                let edges = [*held, *most].map(|h| [h.saturating_sub(1), h, h + 1]);
+                for max in edges.into_iter().flatten() {
                     let bounded = carried_under(&files, max);
-                    for (j, (got, got_held)) in bounded.iter().enumerate() {
-                        let (want, want_held) = &free[j];
+                    for (j, (got, got_held, got_most)) in bounded.iter().enumerate() {
+                        let (want, want_held, want_most) = &free[j];
                         let what = format!("seed {seed}, file {j}, bound {max}");
-                        if *want_held > max && want.is_ok() {
+                        // Dropped by a step of the file: whatever its end
+                        // would have said (also a layout that changed).
+                        if *want_most > max || (*want_held > max && want.is_ok()) {
                             let e = got.as_ref().expect_err(&what);
                             assert!(
                                 e.contains(&format!("more than the {max} the tracer carries")),
@@ -553,17 +581,18 @@ mod tests {
                             );
                             stopped += 1;
                             at_the_edge += usize::from(j == k && max + 1 == *held);
+                            by_a_step += usize::from(e.contains(" held: "));
                             break;
                         }
                         assert_eq!(got, want, "{what}");
-                        assert_eq!(got_held, want_held, "{what}");
+                        assert_eq!((got_held, got_most), (want_held, want_most), "{what}");
                     }
                 }
             }
         }
         assert!(
-            stopped > 40 && at_the_edge > 10,
-            "{stopped} stopped, {at_the_edge} at the edge"
+            stopped > 40 && at_the_edge > 10 && by_a_step > 10,
+            "{stopped} stopped, {at_the_edge} at the edge, {by_a_step} by a step"
         );
     }
 
@@ -592,7 +621,7 @@ mod tests {
         }
         let files = two_files(first, sim.data());
         let free = carried_under(&files, usize::MAX);
-        assert!(free.iter().all(|(v, _)| v.is_ok()), "{free:?}");
+        assert!(free.iter().all(|(v, ..)| v.is_ok()), "{free:?}");
         let held = free[1].1;
         let bounded = carried_under(&files, held - 1);
         assert_eq!(bounded[0], free[0]);
