@@ -160,11 +160,8 @@ pub(crate) fn set_int(
         .map(|n| format!("CASE WHEN typeof({n}) = 'blob' THEN length({n}) ELSE 0 END"))
         .collect::<Vec<_>>()
         .join(", ");
-    let lengths: Vec<i64> = conn.query_row(
-        &format!("SELECT {probe} FROM {table} WHERE rowid = ?1"),
-        [rowid],
-        |r| (0..names.len()).map(|i| r.get::<_, i64>(i)).collect(),
-    )?;
+    let row = |select: &str| format!("SELECT {select} FROM {table} WHERE rowid = {rowid}");
+    let lengths: Vec<i64> = columns(conn, &row(&probe), names.len())?;
     let Some(first) = lengths.iter().position(|&l| l > STREAM_ABOVE as i64) else {
         return conn
             .prepare_cached(&format!("UPDATE {table} SET {col} = ?1 WHERE rowid = ?2"))?
@@ -186,11 +183,7 @@ pub(crate) fn set_int(
         .map(|(n, &s)| if s || *n == col { "NULL" } else { n })
         .collect::<Vec<_>>()
         .join(", ");
-    let values: Vec<Value> = conn.query_row(
-        &format!("SELECT {kept} FROM {table} WHERE rowid = ?1"),
-        [rowid],
-        |r| (0..names.len()).map(|i| r.get::<_, Value>(i)).collect(),
-    )?;
+    let values: Vec<Value> = columns(conn, &row(&kept), names.len())?;
     let bound = values.into_iter().enumerate().map(|(i, v)| {
         if names[i] == col {
             ToSqlOutput::Owned(value.map_or(Value::Null, Value::Integer))
@@ -220,6 +213,15 @@ pub(crate) fn set_int(
     }
     conn.execute(&format!("DELETE FROM {table} WHERE rowid = ?1"), [rowid])?;
     Ok(())
+}
+
+/// The `n` columns of the one row `sql` selects.
+fn columns<T: rusqlite::types::FromSql>(
+    conn: &Connection,
+    sql: &str,
+    n: usize,
+) -> rusqlite::Result<Vec<T>> {
+    conn.query_row(sql, [], |r| (0..n).map(|i| r.get::<_, T>(i)).collect())
 }
 
 /// A column of a row about to be inserted.
