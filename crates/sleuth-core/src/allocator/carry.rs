@@ -187,12 +187,11 @@ impl CarriedReplay {
     /// than `max_entries` (its replay and the views it keeps, as
     /// [`Self::end_file`] counts them): the tracer drops the process then,
     /// so that what it carries is bounded at every step of a file, not only
-    /// at the file's end (a process keeping 250,000 blocks live grew a
-    /// 30 MB table before its file ended).
+    /// at the file's end (a process keeping 250,000 blocks live grew its
+    /// table to ~30 MB, computed, before its file ended).
     pub fn push_within(&mut self, s: Step<'_>, max_entries: usize) -> Result<(), usize> {
         self.push(s);
-        let kept: usize = self.kept.values().map(view_entries).sum();
-        match self.carried_entries() + kept {
+        match self.bounded_entries() {
             n if n > max_entries => Err(n),
             _ => Ok(()),
         }
@@ -201,13 +200,18 @@ impl CarriedReplay {
     /// Entries held (live blocks, segments, failed requests, live
     /// allocations, steps waiting): what bounds the carried state.
     pub fn held_entries(&self) -> usize {
-        let replayed = self.replayed.as_ref().map_or(0, Replay::held_entries);
         let begin = self
             .at_begin
             .as_ref()
             .map_or(0, |r| r.blocks.held_entries());
+        self.bounded_entries() + begin
+    }
+
+    /// [`Self::held_entries`] less the replay as the file began: what the
+    /// tracer's bound counts after each step and at a file's end.
+    fn bounded_entries(&self) -> usize {
         let kept: usize = self.kept.values().map(view_entries).sum();
-        replayed + begin + kept + self.calibrator.held_entries() + self.pending.len()
+        self.carried_entries() + kept
     }
 
     /// [`Self::held_entries`] less the replay as the file began and the
@@ -526,8 +530,7 @@ mod tests {
             let (mut most, mut over) = (0, None);
             file.for_each_step(PID, None, &mut |s| {
                 over = carry.push_within(s, max_entries).err();
-                let kept: usize = carry.kept.values().map(view_entries).sum();
-                most = most.max(carry.carried_entries() + kept);
+                most = most.max(carry.bounded_entries());
                 if let Step::Call(c) = s {
                     counter.push(c);
                 }
