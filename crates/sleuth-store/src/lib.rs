@@ -68,6 +68,7 @@ mod split_read;
 mod sql;
 mod sqlite_config;
 mod stacks;
+mod start_order;
 mod step_feed;
 mod stored_json;
 pub mod stream;

@@ -15,8 +15,10 @@
 
 use std::collections::VecDeque;
 
-/// The order the ledger replays calls in: (return time, start time, row id).
-pub(crate) type ReturnKey = (u64, u64, i64);
+/// A row's place: the order the ledger replays calls in is (return time,
+/// start time, row id); a whole export's start order is (start time, 0,
+/// row id) (`crate::start_order`).
+pub(crate) type OrderKey = (u64, u64, i64);
 
 /// How many rows the buffer holds before it lets the earliest go: a call
 /// may be stored this many memory calls later than one that returned after
@@ -44,12 +46,12 @@ pub(crate) struct OutOfOrder;
 /// of a 10M-call file's 1.56M memory calls). The entries are small (key,
 /// slot) pairs; the rows (about 120 bytes) stay in their slots.
 pub(crate) struct Reorder<T> {
-    queue: VecDeque<(ReturnKey, usize)>,
+    queue: VecDeque<(OrderKey, usize)>,
     slots: Vec<Option<T>>,
     /// Slots given back, for the next rows.
     free: Vec<usize>,
     /// The key of the last row let out: nothing smaller may come after it.
-    last: Option<ReturnKey>,
+    last: Option<OrderKey>,
     capacity: usize,
     /// Rows taken, and entries moved to put late ones in place: a file
     /// whose rows are all late by many (hostile or odd) is refused before
@@ -73,7 +75,7 @@ impl<T> Reorder<T> {
 
     /// Takes one row; returns the earliest row when the buffer is full.
     /// Keys must be distinct (they end in the row id).
-    pub(crate) fn push(&mut self, key: ReturnKey, row: T) -> Result<Option<T>, OutOfOrder> {
+    pub(crate) fn push(&mut self, key: OrderKey, row: T) -> Result<Option<T>, OutOfOrder> {
         if self.last.is_some_and(|last| key < last) {
             return Err(OutOfOrder);
         }
@@ -132,7 +134,7 @@ mod tests {
     use super::*;
 
     /// Every row out, in key order.
-    fn run(keys: &[ReturnKey], capacity: usize) -> Result<Vec<ReturnKey>, OutOfOrder> {
+    fn run(keys: &[OrderKey], capacity: usize) -> Result<Vec<OrderKey>, OutOfOrder> {
         let mut r = Reorder::new(capacity);
         let mut out = Vec::new();
         for &k in keys {
@@ -174,7 +176,7 @@ mod tests {
         // about 300 million. The buffer holds a block, so it could order
         // them: it refuses once the moves pass 64 a row (and the allowance).
         let block = 4096i64;
-        let keys: Vec<ReturnKey> = (0..300_000i64)
+        let keys: Vec<OrderKey> = (0..300_000i64)
             .map(|i| {
                 let k = (i / block) * block + (block - 1 - i % block);
                 (k as u64, 0, k)
@@ -182,7 +184,7 @@ mod tests {
             .collect();
         assert_eq!(run(&keys, block as usize), Err(OutOfOrder));
         // The same rows late by a few each are put in order.
-        let near: Vec<ReturnKey> = (0..300_000i64)
+        let near: Vec<OrderKey> = (0..300_000i64)
             .map(|i| {
                 let k = (i / 4) * 4 + (3 - i % 4);
                 (k as u64, 0, k)
@@ -204,7 +206,7 @@ mod tests {
             seed
         };
         for spread in [0u64, 3, 50, 500] {
-            let mut keys: Vec<ReturnKey> = (0..2000i64)
+            let mut keys: Vec<OrderKey> = (0..2000i64)
                 .map(|i| (i as u64 * 10 + next() % (spread * 10 + 1), next() % 4, i))
                 .collect();
             for capacity in [1, 16, 256, 4096] {

@@ -645,6 +645,9 @@ pub(crate) fn visit_calls<E: From<StoreError>>(
 /// `slowest_ids`): what [`visit_calls`] runs.
 pub(crate) struct CallStatement {
     pub(crate) sql: String,
+    /// The same rows as `(id, ts_ns, op)` in the same order, without the
+    /// statement's limit.
+    pub(crate) keys_sql: String,
     args: Vec<Value>,
     /// With an id range to set (`call_statement`'s `ranged`): the
     /// positions in `args` of its first and last id.
@@ -652,6 +655,10 @@ pub(crate) struct CallStatement {
 }
 
 impl CallStatement {
+    pub(crate) fn args(&self) -> &[Value] {
+        &self.args
+    }
+
     /// The statement's arguments with its id range set to `[first, last]`.
     pub(crate) fn args_for(&self, first: i64, last: i64) -> Vec<Value> {
         let mut args = self.args.clone();
@@ -762,7 +769,19 @@ pub(crate) fn call_statement(
         (a, b)
     });
     let sql = select_sql(conn, src, &conds, q.order, q.limit, &source)?;
-    Ok(CallStatement { sql, args, range })
+    // The same rows, their id, start and op alone (no limit here: a keys
+    // pass reads whole streams, `crate::start_order`).
+    let keys_sql = format!(
+        "SELECT calls.id, calls.ts_ns, calls.op FROM {source} WHERE {}{}",
+        conds.join(" AND "),
+        order_sql(q.order)
+    );
+    Ok(CallStatement {
+        sql,
+        keys_sql,
+        args,
+        range,
+    })
 }
 
 /// `{prefix}tid IN (...)`: the threads of process `pid` (or all) that have
@@ -829,13 +848,7 @@ fn select_sql(
     limit: Option<usize>,
     source: &str,
 ) -> rusqlite::Result<String> {
-    let order = match order {
-        StreamOrder::ByStart => " ORDER BY calls.ts_ns, calls.id",
-        StreamOrder::ByReturn => " ORDER BY calls.ts_ns + calls.dur_ns, calls.ts_ns, calls.id",
-        StreamOrder::ByDurationDesc => " ORDER BY calls.dur_ns DESC, calls.id",
-        StreamOrder::ById => " ORDER BY calls.id",
-        StreamOrder::AsFound => "",
-    };
+    let order = order_sql(order);
     let limit = limit
         .map(|l| format!(" LIMIT {}", l.min(i64::MAX as usize)))
         .unwrap_or_default();
@@ -861,6 +874,17 @@ fn select_sql(
         cols.join(", "),
         conds.join(" AND ")
     ))
+}
+
+/// The `ORDER BY` of `order` (empty for [`StreamOrder::AsFound`]).
+fn order_sql(order: StreamOrder) -> &'static str {
+    match order {
+        StreamOrder::ByStart => " ORDER BY calls.ts_ns, calls.id",
+        StreamOrder::ByReturn => " ORDER BY calls.ts_ns + calls.dur_ns, calls.ts_ns, calls.id",
+        StreamOrder::ByDurationDesc => " ORDER BY calls.dur_ns DESC, calls.id",
+        StreamOrder::ById => " ORDER BY calls.id",
+        StreamOrder::AsFound => "",
+    }
 }
 
 /// Visits the calls statement `sql` (of [`select_sql`]) selects with `args`.

@@ -13,8 +13,11 @@
 //! older (a wait that began before tracing started).
 //!
 //! Both formats are written as they are produced: calls and waits are read
-//! from the store one at a time and serialized straight to the (buffered)
-//! output, never gathered into one document. `json` reads nothing else.
+//! from the store one at a time on this thread and serialized and written
+//! on a helper one (`pipeline`), never gathered into one document. A whole
+//! trace's calls are read by id and put in start order through a bounded
+//! buffer where the file allows (`Rows::for_each_call_by_start`). `json`
+//! reads nothing else.
 //! `perfetto` still loads the whole trace once for the findings and the
 //! memory tracks (`Analysis`), then lets it go before writing.
 
@@ -26,7 +29,7 @@ use serde_json::{json, Value};
 use sleuth_core::analysis::Analysis;
 use sleuth_core::findings::Finding;
 use sleuth_core::ledger::ProcessLedger;
-use sleuth_core::{CallEvent, Layer, TraceData, WaitEvent};
+use sleuth_core::{CallEvent, Culprit, Layer, TraceData, WaitEvent};
 use sleuth_store::stream::Rows;
 use sleuth_store::{ReadBudget, StoreError, Trace};
 use std::collections::BTreeSet;
@@ -113,7 +116,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         Format::Perfetto => Some(PerfettoFrame::of(&trace, pid, window.is_some())?),
         Format::Json => None,
     };
-    let write = |w: &mut dyn Write| -> anyhow::Result<()> {
+    let write = |w: &mut (dyn Write + Send)| -> anyhow::Result<()> {
         match &frame {
             Some(f) => write_perfetto(w, f, &rows, pid, window),
             None => write_calls_json(w, &rows, pid, window, trace.has_host_context()),
@@ -135,7 +138,7 @@ fn write_file(
     path: &Path,
     db: &Path,
     force: bool,
-    write: impl FnOnce(&mut dyn Write) -> anyhow::Result<()>,
+    write: impl FnOnce(&mut (dyn Write + Send)) -> anyhow::Result<()>,
 ) -> anyhow::Result<()> {
     use std::os::unix::fs::OpenOptionsExt;
     sleuth_store::outfile::check_output(path, &[db], force, Some(FORCE_HINT))?;
@@ -170,8 +173,12 @@ fn write_file(
 
 /// Writes through `write` to stdout, then a newline. A closed pipe (`| head`)
 /// ends the output quietly, as `load::emit` does.
-fn write_stdout(write: impl FnOnce(&mut dyn Write) -> anyhow::Result<()>) -> anyhow::Result<()> {
-    let mut w = std::io::BufWriter::with_capacity(1 << 20, std::io::stdout().lock());
+fn write_stdout(
+    write: impl FnOnce(&mut (dyn Write + Send)) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    // `Stdout`, not its lock: the export writes from a helper thread
+    // (pipeline.rs), and the lock cannot leave this one.
+    let mut w = std::io::BufWriter::with_capacity(1 << 20, std::io::stdout());
     let result = write(&mut w)
         .and_then(|()| w.write_all(b"\n").map_err(Into::into))
         .and_then(|()| w.flush().map_err(Into::into));
@@ -191,29 +198,55 @@ fn write_stdout(write: impl FnOnce(&mut dyn Write) -> anyhow::Result<()>) -> any
 }
 
 /// A JSON array written one element at a time (compact, as
-/// `serde_json::to_vec` writes a whole array).
+/// `serde_json::to_vec` writes a whole array). Each element is serialized
+/// into a buffer of the writer's own and handed to the output in pieces of
+/// [`ArrayWriter::PIECE`] bytes: serializing straight into `dyn Write`
+/// made a virtual call per token, a fifth of a large export's time.
 struct ArrayWriter<'w> {
-    w: &'w mut dyn Write,
+    w: &'w mut (dyn Write + Send),
+    buf: Vec<u8>,
     first: bool,
 }
 
 impl<'w> ArrayWriter<'w> {
-    fn open(w: &'w mut dyn Write) -> std::io::Result<ArrayWriter<'w>> {
+    const PIECE: usize = 1 << 16;
+
+    /// The array from its `[`.
+    fn open(w: &'w mut (dyn Write + Send)) -> std::io::Result<ArrayWriter<'w>> {
         w.write_all(b"[")?;
-        Ok(ArrayWriter { w, first: true })
+        Ok(Self::after_open(w))
+    }
+
+    /// The array's elements after a `[` already written.
+    fn after_open(w: &'w mut (dyn Write + Send)) -> ArrayWriter<'w> {
+        ArrayWriter {
+            w,
+            buf: Vec::with_capacity(Self::PIECE + 4096),
+            first: true,
+        }
     }
 
     fn item<T: Serialize + ?Sized>(&mut self, v: &T) -> anyhow::Result<()> {
         if !self.first {
-            self.w.write_all(b",")?;
+            self.buf.push(b',');
         }
         self.first = false;
-        serde_json::to_writer(&mut *self.w, v)?;
+        serde_json::to_writer(&mut self.buf, v)?;
+        if self.buf.len() >= Self::PIECE {
+            self.w.write_all(&self.buf)?;
+            self.buf.clear();
+        }
         Ok(())
     }
 
-    fn close(self) -> std::io::Result<()> {
-        self.w.write_all(b"]")
+    /// Writes what is buffered, without closing the array.
+    fn finish(self) -> std::io::Result<()> {
+        self.w.write_all(&self.buf)
+    }
+
+    fn close(mut self) -> std::io::Result<()> {
+        self.buf.push(b']');
+        self.finish()
     }
 }
 
@@ -267,16 +300,22 @@ fn json_call(c: &CallEvent, host: bool) -> JsonCall {
 
 /// The calls array of `--format json`, from the store in load order.
 fn write_calls_json(
-    w: &mut dyn Write,
+    w: &mut (dyn Write + Send),
     rows: &Rows,
     pid: Option<u32>,
     window: Option<Window>,
     host: bool,
 ) -> anyhow::Result<()> {
     let mut a = ArrayWriter::open(w)?;
-    rows.for_each_call::<anyhow::Error>(&Window::calls(window, pid), |c| {
-        a.item(&json_call(&c.call, host))
-    })?;
+    pipelined(
+        &mut a,
+        |sink| {
+            rows.for_each_call_by_start::<anyhow::Error>(&Window::calls(window, pid), |c| {
+                sink.push(c.call)
+            })
+        },
+        |a, c| a.item(&json_call(&c, host)),
+    )?;
     a.close()?;
     Ok(())
 }
@@ -304,7 +343,7 @@ struct SliceArgs {
     on_cpu_us: Option<f64>,
     op: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
-    ptr: Option<String>,
+    ptr: Option<Hex>,
     ret: Option<i64>,
     runnable_us: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -314,14 +353,23 @@ struct SliceArgs {
     #[serde(skip_serializing_if = "Option::is_none")]
     stack: Option<Vec<String>>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    stream: Option<String>,
+    stream: Option<Hex>,
+}
+
+/// A number as a `"0x…"` string, written without an allocation.
+struct Hex(u64);
+
+impl Serialize for Hex {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(&format_args!("{:#x}", self.0))
+    }
 }
 
 /// A call as a complete slice (`ph: X`).
 #[derive(Serialize)]
 struct Slice {
     args: SliceArgs,
-    cat: String,
+    cat: &'static str,
     dur: f64,
     name: &'static str,
     ph: &'static str,
@@ -346,8 +394,8 @@ fn call_slice(c: &CallEvent, ctx: &TraceData, origin: u64) -> Slice {
             blocked_us: host(c.blocked_ns),
             cpu: ctx.has_host_context.then_some(c.cpu),
             size: c.size,
-            ptr: c.ptr.map(|p| format!("{p:#x}")),
-            stream: c.stream.map(|s| format!("{s:#x}")),
+            ptr: c.ptr.map(Hex),
+            stream: c.stream.map(Hex),
             kind: c.kind,
             nested: c.nested,
             site: stack.map(|st| st.site_label()),
@@ -355,11 +403,22 @@ fn call_slice(c: &CallEvent, ctx: &TraceData, origin: u64) -> Slice {
         },
         ph: "X",
         name: c.op_name(),
-        cat: format!("cuda.{layer}"),
+        cat: category(c.layer()),
         ts: us(c.ts_ns, origin),
         dur: dur_us(c.dur_ns),
         pid: c.pid,
         tid: c.tid,
+    }
+}
+
+/// A call slice's category, `cuda.<layer>`.
+fn category(layer: Option<Layer>) -> &'static str {
+    match layer {
+        Some(Layer::Runtime) => "cuda.runtime",
+        Some(Layer::Driver) => "cuda.driver",
+        Some(Layer::Torch) => "cuda.torch",
+        Some(Layer::Nccl) => "cuda.nccl",
+        None => "cuda.unknown",
     }
 }
 
@@ -478,7 +537,7 @@ fn halves_at(origin: u64, realtime_offset_ns: i64) -> anyhow::Result<(String, St
 
 /// The whole trace as a Chrome Trace Event document, written as produced.
 fn write_perfetto(
-    w: &mut dyn Write,
+    w: &mut (dyn Write + Send),
     f: &PerfettoFrame,
     rows: &Rows,
     pid: Option<u32>,
@@ -490,47 +549,76 @@ fn write_perfetto(
     let data = &f.ctx;
     let (head, tail) = f.halves()?;
     w.write_all(head.as_bytes())?;
-    let mut ev = ArrayWriter {
-        w: &mut *w,
-        first: true,
-    };
+    let mut ev = ArrayWriter::after_open(&mut *w);
     metadata(data, &f.threads, &mut ev)?;
-    rows.for_each_call::<anyhow::Error>(&Window::calls(window, pid), |c| {
-        ev.item(&call_slice(&c.call, data, origin))
-    })?;
-    match window {
-        Some(win) => {
-            // The threads of the window's waits not named yet (the frame
-            // named those with calls), named after their slices.
-            let mut unnamed = BTreeSet::new();
-            rows.for_each_wait_in::<anyhow::Error>(pid, win.since, win.until, |wt| {
-                if !f.threads.contains(&(wt.pid, wt.tid)) {
-                    unnamed.insert((wt.pid, wt.tid));
-                }
-                off_cpu_slices(&wt, origin).try_for_each(|s| ev.item(&s))
+    // The threads of the window's waits not named yet (the frame named
+    // those with calls), named after their slices.
+    let mut unnamed = BTreeSet::new();
+    pipelined(
+        &mut ev,
+        |sink| {
+            rows.for_each_call_by_start::<anyhow::Error>(&Window::calls(window, pid), |c| {
+                sink.push(Record::Call(c.call))
             })?;
-            // The processes `metadata` named: the trace's and the frame threads'.
-            let named: BTreeSet<u32> = data
-                .processes
-                .iter()
-                .map(|p| p.pid)
-                .chain(f.threads.iter().map(|t| t.0))
-                .collect();
-            let new_pids = unnamed.iter().map(|t| t.0).filter(|p| !named.contains(p));
-            process_names(data, &new_pids.collect(), &mut ev)?;
-            thread_names(data, &unnamed, &mut ev)?;
-        }
-        None => rows.for_each_wait::<anyhow::Error>(pid, |wt| {
-            off_cpu_slices(&wt, origin).try_for_each(|s| ev.item(&s))
-        })?,
+            let mut wait = |wt: WaitEvent| sink.push(Record::Wait(wt));
+            match window {
+                Some(win) => {
+                    rows.for_each_wait_in::<anyhow::Error>(pid, win.since, win.until, |wt| {
+                        if !f.threads.contains(&(wt.pid, wt.tid)) {
+                            unnamed.insert((wt.pid, wt.tid));
+                        }
+                        wait(wt)
+                    })
+                }
+                None => rows.for_each_wait::<anyhow::Error>(pid, wait),
+            }
+        },
+        |ev, record| record.write(ev, data, origin),
+    )?;
+    if window.is_some() {
+        // The processes `metadata` named: the trace's and the frame threads'.
+        let named: BTreeSet<u32> = data
+            .processes
+            .iter()
+            .map(|p| p.pid)
+            .chain(f.threads.iter().map(|t| t.0))
+            .collect();
+        let new_pids = unnamed.iter().map(|t| t.0).filter(|p| !named.contains(p));
+        process_names(data, &new_pids.collect(), &mut ev)?;
+        thread_names(data, &unnamed, &mut ev)?;
     }
     memory_tracks(&f.ledgers, origin, window, &mut ev)?;
     gpu_counters(data, origin, window, &mut ev)?;
     for finding in &f.findings {
         ev.item(&finding_event(finding, data, origin))?;
     }
+    ev.finish()?;
     w.write_all(tail.as_bytes())?;
     Ok(())
+}
+
+/// A row of the trace on its way from the reader to the writer (pipeline.rs).
+enum Record {
+    Call(CallEvent),
+    Wait(WaitEvent),
+}
+
+impl Record {
+    /// The (pid, tid) whose track the record is drawn on.
+    fn thread(&self) -> (u32, u32) {
+        match self {
+            Record::Call(c) => (c.pid, c.tid),
+            Record::Wait(w) => (w.pid, w.tid),
+        }
+    }
+
+    /// The record as its slices: a call's, a wait's off-CPU ones.
+    fn write(&self, ev: &mut ArrayWriter, ctx: &TraceData, origin: u64) -> anyhow::Result<()> {
+        match self {
+            Record::Call(c) => ev.item(&call_slice(c, ctx, origin)),
+            Record::Wait(w) => off_cpu_slices(w, origin).try_for_each(|s| ev.item(&s)),
+        }
+    }
 }
 
 /// Device memory per process as counter tracks (live bytes after each
@@ -665,37 +753,115 @@ fn thread_names(
 
 /// A wait as up to two adjacent slices on its thread: blocked `[off, wake)`
 /// and runnable `[wake, on)` (the latter names the tasks that held the CPU).
-/// A pure function of the wait, so the test reference (reference.rs) draws
-/// its slices with it too, as it does `finding_event`.
-fn off_cpu_slices(w: &WaitEvent, origin: u64) -> impl Iterator<Item = Value> {
+/// Typed records (keys in name order, as `json!` objects write them): a
+/// large export writes one or two per wait. The test reference
+/// (reference.rs) builds the same slices as `json!` documents.
+fn off_cpu_slices(w: &WaitEvent, origin: u64) -> impl Iterator<Item = OffCpuSlice<'_>> {
+    let slice = |name, cat, ts, dur, args| OffCpuSlice {
+        args,
+        cat,
+        dur: dur_us(dur),
+        name,
+        ph: "X",
+        pid: w.pid,
+        tid: w.tid,
+        ts: us(ts, origin),
+    };
     let blocked = (w.blocked_ns() > 0).then(|| {
-        json!({
-            "ph": "X", "name": "off-cpu: blocked", "cat": "sched.blocked",
-            "ts": us(w.off_ns, origin), "dur": dur_us(w.blocked_ns()),
-            "pid": w.pid, "tid": w.tid,
-            "args": {"prev_state": w.prev_state, "kind": w.kind.as_str()},
-        })
+        slice(
+            "off-cpu: blocked",
+            "sched.blocked",
+            w.off_ns,
+            w.blocked_ns(),
+            OffCpuArgs::Blocked {
+                kind: w.kind.as_str(),
+                prev_state: w.prev_state,
+            },
+        )
     });
     let runnable = (w.runnable_ns() > 0).then(|| {
-        let culprits: Vec<Value> = w
-            .culprits
-            .iter()
-            .map(|c| json!({"pid": c.pid, "tid": c.tid, "comm": c.comm, "us": dur_us(c.ns)}))
-            .collect();
-        let preemptors: Vec<String> = w
-            .culprits
-            .iter()
-            .map(|c| format!("{} ({})", c.comm, c.pid))
-            .collect();
-        json!({
-            "ph": "X", "name": "off-cpu: runnable", "cat": "sched.runnable",
-            "ts": us(w.wake_ns.max(w.off_ns), origin), "dur": dur_us(w.runnable_ns()),
-            "pid": w.pid, "tid": w.tid,
-            "args": {"kind": w.kind.as_str(), "cpu": w.cpu,
-                     "preemptors": preemptors.join(", "), "culprits": culprits},
-        })
+        slice(
+            "off-cpu: runnable",
+            "sched.runnable",
+            w.wake_ns.max(w.off_ns),
+            w.runnable_ns(),
+            OffCpuArgs::Runnable {
+                cpu: w.cpu,
+                culprits: CulpritList(&w.culprits),
+                kind: w.kind.as_str(),
+                preemptors: Preemptors(&w.culprits),
+            },
+        )
     });
     blocked.into_iter().chain(runnable)
+}
+
+/// One off-CPU slice of a wait ([`off_cpu_slices`]).
+#[derive(Serialize)]
+struct OffCpuSlice<'a> {
+    args: OffCpuArgs<'a>,
+    cat: &'static str,
+    dur: f64,
+    name: &'static str,
+    ph: &'static str,
+    pid: u32,
+    tid: u32,
+    ts: f64,
+}
+
+#[derive(Serialize)]
+#[serde(untagged)]
+enum OffCpuArgs<'a> {
+    Blocked {
+        kind: &'static str,
+        prev_state: u32,
+    },
+    Runnable {
+        cpu: u32,
+        culprits: CulpritList<'a>,
+        kind: &'static str,
+        preemptors: Preemptors<'a>,
+    },
+}
+
+/// A runnable wait's culprits as `{comm, pid, tid, us}` objects.
+struct CulpritList<'a>(&'a [Culprit]);
+
+impl Serialize for CulpritList<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        struct Entry<'a> {
+            comm: &'a str,
+            pid: u32,
+            tid: u32,
+            us: f64,
+        }
+        s.collect_seq(self.0.iter().map(|c| Entry {
+            comm: &c.comm,
+            pid: c.pid,
+            tid: c.tid,
+            us: dur_us(c.ns),
+        }))
+    }
+}
+
+/// A runnable wait's culprits as one string, "comm (pid), comm (pid)".
+struct Preemptors<'a>(&'a [Culprit]);
+
+impl std::fmt::Display for Preemptors<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, c) in self.0.iter().enumerate() {
+            let sep = if i == 0 { "" } else { ", " };
+            write!(f, "{sep}{} ({})", c.comm, c.pid)?;
+        }
+        Ok(())
+    }
+}
+
+impl Serialize for Preemptors<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
 }
 
 /// A finding as a global instant event at its first example call, else at
@@ -738,7 +904,10 @@ fn earliest_ts(v: &Value) -> Option<u64> {
     }
 }
 
+mod pipeline;
 mod run_window;
+
+use pipeline::pipelined;
 
 #[cfg(test)]
 mod reference;
@@ -849,7 +1018,7 @@ mod tests {
             .waits
             .iter()
             .filter(|x| x.off_ns < w.until && x.on_ns >= w.since)
-            .flat_map(|x| off_cpu_slices(x, origin))
+            .flat_map(|x| reference::off_cpu_slices(x, origin))
             .map(|e| e.to_string())
             .collect();
         waits.sort();

@@ -3,12 +3,14 @@
 //! as the reference the streamed writer must match byte for byte. What
 //! streaming changed (rows read one at a time and filtered by pid instead
 //! of a loaded `TraceData`) is built here the old way; the per-record
-//! builders that take the same input either way (`finding_event`,
-//! `off_cpu_slices`) are the streamed writer's own.
+//! builder that takes the same input either way (`finding_event`) is the
+//! streamed writer's own; the off-CPU slices, typed records there, are
+//! built here as `json!` documents.
 
-use super::{dur_us, finding_event, off_cpu_slices, us};
+use super::{dur_us, finding_event, us};
 use serde_json::{json, Value};
 use sleuth_core::analysis::Analysis;
+use sleuth_core::WaitEvent;
 use sleuth_core::{Layer, TraceData};
 use std::collections::BTreeSet;
 
@@ -190,4 +192,37 @@ fn metadata(data: &TraceData, ev: &mut Vec<Value>) {
                        "args": {"name": name}}),
         );
     }
+}
+
+/// A wait as up to two adjacent slices on its thread: blocked `[off, wake)`
+/// and runnable `[wake, on)` (the latter names the tasks that held the CPU).
+pub fn off_cpu_slices(w: &WaitEvent, origin: u64) -> impl Iterator<Item = Value> {
+    let blocked = (w.blocked_ns() > 0).then(|| {
+        json!({
+            "ph": "X", "name": "off-cpu: blocked", "cat": "sched.blocked",
+            "ts": us(w.off_ns, origin), "dur": dur_us(w.blocked_ns()),
+            "pid": w.pid, "tid": w.tid,
+            "args": {"prev_state": w.prev_state, "kind": w.kind.as_str()},
+        })
+    });
+    let runnable = (w.runnable_ns() > 0).then(|| {
+        let culprits: Vec<Value> = w
+            .culprits
+            .iter()
+            .map(|c| json!({"pid": c.pid, "tid": c.tid, "comm": c.comm, "us": dur_us(c.ns)}))
+            .collect();
+        let preemptors: Vec<String> = w
+            .culprits
+            .iter()
+            .map(|c| format!("{} ({})", c.comm, c.pid))
+            .collect();
+        json!({
+            "ph": "X", "name": "off-cpu: runnable", "cat": "sched.runnable",
+            "ts": us(w.wake_ns.max(w.off_ns), origin), "dur": dur_us(w.runnable_ns()),
+            "pid": w.pid, "tid": w.tid,
+            "args": {"kind": w.kind.as_str(), "cpu": w.cpu,
+                     "preemptors": preemptors.join(", "), "culprits": culprits},
+        })
+    });
+    blocked.into_iter().chain(runnable)
 }

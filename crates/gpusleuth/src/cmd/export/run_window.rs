@@ -16,8 +16,8 @@
 //! a damaged one is refused as the one-file export refuses it.
 
 use super::{
-    call_slice, gpu_counters, halves_at, json_call, memory_tracks, off_cpu_slices, process_names,
-    thread_names, write_file, write_stdout, Args, ArrayWriter, Format,
+    gpu_counters, halves_at, json_call, memory_tracks, pipelined, process_names, thread_names,
+    write_file, write_stdout, Args, ArrayWriter, Format, Record,
 };
 use crate::load::FORCE_HINT;
 use crate::window::Window;
@@ -46,7 +46,7 @@ pub(super) fn export(args: &Args, run: &RunLast) -> anyhow::Result<()> {
         Format::Perfetto => Some(RunFrame::of(run, &held, pid)?),
         Format::Json => None,
     };
-    let write = |w: &mut dyn Write| -> anyhow::Result<()> {
+    let write = |w: &mut (dyn Write + Send)| -> anyhow::Result<()> {
         match &frame {
             Some(f) => write_perfetto(w, f, &held, pid, window),
             None => write_calls_json(w, &held, pid, window),
@@ -104,20 +104,27 @@ fn checked_files(run: &RunLast, pid: Option<u32>) -> anyhow::Result<(Vec<PathBuf
 
 /// The window's calls of each file as one JSON array.
 fn write_calls_json(
-    w: &mut dyn Write,
+    w: &mut (dyn Write + Send),
     held: &[PathBuf],
     pid: Option<u32>,
     window: Window,
 ) -> anyhow::Result<()> {
     let mut a = ArrayWriter::open(w)?;
-    for path in held {
-        let trace = crate::checks_memo::open(path)?;
-        let host = trace.has_host_context();
-        Rows::open(&trace)?
-            .for_each_call::<anyhow::Error>(&Window::calls(Some(window), pid), |c| {
-                a.item(&json_call(&c.call, host))
-            })?;
-    }
+    pipelined(
+        &mut a,
+        |sink| {
+            for path in held {
+                let trace = crate::checks_memo::open(path)?;
+                let host = trace.has_host_context();
+                Rows::open(&trace)?
+                    .for_each_call::<anyhow::Error>(&Window::calls(Some(window), pid), |c| {
+                        sink.push((c.call, host))
+                    })?;
+            }
+            Ok(())
+        },
+        |a, (c, host)| a.item(&json_call(&c, host)),
+    )?;
     a.close()?;
     Ok(())
 }
@@ -233,7 +240,7 @@ impl Named {
 
 /// The window over the files as one Chrome Trace Event document.
 fn write_perfetto(
-    w: &mut dyn Write,
+    w: &mut (dyn Write + Send),
     f: &RunFrame,
     held: &[PathBuf],
     pid: Option<u32>,
@@ -242,32 +249,39 @@ fn write_perfetto(
     let (origin, ctx) = (f.origin, &f.ctx);
     let (head, tail) = halves_at(origin, ctx.realtime_offset_ns)?;
     w.write_all(head.as_bytes())?;
-    let mut ev = ArrayWriter {
-        w: &mut *w,
-        first: true,
-    };
+    let mut ev = ArrayWriter::after_open(&mut *w);
     let mut named = Named::default();
     for p in &ctx.processes {
         named.pids.insert(p.pid);
     }
     process_names(ctx, &named.pids, &mut ev)?;
-    for path in held {
-        let trace = crate::checks_memo::open(path)?;
-        let rows = Rows::open(&trace)?;
-        rows.for_each_call::<anyhow::Error>(&Window::calls(Some(window), pid), |c| {
-            named.thread(ctx, c.call.pid, c.call.tid, &mut ev)?;
-            ev.item(&call_slice(&c.call, ctx, origin))
-        })?;
-        rows.for_each_wait_in::<anyhow::Error>(pid, window.since, window.until, |wt| {
-            named.thread(ctx, wt.pid, wt.tid, &mut ev)?;
-            off_cpu_slices(&wt, origin).try_for_each(|s| ev.item(&s))
-        })?;
-    }
+    pipelined(
+        &mut ev,
+        |sink| {
+            for path in held {
+                let trace = crate::checks_memo::open(path)?;
+                let rows = Rows::open(&trace)?;
+                rows.for_each_call::<anyhow::Error>(&Window::calls(Some(window), pid), |c| {
+                    sink.push(Record::Call(c.call))
+                })?;
+                rows.for_each_wait_in::<anyhow::Error>(pid, window.since, window.until, |wt| {
+                    sink.push(Record::Wait(wt))
+                })?;
+            }
+            Ok(())
+        },
+        |ev, record| {
+            let (pid, tid) = record.thread();
+            named.thread(ctx, pid, tid, ev)?;
+            record.write(ev, ctx, origin)
+        },
+    )?;
     memory_tracks(&f.ledgers, origin, Some(window), &mut ev)?;
     gpu_counters(ctx, origin, Some(window), &mut ev)?;
     for finding in &f.findings {
         ev.item(&super::finding_event(finding, ctx, origin))?;
     }
+    ev.finish()?;
     w.write_all(tail.as_bytes())?;
     Ok(())
 }

@@ -1,0 +1,281 @@
+//! A whole file's calls in start order without SQLite sorting them
+//! (issue 16).
+//!
+//! `export` writes every call in start order (`StreamOrder::ByStart`, the
+//! order of `Trace::load`'s calls). No index serves that order, so SQLite
+//! sorted every row it read: the larger part of a whole export's reading
+//! (docs/benchmarks.md, round 35). The writer stores calls nearly in that
+//! order already (a call is stored when it returns, so it is late by the
+//! calls that started and returned while it ran), so the rows are read by
+//! id (on helper connections side by side where the file allows:
+//! `crate::split_read`) and put in start order through the buffer the
+//! ledger's return order uses (`crate::return_order`).
+//!
+//! A stream whose calls are already written out cannot start again, as
+//! `Rows::replay_by_return` does when its buffer proves too small. So a
+//! first pass over the rows' keys alone (id, start, op) runs the same
+//! buffer: where it cannot put them in order, SQLite sorts as before.
+//! Both passes read one snapshot of the file. Either way the calls and
+//! their order are exactly `Rows::for_each_call`'s with
+//! `StreamOrder::ByStart`.
+
+use crate::error::StoreError;
+use crate::return_order::{OrderKey, OutOfOrder, Reorder, REORDER_ROWS};
+use crate::stream::{call_statement, CallQuery, Rows, StreamOrder};
+use crate::types::StoredCall;
+use rusqlite::Connection;
+
+/// A call's place in start order: (start, 0, row id).
+fn start_key(ts_ns: u64, id: i64) -> OrderKey {
+    (ts_ns, 0, id)
+}
+
+impl Rows {
+    /// [`Rows::for_each_call`] of `q`, without SQLite's sort when `q` is a
+    /// whole stream in start order (no limit, no window) whose rows the
+    /// buffer can put in that order; any other query as it is.
+    pub fn for_each_call_by_start<E: From<StoreError>>(
+        &self,
+        q: &CallQuery,
+        mut visit: impl FnMut(StoredCall) -> Result<(), E>,
+    ) -> Result<(), E> {
+        let whole = q.order == StreamOrder::ByStart
+            && q.limit.is_none()
+            && q.since_ns.is_none()
+            && q.until_ns.is_none();
+        if !whole {
+            return self.for_each_call(q, visit);
+        }
+        let by_id = CallQuery {
+            order: StreamOrder::ById,
+            ..q.clone()
+        };
+        let _snapshot = Snapshot::begin(self.conn()).map_err(|e| self.read_error(e))?;
+        if !self.keys_in_reach(&by_id)? {
+            #[cfg(test)]
+            test_seams::SORTED.with(|c| c.set(c.get() + 1));
+            return self.for_each_call(q, visit);
+        }
+        #[cfg(test)]
+        test_seams::BUFFERED.with(|c| c.set(c.get() + 1));
+        let mut buf = Reorder::new(REORDER_ROWS);
+        self.for_each_call::<E>(&by_id, |c| {
+            match buf.push(start_key(c.call.ts_ns, c.id), c) {
+                Ok(Some(ready)) => visit(ready),
+                Ok(None) => Ok(()),
+                // The keys pass read the same rows of the same snapshot.
+                Err(OutOfOrder) => Err(StoreError::file(
+                    self.parts().0,
+                    "its calls changed while they were read",
+                )
+                .into()),
+            }
+        })?;
+        while let Some(ready) = buf.pop() {
+            visit(ready)?;
+        }
+        Ok(())
+    }
+
+    /// Whether the rows `by_id` reads, in that order, can be put in start
+    /// order by a [`Reorder`] of [`REORDER_ROWS`]: the same buffer run on
+    /// their keys alone. The rows are those [`Rows::for_each_call`] visits
+    /// (same conditions, rows of ops this build does not know skipped).
+    fn keys_in_reach(&self, by_id: &CallQuery) -> Result<bool, StoreError> {
+        let conn = self.checked_for_calls()?;
+        let err = |e| self.read_error(e);
+        let (_, _, src, _) = self.parts();
+        let st = call_statement(conn, src, by_id, false).map_err(err)?;
+        let mut stmt = conn.prepare(&st.keys_sql).map_err(err)?;
+        let mut rows = stmt
+            .query(rusqlite::params_from_iter(st.args().iter()))
+            .map_err(err)?;
+        let mut buf = Reorder::<()>::new(REORDER_ROWS);
+        while let Some(row) = rows.next().map_err(err)? {
+            let op = row.get_ref(2).map_err(err)?;
+            if op.as_str().ok().and_then(sleuth_core::op_by_name).is_none() {
+                continue;
+            }
+            let id: i64 = row.get(0).map_err(err)?;
+            let ts_ns = row.get::<_, i64>(1).map_err(err)? as u64;
+            if buf.push(start_key(ts_ns, id), ()).is_err() {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+}
+
+/// A read transaction on a connection outside one: the statements run
+/// inside it see one snapshot of the file (one still being written gains
+/// rows between two statements otherwise). Ended when dropped.
+struct Snapshot<'c> {
+    conn: Option<&'c Connection>,
+}
+
+impl<'c> Snapshot<'c> {
+    fn begin(conn: &'c Connection) -> rusqlite::Result<Snapshot<'c>> {
+        if !conn.is_autocommit() {
+            return Ok(Snapshot { conn: None });
+        }
+        conn.execute_batch("BEGIN")?;
+        Ok(Snapshot { conn: Some(conn) })
+    }
+}
+
+impl Drop for Snapshot<'_> {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn {
+            // Nothing was written: ending the read cannot lose anything.
+            let _ = conn.execute_batch("COMMIT");
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod test_seams {
+    use std::cell::Cell;
+    thread_local! {
+        /// Whole streams read by id and put in order here (this thread).
+        pub(crate) static BUFFERED: Cell<usize> = const { Cell::new(0) };
+        /// Whole streams the keys pass handed to SQLite's sort.
+        pub(crate) static SORTED: Cell<usize> = const { Cell::new(0) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Trace;
+    use sleuth_core::{op_by_name, CallEvent, Event};
+
+    fn call(op: &str, pid: u32, tid: u32, ts_ns: u64, dur_ns: u64) -> CallEvent {
+        CallEvent {
+            ts_ns,
+            dur_ns,
+            pid,
+            tid,
+            op: op_by_name(op).expect("op").id,
+            ..Default::default()
+        }
+    }
+
+    /// A trace of `calls` stored in the order given.
+    fn written(tag: &str, calls: Vec<CallEvent>) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("gs-start-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("t.db");
+        crate::test_files::written_with(&path, calls.into_iter().map(Event::Call));
+        path
+    }
+
+    /// Calls stored as a tracer stores them, when they return: three
+    /// threads of two processes, start times shared across threads, and
+    /// every 50th call long (it returns 400 calls later).
+    fn captured(n: u64) -> Vec<CallEvent> {
+        let mut calls: Vec<CallEvent> = (0..n)
+            .map(|i| {
+                let (pid, tid) = [(7, 7), (7, 8), (9, 9)][(i % 3) as usize];
+                let dur = if i % 50 == 0 { 4_000 } else { 3 + i % 5 };
+                let op = ["cudaLaunchKernel", "cudaMalloc", "cuLaunchKernel"][(i % 4 % 3) as usize];
+                call(op, pid, tid, 1_000 + i / 2 * 10, dur)
+            })
+            .collect();
+        calls.sort_by_key(|c| c.ts_ns + c.dur_ns);
+        calls
+    }
+
+    /// (id, call) of every call `q` selects: read by start through the
+    /// buffer, and as SQLite sorts them.
+    fn both_ways(path: &std::path::Path, q: &CallQuery) -> [Vec<(i64, CallEvent)>; 2] {
+        let trace = Trace::open(path).expect("open");
+        let rows = Rows::open(&trace).expect("rows");
+        let mut by_start = Vec::new();
+        rows.for_each_call_by_start::<StoreError>(q, |c| {
+            by_start.push((c.id, c.call));
+            Ok(())
+        })
+        .expect("by start");
+        let mut sorted = Vec::new();
+        rows.for_each_call::<StoreError>(q, |c| {
+            sorted.push((c.id, c.call));
+            Ok(())
+        })
+        .expect("sorted");
+        [by_start, sorted]
+    }
+
+    fn counts() -> (usize, usize) {
+        (
+            test_seams::BUFFERED.with(|c| c.get()),
+            test_seams::SORTED.with(|c| c.get()),
+        )
+    }
+
+    #[test]
+    fn calls_stored_as_they_return_come_out_as_sqlite_sorts_them() {
+        let path = written("near", captured(6_000));
+        // Rows of an op this build does not know are skipped either way.
+        let conn = rusqlite::Connection::open(&path).expect("db");
+        conn.execute_batch(
+            "INSERT INTO ops(id, layer, op) VALUES (999, 'runtime', 'cudaNotAnOp');
+             UPDATE call_rows SET op_id = 999 WHERE id % 97 = 0;",
+        )
+        .expect("unknown op");
+        drop(conn);
+        for pid in [None, Some(7), Some(9)] {
+            let before = counts();
+            let q = CallQuery {
+                pid,
+                ..Default::default()
+            };
+            let [by_start, sorted] = both_ways(&path, &q);
+            assert_eq!(counts(), (before.0 + 1, before.1), "{pid:?}: buffered");
+            assert!(sorted.len() > 1_000, "{pid:?}: {}", sorted.len());
+            assert_eq!(by_start, sorted, "{pid:?}");
+        }
+    }
+
+    #[test]
+    fn a_call_stored_past_the_buffers_reach_is_left_to_sqlites_sort() {
+        // The first call starts first and is stored last, after more
+        // calls than the buffer holds.
+        let mut calls = captured(REORDER_ROWS as u64 + 500);
+        let mut long = call("cudaDeviceSynchronize", 7, 7, 1_000, u64::MAX >> 8);
+        long.ts_ns = 999;
+        calls.push(long);
+        let path = written("far", calls);
+        let before = counts();
+        let [by_start, sorted] = both_ways(&path, &CallQuery::default());
+        assert_eq!(counts(), (before.0, before.1 + 1));
+        assert_eq!(by_start[0].1.ts_ns, 999);
+        assert_eq!(by_start, sorted);
+    }
+
+    #[test]
+    fn a_window_or_a_page_is_read_as_it_always_was() {
+        let path = written("window", captured(3_000));
+        for q in [
+            CallQuery {
+                since_ns: Some(5_000),
+                until_ns: Some(9_000),
+                ..Default::default()
+            },
+            CallQuery {
+                limit: Some(10),
+                ..Default::default()
+            },
+            CallQuery {
+                order: StreamOrder::ByReturn,
+                ..Default::default()
+            },
+        ] {
+            let before = counts();
+            let [by_start, sorted] = both_ways(&path, &q);
+            assert_eq!(counts(), before, "{q:?}");
+            assert!(!sorted.is_empty(), "{q:?}");
+            assert_eq!(by_start, sorted, "{q:?}");
+        }
+    }
+}
