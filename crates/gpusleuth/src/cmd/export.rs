@@ -226,12 +226,21 @@ impl<'w> ArrayWriter<'w> {
         }
     }
 
-    fn item<T: Serialize + ?Sized>(&mut self, v: &T) -> anyhow::Result<()> {
+    /// Elements serialized elsewhere (`Elements`), after those written.
+    fn append(&mut self, elements: &Elements) -> std::io::Result<()> {
+        if elements.buf.is_empty() {
+            return Ok(());
+        }
         if !self.first {
             self.buf.push(b',');
         }
         self.first = false;
-        serde_json::to_writer(&mut self.buf, v)?;
+        self.buf.extend_from_slice(&elements.buf);
+        self.flush_piece()
+    }
+
+    /// Hands the buffer to the output once it holds a piece.
+    fn flush_piece(&mut self) -> std::io::Result<()> {
         if self.buf.len() >= Self::PIECE {
             self.w.write_all(&self.buf)?;
             self.buf.clear();
@@ -247,6 +256,41 @@ impl<'w> ArrayWriter<'w> {
     fn close(mut self) -> std::io::Result<()> {
         self.buf.push(b']');
         self.finish()
+    }
+}
+
+/// Where the elements of a JSON array go: the array being written
+/// ([`ArrayWriter`]), or a batch's elements serialized on a helper thread
+/// ([`Elements`], pipeline.rs).
+trait Items {
+    fn item<T: Serialize + ?Sized>(&mut self, v: &T) -> anyhow::Result<()>;
+}
+
+impl Items for ArrayWriter<'_> {
+    fn item<T: Serialize + ?Sized>(&mut self, v: &T) -> anyhow::Result<()> {
+        if !self.first {
+            self.buf.push(b',');
+        }
+        self.first = false;
+        serde_json::to_writer(&mut self.buf, v)?;
+        Ok(self.flush_piece()?)
+    }
+}
+
+/// Elements of a JSON array in memory, comma-separated (no brackets).
+#[derive(Default)]
+struct Elements {
+    buf: Vec<u8>,
+}
+
+impl Items for Elements {
+    fn item<T: Serialize + ?Sized>(&mut self, v: &T) -> anyhow::Result<()> {
+        // A JSON value is never empty: an empty buffer holds no element.
+        if !self.buf.is_empty() {
+            self.buf.push(b',');
+        }
+        serde_json::to_writer(&mut self.buf, v)?;
+        Ok(())
     }
 }
 
@@ -314,7 +358,7 @@ fn write_calls_json(
                 sink.push(c.call)
             })
         },
-        |a, c| a.item(&json_call(&c, host)),
+        |c, el| el.item(&json_call(c, host)),
     )?;
     a.close()?;
     Ok(())
@@ -573,7 +617,7 @@ fn write_perfetto(
                 None => rows.for_each_wait::<anyhow::Error>(pid, wait),
             }
         },
-        |ev, record| record.write(ev, data, origin),
+        |record, el| record.write(el, data, origin),
     )?;
     if window.is_some() {
         // The processes `metadata` named: the trace's and the frame threads'.
@@ -601,6 +645,13 @@ fn write_perfetto(
 enum Record {
     Call(CallEvent),
     Wait(WaitEvent),
+    /// A thread's name (and its process's, with `process`) before its
+    /// first slice, where the names are given as threads appear.
+    Name {
+        pid: u32,
+        tid: u32,
+        process: bool,
+    },
 }
 
 impl Record {
@@ -609,14 +660,21 @@ impl Record {
         match self {
             Record::Call(c) => (c.pid, c.tid),
             Record::Wait(w) => (w.pid, w.tid),
+            Record::Name { pid, tid, .. } => (*pid, *tid),
         }
     }
 
     /// The record as its slices: a call's, a wait's off-CPU ones.
-    fn write(&self, ev: &mut ArrayWriter, ctx: &TraceData, origin: u64) -> anyhow::Result<()> {
+    fn write(&self, ev: &mut impl Items, ctx: &TraceData, origin: u64) -> anyhow::Result<()> {
         match self {
             Record::Call(c) => ev.item(&call_slice(c, ctx, origin)),
             Record::Wait(w) => off_cpu_slices(w, origin).try_for_each(|s| ev.item(&s)),
+            &Record::Name { pid, tid, process } => {
+                if process {
+                    process_names(ctx, &BTreeSet::from([pid]), ev)?;
+                }
+                thread_names(ctx, &BTreeSet::from([(pid, tid)]), ev)
+            }
         }
     }
 }
@@ -720,7 +778,7 @@ fn metadata(
 fn process_names(
     data: &TraceData,
     pids: &BTreeSet<u32>,
-    ev: &mut ArrayWriter,
+    ev: &mut impl Items,
 ) -> anyhow::Result<()> {
     for pid in pids {
         ev.item(
@@ -735,7 +793,7 @@ fn process_names(
 fn thread_names(
     data: &TraceData,
     threads: &BTreeSet<(u32, u32)>,
-    ev: &mut ArrayWriter,
+    ev: &mut impl Items,
 ) -> anyhow::Result<()> {
     for &(pid, tid) in threads {
         let name = if pid == tid {
@@ -907,7 +965,7 @@ fn earliest_ts(v: &Value) -> Option<u64> {
 mod pipeline;
 mod run_window;
 
-use pipeline::pipelined;
+use pipeline::{pipelined, Sink};
 
 #[cfg(test)]
 mod reference;
@@ -1107,13 +1165,19 @@ mod tests {
 
     #[test]
     fn streamed_export_is_byte_identical_on_the_examples() {
-        for name in ["demo-sim.db", "h200-contention.db"] {
-            let db = example(name);
-            assert_identical(&db, None);
-            for pid in Trace::open(&db).unwrap().pids().unwrap() {
-                assert_identical(&db, Some(pid));
+        // The machine's serializers, and three (h200-contention.db's 7,117
+        // calls and waits are seven batches).
+        for serializers in [None, Some(3)] {
+            pipeline::test_seams::SERIALIZERS.with(|c| c.set(serializers));
+            for name in ["demo-sim.db", "h200-contention.db"] {
+                let db = example(name);
+                assert_identical(&db, None);
+                for pid in Trace::open(&db).unwrap().pids().unwrap() {
+                    assert_identical(&db, Some(pid));
+                }
             }
         }
+        pipeline::test_seams::SERIALIZERS.with(|c| c.set(None));
     }
 
     fn call(ts: u64, dur: u64, op: &str, size: Option<u64>, ptr: Option<u64>) -> CallEvent {

@@ -16,8 +16,8 @@
 //! a damaged one is refused as the one-file export refuses it.
 
 use super::{
-    gpu_counters, halves_at, json_call, memory_tracks, pipelined, process_names, thread_names,
-    write_file, write_stdout, Args, ArrayWriter, Format, Record,
+    gpu_counters, halves_at, json_call, memory_tracks, pipelined, process_names, write_file,
+    write_stdout, Args, ArrayWriter, Format, Items, Record, Sink,
 };
 use crate::load::FORCE_HINT;
 use crate::window::Window;
@@ -123,7 +123,7 @@ fn write_calls_json(
             }
             Ok(())
         },
-        |a, (c, host)| a.item(&json_call(&c, host)),
+        |(c, host), el| el.item(&json_call(c, *host)),
     )?;
     a.close()?;
     Ok(())
@@ -220,21 +220,15 @@ struct Named {
 }
 
 impl Named {
-    /// Names `(pid, tid)` (and its process) if not named yet.
-    fn thread(
-        &mut self,
-        ctx: &TraceData,
-        pid: u32,
-        tid: u32,
-        ev: &mut ArrayWriter,
-    ) -> anyhow::Result<()> {
-        if self.pids.insert(pid) {
-            process_names(ctx, &BTreeSet::from([pid]), ev)?;
-        }
+    /// Hands on `record`, after its thread's name (and its process's) if
+    /// they were not given yet.
+    fn push(&mut self, sink: &mut Sink<Record>, record: Record) -> anyhow::Result<()> {
+        let (pid, tid) = record.thread();
         if self.threads.insert((pid, tid)) {
-            thread_names(ctx, &BTreeSet::from([(pid, tid)]), ev)?;
+            let process = self.pids.insert(pid);
+            sink.push(Record::Name { pid, tid, process })?;
         }
-        Ok(())
+        sink.push(record)
     }
 }
 
@@ -262,19 +256,15 @@ fn write_perfetto(
                 let trace = crate::checks_memo::open(path)?;
                 let rows = Rows::open(&trace)?;
                 rows.for_each_call::<anyhow::Error>(&Window::calls(Some(window), pid), |c| {
-                    sink.push(Record::Call(c.call))
+                    named.push(sink, Record::Call(c.call))
                 })?;
                 rows.for_each_wait_in::<anyhow::Error>(pid, window.since, window.until, |wt| {
-                    sink.push(Record::Wait(wt))
+                    named.push(sink, Record::Wait(wt))
                 })?;
             }
             Ok(())
         },
-        |ev, record| {
-            let (pid, tid) = record.thread();
-            named.thread(ctx, pid, tid, ev)?;
-            record.write(ev, ctx, origin)
-        },
+        |record, el| record.write(el, ctx, origin),
     )?;
     memory_tracks(&f.ledgers, origin, Some(window), &mut ev)?;
     gpu_counters(ctx, origin, Some(window), &mut ev)?;
