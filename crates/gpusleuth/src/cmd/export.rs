@@ -409,10 +409,11 @@ impl Serialize for Hex {
     }
 }
 
-/// A call as a complete slice (`ph: X`).
+/// A complete slice (`ph: X`): a call's ([`SliceArgs`]) or one of a
+/// wait's off-CPU ones ([`OffCpuArgs`]).
 #[derive(Serialize)]
-struct Slice {
-    args: SliceArgs,
+struct Slice<A> {
+    args: A,
     cat: &'static str,
     dur: f64,
     name: &'static str,
@@ -422,7 +423,7 @@ struct Slice {
     ts: f64,
 }
 
-fn call_slice(c: &CallEvent, ctx: &TraceData, origin: u64) -> Slice {
+fn call_slice(c: &CallEvent, ctx: &TraceData, origin: u64) -> Slice<SliceArgs> {
     let layer = c.layer().map(Layer::as_str).unwrap_or("unknown");
     // Unknown without host context (imports): null, never 0.
     let host = |ns: u64| ctx.has_host_context.then(|| dur_us(ns));
@@ -814,8 +815,8 @@ fn thread_names(
 /// Typed records (keys in name order, as `json!` objects write them): a
 /// large export writes one or two per wait. The test reference
 /// (reference.rs) builds the same slices as `json!` documents.
-fn off_cpu_slices(w: &WaitEvent, origin: u64) -> impl Iterator<Item = OffCpuSlice<'_>> {
-    let slice = |name, cat, ts, dur, args| OffCpuSlice {
+fn off_cpu_slices(w: &WaitEvent, origin: u64) -> impl Iterator<Item = Slice<OffCpuArgs<'_>>> {
+    let slice = |name, cat, ts, dur, args| Slice {
         args,
         cat,
         dur: dur_us(dur),
@@ -852,19 +853,6 @@ fn off_cpu_slices(w: &WaitEvent, origin: u64) -> impl Iterator<Item = OffCpuSlic
         )
     });
     blocked.into_iter().chain(runnable)
-}
-
-/// One off-CPU slice of a wait ([`off_cpu_slices`]).
-#[derive(Serialize)]
-struct OffCpuSlice<'a> {
-    args: OffCpuArgs<'a>,
-    cat: &'static str,
-    dur: f64,
-    name: &'static str,
-    ph: &'static str,
-    pid: u32,
-    tid: u32,
-    ts: f64,
 }
 
 #[derive(Serialize)]
