@@ -154,9 +154,9 @@ fn write_file(
                 path: path.to_path_buf(),
                 source: e,
             })?;
-        let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
+        let mut w = std::io::BufWriter::with_capacity(1 << 20, WriteBehind::new(f));
         write(&mut w)?;
-        let f = w.into_inner().map_err(|e| e.into_error())?;
+        let f = w.into_inner().map_err(|e| e.into_error())?.into_inner();
         f.sync_all().map_err(|e| StoreError::Io {
             path: path.to_path_buf(),
             source: e,
@@ -952,8 +952,10 @@ fn earliest_ts(v: &Value) -> Option<u64> {
 
 mod pipeline;
 mod run_window;
+mod write_behind;
 
 use pipeline::{pipelined, Sink};
+use write_behind::WriteBehind;
 
 #[cfg(test)]
 mod reference;
