@@ -13,8 +13,9 @@
 //! older (a wait that began before tracing started).
 //!
 //! Both formats are written as they are produced: calls and waits are read
-//! from the store one at a time on this thread and serialized and written
-//! on a helper one (`pipeline`), never gathered into one document. A whole
+//! from the store one at a time on this thread, serialized in batches on
+//! helper threads and written in order by one more (`pipeline`), never
+//! gathered into one document. A whole
 //! trace's calls are read by id and put in start order through a bounded
 //! buffer where the file allows (`Rows::for_each_call_by_start`). `json`
 //! reads nothing else.
