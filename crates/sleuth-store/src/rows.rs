@@ -147,6 +147,12 @@ pub(crate) const WAIT_CULPRITS_SQL: &str =
 pub(crate) const WAIT_COLS: usize = 13;
 
 /// A wait row of [`waits_sql`] with its culprits; None for an unknown kind.
+/// Culprits are the tasks that held the CPU while the thread was runnable:
+/// a wait that never was (woken and back at once, or a blocked wait whose
+/// runnable part is empty) has none to read. The writer stores none there,
+/// `wait_stream` joins none there, and every use of them scales by the
+/// runnable time; not looking them up saved a query per wait (2.3M on the
+/// bench's 10M-call trace, of which 250,000 runnable: round 35).
 pub(crate) fn wait_from_row(
     row: &Row,
     culprits_st: &mut rusqlite::CachedStatement,
@@ -155,6 +161,9 @@ pub(crate) fn wait_from_row(
     let Some(mut w) = wait_fields(row)? else {
         return Ok(None);
     };
+    if w.on_ns <= w.wake_ns {
+        return Ok(Some(w));
+    }
     w.culprits = culprits_st
         .query_map([id, crate::problems::MAX_NS], |c| {
             Ok(Culprit {

@@ -1784,3 +1784,67 @@ fn views_taken_up_from_checkpoints_are_those_replayed_from_the_start() {
     let taken = sleuth_store::allocator_checkpoints::taken_up_for_tests() - before;
     assert!(taken as usize >= moments.len(), "{taken} reads took one up");
 }
+
+/// A wait's culprits are the tasks that held the CPU while it was
+/// runnable: a wait with no runnable part has none, and a culprit row a
+/// crafted file gives it is not read, by the loaded trace and by the
+/// streams alike (as the per-thread wait stream never joined one); a
+/// runnable wait's culprits are read as stored.
+#[test]
+fn a_wait_without_runnable_time_has_no_culprits_read() {
+    let dir = TempDir::new("stream-culprits");
+    let path = dir.join("t.db");
+    let blocked = sleuth_core::WaitEvent {
+        kind: sleuth_core::WaitKind::Blocked,
+        wake_ns: 3_000,
+        on_ns: 3_000,
+        prev_state: 1,
+        ..preempted(100, 100, 1_000, 3_000, vec![])
+    };
+    let runnable = preempted(100, 100, 5_000, 6_000, vec![culprit(7, "hog", 1_000)]);
+    write_trace(
+        &path,
+        vec![
+            Event::Call(call("cudaLaunchKernel", 100, 100, 500, 100)),
+            Event::Wait(blocked),
+            Event::Wait(runnable),
+        ],
+    );
+    // The crafted row: a culprit of the blocked wait (the first stored).
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    conn.execute_batch(
+        "INSERT INTO wait_culprits(wait_id, pid, tid, comm, ns) \
+         SELECT min(id), 9, 9, 'crafted', 500 FROM waits",
+    )
+    .unwrap();
+    drop(conn);
+    let trace = Trace::open(&path).unwrap();
+    let culprits = |waits: &[sleuth_core::WaitEvent]| -> Vec<(u64, Vec<String>)> {
+        waits
+            .iter()
+            .map(|w| {
+                (
+                    w.off_ns,
+                    w.culprits.iter().map(|c| c.comm.clone()).collect(),
+                )
+            })
+            .collect()
+    };
+    let want = vec![(1_000, vec![]), (5_000, vec!["hog".to_string()])];
+    assert_eq!(culprits(&trace.load(None).unwrap().waits), want, "loaded");
+    let rows = Rows::open(&trace).unwrap();
+    let mut streamed = Vec::new();
+    rows.for_each_wait::<sleuth_store::StoreError>(None, |w| {
+        streamed.push(w);
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(culprits(&streamed), want, "streamed");
+    let mut windowed = Vec::new();
+    rows.for_each_wait_in::<sleuth_store::StoreError>(None, 0, 10_000, |w| {
+        windowed.push(w);
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(culprits(&windowed), want, "a window's");
+}
