@@ -23,7 +23,6 @@ use crate::error::StoreError;
 use crate::return_order::{OrderKey, OutOfOrder, Reorder, REORDER_ROWS};
 use crate::stream::{call_statement, CallQuery, Rows, StreamOrder};
 use crate::types::StoredCall;
-use rusqlite::Connection;
 
 /// A call's place in start order: (start, 0, row id).
 fn start_key(ts_ns: u64, id: i64) -> OrderKey {
@@ -50,7 +49,18 @@ impl Rows {
             order: StreamOrder::ById,
             ..q.clone()
         };
-        let _snapshot = Snapshot::begin(self.conn()).map_err(|e| self.read_error(e))?;
+        // One read transaction for both passes, so that they see one
+        // snapshot of the file (one still being written gains rows between
+        // two statements otherwise); rolled back when dropped, having
+        // written nothing. Inside a caller's transaction, that one serves.
+        let conn = self.conn();
+        let _snapshot = match conn.is_autocommit() {
+            true => Some(
+                conn.unchecked_transaction()
+                    .map_err(|e| self.read_error(e))?,
+            ),
+            false => None,
+        };
         if !self.keys_in_reach(&by_id)? {
             #[cfg(test)]
             test_seams::SORTED.with(|c| c.set(c.get() + 1));
@@ -123,32 +133,6 @@ fn side_by_side() -> bool {
         return on;
     }
     std::thread::available_parallelism().is_ok_and(|n| n.get() >= SIDE_BY_SIDE_FROM_CPUS)
-}
-
-/// A read transaction on a connection outside one: the statements run
-/// inside it see one snapshot of the file (one still being written gains
-/// rows between two statements otherwise). Ended when dropped.
-struct Snapshot<'c> {
-    conn: Option<&'c Connection>,
-}
-
-impl<'c> Snapshot<'c> {
-    fn begin(conn: &'c Connection) -> rusqlite::Result<Snapshot<'c>> {
-        if !conn.is_autocommit() {
-            return Ok(Snapshot { conn: None });
-        }
-        conn.execute_batch("BEGIN")?;
-        Ok(Snapshot { conn: Some(conn) })
-    }
-}
-
-impl Drop for Snapshot<'_> {
-    fn drop(&mut self) {
-        if let Some(conn) = self.conn {
-            // Nothing was written: ending the read cannot lose anything.
-            let _ = conn.execute_batch("COMMIT");
-        }
-    }
 }
 
 #[cfg(test)]

@@ -157,11 +157,7 @@ pub(super) fn pipelined<T: Send>(
             Ok(wrote) => wrote,
             Err(panic) => std::panic::resume_unwind(panic),
         };
-        match (read, wrote) {
-            (_, Err(e)) => Err(e),
-            (Err(e), Ok(())) => Err(e),
-            (Ok(()), Ok(())) => Ok(()),
-        }
+        wrote.and(read)
     })
 }
 
