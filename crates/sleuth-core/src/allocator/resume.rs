@@ -12,10 +12,10 @@
 //! (as any stored aggregate), and sums stay saturating as in any replay,
 //! so crafted numbers give wrong answers at worst, never a panic.
 
+use super::live_blocks::LiveBlocks;
 use super::segments::{Seg, SegmentKind, SegmentMap};
 use super::{BlockCounts, Blocks, FailedRequest, Held, Layout, LiveBlock, Moment, Rebuilder};
 use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
 
 /// A [`Rebuilder`]'s state, as stored.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -63,7 +63,7 @@ impl Rebuilder {
     /// The state of the replay so far ([`Self::resume`] takes it up).
     pub fn state(&self) -> RebuildState {
         let b = &self.blocks;
-        let mut live: Vec<LiveBlock> = b.live.iter().map(|(k, h)| h.live(*k)).collect();
+        let mut live: Vec<LiveBlock> = b.live.iter().map(|(k, h)| h.live(k)).collect();
         live.sort_unstable_by_key(|l| l.block);
         let segments = self
             .segs
@@ -96,7 +96,7 @@ impl Rebuilder {
         if state.layout != layout_words(layout) {
             return Err("a state read with another layout".into());
         }
-        let mut live = HashMap::with_capacity(state.live.len());
+        let mut live = LiveBlocks::with_capacity(state.live.len());
         for l in state.live {
             // Labels are the reader's to name (a held block has none).
             let key = l.block.0;

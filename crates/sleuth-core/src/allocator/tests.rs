@@ -6,6 +6,7 @@ use crate::data::ProcessInfo;
 use crate::event::BLOCK_WORDS;
 use crate::ledger::ledger;
 use crate::ops::op_by_name;
+use std::collections::HashMap;
 
 const MIB: u64 = 1 << 20;
 const PID: u32 = 7;
