@@ -97,7 +97,7 @@ pub use types::{
     CallFilter, CallOrder, LibraryInfo, MergeNode, Note, NoteLevel, Session, SessionInfo,
     StoredCall, TraceSource, WaitFilter, WriteSummary, WriterOptions, DEFAULT_MAX_DB_BYTES,
 };
-pub use writer::{drop_stat_name, monotonic_now_ns, TraceWriter, WriterHandle};
+pub use writer::{drop_stat_name, monotonic_now_ns, release_freed_heap, TraceWriter, WriterHandle};
 
 /// Files the unit tests read.
 #[cfg(test)]

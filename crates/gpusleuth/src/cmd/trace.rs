@@ -252,12 +252,7 @@ fn tune_malloc() {
 /// the trim threshold, [`tune_malloc`], an arena keeps up to 8 MiB of it):
 /// once per file, on the completion's own thread.
 fn give_back_freed_memory() {
-    #[cfg(target_env = "gnu")]
-    // SAFETY: malloc_trim only returns free pages of glibc's arenas to the
-    // kernel; it is safe to call from any thread at any time.
-    unsafe {
-        libc::malloc_trim(0);
-    }
+    sleuth_store::release_freed_heap();
 }
 
 pub fn run(args: Args) -> Result<i32> {
