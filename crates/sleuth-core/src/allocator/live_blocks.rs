@@ -47,7 +47,7 @@ impl LiveBlocks {
             entries,
             hasher,
         } = self;
-        slots.reserve(additional, |&i| hasher.hash_one(entries[i as usize].0));
+        slots.reserve(additional, rehash(entries, hasher));
         entries.reserve(additional);
     }
 
@@ -64,7 +64,7 @@ impl LiveBlocks {
         }
         // A position fits in 32 bits: 2^32 live blocks would take 240 GB.
         let at = u32::try_from(entries.len()).expect("fewer than 2^32 live blocks");
-        slots.insert_unique(hash, at, |&i| hasher.hash_one(entries[i as usize].0));
+        slots.insert_unique(hash, at, rehash(entries, hasher));
         entries.push((key, held));
         None
     }
@@ -107,6 +107,11 @@ impl LiveBlocks {
     }
 }
 
+/// A slot's hash (the table's own, when it grows): its block's key's.
+fn rehash<'a>(entries: &'a [(u64, Held)], hasher: &'a RandomState) -> impl Fn(&u32) -> u64 + 'a {
+    move |&i| hasher.hash_one(entries[i as usize].0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::{Held, LiveBlocks};
@@ -138,13 +143,7 @@ mod tests {
     /// returns, the length, and the blocks held.
     #[test]
     fn agrees_with_a_map_under_random_inserts_and_removals() {
-        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
+        let mut next = crate::testing::xorshift(0x9e37_79b9_7f4a_7c15);
         let mut live = LiveBlocks::default();
         let mut map: HashMap<u64, Held> = HashMap::new();
         for step in 0..200_000u64 {
