@@ -248,13 +248,6 @@ fn tune_malloc() {
     }
 }
 
-/// Gives the memory a file's completion freed back to the system (below
-/// the trim threshold, [`tune_malloc`], an arena keeps up to 8 MiB of it):
-/// once per file, on the completion's own thread.
-fn give_back_freed_memory() {
-    sleuth_store::release_freed_heap();
-}
-
 pub fn run(args: Args) -> Result<i32> {
     tune_malloc();
     // Before the first connection; the tracer runs no caller's SQL.
@@ -744,7 +737,9 @@ impl Rotation {
             drop(old_stacks);
             drop(old_handle);
             let r = old_writer.finish().map_err(|e| e.to_string());
-            give_back_freed_memory();
+            // What the completion freed goes back to the system (below the
+            // trim threshold, `tune_malloc`, an arena keeps up to 8 MiB of it).
+            sleuth_store::release_freed_heap();
             if let Some(keep) = keep {
                 prune(&dir, keep, current);
             }
