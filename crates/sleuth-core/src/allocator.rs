@@ -122,9 +122,10 @@ pub struct LiveBlock {
     /// Call site of the malloc (a stack id), when captured.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stack_id: Option<u64>,
-    /// The line (or native function) that asked for the block, when captured.
+    /// The line (or native function) that asked for the block, when captured
+    /// (a `Box<str>`, 16 bytes: a view holds every live block, round 36).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub site: Option<String>,
+    pub site: Option<Box<str>>,
 }
 
 /// One live segment with the blocks in it.
@@ -750,14 +751,16 @@ pub fn name_sites(view: &mut AllocatorView, data: &TraceData) {
     };
     for seg in &mut st.segments {
         for b in &mut seg.live_blocks {
-            b.site = b.stack_id.map(|id| crate::sites::label_of(data, Some(id)));
+            b.site = b
+                .stack_id
+                .map(|id| crate::sites::label_of(data, Some(id)).into_boxed_str());
         }
     }
 }
 
 /// A live block as a replay holds it: its `Block*` is the map's key and
 /// its site is named only in views, so 48 bytes where a [`LiveBlock`] takes
-/// 80. A replay holds every live block (the tracer's carried replays and
+/// 72. A replay holds every live block (the tracer's carried replays and
 /// the moments they view), in a [`LiveBlocks`] list: 56 bytes a block and
 /// 5 a slot of its table (250,000 live blocks: 17 MB where a hash map of
 /// the pairs took 30).
@@ -1134,7 +1137,7 @@ fn overlap(ptr: u64, size: u64, lo: u64, hi: u64) -> u64 {
 
 /// A replay's live blocks (`Block*`, the block) by address, as the replay
 /// holds them (56 bytes each with the key): `assemble` makes each a view's
-/// `LiveBlock` (80) only in the segments that list it, so a view of many
+/// `LiveBlock` (72) only in the segments that list it, so a view of many
 /// live blocks holds them once beside this list, not a sorted copy and
 /// each segment's copies too (90,000 live blocks: 24 MB at the tracer's
 /// peak, round 34).
@@ -1202,7 +1205,7 @@ fn assemble(
     // The segments are made last to first, so that the blocks no earlier
     // segment's range reaches are done with and leave the list as the
     // views' blocks are made: the list (56 bytes a block) and the views
-    // (80) are not both whole at once (250,000 live blocks: 34 MB at the
+    // (72) are not both whole at once (250,000 live blocks: 34 MB at the
     // tracer's peak, round 36). `reach[j]`: the end of the ranges before
     // segment `j`.
     let mut reach: Vec<usize> = Vec::with_capacity(ranges.len());
