@@ -1205,9 +1205,9 @@ fn assemble(
     // The segments are made last to first, so that the blocks no earlier
     // segment's range reaches are done with and leave the list as the
     // views' blocks are made: the list (56 bytes a block) and the views
-    // (72) are not both whole at once (250,000 live blocks: 34 MB at the
-    // tracer's peak, round 36). `reach[j]`: the end of the ranges before
-    // segment `j`.
+    // (72) are not both whole at once (250,000 live blocks: 34 MB together
+    // at the tracer's peak while a view's block took 80, round 36).
+    // `reach[j]`: the end of the ranges before segment `j`.
     let mut reach: Vec<usize> = Vec::with_capacity(ranges.len());
     let mut furthest = 0;
     for &(_, _, first, n) in &ranges {
