@@ -436,3 +436,38 @@ pub fn clock_ns(clock: libc::clockid_t) -> i128 {
     unsafe { libc::clock_gettime(clock, &mut ts) };
     ts.tv_sec as i128 * 1_000_000_000 + ts.tv_nsec as i128
 }
+
+/// Checks `pftrace` (`export --format pftrace`) against `json` (the
+/// `perfetto` export of the same trace and window) with
+/// tests/perfetto/pftrace_check.py, which reads the protobuf with
+/// Perfetto's own Python classes. Returns the checker's summary line, or
+/// None when python3 or its `perfetto` package is missing (a skip, a
+/// failure under CI=true; `test` names the test).
+pub fn pftrace_matches_json(test: &str, json: &Path, pftrace: &Path) -> Option<String> {
+    let script =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/perfetto/pftrace_check.py");
+    let out = match Command::new("python3")
+        .arg(&script)
+        .arg(json)
+        .arg(pftrace)
+        .output()
+    {
+        Ok(out) => out,
+        Err(e) => {
+            skip_unless_ci(test, &format!("python3 cannot run: {e}"));
+            return None;
+        }
+    };
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    if out.status.code() == Some(2) {
+        skip_unless_ci(test, &format!("{} (pip install perfetto)", stdout.trim()));
+        return None;
+    }
+    assert!(
+        out.status.success(),
+        "{test}: the protobuf differs from the JSON:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.starts_with("ok: "), "{test}: {stdout}");
+    Some(stdout.trim().to_string())
+}

@@ -87,19 +87,32 @@ impl<T> Sink<T> {
     }
 }
 
+/// Where a batch's serialized form goes, in the records' order: a JSON
+/// array's elements ([`ArrayWriter`]), a Perfetto protobuf's packets
+/// (`pftrace::PacketWriter`).
+pub(super) trait Batches<E>: Send {
+    fn append(&mut self, made: &E) -> std::io::Result<()>;
+}
+
+impl Batches<Elements> for ArrayWriter<'_> {
+    fn append(&mut self, made: &Elements) -> std::io::Result<()> {
+        ArrayWriter::append(self, made)
+    }
+}
+
 /// Runs `produce` here; `serialize` turns each record into elements of
-/// `ev`'s array (none, one or more) on helper threads; the elements are
-/// written in the order the records were produced. The writer's error
+/// `ev`'s array (none, one or more; or packets of a Perfetto protobuf) on
+/// helper threads; they are written in the order the records were produced. The writer's error
 /// comes first: a reader stops because its writer did (a closed pipe),
 /// never the reverse. What was read before a reader's error is written.
-pub(super) fn pipelined<T: Send>(
-    ev: &mut ArrayWriter,
+pub(super) fn pipelined<T: Send, E: Default + Send>(
+    ev: &mut impl Batches<E>,
     produce: impl FnOnce(&mut Sink<T>) -> anyhow::Result<()>,
-    serialize: impl Fn(&T, &mut Elements) -> anyhow::Result<()> + Sync,
+    serialize: impl Fn(&T, &mut E) -> anyhow::Result<()> + Sync,
 ) -> anyhow::Result<()> {
     let (tx, batches) = sync_channel::<(u64, Vec<T>)>(AHEAD);
     let batches = Mutex::new(batches);
-    let (done_tx, done) = sync_channel::<(u64, anyhow::Result<Elements>)>(AHEAD);
+    let (done_tx, done) = sync_channel::<(u64, anyhow::Result<E>)>(AHEAD);
     let (written_tx, written) = sync_channel::<()>(AHEAD);
     std::thread::scope(|scope| {
         for _ in 0..serializers() {
@@ -111,7 +124,7 @@ pub(super) fn pipelined<T: Send>(
                     .map_err(|_| ())
                     .and_then(|rx| rx.recv().map_err(|_| ()));
                 let Ok((seq, batch)) = next else { return };
-                let mut elements = Elements::default();
+                let mut elements = E::default();
                 let made = batch
                     .iter()
                     .try_for_each(|record| serialize(record, &mut elements))

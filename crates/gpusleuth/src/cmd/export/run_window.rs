@@ -43,18 +43,19 @@ pub(super) fn export(args: &Args, run: &RunLast) -> anyhow::Result<()> {
     }
     let (held, problems) = checked_files(run, pid)?;
     let frame = match args.format {
-        Format::Perfetto => Some(RunFrame::of(run, &held, pid)?),
+        Format::Perfetto | Format::Pftrace => Some(RunFrame::of(run, &held, pid)?),
         Format::Json => None,
     };
     let write = |w: &mut (dyn Write + Send)| -> anyhow::Result<()> {
-        match &frame {
-            Some(f) => write_perfetto(w, f, &held, pid, window),
-            None => write_calls_json(w, &held, pid, window),
+        match (&frame, args.format) {
+            (Some(f), Format::Pftrace) => write_pftrace(w, f, &held, pid, window),
+            (Some(f), _) => write_perfetto(w, f, &held, pid, window),
+            (None, _) => write_calls_json(w, &held, pid, window),
         }
     };
     match &args.output {
         Some(path) => write_file(path, &run.dir, args.force, write)?,
-        None => write_stdout(write)?,
+        None => write_stdout(args.format, write)?,
     }
     // Said once the document is written: a failure stays one line.
     for (path, p) in &problems {
@@ -274,4 +275,35 @@ fn write_perfetto(
     ev.finish()?;
     w.write_all(tail.as_bytes())?;
     Ok(())
+}
+
+/// The window over the files as Perfetto's protobuf (pftrace.rs): each
+/// file's calls in start order, then its waits; every track declared where
+/// it first appears.
+fn write_pftrace(
+    w: &mut (dyn Write + Send),
+    f: &RunFrame,
+    held: &[PathBuf],
+    pid: Option<u32>,
+    window: Window,
+) -> anyhow::Result<()> {
+    let frame = super::pftrace::Frame {
+        ctx: &f.ctx,
+        origin: f.origin,
+        ledgers: &f.ledgers,
+        findings: &f.findings,
+    };
+    super::pftrace::write(w, frame, Some(window), |tracks, sink| {
+        for path in held {
+            let trace = crate::checks_memo::open(path)?;
+            let rows = Rows::open(&trace)?;
+            rows.for_each_call_by_start::<anyhow::Error>(&Window::calls(Some(window), pid), |c| {
+                tracks.call(sink, c.call)
+            })?;
+            rows.for_each_wait_in::<anyhow::Error>(pid, window.since, window.until, |wt| {
+                tracks.wait(sink, wt)
+            })?;
+        }
+        Ok(())
+    })
 }

@@ -1,0 +1,306 @@
+//! `export --format pftrace` (Perfetto's protobuf) holds what the
+//! `perfetto` JSON export of the same trace holds: every slice with its
+//! arguments, counter value, instant and name. The protobuf is read with
+//! Perfetto's own Python classes and its slices rebuilt as trace_processor
+//! builds them (tests/perfetto/pftrace_check.py); the JSON export is the
+//! reference, itself checked against the database in report_export.rs.
+//! Skips without python3's `perfetto` package, except under CI=true.
+
+mod common;
+#[path = "common/temp_dir.rs"]
+mod temp_dir;
+
+use sleuth_core::sites::{Frame, FrameKind, Stack};
+use sleuth_core::{
+    CallEvent, Culprit, Event, GpuSample, ProcessGpuSample, ProcessInfo, SamplePhase, WaitEvent,
+    WaitKind,
+};
+use sleuth_store::{SessionInfo, TraceWriter, WriterOptions};
+use std::path::{Path, PathBuf};
+
+fn example(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../examples")
+        .join(name)
+}
+
+/// Exports `db` (with `args`) as both formats into `dir` and checks that
+/// they hold the same; the checker's summary, None when it cannot run.
+fn both_formats(test: &str, db: &Path, args: &[&str], dir: &Path) -> Option<String> {
+    let json = dir.join("trace.json");
+    let proto = dir.join("trace.pftrace");
+    for (format, out) in [("perfetto", &json), ("pftrace", &proto)] {
+        common::run_ok(
+            common::gpusleuth()
+                .args(["export", "--force", "--format", format, "--db"])
+                .arg(db)
+                .args(args)
+                .arg("-o")
+                .arg(out),
+        );
+    }
+    common::pftrace_matches_json(&format!("{test} {args:?}"), &json, &proto)
+}
+
+fn slices_in(summary: &str) -> u64 {
+    summary
+        .strip_prefix("ok: ")
+        .and_then(|s| s.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no slice count in {summary:?}"))
+}
+
+#[test]
+fn the_example_traces_as_protobuf_hold_what_their_json_holds() {
+    let dir = temp_dir::TempDir::new("pftrace-examples");
+    let cases: [(&str, &[&[&str]]); 2] = [
+        (
+            "demo-sim.db",
+            &[
+                &[],
+                &["--from", "100ms", "--to", "300ms"],
+                &["--pid", "25707"],
+            ],
+        ),
+        (
+            "h200-contention.db",
+            &[
+                &[],
+                &["--from", "2s", "--to", "6s"],
+                &["--pid", "725", "--last", "3s"],
+            ],
+        ),
+    ];
+    for (name, variants) in cases {
+        for args in variants {
+            let Some(summary) =
+                both_formats("example traces", &example(name), args, dir.0.as_path())
+            else {
+                return;
+            };
+            assert!(slices_in(&summary) > 0, "{name} {args:?}: {summary}");
+        }
+    }
+}
+
+const PID: u32 = 5100;
+const OTHER: u32 = 5200;
+
+fn call(op: &str, pid: u32, tid: u32, ts_ns: u64, dur_ns: u64) -> CallEvent {
+    CallEvent {
+        ts_ns,
+        dur_ns,
+        pid,
+        tid,
+        op: sleuth_core::op_by_name(op).map(|o| o.id).expect("known op"),
+        ..Default::default()
+    }
+}
+
+/// A trace with every kind of event the export draws: nested calls, two
+/// calls of one thread that overlap without nesting (a damaged file), an
+/// op the table does not know, calls with sites (Python and native
+/// frames), pointers and streams, a failed allocation, blocked and
+/// preempted waits with culprits, NVML samples of the GPU and of a
+/// process, two processes and several threads.
+fn write_every_kind(db: &Path) {
+    let info = SessionInfo {
+        started_unix_ns: 1_700_000_000_000_000_000,
+        start_mono_ns: 1_000_000,
+        hostname: "testhost".into(),
+        kernel: "6.1.0".into(),
+        command: "gpusleuth trace -- python3 train.py".into(),
+        target: "python3 train.py".into(),
+        launch_mode: "launch".into(),
+        tool_version: "test".into(),
+        clock_base_ns: 0,
+        ..Default::default()
+    };
+    let w = TraceWriter::create(db, info, WriterOptions::default()).expect("create trace");
+    let h = w.handle();
+    for (pid, comm) in [(PID, "trainer"), (OTHER, "loader")] {
+        h.set_process(ProcessInfo {
+            pid,
+            comm: comm.into(),
+            cmdline: format!("python3 {comm}.py"),
+            start_ns: Some(1_000_000),
+            ..Default::default()
+        })
+        .expect("process");
+    }
+    h.add_stack(Stack {
+        id: 7,
+        pid: PID,
+        frames: vec![
+            Frame {
+                kind: Some(FrameKind::Native),
+                function: Some("cudaMalloc".into()),
+                module: Some("/usr/lib/libcudart.so.13".into()),
+                addr: Some(0x7f00_1234),
+                ..Default::default()
+            },
+            Frame {
+                kind: Some(FrameKind::Python),
+                function: Some("Model.forward".into()),
+                file: Some("/w/train.py".into()),
+                line: Some(42),
+                ..Default::default()
+            },
+        ],
+        notes: Vec::new(),
+    })
+    .expect("stack");
+    let ms = 1_000_000u64;
+    let mut calls = Vec::new();
+    // A runtime malloc with its driver call nested inside, from a site.
+    let mut malloc = call("cudaMalloc", PID, PID, 2 * ms, ms);
+    (malloc.size, malloc.ptr, malloc.stack_id) = (Some(1 << 20), Some(0x7f00_0000_0000), Some(7));
+    malloc.runnable_ns = 100_000;
+    malloc.blocked_ns = 200_000;
+    malloc.cpu = 3;
+    let mut inner = call("cuMemAlloc_v2", PID, PID, 2 * ms + 100_000, 500_000);
+    (inner.size, inner.ptr, inner.nested) = (Some(1 << 20), Some(0x7f00_0000_0000), true);
+    calls.extend([malloc, inner]);
+    // A failed allocation, then a copy on a stream.
+    let mut failed = call("cudaMalloc", PID, PID, 4 * ms, 10_000);
+    (failed.size, failed.ret) = (Some(1 << 40), 2);
+    let mut copy = call("cudaMemcpyAsync", PID, PID, 5 * ms, 2 * ms);
+    (copy.size, copy.kind, copy.stream) = (Some(4096), Some(1), Some(0x5555_0000));
+    calls.extend([failed, copy]);
+    // Calls of one thread that overlap without nesting (lanes): [3, 7) ms,
+    // [5, 9) across its end (lane 1), [6, 7) inside the first (lane 0),
+    // [6.5, 10) across both (lane 2), [10, 11) after them all (lane 0).
+    calls.push(call("cudaLaunchKernel", PID, PID + 1, 3 * ms, 4 * ms));
+    calls.push(call("cudaStreamSynchronize", PID, PID + 1, 5 * ms, 4 * ms));
+    calls.push(call("cudaLaunchKernel", PID, PID + 1, 6 * ms, ms));
+    calls.push(call(
+        "cudaDeviceSynchronize",
+        PID,
+        PID + 1,
+        6 * ms + ms / 2,
+        3 * ms + ms / 2,
+    ));
+    calls.push(call("cudaLaunchKernel", PID, PID + 1, 10 * ms, ms));
+    // An op the table does not know, on another process's thread.
+    let mut unknown = call("cudaFree", OTHER, OTHER + 3, 9 * ms, ms);
+    unknown.op = 9_999;
+    unknown.ret = -1;
+    calls.push(unknown);
+    for c in calls {
+        h.send(Event::Call(c)).expect("send");
+    }
+    // A blocked wait woken then kept waiting for a CPU, and a preemption.
+    h.send(Event::Wait(WaitEvent {
+        pid: PID,
+        tid: PID,
+        kind: WaitKind::Blocked,
+        off_ns: 5 * ms + 200_000,
+        wake_ns: 6 * ms,
+        on_ns: 6 * ms + 300_000,
+        prev_state: 1,
+        cpu: 2,
+        culprits: vec![Culprit {
+            pid: OTHER,
+            tid: OTHER + 3,
+            comm: "loader".into(),
+            ns: 300_000,
+        }],
+        waker: None,
+    }))
+    .expect("wait");
+    h.send(Event::Wait(WaitEvent {
+        pid: OTHER,
+        tid: OTHER,
+        kind: WaitKind::Preempted,
+        off_ns: 10 * ms,
+        wake_ns: 10 * ms,
+        on_ns: 11 * ms,
+        prev_state: 0,
+        cpu: 1,
+        culprits: Vec::new(),
+        waker: None,
+    }))
+    .expect("wait");
+    h.add_gpu_samples(
+        (0..3)
+            .map(|i| GpuSample {
+                ts_ns: (4 + 4 * i) * ms,
+                gpu: i as u32 % 2,
+                busy_pct: 12.5 * (i + 1) as f64,
+                period_ns: 4 * ms,
+            })
+            .collect(),
+    )
+    .expect("gpu samples");
+    h.add_process_gpu_samples(vec![ProcessGpuSample {
+        ts_ns: 6 * ms,
+        gpu: 1,
+        pid: PID,
+        used_bytes: Some(3 << 30),
+        sm_pct: Some(40.0),
+        phase: SamplePhase::Sample,
+    }])
+    .expect("process samples");
+    h.set_session_end(20 * ms).expect("end");
+    drop(h);
+    w.finish().expect("finish trace");
+}
+
+#[test]
+fn every_kind_of_event_as_protobuf_holds_what_the_json_holds() {
+    let dir = temp_dir::TempDir::new("pftrace-kinds");
+    let db = dir.join("kinds.db");
+    write_every_kind(&db);
+    for args in [
+        &[][..],
+        &["--pid", &PID.to_string()],
+        &["--from", "4ms", "--to", "9ms"],
+    ] {
+        let Some(summary) = both_formats("every kind", &db, args, dir.0.as_path()) else {
+            return;
+        };
+        assert!(slices_in(&summary) > 0, "{args:?}: {summary}");
+    }
+    // The overlapping calls went to lanes: the thread has child tracks.
+    let proto = std::fs::read(dir.join("trace.pftrace")).expect("written");
+    let whole = {
+        common::run_ok(
+            common::gpusleuth()
+                .args(["export", "--force", "--format", "pftrace", "--db"])
+                .arg(&db)
+                .arg("-o")
+                .arg(dir.join("whole.pftrace")),
+        );
+        std::fs::read(dir.join("whole.pftrace")).expect("written")
+    };
+    let has = |bytes: &[u8], s: &str| bytes.windows(s.len()).any(|w| w == s.as_bytes());
+    assert!(
+        has(&whole, "overlapping calls 1"),
+        "a lane for the overlapping call"
+    );
+    assert!(has(&whole, "overlapping calls 2"), "a second lane");
+    assert!(has(&proto, "off-cpu"));
+}
+
+#[test]
+fn pftrace_to_a_pipe_is_the_file_byte_for_byte() {
+    let dir = temp_dir::TempDir::new("pftrace-pipe");
+    let file = dir.join("t.pftrace");
+    let db = example("demo-sim.db");
+    common::run_ok(
+        common::gpusleuth()
+            .args(["export", "--format", "pftrace", "--db"])
+            .arg(&db)
+            .arg("-o")
+            .arg(&file),
+    );
+    let piped = common::run_ok(
+        common::gpusleuth()
+            .args(["export", "--format", "pftrace", "--db"])
+            .arg(&db),
+    );
+    let written = std::fs::read(&file).expect("written");
+    assert!(written.len() > 1000);
+    // No newline after the last packet: it would be read as a field.
+    assert_eq!(piped.stdout, written);
+}
