@@ -33,5 +33,13 @@ done
 for b in "$OLD" "$GS"; do
   echo "-o file $(basename "$b"): $(timed "$b" export --db "$db" --force -o "/tmp/r35-$(basename "$b").json")"
 done
+# Round 37: Perfetto's protobuf (the new build only), to a pipe and to a file.
+if "$GS" export --help | grep -q pftrace; then
+  for rep in 1 2; do
+    echo "rep $rep pftrace $(basename "$GS"): $(timed "$GS" export --db "$db" --format pftrace)"
+  done
+  echo "-o file pftrace: $(timed "$GS" export --db "$db" --format pftrace --force -o /tmp/r37.pftrace) $(stat -c %s /tmp/r37.pftrace) bytes"
+  rm -f /tmp/r37.pftrace
+fi
 cmp "/tmp/r35-$(basename "$OLD").json" "/tmp/r35-$(basename "$GS").json" && echo "outputs byte-identical ($(stat -c %s "/tmp/r35-$(basename "$GS").json") bytes)"
 rm -f /tmp/r35-*.json "$db"
