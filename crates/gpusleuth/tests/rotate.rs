@@ -403,8 +403,7 @@ fn export_of_a_window_over_two_files(
     calls: i64,
     kinds: &[String],
 ) {
-    let export = |format: &str| -> Value {
-        let out = run.with_extension(format!("window.{format}.json"));
+    let export_to = |format: &str, out: &Path| {
         let o = common::run_ok(
             common::gpusleuth()
                 .args([
@@ -412,13 +411,17 @@ fn export_of_a_window_over_two_files(
                 ])
                 .arg(run)
                 .arg("-o")
-                .arg(&out),
+                .arg(out),
         );
         assert!(
             String::from_utf8_lossy(&o.stderr).contains("read from the 2 files it spans"),
             "{format}: {}",
             String::from_utf8_lossy(&o.stderr)
         );
+    };
+    let export = |format: &str| -> Value {
+        let out = run.with_extension(format!("window.{format}.json"));
+        export_to(format, &out);
         serde_json::from_slice(&std::fs::read(&out).expect("written")).expect("JSON")
     };
     let doc = export("json");
@@ -477,6 +480,22 @@ fn export_of_a_window_over_two_files(
     found.sort();
     want.sort();
     assert_eq!(found, want, "explain --last's findings");
+    // Perfetto's protobuf of the same window holds what the JSON holds.
+    let proto = run.with_extension("window.pftrace");
+    export_to("pftrace", &proto);
+    if let Some(summary) = common::pftrace_matches_json(
+        "export --last as pftrace",
+        &run.with_extension("window.perfetto.json"),
+        &proto,
+    ) {
+        assert!(
+            summary.contains(&format!(
+                "ok: {} slices",
+                events.iter().filter(|e| e["ph"] == "X").count()
+            )),
+            "{summary}"
+        );
+    }
 }
 
 /// One MCP tool call: its JSON answer, or Err with the error text.
