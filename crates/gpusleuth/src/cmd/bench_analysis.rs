@@ -431,7 +431,7 @@ pub fn run(
         let out = dir.join("analysis-out");
         let db_s = db.display().to_string();
         let out_s = out.display().to_string();
-        let runs: [(&str, Vec<&str>); 5] = [
+        let runs: [(&str, Vec<&str>); 6] = [
             ("stats", vec!["stats", "--json", "--db", &db_s]),
             ("explain", vec!["explain", "--json", "--db", &db_s]),
             ("memory", vec!["memory", "--json", "--db", &db_s]),
@@ -442,6 +442,12 @@ pub fn run(
             (
                 "export",
                 vec!["export", "--force", "-o", &out_s, "--db", &db_s],
+            ),
+            (
+                "export pftrace",
+                vec![
+                    "export", "--format", "pftrace", "--force", "-o", &out_s, "--db", &db_s,
+                ],
             ),
         ];
         for (name, argv) in runs {
