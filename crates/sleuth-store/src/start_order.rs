@@ -32,10 +32,25 @@ fn start_key(ts_ns: u64, id: i64) -> OrderKey {
 impl Rows {
     /// [`Rows::for_each_call`] of `q`, without SQLite's sort when `q` is a
     /// whole stream in start order (no limit, no window) whose rows the
-    /// buffer can put in that order; any other query as it is.
+    /// buffer can put in that order; any other query as it is. The rows
+    /// are read on helper connections side by side on machines of
+    /// [`SIDE_BY_SIDE_FROM_CPUS`] or more.
     pub fn for_each_call_by_start<E: From<StoreError>>(
         &self,
         q: &CallQuery,
+        visit: impl FnMut(StoredCall) -> Result<(), E>,
+    ) -> Result<(), E> {
+        self.for_each_call_by_start_from(q, SIDE_BY_SIDE_FROM_CPUS, visit)
+    }
+
+    /// [`Rows::for_each_call_by_start`], the rows read side by side on
+    /// machines of `side_by_side_from_cpus` or more: a caller whose own
+    /// work per row is light leaves the other CPUs idle while one thread
+    /// reads (`export --format pftrace`: 2).
+    pub fn for_each_call_by_start_from<E: From<StoreError>>(
+        &self,
+        q: &CallQuery,
+        side_by_side_from_cpus: usize,
         mut visit: impl FnMut(StoredCall) -> Result<(), E>,
     ) -> Result<(), E> {
         let whole = q.order == StreamOrder::ByStart
@@ -81,7 +96,7 @@ impl Rows {
                 .into()),
             }
         };
-        match side_by_side() {
+        match side_by_side(side_by_side_from_cpus) {
             true => crate::split_read::for_each_call::<E>(self, &by_id, put_in_order)?,
             false => self.for_each_call::<E>(&by_id, put_in_order)?,
         }
@@ -124,15 +139,17 @@ impl Rows {
 /// (`crate::split_read`, where the file allows). Below, the helpers only
 /// compete with the caller's own threads (an export serializes on a second
 /// one): on the 2-vCPU development VM a 1M-call export took 1.31 s and
-/// 111 MB with them, 1.24 s and 25 MB without (round 35).
+/// 111 MB with them, 1.24 s and 25 MB without (round 35). A caller with
+/// little work per row asks for them from fewer CPUs (the protobuf export:
+/// 15.8 -> 11.7 s on that VM's 10M-call trace, 27 -> 78 MB; round 37).
 const SIDE_BY_SIDE_FROM_CPUS: usize = 6;
 
-fn side_by_side() -> bool {
+fn side_by_side(from_cpus: usize) -> bool {
     #[cfg(test)]
     if let Some(on) = test_seams::SIDE_BY_SIDE.with(|c| c.get()) {
         return on;
     }
-    std::thread::available_parallelism().is_ok_and(|n| n.get() >= SIDE_BY_SIDE_FROM_CPUS)
+    std::thread::available_parallelism().is_ok_and(|n| n.get() >= from_cpus)
 }
 
 #[cfg(test)]

@@ -680,9 +680,12 @@ fn write_pftrace(
         findings: &f.findings,
     };
     pftrace::write(w, frame, window, |tracks, sink| {
-        rows.for_each_call_by_start::<anyhow::Error>(&Window::calls(window, pid), |c| {
-            tracks.call(sink, c.call)
-        })?;
+        let q = Window::calls(window, pid);
+        rows.for_each_call_by_start_from::<anyhow::Error>(
+            &q,
+            pftrace::SIDE_BY_SIDE_FROM_CPUS,
+            |c| tracks.call(sink, c.call),
+        )?;
         match window {
             Some(win) => rows.for_each_wait_in::<anyhow::Error>(pid, win.since, win.until, |wt| {
                 tracks.wait(sink, wt)

@@ -297,7 +297,9 @@ fn write_pftrace(
         for path in held {
             let trace = crate::checks_memo::open(path)?;
             let rows = Rows::open(&trace)?;
-            rows.for_each_call_by_start::<anyhow::Error>(&Window::calls(Some(window), pid), |c| {
+            let q = Window::calls(Some(window), pid);
+            let from_cpus = super::pftrace::SIDE_BY_SIDE_FROM_CPUS;
+            rows.for_each_call_by_start_from::<anyhow::Error>(&q, from_cpus, |c| {
                 tracks.call(sink, c.call)
             })?;
             rows.for_each_wait_in::<anyhow::Error>(pid, window.since, window.until, |wt| {
