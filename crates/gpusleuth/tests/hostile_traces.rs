@@ -327,6 +327,16 @@ fn commands(db: &str, out_dir: &Path, tag: &str) -> Vec<Vec<String>> {
             "-o",
             &o("json"),
         ],
+        // Perfetto's protobuf: the same frame, its calls read side by side.
+        vec![
+            "export",
+            "--db",
+            db,
+            "--format",
+            "pftrace",
+            "-o",
+            &o("pftrace"),
+        ],
         // A window: calls and waits read per thread through the indexes.
         vec![
             "export",
@@ -418,7 +428,7 @@ fn mutated_traces_through_every_command() {
         // Its export of a window over both parts, in both formats, and whole.
         let exported = out_dir.join(format!("{}-run.json", case.name));
         let exported = exported.display().to_string();
-        for format in ["perfetto", "json"] {
+        for format in ["perfetto", "json", "pftrace"] {
             all.push(
                 [
                     "export", "--force", "--format", format, "--last", "1h", "--db", &run_db, "-o",
