@@ -304,3 +304,31 @@ fn pftrace_to_a_pipe_is_the_file_byte_for_byte() {
     // No newline after the last packet: it would be read as a field.
     assert_eq!(piped.stdout, written);
 }
+
+#[test]
+fn the_output_name_chooses_the_format_unless_one_is_given() {
+    let dir = temp_dir::TempDir::new("pftrace-name");
+    let db = example("demo-sim.db");
+    let export = |name: &str, format: Option<&str>| -> Vec<u8> {
+        let out = dir.join(name);
+        let mut cmd = common::gpusleuth();
+        cmd.args(["export", "--force", "--db"])
+            .arg(&db)
+            .arg("-o")
+            .arg(&out);
+        if let Some(f) = format {
+            cmd.args(["--format", f]);
+        }
+        common::run_ok(&mut cmd);
+        std::fs::read(&out).expect("written")
+    };
+    let proto = export("a.pftrace", Some("pftrace"));
+    assert_eq!(export("b.pftrace", None), proto);
+    assert_eq!(export("c.perfetto-trace", None), proto);
+    let json = export("d.json", Some("perfetto"));
+    assert_eq!(export("e.json", None), json);
+    assert_eq!(export("f.trace", None), json, "any other name: the JSON");
+    assert_eq!(export("g.pftrace", Some("perfetto")), json, "--format wins");
+    assert_eq!(proto[0], 0x0a, "a protobuf's first packet");
+    assert_eq!(json[0], b'{');
+}

@@ -56,8 +56,10 @@ pub enum Format {
 pub struct Args {
     #[command(flatten)]
     pub input: TraceInput,
-    #[arg(long, value_enum, default_value = "perfetto")]
-    pub format: Format,
+    /// Default: `pftrace` when `-o` ends in `.pftrace` or `.perfetto-trace`,
+    /// else `perfetto`.
+    #[arg(long, value_enum)]
+    pub format: Option<Format>,
     /// Output file (default: stdout). Written atomically; never the input trace.
     #[arg(long, short)]
     pub output: Option<PathBuf>,
@@ -69,6 +71,21 @@ pub struct Args {
     /// findings stay the whole trace's).
     #[command(flatten)]
     pub window: WindowArgs,
+}
+
+impl Args {
+    /// The format asked for, else the one the output's name says.
+    fn format(&self) -> Format {
+        let protobuf = |p: &PathBuf| {
+            p.extension()
+                .is_some_and(|e| e == "pftrace" || e == "perfetto-trace")
+        };
+        match (self.format, &self.output) {
+            (Some(f), _) => f,
+            (None, Some(path)) if protobuf(path) => Format::Pftrace,
+            (None, _) => Format::Perfetto,
+        }
+    }
 }
 
 pub fn run(args: Args) -> anyhow::Result<i32> {
@@ -117,14 +134,15 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     let rows = Rows::open(&trace)?;
     // A damaged file is refused before anything is written (as loading it would be).
     rows.check_totals()?;
-    let frame = match args.format {
+    let format = args.format();
+    let frame = match format {
         Format::Perfetto | Format::Pftrace => {
             Some(PerfettoFrame::of(&trace, pid, window.is_some())?)
         }
         Format::Json => None,
     };
     let write = |w: &mut (dyn Write + Send)| -> anyhow::Result<()> {
-        match (&frame, args.format) {
+        match (&frame, format) {
             (Some(f), Format::Pftrace) => write_pftrace(w, f, &rows, pid, window),
             (Some(f), _) => write_perfetto(w, f, &rows, pid, window),
             (None, _) => write_calls_json(w, &rows, pid, window, trace.has_host_context()),
@@ -132,7 +150,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     };
     match &args.output {
         Some(path) => write_file(path, db, args.force, write)?,
-        None => write_stdout(args.format, write)?,
+        None => write_stdout(format, write)?,
     }
     if let Some(f) = &file {
         f.say();

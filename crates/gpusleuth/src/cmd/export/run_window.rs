@@ -31,7 +31,7 @@ use std::collections::BTreeSet;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-/// Writes the window of `run` that `args` names (`--last`), in `args.format`.
+/// Writes the window of `run` that `args` names (`--last`), in `args.format()`.
 pub(super) fn export(args: &Args, run: &RunLast) -> anyhow::Result<()> {
     let pid = args.input.pid;
     let window = Window::of_run(run, args.window.last.unwrap_or_default());
@@ -42,12 +42,13 @@ pub(super) fn export(args: &Args, run: &RunLast) -> anyhow::Result<()> {
         sleuth_store::outfile::check_output(path, &files, args.force, Some(FORCE_HINT))?;
     }
     let (held, problems) = checked_files(run, pid)?;
-    let frame = match args.format {
+    let format = args.format();
+    let frame = match format {
         Format::Perfetto | Format::Pftrace => Some(RunFrame::of(run, &held, pid)?),
         Format::Json => None,
     };
     let write = |w: &mut (dyn Write + Send)| -> anyhow::Result<()> {
-        match (&frame, args.format) {
+        match (&frame, format) {
             (Some(f), Format::Pftrace) => write_pftrace(w, f, &held, pid, window),
             (Some(f), _) => write_perfetto(w, f, &held, pid, window),
             (None, _) => write_calls_json(w, &held, pid, window),
@@ -55,7 +56,7 @@ pub(super) fn export(args: &Args, run: &RunLast) -> anyhow::Result<()> {
     };
     match &args.output {
         Some(path) => write_file(path, &run.dir, args.force, write)?,
-        None => write_stdout(args.format, write)?,
+        None => write_stdout(format, write)?,
     }
     // Said once the document is written: a failure stays one line.
     for (path, p) in &problems {
