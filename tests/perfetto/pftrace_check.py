@@ -230,18 +230,31 @@ def main():
                    "origin_unix_ns": other["origin_unix_ns"]}]:
         problems.append(f"origin: {origin} against {other}")
 
-    # Names: every process and thread the JSON names.
-    want = {("process", e["pid"], e["args"]["name"]) for e in js
-            if e["ph"] == "M" and e["name"] == "process_name" and e["pid"] not in gpu_pid}
-    want |= {("thread", e["pid"], e["tid"], e["args"]["name"]) for e in js
-             if e["ph"] == "M" and e["name"] == "thread_name"}
-    got = {("process", t.process.pid, t.process.process_name) for t in tracks.values()
-           if t.HasField("process")}
-    got |= {("thread", t.thread.pid, t.thread.tid, t.thread.thread_name)
-            for t in tracks.values() if t.HasField("thread")}
+    # Names. Threads: exactly those the JSON draws slices on, named as it
+    # names them (a window's JSON also names threads it draws nothing on;
+    # the protobuf declares a thread where it first draws on it).
+    # Processes: named as the JSON names them, every one the JSON draws on
+    # or counts for among them.
+    drawn = {(e["pid"], e["tid"]) for e in js if e["ph"] == "X"}
+    json_threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in js
+                    if e["ph"] == "M" and e["name"] == "thread_name"}
+    want = {("thread", p, t, json_threads.get((p, t))) for p, t in drawn}
+    got = {("thread", t.thread.pid, t.thread.tid, t.thread.thread_name)
+           for t in tracks.values() if t.HasField("thread")}
     if want != got:
-        problems.append(f"names: only in the JSON {sorted(want - got)[:5]}, "
-                        f"only in the protobuf {sorted(got - want)[:5]}")
+        problems.append(f"thread names: only in the JSON {sorted(want - got, key=str)[:5]}, "
+                        f"only in the protobuf {sorted(got - want, key=str)[:5]}")
+    json_procs = {e["pid"]: e["args"]["name"] for e in js
+                  if e["ph"] == "M" and e["name"] == "process_name" and e["pid"] not in gpu_pid}
+    procs = {t.process.pid: t.process.process_name for t in tracks.values()
+             if t.HasField("process")}
+    needed = {p for p, _ in drawn} | {e["pid"] for e in js
+                                      if e["ph"] in "Ci" and e["pid"] not in gpu_pid
+                                      and e.get("cat") != "finding"}
+    wrong = {p: (n, json_procs.get(p)) for p, n in procs.items() if json_procs.get(p) != n}
+    missing = needed - procs.keys()
+    if wrong or missing:
+        problems.append(f"process names: differing {wrong}, not named {sorted(missing)}")
 
     n_slices = sum(1 for e in js if e["ph"] == "X")
     if problems:

@@ -181,6 +181,13 @@ fn write_every_kind(db: &Path) {
         3 * ms + ms / 2,
     ));
     calls.push(call("cudaLaunchKernel", PID, PID + 1, 10 * ms, ms));
+    // A call and one nested in it starting at the same nanosecond, the
+    // inner one first (it returned first): both on the thread's own track.
+    let mut outer = call("cudaMalloc", OTHER, OTHER, 2 * ms, 2 * ms);
+    outer.size = Some(4096);
+    let mut nested = call("cuMemAlloc_v2", OTHER, OTHER, 2 * ms, ms);
+    (nested.size, nested.nested) = (Some(4096), true);
+    calls.extend([nested, outer]);
     // An op the table does not know, on another process's thread.
     let mut unknown = call("cudaFree", OTHER, OTHER + 3, 9 * ms, ms);
     unknown.op = 9_999;
@@ -274,11 +281,16 @@ fn every_kind_of_event_as_protobuf_holds_what_the_json_holds() {
         std::fs::read(dir.join("whole.pftrace")).expect("written")
     };
     let has = |bytes: &[u8], s: &str| bytes.windows(s.len()).any(|w| w == s.as_bytes());
-    assert!(
-        has(&whole, "overlapping calls 1"),
-        "a lane for the overlapping call"
-    );
-    assert!(has(&whole, "overlapping calls 2"), "a second lane");
+    let count = |bytes: &[u8], s: &str| {
+        bytes
+            .windows(s.len())
+            .filter(|w| *w == s.as_bytes())
+            .count()
+    };
+    // One thread's lanes only: the calls of one start went longest first.
+    assert_eq!(count(&whole, "overlapping calls 1"), 1, "a lane");
+    assert_eq!(count(&whole, "overlapping calls 2"), 1, "a second lane");
+    assert!(!has(&whole, "overlapping calls 3"));
     assert!(has(&proto, "off-cpu"));
 }
 

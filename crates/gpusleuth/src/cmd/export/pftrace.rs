@@ -499,7 +499,16 @@ struct ThreadTracks {
     /// Per lane (0: the thread's own track), the calls open at the last
     /// start seen there, outermost first, as (start, end).
     lanes: Vec<Vec<(u64, u64)>>,
+    /// The thread's last calls, all starting at one time, not placed yet:
+    /// a call and one nested in it that start at the same nanosecond come
+    /// innermost first (it returned first, so its row id is lower) and are
+    /// placed longest first, so that the outer one opens first.
+    same_start: Vec<CallEvent>,
 }
+
+/// Calls of one thread starting at one time held at most, before they are
+/// placed as they are (a crafted file's: a real thread's are one or two).
+const SAME_START_HELD: usize = 256;
 
 /// The reader's side of the tracks: which were declared, each thread's
 /// lanes. Every track is declared (a `Rec` before the first one drawn on
@@ -532,6 +541,7 @@ impl Tracks {
                 uuid,
                 off_cpu: false,
                 lanes: vec![Vec::new()],
+                same_start: Vec::new(),
             };
             self.threads.insert((pid, tid), t);
         }
@@ -539,8 +549,42 @@ impl Tracks {
     }
 
     /// Hands on a call on the first lane of its thread where it nests.
+    /// Calls come in start order (per file of a run); each thread's
+    /// calls of one start time wait until one with a later start comes, or
+    /// [`Tracks::flush`].
     pub(super) fn call(&mut self, sink: &mut Sink<Rec>, c: CallEvent) -> anyhow::Result<()> {
         let t = self.thread(sink, c.pid, c.tid)?;
+        let later = t.same_start.first().is_some_and(|p| p.ts_ns != c.ts_ns);
+        if later || t.same_start.len() == SAME_START_HELD {
+            Self::place_held(t, sink)?;
+        }
+        t.same_start.push(c);
+        Ok(())
+    }
+
+    /// Places every thread's held calls (after the calls, before the waits).
+    pub(super) fn flush(&mut self, sink: &mut Sink<Rec>) -> anyhow::Result<()> {
+        let mut threads: Vec<&mut ThreadTracks> = self.threads.values_mut().collect();
+        // In the threads' order of appearance: the same output every time.
+        threads.sort_by_key(|t| t.uuid);
+        threads
+            .into_iter()
+            .try_for_each(|t| Self::place_held(t, sink))
+    }
+
+    /// A thread's held calls, longest first (a stable sort: equal ones in
+    /// their order).
+    fn place_held(t: &mut ThreadTracks, sink: &mut Sink<Rec>) -> anyhow::Result<()> {
+        let mut held = std::mem::take(&mut t.same_start);
+        held.sort_by_key(|c| std::cmp::Reverse(c.dur_ns));
+        for c in held.drain(..) {
+            Self::place(t, sink, c)?;
+        }
+        t.same_start = held;
+        Ok(())
+    }
+
+    fn place(t: &mut ThreadTracks, sink: &mut Sink<Rec>, c: CallEvent) -> anyhow::Result<()> {
         let (start, end) = (c.ts_ns, c.end_ns());
         let mut lane = 0;
         loop {
@@ -655,7 +699,10 @@ pub(super) fn write(
     out.append(&first)?;
     pipelined(
         &mut out,
-        |sink| produce(&mut tracks, sink),
+        |sink| {
+            produce(&mut tracks, sink)?;
+            tracks.flush(sink)
+        },
         |rec: &Rec, made: &mut Packets| {
             rec.write(made, ctx, origin);
             Ok(())
