@@ -29,3 +29,17 @@ for db in sorted(glob.glob("/tmp/alloc_*.db")) + sorted(glob.glob("/tmp/alloc_*_
     print(f"{db}: schema {meta.get('schema_version')}, clock base {meta.get('clock_base_ns')}, "
           f"{events} events, {size} B = {size / max(events, 1):.1f} B/event")
 EOF
+# Round 37: each real trace (and a rotated run) as Perfetto's protobuf,
+# checked against its perfetto JSON with Perfetto's own Python classes
+# (the wheels carried in .whl/: perfetto, protobuf; installed aside).
+"$PY" -m pip install -q --no-index --target /tmp/pfpy .whl/*.whl >/dev/null 2>&1 || echo "pftrace: wheels not installed"
+for db in /tmp/alloc_*.db $(ls -d /tmp/alloc_*_run 2>/dev/null | head -1); do
+  [ -e "$db" ] || continue
+  if "$GS" export --db "$db" --format perfetto --force -o /tmp/r37.json 2>/dev/null &&
+     "$GS" export --db "$db" --format pftrace --force -o /tmp/r37.pftrace 2>/dev/null; then
+    echo "pftrace $(basename "$db"): $(PYTHONPATH=/tmp/pfpy "$PY" tests/perfetto/pftrace_check.py /tmp/r37.json /tmp/r37.pftrace 2>&1 | head -4) ($(stat -c %s /tmp/r37.pftrace) B against $(stat -c %s /tmp/r37.json) B of JSON)"
+  else
+    echo "pftrace $(basename "$db"): export failed"
+  fi
+done
+rm -f /tmp/r37.json /tmp/r37.pftrace
