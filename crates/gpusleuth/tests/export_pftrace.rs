@@ -344,3 +344,31 @@ fn the_output_name_chooses_the_format_unless_one_is_given() {
     assert_eq!(proto[0], 0x0a, "a protobuf's first packet");
     assert_eq!(json[0], b'{');
 }
+
+/// On a terminal (a pseudo-terminal from util-linux's `script`), the
+/// binary format is a one-line error before anything is written.
+#[test]
+fn pftrace_is_refused_on_a_terminal() {
+    let bin = env!("CARGO_BIN_EXE_gpusleuth");
+    let db = example("demo-sim.db");
+    let line = format!("'{bin}' export --db '{}' --format pftrace", db.display());
+    let out = match std::process::Command::new("script")
+        .args(["-qec", &line, "/dev/null"])
+        .output()
+    {
+        Ok(out) => out,
+        Err(e) => {
+            common::skip_unless_ci(
+                "pftrace on a terminal",
+                &format!("no `script` (util-linux): {e}"),
+            );
+            return;
+        }
+    };
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert_eq!(
+        text.trim(),
+        "gpusleuth: error: --format pftrace is binary: write it to a file (-o trace.pftrace) or a pipe"
+    );
+}
