@@ -217,6 +217,30 @@ fn assert_streamed_equals_loaded(path: &Path, pid: Option<u32>) {
     })
     .unwrap();
     assert_eq!(json(&waits), json(&data.waits), "waits of {path:?}");
+    // In row order: the same waits, in the order the rows were written.
+    let mut by_id = Vec::new();
+    rows.for_each_wait_by_id::<sleuth_store::StoreError>(pid, |w| {
+        by_id.push(w);
+        Ok(())
+    })
+    .unwrap();
+    let in_rows: Vec<i64> = {
+        let db = rusqlite::Connection::open(path).unwrap();
+        let sql = match pid {
+            Some(p) => format!("SELECT on_ns FROM waits WHERE pid = {p} ORDER BY id"),
+            None => "SELECT on_ns FROM waits ORDER BY id".to_string(),
+        };
+        let mut st = db.prepare(&sql).unwrap();
+        st.query_map([], |r| r.get(0))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect()
+    };
+    let ends: Vec<i64> = by_id.iter().map(|w| w.on_ns as i64).collect();
+    assert_eq!(ends, in_rows, "waits by id of {path:?}");
+    let mut sorted = by_id.clone();
+    sorted.sort_by_key(|w| w.on_ns);
+    assert_eq!(json(&sorted), json(&waits), "the same waits of {path:?}");
 
     // The slowest calls through the duration index, as `calls_filtered` gives them.
     let mut slow = Vec::new();
@@ -1847,4 +1871,49 @@ fn a_wait_without_runnable_time_has_no_culprits_read() {
     })
     .unwrap();
     assert_eq!(culprits(&windowed), want, "a window's");
+}
+
+/// `for_each_wait_by_id` reads the waits in the order they were written,
+/// without a sort: here not their `on_ns` order, which `for_each_wait`
+/// gives; the same waits, culprits included.
+#[test]
+fn waits_by_id_are_the_waits_in_written_order() {
+    let dir = TempDir::new("waits-by-id");
+    let path = dir.join("w.db");
+    let ends = [9_000u64, 3_000, 7_000, 3_000, 5_000];
+    let events = ends
+        .iter()
+        .enumerate()
+        .map(|(i, &on)| {
+            let culprits = vec![culprit(900 + i as u32, "hog", 100)];
+            Event::Wait(common::preempted(
+                7,
+                7 + (i as u32 % 2),
+                on - 1_000,
+                on,
+                culprits,
+            ))
+        })
+        .collect();
+    write_trace(&path, events);
+    let rows = Rows::open(&Trace::open(&path).unwrap()).unwrap();
+    let read = |by_id: bool| {
+        let mut got = Vec::new();
+        let push = |w: sleuth_core::WaitEvent| {
+            got.push(w);
+            Ok::<(), sleuth_store::StoreError>(())
+        };
+        match by_id {
+            true => rows.for_each_wait_by_id(None, push).unwrap(),
+            false => rows.for_each_wait(None, push).unwrap(),
+        }
+        got
+    };
+    let by_id = read(true);
+    let culprit_pids: Vec<u32> = by_id.iter().map(|w| w.culprits[0].pid).collect();
+    assert_eq!(culprit_pids, [900, 901, 902, 903, 904], "written order");
+    let mut sorted = by_id.clone();
+    sorted.sort_by_key(|w| w.on_ns);
+    assert_eq!(json(&sorted), json(&read(false)));
+    assert_ne!(json(&by_id), json(&read(false)), "not sorted by on_ns");
 }

@@ -708,7 +708,8 @@ fn write_pftrace(
             Some(win) => rows.for_each_wait_in::<anyhow::Error>(pid, win.since, win.until, |wt| {
                 tracks.wait(sink, wt)
             }),
-            None => rows.for_each_wait::<anyhow::Error>(pid, |wt| tracks.wait(sink, wt)),
+            // Whole: in row order, no sort (trace_processor orders events).
+            None => rows.for_each_wait_by_id::<anyhow::Error>(pid, |wt| tracks.wait(sink, wt)),
         }
     })
 }
