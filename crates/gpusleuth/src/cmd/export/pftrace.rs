@@ -58,6 +58,28 @@ const SLICE_END: u64 = 2;
 const INSTANT: u64 = 3;
 const COUNTER: u64 = 4;
 
+// TrackDescriptor, ProcessDescriptor, ThreadDescriptor, CounterDescriptor
+// and InternedData fields.
+const TRACK_UUID: u32 = 1;
+const TRACK_NAME: u32 = 2;
+const TRACK_PROCESS: u32 = 3;
+const TRACK_THREAD: u32 = 4;
+const TRACK_PARENT: u32 = 5;
+const TRACK_COUNTER: u32 = 8;
+const PROCESS_PID: u32 = 1;
+const PROCESS_NAME: u32 = 6;
+const THREAD_PID: u32 = 1;
+const THREAD_TID: u32 = 2;
+const THREAD_NAME: u32 = 5;
+const COUNTER_UNIT: u32 = 3;
+const UNIT_SIZE_BYTES: u64 = 3;
+const INTERNED_CATEGORIES: u32 = 1;
+const INTERNED_EVENT_NAMES: u32 = 2;
+const INTERNED_ARG_NAMES: u32 = 3;
+/// An interned entry's (EventCategory, EventName, DebugAnnotationName) fields.
+const INTERNED_IID: u32 = 1;
+const INTERNED_NAME: u32 = 2;
+
 // DebugAnnotation fields.
 const ARG_NAME_IID: u32 = 1;
 const ARG_BOOL: u32 = 2;
@@ -268,9 +290,9 @@ impl Packets {
     fn track(&mut self, uuid: u64, parent: Option<u64>, body: impl FnOnce(&mut Vec<u8>)) {
         self.packet(None, |p| {
             message(p, TRACK_DESCRIPTOR, |t| {
-                uint(t, 1, uuid);
+                uint(t, TRACK_UUID, uuid);
                 if let Some(parent) = parent {
-                    uint(t, 5, parent);
+                    uint(t, TRACK_PARENT, parent);
                 }
                 body(t);
             })
@@ -278,16 +300,16 @@ impl Packets {
     }
 
     fn named_track(&mut self, uuid: u64, parent: Option<u64>, name: &str) {
-        self.track(uuid, parent, |t| string(t, 2, name));
+        self.track(uuid, parent, |t| string(t, TRACK_NAME, name));
     }
 
     /// A counter track of `name` under `parent`, in bytes or plain.
     fn counter_track(&mut self, uuid: u64, parent: Option<u64>, name: &str, bytes: bool) {
         self.track(uuid, parent, |t| {
-            string(t, 2, name);
-            message(t, 8, |c| {
+            string(t, TRACK_NAME, name);
+            message(t, TRACK_COUNTER, |c| {
                 if bytes {
-                    uint(c, 3, 3); // UNIT_SIZE_BYTES
+                    uint(c, COUNTER_UNIT, UNIT_SIZE_BYTES);
                 }
             });
         });
@@ -295,9 +317,9 @@ impl Packets {
 
     fn process(&mut self, ctx: &TraceData, pid: u32) {
         self.track(uuid::PROCESS + u64::from(pid), None, |t| {
-            message(t, 3, |p| {
-                uint(p, 1, u64::from(pid));
-                string(p, 6, &format!("{} ({pid})", ctx.comm_of(pid)));
+            message(t, TRACK_PROCESS, |p| {
+                uint(p, PROCESS_PID, u64::from(pid));
+                string(p, PROCESS_NAME, &format!("{} ({pid})", ctx.comm_of(pid)));
             })
         });
     }
@@ -308,10 +330,10 @@ impl Packets {
             false => format!("thread {tid}"),
         };
         self.track(uuid, None, |t| {
-            message(t, 4, |th| {
-                uint(th, 1, u64::from(pid));
-                uint(th, 2, u64::from(tid));
-                string(th, 5, &name);
+            message(t, TRACK_THREAD, |th| {
+                uint(th, THREAD_PID, u64::from(pid));
+                uint(th, THREAD_TID, u64::from(tid));
+                string(th, THREAD_NAME, &name);
             })
         });
     }
@@ -737,21 +759,21 @@ fn preamble(out: &mut Packets, ctx: &TraceData, origin: u64) {
         message(p, INTERNED_DATA, |d| {
             let entry = |d: &mut Vec<u8>, field, iid: u64, name: &str| {
                 message(d, field, |e| {
-                    uint(e, 1, iid);
-                    string(e, 2, name);
+                    uint(e, INTERNED_IID, iid);
+                    string(e, INTERNED_NAME, name);
                 })
             };
             for (i, c) in CATEGORIES.iter().enumerate() {
-                entry(d, 1, i as u64 + 1, c);
+                entry(d, INTERNED_CATEGORIES, i as u64 + 1, c);
             }
             for op in sleuth_core::ops::OPS {
-                entry(d, 2, u64::from(op.id), op.name);
+                entry(d, INTERNED_EVENT_NAMES, u64::from(op.id), op.name);
             }
             for (iid, name) in [OFF_CPU_BLOCKED, OFF_CPU_RUNNABLE] {
-                entry(d, 2, iid, name);
+                entry(d, INTERNED_EVENT_NAMES, iid, name);
             }
             for (i, a) in ARG_NAMES.iter().enumerate() {
-                entry(d, 3, i as u64 + 1, a);
+                entry(d, INTERNED_ARG_NAMES, i as u64 + 1, a);
             }
         });
     });
