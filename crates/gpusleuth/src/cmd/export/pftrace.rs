@@ -12,9 +12,9 @@
 //! (the `perfetto` JSON's complete events need not), so the reader sends
 //! each call to the first of the thread's lanes ([`Tracks`]) where it
 //! nests: the thread's own track, then child tracks "overlapping calls N"
-//! for a call that starts inside another and ends after it (none in a
-//! real trace: a thread's calls nest; a damaged or synthetic file may have
-//! them). Memory and NVML figures are counter tracks, findings and failed
+//! for a call that starts inside another and ends after it (none in the
+//! recorded example traces: a thread's calls nest; a damaged or synthetic
+//! file may have them). Memory and NVML figures are counter tracks, findings and failed
 //! allocations instant events, as in the JSON.
 //!
 //! Timestamps are nanoseconds since the trace's origin (the JSON's
