@@ -764,19 +764,8 @@ fn memory_tracks(
     let held = |ts: u64| Window::covers(window, ts);
     for l in ledgers {
         let name = "device memory (bytes)";
-        // The track begins with the trace (at zero) or the window (at what
-        // was live then), not at the first allocation.
-        let (start_ts, start_bytes) = match window {
-            None => (0.0, 0),
-            Some(w) => (
-                us(w.since, origin),
-                l.timeline
-                    .iter()
-                    .take_while(|p| p.ts_ns < w.since)
-                    .last()
-                    .map_or(0, |p| p.live_bytes),
-            ),
-        };
+        let (since, start_bytes) = memory_track_start(l, window);
+        let start_ts = since.map_or(0.0, |s| us(s, origin));
         ev.item(
             &json!({"ph": "C", "name": name, "pid": l.pid, "ts": start_ts,
                         "args": {"live_bytes": start_bytes}}),
@@ -794,6 +783,29 @@ fn memory_tracks(
         }
     }
     Ok(())
+}
+
+/// Where a process's memory track begins: with the trace (None: at zero)
+/// or the window (at its start, with what was live then), not at the first
+/// allocation. Both Perfetto formats draw it so.
+fn memory_track_start(l: &ProcessLedger, window: Option<Window>) -> (Option<u64>, u64) {
+    match window {
+        None => (None, 0),
+        Some(w) => (
+            Some(w.since),
+            l.timeline
+                .iter()
+                .take_while(|p| p.ts_ns < w.since)
+                .last()
+                .map_or(0, |p| p.live_bytes),
+        ),
+    }
+}
+
+/// When a GPU busy sample is drawn (monotonic ns): a step at the start of
+/// its period, never before the origin.
+fn busy_step_at(g: &sleuth_core::GpuSample, origin: u64) -> u64 {
+    g.ts_ns.saturating_sub(g.period_ns).max(origin)
 }
 
 /// Pseudo-process holding the GPU busy tracks (no real pid is 0 in a trace).
@@ -815,7 +827,7 @@ fn gpu_counters(
                        "args": {"name": "GPUs (NVML)"}}),
         )?;
         for g in samples.iter().filter(|g| held(g.ts_ns)) {
-            let at = g.ts_ns.saturating_sub(g.period_ns).max(origin);
+            let at = busy_step_at(g, origin);
             ev.item(
                 &json!({"ph": "C", "name": format!("GPU {} busy (%)", g.gpu),
                            "pid": GPU_TRACK_PID, "ts": us(at, origin),
@@ -853,13 +865,26 @@ fn process_names(
     pids: &BTreeSet<u32>,
     ev: &mut impl Items,
 ) -> anyhow::Result<()> {
-    for pid in pids {
+    for &pid in pids {
         ev.item(
             &json!({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
-                       "args": {"name": format!("{} ({pid})", data.comm_of(*pid))}}),
+                       "args": {"name": process_label(data, pid)}}),
         )?;
     }
     Ok(())
+}
+
+/// A process's name on its track: `comm (pid)`.
+fn process_label(data: &TraceData, pid: u32) -> String {
+    format!("{} ({pid})", data.comm_of(pid))
+}
+
+/// A thread's name on its track: `comm (main tid)` or `thread tid`.
+fn thread_label(data: &TraceData, pid: u32, tid: u32) -> String {
+    match pid == tid {
+        true => format!("{} (main {tid})", data.comm_of(pid)),
+        false => format!("thread {tid}"),
+    }
 }
 
 /// `thread_name` records of `threads`.
@@ -869,11 +894,7 @@ fn thread_names(
     ev: &mut impl Items,
 ) -> anyhow::Result<()> {
     for &(pid, tid) in threads {
-        let name = if pid == tid {
-            format!("{} (main {tid})", data.comm_of(pid))
-        } else {
-            format!("thread {tid}")
-        };
+        let name = thread_label(data, pid, tid);
         ev.item(
             &json!({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
                        "args": {"name": name}}),

@@ -22,7 +22,8 @@
 //! "gpusleuth" track says the origin on the monotonic and wall clocks.
 
 use super::proto::{boolean, double, int, message, string, uint};
-use super::{category, pipelined, Batches, Sink};
+use super::{busy_step_at, category, memory_track_start, pipelined, Batches, Sink};
+use super::{process_label, thread_label};
 use crate::window::Window;
 use serde_json::Value;
 use sleuth_core::findings::Finding;
@@ -319,16 +320,13 @@ impl Packets {
         self.track(uuid::PROCESS + u64::from(pid), None, |t| {
             message(t, TRACK_PROCESS, |p| {
                 uint(p, PROCESS_PID, u64::from(pid));
-                string(p, PROCESS_NAME, &format!("{} ({pid})", ctx.comm_of(pid)));
+                string(p, PROCESS_NAME, &process_label(ctx, pid));
             })
         });
     }
 
     fn thread(&mut self, ctx: &TraceData, pid: u32, tid: u32, uuid: u64) {
-        let name = match pid == tid {
-            true => format!("{} (main {tid})", ctx.comm_of(pid)),
-            false => format!("thread {tid}"),
-        };
+        let name = thread_label(ctx, pid, tid);
         self.track(uuid, None, |t| {
             message(t, TRACK_THREAD, |th| {
                 uint(th, THREAD_PID, u64::from(pid));
@@ -346,7 +344,13 @@ enum Count {
 
 /// An argument named by its interned name.
 fn arg(e: &mut Vec<u8>, name: Arg, value: impl FnOnce(&mut Vec<u8>)) {
-    message(e, EV_DEBUG, |a| {
+    named(e, EV_DEBUG, name, value);
+}
+
+/// A `DebugAnnotation` in `field` (an event's argument, a dictionary's
+/// entry) named by its interned name, with what `value` writes.
+fn named(b: &mut Vec<u8>, field: u32, name: Arg, value: impl FnOnce(&mut Vec<u8>)) {
+    message(b, field, |a| {
         uint(a, ARG_NAME_IID, name as u64);
         value(a);
     });
@@ -501,16 +505,14 @@ fn off_cpu(out: &mut Packets, w: &WaitEvent, track: u64, origin: u64) {
 
 fn culprit(a: &mut Vec<u8>, c: &Culprit) {
     message(a, ARG_ARRAY, |x| {
-        let entry = |x: &mut Vec<u8>, name: Arg, value: &dyn Fn(&mut Vec<u8>)| {
-            message(x, ARG_DICT, |d| {
-                uint(d, ARG_NAME_IID, name as u64);
-                value(d);
-            })
-        };
-        entry(x, Arg::Comm, &|d| string(d, ARG_STRING, &c.comm));
-        entry(x, Arg::Pid, &|d| uint(d, ARG_UINT, u64::from(c.pid)));
-        entry(x, Arg::Tid, &|d| uint(d, ARG_UINT, u64::from(c.tid)));
-        entry(x, Arg::Ns, &|d| uint(d, ARG_UINT, c.ns));
+        named(x, ARG_DICT, Arg::Comm, |d| string(d, ARG_STRING, &c.comm));
+        named(x, ARG_DICT, Arg::Pid, |d| {
+            uint(d, ARG_UINT, u64::from(c.pid))
+        });
+        named(x, ARG_DICT, Arg::Tid, |d| {
+            uint(d, ARG_UINT, u64::from(c.tid))
+        });
+        named(x, ARG_DICT, Arg::Ns, |d| uint(d, ARG_UINT, c.ns));
     });
 }
 
@@ -801,17 +803,8 @@ fn memory_tracks(
         let track = uuid::MEMORY + u64::from(l.pid);
         let process = uuid::PROCESS + u64::from(l.pid);
         out.counter_track(track, Some(process), "device memory (bytes)", true);
-        let (start_ts, start_bytes) = match window {
-            None => (0, 0),
-            Some(w) => (
-                w.since.saturating_sub(origin),
-                l.timeline
-                    .iter()
-                    .take_while(|p| p.ts_ns < w.since)
-                    .last()
-                    .map_or(0, |p| p.live_bytes),
-            ),
-        };
+        let (since, start_bytes) = memory_track_start(l, window);
+        let start_ts = since.map_or(0, |s| s.saturating_sub(origin));
         out.counter(start_ts, track, Count::Int(start_bytes as i64));
         for p in l.timeline.iter().filter(|p| held(p.ts_ns)) {
             out.counter(
@@ -855,8 +848,8 @@ fn gpu_counters(out: &mut Packets, data: &TraceData, origin: u64, window: Option
                     false,
                 );
             }
-            let at = g.ts_ns.saturating_sub(g.period_ns).max(origin);
-            out.counter(at - origin, track, Count::Double(g.busy_pct));
+            let at = busy_step_at(g, origin) - origin;
+            out.counter(at, track, Count::Double(g.busy_pct));
         }
     }
     for p in data.process_gpu.iter().filter(|p| held(p.ts_ns)) {
