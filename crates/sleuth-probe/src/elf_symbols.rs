@@ -413,11 +413,39 @@ mod tests {
     use super::*;
     use object::{Object, ObjectSegment, ObjectSymbol};
 
-    /// A path of this test process's own under the temporary directory.
-    fn scratch(name: &str) -> std::path::PathBuf {
+    /// A path of this test process's own under the temporary directory;
+    /// the file (and the folder, once the last test's file is gone) is
+    /// removed when the test ends, passed or not.
+    fn scratch(name: &str) -> Scratch {
         let dir = std::env::temp_dir().join(format!("gs-elf-symbols-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        dir.join(name)
+        Scratch(dir.join(name))
+    }
+
+    struct Scratch(std::path::PathBuf);
+
+    impl std::ops::Deref for Scratch {
+        type Target = Path;
+        fn deref(&self) -> &Path {
+            &self.0
+        }
+    }
+
+    impl AsRef<Path> for Scratch {
+        fn as_ref(&self) -> &Path {
+            &self.0
+        }
+    }
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+            // Fails while another test's file is still there: that one's
+            // drop removes the folder.
+            if let Some(dir) = self.0.parent() {
+                let _ = std::fs::remove_dir(dir);
+            }
+        }
     }
 
     /// Every symbol of this test binary, as `object` reads it from the whole

@@ -182,14 +182,38 @@ mod tests {
         }
     }
 
-    /// A trace of `calls` stored in the order given.
-    fn written(tag: &str, calls: Vec<CallEvent>) -> std::path::PathBuf {
+    /// A trace of `calls` stored in the order given, in a folder of its
+    /// own removed when the test ends.
+    fn written(tag: &str, calls: Vec<CallEvent>) -> Written {
         let dir = std::env::temp_dir().join(format!("gs-start-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("dir");
         let path = dir.join("t.db");
         crate::test_files::written_with(&path, calls.into_iter().map(Event::Call));
-        path
+        Written(path)
+    }
+
+    struct Written(std::path::PathBuf);
+
+    impl std::ops::Deref for Written {
+        type Target = std::path::Path;
+        fn deref(&self) -> &std::path::Path {
+            &self.0
+        }
+    }
+
+    impl AsRef<std::path::Path> for Written {
+        fn as_ref(&self) -> &std::path::Path {
+            &self.0
+        }
+    }
+
+    impl Drop for Written {
+        fn drop(&mut self) {
+            if let Some(dir) = self.0.parent() {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+        }
     }
 
     /// Calls stored as a tracer stores them, when they return: three

@@ -13,7 +13,10 @@ pub fn gpusleuth_with(stdin: Stdio, stdout: Stdio, stderr: Stdio) -> Command {
 }
 
 /// The checks cache of this test process's runs (not the user's own: the
-/// runs share it, so the tests exercise it).
+/// runs share it, so the tests exercise it), in cargo's scratch folder
+/// for integration tests (`target/tmp`): a test run leaves nothing in the
+/// system's temporary folder.
 pub fn test_cache_dir() -> std::path::PathBuf {
-    std::env::temp_dir().join(format!("gpusleuth-test-cache-{}", std::process::id()))
+    std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("gpusleuth-test-cache-{}", std::process::id()))
 }

@@ -179,11 +179,14 @@ pub fn gpusleuth() -> Command {
 }
 
 /// The checks cache of this test process's runs (not the user's own: the
-/// runs share it, so the tests exercise it). The same as `bin.rs`'s: a
+/// runs share it, so the tests exercise it), in cargo's scratch folder
+/// for integration tests (`target/tmp`): a test run leaves nothing in the
+/// system's temporary folder. The same as `bin.rs`'s: a
 /// test file may take both this module and `mcp_stdio.rs` (which takes
 /// `bin.rs`), so neither can take the other's file.
 pub fn test_cache_dir() -> std::path::PathBuf {
-    std::env::temp_dir().join(format!("gpusleuth-test-cache-{}", std::process::id()))
+    std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("gpusleuth-test-cache-{}", std::process::id()))
 }
 
 /// Runs a gpusleuth command to completion; fails the test (with its
