@@ -138,6 +138,11 @@ pub(crate) struct Passed {
     pub call_scan: Option<CallScan>,
     /// The rows readers skip (`Trace::input_problems`).
     pub problems: Option<InputProblems>,
+    /// The schema version the file's tables were found to be as gpusleuth
+    /// writes them (`reader::check_schema`). Kept while this process runs,
+    /// not in the checks cache: it is cheap once per file, but a run's
+    /// readers open each file several times.
+    pub schema: Option<i64>,
 }
 
 impl Passed {
@@ -429,6 +434,16 @@ impl BulkCheck {
             },
             _ => self.clone(),
         }
+    }
+
+    /// The trace's checks for a connection that opened `path` again, when
+    /// the file is still the one the trace opened (its identity now, with
+    /// that connection open, is the trace's); None otherwise (replaced,
+    /// written, or changing when the trace opened it): the connection
+    /// then checks for itself what it reads.
+    pub(crate) fn checks_for_same_file(&self, path: &Path) -> Option<&Checks> {
+        let id = self.id?;
+        (FileIdentity::of(path) == Some(id)).then_some(&self.checks)
     }
 
     /// Whether this trace (or a stream on it) read its bulk tables.
@@ -735,6 +750,62 @@ mod tests {
             assert!(checks_run() > n, "{size}");
             let _ = std::fs::remove_dir_all(&dir);
         });
+    }
+
+    /// Renames over `path` a copy of it with an expression index (a
+    /// schema every reader refuses) under a new inode.
+    fn replace_with_odd_schema(dir: &Path, path: &Path) {
+        let other = dir.join("odd.db");
+        std::fs::copy(path, &other).expect("copy");
+        let c = Connection::open(&other).expect("open copy");
+        c.execute_batch("CREATE INDEX odd ON notes(length(text))")
+            .expect("expression index");
+        drop(c);
+        std::fs::rename(&other, path).expect("rename");
+    }
+
+    /// The schema check runs once per file and process, through the memo
+    /// (another open) and the trace (its streams, its finding rollups),
+    /// and again for a file replaced since: every reader refuses that one.
+    #[test]
+    fn a_files_schema_is_checked_once_while_it_stays_the_same() {
+        let schema_checks = || crate::reader::SCHEMA_CHECKS.with(|n| n.get());
+        for version in ["example", "written"] {
+            let (dir, path) = copy(&format!("schema-{version}"));
+            if version == "written" {
+                std::fs::remove_file(&path).expect("rm");
+                crate::test_files::written_with(&path, []);
+            }
+            let memo = CheckMemo::settling(Duration::ZERO);
+            let n = schema_checks();
+            let trace = Trace::open_remembered(&path, budget(), &memo).expect("open");
+            assert_eq!(schema_checks(), n + 1, "{version}: the first open checks");
+            let again = Trace::open_remembered(&path, budget(), &memo).expect("again");
+            crate::stream::Rows::open(&trace).expect("stream");
+            crate::finding_rollups::finding_inputs(&again, None).expect("rollups");
+            assert_eq!(schema_checks(), n + 1, "{version}: nothing checked again");
+            // Without the memo every open checks.
+            Trace::open_with(&path, budget()).expect("open");
+            assert_eq!(schema_checks(), n + 2, "{version}");
+
+            replace_with_odd_schema(&dir, &path);
+            fn refused<T>(version: &str, r: Result<T, StoreError>) {
+                match r {
+                    Ok(_) => panic!("{version}: a file of another schema was read"),
+                    Err(e) => {
+                        let e = e.to_string();
+                        assert!(e.contains("indexes an expression"), "{version}: {e}");
+                    }
+                }
+            }
+            refused(version, Trace::open_remembered(&path, budget(), &memo));
+            refused(version, crate::stream::Rows::open(&trace));
+            refused(
+                version,
+                crate::finding_rollups::finding_inputs(&again, None),
+            );
+            let _ = std::fs::remove_dir_all(&dir);
+        }
     }
 
     /// Damages the `calls` root page of `path` by a write in place that

@@ -16,7 +16,7 @@
 
 use crate::budget::{ReadBudget, DEFAULT_READ_TIMEOUT};
 use crate::open::{has_table, open_trace_file};
-use crate::reader::{check_is_trace, check_schema, Trace};
+use crate::reader::{check_is_trace, check_schema_once, Trace};
 use crate::rows::{call_from_row, calls_sql, calls_sql_from};
 use crate::StoreError;
 use rusqlite::types::FromSql;
@@ -349,7 +349,9 @@ pub fn finding_inputs(
     // without a check of the whole per-call table (see `Trace::keyed`).
     let conn = open_trace_file(path, &ReadBudget::new(DEFAULT_READ_TIMEOUT))?;
     let (_, version) = check_is_trace(&conn, path)?;
-    check_schema(&conn, path, version)?;
+    let of_trace = trace.bulk_check();
+    let same_file = of_trace.checks_for_same_file(path);
+    check_schema_once(&conn, path, version, same_file)?;
     let err = |e: rusqlite::Error| StoreError::file(path, format!("finding rollups: {e}"));
     let done = crate::open::meta_value(&conn, "finding_rollups").map_err(err)?;
     if done.as_deref() != Some(COMPLETE) || !trace.has_rollups()? {

@@ -81,7 +81,6 @@ impl Trace {
         let before = FileIdentity::of(path);
         let conn = open_trace_file(path, &budget)?;
         let (source, version) = check_is_trace(&conn, path)?;
-        check_schema(&conn, path, version)?;
         // The identity once the connection has the file open: a file
         // replaced or written meanwhile gets checks of its own.
         let after = FileIdentity::of(path);
@@ -89,6 +88,7 @@ impl Trace {
             Some(m) => m.checks_for(before, after),
             None => Checks::default(),
         };
+        check_schema_once(&conn, path, version, Some(&checks))?;
         let id = before.filter(|b| Some(*b) == after);
         let opened = {
             let p = checks.lock();
@@ -1158,7 +1158,28 @@ fn where_clause(conds: &[String]) -> String {
 }
 
 /// The file's tables, columns and indexes are the ones gpusleuth writes.
+/// [`check_schema`], unless `checks` (the file's, for the bytes `conn`
+/// opened) say its schema passed for `version` in this process; recorded
+/// there when it passes.
+pub(crate) fn check_schema_once(
+    conn: &Connection,
+    path: &Path,
+    version: i64,
+    checks: Option<&Checks>,
+) -> Result<(), StoreError> {
+    if checks.is_some_and(|c| c.lock().schema == Some(version)) {
+        return Ok(());
+    }
+    check_schema(conn, path, version)?;
+    if let Some(c) = checks {
+        c.lock().schema = Some(version);
+    }
+    Ok(())
+}
+
 pub(crate) fn check_schema(conn: &Connection, path: &Path, version: i64) -> Result<(), StoreError> {
+    #[cfg(test)]
+    SCHEMA_CHECKS.with(|n| n.set(n.get() + 1));
     match crate::schema_check::check(conn, version) {
         Ok(Ok(())) => Ok(()),
         Ok(Err(why)) => Err(StoreError::file(
@@ -1167,6 +1188,12 @@ pub(crate) fn check_schema(conn: &Connection, path: &Path, version: i64) -> Resu
         )),
         Err(e) => Err(StoreError::file(path, short(&e))),
     }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Schema checks run on this thread (the tests count them).
+    pub(crate) static SCHEMA_CHECKS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
 /// A stored time (ns) when it is one a trace can hold.

@@ -12,7 +12,7 @@ use crate::checked::BulkCheck;
 use crate::error::{SqlContext, StoreError};
 use crate::open::{has_index, has_table, open_trace_file};
 use crate::problems::{valid_call, valid_wait, MAX_NS, TOTALS_OVERFLOW};
-use crate::reader::{check_is_trace, check_schema, Trace};
+use crate::reader::{check_is_trace, check_schema_once, Trace};
 use crate::return_order::{OutOfOrder, Reorder, REORDER_ROWS};
 use crate::rows::{call_from_row, wait_from_row, waits_sql, CALL_COLS};
 use crate::stacks::has_column;
@@ -128,7 +128,9 @@ impl Rows {
         // since then must still be a trace of our schema (the cheap checks),
         // and its bulk tables are checked again before this stream reads them.
         let (_, version) = check_is_trace(&conn, &path)?;
-        check_schema(&conn, &path, version)?;
+        let of_trace = trace.bulk_check();
+        let same_file = of_trace.checks_for_same_file(&path);
+        check_schema_once(&conn, &path, version, same_file)?;
         let has_stacks = has_column(&conn, "calls", "stack_id").at(&path)?;
         // Taken now that this connection has the file open (see `for_stream`).
         let bulk = trace.bulk_check().for_stream(&path);
