@@ -243,11 +243,20 @@ fn descendants_are_traced_through_fork_and_exec() {
     expected.sort();
     assert_eq!(launches, expected);
     for child in [forked, spawned] {
-        assert_eq!(
-            db.int(&format!("SELECT ppid FROM processes WHERE pid={child}")),
-            root,
-            "parent of {child}"
-        );
+        let parent = db.int(&format!("SELECT ppid FROM processes WHERE pid={child}"));
+        if parent != root {
+            // Seen once in CI (round 38), never here: say where the parent
+            // went (the processes as stored, their lifecycle events, the
+            // losses the kernel side counted).
+            panic!(
+                "parent of {child}: {parent}, expected {root}\nprocesses {:?}\nproc_events {:?}\nstats {:?}",
+                db.rows("SELECT pid, ppid, comm, start_ns, exit_ns FROM processes ORDER BY pid"),
+                db.rows("SELECT ts_ns, kind, pid, tid, ppid, comm FROM proc_events ORDER BY id"),
+                db.text_ints(
+                    "SELECT name, value FROM stats WHERE value != 0 AND (name LIKE 'drop%' OR name LIKE 'bpf%' OR name LIKE 'map%' OR name LIKE 'events%')"
+                ),
+            );
+        }
     }
 }
 
