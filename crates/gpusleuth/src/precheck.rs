@@ -22,6 +22,13 @@
 //! cache turned off (`GPUSLEUTH_CACHE_DIR=`, where nothing could be saved),
 //! checks nothing.
 //!
+//! A rotated file is checked whatever its size (`Queue::send_rotated`): a
+//! run's readers open every file of it, so the checks of a run of small
+//! files add up (59 files of 12 MB: 9 s of a first `report --last 30s`,
+//! round 38), and that check runs while the trace goes on. One under the
+//! threshold still waiting when the trace ends is skipped: the end waits
+//! only for files of the threshold.
+//!
 //! The checks run on one helper thread, `gpusleuth-check`: placed and
 //! lowered like the tracer's other helpers (`sleuth_probe::placement` finds
 //! it by its name), fed the rotated files as each is completed (so the next
@@ -139,20 +146,49 @@ pub fn failed_line(path: &Path, why: &str) -> String {
     .into_owned()
 }
 
+/// A file to check.
+struct Item {
+    path: PathBuf,
+    /// Checked only while the trace runs: skipped once it ends (a rotated
+    /// file under the threshold; the end never waits for one).
+    while_tracing: bool,
+}
+
 /// Sends finished files to the checking thread (cheap to clone: the
 /// rotation's completing thread holds one).
 #[derive(Clone)]
 pub struct Queue {
     /// None: the end (sent by [`Prechecker::finish`] only).
-    tx: mpsc::Sender<Option<PathBuf>>,
+    tx: mpsc::Sender<Option<Item>>,
     min_bytes: u64,
 }
 
 impl Queue {
     /// Queues the file at `path` if it is large enough; whether it was.
     pub fn send(&self, path: &Path) -> bool {
-        let big = std::fs::metadata(path).is_ok_and(|m| m.len() >= self.min_bytes);
-        big && self.tx.send(Some(path.to_path_buf())).is_ok()
+        self.is_large(path) && self.queue(path, false)
+    }
+
+    /// Queues a file a rotation completed, whatever its size: a run's
+    /// readers open every file of it (59 files of 12 MB cost a first
+    /// `report --last 30s` 9 s of checks, round 38), and the check runs
+    /// while the trace goes on. One under the threshold is skipped if the
+    /// trace ends first (the end waits only for files of the threshold).
+    pub fn send_rotated(&self, path: &Path) -> bool {
+        let large = self.is_large(path);
+        self.queue(path, !large)
+    }
+
+    fn is_large(&self, path: &Path) -> bool {
+        std::fs::metadata(path).is_ok_and(|m| m.len() >= self.min_bytes)
+    }
+
+    fn queue(&self, path: &Path, while_tracing: bool) -> bool {
+        let item = Item {
+            path: path.to_path_buf(),
+            while_tracing,
+        };
+        self.tx.send(Some(item)).is_ok()
     }
 }
 
@@ -166,6 +202,9 @@ pub struct Prechecker {
     queue: Queue,
     /// Cancelling it stops the thread's wait and reads.
     cancel: ReadBudget,
+    /// Cancelled when the trace ends: stops the files checked only while
+    /// it runs.
+    ending: ReadBudget,
     thread: JoinHandle<()>,
     /// The latest files' outcomes, in order.
     done: Arc<Mutex<Vec<(PathBuf, Outcome)>>>,
@@ -176,11 +215,12 @@ impl Prechecker {
     /// or no cache to save into) or no thread could be started.
     pub fn start(min_bytes: MinBytes, memo: &'static CheckMemo) -> Option<Prechecker> {
         let min_bytes = min_bytes.0.filter(|_| memo.saves())?;
-        let (tx, rx) = mpsc::channel::<Option<PathBuf>>();
+        let (tx, rx) = mpsc::channel::<Option<Item>>();
         // The whole run's cancellation: each check narrows it to its own deadline.
         let cancel = ReadBudget::new(Duration::from_secs(100 * 365 * 86_400));
+        let ending = ReadBudget::new(Duration::from_secs(100 * 365 * 86_400));
         let done: Arc<Mutex<Vec<(PathBuf, Outcome)>>> = Arc::default();
-        let (c, d) = (cancel.clone(), done.clone());
+        let (c, e, d) = (cancel.clone(), ending.clone(), done.clone());
         let thread = std::thread::Builder::new()
             .name("gpusleuth-check".into())
             .spawn(move || {
@@ -188,8 +228,12 @@ impl Prechecker {
                 // Until the end is sent: files queued before it are checked
                 // first (in order), a clone of the queue still held elsewhere
                 // keeps nothing waiting.
-                while let Ok(Some(path)) = rx.recv() {
-                    let outcome = check(memo, &path, &c);
+                while let Ok(Some(Item {
+                    path,
+                    while_tracing,
+                })) = rx.recv()
+                {
+                    let outcome = check(memo, &path, if while_tracing { &e } else { &c });
                     if let Outcome::Failed(why) = &outcome {
                         eprintln!("{}", failed_line(&path, why));
                     }
@@ -204,6 +248,7 @@ impl Prechecker {
         Some(Prechecker {
             queue: Queue { tx, min_bytes },
             cancel,
+            ending,
             thread,
             done,
         })
@@ -220,9 +265,11 @@ impl Prechecker {
         let Prechecker {
             queue,
             cancel,
+            ending,
             thread,
             done,
         } = self;
+        ending.cancel();
         let _ = queue.tx.send(None);
         while !thread.is_finished() {
             if interrupted() {

@@ -160,6 +160,41 @@ fn a_rotated_runs_files_are_each_checked() {
     );
 }
 
+/// Under the default threshold (32M: every file here is smaller) a run's
+/// rotated files are checked while the trace runs (its readers open all of
+/// them); the last one is not, and the end waits for none.
+#[test]
+fn a_rotated_runs_small_files_are_checked_while_it_runs() {
+    let Some(sb) = Sandbox::for_ebpf("precheck-rotate-small") else {
+        return;
+    };
+    // ~6 s: the first files settle (2 s) and are checked long before the end.
+    let script = "repeat 60 { malloc 4096 a; free a; memcpy 4096; sleep 100 }";
+    let out = trace(&sb, &["--rotate", "500ms"], script);
+    let mut files: Vec<PathBuf> = std::fs::read_dir(sb.db())
+        .expect("run directory")
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "db"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 4, "{files:?}");
+    let last = files.pop().expect("a last file");
+    assert!(
+        common::checks_entry_of(&cache(&sb), &last).is_none(),
+        "the last file is under the threshold"
+    );
+    assert_every_check(
+        &common::checks_entry_of(&cache(&sb), &files[0])
+            .unwrap_or_else(|| panic!("{} not checked", files[0].display())),
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !err.contains("warning") && !err.contains("for later reads"),
+        "{err}"
+    );
+}
+
 /// `--keep` deletes files that may still wait for their check: skipped
 /// without a word, the kept ones checked.
 #[test]

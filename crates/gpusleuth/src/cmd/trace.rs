@@ -77,7 +77,8 @@ pub struct Args {
     /// (after waiting for it to be 2 s old) and keep what it passed in the
     /// checks cache, so the first command on it skips those checks; `off`
     /// never. The last file is checked before `trace` exits (Ctrl-C skips
-    /// it), rotated files in the background.
+    /// it), rotated files in the background, whatever their size while the
+    /// trace runs (a run's readers open all of them).
     #[arg(long, value_name = "SIZE|off", default_value = crate::precheck::DEFAULT_MIN, value_parser = crate::precheck::parse_min)]
     pub precheck: crate::precheck::MinBytes,
     /// Kernel ring buffer size (e.g. 8M, 64M): more absorbs longer bursts
@@ -745,7 +746,7 @@ impl Rotation {
             }
             // Checked on the checking thread: the next rotation never waits for it.
             if let (Ok(_), Some(q)) = (&r, &precheck) {
-                q.send(&old_path);
+                q.send_rotated(&old_path);
             }
             r
         };
