@@ -35,11 +35,15 @@ use std::io::{Read, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-/// Files kept: a user reads a few traces at a time; the least recently
-/// used ones are forgotten (and checked again if read again).
-pub(crate) const KEPT: usize = 64;
+/// Files kept: a user reads a few traces at a time, but a `trace --rotate`
+/// run is many files that its readers open together (64 kept files made
+/// every command over a run of more re-check the ones pushed out, round 38).
+/// The least recently used ones are forgotten (and checked again if read
+/// again).
+pub(crate) const KEPT: usize = 1024;
 
-/// A cache file larger than this is not ours (64 entries take ~20 KB).
+/// A cache file larger than this is not ours (1024 entries of plain files
+/// take ~360 KB; a save keeps under it by dropping the oldest).
 const MAX_BYTES: u64 = 1 << 20;
 
 /// The cache's format. Bump it whenever what a check covers or what a pass
@@ -196,11 +200,19 @@ impl CheckCache {
         all.extend(entries);
         all.sort_by_key(|e| std::cmp::Reverse(e.used_s));
         all.truncate(KEPT);
-        let text = serde_json::to_string(&Stored {
-            build: build(),
-            files: all,
-        })
-        .ok()?;
+        let text = loop {
+            let text = serde_json::to_string(&Stored {
+                build: build(),
+                files: all.clone(),
+            })
+            .ok()?;
+            // A cache over the read limit would be read as none: the newest
+            // entries that fit (files with many unknown op names are larger).
+            if text.len() as u64 <= MAX_BYTES || all.is_empty() {
+                break text;
+            }
+            all.truncate(all.len() / 2);
+        };
         // One temporary name per save, not per process: two threads of one
         // process may save at once (the MCP server's check ahead and a tool
         // call; the tracer's checking thread), and with a shared name one
@@ -356,6 +368,37 @@ mod tests {
         let back = got[1].passed.passed();
         assert!(back.others && back.table("call_rows") && !back.table("waits"));
         assert_eq!(back.call_scan.map(|s| s.impossible), Some(3));
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// Entries too large for the read limit together: the newest that fit
+    /// are saved, and the cache still loads.
+    #[test]
+    fn a_save_keeps_under_the_read_limit() {
+        let d = dir("large");
+        std::fs::create_dir_all(&d).expect("dir");
+        let cache = CheckCache::at(d.join("c"));
+        let problems = crate::problems::InputProblems {
+            unknown_ops: (0..20)
+                .map(|i| (format!("{i}{}", "x".repeat(2_000)), 1))
+                .collect(),
+            ..Default::default()
+        };
+        let entries: Vec<StoredEntry> = (0..100u64)
+            .map(|i| {
+                let p = d.join(format!("{i}"));
+                std::fs::write(&p, vec![0u8; i as usize]).expect("file");
+                let mut e = entry(&p, i);
+                e.passed.problems = Some(problems.clone());
+                e
+            })
+            .collect();
+        cache.save(entries);
+        let size = std::fs::metadata(cache.file()).expect("saved").len();
+        assert!(size <= MAX_BYTES, "{size}");
+        let got = cache.load();
+        assert!(!got.is_empty() && got.len() < 100, "{}", got.len());
+        assert_eq!(got[0].used_s, 99, "the newest kept");
         let _ = std::fs::remove_dir_all(&d);
     }
 
