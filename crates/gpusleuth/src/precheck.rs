@@ -24,7 +24,7 @@
 //!
 //! A rotated file is checked whatever its size (`Queue::send_rotated`): a
 //! run's readers open every file of it, so the checks of a run of small
-//! files add up (59 files of 12 MB: 9 s of a first `report --last 30s`,
+//! files add up (59 files of 12 MB: 10 s of a first `report --last 30s`,
 //! round 38), and that check runs while the trace goes on. One under the
 //! threshold still waiting when the trace ends is skipped: the end waits
 //! only for files of the threshold.
@@ -171,7 +171,7 @@ impl Queue {
 
     /// Queues a file a rotation completed, whatever its size: a run's
     /// readers open every file of it (59 files of 12 MB cost a first
-    /// `report --last 30s` 9 s of checks, round 38), and the check runs
+    /// `report --last 30s` 10 s of checks, round 38), and the check runs
     /// while the trace goes on. One under the threshold is skipped if the
     /// trace ends first (the end waits only for files of the threshold).
     pub fn send_rotated(&self, path: &Path) -> bool {

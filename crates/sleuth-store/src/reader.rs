@@ -1157,7 +1157,6 @@ fn where_clause(conds: &[String]) -> String {
     }
 }
 
-/// The file's tables, columns and indexes are the ones gpusleuth writes.
 /// [`check_schema`], unless `checks` (the file's, for the bytes `conn`
 /// opened) say its schema passed for `version` in this process; recorded
 /// there when it passes.
@@ -1177,6 +1176,7 @@ pub(crate) fn check_schema_once(
     Ok(())
 }
 
+/// The file's tables, columns and indexes are the ones gpusleuth writes.
 pub(crate) fn check_schema(conn: &Connection, path: &Path, version: i64) -> Result<(), StoreError> {
     #[cfg(test)]
     SCHEMA_CHECKS.with(|n| n.set(n.get() + 1));
