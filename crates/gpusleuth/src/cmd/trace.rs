@@ -73,12 +73,12 @@ pub struct Args {
     /// once the next one is complete; the file being written is never deleted).
     #[arg(long, value_name = "N", requires = "rotate", value_parser = clap::value_parser!(u64).range(1..))]
     pub keep: Option<u64>,
-    /// Check each finished file of at least SIZE as its first reader would
-    /// (after waiting for it to be 2 s old) and keep what it passed in the
-    /// checks cache, so the first command on it skips those checks; `off`
-    /// never. The last file is checked before `trace` exits (Ctrl-C skips
-    /// it), rotated files in the background, whatever their size while the
-    /// trace runs (a run's readers open all of them).
+    /// Check finished files as their first reader would (after waiting for
+    /// each to be 2 s old) and keep what they passed in the checks cache, so
+    /// the first command on them skips those checks; `off` never. The last
+    /// file is checked before `trace` exits if it has at least SIZE (Ctrl-C
+    /// skips it); a run's rotated files in the background whatever their
+    /// size, while the trace runs (a run's readers open all of them).
     #[arg(long, value_name = "SIZE|off", default_value = crate::precheck::DEFAULT_MIN, value_parser = crate::precheck::parse_min)]
     pub precheck: crate::precheck::MinBytes,
     /// Kernel ring buffer size (e.g. 8M, 64M): more absorbs longer bursts
