@@ -436,14 +436,12 @@ impl BulkCheck {
         }
     }
 
-    /// The trace's checks for a connection that opened `path` again, when
-    /// the file is still the one the trace opened (its identity now, with
-    /// that connection open, is the trace's); None otherwise (replaced,
-    /// written, or changing when the trace opened it): the connection
-    /// then checks for itself what it reads.
-    pub(crate) fn checks_for_same_file(&self, path: &Path) -> Option<&Checks> {
-        let id = self.id?;
-        (FileIdentity::of(path) == Some(id)).then_some(&self.checks)
+    /// The checks of a known identity: on a [`BulkCheck::for_stream`], the
+    /// trace's when the file is still the one the trace opened; None when
+    /// it was replaced, written, or changing when the trace opened it (the
+    /// connection then checks for itself what it reads).
+    pub(crate) fn checks_of_identity(&self) -> Option<&Checks> {
+        self.id.map(|_| &self.checks)
     }
 
     /// Whether this trace (or a stream on it) read its bulk tables.

@@ -349,9 +349,8 @@ pub fn finding_inputs(
     // without a check of the whole per-call table (see `Trace::keyed`).
     let conn = open_trace_file(path, &ReadBudget::new(DEFAULT_READ_TIMEOUT))?;
     let (_, version) = check_is_trace(&conn, path)?;
-    let of_trace = trace.bulk_check();
-    let same_file = of_trace.checks_for_same_file(path);
-    check_schema_once(&conn, path, version, same_file)?;
+    let of_trace = trace.bulk_check().for_stream(path);
+    check_schema_once(&conn, path, version, of_trace.checks_of_identity())?;
     let err = |e: rusqlite::Error| StoreError::file(path, format!("finding rollups: {e}"));
     let done = crate::open::meta_value(&conn, "finding_rollups").map_err(err)?;
     if done.as_deref() != Some(COMPLETE) || !trace.has_rollups()? {

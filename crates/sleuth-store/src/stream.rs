@@ -128,12 +128,10 @@ impl Rows {
         // since then must still be a trace of our schema (the cheap checks),
         // and its bulk tables are checked again before this stream reads them.
         let (_, version) = check_is_trace(&conn, &path)?;
-        let of_trace = trace.bulk_check();
-        let same_file = of_trace.checks_for_same_file(&path);
-        check_schema_once(&conn, &path, version, same_file)?;
-        let has_stacks = has_column(&conn, "calls", "stack_id").at(&path)?;
         // Taken now that this connection has the file open (see `for_stream`).
         let bulk = trace.bulk_check().for_stream(&path);
+        check_schema_once(&conn, &path, version, bulk.checks_of_identity())?;
+        let has_stacks = has_column(&conn, "calls", "stack_id").at(&path)?;
         Ok(Rows {
             conn,
             path,
