@@ -216,9 +216,10 @@ impl Prechecker {
     pub fn start(min_bytes: MinBytes, memo: &'static CheckMemo) -> Option<Prechecker> {
         let min_bytes = min_bytes.0.filter(|_| memo.saves())?;
         let (tx, rx) = mpsc::channel::<Option<Item>>();
-        // The whole run's cancellation: each check narrows it to its own deadline.
-        let cancel = ReadBudget::new(Duration::from_secs(100 * 365 * 86_400));
-        let ending = ReadBudget::new(Duration::from_secs(100 * 365 * 86_400));
+        // The whole run's cancellations (no deadline of their own): each
+        // check narrows one to its own deadline.
+        let unbounded = || ReadBudget::new(Duration::from_secs(100 * 365 * 86_400));
+        let (cancel, ending) = (unbounded(), unbounded());
         let done: Arc<Mutex<Vec<(PathBuf, Outcome)>>> = Arc::default();
         let (c, e, d) = (cancel.clone(), ending.clone(), done.clone());
         let thread = std::thread::Builder::new()
