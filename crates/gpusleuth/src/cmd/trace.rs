@@ -83,6 +83,8 @@ pub struct Args {
     pub precheck: crate::precheck::MinBytes,
     /// Kernel ring buffer size (e.g. 8M, 64M): more absorbs longer bursts
     /// before events are dropped (drops are always counted and reported).
+    /// The tracer's resident memory counts it twice (the kernel maps it
+    /// twice for records that wrap): 4M takes 8 MiB off, at half the room.
     #[arg(long = "ring-size", default_value = "8M", value_parser = crate::args::size)]
     pub ring_size: u64,
     /// Call sites (Python file/function/line and native frames) of
