@@ -122,7 +122,7 @@ pub fn run_files(dir: &Path) -> Result<Vec<(u64, PathBuf)>, StoreError> {
 
 /// [`run_files`], an error naming `dir` when it holds none: every reader
 /// of a run starts here.
-fn listed_files(dir: &Path) -> Result<Vec<(u64, PathBuf)>, StoreError> {
+pub(crate) fn listed_files(dir: &Path) -> Result<Vec<(u64, PathBuf)>, StoreError> {
     let listed = run_files(dir)?;
     if listed.is_empty() {
         return Err(StoreError::file(

@@ -67,13 +67,8 @@ pub fn last_of_run(
     memo: &CheckMemo,
 ) -> Result<RunLast, StoreError> {
     let open = |path: &Path| open_in_run(path, budget, memo);
-    let listed = run_files(dir)?;
-    let Some((_, newest)) = listed.last() else {
-        return Err(StoreError::file(
-            dir,
-            "no part-NNNNNN.db files in this directory (not a run of `trace --rotate`)",
-        ));
-    };
+    let listed = crate::run::listed_files(dir)?;
+    let (_, newest) = listed.last().expect("listed_files refuses an empty run");
     let (newest_start, end) = open(newest)?.start_and_end()?;
     let since = end.saturating_sub(last);
     let mut files = Vec::new();

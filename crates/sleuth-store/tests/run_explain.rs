@@ -220,6 +220,12 @@ fn a_directory_without_a_finished_file_is_one_error() {
             Ok(r) => panic!("answered over {:?}", r.files),
         };
     assert!(one_line(&dir.0).contains("not a trace run"));
+    // A window of it (`--last`) says the same words.
+    let memo = sleuth_store::CheckMemo::new();
+    match sleuth_store::run_window::last_of_run(&dir.0, MS, &budget(), &memo) {
+        Err(e) => assert!(e.to_string().contains("not a trace run"), "{e}"),
+        Ok(r) => panic!("a window over {:?}", r.files),
+    }
     let run = dir.join("run");
     std::fs::create_dir(&run).unwrap();
     let part = |n| run.join(sleuth_store::run::part_name(n));
