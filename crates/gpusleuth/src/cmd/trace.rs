@@ -81,8 +81,9 @@ pub struct Args {
     /// size, while the trace runs (a run's readers open all of them).
     #[arg(long, value_name = "SIZE|off", default_value = crate::precheck::DEFAULT_MIN, value_parser = crate::precheck::parse_min)]
     pub precheck: crate::precheck::MinBytes,
-    /// Kernel ring buffer size (e.g. 8M, 64M): more absorbs longer bursts
-    /// before events are dropped (drops are always counted and reported).
+    /// Kernel ring buffer size (e.g. 8M, 64M; rounded up to a power of two,
+    /// at least 4K): more absorbs longer bursts before events are dropped
+    /// (drops are always counted and reported).
     /// The tracer's resident memory counts it twice (the kernel maps it
     /// twice for records that wrap): 4M takes 8 MiB off, at half the room.
     #[arg(long = "ring-size", default_value = "8M", value_parser = crate::args::size)]
