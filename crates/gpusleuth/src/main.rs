@@ -81,9 +81,9 @@ enum Command {
 /// Whether `command` never runs a caller's SQL, so SQLite's memory
 /// statistics (the global mutex and counters behind the SQL sandbox's heap
 /// limit, taken on every SQLite allocation) can be off for its process:
-/// `query`, `mcp` and the in-process tools of `bench`/`demo` keep them. Off,
-/// a 58-file run's `report --last 1h` took 0.85–0.86 s instead of
-/// 0.95–0.97 s (2-vCPU VM, round 39); `trace` turns them off itself.
+/// `query` and `mcp` need them; `trace` turns them off itself; the others
+/// are left as they are. Off, a 58-file run's `report --last 1h` took
+/// 0.88–0.94 s instead of 0.96–1.09 s (2-vCPU VM, round 39).
 fn runs_no_callers_sql(command: &Command) -> bool {
     matches!(
         command,
