@@ -15,8 +15,8 @@
 //! reads by row id). Tables and their meaning: docs/schema.md.
 
 use crate::budget::{ReadBudget, DEFAULT_READ_TIMEOUT};
-use crate::open::{has_table, open_trace_file};
-use crate::reader::{check_is_trace, check_schema_once, Trace};
+use crate::open::has_table;
+use crate::reader::Trace;
 use crate::rows::{call_from_row, calls_sql, calls_sql_from};
 use crate::StoreError;
 use rusqlite::types::FromSql;
@@ -347,10 +347,7 @@ pub fn finding_inputs(
     let path = trace.path();
     // The example calls (at most a few per op and thread) are read by row id
     // without a check of the whole per-call table (see `Trace::keyed`).
-    let conn = open_trace_file(path, &ReadBudget::new(DEFAULT_READ_TIMEOUT))?;
-    let (_, version) = check_is_trace(&conn, path)?;
-    let of_trace = trace.bulk_check().for_stream(path);
-    check_schema_once(&conn, path, version, of_trace.checks_of_identity())?;
+    let (conn, _, _) = trace.open_beside(&ReadBudget::new(DEFAULT_READ_TIMEOUT))?;
     let err = |e: rusqlite::Error| StoreError::file(path, format!("finding rollups: {e}"));
     let done = crate::open::meta_value(&conn, "finding_rollups").map_err(err)?;
     if done.as_deref() != Some(COMPLETE) || !trace.has_rollups()? {

@@ -137,8 +137,26 @@ impl Trace {
     }
 
     /// The check state shared with streamed readers of this trace.
+    #[cfg(test)]
     pub(crate) fn bulk_check(&self) -> BulkCheck {
         self.bulk.clone()
+    }
+
+    /// A second connection to this trace's file under `budget`, checked as
+    /// this trace's: the file, replaced since, must still be a trace of our
+    /// schema (the cheap checks; the schema skipped while the file keeps the
+    /// identity that passed), and the check state for it (`for_stream`,
+    /// taken once this connection has the file open). With the file's
+    /// schema version.
+    pub(crate) fn open_beside(
+        &self,
+        budget: &ReadBudget,
+    ) -> Result<(Connection, i64, BulkCheck), StoreError> {
+        let conn = open_trace_file(&self.path, budget)?;
+        let (_, version) = check_is_trace(&conn, &self.path)?;
+        let bulk = self.bulk.for_stream(&self.path);
+        check_schema_once(&conn, &self.path, version, bulk.checks_of_identity())?;
+        Ok((conn, version, bulk))
     }
 
     /// [`Trace::input_problems`] when the answer read the per-call or
@@ -1160,7 +1178,7 @@ fn where_clause(conds: &[String]) -> String {
 /// [`check_schema`], unless `checks` (the file's, for the bytes `conn`
 /// opened) say its schema passed for `version` in this process; recorded
 /// there when it passes.
-pub(crate) fn check_schema_once(
+fn check_schema_once(
     conn: &Connection,
     path: &Path,
     version: i64,

@@ -10,9 +10,9 @@
 use crate::budget::{ReadBudget, DEFAULT_READ_TIMEOUT};
 use crate::checked::BulkCheck;
 use crate::error::{SqlContext, StoreError};
-use crate::open::{has_index, has_table, open_trace_file};
+use crate::open::{has_index, has_table};
 use crate::problems::{valid_call, valid_wait, MAX_NS, TOTALS_OVERFLOW};
-use crate::reader::{check_is_trace, check_schema_once, Trace};
+use crate::reader::Trace;
 use crate::return_order::{OutOfOrder, Reorder, REORDER_ROWS};
 use crate::rows::{call_from_row, wait_from_row, waits_sql, CALL_COLS};
 use crate::stacks::has_column;
@@ -123,14 +123,9 @@ impl Rows {
         // this stream's first read of them (`Rows::bulk`), not here: an
         // answer from the stored call groups reads none of them.
         let path = trace.path().to_path_buf();
-        let conn = open_trace_file(&path, &budget)?;
-        // The file was checked through the first connection; a file replaced
-        // since then must still be a trace of our schema (the cheap checks),
-        // and its bulk tables are checked again before this stream reads them.
-        let (_, version) = check_is_trace(&conn, &path)?;
-        // Taken now that this connection has the file open (see `for_stream`).
-        let bulk = trace.bulk_check().for_stream(&path);
-        check_schema_once(&conn, &path, version, bulk.checks_of_identity())?;
+        // A file replaced since the trace opened it gets its bulk tables
+        // checked again before this stream reads them.
+        let (conn, version, bulk) = trace.open_beside(&budget)?;
         let has_stacks = has_column(&conn, "calls", "stack_id").at(&path)?;
         Ok(Rows {
             conn,
