@@ -200,18 +200,18 @@ impl CheckCache {
         all.extend(entries);
         all.sort_by_key(|e| std::cmp::Reverse(e.used_s));
         all.truncate(KEPT);
+        let mut stored = Stored {
+            build: build(),
+            files: all,
+        };
         let text = loop {
-            let text = serde_json::to_string(&Stored {
-                build: build(),
-                files: all.clone(),
-            })
-            .ok()?;
+            let text = serde_json::to_string(&stored).ok()?;
             // A cache over the read limit would be read as none: the newest
             // entries that fit (files with many unknown op names are larger).
-            if text.len() as u64 <= MAX_BYTES || all.is_empty() {
+            if text.len() as u64 <= MAX_BYTES || stored.files.is_empty() {
                 break text;
             }
-            all.truncate(all.len() / 2);
+            stored.files.truncate(stored.files.len() / 2);
         };
         // One temporary name per save, not per process: two threads of one
         // process may save at once (the MCP server's check ahead and a tool
