@@ -41,6 +41,14 @@ fn main() {
         // function's first instruction: x86 uprobes cannot single-step those
         // and the kernel then silently skips the breakpoint.
         "-fcf-protection=full",
+        // The stand-ins find one another through their rpath, written as
+        // DT_RPATH, which the loader searches before LD_LIBRARY_PATH
+        // (DT_RUNPATH, ld's default, comes after it): on a GPU machine whose
+        // LD_LIBRARY_PATH holds the real driver (containers:
+        // /usr/local/nvidia/lib64) the workload loaded the real libcuda.so.1,
+        // so `demo` failed on a missing simulator symbol and the bench's
+        // flood timed failing launches, each with its call site (round 40).
+        "-Wl,--disable-new-dtags",
     ];
     let inc = format!("-I{}", src.display());
 

@@ -123,6 +123,42 @@ fn dlopen_uses_the_copy() {
 }
 
 #[test]
+fn libraries_on_ld_library_path_do_not_replace_the_stand_ins() {
+    // A GPU machine's LD_LIBRARY_PATH often holds the real driver (NVIDIA's
+    // containers: /usr/local/nvidia/lib64). The workload must still load
+    // the stand-ins beside it: round 40's device found it loading the real
+    // libcuda.so.1 (rpath written as DT_RUNPATH, searched after
+    // LD_LIBRARY_PATH), `demo` failing and the bench timing failed launches.
+    let (dir, sim) = sim_world("ldpath");
+    let other = dir.0.join("other");
+    std::fs::create_dir_all(&other).unwrap();
+    for lib in [&sim.libcuda, &sim.libcudart] {
+        std::fs::copy(lib, other.join(lib.file_name().unwrap())).unwrap();
+    }
+    let maps = dir.0.join("maps");
+    let script = format!("launch 1; touch {}; sleep 300", maps.display());
+    let mut child = Command::new(&sim.workload)
+        .arg(&script)
+        .env("LD_LIBRARY_PATH", &other)
+        .spawn()
+        .unwrap();
+    wait_for(&maps);
+    let text = std::fs::read_to_string(format!("/proc/{}/maps", child.id())).unwrap();
+    assert!(child.wait().unwrap().success());
+    for lib in [&sim.libcuda, &sim.libcudart] {
+        assert!(
+            text.contains(&lib.display().to_string()),
+            "{} not mapped:\n{text}",
+            lib.display()
+        );
+    }
+    assert!(
+        !text.contains(&other.display().to_string()),
+        "a library from LD_LIBRARY_PATH was loaded:\n{text}"
+    );
+}
+
+#[test]
 fn hog_names_itself_and_signals_ready() {
     let (dir, sim) = sim_world("hog");
     let ready = dir.0.join("ready");
