@@ -141,7 +141,10 @@ fn random_case(
                 size,
                 requested: size - next() % size,
                 since_ns: next() % 1_000_000,
-                stack_id: next().is_multiple_of(2).then(&mut next),
+                stack_id: next()
+                    .is_multiple_of(2)
+                    .then(&mut next)
+                    .and_then(NonZeroU64::new),
             };
             (0x1000 + i * 16, h)
         })
@@ -209,7 +212,7 @@ fn the_same_state_as_the_one_pass_assembly_on_many_blocks() {
         let seg_size = 2u64 << 20;
         let mut segs = std::collections::BTreeMap::new();
         let mut live: Vec<(u64, Held)> = Vec::new();
-        for s in 0..400u64 {
+        for s in 0..480u64 {
             let base = s * 4 * seg_size;
             segs.insert(
                 base,
@@ -231,7 +234,7 @@ fn the_same_state_as_the_one_pass_assembly_on_many_blocks() {
                     size: 4096,
                     requested: 4000,
                     since_ns: next() % 1000,
-                    stack_id: Some(next() % 50),
+                    stack_id: NonZeroU64::new(next() % 50),
                 };
                 live.push((0x10_0000 + live.len() as u64 * 16, h));
             }
