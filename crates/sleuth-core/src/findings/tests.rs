@@ -533,11 +533,35 @@ fn without_host_context_time_findings_are_declared_not_evaluated() {
 }
 
 #[test]
-fn dropped_events_are_noted() {
-    let mut d = trace(vec![]);
-    d.stats.insert("drop_ring_full_call".into(), 7);
-    let r = explain_report(&d);
-    crate::testing::assert_some_line(&r.notes, |n| n.contains("7 events were dropped"));
+fn dropped_events_are_noted_with_their_share() {
+    let note = |stats: &[(&str, u64)]| {
+        let mut d = trace(vec![]);
+        for &(k, v) in stats {
+            d.stats.insert(k.into(), v);
+        }
+        let r = explain_report(&d);
+        r.notes
+            .into_iter()
+            .find(|n| n.contains("dropped during capture"))
+            .unwrap_or_default()
+    };
+    // 7 lost in the ring, 21 received by the writer: a quarter of 28.
+    let n = note(&[("drop_ring_full_call", 7), ("events_call", 21)]);
+    assert!(
+        n.starts_with("7 events (25% of those the probes produced)"),
+        "{n}"
+    );
+    // The writer counts what it could not store for the size cap among what
+    // it received: 30 of 30 received, 20 of them capped, 10 lost in the ring.
+    let n = note(&[
+        ("drop_db_full", 20),
+        ("drop_ring_full_wait", 10),
+        ("events_call", 30),
+    ]);
+    assert!(n.starts_with("30 events (75% of those"), "{n}");
+    let n = note(&[("drop_ring_full_call", 1), ("events_call", 999)]);
+    assert!(n.starts_with("1 events (under 1% of those"), "{n}");
+    assert!(note(&[("events_call", 5)]).is_empty());
 }
 
 #[test]
