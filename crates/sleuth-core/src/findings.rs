@@ -438,27 +438,6 @@ fn rank(findings: &mut [Finding]) {
     });
 }
 
-/// The dropped events' share of every event the probes produced, as the
-/// drops note says it: a finding read from a sixth of the calls is not one
-/// read from all but a few (16 processes flooding one writer lost 75-86%,
-/// round 40). The writer counts events it received, those it could not
-/// store for the size cap included; the other losses never reached it.
-fn lost_share(data: &TraceData, drops: &std::collections::BTreeMap<String, u64>) -> String {
-    let lost = drops.get("total").copied().unwrap_or(0);
-    let capped = drops.get("db_full").copied().unwrap_or(0);
-    let received = crate::stats::event_counters(data)
-        .get("total")
-        .copied()
-        .unwrap_or(0);
-    let produced = received.saturating_add(lost.saturating_sub(capped));
-    let pct = 100.0 * lost as f64 / produced.max(1) as f64;
-    if pct < 1.0 {
-        "under 1% of those the probes produced".to_string()
-    } else {
-        format!("{pct:.0}% of those the probes produced")
-    }
-}
-
 fn notes(data: &TraceData) -> Vec<String> {
     let mut out = Vec::new();
     if !data.has_host_context {
@@ -474,7 +453,14 @@ fn notes(data: &TraceData) -> Vec<String> {
     if lost > 0 {
         out.push(format!(
             "{lost} events ({}) were dropped during capture: counts and findings may be incomplete.",
-            lost_share(data, &drops)
+            crate::stats::lost_share(
+                lost,
+                drops.get("db_full").copied().unwrap_or(0),
+                crate::stats::event_counters(data)
+                    .get("total")
+                    .copied()
+                    .unwrap_or(0),
+            )
         ));
     }
     let edges = crate::stats::attach_edges(data);

@@ -173,6 +173,10 @@ pub struct WriteSummary {
     pub proc_events_stored: u64,
     /// Call and wait records not stored because the size cap was reached.
     pub dropped_db_full: u64,
+    /// Every event the writer received (calls, waits, lifecycle and
+    /// allocator events), those past the size cap included: with the
+    /// capture's losses, what the probes produced.
+    pub events_received: u64,
     pub call_culprit_rows: u64,
     pub db_bytes: u64,
 }

@@ -596,6 +596,10 @@ impl WriterState {
             waits_stored: self.n.waits_stored,
             proc_events_stored: self.n.procs_stored,
             dropped_db_full: self.n.drop_db_full,
+            events_received: self.n.events_call
+                + self.n.events_wait
+                + self.n.events_proc
+                + self.n.events_block,
             call_culprit_rows: culprit_rows,
             db_bytes,
         })

@@ -789,6 +789,7 @@ impl Rotation {
                 t.waits_stored += s.waits_stored;
                 t.proc_events_stored += s.proc_events_stored;
                 t.dropped_db_full += s.dropped_db_full;
+                t.events_received += s.events_received;
                 t.call_culprit_rows += s.call_culprit_rows;
                 t.db_bytes += s.db_bytes;
             }
@@ -1219,6 +1220,9 @@ fn trace_loop(
         losses.unmatched_return,
         open_calls
     );
+    if let Some(text) = lost_warning(&losses, summary.dropped_db_full, summary.events_received) {
+        eprintln!("gpusleuth: warning: {text}");
+    }
     if losses.switch_in_unseen > 0 {
         eprintln!(
             "gpusleuth: note: {} switch(es) to a traced thread were not seen by the scheduler probe (a kernel gap); their waits were closed at the thread's next probe, the switch-in dated by its CPU time (switch_in_unseen)",
@@ -1462,6 +1466,44 @@ impl Sinks {
     }
 }
 
+/// What the end of a trace says when it lost events: how many, their share
+/// of what the probes produced, and what to change for each cause (the end
+/// line's counts alone read the same for a sliver and for most of a trace).
+fn lost_warning(
+    losses: &sleuth_probe::session::LossStats,
+    capped: u64,
+    received: u64,
+) -> Option<String> {
+    let lost = losses.total() + capped;
+    if lost == 0 {
+        return None;
+    }
+    let mut causes = Vec::new();
+    if losses.ring() > 0 {
+        causes.push(format!(
+            "{} when the ring buffer was full (a larger --ring-size absorbs bursts; a sustained \
+             flood needs fewer recorded calls: --launches driver counts launches in the kernel)",
+            losses.ring()
+        ));
+    }
+    if losses.maps() > 0 {
+        causes.push(format!(
+            "{} when a kernel map was full (more threads or calls in flight than its maps hold)",
+            losses.maps()
+        ));
+    }
+    if capped > 0 {
+        causes.push(format!(
+            "{capped} past the size cap (--max-db; --rotate goes on in new files)"
+        ));
+    }
+    Some(format!(
+        "{lost} events ({}) were lost, so answers from this trace may be incomplete: {}",
+        sleuth_core::stats::lost_share(lost, capped, received),
+        causes.join("; ")
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1538,5 +1580,37 @@ mod tests {
         assert_eq!(level, NoteLevel::Info);
         assert!(text.contains("2 CUDA libraries were probed"));
         assert!(coverage_warning(2, 0, 6).is_none());
+    }
+
+    #[test]
+    fn a_trace_that_lost_events_says_how_many_their_share_and_what_to_change() {
+        let none = sleuth_probe::LossStats::default();
+        assert_eq!(lost_warning(&none, 0, 1_000), None);
+        // 30 lost in the ring and 10 in a map against 60 received: 40% of
+        // the 100 the probes produced.
+        let ring = sleuth_probe::LossStats {
+            ring_full_call: 25,
+            ring_full_wait: 5,
+            thread_map_full: 10,
+            ..Default::default()
+        };
+        let w = lost_warning(&ring, 0, 60).expect("a warning");
+        assert!(
+            w.starts_with("40 events (40% of those the probes produced) were lost"),
+            "{w}"
+        );
+        assert!(
+            w.contains("30 when the ring buffer was full") && w.contains("--ring-size"),
+            "{w}"
+        );
+        assert!(w.contains("10 when a kernel map was full"), "{w}");
+        assert!(!w.contains("size cap"), "{w}");
+        // The size cap's losses are among what the writer received.
+        let w = lost_warning(&none, 5, 1_000).expect("a warning");
+        assert!(w.starts_with("5 events (under 1% of those"), "{w}");
+        assert!(
+            w.contains("5 past the size cap (--max-db") && !w.contains("ring"),
+            "{w}"
+        );
     }
 }
