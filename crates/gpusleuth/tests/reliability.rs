@@ -14,7 +14,7 @@ fn ring_overflow_is_counted_exactly() {
     const N: i64 = 5000;
     // A 4 KiB ring holds ~32 call records; the workload emits 4 per iteration
     // (cudaMalloc, cuMemAlloc_v2, cudaFree, cuMemFree_v2) far faster than that.
-    sb.trace(&["--ring-size", "4K"], &format!("churn {N}"), 0);
+    let out = sb.trace(&["--ring-size", "4K"], &format!("churn {N}"), 0);
     let db = sb.open_db();
     let stored = db.int("SELECT count(*) FROM calls");
     let dropped = db.int("SELECT value FROM stats WHERE name = 'drop_ring_full_call'");
@@ -37,6 +37,15 @@ fn ring_overflow_is_counted_exactly() {
         Some(dropped as u64),
         "stats --json must report the drops: {}",
         stats["drops"]
+    );
+    // And the end of the trace warns with every loss, their share and the cause.
+    let lost = stats["drops"]["total"].as_u64().expect("drops.total");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("gpusleuth: warning: {lost} events ("))
+            && err.contains("% of those the probes produced) were lost")
+            && err.contains("when the ring buffer was full (a larger --ring-size"),
+        "{err}"
     );
 }
 
