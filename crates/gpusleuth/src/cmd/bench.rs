@@ -433,6 +433,7 @@ impl Bench {
             .sum();
         let per_event = |ns: u64| ns as f64 / 1000.0 / events_stored.max(1) as f64;
         let report = crate::load::stats_of(&db, None)?;
+        flood_went_as_scripted(&report, launches, get("drop_ring_full_call"))?;
         let traced_runnable: u64 = report
             .threads
             .iter()
@@ -499,6 +500,31 @@ impl Bench {
         let usage = run_child(cmd).context("traced run")?;
         Ok((section_ms(&stamps)?, usage, db))
     }
+}
+
+/// The flood measured what it claims: every launch a runtime and a driver
+/// call (stored or counted lost), none failed. Round 40 found the device's
+/// runs had timed launches the real driver refused (the workload had loaded
+/// it through `LD_LIBRARY_PATH`), each failed call carrying its call site:
+/// twice the writer's cost per event, reported as the tracer's.
+fn flood_went_as_scripted(
+    report: &sleuth_core::stats::StatsReport,
+    launches: u64,
+    calls_lost: u64,
+) -> Result<()> {
+    let op = |name: &str| report.ops.iter().find(|o| o.op == name);
+    let calls = |name: &str| op(name).map_or(0, |o| o.count);
+    let failed: u64 = report.ops.iter().filter_map(|o| o.errors).sum();
+    let seen = calls("cudaLaunchKernel") + calls("cuLaunchKernel") + calls_lost;
+    if failed > 0 || seen != 2 * launches {
+        anyhow::bail!(
+            "the footprint flood did not run as scripted: {seen} launch calls recorded or lost \
+             for {launches} launches (expected {}), {failed} failed; the workload may have \
+             loaded another libcuda.so.1 than the simulated one",
+            2 * launches
+        );
+    }
+    Ok(())
 }
 
 /// Runs a child to completion, returning its resource usage (wait4). A
@@ -771,5 +797,37 @@ mod tests {
         );
         // One flood size only: nothing to subtract.
         assert_eq!(marginal(&rows[..2]), None);
+    }
+
+    #[test]
+    fn a_flood_whose_launches_failed_or_went_missing_is_refused() {
+        use sleuth_core::testing::{call, trace};
+        let flood = |launches: u64, driver: u64, ret: i64| {
+            let mut calls = Vec::new();
+            for i in 0..launches {
+                let mut c = call("cudaLaunchKernel", i * 1000, 100);
+                c.ret = ret;
+                calls.push(c);
+            }
+            for i in 0..driver {
+                let mut c = call("cuLaunchKernel", i * 1000 + 10, 50);
+                c.ret = ret;
+                calls.push(c);
+            }
+            sleuth_core::stats::compute(&trace(calls))
+        };
+        // Every launch a runtime and a driver call, stored or counted lost.
+        assert!(flood_went_as_scripted(&flood(10, 10, 0), 10, 0).is_ok());
+        assert!(flood_went_as_scripted(&flood(10, 7, 0), 10, 3).is_ok());
+        // The driver's calls not seen (another libcuda.so.1, unprobed).
+        let e = flood_went_as_scripted(&flood(10, 0, 0), 10, 0).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("10 launch calls recorded or lost for 10 launches (expected 20)"),
+            "{e}"
+        );
+        // Every call failed (a real driver without a context).
+        let e = flood_went_as_scripted(&flood(10, 10, 3), 10, 0).unwrap_err();
+        assert!(e.to_string().contains("20 failed"), "{e}");
     }
 }
