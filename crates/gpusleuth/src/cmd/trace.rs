@@ -1220,7 +1220,13 @@ fn trace_loop(
         losses.unmatched_return,
         open_calls
     );
-    if let Some(text) = lost_warning(&losses, summary.dropped_db_full, summary.events_received) {
+    let launches_recorded = args.launches == LaunchMode::Full;
+    if let Some(text) = lost_warning(
+        &losses,
+        summary.dropped_db_full,
+        summary.events_received,
+        launches_recorded,
+    ) {
         eprintln!("gpusleuth: warning: {text}");
     }
     if losses.switch_in_unseen > 0 {
@@ -1469,10 +1475,13 @@ impl Sinks {
 /// What the end of a trace says when it lost events: how many, their share
 /// of what the probes produced, and what to change for each cause (the end
 /// line's counts alone read the same for a sliver and for most of a trace).
+/// `launches_recorded`: every launch was a record (`--launches full`), the
+/// first thing to give up in a flood.
 fn lost_warning(
     losses: &sleuth_probe::session::LossStats,
     capped: u64,
     received: u64,
+    launches_recorded: bool,
 ) -> Option<String> {
     let lost = losses.total() + capped;
     if lost == 0 {
@@ -1480,9 +1489,14 @@ fn lost_warning(
     }
     let mut causes = Vec::new();
     if losses.ring() > 0 {
+        let sustained = if launches_recorded {
+            "a sustained flood needs fewer recorded calls: --launches driver counts launches \
+             in the kernel"
+        } else {
+            "a sustained flood outruns the writer whatever its size"
+        };
         causes.push(format!(
-            "{} when the ring buffer was full (a larger --ring-size absorbs bursts; a sustained \
-             flood needs fewer recorded calls: --launches driver counts launches in the kernel)",
+            "{} when the ring buffer was full (a larger --ring-size absorbs bursts; {sustained})",
             losses.ring()
         ));
     }
@@ -1585,7 +1599,7 @@ mod tests {
     #[test]
     fn a_trace_that_lost_events_says_how_many_their_share_and_what_to_change() {
         let none = sleuth_probe::LossStats::default();
-        assert_eq!(lost_warning(&none, 0, 1_000), None);
+        assert_eq!(lost_warning(&none, 0, 1_000, true), None);
         // 30 lost in the ring and 10 in a map against 60 received: 40% of
         // the 100 the probes produced.
         let ring = sleuth_probe::LossStats {
@@ -1594,7 +1608,7 @@ mod tests {
             thread_map_full: 10,
             ..Default::default()
         };
-        let w = lost_warning(&ring, 0, 60).expect("a warning");
+        let w = lost_warning(&ring, 0, 60, true).expect("a warning");
         assert!(
             w.starts_with("40 events (40% of those the probes produced) were lost"),
             "{w}"
@@ -1603,10 +1617,17 @@ mod tests {
             w.contains("30 when the ring buffer was full") && w.contains("--ring-size"),
             "{w}"
         );
+        assert!(w.contains("--launches driver counts launches"), "{w}");
         assert!(w.contains("10 when a kernel map was full"), "{w}");
+        // Launches already counted in the kernel: no advice to do so.
+        let w = lost_warning(&ring, 0, 60, false).expect("a warning");
+        assert!(
+            !w.contains("--launches") && w.contains("outruns the writer whatever its size"),
+            "{w}"
+        );
         assert!(!w.contains("size cap"), "{w}");
         // The size cap's losses are among what the writer received.
-        let w = lost_warning(&none, 5, 1_000).expect("a warning");
+        let w = lost_warning(&none, 5, 1_000, false).expect("a warning");
         assert!(w.starts_with("5 events (under 1% of those"), "{w}");
         assert!(
             w.contains("5 past the size cap (--max-db") && !w.contains("ring"),
