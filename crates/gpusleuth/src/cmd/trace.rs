@@ -15,6 +15,11 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+mod end_notes;
+mod rotation;
+use end_notes::{coverage_warning, lost_warning};
+use rotation::Rotation;
+
 #[derive(clap::Args)]
 #[command(
     after_help = "Examples:\n  sudo gpusleuth trace -- python3 train.py\n  sudo gpusleuth trace --pid 4821 --duration 30s\n  sudo gpusleuth trace            (every process that uses CUDA, until Ctrl-C)"
@@ -616,234 +621,6 @@ fn library_info(a: &sleuth_probe::AttachedLib) -> LibraryInfo {
     }
 }
 
-/// `--rotate`: the run being written and when its next file starts.
-///
-/// A record goes to the file open when the draining thread takes it from
-/// the ring buffer, so every call and wait is in exactly one file; a call
-/// open across a rotation is recorded at its return, in the later file,
-/// with its real start (before that file's `start_mono_ns`).
-struct Rotation {
-    dir: PathBuf,
-    every: Duration,
-    keep: Option<u64>,
-    /// Number of the file being written.
-    n: u64,
-    next_at: Instant,
-    /// The session row every file starts from (its start time replaced).
-    info: SessionInfo,
-    opts: WriterOptions,
-    stored: Stored,
-    /// The previous file being completed (rollups, checkpoint) off the draining thread.
-    finishing: Option<std::thread::JoinHandle<Result<WriteSummary, String>>>,
-    /// What the finished files stored.
-    totals: WriteSummary,
-    /// Where completed files go to be checked for later reads (`--precheck`).
-    precheck: Option<crate::precheck::Queue>,
-}
-
-impl Rotation {
-    /// Whether the next file starts now: its time has come and the previous
-    /// file is complete. One completion at a time bounds the tracer's
-    /// memory, and waiting for one on the draining thread stalled it (the
-    /// ring buffer filled): while the previous file is still being completed
-    /// the current one keeps recording, and the next starts once it is done.
-    fn due(&self, now: Instant) -> bool {
-        let completing = self.finishing.as_ref().is_some_and(|t| !t.is_finished());
-        rotation_due(now, self.next_at, completing)
-    }
-
-    /// Ends the current file and continues in the next one. If the next
-    /// file cannot be created (disk full, directory gone), recording goes on
-    /// in the current one, with a warning, and the next period tries again.
-    fn rotate(
-        &mut self,
-        writer: &mut TraceWriter,
-        handle: &mut WriterHandle,
-        session: &mut CaptureSession,
-        sinks: &mut Sinks,
-        sampler: Option<&GpuSampler>,
-    ) {
-        // What was taken before now belongs to the current file.
-        sinks.flush_events();
-        let late = Instant::now().saturating_duration_since(self.next_at);
-        // Never a burst of rotations after a stall: the next one is a period from now.
-        self.next_at = Instant::now() + self.every;
-        let now = monotonic_ns();
-        let path = self.dir.join(sleuth_store::run::part_name(self.n + 1));
-        let info = SessionInfo {
-            started_unix_ns: realtime_ns(),
-            start_mono_ns: now,
-            ..self.info.clone()
-        };
-        let opts = WriterOptions {
-            run: self.opts.run.as_ref().map(|r| r.for_file(self.n + 1)),
-            ..self.opts.clone()
-        };
-        let next = match TraceWriter::create(&path, info, opts) {
-            Ok(w) => w,
-            Err(e) => {
-                sinks.note(
-                    NoteLevel::Warn,
-                    format!(
-                        "--rotate: cannot start {} ({e}); recording continues in {}",
-                        path.display(),
-                        writer.path().display()
-                    ),
-                );
-                return;
-            }
-        };
-        match store_counters(handle, session, &self.stored) {
-            Ok(s) => self.stored = s,
-            Err(e) => sinks.check(Err(e)),
-        }
-        if late >= LATE_NOTE {
-            // The previous file's completion outlasted this file's period.
-            let r = handle.add_note(NoteLevel::Info, late_note(self.n, late));
-            sinks.check(r);
-        }
-        let r = handle.set_session_end(now);
-        sinks.check(r);
-        let new_handle = next.handle();
-        let old_writer = std::mem::replace(writer, next);
-        let old_handle = std::mem::replace(handle, new_handle.clone());
-        sinks.handle = new_handle.clone();
-        // Its symbolizer thread still names stacks for the old file.
-        let old_stacks = std::mem::take(&mut sinks.stacks);
-        if let Some(s) = sampler {
-            s.set_handle(new_handle.clone());
-        }
-        // Sites are sent once per id: sent again, the new file names its calls' sites.
-        session.forget_stacks();
-        self.n += 1;
-        // What makes the new file a trace of its own: libraries and processes.
-        for a in session.attached() {
-            let r = new_handle.add_library(library_info(a));
-            sinks.check(r);
-        }
-        for pid in session.known_pids() {
-            sinks.take(Captured::Process(pid));
-        }
-        let r = new_handle.add_note(
-            NoteLevel::Info,
-            sleuth_store::run::rotation_note(
-                self.n,
-                &sleuth_core::units::fmt_ns(
-                    u64::try_from(self.every.as_nanos()).unwrap_or(u64::MAX),
-                ),
-            ),
-        );
-        sinks.check(r);
-        self.join_previous();
-        let (dir, keep, current) = (self.dir.clone(), self.keep, self.n);
-        let (old_path, precheck) = (old_writer.path().to_path_buf(), self.precheck.clone());
-        let complete = move || {
-            drop(old_stacks);
-            drop(old_handle);
-            let r = old_writer.finish().map_err(|e| e.to_string());
-            // What the completion freed goes back to the system (below the
-            // trim threshold, `tune_malloc`, an arena keeps up to 8 MiB of it).
-            sleuth_store::release_freed_heap();
-            if let Some(keep) = keep {
-                prune(&dir, keep, current);
-            }
-            // Checked on the checking thread: the next rotation never waits for it.
-            if let (Ok(_), Some(q)) = (&r, &precheck) {
-                q.send_rotated(&old_path);
-            }
-            r
-        };
-        // Completing a file (rollups, checkpoint) takes seconds on a big one:
-        // on its own low-priority thread, never on the draining one.
-        match std::thread::Builder::new()
-            .name("gpusleuth-rot".into())
-            .spawn(move || {
-                sleuth_probe::placement::lower_this_thread();
-                complete()
-            }) {
-            Ok(t) => self.finishing = Some(t),
-            // No thread (out of memory): the old file keeps what its writer
-            // committed, without rollups; `stats` over the run says so.
-            Err(e) => sinks.note(
-                NoteLevel::Warn,
-                format!("--rotate: cannot complete the previous file ({e})"),
-            ),
-        }
-    }
-
-    /// Waits for the previous file to be complete and counts what it stored.
-    fn join_previous(&mut self) {
-        if let Some(t) = self.finishing.take() {
-            let r = t
-                .join()
-                .unwrap_or_else(|_| Err("the rotation thread panicked".into()));
-            self.add(r);
-        }
-    }
-
-    fn add(&mut self, r: Result<WriteSummary, String>) {
-        match r {
-            Ok(s) => {
-                let t = &mut self.totals;
-                t.calls_stored += s.calls_stored;
-                t.waits_stored += s.waits_stored;
-                t.proc_events_stored += s.proc_events_stored;
-                t.dropped_db_full += s.dropped_db_full;
-                t.events_received += s.events_received;
-                t.call_culprit_rows += s.call_culprit_rows;
-                t.db_bytes += s.db_bytes;
-            }
-            Err(e) => {
-                eprintln!("gpusleuth: warning: a file of the run could not be completed: {e}")
-            }
-        }
-    }
-
-    /// The run's totals once its last file (`last`) is complete.
-    fn finish(mut self, last: WriteSummary) -> WriteSummary {
-        self.join_previous();
-        self.add(Ok(last));
-        if let Some(keep) = self.keep {
-            prune(&self.dir, keep, self.n);
-        }
-        self.totals
-    }
-}
-
-/// [`Rotation::due`]: the time has come and no earlier file is still being completed.
-fn rotation_due(now: Instant, next_at: Instant, completing: bool) -> bool {
-    now >= next_at && !completing
-}
-
-/// A rotation this much past its time says so in the file that recorded longer.
-const LATE_NOTE: Duration = Duration::from_secs(1);
-
-/// The note of file `n`, which recorded `late` past its period because file
-/// `n - 1` was still being completed.
-fn late_note(n: u64, late: Duration) -> String {
-    format!(
-        "file {n} recorded {} past the period: file {} was still being completed (one file is completed at a time)",
-        sleuth_core::units::fmt_ns(u64::try_from(late.as_nanos()).unwrap_or(u64::MAX)),
-        n.saturating_sub(1)
-    )
-}
-
-/// Deletes a run's oldest files until `keep` remain; never file `current`
-/// (the one being written) or anything newer.
-fn prune(dir: &Path, keep: u64, current: u64) {
-    let Ok(files) = sleuth_store::run::run_files(dir) else {
-        return;
-    };
-    let excess = files
-        .len()
-        .saturating_sub(usize::try_from(keep).unwrap_or(usize::MAX));
-    for (n, f) in files.into_iter().take(excess) {
-        if n < current {
-            sleuth_store::outfile::remove_database(&f);
-        }
-    }
-}
-
 /// Re-applies the tracer threads' placement for the traced processes (the
 /// session's and `scanned`); a changed decision becomes a note.
 fn place(
@@ -1314,26 +1091,6 @@ const EARLY_PLACEMENT_EVERY: Duration = Duration::from_millis(20);
 /// Longest time spent draining the ring buffer after the trace stopped.
 const FINAL_DRAIN: Duration = Duration::from_millis(500);
 
-/// What the final summary must say when the trace saw no CUDA call: a
-/// warning when no library was probed at all (nothing could be seen), a hint
-/// when libraries were probed but nothing called them. `unprobed` counts the
-/// libraries that were found but could not be probed (each warned about).
-fn coverage_warning(
-    libs_probed: usize,
-    unprobed: usize,
-    calls: u64,
-) -> Option<(NoteLevel, String)> {
-    if libs_probed == 0 && unprobed > 0 {
-        Some((NoteLevel::Warn, format!("no CUDA library was probed, so no CUDA call could be recorded ({unprobed} found but not probed: see the 'not probed' warnings above; --cuda-lib PATH names a library)")))
-    } else if libs_probed == 0 {
-        Some((NoteLevel::Warn, "no CUDA library was found (standard places, LD_LIBRARY_PATH, the command's RUNPATH and traced processes' memory maps were searched), so no CUDA call could be recorded; --cuda-lib PATH names a library".into()))
-    } else if calls == 0 {
-        Some((NoteLevel::Info, format!("{libs_probed} CUDA libraries were probed but the traced processes made no call through them (no CUDA use, or a library file not probed: --cuda-lib PATH)")))
-    } else {
-        None
-    }
-}
-
 /// Where the session's output goes: the database writer (on this thread:
 /// `send` only queues for the writer's own thread), and the live view and
 /// metrics (on their own thread, fed in batches).
@@ -1472,52 +1229,6 @@ impl Sinks {
     }
 }
 
-/// What the end of a trace says when it lost events: how many, their share
-/// of what the probes produced, and what to change for each cause (the end
-/// line's counts alone read the same for a sliver and for most of a trace).
-/// `launches_recorded`: every launch was a record (`--launches full`), the
-/// first thing to give up in a flood.
-fn lost_warning(
-    losses: &sleuth_probe::session::LossStats,
-    capped: u64,
-    received: u64,
-    launches_recorded: bool,
-) -> Option<String> {
-    let lost = losses.total() + capped;
-    if lost == 0 {
-        return None;
-    }
-    let mut causes = Vec::new();
-    if losses.ring() > 0 {
-        let sustained = if launches_recorded {
-            "a sustained flood needs fewer recorded calls: --launches driver counts launches \
-             in the kernel"
-        } else {
-            "a sustained flood outruns the writer whatever its size"
-        };
-        causes.push(format!(
-            "{} when the ring buffer was full (a larger --ring-size absorbs bursts; {sustained})",
-            losses.ring()
-        ));
-    }
-    if losses.maps() > 0 {
-        causes.push(format!(
-            "{} when a kernel map was full (more threads or calls in flight than its maps hold)",
-            losses.maps()
-        ));
-    }
-    if capped > 0 {
-        causes.push(format!(
-            "{capped} past the size cap (--max-db; --rotate goes on in new files)"
-        ));
-    }
-    Some(format!(
-        "{lost} events ({}) were lost, so answers from this trace may be incomplete: {}",
-        sleuth_core::stats::lost_share(lost, capped, received),
-        causes.join("; ")
-    ))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1534,23 +1245,6 @@ mod tests {
         Cli::try_parse_from(argv)
             .map(|c| c.args)
             .map_err(|e| e.to_string())
-    }
-
-    #[test]
-    fn a_rotation_waits_for_the_previous_file_to_be_complete_and_says_it_was_late() {
-        let t0 = Instant::now();
-        let at = t0 + Duration::from_secs(10);
-        assert!(!rotation_due(t0, at, false), "before its time");
-        assert!(rotation_due(at, at, false));
-        assert!(
-            !rotation_due(at + Duration::from_secs(3), at, true),
-            "previous file still completing"
-        );
-        assert!(rotation_due(at + Duration::from_secs(3), at, false));
-        assert_eq!(
-            late_note(4, Duration::from_millis(2_500)),
-            "file 4 recorded 2.500s past the period: file 3 was still being completed (one file is completed at a time)"
-        );
     }
 
     #[test]
@@ -1578,60 +1272,5 @@ mod tests {
         assert!(parse(&["--duration", "0s"]).is_err());
         assert!(parse(&["--launches", "some"]).is_err());
         assert!(parse(&["--ring-size", "lots"]).is_err());
-    }
-
-    #[test]
-    fn summary_says_when_nothing_could_be_seen() {
-        // Nothing found: no warnings were printed, so none may be referred to.
-        let (level, text) = coverage_warning(0, 0, 0).unwrap();
-        assert_eq!(level, NoteLevel::Warn);
-        assert!(text.contains("no CUDA library was found"), "{text}");
-        assert!(!text.contains("warnings above"), "{text}");
-        let (level, text) = coverage_warning(0, 1, 0).unwrap();
-        assert_eq!(level, NoteLevel::Warn);
-        assert!(text.contains("1 found but not probed: see the 'not probed' warnings above"));
-        let (level, text) = coverage_warning(2, 0, 0).unwrap();
-        assert_eq!(level, NoteLevel::Info);
-        assert!(text.contains("2 CUDA libraries were probed"));
-        assert!(coverage_warning(2, 0, 6).is_none());
-    }
-
-    #[test]
-    fn a_trace_that_lost_events_says_how_many_their_share_and_what_to_change() {
-        let none = sleuth_probe::LossStats::default();
-        assert_eq!(lost_warning(&none, 0, 1_000, true), None);
-        // 30 lost in the ring and 10 in a map against 60 received: 40% of
-        // the 100 the probes produced.
-        let ring = sleuth_probe::LossStats {
-            ring_full_call: 25,
-            ring_full_wait: 5,
-            thread_map_full: 10,
-            ..Default::default()
-        };
-        let w = lost_warning(&ring, 0, 60, true).expect("a warning");
-        assert!(
-            w.starts_with("40 events (40% of those the probes produced) were lost"),
-            "{w}"
-        );
-        assert!(
-            w.contains("30 when the ring buffer was full") && w.contains("--ring-size"),
-            "{w}"
-        );
-        assert!(w.contains("--launches driver counts launches"), "{w}");
-        assert!(w.contains("10 when a kernel map was full"), "{w}");
-        // Launches already counted in the kernel: no advice to do so.
-        let w = lost_warning(&ring, 0, 60, false).expect("a warning");
-        assert!(
-            !w.contains("--launches") && w.contains("outruns the writer whatever its size"),
-            "{w}"
-        );
-        assert!(!w.contains("size cap"), "{w}");
-        // The size cap's losses are among what the writer received.
-        let w = lost_warning(&none, 5, 1_000, false).expect("a warning");
-        assert!(w.starts_with("5 events (under 1% of those"), "{w}");
-        assert!(
-            w.contains("5 past the size cap (--max-db") && !w.contains("ring"),
-            "{w}"
-        );
     }
 }
