@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Issue 16, round 15 on the H200: the tracer's CPU per added event
 # (poller + writer), the build alone or against a variant, by
-# scripts/tracer_ab.py, with the machine's CPU topology (the writer costs
-# ~3x the development VM's per event there; on the VM the bench's tracer
-# threads share one CPU, on the H200 they spread over 15).
+# scripts/tracer_ab.py, with the machine's CPU topology (on the VM the
+# bench's tracer threads share one CPU, on the device they spread over 15).
+# Before round 40 the device's LD_LIBRARY_PATH made the flood's workload load
+# the real libcuda.so.1 and every launch failed (~2x the writer's cost per
+# event); the stand-ins are now linked so that it cannot, and the bench
+# refuses a flood whose launches failed or went missing.
 # Usage (device, repo root):
 #   OUT=$OUT bash scripts/gpu/round15_tracer.sh REPS LAUNCHES BUILD[@CPUS] [BUILD[@CPUS] ...]
 set -u
