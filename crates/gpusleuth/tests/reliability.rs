@@ -40,6 +40,8 @@ fn ring_overflow_is_counted_exactly() {
     );
     // And the end of the trace warns with every loss, their share and the cause.
     let lost = stats["drops"]["total"].as_u64().expect("drops.total");
+    // explain counts them: no finding there is not a clean trace.
+    assert_eq!(common::explain_json(&sb.db())["events_lost"], lost);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains(&format!("gpusleuth: warning: {lost} events ("))

@@ -230,6 +230,15 @@ pub struct Explanation {
     /// Limits of this trace (no host context, dropped events), in plain words.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
+    /// Events lost during capture (`stats.drops`' total; a note says their
+    /// share): without findings, the answer is "nothing abnormal in what
+    /// was recorded", never a clean trace.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub events_lost: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// The moment whose allocator state a fragmentation finding of `end`
@@ -394,6 +403,10 @@ pub fn explain_inputs_with(
         findings,
         threads,
         notes,
+        events_lost: crate::stats::drop_counters(data)
+            .get("total")
+            .copied()
+            .unwrap_or(0),
     }
 }
 

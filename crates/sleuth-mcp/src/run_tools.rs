@@ -327,7 +327,9 @@ pub fn findings(dir: &Path, scope: &args::CallScope, budget: &ReadBudget) -> Res
         "threads": report.threads,
         "notes": notes,
         "input_problems": problems,
-        "clean": report.findings.is_empty() && problems.is_empty(),
+        // Events lost during capture were not examined either.
+        "events_lost": report.events_lost,
+        "clean": report.findings.is_empty() && problems.is_empty() && report.events_lost == 0,
     }))
 }
 

@@ -436,7 +436,9 @@ pub fn findings(db: &Path, scope: &args::CallScope, budget: &ReadBudget) -> Resu
         // False when the answer came from the stored aggregates of a large
         // trace without reading its call and wait rows (then not counted).
         "call_rows_read": rows_read,
-        "clean": report.findings.is_empty() && problems.is_empty(),
+        // Events lost during capture were not examined either.
+        "events_lost": report.events_lost,
+        "clean": report.findings.is_empty() && problems.is_empty() && report.events_lost == 0,
     }))
 }
 
@@ -779,6 +781,51 @@ mod tests {
             p["failed_allocs"].as_array().unwrap().len(),
             MEMORY_LIST_MAX
         );
+    }
+
+    /// A trace that lost events is never `clean`: what was lost was not
+    /// examined (as rows a reader skipped are not).
+    #[test]
+    fn findings_of_a_trace_that_lost_events_are_not_clean() {
+        let top = Scratch(std::env::temp_dir().join(format!("sleuth-lost-{}", std::process::id())));
+        std::fs::create_dir_all(&top.0).unwrap();
+        let write = |name: &str, lost: u64| {
+            let db = top.0.join(name);
+            let w = sleuth_store::TraceWriter::create(
+                &db,
+                sleuth_store::SessionInfo::default(),
+                sleuth_store::WriterOptions::default(),
+            )
+            .unwrap();
+            let h = w.handle();
+            h.send(sleuth_core::Event::Call(CallEvent {
+                ts_ns: 1_000,
+                dur_ns: 500,
+                pid: 5,
+                tid: 5,
+                op: op_by_name("cudaLaunchKernel").unwrap().id,
+                ..Default::default()
+            }))
+            .unwrap();
+            if lost > 0 {
+                h.set_stat("drop_ring_full_call", lost).unwrap();
+            }
+            w.finish().unwrap();
+            db
+        };
+        let budget = ReadBudget::new(std::time::Duration::from_secs(60));
+        let scope = args::CallScope::default();
+        let whole = findings(&write("whole.db", 0), &scope, &budget).unwrap();
+        assert_eq!(whole["clean"], true, "{whole}");
+        assert_eq!(whole["events_lost"], 0, "{whole}");
+        let lossy = findings(&write("lossy.db", 3), &scope, &budget).unwrap();
+        assert_eq!(
+            lossy["findings"].as_array().map(Vec::len),
+            Some(0),
+            "{lossy}"
+        );
+        assert_eq!(lossy["events_lost"], 3, "{lossy}");
+        assert_eq!(lossy["clean"], false, "{lossy}");
     }
 
     #[test]
