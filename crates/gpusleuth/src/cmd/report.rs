@@ -444,11 +444,18 @@ fn findings_html(e: &Explanation, windowed: bool) -> String {
     if let Some(s) = &e.summary {
         let _ = write!(h, "<p class=\"verdict\"><b>{}</b></p>", esc(s));
     }
-    if e.findings.is_empty() {
+    let scope = if windowed { "window" } else { "trace" };
+    if e.findings.is_empty() && e.events_lost > 0 {
         let _ = write!(
             h,
-            "<p>No finding: nothing in this {} crossed a threshold (see docs/findings.md).</p>",
-            if windowed { "window" } else { "trace" }
+            "<p>No finding in the events that were recorded, but {} were lost during capture \
+             (see the notes): this {scope} cannot say the program is healthy.</p>",
+            e.events_lost
+        );
+    } else if e.findings.is_empty() {
+        let _ = write!(
+            h,
+            "<p>No finding: nothing in this {scope} crossed a threshold (see docs/findings.md).</p>"
         );
     }
     for f in &e.findings {
@@ -1050,6 +1057,27 @@ mod lean_tests;
 mod tests {
     use super::*;
     use sleuth_core::ProcessInfo;
+
+    #[test]
+    fn no_finding_with_events_lost_is_not_reported_as_nothing_crossing_a_threshold() {
+        let mut data = TraceData {
+            has_host_context: true,
+            ..Default::default()
+        };
+        let clean = findings_html(&sleuth_core::findings::explain_report(&data), false);
+        assert!(
+            clean.contains("No finding: nothing in this trace crossed"),
+            "{clean}"
+        );
+        data.stats.insert("drop_ring_full_call".into(), 7);
+        let lossy = findings_html(&sleuth_core::findings::explain_report(&data), true);
+        assert!(
+            lossy.contains("No finding in the events that were recorded, but 7 were lost")
+                && lossy.contains("this window cannot say")
+                && !lossy.contains("crossed a threshold"),
+            "{lossy}"
+        );
+    }
 
     #[test]
     fn tree_nests_children_and_escapes_names() {
