@@ -109,7 +109,18 @@ pub fn render(r: &StatsReport) -> String {
         }
     }
     let _ = writeln!(out, "events recorded: {}", counters(&r.events));
-    let _ = writeln!(out, "events dropped:  {}", counters(&r.drops));
+    let lost = r.drops.get("total").copied().unwrap_or(0);
+    let share = if lost > 0 {
+        let capped = r.drops.get("db_full").copied().unwrap_or(0);
+        let received = r.events.get("total").copied().unwrap_or(0);
+        format!(
+            "; {}",
+            sleuth_core::stats::lost_share(lost, capped, received)
+        )
+    } else {
+        String::new()
+    };
+    let _ = writeln!(out, "events dropped:  {}{share}", counters(&r.drops));
     let _ = writeln!(
         out,
         "attach edges (not losses): {}",
@@ -164,6 +175,23 @@ mod tests {
         assert!(text.contains("ring_full_call 0"));
         // Columns line up: every row as wide as the header's columns.
         assert_eq!(lines[1].find("cudaMalloc"), lines[0].find("OP"));
+    }
+
+    #[test]
+    fn drops_say_their_share_of_what_the_probes_produced() {
+        let mut d = TraceData::default();
+        d.stats.insert("events_call".into(), 30);
+        d.stats.insert("drop_ring_full_call".into(), 10);
+        let text = render(&stats::compute(&d));
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("events dropped:"))
+            .unwrap();
+        assert!(line.starts_with("events dropped:  10 ("), "{line}");
+        assert!(
+            line.ends_with("; 25% of those the probes produced"),
+            "{line}"
+        );
     }
 
     #[test]
