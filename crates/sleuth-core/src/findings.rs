@@ -463,17 +463,9 @@ fn notes(data: &TraceData) -> Vec<String> {
     }
     let drops = crate::stats::drop_counters(data);
     let lost = drops.get("total").copied().unwrap_or(0);
-    if lost > 0 {
+    if let Some(share) = crate::stats::lost_share_of(&drops, &crate::stats::event_counters(data)) {
         out.push(format!(
-            "{lost} events ({}) were dropped during capture: counts and findings may be incomplete.",
-            crate::stats::lost_share(
-                lost,
-                drops.get("db_full").copied().unwrap_or(0),
-                crate::stats::event_counters(data)
-                    .get("total")
-                    .copied()
-                    .unwrap_or(0),
-            )
+            "{lost} events ({share}) were dropped during capture: counts and findings may be incomplete."
         ));
     }
     let edges = crate::stats::attach_edges(data);

@@ -250,6 +250,17 @@ pub fn lost_share(lost: u64, capped: u64, received: u64) -> String {
     }
 }
 
+/// [`lost_share`] of a trace's drop and event counters ([`drop_counters`],
+/// [`event_counters`]); None when nothing was lost.
+pub fn lost_share_of(
+    drops: &BTreeMap<String, u64>,
+    events: &BTreeMap<String, u64>,
+) -> Option<String> {
+    let get = |m: &BTreeMap<String, u64>, k: &str| m.get(k).copied().unwrap_or(0);
+    let lost = get(drops, "total");
+    (lost > 0).then(|| lost_share(lost, get(drops, "db_full"), get(events, "total")))
+}
+
 /// Drop counters by cause (prefix stripped), every cause the kernel knows
 /// listed even at 0, plus `total`.
 pub fn drop_counters(data: &TraceData) -> BTreeMap<String, u64> {

@@ -109,17 +109,9 @@ pub fn render(r: &StatsReport) -> String {
         }
     }
     let _ = writeln!(out, "events recorded: {}", counters(&r.events));
-    let lost = r.drops.get("total").copied().unwrap_or(0);
-    let share = if lost > 0 {
-        let capped = r.drops.get("db_full").copied().unwrap_or(0);
-        let received = r.events.get("total").copied().unwrap_or(0);
-        format!(
-            "; {}",
-            sleuth_core::stats::lost_share(lost, capped, received)
-        )
-    } else {
-        String::new()
-    };
+    let share = sleuth_core::stats::lost_share_of(&r.drops, &r.events)
+        .map(|s| format!("; {s}"))
+        .unwrap_or_default();
     let _ = writeln!(out, "events dropped:  {}{share}", counters(&r.drops));
     let _ = writeln!(
         out,
