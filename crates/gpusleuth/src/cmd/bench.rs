@@ -300,6 +300,13 @@ pub fn run(args: Args) -> Result<i32> {
     let stats = sleuth_store::Trace::open(&db)
         .and_then(|t| t.stats())
         .with_context(|| format!("cannot read {}", db.display()))?;
+    ran_as_scripted(
+        "throughput churn",
+        &crate::load::stats_of(&db, None)?,
+        &["cudaMalloc", "cuMemAlloc_v2", "cudaFree", "cuMemFree_v2"],
+        4 * args.calls,
+        stats.get("drop_ring_full_call").copied().unwrap_or(0),
+    )?;
     let events_stored = ["events_call", "events_wait", "events_proc"]
         .iter()
         .map(|k| stats.get(*k).copied().unwrap_or(0))
@@ -433,7 +440,13 @@ impl Bench {
             .sum();
         let per_event = |ns: u64| ns as f64 / 1000.0 / events_stored.max(1) as f64;
         let report = crate::load::stats_of(&db, None)?;
-        flood_went_as_scripted(&report, launches, get("drop_ring_full_call"))?;
+        ran_as_scripted(
+            "footprint flood",
+            &report,
+            &["cudaLaunchKernel", "cuLaunchKernel"],
+            2 * launches,
+            get("drop_ring_full_call"),
+        )?;
         let traced_runnable: u64 = report
             .threads
             .iter()
@@ -502,26 +515,33 @@ impl Bench {
     }
 }
 
-/// The flood measured what it claims: every launch a runtime and a driver
-/// call (stored or counted lost), none failed. Round 40 found the device's
-/// runs had timed launches the real driver refused (the workload had loaded
-/// it through `LD_LIBRARY_PATH`), each failed call carrying its call site:
-/// twice the writer's cost per event, reported as the tracer's.
-fn flood_went_as_scripted(
+/// A simulated workload of the bench ran as its script says: the calls of
+/// `ops` it made, stored or counted lost (`calls_lost`), are `expected`,
+/// and none failed. Round 40 found the device's runs had timed launches
+/// the real driver refused (the workload had loaded it through
+/// `LD_LIBRARY_PATH`), each failed call carrying its call site: twice the
+/// writer's cost per event, reported as the tracer's.
+fn ran_as_scripted(
+    what: &str,
     report: &sleuth_core::stats::StatsReport,
-    launches: u64,
+    ops: &[&str],
+    expected: u64,
     calls_lost: u64,
 ) -> Result<()> {
-    let op = |name: &str| report.ops.iter().find(|o| o.op == name);
-    let calls = |name: &str| op(name).map_or(0, |o| o.count);
+    let counted: u64 = report
+        .ops
+        .iter()
+        .filter(|o| ops.contains(&o.op))
+        .map(|o| o.count)
+        .sum();
+    let seen = counted + calls_lost;
     let failed: u64 = report.ops.iter().filter_map(|o| o.errors).sum();
-    let seen = calls("cudaLaunchKernel") + calls("cuLaunchKernel") + calls_lost;
-    if failed > 0 || seen != 2 * launches {
+    if failed > 0 || seen != expected {
         anyhow::bail!(
-            "the footprint flood did not run as scripted: {seen} launch calls recorded or lost \
-             for {launches} launches (expected {}), {failed} failed; the workload may have \
-             loaded another libcuda.so.1 than the simulated one",
-            2 * launches
+            "the {what} did not run as scripted: {seen} calls of {} recorded or lost (expected \
+             {expected}), {failed} failed; the workload may have loaded another libcuda.so.1 \
+             than the simulated one",
+            ops.join(", ")
         );
     }
     Ok(())
@@ -816,18 +836,27 @@ mod tests {
             }
             sleuth_core::stats::compute(&trace(calls))
         };
+        let launches = ["cudaLaunchKernel", "cuLaunchKernel"];
+        let check = |r, lost| ran_as_scripted("flood", &r, &launches, 20, lost);
         // Every launch a runtime and a driver call, stored or counted lost.
-        assert!(flood_went_as_scripted(&flood(10, 10, 0), 10, 0).is_ok());
-        assert!(flood_went_as_scripted(&flood(10, 7, 0), 10, 3).is_ok());
+        assert!(check(flood(10, 10, 0), 0).is_ok());
+        assert!(check(flood(10, 7, 0), 3).is_ok());
         // The driver's calls not seen (another libcuda.so.1, unprobed).
-        let e = flood_went_as_scripted(&flood(10, 0, 0), 10, 0).unwrap_err();
+        let e = check(flood(10, 0, 0), 0).unwrap_err().to_string();
         assert!(
-            e.to_string()
-                .contains("10 launch calls recorded or lost for 10 launches (expected 20)"),
+            e.contains("the flood did not run as scripted: 10 calls of cudaLaunchKernel, cuLaunchKernel recorded or lost (expected 20), 0 failed"),
             "{e}"
         );
         // Every call failed (a real driver without a context).
-        let e = flood_went_as_scripted(&flood(10, 10, 3), 10, 0).unwrap_err();
-        assert!(e.to_string().contains("20 failed"), "{e}");
+        let e = check(flood(10, 10, 3), 0).unwrap_err().to_string();
+        assert!(e.contains("20 failed"), "{e}");
+        // Calls of other ops are not counted as the script's.
+        let e = ran_as_scripted("churn", &flood(10, 10, 0), &["cudaMalloc"], 10, 0)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("0 calls of cudaMalloc recorded or lost (expected 10)"),
+            "{e}"
+        );
     }
 }
