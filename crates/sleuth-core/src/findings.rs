@@ -233,12 +233,8 @@ pub struct Explanation {
     /// Events lost during capture (`stats.drops`' total; a note says their
     /// share): without findings, the answer is "nothing abnormal in what
     /// was recorded", never a clean trace.
-    #[serde(skip_serializing_if = "is_zero")]
+    #[serde(skip_serializing_if = "crate::ledger::is_zero")]
     pub events_lost: u64,
-}
-
-fn is_zero(n: &u64) -> bool {
-    *n == 0
 }
 
 /// The moment whose allocator state a fragmentation finding of `end`
@@ -385,7 +381,8 @@ pub fn explain_inputs_with(
     }
     rank(&mut findings);
     let summary = verdict::summary_line(data.has_host_context, &threads, &views, &findings, &gpu);
-    let mut notes = notes(data);
+    let drops = crate::stats::drop_counters(data);
+    let mut notes = notes(data, &drops);
     notes.extend(verdict::tracer_note(&threads));
     notes.extend(verdict::unknown_without_host_context(
         data.has_host_context,
@@ -403,10 +400,7 @@ pub fn explain_inputs_with(
         findings,
         threads,
         notes,
-        events_lost: crate::stats::drop_counters(data)
-            .get("total")
-            .copied()
-            .unwrap_or(0),
+        events_lost: drops.get("total").copied().unwrap_or(0),
     }
 }
 
@@ -451,7 +445,8 @@ fn rank(findings: &mut [Finding]) {
     });
 }
 
-fn notes(data: &TraceData) -> Vec<String> {
+/// `drops`: the trace's [`crate::stats::drop_counters`].
+fn notes(data: &TraceData, drops: &std::collections::BTreeMap<String, u64>) -> Vec<String> {
     let mut out = Vec::new();
     if !data.has_host_context {
         out.push(
@@ -461,9 +456,8 @@ fn notes(data: &TraceData) -> Vec<String> {
                 .to_string(),
         );
     }
-    let drops = crate::stats::drop_counters(data);
     let lost = drops.get("total").copied().unwrap_or(0);
-    if let Some(share) = crate::stats::lost_share_of(&drops, &crate::stats::event_counters(data)) {
+    if let Some(share) = crate::stats::lost_share_of(drops, &crate::stats::event_counters(data)) {
         out.push(format!(
             "{lost} events ({share}) were dropped during capture: counts and findings may be incomplete."
         ));

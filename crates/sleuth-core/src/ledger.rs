@@ -34,7 +34,8 @@ pub const MAX_TIMELINE_POINTS: usize = 2000;
 /// bounded by what is live, not by how often an allocation failed.
 pub const MAX_FAILED_KEPT: usize = 1000;
 
-fn is_zero(n: &u64) -> bool {
+/// For `skip_serializing_if`: a counter left out at 0.
+pub(crate) fn is_zero(n: &u64) -> bool {
     *n == 0
 }
 
