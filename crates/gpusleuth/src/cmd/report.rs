@@ -12,7 +12,7 @@ mod svg;
 use crate::args::TraceInput;
 use crate::load::{warn_input_problems_of_reads, FORCE_HINT};
 use crate::output::{fmt_bytes, fmt_ns};
-use crate::render::explain::{culprit_line, thread_lines};
+use crate::render::explain::{culprit_line, nothing_in_what_was_recorded, thread_lines};
 use crate::window::{Window, WindowArgs, WindowSource};
 use inputs::{Inputs, LatencyRow};
 use sleuth_core::findings::{error_name, Explanation};
@@ -446,12 +446,8 @@ fn findings_html(e: &Explanation, windowed: bool) -> String {
     }
     let scope = if windowed { "window" } else { "trace" };
     if e.findings.is_empty() && e.events_lost > 0 {
-        let _ = write!(
-            h,
-            "<p>No finding in the events that were recorded, but {} were lost during capture \
-             (see the notes): this {scope} cannot say the program is healthy.</p>",
-            e.events_lost
-        );
+        let lost = nothing_in_what_was_recorded(e.events_lost, scope, "the notes");
+        let _ = write!(h, "<p>{}</p>", esc(&lost));
     } else if e.findings.is_empty() {
         let _ = write!(
             h,
@@ -1072,7 +1068,7 @@ mod tests {
         data.stats.insert("drop_ring_full_call".into(), 7);
         let lossy = findings_html(&sleuth_core::findings::explain_report(&data), true);
         assert!(
-            lossy.contains("No finding in the events that were recorded, but 7 were lost")
+            lossy.contains("Nothing abnormal in the events that were recorded, but 7 were lost")
                 && lossy.contains("this window cannot say")
                 && !lossy.contains("crossed a threshold"),
             "{lossy}"

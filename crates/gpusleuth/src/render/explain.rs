@@ -152,13 +152,13 @@ fn human(
         if header.is_some() {
             body.push('\n');
         }
-        body.push_str(&markdown(report));
+        body.push_str(&markdown_of(report, scope_of(header)));
         body.push_str("\n## GPU\n\n");
         for l in gpu {
             body.push_str(&format!("- {l}\n"));
         }
     } else {
-        body.push_str(&text_with(report, !problems.is_empty()));
+        body.push_str(&text_with(report, !problems.is_empty(), scope_of(header)));
         body.push('\n');
         for l in gpu {
             body.push_str(l);
@@ -348,11 +348,22 @@ pub fn thread_lines(threads: &[ThreadSplit]) -> Vec<String> {
 
 /// No finding in a trace that lost events: not a clean bill of health (a
 /// flood of 16 processes lost 75-86% of its calls on a 16-core host).
-fn nothing_in_what_was_recorded(lost: u64) -> String {
+/// `scope`: "trace" or "window" (the drops are the trace's: a window cannot
+/// rule them out either); `see`: where the drops' note is. The report's
+/// findings section says the same (cmd/report.rs).
+pub(crate) fn nothing_in_what_was_recorded(lost: u64, scope: &str, see: &str) -> String {
     format!(
         "Nothing abnormal in the events that were recorded, but {lost} were lost during capture \
-         (see the note below): this trace cannot say the program is healthy."
+         (see {see}): this {scope} cannot say the program is healthy."
     )
+}
+
+/// What a human rendering calls what it explains: a window has a header.
+fn scope_of(header: Option<&str>) -> &'static str {
+    match header {
+        Some(_) => "window",
+        None => "trace",
+    }
 }
 
 /// What the readers skipped, before the findings: a trace with unusable
@@ -368,11 +379,12 @@ fn problem_text(p: &InputProblems) -> String {
 /// Plain-text rendering.
 #[cfg(test)]
 pub fn text(r: &Explanation) -> String {
-    text_with(r, false)
+    text_with(r, false, "trace")
 }
 
-/// Plain-text rendering; `skipped_rows`: some rows could not be read.
-fn text_with(r: &Explanation, skipped_rows: bool) -> String {
+/// Plain-text rendering; `skipped_rows`: some rows could not be read;
+/// `scope`: a trace's or a window's explanation.
+fn text_with(r: &Explanation, skipped_rows: bool, scope: &str) -> String {
     let mut out = String::new();
     if let Some(s) = &r.summary {
         let _ = writeln!(out, "{s}\n");
@@ -383,7 +395,8 @@ fn text_with(r: &Explanation, skipped_rows: bool) -> String {
             "Nothing abnormal in the calls that could be read; the skipped rows above were not examined."
         );
     } else if r.findings.is_empty() && r.events_lost > 0 {
-        let _ = writeln!(out, "{}", nothing_in_what_was_recorded(r.events_lost));
+        let lost = nothing_in_what_was_recorded(r.events_lost, scope, "the note below");
+        let _ = writeln!(out, "{lost}");
     } else if r.findings.is_empty() {
         let _ = writeln!(out, "{CLEAN}.");
     }
@@ -473,14 +486,21 @@ fn example_lines(evidence: &serde_json::Value, op: &str) -> Vec<String> {
         .collect()
 }
 
-/// Markdown rendering.
+/// Markdown rendering of a whole trace's explanation.
+#[cfg(test)]
 pub fn markdown(r: &Explanation) -> String {
+    markdown_of(r, "trace")
+}
+
+/// Markdown rendering; `scope`: a trace's or a window's explanation.
+fn markdown_of(r: &Explanation, scope: &str) -> String {
     let mut out = String::from("# gpusleuth findings\n\n");
     if let Some(s) = &r.summary {
         let _ = writeln!(out, "**{s}**\n");
     }
     if r.findings.is_empty() && r.events_lost > 0 {
-        let _ = writeln!(out, "{}\n", nothing_in_what_was_recorded(r.events_lost));
+        let lost = nothing_in_what_was_recorded(r.events_lost, scope, "the note below");
+        let _ = writeln!(out, "{lost}\n");
     } else if r.findings.is_empty() {
         let _ = writeln!(out, "{CLEAN}.\n");
     }
@@ -589,6 +609,12 @@ mod tests {
         }
         let json = serde_json::to_value(&r).unwrap();
         assert_eq!(json["events_lost"], 40);
+        // A window's explanation (it has a header) says so.
+        for style in [Style::Text, Style::Markdown] {
+            let out = human(Some("window"), &r, &[], &InputProblems::default(), style);
+            assert!(out.contains("this window cannot say"), "{out}");
+        }
+        assert!(text(&r).contains("this trace cannot say"));
     }
 
     #[test]
