@@ -1058,3 +1058,76 @@ fn a_runs_files_are_on_one_clock_a_margin_before_its_start() {
     );
     assert_eq!(err.trim().lines().count(), 1, "{err}");
 }
+
+/// The `trace` arguments of deploy/gpusleuth.service's ExecStart.
+fn service_trace_args() -> Vec<String> {
+    let unit = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/gpusleuth.service"),
+    )
+    .expect("deploy/gpusleuth.service");
+    let exec = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("ExecStart=/usr/local/bin/gpusleuth "))
+        .expect("ExecStart runs gpusleuth");
+    exec.split_whitespace().map(String::from).collect()
+}
+
+/// The service's command, started again at once in the same working
+/// directory (a restart), records a run of its own each time: a fixed
+/// `--db` there was refused as existing, so a restarted node agent stopped
+/// recording for good. Both runs are complete and hold the script's calls.
+#[test]
+fn the_service_restarted_records_a_run_of_its_own_each_time() {
+    let Some(sb) = Sandbox::for_ebpf("restart") else {
+        return;
+    };
+    let args = service_trace_args();
+    assert!(!args.iter().any(|a| a == "--db"), "{args:?}");
+    // Metrics on a port of the test's machine would collide between runs.
+    let mut argv: Vec<&str> = Vec::new();
+    let mut it = args.iter().skip(1);
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--metrics" => {
+                it.next();
+            }
+            a => argv.push(a),
+        }
+    }
+    let work = sb.path("var-lib-gpusleuth");
+    std::fs::create_dir(&work).unwrap();
+    for _ in 0..2 {
+        let out = common::gpusleuth()
+            .arg("trace")
+            .args(&argv)
+            .arg("--")
+            .arg(&sb.sim.workload)
+            .arg("repeat 5 { malloc 4096 a; free a }")
+            .env("LD_LIBRARY_PATH", &sb.sim.lib_dir)
+            .current_dir(&work)
+            .output()
+            .expect("run gpusleuth trace");
+        assert!(
+            out.status.success(),
+            "{argv:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let mut runs: Vec<PathBuf> = std::fs::read_dir(&work)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    runs.sort();
+    assert_eq!(runs.len(), 2, "{runs:?}");
+    for run in &runs {
+        let name = run.file_name().unwrap().to_string_lossy().into_owned();
+        assert!(name.starts_with("gpusleuth-") && run.is_dir(), "{name}");
+        assert_eq!(parts(run).len(), 1, "{name}");
+        assert_eq!(
+            stats_count(&stats_json(run), "runtime", "cudaMalloc"),
+            5,
+            "{name}"
+        );
+    }
+}

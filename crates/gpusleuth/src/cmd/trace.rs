@@ -167,16 +167,30 @@ enum Target {
     All,
 }
 
+/// Where a trace without `--db` goes: a name of its start time in the
+/// working directory, one not taken (a service restarted within the second
+/// gets `-2`, `-3`, ...): the deploy files rely on it, since a restarted
+/// tracer must never stop at an earlier start's trace (docs/deploy.md).
 fn default_db_path(rotating: bool) -> PathBuf {
-    PathBuf::from(
-        chrono::Local::now()
-            .format(if rotating {
-                "gpusleuth-%Y%m%d-%H%M%S"
-            } else {
-                "gpusleuth-%Y%m%d-%H%M%S.db"
-            })
-            .to_string(),
-    )
+    let stamp = chrono::Local::now()
+        .format("gpusleuth-%Y%m%d-%H%M%S")
+        .to_string();
+    free_name(&stamp, if rotating { "" } else { ".db" }, |p| {
+        std::fs::symlink_metadata(p).is_ok()
+    })
+}
+
+/// `{stem}{ext}`, or the first of `{stem}-2{ext}`, `{stem}-3{ext}`, ...
+/// that `taken` says is free. A name taken between this look and the
+/// trace's creation is still refused there: nothing is ever overwritten.
+fn free_name(stem: &str, ext: &str, taken: impl Fn(&Path) -> bool) -> PathBuf {
+    (1u32..)
+        .map(|n| match n {
+            1 => PathBuf::from(format!("{stem}{ext}")),
+            n => PathBuf::from(format!("{stem}-{n}{ext}")),
+        })
+        .find(|p| !taken(p))
+        .expect("some suffix is free")
 }
 
 /// Finds a command the way execvp will.
@@ -1245,6 +1259,68 @@ mod tests {
         Cli::try_parse_from(argv)
             .map(|c| c.args)
             .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_default_name_taken_gets_the_next_free_suffix() {
+        let taken = ["t.db", "t-2.db"].map(PathBuf::from);
+        let free = |ext| free_name("t", ext, |p: &Path| taken.iter().any(|t| t == p));
+        assert_eq!(free(".db"), PathBuf::from("t-3.db"));
+        assert_eq!(free(""), PathBuf::from("t"));
+    }
+
+    /// The `trace` arguments of the container in deploy/daemonset.yaml
+    /// (the items of its `args:` list, comments left out).
+    fn daemonset_trace_args(yaml: &str) -> Vec<String> {
+        let mut lines = yaml.lines().skip_while(|l| l.trim() != "args:").skip(1);
+        let mut args = Vec::new();
+        for l in lines.by_ref() {
+            let t = l.trim();
+            if t.starts_with('#') {
+                continue;
+            }
+            let Some(item) = t.strip_prefix("- ") else {
+                break;
+            };
+            args.push(item.trim_matches('"').to_string());
+        }
+        args
+    }
+
+    /// What the deploy files run parses, and records as a node agent must:
+    /// a rotated run with a bound on its files, named per start (no --db), so
+    /// that a restarted service or container starts a run of its own where a
+    /// fixed name was refused as existing (docs/deploy.md).
+    #[test]
+    fn the_deploy_files_run_a_bounded_rotated_run_named_per_start() {
+        let yaml = include_str!("../../../../deploy/daemonset.yaml");
+        let from_yaml = daemonset_trace_args(yaml);
+        assert_eq!(
+            from_yaml.first().map(String::as_str),
+            Some("trace"),
+            "{from_yaml:?}"
+        );
+        assert!(yaml.contains("workingDir: /var/lib/gpusleuth"));
+        let unit = include_str!("../../../../deploy/gpusleuth.service");
+        let exec = unit
+            .lines()
+            .find_map(|l| l.strip_prefix("ExecStart=/usr/local/bin/gpusleuth "))
+            .expect("ExecStart runs the binary itself");
+        assert!(unit.contains("WorkingDirectory=/var/lib/gpusleuth"));
+        let from_unit: Vec<String> = exec.split_whitespace().map(String::from).collect();
+        for argv in [&from_yaml, &from_unit] {
+            assert_eq!(argv[0], "trace");
+            let rest: Vec<&str> = argv[1..].iter().map(String::as_str).collect();
+            let a = parse(&rest).unwrap_or_else(|e| panic!("{argv:?}: {e}"));
+            assert!(
+                a.db.is_none(),
+                "{argv:?}: a fixed name is refused at a restart"
+            );
+            assert_eq!(a.rotate, Some(Duration::from_secs(15 * 60)), "{argv:?}");
+            assert_eq!(a.keep, Some(32), "{argv:?}");
+            assert_eq!(a.max_db, 512 << 20, "{argv:?}");
+            assert!(a.metrics.is_some(), "{argv:?}");
+        }
     }
 
     #[test]
