@@ -119,10 +119,21 @@ impl Rows {
         let mut rows = stmt
             .query(rusqlite::params_from_iter(st.args().iter()))
             .map_err(err)?;
+        // The ops this build knows, by their ids in the file, when the
+        // rows name them so.
+        let known_ids = match st.keys_op_ids {
+            true => Some(known_op_ids(conn).map_err(err)?),
+            false => None,
+        };
         let mut buf = Reorder::<()>::new(REORDER_ROWS);
         while let Some(row) = rows.next().map_err(err)? {
             let op = row.get_ref(2).map_err(err)?;
-            if op.as_str().ok().and_then(sleuth_core::op_by_name).is_none() {
+            let known = match &known_ids {
+                // Not an integer, or not in `ops`: the view's join has no row for it.
+                Some(ids) => op.as_i64().ok().is_some_and(|id| ids.contains(&id)),
+                None => op.as_str().ok().and_then(sleuth_core::op_by_name).is_some(),
+            };
+            if !known {
                 continue;
             }
             let id: i64 = row.get(0).map_err(err)?;
@@ -133,6 +144,24 @@ impl Rows {
         }
         Ok(true)
     }
+}
+
+/// The ids in `ops` of the ops this build knows (rows of others are
+/// skipped by every read of calls).
+fn known_op_ids(conn: &rusqlite::Connection) -> rusqlite::Result<std::collections::HashSet<i64>> {
+    let mut stmt = conn.prepare("SELECT id, op FROM ops")?;
+    let mut rows = stmt.query([])?;
+    let mut ids = std::collections::HashSet::new();
+    while let Some(row) = rows.next()? {
+        let name = row.get_ref(1)?;
+        if let (Ok(id), Some(_)) = (
+            row.get_ref(0)?.as_i64(),
+            name.as_str().ok().and_then(sleuth_core::op_by_name),
+        ) {
+            ids.insert(id);
+        }
+    }
+    Ok(ids)
 }
 
 /// CPUs from which the rows are read on helper connections side by side
@@ -281,11 +310,15 @@ mod tests {
     #[test]
     fn calls_stored_as_they_return_come_out_as_sqlite_sorts_them() {
         let path = written("near", captured(6_000));
-        // Rows of an op this build does not know are skipped either way.
+        // Rows of an op this build does not know are skipped either way, and
+        // so are rows whose op id `ops` does not hold (the view's join has
+        // none for them; the keys pass reads the ids without it).
         let conn = rusqlite::Connection::open(&path).expect("db");
         conn.execute_batch(
             "INSERT INTO ops(id, layer, op) VALUES (999, 'runtime', 'cudaNotAnOp');
-             UPDATE call_rows SET op_id = 999 WHERE id % 97 = 0;",
+             UPDATE call_rows SET op_id = 999 WHERE id % 97 = 0;
+             UPDATE call_rows SET op_id = 12345 WHERE id % 89 = 0;
+             UPDATE call_rows SET op_id = 'x' WHERE id % 83 = 0;",
         )
         .expect("unknown op");
         drop(conn);
