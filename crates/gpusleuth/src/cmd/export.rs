@@ -381,6 +381,15 @@ fn json_call(c: &CallEvent, host: bool) -> JsonCall {
     }
 }
 
+/// CPUs from which `--format json` reads its calls on helper connections
+/// side by side (`Rows::for_each_call_by_start_from`): two, as the protobuf
+/// export (pftrace.rs). A call's JSON object costs its serializer little
+/// (3.4 of 15.8 s of CPU for the bench's 10M-call trace on the 2-vCPU
+/// development VM), so there the reading thread was the export's time and
+/// the other CPU half idle: 9.5-10.1 -> 8.0-8.5 s, peak RSS 27 -> 103-111 MB
+/// (round 41).
+const JSON_SIDE_BY_SIDE_FROM_CPUS: usize = 2;
+
 /// The calls array of `--format json`, from the store in load order.
 fn write_calls_json(
     w: &mut (dyn Write + Send),
@@ -393,9 +402,11 @@ fn write_calls_json(
     pipelined(
         &mut a,
         |sink| {
-            rows.for_each_call_by_start::<anyhow::Error>(&Window::calls(window, pid), |c| {
-                sink.push(c.call)
-            })
+            rows.for_each_call_by_start_from::<anyhow::Error>(
+                &Window::calls(window, pid),
+                JSON_SIDE_BY_SIDE_FROM_CPUS,
+                |c| sink.push(c.call),
+            )
         },
         |c, el| el.item(&json_call(c, host)),
     )?;
