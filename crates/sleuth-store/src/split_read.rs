@@ -120,15 +120,16 @@ pub(crate) fn for_each_call<E: From<StoreError>>(
                 for (a, b) in mine {
                     let mut calls = Vec::with_capacity(piece());
                     let args = st.args_for(a, b);
-                    let read = run_select::<Stop>(&conn, &st.sql, &args, &err, |c| {
-                        calls.push(c);
-                        if calls.len() >= piece() {
-                            let next = Vec::with_capacity(piece());
-                            let full = std::mem::replace(&mut calls, next);
-                            tx.send(Piece::Calls(full)).map_err(|_| Stop::Gone)?;
-                        }
-                        Ok(())
-                    });
+                    let read =
+                        run_select::<Stop>(&conn, &st.sql, &args, st.op_ids.as_ref(), &err, |c| {
+                            calls.push(c);
+                            if calls.len() >= piece() {
+                                let next = Vec::with_capacity(piece());
+                                let full = std::mem::replace(&mut calls, next);
+                                tx.send(Piece::Calls(full)).map_err(|_| Stop::Gone)?;
+                            }
+                            Ok(())
+                        });
                     let last = match read {
                         Ok(()) => tx
                             .send(Piece::Calls(calls))
@@ -157,7 +158,14 @@ pub(crate) fn for_each_call<E: From<StoreError>>(
                     // A helper without a connection (or never started):
                     // read here.
                     Ok(Piece::Unhelped) | Err(_) if !started => {
-                        run_select(conn, &st.sql, &st.args_for(a, b), &err, &mut visit)?;
+                        run_select(
+                            conn,
+                            &st.sql,
+                            &st.args_for(a, b),
+                            st.op_ids.as_ref(),
+                            &err,
+                            &mut visit,
+                        )?;
                         break;
                     }
                     Ok(Piece::Unhelped) | Err(_) => {

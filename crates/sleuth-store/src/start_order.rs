@@ -119,18 +119,12 @@ impl Rows {
         let mut rows = stmt
             .query(rusqlite::params_from_iter(st.args().iter()))
             .map_err(err)?;
-        // The ops this build knows, by their ids in the file, when the
-        // rows name them so.
-        let known_ids = match st.keys_op_ids {
-            true => Some(known_op_ids(conn).map_err(err)?),
-            false => None,
-        };
         let mut buf = Reorder::<()>::new(REORDER_ROWS);
         while let Some(row) = rows.next().map_err(err)? {
             let op = row.get_ref(2).map_err(err)?;
-            let known = match &known_ids {
-                // Not an integer, or not in `ops`: the view's join has no row for it.
-                Some(ids) => op.as_i64().ok().is_some_and(|id| ids.contains(&id)),
+            let known = match &st.op_ids {
+                // The op's id: a row the data pass skips is skipped here.
+                Some(ids) => ids.get(op).is_some(),
                 None => op.as_str().ok().and_then(sleuth_core::op_by_name).is_some(),
             };
             if !known {
@@ -144,24 +138,6 @@ impl Rows {
         }
         Ok(true)
     }
-}
-
-/// The ids in `ops` of the ops this build knows (rows of others are
-/// skipped by every read of calls).
-fn known_op_ids(conn: &rusqlite::Connection) -> rusqlite::Result<std::collections::HashSet<i64>> {
-    let mut stmt = conn.prepare("SELECT id, op FROM ops")?;
-    let mut rows = stmt.query([])?;
-    let mut ids = std::collections::HashSet::new();
-    while let Some(row) = rows.next()? {
-        let name = row.get_ref(1)?;
-        if let (Ok(id), Some(_)) = (
-            row.get_ref(0)?.as_i64(),
-            name.as_str().ok().and_then(sleuth_core::op_by_name),
-        ) {
-            ids.insert(id);
-        }
-    }
-    Ok(ids)
 }
 
 /// CPUs from which the rows are read on helper connections side by side
@@ -300,6 +276,28 @@ mod tests {
         ([by_start, sorted], was_split)
     }
 
+    /// (id, op) of the calls the `calls` view holds (of `pid`) whose op
+    /// this build knows, in start order.
+    fn through_the_view(path: &std::path::Path, pid: Option<u32>) -> Vec<(i64, u16)> {
+        let conn = rusqlite::Connection::open(path).expect("db");
+        let mut st = conn
+            .prepare("SELECT id, op, pid FROM calls ORDER BY ts_ns, id")
+            .expect("select");
+        let rows = st
+            .query_map([], |r| {
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, u32>(2)?,
+                ))
+            })
+            .expect("query");
+        rows.map(|r| r.expect("row"))
+            .filter(|(_, _, p)| pid.is_none_or(|want| want == *p))
+            .filter_map(|(id, op, _)| Some((id, op_by_name(&op)?.id)))
+            .collect()
+    }
+
     fn counts() -> (usize, usize) {
         (
             test_seams::BUFFERED.with(|c| c.get()),
@@ -312,13 +310,17 @@ mod tests {
         let path = written("near", captured(6_000));
         // Rows of an op this build does not know are skipped either way, and
         // so are rows whose op id `ops` does not hold (the view's join has
-        // none for them; the keys pass reads the ids without it).
+        // none for them; the reads take the ids without it); ops named as
+        // the file's `ops` names them, here two names swapped.
         let conn = rusqlite::Connection::open(&path).expect("db");
         conn.execute_batch(
             "INSERT INTO ops(id, layer, op) VALUES (999, 'runtime', 'cudaNotAnOp');
              UPDATE call_rows SET op_id = 999 WHERE id % 97 = 0;
              UPDATE call_rows SET op_id = 12345 WHERE id % 89 = 0;
-             UPDATE call_rows SET op_id = 'x' WHERE id % 83 = 0;",
+             UPDATE call_rows SET op_id = 'x' WHERE id % 83 = 0;
+             UPDATE ops SET op = 'swap' WHERE op = 'cudaMalloc';
+             UPDATE ops SET op = 'cudaMalloc' WHERE op = 'cudaLaunchKernel';
+             UPDATE ops SET op = 'cudaLaunchKernel' WHERE op = 'swap';",
         )
         .expect("unknown op");
         drop(conn);
@@ -333,6 +335,16 @@ mod tests {
             assert!(split, "{pid:?}: not split over helpers");
             assert!(sorted.len() > 1_000, "{pid:?}: {}", sorted.len());
             assert_eq!(by_start, sorted, "{pid:?}");
+            // Both read the ops by id: the rows are the `calls` view's, with
+            // their op names, in its order.
+            assert_eq!(
+                by_start
+                    .iter()
+                    .map(|(id, c)| (*id, c.op))
+                    .collect::<Vec<_>>(),
+                through_the_view(&path, pid),
+                "{pid:?}"
+            );
         }
     }
 

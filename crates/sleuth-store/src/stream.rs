@@ -14,7 +14,9 @@ use crate::open::{has_index, has_table};
 use crate::problems::{valid_call, valid_wait, MAX_NS, TOTALS_OVERFLOW};
 use crate::reader::Trace;
 use crate::return_order::{OutOfOrder, Reorder, REORDER_ROWS};
-use crate::rows::{call_from_row, wait_from_row, waits_sql, CALL_COLS};
+use crate::rows::{
+    call_from_row, call_from_row_by_op_id, wait_from_row, waits_sql, OpIds, CALL_COLS,
+};
 use crate::stacks::has_column;
 use crate::types::StoredCall;
 use rusqlite::types::Value;
@@ -654,11 +656,11 @@ pub(crate) fn visit_calls<E: From<StoreError>>(
         // The slowest calls, fetched by id, in the same order.
         let list: Vec<String> = ids.iter().map(i64::to_string).collect();
         let cond = format!("calls.id IN ({})", list.join(", "));
-        let sql = select_sql(conn, src, &[cond], q.order, None, "calls").map_err(err)?;
-        return run_select(conn, &sql, &[], err, visit);
+        let sql = select_sql(conn, src, &[cond], q.order, None, "calls", "op").map_err(err)?;
+        return run_select(conn, &sql, &[], None, err, visit);
     }
     let st = call_statement(conn, src, q, false).map_err(err)?;
-    run_select(conn, &st.sql, &st.args, err, visit)
+    run_select(conn, &st.sql, &st.args, st.op_ids.as_ref(), err, visit)
 }
 
 /// A call query as one statement (any but the slowest calls' page,
@@ -666,10 +668,12 @@ pub(crate) fn visit_calls<E: From<StoreError>>(
 pub(crate) struct CallStatement {
     pub(crate) sql: String,
     /// The same rows as `(id, ts_ns, op)` in the same order, without the
-    /// statement's limit; the op as its `ops.id` with `keys_op_ids` (rows
-    /// whose id `ops` lacks are among them: the view's join leaves them out).
+    /// statement's limit.
     pub(crate) keys_sql: String,
-    pub(crate) keys_op_ids: bool,
+    /// With the ops of the file by id where both statements read a row's
+    /// op as its id in `ops`, not its name (rows whose id `ops` lacks are
+    /// among them: skip them, as the `calls` view's join leaves them out).
+    pub(crate) op_ids: Option<OpIds>,
     args: Vec<Value>,
     /// With an id range to set (`call_statement`'s `ranged`): the
     /// positions in `args` of its first and last id.
@@ -782,7 +786,18 @@ pub(crate) fn call_statement(
     // would read the file's every memory call to keep those past it).
     let by_id = in_blocks || q.from_id.is_some();
     let scan_rows = !windowed && src.version >= 2 && (by_id || scan_table(conn, src.version, q)?);
-    let source = source_of(src.version, scan_rows, op_marks.as_deref());
+    // A read of every op, not a window: the rows straight from `call_rows`
+    // with their op's id, no join of `ops` per row (the bench's 10M-call
+    // trace read whole: 5.8 -> 3.9 s in the sqlite3 shell, round 41); the
+    // ids are named once from `ops` (`OpIds`), the rows whose id it lacks
+    // skipped as the join leaves them out. Windows and ops keep the view
+    // and their indexes' plans.
+    let by_op_id = src.version >= 2 && q.ops.is_none() && !windowed;
+    let source = match by_op_id {
+        true => rows_source(scan_rows, src.has_stacks),
+        false => source_of(src.version, scan_rows, op_marks.as_deref()),
+    };
+    let op_col = if by_op_id { "op_id" } else { "op" };
     let range = ranged.then(|| {
         args.push(Value::Integer(i64::MIN));
         args.push(Value::Integer(i64::MAX));
@@ -790,30 +805,22 @@ pub(crate) fn call_statement(
         conds.push(format!("calls.id BETWEEN ?{} AND ?{}", a + 1, b + 1));
         (a, b)
     });
-    let sql = select_sql(conn, src, &conds, q.order, q.limit, &source)?;
+    let sql = select_sql(conn, src, &conds, q.order, q.limit, &source, op_col)?;
     // The same rows, their id, start and op alone (no limit here: a keys
-    // pass reads whole streams, `crate::start_order`). Where no condition
-    // names an op, the op's id instead of its name, read without the view's
-    // join of `ops` (the 10M-call bench trace's whole keys pass 3.5 -> 2.1 s
-    // in the sqlite3 shell): the reader drops the rows the join would.
-    let keys_op_ids = src.version >= 2 && q.ops.is_none() && !windowed;
-    let keys_sql = match keys_op_ids {
-        true => format!(
-            "SELECT calls.id, calls.ts_ns, calls.op_id FROM {} WHERE {}{}",
-            keys_source(scan_rows),
-            conds.join(" AND "),
-            order_sql(q.order)
-        ),
-        false => format!(
-            "SELECT calls.id, calls.ts_ns, calls.op FROM {source} WHERE {}{}",
-            conds.join(" AND "),
-            order_sql(q.order)
-        ),
+    // pass reads whole streams, `crate::start_order`).
+    let keys_sql = format!(
+        "SELECT calls.id, calls.ts_ns, calls.{op_col} FROM {source} WHERE {}{}",
+        conds.join(" AND "),
+        order_sql(q.order)
+    );
+    let op_ids = match by_op_id {
+        true => Some(OpIds::of(conn)?),
+        false => None,
     };
     Ok(CallStatement {
         sql,
         keys_sql,
-        keys_op_ids,
+        op_ids,
         args,
         range,
     })
@@ -882,6 +889,7 @@ fn select_sql(
     order: StreamOrder,
     limit: Option<usize>,
     source: &str,
+    op_col: &str,
 ) -> rusqlite::Result<String> {
     let order = order_sql(order);
     let limit = limit
@@ -902,7 +910,10 @@ fn select_sql(
     };
     let cols: Vec<String> = CALL_COLS
         .split(", ")
-        .map(|c| format!("calls.{c}"))
+        .map(|c| match c {
+            "op" => format!("calls.{op_col}"),
+            c => format!("calls.{c}"),
+        })
         .collect();
     Ok(format!(
         "SELECT {}, {host}, {stack} FROM {source} {join} WHERE {}{order}{limit}",
@@ -922,11 +933,13 @@ fn order_sql(order: StreamOrder) -> &'static str {
     }
 }
 
-/// Visits the calls statement `sql` (of [`select_sql`]) selects with `args`.
+/// Visits the calls statement `sql` (of [`select_sql`]) selects with
+/// `args`; `op_ids` where it reads ops by id ([`CallStatement::op_ids`]).
 pub(crate) fn run_select<E: From<StoreError>>(
     conn: &Connection,
     sql: &str,
     args: &[Value],
+    op_ids: Option<&OpIds>,
     err: &dyn Fn(rusqlite::Error) -> StoreError,
     mut visit: impl FnMut(StoredCall) -> Result<(), E>,
 ) -> Result<(), E> {
@@ -935,7 +948,11 @@ pub(crate) fn run_select<E: From<StoreError>>(
         .query(rusqlite::params_from_iter(args.iter()))
         .map_err(err)?;
     while let Some(row) = rows.next().map_err(err)? {
-        let Some(mut c) = call_from_row(row).map_err(err)? else {
+        let call = match op_ids {
+            Some(ops) => call_from_row_by_op_id(row, ops),
+            None => call_from_row(row),
+        };
+        let Some(mut c) = call.map_err(err)? else {
             continue;
         };
         c.call.stack_id = row
@@ -1100,16 +1117,22 @@ pub(crate) fn calls_source(scan_rows: bool) -> String {
     }
 }
 
-/// The columns of the `calls` view a call query's conditions name, and the
-/// op's id, straight from `call_rows` (no join of `ops`): the source of a
-/// keys pass that reads the op's id (`call_statement`). With `scan_rows`,
-/// in row order, as [`table_scan_calls`].
-fn keys_source(scan_rows: bool) -> String {
+/// The `calls` view's columns without the join of `ops` (no `layer`, no
+/// `op`) and the op's id, straight from `call_rows`: the source of a read
+/// that names ops by id (`call_statement`). With `scan_rows`, in row order,
+/// as [`table_scan_calls`].
+fn rows_source(scan_rows: bool, has_stacks: bool) -> String {
     let not_indexed = if scan_rows { " NOT INDEXED" } else { "" };
+    let stack = if has_stacks {
+        ", c.stack_id AS stack_id"
+    } else {
+        ""
+    };
     format!(
         "(SELECT c.id AS id, c.ts_ns AS ts_ns, c.dur_ns AS dur_ns, c.pid AS pid, c.tid AS tid, \
-         c.size AS size, c.runnable_ns AS runnable_ns, c.blocked_ns AS blocked_ns, \
-         c.op_id AS op_id FROM call_rows c{not_indexed}) AS calls"
+         c.op_id AS op_id, c.ret AS ret, c.size AS size, c.ptr AS ptr, c.stream AS stream, \
+         c.kind AS kind, c.nested AS nested, c.runnable_ns AS runnable_ns, \
+         c.blocked_ns AS blocked_ns, c.cpu AS cpu{stack} FROM call_rows c{not_indexed}) AS calls"
     )
 }
 
