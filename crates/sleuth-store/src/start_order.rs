@@ -276,25 +276,27 @@ mod tests {
         ([by_start, sorted], was_split)
     }
 
-    /// (id, op) of the calls the `calls` view holds (of `pid`) whose op
-    /// this build knows, in start order.
-    fn through_the_view(path: &std::path::Path, pid: Option<u32>) -> Vec<(i64, u16)> {
+    /// (id, op) of the calls the `calls` view holds (of `pid`, starting in
+    /// `window`) whose op this build knows, in start order.
+    fn through_the_view(
+        path: &std::path::Path,
+        pid: Option<u32>,
+        window: Option<(u64, u64)>,
+    ) -> Vec<(i64, u16)> {
         let conn = rusqlite::Connection::open(path).expect("db");
         let mut st = conn
-            .prepare("SELECT id, op, pid FROM calls ORDER BY ts_ns, id")
+            .prepare("SELECT id, op, pid, ts_ns FROM calls ORDER BY ts_ns, id")
             .expect("select");
         let rows = st
             .query_map([], |r| {
-                Ok((
-                    r.get::<_, i64>(0)?,
-                    r.get::<_, String>(1)?,
-                    r.get::<_, u32>(2)?,
-                ))
+                let (id, op) = (r.get::<_, i64>(0)?, r.get::<_, String>(1)?);
+                Ok((id, op, r.get::<_, u32>(2)?, r.get::<_, i64>(3)? as u64))
             })
             .expect("query");
         rows.map(|r| r.expect("row"))
-            .filter(|(_, _, p)| pid.is_none_or(|want| want == *p))
-            .filter_map(|(id, op, _)| Some((id, op_by_name(&op)?.id)))
+            .filter(|(_, _, p, _)| pid.is_none_or(|want| want == *p))
+            .filter(|(_, _, _, ts)| window.is_none_or(|(a, b)| (a..b).contains(ts)))
+            .filter_map(|(id, op, _, _)| Some((id, op_by_name(&op)?.id)))
             .collect()
     }
 
@@ -342,9 +344,28 @@ mod tests {
                     .iter()
                     .map(|(id, c)| (*id, c.op))
                     .collect::<Vec<_>>(),
-                through_the_view(&path, pid),
+                through_the_view(&path, pid, None),
                 "{pid:?}"
             );
+            // A window reads the ops by id too.
+            let window = (5_000, 9_000);
+            let q = CallQuery {
+                pid,
+                since_ns: Some(window.0),
+                until_ns: Some(window.1),
+                ..Default::default()
+            };
+            let trace = Trace::open(&path).expect("open");
+            let mut got = Vec::new();
+            Rows::open(&trace)
+                .expect("rows")
+                .for_each_call::<StoreError>(&q, |c| {
+                    got.push((c.id, c.call.op));
+                    Ok(())
+                })
+                .expect("window");
+            assert!(got.len() > 100, "{pid:?}: {}", got.len());
+            assert_eq!(got, through_the_view(&path, pid, Some(window)), "{pid:?}");
         }
     }
 

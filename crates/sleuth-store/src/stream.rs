@@ -786,13 +786,14 @@ pub(crate) fn call_statement(
     // would read the file's every memory call to keep those past it).
     let by_id = in_blocks || q.from_id.is_some();
     let scan_rows = !windowed && src.version >= 2 && (by_id || scan_table(conn, src.version, q)?);
-    // A read of every op, not a window: the rows straight from `call_rows`
-    // with their op's id, no join of `ops` per row (the bench's 10M-call
-    // trace read whole: 5.8 -> 3.9 s in the sqlite3 shell, round 41); the
-    // ids are named once from `ops` (`OpIds`), the rows whose id it lacks
-    // skipped as the join leaves them out. Windows and ops keep the view
-    // and their indexes' plans.
-    let by_op_id = src.version >= 2 && q.ops.is_none() && !windowed;
+    // A read of every op (of a window too): the rows straight from
+    // `call_rows` with their op's id, no join of `ops` per row (the bench's
+    // 10M-call trace read whole: 5.7-6.0 -> 4.1 s in the sqlite3 shell;
+    // `stats` of 10 s of it 2.1-2.3 -> 1.9-2.0 s, round 41); the ids are
+    // named once from `ops` (`OpIds`), the rows whose id it lacks skipped
+    // as the join leaves them out. A read of some ops keeps the view, whose
+    // op names its conditions and sources use.
+    let by_op_id = src.version >= 2 && q.ops.is_none();
     let source = match by_op_id {
         true => rows_source(scan_rows, src.has_stacks),
         false => source_of(src.version, scan_rows, op_marks.as_deref()),
