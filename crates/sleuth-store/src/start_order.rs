@@ -366,6 +366,33 @@ mod tests {
                 .expect("window");
             assert!(got.len() > 100, "{pid:?}: {}", got.len());
             assert_eq!(got, through_the_view(&path, pid, Some(window)), "{pid:?}");
+            // So does a read of some ops, asked for by the names `ops` gives
+            // them (here swapped), whole and in a window.
+            let malloc = op_by_name("cudaMalloc").expect("op").id;
+            for since_ns in [None, Some(window.0)] {
+                let q = CallQuery {
+                    pid,
+                    ops: Some(vec!["cudaMalloc", "cudaNotAnOp"]),
+                    since_ns,
+                    order: StreamOrder::ByStart,
+                    ..Default::default()
+                };
+                let mut got = Vec::new();
+                Rows::open(&trace)
+                    .expect("rows")
+                    .for_each_call::<StoreError>(&q, |c| {
+                        got.push((c.id, c.call.op));
+                        Ok(())
+                    })
+                    .expect("ops");
+                let want: Vec<(i64, u16)> =
+                    through_the_view(&path, pid, since_ns.map(|a| (a, u64::MAX)))
+                        .into_iter()
+                        .filter(|(_, op)| *op == malloc)
+                        .collect();
+                assert!(want.len() > 100, "{pid:?}: {}", want.len());
+                assert_eq!(got, want, "{pid:?} {since_ns:?}");
+            }
         }
     }
 

@@ -711,6 +711,14 @@ pub(crate) fn call_statement(
         args.push(Value::Integer(pid as i64));
         conds.push(format!("calls.pid = ?{}", args.len()));
     }
+    // Version 2 on: the rows straight from `call_rows` with their op's id,
+    // no join of `ops` per row (the bench's 10M-call trace read whole:
+    // 5.7-6.0 -> 4.1 s in the sqlite3 shell; `stats` of 10 s of it 2.1-2.3
+    // -> 1.9-2.0 s, round 41); the ids are named once from `ops` (`OpIds`),
+    // the rows whose id it lacks skipped as the join leaves them out. Ops
+    // asked for by name keep to their ids in the source itself
+    // (`rows_source`).
+    let by_op_id = src.version >= 2;
     let mut op_marks = None;
     if let Some(ops) = &q.ops {
         let mut marks = Vec::with_capacity(ops.len());
@@ -719,7 +727,9 @@ pub(crate) fn call_statement(
             marks.push(format!("?{}", args.len()));
         }
         let marks = marks.join(", ");
-        conds.push(format!("calls.op IN ({marks})"));
+        if !by_op_id {
+            conds.push(format!("calls.op IN ({marks})"));
+        }
         op_marks = Some(marks);
     }
     if let Some(t) = q.returned_by {
@@ -786,16 +796,8 @@ pub(crate) fn call_statement(
     // would read the file's every memory call to keep those past it).
     let by_id = in_blocks || q.from_id.is_some();
     let scan_rows = !windowed && src.version >= 2 && (by_id || scan_table(conn, src.version, q)?);
-    // A read of every op (of a window too): the rows straight from
-    // `call_rows` with their op's id, no join of `ops` per row (the bench's
-    // 10M-call trace read whole: 5.7-6.0 -> 4.1 s in the sqlite3 shell;
-    // `stats` of 10 s of it 2.1-2.3 -> 1.9-2.0 s, round 41); the ids are
-    // named once from `ops` (`OpIds`), the rows whose id it lacks skipped
-    // as the join leaves them out. A read of some ops keeps the view, whose
-    // op names its conditions and sources use.
-    let by_op_id = src.version >= 2 && q.ops.is_none();
     let source = match by_op_id {
-        true => rows_source(scan_rows, src.has_stacks),
+        true => rows_source(scan_rows, src.has_stacks, op_marks.as_deref()),
         false => source_of(src.version, scan_rows, op_marks.as_deref()),
     };
     let op_col = if by_op_id { "op_id" } else { "op" };
@@ -1121,19 +1123,25 @@ pub(crate) fn calls_source(scan_rows: bool) -> String {
 /// The `calls` view's columns without the join of `ops` (no `layer`, no
 /// `op`) and the op's id, straight from `call_rows`: the source of a read
 /// that names ops by id (`call_statement`). With `scan_rows`, in row order,
-/// as [`table_scan_calls`].
-fn rows_source(scan_rows: bool, has_stacks: bool) -> String {
+/// as [`table_scan_calls`]; with `marks` (SQL parameters naming ops), the
+/// rows of those ops alone, by their ids in `ops` (through the `(op_id,
+/// dur_ns)` index where SQLite takes it, as [`ops_searched_calls`]).
+fn rows_source(scan_rows: bool, has_stacks: bool, marks: Option<&str>) -> String {
     let not_indexed = if scan_rows { " NOT INDEXED" } else { "" };
     let stack = if has_stacks {
         ", c.stack_id AS stack_id"
     } else {
         ""
     };
+    let of_ops = marks
+        .map(|m| format!(" WHERE c.op_id IN (SELECT id FROM ops WHERE op IN ({m}))"))
+        .unwrap_or_default();
     format!(
         "(SELECT c.id AS id, c.ts_ns AS ts_ns, c.dur_ns AS dur_ns, c.pid AS pid, c.tid AS tid, \
          c.op_id AS op_id, c.ret AS ret, c.size AS size, c.ptr AS ptr, c.stream AS stream, \
          c.kind AS kind, c.nested AS nested, c.runnable_ns AS runnable_ns, \
-         c.blocked_ns AS blocked_ns, c.cpu AS cpu{stack} FROM call_rows c{not_indexed}) AS calls"
+         c.blocked_ns AS blocked_ns, c.cpu AS cpu{stack} FROM call_rows c{not_indexed}{of_ops}) \
+         AS calls"
     )
 }
 
