@@ -276,6 +276,80 @@ mod tests {
         ([by_start, sorted], was_split)
     }
 
+    /// The calls of [`captured`] in a file whose `ops` has an op this build
+    /// does not know, ids it lacks (one not even an integer) and two names
+    /// swapped.
+    fn with_odd_ops(tag: &str) -> Written {
+        let path = written(tag, captured(6_000));
+        // Rows of an op this build does not know are skipped either way, and
+        // so are rows whose op id `ops` does not hold (the view's join has
+        // none for them; the reads take the ids without it); ops named as
+        // the file's `ops` names them, here two names swapped.
+        let conn = rusqlite::Connection::open(&path).expect("db");
+        conn.execute_batch(
+            "INSERT INTO ops(id, layer, op) VALUES (999, 'runtime', 'cudaNotAnOp');
+             UPDATE call_rows SET op_id = 999 WHERE id % 97 = 0;
+             UPDATE call_rows SET op_id = 12345 WHERE id % 89 = 0;
+             UPDATE call_rows SET op_id = 'x' WHERE id % 83 = 0;
+             UPDATE ops SET op = 'swap' WHERE op = 'cudaMalloc';
+             UPDATE ops SET op = 'cudaMalloc' WHERE op = 'cudaLaunchKernel';
+             UPDATE ops SET op = 'cudaLaunchKernel' WHERE op = 'swap';",
+        )
+        .expect("unknown op");
+        drop(conn);
+        path
+    }
+
+    /// (id, op) of every call `q` selects, read as the readers read them.
+    fn read(path: &std::path::Path, q: &CallQuery) -> Vec<(i64, u16)> {
+        let trace = Trace::open(path).expect("open");
+        let mut got = Vec::new();
+        Rows::open(&trace)
+            .expect("rows")
+            .for_each_call::<StoreError>(q, |c| {
+                got.push((c.id, c.call.op));
+                Ok(())
+            })
+            .expect("read");
+        got
+    }
+
+    #[test]
+    fn a_window_or_some_ops_are_the_views_rows_and_names() {
+        let path = with_odd_ops("odd");
+        let malloc = op_by_name("cudaMalloc").expect("op").id;
+        let window = (5_000, 9_000);
+        for pid in [None, Some(7)] {
+            let q = CallQuery {
+                pid,
+                since_ns: Some(window.0),
+                until_ns: Some(window.1),
+                ..Default::default()
+            };
+            let got = read(&path, &q);
+            assert!(got.len() > 100, "{pid:?}: {}", got.len());
+            assert_eq!(got, through_the_view(&path, pid, Some(window)), "{pid:?}");
+            // Some ops, asked for by the names `ops` gives them, whole and
+            // from a moment.
+            for since_ns in [None, Some(window.0)] {
+                let q = CallQuery {
+                    pid,
+                    ops: Some(vec!["cudaMalloc", "cudaNotAnOp"]),
+                    since_ns,
+                    order: StreamOrder::ByStart,
+                    ..Default::default()
+                };
+                let want: Vec<(i64, u16)> =
+                    through_the_view(&path, pid, since_ns.map(|a| (a, u64::MAX)))
+                        .into_iter()
+                        .filter(|(_, op)| *op == malloc)
+                        .collect();
+                assert!(want.len() > 100, "{pid:?}: {}", want.len());
+                assert_eq!(read(&path, &q), want, "{pid:?} {since_ns:?}");
+            }
+        }
+    }
+
     /// (id, op) of the calls the `calls` view holds (of `pid`, starting in
     /// `window`) whose op this build knows, in start order.
     fn through_the_view(
@@ -309,23 +383,7 @@ mod tests {
 
     #[test]
     fn calls_stored_as_they_return_come_out_as_sqlite_sorts_them() {
-        let path = written("near", captured(6_000));
-        // Rows of an op this build does not know are skipped either way, and
-        // so are rows whose op id `ops` does not hold (the view's join has
-        // none for them; the reads take the ids without it); ops named as
-        // the file's `ops` names them, here two names swapped.
-        let conn = rusqlite::Connection::open(&path).expect("db");
-        conn.execute_batch(
-            "INSERT INTO ops(id, layer, op) VALUES (999, 'runtime', 'cudaNotAnOp');
-             UPDATE call_rows SET op_id = 999 WHERE id % 97 = 0;
-             UPDATE call_rows SET op_id = 12345 WHERE id % 89 = 0;
-             UPDATE call_rows SET op_id = 'x' WHERE id % 83 = 0;
-             UPDATE ops SET op = 'swap' WHERE op = 'cudaMalloc';
-             UPDATE ops SET op = 'cudaMalloc' WHERE op = 'cudaLaunchKernel';
-             UPDATE ops SET op = 'cudaLaunchKernel' WHERE op = 'swap';",
-        )
-        .expect("unknown op");
-        drop(conn);
+        let path = with_odd_ops("near");
         for pid in [None, Some(7), Some(9)] {
             let before = counts();
             let q = CallQuery {
@@ -347,52 +405,6 @@ mod tests {
                 through_the_view(&path, pid, None),
                 "{pid:?}"
             );
-            // A window reads the ops by id too.
-            let window = (5_000, 9_000);
-            let q = CallQuery {
-                pid,
-                since_ns: Some(window.0),
-                until_ns: Some(window.1),
-                ..Default::default()
-            };
-            let trace = Trace::open(&path).expect("open");
-            let mut got = Vec::new();
-            Rows::open(&trace)
-                .expect("rows")
-                .for_each_call::<StoreError>(&q, |c| {
-                    got.push((c.id, c.call.op));
-                    Ok(())
-                })
-                .expect("window");
-            assert!(got.len() > 100, "{pid:?}: {}", got.len());
-            assert_eq!(got, through_the_view(&path, pid, Some(window)), "{pid:?}");
-            // So does a read of some ops, asked for by the names `ops` gives
-            // them (here swapped), whole and in a window.
-            let malloc = op_by_name("cudaMalloc").expect("op").id;
-            for since_ns in [None, Some(window.0)] {
-                let q = CallQuery {
-                    pid,
-                    ops: Some(vec!["cudaMalloc", "cudaNotAnOp"]),
-                    since_ns,
-                    order: StreamOrder::ByStart,
-                    ..Default::default()
-                };
-                let mut got = Vec::new();
-                Rows::open(&trace)
-                    .expect("rows")
-                    .for_each_call::<StoreError>(&q, |c| {
-                        got.push((c.id, c.call.op));
-                        Ok(())
-                    })
-                    .expect("ops");
-                let want: Vec<(i64, u16)> =
-                    through_the_view(&path, pid, since_ns.map(|a| (a, u64::MAX)))
-                        .into_iter()
-                        .filter(|(_, op)| *op == malloc)
-                        .collect();
-                assert!(want.len() > 100, "{pid:?}: {}", want.len());
-                assert_eq!(got, want, "{pid:?} {since_ns:?}");
-            }
         }
     }
 
