@@ -3,7 +3,7 @@
 //! from (see `sleuth_core::rollup` and docs/schema.md).
 
 use crate::finding_rollups::row_index;
-use crate::rows::{call_from_row, calls_sql_without_host_ptrs};
+use crate::rows::{call_from_row_by_op_id, OpIds};
 use crate::run_ledger::RunLink;
 use crate::thread_pass::{sort_culprits, ThreadPass};
 use crate::writer::upsert_process;
@@ -143,9 +143,11 @@ fn per_thread_pass(
     )?;
     let mut ins_thread =
         conn.prepare("INSERT INTO rollup_threads(pid, tid, split) VALUES (?1, ?2, ?3)")?;
-    // Ties in start order by row id: the order the finding rollups' examples need.
+    // Ties in start order by row id: the order the finding rollups' examples
+    // need. The op as its id, named once (no join of `ops` per row).
     let all_calls_sql =
-        calls_sql_without_host_ptrs("WHERE pid = ?1 AND tid = ?2 ORDER BY ts_ns, id");
+        crate::stream::own_calls_sql_by_op_id("WHERE pid = ?1 AND tid = ?2 ORDER BY ts_ns, id");
+    let op_ids = OpIds::of(conn)?;
     let waits_sql = crate::wait_stream::thread_waits_sql(conn, "1")?;
     let mut inputs = crate::finding_rollups::new_inputs(tracer).with_pinned(earlier.clone());
     let mut scopes = crate::scope_rollups::OpScopes::new(tracer, earlier);
@@ -167,7 +169,7 @@ fn per_thread_pass(
             tracer,
         );
         while let Some(row) = calls.next()? {
-            let Some(s) = call_from_row(row)? else {
+            let Some(s) = call_from_row_by_op_id(row, &op_ids)? else {
                 continue;
             };
             groups.add_call(&s.call);

@@ -136,14 +136,6 @@ pub(crate) fn calls_sql(conn: &Connection, tail: &str) -> rusqlite::Result<Strin
     calls_sql_from(conn, "calls", tail)
 }
 
-/// [`calls_sql`] without the copies' host pointers (`host_ptr` None): a
-/// join less per row, for a pass that judges no copy (the completion's
-/// per-thread pass: the finding rollups' replay judges them, and their
-/// example calls are read again by id).
-pub(crate) fn calls_sql_without_host_ptrs(tail: &str) -> String {
-    format!("SELECT {CALL_COLS}, NULL FROM calls {tail}")
-}
-
 /// [`calls_sql`] over `source`: the `calls` view, or a subquery with its
 /// rows and columns (`crate::stream::calls_source`).
 pub(crate) fn calls_sql_from(

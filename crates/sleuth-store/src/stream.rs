@@ -1120,6 +1120,25 @@ pub(crate) fn calls_source(scan_rows: bool) -> String {
     }
 }
 
+/// `SELECT <call columns, the op as its id> FROM <the calls of `call_rows`>
+/// <tail>`: rows for `rows::call_from_row_by_op_id` of a file of this
+/// build's schema (the completion's pass over each thread's calls), without
+/// the `calls` view's join of `ops` per row, and without the copies' host
+/// pointers (`host_ptr` None): a join less per row, for a pass that judges
+/// no copy (the finding rollups' replay judges them, and their example
+/// calls are read again by id).
+pub(crate) fn own_calls_sql_by_op_id(tail: &str) -> String {
+    let cols: Vec<&str> = CALL_COLS
+        .split(", ")
+        .map(|c| if c == "op" { "op_id" } else { c })
+        .collect();
+    format!(
+        "SELECT {}, NULL FROM {} {tail}",
+        cols.join(", "),
+        rows_source(false, false, None)
+    )
+}
+
 /// The `calls` view's columns without the join of `ops` (no `layer`, no
 /// `op`) and the op's id, straight from `call_rows`: the source of a read
 /// that names ops by id (`call_statement`). With `scan_rows`, in row order,
