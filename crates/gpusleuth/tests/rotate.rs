@@ -1097,20 +1097,15 @@ fn the_service_restarted_records_a_run_of_its_own_each_time() {
     let work = sb.path("var-lib-gpusleuth");
     std::fs::create_dir(&work).unwrap();
     for _ in 0..2 {
-        let out = common::gpusleuth()
-            .arg("trace")
-            .args(&argv)
-            .arg("--")
-            .arg(&sb.sim.workload)
-            .arg("repeat 5 { malloc 4096 a; free a }")
-            .env("LD_LIBRARY_PATH", &sb.sim.lib_dir)
-            .current_dir(&work)
-            .output()
-            .expect("run gpusleuth trace");
-        assert!(
-            out.status.success(),
-            "{argv:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
+        common::run_ok(
+            common::gpusleuth()
+                .arg("trace")
+                .args(&argv)
+                .arg("--")
+                .arg(&sb.sim.workload)
+                .arg("repeat 5 { malloc 4096 a; free a }")
+                .env("LD_LIBRARY_PATH", &sb.sim.lib_dir)
+                .current_dir(&work),
         );
     }
     let mut runs: Vec<PathBuf> = std::fs::read_dir(&work)

@@ -911,16 +911,9 @@ fn select_sql(
     } else {
         "NULL"
     };
-    let cols: Vec<String> = CALL_COLS
-        .split(", ")
-        .map(|c| match c {
-            "op" => format!("calls.{op_col}"),
-            c => format!("calls.{c}"),
-        })
-        .collect();
     Ok(format!(
         "SELECT {}, {host}, {stack} FROM {source} {join} WHERE {}{order}{limit}",
-        cols.join(", "),
+        call_columns(op_col),
         conds.join(" AND ")
     ))
 }
@@ -1128,15 +1121,24 @@ pub(crate) fn calls_source(scan_rows: bool) -> String {
 /// no copy (the finding rollups' replay judges them, and their example
 /// calls are read again by id).
 pub(crate) fn own_calls_sql_by_op_id(tail: &str) -> String {
-    let cols: Vec<&str> = CALL_COLS
-        .split(", ")
-        .map(|c| if c == "op" { "op_id" } else { c })
-        .collect();
     format!(
         "SELECT {}, NULL FROM {} {tail}",
-        cols.join(", "),
+        call_columns("op_id"),
         rows_source(false, false, None)
     )
+}
+
+/// [`CALL_COLS`] of the source `calls`, its op read as `op_col` (`op`, the
+/// view's name, or `op_id`).
+fn call_columns(op_col: &str) -> String {
+    let cols: Vec<String> = CALL_COLS
+        .split(", ")
+        .map(|c| match c {
+            "op" => format!("calls.{op_col}"),
+            c => format!("calls.{c}"),
+        })
+        .collect();
+    cols.join(", ")
 }
 
 /// The `calls` view's columns without the join of `ops` (no `layer`, no

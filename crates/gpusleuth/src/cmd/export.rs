@@ -381,14 +381,17 @@ fn json_call(c: &CallEvent, host: bool) -> JsonCall {
     }
 }
 
-/// CPUs from which `--format json` reads its calls on helper connections
-/// side by side (`Rows::for_each_call_by_start_from`): two, as the protobuf
-/// export (pftrace.rs). A call's JSON object costs its serializer little
-/// (3.4 of 15.8 s of CPU for the bench's 10M-call trace on the 2-vCPU
-/// development VM), so there the reading thread was the export's time and
-/// the other CPU half idle: 9.5-10.1 -> 8.0-8.5 s, peak RSS 27 -> 103-111 MB
-/// (round 41).
-const JSON_SIDE_BY_SIDE_FROM_CPUS: usize = 2;
+/// CPUs from which an export whose serializer is light reads its calls on
+/// helper connections side by side (`Rows::for_each_call_by_start_from`):
+/// two, where the Perfetto JSON export, whose serializer fills the second
+/// CPU, waits for six. On a small machine the reading thread was the whole
+/// export's time and the other CPU idled. The bench's 10M-call trace on the
+/// 2-vCPU development VM: `--format pftrace` (packets cost the serializer
+/// about a third of what JSON slices do) 15.8 -> 11.7 s, peak RSS 27 -> 78 MB
+/// (the calls the helpers read ahead; round 37); `--format json` (a call's
+/// object cost its serializer 3.4 of 15.8 s of CPU) 9.5-10.1 -> 8.0-8.5 s,
+/// 27 -> 103-111 MB (round 41).
+const LIGHT_SERIALIZER_FROM_CPUS: usize = 2;
 
 /// The calls array of `--format json`, from the store in load order.
 fn write_calls_json(
@@ -404,7 +407,7 @@ fn write_calls_json(
         |sink| {
             rows.for_each_call_by_start_from::<anyhow::Error>(
                 &Window::calls(window, pid),
-                JSON_SIDE_BY_SIDE_FROM_CPUS,
+                LIGHT_SERIALIZER_FROM_CPUS,
                 |c| sink.push(c.call),
             )
         },
@@ -710,11 +713,9 @@ fn write_pftrace(
     };
     pftrace::write(w, frame, window, |tracks, sink| {
         let q = Window::calls(window, pid);
-        rows.for_each_call_by_start_from::<anyhow::Error>(
-            &q,
-            pftrace::SIDE_BY_SIDE_FROM_CPUS,
-            |c| tracks.call(sink, c.call),
-        )?;
+        rows.for_each_call_by_start_from::<anyhow::Error>(&q, LIGHT_SERIALIZER_FROM_CPUS, |c| {
+            tracks.call(sink, c.call)
+        })?;
         match window {
             Some(win) => rows.for_each_wait_in::<anyhow::Error>(pid, win.since, win.until, |wt| {
                 tracks.wait(sink, wt)

@@ -132,16 +132,6 @@ fn category_iid(name: &str) -> u64 {
         .map_or(0, |i| i as u64 + 1)
 }
 
-/// CPUs from which the calls are read on helper connections side by side
-/// (`Rows::for_each_call_by_start_from`): two, where the JSON export waits
-/// for six. Packets cost the serializer about a third of the CPU JSON
-/// slices do (2 s against 6 s for the 10M trace below), so on a small
-/// machine the reading thread is the whole export's time and the other
-/// CPU idles: the bench's 10M-call trace on the 2-vCPU
-/// development VM 15.8 -> 11.7 s with them, peak RSS 27 -> 78 MB (the calls
-/// the helpers read ahead; round 37). The JSON export gains nothing there.
-pub(super) const SIDE_BY_SIDE_FROM_CPUS: usize = 2;
-
 /// Event names beyond the ops (an op's name is interned as its id).
 const OFF_CPU_BLOCKED: (u64, &str) = (1000, "off-cpu: blocked");
 const OFF_CPU_RUNNABLE: (u64, &str) = (1001, "off-cpu: runnable");
