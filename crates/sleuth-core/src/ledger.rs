@@ -814,6 +814,11 @@ impl LedgerBuilder {
         self.ledger.track(pid);
     }
 
+    /// The processes listed so far ([`Self::track`] or a call of theirs).
+    pub fn tracked(&self) -> impl Iterator<Item = u32> + '_ {
+        self.ledger.pids()
+    }
+
     /// Also keeps, per process, what was live per site at its peak
     /// ([`Self::finish_with_peak_sites`]): what [`PeakSnapshots`] gives from
     /// a second replay, from this one.

@@ -36,6 +36,7 @@ mod ledger_rollup;
 mod merge;
 mod open;
 pub mod outfile;
+mod packed_calls;
 mod problems;
 mod reader;
 pub mod report_reads;

@@ -136,6 +136,12 @@ impl Trace {
         &self.conn
     }
 
+    /// Where helper threads get connections to this trace's file, as
+    /// checked as this one (`checked::Helpers`).
+    pub(crate) fn helpers(&self) -> crate::checked::Helpers<'_> {
+        crate::checked::Helpers::new(&self.path, &self.budget, self.bulk.identity())
+    }
+
     /// The check state shared with streamed readers of this trace.
     #[cfg(test)]
     pub(crate) fn bulk_check(&self) -> BulkCheck {

@@ -11,6 +11,7 @@
 //! row of the thread to find its calls of the op: on a 10M-call trace,
 //! 10M row fetches for 1.9M copies, against one pass over the table.
 
+use crate::packed_calls::PackedCalls;
 use crate::rows::call_from_row;
 use crate::thread_pass::{sort_culprits, ThreadPass};
 use crate::types::StoredCall;
@@ -27,11 +28,12 @@ use std::collections::{BTreeMap, BTreeSet};
 /// its pass); a scope of more threads is read thread by thread.
 pub(crate) const ONE_READ_MAX_THREADS: usize = 64;
 
-/// A window's memory and pinning calls kept by the pass at most (~32 MB):
-/// a window of 20% of the 10M-call synthetic trace held 312,500 of them
-/// (178 MB peak), the whole trace as a window 824 MB. Past it they are
-/// read again in return order after the pass.
-pub(crate) const KEPT_MAX: usize = 200_000;
+/// A window's memory and pinning calls kept by the pass at most, packed
+/// (`packed_calls`: about 60 bytes a call with its sort key, ~30 MB here;
+/// as `CallEvent`s 200,000 of them took as much). Past it they are read
+/// again in return order after the pass (1.1 s for the 250,000 memory
+/// calls of ten seconds of the bench's 10M-call trace).
+pub(crate) const KEPT_MAX: usize = 500_000;
 
 /// What the calls in scope feed.
 pub(crate) struct Feed<'o> {
@@ -40,7 +42,7 @@ pub(crate) struct Feed<'o> {
     /// With a window: its calls of the `keep` ops, for the replay in
     /// return order, up to [`KEPT_MAX`]; past it None (the replay reads
     /// them again, sorted by SQLite: memory stays bounded).
-    pub(crate) kept: Option<Vec<(i64, CallEvent)>>,
+    pub(crate) kept: Option<PackedCalls>,
     pub(crate) kept_max: usize,
     pub(crate) keep: &'o BTreeSet<&'static str>,
     /// Copies that join the pinned replay as they are read (`scoped`).
@@ -67,12 +69,10 @@ impl CallSink for Feed<'_> {
         let c = &s.call;
         self.ledger.track(c.pid);
         if let Some(kept) = &mut self.kept {
-            if self.keep.contains(c.op_name()) {
-                if kept.len() < self.kept_max {
-                    kept.push((s.id, c.clone()));
-                } else {
-                    self.kept = None;
-                }
+            if self.keep.contains(c.op_name())
+                && (kept.len() >= self.kept_max || !kept.push(s.id, c))
+            {
+                self.kept = None;
             }
         }
         widen(&mut self.extent, c);
@@ -201,6 +201,97 @@ pub(crate) fn per_thread(
         }
     }
     Ok(())
+}
+
+/// [`per_thread`] with the threads shared out between `th.conn` and the
+/// connections of `others`, each share read on its own CPU into its own
+/// feed, the side feeds then added to `feed` (`absorb`) in their order. Threads
+/// go to the lightest share by `weight` (heaviest first), so a window of
+/// several busy threads (PyTorch's main and autograd threads, a process
+/// per GPU) reads in about the time of its busiest share; a scope of one
+/// busy thread gains nothing. What a thread's pass does depends on its
+/// own calls and waits only, so the feeds hold what one pass would, as
+/// long as `absorb` adds them as one trace's (`add_other_threads`).
+pub(crate) fn per_thread_side_by_side<F: CallSink + Send>(
+    feed: &mut F,
+    th: &Threads,
+    others: SideReaders<F>,
+    calls_sql: &str,
+    args: &[Value],
+    mut absorb: impl FnMut(&mut F, F) -> rusqlite::Result<()>,
+) -> rusqlite::Result<()> {
+    let SideReaders {
+        side,
+        weight,
+        side_feed,
+    } = others;
+    let shares = share_out(th.threads, side.len() + 1, weight);
+    let (mine, theirs) = shares.split_first().expect("one share at least");
+    let (waits_sql, tracer, data) = (th.waits_sql, th.tracer, th.data);
+    let fed = std::thread::scope(|scope| {
+        let readers: Vec<_> = side
+            .into_iter()
+            .zip(theirs)
+            .map(|(conn, threads)| {
+                scope.spawn(move || {
+                    let th = Threads {
+                        conn: &conn,
+                        threads,
+                        waits_sql,
+                        tracer,
+                        data,
+                    };
+                    let mut f = side_feed();
+                    per_thread(&mut f, &th, calls_sql, args).map(|()| f)
+                })
+            })
+            .collect();
+        let own = Threads {
+            threads: mine,
+            ..*th
+        };
+        let result = per_thread(feed, &own, calls_sql, args);
+        let side: Vec<rusqlite::Result<F>> = readers
+            .into_iter()
+            .map(|r| r.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect();
+        result.map(|()| side)
+    })?;
+    for f in fed {
+        absorb(feed, f?)?;
+    }
+    Ok(())
+}
+
+/// The readers [`per_thread_side_by_side`] shares a scope's threads with.
+pub(crate) struct SideReaders<'a, F> {
+    /// Their connections (the file again, `checked::Helpers`).
+    pub(crate) side: Vec<Connection>,
+    /// A thread's calls in scope, about.
+    pub(crate) weight: &'a dyn Fn(&(u32, u32)) -> u64,
+    /// A feed for one of them.
+    pub(crate) side_feed: &'a (dyn Fn() -> F + Sync),
+}
+
+/// `threads` in `n` shares of about equal weight: each thread, heaviest
+/// first (ties in thread order), to the lightest share so far (the first
+/// of equals). Empty shares stay (their reader reads nothing).
+pub(crate) fn share_out(
+    threads: &BTreeSet<(u32, u32)>,
+    n: usize,
+    weight: &dyn Fn(&(u32, u32)) -> u64,
+) -> Vec<BTreeSet<(u32, u32)>> {
+    let mut order: Vec<(u64, (u32, u32))> = threads.iter().map(|t| (weight(t), *t)).collect();
+    order.sort_by_key(|&(w, t)| (std::cmp::Reverse(w), t));
+    let mut shares = vec![(0u64, BTreeSet::new()); n.max(1)];
+    for (w, t) in order {
+        let lightest = (0..shares.len())
+            .min_by_key(|&i| (shares[i].0, i))
+            .expect("one share at least");
+        shares[lightest].0 = shares[lightest].0.saturating_add(w);
+        shares[lightest].1.insert(t);
+    }
+    shares.into_iter().map(|(_, s)| s).collect()
 }
 
 /// The calls in scope of every thread from one read (`calls_sql` with

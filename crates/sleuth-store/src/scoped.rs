@@ -25,6 +25,7 @@
 //! recomputation ~5% of the time in all); where a crafted file's
 //! `call_culprits` disagree with its waits, the waits win.
 
+use crate::packed_calls::PackedCalls;
 use crate::problems::{valid_call, TOTALS_OVERFLOW};
 use crate::reader::Trace;
 use crate::rows::calls_sql_from;
@@ -34,12 +35,13 @@ use crate::types::CallFilter;
 use crate::window::WindowCounts;
 use crate::StoreError;
 use rusqlite::types::Value;
+use rusqlite::Connection;
 use sleuth_core::findings::inputs::{FindingInputs, PinnedState, Resolution};
 use sleuth_core::findings::Explanation;
 use sleuth_core::ledger::LedgerBuilder;
 use sleuth_core::threads::{sort_splits, tracer_pid};
 use sleuth_core::{op_by_id, CallEvent, OpCount, TraceData};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// The explanation of the calls `filter` selects (its `pid`, `op`,
 /// `since_ns`, `until_ns`; order and limit are not read), or None where the
@@ -468,15 +470,31 @@ fn parts_seeded(
     // them (the one a run's tracer is still writing: its `(tid, ts_ns)`
     // index is not built yet either) is read in one pass over its rows
     // ([`unthreaded`]); None (loaded) where that cannot be.
+    // Each thread's calls in scope, about (for sharing the threads out
+    // between readers: `scope_feed::per_thread_side_by_side`).
+    let mut weights: BTreeMap<(u32, u32), u64> = BTreeMap::new();
+    // Whether the scope may hold a call that pins or unpins host memory
+    // (from the call groups' spans: none in most traces).
+    let pinning = crate::finding_rollups::pinned_replay_ops(false);
+    let mut may_pin = true;
     let (threads, one_pass) = match crate::call_groups::stored(conn).map_err(read)? {
-        Some(groups) => (
-            groups
+        Some(groups) => {
+            let in_scope = groups
                 .iter()
-                .filter(|g| pid.is_none_or(|p| g.pid == p) && id_in_scope(op, g.op))
-                .map(|g| (g.pid, g.tid))
-                .collect::<BTreeSet<(u32, u32)>>(),
-            None,
-        ),
+                .filter(|g| pid.is_none_or(|p| g.pid == p) && id_in_scope(op, g.op));
+            may_pin = false;
+            for g in in_scope {
+                let calls = calls_in_window(g, filter);
+                let w = weights.entry((g.pid, g.tid)).or_default();
+                *w = w.saturating_add(calls);
+                if op_by_id(g.op).is_some_and(|o| pinning.contains(&o.name))
+                    && spans_window(g, filter)
+                {
+                    may_pin = true;
+                }
+            }
+            (weights.keys().copied().collect::<BTreeSet<_>>(), None)
+        }
         None => match unthreaded(conn, trace.version(), filter).map_err(read)? {
             Some(mut pass) => (std::mem::take(&mut pass.threads), Some(pass)),
             None => return Ok(None),
@@ -539,14 +557,14 @@ fn parts_seeded(
     };
     let mut pinned = scoped_ops(crate::finding_rollups::pinned_replay_ops(true));
     let memory = scoped_ops(sleuth_core::ledger::memory_op_names());
-    // Without an op that pins or unpins host memory in scope, no copy is
-    // judged against pinned memory and the order of the replay does not
-    // matter (its sums and top examples are order-free): the copies join it
-    // as the pass reads them, not read again in return order (for
-    // `findings {op: cudaMemcpy}` on a 10M-call trace, 1.9M calls and a
-    // third of the time).
-    let pinning = crate::finding_rollups::pinned_replay_ops(false);
-    let copies_in_pass = !pinned.iter().any(|o| pinning.contains(o));
+    // Without an op that pins or unpins host memory in scope (or without
+    // a call of one in the window: ten seconds of the bench's trace kept
+    // its 375,000 copies for nothing), no copy is judged against pinned
+    // memory and the order of the replay does not matter (its sums and top
+    // examples are order-free): the copies join it as the pass reads them,
+    // not read again in return order (for `findings {op: cudaMemcpy}` on a
+    // 10M-call trace, 1.9M calls and a third of the time).
+    let copies_in_pass = !may_pin || !pinned.iter().any(|o| pinning.contains(o));
     let copies: BTreeSet<&'static str> = match copies_in_pass {
         true => std::mem::take(&mut pinned),
         false => BTreeSet::new(),
@@ -563,13 +581,25 @@ fn parts_seeded(
             inputs: FindingInputs::new(Resolution::Bucketed, tracer)
                 .with_pinned(pinned_ranges.clone()),
             ledger,
-            kept: windowed.then(Vec::new),
+            kept: windowed.then(PackedCalls::default),
             kept_max,
             keep: &keep,
             copies: &copies,
             extent: None,
             splits: Vec::new(),
         }
+    };
+    // A feed of the threads another reader reads: the same start, its
+    // processes listed in a ledger of their own (the pass only lists them).
+    let side_feed = |kept_share: usize| Feed {
+        inputs: FindingInputs::new(Resolution::Bucketed, tracer).with_pinned(pinned_ranges.clone()),
+        ledger: LedgerBuilder::new(None),
+        kept: windowed.then(PackedCalls::default),
+        kept_max: kept_share,
+        keep: &keep,
+        copies: &copies,
+        extent: None,
+        splits: Vec::new(),
     };
     let th = scope_feed::Threads {
         conn,
@@ -618,7 +648,26 @@ fn parts_seeded(
     };
     if !one_read {
         feed = new_feed();
-        scope_feed::per_thread(&mut feed, &th, &calls_q, &args).map_err(read)?;
+        let side = side_readers(trace, &threads);
+        if side.is_empty() {
+            scope_feed::per_thread(&mut feed, &th, &calls_q, &args).map_err(read)?;
+        } else {
+            // The kept calls bounded over all readers.
+            let share = kept_max / (side.len() + 1);
+            feed.kept_max = share;
+            let weight = |t: &(u32, u32)| weights.get(t).copied().unwrap_or(0);
+            let side_feed = || side_feed(share);
+            let others = scope_feed::SideReaders {
+                side,
+                weight: &weight,
+                side_feed: &side_feed,
+            };
+            scope_feed::per_thread_side_by_side(&mut feed, &th, others, &calls_q, &args, |m, t| {
+                absorb(m, t, kept_max)
+            })
+            .map_err(read)?;
+            feed.kept_max = kept_max;
+        }
     }
     let Feed {
         mut inputs,
@@ -650,6 +699,67 @@ fn parts_seeded(
     )?;
     parts.window_counts = window_counts;
     Ok(Some(parts))
+}
+
+/// The calls of group `g` in `filter`'s window, about: its count times
+/// the share of its span (first start to last end) inside the window.
+fn calls_in_window(g: &crate::stream::CallGroup, filter: &CallFilter) -> u64 {
+    let (first, last) = (g.first_ts_ns, g.last_end_ns.max(g.first_ts_ns));
+    let from = filter.since_ns.unwrap_or(0).max(first);
+    let to = filter.until_ns.unwrap_or(u64::MAX).min(last);
+    if last == first {
+        return if (from..=to).contains(&first) {
+            g.count
+        } else {
+            0
+        };
+    }
+    if to <= from {
+        return 0;
+    }
+    let share = (to - from) as f64 / (last - first) as f64;
+    (g.count as f64 * share).round() as u64
+}
+
+/// Whether group `g`'s calls (started from its first start to its last
+/// end) may start in `filter`'s window.
+fn spans_window(g: &crate::stream::CallGroup, filter: &CallFilter) -> bool {
+    filter.since_ns.is_none_or(|s| g.last_end_ns >= s)
+        && filter.until_ns.is_none_or(|u| g.first_ts_ns < u)
+}
+
+/// Connections for reading a scope's threads side by side: one fewer than
+/// the readers the file allows (`checked::Helpers`: the machine's CPUs, the
+/// file unchanged since the trace opened it), at most one per thread
+/// beyond the first; none where the helpers cannot open the file.
+fn side_readers(trace: &Trace, threads: &BTreeSet<(u32, u32)>) -> Vec<Connection> {
+    let helpers = trace.helpers();
+    let n = helpers.workers().min(threads.len()).saturating_sub(1);
+    (0..n).map_while(|_| helpers.open()).collect()
+}
+
+/// Adds the feed of another reader's threads to `mine`: the kept calls
+/// join while both kept theirs and `kept_max` holds them all (else none:
+/// the replay reads them again).
+fn absorb(mine: &mut Feed, theirs: Feed, kept_max: usize) -> rusqlite::Result<()> {
+    mine.inputs
+        .add_other_threads(theirs.inputs)
+        .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
+    for pid in theirs.ledger.tracked() {
+        mine.ledger.track(pid);
+    }
+    mine.kept = match (mine.kept.take(), theirs.kept) {
+        (Some(mut a), Some(b)) if a.len() + b.len() <= kept_max => a.append(b).then_some(a),
+        _ => None,
+    };
+    if let Some((first, last)) = theirs.extent {
+        mine.extent = Some(
+            mine.extent
+                .map_or((first, last), |(a, b)| (a.min(first), b.max(last))),
+        );
+    }
+    mine.splits.extend(theirs.splits);
+    Ok(())
 }
 
 /// Adds `filter`'s op and window to a read of the calls as conditions on
@@ -869,7 +979,7 @@ struct Replay {
     pinned: BTreeSet<&'static str>,
     memory: BTreeSet<&'static str>,
     /// A window's calls of those ops, kept by the pass; None: read them.
-    kept: Option<Vec<(i64, CallEvent)>>,
+    kept: Option<PackedCalls>,
     /// The window's bounds (of the read when nothing was kept).
     since_ns: Option<u64>,
     until_ns: Option<u64>,
@@ -915,10 +1025,9 @@ fn replay(trace: &Trace, pid: Option<u32>, r: Replay) -> Result<ScopeParts, Stor
         }
     };
     match kept {
-        Some(mut kept) => {
-            kept.sort_by_key(|(id, c)| (c.end_ns(), c.ts_ns, *id));
-            for (id, c) in &kept {
-                by_return(*id, c);
+        Some(kept) => {
+            for (id, c) in kept.into_return_order() {
+                by_return(id, &c);
             }
         }
         None => {
@@ -1105,5 +1214,180 @@ mod tests {
             parts_seeded(&trace, &filter, scope_feed::KEPT_MAX, &pinned, &start, true).unwrap();
         assert!(parts.is_none(), "loaded past one pass's threads");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A finished file of five threads in two processes, of unequal
+    /// weight: launches, syncs, allocations and frees, copies from pinned
+    /// and pageable memory, waits inside calls with culprits. Many calls
+    /// of equal duration: the examples' ties are broken by row id.
+    fn threads_of_unequal_weight(path: &Path) {
+        let w =
+            crate::TraceWriter::create(path, crate::SessionInfo::for_tests(), Default::default())
+                .unwrap();
+        let h = w.handle();
+        // The heaviest thread written last: its calls have the largest
+        // row ids, though the reader of the heaviest share reads it first.
+        let threads = [
+            (100, 1001, 1),
+            (101, 1010, 3),
+            (101, 1011, 1),
+            (101, 1012, 2),
+            (100, 1000, 5),
+        ];
+        for (pid, tid, weight) in threads {
+            let mut events: Vec<(u64, Event)> = Vec::new();
+            let mut t = 1_000_000 + u64::from(tid % 7) * 333;
+            for i in 0..2_000 * weight {
+                let who = (pid, tid);
+                let c = match i % 6 {
+                    0 => {
+                        let mut c = call("cudaMalloc", who, t, 2_000);
+                        (c.size, c.ptr) = (Some(4096), Some(0x10_0000 + u64::from(tid) * 0x1000));
+                        c
+                    }
+                    1 => {
+                        let mut c = call("cudaFree", who, t, 2_000);
+                        c.ptr = Some(0x10_0000 + u64::from(tid) * 0x1000);
+                        c
+                    }
+                    2 if i % 60 == 2 => {
+                        let mut c = call("cudaHostAlloc", who, t, 3_000);
+                        (c.size, c.ptr) = (
+                            Some(1 << 20),
+                            Some(0x7f00_0000_0000 + (u64::from(tid) << 24)),
+                        );
+                        c
+                    }
+                    2 => {
+                        let mut c = call("cudaMemcpy", who, t, 40_000);
+                        (c.size, c.kind) = (Some(1 << 16), Some(1));
+                        c.host_ptr = Some(match i % 4 {
+                            0 => 0x7f00_0000_0000 + (u64::from(tid) << 24) + 64,
+                            _ => 0x5000_0000,
+                        });
+                        c
+                    }
+                    3 => call("cudaStreamSynchronize", who, t, 20_000),
+                    _ => call("cudaLaunchKernel", who, t, 5_000),
+                };
+                let mut c = c;
+                if i % 5 == 0 {
+                    // Preempted inside the call by a hog, then back on CPU.
+                    c.runnable_ns = c.dur_ns / 2;
+                    let off = t + 100;
+                    events.push((
+                        off,
+                        Event::Wait(sleuth_core::WaitEvent {
+                            pid,
+                            tid,
+                            kind: sleuth_core::WaitKind::Preempted,
+                            off_ns: off,
+                            wake_ns: off,
+                            on_ns: off + c.runnable_ns,
+                            prev_state: 0,
+                            cpu: 0,
+                            culprits: vec![sleuth_core::Culprit {
+                                pid: 900 + i as u32 % 2,
+                                tid: 900 + i as u32 % 2,
+                                comm: format!("hog{}", i % 2),
+                                ns: c.runnable_ns,
+                            }],
+                            waker: None,
+                        }),
+                    ));
+                }
+                t += c.dur_ns + 1_000;
+                events.push((c.ts_ns, Event::Call(c)));
+            }
+            for (_, e) in events {
+                h.send(e).unwrap();
+            }
+        }
+        drop(h);
+        w.finish().unwrap();
+    }
+
+    /// A window's threads read side by side (shared out among helper
+    /// connections) give exactly the explanation of one reader: findings,
+    /// examples (ties by row id), splits, the ledger; the kept memory
+    /// calls bounded over all readers, or read again past the bound.
+    #[test]
+    fn a_windows_threads_read_side_by_side_explain_as_one_reader() {
+        use crate::check_plan::test_seams::WORKERS;
+        let dir = std::env::temp_dir().join(format!("gs-side-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("t.db");
+        threads_of_unequal_weight(&path);
+        let trace = Trace::open(&path).unwrap();
+        let threads: BTreeSet<(u32, u32)> = trace
+            .load(None)
+            .unwrap()
+            .calls
+            .iter()
+            .map(|c| (c.pid, c.tid))
+            .collect();
+        assert_eq!(threads.len(), 5);
+        let explained = |workers: usize, filter: &CallFilter, kept_max: usize| {
+            WORKERS.with(|w| w.set(Some(workers)));
+            let side = side_readers(&trace, &threads).len();
+            let e = explanation_keeping_at_most(&trace, filter, kept_max)
+                .unwrap()
+                .expect("streamed");
+            WORKERS.with(|w| w.set(None));
+            (side, serde_json::to_value(e).unwrap())
+        };
+        for filter in [
+            CallFilter {
+                since_ns: Some(20_000_000),
+                until_ns: Some(200_000_000),
+                ..Default::default()
+            },
+            CallFilter {
+                pid: Some(101),
+                since_ns: Some(15_000_000),
+                ..Default::default()
+            },
+            CallFilter {
+                op: Some("cudaMemcpy".into()),
+                since_ns: Some(1_000_000),
+                ..Default::default()
+            },
+        ] {
+            let (none, one) = explained(1, &filter, scope_feed::KEPT_MAX);
+            assert_eq!(none, 0);
+            let said = |k: &str| one[k].as_array().is_some_and(|a| !a.is_empty());
+            assert!(said("findings") && said("threads"), "{one}");
+            // Examples of the preemption ranked across threads (ties of
+            // equal runnable time broken by row id).
+            let kinds: Vec<&str> = one["findings"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter_map(|f| f["kind"].as_str())
+                .collect();
+            assert!(kinds.contains(&"cpu_preemption"), "{kinds:?}");
+            for (workers, kept_max) in [(3, scope_feed::KEPT_MAX), (3, 0), (3, 40), (8, 7)] {
+                let (side, many) = explained(workers, &filter, kept_max);
+                assert!(side >= 2, "read side by side: {side} helper connections");
+                assert_eq!(
+                    many, one,
+                    "{filter:?}, {workers} readers, kept at most {kept_max}"
+                );
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn threads_are_shared_out_heaviest_first_to_the_lightest_share() {
+        let threads: BTreeSet<(u32, u32)> = [(1, 1), (1, 2), (1, 3), (2, 4), (2, 5)].into();
+        let w = |t: &(u32, u32)| [0, 50, 30, 20, 20, 0][t.1 as usize];
+        let shares = scope_feed::share_out(&threads, 2, &w);
+        assert_eq!(shares[0], [(1, 1), (2, 4)].into());
+        assert_eq!(shares[1], [(1, 2), (1, 3), (2, 5)].into());
+        // More shares than threads: the rest stay empty.
+        let shares = scope_feed::share_out(&threads, 7, &w);
+        assert_eq!(shares.iter().filter(|s| s.is_empty()).count(), 2);
+        assert_eq!(shares.iter().map(BTreeSet::len).sum::<usize>(), 5);
     }
 }

@@ -164,6 +164,60 @@ impl FindingInputs {
         Ok(())
     }
 
+    /// Adds the aggregates of other threads of the same trace, fed from
+    /// the same start (`with_pinned`) by another reader of the same scope
+    /// (`sleuth_store`'s threads read side by side): as if their calls had
+    /// been added here. Histograms and sums add, examples keep the best
+    /// ranks of both compared by row index (the lists sequential offers
+    /// would keep), threads and splits join, spans widen. Unlike
+    /// [`FindingInputs::merge`], feeding calls afterwards is supported: the
+    /// pinned ranges are the common start's (a pass adds no range: pinning
+    /// calls are replayed in end order after it).
+    pub fn add_other_threads(&mut self, other: FindingInputs) -> Result<(), ResolutionMismatch> {
+        if self.res != other.res {
+            return Err(ResolutionMismatch {
+                mine: self.res,
+                later: other.res,
+            });
+        }
+        self.tracer = self.tracer.or(other.tracer);
+        let res = self.res;
+        for (op, o) in other.ops {
+            match self.ops.get_mut(&op) {
+                Some(mine) => mine.add_same_trace(&o),
+                None => {
+                    self.ops.insert(op, o);
+                }
+            }
+        }
+        for (key, t) in other.threads {
+            match self.threads.get_mut(&key) {
+                Some(mine) => mine.merge(t)?,
+                None => {
+                    self.threads.insert(key, t);
+                }
+            }
+        }
+        for (pid, (first, last)) in other.spans {
+            let e = self.spans.entry(pid).or_insert((first, last));
+            e.0 = e.0.min(first);
+            e.1 = e.1.max(last);
+        }
+        self.splits.extend(other.splits);
+        crate::threads::sort_splits(&mut self.splits);
+        if let (Some(mine), Some(theirs)) = (&mut self.process_ops, other.process_ops) {
+            for (key, o) in theirs {
+                mine.entry(key)
+                    .or_insert_with(|| OpInputs::new(res))
+                    .add_same_trace(&o);
+            }
+        }
+        for (pid, ranges) in other.pinned {
+            self.pinned.entry(pid).or_insert(ranges);
+        }
+        Ok(())
+    }
+
     /// Copies judged pageable, over every thread.
     pub fn pageable_copies(&self) -> u64 {
         self.threads
