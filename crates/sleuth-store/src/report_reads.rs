@@ -270,19 +270,24 @@ pub fn window_calls(
         until_ns: scope.until_ns,
         ..Default::default()
     };
-    let mut ops: BTreeMap<u16, OpRollup> = BTreeMap::new();
-    let mut calls_by_pid: BTreeMap<u32, u64> = BTreeMap::new();
-    let mut best = SlowestKept::new(n);
+    let mut tally = WindowTally::new(n);
     crate::stream::Rows::open(trace)?.for_each_call::<StoreError>(&q, |s| {
-        ops.entry(s.call.op).or_default().add(&s.call);
-        *calls_by_pid.entry(s.call.pid).or_default() += 1;
-        if !s.call.nested {
-            best.offer(s.id, s.call);
-        }
+        tally.add(s.id, &s.call);
         Ok(())
     })?;
+    window_calls_of(trace, scope, tally)
+}
+
+/// [`WindowCalls`] of the calls `scope` selects from their `tally` (the
+/// slowest ones' culprits read by id).
+pub(crate) fn window_calls_of(
+    trace: &Trace,
+    scope: &crate::CallFilter,
+    tally: WindowTally,
+) -> Result<WindowCalls, StoreError> {
     let mut reads = KeyedReads::new(trace);
-    let slowest = best
+    let slowest = tally
+        .best
         .kept
         .into_iter()
         .map(|(id, call)| {
@@ -290,7 +295,47 @@ pub fn window_calls(
             Ok(SlowCall { id, call, culprits })
         })
         .collect::<Result<_, StoreError>>()?;
-    WindowCalls::of(trace, scope, ops, calls_by_pid, slowest)
+    WindowCalls::of(trace, scope, tally.ops, tally.calls_by_pid, slowest)
+}
+
+/// What [`WindowCalls`] adds up over a window's calls, each call given
+/// once in any order: [`window_calls`]' read, or the explanation's pass
+/// over the same calls (`scoped::explanation_and_calls_or_loaded_after`).
+pub(crate) struct WindowTally {
+    ops: BTreeMap<u16, OpRollup>,
+    calls_by_pid: BTreeMap<u32, u64>,
+    best: SlowestKept,
+}
+
+impl WindowTally {
+    /// Keeping the `n` slowest calls not nested in another.
+    pub(crate) fn new(n: usize) -> WindowTally {
+        WindowTally {
+            ops: BTreeMap::new(),
+            calls_by_pid: BTreeMap::new(),
+            best: SlowestKept::new(n),
+        }
+    }
+
+    /// Call `c` of row `id`.
+    pub(crate) fn add(&mut self, id: i64, c: &CallEvent) {
+        self.ops.entry(c.op).or_default().add(c);
+        *self.calls_by_pid.entry(c.pid).or_default() += 1;
+        if !c.nested {
+            self.best.offer(id, c);
+        }
+    }
+
+    /// Adds the tally of other calls of the same file (another reader's
+    /// threads): as if they had been added here (the slowest calls' order
+    /// is total: duration, start, row id).
+    pub(crate) fn absorb(&mut self, other: WindowTally) {
+        merge_ops(&mut self.ops, &other.ops);
+        add_counts(&mut self.calls_by_pid, other.calls_by_pid);
+        for (id, c) in other.best.kept {
+            self.best.offer(id, &c);
+        }
+    }
 }
 
 /// [`WindowCalls`] of a finished file whose every call starts in the
@@ -386,21 +431,21 @@ impl SlowestKept {
         }
     }
 
-    fn offer(&mut self, id: i64, call: CallEvent) {
-        let key = slowest_first;
-        let new = (id, call);
+    /// Offers call `call` of row `id` (copied only when it is kept).
+    fn offer(&mut self, id: i64, call: &CallEvent) {
         if self.n == 0 {
             return;
         }
+        let new = (std::cmp::Reverse(call.dur_ns), call.ts_ns, id);
         if self.kept.len() == self.n {
             // Full: only a call ahead of the last kept one enters.
-            if key(&new) >= key(&self.kept[self.n - 1]) {
+            if new >= slowest_first(&self.kept[self.n - 1]) {
                 return;
             }
             self.kept.pop();
         }
-        let at = self.kept.partition_point(|k| key(k) < key(&new));
-        self.kept.insert(at, new);
+        let at = self.kept.partition_point(|k| slowest_first(k) < new);
+        self.kept.insert(at, (id, call.clone()));
     }
 }
 

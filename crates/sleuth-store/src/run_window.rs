@@ -600,5 +600,6 @@ fn whole_file_parts(
         ledger: ledger.unwrap_or_default(),
         window_counts: Some(window_counts),
         allocators: None,
+        tally: None,
     })
 }

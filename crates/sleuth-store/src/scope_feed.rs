@@ -12,6 +12,7 @@
 //! 10M row fetches for 1.9M copies, against one pass over the table.
 
 use crate::packed_calls::PackedCalls;
+use crate::report_reads::WindowTally;
 use crate::rows::call_from_row;
 use crate::thread_pass::{sort_culprits, ThreadPass};
 use crate::types::StoredCall;
@@ -45,6 +46,9 @@ pub(crate) struct Feed<'o> {
     pub(crate) kept: Option<PackedCalls>,
     pub(crate) kept_max: usize,
     pub(crate) keep: &'o BTreeSet<&'static str>,
+    /// With a report's window: every call in scope tallied as the report
+    /// reads them (`report_reads::window_calls`), from this pass.
+    pub(crate) tally: Option<WindowTally>,
     /// Copies that join the pinned replay as they are read (`scoped`).
     pub(crate) copies: &'o BTreeSet<&'static str>,
     /// The first start and last end of the calls in scope.
@@ -68,6 +72,9 @@ impl CallSink for Feed<'_> {
     fn note(&mut self, s: &StoredCall) {
         let c = &s.call;
         self.ledger.track(c.pid);
+        if let Some(t) = &mut self.tally {
+            t.add(s.id, c);
+        }
         if let Some(kept) = &mut self.kept {
             if self.keep.contains(c.op_name())
                 && (kept.len() >= self.kept_max || !kept.push(s.id, c))

@@ -28,6 +28,7 @@
 use crate::packed_calls::PackedCalls;
 use crate::problems::{valid_call, TOTALS_OVERFLOW};
 use crate::reader::Trace;
+use crate::report_reads::WindowTally;
 use crate::rows::calls_sql_from;
 use crate::scope_feed::{self, Feed};
 use crate::stream::{CallQuery, Rows, StreamOrder};
@@ -75,6 +76,16 @@ pub fn explanation_or_loaded_after(
     if let Some(e) = explanation_seeded(trace, filter, scope_feed::KEPT_MAX, &pinned)? {
         return Ok(e);
     }
+    loaded_explanation(trace, filter, pinned)
+}
+
+/// The explanation of a scope that must be loaded (see [`explanation`]),
+/// begun with the host ranges `pinned`.
+fn loaded_explanation(
+    trace: &Trace,
+    filter: &CallFilter,
+    pinned: PinnedState,
+) -> Result<Explanation, StoreError> {
     let mut data = trace.load_calls_of(filter)?;
     keep_counts_of_op(&mut data.counts, filter.op.as_deref());
     match filter.since_ns.is_some() || filter.until_ns.is_some() {
@@ -86,6 +97,33 @@ pub fn explanation_or_loaded_after(
             ))
         }
     }
+}
+
+/// [`explanation_or_loaded_after`] of a report's window, with the
+/// window's calls as `report_reads::window_calls` reads them (keeping the
+/// `n` slowest): from the explanation's own pass over the same calls where
+/// the scope is streamed (one read of the window's rows, not two: ten
+/// seconds of the bench's 10M-call trace were 1.6 s of a 4.3-s report),
+/// read apart where it is loaded or the filter names an op.
+pub fn explanation_and_calls_or_loaded_after(
+    trace: &Trace,
+    filter: &CallFilter,
+    earlier: PinnedState,
+    n: usize,
+) -> Result<(Explanation, crate::report_reads::WindowCalls), StoreError> {
+    let pinned = pinned_at_start(trace, filter, earlier)?;
+    // A report's window has no op; the calls are every op's whatever the filter's.
+    let tally = filter.op.is_none().then_some(n);
+    let explained = parts_explained(trace, filter, scope_feed::KEPT_MAX, &pinned, tally)?;
+    let (e, tally) = match explained {
+        Some(parts) => parts,
+        None => (loaded_explanation(trace, filter, pinned)?, None),
+    };
+    let calls = match tally {
+        Some(tally) => crate::report_reads::window_calls_of(trace, filter, tally)?,
+        None => crate::report_reads::window_calls(trace, filter, n)?,
+    };
+    Ok((e, calls))
 }
 
 /// Call rows past which a whole file without rollups is streamed, not
@@ -138,7 +176,15 @@ pub(crate) fn whole_streamed_parts(
     };
     let pinned = pinned_at_start(trace, &filter, PinnedState::default())?;
     let start = LedgerBuilder::new(None);
-    parts_seeded(trace, &filter, scope_feed::KEPT_MAX, &pinned, &start, true)
+    parts_seeded(
+        trace,
+        &filter,
+        scope_feed::KEPT_MAX,
+        &pinned,
+        &start,
+        true,
+        None,
+    )
 }
 
 /// Whether the file's call rows span more than `n` row ids (from its
@@ -283,6 +329,18 @@ fn explanation_seeded(
     kept_max: usize,
     pinned_ranges: &PinnedState,
 ) -> Result<Option<Explanation>, StoreError> {
+    Ok(parts_explained(trace, filter, kept_max, pinned_ranges, None)?.map(|(e, _)| e))
+}
+
+/// [`explanation_seeded`], with the scope's calls tallied as a report's
+/// window reads them (keeping the `tally` slowest) where that is asked.
+fn parts_explained(
+    trace: &Trace,
+    filter: &CallFilter,
+    kept_max: usize,
+    pinned_ranges: &PinnedState,
+    tally: Option<usize>,
+) -> Result<Option<(Explanation, Option<WindowTally>)>, StoreError> {
     // A window's allocator views are replayed from the file (its start
     // on): the scope then neither loads the file's allocator events nor
     // keeps the memory calls that a replay of its own would read. The
@@ -295,6 +353,7 @@ fn explanation_seeded(
         pinned_ranges,
         &LedgerBuilder::new(None),
         !replayed,
+        tally,
     )?;
     let Some(mut parts) = parts else {
         return Ok(None);
@@ -302,7 +361,8 @@ fn explanation_seeded(
     if replayed {
         parts.allocators = replay_window_allocators(trace, filter)?;
     }
-    Ok(Some(parts.explain()))
+    let tally = parts.tally.take();
+    Ok(Some((parts.explain(), tally)))
 }
 
 /// The allocator views a window of one file reads: each process's at the
@@ -358,6 +418,9 @@ pub struct ScopeParts {
     /// replayed from the file's start ([`window_allocators`]); None: those
     /// of `data` (its allocator events and memory calls).
     pub allocators: Option<sleuth_core::allocator::KnownViews>,
+    /// The scope's calls tallied as a report's window reads them, where
+    /// the pass was asked to ([`explanation_and_calls_or_loaded_after`]).
+    pub(crate) tally: Option<WindowTally>,
 }
 
 impl ScopeParts {
@@ -394,7 +457,15 @@ pub fn window_parts_after(
     ledger: LedgerBuilder,
 ) -> Result<ScopeParts, StoreError> {
     let pinned = pinned_at_start(trace, filter, earlier)?;
-    if let Some(p) = parts_seeded(trace, filter, scope_feed::KEPT_MAX, &pinned, &ledger, false)? {
+    if let Some(p) = parts_seeded(
+        trace,
+        filter,
+        scope_feed::KEPT_MAX,
+        &pinned,
+        &ledger,
+        false,
+        None,
+    )? {
         return Ok(p);
     }
     loaded_parts(trace, filter, pinned, ledger)
@@ -428,6 +499,7 @@ fn loaded_parts(
         ledger,
         window_counts: Some(window_counts),
         allocators: None,
+        tally: None,
     })
 }
 
@@ -443,6 +515,7 @@ fn parts_seeded(
     pinned_ranges: &PinnedState,
     start: &LedgerBuilder,
     with_blocks: bool,
+    tally: Option<usize>,
 ) -> Result<Option<ScopeParts>, StoreError> {
     let pid = filter.pid;
     if let Some(pid) = pid {
@@ -584,6 +657,7 @@ fn parts_seeded(
             kept: windowed.then(PackedCalls::default),
             kept_max,
             keep: &keep,
+            tally: tally.map(WindowTally::new),
             copies: &copies,
             extent: None,
             splits: Vec::new(),
@@ -597,6 +671,7 @@ fn parts_seeded(
         kept: windowed.then(PackedCalls::default),
         kept_max: kept_share,
         keep: &keep,
+        tally: tally.map(WindowTally::new),
         copies: &copies,
         extent: None,
         splits: Vec::new(),
@@ -675,6 +750,7 @@ fn parts_seeded(
         kept,
         extent,
         mut splits,
+        tally,
         ..
     } = feed;
     sort_splits(&mut splits);
@@ -698,6 +774,7 @@ fn parts_seeded(
         },
     )?;
     parts.window_counts = window_counts;
+    parts.tally = tally;
     Ok(Some(parts))
 }
 
@@ -759,6 +836,9 @@ fn absorb(mine: &mut Feed, theirs: Feed, kept_max: usize) -> rusqlite::Result<()
         );
     }
     mine.splits.extend(theirs.splits);
+    if let (Some(t), Some(other)) = (&mut mine.tally, theirs.tally) {
+        t.absorb(other);
+    }
     Ok(())
 }
 
@@ -1058,6 +1138,7 @@ fn replay(trace: &Trace, pid: Option<u32>, r: Replay) -> Result<ScopeParts, Stor
         ledger,
         window_counts: None,
         allocators: None,
+        tally: None,
     })
 }
 
@@ -1192,10 +1273,17 @@ mod tests {
                 ..Default::default()
             },
         ] {
-            let streamed =
-                parts_seeded(&trace, &filter, scope_feed::KEPT_MAX, &pinned, &start, true)
-                    .unwrap()
-                    .expect("streamed in one pass");
+            let streamed = parts_seeded(
+                &trace,
+                &filter,
+                scope_feed::KEPT_MAX,
+                &pinned,
+                &start,
+                true,
+                None,
+            )
+            .unwrap()
+            .expect("streamed in one pass");
             let loaded = loaded_parts(&trace, &filter, pinned.clone(), start.clone()).unwrap();
             let (s, l) = (explanation_json(streamed), explanation_json(loaded));
             // Churn found in a window, memory held in the op's scope.
@@ -1210,8 +1298,16 @@ mod tests {
             since_ns: Some(2_000_000),
             ..Default::default()
         };
-        let parts =
-            parts_seeded(&trace, &filter, scope_feed::KEPT_MAX, &pinned, &start, true).unwrap();
+        let parts = parts_seeded(
+            &trace,
+            &filter,
+            scope_feed::KEPT_MAX,
+            &pinned,
+            &start,
+            true,
+            None,
+        )
+        .unwrap();
         assert!(parts.is_none(), "loaded past one pass's threads");
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -1373,6 +1469,29 @@ mod tests {
                     many, one,
                     "{filter:?}, {workers} readers, kept at most {kept_max}"
                 );
+            }
+            // A report's window: the calls tallied by the explanation's
+            // pass, one reader or several, are those of their own read
+            // (the slowest among many of equal duration: ties by start, id).
+            if filter.op.is_none() {
+                let want = crate::report_reads::window_calls(&trace, &filter, 5).unwrap();
+                for workers in [1, 3] {
+                    WORKERS.with(|w| w.set(Some(workers)));
+                    let (e, got) = explanation_and_calls_or_loaded_after(
+                        &trace,
+                        &filter,
+                        PinnedState::default(),
+                        5,
+                    )
+                    .unwrap();
+                    WORKERS.with(|w| w.set(None));
+                    assert_eq!(serde_json::to_value(e).unwrap(), one);
+                    assert_eq!(got.ops, want.ops, "{filter:?}");
+                    assert_eq!(got.calls_by_pid, want.calls_by_pid);
+                    assert_eq!(got.calls, want.calls);
+                    assert_eq!(got.slowest, want.slowest);
+                    assert_eq!(got.slowest.len(), 5);
+                }
             }
         }
         let _ = std::fs::remove_dir_all(&dir);

@@ -91,10 +91,13 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     let window = args.window.resolve(&trace)?;
     let mut inputs = inputs_of(&trace, pid, true)?;
     if let (Some(w), Some(file)) = (window, &file) {
-        let part = sleuth_store::report_reads::window_calls(&trace, &w.filter(pid), SLOWEST_CALLS)?;
         let earlier = file.pinned_earlier(&trace, pid)?;
-        let explanation =
-            sleuth_store::scoped::explanation_or_loaded_after(&trace, &w.filter(pid), earlier)?;
+        let (explanation, part) = sleuth_store::scoped::explanation_and_calls_or_loaded_after(
+            &trace,
+            &w.filter(pid),
+            earlier,
+            SLOWEST_CALLS,
+        )?;
         inputs = inputs.narrowed_to(w, part, explanation);
     }
     // After the reads: what they skipped (none when a large trace was
