@@ -212,11 +212,11 @@ pub(crate) fn per_thread(
 
 /// [`per_thread`] with the threads shared out between `th.conn` and the
 /// connections of `others`, each share read on its own CPU into its own
-/// feed, the side feeds then added to `feed` (`absorb`) in their order. Threads
-/// go to the lightest share by `weight` (heaviest first), so a window of
-/// several busy threads (PyTorch's main and autograd threads, a process
-/// per GPU) reads in about the time of its busiest share; a scope of one
-/// busy thread gains nothing. What a thread's pass does depends on its
+/// feed, the side feeds then added to `feed` (`absorb`) in their order.
+/// Threads go to the lightest share by weight (heaviest first), so a
+/// window of several busy threads (PyTorch's main and autograd threads, a
+/// process per GPU) reads in about the time of its busiest share; a scope
+/// of one busy thread gains nothing. What a thread's pass does depends on its
 /// own calls and waits only, so the feeds hold what one pass would, as
 /// long as `absorb` adds them as one trace's (`add_other_threads`).
 pub(crate) fn per_thread_side_by_side<F: CallSink + Send>(

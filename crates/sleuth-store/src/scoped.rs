@@ -1257,6 +1257,17 @@ mod tests {
         let trace = Trace::open(&path).unwrap();
         let start = LedgerBuilder::new(None);
         let pinned = PinnedState::default();
+        let seeded = |trace: &Trace, filter: &CallFilter| {
+            parts_seeded(
+                trace,
+                filter,
+                scope_feed::KEPT_MAX,
+                &pinned,
+                &start,
+                true,
+                None,
+            )
+        };
         for filter in [
             CallFilter {
                 since_ns: Some(2_000_000),
@@ -1273,17 +1284,9 @@ mod tests {
                 ..Default::default()
             },
         ] {
-            let streamed = parts_seeded(
-                &trace,
-                &filter,
-                scope_feed::KEPT_MAX,
-                &pinned,
-                &start,
-                true,
-                None,
-            )
-            .unwrap()
-            .expect("streamed in one pass");
+            let streamed = seeded(&trace, &filter)
+                .unwrap()
+                .expect("streamed in one pass");
             let loaded = loaded_parts(&trace, &filter, pinned.clone(), start.clone()).unwrap();
             let (s, l) = (explanation_json(streamed), explanation_json(loaded));
             // Churn found in a window, memory held in the op's scope.
@@ -1298,16 +1301,7 @@ mod tests {
             since_ns: Some(2_000_000),
             ..Default::default()
         };
-        let parts = parts_seeded(
-            &trace,
-            &filter,
-            scope_feed::KEPT_MAX,
-            &pinned,
-            &start,
-            true,
-            None,
-        )
-        .unwrap();
+        let parts = seeded(&trace, &filter).unwrap();
         assert!(parts.is_none(), "loaded past one pass's threads");
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -131,19 +131,7 @@ impl FindingInputs {
                 }
             }
         }
-        for (key, t) in later.threads {
-            match self.threads.get_mut(&key) {
-                Some(mine) => mine.merge(t)?,
-                None => {
-                    self.threads.insert(key, t);
-                }
-            }
-        }
-        for (pid, (first, last)) in later.spans {
-            let e = self.spans.entry(pid).or_insert((first, last));
-            e.0 = e.0.min(first);
-            e.1 = e.1.max(last);
-        }
+        self.add_threads_and_spans(later.threads, later.spans)?;
         merge_thread_splits(&mut self.splits, later.splits);
         crate::threads::sort_splits(&mut self.splits);
         self.process_ops = match (self.process_ops.take(), later.process_ops) {
@@ -190,19 +178,7 @@ impl FindingInputs {
                 }
             }
         }
-        for (key, t) in other.threads {
-            match self.threads.get_mut(&key) {
-                Some(mine) => mine.merge(t)?,
-                None => {
-                    self.threads.insert(key, t);
-                }
-            }
-        }
-        for (pid, (first, last)) in other.spans {
-            let e = self.spans.entry(pid).or_insert((first, last));
-            e.0 = e.0.min(first);
-            e.1 = e.1.max(last);
-        }
+        self.add_threads_and_spans(other.threads, other.spans)?;
         self.splits.extend(other.splits);
         crate::threads::sort_splits(&mut self.splits);
         if let (Some(mine), Some(theirs)) = (&mut self.process_ops, other.process_ops) {
@@ -214,6 +190,29 @@ impl FindingInputs {
         }
         for (pid, ranges) in other.pinned {
             self.pinned.entry(pid).or_insert(ranges);
+        }
+        Ok(())
+    }
+
+    /// Adds other aggregates' threads (a thread in both merged as a later
+    /// file's) and processes' spans (widened).
+    fn add_threads_and_spans(
+        &mut self,
+        threads: HashMap<(u32, u32), ThreadInputs>,
+        spans: HashMap<u32, (u64, u64)>,
+    ) -> Result<(), ResolutionMismatch> {
+        for (key, t) in threads {
+            match self.threads.get_mut(&key) {
+                Some(mine) => mine.merge(t)?,
+                None => {
+                    self.threads.insert(key, t);
+                }
+            }
+        }
+        for (pid, (first, last)) in spans {
+            let e = self.spans.entry(pid).or_insert((first, last));
+            e.0 = e.0.min(first);
+            e.1 = e.1.max(last);
         }
         Ok(())
     }
