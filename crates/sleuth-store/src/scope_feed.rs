@@ -22,7 +22,7 @@ use sleuth_core::findings::inputs::FindingInputs;
 use sleuth_core::ledger::LedgerBuilder;
 use sleuth_core::threads::{ThreadSplit, ThreadStream};
 use sleuth_core::Culprit;
-use sleuth_core::{CallEvent, TraceData};
+use sleuth_core::TraceData;
 use std::collections::{BTreeMap, BTreeSet};
 
 /// Threads read at once by [`one_read`] at most (each holds a statement and
@@ -56,6 +56,33 @@ pub(crate) struct Feed<'o> {
     pub(crate) splits: Vec<ThreadSplit>,
 }
 
+impl Feed<'_> {
+    /// Adds the feed of another reader's threads of the same scope
+    /// (`per_thread_side_by_side`): the kept calls join while both kept
+    /// theirs and `kept_max` holds them all (else none: the replay reads
+    /// them again).
+    pub(crate) fn absorb(&mut self, theirs: Feed, kept_max: usize) -> rusqlite::Result<()> {
+        self.inputs
+            .add_other_threads(theirs.inputs)
+            .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
+        for pid in theirs.ledger.tracked() {
+            self.ledger.track(pid);
+        }
+        self.kept = match (self.kept.take(), theirs.kept) {
+            (Some(mut a), Some(b)) if a.len() + b.len() <= kept_max => a.append(b).then_some(a),
+            _ => None,
+        };
+        if let Some(span) = theirs.extent {
+            widen(&mut self.extent, span);
+        }
+        self.splits.extend(theirs.splits);
+        if let (Some(t), Some(other)) = (&mut self.tally, theirs.tally) {
+            t.absorb(other);
+        }
+        Ok(())
+    }
+}
+
 /// What a pass over the calls in scope ([`per_thread`], [`one_read`])
 /// hands them to.
 pub(crate) trait CallSink {
@@ -82,7 +109,7 @@ impl CallSink for Feed<'_> {
                 self.kept = None;
             }
         }
-        widen(&mut self.extent, c);
+        widen(&mut self.extent, (c.ts_ns, c.end_ns()));
     }
 
     fn add(&mut self, s: &StoredCall, culprits: Vec<Culprit>) {
@@ -366,9 +393,7 @@ pub(crate) fn one_read(
     Ok(true)
 }
 
-/// Widens `span` (first start, last end) to cover call `c`.
-fn widen(span: &mut Option<(u64, u64)>, c: &CallEvent) {
-    *span = Some(span.map_or((c.ts_ns, c.end_ns()), |(a, b)| {
-        (a.min(c.ts_ns), b.max(c.end_ns()))
-    }));
+/// Widens `span` (first start, last end) to cover `(first, last)`.
+pub(crate) fn widen(span: &mut Option<(u64, u64)>, (first, last): (u64, u64)) {
+    *span = Some(span.map_or((first, last), |(a, b)| (a.min(first), b.max(last))));
 }

@@ -644,37 +644,27 @@ fn parts_seeded(
     };
     // With a window, those calls are kept as the pass reads them.
     let keep: BTreeSet<&'static str> = pinned.union(&memory).copied().collect();
-    let new_feed = || {
-        let mut ledger = start.clone();
-        for oc in &data.counts {
-            ledger.track(oc.pid);
-        }
-        Feed {
-            // Memory pinned before the scope began is pinned inside it.
-            inputs: FindingInputs::new(Resolution::Bucketed, tracer)
-                .with_pinned(pinned_ranges.clone()),
-            ledger,
-            kept: windowed.then(PackedCalls::default),
-            kept_max,
-            keep: &keep,
-            tally: tally.map(WindowTally::new),
-            copies: &copies,
-            extent: None,
-            splits: Vec::new(),
-        }
-    };
-    // A feed of the threads another reader reads: the same start, its
-    // processes listed in a ledger of their own (the pass only lists them).
-    let side_feed = |kept_share: usize| Feed {
+    // A feed from the scope's start: the ledger `ledger` (a reader of
+    // other threads lists its processes in a ledger of its own, the pass
+    // only lists them), at most `kept_max` calls kept.
+    let feed_of = |ledger: LedgerBuilder, kept_max: usize| Feed {
+        // Memory pinned before the scope began is pinned inside it.
         inputs: FindingInputs::new(Resolution::Bucketed, tracer).with_pinned(pinned_ranges.clone()),
-        ledger: LedgerBuilder::new(None),
+        ledger,
         kept: windowed.then(PackedCalls::default),
-        kept_max: kept_share,
+        kept_max,
         keep: &keep,
         tally: tally.map(WindowTally::new),
         copies: &copies,
         extent: None,
         splits: Vec::new(),
+    };
+    let new_feed = || {
+        let mut ledger = start.clone();
+        for oc in &data.counts {
+            ledger.track(oc.pid);
+        }
+        feed_of(ledger, kept_max)
     };
     let th = scope_feed::Threads {
         conn,
@@ -731,14 +721,14 @@ fn parts_seeded(
             let share = kept_max / (side.len() + 1);
             feed.kept_max = share;
             let weight = |t: &(u32, u32)| weights.get(t).copied().unwrap_or(0);
-            let side_feed = || side_feed(share);
+            let side_feed = || feed_of(LedgerBuilder::new(None), share);
             let others = scope_feed::SideReaders {
                 side,
                 weight: &weight,
                 side_feed: &side_feed,
             };
             scope_feed::per_thread_side_by_side(&mut feed, &th, others, &calls_q, &args, |m, t| {
-                absorb(m, t, kept_max)
+                m.absorb(t, kept_max)
             })
             .map_err(read)?;
             feed.kept_max = kept_max;
@@ -813,33 +803,6 @@ fn side_readers(trace: &Trace, threads: &BTreeSet<(u32, u32)>) -> Vec<Connection
     let helpers = trace.helpers();
     let n = helpers.workers().min(threads.len()).saturating_sub(1);
     (0..n).map_while(|_| helpers.open()).collect()
-}
-
-/// Adds the feed of another reader's threads to `mine`: the kept calls
-/// join while both kept theirs and `kept_max` holds them all (else none:
-/// the replay reads them again).
-fn absorb(mine: &mut Feed, theirs: Feed, kept_max: usize) -> rusqlite::Result<()> {
-    mine.inputs
-        .add_other_threads(theirs.inputs)
-        .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
-    for pid in theirs.ledger.tracked() {
-        mine.ledger.track(pid);
-    }
-    mine.kept = match (mine.kept.take(), theirs.kept) {
-        (Some(mut a), Some(b)) if a.len() + b.len() <= kept_max => a.append(b).then_some(a),
-        _ => None,
-    };
-    if let Some((first, last)) = theirs.extent {
-        mine.extent = Some(
-            mine.extent
-                .map_or((first, last), |(a, b)| (a.min(first), b.max(last))),
-        );
-    }
-    mine.splits.extend(theirs.splits);
-    if let (Some(t), Some(other)) = (&mut mine.tally, theirs.tally) {
-        t.absorb(other);
-    }
-    Ok(())
 }
 
 /// Adds `filter`'s op and window to a read of the calls as conditions on
@@ -960,9 +923,7 @@ fn from_op_rollups(
         .filter(|g| pid.is_none_or(|p| g.pid == p) && id_in_scope(Some(op), g.op))
     {
         ledger.track(g.pid);
-        extent = Some(extent.map_or((g.first_ts_ns, g.last_end_ns), |(a, b)| {
-            (a.min(g.first_ts_ns), b.max(g.last_end_ns))
-        }));
+        scope_feed::widen(&mut extent, (g.first_ts_ns, g.last_end_ns));
     }
     span_from_calls(&mut data, extent);
     // The pinned-memory replay has nothing to judge: a copy op's copies are
