@@ -32,5 +32,5 @@ pub use data::{GpuSample, NodeProcess, ProcessGpuSample, ProcessInfo, SamplePhas
 pub use event::{
     BlockEvent, CallEvent, Culprit, Event, OpCount, ProcEvent, ProcKind, WaitEvent, WaitKind, Waker,
 };
-pub use ops::{op_by_id, op_by_name, Layer, OpClass, OpInfo, OPS};
+pub use ops::{op_by_id, op_by_name, Layer, OpClass, OpInfo, OpSet, OPS};
 pub use span::TraceSpan;

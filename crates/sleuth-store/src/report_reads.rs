@@ -18,7 +18,6 @@
 use crate::budget::ReadBudget;
 use crate::error::{SqlContext, StoreError};
 use crate::lean::Lean;
-use crate::open::has_table;
 use crate::problems::{valid_call, valid_wait, MAX_NS};
 use crate::reader::{Trace, KEYED_ROWS};
 use crate::rows::{call_from_row, wait_from_row, waits_sql, CALL_COLS, WAIT_CULPRITS_SQL};
@@ -742,14 +741,7 @@ struct SlowestSql {
 }
 
 fn slowest_sql(conn: &Connection, v2: bool) -> rusqlite::Result<SlowestSql> {
-    let (host, join) = if has_table(conn, "call_host_ptrs")? {
-        (
-            "h.host_ptr",
-            "LEFT JOIN call_host_ptrs h ON h.call_id = calls.id",
-        )
-    } else {
-        ("NULL", "")
-    };
+    let (host, join) = crate::rows::host_ptr_join(conn)?;
     let stack = if has_column(conn, "calls", "stack_id")? {
         "calls.stack_id"
     } else {

@@ -143,17 +143,42 @@ pub(crate) fn calls_sql_from(
     source: &str,
     tail: &str,
 ) -> rusqlite::Result<String> {
-    let (host, join) = if has(conn, "call_host_ptrs")? {
-        (
-            "h.host_ptr",
-            "LEFT JOIN call_host_ptrs h ON h.call_id = calls.id",
-        )
-    } else {
-        ("NULL", "")
-    };
+    let (host, join) = host_ptr_join(conn)?;
     Ok(format!(
         "SELECT {CALL_COLS}, {host} FROM {source} {join} {tail}"
     ))
+}
+
+/// The copies' host pointer as a column of a read of `calls` and the join
+/// that gives it: `NULL` and none in a file without `call_host_ptrs`.
+pub(crate) fn host_ptr_join(conn: &Connection) -> rusqlite::Result<(&'static str, &'static str)> {
+    Ok(match has(conn, "call_host_ptrs")? {
+        true => (
+            "h.host_ptr",
+            "LEFT JOIN call_host_ptrs h ON h.call_id = calls.id",
+        ),
+        false => ("NULL", ""),
+    })
+}
+
+/// How the rows of a calls statement name their op (column 5): by name
+/// (the `calls` view) or by its id in the file's `ops` (`call_rows` read
+/// without the view's join).
+#[derive(Clone, Copy)]
+pub(crate) enum OpColumn<'o> {
+    Name,
+    Id(&'o OpIds),
+}
+
+impl OpColumn<'_> {
+    /// The call of a row of such a statement: [`call_from_row`] or
+    /// [`call_from_row_by_op_id`].
+    pub(crate) fn call(self, row: &Row) -> rusqlite::Result<Option<StoredCall>> {
+        match self {
+            OpColumn::Name => call_from_row(row),
+            OpColumn::Id(ops) => call_from_row_by_op_id(row, ops),
+        }
+    }
 }
 
 /// Runs `SELECT <CALL_COLS> FROM <source> <tail>` and maps known ops.

@@ -13,7 +13,7 @@
 
 use crate::packed_calls::PackedCalls;
 use crate::report_reads::WindowTally;
-use crate::rows::call_from_row;
+use crate::rows::{call_from_row, OpColumn};
 use crate::thread_pass::{sort_culprits, ThreadPass};
 use crate::types::StoredCall;
 use rusqlite::types::Value;
@@ -22,7 +22,7 @@ use sleuth_core::findings::inputs::FindingInputs;
 use sleuth_core::ledger::LedgerBuilder;
 use sleuth_core::threads::{ThreadSplit, ThreadStream};
 use sleuth_core::Culprit;
-use sleuth_core::TraceData;
+use sleuth_core::{OpSet, TraceData};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// Threads read at once by [`one_read`] at most (each holds a statement and
@@ -45,12 +45,12 @@ pub(crate) struct Feed<'o> {
     /// them again, sorted by SQLite: memory stays bounded).
     pub(crate) kept: Option<PackedCalls>,
     pub(crate) kept_max: usize,
-    pub(crate) keep: &'o BTreeSet<&'static str>,
+    pub(crate) keep: &'o OpSet,
     /// With a report's window: every call in scope tallied as the report
     /// reads them (`report_reads::window_calls`), from this pass.
     pub(crate) tally: Option<WindowTally>,
     /// Copies that join the pinned replay as they are read (`scoped`).
-    pub(crate) copies: &'o BTreeSet<&'static str>,
+    pub(crate) copies: &'o OpSet,
     /// The first start and last end of the calls in scope.
     pub(crate) extent: Option<(u64, u64)>,
     pub(crate) splits: Vec<ThreadSplit>,
@@ -103,7 +103,7 @@ impl CallSink for Feed<'_> {
             t.add(s.id, c);
         }
         if let Some(kept) = &mut self.kept {
-            if self.keep.contains(c.op_name())
+            if self.keep.contains(c.op)
                 && (kept.len() >= self.kept_max || !kept.push(s.id, c))
             {
                 self.kept = None;
@@ -115,7 +115,7 @@ impl CallSink for Feed<'_> {
     fn add(&mut self, s: &StoredCall, culprits: Vec<Culprit>) {
         let index = crate::finding_rollups::row_index(s.id);
         self.inputs.add_call(index, &s.call, &culprits);
-        if self.copies.contains(s.call.op_name()) {
+        if self.copies.contains(s.call.op) {
             self.inputs.add_in_end_order(index, &s.call);
         }
     }
@@ -192,25 +192,33 @@ impl<'s> OpenThread<'s> {
     }
 }
 
-/// Each thread's calls in scope through its own read: `calls_sql` with
-/// `?1` pid, `?2` tid, then `args`, in `(ts_ns, id)` order.
+/// A thread's calls in scope as [`per_thread`] reads them: `sql` with `?1`
+/// pid, `?2` tid, then `args`, in `(ts_ns, id)` order, its rows' op as
+/// `ops` names it.
+#[derive(Clone, Copy)]
+pub(crate) struct ThreadCalls<'q> {
+    pub(crate) sql: &'q str,
+    pub(crate) args: &'q [Value],
+    pub(crate) ops: OpColumn<'q>,
+}
+
+/// Each thread's calls in scope through its own read (`calls`).
 pub(crate) fn per_thread(
     feed: &mut impl CallSink,
     th: &Threads,
-    calls_sql: &str,
-    args: &[Value],
+    calls: ThreadCalls,
 ) -> rusqlite::Result<()> {
     for &(p, t) in th.threads {
-        let mut cst = th.conn.prepare_cached(calls_sql)?;
+        let mut cst = th.conn.prepare_cached(calls.sql)?;
         let mut statement = th.conn.prepare_cached(th.waits_sql)?;
         // Borrowed by the thread's pass once its first non-nested call is read.
         let mut waits = Some(&mut statement);
         let mut params = vec![Value::Integer(p.into()), Value::Integer(t.into())];
-        params.extend(args.iter().cloned());
-        let mut calls = cst.query(rusqlite::params_from_iter(params))?;
+        params.extend(calls.args.iter().cloned());
+        let mut rows = cst.query(rusqlite::params_from_iter(params))?;
         let mut open: Option<OpenThread> = None;
-        while let Some(row) = calls.next()? {
-            let Some(s) = call_from_row(row)? else {
+        while let Some(row) = rows.next()? {
+            let Some(s) = calls.ops.call(row)? else {
                 continue;
             };
             feed.note(&s);
@@ -227,7 +235,7 @@ pub(crate) fn per_thread(
             let culprits = thread.feed(&s)?;
             feed.add(&s, culprits);
         }
-        drop(calls);
+        drop(rows);
         if let Some(o) = open {
             if let Some(split) = o.finish(th.data.comm_of(p))? {
                 feed.split(split);
@@ -250,8 +258,7 @@ pub(crate) fn per_thread_side_by_side<F: CallSink + Send>(
     feed: &mut F,
     th: &Threads,
     others: SideReaders<F>,
-    calls_sql: &str,
-    args: &[Value],
+    calls: ThreadCalls,
     mut absorb: impl FnMut(&mut F, F) -> rusqlite::Result<()>,
 ) -> rusqlite::Result<()> {
     let SideReaders {
@@ -276,7 +283,7 @@ pub(crate) fn per_thread_side_by_side<F: CallSink + Send>(
                         data,
                     };
                     let mut f = side_feed();
-                    per_thread(&mut f, &th, calls_sql, args).map(|()| f)
+                    per_thread(&mut f, &th, calls).map(|()| f)
                 })
             })
             .collect();
@@ -284,7 +291,7 @@ pub(crate) fn per_thread_side_by_side<F: CallSink + Send>(
             threads: mine,
             ..*th
         };
-        let result = per_thread(feed, &own, calls_sql, args);
+        let result = per_thread(feed, &own, calls);
         let side: Vec<rusqlite::Result<F>> = readers
             .into_iter()
             .map(|r| r.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))

@@ -29,7 +29,7 @@ use crate::packed_calls::PackedCalls;
 use crate::problems::{valid_call, TOTALS_OVERFLOW};
 use crate::reader::Trace;
 use crate::report_reads::WindowTally;
-use crate::rows::calls_sql_from;
+use crate::rows::{calls_sql_from, OpColumn, OpIds};
 use crate::scope_feed::{self, Feed};
 use crate::stream::{CallQuery, Rows, StreamOrder};
 use crate::types::CallFilter;
@@ -41,7 +41,7 @@ use sleuth_core::findings::inputs::{FindingInputs, PinnedState, Resolution};
 use sleuth_core::findings::Explanation;
 use sleuth_core::ledger::LedgerBuilder;
 use sleuth_core::threads::{sort_splits, tracer_pid};
-use sleuth_core::{op_by_id, CallEvent, OpCount, TraceData};
+use sleuth_core::{op_by_id, CallEvent, OpCount, OpSet, TraceData};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// The explanation of the calls `filter` selects (its `pid`, `op`,
@@ -609,12 +609,28 @@ fn parts_seeded(
     // join to `ops` (on the view SQLite joins every call of the thread to
     // its op name first: 1.5 s against 0.8 s for one thread of the 10M
     // trace); the view's own condition stays.
-    let source = match &filter.op {
-        Some(_) => crate::stream::ops_searched_calls("?3").unwrap_or_else(|| "calls".into()),
-        None => "calls".into(),
+    // Without an op, from `call_rows` with the op's id (version 2 on): no
+    // join of `ops` per row, and no op name looked up per row (ten
+    // seconds of the bench's 10M-call trace: round 43).
+    let tail = format!("WHERE {scope} ORDER BY ts_ns, id");
+    let op_ids = match filter.op.is_none() && trace.version() >= 2 {
+        true => Some(OpIds::of(conn).map_err(read)?),
+        false => None,
     };
-    let calls_q = calls_sql_from(conn, &source, &format!("WHERE {scope} ORDER BY ts_ns, id"))
-        .map_err(read)?;
+    let calls_q = match (&filter.op, &op_ids) {
+        (None, Some(_)) => crate::stream::calls_sql_by_op_id(conn, &tail),
+        (Some(_), _) => match crate::stream::ops_searched_calls("?3") {
+            Some(source) => calls_sql_from(conn, &source, &tail),
+            None => calls_sql_from(conn, "calls", &tail),
+        },
+        (None, None) => calls_sql_from(conn, "calls", &tail),
+    }
+    .map_err(read)?;
+    let thread_calls = scope_feed::ThreadCalls {
+        sql: &calls_q,
+        args: &args,
+        ops: op_ids.as_ref().map_or(OpColumn::Name, OpColumn::Id),
+    };
     // A thread's waits that went back on CPU after its window's start (?3:
     // the first start of its non-nested calls in scope): one before adds
     // nothing to the split (`ThreadStream` clamps each wait to the window)
@@ -642,8 +658,10 @@ fn parts_seeded(
         true => std::mem::take(&mut pinned),
         false => BTreeSet::new(),
     };
-    // With a window, those calls are kept as the pass reads them.
-    let keep: BTreeSet<&'static str> = pinned.union(&memory).copied().collect();
+    // With a window, those calls are kept as the pass reads them. Both
+    // sets by op id: the pass tests each call against them.
+    let keep = OpSet::of_names(pinned.union(&memory).copied());
+    let copies = OpSet::of_names(copies);
     // A feed from the scope's start: the ledger `ledger` (a reader of
     // other threads lists its processes in a ledger of its own, the pass
     // only lists them), at most `kept_max` calls kept.
@@ -715,7 +733,7 @@ fn parts_seeded(
         feed = new_feed();
         let side = side_readers(trace, &threads);
         if side.is_empty() {
-            scope_feed::per_thread(&mut feed, &th, &calls_q, &args).map_err(read)?;
+            scope_feed::per_thread(&mut feed, &th, thread_calls).map_err(read)?;
         } else {
             // The kept calls bounded over all readers.
             let share = kept_max / (side.len() + 1);
@@ -727,7 +745,7 @@ fn parts_seeded(
                 weight: &weight,
                 side_feed: &side_feed,
             };
-            scope_feed::per_thread_side_by_side(&mut feed, &th, others, &calls_q, &args, |m, t| {
+            scope_feed::per_thread_side_by_side(&mut feed, &th, others, thread_calls, |m, t| {
                 m.absorb(t, kept_max)
             })
             .map_err(read)?;

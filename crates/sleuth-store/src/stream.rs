@@ -10,13 +10,11 @@
 use crate::budget::{ReadBudget, DEFAULT_READ_TIMEOUT};
 use crate::checked::BulkCheck;
 use crate::error::{SqlContext, StoreError};
-use crate::open::{has_index, has_table};
+use crate::open::has_index;
 use crate::problems::{valid_call, valid_wait, MAX_NS, TOTALS_OVERFLOW};
 use crate::reader::Trace;
 use crate::return_order::{OutOfOrder, Reorder, REORDER_ROWS};
-use crate::rows::{
-    call_from_row, call_from_row_by_op_id, wait_from_row, waits_sql, OpIds, CALL_COLS,
-};
+use crate::rows::{wait_from_row, waits_sql, OpColumn, OpIds, CALL_COLS};
 use crate::stacks::has_column;
 use crate::types::StoredCall;
 use rusqlite::types::Value;
@@ -898,13 +896,9 @@ fn select_sql(
     let limit = limit
         .map(|l| format!(" LIMIT {}", l.min(i64::MAX as usize)))
         .unwrap_or_default();
-    let (host, join) = if src.host_ptrs && has_table(conn, "call_host_ptrs")? {
-        (
-            "h.host_ptr",
-            "LEFT JOIN call_host_ptrs h ON h.call_id = calls.id",
-        )
-    } else {
-        ("NULL", "")
+    let (host, join) = match src.host_ptrs {
+        true => crate::rows::host_ptr_join(conn)?,
+        false => ("NULL", ""),
     };
     let stack = if src.has_stacks {
         "calls.stack_id"
@@ -943,12 +937,9 @@ pub(crate) fn run_select<E: From<StoreError>>(
     let mut rows = st
         .query(rusqlite::params_from_iter(args.iter()))
         .map_err(err)?;
+    let op_column = op_ids.map_or(OpColumn::Name, OpColumn::Id);
     while let Some(row) = rows.next().map_err(err)? {
-        let call = match op_ids {
-            Some(ops) => call_from_row_by_op_id(row, ops),
-            None => call_from_row(row),
-        };
-        let Some(mut c) = call.map_err(err)? else {
+        let Some(mut c) = op_column.call(row).map_err(err)? else {
             continue;
         };
         c.call.stack_id = row
@@ -1111,6 +1102,19 @@ pub(crate) fn calls_source(scan_rows: bool) -> String {
         Some(subquery) => subquery,
         None => "calls".to_string(),
     }
+}
+
+/// `SELECT <call columns, the op as its id, the copy's host pointer> FROM
+/// <the calls of `call_rows`> <tail>`: the rows of `rows::calls_sql_from` over
+/// the `calls` view, for [`OpColumn::Id`], without the view's join of
+/// `ops` per row (a window's threads read for its explanation: round 43).
+pub(crate) fn calls_sql_by_op_id(conn: &Connection, tail: &str) -> rusqlite::Result<String> {
+    let (host, join) = crate::rows::host_ptr_join(conn)?;
+    Ok(format!(
+        "SELECT {}, {host} FROM {} {join} {tail}",
+        call_columns("op_id"),
+        rows_source(false, false, None)
+    ))
 }
 
 /// `SELECT <call columns, the op as its id> FROM <the calls of `call_rows`>
