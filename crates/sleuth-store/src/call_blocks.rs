@@ -391,4 +391,125 @@ mod tests {
         );
         std::fs::remove_dir_all(&dir).unwrap();
     }
+
+    /// A finished file (its call groups and indexes built): a window read
+    /// by row id (`split_read`'s chunks, `replay_by_return`) keeps to the
+    /// blocks its starts overlap, not to the `(tid, ts_ns)` index (which
+    /// SQLite would sort by id), and answers as that index does (the same
+    /// file without its blocks) and as the window loaded: with a long call
+    /// stored four blocks after its start, and a window that holds nothing.
+    #[test]
+    fn a_finished_files_window_by_id_keeps_to_its_blocks_and_answers_as_the_index() {
+        let dir = std::env::temp_dir().join(format!("gs-blocks-f-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("done.db");
+        let w =
+            crate::TraceWriter::create(&path, crate::SessionInfo::for_tests(), Default::default())
+                .unwrap();
+        let h = w.handle();
+        for block in 0..6u64 {
+            for i in 0..50u64 {
+                for tid in [100u32, 101] {
+                    let ts = 1_000_000 + (block * 50 + i) * 10_000 + u64::from(tid - 100);
+                    let op = ["cudaLaunchKernel", "cudaMemcpy", "cudaStreamSynchronize"];
+                    let c = call(op[(i % 3) as usize], tid, ts, 1_000 + i * 17 + block);
+                    h.send(Event::Call(c)).unwrap();
+                }
+            }
+            if block == 4 {
+                // Started in block 0's time, returned in block 4's.
+                let long = call("cudaStreamSynchronize", 102, 1_250_000, 2_000_000);
+                h.send(Event::Call(long)).unwrap();
+            }
+            h.flush().unwrap();
+        }
+        drop(h);
+        w.finish().unwrap();
+        let without = dir.join("without.db");
+        std::fs::copy(&path, &without).unwrap();
+        Connection::open(&without)
+            .unwrap()
+            .execute_batch("DROP TABLE call_blocks")
+            .unwrap();
+        let (with, bare) = (Trace::open(&path).unwrap(), Trace::open(&without).unwrap());
+        let windows = [
+            (Some(1_200_000), Some(1_300_000)),
+            (Some(2_000_000), Some(3_000_000)),
+            (None, Some(1_100_000)),
+            (Some(900_000_000), None),
+        ];
+        for (since, until) in windows {
+            let at = format!("{since:?}..{until:?}");
+            let q = crate::stream::CallQuery {
+                order: crate::stream::StreamOrder::ById,
+                since_ns: since,
+                until_ns: until,
+                ..Default::default()
+            };
+            let src = crate::stream::CallSource {
+                version: with.version(),
+                has_stacks: false,
+                host_ptrs: true,
+            };
+            let sql = |t: &Trace| {
+                crate::stream::call_statement(t.bulk().unwrap(), src, &q, true)
+                    .unwrap()
+                    .sql
+            };
+            let (blocks, index) = (sql(&with), sql(&bare));
+            assert!(!blocks.contains("tid IN"), "{at}: {blocks}");
+            assert!(index.contains("tid IN"), "{at}: {index}");
+            let filter = CallFilter {
+                since_ns: since,
+                until_ns: until,
+                ..Default::default()
+            };
+            let stats = |t: &Trace| {
+                let (r, _) = crate::window::stats_of(t, &filter).unwrap();
+                serde_json::to_value(r).unwrap()
+            };
+            let loaded = {
+                let data = with.load_calls_of(&filter).unwrap();
+                let (r, _) = crate::window::stats_from_loaded(&with, data, &filter).unwrap();
+                serde_json::to_value(r).unwrap()
+            };
+            assert_eq!(stats(&with), stats(&bare), "{at}: stats");
+            assert_eq!(stats(&with), loaded, "{at}: stats");
+            let ids = |t: &Trace| {
+                let mut ids = Vec::new();
+                crate::stream::Rows::open(t)
+                    .unwrap()
+                    .for_each_call::<crate::StoreError>(&q, |s| {
+                        ids.push(s.id);
+                        Ok(())
+                    })
+                    .unwrap();
+                ids
+            };
+            let got = ids(&with);
+            assert_eq!(got, ids(&bare), "{at}: rows");
+            assert!(got.windows(2).all(|p| p[0] < p[1]), "{at}: by id");
+        }
+        let long = |t: &Trace| {
+            let (r, _) = crate::window::stats_of(
+                t,
+                &CallFilter {
+                    since_ns: Some(1_200_000),
+                    until_ns: Some(1_300_000),
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+            r.ops
+                .iter()
+                .find(|o| o.op == "cudaStreamSynchronize")
+                .and_then(|o| o.max_ns)
+        };
+        assert_eq!(
+            long(&with),
+            Some(2_000_000),
+            "the long call is in its window"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

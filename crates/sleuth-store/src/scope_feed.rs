@@ -103,9 +103,7 @@ impl CallSink for Feed<'_> {
             t.add(s.id, c);
         }
         if let Some(kept) = &mut self.kept {
-            if self.keep.contains(c.op)
-                && (kept.len() >= self.kept_max || !kept.push(s.id, c))
-            {
+            if self.keep.contains(c.op) && (kept.len() >= self.kept_max || !kept.push(s.id, c)) {
                 self.kept = None;
             }
         }

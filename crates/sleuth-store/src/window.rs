@@ -36,7 +36,11 @@ fn window_rollups(
 ) -> Result<(OpRollups, Option<(i64, i64)>), StoreError> {
     let mut ops = OpRollups::new();
     let mut ids: Option<(i64, i64)> = None;
-    Rows::open(trace)?.for_each_call::<StoreError>(q, |s| {
+    let by_id = CallQuery {
+        order: StreamOrder::ById,
+        ..q.clone()
+    };
+    crate::split_read::for_each_call::<StoreError>(&Rows::open(trace)?, &by_id, |s| {
         ops.entry((s.call.pid, s.call.op)).or_default().add(&s.call);
         ids = Some(ids.map_or((s.id, s.id), |(lo, hi)| (lo.min(s.id), hi.max(s.id))));
         Ok(())
