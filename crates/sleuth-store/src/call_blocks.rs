@@ -183,6 +183,31 @@ mod tests {
         }
     }
 
+    fn window(since_ns: Option<u64>, until_ns: Option<u64>) -> CallFilter {
+        CallFilter {
+            since_ns,
+            until_ns,
+            ..Default::default()
+        }
+    }
+
+    /// A copy of the file at `path` beside it, its blocks dropped.
+    fn copy_without_blocks(path: &Path) -> std::path::PathBuf {
+        let without = path.with_file_name("without.db");
+        std::fs::copy(path, &without).unwrap();
+        Connection::open(&without)
+            .unwrap()
+            .execute_batch("DROP TABLE call_blocks")
+            .unwrap();
+        without
+    }
+
+    /// `stats` of a window as JSON.
+    fn stats_json(t: &Trace, filter: &CallFilter) -> serde_json::Value {
+        let (r, _) = crate::window::stats_of(t, filter).unwrap();
+        serde_json::to_value(r).unwrap()
+    }
+
     /// The pinned buffer's address.
     const PINNED: u64 = 0x7f00_0000_0000;
 
@@ -314,12 +339,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("live.db");
         being_written(&path);
-        let without = dir.join("without.db");
-        std::fs::copy(&path, &without).unwrap();
-        Connection::open(&without)
-            .unwrap()
-            .execute_batch("DROP TABLE call_blocks")
-            .unwrap();
+        let without = copy_without_blocks(&path);
         let windows = [
             (Some(3_500_000), Some(5_200_000)),
             (Some(7_000_000), None),
@@ -341,15 +361,8 @@ mod tests {
                 range.1 - range.0 < all.1 - all.0,
                 "{at}: {range:?} of {all:?}"
             );
-            let filter = CallFilter {
-                since_ns: since,
-                until_ns: until,
-                ..Default::default()
-            };
-            let stats = |t: &Trace| {
-                let (r, _) = crate::window::stats_of(t, &filter).unwrap();
-                serde_json::to_value(r).unwrap()
-            };
+            let filter = window(since, until);
+            let stats = |t: &Trace| stats_json(t, &filter);
             assert_eq!(stats(&with), stats(&bare), "{at}: stats");
             let explain = |t: &Trace| {
                 serde_json::to_value(crate::scoped::explanation_or_loaded(t, &filter).unwrap())
@@ -425,12 +438,7 @@ mod tests {
         }
         drop(h);
         w.finish().unwrap();
-        let without = dir.join("without.db");
-        std::fs::copy(&path, &without).unwrap();
-        Connection::open(&without)
-            .unwrap()
-            .execute_batch("DROP TABLE call_blocks")
-            .unwrap();
+        let without = copy_without_blocks(&path);
         let (with, bare) = (Trace::open(&path).unwrap(), Trace::open(&without).unwrap());
         let windows = [
             (Some(1_200_000), Some(1_300_000)),
@@ -459,15 +467,8 @@ mod tests {
             let (blocks, index) = (sql(&with), sql(&bare));
             assert!(!blocks.contains("tid IN"), "{at}: {blocks}");
             assert!(index.contains("tid IN"), "{at}: {index}");
-            let filter = CallFilter {
-                since_ns: since,
-                until_ns: until,
-                ..Default::default()
-            };
-            let stats = |t: &Trace| {
-                let (r, _) = crate::window::stats_of(t, &filter).unwrap();
-                serde_json::to_value(r).unwrap()
-            };
+            let filter = window(since, until);
+            let stats = |t: &Trace| stats_json(t, &filter);
             let loaded = {
                 let data = with.load_calls_of(&filter).unwrap();
                 let (r, _) = crate::window::stats_from_loaded(&with, data, &filter).unwrap();
@@ -490,23 +491,11 @@ mod tests {
             assert_eq!(got, ids(&bare), "{at}: rows");
             assert!(got.windows(2).all(|p| p[0] < p[1]), "{at}: by id");
         }
-        let long = |t: &Trace| {
-            let (r, _) = crate::window::stats_of(
-                t,
-                &CallFilter {
-                    since_ns: Some(1_200_000),
-                    until_ns: Some(1_300_000),
-                    ..Default::default()
-                },
-            )
-            .unwrap();
-            r.ops
-                .iter()
-                .find(|o| o.op == "cudaStreamSynchronize")
-                .and_then(|o| o.max_ns)
-        };
+        let (r, _) =
+            crate::window::stats_of(&with, &window(Some(1_200_000), Some(1_300_000))).unwrap();
+        let sync = r.ops.iter().find(|o| o.op == "cudaStreamSynchronize");
         assert_eq!(
-            long(&with),
+            sync.and_then(|o| o.max_ns),
             Some(2_000_000),
             "the long call is in its window"
         );
