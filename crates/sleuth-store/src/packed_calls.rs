@@ -42,12 +42,11 @@ impl PackedCalls {
     /// Keeps call `c` of row `id`; false (nothing kept) once the packed
     /// fields would pass 4 GiB, where a key's offset ends.
     pub(crate) fn push(&mut self, id: i64, c: &CallEvent) -> bool {
-        let Ok(at) = u32::try_from(self.bytes.len()) else {
-            return false;
-        };
+        // Its bytes must end where a 4-byte offset still reaches.
         if u32::try_from(self.bytes.len() + MAX_PACKED).is_err() {
             return false;
         }
+        let at = self.bytes.len() as u32;
         self.keys.push(Key {
             end_ns: c.end_ns(),
             ts_ns: c.ts_ns,
@@ -79,12 +78,10 @@ impl PackedCalls {
 
     /// Adds `other`'s calls; false (none added) past the offsets' 4 GiB.
     pub(crate) fn append(&mut self, other: PackedCalls) -> bool {
-        let Ok(shift) = u32::try_from(self.bytes.len()) else {
-            return false;
-        };
         if u32::try_from(self.bytes.len() + other.bytes.len()).is_err() {
             return false;
         }
+        let shift = self.bytes.len() as u32;
         self.keys.extend(other.keys.into_iter().map(|k| Key {
             at: k.at + shift,
             ..k
