@@ -36,6 +36,9 @@ fn window_rollups(
 ) -> Result<(OpRollups, Option<(i64, i64)>), StoreError> {
     let mut ops = OpRollups::new();
     let mut ids: Option<(i64, i64)> = None;
+    // The rollups do not depend on the order: the rows by id, which keeps
+    // to the writer's blocks that hold the window, in chunks read side by
+    // side on helper connections (`split_read`; round 43).
     let by_id = CallQuery {
         order: StreamOrder::ById,
         ..q.clone()
