@@ -89,7 +89,10 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     }
     // Resolved before the whole trace's reads: a bad window is known at once.
     let window = args.window.resolve(&trace)?;
-    let mut inputs = inputs_of(&trace, pid, true)?;
+    // A window's slowest calls are its own (`narrowed_to`): the whole
+    // file's are not read.
+    let n_slowest = if window.is_some() { 0 } else { SLOWEST_CALLS };
+    let mut inputs = inputs_of(&trace, pid, true, n_slowest)?;
     if let (Some(w), Some(file)) = (window, &file) {
         let earlier = file.pinned_earlier(&trace, pid)?;
         let (explanation, part) = sleuth_store::scoped::explanation_and_calls_or_loaded_after(
@@ -247,7 +250,8 @@ fn inputs_of_run(files: &[PathBuf]) -> Vec<&std::path::Path> {
     files.iter().map(|p| p.as_path()).collect()
 }
 
-/// What the report draws. With `lean_allowed`, a trace that stored its
+/// What the report draws, with the `n_slowest` slowest calls of a trace
+/// read from its aggregates. With `lean_allowed`, a trace that stored its
 /// rollups and finding rollups is read without its calls and waits
 /// (`sleuth_store::report_reads`: memory bounded by the aggregates), and a
 /// large one without rollups streamed (`report_reads::streamed`); else,
@@ -256,12 +260,11 @@ fn inputs_of(
     trace: &sleuth_store::Trace,
     pid: Option<u32>,
     lean_allowed: bool,
+    n_slowest: usize,
 ) -> anyhow::Result<Inputs> {
     if lean_allowed {
         let budget = ReadBudget::new(DEFAULT_READ_TIMEOUT);
-        if let Some(r) =
-            sleuth_store::report_reads::load(trace, pid, budget.clone(), SLOWEST_CALLS)?
-        {
+        if let Some(r) = sleuth_store::report_reads::load(trace, pid, budget.clone(), n_slowest)? {
             return Ok(Inputs::lean(r));
         }
         // A large file without rollups (still being written, or its

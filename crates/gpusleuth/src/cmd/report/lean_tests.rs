@@ -241,7 +241,7 @@ fn compare_read(
     let report = read(&t, pid).unwrap_or_else(|| panic!("{at}: the lean reads answer"));
     assert!(report.lean.data.waits.is_empty(), "{at}: no wait held");
     let lean = Inputs::lean(report);
-    let full = inputs_of(&t, pid, false).unwrap();
+    let full = inputs_of(&t, pid, false, SLOWEST_CALLS).unwrap();
     assert_eq!(lean.span, full.span, "{at}");
     assert_eq!((lean.calls, lean.waits), (full.calls, full.waits), "{at}");
     assert_eq!(lean.calls_by_pid, full.calls_by_pid, "{at}");
@@ -261,7 +261,7 @@ fn compare_read(
     latency_close(&lean.latency, &full.latency, at);
     // The command's own choice is the lean source.
     if chosen {
-        let chosen = inputs_of(&t, pid, true).unwrap();
+        let chosen = inputs_of(&t, pid, true, SLOWEST_CALLS).unwrap();
         assert_eq!(chosen.latency, lean.latency, "{at}: the lean path is taken");
     }
 
@@ -341,7 +341,7 @@ fn the_lean_report_equals_the_full_one_with_sites_ties_and_culprits() {
             compare(&again, Some(pid), &format!("rich pid {pid} {tag}"));
         }
     }
-    let full = inputs_of(&Trace::open(&path).unwrap(), None, false).unwrap();
+    let full = inputs_of(&Trace::open(&path).unwrap(), None, false, SLOWEST_CALLS).unwrap();
     // What the comparison covered: sites, a flame graph, ties, culprits.
     assert!(full.sites.len() >= 4, "{:?}", full.sites);
     assert!(full.sites.iter().any(|s| s.failed > 0));
@@ -373,9 +373,9 @@ fn each_process_report_differs_from_the_whole_trace_where_the_pid_filters() {
     let path = dir.join("t.db");
     rewrite_with_context(&rich_trace(), &path);
     let t = Trace::open(&path).unwrap();
-    let whole = inputs_of(&t, None, false).unwrap();
-    let parent = inputs_of(&t, Some(100), false).unwrap();
-    let child = inputs_of(&t, Some(101), false).unwrap();
+    let whole = inputs_of(&t, None, false, SLOWEST_CALLS).unwrap();
+    let parent = inputs_of(&t, Some(100), false, SLOWEST_CALLS).unwrap();
+    let child = inputs_of(&t, Some(101), false, SLOWEST_CALLS).unwrap();
     for one in [&parent, &child] {
         assert!(one.calls < whole.calls);
         assert_eq!(one.calls_by_pid.len(), 1);
@@ -408,7 +408,7 @@ fn the_report_of_a_process_without_calls_equals_the_full_one() {
     rewrite_with_context(&data, &path);
     compare(&path, Some(4243), "process without calls");
     let t = Trace::open(&path).unwrap();
-    let idle = inputs_of(&t, Some(4243), true).unwrap();
+    let idle = inputs_of(&t, Some(4243), true, SLOWEST_CALLS).unwrap();
     assert_eq!((idle.calls, idle.waits), (0, 0));
     assert!(idle.slowest.is_empty() && idle.latency.is_empty());
 }
@@ -425,7 +425,7 @@ fn an_absent_pid_is_the_same_error_on_either_path() {
         .err()
         .expect("an absent pid is refused")
         .to_string();
-    let full = inputs_of(&t, Some(4242), false)
+    let full = inputs_of(&t, Some(4242), false, SLOWEST_CALLS)
         .err()
         .expect("the full load refuses it")
         .to_string();
@@ -467,7 +467,7 @@ fn traces_without_rollups_or_process_rollups_take_the_full_path() {
     assert!(!lean(&t, Some(100)));
     assert!(lean(&t, None));
     // With --pid the report is the loaded process's.
-    let one = inputs_of(&t, Some(101), true).unwrap();
+    let one = inputs_of(&t, Some(101), true, SLOWEST_CALLS).unwrap();
     assert_eq!(one.calls_by_pid.keys().collect::<Vec<_>>(), vec![&101]);
 }
 
