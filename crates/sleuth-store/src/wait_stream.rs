@@ -42,6 +42,10 @@ pub(crate) fn thread_waits_sql(conn: &Connection, cond: &str) -> rusqlite::Resul
     )
 }
 
+/// Waits back on CPU at one time held at most to be put in wake order
+/// (about 10 MB; a file the tracer wrote has few such waits).
+const MAX_TIES: usize = 65_536;
+
 /// One row of [`thread_waits_sql`]: its wait's id, the wait (None for a
 /// kind this build does not know, or for a row after its wait's first)
 /// and the row's culprit.
@@ -84,8 +88,10 @@ impl<'s> WaitStream<'s> {
         };
         // Another wait back on CPU at the same time is rare (a thread is
         // off CPU once at a time: zero-length waits, or a malformed file's
-        // rows): those are read into `ties` and ordered by wake time.
-        loop {
+        // rows): those are read into `ties` and ordered by wake time, up to
+        // `MAX_TIES` of them (a crafted file's run past it is handed out in
+        // pieces, each in wake order: memory stays bounded).
+        while self.ties.len() + 1 < MAX_TIES {
             match self.next_in_row_order()? {
                 Some(w) if w.on_ns == first.on_ns => self.ties.push_back(w),
                 other => {
@@ -231,5 +237,52 @@ mod tests {
         assert_eq!(got[0].2, [(7, 95)]);
         assert_eq!(got[2].2, [(7, 30), (8, 10)]);
         assert_eq!(got[5].2, [(9, 60)]);
+    }
+
+    /// A crafted thread whose waits all went back on CPU at one time, more
+    /// of them than `MAX_TIES`: every wait comes out once, each piece of
+    /// the run in wake order, and no more than `MAX_TIES` are held.
+    #[test]
+    fn a_crafted_run_of_waits_back_at_one_time_is_held_in_bounded_pieces() {
+        let conn = Connection::open_in_memory().expect("db");
+        crate::schema::create(&conn, "test", "test").expect("schema");
+        let n = MAX_TIES as i64 + 4_464;
+        let on = 10_000_000_i64;
+        conn.execute_batch("BEGIN").expect("begin");
+        for i in 0..n {
+            // Wake times falling with the row id: the statement's order
+            // is the reverse of wake order.
+            let (blocked, runnable) = (n - i, i + 1);
+            conn.execute(
+                "INSERT INTO waits(id, tid, pid_gap, off_ns, prev_state, cpu, kind_id, \
+                 blocked_for, runnable_for) VALUES (?1, 41, 1, ?2, 0, 0, 0, ?3, ?4)",
+                rusqlite::params![i + 1, on - blocked - runnable, blocked, runnable],
+            )
+            .expect("wait");
+        }
+        conn.execute_batch("COMMIT").expect("commit");
+        let sql = thread_waits_sql(&conn, "1").expect("sql");
+        let mut st = conn.prepare(&sql).expect("prepare");
+        let mut stream = WaitStream::new(st.query([40, 41]).expect("query"));
+        let mut wakes = Vec::new();
+        while let Some(w) = stream.next_wait().expect("wait") {
+            assert_eq!(w.on_ns, on as u64);
+            assert!(stream.ties.len() < MAX_TIES, "held {}", stream.ties.len());
+            wakes.push(w.wake_ns);
+        }
+        assert_eq!(wakes.len(), n as usize);
+        let (first, rest) = wakes.split_at(MAX_TIES);
+        assert!(
+            first.windows(2).all(|p| p[0] <= p[1]),
+            "the first piece in wake order"
+        );
+        assert!(
+            rest.windows(2).all(|p| p[0] <= p[1]),
+            "the second piece in wake order"
+        );
+        let mut all = wakes.clone();
+        all.sort_unstable();
+        all.dedup();
+        assert_eq!(all.len(), n as usize, "each wait once");
     }
 }
