@@ -617,12 +617,12 @@ fn parts_seeded(
         true => Some(OpIds::of(conn).map_err(read)?),
         false => None,
     };
-    let calls_q = match (&filter.op, &op_ids) {
-        (None, Some(_)) => crate::stream::calls_sql_by_op_id(conn, &tail),
-        (Some(_), _) => match crate::stream::ops_searched_calls("?3") {
-            Some(source) => calls_sql_from(conn, &source, &tail),
-            None => calls_sql_from(conn, "calls", &tail),
-        },
+    let calls_q = match (&op_ids, &filter.op) {
+        (Some(_), _) => crate::stream::calls_sql_by_op_id(conn, &tail),
+        (None, Some(_)) => {
+            let source = crate::stream::ops_searched_calls("?3");
+            calls_sql_from(conn, source.as_deref().unwrap_or("calls"), &tail)
+        }
         (None, None) => calls_sql_from(conn, "calls", &tail),
     }
     .map_err(read)?;

@@ -1119,11 +1119,17 @@ pub(crate) fn calls_source(scan_rows: bool) -> String {
 /// `ops` per row (a window's threads read for its explanation: round 43).
 pub(crate) fn calls_sql_by_op_id(conn: &Connection, tail: &str) -> rusqlite::Result<String> {
     let (host, join) = crate::rows::host_ptr_join(conn)?;
-    Ok(format!(
-        "SELECT {}, {host} FROM {} {join} {tail}",
+    Ok(rows_by_op_id_sql(host, &format!("{join} {tail}")))
+}
+
+/// `SELECT <call columns, the op as its id>, <host> FROM <the calls of
+/// `call_rows`> <tail>`.
+fn rows_by_op_id_sql(host: &str, tail: &str) -> String {
+    format!(
+        "SELECT {}, {host} FROM {} {tail}",
         call_columns("op_id"),
         rows_source(false, false, None)
-    ))
+    )
 }
 
 /// `SELECT <call columns, the op as its id> FROM <the calls of `call_rows`>
@@ -1134,11 +1140,7 @@ pub(crate) fn calls_sql_by_op_id(conn: &Connection, tail: &str) -> rusqlite::Res
 /// no copy (the finding rollups' replay judges them, and their example
 /// calls are read again by id).
 pub(crate) fn own_calls_sql_by_op_id(tail: &str) -> String {
-    format!(
-        "SELECT {}, NULL FROM {} {tail}",
-        call_columns("op_id"),
-        rows_source(false, false, None)
-    )
+    rows_by_op_id_sql("NULL", tail)
 }
 
 /// [`CALL_COLS`] of the source `calls`, its op read as `op_col` (`op`, the
