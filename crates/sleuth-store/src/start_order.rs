@@ -145,8 +145,9 @@ impl Rows {
 /// compete with the caller's own threads (an export serializes on a second
 /// one): on the 2-vCPU development VM a 1M-call export took 1.31 s and
 /// 111 MB with them, 1.24 s and 25 MB without (round 35). A caller with
-/// little work per row asks for them from fewer CPUs (the protobuf export:
-/// 15.8 -> 11.7 s on that VM's 10M-call trace, 27 -> 78 MB; round 37).
+/// little work per row asks for them from fewer CPUs (every export since
+/// round 44, from 2; the protobuf export: 15.8 -> 11.7 s on that VM's
+/// 10M-call trace, 27 -> 78 MB; round 37).
 const SIDE_BY_SIDE_FROM_CPUS: usize = 6;
 
 fn side_by_side(from_cpus: usize) -> bool {

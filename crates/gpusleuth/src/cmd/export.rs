@@ -17,8 +17,11 @@
 //! helper threads and written in order by one more (`pipeline`), never
 //! gathered into one document. A whole
 //! trace's calls are read by id and put in start order through a bounded
-//! buffer where the file allows (`Rows::for_each_call_by_start`). `json`
-//! reads nothing else.
+//! buffer where the file allows, from 2 CPUs on helper connections side by
+//! side (`Rows::for_each_call_by_start_from`). `json` reads nothing else.
+//! A call's slice, most of a Perfetto document's elements, is written as
+//! text by hand (`push_call_slice`, json_text.rs), byte for byte what
+//! serde's derived form wrote.
 //! `perfetto` still loads the whole trace once for the findings and the
 //! memory tracks (`Analysis`), then lets it go before writing.
 
@@ -302,16 +305,35 @@ impl<'w> ArrayWriter<'w> {
 /// ([`ArrayWriter`]), or a batch's elements serialized on a helper thread
 /// ([`Elements`], pipeline.rs).
 trait Items {
-    fn item<T: Serialize + ?Sized>(&mut self, v: &T) -> anyhow::Result<()>;
+    /// The buffer the next element is written into, its separator already
+    /// there.
+    fn next_element(&mut self) -> &mut Vec<u8>;
+    /// After an element was written into [`Items::next_element`]'s buffer.
+    fn element_written(&mut self) -> anyhow::Result<()>;
+
+    fn item<T: Serialize + ?Sized>(&mut self, v: &T) -> anyhow::Result<()> {
+        serde_json::to_writer(self.next_element(), v)?;
+        self.element_written()
+    }
+
+    /// An element whose JSON text `write` puts in the buffer whole
+    /// (json_text.rs).
+    fn raw(&mut self, write: impl FnOnce(&mut Vec<u8>)) -> anyhow::Result<()> {
+        write(self.next_element());
+        self.element_written()
+    }
 }
 
 impl Items for ArrayWriter<'_> {
-    fn item<T: Serialize + ?Sized>(&mut self, v: &T) -> anyhow::Result<()> {
+    fn next_element(&mut self) -> &mut Vec<u8> {
         if !self.first {
             self.buf.push(b',');
         }
         self.first = false;
-        serde_json::to_writer(&mut self.buf, v)?;
+        &mut self.buf
+    }
+
+    fn element_written(&mut self) -> anyhow::Result<()> {
         Ok(self.flush_piece()?)
     }
 }
@@ -323,12 +345,15 @@ struct Elements {
 }
 
 impl Items for Elements {
-    fn item<T: Serialize + ?Sized>(&mut self, v: &T) -> anyhow::Result<()> {
+    fn next_element(&mut self) -> &mut Vec<u8> {
         // A JSON value is never empty: an empty buffer holds no element.
         if !self.buf.is_empty() {
             self.buf.push(b',');
         }
-        serde_json::to_writer(&mut self.buf, v)?;
+        &mut self.buf
+    }
+
+    fn element_written(&mut self) -> anyhow::Result<()> {
         Ok(())
     }
 }
@@ -381,17 +406,20 @@ fn json_call(c: &CallEvent, host: bool) -> JsonCall {
     }
 }
 
-/// CPUs from which an export whose serializer is light reads its calls on
-/// helper connections side by side (`Rows::for_each_call_by_start_from`):
-/// two, where the Perfetto JSON export, whose serializer fills the second
-/// CPU, waits for six. On a small machine the reading thread was the whole
-/// export's time and the other CPU idled. The bench's 10M-call trace on the
-/// 2-vCPU development VM: `--format pftrace` (packets cost the serializer
-/// about a third of what JSON slices do) 15.8 -> 11.7 s, peak RSS 27 -> 78 MB
-/// (the calls the helpers read ahead; round 37); `--format json` (a call's
-/// object cost its serializer 3.4 of 15.8 s of CPU) 9.5-10.1 -> 8.0-8.5 s,
-/// 27 -> 103-111 MB (round 41).
-const LIGHT_SERIALIZER_FROM_CPUS: usize = 2;
+/// CPUs from which an export reads its calls on helper connections side
+/// by side (`Rows::for_each_call_by_start_from`): two, where the store's
+/// default waits for six for a caller whose own work per row fills the
+/// other CPUs. Each export's serializer is light enough: on a small machine
+/// the reading thread was the whole export's time and the other CPU idled.
+/// The bench's 10M-call trace on the 2-vCPU development VM:
+/// `--format pftrace` (packets cost the serializer about a third of what
+/// JSON slices did) 15.8 -> 11.7 s, peak RSS 27 -> 78 MB (the calls the
+/// helpers read ahead; round 37); `--format json` (a call's object cost its
+/// serializer 3.4 of 15.8 s of CPU) 9.5-10.1 -> 8.0-8.5 s, 27 -> 103-111 MB
+/// (round 41); Perfetto JSON, once a call's slice was written as text
+/// (15.2 -> 13.1 s of CPU), 10.4-10.7 -> 9.5-9.6 s, 29 -> 89-97 MB
+/// (round 44; before it, the helpers gained nothing there: 13.9 -> 13.7 s).
+const EXPORT_SIDE_BY_SIDE_FROM_CPUS: usize = 2;
 
 /// The calls array of `--format json`, from the store in load order.
 fn write_calls_json(
@@ -407,7 +435,7 @@ fn write_calls_json(
         |sink| {
             rows.for_each_call_by_start_from::<anyhow::Error>(
                 &Window::calls(window, pid),
-                LIGHT_SERIALIZER_FROM_CPUS,
+                EXPORT_SIDE_BY_SIDE_FROM_CPUS,
                 |c| sink.push(c.call),
             )
         },
@@ -426,44 +454,8 @@ fn dur_us(ns: u64) -> f64 {
     ns as f64 / 1e3
 }
 
-/// The arguments of a call's slice (name order, see [`JsonCall`]); the
-/// optional ones are left out when absent, as they always were.
-#[derive(Serialize)]
-struct SliceArgs {
-    blocked_us: Option<f64>,
-    cpu: Option<u32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    kind: Option<u64>,
-    layer: &'static str,
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    nested: bool,
-    on_cpu_us: Option<f64>,
-    op: &'static str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    ptr: Option<Hex>,
-    ret: Option<i64>,
-    runnable_us: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    site: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    size: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    stack: Option<Vec<String>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    stream: Option<Hex>,
-}
-
-/// A number as a `"0x…"` string, written without an allocation.
-struct Hex(u64);
-
-impl Serialize for Hex {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(&format_args!("{:#x}", self.0))
-    }
-}
-
-/// A complete slice (`ph: X`): a call's ([`SliceArgs`]) or one of a
-/// wait's off-CPU ones ([`OffCpuArgs`]).
+/// A complete slice (`ph: X`) of a wait's off-CPU time ([`OffCpuArgs`]);
+/// a call's is written as text ([`push_call_slice`]).
 #[derive(Serialize)]
 struct Slice<A> {
     args: A,
@@ -476,37 +468,87 @@ struct Slice<A> {
     ts: f64,
 }
 
-fn call_slice(c: &CallEvent, ctx: &TraceData, origin: u64) -> Slice<SliceArgs> {
-    let layer = c.layer().map(Layer::as_str).unwrap_or("unknown");
-    // Unknown without host context (imports): null, never 0.
-    let host = |ns: u64| ctx.has_host_context.then(|| dur_us(ns));
+/// A call's complete slice (`ph: X`) as JSON text, keys in name order as
+/// every element's (`serde_json`'s maps sort them, and the export was one
+/// such document before it streamed: `reference::call_slice`); the
+/// arguments `kind`, `nested`, `ptr`, `site`, `size`, `stack` and `stream`
+/// left out when absent, as they always were; the on-CPU, runnable and
+/// blocked times null without host context (imports), never 0.
+fn push_call_slice(b: &mut Vec<u8>, c: &CallEvent, ctx: &TraceData, origin: u64) {
+    use json_text::{push_hex, push_i64, push_micros, push_str, push_u64};
+    let host = ctx.has_host_context;
+    let host_micros = |b: &mut Vec<u8>, ns: u64| match host {
+        true => push_micros(b, ns),
+        false => b.extend_from_slice(b"null"),
+    };
     // The call site and its stack (innermost first) on the slice.
     let stack = c.stack_id.and_then(|id| ctx.stacks.get(&id));
-    Slice {
-        args: SliceArgs {
-            op: c.op_name(),
-            layer,
-            ret: c.has_status().then_some(c.ret),
-            on_cpu_us: host(c.on_cpu_ns()),
-            runnable_us: host(c.runnable_ns),
-            blocked_us: host(c.blocked_ns),
-            cpu: ctx.has_host_context.then_some(c.cpu),
-            size: c.size,
-            ptr: c.ptr.map(Hex),
-            stream: c.stream.map(Hex),
-            kind: c.kind,
-            nested: c.nested,
-            site: stack.map(|st| st.site_label()),
-            stack: stack.map(|st| st.frames.iter().map(|f| f.label()).collect()),
-        },
-        ph: "X",
-        name: c.op_name(),
-        cat: category(c.layer()),
-        ts: us(c.ts_ns, origin),
-        dur: dur_us(c.dur_ns),
-        pid: c.pid,
-        tid: c.tid,
+    b.extend_from_slice(b"{\"args\":{\"blocked_us\":");
+    host_micros(b, c.blocked_ns);
+    b.extend_from_slice(b",\"cpu\":");
+    match host {
+        true => push_u64(b, c.cpu.into()),
+        false => b.extend_from_slice(b"null"),
     }
+    if let Some(kind) = c.kind {
+        b.extend_from_slice(b",\"kind\":");
+        push_u64(b, kind);
+    }
+    b.extend_from_slice(b",\"layer\":");
+    push_str(b, c.layer().map(Layer::as_str).unwrap_or("unknown"));
+    if c.nested {
+        b.extend_from_slice(b",\"nested\":true");
+    }
+    b.extend_from_slice(b",\"on_cpu_us\":");
+    host_micros(b, c.on_cpu_ns());
+    b.extend_from_slice(b",\"op\":");
+    push_str(b, c.op_name());
+    if let Some(ptr) = c.ptr {
+        b.extend_from_slice(b",\"ptr\":");
+        push_hex(b, ptr);
+    }
+    b.extend_from_slice(b",\"ret\":");
+    match c.has_status() {
+        true => push_i64(b, c.ret),
+        false => b.extend_from_slice(b"null"),
+    }
+    b.extend_from_slice(b",\"runnable_us\":");
+    host_micros(b, c.runnable_ns);
+    if let Some(st) = stack {
+        b.extend_from_slice(b",\"site\":");
+        push_str(b, &st.site_label());
+    }
+    if let Some(size) = c.size {
+        b.extend_from_slice(b",\"size\":");
+        push_u64(b, size);
+    }
+    if let Some(st) = stack {
+        b.extend_from_slice(b",\"stack\":[");
+        for (i, frame) in st.frames.iter().enumerate() {
+            if i > 0 {
+                b.push(b',');
+            }
+            push_str(b, &frame.label());
+        }
+        b.push(b']');
+    }
+    if let Some(stream) = c.stream {
+        b.extend_from_slice(b",\"stream\":");
+        push_hex(b, stream);
+    }
+    b.extend_from_slice(b"},\"cat\":");
+    push_str(b, category(c.layer()));
+    b.extend_from_slice(b",\"dur\":");
+    push_micros(b, c.dur_ns);
+    b.extend_from_slice(b",\"name\":");
+    push_str(b, c.op_name());
+    b.extend_from_slice(b",\"ph\":\"X\",\"pid\":");
+    push_u64(b, c.pid.into());
+    b.extend_from_slice(b",\"tid\":");
+    push_u64(b, c.tid.into());
+    b.extend_from_slice(b",\"ts\":");
+    push_micros(b, c.ts_ns.saturating_sub(origin));
+    b.push(b'}');
 }
 
 /// A call slice's category, `cuda.<layer>`.
@@ -655,9 +697,11 @@ fn write_perfetto(
     pipelined(
         &mut ev,
         |sink| {
-            rows.for_each_call_by_start::<anyhow::Error>(&Window::calls(window, pid), |c| {
-                sink.push(Record::Call(c.call))
-            })?;
+            rows.for_each_call_by_start_from::<anyhow::Error>(
+                &Window::calls(window, pid),
+                EXPORT_SIDE_BY_SIDE_FROM_CPUS,
+                |c| sink.push(Record::Call(c.call)),
+            )?;
             let mut wait = |wt: WaitEvent| sink.push(Record::Wait(wt));
             match window {
                 Some(win) => {
@@ -713,9 +757,11 @@ fn write_pftrace(
     };
     pftrace::write(w, frame, window, |tracks, sink| {
         let q = Window::calls(window, pid);
-        rows.for_each_call_by_start_from::<anyhow::Error>(&q, LIGHT_SERIALIZER_FROM_CPUS, |c| {
-            tracks.call(sink, c.call)
-        })?;
+        rows.for_each_call_by_start_from::<anyhow::Error>(
+            &q,
+            EXPORT_SIDE_BY_SIDE_FROM_CPUS,
+            |c| tracks.call(sink, c.call),
+        )?;
         match window {
             Some(win) => rows.for_each_wait_in::<anyhow::Error>(pid, win.since, win.until, |wt| {
                 tracks.wait(sink, wt)
@@ -752,7 +798,7 @@ impl Record {
     /// The record as its slices: a call's, a wait's off-CPU ones.
     fn write(&self, ev: &mut impl Items, ctx: &TraceData, origin: u64) -> anyhow::Result<()> {
         match self {
-            Record::Call(c) => ev.item(&call_slice(c, ctx, origin)),
+            Record::Call(c) => ev.raw(|b| push_call_slice(b, c, ctx, origin)),
             Record::Wait(w) => off_cpu_slices(w, origin).try_for_each(|s| ev.item(&s)),
             &Record::Name { pid, tid, process } => {
                 if process {
@@ -1060,6 +1106,7 @@ fn earliest_ts(v: &Value) -> Option<u64> {
     }
 }
 
+mod json_text;
 mod pftrace;
 mod pipeline;
 mod proto;
@@ -1439,6 +1486,102 @@ mod tests {
             (Some(10), Some(1 << 30))
         );
         assert_eq!(doc["otherData"]["origin_mono_ns"], 1_000_000);
+    }
+
+    /// Every shape of call slice: with and without host context, each
+    /// optional argument present and absent, a site and a stack whose
+    /// labels need escapes, an op this build does not know, a void op,
+    /// times near and past the exact-decimal bound and before the origin.
+    #[test]
+    fn a_call_slice_written_as_text_is_the_documents_byte_for_byte() {
+        let frame = |kind, function: &str, file: Option<&str>, line| Frame {
+            kind: Some(kind),
+            function: Some(function.into()),
+            file: file.map(Into::into),
+            line,
+            module: Some("/opt/lib \"x\"/libfoo.so".into()),
+            addr: Some(0xdead_beef),
+        };
+        let stack = Stack {
+            id: 7,
+            pid: 1,
+            frames: vec![
+                frame(
+                    FrameKind::Python,
+                    "step\t\"q\"",
+                    Some("/w/tr\\ain.py"),
+                    Some(12),
+                ),
+                frame(FrameKind::Native, "ünï\u{1}code", None, None),
+            ],
+            notes: Vec::new(),
+        };
+        let empty = Stack {
+            id: 8,
+            pid: 1,
+            frames: Vec::new(),
+            notes: vec!["python frames truncated at 32".into()],
+        };
+        let ops: Vec<u16> = sleuth_core::ops::OPS
+            .iter()
+            .map(|o| o.id)
+            .chain([0, 31, 255, u16::MAX])
+            .collect();
+        let times = [
+            0,
+            1,
+            999,
+            1_500,
+            123_456_789,
+            999_999_999_999_999,
+            1_000_000_000_000_000,
+            1_000_000_000_000_001,
+            u64::MAX,
+        ];
+        let mut compared = 0;
+        for host in [true, false] {
+            let mut data = TraceData {
+                has_host_context: host,
+                ..Default::default()
+            };
+            data.stacks.insert(7, stack.clone());
+            data.stacks.insert(8, empty.clone());
+            for (i, &op) in ops.iter().enumerate() {
+                for (j, &t) in times.iter().enumerate() {
+                    let k = i + j;
+                    let c = CallEvent {
+                        ts_ns: t,
+                        dur_ns: times[(j + 3) % times.len()],
+                        pid: k as u32 * 7919,
+                        tid: u32::MAX - k as u32,
+                        op,
+                        ret: [0, 2, -1, i64::MIN, i64::MAX][k % 5],
+                        size: (k % 2 == 0).then_some(t),
+                        ptr: (k % 3 == 0).then_some(t ^ 0xabc),
+                        stream: (k % 4 != 1).then_some(k as u64),
+                        kind: (k % 5 == 2).then_some(4),
+                        host_ptr: None,
+                        nested: k % 6 == 1,
+                        runnable_ns: t / 3,
+                        blocked_ns: t / 5,
+                        cpu: k as u32,
+                        stack_id: [None, Some(7), Some(8), Some(9)][k % 4],
+                    };
+                    for origin in [0, 1_000, u64::MAX] {
+                        let mut text = Vec::new();
+                        push_call_slice(&mut text, &c, &data, origin);
+                        let doc = reference::call_slice(&c, &data, origin);
+                        assert_eq!(
+                            String::from_utf8(text).unwrap(),
+                            serde_json::to_string(&doc).unwrap(),
+                            "{c:?} origin {origin}"
+                        );
+                        compared += 1;
+                    }
+                }
+            }
+        }
+        assert!(compared > 2 * 60 * 9 * 3);
     }
 
     #[test]

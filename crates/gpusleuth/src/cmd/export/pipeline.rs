@@ -8,8 +8,8 @@
 //!
 //! Records cross in numbered batches of [`BATCH`]. Each batch is
 //! serialized whole by one of [`serializers`] threads (one on a machine of
-//! fewer than 6 CPUs, up to 4 on larger ones, where the reading itself is
-//! split over helper connections: `Rows::for_each_call_by_start`), and the
+//! fewer than 6 CPUs, up to 4 on larger ones; the reading itself is split
+//! over helper connections from 2: `Rows::for_each_call_by_start_from`), and the
 //! writer puts the batches' elements in the array in their order. At most
 //! [`AHEAD`] batches are read and not yet written, whatever the trace's
 //! length or the threads' speeds: memory stays bounded, and the output is

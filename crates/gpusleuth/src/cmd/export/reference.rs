@@ -10,7 +10,7 @@
 use super::{dur_us, finding_event, us};
 use serde_json::{json, Value};
 use sleuth_core::analysis::Analysis;
-use sleuth_core::WaitEvent;
+use sleuth_core::{CallEvent, WaitEvent};
 use sleuth_core::{Layer, TraceData};
 use std::collections::BTreeSet;
 
@@ -55,48 +55,8 @@ pub fn perfetto(data: &TraceData, analysis: &Analysis) -> Value {
     let origin = analysis.span.origin_ns;
     let mut ev: Vec<Value> = Vec::new();
     metadata(data, &mut ev);
-    // Unknown without host context (imports): null, never 0.
-    let host = |ns: u64| data.has_host_context.then(|| dur_us(ns));
     for c in &data.calls {
-        let layer = c.layer().map(Layer::as_str).unwrap_or("unknown");
-        let mut args = json!({
-            "op": c.op_name(),
-            "layer": layer,
-            "ret": c.has_status().then_some(c.ret),
-            "on_cpu_us": host(c.on_cpu_ns()),
-            "runnable_us": host(c.runnable_ns),
-            "blocked_us": host(c.blocked_ns),
-            "cpu": data.has_host_context.then_some(c.cpu),
-        });
-        let extra = [
-            ("size", c.size.map(Value::from)),
-            ("ptr", c.ptr.map(|p| Value::from(format!("{p:#x}")))),
-            ("stream", c.stream.map(|s| Value::from(format!("{s:#x}")))),
-            ("kind", c.kind.map(Value::from)),
-        ];
-        for (k, v) in extra {
-            if let Some(v) = v {
-                args[k] = v;
-            }
-        }
-        if c.nested {
-            args["nested"] = Value::Bool(true);
-        }
-        // The call site and its stack (innermost first) on the slice.
-        if let Some(st) = c.stack_id.and_then(|id| data.stacks.get(&id)) {
-            args["site"] = Value::from(st.site_label());
-            args["stack"] = Value::from(st.frames.iter().map(|f| f.label()).collect::<Vec<_>>());
-        }
-        ev.push(json!({
-            "ph": "X",
-            "name": c.op_name(),
-            "cat": format!("cuda.{layer}"),
-            "ts": us(c.ts_ns, origin),
-            "dur": dur_us(c.dur_ns),
-            "pid": c.pid,
-            "tid": c.tid,
-            "args": args,
-        }));
+        ev.push(call_slice(c, data, origin));
     }
     for w in &data.waits {
         ev.extend(off_cpu_slices(w, origin));
@@ -225,4 +185,49 @@ pub fn off_cpu_slices(w: &WaitEvent, origin: u64) -> impl Iterator<Item = Value>
         })
     });
     blocked.into_iter().chain(runnable)
+}
+
+/// A call's complete slice (`ph: X`), as the document held it.
+pub fn call_slice(c: &CallEvent, data: &TraceData, origin: u64) -> Value {
+    // Unknown without host context (imports): null, never 0.
+    let host = |ns: u64| data.has_host_context.then(|| dur_us(ns));
+    let layer = c.layer().map(Layer::as_str).unwrap_or("unknown");
+    let mut args = json!({
+        "op": c.op_name(),
+        "layer": layer,
+        "ret": c.has_status().then_some(c.ret),
+        "on_cpu_us": host(c.on_cpu_ns()),
+        "runnable_us": host(c.runnable_ns),
+        "blocked_us": host(c.blocked_ns),
+        "cpu": data.has_host_context.then_some(c.cpu),
+    });
+    let extra = [
+        ("size", c.size.map(Value::from)),
+        ("ptr", c.ptr.map(|p| Value::from(format!("{p:#x}")))),
+        ("stream", c.stream.map(|s| Value::from(format!("{s:#x}")))),
+        ("kind", c.kind.map(Value::from)),
+    ];
+    for (k, v) in extra {
+        if let Some(v) = v {
+            args[k] = v;
+        }
+    }
+    if c.nested {
+        args["nested"] = Value::Bool(true);
+    }
+    // The call site and its stack (innermost first) on the slice.
+    if let Some(st) = c.stack_id.and_then(|id| data.stacks.get(&id)) {
+        args["site"] = Value::from(st.site_label());
+        args["stack"] = Value::from(st.frames.iter().map(|f| f.label()).collect::<Vec<_>>());
+    }
+    json!({
+        "ph": "X",
+        "name": c.op_name(),
+        "cat": format!("cuda.{layer}"),
+        "ts": us(c.ts_ns, origin),
+        "dur": dur_us(c.dur_ns),
+        "pid": c.pid,
+        "tid": c.tid,
+        "args": args,
+    })
 }

@@ -299,7 +299,7 @@ fn write_pftrace(
             let trace = crate::checks_memo::open(path)?;
             let rows = Rows::open(&trace)?;
             let q = Window::calls(Some(window), pid);
-            let from_cpus = super::LIGHT_SERIALIZER_FROM_CPUS;
+            let from_cpus = super::EXPORT_SIDE_BY_SIDE_FROM_CPUS;
             rows.for_each_call_by_start_from::<anyhow::Error>(&q, from_cpus, |c| {
                 tracks.call(sink, c.call)
             })?;
