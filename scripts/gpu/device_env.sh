@@ -8,3 +8,15 @@ PY=${PY:-/opt/torch/.venv/bin/python3}
 CUDART=${CUDART:-/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cu13/lib/libcudart.so.13}
 LIBCUDA=${LIBCUDA:-/usr/local/nvidia/lib64/libcuda.so.1}
 mount -t tracefs nodev /sys/kernel/tracing 2>/dev/null || true
+# `timed CMD...`: wall seconds, peak RSS (MB) and exit status of one command
+# whose standard output is discarded (the export timings).
+timed() {
+  "$PY" - "$@" <<'PYEOF'
+import resource, subprocess, sys, time
+t = time.monotonic()
+rc = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL).returncode
+wall = time.monotonic() - t
+rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+print(f"{wall:.2f} s {rss:.0f} MB rc={rc}")
+PYEOF
+}

@@ -12,17 +12,6 @@ echo "cpus: $(nproc); $(grep -m1 'model name' /proc/cpuinfo)"
 db=/tmp/r35-f10.db; rm -f "$db"
 timeout 400 "$GS" bench --analysis-only --analysis-calls 10000000 --keep-trace "$db" >"$OUT/bench10m.txt" 2>&1
 echo "bench rc=$?"; head -1 "$OUT/bench10m.txt"; grep -E "^  (export|stats|explain) " "$OUT/bench10m.txt"
-# Wall seconds and peak RSS (MB) of one export to stdout, discarded.
-timed() {
-  "$PY" - "$@" <<'PYEOF'
-import resource, subprocess, sys, time
-t = time.monotonic()
-rc = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL).returncode
-wall = time.monotonic() - t
-rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-print(f"{wall:.2f} s {rss:.0f} MB rc={rc}")
-PYEOF
-}
 for rep in 1 2; do
   for fmt in perfetto json; do
     for b in "$OLD" "$GS"; do

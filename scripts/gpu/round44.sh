@@ -16,16 +16,6 @@ db=/tmp/r44-f10.db; rm -f "$db"
 t0=$(date +%s)
 timeout 420 "$GS" bench --analysis-only --analysis-calls 10000000 --keep-trace "$db" >"$OUT/bench10m.txt" 2>&1
 echo "bench rc=$? in $(( $(date +%s) - t0 )) s" >"$E"
-timed() {
-  "$PY" - "$@" <<'PYEOF'
-import resource, subprocess, sys, time
-t = time.monotonic()
-rc = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL).returncode
-wall = time.monotonic() - t
-rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-print(f"{wall:.2f} s {rss:.0f} MB rc={rc}")
-PYEOF
-}
 for rep in 1 2; do
   for fmt in json pftrace perfetto; do
     echo "rep $rep $fmt: $(timed "$GS" export --db "$db" --format "$fmt")" >>"$E"
