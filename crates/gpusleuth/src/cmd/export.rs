@@ -358,52 +358,64 @@ impl Items for Elements {
     }
 }
 
-/// One element of `--format json`. Fields in name order: the order
-/// `serde_json`'s maps (sorted keys) gave the document before it was streamed.
-#[derive(Serialize)]
-struct JsonCall {
-    blocked_ns: Option<u64>,
-    cpu: Option<u32>,
-    dur_ns: u64,
-    failed: bool,
-    kind: Option<u64>,
-    layer: Option<&'static str>,
-    nested: bool,
-    on_cpu_ns: Option<u64>,
-    op: &'static str,
-    pid: u32,
-    ptr: Option<u64>,
-    ret: Option<i64>,
-    runnable_ns: Option<u64>,
-    size: Option<u64>,
-    stream: Option<u64>,
-    tid: u32,
-    ts_ns: u64,
-}
-
-/// `--format json`: the calls as every other output names them — `op` and
-/// `layer` by name — and the on-CPU/runnable/blocked split null when the
-/// trace has no host context (imports), never 0.
-fn json_call(c: &CallEvent, host: bool) -> JsonCall {
-    JsonCall {
-        ts_ns: c.ts_ns,
-        dur_ns: c.dur_ns,
-        pid: c.pid,
-        tid: c.tid,
-        layer: c.layer().map(Layer::as_str),
-        op: c.op_name(),
-        ret: c.has_status().then_some(c.ret),
-        failed: c.failed(),
-        size: c.size,
-        ptr: c.ptr,
-        stream: c.stream,
-        kind: c.kind,
-        nested: c.nested,
-        on_cpu_ns: host.then(|| c.on_cpu_ns()),
-        runnable_ns: host.then_some(c.runnable_ns),
-        blocked_ns: host.then_some(c.blocked_ns),
-        cpu: host.then_some(c.cpu),
+/// One element of `--format json` as JSON text: the calls as every other
+/// output names them — `op` and `layer` by name — and the
+/// on-CPU/runnable/blocked split null when the trace has no host context
+/// (imports), never 0. Keys in name order, absent values null: the
+/// document `serde_json` wrote before it streamed
+/// (`reference::calls_json`), byte for byte.
+fn push_json_call(b: &mut Vec<u8>, c: &CallEvent, host: bool) {
+    use json_text::{push_i64, push_str, push_u64};
+    let opt_u64 = |b: &mut Vec<u8>, v: Option<u64>| match v {
+        Some(v) => push_u64(b, v),
+        None => b.extend_from_slice(b"null"),
+    };
+    let host_ns = |ns: u64| host.then_some(ns);
+    b.extend_from_slice(b"{\"blocked_ns\":");
+    opt_u64(b, host_ns(c.blocked_ns));
+    b.extend_from_slice(b",\"cpu\":");
+    opt_u64(b, host_ns(c.cpu.into()));
+    b.extend_from_slice(b",\"dur_ns\":");
+    push_u64(b, c.dur_ns);
+    b.extend_from_slice(match c.failed() {
+        true => b",\"failed\":true",
+        false => b",\"failed\":false",
+    });
+    b.extend_from_slice(b",\"kind\":");
+    opt_u64(b, c.kind);
+    b.extend_from_slice(b",\"layer\":");
+    match c.layer() {
+        Some(layer) => push_str(b, layer.as_str()),
+        None => b.extend_from_slice(b"null"),
     }
+    b.extend_from_slice(match c.nested {
+        true => b",\"nested\":true",
+        false => b",\"nested\":false",
+    });
+    b.extend_from_slice(b",\"on_cpu_ns\":");
+    opt_u64(b, host_ns(c.on_cpu_ns()));
+    b.extend_from_slice(b",\"op\":");
+    push_str(b, c.op_name());
+    b.extend_from_slice(b",\"pid\":");
+    push_u64(b, c.pid.into());
+    b.extend_from_slice(b",\"ptr\":");
+    opt_u64(b, c.ptr);
+    b.extend_from_slice(b",\"ret\":");
+    match c.has_status() {
+        true => push_i64(b, c.ret),
+        false => b.extend_from_slice(b"null"),
+    }
+    b.extend_from_slice(b",\"runnable_ns\":");
+    opt_u64(b, host_ns(c.runnable_ns));
+    b.extend_from_slice(b",\"size\":");
+    opt_u64(b, c.size);
+    b.extend_from_slice(b",\"stream\":");
+    opt_u64(b, c.stream);
+    b.extend_from_slice(b",\"tid\":");
+    push_u64(b, c.tid.into());
+    b.extend_from_slice(b",\"ts_ns\":");
+    push_u64(b, c.ts_ns);
+    b.push(b'}');
 }
 
 /// CPUs from which an export reads its calls on helper connections side
@@ -439,7 +451,7 @@ fn write_calls_json(
                 |c| sink.push(c.call),
             )
         },
-        |c, el| el.item(&json_call(c, host)),
+        |c, el| el.raw(|b| push_json_call(b, c, host)),
     )?;
     a.close()?;
     Ok(())
@@ -1488,6 +1500,54 @@ mod tests {
         assert_eq!(doc["otherData"]["origin_mono_ns"], 1_000_000);
     }
 
+    /// Calls of every op this build knows and of ids it does not (0, 31,
+    /// 255, 65535), at times near and past the exact-decimal bound, each
+    /// optional field present and absent, with a site (stack 7), a stack
+    /// without frames (8) and a stack id no stack has (9).
+    fn every_shape_of_call() -> Vec<CallEvent> {
+        let ops: Vec<u16> = sleuth_core::ops::OPS
+            .iter()
+            .map(|o| o.id)
+            .chain([0, 31, 255, u16::MAX])
+            .collect();
+        let times = [
+            0,
+            1,
+            999,
+            1_500,
+            123_456_789,
+            999_999_999_999_999,
+            1_000_000_000_000_000,
+            1_000_000_000_000_001,
+            u64::MAX,
+        ];
+        let mut calls = Vec::new();
+        for (i, &op) in ops.iter().enumerate() {
+            for (j, &t) in times.iter().enumerate() {
+                let k = i + j;
+                calls.push(CallEvent {
+                    ts_ns: t,
+                    dur_ns: times[(j + 3) % times.len()],
+                    pid: k as u32 * 7919,
+                    tid: u32::MAX - k as u32,
+                    op,
+                    ret: [0, 2, -1, i64::MIN, i64::MAX][k % 5],
+                    size: (k % 2 == 0).then_some(t),
+                    ptr: (k % 3 == 0).then_some(t ^ 0xabc),
+                    stream: (k % 4 != 1).then_some(k as u64),
+                    kind: (k % 5 == 2).then_some(4),
+                    host_ptr: None,
+                    nested: k % 6 == 1,
+                    runnable_ns: t / 3,
+                    blocked_ns: t / 5,
+                    cpu: k as u32,
+                    stack_id: [None, Some(7), Some(8), Some(9)][k % 4],
+                });
+            }
+        }
+        calls
+    }
+
     /// Every shape of call slice: with and without host context, each
     /// optional argument present and absent, a site and a stack whose
     /// labels need escapes, an op this build does not know, a void op,
@@ -1522,22 +1582,6 @@ mod tests {
             frames: Vec::new(),
             notes: vec!["python frames truncated at 32".into()],
         };
-        let ops: Vec<u16> = sleuth_core::ops::OPS
-            .iter()
-            .map(|o| o.id)
-            .chain([0, 31, 255, u16::MAX])
-            .collect();
-        let times = [
-            0,
-            1,
-            999,
-            1_500,
-            123_456_789,
-            999_999_999_999_999,
-            1_000_000_000_000_000,
-            1_000_000_000_000_001,
-            u64::MAX,
-        ];
         let mut compared = 0;
         for host in [true, false] {
             let mut data = TraceData {
@@ -1546,42 +1590,47 @@ mod tests {
             };
             data.stacks.insert(7, stack.clone());
             data.stacks.insert(8, empty.clone());
-            for (i, &op) in ops.iter().enumerate() {
-                for (j, &t) in times.iter().enumerate() {
-                    let k = i + j;
-                    let c = CallEvent {
-                        ts_ns: t,
-                        dur_ns: times[(j + 3) % times.len()],
-                        pid: k as u32 * 7919,
-                        tid: u32::MAX - k as u32,
-                        op,
-                        ret: [0, 2, -1, i64::MIN, i64::MAX][k % 5],
-                        size: (k % 2 == 0).then_some(t),
-                        ptr: (k % 3 == 0).then_some(t ^ 0xabc),
-                        stream: (k % 4 != 1).then_some(k as u64),
-                        kind: (k % 5 == 2).then_some(4),
-                        host_ptr: None,
-                        nested: k % 6 == 1,
-                        runnable_ns: t / 3,
-                        blocked_ns: t / 5,
-                        cpu: k as u32,
-                        stack_id: [None, Some(7), Some(8), Some(9)][k % 4],
-                    };
-                    for origin in [0, 1_000, u64::MAX] {
-                        let mut text = Vec::new();
-                        push_call_slice(&mut text, &c, &data, origin);
-                        let doc = reference::call_slice(&c, &data, origin);
-                        assert_eq!(
-                            String::from_utf8(text).unwrap(),
-                            serde_json::to_string(&doc).unwrap(),
-                            "{c:?} origin {origin}"
-                        );
-                        compared += 1;
-                    }
+            for c in every_shape_of_call() {
+                for origin in [0, 1_000, u64::MAX] {
+                    let mut text = Vec::new();
+                    push_call_slice(&mut text, &c, &data, origin);
+                    let doc = reference::call_slice(&c, &data, origin);
+                    assert_eq!(
+                        String::from_utf8(text).unwrap(),
+                        serde_json::to_string(&doc).unwrap(),
+                        "{c:?} origin {origin}"
+                    );
+                    compared += 1;
                 }
             }
         }
         assert!(compared > 2 * 60 * 9 * 3);
+    }
+
+    /// Every shape of `--format json` element (the calls of the slice
+    /// test above, with and without host context) against the reference
+    /// document's, byte for byte.
+    #[test]
+    fn a_json_call_written_as_text_is_the_documents_byte_for_byte() {
+        for host in [true, false] {
+            let data = TraceData {
+                has_host_context: host,
+                calls: every_shape_of_call(),
+                ..Default::default()
+            };
+            let doc = reference::calls_json(&data);
+            let elements = doc.as_array().expect("array");
+            assert_eq!(elements.len(), data.calls.len());
+            for (c, element) in data.calls.iter().zip(elements) {
+                let mut text = Vec::new();
+                push_json_call(&mut text, c, host);
+                assert_eq!(
+                    String::from_utf8(text).unwrap(),
+                    serde_json::to_string(element).unwrap(),
+                    "{c:?}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -16,7 +16,7 @@
 //! a damaged one is refused as the one-file export refuses it.
 
 use super::{
-    gpu_counters, halves_at, json_call, memory_tracks, pipelined, process_names, write_file,
+    gpu_counters, halves_at, memory_tracks, pipelined, process_names, push_json_call, write_file,
     write_stdout, Args, ArrayWriter, Format, Items, Record, Sink,
 };
 use crate::load::FORCE_HINT;
@@ -125,7 +125,7 @@ fn write_calls_json(
             }
             Ok(())
         },
-        |(c, host), el| el.item(&json_call(c, *host)),
+        |(c, host), el| el.raw(|b| push_json_call(b, c, *host)),
     )?;
     a.close()?;
     Ok(())
