@@ -365,16 +365,12 @@ impl Items for Elements {
 /// document `serde_json` wrote before it streamed
 /// (`reference::calls_json`), byte for byte.
 fn push_json_call(b: &mut Vec<u8>, c: &CallEvent, host: bool) {
-    use json_text::{push_i64, push_str, push_u64};
-    let opt_u64 = |b: &mut Vec<u8>, v: Option<u64>| match v {
-        Some(v) => push_u64(b, v),
-        None => b.extend_from_slice(b"null"),
-    };
+    use json_text::{push_i64, push_opt_u64, push_str, push_u64};
     let host_ns = |ns: u64| host.then_some(ns);
     b.extend_from_slice(b"{\"blocked_ns\":");
-    opt_u64(b, host_ns(c.blocked_ns));
+    push_opt_u64(b, host_ns(c.blocked_ns));
     b.extend_from_slice(b",\"cpu\":");
-    opt_u64(b, host_ns(c.cpu.into()));
+    push_opt_u64(b, host_ns(c.cpu.into()));
     b.extend_from_slice(b",\"dur_ns\":");
     push_u64(b, c.dur_ns);
     b.extend_from_slice(match c.failed() {
@@ -382,7 +378,7 @@ fn push_json_call(b: &mut Vec<u8>, c: &CallEvent, host: bool) {
         false => b",\"failed\":false",
     });
     b.extend_from_slice(b",\"kind\":");
-    opt_u64(b, c.kind);
+    push_opt_u64(b, c.kind);
     b.extend_from_slice(b",\"layer\":");
     match c.layer() {
         Some(layer) => push_str(b, layer.as_str()),
@@ -393,24 +389,24 @@ fn push_json_call(b: &mut Vec<u8>, c: &CallEvent, host: bool) {
         false => b",\"nested\":false",
     });
     b.extend_from_slice(b",\"on_cpu_ns\":");
-    opt_u64(b, host_ns(c.on_cpu_ns()));
+    push_opt_u64(b, host_ns(c.on_cpu_ns()));
     b.extend_from_slice(b",\"op\":");
     push_str(b, c.op_name());
     b.extend_from_slice(b",\"pid\":");
     push_u64(b, c.pid.into());
     b.extend_from_slice(b",\"ptr\":");
-    opt_u64(b, c.ptr);
+    push_opt_u64(b, c.ptr);
     b.extend_from_slice(b",\"ret\":");
     match c.has_status() {
         true => push_i64(b, c.ret),
         false => b.extend_from_slice(b"null"),
     }
     b.extend_from_slice(b",\"runnable_ns\":");
-    opt_u64(b, host_ns(c.runnable_ns));
+    push_opt_u64(b, host_ns(c.runnable_ns));
     b.extend_from_slice(b",\"size\":");
-    opt_u64(b, c.size);
+    push_opt_u64(b, c.size);
     b.extend_from_slice(b",\"stream\":");
-    opt_u64(b, c.stream);
+    push_opt_u64(b, c.stream);
     b.extend_from_slice(b",\"tid\":");
     push_u64(b, c.tid.into());
     b.extend_from_slice(b",\"ts_ns\":");
@@ -487,7 +483,7 @@ struct Slice<A> {
 /// left out when absent, as they always were; the on-CPU, runnable and
 /// blocked times null without host context (imports), never 0.
 fn push_call_slice(b: &mut Vec<u8>, c: &CallEvent, ctx: &TraceData, origin: u64) {
-    use json_text::{push_hex, push_i64, push_micros, push_str, push_u64};
+    use json_text::{push_hex, push_i64, push_micros, push_opt_u64, push_str, push_u64};
     let host = ctx.has_host_context;
     let host_micros = |b: &mut Vec<u8>, ns: u64| match host {
         true => push_micros(b, ns),
@@ -498,10 +494,7 @@ fn push_call_slice(b: &mut Vec<u8>, c: &CallEvent, ctx: &TraceData, origin: u64)
     b.extend_from_slice(b"{\"args\":{\"blocked_us\":");
     host_micros(b, c.blocked_ns);
     b.extend_from_slice(b",\"cpu\":");
-    match host {
-        true => push_u64(b, c.cpu.into()),
-        false => b.extend_from_slice(b"null"),
-    }
+    push_opt_u64(b, host.then_some(c.cpu.into()));
     if let Some(kind) = c.kind {
         b.extend_from_slice(b",\"kind\":");
         push_u64(b, kind);

@@ -1,9 +1,10 @@
 //! JSON tokens written straight into a buffer, byte for byte as
 //! `serde_json` writes them: a Perfetto export's elements are mostly call
-//! slices, and through serde's derived path their serializer thread spent
-//! a third of the export's CPU on field names escaped at run time and on
-//! shortest-form float formatting (perf, the bench's 10M-call trace on the
-//! 2-vCPU development VM; docs/benchmarks.md, round 44).
+//! slices, and through serde's derived path its serializer thread took a
+//! third of the export's samples, half of them formatting floats
+//! shortest, escaping strings and writing map keys (perf, the bench's
+//! 10M-call trace on the 2-vCPU development VM; docs/benchmarks.md,
+//! round 44).
 
 /// Below this many nanoseconds, `ns as f64 / 1e3` written shortest (as
 /// `serde_json` does) is the decimal `ns / 1000` itself: `ns` is exact as an
@@ -43,6 +44,14 @@ pub(super) fn push_micros(buf: &mut Vec<u8>, ns: u64) {
 
 pub(super) fn push_u64(buf: &mut Vec<u8>, v: u64) {
     buf.extend_from_slice(itoa::Buffer::new().format(v).as_bytes());
+}
+
+/// `v`, or `null` when absent (an `Option` field serde writes).
+pub(super) fn push_opt_u64(buf: &mut Vec<u8>, v: Option<u64>) {
+    match v {
+        Some(v) => push_u64(buf, v),
+        None => buf.extend_from_slice(b"null"),
+    }
 }
 
 pub(super) fn push_i64(buf: &mut Vec<u8>, v: i64) {
@@ -140,6 +149,11 @@ mod tests {
             b.clear();
             push_hex(&mut b, v);
             assert_eq!(b, serde_json::to_vec(&format!("{v:#x}")).unwrap());
+        }
+        for v in [None, Some(0u64), Some(u64::MAX)] {
+            b.clear();
+            push_opt_u64(&mut b, v);
+            assert_eq!(b, serde_json::to_vec(&v).unwrap());
         }
         for v in [0i64, -1, 2, i64::MIN, i64::MAX] {
             b.clear();
