@@ -71,7 +71,7 @@ enum Command {
     Demo(cmd::demo::Args),
     /// One self-contained HTML report of a trace: findings, memory, latency, slow calls, processes.
     Report(cmd::report::Args),
-    /// Export a trace: Perfetto / Chrome Trace Event JSON, or the calls as JSON.
+    /// Export a trace: Perfetto (Chrome Trace Event JSON, or Perfetto's protobuf), or the calls as JSON.
     Export(cmd::export::Args),
     /// Measure tracing overhead and capture throughput on simulated workloads.
     #[cfg(feature = "sim")]
