@@ -1,5 +1,5 @@
-//! A whole file's calls in start order without SQLite sorting them
-//! (issue 16).
+//! A whole file's calls, or a window's, in start order without SQLite
+//! sorting them (issue 16).
 //!
 //! `export` writes every call in start order (`StreamOrder::ByStart`, the
 //! order of `Trace::load`'s calls). No index serves that order, so SQLite
@@ -18,6 +18,12 @@
 //! Both passes read one snapshot of the file. Either way the calls and
 //! their order are exactly `Rows::for_each_call`'s with
 //! `StreamOrder::ByStart`.
+//!
+//! A window (`export --from/--to`) reads the same way where the writer's
+//! blocks name the ids that can hold its calls (`call_blocks`): its rows
+//! by id, side by side, instead of a seek per row through the `(tid,
+//! ts_ns)` index and SQLite's sort of them all (ten seconds of the bench's
+//! 10M-call trace as `--format json`: docs/benchmarks.md, round 44).
 
 use crate::error::StoreError;
 use crate::return_order::{OrderKey, OutOfOrder, Reorder, REORDER_ROWS};
@@ -53,10 +59,10 @@ impl Rows {
         side_by_side_from_cpus: usize,
         mut visit: impl FnMut(StoredCall) -> Result<(), E>,
     ) -> Result<(), E> {
-        let whole = q.order == StreamOrder::ByStart
-            && q.limit.is_none()
-            && q.since_ns.is_none()
-            && q.until_ns.is_none();
+        // A whole stream, or a window of one (its rows by id from the
+        // writer's blocks that can hold them: the keys pass says where the
+        // blocks cannot).
+        let whole = q.order == StreamOrder::ByStart && q.limit.is_none();
         if !whole {
             return self.for_each_call(q, visit);
         }
@@ -115,6 +121,13 @@ impl Rows {
         let err = |e| self.read_error(e);
         let (_, _, src, _) = self.parts();
         let st = call_statement(conn, src, by_id, false).map_err(err)?;
+        // A window read by id through the `(tid, ts_ns)` index (the blocks
+        // cannot say) would have SQLite sort each read by id instead of
+        // once by start: left to that one sort.
+        let windowed = by_id.since_ns.is_some() || by_id.until_ns.is_some();
+        if windowed && !st.in_blocks {
+            return Ok(false);
+        }
         let mut stmt = conn.prepare(&st.keys_sql).map_err(err)?;
         let mut rows = stmt
             .query(rusqlite::params_from_iter(st.args().iter()))
@@ -426,14 +439,9 @@ mod tests {
     }
 
     #[test]
-    fn a_window_or_a_page_is_read_as_it_always_was() {
-        let path = written("window", captured(3_000));
+    fn a_page_or_another_order_is_read_as_it_always_was() {
+        let path = written("page", captured(3_000));
         for q in [
-            CallQuery {
-                since_ns: Some(5_000),
-                until_ns: Some(9_000),
-                ..Default::default()
-            },
             CallQuery {
                 limit: Some(10),
                 ..Default::default()
@@ -449,5 +457,52 @@ mod tests {
             assert!(!sorted.is_empty(), "{q:?}");
             assert_eq!(by_start, sorted, "{q:?}");
         }
+    }
+
+    /// A window's calls (of a process or all, from a moment, up to one, or
+    /// both) are read by id from the writer's blocks and put in order, as
+    /// SQLite sorts them; where the blocks cannot say (the table emptied),
+    /// SQLite sorts them as before.
+    #[test]
+    fn a_window_is_read_from_the_blocks_and_put_in_order() {
+        let path = with_odd_ops("window");
+        let windows = [
+            (Some(5_000), Some(9_000)),
+            (Some(20_000), None),
+            (None, Some(4_000)),
+        ];
+        for pid in [None, Some(7)] {
+            for (since_ns, until_ns) in windows {
+                let q = CallQuery {
+                    pid,
+                    since_ns,
+                    until_ns,
+                    ..Default::default()
+                };
+                let before = counts();
+                let ([by_start, sorted], split) = both_ways(&path, &q);
+                assert_eq!(counts(), (before.0 + 2, before.1), "{q:?}: buffered");
+                assert!(split, "{q:?}: not split over helpers");
+                assert!(sorted.len() > 100, "{q:?}: {}", sorted.len());
+                assert_eq!(by_start, sorted, "{q:?}");
+                let window = (since_ns.unwrap_or(0), until_ns.unwrap_or(u64::MAX));
+                let ids: Vec<(i64, u16)> = by_start.iter().map(|(id, c)| (*id, c.op)).collect();
+                assert_eq!(ids, through_the_view(&path, pid, Some(window)), "{q:?}");
+            }
+        }
+        let conn = rusqlite::Connection::open(&*path).expect("db");
+        conn.execute_batch("DELETE FROM call_blocks")
+            .expect("no blocks");
+        drop(conn);
+        let q = CallQuery {
+            since_ns: Some(5_000),
+            until_ns: Some(9_000),
+            ..Default::default()
+        };
+        let before = counts();
+        let ([by_start, sorted], _) = both_ways(&path, &q);
+        assert_eq!(counts(), (before.0, before.1 + 2), "sorted without blocks");
+        assert!(!sorted.is_empty());
+        assert_eq!(by_start, sorted);
     }
 }

@@ -672,6 +672,9 @@ pub(crate) struct CallStatement {
     /// op as its id in `ops`, not its name (rows whose id `ops` lacks are
     /// among them: skip them, as the `calls` view's join leaves them out).
     pub(crate) op_ids: Option<OpIds>,
+    /// Whether the rows are kept to the writer's blocks that can hold them
+    /// (`call_blocks`), read by id without an index.
+    pub(crate) in_blocks: bool,
     args: Vec<Value>,
     /// With an id range to set (`call_statement`'s `ranged`): the
     /// positions in `args` of its first and last id.
@@ -831,6 +834,7 @@ pub(crate) fn call_statement(
         sql,
         keys_sql,
         op_ids,
+        in_blocks,
         args,
         range,
     })
