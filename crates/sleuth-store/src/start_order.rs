@@ -37,8 +37,9 @@ fn start_key(ts_ns: u64, id: i64) -> OrderKey {
 
 impl Rows {
     /// [`Rows::for_each_call`] of `q`, without SQLite's sort when `q` is a
-    /// whole stream in start order (no limit, no window) whose rows the
-    /// buffer can put in that order; any other query as it is. The rows
+    /// stream in start order without a limit (whole, or a window the
+    /// writer's blocks can keep to) whose rows the buffer can put in that
+    /// order; any other query as it is. The rows
     /// are read on helper connections side by side on machines of
     /// [`SIDE_BY_SIDE_FROM_CPUS`] or more.
     pub fn for_each_call_by_start<E: From<StoreError>>(
@@ -62,8 +63,8 @@ impl Rows {
         // A whole stream, or a window of one (its rows by id from the
         // writer's blocks that can hold them: the keys pass says where the
         // blocks cannot).
-        let whole = q.order == StreamOrder::ByStart && q.limit.is_none();
-        if !whole {
+        let unbounded_by_start = q.order == StreamOrder::ByStart && q.limit.is_none();
+        if !unbounded_by_start {
             return self.for_each_call(q, visit);
         }
         let by_id = CallQuery {
