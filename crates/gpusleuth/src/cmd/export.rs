@@ -462,11 +462,11 @@ fn dur_us(ns: u64) -> f64 {
     ns as f64 / 1e3
 }
 
-/// A complete slice (`ph: X`) of a wait's off-CPU time ([`OffCpuArgs`]);
-/// a call's is written as text ([`push_call_slice`]).
+/// A complete slice (`ph: X`) of a wait's off-CPU time; a call's is
+/// written as text ([`push_call_slice`]).
 #[derive(Serialize)]
-struct Slice<A> {
-    args: A,
+struct OffCpuSlice<'a> {
+    args: OffCpuArgs<'a>,
     cat: &'static str,
     dur: f64,
     name: &'static str,
@@ -971,8 +971,8 @@ fn thread_names(
 /// Typed records (keys in name order, as `json!` objects write them): a
 /// large export writes one or two per wait. The test reference
 /// (reference.rs) builds the same slices as `json!` documents.
-fn off_cpu_slices(w: &WaitEvent, origin: u64) -> impl Iterator<Item = Slice<OffCpuArgs<'_>>> {
-    let slice = |name, cat, ts, dur, args| Slice {
+fn off_cpu_slices(w: &WaitEvent, origin: u64) -> impl Iterator<Item = OffCpuSlice<'_>> {
+    let slice = |name, cat, ts, dur, args| OffCpuSlice {
         args,
         cat,
         dur: dur_us(dur),
