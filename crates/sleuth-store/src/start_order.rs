@@ -39,21 +39,16 @@ impl Rows {
     /// [`Rows::for_each_call`] of `q`, without SQLite's sort when `q` is a
     /// stream in start order without a limit (whole, or a window the
     /// writer's blocks can keep to) whose rows the buffer can put in that
-    /// order; any other query as it is. The rows
-    /// are read on helper connections side by side on machines of
-    /// [`SIDE_BY_SIDE_FROM_CPUS`] or more.
-    pub fn for_each_call_by_start<E: From<StoreError>>(
-        &self,
-        q: &CallQuery,
-        visit: impl FnMut(StoredCall) -> Result<(), E>,
-    ) -> Result<(), E> {
-        self.for_each_call_by_start_from(q, SIDE_BY_SIDE_FROM_CPUS, visit)
-    }
-
-    /// [`Rows::for_each_call_by_start`], the rows read side by side on
-    /// machines of `side_by_side_from_cpus` or more: a caller whose own
-    /// work per row is light leaves the other CPUs idle while one thread
-    /// reads (`export --format pftrace`: 2).
+    /// order; any other query as it is. The rows are read on helper
+    /// connections side by side (`crate::split_read`, where the file
+    /// allows) on machines of `side_by_side_from_cpus` or more. Below, the
+    /// helpers only compete with the caller's own threads: on the 2-vCPU
+    /// development VM a 1M-call Perfetto export, its serializer filling the
+    /// second CPU, took 1.31 s and 111 MB with them, 1.24 s and 25 MB
+    /// without (round 35); a caller with little work per row leaves the
+    /// other CPU idle while one thread reads (every export since round 44
+    /// asks from 2; the protobuf export 15.8 -> 11.7 s on that VM's 10M-call
+    /// trace, 27 -> 78 MB, round 37).
     pub fn for_each_call_by_start_from<E: From<StoreError>>(
         &self,
         q: &CallQuery,
@@ -154,16 +149,6 @@ impl Rows {
     }
 }
 
-/// CPUs from which the rows are read on helper connections side by side
-/// (`crate::split_read`, where the file allows). Below, the helpers only
-/// compete with the caller's own threads (an export serializes on a second
-/// one): on the 2-vCPU development VM a 1M-call export took 1.31 s and
-/// 111 MB with them, 1.24 s and 25 MB without (round 35). A caller with
-/// little work per row asks for them from fewer CPUs (every export since
-/// round 44, from 2; the protobuf export: 15.8 -> 11.7 s on that VM's
-/// 10M-call trace, 27 -> 78 MB; round 37).
-const SIDE_BY_SIDE_FROM_CPUS: usize = 6;
-
 fn side_by_side(from_cpus: usize) -> bool {
     #[cfg(test)]
     if let Some(on) = test_seams::SIDE_BY_SIDE.with(|c| c.get()) {
@@ -259,8 +244,10 @@ mod tests {
     fn both_ways(path: &std::path::Path, q: &CallQuery) -> ([Vec<(i64, CallEvent)>; 2], bool) {
         let trace = Trace::open(path).expect("open");
         let rows = Rows::open(&trace).expect("rows");
+        // Read on this thread alone, whatever the machine's CPUs.
+        test_seams::SIDE_BY_SIDE.with(|c| c.set(Some(false)));
         let mut by_start = Vec::new();
-        rows.for_each_call_by_start::<StoreError>(q, |c| {
+        rows.for_each_call_by_start_from::<StoreError>(q, 2, |c| {
             by_start.push((c.id, c.call));
             Ok(())
         })
@@ -272,7 +259,7 @@ mod tests {
         crate::split_read::test_seams::CHUNK_IDS.with(|c| c.set(Some(256)));
         crate::check_plan::test_seams::WORKERS.with(|c| c.set(Some(3)));
         let mut side_by_side = Vec::new();
-        rows.for_each_call_by_start::<StoreError>(q, |c| {
+        rows.for_each_call_by_start_from::<StoreError>(q, 2, |c| {
             side_by_side.push((c.id, c.call));
             Ok(())
         })

@@ -415,9 +415,9 @@ fn push_json_call(b: &mut Vec<u8>, c: &CallEvent, host: bool) {
 }
 
 /// CPUs from which an export reads its calls on helper connections side
-/// by side (`Rows::for_each_call_by_start_from`): two, where the store's
-/// default waits for six for a caller whose own work per row fills the
-/// other CPUs. Each export's serializer is light enough: on a small machine
+/// by side (`Rows::for_each_call_by_start_from`): two (six before round
+/// 44 for the Perfetto JSON export, whose serializer then filled the
+/// second CPU). Each export's serializer is light enough: on a small machine
 /// the reading thread was the whole export's time and the other CPU idled.
 /// The bench's 10M-call trace on the 2-vCPU development VM:
 /// `--format pftrace` (packets cost the serializer about a third of what
