@@ -365,14 +365,14 @@ impl Items for Elements {
 /// document `serde_json` wrote before it streamed
 /// (`reference::calls_json`), byte for byte.
 fn push_json_call(b: &mut Vec<u8>, c: &CallEvent, host: bool) {
-    use json_text::{push_i64, push_opt_u64, push_str, push_u64};
+    use json_text::{push_int, push_opt_u64, push_str};
     let host_ns = |ns: u64| host.then_some(ns);
     b.extend_from_slice(b"{\"blocked_ns\":");
     push_opt_u64(b, host_ns(c.blocked_ns));
     b.extend_from_slice(b",\"cpu\":");
     push_opt_u64(b, host_ns(c.cpu.into()));
     b.extend_from_slice(b",\"dur_ns\":");
-    push_u64(b, c.dur_ns);
+    push_int(b, c.dur_ns);
     b.extend_from_slice(match c.failed() {
         true => b",\"failed\":true",
         false => b",\"failed\":false",
@@ -393,12 +393,12 @@ fn push_json_call(b: &mut Vec<u8>, c: &CallEvent, host: bool) {
     b.extend_from_slice(b",\"op\":");
     push_str(b, c.op_name());
     b.extend_from_slice(b",\"pid\":");
-    push_u64(b, c.pid.into());
+    push_int(b, c.pid);
     b.extend_from_slice(b",\"ptr\":");
     push_opt_u64(b, c.ptr);
     b.extend_from_slice(b",\"ret\":");
     match c.has_status() {
-        true => push_i64(b, c.ret),
+        true => push_int(b, c.ret),
         false => b.extend_from_slice(b"null"),
     }
     b.extend_from_slice(b",\"runnable_ns\":");
@@ -408,9 +408,9 @@ fn push_json_call(b: &mut Vec<u8>, c: &CallEvent, host: bool) {
     b.extend_from_slice(b",\"stream\":");
     push_opt_u64(b, c.stream);
     b.extend_from_slice(b",\"tid\":");
-    push_u64(b, c.tid.into());
+    push_int(b, c.tid);
     b.extend_from_slice(b",\"ts_ns\":");
-    push_u64(b, c.ts_ns);
+    push_int(b, c.ts_ns);
     b.push(b'}');
 }
 
@@ -483,7 +483,7 @@ struct OffCpuSlice<'a> {
 /// left out when absent, as they always were; the on-CPU, runnable and
 /// blocked times null without host context (imports), never 0.
 fn push_call_slice(b: &mut Vec<u8>, c: &CallEvent, ctx: &TraceData, origin: u64) {
-    use json_text::{push_hex, push_i64, push_micros, push_opt_u64, push_str, push_u64};
+    use json_text::{push_hex, push_int, push_micros, push_opt_u64, push_str};
     let host = ctx.has_host_context;
     let host_micros = |b: &mut Vec<u8>, ns: u64| match host {
         true => push_micros(b, ns),
@@ -497,7 +497,7 @@ fn push_call_slice(b: &mut Vec<u8>, c: &CallEvent, ctx: &TraceData, origin: u64)
     push_opt_u64(b, host.then_some(c.cpu.into()));
     if let Some(kind) = c.kind {
         b.extend_from_slice(b",\"kind\":");
-        push_u64(b, kind);
+        push_int(b, kind);
     }
     b.extend_from_slice(b",\"layer\":");
     push_str(b, c.layer().map(Layer::as_str).unwrap_or("unknown"));
@@ -514,7 +514,7 @@ fn push_call_slice(b: &mut Vec<u8>, c: &CallEvent, ctx: &TraceData, origin: u64)
     }
     b.extend_from_slice(b",\"ret\":");
     match c.has_status() {
-        true => push_i64(b, c.ret),
+        true => push_int(b, c.ret),
         false => b.extend_from_slice(b"null"),
     }
     b.extend_from_slice(b",\"runnable_us\":");
@@ -525,7 +525,7 @@ fn push_call_slice(b: &mut Vec<u8>, c: &CallEvent, ctx: &TraceData, origin: u64)
     }
     if let Some(size) = c.size {
         b.extend_from_slice(b",\"size\":");
-        push_u64(b, size);
+        push_int(b, size);
     }
     if let Some(st) = stack {
         b.extend_from_slice(b",\"stack\":[");
@@ -548,9 +548,9 @@ fn push_call_slice(b: &mut Vec<u8>, c: &CallEvent, ctx: &TraceData, origin: u64)
     b.extend_from_slice(b",\"name\":");
     push_str(b, c.op_name());
     b.extend_from_slice(b",\"ph\":\"X\",\"pid\":");
-    push_u64(b, c.pid.into());
+    push_int(b, c.pid);
     b.extend_from_slice(b",\"tid\":");
-    push_u64(b, c.tid.into());
+    push_int(b, c.tid);
     b.extend_from_slice(b",\"ts\":");
     push_micros(b, c.ts_ns.saturating_sub(origin));
     b.push(b'}');

@@ -22,7 +22,7 @@ pub(super) fn push_micros(buf: &mut Vec<u8>, ns: u64) {
         let _ = serde_json::to_writer(&mut *buf, &(ns as f64 / 1e3));
         return;
     }
-    push_u64(buf, ns / 1000);
+    push_int(buf, ns / 1000);
     buf.push(b'.');
     let frac = ns % 1000;
     if frac == 0 {
@@ -42,20 +42,17 @@ pub(super) fn push_micros(buf: &mut Vec<u8>, ns: u64) {
     buf.extend_from_slice(&digits[..kept]);
 }
 
-pub(super) fn push_u64(buf: &mut Vec<u8>, v: u64) {
+/// An integer, as `serde_json` writes it (through the same `itoa`).
+pub(super) fn push_int(buf: &mut Vec<u8>, v: impl itoa::Integer) {
     buf.extend_from_slice(itoa::Buffer::new().format(v).as_bytes());
 }
 
 /// `v`, or `null` when absent (an `Option` field serde writes).
 pub(super) fn push_opt_u64(buf: &mut Vec<u8>, v: Option<u64>) {
     match v {
-        Some(v) => push_u64(buf, v),
+        Some(v) => push_int(buf, v),
         None => buf.extend_from_slice(b"null"),
     }
-}
-
-pub(super) fn push_i64(buf: &mut Vec<u8>, v: i64) {
-    buf.extend_from_slice(itoa::Buffer::new().format(v).as_bytes());
 }
 
 /// A JSON string: as is between quotes when no byte needs an escape
@@ -144,7 +141,7 @@ mod tests {
         let mut b = Vec::new();
         for v in [0u64, 7, 10, 4_294_967_296, u64::MAX] {
             b.clear();
-            push_u64(&mut b, v);
+            push_int(&mut b, v);
             assert_eq!(b, serde_json::to_vec(&v).unwrap());
             b.clear();
             push_hex(&mut b, v);
@@ -157,7 +154,7 @@ mod tests {
         }
         for v in [0i64, -1, 2, i64::MIN, i64::MAX] {
             b.clear();
-            push_i64(&mut b, v);
+            push_int(&mut b, v);
             assert_eq!(b, serde_json::to_vec(&v).unwrap());
         }
         for s in [
