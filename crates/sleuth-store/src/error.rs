@@ -26,6 +26,12 @@ pub enum StoreError {
         #[source]
         source: std::io::Error,
     },
+    /// A read in start order that went straight through the reorder buffer
+    /// (`ByStart::Speculate`) met a call the buffer cannot put in place:
+    /// the caller takes back what it wrote and reads again
+    /// (`ByStart::ProveFirst`). Not a fault of the file.
+    #[error("{}: its calls lie too far from start order for the reorder buffer", path.display())]
+    OutOfReach { path: PathBuf },
 }
 
 /// SQLite's error as a reader says it: a value the readers refused as

@@ -70,6 +70,7 @@ mod sql;
 mod sqlite_config;
 mod stacks;
 mod start_order;
+pub use start_order::ByStart;
 mod step_feed;
 mod stored_json;
 pub mod stream;

@@ -12,12 +12,18 @@
 //! ledger's return order uses (`crate::return_order`).
 //!
 //! A stream whose calls are already written out cannot start again, as
-//! `Rows::replay_by_return` does when its buffer proves too small. So a
-//! first pass over the rows' keys alone (id, start, op) runs the same
-//! buffer: where it cannot put them in order, SQLite sorts as before.
-//! Both passes read one snapshot of the file. Either way the calls and
-//! their order are exactly `Rows::for_each_call`'s with
-//! `StreamOrder::ByStart`.
+//! `Rows::replay_by_return` does when its buffer proves too small, unless
+//! its caller can take back what it wrote. So the caller says which
+//! (`ByStart`): an output that cannot be taken back (a pipe) has a first
+//! pass over the rows' keys alone (id, start, op) run the same buffer,
+//! and where it cannot put them in order SQLite sorts as before (both
+//! passes read one snapshot of the file); an output that can (the
+//! export's private temporary file) reads straight through the buffer,
+//! and a call it cannot put in place ends the read with
+//! `StoreError::OutOfReach` for the caller to write again with the proof
+//! first. The keys pass was a fifth to a quarter of a whole export's time
+//! (docs/benchmarks.md, round 45). Either way the calls and their order
+//! are exactly `Rows::for_each_call`'s with `StreamOrder::ByStart`.
 //!
 //! A window (`export --from/--to`) reads the same way where the writer's
 //! blocks name the ids that can hold its calls (`call_blocks`): its rows
@@ -29,6 +35,20 @@ use crate::error::StoreError;
 use crate::return_order::{OrderKey, OutOfOrder, Reorder, REORDER_ROWS};
 use crate::stream::{call_statement, CallQuery, Rows, StreamOrder};
 use crate::types::StoredCall;
+
+/// How a read in start order may use the reorder buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ByStart {
+    /// A pass over the rows' keys proves first that the buffer can put
+    /// them in order (else SQLite sorts them): for a caller that cannot
+    /// take back calls it was handed.
+    ProveFirst,
+    /// Straight through the buffer: a call it cannot put in place ends the
+    /// read with [`StoreError::OutOfReach`], the calls before it already
+    /// handed over. For a caller that can take them back and read again
+    /// with [`ByStart::ProveFirst`].
+    Speculate,
+}
 
 /// A call's place in start order: (start, 0, row id).
 fn start_key(ts_ns: u64, id: i64) -> OrderKey {
@@ -49,10 +69,14 @@ impl Rows {
     /// other CPU idle while one thread reads (every export since round 44
     /// asks from 2; the protobuf export 15.8 -> 11.7 s on that VM's 10M-call
     /// trace, 27 -> 78 MB, round 37).
+    ///
+    /// `how` says whether the buffer's reach is proved before the first
+    /// call is handed over ([`ByStart`]).
     pub fn for_each_call_by_start_from<E: From<StoreError>>(
         &self,
         q: &CallQuery,
         side_by_side_from_cpus: usize,
+        how: ByStart,
         mut visit: impl FnMut(StoredCall) -> Result<(), E>,
     ) -> Result<(), E> {
         // A whole stream, or a window of one (its rows by id from the
@@ -78,7 +102,7 @@ impl Rows {
             ),
             false => None,
         };
-        if !self.keys_in_reach(&by_id)? {
+        if !self.keys_in_reach(&by_id, how)? {
             #[cfg(test)]
             test_seams::SORTED.with(|c| c.set(c.get() + 1));
             return self.for_each_call(q, visit);
@@ -90,11 +114,15 @@ impl Rows {
             match buf.push(start_key(c.call.ts_ns, c.id), c) {
                 Ok(Some(ready)) => visit(ready),
                 Ok(None) => Ok(()),
-                // The keys pass read the same rows of the same snapshot.
-                Err(OutOfOrder) => Err(StoreError::file(
-                    self.parts().0,
-                    "its calls changed while they were read",
-                )
+                Err(OutOfOrder) => Err(match how {
+                    ByStart::Speculate => StoreError::OutOfReach {
+                        path: self.parts().0.to_path_buf(),
+                    },
+                    // The keys pass read the same rows of the same snapshot.
+                    ByStart::ProveFirst => {
+                        StoreError::file(self.parts().0, "its calls changed while they were read")
+                    }
+                }
                 .into()),
             }
         };
@@ -112,7 +140,9 @@ impl Rows {
     /// order by a [`Reorder`] of [`REORDER_ROWS`]: the same buffer run on
     /// their keys alone. The rows are those [`Rows::for_each_call`] visits
     /// (same conditions, rows of ops this build does not know skipped).
-    fn keys_in_reach(&self, by_id: &CallQuery) -> Result<bool, StoreError> {
+    /// With [`ByStart::Speculate`], whether they may be: the keys are left
+    /// to the read itself.
+    fn keys_in_reach(&self, by_id: &CallQuery, how: ByStart) -> Result<bool, StoreError> {
         let conn = self.checked_for_calls()?;
         let err = |e| self.read_error(e);
         let (_, _, src, _) = self.parts();
@@ -124,6 +154,11 @@ impl Rows {
         if windowed && !st.in_blocks {
             return Ok(false);
         }
+        if how == ByStart::Speculate {
+            return Ok(true);
+        }
+        #[cfg(test)]
+        test_seams::KEYS_PASSES.with(|c| c.set(c.get() + 1));
         let mut stmt = conn.prepare(&st.keys_sql).map_err(err)?;
         let mut rows = stmt
             .query(rusqlite::params_from_iter(st.args().iter()))
@@ -163,6 +198,8 @@ pub(crate) mod test_seams {
     thread_local! {
         /// Whole streams read by id and put in order here (this thread).
         pub(crate) static BUFFERED: Cell<usize> = const { Cell::new(0) };
+        /// Passes over the keys alone (proofs of the buffer's reach).
+        pub(crate) static KEYS_PASSES: Cell<usize> = const { Cell::new(0) };
         /// Whole streams the keys pass handed to SQLite's sort.
         pub(crate) static SORTED: Cell<usize> = const { Cell::new(0) };
         /// Whether reads from this thread are split over helpers, when set.
@@ -247,7 +284,7 @@ mod tests {
         // Read on this thread alone, whatever the machine's CPUs.
         test_seams::SIDE_BY_SIDE.with(|c| c.set(Some(false)));
         let mut by_start = Vec::new();
-        rows.for_each_call_by_start_from::<StoreError>(q, 2, |c| {
+        rows.for_each_call_by_start_from::<StoreError>(q, 2, ByStart::ProveFirst, |c| {
             by_start.push((c.id, c.call));
             Ok(())
         })
@@ -259,7 +296,7 @@ mod tests {
         crate::split_read::test_seams::CHUNK_IDS.with(|c| c.set(Some(256)));
         crate::check_plan::test_seams::WORKERS.with(|c| c.set(Some(3)));
         let mut side_by_side = Vec::new();
-        rows.for_each_call_by_start_from::<StoreError>(q, 2, |c| {
+        rows.for_each_call_by_start_from::<StoreError>(q, 2, ByStart::ProveFirst, |c| {
             side_by_side.push((c.id, c.call));
             Ok(())
         })
@@ -276,6 +313,27 @@ mod tests {
         })
         .expect("sorted");
         ([by_start, sorted], was_split)
+    }
+
+    /// (id, call) of every call `q` selects, read straight through the
+    /// buffer (`ByStart::Speculate`) on this thread, or why not; and
+    /// whether that read ran a pass over the keys.
+    fn speculated(
+        path: &std::path::Path,
+        q: &CallQuery,
+    ) -> (Result<Vec<(i64, CallEvent)>, StoreError>, bool) {
+        let trace = Trace::open(path).expect("open");
+        let rows = Rows::open(&trace).expect("rows");
+        test_seams::SIDE_BY_SIDE.with(|c| c.set(Some(false)));
+        let keys = test_seams::KEYS_PASSES.with(|c| c.get());
+        let mut got = Vec::new();
+        let read = rows.for_each_call_by_start_from::<StoreError>(q, 2, ByStart::Speculate, |c| {
+            got.push((c.id, c.call));
+            Ok(())
+        });
+        test_seams::SIDE_BY_SIDE.with(|c| c.set(None));
+        let proved = test_seams::KEYS_PASSES.with(|c| c.get()) > keys;
+        (read.map(|()| got), proved)
     }
 
     /// The calls of [`captured`] in a file whose `ops` has an op this build
@@ -397,6 +455,10 @@ mod tests {
             assert!(split, "{pid:?}: not split over helpers");
             assert!(sorted.len() > 1_000, "{pid:?}: {}", sorted.len());
             assert_eq!(by_start, sorted, "{pid:?}");
+            // Straight through the buffer, no pass over the keys: the same.
+            let (speculated, proved) = speculated(&path, &q);
+            assert!(!proved, "{pid:?}: a keys pass");
+            assert_eq!(speculated.expect("speculated"), sorted, "{pid:?}");
             // Both read the ops by id: the rows are the `calls` view's, with
             // their op names, in its order.
             assert_eq!(
@@ -424,6 +486,15 @@ mod tests {
         assert_eq!(counts(), (before.0, before.1 + 2));
         assert_eq!(by_start[0].1.ts_ns, 999);
         assert_eq!(by_start, sorted);
+        // Straight through the buffer, the read ends at the late call with
+        // the error its caller takes back its output on, having handed over
+        // the calls before it.
+        let (speculated, proved) = speculated(&path, &CallQuery::default());
+        assert!(!proved);
+        match speculated {
+            Err(StoreError::OutOfReach { path: p }) => assert_eq!(p, *path),
+            other => panic!("{:?}", other.map(|v| v.len())),
+        }
     }
 
     #[test]
@@ -473,6 +544,9 @@ mod tests {
                 assert!(split, "{q:?}: not split over helpers");
                 assert!(sorted.len() > 100, "{q:?}: {}", sorted.len());
                 assert_eq!(by_start, sorted, "{q:?}");
+                let (speculated, proved) = speculated(&path, &q);
+                assert!(!proved, "{q:?}: a keys pass");
+                assert_eq!(speculated.expect("speculated"), sorted, "{q:?}");
                 let window = (since_ns.unwrap_or(0), until_ns.unwrap_or(u64::MAX));
                 let ids: Vec<(i64, u16)> = by_start.iter().map(|(id, c)| (*id, c.op)).collect();
                 assert_eq!(ids, through_the_view(&path, pid, Some(window)), "{q:?}");
@@ -492,5 +566,11 @@ mod tests {
         assert_eq!(counts(), (before.0, before.1 + 2), "sorted without blocks");
         assert!(!sorted.is_empty());
         assert_eq!(by_start, sorted);
+        // Nothing to speculate on: SQLite sorts, no keys pass.
+        let before = counts();
+        let (speculated, proved) = speculated(&path, &q);
+        assert!(!proved);
+        assert_eq!(speculated.expect("sorted"), sorted);
+        assert_eq!(counts(), (before.0, before.1 + 1));
     }
 }

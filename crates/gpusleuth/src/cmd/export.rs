@@ -18,7 +18,11 @@
 //! gathered into one document. A whole
 //! trace's calls are read by id and put in start order through a bounded
 //! buffer where the file allows, from 2 CPUs on helper connections side by
-//! side (`Rows::for_each_call_by_start_from`). `json` reads nothing else.
+//! side (`Rows::for_each_call_by_start_from`). Into a file, straight
+//! through the buffer: the file is private until it is whole, so the rare
+//! trace whose calls the buffer cannot place is written again with the
+//! buffer's reach proved first (`write_file`); to stdout, proved first.
+//! `json` reads nothing else.
 //! A call's slice, most of a Perfetto document's elements, is written as
 //! text by hand (`push_call_slice`, json_text.rs), byte for byte what
 //! serde's derived form wrote.
@@ -35,7 +39,7 @@ use sleuth_core::findings::Finding;
 use sleuth_core::ledger::ProcessLedger;
 use sleuth_core::{CallEvent, Culprit, Layer, TraceData, WaitEvent};
 use sleuth_store::stream::Rows;
-use sleuth_store::{ReadBudget, StoreError, Trace};
+use sleuth_store::{ByStart, ReadBudget, StoreError, Trace};
 use std::collections::BTreeSet;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -144,11 +148,11 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         }
         Format::Json => None,
     };
-    let write = |w: &mut (dyn Write + Send)| -> anyhow::Result<()> {
+    let write = |w: &mut (dyn Write + Send), how: ByStart| -> anyhow::Result<()> {
         match (&frame, format) {
-            (Some(f), Format::Pftrace) => write_pftrace(w, f, &rows, pid, window),
-            (Some(f), _) => write_perfetto(w, f, &rows, pid, window),
-            (None, _) => write_calls_json(w, &rows, pid, window, trace.has_host_context()),
+            (Some(f), Format::Pftrace) => write_pftrace(w, f, &rows, pid, window, how),
+            (Some(f), _) => write_perfetto(w, f, &rows, pid, window, how),
+            (None, _) => write_calls_json(w, &rows, pid, window, trace.has_host_context(), how),
         }
     };
     match &args.output {
@@ -163,41 +167,73 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
 
 /// Writes through `write` into a private temporary file beside `path`,
 /// then renames it into place: the output appears whole or not at all.
+///
+/// The calls are read straight through the reorder buffer first
+/// (`ByStart::Speculate`): nobody sees the file before it is whole, so a
+/// trace whose calls the buffer cannot place (a call stored after more
+/// than the buffer holds started after it) costs a second writing, with
+/// the buffer's reach proved first. The proof was a fifth to a quarter of
+/// a whole export's time, paid by every trace (docs/benchmarks.md, round 45).
 fn write_file(
     path: &Path,
     db: &Path,
     force: bool,
-    write: impl FnOnce(&mut (dyn Write + Send)) -> anyhow::Result<()>,
+    write: impl Fn(&mut (dyn Write + Send), ByStart) -> anyhow::Result<()>,
 ) -> anyhow::Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
     sleuth_store::outfile::check_output(path, &[db], force, Some(FORCE_HINT))?;
     let tmp = sleuth_store::outfile::temp_path_for(path);
-    let result = (|| -> anyhow::Result<()> {
-        let f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&tmp)
-            .map_err(|e| StoreError::Io {
-                path: path.to_path_buf(),
-                source: e,
-            })?;
-        let mut w = std::io::BufWriter::with_capacity(1 << 20, WriteBehind::new(f));
-        write(&mut w)?;
-        let f = w.into_inner().map_err(|e| e.into_error())?.into_inner();
-        f.sync_all().map_err(|e| StoreError::Io {
-            path: path.to_path_buf(),
-            source: e,
-        })?;
-        drop(f);
+    let result = match write_temp(&tmp, path, &write, ByStart::Speculate) {
+        Err(e) if out_of_reach(&e) => {
+            let _ = std::fs::remove_file(&tmp);
+            #[cfg(test)]
+            test_seams::WRITTEN_AGAIN.with(|c| c.set(c.get() + 1));
+            write_temp(&tmp, path, &write, ByStart::ProveFirst)
+        }
+        other => other,
+    }
+    .and_then(|()| {
         sleuth_store::outfile::publish(&tmp, path, force, Some(FORCE_HINT))?;
         Ok(())
-    })();
+    });
     if result.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
     result
+}
+
+/// `write` into a new private file at `tmp` (for `path`), synced.
+fn write_temp(
+    tmp: &Path,
+    path: &Path,
+    write: impl Fn(&mut (dyn Write + Send), ByStart) -> anyhow::Result<()>,
+    how: ByStart,
+) -> anyhow::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let io = |source| StoreError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(tmp)
+        .map_err(io)?;
+    let mut w = std::io::BufWriter::with_capacity(1 << 20, WriteBehind::new(f));
+    write(&mut w, how)?;
+    let f = w.into_inner().map_err(|e| e.into_error())?.into_inner();
+    f.sync_all().map_err(io)?;
+    Ok(())
+}
+
+/// Whether `e` is a read straight through the reorder buffer that met a
+/// call it cannot place (the output is written again).
+fn out_of_reach(e: &anyhow::Error) -> bool {
+    matches!(
+        e.downcast_ref::<StoreError>(),
+        Some(StoreError::OutOfReach { .. })
+    )
 }
 
 /// Writes through `write` to stdout, then a newline after JSON (none
@@ -206,7 +242,7 @@ fn write_file(
 /// refused on a terminal, before anything is read.
 fn write_stdout(
     format: Format,
-    write: impl FnOnce(&mut (dyn Write + Send)) -> anyhow::Result<()>,
+    write: impl FnOnce(&mut (dyn Write + Send), ByStart) -> anyhow::Result<()>,
 ) -> anyhow::Result<()> {
     use std::io::IsTerminal;
     if format == Format::Pftrace && std::io::stdout().is_terminal() {
@@ -221,7 +257,9 @@ fn write_stdout(
         Format::Pftrace => b"",
         Format::Perfetto | Format::Json => b"\n",
     };
-    let result = write(&mut w)
+    // What reached stdout cannot be taken back: the buffer's reach is
+    // proved before the first call is written.
+    let result = write(&mut w, ByStart::ProveFirst)
         .and_then(|()| w.write_all(newline).map_err(Into::into))
         .and_then(|()| w.flush().map_err(Into::into));
     match result {
@@ -436,6 +474,7 @@ fn write_calls_json(
     pid: Option<u32>,
     window: Option<Window>,
     host: bool,
+    how: ByStart,
 ) -> anyhow::Result<()> {
     let mut a = ArrayWriter::open(w)?;
     pipelined(
@@ -444,6 +483,7 @@ fn write_calls_json(
             rows.for_each_call_by_start_from::<anyhow::Error>(
                 &Window::calls(window, pid),
                 EXPORT_SIDE_BY_SIDE_FROM_CPUS,
+                how,
                 |c| sink.push(c.call),
             )
         },
@@ -687,6 +727,7 @@ fn write_perfetto(
     rows: &Rows,
     pid: Option<u32>,
     window: Option<Window>,
+    how: ByStart,
 ) -> anyhow::Result<()> {
     // Every timestamp is relative to the extent's origin: a wait begun
     // before tracing started is drawn at its place, never at a negative time.
@@ -705,6 +746,7 @@ fn write_perfetto(
             rows.for_each_call_by_start_from::<anyhow::Error>(
                 &Window::calls(window, pid),
                 EXPORT_SIDE_BY_SIDE_FROM_CPUS,
+                how,
                 |c| sink.push(Record::Call(c.call)),
             )?;
             let mut wait = |wt: WaitEvent| sink.push(Record::Wait(wt));
@@ -753,6 +795,7 @@ fn write_pftrace(
     rows: &Rows,
     pid: Option<u32>,
     window: Option<Window>,
+    how: ByStart,
 ) -> anyhow::Result<()> {
     let frame = pftrace::Frame {
         ctx: &f.ctx,
@@ -765,6 +808,7 @@ fn write_pftrace(
         rows.for_each_call_by_start_from::<anyhow::Error>(
             &q,
             EXPORT_SIDE_BY_SIDE_FROM_CPUS,
+            how,
             |c| tracks.call(sink, c.call),
         )?;
         match window {
@@ -1125,6 +1169,15 @@ use write_behind::WriteBehind;
 mod reference;
 
 #[cfg(test)]
+pub(super) mod test_seams {
+    use std::cell::Cell;
+    thread_local! {
+        /// Files written again, their reorder buffer out of reach.
+        pub(crate) static WRITTEN_AGAIN: Cell<usize> = const { Cell::new(0) };
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use sleuth_core::sites::{Frame, FrameKind, Stack};
@@ -1147,11 +1200,17 @@ mod tests {
         match format {
             Format::Perfetto => {
                 let frame = PerfettoFrame::of(&trace, pid, false).unwrap();
-                write_perfetto(&mut out, &frame, &rows, pid, None).unwrap();
+                write_perfetto(&mut out, &frame, &rows, pid, None, ByStart::ProveFirst).unwrap();
             }
-            Format::Json => {
-                write_calls_json(&mut out, &rows, pid, None, trace.has_host_context()).unwrap()
-            }
+            Format::Json => write_calls_json(
+                &mut out,
+                &rows,
+                pid,
+                None,
+                trace.has_host_context(),
+                ByStart::ProveFirst,
+            )
+            .unwrap(),
             Format::Pftrace => panic!("the JSON formats are compared here"),
         }
         out
@@ -1174,7 +1233,7 @@ mod tests {
         let rows = Rows::open(&trace).unwrap();
         let frame = PerfettoFrame::of(&trace, pid, window.is_some()).unwrap();
         let mut out = Vec::new();
-        write_perfetto(&mut out, &frame, &rows, pid, window).unwrap();
+        write_perfetto(&mut out, &frame, &rows, pid, window, ByStart::ProveFirst).unwrap();
         serde_json::from_slice(&out).unwrap()
     }
 
@@ -1448,6 +1507,77 @@ mod tests {
         w.finish().unwrap();
     }
 
+    /// A trace of `n` launches stored in start order, and with `late` a
+    /// synchronize that starts before them all and is stored after them.
+    fn launches(db: &Path, n: u64, late: bool) {
+        let session = SessionInfo {
+            start_mono_ns: 1_000_000,
+            ..Default::default()
+        };
+        let opts = WriterOptions {
+            overwrite: true,
+            ..Default::default()
+        };
+        let w = TraceWriter::create(db, session, opts).unwrap();
+        let h = w.handle();
+        for i in 0..n {
+            let launch = call(2_000_000 + i * 1_000, 300, "cudaLaunchKernel", None, None);
+            h.send(Event::Call(launch)).unwrap();
+        }
+        if late {
+            let sync = call(1_500_000, n * 1_000, "cudaDeviceSynchronize", None, None);
+            h.send(Event::Call(sync)).unwrap();
+        }
+        h.set_session_end(2_000_000 + n * 1_000 + 1_000).unwrap();
+        drop(h);
+        w.finish().unwrap();
+    }
+
+    /// Into a file, the calls go straight through the reorder buffer; a
+    /// trace with a call it cannot place is written again with its reach
+    /// proved first. Either way the file holds what stdout gets (the proof
+    /// first), in every format.
+    #[test]
+    fn a_file_the_buffer_cannot_order_is_written_again_the_same_as_stdout() {
+        let calls = 40_000; // more than the buffer holds (2^15)
+        for late in [false, true] {
+            let db = temp_db(&format!("reach-{late}"));
+            launches(&db, calls, late);
+            let trace = Trace::open(&db).unwrap();
+            let rows = Rows::open(&trace).unwrap();
+            let frame = PerfettoFrame::of(&trace, None, false).unwrap();
+            for format in [Format::Json, Format::Perfetto, Format::Pftrace] {
+                let write = |w: &mut (dyn Write + Send), how: ByStart| match format {
+                    Format::Json => write_calls_json(w, &rows, None, None, false, how),
+                    Format::Perfetto => write_perfetto(w, &frame, &rows, None, None, how),
+                    Format::Pftrace => write_pftrace(w, &frame, &rows, None, None, how),
+                };
+                let mut want = Vec::new();
+                write(&mut want, ByStart::ProveFirst).unwrap();
+                let out = db.with_extension("out");
+                let _ = std::fs::remove_file(&out);
+                let again = test_seams::WRITTEN_AGAIN.with(|c| c.get());
+                write_file(&out, &db, false, write).unwrap();
+                let written_again = test_seams::WRITTEN_AGAIN.with(|c| c.get()) - again;
+                assert_eq!(written_again, usize::from(late), "late {late}");
+                assert!(std::fs::read(&out).unwrap() == want, "late {late}");
+                // Only the published file is left beside the trace.
+                let tmp = sleuth_store::outfile::temp_path_for(&out);
+                assert!(!tmp.exists(), "{}", tmp.display());
+                std::fs::remove_file(&out).unwrap();
+            }
+            if late {
+                // The late call is the first in start order.
+                let mut json = Vec::new();
+                write_calls_json(&mut json, &rows, None, None, false, ByStart::ProveFirst).unwrap();
+                let doc: Value = serde_json::from_slice(&json).unwrap();
+                assert_eq!(doc[0]["op"], "cudaDeviceSynchronize");
+                assert_eq!(doc.as_array().unwrap().len() as u64, calls + 1);
+            }
+            std::fs::remove_file(&db).unwrap();
+        }
+    }
+
     fn temp_db(tag: &str) -> PathBuf {
         std::env::temp_dir().join(format!("gpusleuth-export-{tag}-{}.db", std::process::id()))
     }
@@ -1640,7 +1770,8 @@ mod tests {
         // Without host context (an import) the split is null, never 0.
         let trace = Trace::open(&db).unwrap();
         let mut out = Vec::new();
-        write_calls_json(&mut out, &Rows::open(&trace).unwrap(), None, None, false).unwrap();
+        let rows = Rows::open(&trace).unwrap();
+        write_calls_json(&mut out, &rows, None, None, false, ByStart::ProveFirst).unwrap();
         let _ = std::fs::remove_file(&db);
         let doc: Value = serde_json::from_slice(&out).unwrap();
         assert!(doc[0]["on_cpu_ns"].is_null() && doc[0]["runnable_ns"].is_null());

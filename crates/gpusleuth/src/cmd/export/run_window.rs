@@ -26,7 +26,7 @@ use sleuth_core::ledger::ProcessLedger;
 use sleuth_core::TraceData;
 use sleuth_store::run_window::RunLast;
 use sleuth_store::stream::Rows;
-use sleuth_store::InputProblems;
+use sleuth_store::{ByStart, InputProblems};
 use std::collections::BTreeSet;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -47,11 +47,11 @@ pub(super) fn export(args: &Args, run: &RunLast) -> anyhow::Result<()> {
         Format::Perfetto | Format::Pftrace => Some(RunFrame::of(run, &held, pid)?),
         Format::Json => None,
     };
-    let write = |w: &mut (dyn Write + Send)| -> anyhow::Result<()> {
+    let write = |w: &mut (dyn Write + Send), how: ByStart| -> anyhow::Result<()> {
         match (&frame, format) {
-            (Some(f), Format::Pftrace) => write_pftrace(w, f, &held, pid, window),
-            (Some(f), _) => write_perfetto(w, f, &held, pid, window),
-            (None, _) => write_calls_json(w, &held, pid, window),
+            (Some(f), Format::Pftrace) => write_pftrace(w, f, &held, pid, window, how),
+            (Some(f), _) => write_perfetto(w, f, &held, pid, window, how),
+            (None, _) => write_calls_json(w, &held, pid, window, how),
         }
     };
     match &args.output {
@@ -110,6 +110,7 @@ fn write_calls_json(
     held: &[PathBuf],
     pid: Option<u32>,
     window: Window,
+    how: ByStart,
 ) -> anyhow::Result<()> {
     let mut a = ArrayWriter::open(w)?;
     pipelined(
@@ -118,10 +119,12 @@ fn write_calls_json(
             for path in held {
                 let trace = crate::checks_memo::open(path)?;
                 let host = trace.has_host_context();
-                Rows::open(&trace)?
-                    .for_each_call::<anyhow::Error>(&Window::calls(Some(window), pid), |c| {
-                        sink.push((c.call, host))
-                    })?;
+                Rows::open(&trace)?.for_each_call_by_start_from::<anyhow::Error>(
+                    &Window::calls(Some(window), pid),
+                    super::EXPORT_SIDE_BY_SIDE_FROM_CPUS,
+                    how,
+                    |c| sink.push((c.call, host)),
+                )?;
             }
             Ok(())
         },
@@ -241,6 +244,7 @@ fn write_perfetto(
     held: &[PathBuf],
     pid: Option<u32>,
     window: Window,
+    how: ByStart,
 ) -> anyhow::Result<()> {
     let (origin, ctx) = (f.origin, &f.ctx);
     let (head, tail) = halves_at(origin, ctx.realtime_offset_ns)?;
@@ -257,9 +261,12 @@ fn write_perfetto(
             for path in held {
                 let trace = crate::checks_memo::open(path)?;
                 let rows = Rows::open(&trace)?;
-                rows.for_each_call::<anyhow::Error>(&Window::calls(Some(window), pid), |c| {
-                    named.push(sink, Record::Call(c.call))
-                })?;
+                rows.for_each_call_by_start_from::<anyhow::Error>(
+                    &Window::calls(Some(window), pid),
+                    super::EXPORT_SIDE_BY_SIDE_FROM_CPUS,
+                    how,
+                    |c| named.push(sink, Record::Call(c.call)),
+                )?;
                 rows.for_each_wait_in::<anyhow::Error>(pid, window.since, window.until, |wt| {
                     named.push(sink, Record::Wait(wt))
                 })?;
@@ -287,6 +294,7 @@ fn write_pftrace(
     held: &[PathBuf],
     pid: Option<u32>,
     window: Window,
+    how: ByStart,
 ) -> anyhow::Result<()> {
     let frame = super::pftrace::Frame {
         ctx: &f.ctx,
@@ -300,7 +308,7 @@ fn write_pftrace(
             let rows = Rows::open(&trace)?;
             let q = Window::calls(Some(window), pid);
             let from_cpus = super::EXPORT_SIDE_BY_SIDE_FROM_CPUS;
-            rows.for_each_call_by_start_from::<anyhow::Error>(&q, from_cpus, |c| {
+            rows.for_each_call_by_start_from::<anyhow::Error>(&q, from_cpus, how, |c| {
                 tracks.call(sink, c.call)
             })?;
             rows.for_each_wait_in::<anyhow::Error>(pid, window.since, window.until, |wt| {
