@@ -20,3 +20,15 @@ rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
 print(f"{wall:.2f} s {rss:.0f} MB rc={rc}")
 PYEOF
 }
+# `host_facts`: the GPU, its driver and the host's CPUs, into $OUT/gpu.txt.
+host_facts() {
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >"$OUT/gpu.txt" 2>&1
+  echo "cpus: $(nproc); $(grep -m1 'model name' /proc/cpuinfo)" >>"$OUT/gpu.txt"
+}
+# `bench_trace DB SECONDS`: the bench's synthetic 10M-event trace written to
+# DB (its own timings in $OUT/bench10m.txt); prints its exit status and time.
+bench_trace() {
+  local t0; t0=$(date +%s); rm -f "$1"
+  timeout "$2" "$GS" bench --analysis-only --analysis-calls 10000000 --keep-trace "$1" >"$OUT/bench10m.txt" 2>&1
+  echo "bench rc=$? in $(( $(date +%s) - t0 )) s"
+}

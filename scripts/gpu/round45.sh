@@ -11,13 +11,10 @@
 set -u
 . scripts/gpu/device_env.sh "$1"
 OLD=$(readlink -f "$2"); chmod +x "$OLD"
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >"$OUT/gpu.txt" 2>&1
-echo "cpus: $(nproc); $(grep -m1 'model name' /proc/cpuinfo)" >>"$OUT/gpu.txt"
+host_facts
 E=$OUT/export.txt
-db=/tmp/r45-f10.db; rm -f "$db"
-t0=$(date +%s)
-timeout 300 "$GS" bench --analysis-only --analysis-calls 10000000 --keep-trace "$db" >"$OUT/bench10m.txt" 2>&1
-echo "bench rc=$? in $(( $(date +%s) - t0 )) s" >"$E"
+db=/tmp/r45-f10.db
+bench_trace "$db" 300 >"$E"
 for rep in 1 2; do
   for fmt in json pftrace perfetto; do
     for b in "$OLD" "$GS"; do

@@ -435,11 +435,7 @@ fn push_json_call(b: &mut Vec<u8>, c: &CallEvent, host: bool) {
     push_int(b, c.pid);
     b.extend_from_slice(b",\"ptr\":");
     push_opt_u64(b, c.ptr);
-    b.extend_from_slice(b",\"ret\":");
-    match c.has_status() {
-        true => push_int(b, c.ret),
-        false => b.extend_from_slice(b"null"),
-    }
+    push_ret(b, c);
     b.extend_from_slice(b",\"runnable_ns\":");
     push_opt_u64(b, host_ns(c.runnable_ns));
     b.extend_from_slice(b",\"size\":");
@@ -451,6 +447,17 @@ fn push_json_call(b: &mut Vec<u8>, c: &CallEvent, host: bool) {
     b.extend_from_slice(b",\"ts_ns\":");
     push_int(b, c.ts_ns);
     b.push(b'}');
+}
+
+/// A call's `,"ret":`: its status, or null for an op that returns none
+/// (both hand-written elements: `push_json_call`, `push_call_slice`).
+fn push_ret(b: &mut Vec<u8>, c: &CallEvent) {
+    use json_text::push_int;
+    b.extend_from_slice(b",\"ret\":");
+    match c.has_status() {
+        true => push_int(b, c.ret),
+        false => b.extend_from_slice(b"null"),
+    }
 }
 
 /// CPUs from which an export reads its calls on helper connections side
@@ -553,11 +560,7 @@ fn push_call_slice(b: &mut Vec<u8>, c: &CallEvent, ctx: &TraceData, origin: u64)
         b.extend_from_slice(b",\"ptr\":");
         push_hex(b, ptr);
     }
-    b.extend_from_slice(b",\"ret\":");
-    match c.has_status() {
-        true => push_int(b, c.ret),
-        false => b.extend_from_slice(b"null"),
-    }
+    push_ret(b, c);
     b.extend_from_slice(b",\"runnable_us\":");
     host_micros(b, c.runnable_ns);
     if let Some(st) = stack {
@@ -1410,21 +1413,28 @@ mod tests {
         }
     }
 
-    /// A stored trace with what every part of the export shows: calls with
-    /// sites, a nested and a failed call, a preemption with its culprit,
-    /// NVML samples, and a memory track.
-    fn simulated(db: &Path) {
-        let session = SessionInfo {
-            start_mono_ns: 1_000_000,
-            realtime_offset_ns: 1_700_000_000_000_000_000,
-            hostname: "h".into(),
-            ..Default::default()
-        };
+    /// A writer of a new trace at `db` (replacing one left there).
+    fn writer(db: &Path, session: SessionInfo) -> TraceWriter {
         let opts = WriterOptions {
             overwrite: true,
             ..Default::default()
         };
-        let w = TraceWriter::create(db, session, opts).unwrap();
+        TraceWriter::create(db, session, opts).unwrap()
+    }
+
+    /// A stored trace with what every part of the export shows: calls with
+    /// sites, a nested and a failed call, a preemption with its culprit,
+    /// NVML samples, and a memory track.
+    fn simulated(db: &Path) {
+        let w = writer(
+            db,
+            SessionInfo {
+                start_mono_ns: 1_000_000,
+                realtime_offset_ns: 1_700_000_000_000_000_000,
+                hostname: "h".into(),
+                ..Default::default()
+            },
+        );
         let h = w.handle();
         h.set_process(ProcessInfo {
             pid: 10,
@@ -1515,11 +1525,7 @@ mod tests {
             start_mono_ns: 1_000_000,
             ..Default::default()
         };
-        let opts = WriterOptions {
-            overwrite: true,
-            ..Default::default()
-        };
-        let w = TraceWriter::create(db, session, opts).unwrap();
+        let w = writer(db, session);
         let h = w.handle();
         for i in 0..n {
             let launch = call(2_000_000 + i * 1_000, 300, "cudaLaunchKernel", None, None);
