@@ -894,6 +894,55 @@ fn a_run_directory_is_refused_where_a_file_is_expected_and_an_old_run_is_kept() 
 /// against the run's pinned ranges and stored those (`run_pinned_begin`),
 /// so no answer says it cannot know them (before, its every copy looked
 /// pageable, with a note).
+/// A process that exited is not named again by the run's later files: a
+/// node agent sees processes come and go for days, and each file named
+/// every process the run had ever seen (round 45: 8,000 short-lived
+/// processes, 16-20 MB files). Its history stays in the run's ledger.
+#[test]
+fn a_process_that_exited_is_not_named_by_the_runs_later_files() {
+    let Some(sb) = Sandbox::for_ebpf("rotate-exited") else {
+        return;
+    };
+    // Two children allocate and exit in the first file; the parent sleeps
+    // past two rotations, then allocates and frees.
+    let script = "spawn { malloc 4096 }; spawn { malloc 8192 }; sleep 2600; malloc 4096 b; free b";
+    sb.trace(&["--rotate", "1s"], script, 0);
+    let run = sb.db();
+    let files = parts(&run);
+    assert!(files.len() >= 3, "{files:?}");
+    let truth = sb.truth();
+    assert_eq!(truth.len(), 3, "the parent and two children");
+    let parent = truth.iter().find(|t| truth.iter().all(|o| o.pid != t.ppid));
+    let parent = i64::from(parent.expect("the parent").pid);
+    let mut all: Vec<i64> = truth.iter().map(|t| i64::from(t.pid)).collect();
+    all.sort_unstable();
+    let named = |f: &Path| -> Vec<i64> {
+        common::Db::open(f)
+            .ints("SELECT pid FROM processes ORDER BY pid")
+            .into_iter()
+            .map(|r| r[0])
+            .collect()
+    };
+    assert_eq!(named(&files[0].1), all, "the first file names all three");
+    let last = &files.last().expect("files").1;
+    assert_eq!(
+        named(last),
+        vec![parent],
+        "the last file names the parent alone"
+    );
+    // The run's ledger still holds the children's allocations.
+    let m = cli_json("memory", &run, &[]);
+    let pids: Vec<i64> = m["processes"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{m}"))
+        .iter()
+        .filter_map(|p| p["pid"].as_i64())
+        .collect();
+    for pid in &all {
+        assert!(pids.contains(pid), "{pid} in the run's memory: {pids:?}");
+    }
+}
+
 #[test]
 fn last_of_a_run_knows_memory_pinned_in_its_earlier_files() {
     let Some(sb) = Sandbox::for_ebpf("rotate-pinned") else {

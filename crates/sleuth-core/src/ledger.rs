@@ -931,6 +931,13 @@ impl LedgerBuilder {
             .sum()
     }
 
+    /// Processes the builder holds a replay of: each has tables, a timeline
+    /// and a peak of its own however few entries it holds (a run's carried
+    /// ledger counts them toward its bound too).
+    pub fn process_count(&self) -> usize {
+        self.ledger.procs.len()
+    }
+
     /// The ledgers without what [`in_context`] adds (no name, exit time or
     /// site label): what a trace stores when it ends (its ledger rollup),
     /// so a reader adds the context it reads and gets [`Self::finish`]'s answer.

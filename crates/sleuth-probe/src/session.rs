@@ -474,6 +474,11 @@ impl Decoder<'_> {
                     watch(self.resolver, self.watching, p.pid);
                 }
                 if p.kind == ProcKind::Exit {
+                    // Its whole group is dead (the probe says exit once per
+                    // process): a new file of a `--rotate` run does not name
+                    // it again, and a process given its pid later is new.
+                    // A node agent sees processes come and go for days.
+                    self.known_pids.remove(&p.pid);
                     self.forget(p.pid);
                 }
             }

@@ -77,6 +77,19 @@ use std::sync::{Arc, Mutex};
 /// at 83–85 MB with `--rotate 1s` (docs/benchmarks.md, round 21).
 pub const MAX_CARRIED_ENTRIES: usize = 250_000;
 
+/// What one process counts toward [`MAX_CARRIED_ENTRIES`] besides its
+/// entries: its replay's own tables, timeline and peak, and its sites'
+/// stacks, held however few allocations it made. A process that exited
+/// stays in the run's ledger (its history is the run's), so a node agent
+/// that sees short-lived CUDA processes come and go carried more of them
+/// into every file: 8,000 processes of one allocation each grew a
+/// `--rotate 1s` tracer by about 3.2 KB each (82.6 MB peak and growing)
+/// while each counted 3 entries. Counted as 64, such a run's chain stops
+/// after about 3,800 processes and starts again from the next file (a
+/// reader of both replays): 12,000 processes peaked at 66.6 MB with the
+/// default 8M ring (VM, docs/benchmarks.md, round 45).
+pub const PROCESS_ENTRIES: usize = 64;
+
 /// `meta.run_ledger` once the table is complete.
 const COMPLETE: &str = "1";
 const TABLE: &str = "run_ledger";
@@ -302,9 +315,10 @@ pub(crate) fn write(
     c.last = link.file;
     let tallied: usize = c.tally.values().map(SiteTally::len).sum();
     let held = c.builder.held_entries() + c.pinned.range_count();
-    let next = if held + tallied > MAX_CARRIED_ENTRIES {
+    let processes = c.builder.process_count();
+    let next = if held + tallied + processes * PROCESS_ENTRIES > MAX_CARRIED_ENTRIES {
         CarryState::Broken(format!(
-            "the run's ledger held more than {MAX_CARRIED_ENTRIES} live allocations, failed allocations, sizes, threads and pinned host ranges at the end of file {}: not carried further",
+            "the run's ledger held more than {MAX_CARRIED_ENTRIES} live allocations, failed allocations, sizes, threads and pinned host ranges, with its {processes} processes counted as {PROCESS_ENTRIES} each, at the end of file {}: not carried further",
             link.file
         ))
     } else {

@@ -466,6 +466,49 @@ fn past_the_carried_bound_the_next_file_starts_a_new_chain() {
     assert_eq!((l.allocs, l.frees, l.unfreed.len() as u64), (n, 1, n - 1));
 }
 
+/// Processes count toward the bound by themselves (`PROCESS_ENTRIES`: a
+/// process's own tables and sites, however few allocations it made). A
+/// node agent's run that sees thousands of short-lived processes, each
+/// leaving one allocation behind, stops its chain as it does past the
+/// bound's live allocations, far below their number; a reader of both
+/// files replays them (every process in the answer).
+#[test]
+fn many_processes_count_toward_the_carried_bound() {
+    use sleuth_store::run_ledger::{MAX_CARRIED_ENTRIES, PROCESS_ENTRIES};
+    let tmp = TempDir::new("runled-procs");
+    let run = tmp.join("run");
+    let n = (MAX_CARRIED_ENTRIES / PROCESS_ENTRIES) as u32 + 1;
+    let one_each: Vec<CallEvent> = (0..n)
+        .map(|i| {
+            let mut c = alloc(u64::from(i) * 1000, 4096, 0x10_0000);
+            (c.pid, c.tid) = (1000 + i, 1000 + i);
+            c
+        })
+        .collect();
+    let mut freed = free(u64::from(n) * 1000 + MS, 0x10_0000);
+    (freed.pid, freed.tid) = (1000, 1000);
+    let parts = vec![part(one_each), part(vec![freed])];
+    write_run(&run, &RunLink::new_run(), 1, &parts);
+    let c = Connection::open(run.join(part_name(2))).unwrap();
+    let note: String = c
+        .query_row(
+            "SELECT text FROM notes WHERE text LIKE 'run ledger:%'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert!(note.contains("not carried further"), "{note}");
+    assert!(
+        note.contains(&format!("its {n} processes counted as")),
+        "{note}"
+    );
+    let r = load(&run, None, budget()).unwrap();
+    assert_eq!(r.replayed_memory_calls, u64::from(n) + 1);
+    assert_eq!(r.ledgers.len(), n as usize);
+    let first = r.ledgers.iter().find(|l| l.pid == 1000).unwrap();
+    assert_eq!((first.allocs, first.frees, first.unfreed.len()), (1, 1, 0));
+}
+
 /// The tracer stores in each file the host ranges pinned at its end
 /// (`run_pinned`): a reader of file 3 knows what file 1 pinned after
 /// `--keep` deleted it, which no replay can; a run without the stored

@@ -1,0 +1,33 @@
+#!/bin/bash
+# The system-wide tracer's RSS while many short-lived CUDA processes come
+# and go (issue 16, round 45: a node agent's run): `gpusleuth trace --rotate`
+# of every process that uses the simulated libraries, while N workloads
+# run one after another, each allocating without freeing and exiting; the
+# tracer's VmRSS, VmHWM and RssAnon every 500 processes, then the run's
+# files (processes named, run-ledger rows, size). Needs root, eBPF and the
+# simulated libraries (`gpusleuth demo --keep DIR`: SIM_DIR is DIR/sim).
+# WL replaces each workload's script; ROT the rotation period.
+# Usage: sudo [WL=...] [ROT=1s] bash scripts/process_churn_footprint.sh SIM_DIR N BIN
+set -u
+sim=$1 n=$2 bin=$3
+export PATH=$sim/bin:$PATH LD_LIBRARY_PATH=$sim/lib
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+"$bin" trace --db "$work/run" --rotate "${ROT:-1s}" --keep 3 --quiet --precheck off \
+  --cuda-lib "$sim/lib/libcudart.so.13" --cuda-lib "$sim/lib/libcuda.so.1" \
+  --cuda-lib "$sim/lib/libc10_cuda.so" --ready-file "$work/ready" >"$work/log" 2>&1 &
+tracer=$!
+while [ ! -e "$work/ready" ]; do sleep 0.1; done
+status() { awk -v k="$1" '$1 == k ":" {print $2}' "/proc/$tracer/status"; }
+for ((i = 1; i <= n; i++)); do
+  workload "${WL:-malloc 4096; repeat 20 { launch }; memcpy 4096; sync_device}" >/dev/null 2>&1
+  if ((i % 500 == 0)); then
+    echo "processes $i: rss $(status VmRSS) kB, peak $(status VmHWM) kB, anon $(status RssAnon) kB"
+  fi
+done
+kill -INT "$tracer"; wait "$tracer"
+for f in "$work"/run/part-*.db; do
+  echo "$(basename "$f"): $(sqlite3 "$f" 'SELECT count(*) FROM processes') processes named," \
+    "$(sqlite3 "$f" 'SELECT count(*) FROM run_ledger') in the run's ledger, $(stat -c %s "$f") bytes"
+done
+tail -1 "$work/log" | cut -c1-200
