@@ -30,4 +30,4 @@ for f in "$work"/run/part-*.db; do
   echo "$(basename "$f"): $(sqlite3 "$f" 'SELECT count(*) FROM processes') processes named," \
     "$(sqlite3 "$f" 'SELECT count(*) FROM run_ledger') in the run's ledger, $(stat -c %s "$f") bytes"
 done
-tail -1 "$work/log" | cut -c1-200
+grep -h "trace saved\|events dropped" "$work/log" | cut -c1-260

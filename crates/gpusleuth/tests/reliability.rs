@@ -57,9 +57,11 @@ fn exit_churn_leaves_no_kernel_state() {
         return;
     };
     const CHILDREN: i64 = 300;
+    // Each child's launches are counted in the kernel (`--launches driver`,
+    // the default): 3 launches each.
     sb.trace(
         &[],
-        &format!("repeat {CHILDREN} {{ fork {{ malloc 512 x; free x }} }}"),
+        &format!("repeat {CHILDREN} {{ fork {{ malloc 512 x; free x; launch 3 }} }}"),
         0,
     );
     let db = sb.open_db();
@@ -85,6 +87,17 @@ fn exit_churn_leaves_no_kernel_state() {
         db.int("SELECT value FROM stats WHERE name = 'map_threads_left'"),
         0
     );
+    // Each child's counts were taken out of the kernel's count map when it
+    // exited (a node agent's map filled after 16,384 processes), and kept:
+    // every child's 3 launches are in the trace.
+    assert_eq!(
+        db.int("SELECT value FROM stats WHERE name = 'map_counts_left'"),
+        0
+    );
+    let counted = db.ints(
+        "SELECT count(DISTINCT pid), min(count), max(count) FROM op_counts WHERE op = 'cuLaunchKernel'",
+    );
+    assert_eq!(counted, vec![vec![CHILDREN, 3, 3]]);
     assert_eq!(
         db.int("SELECT sum(value) FROM stats WHERE name LIKE 'drop_%'"),
         0

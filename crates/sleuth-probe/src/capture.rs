@@ -213,6 +213,9 @@ pub struct Capture {
     /// Whether the one-by-one uprobe programs are loaded (only once the
     /// batched path is off: they are the same programs, verified again).
     uprobes_loaded: bool,
+    /// Ops attached to `call_count`: the ops of `op_counts`' keys, so that
+    /// a process's entries are found by key ([`Capture::take_op_counts`]).
+    counted_ops: std::collections::BTreeSet<u16>,
 }
 
 /// The uprobe programs, attached batched (`multi`) or one by one.
@@ -423,6 +426,7 @@ impl Capture {
             links: Vec::new(),
             multi_off_reason,
             uprobes_loaded,
+            counted_ops: std::collections::BTreeSet::new(),
         })
     }
 
@@ -531,7 +535,10 @@ impl Capture {
             let c = op_cookie(op);
             let progs: &[&str] = match kind {
                 ProbeKind::PerCall => &["call_entry", "call_return"],
-                ProbeKind::Counted => &["call_count"],
+                ProbeKind::Counted => {
+                    self.counted_ops.insert(op.id);
+                    &["call_count"]
+                }
             };
             for prog in progs {
                 let p: &mut UProbe = self
@@ -584,6 +591,7 @@ impl Capture {
             let list = if kind == ProbeKind::PerCall {
                 &mut per_call
             } else {
+                self.counted_ops.insert(op.id);
                 &mut counted
             };
             list.0.push(offset);
@@ -725,6 +733,43 @@ impl Capture {
                 })
             })
             .collect()
+    }
+
+    /// The counts of process `pid` (one that exited: nothing adds to them
+    /// any more), taken out of the kernel's `op_counts` map: a node agent
+    /// sees processes come and go, and the map (16,384 entries) kept every
+    /// process's, so past that many processes counting stopped
+    /// (`count_map_full`).
+    pub fn take_op_counts(&mut self, pid: u32) -> Vec<OpCount> {
+        let Some(m) = self.bpf.map_mut("op_counts") else {
+            return Vec::new();
+        };
+        let Ok(mut map) = BpfHashMap::<_, CountKeyPod, u64>::try_from(m) else {
+            return Vec::new();
+        };
+        let mut taken = Vec::new();
+        for &op in &self.counted_ops {
+            let key = CountKeyPod(CountKey {
+                pid,
+                op: u32::from(op),
+            });
+            // Kept here only once out of the map: never counted twice.
+            if let Ok(count) = map.get(&key, 0) {
+                if map.remove(&key).is_ok() {
+                    taken.push(OpCount { pid, op, count });
+                }
+            }
+        }
+        taken
+    }
+
+    /// Entries in the kernel's `op_counts` map (0 once every counted
+    /// process exited and its counts were taken).
+    pub fn op_count_entries(&self) -> usize {
+        self.bpf
+            .map("op_counts")
+            .and_then(|m| BpfHashMap::<_, CountKeyPod, u64>::try_from(m).ok())
+            .map_or(0, |h| h.keys().count())
     }
 
     /// Runs of each loaded program that the kernel skipped (its recursion

@@ -163,6 +163,13 @@ pub struct CaptureSession {
     /// Processes to look at for CPython, until the deadline.
     watching: HashMap<u32, Instant>,
     counts: RecordCounts,
+    /// Processes that exited in the last poll, their kernel counts still to
+    /// take ([`Capture::take_op_counts`]).
+    exited: Vec<u32>,
+    /// Final kernel counts of processes that exited, taken out of the
+    /// kernel's map: part of [`CaptureSession::op_counts`] until a new file
+    /// of a rotating run no longer needs them ([`Self::forget_exited_counts`]).
+    exited_counts: Vec<OpCount>,
 }
 
 impl CaptureSession {
@@ -186,6 +193,8 @@ impl CaptureSession {
             resolver: SiteResolver::default(),
             watching: HashMap::new(),
             counts: RecordCounts::default(),
+            exited: Vec::new(),
+            exited_counts: Vec::new(),
         })
     }
 
@@ -239,6 +248,7 @@ impl CaptureSession {
             resolver,
             watching,
             counts,
+            exited,
             ..
         } = self;
         let mut state = Decoder {
@@ -246,8 +256,13 @@ impl CaptureSession {
             resolver,
             watching,
             counts,
+            exited,
         };
         let n = cap.poll(timeout, |bytes| state.record(bytes, &mut f));
+        for pid in std::mem::take(&mut self.exited) {
+            let taken = self.cap.take_op_counts(pid);
+            self.exited_counts.extend(taken);
+        }
         if self.sites_on {
             self.find_python(&mut f);
         }
@@ -374,9 +389,26 @@ impl CaptureSession {
         LossStats::from_counters(&self.cap.loss_stats())
     }
 
-    /// Hot-path calls counted in the kernel, per process and op.
+    /// Hot-path calls counted in the kernel, per process and op: those in
+    /// the kernel's map and the final counts of processes that exited.
     pub fn op_counts(&self) -> Vec<OpCount> {
-        self.cap.op_counts()
+        let mut all = self.cap.op_counts();
+        all.extend(self.exited_counts.iter().cloned());
+        all
+    }
+
+    /// Lets go of the exited processes' final counts: a new file of a
+    /// rotating run, once the files before it stored them (no later file
+    /// has a share of them). A node agent's run stays bounded by what its
+    /// processes alive and its latest file's hold.
+    pub fn forget_exited_counts(&mut self) {
+        self.exited_counts.clear();
+    }
+
+    /// Entries in the kernel's count map (processes alive or not yet seen
+    /// to exit), for the trace's end stats.
+    pub fn op_count_entries(&self) -> usize {
+        self.cap.op_count_entries()
     }
 
     /// Call sites are sent once per id; after this each is sent again on its
@@ -419,6 +451,7 @@ struct Decoder<'a> {
     resolver: &'a mut SiteResolver,
     watching: &'a mut HashMap<u32, Instant>,
     counts: &'a mut RecordCounts,
+    exited: &'a mut Vec<u32>,
 }
 
 impl Decoder<'_> {
@@ -479,6 +512,7 @@ impl Decoder<'_> {
                     // it again, and a process given its pid later is new.
                     // A node agent sees processes come and go for days.
                     self.known_pids.remove(&p.pid);
+                    self.exited.push(p.pid);
                     self.forget(p.pid);
                 }
             }

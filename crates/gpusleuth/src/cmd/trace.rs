@@ -569,12 +569,14 @@ fn file_share(
     now: &[sleuth_core::OpCount],
     before: &[sleuth_core::OpCount],
 ) -> Vec<sleuth_core::OpCount> {
+    // By key: a node agent's lists hold a few thousand processes, and each
+    // 200 ms scan takes this share (a search of `before` per entry was
+    // quadratic).
+    let earlier_of: std::collections::HashMap<(u32, u16), u64> =
+        before.iter().map(|x| ((x.pid, x.op), x.count)).collect();
     now.iter()
         .filter_map(|oc| {
-            let earlier = before
-                .iter()
-                .find(|x| (x.pid, x.op) == (oc.pid, oc.op))
-                .map_or(0, |x| x.count);
+            let earlier = earlier_of.get(&(oc.pid, oc.op)).copied().unwrap_or(0);
             let count = oc.count.saturating_sub(earlier);
             (count > 0).then(|| sleuth_core::OpCount {
                 count,
@@ -923,6 +925,7 @@ fn trace_loop(
         let (traced_left, threads_left) = session.map_occupancy();
         handle.set_stat("map_traced_left", traced_left as u64)?;
         handle.set_stat("map_threads_left", threads_left as u64)?;
+        handle.set_stat("map_counts_left", session.op_count_entries() as u64)?;
         // Runs the kernel skipped (its per-CPU recursion guard): what they
         // would have recorded is missing and no ring-buffer counter saw it.
         let skipped = session.program_misses();

@@ -81,7 +81,12 @@ impl Rotation {
             }
         };
         match store_counters(handle, session, &self.stored) {
-            Ok(s) => self.stored = s,
+            Ok(s) => {
+                self.stored = s;
+                // Stored: the exited processes' final counts have no share
+                // in a later file.
+                session.forget_exited_counts();
+            }
             Err(e) => sinks.check(Err(e)),
         }
         if late >= LATE_NOTE {
