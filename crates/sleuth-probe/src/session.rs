@@ -391,10 +391,17 @@ impl CaptureSession {
 
     /// Hot-path calls counted in the kernel, per process and op: those in
     /// the kernel's map and the final counts of processes that exited.
+    /// A pid given again to a new process before a file stored the exited
+    /// one's counts has both summed under it (one row per pid and op).
     pub fn op_counts(&self) -> Vec<OpCount> {
-        let mut all = self.cap.op_counts();
-        all.extend(self.exited_counts.iter().cloned());
-        all
+        let mut by_key: std::collections::BTreeMap<(u32, u16), u64> = Default::default();
+        for c in self.cap.op_counts().iter().chain(&self.exited_counts) {
+            *by_key.entry((c.pid, c.op)).or_default() += c.count;
+        }
+        by_key
+            .into_iter()
+            .map(|((pid, op), count)| OpCount { pid, op, count })
+            .collect()
     }
 
     /// Lets go of the exited processes' final counts: a new file of a

@@ -107,6 +107,11 @@ pub struct State {
     pub events: [u64; 3],
     /// In-kernel op counts per (pid, op), as last read (kept at their maximum).
     pub kernel_counts: BTreeMap<(u32, u16), u64>,
+    /// In-kernel op counts of processes gone from the session's counts (they
+    /// exited and a file stored their final counts), by op: counted under
+    /// `other`, so sums never go down while a node agent's processes come
+    /// and go without one entry each kept forever.
+    kernel_gone: BTreeMap<u16, u64>,
     /// NVML readings of the GPU sampler.
     pub gpu: super::gpu::GpuState,
     /// Per-rank NCCL collective series.
@@ -222,11 +227,33 @@ impl State {
             let e = self.kernel_counts.entry((c.pid, c.op)).or_default();
             *e = (*e).max(c.count);
         }
+        // A process's counts leave the session's once it exited and a file
+        // stored them (`CaptureSession::forget_exited_counts`); a labelled
+        // one keeps its series until its label is given to another.
+        let present: std::collections::HashSet<(u32, u16)> =
+            counts.iter().map(|c| (c.pid, c.op)).collect();
+        let State {
+            kernel_counts,
+            kernel_gone,
+            procs,
+            ..
+        } = self;
+        kernel_counts.retain(|&(pid, op), n| {
+            let kept = present.contains(&(pid, op)) || procs.contains_key(&pid);
+            if !kept {
+                *kernel_gone.entry(op).or_default() += *n;
+            }
+            kept
+        });
     }
 
     /// Kernel-counted calls per (labelled pid or None for `other`, op).
     pub fn kernel_counts_by_label(&self) -> BTreeMap<(Option<u32>, u16), u64> {
-        let mut out = BTreeMap::new();
+        let mut out: BTreeMap<(Option<u32>, u16), u64> = self
+            .kernel_gone
+            .iter()
+            .map(|(&op, &n)| ((None, op), n))
+            .collect();
         for (&(pid, op), &n) in &self.kernel_counts {
             let key = if self.procs.contains_key(&pid) {
                 Some(pid)
@@ -314,5 +341,32 @@ mod tests {
         // Later calls of 9999 still go to `other`.
         s.observe(&call(9999, "cudaFree", 1, 0, None, None), comm);
         assert_eq!(s.other.ops.values().map(|o| o.calls).sum::<u64>(), 3);
+    }
+
+    /// Kernel counts of processes gone from the session's counts (exited,
+    /// stored) fold into `other`: the sums never go down, and no entry per
+    /// process is kept forever; a labelled process keeps its own.
+    #[test]
+    fn kernel_counts_of_processes_gone_fold_into_other() {
+        let launch = op_by_name("cuLaunchKernel").unwrap().id;
+        let count = |pid, n| OpCount {
+            pid,
+            op: launch,
+            count: n,
+        };
+        let mut s = State::default();
+        s.observe(&call(7, "cudaFree", 1, 0, None, None), |_| "w".into());
+        let total = |s: &State| s.kernel_counts_by_label().values().sum::<u64>();
+        s.set_kernel_counters(&[], &[count(7, 10), count(8, 20), count(9, 30)]);
+        assert_eq!(total(&s), 60);
+        // 8 and 9 exited and were stored: gone from the session's counts.
+        s.set_kernel_counters(&[], &[count(7, 11)]);
+        assert_eq!(total(&s), 61);
+        assert_eq!(s.kernel_counts.len(), 1, "only the labelled process's own");
+        let by = s.kernel_counts_by_label();
+        assert_eq!((by[&(Some(7), launch)], by[&(None, launch)]), (11, 50));
+        // The labelled process gone too keeps its series while it is labelled.
+        s.set_kernel_counters(&[], &[]);
+        assert_eq!(total(&s), 61);
     }
 }
