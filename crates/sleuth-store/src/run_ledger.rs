@@ -86,8 +86,9 @@ pub const MAX_CARRIED_ENTRIES: usize = 250_000;
 /// `--rotate 1s` tracer by about 3.2 KB each (82.6 MB peak and growing)
 /// while each counted 3 entries. Counted as 64, such a run's chain stops
 /// after about 3,800 processes and starts again from the next file (a
-/// reader of both replays): 12,000 processes peaked at 66.6 MB with the
-/// default 8M ring (VM, docs/benchmarks.md, round 45).
+/// reader of both replays): 12,000 processes peaked at 60.6 MB with the
+/// default 8M ring, 66.6 MB with `--torch-allocator` (VM,
+/// docs/benchmarks.md, round 45).
 pub const PROCESS_ENTRIES: usize = 64;
 
 /// `meta.run_ledger` once the table is complete.
