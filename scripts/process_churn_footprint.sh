@@ -6,14 +6,16 @@
 # tracer's VmRSS, VmHWM and RssAnon every 500 processes, then the run's
 # files (processes named, run-ledger rows, size). Needs root, eBPF and the
 # simulated libraries (`gpusleuth demo --keep DIR`: SIM_DIR is DIR/sim).
-# WL replaces each workload's script; ROT the rotation period.
-# Usage: sudo [WL=...] [ROT=1s] bash scripts/process_churn_footprint.sh SIM_DIR N BIN
+# WL replaces each workload's script; ROT the rotation period; TRACE_ARGS
+# adds options (e.g. "--metrics 127.0.0.1:9464 --torch-allocator").
+# Usage: sudo [WL=...] [ROT=1s] [TRACE_ARGS=...] bash scripts/process_churn_footprint.sh SIM_DIR N BIN
 set -u
 sim=$1 n=$2 bin=$3
 export PATH=$sim/bin:$PATH LD_LIBRARY_PATH=$sim/lib
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-"$bin" trace --db "$work/run" --rotate "${ROT:-1s}" --keep 3 --quiet --precheck off \
+# shellcheck disable=SC2086 # TRACE_ARGS split on spaces on purpose
+"$bin" trace --db "$work/run" --rotate "${ROT:-1s}" --keep 3 --quiet --precheck off ${TRACE_ARGS:-} \
   --cuda-lib "$sim/lib/libcudart.so.13" --cuda-lib "$sim/lib/libcuda.so.1" \
   --cuda-lib "$sim/lib/libc10_cuda.so" --ready-file "$work/ready" >"$work/log" 2>&1 &
 tracer=$!
