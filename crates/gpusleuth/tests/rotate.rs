@@ -930,16 +930,22 @@ fn a_process_that_exited_is_not_named_by_the_runs_later_files() {
         vec![parent],
         "the last file names the parent alone"
     );
-    // The run's ledger still holds the children's allocations.
+    // The run's ledger still holds the children's allocations, named as
+    // the first file named them (a later file re-read them from /proc once
+    // they had exited, and named them with nothing).
     let m = cli_json("memory", &run, &[]);
-    let pids: Vec<i64> = m["processes"]
+    let named_in_run: Vec<(i64, String)> = m["processes"]
         .as_array()
         .unwrap_or_else(|| panic!("{m}"))
         .iter()
-        .filter_map(|p| p["pid"].as_i64())
+        .filter_map(|p| Some((p["pid"].as_i64()?, p["comm"].as_str()?.to_string())))
         .collect();
     for pid in &all {
-        assert!(pids.contains(pid), "{pid} in the run's memory: {pids:?}");
+        let comm = named_in_run.iter().find(|(p, _)| p == pid).map(|(_, c)| c);
+        assert!(
+            comm.is_some_and(|c| !c.is_empty()),
+            "{pid} named in the run's memory: {named_in_run:?}"
+        );
     }
 }
 
