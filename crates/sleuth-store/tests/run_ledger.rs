@@ -436,6 +436,18 @@ fn a_damaged_run_ledger_begin_is_refused_in_one_line() {
     );
 }
 
+/// The note of file `n` of `run` on its run ledger's chain (`run ledger: ...`).
+fn chain_note(run: &Path, n: u64) -> String {
+    Connection::open(run.join(part_name(n)))
+        .unwrap()
+        .query_row(
+            "SELECT text FROM notes WHERE text LIKE 'run ledger:%'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap()
+}
+
 /// Past the bound on what the tracer carries (live allocations and the
 /// like), the chain stops: the file still stores the run's ledger up to
 /// itself, the next starts a new chain and says why, and a reader of both
@@ -451,14 +463,7 @@ fn past_the_carried_bound_the_next_file_starts_a_new_chain() {
         .collect();
     let parts = vec![part(live), part(vec![free(n * 1000 + MS, 0x10_0000)])];
     write_run(&run, &RunLink::new_run(), 1, &parts);
-    let c = Connection::open(run.join(part_name(2))).unwrap();
-    let note: String = c
-        .query_row(
-            "SELECT text FROM notes WHERE text LIKE 'run ledger:%'",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
+    let note = chain_note(&run, 2);
     assert!(note.contains("not carried further"), "{note}");
     let r = load(&run, None, budget()).unwrap();
     assert!(r.replayed_memory_calls > n, "{}", r.replayed_memory_calls);
@@ -489,14 +494,7 @@ fn many_processes_count_toward_the_carried_bound() {
     (freed.pid, freed.tid) = (1000, 1000);
     let parts = vec![part(one_each), part(vec![freed])];
     write_run(&run, &RunLink::new_run(), 1, &parts);
-    let c = Connection::open(run.join(part_name(2))).unwrap();
-    let note: String = c
-        .query_row(
-            "SELECT text FROM notes WHERE text LIKE 'run ledger:%'",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
+    let note = chain_note(&run, 2);
     assert!(note.contains("not carried further"), "{note}");
     assert!(
         note.contains(&format!("its {n} processes counted as")),
