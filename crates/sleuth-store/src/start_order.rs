@@ -90,10 +90,12 @@ impl Rows {
             order: StreamOrder::ById,
             ..q.clone()
         };
-        // One read transaction for both passes, so that they see one
-        // snapshot of the file (one still being written gains rows between
-        // two statements otherwise); rolled back when dropped, having
-        // written nothing. Inside a caller's transaction, that one serves.
+        // One read transaction for the statement's blocks and the passes
+        // (the keys pass with `ByStart::ProveFirst`, the data pass), so
+        // that they see one snapshot of the file (one still being written
+        // gains rows between two statements otherwise); rolled back when
+        // dropped, having written nothing. Inside a caller's transaction,
+        // that one serves.
         let conn = self.conn();
         let _snapshot = match conn.is_autocommit() {
             true => Some(
