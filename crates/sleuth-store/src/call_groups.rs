@@ -140,16 +140,49 @@ impl Groups {
     }
 }
 
-/// Stores the call groups; the writer's final transaction calls it.
-pub(crate) fn write(conn: &Connection, groups: Groups) -> rusqlite::Result<()> {
+impl Groups {
+    /// Stores the groups of the processes up to `pid` and forgets them:
+    /// the writer's per-thread pass visits processes in pid order, so what
+    /// it holds is one process's groups, not the file's.
+    pub(crate) fn store_through(&mut self, conn: &Connection, pid: u32) -> rusqlite::Result<()> {
+        let rest = match pid.checked_add(1) {
+            Some(next) => self.0.split_off(&(next, 0, 0, i64::MIN)),
+            None => BTreeMap::new(),
+        };
+        let done = std::mem::replace(&mut self.0, rest);
+        insert(conn, done.values())
+    }
+}
+
+/// Starts the table in the writer's final transaction, before its
+/// per-thread pass stores each process's groups ([`Groups::store_through`]).
+pub(crate) fn begin(conn: &Connection) -> rusqlite::Result<()> {
     conn.execute_batch(CREATE)?;
     conn.execute("DELETE FROM call_groups", [])?;
-    let mut ins = conn.prepare(
+    Ok(())
+}
+
+/// Stores the groups no [`Groups::store_through`] took and marks the table
+/// complete; the writer's final transaction calls it, after [`begin`].
+pub(crate) fn finish(conn: &Connection, groups: Groups) -> rusqlite::Result<()> {
+    insert(conn, groups.0.values())?;
+    conn.execute(
+        "INSERT OR REPLACE INTO meta(key, value) VALUES ('call_groups', ?1)",
+        [COMPLETE],
+    )?;
+    Ok(())
+}
+
+fn insert<'g>(
+    conn: &Connection,
+    groups: impl Iterator<Item = &'g CallGroup>,
+) -> rusqlite::Result<()> {
+    let mut ins = conn.prepare_cached(
         "INSERT INTO call_groups(pid, tid, op, ret, count, first_ts_ns, last_end_ns)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
     )?;
     let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
-    for g in groups.0.values() {
+    for g in groups {
         let Some(info) = sleuth_core::ops::op_by_id(g.op) else {
             continue;
         };
@@ -163,10 +196,6 @@ pub(crate) fn write(conn: &Connection, groups: Groups) -> rusqlite::Result<()> {
             clamp(g.last_end_ns)
         ])?;
     }
-    conn.execute(
-        "INSERT OR REPLACE INTO meta(key, value) VALUES ('call_groups', ?1)",
-        [COMPLETE],
-    )?;
     Ok(())
 }
 

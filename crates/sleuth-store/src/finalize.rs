@@ -9,7 +9,7 @@ use crate::thread_pass::{sort_culprits, ThreadPass};
 use crate::writer::upsert_process;
 use rusqlite::{params, Connection};
 use sleuth_core::findings::inputs::PinnedState;
-use sleuth_core::rollup::Rollup;
+use sleuth_core::rollup::{OpRollup, Rollup};
 use sleuth_core::threads::{ThreadStream, TRACER_PID_STAT};
 use sleuth_core::{ProcKind, ProcessInfo};
 use std::collections::BTreeMap;
@@ -54,9 +54,7 @@ pub(crate) fn complete(
     tx.execute_batch(crate::schema::LATE_INDEXES)?;
     // Before the allocator views' passes: how they read the allocator rows.
     crate::allocator_rows::settle_order(&tx)?;
-    let (rows, groups, pinned_at_end) = per_thread_pass(&tx, rollup, earlier)?;
-    write_op_rollups(&tx, rollup)?;
-    crate::call_groups::write(&tx, groups)?;
+    let (rows, pinned_at_end) = per_thread_pass(&tx, rollup, earlier)?;
     // After the call groups: the ledger lists the processes they name. Its
     // replay of the memory calls also tallies what each site allocated.
     let sites = std::cell::RefCell::new(crate::site_rollup::Tallies::default());
@@ -115,14 +113,19 @@ pub(crate) fn complete(
 /// waits overlapping one another, not by the thread or the trace: its call culprits
 /// (`call_culprits`, summed per op into `rollup_culprits`), the finding
 /// rollups of its non-nested calls (fed with the culprits just computed:
-/// the calls are read once for both, not again with their culprit rows)
-/// and its whole-thread split (`rollup_threads`); and, from the same read,
-/// every thread's call groups (returned).
+/// the calls are read once for both, not again with their culprit rows),
+/// its whole-thread split (`rollup_threads`), its call groups and its
+/// process's per-op rollups (`rollup_ops`, `rollup_hist`). Threads come in
+/// (pid, tid) order: once a process's threads are done, its pinned-memory
+/// replay is fed and everything of its own is stored and forgotten
+/// ([`ProcessEnd`]), so what the pass holds is one process's aggregates
+/// and the whole file's, not every process's (a file of 2,000 short-lived
+/// processes: ~27 KB held per process to the end before, round 46).
 fn per_thread_pass(
     conn: &Connection,
     rollup: &Rollup,
     earlier: PinnedState,
-) -> rusqlite::Result<(u64, crate::call_groups::Groups, PinnedState)> {
+) -> rusqlite::Result<(u64, PinnedState)> {
     conn.execute("DELETE FROM call_culprits", [])?;
     let tracer: Option<i64> = conn
         .query_row(
@@ -149,11 +152,27 @@ fn per_thread_pass(
         crate::stream::own_calls_sql_by_op_id("WHERE pid = ?1 AND tid = ?2 ORDER BY ts_ns, id");
     let op_ids = OpIds::of(conn)?;
     let waits_sql = crate::wait_stream::thread_waits_sql(conn, "1")?;
-    let mut inputs = crate::finding_rollups::new_inputs(tracer).with_pinned(earlier.clone());
-    let mut scopes = crate::scope_rollups::OpScopes::new(tracer, earlier);
+    crate::finding_rollups::begin(conn)?;
+    crate::scope_rollups::OpScopes::begin(conn)?;
+    crate::call_groups::begin(conn)?;
+    let mut end = ProcessEnd {
+        inputs: crate::finding_rollups::new_inputs(tracer).with_pinned(earlier.clone()),
+        scopes: crate::scope_rollups::OpScopes::new(tracer, earlier),
+        groups: crate::call_groups::Groups::default(),
+        ops: BTreeMap::new(),
+        tids: Vec::new(),
+    };
+    let replay_sql = crate::finding_rollups::end_order_by_process_sql(conn)?;
+    let mut replay_st = conn.prepare(&replay_sql)?;
+    let mut replay = crate::finding_rollups::EndOrderByProcess::new(replay_st.query([])?);
     let mut written = 0u64;
-    let mut groups = crate::call_groups::Groups::default();
+    let mut current: Option<u32> = None;
     for (&(pid, tid), windows) in &rollup.threads {
+        if let Some(done) = current.filter(|&p| p != pid) {
+            end.store(conn, done, &mut replay)?;
+        }
+        current = Some(pid);
+        end.tids.push(tid);
         let window = windows.whole;
         // Every call (nested too) against the waits that overlap it; the
         // split of its non-nested calls and all its waits from the same
@@ -172,7 +191,8 @@ fn per_thread_pass(
             let Some(s) = call_from_row_by_op_id(row, &op_ids)? else {
                 continue;
             };
-            groups.add_call(&s.call);
+            end.groups.add_call(&s.call);
+            end.ops.entry(s.call.op).or_default().add(&s.call);
             let mut culprits = pass.call(&s.call)?;
             for c in &culprits {
                 ins.execute(params![s.id, c.pid, c.tid, c.comm, c.ns as i64])?;
@@ -180,22 +200,33 @@ fn per_thread_pass(
             }
             if !s.call.nested {
                 sort_culprits(&mut culprits);
-                inputs.add_call(row_index(s.id), &s.call, &culprits);
-                scopes.add_call(&s.call);
+                end.inputs.add_call(row_index(s.id), &s.call, &culprits);
+                end.scopes.add_call(&s.call);
             }
         }
         drop(calls);
         let comm = comms.get(&pid).map(String::as_str).unwrap_or("?");
         let (split, op_splits) = pass.finish_with_ops(comm)?;
-        scopes.add_splits(pid, tid, op_splits);
+        end.scopes.add_splits(pid, tid, op_splits);
         if let Some(split) = split {
             let json = serde_json::to_string(&split)
                 .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
             ins_thread.execute(params![pid, tid, json])?;
         }
     }
-    let pinned_at_end = crate::finding_rollups::write(conn, inputs, &mut scopes)?;
+    if let Some(done) = current {
+        end.store(conn, done, &mut replay)?;
+    }
+    let ProcessEnd {
+        inputs,
+        mut scopes,
+        groups,
+        ..
+    } = end;
+    let pinned_at_end = crate::finding_rollups::finish(conn, inputs, &mut scopes, &mut replay)?;
+    drop(replay);
     scopes.write(conn)?;
+    crate::call_groups::finish(conn, groups)?;
     // Per-op culprit sums; a float total and a clamp so a crafted huge sum
     // cannot fail the finish with an integer overflow.
     conn.execute(
@@ -205,7 +236,45 @@ fn per_thread_pass(
          GROUP BY c.pid, c.op, k.pid, k.comm",
         [],
     )?;
-    Ok((written, groups, pinned_at_end))
+    Ok((written, pinned_at_end))
+}
+
+/// What the per-thread pass holds of the process whose threads it is
+/// reading, beside the whole file's aggregates; stored and forgotten once
+/// its threads are done ([`ProcessEnd::store`]).
+struct ProcessEnd {
+    inputs: sleuth_core::findings::inputs::FindingInputs,
+    scopes: crate::scope_rollups::OpScopes,
+    groups: crate::call_groups::Groups,
+    /// The process's per-op rollups (`rollup_ops`, `rollup_hist`), every
+    /// call of it, nested ones too.
+    ops: BTreeMap<u16, OpRollup>,
+    /// Its threads read so far.
+    tids: Vec<u32>,
+}
+
+impl ProcessEnd {
+    /// Process `pid`'s threads are all read: its pinned-memory replay is
+    /// fed, and its rows are stored and its aggregates forgotten.
+    fn store(
+        &mut self,
+        conn: &Connection,
+        pid: u32,
+        replay: &mut crate::finding_rollups::EndOrderByProcess<'_>,
+    ) -> rusqlite::Result<()> {
+        let (inputs, scopes) = (&mut self.inputs, &mut self.scopes);
+        replay.feed_through(Some(pid), |id, c| {
+            inputs.add_in_end_order(row_index(id), c);
+            scopes.replay_in_end_order(id, c);
+        })?;
+        let taken = self.inputs.take_process(pid, &self.tids);
+        crate::finding_rollups::store_process(conn, pid, &taken)?;
+        self.scopes.store_process(conn, pid, &self.tids)?;
+        self.groups.store_through(conn, pid)?;
+        write_op_rollups(conn, pid, &std::mem::take(&mut self.ops))?;
+        self.tids.clear();
+        Ok(())
+    }
 }
 
 fn all_processes(conn: &Connection) -> rusqlite::Result<Vec<ProcessInfo>> {
@@ -231,17 +300,21 @@ fn clamp(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
 
-/// `rollup_ops` and `rollup_hist` from the writer's in-memory rollup.
-fn write_op_rollups(conn: &Connection, rollup: &Rollup) -> rusqlite::Result<()> {
-    let mut op_st = conn.prepare(
+/// Process `pid`'s `rollup_ops` and `rollup_hist` rows.
+fn write_op_rollups(
+    conn: &Connection,
+    pid: u32,
+    ops: &BTreeMap<u16, OpRollup>,
+) -> rusqlite::Result<()> {
+    let mut op_st = conn.prepare_cached(
         "INSERT INTO rollup_ops(pid, op, count, errors, total_ns, max_ns, on_cpu_ns, runnable_ns, blocked_ns)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
     )?;
-    let mut h_st = conn.prepare(
+    let mut h_st = conn.prepare_cached(
         "INSERT INTO rollup_hist(pid, op, bucket, count, on_cpu_ns, runnable_ns, blocked_ns)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
     )?;
-    for (&(pid, op), r) in &rollup.ops {
+    for (&op, r) in ops {
         let Some(info) = sleuth_core::op_by_id(op) else {
             continue;
         };

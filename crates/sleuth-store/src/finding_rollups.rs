@@ -23,7 +23,7 @@ use rusqlite::types::FromSql;
 use rusqlite::{params, Connection, OptionalExtension, Params};
 use sleuth_core::decompose::Split;
 use sleuth_core::findings::inputs::{
-    FindingInputs, LatencyHist, OpInputs, PinnedState, Resolution, ThreadInputs,
+    FindingInputs, LatencyHist, OpInputs, PinnedState, ProcessInputs, Resolution, ThreadInputs,
 };
 use sleuth_core::ops::{op_by_id, op_by_name, OpClass, OPS};
 use sleuth_core::threads::{ThreadSplit, TRACER_PID_STAT};
@@ -89,10 +89,10 @@ fn clamp(v: u64) -> i64 {
 
 /// The accumulators the writer's per-thread pass feeds (`finalize`): each
 /// non-nested call of a thread in start order with its culprits, as it
-/// computes them; [`write`] completes and stores them.
+/// computes them; [`store_process`] and [`finish`] store them.
 pub(crate) fn new_inputs(tracer: Option<u32>) -> FindingInputs {
     // Each call into its process's op aggregates only; the whole trace's
-    // are their merge (`write` settles them).
+    // are their merge (taken process by process, the rest settled by `finish`).
     FindingInputs::new(Resolution::Bucketed, tracer).whole_from_processes()
 }
 
@@ -119,26 +119,119 @@ pub(crate) fn row_index(id: i64) -> usize {
     usize::try_from(id).unwrap_or(0)
 }
 
-/// Completes the finding rollups fed by the per-thread pass (the
-/// pinned-memory replay, from the ranges `f` was started with, which also
-/// judges the copies of each copy op's scope: `scopes`) and stores them;
-/// returns the host ranges live at the file's end. The writer's final
-/// transaction calls it.
-pub(crate) fn write(
-    conn: &Connection,
-    mut f: FindingInputs,
-    scopes: &mut crate::scope_rollups::OpScopes,
-) -> rusqlite::Result<PinnedState> {
-    f.settle();
+/// Starts the finding rollups' tables in the writer's final transaction,
+/// before its per-thread pass stores each process's rows ([`store_process`]).
+pub(crate) fn begin(conn: &Connection) -> rusqlite::Result<()> {
     conn.execute_batch(CREATE)?;
     for (t, _) in TABLES.iter().chain(PROCESS_TABLES) {
         conn.execute(&format!("DELETE FROM {t}"), [])?;
     }
-    // The pinned-memory replay: host allocations, registrations and copies by end.
-    in_end_order(conn, pinned_replay_ops(true), |id, c| {
+    Ok(())
+}
+
+/// The pinned-memory replay's calls (host allocations, registrations and
+/// copies, non-nested) by process, then by end (ties by row id): the
+/// writer's per-thread pass visits processes in pid order and feeds each
+/// one's calls once its threads are done ([`EndOrderByProcess::feed_through`]).
+/// Each process's pinned ranges are its own, so a process's calls in end
+/// order give it what the whole file's end order gave it.
+pub(crate) fn end_order_by_process_sql(conn: &Connection) -> rusqlite::Result<String> {
+    let ops = pinned_replay_ops(true);
+    let names = crate::stream::quoted_names(&ops);
+    let source = crate::stream::calls_source_for_ops(conn, ops)?;
+    calls_sql_from(
+        conn,
+        &source,
+        &format!("WHERE nested = 0 AND op IN ({names}) ORDER BY pid, ts_ns + dur_ns, id"),
+    )
+}
+
+/// A read of [`end_order_by_process_sql`]'s rows, one process at a time.
+pub(crate) struct EndOrderByProcess<'s> {
+    rows: rusqlite::Rows<'s>,
+    /// The row read past the last process fed.
+    pending: Option<(i64, sleuth_core::CallEvent)>,
+}
+
+impl<'s> EndOrderByProcess<'s> {
+    pub(crate) fn new(rows: rusqlite::Rows<'s>) -> EndOrderByProcess<'s> {
+        EndOrderByProcess {
+            rows,
+            pending: None,
+        }
+    }
+
+    /// Every call of the processes up to `pid` (all with None) to `each`,
+    /// with its row id.
+    pub(crate) fn feed_through(
+        &mut self,
+        pid: Option<u32>,
+        mut each: impl FnMut(i64, &sleuth_core::CallEvent),
+    ) -> rusqlite::Result<()> {
+        loop {
+            if self.pending.is_none() {
+                let Some(row) = self.rows.next()? else {
+                    return Ok(());
+                };
+                self.pending = call_from_row(row)?.map(|s| (s.id, s.call));
+                if self.pending.is_none() {
+                    continue;
+                }
+            }
+            if let Some((id, c)) = &self.pending {
+                if pid.is_some_and(|p| c.pid > p) {
+                    return Ok(());
+                }
+                each(*id, c);
+            }
+            self.pending = None;
+        }
+    }
+}
+
+/// Stores process `pid`'s finding rows (its ops', its threads', its span),
+/// taken out of the aggregates once its calls are all in.
+pub(crate) fn store_process(
+    conn: &Connection,
+    pid: u32,
+    p: &ProcessInputs,
+) -> rusqlite::Result<()> {
+    let mut ins = conn
+        .prepare_cached("INSERT INTO finding_process_ops(pid, op, inputs) VALUES (?1, ?2, ?3)")?;
+    for (op, o) in &p.ops {
+        let Some(info) = op_by_id(*op) else { continue };
+        ins.execute(params![
+            pid,
+            info.name,
+            serde_json::to_string(o).map_err(json_err)?
+        ])?;
+        put_hist(conn, HIST_PROCESS_OP, pid, 0, info.name, &o.hist)?;
+    }
+    for (tid, t) in &p.threads {
+        store_thread(conn, pid, *tid, t)?;
+    }
+    if let Some(span) = p.span {
+        store_span(conn, pid, span)?;
+    }
+    Ok(())
+}
+
+/// Completes the finding rollups fed by the per-thread pass (the rest of
+/// the pinned-memory replay from `replay`, which also judges the copies of
+/// each copy op's scope: `scopes`) and stores what no process took; returns
+/// the host ranges live at the file's end. The writer's final transaction
+/// calls it, after [`begin`].
+pub(crate) fn finish(
+    conn: &Connection,
+    mut f: FindingInputs,
+    scopes: &mut crate::scope_rollups::OpScopes,
+    replay: &mut EndOrderByProcess<'_>,
+) -> rusqlite::Result<PinnedState> {
+    replay.feed_through(None, |id, c| {
         f.add_in_end_order(row_index(id), c);
         scopes.replay_in_end_order(id, c);
     })?;
+    f.settle();
     store(conn, &f)?;
     conn.execute(
         "INSERT OR REPLACE INTO meta(key, value) VALUES ('finding_rollups', ?1)",
@@ -151,58 +244,55 @@ pub(crate) fn write(
     Ok(f.pinned_state())
 }
 
-/// The file's non-nested calls of `ops` by end (ties by row id), each with
-/// its row id, to `each`: the writer's pinned-memory replay (the finding
-/// rollups', which also carries a run's pinned ranges, `run_pinned`).
-pub(crate) fn in_end_order(
+/// A histogram's rows in `finding_hist`.
+fn put_hist(
     conn: &Connection,
-    ops: Vec<&'static str>,
-    mut each: impl FnMut(i64, &sleuth_core::CallEvent),
+    kind: &str,
+    pid: u32,
+    tid: u32,
+    op: &str,
+    h: &LatencyHist,
 ) -> rusqlite::Result<()> {
-    if ops.is_empty() {
-        return Ok(());
-    }
-    let names = crate::stream::quoted_names(&ops);
-    // Copies are a good share of most traces: read in row order then
-    // (through the op index, each row was a random page read).
-    let source = crate::stream::calls_source_for_ops(conn, ops)?;
-    let sql = calls_sql_from(
-        conn,
-        &source,
-        &format!("WHERE nested = 0 AND op IN ({names}) ORDER BY ts_ns + dur_ns, id"),
+    let mut hist = conn.prepare_cached(
+        "INSERT INTO finding_hist(kind, pid, tid, op, bucket, count, on_cpu_ns, runnable_ns, blocked_ns)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
     )?;
-    let mut st = conn.prepare(&sql)?;
-    let mut rows = st.query([])?;
-    while let Some(row) = rows.next()? {
-        if let Some(s) = call_from_row(row)? {
-            each(s.id, &s.call);
-        }
+    for (k, n, s) in h.buckets() {
+        hist.execute(params![
+            kind,
+            pid,
+            tid,
+            op,
+            clamp(k),
+            clamp(n),
+            clamp(s.on_cpu_ns),
+            clamp(s.runnable_ns),
+            clamp(s.blocked_ns)
+        ])?;
     }
     Ok(())
 }
 
+fn store_thread(conn: &Connection, pid: u32, tid: u32, t: &ThreadInputs) -> rusqlite::Result<()> {
+    conn.prepare_cached("INSERT INTO finding_threads(pid, tid, inputs) VALUES (?1, ?2, ?3)")?
+        .execute(params![
+            pid,
+            tid,
+            serde_json::to_string(t).map_err(json_err)?
+        ])?;
+    put_hist(conn, HIST_LAUNCH, pid, tid, "", &t.launches)?;
+    put_hist(conn, HIST_GAP, pid, tid, "", &t.host_gaps)
+}
+
+fn store_span(conn: &Connection, pid: u32, (a, b): (u64, u64)) -> rusqlite::Result<()> {
+    conn.prepare_cached("INSERT INTO finding_spans(pid, first_ns, last_ns) VALUES (?1, ?2, ?3)")?
+        .execute(params![pid, clamp(a), clamp(b)])?;
+    Ok(())
+}
+
+/// Stores the whole trace's op aggregates and whatever per-process
+/// aggregates no [`store_process`] took.
 fn store(conn: &Connection, f: &FindingInputs) -> rusqlite::Result<()> {
-    let mut hist = conn.prepare(
-        "INSERT INTO finding_hist(kind, pid, tid, op, bucket, count, on_cpu_ns, runnable_ns, blocked_ns)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-    )?;
-    let mut put_hist =
-        |kind: &str, pid: u32, tid: u32, op: &str, h: &LatencyHist| -> rusqlite::Result<()> {
-            for (k, n, s) in h.buckets() {
-                hist.execute(params![
-                    kind,
-                    pid,
-                    tid,
-                    op,
-                    clamp(k),
-                    clamp(n),
-                    clamp(s.on_cpu_ns),
-                    clamp(s.runnable_ns),
-                    clamp(s.blocked_ns)
-                ])?;
-            }
-            Ok(())
-        };
     let mut ins = conn.prepare("INSERT INTO finding_ops(op, inputs) VALUES (?1, ?2)")?;
     for (&op, o) in &f.ops {
         let Some(info) = op_by_id(op) else { continue };
@@ -210,10 +300,10 @@ fn store(conn: &Connection, f: &FindingInputs) -> rusqlite::Result<()> {
             info.name,
             serde_json::to_string(o).map_err(json_err)?
         ])?;
-        put_hist(HIST_OP, 0, 0, info.name, &o.hist)?;
+        put_hist(conn, HIST_OP, 0, 0, info.name, &o.hist)?;
     }
-    let mut ins =
-        conn.prepare("INSERT INTO finding_process_ops(pid, op, inputs) VALUES (?1, ?2, ?3)")?;
+    let mut ins = conn
+        .prepare_cached("INSERT INTO finding_process_ops(pid, op, inputs) VALUES (?1, ?2, ?3)")?;
     for (&(pid, op), o) in f.process_ops.iter().flatten() {
         let Some(info) = op_by_id(op) else { continue };
         ins.execute(params![
@@ -221,23 +311,13 @@ fn store(conn: &Connection, f: &FindingInputs) -> rusqlite::Result<()> {
             info.name,
             serde_json::to_string(o).map_err(json_err)?
         ])?;
-        put_hist(HIST_PROCESS_OP, pid, 0, info.name, &o.hist)?;
+        put_hist(conn, HIST_PROCESS_OP, pid, 0, info.name, &o.hist)?;
     }
-    let mut ins =
-        conn.prepare("INSERT INTO finding_threads(pid, tid, inputs) VALUES (?1, ?2, ?3)")?;
     for (&(pid, tid), t) in &f.threads {
-        ins.execute(params![
-            pid,
-            tid,
-            serde_json::to_string(t).map_err(json_err)?
-        ])?;
-        put_hist(HIST_LAUNCH, pid, tid, "", &t.launches)?;
-        put_hist(HIST_GAP, pid, tid, "", &t.host_gaps)?;
+        store_thread(conn, pid, tid, t)?;
     }
-    let mut ins =
-        conn.prepare("INSERT INTO finding_spans(pid, first_ns, last_ns) VALUES (?1, ?2, ?3)")?;
-    for (&pid, &(a, b)) in &f.spans {
-        ins.execute(params![pid, clamp(a), clamp(b)])?;
+    for (&pid, &span) in &f.spans {
+        store_span(conn, pid, span)?;
     }
     Ok(())
 }

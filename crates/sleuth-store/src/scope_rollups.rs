@@ -77,6 +77,8 @@ pub(crate) struct OpScopes {
     inputs: BTreeMap<u16, FindingInputs>,
     /// Per (op id, pid, tid): the thread's split over its calls of the op.
     splits: BTreeMap<(u16, u32, u32), ThreadSplit>,
+    /// Whether every thread stored so far with calls of an op had its split.
+    complete: bool,
 }
 
 impl OpScopes {
@@ -86,7 +88,21 @@ impl OpScopes {
             earlier,
             inputs: BTreeMap::new(),
             splits: BTreeMap::new(),
+            complete: true,
         }
+    }
+
+    /// Starts the tables in the writer's final transaction, before its
+    /// per-thread pass stores each process's rows ([`OpScopes::store_process`]).
+    pub(crate) fn begin(conn: &Connection) -> rusqlite::Result<()> {
+        conn.execute_batch(CREATE)?;
+        for (t, _) in TABLES {
+            conn.execute(&format!("DELETE FROM {t}"), [])?;
+        }
+        for key in [KEY, COPIES_KEY] {
+            conn.execute("DELETE FROM meta WHERE key = ?1", [key])?;
+        }
+        Ok(())
     }
 
     /// A non-nested call of its thread, in start order.
@@ -124,37 +140,36 @@ impl OpScopes {
         }
     }
 
-    /// Stores them (the writer's final transaction). Marked complete only
-    /// when every thread with calls of an op has its split (both come from
-    /// the same calls; a reader streams the scope otherwise).
+    /// Stores the rows of process `pid`'s threads `tids` once its calls are
+    /// all in (its threads' and its pinned-memory replay's), and forgets
+    /// them: what is held is one process's, not the file's.
+    pub(crate) fn store_process(
+        &mut self,
+        conn: &Connection,
+        pid: u32,
+        tids: &[u32],
+    ) -> rusqlite::Result<()> {
+        for (&op, f) in &mut self.inputs {
+            let taken = f.take_process(pid, tids);
+            f.forget_pinned(pid);
+            for (tid, t) in &taken.threads {
+                let split = self.splits.remove(&(op, pid, *tid));
+                self.complete &= store_thread(conn, op, pid, *tid, t, split.as_ref())?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Stores what no [`OpScopes::store_process`] took (the writer's final
+    /// transaction, after [`OpScopes::begin`]). Marked complete only when
+    /// every thread with calls of an op had its split (both come from the
+    /// same calls; a reader streams the scope otherwise).
     pub(crate) fn write(self, conn: &Connection) -> rusqlite::Result<()> {
-        conn.execute_batch(CREATE)?;
-        for (t, _) in TABLES {
-            conn.execute(&format!("DELETE FROM {t}"), [])?;
-        }
-        for key in [KEY, COPIES_KEY] {
-            conn.execute("DELETE FROM meta WHERE key = ?1", [key])?;
-        }
-        let mut ins = conn.prepare(
-            "INSERT INTO finding_op_threads(op, pid, tid, inputs, split) VALUES (?1, ?2, ?3, ?4, ?5)",
-        )?;
-        let mut hist = conn.prepare(
-            "INSERT INTO finding_op_hist(op, kind, pid, tid, bucket, count) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-        )?;
-        let mut complete = true;
+        let mut complete = self.complete;
         for (op, f) in &self.inputs {
-            let Some(info) = op_by_id(*op) else { continue };
             for (&(pid, tid), t) in &f.threads {
-                let Some(split) = self.splits.get(&(*op, pid, tid)) else {
-                    complete = false;
-                    continue;
-                };
-                ins.execute(params![info.name, pid, tid, to_json(t)?, to_json(split)?])?;
-                for (kind, h) in [(HIST_LAUNCH, &t.launches), (HIST_GAP, &t.host_gaps)] {
-                    for (k, n, _) in h.buckets() {
-                        hist.execute(params![info.name, kind, pid, tid, clamp(k), clamp(n)])?;
-                    }
-                }
+                let split = self.splits.get(&(*op, pid, tid));
+                complete &= store_thread(conn, *op, pid, tid, t, split)?;
             }
         }
         if complete {
@@ -167,6 +182,37 @@ impl OpScopes {
         }
         Ok(())
     }
+}
+
+/// One thread's rows of op `op`'s scope; false (nothing stored) without
+/// its split.
+fn store_thread(
+    conn: &Connection,
+    op: u16,
+    pid: u32,
+    tid: u32,
+    t: &ThreadInputs,
+    split: Option<&ThreadSplit>,
+) -> rusqlite::Result<bool> {
+    let Some(info) = op_by_id(op) else {
+        return Ok(true);
+    };
+    let Some(split) = split else {
+        return Ok(false);
+    };
+    conn.prepare_cached(
+        "INSERT INTO finding_op_threads(op, pid, tid, inputs, split) VALUES (?1, ?2, ?3, ?4, ?5)",
+    )?
+    .execute(params![info.name, pid, tid, to_json(t)?, to_json(split)?])?;
+    let mut hist = conn.prepare_cached(
+        "INSERT INTO finding_op_hist(op, kind, pid, tid, bucket, count) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+    )?;
+    for (kind, h) in [(HIST_LAUNCH, &t.launches), (HIST_GAP, &t.host_gaps)] {
+        for (k, n, _) in h.buckets() {
+            hist.execute(params![info.name, kind, pid, tid, clamp(k), clamp(n)])?;
+        }
+    }
+    Ok(true)
 }
 
 /// Whether the file's op scopes judged their copies against its pinning

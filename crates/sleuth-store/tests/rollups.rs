@@ -50,7 +50,12 @@ fn assert_same(got: &StatsReport, want: &StatsReport) {
 
 fn compare(name: &str) -> StatsReport {
     let (_dir, path) = rewritten(name, "rollups");
-    let t = Trace::open(&path).unwrap();
+    compare_at(&path)
+}
+
+/// [`compare`] of the trace at `path`: the whole trace and each process.
+fn compare_at(path: &std::path::Path) -> StatsReport {
+    let t = Trace::open(path).unwrap();
     assert!(t.has_rollups().unwrap());
     let raw = stats::compute(&t.load(None).unwrap());
     let rolled = t.stats_report(None).unwrap().expect("rollups present");
@@ -181,6 +186,87 @@ fn explain_of_one_process_from_finding_rollups_matches_its_load() {
         );
         assert_close(&stored, &mem, &format!("{pid:?}"));
     }
+}
+
+/// `two_processes` six times over, each copy's processes and threads
+/// renumbered (pids and tids + 100,000 per copy) and its times shifted by
+/// a few µs, so that the copies' calls interleave: a file of twelve
+/// processes, for the writer's completion, which stores each process's
+/// rows once its threads are done (pids in an order other than time's).
+fn many_processes() -> sleuth_core::TraceData {
+    let one = common::trace_fixture::two_processes();
+    let mut data = sleuth_core::TraceData {
+        calls: Vec::new(),
+        waits: Vec::new(),
+        processes: Vec::new(),
+        counts: Vec::new(),
+        ..one.clone()
+    };
+    for k in 0..6u32 {
+        let (id, dt) = (|v: u32| v + 100_000 * k, 3_000 * u64::from(k));
+        data.calls.extend(one.calls.iter().map(|c| {
+            let mut c = c.clone();
+            (c.pid, c.tid, c.ts_ns) = (id(c.pid), id(c.tid), c.ts_ns + dt);
+            c
+        }));
+        data.waits.extend(one.waits.iter().map(|w| {
+            let mut w = w.clone();
+            (w.pid, w.tid) = (id(w.pid), id(w.tid));
+            (w.off_ns, w.wake_ns, w.on_ns) = (w.off_ns + dt, w.wake_ns + dt, w.on_ns + dt);
+            w
+        }));
+        data.processes.extend(one.processes.iter().map(|p| {
+            let mut p = p.clone();
+            p.pid = id(p.pid);
+            p
+        }));
+        data.counts.extend(one.counts.iter().map(|c| {
+            let mut c = c.clone();
+            c.pid = id(c.pid);
+            c
+        }));
+    }
+    data
+}
+
+/// A file of twelve processes whose calls interleave: the completion stores
+/// each process's rollups (`rollup_ops`, the finding rollups, the call
+/// groups) once its threads are done and forgets them; every process and
+/// the whole trace answer as their loads do.
+#[test]
+fn a_file_of_many_processes_answers_each_and_all_as_their_loads() {
+    let dir = common::TempDir::new("rollups-many-processes");
+    let path = dir.join("many.db");
+    let data = many_processes();
+    common::rewrite(&data, &path);
+    let pids = Trace::open(&path).unwrap().pids().unwrap();
+    assert_eq!(pids.len(), 12, "{pids:?}");
+    compare_at(&path);
+    for pid in pids.iter().map(|&p| Some(p)).chain([None]) {
+        let (mem, stored) = explain_both_at(&path, pid);
+        assert!(
+            mem["findings"].as_array().is_some_and(|f| !f.is_empty()),
+            "{pid:?}"
+        );
+        assert_close(&stored, &mem, &format!("{pid:?}"));
+    }
+    // Every call is in one group, each thread's once.
+    let c = rusqlite::Connection::open(&path).unwrap();
+    let grouped: i64 = c
+        .query_row("SELECT sum(count) FROM call_groups", [], |r| r.get(0))
+        .unwrap();
+    let threads: i64 = c
+        .query_row(
+            "SELECT count(*) FROM (SELECT DISTINCT pid, tid FROM call_groups)",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    let calls: i64 = c
+        .query_row("SELECT count(*) FROM calls", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(grouped, calls);
+    assert!(threads >= 12, "{threads}");
 }
 
 #[test]

@@ -161,6 +161,36 @@ fn synthetic() -> TraceData {
     }
 }
 
+/// [`synthetic`]'s two threads in each of `n` processes (pids `PID`..,
+/// tids 41.. and 42.. apart per process), all on one timeline: the same
+/// host addresses pinned in one process and copied from in another, whose
+/// copies they must not make pinned.
+fn many_processes(n: u32) -> TraceData {
+    let mut rng = Lcg(46);
+    let (mut calls, mut waits, mut processes) = (Vec::new(), Vec::new(), Vec::new());
+    for k in 0..n {
+        let (mut c, mut w) = (Vec::new(), Vec::new());
+        for tid in [41 + 10 * k, 42 + 10 * k] {
+            thread(tid, &mut rng, &mut c, &mut w);
+        }
+        c.iter_mut().for_each(|c| c.pid = PID + k);
+        w.iter_mut().for_each(|w| w.pid = PID + k);
+        calls.extend(c);
+        waits.extend(w);
+        processes.push(ProcessInfo {
+            pid: PID + k,
+            ..train()
+        });
+    }
+    TraceData {
+        calls,
+        waits,
+        processes,
+        has_host_context: true,
+        ..Default::default()
+    }
+}
+
 /// The traced process of these traces.
 fn train() -> ProcessInfo {
     ProcessInfo {
@@ -479,45 +509,10 @@ fn op_scopes_from_the_writers_rollups_equal_the_streamed_answer() {
     let streamed = dir.join("streamed.db");
     std::fs::copy(&stored, &streamed).unwrap();
     without_op_rollups(&streamed);
-    let answers = |path: &Path| {
-        let trace = Trace::open(path).unwrap();
-        let ops: BTreeSet<String> = trace
-            .load(None)
-            .unwrap()
-            .calls
-            .iter()
-            .map(|c| c.op_name().to_string())
-            .collect();
-        assert!(ops.len() >= 5, "{ops:?}");
-        // And an op the trace never called: an empty scope either way.
-        assert!(!ops.contains("cuMemUnmap"));
-        let mut out = Vec::new();
-        for op in ops.into_iter().chain(["cuMemUnmap".to_string()]) {
-            for pid in [Some(PID), None] {
-                let f = CallFilter {
-                    pid,
-                    op: Some(op.clone()),
-                    ..Default::default()
-                };
-                let e = sleuth_store::scoped::explanation(&trace, &f)
-                    .unwrap()
-                    .expect("explained");
-                out.push((format!("{op} {pid:?}"), json(&e)));
-            }
-        }
-        out
-    };
+    let answers = |path: &Path| op_scope_answers(path, &[Some(PID), None]);
     let want = answers(&streamed);
     let got = answers(&stored);
-    let mut kinds = BTreeSet::new();
-    for ((at, g), (_, w)) in got.iter().zip(&want) {
-        for k in ["findings", "summary", "threads", "notes"] {
-            assert_close(&g[k], &w[k], &format!("{at}: {k}"));
-        }
-        for f in w["findings"].as_array().unwrap() {
-            kinds.insert(f["kind"].as_str().unwrap().to_string());
-        }
-    }
+    let kinds = assert_answers_close(&got, &want);
     for k in ["pageable_copy", "cpu_preemption", "tail_latency"] {
         assert!(kinds.contains(k), "{k} among {kinds:?}");
     }
@@ -535,6 +530,75 @@ fn op_scopes_from_the_writers_rollups_equal_the_streamed_answer() {
         want,
         "the streamed answer reads the waits"
     );
+}
+
+/// Five processes on one timeline, pinning the same host addresses: the
+/// writer's completion stores each process's op scopes once its threads
+/// and its pinned-memory replay are done (round 46); each process's and
+/// the whole trace's scope of every op equal the streamed answer, which
+/// judges every copy against its own process's pinned ranges.
+#[test]
+fn op_scopes_of_many_processes_from_the_writers_rollups_equal_the_streamed_answer() {
+    let dir = TempDir::new("scoped-op-rollups-many");
+    let stored = dir.join("stored.db");
+    rewrite(&many_processes(5), &stored);
+    let streamed = dir.join("streamed.db");
+    std::fs::copy(&stored, &streamed).unwrap();
+    without_op_rollups(&streamed);
+    let pids: Vec<Option<u32>> = (0..5).map(|k| Some(PID + k)).chain([None]).collect();
+    let got = op_scope_answers(&stored, &pids);
+    let kinds = assert_answers_close(&got, &op_scope_answers(&streamed, &pids));
+    assert!(kinds.contains("pageable_copy"), "{kinds:?}");
+}
+
+/// Whether two lists of answers agree within the histograms' bound; the
+/// kinds of the findings.
+fn assert_answers_close(
+    got: &[(String, serde_json::Value)],
+    want: &[(String, serde_json::Value)],
+) -> BTreeSet<String> {
+    assert_eq!(got.len(), want.len());
+    let mut kinds = BTreeSet::new();
+    for ((at, g), (_, w)) in got.iter().zip(want) {
+        for k in ["findings", "summary", "threads", "notes"] {
+            assert_close(&g[k], &w[k], &format!("{at}: {k}"));
+        }
+        for f in w["findings"].as_array().unwrap() {
+            kinds.insert(f["kind"].as_str().unwrap().to_string());
+        }
+    }
+    kinds
+}
+
+/// The scope of every op of the file (and of one it never called) of each
+/// of `pids` (None: the whole trace), labelled.
+fn op_scope_answers(path: &Path, pids: &[Option<u32>]) -> Vec<(String, serde_json::Value)> {
+    let trace = Trace::open(path).unwrap();
+    let ops: BTreeSet<String> = trace
+        .load(None)
+        .unwrap()
+        .calls
+        .iter()
+        .map(|c| c.op_name().to_string())
+        .collect();
+    assert!(ops.len() >= 5, "{ops:?}");
+    // And an op the trace never called: an empty scope either way.
+    assert!(!ops.contains("cuMemUnmap"));
+    let mut out = Vec::new();
+    for op in ops.into_iter().chain(["cuMemUnmap".to_string()]) {
+        for &pid in pids {
+            let f = CallFilter {
+                pid,
+                op: Some(op.clone()),
+                ..Default::default()
+            };
+            let e = sleuth_store::scoped::explanation(&trace, &f)
+                .unwrap()
+                .expect("explained");
+            out.push((format!("{op} {pid:?}"), json(&e)));
+        }
+    }
+    out
 }
 
 /// An op scope's rollup table that is not the one gpusleuth writes (a

@@ -32,7 +32,9 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 mod merge;
+mod per_process;
 pub use merge::{PinnedState, ResolutionMismatch};
+pub use per_process::ProcessInputs;
 
 /// How finely a [`LatencyHist`] keeps durations.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
