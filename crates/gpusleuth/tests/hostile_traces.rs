@@ -44,13 +44,27 @@ struct Run {
 
 /// Runs gpusleuth with a deadline; a run past it is killed and reported as a hang.
 fn run(args: &[&str]) -> Run {
+    run_into(args, None)
+}
+
+/// [`run`] with stdout redirected to the file `into` (created anew) where
+/// given, its bytes read back as the run's stdout: an export's stdout
+/// that is a regular file is written as `-o` writes (round 46).
+fn run_into(args: &[&str], into: Option<&Path>) -> Run {
     let t0 = Instant::now();
-    let mut child = gpusleuth_with(Stdio::null(), Stdio::piped(), Stdio::piped())
+    let stdout = match into {
+        Some(path) => Stdio::from(std::fs::File::create(path).expect("stdout file")),
+        None => Stdio::piped(),
+    };
+    let mut child = gpusleuth_with(Stdio::null(), stdout, Stdio::piped())
         .args(args)
         .spawn()
         .expect("spawn gpusleuth");
     // Drain both pipes on threads so a chatty run cannot block on a full pipe.
-    let mut out = child.stdout.take().expect("stdout");
+    let mut out: Box<dyn std::io::Read + Send> = match child.stdout.take() {
+        Some(pipe) => Box::new(pipe),
+        None => Box::new(std::io::empty()),
+    };
     let mut err = child.stderr.take().expect("stderr");
     let to = std::thread::spawn(move || {
         let mut s = Vec::new();
@@ -73,9 +87,14 @@ fn run(args: &[&str]) -> Run {
         }
         std::thread::sleep(Duration::from_millis(10));
     };
+    let piped = to.join().expect("stdout thread");
+    let written = match into {
+        Some(p) => std::fs::read(p).expect("read stdout file"),
+        None => piped,
+    };
     Run {
         code,
-        stdout: String::from_utf8_lossy(&to.join().expect("stdout thread")).into_owned(),
+        stdout: String::from_utf8_lossy(&written).into_owned(),
         stderr: String::from_utf8_lossy(&te.join().expect("stderr thread")).into_owned(),
         elapsed: t0.elapsed(),
     }
@@ -462,6 +481,24 @@ fn mutated_traces_through_every_command() {
             runs += 1;
             slowest = slowest.max(r.elapsed);
             let what = format!("{} {:?} (cmd {i})", case.name, &args[..1]);
+            if args[0] == "export" && !args.contains(&"-o") {
+                // Stdout a regular file: read straight through the reorder
+                // buffer, taken back and written again where it cannot
+                // place a call (round 46): what the pipe got, or the same
+                // failure.
+                let file = dir.join("stdout");
+                let f = run_into(&args, Some(&file));
+                runs += 1;
+                slowest = slowest.max(f.elapsed);
+                if (f.code, f.code == Some(0) && f.stdout != r.stdout) != (r.code, false) {
+                    failures.push(format!(
+                        "{what}: stdout to a file (exit {:?}) differs from stdout to a pipe (exit {:?}): {}",
+                        f.code,
+                        r.code,
+                        f.stderr.trim().chars().take(300).collect::<String>()
+                    ));
+                }
+            }
             if r.code == Some(101) || r.stderr.contains("panicked") {
                 failures.push(format!("PANIC {what}: {}", r.stderr.trim()));
             } else if r.code.is_none() {

@@ -215,6 +215,50 @@ fn json_export_lists_every_call() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Stdout redirected to a file (`>>`: after what it held; stderr elsewhere
+/// or the same file) gets what `-o` writes, a newline after JSON: since
+/// round 46 such a stdout is read as `-o` reads (straight through the
+/// reorder buffer), a pipe as before.
+#[test]
+fn an_export_to_stdout_redirected_to_a_file_is_what_o_writes() {
+    let dir = out_dir("stdout-file");
+    for format in ["json", "perfetto", "pftrace"] {
+        let want_path = dir.join(format!("want.{format}"));
+        common::run_ok(
+            gpusleuth()
+                .args(["export", "--format", format, "--db"])
+                .arg(demo_db())
+                .arg("-o")
+                .arg(&want_path),
+        );
+        let mut want = std::fs::read(&want_path).unwrap();
+        if format != "pftrace" {
+            want.push(b'\n');
+        }
+        for same_stderr in [false, true] {
+            let out = dir.join(format!("out-{format}-{same_stderr}"));
+            std::fs::write(&out, b"before\n").unwrap();
+            let open = || std::fs::OpenOptions::new().append(true).open(&out).unwrap();
+            let err = match same_stderr {
+                true => open(),
+                false => std::fs::File::create(dir.join("stderr")).unwrap(),
+            };
+            let status = gpusleuth()
+                .args(["export", "--format", format, "--db"])
+                .arg(demo_db())
+                .stdout(open())
+                .stderr(err)
+                .status()
+                .unwrap();
+            assert!(status.success(), "{format} {same_stderr}");
+            let got = std::fs::read(&out).unwrap();
+            assert!(got.starts_with(b"before\n"), "{format} {same_stderr}");
+            assert!(got[7..] == want[..], "{format} {same_stderr}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn json_export_of_a_window_lists_the_calls_that_start_in_it() {
     let dir = out_dir("json-window");

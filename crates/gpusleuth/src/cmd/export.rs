@@ -21,7 +21,10 @@
 //! side (`Rows::for_each_call_by_start_from`). Into a file, straight
 //! through the buffer: the file is private until it is whole, so the rare
 //! trace whose calls the buffer cannot place is written again with the
-//! buffer's reach proved first (`write_file`); to stdout, proved first.
+//! buffer's reach proved first (`write_file`); to a stdout that is a
+//! regular file the same way, taken back to where the export began before
+//! it is written again (`stdout_file`); to a pipe or a terminal, proved
+//! first.
 //! `json` reads nothing else.
 //! A call's slice, most of a Perfetto document's elements, is written as
 //! text by hand (`push_call_slice`, json_text.rs), byte for byte what
@@ -68,7 +71,8 @@ pub struct Args {
     #[arg(long, value_enum)]
     pub format: Option<Format>,
     /// Output file (default: stdout). Written atomically; never the input trace. Faster than
-    /// stdout for a large trace: its calls are put in order without a first pass over them.
+    /// a pipe for a large trace (as is stdout redirected to a file): its calls are put in order
+    /// without a first pass over them.
     #[arg(long, short)]
     pub output: Option<PathBuf>,
     /// Replace the output file if it exists.
@@ -240,10 +244,12 @@ fn out_of_reach(e: &anyhow::Error) -> bool {
 /// Writes through `write` to stdout, then a newline after JSON (none
 /// after a protobuf: it would be read as a field). A closed pipe (`| head`)
 /// ends the output quietly, as `load::emit` does. A binary format is
-/// refused on a terminal, before anything is read.
+/// refused on a terminal, before anything is read. A stdout that is a
+/// regular file is written as `-o` writes, straight through the reorder
+/// buffer (`stdout_file`).
 fn write_stdout(
     format: Format,
-    write: impl FnOnce(&mut (dyn Write + Send), ByStart) -> anyhow::Result<()>,
+    write: impl Fn(&mut (dyn Write + Send), ByStart) -> anyhow::Result<()>,
 ) -> anyhow::Result<()> {
     use std::io::IsTerminal;
     if format == Format::Pftrace && std::io::stdout().is_terminal() {
@@ -251,18 +257,21 @@ fn write_stdout(
             "--format pftrace is binary: write it to a file (-o trace.pftrace) or a pipe"
         );
     }
-    // `Stdout`, not its lock: the export writes from a helper thread
-    // (pipeline.rs), and the lock cannot leave this one.
-    let mut w = std::io::BufWriter::with_capacity(1 << 20, std::io::stdout());
     let newline: &[u8] = match format {
         Format::Pftrace => b"",
         Format::Perfetto | Format::Json => b"\n",
     };
-    // What reached stdout cannot be taken back: the buffer's reach is
-    // proved before the first call is written.
-    let result = write(&mut w, ByStart::ProveFirst)
-        .and_then(|()| w.write_all(newline).map_err(Into::into))
-        .and_then(|()| w.flush().map_err(Into::into));
+    let result = match stdout_file::regular_stdout() {
+        Some((file, start)) => write_regular(&file, start, newline, &write),
+        None => {
+            // `Stdout`, not its lock: the export writes from a helper
+            // thread (pipeline.rs), and the lock cannot leave this one.
+            let mut w = std::io::BufWriter::with_capacity(1 << 20, std::io::stdout());
+            // What reached a pipe or a terminal cannot be taken back: the
+            // buffer's reach is proved before the first call is written.
+            write_whole(&mut w, newline, &write, ByStart::ProveFirst)
+        }
+    };
     match result {
         Err(e)
             if e.downcast_ref::<std::io::Error>()
@@ -275,6 +284,44 @@ fn write_stdout(
         }
         Err(e) => Err(e.context("writing to stdout")),
         Ok(()) => Ok(()),
+    }
+}
+
+/// `write` read `how`, then `newline`, flushed.
+fn write_whole(
+    w: &mut (dyn Write + Send),
+    newline: &[u8],
+    write: &impl Fn(&mut (dyn Write + Send), ByStart) -> anyhow::Result<()>,
+    how: ByStart,
+) -> anyhow::Result<()> {
+    write(w, how)?;
+    w.write_all(newline)?;
+    w.flush()?;
+    Ok(())
+}
+
+/// Into `file` (stdout: a regular file that ended at `start`), the calls
+/// straight through the reorder buffer; where it cannot place one, the
+/// file is taken back to `start` and written again with the buffer's
+/// reach proved first (`stdout_file::take_back`).
+fn write_regular(
+    file: &std::fs::File,
+    start: u64,
+    newline: &[u8],
+    write: &impl Fn(&mut (dyn Write + Send), ByStart) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    let mut w = std::io::BufWriter::with_capacity(1 << 20, stdout_file::Counted::new(file));
+    match write_whole(&mut w, newline, write, ByStart::Speculate) {
+        Err(e) if out_of_reach(&e) => {
+            // What the buffer still holds is dropped, not written.
+            let (counted, _unwritten) = w.into_parts();
+            stdout_file::take_back(file, start, counted.bytes)?;
+            #[cfg(test)]
+            test_seams::WRITTEN_AGAIN.with(|c| c.set(c.get() + 1));
+            let mut w = std::io::BufWriter::with_capacity(1 << 20, file);
+            write_whole(&mut w, newline, write, ByStart::ProveFirst)
+        }
+        other => other,
     }
 }
 
@@ -1164,6 +1211,7 @@ mod pftrace;
 mod pipeline;
 mod proto;
 mod run_window;
+mod stdout_file;
 mod write_behind;
 
 use pipeline::{pipelined, Batches, Sink};
@@ -1571,6 +1619,20 @@ mod tests {
                 // Only the published file is left beside the trace.
                 let tmp = sleuth_store::outfile::temp_path_for(&out);
                 assert!(!tmp.exists(), "{}", tmp.display());
+                std::fs::remove_file(&out).unwrap();
+                // Stdout redirected to a file holding something already
+                // (`>>`): the same, after it, and written again from there.
+                std::fs::write(&out, b"before\n").unwrap();
+                let f = std::fs::OpenOptions::new().append(true).open(&out).unwrap();
+                let start = stdout_file::ends_where_it_stands(&f).unwrap();
+                let again = test_seams::WRITTEN_AGAIN.with(|c| c.get());
+                write_regular(&f, start, b"\n", &write).unwrap();
+                let written_again = test_seams::WRITTEN_AGAIN.with(|c| c.get()) - again;
+                assert_eq!(written_again, usize::from(late), "stdout, late {late}");
+                let got = std::fs::read(&out).unwrap();
+                assert!(got[..7] == *b"before\n", "late {late}");
+                assert!(got[7..got.len() - 1] == want, "stdout, late {late}");
+                assert_eq!(got.last(), Some(&b'\n'));
                 std::fs::remove_file(&out).unwrap();
             }
             if late {
