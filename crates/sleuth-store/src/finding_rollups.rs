@@ -169,22 +169,22 @@ impl<'s> EndOrderByProcess<'s> {
         mut each: impl FnMut(i64, &sleuth_core::CallEvent),
     ) -> rusqlite::Result<()> {
         loop {
-            if self.pending.is_none() {
-                let Some(row) = self.rows.next()? else {
-                    return Ok(());
-                };
-                self.pending = call_from_row(row)?.map(|s| (s.id, s.call));
-                if self.pending.is_none() {
-                    continue;
-                }
+            let (id, c) = match self.pending.take() {
+                Some(next) => next,
+                None => match self.rows.next()? {
+                    None => return Ok(()),
+                    Some(row) => match call_from_row(row)? {
+                        Some(s) => (s.id, s.call),
+                        // An op this build does not know: not replayed.
+                        None => continue,
+                    },
+                },
+            };
+            if pid.is_some_and(|p| c.pid > p) {
+                self.pending = Some((id, c));
+                return Ok(());
             }
-            if let Some((id, c)) = &self.pending {
-                if pid.is_some_and(|p| c.pid > p) {
-                    return Ok(());
-                }
-                each(*id, c);
-            }
-            self.pending = None;
+            each(id, &c);
         }
     }
 }
