@@ -780,6 +780,16 @@ pub struct LedgerBuilder {
     at_ns: Option<u64>,
     /// The latest return time of the calls applied (see [`Self::last_applied_end_ns`]).
     last_end_ns: Option<u64>,
+    /// Processes taken out of the replay, finished ([`Self::retire`]).
+    retired: Retired,
+}
+
+/// The finished ledgers of the processes a builder retired, and what each
+/// held per site at its peak (when kept).
+#[derive(Debug, Clone, Default)]
+struct Retired {
+    ledgers: Vec<ProcessLedger>,
+    peak_sites: BTreeMap<u32, LiveByStack>,
 }
 
 impl LedgerBuilder {
@@ -789,7 +799,30 @@ impl LedgerBuilder {
             ledger: Ledger::new(),
             at_ns,
             last_end_ns: None,
+            retired: Retired::default(),
         }
+    }
+
+    /// Takes process `pid` out of the replay, its ledger finished as
+    /// [`Self::finish_bare`] finishes it (and what it held per site at its
+    /// peak, when kept), which lists it with the others: for a process
+    /// that exited, once its calls are all in (no call of it may follow).
+    /// A file's completion then holds one finished ledger per exited
+    /// process instead of its replay (issue 16, round 46). A process
+    /// without a replay gets the empty ledger [`Self::track`] gives it.
+    /// Only [`Self::finish_bare`] and [`Self::finish_bare_with_peak_sites`]
+    /// (and [`Self::finish`], through it) list retired processes.
+    pub fn retire(&mut self, pid: u32) {
+        self.ledger.track(pid);
+        let Some(mut r) = self.ledger.procs.remove(&pid) else {
+            return;
+        };
+        if let (Some(s), Some(_)) = (r.sites.take(), r.peak_ts) {
+            self.retired.peak_sites.insert(pid, s.at_peak());
+        }
+        self.retired
+            .ledgers
+            .push(r.finish(pid, String::new(), None));
     }
 
     /// A builder without history (no timeline, no failed allocations
@@ -899,7 +932,7 @@ impl LedgerBuilder {
     /// Each process's live bytes per site at its peak (by pid; only
     /// processes with a peak, and only when built [`Self::with_peak_sites`]).
     fn take_peak_sites(&mut self) -> BTreeMap<u32, LiveByStack> {
-        let mut at_peak = BTreeMap::new();
+        let mut at_peak = std::mem::take(&mut self.retired.peak_sites);
         for (&pid, r) in &mut self.ledger.procs {
             if let (Some(s), Some(_)) = (r.sites.take(), r.peak_ts) {
                 at_peak.insert(pid, s.at_peak());
@@ -942,11 +975,18 @@ impl LedgerBuilder {
     /// site label): what a trace stores when it ends (its ledger rollup),
     /// so a reader adds the context it reads and gets [`Self::finish`]'s answer.
     pub fn finish_bare(self) -> Vec<ProcessLedger> {
-        self.ledger
+        let mut all: Vec<ProcessLedger> = self
+            .ledger
             .procs
             .into_iter()
             .map(|(pid, r)| r.finish(pid, String::new(), None))
-            .collect()
+            .collect();
+        if !self.retired.ledgers.is_empty() {
+            // By pid, as the replays' map lists them (a retired pid has no replay).
+            all.extend(self.retired.ledgers);
+            all.sort_unstable_by_key(|l| l.pid);
+        }
+        all
     }
 
     /// [`Self::finish_bare`]'s ledgers, the builder kept to be fed on (a
@@ -1099,6 +1139,50 @@ mod tests {
         c.nested = true;
         c
     }
+    /// Retiring each process once its calls are in gives the ledgers and
+    /// the peak sites of the builder that kept every replay to the end: the
+    /// same list, in pid order, a process never seen included (round 46).
+    #[test]
+    fn retired_processes_are_finished_as_the_end_finishes_them() {
+        let on = |pid: u32, mut c: CallEvent| {
+            (c.pid, c.tid) = (pid, pid);
+            c.stack_id = Some(u64::from(pid) % 3);
+            c
+        };
+        // Pids out of order in time; 7 leaks, 5 frees all, 9 fails once.
+        let calls = [
+            on(7, alloc("cudaMalloc", 10, 4096, 0xa000)),
+            on(5, alloc("cudaMalloc", 20, 8192, 0xb000)),
+            on(7, alloc("cudaMalloc", 30, 1 << 20, 0xc000)),
+            on(5, free("cudaFree", 40, 0xb000)),
+            on(9, alloc("cudaMalloc", 50, 1 << 40, 0)),
+            on(7, free("cudaFree", 60, 0xa000)),
+            on(9, alloc("cudaMalloc", 70, 512, 0xd000)),
+        ];
+        let whole = || LedgerBuilder::new(None).with_peak_sites();
+        let mut kept = whole();
+        let mut retiring = whole();
+        for (i, c) in calls.iter().enumerate() {
+            kept.push(c);
+            retiring.push(c);
+            // A process's last call: retired once it is in.
+            if !calls[i + 1..].iter().any(|l| l.pid == c.pid) {
+                retiring.retire(c.pid);
+            }
+        }
+        kept.track(3);
+        retiring.retire(3);
+        let json = |(l, p): (Vec<ProcessLedger>, BTreeMap<u32, LiveByStack>)| {
+            serde_json::to_string(&(l, p.into_iter().collect::<Vec<_>>())).unwrap()
+        };
+        let (want, got) = (
+            json(kept.finish_bare_with_peak_sites()),
+            json(retiring.finish_bare_with_peak_sites()),
+        );
+        assert_eq!(got, want);
+        assert!(want.contains("1048576"), "{want}");
+    }
+
     /// Every ledger holds one `Live` per live allocation: it stays small.
     #[test]
     fn a_live_allocation_takes_32_bytes() {

@@ -53,22 +53,42 @@ pub(crate) fn write(
     // What each process held per site at its peak comes out of the same
     // replay (the site rollup's "live at the peak"): no second one.
     let mut b = LedgerBuilder::new(None).with_peak_sites();
+    let mut pids = BTreeSet::new();
     let mut st = conn.prepare("SELECT pid FROM call_groups UNION SELECT pid FROM op_counts")?;
     for pid in st.query_map([], |r| r.get::<_, i64>(0))? {
         if let Ok(pid) = u32::try_from(pid?) {
-            b.track(pid);
+            pids.insert(pid);
             if let Some(r) = run.as_deref_mut() {
                 r.track(pid);
             }
         }
     }
+    // A process that exited is finished once the replay passes its exit
+    // (its calls all returned before), so the file's ledger holds one
+    // finished ledger per exited process, not its replay (round 46). The
+    // run's carried ledger keeps every process (`crate::run_ledger`).
+    let mut exits = retirable(conn)?.into_iter().peekable();
     visit_own_memory_calls(conn, None, StreamOrder::ByReturn, |c, id| {
+        while let Some((_, pid)) = exits.next_if(|&(at, _)| at < c.end_ns()) {
+            if pids.remove(&pid) {
+                b.retire(pid);
+            }
+        }
         b.push(c);
         if let Some(r) = run.as_deref_mut() {
             r.push(c);
         }
         also(c, id);
     })?;
+    // Every call is in: the rest are finished one at a time or listed.
+    for (_, pid) in exits {
+        if pids.remove(&pid) {
+            b.retire(pid);
+        }
+    }
+    for pid in pids {
+        b.track(pid);
+    }
     let (ledgers, at_peak) = b.finish_bare_with_peak_sites();
     store(conn, "ledger_rollup", &ledgers)?;
     conn.execute(
@@ -76,6 +96,30 @@ pub(crate) fn write(
         [COMPLETE],
     )?;
     Ok(Written { ledgers, at_peak })
+}
+
+/// The processes that exited with no stored call ending after their exit
+/// (`processes.exit_ns`, the last ends of `call_groups`), by exit time: each
+/// one's ledger is final once the return-order replay passes its exit. A
+/// pid with a call after its exit (a pid reused, or a clock's slip) is left
+/// to the end, so no process is finished before its last call.
+fn retirable(conn: &Connection) -> rusqlite::Result<Vec<(u64, u32)>> {
+    let mut st = conn.prepare(
+        "SELECT p.exit_ns, p.pid FROM processes p
+         LEFT JOIN (SELECT pid, max(last_end_ns) AS last FROM call_groups GROUP BY pid) g
+           ON g.pid = p.pid
+         WHERE p.exit_ns IS NOT NULL AND (g.last IS NULL OR g.last <= p.exit_ns)
+         ORDER BY p.exit_ns, p.pid",
+    )?;
+    let rows = st.query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)))?;
+    let mut out = Vec::new();
+    for row in rows {
+        let (at, pid) = row?;
+        if let (Ok(at), Ok(pid)) = (u64::try_from(at), u32::try_from(pid)) {
+            out.push((at, pid));
+        }
+    }
+    Ok(out)
 }
 
 /// What [`write`] computed: the file's own ledgers (bare) and what each

@@ -409,6 +409,106 @@ fn streamed_answers_equal_loaded_ones_on_a_simulated_trace() {
     );
 }
 
+/// Processes that come and go in one file (a node agent without
+/// `--rotate`): the completion finishes each process's ledger once the
+/// return-order replay passes its exit (round 46), and the stored ledgers
+/// and by-site table equal those of the loaded trace; so do a pid reused
+/// after its exit (calls after it: finished at the end), a process that
+/// exited without a memory call, and one still running.
+#[test]
+fn processes_finished_at_their_exit_answer_as_the_loaded_trace() {
+    use sleuth_core::ProcKind;
+    let dir = TempDir::new("stream-exits");
+    let path = dir.join("exits.db");
+    let mut events = Vec::new();
+    let mut stacks = Vec::new();
+    for k in 0..40u32 {
+        let (pid, t0) = (1_000 + k, 1_000 + u64::from(k) * 1_000);
+        let base = 0x7f00_0000_0000u64 + (u64::from(k) << 32);
+        let stack = 1 + u64::from(k % 4);
+        let mut at = |i: u64, op: &str, size: Option<u64>, ptr: u64| {
+            let mut c = mem(op, pid, pid, t0 + i * 300, 200, size, ptr);
+            c.stack_id = Some(stack);
+            events.push(Event::Call(c));
+        };
+        at(0, "cudaMalloc", Some(4096 << (k % 5)), base);
+        at(1, "cudaMalloc", Some(1 << 20), base + 0x10_0000);
+        match k % 3 {
+            0 => at(2, "cudaFree", None, base),
+            1 => at(2, "cudaMalloc", Some(1 << 50), 0),
+            _ => at(2, "cudaLaunchKernel", None, 0),
+        }
+        // Exits overlap the next processes' calls; the last runs on.
+        if k < 39 {
+            let exit = common::proc_event(ProcKind::Exit, pid, t0 + 2_500, 1, 0, "job");
+            events.push(Event::Proc(exit));
+        }
+    }
+    stacks.extend((1..=4).map(|id| Stack {
+        id,
+        pid: 1_000,
+        frames: vec![py_frame("/w/job.py", id as u32, "step")],
+        notes: vec![],
+    }));
+    // Pid 1_005 again after its exit: a reused pid, finished at the end.
+    events.push(Event::Call(mem(
+        "cudaMalloc",
+        1_005,
+        1_005,
+        60_000,
+        100,
+        Some(512),
+        0xabc0,
+    )));
+    // A process that exited with launches only.
+    events.push(Event::Call(call(
+        "cudaLaunchKernel",
+        2_000,
+        2_000,
+        3_000,
+        50,
+    )));
+    events.push(Event::Proc(common::proc_event(
+        ProcKind::Exit,
+        2_000,
+        3_500,
+        1,
+        0,
+        "l",
+    )));
+    events.sort_by_key(|e| match e {
+        Event::Call(c) => c.ts_ns,
+        Event::Proc(p) => p.ts_ns,
+        _ => 0,
+    });
+    let w = TraceWriter::create(&path, common::session(), WriterOptions::default()).unwrap();
+    let h = w.handle();
+    for s in stacks {
+        h.add_stack(s).unwrap();
+    }
+    for e in events {
+        h.send(e).unwrap();
+    }
+    h.set_session_end(70_000).unwrap();
+    drop(h);
+    w.finish().unwrap();
+    let trace = Trace::open(&path).unwrap();
+    let data = trace.load(None).unwrap();
+    let exited = data
+        .processes
+        .iter()
+        .filter(|p| p.exit_ns.is_some())
+        .count();
+    assert_eq!(exited, 40, "{:?}", data.processes);
+    assert_streamed_equals_loaded(&path, None);
+    for pid in [1_000, 1_005, 1_039, 2_000] {
+        assert_streamed_equals_loaded(&path, Some(pid));
+    }
+    let l = ledger(&data, None);
+    let reused = l.iter().find(|p| p.pid == 1_005).unwrap();
+    assert_eq!(reused.allocs, 3, "{reused:?}");
+}
+
 /// The ledgers at the end come from the ledger rollup the writer stored:
 /// equal to the replay (above), read without a call row (the memory calls
 /// deleted after the trace ended leave the answer unchanged), the replay

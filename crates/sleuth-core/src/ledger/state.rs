@@ -379,6 +379,7 @@ impl LedgerBuilder {
             },
             at_ns,
             last_end_ns: None,
+            retired: Default::default(),
         })
     }
 }
