@@ -780,16 +780,6 @@ pub struct LedgerBuilder {
     at_ns: Option<u64>,
     /// The latest return time of the calls applied (see [`Self::last_applied_end_ns`]).
     last_end_ns: Option<u64>,
-    /// Processes taken out of the replay, finished ([`Self::retire`]).
-    retired: Retired,
-}
-
-/// The finished ledgers of the processes a builder retired, and what each
-/// held per site at its peak (when kept).
-#[derive(Debug, Clone, Default)]
-struct Retired {
-    ledgers: Vec<ProcessLedger>,
-    peak_sites: BTreeMap<u32, LiveByStack>,
 }
 
 impl LedgerBuilder {
@@ -799,30 +789,24 @@ impl LedgerBuilder {
             ledger: Ledger::new(),
             at_ns,
             last_end_ns: None,
-            retired: Retired::default(),
         }
     }
 
-    /// Takes process `pid` out of the replay, its ledger finished as
-    /// [`Self::finish_bare`] finishes it (and what it held per site at its
-    /// peak, when kept), which lists it with the others: for a process
-    /// that exited, once its calls are all in (no call of it may follow).
-    /// A file's completion then holds one finished ledger per exited
-    /// process instead of its replay (issue 16, round 46). A process
-    /// without a replay gets the empty ledger [`Self::track`] gives it.
-    /// Only [`Self::finish_bare`] and [`Self::finish_bare_with_peak_sites`]
-    /// (and [`Self::finish`], through it) list retired processes.
-    pub fn retire(&mut self, pid: u32) {
+    /// Takes process `pid` out of the replay and finishes its ledger as
+    /// [`Self::finish_bare`] would, with what it held per site at its peak
+    /// (when kept, and it had a peak): for a process that exited, once its
+    /// calls are all in (no call of it may follow). A file's completion
+    /// stores it at once and holds no replay of an exited process (issue
+    /// 16, round 46). A process without a replay gets the empty ledger
+    /// [`Self::track`] gives it.
+    pub fn retire(&mut self, pid: u32) -> (ProcessLedger, Option<LiveByStack>) {
         self.ledger.track(pid);
-        let Some(mut r) = self.ledger.procs.remove(&pid) else {
-            return;
+        let mut r = self.ledger.procs.remove(&pid).unwrap_or_default();
+        let at_peak = match (r.sites.take(), r.peak_ts) {
+            (Some(s), Some(_)) => Some(s.at_peak()),
+            _ => None,
         };
-        if let (Some(s), Some(_)) = (r.sites.take(), r.peak_ts) {
-            self.retired.peak_sites.insert(pid, s.at_peak());
-        }
-        self.retired
-            .ledgers
-            .push(r.finish(pid, String::new(), None));
+        (r.finish(pid, String::new(), None), at_peak)
     }
 
     /// A builder without history (no timeline, no failed allocations
@@ -932,7 +916,7 @@ impl LedgerBuilder {
     /// Each process's live bytes per site at its peak (by pid; only
     /// processes with a peak, and only when built [`Self::with_peak_sites`]).
     fn take_peak_sites(&mut self) -> BTreeMap<u32, LiveByStack> {
-        let mut at_peak = std::mem::take(&mut self.retired.peak_sites);
+        let mut at_peak = BTreeMap::new();
         for (&pid, r) in &mut self.ledger.procs {
             if let (Some(s), Some(_)) = (r.sites.take(), r.peak_ts) {
                 at_peak.insert(pid, s.at_peak());
@@ -975,18 +959,11 @@ impl LedgerBuilder {
     /// site label): what a trace stores when it ends (its ledger rollup),
     /// so a reader adds the context it reads and gets [`Self::finish`]'s answer.
     pub fn finish_bare(self) -> Vec<ProcessLedger> {
-        let mut all: Vec<ProcessLedger> = self
-            .ledger
+        self.ledger
             .procs
             .into_iter()
             .map(|(pid, r)| r.finish(pid, String::new(), None))
-            .collect();
-        if !self.retired.ledgers.is_empty() {
-            // By pid, as the replays' map lists them (a retired pid has no replay).
-            all.extend(self.retired.ledgers);
-            all.sort_unstable_by_key(|l| l.pid);
-        }
-        all
+            .collect()
     }
 
     /// [`Self::finish_bare`]'s ledgers, the builder kept to be fed on (a
@@ -1139,9 +1116,9 @@ mod tests {
         c.nested = true;
         c
     }
-    /// Retiring each process once its calls are in gives the ledgers and
-    /// the peak sites of the builder that kept every replay to the end: the
-    /// same list, in pid order, a process never seen included (round 46).
+    /// A process retired once its calls are in gives the ledger and the peak
+    /// sites the builder that kept every replay to the end gives it, a
+    /// process never seen included (round 46).
     #[test]
     fn retired_processes_are_finished_as_the_end_finishes_them() {
         let on = |pid: u32, mut c: CallEvent| {
@@ -1162,22 +1139,32 @@ mod tests {
         let whole = || LedgerBuilder::new(None).with_peak_sites();
         let mut kept = whole();
         let mut retiring = whole();
+        let (mut retired, mut peaks) = (Vec::new(), BTreeMap::new());
+        let mut retire = |b: &mut LedgerBuilder, pid| {
+            let (l, at_peak) = b.retire(pid);
+            retired.push(l);
+            peaks.extend(at_peak.map(|p| (pid, p)));
+        };
         for (i, c) in calls.iter().enumerate() {
             kept.push(c);
             retiring.push(c);
-            // A process's last call: retired once it is in.
-            if !calls[i + 1..].iter().any(|l| l.pid == c.pid) {
-                retiring.retire(c.pid);
+            // A process's last call: retired once it is in (7 and 9 stay).
+            if c.pid == 5 && !calls[i + 1..].iter().any(|l| l.pid == c.pid) {
+                retire(&mut retiring, c.pid);
             }
         }
         kept.track(3);
-        retiring.retire(3);
+        retire(&mut retiring, 3);
+        let (mut rest, rest_peaks) = retiring.finish_bare_with_peak_sites();
+        rest.extend(retired);
+        rest.sort_by_key(|l| l.pid);
+        peaks.extend(rest_peaks);
         let json = |(l, p): (Vec<ProcessLedger>, BTreeMap<u32, LiveByStack>)| {
             serde_json::to_string(&(l, p.into_iter().collect::<Vec<_>>())).unwrap()
         };
         let (want, got) = (
             json(kept.finish_bare_with_peak_sites()),
-            json(retiring.finish_bare_with_peak_sites()),
+            json((rest, peaks)),
         );
         assert_eq!(got, want);
         assert!(want.contains("1048576"), "{want}");

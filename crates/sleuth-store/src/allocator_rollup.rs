@@ -24,7 +24,6 @@ use rusqlite::Connection;
 use sleuth_core::allocator::{
     name_sites, view_rebuilt, AllocatorView, Calibration, Calibrator, KnownViews, StoredView,
 };
-use sleuth_core::ledger::ProcessLedger;
 use sleuth_core::TraceData;
 use std::collections::BTreeMap;
 
@@ -72,7 +71,7 @@ pub(crate) fn calibrations(fed: BTreeMap<u32, Calibrator>) -> BTreeMap<u32, Cali
 /// file without allocator events gets no table.
 pub(crate) fn write(
     conn: &Connection,
-    ledgers: &[ProcessLedger],
+    ledgers: &crate::ledger_rollup::Written,
     calibrations: BTreeMap<u32, Calibration>,
 ) -> rusqlite::Result<()> {
     if calibrations.is_empty() {
@@ -91,7 +90,7 @@ pub(crate) fn write(
             )?),
             None => None,
         };
-        let live = sleuth_core::ledger::live_bytes_of(ledgers, pid);
+        let live = ledgers.live_bytes_of(pid);
         let view = view_rebuilt(pid, cal, replay, live, &TraceData::default());
         end.insert(pid, view);
     }

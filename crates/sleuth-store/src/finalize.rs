@@ -81,12 +81,12 @@ pub(crate) fn complete(
         // After the file's ledgers: the sites' unfreed bytes and peaks come
         // from them, and the allocator views' reserved bytes.
         |own| {
-            crate::site_rollup::write(&tx, sites.take(), &own.ledgers, &own.at_peak)?;
+            crate::site_rollup::write(&tx, sites.take(), &own.ends, &own.at_peak)?;
             let calibrations = match calibrating.take() {
                 Some(feed) => crate::allocator_rollup::calibrations(feed.finish(None)?),
                 None => Default::default(),
             };
-            crate::allocator_rollup::write(&tx, &own.ledgers, calibrations)
+            crate::allocator_rollup::write(&tx, &own, calibrations)
         },
     )?;
     crate::wait_groups::write(&tx)?;

@@ -68,10 +68,21 @@ pub(crate) fn write(
     // finished ledger per exited process, not its replay (round 46). The
     // run's carried ledger keeps every process (`crate::run_ledger`).
     let mut exits = retirable(conn)?.into_iter().peekable();
+    let mut out = Written::default();
+    // Each exited process's ledger stored as it is finished, its replay and
+    // its ledger then dropped: what is held is what the site and allocator
+    // rollups take from it (`LedgerEnd`).
+    let mut retire = |b: &mut LedgerBuilder, pid: u32| -> rusqlite::Result<()> {
+        let (l, at_peak) = b.retire(pid);
+        store(conn, "ledger_rollup", std::slice::from_ref(&l))?;
+        out.add(&l, at_peak);
+        Ok(())
+    };
+    let mut failed = None;
     visit_own_memory_calls(conn, None, StreamOrder::ByReturn, |c, id| {
         while let Some((_, pid)) = exits.next_if(|&(at, _)| at < c.end_ns()) {
-            if pids.remove(&pid) {
-                b.retire(pid);
+            if failed.is_none() && pids.remove(&pid) {
+                failed = retire(&mut b, pid).err();
             }
         }
         b.push(c);
@@ -80,10 +91,13 @@ pub(crate) fn write(
         }
         also(c, id);
     })?;
-    // Every call is in: the rest are finished one at a time or listed.
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    // Every call is in: the rest that exited one at a time, then the others.
     for (_, pid) in exits {
         if pids.remove(&pid) {
-            b.retire(pid);
+            retire(&mut b, pid)?;
         }
     }
     for pid in pids {
@@ -91,11 +105,16 @@ pub(crate) fn write(
     }
     let (ledgers, at_peak) = b.finish_bare_with_peak_sites();
     store(conn, "ledger_rollup", &ledgers)?;
+    for l in &ledgers {
+        out.add(l, None);
+    }
+    out.at_peak.extend(at_peak);
+    out.ends.sort_unstable_by_key(|e| e.pid);
     conn.execute(
         "INSERT OR REPLACE INTO meta(key, value) VALUES ('ledger_rollup', ?1)",
         [COMPLETE],
     )?;
-    Ok(Written { ledgers, at_peak })
+    Ok(out)
 }
 
 /// The processes that exited with no stored call ending after their exit
@@ -122,11 +141,44 @@ fn retirable(conn: &Connection) -> rusqlite::Result<Vec<(u64, u32)>> {
     Ok(out)
 }
 
-/// What [`write`] computed: the file's own ledgers (bare) and what each
+/// What [`write`] computed beside the rows it stored: what the site and
+/// allocator rollups take from each process's ledger, and what each
 /// process with a peak held per site at it.
+#[derive(Default)]
 pub(crate) struct Written {
-    pub ledgers: Vec<ProcessLedger>,
+    /// By pid.
+    pub ends: Vec<LedgerEnd>,
     pub at_peak: BTreeMap<u32, LiveByStack>,
+}
+
+impl Written {
+    fn add(&mut self, l: &ProcessLedger, at_peak: Option<LiveByStack>) {
+        self.ends.push(LedgerEnd {
+            pid: l.pid,
+            live_bytes: l.live_bytes,
+            unfreed: l.unfreed.iter().map(|u| (u.stack_id, u.bytes)).collect(),
+        });
+        if let Some(p) = at_peak {
+            self.at_peak.insert(l.pid, p);
+        }
+    }
+
+    /// Process `pid`'s live device bytes at the end (0 when it has none):
+    /// the reserved bytes its allocator views are rebuilt with.
+    pub fn live_bytes_of(&self, pid: u32) -> u64 {
+        self.ends
+            .binary_search_by_key(&pid, |e| e.pid)
+            .map_or(0, |i| self.ends[i].live_bytes)
+    }
+}
+
+/// A process's ledger at the end as the site and allocator rollups read
+/// it: its live device bytes and each device allocation it left unfreed
+/// (its site's stack id, its bytes).
+pub(crate) struct LedgerEnd {
+    pub pid: u32,
+    pub live_bytes: u64,
+    pub unfreed: Vec<(Option<u64>, u64)>,
 }
 
 /// Inserts `ledgers` as JSON rows `(pid, ledger)` into `table` (this one

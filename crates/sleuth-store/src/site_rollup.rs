@@ -13,7 +13,7 @@
 use crate::finding_rollups::{complete_tables, damaged_table};
 use crate::problems::valid_call;
 use rusqlite::{params, Connection};
-use sleuth_core::ledger::{LiveByStack, ProcessLedger};
+use sleuth_core::ledger::LiveByStack;
 use sleuth_core::sites::{label_of, AllocTally, SiteMemory};
 use sleuth_core::{op_by_name, CallEvent, TraceData};
 use std::collections::{BTreeMap, BTreeSet};
@@ -95,7 +95,7 @@ impl Tallies {
 pub(crate) fn write(
     conn: &Connection,
     tallies: Tallies,
-    ledgers: &[ProcessLedger],
+    ends: &[crate::ledger_rollup::LedgerEnd],
     at_peak: &BTreeMap<u32, LiveByStack>,
 ) -> rusqlite::Result<()> {
     conn.execute_batch(CREATE)?;
@@ -112,11 +112,11 @@ pub(crate) fn write(
             ..Default::default()
         })
     }
-    for l in ledgers {
-        for u in &l.unfreed {
-            let a = entry(&mut acc, l.pid, u.stack_id);
+    for l in ends {
+        for &(stack, bytes) in &l.unfreed {
+            let a = entry(&mut acc, l.pid, stack);
             a.unfreed += 1;
-            a.unfreed_bytes = a.unfreed_bytes.saturating_add(u.bytes);
+            a.unfreed_bytes = a.unfreed_bytes.saturating_add(bytes);
         }
     }
     // What was live at each process's peak (`ledger(data, Some(peak))` of

@@ -379,7 +379,6 @@ impl LedgerBuilder {
             },
             at_ns,
             last_end_ns: None,
-            retired: Default::default(),
         })
     }
 }
