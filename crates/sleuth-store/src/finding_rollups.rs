@@ -196,16 +196,8 @@ pub(crate) fn store_process(
     pid: u32,
     p: &ProcessInputs,
 ) -> rusqlite::Result<()> {
-    let mut ins = conn
-        .prepare_cached("INSERT INTO finding_process_ops(pid, op, inputs) VALUES (?1, ?2, ?3)")?;
     for (op, o) in &p.ops {
-        let Some(info) = op_by_id(*op) else { continue };
-        ins.execute(params![
-            pid,
-            info.name,
-            serde_json::to_string(o).map_err(json_err)?
-        ])?;
-        put_hist(conn, HIST_PROCESS_OP, pid, 0, info.name, &o.hist)?;
+        store_process_op(conn, pid, *op, o)?;
     }
     for (tid, t) in &p.threads {
         store_thread(conn, pid, *tid, t)?;
@@ -273,6 +265,20 @@ fn put_hist(
     Ok(())
 }
 
+/// One process's aggregates of op `op` (`finding_process_ops`, its histogram).
+fn store_process_op(conn: &Connection, pid: u32, op: u16, o: &OpInputs) -> rusqlite::Result<()> {
+    let Some(info) = op_by_id(op) else {
+        return Ok(());
+    };
+    conn.prepare_cached("INSERT INTO finding_process_ops(pid, op, inputs) VALUES (?1, ?2, ?3)")?
+        .execute(params![
+            pid,
+            info.name,
+            serde_json::to_string(o).map_err(json_err)?
+        ])?;
+    put_hist(conn, HIST_PROCESS_OP, pid, 0, info.name, &o.hist)
+}
+
 fn store_thread(conn: &Connection, pid: u32, tid: u32, t: &ThreadInputs) -> rusqlite::Result<()> {
     conn.prepare_cached("INSERT INTO finding_threads(pid, tid, inputs) VALUES (?1, ?2, ?3)")?
         .execute(params![
@@ -302,16 +308,8 @@ fn store(conn: &Connection, f: &FindingInputs) -> rusqlite::Result<()> {
         ])?;
         put_hist(conn, HIST_OP, 0, 0, info.name, &o.hist)?;
     }
-    let mut ins = conn
-        .prepare_cached("INSERT INTO finding_process_ops(pid, op, inputs) VALUES (?1, ?2, ?3)")?;
     for (&(pid, op), o) in f.process_ops.iter().flatten() {
-        let Some(info) = op_by_id(op) else { continue };
-        ins.execute(params![
-            pid,
-            info.name,
-            serde_json::to_string(o).map_err(json_err)?
-        ])?;
-        put_hist(conn, HIST_PROCESS_OP, pid, 0, info.name, &o.hist)?;
+        store_process_op(conn, pid, op, o)?;
     }
     for (&(pid, tid), t) in &f.threads {
         store_thread(conn, pid, tid, t)?;
