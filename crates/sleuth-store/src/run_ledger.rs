@@ -84,12 +84,14 @@ pub const MAX_CARRIED_ENTRIES: usize = 250_000;
 /// that sees short-lived CUDA processes come and go carried more of them
 /// into every file: 8,000 processes of one allocation each grew a
 /// `--rotate 1s` tracer by about 3.2 KB each (82.6 MB peak and growing)
-/// while each counted 3 entries. Counted as 64, such a run's chain stops
-/// after about 3,800 processes and starts again from the next file (a
-/// reader of both replays): 12,000 processes peaked at 60.6 MB with the
-/// default 8M ring, 66.6 MB with `--torch-allocator` (VM,
-/// docs/benchmarks.md, round 45).
-pub const PROCESS_ENTRIES: usize = 64;
+/// while each counted 3 entries. Counted as 64, such a run's chain
+/// stopped after about 3,800 processes and started again from the next
+/// file (a reader of both replays): 12,000 processes peaked at 60.6 MB
+/// with the default 8M ring on the 2-vCPU VM (round 45), but 68.1–68.6 MB
+/// on a 16-core host, whose tracer starts ~15 MB higher (round 46). Counted
+/// as 128, the chain stops after about 1,900 processes (the carried part
+/// halved; a churning node's readers replay a little more often).
+pub const PROCESS_ENTRIES: usize = 128;
 
 /// `meta.run_ledger` once the table is complete.
 const COMPLETE: &str = "1";
