@@ -214,7 +214,7 @@ pub struct Rollup {
 /// with nested calls only) and within it each op's (the same of its
 /// non-nested calls of that op). A split clamps waits to its window, so the
 /// pass at the end needs them before it reads the waits.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ThreadWindows {
     /// The earliest start of any of its calls (nested ones too): a process
     /// seen only through its calls starts there.
@@ -224,7 +224,41 @@ pub struct ThreadWindows {
     pub ops: Vec<(u16, (u64, u64))>,
 }
 
+impl ThreadWindows {
+    /// Adds the windows of more calls of the same thread (kept apart: a
+    /// process's windows set aside at its exit, and calls of its pid after).
+    pub fn merge(&mut self, o: &ThreadWindows) {
+        self.first_ns = match (self.first_ns, o.first_ns) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        if let Some((s, e)) = o.whole {
+            widen(self.whole.get_or_insert((s, e)), s, e);
+        }
+        for &(op, (s, e)) in &o.ops {
+            match self.ops.iter_mut().find(|(mine, _)| *mine == op) {
+                Some((_, w)) => widen(w, s, e),
+                None => self.ops.push((op, (s, e))),
+            }
+        }
+    }
+}
+
 impl Rollup {
+    /// Takes the windows of process `pid`'s threads out (the writer sets
+    /// them aside at the process's exit, so it holds the windows of the
+    /// processes alive, not of every process the trace saw).
+    pub fn take_process(&mut self, pid: u32) -> Vec<((u32, u32), ThreadWindows)> {
+        let keys: Vec<(u32, u32)> = self
+            .threads
+            .range((pid, 0)..=(pid, u32::MAX))
+            .map(|(&k, _)| k)
+            .collect();
+        keys.into_iter()
+            .filter_map(|k| self.threads.remove(&k).map(|w| (k, w)))
+            .collect()
+    }
+
     pub fn add_call(&mut self, c: &CallEvent) {
         let w = self.threads.entry((c.pid, c.tid)).or_default();
         w.first_ns = Some(w.first_ns.map_or(c.ts_ns, |f| f.min(c.ts_ns)));
@@ -485,6 +519,38 @@ mod tests {
     use super::*;
     use crate::decompose::tests::call;
     use crate::stats::nearest_rank;
+
+    /// A process's threads' windows taken out and added back give the
+    /// windows of all their calls fed at once; the other processes' stay.
+    #[test]
+    fn windows_taken_at_an_exit_add_up_to_those_of_every_call() {
+        let on = |pid: u32, tid: u32, op: u16, ts: u64, dur: u64| {
+            let mut c = call(op, ts, dur, 0, 0);
+            (c.pid, c.tid) = (pid, tid);
+            c
+        };
+        let early = [on(7, 7, 1, 100, 10), on(7, 8, 2, 50, 5), on(9, 9, 1, 70, 3)];
+        let late = [on(7, 7, 2, 400, 20), on(7, 7, 1, 30, 1)];
+        let mut whole = Rollup::default();
+        early.iter().chain(&late).for_each(|c| whole.add_call(c));
+        let mut r = Rollup::default();
+        early.iter().for_each(|c| r.add_call(c));
+        let taken = r.take_process(7);
+        assert_eq!(
+            taken.iter().map(|(k, _)| *k).collect::<Vec<_>>(),
+            [(7, 7), (7, 8)]
+        );
+        assert_eq!(r.threads.keys().collect::<Vec<_>>(), [&(9, 9)]);
+        // The pid again after its exit: calls in memory, added up after.
+        late.iter().for_each(|c| r.add_call(c));
+        for (k, mut w) in taken {
+            if let Some(after) = r.threads.get(&k) {
+                w.merge(after);
+            }
+            r.threads.insert(k, w);
+        }
+        assert_eq!(r.threads, whole.threads);
+    }
 
     /// Stored splits hold values up to 2^62 each; five wakers at it add up
     /// past u64: their shares stay exact and nothing overflows.

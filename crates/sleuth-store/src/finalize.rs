@@ -167,7 +167,9 @@ fn per_thread_pass(
     let mut replay = crate::finding_rollups::EndOrderByProcess::new(replay_st.query([])?);
     let mut written = 0u64;
     let mut current: Option<u32> = None;
-    for (&(pid, tid), windows) in &rollup.threads {
+    let mut set_aside = crate::thread_windows::statement(conn)?;
+    let mut threads = crate::thread_windows::Merged::new(rollup, set_aside.as_mut())?;
+    while let Some(((pid, tid), windows)) = threads.next()? {
         if let Some(done) = current.filter(|&p| p != pid) {
             end.store(conn, done, &mut replay)?;
         }
@@ -217,6 +219,9 @@ fn per_thread_pass(
     if let Some(done) = current {
         end.store(conn, done, &mut replay)?;
     }
+    drop(threads);
+    drop(set_aside);
+    crate::thread_windows::drop_table(conn)?;
     let ProcessEnd {
         inputs,
         mut scopes,
@@ -395,12 +400,15 @@ fn complete_processes(conn: &Connection, rollup: &Rollup) -> rusqlite::Result<()
     // calls as the writer stored them (a `GROUP BY pid` over the call rows
     // sorted every row: 0.15-0.24 s of a 1M-call file's completion).
     let mut first: BTreeMap<u32, u64> = BTreeMap::new();
-    for (&(pid, _), w) in &rollup.threads {
+    let mut set_aside = crate::thread_windows::statement(conn)?;
+    let mut threads = crate::thread_windows::Merged::new(rollup, set_aside.as_mut())?;
+    while let Some(((pid, _), w)) = threads.next()? {
         if let Some(f) = w.first_ns {
             let e = first.entry(pid).or_insert(f);
             *e = (*e).min(f);
         }
     }
+    drop(threads);
     for (pid, first) in first {
         let p = procs.entry(pid).or_insert_with(|| ProcessInfo {
             pid,

@@ -26,6 +26,7 @@ pub mod file_clock;
 mod file_steps;
 mod finalize;
 mod thread_pass;
+mod thread_windows;
 pub use finalize::COMPLETION_CPU_STAT;
 pub mod finding_rollups;
 mod import;

@@ -12,6 +12,7 @@ use crate::schema;
 use crate::types::{LibraryInfo, NoteLevel, SessionInfo, WriteSummary, WriterOptions};
 use rusqlite::{params, CachedStatement, Connection, OpenFlags, Transaction};
 use sleuth_core::record::stat;
+use sleuth_core::rollup::ThreadWindows;
 use sleuth_core::{CallEvent, Event, OpCount, ProcEvent, ProcessInfo, WaitEvent};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
@@ -706,6 +707,13 @@ fn store_event<'b>(
             n.events_proc += 1;
             rows.proc(p)?;
             n.procs_stored += 1;
+            if p.kind == sleuth_core::ProcKind::Exit {
+                // Its threads' windows wait for the completion in the file,
+                // not in memory (a node's short-lived processes, round 46).
+                for ((pid, tid), w) in rollup.take_process(p.pid) {
+                    rows.thread_windows(pid, tid, &w)?;
+                }
+            }
         }
     }
     Ok(())
@@ -730,6 +738,7 @@ struct EventRows<'tx, 'b> {
     culprit: Option<CachedStatement<'tx>>,
     block: Option<CachedStatement<'tx>>,
     proc: Option<CachedStatement<'tx>>,
+    windows: Option<CachedStatement<'tx>>,
     /// The earliest and latest start of the calls stored, and their ops'
     /// classes (`call_blocks`).
     starts: Option<(u64, u64)>,
@@ -879,6 +888,7 @@ impl<'tx, 'b> EventRows<'tx, 'b> {
             culprit: None,
             block: None,
             proc: None,
+            windows: None,
             starts: None,
             classes: 0,
             block_bases,
@@ -1029,6 +1039,19 @@ impl<'tx, 'b> EventRows<'tx, 'b> {
         if whole {
             self.block_bases.stored_whole(b.block, id, &b.words);
         }
+        Ok(())
+    }
+
+    /// The windows of a thread of a process that exited, kept in the file
+    /// for the completion (`crate::thread_windows`).
+    fn thread_windows(&mut self, pid: u32, tid: u32, w: &ThreadWindows) -> rusqlite::Result<()> {
+        if self.windows.is_none() {
+            crate::thread_windows::create(self.tx)?;
+        }
+        stmt(self.tx, &mut self.windows, || {
+            crate::thread_windows::INSERT.into()
+        })?
+        .execute(params![pid, tid, crate::thread_windows::encode(w)?])?;
         Ok(())
     }
 

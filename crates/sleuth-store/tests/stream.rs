@@ -507,6 +507,32 @@ fn processes_finished_at_their_exit_answer_as_the_loaded_trace() {
     let l = ledger(&data, None);
     let reused = l.iter().find(|p| p.pid == 1_005).unwrap();
     assert_eq!(reused.allocs, 3, "{reused:?}");
+    // The writer set each exited process's thread windows aside in the file
+    // (round 46): the stored rollups' thread splits and per-op sums are the
+    // loaded trace's, the reused pid's thread included, and the table is
+    // gone once the file is complete.
+    let raw = sleuth_core::stats::compute(&data);
+    let rolled = trace.stats_report(None).unwrap().expect("rollups");
+    assert_eq!(json(&rolled.threads), json(&raw.threads));
+    assert!(rolled.threads.iter().any(|t| t.pid == 1_005));
+    let sums = |r: &sleuth_core::stats::StatsReport| {
+        let v: Vec<_> = r
+            .ops
+            .iter()
+            .map(|o| (o.op, o.count, o.total_ns, o.max_ns))
+            .collect();
+        format!("{v:?}")
+    };
+    assert_eq!(sums(&rolled), sums(&raw));
+    let c = rusqlite::Connection::open(&path).unwrap();
+    let left: i64 = c
+        .query_row(
+            "SELECT count(*) FROM sqlite_master WHERE name = 'thread_windows'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(left, 0);
 }
 
 /// The ledgers at the end come from the ledger rollup the writer stored:
