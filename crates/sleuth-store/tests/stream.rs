@@ -535,6 +535,56 @@ fn processes_finished_at_their_exit_answer_as_the_loaded_trace() {
     assert_eq!(left, 0);
 }
 
+/// A trace cut short after processes exited (the writer never completed
+/// the file) keeps the thread windows it set aside (round 46) in a table
+/// no reader reads: the file opens, and its calls answer from the rows as
+/// any file cut short does.
+#[test]
+fn a_file_cut_short_keeps_the_windows_set_aside_unread() {
+    use sleuth_core::ProcKind;
+    let dir = TempDir::new("stream-cut-windows");
+    let path = dir.join("cut.db");
+    let w = TraceWriter::create(&path, common::session(), WriterOptions::default()).unwrap();
+    let h = w.handle();
+    for pid in [10u32, 11, 12] {
+        let t0 = u64::from(pid) * 1_000;
+        h.send(Event::Call(mem(
+            "cudaMalloc",
+            pid,
+            pid,
+            t0,
+            100,
+            Some(4096),
+            0xa000,
+        )))
+        .unwrap();
+        h.send(Event::Proc(common::proc_event(
+            ProcKind::Exit,
+            pid,
+            t0 + 500,
+            1,
+            0,
+            "j",
+        )))
+        .unwrap();
+    }
+    h.flush().unwrap();
+    // No finish(): what was committed stays, uncompleted.
+    drop(h);
+    drop(w);
+    let c = rusqlite::Connection::open(&path).unwrap();
+    let set_aside: i64 = c
+        .query_row("SELECT count(*) FROM thread_windows", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(set_aside, 3);
+    drop(c);
+    let trace = Trace::open(&path).unwrap();
+    assert!(!trace.has_rollups().unwrap());
+    let data = trace.load(None).unwrap();
+    assert_eq!(data.calls.len(), 3);
+    assert_eq!(ledger(&data, None).len(), 3);
+}
+
 /// The ledgers at the end come from the ledger rollup the writer stored:
 /// equal to the replay (above), read without a call row (the memory calls
 /// deleted after the trace ended leave the answer unchanged), the replay
