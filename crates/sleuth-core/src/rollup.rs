@@ -249,14 +249,7 @@ impl Rollup {
     /// them aside at the process's exit, so it holds the windows of the
     /// processes alive, not of every process the trace saw).
     pub fn take_process(&mut self, pid: u32) -> Vec<((u32, u32), ThreadWindows)> {
-        let keys: Vec<(u32, u32)> = self
-            .threads
-            .range((pid, 0)..=(pid, u32::MAX))
-            .map(|(&k, _)| k)
-            .collect();
-        keys.into_iter()
-            .filter_map(|k| self.threads.remove(&k).map(|w| (k, w)))
-            .collect()
+        take_range(&mut self.threads, (pid, 0)..=(pid, u32::MAX))
     }
 
     pub fn add_call(&mut self, c: &CallEvent) {
@@ -271,6 +264,19 @@ impl Rollup {
             }
         }
     }
+}
+
+/// Takes the entries of `range` out of `m`, in key order: one process's
+/// entries of a map keyed by (pid, ...), each removed by its key (a
+/// `split_off` and `append` would move every entry after them).
+pub(crate) fn take_range<K: Ord + Copy, V>(
+    m: &mut BTreeMap<K, V>,
+    range: std::ops::RangeInclusive<K>,
+) -> Vec<(K, V)> {
+    let keys: Vec<K> = m.range(range).map(|(&k, _)| k).collect();
+    keys.into_iter()
+        .filter_map(|k| m.remove(&k).map(|v| (k, v)))
+        .collect()
 }
 
 /// Widens window `w` (first start, last end) to cover `[s, e)`.

@@ -14,7 +14,7 @@
 //! windows were. Readers never read this table (the schema check lists
 //! only the tables it knows); a file cut short keeps it, unread.
 
-use rusqlite::{params, Connection, OptionalExtension};
+use rusqlite::{params, Connection};
 use sleuth_core::rollup::{Rollup, ThreadWindows};
 use std::collections::btree_map;
 use std::iter::Peekable;
@@ -37,15 +37,7 @@ pub(crate) fn encode(w: &ThreadWindows) -> rusqlite::Result<String> {
 /// The rows in (pid, tid) order, earlier rows of a thread first; None when
 /// no process exited (no table).
 pub(crate) fn statement(conn: &Connection) -> rusqlite::Result<Option<rusqlite::Statement<'_>>> {
-    let exists = conn
-        .query_row(
-            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'thread_windows'",
-            [],
-            |_| Ok(()),
-        )
-        .optional()?
-        .is_some();
-    if !exists {
+    if !crate::open::has_table(conn, "thread_windows")? {
         return Ok(None);
     }
     conn.prepare("SELECT pid, tid, windows FROM thread_windows ORDER BY pid, tid, rowid")

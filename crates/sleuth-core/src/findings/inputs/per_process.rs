@@ -33,15 +33,8 @@ impl FindingInputs {
     pub fn take_process(&mut self, pid: u32, tids: &[u32]) -> ProcessInputs {
         let mut out = ProcessInputs::default();
         if let Some(map) = self.process_ops.as_mut() {
-            let keys: Vec<(u32, u16)> = map
-                .range((pid, 0)..=(pid, u16::MAX))
-                .map(|(&k, _)| k)
-                .collect();
-            for key in keys {
-                if let Some(o) = map.remove(&key) {
-                    out.ops.push((key.1, o));
-                }
-            }
+            let taken = crate::rollup::take_range(map, (pid, 0)..=(pid, u16::MAX));
+            out.ops = taken.into_iter().map(|((_, op), o)| (op, o)).collect();
         }
         if self.whole_from_processes {
             let res = self.res;
