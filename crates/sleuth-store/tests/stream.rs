@@ -39,12 +39,21 @@ fn mem(op: &str, pid: u32, tid: u32, ts: u64, dur: u64, size: Option<u64>, ptr: 
 /// counted calls only, and waits.
 /// A trace of `events` (the session ending at 10 µs) written at `path`.
 fn write_trace(path: &Path, events: Vec<Event>) {
+    write_trace_with(path, Vec::new(), events, 10_000);
+}
+
+/// [`write_trace`] with call sites `stacks` stored first and the session
+/// ending at `end_ns`.
+fn write_trace_with(path: &Path, stacks: Vec<Stack>, events: Vec<Event>, end_ns: u64) {
     let w = TraceWriter::create(path, common::session(), WriterOptions::default()).unwrap();
     let h = w.handle();
+    for s in stacks {
+        h.add_stack(s).unwrap();
+    }
     for e in events {
         h.send(e).unwrap();
     }
-    h.set_session_end(10_000).unwrap();
+    h.set_session_end(end_ns).unwrap();
     drop(h);
     w.finish().unwrap();
 }
@@ -421,7 +430,6 @@ fn processes_finished_at_their_exit_answer_as_the_loaded_trace() {
     let dir = TempDir::new("stream-exits");
     let path = dir.join("exits.db");
     let mut events = Vec::new();
-    let mut stacks = Vec::new();
     for k in 0..40u32 {
         let (pid, t0) = (1_000 + k, 1_000 + u64::from(k) * 1_000);
         let base = 0x7f00_0000_0000u64 + (u64::from(k) << 32);
@@ -444,12 +452,14 @@ fn processes_finished_at_their_exit_answer_as_the_loaded_trace() {
             events.push(Event::Proc(exit));
         }
     }
-    stacks.extend((1..=4).map(|id| Stack {
-        id,
-        pid: 1_000,
-        frames: vec![py_frame("/w/job.py", id as u32, "step")],
-        notes: vec![],
-    }));
+    let stacks: Vec<Stack> = (1..=4)
+        .map(|id| Stack {
+            id,
+            pid: 1_000,
+            frames: vec![py_frame("/w/job.py", id as u32, "step")],
+            notes: vec![],
+        })
+        .collect();
     // Pid 1_005 again after its exit: a reused pid, finished at the end.
     events.push(Event::Call(mem(
         "cudaMalloc",
@@ -481,17 +491,7 @@ fn processes_finished_at_their_exit_answer_as_the_loaded_trace() {
         Event::Proc(p) => p.ts_ns,
         _ => 0,
     });
-    let w = TraceWriter::create(&path, common::session(), WriterOptions::default()).unwrap();
-    let h = w.handle();
-    for s in stacks {
-        h.add_stack(s).unwrap();
-    }
-    for e in events {
-        h.send(e).unwrap();
-    }
-    h.set_session_end(70_000).unwrap();
-    drop(h);
-    w.finish().unwrap();
+    write_trace_with(&path, stacks, events, 70_000);
     let trace = Trace::open(&path).unwrap();
     let data = trace.load(None).unwrap();
     let exited = data
