@@ -809,6 +809,18 @@ impl LedgerBuilder {
         (r.finish(pid, String::new(), None), at_peak)
     }
 
+    /// Drops process `pid`'s replay without finishing it: a run's carried
+    /// ledger retires a process that exited once its final ledger and
+    /// state are stored (`sleuth_store`'s run ledger, round 47).
+    pub fn forget(&mut self, pid: u32) {
+        self.ledger.forget(pid);
+    }
+
+    /// Whether the builder holds a replay of process `pid`.
+    pub fn holds(&self, pid: u32) -> bool {
+        self.ledger.procs.contains_key(&pid)
+    }
+
     /// A builder without history (no timeline, no failed allocations
     /// listed; every count, byte total and live allocation kept), bounded
     /// by what is live: states small enough to store often.

@@ -53,14 +53,10 @@ pub(crate) fn write(
     // What each process held per site at its peak comes out of the same
     // replay (the site rollup's "live at the peak"): no second one.
     let mut b = LedgerBuilder::new(None).with_peak_sites();
-    let mut pids = BTreeSet::new();
-    let mut st = conn.prepare("SELECT pid FROM call_groups UNION SELECT pid FROM op_counts")?;
-    for pid in st.query_map([], |r| r.get::<_, i64>(0))? {
-        if let Ok(pid) = u32::try_from(pid?) {
-            pids.insert(pid);
-            if let Some(r) = run.as_deref_mut() {
-                r.track(pid);
-            }
+    let mut pids = listed_pids(conn)?;
+    if let Some(r) = run.as_deref_mut() {
+        for &pid in &pids {
+            r.track(pid);
         }
     }
     // A process that exited is finished once the replay passes its exit
@@ -117,12 +113,25 @@ pub(crate) fn write(
     Ok(out)
 }
 
+/// The processes a reader lists in the file being completed: every pid
+/// with a stored call (the call groups) or a kernel-counted one (`op_counts`).
+pub(crate) fn listed_pids(conn: &Connection) -> rusqlite::Result<BTreeSet<u32>> {
+    let mut st = conn.prepare("SELECT pid FROM call_groups UNION SELECT pid FROM op_counts")?;
+    let mut pids = BTreeSet::new();
+    for pid in st.query_map([], |r| r.get::<_, i64>(0))? {
+        if let Ok(pid) = u32::try_from(pid?) {
+            pids.insert(pid);
+        }
+    }
+    Ok(pids)
+}
+
 /// The processes that exited with no stored call ending after their exit
 /// (`processes.exit_ns`, the last ends of `call_groups`), by exit time: each
 /// one's ledger is final once the return-order replay passes its exit. A
 /// pid with a call after its exit (a pid reused, or a clock's slip) is left
 /// to the end, so no process is finished before its last call.
-fn retirable(conn: &Connection) -> rusqlite::Result<Vec<(u64, u32)>> {
+pub(crate) fn retirable(conn: &Connection) -> rusqlite::Result<Vec<(u64, u32)>> {
     let mut st = conn.prepare(
         "SELECT p.exit_ns, p.pid FROM processes p
          LEFT JOIN (SELECT pid, max(last_end_ns) AS last FROM call_groups GROUP BY pid) g
@@ -213,20 +222,21 @@ pub(crate) fn stored(
     if !complete_tables(conn, "ledger_rollup", &[("ledger_rollup", COLS)])? {
         return Ok(None);
     }
-    read(conn, "ledger_rollup", pids, context)
+    let found = read(conn, "ledger_rollup", pids, context)?;
+    Ok((found.len() == pids.len()).then(|| found.into_values().collect()))
 }
 
 /// The rows of `pids` of a ledger table (`ledger_rollup` or the run's,
-/// whose completeness the caller checked), in `context`, by pid; None when
-/// one of `pids` has no row. A ledger that does not parse, holds a number
-/// no trace holds (`ledger_json`) or a second or foreign row makes the
-/// file damaged: an error.
+/// whose completeness the caller checked), in `context`, by pid: those
+/// found (a pid without a row is left out; the caller decides). A ledger
+/// that does not parse, holds a number no trace holds (`ledger_json`) or a
+/// second or foreign row makes the file damaged: an error.
 pub(crate) fn read(
     conn: &Connection,
     table: &str,
     pids: &BTreeSet<u32>,
     context: &TraceData,
-) -> rusqlite::Result<Option<Vec<ProcessLedger>>> {
+) -> rusqlite::Result<BTreeMap<u32, ProcessLedger>> {
     let bad = |what: String| damaged_table(table, &what);
     // One pass; only the rows of `pids` are parsed (one per process).
     let mut st = conn.prepare(&format!("SELECT pid, ledger FROM {table}"))?;
@@ -249,8 +259,5 @@ pub(crate) fn read(
         }
         out.insert(pid, in_context(l, context, None));
     }
-    if out.len() != pids.len() {
-        return Ok(None);
-    }
-    Ok(Some(out.into_values().collect()))
+    Ok(out)
 }

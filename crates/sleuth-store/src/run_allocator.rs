@@ -85,6 +85,11 @@ pub(crate) struct AllocatorCarry {
 }
 
 impl AllocatorCarry {
+    /// Whether process `pid`'s allocator views are carried.
+    pub(crate) fn carries(&self, pid: u32) -> bool {
+        self.replays.contains_key(&pid)
+    }
+
     /// One memory call of the current file, as the ledger's replay reads it.
     pub(crate) fn saw(&mut self, c: &CallEvent) {
         if sleuth_core::allocator::shapes_allocator_view(c) {

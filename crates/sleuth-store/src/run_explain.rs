@@ -408,7 +408,16 @@ fn ledger_at_from_begin(
         return Ok(None);
     };
     let trace = Trace::open_remembered(last, budget.clone(), memo)?;
-    let Some(begin) = crate::run_ledger::begin_state(&trace, pid)? else {
+    // The last file's start state, and the final states of processes
+    // retired before it began, from the chain's earlier files (all read,
+    // those without `pid` too).
+    let before = visited.files.iter().take_while(|f| *f != last);
+    let earlier = before
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .map(|p| Trace::open_remembered(p, budget.clone(), memo));
+    let Some(begin) = crate::run_ledger::begin_state_over(&trace, earlier, pid)? else {
         return Ok(None);
     };
     if begin.until.is_some_and(|u| u > at) {
@@ -518,8 +527,10 @@ fn run_ledger(
         Chain::Intact { pruned } => {
             // `visit_finished` refused a run with no finished file.
             let last = visited.files.last().expect("a finished file");
-            let trace = Trace::open_remembered(last, budget.clone(), memo)?;
-            if let Some(ledgers) = crate::run_ledger::stored(&trace, &run.pids, data)? {
+            let open = |p: &Path| Trace::open_remembered(p, budget.clone(), memo);
+            if let Some(ledgers) =
+                crate::run_ledger::stored_over(&visited.files, open, &run.pids, data)?
+            {
                 let note = (pruned > 0).then(|| {
                     format!(
                         "The memory ledger is the one the tracer carried across the run's files: it also covers the \

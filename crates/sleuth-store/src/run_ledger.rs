@@ -104,6 +104,11 @@ const BEGIN_TABLE: &str = "run_ledger_begin";
 const BEGIN_CREATE: &str = "CREATE TABLE IF NOT EXISTS run_ledger_begin(pid INTEGER NOT NULL, state TEXT NOT NULL, sites TEXT NOT NULL)";
 const BEGIN_COLS: &[&str] = &["pid", "state", "sites"];
 
+/// The final states of the processes retired at their exit in this file
+/// (see [`store_exited`]); the columns of [`BEGIN_TABLE`].
+const EXITED_TABLE: &str = "run_ledger_exited";
+const EXITED_CREATE: &str = "CREATE TABLE IF NOT EXISTS run_ledger_exited(pid INTEGER NOT NULL, state TEXT NOT NULL, sites TEXT NOT NULL)";
+
 /// The link of one file of a rotating trace to the run's carried ledger:
 /// the run's identity, this file's number and the state shared by the
 /// run's completions (one at a time, in file order: `trace --rotate`).
@@ -207,9 +212,29 @@ pub(crate) struct Carried {
     tally: BTreeMap<u32, SiteTally>,
     /// The run's allocator views (`run_allocator`).
     allocator: crate::run_allocator::AllocatorCarry,
+    /// Processes retired from the builder on this chain: one that makes a
+    /// call again (a reused pid, or a call reported after the exit) starts
+    /// a new chain, so no process is answered from two pieces.
+    retired: BTreeSet<u32>,
 }
 
 impl Carried {
+    /// A new chain starting at file `from`.
+    fn fresh(from: u64) -> Carried {
+        Carried {
+            from,
+            last: 0,
+            // Sites at the peak too: a file's stored start state
+            // answers `memory --by-site --at`.
+            builder: LedgerBuilder::new(None).with_peak_sites(),
+            stacks: BTreeMap::new(),
+            pinned: PinnedState::default(),
+            tally: BTreeMap::new(),
+            allocator: Default::default(),
+            retired: BTreeSet::new(),
+        }
+    }
+
     /// The host ranges live when this file began, over its chain.
     pub(crate) fn pinned(&self) -> &PinnedState {
         &self.pinned
@@ -237,30 +262,56 @@ pub(crate) fn begin(conn: &Connection, link: &RunLink) -> rusqlite::Result<Carri
                 CarryState::Carried(c) => Some(format!("the last file carried is file {}", c.last)),
             };
             if let Some(why) = why {
-                let text = format!(
-                    "run ledger: file {} starts a new chain ({why}); `explain --db DIR` replays the memory calls of a run read across it",
-                    link.file
-                );
-                crate::writer::insert_note(
-                    conn,
-                    crate::file_clock::now_on_file_clock(conn)?,
-                    crate::NoteLevel::Info.as_str(),
-                    &text,
-                )?;
+                note_new_chain(conn, link.file, &why)?;
             }
-            Carried {
-                from: link.file,
-                last: 0,
-                // Sites at the peak too: a file's stored start state
-                // answers `memory --by-site --at`.
-                builder: LedgerBuilder::new(None).with_peak_sites(),
-                stacks: BTreeMap::new(),
-                pinned: PinnedState::default(),
-                tally: BTreeMap::new(),
-                allocator: Default::default(),
-            }
+            Carried::fresh(link.file)
         }
     })
+}
+
+/// The note of a file that starts a new chain of the run's ledger, and why.
+fn note_new_chain(conn: &Connection, file: u64, why: &str) -> rusqlite::Result<()> {
+    let text = format!(
+        "run ledger: file {file} starts a new chain ({why}); `explain --db DIR` replays the memory calls of a run read across it"
+    );
+    crate::writer::insert_note(
+        conn,
+        crate::file_clock::now_on_file_clock(conn)?,
+        crate::NoteLevel::Info.as_str(),
+        &text,
+    )
+}
+
+/// The processes of the carried ledger that exited in this file (no call
+/// of theirs ended after their exit), to be retired once their final
+/// ledger is stored (round 47): a process that exited keeps nothing live
+/// in the GPU, so a node agent that sees short-lived processes come and go
+/// carries only those alive (before, every process the run had seen, and
+/// the chain stopped after ~1,900 of them). A process whose allocator
+/// views are carried (`run_allocator`) stays: its views take their
+/// reserved bytes from it.
+fn exited_here(conn: &Connection, c: &Carried) -> rusqlite::Result<Vec<u32>> {
+    let exits = crate::ledger_rollup::retirable(conn)?;
+    let held = |pid: &u32| c.builder.holds(*pid) && !c.allocator.carries(*pid);
+    Ok(exits.into_iter().map(|(_, pid)| pid).filter(held).collect())
+}
+
+/// Stores the final replay state and per-site tally of each process of
+/// `exited` (`run_ledger_exited(pid, state, sites)`, the shape of
+/// `run_ledger_begin`), for `memory --at` and windows of the run in later
+/// files ([`begin_state_over`]); returns the stack ids they name.
+fn store_exited(conn: &Connection, c: &Carried, exited: &[u32]) -> rusqlite::Result<BTreeSet<u64>> {
+    conn.execute_batch(EXITED_CREATE)?;
+    conn.execute(&format!("DELETE FROM {EXITED_TABLE}"), [])?;
+    let mut named = BTreeSet::new();
+    for state in exited.iter().filter_map(|&pid| c.builder.state_of(pid)) {
+        named.extend(store_state_row(conn, EXITED_TABLE, c, &state)?);
+    }
+    conn.execute(
+        "INSERT OR REPLACE INTO meta(key, value) VALUES ('run_ledger_exited', ?1)",
+        [COMPLETE],
+    )?;
+    Ok(named)
 }
 
 /// The file's own ledger (`ledger_rollup`) and, for a file of a rotating
@@ -282,7 +333,16 @@ pub(crate) fn write(
         with_own(crate::ledger_rollup::write(conn, None, also)?)?;
         return Ok(None);
     };
-    let begin_named = match c.covers_whole_run() {
+    let listed = crate::ledger_rollup::listed_pids(conn)?;
+    if let Some(pid) = listed.iter().find(|p| c.retired.contains(p)) {
+        note_new_chain(
+            conn,
+            link.file,
+            &format!("process {pid} made a call after the run's ledger retired it at its exit (a reused pid)"),
+        )?;
+        c = Carried::fresh(link.file);
+    }
+    let mut named = match c.covers_whole_run() {
         true => store_begin(conn, &c)?,
         false => BTreeSet::new(),
     };
@@ -304,7 +364,11 @@ pub(crate) fn write(
     // bytes the run's ledger's.
     allocator.write(conn, &run, allocator_pids)?;
     c.allocator = allocator;
-    c.stacks = copy_stacks(conn, &run, begin_named, std::mem::take(&mut c.stacks))?;
+    let exited = exited_here(conn, &c)?;
+    if c.covers_whole_run() {
+        named.extend(store_exited(conn, &c, &exited)?);
+    }
+    c.stacks = copy_stacks(conn, &run, named, std::mem::take(&mut c.stacks))?;
     conn.execute_batch(CREATE)?;
     conn.execute("DELETE FROM run_ledger", [])?;
     crate::ledger_rollup::store(conn, TABLE, &run)?;
@@ -315,13 +379,21 @@ pub(crate) fn write(
     meta.execute(["run_file", &link.file.to_string()])?;
     meta.execute(["run_ledger_from", &c.from.to_string()])?;
     meta.execute(["run_ledger", COMPLETE])?;
+    // Their final ledgers are this file's rows: retired now.
+    for pid in exited {
+        c.builder.forget(pid);
+        c.tally.remove(&pid);
+        c.retired.insert(pid);
+    }
+    meta.execute(["run_ledger_retired", &c.retired.len().to_string()])?;
     c.last = link.file;
     let tallied: usize = c.tally.values().map(SiteTally::len).sum();
-    let held = c.builder.held_entries() + c.pinned.range_count();
+    let held = c.builder.held_entries() + c.pinned.range_count() + c.retired.len();
     let processes = c.builder.process_count();
     let next = if held + tallied + processes * PROCESS_ENTRIES > MAX_CARRIED_ENTRIES {
         CarryState::Broken(format!(
-            "the run's ledger held more than {MAX_CARRIED_ENTRIES} live allocations, failed allocations, sizes, threads and pinned host ranges, with its {processes} processes counted as {PROCESS_ENTRIES} each, at the end of file {}: not carried further",
+            "the run's ledger held more than {MAX_CARRIED_ENTRIES} live allocations, failed allocations, sizes, threads, pinned host ranges and retired processes ({}), with its {processes} processes counted as {PROCESS_ENTRIES} each, at the end of file {}: not carried further",
+            c.retired.len(),
             link.file
         ))
     } else {
@@ -340,24 +412,7 @@ fn store_begin(conn: &Connection, c: &Carried) -> rusqlite::Result<BTreeSet<u64>
     conn.execute(&format!("DELETE FROM {BEGIN_TABLE}"), [])?;
     let mut named = BTreeSet::new();
     for state in c.builder.each_state() {
-        named.extend(state.stack_ids());
-        let sites = c
-            .tally
-            .get(&state.pid)
-            .map(SiteTally::entries)
-            .unwrap_or_default();
-        named.extend(sites.iter().filter_map(|e| e.0));
-        let (state_json, sites_json) = (json(&state), json(&sites));
-        insert_row(
-            conn,
-            BEGIN_TABLE,
-            BEGIN_COLS,
-            &[
-                Col::Int(state.pid.into()),
-                Col::Json(&state_json),
-                Col::Json(&sites_json),
-            ],
-        )?;
+        named.extend(store_state_row(conn, BEGIN_TABLE, c, &state)?);
     }
     let mut meta = conn.prepare("INSERT OR REPLACE INTO meta(key, value) VALUES (?1, ?2)")?;
     match c.builder.last_applied_end_ns() {
@@ -365,6 +420,35 @@ fn store_begin(conn: &Connection, c: &Carried) -> rusqlite::Result<BTreeSet<u64>
         None => meta.execute(["run_ledger_begin_until", "none"])?,
     };
     meta.execute(["run_ledger_begin", COMPLETE])?;
+    Ok(named)
+}
+
+/// Inserts one process's replay state and its per-site tally into `table`
+/// (`run_ledger_begin` or `run_ledger_exited`); returns the stack ids they name.
+fn store_state_row(
+    conn: &Connection,
+    table: &str,
+    c: &Carried,
+    state: &ProcessState,
+) -> rusqlite::Result<Vec<u64>> {
+    let sites = c
+        .tally
+        .get(&state.pid)
+        .map(SiteTally::entries)
+        .unwrap_or_default();
+    let mut named: Vec<u64> = state.stack_ids().collect();
+    named.extend(sites.iter().filter_map(|e| e.0));
+    let (state_json, sites_json) = (json(state), json(&sites));
+    insert_row(
+        conn,
+        table,
+        BEGIN_COLS,
+        &[
+            Col::Int(state.pid.into()),
+            Col::Json(&state_json),
+            Col::Json(&sites_json),
+        ],
+    )?;
     Ok(named)
 }
 
@@ -533,12 +617,66 @@ pub(crate) fn stores_begin_state(trace: &Trace) -> Result<bool, StoreError> {
     Ok(v.as_deref() == Some(COMPLETE))
 }
 
-/// The run's ledger as `trace` began, of process `pid` (all when None),
-/// over the whole run: None when the file stored none (an older
-/// gpusleuth, a file that is not part of a `--rotate` run) or its chain
-/// does not start at the run's file 1; an error naming `run_ledger_begin`
-/// for a table, a meta value or a state no tracer writes.
-pub(crate) fn begin_state(trace: &Trace, pid: Option<u32>) -> Result<Option<Begin>, StoreError> {
+/// The run's ledger as `last` began, of process `pid` (all when None),
+/// over the whole run: `earlier` opens the files of its intact chain read
+/// before it, newest first (each file, whether or not it holds `pid`: a
+/// process's final state is in a file after its last call). The last file's
+/// stored state holds every process the carried ledger held then; a
+/// process retired at its exit two files or more before (round 47) has
+/// its final state in the start state of the file after the one it
+/// exited in, so the earlier files' states are read back too, each
+/// process from the latest file that holds it. None when a file stored no
+/// such state (an older gpusleuth, a file that is not part of a `--rotate`
+/// run) or its chain does not start at the run's file 1; an error naming
+/// `run_ledger_begin` for a table, a meta value or a state no tracer writes.
+/// Processes that exited in files no longer read (deleted by `--keep`)
+/// are not in it: they held nothing by then.
+pub(crate) fn begin_state_over(
+    last: &Trace,
+    earlier: impl Iterator<Item = Result<Trace, StoreError>>,
+    pid: Option<u32>,
+) -> Result<Option<Begin>, StoreError> {
+    let mut begin = Begin {
+        states: Vec::new(),
+        tally: SiteTally::default(),
+        until: None,
+    };
+    let mut seen = BTreeSet::new();
+    let Some(until) = begin_meta(last)? else {
+        return Ok(None);
+    };
+    begin.until = until;
+    read_state_rows(last, BEGIN_TABLE, pid, &mut seen, &mut begin)?;
+    // The processes retired before it began: each one's final state in
+    // the file it exited in, newest first, until a file before which none
+    // was retired (`meta.run_ledger_retired`, counted over the chain).
+    for trace in earlier {
+        let trace = trace?;
+        if begin_meta(&trace)?.is_none() {
+            return Ok(None);
+        }
+        if !retired_any(&trace)? {
+            break;
+        }
+        read_state_rows(&trace, EXITED_TABLE, pid, &mut seen, &mut begin)?;
+    }
+    Ok(Some(begin))
+}
+
+/// Whether the carried ledger had retired a process at its exit by the end
+/// of `trace` (`meta.run_ledger_retired`, the count; absent in files of
+/// tracers that never retired one): then a reader looks for a process
+/// missing from its rows in the earlier files.
+fn retired_any(trace: &Trace) -> Result<bool, StoreError> {
+    let v = crate::open::meta_value(trace.keyed(), "run_ledger_retired")
+        .map_err(|e| trace.read_error(e))?;
+    Ok(v.is_some_and(|v| v != "0"))
+}
+
+/// Whether `trace` stored the run's state as it began on a chain from the
+/// run's file 1 (None when not), and the latest return time in it (its
+/// `meta.run_ledger_begin_until`; an error for a value no tracer writes).
+fn begin_meta(trace: &Trace) -> Result<Option<Option<u64>>, StoreError> {
     let conn = trace.keyed();
     let get = |k| crate::open::meta_value(conn, k).map_err(|e| trace.read_error(e));
     if get("run_ledger_begin")?.as_deref() != Some(COMPLETE) {
@@ -547,39 +685,67 @@ pub(crate) fn begin_state(trace: &Trace, pid: Option<u32>) -> Result<Option<Begi
     if link(trace)?.is_none_or(|l| l.from != 1) {
         return Ok(None);
     }
-    let until = get("run_ledger_begin_until")?;
-    let read = || -> rusqlite::Result<Begin> {
-        let bad = |what: String| damaged_table(BEGIN_TABLE, &what);
-        if !complete_tables(conn, "run_ledger_begin", &[(BEGIN_TABLE, BEGIN_COLS)])? {
-            return Err(bad(
-                "is missing though meta.run_ledger_begin says it is complete".into(),
-            ));
-        }
-        let until = match until.as_deref() {
-            Some("none") => None,
-            Some(v) => Some(
-                v.parse::<u64>()
-                    .ok()
-                    .filter(|&t| t <= crate::problems::MAX_NS as u64)
-                    .ok_or_else(|| {
-                        bad("has a meta.run_ledger_begin_until no tracer writes".into())
-                    })?,
+    let bad = |what: &str| trace.read_error(damaged_table(BEGIN_TABLE, what));
+    let until = match get("run_ledger_begin_until")?.as_deref() {
+        Some("none") => None,
+        Some(v) => Some(
+            v.parse::<u64>()
+                .ok()
+                .filter(|&t| t <= crate::problems::MAX_NS as u64)
+                .ok_or_else(|| bad("has a meta.run_ledger_begin_until no tracer writes"))?,
+        ),
+        None => return Err(bad("has no meta.run_ledger_begin_until")),
+    };
+    Ok(Some(until))
+}
+
+/// Adds to `into` the states stored in `table` of `trace`
+/// (`run_ledger_begin` or `run_ledger_exited`) of process `pid` (all when
+/// None) not in `seen` (read from a later file), and marks them seen.
+fn read_state_rows(
+    trace: &Trace,
+    table: &str,
+    pid: Option<u32>,
+    seen: &mut BTreeSet<u32>,
+    into: &mut Begin,
+) -> Result<(), StoreError> {
+    let conn = trace.keyed();
+    let mut read = || -> rusqlite::Result<()> {
+        let bad = |what: String| damaged_table(table, &what);
+        let (key, says) = match table == BEGIN_TABLE {
+            true => (
+                "run_ledger_begin",
+                "meta.run_ledger_begin says it is complete",
             ),
-            None => return Err(bad("has no meta.run_ledger_begin_until".into())),
+            false => (
+                "run_ledger_exited",
+                "meta.run_ledger_retired counts retired processes",
+            ),
         };
-        let mut st = conn.prepare(&format!("SELECT pid, state, sites FROM {BEGIN_TABLE}"))?;
+        if !complete_tables(conn, key, &[(table, BEGIN_COLS)])? {
+            return Err(bad(format!("is missing though {says}")));
+        }
+        // The pids first: a row is read whole only when it is taken.
+        let mut st = conn.prepare(&format!("SELECT rowid, pid FROM {table}"))?;
         let mut rows = st.query([])?;
-        let mut seen = BTreeSet::new();
-        let (mut states, mut tally, mut entries) = (Vec::new(), SiteTally::default(), 0usize);
+        let (mut in_file, mut wanted) = (BTreeSet::new(), Vec::new());
         while let Some(r) = rows.next()? {
-            let row_pid = u32::try_from(r.get::<_, i64>(0)?)
+            let row_pid = u32::try_from(r.get::<_, i64>(1)?)
                 .map_err(|_| bad("holds a pid outside 0..2^32".into()))?;
-            if !seen.insert(row_pid) {
+            if !in_file.insert(row_pid) {
                 return Err(bad(format!("holds a second row for pid {row_pid}")));
             }
-            if pid.is_some_and(|p| p != row_pid) {
-                continue;
+            if pid.is_none_or(|p| p == row_pid) && !seen.contains(&row_pid) {
+                wanted.push((r.get::<_, i64>(0)?, row_pid));
             }
+        }
+        let mut st = conn.prepare(&format!(
+            "SELECT state, sites FROM {table} WHERE rowid = ?1"
+        ))?;
+        let mut entries = 0usize;
+        for (rowid, row_pid) in wanted {
+            let mut rows = st.query([rowid])?;
+            let Some(r) = rows.next()? else { continue };
             let text = |i: usize| -> rusqlite::Result<&str> {
                 let t =
                     text_of(r.get_ref(i)?).map_err(|e| bad(format!("of pid {row_pid}: {e}")))?;
@@ -590,51 +756,74 @@ pub(crate) fn begin_state(trace: &Trace, pid: Option<u32>) -> Result<Option<Begi
                     false => Ok(t),
                 }
             };
-            let state: ProcessState = serde_json::from_str(text(1)?)
+            let state: ProcessState = serde_json::from_str(text(0)?)
                 .map_err(|e| bad(format!("of pid {row_pid}: {e}")))?;
-            let sites: Vec<crate::stream::TallyEntry> = serde_json::from_str(text(2)?)
+            let sites: Vec<crate::stream::TallyEntry> = serde_json::from_str(text(1)?)
                 .map_err(|e| bad(format!("of pid {row_pid}: {e}")))?;
             if state.pid != row_pid {
                 return Err(bad(format!("holds a foreign row for pid {row_pid}")));
+            }
+            // Taken up with the last file's states, whose errors name that
+            // file: checked here, where it was read.
+            if table == EXITED_TABLE {
+                LedgerBuilder::check_state(&state).map_err(bad)?;
             }
             entries = entries.saturating_add(state.entries() + sites.len());
             if entries > 2 * MAX_CARRIED_ENTRIES {
                 return Err(bad("holds more entries than a tracer carries".into()));
             }
-            tally
+            into.tally
                 .add_entries(sites)
                 .map_err(|e| bad(format!("of pid {row_pid}: {e}")))?;
-            states.push(state);
+            into.states.push(state);
+            seen.insert(row_pid);
         }
-        Ok(Begin {
-            states,
-            tally,
-            until,
-        })
+        Ok(())
     };
-    read().map(Some).map_err(|e| trace.read_error(e))
+    read().map_err(|e| trace.read_error(e))
 }
 
-/// The run's ledgers of `pids` stored in the last file of an intact chain,
-/// in `context`; an error when the table is not the one gpusleuth writes
-/// or a ledger is damaged; None when a pid has no row (then the replay
-/// answers).
-pub(crate) fn stored(
-    trace: &Trace,
+/// The run's ledgers of `pids` stored by an intact chain whose files read
+/// are `files` (oldest first), opened by `open`, in `context`: each
+/// process's row in the last file, or, for a process the carried ledger
+/// retired at its exit (round 47), its final row in the latest earlier
+/// file holding it (the file it exited in). None when a pid has no row in
+/// any of them (then the replay answers); an error when a table is not
+/// the one gpusleuth writes or a ledger is damaged.
+pub(crate) fn stored_over(
+    files: &[std::path::PathBuf],
+    mut open: impl FnMut(&std::path::Path) -> Result<Trace, StoreError>,
     pids: &BTreeSet<u32>,
     context: &TraceData,
 ) -> Result<Option<Vec<ProcessLedger>>, StoreError> {
-    let conn = trace.keyed();
-    let read = || -> rusqlite::Result<Option<Vec<ProcessLedger>>> {
-        if !complete_tables(conn, "run_ledger", &[(TABLE, crate::ledger_rollup::COLS)])? {
-            return Err(damaged_table(
-                TABLE,
-                "is missing though meta.run_ledger says it is complete",
-            ));
+    let mut missing = pids.clone();
+    let mut found = BTreeMap::new();
+    let mut walk = true;
+    for path in files.iter().rev() {
+        if missing.is_empty() || !walk {
+            break;
         }
-        crate::ledger_rollup::read(conn, TABLE, pids, context)
-    };
-    read().map_err(|e| trace.read_error(e))
+        let trace = open(path)?;
+        // No process retired on the chain by this file's end: its rows
+        // hold every process of the files up to it.
+        walk = retired_any(&trace)?;
+        let conn = trace.keyed();
+        let read = || -> rusqlite::Result<BTreeMap<u32, ProcessLedger>> {
+            if !complete_tables(conn, "run_ledger", &[(TABLE, crate::ledger_rollup::COLS)])? {
+                return Err(damaged_table(
+                    TABLE,
+                    "is missing though meta.run_ledger says it is complete",
+                ));
+            }
+            crate::ledger_rollup::read(conn, TABLE, &missing, context)
+        };
+        let rows = read().map_err(|e| trace.read_error(e))?;
+        for (pid, l) in rows {
+            missing.remove(&pid);
+            found.insert(pid, l);
+        }
+    }
+    Ok(missing.is_empty().then(|| found.into_values().collect()))
 }
 
 #[cfg(test)]

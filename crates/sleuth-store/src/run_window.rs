@@ -179,7 +179,15 @@ impl RunLast {
         let Some((file, trace)) = last else {
             return Ok(None);
         };
-        let Some(begin) = crate::run_ledger::begin_state(&trace, scope.pid)? else {
+        // The final states of processes retired before it began are in
+        // the chain's earlier files (each one, from file 1).
+        let earlier = self.files.iter().take_while(|(n, _)| *n < file);
+        let earlier = earlier
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .map(|(_, path)| open_in_run(path, &self.budget, memo));
+        let Some(begin) = crate::run_ledger::begin_state_over(&trace, earlier, scope.pid)? else {
             return Ok(None);
         };
         let ledger = LedgerBuilder::from_states(begin.states, None, false).map_err(|e| {

@@ -95,9 +95,15 @@ fn write_run(dir: &Path, link: &RunLink, first: u64, parts: &[TraceData]) {
 /// `dir` (created), each beginning where a rotation cut the run (0, 90 and
 /// 190 ms).
 fn write_run_cut_at(dir: &Path, parts: &[TraceData]) {
+    write_run_cut(dir, parts, &[0, 90 * MS, 190 * MS]);
+}
+
+/// Writes `parts` as files 1, 2, ... of one run into `dir` (created), file
+/// k beginning at `starts[k - 1]`.
+fn write_run_cut(dir: &Path, parts: &[TraceData], starts: &[u64]) {
     let link = RunLink::new_run();
     std::fs::create_dir_all(dir).unwrap();
-    for (k, start) in [0, 90 * MS, 190 * MS].into_iter().enumerate() {
+    for (k, &start) in starts.iter().enumerate() {
         let n = k as u64 + 1;
         let opts = WriterOptions {
             run: Some(link.for_file(n)),
@@ -958,4 +964,310 @@ fn a_window_from_the_runs_start_takes_up_the_carried_ledger() {
     assert_eq!(from, Some(2));
     assert_eq!(live, explain(&window(&old, 1, 0), None).0);
     assert!(live.to_string().contains("held 2.0 MiB"), "{live}");
+}
+
+/// A process of pid `pid` (comm "job") that exited at `exit_ns`, if given.
+fn process(pid: u32, exit_ns: Option<u64>) -> sleuth_core::ProcessInfo {
+    sleuth_core::ProcessInfo {
+        pid,
+        comm: "job".into(),
+        exit_ns,
+        ..Default::default()
+    }
+}
+
+/// `call` made by process `pid` (its main thread).
+fn by(pid: u32, mut c: CallEvent) -> CallEvent {
+    (c.pid, c.tid) = (pid, pid);
+    c
+}
+
+/// Four files of a node agent's run: process 100 lives throughout (A made
+/// in file 1, freed in file 4); 300 allocates 2 MiB and exits in file 1;
+/// 400 allocates 8 MiB and exits in file 2; 500 allocates 4 MiB in file 1
+/// and exits in file 3 with no call there.
+fn exiting_parts() -> (Vec<TraceData>, Vec<u64>) {
+    let with = |calls: Vec<CallEvent>, procs: Vec<sleuth_core::ProcessInfo>| {
+        let mut d = part(calls);
+        d.processes.extend(procs);
+        d
+    };
+    let parts = vec![
+        with(
+            vec![
+                at(alloc(0, 1 << 20, 0xa000), SITE_A),
+                by(300, at(alloc(5 * MS, 2 << 20, 0x3000), SITE_B)),
+                by(300, call("cudaLaunchKernel", 6 * MS, MS)),
+                by(500, at(alloc(20 * MS, 4 << 20, 0x5000), SITE_B)),
+                call("cudaLaunchKernel", 30 * MS, MS),
+            ],
+            vec![process(300, Some(10 * MS)), process(500, None)],
+        ),
+        with(
+            vec![
+                by(400, at(alloc(110 * MS, 8 << 20, 0x4000), SITE_A)),
+                call("cudaLaunchKernel", 150 * MS, MS),
+            ],
+            vec![process(400, Some(120 * MS))],
+        ),
+        with(
+            vec![call("cudaLaunchKernel", 250 * MS, MS)],
+            vec![process(500, Some(210 * MS))],
+        ),
+        with(
+            vec![
+                free(310 * MS, 0xa000),
+                call("cudaLaunchKernel", 350 * MS, MS),
+            ],
+            vec![],
+        ),
+    ];
+    (parts, vec![0, 100 * MS, 200 * MS, 300 * MS])
+}
+
+/// The tracer retires a process from the run's carried ledger once it
+/// exited (round 47): the file it exited in stores its final ledger (and
+/// its final state, `run_ledger_exited`), later files carry only the live
+/// ones; readers find a retired process in the file it exited in. Every
+/// answer equals the replay of the same files: the ledger at the end, at
+/// moments in each file (from the last file's start state and the final
+/// states), of one process, a window from the run's start, and the run
+/// with its first file deleted (`--keep`).
+#[test]
+fn exited_processes_leave_the_carried_ledger_and_are_read_where_they_exited() {
+    use sleuth_store::run_explain::{load_memory_at, Moment};
+    let tmp = TempDir::new("runled-exited");
+    let run = tmp.join("run");
+    let (parts, starts) = exiting_parts();
+    write_run_cut(&run, &parts, &starts);
+    let rows = |n: u64, table: &str| -> Vec<i64> {
+        let c = Connection::open(run.join(part_name(n))).unwrap();
+        let mut st = c
+            .prepare(&format!("SELECT pid FROM {table} ORDER BY pid"))
+            .unwrap();
+        let pids = st.query_map([], |r| r.get(0)).unwrap();
+        pids.map(Result::unwrap).collect()
+    };
+    // Each file's run ledger: the processes alive at its end and those that
+    // exited in it; the count of processes retired on the chain so far.
+    for (n, ledger, exited, retired) in [
+        (1, vec![100, 300, 500], vec![300], "1"),
+        (2, vec![100, 400, 500], vec![400], "2"),
+        (3, vec![100, 500], vec![500], "3"),
+        (4, vec![100], vec![], "3"),
+    ] {
+        assert_eq!(rows(n, "run_ledger"), ledger, "file {n}");
+        assert_eq!(rows(n, "run_ledger_exited"), exited, "file {n}");
+        let path = run.join(part_name(n));
+        assert_eq!(meta(&path, "run_ledger_retired").as_deref(), Some(retired));
+        assert_eq!(meta(&path, "run_ledger_from").as_deref(), Some("1"));
+    }
+    assert_eq!(rows(4, "run_ledger_begin"), vec![100]);
+    let old = without_carried(&run, &tmp.join("old"));
+    let carried = load(&run, None, budget()).unwrap();
+    assert_eq!(carried.replayed_memory_calls, 0);
+    let replayed = load(&old, None, budget()).unwrap();
+    assert!(replayed.replayed_memory_calls >= 5);
+    assert_same_answer(&carried, &replayed);
+    let pids: Vec<u32> = carried.ledgers.iter().map(|l| l.pid).collect();
+    assert_eq!(pids, [100, 300, 400, 500]);
+    let unfreed = |r: &RunLean, pid| {
+        let l = r.ledgers.iter().find(|l| l.pid == pid).unwrap();
+        l.unfreed.iter().map(|u| u.bytes).sum::<u64>()
+    };
+    assert_eq!(unfreed(&carried, 100), 0);
+    assert_eq!(unfreed(&carried, 400), 8 << 20);
+    for pid in [300, 400, 500] {
+        let one = load(&run, Some(pid), budget()).unwrap();
+        assert_eq!(one.replayed_memory_calls, 0, "pid {pid}");
+        assert_eq!(
+            one.ledgers,
+            load(&old, Some(pid), budget()).unwrap().ledgers
+        );
+    }
+    // At moments in each file: one file's memory calls replayed.
+    let memo = sleuth_store::CheckMemo::new();
+    for t in [50 * MS, 150 * MS, 250 * MS, 305 * MS, 320 * MS] {
+        let r = load_memory_at(&run, None, Moment::At(t), budget(), &memo).unwrap();
+        let full = load_memory_at(&old, None, Moment::At(t), budget(), &memo).unwrap();
+        assert_eq!(
+            (&r.ledgers, &r.sites_at),
+            (&full.ledgers, &full.sites_at),
+            "at {t}"
+        );
+        assert!(r.replayed_memory_calls <= 4, "at {t}");
+        for pid in [100, 300, 400, 500] {
+            let one = load_memory_at(&run, Some(pid), Moment::At(t), budget(), &memo);
+            let one_full = load_memory_at(&old, Some(pid), Moment::At(t), budget(), &memo);
+            match (one, one_full) {
+                (Ok(a), Ok(b)) => {
+                    assert_eq!(
+                        (a.ledgers, a.sites_at),
+                        (b.ledgers, b.sites_at),
+                        "{pid} at {t}"
+                    )
+                }
+                // Of a process in no file begun by then: the same error.
+                (Err(a), Err(b)) => {
+                    let why = |e: sleuth_store::StoreError| {
+                        let e = e.to_string();
+                        e[e.find(": ").unwrap()..].to_string()
+                    };
+                    assert_eq!(why(a), why(b), "{pid} at {t}")
+                }
+                (a, b) => panic!("pid {pid} at {t}: {:?} vs {:?}", a.err(), b.err()),
+            }
+        }
+    }
+    let late = load_memory_at(&run, None, Moment::At(320 * MS), budget(), &memo).unwrap();
+    assert_eq!(late.replayed_memory_calls, 1);
+    assert_eq!(late.ledgers.len(), 4);
+    // A window from the run's start takes up file 4's start state and the
+    // final states of the processes retired before it.
+    let window = |dir: &Path| sleuth_store::run_window::RunLast {
+        dir: dir.to_path_buf(),
+        files: (1..=4).map(|n| (n, dir.join(part_name(n)))).collect(),
+        since: 0,
+        end: u64::MAX,
+        run_start: 0,
+        budget: budget(),
+    };
+    let (w, read) = window(&run).explanation(None, &memo).unwrap();
+    let (w_old, _) = window(&old).explanation(None, &memo).unwrap();
+    assert_eq!(read.ledger_from_file, Some(4));
+    assert_eq!(
+        serde_json::to_value(&w).unwrap(),
+        serde_json::to_value(&w_old).unwrap()
+    );
+    // File 1 deleted (`--keep 3`): the carried ledger still matches A's
+    // free; 400 is read from file 2, where it exited.
+    std::fs::remove_file(run.join(part_name(1))).unwrap();
+    let kept = load(&run, None, budget()).unwrap();
+    assert_eq!(kept.replayed_memory_calls, 0);
+    let l = kept.ledgers.iter().find(|l| l.pid == 100).unwrap();
+    assert_eq!((l.allocs, l.frees, l.unmatched_frees), (1, 1, 0));
+    assert_eq!(unfreed(&kept, 400), 8 << 20);
+    let at = load_memory_at(&run, None, Moment::At(305 * MS), budget(), &memo).unwrap();
+    let pids: Vec<u32> = at.ledgers.iter().map(|l| l.pid).collect();
+    // 300 exited in file 1, no longer in the directory: not listed.
+    assert_eq!(pids, [100, 400, 500]);
+    assert_eq!(at.ledgers[0].live_bytes, 1 << 20);
+}
+
+/// A pid the carried ledger retired at its exit that makes a call again
+/// (a reused pid) starts a new chain in the file it comes back in, which
+/// says so; a reader of the run replays (the same answer as the copy
+/// without carried ledgers: the pid's calls as one process, as a replay
+/// gives them).
+#[test]
+fn a_retired_pid_that_comes_back_starts_a_new_chain() {
+    let tmp = TempDir::new("runled-reused");
+    let run = tmp.join("run");
+    let (mut parts, starts) = exiting_parts();
+    parts[3].calls.push(by(300, alloc(360 * MS, 4096, 0x9000)));
+    write_run_cut(&run, &parts, &starts);
+    let note = chain_note(&run, 4);
+    assert!(note.contains("process 300 made a call after"), "{note}");
+    assert!(note.contains("reused pid"), "{note}");
+    let carried = load(&run, None, budget()).unwrap();
+    assert!(carried.replayed_memory_calls > 0);
+    let replayed = load(&without_carried(&run, &tmp.join("old")), None, budget()).unwrap();
+    assert_eq!(carried.ledgers, replayed.ledgers);
+    let l = carried.ledgers.iter().find(|l| l.pid == 300).unwrap();
+    assert_eq!(l.allocs, 2);
+}
+
+/// The node agent's case: more short-lived processes than the carried
+/// bound counts alive (`PROCESS_ENTRIES` each), spread over files, each
+/// exiting in the file it ran in: the chain holds (no note), the last
+/// file began with only the live process and lists besides it only those
+/// that exited in it, and a reader of the run answers for every process
+/// without replaying a memory call.
+#[test]
+fn processes_that_come_and_go_keep_the_chain_whole() {
+    use sleuth_store::run_ledger::{MAX_CARRIED_ENTRIES, PROCESS_ENTRIES};
+    let tmp = TempDir::new("runled-churn");
+    let run = tmp.join("run");
+    let files = 4u32;
+    let per_file = (MAX_CARRIED_ENTRIES / PROCESS_ENTRIES) as u32 / 2;
+    let mut parts = Vec::new();
+    for f in 0..files {
+        let t0 = u64::from(f) * 10_000 * MS;
+        let mut calls = vec![call("cudaLaunchKernel", t0 + MS, MS)];
+        let mut procs = Vec::new();
+        for i in 0..per_file {
+            let pid = 1000 + f * per_file + i;
+            let t = t0 + 2 * MS + u64::from(i) * 1000;
+            calls.push(by(pid, alloc(t, 4096, 0x10_0000)));
+            procs.push(process(pid, Some(t + 100 * 1000)));
+        }
+        let mut d = part(calls);
+        d.processes.extend(procs);
+        parts.push(d);
+    }
+    let starts: Vec<u64> = (0..files).map(|f| u64::from(f) * 10_000 * MS).collect();
+    write_run_cut(&run, &parts, &starts);
+    let last = run.join(part_name(u64::from(files)));
+    assert_eq!(meta(&last, "run_ledger_from").as_deref(), Some("1"));
+    let retired = (files * per_file).to_string();
+    assert_eq!(
+        meta(&last, "run_ledger_retired").as_deref(),
+        Some(&*retired)
+    );
+    let c = Connection::open(&last).unwrap();
+    let count = |table: &str| -> u32 {
+        let sql = format!("SELECT count(*) FROM {table}");
+        c.query_row(&sql, [], |r| r.get(0)).unwrap()
+    };
+    assert_eq!(count("run_ledger_begin"), 1);
+    assert_eq!(count("run_ledger"), per_file + 1);
+    assert_eq!(count("run_ledger_exited"), per_file);
+    let r = load(&run, None, budget()).unwrap();
+    assert_eq!(r.replayed_memory_calls, 0);
+    assert_eq!(r.ledgers.len(), (files * per_file) as usize + 1);
+    assert!(r
+        .ledgers
+        .iter()
+        .filter(|l| l.pid >= 1000)
+        .all(|l| l.unfreed.len() == 1));
+}
+
+/// The final states of retired processes are untrusted input too:
+/// `memory --at` in a later file refuses, in one line naming
+/// `run_ledger_exited`, a state no replay leaves, a foreign or second row,
+/// or the table announced but gone; a meta count saying nothing was
+/// retired stops the search (the answer then lacks the process, as the
+/// file says), and an absent one is an older tracer's file.
+#[test]
+fn a_damaged_run_ledger_exited_is_refused_in_one_line() {
+    use sleuth_store::run_explain::{load_memory_at, Moment};
+    let refused = |tag: &str, craft: &str| {
+        let tmp = TempDir::new(tag);
+        let run = tmp.join("run");
+        let (parts, starts) = exiting_parts();
+        write_run_cut(&run, &parts, &starts);
+        sql(&run.join(part_name(2)), craft);
+        let memo = sleuth_store::CheckMemo::new();
+        let e = match load_memory_at(&run, None, Moment::At(320 * MS), budget(), &memo) {
+            Ok(_) => panic!("{tag}: accepted"),
+            Err(e) => e.to_string(),
+        };
+        assert_eq!(e.lines().count(), 1, "{e}");
+        assert!(e.contains("damaged trace: run_ledger_exited"), "{tag}: {e}");
+        assert!(e.contains(&part_name(2)), "{tag}: {e}");
+    };
+    refused(
+        "runexit-op",
+        "UPDATE run_ledger_exited SET state = replace(state, '\"cudaMalloc\"', '\"cudaLaunchKernel\"')",
+    );
+    refused(
+        "runexit-json",
+        "UPDATE run_ledger_exited SET state = '{\"pid\": 400'",
+    );
+    refused("runexit-foreign", "UPDATE run_ledger_exited SET pid = 401");
+    refused(
+        "runexit-twice",
+        "INSERT INTO run_ledger_exited SELECT * FROM run_ledger_exited",
+    );
+    refused("runexit-gone", "DROP TABLE run_ledger_exited");
 }

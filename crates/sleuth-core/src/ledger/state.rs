@@ -325,6 +325,18 @@ impl LedgerBuilder {
         self.ledger.procs.iter().map(|(&pid, r)| r.state(pid))
     }
 
+    /// Process `pid`'s replay state, when the builder holds one.
+    pub fn state_of(&self, pid: u32) -> Option<ProcessState> {
+        self.ledger.procs.get(&pid).map(|r| r.state(pid))
+    }
+
+    /// Whether [`Self::from_states`] takes `state` up (with its sites at
+    /// the peak): the error naming what no replay leaves. A reader that
+    /// gathers states from several files checks each where it read it.
+    pub fn check_state(state: &ProcessState) -> Result<(), String> {
+        Self::restored(vec![state.clone()], None, true, false).map(|_| ())
+    }
+
     /// A builder at `at_ns` (as [`Self::new`]) that continues from
     /// `states`, keeping each process's sites at its peak when `peak_sites`
     /// (then every state must carry them); an error naming what no replay
