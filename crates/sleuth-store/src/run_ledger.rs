@@ -93,6 +93,57 @@ pub const MAX_CARRIED_ENTRIES: usize = 250_000;
 /// halved; a churning node's readers replay a little more often).
 pub const PROCESS_ENTRIES: usize = 128;
 
+/// The pids the carried ledger retired at their exit: one bit each below
+/// [`RetiredPids::BITS`] (the kernel's `PID_MAX_LIMIT`, 2^22 on 64-bit
+/// Linux: at most 512 KiB however many processes a node agent's run sees
+/// come and go), a set above it (no kernel pid; counted toward the bound).
+#[derive(Default)]
+pub(crate) struct RetiredPids {
+    bits: Vec<u64>,
+    above: BTreeSet<u32>,
+    count: usize,
+}
+
+impl RetiredPids {
+    const BITS: u32 = 1 << 22;
+
+    fn insert(&mut self, pid: u32) {
+        if pid >= Self::BITS {
+            self.count += usize::from(self.above.insert(pid));
+            return;
+        }
+        let (word, bit) = ((pid / 64) as usize, pid % 64);
+        if self.bits.len() <= word {
+            self.bits.resize(word + 1, 0);
+        }
+        if self.bits[word] & (1 << bit) == 0 {
+            self.bits[word] |= 1 << bit;
+            self.count += 1;
+        }
+    }
+
+    fn contains(&self, pid: u32) -> bool {
+        match pid >= Self::BITS {
+            true => self.above.contains(&pid),
+            false => self
+                .bits
+                .get((pid / 64) as usize)
+                .is_some_and(|w| w & (1 << (pid % 64)) != 0),
+        }
+    }
+
+    /// How many were retired.
+    fn len(&self) -> usize {
+        self.count
+    }
+
+    /// What counts toward [`MAX_CARRIED_ENTRIES`]: the pids outside the
+    /// bitmap (the bitmap is bounded by the pid space).
+    fn held_entries(&self) -> usize {
+        self.above.len()
+    }
+}
+
 /// `meta.run_ledger` once the table is complete.
 const COMPLETE: &str = "1";
 const TABLE: &str = "run_ledger";
@@ -215,7 +266,7 @@ pub(crate) struct Carried {
     /// Processes retired from the builder on this chain: one that makes a
     /// call again (a reused pid, or a call reported after the exit) starts
     /// a new chain, so no process is answered from two pieces.
-    retired: BTreeSet<u32>,
+    retired: RetiredPids,
 }
 
 impl Carried {
@@ -231,7 +282,7 @@ impl Carried {
             pinned: PinnedState::default(),
             tally: BTreeMap::new(),
             allocator: Default::default(),
-            retired: BTreeSet::new(),
+            retired: RetiredPids::default(),
         }
     }
 
@@ -334,7 +385,7 @@ pub(crate) fn write(
         return Ok(None);
     };
     let listed = crate::ledger_rollup::listed_pids(conn)?;
-    if let Some(pid) = listed.iter().find(|p| c.retired.contains(p)) {
+    if let Some(pid) = listed.iter().find(|&&p| c.retired.contains(p)) {
         note_new_chain(
             conn,
             link.file,
@@ -388,12 +439,11 @@ pub(crate) fn write(
     meta.execute(["run_ledger_retired", &c.retired.len().to_string()])?;
     c.last = link.file;
     let tallied: usize = c.tally.values().map(SiteTally::len).sum();
-    let held = c.builder.held_entries() + c.pinned.range_count() + c.retired.len();
+    let held = c.builder.held_entries() + c.pinned.range_count() + c.retired.held_entries();
     let processes = c.builder.process_count();
     let next = if held + tallied + processes * PROCESS_ENTRIES > MAX_CARRIED_ENTRIES {
         CarryState::Broken(format!(
-            "the run's ledger held more than {MAX_CARRIED_ENTRIES} live allocations, failed allocations, sizes, threads, pinned host ranges and retired processes ({}), with its {processes} processes counted as {PROCESS_ENTRIES} each, at the end of file {}: not carried further",
-            c.retired.len(),
+            "the run's ledger held more than {MAX_CARRIED_ENTRIES} live allocations, failed allocations, sizes, threads and pinned host ranges, with its {processes} processes counted as {PROCESS_ENTRIES} each, at the end of file {}: not carried further",
             link.file
         ))
     } else {
@@ -868,6 +918,26 @@ mod tests {
             "starts at file 2",
         );
         broken(&[], "no file");
+    }
+
+    #[test]
+    fn retired_pids_are_one_bit_each_in_the_pid_space_and_counted_once() {
+        let mut r = RetiredPids::default();
+        assert!(!r.contains(0) && !r.contains(u32::MAX));
+        let bound = RetiredPids::BITS;
+        for pid in [0, 1, 63, 64, 4_194_303, 300, 300, bound, u32::MAX, bound] {
+            r.insert(pid);
+        }
+        assert_eq!(r.len(), 8);
+        for pid in [0, 1, 63, 64, 4_194_303, 300, bound, u32::MAX] {
+            assert!(r.contains(pid), "{pid}");
+        }
+        for pid in [2, 62, 65, 299, 301, 4_194_302, bound + 1, u32::MAX - 1] {
+            assert!(!r.contains(pid), "{pid}");
+        }
+        // The bitmap: at most 2^22 bits; only pids past it count entries.
+        assert_eq!(r.bits.len(), (bound / 64) as usize);
+        assert_eq!(r.held_entries(), 2);
     }
 
     #[test]
