@@ -388,3 +388,97 @@ fn after_keep_the_carried_ledger_still_holds_what_deleted_files_allocated() {
         replayed.ledgers
     );
 }
+
+/// A long-lived parent holding `w` from its first file and twelve
+/// short-lived children (`spawn`: fork and exec), each leaving 64 KiB
+/// behind and exiting, across a 300 ms rotation.
+const CHURN: &str = "malloc 3145728 w; \
+     repeat 12 { spawn { malloc 65536; launch; sync_device }; sync_sleep 70 }; \
+     sync_sleep 300";
+
+/// The processes of `memory --json [args] --db DIR`, by pid.
+fn processes_of_run(dir: &Path, args: &[&str]) -> Vec<serde_json::Value> {
+    let out = common::run_ok(
+        common::gpusleuth()
+            .args(["memory", "--json", "--db"])
+            .arg(dir)
+            .args(args),
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let mut ps = v["processes"].as_array().expect("processes").clone();
+    ps.sort_by_key(|p| p["pid"].as_u64());
+    ps
+}
+
+/// Processes that exit are retired from the carried ledger at the file
+/// they exited in (round 47), with real capture: the chain stays whole
+/// from file 1, the last file began with only the parent, and every
+/// reader's answer (`explain --db DIR`, `memory` at the end and at a
+/// moment in each file, a child's and the parent's alone) equals the
+/// replay of every file's memory calls.
+#[test]
+fn exited_children_are_retired_and_read_where_they_exited() {
+    let Some(sb) = Sandbox::for_ebpf("rotl-exits") else {
+        return;
+    };
+    sb.trace(&["--rotate", "300ms"], CHURN, 0);
+    let files = parts(&sb.db());
+    assert!(files.len() >= 3, "{files:?}");
+    let meta = |f: &Path, k: &str| -> String {
+        let c = Connection::open(f).expect("open");
+        let v = c.query_row("SELECT value FROM meta WHERE key = ?1", [k], |r| {
+            r.get::<_, String>(0)
+        });
+        v.unwrap_or_default()
+    };
+    let rows_of = |f: &Path, sql: &str| common::Db::open(f).ints(sql);
+    let last = files.last().unwrap();
+    assert_eq!(meta(last, "run_ledger_from"), "1");
+    // The children and, in the last file, the parent itself.
+    assert_eq!(meta(last, "run_ledger_retired"), "13", "{last:?}");
+    let begun_with = rows_of(last, "SELECT pid FROM run_ledger_begin");
+    assert_eq!(begun_with.len(), 1, "{begun_with:?}");
+    let carried = load(&sb.db(), None, budget()).expect("explain the run");
+    assert_eq!(carried.replayed_memory_calls, 0);
+    assert_eq!(carried.ledgers.len(), 13, "{:?}", carried.ledgers);
+    let old = replay_copy(&sb.db(), &sb.path("replayed"));
+    let replayed = load(&old, None, budget()).expect("explain the copy");
+    assert!(replayed.replayed_memory_calls >= 13);
+    assert_eq!(carried.ledgers, replayed.ledgers);
+    assert_eq!(explain_json(&sb.db()), explain_json(&old));
+    let end = processes_of_run(&sb.db(), &[]);
+    assert_eq!(end, processes_of_run(&old, &[]));
+    let leaks = |ps: &[serde_json::Value]| -> u64 {
+        ps.iter().map(|p| p["live_bytes"].as_u64().unwrap()).sum()
+    };
+    assert_eq!(leaks(&end), 3_145_728 + 12 * 65_536);
+    // At a moment in each file (from the oldest file's start), and of one
+    // child that exited early.
+    let rows = rows_of;
+    let start = rows(&files[0], "SELECT start_mono_ns FROM session")[0][0];
+    for f in &files {
+        let end = rows(f, "SELECT end_mono_ns FROM session")[0][0];
+        let at = format!("{}ns", end - start - 1);
+        let carried = processes_of_run(&sb.db(), &["--at", &at]);
+        assert_eq!(carried, processes_of_run(&old, &["--at", &at]), "at {at}");
+    }
+    // One child at the end (read from the file it exited in), and the
+    // parent at a moment in each file (`--pid`).
+    let child = carried.ledgers.iter().find(|l| l.live_bytes == 65_536);
+    let child = child.expect("a child").pid;
+    let one = load(&sb.db(), Some(child), budget()).expect("explain --pid");
+    assert_eq!(one.replayed_memory_calls, 0);
+    assert_eq!(
+        one.ledgers,
+        load(&old, Some(child), budget()).unwrap().ledgers
+    );
+    let parent = carried.ledgers.iter().find(|l| l.live_bytes == 3_145_728);
+    let parent = parent.expect("the parent").pid.to_string();
+    for f in &files {
+        let end = rows(f, "SELECT end_mono_ns FROM session")[0][0];
+        let at = format!("{}ns", end - start - 1);
+        let args = ["--pid", parent.as_str(), "--at", at.as_str()];
+        let carried = processes_of_run(&sb.db(), &args);
+        assert_eq!(carried, processes_of_run(&old, &args), "at {at}");
+    }
+}
