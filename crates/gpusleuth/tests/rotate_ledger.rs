@@ -452,6 +452,7 @@ fn exited_children_are_retired_and_read_where_they_exited() {
         ps.iter().map(|p| p["live_bytes"].as_u64().unwrap()).sum()
     };
     assert_eq!(leaks(&end), 3_145_728 + 12 * 65_536);
+    assert_eq!(sites_of_run(&sb.db()), sites_of_run(&old), "by site");
     // At a moment in each file (from the oldest file's start), and of one
     // child that exited early.
     let rows = rows_of;
@@ -461,6 +462,16 @@ fn exited_children_are_retired_and_read_where_they_exited() {
         let at = format!("{}ns", end - start - 1);
         let carried = processes_of_run(&sb.db(), &["--at", &at]);
         assert_eq!(carried, processes_of_run(&old, &["--at", &at]), "at {at}");
+        let by_site = |dir: &Path| {
+            let out = common::run_ok(
+                common::gpusleuth()
+                    .args(["memory", "--by-site", "--json", "--at", &at, "--db"])
+                    .arg(dir),
+            );
+            let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+            v["sites"].clone()
+        };
+        assert_eq!(by_site(&sb.db()), by_site(&old), "by site at {at}");
     }
     // One child at the end (read from the file it exited in), and the
     // parent at a moment in each file (`--pid`).
