@@ -526,7 +526,8 @@ fn render(
         return out;
     }
     let rel = |ts: u64| fmt_ns(ts.saturating_sub(origin));
-    for p in processes {
+    let (full, brief) = split_for_text(processes);
+    for p in full {
         let state = if p.exit_ns.is_some() {
             "at exit"
         } else if at.is_some() {
@@ -662,7 +663,88 @@ fn render(
         render_allocator(&mut out, allocators.get(&p.pid), origin, segments);
         out.push('\n');
     }
+    render_brief(&mut out, &brief, processes.len() > brief.len(), &rel);
     out
+}
+
+/// Past this many processes the text lists in full only those that matter
+/// now (see [`split_for_text`]); `--json` lists every one.
+const FULL_PROCESSES: usize = 16;
+
+/// The exited processes listed a line each under [`FULL_PROCESSES`].
+const BRIEF_LINES: usize = 10;
+
+/// Which processes the text renders in full and which it sums up, for a
+/// trace of many processes (a node agent's run sees thousands come and go;
+/// 6,000 short-lived ones made 66,000 lines, round 47). Up to
+/// [`FULL_PROCESSES`] processes: all in full, in pid order. Past it, in
+/// full: those still running (no exit known: what they hold is held now)
+/// and those with a failed allocation, most live bytes first, then most
+/// failures, at most [`FULL_PROCESSES`], listed by pid; the rest (exited:
+/// the driver freed what they held) are summed up, highest peak first.
+fn split_for_text(processes: &[ProcessLedger]) -> (Vec<&ProcessLedger>, Vec<&ProcessLedger>) {
+    if processes.len() <= FULL_PROCESSES {
+        return (processes.iter().collect(), Vec::new());
+    }
+    let matters = |p: &ProcessLedger| p.exit_ns.is_none() || p.failed_alloc_count() > 0;
+    let (mut full, mut brief): (Vec<_>, Vec<_>) = processes.iter().partition(|p| matters(p));
+    full.sort_by_key(|p| {
+        (
+            std::cmp::Reverse(p.live_bytes),
+            std::cmp::Reverse(p.failed_alloc_count()),
+            p.pid,
+        )
+    });
+    brief.extend(full.drain(FULL_PROCESSES.min(full.len())..));
+    full.sort_by_key(|p| p.pid);
+    brief.sort_by_key(|p| (std::cmp::Reverse(p.peak_bytes), p.pid));
+    (full, brief)
+}
+
+/// The processes [`split_for_text`] sums up: how many, their peaks and what
+/// they left unfreed, the highest peaks a line each.
+/// `after_full`: whether processes were listed in full above.
+fn render_brief(
+    out: &mut String,
+    brief: &[&ProcessLedger],
+    after_full: bool,
+    rel: &dyn Fn(u64) -> String,
+) {
+    if brief.is_empty() {
+        return;
+    }
+    let exited = brief.iter().filter(|p| p.exit_ns.is_some()).count();
+    let unfreed: u64 = brief.iter().map(|p| p.live_bytes).sum();
+    let _ = writeln!(
+        out,
+        "{} {}process(es), {exited} of them exited (the driver frees a process's device memory when it exits) with {} unfreed in all; the highest peaks:",
+        brief.len(),
+        if after_full { "more " } else { "" },
+        fmt_bytes(unfreed)
+    );
+    for p in brief.iter().take(BRIEF_LINES) {
+        let peak = match p.peak_ts_ns {
+            Some(ts) => format!("peak {} at +{}", fmt_bytes(p.peak_bytes), rel(ts)),
+            None => "peak 0 B".to_string(),
+        };
+        let bytes = fmt_bytes(p.live_bytes);
+        let end = match p.exit_ns {
+            Some(ts) => format!("exited at +{} with {bytes} unfreed", rel(ts)),
+            None => format!("{bytes} live"),
+        };
+        let _ = writeln!(
+            out,
+            "  {} (pid {}): {peak}; {end}; {} allocation(s), {} free(s)",
+            p.comm, p.pid, p.allocs, p.frees
+        );
+    }
+    if brief.len() > BRIEF_LINES {
+        let _ = writeln!(
+            out,
+            "  ... {} more (--pid N shows one in full, --json lists them all)",
+            brief.len() - BRIEF_LINES
+        );
+    }
 }
 
 #[cfg(test)]
@@ -717,6 +799,76 @@ mod tests {
         assert!(text.contains("need a trace taken with `trace --torch-allocator`"));
         assert_eq!(p["unfreed"][0]["ptr"], "0xabc000");
         assert_eq!(p["failed_allocs"][0]["error"], 2);
+    }
+
+    /// A ledger of process `pid` that left `live` bytes, peaked at `peak`,
+    /// exited when `exit` is given, with `failed` failed allocations.
+    fn brief_ledger(
+        pid: u32,
+        live: u64,
+        peak: u64,
+        exit: Option<u64>,
+        failed: u64,
+    ) -> ProcessLedger {
+        let mut l = ledger::empty_ledger(pid, format!("job{pid}"), exit);
+        (l.live_bytes, l.peak_bytes, l.peak_ts_ns) = (live, peak, Some(1_000));
+        (l.allocs, l.failed_allocs_not_kept) = (1, failed);
+        l
+    }
+
+    /// Many processes (a node agent's run): in full only those still
+    /// running and those with a failed allocation (at most sixteen, most
+    /// live bytes first, listed by pid); the rest summed up in one line,
+    /// the ten highest peaks a line each, then how many more. Up to
+    /// sixteen: every one in full.
+    #[test]
+    fn many_processes_list_in_full_only_those_that_matter_now() {
+        let mut l: Vec<ProcessLedger> = (0..36u32)
+            .map(|i| brief_ledger(1000 + i, 4096, 4096 * u64::from(i + 1), Some(5_000), 0))
+            .collect();
+        l.push(brief_ledger(10, 1 << 30, 1 << 30, None, 0));
+        l.push(brief_ledger(20, 0, 8 << 20, Some(9_000), 3));
+        l.push(brief_ledger(30, 0, 0, Some(9_000), 0));
+        l.sort_by_key(|p| p.pid);
+        let helds = BTreeMap::new();
+        let text = render(&l, &BTreeMap::new(), &helds, 0, None, false);
+        let full: Vec<&str> = text
+            .lines()
+            .filter(|t| t.ends_with(")") && !t.starts_with(' '))
+            .collect();
+        assert_eq!(full, ["job10 (pid 10)", "job20 (pid 20)"], "{text}");
+        assert!(
+            text.contains("37 more process(es), 37 of them exited (the driver frees a process's device memory when it exits) with 144.0 KiB unfreed in all; the highest peaks:"),
+            "{text}"
+        );
+        let brief: Vec<&str> = text.lines().filter(|t| t.starts_with("  job1")).collect();
+        assert_eq!(brief.len(), 10, "{text}");
+        assert!(brief[0].starts_with("  job1035 (pid 1035): peak 144.0 KiB at +1.0us; exited at +5.0us with 4.0 KiB unfreed; 1 allocation(s), 0 free(s)"), "{text}");
+        assert!(brief[9].starts_with("  job1026 (pid 1026)"), "{text}");
+        assert!(text.contains("  ... 27 more (--pid N shows one in full, --json lists them all)"));
+        // Sixteen: all in full, nothing summed up.
+        let text = render(&l[..16], &BTreeMap::new(), &helds, 0, None, false);
+        assert!(!text.contains("process(es)"), "{text}");
+        assert_eq!(text.matches("device live").count(), 16);
+        // More running processes than that: the sixteen holding the most
+        // in full, the others a line each, live.
+        let running: Vec<ProcessLedger> = (0..20u32)
+            .map(|i| brief_ledger(i, u64::from(i) << 20, u64::from(i) << 20, None, 0))
+            .collect();
+        let text = render(&running, &BTreeMap::new(), &BTreeMap::new(), 0, None, false);
+        assert_eq!(text.matches("device live").count(), 16, "{text}");
+        assert!(
+            text.contains("job4 (pid 4)\n") && !text.contains("job3 (pid 3)\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("4 more process(es), 0 of them exited"),
+            "{text}"
+        );
+        assert!(
+            text.contains("  job3 (pid 3): peak 3.0 MiB at +1.0us; 3.0 MiB live;"),
+            "{text}"
+        );
     }
 
     /// Many failures: twenty lines, then how many more and where the
