@@ -299,8 +299,9 @@ pub fn culprit_line(f: &Finding) -> Option<String> {
 /// One line per CUDA-issuing thread: where its time went, inside and between CUDA calls.
 pub fn thread_lines(threads: &[ThreadSplit]) -> Vec<String> {
     let pct = |t: &ThreadSplit, ns: u64| format!("{:.0}%", t.share(ns) * 100.0);
-    threads
+    let mut lines: Vec<String> = threads
         .iter()
+        .take(THREAD_LINES)
         .map(|t| {
             let mut line = format!(
                 "{} pid {} tid {}: {} from first to last CUDA call; inside calls {} (on-CPU {}, runnable {}, \
@@ -343,8 +344,22 @@ pub fn thread_lines(threads: &[ThreadSplit]) -> Vec<String> {
             }
             line
         })
-        .collect()
+        .collect();
+    if threads.len() > THREAD_LINES {
+        let rest = &threads[THREAD_LINES..];
+        let wall: u64 = rest.iter().map(|t| t.wall_ns).sum();
+        lines.push(format!(
+            "... {} more thread(s), {} from first to last CUDA call in all, each shorter (--json lists them all)",
+            rest.len(),
+            fmt_ns(wall)
+        ));
+    }
+    lines
 }
+
+/// Threads listed a line each, the longest first (`sort_splits`): a node
+/// agent's run of 6,000 short-lived processes made 6,000 lines (round 47).
+const THREAD_LINES: usize = 20;
 
 /// No finding in a trace that lost events: not a clean bill of health (a
 /// flood of 16 processes lost 75-86% of its calls on a 16-core host).
@@ -576,6 +591,44 @@ mod tests {
             has_host_context: true,
             ..Default::default()
         }
+    }
+
+    /// Past twenty threads (a node agent's run of thousands of short-lived
+    /// processes) the longest twenty a line each, then one line for the rest.
+    #[test]
+    fn many_threads_are_listed_longest_first_up_to_twenty() {
+        let split = |i: u32| ThreadSplit {
+            pid: i,
+            tid: i,
+            comm: "job".into(),
+            start_ns: 0,
+            end_ns: u64::from(100 - i) * 1_000,
+            wall_ns: u64::from(100 - i) * 1_000,
+            calls: 1,
+            in_calls: Default::default(),
+            between: Default::default(),
+            syncs: 0,
+            sync_ns: 0,
+            sync_p50_ns: 0,
+            wakers: Vec::new(),
+            preempted_by: Vec::new(),
+            tracer_runnable_ns: 0,
+        };
+        let threads: Vec<ThreadSplit> = (0..25).map(split).collect();
+        let lines = thread_lines(&threads);
+        assert_eq!(lines.len(), 21, "{lines:?}");
+        assert!(
+            lines[0].starts_with("job pid 0 tid 0: 100.0us"),
+            "{}",
+            lines[0]
+        );
+        assert!(lines[19].starts_with("job pid 19 tid 19:"), "{}", lines[19]);
+        // 80 + 79 + 78 + 77 + 76 us.
+        assert_eq!(
+            lines[20],
+            "... 5 more thread(s), 390.0us from first to last CUDA call in all, each shorter (--json lists them all)"
+        );
+        assert_eq!(thread_lines(&threads[..20]).len(), 20);
     }
 
     #[test]
