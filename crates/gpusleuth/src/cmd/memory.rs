@@ -672,7 +672,7 @@ fn render(
 const FULL_PROCESSES: usize = 16;
 
 /// The exited processes listed a line each under [`FULL_PROCESSES`].
-const BRIEF_LINES: usize = 10;
+pub(crate) const BRIEF_LINES: usize = 10;
 
 /// Which processes the text renders in full and which it sums up, for a
 /// trace of many processes (a node agent's run sees thousands come and go;
@@ -682,7 +682,9 @@ const BRIEF_LINES: usize = 10;
 /// and those with a failed allocation, most live bytes first, then most
 /// failures, at most [`FULL_PROCESSES`], listed by pid; the rest (exited:
 /// the driver freed what they held) are summed up, highest peak first.
-fn split_for_text(processes: &[ProcessLedger]) -> (Vec<&ProcessLedger>, Vec<&ProcessLedger>) {
+pub(crate) fn split_for_text(
+    processes: &[ProcessLedger],
+) -> (Vec<&ProcessLedger>, Vec<&ProcessLedger>) {
     if processes.len() <= FULL_PROCESSES {
         return (processes.iter().collect(), Vec::new());
     }

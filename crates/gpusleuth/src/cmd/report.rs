@@ -546,17 +546,52 @@ fn sites_section(data: &TraceData, rows: &[SiteMemory], at_peak: bool) -> String
     h
 }
 
+/// Past 16 processes (a node agent's run) charts only for those `memory`
+/// lists in full (`memory::split_for_text`: still running, or with a
+/// failed allocation), the exited ones summed up in a table of the
+/// highest peaks: 6,000 short-lived processes drew 6,000 charts, 13 MB.
 fn memory_section(ledgers: &[ProcessLedger], origin: u64, end: u64, band: Option<Band>) -> String {
     let mut h = String::new();
-    let shown: Vec<&ProcessLedger> = ledgers
-        .iter()
-        .filter(|l| !l.timeline.is_empty() || !l.failed_allocs.is_empty())
-        .collect();
-    if shown.is_empty() {
+    let allocated = |l: &&ProcessLedger| !l.timeline.is_empty() || !l.failed_allocs.is_empty();
+    let (full, brief) = crate::cmd::memory::split_for_text(ledgers);
+    let shown: Vec<&ProcessLedger> = full.into_iter().filter(allocated).collect();
+    let brief: Vec<&ProcessLedger> = brief.into_iter().filter(allocated).collect();
+    if shown.is_empty() && brief.is_empty() {
         h.push_str("<p>No device allocation was recorded.</p>");
     }
     for l in shown {
         h.push_str(&memory_chart(l, origin, end, band));
+    }
+    if !brief.is_empty() {
+        let unfreed: u64 = brief.iter().map(|l| l.live_bytes).sum();
+        let _ = write!(
+            h,
+            "<p>{} {}process(es) that allocated and exited (the driver frees a process's device memory when it exits), {} left unfreed by them at their exit; the highest peaks:</p>\
+             <table><tr><th>process</th><th>peak</th><th>unfreed at exit</th><th>allocations</th><th>frees</th></tr>",
+            brief.len(),
+            if h.is_empty() { "" } else { "more " },
+            fmt_bytes(unfreed)
+        );
+        for l in brief.iter().take(crate::cmd::memory::BRIEF_LINES) {
+            let _ = write!(
+                h,
+                "<tr><td>{} (pid {})</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                esc(&l.comm),
+                l.pid,
+                fmt_bytes(l.peak_bytes),
+                fmt_bytes(l.live_bytes),
+                l.allocs,
+                l.frees
+            );
+        }
+        h.push_str("</table>");
+        if brief.len() > crate::cmd::memory::BRIEF_LINES {
+            let _ = write!(
+                h,
+                "<p>... {} more (<code>gpusleuth memory --json</code> lists them all)</p>",
+                brief.len() - crate::cmd::memory::BRIEF_LINES
+            );
+        }
     }
     h
 }
@@ -1059,6 +1094,50 @@ mod lean_tests;
 mod tests {
     use super::*;
     use sleuth_core::ProcessInfo;
+
+    /// Past 16 processes: a chart for each process still running (or with
+    /// a failed allocation), the exited ones in one table of the highest
+    /// peaks (a node agent's run drew a chart per short-lived process).
+    #[test]
+    fn many_exited_processes_are_one_table_not_a_chart_each() {
+        use sleuth_core::ledger::{empty_ledger, TimelinePoint};
+        let ledger = |pid: u32, peak: u64, exit: Option<u64>| {
+            let mut l = empty_ledger(pid, format!("job{pid}"), exit);
+            (l.live_bytes, l.peak_bytes, l.peak_ts_ns, l.allocs) = (peak, peak, Some(10), 1);
+            l.timeline = vec![TimelinePoint {
+                ts_ns: 10,
+                live_bytes: peak,
+            }];
+            l
+        };
+        let mut l: Vec<ProcessLedger> = (0..30u32)
+            .map(|i| ledger(100 + i, 4096 * u64::from(i + 1), Some(50)))
+            .collect();
+        l.push(ledger(7, 1 << 30, None));
+        l.push(ledger(8, 0, Some(60)));
+        l[31].timeline.clear();
+        l.sort_by_key(|p| p.pid);
+        let h = memory_section(&l, 0, 100, None);
+        assert_eq!(h.matches("<svg").count(), 1, "{h}");
+        assert!(h.contains("device memory of job7 (7)"), "{h}");
+        assert!(
+            h.contains("<p>30 more process(es) that allocated and exited"),
+            "{h}"
+        );
+        assert!(
+            h.contains("<tr><td>job129 (pid 129)</td><td>120.0 KiB</td>"),
+            "{h}"
+        );
+        assert_eq!(h.matches("<tr><td>job").count(), 10, "{h}");
+        assert!(h.contains("... 20 more"), "{h}");
+        // Sixteen or fewer: a chart each that allocated, as before (not pid 8).
+        assert_eq!(
+            memory_section(&l[..16], 0, 100, None)
+                .matches("<svg")
+                .count(),
+            15
+        );
+    }
 
     #[test]
     fn no_finding_with_events_lost_is_not_reported_as_nothing_crossing_a_threshold() {
