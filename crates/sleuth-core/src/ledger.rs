@@ -638,6 +638,36 @@ impl Replay {
     }
 }
 
+/// Which of `processes` a listing shows in full and which it sums up, for
+/// a trace of many processes (a node agent's run sees thousands come and
+/// go; 6,000 short-lived ones made 66,000 lines of `memory`, round 47).
+/// Up to `max_full` processes: all in full, in their order. Past it, in
+/// full: those still running (no exit known: what they hold is held now)
+/// and those with a failed allocation, most live bytes first, then most
+/// failures, at most `max_full`, listed by pid; the rest (exited: the
+/// driver freed what they held) to be summed up, highest peak first.
+pub fn notable_first(
+    processes: &[ProcessLedger],
+    max_full: usize,
+) -> (Vec<&ProcessLedger>, Vec<&ProcessLedger>) {
+    if processes.len() <= max_full {
+        return (processes.iter().collect(), Vec::new());
+    }
+    let matters = |p: &ProcessLedger| p.exit_ns.is_none() || p.failed_alloc_count() > 0;
+    let (mut full, mut brief): (Vec<_>, Vec<_>) = processes.iter().partition(|p| matters(p));
+    full.sort_by_key(|p| {
+        (
+            std::cmp::Reverse(p.live_bytes),
+            std::cmp::Reverse(p.failed_alloc_count()),
+            p.pid,
+        )
+    });
+    brief.extend(full.drain(max_full.min(full.len())..));
+    full.sort_by_key(|p| p.pid);
+    brief.sort_by_key(|p| (std::cmp::Reverse(p.peak_bytes), p.pid));
+    (full, brief)
+}
+
 /// Process `pid`'s live device bytes in `ledgers` (0 when it has none):
 /// the reserved bytes its allocator views are rebuilt with.
 pub fn live_bytes_of(ledgers: &[ProcessLedger], pid: u32) -> u64 {

@@ -210,7 +210,9 @@ impl SleuthServer {
         failed allocations (with the live bytes when they failed), pinned/managed memory apart, a thinned \
         timeline, and `held`: what NVML said the process held before the trace began (allocations made \
         before the trace are not itemized). `at_ns` gives the ledger as it stood at that moment. \
-        On a run's directory: the run's ledger over its files (at `at_ns`: replayed from the files begun by then)."
+        On a run's directory: the run's ledger over its files (at `at_ns`: replayed from the files begun by then). \
+        Past 32 processes: those still running or with a failed allocation, then the 10 others with the highest \
+        peaks; `processes_omitted` counts the rest (`pid` lists one)."
     )]
     async fn memory(
         &self,

@@ -564,6 +564,8 @@ pub(crate) fn memory_json(
     points: usize,
 ) -> Result<Value> {
     held::list_held_only(&mut procs, helds, data);
+    let total = procs.len();
+    let omitted = keep_notable(&mut procs);
     for p in &mut procs {
         let full = std::mem::take(&mut p.timeline);
         if points > 0 {
@@ -608,7 +610,57 @@ pub(crate) fn memory_json(
         "allocator": "per process: PyTorch's caching allocator (allocated = memory_allocated(), gap = reserved - allocated, \
                       segments with the most free bytes first, their largest live blocks); null without allocator events",
         "processes": processes,
+        "processes_total": total,
+        "processes_omitted": omitted.as_ref().map_or(0, |o| o.count),
+        "processes_omitted_note": omitted.map(|o| format!(
+            "{} more process(es) not listed ({} of them exited: the driver frees a process's device \
+             memory when it exits; {} bytes unfreed in all). Listed: the processes still running or with \
+             a failed allocation (most live bytes first, at most {MEMORY_PROCESSES}), then the \
+             {MEMORY_EXITED_LISTED} others with the highest peaks; pass pid for one",
+            o.count, o.exited, o.unfreed_bytes
+        )),
     }))
+}
+
+/// Past this many processes `memory` lists those still running and those
+/// with a failed allocation (at most this many), then the exited ones with
+/// the highest peaks ([`MEMORY_EXITED_LISTED`]), and counts the rest: a
+/// node agent's run of 6,000 short-lived processes answered 6,000 of them.
+const MEMORY_PROCESSES: usize = 32;
+/// Exited processes listed past [`MEMORY_PROCESSES`], highest peak first.
+const MEMORY_EXITED_LISTED: usize = 10;
+
+/// What [`keep_notable`] left out.
+struct Omitted {
+    count: usize,
+    exited: usize,
+    unfreed_bytes: u64,
+}
+
+/// Keeps in `procs` the processes `memory` lists (see [`MEMORY_PROCESSES`];
+/// by pid, then the exited ones by peak), returning what it left out.
+fn keep_notable(procs: &mut Vec<ProcessLedger>) -> Option<Omitted> {
+    if procs.len() <= MEMORY_PROCESSES {
+        return None;
+    }
+    let (full, brief) = ledger::notable_first(procs, MEMORY_PROCESSES);
+    let listed = full.len() + brief.len().min(MEMORY_EXITED_LISTED);
+    let omitted = &brief[brief.len().min(MEMORY_EXITED_LISTED)..];
+    let out = Omitted {
+        count: omitted.len(),
+        exited: omitted.iter().filter(|p| p.exit_ns.is_some()).count(),
+        unfreed_bytes: omitted.iter().map(|p| p.live_bytes).sum(),
+    };
+    let order: Vec<u32> = full
+        .iter()
+        .chain(brief.iter().take(MEMORY_EXITED_LISTED))
+        .map(|p| p.pid)
+        .collect();
+    let mut by_pid: std::collections::HashMap<u32, ProcessLedger> =
+        procs.drain(..).map(|p| (p.pid, p)).collect();
+    procs.extend(order.iter().filter_map(|pid| by_pid.remove(pid)));
+    debug_assert_eq!(procs.len(), listed);
+    (out.count > 0).then_some(out)
 }
 
 /// NVML samples of the trace: summary, busy series (thinned), per-process readings (capped).
@@ -745,6 +797,50 @@ pub fn sql(db: &Path, a: &args::Sql, budget: &ReadBudget) -> Result<Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Many processes: those still running or with a failed allocation by
+    /// pid, then the ten exited ones with the highest peaks; the rest
+    /// counted, with what they left unfreed. Up to 32: all, as before.
+    #[test]
+    fn memory_of_many_processes_lists_the_notable_and_counts_the_rest() {
+        let ledger = |pid: u32, peak: u64, exit: Option<u64>, failed: u64| {
+            let mut l = ledger::empty_ledger(pid, "job".into(), exit);
+            (l.live_bytes, l.peak_bytes, l.allocs) = (4096, peak, 1);
+            l.failed_allocs_not_kept = failed;
+            l
+        };
+        let mut procs: Vec<ProcessLedger> = (0..100u32)
+            .map(|i| ledger(1000 + i, u64::from(i + 1) << 12, Some(9), 0))
+            .collect();
+        procs.push(ledger(5, 1 << 30, None, 0));
+        procs.push(ledger(6, 0, Some(9), 2));
+        let data = TraceData::default();
+        let v = memory_json(procs.clone(), &Default::default(), &[], &data, 0).unwrap();
+        let pids: Vec<u64> = v["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["pid"].as_u64().unwrap())
+            .collect();
+        assert_eq!(pids[..2], [5, 6]);
+        assert_eq!(pids[2..], (1090..1100).rev().collect::<Vec<u64>>()[..]);
+        assert_eq!(v["processes_total"], 102);
+        assert_eq!(v["processes_omitted"], 90);
+        let note = v["processes_omitted_note"].as_str().unwrap();
+        assert!(
+            note.starts_with("90 more process(es) not listed (90 of them exited: the driver frees a process's device memory when it exits; 368640 bytes unfreed in all)"),
+            "{note}"
+        );
+        let few = memory_json(procs[..32].to_vec(), &Default::default(), &[], &data, 0).unwrap();
+        assert_eq!(few["processes"].as_array().unwrap().len(), 32);
+        assert_eq!(
+            (
+                few["processes_omitted"].as_u64(),
+                few["processes_omitted_note"].is_null()
+            ),
+            (Some(0), true)
+        );
+    }
 
     /// A directory of its own under the system's temporary one, removed on drop.
     struct Scratch(PathBuf);

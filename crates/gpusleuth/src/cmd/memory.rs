@@ -674,33 +674,13 @@ const FULL_PROCESSES: usize = 16;
 /// The exited processes listed a line each under [`FULL_PROCESSES`].
 pub(crate) const BRIEF_LINES: usize = 10;
 
-/// Which processes the text renders in full and which it sums up, for a
-/// trace of many processes (a node agent's run sees thousands come and go;
-/// 6,000 short-lived ones made 66,000 lines, round 47). Up to
-/// [`FULL_PROCESSES`] processes: all in full, in pid order. Past it, in
-/// full: those still running (no exit known: what they hold is held now)
-/// and those with a failed allocation, most live bytes first, then most
-/// failures, at most [`FULL_PROCESSES`], listed by pid; the rest (exited:
-/// the driver freed what they held) are summed up, highest peak first.
+/// Which processes the text renders in full and which it sums up
+/// (`ledger::notable_first` with [`FULL_PROCESSES`]; the report's memory
+/// section splits them the same way).
 pub(crate) fn split_for_text(
     processes: &[ProcessLedger],
 ) -> (Vec<&ProcessLedger>, Vec<&ProcessLedger>) {
-    if processes.len() <= FULL_PROCESSES {
-        return (processes.iter().collect(), Vec::new());
-    }
-    let matters = |p: &ProcessLedger| p.exit_ns.is_none() || p.failed_alloc_count() > 0;
-    let (mut full, mut brief): (Vec<_>, Vec<_>) = processes.iter().partition(|p| matters(p));
-    full.sort_by_key(|p| {
-        (
-            std::cmp::Reverse(p.live_bytes),
-            std::cmp::Reverse(p.failed_alloc_count()),
-            p.pid,
-        )
-    });
-    brief.extend(full.drain(FULL_PROCESSES.min(full.len())..));
-    full.sort_by_key(|p| p.pid);
-    brief.sort_by_key(|p| (std::cmp::Reverse(p.peak_bytes), p.pid));
-    (full, brief)
+    ledger::notable_first(processes, FULL_PROCESSES)
 }
 
 /// The processes [`split_for_text`] sums up: how many, their peaks and what
