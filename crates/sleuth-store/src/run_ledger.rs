@@ -44,6 +44,16 @@
 //! itself or from the stacks carried): a reader of the last file reads
 //! every label the run's ledger needs.
 //!
+//! Processes that exit (round 47): the completion of the file a process
+//! exited in stores its final ledger (its `run_ledger` row, as for any
+//! process) and, on a chain from file 1, its final replay state
+//! (`run_ledger_exited`, the shape of `run_ledger_begin`), then retires it
+//! from the builder and the tallies ([`RetiredPids`]; `meta.run_ledger_retired`
+//! counts them): what is carried is what is alive. Readers take a retired
+//! process from the file it exited in ([`stored_over`], [`begin_state_over`]).
+//! A retired pid that calls again starts a new chain; a process whose
+//! allocator views are carried is not retired.
+//!
 //! Readers ([`Chain`]): the last finished file's run ledger answers for
 //! the files read only when every one of them carries a link of the same
 //! run and chain, numbered as its name says, with no gap. Anything else
@@ -79,8 +89,9 @@ pub const MAX_CARRIED_ENTRIES: usize = 250_000;
 
 /// What one process counts toward [`MAX_CARRIED_ENTRIES`] besides its
 /// entries: its replay's own tables, timeline and peak, and its sites'
-/// stacks, held however few allocations it made. A process that exited
-/// stays in the run's ledger (its history is the run's), so a node agent
+/// stacks, held however few allocations it made. Until round 47 a process
+/// that exited stayed in the run's carried ledger (now it is retired at
+/// its exit: see the module's "Processes that exit"), so a node agent
 /// that sees short-lived CUDA processes come and go carried more of them
 /// into every file: 8,000 processes of one allocation each grew a
 /// `--rotate 1s` tracer by about 3.2 KB each (82.6 MB peak and growing)
