@@ -85,9 +85,10 @@ pub(crate) struct AllocatorCarry {
 }
 
 impl AllocatorCarry {
-    /// Whether process `pid`'s allocator views are carried.
-    pub(crate) fn carries(&self, pid: u32) -> bool {
-        self.replays.contains_key(&pid)
+    /// Drops process `pid`'s replay: it exited, and the file it exited in
+    /// stored its last views (a reader takes them from there).
+    pub(crate) fn retire(&mut self, pid: u32) {
+        self.replays.remove(&pid);
     }
 
     /// One memory call of the current file, as the ledger's replay reads it.

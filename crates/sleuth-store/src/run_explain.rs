@@ -173,7 +173,7 @@ impl RunLean {
     /// carried views also cover files `--keep` deleted, processes whose
     /// allocator events were all in them included.
     fn carried_views(&self) -> Result<(EndViews, MomentViews, Vec<u32>), StoreError> {
-        let (end, moments) = match (&self.carried_in, self.at_ns) {
+        let (mut end, mut moments) = match (&self.carried_in, self.at_ns) {
             (Some(last), None) => {
                 let trace = Trace::open_remembered(last, self.budget.clone(), &self.memo)?;
                 let pid = self.pid;
@@ -185,13 +185,56 @@ impl RunLean {
             }
             _ => Default::default(),
         };
-        let rest = self
+        let mut rest: Vec<u32> = self
             .guesses
             .pids()
             .into_iter()
             .filter(|p| !end.contains_key(p))
             .collect();
+        if let (Some(last), None, false) = (&self.carried_in, self.at_ns, rest.is_empty()) {
+            let (e, m) = self.views_where_they_exited(last, &rest)?;
+            rest.retain(|p| !e.contains_key(p));
+            end.extend(e);
+            moments.extend(m);
+        }
         Ok((end, moments, rest))
+    }
+
+    /// The carried views of processes `pids` that the run's ledger retired
+    /// at their exit (round 47): those the file each exited in stored, its
+    /// last (no step of a process follows its exit; its reserved bytes, the
+    /// ledger's live bytes at the end, are those at its exit). The chain's
+    /// files before `last` are read newest first, each process from the
+    /// file that lists it exited (`run_ledger::exited_pids`), while a file
+    /// says some process was retired; one without views there is left to
+    /// the replay.
+    fn views_where_they_exited(
+        &self,
+        last: &Path,
+        pids: &[u32],
+    ) -> Result<(EndViews, MomentViews), StoreError> {
+        let (mut end, mut moments) = (EndViews::new(), MomentViews::new());
+        let mut looking: BTreeSet<u32> = pids.iter().copied().collect();
+        let earlier = self.step_files.iter().take_while(|f| f.as_path() != last);
+        for path in earlier.collect::<Vec<_>>().into_iter().rev() {
+            if looking.is_empty() {
+                break;
+            }
+            let trace = Trace::open_remembered(path, self.budget.clone(), &self.memo)?;
+            if !crate::run_ledger::retired_any(&trace)? {
+                break;
+            }
+            let exited = crate::run_ledger::exited_pids(&trace)?;
+            let here: BTreeSet<u32> = looking.intersection(&exited).copied().collect();
+            if here.is_empty() {
+                continue;
+            }
+            looking.retain(|p| !here.contains(p));
+            let (e, m) = crate::run_allocator::stored(&trace, &|p| here.contains(&p), &self.data)?;
+            end.extend(e);
+            moments.extend(m);
+        }
+        Ok((end, moments))
     }
 
     fn steps(&self) -> RunSteps<'_> {

@@ -46,13 +46,13 @@
 //!
 //! Processes that exit (round 47): the completion of the file a process
 //! exited in stores its final ledger (its `run_ledger` row, as for any
-//! process) and, on a chain from file 1, its final replay state
-//! (`run_ledger_exited`, the shape of `run_ledger_begin`), then retires it
+//! process) and its final replay state (`run_ledger_exited`, the shape of
+//! `run_ledger_begin`; read only on a chain from file 1), then retires it
 //! from the builder and the tallies ([`RetiredPids`]; `meta.run_ledger_retired`
 //! counts them): what is carried is what is alive. Readers take a retired
-//! process from the file it exited in ([`stored_over`], [`begin_state_over`]).
-//! A retired pid that calls again starts a new chain; a process whose
-//! allocator views are carried is not retired.
+//! process from the file it exited in ([`stored_over`], [`begin_state_over`];
+//! its carried allocator views too: `RunLean::carried_views`). A retired
+//! pid that calls again starts a new chain.
 //!
 //! Readers ([`Chain`]): the last finished file's run ledger answers for
 //! the files read only when every one of them carries a link of the same
@@ -350,18 +350,22 @@ fn note_new_chain(conn: &Connection, file: u64, why: &str) -> rusqlite::Result<(
 /// in the GPU, so a node agent that sees short-lived processes come and go
 /// carries only those alive (before, every process the run had seen, and
 /// the chain stopped after ~1,900 of them). A process whose allocator
-/// views are carried (`run_allocator`) stays: its views take their
-/// reserved bytes from it.
+/// views are carried (`run_allocator`) is retired from them too, once this
+/// file stored its views (readers take them from this file:
+/// `RunLean::carried_views`).
 fn exited_here(conn: &Connection, c: &Carried) -> rusqlite::Result<Vec<u32>> {
     let exits = crate::ledger_rollup::retirable(conn)?;
-    let held = |pid: &u32| c.builder.holds(*pid) && !c.allocator.carries(*pid);
+    let held = |pid: &u32| c.builder.holds(*pid);
     Ok(exits.into_iter().map(|(_, pid)| pid).filter(held).collect())
 }
 
 /// Stores the final replay state and per-site tally of each process of
 /// `exited` (`run_ledger_exited(pid, state, sites)`, the shape of
 /// `run_ledger_begin`), for `memory --at` and windows of the run in later
-/// files ([`begin_state_over`]); returns the stack ids they name.
+/// files ([`begin_state_over`]; their states are read only on a chain from
+/// file 1), and for readers of the run's allocator views the list of the
+/// processes whose last file this is ([`exited_pids`]); returns the stack
+/// ids the states name.
 fn store_exited(conn: &Connection, c: &Carried, exited: &[u32]) -> rusqlite::Result<BTreeSet<u64>> {
     conn.execute_batch(EXITED_CREATE)?;
     conn.execute(&format!("DELETE FROM {EXITED_TABLE}"), [])?;
@@ -427,9 +431,7 @@ pub(crate) fn write(
     allocator.write(conn, &run, allocator_pids)?;
     c.allocator = allocator;
     let exited = exited_here(conn, &c)?;
-    if c.covers_whole_run() {
-        named.extend(store_exited(conn, &c, &exited)?);
-    }
+    named.extend(store_exited(conn, &c, &exited)?);
     c.stacks = copy_stacks(conn, &run, named, std::mem::take(&mut c.stacks))?;
     conn.execute_batch(CREATE)?;
     conn.execute("DELETE FROM run_ledger", [])?;
@@ -445,6 +447,7 @@ pub(crate) fn write(
     for pid in exited {
         c.builder.forget(pid);
         c.tally.remove(&pid);
+        c.allocator.retire(pid);
         c.retired.insert(pid);
     }
     meta.execute(["run_ledger_retired", &c.retired.len().to_string()])?;
@@ -728,10 +731,33 @@ pub(crate) fn begin_state_over(
 /// of `trace` (`meta.run_ledger_retired`, the count; absent in files of
 /// tracers that never retired one): then a reader looks for a process
 /// missing from its rows in the earlier files.
-fn retired_any(trace: &Trace) -> Result<bool, StoreError> {
+pub(crate) fn retired_any(trace: &Trace) -> Result<bool, StoreError> {
     let v = crate::open::meta_value(trace.keyed(), "run_ledger_retired")
         .map_err(|e| trace.read_error(e))?;
     Ok(v.is_some_and(|v| v != "0"))
+}
+
+/// The processes retired at their exit in `trace` (`run_ledger_exited`'s
+/// pids; empty in a file of a tracer that retired none, or when
+/// `meta.run_ledger_exited` is not 1): their views and ledgers there are
+/// their last. An error naming the table for one no tracer writes.
+pub(crate) fn exited_pids(trace: &Trace) -> Result<BTreeSet<u32>, StoreError> {
+    let conn = trace.keyed();
+    let read = || -> rusqlite::Result<BTreeSet<u32>> {
+        if !complete_tables(conn, "run_ledger_exited", &[(EXITED_TABLE, BEGIN_COLS)])? {
+            return Ok(BTreeSet::new());
+        }
+        let mut st = conn.prepare(&format!("SELECT pid FROM {EXITED_TABLE}"))?;
+        let mut rows = st.query([])?;
+        let mut out = BTreeSet::new();
+        while let Some(r) = rows.next()? {
+            let pid = u32::try_from(r.get::<_, i64>(0)?)
+                .map_err(|_| damaged_table(EXITED_TABLE, "holds a pid outside 0..2^32"))?;
+            out.insert(pid);
+        }
+        Ok(out)
+    };
+    read().map_err(|e| trace.read_error(e))
 }
 
 /// Whether `trace` stored the run's state as it began on a chain from the

@@ -538,3 +538,120 @@ fn the_views_the_tracer_carried_are_the_replays_and_cover_deleted_files() {
         );
     }
 }
+
+/// A process whose allocator views the tracer carries exits mid-run
+/// (round 47): the file it exited in stores its views and lists it in
+/// `run_ledger_exited`, later files carry it no more, and a reader of the
+/// run takes its views from that file: the same views and findings as the
+/// whole trace's and the replay's (the carried views left out), and still
+/// the whole trace's once `--keep` deleted the files before it.
+#[test]
+fn a_process_that_exits_leaves_its_views_in_the_file_it_exited_in() {
+    use sleuth_core::{ProcEvent, ProcKind};
+    let dir = TempDir::new("run_allocator_exit");
+    let (mut events, end) = random_allocator_workload(0x9e37_79b9_7f4a_7c15);
+    let pid_of = |e: &Event| match e {
+        Event::Call(c) => c.pid,
+        Event::Block(b) => b.pid,
+        Event::Proc(p) => p.pid,
+        _ => 0,
+    };
+    // Process 200 stops at the run's middle and exits.
+    let cut = 1_000 + (end - 1_000) / 2;
+    events.retain(|e| pid_of(e) != 200 || end_of(e) <= cut);
+    let exit_at = events
+        .iter()
+        .filter(|e| pid_of(e) == 200)
+        .map(end_of)
+        .max()
+        .unwrap()
+        + 1;
+    let at = events.iter().position(|e| end_of(e) > exit_at).unwrap();
+    events.insert(
+        at,
+        Event::Proc(ProcEvent {
+            kind: ProcKind::Exit,
+            ts_ns: exit_at,
+            pid: 200,
+            tid: 200,
+            ppid: 0,
+            exit_code: 0,
+            comm: "python".into(),
+        }),
+    );
+    let whole = dir.join("whole.db");
+    write(&whole, &events, (1_000, end), None);
+    let mut cuts: Vec<u64> = (0..=6).map(|k| 1_000 + (end - 1_000) * k / 6).collect();
+    cuts[6] = end + 1;
+    let file_of = |e: &Event| {
+        let t = match e {
+            Event::Proc(p) => p.ts_ns,
+            _ => end_of(e),
+        };
+        (0..6).find(|&k| (cuts[k]..cuts[k + 1]).contains(&t))
+    };
+    let run = dir.join("run");
+    write_run_by(&run, &events, &cuts, end, file_of);
+    let exit_file = file_of(&events[at]).unwrap() as u64 + 1;
+    assert!(exit_file < 6, "exits in file {exit_file}");
+    let pids = |n: u64, sql: &str| -> Vec<u32> {
+        let c = rusqlite::Connection::open(run.join(part_name(n))).unwrap();
+        let mut st = c.prepare(sql).unwrap();
+        let v = st.query_map([], |r| r.get(0)).unwrap();
+        v.map(Result::unwrap).collect()
+    };
+    let carried = "SELECT DISTINCT pid FROM run_allocator ORDER BY pid";
+    assert_eq!(pids(exit_file, carried), [100, 200]);
+    assert_eq!(pids(exit_file, "SELECT pid FROM run_ledger_exited"), [200]);
+    assert_eq!(pids(6, carried), [100]);
+    let data = Trace::open(&whole).unwrap().load(None).unwrap();
+    let one = sleuth_store::lean::load(&Trace::open(&whole).unwrap(), None, budget())
+        .unwrap()
+        .expect("a lean load");
+    let want_answers = allocator_answers(&one.explanation());
+    let replayed = dir.join("replayed");
+    copy_run(&run, &replayed, 1..=6);
+    for n in 1..=6 {
+        rusqlite::Connection::open(replayed.join(part_name(n)))
+            .unwrap()
+            .execute_batch("DELETE FROM meta WHERE key = 'run_allocator'")
+            .unwrap();
+    }
+    for d in [&run, &replayed] {
+        for pid in [None, Some(200)] {
+            let r = load_memory(d, pid, budget(), &CheckMemo::new()).unwrap();
+            let mut want = allocator_views(&data, None, &r.ledgers);
+            want.retain(|p, _| pid.is_none_or(|only| only == *p));
+            assert!(want.contains_key(&200), "{}", d.display());
+            let got = r.allocator_views().unwrap();
+            assert_same(
+                &json(&got),
+                &json(&want),
+                &format!("{} pid {pid:?}", d.display()),
+            );
+        }
+        let e = load(d, None, budget()).unwrap().explanation().unwrap();
+        assert_eq!(allocator_answers(&e), want_answers, "{}", d.display());
+    }
+    // The files before the one it exited in deleted (`--keep`): its views
+    // are still the whole trace's, read where it exited; a replay of the
+    // files left could not give them.
+    let kept = dir.join("kept");
+    copy_run(&run, &kept, exit_file..=6);
+    let r = load_memory(&kept, Some(200), budget(), &CheckMemo::new()).unwrap();
+    let mut want = allocator_views(&data, None, &r.ledgers);
+    want.retain(|p, _| *p == 200);
+    assert_same(&json(&r.allocator_views().unwrap()), &json(&want), "kept");
+    for n in exit_file..=6 {
+        rusqlite::Connection::open(kept.join(part_name(n)))
+            .unwrap()
+            .execute_batch("DELETE FROM meta WHERE key = 'run_allocator'")
+            .unwrap();
+    }
+    let r = load_memory(&kept, Some(200), budget(), &CheckMemo::new()).unwrap();
+    assert_ne!(
+        json(&r.allocator_views().unwrap()),
+        json(&want),
+        "a replay of the files left"
+    );
+}
