@@ -352,3 +352,40 @@ pub(crate) fn stored(
     };
     read().map_err(|e| trace.read_error(e))
 }
+
+/// The carried views of processes `pids` that the run's ledger retired at
+/// their exit (round 47), from the chain's files before its last one
+/// (`earlier`, newest first): each process's views as the file it exited
+/// in stored them, its last (no step of a process follows its exit; its
+/// reserved bytes, the ledger's live bytes at the end, are those at its
+/// exit). A file is read while it says some process was retired
+/// (`run_ledger::retired_any`); a process is taken from the file whose
+/// `run_ledger_exited` lists it, and one without views there is left out
+/// (the caller replays it).
+pub(crate) fn stored_where_exited(
+    earlier: impl Iterator<Item = Result<Trace, StoreError>>,
+    pids: &[u32],
+    context: &TraceData,
+) -> Result<crate::allocator_rollup::Views, StoreError> {
+    let mut out = crate::allocator_rollup::Views::default();
+    let mut looking: BTreeSet<u32> = pids.iter().copied().collect();
+    for trace in earlier {
+        if looking.is_empty() {
+            break;
+        }
+        let trace = trace?;
+        if !crate::run_ledger::retired_any(&trace)? {
+            break;
+        }
+        let exited = crate::run_ledger::exited_pids(&trace)?;
+        let here: BTreeSet<u32> = looking.intersection(&exited).copied().collect();
+        if here.is_empty() {
+            continue;
+        }
+        looking.retain(|p| !here.contains(p));
+        let (end, moments) = stored(&trace, &|p| here.contains(&p), context)?;
+        out.0.extend(end);
+        out.1.extend(moments);
+    }
+    Ok(out)
+}

@@ -200,41 +200,20 @@ impl RunLean {
         Ok((end, moments, rest))
     }
 
-    /// The carried views of processes `pids` that the run's ledger retired
-    /// at their exit (round 47): those the file each exited in stored, its
-    /// last (no step of a process follows its exit; its reserved bytes, the
-    /// ledger's live bytes at the end, are those at its exit). The chain's
-    /// files before `last` are read newest first, each process from the
-    /// file that lists it exited (`run_ledger::exited_pids`), while a file
-    /// says some process was retired; one without views there is left to
-    /// the replay.
+    /// The carried views of processes `pids` retired at their exit, from
+    /// the files read before `last` (`run_allocator::stored_where_exited`).
     fn views_where_they_exited(
         &self,
         last: &Path,
         pids: &[u32],
     ) -> Result<(EndViews, MomentViews), StoreError> {
-        let (mut end, mut moments) = (EndViews::new(), MomentViews::new());
-        let mut looking: BTreeSet<u32> = pids.iter().copied().collect();
         let earlier = self.step_files.iter().take_while(|f| f.as_path() != last);
-        for path in earlier.collect::<Vec<_>>().into_iter().rev() {
-            if looking.is_empty() {
-                break;
-            }
-            let trace = Trace::open_remembered(path, self.budget.clone(), &self.memo)?;
-            if !crate::run_ledger::retired_any(&trace)? {
-                break;
-            }
-            let exited = crate::run_ledger::exited_pids(&trace)?;
-            let here: BTreeSet<u32> = looking.intersection(&exited).copied().collect();
-            if here.is_empty() {
-                continue;
-            }
-            looking.retain(|p| !here.contains(p));
-            let (e, m) = crate::run_allocator::stored(&trace, &|p| here.contains(&p), &self.data)?;
-            end.extend(e);
-            moments.extend(m);
-        }
-        Ok((end, moments))
+        let earlier = earlier
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .map(|p| Trace::open_remembered(p, self.budget.clone(), &self.memo));
+        crate::run_allocator::stored_where_exited(earlier, pids, &self.data)
     }
 
     fn steps(&self) -> RunSteps<'_> {

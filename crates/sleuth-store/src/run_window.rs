@@ -504,7 +504,7 @@ impl RunLast {
             }
             listed.add(&MemoryTrace::open(&trace, pid, self.budget.clone())?, true)?;
         }
-        let (end, moments) = match (crate::run_ledger::judge(&links), files.last()) {
+        let (mut end, mut moments) = match (crate::run_ledger::judge(&links), files.last()) {
             (Chain::Intact { .. }, Some((_, newest))) => {
                 let trace = open_in_run(newest, &self.budget, memo)?;
                 let pids = &listed.pids;
@@ -512,11 +512,20 @@ impl RunLast {
             }
             _ => Default::default(),
         };
-        let rest: Vec<u32> = listed
+        let mut rest: Vec<u32> = listed
             .pids()
             .into_iter()
             .filter(|p| !end.contains_key(p))
             .collect();
+        // Processes retired at their exit: their views where they exited.
+        if matches!(crate::run_ledger::judge(&links), Chain::Intact { .. }) && !rest.is_empty() {
+            let earlier = files.iter().rev().skip(1);
+            let earlier = earlier.map(|(_, path)| open_in_run(path, &self.budget, memo));
+            let (e, m) = crate::run_allocator::stored_where_exited(earlier, &rest, data)?;
+            rest.retain(|p| !e.contains_key(p));
+            end.extend(e);
+            moments.extend(m);
+        }
         if rest.is_empty() {
             return Ok(sleuth_core::allocator::KnownViews::from_parts(end, moments));
         }

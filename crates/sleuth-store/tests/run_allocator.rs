@@ -642,6 +642,11 @@ fn a_process_that_exits_leaves_its_views_in_the_file_it_exited_in() {
     let mut want = allocator_views(&data, None, &r.ledgers);
     want.retain(|p, _| *p == 200);
     assert_same(&json(&r.allocator_views().unwrap()), &json(&want), "kept");
+    // A window `--last` over the kept files: the same, where it exited.
+    let memo = CheckMemo::new();
+    let last = sleuth_store::run_window::last_of_run(&kept, end, &budget(), &memo).unwrap();
+    let got = last.allocator_views(Some(200), &memo, &data).unwrap();
+    assert_same(&json(got.end()), &json(&want), "kept window");
     for n in exit_file..=6 {
         rusqlite::Connection::open(kept.join(part_name(n)))
             .unwrap()
