@@ -140,12 +140,19 @@ impl RunLean {
                 let pids = self.guesses.pids();
                 let trace = Trace::open_remembered(file, self.budget.clone(), &self.memo)?;
                 let rows = crate::stream::Rows::open_with(&trace, self.budget.clone())?;
-                let views =
+                let mut views =
                     crate::run_allocator::views_at(&rows, at, &pids, &self.ledgers, &self.data)?;
-                let rest = pids
+                let mut rest: Vec<u32> = pids
                     .into_iter()
                     .filter(|p| !views.contains_key(p))
                     .collect();
+                // Processes retired before the file began: their last views
+                // (no step follows an exit), where they exited.
+                if !rest.is_empty() {
+                    let (exited, _) = self.views_where_they_exited(file, &rest)?;
+                    rest.retain(|p| !exited.contains_key(p));
+                    views.extend(exited);
+                }
                 (views, rest)
             }
             _ => {

@@ -642,6 +642,16 @@ fn a_process_that_exits_leaves_its_views_in_the_file_it_exited_in() {
     let mut want = allocator_views(&data, None, &r.ledgers);
     want.retain(|p, _| *p == 200);
     assert_same(&json(&r.allocator_views().unwrap()), &json(&want), "kept");
+    // At a moment in the last file (`memory --at`): its last views, where
+    // it exited.
+    let t = cuts[5] + (end - cuts[5]) / 2;
+    let r = load_memory_at(&kept, None, Moment::At(t), budget(), &CheckMemo::new()).unwrap();
+    let mut want_at = allocator_views(&data, Some(t), &r.ledgers);
+    want_at.retain(|p, _| *p == 200);
+    let mut got = r.allocator_views().unwrap();
+    got.retain(|p, _| *p == 200);
+    assert!(!want_at.is_empty());
+    assert_same(&json(&got), &json(&want_at), "kept, at a moment");
     // A window `--last` over the kept files: the same, where it exited.
     let memo = CheckMemo::new();
     let last = sleuth_store::run_window::last_of_run(&kept, end, &budget(), &memo).unwrap();
