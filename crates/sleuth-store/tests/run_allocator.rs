@@ -321,6 +321,27 @@ fn assert_carried(run: &Path, n: u64) -> usize {
     carried
 }
 
+/// The allocator views of the run `dir` (all processes, and process 200
+/// alone, which has some) and its explanation's allocator answers are
+/// those of the whole trace `data` (`want_answers`).
+fn assert_whole_traces_views(
+    dir: &Path,
+    data: &sleuth_core::TraceData,
+    want_answers: &(Vec<Value>, Vec<String>),
+) {
+    for pid in [None, Some(200)] {
+        let r = load_memory(dir, pid, budget(), &CheckMemo::new()).unwrap();
+        let mut want = allocator_views(data, None, &r.ledgers);
+        want.retain(|p, _| pid.is_none_or(|only| only == *p));
+        assert!(want.contains_key(&200), "{}", dir.display());
+        let got = r.allocator_views().unwrap();
+        let what = format!("{} pid {pid:?}", dir.display());
+        assert_same(&json(&got), &json(&want), &what);
+    }
+    let e = load(dir, None, budget()).unwrap().explanation().unwrap();
+    assert_eq!(&allocator_answers(&e), want_answers, "{}", dir.display());
+}
+
 /// Copies of `run`'s files `files` into `dir`.
 fn copy_run(run: &Path, dir: &Path, files: std::ops::RangeInclusive<u64>) {
     std::fs::create_dir_all(dir).unwrap();
@@ -362,19 +383,7 @@ fn the_views_the_tracer_carried_are_the_replays_and_cover_deleted_files() {
         .execute_batch("DELETE FROM meta WHERE key = 'run_allocator'")
         .unwrap();
     for d in [&run, &replayed] {
-        for pid in [None, Some(200)] {
-            let r = load_memory(d, pid, budget(), &CheckMemo::new()).unwrap();
-            let mut want = allocator_views(&data, None, &r.ledgers);
-            want.retain(|p, _| pid.is_none_or(|only| only == *p));
-            let got = r.allocator_views().unwrap();
-            assert_same(
-                &json(&got),
-                &json(&want),
-                &format!("{} pid {pid:?}", d.display()),
-            );
-        }
-        let e = load(d, None, budget()).unwrap().explanation().unwrap();
-        assert_eq!(allocator_answers(&e), want_answers, "{}", d.display());
+        assert_whole_traces_views(d, &data, &want_answers);
     }
 
     // `--keep 4`: the first two files deleted. The carried views still
@@ -618,20 +627,7 @@ fn a_process_that_exits_leaves_its_views_in_the_file_it_exited_in() {
             .unwrap();
     }
     for d in [&run, &replayed] {
-        for pid in [None, Some(200)] {
-            let r = load_memory(d, pid, budget(), &CheckMemo::new()).unwrap();
-            let mut want = allocator_views(&data, None, &r.ledgers);
-            want.retain(|p, _| pid.is_none_or(|only| only == *p));
-            assert!(want.contains_key(&200), "{}", d.display());
-            let got = r.allocator_views().unwrap();
-            assert_same(
-                &json(&got),
-                &json(&want),
-                &format!("{} pid {pid:?}", d.display()),
-            );
-        }
-        let e = load(d, None, budget()).unwrap().explanation().unwrap();
-        assert_eq!(allocator_answers(&e), want_answers, "{}", d.display());
+        assert_whole_traces_views(d, &data, &want_answers);
     }
     // The files before the one it exited in deleted (`--keep`): its views
     // are still the whole trace's, read where it exited; a replay of the
