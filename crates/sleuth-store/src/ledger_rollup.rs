@@ -37,14 +37,15 @@ const LABELS: &[&str] = &["stack_id", "error"];
 
 /// Replays the memory calls of every process and stores the ledgers; the
 /// writer's final transaction calls it after the call groups are written.
-/// The processes are those a reader lists: every pid with a stored call
-/// (the call groups) or a kernel-counted one (`op_counts`).
+/// The processes are `listed`, those a reader lists ([`listed_pids`]).
 /// `run`, the ledger a rotating trace carries from its earlier files
 /// (`crate::run_ledger`), is fed the same processes and calls in the same
 /// order: one read of the memory calls feeds both.
-/// Returns the ledgers stored (without context).
+/// Returns what the site and allocator rollups take of the ledgers stored
+/// (without context), and the processes that exited ([`retirable`]).
 pub(crate) fn write(
     conn: &Connection,
+    listed: &BTreeSet<u32>,
     mut run: Option<&mut LedgerBuilder>,
     mut also: impl FnMut(&CallEvent, i64),
 ) -> rusqlite::Result<Written> {
@@ -53,7 +54,7 @@ pub(crate) fn write(
     // What each process held per site at its peak comes out of the same
     // replay (the site rollup's "live at the peak"): no second one.
     let mut b = LedgerBuilder::new(None).with_peak_sites();
-    let mut pids = listed_pids(conn)?;
+    let mut pids = listed.clone();
     if let Some(r) = run.as_deref_mut() {
         for &pid in &pids {
             r.track(pid);
@@ -62,9 +63,13 @@ pub(crate) fn write(
     // A process that exited is finished once the replay passes its exit
     // (its calls all returned before), so the file's ledger holds one
     // finished ledger per exited process, not its replay (round 46). The
-    // run's carried ledger keeps every process (`crate::run_ledger`).
-    let mut exits = retirable(conn)?.into_iter().peekable();
-    let mut out = Written::default();
+    // run's carried ledger retires them once stored (`crate::run_ledger`).
+    let exited = retirable(conn)?;
+    let mut out = Written {
+        exited: exited.iter().map(|&(_, pid)| pid).collect(),
+        ..Written::default()
+    };
+    let mut exits = exited.into_iter().peekable();
     // Each exited process's ledger stored as it is finished, its replay and
     // its ledger then dropped: what is held is what the site and allocator
     // rollups take from it (`LedgerEnd`).
@@ -131,7 +136,7 @@ pub(crate) fn listed_pids(conn: &Connection) -> rusqlite::Result<BTreeSet<u32>> 
 /// one's ledger is final once the return-order replay passes its exit. A
 /// pid with a call after its exit (a pid reused, or a clock's slip) is left
 /// to the end, so no process is finished before its last call.
-pub(crate) fn retirable(conn: &Connection) -> rusqlite::Result<Vec<(u64, u32)>> {
+fn retirable(conn: &Connection) -> rusqlite::Result<Vec<(u64, u32)>> {
     let mut st = conn.prepare(
         "SELECT p.exit_ns, p.pid FROM processes p
          LEFT JOIN (SELECT pid, max(last_end_ns) AS last FROM call_groups GROUP BY pid) g
@@ -158,6 +163,8 @@ pub(crate) struct Written {
     /// By pid.
     pub ends: Vec<LedgerEnd>,
     pub at_peak: BTreeMap<u32, LiveByStack>,
+    /// The processes that exited in the file ([`retirable`]), by exit.
+    pub exited: Vec<u32>,
 }
 
 impl Written {

@@ -84,6 +84,17 @@ pub fn refuse_output_in_run(output: &Path, dir: &Path) -> Result<(), StoreError>
 }
 
 /// The file names of `paths` (a run's files), for an answer that names them.
+/// The files of `files` (a run's, oldest first) before `last`, newest
+/// first: where a reader of `last` looks for what the run's carried
+/// ledger retired before it (`run_ledger`, round 47).
+pub(crate) fn before_newest_first<'a>(
+    files: &'a [PathBuf],
+    last: &Path,
+) -> impl Iterator<Item = &'a PathBuf> {
+    let n = files.iter().position(|f| f == last).unwrap_or(files.len());
+    files[..n].iter().rev()
+}
+
 pub fn file_names(paths: &[PathBuf]) -> Vec<String> {
     paths.iter().map(|p| file_name(p)).collect()
 }

@@ -214,11 +214,7 @@ impl RunLean {
         last: &Path,
         pids: &[u32],
     ) -> Result<(EndViews, MomentViews), StoreError> {
-        let earlier = self.step_files.iter().take_while(|f| f.as_path() != last);
-        let earlier = earlier
-            .collect::<Vec<_>>()
-            .into_iter()
-            .rev()
+        let earlier = crate::run::before_newest_first(&self.step_files, last)
             .map(|p| Trace::open_remembered(p, self.budget.clone(), &self.memo));
         crate::run_allocator::stored_where_exited(earlier, pids, &self.data)
     }
@@ -440,11 +436,7 @@ fn ledger_at_from_begin(
     // The last file's start state, and the final states of processes
     // retired before it began, from the chain's earlier files (all read,
     // those without `pid` too).
-    let before = visited.files.iter().take_while(|f| *f != last);
-    let earlier = before
-        .collect::<Vec<_>>()
-        .into_iter()
-        .rev()
+    let earlier = crate::run::before_newest_first(&visited.files, last)
         .map(|p| Trace::open_remembered(p, budget.clone(), memo));
     let Some(begin) = crate::run_ledger::begin_state_over(&trace, earlier, pid)? else {
         return Ok(None);

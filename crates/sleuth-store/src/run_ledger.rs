@@ -344,19 +344,21 @@ fn note_new_chain(conn: &Connection, file: u64, why: &str) -> rusqlite::Result<(
     )
 }
 
-/// The processes of the carried ledger that exited in this file (no call
-/// of theirs ended after their exit), to be retired once their final
-/// ledger is stored (round 47): a process that exited keeps nothing live
+/// The processes of the carried ledger among those that exited in this
+/// file (`exited`: no call of theirs ended after their exit, as the file's
+/// own ledger found them), to be retired once their final ledger is
+/// stored (round 47): a process that exited keeps nothing live
 /// in the GPU, so a node agent that sees short-lived processes come and go
 /// carries only those alive (before, every process the run had seen, and
 /// the chain stopped after ~1,900 of them). A process whose allocator
 /// views are carried (`run_allocator`) is retired from them too, once this
 /// file stored its views (readers take them from this file:
 /// `RunLean::carried_views`).
-fn exited_here(conn: &Connection, c: &Carried) -> rusqlite::Result<Vec<u32>> {
-    let exits = crate::ledger_rollup::retirable(conn)?;
-    let held = |pid: &u32| c.builder.holds(*pid);
-    Ok(exits.into_iter().map(|(_, pid)| pid).filter(held).collect())
+fn exited_here(exited: Vec<u32>, c: &Carried) -> Vec<u32> {
+    exited
+        .into_iter()
+        .filter(|&pid| c.builder.holds(pid))
+        .collect()
 }
 
 /// Stores the final replay state and per-site tally of each process of
@@ -395,11 +397,11 @@ pub(crate) fn write(
     also: impl FnMut(&CallEvent, i64),
     with_own: impl FnOnce(crate::ledger_rollup::Written) -> rusqlite::Result<()>,
 ) -> rusqlite::Result<Option<CarryState>> {
+    let listed = crate::ledger_rollup::listed_pids(conn)?;
     let Some((link, mut c, pinned_at_end, allocator_pids)) = run else {
-        with_own(crate::ledger_rollup::write(conn, None, also)?)?;
+        with_own(crate::ledger_rollup::write(conn, &listed, None, also)?)?;
         return Ok(None);
     };
-    let listed = crate::ledger_rollup::listed_pids(conn)?;
     if let Some(pid) = listed.iter().find(|&&p| c.retired.contains(p)) {
         note_new_chain(
             conn,
@@ -415,12 +417,13 @@ pub(crate) fn write(
     let mut tally = std::mem::take(&mut c.tally);
     let mut allocator = std::mem::take(&mut c.allocator);
     let mut also = also;
-    let own = crate::ledger_rollup::write(conn, Some(&mut c.builder), |call, id| {
+    let mut own = crate::ledger_rollup::write(conn, &listed, Some(&mut c.builder), |call, id| {
         tally.entry(call.pid).or_default().add(call, id);
         allocator.saw(call);
         also(call, id);
     })?;
     c.tally = tally;
+    let exited = exited_here(std::mem::take(&mut own.exited), &c);
     // The file's own ledgers are used and dropped before the run's are
     // listed: each lists the live allocations (88 bytes each), and holding
     // both at once was the completion's peak (docs/benchmarks.md).
@@ -430,7 +433,6 @@ pub(crate) fn write(
     // bytes the run's ledger's.
     allocator.write(conn, &run, allocator_pids)?;
     c.allocator = allocator;
-    let exited = exited_here(conn, &c)?;
     named.extend(store_exited(conn, &c, &exited)?);
     c.stacks = copy_stacks(conn, &run, named, std::mem::take(&mut c.stacks))?;
     conn.execute_batch(CREATE)?;
@@ -684,12 +686,12 @@ pub(crate) fn stores_begin_state(trace: &Trace) -> Result<bool, StoreError> {
 /// The run's ledger as `last` began, of process `pid` (all when None),
 /// over the whole run: `earlier` opens the files of its intact chain read
 /// before it, newest first (each file, whether or not it holds `pid`: a
-/// process's final state is in a file after its last call). The last file's
+/// process may exit in a file without a call there). The last file's
 /// stored state holds every process the carried ledger held then; a
-/// process retired at its exit two files or more before (round 47) has
-/// its final state in the start state of the file after the one it
-/// exited in, so the earlier files' states are read back too, each
-/// process from the latest file that holds it. None when a file stored no
+/// process retired at its exit before it began (round 47) has its final
+/// state in the `run_ledger_exited` of the file it exited in, so those of
+/// the earlier files are read too, each process from the latest file that
+/// holds it, while a file says some process was retired. None when a file stored no
 /// such state (an older gpusleuth, a file that is not part of a `--rotate`
 /// run) or its chain does not start at the run's file 1; an error naming
 /// `run_ledger_begin` for a table, a meta value or a state no tracer writes.

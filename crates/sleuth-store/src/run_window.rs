@@ -181,10 +181,9 @@ impl RunLast {
         };
         // The final states of processes retired before it began are in
         // the chain's earlier files (each one, from file 1).
-        let earlier = self.files.iter().take_while(|(n, _)| *n < file);
-        let earlier = earlier
-            .collect::<Vec<_>>()
-            .into_iter()
+        let before = self.files.partition_point(|(n, _)| *n < file);
+        let earlier = self.files[..before]
+            .iter()
             .rev()
             .map(|(_, path)| open_in_run(path, &self.budget, memo));
         let Some(begin) = crate::run_ledger::begin_state_over(&trace, earlier, scope.pid)? else {
