@@ -244,10 +244,7 @@ fn a_runs_allocator_views_are_those_of_its_events_loaded_as_one_trace() {
     );
     // Without the carried views (a file of an older gpusleuth) the
     // replay answers, and reads file 3.
-    rusqlite::Connection::open(damaged.join(part_name(4)))
-        .unwrap()
-        .execute_batch("DELETE FROM meta WHERE key = 'run_allocator'")
-        .unwrap();
+    drop_carried_views(&damaged, 4..=4);
     let err = load(&damaged, None, budget())
         .unwrap()
         .explanation()
@@ -342,6 +339,17 @@ fn assert_whole_traces_views(
     assert_eq!(&allocator_answers(&e), want_answers, "{}", dir.display());
 }
 
+/// Leaves out of `run`'s files `files` the views the tracer carried (as
+/// files of an older gpusleuth): a reader then replays them.
+fn drop_carried_views(run: &Path, files: std::ops::RangeInclusive<u64>) {
+    for n in files {
+        rusqlite::Connection::open(run.join(part_name(n)))
+            .unwrap()
+            .execute_batch("DELETE FROM meta WHERE key = 'run_allocator'")
+            .unwrap();
+    }
+}
+
 /// Copies of `run`'s files `files` into `dir`.
 fn copy_run(run: &Path, dir: &Path, files: std::ops::RangeInclusive<u64>) {
     std::fs::create_dir_all(dir).unwrap();
@@ -378,10 +386,7 @@ fn the_views_the_tracer_carried_are_the_replays_and_cover_deleted_files() {
     // give the whole trace's views and findings.
     let replayed = dir.join("replayed");
     copy_run(&run, &replayed, 1..=6);
-    rusqlite::Connection::open(replayed.join(part_name(6)))
-        .unwrap()
-        .execute_batch("DELETE FROM meta WHERE key = 'run_allocator'")
-        .unwrap();
+    drop_carried_views(&replayed, 6..=6);
     for d in [&run, &replayed] {
         assert_whole_traces_views(d, &data, &want_answers);
     }
@@ -405,10 +410,7 @@ fn the_views_the_tracer_carried_are_the_replays_and_cover_deleted_files() {
     assert!(last.files.len() >= 2, "{} files", last.files.len());
     let got = last.allocator_views(None, &memo, &data).unwrap();
     assert_same(&json(got.end()), &json(&want), "kept window");
-    rusqlite::Connection::open(kept.join(part_name(6)))
-        .unwrap()
-        .execute_batch("DELETE FROM meta WHERE key = 'run_allocator'")
-        .unwrap();
+    drop_carried_views(&kept, 6..=6);
     let r = load_memory(&kept, None, budget(), &CheckMemo::new()).unwrap();
     assert_ne!(
         json(&r.allocator_views().unwrap()),
@@ -445,10 +447,7 @@ fn the_views_the_tracer_carried_are_the_replays_and_cover_deleted_files() {
     assert!(moved > 10, "{moved} events moved");
     let late_replayed = dir.join("late_replayed");
     copy_run(&late, &late_replayed, 1..=6);
-    rusqlite::Connection::open(late_replayed.join(part_name(6)))
-        .unwrap()
-        .execute_batch("DELETE FROM meta WHERE key = 'run_allocator'")
-        .unwrap();
+    drop_carried_views(&late_replayed, 6..=6);
     let views = |d: &Path| {
         let r = load_memory(d, None, budget(), &CheckMemo::new()).unwrap();
         json(&r.allocator_views().unwrap())
@@ -620,12 +619,7 @@ fn a_process_that_exits_leaves_its_views_in_the_file_it_exited_in() {
     let want_answers = allocator_answers(&one.explanation());
     let replayed = dir.join("replayed");
     copy_run(&run, &replayed, 1..=6);
-    for n in 1..=6 {
-        rusqlite::Connection::open(replayed.join(part_name(n)))
-            .unwrap()
-            .execute_batch("DELETE FROM meta WHERE key = 'run_allocator'")
-            .unwrap();
-    }
+    drop_carried_views(&replayed, 1..=6);
     for d in [&run, &replayed] {
         assert_whole_traces_views(d, &data, &want_answers);
     }
@@ -653,12 +647,7 @@ fn a_process_that_exits_leaves_its_views_in_the_file_it_exited_in() {
     let last = sleuth_store::run_window::last_of_run(&kept, end, &budget(), &memo).unwrap();
     let got = last.allocator_views(Some(200), &memo, &data).unwrap();
     assert_same(&json(got.end()), &json(&want), "kept window");
-    for n in exit_file..=6 {
-        rusqlite::Connection::open(kept.join(part_name(n)))
-            .unwrap()
-            .execute_batch("DELETE FROM meta WHERE key = 'run_allocator'")
-            .unwrap();
-    }
+    drop_carried_views(&kept, exit_file..=6);
     let r = load_memory(&kept, Some(200), budget(), &CheckMemo::new()).unwrap();
     assert_ne!(
         json(&r.allocator_views().unwrap()),
