@@ -42,7 +42,7 @@ pub fn stats_of(db: &Path, pid: Option<u32>) -> anyhow::Result<sleuth_core::stat
 pub fn note_unfinished(files: &[std::path::PathBuf]) {
     for f in files {
         eprintln!(
-            "gpusleuth: note: {}: not finished (still being written, or its writer was killed): not in this answer",
+            "gpusleuth: note: {}: not finished (still being written, or its tracer was killed: `gpusleuth finish --db` it): not in this answer",
             terminal_safe(&f.display().to_string())
         );
     }

@@ -64,6 +64,8 @@ enum Command {
     Merge(cmd::merge::Args),
     /// Import another tool's trace (Ingero) into a gpusleuth database.
     Import(cmd::import::Args),
+    /// Complete trace files whose tracer was killed before finishing them (a file, a run, or runs).
+    Finish(cmd::finish::Args),
     /// Check this machine: kernel, BTF, privileges, tracefs, CUDA libraries, NVML.
     Check(cmd::check::Args),
     /// Run the whole pipeline on a built-in simulated CUDA workload and explain it.
@@ -94,6 +96,7 @@ fn runs_no_callers_sql(command: &Command) -> bool {
             | Command::Export(_)
             | Command::Merge(_)
             | Command::Import(_)
+            | Command::Finish(_)
     )
 }
 
@@ -117,6 +120,7 @@ fn main() {
         Command::Query(a) => cmd::query::run(a),
         Command::Merge(a) => cmd::merge::run(a),
         Command::Import(a) => cmd::import::run(a),
+        Command::Finish(a) => cmd::finish::run(a),
         Command::Check(a) => cmd::check::run(a),
         #[cfg(feature = "sim")]
         Command::Demo(a) => cmd::demo::run(a),

@@ -217,7 +217,7 @@ pub(crate) fn unfinished_notes(files: &[std::path::PathBuf], last_hint: bool) ->
         .into_iter()
         .map(|f| {
             format!(
-                "{f}: not finished (still being written, or its writer was killed): not in this answer{hint}"
+                "{f}: not finished (still being written, or its tracer was killed: `gpusleuth finish --db` it): not in this answer{hint}"
             )
         })
         .collect()

@@ -32,8 +32,20 @@ pub(crate) fn complete(
     rollup: &Rollup,
     run: Option<&RunLink>,
 ) -> rusqlite::Result<u64> {
+    complete_after(conn, rollup, run, |_| Ok(()))
+}
+
+/// [`complete`], with `first` run in the same transaction before it (`gpusleuth
+/// finish` drops the windows it made again and notes who completed the file).
+pub(crate) fn complete_after(
+    conn: &mut Connection,
+    rollup: &Rollup,
+    run: Option<&RunLink>,
+    first: impl FnOnce(&Connection) -> rusqlite::Result<()>,
+) -> rusqlite::Result<u64> {
     let cpu_at_start = crate::writer::thread_cpu_ns();
     let tx = conn.transaction()?;
+    first(&tx)?;
     complete_processes(&tx, rollup)?;
     // The run's state when this file began: the copies are judged against
     // the host ranges pinned in its earlier files (`run_pinned`).

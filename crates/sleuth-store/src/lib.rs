@@ -25,6 +25,7 @@ mod error;
 pub mod file_clock;
 mod file_steps;
 mod finalize;
+pub mod finish;
 mod thread_pass;
 mod thread_windows;
 pub use finalize::COMPLETION_CPU_STAT;

@@ -297,7 +297,7 @@ fn read_only_uri(path: &Path) -> Result<String, StoreError> {
     Ok(uri)
 }
 
-fn harden(conn: &Connection) -> rusqlite::Result<()> {
+pub(crate) fn harden(conn: &Connection) -> rusqlite::Result<()> {
     conn.set_db_config(DbConfig::SQLITE_DBCONFIG_TRUSTED_SCHEMA, false)?;
     conn.set_db_config(DbConfig::SQLITE_DBCONFIG_DEFENSIVE, true)?;
     conn.execute_batch(

@@ -341,7 +341,7 @@ fn check_moment(
         );
         if let Some(live) = incomplete.last() {
             msg.push_str(&format!(
-                "; {} is still being written: read it alone (--db that file)",
+                "; {} is not finished (still being written: read it alone, --db that file; or its tracer was killed: `gpusleuth finish --db` it)",
                 crate::run::file_name(live)
             ));
         }

@@ -204,6 +204,24 @@ impl RunLink {
         }
     }
 
+    /// File `n` of run `run_id` (a new id when None: no finished file of
+    /// the run names it), for completing files their tracer left
+    /// unfinished (`gpusleuth finish`): the ledger that tracer carried is
+    /// gone with it, so file `n` starts a new chain (why: `why`, noted in
+    /// the file; file 1 starts the run's), and files finished after it
+    /// through [`Self::for_file`] continue that chain.
+    pub fn for_unfinished(run_id: Option<&str>, n: u64, why: &str) -> RunLink {
+        let state = match n {
+            1 => CarryState::Start,
+            _ => CarryState::Broken(why.to_string()),
+        };
+        RunLink {
+            run_id: run_id.map_or_else(|| random_id().into(), Into::into),
+            file: n,
+            state: Arc::new(Mutex::new(state)),
+        }
+    }
+
     /// The same run, for its file `n`.
     pub fn for_file(&self, n: u64) -> RunLink {
         RunLink {
@@ -550,6 +568,12 @@ fn copy_stacks(
         // Neither: the stack never reached a file (`LOST`), as in a replay.
     }
     Ok(out)
+}
+
+/// The id of the run a finished file belongs to (`meta.run_id`), None for
+/// a file without a link (see [`link`]).
+pub fn run_id_of(trace: &Trace) -> Result<Option<String>, StoreError> {
+    Ok(link(trace)?.map(|l| l.run_id))
 }
 
 /// One file's link to a run's carried ledger, as read back.

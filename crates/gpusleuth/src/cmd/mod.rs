@@ -10,6 +10,7 @@ pub mod check;
 pub mod demo;
 pub mod explain;
 pub mod export;
+pub mod finish;
 pub mod import;
 pub mod mcp;
 pub mod memory;

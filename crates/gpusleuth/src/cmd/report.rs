@@ -240,7 +240,7 @@ fn window_reads(
 fn note_unfinished_outside_the_window(files: &[PathBuf]) {
     for f in files {
         eprintln!(
-            "gpusleuth: note: {}: not finished (still being written, or its writer was killed): in the window's sections, not in the run's charts, call sites and processes",
+            "gpusleuth: note: {}: not finished (still being written, or its tracer was killed: `gpusleuth finish --db` it): in the window's sections, not in the run's charts, call sites and processes",
             crate::term_text::terminal_safe(&f.display().to_string())
         );
     }

@@ -527,6 +527,32 @@ struct Stored {
     op_counts: Vec<sleuth_core::OpCount>,
 }
 
+/// This file's share of the kernel's counters (`now` minus what earlier
+/// files stored, `before`), each under its class's name (drop_, edge_, or
+/// bare), and the tracer's pid, which lets `explain` recognise the
+/// tracer's own threads (never culprits). Stored at the file's end with
+/// the rest, and every second while it is written ([`COUNTERS_EVERY`]): a
+/// file whose tracer is killed says what was lost up to then and whose
+/// threads were the tracer's, not the zeros it starts with.
+fn store_kernel_counters(
+    handle: &WriterHandle,
+    now: &[u64; stat::MAX],
+    before: &[u64; stat::MAX],
+) -> Result<(), sleuth_store::StoreError> {
+    for (i, (n, b)) in now.iter().zip(before).enumerate() {
+        if let Some(name) = sleuth_store::drop_stat_name(i) {
+            handle.set_stat(name, n.saturating_sub(*b))?;
+        }
+    }
+    handle.set_stat(
+        sleuth_core::threads::TRACER_PID_STAT,
+        u64::from(std::process::id()),
+    )
+}
+
+/// How often the kernel's counters are stored while a file is written.
+const COUNTERS_EVERY: Duration = Duration::from_secs(1);
+
 /// Stores the session's counters minus what `before` says earlier files
 /// stored; returns the new totals.
 fn store_counters(
@@ -539,17 +565,7 @@ fn store_counters(
         counts: session.counts(),
         op_counts: session.op_counts(),
     };
-    // Each kernel counter under its class's name (drop_, edge_, or bare).
-    for (i, (n, b)) in now.counters.iter().zip(&before.counters).enumerate() {
-        if let Some(name) = sleuth_store::drop_stat_name(i) {
-            handle.set_stat(name, n.saturating_sub(*b))?;
-        }
-    }
-    // Lets `explain` recognise the tracer's own threads (never culprits).
-    handle.set_stat(
-        sleuth_core::threads::TRACER_PID_STAT,
-        u64::from(std::process::id()),
-    )?;
+    store_kernel_counters(handle, &now.counters, &before.counters)?;
     let (c, b) = (now.counts, before.counts);
     handle.set_stat("events_call", c.calls.saturating_sub(b.calls))?;
     handle.set_stat("events_wait", c.waits.saturating_sub(b.waits))?;
@@ -770,6 +786,10 @@ fn trace_loop(
     }
     let mut last_render = Instant::now();
     let mut last_place = Instant::now();
+    // Now, not a second later: the tracer's pid from the file's first batch.
+    let mut last_counters = Instant::now()
+        .checked_sub(COUNTERS_EVERY)
+        .unwrap_or_else(Instant::now);
     let mut child_exit: Option<i32> = None;
     let mut child_exit_at: Option<Instant> = None;
     // Whether the loop ended because --duration was reached.
@@ -848,6 +868,14 @@ fn trace_loop(
             session.rescan(&pids, |c| sinks.take(c));
             // With every rescan: a traced program may change its affinity or start threads.
             place(&mut placement, &session, &pids, &mut sinks);
+        }
+        if last_counters.elapsed() >= COUNTERS_EVERY {
+            last_counters = Instant::now();
+            let before = rotation
+                .as_ref()
+                .map_or([0; stat::MAX], |r| r.stored.counters);
+            let r = store_kernel_counters(&handle, &session.losses().counters(), &before);
+            sinks.check(r);
         }
         if last_render.elapsed() >= Duration::from_secs(if live_tty() { 1 } else { 5 }) {
             last_render = Instant::now();

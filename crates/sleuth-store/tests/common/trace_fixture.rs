@@ -68,7 +68,38 @@ pub fn two_processes() -> TraceData {
 /// Writes `data` through a fresh writer (events in time order), which
 /// stores the rollups and the finding rollups when it finishes.
 pub fn rewrite(data: &TraceData, path: &Path) {
-    rewrite_with(data, path, WriterOptions::default(), session(), |_| {});
+    rewrite_with(
+        data,
+        path,
+        WriterOptions::default(),
+        session(),
+        |_| {},
+        |_| {},
+    );
+}
+
+/// [`rewrite_with_options`], also leaving at `unfinished` the file as a
+/// tracer killed just before its completion would have: every event
+/// committed (the main file and its `-wal` copied while the writer waits),
+/// nothing of the completion.
+pub fn rewrite_leaving_unfinished(
+    data: &TraceData,
+    path: &Path,
+    opts: WriterOptions,
+    unfinished: &Path,
+) {
+    rewrite_with(data, path, opts, session(), context_of(data), |h| {
+        h.flush().unwrap();
+        std::fs::copy(path, unfinished).unwrap();
+        let wal = |p: &Path| {
+            let mut s = p.as_os_str().to_owned();
+            s.push("-wal");
+            PathBuf::from(s)
+        };
+        if wal(path).exists() {
+            std::fs::copy(wal(path), wal(unfinished)).unwrap();
+        }
+    });
 }
 
 /// [`rewrite`], also writing what the report draws besides the calls and
@@ -91,7 +122,13 @@ pub fn rewrite_in_session(
     opts: WriterOptions,
     session: SessionInfo,
 ) {
-    rewrite_with(data, path, opts, session, |h| {
+    rewrite_with(data, path, opts, session, context_of(data), |_| {});
+}
+
+/// What [`rewrite_in_session`] writes before the events: call sites, NVML
+/// samples and process lifecycle events.
+fn context_of(data: &TraceData) -> impl FnOnce(&WriterHandle) + '_ {
+    |h| {
         for s in data.stacks.values() {
             h.add_stack(s.clone()).unwrap();
         }
@@ -102,16 +139,18 @@ pub fn rewrite_in_session(
         for p in &data.procs {
             h.send(Event::Proc(p.clone())).unwrap();
         }
-    });
+    }
 }
 
-/// [`rewrite`] with `before` writing more before the events.
+/// [`rewrite`] with `before` writing more before the events and `after`
+/// called once they are sent, before the writer finishes.
 fn rewrite_with(
     data: &TraceData,
     path: &Path,
     opts: WriterOptions,
     session: SessionInfo,
     before: impl FnOnce(&WriterHandle),
+    after: impl FnOnce(&WriterHandle),
 ) {
     let w = TraceWriter::create(path, session, opts).unwrap();
     let h = w.handle();
@@ -135,6 +174,7 @@ fn rewrite_with(
     for (_, e) in events {
         h.send(e).unwrap();
     }
+    after(&h);
     drop(h);
     w.finish().unwrap();
 }

@@ -1,0 +1,148 @@
+//! Completing a file whose tracer stopped before completing it
+//! (`gpusleuth finish`, issue 16 round 48).
+//!
+//! A tracer killed (SIGKILL, the OOM killer, a node that went down) leaves
+//! its file with every committed batch but none of what the completion
+//! writes: no rollups, call groups, finding aggregates, ledger or allocator
+//! views. Every reader then streams the whole file (a 3.5M-call file: 12 s
+//! per `explain`), and a reader of a `--rotate` run leaves it out of the
+//! run's answers altogether. The completion needs one thing the file does
+//! not hold: the windows the writer kept in memory for each calling thread
+//! (`Rollup`). They are made again here from the call rows in the order the
+//! writer stored them (row ids follow the order calls reached it, and it
+//! added each stored call to its windows as it stored it), so the windows,
+//! and with them every answer, are the ones the tracer's own completion
+//! would have given; the windows it had set aside at processes' exits
+//! (`thread_windows`) are dropped first, as they are part of the same rows.
+//! Then the tracer's own completion runs ([`crate::finalize::complete`]) in
+//! one transaction: a failure leaves the file as it was.
+//!
+//! What the killed tracer held otherwise is not in the file and stays
+//! missing: the counters of its last uncommitted batch, its end time
+//! (`session.end_mono_ns` stays NULL) and, for a file of a run, the run's
+//! ledger it carried from the previous file: the file starts a new chain
+//! (noted; readers replay the memory calls of a run read across it), and
+//! the run's next unfinished files finished with the same [`RunLink`]
+//! continue it.
+
+use crate::finalize;
+use crate::open::short;
+use crate::reader::Trace;
+use crate::rows::{call_from_row_by_op_id, OpIds};
+use crate::run_ledger::RunLink;
+use crate::{StoreError, TraceSource, SCHEMA_VERSION};
+use rusqlite::{Connection, OpenFlags};
+use sleuth_core::rollup::Rollup;
+use std::path::Path;
+
+/// What [`finish`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finished {
+    /// The file was completed: its call rows and the culprit rows written.
+    Completed { calls: u64, culprit_rows: u64 },
+    /// The file already holds what its completion writes (nothing done).
+    AlreadyComplete,
+}
+
+/// Why a file cannot be finished, before anything is written: a one-line
+/// reason, or None when it can.
+fn refusal(trace: &Trace) -> Result<Option<String>, StoreError> {
+    if trace.source() != TraceSource::Gpusleuth {
+        return Ok(Some(
+            "imported from another tool: it is read from its rows (finish completes gpusleuth's own traces)"
+                .into(),
+        ));
+    }
+    if !trace.merge_nodes()?.is_empty() {
+        return Ok(Some(
+            "a merged trace: it is read from its rows (finish completes the files a tracer wrote)"
+                .into(),
+        ));
+    }
+    if trace.version() != SCHEMA_VERSION {
+        return Ok(Some(format!(
+            "written by an older gpusleuth (schema version {}; this build completes version {SCHEMA_VERSION}): it is read from its rows",
+            trace.version()
+        )));
+    }
+    Ok(None)
+}
+
+/// Completes the trace file at `path`, left unfinished by its tracer, as
+/// that tracer's completion would have (`link`: the file's place in a
+/// `--rotate` run, None for a file of its own). The caller makes sure no
+/// process has the file open: a tracer still writing it, or completing it,
+/// would find it changed under it.
+pub fn finish(path: &Path, link: Option<&RunLink>) -> Result<Finished, StoreError> {
+    // The checks every reader runs, the call and wait tables' included:
+    // the completion reads every row, so it reads only what they passed.
+    let trace = Trace::open(path)?;
+    if trace.has_rollups()? {
+        return Ok(Finished::AlreadyComplete);
+    }
+    if let Some(why) = refusal(&trace)? {
+        return Err(StoreError::file(path, why));
+    }
+    trace.bulk()?;
+    drop(trace);
+    let mut conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(|e| StoreError::file(path, format!("cannot open to write: {}", short(&e))))?;
+    crate::open::harden(&conn).map_err(|e| sqlite(path, e))?;
+    let (rollup, calls) = windows_from_rows(&conn).map_err(|e| sqlite(path, e))?;
+    // One transaction: a failure leaves the file as the tracer left it.
+    let culprit_rows = finalize::complete_after(&mut conn, &rollup, link, |tx| {
+        crate::thread_windows::drop_table(tx)?;
+        note_finished(tx)
+    })
+    .map_err(|e| sqlite(path, e))?;
+    // One self-contained file, as the tracer leaves it.
+    conn.pragma_update(None, "journal_mode", "DELETE")
+        .map_err(|e| sqlite(path, e))?;
+    Ok(Finished::Completed {
+        calls,
+        culprit_rows,
+    })
+}
+
+fn sqlite(path: &Path, e: rusqlite::Error) -> StoreError {
+    StoreError::Sqlite {
+        path: path.to_path_buf(),
+        source: e,
+    }
+}
+
+/// Every calling thread's windows, as the writer made them: each stored
+/// call added in row-id order (the order the writer stored them); and the
+/// number of call rows.
+fn windows_from_rows(conn: &Connection) -> rusqlite::Result<(Rollup, u64)> {
+    let op_ids = OpIds::of(conn)?;
+    let sql = crate::stream::own_calls_sql_by_op_id("ORDER BY id");
+    let mut st = conn.prepare(&sql)?;
+    let mut rows = st.query([])?;
+    let mut rollup = Rollup::default();
+    let mut n = 0u64;
+    while let Some(row) = rows.next()? {
+        n += 1;
+        // A row of an op this build does not know was not stored by it.
+        if let Some(s) = call_from_row_by_op_id(row, &op_ids)? {
+            rollup.add_call(&s.call);
+        }
+    }
+    Ok((rollup, n))
+}
+
+/// The note that says who completed the file and what it lacks.
+fn note_finished(conn: &Connection) -> rusqlite::Result<()> {
+    let text =
+        "finished by `gpusleuth finish`: its tracer stopped before completing it (killed?); \
+                what it had not committed is not here, and its end time is not known";
+    crate::writer::insert_note(
+        conn,
+        crate::file_clock::now_on_file_clock(conn)?,
+        crate::NoteLevel::Warn.as_str(),
+        text,
+    )
+}

@@ -1,0 +1,293 @@
+//! `sleuth_store::finish`: a file its tracer left unfinished (killed just
+//! before its completion) completed afterwards holds what the tracer's own
+//! completion would have written, row for row; in a run, the file's answers
+//! rejoin the run's (issue 16, round 48).
+
+mod common;
+
+use common::allocator_workload::{random_allocator_workload, write_run};
+use common::trace_fixture::{rewrite_leaving_unfinished, two_processes};
+use common::{session, TempDir};
+use rusqlite::Connection;
+use sleuth_core::Event;
+use sleuth_store::finish::{finish, Finished};
+use sleuth_store::run_ledger::RunLink;
+use sleuth_store::{CheckMemo, ReadBudget, Trace, TraceWriter, WriterOptions};
+use std::path::{Path, PathBuf};
+
+/// Every row of every table (and every index's definition) of `db`, as
+/// text, sorted, but the rows `skip` says to leave out: the completion's
+/// whole output compared at once.
+fn contents(db: &Path, skip: &dyn Fn(&str, &[String]) -> bool) -> Vec<String> {
+    let c = Connection::open(db).unwrap();
+    let mut out: Vec<String> = Vec::new();
+    let tables: Vec<(String, String, String)> = c
+        .prepare("SELECT type, name, coalesce(sql, '') FROM sqlite_master ORDER BY name")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    for (kind, name, sql) in tables {
+        out.push(format!("{kind} {name}: {sql}"));
+        if kind != "table" || name.starts_with("sqlite_") {
+            continue;
+        }
+        let mut st = c.prepare(&format!("SELECT * FROM \"{name}\"")).unwrap();
+        let n = st.column_count();
+        let mut rows = st.query([]).unwrap();
+        let mut lines = Vec::new();
+        while let Some(r) = rows.next().unwrap() {
+            let cells: Vec<String> = (0..n)
+                .map(|i| match r.get_ref(i).unwrap() {
+                    rusqlite::types::ValueRef::Text(t) => String::from_utf8_lossy(t).into_owned(),
+                    v => format!("{v:?}"),
+                })
+                .collect();
+            if !skip(&name, &cells) {
+                lines.push(format!("{name} {}", cells.join("|")));
+            }
+        }
+        lines.sort();
+        out.extend(lines);
+    }
+    out
+}
+
+/// What the tracer's completion and `finish` may write differently: the
+/// note `finish` adds, and what each measured of itself (CPU times,
+/// batches).
+fn not_compared(table: &str, cells: &[String]) -> bool {
+    let first = cells.first().map(String::as_str).unwrap_or("");
+    match table {
+        "notes" => cells
+            .iter()
+            .any(|c| c.contains("finished by `gpusleuth finish`")),
+        "stats" => [
+            "tracer_cpu_ns_completion",
+            "writer_batches",
+            "writer_cpu_ns_commit",
+        ]
+        .iter()
+        .any(|s| first.contains(s)),
+        _ => false,
+    }
+}
+
+fn assert_same_lines(got: &[String], want: &[String]) {
+    let only_got: Vec<&String> = got.iter().filter(|l| !want.contains(l)).take(5).collect();
+    let only_want: Vec<&String> = want.iter().filter(|l| !got.contains(l)).take(5).collect();
+    assert!(
+        only_got.is_empty() && only_want.is_empty() && got.len() == want.len(),
+        "finish wrote {} rows where the tracer wrote {}; only finish's: {only_got:#?}; only the tracer's: {only_want:#?}",
+        got.len(),
+        want.len()
+    );
+}
+
+#[test]
+fn a_killed_tracers_file_finished_holds_what_its_own_completion_wrote() {
+    let dir = TempDir::new("finish_same");
+    let data = two_processes();
+    let (done, killed) = (dir.join("done.db"), dir.join("killed.db"));
+    rewrite_leaving_unfinished(&data, &done, WriterOptions::default(), &killed);
+    let t = Trace::open(&killed).unwrap();
+    assert!(
+        !t.has_rollups().unwrap(),
+        "left as a killed tracer leaves it"
+    );
+    drop(t);
+    let got = finish(&killed, None).unwrap();
+    assert_eq!(
+        got,
+        Finished::Completed {
+            calls: data.calls.len() as u64,
+            culprit_rows: Connection::open(&done)
+                .unwrap()
+                .query_row("SELECT count(*) FROM call_culprits", [], |r| r
+                    .get::<_, i64>(0))
+                .unwrap() as u64,
+        }
+    );
+    assert!(Trace::open(&killed).unwrap().has_rollups().unwrap());
+    assert_same_lines(
+        &contents(&killed, &not_compared),
+        &contents(&done, &not_compared),
+    );
+    // Said in the file, and one file again (no WAL beside it).
+    let c = Connection::open(&killed).unwrap();
+    let noted: i64 = c
+        .query_row(
+            "SELECT count(*) FROM notes WHERE text LIKE 'finished by `gpusleuth finish`%'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(noted, 1);
+    let mode: String = c
+        .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(mode, "delete");
+    drop(c);
+    // A second finish changes nothing.
+    let before = std::fs::read(&killed).unwrap();
+    assert_eq!(finish(&killed, None).unwrap(), Finished::AlreadyComplete);
+    assert_eq!(std::fs::read(&killed).unwrap(), before);
+}
+
+/// `events` written at `path` as file `n` of a run (`link`), with a copy
+/// of the file as a tracer killed before its completion leaves it at
+/// `unfinished`.
+fn write_leaving_unfinished(
+    path: &Path,
+    events: &[Event],
+    link: RunLink,
+    start: u64,
+    unfinished: &Path,
+) {
+    let info = sleuth_store::SessionInfo {
+        start_mono_ns: start,
+        ..session()
+    };
+    let opts = WriterOptions {
+        run: Some(link),
+        ..Default::default()
+    };
+    let w = TraceWriter::create(path, info, opts).unwrap();
+    let h = w.handle();
+    for e in events {
+        h.send(e.clone()).unwrap();
+    }
+    h.flush().unwrap();
+    std::fs::copy(path, unfinished).unwrap();
+    let wal = |p: &Path| PathBuf::from(format!("{}-wal", p.display()));
+    if wal(path).exists() {
+        std::fs::copy(wal(path), wal(unfinished)).unwrap();
+    }
+    drop(h);
+    w.finish().unwrap();
+}
+
+#[test]
+fn a_runs_last_file_finished_rejoins_the_runs_answers() {
+    let dir = TempDir::new("finish_run");
+    let (events, end) = random_allocator_workload(0x51ed_27a3_90c4_1b77);
+    // Two files completed by the tracer, the third killed before its
+    // completion: `finished/` gets it finished, `tracer/` the one the
+    // tracer would have completed had it lived.
+    let cuts = [1_000, end / 3, 2 * end / 3];
+    let (finished, tracer) = (dir.join("finished"), dir.join("tracer"));
+    write_run(&finished, &events, &cuts, end);
+    let in_last = |e: &&Event| common::allocator_workload::end_of(e) >= cuts[2];
+    let last: Vec<Event> = events.iter().filter(in_last).cloned().collect();
+    assert!(last.len() > 100, "{} events in the last file", last.len());
+    // The tracer's own run: the same first files and its third file
+    // completed in the same chain (the first two written again with one link).
+    std::fs::create_dir_all(&tracer).unwrap();
+    let link = RunLink::new_run();
+    for n in 1..=2u64 {
+        let k = n as usize - 1;
+        let part: Vec<Event> = events
+            .iter()
+            .filter(|e| (cuts[k]..cuts[k + 1]).contains(&common::allocator_workload::end_of(e)))
+            .cloned()
+            .collect();
+        common::allocator_workload::write(
+            &tracer.join(sleuth_store::run::part_name(n)),
+            &part,
+            (cuts[k], cuts[k + 1]),
+            Some(link.for_file(n)),
+        );
+    }
+    let part3 = sleuth_store::run::part_name(3);
+    write_leaving_unfinished(
+        &tracer.join(&part3),
+        &last,
+        link.for_file(3),
+        cuts[2],
+        &finished.join(&part3),
+    );
+
+    // Before: the run's answers leave the killed file out.
+    let memo = CheckMemo::new();
+    let budget = || ReadBudget::new(sleuth_store::DEFAULT_READ_TIMEOUT);
+    let stats = sleuth_store::run::run_stats(&finished, None).unwrap();
+    assert_eq!(stats.incomplete, vec![finished.join(&part3)]);
+
+    // Finished as `gpusleuth finish --db DIR` does: the run's id from its
+    // last finished file, a new chain from file 3.
+    let id = sleuth_store::run_ledger::run_id_of(
+        &Trace::open(&finished.join(sleuth_store::run::part_name(2))).unwrap(),
+    )
+    .unwrap();
+    assert!(id.is_some());
+    let l = RunLink::for_unfinished(id.as_deref(), 3, "its tracer was killed");
+    assert!(matches!(
+        finish(&finished.join(&part3), Some(&l)).unwrap(),
+        Finished::Completed { .. }
+    ));
+    let t = Trace::open(&finished.join(&part3)).unwrap();
+    assert!(common::has_note(
+        &t,
+        "run ledger: file 3 starts a new chain (its tracer was killed)"
+    ));
+    drop(t);
+
+    // After: the run answers over its three files, as the tracer's run.
+    let (got, want) = (
+        sleuth_store::run::run_stats(&finished, None).unwrap(),
+        sleuth_store::run::run_stats(&tracer, None).unwrap(),
+    );
+    assert!(got.incomplete.is_empty());
+    assert_eq!(got.files.len(), 3);
+    let json = |v: &dyn erased::Ser| v.json();
+    assert_eq!(json(&got.report), json(&want.report));
+    for pid in [None, Some(100), Some(200)] {
+        let (g, w) = (
+            sleuth_store::run_explain::load_memory(&finished, pid, budget(), &memo).unwrap(),
+            sleuth_store::run_explain::load_memory(&tracer, pid, budget(), &memo).unwrap(),
+        );
+        // Replayed across the new chain, where the tracer's chain answered.
+        assert!(g.replayed_memory_calls > 0 && w.replayed_memory_calls == 0);
+        assert_eq!(json(&g.ledgers), json(&w.ledgers), "pid {pid:?}");
+        assert_eq!(
+            json(&g.allocator_views().unwrap()),
+            json(&w.allocator_views().unwrap()),
+            "pid {pid:?}"
+        );
+    }
+}
+
+/// Serde values as JSON text, behind one trait object.
+mod erased {
+    pub trait Ser {
+        fn json(&self) -> String;
+    }
+    impl<T: serde::Serialize> Ser for T {
+        fn json(&self) -> String {
+            serde_json::to_string(self).unwrap()
+        }
+    }
+}
+
+#[test]
+fn what_finish_does_not_complete_is_refused_or_left_as_it_is() {
+    let dir = TempDir::new("finish_refused");
+    // A trace of an older version (the examples): complete as it is read.
+    let older = dir.join("older.db");
+    std::fs::copy(common::example("demo-sim.db"), &older).unwrap();
+    let before = std::fs::read(&older).unwrap();
+    let e = finish(&older, None).unwrap_err().to_string();
+    assert!(e.contains("older gpusleuth"), "{e}");
+    assert_eq!(std::fs::read(&older).unwrap(), before, "untouched");
+    // A file that is no trace at all.
+    let junk = dir.join("junk.db");
+    std::fs::write(&junk, b"not sqlite").unwrap();
+    assert!(finish(&junk, None).is_err());
+    // A complete file: nothing done.
+    let (done, killed) = (dir.join("done.db"), dir.join("killed.db"));
+    rewrite_leaving_unfinished(&two_processes(), &done, WriterOptions::default(), &killed);
+    let before = std::fs::read(&done).unwrap();
+    assert_eq!(finish(&done, None).unwrap(), Finished::AlreadyComplete);
+    assert_eq!(std::fs::read(&done).unwrap(), before);
+}
