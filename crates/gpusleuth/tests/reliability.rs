@@ -157,6 +157,116 @@ fn a_sigkilled_trace_leaves_a_readable_database_with_what_was_committed() {
     common::run_ok(common::gpusleuth().args(["stats", "--db"]).arg(sb.db()));
 }
 
+/// Which files of run `dir` hold complete rollups, in order.
+fn finished_files(dir: &std::path::Path) -> Vec<bool> {
+    let mut parts: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "db"))
+        .collect();
+    parts.sort();
+    parts
+        .iter()
+        .map(|p| {
+            let c = rusqlite::Connection::open(p).unwrap();
+            c.query_row(
+                "SELECT count(*) FROM meta WHERE key = 'rollups' AND value = '1'",
+                [],
+                |r| r.get::<_, i64>(0),
+            )
+            .unwrap()
+                == 1
+        })
+        .collect()
+}
+
+#[test]
+fn a_sigkilled_rotating_run_is_made_whole_again_by_finish() {
+    let Some(sb) = Sandbox::for_ebpf("sigkill-rotate") else {
+        return;
+    };
+    let ready = sb.path("ready");
+    let mut child = sb.spawn_trace(
+        &["--rotate", "300ms", "--ready-file", ready.to_str().unwrap()],
+        "repeat 2000 { churn 5; sleep 5 }",
+        None,
+    );
+    common::wait_for_file(&ready, 60);
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    let tracer = child.id();
+    // SAFETY: SIGKILL to the gpusleuth process this test spawned.
+    unsafe { libc::kill(tracer as i32, libc::SIGKILL) };
+    let _ = child.wait();
+    kill_workloads_of(&sb);
+    let dir = sb.db();
+    let before = finished_files(&dir);
+    assert!(before.len() >= 3, "{before:?}");
+    assert_eq!(
+        before.last(),
+        Some(&false),
+        "the file being written when killed"
+    );
+    // The run's answers leave it out, and say how to finish it.
+    let out = common::run_ok(common::gpusleuth().args(["stats", "--db"]).arg(&dir));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("not finished") && err.contains("gpusleuth finish"),
+        "{err}"
+    );
+
+    let out = common::run_ok(common::gpusleuth().args(["finish", "--db"]).arg(&dir));
+    let said = String::from_utf8_lossy(&out.stdout);
+    let unfinished = before.iter().filter(|f| !**f).count();
+    assert!(
+        said.contains(&format!(
+            "{unfinished} finished, {} already complete",
+            before.len() - unfinished
+        )),
+        "{said}"
+    );
+    assert!(finished_files(&dir).iter().all(|f| *f));
+    // Each file says whose threads were the tracer's (stored with its first
+    // batch and every second since), so none of them is a culprit.
+    for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+        let c = rusqlite::Connection::open(entry.path()).unwrap();
+        let pid: i64 = c
+            .query_row(
+                "SELECT value FROM stats WHERE name = 'tracer_pid'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(pid, i64::from(tracer), "{}", entry.path().display());
+    }
+    // The run answers over every file now: all the calls they hold.
+    let out = common::run_ok(
+        common::gpusleuth()
+            .args(["stats", "--json", "--db"])
+            .arg(&dir),
+    );
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("not finished"));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let counted: u64 = v["ops"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|o| o["count"].as_u64().filter(|_| o["p50_ns"].is_u64()))
+        .sum();
+    let stored: u64 = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| {
+            let c = rusqlite::Connection::open(e.path()).unwrap();
+            c.query_row("SELECT count(*) FROM calls", [], |r| r.get::<_, i64>(0))
+                .unwrap() as u64
+        })
+        .sum();
+    assert_eq!(counted, stored);
+    common::run_ok(common::gpusleuth().args(["explain", "--db"]).arg(&dir));
+    common::run_ok(common::gpusleuth().args(["memory", "--db"]).arg(&dir));
+}
+
 #[test]
 fn two_interrupts_stop_the_trace_cleanly_and_keep_everything() {
     let Some((sb, mut child)) = churn_traced("sigint") else {

@@ -107,6 +107,10 @@ pub struct WriterOptions {
     /// carries the run's memory ledger from the previous file
     /// (`crate::run_ledger`). None for a single trace.
     pub run: Option<crate::run_ledger::RunLink>,
+    /// The tracer's pid (`stats.tracer_pid`: its threads are never
+    /// culprits), stored when the file is created, so that a file whose
+    /// tracer is killed in its first batch names it too.
+    pub tracer_pid: Option<u32>,
 }
 
 /// Default size cap: 1 GiB.
@@ -122,6 +126,7 @@ impl Default for WriterOptions {
             overwrite: false,
             source: TraceSource::Gpusleuth,
             run: None,
+            tracer_pid: None,
         }
     }
 }

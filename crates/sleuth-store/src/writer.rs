@@ -67,13 +67,7 @@ impl TraceWriter {
         info: SessionInfo,
         opts: WriterOptions,
     ) -> Result<TraceWriter, StoreError> {
-        create_private_file(path, opts.overwrite)?;
-        let conn = Connection::open_with_flags(
-            path,
-            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-        )
-        .at(path)?;
-        init(&conn, &info, &opts).at(path)?;
+        let conn = create_initialized(path, &info, &opts)?;
         let (tx, rx) = sync_channel(opts.queue_capacity.max(1));
         let background = opts.background;
         let mut state = WriterState::new(conn, path.to_path_buf(), opts, info.clock_base_ns);
@@ -247,15 +241,7 @@ fn clock_ns(id: libc::clockid_t) -> u64 {
 /// (SQLite gives the -wal and -shm files the same mode).
 pub(crate) fn create_private_file(path: &Path, overwrite: bool) -> Result<(), StoreError> {
     if overwrite {
-        for suffix in ["", "-wal", "-shm", "-journal"] {
-            let mut p = path.as_os_str().to_owned();
-            p.push(suffix);
-            match std::fs::remove_file(&p) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(StoreError::io(path, e)),
-            }
-        }
+        remove_trace_files(path)?;
     }
     std::fs::OpenOptions::new()
         .write(true)
@@ -271,9 +257,93 @@ pub(crate) fn create_private_file(path: &Path, overwrite: bool) -> Result<(), St
     Ok(())
 }
 
+/// The new trace file at `path`, its schema, session and counters in it,
+/// opened for the writer. They are written to a hidden file beside it
+/// first, which is then named `path`: a tracer killed while it starts a
+/// file (a `--rotate` run's next one) leaves no file without its schema,
+/// which every reader of the run refused (round 48), at worst the hidden
+/// one.
+fn create_initialized(
+    path: &Path,
+    info: &SessionInfo,
+    opts: &WriterOptions,
+) -> Result<Connection, StoreError> {
+    if !opts.overwrite && std::fs::symlink_metadata(path).is_ok() {
+        return Err(StoreError::file(
+            path,
+            "already exists (refusing to overwrite it)",
+        ));
+    }
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+    let hidden = path.with_file_name(format!(
+        ".{}.creating-{}",
+        name.unwrap_or_default(),
+        std::process::id()
+    ));
+    create_private_file(&hidden, true)?;
+    let open = |p: &Path| {
+        Connection::open_with_flags(
+            p,
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .at(p)
+    };
+    let written = open(&hidden).and_then(|c| init(&c, info, opts).at(&hidden));
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&hidden);
+        return Err(e);
+    }
+    let named = if opts.overwrite {
+        remove_trace_files(path)?;
+        std::fs::rename(&hidden, path)
+    } else {
+        // A link fails where the name is taken meanwhile: never replaced.
+        // A file system without links gets a rename once the name is seen free.
+        match std::fs::hard_link(&hidden, path) {
+            Ok(()) => std::fs::remove_file(&hidden),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Err(e),
+            Err(_) if std::fs::symlink_metadata(path).is_ok() => {
+                Err(std::io::ErrorKind::AlreadyExists.into())
+            }
+            Err(_) => std::fs::rename(&hidden, path),
+        }
+    };
+    if let Err(e) = named {
+        let _ = std::fs::remove_file(&hidden);
+        return Err(match e.kind() {
+            std::io::ErrorKind::AlreadyExists => {
+                StoreError::file(path, "already exists (refusing to overwrite it)")
+            }
+            _ => StoreError::io(path, e),
+        });
+    }
+    let conn = open(path)?;
+    (|| {
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "NORMAL")
+    })()
+    .at(path)?;
+    Ok(conn)
+}
+
+/// Removes a trace file and its `-wal`, `-shm` and `-journal`, where present.
+fn remove_trace_files(path: &Path) -> Result<(), StoreError> {
+    for suffix in ["", "-wal", "-shm", "-journal"] {
+        let mut p = path.as_os_str().to_owned();
+        p.push(suffix);
+        match std::fs::remove_file(&p) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(StoreError::io(path, e)),
+        }
+    }
+    Ok(())
+}
+
+/// The schema, the session and the counters, in one transaction (in
+/// SQLite's rollback journal: the writer turns on WAL once the file has
+/// its name).
 fn init(conn: &Connection, info: &SessionInfo, opts: &WriterOptions) -> rusqlite::Result<()> {
-    conn.pragma_update(None, "journal_mode", "WAL")?;
-    conn.pragma_update(None, "synchronous", "NORMAL")?;
     conn.execute_batch("BEGIN")?;
     schema::create_deferring_late_indexes(conn, opts.source.as_str(), &info.tool_version)?;
     conn.execute(
@@ -316,6 +386,9 @@ fn init(conn: &Connection, info: &SessionInfo, opts: &WriterOptions) -> rusqlite
     }
     st.execute(["edge_call_open_at_end"])?;
     drop(st);
+    if let Some(pid) = opts.tracer_pid {
+        set_stat(conn, sleuth_core::threads::TRACER_PID_STAT, u64::from(pid))?;
+    }
     conn.execute_batch("COMMIT")
 }
 

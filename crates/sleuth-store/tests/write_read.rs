@@ -175,6 +175,16 @@ fn file_is_private_and_never_overwritten_by_default() {
         Trace::open(&path).unwrap().load(None).unwrap().calls.len(),
         0
     );
+    // The file is written under a hidden name first and then named (a
+    // tracer killed as it starts a file leaves no file without its schema):
+    // nothing else is left beside it, and the name is private too.
+    let names: Vec<String> = std::fs::read_dir(path.parent().unwrap())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, vec!["t.db".to_string()]);
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
 }
 
 #[test]

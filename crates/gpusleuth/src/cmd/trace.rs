@@ -367,6 +367,7 @@ pub fn run(args: Args) -> Result<i32> {
         run: args
             .rotate
             .map(|_| sleuth_store::run_ledger::RunLink::new_run()),
+        tracer_pid: Some(std::process::id()),
         ..Default::default()
     };
     let rotation = args.rotate.map(|every| Rotation {
@@ -552,6 +553,13 @@ fn store_kernel_counters(
 
 /// How often the kernel's counters are stored while a file is written.
 const COUNTERS_EVERY: Duration = Duration::from_secs(1);
+
+/// A last store of the counters that makes the next one due now.
+fn counters_due_now() -> Instant {
+    Instant::now()
+        .checked_sub(COUNTERS_EVERY)
+        .unwrap_or_else(Instant::now)
+}
 
 /// Stores the session's counters minus what `before` says earlier files
 /// stored; returns the new totals.
@@ -787,9 +795,7 @@ fn trace_loop(
     let mut last_render = Instant::now();
     let mut last_place = Instant::now();
     // Now, not a second later: the tracer's pid from the file's first batch.
-    let mut last_counters = Instant::now()
-        .checked_sub(COUNTERS_EVERY)
-        .unwrap_or_else(Instant::now);
+    let mut last_counters = counters_due_now();
     let mut child_exit: Option<i32> = None;
     let mut child_exit_at: Option<Instant> = None;
     // Whether the loop ended because --duration was reached.
@@ -836,6 +842,8 @@ fn trace_loop(
                 sampler.as_ref(),
             );
             count_sampler.new_file();
+            // The new file's counters and the tracer's pid from its first batch.
+            last_counters = counters_due_now();
         }
         // A launched program often sets its CPUs as it starts (`taskset` in
         // a wrapper, a framework's own pinning): until the next placement the
