@@ -666,7 +666,10 @@ pub(crate) fn fill_example_calls(
         .filter_map(|i| i64::try_from(i).ok())
         .collect();
     let mut calls: HashMap<i64, CallEvent> = HashMap::new();
-    let mut st = conn.prepare(&calls_sql(conn, "WHERE id = ?1")?)?;
+    // A row damaged since the rollups were written is no example (as any
+    // reader skips it).
+    let valid = crate::problems::valid_call("");
+    let mut st = conn.prepare(&calls_sql(conn, &format!("WHERE id = ?1 AND {valid}"))?)?;
     let sites = sites_by_id(conn, ids.iter().copied())?;
     for &id in &ids {
         let Some(mut c) = st

@@ -84,6 +84,19 @@ pub fn finish(path: &Path, link: Option<&RunLink>) -> Result<Finished, StoreErro
         return Err(StoreError::file(path, why));
     }
     trace.bulk()?;
+    // Readers skip rows no tracer writes (damage, crafting) and say so; the
+    // completion trusts its tracer's rows, and rollups made of such rows
+    // would be refused by every reader: the file stays read from its rows.
+    let problems = trace.input_problems()?;
+    if !problems.is_empty() {
+        return Err(StoreError::file(
+            path,
+            format!(
+                "holds rows no tracer writes ({}): left as it is, read from its rows",
+                problems.lines().join("; ")
+            ),
+        ));
+    }
     drop(trace);
     let mut conn = Connection::open_with_flags(
         path,

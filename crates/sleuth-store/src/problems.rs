@@ -37,8 +37,18 @@ pub(crate) fn valid_call(prefix: &str) -> String {
     format!(
         "(+{p}ts_ns BETWEEN 0 AND {MAX_NS} AND {p}dur_ns BETWEEN 0 AND {MAX_NS} \
          AND {p}runnable_ns BETWEEN 0 AND {MAX_NS} AND {p}blocked_ns BETWEEN 0 AND {MAX_NS} \
-         AND ({p}size IS NULL OR {p}size BETWEEN 0 AND {MAX_SIZE}))"
+         AND ({p}size IS NULL OR {p}size BETWEEN 0 AND {MAX_SIZE}) AND {})",
+        task_ids(p, &["pid", "tid", "cpu"])
     )
+}
+
+/// SQL condition that columns `cols` (prefixed) hold 32-bit unsigned
+/// integers, as the readers decode them: a crafted value outside them (a
+/// version 6 row's pid is computed from two stored numbers) made readers
+/// fail on a decode error instead of skipping the row (round 48).
+fn task_ids(p: &str, cols: &[&str]) -> String {
+    let one = |c: &&str| format!("{p}{c} BETWEEN 0 AND {}", u32::MAX);
+    cols.iter().map(one).collect::<Vec<_>>().join(" AND ")
 }
 
 /// [`valid_call`] of a call row as `rows::call_from_row` decodes it (each
@@ -59,7 +69,8 @@ pub(crate) fn valid_wait(prefix: &str) -> String {
     let p = prefix;
     format!(
         "({p}off_ns BETWEEN 0 AND {MAX_NS} AND {p}wake_ns BETWEEN 0 AND {MAX_NS} \
-         AND +{p}on_ns BETWEEN 0 AND {MAX_NS})"
+         AND +{p}on_ns BETWEEN 0 AND {MAX_NS} AND {})",
+        task_ids(p, &["pid", "tid", "cpu"])
     )
 }
 
@@ -81,7 +92,8 @@ pub struct InputProblems {
     pub unknown_ops: BTreeMap<String, u64>,
     /// Rows with unknown op names beyond the names kept.
     pub unknown_ops_other: u64,
-    /// Calls with a negative or impossible time, duration or size.
+    /// Calls with a negative or impossible time, duration or size (or a
+    /// pid, tid or CPU that is none).
     pub impossible_calls: u64,
     /// Scheduler waits with a negative or impossible timestamp, or an unknown kind.
     pub impossible_waits: u64,

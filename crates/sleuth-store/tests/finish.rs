@@ -290,4 +290,20 @@ fn what_finish_does_not_complete_is_refused_or_left_as_it_is() {
     let before = std::fs::read(&done).unwrap();
     assert_eq!(finish(&done, None).unwrap(), Finished::AlreadyComplete);
     assert_eq!(std::fs::read(&done).unwrap(), before);
+    // An unfinished file holding rows no tracer writes: its rollups would
+    // be refused by every reader, where its rows are read, those skipped.
+    let c = Connection::open(&killed).unwrap();
+    c.execute_batch(
+        "PRAGMA journal_mode = DELETE;
+         UPDATE call_rows SET dur_ns = -5 WHERE id = (SELECT min(id) FROM call_rows);",
+    )
+    .unwrap();
+    drop(c);
+    let before = std::fs::read(&killed).unwrap();
+    let e = finish(&killed, None).unwrap_err().to_string();
+    assert!(
+        e.contains("rows no tracer writes") && e.contains("1 calls skipped"),
+        "{e}"
+    );
+    assert_eq!(std::fs::read(&killed).unwrap(), before);
 }
