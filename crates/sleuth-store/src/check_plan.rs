@@ -692,10 +692,12 @@ mod tests {
             let c = Connection::open(&path).expect("create");
             c.execute_batch(
                 "CREATE TABLE calls(id INTEGER PRIMARY KEY, op TEXT, ts_ns INTEGER, dur_ns INTEGER,
-                     runnable_ns INTEGER, blocked_ns INTEGER, size INTEGER);
+                     runnable_ns INTEGER, blocked_ns INTEGER, size INTEGER,
+                 pid INTEGER DEFAULT 1, tid INTEGER DEFAULT 1, cpu INTEGER DEFAULT 0);
                  CREATE TABLE op_counts(pid INTEGER, op TEXT, count INTEGER);
                  CREATE TABLE waits(id INTEGER PRIMARY KEY, kind TEXT, off_ns INTEGER,
-                     wake_ns INTEGER, on_ns INTEGER);
+                     wake_ns INTEGER, on_ns INTEGER,
+                 pid INTEGER DEFAULT 1, tid INTEGER DEFAULT 1, cpu INTEGER DEFAULT 0);
                  WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM r WHERE i < 5000)
                  INSERT INTO calls(op, ts_ns, dur_ns, runnable_ns, blocked_ns, size)
                      SELECT CASE WHEN i % 97 = 0 THEN 'mystery' ELSE 'cudaMalloc' END,

@@ -452,10 +452,12 @@ mod tests {
         let c = Connection::open_in_memory().expect("db");
         c.execute_batch(
             "CREATE TABLE calls(id INTEGER PRIMARY KEY, op TEXT, ts_ns INTEGER, dur_ns INTEGER,
-                 runnable_ns INTEGER, blocked_ns INTEGER, size INTEGER);
+                 runnable_ns INTEGER, blocked_ns INTEGER, size INTEGER,
+                 pid INTEGER DEFAULT 1, tid INTEGER DEFAULT 1, cpu INTEGER DEFAULT 0);
              CREATE TABLE op_counts(pid INTEGER, op TEXT, count INTEGER);
              CREATE TABLE waits(id INTEGER PRIMARY KEY, kind TEXT, off_ns INTEGER,
-                 wake_ns INTEGER, on_ns INTEGER);",
+                 wake_ns INTEGER, on_ns INTEGER,
+                 pid INTEGER DEFAULT 1, tid INTEGER DEFAULT 1, cpu INTEGER DEFAULT 0);",
         )
         .expect("schema");
         for v in calls {
