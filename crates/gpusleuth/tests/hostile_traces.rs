@@ -951,21 +951,9 @@ fn mutated_allocator_traces_through_the_allocator_readers() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-/// What a tracer's completion adds to a file (round 48): taken away, a
-/// trace of this build is as its tracer left it when killed before
-/// completing it (checked against a real killed tracer's file: the same
-/// tables, indexes and meta keys; rows only in the writer's tables).
-const UNFINISH: &str = "
-    DROP INDEX call_rows_op_dur; DROP INDEX call_rows_tid_ts;
-    DROP TABLE allocator_checkpoints; DROP TABLE allocator_rollup; DROP TABLE call_groups;
-    DROP TABLE finding_hist; DROP TABLE finding_op_hist; DROP TABLE finding_op_threads;
-    DROP TABLE finding_ops; DROP TABLE finding_process_ops; DROP TABLE finding_spans;
-    DROP TABLE finding_threads; DROP TABLE ledger_rollup; DROP TABLE site_calls;
-    DROP TABLE site_memory; DROP TABLE wait_ends; DROP TABLE wait_groups;
-    DELETE FROM meta WHERE key NOT IN ('schema_version', 'tool', 'source', 'tool_version', 'clock_base_ns');
-    DELETE FROM call_culprits; DELETE FROM rollup_ops; DELETE FROM rollup_hist;
-    DELETE FROM rollup_culprits; DELETE FROM rollup_threads;
-    DELETE FROM stats WHERE name = 'tracer_cpu_ns_completion';";
+/// What a tracer's completion adds to a file (round 48), taken away:
+/// `scripts/unfinish.sql`.
+const UNFINISH: &str = include_str!("../../../scripts/unfinish.sql");
 
 /// Crafted rows of an unfinished file: the completion reads every one.
 const UNFINISHED_MUTATIONS: &[(&str, &str)] = &[
