@@ -6,10 +6,9 @@
 # Usage (device, repo root, the release build carried):
 #   OUT=$OUT bash scripts/gpu/round48.sh target/release/gpusleuth
 set -u
-OUT=${OUT:-/tmp/gs-out}; mkdir -p "$OUT"
-GS=$(readlink -f "$1"); chmod +x "$GS"
-{ date -u; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-  echo "cpus: $(nproc); $(grep -m1 'model name' /proc/cpuinfo)"; } >"$OUT/gpu.txt" 2>&1
+. "$(dirname "$0")/device_env.sh"
+host_facts
+date -u >>"$OUT/gpu.txt"
 t0=$(date +%s)
 OUT=/tmp/r48/tracer bash scripts/gpu/round15_tracer.sh 10 200000 "$GS" >/dev/null 2>&1
 cp /tmp/r48/tracer/summary.txt "$OUT/tracer.txt"

@@ -861,6 +861,43 @@ const ALLOCATOR_MUTATIONS: &[(&str, &str)] = &[
     ),
 ];
 
+/// Six copies of `src` in `dir` (`PREFIX-flipN.db`), each with 1 to 8
+/// bits flipped past the 100-byte header; with their case names.
+fn byte_flips(dir: &Path, src: &Path, seed: u64, prefix: &str) -> Vec<(String, PathBuf)> {
+    let bytes = std::fs::read(src).expect("read the trace");
+    let mut rng = Rng(seed);
+    (0..6)
+        .map(|i| {
+            let mut b = bytes.clone();
+            for _ in 0..1 + rng.below(8) {
+                let at = 100 + rng.below(b.len() as u64 - 100) as usize;
+                b[at] ^= 1 << rng.below(8);
+            }
+            let p = dir.join(format!("{prefix}-flip{i}.db"));
+            std::fs::write(&p, &b).expect("write flipped");
+            (format!("flip{i}"), p)
+        })
+        .collect()
+}
+
+/// What is wrong with run `r` of `what` on a file SQLite calls `intact` or
+/// not: a panic, a signal, a success on a damaged file, a failure in more
+/// than one line.
+fn faults(r: &Run, what: &str, intact: bool) -> Vec<String> {
+    let mut out = Vec::new();
+    if r.code == Some(101) || r.stderr.contains("panicked") {
+        out.push(format!("PANIC {what}: {}", r.stderr.trim()));
+    } else if r.code.is_none() {
+        out.push(format!("KILLED BY SIGNAL {what}"));
+    } else if !intact && r.code == Some(0) {
+        out.push(format!("WRONG SUCCESS {what}: the file is damaged"));
+    }
+    if r.code != Some(0) && r.stderr.trim().lines().count() != 1 {
+        out.push(format!("{what}: not one line: {}", r.stderr.trim()));
+    }
+    out
+}
+
 #[test]
 fn mutated_allocator_traces_through_the_allocator_readers() {
     let tmp = TempDir::new("hostile-alloc");
@@ -894,17 +931,8 @@ fn mutated_allocator_traces_through_the_allocator_readers() {
         sql_edit(&p, sql);
         cases.push((fed, p, true));
     }
-    let bytes = std::fs::read(&good).expect("read the trace");
-    let mut rng = Rng(0x5eed_a110_c000_0001);
-    for i in 0..6 {
-        let mut b = bytes.clone();
-        for _ in 0..1 + rng.below(8) {
-            let at = 100 + rng.below(b.len() as u64 - 100) as usize;
-            b[at] ^= 1 << rng.below(8);
-        }
-        let p = dir.join(format!("alloc-flip{i}.db"));
-        std::fs::write(&p, &b).expect("write flipped");
-        cases.push((format!("flip{i}"), p, false));
+    for (name, p) in byte_flips(dir, &good, 0x5eed_a110_c000_0001, "alloc") {
+        cases.push((name, p, false));
     }
     let out = dir.join("out.html").display().to_string();
     let mut failures = Vec::new();
@@ -930,17 +958,7 @@ fn mutated_allocator_traces_through_the_allocator_readers() {
         for args in all.into_iter().filter(|a| !fed || rebuilt(a)) {
             let r = run(&args);
             runs += 1;
-            let what = format!("{name} {:?}", &args[..1]);
-            if r.code == Some(101) || r.stderr.contains("panicked") {
-                failures.push(format!("PANIC {what}: {}", r.stderr.trim()));
-            } else if r.code.is_none() {
-                failures.push(format!("KILLED BY SIGNAL {what}"));
-            } else if !intact && r.code == Some(0) {
-                failures.push(format!("WRONG SUCCESS {what}: the file is damaged"));
-            }
-            if r.code != Some(0) && r.stderr.trim().lines().count() != 1 {
-                failures.push(format!("{what}: not one line: {}", r.stderr.trim()));
-            }
+            failures.extend(faults(&r, &format!("{name} {:?}", &args[..1]), intact));
         }
     }
     eprintln!(
@@ -1046,18 +1064,7 @@ fn mutated_unfinished_traces_through_finish() {
         sql_edit(&p, sql);
         cases.push((format!("complete-{name}"), p));
     }
-    let bytes = std::fs::read(&base).expect("read the trace");
-    let mut rng = Rng(0x5eed_f1a1_54ed_0001);
-    for i in 0..6 {
-        let mut b = bytes.clone();
-        for _ in 0..1 + rng.below(8) {
-            let at = 100 + rng.below(b.len() as u64 - 100) as usize;
-            b[at] ^= 1 << rng.below(8);
-        }
-        let p = dir.join(format!("u-flip{i}.db"));
-        std::fs::write(&p, &b).expect("write flipped");
-        cases.push((format!("flip{i}"), p));
-    }
+    cases.extend(byte_flips(dir, &base, 0x5eed_f1a1_54ed_0001, "u"));
     let mut failures = Vec::new();
     let mut runs = 0;
     let html = dir.join("out.html").display().to_string();
@@ -1078,17 +1085,7 @@ fn mutated_unfinished_traces_through_finish() {
         for args in all {
             let r = run(&args);
             runs += 1;
-            let what = format!("{name} {:?}", &args[..1]);
-            if r.code == Some(101) || r.stderr.contains("panicked") {
-                failures.push(format!("PANIC {what}: {}", r.stderr.trim()));
-            } else if r.code.is_none() {
-                failures.push(format!("KILLED BY SIGNAL {what}"));
-            } else if !intact && r.code == Some(0) {
-                failures.push(format!("WRONG SUCCESS {what}: the file is damaged"));
-            }
-            if r.code != Some(0) && r.stderr.trim().lines().count() != 1 {
-                failures.push(format!("{what}: not one line: {}", r.stderr.trim()));
-            }
+            failures.extend(faults(&r, &format!("{name} {:?}", &args[..1]), intact));
         }
     }
     eprintln!(
