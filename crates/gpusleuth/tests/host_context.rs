@@ -114,7 +114,10 @@ fn cpu_contention_is_blamed_on_the_hog() {
         ));
         assert_eq!(rows.len(), 3, "{op}");
         for r in rows {
-            assert!(r[3] >= SLEEP_MS * MS, "{op} blocked only {} ns", r[3]);
+            // The sleep's timer is armed before the thread switches out, so
+            // the time switched out may fall short of the sleep by that gap
+            // (65 us once on a loaded CI machine, round 48): 1 ms of slack.
+            assert!(r[3] >= (SLEEP_MS - 1) * MS, "{op} blocked only {} ns", r[3]);
             assert!(
                 r[2] < r[3],
                 "{op}: runnable {} ns >= blocked {} ns",
