@@ -25,6 +25,9 @@ answers() { # DB TAG: explain/memory/stats as JSON into $W/TAG.*
   "$GS" memory --json --db "$1" >"$W/$2.memory.json" 2>"$W/$2.memory.err"
   "$GS" stats --json --db "$1" >"$W/$2.stats.json" 2>"$W/$2.stats.err"
 }
+q() { # DB SQL: one value (python's sqlite3: the device may lack the sqlite3 shell)
+  "$PY" -c 'import sqlite3,sys; r=sqlite3.connect(sys.argv[1]).execute(sys.argv[2]).fetchone(); print(r[0] if r else "")' "$1" "$2" 2>/dev/null
+}
 same() { # what A B
   if cmp -s "$2" "$3"; then echo "$1: identical"; else echo "$1: DIFFERS ($(diff "$2" "$3" | grep -c '^[<>]') lines)"; fi
 }
@@ -37,7 +40,7 @@ same() { # what A B
   "$GS" finish --db "$W/one.db" 2>&1 | tail -1
   answers "$W/one.db" after
   for k in explain memory; do same "$k --json" "$W/before.$k.json" "$W/after.$k.json"; done
-  python3 - "$W/before.stats.json" "$W/after.stats.json" <<'PYEOF'
+  "$PY" - "$W/before.stats.json" "$W/after.stats.json" <<'PYEOF'
 import json, sys
 a, b = (json.load(open(p)) for p in sys.argv[1:3])
 key = lambda o: (o["layer"], o["op"])
@@ -53,7 +56,7 @@ for o in b["ops"]:
         if o.get(f) and p.get(f): worst = max(worst, abs(o[f] - p[f]) / p[f])
 print(f"stats --json: {len(b['ops'])} ops, exact fields differ: {diff[:5]}, percentiles worst relative gap {worst:.5f}")
 PYEOF
-  echo "tracer_pid: $(sqlite3 "$W/one.db" "SELECT value FROM stats WHERE name='tracer_pid'" 2>/dev/null || echo '?')"
+  echo "tracer_pid: $(q "$W/one.db" "SELECT value FROM stats WHERE name='tracer_pid'")"
   echo "== --rotate 2s run, killed after 25 s"
   killed_trace "$W/run" 25 --rotate 2s
   ls "$W/run" | tr '\n' ' '; echo
@@ -63,7 +66,7 @@ PYEOF
   "$GS" stats --db "$W/run" >/dev/null 2>"$W/run_after.err"; echo "unfinished notes after: $(grep -c 'not finished' "$W/run_after.err")"
   "$GS" memory --db "$W/run" 2>&1 | head -12
   for f in "$W"/run/part-*.db; do printf '%s tracer_pid=%s rollups=%s\n' "$(basename "$f")" \
-    "$(sqlite3 "$f" "SELECT value FROM stats WHERE name='tracer_pid'" 2>/dev/null)" \
-    "$(sqlite3 "$f" "SELECT value FROM meta WHERE key='rollups'" 2>/dev/null)"; done
+    "$(q "$f" "SELECT value FROM stats WHERE name='tracer_pid'")" \
+    "$(q "$f" "SELECT value FROM meta WHERE key='rollups'")"; done
 } >>"$S" 2>&1
 cat "$OUT/gpu.txt" "$S"
