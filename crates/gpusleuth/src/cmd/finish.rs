@@ -32,6 +32,8 @@ struct Tally {
     complete: usize,
     in_use: usize,
     failed: usize,
+    /// Hidden files of a file's start removed.
+    removed: usize,
 }
 
 pub fn run(args: Args) -> anyhow::Result<i32> {
@@ -60,6 +62,12 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         "{} finished, {} already complete, {} in use (left as they are), {} failed",
         tally.finished, tally.complete, tally.in_use, tally.failed
     );
+    if tally.removed > 0 {
+        println!(
+            "{} hidden file(s) of a killed tracer's file start removed (they held nothing recorded)",
+            tally.removed
+        );
+    }
     Ok(if tally.failed > 0 { 1 } else { 0 })
 }
 
@@ -144,7 +152,30 @@ fn finish_run(dir: &Path, only: Option<&Path>, tally: &mut Tally) -> anyhow::Res
             link = Some(l);
         }
     }
+    if only.is_none() {
+        remove_started_files(dir, tally);
+    }
     Ok(())
+}
+
+/// Removes the hidden files a tracer killed as it started a file left in
+/// run `dir` (`.part-N.db.creating-PID`: a file is written there first,
+/// then named; nothing recorded is ever in one), unless a process has one
+/// open (a tracer starting a file now).
+fn remove_started_files(dir: &Path, tally: &mut Tally) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !(name.starts_with(".part-") && name.contains(".db.creating-")) {
+            continue;
+        }
+        let path = e.path();
+        if holders(&path).is_ok_and(|h| h.is_empty()) && std::fs::remove_file(&path).is_ok() {
+            tally.removed += 1;
+        }
+    }
 }
 
 /// Finishes one file; whether it was completed now. Its outcome is
@@ -318,5 +349,21 @@ mod tests {
             db: vec![dir.join("missing.db")]
         })
         .is_err());
+        // A run whose tracer was killed as it started its second file: the
+        // hidden file it was writing is removed, the run's file is kept.
+        let run_dir = dir.join("run");
+        std::fs::create_dir(&run_dir).unwrap();
+        std::fs::copy(&done, run_dir.join("part-000001.db")).unwrap();
+        let started = run_dir.join(".part-000002.db.creating-4242");
+        std::fs::write(&started, b"schema only").unwrap();
+        assert_eq!(
+            run(Args {
+                db: vec![run_dir.clone()]
+            })
+            .unwrap(),
+            0
+        );
+        assert!(!started.exists());
+        assert!(run_dir.join("part-000001.db").exists());
     }
 }
