@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::allocator_workload::{random_allocator_workload, write_run};
+use common::allocator_workload::random_allocator_workload;
 use common::trace_fixture::{rewrite_leaving_unfinished, two_processes};
 use common::{session, TempDir};
 use rusqlite::Connection;
@@ -169,69 +169,65 @@ fn write_leaving_unfinished(
 }
 
 #[test]
-fn a_runs_last_file_finished_rejoins_the_runs_answers() {
+fn a_runs_killed_files_finished_rejoin_the_runs_answers() {
     let dir = TempDir::new("finish_run");
     let (events, end) = random_allocator_workload(0x51ed_27a3_90c4_1b77);
-    // Two files completed by the tracer, the third killed before its
-    // completion: `finished/` gets it finished, `tracer/` the one the
-    // tracer would have completed had it lived.
-    let cuts = [1_000, end / 3, 2 * end / 3];
+    // The tracer completed file 1 and was killed while it completed file 2
+    // in the background and wrote file 3: `finished/` gets files 2 and 3
+    // finished, `tracer/` the run the tracer would have completed had it
+    // lived (the same files, one chain).
+    let cuts = [1_000, end / 3, 2 * end / 3, end + 1];
     let (finished, tracer) = (dir.join("finished"), dir.join("tracer"));
-    write_run(&finished, &events, &cuts, end);
-    let in_last = |e: &&Event| common::allocator_workload::end_of(e) >= cuts[2];
-    let last: Vec<Event> = events.iter().filter(in_last).cloned().collect();
-    assert!(last.len() > 100, "{} events in the last file", last.len());
-    // The tracer's own run: the same first files and its third file
-    // completed in the same chain (the first two written again with one link).
+    std::fs::create_dir_all(&finished).unwrap();
     std::fs::create_dir_all(&tracer).unwrap();
     let link = RunLink::new_run();
-    for n in 1..=2u64 {
-        let k = n as usize - 1;
-        let part: Vec<Event> = events
-            .iter()
-            .filter(|e| (cuts[k]..cuts[k + 1]).contains(&common::allocator_workload::end_of(e)))
-            .cloned()
-            .collect();
-        common::allocator_workload::write(
-            &tracer.join(sleuth_store::run::part_name(n)),
-            &part,
-            (cuts[k], cuts[k + 1]),
-            Some(link.for_file(n)),
-        );
-    }
-    let part3 = sleuth_store::run::part_name(3);
-    write_leaving_unfinished(
-        &tracer.join(&part3),
-        &last,
-        link.for_file(3),
-        cuts[2],
-        &finished.join(&part3),
+    let part = |k: usize| -> Vec<Event> {
+        let of =
+            |e: &&Event| (cuts[k]..cuts[k + 1]).contains(&common::allocator_workload::end_of(e));
+        events.iter().filter(of).cloned().collect()
+    };
+    let name = |n: u64| sleuth_store::run::part_name(n);
+    common::allocator_workload::write(
+        &tracer.join(name(1)),
+        &part(0),
+        (cuts[0], cuts[1]),
+        Some(link.for_file(1)),
     );
+    std::fs::copy(tracer.join(name(1)), finished.join(name(1))).unwrap();
+    for n in 2..=3u64 {
+        let k = n as usize - 1;
+        assert!(part(k).len() > 100, "{} events in file {n}", part(k).len());
+        let (t, f) = (tracer.join(name(n)), finished.join(name(n)));
+        write_leaving_unfinished(&t, &part(k), link.for_file(n), cuts[k], &f);
+    }
 
-    // Before: the run's answers leave the killed file out.
+    // Before: the run's answers leave the killed files out.
     let memo = CheckMemo::new();
     let budget = || ReadBudget::new(sleuth_store::DEFAULT_READ_TIMEOUT);
     let stats = sleuth_store::run::run_stats(&finished, None).unwrap();
-    assert_eq!(stats.incomplete, vec![finished.join(&part3)]);
+    assert_eq!(
+        stats.incomplete,
+        vec![finished.join(name(2)), finished.join(name(3))]
+    );
 
     // Finished as `gpusleuth finish --db DIR` does: the run's id from its
-    // last finished file, a new chain from file 3.
-    let id = sleuth_store::run_ledger::run_id_of(
-        &Trace::open(&finished.join(sleuth_store::run::part_name(2))).unwrap(),
-    )
-    .unwrap();
+    // last finished file, a new chain from file 2, continued by file 3.
+    let id = sleuth_store::run_ledger::run_id_of(&Trace::open(&finished.join(name(1))).unwrap())
+        .unwrap();
     assert!(id.is_some());
-    let l = RunLink::for_unfinished(id.as_deref(), 3, "its tracer was killed");
-    assert!(matches!(
-        finish(&finished.join(&part3), Some(&l)).unwrap(),
-        Finished::Completed { .. }
-    ));
-    let t = Trace::open(&finished.join(&part3)).unwrap();
-    assert!(common::has_note(
-        &t,
-        "run ledger: file 3 starts a new chain (its tracer was killed)"
-    ));
-    drop(t);
+    let l = RunLink::for_unfinished(id.as_deref(), 2, "its tracer was killed");
+    for n in 2..=3u64 {
+        assert!(matches!(
+            finish(&finished.join(name(n)), Some(&l.for_file(n))).unwrap(),
+            Finished::Completed { .. }
+        ));
+    }
+    let new_chain = |n: u64| {
+        let t = Trace::open(&finished.join(name(n))).unwrap();
+        common::has_note(&t, &format!("run ledger: file {n} starts a new chain"))
+    };
+    assert!(new_chain(2));
+    assert!(!new_chain(3), "file 3 continues file 2's chain");
 
     // After: the run answers over its three files, as the tracer's run.
     let (got, want) = (
