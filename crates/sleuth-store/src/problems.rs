@@ -53,7 +53,8 @@ fn task_ids(p: &str, cols: &[&str]) -> String {
 
 /// [`valid_call`] of a call row as `rows::call_from_row` decodes it (each
 /// integer column read as i64 and cast: a negative value is past every
-/// bound here, as it is outside `BETWEEN 0 AND ...` there).
+/// bound here, as it is outside `BETWEEN 0 AND ...` there; its pid, tid
+/// and CPU were decoded as 32-bit ids, or the row not at all).
 pub(crate) fn call_is_valid(c: &sleuth_core::CallEvent) -> bool {
     let ns = |v: u64| v <= MAX_NS as u64;
     ns(c.ts_ns)
