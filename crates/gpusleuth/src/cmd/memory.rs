@@ -5,6 +5,7 @@ mod sites;
 use crate::args::{JsonOutput, TraceInput};
 use crate::load::{emit_json, emit_text, warn_input_problems_of_reads};
 use crate::output::{fmt_bytes, fmt_ns};
+use crate::render::processes::{split_for_text, BRIEF_LINES};
 use crate::render::table::table;
 use serde::Serialize;
 use sleuth_core::allocator::{AllocatorState, AllocatorView};
@@ -667,23 +668,7 @@ fn render(
     out
 }
 
-/// Past this many processes the text lists in full only those that matter
-/// now (see [`split_for_text`]); `--json` lists every one.
-const FULL_PROCESSES: usize = 16;
-
-/// The exited processes listed a line each under [`FULL_PROCESSES`].
-pub(crate) const BRIEF_LINES: usize = 10;
-
-/// Which processes the text renders in full and which it sums up
-/// (`ledger::notable_first` with [`FULL_PROCESSES`]; the report's memory
-/// section splits them the same way).
-pub(crate) fn split_for_text(
-    processes: &[ProcessLedger],
-) -> (Vec<&ProcessLedger>, Vec<&ProcessLedger>) {
-    ledger::notable_first(processes, FULL_PROCESSES)
-}
-
-/// The processes [`split_for_text`] sums up: how many, their peaks and what
+/// The processes `split_for_text` sums up: how many, their peaks and what
 /// they left unfreed, the highest peaks a line each.
 /// `after_full`: whether processes were listed in full above.
 fn render_brief(

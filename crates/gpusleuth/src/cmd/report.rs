@@ -547,13 +547,13 @@ fn sites_section(data: &TraceData, rows: &[SiteMemory], at_peak: bool) -> String
 }
 
 /// Past 16 processes (a node agent's run) charts only for those `memory`
-/// lists in full (`memory::split_for_text`: still running, or with a
+/// lists in full (`render::processes::split_for_text`: still running, or with a
 /// failed allocation), the exited ones summed up in a table of the
 /// highest peaks: 6,000 short-lived processes drew 6,000 charts, 13 MB.
 fn memory_section(ledgers: &[ProcessLedger], origin: u64, end: u64, band: Option<Band>) -> String {
     let mut h = String::new();
     let allocated = |l: &&ProcessLedger| !l.timeline.is_empty() || !l.failed_allocs.is_empty();
-    let (full, brief) = crate::cmd::memory::split_for_text(ledgers);
+    let (full, brief) = crate::render::processes::split_for_text(ledgers);
     let shown: Vec<&ProcessLedger> = full.into_iter().filter(allocated).collect();
     let brief: Vec<&ProcessLedger> = brief.into_iter().filter(allocated).collect();
     if shown.is_empty() && brief.is_empty() {
@@ -572,7 +572,7 @@ fn memory_section(ledgers: &[ProcessLedger], origin: u64, end: u64, band: Option
             if h.is_empty() { "" } else { "more " },
             fmt_bytes(unfreed)
         );
-        for l in brief.iter().take(crate::cmd::memory::BRIEF_LINES) {
+        for l in brief.iter().take(crate::render::processes::BRIEF_LINES) {
             let _ = write!(
                 h,
                 "<tr><td>{} (pid {})</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
@@ -585,11 +585,11 @@ fn memory_section(ledgers: &[ProcessLedger], origin: u64, end: u64, band: Option
             );
         }
         h.push_str("</table>");
-        if brief.len() > crate::cmd::memory::BRIEF_LINES {
+        if brief.len() > crate::render::processes::BRIEF_LINES {
             let _ = write!(
                 h,
                 "<p>... {} more (<code>gpusleuth memory --json</code> lists them all)</p>",
-                brief.len() - crate::cmd::memory::BRIEF_LINES
+                brief.len() - crate::render::processes::BRIEF_LINES
             );
         }
     }

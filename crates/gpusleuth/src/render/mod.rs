@@ -3,5 +3,6 @@
 
 pub mod explain;
 pub mod gpu_context;
+pub mod processes;
 pub mod stats;
 pub mod table;
