@@ -28,6 +28,10 @@ mod window;
 #[cfg(test)]
 #[path = "../../sleuth-store/tests/common/trace_fixture.rs"]
 mod trace_fixture;
+// How a unit test that cannot run here says so (failing under CI=true).
+#[cfg(test)]
+#[path = "../tests/common/skip.rs"]
+mod skip;
 // A scratch folder removed on drop, for the unit tests that write traces.
 #[cfg(test)]
 #[path = "../tests/common/temp_dir.rs"]

@@ -19,6 +19,8 @@ use mcp_stdio::bin::gpusleuth_with;
 
 use mcp_stdio::McpStdio;
 use rusqlite::Connection;
+#[path = "common/skip.rs"]
+mod skip;
 #[path = "common/temp_dir.rs"]
 #[allow(dead_code)] // join() is for the library crates' tests
 mod temp_dir;
@@ -898,13 +900,10 @@ fn faults(r: &Run, what: &str, intact: bool) -> Vec<String> {
     out
 }
 
-#[test]
-fn mutated_allocator_traces_through_the_allocator_readers() {
-    let tmp = TempDir::new("hostile-alloc");
-    let dir = tmp.0.as_path();
+/// A small synthetic trace with allocator events, written by this build
+/// (the bench's), at `dir/alloc.db`.
+fn allocator_trace(dir: &Path) -> PathBuf {
     let good = dir.join("alloc.db");
-    let g = good.display().to_string();
-    // A small synthetic trace with allocator events, written by this build.
     let r = run(&[
         "bench",
         "--analysis-only",
@@ -912,9 +911,17 @@ fn mutated_allocator_traces_through_the_allocator_readers() {
         "6400",
         "--analysis-allocator",
         "--keep-trace",
-        &g,
+        good.to_str().expect("utf8"),
     ]);
     assert_eq!(r.code, Some(0), "bench: {}", r.stderr);
+    good
+}
+
+#[test]
+fn mutated_allocator_traces_through_the_allocator_readers() {
+    let tmp = TempDir::new("hostile-alloc");
+    let dir = tmp.0.as_path();
+    let good = allocator_trace(dir);
     // Each mutation twice: without the stored views (every reader rebuilds
     // them from the rows) and with them (a moment's and a window's views are
     // then fed by the ledger's pass, `step_feed`: only those commands run).
@@ -1020,27 +1027,15 @@ fn mutated_unfinished_traces_through_finish() {
     // `finish` reads every process's open files first: only root can.
     // SAFETY: geteuid has no preconditions and cannot fail.
     if unsafe { libc::geteuid() } != 0 {
-        assert!(
-            std::env::var_os("CI").is_none_or(|v| v != "true"),
-            "CI=true: this test must run as root"
+        skip::skip_unless_ci(
+            "finish's hostile test",
+            "not root (finish reads /proc/*/fd)",
         );
-        eprintln!("skipped: needs root");
         return;
     }
     let tmp = TempDir::new("hostile-finish");
     let dir = tmp.0.as_path();
-    let good = dir.join("alloc.db");
-    let g = good.display().to_string();
-    let r = run(&[
-        "bench",
-        "--analysis-only",
-        "--analysis-calls",
-        "6400",
-        "--analysis-allocator",
-        "--keep-trace",
-        &g,
-    ]);
-    assert_eq!(r.code, Some(0), "bench: {}", r.stderr);
+    let good = allocator_trace(dir);
     let base = copy_of(dir, &good, "unfinished");
     sql_edit(&base, UNFINISH);
     // The unmutated file finishes, and answers as the complete one.
