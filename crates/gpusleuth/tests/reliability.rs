@@ -157,27 +157,18 @@ fn a_sigkilled_trace_leaves_a_readable_database_with_what_was_committed() {
     common::run_ok(common::gpusleuth().args(["stats", "--db"]).arg(sb.db()));
 }
 
+/// The files of run `dir`, oldest first (`part-NNNNNN.db`).
+fn parts(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let files = sleuth_store::run::run_files(dir).expect("a run's directory");
+    files.into_iter().map(|(_, p)| p).collect()
+}
+
 /// Which files of run `dir` hold complete rollups, in order.
 fn finished_files(dir: &std::path::Path) -> Vec<bool> {
-    let mut parts: Vec<_> = std::fs::read_dir(dir)
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == "db"))
-        .collect();
-    parts.sort();
-    parts
+    let done = "SELECT count(*) FROM meta WHERE key = 'rollups' AND value = '1'";
+    parts(dir)
         .iter()
-        .map(|p| {
-            let c = rusqlite::Connection::open(p).unwrap();
-            c.query_row(
-                "SELECT count(*) FROM meta WHERE key = 'rollups' AND value = '1'",
-                [],
-                |r| r.get::<_, i64>(0),
-            )
-            .unwrap()
-                == 1
-        })
+        .map(|p| common::Db::open(p).int(done) == 1)
         .collect()
 }
 
@@ -228,16 +219,9 @@ fn a_sigkilled_rotating_run_is_made_whole_again_by_finish() {
     assert!(finished_files(&dir).iter().all(|f| *f));
     // Each file says whose threads were the tracer's (stored with its first
     // batch and every second since), so none of them is a culprit.
-    for entry in std::fs::read_dir(&dir).unwrap().flatten() {
-        let c = rusqlite::Connection::open(entry.path()).unwrap();
-        let pid: i64 = c
-            .query_row(
-                "SELECT value FROM stats WHERE name = 'tracer_pid'",
-                [],
-                |r| r.get(0),
-            )
-            .unwrap();
-        assert_eq!(pid, i64::from(tracer), "{}", entry.path().display());
+    for p in parts(&dir) {
+        let pid = common::Db::open(&p).int("SELECT value FROM stats WHERE name = 'tracer_pid'");
+        assert_eq!(pid, i64::from(tracer), "{}", p.display());
     }
     // The run answers over every file now: all the calls they hold.
     let out = common::run_ok(
@@ -253,16 +237,11 @@ fn a_sigkilled_rotating_run_is_made_whole_again_by_finish() {
         .iter()
         .filter_map(|o| o["count"].as_u64().filter(|_| o["p50_ns"].is_u64()))
         .sum();
-    let stored: u64 = std::fs::read_dir(&dir)
-        .unwrap()
-        .flatten()
-        .map(|e| {
-            let c = rusqlite::Connection::open(e.path()).unwrap();
-            c.query_row("SELECT count(*) FROM calls", [], |r| r.get::<_, i64>(0))
-                .unwrap() as u64
-        })
+    let stored: i64 = parts(&dir)
+        .iter()
+        .map(|p| common::Db::open(p).int("SELECT count(*) FROM calls"))
         .sum();
-    assert_eq!(counted, stored);
+    assert_eq!(counted as i64, stored);
     common::run_ok(common::gpusleuth().args(["explain", "--db"]).arg(&dir));
     common::run_ok(common::gpusleuth().args(["memory", "--db"]).arg(&dir));
 }
