@@ -6,14 +6,14 @@
 mod common;
 
 use common::allocator_workload::random_allocator_workload;
-use common::trace_fixture::{rewrite_leaving_unfinished, two_processes};
+use common::trace_fixture::{copy_as_killed, rewrite_leaving_unfinished, two_processes};
 use common::{session, TempDir};
 use rusqlite::Connection;
 use sleuth_core::Event;
 use sleuth_store::finish::{finish, Finished};
 use sleuth_store::run_ledger::RunLink;
 use sleuth_store::{CheckMemo, ReadBudget, Trace, TraceWriter, WriterOptions};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// Every row of every table (and every index's definition) of `db`, as
 /// text, sorted, but the rows `skip` says to leave out: the completion's
@@ -158,12 +158,7 @@ fn write_leaving_unfinished(
     for e in events {
         h.send(e.clone()).unwrap();
     }
-    h.flush().unwrap();
-    std::fs::copy(path, unfinished).unwrap();
-    let wal = |p: &Path| PathBuf::from(format!("{}-wal", p.display()));
-    if wal(path).exists() {
-        std::fs::copy(wal(path), wal(unfinished)).unwrap();
-    }
+    copy_as_killed(&h, path, unfinished);
     drop(h);
     w.finish().unwrap();
 }

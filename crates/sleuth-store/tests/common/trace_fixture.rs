@@ -89,17 +89,24 @@ pub fn rewrite_leaving_unfinished(
     unfinished: &Path,
 ) {
     rewrite_with(data, path, opts, session(), context_of(data), |h| {
-        h.flush().unwrap();
-        std::fs::copy(path, unfinished).unwrap();
-        let wal = |p: &Path| {
-            let mut s = p.as_os_str().to_owned();
-            s.push("-wal");
-            PathBuf::from(s)
-        };
-        if wal(path).exists() {
-            std::fs::copy(wal(path), wal(unfinished)).unwrap();
-        }
+        copy_as_killed(h, path, unfinished)
     });
+}
+
+/// Copies the file `h` writes at `path` to `unfinished` as a tracer killed
+/// now would leave it: every event sent committed first, then the main
+/// file and its `-wal` copied while the writer waits.
+pub fn copy_as_killed(h: &WriterHandle, path: &Path, unfinished: &Path) {
+    h.flush().unwrap();
+    std::fs::copy(path, unfinished).unwrap();
+    let wal = |p: &Path| {
+        let mut s = p.as_os_str().to_owned();
+        s.push("-wal");
+        PathBuf::from(s)
+    };
+    if wal(path).exists() {
+        std::fs::copy(wal(path), wal(unfinished)).unwrap();
+    }
 }
 
 /// [`rewrite`], also writing what the report draws besides the calls and
