@@ -68,21 +68,22 @@ fn refusal(trace: &Trace) -> Result<Option<String>, StoreError> {
     Ok(None)
 }
 
-/// Completes the trace file at `path`, left unfinished by its tracer, as
-/// that tracer's completion would have (`link`: the file's place in a
-/// `--rotate` run, None for a file of its own). The caller makes sure no
-/// process has the file open: a tracer still writing it, or completing it,
-/// would find it changed under it.
-pub fn finish(path: &Path, link: Option<&RunLink>) -> Result<Finished, StoreError> {
-    // The checks every reader runs, the call and wait tables' included:
-    // the completion reads every row, so it reads only what they passed.
-    let trace = Trace::open(path)?;
+/// Completes the trace file `trace` was opened on (as every reader opens
+/// one, with its checks), left unfinished by its tracer, as that tracer's
+/// completion would have (`link`: the file's place in a `--rotate` run,
+/// None for a file of its own). The caller makes sure no process has the
+/// file open: a tracer still writing it, or completing it, would find it
+/// changed under it.
+pub fn finish(trace: Trace, link: Option<&RunLink>) -> Result<Finished, StoreError> {
+    let path = &trace.path().to_path_buf();
     if trace.has_rollups()? {
         return Ok(Finished::AlreadyComplete);
     }
     if let Some(why) = refusal(&trace)? {
         return Err(StoreError::file(path, why));
     }
+    // The call and wait tables' checks too: the completion reads every
+    // row, so it reads only what they passed.
     trace.bulk()?;
     // Readers skip rows no tracer writes (damage, crafting) and say so; the
     // completion trusts its tracer's rows, and rollups made of such rows

@@ -97,7 +97,7 @@ fn a_killed_tracers_file_finished_holds_what_its_own_completion_wrote() {
         "left as a killed tracer leaves it"
     );
     drop(t);
-    let got = finish(&killed, None).unwrap();
+    let got = finish(Trace::open(&killed).unwrap(), None).unwrap();
     assert_eq!(
         got,
         Finished::Completed {
@@ -131,7 +131,10 @@ fn a_killed_tracers_file_finished_holds_what_its_own_completion_wrote() {
     drop(c);
     // A second finish changes nothing.
     let before = std::fs::read(&killed).unwrap();
-    assert_eq!(finish(&killed, None).unwrap(), Finished::AlreadyComplete);
+    assert_eq!(
+        finish(Trace::open(&killed).unwrap(), None).unwrap(),
+        Finished::AlreadyComplete
+    );
     assert_eq!(std::fs::read(&killed).unwrap(), before);
 }
 
@@ -213,7 +216,11 @@ fn a_runs_killed_files_finished_rejoin_the_runs_answers() {
     let l = RunLink::for_unfinished(id.as_deref(), 2, "its tracer was killed");
     for n in 2..=3u64 {
         assert!(matches!(
-            finish(&finished.join(name(n)), Some(&l.for_file(n))).unwrap(),
+            finish(
+                Trace::open(&finished.join(name(n))).unwrap(),
+                Some(&l.for_file(n))
+            )
+            .unwrap(),
             Finished::Completed { .. }
         ));
     }
@@ -268,18 +275,23 @@ fn what_finish_does_not_complete_is_refused_or_left_as_it_is() {
     let older = dir.join("older.db");
     std::fs::copy(common::example("demo-sim.db"), &older).unwrap();
     let before = std::fs::read(&older).unwrap();
-    let e = finish(&older, None).unwrap_err().to_string();
+    let e = finish(Trace::open(&older).unwrap(), None)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("older gpusleuth"), "{e}");
     assert_eq!(std::fs::read(&older).unwrap(), before, "untouched");
     // A file that is no trace at all.
     let junk = dir.join("junk.db");
     std::fs::write(&junk, b"not sqlite").unwrap();
-    assert!(finish(&junk, None).is_err());
+    assert!(Trace::open(&junk).is_err());
     // A complete file: nothing done.
     let (done, killed) = (dir.join("done.db"), dir.join("killed.db"));
     rewrite_leaving_unfinished(&two_processes(), &done, WriterOptions::default(), &killed);
     let before = std::fs::read(&done).unwrap();
-    assert_eq!(finish(&done, None).unwrap(), Finished::AlreadyComplete);
+    assert_eq!(
+        finish(Trace::open(&done).unwrap(), None).unwrap(),
+        Finished::AlreadyComplete
+    );
     assert_eq!(std::fs::read(&done).unwrap(), before);
     // An unfinished file holding rows no tracer writes: its rollups would
     // be refused by every reader, where its rows are read, those skipped.
@@ -291,7 +303,9 @@ fn what_finish_does_not_complete_is_refused_or_left_as_it_is() {
     .unwrap();
     drop(c);
     let before = std::fs::read(&killed).unwrap();
-    let e = finish(&killed, None).unwrap_err().to_string();
+    let e = finish(Trace::open(&killed).unwrap(), None)
+        .unwrap_err()
+        .to_string();
     assert!(
         e.contains("rows no tracer writes") && e.contains("1 calls skipped"),
         "{e}"

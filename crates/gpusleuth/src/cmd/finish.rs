@@ -55,7 +55,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             // A run's file given alone is finished as a file of its run.
             finish_run(&dir, Some(path), &mut tally)?;
         } else {
-            finish_one(path, None, &mut tally);
+            finish_one(path, crate::checks_memo::open(path), None, &mut tally);
         }
     }
     println!(
@@ -124,19 +124,19 @@ fn finish_run(dir: &Path, only: Option<&Path>, tally: &mut Tally) -> anyhow::Res
     let mut run_id: Option<String> = None;
     let mut link: Option<RunLink> = None;
     for (n, path) in files {
-        let complete = match sleuth_store::Trace::open(&path) {
-            Ok(t) => {
-                if let Ok(Some(id)) = sleuth_store::run_ledger::run_id_of(&t) {
-                    run_id = Some(id);
-                }
-                t.has_rollups().unwrap_or(false)
+        let opened = crate::checks_memo::open(&path);
+        if let Ok(t) = &opened {
+            if let Ok(Some(id)) = sleuth_store::run_ledger::run_id_of(t) {
+                run_id = Some(id);
             }
-            Err(_) => false,
-        };
+        }
         if only.is_some_and(|id| same_file_id(&path).ok() != Some(id)) {
             continue;
         }
-        if complete {
+        if opened
+            .as_ref()
+            .is_ok_and(|t| t.has_rollups().unwrap_or(false))
+        {
             tally.complete += 1;
             continue;
         }
@@ -148,7 +148,7 @@ fn finish_run(dir: &Path, only: Option<&Path>, tally: &mut Tally) -> anyhow::Res
                 "the tracer that wrote it stopped before completing it: finished by `gpusleuth finish`",
             ),
         };
-        if finish_one(&path, Some(&l), tally) {
+        if finish_one(&path, opened, Some(&l), tally) {
             link = Some(l);
         }
     }
@@ -178,9 +178,15 @@ fn remove_started_files(dir: &Path, tally: &mut Tally) {
     }
 }
 
-/// Finishes one file; whether it was completed now. Its outcome is
-/// printed and counted.
-fn finish_one(path: &Path, link: Option<&RunLink>, tally: &mut Tally) -> bool {
+/// Finishes the file at `path` (`opened`: the trace opened on it with the
+/// readers' checks, or why it could not be); whether it was completed
+/// now. Its outcome is printed and counted.
+fn finish_one(
+    path: &Path,
+    opened: Result<sleuth_store::Trace, sleuth_store::StoreError>,
+    link: Option<&RunLink>,
+    tally: &mut Tally,
+) -> bool {
     let path_text = path.display().to_string();
     let shown = crate::term_text::terminal_safe(&path_text);
     match holders(path) {
@@ -205,7 +211,7 @@ fn finish_one(path: &Path, link: Option<&RunLink>, tally: &mut Tally) -> bool {
         }
     }
     let start = Instant::now();
-    match sleuth_store::finish::finish(path, link) {
+    match opened.and_then(|t| sleuth_store::finish::finish(t, link)) {
         Ok(Finished::Completed {
             calls,
             culprit_rows,
