@@ -22,7 +22,7 @@ pub const SQLITE_SIDE_FILES: [&str; 3] = ["-wal", "-shm", "-journal"];
 /// the command can ("--force replaces it"), else nothing.
 pub type Hint<'a> = Option<&'a str>;
 
-fn exists_error(dst: &Path, hint: Hint) -> StoreError {
+pub(crate) fn exists_error(dst: &Path, hint: Hint) -> StoreError {
     StoreError::file(
         dst,
         match hint {

@@ -249,9 +249,7 @@ pub(crate) fn create_private_file(path: &Path, overwrite: bool) -> Result<(), St
         .mode(0o600)
         .open(path)
         .map_err(|e| match e.kind() {
-            std::io::ErrorKind::AlreadyExists => {
-                StoreError::file(path, "already exists (refusing to overwrite it)")
-            }
+            std::io::ErrorKind::AlreadyExists => crate::outfile::exists_error(path, None),
             _ => StoreError::io(path, e),
         })?;
     Ok(())
@@ -269,10 +267,7 @@ fn create_initialized(
     opts: &WriterOptions,
 ) -> Result<Connection, StoreError> {
     if !opts.overwrite && std::fs::symlink_metadata(path).is_ok() {
-        return Err(StoreError::file(
-            path,
-            "already exists (refusing to overwrite it)",
-        ));
+        return Err(crate::outfile::exists_error(path, None));
     }
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
     let hidden = path.with_file_name(format!(
@@ -311,9 +306,7 @@ fn create_initialized(
     if let Err(e) = named {
         let _ = std::fs::remove_file(&hidden);
         return Err(match e.kind() {
-            std::io::ErrorKind::AlreadyExists => {
-                StoreError::file(path, "already exists (refusing to overwrite it)")
-            }
+            std::io::ErrorKind::AlreadyExists => crate::outfile::exists_error(path, None),
             _ => StoreError::io(path, e),
         });
     }
