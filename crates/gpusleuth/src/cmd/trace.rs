@@ -530,11 +530,11 @@ struct Stored {
 
 /// This file's share of the kernel's counters (`now` minus what earlier
 /// files stored, `before`), each under its class's name (drop_, edge_, or
-/// bare), and the tracer's pid, which lets `explain` recognise the
-/// tracer's own threads (never culprits). Stored at the file's end with
-/// the rest, and every second while it is written ([`COUNTERS_EVERY`]): a
-/// file whose tracer is killed says what was lost up to then and whose
-/// threads were the tracer's, not the zeros it starts with.
+/// bare). Stored at the file's end with the rest, and every second while
+/// it is written ([`COUNTERS_EVERY`]): a file whose tracer is killed says
+/// what was lost up to then, not the zeros it starts with. (The tracer's
+/// pid, which lets `explain` recognise its threads, is in each file from
+/// its creation: `WriterOptions::tracer_pid`.)
 fn store_kernel_counters(
     handle: &WriterHandle,
     now: &[u64; stat::MAX],
@@ -545,21 +545,11 @@ fn store_kernel_counters(
             handle.set_stat(name, n.saturating_sub(*b))?;
         }
     }
-    handle.set_stat(
-        sleuth_core::threads::TRACER_PID_STAT,
-        u64::from(std::process::id()),
-    )
+    Ok(())
 }
 
 /// How often the kernel's counters are stored while a file is written.
 const COUNTERS_EVERY: Duration = Duration::from_secs(1);
-
-/// A last store of the counters that makes the next one due now.
-fn counters_due_now() -> Instant {
-    Instant::now()
-        .checked_sub(COUNTERS_EVERY)
-        .unwrap_or_else(Instant::now)
-}
 
 /// Stores the session's counters minus what `before` says earlier files
 /// stored; returns the new totals.
@@ -794,8 +784,8 @@ fn trace_loop(
     }
     let mut last_render = Instant::now();
     let mut last_place = Instant::now();
-    // Now, not a second later: the tracer's pid from the file's first batch.
-    let mut last_counters = counters_due_now();
+    // Each file holds the tracer's pid and zero counters from its creation.
+    let mut last_counters = Instant::now();
     let mut child_exit: Option<i32> = None;
     let mut child_exit_at: Option<Instant> = None;
     // Whether the loop ended because --duration was reached.
@@ -842,8 +832,6 @@ fn trace_loop(
                 sampler.as_ref(),
             );
             count_sampler.new_file();
-            // The new file's counters and the tracer's pid from its first batch.
-            last_counters = counters_due_now();
         }
         // A launched program often sets its CPUs as it starts (`taskset` in
         // a wrapper, a framework's own pinning): until the next placement the
