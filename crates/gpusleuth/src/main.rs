@@ -8,6 +8,7 @@ mod args;
 mod capture;
 mod checks_memo;
 mod cmd;
+mod finishing;
 mod gpu_sampler;
 mod held_child;
 mod live;

@@ -172,11 +172,11 @@ fn finished_files(dir: &std::path::Path) -> Vec<bool> {
         .collect()
 }
 
-#[test]
-fn a_sigkilled_rotating_run_is_made_whole_again_by_finish() {
-    let Some(sb) = Sandbox::for_ebpf("sigkill-rotate") else {
-        return;
-    };
+/// A `--rotate 300ms` run SIGKILLed after 2.5 s in a new sandbox, its
+/// workload killed too: the sandbox, the tracer's pid and which of the
+/// run's files (`sb.db()`) were complete. None where eBPF is unavailable.
+fn killed_rotating_run(tag: &str) -> Option<(Sandbox, u32, Vec<bool>)> {
+    let sb = Sandbox::for_ebpf(tag)?;
     let ready = sb.path("ready");
     let mut child = sb.spawn_trace(
         &["--rotate", "300ms", "--ready-file", ready.to_str().unwrap()],
@@ -190,14 +190,22 @@ fn a_sigkilled_rotating_run_is_made_whole_again_by_finish() {
     unsafe { libc::kill(tracer as i32, libc::SIGKILL) };
     let _ = child.wait();
     kill_workloads_of(&sb);
-    let dir = sb.db();
-    let before = finished_files(&dir);
+    let before = finished_files(&sb.db());
     assert!(before.len() >= 3, "{before:?}");
     assert_eq!(
         before.last(),
         Some(&false),
         "the file being written when killed"
     );
+    Some((sb, tracer, before))
+}
+
+#[test]
+fn a_sigkilled_rotating_run_is_made_whole_again_by_finish() {
+    let Some((sb, tracer, before)) = killed_rotating_run("sigkill-rotate") else {
+        return;
+    };
+    let dir = sb.db();
     // The run's answers leave it out, and say how to finish it.
     let out = common::run_ok(common::gpusleuth().args(["stats", "--db"]).arg(&dir));
     let err = String::from_utf8_lossy(&out.stderr);
@@ -244,6 +252,55 @@ fn a_sigkilled_rotating_run_is_made_whole_again_by_finish() {
     assert_eq!(counted as i64, stored);
     common::run_ok(common::gpusleuth().args(["explain", "--db"]).arg(&dir));
     common::run_ok(common::gpusleuth().args(["memory", "--db"]).arg(&dir));
+}
+
+#[test]
+fn a_restarted_tracer_finishes_what_its_killed_predecessor_left() {
+    // The service's and the pod's case: the next start, a run of its own
+    // beside the killed one, completes the killed run's files while it
+    // records (`--finish-killed`), and says so in its own trace.
+    let Some((sb, _, before)) = killed_rotating_run("finish-killed") else {
+        return;
+    };
+    let killed = sb.db();
+    let next = sb.path("next-run");
+    let mut cmd = common::gpusleuth();
+    cmd.arg("trace")
+        .arg("--db")
+        .arg(&next)
+        .args(["--rotate", "1s", "--finish-killed", "--quiet", "--"])
+        .arg(&sb.sim.workload)
+        .arg("repeat 300 { churn 5; sleep 5 }")
+        .env("LD_LIBRARY_PATH", &sb.sim.lib_dir);
+    let out = common::run_ok(&mut cmd);
+    let unfinished = before.iter().filter(|f| !**f).count();
+    assert!(unfinished >= 1);
+    assert!(finished_files(&killed).iter().all(|f| *f), "{before:?}");
+    // Its own run is whole and was never taken for an earlier one.
+    assert!(finished_files(&next).iter().all(|f| *f));
+    let notes: Vec<String> = parts(&next)
+        .iter()
+        .flat_map(|p| {
+            common::Db::open(p).strings("SELECT text FROM notes WHERE text LIKE '--finish-killed%'")
+        })
+        .collect();
+    let summary = format!(
+        "{unfinished} finished, {} already complete, 0 in use (left as they are), 0 failed",
+        before.len() - unfinished
+    );
+    assert!(
+        notes.iter().any(|n| n.contains(&summary)),
+        "{notes:?}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        notes.iter().filter(|n| n.contains(": finished (")).count(),
+        unfinished,
+        "{notes:?}"
+    );
+    // The killed run answers over every file, without the note that one is unfinished.
+    let out = common::run_ok(common::gpusleuth().args(["stats", "--db"]).arg(&killed));
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("not finished"));
 }
 
 #[test]

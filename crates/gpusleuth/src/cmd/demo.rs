@@ -127,6 +127,7 @@ fn live(dir: &Path, keep: bool) -> Result<i32> {
         torch_allocator: false,
         sites: true,
         site_slow: Duration::from_millis(1),
+        finish_killed: false,
         ready_file: None,
         quiet: true,
         metrics: None,

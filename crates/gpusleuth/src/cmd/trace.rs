@@ -15,8 +15,10 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+mod earlier;
 mod end_notes;
 mod rotation;
+use earlier::EarlierFiles;
 use end_notes::{coverage_warning, lost_warning};
 use rotation::Rotation;
 
@@ -101,6 +103,14 @@ pub struct Args {
     /// (e.g. 1ms, 500us; 0 turns it off). Launches are never captured.
     #[arg(long = "site-slow", default_value = "1ms", value_parser = crate::args::duration)]
     pub site_slow: Duration,
+    /// Complete, on a low-priority thread while this trace records, the
+    /// files earlier tracers left unfinished beside its output (killed:
+    /// SIGKILL, the OOM killer, a node that went down): the runs and the
+    /// `gpusleuth-*.db` files in its directory, as `gpusleuth finish --db`
+    /// of that directory does. For a service or pod that writes a run per
+    /// start; what it did is noted in this trace.
+    #[arg(long = "finish-killed")]
+    pub finish_killed: bool,
     /// Create this file once probes are attached (for scripts and tests).
     #[arg(long = "ready-file", value_name = "PATH")]
     pub ready_file: Option<PathBuf>,
@@ -782,6 +792,15 @@ fn trace_loop(
     if let Some(r) = rotation.as_mut() {
         r.precheck = prechecker.as_ref().map(|p| p.queue());
     }
+    // Once the probes are attached: it never delays the capture's start.
+    let mut earlier = match args.finish_killed.then(|| EarlierFiles::start(&out)) {
+        Some(Ok(e)) => Some(e),
+        Some(Err(why)) => {
+            sinks.note(NoteLevel::Warn, why);
+            None
+        }
+        None => None,
+    };
     let mut last_render = Instant::now();
     let mut last_place = Instant::now();
     // Each file holds the tracer's pid and zero counters from its creation.
@@ -823,7 +842,15 @@ fn trace_loop(
         if args.duration.is_some_and(|d| t0.elapsed() >= d) {
             break true;
         }
-        if let Some(r) = rotation.as_mut().filter(|r| r.due(Instant::now())) {
+        if let Some(notes) = earlier.as_mut().and_then(EarlierFiles::take_done) {
+            earlier_notes(notes, args.quiet, &mut sinks);
+        }
+        // One completion at a time: the earlier tracers' files count as one.
+        let finishing_earlier = earlier.as_ref().is_some_and(EarlierFiles::busy);
+        if let Some(r) = rotation
+            .as_mut()
+            .filter(|r| r.due(Instant::now(), finishing_earlier))
+        {
             r.rotate(
                 &mut writer,
                 &mut handle,
@@ -906,6 +933,13 @@ fn trace_loop(
         sinks.live.clear();
         eprintln!("gpusleuth: {text}");
         fate = Some(text);
+    }
+    if let Some(e) = earlier.as_mut() {
+        // Done since the loop's last look, or still running: said either way.
+        let notes = e
+            .take_done()
+            .or_else(|| e.unfinished_note().map(|t| vec![(NoteLevel::Warn, t)]));
+        earlier_notes(notes.unwrap_or_default(), args.quiet, &mut sinks);
     }
     // Final drain: records already in the ring buffer. Bounded: a traced
     // process that keeps running (`--pid`, all-processes mode) keeps producing
@@ -1083,6 +1117,18 @@ fn trace_loop(
         (Some(_), None) if signals::interrupts() > 0 => 130,
         _ => 0,
     })
+}
+
+/// Stores what `--finish-killed` did in this trace (warnings are printed
+/// by `Sinks::note`; the rest unless `--quiet`).
+fn earlier_notes(notes: Vec<(NoteLevel, String)>, quiet: bool, sinks: &mut Sinks) {
+    for (level, text) in notes {
+        if level == NoteLevel::Info && !quiet {
+            sinks.live.clear();
+            eprintln!("gpusleuth: {text}");
+        }
+        sinks.note(level, text);
+    }
 }
 
 fn live_tty() -> bool {
@@ -1317,7 +1363,8 @@ mod tests {
     /// What the deploy files run parses, and records as a node agent must:
     /// a rotated run with a bound on its files, named per start (no --db), so
     /// that a restarted service or container starts a run of its own where a
-    /// fixed name was refused as existing (docs/deploy.md).
+    /// fixed name was refused as existing, and completes the files a killed
+    /// predecessor left (docs/deploy.md).
     #[test]
     fn the_deploy_files_run_a_bounded_rotated_run_named_per_start() {
         let yaml = include_str!("../../../../deploy/daemonset.yaml");
@@ -1347,6 +1394,10 @@ mod tests {
             assert_eq!(a.keep, Some(32), "{argv:?}");
             assert_eq!(a.max_db, 512 << 20, "{argv:?}");
             assert!(a.metrics.is_some(), "{argv:?}");
+            assert!(
+                a.finish_killed,
+                "{argv:?}: a start completes what a killed predecessor left"
+            );
         }
     }
 

@@ -323,6 +323,18 @@ impl Db {
             .collect()
     }
 
+    /// The first column of every row of a query, as text (other values
+    /// and NULL as "").
+    pub fn strings(&self, sql: &str) -> Vec<String> {
+        self.rows(sql)
+            .into_iter()
+            .map(|r| match r.into_iter().next() {
+                Some(SqlValue::Text(t)) => t,
+                _ => String::new(),
+            })
+            .collect()
+    }
+
     /// A query expected to yield one integer.
     pub fn int(&self, sql: &str) -> i64 {
         let rows = self.ints(sql);

@@ -34,8 +34,11 @@ impl Rotation {
     /// memory, and waiting for one on the draining thread stalled it (the
     /// ring buffer filled): while the previous file is still being completed
     /// the current one keeps recording, and the next starts once it is done.
-    pub(super) fn due(&self, now: Instant) -> bool {
-        let completing = self.finishing.as_ref().is_some_and(|t| !t.is_finished());
+    /// `finishing_earlier`: `--finish-killed` is completing files of
+    /// earlier tracers, which counts as a completion.
+    pub(super) fn due(&self, now: Instant, finishing_earlier: bool) -> bool {
+        let completing =
+            finishing_earlier || self.finishing.as_ref().is_some_and(|t| !t.is_finished());
         rotation_due(now, self.next_at, completing)
     }
 
