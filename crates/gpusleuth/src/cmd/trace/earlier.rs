@@ -132,3 +132,69 @@ fn notes(dir: &Path, o: &Outcome) -> Vec<(NoteLevel, String)> {
     ));
     notes
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn it_says_what_it_finished_and_that_a_trace_ended_before_it_did() {
+        let (go, wait) = std::sync::mpsc::channel::<()>();
+        let mut e = EarlierFiles {
+            dir: PathBuf::from("/var/lib/gpusleuth"),
+            thread: Some(std::thread::spawn(move || {
+                let _ = wait.recv();
+                Outcome {
+                    tally: Tally {
+                        finished: 1,
+                        complete: 8,
+                        ..Tally::default()
+                    },
+                    said: vec![
+                        (
+                            NoteLevel::Info,
+                            "/x/part-000009.db: finished (600 calls, 0 culprit rows) in 0.1 s"
+                                .into(),
+                        ),
+                        (
+                            NoteLevel::Info,
+                            "/x/part-000008.db: already complete".into(),
+                        ),
+                    ],
+                }
+            })),
+        };
+        // Still running: a rotation waits, and a trace ending now says so.
+        assert!(e.busy());
+        assert!(e.take_done().is_none());
+        let note = e.unfinished_note().expect("busy");
+        assert!(
+            note.contains("were still being finished when this trace ended"),
+            "{note}"
+        );
+        go.send(()).unwrap();
+        while e.busy() {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(e.unfinished_note().is_none());
+        let said = e.take_done().expect("done");
+        assert_eq!(
+            said,
+            vec![
+                (NoteLevel::Info, "--finish-killed: /x/part-000009.db: finished (600 calls, 0 culprit rows) in 0.1 s".to_string()),
+                (NoteLevel::Info, "--finish-killed: the files earlier tracers left unfinished in /var/lib/gpusleuth: 1 finished, 8 already complete, 0 in use (left as they are), 0 failed".to_string()),
+            ]
+        );
+        // Said once.
+        assert!(e.take_done().is_none());
+        // Nothing to do: nothing said.
+        let quiet = Outcome {
+            tally: Tally {
+                complete: 3,
+                ..Tally::default()
+            },
+            said: Vec::new(),
+        };
+        assert!(notes(Path::new("/d"), &quiet).is_empty());
+    }
+}
