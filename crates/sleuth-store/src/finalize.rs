@@ -44,7 +44,10 @@ pub(crate) fn complete_after(
     first: impl FnOnce(&Connection) -> rusqlite::Result<()>,
 ) -> rusqlite::Result<u64> {
     let cpu_at_start = crate::writer::thread_cpu_ns();
-    let tx = conn.transaction()?;
+    // The write lock from the start: `first` may read what decides whether
+    // to write (`gpusleuth finish` checks that no one completed the file
+    // since it looked), and no other writer may come between.
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
     first(&tx)?;
     complete_processes(&tx, rollup)?;
     // The run's state when this file began: the copies are judged against

@@ -105,13 +105,32 @@ pub fn finish(trace: Trace, link: Option<&RunLink>) -> Result<Finished, StoreErr
     )
     .map_err(|e| StoreError::file(path, format!("cannot open to write: {}", short(&e))))?;
     crate::open::harden(&conn).map_err(|e| sqlite(path, e))?;
+    // Another `finish` (a user's, or a restarted tracer's `--finish-killed`)
+    // may be completing the file: its transaction is waited for, then the
+    // file is found complete.
+    conn.busy_timeout(WAIT_FOR_ANOTHER)
+        .map_err(|e| sqlite(path, e))?;
     let (rollup, calls) = windows_from_rows(&conn).map_err(|e| sqlite(path, e))?;
     // One transaction: a failure leaves the file as the tracer left it.
-    let culprit_rows = finalize::complete_after(&mut conn, &rollup, link, |tx| {
+    let completed_meanwhile = std::cell::Cell::new(false);
+    let done = finalize::complete_after(&mut conn, &rollup, link, |tx| {
+        // Under the write lock: completed since it was opened above, the
+        // file is left as it is (completed twice, its rollups would count
+        // every call twice).
+        if crate::reader::rollups_complete(tx)? {
+            completed_meanwhile.set(true);
+            return Err(rusqlite::Error::SqliteFailure(
+                rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_ABORT),
+                Some("completed meanwhile".into()),
+            ));
+        }
         crate::thread_windows::drop_table(tx)?;
         note_finished(tx)
-    })
-    .map_err(|e| sqlite(path, e))?;
+    });
+    let culprit_rows = match done {
+        Err(_) if completed_meanwhile.get() => return Ok(Finished::AlreadyComplete),
+        r => r.map_err(|e| sqlite(path, e))?,
+    };
     // One self-contained file, as the tracer leaves it.
     conn.pragma_update(None, "journal_mode", "DELETE")
         .map_err(|e| sqlite(path, e))?;
@@ -120,6 +139,10 @@ pub fn finish(trace: Trace, link: Option<&RunLink>) -> Result<Finished, StoreErr
         culprit_rows,
     })
 }
+
+/// How long a `finish` waits for another one's transaction on the same
+/// file: a tracer's completion of a 512 MiB file takes tens of seconds.
+const WAIT_FOR_ANOTHER: std::time::Duration = std::time::Duration::from_secs(600);
 
 fn sqlite(path: &Path, e: rusqlite::Error) -> StoreError {
     StoreError::Sqlite {

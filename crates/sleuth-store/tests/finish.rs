@@ -312,3 +312,44 @@ fn what_finish_does_not_complete_is_refused_or_left_as_it_is() {
     );
     assert_eq!(std::fs::read(&killed).unwrap(), before);
 }
+
+#[test]
+fn a_file_completed_by_another_finish_meanwhile_is_left_as_it_is() {
+    // Two finishers on one file (a user's `gpusleuth finish` and a
+    // restarted tracer's `--finish-killed`): one checks and replays the
+    // file while the other holds the write lock and completes it. The
+    // first waits for the lock, finds the file complete, and writes
+    // nothing: completed twice, its rollups would count every call twice.
+    let dir = TempDir::new("finish_race");
+    let (done, killed) = (dir.join("done.db"), dir.join("killed.db"));
+    rewrite_leaving_unfinished(&two_processes(), &done, WriterOptions::default(), &killed);
+    // The other finisher: its transaction under way.
+    let other = Connection::open(&killed).unwrap();
+    other.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let this = std::thread::spawn({
+        let killed = killed.clone();
+        // Opened now, while the file is not complete.
+        let t = Trace::open(&killed).unwrap();
+        move || finish(t, None)
+    });
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    // Its completion committed (what the check reads of it: the mark).
+    other
+        .execute_batch("INSERT OR REPLACE INTO meta(key, value) VALUES ('rollups', '1'); COMMIT")
+        .unwrap();
+    drop(other);
+    assert_eq!(this.join().unwrap().unwrap(), Finished::AlreadyComplete);
+    let c = Connection::open(&killed).unwrap();
+    let notes: i64 = c
+        .query_row(
+            "SELECT count(*) FROM notes WHERE text LIKE 'finished by%'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(notes, 0, "nothing of this finish written");
+    let rollup_rows: i64 = c
+        .query_row("SELECT count(*) FROM rollup_ops", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(rollup_rows, 0, "no rollups of this finish");
+}
