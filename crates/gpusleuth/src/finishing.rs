@@ -97,7 +97,7 @@ impl<'a> Finisher<'a> {
         if meta.is_dir() {
             if self.finish_under(path)? == 0 {
                 bail!(
-                    "{}: neither a run of `trace --rotate` (part-NNNNNN.db files) nor a directory of runs",
+                    "{}: neither a run of `trace --rotate` (part-NNNNNN.db files) nor a directory of runs or of the gpusleuth-*.db files `trace` names itself",
                     path.display()
                 );
             }

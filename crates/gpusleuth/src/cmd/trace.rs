@@ -395,6 +395,7 @@ pub fn run(args: Args) -> Result<i32> {
         finishing: None,
         totals: WriteSummary::default(),
         precheck: None,
+        held_by_earlier: false,
     });
     let writer = TraceWriter::create(&db, info, opts)
         .with_context(|| format!("cannot create trace database {}", db.display()))?;
@@ -847,10 +848,10 @@ fn trace_loop(
         }
         // One completion at a time: the earlier tracers' files count as one.
         let finishing_earlier = earlier.as_ref().is_some_and(EarlierFiles::busy);
-        if let Some(r) = rotation
+        let due = rotation
             .as_mut()
-            .filter(|r| r.due(Instant::now(), finishing_earlier))
-        {
+            .is_some_and(|r| r.due(Instant::now(), finishing_earlier));
+        if let (true, Some(r)) = (due, rotation.as_mut()) {
             r.rotate(
                 &mut writer,
                 &mut handle,

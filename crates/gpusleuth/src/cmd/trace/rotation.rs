@@ -26,6 +26,9 @@ pub(super) struct Rotation {
     pub(super) totals: WriteSummary,
     /// Where completed files go to be checked for later reads (`--precheck`).
     pub(super) precheck: Option<crate::precheck::Queue>,
+    /// The next file waited, past its time, for `--finish-killed` to
+    /// complete earlier tracers' files (said in the late note).
+    pub(super) held_by_earlier: bool,
 }
 
 impl Rotation {
@@ -36,7 +39,10 @@ impl Rotation {
     /// the current one keeps recording, and the next starts once it is done.
     /// `finishing_earlier`: `--finish-killed` is completing files of
     /// earlier tracers, which counts as a completion.
-    pub(super) fn due(&self, now: Instant, finishing_earlier: bool) -> bool {
+    pub(super) fn due(&mut self, now: Instant, finishing_earlier: bool) -> bool {
+        if finishing_earlier && now >= self.next_at {
+            self.held_by_earlier = true;
+        }
         let completing =
             finishing_earlier || self.finishing.as_ref().is_some_and(|t| !t.is_finished());
         rotation_due(now, self.next_at, completing)
@@ -93,10 +99,15 @@ impl Rotation {
             Err(e) => sinks.check(Err(e)),
         }
         if late >= LATE_NOTE {
-            // The previous file's completion outlasted this file's period.
-            let r = handle.add_note(NoteLevel::Info, late_note(self.n, late));
+            // The previous file's completion (or the earlier tracers' files
+            // `--finish-killed` completed) outlasted this file's period.
+            let r = handle.add_note(
+                NoteLevel::Info,
+                late_note(self.n, late, self.held_by_earlier),
+            );
             sinks.check(r);
         }
+        self.held_by_earlier = false;
         let r = handle.set_session_end(now);
         sinks.check(r);
         let new_handle = next.handle();
@@ -214,13 +225,19 @@ fn rotation_due(now: Instant, next_at: Instant, completing: bool) -> bool {
 const LATE_NOTE: Duration = Duration::from_secs(1);
 
 /// The note of file `n`, which recorded `late` past its period because file
-/// `n - 1` was still being completed.
-fn late_note(n: u64, late: Duration) -> String {
-    format!(
-        "file {n} recorded {} past the period: file {} was still being completed (one file is completed at a time)",
-        sleuth_core::units::fmt_ns(u64::try_from(late.as_nanos()).unwrap_or(u64::MAX)),
-        n.saturating_sub(1)
-    )
+/// `n - 1` was still being completed, or (`earlier`) `--finish-killed` was
+/// completing earlier tracers' files.
+fn late_note(n: u64, late: Duration, earlier: bool) -> String {
+    let late = sleuth_core::units::fmt_ns(u64::try_from(late.as_nanos()).unwrap_or(u64::MAX));
+    match earlier {
+        false => format!(
+            "file {n} recorded {late} past the period: file {} was still being completed (one file is completed at a time)",
+            n.saturating_sub(1)
+        ),
+        true => format!(
+            "file {n} recorded {late} past the period: --finish-killed was completing files earlier tracers left (one file is completed at a time)"
+        ),
+    }
 }
 
 /// Deletes a run's oldest files until `keep` remain; never file `current`
@@ -255,8 +272,12 @@ mod tests {
         );
         assert!(rotation_due(at + Duration::from_secs(3), at, false));
         assert_eq!(
-            late_note(4, Duration::from_millis(2_500)),
+            late_note(4, Duration::from_millis(2_500), false),
             "file 4 recorded 2.500s past the period: file 3 was still being completed (one file is completed at a time)"
+        );
+        assert_eq!(
+            late_note(2, Duration::from_secs(12), true),
+            "file 2 recorded 12.000s past the period: --finish-killed was completing files earlier tracers left (one file is completed at a time)"
         );
     }
 }
