@@ -33,7 +33,7 @@ one() { # mode (plain|finish), rep
   printf '%-7s rep %s: workload %s s, tracer peak RSS %s kB, killed file complete after: %s\n' \
     "$1" "$2" "$(cat "$d/wall")" "$(cat "$d/peak")" "$done_"
   for f in "$d"/next/part-*.db; do
-    sqlite3 "$f" "SELECT '  ' || level || ': ' || text FROM notes WHERE text LIKE '--finish-killed%'"
+    sqlite3 "$f" "SELECT '  ' || level || ': ' || text FROM notes WHERE text LIKE '%--finish-killed%'"
   done
   rm -rf "$d"
 }
