@@ -18,18 +18,21 @@ wl=${WL:-"repeat 1500 { compute 10; launch ; memcpy 4096; sync_device; sleep 5 }
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
 "$bin" bench --analysis-only --analysis-calls "$n" --keep-trace "$work/done.db" >/dev/null
 cp "$work/done.db" "$work/killed.db"
-python3 -c "import sqlite3,sys; c=sqlite3.connect(sys.argv[1]); c.executescript(open(sys.argv[2]).read()); c.commit()" \
+# In WAL mode, as a killed tracer leaves its file (a finishing cut short
+# then leaves its uncommitted pages in the -wal, which readers ignore).
+python3 -c "import sqlite3,sys; c=sqlite3.connect(sys.argv[1]); c.executescript(open(sys.argv[2]).read()); c.commit(); c.execute('PRAGMA journal_mode=WAL')" \
   "$work/killed.db" "$here/unfinish.sql"
 echo "$n calls, killed file $(stat -c %s "$work/killed.db") bytes; workload: $wl; $(date -u)"
 one() { # mode (plain|finish), rep
   local d="$work/runs-$1-$2" opt=()
   mkdir "$d"; cp "$work/killed.db" "$d/gpusleuth-20000101-000000.db"
+  local f="$d/gpusleuth-20000101-000000.db"
   [ "$1" = finish ] && opt=(--finish-killed)
   GPUSLEUTH_PEAK_RSS_FILE="$d/peak" "$bin" trace --db "$d/next" --rotate 5s --quiet --precheck off "${opt[@]}" \
     --cuda-lib "$sim/lib/libcudart.so.13" --cuda-lib "$sim/lib/libcuda.so.1" -- \
     /usr/bin/time -f "%e" -o "$d/wall" "$sim/bin/workload" "$wl" >"$d/log" 2>&1
   local done_
-  done_=$(sqlite3 "$d/gpusleuth-20000101-000000.db" "SELECT count(*) FROM meta WHERE key = 'rollups' AND value = '1'")
+  done_=$(sqlite3 "$f" "SELECT count(*) FROM meta WHERE key = 'rollups' AND value = '1'")
   printf '%-7s rep %s: workload %s s, tracer peak RSS %s kB, killed file complete after: %s\n' \
     "$1" "$2" "$(cat "$d/wall")" "$(cat "$d/peak")" "$done_"
   for f in "$d"/next/part-*.db; do
