@@ -52,6 +52,74 @@ fn ring_overflow_is_counted_exactly() {
 }
 
 #[test]
+fn records_that_wrap_past_the_rings_end_are_read_whole() {
+    // The consumer maps the ring's data pages once (round 49): a record that
+    // wraps past the end is copied whole. A 4 KiB ring laps every ~30
+    // records, and records of several sizes (calls, waits, call sites) land
+    // across its end again and again; paced so that few if any are dropped
+    // (tests beside this one may take the CPUs), every field of every call
+    // stored must read as the workload made it.
+    let Some(sb) = Sandbox::for_ebpf("ring-wrap") else {
+        return;
+    };
+    const N: usize = 600;
+    sb.trace(
+        &["--ring-size", "4K"],
+        &format!("repeat {N} {{ malloc 4096 a; free a; sleep 2 }}"),
+        0,
+    );
+    let db = sb.open_db();
+    let dropped = db.int(
+        "SELECT coalesce(sum(value), 0) FROM stats WHERE name LIKE 'drop_%' AND name != 'drop_db_full'",
+    );
+    let rows = |op: &str| {
+        db.ints(&format!(
+            "SELECT size, ptr, ret FROM calls WHERE op = '{op}' ORDER BY ts_ns"
+        ))
+    };
+    let mallocs = [rows("cudaMalloc"), rows("cuMemAlloc_v2")];
+    let frees = [rows("cudaFree"), rows("cuMemFree_v2")];
+    let stored: usize = mallocs.iter().chain(&frees).map(Vec::len).sum();
+    assert!(
+        stored >= 4 * N * 9 / 10,
+        "most of the {} calls stored, to have lapped the ring: {stored} ({dropped} records dropped)",
+        4 * N
+    );
+    if dropped == 0 {
+        assert_eq!(stored, 4 * N, "nothing dropped: every call stored");
+    }
+    let mut handed_out = std::collections::BTreeSet::new();
+    for (op, m) in ["cudaMalloc", "cuMemAlloc_v2"].iter().zip(&mallocs) {
+        for r in m {
+            assert_eq!((r[0], r[2]), (4096, 0), "{op}: {r:?}");
+            assert!(r[1] != 0, "{op} returned a pointer: {r:?}");
+            handed_out.insert(r[1]);
+        }
+    }
+    // The simulated allocator hands out the next 4 KiB each time (the two
+    // layers the same pointer): as many pointers as calls, 4 KiB apart,
+    // and every free names one of them.
+    let first = *handed_out.first().expect("allocations stored");
+    assert!(handed_out.len() <= N, "{} pointers", handed_out.len());
+    for p in &handed_out {
+        let off = p - first;
+        assert!(
+            off % 4096 == 0 && off < 4096 * N as i64,
+            "{p:#x} from {first:#x}"
+        );
+    }
+    for (op, f) in ["cudaFree", "cuMemFree_v2"].iter().zip(&frees) {
+        for r in f {
+            assert!(
+                handed_out.contains(&r[1]),
+                "{op} of a pointer never handed out: {r:?}"
+            );
+            assert_eq!(r[2], 0, "{op}: {r:?}");
+        }
+    }
+}
+
+#[test]
 fn exit_churn_leaves_no_kernel_state() {
     let Some(sb) = Sandbox::for_ebpf("exit-churn") else {
         return;

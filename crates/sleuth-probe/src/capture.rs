@@ -4,7 +4,7 @@ use crate::caps::Caps;
 use crate::discover::LibFile;
 use crate::multi;
 use crate::symbols::SymbolOffsets;
-use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
+use aya::maps::{HashMap as BpfHashMap, Map, PerCpuArray};
 use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope};
 use aya::programs::{BtfTracePoint, UProbe};
 use aya::{Btf, Ebpf, EbpfLoader, Pod};
@@ -199,7 +199,7 @@ unsafe impl Pod for InflightPod {}
 /// A running capture: loaded programs, their links, and the ring buffer.
 pub struct Capture {
     bpf: Ebpf,
-    ring: RingBuf<MapData>,
+    ring: crate::ring::Ring,
     launch_mode: LaunchMode,
     /// Probe PyTorch's caching allocator in libc10_cuda.so (`trace --torch-allocator`).
     torch_allocator: bool,
@@ -411,11 +411,11 @@ impl Capture {
         drop(btf);
         drop(object);
         release_freed_heap();
-        let ring = RingBuf::try_from(
-            bpf.take_map("events")
-                .ok_or_else(|| unavailable("eBPF object", "ring buffer map missing"))?,
-        )
-        .map_err(|e| unavailable("ring buffer", e))?;
+        let ring = match bpf.take_map("events") {
+            Some(Map::RingBuf(data)) => crate::ring::Ring::new(data, ring_bytes as usize)
+                .map_err(|e| unavailable("ring buffer", e))?,
+            _ => return Err(unavailable("eBPF object", "ring buffer map missing")),
+        };
         Ok(Capture {
             bpf,
             ring,
@@ -661,12 +661,7 @@ impl Capture {
     }
 
     fn drain(&mut self, f: &mut impl FnMut(&[u8])) -> usize {
-        let mut n = 0;
-        while let Some(item) = self.ring.next() {
-            f(&item);
-            n += 1;
-        }
-        n
+        self.ring.drain(f)
     }
 
     /// Entries left in the per-process and per-thread kernel maps (`traced`,

@@ -7,6 +7,7 @@ pub mod discover;
 pub mod elf_symbols;
 mod multi;
 pub mod placement;
+mod ring;
 pub mod session;
 pub mod sites;
 pub mod symbols;

@@ -91,8 +91,8 @@ pub struct Args {
     /// Kernel ring buffer size (e.g. 8M, 64M; rounded up to a power of two,
     /// at least 4K): more absorbs longer bursts before events are dropped
     /// (drops are always counted and reported).
-    /// The tracer's resident memory counts it twice (the kernel maps it
-    /// twice for records that wrap): 4M takes 8 MiB off, at half the room.
+    /// It counts once in the tracer's resident memory (its pages are mapped
+    /// once): 4M takes 4 MiB off, at half the room.
     #[arg(long = "ring-size", default_value = "8M", value_parser = crate::args::size)]
     pub ring_size: u64,
     /// Call sites (Python file/function/line and native frames) of
