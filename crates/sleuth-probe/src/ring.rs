@@ -102,8 +102,11 @@ impl Ring {
         let fd = map.fd().as_fd().as_raw_fd();
         let consumer = Mapping::new(fd, page, libc::PROT_READ | libc::PROT_WRITE, 0)?;
         // The kernel maps the data pages twice past the producer page; a
-        // mapping as long as one copy maps them once.
-        let producer = Mapping::new(fd, page + size, libc::PROT_READ, page)?;
+        // mapping as long as one copy maps them once. Should a kernel refuse
+        // the shorter mapping, both copies are mapped, as aya does (only the
+        // first is read: the consumer works the same).
+        let producer = Mapping::new(fd, page + size, libc::PROT_READ, page)
+            .or_else(|_| Mapping::new(fd, page + 2 * size, libc::PROT_READ, page))?;
         let mut ring = Ring {
             map,
             consumer,
