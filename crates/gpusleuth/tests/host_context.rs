@@ -183,8 +183,10 @@ fn a_sleep_whose_switch_in_was_not_seen_is_still_blocked_time() {
         );
         assert_eq!(rows.len(), 3, "mode {mode}");
         for r in &rows {
+            // The sleep's timer is armed before the switch-out, as above
+            // (31 us short once on the loaded CI machine, round 49).
             assert!(
-                r[2] >= SLEEP_MS * MS,
+                r[2] >= (SLEEP_MS - 1) * MS,
                 "mode {mode}: blocked only {} ns of {} ns",
                 r[2],
                 r[0]
@@ -194,7 +196,7 @@ fn a_sleep_whose_switch_in_was_not_seen_is_still_blocked_time() {
         assert!(unseen >= 3, "mode {mode}: {unseen} switch-ins settled");
         let sleeps = db.int(&format!(
             "SELECT count(*) FROM waits WHERE kind='blocked' AND wake_ns - off_ns >= {}",
-            SLEEP_MS * MS
+            (SLEEP_MS - 1) * MS
         ));
         assert!(sleeps >= 3, "mode {mode}: {sleeps} waits cover the sleeps");
         check_invariants(&sb, &db);
