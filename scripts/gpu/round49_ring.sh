@@ -8,6 +8,7 @@
 # sites, MCP) with this build, whose capture now reads the ring itself.
 # Usage (device, repo root, both builds carried):
 #   OUT=$OUT bash scripts/gpu/round49_ring.sh target/release/gpusleuth target/gs-before
+# (target/gs-before: a release build of aaebded, before the ring change).
 set -u
 . scripts/gpu/device_env.sh "$1"
 OLD=$(readlink -f "$2"); chmod +x "$OLD"
