@@ -187,7 +187,13 @@ impl<'a> Finisher<'a> {
                 continue;
             }
             let path = e.path();
-            if holders(&path).is_ok_and(|h| h.is_empty()) && std::fs::remove_file(&path).is_ok() {
+            // Its creator's pid ends its name (`.creating-PID`).
+            let creator = name
+                .rsplit_once(".db.creating-")
+                .and_then(|(_, pid)| pid.parse::<u32>().ok());
+            let unheld =
+                writer_check(holders(&path), creator, pid_alive).is_ok_and(|h| h.is_empty());
+            if unheld && std::fs::remove_file(&path).is_ok() {
                 self.tally.removed += 1;
             }
         }
@@ -204,7 +210,8 @@ impl<'a> Finisher<'a> {
     ) -> bool {
         let path_text = path.display().to_string();
         let shown = crate::term_text::terminal_safe(&path_text);
-        match holders(path) {
+        let tracer = opened.as_ref().ok().and_then(stored_tracer);
+        match writer_check(holders(path), tracer, pid_alive) {
             Ok(h) if h.is_empty() => {}
             Ok(h) => {
                 let who: Vec<String> = h
@@ -253,6 +260,49 @@ impl<'a> Finisher<'a> {
             }
         }
     }
+}
+
+/// The processes that hold the file (`holders`), or, where other
+/// processes' open files cannot be read (a tracer holding the deploy
+/// files' capabilities but not root's `CAP_DAC_READ_SEARCH`: every other
+/// user's `/proc/PID/fd` is closed to it), the file's own tracer (`tracer`,
+/// its stored pid) while `alive` says it runs: the process that may still
+/// write or complete it. A file that names no tracer stays an error there.
+fn writer_check(
+    holders: Result<Vec<(u32, String)>, String>,
+    tracer: Option<u32>,
+    alive: impl Fn(u32) -> bool,
+) -> Result<Vec<(u32, String)>, String> {
+    match (holders, tracer) {
+        (Err(_), Some(pid)) if alive(pid) => Ok(vec![(pid, "its tracer".to_string())]),
+        (Err(_), Some(_)) => Ok(Vec::new()),
+        (h, _) => h,
+    }
+}
+
+/// The tracer's pid a trace file stores (`stats.tracer_pid`, since round 48).
+fn stored_tracer(trace: &Trace) -> Option<u32> {
+    let pid = *trace.stats().ok()?.get("tracer_pid")?;
+    u32::try_from(pid).ok().filter(|&p| p > 0)
+}
+
+/// Whether process `pid` runs (this one aside: a stored pid equal to ours
+/// was an earlier process's, in another pid namespace or before a reuse;
+/// a zombie, killed and not yet reaped, writes nothing). Any other process
+/// with that pid counts: a reused pid only delays the finish.
+fn pid_alive(pid: u32) -> bool {
+    if pid == std::process::id() {
+        return false;
+    }
+    // `/proc/PID/stat` is readable by every user; the state follows the
+    // command name's closing parenthesis.
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    let state = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.trim_start().chars().next());
+    !matches!(state, Some('Z' | 'X') | None)
 }
 
 /// What a directory given to finish holds.
@@ -380,6 +430,45 @@ pub fn holders(path: &Path) -> Result<Vec<(u32, String)>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn where_open_files_cannot_be_read_the_files_own_tracer_decides() {
+        let alive = |pid: u32| pid == 42;
+        let unreadable = || Err::<Vec<(u32, String)>, String>("not readable".into());
+        // Readable: the processes found decide, whatever the tracer.
+        assert_eq!(writer_check(Ok(vec![]), Some(42), alive), Ok(vec![]));
+        let held = vec![(7, "gpusleuth".to_string())];
+        assert_eq!(writer_check(Ok(held.clone()), Some(9), alive), Ok(held));
+        // Not readable: the file's tracer, alive, holds it; gone, no one does.
+        assert_eq!(
+            writer_check(unreadable(), Some(42), alive),
+            Ok(vec![(42, "its tracer".to_string())])
+        );
+        assert_eq!(writer_check(unreadable(), Some(9), alive), Ok(vec![]));
+        // A file that names no tracer: not known.
+        assert!(writer_check(unreadable(), None, alive).is_err());
+        // This process's pid is never "alive" as another's tracer.
+        assert!(!pid_alive(std::process::id()));
+        // A running process is; once it exited (a zombie until reaped), not.
+        let mut child = std::process::Command::new("sleep")
+            .arg("0.2")
+            .spawn()
+            .unwrap();
+        assert!(pid_alive(child.id()));
+        let zombie = || {
+            std::fs::read_to_string(format!("/proc/{}/stat", child.id())).is_ok_and(|s| {
+                s.rsplit_once(')')
+                    .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
+            })
+        };
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !zombie() && std::time::Instant::now() < until {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(zombie(), "the child exited and is not reaped yet");
+        assert!(!pid_alive(child.id()));
+        child.wait().unwrap();
+    }
 
     #[test]
     fn only_the_names_trace_gives_are_taken_for_traces_in_a_directory_of_runs() {
