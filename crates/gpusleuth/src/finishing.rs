@@ -210,7 +210,7 @@ impl<'a> Finisher<'a> {
     ) -> bool {
         let path_text = path.display().to_string();
         let shown = crate::term_text::terminal_safe(&path_text);
-        let tracer = opened.as_ref().ok().and_then(stored_tracer);
+        let tracer = opened.as_ref().ok().and_then(Trace::tracer_pid);
         match writer_check(holders(path), tracer, pid_alive) {
             Ok(h) if h.is_empty() => {}
             Ok(h) => {
@@ -278,12 +278,6 @@ fn writer_check(
         (Err(_), Some(_)) => Ok(Vec::new()),
         (h, _) => h,
     }
-}
-
-/// The tracer's pid a trace file stores (`stats.tracer_pid`, since round 48).
-fn stored_tracer(trace: &Trace) -> Option<u32> {
-    let pid = *trace.stats().ok()?.get("tracer_pid")?;
-    u32::try_from(pid).ok().filter(|&p| p > 0)
 }
 
 /// Whether process `pid` runs (this one aside: a stored pid equal to ours

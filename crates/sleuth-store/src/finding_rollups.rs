@@ -26,7 +26,7 @@ use sleuth_core::findings::inputs::{
     FindingInputs, LatencyHist, OpInputs, PinnedState, ProcessInputs, Resolution, ThreadInputs,
 };
 use sleuth_core::ops::{op_by_id, op_by_name, OpClass, OPS};
-use sleuth_core::threads::{ThreadSplit, TRACER_PID_STAT};
+use sleuth_core::threads::ThreadSplit;
 use sleuth_core::CallEvent;
 use std::collections::{BTreeMap, HashMap};
 
@@ -602,19 +602,9 @@ fn read(
                 .map_err(|e| bad(format!("rollup_threads: {e}")))?,
         );
     }
-    let mut f = FindingInputs::from_parts(stored_tracer(trace), ops, threads, spans, splits);
+    let mut f = FindingInputs::from_parts(trace.tracer_pid(), ops, threads, spans, splits);
     fill_example_calls(conn, trace, &mut f)?;
     Ok(Some(f))
-}
-
-/// The tracer's pid the file records (gpusleuth's own threads are never culprits).
-pub(crate) fn stored_tracer(trace: &Trace) -> Option<u32> {
-    trace
-        .stats()
-        .ok()
-        .and_then(|s| s.get(TRACER_PID_STAT).copied())
-        .and_then(|p| u32::try_from(p).ok())
-        .filter(|&p| p != 0)
 }
 
 /// Each example call's site (its `stack_id`, read by row id), for

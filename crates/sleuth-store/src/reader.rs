@@ -276,6 +276,17 @@ impl Trace {
             .at(&self.path)
     }
 
+    /// The pid of the tracer that wrote the file (`stats.tracer_pid`):
+    /// its threads are never culprits, and `gpusleuth finish` leaves a file
+    /// alone while it runs. None when the file names none.
+    pub fn tracer_pid(&self) -> Option<u32> {
+        self.stats()
+            .ok()
+            .and_then(|s| s.get(sleuth_core::threads::TRACER_PID_STAT).copied())
+            .and_then(|p| u32::try_from(p).ok())
+            .filter(|&p| p != 0)
+    }
+
     pub fn stats(&self) -> Result<BTreeMap<String, u64>, StoreError> {
         let mut st = self
             .conn

@@ -23,7 +23,7 @@
 //! Tables and meaning: docs/schema.md, "Finding rollups of an op's scope".
 
 use crate::finding_rollups::{
-    check_hist, complete_tables, fill_example_calls, read_one_op, row_index, stored_tracer,
+    check_hist, complete_tables, fill_example_calls, read_one_op, row_index,
 };
 use crate::reader::Trace;
 use crate::thread_pass::OpSplits;
@@ -300,7 +300,7 @@ pub(crate) fn read(
         check_hist(&t.launches, "finding_op_hist")?;
         check_hist(&t.host_gaps, "finding_op_hist")?;
     }
-    let mut f = FindingInputs::from_parts(stored_tracer(trace), ops, threads, spans, splits);
+    let mut f = FindingInputs::from_parts(trace.tracer_pid(), ops, threads, spans, splits);
     fill_example_calls(conn, trace, &mut f)?;
     Ok(Some(f))
 }
