@@ -282,21 +282,11 @@ fn writer_check(
 
 /// Whether process `pid` runs (this one aside: a stored pid equal to ours
 /// was an earlier process's, in another pid namespace or before a reuse;
-/// a zombie, killed and not yet reaped, writes nothing). Any other process
-/// with that pid counts: a reused pid only delays the finish.
+/// a zombie, killed and not yet reaped, writes nothing: `procinfo::alive`).
+/// Any other process with that pid counts: a reused pid only delays the
+/// finish.
 fn pid_alive(pid: u32) -> bool {
-    if pid == std::process::id() {
-        return false;
-    }
-    // `/proc/PID/stat` is readable by every user; the state follows the
-    // command name's closing parenthesis.
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return false;
-    };
-    let state = stat
-        .rsplit_once(')')
-        .and_then(|(_, rest)| rest.trim_start().chars().next());
-    !matches!(state, Some('Z' | 'X') | None)
+    pid != std::process::id() && crate::procinfo::alive(pid)
 }
 
 /// What a directory given to finish holds.
@@ -450,10 +440,9 @@ mod tests {
             .unwrap();
         assert!(pid_alive(child.id()));
         let zombie = || {
-            std::fs::read_to_string(format!("/proc/{}/stat", child.id())).is_ok_and(|s| {
-                s.rsplit_once(')')
-                    .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
-            })
+            procfs::process::Process::new(child.id() as i32)
+                .and_then(|p| p.stat())
+                .is_ok_and(|s| s.state == 'Z')
         };
         let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
         while !zombie() && std::time::Instant::now() < until {

@@ -35,7 +35,8 @@ fn stat(pid: u32) -> Option<procfs::process::Stat> {
     procfs::process::Process::new(pid).ok()?.stat().ok()
 }
 
-/// Whether a process exists (and is not a zombie).
+/// Whether a process exists (and is not a zombie, nor dead: killed and
+/// not yet reaped, it runs nothing).
 pub fn alive(pid: u32) -> bool {
-    stat(pid).is_some_and(|s| s.state != 'Z')
+    stat(pid).is_some_and(|s| !matches!(s.state, 'Z' | 'X'))
 }
