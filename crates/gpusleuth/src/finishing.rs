@@ -22,7 +22,9 @@ use std::time::Instant;
 
 /// One line of what finishing did, as it goes.
 pub enum Said {
-    /// An outcome: finished, already complete, left alone.
+    /// A file finished now.
+    Finished(String),
+    /// Another outcome: already complete, left alone.
     Info(String),
     /// A file that could not be finished.
     Error(String),
@@ -107,10 +109,15 @@ impl<'a> Finisher<'a> {
                 self.finish_run(&dir, Some(path))?;
             }
         } else if !self.skipped(path) {
-            let opened = (self.open)(path);
-            self.finish_one(path, opened, None);
+            self.finish_file(path);
         }
         Ok(())
+    }
+
+    /// Finishes a trace file of its own (not a run's).
+    fn finish_file(&mut self, file: &Path) {
+        let opened = (self.open)(file);
+        self.finish_one(file, opened, None);
     }
 
     /// Finishes the run `dir` is, or the runs and trace files directly
@@ -120,10 +127,7 @@ impl<'a> Finisher<'a> {
         for t in &found {
             match t {
                 Found::Run(run) if !self.skipped(run) => self.finish_run(run, None)?,
-                Found::File(file) if !self.skipped(file) => {
-                    let opened = (self.open)(file);
-                    self.finish_one(file, opened, None);
-                }
+                Found::File(file) if !self.skipped(file) => self.finish_file(file),
                 _ => {}
             }
         }
@@ -238,7 +242,7 @@ impl<'a> Finisher<'a> {
                 calls,
                 culprit_rows,
             }) => {
-                (self.say)(Said::Info(format!(
+                (self.say)(Said::Finished(format!(
                     "{shown}: finished ({calls} calls, {culprit_rows} culprit rows) in {:.1} s",
                     start.elapsed().as_secs_f64()
                 )));

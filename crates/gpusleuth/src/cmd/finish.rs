@@ -25,7 +25,7 @@ pub struct Args {
 /// printed), 0 otherwise.
 pub fn run(args: Args) -> anyhow::Result<i32> {
     let mut say = |s: Said| match s {
-        Said::Info(line) => println!("{line}"),
+        Said::Finished(line) | Said::Info(line) => println!("{line}"),
         Said::Error(line) => eprintln!("gpusleuth: error: {line}"),
     };
     let mut finisher = Finisher::new(crate::checks_memo::open, &mut say);

@@ -12,7 +12,7 @@ use std::thread::JoinHandle;
 /// What the helper thread did: its tally and what it said, in order.
 pub(super) struct Outcome {
     pub(super) tally: Tally,
-    pub(super) said: Vec<(NoteLevel, String)>,
+    pub(super) said: Vec<Said>,
 }
 
 /// The helper thread finishing the earlier tracers' files.
@@ -64,7 +64,7 @@ impl EarlierFiles {
                 failed: 1,
                 ..Tally::default()
             },
-            said: vec![(NoteLevel::Warn, "its thread panicked".into())],
+            said: vec![Said::Error("its thread panicked".into())],
         });
         Some(notes(&self.dir, &outcome))
     }
@@ -86,10 +86,7 @@ impl EarlierFiles {
 /// Finishes what earlier tracers left in `dir`, `own` left out.
 fn finish_beside(dir: &Path, own: &Path) -> Outcome {
     let mut said = Vec::new();
-    let mut say = |s: Said| match s {
-        Said::Info(line) => said.push((NoteLevel::Info, line)),
-        Said::Error(line) => said.push((NoteLevel::Warn, line)),
-    };
+    let mut say = |s: Said| said.push(s);
     // The readers' checks, but not the user's checks cache: this tracer's
     // cache (a service's, a pod's) is not the one its readers use.
     let mut finisher = Finisher::new(sleuth_store::Trace::open, &mut say);
@@ -99,7 +96,7 @@ fn finish_beside(dir: &Path, own: &Path) -> Outcome {
     let mut tally = finisher.tally;
     if let Err(e) = result {
         tally.failed += 1;
-        said.push((NoteLevel::Warn, format!("{e:#}")));
+        said.push(Said::Error(format!("{e:#}")));
     }
     Outcome { tally, said }
 }
@@ -111,11 +108,16 @@ fn notes(dir: &Path, o: &Outcome) -> Vec<(NoteLevel, String)> {
     if t.finished == 0 && t.failed == 0 && t.removed == 0 {
         return Vec::new();
     }
+    // Each file finished or failed; the others are in the summary's counts.
     let mut notes: Vec<(NoteLevel, String)> = o
         .said
         .iter()
-        .filter(|(level, line)| *level == NoteLevel::Warn || line.contains(": finished ("))
-        .map(|(level, line)| (*level, format!("--finish-killed: {line}")))
+        .filter_map(|s| match s {
+            Said::Finished(line) => Some((NoteLevel::Info, line)),
+            Said::Error(line) => Some((NoteLevel::Warn, line)),
+            Said::Info(_) => None,
+        })
+        .map(|(level, line)| (level, format!("--finish-killed: {line}")))
         .collect();
     let level = if t.failed > 0 {
         NoteLevel::Warn
@@ -151,15 +153,11 @@ mod tests {
                         ..Tally::default()
                     },
                     said: vec![
-                        (
-                            NoteLevel::Info,
+                        Said::Finished(
                             "/x/part-000009.db: finished (600 calls, 0 culprit rows) in 0.1 s"
                                 .into(),
                         ),
-                        (
-                            NoteLevel::Info,
-                            "/x/part-000008.db: already complete".into(),
-                        ),
+                        Said::Info("/x/part-000008.db: already complete".into()),
                     ],
                 }
             })),
