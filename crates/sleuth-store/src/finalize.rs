@@ -32,23 +32,26 @@ pub(crate) fn complete(
     rollup: &Rollup,
     run: Option<&RunLink>,
 ) -> rusqlite::Result<u64> {
-    complete_after(conn, rollup, run, |_| Ok(()))
+    complete_after(conn, rollup, run, |_| Ok(true)).map(Option::unwrap_or_default)
 }
 
-/// [`complete`], with `first` run in the same transaction before it (`gpusleuth
-/// finish` drops the windows it made again and notes who completed the file).
+/// [`complete`], with `first` run in the same transaction before it, which
+/// says whether to complete the file (`gpusleuth finish` checks that no one
+/// completed it since it looked, then drops the windows it made again and
+/// notes who completed it); None, nothing written, when it says not to.
 pub(crate) fn complete_after(
     conn: &mut Connection,
     rollup: &Rollup,
     run: Option<&RunLink>,
-    first: impl FnOnce(&Connection) -> rusqlite::Result<()>,
-) -> rusqlite::Result<u64> {
+    first: impl FnOnce(&Connection) -> rusqlite::Result<bool>,
+) -> rusqlite::Result<Option<u64>> {
     let cpu_at_start = crate::writer::thread_cpu_ns();
-    // The write lock from the start: `first` may read what decides whether
-    // to write (`gpusleuth finish` checks that no one completed the file
-    // since it looked), and no other writer may come between.
+    // The write lock from the start: what `first` reads to decide stays
+    // so until the commit (no other writer may come between).
     let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-    first(&tx)?;
+    if !first(&tx)? {
+        return Ok(None);
+    }
     complete_processes(&tx, rollup)?;
     // The run's state when this file began: the copies are judged against
     // the host ranges pinned in its earlier files (`run_pinned`).
@@ -120,7 +123,7 @@ pub(crate) fn complete_after(
     if let (Some(link), Some(carry)) = (run, carry) {
         link.settle(carry);
     }
-    Ok(rows)
+    Ok(Some(rows))
 }
 
 /// One thread at a time (`thread_pass`), streaming its calls and its waits

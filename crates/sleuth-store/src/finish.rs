@@ -112,24 +112,20 @@ pub fn finish(trace: Trace, link: Option<&RunLink>) -> Result<Finished, StoreErr
         .map_err(|e| sqlite(path, e))?;
     let (rollup, calls) = windows_from_rows(&conn).map_err(|e| sqlite(path, e))?;
     // One transaction: a failure leaves the file as the tracer left it.
-    let completed_meanwhile = std::cell::Cell::new(false);
     let done = finalize::complete_after(&mut conn, &rollup, link, |tx| {
         // Under the write lock: completed since it was opened above, the
         // file is left as it is (completed twice, its rollups would count
         // every call twice).
         if crate::reader::rollups_complete(tx)? {
-            completed_meanwhile.set(true);
-            return Err(rusqlite::Error::SqliteFailure(
-                rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_ABORT),
-                Some("completed meanwhile".into()),
-            ));
+            return Ok(false);
         }
         crate::thread_windows::drop_table(tx)?;
-        note_finished(tx)
-    });
-    let culprit_rows = match done {
-        Err(_) if completed_meanwhile.get() => return Ok(Finished::AlreadyComplete),
-        r => r.map_err(|e| sqlite(path, e))?,
+        note_finished(tx)?;
+        Ok(true)
+    })
+    .map_err(|e| sqlite(path, e))?;
+    let Some(culprit_rows) = done else {
+        return Ok(Finished::AlreadyComplete);
     };
     // One self-contained file, as the tracer leaves it.
     conn.pragma_update(None, "journal_mode", "DELETE")
