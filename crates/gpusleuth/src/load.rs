@@ -83,13 +83,18 @@ pub fn warn_input_problems_of_reads(trace: &sleuth_store::Trace) -> anyhow::Resu
 /// Writes a command's output to stdout. A closed pipe (`| head`) ends the
 /// output quietly instead of panicking like `println!` would.
 pub fn emit(text: &str) -> anyhow::Result<()> {
+    emit_open(text).map(|_| ())
+}
+
+/// [`emit`], saying whether stdout is still open (false: the pipe was
+/// closed), for output that repeats until then (`vram --watch`).
+pub fn emit_open(text: &str) -> anyhow::Result<bool> {
     use std::io::Write as _;
     let mut out = std::io::stdout().lock();
     match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
-        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
-            Err(anyhow::Error::new(e).context("writing to stdout"))
-        }
-        _ => Ok(()),
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(false),
+        Err(e) => Err(anyhow::Error::new(e).context("writing to stdout")),
     }
 }
 

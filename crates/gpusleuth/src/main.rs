@@ -4,6 +4,27 @@
 //! library crates and the shared modules here (`args`, `load`, `render`,
 //! `capture`). Errors end as one line on stderr and a non-zero exit.
 
+// A command's output goes through `load::emit`: where stdout cannot be
+// written (a full disk, `> /dev/full`) that is a one-line error and exit 1,
+// where `println!` panicked (round 50: query, check, merge, import, reclaim).
+#![cfg_attr(not(test), deny(clippy::print_stdout))]
+
+/// `println!` that returns the error `load::emit` makes of a stdout that
+/// cannot be written.
+macro_rules! outln {
+    ($($arg:tt)*) => {
+        $crate::load::emit(&format!("{}\n", format_args!($($arg)*)))
+    };
+}
+
+/// `print!` that returns the error `load::emit` makes of a stdout that
+/// cannot be written.
+macro_rules! out {
+    ($($arg:tt)*) => {
+        $crate::load::emit(&format!($($arg)*))
+    };
+}
+
 mod args;
 mod capture;
 mod checks_memo;

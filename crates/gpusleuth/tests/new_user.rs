@@ -699,3 +699,235 @@ fn a_trace_without_cuda_libraries_refers_only_to_warnings_it_printed() {
         "{err}"
     );
 }
+
+/// Found in round 50: with `--force`, an output was renamed over whatever
+/// had its name, and as root `export -o /dev/null --force` put a 0600 file
+/// in the place of the system's `/dev/null`. Only a regular file is ever
+/// replaced; a device, a pipe or a link is refused, `--force` or not,
+/// without naming `--force` as the way out.
+#[test]
+fn outputs_never_replace_a_device_a_pipe_or_a_link() {
+    use std::os::unix::fs::FileTypeExt as _;
+    let sb = Sandbox::new("special-outputs");
+    let db = example(&sb, "demo-sim.db");
+    let other = example(&sb, "h200-contention.db");
+    let fifo = sb.path("pipe");
+    let c = std::ffi::CString::new(s(&fifo)).unwrap();
+    // SAFETY: a valid NUL-terminated path that lives across the call.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let link = sb.path("link.json");
+    std::os::unix::fs::symlink(sb.path("target.json"), &link).unwrap();
+    let mut dests = vec![fifo.clone(), link.clone()];
+    // A device node of our own (the null device's numbers) where root may
+    // make one: never the system's /dev/null, should this regress.
+    let dev = sb.path("null-device");
+    let d = std::ffi::CString::new(s(&dev)).unwrap();
+    // SAFETY: a valid NUL-terminated path; mknod only reads it.
+    if unsafe { libc::mknod(d.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3)) } == 0 {
+        dests.push(dev.clone());
+    } else {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "CI runs as root and must make the device node"
+        );
+    }
+    for dst in &dests {
+        for force in [false, true] {
+            let mut cmds = vec![
+                vec!["export", "--db", s(&db), "-o", s(dst)],
+                vec!["report", "--db", s(&db), "-o", s(dst)],
+                vec!["merge", s(&db), s(&other), "-o", s(dst)],
+            ];
+            for c in &mut cmds {
+                if force {
+                    c.push("--force");
+                }
+            }
+            for cmd in cmds {
+                let out = run(&cmd);
+                assert_eq!(out.status.code(), Some(1), "{cmd:?}");
+                let err = text(&out.stderr);
+                assert!(err.contains("not a regular file"), "{cmd:?}: {err}");
+                assert!(!err.contains("--force replaces"), "{cmd:?}: {err}");
+                assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+            }
+        }
+    }
+    assert!(std::fs::symlink_metadata(&fifo)
+        .unwrap()
+        .file_type()
+        .is_fifo());
+    assert!(std::fs::symlink_metadata(&link)
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    assert!(
+        !sb.path("target.json").exists(),
+        "the link is never followed"
+    );
+    if dests.contains(&dev) {
+        assert!(std::fs::symlink_metadata(&dev)
+            .unwrap()
+            .file_type()
+            .is_char_device());
+    }
+    let left = listing(&sb.dir);
+    assert!(!left.iter().any(|n| n.contains(".partial-")), "{left:?}");
+}
+
+/// Found in round 50: `query`, `check`, `merge`, `import`, `finish` and
+/// `reclaim` printed with `println!`, which panics (exit 101, a backtrace)
+/// where stdout cannot be written. Every command says it in one line and
+/// exits 1, as `stats` did.
+#[test]
+fn a_stdout_that_cannot_be_written_is_one_line_and_exit_1() {
+    let sb = Sandbox::new("dev-full");
+    let db = example(&sb, "demo-sim.db");
+    let other = example(&sb, "h200-contention.db");
+    let merged = sb.path("merged.db");
+    let src = sb.path("ingero.db");
+    ingero::write_ingero(&src, &ingero::dataloader_rows());
+    let imported = sb.path("imported.db");
+    let complete = sb.path("complete.db");
+    write_trace(&complete, vec![failed_tib_malloc(5_000)]);
+    let full = || std::fs::OpenOptions::new().write(true).open("/dev/full");
+    if full().is_err() {
+        assert!(std::env::var("CI").as_deref() != Ok("true"), "no /dev/full");
+        return;
+    }
+    for cmd in [
+        vec!["stats", "--db", s(&db)],
+        vec!["query", "--db", s(&db), "SELECT 1"],
+        vec!["query", "--db", s(&db), "--json", "SELECT 1"],
+        vec!["check"],
+        vec!["check", "--json"],
+        vec!["merge", s(&db), s(&other), "-o", s(&merged)],
+        vec!["import", "--from", "ingero", s(&src), "--db", s(&imported)],
+        vec!["finish", "--db", s(&complete)],
+        vec!["reclaim", "--orphans"],
+        vec!["vram"],
+    ] {
+        let out = gpusleuth()
+            .args(&cmd)
+            .stdout(full().unwrap())
+            .output()
+            .expect("run gpusleuth");
+        assert_no_panic(&out);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{cmd:?}: {err}");
+        assert!(err.contains("writing to stdout"), "{cmd:?}: {err}");
+        assert_eq!(
+            err.lines()
+                .filter(|l| l.starts_with("gpusleuth: error"))
+                .count(),
+            1,
+            "{cmd:?}: {err}"
+        );
+    }
+    // What the commands wrote besides their stdout is whole.
+    assert!(run(&["stats", "--db", s(&merged)]).status.success());
+    assert!(run(&["stats", "--db", s(&imported)]).status.success());
+}
+
+/// Found in round 50: one node's trace given twice merged as two nodes,
+/// every call counted twice.
+#[test]
+fn merge_refuses_a_file_given_twice() {
+    let sb = Sandbox::new("merge-twice");
+    let db = example(&sb, "demo-sim.db");
+    let alias = sb.path("alias.db");
+    std::fs::hard_link(&db, &alias).unwrap();
+    let out_db = sb.path("job.db");
+    for second in [&db, &alias] {
+        let out = run(&["merge", s(&db), s(second), "-o", s(&out_db)]);
+        assert_eq!(out.status.code(), Some(1));
+        let err = text(&out.stderr);
+        assert!(err.contains("are the same file"), "{err}");
+        assert!(!out_db.exists());
+    }
+}
+
+/// Found in round 50 on the bundled example (a schema-1 trace with no host
+/// pointers): its copies could not be judged and `explain` said nothing of
+/// it; and its failed allocation (ranked first by rule) made the summary
+/// line say "no bottleneck verdict" above a 38% sync stall.
+#[test]
+fn the_example_trace_says_what_it_cannot_judge_and_names_its_verdict() {
+    let sb = Sandbox::new("example-notes");
+    let db = example(&sb, "demo-sim.db");
+    let v = command_json("explain", &db);
+    let summary = v["summary"].as_str().unwrap();
+    assert!(summary.ends_with("sync-stalled"), "{summary}");
+    let notes = v["notes"].to_string();
+    assert!(
+        notes.contains("pageable_copy cannot be evaluated"),
+        "{notes}"
+    );
+    let md = text(&run(&["explain", "--db", s(&db), "--markdown"]).stdout);
+    assert!(md.contains("## 2. sync_stall (medium)\n"), "{md}");
+    assert!(!md.contains(", ``)"), "no empty op: {md}");
+    // A window that holds the whole trace holds its kernel-counted
+    // launches too, samples or not (left out before).
+    let out = run(&[
+        "stats",
+        "--db",
+        s(&db),
+        "--from",
+        "0",
+        "--to",
+        "1000h",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let w: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let launches = w["ops"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|o| o["op"] == "cuLaunchKernel")
+        .unwrap_or_else(|| panic!("no launches in the whole window: {w}"));
+    assert_eq!(launches["count"], 1000, "{launches}");
+}
+
+/// Found in round 50: `--limit 0` printed an empty answer with a note that
+/// it stopped; a refused statement said "query failed: query refused".
+#[test]
+fn query_limits_and_refusals_read_plainly() {
+    let sb = Sandbox::new("query-plain");
+    let db = example(&sb, "demo-sim.db");
+    let out = run(&["query", "--db", s(&db), "--limit", "0", "SELECT 1"]);
+    assert_eq!(out.status.code(), Some(2));
+    let out = run(&["query", "--db", s(&db), "DELETE FROM calls"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert_eq!(
+        err.trim_end(),
+        "gpusleuth: error: query refused: not authorized"
+    );
+    // An output named .PFTRACE is Perfetto's protobuf, as .pftrace is.
+    let pf = sb.path("t.PFTRACE");
+    assert!(run(&["export", "--db", s(&db), "-o", s(&pf)])
+        .status
+        .success());
+    let bytes = std::fs::read(&pf).unwrap();
+    assert_ne!(bytes.first(), Some(&b'{'), "protobuf, not JSON");
+}
+
+/// Found in round 50: a `sessions.started_at` of another type was the
+/// library's "Invalid column type Text at index: 0".
+#[test]
+fn an_ingero_session_of_other_types_is_named() {
+    let sb = Sandbox::new("ingero-session");
+    let src = sb.path("ingero.db");
+    let conn = ingero::write_ingero(&src, &ingero::dataloader_rows());
+    conn.execute("UPDATE sessions SET started_at = 'yesterday'", [])
+        .unwrap();
+    drop(conn);
+    let dst = sb.path("imported.db");
+    let out = run(&["import", "--from", "ingero", s(&src), "--db", s(&dst)]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(err.contains("unexpected Ingero sessions row"), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(!dst.exists());
+}

@@ -229,7 +229,12 @@ fn a_rotated_run_finds_what_one_trace_finds_with_and_without_pid() {
         want
     );
     let err = explain_refused(&rotated.db(), &["--pid", "4242424"]);
-    assert!(err.contains("no process 4242424 in this run"), "{err}");
+    assert!(
+        err.contains(&format!(
+            "no process 4242424 in this run (it holds pid {pid})"
+        )),
+        "{err}"
+    );
     // Text and Markdown read the same run.
     for style in [None, Some("--markdown")] {
         let out = common::run_ok(

@@ -99,6 +99,11 @@ pub struct TraceData {
     /// Whether per-call host context (runnable/blocked split) was captured.
     /// False for imported traces that lack it.
     pub has_host_context: bool,
+    /// The file records no host pointer for copies (written before
+    /// `call_host_ptrs`, schema version 1): whether a copy's host memory
+    /// was pinned, so `pageable_copy`, cannot be told. False where they
+    /// are recorded (every trace since 2026-12-01) or not applicable.
+    pub copy_host_ptrs_unknown: bool,
     /// Call sites by stack id (calls and blocks name them by `stack_id`).
     pub stacks: BTreeMap<u64, crate::sites::Stack>,
     /// GPU busy samples by time; `None` when GPU activity was not captured

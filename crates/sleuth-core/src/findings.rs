@@ -150,6 +150,13 @@ impl Kind {
         }
     }
 
+    /// The kinds ranked ahead of every other by rule, not by the share of
+    /// time they explain: a failed allocation (the program is broken, not
+    /// slow) and a straggling rank (it explains the others' verdicts).
+    pub fn ranks_ahead_by_rule(self) -> bool {
+        matches!(self, Kind::AllocationFailure | Kind::Straggler)
+    }
+
     /// The kinds that say where a thread's wall time went (ranked by the share they explain).
     pub fn is_time_verdict(self) -> bool {
         matches!(
@@ -453,6 +460,13 @@ fn notes(data: &TraceData, drops: &std::collections::BTreeMap<String, u64>) -> V
             "This trace has no host scheduler context (imported): cpu_preemption, host_bound, input_wait, \
              launch_bound, sync_stall and pageable_copy cannot be evaluated, and tail_latency cannot say whether \
              the CPU was taken."
+                .to_string(),
+        );
+    }
+    if data.has_host_context && data.copy_host_ptrs_unknown {
+        out.push(
+            "This trace records no host pointer for its copies (written before they were recorded): \
+             pageable_copy cannot be evaluated, whether the copies' host memory was pinned is unknown."
                 .to_string(),
         );
     }

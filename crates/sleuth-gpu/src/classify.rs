@@ -451,7 +451,7 @@ pub fn classify(
         .count();
     if unreadable > 0 {
         notes.push(format!(
-            "{unreadable} processes could not be inspected (their fds or maps were not readable); when not root, other users' holders are missing"
+            "{unreadable} processes could not be inspected (their fds or maps were not readable: other users' processes need root with CAP_SYS_PTRACE, and one that was exiting reads so too); GPU files they hold are not listed"
         ));
     }
     if let Some(n) = &ns.note {

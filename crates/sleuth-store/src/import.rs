@@ -344,7 +344,15 @@ fn read_session(
                 },
             )
             .optional()
-            .at(src)?;
+            .map_err(|e| {
+                StoreError::file(
+                    src,
+                    format!(
+                        "unexpected Ingero sessions row (started_at and stopped_at are integers, the rest text): {}",
+                        short(&e)
+                    ),
+                )
+            })?;
         if let Some((start, stop, gpu, driver, kernel, cuda, ver, pids)) = row {
             if start > 0 {
                 info.started_unix_ns = start;

@@ -90,7 +90,7 @@ pub use error::StoreError;
 pub use import::{import_ingero, ImportSummary};
 pub use merge::{input_facts, write_merged, InputFacts, MergeInput};
 pub use problems::InputProblems;
-pub use reader::Trace;
+pub use reader::{pids_held, Trace};
 pub use schema::{SCHEMA_VERSION, TOOL};
 pub use sql::{
     run_readonly_sql, run_readonly_sql_remembered, run_readonly_sql_with, SqlLimits, SqlResult,

@@ -4,9 +4,12 @@
 //! The content goes to a private temporary file beside the destination
 //! (mode 0600, created exclusively, so a planted symlink is never followed)
 //! and is renamed into place only when complete. Without `replace` the
-//! rename refuses an existing destination (`RENAME_NOREPLACE`); with it, the
-//! destination's directory entry is replaced — a symlink there is replaced
-//! itself, never followed.
+//! rename refuses an existing destination (`RENAME_NOREPLACE`); with it, an
+//! existing regular file is replaced. Anything else at the destination (a
+//! device such as `/dev/null`, a pipe, a socket, a directory, a symbolic
+//! link) is refused even then: a rename over it would put a file in its
+//! place, and as root `-o /dev/null --force` replaced the system's
+//! `/dev/null` (round 50).
 
 use crate::error::StoreError;
 use std::ffi::CString;
@@ -32,8 +35,50 @@ pub(crate) fn exists_error(dst: &Path, hint: Hint) -> StoreError {
     )
 }
 
+/// What is at `path`, when it is something an output never replaces
+/// (anything but a regular file); `None` when nothing or a regular file is
+/// there.
+fn not_replaceable(path: &Path) -> Option<&'static str> {
+    use std::os::unix::fs::FileTypeExt as _;
+    let t = std::fs::symlink_metadata(path).ok()?.file_type();
+    Some(if t.is_file() {
+        return None;
+    } else if t.is_symlink() {
+        "a symbolic link"
+    } else if t.is_dir() {
+        "a directory"
+    } else if t.is_char_device() {
+        "a character device"
+    } else if t.is_block_device() {
+        "a block device"
+    } else if t.is_fifo() {
+        "a named pipe"
+    } else if t.is_socket() {
+        "a socket"
+    } else {
+        "not a regular file"
+    })
+}
+
+/// Refuses `path` when something other than a regular file is there: an
+/// output (a trace, a report, an export) is written to a new file renamed
+/// into place, so it would put a file where a device, a pipe or a link was.
+pub fn ensure_replaceable(path: &Path) -> Result<(), StoreError> {
+    match not_replaceable(path) {
+        None => Ok(()),
+        Some(what) => Err(StoreError::file(
+            path,
+            format!(
+                "is {what}, not a regular file (refusing to write an output there, \
+                 --force or not: name a regular file)"
+            ),
+        )),
+    }
+}
+
 /// Refuses `dst` when it is one of `inputs` (the same file, however named),
-/// or when it exists and `replace` is false.
+/// when it is anything but a regular file ([`ensure_replaceable`]), or when
+/// it exists and `replace` is false.
 pub fn check_output(
     dst: &Path,
     inputs: &[&Path],
@@ -41,12 +86,8 @@ pub fn check_output(
     hint: Hint,
 ) -> Result<(), StoreError> {
     let Ok(meta) = std::fs::metadata(dst) else {
-        // Nothing there, or a dangling link: not an input; a link is only
-        // replaced when asked.
-        if !replace && std::fs::symlink_metadata(dst).is_ok() {
-            return Err(exists_error(dst, hint));
-        }
-        return Ok(());
+        // Nothing there, or a dangling link (refused as a link).
+        return ensure_replaceable(dst);
     };
     for input in inputs {
         if let Ok(im) = std::fs::metadata(input) {
@@ -61,11 +102,9 @@ pub fn check_output(
             }
         }
     }
+    ensure_replaceable(dst)?;
     if !replace {
         return Err(exists_error(dst, hint));
-    }
-    if meta.is_dir() {
-        return Err(StoreError::file(dst, "is a directory"));
     }
     Ok(())
 }
@@ -125,6 +164,8 @@ pub fn write_atomic(
 /// `dst` (even one created since [`check_output`]) is kept and this fails.
 pub fn publish(tmp: &Path, dst: &Path, replace: bool, hint: Hint) -> Result<(), StoreError> {
     if replace {
+        // Checked again at the rename: the output may have taken long.
+        ensure_replaceable(dst)?;
         return std::fs::rename(tmp, dst).map_err(|e| StoreError::io(dst, e));
     }
     let cstr = |p: &Path| {
@@ -226,19 +267,74 @@ mod tests {
     }
 
     #[test]
-    fn a_symlink_at_the_destination_is_replaced_not_followed() {
+    fn a_symlink_at_the_destination_is_neither_followed_nor_replaced() {
         let d = dir("link");
         let victim = d.join("victim");
         std::fs::write(&victim, b"keep").unwrap();
         let out = d.join("out.json");
         std::os::unix::fs::symlink(&victim, &out).unwrap();
-        assert!(write_atomic(&out, b"x", &[], false, None).is_err());
-        write_atomic(&out, b"x", &[], true, None).unwrap();
+        let dangling = d.join("dangling.json");
+        std::os::unix::fs::symlink(d.join("nothing"), &dangling).unwrap();
+        for dst in [&out, &dangling] {
+            for replace in [false, true] {
+                let e = write_atomic(dst, b"x", &[], replace, Some("--force replaces it"))
+                    .unwrap_err()
+                    .to_string();
+                assert!(
+                    e.contains("is a symbolic link") && !e.contains("--force replaces"),
+                    "{e}"
+                );
+                assert!(std::fs::symlink_metadata(dst)
+                    .unwrap()
+                    .file_type()
+                    .is_symlink());
+            }
+        }
         assert_eq!(std::fs::read(&victim).unwrap(), b"keep");
-        assert!(!std::fs::symlink_metadata(&out)
+        assert!(!d.join("nothing").exists());
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn devices_pipes_and_directories_are_never_replaced() {
+        use std::os::unix::fs::FileTypeExt as _;
+        let d = dir("special");
+        let fifo = d.join("pipe");
+        let c = CString::new(fifo.as_os_str().as_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path that lives across the call.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let sub = d.join("sub");
+        std::fs::create_dir(&sub).unwrap();
+        // /dev/null is what a user timing an export names (as root it was
+        // replaced by a file): only checked, never written, here.
+        let null = Path::new("/dev/null");
+        for (dst, what) in [
+            (&*fifo, "a named pipe"),
+            (&*sub, "a directory"),
+            (null, "a character device"),
+        ] {
+            assert!(check_output(dst, &[], true, None)
+                .unwrap_err()
+                .to_string()
+                .contains(what));
+        }
+        for replace in [false, true] {
+            let e = write_atomic(&fifo, b"x", &[], replace, None)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("is a named pipe, not a regular file"), "{e}");
+        }
+        let tmp = d.join("tmp");
+        std::fs::write(&tmp, b"new").unwrap();
+        assert!(publish(&tmp, &fifo, true, None).is_err());
+        assert!(std::fs::symlink_metadata(&fifo)
             .unwrap()
             .file_type()
-            .is_symlink());
+            .is_fifo());
+        assert!(std::fs::metadata(null)
+            .unwrap()
+            .file_type()
+            .is_char_device());
         std::fs::remove_dir_all(&d).unwrap();
     }
 

@@ -818,19 +818,9 @@ impl Trace {
         if pids.contains(&pid) {
             return Ok(());
         }
-        const SHOWN: usize = 20;
-        let mut list: Vec<String> = pids.iter().take(SHOWN).map(u32::to_string).collect();
-        if pids.len() > SHOWN {
-            list.push(format!("... {} more", pids.len() - SHOWN));
-        }
-        let holds = if pids.is_empty() {
-            "it holds no process".to_string()
-        } else {
-            format!("it holds pid {}", list.join(", "))
-        };
         Err(StoreError::file(
             &self.path,
-            format!("pid {pid} is not in this trace ({holds})"),
+            format!("pid {pid} is not in this trace ({})", pids_held(&pids)),
         ))
     }
 
@@ -1118,6 +1108,9 @@ impl Trace {
             end_ns: session.end_mono_ns,
             realtime_offset_ns: session.info.realtime_offset_ns,
             has_host_context: self.has_host_context(),
+            copy_host_ptrs_unknown: self.has_host_context()
+                && !crate::open::has_table(&self.conn, "call_host_ptrs")
+                    .map_err(|e| self.read_error(e))?,
             gpu_samples: self.gpu_samples()?,
             process_gpu: self.process_gpu_samples(pid)?,
             hosts: self.process_hosts()?,
@@ -1131,6 +1124,20 @@ impl Trace {
 /// Every pid a trace holds anything of: processes, calls, waits, lifecycle
 /// events, kernel counts and (where the table exists) NVML samples. Values
 /// that are no pid (negative, too large) are left out.
+/// "it holds pid 7, 9" (the first 20, then how many more), or "it holds no
+/// process": what an error about a pid not in a trace or a run says.
+pub fn pids_held(pids: &[u32]) -> String {
+    const SHOWN: usize = 20;
+    let mut list: Vec<String> = pids.iter().take(SHOWN).map(u32::to_string).collect();
+    if pids.len() > SHOWN {
+        list.push(format!("... {} more", pids.len() - SHOWN));
+    }
+    match pids.is_empty() {
+        true => "it holds no process".to_string(),
+        false => format!("it holds pid {}", list.join(", ")),
+    }
+}
+
 pub(crate) fn pids_of(conn: &Connection) -> rusqlite::Result<std::collections::BTreeSet<u32>> {
     // The pids of the calls: version 1 reads them from its `(pid, op)`
     // index; version 2 has no such index, and a finished trace's rollups

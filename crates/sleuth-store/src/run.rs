@@ -17,6 +17,7 @@ use sleuth_core::findings::inputs::PinnedState;
 use sleuth_core::rollup::{merge_counters, merge_op_counts, StoredRollups};
 use sleuth_core::stats::StatsReport;
 use sleuth_core::TraceData;
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 const PART_PREFIX: &str = "part-";
@@ -149,11 +150,14 @@ pub(crate) fn listed_files(dir: &Path) -> Result<Vec<(u64, PathBuf)>, StoreError
 
 /// After a reader went through a run's files: an error when none was
 /// finished (`files` empty), or when none held process `pid` (`pid_seen`).
+/// `run_pids`: the pids of the finished files read (listed when none held
+/// `pid`).
 fn check_answered(
     dir: &Path,
     files: &[PathBuf],
     pid: Option<u32>,
     pid_seen: bool,
+    run_pids: &BTreeSet<u32>,
 ) -> Result<(), StoreError> {
     if files.is_empty() {
         return Err(StoreError::file(
@@ -164,7 +168,11 @@ fn check_answered(
     if !pid_seen {
         return Err(StoreError::file(
             dir,
-            format!("no process {} in this run", pid.unwrap_or_default()),
+            format!(
+                "no process {} in this run ({})",
+                pid.unwrap_or_default(),
+                crate::reader::pids_held(&run_pids.iter().copied().collect::<Vec<_>>())
+            ),
         ));
     }
     Ok(())
@@ -198,6 +206,7 @@ pub(crate) fn visit_finished(
 ) -> Result<Visited, StoreError> {
     let (mut files, mut incomplete, mut links) = (Vec::new(), Vec::new(), Vec::new());
     let mut pid_seen = pid.is_none();
+    let mut run_pids = BTreeSet::new();
     for (n, path) in listed_files(dir)? {
         let trace = open_in_run(&path, budget, memo)?;
         if !trace.has_rollups()? {
@@ -205,7 +214,14 @@ pub(crate) fn visit_finished(
             continue;
         }
         let holds = match pid {
-            Some(p) => trace.pids()?.contains(&p),
+            Some(p) => {
+                let pids = trace.pids()?;
+                let holds = pids.contains(&p);
+                if !holds && !pid_seen {
+                    run_pids.extend(pids);
+                }
+                holds
+            }
             None => true,
         };
         if holds {
@@ -215,7 +231,7 @@ pub(crate) fn visit_finished(
         links.push((n, crate::run_ledger::link(&trace)?));
         files.push(path);
     }
-    check_answered(dir, &files, pid, pid_seen)?;
+    check_answered(dir, &files, pid, pid_seen, &run_pids)?;
     Ok(Visited {
         files,
         incomplete,

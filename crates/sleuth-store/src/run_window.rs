@@ -218,12 +218,17 @@ impl RunLast {
             ..Read::default()
         };
         let mut seen = false;
+        let mut others = std::collections::BTreeSet::new();
         for (_, path) in &self.files {
             let trace = open_in_run(path, &self.budget, memo)?;
             // By the aggregates where the file has them: no per-call table
             // is checked for a file answered from its rollups.
             if let Some(p) = pid {
                 if !trace.holds_pid(p)? {
+                    if !seen {
+                        // Listed should no file hold it (an error's cost).
+                        others.extend(trace.pids()?);
+                    }
                     continue;
                 }
             }
@@ -241,9 +246,10 @@ impl RunLast {
             return Err(StoreError::file(
                 &self.dir,
                 format!(
-                    "no process {} in the {} file(s) of the window",
+                    "no process {} in the {} file(s) read ({})",
                     pid.unwrap_or_default(),
-                    self.files.len()
+                    self.files.len(),
+                    crate::reader::pids_held(&others.into_iter().collect::<Vec<_>>())
                 ),
             ));
         }

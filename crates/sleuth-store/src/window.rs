@@ -157,6 +157,9 @@ pub struct WindowCounts {
     /// The file is still being written: the calls counted after its
     /// latest sample are in no bound yet.
     pub open: bool,
+    /// `placed` holds every counted call of a trace without samples, as
+    /// the window holds the whole finished trace.
+    pub unsampled_whole: bool,
 }
 
 impl WindowCounts {
@@ -174,14 +177,34 @@ impl WindowCounts {
         if counts.is_empty() && !open {
             return Ok(WindowCounts::default());
         }
+        let start = session.info.start_mono_ns;
         let Some(samples) = trace.count_samples(scope.pid)? else {
+            // Without samples a window that holds the whole finished trace
+            // still holds every counted call (`--from 0 --to 1000h` left
+            // them out, round 50).
+            let whole = session.end_mono_ns.is_some_and(|end| {
+                scope.since_ns.is_none_or(|s| s <= start) && scope.until_ns.is_none_or(|u| u > end)
+            });
+            if whole {
+                let all = |c: &OpCount| WindowCount {
+                    at_least: c.count,
+                    at_most: c.count,
+                    estimate: c.count,
+                };
+                return Ok(WindowCounts {
+                    placed: counts.iter().map(|c| (c.pid, c.op, all(c))).collect(),
+                    left_out: 0,
+                    open,
+                    unsampled_whole: true,
+                });
+            }
             return Ok(WindowCounts {
                 placed: Vec::new(),
                 left_out: counts.iter().fold(0u64, |n, c| n.saturating_add(c.count)),
                 open,
+                unsampled_whole: false,
             });
         };
-        let start = session.info.start_mono_ns;
         let op = scope.op.as_deref();
         let mut by_key: BTreeMap<(u32, u16), Vec<(u64, u64)>> = BTreeMap::new();
         for s in samples {
@@ -224,6 +247,7 @@ impl WindowCounts {
             placed,
             left_out: 0,
             open,
+            unsampled_whole: false,
         })
     }
 
@@ -247,6 +271,7 @@ impl WindowCounts {
         }
         self.left_out = self.left_out.saturating_add(later.left_out);
         self.open |= later.open;
+        self.unsampled_whole &= later.unsampled_whole;
     }
 
     /// The counts as `stats` rows show them: the estimates (zeros left out).
@@ -277,7 +302,17 @@ impl WindowCounts {
     /// counted ([`STATS_COUNT`] or [`FINDINGS_COUNT`]).
     pub fn notes(&self, used: &str) -> Vec<String> {
         let mut out = Vec::new();
-        if !self.placed.is_empty() {
+        if self.unsampled_whole {
+            let n = self
+                .placed
+                .iter()
+                .fold(0u64, |n, (_, _, w)| n.saturating_add(w.at_least));
+            out.push(format!(
+                "Calls counted in the kernel (launches under `trace --launches driver` or `all`) have \
+                 no time and this trace holds no samples of their counts, but the window holds the whole \
+                 trace: all {n} of them are in it, and this answer counts them"
+            ));
+        } else if !self.placed.is_empty() {
             let sum = |f: fn(&WindowCount) -> u64| {
                 self.placed
                     .iter()

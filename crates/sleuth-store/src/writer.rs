@@ -266,6 +266,7 @@ fn create_initialized(
     info: &SessionInfo,
     opts: &WriterOptions,
 ) -> Result<Connection, StoreError> {
+    crate::outfile::ensure_replaceable(path)?;
     if !opts.overwrite && std::fs::symlink_metadata(path).is_ok() {
         return Err(crate::outfile::exists_error(path, None));
     }
@@ -324,6 +325,9 @@ fn remove_trace_files(path: &Path) -> Result<(), StoreError> {
     for suffix in ["", "-wal", "-shm", "-journal"] {
         let mut p = path.as_os_str().to_owned();
         p.push(suffix);
+        // A device or a pipe under that name is never removed (as root,
+        // `--db /dev/null --force` would have).
+        crate::outfile::ensure_replaceable(Path::new(&p))?;
         match std::fs::remove_file(&p) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}

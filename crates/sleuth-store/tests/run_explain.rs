@@ -242,7 +242,10 @@ fn a_directory_without_a_finished_file_is_one_error() {
         Err(e) => e.to_string(),
         Ok(_) => panic!("pid 4242 answered"),
     };
-    assert!(msg.contains("no process 4242 in this run"), "{msg}");
+    assert!(
+        msg.contains("no process 4242 in this run (it holds pid "),
+        "{msg}"
+    );
 }
 
 /// Memory pinned in the first file, copied from in both: each file

@@ -199,9 +199,9 @@ pub fn run(args: Args) -> Result<i32> {
             .map(|(l, p)| b.footprint(l, p))
             .collect::<Result<Vec<_>>>()?;
         if args.json {
-            println!("{}", serde_json::to_string_pretty(&rows)?);
+            outln!("{}", serde_json::to_string_pretty(&rows)?)?;
         } else {
-            print!("{}", render_footprint(&rows));
+            out!("{}", render_footprint(&rows))?;
         }
         return Ok(0);
     }
@@ -347,9 +347,9 @@ pub fn run(args: Args) -> Result<i32> {
         )?,
     };
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        outln!("{}", serde_json::to_string_pretty(&report)?)?;
     } else {
-        print!("{}", render(&report));
+        out!("{}", render(&report))?;
     }
     Ok(0)
 }
@@ -387,9 +387,9 @@ fn run_analysis_only(args: &Args) -> Result<i32> {
         args.analysis_run_files,
     )?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&a)?);
+        outln!("{}", serde_json::to_string_pretty(&a)?)?;
     } else {
-        print!("{}", super::bench_analysis::render(&a));
+        out!("{}", super::bench_analysis::render(&a))?;
     }
     Ok(0)
 }

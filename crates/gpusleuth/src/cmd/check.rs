@@ -311,7 +311,7 @@ pub fn run(args: Args) -> Result<i32> {
             .collect(),
     };
     if args.out.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        outln!("{}", serde_json::to_string_pretty(&report)?)?;
     } else {
         for c in &report.checks {
             let tag = match c.status {
@@ -319,15 +319,15 @@ pub fn run(args: Args) -> Result<i32> {
                 "warn" => "WARN",
                 _ => "FAIL",
             };
-            println!("{tag:<5} {:<15} {}", c.name, c.detail);
+            outln!("{tag:<5} {:<15} {}", c.name, c.detail)?;
             if let Some(impact) = c.impact {
-                println!("      {:<15} -> {}: {impact}", "", c.status);
+                outln!("      {:<15} -> {}: {impact}", "", c.status)?;
             }
         }
         for l in &report.libraries {
-            println!("      {:<15} {} ({})", "", l.path, l.layer);
+            outln!("      {:<15} {} ({})", "", l.path, l.layer)?;
         }
-        println!("{}", verdict(&report.checks));
+        outln!("{}", verdict(&report.checks))?;
     }
     Ok(if report.ready { 0 } else { 1 })
 }

@@ -88,13 +88,13 @@ fn live(dir: &Path, keep: bool) -> Result<i32> {
         .context("cannot write the simulated CUDA libraries")?;
     let db = dir.join("demo.db");
     let _ = std::fs::remove_file(&db);
-    println!("gpusleuth demo: tracing a simulated CUDA program (real eBPF on simulated libcudart/libcuda).");
-    println!(
+    outln!("gpusleuth demo: tracing a simulated CUDA program (real eBPF on simulated libcudart/libcuda).")?;
+    outln!(
         "  ground truth: the program is pinned to CPU 0; `{}` busy-loops on CPU 0 beside it;",
         sleuth_sim::HOG_COMM
-    );
-    println!("  it spins in 25 copies (CPU work), sleeps in 25 syncs (GPU waits), launches 1000 kernels,");
-    println!("  leaks 3 MiB in two buffers, and one cudaMalloc asks for 1e15 bytes (must fail).\n");
+    )?;
+    outln!("  it spins in 25 copies (CPU work), sleeps in 25 syncs (GPU waits), launches 1000 kernels,")?;
+    outln!("  leaks 128 KiB on each of its 25 steps (3.1 MiB), and one cudaMalloc asks for 1e15 bytes (must fail).\n")?;
 
     keep_off_cpu0();
     let ready = dir.join("hog.ready");
@@ -144,10 +144,10 @@ fn live(dir: &Path, keep: bool) -> Result<i32> {
         anyhow::bail!("the simulated workload exited with {code}");
     }
     if keep {
-        println!("\n== gpusleuth explain --db {}\n", db.display());
+        outln!("\n== gpusleuth explain --db {}\n", db.display())?;
     } else {
         // The folder goes when the demo ends: name no path that will not exist.
-        println!("\n== gpusleuth explain (the trace is deleted when the demo ends; `demo --keep DIR` keeps it)\n");
+        outln!("\n== gpusleuth explain (the trace is deleted when the demo ends; `demo --keep DIR` keeps it)\n")?;
     }
     explain(db)
 }
@@ -182,12 +182,10 @@ fn keep_off_cpu0() {
 }
 
 fn explain_bundled(dir: &Path, why: &str) -> Result<i32> {
-    println!("gpusleuth demo: live tracing is not possible here ({why}).");
-    println!("Explaining a real trace instead, recorded on an NVIDIA H200 (driver 580.159.04, torch 2.11):");
-    println!("  a PyTorch matmul + synchronize loop pinned to one CPU; after 6 s a CPU-burning");
-    println!(
-        "  neighbour (`gs-neighbour`) starts on the same CPU. (examples/h200-contention.db)\n"
-    );
+    outln!("gpusleuth demo: live tracing is not possible here ({why}).")?;
+    outln!("Explaining a real trace instead, recorded on an NVIDIA H200 (driver 580.159.04, torch 2.11):")?;
+    outln!("  a PyTorch matmul + synchronize loop pinned to one CPU; after 6 s a CPU-burning")?;
+    outln!("  neighbour (`gs-neighbour`) starts on the same CPU. (examples/h200-contention.db)\n")?;
     let db = dir.join("h200-contention.db");
     std::fs::write(&db, BUNDLED_TRACE).with_context(|| format!("cannot write {}", db.display()))?;
     explain(db)

@@ -89,8 +89,9 @@ impl Args {
     /// The format asked for, else the one the output's name says.
     fn format(&self) -> Format {
         let protobuf = |p: &PathBuf| {
-            p.extension()
-                .is_some_and(|e| e == "pftrace" || e == "perfetto-trace")
+            p.extension().is_some_and(|e| {
+                e.eq_ignore_ascii_case("pftrace") || e.eq_ignore_ascii_case("perfetto-trace")
+            })
         };
         match (self.format, &self.output) {
             (Some(f), _) => f,
@@ -1168,7 +1169,7 @@ fn finding_event(f: &Finding, data: &TraceData, origin: u64) -> Value {
     let ts = finding_time(f, data, origin);
     json!({
         "ph": "i", "s": "g", "cat": "finding",
-        "name": format!("{}: {}", f.kind.as_str(), f.op),
+        "name": finding_name(f),
         "ts": us(ts, origin), "pid": f.pids.first().copied().unwrap_or(0), "tid": 0,
         "args": {
             "severity": f.severity.as_str(),
@@ -1182,6 +1183,15 @@ fn finding_event(f: &Finding, data: &TraceData, origin: u64) -> Value {
 }
 
 /// Where a finding is drawn (monotonic ns): see [`finding_event`].
+/// "kind: op", or the kind alone for a finding about no one op (a thread's
+/// verdict).
+fn finding_name(f: &Finding) -> String {
+    match f.op.is_empty() {
+        true => f.kind.as_str().to_string(),
+        false => format!("{}: {}", f.kind.as_str(), f.op),
+    }
+}
+
 fn finding_time(f: &Finding, data: &TraceData, origin: u64) -> u64 {
     earliest_ts(&f.evidence["examples"])
         .or_else(|| earliest_ts(&f.evidence))

@@ -24,8 +24,15 @@ pub struct Args {
 /// The exit code is 1 when a file could not be finished (its error
 /// printed), 0 otherwise.
 pub fn run(args: Args) -> anyhow::Result<i32> {
+    // A stdout that cannot be written stops no finish (the files are the
+    // work); its first error is the command's once they are done.
+    let mut unwritten: Option<anyhow::Error> = None;
     let mut say = |s: Said| match s {
-        Said::Finished(line) | Said::Info(line) => println!("{line}"),
+        Said::Finished(line) | Said::Info(line) => {
+            if let Err(e) = outln!("{line}") {
+                unwritten.get_or_insert(e);
+            }
+        }
         Said::Error(line) => eprintln!("gpusleuth: error: {line}"),
     };
     let mut finisher = Finisher::new(crate::checks_memo::open, &mut say);
@@ -33,7 +40,10 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         finisher.finish_path(path)?;
     }
     let tally = finisher.tally;
-    println!("{}", tally.summary());
+    if let Some(e) = unwritten {
+        return Err(e);
+    }
+    outln!("{}", tally.summary())?;
     Ok(if tally.failed > 0 { 1 } else { 0 })
 }
 

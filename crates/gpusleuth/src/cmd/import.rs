@@ -29,23 +29,23 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             .with_context(|| format!("importing {}", args.src.display()))?,
     };
     if args.out.json {
-        println!("{}", serde_json::to_string_pretty(&summary)?);
+        outln!("{}", serde_json::to_string_pretty(&summary)?)?;
         return Ok(0);
     }
-    println!(
+    outln!(
         "imported {} calls, {} process events, {} processes into {}",
         summary.calls,
         summary.proc_events,
         summary.processes,
         args.db.display()
-    );
+    )?;
     for (op, n) in &summary.calls_by_op {
-        println!("  {op:<24} {n:>8}");
+        outln!("  {op:<24} {n:>8}")?;
     }
     if !summary.notes.is_empty() {
-        println!("what the Ingero trace lacks or what was left out:");
+        outln!("what the Ingero trace lacks or what was left out:")?;
         for n in &summary.notes {
-            println!("  - {n}");
+            outln!("  - {n}")?;
         }
     }
     Ok(0)

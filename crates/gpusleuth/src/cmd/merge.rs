@@ -10,6 +10,7 @@
 //! offsets only). Pids that collide with an earlier node's are moved by
 //! node × 2^22 (above Linux's pid_max); `process_nodes` keeps the real ones.
 
+use crate::load::FORCE_HINT;
 use anyhow::{bail, Context};
 use serde::Serialize;
 use sleuth_core::nccl::align::{estimate, Alignment};
@@ -50,18 +51,30 @@ struct NodeReport {
     pid_offset: u32,
 }
 
-pub fn run(args: Args) -> anyhow::Result<i32> {
-    if args.output.exists() && !args.force {
-        bail!(
-            "{} already exists (use --force to replace it)",
-            args.output.display()
-        );
-    }
-    for p in &args.inputs {
-        if p == &args.output {
-            bail!("{} is both an input and the output", p.display());
+/// One file given twice (by the same name or another) would be merged as
+/// two nodes, every call counted twice.
+fn refuse_repeated_inputs(inputs: &[PathBuf]) -> anyhow::Result<()> {
+    use std::os::unix::fs::MetadataExt as _;
+    let mut seen: Vec<((u64, u64), &PathBuf)> = Vec::new();
+    for p in inputs {
+        let m = std::fs::metadata(p).with_context(|| p.display().to_string())?;
+        let id = (m.dev(), m.ino());
+        if let Some((_, first)) = seen.iter().find(|(i, _)| *i == id) {
+            bail!(
+                "{} and {} are the same file: give each node's trace once",
+                first.display(),
+                p.display()
+            );
         }
+        seen.push((id, p));
     }
+    Ok(())
+}
+
+pub fn run(args: Args) -> anyhow::Result<i32> {
+    let inputs: Vec<&std::path::Path> = args.inputs.iter().map(|p| p.as_path()).collect();
+    sleuth_store::outfile::check_output(&args.output, &inputs, args.force, Some(FORCE_HINT))?;
+    refuse_repeated_inputs(&args.inputs)?;
     let mut facts = Vec::new();
     for p in &args.inputs {
         facts.push(input_facts(p).with_context(|| format!("reading {}", p.display()))?);
@@ -119,14 +132,14 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     write_merged(&inputs, &args.output, args.force, env!("CARGO_PKG_VERSION"))
         .with_context(|| format!("writing {}", args.output.display()))?;
     if args.out.json {
-        println!("{}", serde_json::to_string_pretty(&reports)?);
+        outln!("{}", serde_json::to_string_pretty(&reports)?)?;
         return Ok(0);
     }
-    println!(
+    outln!(
         "merged {} traces into {}",
         reports.len(),
         args.output.display()
-    );
+    )?;
     for (i, r) in reports.iter().enumerate() {
         let skew = match (&r.skew, i) {
             (_, 0) => "reference clock".to_string(),
@@ -146,7 +159,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
                     .into()
             }
         };
-        println!(
+        outln!(
             "  node {i} {} ({}): shift {:+.3} ms, {}{}",
             r.hostname,
             r.source,
@@ -157,7 +170,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             } else {
                 String::new()
             }
-        );
+        )?;
     }
     Ok(0)
 }

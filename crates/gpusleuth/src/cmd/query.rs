@@ -1,7 +1,6 @@
 //! `gpusleuth query --db F "SQL" [--json] [--limit N]`: read-only SQL over a trace.
 
 use crate::term_text;
-use anyhow::Context;
 use sleuth_store::{
     run_readonly_sql_remembered, ReadBudget, SqlLimits, SqlResult, DEFAULT_READ_TIMEOUT,
 };
@@ -16,14 +15,14 @@ pub struct Args {
     sql: String,
     #[command(flatten)]
     out: crate::args::JsonOutput,
-    /// Most rows to return.
-    #[arg(long, default_value_t = 1000)]
-    limit: usize,
+    /// Most rows to return (at least 1).
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
+    limit: u64,
 }
 
 pub fn run(args: Args) -> anyhow::Result<i32> {
     let limits = SqlLimits {
-        max_rows: args.limit,
+        max_rows: usize::try_from(args.limit).unwrap_or(usize::MAX),
         ..Default::default()
     };
     // The file's checks run under the command's deadline, not the
@@ -36,12 +35,11 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         &limits,
         &budget,
         crate::checks_memo::memo(),
-    )
-    .context("query failed")?;
+    )?;
     if args.out.json {
-        println!("{}", serde_json::to_string(&result)?);
+        outln!("{}", serde_json::to_string(&result)?)?;
     } else {
-        print!("{}", render_table(&result));
+        out!("{}", render_table(&result))?;
         if result.truncated {
             eprintln!(
                 "(stopped at {} rows: {}; --json gives whole cells, --limit raises the row cap)",

@@ -78,14 +78,14 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             "outcome": outcome,
             "exit_code": code,
         });
-        println!("{}", serde_json::to_string(&doc).context("writing JSON")?);
+        outln!("{}", serde_json::to_string(&doc).context("writing JSON")?)?;
     } else {
         if let Some(why) = &before.report.nvml.reason {
-            println!("NVML not available: {why}; showing /proc holders only");
+            outln!("NVML not available: {why}; showing /proc holders only")?;
         }
-        print!("{}", render_plan(&plan, args.yes));
+        out!("{}", render_plan(&plan, args.yes))?;
         if let Some(o) = &outcome {
-            print!("{}", render_outcome(o));
+            out!("{}", render_outcome(o))?;
         }
     }
     Ok(code)

@@ -7,7 +7,8 @@ use anyhow::Context;
 use sleuth_gpu::classify::{Class, Holder, Report};
 use sleuth_gpu::Sources;
 use std::collections::BTreeSet;
-use std::io::{IsTerminal, Write};
+use std::fmt::Write as _;
+use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
 #[derive(clap::Args)]
@@ -32,22 +33,19 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     }
     if !args.watch {
         let report = sources.observe().report;
-        emit(&report, args.out.json, &mut std::io::stdout().lock())?;
+        crate::load::emit(&shown(&report, args.out.json)?)?;
         return Ok(0);
     }
     watch(&sources, &args)
 }
 
-fn emit(report: &Report, json: bool, out: &mut impl Write) -> anyhow::Result<()> {
-    if json {
-        serde_json::to_writer(&mut *out, report).context("writing JSON")?;
-        writeln!(out)?;
-    } else {
-        // Command lines and names come from other users' processes.
-        out.write_all(terminal_safe(&render(report)).as_bytes())?;
-    }
-    out.flush()?;
-    Ok(())
+/// The report as printed: JSON, or text with the names other users'
+/// processes gave themselves made safe for a terminal.
+fn shown(report: &Report, json: bool) -> anyhow::Result<String> {
+    Ok(match json {
+        true => serde_json::to_string(report).context("writing JSON")? + "\n",
+        false => terminal_safe(&render(report)).into_owned(),
+    })
 }
 
 /// Repeats the report; remembers which exited-but-listed pids it already flagged.
@@ -79,28 +77,30 @@ fn watch(sources: &Sources, args: &Args) -> anyhow::Result<i32> {
             .collect();
         flagged.retain(|p| listed_dead.contains(p));
 
-        let mut out = std::io::stdout().lock();
+        let mut out = String::new();
         if args.out.json {
-            serde_json::to_writer(&mut out, &report).context("writing JSON")?;
-            writeln!(out)?;
+            out = shown(&report, true)?;
         } else if tty {
             flags.extend(fresh);
             // Home + clear, then the whole frame: refresh in place.
-            write!(
+            let _ = write!(
                 out,
                 "\x1b[H\x1b[2J[t+{t:.1}s] gpusleuth vram --watch (Ctrl-C to stop)\n{}",
                 terminal_safe(&render(&report))
-            )?;
+            );
             for f in flags.iter().rev().take(10) {
-                writeln!(out, "{}", terminal_safe(f))?;
+                let _ = writeln!(out, "{}", terminal_safe(f));
             }
         } else {
-            writeln!(out, "[t+{t:.1}s] {}", terminal_safe(&one_line(&report)))?;
+            let _ = writeln!(out, "[t+{t:.1}s] {}", terminal_safe(&one_line(&report)));
             for f in fresh {
-                writeln!(out, "{}", terminal_safe(&f))?;
+                let _ = writeln!(out, "{}", terminal_safe(&f));
             }
         }
-        out.flush()?;
+        // A closed pipe (`| head`) ends the watch.
+        if !crate::load::emit_open(&out)? {
+            return Ok(0);
+        }
         n += 1;
         if args.count != 0 && n >= args.count {
             return Ok(0);

@@ -520,13 +520,17 @@ fn markdown_of(r: &Explanation, scope: &str) -> String {
         let _ = writeln!(out, "{CLEAN}.\n");
     }
     for (i, f) in r.findings.iter().enumerate() {
+        // A thread's verdict is about no one op: no empty code span.
+        let op = match f.op.is_empty() {
+            true => String::new(),
+            false => format!(", `{}`", f.op),
+        };
         let _ = writeln!(
             out,
-            "## {}. {} ({}, `{}`)\n",
+            "## {}. {} ({}{op})\n",
             i + 1,
             f.kind.as_str(),
             f.severity.as_str(),
-            f.op
         );
         let _ = writeln!(out, "{}\n", f.summary);
         if !f.culprits.is_empty() {

@@ -93,6 +93,8 @@ impl ThreadView<'_> {
         json!({
             "pid": t.pid,
             "tid": t.tid,
+            // Where the window begins: an export places the finding there.
+            "window_start_ts_ns": t.start_ns,
             "window_ns": t.wall_ns,
             "in_calls": t.in_calls,
             "between_calls": t.between,

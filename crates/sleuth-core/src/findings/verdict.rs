@@ -37,10 +37,17 @@ pub(super) fn summary_line(
     }
     let main = threads.first()?;
     // A verdict heads the line only when it explains a real share of the
-    // time; otherwise the line says where the main thread's time went.
-    let top = findings.first().filter(|f| {
-        f.kind.is_time_verdict() && f.wall_share.unwrap_or(0.0) >= VERDICT_MEDIUM_SHARE
-    });
+    // time; otherwise the line says where the main thread's time went. The
+    // findings ranked ahead by rule (a failed allocation, a straggler) are
+    // not where the time went: the verdict after them heads the line (a
+    // trace with a failed allocation said "no bottleneck verdict" above a
+    // 38% sync stall, round 50).
+    let top = findings
+        .iter()
+        .find(|f| !f.kind.ranks_ahead_by_rule())
+        .filter(|f| {
+            f.kind.is_time_verdict() && f.wall_share.unwrap_or(0.0) >= VERDICT_MEDIUM_SHARE
+        });
     if let Some(f) = top {
         let share = pct(f.wall_share.unwrap_or(0.0));
         let t = thread_of(f, threads).unwrap_or(main);

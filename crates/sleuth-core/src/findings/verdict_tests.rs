@@ -326,6 +326,10 @@ fn the_verdict_explaining_most_time_ranks_first_failures_before_all() {
     d.calls.push(fail);
     d.calls.sort_by_key(|c| c.ts_ns);
     assert_eq!(explain(&d)[0].kind, Kind::AllocationFailure);
+    // The summary line is still the verdict's: a failure is not where the
+    // time went.
+    let line = explain_report(&d).summary.unwrap();
+    assert!(line.ends_with("host-bound"), "{line}");
 }
 
 #[test]

@@ -858,7 +858,7 @@ fn gpu_counters(out: &mut Packets, data: &TraceData, origin: u64, window: Option
 /// JSON puts it ([`super::finding_time`]).
 fn finding_event(out: &mut Packets, f: &Finding, data: &TraceData, origin: u64) {
     let ts = super::finding_time(f, data, origin).saturating_sub(origin);
-    let name = format!("{}: {}", f.kind.as_str(), f.op);
+    let name = super::finding_name(f);
     out.instant(ts, uuid::FINDINGS, "finding", &name, |e| {
         arg_str(e, Arg::Severity, f.severity.as_str());
         arg_str(e, Arg::Summary, &f.summary);

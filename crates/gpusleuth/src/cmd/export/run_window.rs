@@ -79,10 +79,15 @@ type Problems = Vec<(PathBuf, InputProblems)>;
 /// `pid`.
 fn checked_files(run: &RunLast, pid: Option<u32>) -> anyhow::Result<(Vec<PathBuf>, Problems)> {
     let (mut held, mut problems) = (Vec::new(), Vec::new());
+    let mut others = std::collections::BTreeSet::new();
     for (_, path) in &run.files {
         let trace = crate::checks_memo::open(path)?;
         if let Some(p) = pid {
             if !trace.holds_pid(p)? {
+                if held.is_empty() {
+                    // Listed should no file hold it (an error's cost).
+                    others.extend(trace.pids()?);
+                }
                 continue;
             }
         }
@@ -95,10 +100,11 @@ fn checked_files(run: &RunLast, pid: Option<u32>) -> anyhow::Result<(Vec<PathBuf
     }
     if held.is_empty() {
         anyhow::bail!(
-            "{}: no process {} in the {} file(s) of the window",
+            "{}: no process {} in the {} file(s) read ({})",
             run.dir.display(),
             pid.unwrap_or_default(),
-            run.files.len()
+            run.files.len(),
+            sleuth_store::pids_held(&others.into_iter().collect::<Vec<_>>())
         );
     }
     Ok((held, problems))
