@@ -156,7 +156,14 @@ impl<'a> Finisher<'a> {
                 .as_ref()
                 .is_ok_and(|t| t.has_rollups().unwrap_or(false))
             {
-                self.tally.complete += 1;
+                // Complete, but left in WAL mode (a reader held it as its
+                // tracer completed it): made one file where no one holds it.
+                match wal_beside(&path) {
+                    true => {
+                        self.finish_one(&path, opened, None);
+                    }
+                    false => self.tally.complete += 1,
+                }
                 continue;
             }
             let l = match &link {
@@ -266,6 +273,23 @@ impl<'a> Finisher<'a> {
     }
 }
 
+/// A live process writing the trace file `path` (a tracer recording or
+/// completing it), if one is known: by the processes holding it open, or,
+/// where their open files cannot be read, by the tracer pid the file
+/// stores. `trace --force` never removes such a file (round 50: a second
+/// tracer's `--force` removed a live run's files and the first tracer
+/// recorded into nothing).
+pub fn live_writer(path: &Path) -> Option<(u32, String)> {
+    let held = match holders(path) {
+        Ok(h) => Ok(h),
+        Err(e) => {
+            let tracer = Trace::open(path).ok().and_then(|t| t.tracer_pid());
+            writer_check(Err(e), tracer, pid_alive)
+        }
+    };
+    held.ok()?.into_iter().next()
+}
+
 /// The processes that hold the file (`holders`), or, where other
 /// processes' open files cannot be read (a tracer holding the deploy
 /// files' capabilities but not root's `CAP_DAC_READ_SEARCH`: every other
@@ -323,6 +347,13 @@ fn traces_under(dir: &Path) -> anyhow::Result<Vec<Found>> {
     }
     found.sort_by(|a, b| found_path(a).cmp(found_path(b)));
     Ok(found)
+}
+
+/// Whether a `-wal` with content is beside the database `path`.
+fn wal_beside(path: &Path) -> bool {
+    let mut wal = path.as_os_str().to_owned();
+    wal.push("-wal");
+    std::fs::metadata(&wal).is_ok_and(|m| m.len() > 0)
 }
 
 fn found_path(f: &Found) -> &Path {

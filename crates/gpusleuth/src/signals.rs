@@ -4,8 +4,12 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 static INTERRUPTS: AtomicUsize = AtomicUsize::new(0);
+static TERMS: AtomicUsize = AtomicUsize::new(0);
 
-extern "C" fn on_signal(_sig: libc::c_int) {
+extern "C" fn on_signal(sig: libc::c_int) {
+    if sig == libc::SIGTERM {
+        TERMS.fetch_add(1, Ordering::SeqCst);
+    }
     INTERRUPTS.fetch_add(1, Ordering::SeqCst);
 }
 
@@ -25,4 +29,11 @@ pub fn install() {
 /// How many interrupts arrived so far.
 pub fn interrupts() -> usize {
     INTERRUPTS.load(Ordering::SeqCst)
+}
+
+/// How many of them were SIGTERM: sent to this process alone (`kill PID`,
+/// `systemctl stop`, a container's stop), where SIGINT from a terminal's
+/// Ctrl-C reaches its whole process group.
+pub fn terms() -> usize {
+    TERMS.load(Ordering::SeqCst)
 }

@@ -452,3 +452,120 @@ fn trace_all_mode_follows_a_cuda_process_it_did_not_start() {
         1
     );
 }
+
+/// Found in round 50: one SIGTERM to the tracer alone (`kill PID`, a
+/// container's or a service's stop) was ignored while it traced a launched
+/// command, which it took for a Ctrl-C the command had received too: the
+/// trace went on until the command ended by itself (or the SIGKILL after a
+/// grace period left the file unfinished). It is passed on to the command,
+/// whose exit ends the trace with the file complete.
+#[test]
+fn a_sigterm_to_the_tracer_alone_ends_the_command_and_the_trace() {
+    let Some(sb) = Sandbox::for_ebpf("sigterm-alone") else {
+        return;
+    };
+    let ready = sb.path("ready");
+    let mut child = sb.spawn_trace(
+        &["--ready-file", ready.to_str().unwrap()],
+        "malloc 4096 a; sleep 60000",
+        None,
+    );
+    common::wait_for_file(&ready, 60);
+    // SAFETY: SIGTERM to the gpusleuth process this test spawned.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    // Ignored, it ran the command's 60 s; passed on, it ends at once.
+    let status = common::wait_child(&mut child, 30);
+    kill_workloads_of(&sb);
+    assert_eq!(status.code(), Some(143), "the command's SIGTERM exit");
+    let db = sb.open_db();
+    assert_eq!(db.int("SELECT count(*) FROM meta WHERE key = 'rollups'"), 1);
+    assert_eq!(
+        db.int("SELECT count(*) FROM notes WHERE text LIKE '%SIGTERM passed on%'"),
+        1
+    );
+}
+
+/// Found in round 50: a stop in the first ~150 ms (the probes attaching)
+/// killed the tracer outright, as the signals were caught only once it
+/// traced: the file was left unfinished, and with `--rotate` every reader
+/// of the run said "the first file is still being written" for good. Now
+/// a stop then leaves no file (nothing started) or a complete one.
+#[test]
+fn a_stop_while_the_tracer_starts_leaves_no_file_or_a_complete_one() {
+    let Some(sb) = Sandbox::for_ebpf("stop-at-start") else {
+        return;
+    };
+    for (i, delay_ms) in [0u64, 20, 60, 120, 250].into_iter().enumerate() {
+        let db = sb.path(&format!("start-{i}.db"));
+        let mut fresh = common::gpusleuth();
+        fresh
+            .args(["trace", "--quiet", "--db"])
+            .arg(&db)
+            .arg("--")
+            .arg(&sb.sim.workload)
+            .arg("malloc 4096 a; sleep 300")
+            .env("LD_LIBRARY_PATH", &sb.sim.lib_dir);
+        let mut child = fresh
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn gpusleuth trace");
+        std::thread::sleep(std::time::Duration::from_millis(delay_ms));
+        // SAFETY: SIGTERM to the gpusleuth process this test spawned.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let status = common::wait_child(&mut child, 30);
+        use std::os::unix::process::ExitStatusExt as _;
+        if status.signal().is_some() {
+            // Before main() caught signals (an instant after exec): nothing
+            // was written yet.
+            assert!(!db.exists(), "delay {delay_ms} ms: killed with a file");
+        } else if db.exists() {
+            let t = sleuth_store::Trace::open(&db).expect("a readable trace");
+            assert!(
+                t.has_rollups().unwrap(),
+                "delay {delay_ms} ms: left unfinished"
+            );
+        } else {
+            assert_eq!(status.code(), Some(130), "delay {delay_ms} ms");
+        }
+    }
+    kill_workloads_of(&sb);
+}
+
+/// Found in round 50: `trace --force` over a file or a run a live tracer
+/// was writing removed it, and the first tracer recorded into nothing
+/// ("attempt to write a readonly database"). `--force` replaces a trace,
+/// never a live one.
+#[test]
+fn force_never_replaces_a_live_tracers_files() {
+    let Some(sb) = Sandbox::for_ebpf("force-live") else {
+        return;
+    };
+    let ready = sb.path("ready");
+    let mut first = sb.spawn_trace(
+        &["--ready-file", ready.to_str().unwrap()],
+        "malloc 4096 a; sleep 2500; free a",
+        None,
+    );
+    common::wait_for_file(&ready, 60);
+    let out = sb
+        .trace_command(&["--force"], "malloc 7 z")
+        .output()
+        .unwrap();
+    common::assert_no_panic(&out);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("is writing it: refusing to replace a live trace"),
+        "{err}"
+    );
+    let status = common::wait_child(&mut first, 60);
+    kill_workloads_of(&sb);
+    assert_eq!(status.code(), Some(0), "the first trace ends as it would");
+    let db = sb.open_db();
+    assert_eq!(db.int("SELECT count(*) FROM meta WHERE key = 'rollups'"), 1);
+    assert_eq!(
+        db.int("SELECT count(*) FROM calls WHERE op = 'cudaMalloc' AND size = 4096"),
+        1
+    );
+}

@@ -77,6 +77,8 @@ fn refusal(trace: &Trace) -> Result<Option<String>, StoreError> {
 pub fn finish(trace: Trace, link: Option<&RunLink>) -> Result<Finished, StoreError> {
     let path = &trace.path().to_path_buf();
     if trace.has_rollups()? {
+        drop(trace);
+        fold_wal(path)?;
         return Ok(Finished::AlreadyComplete);
     }
     if let Some(why) = refusal(&trace)? {
@@ -120,20 +122,39 @@ pub fn finish(trace: Trace, link: Option<&RunLink>) -> Result<Finished, StoreErr
             return Ok(false);
         }
         crate::thread_windows::drop_table(tx)?;
-        note_finished(tx)?;
+        let counted = counts_from_samples(tx)?;
+        note_finished(tx, counted)?;
         Ok(true)
     })
     .map_err(|e| sqlite(path, e))?;
     let Some(culprit_rows) = done else {
         return Ok(Finished::AlreadyComplete);
     };
-    // One self-contained file, as the tracer leaves it.
-    conn.pragma_update(None, "journal_mode", "DELETE")
-        .map_err(|e| sqlite(path, e))?;
+    // One self-contained file, as the tracer leaves it (where a reader
+    // holds it, complete in WAL mode: the next finish folds it).
+    crate::writer::leave_wal(&conn).map_err(|e| sqlite(path, e))?;
     Ok(Finished::Completed {
         calls,
         culprit_rows,
     })
+}
+
+/// A complete file its tracer left in WAL mode (a reader held it as the
+/// trace ended) made one file again; one without a `-wal` is not opened.
+fn fold_wal(path: &Path) -> Result<(), StoreError> {
+    let mut wal = path.as_os_str().to_owned();
+    wal.push("-wal");
+    if std::fs::metadata(&wal).map_or(true, |m| m.len() == 0) {
+        return Ok(());
+    }
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(|e| StoreError::file(path, format!("cannot open to write: {}", short(&e))))?;
+    crate::open::harden(&conn).map_err(|e| sqlite(path, e))?;
+    crate::writer::leave_wal(&conn).map_err(|e| sqlite(path, e))?;
+    Ok(())
 }
 
 /// How long a `finish` waits for another one's transaction on the same
@@ -168,14 +189,43 @@ fn windows_from_rows(conn: &Connection) -> rusqlite::Result<(Rollup, u64)> {
 }
 
 /// The note that says who completed the file and what it lacks.
-fn note_finished(conn: &Connection) -> rusqlite::Result<()> {
-    let text =
+fn note_finished(conn: &Connection, counted: bool) -> rusqlite::Result<()> {
+    let mut text =
         "finished by `gpusleuth finish`: its tracer stopped before completing it (killed?); \
-                what it had not committed is not here, and its end time is not known";
+                what it had not committed is not here, and its end time is not known"
+            .to_string();
+    if counted {
+        text.push_str(
+            "; the calls counted in the kernel (launches) are their counts at its last sample \
+             (every 200 ms): those counted after it are not here",
+        );
+    }
     crate::writer::insert_note(
         conn,
         crate::file_clock::now_on_file_clock(conn)?,
         crate::NoteLevel::Warn.as_str(),
-        text,
+        &text,
     )
+}
+
+/// The kernel-counted calls of a killed tracer's file: their totals
+/// (`op_counts`) are stored at the file's end, which it never reached, but
+/// the running count of each (process, op) was sampled every 200 ms since
+/// the file began (`op_count_samples`): the latest sample of each is its
+/// total up to then. Before round 50 a finished file counted no launch at
+/// all (0 in `stats`, no `launch_bound`). Whether any was taken.
+fn counts_from_samples(tx: &Connection) -> rusqlite::Result<bool> {
+    let stored: i64 = tx.query_row("SELECT count(*) FROM op_counts", [], |r| r.get(0))?;
+    if stored > 0 || !crate::open::has_table(tx, "op_count_samples")? {
+        return Ok(false);
+    }
+    let n = tx.execute(
+        "INSERT OR IGNORE INTO op_counts(pid, layer, op, count)
+         SELECT s.pid, o.layer, s.op, max(s.count)
+         FROM op_count_samples s JOIN ops o ON o.op = s.op
+         WHERE s.count > 0
+         GROUP BY s.pid, s.op",
+        [],
+    )?;
+    Ok(n > 0)
 }

@@ -184,6 +184,10 @@ pub struct WriteSummary {
     pub events_received: u64,
     pub call_culprit_rows: u64,
     pub db_bytes: u64,
+    /// The file is complete but stays in WAL mode: a reader had it open
+    /// when the trace ended (its `-wal` is part of it until a writer, such
+    /// as `gpusleuth finish`, folds it in).
+    pub kept_wal: bool,
 }
 
 /// A call as stored, with its row id (for `Trace::call_culprits_of`).

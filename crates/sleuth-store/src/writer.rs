@@ -660,7 +660,7 @@ impl WriterState {
         let culprit_rows =
             finalize::complete(&mut self.conn, &self.rollup, self.opts.run.as_ref())?;
         // One self-contained file: checkpoint the WAL and leave WAL mode.
-        self.conn.pragma_update(None, "journal_mode", "DELETE")?;
+        let kept_wal = !leave_wal(&self.conn)?;
         let db_bytes = std::fs::metadata(&self.path).map(|m| m.len()).unwrap_or(0);
         Ok(WriteSummary {
             calls_stored: self.n.calls_stored,
@@ -673,7 +673,46 @@ impl WriterState {
                 + self.n.events_block,
             call_culprit_rows: culprit_rows,
             db_bytes,
+            kept_wal,
         })
+    }
+}
+
+/// How long leaving WAL mode waits for readers of the file to let go.
+const LEAVE_WAL_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Checkpoints a complete file's WAL and leaves WAL mode, so the trace is
+/// one file; false when readers kept it open past [`LEAVE_WAL_WAIT`] (a
+/// `stats` run as the trace ended). The switch needs the file to itself:
+/// a reader's lock made it fail at once with "database is locked", after
+/// the completion had committed, and the tracer called a complete file
+/// failed, exit 1 (round 50). Then the file stays in WAL mode, complete
+/// (readers read its `-wal` with it), and the next writer to open it folds
+/// it in (`gpusleuth finish`).
+pub(crate) fn leave_wal(conn: &Connection) -> rusqlite::Result<bool> {
+    leave_wal_within(conn, LEAVE_WAL_WAIT)
+}
+
+fn leave_wal_within(conn: &Connection, wait: std::time::Duration) -> rusqlite::Result<bool> {
+    // SQLite does not call a busy handler for this switch: it is retried
+    // here until the wait is over.
+    let until = std::time::Instant::now() + wait;
+    loop {
+        match conn.pragma_update(None, "journal_mode", "DELETE") {
+            Ok(()) => return Ok(true),
+            Err(rusqlite::Error::SqliteFailure(e, _))
+                if matches!(
+                    e.code,
+                    rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked
+                ) =>
+            {
+                if std::time::Instant::now() >= until {
+                    return Ok(false);
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            Err(e) => return Err(e),
+        }
     }
 }
 
@@ -1280,5 +1319,45 @@ pub fn release_freed_heap() {
     // arenas; it touches no live allocation and has no preconditions.
     unsafe {
         libc::malloc_trim(0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A reader that keeps its read transaction past the wait leaves the
+    /// file in WAL mode, whole (no error); once it lets go, the next
+    /// attempt makes it one file.
+    #[test]
+    fn a_reader_that_stays_keeps_a_complete_file_in_wal_mode() {
+        let dir = std::env::temp_dir().join(format!("sleuth-leave-wal-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("t.db");
+        let conn = Connection::open(&path).unwrap();
+        conn.pragma_update(None, "journal_mode", "WAL").unwrap();
+        conn.execute_batch("CREATE TABLE t(x); INSERT INTO t VALUES (1);")
+            .unwrap();
+        let reader = Connection::open(&path).unwrap();
+        reader
+            .execute_batch("BEGIN; SELECT count(*) FROM t;")
+            .unwrap();
+        let wait = std::time::Duration::from_millis(100);
+        assert!(!leave_wal_within(&conn, wait).unwrap());
+        let mode: String = conn
+            .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(mode, "wal");
+        drop(reader);
+        assert!(leave_wal_within(&conn, wait).unwrap());
+        drop(conn);
+        assert!(!dir.join("t.db-wal").exists());
+        let n: i64 = Connection::open(&path)
+            .unwrap()
+            .query_row("SELECT x FROM t", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(n, 1);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -99,3 +99,39 @@ fn committed_batches_survive_sigkill() {
         );
     }
 }
+
+/// Found in round 50: a reader holding the file as the trace ended (a
+/// `stats` run in a loop beside the tracer) made leaving WAL mode fail at
+/// once, after the completion had committed: the tracer said "completing
+/// the trace failed: database is locked" and exited 1 over a complete file.
+/// The switch now waits for the reader.
+#[test]
+fn a_reader_holding_the_file_as_it_ends_does_not_fail_the_trace() {
+    let (dir, path, w) = new_trace("reader-at-end");
+    let h = w.handle();
+    h.send(Event::Call(call("cudaMalloc", 7, 7, 1_000, 10)))
+        .unwrap();
+    drop(h);
+    // The batch committed (WAL mode while tracing), then a reader's snapshot.
+    let wal = dir.join("t.db-wal");
+    for _ in 0..200 {
+        if std::fs::metadata(&wal).is_ok_and(|m| m.len() > 0) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let reader = rusqlite::Connection::open(&path).unwrap();
+    reader
+        .execute_batch("BEGIN; SELECT count(*) FROM call_rows;")
+        .unwrap();
+    let release = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        drop(reader);
+    });
+    let summary = w.finish().expect("complete despite the reader");
+    release.join().unwrap();
+    assert!(!summary.kept_wal, "the reader let go within the wait");
+    assert!(!wal.exists(), "one self-contained file");
+    let t = Trace::open(&path).unwrap();
+    assert!(t.has_rollups().unwrap());
+}

@@ -353,3 +353,68 @@ fn a_file_completed_by_another_finish_meanwhile_is_left_as_it_is() {
         .unwrap();
     assert_eq!(rollup_rows, 0, "no rollups of this finish");
 }
+
+/// Found in round 50: a killed tracer's file has no `op_counts` (stored at
+/// its end), so its kernel-counted launches were 0 once finished, though
+/// their running counts were sampled every 200 ms. The latest sample of
+/// each (process, op) is its count now, and a note says so.
+#[test]
+fn a_killed_files_counted_launches_are_their_latest_samples() {
+    use sleuth_core::counted::CountSample;
+    let dir = TempDir::new("finish_counts");
+    let (path, killed) = (dir.join("t.db"), dir.join("killed.db"));
+    let w = TraceWriter::create(&path, session(), WriterOptions::default()).unwrap();
+    let h = w.handle();
+    let launch = sleuth_core::op_by_name("cuLaunchKernel").unwrap().id;
+    let sync = sleuth_core::op_by_name("cuStreamSynchronize").unwrap().id;
+    h.send(Event::Call(common::call("cudaMalloc", 7, 7, 1_000, 10)))
+        .unwrap();
+    let sample = |ts_ns, pid, op, count| CountSample {
+        ts_ns,
+        pid,
+        op,
+        count,
+    };
+    h.add_count_samples(vec![
+        sample(200_000_000, 7, launch, 300),
+        sample(400_000_000, 7, launch, 5_300),
+        sample(400_000_000, 8, sync, 12),
+    ])
+    .unwrap();
+    copy_as_killed(&h, &path, &killed);
+    drop(h);
+    w.finish().unwrap();
+    let count_of = |db: &Path, pid: i64, op: &str| -> Option<i64> {
+        Connection::open(db)
+            .unwrap()
+            .query_row(
+                "SELECT count FROM op_counts WHERE pid = ?1 AND op = ?2",
+                rusqlite::params![pid, op],
+                |r| r.get(0),
+            )
+            .ok()
+    };
+    assert_eq!(count_of(&killed, 7, "cuLaunchKernel"), None, "as killed");
+    let got = finish(Trace::open(&killed).unwrap(), None).unwrap();
+    assert!(matches!(got, Finished::Completed { .. }), "{got:?}");
+    assert_eq!(count_of(&killed, 7, "cuLaunchKernel"), Some(5_300));
+    assert_eq!(count_of(&killed, 8, "cuStreamSynchronize"), Some(12));
+    let noted: i64 = Connection::open(&killed)
+        .unwrap()
+        .query_row(
+            "SELECT count(*) FROM notes WHERE text LIKE '%counts at its last sample%'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(noted, 1);
+    // The stats of the finished file count them.
+    let t = Trace::open(&killed).unwrap();
+    let counts = t.op_counts(None).unwrap();
+    assert!(
+        counts
+            .iter()
+            .any(|c| c.pid == 7 && c.op == launch && c.count == 5_300),
+        "{counts:?}"
+    );
+}

@@ -125,23 +125,24 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     let data = &mt.base;
     let helds = held_by_pid(data, &mut processes);
     let activity = gpu_activity::of_trace(data);
+    let notes: Vec<String> = sleuth_core::stats::ledger_loss_note(data)
+        .into_iter()
+        .collect();
     if args.out.json {
-        emit_json(&report(
-            &processes,
-            &allocators,
-            &helds,
-            &activity,
-            at_offset,
-        ))?;
+        let mut r = report(&processes, &allocators, &helds, &activity, at_offset);
+        r.notes = notes;
+        emit_json(&r)?;
     } else {
-        emit_text(&render(
+        let mut text: String = notes.iter().map(|n| format!("Note: {n}\n\n")).collect();
+        text.push_str(&render(
             &processes,
             &allocators,
             &helds,
             origin,
             at_offset,
             args.segments,
-        ))?;
+        ));
+        emit_text(&text)?;
     }
     Ok(0)
 }
@@ -190,7 +191,12 @@ fn run_of_run(args: &Args) -> anyhow::Result<i32> {
     let helds = held_by_pid(data, &mut processes);
     let activity = gpu_activity::of_trace(data);
     let files = sleuth_store::run::file_names(&run.files);
-    let notes: Vec<String> = run.ledger_note.iter().cloned().collect();
+    let notes: Vec<String> = run
+        .ledger_note
+        .iter()
+        .cloned()
+        .chain(sleuth_core::stats::ledger_loss_note(data))
+        .collect();
     if args.out.json {
         let mut r = report(&processes, &allocators, &helds, &activity, args.at);
         r.files = files;

@@ -282,6 +282,10 @@ fn tune_malloc() {
 }
 
 pub fn run(args: Args) -> Result<i32> {
+    // From the start: a SIGTERM or Ctrl-C while the probes attach stops
+    // the trace cleanly instead of killing it with its file unfinished
+    // (round 50: `systemctl stop` right after a start left such a file).
+    signals::install();
     tune_malloc();
     // Before the first connection; the tracer runs no caller's SQL.
     sleuth_store::turn_off_memory_statistics();
@@ -342,7 +346,12 @@ pub fn run(args: Args) -> Result<i32> {
             prepare_run_dir(&out, args.force)?;
             out.join(sleuth_store::run::part_name(1))
         }
-        None => out.clone(),
+        None => {
+            if args.force && out.is_file() {
+                refuse_live_writer(&out)?;
+            }
+            out.clone()
+        }
     };
     let start_mono = monotonic_ns();
     let realtime_offset_ns = realtime_ns() - start_mono as i64;
@@ -400,6 +409,16 @@ pub fn run(args: Args) -> Result<i32> {
     let writer = TraceWriter::create(&db, info, opts)
         .with_context(|| format!("cannot create trace database {}", db.display()))?;
     let handle = writer.handle();
+    // Stopped before anything was started: no command launched, no file left.
+    if signals::interrupts() > 0 {
+        drop(handle);
+        discard(writer, &db);
+        if rotation.is_some() {
+            let _ = std::fs::remove_dir(&out);
+        }
+        eprintln!("gpusleuth: interrupted before tracing started: nothing recorded");
+        return Ok(130);
+    }
     // Until the command runs (or the processes are attached) nothing has been
     // traced: a failure here leaves no database behind.
     let (mut session, sinks, child) = match start(&args, &target, &handle, start_mono) {
@@ -497,6 +516,19 @@ struct Output {
     rotation: Option<Rotation>,
 }
 
+/// An error when a live process writes the trace file `path`: `--force`
+/// replaces a trace, never one a tracer is still recording or completing.
+fn refuse_live_writer(path: &Path) -> Result<()> {
+    if let Some((pid, comm)) = crate::finishing::live_writer(path) {
+        bail!(
+            "--db {}: {} (pid {pid}) is writing it: refusing to replace a live trace, --force or not",
+            path.display(),
+            crate::term_text::terminal_safe(&comm)
+        );
+    }
+    Ok(())
+}
+
 /// Makes `dir` ready for a run's files: created (mode 0700: traces hold
 /// command lines and paths) or an existing directory with no run in it
 /// (`--force` removes the old run's files, and only those).
@@ -521,6 +553,9 @@ fn prepare_run_dir(dir: &Path, force: bool) -> Result<()> {
                     old.len(),
                     crate::load::FORCE_HINT
                 );
+            }
+            for (_, f) in &old {
+                refuse_live_writer(f)?;
             }
             for (_, f) in old {
                 sleuth_store::outfile::remove_database(&f);
@@ -775,7 +810,6 @@ fn trace_loop(
         mut rotation,
     } = output;
     let start_mono = session.start_mono();
-    signals::install();
     let t0 = Instant::now();
     let mut last_scan = Instant::now();
     let mut count_sampler = CountSampler::default();
@@ -808,6 +842,11 @@ fn trace_loop(
     let mut last_counters = Instant::now();
     let mut child_exit: Option<i32> = None;
     let mut child_exit_at: Option<Instant> = None;
+    // Stop requests passed on to the launched command (see below); one
+    // counted by now came while the probes attached and the command was
+    // launched (`run` stops before that on an earlier one).
+    let mut passed_on = 0usize;
+    let stopped_while_starting = signals::interrupts() > 0;
     // Whether the loop ended because --duration was reached.
     let duration_up = loop {
         let drained = session.poll(Duration::from_millis(50), |c| sinks.take(c));
@@ -822,6 +861,26 @@ fn trace_loop(
                     child_exit = Some(code);
                     child_exit_at = Some(Instant::now());
                 }
+            }
+        }
+        // A SIGTERM reaches this process alone (Ctrl-C reaches the whole
+        // group): it is passed on to the launched command, whose exit ends
+        // the trace, as a container's or a service's stop expects (round 50:
+        // one SIGTERM was ignored until the command ended by itself). So is
+        // any stop that came while the probes attached, before the command
+        // ran to receive it.
+        if let (Some(pid), None) = (child, child_exit) {
+            let early = passed_on == 0 && stopped_while_starting;
+            if signals::terms() > passed_on || early {
+                passed_on = signals::terms().max(1);
+                // SAFETY: kill(2) with our own unreaped child's pid (it
+                // cannot be reused before we reap it) and a valid signal.
+                unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
+                sinks.note(
+                    NoteLevel::Info,
+                    "stop requested: SIGTERM passed on to the traced command; the trace ends when it exits"
+                        .into(),
+                );
             }
         }
         // Stop conditions.
@@ -1052,6 +1111,13 @@ fn trace_loop(
         None => (db, String::new()),
     };
 
+    if summary.kept_wal {
+        eprintln!(
+            "gpusleuth: warning: {}: complete, but a reader had it open as it was completed: it stays in WAL mode, its -wal beside it part of it, until `gpusleuth finish --db {}` makes it one file",
+            db.display(),
+            db.display()
+        );
+    }
     if !args.quiet {
         // The final table comes from the database: exact, and what a later `stats` shows.
         // Read from the rollups: the summary must not load the whole trace.

@@ -198,6 +198,7 @@ impl Rotation {
                 t.events_received += s.events_received;
                 t.call_culprit_rows += s.call_culprit_rows;
                 t.db_bytes += s.db_bytes;
+                t.kept_wal |= s.kept_wal;
             }
             Err(e) => {
                 eprintln!("gpusleuth: warning: a file of the run could not be completed: {e}")
