@@ -571,7 +571,12 @@ fn run_ledger(
             }
             "the last file's run ledger lacks a process the files list".to_string()
         }
-        Chain::Broken(why) => why,
+        Chain::Broken(why) => {
+            if let Some(l) = continued_from_begin(visited, run, data, pid, budget, memo, &why)? {
+                return Ok(l);
+            }
+            why
+        }
     };
     let mut b = LedgerBuilder::new(None);
     let mut replayed = 0u64;
@@ -597,6 +602,75 @@ fn run_ledger(
         sites: Vec::new(),
         carried_in: None,
     })
+}
+
+/// The run's ledgers where its chain of carried ledgers broke after file
+/// k (a killed tracer's file, completed by `gpusleuth finish`, starts a
+/// chain of its own; so does a chain past the carried bound): the state
+/// the tracer carried into the last finished file of the intact chain from
+/// file 1 (its `run_ledger_begin`, over every earlier file, those `--keep`
+/// deleted included), with the memory calls of that file and every later
+/// one replayed on it. Before round 50 the replay began empty at the first
+/// file read: a killed run's files finished by `finish` lost what files
+/// `--keep` had deleted still held (its answer worse than before the
+/// finish). None where no such file stored its begin state, or where no
+/// earlier file was deleted (every file read replayed is the same).
+fn continued_from_begin(
+    visited: &crate::run::Visited,
+    run: &Acc,
+    data: &TraceData,
+    pid: Option<u32>,
+    budget: &ReadBudget,
+    memo: &CheckMemo,
+    why: &str,
+) -> Result<Option<RunLedger>, StoreError> {
+    let intact = (0..visited.files.len()).rev().find_map(|i| {
+        match crate::run_ledger::judge(&visited.links[..=i]) {
+            Chain::Intact { pruned } => Some((i, pruned)),
+            Chain::Broken(_) => None,
+        }
+    });
+    // Where no file was deleted, a replay of every file read gives the
+    // same ledger (and says so as before).
+    let Some((k, pruned)) = intact.filter(|&(_, pruned)| pruned > 0) else {
+        return Ok(None);
+    };
+    let seed = &visited.files[k];
+    let open = |p: &Path| Trace::open_remembered(p, budget.clone(), memo);
+    let trace = open(seed)?;
+    let earlier = crate::run::before_newest_first(&visited.files, seed).map(|p| open(p));
+    let Some(begin) = crate::run_ledger::begin_state_over(&trace, earlier, pid)? else {
+        return Ok(None);
+    };
+    drop(trace);
+    let mut b = LedgerBuilder::from_states(begin.states, None, false)
+        .map_err(|e| StoreError::file(seed, format!("damaged trace: run_ledger_begin {e}")))?;
+    // The files read from the seed on (with `pid`: those holding it).
+    let from_seed: Vec<PathBuf> = run
+        .held
+        .iter()
+        .filter(|p| visited.files[k..].contains(p))
+        .cloned()
+        .collect();
+    let mut replayed = 0u64;
+    visit_read_ahead(&from_seed, (pid, None), budget, memo, |path, feed| {
+        let trace = Trace::open_remembered(path, budget.clone(), memo)?;
+        let view = MemoryTrace::open(&trace, pid, budget.clone())?;
+        replayed = replayed.saturating_add(view.replay_ledger_fed(&mut b, feed)?);
+        Ok(())
+    })?;
+    Ok(Some(RunLedger {
+        ledgers: b.finish(data),
+        replayed,
+        note: Some(format!(
+            "The memory ledger continues the one the tracer carried into {}, over the files before it and the \
+             {pruned} earlier file(s) no longer in the directory (deleted by --keep), with the memory calls from \
+             that file on replayed: the carried chain broke after it ({why}).",
+            crate::run::file_name(seed)
+        )),
+        sites: Vec::new(),
+        carried_in: None,
+    }))
 }
 
 /// The run as read so far.

@@ -418,3 +418,74 @@ fn a_killed_files_counted_launches_are_their_latest_samples() {
         "{counts:?}"
     );
 }
+
+/// Found in round 50: a `--keep` run whose tracer was killed, finished by
+/// `gpusleuth finish`: the killed files start a chain of their own, and
+/// the run's memory was replayed from the first file left, so what the
+/// files `--keep` had deleted still held was lost (the answer worse than
+/// before the finish). The run's ledger now continues the state the tracer
+/// carried into the last file of the intact chain (its begin state).
+#[test]
+fn a_kept_runs_killed_files_keep_what_deleted_files_held() {
+    let dir = TempDir::new("finish_kept");
+    let (events, end) = random_allocator_workload(0x7a3e_11c5_62d0_9f41);
+    // Files 1 and 2 complete, the tracer killed while it completed file 3
+    // and wrote file 4; file 1 then deleted (`--keep 3`).
+    let cuts = [1_000, end / 4, end / 2, 3 * end / 4, end + 1];
+    let (finished, tracer) = (dir.join("finished"), dir.join("tracer"));
+    std::fs::create_dir_all(&finished).unwrap();
+    std::fs::create_dir_all(&tracer).unwrap();
+    let link = RunLink::new_run();
+    let part = |k: usize| -> Vec<Event> {
+        let of =
+            |e: &&Event| (cuts[k]..cuts[k + 1]).contains(&common::allocator_workload::end_of(e));
+        events.iter().filter(of).cloned().collect()
+    };
+    let name = |n: u64| sleuth_store::run::part_name(n);
+    for n in 1..=2u64 {
+        let k = n as usize - 1;
+        common::allocator_workload::write(
+            &tracer.join(name(n)),
+            &part(k),
+            (cuts[k], cuts[k + 1]),
+            Some(link.for_file(n)),
+        );
+        std::fs::copy(tracer.join(name(n)), finished.join(name(n))).unwrap();
+    }
+    for n in 3..=4u64 {
+        let k = n as usize - 1;
+        let (t, f) = (tracer.join(name(n)), finished.join(name(n)));
+        write_leaving_unfinished(&t, &part(k), link.for_file(n), cuts[k], &f);
+    }
+    let id = sleuth_store::run_ledger::run_id_of(&Trace::open(&finished.join(name(2))).unwrap())
+        .unwrap();
+    let l = RunLink::for_unfinished(id.as_deref(), 3, "its tracer was killed");
+    for n in 3..=4u64 {
+        let t = Trace::open(&finished.join(name(n))).unwrap();
+        assert!(matches!(
+            finish(t, Some(&l.for_file(n))).unwrap(),
+            Finished::Completed { .. }
+        ));
+    }
+    for d in [&finished, &tracer] {
+        std::fs::remove_file(d.join(name(1))).unwrap();
+    }
+    // File 1's allocations still live at the end are in the tracer's
+    // carried ledger; the finished run's must hold them too.
+    let memo = CheckMemo::new();
+    let budget = || ReadBudget::new(sleuth_store::DEFAULT_READ_TIMEOUT);
+    let json = |v: &dyn erased::Ser| v.json();
+    for pid in [None, Some(100), Some(200)] {
+        let (g, w) = (
+            sleuth_store::run_explain::load_memory(&finished, pid, budget(), &memo).unwrap(),
+            sleuth_store::run_explain::load_memory(&tracer, pid, budget(), &memo).unwrap(),
+        );
+        assert!(g.replayed_memory_calls > 0 && w.replayed_memory_calls == 0);
+        assert_eq!(json(&g.ledgers), json(&w.ledgers), "pid {pid:?}");
+        let note = g.ledger_note.clone().unwrap_or_default();
+        assert!(
+            note.contains("continues the one the tracer carried into part-000002.db"),
+            "{note}"
+        );
+    }
+}
