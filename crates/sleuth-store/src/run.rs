@@ -162,7 +162,7 @@ fn check_answered(
     if files.is_empty() {
         return Err(StoreError::file(
             dir,
-            "no finished file in this run yet (the first file is still being written)",
+            "no finished file in this run yet (the first file is still being written, or its tracer was killed: `gpusleuth finish --db` the directory completes it)",
         ));
     }
     if !pid_seen {

@@ -276,7 +276,11 @@ fn create_initialized(
         name.unwrap_or_default(),
         std::process::id()
     ));
-    create_private_file(&hidden, true)?;
+    // Named by the path asked for: the hidden name is ours, not the user's.
+    create_private_file(&hidden, true).map_err(|e| match e {
+        StoreError::Io { source, .. } => StoreError::io(path, source),
+        other => other,
+    })?;
     let open = |p: &Path| {
         Connection::open_with_flags(
             p,
