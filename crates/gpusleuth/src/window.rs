@@ -63,11 +63,17 @@ impl WindowArgs {
         let from = self.from.unwrap_or(0);
         if let Some(to) = self.to {
             if to <= from {
-                anyhow::bail!(
-                    "--to {} is not after --from {}: the window would be empty",
-                    fmt_ns(to),
-                    fmt_ns(from)
-                );
+                match self.from {
+                    Some(_) => anyhow::bail!(
+                        "--to {} is not after --from {}: the window would be empty",
+                        fmt_ns(to),
+                        fmt_ns(from)
+                    ),
+                    None => anyhow::bail!(
+                        "--to {}: the window from the trace's start would be empty",
+                        fmt_ns(to)
+                    ),
+                }
             }
         }
         let session = trace.session()?;
@@ -75,10 +81,13 @@ impl WindowArgs {
         if let Some(end) = session.end_mono_ns {
             let lasts = end.saturating_sub(start);
             if from > lasts {
+                // In whole ns where the rounded figures would read the same.
+                let (f, l) = match fmt_ns(from) == fmt_ns(lasts) {
+                    true => (format!("{from}ns"), format!("{lasts}ns")),
+                    false => (fmt_ns(from), fmt_ns(lasts)),
+                };
                 anyhow::bail!(
-                    "--from {}: the trace lasts only {} (--from is the time since the trace started)",
-                    fmt_ns(from),
-                    fmt_ns(lasts)
+                    "--from {f}: the trace lasts only {l} (--from is the time since the trace started)"
                 );
             }
         }

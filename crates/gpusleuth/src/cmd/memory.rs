@@ -26,7 +26,7 @@ pub struct Args {
     pub at: Option<u64>,
     /// Per-segment view of PyTorch's caching allocator: live blocks and free
     /// bytes of each segment (needs a trace taken with `--torch-allocator`).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "by_site")]
     pub segments: bool,
     /// Device memory by call site: allocated, unfreed and live at the peak
     /// per Python line or native function, with the stacks of the top sites.

@@ -19,10 +19,10 @@ pub struct Args {
     #[arg(long)]
     watch: bool,
     /// Time between refreshes with --watch (e.g. 2s, 500ms).
-    #[arg(long, default_value = "2s", value_parser = crate::args::positive_duration)]
+    #[arg(long, default_value = "2s", value_parser = crate::args::positive_duration, requires = "watch")]
     interval: Duration,
     /// Stop after this many refreshes with --watch (0 = until interrupted).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, requires = "watch")]
     count: u64,
 }
 
