@@ -183,6 +183,104 @@ fn slow_headers_and_connection_floods_do_not_block_requests() {
     answers_quickly(server.port, "the slow connections were closed");
 }
 
+/// Full headers announcing a 100,000-byte body, 10 bytes of it, then
+/// nothing. Before the fix only headers had a deadline and such a
+/// connection counted as a request in progress (never evicted): 64 from one
+/// address locked that address out, 256 over several addresses everyone.
+#[test]
+fn stalled_bodies_are_cut_and_never_block_requests() {
+    let server = start(&[]);
+    let stall = |src: &str| -> Option<TcpStream> {
+        let sock = socket2_bind(src, server.port)?;
+        let mut s = sock;
+        s.write_all(
+            format!(
+                "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Type: application/json\r\n\
+                 Accept: application/json, text/event-stream\r\nContent-Length: 100000\r\n\r\n{{\"jsonrpc\"",
+                server.port
+            )
+            .as_bytes(),
+        )
+        .ok()?;
+        Some(s)
+    };
+    // 64 from 127.0.0.1 (its whole share), 256 more over other loopback
+    // addresses (the whole cap).
+    let mut stalled: Vec<TcpStream> = (0..64).filter_map(|_| stall("127.0.0.1")).collect();
+    for i in 0..256 {
+        if let Some(s) = stall(&format!("127.0.0.{}", 2 + i % 4)) {
+            stalled.push(s);
+        }
+    }
+    assert!(
+        stalled.len() >= 300,
+        "opened {} stalled connections",
+        stalled.len()
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    // A real request from the locked-out address is served (an old stalled
+    // connection is evicted to make room, or has already been cut).
+    let r = request(server.port, &[], INIT, Duration::from_secs(20));
+    assert!(
+        matches!(r, Some((200, _))),
+        "request behind stalled bodies got {r:?}"
+    );
+    // Every stalled connection is closed by the server: 408 at the body's
+    // deadline, or evicted. Before: all still open, for ever.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut open = 0;
+    for s in &mut stalled {
+        let left = deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(10));
+        let _ = s.set_read_timeout(Some(left));
+        let mut b = Vec::new();
+        if let Err(e) = s.read_to_end(&mut b) {
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ) {
+                open += 1;
+            }
+        }
+    }
+    assert_eq!(open, 0, "{open} stalled connections still open");
+    answers_quickly(server.port, "stalled bodies");
+}
+
+/// A TCP connection to the server from the loopback address `src`.
+fn socket2_bind(src: &str, port: u16) -> Option<TcpStream> {
+    // SAFETY: plain socket calls on a descriptor this function owns until
+    // it is handed to TcpStream (which then closes it); the sockaddr_in
+    // structs live on the stack for the duration of each call.
+    unsafe {
+        use std::os::fd::FromRawFd;
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return None;
+        }
+        let stream = TcpStream::from_raw_fd(fd);
+        let addr = |ip: std::net::Ipv4Addr, port: u16| libc::sockaddr_in {
+            sin_family: libc::AF_INET as libc::sa_family_t,
+            sin_port: port.to_be(),
+            sin_addr: libc::in_addr {
+                s_addr: u32::from(ip).to_be(),
+            },
+            sin_zero: [0; 8],
+        };
+        let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+        let local = addr(src.parse().ok()?, 0);
+        if libc::bind(fd, (&local as *const libc::sockaddr_in).cast(), len) != 0 {
+            return None;
+        }
+        let remote = addr(std::net::Ipv4Addr::LOCALHOST, port);
+        if libc::connect(fd, (&remote as *const libc::sockaddr_in).cast(), len) != 0 {
+            return None;
+        }
+        Some(stream)
+    }
+}
+
 #[test]
 fn initialize_flood_leaves_memory_at_baseline() {
     let server = start(&[]);

@@ -11,8 +11,10 @@
 //! A request carrying `Host` or `Origin` more than once is refused (a second
 //! `Host` must not slip past the check of the first). Before any of that,
 //! the connection itself is bounded: headers must arrive within
-//! [`HEADER_DEADLINE`], and [`ConnTracker`] caps open connections (all peers,
-//! one peer) by closing idle ones first. Bodies are capped at
+//! [`HEADER_DEADLINE`] and the body within [`BODY_DEADLINE`] after them
+//! (408), and [`ConnTracker`] caps open connections (all peers, one peer)
+//! by closing idle ones first; a request counts as in progress (not
+//! idle) only once its body is in. Bodies are capped at
 //! [`MAX_BODY_BYTES`] (413). The MCP service runs stateless (no session
 //! state kept between requests), so no number of `initialize` calls can make
 //! the server keep anything.
@@ -40,6 +42,56 @@ pub const MCP_PATH: &str = "/mcp";
 pub const HEADER_DEADLINE: Duration = Duration::from_secs(5);
 /// Largest request body accepted (a tool call is a few hundred bytes).
 pub const MAX_BODY_BYTES: usize = 1 << 20;
+/// A request's body must be complete this long after its headers. Before,
+/// only the headers had a deadline: a client that sent full headers with a
+/// large `Content-Length` and then stalled held its connection, counted as
+/// a request in progress (never evicted), for ever; 64 of them locked out
+/// their address and 256 everyone.
+pub const BODY_DEADLINE: Duration = Duration::from_secs(5);
+
+/// Reads the body of `req` (at most [`MAX_BODY_BYTES`], within `deadline`)
+/// and gives the request back with the body in memory; else the answer:
+/// 413 past the size (as rmcp answers it), 408 past the deadline, 400 for a
+/// broken body, each closing the connection.
+async fn read_body(
+    req: Request<Incoming>,
+    deadline: Duration,
+) -> std::result::Result<Request<Full<Bytes>>, Box<Response<Body>>> {
+    let (parts, mut body) = req.into_parts();
+    let mut collected = bytes::BytesMut::new();
+    let read = async {
+        while let Some(frame) = body.frame().await {
+            let Ok(data) = frame?.into_data() else {
+                continue; // trailers
+            };
+            if data.len() > MAX_BODY_BYTES.saturating_sub(collected.len()) {
+                return Ok(false);
+            }
+            collected.extend_from_slice(&data);
+        }
+        Ok::<_, hyper::Error>(true)
+    };
+    let refusal = |status, text: &'static str| {
+        let mut resp = plain(status, text);
+        resp.headers_mut().insert(
+            hyper::header::CONNECTION,
+            hyper::header::HeaderValue::from_static("close"),
+        );
+        Err(Box::new(resp))
+    };
+    match tokio::time::timeout(deadline, read).await {
+        Ok(Ok(true)) => Ok(Request::from_parts(parts, Full::new(collected.freeze()))),
+        Ok(Ok(false)) => refusal(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "Payload Too Large: request body exceeds 1048576 bytes\n",
+        ),
+        Ok(Err(_)) => refusal(StatusCode::BAD_REQUEST, "bad request: broken body\n"),
+        Err(_) => refusal(
+            StatusCode::REQUEST_TIMEOUT,
+            "request timeout: the body did not arrive within 5 s of the headers\n",
+        ),
+    }
+}
 
 /// How to serve HTTP.
 #[derive(Debug, Clone)]
@@ -283,9 +335,8 @@ async fn serve_connection(
     let handler = hyper::service::service_fn(move |req: Request<Incoming>| {
         let service = service.clone();
         let policy = policy.clone();
-        let busy = Admitted::request(&in_flight);
+        let in_flight = in_flight.clone();
         async move {
-            let _busy = busy;
             if let Err((status, text)) = policy.check(req.headers()) {
                 return Ok::<_, Infallible>(plain(status, text));
             }
@@ -295,6 +346,14 @@ async fn serve_connection(
                     "not found: the MCP endpoint is /mcp\n",
                 ));
             }
+            // The body is read before the request counts as in progress: a
+            // connection stalled mid-body stays idle (evictable) and is cut
+            // at its deadline.
+            let req = match read_body(req, BODY_DEADLINE).await {
+                Ok(req) => req,
+                Err(refusal) => return Ok(*refusal),
+            };
+            let _busy = Admitted::request(&in_flight);
             Ok(service.handle(req).await)
         }
     });
