@@ -3,7 +3,36 @@
 //! fields are rejected so a misspelt filter is an error, not a silent no-op.
 
 use rmcp::schemars::{self, JsonSchema};
-use serde::Deserialize;
+use serde::{Deserialize, Deserializer};
+
+/// The largest time a trace can hold (its columns are SQLite's signed
+/// 64-bit integers). Every time argument (`since_ns`, `until_ns`, `at_ns`,
+/// `window_ns`, `last_ns`) and every window bound computed from them is
+/// saturated here, in one place: the schema says uint64, and a value of
+/// 2^63 or more once wrapped to a negative time in the store's reads
+/// (`since_ns: 2^63` selected every call, `until_ns: 2^63` none).
+pub const MAX_TIME_NS: u64 = i64::MAX as u64;
+
+/// `ns` saturated to [`MAX_TIME_NS`].
+pub fn clamp_ns(ns: u64) -> u64 {
+    ns.min(MAX_TIME_NS)
+}
+
+/// Deserializes an optional time argument saturated to [`MAX_TIME_NS`].
+fn opt_ns<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    Ok(Option::<u64>::deserialize(d)?.map(clamp_ns))
+}
+
+/// Deserializes a required time argument saturated to [`MAX_TIME_NS`].
+fn req_ns<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    Ok(clamp_ns(u64::deserialize(d)?))
+}
+
+/// `gpu_holders`: no arguments; anything given is refused (as every tool
+/// refuses an argument it does not know).
+#[derive(Debug, Default, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NoArgs {}
 
 /// Arguments every trace tool accepts.
 #[derive(Debug, Default, Clone, Deserialize, JsonSchema)]
@@ -24,12 +53,15 @@ pub struct CallScope {
     /// Only this CUDA op, by symbol name (e.g. `cudaMalloc`, `cuMemAlloc_v2`).
     pub op: Option<String>,
     /// Only calls starting at or after this monotonic timestamp (ns, the trace's clock).
+    #[serde(default, deserialize_with = "opt_ns")]
     pub since_ns: Option<u64>,
     /// Only calls starting before this monotonic timestamp (ns).
+    #[serde(default, deserialize_with = "opt_ns")]
     pub until_ns: Option<u64>,
     /// Only calls starting in the last this many ns of the trace (up to its
     /// end, or for a trace still being written its latest call), as
     /// `gpusleuth stats --last`. Not with since_ns/until_ns.
+    #[serde(default, deserialize_with = "opt_ns")]
     pub last_ns: Option<u64>,
 }
 
@@ -98,6 +130,7 @@ pub struct Memory {
     /// Only this process.
     pub pid: Option<u32>,
     /// The ledger as it stood at this monotonic timestamp (ns); omit for the end of the trace.
+    #[serde(default, deserialize_with = "opt_ns")]
     pub at_ns: Option<u64>,
     /// Most timeline points per process (default 50, at most 2000; 0 leaves the timeline out).
     pub timeline_points: Option<u32>,
@@ -111,8 +144,10 @@ pub struct Timeline {
     /// The process whose events to list.
     pub pid: u32,
     /// Centre of the window: a monotonic timestamp (ns) of the trace.
+    #[serde(deserialize_with = "req_ns")]
     pub at_ns: u64,
     /// Half-width of the window in ns (default 10 ms).
+    #[serde(default, deserialize_with = "opt_ns")]
     pub window_ns: Option<u64>,
     /// Most events returned (default 200, at most 2000).
     pub limit: Option<u32>,

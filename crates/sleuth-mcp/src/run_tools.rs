@@ -421,8 +421,16 @@ pub fn slow_calls(dir: &Path, a: &args::SlowCalls, budget: &ReadBudget) -> Resul
     let files = run_files(dir)?;
     let mut head: Option<Value> = None;
     let mut rows: Vec<Value> = Vec::new();
+    let mut held = a.pid.is_none();
     for (n, path) in &files {
-        let mut v = trace_tools::slow_calls(path, a, budget)?;
+        let trace = trace_tools::open(path, budget)?;
+        if let Some(pid) = a.pid {
+            if !trace.pids()?.contains(&pid) {
+                continue;
+            }
+            held = true;
+        }
+        let mut v = trace_tools::slow_calls_in(&trace, a, budget)?;
         if let Some(calls) = v["calls"].as_array_mut() {
             for mut c in calls.drain(..) {
                 c["file"] = json!(part_name(*n));
@@ -430,6 +438,13 @@ pub fn slow_calls(dir: &Path, a: &args::SlowCalls, budget: &ReadBudget) -> Resul
             }
         }
         head.get_or_insert(v);
+    }
+    if !held {
+        bail!(
+            "no process {} in the run in {}",
+            a.pid.unwrap_or(0),
+            dir.display()
+        );
     }
     // Slowest first; a tie keeps the files' order (a stable sort).
     rows.sort_by_key(|c| std::cmp::Reverse(c["dur_ns"].as_u64().unwrap_or(0)));
@@ -464,6 +479,8 @@ pub fn timeline(dir: &Path, a: &args::Timeline, budget: &ReadBudget) -> Result<V
     let mut read = Vec::new();
     let mut events: Vec<Value> = Vec::new();
     let mut truncated = false;
+    // The range of the files that hold the process, for a window outside them.
+    let (mut first, mut last) = (u64::MAX, 0u64);
     for (n, path) in run_files(dir)? {
         let trace = trace_tools::open(&path, budget)?;
         if !trace.pids()?.contains(&a.pid) {
@@ -471,6 +488,7 @@ pub fn timeline(dir: &Path, a: &args::Timeline, budget: &ReadBudget) -> Result<V
         }
         held = true;
         let (start, end) = trace.start_and_end()?;
+        (first, last) = (first.min(start), last.max(end));
         if end < since || start >= until {
             continue;
         }
@@ -486,6 +504,15 @@ pub fn timeline(dir: &Path, a: &args::Timeline, budget: &ReadBudget) -> Result<V
     }
     if !held {
         bail!("no process {} in the run in {}", a.pid, dir.display());
+    }
+    if read.is_empty() {
+        // As for one file (`trace_tools::check_window_in_trace`): an empty
+        // answer must not read as "nothing happened then".
+        bail!(
+            "the window [{since}, {until}) ns holds no moment of the run's files that hold process {}: \
+             they run from {first} to {last} ns (monotonic clock, as `overview` gives each file's range)",
+            a.pid
+        );
     }
     // Oldest first; a tie keeps the files' order (a stable sort).
     events.sort_by_key(|e| e["ts_ns"].as_u64().unwrap_or(0));

@@ -132,6 +132,38 @@ fn check_window(since: Option<u64>, until: Option<u64>) -> Result<()> {
     Ok(())
 }
 
+/// Refuses a window `[since, until)` that holds no moment of `trace`: one
+/// ending at or before its start, or (of a finished trace) beginning after
+/// its end. Such a window selects nothing, and an empty answer would read as
+/// a clean bill of health; the CLI refuses it too (`--from` past the end:
+/// "the trace lasts only ..."). The error gives the trace's range in the
+/// same absolute ns as the arguments. A trace still being written may yet
+/// get calls past its latest one: only a window before its start is refused.
+pub(crate) fn check_window_in_trace(
+    trace: &Trace,
+    since: Option<u64>,
+    until: Option<u64>,
+) -> Result<()> {
+    if since.is_none() && until.is_none() {
+        return Ok(());
+    }
+    let finished = trace.session()?.end_mono_ns.is_some();
+    let (start, end) = trace.start_and_end()?;
+    let before = until.is_some_and(|u| u <= start);
+    let after = finished && since.is_some_and(|s| s > end);
+    if before || after {
+        let show = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
+        bail!(
+            "the window [{}, {}) ns holds no moment of the trace: it runs from {start} to {end} ns \
+             (monotonic clock, as `overview` gives its time_range{})",
+            show(since),
+            show(until),
+            if finished { "" } else { "; still being written: its latest call so far" }
+        );
+    }
+    Ok(())
+}
+
 /// Loads the trace (one process or all) and keeps the calls in the scope.
 fn load_scoped(trace: &Trace, scope: &args::CallScope) -> Result<TraceData> {
     check_op(scope.op.as_deref())?;
@@ -353,6 +385,7 @@ pub fn latency_stats(db: &Path, scope: &args::CallScope, budget: &ReadBudget) ->
     let scope = &scope.resolved(&trace)?;
     check_op(scope.op.as_deref())?;
     check_window(scope.since_ns, scope.until_ns)?;
+    check_window_in_trace(&trace, scope.since_ns, scope.until_ns)?;
     let windowed = scope.since_ns.is_some() || scope.until_ns.is_some();
     let (mut report, counted) = match windowed {
         true => window::stats_of(&trace, &scope.filter())?,
@@ -419,6 +452,7 @@ pub fn findings(db: &Path, scope: &args::CallScope, budget: &ReadBudget) -> Resu
     } else {
         check_op(scope.op.as_deref())?;
         check_window(scope.since_ns, scope.until_ns)?;
+        check_window_in_trace(&trace, scope.since_ns, scope.until_ns)?;
         sleuth_store::scoped::explanation_or_loaded(&trace, &scope.filter())?
     };
     // After the reads: rows skipped by what was read (a large trace answered
@@ -453,9 +487,25 @@ pub fn slow_calls(db: &Path, a: &args::SlowCalls, budget: &ReadBudget) -> Result
         return crate::run_tools::slow_calls(db, a, budget);
     }
     let trace = open(db, budget)?;
+    // An absent process is an error, as in every other tool: no calls must
+    // not read as "nothing slow".
+    if let Some(pid) = a.pid {
+        trace.require_pid(pid)?;
+    }
+    slow_calls_in(&trace, a, budget)
+}
+
+/// [`slow_calls`] of one open trace (`a` checked by the caller; a run's
+/// files are each read with it, the pid required of the run, not of each).
+pub(crate) fn slow_calls_in(
+    trace: &Trace,
+    a: &args::SlowCalls,
+    budget: &ReadBudget,
+) -> Result<Value> {
+    let limit = a.limit.unwrap_or(SLOW_CALLS_DEFAULT);
     // Through the calls(op, dur_ns) index: only `limit` rows are read.
     let mut calls = Vec::new();
-    Rows::open_with(&trace, budget.clone())?.for_each_call::<sleuth_store::StoreError>(
+    Rows::open_with(trace, budget.clone())?.for_each_call::<sleuth_store::StoreError>(
         &CallQuery {
             pid: a.pid,
             ops: a.op.as_deref().and_then(op_by_name).map(|o| vec![o.name]),
@@ -708,12 +758,13 @@ pub fn timeline(db: &Path, a: &args::Timeline, budget: &ReadBudget) -> Result<Va
     timeline_in(&open(db, budget)?, a, budget)
 }
 
-/// The window `[at_ns - window_ns, at_ns + window_ns)` of `a`.
+/// The window `[at_ns - window_ns, at_ns + window_ns)` of `a`, its end
+/// saturated to the largest time a trace holds (`args::clamp_ns`).
 pub(crate) fn timeline_window(a: &args::Timeline) -> (u64, u64) {
     let window = a.window_ns.unwrap_or(TIMELINE_WINDOW_DEFAULT_NS);
     (
         a.at_ns.saturating_sub(window),
-        a.at_ns.saturating_add(window),
+        args::clamp_ns(a.at_ns.saturating_add(window)),
     )
 }
 
@@ -721,6 +772,7 @@ pub(crate) fn timeline_window(a: &args::Timeline) -> (u64, u64) {
 pub(crate) fn timeline_in(trace: &Trace, a: &args::Timeline, budget: &ReadBudget) -> Result<Value> {
     let limit = a.limit.unwrap_or(TIMELINE_DEFAULT);
     let (since, until) = timeline_window(a);
+    check_window_in_trace(trace, Some(since), Some(until))?;
     // One more than the cap of each kind tells whether anything was cut.
     let fetch = limit as usize + 1;
     let calls = trace.calls_filtered(&CallFilter {
@@ -974,5 +1026,128 @@ mod tests {
             resolve_db(s(&beside).as_deref(), &by_file).unwrap(),
             canon(&beside)
         );
+    }
+}
+
+#[cfg(test)]
+mod window_tests {
+    use super::*;
+
+    fn example() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/h200-contention.db")
+    }
+
+    fn budget() -> ReadBudget {
+        ReadBudget::new(std::time::Duration::from_secs(120))
+    }
+
+    /// Arguments as a client sends them (JSON numbers up to 2^64 - 1).
+    fn parse<T: serde::de::DeserializeOwned>(v: Value) -> T {
+        serde_json::from_value(v).expect("arguments")
+    }
+
+    fn calls(v: &Value) -> u64 {
+        v["ops"]
+            .as_array()
+            .expect("ops")
+            .iter()
+            .map(|o| o["count"].as_u64().expect("count"))
+            .sum()
+    }
+
+    /// Bounds of 2^63 and more (the schema says uint64) saturate to the
+    /// largest time a trace holds: `until_ns: 2^63` counted no call,
+    /// `findings {pid, until_ns: 2^63}` said clean, a timeline window past
+    /// i64::MAX lost its events.
+    #[test]
+    fn window_bounds_past_the_largest_time_saturate() {
+        let (db, b) = (example(), budget());
+        let whole = calls(&latency_stats(&db, &parse(json!({})), &b).expect("whole"));
+        assert!(whole > 0);
+        for until in [i64::MAX as u64, 1u64 << 63, u64::MAX] {
+            let v = latency_stats(&db, &parse(json!({ "until_ns": until })), &b).expect("until");
+            assert_eq!(calls(&v), whole, "until_ns {until}");
+            assert_eq!(v["filter"]["until_ns"], json!(i64::MAX));
+        }
+        let pid = 725;
+        let all = findings(&db, &parse(json!({ "pid": pid })), &b).expect("findings");
+        let wide = findings(&db, &parse(json!({"pid": pid, "until_ns": 1u64 << 63})), &b)
+            .expect("findings until 2^63");
+        assert!(!all["findings"].as_array().expect("list").is_empty());
+        assert_eq!(
+            wide["findings"].as_array().map(Vec::len),
+            all["findings"].as_array().map(Vec::len)
+        );
+        assert_eq!(wide["clean"], all["clean"]);
+        // since_ns past the end is refused, not read as "every call".
+        let err = latency_stats(&db, &parse(json!({ "since_ns": 1u64 << 63 })), &b)
+            .expect_err("since 2^63");
+        assert!(err.to_string().contains("holds no moment"), "{err}");
+        // A timeline window reaching past i64::MAX keeps every event.
+        let (start, end) = open(&db, &b)
+            .and_then(|t| Ok(t.start_and_end()?))
+            .expect("range");
+        let at = start + (end - start) / 2;
+        let events = |w: u64| {
+            let a: args::Timeline =
+                parse(json!({"pid": pid, "at_ns": at, "window_ns": w, "limit": 2000}));
+            let v = timeline(&db, &a, &b).expect("timeline");
+            (v["events"].as_array().map(Vec::len), v["until_ns"].clone())
+        };
+        let covering = events(end - start + 1).0;
+        assert!(covering.unwrap_or(0) > 0);
+        for w in [1u64 << 62, i64::MAX as u64, u64::MAX] {
+            let (n, until) = events(w);
+            assert_eq!(n, covering, "window_ns {w}");
+            if w > 1 << 62 {
+                assert_eq!(until, json!(i64::MAX));
+            }
+        }
+    }
+
+    /// A window entirely outside the trace is refused with the trace's
+    /// range (as the CLI's `--from` past the end), not answered empty/clean.
+    #[test]
+    fn a_window_outside_the_trace_is_refused_with_its_range() {
+        let (db, b) = (example(), budget());
+        let (start, end) = open(&db, &b)
+            .and_then(|t| Ok(t.start_and_end()?))
+            .expect("range");
+        let range = format!("from {start} to {end} ns");
+        let after = json!({"since_ns": end + 1, "until_ns": end + 1_000_000_000});
+        let before = json!({"since_ns": 0, "until_ns": start});
+        for scope in [after, before, json!({ "until_ns": 1 })] {
+            let e = latency_stats(&db, &parse(scope.clone()), &b).expect_err("latency_stats");
+            assert!(e.to_string().contains(&range), "{scope}: {e}");
+            let e = findings(&db, &parse(scope.clone()), &b).expect_err("findings");
+            assert!(e.to_string().contains(&range), "{scope}: {e}");
+        }
+        let a: args::Timeline = parse(json!({"pid": 725, "at_ns": end + 1_000_000_000}));
+        let e = timeline(&db, &a, &b).expect_err("timeline");
+        assert!(e.to_string().contains(&range), "{e}");
+        // A window that touches the trace is answered.
+        let edge = json!({"since_ns": 0, "until_ns": start + 1});
+        latency_stats(&db, &parse(edge.clone()), &b).expect("edge");
+        findings(
+            &db,
+            &parse(json!({"since_ns": end, "until_ns": u64::MAX})),
+            &b,
+        )
+        .expect("end");
+    }
+
+    /// `slow_calls` of an absent pid says so, as every other tool does
+    /// (it answered no calls); `gpu_holders` refuses arguments it lacks.
+    #[test]
+    fn absent_pids_and_unknown_arguments_are_refused() {
+        let (db, b) = (example(), budget());
+        let e = slow_calls(&db, &parse(json!({"pid": 4242})), &b).expect_err("absent pid");
+        assert!(
+            e.to_string().contains("pid 4242 is not in this trace"),
+            "{e}"
+        );
+        slow_calls(&db, &parse(json!({"pid": 725})), &b).expect("present pid");
+        assert!(serde_json::from_value::<args::NoArgs>(json!({"x": 1})).is_err());
+        serde_json::from_value::<args::NoArgs>(json!({})).expect("no arguments");
     }
 }
