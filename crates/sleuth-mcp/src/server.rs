@@ -27,9 +27,22 @@ use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-/// Wall-clock limit of one trace tool call.
+/// Wall-clock limit of one trace tool call, counted from its arrival: the
+/// time it waited for a turn ([`max_concurrent_calls`]) is part of it.
 pub const TOOL_TIME_LIMIT: Duration = Duration::from_secs(30);
+
+/// How many trace tool calls run at once: the CPUs, at least 2 and at most 8.
+/// Calls past it wait for a turn, in order of arrival. Before this bound,
+/// 300 `findings` calls sent at once on a 200k-call trace all ran together
+/// (227 hit the time limit, about 1 GB at the peak).
+pub fn max_concurrent_calls() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(2)
+        .clamp(2, 8)
+}
 
 /// How the server was started.
 #[derive(Debug, Clone, Default)]
@@ -48,6 +61,8 @@ pub struct ServerOptions {
 #[derive(Clone)]
 pub struct SleuthServer {
     opts: Arc<ServerOptions>,
+    /// The turns of trace tool calls, shared by every clone.
+    turns: Arc<Semaphore>,
     tool_router: ToolRouter<Self>,
     prompt_router: PromptRouter<Self>,
 }
@@ -58,6 +73,7 @@ impl SleuthServer {
     pub fn new(opts: ServerOptions) -> Self {
         SleuthServer {
             opts: Arc::new(opts),
+            turns: Arc::new(Semaphore::new(max_concurrent_calls())),
             tool_router: Self::tool_router(),
             prompt_router: Self::prompt_router(),
         }
@@ -78,15 +94,38 @@ impl SleuthServer {
             db: self.opts.db.clone(),
             dir: self.opts.trace_dir.clone(),
         };
+        // The limit counts from the call's arrival, its wait for a turn included.
+        let arrived = tokio::time::Instant::now();
         let budget = ReadBudget::new(TOOL_TIME_LIMIT);
+        let turn = match wait_for_turn(
+            &self.turns,
+            max_concurrent_calls(),
+            arrived,
+            TOOL_TIME_LIMIT,
+            ctx.ct.clone().cancelled_owned(),
+        )
+        .await
+        {
+            Ok(turn) => turn,
+            Err(refused) => return Ok(refused),
+        };
         let work = budget.clone();
         let job = move || {
+            let _turn = turn;
             let db = trace_tools::resolve_db(db_arg.as_deref(), &served)?;
             let answer = f(&db, &work);
             trace_tools::save_checks();
             answer
         };
-        run_cancellable(job, budget, ctx.ct.clone().cancelled_owned()).await
+        let result = run_cancellable(job, budget, ctx.ct.clone().cancelled_owned()).await;
+        // A failed call (SQLite's heap cap, a time limit) or the last call
+        // running gives the memory it freed back to the system, off the
+        // caller's path (`crate::release_freed_memory`).
+        let failed = result.as_ref().map_or(true, |r| r.is_error == Some(true));
+        if failed || self.turns.available_permits() == max_concurrent_calls() {
+            tokio::task::spawn_blocking(crate::release_freed_memory);
+        }
+        result
     }
 
     /// [`Self::on_db`] for a trace tool that takes its whole argument struct
@@ -103,6 +142,38 @@ impl SleuthServer {
         F: FnOnce(&Path, &A, &ReadBudget) -> anyhow::Result<Value> + Send + 'static,
     {
         self.on_db(db_arg, ctx, move |db, b| f(db, &a, b)).await
+    }
+}
+
+/// Waits for a turn to run a trace tool call (`turns`: at most
+/// [`max_concurrent_calls`] at once) until `limit` after `arrived`. A call
+/// that spent its whole limit waiting, or whose caller gave up, gets an
+/// error result naming why; nothing of it was read.
+async fn wait_for_turn(
+    turns: &Arc<Semaphore>,
+    size: usize,
+    arrived: tokio::time::Instant,
+    limit: Duration,
+    cancelled: impl Future<Output = ()> + Send,
+) -> Result<OwnedSemaphorePermit, CallToolResult> {
+    let refused = |why: String| CallToolResult::error(vec![ContentBlock::text(why)]);
+    let busy = || {
+        refused(format!(
+            "time limit of {limit:?} exceeded while waiting for a turn: the server runs at most {} \
+             tool calls at once and was busy with others the whole time; nothing was read, ask again later",
+            size
+        ))
+    };
+    tokio::select! {
+        biased;
+        () = cancelled => Err(refused("cancelled: the caller gave up (before the call's turn came)".into())),
+        turn = turns.clone().acquire_owned() => match turn {
+            // A turn that came as the limit passed is no use to the call.
+            Ok(_) if arrived.elapsed() >= limit => Err(busy()),
+            Ok(turn) => Ok(turn),
+            Err(_) => Err(refused("internal error: the server's turns are closed".into())),
+        },
+        () = tokio::time::sleep_until(arrived + limit) => Err(busy()),
     }
 }
 
@@ -284,7 +355,7 @@ impl SleuthServer {
         description = "Live view of this machine's GPUs: memory per GPU from NVML and every process holding \
         GPU memory or device files, classified (active, exited but still listed, orphaned worker, ...)."
     )]
-    async fn gpu_holders(&self) -> ToolResult {
+    async fn gpu_holders(&self, Parameters(_): Parameters<args::NoArgs>) -> ToolResult {
         let opts = self.opts.clone();
         run_blocking(move || gpu_tools::gpu_holders(&opts.gpu_sources)).await
     }
@@ -389,5 +460,56 @@ mod tests {
         assert!(took < Duration::from_secs(3), "stopped after {took:?}");
         let text = format!("{r:?}");
         assert!(text.contains("cancelled"), "{text}");
+    }
+
+    /// At most the turns' size of calls run at once; the others wait and
+    /// then run (none is lost).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn calls_past_the_limit_wait_for_a_turn() {
+        let turns = Arc::new(Semaphore::new(2));
+        let running = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let most = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let mut tasks = Vec::new();
+        for _ in 0..8 {
+            let (turns, running, most) = (turns.clone(), running.clone(), most.clone());
+            tasks.push(tokio::spawn(async move {
+                let arrived = tokio::time::Instant::now();
+                let never = std::future::pending::<()>();
+                let turn = wait_for_turn(&turns, 2, arrived, Duration::from_secs(600), never)
+                    .await
+                    .expect("a turn");
+                let now = running.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+                most.fetch_max(now, std::sync::atomic::Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                running.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                drop(turn);
+            }));
+        }
+        for t in tasks {
+            t.await.expect("task");
+        }
+        assert_eq!(most.load(std::sync::atomic::Ordering::SeqCst), 2);
+    }
+
+    /// A call that spent its whole limit waiting fails with a message
+    /// saying so; one whose caller gave up while waiting says that.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_call_that_waited_out_its_limit_fails_clearly() {
+        let turns = Arc::new(Semaphore::new(1));
+        let _held = turns.clone().acquire_owned().await.expect("the one turn");
+        let arrived = tokio::time::Instant::now();
+        let never = std::future::pending::<()>();
+        let r = wait_for_turn(&turns, 1, arrived, Duration::from_millis(100), never)
+            .await
+            .expect_err("no turn came");
+        let text = format!("{r:?}");
+        assert!(text.contains("while waiting for a turn"), "{text}");
+        assert!(text.contains("at most 1 tool calls at once"), "{text}");
+        assert_eq!(r.is_error, Some(true));
+        let gave_up = tokio::time::sleep(Duration::from_millis(50));
+        let r = wait_for_turn(&turns, 1, arrived, Duration::from_secs(600), gave_up)
+            .await
+            .expect_err("cancelled");
+        assert!(format!("{r:?}").contains("cancelled"));
     }
 }
