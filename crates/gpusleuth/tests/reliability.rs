@@ -231,12 +231,20 @@ fn parts(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     files.into_iter().map(|(_, p)| p).collect()
 }
 
-/// Which files of run `dir` hold complete rollups, in order.
+/// Which files of run `dir` hold complete rollups, in order, as gpusleuth's
+/// readers open them. (A plain read-only connection fails with "attempt to
+/// write a readonly database" on a file whose tracer was killed inside
+/// leaving WAL mode, where SQLite wrote a rollback journal for page 1:
+/// readers open with `immutable=1` and read the main file, round 50.)
 fn finished_files(dir: &std::path::Path) -> Vec<bool> {
-    let done = "SELECT count(*) FROM meta WHERE key = 'rollups' AND value = '1'";
     parts(dir)
         .iter()
-        .map(|p| common::Db::open(p).int(done) == 1)
+        .map(|p| {
+            sleuth_store::Trace::open(p)
+                .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+                .has_rollups()
+                .unwrap()
+        })
         .collect()
 }
 

@@ -31,8 +31,9 @@ const CHECK_AHEAD_LIMIT: std::time::Duration = sleuth_store::DEFAULT_READ_TIMEOU
 pub const MAX_STDIO_LINE: usize = 16 << 20;
 
 /// Serves one client over stdin/stdout until it disconnects. A request line
-/// over [`MAX_STDIO_LINE`] is answered with JSON-RPC error -32600 (`id`
-/// null), as any message that is not valid JSON-RPC (`stdio_cap::LineCap`);
+/// over [`MAX_STDIO_LINE`] is answered with JSON-RPC error -32600 (without
+/// an `id`: the line was not read), as any message that is not valid
+/// JSON-RPC (`stdio_cap::LineCap`);
 /// rmcp alone dropped it unanswered and the client waited forever.
 pub async fn serve_stdio(opts: ServerOptions) -> anyhow::Result<()> {
     let (stdin, stdout) = rmcp::transport::stdio();
