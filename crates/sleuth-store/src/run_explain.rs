@@ -579,15 +579,7 @@ fn run_ledger(
         }
     };
     let mut b = LedgerBuilder::new(None);
-    let mut replayed = 0u64;
-    // Each next file's memory calls read on a second thread while one is
-    // replayed.
-    visit_read_ahead(&run.held, (pid, None), budget, memo, |path, feed| {
-        let trace = Trace::open_remembered(path, budget.clone(), memo)?;
-        let view = MemoryTrace::open(&trace, pid, budget.clone())?;
-        replayed = replayed.saturating_add(view.replay_ledger_fed(&mut b, feed)?);
-        Ok(())
-    })?;
+    let replayed = replay_files(&mut b, &run.held, pid, budget, memo)?;
     // Runs written before the tracer carried a ledger say nothing, as before.
     let carried_some = visited.links.iter().any(|(_, l)| l.is_some());
     Ok(RunLedger {
@@ -652,13 +644,7 @@ fn continued_from_begin(
         .filter(|p| visited.files[k..].contains(p))
         .cloned()
         .collect();
-    let mut replayed = 0u64;
-    visit_read_ahead(&from_seed, (pid, None), budget, memo, |path, feed| {
-        let trace = Trace::open_remembered(path, budget.clone(), memo)?;
-        let view = MemoryTrace::open(&trace, pid, budget.clone())?;
-        replayed = replayed.saturating_add(view.replay_ledger_fed(&mut b, feed)?);
-        Ok(())
-    })?;
+    let replayed = replay_files(&mut b, &from_seed, pid, budget, memo)?;
     Ok(Some(RunLedger {
         ledgers: b.finish(data),
         replayed,
@@ -671,6 +657,26 @@ fn continued_from_begin(
         sites: Vec::new(),
         carried_in: None,
     }))
+}
+
+/// The memory calls of `files` (of process `pid`, or all), oldest first,
+/// replayed into `b`; how many. Each next file's calls are read on a
+/// second thread while one is replayed.
+fn replay_files(
+    b: &mut LedgerBuilder,
+    files: &[PathBuf],
+    pid: Option<u32>,
+    budget: &ReadBudget,
+    memo: &CheckMemo,
+) -> Result<u64, StoreError> {
+    let mut replayed = 0u64;
+    visit_read_ahead(files, (pid, None), budget, memo, |path, feed| {
+        let trace = Trace::open_remembered(path, budget.clone(), memo)?;
+        let view = MemoryTrace::open(&trace, pid, budget.clone())?;
+        replayed = replayed.saturating_add(view.replay_ledger_fed(b, feed)?);
+        Ok(())
+    })?;
+    Ok(replayed)
 }
 
 /// The run as read so far.
