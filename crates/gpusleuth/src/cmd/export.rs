@@ -104,13 +104,34 @@ impl Args {
 pub fn run(args: Args) -> anyhow::Result<i32> {
     if args.input.db.is_dir() && !args.window.is_set() {
         // A whole run: every file of its directory, as a window from its start.
-        let run = sleuth_store::run_window::last_of_run(
-            &args.input.db,
-            u64::MAX,
-            &crate::checks_memo::budget(),
-            crate::checks_memo::memo(),
-        )?;
-        run_window::export(&args, &run)?;
+        // A running tracer's `--keep` may delete a file the export is
+        // reading (round 50: 7 exports of 25 failed "no such file"). Into a
+        // file nothing was published yet: the run is read again.
+        let mut attempts = 0;
+        let run = loop {
+            attempts += 1;
+            let retry = args.output.is_some() && attempts < 3;
+            let run = match sleuth_store::run_window::last_of_run(
+                &args.input.db,
+                u64::MAX,
+                &crate::checks_memo::budget(),
+                crate::checks_memo::memo(),
+            ) {
+                Ok(run) => run,
+                Err(e) if run_window::names_a_lost_file(&e) && retry => continue,
+                Err(e) => return Err(e.into()),
+            };
+            match run_window::export(&args, &run) {
+                Ok(()) => break run,
+                Err(_) if run_window::lost_a_file(&run) && retry => continue,
+                Err(e) if run_window::lost_a_file(&run) => {
+                    return Err(e.context(
+                        "a file of the run was deleted (`--keep`) while the export read it: export again (with -o the export reads the run again by itself)",
+                    ))
+                }
+                Err(e) => return Err(e),
+            }
+        };
         eprintln!(
             "gpusleuth: the run in {}: read from its {} file(s), {}",
             args.input.db.display(),

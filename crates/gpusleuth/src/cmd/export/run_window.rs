@@ -70,6 +70,23 @@ pub(super) fn export(args: &Args, run: &RunLast) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Whether a file `run` listed is gone (a running tracer's `--keep`
+/// deleted it after the run was listed).
+pub(super) fn lost_a_file(run: &RunLast) -> bool {
+    run.files.iter().any(|(_, p)| !p.exists())
+}
+
+/// Whether `e` names a file that is gone (deleted after the run was listed).
+pub(super) fn names_a_lost_file(e: &sleuth_store::StoreError) -> bool {
+    use sleuth_store::StoreError;
+    match e {
+        StoreError::File { path, .. }
+        | StoreError::Io { path, .. }
+        | StoreError::Sqlite { path, .. } => !path.exists(),
+        _ => false,
+    }
+}
+
 /// The rows each file's reads skip, by file.
 type Problems = Vec<(PathBuf, InputProblems)>;
 
