@@ -14,17 +14,19 @@ import time
 
 
 def smaps(pid):
-    """[(name, rss_kb)] of every mapping, and the total."""
-    out, name, total = [], None, 0
+    """[(name, rss_kb, range)] of every mapping, and the total."""
+    out, name, span, total = [], None, None, 0
     try:
         with open(f"/proc/{pid}/smaps") as f:
             for line in f:
                 parts = line.split()
                 if "-" in parts[0] and len(parts) >= 5 and ":" not in parts[0]:
                     name = parts[5] if len(parts) > 5 else "[anon]"
+                    lo, hi = (int(x, 16) for x in parts[0].split("-"))
+                    span = (parts[0], (hi - lo) // 1024)
                 elif parts[0] == "Rss:":
                     kb = int(parts[1])
-                    out.append((name, kb))
+                    out.append((name, kb, span))
                     total += kb
     except OSError:
         return None, 0
@@ -58,12 +60,17 @@ def main():
         time.sleep(0.2)
     err = p.stderr.read().decode(errors="replace")
     by_name = {}
-    for name, kb in best or []:
+    for name, kb, _ in best or []:
         by_name[name] = by_name.get(name, 0) + kb
     print(f"tracer peak sampled Rss {best_total / 1024:.1f} MiB, VmHWM at the last sample "
           f"{hwm_kb / 1024:.1f} MiB (rc {p.returncode})")
     for name, kb in sorted(by_name.items(), key=lambda x: -x[1])[:25]:
         print(f"{kb / 1024:8.1f} MiB  {name}")
+    # The largest anonymous mappings one by one (arenas are 64 MiB
+    # reservations, thread stacks 8 MiB, the heap its own line).
+    anon = sorted((m for m in best or [] if m[0] == "[anon]"), key=lambda m: -m[1])[:10]
+    for _, kb, (rng, size_kb) in anon:
+        print(f"  anon {kb / 1024:6.1f} MiB resident of {size_kb / 1024:7.1f} MiB  {rng}")
     print(err[-600:])
 
 
