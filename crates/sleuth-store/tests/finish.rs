@@ -13,7 +13,7 @@ use sleuth_core::Event;
 use sleuth_store::finish::{finish, Finished};
 use sleuth_store::run_ledger::RunLink;
 use sleuth_store::{CheckMemo, ReadBudget, Trace, TraceWriter, WriterOptions};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Every row of every table (and every index's definition) of `db`, as
 /// text, sorted, but the rows `skip` says to leave out: the completion's
@@ -166,15 +166,16 @@ fn write_leaving_unfinished(
     w.finish().unwrap();
 }
 
-#[test]
-fn a_runs_killed_files_finished_rejoin_the_runs_answers() {
-    let dir = TempDir::new("finish_run");
-    let (events, end) = random_allocator_workload(0x51ed_27a3_90c4_1b77);
-    // The tracer completed file 1 and was killed while it completed file 2
-    // in the background and wrote file 3: `finished/` gets files 2 and 3
-    // finished, `tracer/` the run the tracer would have completed had it
-    // lived (the same files, one chain).
-    let cuts = [1_000, end / 3, 2 * end / 3, end + 1];
+/// `random_allocator_workload(seed)` as a run of `files` files cut at even
+/// times: in `tracer/` as its tracer completed every file, in `finished/`
+/// the same run with the files after the first `complete` left as a
+/// tracer killed while it completed the first of them leaves them (one
+/// chain in both). Returns (`finished/`, `tracer/`).
+fn killed_run(dir: &Path, seed: u64, files: usize, complete: usize) -> (PathBuf, PathBuf) {
+    let (events, end) = random_allocator_workload(seed);
+    let mut cuts: Vec<u64> = (0..files as u64).map(|i| i * end / files as u64).collect();
+    cuts[0] = 1_000;
+    cuts.push(end + 1);
     let (finished, tracer) = (dir.join("finished"), dir.join("tracer"));
     std::fs::create_dir_all(&finished).unwrap();
     std::fs::create_dir_all(&tracer).unwrap();
@@ -185,19 +186,34 @@ fn a_runs_killed_files_finished_rejoin_the_runs_answers() {
         events.iter().filter(of).cloned().collect()
     };
     let name = |n: u64| sleuth_store::run::part_name(n);
-    common::allocator_workload::write(
-        &tracer.join(name(1)),
-        &part(0),
-        (cuts[0], cuts[1]),
-        Some(link.for_file(1)),
-    );
-    std::fs::copy(tracer.join(name(1)), finished.join(name(1))).unwrap();
-    for n in 2..=3u64 {
-        let k = n as usize - 1;
-        assert!(part(k).len() > 100, "{} events in file {n}", part(k).len());
+    for k in 0..files {
+        let n = k as u64 + 1;
         let (t, f) = (tracer.join(name(n)), finished.join(name(n)));
-        write_leaving_unfinished(&t, &part(k), link.for_file(n), cuts[k], &f);
+        if k < complete {
+            common::allocator_workload::write(
+                &t,
+                &part(k),
+                (cuts[k], cuts[k + 1]),
+                Some(link.for_file(n)),
+            );
+            std::fs::copy(&t, &f).unwrap();
+        } else {
+            assert!(part(k).len() > 100, "{} events in file {n}", part(k).len());
+            write_leaving_unfinished(&t, &part(k), link.for_file(n), cuts[k], &f);
+        }
     }
+    (finished, tracer)
+}
+
+#[test]
+fn a_runs_killed_files_finished_rejoin_the_runs_answers() {
+    let dir = TempDir::new("finish_run");
+    // The tracer completed file 1 and was killed while it completed file 2
+    // in the background and wrote file 3: `finished/` gets files 2 and 3
+    // finished, `tracer/` the run the tracer would have completed had it
+    // lived (the same files, one chain).
+    let (finished, tracer) = killed_run(&dir.0, 0x51ed_27a3_90c4_1b77, 3, 1);
+    let name = |n: u64| sleuth_store::run::part_name(n);
 
     // Before: the run's answers leave the killed files out.
     let memo = CheckMemo::new();
@@ -428,35 +444,10 @@ fn a_killed_files_counted_launches_are_their_latest_samples() {
 #[test]
 fn a_kept_runs_killed_files_keep_what_deleted_files_held() {
     let dir = TempDir::new("finish_kept");
-    let (events, end) = random_allocator_workload(0x7a3e_11c5_62d0_9f41);
     // Files 1 and 2 complete, the tracer killed while it completed file 3
     // and wrote file 4; file 1 then deleted (`--keep 3`).
-    let cuts = [1_000, end / 4, end / 2, 3 * end / 4, end + 1];
-    let (finished, tracer) = (dir.join("finished"), dir.join("tracer"));
-    std::fs::create_dir_all(&finished).unwrap();
-    std::fs::create_dir_all(&tracer).unwrap();
-    let link = RunLink::new_run();
-    let part = |k: usize| -> Vec<Event> {
-        let of =
-            |e: &&Event| (cuts[k]..cuts[k + 1]).contains(&common::allocator_workload::end_of(e));
-        events.iter().filter(of).cloned().collect()
-    };
+    let (finished, tracer) = killed_run(&dir.0, 0x7a3e_11c5_62d0_9f41, 4, 2);
     let name = |n: u64| sleuth_store::run::part_name(n);
-    for n in 1..=2u64 {
-        let k = n as usize - 1;
-        common::allocator_workload::write(
-            &tracer.join(name(n)),
-            &part(k),
-            (cuts[k], cuts[k + 1]),
-            Some(link.for_file(n)),
-        );
-        std::fs::copy(tracer.join(name(n)), finished.join(name(n))).unwrap();
-    }
-    for n in 3..=4u64 {
-        let k = n as usize - 1;
-        let (t, f) = (tracer.join(name(n)), finished.join(name(n)));
-        write_leaving_unfinished(&t, &part(k), link.for_file(n), cuts[k], &f);
-    }
     let id = sleuth_store::run_ledger::run_id_of(&Trace::open(&finished.join(name(2))).unwrap())
         .unwrap();
     let l = RunLink::for_unfinished(id.as_deref(), 3, "its tracer was killed");
