@@ -158,7 +158,7 @@ impl<'a> Finisher<'a> {
             {
                 // Complete, but left in WAL mode (a reader held it as its
                 // tracer completed it): made one file where no one holds it.
-                match wal_beside(&path) {
+                match sleuth_store::wal_has_content(&path) {
                     true => {
                         self.finish_one(&path, opened, None);
                     }
@@ -347,13 +347,6 @@ fn traces_under(dir: &Path) -> anyhow::Result<Vec<Found>> {
     }
     found.sort_by(|a, b| found_path(a).cmp(found_path(b)));
     Ok(found)
-}
-
-/// Whether a `-wal` with content is beside the database `path`.
-fn wal_beside(path: &Path) -> bool {
-    let mut wal = path.as_os_str().to_owned();
-    wal.push("-wal");
-    std::fs::metadata(&wal).is_ok_and(|m| m.len() > 0)
 }
 
 fn found_path(f: &Found) -> &Path {

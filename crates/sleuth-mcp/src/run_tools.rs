@@ -425,7 +425,7 @@ pub fn slow_calls(dir: &Path, a: &args::SlowCalls, budget: &ReadBudget) -> Resul
     for (n, path) in &files {
         let trace = trace_tools::open(path, budget)?;
         if let Some(pid) = a.pid {
-            if !trace.pids()?.contains(&pid) {
+            if !trace.holds_pid(pid)? {
                 continue;
             }
             held = true;

@@ -142,9 +142,7 @@ pub fn finish(trace: Trace, link: Option<&RunLink>) -> Result<Finished, StoreErr
 /// A complete file its tracer left in WAL mode (a reader held it as the
 /// trace ended) made one file again; one without a `-wal` is not opened.
 fn fold_wal(path: &Path) -> Result<(), StoreError> {
-    let mut wal = path.as_os_str().to_owned();
-    wal.push("-wal");
-    if std::fs::metadata(&wal).map_or(true, |m| m.len() == 0) {
+    if !crate::open::wal_has_content(path) {
         return Ok(());
     }
     let conn = Connection::open_with_flags(

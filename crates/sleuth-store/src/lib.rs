@@ -89,6 +89,7 @@ pub use checked::CheckMemo;
 pub use error::StoreError;
 pub use import::{import_ingero, ImportSummary};
 pub use merge::{input_facts, write_merged, InputFacts, MergeInput};
+pub use open::wal_has_content;
 pub use problems::InputProblems;
 pub use reader::{pids_held, Trace};
 pub use schema::{SCHEMA_VERSION, TOOL};

@@ -286,15 +286,22 @@ fn read_only_uri(path: &Path) -> Result<String, StoreError> {
             uri.push_str(&format!("%{b:02X}"));
         }
     }
-    let mut wal = abs.into_os_string();
-    wal.push("-wal");
-    let wal_has_content = std::fs::metadata(&wal).is_ok_and(|m| m.len() > 0);
-    uri.push_str(if wal_has_content {
+    uri.push_str(if wal_has_content(&abs) {
         "?mode=ro"
     } else {
         "?immutable=1"
     });
     Ok(uri)
+}
+
+/// Whether a `-wal` with content is beside the database `path`: the file
+/// is then read with it (not `immutable`), and a complete one left in WAL
+/// mode (a reader held it as its tracer completed it) is folded by a
+/// writer (`gpusleuth finish`).
+pub fn wal_has_content(path: &Path) -> bool {
+    let mut wal = path.as_os_str().to_owned();
+    wal.push("-wal");
+    std::fs::metadata(&wal).is_ok_and(|m| m.len() > 0)
 }
 
 pub(crate) fn harden(conn: &Connection) -> rusqlite::Result<()> {

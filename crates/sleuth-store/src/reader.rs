@@ -820,7 +820,7 @@ impl Trace {
         }
         Err(StoreError::file(
             &self.path,
-            format!("pid {pid} is not in this trace ({})", pids_held(&pids)),
+            format!("pid {pid} is not in this trace ({})", pids_held(pids)),
         ))
     }
 
@@ -1121,13 +1121,11 @@ impl Trace {
     }
 }
 
-/// Every pid a trace holds anything of: processes, calls, waits, lifecycle
-/// events, kernel counts and (where the table exists) NVML samples. Values
-/// that are no pid (negative, too large) are left out.
 /// "it holds pid 7, 9" (the first 20, then how many more), or "it holds no
 /// process": what an error about a pid not in a trace or a run says.
-pub fn pids_held(pids: &[u32]) -> String {
+pub fn pids_held(pids: impl IntoIterator<Item = u32>) -> String {
     const SHOWN: usize = 20;
+    let pids: Vec<u32> = pids.into_iter().collect();
     let mut list: Vec<String> = pids.iter().take(SHOWN).map(u32::to_string).collect();
     if pids.len() > SHOWN {
         list.push(format!("... {} more", pids.len() - SHOWN));
@@ -1138,6 +1136,9 @@ pub fn pids_held(pids: &[u32]) -> String {
     }
 }
 
+/// Every pid a trace holds anything of: processes, calls, waits, lifecycle
+/// events, kernel counts and (where the table exists) NVML samples. Values
+/// that are no pid (negative, too large) are left out.
 pub(crate) fn pids_of(conn: &Connection) -> rusqlite::Result<std::collections::BTreeSet<u32>> {
     // The pids of the calls: version 1 reads them from its `(pid, op)`
     // index; version 2 has no such index, and a finished trace's rollups

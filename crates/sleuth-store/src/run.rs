@@ -171,7 +171,7 @@ fn check_answered(
             format!(
                 "no process {} in this run ({})",
                 pid.unwrap_or_default(),
-                crate::reader::pids_held(&run_pids.iter().copied().collect::<Vec<_>>())
+                crate::reader::pids_held(run_pids.iter().copied())
             ),
         ));
     }

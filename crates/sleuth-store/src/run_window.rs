@@ -249,7 +249,7 @@ impl RunLast {
                     "no process {} in the {} file(s) read ({})",
                     pid.unwrap_or_default(),
                     self.files.len(),
-                    crate::reader::pids_held(&others.into_iter().collect::<Vec<_>>())
+                    crate::reader::pids_held(others)
                 ),
             ));
         }

@@ -1203,7 +1203,6 @@ fn finding_event(f: &Finding, data: &TraceData, origin: u64) -> Value {
     })
 }
 
-/// Where a finding is drawn (monotonic ns): see [`finding_event`].
 /// "kind: op", or the kind alone for a finding about no one op (a thread's
 /// verdict).
 fn finding_name(f: &Finding) -> String {
@@ -1213,6 +1212,7 @@ fn finding_name(f: &Finding) -> String {
     }
 }
 
+/// Where a finding is drawn (monotonic ns): see [`finding_event`].
 fn finding_time(f: &Finding, data: &TraceData, origin: u64) -> u64 {
     earliest_ts(&f.evidence["examples"])
         .or_else(|| earliest_ts(&f.evidence))

@@ -121,7 +121,7 @@ fn checked_files(run: &RunLast, pid: Option<u32>) -> anyhow::Result<(Vec<PathBuf
             run.dir.display(),
             pid.unwrap_or_default(),
             run.files.len(),
-            sleuth_store::pids_held(&others.into_iter().collect::<Vec<_>>())
+            sleuth_store::pids_held(others)
         );
     }
     Ok((held, problems))
