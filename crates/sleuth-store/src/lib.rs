@@ -95,7 +95,7 @@ pub use reader::{pids_held, Trace};
 pub use schema::{SCHEMA_VERSION, TOOL};
 pub use sql::{
     run_readonly_sql, run_readonly_sql_remembered, run_readonly_sql_with, SqlLimits, SqlResult,
-    MAX_VALUE_BYTES,
+    BLOB_HEX_KEY, MAX_VALUE_BYTES,
 };
 pub use sqlite_config::turn_off_memory_statistics;
 pub use types::{

@@ -354,6 +354,9 @@ fn lower_heap_limit(bytes: i64) {
     }
 }
 
+/// The one key of the JSON object a BLOB cell becomes: its bytes in lowercase hex.
+pub const BLOB_HEX_KEY: &str = "blob_hex";
+
 fn to_json(v: ValueRef<'_>) -> serde_json::Value {
     match v {
         ValueRef::Null => serde_json::Value::Null,
@@ -362,9 +365,11 @@ fn to_json(v: ValueRef<'_>) -> serde_json::Value {
             .map(serde_json::Value::Number)
             .unwrap_or(serde_json::Value::Null),
         ValueRef::Text(t) => serde_json::Value::String(String::from_utf8_lossy(t).into_owned()),
+        // An object, so that a blob never reads as a text that happens to
+        // spell `x'..'` (a consumer tells the two apart by the JSON type).
         ValueRef::Blob(b) => {
             let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
-            serde_json::Value::String(format!("x'{hex}'"))
+            serde_json::json!({ BLOB_HEX_KEY: hex })
         }
     }
 }
@@ -395,6 +400,21 @@ mod tests {
         bytes[((root - 1) * page) as usize] = 0x42;
         std::fs::write(&path, bytes).expect("write");
         path
+    }
+
+    /// A BLOB and a TEXT that spells its literal were the same JSON string.
+    #[test]
+    fn a_blob_is_an_object_a_text_stays_a_string() {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/demo-sim.db");
+        let r = run_readonly_sql(
+            &src,
+            "SELECT x'00ff10' AS b, 'x''00ff10''' AS t, zeroblob(0) AS e",
+            SqlLimits::default(),
+        )
+        .expect("query");
+        assert_eq!(r.rows[0][0], serde_json::json!({ "blob_hex": "00ff10" }));
+        assert_eq!(r.rows[0][1], serde_json::json!("x'00ff10'"));
+        assert_eq!(r.rows[0][2], serde_json::json!({ "blob_hex": "" }));
     }
 
     /// Above the whole-file threshold only the tables a statement reads are

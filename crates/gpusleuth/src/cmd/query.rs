@@ -59,6 +59,13 @@ fn cell(v: &serde_json::Value) -> String {
     match v {
         serde_json::Value::Null => "NULL".into(),
         serde_json::Value::String(s) => term_text::cell(s, CELL_CHARS),
+        // A BLOB, shown as SQLite spells its literal.
+        serde_json::Value::Object(o) => match o.get(sleuth_store::BLOB_HEX_KEY) {
+            Some(serde_json::Value::String(hex)) if o.len() == 1 => {
+                term_text::cell(&format!("x'{hex}'"), CELL_CHARS)
+            }
+            _ => term_text::cell(&v.to_string(), CELL_CHARS),
+        },
         other => other.to_string(),
     }
 }
@@ -160,5 +167,21 @@ mod tests {
         assert!(!t.contains('\u{1b}'), "{t}");
         assert!(t.contains("\\x1b[2J"), "{t}");
         assert!(t.lines().all(|l| l.chars().count() < 400), "bounded width");
+    }
+
+    #[test]
+    fn a_blob_is_shown_as_its_literal() {
+        let r = SqlResult {
+            columns: vec!["b".into(), "o".into()],
+            rows: vec![vec![
+                json!({ "blob_hex": "00ff" }),
+                json!({ "blob_hex": "00", "other": 1 }),
+            ]],
+            truncated: false,
+            truncated_reason: None,
+        };
+        let t = render_table(&r);
+        assert!(t.lines().nth(2).unwrap().starts_with("x'00ff'"), "{t}");
+        assert!(t.contains(r#"{"blob_hex":"00","other":1}"#), "{t}");
     }
 }
