@@ -8,7 +8,17 @@
 //! Columns are recognized by name, so tables added later merge as long as
 //! they follow the schema's naming: timestamps `ts_ns`, `start_ns`, `end_ns`,
 //! `off_ns`, `wake_ns`, `on_ns`, `exit_ns`, `attached_mono_ns`; tasks `pid`,
-//! `tid`, `ppid`; references `call_id`, `wait_id`.
+//! `tid`, `ppid`; references `call_id`, `wait_id`, `stack_id`.
+//!
+//! Stack ids are not row ids: they are the kernel's 64-bit hashes of a
+//! process's frames, named by `stacks.id` and by every `stack_id` column
+//! (`call_rows`, `allocator_rows`, `stack_frames`). An input's id is kept
+//! unless the merged file already uses it (another node's stack, or an id
+//! another node's calls name without a stored stack); then it and every
+//! reference to it in that input move to a fresh id ([`StackPlan`]). Two
+//! nodes' stacks are never one: the kernel hashes the pid with the frames,
+//! and pids that collide are moved, so the same id from two nodes is two
+//! processes' stacks (or one file given twice).
 
 use crate::error::{SqlContext, StoreError};
 use crate::open::{has_table, open_untrusted};
@@ -16,7 +26,7 @@ use crate::schema;
 use crate::types::{MergeNode, TraceSource};
 use rusqlite::types::Value;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 const TIME_COLS: &[&str] = &[
@@ -126,6 +136,8 @@ fn write_into(
     let mut stats: BTreeMap<String, i64> = BTreeMap::new();
     let mut nodes = Vec::new();
     let (mut start, mut end): (Option<i64>, Option<i64>) = (None, None);
+    // Every stack id the merged file uses so far (stored or only named).
+    let mut stack_ids: HashSet<i64> = HashSet::new();
     for (i, input) in inputs.iter().enumerate() {
         let src = open_untrusted(&input.path)?;
         let p = &input.path;
@@ -153,15 +165,23 @@ fn write_into(
         let mut id_offsets = BTreeMap::new();
         id_offsets.insert("calls", max_id(&tx, "call_rows").at(out)?);
         id_offsets.insert("waits", max_id(&tx, "waits").at(out)?);
-        for table in table_names(&src).at(p)? {
-            if OWN_TABLES.contains(&table.as_str()) || !dst_tables.contains(&table) {
-                continue;
-            }
-            copy_table(&src, &tx, (&table, &table), input, &id_offsets).at(out)?;
+        let copied: Vec<String> = table_names(&src)
+            .at(p)?
+            .into_iter()
+            .filter(|t| !OWN_TABLES.contains(&t.as_str()) && dst_tables.contains(t))
+            .collect();
+        let stacks = StackPlan::new(&src, i, &copied, &mut stack_ids).at(out)?;
+        let moves = Moves {
+            input,
+            id_offsets: &id_offsets,
+            stacks: &stacks,
+        };
+        for table in &copied {
+            copy_table(&src, &tx, (table, table), &moves).at(out)?;
         }
         // Both schema versions have `calls` with the op by name (a table in
         // version 1, a view in 2): op ids are this file's, not the input's.
-        copy_table(&src, &tx, ("calls", "call_rows"), input, &id_offsets).at(out)?;
+        copy_table(&src, &tx, ("calls", "call_rows"), &moves).at(out)?;
         if has_table(&src, "stats").at(p)? {
             let mut st = src.prepare("SELECT name, value FROM stats").at(p)?;
             let rows = st
@@ -290,6 +310,102 @@ fn columns(c: &Connection, table: &str) -> rusqlite::Result<Vec<String>> {
     rows.collect()
 }
 
+/// How one input's rows move: its shifts, where its row ids continue, and
+/// its stack ids.
+struct Moves<'a> {
+    input: &'a MergeInput,
+    id_offsets: &'a BTreeMap<&'static str, i64>,
+    stacks: &'a StackPlan,
+}
+
+/// One input's stack ids that move in the merged file (to a fresh id,
+/// where the merged file already uses theirs); the others stay as they are.
+#[derive(Default)]
+struct StackPlan {
+    moved: HashMap<i64, i64>,
+}
+
+impl StackPlan {
+    /// Plans the stack ids of input number `node` (`copied`: its tables that
+    /// are copied; `in_use`: every stack id the merged file uses so far,
+    /// which gets this input's).
+    fn new(
+        src: &Connection,
+        node: usize,
+        copied: &[String],
+        in_use: &mut HashSet<i64>,
+    ) -> rusqlite::Result<StackPlan> {
+        let stored: BTreeSet<i64> = if has_table(src, "stacks")? {
+            int_column(src, "SELECT id FROM stacks WHERE typeof(id) = 'integer'")?
+        } else {
+            BTreeSet::new()
+        };
+        // The ids the input's rows name, its stored stacks' or not (a stack
+        // lost in the ring names no row: it must not come to name another
+        // node's stack, nor another node's lost one to name this one's).
+        let mut named = stored.clone();
+        let calls = if has_table(src, "call_rows")? {
+            "call_rows"
+        } else {
+            "calls"
+        };
+        for table in copied.iter().map(String::as_str).chain([calls]) {
+            if columns(src, table)?.iter().any(|c| c == "stack_id") {
+                named.extend(int_column(
+                    src,
+                    &format!(
+                        "SELECT DISTINCT stack_id FROM {table}
+                         WHERE stack_id IS NOT NULL AND typeof(stack_id) = 'integer'"
+                    ),
+                )?);
+            }
+        }
+        let mut plan = StackPlan::default();
+        let mut fresh_taken: HashSet<i64> = HashSet::new();
+        for &id in &named {
+            if !in_use.contains(&id) {
+                continue;
+            }
+            // A fresh id no one uses: not the merged file's, not one this
+            // input names, not one given to another of its ids. Derived
+            // from the old id and the node, so a merge gives the same file
+            // each time.
+            let mut h = (id as u64) ^ (node as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            let new = loop {
+                h = splitmix64(h);
+                let c = h as i64;
+                if !in_use.contains(&c) && !named.contains(&c) && !fresh_taken.contains(&c) {
+                    break c;
+                }
+            };
+            fresh_taken.insert(new);
+            plan.moved.insert(id, new);
+        }
+        in_use.extend(named.iter().map(|id| plan.id(*id)));
+        Ok(plan)
+    }
+
+    /// The merged file's id for the input's stack `id`.
+    fn id(&self, id: i64) -> i64 {
+        self.moved.get(&id).copied().unwrap_or(id)
+    }
+}
+
+/// SplitMix64's step: spreads the fresh stack ids over the 64-bit space
+/// the kernel's hashes are in.
+fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+fn int_column(c: &Connection, sql: &str) -> rusqlite::Result<BTreeSet<i64>> {
+    let mut st = c.prepare(sql)?;
+    let rows = st.query_map([], |r| r.get::<_, i64>(0))?;
+    rows.collect()
+}
+
 /// Copies the columns both sides have from `src_table` to `dst_table`,
 /// moving times, tasks and ids. Into `call_rows`, the source's op name
 /// becomes this file's op id (see [`op_id`]).
@@ -297,9 +413,9 @@ fn copy_table(
     src: &Connection,
     dst: &Connection,
     (src_table, dst_table): (&str, &str),
-    input: &MergeInput,
-    id_offsets: &BTreeMap<&str, i64>,
+    moves: &Moves,
 ) -> rusqlite::Result<()> {
+    let (input, id_offsets) = (moves.input, moves.id_offsets);
     let dst_cols: BTreeSet<String> = columns(dst, dst_table)?.into_iter().collect();
     let cols: Vec<String> = columns(src, src_table)?
         .into_iter()
@@ -309,8 +425,9 @@ fn copy_table(
     if cols.is_empty() {
         return Ok(());
     }
-    // Row ids continue after the rows already there (other nodes').
-    let own_id = if cols.iter().any(|c| c == "id") {
+    // Row ids continue after the rows already there (other nodes'); a
+    // stack's id is its hash, not a row id (moved by the plan alone).
+    let own_id = if dst_table != "stacks" && cols.iter().any(|c| c == "id") {
         max_id(dst, dst_table)?
     } else {
         0
@@ -323,9 +440,13 @@ fn copy_table(
         .into_iter()
         .filter(|(c, _)| dst_cols.contains(*c) && !cols.iter().any(|s| s == c))
         .collect();
-    let mut map: Vec<Box<dyn Fn(Value) -> Value>> = cols
+    let stack_id = |v| match v {
+        Value::Integer(i) => Value::Integer(moves.stacks.id(i)),
+        other => other,
+    };
+    let mut map: Vec<Box<dyn Fn(Value) -> Value + '_>> = cols
         .iter()
-        .map(|c| -> Box<dyn Fn(Value) -> Value> {
+        .map(|c| -> Box<dyn Fn(Value) -> Value + '_> {
             let shift = input.shift_ns;
             let pid_off = i64::from(input.pid_offset);
             let add = |by: i64| -> Box<dyn Fn(Value) -> Value> {
@@ -341,6 +462,8 @@ fn copy_table(
                     Value::Integer(i) if i != 0 => Value::Integer(i + pid_off),
                     other => other,
                 }),
+                "id" if dst_table == "stacks" => Box::new(stack_id),
+                "stack_id" => Box::new(stack_id),
                 "id" => add(own_id),
                 "call_id" => add(id_offsets.get("calls").copied().unwrap_or(0)),
                 "wait_id" => add(id_offsets.get("waits").copied().unwrap_or(0)),
@@ -351,7 +474,7 @@ fn copy_table(
     map.extend(
         derived
             .iter()
-            .map(|_| -> Box<dyn Fn(Value) -> Value> { Box::new(|v| v) }),
+            .map(|_| -> Box<dyn Fn(Value) -> Value + '_> { Box::new(|v| v) }),
     );
     // The columns copied, then the derived ones: by name (inserted) or
     // by how the source gives them (selected).

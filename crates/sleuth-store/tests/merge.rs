@@ -194,3 +194,134 @@ fn a_version_5_input_merges_as_a_version_6_one() {
     );
     assert_eq!(merged(&old_b, "v5.db"), (calls, waits));
 }
+
+/// A node whose pid 10 stores `stacks` (id, Python function), makes one
+/// call per entry of `calls` (the stack id it names: stored or not) and
+/// one PyTorch allocation at its first stack.
+fn node_with_stacks(path: &std::path::Path, host: &str, stacks: &[(u64, &str)], calls: &[u64]) {
+    use sleuth_core::sites::{Frame, FrameKind, Stack};
+    let mut info = session();
+    info.hostname = host.into();
+    let w = TraceWriter::create(path, info, WriterOptions::default()).unwrap();
+    let h = w.handle();
+    for &(id, function) in stacks {
+        h.add_stack(Stack {
+            id,
+            pid: 10,
+            frames: vec![Frame {
+                kind: Some(FrameKind::Python),
+                function: Some(function.into()),
+                file: Some(format!("/w/{function}.py")),
+                line: Some(7),
+                ..Default::default()
+            }],
+            notes: Vec::new(),
+        })
+        .unwrap();
+    }
+    for (n, &stack) in calls.iter().enumerate() {
+        let mut c = call("cudaMalloc", 10, 10, 1_000_000 + n as u64 * 1_000, 100);
+        c.size = Some(4096);
+        c.stack_id = Some(stack);
+        h.send(Event::Call(c)).unwrap();
+    }
+    let malloc = "DeviceCachingAllocator::malloc";
+    let mut b = sleuth_core::testing::torch_block(10, 2_000_000, malloc, 0xa, 0x7f00, 512, None);
+    b.stack_id = Some(stacks[0].0);
+    h.send(Event::Block(b)).unwrap();
+    w.finish().unwrap();
+}
+
+/// Each call's (pid, site label) in the merged trace, sorted.
+fn call_sites(t: &Trace) -> Vec<(u32, String)> {
+    let d = t.load(None).unwrap();
+    let mut got: Vec<(u32, String)> = d
+        .calls
+        .iter()
+        .map(|c| (c.pid, sleuth_core::sites::label_of(&d, c.stack_id)))
+        .collect();
+    got.sort();
+    got
+}
+
+/// Found by round 51's tester: stack ids (the kernel's 64-bit hashes) were
+/// moved like row ids, saturating at i64::MAX while the calls kept the
+/// old ones: every node after the first lost its sites, and two nodes
+/// with one stack id could not be merged at all (UNIQUE constraint failed:
+/// stacks.id). Each call must keep its own node's site: an id another node
+/// uses for another stack (or names without a stored stack) moves, with
+/// every reference to it.
+#[test]
+fn stack_ids_keep_each_nodes_sites() {
+    let dir = TempDir::new("merge_stacks");
+    let (a, b, c, out) = (
+        dir.join("a.db"),
+        dir.join("b.db"),
+        dir.join("c.db"),
+        dir.join("job.db"),
+    );
+    // Node a: stacks 111 and 222, and a call naming 333, a stack lost.
+    node_with_stacks(
+        &a,
+        "node-a",
+        &[(111, "alloc_a"), (222, "step_a")],
+        &[111, 222, 333],
+    );
+    // Node b: its own stack 111, a stack 333 (node a's lost id), and a call
+    // naming 222 (stored by node a) that b lost.
+    node_with_stacks(
+        &b,
+        "node-b",
+        &[(111, "alloc_b"), (333, "step_b")],
+        &[111, 333, 222],
+    );
+    // Node c: node b's file again (the same ids and frames, another process).
+    std::fs::copy(&b, &c).unwrap();
+    write_merged(
+        &[
+            input(a.clone(), 0, 0),
+            input(b.clone(), 0, 1 << 22),
+            input(c.clone(), 0, 2 << 22),
+        ],
+        &out,
+        false,
+        "t",
+    )
+    .unwrap();
+    let label = |f: &str| format!("/w/{f}.py:7 {f}");
+    let lost = sleuth_core::sites::LOST.to_string();
+    let t = Trace::open(&out).unwrap();
+    let got = call_sites(&t);
+    let mut want = vec![
+        (10, label("alloc_a")),
+        (10, label("step_a")),
+        (10, lost.clone()),
+    ];
+    for pid in [10 + (1 << 22), 10 + (2 << 22)] {
+        want.extend([
+            (pid, label("alloc_b")),
+            (pid, label("step_b")),
+            (pid, lost.clone()),
+        ]);
+    }
+    want.sort();
+    assert_eq!(got, want);
+    // Every stack is stored once with its frames, and no call names a
+    // stack of another process.
+    let db = rusqlite::Connection::open(&out).unwrap();
+    let n = |sql: &str| -> i64 { db.query_row(sql, [], |r| r.get(0)).unwrap() };
+    assert_eq!(n("SELECT count(*) FROM stacks"), 6);
+    assert_eq!(n("SELECT count(DISTINCT stack_id) FROM stack_frames"), 6);
+    assert_eq!(
+        n("SELECT count(*) FROM calls c JOIN stacks s ON s.id = c.stack_id WHERE s.pid != c.pid"),
+        0
+    );
+    assert_eq!(n("SELECT count(*) FROM call_sites"), 6);
+    assert_eq!(
+        n(
+            "SELECT count(*) FROM allocator_events a JOIN stacks s ON s.id = a.stack_id
+           WHERE s.pid = a.pid AND s.site LIKE '%alloc_%'"
+        ),
+        3
+    );
+}
