@@ -20,7 +20,8 @@ pub struct Analysis {
 
 impl Analysis {
     pub fn of(data: &TraceData) -> Analysis {
-        let per_call_culprits = call_culprits(&data.calls, &data.waits);
+        let per_call_culprits =
+            call_culprits(&data.calls, &data.waits, crate::threads::tracer_pid(data));
         let ledgers = ledger(data, None);
         let explanation = explain_from(data, &per_call_culprits, &ledgers);
         Analysis {

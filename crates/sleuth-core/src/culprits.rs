@@ -5,8 +5,14 @@
 //! call's share of that wait is the overlap of `[ts_ns, ts_ns + dur_ns)` with
 //! the runnable part; it is split over the wait's culprits in proportion to
 //! their `ns`. Runnable time no culprit covers stays unattributed.
+//!
+//! gpusleuth's own threads (`threads::is_tracer`: the trace's `tracer_pid`,
+//! or a `gpusleuth`/`gpusleuth-*` comm) are never a call's culprit: the time
+//! they took stays in the call's runnable part, and `explain` states it as
+//! the tracer's measured interference (from the waits, which keep them).
 
 use crate::event::{CallEvent, Culprit, WaitEvent};
+use crate::threads::is_tracer;
 use std::collections::{BTreeMap, HashMap};
 
 /// For each call (same order as `calls`), the tasks that held the CPU while it
@@ -15,12 +21,16 @@ use std::collections::{BTreeMap, HashMap};
 /// Per thread, waits are sorted once and each call finds its first
 /// overlapping wait by binary search: O((calls + waits) log n) overall, plus
 /// the overlapping waits themselves.
-pub fn call_culprits(calls: &[CallEvent], waits: &[WaitEvent]) -> Vec<Vec<Culprit>> {
+pub fn call_culprits(
+    calls: &[CallEvent],
+    waits: &[WaitEvent],
+    tracer: Option<u32>,
+) -> Vec<Vec<Culprit>> {
     let by_thread = culprit_waits_by_thread(waits);
     calls
         .iter()
         .map(|c| match by_thread.get(&(c.pid, c.tid)) {
-            Some(list) => culprits_of_call(c, list),
+            Some(list) => culprits_of_call(c, list, tracer),
             None => Vec::new(),
         })
         .collect()
@@ -51,7 +61,12 @@ pub fn culprit_waits_by_thread<'w>(
 /// The culprits of one call from its thread's waits that have culprits and
 /// runnable time (`on_ns > wake_ns`), sorted by `(on_ns, wake_ns)`; waits
 /// ending at or before the call starts may be left out (streaming callers).
-pub fn culprits_of_call(call: &CallEvent, waits: &[&WaitEvent]) -> Vec<Culprit> {
+/// `tracer`: the trace's tracer pid (`threads::tracer_pid`), never a culprit.
+pub fn culprits_of_call(
+    call: &CallEvent,
+    waits: &[&WaitEvent],
+    tracer: Option<u32>,
+) -> Vec<Culprit> {
     let (start, end) = (call.ts_ns, call.end_ns());
     if end <= start {
         return Vec::new();
@@ -71,8 +86,10 @@ pub fn culprits_of_call(call: &CallEvent, waits: &[&WaitEvent]) -> Vec<Culprit> 
             continue;
         }
         for c in &w.culprits {
+            // Its share of the runnable time is computed as for any culprit
+            // (the others' shares do not grow), then left unnamed.
             let share = (c.ns.min(runnable) as u128 * overlap as u128 / runnable as u128) as u64;
-            if share > 0 {
+            if share > 0 && !is_tracer(c.pid, &c.comm, tracer) {
                 *acc.entry((c.pid, c.tid, c.comm.as_str())).or_default() += share;
             }
         }
@@ -143,7 +160,7 @@ mod tests {
         // Runnable 100 ns: hog 1 ran 60, hog 2 ran 30, 10 ns uncovered.
         let calls = [call(1, 0, 1_000)];
         let waits = [wait(1, 100, 100, 200, vec![culprit(1, 60), culprit(2, 30)])];
-        let got = call_culprits(&calls, &waits);
+        let got = call_culprits(&calls, &waits, None);
         assert_eq!(got.len(), 1);
         assert_eq!(got[0], vec![culprit(1, 60), culprit(2, 30)]);
     }
@@ -154,7 +171,10 @@ mod tests {
         // half of the runnable part.
         let calls = [call(1, 600, 300)];
         let waits = [wait(1, 0, 500, 700, vec![culprit(7, 200)])];
-        assert_eq!(call_culprits(&calls, &waits)[0], vec![culprit(7, 100)]);
+        assert_eq!(
+            call_culprits(&calls, &waits, None)[0],
+            vec![culprit(7, 100)]
+        );
     }
 
     #[test]
@@ -165,7 +185,7 @@ mod tests {
             wait(1, 1_100, 1_100, 1_200, vec![culprit(3, 100)]), // after (end is exclusive)
             wait(2, 1_000, 1_000, 1_100, vec![culprit(4, 100)]), // other thread, overlaps call 0's time
         ];
-        let got = call_culprits(&calls, &waits);
+        let got = call_culprits(&calls, &waits, None);
         assert!(got[0].is_empty(), "{:?}", got[0]);
         assert!(got[1].is_empty(), "{:?}", got[1]);
     }
@@ -178,7 +198,7 @@ mod tests {
             wait(1, 200, 200, 300, vec![culprit(5, 100)]),
             wait(1, 500, 500, 800, vec![culprit(5, 150), culprit(6, 150)]),
         ];
-        let got = call_culprits(&calls, &waits);
+        let got = call_culprits(&calls, &waits, None);
         assert_eq!(got[0], vec![culprit(5, 250), culprit(6, 150)]);
         assert_eq!(got[1], vec![culprit(5, 100)]);
     }
@@ -188,7 +208,33 @@ mod tests {
         // Culprit ns larger than the runnable part (clock skew) is clamped.
         let calls = [call(1, 0, 50)];
         let waits = [wait(1, 0, 0, 100, vec![culprit(1, 1_000)])];
-        let got = call_culprits(&calls, &waits);
+        let got = call_culprits(&calls, &waits, None);
         assert_eq!(got[0], vec![culprit(1, 50)]);
+    }
+
+    /// Round 51's tester: `stats`, `report` and MCP named the tracer (by its
+    /// stored pid, or by its comm in a merged trace) as a call's culprit.
+    #[test]
+    fn the_tracer_is_never_a_culprit_and_others_keep_their_share() {
+        let calls = [call(1, 0, 1_000)];
+        let mut by_comm = culprit(8, 20);
+        by_comm.comm = "gpusleuth-db".into();
+        let waits = [wait(
+            1,
+            100,
+            100,
+            200,
+            vec![culprit(9, 50), culprit(2, 30), by_comm],
+        )];
+        assert_eq!(
+            call_culprits(&calls, &waits, Some(9))[0],
+            vec![culprit(2, 30)]
+        );
+        let all = call_culprits(&calls, &waits, None);
+        assert_eq!(
+            all[0].len(),
+            2,
+            "pid 9 is named without a tracer pid: {all:?}"
+        );
     }
 }

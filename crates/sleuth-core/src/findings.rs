@@ -295,7 +295,8 @@ pub fn explain_report_pinned_with(
     pinning: &[crate::CallEvent],
     allocator_reads: &dyn crate::allocator::AllocatorReads,
 ) -> Explanation {
-    let culprits = crate::culprits::call_culprits(&data.calls, &data.waits);
+    let culprits =
+        crate::culprits::call_culprits(&data.calls, &data.waits, crate::threads::tracer_pid(data));
     let inputs = inputs::FindingInputs::of_pinned(data, &culprits, pinned, pinning);
     let ledgers = crate::ledger::ledger(data, None);
     explain_inputs_with(data, &inputs, &ledgers, allocator_reads)

@@ -102,7 +102,7 @@ pub struct StatsReport {
 pub fn compute(data: &TraceData) -> StatsReport {
     op_stats(
         data,
-        &crate::culprits::call_culprits(&data.calls, &data.waits),
+        &crate::culprits::call_culprits(&data.calls, &data.waits, crate::threads::tracer_pid(data)),
     )
 }
 

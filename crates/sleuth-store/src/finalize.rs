@@ -201,12 +201,8 @@ fn per_thread_pass(
         let mut calls = cst.query(params![pid, tid])?;
         let mut wst = conn.prepare_cached(&waits_sql)?;
         let split = window.map(|w| ThreadStream::new(pid, tid, w, tracer));
-        let mut pass = ThreadPass::new(wst.query(params![pid, tid])?, split).with_op_splits(
-            &windows.ops,
-            pid,
-            tid,
-            tracer,
-        );
+        let mut pass = ThreadPass::new(wst.query(params![pid, tid])?, split, tracer)
+            .with_op_splits(&windows.ops, pid, tid, tracer);
         while let Some(row) = calls.next()? {
             let Some(s) = call_from_row_by_op_id(row, &op_ids)? else {
                 continue;

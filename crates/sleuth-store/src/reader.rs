@@ -13,6 +13,7 @@ use crate::types::{
 };
 use rusqlite::types::Value;
 use rusqlite::{Connection, OptionalExtension};
+use sleuth_core::threads::is_tracer;
 use sleuth_core::{
     op_by_name, Culprit, Layer, OpCount, ProcEvent, ProcessInfo, TraceData, WaitEvent,
 };
@@ -446,8 +447,10 @@ impl Trace {
             )
             .at(&self.path)?;
         let mut out = HashMap::new();
+        // Files written before round 51 stored the tracer's threads as culprits.
+        let tracer = self.tracer_pid();
         for &id in call_ids {
-            let list = st
+            let mut list = st
                 .query_map([id, MAX_NS], |r| {
                     Ok(Culprit {
                         pid: r.get(0)?,
@@ -459,6 +462,7 @@ impl Trace {
                 .at(&self.path)?
                 .collect::<rusqlite::Result<Vec<_>>>()
                 .at(&self.path)?;
+            list.retain(|k| !is_tracer(k.pid, &k.comm, tracer));
             if !list.is_empty() {
                 out.insert(id, list);
             }
@@ -994,10 +998,15 @@ impl Trace {
              WHERE ?1 IS NULL OR pid = ?1",
         )?;
         let mut rows = st.query([pid])?;
+        // Files written before round 51 stored the tracer's threads as culprits.
+        let tracer = self.tracer_pid();
         while let Some(r) = rows.next()? {
             let Some(info) = op_by_name(&r.get::<_, String>(1)?) else {
                 continue;
             };
+            if is_tracer(r.get(2)?, r.get_ref(3)?.as_str().unwrap_or(""), tracer) {
+                continue;
+            }
             culprits.push((
                 r.get(0)?,
                 info.id,

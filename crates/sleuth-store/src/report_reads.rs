@@ -510,11 +510,17 @@ struct EventAggregates {
 struct KeyedReads<'a> {
     trace: &'a Trace,
     read: usize,
+    /// The trace's tracer pid, read once: never a culprit.
+    tracer: Option<u32>,
 }
 
 impl<'a> KeyedReads<'a> {
     fn new(trace: &'a Trace) -> KeyedReads<'a> {
-        KeyedReads { trace, read: 0 }
+        KeyedReads {
+            trace,
+            read: 0,
+            tracer: trace.tracer_pid(),
+        }
     }
 
     /// The connection for the next rows.
@@ -831,7 +837,7 @@ fn culprits_with(reads: &mut KeyedReads, call: &CallEvent) -> Result<Vec<Culprit
     // The order `call_culprits` sorts a thread's waits in (stable from load order).
     waits.sort_by_key(|w| (w.on_ns, w.wake_ns));
     let refs: Vec<&WaitEvent> = waits.iter().collect();
-    Ok(culprits_of_call(call, &refs))
+    Ok(culprits_of_call(call, &refs, reads.tracer))
 }
 
 /// The by-site table and the allocations per stack: from the site rollup

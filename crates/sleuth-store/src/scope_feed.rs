@@ -170,6 +170,7 @@ impl<'s> OpenThread<'s> {
             pass: ThreadPass::new(
                 rows,
                 Some(ThreadStream::new(c.pid, c.tid, (start, u64::MAX), tracer)),
+                tracer,
             ),
             window_end: start,
             last: (0, i64::MIN),

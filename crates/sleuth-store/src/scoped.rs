@@ -485,7 +485,8 @@ fn loaded_parts(
     keep_counts_of_op(&mut data.counts, filter.op.as_deref());
     let window_counts = WindowCounts::of(trace, &data.counts, filter)?;
     data.counts = window_counts.at_least();
-    let culprits = sleuth_core::culprits::call_culprits(&data.calls, &data.waits);
+    let culprits =
+        sleuth_core::culprits::call_culprits(&data.calls, &data.waits, trace.tracer_pid());
     let pinning = pinning_outside(trace, filter)?;
     let inputs =
         FindingInputs::of_pinned_at(Resolution::Bucketed, &data, &culprits, pinned, &pinning);

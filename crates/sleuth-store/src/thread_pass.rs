@@ -34,6 +34,8 @@ pub(crate) struct ThreadPass<'s> {
     split: Option<ThreadStream>,
     /// The splits of each op's calls alone (`with_op_splits`), by op id.
     op_splits: Vec<OpSplit>,
+    /// The trace's tracer pid: its threads are never a call's culprits.
+    tracer: Option<u32>,
 }
 
 /// Each op's split of a thread, by op id (`ThreadPass::finish_with_ops`).
@@ -61,13 +63,18 @@ impl OpSplit {
 }
 
 impl<'s> ThreadPass<'s> {
-    pub(crate) fn new(waits: Rows<'s>, split: Option<ThreadStream>) -> ThreadPass<'s> {
+    pub(crate) fn new(
+        waits: Rows<'s>,
+        split: Option<ThreadStream>,
+        tracer: Option<u32>,
+    ) -> ThreadPass<'s> {
         ThreadPass {
             waits: WaitStream::new(waits),
             ahead: VecDeque::new(),
             done: false,
             split,
             op_splits: Vec::new(),
+            tracer,
         }
     }
 
@@ -130,7 +137,7 @@ impl<'s> ThreadPass<'s> {
             .iter()
             .filter(|w| w.on_ns > w.wake_ns && !w.culprits.is_empty())
             .collect();
-        let culprits = culprits_of_call(c, &refs);
+        let culprits = culprits_of_call(c, &refs, self.tracer);
         if !c.nested {
             if let Some(t) = &mut self.split {
                 t.add_call(c);

@@ -66,7 +66,7 @@ pub fn streamed(
         data: &base,
     };
     let mut sink = StatsSink {
-        tally: CallTally::new(&held),
+        tally: CallTally::new(&held, tracer_pid(&base)),
         splits: Vec::new(),
     };
     if !scope_feed::one_read(&mut sink, &th, &pass.sql, &pass.args).map_err(read)? {

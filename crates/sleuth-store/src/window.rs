@@ -22,6 +22,7 @@ use sleuth_core::decompose::CulpritTime;
 use sleuth_core::findings::{self, Explanation};
 use sleuth_core::rollup::{self, OpRollup, StoredRollups};
 use sleuth_core::stats::{self, StatsReport};
+use sleuth_core::threads::is_tracer;
 use sleuth_core::{op_by_name, CallEvent, OpCount, TraceData, WaitEvent};
 use std::collections::{BTreeMap, HashMap};
 
@@ -104,6 +105,8 @@ fn window_culprits(
         .query(rusqlite::params_from_iter(args.iter()))
         .map_err(err)?;
     let mut sums: HashMap<(u32, u16, u32, String), u64> = HashMap::new();
+    // Files written before round 51 stored the tracer's threads as culprits.
+    let tracer = trace.tracer_pid();
     while let Some(r) = rows.next().map_err(err)? {
         // Calls of an op this build does not know are not in the rollups either.
         let Some(op) = op_by_name(
@@ -114,12 +117,15 @@ fn window_culprits(
         ) else {
             continue;
         };
-        let key = (
+        let key: (u32, u16, u32, String) = (
             r.get(0).map_err(err)?,
             op.id,
             r.get(2).map_err(err)?,
             r.get(3).map_err(err)?,
         );
+        if is_tracer(key.2, &key.3, tracer) {
+            continue;
+        }
         let ns = r.get::<_, i64>(4).map_err(err)?.max(0) as u64;
         let e = sums.entry(key).or_default();
         *e = e.saturating_add(ns);
@@ -535,7 +541,11 @@ pub(crate) fn wholly_inside(trace: &Trace, scope: &CallFilter) -> Result<bool, S
 fn loaded_parts(trace: &Trace, scope: &CallFilter) -> Result<StatsParts, StoreError> {
     let mut data = trace.load_calls_of(scope)?;
     crate::scoped::keep_counts_of_op(&mut data.counts, scope.op.as_deref());
-    let per_call = sleuth_core::culprits::call_culprits(&data.calls, &data.waits);
+    let per_call = sleuth_core::culprits::call_culprits(
+        &data.calls,
+        &data.waits,
+        sleuth_core::threads::tracer_pid(&data),
+    );
     let mut ops = OpRollups::new();
     let mut sums: BTreeMap<(u32, u16, u32, String), u64> = BTreeMap::new();
     for (i, c) in data.calls.iter().enumerate() {
@@ -574,7 +584,7 @@ pub fn streamed_parts(trace: &Trace, scope: &CallFilter) -> Result<StatsParts, S
     let rows = Rows::open(trace)?;
     // A wait back on CPU by the window's start overlaps none of its calls.
     let held = culprit_waits(&rows, pid, scope.since_ns)?;
-    let mut tally = CallTally::new(&held);
+    let mut tally = CallTally::new(&held, trace.tracer_pid());
     if let Some(q) = window_query(scope) {
         rows.for_each_call::<StoreError>(&q, |s| {
             tally.add(&s.call);
@@ -612,14 +622,17 @@ pub(crate) struct CallTally<'w> {
     ops: OpRollups,
     /// Runnable time per (process, op, culprit's process, culprit's name).
     sums: BTreeMap<(u32, u16, u32, String), u64>,
+    /// The trace's tracer pid: never a culprit.
+    tracer: Option<u32>,
 }
 
 impl<'w> CallTally<'w> {
-    pub(crate) fn new(held: &'w [WaitEvent]) -> CallTally<'w> {
+    pub(crate) fn new(held: &'w [WaitEvent], tracer: Option<u32>) -> CallTally<'w> {
         CallTally {
             waits: sleuth_core::culprits::culprit_waits_by_thread(held),
             ops: OpRollups::new(),
             sums: BTreeMap::new(),
+            tracer,
         }
     }
 
@@ -627,7 +640,7 @@ impl<'w> CallTally<'w> {
     pub(crate) fn add(&mut self, c: &CallEvent) {
         self.ops.entry((c.pid, c.op)).or_default().add(c);
         if let Some(waits) = self.waits.get(&(c.pid, c.tid)) {
-            for k in sleuth_core::culprits::culprits_of_call(c, waits) {
+            for k in sleuth_core::culprits::culprits_of_call(c, waits, self.tracer) {
                 let e = self.sums.entry((c.pid, c.op, k.pid, k.comm)).or_default();
                 *e = e.saturating_add(k.ns);
             }
@@ -728,7 +741,11 @@ mod tests {
         let pid = data.calls[0].pid;
         // A window that starts at a call whose culprits come from a wait
         // back on CPU inside it: the waits read for the window must reach it.
-        let per_call = sleuth_core::culprits::call_culprits(&data.calls, &data.waits);
+        let per_call = sleuth_core::culprits::call_culprits(
+            &data.calls,
+            &data.waits,
+            sleuth_core::threads::tracer_pid(&data),
+        );
         let blamed = (0..data.calls.len())
             .find(|&i| !per_call[i].is_empty())
             .map(|i| data.calls[i].ts_ns)

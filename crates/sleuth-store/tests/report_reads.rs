@@ -56,7 +56,11 @@ fn busy_trace() -> TraceData {
 
 /// The full report's pick: not nested, slowest first, ties in load order.
 fn full_pick(data: &TraceData) -> Vec<(CallEvent, Vec<Culprit>)> {
-    let per_call = call_culprits(&data.calls, &data.waits);
+    let per_call = call_culprits(
+        &data.calls,
+        &data.waits,
+        sleuth_core::threads::tracer_pid(data),
+    );
     let mut idx: Vec<usize> = (0..data.calls.len())
         .filter(|&i| !data.calls[i].nested)
         .collect();

@@ -129,7 +129,11 @@ fn explain_both_at(
     use sleuth_core::findings::{explain_from, explain_inputs, inputs::FindingInputs};
     let t = Trace::open(path).unwrap();
     let data = t.load(pid).unwrap();
-    let culprits = sleuth_core::culprits::call_culprits(&data.calls, &data.waits);
+    let culprits = sleuth_core::culprits::call_culprits(
+        &data.calls,
+        &data.waits,
+        sleuth_core::threads::tracer_pid(&data),
+    );
     let ledgers = sleuth_core::ledger::ledger(&data, None);
     let stored = sleuth_store::finding_rollups::finding_inputs(&t, pid)
         .unwrap()
@@ -466,4 +470,103 @@ fn a_file_being_written_gives_its_stats_streamed_as_loaded() {
             }
         }
     }
+}
+
+/// Every culprit pid the stored and computed answers of `path` name:
+/// the rollups' stats, a window's stats, the in-memory stats, and the
+/// culprits read back per call (the report's and MCP `slow_calls`' path).
+fn culprit_pids_named(path: &std::path::Path) -> std::collections::BTreeSet<u32> {
+    let t = Trace::open(path).unwrap();
+    let mut named = std::collections::BTreeSet::new();
+    let rolled = t.stats_report(None).unwrap().expect("rollups present");
+    let data = t.load(None).unwrap();
+    let raw = stats::compute(&data);
+    let end = data.calls.iter().map(|c| c.end_ns()).max().unwrap() + 1;
+    let scope = sleuth_store::CallFilter {
+        since_ns: Some(1),
+        until_ns: Some(end),
+        ..Default::default()
+    };
+    let (window, _) = sleuth_store::window::stats_of(&t, &scope).unwrap();
+    for r in [&rolled, &raw, &window] {
+        named.extend(r.ops.iter().flat_map(|o| o.culprits.iter().map(|c| c.pid)));
+    }
+    let ids: Vec<i64> = (1..=data.calls.len() as i64).collect();
+    for list in t.call_culprits_of(&ids).unwrap().values() {
+        named.extend(list.iter().map(|k| k.pid));
+    }
+    for c in data.calls.iter().filter(|c| c.dur_ns > 1_000_000).take(50) {
+        let list = sleuth_store::report_reads::culprits_of(&t, c).unwrap();
+        named.extend(list.iter().map(|k| k.pid));
+    }
+    named
+}
+
+/// Round 51's tester: `stats`, `report` and MCP named the tracer as a
+/// culprit (`explain` did not). The contention example rewritten with its
+/// CPU hog's pid as the tracer's: no answer names it, and no stored row
+/// holds it; a file written before round 51 that stored it as a culprit
+/// (the hog's pid set as the tracer's afterwards) is read without it.
+#[test]
+fn the_tracer_is_never_named_a_culprit_stored_or_read() {
+    let (_dir, plain) = rewritten("h200-contention.db", "rollups-tracer");
+    let named = culprit_pids_named(&plain);
+    let hog = {
+        let t = Trace::open(&plain).unwrap();
+        let r = t.stats_report(None).unwrap().unwrap();
+        r.ops
+            .iter()
+            .flat_map(|o| o.culprits.iter())
+            .max_by_key(|c| c.runnable_ns)
+            .expect("the contention example names a culprit")
+            .pid
+    };
+    assert!(named.contains(&hog), "{named:?}");
+    // Written by a tracer whose pid is the hog's.
+    let dir = common::TempDir::new("rollups-tracer-pid");
+    let path = dir.join("traced.db");
+    let data = Trace::open(&example("h200-contention.db"))
+        .unwrap()
+        .load(None)
+        .unwrap();
+    common::trace_fixture::rewrite_with_options(
+        &data,
+        &path,
+        sleuth_store::WriterOptions {
+            tracer_pid: Some(hog),
+            ..Default::default()
+        },
+    );
+    let named = culprit_pids_named(&path);
+    assert!(!named.contains(&hog), "{named:?}");
+    assert!(!named.is_empty(), "the other culprits stay named");
+    let c = rusqlite::Connection::open(&path).unwrap();
+    let stored: i64 = c
+        .query_row(
+            "SELECT (SELECT count(*) FROM call_culprits WHERE pid = ?1)
+                  + (SELECT count(*) FROM rollup_culprits WHERE culprit_pid = ?1)",
+            [hog],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(stored, 0);
+    // Its waits keep it (`explain`'s measure of the tracer's interference).
+    let kept: i64 = c
+        .query_row(
+            "SELECT count(*) FROM wait_culprits WHERE pid = ?1",
+            [hog],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert!(kept > 0);
+    // An older file: the tracer stored as a culprit.
+    let c = rusqlite::Connection::open(&plain).unwrap();
+    c.execute(
+        "INSERT OR REPLACE INTO stats(name, value) VALUES ('tracer_pid', ?1)",
+        [hog],
+    )
+    .unwrap();
+    drop(c);
+    let named = culprit_pids_named(&plain);
+    assert!(!named.contains(&hog), "{named:?}");
 }

@@ -395,7 +395,11 @@ fn scopes_of_densely_interleaved_waits_equal_the_loaded_trace() {
     // same pass, one read of the waits for culprits and split).
     let trace = Trace::open(&path).unwrap();
     let loaded = trace.load(Some(PID)).unwrap();
-    let want = sleuth_core::culprits::call_culprits(&loaded.calls, &loaded.waits);
+    let want = sleuth_core::culprits::call_culprits(
+        &loaded.calls,
+        &loaded.waits,
+        sleuth_core::threads::tracer_pid(&loaded),
+    );
     let mut stored = trace.calls_filtered(&CallFilter::default()).unwrap();
     stored.sort_by_key(|s| (s.call.ts_ns, s.id));
     assert_eq!(stored.len(), loaded.calls.len());
