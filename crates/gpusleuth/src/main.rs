@@ -59,7 +59,7 @@ mod skip;
 #[path = "../tests/common/temp_dir.rs"]
 mod temp_dir;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(name = "gpusleuth", version, about, long_about = None, propagate_version = true)]
@@ -131,11 +131,58 @@ fn main() {
     // instead of panicking on a closed stdout.
     // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let cli =
+        Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.format(&mut Cli::command()).exit());
     if runs_no_callers_sql(&cli.command) {
         sleuth_store::turn_off_memory_statistics();
     }
-    let result = match cli.command {
+    let result = refuse_stdout_input(&matches).and_then(|()| run(cli.command));
+    checks_memo::save();
+    peak_rss::report_if_asked();
+    match result {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            // One line, the whole context chain, no backtrace; the message
+            // may quote a path or a name from an untrusted file.
+            let msg = error_line(&e);
+            eprintln!("gpusleuth: error: {}", term_text::terminal_safe(&msg));
+            std::process::exit(1);
+        }
+    }
+}
+
+/// Refuses a stdout that is a file the command reads
+/// (`sleuth_store::outfile::refuse_stdout_input`), before it reads or
+/// writes anything: `export --db t.db >> t.db` appended the export to the
+/// trace, `stats --db t.db 1<> t.db` left it no database (round 51). The
+/// paths are the arguments each reading command names `db` (a trace, a
+/// run's directory, `finish`'s directories of runs), `trace_dir` (the
+/// traces `mcp`'s tools may read), `inputs` (`merge`) and `src`
+/// (`import`); `trace`'s `--db` is what it writes, and `import`'s too.
+fn refuse_stdout_input(matches: &clap::ArgMatches) -> anyhow::Result<()> {
+    let Some((name, sub)) = matches.subcommand() else {
+        return Ok(());
+    };
+    let ids: &[&str] = match name {
+        "stats" | "explain" | "memory" | "query" | "export" | "report" | "finish" => &["db"],
+        "mcp" => &["db", "trace_dir"],
+        "merge" => &["inputs"],
+        "import" => &["src"],
+        _ => &[],
+    };
+    let paths: Vec<&std::path::Path> = ids
+        .iter()
+        .filter_map(|id| sub.try_get_many::<std::path::PathBuf>(id).ok().flatten())
+        .flatten()
+        .map(|p| p.as_path())
+        .collect();
+    Ok(sleuth_store::outfile::refuse_stdout_input(&paths)?)
+}
+
+/// Runs `command`.
+fn run(command: Command) -> anyhow::Result<i32> {
+    match command {
         Command::Trace(a) => capture::run(a),
         Command::Stats(a) => cmd::stats::run(a),
         Command::Explain(a) => cmd::explain::run(a),
@@ -154,18 +201,6 @@ fn main() {
         Command::Bench(a) => cmd::bench::run(a),
         Command::Export(a) => cmd::export::run(a),
         Command::Report(a) => cmd::report::run(a),
-    };
-    checks_memo::save();
-    peak_rss::report_if_asked();
-    match result {
-        Ok(code) => std::process::exit(code),
-        Err(e) => {
-            // One line, the whole context chain, no backtrace; the message
-            // may quote a path or a name from an untrusted file.
-            let msg = error_line(&e);
-            eprintln!("gpusleuth: error: {}", term_text::terminal_safe(&msg));
-            std::process::exit(1);
-        }
     }
 }
 

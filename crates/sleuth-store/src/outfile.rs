@@ -90,16 +90,14 @@ pub fn check_output(
         return ensure_replaceable(dst);
     };
     for input in inputs {
-        if let Ok(im) = std::fs::metadata(input) {
-            if im.dev() == meta.dev() && im.ino() == meta.ino() {
-                return Err(StoreError::file(
-                    dst,
-                    format!(
-                        "is the input {} (refusing to overwrite an input)",
-                        input.display()
-                    ),
-                ));
-            }
+        if is_file(input, &meta) {
+            return Err(StoreError::file(
+                dst,
+                format!(
+                    "is the input {} (refusing to overwrite an input)",
+                    input.display()
+                ),
+            ));
         }
     }
     ensure_replaceable(dst)?;
@@ -107,6 +105,82 @@ pub fn check_output(
         return Err(exists_error(dst, hint));
     }
     Ok(())
+}
+
+/// Whether `path` (followed, as a reader opens it) is the file `meta` describes.
+fn is_file(path: &Path, meta: &std::fs::Metadata) -> bool {
+    std::fs::metadata(path).is_ok_and(|m| (m.dev(), m.ino()) == (meta.dev(), meta.ino()))
+}
+
+/// Refuses to go on when stdout is a file the command reads: one of
+/// `inputs` however named, a SQLite side file of one, or where an input is
+/// a directory (a run, a directory of runs or of traces) a `.db` file in it
+/// or in a directory under it, or such a file's side file. The shell opens
+/// stdout before the command runs, so `-o`'s refusal of its input
+/// ([`check_output`]) never saw it: `export --db t.db >> t.db` appended the
+/// export to the trace, and `stats --db t.db 1<> t.db` wrote over its
+/// header, the trace no longer a database, both with exit 0 (round 51).
+/// Called before anything is read or written; a stdout that is not a
+/// regular file (a terminal, a pipe, `/dev/null`) is never an input.
+pub fn refuse_stdout_input(inputs: &[&Path]) -> Result<(), StoreError> {
+    use std::os::fd::AsFd as _;
+    let Ok(fd) = std::io::stdout().as_fd().try_clone_to_owned() else {
+        return Ok(());
+    };
+    let Ok(meta) = std::fs::File::from(fd).metadata() else {
+        return Ok(());
+    };
+    match input_at(inputs, &meta) {
+        None => Ok(()),
+        Some(path) => Err(StoreError::file(
+            &path,
+            "is also this command's stdout (refusing to write the output into a trace it \
+             reads: redirect stdout to another file)",
+        )),
+    }
+}
+
+/// Which of the files `inputs` name ([`refuse_stdout_input`]) is the
+/// regular file `out` describes.
+fn input_at(inputs: &[&Path], out: &std::fs::Metadata) -> Option<PathBuf> {
+    if !out.file_type().is_file() {
+        return None;
+    }
+    // A database and its side files: a `-wal` holds committed calls a
+    // killed tracer's file has not folded in yet.
+    let with_side_files = |path: &Path| {
+        std::iter::once(path.to_path_buf())
+            .chain(SQLITE_SIDE_FILES.iter().map(|s| {
+                let mut p = path.as_os_str().to_owned();
+                p.push(s);
+                PathBuf::from(p)
+            }))
+            .find(|p| is_file(p, out))
+    };
+    // A directory of runs (`finish --db DIR`) holds runs: one level down.
+    fn in_dir(dir: &Path, depth: u32, found: &dyn Fn(&Path) -> Option<PathBuf>) -> Option<PathBuf> {
+        for entry in std::fs::read_dir(dir).ok()?.flatten() {
+            let path = entry.path();
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                if depth > 0 {
+                    if let Some(hit) = in_dir(&path, depth - 1, found) {
+                        return Some(hit);
+                    }
+                }
+            } else if path.extension().is_some_and(|e| e == "db") {
+                if let Some(hit) = found(&path) {
+                    return Some(hit);
+                }
+            }
+        }
+        None
+    }
+    inputs
+        .iter()
+        .find_map(|input| match std::fs::metadata(input) {
+            Ok(m) if m.is_dir() => in_dir(input, 1, &with_side_files),
+            _ => with_side_files(input),
+        })
 }
 
 /// A private temporary path beside `dst` (same directory, so the final
@@ -263,6 +337,35 @@ mod tests {
         }
         assert_eq!(std::fs::read(&input).unwrap(), b"trace");
         assert_eq!(std::fs::read_dir(&d).unwrap().count(), 3);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_stdout_is_refused_where_it_is_a_file_the_command_reads() {
+        let d = dir("stdout");
+        let trace = d.join("t.db");
+        std::fs::write(&trace, b"trace").unwrap();
+        let wal = d.join("t.db-wal");
+        std::fs::write(&wal, b"wal").unwrap();
+        let run = d.join("runs").join("run1");
+        std::fs::create_dir_all(&run).unwrap();
+        let part = run.join("part-000001.db");
+        std::fs::write(&part, b"part").unwrap();
+        let other = run.join("export.json");
+        std::fs::write(&other, b"").unwrap();
+        let alias = d.join("alias.db");
+        std::os::unix::fs::symlink(&trace, &alias).unwrap();
+        let meta = |p: &Path| std::fs::File::open(p).unwrap().metadata().unwrap();
+        // The trace however named, and its side file.
+        assert_eq!(input_at(&[&alias], &meta(&trace)), Some(alias.clone()));
+        assert_eq!(input_at(&[&trace], &meta(&wal)), Some(wal.clone()));
+        // A run's file, from the run or from a directory of runs.
+        assert_eq!(input_at(&[&run], &meta(&part)), Some(part.clone()));
+        let runs = d.join("runs");
+        assert_eq!(input_at(&[&trace, &runs], &meta(&part)), Some(part.clone()));
+        // A file the command does not read: written as before.
+        assert_eq!(input_at(&[&trace, &run], &meta(&other)), None);
+        assert_eq!(input_at(&[&trace], &meta(Path::new("/dev/null"))), None);
         std::fs::remove_dir_all(&d).unwrap();
     }
 

@@ -1,0 +1,117 @@
+//! Round 51's exploratory tester: what a command is given to read is never
+//! written by it, however the output reaches it (a stdout the shell opened
+//! on the trace).
+
+mod common;
+#[path = "../../sleuth-store/tests/common/ingero.rs"]
+mod ingero;
+
+use common::{assert_no_panic, gpusleuth, Sandbox};
+use std::fs::{File, OpenOptions};
+use std::path::{Path, PathBuf};
+
+const EXAMPLES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples");
+
+/// A private copy of an example trace (tests never write into examples/).
+fn example(sb: &Sandbox, name: &str, dst: &str) -> PathBuf {
+    let dst = sb.path(dst);
+    std::fs::copy(Path::new(EXAMPLES).join(name), &dst).expect("copy example trace");
+    dst
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().expect("utf-8 path")
+}
+
+/// `path` opened as the shell opens `>> path` and `1<> path`.
+fn as_stdout(path: &Path) -> [File; 2] {
+    [
+        OpenOptions::new().append(true).open(path).unwrap(),
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .unwrap(),
+    ]
+}
+
+/// Before round 51 `export --db t.db >> t.db` appended the export to the
+/// trace and `stats --db t.db 1<> t.db` wrote over its header (no longer a
+/// database), both exit 0: `-o` refused its input, stdout was never looked at.
+#[test]
+fn a_stdout_that_is_an_input_is_refused_before_anything_is_written() {
+    let sb = Sandbox::new("stdout-input");
+    let db = example(&sb, "demo-sim.db", "t.db");
+    let other = example(&sb, "h200-contention.db", "other.db");
+    let alias = sb.path("alias.db");
+    std::os::unix::fs::symlink(&db, &alias).unwrap();
+    let src = sb.path("ingero.db");
+    ingero::write_ingero(&src, &ingero::dataloader_rows());
+    let run = sb.path("run");
+    std::fs::create_dir(&run).unwrap();
+    let part = example(&sb, "demo-sim.db", "run/part-000001.db");
+    let (merged, imported, report) = (
+        sb.path("merged.db"),
+        sb.path("imported.db"),
+        sb.path("r.html"),
+    );
+    // The command, and the input its stdout is opened on, named as given.
+    let cases: Vec<(Vec<&str>, &Path)> = vec![
+        (vec!["export", "--db", s(&db), "--format", "json"], &db),
+        (vec!["export", "--db", s(&alias)], &alias),
+        (vec!["export", "--db", s(&db), "--format", "pftrace"], &db),
+        (vec!["stats", "--db", s(&db)], &db),
+        (vec!["explain", "--db", s(&db), "--json"], &db),
+        (vec!["memory", "--db", s(&db)], &db),
+        (vec!["query", "--db", s(&db), "SELECT * FROM calls"], &db),
+        (vec!["report", "--db", s(&db), "-o", s(&report)], &db),
+        (vec!["merge", s(&other), s(&db), "-o", s(&merged)], &db),
+        (
+            vec!["import", "--from", "ingero", s(&src), "--db", s(&imported)],
+            &src,
+        ),
+        (vec!["finish", "--db", s(&db)], &db),
+        // A run's directory: every file of the run is an input.
+        (vec!["export", "--db", s(&run), "--format", "json"], &part),
+        (vec!["stats", "--db", s(&run)], &part),
+    ];
+    for (cmd, input) in &cases {
+        let before = std::fs::read(input).unwrap();
+        for stdout in as_stdout(input) {
+            let out = gpusleuth()
+                .args(cmd)
+                .stdout(stdout)
+                .output()
+                .expect("run gpusleuth");
+            assert_no_panic(&out);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(1), "{cmd:?}: {err}");
+            assert!(
+                err.contains("is also this command's stdout") && err.contains(s(input)),
+                "{cmd:?}: {err}"
+            );
+            assert_eq!(err.trim_end().lines().count(), 1, "{cmd:?}: {err}");
+            assert!(
+                std::fs::read(input).unwrap() == before,
+                "{cmd:?} changed {input:?}"
+            );
+        }
+    }
+    for made in [&merged, &imported, &report] {
+        assert!(!made.exists(), "{made:?} written");
+    }
+    // Another file, even in the run's directory, is written as before.
+    let json = run.join("calls.json");
+    let out = gpusleuth()
+        .args(["export", "--db", s(&run), "--format", "json"])
+        .stdout(File::create(&json).unwrap())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert!(!doc.as_array().unwrap().is_empty());
+}
