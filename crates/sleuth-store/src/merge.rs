@@ -80,6 +80,42 @@ pub struct InputFacts {
     pub hostname: String,
     pub realtime_offset_ns: i64,
     pub pids: BTreeSet<u32>,
+    /// Why the file cannot be merged as it is when its tracer did not
+    /// complete it (still writing it, or killed); None for a complete
+    /// file. The caller words the refusal (it can tell a live tracer from a
+    /// dead one); [`write_merged`] refuses such a file too.
+    pub unfinished: Option<String>,
+}
+
+/// Why `t` is not a complete trace, if it is not: a file its tracer did
+/// not complete (still writing it, or killed before its completion) has
+/// no rollups, and for a file of this schema version `gpusleuth finish`
+/// completes it; an older version's file with neither rollups nor a
+/// session end (older tracers wrote no rollups) cannot be completed by
+/// this build. Merged as it is, such a file's session has no
+/// end (the merged windows would end before its calls) and its
+/// kernel-counted launches are only in its samples, never in its counts:
+/// they would be lost.
+pub(crate) fn unfinished(t: &crate::Trace) -> Result<Option<String>, StoreError> {
+    if t.has_rollups()? {
+        return Ok(None);
+    }
+    if t.version() == schema::SCHEMA_VERSION {
+        return Ok(Some(format!(
+            "is not finished (its tracer is still writing it, or stopped before completing it: \
+             killed?): `gpusleuth finish --db {}` completes it, then merge it",
+            t.path().display()
+        )));
+    }
+    if t.session()?.end_mono_ns.is_some() {
+        return Ok(None);
+    }
+    Ok(Some(format!(
+        "is not finished (its tracer stopped before completing it) and was written by an older \
+         gpusleuth (schema version {}), whose files `gpusleuth finish` cannot complete: \
+         it cannot be merged",
+        t.version()
+    )))
 }
 
 /// Reads an input's session and pids; refuses non-gpusleuth and already-merged traces.
@@ -99,6 +135,7 @@ pub fn input_facts(path: &Path) -> Result<InputFacts, StoreError> {
         hostname: s.info.hostname,
         realtime_offset_ns: s.info.realtime_offset_ns,
         pids: t.pids()?.into_iter().collect(),
+        unfinished: unfinished(&t)?,
     })
 }
 
@@ -139,8 +176,19 @@ fn write_into(
     // Every stack id the merged file uses so far (stored or only named).
     let mut stack_ids: HashSet<i64> = HashSet::new();
     for (i, input) in inputs.iter().enumerate() {
-        let src = open_untrusted(&input.path)?;
         let p = &input.path;
+        // Where the input ends: its session end, or for a file `gpusleuth
+        // finish` completed (its tracer was killed: no end recorded) its
+        // calls' latest end, as its readers take it; an unfinished file is
+        // refused (see [`unfinished`]).
+        let input_end = {
+            let t = crate::Trace::open(p)?;
+            if let Some(why) = unfinished(&t)? {
+                return Err(StoreError::file(p, why));
+            }
+            t.start_and_end()?.1
+        };
+        let src = open_untrusted(&input.path)?;
         let session = read_session(&src).at(p)?;
         if i == 0 {
             copy_session(&src, &tx).at(out)?;
@@ -157,10 +205,11 @@ fn write_into(
         // readers refuse negative times.
         let s0 = (session.start_mono_ns + input.shift_ns).max(0);
         start = Some(start.map_or(s0, |v| v.min(s0)));
-        if let Some(e) = session.end_mono_ns {
-            let e = (e + input.shift_ns).max(0);
-            end = Some(end.map_or(e, |v| v.max(e)));
-        }
+        let e = i64::try_from(input_end)
+            .unwrap_or(i64::MAX)
+            .saturating_add(input.shift_ns)
+            .max(0);
+        end = Some(end.map_or(e, |v| v.max(e)));
         // Ids of the tables others refer to, fixed before this node's rows go in.
         let mut id_offsets = BTreeMap::new();
         id_offsets.insert("calls", max_id(&tx, "call_rows").at(out)?);
@@ -251,21 +300,19 @@ fn write_into(
 
 struct SessionRow {
     start_mono_ns: i64,
-    end_mono_ns: Option<i64>,
     realtime_offset_ns: i64,
     hostname: String,
 }
 
 fn read_session(c: &Connection) -> rusqlite::Result<SessionRow> {
     c.query_row(
-        "SELECT start_mono_ns, end_mono_ns, realtime_offset_ns, hostname FROM session WHERE id = 1",
+        "SELECT start_mono_ns, realtime_offset_ns, hostname FROM session WHERE id = 1",
         [],
         |r| {
             Ok(SessionRow {
                 start_mono_ns: r.get(0)?,
-                end_mono_ns: r.get(1)?,
-                realtime_offset_ns: r.get(2)?,
-                hostname: r.get(3)?,
+                realtime_offset_ns: r.get(1)?,
+                hostname: r.get(2)?,
             })
         },
     )

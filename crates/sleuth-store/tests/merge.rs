@@ -325,3 +325,78 @@ fn stack_ids_keep_each_nodes_sites() {
         3
     );
 }
+
+/// Found by round 51's tester: a killed tracer's file (no session end, no
+/// rollups, its kernel-counted launches only in its samples) merged as it
+/// was: the merged session ended with the other nodes' (its later calls
+/// outside every window) and its launches were lost. It is refused with
+/// what completes it; once `gpusleuth finish` completed it, it merges, its
+/// calls inside the merged session and its launches counted.
+#[test]
+fn an_unfinished_input_is_refused_until_finished() {
+    use sleuth_core::counted::CountSample;
+    use sleuth_store::finish::{finish, Finished};
+    let dir = TempDir::new("merge_unfinished");
+    let (a, b, killed, out) = (
+        dir.join("a.db"),
+        dir.join("b.db"),
+        dir.join("killed.db"),
+        dir.join("job.db"),
+    );
+    let w = TraceWriter::create(&a, session(), WriterOptions::default()).unwrap();
+    let h = w.handle();
+    h.send(Event::Call(call("cudaMalloc", 10, 10, 1_000_000, 1_000)))
+        .unwrap();
+    h.set_session_end(3_000_000).unwrap();
+    w.finish().unwrap();
+    // Node b runs longer, launches counted in the kernel; killed.
+    let w = TraceWriter::create(&b, session(), WriterOptions::default()).unwrap();
+    let h = w.handle();
+    h.send(Event::Call(call("cudaMalloc", 20, 20, 9_000_000, 100)))
+        .unwrap();
+    let launch = op_by_name("cuLaunchKernel").unwrap().id;
+    h.add_count_samples(vec![CountSample {
+        ts_ns: 8_000_000,
+        pid: 20,
+        op: launch,
+        count: 5_300,
+    }])
+    .unwrap();
+    common::trace_fixture::copy_as_killed(&h, &b, &killed);
+    drop(h);
+    w.finish().unwrap();
+
+    let why = input_facts(&killed)
+        .unwrap()
+        .unfinished
+        .expect("unfinished");
+    assert!(why.contains("`gpusleuth finish --db"), "{why}");
+    let err = write_merged(
+        &[input(a.clone(), 0, 0), input(killed.clone(), 0, 0)],
+        &out,
+        false,
+        "t",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("not finished") && err.contains("gpusleuth finish") && !err.contains('\n'),
+        "{err}"
+    );
+    assert!(!out.exists(), "nothing written");
+
+    let done = finish(Trace::open(&killed).unwrap(), None).unwrap();
+    assert!(matches!(done, Finished::Completed { .. }), "{done:?}");
+    assert_eq!(input_facts(&killed).unwrap().unfinished, None);
+    write_merged(&[input(a, 0, 0), input(killed, 0, 0)], &out, false, "t").unwrap();
+    let t = Trace::open(&out).unwrap();
+    let end = t.session().unwrap().end_mono_ns;
+    assert!(end >= Some(9_000_100), "{end:?}");
+    let counts = t.op_counts(None).unwrap();
+    assert!(
+        counts
+            .iter()
+            .any(|c| c.pid == 20 && c.op == launch && c.count == 5_300),
+        "{counts:?}"
+    );
+}

@@ -15,7 +15,7 @@ use anyhow::{bail, Context};
 use serde::Serialize;
 use sleuth_core::nccl::align::{estimate, Alignment};
 use sleuth_core::nccl::NcclEvent;
-use sleuth_store::{input_facts, write_merged, MergeInput};
+use sleuth_store::{input_facts, write_merged, InputFacts, MergeInput};
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
@@ -71,13 +71,34 @@ fn refuse_repeated_inputs(inputs: &[PathBuf]) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A file its tracer did not complete has no session end and its
+/// kernel-counted launches only in its samples: merged as it is, the
+/// merged windows would end before its calls and those launches would be
+/// lost. A tracer still writing it is named (wait for it); else `gpusleuth
+/// finish` completes it (the store's words).
+fn refuse_unfinished(path: &std::path::Path, facts: &InputFacts) -> anyhow::Result<()> {
+    let Some(why) = &facts.unfinished else {
+        return Ok(());
+    };
+    if let Some((pid, comm)) = crate::finishing::live_writer(path) {
+        bail!(
+            "{}: is being written by {} (pid {pid}): merge it once that trace has ended",
+            path.display(),
+            crate::term_text::terminal_safe(&comm)
+        );
+    }
+    bail!("{}: {why}", path.display())
+}
+
 pub fn run(args: Args) -> anyhow::Result<i32> {
     let inputs: Vec<&std::path::Path> = args.inputs.iter().map(|p| p.as_path()).collect();
     sleuth_store::outfile::check_output(&args.output, &inputs, args.force, Some(FORCE_HINT))?;
     refuse_repeated_inputs(&args.inputs)?;
     let mut facts = Vec::new();
     for p in &args.inputs {
-        facts.push(input_facts(p).with_context(|| format!("reading {}", p.display()))?);
+        let f = input_facts(p).with_context(|| format!("reading {}", p.display()))?;
+        refuse_unfinished(p, &f)?;
+        facts.push(f);
     }
     let base_offset = facts[0].realtime_offset_ns;
     let mut seen: BTreeSet<u32> = BTreeSet::new();

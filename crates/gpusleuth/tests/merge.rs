@@ -1,0 +1,105 @@
+//! `gpusleuth merge` on input it must refuse, and over an output it must
+//! keep (round 51's exploratory tester): each refusal is one line, exit 1,
+//! no panic, and nothing is written.
+
+mod common;
+
+use common::{assert_no_panic, gpusleuth, Sandbox};
+use sleuth_core::{op_by_name, CallEvent, Event};
+use sleuth_store::{SessionInfo, TraceWriter, WriterOptions};
+use std::path::Path;
+use std::process::Output;
+
+/// A complete trace of process `pid`: one cudaMalloc at `ts_ns`, its
+/// session's wall-clock offset `realtime_offset_ns`.
+fn write_trace(path: &Path, pid: u32, ts_ns: u64, realtime_offset_ns: i64) {
+    let info = SessionInfo {
+        started_unix_ns: 1_700_000_000_000_000_000,
+        start_mono_ns: 1_000,
+        realtime_offset_ns,
+        hostname: "node".into(),
+        command: "test".into(),
+        target: "test".into(),
+        launch_mode: "launch".into(),
+        tool_version: "test".into(),
+        clock_base_ns: 0,
+        ..Default::default()
+    };
+    let w = TraceWriter::create(path, info, WriterOptions::default()).unwrap();
+    let h = w.handle();
+    h.send(Event::Call(CallEvent {
+        ts_ns,
+        dur_ns: 500,
+        pid,
+        tid: pid,
+        op: op_by_name("cudaMalloc").unwrap().id,
+        size: Some(4096),
+        ..Default::default()
+    }))
+    .unwrap();
+    h.set_session_end(ts_ns + 1_000).unwrap();
+    drop(h);
+    w.finish().unwrap();
+}
+
+fn run(args: &[&str]) -> Output {
+    let out = gpusleuth().args(args).output().expect("run gpusleuth");
+    assert_no_panic(&out);
+    out
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// The one error line of a failed run (exit 1).
+fn refusal(out: &Output) -> String {
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 1, "one line: {err}");
+    assert!(lines[0].starts_with("gpusleuth: error"), "{err}");
+    err
+}
+
+/// Found in round 51: a killed tracer's file (no rollups, no session end)
+/// merged as it was, its calls outside the merged session and its
+/// kernel-counted launches lost; a file a tracer was still writing merged
+/// too. The first is refused naming `gpusleuth finish`, the second naming
+/// the process writing it.
+#[test]
+fn an_unfinished_or_live_input_is_refused() {
+    let sb = Sandbox::new("merge-unfinished");
+    let (a, killed, out_db) = (sb.path("a.db"), sb.path("killed.db"), sb.path("job.db"));
+    write_trace(&a, 10, 1_000_000, 0);
+    write_trace(&killed, 20, 2_000_000, 0);
+    // As its tracer leaves it when killed before its completion.
+    let c = rusqlite::Connection::open(&killed).unwrap();
+    c.execute_batch(
+        "DELETE FROM meta WHERE key = 'rollups'; UPDATE session SET end_mono_ns = NULL;",
+    )
+    .unwrap();
+    drop(c);
+    let err = refusal(&run(&["merge", s(&a), s(&killed), "-o", s(&out_db)]));
+    assert!(
+        err.contains("is not finished") && err.contains("`gpusleuth finish --db"),
+        "{err}"
+    );
+    assert!(!out_db.exists());
+
+    // The same file held open by a live process (as its tracer holds it).
+    let mut holder = std::process::Command::new("sleep")
+        .arg("60")
+        .stdin(std::fs::File::open(&killed).unwrap())
+        .spawn()
+        .expect("spawn sleep");
+    let out = run(&["merge", s(&a), s(&killed), "-o", s(&out_db)]);
+    let _ = holder.kill();
+    let _ = holder.wait();
+    let err = refusal(&out);
+    assert!(
+        err.contains(&format!("is being written by sleep (pid {})", holder.id())),
+        "{err}"
+    );
+    assert!(!out_db.exists());
+}
