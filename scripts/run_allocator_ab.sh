@@ -14,7 +14,8 @@ set -euo pipefail
 base=$1 new=$2 work=$3 n=$4 reps=${5:-3}
 mkdir -p "$work"
 sim="$work/sim"
-[[ -x $sim/sim/bin/workload ]] || "$new" demo --keep "$sim" >/dev/null
+# demo --keep writes only new files: what an interrupted one left goes first.
+[[ -x $sim/sim/bin/workload ]] || { rm -rf "$sim"; "$new" demo --keep "$sim" >/dev/null; }
 S=$sim/sim
 workload="torch_malloc 4096 keep; repeat $n { torch_malloc 4096 a; torch_free a }; sleep 300"
 record() { # record OUT_ARGS...

@@ -6,7 +6,7 @@ mod common;
 #[path = "../../sleuth-store/tests/common/ingero.rs"]
 mod ingero;
 
-use common::{assert_no_panic, gpusleuth, Sandbox};
+use common::{assert_no_panic, gpusleuth, require_ebpf, Sandbox};
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
 
@@ -114,4 +114,77 @@ fn a_stdout_that_is_an_input_is_refused_before_anything_is_written() {
     );
     let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     assert!(!doc.as_array().unwrap().is_empty());
+}
+
+/// `demo --keep DIR` refused, nothing written, and the error's one line.
+fn keep_refused(args: &[&str], named: &Path) {
+    let out = gpusleuth().arg("demo").args(args).output().unwrap();
+    assert_no_panic(&out);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+    assert!(
+        err.contains(&format!("{}: already exists", named.display()))
+            && err.contains("name an empty or new folder"),
+        "{args:?}: {err}"
+    );
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+}
+
+/// Before round 51 `demo --keep DIR` wrote the bundled trace through a link
+/// planted at its name (as root, over any file) and removed a `demo.db`
+/// already there to trace over it.
+#[test]
+fn demo_keep_writes_only_new_files() {
+    let sb = Sandbox::new("demo-keep");
+    let victim = sb.path("victim.txt");
+    std::fs::write(&victim, b"not the demo's").unwrap();
+    let planted = sb.path("planted");
+    std::fs::create_dir(&planted).unwrap();
+    let link = planted.join("h200-contention.db");
+    std::os::unix::fs::symlink(&victim, &link).unwrap();
+    keep_refused(&["--offline", "--keep", s(&planted)], &link);
+    assert_eq!(std::fs::read(&victim).unwrap(), b"not the demo's");
+    assert!(link.symlink_metadata().unwrap().file_type().is_symlink());
+    // A dangling link is something there too.
+    let dangling = sb.path("dangling");
+    std::fs::create_dir(&dangling).unwrap();
+    let missing = sb.path("missing.db");
+    std::os::unix::fs::symlink(&missing, dangling.join("h200-contention.db")).unwrap();
+    keep_refused(
+        &["--offline", "--keep", s(&dangling)],
+        &dangling.join("h200-contention.db"),
+    );
+    assert!(!missing.exists());
+    // A folder holding other files is written; once written, it is kept.
+    let kept = sb.path("kept");
+    std::fs::create_dir(&kept).unwrap();
+    std::fs::write(kept.join("notes.txt"), b"mine").unwrap();
+    let out = gpusleuth()
+        .args(["demo", "--offline", "--keep", s(&kept)])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let trace = kept.join("h200-contention.db");
+    let written = std::fs::read(&trace).unwrap();
+    assert_eq!(
+        written,
+        std::fs::read(Path::new(EXAMPLES).join("h200-contention.db")).unwrap()
+    );
+    keep_refused(&["--offline", "--keep", s(&kept)], &trace);
+    assert_eq!(std::fs::read(&trace).unwrap(), written);
+    assert_eq!(std::fs::read(kept.join("notes.txt")).unwrap(), b"mine");
+    // Live (root and eBPF): the user's `demo.db` is neither removed nor traced over.
+    if !require_ebpf() {
+        return;
+    }
+    let user = sb.path("user");
+    std::fs::create_dir(&user).unwrap();
+    std::fs::write(user.join("demo.db"), b"the user's").unwrap();
+    keep_refused(&["--keep", s(&user)], &user.join("demo.db"));
+    assert_eq!(std::fs::read(user.join("demo.db")).unwrap(), b"the user's");
+    assert!(!user.join("sim").exists());
 }

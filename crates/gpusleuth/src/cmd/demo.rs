@@ -5,6 +5,7 @@
 //! say why, and explain a trace recorded the same way (bundled).
 
 use anyhow::{Context, Result};
+use std::io::Write as _;
 use std::os::unix::ffi::OsStringExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -16,7 +17,8 @@ static BUNDLED_TRACE: &[u8] = include_bytes!("../../../../examples/h200-contenti
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Keep the demo's files (trace database, simulated libraries) in this folder.
+    /// Keep the demo's files (trace database, simulated libraries) in this folder
+    /// (new files only: refused where one of them is already there).
     #[arg(long)]
     pub keep: Option<PathBuf>,
     /// Explain the bundled trace even when live tracing is possible.
@@ -35,21 +37,23 @@ pub fn run(args: Args) -> Result<i32> {
     // Ctrl-C and SIGTERM are counted, not fatal: the demo always gets to
     // remove its temporary folder (a live trace stops at the interrupt).
     crate::signals::install();
+    // Decided first: a kept folder is checked for the files this way writes.
+    let offline_why = match args.offline {
+        true => Some("--offline given".to_string()),
+        false => sleuth_probe::preflight().err().map(|why| why.to_string()),
+    };
     let dir = match &args.keep {
         Some(d) => {
+            refuse_kept_files(d, offline_why.is_none())?;
             std::fs::create_dir_all(d).with_context(|| format!("cannot create {}", d.display()))?;
             d.clone()
         }
         None => private_temp_dir()?,
     };
     let keep = args.keep.is_some();
-    let result = if args.offline {
-        explain_bundled(&dir, "--offline given")
-    } else {
-        match sleuth_probe::preflight() {
-            Ok(()) => live(&dir, keep),
-            Err(why) => explain_bundled(&dir, &why.to_string()),
-        }
+    let result = match &offline_why {
+        None => live(&dir, keep),
+        Some(why) => explain_bundled(&dir, why),
     };
     if !keep {
         let _ = std::fs::remove_dir_all(&dir);
@@ -59,6 +63,48 @@ pub fn run(args: Args) -> Result<i32> {
         return Ok(130);
     }
     result
+}
+
+/// What the demo writes in its folder: live, the trace (and the side files
+/// SQLite may leave beside it), the hog's ready file and the simulated
+/// libraries' folder; else the bundled trace, read where it is written.
+fn written_names(live: bool) -> &'static [&'static str] {
+    match live {
+        true => &[
+            "demo.db",
+            "demo.db-wal",
+            "demo.db-shm",
+            "demo.db-journal",
+            "hog.ready",
+            "sim",
+        ],
+        false => &[
+            "h200-contention.db",
+            "h200-contention.db-wal",
+            "h200-contention.db-shm",
+            "h200-contention.db-journal",
+        ],
+    }
+}
+
+/// Refuses a `--keep` folder that already holds anything the demo would
+/// write there, before anything is written: the demo removed a user's
+/// `demo.db` and traced over it, and wrote the bundled trace through a
+/// link planted at its name (as root, over any file; round 51). What is
+/// there is never removed nor replaced: an earlier demo's files are kept
+/// too, and the demo asks for another folder.
+fn refuse_kept_files(dir: &Path, live: bool) -> Result<()> {
+    for name in written_names(live) {
+        let path = dir.join(name);
+        // Not followed: a link (even a dangling one) is something there.
+        if std::fs::symlink_metadata(&path).is_ok() {
+            anyhow::bail!(
+                "{}: already exists (demo --keep writes only new files and never replaces one: name an empty or new folder)",
+                path.display()
+            );
+        }
+    }
+    Ok(())
 }
 
 /// A new folder only we can use (mkdtemp: unpredictable name, mode 0700),
@@ -84,10 +130,18 @@ fn private_temp_dir() -> Result<PathBuf> {
 }
 
 fn live(dir: &Path, keep: bool) -> Result<i32> {
-    let sim = sleuth_sim::materialize(&dir.join("sim"))
-        .context("cannot write the simulated CUDA libraries")?;
+    // A folder of our own (refused if something took the name since the
+    // check): nothing planted in it is written through.
+    let sim_dir = dir.join("sim");
+    let sim = std::fs::create_dir(&sim_dir)
+        .and_then(|()| sleuth_sim::materialize(&sim_dir))
+        .with_context(|| {
+            format!(
+                "cannot write the simulated CUDA libraries in {}",
+                sim_dir.display()
+            )
+        })?;
     let db = dir.join("demo.db");
-    let _ = std::fs::remove_file(&db);
     outln!("gpusleuth demo: tracing a simulated CUDA program (real eBPF on simulated libcudart/libcuda).")?;
     outln!(
         "  ground truth: the program is pinned to CPU 0; `{}` busy-loops on CPU 0 beside it;",
@@ -112,7 +166,9 @@ fn live(dir: &Path, keep: bool) -> Result<i32> {
     }
     let trace_args = crate::capture::Args {
         db: Some(db.clone()),
-        force: true,
+        // Checked absent before (`refuse_kept_files`); one that appeared
+        // since is kept, the trace refused.
+        force: false,
         pids: Vec::new(),
         duration: Some(Duration::from_secs(30)),
         on_duration: crate::capture::OnDuration::Kill,
@@ -187,6 +243,12 @@ fn explain_bundled(dir: &Path, why: &str) -> Result<i32> {
     outln!("  a PyTorch matmul + synchronize loop pinned to one CPU; after 6 s a CPU-burning")?;
     outln!("  neighbour (`gs-neighbour`) starts on the same CPU. (examples/h200-contention.db)\n")?;
     let db = dir.join("h200-contention.db");
-    std::fs::write(&db, BUNDLED_TRACE).with_context(|| format!("cannot write {}", db.display()))?;
+    // A new file: never through a link, never over a file (`refuse_kept_files`).
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&db)
+        .and_then(|mut f| f.write_all(BUNDLED_TRACE))
+        .with_context(|| format!("cannot write {}", db.display()))?;
     explain(db)
 }
