@@ -103,3 +103,56 @@ fn an_unfinished_or_live_input_is_refused() {
     );
     assert!(!out_db.exists());
 }
+
+/// `--force` renames the merge over the output: a trace a tracer still
+/// records there would go on into a file no name leads to. Such an output
+/// is refused, --force or not (as `trace --force` refuses it); a complete
+/// trace a reader holds is replaced.
+#[test]
+fn force_never_replaces_a_trace_being_written() {
+    let sb = Sandbox::new("merge-live-output");
+    let (a, b, out_db) = (sb.path("a.db"), sb.path("b.db"), sb.path("job.db"));
+    write_trace(&a, 10, 1_000_000, 0);
+    write_trace(&b, 20, 2_000_000, 0);
+    write_trace(&out_db, 30, 3_000_000, 0);
+    let hold = || {
+        std::process::Command::new("sleep")
+            .arg("60")
+            .stdin(std::fs::File::open(&out_db).unwrap())
+            .spawn()
+            .expect("spawn sleep")
+    };
+    let merge = || run(&["merge", s(&a), s(&b), "-o", s(&out_db), "--force"]);
+    // Complete and held by a reader: replaced.
+    let mut reader = hold();
+    let out = merge();
+    let _ = reader.kill();
+    let _ = reader.wait();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // Not completed by its tracer, and held: refused, left as it is.
+    std::fs::remove_file(&out_db).unwrap();
+    write_trace(&out_db, 30, 3_000_000, 0);
+    rusqlite::Connection::open(&out_db)
+        .unwrap()
+        .execute_batch(
+            "DELETE FROM meta WHERE key = 'rollups'; UPDATE session SET end_mono_ns = NULL;",
+        )
+        .unwrap();
+    let before = std::fs::read(&out_db).unwrap();
+    let mut tracer = hold();
+    let out = merge();
+    let _ = tracer.kill();
+    let _ = tracer.wait();
+    let err = refusal(&out);
+    assert!(
+        err.contains(&format!("sleep (pid {}) is writing it", tracer.id()))
+            && err.contains("refusing to replace a live trace"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read(&out_db).unwrap(), before);
+}

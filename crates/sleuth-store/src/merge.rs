@@ -140,30 +140,70 @@ pub fn input_facts(path: &Path) -> Result<InputFacts, StoreError> {
 }
 
 /// Writes the merged database at `out` (mode 0600; an existing file is
-/// replaced only with `overwrite`). The first input's session is the merged
-/// session (its clock is the merged clock).
+/// replaced only with `overwrite`, never an input nor anything but a
+/// regular file). The first input's session is the merged session (its
+/// clock is the merged clock).
+///
+/// The merge is written to a hidden file beside `out` and renamed into
+/// place once complete (as `export` and `import` write theirs): a merge
+/// that fails leaves `out` as it was, where `--force` removed it first and
+/// a failed merge then lost it (round 51), and leaves nothing of its own.
 pub fn write_merged(
     inputs: &[MergeInput],
     out: &Path,
     overwrite: bool,
     tool_version: &str,
 ) -> Result<Vec<MergeNode>, StoreError> {
-    crate::writer::create_private_file(out, overwrite)?;
-    let result = write_into(inputs, out, tool_version);
+    let paths: Vec<&Path> = inputs.iter().map(|i| i.path.as_path()).collect();
+    crate::outfile::check_output(out, &paths, overwrite, None)?;
+    let tmp = crate::outfile::temp_path_for(out);
+    // Errors name the output asked for: the hidden name is ours.
+    let result = crate::writer::create_private_file(&tmp, false)
+        .map_err(|e| match e {
+            StoreError::Io { source, .. } => StoreError::io(out, source),
+            other => other,
+        })
+        .and_then(|()| write_into(inputs, &tmp, out, tool_version))
+        .and_then(|nodes| publish(&tmp, out, overwrite).map(|()| nodes));
     if result.is_err() {
-        // Nothing half-written is left behind.
-        let _ = std::fs::remove_file(out);
+        crate::outfile::remove_database(&tmp);
     }
     result
 }
 
+/// Renames the complete merge `tmp` to `out`. An old output's SQLite side
+/// files go first: a `-wal` or hot `-journal` left beside the new file
+/// would be applied to it by its next reader, pages of another database.
+/// Only now, with the merge complete, is anything of the old output removed.
+fn publish(tmp: &Path, out: &Path, overwrite: bool) -> Result<(), StoreError> {
+    if overwrite {
+        for suffix in crate::outfile::SQLITE_SIDE_FILES {
+            let mut side = out.as_os_str().to_owned();
+            side.push(suffix);
+            let side = PathBuf::from(side);
+            // Never a device, a pipe or a link under that name.
+            crate::outfile::ensure_replaceable(&side)?;
+            match std::fs::remove_file(&side) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(StoreError::io(&side, e))
+                }
+                _ => {}
+            }
+        }
+    }
+    crate::outfile::publish(tmp, out, overwrite, None)
+}
+
+/// Writes the merge into `file` (created empty), naming `out` in errors
+/// (`file` is its hidden temporary name).
 fn write_into(
     inputs: &[MergeInput],
+    file: &Path,
     out: &Path,
     tool_version: &str,
 ) -> Result<Vec<MergeNode>, StoreError> {
     let mut dst = Connection::open_with_flags(
-        out,
+        file,
         OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )
     .at(out)?;

@@ -400,3 +400,51 @@ fn an_unfinished_input_is_refused_until_finished() {
         "{counts:?}"
     );
 }
+
+/// Found by round 51's tester: with `overwrite` (`merge --force`) the old
+/// output was removed before the merge, and a merge that then failed (an
+/// input it cannot read) lost it. The merge is written beside the output
+/// and renamed over it once complete: a failure leaves the old output and
+/// nothing of its own; a success leaves none of the old output's SQLite
+/// side files, which the new file's readers would apply to it.
+#[test]
+fn a_failed_merge_over_an_existing_output_keeps_it() {
+    let dir = TempDir::new("merge_force");
+    let (a, b, out) = (dir.join("a.db"), dir.join("b.db"), dir.join("job.db"));
+    node(&a, "node-a", 1_000_000);
+    node(&b, "node-b", 5_000_000);
+    std::fs::write(&out, "the old output").unwrap();
+    let listing = || {
+        let mut names: Vec<String> = std::fs::read_dir(&dir.0)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    };
+    let before = listing();
+    // The second input fails once the first is merged.
+    let err = write_merged(
+        &[
+            input(a.clone(), 0, 0),
+            input(dir.join("gone.db"), 0, 1 << 22),
+        ],
+        &out,
+        true,
+        "t",
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("gone.db"), "{err}");
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), "the old output");
+    assert_eq!(listing(), before, "nothing of the failed merge is left");
+
+    // A success replaces it, and the old output's side files go.
+    let wal = dir.join("job.db-wal");
+    std::fs::write(&wal, vec![0x37u8; 4096]).unwrap();
+    write_merged(&[input(a, 0, 0), input(b, 0, 1 << 22)], &out, true, "t").unwrap();
+    assert!(!wal.exists());
+    assert_eq!(Trace::open(&out).unwrap().merge_nodes().unwrap().len(), 2);
+    let mode =
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&out).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o600);
+}
