@@ -17,6 +17,7 @@
 use crate::error::{SqlContext, StoreError};
 use crate::open::{open_untrusted, short};
 use crate::outfile;
+use crate::problems::{MAX_NS, MAX_SIZE};
 use crate::types::{NoteLevel, SessionInfo, TraceSource, WriterOptions};
 use crate::writer::TraceWriter;
 use rusqlite::{Connection, OptionalExtension};
@@ -109,10 +110,13 @@ pub fn import_ingero(src: &Path, dst: &Path) -> Result<ImportSummary, StoreError
     let names = read_process_names(&conn, src, &mut sum)?;
     let not_stored = read_not_stored(&conn, src, &ops)?;
     drop(conn);
+    let calls = convert(&events, &ops, &mut sum);
+    refuse_totals_past_bound(src, &calls)?;
 
     let tmp = outfile::temp_path_for(dst);
     let input = Converted {
         session,
+        calls,
         events: &events,
         ops: &ops,
         names: &names,
@@ -129,6 +133,7 @@ pub fn import_ingero(src: &Path, dst: &Path) -> Result<ImportSummary, StoreError
 /// Everything read from the source, ready to be written.
 struct Converted<'a> {
     session: SessionParts,
+    calls: Vec<CallEvent>,
     events: &'a [IngeroEvent],
     ops: &'a OpNames,
     names: &'a BTreeMap<u32, String>,
@@ -151,7 +156,7 @@ fn write_trace(
         },
     )?;
     let h = writer.handle();
-    for c in convert(input.events, input.ops, &mut sum) {
+    for c in input.calls {
         h.send(Event::Call(c))?;
     }
     for e in input.events {
@@ -184,6 +189,29 @@ fn write_trace(
     drop(h);
     writer.finish()?;
     Ok(sum)
+}
+
+/// Refuses calls whose durations or sizes add up past 2^62: every reader
+/// refuses such a file as damaged (`problems::TOTALS_OVERFLOW`), so the
+/// import would write a trace nothing can read (each value within the
+/// bound, as `invalid` and `invalid_size` checked them).
+fn refuse_totals_past_bound(src: &Path, calls: &[CallEvent]) -> Result<(), StoreError> {
+    let (mut dur, mut size) = (0u128, 0u128);
+    for c in calls {
+        dur += u128::from(c.dur_ns);
+        size += u128::from(c.size.unwrap_or(0));
+    }
+    let bound = MAX_NS as u128;
+    if dur > bound || size > bound {
+        let what = if dur > bound { "durations" } else { "sizes" };
+        return Err(StoreError::file(
+            src,
+            format!(
+                "the CUDA calls' {what} add up past 2^62 (no trace can hold them: every reader would refuse it)"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Whether `name` is an ordinary table. A view (which may recurse forever)
@@ -241,7 +269,11 @@ fn op_name<'a>(ops: &'a OpNames, e: &IngeroEvent) -> Option<&'a str> {
     ops.get(&(e.source, e.op_id))?.as_deref()
 }
 
-/// Why an event cannot be taken as it is, if it cannot.
+/// Why an event cannot be taken as it is, if it cannot. Times are bound
+/// as every reader bounds them (`problems::MAX_NS`, 2^62 ns, the year
+/// 2116 in Unix ns): a time within i64 but past it imported with exit 0,
+/// then `stats`, `explain`, `report` and the pftrace export refused the
+/// trace with a conversion error naming no row (round 51).
 fn invalid(ts: i64, pid: i64, tid: i64, dur: i64) -> Option<&'static str> {
     if !(0..=PID_MAX_LIMIT).contains(&pid) || !(0..=PID_MAX_LIMIT).contains(&tid) {
         Some("pid or tid outside 0..=4194304")
@@ -249,8 +281,26 @@ fn invalid(ts: i64, pid: i64, tid: i64, dur: i64) -> Option<&'static str> {
         Some("negative timestamp")
     } else if dur < 0 {
         Some("negative duration")
-    } else if ts.checked_add(dur).is_none() {
-        Some("timestamp + duration overflows")
+    } else if ts > MAX_NS {
+        Some("timestamp past 2^62 ns")
+    } else if dur > MAX_NS {
+        Some("duration past 2^62 ns")
+    } else if ts.checked_add(dur).is_none_or(|end| end > MAX_NS) {
+        Some("timestamp + duration past 2^62 ns")
+    } else {
+        None
+    }
+}
+
+/// Why a call's size (`arg0` of an allocation or a copy) cannot be taken,
+/// if it cannot: readers skip a size outside `0..=problems::MAX_SIZE`
+/// (1 PiB), and a negative one was stored as 2^64 − 1 (`stats` counted the
+/// call, `memory` skipped it with a warning; round 51).
+fn invalid_size(size: i64) -> Option<&'static str> {
+    if size < 0 {
+        Some("negative size")
+    } else if size > MAX_SIZE {
+        Some("size past 2^50 bytes (1 PiB)")
     } else {
         None
     }
@@ -354,6 +404,19 @@ fn read_session(
                 )
             })?;
         if let Some((start, stop, gpu, driver, kernel, cuda, ver, pids)) = row {
+            // Refused, not skipped: every time of the trace counts from the
+            // start (a start of 2^63 - 1 imported with exit 0, then `memory`,
+            // `explain` and `report` failed; round 51). 0 is "not known".
+            for (column, v) in [("started_at", start), ("stopped_at", stop)] {
+                if !(0..=MAX_NS).contains(&v) {
+                    return Err(StoreError::file(
+                        src,
+                        format!(
+                            "sessions.{column} {v} is not a time in Unix ns a trace can hold (0 to 2^62, the year 2116)"
+                        ),
+                    ));
+                }
+            }
             if start > 0 {
                 info.started_unix_ns = start;
                 info.start_mono_ns = start as u64;
@@ -488,12 +551,20 @@ fn convert(events: &[IngeroEvent], ops: &OpNames, sum: &mut ImportSummary) -> Ve
         let (a0, a1) = (e.arg0 as u64, e.arg1 as u64);
         let (size, ptr, kind) = match info.class {
             OpClass::DeviceAlloc | OpClass::ManagedAlloc | OpClass::HostAlloc => {
-                (Some(a0), None, None)
+                (Some(e.arg0), None, None)
             }
             OpClass::DeviceFree | OpClass::HostFree | OpClass::Launch => (None, Some(a0), None),
-            OpClass::Copy => (Some(a0), None, (info.layer == Layer::Runtime).then_some(a1)),
+            OpClass::Copy => (
+                Some(e.arg0),
+                None,
+                (info.layer == Layer::Runtime).then_some(a1),
+            ),
             _ => (None, None, None),
         };
+        if let Some(why) = size.and_then(invalid_size) {
+            *sum.invalid_events.entry(why.to_string()).or_insert(0) += 1;
+            continue;
+        }
         calls.push(CallEvent {
             // Both checked non-negative when read.
             ts_ns: e.ts as u64,
@@ -502,7 +573,8 @@ fn convert(events: &[IngeroEvent], ops: &OpNames, sum: &mut ImportSummary) -> Ve
             tid: e.tid,
             op: info.id,
             ret: e.ret,
-            size,
+            // Checked within 0..=MAX_SIZE above.
+            size: size.map(|s| s as u64),
             ptr,
             kind,
             ..Default::default()

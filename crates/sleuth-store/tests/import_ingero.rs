@@ -131,6 +131,96 @@ fn impossible_values_are_skipped_and_said_never_wrapped() {
     assert!(sum.notes.iter().any(|n| n.contains("impossible values")));
 }
 
+/// Round 51: a time or size within i64 but past the readers' bounds
+/// (2^62 ns, 1 PiB) imported with exit 0, then `stats`, `explain`, `report`
+/// and the pftrace export refused the trace ("a value no trace holds"), and
+/// a negative `cudaMalloc` size was stored as 2^64 - 1.
+#[test]
+fn values_past_the_readers_bounds_are_skipped_and_said() {
+    let tmp = TempDir::new("ingero-bounds");
+    let (src, dst) = (tmp.join("ingero.db"), tmp.join("out.db"));
+    const T: i64 = 1_774_015_580_000_000_000;
+    let max_ns: i64 = 1 << 62;
+    let mut rows = dataloader_rows();
+    // (cudaMalloc: size = arg0; cudaMemcpyAsync: size = arg0.)
+    rows.push(row(i64::MAX - 5, 2233, 1, 1, 5, 4096, 0));
+    rows.push(row(T, 2233, 1, 1, i64::MAX - T, 4096, 0));
+    rows.push(row(max_ns - 10, 2233, 1, 1, 100, 4096, 0));
+    rows.push(row(T, 2233, 1, 1, 1_000, -1, 0));
+    rows.push(row(T, 2233, 1, 7, 1_000, (1 << 50) + 1, 1));
+    write_ingero(&src, &rows);
+    let sum = import_ingero(&src, &dst).unwrap();
+    let want: BTreeMap<String, u64> = [
+        "timestamp past 2^62 ns",
+        "duration past 2^62 ns",
+        "timestamp + duration past 2^62 ns",
+        "negative size",
+        "size past 2^50 bytes (1 PiB)",
+    ]
+    .iter()
+    .map(|why| (why.to_string(), 1))
+    .collect();
+    assert_eq!(sum.invalid_events, want);
+    assert_eq!(
+        sum.calls_by_op["cudaMalloc"], 7,
+        "the bad rows are not calls"
+    );
+    assert!(sum.notes.iter().any(|n| n.contains("negative size")));
+    // Every reader takes every row the import wrote.
+    let t = Trace::open(&dst).unwrap();
+    assert_eq!(t.input_problems().unwrap(), Default::default());
+    assert!(t.stats_report(None).unwrap().is_some());
+    let data = t.load(None).unwrap();
+    assert!(data
+        .calls
+        .iter()
+        .all(|c| c.size.is_none_or(|s| s <= 1 << 50)));
+    sleuth_store::scoped::explanation(&t, &Default::default()).unwrap();
+    // Each duration within the bound, their sum past it: every reader would
+    // refuse the file as damaged, so the import refuses it in one line.
+    let (src, dst) = (tmp.join("sum.db"), tmp.join("sum-out.db"));
+    let mut rows = dataloader_rows();
+    for _ in 0..2 {
+        rows.push(row(1, 2233, 1, 5, (1 << 61) + 1, 0, 0));
+    }
+    write_ingero(&src, &rows);
+    let e = import_ingero(&src, &dst).unwrap_err().to_string();
+    assert!(e.contains("durations add up past 2^62"), "{e}");
+    assert!(!dst.exists());
+}
+
+/// Round 51: a session time past 2^62 ns imported, and `memory`, `explain`
+/// and `report` failed on the trace; every time counts from the start, so
+/// the file is refused in one line, and nothing is written.
+#[test]
+fn a_session_time_past_the_readers_bound_is_refused() {
+    let tmp = TempDir::new("ingero-session-bound");
+    let dst = tmp.join("out.db");
+    for (column, v) in [
+        ("started_at", i64::MAX),
+        ("stopped_at", i64::MAX),
+        ("started_at", -5),
+    ] {
+        let src = tmp.join(&format!("{column}{v}.db"));
+        write_ingero(&src, &dataloader_rows())
+            .execute(&format!("UPDATE sessions SET {column} = ?1"), [v])
+            .unwrap();
+        let e = import_ingero(&src, &dst).unwrap_err().to_string();
+        assert!(
+            e.contains(&format!("sessions.{column} {v} is not a time")) && !e.contains('\n'),
+            "{e}"
+        );
+        assert!(!dst.exists());
+        // Nor a temporary file beside it.
+        let left: Vec<_> = std::fs::read_dir(tmp.join("."))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with('.'))
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
+    }
+}
+
 #[test]
 fn a_huge_op_name_is_not_copied_per_event() {
     let tmp = TempDir::new("ingero-bigname");
