@@ -156,3 +156,52 @@ fn force_never_replaces_a_trace_being_written() {
     );
     assert_eq!(std::fs::read(&out_db).unwrap(), before);
 }
+
+/// Found in round 51: node n's pids move by n × 2^22 in 32 bits, so a
+/// 1025th trace's offset wrapped to 0 (its pids taken for node 0's), and a
+/// crafted pid above Linux's pid_max moved past 2^32 (a panic in a debug
+/// build, a wrap onto another node's pid in release). Both are refused in
+/// one line, before anything is read or written.
+#[test]
+fn more_nodes_or_pids_than_the_pid_offsets_hold_are_refused() {
+    let sb = Sandbox::new("merge-nodes");
+    let out_db = sb.path("job.db");
+    let names: Vec<String> = (0..1025)
+        .map(|i| s(&sb.path(&format!("n{i}.db"))).to_string())
+        .collect();
+    let mut args = vec!["merge", "-o", s(&out_db)];
+    args.extend(names.iter().map(String::as_str));
+    let err = refusal(&run(&args));
+    assert!(
+        err.contains("1025 traces given: merge takes at most 1024"),
+        "{err}"
+    );
+    assert!(!out_db.exists());
+
+    // Node b's pid 10 collides with node a's: its pids move by 2^22, and
+    // its pid 4294967000 cannot.
+    let (a, b) = (sb.path("a.db"), sb.path("b.db"));
+    write_trace(&a, 10, 1_000_000, 0);
+    write_trace(&b, 10, 2_000_000, 0);
+    let big = sb.path("big.db");
+    write_trace(&big, 4_294_967_000, 2_000_000, 0);
+    // The big pid's call joins node b's file.
+    let c = rusqlite::Connection::open(&b).unwrap();
+    c.execute_batch(&format!(
+        "ATTACH '{}' AS big;
+         INSERT INTO call_rows(ts_ns, dur_ns, tid, op_id, ret, size, nested, runnable_ns,
+                               blocked_ns, cpu, pid_gap)
+            SELECT ts_ns, dur_ns, tid, op_id, ret, size, nested, runnable_ns, blocked_ns, cpu,
+                   pid_gap FROM big.call_rows;
+         INSERT INTO rollup_ops SELECT * FROM big.rollup_ops;",
+        s(&big)
+    ))
+    .unwrap();
+    drop(c);
+    let err = refusal(&run(&["merge", s(&a), s(&b), "-o", s(&out_db)]));
+    assert!(
+        err.contains("pid 4294967000 is above Linux's pid_max"),
+        "{err}"
+    );
+    assert!(!out_db.exists());
+}

@@ -312,9 +312,19 @@ fn write_into(
         )
         .at(out)?;
         for pid in crate::reader::pids_of(&src).at(p)? {
+            // Moved past 2^32 it would wrap onto another node's pid.
+            let Some(moved) = pid.checked_add(input.pid_offset) else {
+                return Err(StoreError::file(
+                    p,
+                    format!(
+                        "pid {pid} cannot be moved by {} (past 2^32)",
+                        input.pid_offset
+                    ),
+                ));
+            };
             tx.execute(
                 "INSERT OR REPLACE INTO process_nodes(pid, node, host, host_pid) VALUES (?1, ?2, ?3, ?4)",
-                params![pid + input.pid_offset, i as i64, session.hostname, pid],
+                params![moved, i as i64, session.hostname, pid],
             )
             .at(out)?;
         }
@@ -546,7 +556,9 @@ fn copy_table(
                 c if TIME_COLS.contains(&c) => add(shift),
                 // Task 0 is the idle task: the same on every node.
                 c if TASK_COLS.contains(&c) => Box::new(move |v| match v {
-                    Value::Integer(i) if i != 0 => Value::Integer(i + pid_off),
+                    // A crafted value near 2^63 saturates (readers skip
+                    // a task id past 2^32) rather than overflow.
+                    Value::Integer(i) if i != 0 => Value::Integer(i.saturating_add(pid_off)),
                     other => other,
                 }),
                 "id" if dst_table == "stacks" => Box::new(stack_id),

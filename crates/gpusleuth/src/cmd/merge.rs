@@ -22,6 +22,11 @@ use std::path::PathBuf;
 /// Pids of node n move by n << PID_SHIFT when they collide (Linux pid_max ≤ 2^22).
 const PID_SHIFT: u32 = 22;
 
+/// The most traces one merge takes: node n's pids move by n × 2^22 and
+/// must stay below 2^32 (pids are 32-bit), so nodes 0 to 1023. Node 1024's
+/// offset wrapped to 0 and its pids were taken for node 0's.
+const MAX_NODES: usize = 1 << (32 - PID_SHIFT);
+
 #[derive(clap::Args)]
 pub struct Args {
     /// Per-node trace databases of one job (the first one's clock is the merged clock).
@@ -111,6 +116,12 @@ fn refuse_live_output(out: &std::path::Path) -> anyhow::Result<()> {
 }
 
 pub fn run(args: Args) -> anyhow::Result<i32> {
+    if args.inputs.len() > MAX_NODES {
+        bail!(
+            "{} traces given: merge takes at most {MAX_NODES} (each node's pids move by node × 2^{PID_SHIFT}, which must stay below 2^32)",
+            args.inputs.len()
+        );
+    }
     let inputs: Vec<&std::path::Path> = args.inputs.iter().map(|p| p.as_path()).collect();
     sleuth_store::outfile::check_output(&args.output, &inputs, args.force, Some(FORCE_HINT))?;
     refuse_live_output(&args.output)?;
@@ -128,18 +139,31 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     let mut reports = Vec::new();
     for (i, (path, f)) in args.inputs.iter().zip(&facts).enumerate() {
         let pid_offset = if f.pids.iter().any(|p| seen.contains(p)) {
+            // Below 2^32: i < MAX_NODES (checked above).
             (i as u32) << PID_SHIFT
         } else {
             0
         };
+        // A pid above Linux's pid_max (2^22: only a crafted file's) moved
+        // past 2^32 would wrap onto another node's.
+        for p in &f.pids {
+            if p.checked_add(pid_offset).is_none() {
+                bail!(
+                    "{}: pid {p} is above Linux's pid_max (2^{PID_SHIFT}): its node's pids cannot be moved by {pid_offset} to keep them apart from an earlier node's",
+                    path.display()
+                );
+            }
+        }
         seen.extend(f.pids.iter().map(|p| p + pid_offset));
         let session_shift = f.realtime_offset_ns - base_offset;
         let events = crate::checks_memo::open(path)?.nccl_calls(None)?;
         let moved: Vec<NcclEvent> = events
             .into_iter()
             .map(|mut e| {
-                e.call.pid += pid_offset;
-                e.call.tid += pid_offset;
+                // Only to estimate the skew: a tid a reader would skip
+                // (past 2^32 once moved) saturates rather than wraps.
+                e.call.pid = e.call.pid.saturating_add(pid_offset);
+                e.call.tid = e.call.tid.saturating_add(pid_offset);
                 e.call.ts_ns = (e.call.ts_ns as i64 + session_shift).max(0) as u64;
                 e
             })
