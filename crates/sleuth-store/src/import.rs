@@ -188,7 +188,25 @@ fn write_trace(
     }
     drop(h);
     writer.finish()?;
+    forget_exit_codes(path)?;
     Ok(sum)
+}
+
+/// Leaves the exit codes of the imported processes unknown (NULL), as
+/// docs/import.md says: Ingero records none, but a `ProcEvent` carries a
+/// wait status (a tracer always has one), so the writer stored 0 for
+/// every exit and the report said "exit 0" (round 51). Done on the
+/// complete file before it is renamed into place; no stored aggregate
+/// holds an exit code (readers take it from `processes` and `proc_events`).
+fn forget_exit_codes(path: &Path) -> Result<(), StoreError> {
+    let conn = Connection::open(path).at(path)?;
+    conn.execute_batch(
+        "BEGIN;
+         UPDATE proc_events SET exit_code = NULL WHERE exit_code IS NOT NULL;
+         UPDATE processes SET exit_code = NULL WHERE exit_code IS NOT NULL;
+         COMMIT;",
+    )
+    .at(path)
 }
 
 /// Refuses calls whose durations or sizes add up past 2^62: every reader
@@ -611,7 +629,8 @@ fn mark_nested(calls: &mut [CallEvent]) {
 }
 
 /// Process lifecycle events. Ingero's exit fires per thread; only the main
-/// thread's (tid == pid) is taken as the process's exit. Exit codes are unknown.
+/// thread's (tid == pid) is taken as the process's exit. Exit codes are
+/// unknown: written as 0, then NULL (`forget_exit_codes`).
 fn proc_event(
     e: &IngeroEvent,
     name: Option<&str>,
@@ -621,7 +640,8 @@ fn proc_event(
         return None;
     }
     let ts = e.ts as u64;
-    // Exit codes are unknown: 0. The name is the one known for the process.
+    // Exit codes are unknown: 0 here, NULL once the trace is complete
+    // (`forget_exit_codes`). The name is the one known for the process.
     let event = |kind, pid: u32, tid, ppid| {
         Some(ProcEvent {
             kind,

@@ -221,6 +221,29 @@ fn a_session_time_past_the_readers_bound_is_refused() {
     }
 }
 
+/// Round 51: Ingero records no exit code, and the import stored 0 for
+/// every exit (the report said "exit 0"); docs/import.md says NULL.
+#[test]
+fn an_imported_exit_code_is_unknown_not_zero() {
+    let tmp = TempDir::new("ingero-exit");
+    let (src, dst) = (tmp.join("ingero.db"), tmp.join("out.db"));
+    write_ingero(&src, &dataloader_rows());
+    import_ingero(&src, &dst).unwrap();
+    let procs = Trace::open(&dst).unwrap().processes().unwrap();
+    let worker = procs.iter().find(|p| p.pid == 2254).unwrap();
+    assert!(worker.exit_ns.is_some(), "its exit is recorded: {worker:?}");
+    assert_eq!(worker.exit_code, None, "{worker:?}");
+    let conn = rusqlite::Connection::open(&dst).unwrap();
+    let codes: Vec<Option<i64>> = conn
+        .prepare("SELECT exit_code FROM proc_events WHERE kind = 'exit'")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(codes, vec![None]);
+}
+
 #[test]
 fn a_huge_op_name_is_not_copied_per_event() {
     let tmp = TempDir::new("ingero-bigname");
