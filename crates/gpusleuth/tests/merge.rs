@@ -205,3 +205,34 @@ fn more_nodes_or_pids_than_the_pid_offsets_hold_are_refused() {
     );
     assert!(!out_db.exists());
 }
+
+/// Found in round 51: node n's shift (its wall-clock offset minus the first
+/// node's) wrapped in a release build for offsets far apart, and a shift
+/// that moved times below 0 (a trace recorded a day before the first
+/// node's clock began) wrote them so, rows every reader then skipped.
+/// Both are refused in one line naming the input; nothing is written.
+#[test]
+fn a_clock_shift_that_overflows_or_leaves_the_range_is_refused() {
+    let sb = Sandbox::new("merge-shift");
+    let (a, b, out_db) = (sb.path("a.db"), sb.path("b.db"), sb.path("job.db"));
+    let day: i64 = 86_400_000_000_000;
+    let now: i64 = 1_700_000_000_000_000_000;
+    write_trace(&a, 10, 1_000_000, now);
+    write_trace(&b, 20, 2_000_000, now - day);
+    let err = refusal(&run(&["merge", s(&a), s(&b), "-o", s(&out_db)]));
+    assert!(
+        err.contains("b.db: its times moved onto the first trace's clock (by -86400000000000 ns")
+            && err.contains("leave the readers' range 0..2^62 ns"),
+        "{err}"
+    );
+    assert!(!out_db.exists());
+
+    std::fs::remove_file(&b).unwrap();
+    write_trace(&b, 20, 2_000_000, -(now * 5));
+    let err = refusal(&run(&["merge", s(&a), s(&b), "-o", s(&out_db)]));
+    assert!(
+        err.contains("b.db: its wall-clock offset (-8500000000000000000 ns) is too far from the first trace's"),
+        "{err}"
+    );
+    assert!(!out_db.exists());
+}

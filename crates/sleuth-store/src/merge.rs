@@ -22,10 +22,12 @@
 
 use crate::error::{SqlContext, StoreError};
 use crate::open::{has_table, open_untrusted};
+use crate::problems::MAX_NS;
 use crate::schema;
 use crate::types::{MergeNode, TraceSource};
 use rusqlite::types::Value;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
+use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
@@ -243,12 +245,22 @@ fn write_into(
         // A clock moved back past its own zero (only seen with synthetic
         // timestamps: a real session starts long after boot) starts at 0, as
         // readers refuse negative times.
-        let s0 = (session.start_mono_ns + input.shift_ns).max(0);
+        // An end moved past the readers' range is refused as the rows are
+        // (see `OutOfRange`).
+        let moved = |t: i64, what: &str| match t.checked_add(input.shift_ns) {
+            Some(m) if m <= MAX_NS => Ok(m.max(0)),
+            _ => Err(OutOfRange {
+                what: what.to_string(),
+                ns: t,
+            }
+            .error(p, input.shift_ns)),
+        };
+        let s0 = moved(session.start_mono_ns, "session.start_mono_ns")?;
         start = Some(start.map_or(s0, |v| v.min(s0)));
-        let e = i64::try_from(input_end)
-            .unwrap_or(i64::MAX)
-            .saturating_add(input.shift_ns)
-            .max(0);
+        let e = moved(
+            i64::try_from(input_end).unwrap_or(i64::MAX),
+            "the session's end",
+        )?;
         end = Some(end.map_or(e, |v| v.max(e)));
         // Ids of the tables others refer to, fixed before this node's rows go in.
         let mut id_offsets = BTreeMap::new();
@@ -265,12 +277,16 @@ fn write_into(
             id_offsets: &id_offsets,
             stacks: &stacks,
         };
+        let copy = |tables| match copy_table(&src, &tx, tables, &moves).at(out)? {
+            Some(bad) => Err(bad.error(p, input.shift_ns)),
+            None => Ok(()),
+        };
         for table in &copied {
-            copy_table(&src, &tx, (table, table), &moves).at(out)?;
+            copy((table, table))?;
         }
         // Both schema versions have `calls` with the op by name (a table in
         // version 1, a view in 2): op ids are this file's, not the input's.
-        copy_table(&src, &tx, ("calls", "call_rows"), &moves).at(out)?;
+        copy(("calls", "call_rows"))?;
         if has_table(&src, "stats").at(p)? {
             let mut st = src.prepare("SELECT name, value FROM stats").at(p)?;
             let rows = st
@@ -407,6 +423,33 @@ fn columns(c: &Connection, table: &str) -> rusqlite::Result<Vec<String>> {
     rows.collect()
 }
 
+/// A time of an input, valid as it was (in 0..=2^62 ns, the readers'
+/// range), that its shift onto the first input's clock moves outside that
+/// range: written, every reader would skip its row as damage (times moved
+/// below 0 were written so, round 51). The input's clock does not match the
+/// first's (another job's trace, a wrong wall clock): the merge is refused.
+struct OutOfRange {
+    /// `table.column`, or what else it is.
+    what: String,
+    ns: i64,
+}
+
+impl OutOfRange {
+    fn error(&self, input: &Path, shift_ns: i64) -> StoreError {
+        let moved = i128::from(self.ns) + i128::from(shift_ns);
+        StoreError::file(
+            input,
+            format!(
+                "its times moved onto the first trace's clock (by {shift_ns} ns, from the \
+                 sessions' wall-clock offsets and the measured skew) leave the readers' range \
+                 0..2^62 ns ({} {} ns becomes {moved} ns): its clock does not match the first \
+                 trace's (another job's trace, or a wrong wall clock)",
+                self.what, self.ns
+            ),
+        )
+    }
+}
+
 /// How one input's rows move: its shifts, where its row ids continue, and
 /// its stack ids.
 struct Moves<'a> {
@@ -505,13 +548,14 @@ fn int_column(c: &Connection, sql: &str) -> rusqlite::Result<BTreeSet<i64>> {
 
 /// Copies the columns both sides have from `src_table` to `dst_table`,
 /// moving times, tasks and ids. Into `call_rows`, the source's op name
-/// becomes this file's op id (see [`op_id`]).
+/// becomes this file's op id (see [`op_id`]). Stops at the first valid time
+/// the shift moves out of the readers' range, and returns it.
 fn copy_table(
     src: &Connection,
     dst: &Connection,
     (src_table, dst_table): (&str, &str),
     moves: &Moves,
-) -> rusqlite::Result<()> {
+) -> rusqlite::Result<Option<OutOfRange>> {
     let (input, id_offsets) = (moves.input, moves.id_offsets);
     let dst_cols: BTreeSet<String> = columns(dst, dst_table)?.into_iter().collect();
     let cols: Vec<String> = columns(src, src_table)?
@@ -520,7 +564,7 @@ fn copy_table(
         .collect();
     let by_name = dst_table == "call_rows";
     if cols.is_empty() {
-        return Ok(());
+        return Ok(None);
     }
     // Row ids continue after the rows already there (other nodes'); a
     // stack's id is its hash, not a row id (moved by the plan alone).
@@ -541,10 +585,13 @@ fn copy_table(
         Value::Integer(i) => Value::Integer(moves.stacks.id(i)),
         other => other,
     };
+    // The first valid time moved out of range (its column, its value).
+    let out_of_range: Cell<Option<(&str, i64)>> = Cell::new(None);
     let mut map: Vec<Box<dyn Fn(Value) -> Value + '_>> = cols
         .iter()
         .map(|c| -> Box<dyn Fn(Value) -> Value + '_> {
             let shift = input.shift_ns;
+            let out_of_range = &out_of_range;
             let pid_off = i64::from(input.pid_offset);
             let add = |by: i64| -> Box<dyn Fn(Value) -> Value> {
                 Box::new(move |v| match v {
@@ -553,7 +600,18 @@ fn copy_table(
                 })
             };
             match c.as_str() {
-                c if TIME_COLS.contains(&c) => add(shift),
+                c if TIME_COLS.contains(&c) => Box::new(move |v| match v {
+                    Value::Integer(t) if (0..=MAX_NS).contains(&t) => match t.checked_add(shift) {
+                        Some(m) if (0..=MAX_NS).contains(&m) => Value::Integer(m),
+                        _ => {
+                            out_of_range.set(Some((c, t)));
+                            Value::Integer(t)
+                        }
+                    },
+                    // A time readers skip already (damage) stays one.
+                    Value::Integer(t) => Value::Integer(t.saturating_add(shift)),
+                    other => other,
+                }),
                 // Task 0 is the idle task: the same on every node.
                 c if TASK_COLS.contains(&c) => Box::new(move |v| match v {
                     // A crafted value near 2^63 saturates (readers skip
@@ -604,6 +662,12 @@ fn copy_table(
         for (i, f) in map.iter().enumerate() {
             vals.push(f(r.get::<_, Value>(i)?));
         }
+        if let Some((column, ns)) = out_of_range.get() {
+            return Ok(Some(OutOfRange {
+                what: format!("{src_table}.{column}"),
+                ns,
+            }));
+        }
         if by_name {
             let layer: String = r.get(read)?;
             let op: String = r.get(read + 1)?;
@@ -611,7 +675,7 @@ fn copy_table(
         }
         ins.execute(rusqlite::params_from_iter(vals))?;
     }
-    Ok(())
+    Ok(None)
 }
 
 /// The id of op `name` in the merged file's `ops`: the op table's for ops

@@ -448,3 +448,44 @@ fn a_failed_merge_over_an_existing_output_keeps_it() {
         std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&out).unwrap().permissions());
     assert_eq!(mode & 0o777, 0o600);
 }
+
+/// Found by round 51's tester: a shift that moved an input's times below 0
+/// (its trace recorded before the first trace's clock began: another job's,
+/// or a wrong wall clock) wrote them so, and every reader then skipped
+/// those rows as damage; one past 2^62 likewise. Refused in one line naming
+/// the input, the shift and a time it moves out; nothing is written.
+#[test]
+fn a_shift_that_moves_times_out_of_range_is_refused() {
+    let dir = TempDir::new("merge_range");
+    let (a, b, out) = (dir.join("a.db"), dir.join("b.db"), dir.join("job.db"));
+    node(&a, "node-a", 1_000_000);
+    node(&b, "node-b", 5_000_000);
+    for shift in [-6_000_000i64, (1 << 62) - 5_000_000] {
+        let err = write_merged(
+            &[input(a.clone(), 0, 0), input(b.clone(), shift, 1 << 22)],
+            &out,
+            false,
+            "t",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("b.db")
+                && err.contains(&format!("(by {shift} ns"))
+                && err.contains("leave the readers' range 0..2^62 ns")
+                && !err.contains('\n'),
+            "{err}"
+        );
+        assert!(!out.exists());
+    }
+    // Just inside: merged, the earliest call at 0.
+    write_merged(
+        &[input(a, 0, 0), input(b, -5_000_000, 1 << 22)],
+        &out,
+        false,
+        "t",
+    )
+    .unwrap();
+    let d = Trace::open(&out).unwrap().load(None).unwrap();
+    assert_eq!(d.calls.iter().map(|c| c.ts_ns).min(), Some(0));
+}

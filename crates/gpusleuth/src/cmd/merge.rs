@@ -155,7 +155,15 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             }
         }
         seen.extend(f.pids.iter().map(|p| p + pid_offset));
-        let session_shift = f.realtime_offset_ns - base_offset;
+        // Crafted offsets far apart wrapped here (release builds): refused,
+        // as the store refuses a shift that moves times out of range.
+        let Some(session_shift) = f.realtime_offset_ns.checked_sub(base_offset) else {
+            bail!(
+                "{}: its wall-clock offset ({} ns) is too far from the first trace's ({base_offset} ns) to move its times onto that clock",
+                path.display(),
+                f.realtime_offset_ns
+            );
+        };
         let events = crate::checks_memo::open(path)?.nccl_calls(None)?;
         let moved: Vec<NcclEvent> = events
             .into_iter()
@@ -164,7 +172,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
                 // (past 2^32 once moved) saturates rather than wraps.
                 e.call.pid = e.call.pid.saturating_add(pid_offset);
                 e.call.tid = e.call.tid.saturating_add(pid_offset);
-                e.call.ts_ns = (e.call.ts_ns as i64 + session_shift).max(0) as u64;
+                e.call.ts_ns = e.call.ts_ns.saturating_add_signed(session_shift);
                 e
             })
             .collect();
@@ -176,7 +184,13 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             (a, a.is_some() && !args.no_align)
         };
         let skew_ns = skew.map(|a| a.skew_ns).unwrap_or(0);
-        let shift_ns = session_shift - if applied { skew_ns } else { 0 };
+        let shift_ns = match session_shift.checked_sub(if applied { skew_ns } else { 0 }) {
+            Some(s) => s,
+            None => bail!(
+                "{}: its clock shift ({session_shift} ns) and measured skew ({skew_ns} ns) overflow: its clock does not match the first trace's",
+                path.display()
+            ),
+        };
         inputs.push(MergeInput {
             path: path.clone(),
             shift_ns,
