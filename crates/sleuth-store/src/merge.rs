@@ -7,8 +7,10 @@
 //! moved past the rows already there (references to calls and waits follow).
 //! Columns are recognized by name, so tables added later merge as long as
 //! they follow the schema's naming: timestamps `ts_ns`, `start_ns`, `end_ns`,
-//! `off_ns`, `wake_ns`, `on_ns`, `exit_ns`, `attached_mono_ns`; tasks `pid`,
-//! `tid`, `ppid`; references `call_id`, `wait_id`, `stack_id`.
+//! `off_ns`, `wake_ns`, `on_ns`, `exit_ns`, `attached_mono_ns` (and
+//! `call_blocks`' `min_ts_ns`, `max_ts_ns`); tasks `pid`, `tid`, `ppid`;
+//! references `call_id`, `wait_id`, `stack_id` (and `call_blocks`'
+//! `first_id`, `last_id`).
 //!
 //! Stack ids are not row ids: they are the kernel's 64-bit hashes of a
 //! process's frames, named by `stacks.id` and by every `stack_id` column
@@ -42,6 +44,8 @@ const TIME_COLS: &[&str] = &[
     "attached_mono_ns",
 ];
 const TASK_COLS: &[&str] = &["pid", "tid", "ppid"];
+/// Times of `call_blocks` (its calls' earliest and latest start).
+const BLOCK_TIME_COLS: &[&str] = &["min_ts_ns", "max_ts_ns"];
 /// Stored columns of version 6 and how a version 5 source gives them.
 fn derived_columns() -> [(&'static str, String); 4] {
     [
@@ -599,19 +603,31 @@ fn copy_table(
                     other => other,
                 })
             };
+            // The writer's blocks of call rows (`call_blocks`): their id
+            // ranges and earliest and latest starts move with the calls,
+            // or a read keeping to them would look for a node's calls in
+            // another node's rows and times.
+            let blocks = dst_table == "call_blocks";
             match c.as_str() {
-                c if TIME_COLS.contains(&c) => Box::new(move |v| match v {
-                    Value::Integer(t) if (0..=MAX_NS).contains(&t) => match t.checked_add(shift) {
-                        Some(m) if (0..=MAX_NS).contains(&m) => Value::Integer(m),
-                        _ => {
-                            out_of_range.set(Some((c, t)));
-                            Value::Integer(t)
+                "first_id" | "last_id" if blocks => {
+                    add(id_offsets.get("calls").copied().unwrap_or(0))
+                }
+                c if TIME_COLS.contains(&c) || (blocks && BLOCK_TIME_COLS.contains(&c)) => {
+                    Box::new(move |v| match v {
+                        Value::Integer(t) if (0..=MAX_NS).contains(&t) => {
+                            match t.checked_add(shift) {
+                                Some(m) if (0..=MAX_NS).contains(&m) => Value::Integer(m),
+                                _ => {
+                                    out_of_range.set(Some((c, t)));
+                                    Value::Integer(t)
+                                }
+                            }
                         }
-                    },
-                    // A time readers skip already (damage) stays one.
-                    Value::Integer(t) => Value::Integer(t.saturating_add(shift)),
-                    other => other,
-                }),
+                        // A time readers skip already (damage) stays one.
+                        Value::Integer(t) => Value::Integer(t.saturating_add(shift)),
+                        other => other,
+                    })
+                }
                 // Task 0 is the idle task: the same on every node.
                 c if TASK_COLS.contains(&c) => Box::new(move |v| match v {
                     // A crafted value near 2^63 saturates (readers skip

@@ -489,3 +489,46 @@ fn a_shift_that_moves_times_out_of_range_is_refused() {
     let d = Trace::open(&out).unwrap().load(None).unwrap();
     assert_eq!(d.calls.iter().map(|c| c.ts_ns).min(), Some(0));
 }
+
+/// `call_blocks` (each writer transaction's call-row id range and earliest
+/// and latest start, which reads of a file without call indexes keep to)
+/// were copied as the node wrote them: the second node's blocks named the
+/// first node's rows and its own clock's times. They move with the calls:
+/// every call lies in a block that names its id and its (moved) start, and
+/// the blocks cover the rows without a gap, as the readers require.
+#[test]
+fn call_blocks_move_with_their_calls() {
+    let dir = TempDir::new("merge_blocks");
+    let (a, b, out) = (dir.join("a.db"), dir.join("b.db"), dir.join("job.db"));
+    node(&a, "node-a", 1_000_000);
+    node(&b, "node-b", 5_000_000);
+    write_merged(
+        &[input(a, 0, 0), input(b, -3_000_000, 1 << 22)],
+        &out,
+        false,
+        "t",
+    )
+    .unwrap();
+    let db = rusqlite::Connection::open(&out).unwrap();
+    let n = |sql: &str| -> i64 { db.query_row(sql, [], |r| r.get(0)).unwrap() };
+    assert!(n("SELECT count(*) FROM call_blocks") >= 2);
+    assert_eq!(n("SELECT count(*) FROM call_rows"), 4);
+    assert_eq!(
+        n("SELECT count(*) FROM call_rows c WHERE NOT EXISTS (
+             SELECT 1 FROM call_blocks b WHERE c.id BETWEEN b.first_id AND b.last_id
+               AND c.ts_ns BETWEEN b.min_ts_ns AND b.max_ts_ns)"),
+        0
+    );
+    // Contiguous from the first row to the last.
+    assert_eq!(
+        n(
+            "SELECT count(*) FROM call_blocks b WHERE b.first_id > (SELECT min(id) FROM call_rows)
+             AND NOT EXISTS (SELECT 1 FROM call_blocks p WHERE p.last_id + 1 = b.first_id)"
+        ),
+        0
+    );
+    assert_eq!(
+        n("SELECT max(last_id) FROM call_blocks"),
+        n("SELECT max(id) FROM call_rows")
+    );
+}
