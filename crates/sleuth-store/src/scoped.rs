@@ -483,6 +483,7 @@ fn loaded_parts(
 ) -> Result<ScopeParts, StoreError> {
     let mut data = trace.load_calls_of(filter)?;
     keep_counts_of_op(&mut data.counts, filter.op.as_deref());
+    clip_span_to_window(&mut data, filter.since_ns, filter.until_ns);
     let window_counts = WindowCounts::of(trace, &data.counts, filter)?;
     data.counts = window_counts.at_least();
     let culprits =
@@ -765,6 +766,7 @@ fn parts_seeded(
     sort_splits(&mut splits);
     inputs.splits = splits;
     crate::finding_rollups::fill_example_sites(conn, &mut inputs).map_err(read)?;
+    clip_span_to_window(&mut data, filter.since_ns, filter.until_ns);
     span_from_calls(&mut data, extent);
 
     let mut parts = replay(
@@ -1130,6 +1132,24 @@ fn span_from_calls(data: &mut TraceData, extent: Option<(u64, u64)>) {
     }
     if data.end_ns.is_none() {
         data.end_ns = extent.map(|e| e.1);
+    }
+}
+
+/// A window's span is the window, inside the trace: a finding's share of
+/// "the trace" (`allocation_churn`'s, `tail_latency`'s, a straggler's) is
+/// of the time the window covers, as for a file still being written (whose
+/// span the window's calls give). Until round 51 a finished file's window
+/// was measured against the whole session: churn in a 1-s window of a
+/// 3.4-s trace read 3.3% (low) where it took 11% of the window (medium).
+/// Only a stored start or end is clipped: where none is stored (a file
+/// still being written), the window's calls give the span, first start to
+/// last end, on every path alike (a `--to` far past them must not stretch it).
+pub(crate) fn clip_span_to_window(data: &mut TraceData, since: Option<u64>, until: Option<u64>) {
+    if let Some(s) = since {
+        data.start_ns = data.start_ns.map(|t| t.max(s));
+    }
+    if let Some(u) = until {
+        data.end_ns = data.end_ns.map(|t| t.min(u));
     }
 }
 

@@ -257,6 +257,13 @@ fn assert_scopes_equal_the_load(path: &Path) -> BTreeSet<&'static str> {
                 && f.until_ns.is_none_or(|u| c.ts_ns < u)
         });
         sleuth_store::scoped::keep_counts_of_op(&mut want.counts, f.op.as_deref());
+        // A window's shares are of the window inside the trace (round 51).
+        if let Some(s) = f.since_ns {
+            want.start_ns = want.start_ns.map(|t| t.max(s));
+        }
+        if let Some(u) = f.until_ns {
+            want.end_ns = want.end_ns.map(|t| t.min(u));
+        }
         let want = sleuth_core::findings::explain_report_pinned(&want, pinned, &pinning);
         let at = format!("op {:?} window {:?}..{:?}", f.op, f.since_ns, f.until_ns);
         let (mut g, w) = (json(&got), json(&want));
@@ -1209,4 +1216,45 @@ fn pinning_calls_past_the_bounded_read_are_all_replayed() {
         .unwrap()
         .expect("streamed");
     assert_eq!(pageable(&e), vec![(42, 30, 0)]);
+}
+
+/// Round 51's tester: a window of a finished file measured its findings'
+/// shares against the whole session (churn in 1 s of a 3.4-s trace read
+/// 3.3%, low, where it took 11% of the window, medium); a file still
+/// being written took the window's calls. A window's wall shares are of
+/// the window now, streamed and loaded alike.
+#[test]
+fn a_windows_shares_are_of_the_window() {
+    let dir = TempDir::new("scoped-window-share");
+    let path = dir.join("t.db");
+    let data = synthetic();
+    rewrite(&data, &path);
+    // A session end as the tracer stores it (the fixture's writer is never told one).
+    let end = data.calls.iter().map(|c| c.end_ns()).max().unwrap() + 1_000_000;
+    rusqlite::Connection::open(&path)
+        .unwrap()
+        .execute("UPDATE session SET end_mono_ns = ?1", [end as i64])
+        .unwrap();
+    let trace = Trace::open(&path).unwrap();
+    let (since, until) = (3_000_000u64, 40_000_000u64);
+    assert!(until < end);
+    let filter = CallFilter {
+        pid: Some(PID),
+        since_ns: Some(since),
+        until_ns: Some(until),
+        ..Default::default()
+    };
+    let got = sleuth_store::scoped::explanation(&trace, &filter)
+        .unwrap()
+        .expect("streamed");
+    let shared: Vec<_> = got
+        .findings
+        .iter()
+        .filter_map(|f| Some((f.wall_share?, f.impact_ns)))
+        .collect();
+    assert!(!shared.is_empty(), "{:?}", got.findings);
+    for (share, impact) in shared {
+        let want = (impact as f64 / (until - since) as f64).min(1.0);
+        assert!((share - want).abs() < 1e-9, "{share} vs {want}");
+    }
 }
