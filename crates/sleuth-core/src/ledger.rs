@@ -502,6 +502,13 @@ impl Replay {
             let Some(bytes) = c.size else {
                 return;
             };
+            // A successful allocation that returned NULL (`cudaMalloc(0)`)
+            // holds nothing, and freeing NULL is a no-op: not an allocation
+            // (round 51's tester: 30 balanced `malloc 0; free` pairs left a
+            // 0-byte "unfreed" allocation at 0x0 and 29 reused pointers).
+            if c.ptr == Some(0) && pool != Pool::Physical {
+                return;
+            }
             let live = Live::new(bytes, info, c.ts_ns, pool, dev, c.stack_id);
             let old = match c.ptr {
                 Some(ptr) if pool == Pool::Physical => self.by_handle.insert(ptr, live),
@@ -1210,6 +1217,27 @@ mod tests {
         );
         assert_eq!(got, want);
         assert!(want.contains("1048576"), "{want}");
+    }
+
+    /// `cudaMalloc(0)` succeeds with NULL and `cudaFree(NULL)` does nothing:
+    /// balanced pairs leave no allocation, no reused pointer, no churn
+    /// (round 51's tester found a 0-byte "unfreed" allocation at 0x0).
+    #[test]
+    fn an_allocation_that_returned_null_holds_nothing() {
+        let mut b = LedgerBuilder::new(None);
+        for i in 0..30 {
+            b.push(&alloc("cudaMalloc", 100 * i, 0, 0));
+            b.push(&free("cudaFree", 100 * i + 50, 0));
+        }
+        b.push(&alloc("cudaMalloc", 5_000, 256, 0xa000));
+        let l = b.finish_bare().remove(0);
+        assert_eq!(
+            (l.allocs, l.frees, l.reused_live_ptrs, l.unfreed.len()),
+            (1, 0, 0, 1),
+            "{l:?}"
+        );
+        assert_eq!(l.unfreed[0].ptr.map(|p| p.0), Some(0xa000));
+        assert_eq!(l.churn.alloc_free_ns, 10);
     }
 
     /// Every ledger holds one `Live` per live allocation: it stays small.
