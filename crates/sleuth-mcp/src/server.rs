@@ -233,7 +233,7 @@ impl SleuthServer {
     }
 
     #[tool(
-        description = "Per-op latency statistics (count, errors, exact p50/p95/p99/max, total) with the \
+        description = "Per-op latency statistics (count, errors, nearest-rank p50/p95/p99 (within 0.05% of exact on a finished trace's rollups), exact max, total) with the \
         time split on-CPU / runnable (waiting for a CPU held by named culprit processes) / blocked (sleeping, \
         e.g. waiting for the GPU). Filters: pid, op, since_ns/until_ns (monotonic ns) or last_ns (the last part \
         of the trace). On a run's directory: over its files (whole, or last_ns)."

@@ -143,9 +143,21 @@ pub(crate) fn calls_sql_from(
     source: &str,
     tail: &str,
 ) -> rusqlite::Result<String> {
+    calls_sql_from_with(conn, source, tail, false)
+}
+
+/// [`calls_sql_from`], with `stacks` the calls' `stack_id` as column 16
+/// (a source that has it: the `calls` view of a file that captured sites).
+pub(crate) fn calls_sql_from_with(
+    conn: &Connection,
+    source: &str,
+    tail: &str,
+    stacks: bool,
+) -> rusqlite::Result<String> {
     let (host, join) = host_ptr_join(conn)?;
+    let stack = if stacks { ", calls.stack_id" } else { "" };
     Ok(format!(
-        "SELECT {CALL_COLS}, {host} FROM {source} {join} {tail}"
+        "SELECT {CALL_COLS}, {host}{stack} FROM {source} {join} {tail}"
     ))
 }
 

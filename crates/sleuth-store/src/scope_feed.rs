@@ -199,6 +199,10 @@ pub(crate) struct ThreadCalls<'q> {
     pub(crate) sql: &'q str,
     pub(crate) args: &'q [Value],
     pub(crate) ops: OpColumn<'q>,
+    /// `sql` reads the calls' `stack_id` as column 16: the ledger's
+    /// allocations keep their sites (a window's memory findings named none
+    /// before round 51).
+    pub(crate) stacks: bool,
 }
 
 /// Each thread's calls in scope through its own read (`calls`).
@@ -217,9 +221,12 @@ pub(crate) fn per_thread(
         let mut rows = cst.query(rusqlite::params_from_iter(params))?;
         let mut open: Option<OpenThread> = None;
         while let Some(row) = rows.next()? {
-            let Some(s) = calls.ops.call(row)? else {
+            let Some(mut s) = calls.ops.call(row)? else {
                 continue;
             };
+            if calls.stacks {
+                s.call.stack_id = row.get::<_, Option<i64>>(16)?.map(|v| v as u64);
+            }
             feed.note(&s);
             if s.call.nested {
                 continue;

@@ -29,7 +29,7 @@ use crate::packed_calls::PackedCalls;
 use crate::problems::{valid_call, TOTALS_OVERFLOW};
 use crate::reader::Trace;
 use crate::report_reads::WindowTally;
-use crate::rows::{calls_sql_from, OpColumn, OpIds};
+use crate::rows::{calls_sql_from, calls_sql_from_with, OpColumn, OpIds};
 use crate::scope_feed::{self, Feed};
 use crate::stream::{CallQuery, Rows, StreamOrder};
 use crate::types::CallFilter;
@@ -619,19 +619,21 @@ fn parts_seeded(
         true => Some(OpIds::of(conn).map_err(read)?),
         false => None,
     };
+    let stacks = crate::stacks::has_column(conn, "calls", "stack_id").map_err(read)?;
     let calls_q = match (&op_ids, &filter.op) {
-        (Some(_), _) => crate::stream::calls_sql_by_op_id(conn, &tail),
+        (Some(_), _) => crate::stream::calls_sql_by_op_id(conn, &tail, stacks),
         (None, Some(_)) => {
             let source = crate::stream::ops_searched_calls("?3");
-            calls_sql_from(conn, source.as_deref().unwrap_or("calls"), &tail)
+            calls_sql_from_with(conn, source.as_deref().unwrap_or("calls"), &tail, stacks)
         }
-        (None, None) => calls_sql_from(conn, "calls", &tail),
+        (None, None) => calls_sql_from_with(conn, "calls", &tail, stacks),
     }
     .map_err(read)?;
     let thread_calls = scope_feed::ThreadCalls {
         sql: &calls_q,
         args: &args,
         ops: op_ids.as_ref().map_or(OpColumn::Name, OpColumn::Id),
+        stacks,
     };
     // A thread's waits that went back on CPU after its window's start (?3:
     // the first start of its non-nested calls in scope): one before adds

@@ -1121,18 +1121,24 @@ pub(crate) fn calls_source(scan_rows: bool) -> String {
 /// <the calls of `call_rows`> <tail>`: the rows of `rows::calls_sql_from` over
 /// the `calls` view, for [`OpColumn::Id`], without the view's join of
 /// `ops` per row (a window's threads read for its explanation: round 43).
-pub(crate) fn calls_sql_by_op_id(conn: &Connection, tail: &str) -> rusqlite::Result<String> {
+/// With `stacks`, the calls' `stack_id` as column 16 (a file whose rows have it).
+pub(crate) fn calls_sql_by_op_id(
+    conn: &Connection,
+    tail: &str,
+    stacks: bool,
+) -> rusqlite::Result<String> {
     let (host, join) = crate::rows::host_ptr_join(conn)?;
-    Ok(rows_by_op_id_sql(host, &format!("{join} {tail}")))
+    Ok(rows_by_op_id_sql(host, &format!("{join} {tail}"), stacks))
 }
 
-/// `SELECT <call columns, the op as its id>, <host> FROM <the calls of
-/// `call_rows`> <tail>`.
-fn rows_by_op_id_sql(host: &str, tail: &str) -> String {
+/// `SELECT <call columns, the op as its id>, <host>[, stack_id] FROM <the
+/// calls of `call_rows`> <tail>`.
+fn rows_by_op_id_sql(host: &str, tail: &str, stacks: bool) -> String {
+    let stack = if stacks { ", calls.stack_id" } else { "" };
     format!(
-        "SELECT {}, {host} FROM {} {tail}",
+        "SELECT {}, {host}{stack} FROM {} {tail}",
         call_columns("op_id"),
-        rows_source(false, false, None)
+        rows_source(false, stacks, None)
     )
 }
 
@@ -1144,7 +1150,7 @@ fn rows_by_op_id_sql(host: &str, tail: &str) -> String {
 /// no copy (the finding rollups' replay judges them, and their example
 /// calls are read again by id).
 pub(crate) fn own_calls_sql_by_op_id(tail: &str) -> String {
-    rows_by_op_id_sql("NULL", tail)
+    rows_by_op_id_sql("NULL", tail, false)
 }
 
 /// [`CALL_COLS`] of the source `calls`, its op read as `op_col` (`op`, the

@@ -1258,3 +1258,63 @@ fn a_windows_shares_are_of_the_window() {
         assert!((share - want).abs() < 1e-9, "{share} vs {want}");
     }
 }
+
+/// Round 51's tester: a window's memory findings named no call site
+/// (`allocation_failure`'s "at step (workload)" and `memory_growth`'s
+/// site were gone from `explain --from 0`): the window's pass read its
+/// calls without their stack ids. The failure's site is the whole
+/// trace's, in a window and alone.
+#[test]
+fn a_windows_memory_findings_name_their_sites() {
+    use sleuth_store::{TraceWriter, WriterOptions};
+    let dir = TempDir::new("scoped-window-sites");
+    let path = dir.join("t.db");
+    let w = TraceWriter::create(&path, common::session(), WriterOptions::default()).unwrap();
+    let h = w.handle();
+    h.add_stack(sleuth_core::sites::Stack {
+        id: 7,
+        pid: PID,
+        frames: vec![sleuth_core::testing::py_frame("/w/train.py", 42, "step")],
+        notes: vec![],
+    })
+    .unwrap();
+    let mut calls = Vec::new();
+    for i in 0..50u64 {
+        let mut c = call(1, "cudaLaunchKernel", 1_000_000 + i * 100_000, 20_000);
+        c.stack_id = None;
+        calls.push(c);
+    }
+    let mut failed = call(1, "cudaMalloc", 3_000_000, 50_000);
+    (failed.ret, failed.size, failed.stack_id) = (2, Some(1 << 40), Some(7));
+    calls.push(failed);
+    calls.sort_by_key(|c| c.ts_ns);
+    for c in calls {
+        h.send(sleuth_core::Event::Call(c)).unwrap();
+    }
+    h.set_session_end(7_000_000).unwrap();
+    drop(h);
+    w.finish().unwrap();
+    let trace = Trace::open(&path).unwrap();
+    let failure = |e: &sleuth_core::findings::Explanation| {
+        e.findings
+            .iter()
+            .find(|f| f.kind.as_str() == "allocation_failure")
+            .map(|f| f.summary.clone())
+            .expect("the failed allocation")
+    };
+    let whole = failure(&sleuth_core::findings::explain_report(
+        &trace.load(None).unwrap(),
+    ));
+    assert!(whole.contains("train.py"), "{whole}");
+    for window in [(0, 7_000_000), (2_000_000, 4_000_000)] {
+        let f = CallFilter {
+            since_ns: Some(window.0),
+            until_ns: Some(window.1),
+            ..Default::default()
+        };
+        let got = sleuth_store::scoped::explanation(&trace, &f)
+            .unwrap()
+            .expect("streamed");
+        assert_eq!(failure(&got), whole, "{window:?}");
+    }
+}
