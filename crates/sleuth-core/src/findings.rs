@@ -375,12 +375,11 @@ pub fn explain_inputs_with(
     });
     findings.extend(tails);
     findings.extend(stragglers);
-    let span = ctx.span_ns();
     let mut memory_notes = Vec::new();
     for l in ledgers {
         findings.extend(memory::allocation_failure(l));
         findings.extend(memory::memory_growth(l, inputs.cuda_span(l.pid)));
-        findings.extend(memory::allocation_churn(l, span));
+        findings.extend(memory::allocation_churn(l, ctx.bounds()));
         memory_notes.extend(memory::held_at_end_note(l));
     }
     let allocators = allocator_reads.views(ledgers);

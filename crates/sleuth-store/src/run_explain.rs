@@ -556,8 +556,9 @@ fn run_ledger(
                     format!(
                         "The memory ledger is the one the tracer carried across the run's files: it also covers the \
                          {pruned} earlier file(s) no longer in the directory (deleted by --keep), so their allocations \
-                         still live count as unfreed and their frees match; the findings and counts cover only the {} \
-                         file(s) read.",
+                         still live count as unfreed, their frees match, and the memory findings measure what it holds \
+                         (allocation churn against the time since each process's first allocation); the other \
+                         findings and the counts cover only the {} file(s) read.",
                         visited.files.len()
                     )
                 });

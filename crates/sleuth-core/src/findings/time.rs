@@ -67,6 +67,11 @@ impl<'a> Context<'a> {
         self.end_ns - self.start_ns
     }
 
+    /// The trace's (or the window's) start and end.
+    pub(super) fn bounds(&self) -> (u64, u64) {
+        (self.start_ns, self.end_ns)
+    }
+
     fn views(&self) -> impl Iterator<Item = OpView<'_>> + '_ {
         self.inputs.ops.iter().filter_map(move |(&op, agg)| {
             let info = crate::ops::op_by_id(op)?;
