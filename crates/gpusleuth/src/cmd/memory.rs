@@ -223,7 +223,8 @@ fn run_of_run(args: &Args) -> anyhow::Result<i32> {
             if data.start_ns.is_some_and(|s| s <= origin) {
                 "the oldest file's start"
             } else {
-                "the earliest allocation the run's ledger holds (made in a file --keep deleted)"
+                "the earliest allocation the run's ledger holds (made in a file --keep deleted; --at counts \
+                 from the oldest file's start)"
             }
         );
         for n in &notes {
