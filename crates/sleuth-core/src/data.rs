@@ -94,6 +94,11 @@ pub struct TraceData {
     /// Trace start and end (monotonic ns), when known.
     pub start_ns: Option<u64>,
     pub end_ns: Option<u64>,
+    /// The window a reader scoped this data to (`--from/--to`, `--last`,
+    /// MCP `since_ns`/`until_ns`), when it did: the findings' shares of
+    /// "the trace" are of the trace's span clipped to it (round 51), while
+    /// the examples' offsets still count from the trace's start.
+    pub window_ns: (Option<u64>, Option<u64>),
     /// Wall-clock ns = monotonic ns + this offset.
     pub realtime_offset_ns: i64,
     /// Whether per-call host context (runnable/blocked split) was captured.

@@ -346,6 +346,7 @@ pub fn explain_inputs_with(
         inputs,
         data.has_host_context,
         crate::TraceSpan::of(data),
+        data.window_ns,
         &site,
     );
     let threads = if data.has_host_context {

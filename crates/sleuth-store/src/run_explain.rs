@@ -865,6 +865,12 @@ pub fn add_base(run: &mut TraceData, later: TraceData) {
     run.calls.extend(later.calls);
     merge_counters(&mut run.stats, &later.stats);
     run.end_ns = later.end_ns.or(run.end_ns);
+    // Every file of a run's window is scoped to the same window; a file
+    // wholly inside it is read whole (no window of its own).
+    run.window_ns = (
+        run.window_ns.0.or(later.window_ns.0),
+        run.window_ns.1.or(later.window_ns.1),
+    );
     run.has_host_context &= later.has_host_context;
     // Stack ids hash the frames: the same id names the same site in every file.
     run.stacks.extend(later.stacks);

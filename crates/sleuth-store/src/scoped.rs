@@ -1137,22 +1137,14 @@ fn span_from_calls(data: &mut TraceData, extent: Option<(u64, u64)>) {
     }
 }
 
-/// A window's span is the window, inside the trace: a finding's share of
-/// "the trace" (`allocation_churn`'s, `tail_latency`'s, a straggler's) is
-/// of the time the window covers, as for a file still being written (whose
-/// span the window's calls give). Until round 51 a finished file's window
-/// was measured against the whole session: churn in a 1-s window of a
-/// 3.4-s trace read 3.3% (low) where it took 11% of the window (medium).
-/// Only a stored start or end is clipped: where none is stored (a file
-/// still being written), the window's calls give the span, first start to
-/// last end, on every path alike (a `--to` far past them must not stretch it).
+/// Scopes `data` to the window: a finding's share of "the trace"
+/// (`allocation_churn`'s, `tail_latency`'s, a straggler's) is of the time
+/// the window covers inside the trace (`TraceData::window_ns`). Until round
+/// 51 a finished file's window was measured against the whole session:
+/// churn in a 1-s window of a 3.4-s trace read 3.3% (low) where it took
+/// 11% of the window (medium).
 pub(crate) fn clip_span_to_window(data: &mut TraceData, since: Option<u64>, until: Option<u64>) {
-    if let Some(s) = since {
-        data.start_ns = data.start_ns.map(|t| t.max(s));
-    }
-    if let Some(u) = until {
-        data.end_ns = data.end_ns.map(|t| t.min(u));
-    }
+    data.window_ns = (since, until);
 }
 
 /// Whether an op named `name` is in a scope of op `op` (every op without one).

@@ -258,12 +258,7 @@ fn assert_scopes_equal_the_load(path: &Path) -> BTreeSet<&'static str> {
         });
         sleuth_store::scoped::keep_counts_of_op(&mut want.counts, f.op.as_deref());
         // A window's shares are of the window inside the trace (round 51).
-        if let Some(s) = f.since_ns {
-            want.start_ns = want.start_ns.map(|t| t.max(s));
-        }
-        if let Some(u) = f.until_ns {
-            want.end_ns = want.end_ns.map(|t| t.min(u));
-        }
+        want.window_ns = (f.since_ns, f.until_ns);
         let want = sleuth_core::findings::explain_report_pinned(&want, pinned, &pinning);
         let at = format!("op {:?} window {:?}..{:?}", f.op, f.since_ns, f.until_ns);
         let (mut g, w) = (json(&got), json(&want));

@@ -134,6 +134,8 @@ fn mcp_findings_of_an_op_or_a_window_equal_the_loaded_and_filtered_trace() {
                 want.counts
                     .retain(|oc| sleuth_core::op_by_id(oc.op).map(|o| o.name) == op);
             }
+            // A window's shares are of the window inside the trace (round 51).
+            want.window_ns = (window.map(|w| w.0), window.map(|w| w.1));
             let report = sleuth_core::findings::explain_report(&want);
             let at = format!("pid {pid:?} window {window:?} op {op:?}");
             assert_close(

@@ -30,6 +30,8 @@ pub(super) struct Context<'a> {
     has_host_context: bool,
     start_ns: u64,
     end_ns: u64,
+    /// Where the examples' offsets count from: the trace's start, also in a window.
+    origin_ns: u64,
     site: &'a dyn Fn(Option<u64>) -> String,
 }
 
@@ -51,13 +53,22 @@ impl<'a> Context<'a> {
         inputs: &'a FindingInputs,
         has_host_context: bool,
         span: crate::TraceSpan,
+        window: (Option<u64>, Option<u64>),
         site: &'a dyn Fn(Option<u64>) -> String,
     ) -> Self {
+        // A window's span is the trace's inside it (a window past the
+        // trace's end or before its start adds no time).
+        let start_ns = window.0.map_or(span.start_ns, |s| s.max(span.start_ns));
+        let end_ns = window
+            .1
+            .map_or(span.end_ns, |u| u.min(span.end_ns))
+            .max(start_ns);
         Context {
             inputs,
             has_host_context,
-            start_ns: span.start_ns,
-            end_ns: span.end_ns,
+            start_ns,
+            end_ns,
+            origin_ns: span.start_ns,
             site,
         }
     }
@@ -104,7 +115,7 @@ impl<'a> Context<'a> {
                     .collect();
                 json!({
                     "ts_ns": c.ts_ns,
-                    "offset_ns": c.ts_ns.saturating_sub(self.start_ns),
+                    "offset_ns": c.ts_ns.saturating_sub(self.origin_ns),
                     "pid": c.pid,
                     "tid": c.tid,
                     "dur_ns": c.dur_ns,
