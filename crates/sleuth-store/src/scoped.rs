@@ -483,7 +483,7 @@ fn loaded_parts(
 ) -> Result<ScopeParts, StoreError> {
     let mut data = trace.load_calls_of(filter)?;
     keep_counts_of_op(&mut data.counts, filter.op.as_deref());
-    clip_span_to_window(&mut data, filter.since_ns, filter.until_ns);
+    scope_to_window(&mut data, filter.since_ns, filter.until_ns);
     let window_counts = WindowCounts::of(trace, &data.counts, filter)?;
     data.counts = window_counts.at_least();
     let culprits =
@@ -768,7 +768,7 @@ fn parts_seeded(
     sort_splits(&mut splits);
     inputs.splits = splits;
     crate::finding_rollups::fill_example_sites(conn, &mut inputs).map_err(read)?;
-    clip_span_to_window(&mut data, filter.since_ns, filter.until_ns);
+    scope_to_window(&mut data, filter.since_ns, filter.until_ns);
     span_from_calls(&mut data, extent);
 
     let mut parts = replay(
@@ -1143,7 +1143,7 @@ fn span_from_calls(data: &mut TraceData, extent: Option<(u64, u64)>) {
 /// 51 a finished file's window was measured against the whole session:
 /// churn in a 1-s window of a 3.4-s trace read 3.3% (low) where it took
 /// 11% of the window (medium).
-pub(crate) fn clip_span_to_window(data: &mut TraceData, since: Option<u64>, until: Option<u64>) {
+pub(crate) fn scope_to_window(data: &mut TraceData, since: Option<u64>, until: Option<u64>) {
     data.window_ns = (since, until);
 }
 

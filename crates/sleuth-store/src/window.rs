@@ -711,7 +711,7 @@ pub fn explain_loaded(
     scope: &CallFilter,
     pinned: sleuth_core::findings::inputs::PinnedState,
 ) -> Result<Explanation, StoreError> {
-    crate::scoped::clip_span_to_window(&mut data, scope.since_ns, scope.until_ns);
+    crate::scoped::scope_to_window(&mut data, scope.since_ns, scope.until_ns);
     let window_counts = WindowCounts::of(trace, &data.counts, scope)?;
     data.counts = window_counts.at_least();
     let pinning = crate::scoped::pinning_outside(trace, scope)?;
