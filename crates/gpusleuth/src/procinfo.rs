@@ -29,6 +29,34 @@ pub fn read(pid: u32, first_seen_ns: u64) -> ProcessInfo {
     }
 }
 
+/// The processes running now that descend from any of `roots` (children,
+/// their children, …), roots left out, in pid order. `trace --pid` follows
+/// children forked from then on in the kernel; those already running are
+/// found here (round 51's tester: attached to a launcher, `bash -c` or
+/// `torchrun`, it recorded nothing).
+pub fn descendants(roots: &std::collections::BTreeSet<u32>) -> Vec<u32> {
+    let Ok(all) = procfs::process::all_processes() else {
+        return Vec::new();
+    };
+    let mut children: std::collections::BTreeMap<u32, Vec<u32>> = Default::default();
+    for p in all.flatten() {
+        let Ok(st) = p.stat() else { continue };
+        if let (Ok(pid), Ok(ppid)) = (u32::try_from(st.pid), u32::try_from(st.ppid)) {
+            children.entry(ppid).or_default().push(pid);
+        }
+    }
+    let mut found = std::collections::BTreeSet::new();
+    let mut todo: Vec<u32> = roots.iter().copied().collect();
+    while let Some(p) = todo.pop() {
+        for &c in children.get(&p).into_iter().flatten() {
+            if !roots.contains(&c) && found.insert(c) {
+                todo.push(c);
+            }
+        }
+    }
+    found.into_iter().collect()
+}
+
 /// `/proc/PID/stat`, parsed by procfs; None once the process is gone.
 fn stat(pid: u32) -> Option<procfs::process::Stat> {
     let pid = i32::try_from(pid).ok()?;

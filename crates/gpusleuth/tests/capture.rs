@@ -400,6 +400,69 @@ fn attach_to_a_running_pid_that_exits_mid_trace() {
     assert_eq!(exited, vec![vec![1]], "the exit mid-trace is recorded");
 }
 
+/// `--pid` of a launcher (`bash -c`, `torchrun`) whose CUDA program it
+/// started before the attach: the running descendants are traced too, and
+/// a note names them (round 51's tester: nothing was recorded).
+#[test]
+fn attach_follows_the_descendants_already_running() {
+    let Some(sb) = Sandbox::for_ebpf("pid-children") else {
+        return;
+    };
+    let go = sb.path("go");
+    let script = format!(
+        "'{}' --wait-file '{}' 'malloc 4096; cu_launch 7; sync_sleep 5; exit 0'; true",
+        sb.sim.workload.display(),
+        go.display()
+    );
+    let mut launcher = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(&script)
+        .spawn()
+        .unwrap();
+    let pid = launcher.id();
+    // Until bash has forked the program (it waits for `go` to start).
+    let children = format!("/proc/{pid}/task/{pid}/children");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::fs::read_to_string(&children)
+        .unwrap_or_default()
+        .trim()
+        .is_empty()
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "bash started no child"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let out = trace_pid(&pid.to_string(), "4s", &sb.db())
+        .arg("--ready-file")
+        .arg(&go)
+        .output()
+        .unwrap();
+    assert!(wait_child(&mut launcher, 30).success());
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let notes = sb.open_db().strings("SELECT text FROM notes");
+    let stats = stats_json(&sb.db());
+    assert_eq!(
+        stats_count(&stats, "runtime", "cudaMalloc"),
+        1,
+        "{notes:?} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(stats_count(&stats, "driver", "cuLaunchKernel"), 7);
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains("descending from them that were already running")),
+        "{notes:?}"
+    );
+}
+
 fn assert_one_line_error(out: &std::process::Output, what: &str) {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(

@@ -33,7 +33,7 @@ pub struct Args {
     /// Replace the database file if it exists.
     #[arg(long)]
     pub force: bool,
-    /// Attach to running processes (repeatable; children are followed).
+    /// Attach to running processes (repeatable; their descendants are traced too: those running at the attach and those forked later).
     #[arg(long = "pid", value_name = "PID")]
     pub pids: Vec<u32>,
     /// Stop after this long (e.g. 30s, 500ms, 2m; a unit is required).
@@ -760,11 +760,18 @@ fn start(
             extra_dirs.extend(sleuth_probe::symbols::runpath_dirs(&exe));
         }
     }
-    let pids: &[u32] = match target {
-        Target::Pids(p) => p,
-        _ => &[],
+    // `--pid`: the processes named and their descendants already running
+    // (the kernel follows only forks from the attach on); their memory
+    // maps name the CUDA libraries a launcher's program loaded.
+    let (pids, running_descendants) = match target {
+        Target::Pids(p) => {
+            let roots: std::collections::BTreeSet<u32> = p.iter().copied().collect();
+            let below = crate::procinfo::descendants(&roots);
+            (p.iter().chain(&below).copied().collect::<Vec<u32>>(), below)
+        }
+        _ => (Vec::new(), Vec::new()),
     };
-    session.discover(&args.cuda_libs, &extra_dirs, pids, |c| sinks.take(c));
+    session.discover(&args.cuda_libs, &extra_dirs, &pids, |c| sinks.take(c));
 
     let mut child: Option<u32> = None;
     match target {
@@ -784,6 +791,41 @@ fn start(
                 handle.add_note(
                     NoteLevel::Info,
                     format!("attached to running process {p}: its calls before the trace started were not seen"),
+                )?;
+            }
+            // Their descendants already running: the kernel follows only
+            // forks from now on. Those found before the libraries were
+            // searched, then a walk once they are traced, so that a child
+            // forked meanwhile by a process not yet traced is found too.
+            let mut traced: std::collections::BTreeSet<u32> = pids.iter().copied().collect();
+            let mut added = Vec::new();
+            for d in running_descendants
+                .into_iter()
+                .chain(crate::procinfo::descendants(&traced))
+            {
+                if traced.insert(d) {
+                    session.trace_pid(d, |c| sinks.take(c))?;
+                    added.push(d);
+                }
+            }
+            if !added.is_empty() {
+                for d in crate::procinfo::descendants(&traced) {
+                    session.trace_pid(d, |c| sinks.take(c))?;
+                    traced.insert(d);
+                    added.push(d);
+                }
+            }
+            if !added.is_empty() {
+                let shown: Vec<String> = added.iter().take(20).map(u32::to_string).collect();
+                handle.add_note(
+                    NoteLevel::Info,
+                    format!(
+                        "also attached to {} process(es) descending from them that were already running \
+                         (pids {}{}): their calls before the trace started were not seen",
+                        added.len(),
+                        shown.join(", "),
+                        if added.len() > shown.len() { ", …" } else { "" }
+                    ),
                 )?;
             }
         }
