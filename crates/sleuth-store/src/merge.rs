@@ -298,7 +298,19 @@ fn write_into(
                 .at(p)?;
             for r in rows {
                 let (k, v) = r.at(p)?;
-                *stats.entry(k).or_default() += v;
+                match k.as_str() {
+                    // Each node had its own tracer: the merged trace names
+                    // none, and its readers know the tracers by their
+                    // names (`threads::is_tracer`). A sum of pids named
+                    // some process, or none, as the tracer.
+                    sleuth_core::threads::TRACER_PID_STAT => {}
+                    // The room left in a node's kernel maps: the tightest.
+                    k if sleuth_core::rollup::LAST_VALUE_STATS.contains(&k) => {
+                        let e = stats.entry(k.to_string()).or_insert(v);
+                        *e = (*e).min(v);
+                    }
+                    _ => *stats.entry(k).or_default() += v,
+                }
             }
         }
         let node = MergeNode {

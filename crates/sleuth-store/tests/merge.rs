@@ -11,9 +11,14 @@ use sleuth_store::{input_facts, write_merged, MergeInput, Trace, TraceWriter, Wr
 
 /// One node: pid 10 makes a cudaMalloc at `ts` (preempted by pid 99) and an all-reduce.
 fn node(path: &std::path::Path, host: &str, ts: u64) {
+    node_with(path, host, ts, WriterOptions::default())
+}
+
+/// [`node`] written with `opts`.
+fn node_with(path: &std::path::Path, host: &str, ts: u64, opts: WriterOptions) {
     let mut info = session();
     info.hostname = host.into();
-    let w = TraceWriter::create(path, info, WriterOptions::default()).unwrap();
+    let w = TraceWriter::create(path, info, opts).unwrap();
     let h = w.handle();
     let mut c = call("cudaMalloc", 10, 11, ts, 1_000);
     c.runnable_ns = 400;
@@ -531,4 +536,34 @@ fn call_blocks_move_with_their_calls() {
         n("SELECT max(last_id) FROM call_blocks"),
         n("SELECT max(id) FROM call_rows")
     );
+}
+
+/// Each node had its own tracer: a merged trace names none (the sum of
+/// their pids named some other process, or none, as the tracer), so its
+/// readers know the tracers by name; the room left in the kernel maps is
+/// the tightest node's, not a sum.
+#[test]
+fn a_merged_trace_names_no_tracer_pid() {
+    let dir = TempDir::new("merge-tracer");
+    let (a, b, out) = (dir.join("a.db"), dir.join("b.db"), dir.join("job.db"));
+    let with = |pid| WriterOptions {
+        tracer_pid: Some(pid),
+        ..Default::default()
+    };
+    node_with(&a, "node-a", 1_000_000, with(4_000));
+    node_with(&b, "node-b", 5_000_000, with(5_000));
+    for (p, left) in [(&a, 70), (&b, 30)] {
+        rusqlite::Connection::open(p)
+            .unwrap()
+            .execute(
+                "INSERT OR REPLACE INTO stats(name, value) VALUES ('map_traced_left', ?1)",
+                [left],
+            )
+            .unwrap();
+    }
+    write_merged(&[input(a, 0, 0), input(b, 0, 1 << 22)], &out, false, "t").unwrap();
+    let t = Trace::open(&out).unwrap();
+    let stats = t.stats().unwrap();
+    assert_eq!(t.tracer_pid(), None, "{stats:?}");
+    assert_eq!(stats.get("map_traced_left"), Some(&30));
 }
