@@ -397,7 +397,11 @@ fn complete_processes(conn: &Connection, rollup: &Rollup) -> rusqlite::Result<()
                 if !comm.is_empty() {
                     p.comm = comm;
                 }
-                p.start_ns.get_or_insert(ts);
+                // The earliest sign of the process: a launched command's
+                // row was written when the tracer read /proc, after its
+                // exec (2-8 ms: often after its first call, for a short
+                // program after its exit; round 51's tester).
+                p.start_ns = Some(p.start_ns.map_or(ts, |s| s.min(ts)));
             }
             Some(ProcKind::Exit) => {
                 p.exit_ns = Some(ts);

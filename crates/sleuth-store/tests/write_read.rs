@@ -825,3 +825,48 @@ fn a_waits_times_pid_and_kind_read_back_exactly() {
     assert!(t.load(None).unwrap().waits.is_empty());
     assert_eq!(t.input_problems().unwrap().impossible_waits, 2);
 }
+
+/// A launched command's row is written when the tracer reads /proc, after
+/// its exec: the exec's time is its start (it was left at the later read,
+/// often after the first call, for a short program after its exit; round
+/// 51's tester).
+#[test]
+fn an_exec_before_the_row_was_written_is_the_start() {
+    let (_dir, path, w) = new_trace("exec-start");
+    let h = w.handle();
+    h.set_process(ProcessInfo {
+        pid: 61,
+        comm: "workload".into(),
+        start_ns: Some(5_000),
+        ..Default::default()
+    })
+    .unwrap();
+    h.send(Event::Proc(proc_event(
+        ProcKind::Exec,
+        61,
+        1_000,
+        0,
+        0,
+        "workload",
+    )))
+    .unwrap();
+    h.send(Event::Proc(proc_event(
+        ProcKind::Exit,
+        61,
+        3_000,
+        0,
+        0,
+        "workload",
+    )))
+    .unwrap();
+    drop(h);
+    w.finish().unwrap();
+    let p = Trace::open(&path)
+        .unwrap()
+        .processes()
+        .unwrap()
+        .into_iter()
+        .find(|p| p.pid == 61)
+        .unwrap();
+    assert_eq!((p.start_ns, p.exit_ns), (Some(1_000), Some(3_000)));
+}
