@@ -27,6 +27,7 @@ pub fn stats_of(db: &Path, pid: Option<u32>) -> anyhow::Result<sleuth_core::stat
     if let Some(r) = trace.stats_report(pid)? {
         return Ok(r);
     }
+    note_if_unfinished(&trace)?;
     warn_input_problems(&trace)?;
     // A large file without rollups (still being written, or its writer
     // was killed) is streamed, not loaded.
@@ -46,6 +47,36 @@ pub fn note_unfinished(files: &[std::path::PathBuf]) {
             terminal_safe(&f.display().to_string())
         );
     }
+}
+
+/// One note on stderr when the file `trace` is not finished: still being
+/// written (the answer holds what its tracer recorded so far), or left by
+/// a tracer that was killed (`gpusleuth finish` completes it). A run's
+/// readers said so; a single file was read without a word (round 51's
+/// tester).
+pub fn note_if_unfinished(trace: &sleuth_store::Trace) -> anyhow::Result<()> {
+    if let Some(note) = unfinished_note(trace)? {
+        eprintln!("gpusleuth: note: {note}");
+    }
+    Ok(())
+}
+
+/// The note [`note_if_unfinished`] prints, None for a finished file (or
+/// one read from its rows by design: imported, merged, older).
+fn unfinished_note(trace: &sleuth_store::Trace) -> anyhow::Result<Option<String>> {
+    if !sleuth_store::finish::unfinished(trace)? {
+        return Ok(None);
+    }
+    let path = terminal_safe(&trace.path().display().to_string()).into_owned();
+    Ok(Some(match crate::finishing::live_writer(trace.path()) {
+        Some((pid, comm)) => format!(
+            "{path}: still being written by {} (pid {pid}): this answer holds what it recorded so far",
+            terminal_safe(&comm)
+        ),
+        None => format!(
+            "{path}: not finished (its tracer was killed: what it had not committed is lost; `gpusleuth finish --db` it to complete it): read from its rows"
+        ),
+    }))
 }
 
 /// Prints one warning per kind of skipped row on stderr; returns them.
@@ -112,4 +143,52 @@ pub fn emit_json<T: serde::Serialize>(doc: &T) -> anyhow::Result<()> {
 /// The text [`emit_json`] writes.
 pub fn json_text<T: serde::Serialize>(doc: &T) -> anyhow::Result<String> {
     Ok(format!("{}\n", serde_json::to_string_pretty(doc)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::temp_dir::TempDir;
+    use crate::trace_fixture::{rewrite_leaving_unfinished, two_processes};
+
+    /// A single file a killed tracer left was read without a word (a run's
+    /// readers said so; round 51's tester); one being written is named as
+    /// such; a finished one says nothing.
+    #[test]
+    fn an_unfinished_file_is_said_to_be() {
+        let dir = TempDir::new("load_unfinished");
+        let (done, killed) = (dir.join("done.db"), dir.join("killed.db"));
+        let opts = sleuth_store::WriterOptions::default();
+        rewrite_leaving_unfinished(&two_processes(), &done, opts, &killed);
+        let note = |p: &Path| unfinished_note(&sleuth_store::Trace::open(p).unwrap()).unwrap();
+        assert_eq!(note(&done), None);
+        // Whether a process holds the file is known for all of them only
+        // to root; another user's tracer would read as killed.
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            crate::skip::skip_unless_ci("the unfinished-file note", "not root");
+            return;
+        }
+        let killed_note = note(&killed).expect("a note");
+        assert!(
+            killed_note.contains("not finished") && killed_note.contains("gpusleuth finish"),
+            "{killed_note}"
+        );
+        let mut holder = std::process::Command::new("sleep")
+            .arg("60")
+            .stdin(std::fs::File::open(&killed).unwrap())
+            .spawn()
+            .unwrap();
+        let live = note(&killed);
+        holder.kill().unwrap();
+        holder.wait().unwrap();
+        let live = live.expect("a note");
+        assert!(
+            live.contains(&format!(
+                "still being written by sleep (pid {})",
+                holder.id()
+            )),
+            "{live}"
+        );
+    }
 }

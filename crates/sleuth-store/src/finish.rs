@@ -68,6 +68,14 @@ fn refusal(trace: &Trace) -> Result<Option<String>, StoreError> {
     Ok(None)
 }
 
+/// Whether `trace` is a file its tracer did not complete that [`finish`]
+/// can complete: a gpusleuth trace of this schema without its rollups
+/// (still being written, or its tracer was killed). Not an imported, a
+/// merged or an older file, which are read from their rows by design.
+pub fn unfinished(trace: &Trace) -> Result<bool, StoreError> {
+    Ok(!trace.has_rollups()? && refusal(trace)?.is_none())
+}
+
 /// Completes the trace file `trace` was opened on (as every reader opens
 /// one, with its checks), left unfinished by its tracer, as that tracer's
 /// completion would have (`link`: the file's place in a `--rotate` run,

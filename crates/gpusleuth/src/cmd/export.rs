@@ -159,6 +159,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         sleuth_store::outfile::check_output(path, &[db], args.force, Some(FORCE_HINT))?;
     }
     let trace = crate::checks_memo::open(db)?;
+    crate::load::note_if_unfinished(&trace)?;
     warn_input_problems(&trace)?;
     let pid = args.input.pid;
     if let Some(pid) = pid {

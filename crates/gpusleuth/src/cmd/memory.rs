@@ -74,6 +74,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     }
     let at_offset = args.at;
     let trace = crate::checks_memo::open(&args.input.db)?;
+    crate::load::note_if_unfinished(&trace)?;
     // The memory calls are streamed from the store, never the whole trace.
     let mt = MemoryTrace::open(
         &trace,

@@ -83,6 +83,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     // Before the work: a refused output is known at once.
     sleuth_store::outfile::check_output(&args.output, &[db], args.force, hint)?;
     let trace = crate::checks_memo::open(db)?;
+    crate::load::note_if_unfinished(&trace)?;
     let pid = args.input.pid;
     if let Some(pid) = pid {
         trace.require_pid(pid)?;

@@ -44,6 +44,7 @@ fn run_window(args: &Args) -> anyhow::Result<i32> {
     let db = &file.path;
     let pid = args.input.pid;
     let trace = crate::checks_memo::open(db)?;
+    crate::load::note_if_unfinished(&trace)?;
     if let Some(pid) = pid {
         trace.require_pid(pid)?;
     }

@@ -55,6 +55,7 @@ fn window_output(input: &TraceInput, window: WindowArgs, style: Style) -> anyhow
         }
     };
     let trace = crate::checks_memo::open(&file.path)?;
+    crate::load::note_if_unfinished(&trace)?;
     if let Some(pid) = input.pid {
         trace.require_pid(pid)?;
     }
@@ -177,6 +178,7 @@ fn output(input: &TraceInput, style: Style, lean_allowed: bool) -> anyhow::Resul
         return run_output(input, style);
     }
     let trace = crate::checks_memo::open(&input.db)?;
+    crate::load::note_if_unfinished(&trace)?;
     let lean = if lean_allowed {
         lean_load(&trace, input.pid)?
     } else {
