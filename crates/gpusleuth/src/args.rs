@@ -47,6 +47,23 @@ pub fn size(s: &str) -> Result<u64, String> {
     sleuth_core::units::parse_size(s)
 }
 
+/// The smallest `trace --max-db`: a finished file's tables, indexes and
+/// rollups alone take 180-260 KB, and the cap is checked after a commit,
+/// so a smaller cap stored the first batch whole with 0 drops (`--max-db 1`
+/// stored the whole trace: round 51's tester).
+pub const MIN_MAX_DB: u64 = 1 << 20;
+
+/// A `--max-db` value: a size of at least [`MIN_MAX_DB`].
+pub fn db_cap(s: &str) -> Result<u64, String> {
+    let v = size(s)?;
+    if v < MIN_MAX_DB {
+        return Err(format!(
+            "{s} is below 1M: a trace's tables alone take about 256K, and the cap is checked after each commit"
+        ));
+    }
+    Ok(v)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -60,6 +77,16 @@ mod tests {
         out: JsonOutput,
         #[arg(long, value_parser = positive_duration)]
         every: Option<Duration>,
+    }
+
+    #[test]
+    fn a_database_cap_below_a_files_tables_is_refused() {
+        assert_eq!(db_cap("1M"), Ok(1 << 20));
+        assert_eq!(db_cap("2G"), Ok(2 << 30));
+        for small in ["1", "1023K"] {
+            let e = db_cap(small).unwrap_err();
+            assert!(e.contains("below 1M"), "{small}: {e}");
+        }
     }
 
     #[test]

@@ -69,7 +69,7 @@ pub struct Args {
     pub cuda_libs: Vec<PathBuf>,
     /// Database size cap (e.g. 512M, 2G); past it calls are counted, not
     /// stored. With --rotate it caps each file (the next file starts empty).
-    #[arg(long = "max-db", default_value = "1G", value_parser = crate::args::size)]
+    #[arg(long = "max-db", default_value = "1G", value_parser = crate::args::db_cap)]
     pub max_db: u64,
     /// Start a new file every DURATION (e.g. 1h, 10m): --db then names a
     /// directory that receives part-000001.db, part-000002.db, ..., each a
