@@ -428,7 +428,13 @@ struct Counters {
     events_wait: u64,
     events_proc: u64,
     events_block: u64,
+    /// Calls and waits past the size cap (`events_*` count them): the
+    /// events received are those stored plus these.
     drop_db_full: u64,
+    /// Call sites (stacks) past the size cap: not events, so apart from
+    /// `drop_db_full` (counted in it before round 51, which then exceeded
+    /// the events lost).
+    stacks_db_full: u64,
     /// Rows the writer could not store.
     decode_errors: u64,
     /// Records the capture side could not decode (reported through
@@ -619,7 +625,7 @@ impl WriterState {
                 // until the cap, like calls.
                 Msg::Stack(st) => {
                     if self.db_full {
-                        self.n.drop_db_full += 1;
+                        self.n.stacks_db_full += 1;
                     } else {
                         crate::stacks::insert(&tx, st)?;
                     }
@@ -728,6 +734,9 @@ fn write_counters(tx: &Connection, n: &Counters) -> rusqlite::Result<()> {
         set_stat(tx, "events_block", n.events_block)?;
     }
     set_stat(tx, "drop_db_full", n.drop_db_full)?;
+    if n.stacks_db_full > 0 {
+        set_stat(tx, "stacks_db_full", n.stacks_db_full)?;
+    }
     set_stat(
         tx,
         DECODE_ERRORS,

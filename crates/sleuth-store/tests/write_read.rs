@@ -367,6 +367,17 @@ fn size_cap_counts_instead_of_storing_and_keeps_aggregates() {
         count: 42,
     }])
     .unwrap();
+    // Call sites past the cap are not events: counted apart (round 51:
+    // they were in `drop_db_full`, which then exceeded the events lost).
+    for id in 1..=3 {
+        h.add_stack(sleuth_core::sites::Stack {
+            id,
+            pid: 1,
+            frames: vec![sleuth_core::testing::py_frame("/w/a.py", id as u32, "f")],
+            notes: vec![],
+        })
+        .unwrap();
+    }
     drop(h);
     let sum = w.finish().unwrap();
     assert!(
@@ -378,6 +389,7 @@ fn size_cap_counts_instead_of_storing_and_keeps_aggregates() {
     let data = t.load(None).unwrap();
     assert_eq!(data.calls.len() as u64, sum.calls_stored);
     assert_eq!(data.stats["drop_db_full"], sum.dropped_db_full);
+    assert_eq!(data.stats["stacks_db_full"], 3);
     assert_eq!(data.stats["events_call"], total);
     assert_eq!(data.counts.len(), 1, "aggregates still stored past the cap");
     assert!(has_note(&t, "size cap"));
