@@ -21,6 +21,7 @@ pub fn stats_of(db: &Path, pid: Option<u32>) -> anyhow::Result<sleuth_core::stat
             crate::checks_memo::memo(),
         )?;
         note_unfinished(&run.incomplete);
+        note_pruned(db, &run.files);
         return Ok(run.report);
     }
     let trace = crate::checks_memo::open(db)?;
@@ -36,6 +37,33 @@ pub fn stats_of(db: &Path, pid: Option<u32>) -> anyhow::Result<sleuth_core::stat
         return Ok(r);
     }
     Ok(sleuth_core::stats::compute(&trace.load(pid)?))
+}
+
+/// One note on stderr when the run's oldest file read is not its first
+/// (`--keep` deleted the ones before, or someone did): the counts cover
+/// the files read alone (`explain` and `memory` said so; `stats` did not:
+/// round 51's tester).
+fn note_pruned(dir: &Path, files: &[std::path::PathBuf]) {
+    if let Some(note) = pruned_note(dir, files) {
+        eprintln!("gpusleuth: note: {note}");
+    }
+}
+
+/// The note [`note_pruned`] prints, None when the run's first file is read.
+fn pruned_note(dir: &Path, files: &[std::path::PathBuf]) -> Option<String> {
+    let number = |p: &std::path::PathBuf| {
+        p.file_name()
+            .and_then(|n| n.to_str())
+            .and_then(sleuth_store::run::part_number)
+    };
+    let (first, last) = (number(files.first()?)?, number(files.last()?)?);
+    (first > 1).then(|| {
+        format!(
+            "{}: files 1 to {} of the run are no longer in the directory (deleted by --keep): these counts cover files {first} to {last}",
+            terminal_safe(&dir.display().to_string()),
+            first - 1
+        )
+    })
 }
 
 /// One note on stderr per file of a run that an answer over the run left
@@ -150,6 +178,23 @@ mod tests {
     use super::*;
     use crate::temp_dir::TempDir;
     use crate::trace_fixture::{rewrite_leaving_unfinished, two_processes};
+
+    #[test]
+    fn a_run_whose_first_files_are_gone_says_so() {
+        let dir = Path::new("/r");
+        let files = |ns: &[u64]| -> Vec<std::path::PathBuf> {
+            ns.iter()
+                .map(|&n| dir.join(sleuth_store::run::part_name(n)))
+                .collect()
+        };
+        assert_eq!(pruned_note(dir, &files(&[1, 2, 3])), None);
+        let note = pruned_note(dir, &files(&[4, 5])).expect("a note");
+        assert!(
+            note.contains("files 1 to 3 of the run are no longer") && note.contains("files 4 to 5"),
+            "{note}"
+        );
+        assert_eq!(pruned_note(dir, &[]), None);
+    }
 
     /// A single file a killed tracer left was read without a word (a run's
     /// readers said so; round 51's tester); one being written is named as
