@@ -212,6 +212,24 @@ fn json_export_lists_every_call() {
         calls.iter().filter(|c| c["ret"] != 0).count() as i64,
         db.int("SELECT count(*) FROM calls WHERE ret != 0")
     );
+    // The launches counted in the kernel have no row: said on stderr (round 51).
+    let counted = db.int("SELECT sum(count) FROM op_counts");
+    assert!(counted > 0);
+    let out = gpusleuth()
+        .args(["export", "--format", "json", "--db"])
+        .arg(demo_db())
+        .arg("-o")
+        .arg(dir.join("again.json"))
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!(
+            "{counted} call(s) of the trace were counted in the kernel"
+        )),
+        "{err}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
