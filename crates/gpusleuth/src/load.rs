@@ -84,9 +84,27 @@ pub fn note_unfinished(files: &[std::path::PathBuf]) {
 /// tester).
 pub fn note_if_unfinished(trace: &sleuth_store::Trace) -> anyhow::Result<()> {
     if let Some(note) = unfinished_note(trace)? {
-        eprintln!("gpusleuth: note: {note}");
+        NOTES_AFTER_SUCCESS
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(note);
     }
     Ok(())
+}
+
+/// Notes said once the command succeeded: a command that fails says one
+/// line, its error (a damaged unfinished file's note came before it).
+static NOTES_AFTER_SUCCESS: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// Prints the notes kept for a command that succeeded, on stderr.
+pub fn say_notes_after_success() {
+    for note in NOTES_AFTER_SUCCESS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .drain(..)
+    {
+        eprintln!("gpusleuth: note: {note}");
+    }
 }
 
 /// The note [`note_if_unfinished`] prints, None for a finished file (or

@@ -141,7 +141,10 @@ fn main() {
     checks_memo::save();
     peak_rss::report_if_asked();
     match result {
-        Ok(code) => std::process::exit(code),
+        Ok(code) => {
+            load::say_notes_after_success();
+            std::process::exit(code)
+        }
         Err(e) => {
             // One line, the whole context chain, no backtrace; the message
             // may quote a path or a name from an untrusted file.

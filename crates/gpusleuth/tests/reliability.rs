@@ -493,6 +493,41 @@ fn a_sigterm_to_the_tracer_alone_ends_the_command_and_the_trace() {
     );
 }
 
+/// Found in round 51: a SIGINT sent to the tracer alone (`kill -INT`)
+/// while it traces a launched command waits for the command, which a
+/// terminal's Ctrl-C reaches too: the wait was silent. Said once on
+/// stderr (with how to stop now); the trace then ends with the command.
+#[test]
+fn a_sigint_to_the_tracer_alone_says_it_waits_for_the_command() {
+    let Some(sb) = Sandbox::for_ebpf("sigint-alone") else {
+        return;
+    };
+    let ready = sb.path("ready");
+    let mut child = sb.spawn_trace(
+        &["--ready-file", ready.to_str().unwrap()],
+        "malloc 4096 a; sleep 1500; free a",
+        None,
+    );
+    common::wait_for_file(&ready, 60);
+    // SAFETY: SIGINT to the gpusleuth process this test spawned.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let status = common::wait_child(&mut child, 30);
+    kill_workloads_of(&sb);
+    assert_eq!(status.code(), Some(0), "the command ran to its end");
+    let err = std::fs::read_to_string(sb.path("trace.stderr")).unwrap();
+    assert_eq!(
+        err.matches("interrupt: the trace ends when the command")
+            .count(),
+        1,
+        "{err}"
+    );
+    let db = sb.open_db();
+    assert_eq!(
+        db.int("SELECT count(*) FROM calls WHERE op = 'cudaFree'"),
+        1
+    );
+}
+
 /// Found in round 50: a stop in the first ~150 ms (the probes attaching)
 /// killed the tracer outright, as the signals were caught only once it
 /// traced: the file was left unfinished, and with `--rotate` every reader

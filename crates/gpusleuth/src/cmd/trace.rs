@@ -783,6 +783,7 @@ fn start(
                 return Err(e.into());
             }
             held.release(&cmd[0])?;
+            signals::mark_command_started();
             child = Some(pid);
         }
         Target::Pids(pids) => {
@@ -885,10 +886,12 @@ fn trace_loop(
     let mut child_exit: Option<i32> = None;
     let mut child_exit_at: Option<Instant> = None;
     // Stop requests passed on to the launched command (see below); one
-    // counted by now came while the probes attached and the command was
-    // launched (`run` stops before that on an earlier one).
+    // counted before the command was released came while the probes
+    // attached (`run` stops before that on an earlier one); one after it
+    // is the loop's to judge.
     let mut passed_on = 0usize;
-    let stopped_while_starting = signals::interrupts() > 0;
+    let mut told_interrupt = false;
+    let stopped_while_starting = signals::before_command_started() > 0;
     // Whether the loop ended because --duration was reached.
     let duration_up = loop {
         let drained = session.poll(Duration::from_millis(50), |c| sinks.take(c));
@@ -922,6 +925,19 @@ fn trace_loop(
                     NoteLevel::Info,
                     "stop requested: SIGTERM passed on to the traced command; the trace ends when it exits"
                         .into(),
+                );
+            }
+        }
+        // An interrupt that is not a SIGTERM (passed on above) waits for
+        // the command, which a terminal's Ctrl-C reached too; sent to the
+        // tracer alone (`kill -INT`) the wait was silent (round 51's
+        // tester): said once, with how to stop now.
+        if let (Some(pid), None) = (child, child_exit) {
+            let interrupts = signals::interrupts().saturating_sub(signals::terms());
+            if interrupts == 1 && !told_interrupt {
+                told_interrupt = true;
+                eprintln!(
+                    "gpusleuth: interrupt: the trace ends when the command (pid {pid}) exits; interrupt again to stop it now (the command then runs on, untraced)"
                 );
             }
         }
