@@ -107,6 +107,11 @@ pub const TAIL_MIN_EXCESS_NS: u64 = 100_000;
 pub const TAIL_MIN_SLOW_CALLS: u64 = 3;
 /// ... and a tail whose runnable share stays below this (else the host explains it).
 pub const TAIL_HOST_EXPLAINED_SHARE: f64 = PREEMPTION_MIN_TAIL_SHARE;
+/// ... and, for a sync op, a tail whose blocked share stays below this: its
+/// slow calls blocked waited for the GPU, the healthy state of a GPU-bound
+/// program (syncs of uneven GPU work, one short and one long each step,
+/// were a "tail" 410x its p50 until round 51).
+pub const TAIL_SYNC_BLOCKED_SHARE: f64 = 0.5;
 /// p99/p50 from which severity is medium (else low).
 pub const TAIL_MEDIUM_RATIO: f64 = 100.0;
 

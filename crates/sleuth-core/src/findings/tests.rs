@@ -453,6 +453,29 @@ fn churn_carried_from_files_no_longer_read_is_measured_since_the_first_allocatio
     assert!(c.summary.contains("% of the trace)"), "{}", c.summary);
 }
 
+/// Round 51's false-positive hunt: a loop with one short and one long
+/// sync a step (the second waits for the GPU's longer kernel) read as a
+/// sync "tail" 410x its p50. Blocked in a sync is the host waiting for the
+/// GPU: no tail; the same slow calls spent on the CPU still are one.
+#[test]
+fn a_syncs_slow_calls_blocked_on_the_gpu_are_no_tail() {
+    let syncs = |blocked: bool| {
+        let mut calls = Vec::new();
+        for i in 0..30u64 {
+            calls.push(call("cudaStreamSynchronize", i * 40 * MS, 70 * US));
+            let mut long = call("cudaStreamSynchronize", i * 40 * MS + MS, 30 * MS);
+            if blocked {
+                long.blocked_ns = 30 * MS;
+            }
+            calls.push(long);
+        }
+        trace(calls)
+    };
+    let tails = |d: &TraceData| of_kind(&explain(d), Kind::TailLatency).len();
+    assert_eq!(tails(&syncs(true)), 0);
+    assert_eq!(tails(&syncs(false)), 1);
+}
+
 /// `n_fast` calls of `p50` then `n_slow` calls of `p99`.
 fn slow_calls(n_fast: u64, n_slow: u64, p50: u64, p99: u64) -> TraceData {
     let mut calls = series("cudaMemcpyAsync", 0, n_fast, p50);

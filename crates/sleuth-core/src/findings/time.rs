@@ -248,6 +248,7 @@ pub(super) fn tail_latency(ctx: &Context) -> Vec<Finding> {
             || ratio < TAIL_MIN_RATIO
             || tail_ns.saturating_sub(v.p50) < TAIL_MIN_EXCESS_NS
             || (host && t.runnable_share >= TAIL_HOST_EXPLAINED_SHARE)
+            || (host && v.class == OpClass::Sync && t.blocked_share >= TAIL_SYNC_BLOCKED_SHARE)
         {
             continue;
         }
