@@ -277,7 +277,8 @@ pub struct Churn {
     /// Device allocations of a size this process had allocated and freed
     /// before (each earlier free is matched by at most one re-allocation).
     pub reallocs: u64,
-    /// Wall time spent in counted device allocation and free calls.
+    /// Wall time spent in counted device allocation and free calls (not
+    /// stream-ordered ones: they come from the driver's pool).
     pub alloc_free_ns: u64,
     /// The most re-allocated sizes, most frequent first (at most 5).
     pub top_sizes: Vec<SizeCount>,
@@ -533,6 +534,13 @@ impl Replay {
             if matches!(pool, Pool::Device | Pool::Physical) {
                 self.allocs += 1;
                 self.allocated_bytes = self.allocated_bytes.saturating_add(bytes);
+            }
+            // A stream-ordered allocation (`cudaMallocAsync`) comes from the
+            // pool the driver keeps: freeing and asking again is what that
+            // pool is for, the cure `allocation_churn` recommends (round
+            // 51's false-positive hunt: 30 `cudaMallocAsync`/`cudaFreeAsync`
+            // pairs were churn).
+            if matches!(pool, Pool::Device | Pool::Physical) && !stream_ordered(info) {
                 self.churn.alloc_free_ns = self.churn.alloc_free_ns.saturating_add(c.dur_ns);
                 if let Some(n) = self.freed_sizes.get_mut(&bytes).filter(|n| **n > 0) {
                     *n -= 1;
@@ -569,8 +577,11 @@ impl Replay {
                 if matches!(old.pool, Pool::Device | Pool::Physical) {
                     self.frees += 1;
                     self.freed_bytes = self.freed_bytes.saturating_add(old.bytes);
-                    self.churn.alloc_free_ns = self.churn.alloc_free_ns.saturating_add(c.dur_ns);
-                    *self.freed_sizes.entry(old.bytes).or_default() += 1;
+                    if !stream_ordered(info) {
+                        self.churn.alloc_free_ns =
+                            self.churn.alloc_free_ns.saturating_add(c.dur_ns);
+                        *self.freed_sizes.entry(old.bytes).or_default() += 1;
+                    }
                     self.device_changed(ts);
                 }
             }
@@ -1093,6 +1104,13 @@ pub fn in_context(mut l: ProcessLedger, context: &TraceData, at_ns: Option<u64>)
         .filter(|&e| at_ns.is_none_or(|at| e <= at));
     name_sites(context, &mut l);
     l
+}
+
+/// Whether `info` allocates or frees in stream order, from the driver's
+/// pool (`cudaMallocAsync`, `cudaFreeAsync`, `cuMemAllocAsync`,
+/// `cuMemFreeAsync`): the allocation and free ops that take a stream.
+fn stream_ordered(info: &crate::ops::OpInfo) -> bool {
+    info.stream_arg.is_some()
 }
 
 /// The ledger of every process that made a recorded or counted call, by pid.
@@ -1642,6 +1660,22 @@ mod tests {
             }
         );
         assert_eq!(l.churn.top_sizes.len(), 2);
+    }
+
+    /// Stream-ordered allocations come from the driver's pool: freeing and
+    /// asking again is no churn (round 51: 30 pairs were, and the finding
+    /// recommended the `cudaMallocAsync` the program used).
+    #[test]
+    fn stream_ordered_allocations_are_no_churn() {
+        let mut calls = Vec::new();
+        for round in 0..30u64 {
+            let t = round * 1000;
+            calls.push(alloc("cudaMallocAsync", t, 1 << 20, 0xa));
+            calls.push(free("cudaFreeAsync", t + 500, 0xa));
+        }
+        let l = one(calls);
+        assert_eq!((l.allocs, l.frees, l.live_bytes), (30, 30, 0));
+        assert_eq!((l.churn.reallocs, l.churn.alloc_free_ns), (0, 0));
     }
 
     #[test]
