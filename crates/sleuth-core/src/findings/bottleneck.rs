@@ -12,7 +12,7 @@ use crate::gpu_busy::GpuBusy;
 use crate::ops::{op_by_id, OpClass};
 use crate::threads::{ThreadSplit, WakerKind};
 use serde_json::json;
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 
 fn ms(ns: u64) -> String {
     format!("{:.1} ms", ns as f64 / 1e6)
@@ -249,9 +249,23 @@ pub(super) fn host_bound(v: &ThreadView) -> Option<Finding> {
 }
 
 /// The issuing thread sleeps outside CUDA calls until other tasks wake it.
-pub(super) fn input_wait(v: &ThreadView) -> Option<Finding> {
+pub(super) fn input_wait(v: &ThreadView, cuda_pids: &BTreeSet<u32>) -> Option<Finding> {
     let t = v.t;
-    let blocked = t.between.blocked_ns;
+    // Woken by another process that itself issues CUDA work in the trace,
+    // the thread waited on that process's GPU work, not on input: a
+    // launcher in `waitpid` on its GPU worker (round 51's false-positive
+    // hunt: "input-bound, woken by workload (its child) 100%", the child
+    // 99% blocked in syncs).
+    let on_cuda_process = |w: &&crate::threads::WakerTime| {
+        w.kind == WakerKind::Task && w.pid != t.pid && cuda_pids.contains(&w.pid)
+    };
+    let waited_on_gpu_work: u64 = t
+        .wakers
+        .iter()
+        .filter(on_cuda_process)
+        .map(|w| w.blocked_ns)
+        .sum();
+    let blocked = t.between.blocked_ns.saturating_sub(waited_on_gpu_work);
     let share = t.share(blocked);
     if share < INPUT_WAIT_MIN_SHARE || blocked < INPUT_WAIT_MIN_NS {
         return None;
@@ -259,7 +273,7 @@ pub(super) fn input_wait(v: &ThreadView) -> Option<Finding> {
     let culprits: Vec<FindingCulprit> = t
         .wakers
         .iter()
-        .filter(|w| w.kind == WakerKind::Task)
+        .filter(|w| w.kind == WakerKind::Task && !on_cuda_process(w))
         .take(TOP_CULPRITS)
         .map(|w| FindingCulprit {
             pid: w.pid,
@@ -293,7 +307,8 @@ pub(super) fn input_wait(v: &ThreadView) -> Option<Finding> {
         }
     );
     let mut ev = v.base_evidence();
-    ev["blocked_between_ns"] = json!(blocked);
+    ev["blocked_between_ns"] = json!(t.between.blocked_ns);
+    ev["blocked_on_cuda_processes_ns"] = json!(waited_on_gpu_work);
     ev["blocked_by_tasks_ns"] = json!(t.blocked_by_tasks_ns());
     ev["wakers"] = json!(t.wakers);
     Some(finding(

@@ -145,6 +145,60 @@ fn launch_bound_needs_enough_launches() {
     assert_eq!(only(&d, Kind::LaunchBound).len(), 1);
 }
 
+/// Round 51's false-positive hunt: a launcher blocked in `waitpid` on its
+/// GPU-working child read as input-bound, woken by the child. Blocked time
+/// another CUDA-issuing process of the trace ended is the thread waiting on
+/// that process's GPU work: here 150 of the 200 ms, leaving 5%, no verdict.
+#[test]
+fn waiting_on_another_cuda_process_is_no_input_wait() {
+    let woken_by = |pid: u32| Waker {
+        pid,
+        tid: pid,
+        comm: "worker".into(),
+        irq: false,
+    };
+    let mut calls = vec![
+        call("cudaStreamSynchronize", 0, 700 * MS),
+        call("cudaMalloc", 999 * MS, MS),
+    ];
+    let waits = vec![
+        wait(
+            WaitKind::Blocked,
+            700 * MS,
+            850 * MS,
+            850 * MS,
+            Some(woken_by(555)),
+        ),
+        wait(
+            WaitKind::Blocked,
+            850 * MS,
+            900 * MS,
+            900 * MS,
+            Some(woken_by(556)),
+        ),
+    ];
+    let d = trace(calls.clone(), waits.clone());
+    assert_eq!(
+        only(&d, Kind::InputWait).len(),
+        1,
+        "555 is no CUDA process yet"
+    );
+    // Process 555 issues CUDA work of its own.
+    for i in 0..3 {
+        let mut c = call("cudaLaunchKernel", 100 * MS + i * MS, 10 * US);
+        (c.pid, c.tid) = (555, 555);
+        calls.push(c);
+    }
+    calls.sort_by_key(|c| c.ts_ns);
+    let mut d = trace(calls, waits);
+    d.processes.push(crate::data::ProcessInfo {
+        pid: 555,
+        comm: "worker".into(),
+        ..Default::default()
+    });
+    assert!(only(&d, Kind::InputWait).is_empty(), "{:?}", kinds_of(&d));
+}
+
 #[test]
 fn input_wait_names_the_wakers_with_their_share() {
     let worker = |pid: u32| Waker {
