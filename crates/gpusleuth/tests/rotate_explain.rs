@@ -42,14 +42,17 @@ fn kinds(v: &Value) -> BTreeMap<String, usize> {
 }
 
 /// [`kinds`] of the findings the script below makes on purpose: the memory
-/// ones (exact counts) and the slow sync's tail. A loaded machine can slow
-/// other calls enough for a tail of their own, differently in two runs.
+/// ones (exact counts). A loaded machine can slow other calls enough for a
+/// tail of their own, differently in two runs. (Its one slow sync among 24
+/// quick ones was a `tail_latency` until round 51: a sync blocked waiting
+/// for the GPU is the GPU's work, never a finding.)
 fn scripted_kinds(v: &Value) -> BTreeMap<String, usize> {
     let mut out = BTreeMap::new();
     for f in v["findings"].as_array().expect("findings") {
         let k = f["kind"].as_str().expect("kind");
         let scripted = match k {
             "allocation_failure" | "memory_growth" | "allocation_churn" => true,
+            // Never one of the syncs, blocked on the GPU (round 51).
             "tail_latency" => f["op"] == "cudaStreamSynchronize",
             _ => false,
         };
@@ -172,8 +175,8 @@ fn a_healthy_rotated_run_has_zero_findings() {
     }
 }
 
-/// A leak every step, a cache emptied and refilled, one slow sync among
-/// 24 quick ones, a failed allocation.
+/// A leak every step, a cache emptied and refilled, one slow sync (no tail:
+/// blocked on the GPU) among 24 quick ones, a failed allocation.
 const FINDINGS_SCRIPT: &str = "malloc 1048576 w; \
      repeat 8 { malloc 65536; malloc 1048576 s; free s; sync_sleep 20 }; sync_sleep 300; \
      repeat 8 { malloc 65536; malloc 1048576 s; free s; sync_sleep 20 }; sync_sleep 300; \
@@ -190,14 +193,10 @@ fn a_rotated_run_finds_what_one_trace_finds_with_and_without_pid() {
     assert!(parts(&rotated.db()).len() >= 3);
     let (one, run) = (explain(&whole.db(), &[]), explain(&rotated.db(), &[]));
     let want = scripted_kinds(&one);
-    for k in [
-        "allocation_failure",
-        "memory_growth",
-        "allocation_churn",
-        "tail_latency",
-    ] {
+    for k in ["allocation_failure", "memory_growth", "allocation_churn"] {
         assert_eq!(want.get(k), Some(&1), "{k} in one trace: {one}");
     }
+    assert_eq!(want.get("tail_latency"), None, "the slow sync: {one}");
     assert_eq!(scripted_kinds(&run), want, "run:\n{run}\none trace:\n{one}");
     for (kind, key) in [
         ("memory_growth", "growing_allocations"),
@@ -210,17 +209,6 @@ fn a_rotated_run_finds_what_one_trace_finds_with_and_without_pid() {
             "{kind}"
         );
     }
-    let sync_tail = |v: &Value| {
-        v["findings"]
-            .as_array()
-            .and_then(|f| {
-                f.iter()
-                    .find(|f| f["kind"] == "tail_latency" && f["op"] == "cudaStreamSynchronize")
-            })
-            .cloned()
-            .unwrap_or_else(|| panic!("no tail_latency of the syncs: {v}"))
-    };
-    assert_eq!(sync_tail(&run)["evidence"]["calls"], 27);
 
     // The same over the run's one process; a process it does not hold is one line.
     let pid = rotated.truth()[0].pid.to_string();
