@@ -189,25 +189,13 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     }
     // Not into the output itself (`> f 2>&1`, `2>&1 | jq`): a consumer
     // of the JSON gets the calls alone.
-    if format == Format::Json && (args.output.is_some() || !stderr_is_stdout()) {
+    if format == Format::Json && (args.output.is_some() || !stdout_file::stderr_is_stdout()) {
         note_counted_calls(&trace, pid)?;
     }
     if let Some(f) = &file {
         f.say();
     }
     Ok(0)
-}
-
-/// Whether stderr and stdout are the same file or pipe (device and inode).
-fn stderr_is_stdout() -> bool {
-    use std::os::fd::AsFd as _;
-    use std::os::unix::fs::MetadataExt as _;
-    let id = |fd: std::io::Result<std::os::fd::OwnedFd>| {
-        let meta = std::fs::File::from(fd.ok()?).metadata().ok()?;
-        Some((meta.dev(), meta.ino()))
-    };
-    let out = id(std::io::stdout().as_fd().try_clone_to_owned());
-    out.is_some() && out == id(std::io::stderr().as_fd().try_clone_to_owned())
 }
 
 /// `json` holds the calls the trace stored one by one; launches counted

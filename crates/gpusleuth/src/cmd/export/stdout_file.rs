@@ -25,17 +25,22 @@ use std::os::unix::fs::MetadataExt;
 /// file that ends where it stands and stderr is another file.
 pub(super) fn regular_stdout() -> Option<(File, u64)> {
     let out = File::from(std::io::stdout().as_fd().try_clone_to_owned().ok()?);
-    let err = std::io::stderr()
-        .as_fd()
-        .try_clone_to_owned()
-        .ok()
-        .map(File::from);
     let start = ends_where_it_stands(&out)?;
-    let (m, e) = (out.metadata().ok()?, err.and_then(|e| e.metadata().ok()));
-    if e.is_some_and(|e| (e.dev(), e.ino()) == (m.dev(), m.ino())) {
+    if stderr_is_stdout() {
         return None;
     }
     Some((out, start))
+}
+
+/// Whether stderr and stdout are the same file or pipe (device and inode):
+/// what is said on stderr would land in the output.
+pub(super) fn stderr_is_stdout() -> bool {
+    let id = |fd: std::io::Result<std::os::fd::OwnedFd>| {
+        let meta = File::from(fd.ok()?).metadata().ok()?;
+        Some((meta.dev(), meta.ino()))
+    };
+    let out = id(std::io::stdout().as_fd().try_clone_to_owned());
+    out.is_some() && out == id(std::io::stderr().as_fd().try_clone_to_owned())
 }
 
 /// Where `f` stands, when it is a regular file that ends there. A file
