@@ -800,21 +800,17 @@ fn start(
             // forked meanwhile by a process not yet traced is found too.
             let mut traced: std::collections::BTreeSet<u32> = pids.iter().copied().collect();
             let mut added = Vec::new();
-            for d in running_descendants
-                .into_iter()
-                .chain(crate::procinfo::descendants(&traced))
-            {
-                if traced.insert(d) {
-                    session.trace_pid(d, |c| sinks.take(c))?;
-                    added.push(d);
+            let mut found = running_descendants;
+            for _ in 0..2 {
+                found.extend(crate::procinfo::descendants(&traced));
+                let fresh: Vec<u32> = found.drain(..).filter(|&d| traced.insert(d)).collect();
+                if fresh.is_empty() {
+                    break;
                 }
-            }
-            if !added.is_empty() {
-                for d in crate::procinfo::descendants(&traced) {
+                for &d in &fresh {
                     session.trace_pid(d, |c| sinks.take(c))?;
-                    traced.insert(d);
-                    added.push(d);
                 }
+                added.extend(fresh);
             }
             if !added.is_empty() {
                 let shown: Vec<String> = added.iter().take(20).map(u32::to_string).collect();
