@@ -416,8 +416,12 @@ mod tests {
     /// A path of this test process's own under the temporary directory;
     /// the file (and the folder, once the last test's file is gone) is
     /// removed when the test ends, passed or not.
+    /// A file in a folder of its own: with one shared folder, a test's
+    /// drop could remove the folder between another test's `create_dir_all`
+    /// and its write (CI saw that write fail with NotFound).
     fn scratch(name: &str) -> Scratch {
-        let dir = std::env::temp_dir().join(format!("gs-elf-symbols-{}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("gs-elf-symbols-{}-{name}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         Scratch(dir.join(name))
     }
@@ -440,8 +444,6 @@ mod tests {
     impl Drop for Scratch {
         fn drop(&mut self) {
             let _ = std::fs::remove_file(&self.0);
-            // Fails while another test's file is still there: that one's
-            // drop removes the folder.
             if let Some(dir) = self.0.parent() {
                 let _ = std::fs::remove_dir(dir);
             }
