@@ -115,7 +115,7 @@ fn leak_and_failure_with_the_ledger_exact_to_the_byte() {
 #[test]
 fn a_leak_in_a_loop_is_memory_growth() {
     // Every step allocates 64 KiB it never frees, and a 1 MiB scratch buffer it does.
-    let Some(sb) = traced("growth", "malloc 1048576 w; repeat 8 { malloc 65536; malloc 1048576 s; sync_sleep 5; free s }; free w") else {
+    let Some(sb) = traced("growth", "malloc 1048576 w; repeat 8 { malloc 65536; malloc 1048576 s; sync_sleep 20; free s }; free w") else {
         return;
     };
     let f = explain_json(&sb);

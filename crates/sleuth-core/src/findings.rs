@@ -44,9 +44,17 @@ pub const VERDICT_HIGH_SHARE: f64 = 0.5;
 pub const VERDICT_MEDIUM_SHARE: f64 = 0.2;
 /// GPU-idle evidence: measured GPU busy below this ...
 pub const GPU_IDLE_MAX_BUSY: f64 = 0.5;
-/// ... or, not measured: at least one sync, and time inside syncs at most
-/// this share of the window (the syncs returned almost at once).
+/// ... or, not measured: time inside syncs at most this share of the
+/// window (the syncs returned almost at once) ...
 pub const SYNC_AT_ONCE_MAX_SHARE: f64 = 0.10;
+/// ... from at least this many syncs, with no host stretch before one of
+/// them longer than SYNC_AT_ONCE_MAX_GAP_SHARE of the window: syncs that
+/// sampled the GPU's queue through the window. One sync at the end that
+/// blocked 35 ms (7% of the window) was read as "returned at once" and the
+/// GPU as idle (host_bound; round 51's false-positive hunt): it had seen a
+/// GPU with work queued, once.
+pub const SYNC_AT_ONCE_MIN_SYNCS: u64 = 3;
+pub const SYNC_AT_ONCE_MAX_GAP_SHARE: f64 = 0.5;
 /// host_bound: on-CPU time between calls at least this share of the window.
 pub const HOST_BOUND_MIN_SHARE: f64 = 0.5;
 /// launch_bound: at least this many kernel launches ...
@@ -60,6 +68,13 @@ pub const LAUNCH_BOUND_MIN_SHARE: f64 = 0.5;
 pub const INPUT_WAIT_MIN_SHARE: f64 = 0.2;
 /// ... and at least this long.
 pub const INPUT_WAIT_MIN_NS: u64 = 10_000_000;
+/// host_bound and input_wait judge the steady part of a thread's window:
+/// where its longest pause between two calls holds at least this share of
+/// the time the verdict would explain, that pause and its time are left
+/// out (a dataset loaded for 1.5 s after `set_device`, then a GPU-bound
+/// loop, read as input_wait woken by timers 100%; round 51's
+/// false-positive hunt). Time lost at every step is in many stretches.
+pub const PAUSE_DOMINANT_SHARE: f64 = 0.5;
 /// sync_stall: at least this many syncs ...
 pub const SYNC_STALL_MIN_SYNCS: u64 = 20;
 /// ... at least this many per second of the window ...
@@ -84,6 +99,11 @@ pub const GROWTH_MIN_ALLOCS: u64 = 3;
 /// parts of the process's CUDA activity (a steady rise, not a load at start).
 pub const GROWTH_QUARTERS: usize = 4;
 pub const GROWTH_MIN_QUARTERS: usize = 3;
+/// ... over CUDA activity of at least this long: allocations made once in
+/// a program whose CUDA work lasts 60 ms fall in every quarter of it, a
+/// setup rather than a rise (round 51's false-positive hunt). The same
+/// floor as the time verdicts' window.
+pub const GROWTH_MIN_SPAN_NS: u64 = VERDICT_MIN_WINDOW_NS;
 /// Growing bytes from which severity is high / medium (else low).
 pub const GROWTH_HIGH_BYTES: u64 = 1 << 30;
 pub const GROWTH_MEDIUM_BYTES: u64 = 64 << 20;
@@ -489,10 +509,20 @@ fn notes(data: &TraceData, drops: &std::collections::BTreeMap<String, u64>) -> V
         .get(crate::stats::EDGE_OPEN_AT_END)
         .copied()
         .unwrap_or(0);
+    let cut = edges
+        .get(crate::stats::EDGE_CUT_BY_EXIT)
+        .copied()
+        .unwrap_or(0);
     if before + open > 0 {
         out.push(format!(
             "Attach edges, not losses: {before} call(s) began before tracing and returned during it \
              (not recorded), {open} call(s) were still in progress when the trace stopped."
+        ));
+    }
+    if cut > 0 {
+        out.push(format!(
+            "{cut} call(s) never returned: their thread exited mid-call (a process killed or \
+             exiting while inside CUDA); not recorded."
         ));
     }
     let unseen = crate::record::stat::NAMES[crate::record::stat::SWITCH_IN_UNSEEN];

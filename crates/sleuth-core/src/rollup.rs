@@ -454,6 +454,15 @@ pub fn merge_thread_split(a: &mut ThreadSplit, b: &ThreadSplit) {
     a.syncs = a.syncs.saturating_add(b.syncs);
     a.sync_ns = a.sync_ns.saturating_add(b.sync_ns);
     a.tracer_runnable_ns = a.tracer_runnable_ns.saturating_add(b.tracer_runnable_ns);
+    // The longer of the two (a pause across the files' boundary is in neither).
+    if let Some(p) = &b.longest_pause {
+        if a.longest_pause
+            .as_ref()
+            .is_none_or(|q| p.wall_ns() > q.wall_ns())
+        {
+            a.longest_pause = Some(p.clone());
+        }
+    }
     for w in &b.wakers {
         match a
             .wakers
@@ -590,6 +599,7 @@ mod tests {
             wakers,
             preempted_by: Vec::new(),
             tracer_runnable_ns: 0,
+            longest_pause: None,
         };
         assert_eq!(t.blocked_by_tasks_ns(), u64::MAX);
     }

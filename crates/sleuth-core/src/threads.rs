@@ -84,6 +84,33 @@ pub struct HolderTime {
     pub runnable_ns: u64,
 }
 
+/// The longest stretch between two consecutive calls of a thread: one
+/// pause (loading a dataset after `set_device`, an evaluation, a hang) as
+/// against time lost at every step. The verdicts judge the steady part
+/// without it where it holds most of their time (`findings::bottleneck`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Pause {
+    /// The end of the call before it and the start of the call after it.
+    pub start_ns: u64,
+    pub end_ns: u64,
+    /// Blocked and runnable time inside it; the rest was on the CPU.
+    pub blocked_ns: u64,
+    pub runnable_ns: u64,
+    /// What ended the longest single wait inside it (None: it never blocked).
+    pub waker: Option<WakerTime>,
+}
+
+impl Pause {
+    pub fn wall_ns(&self) -> u64 {
+        self.end_ns - self.start_ns
+    }
+
+    /// On-CPU plus runnable time: the host working (or wanting to).
+    pub fn host_ns(&self) -> u64 {
+        self.wall_ns().saturating_sub(self.blocked_ns)
+    }
+}
+
 /// The whole-thread split of one CUDA-issuing thread.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ThreadSplit {
@@ -113,6 +140,10 @@ pub struct ThreadSplit {
     /// Runnable time of this thread (inside or between calls) while one of
     /// gpusleuth's own threads held its CPU: the tracer's measured interference.
     pub tracer_runnable_ns: u64,
+    /// The longest stretch between two of its calls (None: calls back to
+    /// back, or a split stored before round 52).
+    #[serde(default)]
+    pub longest_pause: Option<Pause>,
 }
 
 impl ThreadSplit {
@@ -225,6 +256,12 @@ pub struct ThreadStream {
     wakers: HashMap<(WakerKind, u32, u32, String), u64>,
     holders: HashMap<(u32, String), u64>,
     tracer_ns: u64,
+    /// Blocked and runnable time of the waits since the last call (the
+    /// stretch the next call closes), and the longest single wait's waker.
+    gap_blocked: u64,
+    gap_runnable: u64,
+    gap_waker: Option<(WakerKind, u32, u32, String, u64)>,
+    longest_pause: Option<Pause>,
 }
 
 impl ThreadStream {
@@ -244,6 +281,10 @@ impl ThreadStream {
             wakers: HashMap::new(),
             holders: HashMap::new(),
             tracer_ns: 0,
+            gap_blocked: 0,
+            gap_runnable: 0,
+            gap_waker: None,
+            longest_pause: None,
         }
     }
 
@@ -270,11 +311,51 @@ impl ThreadStream {
                 self.in_wall += e.saturating_sub(last.1);
                 last.1 = last.1.max(e);
             }
-            _ => {
+            last => {
+                if let Some(gap_start) = last.map(|l| l.1) {
+                    self.close_gap(gap_start, s);
+                }
                 self.in_wall += e - s;
                 self.busy.push_back((s, e));
             }
         }
+    }
+
+    /// The stretch `[a, s)` between two calls ends: the waits that went
+    /// back on CPU by `s` were all added (the feeding order), so its
+    /// blocked and runnable time is known; kept if it is the longest.
+    fn close_gap(&mut self, a: u64, s: u64) {
+        let (a, s) = (a.max(self.window.0), s.min(self.window.1).max(a));
+        let wall = s - a;
+        let blocked = std::mem::take(&mut self.gap_blocked).min(wall);
+        let runnable = std::mem::take(&mut self.gap_runnable).min(wall - blocked);
+        let waker = self.gap_waker.take();
+        if wall == 0
+            || self
+                .longest_pause
+                .as_ref()
+                .is_some_and(|p| p.wall_ns() >= wall)
+        {
+            return;
+        }
+        self.longest_pause = Some(Pause {
+            start_ns: a,
+            end_ns: s,
+            blocked_ns: blocked,
+            runnable_ns: runnable,
+            waker: waker.map(|(kind, pid, tid, comm, ns)| WakerTime {
+                kind,
+                pid,
+                tid,
+                comm,
+                blocked_ns: ns.min(blocked),
+                share: if blocked == 0 {
+                    0.0
+                } else {
+                    ns.min(blocked) as f64 / blocked as f64
+                },
+            }),
+        });
     }
 
     /// Length of `[a, b)` inside the window and outside every call added so far.
@@ -302,6 +383,8 @@ impl ThreadStream {
         let r = self.outside_calls(w.wake_ns, w.on_ns);
         self.blocked += b;
         self.runnable += r;
+        self.gap_blocked += b;
+        self.gap_runnable += r;
         if b > 0 {
             let key = match &w.waker {
                 Some(k) if k.is_task() => (WakerKind::Task, k.pid, k.tid, k.comm.clone()),
@@ -313,6 +396,9 @@ impl ThreadStream {
                 ),
                 None => (WakerKind::Unknown, 0, 0, "(waker not recorded)".into()),
             };
+            if self.gap_waker.as_ref().is_none_or(|g| b > g.4) {
+                self.gap_waker = Some((key.0, key.1, key.2, key.3.clone(), b));
+            }
             *self.wakers.entry(key).or_default() += b;
         }
         // Culprits cover the runnable part; the share inside the window
@@ -399,6 +485,7 @@ impl ThreadStream {
             wakers,
             preempted_by,
             tracer_runnable_ns: self.tracer_ns,
+            longest_pause: self.longest_pause,
         }
     }
 }

@@ -619,6 +619,7 @@ mod tests {
             wakers: Vec::new(),
             preempted_by: Vec::new(),
             tracer_runnable_ns: 0,
+            longest_pause: None,
         };
         let threads: Vec<ThreadSplit> = (0..25).map(split).collect();
         let lines = thread_lines(&threads);

@@ -10,7 +10,7 @@ use super::inputs::{FindingInputs, ThreadInputs};
 use super::*;
 use crate::gpu_busy::GpuBusy;
 use crate::ops::{op_by_id, OpClass};
-use crate::threads::{ThreadSplit, WakerKind};
+use crate::threads::{Pause, ThreadSplit, WakerKind};
 use serde_json::json;
 use std::collections::{BTreeSet, HashMap};
 
@@ -59,17 +59,28 @@ impl ThreadView<'_> {
     }
 
     /// Is there evidence the GPU was mostly idle? Measured busy below the
-    /// threshold; or, not measured, the thread synchronized and its syncs
-    /// returned almost at once (little time inside them).
+    /// threshold; or, not measured, the thread synchronized through its
+    /// window and its syncs returned almost at once (little time inside them).
     fn gpu_idle(&self) -> Option<&'static str> {
         match self.gpu {
             Some(g) if g.busy < GPU_IDLE_MAX_BUSY => Some("GPU busy measured low"),
             Some(_) => None,
-            None if self.t.syncs > 0 && self.t.share(self.t.sync_ns) <= SYNC_AT_ONCE_MAX_SHARE => {
-                Some("GPU busy not measured; the syncs returned almost at once")
+            None if self.syncs_sampled_the_window()
+                && self.t.share(self.t.sync_ns) <= SYNC_AT_ONCE_MAX_SHARE =>
+            {
+                Some("GPU busy not measured; the syncs, spread over the window, returned almost at once")
             }
             None => None,
         }
+    }
+
+    /// Enough syncs, none after a host stretch of most of the window: what
+    /// they found (a drained queue, or work still queued) stands for the
+    /// whole window, not one moment of it.
+    fn syncs_sampled_the_window(&self) -> bool {
+        let longest_gap = self.agg.host_gaps.max_ns();
+        self.t.syncs >= SYNC_AT_ONCE_MIN_SYNCS
+            && longest_gap as f64 <= SYNC_AT_ONCE_MAX_GAP_SHARE * self.t.wall_ns as f64
     }
 
     fn gpu_json(&self) -> serde_json::Value {
@@ -101,6 +112,7 @@ impl ThreadView<'_> {
             "syncs": t.syncs,
             "sync_ns": t.sync_ns,
             "sync_p50_ns": t.sync_p50_ns,
+            "longest_pause": t.longest_pause,
             "launches": self.launches,
             "gpu_busy": self.gpu_json(),
         })
@@ -163,6 +175,64 @@ pub(super) fn views<'a>(
         .collect()
 }
 
+/// The steady part of a verdict's time: `explained` less the thread's
+/// longest pause's part of it (`pause_part`) where that part is at least
+/// [`PAUSE_DOMINANT_SHARE`] of it, with the window less the pause.
+struct Steady<'a> {
+    explained_ns: u64,
+    window_ns: u64,
+    /// The pause left out, if one was.
+    pause: Option<&'a Pause>,
+}
+
+impl Steady<'_> {
+    fn of<'a>(t: &'a ThreadSplit, explained: u64, pause_part: fn(&Pause) -> u64) -> Steady<'a> {
+        let whole = Steady {
+            explained_ns: explained,
+            window_ns: t.wall_ns,
+            pause: None,
+        };
+        let Some(p) = &t.longest_pause else {
+            return whole;
+        };
+        let part = pause_part(p).min(explained);
+        if explained == 0 || (part as f64) < PAUSE_DOMINANT_SHARE * explained as f64 {
+            return whole;
+        }
+        Steady {
+            explained_ns: explained - part,
+            window_ns: t.wall_ns.saturating_sub(p.wall_ns()),
+            pause: Some(p),
+        }
+    }
+
+    fn share(&self) -> f64 {
+        share(self.explained_ns, self.window_ns)
+    }
+
+    /// " (without one pause of 1.5 s, 0.0 s after the first CUDA call)".
+    fn text(&self, t: &ThreadSplit) -> String {
+        match self.pause {
+            Some(p) => format!(", without one pause of {}", pause_text(p, t)),
+            None => String::new(),
+        }
+    }
+
+    fn evidence(&self, ev: &mut serde_json::Value) {
+        ev["pause_left_out"] = json!(self.pause.is_some());
+        ev["steady_window_ns"] = json!(self.window_ns);
+    }
+}
+
+/// "1.5 s, 0.2 s after its first CUDA call".
+pub(super) fn pause_text(p: &Pause, t: &ThreadSplit) -> String {
+    format!(
+        "{:.1} s, {:.1} s after its first CUDA call",
+        p.wall_ns() as f64 / 1e9,
+        p.start_ns.saturating_sub(t.start_ns) as f64 / 1e9
+    )
+}
+
 fn finding(
     kind: Kind,
     v: &ThreadView,
@@ -172,7 +242,28 @@ fn finding(
     culprits: Vec<FindingCulprit>,
     recommendation: &str,
 ) -> Finding {
-    let share = v.t.share(explained_ns);
+    finding_over(
+        kind,
+        v,
+        (explained_ns, v.t.wall_ns),
+        summary,
+        evidence,
+        culprits,
+        recommendation,
+    )
+}
+
+/// [`finding`] whose share is of `window_ns`, not the thread's whole window.
+fn finding_over(
+    kind: Kind,
+    v: &ThreadView,
+    (explained_ns, window_ns): (u64, u64),
+    summary: String,
+    evidence: serde_json::Value,
+    culprits: Vec<FindingCulprit>,
+    recommendation: &str,
+) -> Finding {
+    let share = share(explained_ns, window_ns);
     Finding {
         kind,
         severity: severity_of_share(share),
@@ -192,8 +283,9 @@ fn finding(
 pub(super) fn host_bound(v: &ThreadView) -> Option<Finding> {
     let t = v.t;
     let on_cpu = t.between.on_cpu_ns;
-    let host = on_cpu + t.between.runnable_ns;
-    let share = t.share(host);
+    let steady = Steady::of(t, on_cpu + t.between.runnable_ns, Pause::host_ns);
+    let host = steady.explained_ns;
+    let share = steady.share();
     let per_launch = v.host_ns_per_launch();
     if share < HOST_BOUND_MIN_SHARE
         || per_launch.is_some_and(|p| p <= LAUNCH_BOUND_MAX_HOST_NS)
@@ -214,13 +306,14 @@ pub(super) fn host_bound(v: &ThreadView) -> Option<Finding> {
         })
         .collect();
     let summary = format!(
-        "{}; {} spent {} ({} of {}) on the host between CUDA calls while the GPU waited for work: {} computing \
+        "{}; {} spent {} ({} of {}{}) on the host between CUDA calls while the GPU waited for work: {} computing \
          on the CPU, {} runnable waiting for a CPU{}",
         v.gpu_text(),
         who(t),
         pct(share),
         ms(host),
-        ms(t.wall_ns),
+        ms(steady.window_ns),
+        steady.text(t),
         ms(on_cpu),
         ms(t.between.runnable_ns),
         match per_launch {
@@ -234,10 +327,11 @@ pub(super) fn host_bound(v: &ThreadView) -> Option<Finding> {
     ev["host_runnable_ns"] = json!(t.between.runnable_ns);
     ev["host_ns_per_launch"] = json!(per_launch);
     ev["gpu_idle_evidence"] = json!(why);
-    Some(finding(
+    steady.evidence(&mut ev);
+    Some(finding_over(
         Kind::HostBound,
         v,
-        host,
+        (host, steady.window_ns),
         summary,
         ev,
         culprits,
@@ -265,8 +359,13 @@ pub(super) fn input_wait(v: &ThreadView, cuda_pids: &BTreeSet<u32>) -> Option<Fi
         .filter(on_cuda_process)
         .map(|w| w.blocked_ns)
         .sum();
-    let blocked = t.between.blocked_ns.saturating_sub(waited_on_gpu_work);
-    let share = t.share(blocked);
+    let steady = Steady::of(
+        t,
+        t.between.blocked_ns.saturating_sub(waited_on_gpu_work),
+        |p| p.blocked_ns,
+    );
+    let blocked = steady.explained_ns;
+    let share = steady.share();
     if share < INPUT_WAIT_MIN_SHARE || blocked < INPUT_WAIT_MIN_NS {
         return None;
     }
@@ -294,12 +393,13 @@ pub(super) fn input_wait(v: &ThreadView, cuda_pids: &BTreeSet<u32>) -> Option<Fi
         })
         .collect();
     let summary = format!(
-        "{}; {} spent {} ({} of {}) blocked between CUDA calls, woken by {}",
+        "{}; {} spent {} ({} of {}{}) blocked between CUDA calls, woken by {}",
         v.gpu_text(),
         who(t),
         pct(share),
         ms(blocked),
-        ms(t.wall_ns),
+        ms(steady.window_ns),
+        steady.text(t),
         if named.is_empty() {
             "tasks the trace did not name".to_string()
         } else {
@@ -311,10 +411,11 @@ pub(super) fn input_wait(v: &ThreadView, cuda_pids: &BTreeSet<u32>) -> Option<Fi
     ev["blocked_on_cuda_processes_ns"] = json!(waited_on_gpu_work);
     ev["blocked_by_tasks_ns"] = json!(t.blocked_by_tasks_ns());
     ev["wakers"] = json!(t.wakers);
-    Some(finding(
+    steady.evidence(&mut ev);
+    Some(finding_over(
         Kind::InputWait,
         v,
-        blocked,
+        (blocked, steady.window_ns),
         summary,
         ev,
         culprits,
@@ -470,8 +571,10 @@ pub(super) fn pageable_copy(views: &[ThreadView]) -> Vec<Finding> {
         ev["bytes"] = json!(a.bytes);
         ev["h2d"] = json!(a.h2d);
         ev["d2h"] = json!(a.d2h);
-        // On-CPU plus runnable time inside the copies: the CPU's part of the copy.
+        // On-CPU time inside the copies: the CPU's part of the copy. Their
+        // runnable time is other tasks' (cpu_preemption), said apart.
         ev["staging_ns"] = json!(a.on_cpu);
+        ev["runnable_in_copies_ns"] = json!(a.runnable);
         ev["copy_wall_ns"] = json!(a.wall);
         ev["pinned_copies"] = json!(a.pinned_copies);
         ev["pinned_ranges_seen"] = json!(

@@ -104,6 +104,11 @@ impl LatencyHist {
         b.split.add(split);
     }
 
+    /// The largest value added (0 when none).
+    pub fn max_ns(&self) -> u64 {
+        self.max_ns
+    }
+
     pub fn count(&self) -> u64 {
         // Saturating: stored counts are checked by their readers, but
         // merged files add theirs (`inputs::merge`).
@@ -373,8 +378,14 @@ mod culprit_rows {
 pub struct PageableInputs {
     pub count: u64,
     pub bytes: u64,
-    /// On-CPU plus runnable time inside the copies.
+    /// On-CPU time inside the copies: the host staging them.
     pub on_cpu: u64,
+    /// Runnable time inside the copies: other tasks held the CPU (that is
+    /// `cpu_preemption`'s, not staging; counted as staging until round 52,
+    /// so a preempted copy was said twice). Absent from older files' stored
+    /// inputs, whose `on_cpu` still holds it.
+    #[serde(default)]
+    pub runnable: u64,
     pub wall: u64,
     pub h2d: u64,
     pub d2h: u64,
@@ -390,6 +401,7 @@ impl Default for PageableInputs {
             count: 0,
             bytes: 0,
             on_cpu: 0,
+            runnable: 0,
             wall: 0,
             h2d: 0,
             d2h: 0,
@@ -689,7 +701,8 @@ impl FindingInputs {
                 }
                 a.count += 1;
                 a.bytes += c.size.unwrap_or(0);
-                a.on_cpu += c.on_cpu_ns() + c.runnable_ns;
+                a.on_cpu += c.on_cpu_ns();
+                a.runnable += c.runnable_ns;
                 a.wall += c.dur_ns;
                 if crate::ops::host_ptr_arg(info, c.kind) == Some(1) {
                     a.h2d += 1;

@@ -113,7 +113,7 @@ pub(super) fn allocation_failure(l: &ProcessLedger) -> Option<Finding> {
 pub(super) fn memory_growth(l: &ProcessLedger, span: (u64, u64)) -> Option<Finding> {
     let (first, last) = span;
     let first = l.unfreed.iter().map(|u| u.ts_ns).fold(first, u64::min);
-    if last <= first {
+    if last.saturating_sub(first) < GROWTH_MIN_SPAN_NS {
         return None;
     }
     let quarter = |ts: u64| -> usize {

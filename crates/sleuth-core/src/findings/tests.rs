@@ -342,6 +342,15 @@ fn memory_growth_needs_repeats_spread_over_the_run() {
     assert!(growth(&leaking(50, 1 << 20, MS, 800 * MS, true)).is_empty());
     // Three allocations in two quarters only (0, 150, 300 of 800 ms): not growth.
     assert!(growth(&leaking(3, 4096, 150 * MS, 800 * MS, false)).is_empty());
+    // Four allocations over a program whose CUDA work lasts under the
+    // minimum span (made once, at setup): not growth; at the span: growth.
+    let short = GROWTH_MIN_SPAN_NS - MS;
+    assert!(growth(&leaking(4, 4096, short / 4, short, true)).is_empty());
+    let at_span = GROWTH_MIN_SPAN_NS;
+    assert_eq!(
+        growth(&leaking(4, 4096, at_span / 4, at_span, true)).len(),
+        1
+    );
     // Severity by bytes.
     assert_eq!(
         growth(&leaking(4, 16 << 20, 100 * MS, 400 * MS, true))[0].severity,

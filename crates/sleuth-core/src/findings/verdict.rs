@@ -112,7 +112,8 @@ pub(super) fn summary_line(
         String::new()
     };
     let in_share = main.share(main.in_calls.wall_ns());
-    Some(if main.wall_ns < VERDICT_MIN_WINDOW_NS {
+    let pause = pause_note(main);
+    let line = if main.wall_ns < VERDICT_MIN_WINDOW_NS {
         format!(
             "{g}; {w} issued CUDA calls for only {:.1} ms: too short for a bottleneck verdict",
             main.wall_ns as f64 / 1e6
@@ -130,7 +131,35 @@ pub(super) fn summary_line(
             pct(main.share(main.between.blocked_ns)),
             pct(main.share(main.between.runnable_ns))
         )
-    })
+    };
+    Some(line + &pause)
+}
+
+/// "; one pause of 1.5 s, 0.0 s after its first CUDA call (1.5 s blocked,
+/// woken by …): judged apart from the steady steps", where the thread's
+/// longest stretch between calls is a real part of its window; empty
+/// otherwise. The verdicts leave such a pause out where it holds most of
+/// their time (`bottleneck::Steady`); the line says it was there.
+fn pause_note(t: &ThreadSplit) -> String {
+    let Some(p) = &t.longest_pause else {
+        return String::new();
+    };
+    if t.share(p.wall_ns()) < VERDICT_MEDIUM_SHARE {
+        return String::new();
+    }
+    let waker = match &p.waker {
+        Some(w) if p.blocked_ns > 0 => match w.kind {
+            WakerKind::Task => format!(", woken by {} (pid {})", w.comm, w.pid),
+            _ => format!(", woken by {}", w.comm),
+        },
+        _ => String::new(),
+    };
+    format!(
+        "; one pause of {} ({:.1} s blocked{waker}, {:.1} s on the host): judged apart from the steady steps",
+        super::bottleneck::pause_text(p, t),
+        p.blocked_ns as f64 / 1e9,
+        p.host_ns() as f64 / 1e9
+    )
 }
 
 /// gpusleuth's measured interference: runnable time of traced threads while

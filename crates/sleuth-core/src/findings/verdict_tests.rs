@@ -24,13 +24,14 @@ fn only(d: &TraceData, k: Kind) -> Vec<Finding> {
 }
 
 /// A 1000 ms window: a sync of `sync` ns at 0 (returning at once when short),
-/// a last call in the final 1 ms, and between them `blocked` ns asleep
-/// (woken by a timer) starting at 200 ms. The rest is on-CPU between calls.
+/// one returning at once every 100 ms after it (steps: the syncs sample the
+/// GPU through the window, and no stretch between calls is one pause), a
+/// last call in the final 1 ms, and between them `blocked` ns asleep (woken
+/// by a timer) starting at 200 ms. The rest is on-CPU between calls.
 fn host_trace(sync: u64, blocked: u64) -> TraceData {
-    let calls = vec![
-        call("cudaStreamSynchronize", 0, sync),
-        call("cudaMalloc", 999 * MS, MS),
-    ];
+    let mut calls = vec![call("cudaStreamSynchronize", 0, sync)];
+    calls.extend((1..10).map(|i| call("cudaStreamSynchronize", i * 100 * MS, 0)));
+    calls.push(call("cudaMalloc", 999 * MS, MS));
     let timer = Waker {
         pid: 0,
         tid: 0,
@@ -87,8 +88,34 @@ fn host_bound_needs_evidence_the_gpu_idled() {
     assert!(only(&host_trace(100 * MS + 1, 0), Kind::HostBound).is_empty());
     // No sync at all and not measured: a full launch queue would look the same.
     let mut d = host_trace(100 * MS, 0);
-    d.calls[0] = call("cudaMalloc", 0, 100 * MS);
+    for c in &mut d.calls[..10] {
+        *c = call("cudaMalloc", c.ts_ns, c.dur_ns);
+    }
     assert!(only(&d, Kind::HostBound).is_empty());
+    // Round 51's false-positive hunt: one sync at the end that blocked 35 ms
+    // (3.5% of the window) saw the GPU once, with work queued: no evidence
+    // it idled. Three syncs returning at once, spread over the window, are.
+    // (Steps of 100 ms opened by allocations, so no stretch is one pause.)
+    let steps = |syncs: &[u64]| {
+        let mut calls: Vec<CallEvent> = (0..10)
+            .map(|i| call("cudaMalloc", i * 100 * MS + 10 * US, 0))
+            .collect();
+        calls.extend(
+            syncs
+                .iter()
+                .map(|&ts| call("cudaStreamSynchronize", ts * MS, 0)),
+        );
+        calls.push(call("cudaStreamSynchronize", 965 * MS, 35 * MS));
+        calls.sort_by_key(|c| c.ts_ns);
+        trace(calls, Vec::new())
+    };
+    let d = steps(&[]);
+    assert!(only(&d, Kind::HostBound).is_empty(), "{:?}", kinds_of(&d));
+    let d = steps(&[350, 650]);
+    assert_eq!(only(&d, Kind::HostBound).len(), 1, "{:?}", kinds_of(&d));
+    // Three syncs, but bunched after 900 ms of host work: they saw its end only.
+    let d = steps(&[905, 935]);
+    assert!(only(&d, Kind::HostBound).is_empty(), "{:?}", kinds_of(&d));
     // Measured: busy below 50% is evidence, 50% is not (whatever the syncs).
     let mut d = host_trace(100 * MS + 1, 0);
     d.gpu_samples = samples(49.0);
@@ -123,8 +150,11 @@ fn launch_bound_at_the_cost_per_launch_edge() {
 fn launch_bound_needs_enough_launches() {
     // A 100 ms window: 10 ms sync, 1 ms last call, 89 ms between calls of
     // which 39.05 ms preempted: on-CPU 49.95 ms.
+    // (Two syncs returning at once at 40 and 70 ms: the GPU idled.)
     let calls = vec![
         call("cudaStreamSynchronize", 0, 10 * MS),
+        call("cudaStreamSynchronize", 40 * MS, 0),
+        call("cudaStreamSynchronize", 70 * MS, 0),
         call("cudaMalloc", 99 * MS, MS),
     ];
     let pre = wait(
@@ -145,6 +175,20 @@ fn launch_bound_needs_enough_launches() {
     assert_eq!(only(&d, Kind::LaunchBound).len(), 1);
 }
 
+/// A 1000 ms window: a 700 ms sync, steps opened by a call at 750, 800 and
+/// 850 ms (no stretch is one pause), a last call in the final 1 ms.
+fn steps_after_a_sync() -> Vec<CallEvent> {
+    let mut calls = vec![call("cudaStreamSynchronize", 0, 700 * MS)];
+    calls.extend([750, 800, 850].map(|ts| call("cudaMalloc", ts * MS, 0)));
+    calls.push(call("cudaMalloc", 999 * MS, MS));
+    calls
+}
+
+/// Blocked from `off` to `on` ms, woken by `by`.
+fn step_wait(off: u64, on: u64, by: Waker) -> WaitEvent {
+    wait(WaitKind::Blocked, off * MS, on * MS, on * MS, Some(by))
+}
+
 /// Round 51's false-positive hunt: a launcher blocked in `waitpid` on its
 /// GPU-working child read as input-bound, woken by the child. Blocked time
 /// another CUDA-issuing process of the trace ended is the thread waiting on
@@ -157,25 +201,12 @@ fn waiting_on_another_cuda_process_is_no_input_wait() {
         comm: "worker".into(),
         irq: false,
     };
-    let mut calls = vec![
-        call("cudaStreamSynchronize", 0, 700 * MS),
-        call("cudaMalloc", 999 * MS, MS),
-    ];
+    let mut calls = steps_after_a_sync();
     let waits = vec![
-        wait(
-            WaitKind::Blocked,
-            700 * MS,
-            850 * MS,
-            850 * MS,
-            Some(woken_by(555)),
-        ),
-        wait(
-            WaitKind::Blocked,
-            850 * MS,
-            900 * MS,
-            900 * MS,
-            Some(woken_by(556)),
-        ),
+        step_wait(700, 750, woken_by(555)),
+        step_wait(750, 800, woken_by(555)),
+        step_wait(800, 850, woken_by(555)),
+        step_wait(850, 900, woken_by(556)),
     ];
     let d = trace(calls.clone(), waits.clone());
     assert_eq!(
@@ -209,27 +240,14 @@ fn input_wait_names_the_wakers_with_their_share() {
     };
     // A 1000 ms window: a 700 ms sync, then 200 ms blocked between calls
     // (exactly 20%): 150 ms ended by worker 555, 50 ms by worker 556.
-    let calls = vec![
-        call("cudaStreamSynchronize", 0, 700 * MS),
-        call("cudaMalloc", 999 * MS, MS),
-    ];
+    let calls = steps_after_a_sync();
     let waits = vec![
-        wait(
-            WaitKind::Blocked,
-            700 * MS,
-            850 * MS,
-            850 * MS,
-            Some(worker(555)),
-        ),
-        wait(
-            WaitKind::Blocked,
-            850 * MS,
-            900 * MS,
-            900 * MS,
-            Some(worker(556)),
-        ),
+        step_wait(700, 750, worker(555)),
+        step_wait(750, 800, worker(555)),
+        step_wait(800, 850, worker(555)),
+        step_wait(850, 900, worker(556)),
     ];
-    let d = trace(calls.clone(), waits);
+    let d = trace(calls.clone(), waits.clone());
     let f = only(&d, Kind::InputWait);
     assert_eq!(f.len(), 1, "{:?}", kinds_of(&d));
     assert_eq!(f[0].wall_share, Some(0.2));
@@ -247,13 +265,8 @@ fn input_wait_names_the_wakers_with_their_share() {
         f[0].summary
     );
     // One nanosecond less blocked: below 20%.
-    let w = vec![wait(
-        WaitKind::Blocked,
-        700 * MS,
-        900 * MS - 1,
-        900 * MS - 1,
-        Some(worker(555)),
-    )];
+    let mut w = waits.clone();
+    (w[3].wake_ns, w[3].on_ns) = (900 * MS - 1, 900 * MS - 1);
     assert!(only(&trace(calls, w), Kind::InputWait).is_empty());
 }
 
@@ -388,17 +401,19 @@ fn the_verdict_explaining_most_time_ranks_first_failures_before_all() {
 
 #[test]
 fn windows_shorter_than_the_minimum_are_not_judged() {
-    // 99.9 ms of pure host work: too short.
+    // 99.9 ms of pure host work in three steps: too short.
     let d = trace(
         vec![
             call("cudaStreamSynchronize", 0, 10 * US),
+            call("cudaStreamSynchronize", 33 * MS, 0),
+            call("cudaStreamSynchronize", 66 * MS, 0),
             call("cudaMalloc", 99_890 * US, 10 * US),
         ],
         Vec::new(),
     );
     assert!(explain(&d).is_empty());
     let mut d2 = d.clone();
-    d2.calls[1].ts_ns = 99_990 * US; // exactly 100 ms
+    d2.calls[3].ts_ns = 99_990 * US; // exactly 100 ms
     assert_eq!(kinds_of(&d2), vec![Kind::HostBound]);
 }
 
@@ -437,4 +452,129 @@ fn the_tracer_is_never_a_culprit_and_its_time_is_a_note() {
     crate::testing::assert_some_line(&r.notes, |n| {
         n.starts_with("gpusleuth's own threads held the CPU for 6.00 ms")
     });
+}
+
+/// A GPU-bound loop of `steps` steps of 100 ms (a launch, then a sync
+/// blocked `sync` ns; `wait` ns between, woken by a DataLoader worker),
+/// after `cudaSetDevice` at 0 and a 1.5-s pause of `pause_blocked` ns
+/// asleep (woken by a timer) and the rest on the CPU.
+fn paused_trace(steps: u64, sync: u64, wait_ns: u64, pause_blocked: u64) -> TraceData {
+    const PAUSE: u64 = 1_500 * MS;
+    let timer = Waker {
+        pid: 0,
+        tid: 0,
+        comm: "swapper/0".into(),
+        irq: true,
+    };
+    let worker = Waker {
+        pid: 555,
+        tid: 555,
+        comm: "pt_data_worker".into(),
+        irq: false,
+    };
+    let mut calls = vec![call("cudaSetDevice", 0, 10 * US)];
+    let mut waits = Vec::new();
+    if pause_blocked > 0 {
+        waits.push(wait(
+            WaitKind::Blocked,
+            10 * US,
+            10 * US + pause_blocked,
+            10 * US + pause_blocked,
+            Some(timer),
+        ));
+    }
+    for i in 0..steps {
+        let t = PAUSE + i * 100 * MS;
+        calls.push(call("cudaLaunchKernel", t, 10 * US));
+        let mut s = call("cudaStreamSynchronize", t + 20 * US, sync);
+        s.blocked_ns = sync;
+        calls.push(s);
+        if wait_ns > 0 {
+            let off = t + 20 * US + sync;
+            waits.push(wait(
+                WaitKind::Blocked,
+                off,
+                off + wait_ns,
+                off + wait_ns,
+                Some(worker.clone()),
+            ));
+        }
+    }
+    calls.push(call("cudaFree", PAUSE + steps * 100 * MS, 0));
+    trace(calls, waits)
+}
+
+/// Round 51's false-positive hunt: `set_device`, then 1.5 s loading a
+/// dataset, then a GPU-bound loop read as input_wait woken by timers 100%
+/// (asleep) or would read as host_bound (computing). One pause is not time
+/// lost at every step: judged apart, and the summary line says it was there.
+#[test]
+fn a_pause_after_the_first_call_is_judged_apart_from_the_steady_steps() {
+    // Asleep for the whole pause; each step 99.97 ms blocked in its sync.
+    let d = paused_trace(20, 99_970 * US, 0, 1_500 * MS - 10 * US);
+    let r = explain_report(&d);
+    assert!(r.findings.is_empty(), "{:?}", kinds_of(&d));
+    let line = r.summary.unwrap();
+    assert!(
+        line.contains("one pause of 1.5 s, 0.0 s after its first CUDA call (1.5 s blocked, woken by (interrupt: timer or device), 0.0 s on the host)"),
+        "{line}"
+    );
+    // Computing through it (no wait recorded): no host_bound either.
+    let d = paused_trace(20, 99_970 * US, 0, 0);
+    let r = explain_report(&d);
+    assert!(r.findings.is_empty(), "{:?}", kinds_of(&d));
+    assert!(r
+        .summary
+        .unwrap()
+        .contains("(0.0 s blocked, 1.5 s on the host)"));
+    // Without the pause the thread's blocked time was 43% of its window.
+    let t = &crate::threads::thread_splits(&d)[0];
+    let p = t.longest_pause.as_ref().unwrap();
+    assert_eq!((p.start_ns, p.end_ns), (10 * US, 1_500 * MS));
+}
+
+/// Time lost at every step after a pause is still found, its share that of
+/// the steady steps: 20 steps of 100 ms each 40 ms blocked, woken by a
+/// worker (40%), after a 1.5-s pause asleep (1.5 + 0.8 s blocked of 3.5 s
+/// would read 66%).
+#[test]
+fn steady_waits_after_a_pause_are_input_wait_of_the_steady_steps() {
+    let d = paused_trace(20, 59_970 * US, 40 * MS, 1_500 * MS - 10 * US);
+    let f = only(&d, Kind::InputWait);
+    assert_eq!(f.len(), 1, "{:?}", kinds_of(&d));
+    let share = f[0].wall_share.unwrap();
+    assert!((share - 0.4).abs() < 0.001, "{share}");
+    assert_eq!(f[0].evidence["pause_left_out"], true);
+    // The window less the pause (10 us to 1500 ms).
+    assert_eq!(f[0].evidence["steady_window_ns"], 2_000 * MS + 10 * US);
+    assert!(
+        f[0].summary
+            .contains("(800.0 ms of 2000.0 ms, without one pause of 1.5 s"),
+        "{}",
+        f[0].summary
+    );
+    assert_eq!(f[0].culprits[0].pid, 555);
+    // The pause shorter than the steady waits: nothing left out.
+    let d = paused_trace(20, 59_970 * US, 40 * MS, 0);
+    let f = only(&d, Kind::InputWait);
+    assert_eq!(f.len(), 1, "{:?}", kinds_of(&d));
+    assert_eq!(f[0].evidence["pause_left_out"], false);
+}
+
+/// A preempted copy's runnable time is cpu_preemption's: pageable_copy's
+/// staging is its on-CPU time alone (round 51's false-positive hunt: both
+/// findings counted it).
+#[test]
+fn a_pageable_copys_staging_is_its_on_cpu_time_alone() {
+    let mut d = copy_trace(10, 5 * MS, 0x5000, vec![]);
+    for c in d.calls.iter_mut().filter(|c| c.op_name() == "cudaMemcpy") {
+        c.dur_ns += 3 * MS;
+        c.runnable_ns = 3 * MS;
+    }
+    d.calls.sort_by_key(|c| c.ts_ns);
+    let f = only(&d, Kind::PageableCopy);
+    assert_eq!(f.len(), 1, "{:?}", kinds_of(&d));
+    assert_eq!(f[0].evidence["staging_ns"], 50 * MS);
+    assert_eq!(f[0].evidence["runnable_in_copies_ns"], 30 * MS);
+    assert_eq!(f[0].evidence["copy_wall_ns"], 80 * MS);
 }

@@ -88,6 +88,7 @@ impl PageableInputs {
         self.count = self.count.saturating_add(later.count);
         self.bytes = self.bytes.saturating_add(later.bytes);
         self.on_cpu = self.on_cpu.saturating_add(later.on_cpu);
+        self.runnable = self.runnable.saturating_add(later.runnable);
         self.wall = self.wall.saturating_add(later.wall);
         self.h2d = self.h2d.saturating_add(later.h2d);
         self.d2h = self.d2h.saturating_add(later.d2h);
