@@ -518,3 +518,40 @@ fn a_return_whose_call_began_before_the_attach_is_an_edge_not_a_drop() {
         "{explain}"
     );
 }
+
+/// A process killed inside a call: the call never returns, and its entry
+/// stays in the kernel's in-flight map. It was counted as open when the
+/// trace stopped (round 51's tester); its thread is gone, so it is a call
+/// cut short by its thread's exit, and said so.
+#[test]
+fn a_call_cut_short_by_a_kill_is_not_open_at_the_end() {
+    let Some(sb) = Sandbox::for_ebpf("killed-mid-call") else {
+        return;
+    };
+    let [ready, never] = script_paths(&sb, ["ready", "never"]);
+    let mut workload = Guard(
+        Command::new(&sb.sim.workload)
+            .arg(format!("malloc 512 X; await {ready}; sync_until {never}"))
+            .spawn()
+            .expect("start workload"),
+    );
+    let mut tracer = pid_tracer(&sb, workload.id(), &sb.db(), &ready);
+    wait_for_file(Path::new(&ready), 30);
+    // Inside its sync (runtime and driver) well before this.
+    std::thread::sleep(Duration::from_millis(500));
+    workload.kill().unwrap();
+    let _ = workload.wait();
+    // The traced process is gone: the tracer ends by itself.
+    assert!(wait_child(&mut tracer, 30).success());
+    let stats = json_of(&run(&["stats", "--json"], &sb.db()));
+    let edges = &stats["attach_edges"];
+    assert_eq!(edges["call_cut_by_exit"], 2, "{edges}");
+    assert_eq!(edges["call_open_at_end"], 0, "{edges}");
+    assert_eq!(stats["drops"]["total"], 0, "{}", stats["drops"]);
+    let explain = String::from_utf8_lossy(&run(&["explain"], &sb.db()).stdout).into_owned();
+    assert!(
+        explain.contains("2 call(s) never returned: their thread exited mid-call"),
+        "{explain}"
+    );
+    assert!(!explain.contains("still in progress"), "{explain}");
+}

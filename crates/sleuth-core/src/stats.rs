@@ -26,6 +26,9 @@ pub const DROPS_PREFIX: &str = "drop_";
 pub const EDGES_PREFIX: &str = "edge_";
 /// `edge_` counter: traced calls still in progress when the trace stopped.
 pub const EDGE_OPEN_AT_END: &str = "call_open_at_end";
+/// `edge_` counter: traced calls whose thread exited before they returned
+/// (a process killed mid-call; counted as open at the end before round 52).
+pub const EDGE_CUT_BY_EXIT: &str = "call_cut_by_exit";
 
 /// Nearest-rank percentile `p` (1..=100) of an ascending slice: the value at
 /// rank ceil(p/100 * n). None for an empty slice.
@@ -88,7 +91,7 @@ pub struct StatsReport {
     pub ops: Vec<OpStats>,
     /// Lost events per cause (every known cause listed, 0 included) and `total`.
     pub drops: BTreeMap<String, u64>,
-    /// Expected edges of attaching, not losses (both kinds listed, 0 included) and `total`.
+    /// Expected edges of attaching, not losses (every kind listed, 0 included) and `total`.
     pub attach_edges: BTreeMap<String, u64>,
     /// Recorded events per kind and `total`.
     pub events: BTreeMap<String, u64>,
@@ -310,6 +313,7 @@ pub fn attach_edges(data: &TraceData) -> BTreeMap<String, u64> {
         out.insert(stat::edge_name(i).to_string(), old);
     }
     out.insert(EDGE_OPEN_AT_END.to_string(), 0);
+    out.insert(EDGE_CUT_BY_EXIT.to_string(), 0);
     for (k, v) in prefixed(data, EDGES_PREFIX) {
         let e = out.entry(k).or_default();
         *e = e.saturating_add(v);

@@ -698,16 +698,18 @@ impl Capture {
         ids.iter().filter(|id| map.remove(id).is_ok()).count()
     }
 
-    /// Traced calls entered and not yet returned (the `inflight` map; only
-    /// traced callers create entries). Read when the trace stops: calls still
-    /// open then are an attach edge, not a loss.
-    pub fn open_calls(&self) -> usize {
+    /// The thread of each traced call entered and not yet returned (the
+    /// `inflight` map, keyed `tid << 16 | op`; only traced callers create
+    /// entries). Read when the trace stops: calls still open then are an
+    /// attach edge, not a loss; a thread that exited mid-call (killed)
+    /// left its entry behind.
+    pub fn open_call_threads(&self) -> Vec<u32> {
         let Some(m) = self.bpf.map("inflight") else {
-            return 0;
+            return Vec::new();
         };
         BpfHashMap::<_, u64, InflightPod>::try_from(m)
-            .map(|h| h.keys().flatten().count())
-            .unwrap_or(0)
+            .map(|h| h.keys().flatten().map(|k| (k >> 16) as u32).collect())
+            .unwrap_or_default()
     }
 
     /// Hot-path calls counted in the kernel, per process and op.

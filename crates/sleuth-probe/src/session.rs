@@ -424,9 +424,10 @@ impl CaptureSession {
         self.cap.forget_stacks()
     }
 
-    /// Calls entered and not yet returned (an attach edge when the trace stops).
-    pub fn open_calls(&self) -> usize {
-        self.cap.open_calls()
+    /// The thread of each call entered and not yet returned
+    /// ([`Capture::open_call_threads`]).
+    pub fn open_call_threads(&self) -> Vec<u32> {
+        self.cap.open_call_threads()
     }
 
     /// Runs of gpusleuth's programs the kernel skipped, by program

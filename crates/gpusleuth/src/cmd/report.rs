@@ -430,9 +430,10 @@ fn summary_html(inputs: &Inputs, s: &Session, notes: &[Note]) -> String {
     row(
         "Attach edges (not losses)",
         format!(
-            "{} call(s) begun before tracing returned during it, {} call(s) open at the end",
+            "{} call(s) begun before tracing returned during it, {} call(s) open at the end, {} cut short by their thread's exit",
             edges.get("return_without_entry").copied().unwrap_or(0),
-            edges.get(stats::EDGE_OPEN_AT_END).copied().unwrap_or(0)
+            edges.get(stats::EDGE_OPEN_AT_END).copied().unwrap_or(0),
+            edges.get(stats::EDGE_CUT_BY_EXIT).copied().unwrap_or(0)
         ),
     );
     row("Source", esc(s.source.as_str()));

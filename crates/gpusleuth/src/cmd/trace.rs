@@ -6,7 +6,7 @@ use crate::live::{Frame, LiveFeed, LiveView};
 use crate::{procinfo, signals};
 use anyhow::{bail, Context, Result};
 use sleuth_core::record::stat;
-use sleuth_core::stats::EDGE_OPEN_AT_END;
+use sleuth_core::stats::{EDGE_CUT_BY_EXIT, EDGE_OPEN_AT_END};
 use sleuth_probe::{discover, monotonic_ns, CaptureSession, Captured, LaunchMode, SessionOptions};
 use sleuth_store::{
     LibraryInfo, NoteLevel, SessionInfo, TraceWriter, WriteSummary, WriterHandle, WriterOptions,
@@ -1064,7 +1064,20 @@ fn trace_loop(
     {}
     sinks.flush_events();
     let end_mono = monotonic_ns();
-    let open_calls = session.open_calls() as u64;
+    // A call whose thread is gone did not stay open: its thread exited
+    // mid-call (killed), and it was counted as open at the end (round 51's
+    // tester).
+    let (open_calls, cut_by_exit) =
+        session
+            .open_call_threads()
+            .into_iter()
+            .fold((0u64, 0u64), |(open, cut), tid| {
+                if crate::procinfo::alive(tid) {
+                    (open + 1, cut)
+                } else {
+                    (open, cut + 1)
+                }
+            });
     if let Some(s) = sampler {
         s.finish();
     }
@@ -1093,6 +1106,7 @@ fn trace_loop(
             .unwrap_or_default();
         store_counters(&handle, &session, &before)?;
         handle.set_stat(format!("edge_{EDGE_OPEN_AT_END}"), open_calls)?;
+        handle.set_stat(format!("edge_{EDGE_CUT_BY_EXIT}"), cut_by_exit)?;
         // Kernel state left behind by traced processes: 0 once they all exited.
         let (traced_left, threads_left) = session.map_occupancy();
         handle.set_stat("map_traced_left", traced_left as u64)?;
@@ -1182,7 +1196,7 @@ fn trace_loop(
         );
     }
     eprintln!(
-        "gpusleuth: trace saved to {}{files} — {} calls, {} waits, {} process events recorded; dropped: {} (ring buffer full), {} (kernel maps full), {} (database cap); attach edges (not losses): {} return(s) of calls begun before tracing, {} call(s) open at the end",
+        "gpusleuth: trace saved to {}{files} — {} calls, {} waits, {} process events recorded; dropped: {} (ring buffer full), {} (kernel maps full), {} (database cap); attach edges (not losses): {} return(s) of calls begun before tracing, {} call(s) open at the end{}",
         db.display(),
         summary.calls_stored,
         summary.waits_stored,
@@ -1191,7 +1205,11 @@ fn trace_loop(
         losses.maps(),
         summary.dropped_db_full,
         losses.unmatched_return,
-        open_calls
+        open_calls,
+        match cut_by_exit {
+            0 => String::new(),
+            n => format!(", {n} call(s) cut short by their thread's exit"),
+        }
     );
     let launches_recorded = args.launches == LaunchMode::Full;
     if let Some(text) = lost_warning(

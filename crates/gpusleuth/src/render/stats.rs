@@ -193,7 +193,7 @@ mod tests {
         assert!(text.contains("events dropped:  0"));
         assert!(
             text.contains(
-                "attach edges (not losses): 0 (call_open_at_end 0, return_without_entry 0)"
+                "attach edges (not losses): 0 (call_cut_by_exit 0, call_open_at_end 0, return_without_entry 0)"
             ),
             "{text}"
         );
