@@ -137,6 +137,7 @@ fn main() {
     if runs_no_callers_sql(&cli.command) {
         sleuth_store::turn_off_memory_statistics();
     }
+    refuse_stderr_input(&matches);
     let result = refuse_stdout_input(&matches).and_then(|()| run(cli.command));
     checks_memo::save();
     peak_rss::report_if_asked();
@@ -159,13 +160,54 @@ fn main() {
 /// (`sleuth_store::outfile::refuse_stdout_input`), before it reads or
 /// writes anything: `export --db t.db >> t.db` appended the export to the
 /// trace, `stats --db t.db 1<> t.db` left it no database (round 51). The
-/// paths are the arguments each reading command names `db` (a trace, a
-/// run's directory, `finish`'s directories of runs), `trace_dir` (the
-/// traces `mcp`'s tools may read), `inputs` (`merge`) and `src`
-/// (`import`); `trace`'s `--db` is what it writes, and `import`'s too.
+/// inputs are [`input_paths`].
 fn refuse_stdout_input(matches: &clap::ArgMatches) -> anyhow::Result<()> {
+    Ok(sleuth_store::outfile::refuse_stdout_input(&input_paths(
+        matches,
+    ))?)
+}
+
+/// Ends the command, before it reads or writes anything, when stderr is a
+/// file it reads (`stats --db t.db 2>> t.db`: its notes and errors would be
+/// appended to the trace; round 51's tester). The error cannot go where
+/// errors go: stderr is pointed at /dev/null (nothing more reaches the
+/// trace, a panic included) and the one line is said on stdout, unless
+/// stdout is an input too.
+fn refuse_stderr_input(matches: &clap::ArgMatches) {
+    use std::os::fd::AsFd as _;
+    let inputs = input_paths(matches);
+    let Some(path) = sleuth_store::outfile::input_behind(std::io::stderr().as_fd(), &inputs) else {
+        return;
+    };
+    silence_stderr();
+    if sleuth_store::outfile::input_behind(std::io::stdout().as_fd(), &inputs).is_none() {
+        let _ = load::emit(&format!(
+            "gpusleuth: error: {}: is also this command's stderr (refusing to write notes and \
+             errors into a trace it reads: redirect stderr to another file)\n",
+            term_text::terminal_safe(&path.display().to_string())
+        ));
+    }
+    std::process::exit(1);
+}
+
+/// Points stderr at /dev/null.
+fn silence_stderr() {
+    if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
+        use std::os::fd::AsRawFd as _;
+        // SAFETY: dup2 onto fd 2 of a file this function holds open; no
+        // Rust object owns fd 2 (std's stderr writes to the number).
+        unsafe { libc::dup2(null.as_raw_fd(), libc::STDERR_FILENO) };
+    }
+}
+
+/// The files a command reads, as its arguments name them: `db` of the
+/// reading commands (a trace, a run's directory, `finish`'s directories of
+/// runs), `trace_dir` (the traces `mcp`'s tools may read), `inputs`
+/// (`merge`), `src` (`import`); `trace`'s `--db` is what it writes, and
+/// `import`'s too.
+fn input_paths(matches: &clap::ArgMatches) -> Vec<&std::path::Path> {
     let Some((name, sub)) = matches.subcommand() else {
-        return Ok(());
+        return Vec::new();
     };
     let ids: &[&str] = match name {
         "stats" | "explain" | "memory" | "query" | "export" | "report" | "finish" => &["db"],
@@ -174,13 +216,11 @@ fn refuse_stdout_input(matches: &clap::ArgMatches) -> anyhow::Result<()> {
         "import" => &["src"],
         _ => &[],
     };
-    let paths: Vec<&std::path::Path> = ids
-        .iter()
+    ids.iter()
         .filter_map(|id| sub.try_get_many::<std::path::PathBuf>(id).ok().flatten())
         .flatten()
         .map(|p| p.as_path())
-        .collect();
-    Ok(sleuth_store::outfile::refuse_stdout_input(&paths)?)
+        .collect()
 }
 
 /// Runs `command`.

@@ -116,6 +116,53 @@ fn a_stdout_that_is_an_input_is_refused_before_anything_is_written() {
     assert!(!doc.as_array().unwrap().is_empty());
 }
 
+/// `stats --db t.db 2>> t.db` appended its notes and errors to the trace
+/// (round 51's tester): refused before anything is read or written, the
+/// one line said on stdout (stderr is the trace), the trace unchanged.
+#[test]
+fn a_stderr_that_is_an_input_is_refused_and_nothing_reaches_it() {
+    let sb = Sandbox::new("stderr-input");
+    let db = example(&sb, "demo-sim.db", "t.db");
+    let before = std::fs::read(&db).unwrap();
+    for cmd in [
+        vec!["stats", "--db", s(&db)],
+        vec!["explain", "--db", s(&db)],
+        vec!["export", "--db", s(&db), "--format", "json"],
+        vec!["query", "--db", s(&db), "SELECT nonsense"],
+    ] {
+        for stderr in as_stdout(&db) {
+            let out = gpusleuth()
+                .args(&cmd)
+                .stderr(stderr)
+                .output()
+                .expect("run gpusleuth");
+            let said = String::from_utf8_lossy(&out.stdout);
+            assert_eq!(out.status.code(), Some(1), "{cmd:?}: {said}");
+            assert!(
+                said.starts_with("gpusleuth: error: ")
+                    && said.contains("is also this command's stderr")
+                    && said.contains(s(&db)),
+                "{cmd:?}: {said}"
+            );
+            assert_eq!(said.trim_end().lines().count(), 1, "{cmd:?}: {said}");
+            assert!(
+                std::fs::read(&db).unwrap() == before,
+                "{cmd:?} changed the trace"
+            );
+        }
+    }
+    // Both stdout and stderr the trace: nothing said anywhere, exit 1.
+    let [a, b] = as_stdout(&db);
+    let out = gpusleuth()
+        .args(["stats", "--db", s(&db)])
+        .stdout(a)
+        .stderr(b)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(std::fs::read(&db).unwrap() == before, "the trace changed");
+}
+
 /// `demo --keep DIR` refused, nothing written, and the error's one line.
 fn keep_refused(args: &[&str], named: &Path) {
     let out = gpusleuth().arg("demo").args(args).output().unwrap();

@@ -124,13 +124,7 @@ fn is_file(path: &Path, meta: &std::fs::Metadata) -> bool {
 /// regular file (a terminal, a pipe, `/dev/null`) is never an input.
 pub fn refuse_stdout_input(inputs: &[&Path]) -> Result<(), StoreError> {
     use std::os::fd::AsFd as _;
-    let Ok(fd) = std::io::stdout().as_fd().try_clone_to_owned() else {
-        return Ok(());
-    };
-    let Ok(meta) = std::fs::File::from(fd).metadata() else {
-        return Ok(());
-    };
-    match input_at(inputs, &meta) {
+    match input_behind(std::io::stdout().as_fd(), inputs) {
         None => Ok(()),
         Some(path) => Err(StoreError::file(
             &path,
@@ -138,6 +132,15 @@ pub fn refuse_stdout_input(inputs: &[&Path]) -> Result<(), StoreError> {
              reads: redirect stdout to another file)",
         )),
     }
+}
+
+/// Which of the files `inputs` name ([`refuse_stdout_input`]) the open
+/// file `fd` is, if any: stdout, or stderr (`stats --db t.db 2>> t.db`
+/// would append its notes and errors to the trace).
+pub fn input_behind(fd: std::os::fd::BorrowedFd, inputs: &[&Path]) -> Option<PathBuf> {
+    let fd = fd.try_clone_to_owned().ok()?;
+    let meta = std::fs::File::from(fd).metadata().ok()?;
+    input_at(inputs, &meta)
 }
 
 /// Which of the files `inputs` name ([`refuse_stdout_input`]) is the
