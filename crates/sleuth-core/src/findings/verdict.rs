@@ -97,9 +97,24 @@ pub(super) fn summary_line(
         };
         return Some(line);
     }
-    // No time verdict: say where the main thread's time went.
+    // No time verdict: say where the main thread's time went; with a pause
+    // named, in its steady steps (the shares of the window less the pause:
+    // 35% in syncs over a window that was 65% one pause read as no verdict
+    // where the steps were 99% GPU wait).
     let g = gpu_text(gpu(main.start_ns, main.end_ns));
     let w = who(main);
+    let whole_wall = main.wall_ns;
+    let pause = pause_note(main);
+    let steady = without_pause(main);
+    let main = steady.as_ref().unwrap_or(main);
+    let w = match &steady {
+        Some(s) => format!(
+            "{w}, in its steady steps ({:.1} s of {:.1} s),",
+            s.wall_ns as f64 / 1e9,
+            whole_wall as f64 / 1e9
+        ),
+        None => w,
+    };
     // Runnable time inside calls is the CPU being taken, not the GPU working.
     let gpu_wait = main.sync_ns.saturating_sub(main.in_calls.runnable_ns);
     let sync_share = main.share(gpu_wait);
@@ -112,11 +127,10 @@ pub(super) fn summary_line(
         String::new()
     };
     let in_share = main.share(main.in_calls.wall_ns());
-    let pause = pause_note(main);
-    let line = if main.wall_ns < VERDICT_MIN_WINDOW_NS {
+    let line = if whole_wall < VERDICT_MIN_WINDOW_NS {
         format!(
             "{g}; {w} issued CUDA calls for only {:.1} ms: too short for a bottleneck verdict",
-            main.wall_ns as f64 / 1e6
+            whole_wall as f64 / 1e6
         )
     } else if sync_share >= 0.5 {
         format!(
@@ -133,6 +147,23 @@ pub(super) fn summary_line(
         )
     };
     Some(line + &pause)
+}
+
+/// The thread without its pause where [`pause_note`] names one: the pause's
+/// wall time out of the window, its blocked, runnable and on-CPU time out
+/// of the time between calls.
+fn without_pause(t: &ThreadSplit) -> Option<ThreadSplit> {
+    let p = t.longest_pause.as_ref()?;
+    if t.share(p.wall_ns()) < VERDICT_MEDIUM_SHARE {
+        return None;
+    }
+    let mut s = t.clone();
+    let on_cpu = p.host_ns().saturating_sub(p.runnable_ns);
+    s.wall_ns = s.wall_ns.saturating_sub(p.wall_ns());
+    s.between.blocked_ns = s.between.blocked_ns.saturating_sub(p.blocked_ns);
+    s.between.runnable_ns = s.between.runnable_ns.saturating_sub(p.runnable_ns);
+    s.between.on_cpu_ns = s.between.on_cpu_ns.saturating_sub(on_cpu);
+    Some(s)
 }
 
 /// "; one pause of 1.5 s, 0.0 s after its first CUDA call (1.5 s blocked,

@@ -519,6 +519,12 @@ fn a_pause_after_the_first_call_is_judged_apart_from_the_steady_steps() {
         line.contains("one pause of 1.5 s, 0.0 s after its first CUDA call (1.5 s blocked, woken by (interrupt: timer or device), 0.0 s on the host)"),
         "{line}"
     );
+    // Where the time went is said of the steady steps: GPU-bound (over the
+    // whole window the syncs were 57%, the pause 43%).
+    assert!(
+        line.contains("in its steady steps (2.0 s of 3.5 s), spent 100% waiting for the GPU inside syncs: GPU-bound"),
+        "{line}"
+    );
     // Computing through it (no wait recorded): no host_bound either.
     let d = paused_trace(20, 99_970 * US, 0, 0);
     let r = explain_report(&d);
