@@ -344,6 +344,16 @@ pub fn thread_lines(threads: &[ThreadSplit]) -> Vec<String> {
             if !holders.is_empty() {
                 line.push_str(&format!("; CPU taken by {}", holders.join(", ")));
             }
+            // A pause of a fifth of the window or more: judged apart by the
+            // verdicts (docs/findings.md).
+            if let Some(p) = t.longest_pause.as_ref().filter(|p| t.share(p.wall_ns()) >= 0.2) {
+                line.push_str(&format!(
+                    "; longest pause {} ({} of the window, {} after its first call)",
+                    fmt_ns(p.wall_ns()),
+                    pct(t, p.wall_ns()),
+                    fmt_ns(p.start_ns.saturating_sub(t.start_ns))
+                ));
+            }
             line
         })
         .collect();
@@ -597,6 +607,46 @@ mod tests {
             has_host_context: true,
             ..Default::default()
         }
+    }
+
+    /// A pause of a fifth of the window or more is on the thread's line.
+    #[test]
+    fn a_threads_long_pause_is_on_its_line() {
+        let pause = |start_ns: u64, end_ns: u64| sleuth_core::threads::Pause {
+            start_ns,
+            end_ns,
+            blocked_ns: end_ns - start_ns,
+            runnable_ns: 0,
+            waker: None,
+        };
+        let mut t = ThreadSplit {
+            pid: 7,
+            tid: 7,
+            comm: "train".into(),
+            start_ns: 1_000_000_000,
+            end_ns: 4_500_000_000,
+            wall_ns: 3_500_000_000,
+            calls: 3,
+            in_calls: Default::default(),
+            between: Default::default(),
+            syncs: 0,
+            sync_ns: 0,
+            sync_p50_ns: 0,
+            wakers: Vec::new(),
+            preempted_by: Vec::new(),
+            tracer_runnable_ns: 0,
+            longest_pause: Some(pause(1_000_010_000, 2_500_000_000)),
+        };
+        let line = &thread_lines(std::slice::from_ref(&t))[0];
+        assert!(
+            line.ends_with(
+                "; longest pause 1.500s (43% of the window, 10.0us after its first call)"
+            ),
+            "{line}"
+        );
+        t.longest_pause = Some(pause(1_000_000_000, 1_600_000_000)); // 17%
+        let line = &thread_lines(std::slice::from_ref(&t))[0];
+        assert!(!line.contains("pause"), "{line}");
     }
 
     /// Past twenty threads (a node agent's run of thousands of short-lived
