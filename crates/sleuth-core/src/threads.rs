@@ -102,7 +102,8 @@ pub struct Pause {
 
 impl Pause {
     pub fn wall_ns(&self) -> u64 {
-        self.end_ns - self.start_ns
+        // Saturating: a stored split is read from a file that may be crafted.
+        self.end_ns.saturating_sub(self.start_ns)
     }
 
     /// On-CPU plus runnable time: the host working (or wanting to).
@@ -640,6 +641,41 @@ mod tests {
     /// A stream told its window's end after the last call (a reader of a
     /// scope's calls learns it then) gives the split of one told beforehand,
     /// with waits straddling the window's end and one wholly after it.
+    /// The longest stretch between two calls, with its waits' time and the
+    /// waker of its longest wait; a crafted stored one never underflows.
+    #[test]
+    fn the_longest_pause_is_the_longest_stretch_between_two_calls() {
+        let calls = vec![call(14, 0, MS), call(14, 5 * MS, MS), call(14, 50 * MS, MS)];
+        let timer = Some(Waker {
+            pid: 0,
+            tid: 0,
+            comm: "swapper/0".into(),
+            irq: true,
+        });
+        let waits = vec![
+            blocked(2 * MS, 3 * MS, 3 * MS, None),
+            blocked(10 * MS, 20 * MS, 20 * MS, timer.clone()),
+            blocked(20 * MS, 45 * MS, 45 * MS, timer),
+        ];
+        let t = &thread_splits(&data(calls, waits))[0];
+        let p = t.longest_pause.clone().expect("a pause");
+        assert_eq!((p.start_ns, p.end_ns), (6 * MS, 50 * MS));
+        assert_eq!(
+            (p.blocked_ns, p.runnable_ns, p.host_ns()),
+            (35 * MS, 0, 9 * MS)
+        );
+        let w = p.waker.expect("a waker");
+        assert_eq!((w.kind, w.blocked_ns), (WakerKind::Interrupt, 25 * MS));
+        let crafted = Pause {
+            start_ns: 10,
+            end_ns: 5,
+            blocked_ns: 1 << 62,
+            runnable_ns: 1 << 62,
+            waker: None,
+        };
+        assert_eq!((crafted.wall_ns(), crafted.host_ns()), (0, 0));
+    }
+
     #[test]
     fn a_window_closed_after_the_last_call_gives_the_same_split() {
         let calls = [call(1, 10 * MS, MS), call(14, 40 * MS, 20 * MS)];
