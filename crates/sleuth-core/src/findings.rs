@@ -68,13 +68,19 @@ pub const LAUNCH_BOUND_MIN_SHARE: f64 = 0.5;
 pub const INPUT_WAIT_MIN_SHARE: f64 = 0.2;
 /// ... and at least this long.
 pub const INPUT_WAIT_MIN_NS: u64 = 10_000_000;
-/// host_bound and input_wait judge the steady part of a thread's window:
-/// where its longest pause between two calls holds at least this share of
-/// the time the verdict would explain, that pause and its time are left
-/// out (a dataset loaded for 1.5 s after `set_device`, then a GPU-bound
-/// loop, read as input_wait woken by timers 100%; round 51's
-/// false-positive hunt). Time lost at every step is in many stretches.
-pub const PAUSE_DOMINANT_SHARE: f64 = 0.5;
+/// The verdicts judge a thread's steady steps: its longest stretch between
+/// two calls is left out where it is at least this share of its window
+/// (`bottleneck::left_out_pause`): `set_device`, then 1.5 s loading a
+/// dataset, then a GPU-bound loop read as input_wait woken by timers 100%
+/// (round 51's false-positive hunt). The same share names the pause on the
+/// summary line.
+pub const PAUSE_MIN_SHARE: f64 = VERDICT_MEDIUM_SHARE;
+/// ... when the thread made at least this many calls and what is left is
+/// at least `VERDICT_MIN_WINDOW_NS` long: a stretch between a thread's only
+/// two recorded calls is the program, not a pause in it (launches counted
+/// in the kernel are no calls: a DataLoader-starved loop of launches between
+/// `set_device` and one final sync read "no verdict"; round 52's tester).
+pub const PAUSE_MIN_CALLS: u64 = 10;
 /// sync_stall: at least this many syncs ...
 pub const SYNC_STALL_MIN_SYNCS: u64 = 20;
 /// ... at least this many per second of the window ...

@@ -454,14 +454,9 @@ pub fn merge_thread_split(a: &mut ThreadSplit, b: &ThreadSplit) {
     a.syncs = a.syncs.saturating_add(b.syncs);
     a.sync_ns = a.sync_ns.saturating_add(b.sync_ns);
     a.tracer_runnable_ns = a.tracer_runnable_ns.saturating_add(b.tracer_runnable_ns);
-    // The longer of the two (a pause across the files' boundary is in neither).
-    if let Some(p) = &b.longest_pause {
-        if a.longest_pause
-            .as_ref()
-            .is_none_or(|q| p.wall_ns() > q.wall_ns())
-        {
-            a.longest_pause = Some(p.clone());
-        }
+    // The longest of both (a stretch across the files' boundary is in neither).
+    for p in &b.pauses {
+        crate::threads::keep_longest(&mut a.pauses, p.clone());
     }
     for w in &b.wakers {
         match a
@@ -599,7 +594,7 @@ mod tests {
             wakers,
             preempted_by: Vec::new(),
             tracer_runnable_ns: 0,
-            longest_pause: None,
+            pauses: Vec::new(),
         };
         assert_eq!(t.blocked_by_tasks_ns(), u64::MAX);
     }

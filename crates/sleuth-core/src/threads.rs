@@ -84,10 +84,10 @@ pub struct HolderTime {
     pub runnable_ns: u64,
 }
 
-/// The longest stretch between two consecutive calls of a thread: one
-/// pause (loading a dataset after `set_device`, an evaluation, a hang) as
-/// against time lost at every step. The verdicts judge the steady part
-/// without it where it holds most of their time (`findings::bottleneck`).
+/// A long stretch between two consecutive calls of a thread: a pause
+/// (loading a dataset after `set_device`, an evaluation, a hang) as against
+/// time lost at every step. The verdicts judge the steady steps without the
+/// pauses that are a fifth of the window or more (`findings::bottleneck`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Pause {
     /// The end of the call before it and the start of the call after it.
@@ -110,6 +110,19 @@ impl Pause {
     pub fn host_ns(&self) -> u64 {
         self.wall_ns().saturating_sub(self.blocked_ns)
     }
+}
+
+/// Stretches kept per thread ([`ThreadSplit::pauses`]).
+pub const MAX_PAUSES: usize = 5;
+
+/// Adds `p` to `pauses` (longest first, ties: earlier first), keeping the
+/// [`MAX_PAUSES`] longest.
+pub fn keep_longest(pauses: &mut Vec<Pause>, p: Pause) {
+    let at = pauses.partition_point(|q| {
+        q.wall_ns() > p.wall_ns() || q.wall_ns() == p.wall_ns() && q.start_ns <= p.start_ns
+    });
+    pauses.insert(at, p);
+    pauses.truncate(MAX_PAUSES);
 }
 
 /// The whole-thread split of one CUDA-issuing thread.
@@ -141,10 +154,12 @@ pub struct ThreadSplit {
     /// Runnable time of this thread (inside or between calls) while one of
     /// gpusleuth's own threads held its CPU: the tracer's measured interference.
     pub tracer_runnable_ns: u64,
-    /// The longest stretch between two of its calls (None: calls back to
-    /// back, or a split stored before round 52).
+    /// Its [`MAX_PAUSES`] longest stretches between two of its calls,
+    /// longest first (empty: calls back to back, or a split stored before
+    /// round 52). Five stretches of a fifth of the window fill it: a
+    /// shorter one is never left out.
     #[serde(default)]
-    pub longest_pause: Option<Pause>,
+    pub pauses: Vec<Pause>,
 }
 
 impl ThreadSplit {
@@ -262,7 +277,7 @@ pub struct ThreadStream {
     gap_blocked: u64,
     gap_runnable: u64,
     gap_waker: Option<(WakerKind, u32, u32, String, u64)>,
-    longest_pause: Option<Pause>,
+    pauses: Vec<Pause>,
 }
 
 impl ThreadStream {
@@ -285,7 +300,7 @@ impl ThreadStream {
             gap_blocked: 0,
             gap_runnable: 0,
             gap_waker: None,
-            longest_pause: None,
+            pauses: Vec::new(),
         }
     }
 
@@ -324,7 +339,7 @@ impl ThreadStream {
 
     /// The stretch `[a, s)` between two calls ends: the waits that went
     /// back on CPU by `s` were all added (the feeding order), so its
-    /// blocked and runnable time is known; kept if it is the longest.
+    /// blocked and runnable time is known; kept if among the longest.
     fn close_gap(&mut self, a: u64, s: u64) {
         let (a, s) = (a.max(self.window.0), s.min(self.window.1).max(a));
         let wall = s - a;
@@ -332,14 +347,12 @@ impl ThreadStream {
         let runnable = std::mem::take(&mut self.gap_runnable).min(wall - blocked);
         let waker = self.gap_waker.take();
         if wall == 0
-            || self
-                .longest_pause
-                .as_ref()
-                .is_some_and(|p| p.wall_ns() >= wall)
+            || self.pauses.len() == MAX_PAUSES
+                && self.pauses.last().is_some_and(|p| p.wall_ns() >= wall)
         {
             return;
         }
-        self.longest_pause = Some(Pause {
+        let pause = Pause {
             start_ns: a,
             end_ns: s,
             blocked_ns: blocked,
@@ -356,7 +369,8 @@ impl ThreadStream {
                     ns.min(blocked) as f64 / blocked as f64
                 },
             }),
-        });
+        };
+        keep_longest(&mut self.pauses, pause);
     }
 
     /// Length of `[a, b)` inside the window and outside every call added so far.
@@ -486,7 +500,7 @@ impl ThreadStream {
             wakers,
             preempted_by,
             tracer_runnable_ns: self.tracer_ns,
-            longest_pause: self.longest_pause,
+            pauses: self.pauses,
         }
     }
 }
@@ -658,7 +672,11 @@ mod tests {
             blocked(20 * MS, 45 * MS, 45 * MS, timer),
         ];
         let t = &thread_splits(&data(calls, waits))[0];
-        let p = t.longest_pause.clone().expect("a pause");
+        // Two stretches, longest first.
+        let spans: Vec<(u64, u64)> = t.pauses.iter().map(|p| (p.start_ns, p.end_ns)).collect();
+        assert_eq!(spans, vec![(6 * MS, 50 * MS), (MS, 5 * MS)]);
+        assert_eq!(t.pauses[1].blocked_ns, MS);
+        let p = t.pauses[0].clone();
         assert_eq!((p.start_ns, p.end_ns), (6 * MS, 50 * MS));
         assert_eq!(
             (p.blocked_ns, p.runnable_ns, p.host_ns()),

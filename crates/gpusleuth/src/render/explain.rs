@@ -346,7 +346,7 @@ pub fn thread_lines(threads: &[ThreadSplit]) -> Vec<String> {
             }
             // A pause of a fifth of the window or more: judged apart by the
             // verdicts (docs/findings.md).
-            if let Some(p) = t.longest_pause.as_ref().filter(|p| t.share(p.wall_ns()) >= 0.2) {
+            if let Some(p) = t.pauses.first().filter(|p| t.share(p.wall_ns()) >= 0.2) {
                 line.push_str(&format!(
                     "; longest pause {} ({} of the window, {} after its first call)",
                     fmt_ns(p.wall_ns()),
@@ -635,7 +635,7 @@ mod tests {
             wakers: Vec::new(),
             preempted_by: Vec::new(),
             tracer_runnable_ns: 0,
-            longest_pause: Some(pause(1_000_010_000, 2_500_000_000)),
+            pauses: vec![pause(1_000_010_000, 2_500_000_000)],
         };
         let line = &thread_lines(std::slice::from_ref(&t))[0];
         assert!(
@@ -644,7 +644,7 @@ mod tests {
             ),
             "{line}"
         );
-        t.longest_pause = Some(pause(1_000_000_000, 1_600_000_000)); // 17%
+        t.pauses = vec![pause(1_000_000_000, 1_600_000_000)]; // 17%
         let line = &thread_lines(std::slice::from_ref(&t))[0];
         assert!(!line.contains("pause"), "{line}");
     }
@@ -669,7 +669,7 @@ mod tests {
             wakers: Vec::new(),
             preempted_by: Vec::new(),
             tracer_runnable_ns: 0,
-            longest_pause: None,
+            pauses: Vec::new(),
         };
         let threads: Vec<ThreadSplit> = (0..25).map(split).collect();
         let lines = thread_lines(&threads);

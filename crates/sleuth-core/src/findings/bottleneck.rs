@@ -12,6 +12,7 @@ use crate::gpu_busy::GpuBusy;
 use crate::ops::{op_by_id, OpClass};
 use crate::threads::{Pause, ThreadSplit, WakerKind};
 use serde_json::json;
+use std::borrow::Cow;
 use std::collections::{BTreeSet, HashMap};
 
 fn ms(ns: u64) -> String {
@@ -38,7 +39,12 @@ pub(crate) fn who(t: &ThreadSplit) -> String {
 
 /// Everything the verdicts need about one issuing thread.
 pub(super) struct ThreadView<'a> {
-    pub t: &'a ThreadSplit,
+    /// The thread's steady steps: its split without the pause left out
+    /// ([`left_out_pause`]), or the whole split when none is.
+    pub t: Cow<'a, ThreadSplit>,
+    /// The whole split, and the pauses left out of it.
+    pub whole: &'a ThreadSplit,
+    pub pauses: Vec<&'a Pause>,
     /// Kernel launches attributed to this thread: its recorded launch calls,
     /// plus its process's launches counted in the kernel when it is the
     /// process's main issuing thread (counted launches carry no thread).
@@ -78,9 +84,28 @@ impl ThreadView<'_> {
     /// they found (a drained queue, or work still queued) stands for the
     /// whole window, not one moment of it.
     fn syncs_sampled_the_window(&self) -> bool {
-        let longest_gap = self.agg.host_gaps.max_ns();
+        // Of the steady steps: the pauses left out leave the host stretch
+        // that held them (a sync after a 3-s setup was its whole window's
+        // longest stretch; round 52's tester).
+        let out: u64 = self.pauses.iter().map(|p| p.wall_ns()).sum();
+        let longest_gap = self.agg.host_gaps.max_ns().saturating_sub(out);
         self.t.syncs >= SYNC_AT_ONCE_MIN_SYNCS
             && longest_gap as f64 <= SYNC_AT_ONCE_MAX_GAP_SHARE * self.t.wall_ns as f64
+    }
+
+    /// ", without one pause of 1.5 s, 0.0 s after its first CUDA call"
+    /// (", without 2 pauses, 2.7 s in all") where pauses were left out;
+    /// empty otherwise.
+    fn without_pause_text(&self) -> String {
+        match self.pauses.as_slice() {
+            [] => String::new(),
+            [p] => format!(", without one pause of {}", pause_text(p, self.whole)),
+            ps => format!(
+                ", without {} pauses, {:.1} s in all",
+                ps.len(),
+                ps.iter().map(|p| p.wall_ns()).sum::<u64>() as f64 / 1e9
+            ),
+        }
     }
 
     fn gpu_json(&self) -> serde_json::Value {
@@ -100,19 +125,23 @@ impl ThreadView<'_> {
     }
 
     fn base_evidence(&self) -> serde_json::Value {
-        let t = self.t;
+        let t = &self.t;
         json!({
             "pid": t.pid,
             "tid": t.tid,
             // Where the window begins: an export places the finding there.
             "window_start_ts_ns": t.start_ns,
-            "window_ns": t.wall_ns,
+            "window_ns": self.whole.wall_ns,
+            // The shares are of the steady steps: the window less the pause
+            // left out (the whole window when none is).
+            "steady_window_ns": t.wall_ns,
+            "pauses_left_out": self.pauses.len(),
+            "pauses": self.whole.pauses,
             "in_calls": t.in_calls,
             "between_calls": t.between,
             "syncs": t.syncs,
             "sync_ns": t.sync_ns,
             "sync_p50_ns": t.sync_p50_ns,
-            "longest_pause": t.longest_pause,
             "launches": self.launches,
             "gpu_busy": self.gpu_json(),
         })
@@ -154,10 +183,17 @@ pub(super) fn views<'a>(
     }
     threads
         .iter()
-        .filter(|t| t.wall_ns >= VERDICT_MIN_WINDOW_NS)
         .filter_map(|t| {
             // Every thread with a split made calls, so it has aggregates.
             let agg = inputs.threads.get(&(t.pid, t.tid))?;
+            let pauses = left_out_pauses(t);
+            let steady = match pauses.is_empty() {
+                false => Cow::Owned(steady_split(t)?),
+                true => Cow::Borrowed(t),
+            };
+            if steady.wall_ns < VERDICT_MIN_WINDOW_NS {
+                return None;
+            }
             let is_main = main_of.get(&t.pid).is_some_and(|m| m.1 == t.tid);
             let extra = if is_main {
                 counted.get(&t.pid).copied().unwrap_or(0)
@@ -165,63 +201,118 @@ pub(super) fn views<'a>(
                 0
             };
             Some(ThreadView {
-                t,
+                t: steady,
+                whole: t,
+                pauses,
                 launches: agg.launches.count() + extra,
                 launch_call_ns: agg.launch_ns,
-                gpu: gpu(t.start_ns, t.end_ns),
+                gpu: steady_gpu(&gpu, t),
                 agg,
             })
         })
         .collect()
 }
 
-/// The steady part of a verdict's time: `explained` less the thread's
-/// longest pause's part of it (`pause_part`) where that part is at least
-/// [`PAUSE_DOMINANT_SHARE`] of it, with the window less the pause.
-struct Steady<'a> {
-    explained_ns: u64,
-    window_ns: u64,
-    /// The pause left out, if one was.
-    pause: Option<&'a Pause>,
+/// The pauses the verdicts leave out: the thread's stretches between two
+/// calls of at least [`PAUSE_MIN_SHARE`] of its window, where it made at
+/// least [`PAUSE_MIN_CALLS`] calls and what is left is at least
+/// `VERDICT_MIN_WINDOW_NS` (else none). One step of a steady loop left out
+/// changes no share (its time leaves the window and the verdict's time
+/// alike); a one-off pause (a dataset loaded after `set_device`, a hang) no
+/// longer passes for time lost at every step.
+pub(crate) fn left_out_pauses(t: &ThreadSplit) -> Vec<&Pause> {
+    let long: Vec<&Pause> = t
+        .pauses
+        .iter()
+        .filter(|p| t.share(p.wall_ns()) >= PAUSE_MIN_SHARE)
+        .collect();
+    let out: u64 = long.iter().fold(0u64, |a, p| a.saturating_add(p.wall_ns()));
+    if long.is_empty()
+        || t.calls < PAUSE_MIN_CALLS
+        || t.wall_ns.saturating_sub(out) < VERDICT_MIN_WINDOW_NS
+    {
+        return Vec::new();
+    }
+    long
 }
 
-impl Steady<'_> {
-    fn of<'a>(t: &'a ThreadSplit, explained: u64, pause_part: fn(&Pause) -> u64) -> Steady<'a> {
-        let whole = Steady {
-            explained_ns: explained,
-            window_ns: t.wall_ns,
-            pause: None,
+/// The thread's steady steps: its split with the pauses left out
+/// ([`left_out_pauses`]): their wall time out of the window, their
+/// blocked, runnable and on-CPU time out of the time between calls, each
+/// one's longest wait out of that waker's time. None when none is left out.
+pub(crate) fn steady_split(t: &ThreadSplit) -> Option<ThreadSplit> {
+    let pauses = left_out_pauses(t);
+    if pauses.is_empty() {
+        return None;
+    }
+    let mut s = t.clone();
+    for p in pauses {
+        let on_cpu = p.host_ns().saturating_sub(p.runnable_ns);
+        s.wall_ns = s.wall_ns.saturating_sub(p.wall_ns());
+        s.between.blocked_ns = s.between.blocked_ns.saturating_sub(p.blocked_ns);
+        s.between.runnable_ns = s.between.runnable_ns.saturating_sub(p.runnable_ns);
+        s.between.on_cpu_ns = s.between.on_cpu_ns.saturating_sub(on_cpu);
+        let Some(pw) = &p.waker else { continue };
+        let same = |w: &&mut crate::threads::WakerTime| {
+            (w.kind, w.pid, w.tid, &w.comm) == (pw.kind, pw.pid, pw.tid, &pw.comm)
         };
-        let Some(p) = &t.longest_pause else {
-            return whole;
+        if let Some(w) = s.wakers.iter_mut().find(same) {
+            w.blocked_ns = w.blocked_ns.saturating_sub(pw.blocked_ns);
+        }
+    }
+    s.wakers.retain(|w| w.blocked_ns > 0);
+    crate::rollup::waker_shares(&mut s.wakers);
+    s.wakers
+        .sort_by(|x, y| y.blocked_ns.cmp(&x.blocked_ns).then(x.pid.cmp(&y.pid)));
+    Some(s)
+}
+
+/// GPU busy over the thread's steady steps: its window's parts between the
+/// pauses left out, weighted by the time their samples cover (the whole
+/// window when none is left out).
+pub(crate) fn steady_gpu(
+    gpu: &impl Fn(u64, u64) -> Option<GpuBusy>,
+    t: &ThreadSplit,
+) -> Option<GpuBusy> {
+    let mut pauses = left_out_pauses(t);
+    if pauses.is_empty() {
+        return gpu(t.start_ns, t.end_ns);
+    }
+    pauses.sort_by_key(|p| p.start_ns);
+    let mut parts = Vec::with_capacity(pauses.len() + 1);
+    let mut from = t.start_ns;
+    for p in &pauses {
+        parts.push((from, p.start_ns));
+        from = from.max(p.end_ns);
+    }
+    parts.push((from, t.end_ns));
+    let steady: u64 = parts.iter().map(|&(a, b)| b.saturating_sub(a)).sum();
+    let (mut weighted, mut covered, mut samples) = (0.0, 0.0, 0u64);
+    let mut busiest: Option<(f64, u32)> = None;
+    for (a, b) in parts {
+        let Some(g) = (b > a).then(|| gpu(a, b)).flatten() else {
+            continue;
         };
-        let part = pause_part(p).min(explained);
-        if explained == 0 || (part as f64) < PAUSE_DOMINANT_SHARE * explained as f64 {
-            return whole;
-        }
-        Steady {
-            explained_ns: explained - part,
-            window_ns: t.wall_ns.saturating_sub(p.wall_ns()),
-            pause: Some(p),
+        let c = g.coverage * (b - a) as f64;
+        weighted += g.busy * c;
+        covered += c;
+        samples += g.samples;
+        if busiest.is_none_or(|(c0, _)| c > c0) {
+            busiest = Some((c, g.gpu));
         }
     }
-
-    fn share(&self) -> f64 {
-        share(self.explained_ns, self.window_ns)
-    }
-
-    /// " (without one pause of 1.5 s, 0.0 s after the first CUDA call)".
-    fn text(&self, t: &ThreadSplit) -> String {
-        match self.pause {
-            Some(p) => format!(", without one pause of {}", pause_text(p, t)),
-            None => String::new(),
-        }
-    }
-
-    fn evidence(&self, ev: &mut serde_json::Value) {
-        ev["pause_left_out"] = json!(self.pause.is_some());
-        ev["steady_window_ns"] = json!(self.window_ns);
-    }
+    let coverage = if steady == 0 {
+        0.0
+    } else {
+        covered / steady as f64
+    };
+    let (_, gpu_index) = busiest?;
+    (coverage >= crate::gpu_busy::MIN_COVERAGE).then(|| GpuBusy {
+        gpu: gpu_index,
+        busy: weighted / covered,
+        samples,
+        coverage: coverage.min(1.0),
+    })
 }
 
 /// "1.5 s, 0.2 s after its first CUDA call".
@@ -242,28 +333,7 @@ fn finding(
     culprits: Vec<FindingCulprit>,
     recommendation: &str,
 ) -> Finding {
-    finding_over(
-        kind,
-        v,
-        (explained_ns, v.t.wall_ns),
-        summary,
-        evidence,
-        culprits,
-        recommendation,
-    )
-}
-
-/// [`finding`] whose share is of `window_ns`, not the thread's whole window.
-fn finding_over(
-    kind: Kind,
-    v: &ThreadView,
-    (explained_ns, window_ns): (u64, u64),
-    summary: String,
-    evidence: serde_json::Value,
-    culprits: Vec<FindingCulprit>,
-    recommendation: &str,
-) -> Finding {
-    let share = share(explained_ns, window_ns);
+    let share = v.t.share(explained_ns);
     Finding {
         kind,
         severity: severity_of_share(share),
@@ -281,11 +351,10 @@ fn finding_over(
 /// The GPU idles while the issuing thread works on the CPU outside CUDA
 /// calls (computing, or runnable: wanting the CPU to compute on).
 pub(super) fn host_bound(v: &ThreadView) -> Option<Finding> {
-    let t = v.t;
+    let t = &v.t;
     let on_cpu = t.between.on_cpu_ns;
-    let steady = Steady::of(t, on_cpu + t.between.runnable_ns, Pause::host_ns);
-    let host = steady.explained_ns;
-    let share = steady.share();
+    let host = on_cpu + t.between.runnable_ns;
+    let share = t.share(host);
     let per_launch = v.host_ns_per_launch();
     if share < HOST_BOUND_MIN_SHARE
         || per_launch.is_some_and(|p| p <= LAUNCH_BOUND_MAX_HOST_NS)
@@ -312,8 +381,8 @@ pub(super) fn host_bound(v: &ThreadView) -> Option<Finding> {
         who(t),
         pct(share),
         ms(host),
-        ms(steady.window_ns),
-        steady.text(t),
+        ms(t.wall_ns),
+        v.without_pause_text(),
         ms(on_cpu),
         ms(t.between.runnable_ns),
         match per_launch {
@@ -327,11 +396,10 @@ pub(super) fn host_bound(v: &ThreadView) -> Option<Finding> {
     ev["host_runnable_ns"] = json!(t.between.runnable_ns);
     ev["host_ns_per_launch"] = json!(per_launch);
     ev["gpu_idle_evidence"] = json!(why);
-    steady.evidence(&mut ev);
-    Some(finding_over(
+    Some(finding(
         Kind::HostBound,
         v,
-        (host, steady.window_ns),
+        host,
         summary,
         ev,
         culprits,
@@ -344,7 +412,7 @@ pub(super) fn host_bound(v: &ThreadView) -> Option<Finding> {
 
 /// The issuing thread sleeps outside CUDA calls until other tasks wake it.
 pub(super) fn input_wait(v: &ThreadView, cuda_pids: &BTreeSet<u32>) -> Option<Finding> {
-    let t = v.t;
+    let t = &v.t;
     // Woken by another process that itself issues CUDA work in the trace,
     // the thread waited on that process's GPU work, not on input: a
     // launcher in `waitpid` on its GPU worker (round 51's false-positive
@@ -359,13 +427,8 @@ pub(super) fn input_wait(v: &ThreadView, cuda_pids: &BTreeSet<u32>) -> Option<Fi
         .filter(on_cuda_process)
         .map(|w| w.blocked_ns)
         .sum();
-    let steady = Steady::of(
-        t,
-        t.between.blocked_ns.saturating_sub(waited_on_gpu_work),
-        |p| p.blocked_ns,
-    );
-    let blocked = steady.explained_ns;
-    let share = steady.share();
+    let blocked = t.between.blocked_ns.saturating_sub(waited_on_gpu_work);
+    let share = t.share(blocked);
     if share < INPUT_WAIT_MIN_SHARE || blocked < INPUT_WAIT_MIN_NS {
         return None;
     }
@@ -398,8 +461,8 @@ pub(super) fn input_wait(v: &ThreadView, cuda_pids: &BTreeSet<u32>) -> Option<Fi
         who(t),
         pct(share),
         ms(blocked),
-        ms(steady.window_ns),
-        steady.text(t),
+        ms(t.wall_ns),
+        v.without_pause_text(),
         if named.is_empty() {
             "tasks the trace did not name".to_string()
         } else {
@@ -411,11 +474,10 @@ pub(super) fn input_wait(v: &ThreadView, cuda_pids: &BTreeSet<u32>) -> Option<Fi
     ev["blocked_on_cuda_processes_ns"] = json!(waited_on_gpu_work);
     ev["blocked_by_tasks_ns"] = json!(t.blocked_by_tasks_ns());
     ev["wakers"] = json!(t.wakers);
-    steady.evidence(&mut ev);
-    Some(finding_over(
+    Some(finding(
         Kind::InputWait,
         v,
-        (blocked, steady.window_ns),
+        blocked,
         summary,
         ev,
         culprits,
@@ -428,7 +490,7 @@ pub(super) fn input_wait(v: &ThreadView, cuda_pids: &BTreeSet<u32>) -> Option<Fi
 
 /// Many short kernels: the host's launch path is the limit.
 pub(super) fn launch_bound(v: &ThreadView) -> Option<Finding> {
-    let t = v.t;
+    let t = &v.t;
     let per_launch = v.host_ns_per_launch()?;
     // Runnable time between calls is host time too (the thread wanted the
     // CPU to issue its next launch); the per-launch cost counts on-CPU only.
@@ -473,7 +535,7 @@ pub(super) fn launch_bound(v: &ThreadView) -> Option<Finding> {
 
 /// Host synchronizations every step drain the GPU queue: host and GPU take turns.
 pub(super) fn sync_stall(v: &ThreadView) -> Option<Finding> {
-    let t = v.t;
+    let t = &v.t;
     if t.syncs < SYNC_STALL_MIN_SYNCS {
         return None;
     }
@@ -553,7 +615,7 @@ pub(super) fn pageable_copy(views: &[ThreadView]) -> Vec<Finding> {
         let summary = format!(
             "{} made {} copies from pageable host memory ({} H2D, {} D2H, {:.1} MiB): {} on the host staging them \
              ({} of {}){}",
-            who(v.t),
+            who(&v.t),
             a.count,
             a.h2d,
             a.d2h,

@@ -14,13 +14,33 @@ fn gpu_text(g: Option<GpuBusy>) -> String {
     }
 }
 
+/// The pid and tid a finding's evidence names.
+fn ids_of(f: &Finding) -> Option<(u64, u64)> {
+    Some((
+        f.evidence.get("pid")?.as_u64()?,
+        f.evidence.get("tid")?.as_u64()?,
+    ))
+}
+
 /// The thread a finding is about (its evidence names pid and tid).
 fn thread_of<'a>(f: &Finding, threads: &'a [ThreadSplit]) -> Option<&'a ThreadSplit> {
-    let pid = f.evidence.get("pid")?.as_u64()?;
-    let tid = f.evidence.get("tid")?.as_u64()?;
-    threads
-        .iter()
-        .find(|t| t.pid as u64 == pid && t.tid as u64 == tid)
+    let ids = ids_of(f)?;
+    threads.iter().find(|t| (t.pid as u64, t.tid as u64) == ids)
+}
+
+/// "the main thread of train (pid 7)", and where a pause was left out of
+/// `steady` (the thread's steady steps) ", in its steady steps (2.0 s of
+/// 3.5 s),".
+fn who_steady(whole: &ThreadSplit, steady: &ThreadSplit) -> String {
+    if steady.wall_ns == whole.wall_ns {
+        return who(whole);
+    }
+    format!(
+        "{}, in its steady steps ({:.1} s of {:.1} s),",
+        who(whole),
+        steady.wall_ns as f64 / 1e9,
+        whole.wall_ns as f64 / 1e9
+    )
 }
 
 /// "GPU busy 9%; the main thread of train (pid 7) spent 88% computing on the
@@ -50,9 +70,17 @@ pub(super) fn summary_line(
         });
     if let Some(f) = top {
         let share = pct(f.wall_share.unwrap_or(0.0));
-        let t = thread_of(f, threads).unwrap_or(main);
-        let g = gpu_text(gpu(t.start_ns, t.end_ns));
-        let w = who(t);
+        // The verdict's own numbers: its thread's steady steps and their GPU busy.
+        let view = views
+            .iter()
+            .find(|v| Some((v.t.pid as u64, v.t.tid as u64)) == ids_of(f));
+        let (t, g, w) = match view {
+            Some(v) => (&*v.t, gpu_text(v.gpu), who_steady(v.whole, &v.t)),
+            None => {
+                let t = thread_of(f, threads).unwrap_or(main);
+                (t, gpu_text(gpu(t.start_ns, t.end_ns)), who(t))
+            }
+        };
         let line = match f.kind {
             Kind::HostBound => {
                 let (cpu, run) = (t.between.on_cpu_ns, t.between.runnable_ns);
@@ -98,23 +126,14 @@ pub(super) fn summary_line(
         return Some(line);
     }
     // No time verdict: say where the main thread's time went; with a pause
-    // named, in its steady steps (the shares of the window less the pause:
-    // 35% in syncs over a window that was 65% one pause read as no verdict
-    // where the steps were 99% GPU wait).
-    let g = gpu_text(gpu(main.start_ns, main.end_ns));
-    let w = who(main);
-    let whole_wall = main.wall_ns;
+    // left out, in its steady steps (35% in syncs over a window that was 65%
+    // one pause read as no verdict where the steps were 99% GPU wait).
+    let whole = main;
     let pause = pause_note(main);
-    let steady = without_pause(main);
+    let steady = super::bottleneck::steady_split(main);
     let main = steady.as_ref().unwrap_or(main);
-    let w = match &steady {
-        Some(s) => format!(
-            "{w}, in its steady steps ({:.1} s of {:.1} s),",
-            s.wall_ns as f64 / 1e9,
-            whole_wall as f64 / 1e9
-        ),
-        None => w,
-    };
+    let g = gpu_text(super::bottleneck::steady_gpu(&gpu, whole));
+    let w = who_steady(whole, main);
     // Runnable time inside calls is the CPU being taken, not the GPU working.
     let gpu_wait = main.sync_ns.saturating_sub(main.in_calls.runnable_ns);
     let sync_share = main.share(gpu_wait);
@@ -127,10 +146,10 @@ pub(super) fn summary_line(
         String::new()
     };
     let in_share = main.share(main.in_calls.wall_ns());
-    let line = if whole_wall < VERDICT_MIN_WINDOW_NS {
+    let line = if whole.wall_ns < VERDICT_MIN_WINDOW_NS {
         format!(
             "{g}; {w} issued CUDA calls for only {:.1} ms: too short for a bottleneck verdict",
-            whole_wall as f64 / 1e6
+            whole.wall_ns as f64 / 1e6
         )
     } else if sync_share >= 0.5 {
         format!(
@@ -149,35 +168,24 @@ pub(super) fn summary_line(
     Some(line + &pause)
 }
 
-/// The thread without its pause where [`pause_note`] names one: the pause's
-/// wall time out of the window, its blocked, runnable and on-CPU time out
-/// of the time between calls.
-fn without_pause(t: &ThreadSplit) -> Option<ThreadSplit> {
-    let p = t.longest_pause.as_ref()?;
-    if t.share(p.wall_ns()) < VERDICT_MEDIUM_SHARE {
-        return None;
-    }
-    let mut s = t.clone();
-    let on_cpu = p.host_ns().saturating_sub(p.runnable_ns);
-    s.wall_ns = s.wall_ns.saturating_sub(p.wall_ns());
-    s.between.blocked_ns = s.between.blocked_ns.saturating_sub(p.blocked_ns);
-    s.between.runnable_ns = s.between.runnable_ns.saturating_sub(p.runnable_ns);
-    s.between.on_cpu_ns = s.between.on_cpu_ns.saturating_sub(on_cpu);
-    Some(s)
-}
-
 /// "; one pause of 1.5 s, 0.0 s after its first CUDA call (1.5 s blocked,
 /// woken by …): judged apart from the steady steps", where the thread's
 /// longest stretch between calls is a real part of its window; empty
 /// otherwise. The verdicts leave such a pause out where it holds most of
 /// their time (`bottleneck::Steady`); the line says it was there.
 fn pause_note(t: &ThreadSplit) -> String {
-    let Some(p) = &t.longest_pause else {
+    let pauses = super::bottleneck::left_out_pauses(t);
+    let Some(p) = pauses.first() else {
         return String::new();
     };
-    if t.share(p.wall_ns()) < VERDICT_MEDIUM_SHARE {
-        return String::new();
-    }
+    let more = match pauses.len() {
+        1 => String::new(),
+        n => format!(
+            "; {} more pause(s), {:.1} s in all",
+            n - 1,
+            pauses[1..].iter().map(|p| p.wall_ns()).sum::<u64>() as f64 / 1e9
+        ),
+    };
     let waker = match &p.waker {
         Some(w) if p.blocked_ns > 0 => match w.kind {
             WakerKind::Task => format!(", woken by {} (pid {})", w.comm, w.pid),
@@ -186,7 +194,7 @@ fn pause_note(t: &ThreadSplit) -> String {
         _ => String::new(),
     };
     format!(
-        "; one pause of {} ({:.1} s blocked{waker}, {:.1} s on the host): judged apart from the steady steps",
+        "; one pause of {} ({:.1} s blocked{waker}, {:.1} s on the host){more}: judged apart from the steady steps",
         super::bottleneck::pause_text(p, t),
         p.blocked_ns as f64 / 1e9,
         p.host_ns() as f64 / 1e9

@@ -150,13 +150,11 @@ fn launch_bound_at_the_cost_per_launch_edge() {
 fn launch_bound_needs_enough_launches() {
     // A 100 ms window: 10 ms sync, 1 ms last call, 89 ms between calls of
     // which 39.05 ms preempted: on-CPU 49.95 ms.
-    // (Two syncs returning at once at 40 and 70 ms: the GPU idled.)
-    let calls = vec![
-        call("cudaStreamSynchronize", 0, 10 * MS),
-        call("cudaStreamSynchronize", 40 * MS, 0),
-        call("cudaStreamSynchronize", 70 * MS, 0),
-        call("cudaMalloc", 99 * MS, MS),
-    ];
+    // (Syncs returning at once every 15 ms from 25 ms: the GPU idled, and
+    // no stretch between calls is a fifth of the window.)
+    let mut calls = vec![call("cudaStreamSynchronize", 0, 10 * MS)];
+    calls.extend((1..6).map(|i| call("cudaStreamSynchronize", (10 + i * 15) * MS, 0)));
+    calls.push(call("cudaMalloc", 99 * MS, MS));
     let pre = wait(
         WaitKind::Preempted,
         20 * MS,
@@ -401,19 +399,14 @@ fn the_verdict_explaining_most_time_ranks_first_failures_before_all() {
 
 #[test]
 fn windows_shorter_than_the_minimum_are_not_judged() {
-    // 99.9 ms of pure host work in three steps: too short.
-    let d = trace(
-        vec![
-            call("cudaStreamSynchronize", 0, 10 * US),
-            call("cudaStreamSynchronize", 33 * MS, 0),
-            call("cudaStreamSynchronize", 66 * MS, 0),
-            call("cudaMalloc", 99_890 * US, 10 * US),
-        ],
-        Vec::new(),
-    );
+    // 99.9 ms of pure host work in steps of 15 ms: too short.
+    let mut calls = vec![call("cudaStreamSynchronize", 0, 10 * US)];
+    calls.extend((1..7).map(|i| call("cudaStreamSynchronize", i * 15 * MS, 0)));
+    calls.push(call("cudaMalloc", 99_890 * US, 10 * US));
+    let d = trace(calls, Vec::new());
     assert!(explain(&d).is_empty());
     let mut d2 = d.clone();
-    d2.calls[3].ts_ns = 99_990 * US; // exactly 100 ms
+    d2.calls.last_mut().unwrap().ts_ns = 99_990 * US; // exactly 100 ms
     assert_eq!(kinds_of(&d2), vec![Kind::HostBound]);
 }
 
@@ -535,7 +528,7 @@ fn a_pause_after_the_first_call_is_judged_apart_from_the_steady_steps() {
         .contains("(0.0 s blocked, 1.5 s on the host)"));
     // Without the pause the thread's blocked time was 43% of its window.
     let t = &crate::threads::thread_splits(&d)[0];
-    let p = t.longest_pause.as_ref().unwrap();
+    let p = &t.pauses[0];
     assert_eq!((p.start_ns, p.end_ns), (10 * US, 1_500 * MS));
 }
 
@@ -550,7 +543,7 @@ fn steady_waits_after_a_pause_are_input_wait_of_the_steady_steps() {
     assert_eq!(f.len(), 1, "{:?}", kinds_of(&d));
     let share = f[0].wall_share.unwrap();
     assert!((share - 0.4).abs() < 0.001, "{share}");
-    assert_eq!(f[0].evidence["pause_left_out"], true);
+    assert_eq!(f[0].evidence["pauses_left_out"], 1);
     // The window less the pause (10 us to 1500 ms).
     assert_eq!(f[0].evidence["steady_window_ns"], 2_000 * MS + 10 * US);
     assert!(
@@ -560,11 +553,41 @@ fn steady_waits_after_a_pause_are_input_wait_of_the_steady_steps() {
         f[0].summary
     );
     assert_eq!(f[0].culprits[0].pid, 555);
-    // The pause shorter than the steady waits: nothing left out.
+    // The pause a wait on another CUDA process (a launcher's `waitpid` on
+    // its GPU worker): its time was taken out twice, once as waiting on GPU
+    // work and once as the pause (round 52's tester: no finding).
+    let mut d = paused_trace(20, 59_970 * US, 40 * MS, 1_500 * MS - 10 * US);
+    d.waits[0].waker = Some(Waker {
+        pid: 777,
+        tid: 777,
+        comm: "worker".into(),
+        irq: false,
+    });
+    let mut c = call("cudaLaunchKernel", 100 * MS, 10 * US);
+    (c.pid, c.tid) = (777, 777);
+    d.calls.push(c);
+    d.calls.sort_by_key(|c| c.ts_ns);
+    d.processes.push(crate::data::ProcessInfo {
+        pid: 777,
+        comm: "worker".into(),
+        ..Default::default()
+    });
+    let f = only(&d, Kind::InputWait);
+    assert_eq!(f.len(), 1, "{:?}", kinds_of(&d));
+    assert!((f[0].wall_share.unwrap() - 0.4).abs() < 0.001);
+    // The same pause spent computing: left out as well, the same 40%.
     let d = paused_trace(20, 59_970 * US, 40 * MS, 0);
     let f = only(&d, Kind::InputWait);
     assert_eq!(f.len(), 1, "{:?}", kinds_of(&d));
-    assert_eq!(f[0].evidence["pause_left_out"], false);
+    assert_eq!(f[0].evidence["pauses_left_out"], 1);
+    assert!((f[0].wall_share.unwrap() - 0.4).abs() < 0.001);
+    // The wakers said are the steady steps': the worker's, not the pause's timer.
+    assert!(
+        f[0].summary
+            .contains("woken by pt_data_worker (pid 555, tid 555) 100%"),
+        "{}",
+        f[0].summary
+    );
 }
 
 /// A preempted copy's runnable time is cpu_preemption's: pageable_copy's
@@ -583,4 +606,173 @@ fn a_pageable_copys_staging_is_its_on_cpu_time_alone() {
     assert_eq!(f[0].evidence["staging_ns"], 50 * MS);
     assert_eq!(f[0].evidence["runnable_in_copies_ns"], 30 * MS);
     assert_eq!(f[0].evidence["copy_wall_ns"], 80 * MS);
+}
+
+/// GPU busy is measured over the steady steps: the idle GPU of a pause
+/// spent loading is no evidence that the loop starved it. After a 1.5-s
+/// pause (GPU 0% busy) 20 steps of 60 ms host work and a 40 ms sync keep
+/// the GPU 60% busy: no host_bound (over the whole window the GPU was 34%
+/// busy, "measured low"), and the sync every step is found.
+#[test]
+fn gpu_busy_of_the_steady_steps_judges_them() {
+    let mut calls = vec![call("cudaSetDevice", 0, 10 * US)];
+    for i in 0..20 {
+        let t = 1_500 * MS + i * 100 * MS;
+        calls.push(call("cudaLaunchKernel", t + 60 * MS, 10 * US));
+        let mut s = call("cudaStreamSynchronize", t + 60 * MS + 20 * US, 39_980 * US);
+        s.blocked_ns = s.dur_ns;
+        calls.push(s);
+    }
+    calls.push(call("cudaFree", 3_500 * MS, 0));
+    let mut d = trace(calls, Vec::new());
+    let sample = |i: u64, busy_pct: f64| GpuSample {
+        ts_ns: i * 100 * MS,
+        gpu: 0,
+        busy_pct,
+        period_ns: 100 * MS,
+    };
+    d.gpu_samples = Some(
+        (1..=35)
+            .map(|i| sample(i, if i <= 15 { 0.0 } else { 60.0 }))
+            .collect(),
+    );
+    let r = explain_report(&d);
+    assert!(only(&d, Kind::HostBound).is_empty(), "{:?}", kinds_of(&d));
+    // What the steps do show: a sync every step, 40% of them could overlap
+    // (over the whole window its 20 syncs were 5.7/s, under the 10/s floor).
+    let kinds: Vec<Kind> = r.findings.iter().map(|f| f.kind).collect();
+    assert_eq!(kinds, vec![Kind::SyncStall]);
+    assert!((r.findings[0].wall_share.unwrap() - 0.4).abs() < 0.001);
+    let line = r.summary.unwrap();
+    assert!(line.starts_with("GPU busy 60%;"), "{line}");
+    // (The pause runs to the first launch: 1.56 s.)
+    assert!(
+        line.contains("in its steady steps (1.9 s of 3.5 s)"),
+        "{line}"
+    );
+    // The loop's GPU idle instead (10% busy): host-bound.
+    d.gpu_samples = Some(
+        (1..=35)
+            .map(|i| sample(i, if i <= 15 { 0.0 } else { 10.0 }))
+            .collect(),
+    );
+    let f = only(&d, Kind::HostBound);
+    assert_eq!(f.len(), 1, "{:?}", kinds_of(&d));
+    // 19 steps' 60 ms of host work over 1.94 s (the first step's is in the pause).
+    let share = f[0].wall_share.unwrap();
+    assert!((share - 1.14 / 1.94).abs() < 0.001, "{share}");
+    assert!(f[0].summary.starts_with("GPU busy 10%"), "{}", f[0].summary);
+}
+
+/// Round 52's tester, the stretches that are the program and the pauses
+/// that are not: `steps` steps of `step` ns after `cudaSetDevice` at 0, each
+/// `host` ns of on-CPU work, a launch, and a sync blocked for the rest;
+/// `pauses`: (before which step, how long) asleep, woken by a timer.
+fn steps_with_pauses(steps: u64, step: u64, host: u64, pauses: &[(u64, u64)]) -> TraceData {
+    let timer = Waker {
+        pid: 0,
+        tid: 0,
+        comm: "swapper/0".into(),
+        irq: true,
+    };
+    let mut calls = vec![call("cudaSetDevice", 0, 10 * US)];
+    let mut waits = Vec::new();
+    let mut t = 10 * US;
+    for i in 0..steps {
+        if let Some(&(_, len)) = pauses.iter().find(|p| p.0 == i) {
+            waits.push(wait(
+                WaitKind::Blocked,
+                t,
+                t + len,
+                t + len,
+                Some(timer.clone()),
+            ));
+            t += len;
+        }
+        calls.push(call("cudaLaunchKernel", t + host, 10 * US));
+        let rest = step.saturating_sub(host + 10 * US);
+        let mut s = call("cudaStreamSynchronize", t + host + 10 * US, rest);
+        s.blocked_ns = rest;
+        calls.push(s);
+        t += step;
+    }
+    calls.push(call("cudaFree", t, 0));
+    trace(calls, waits)
+}
+
+#[test]
+fn stretches_that_are_the_program_are_not_pauses() {
+    // A DataLoader-starved loop of counted launches between `set_device`
+    // and one final sync: two calls, one stretch of 99%: input_wait, not a
+    // pause (it read "no verdict").
+    let worker = Waker {
+        pid: 555,
+        tid: 555,
+        comm: "gs-loader".into(),
+        irq: false,
+    };
+    let calls = vec![
+        call("cudaSetDevice", 0, 10 * US),
+        call("cudaStreamSynchronize", 995 * MS, 5 * MS),
+    ];
+    let waits: Vec<WaitEvent> = (0..30)
+        .map(|i| {
+            let off = MS + i * 33 * MS;
+            wait(
+                WaitKind::Blocked,
+                off,
+                off + 30 * MS,
+                off + 30 * MS,
+                Some(worker.clone()),
+            )
+        })
+        .collect();
+    let d = trace(calls, waits);
+    let f = only(&d, Kind::InputWait);
+    assert_eq!(f.len(), 1, "{:?}", kinds_of(&d));
+    assert_eq!(f[0].evidence["pauses_left_out"], 0);
+    // Two sleeps of 1.2 s around healthy GPU-bound steps: both left out,
+    // no input_wait (it read 66%, woken by timers).
+    let d = steps_with_pauses(60, 20 * MS, 0, &[(0, 1_200 * MS), (30, 1_200 * MS)]);
+    let r = explain_report(&d);
+    assert!(r.findings.is_empty(), "{:?}", kinds_of(&d));
+    assert!(
+        r.summary
+            .as_ref()
+            .unwrap()
+            .contains("; 1 more pause(s), 1.2 s in all: judged apart"),
+        "{:?}",
+        r.summary
+    );
+}
+
+/// Host-bound steps after a 3-s setup spent computing (or asleep): found,
+/// their share that of the steps; the syncs' evidence is read without the
+/// pause (its stretch was the window's longest before a sync: no verdict,
+/// round 52's tester).
+#[test]
+fn host_bound_steps_after_a_setup_are_found() {
+    // A 3-s setup computing, then 60 steps of 16 ms: 15 ms host, a launch,
+    // a sync returning in 1 ms (the tester's `compute 3000; repeat 60 {
+    // compute 15; launch 1; sync_sleep 1 }`).
+    let mut d = steps_with_pauses(60, 16 * MS, 15 * MS, &[]);
+    for c in &mut d.calls[1..] {
+        c.ts_ns += 3_000 * MS;
+    }
+    let f = only(&d, Kind::HostBound);
+    assert_eq!(f.len(), 1, "{:?}", kinds_of(&d));
+    let share = f[0].wall_share.unwrap();
+    assert!((share - 15.0 / 16.0).abs() < 0.01, "{share}");
+    assert_eq!(f[0].evidence["pauses_left_out"], 1);
+    assert!(
+        f[0].summary.contains("without one pause of 3.0 s"),
+        "{}",
+        f[0].summary
+    );
+    // The same setup asleep: found the same.
+    let mut d = steps_with_pauses(60, 16 * MS, 15 * MS, &[(0, 3_000 * MS)]);
+    d.calls.sort_by_key(|c| c.ts_ns);
+    let f = only(&d, Kind::HostBound);
+    assert_eq!(f.len(), 1, "{:?}", kinds_of(&d));
+    assert!((f[0].wall_share.unwrap() - 15.0 / 16.0).abs() < 0.01);
 }
