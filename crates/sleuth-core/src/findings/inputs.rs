@@ -452,7 +452,11 @@ impl ThreadInputs {
             }
             Some(OpClass::Sync) => {
                 let h = c.ts_ns.saturating_sub(prev);
-                self.overlap_ns += h.min(c.dur_ns);
+                // The sync's wait for the GPU: its runnable time is other
+                // tasks holding the CPU (cpu_preemption's; under a CPU hog
+                // the overlappable time was the syncs' whole wall time,
+                // round 52's tester).
+                self.overlap_ns += h.min(c.dur_ns.saturating_sub(c.runnable_ns));
                 self.host_gaps.add(h, Split::default());
                 self.prev_end = Some(c.end_ns());
             }

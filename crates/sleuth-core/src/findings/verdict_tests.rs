@@ -776,3 +776,31 @@ fn host_bound_steps_after_a_setup_are_found() {
     assert_eq!(f.len(), 1, "{:?}", kinds_of(&d));
     assert!((f[0].wall_share.unwrap() - 15.0 / 16.0).abs() < 0.01);
 }
+
+/// A sync's runnable time is the CPU taken by other tasks (cpu_preemption's),
+/// not GPU work that removing the sync could overlap. 20 steps of 2 ms host
+/// and an 8 ms sync: with 7 ms of each sync runnable, the GPU's 1 ms a step
+/// is all that could overlap (20 ms, 10%: no finding; it read 20%); with
+/// 3 ms runnable, 5 ms remain and the host's 2 ms bound it (40 ms).
+#[test]
+fn a_syncs_runnable_time_is_not_overlappable() {
+    let mut d = sync_trace(20, 2 * MS, 200 * MS);
+    for c in d
+        .calls
+        .iter_mut()
+        .filter(|c| c.op_name() == "cudaStreamSynchronize")
+    {
+        c.runnable_ns = 7 * MS;
+    }
+    assert!(only(&d, Kind::SyncStall).is_empty(), "{:?}", kinds_of(&d));
+    for c in d
+        .calls
+        .iter_mut()
+        .filter(|c| c.op_name() == "cudaStreamSynchronize")
+    {
+        c.runnable_ns = 3 * MS;
+    }
+    let f = only(&d, Kind::SyncStall);
+    assert_eq!(f.len(), 1, "{:?}", kinds_of(&d));
+    assert_eq!(f[0].evidence["overlappable_ns"], 40 * MS);
+}
