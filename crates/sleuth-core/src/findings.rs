@@ -411,7 +411,8 @@ pub fn explain_inputs_with(
     let mut memory_notes = Vec::new();
     for l in ledgers {
         findings.extend(memory::allocation_failure(l));
-        findings.extend(memory::memory_growth(l, inputs.cuda_span(l.pid)));
+        let pauses = bottleneck::process_pauses(&inputs.splits, l.pid);
+        findings.extend(memory::memory_growth(l, inputs.cuda_span(l.pid), &pauses));
         findings.extend(memory::allocation_churn(l, ctx.bounds()));
         memory_notes.extend(memory::held_at_end_note(l));
     }

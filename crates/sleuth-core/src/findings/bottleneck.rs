@@ -236,6 +236,23 @@ pub(crate) fn left_out_pauses(t: &ThreadSplit) -> Vec<&Pause> {
     long
 }
 
+/// Stretches in which process `pid` made no call: the pauses its longest
+/// issuing thread's verdicts leave out ([`left_out_pauses`]) that no other
+/// thread of it issued calls across (its window does not reach into them).
+pub(crate) fn process_pauses(splits: &[ThreadSplit], pid: u32) -> Vec<(u64, u64)> {
+    let of_pid = || splits.iter().filter(|t| t.pid == pid);
+    let Some(main) = of_pid().max_by_key(|t| (t.wall_ns, std::cmp::Reverse(t.tid))) else {
+        return Vec::new();
+    };
+    left_out_pauses(main)
+        .into_iter()
+        .filter(|p| {
+            of_pid().all(|t| t.tid == main.tid || t.end_ns <= p.start_ns || t.start_ns >= p.end_ns)
+        })
+        .map(|p| (p.start_ns, p.end_ns))
+        .collect()
+}
+
 /// The thread's steady steps: its split with the pauses left out
 /// ([`left_out_pauses`]): their wall time out of the window, their
 /// blocked, runnable and on-CPU time out of the time between calls, each
