@@ -39,8 +39,8 @@ pub(crate) fn who(t: &ThreadSplit) -> String {
 
 /// Everything the verdicts need about one issuing thread.
 pub(super) struct ThreadView<'a> {
-    /// The thread's steady steps: its split without the pause left out
-    /// ([`left_out_pause`]), or the whole split when none is.
+    /// The thread's steady steps: its split without the pauses left out
+    /// ([`left_out_pauses`]), or the whole split when none is.
     pub t: Cow<'a, ThreadSplit>,
     /// The whole split, and the pauses left out of it.
     pub whole: &'a ThreadSplit,
@@ -87,7 +87,7 @@ impl ThreadView<'_> {
         // Of the steady steps: the pauses left out leave the host stretch
         // that held them (a sync after a 3-s setup was its whole window's
         // longest stretch; round 52's tester).
-        let out: u64 = self.pauses.iter().map(|p| p.wall_ns()).sum();
+        let out = paused_ns(&self.pauses);
         let longest_gap = self.agg.host_gaps.max_ns().saturating_sub(out);
         self.t.syncs >= SYNC_AT_ONCE_MIN_SYNCS
             && longest_gap as f64 <= SYNC_AT_ONCE_MAX_GAP_SHARE * self.t.wall_ns as f64
@@ -103,7 +103,7 @@ impl ThreadView<'_> {
             ps => format!(
                 ", without {} pauses, {:.1} s in all",
                 ps.len(),
-                ps.iter().map(|p| p.wall_ns()).sum::<u64>() as f64 / 1e9
+                paused_ns(ps) as f64 / 1e9
             ),
         }
     }
@@ -132,7 +132,7 @@ impl ThreadView<'_> {
             // Where the window begins: an export places the finding there.
             "window_start_ts_ns": t.start_ns,
             "window_ns": self.whole.wall_ns,
-            // The shares are of the steady steps: the window less the pause
+            // The shares are of the steady steps: the window less the pauses
             // left out (the whole window when none is).
             "steady_window_ns": t.wall_ns,
             "pauses_left_out": self.pauses.len(),
@@ -226,7 +226,7 @@ pub(crate) fn left_out_pauses(t: &ThreadSplit) -> Vec<&Pause> {
         .iter()
         .filter(|p| t.share(p.wall_ns()) >= PAUSE_MIN_SHARE)
         .collect();
-    let out: u64 = long.iter().fold(0u64, |a, p| a.saturating_add(p.wall_ns()));
+    let out = paused_ns(&long);
     if long.is_empty()
         || t.calls < PAUSE_MIN_CALLS
         || t.wall_ns.saturating_sub(out) < VERDICT_MIN_WINDOW_NS
@@ -234,6 +234,13 @@ pub(crate) fn left_out_pauses(t: &ThreadSplit) -> Vec<&Pause> {
         return Vec::new();
     }
     long
+}
+
+/// The pauses' wall time added up (saturating: a stored split may be crafted).
+pub(crate) fn paused_ns(pauses: &[&Pause]) -> u64 {
+    pauses
+        .iter()
+        .fold(0u64, |n, p| n.saturating_add(p.wall_ns()))
 }
 
 /// Stretches in which process `pid` made no call: the pauses its longest
@@ -303,7 +310,9 @@ pub(crate) fn steady_gpu(
         from = from.max(p.end_ns);
     }
     parts.push((from, t.end_ns));
-    let steady: u64 = parts.iter().map(|&(a, b)| b.saturating_sub(a)).sum();
+    let steady = parts
+        .iter()
+        .fold(0u64, |n, &(a, b)| n.saturating_add(b.saturating_sub(a)));
     let (mut weighted, mut covered, mut samples) = (0.0, 0.0, 0u64);
     let mut busiest: Option<(f64, u32)> = None;
     for (a, b) in parts {
@@ -438,12 +447,12 @@ pub(super) fn input_wait(v: &ThreadView, cuda_pids: &BTreeSet<u32>) -> Option<Fi
     let on_cuda_process = |w: &&crate::threads::WakerTime| {
         w.kind == WakerKind::Task && w.pid != t.pid && cuda_pids.contains(&w.pid)
     };
-    let waited_on_gpu_work: u64 = t
+    // Saturating: a stored split's values are each at most 2^62.
+    let waited_on_gpu_work = t
         .wakers
         .iter()
         .filter(on_cuda_process)
-        .map(|w| w.blocked_ns)
-        .sum();
+        .fold(0u64, |n, w| n.saturating_add(w.blocked_ns));
     let blocked = t.between.blocked_ns.saturating_sub(waited_on_gpu_work);
     let share = t.share(blocked);
     if share < INPUT_WAIT_MIN_SHARE || blocked < INPUT_WAIT_MIN_NS {

@@ -125,10 +125,9 @@ pub(super) fn memory_growth(
     let first = l.unfreed.iter().map(|u| u.ts_ns).fold(first, u64::min);
     // Time since `first` up to `ts`, the pauses' time taken out.
     let active = |ts: u64| -> u64 {
-        let paused: u64 = pauses
-            .iter()
-            .map(|&(a, b)| b.min(ts).saturating_sub(a.max(first)))
-            .sum();
+        let paused = pauses.iter().fold(0u64, |n, &(a, b)| {
+            n.saturating_add(b.min(ts).saturating_sub(a.max(first)))
+        });
         ts.saturating_sub(first).saturating_sub(paused)
     };
     let active_ns = active(last);

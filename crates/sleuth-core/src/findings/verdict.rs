@@ -183,7 +183,7 @@ fn pause_note(t: &ThreadSplit) -> String {
         n => format!(
             "; {} more pause(s), {:.1} s in all",
             n - 1,
-            pauses[1..].iter().map(|p| p.wall_ns()).sum::<u64>() as f64 / 1e9
+            super::bottleneck::paused_ns(&pauses[1..]) as f64 / 1e9
         ),
     };
     let waker = match &p.waker {
