@@ -114,6 +114,11 @@ pub struct TraceData {
     /// GPU busy samples by time; `None` when GPU activity was not captured
     /// (no NVML, an imported trace, a trace older than the table).
     pub gpu_samples: Option<Vec<GpuSample>>,
+    /// The running counts of kernel-counted calls the tracer sampled, by
+    /// time (`op_count_samples`); `None` where not read (a run's files, a
+    /// trace older than the table): counted launches then cannot be placed
+    /// in time (`findings::bottleneck::LaunchPlaces`).
+    pub count_samples: Option<Vec<crate::counted::CountSample>>,
     /// Per-process driver view (memory held, SM use) by time; empty when not captured.
     pub process_gpu: Vec<ProcessGpuSample>,
     /// The readings taken when tracing began are not in `process_gpu`: a

@@ -96,8 +96,14 @@ pub struct Pause {
     /// Blocked and runnable time inside it; the rest was on the CPU.
     pub blocked_ns: u64,
     pub runnable_ns: u64,
-    /// What ended the longest single wait inside it (None: it never blocked).
-    pub waker: Option<WakerTime>,
+    /// What ended its blocked time, largest first (at most
+    /// [`PAUSE_WAKERS`]; `share` of its blocked time).
+    pub wakers: Vec<WakerTime>,
+    /// What the first sync after it added to `sync_stall`'s overlappable
+    /// time (`min(H, S)`, its host stretch `H` reaching over the pause):
+    /// taken out with the pause.
+    #[serde(default)]
+    pub sync_overlap_ns: u64,
 }
 
 impl Pause {
@@ -114,6 +120,8 @@ impl Pause {
 
 /// Stretches kept per thread ([`ThreadSplit::pauses`]).
 pub const MAX_PAUSES: usize = 5;
+/// Wakers kept per stretch ([`Pause::wakers`]).
+pub const PAUSE_WAKERS: usize = 4;
 
 /// Adds `p` to `pauses` (longest first, ties: earlier first), keeping the
 /// [`MAX_PAUSES`] longest.
@@ -276,8 +284,11 @@ pub struct ThreadStream {
     /// stretch the next call closes), and the longest single wait's waker.
     gap_blocked: u64,
     gap_runnable: u64,
-    gap_waker: Option<(WakerKind, u32, u32, String, u64)>,
+    gap_wakers: Vec<((WakerKind, u32, u32, String), u64)>,
     pauses: Vec<Pause>,
+    /// Where the host stretch before the next sync began (the previous
+    /// sync's end, else the window's start), as `ThreadInputs` measures it.
+    since_sync: Option<u64>,
 }
 
 impl ThreadStream {
@@ -299,8 +310,9 @@ impl ThreadStream {
             tracer_ns: 0,
             gap_blocked: 0,
             gap_runnable: 0,
-            gap_waker: None,
+            gap_wakers: Vec::new(),
             pauses: Vec::new(),
+            since_sync: None,
         }
     }
 
@@ -318,10 +330,12 @@ impl ThreadStream {
     pub fn add_call(&mut self, c: &CallEvent) {
         self.calls += 1;
         self.in_calls.add(Split::of(c));
-        if c.info().is_some_and(|i| i.class == OpClass::Sync) {
+        let (s, e) = (c.ts_ns, c.end_ns());
+        let since = *self.since_sync.get_or_insert(s);
+        let is_sync = c.info().is_some_and(|i| i.class == OpClass::Sync);
+        if is_sync {
             self.sync_durs.push(c.dur_ns);
         }
-        let (s, e) = (c.ts_ns, c.end_ns());
         match self.busy.back_mut() {
             Some(last) if s <= last.1 => {
                 self.in_wall += e.saturating_sub(last.1);
@@ -335,6 +349,22 @@ impl ThreadStream {
                 self.busy.push_back((s, e));
             }
         }
+        if is_sync {
+            // What `ThreadInputs` adds to the overlappable time for this
+            // sync: its host stretch reaches back over the pauses since the
+            // previous sync; the longest of them takes it along.
+            let overlap = s
+                .saturating_sub(since)
+                .min(c.dur_ns.saturating_sub(c.runnable_ns));
+            if let Some(p) = self
+                .pauses
+                .iter_mut()
+                .find(|p| p.start_ns >= since && p.end_ns <= s)
+            {
+                p.sync_overlap_ns = overlap;
+            }
+            self.since_sync = Some(e);
+        }
     }
 
     /// The stretch `[a, s)` between two calls ends: the waits that went
@@ -345,30 +375,36 @@ impl ThreadStream {
         let wall = s - a;
         let blocked = std::mem::take(&mut self.gap_blocked).min(wall);
         let runnable = std::mem::take(&mut self.gap_runnable).min(wall - blocked);
-        let waker = self.gap_waker.take();
+        let mut wakers = std::mem::take(&mut self.gap_wakers);
         if wall == 0
             || self.pauses.len() == MAX_PAUSES
                 && self.pauses.last().is_some_and(|p| p.wall_ns() >= wall)
         {
             return;
         }
+        wakers.sort_by(|x, y| y.1.cmp(&x.1).then(x.0.cmp(&y.0)));
+        wakers.truncate(PAUSE_WAKERS);
         let pause = Pause {
             start_ns: a,
             end_ns: s,
             blocked_ns: blocked,
             runnable_ns: runnable,
-            waker: waker.map(|(kind, pid, tid, comm, ns)| WakerTime {
-                kind,
-                pid,
-                tid,
-                comm,
-                blocked_ns: ns.min(blocked),
-                share: if blocked == 0 {
-                    0.0
-                } else {
-                    ns.min(blocked) as f64 / blocked as f64
-                },
-            }),
+            wakers: wakers
+                .into_iter()
+                .map(|((kind, pid, tid, comm), ns)| WakerTime {
+                    kind,
+                    pid,
+                    tid,
+                    comm,
+                    blocked_ns: ns.min(blocked),
+                    share: if blocked == 0 {
+                        0.0
+                    } else {
+                        ns.min(blocked) as f64 / blocked as f64
+                    },
+                })
+                .collect(),
+            sync_overlap_ns: 0,
         };
         keep_longest(&mut self.pauses, pause);
     }
@@ -411,8 +447,17 @@ impl ThreadStream {
                 ),
                 None => (WakerKind::Unknown, 0, 0, "(waker not recorded)".into()),
             };
-            if self.gap_waker.as_ref().is_none_or(|g| b > g.4) {
-                self.gap_waker = Some((key.0, key.1, key.2, key.3.clone(), b));
+            // A stretch's wakers are few (a timer, a loader's threads); past
+            // 16 a new one replaces the smallest it outweighs.
+            let g = &mut self.gap_wakers;
+            if let Some(i) = g.iter().position(|(k, _)| *k == key) {
+                g[i].1 += b;
+            } else if g.len() < 16 {
+                g.push((key.clone(), b));
+            } else if let Some(min) = g.iter_mut().min_by_key(|(_, ns)| *ns) {
+                if b > min.1 {
+                    *min = (key.clone(), b);
+                }
             }
             *self.wakers.entry(key).or_default() += b;
         }
@@ -682,14 +727,17 @@ mod tests {
             (p.blocked_ns, p.runnable_ns, p.host_ns()),
             (35 * MS, 0, 9 * MS)
         );
-        let w = p.waker.expect("a waker");
-        assert_eq!((w.kind, w.blocked_ns), (WakerKind::Interrupt, 25 * MS));
+        // Its two waits' waker, once with both waits' time.
+        let w: Vec<(WakerKind, u64)> = p.wakers.iter().map(|w| (w.kind, w.blocked_ns)).collect();
+        assert_eq!(w, vec![(WakerKind::Interrupt, 35 * MS)]);
+        assert_eq!(t.pauses[1].wakers[0].kind, WakerKind::Unknown);
         let crafted = Pause {
             start_ns: 10,
             end_ns: 5,
             blocked_ns: 1 << 62,
             runnable_ns: 1 << 62,
-            waker: None,
+            wakers: Vec::new(),
+            sync_overlap_ns: 1 << 62,
         };
         assert_eq!((crafted.wall_ns(), crafted.host_ns()), (0, 0));
     }

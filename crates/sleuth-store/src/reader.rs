@@ -1085,6 +1085,7 @@ impl Trace {
             waits,
             procs: self.proc_events(pid)?,
             counts: self.op_counts(pid)?,
+            count_samples: self.count_samples(pid)?,
             // Matching collectives needs every rank, whatever the pid filter.
             nccl: self.nccl_calls(None)?,
             ..self.frame(pid)?

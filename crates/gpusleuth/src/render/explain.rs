@@ -617,7 +617,8 @@ mod tests {
             end_ns,
             blocked_ns: end_ns - start_ns,
             runnable_ns: 0,
-            waker: None,
+            wakers: Vec::new(),
+            sync_overlap_ns: 0,
         };
         let mut t = ThreadSplit {
             pid: 7,

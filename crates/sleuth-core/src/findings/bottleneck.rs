@@ -153,6 +153,7 @@ pub(super) fn views<'a>(
     counts: &[crate::OpCount],
     threads: &'a [ThreadSplit],
     inputs: &'a FindingInputs,
+    places: &LaunchPlaces,
     gpu: impl Fn(u64, u64) -> Option<GpuBusy>,
 ) -> Vec<ThreadView<'a>> {
     // Counted launches go to each process's longest issuing thread. With
@@ -186,50 +187,132 @@ pub(super) fn views<'a>(
         .filter_map(|t| {
             // Every thread with a split made calls, so it has aggregates.
             let agg = inputs.threads.get(&(t.pid, t.tid))?;
-            let pauses = left_out_pauses(t);
+            let pauses = left_out_pauses(t, places);
             let steady = match pauses.is_empty() {
-                false => Cow::Owned(steady_split(t)?),
+                false => Cow::Owned(steady_split(t, &pauses)?),
                 true => Cow::Borrowed(t),
             };
             if steady.wall_ns < VERDICT_MIN_WINDOW_NS {
                 return None;
             }
             let is_main = main_of.get(&t.pid).is_some_and(|m| m.1 == t.tid);
-            let extra = if is_main {
+            // Counted launches no sample places may have fallen in the
+            // pauses left out: not the steady steps' to judge.
+            let placed = pauses.is_empty() || !places.unplaced(t.pid);
+            let extra = if is_main && placed {
                 counted.get(&t.pid).copied().unwrap_or(0)
             } else {
                 0
             };
+            let gpu = steady_gpu(&gpu, t, &pauses);
             Some(ThreadView {
                 t: steady,
                 whole: t,
                 pauses,
                 launches: agg.launches.count() + extra,
                 launch_call_ns: agg.launch_ns,
-                gpu: steady_gpu(&gpu, t),
+                gpu,
                 agg,
             })
         })
         .collect()
 }
 
-/// The pauses the verdicts leave out: the thread's stretches between two
-/// calls of at least [`PAUSE_MIN_SHARE`] of its window, where it made at
-/// least [`PAUSE_MIN_CALLS`] calls and what is left is at least
-/// `VERDICT_MIN_WINDOW_NS` (else none). One step of a steady loop left out
-/// changes no share (its time leaves the window and the verdict's time
-/// alike); a one-off pause (a dataset loaded after `set_device`, a hang) no
-/// longer passes for time lost at every step.
-pub(crate) fn left_out_pauses(t: &ThreadSplit) -> Vec<&Pause> {
-    let long: Vec<&Pause> = t
+/// A counted op's samples: (time, running count), by time.
+type Points = Vec<(u64, u64)>;
+
+/// Where in time a process's kernel-counted launches fell, from the
+/// tracer's samples of their running counts: a stretch between a thread's
+/// recorded calls may hold launches the kernel counted (a DataLoader-
+/// starved loop of launches between `set_device` and a final sync is one
+/// stretch), which is no pause, and its launches are not the steady
+/// steps' (a warm-up of 30,000 launches read as the steps' launch_bound;
+/// round 52's tester).
+pub(crate) struct LaunchPlaces {
+    /// Per process with counted launches: each launch op's samples (time,
+    /// running count) by time; None where not sampled.
+    by_pid: HashMap<u32, Option<Vec<Points>>>,
+}
+
+impl LaunchPlaces {
+    pub(crate) fn of(data: &TraceData) -> LaunchPlaces {
+        let mut by_pid: HashMap<u32, Option<Vec<Points>>> = HashMap::new();
+        let launch = |op: u16| op_by_id(op).is_some_and(|o| o.class == OpClass::Launch);
+        // Only samples inside a stretch place launches in it (what was
+        // counted between two of them): the file's start and end, which a
+        // window's counts do not give, are not needed.
+        let mut sampled: HashMap<(u32, u16), Points> = HashMap::new();
+        for s in data.count_samples.iter().flatten().filter(|s| launch(s.op)) {
+            sampled
+                .entry((s.pid, s.op))
+                .or_default()
+                .push((s.ts_ns, s.count));
+        }
+        for c in data.counts.iter().filter(|c| c.count > 0 && launch(c.op)) {
+            let points = data.count_samples.as_ref().map(|_| {
+                let mut points = sampled.remove(&(c.pid, c.op)).unwrap_or_default();
+                // A crafted file's samples in any order still give bounds.
+                points.sort_unstable();
+                points
+            });
+            let e = by_pid.entry(c.pid).or_insert_with(|| Some(Vec::new()));
+            match (e.as_mut(), points) {
+                (Some(all), Some(points)) => all.push(points),
+                _ => *e = None,
+            }
+        }
+        LaunchPlaces { by_pid }
+    }
+
+    /// Whether process `pid` certainly launched (counted) in `[a, b)`:
+    /// Some(false) when it counts none; None when they cannot be placed.
+    fn launched_in(&self, pid: u32, a: u64, b: u64) -> Option<bool> {
+        match self.by_pid.get(&pid) {
+            None => Some(false),
+            Some(None) => None,
+            Some(Some(ops)) => Some(ops.iter().any(|points| {
+                !points.is_empty() && crate::counted::in_window(points, a, b).at_least > 0
+            })),
+        }
+    }
+
+    /// Whether `pid` has counted launches no sample places.
+    fn unplaced(&self, pid: u32) -> bool {
+        matches!(self.by_pid.get(&pid), Some(None))
+    }
+}
+
+/// The pauses the verdicts leave out: the thread's longest stretches
+/// between two calls, at most [`PAUSE_MAX_LEFT_OUT`], each at least
+/// [`PAUSE_MIN_SHARE`] of its window, the shortest of them at least
+/// [`PAUSE_OUTLIER_RATIO`] times the next longest stretch (one-offs, not the
+/// steps of a loop of a few long steps: four steps of 350 ms host work read
+/// as four pauses and no verdict; round 52's tester), where the thread made
+/// at least [`PAUSE_MIN_CALLS`] calls per pause and what is left is at least
+/// `VERDICT_MIN_WINDOW_NS` (else none: a stretch between a thread's only two
+/// recorded calls is the program, not a pause in it).
+pub(crate) fn left_out_pauses<'a>(t: &'a ThreadSplit, places: &LaunchPlaces) -> Vec<&'a Pause> {
+    // A stretch in which the process certainly launched is no pause.
+    let ps: Vec<&Pause> = t
         .pauses
         .iter()
-        .filter(|p| t.share(p.wall_ns()) >= PAUSE_MIN_SHARE)
+        .filter(|p| places.launched_in(t.pid, p.start_ns, p.end_ns) != Some(true))
         .collect();
-    let out = paused_ns(&long);
-    if long.is_empty()
-        || t.calls < PAUSE_MIN_CALLS
-        || t.wall_ns.saturating_sub(out) < VERDICT_MIN_WINDOW_NS
+    let mut k = 0;
+    for i in 1..=PAUSE_MAX_LEFT_OUT.min(ps.len()) {
+        let this = ps[i - 1].wall_ns();
+        if t.share(this) < PAUSE_MIN_SHARE {
+            break;
+        }
+        let next = ps.get(i).map_or(0, |p| p.wall_ns());
+        if this as f64 >= PAUSE_OUTLIER_RATIO * next as f64 {
+            k = i;
+        }
+    }
+    let long = ps[..k].to_vec();
+    if k == 0
+        || t.calls < PAUSE_MIN_CALLS.saturating_mul(k as u64)
+        || t.wall_ns.saturating_sub(paused_ns(&long)) < VERDICT_MIN_WINDOW_NS
     {
         return Vec::new();
     }
@@ -246,12 +329,16 @@ pub(crate) fn paused_ns(pauses: &[&Pause]) -> u64 {
 /// Stretches in which process `pid` made no call: the pauses its longest
 /// issuing thread's verdicts leave out ([`left_out_pauses`]) that no other
 /// thread of it issued calls across (its window does not reach into them).
-pub(crate) fn process_pauses(splits: &[ThreadSplit], pid: u32) -> Vec<(u64, u64)> {
+pub(crate) fn process_pauses(
+    splits: &[ThreadSplit],
+    pid: u32,
+    places: &LaunchPlaces,
+) -> Vec<(u64, u64)> {
     let of_pid = || splits.iter().filter(|t| t.pid == pid);
     let Some(main) = of_pid().max_by_key(|t| (t.wall_ns, std::cmp::Reverse(t.tid))) else {
         return Vec::new();
     };
-    left_out_pauses(main)
+    left_out_pauses(main, places)
         .into_iter()
         .filter(|p| {
             of_pid().all(|t| t.tid == main.tid || t.end_ns <= p.start_ns || t.start_ns >= p.end_ns)
@@ -263,25 +350,25 @@ pub(crate) fn process_pauses(splits: &[ThreadSplit], pid: u32) -> Vec<(u64, u64)
 /// The thread's steady steps: its split with the pauses left out
 /// ([`left_out_pauses`]): their wall time out of the window, their
 /// blocked, runnable and on-CPU time out of the time between calls, each
-/// one's longest wait out of that waker's time. None when none is left out.
-pub(crate) fn steady_split(t: &ThreadSplit) -> Option<ThreadSplit> {
-    let pauses = left_out_pauses(t);
+/// one's wakers' time out of theirs. None when none is left out.
+pub(crate) fn steady_split(t: &ThreadSplit, pauses: &[&Pause]) -> Option<ThreadSplit> {
     if pauses.is_empty() {
         return None;
     }
     let mut s = t.clone();
-    for p in pauses {
+    for p in pauses.iter() {
         let on_cpu = p.host_ns().saturating_sub(p.runnable_ns);
         s.wall_ns = s.wall_ns.saturating_sub(p.wall_ns());
         s.between.blocked_ns = s.between.blocked_ns.saturating_sub(p.blocked_ns);
         s.between.runnable_ns = s.between.runnable_ns.saturating_sub(p.runnable_ns);
         s.between.on_cpu_ns = s.between.on_cpu_ns.saturating_sub(on_cpu);
-        let Some(pw) = &p.waker else { continue };
-        let same = |w: &&mut crate::threads::WakerTime| {
-            (w.kind, w.pid, w.tid, &w.comm) == (pw.kind, pw.pid, pw.tid, &pw.comm)
-        };
-        if let Some(w) = s.wakers.iter_mut().find(same) {
-            w.blocked_ns = w.blocked_ns.saturating_sub(pw.blocked_ns);
+        for pw in &p.wakers {
+            let same = |w: &&mut crate::threads::WakerTime| {
+                (w.kind, w.pid, w.tid, &w.comm) == (pw.kind, pw.pid, pw.tid, &pw.comm)
+            };
+            if let Some(w) = s.wakers.iter_mut().find(same) {
+                w.blocked_ns = w.blocked_ns.saturating_sub(pw.blocked_ns);
+            }
         }
     }
     s.wakers.retain(|w| w.blocked_ns > 0);
@@ -297,8 +384,9 @@ pub(crate) fn steady_split(t: &ThreadSplit) -> Option<ThreadSplit> {
 pub(crate) fn steady_gpu(
     gpu: &impl Fn(u64, u64) -> Option<GpuBusy>,
     t: &ThreadSplit,
+    pauses: &[&Pause],
 ) -> Option<GpuBusy> {
-    let mut pauses = left_out_pauses(t);
+    let mut pauses = pauses.to_vec();
     if pauses.is_empty() {
         return gpu(t.start_ns, t.end_ns);
     }
@@ -572,7 +660,14 @@ pub(super) fn sync_stall(v: &ThreadView) -> Option<Finding> {
     // Per sync: host time since the previous sync ended (H) and the sync's own
     // wall time (S: the GPU finishing what the host queued). With the sync
     // gone, up to min(H, S) of each step could overlap (summed as the calls stream past).
-    let mut overlap = v.agg.overlap_ns;
+    // The pauses left out take along what the first sync after each added
+    // (its host stretch reached over the pause: four 1.8-s sleeps, each
+    // followed by an 80-ms sync, read as 20% overlappable; round 52's tester).
+    let mut overlap = v.agg.overlap_ns.saturating_sub(
+        v.pauses
+            .iter()
+            .fold(0u64, |n, p| n.saturating_add(p.sync_overlap_ns)),
+    );
     // Measured GPU idle time bounds what overlapping could win.
     if let Some(g) = v.gpu {
         let idle = ((1.0 - g.busy).max(0.0) * t.wall_ns as f64) as u64;

@@ -50,6 +50,7 @@ pub(super) fn summary_line(
     threads: &[ThreadSplit],
     views: &[ThreadView],
     findings: &[Finding],
+    places: &super::bottleneck::LaunchPlaces,
     gpu: &dyn Fn(u64, u64) -> Option<GpuBusy>,
 ) -> Option<String> {
     if !has_host_context {
@@ -129,10 +130,11 @@ pub(super) fn summary_line(
     // left out, in its steady steps (35% in syncs over a window that was 65%
     // one pause read as no verdict where the steps were 99% GPU wait).
     let whole = main;
-    let pause = pause_note(main);
-    let steady = super::bottleneck::steady_split(main);
+    let main_pauses = super::bottleneck::left_out_pauses(main, places);
+    let pause = pause_note(main, &main_pauses);
+    let steady = super::bottleneck::steady_split(main, &main_pauses);
     let main = steady.as_ref().unwrap_or(main);
-    let g = gpu_text(super::bottleneck::steady_gpu(&gpu, whole));
+    let g = gpu_text(super::bottleneck::steady_gpu(&gpu, whole, &main_pauses));
     let w = who_steady(whole, main);
     // Runnable time inside calls is the CPU being taken, not the GPU working.
     let gpu_wait = main.sync_ns.saturating_sub(main.in_calls.runnable_ns);
@@ -173,20 +175,20 @@ pub(super) fn summary_line(
 /// longest stretch between calls is a real part of its window; empty
 /// otherwise. The verdicts leave such a pause out where it holds most of
 /// their time (`bottleneck::Steady`); the line says it was there.
-fn pause_note(t: &ThreadSplit) -> String {
-    let pauses = super::bottleneck::left_out_pauses(t);
+fn pause_note(t: &ThreadSplit, pauses: &[&crate::threads::Pause]) -> String {
     let Some(p) = pauses.first() else {
         return String::new();
     };
-    let more = match pauses.len() {
-        1 => String::new(),
-        n => format!(
-            "; {} more pause(s), {:.1} s in all",
-            n - 1,
-            super::bottleneck::paused_ns(&pauses[1..]) as f64 / 1e9
+    let more = match &pauses[1..] {
+        [] => String::new(),
+        [q] => format!("; one more pause of {:.1} s", q.wall_ns() as f64 / 1e9),
+        qs => format!(
+            "; {} more pauses, {:.1} s together",
+            qs.len(),
+            super::bottleneck::paused_ns(qs) as f64 / 1e9
         ),
     };
-    let waker = match &p.waker {
+    let waker = match p.wakers.first() {
         Some(w) if p.blocked_ns > 0 => match w.kind {
             WakerKind::Task => format!(", woken by {} (pid {})", w.comm, w.pid),
             _ => format!(", woken by {}", w.comm),
