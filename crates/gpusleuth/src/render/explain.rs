@@ -609,6 +609,29 @@ mod tests {
         }
     }
 
+    /// The main thread `pid` of `comm`, its calls spanning `[start, end)`,
+    /// nothing else measured.
+    fn idle_split(pid: u32, comm: &str, start_ns: u64, end_ns: u64) -> ThreadSplit {
+        ThreadSplit {
+            pid,
+            tid: pid,
+            comm: comm.into(),
+            start_ns,
+            end_ns,
+            wall_ns: end_ns - start_ns,
+            calls: 1,
+            in_calls: Default::default(),
+            between: Default::default(),
+            syncs: 0,
+            sync_ns: 0,
+            sync_p50_ns: 0,
+            wakers: Vec::new(),
+            preempted_by: Vec::new(),
+            tracer_runnable_ns: 0,
+            pauses: Vec::new(),
+        }
+    }
+
     /// A pause of a fifth of the window or more is on the thread's line.
     #[test]
     fn a_threads_long_pause_is_on_its_line() {
@@ -620,24 +643,8 @@ mod tests {
             wakers: Vec::new(),
             sync_overlap_ns: 0,
         };
-        let mut t = ThreadSplit {
-            pid: 7,
-            tid: 7,
-            comm: "train".into(),
-            start_ns: 1_000_000_000,
-            end_ns: 4_500_000_000,
-            wall_ns: 3_500_000_000,
-            calls: 3,
-            in_calls: Default::default(),
-            between: Default::default(),
-            syncs: 0,
-            sync_ns: 0,
-            sync_p50_ns: 0,
-            wakers: Vec::new(),
-            preempted_by: Vec::new(),
-            tracer_runnable_ns: 0,
-            pauses: vec![pause(1_000_010_000, 2_500_000_000)],
-        };
+        let mut t = idle_split(7, "train", 1_000_000_000, 4_500_000_000);
+        t.pauses = vec![pause(1_000_010_000, 2_500_000_000)];
         let line = &thread_lines(std::slice::from_ref(&t))[0];
         assert!(
             line.ends_with(
@@ -654,24 +661,7 @@ mod tests {
     /// processes) the longest twenty a line each, then one line for the rest.
     #[test]
     fn many_threads_are_listed_longest_first_up_to_twenty() {
-        let split = |i: u32| ThreadSplit {
-            pid: i,
-            tid: i,
-            comm: "job".into(),
-            start_ns: 0,
-            end_ns: u64::from(100 - i) * 1_000,
-            wall_ns: u64::from(100 - i) * 1_000,
-            calls: 1,
-            in_calls: Default::default(),
-            between: Default::default(),
-            syncs: 0,
-            sync_ns: 0,
-            sync_p50_ns: 0,
-            wakers: Vec::new(),
-            preempted_by: Vec::new(),
-            tracer_runnable_ns: 0,
-            pauses: Vec::new(),
-        };
+        let split = |i: u32| idle_split(i, "job", 0, u64::from(100 - i) * 1_000);
         let threads: Vec<ThreadSplit> = (0..25).map(split).collect();
         let lines = thread_lines(&threads);
         assert_eq!(lines.len(), 21, "{lines:?}");

@@ -703,33 +703,34 @@ fn steps_with_pauses(steps: u64, step: u64, host: u64, pauses: &[(u64, u64)]) ->
     trace(calls, waits)
 }
 
-#[test]
-fn stretches_that_are_the_program_are_not_pauses() {
-    // A DataLoader-starved loop of counted launches between `set_device`
-    // and one final sync: two calls, one stretch of 99%: input_wait, not a
-    // pause (it read "no verdict").
-    let worker = Waker {
+/// 30 waits of 30 ms every 33 ms from 1 ms, each ended by a loader thread
+/// (pid 555): a loop of counted launches starved by its DataLoader.
+fn loader_waits() -> Vec<WaitEvent> {
+    let loader = Waker {
         pid: 555,
         tid: 555,
         comm: "gs-loader".into(),
         irq: false,
     };
+    (0..30)
+        .map(|i| {
+            let off = MS + i * 33 * MS;
+            let on = off + 30 * MS;
+            wait(WaitKind::Blocked, off, on, on, Some(loader.clone()))
+        })
+        .collect()
+}
+
+#[test]
+fn stretches_that_are_the_program_are_not_pauses() {
+    // A DataLoader-starved loop of counted launches between `set_device`
+    // and one final sync: two calls, one stretch of 99%: input_wait, not a
+    // pause (it read "no verdict").
     let calls = vec![
         call("cudaSetDevice", 0, 10 * US),
         call("cudaStreamSynchronize", 995 * MS, 5 * MS),
     ];
-    let waits: Vec<WaitEvent> = (0..30)
-        .map(|i| {
-            let off = MS + i * 33 * MS;
-            wait(
-                WaitKind::Blocked,
-                off,
-                off + 30 * MS,
-                off + 30 * MS,
-                Some(worker.clone()),
-            )
-        })
-        .collect();
+    let waits = loader_waits();
     let d = trace(calls, waits);
     let f = only(&d, Kind::InputWait);
     assert_eq!(f.len(), 1, "{:?}", kinds_of(&d));
@@ -847,30 +848,13 @@ fn counted_launches_place_what_is_no_pause() {
     };
     // The loader-starved loop: blocked 900 of its 1000 ms, woken by a
     // worker; then 30 syncs of 5 ms back to back.
-    let worker = Waker {
-        pid: 555,
-        tid: 555,
-        comm: "gs-loader".into(),
-        irq: false,
-    };
     let mut calls = vec![call("cudaSetDevice", 0, 10 * US)];
     for i in 0..30 {
         let mut s = call("cudaStreamSynchronize", 1_000 * MS + i * 5 * MS, 5 * MS);
         s.blocked_ns = 5 * MS;
         calls.push(s);
     }
-    let waits: Vec<WaitEvent> = (0..30)
-        .map(|i| {
-            let off = MS + i * 33 * MS;
-            wait(
-                WaitKind::Blocked,
-                off,
-                off + 30 * MS,
-                off + 30 * MS,
-                Some(worker.clone()),
-            )
-        })
-        .collect();
+    let waits = loader_waits();
     let mut d = trace(calls, waits);
     d.counts = vec![OpCount {
         pid: 100,
