@@ -344,11 +344,11 @@ pub fn thread_lines(threads: &[ThreadSplit]) -> Vec<String> {
             if !holders.is_empty() {
                 line.push_str(&format!("; CPU taken by {}", holders.join(", ")));
             }
-            // A pause of a fifth of the window or more: judged apart by the
-            // verdicts (docs/findings.md).
+            // A stretch of a fifth of the window or more: a pause the
+            // verdicts may judge apart (docs/findings.md), or a long step.
             if let Some(p) = t.pauses.first().filter(|p| t.share(p.wall_ns()) >= 0.2) {
                 line.push_str(&format!(
-                    "; longest pause {} ({} of the window, {} after its first call)",
+                    "; longest stretch between calls {} ({} of the window, {} after its first call)",
                     fmt_ns(p.wall_ns()),
                     pct(t, p.wall_ns()),
                     fmt_ns(p.start_ns.saturating_sub(t.start_ns))
@@ -648,7 +648,7 @@ mod tests {
         let line = &thread_lines(std::slice::from_ref(&t))[0];
         assert!(
             line.ends_with(
-                "; longest pause 1.500s (43% of the window, 10.0us after its first call)"
+                "; longest stretch between calls 1.500s (43% of the window, 10.0us after its first call)"
             ),
             "{line}"
         );
