@@ -7,6 +7,11 @@
 //! (between the samples around it). The estimate between the bounds
 //! assumes a steady rate between two samples.
 
+/// How often the tracer reads the kernel's counts (`trace`'s loop); it
+/// stores a sample when a count changed, so a sample's increase was counted
+/// in the period before it (later under load: the next read came later).
+pub const SAMPLE_PERIOD_NS: u64 = 200_000_000;
+
 /// A running count of one (process, op), `count` calls since the file
 /// began, at `ts_ns` (monotonic).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -75,16 +75,12 @@ pub const INPUT_WAIT_MIN_NS: u64 = 10_000_000;
 /// (round 51's false-positive hunt). The same share names the pause on the
 /// summary line.
 pub const PAUSE_MIN_SHARE: f64 = VERDICT_MEDIUM_SHARE;
-/// ... when the thread made at least this many calls per pause and what is left is
+/// ... when the thread made at least this many calls and what is left is
 /// at least `VERDICT_MIN_WINDOW_NS` long: a stretch between a thread's only
-/// two recorded calls is the program, not a pause in it (launches counted
-/// in the kernel are no calls: a DataLoader-starved loop of launches between
-/// `set_device` and one final sync read "no verdict"; round 52's tester).
+/// two recorded calls is the program, not a pause in it ...
 pub const PAUSE_MIN_CALLS: u64 = 10;
-/// At most this many pauses are left out ...
-pub const PAUSE_MAX_LEFT_OUT: usize = 3;
-/// ... the shortest of them at least this many times the next longest
-/// stretch: a loop of a few long steps has stretches alike.
+/// ... and when it is at least this many times the next longest stretch:
+/// a one-off, where a loop's stretches are alike.
 pub const PAUSE_OUTLIER_RATIO: f64 = 3.0;
 /// sync_stall: at least this many syncs ...
 pub const SYNC_STALL_MIN_SYNCS: u64 = 20;
@@ -417,8 +413,7 @@ pub fn explain_inputs_with(
     let mut memory_notes = Vec::new();
     for l in ledgers {
         findings.extend(memory::allocation_failure(l));
-        let pauses = bottleneck::process_pauses(&inputs.splits, l.pid, &places);
-        findings.extend(memory::memory_growth(l, inputs.cuda_span(l.pid), &pauses));
+        findings.extend(memory::memory_growth(l, inputs.cuda_span(l.pid)));
         findings.extend(memory::allocation_churn(l, ctx.bounds()));
         memory_notes.extend(memory::held_at_end_note(l));
     }

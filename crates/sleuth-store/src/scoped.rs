@@ -486,7 +486,6 @@ fn loaded_parts(
     scope_to_window(&mut data, filter.since_ns, filter.until_ns);
     let window_counts = WindowCounts::of(trace, &data.counts, filter)?;
     data.counts = window_counts.at_least();
-    data.count_samples = trace.count_samples(filter.pid)?;
     let culprits =
         sleuth_core::culprits::call_culprits(&data.calls, &data.waits, trace.tracer_pid());
     let pinning = pinning_outside(trace, filter)?;

@@ -982,7 +982,7 @@ fn trace_loop(
             last_place = Instant::now();
             place(&mut placement, &session, &[], &mut sinks);
         }
-        if last_scan.elapsed() >= Duration::from_millis(200) {
+        if last_scan.elapsed() >= Duration::from_nanos(sleuth_core::counted::SAMPLE_PERIOD_NS) {
             last_scan = Instant::now();
             let op_counts = session.op_counts();
             let before = rotation

@@ -94,17 +94,11 @@ impl ThreadView<'_> {
     }
 
     /// ", without one pause of 1.5 s, 0.0 s after its first CUDA call"
-    /// (", without 2 pauses, 2.7 s in all") where pauses were left out;
-    /// empty otherwise.
+    /// where the pause was left out; empty otherwise.
     fn without_pause_text(&self) -> String {
-        match self.pauses.as_slice() {
-            [] => String::new(),
-            [p] => format!(", without one pause of {}", pause_text(p, self.whole)),
-            ps => format!(
-                ", without {} pauses, {:.1} s in all",
-                ps.len(),
-                paused_ns(ps) as f64 / 1e9
-            ),
+        match self.pauses.first() {
+            Some(p) => format!(", without one pause of {}", pause_text(p, self.whole)),
+            None => String::new(),
         }
     }
 
@@ -196,10 +190,7 @@ pub(super) fn views<'a>(
                 return None;
             }
             let is_main = main_of.get(&t.pid).is_some_and(|m| m.1 == t.tid);
-            // Counted launches no sample places may have fallen in the
-            // pauses left out: not the steady steps' to judge.
-            let placed = pauses.is_empty() || !places.unplaced(t.pid);
-            let extra = if is_main && placed {
+            let extra = if is_main {
                 counted.get(&t.pid).copied().unwrap_or(0)
             } else {
                 0
@@ -264,16 +255,24 @@ impl LaunchPlaces {
         LaunchPlaces { by_pid }
     }
 
-    /// Whether process `pid` certainly launched (counted) in `[a, b)`:
-    /// Some(false) when it counts none; None when they cannot be placed.
-    fn launched_in(&self, pid: u32, a: u64, b: u64) -> Option<bool> {
-        match self.by_pid.get(&pid) {
-            None => Some(false),
-            Some(None) => None,
-            Some(Some(ops)) => Some(ops.iter().any(|points| {
-                !points.is_empty() && crate::counted::in_window(points, a, b).at_least > 0
-            })),
-        }
+    /// Whether process `pid` certainly launched (counted) in `[a, b]`: a
+    /// sample whose increase was counted in the period before it, that
+    /// period inside the stretch (a stretch of launches shorter than two
+    /// periods may hold none; a sample just after a pause, counting the
+    /// launches that followed it, places none in it). False where they
+    /// cannot be placed ([`LaunchPlaces::unplaced`]).
+    fn launched_in(&self, pid: u32, a: u64, b: u64) -> bool {
+        let Some(Some(ops)) = self.by_pid.get(&pid) else {
+            return false;
+        };
+        ops.iter().any(|points| {
+            let mut before = 0;
+            points.iter().any(|&(ts, count)| {
+                let rose = count > before;
+                before = count;
+                rose && ts <= b && ts.saturating_sub(crate::counted::SAMPLE_PERIOD_NS) >= a
+            })
+        })
     }
 
     /// Whether `pid` has counted launches no sample places.
@@ -282,41 +281,40 @@ impl LaunchPlaces {
     }
 }
 
-/// The pauses the verdicts leave out: the thread's longest stretches
-/// between two calls, at most [`PAUSE_MAX_LEFT_OUT`], each at least
-/// [`PAUSE_MIN_SHARE`] of its window, the shortest of them at least
-/// [`PAUSE_OUTLIER_RATIO`] times the next longest stretch (one-offs, not the
-/// steps of a loop of a few long steps: four steps of 350 ms host work read
-/// as four pauses and no verdict; round 52's tester), where the thread made
-/// at least [`PAUSE_MIN_CALLS`] calls per pause and what is left is at least
-/// `VERDICT_MIN_WINDOW_NS` (else none: a stretch between a thread's only two
-/// recorded calls is the program, not a pause in it).
+/// The pause the verdicts leave out (none or one): the thread's longest
+/// stretch between two calls in which its process launched nothing, where
+/// it is at least [`PAUSE_MIN_SHARE`] of the window and at least
+/// [`PAUSE_OUTLIER_RATIO`] times the next longest such stretch (a one-off:
+/// the stretches of a loop's steps are alike, and a loop of a few long
+/// steps or of periodic long phases is judged whole; four steps of 350 ms
+/// host work read as four pauses and no verdict, round 52's tester), the
+/// thread made at least [`PAUSE_MIN_CALLS`] calls and what is left is at
+/// least `VERDICT_MIN_WINDOW_NS` (a stretch between a thread's only two
+/// recorded calls is the program, not a pause in it). None where the
+/// process's counted launches cannot be placed in time.
 pub(crate) fn left_out_pauses<'a>(t: &'a ThreadSplit, places: &LaunchPlaces) -> Vec<&'a Pause> {
-    // A stretch in which the process certainly launched is no pause.
-    let ps: Vec<&Pause> = t
+    // Counted launches no sample places might lie in any stretch.
+    if places.unplaced(t.pid) {
+        return Vec::new();
+    }
+    // A stretch in which the process launched is work, not a pause.
+    let mut ps = t
         .pauses
         .iter()
-        .filter(|p| places.launched_in(t.pid, p.start_ns, p.end_ns) != Some(true))
-        .collect();
-    let mut k = 0;
-    for i in 1..=PAUSE_MAX_LEFT_OUT.min(ps.len()) {
-        let this = ps[i - 1].wall_ns();
-        if t.share(this) < PAUSE_MIN_SHARE {
-            break;
-        }
-        let next = ps.get(i).map_or(0, |p| p.wall_ns());
-        if this as f64 >= PAUSE_OUTLIER_RATIO * next as f64 {
-            k = i;
-        }
-    }
-    let long = ps[..k].to_vec();
-    if k == 0
-        || t.calls < PAUSE_MIN_CALLS.saturating_mul(k as u64)
-        || t.wall_ns.saturating_sub(paused_ns(&long)) < VERDICT_MIN_WINDOW_NS
+        .filter(|p| !places.launched_in(t.pid, p.start_ns, p.end_ns));
+    let Some(p) = ps.next() else {
+        return Vec::new();
+    };
+    let next = ps.next().map_or(0, |q| q.wall_ns());
+    let one_off = t.share(p.wall_ns()) >= PAUSE_MIN_SHARE
+        && p.wall_ns() as f64 >= PAUSE_OUTLIER_RATIO * next as f64;
+    if !one_off
+        || t.calls < PAUSE_MIN_CALLS
+        || t.wall_ns.saturating_sub(p.wall_ns()) < VERDICT_MIN_WINDOW_NS
     {
         return Vec::new();
     }
-    long
+    vec![p]
 }
 
 /// The pauses' wall time added up (saturating: a stored split may be crafted).
@@ -324,27 +322,6 @@ pub(crate) fn paused_ns(pauses: &[&Pause]) -> u64 {
     pauses
         .iter()
         .fold(0u64, |n, p| n.saturating_add(p.wall_ns()))
-}
-
-/// Stretches in which process `pid` made no call: the pauses its longest
-/// issuing thread's verdicts leave out ([`left_out_pauses`]) that no other
-/// thread of it issued calls across (its window does not reach into them).
-pub(crate) fn process_pauses(
-    splits: &[ThreadSplit],
-    pid: u32,
-    places: &LaunchPlaces,
-) -> Vec<(u64, u64)> {
-    let of_pid = || splits.iter().filter(|t| t.pid == pid);
-    let Some(main) = of_pid().max_by_key(|t| (t.wall_ns, std::cmp::Reverse(t.tid))) else {
-        return Vec::new();
-    };
-    left_out_pauses(main, places)
-        .into_iter()
-        .filter(|p| {
-            of_pid().all(|t| t.tid == main.tid || t.end_ns <= p.start_ns || t.start_ns >= p.end_ns)
-        })
-        .map(|p| (p.start_ns, p.end_ns))
-        .collect()
 }
 
 /// The thread's steady steps: its split with the pauses left out

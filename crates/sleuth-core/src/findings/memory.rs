@@ -110,32 +110,15 @@ pub(super) fn allocation_failure(l: &ProcessLedger) -> Option<Finding> {
 /// ledger carries allocations made in files `--keep` deleted, before the
 /// calls read: counted over the kept files' span alone, 11 allocations made
 /// over 11 s read as 4 s of growth on the H200, round 17).
-///
-/// `pauses` are stretches in which the process made no call (its issuing
-/// thread's pauses the verdicts leave out, `bottleneck::left_out_pauses`):
-/// the quarters are of the activity without them (16 leaking steps after a
-/// 1.5-s sleep fell in the last quarter of the whole span, and a 1 GiB
-/// leak was not reported; round 52's tester).
-pub(super) fn memory_growth(
-    l: &ProcessLedger,
-    span: (u64, u64),
-    pauses: &[(u64, u64)],
-) -> Option<Finding> {
+pub(super) fn memory_growth(l: &ProcessLedger, span: (u64, u64)) -> Option<Finding> {
     let (first, last) = span;
     let first = l.unfreed.iter().map(|u| u.ts_ns).fold(first, u64::min);
-    // Time since `first` up to `ts`, the pauses' time taken out.
-    let active = |ts: u64| -> u64 {
-        let paused = pauses.iter().fold(0u64, |n, &(a, b)| {
-            n.saturating_add(b.min(ts).saturating_sub(a.max(first)))
-        });
-        ts.saturating_sub(first).saturating_sub(paused)
-    };
-    let active_ns = active(last);
-    if active_ns < GROWTH_MIN_SPAN_NS {
+    if last.saturating_sub(first) < GROWTH_MIN_SPAN_NS {
         return None;
     }
     let quarter = |ts: u64| -> usize {
-        let q = (active(ts) as u128 * GROWTH_QUARTERS as u128 / active_ns as u128) as usize;
+        let q = (ts.saturating_sub(first) as u128 * GROWTH_QUARTERS as u128
+            / (last - first) as u128) as usize;
         q.min(GROWTH_QUARTERS - 1)
     };
     // (site, size, op) -> (count, first ts, quarters seen): repeated same-size
@@ -183,8 +166,7 @@ pub(super) fn memory_growth(
     let bytes: u64 = growing.iter().fold(0u64, |a, g| a.saturating_add(g.total));
     let count: u64 = growing.iter().fold(0u64, |a, g| a.saturating_add(g.count));
     let severity = Severity::grade(bytes, GROWTH_HIGH_BYTES, GROWTH_MEDIUM_BYTES);
-    let secs = active_ns as f64 / 1e9;
-    let paused_ns = (last - first).saturating_sub(active_ns);
+    let secs = (last - first) as f64 / 1e9;
     let top = &growing[0];
     let groups_json: Vec<_> = growing
         .iter()
@@ -216,17 +198,13 @@ pub(super) fn memory_growth(
         op: top.op.to_string(),
         pids: vec![l.pid],
         summary: format!(
-            "{} (pid {}) kept allocating device memory it never freed: {} allocation(s), {} over {:.1} s{} \
+            "{} (pid {}) kept allocating device memory it never freed: {} allocation(s), {} over {:.1} s \
              ({}/s), most often {} x{} via {}{}",
             l.comm,
             l.pid,
             count,
             fmt_bytes(bytes),
             secs,
-            match paused_ns {
-                0 => String::new(),
-                p => format!(" (without {:.1} s of pauses)", p as f64 / 1e9),
-            },
             fmt_bytes((bytes as f64 / secs.max(1e-9)) as u64),
             fmt_bytes(top.size),
             top.count,
@@ -240,7 +218,6 @@ pub(super) fn memory_growth(
             "growing_bytes": bytes,
             "growing_allocations": count,
             "span_ns": last - first,
-            "paused_ns": paused_ns,
             "groups": groups_json,
             "live_bytes_at_end": l.live_bytes,
             "peak_bytes": l.peak_bytes,

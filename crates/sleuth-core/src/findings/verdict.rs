@@ -179,15 +179,6 @@ fn pause_note(t: &ThreadSplit, pauses: &[&crate::threads::Pause]) -> String {
     let Some(p) = pauses.first() else {
         return String::new();
     };
-    let more = match &pauses[1..] {
-        [] => String::new(),
-        [q] => format!("; one more pause of {:.1} s", q.wall_ns() as f64 / 1e9),
-        qs => format!(
-            "; {} more pauses, {:.1} s together",
-            qs.len(),
-            super::bottleneck::paused_ns(qs) as f64 / 1e9
-        ),
-    };
     let waker = match p.wakers.first() {
         Some(w) if p.blocked_ns > 0 => match w.kind {
             WakerKind::Task => format!(", woken by {} (pid {})", w.comm, w.pid),
@@ -196,7 +187,7 @@ fn pause_note(t: &ThreadSplit, pauses: &[&crate::threads::Pause]) -> String {
         _ => String::new(),
     };
     format!(
-        "; one pause of {} ({:.1} s blocked{waker}, {:.1} s on the host){more}: judged apart from the steady steps",
+        "; one pause of {} ({:.1} s blocked{waker}, {:.1} s on the host): judged apart from the steady steps",
         super::bottleneck::pause_text(p, t),
         p.blocked_ns as f64 / 1e9,
         p.host_ns() as f64 / 1e9

@@ -735,19 +735,38 @@ fn stretches_that_are_the_program_are_not_pauses() {
     let f = only(&d, Kind::InputWait);
     assert_eq!(f.len(), 1, "{:?}", kinds_of(&d));
     assert_eq!(f[0].evidence["pauses_left_out"], 0);
-    // Two sleeps of 1.2 s around healthy GPU-bound steps: both left out,
-    // no input_wait (it read 66%, woken by timers).
+    // Two sleeps of 1.2 s around healthy GPU-bound steps: alike, so no
+    // one-off; the thread's time asleep is said as it was (66%, woken by
+    // timers), not left out as pauses.
     let d = steps_with_pauses(60, 20 * MS, 0, &[(0, 1_200 * MS), (30, 1_200 * MS)]);
-    let r = explain_report(&d);
-    assert!(r.findings.is_empty(), "{:?}", kinds_of(&d));
-    assert!(
-        r.summary
-            .as_ref()
-            .unwrap()
-            .contains("; one more pause of 1.2 s: judged apart"),
-        "{:?}",
-        r.summary
-    );
+    let f = only(&d, Kind::InputWait);
+    assert_eq!(f.len(), 1, "{:?}", kinds_of(&d));
+    assert_eq!(f[0].evidence["pauses_left_out"], 0);
+    assert!(f[0]
+        .summary
+        .contains("woken by (interrupt: timer or device) 100%"));
+    // One of them 3.6 s: a one-off, left out.
+    let d = steps_with_pauses(60, 20 * MS, 0, &[(0, 3_600 * MS), (30, 1_200 * MS)]);
+    let f = only(&d, Kind::InputWait);
+    assert_eq!(f.len(), 1, "{:?}", kinds_of(&d));
+    assert_eq!(f[0].evidence["pauses_left_out"], 1);
+    // Periodic long host phases (three of 1 s, each before ten GPU-bound
+    // steps) are the workload: host-bound, not three pauses (round 52's
+    // tester: zero findings, "GPU-bound 99%").
+    let mut calls = vec![call("cudaSetDevice", 0, 10 * US)];
+    let mut t = 10 * US;
+    for _ in 0..3 {
+        t += 1_000 * MS;
+        for _ in 0..10 {
+            calls.push(call("cudaStreamSynchronize", t, MS));
+            t += 3 * MS;
+        }
+    }
+    calls.push(call("cudaFree", t, 0));
+    let d = trace(calls, Vec::new());
+    let f = only(&d, Kind::HostBound);
+    assert_eq!(f.len(), 1, "{:?}", kinds_of(&d));
+    assert_eq!(f[0].evidence["pauses_left_out"], 0);
 }
 
 /// Host-bound steps after a 3-s setup spent computing (or asleep): found,
@@ -866,10 +885,15 @@ fn counted_launches_place_what_is_no_pause() {
     let f = only(&d, Kind::InputWait);
     assert_eq!(f.len(), 1, "{:?}", kinds_of(&d));
     assert_eq!(f[0].evidence["pauses_left_out"], 0);
-    // Not sampled (a run's files, an older trace): the stretch is left out,
-    // said as a pause; no verdict is made of what cannot be placed.
+    // Not sampled (a run's files, an older trace): counted launches could
+    // lie in any stretch; none is left out.
     d.count_samples = None;
-    assert!(only(&d, Kind::InputWait).is_empty(), "{:?}", kinds_of(&d));
+    assert_eq!(only(&d, Kind::InputWait).len(), 1, "{:?}", kinds_of(&d));
+    // Sampled, the samples' periods past the stretch's end (a sample just
+    // after a pause counts the launches that followed it): a pause.
+    d.count_samples = Some(vec![sample(1_100 * MS, 30)]);
+    let f = only(&d, Kind::InputWait);
+    assert!(f.is_empty(), "{:?}", kinds_of(&d));
 
     // The warm-up: 3 s of launches (counted), then 60 host-bound steps of
     // 16 ms with a launch call each (not counted) and a sync at once.
@@ -885,11 +909,10 @@ fn counted_launches_place_what_is_no_pause() {
     d.count_samples = Some((1..15).map(|i| sample(i * 200 * MS, i * 2_000)).collect());
     let k = kinds_of(&d);
     assert!(!k.contains(&Kind::LaunchBound), "{k:?}");
-    // Without samples the warm-up is left out, and its launches with it.
+    // Without samples nothing is left out: the whole window's launches.
+    // (Neither is host-bound: the syncs saw only the steps, not the 3 s
+    // before them, where the GPU may have been busy.)
     d.count_samples = None;
     let k = kinds_of(&d);
     assert!(!k.contains(&Kind::LaunchBound), "{k:?}");
-    let f = only(&d, Kind::HostBound);
-    assert_eq!(f.len(), 1, "{k:?}");
-    assert_eq!(f[0].evidence["pauses_left_out"], 1);
 }
