@@ -229,9 +229,8 @@ impl LaunchPlaces {
     pub(crate) fn of(data: &TraceData) -> LaunchPlaces {
         let mut by_pid: HashMap<u32, Option<Vec<Points>>> = HashMap::new();
         let launch = |op: u16| op_by_id(op).is_some_and(|o| o.class == OpClass::Launch);
-        // Only samples inside a stretch place launches in it (what was
-        // counted between two of them): the file's start and end, which a
-        // window's counts do not give, are not needed.
+        // Each sample's increase places launches in the period before it
+        // (`launched_in`): the file's start and end are not needed.
         let mut sampled: HashMap<(u32, u16), Points> = HashMap::new();
         for s in data.count_samples.iter().flatten().filter(|s| launch(s.op)) {
             sampled
