@@ -486,6 +486,8 @@ fn loaded_parts(
     scope_to_window(&mut data, filter.since_ns, filter.until_ns);
     let window_counts = WindowCounts::of(trace, &data.counts, filter)?;
     data.counts = window_counts.at_least();
+    // Where they fell: a stretch that held launches is no pause.
+    data.count_samples = trace.count_samples(filter.pid)?;
     let culprits =
         sleuth_core::culprits::call_culprits(&data.calls, &data.waits, trace.tracer_pid());
     let pinning = pinning_outside(trace, filter)?;
@@ -583,6 +585,8 @@ fn parts_seeded(
     let mut data = TraceData {
         procs: trace.proc_events(pid)?,
         counts: trace.op_counts(pid)?,
+        // Where they fell: a stretch that held launches is no pause.
+        count_samples: trace.count_samples(pid)?,
         nccl,
         ..frame
     };

@@ -714,6 +714,8 @@ pub fn explain_loaded(
     crate::scoped::scope_to_window(&mut data, scope.since_ns, scope.until_ns);
     let window_counts = WindowCounts::of(trace, &data.counts, scope)?;
     data.counts = window_counts.at_least();
+    // Where they fell: a stretch that held launches is no pause.
+    data.count_samples = trace.count_samples(scope.pid)?;
     let pinning = crate::scoped::pinning_outside(trace, scope)?;
     let mut e = match crate::scoped::window_allocators(trace, scope)? {
         Some(known) => findings::explain_report_pinned_with(&data, pinned, &pinning, &known),

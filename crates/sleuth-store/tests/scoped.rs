@@ -859,6 +859,91 @@ fn window_explained(trace: &Trace, w: &CallFilter) -> sleuth_core::findings::Exp
 
 /// Launches counted in the kernel (`--launches driver`, the default) have
 /// no time; the tracer's samples of their count place them in a window.
+/// A healthy GPU-bound loop after `set_device` and 1.5 s asleep, its
+/// launches counted in the kernel and sampled: the pause is left out of a
+/// window's explanation as of the whole file's (a window had not read the
+/// samples, so its counted launches could not be placed and the pause was
+/// judged: input_wait woken by a timer; round 52's tester).
+#[test]
+fn a_pause_is_left_out_of_a_window_as_of_the_whole_file() {
+    let dir = TempDir::new("scoped-window-pause");
+    let path = dir.join("t.db");
+    let origin = common::trace_fixture::session().start_mono_ns;
+    let op = op_by_name("cuLaunchKernel").unwrap().id;
+    let w = sleuth_store::TraceWriter::create(
+        &path,
+        common::trace_fixture::session(),
+        Default::default(),
+    )
+    .unwrap();
+    let h = w.handle();
+    h.set_process(train()).unwrap();
+    let mut set = call(PID, "cudaSetDevice", origin, 10_000);
+    set.stack_id = None;
+    h.send(sleuth_core::Event::Call(set)).unwrap();
+    h.send(sleuth_core::Event::Wait(WaitEvent {
+        pid: PID,
+        tid: PID,
+        kind: WaitKind::Blocked,
+        off_ns: origin + 10_000,
+        wake_ns: origin + 1_500 * MS,
+        on_ns: origin + 1_500 * MS,
+        prev_state: 1,
+        cpu: 0,
+        culprits: Vec::new(),
+        waker: Some(Waker {
+            pid: 0,
+            tid: 0,
+            comm: "swapper/0".into(),
+            irq: true,
+        }),
+    }))
+    .unwrap();
+    for i in 0..50 {
+        let mut c = call(
+            PID,
+            "cudaStreamSynchronize",
+            origin + 1_500 * MS + i * 20 * MS,
+            19 * MS,
+        );
+        (c.blocked_ns, c.stack_id) = (19 * MS, None);
+        h.send(sleuth_core::Event::Call(c)).unwrap();
+    }
+    // 50 launches during the loop, sampled every 200 ms.
+    let rows = (1..=5)
+        .map(|k| sleuth_core::counted::CountSample {
+            ts_ns: origin + 1_500 * MS + k * 200 * MS,
+            pid: PID,
+            op,
+            count: k * 10,
+        })
+        .collect();
+    h.add_count_samples(rows).unwrap();
+    h.set_op_counts(vec![sleuth_core::OpCount {
+        pid: PID,
+        op,
+        count: 50,
+    }])
+    .unwrap();
+    h.set_session_end(origin + 2_600 * MS).unwrap();
+    drop(h);
+    w.finish().unwrap();
+    let trace = Trace::open(&path).unwrap();
+    let whole = sleuth_core::findings::explain_report(&trace.load(None).unwrap());
+    assert!(whole.findings.is_empty(), "{:?}", kinds(&whole));
+    assert!(
+        whole
+            .summary
+            .as_ref()
+            .unwrap()
+            .contains("one pause of 1.5 s"),
+        "{:?}",
+        whole.summary
+    );
+    let e = window_explained(&trace, &counted_window(0, 3_000));
+    assert!(e.findings.is_empty(), "{:?}", kinds(&e));
+}
+
 /// Given the whole trace's count, a window of the quiet first seconds was
 /// launch-bound (what MCP windows said before): placed, only the window of
 /// the launch storm is, judged on the launches certainly inside it.

@@ -596,14 +596,15 @@ pub(super) fn launch_bound(v: &ThreadView) -> Option<Finding> {
     let rate = v.launches as f64 / (t.wall_ns as f64 / 1e9);
     let summary = format!(
         "{}; {} launched {} kernels at {:.0}/s, {} of host time each: the launch path, not the GPU, sets the pace \
-         ({} of {} on the host issuing work)",
+         ({} of {}{} on the host issuing work)",
         v.gpu_text(),
         who(t),
         v.launches,
         rate,
         us(per_launch),
         pct(share),
-        ms(t.wall_ns)
+        ms(t.wall_ns),
+        v.without_pause_text()
     );
     let mut ev = v.base_evidence();
     ev["launch_rate_per_s"] = json!(rate);
@@ -656,7 +657,7 @@ pub(super) fn sync_stall(v: &ThreadView) -> Option<Finding> {
     let h50 = v.agg.host_gaps.percentile(50).unwrap_or(0);
     let summary = format!(
         "{}; {} synchronized with the GPU {} times ({:.0}/s, median sync {}); after each sync the GPU has no queued \
-         work while the host spends a median {} preparing the next step: up to {} ({} of {}) could overlap",
+         work while the host spends a median {} preparing the next step: up to {} ({} of {}{}) could overlap",
         v.gpu_text(),
         who(t),
         t.syncs,
@@ -665,7 +666,8 @@ pub(super) fn sync_stall(v: &ThreadView) -> Option<Finding> {
         ms(h50),
         ms(overlap),
         pct(share),
-        ms(t.wall_ns)
+        ms(t.wall_ns),
+        v.without_pause_text()
     );
     let mut ev = v.base_evidence();
     ev["syncs_per_s"] = json!(rate);
@@ -711,7 +713,7 @@ pub(super) fn pageable_copy(views: &[ThreadView]) -> Vec<Finding> {
             .collect();
         let summary = format!(
             "{} made {} copies from pageable host memory ({} H2D, {} D2H, {:.1} MiB): {} on the host staging them \
-             ({} of {}){}",
+             ({} of {}{}){}",
             who(&v.t),
             a.count,
             a.h2d,
@@ -720,6 +722,7 @@ pub(super) fn pageable_copy(views: &[ThreadView]) -> Vec<Finding> {
             ms(a.on_cpu),
             pct(share),
             ms(v.t.wall_ns),
+            v.without_pause_text(),
             match a.pinned_copies {
                 0 => String::new(),
                 n => format!("; {n} other copies used pinned memory"),

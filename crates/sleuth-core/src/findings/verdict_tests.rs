@@ -642,6 +642,13 @@ fn gpu_busy_of_the_steady_steps_judges_them() {
     // (over the whole window its 20 syncs were 5.7/s, under the 10/s floor).
     let kinds: Vec<Kind> = r.findings.iter().map(|f| f.kind).collect();
     assert_eq!(kinds, vec![Kind::SyncStall]);
+    assert!(
+        r.findings[0]
+            .summary
+            .contains("of 1940.0 ms, without one pause of 1.6 s"),
+        "{}",
+        r.findings[0].summary
+    );
     // 19 steps' 40 ms (the first step's host work is in the pause, and
     // the sync after it went with it) of 1.94 s.
     let share = r.findings[0].wall_share.unwrap();
