@@ -81,6 +81,11 @@ pub const PAUSE_MIN_CALLS: u64 = 10;
 /// ... and when it is at least this many times the next longest stretch:
 /// a one-off, where a loop's stretches are alike.
 pub const PAUSE_OUTLIER_RATIO: f64 = 3.0;
+/// The summary line names a thread's slowest sync where it is at least
+/// this long ...
+pub const SLOW_SYNC_MIN_NS: u64 = 100_000_000;
+/// ... and this many times the median sync (`verdict::slowest_sync_note`).
+pub const SLOW_SYNC_MIN_RATIO: f64 = 10.0;
 /// sync_stall: at least this many syncs ...
 pub const SYNC_STALL_MIN_SYNCS: u64 = 20;
 /// ... at least this many per second of the window ...

@@ -451,6 +451,9 @@ pub fn merge_thread_split(a: &mut ThreadSplit, b: &ThreadSplit) {
     } else {
         a.sync_p50_ns
     };
+    if b.slowest_sync.1 > a.slowest_sync.1 {
+        a.slowest_sync = b.slowest_sync;
+    }
     a.syncs = a.syncs.saturating_add(b.syncs);
     a.sync_ns = a.sync_ns.saturating_add(b.sync_ns);
     a.tracer_runnable_ns = a.tracer_runnable_ns.saturating_add(b.tracer_runnable_ns);
@@ -591,6 +594,7 @@ mod tests {
             syncs: 0,
             sync_ns: 0,
             sync_p50_ns: 0,
+            slowest_sync: (0, 0),
             wakers,
             preempted_by: Vec::new(),
             tracer_runnable_ns: 0,

@@ -154,6 +154,11 @@ pub struct ThreadSplit {
     pub syncs: u64,
     pub sync_ns: u64,
     pub sync_p50_ns: u64,
+    /// Its slowest sync: start and wall time (0, 0 without syncs, or a
+    /// split stored before round 52). A GPU hang inside one sync of a
+    /// GPU-bound loop is no verdict; the summary line names it.
+    #[serde(default)]
+    pub slowest_sync: (u64, u64),
     /// Blocked time between calls by waker, largest first.
     pub wakers: Vec<WakerTime>,
     /// Runnable time between calls by the task holding the CPU, largest first
@@ -275,6 +280,7 @@ pub struct ThreadStream {
     calls: u64,
     in_calls: Split,
     sync_durs: Vec<u64>,
+    slowest_sync: (u64, u64),
     blocked: u64,
     runnable: u64,
     wakers: HashMap<(WakerKind, u32, u32, String), u64>,
@@ -303,6 +309,7 @@ impl ThreadStream {
             calls: 0,
             in_calls: Split::default(),
             sync_durs: Vec::new(),
+            slowest_sync: (0, 0),
             blocked: 0,
             runnable: 0,
             wakers: HashMap::new(),
@@ -335,6 +342,9 @@ impl ThreadStream {
         let is_sync = c.info().is_some_and(|i| i.class == OpClass::Sync);
         if is_sync {
             self.sync_durs.push(c.dur_ns);
+            if c.dur_ns > self.slowest_sync.1 {
+                self.slowest_sync = (s, c.dur_ns);
+            }
         }
         match self.busy.back_mut() {
             Some(last) if s <= last.1 => {
@@ -542,6 +552,7 @@ impl ThreadStream {
             syncs: self.sync_durs.len() as u64,
             sync_ns: self.sync_durs.iter().sum(),
             sync_p50_ns: crate::stats::nearest_rank(&self.sync_durs, 50).unwrap_or(0),
+            slowest_sync: self.slowest_sync,
             wakers,
             preempted_by,
             tracer_runnable_ns: self.tracer_ns,

@@ -625,6 +625,7 @@ mod tests {
             syncs: 0,
             sync_ns: 0,
             sync_p50_ns: 0,
+            slowest_sync: (0, 0),
             wakers: Vec::new(),
             preempted_by: Vec::new(),
             tracer_runnable_ns: 0,

@@ -167,7 +167,30 @@ pub(super) fn summary_line(
             pct(main.share(main.between.runnable_ns))
         )
     };
-    Some(line + &pause)
+    Some(line + &slowest_sync_note(whole) + &pause)
+}
+
+/// "; its slowest sync took 3.0 s, 1.2 s after its first CUDA call (150x
+/// the median, 20.0 ms)" where one sync stands out (at least
+/// `SLOW_SYNC_MIN_NS` and `SLOW_SYNC_MIN_RATIO` times the median of 3 or
+/// more): blocked sync time is never a finding, so a GPU hang inside one
+/// sync of a GPU-bound loop read "GPU-bound" and nothing else (round 52's
+/// tester).
+fn slowest_sync_note(t: &ThreadSplit) -> String {
+    let (at, dur) = t.slowest_sync;
+    if t.syncs < 3
+        || dur < SLOW_SYNC_MIN_NS
+        || (dur as f64) < SLOW_SYNC_MIN_RATIO * t.sync_p50_ns as f64
+    {
+        return String::new();
+    }
+    format!(
+        "; its slowest sync took {:.1} s, {:.1} s after its first CUDA call ({:.0}x the median, {:.1} ms)",
+        dur as f64 / 1e9,
+        at.saturating_sub(t.start_ns) as f64 / 1e9,
+        dur as f64 / t.sync_p50_ns.max(1) as f64,
+        t.sync_p50_ns as f64 / 1e6
+    )
 }
 
 /// "; one pause of 1.5 s, 0.0 s after its first CUDA call (1.5 s blocked,

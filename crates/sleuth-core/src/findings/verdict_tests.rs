@@ -923,3 +923,36 @@ fn counted_launches_place_what_is_no_pause() {
     let k = kinds_of(&d);
     assert!(!k.contains(&Kind::LaunchBound), "{k:?}");
 }
+
+/// Round 52's tester: a 3-s sync in the middle of a loop of 20-ms syncs (a
+/// GPU hang) read "GPU-bound" and nothing else; blocked sync time is never
+/// a finding, but the summary line names the sync that stands out.
+#[test]
+fn the_slowest_sync_that_stands_out_is_named() {
+    let mut calls = vec![call("cudaSetDevice", 0, 10 * US)];
+    let mut t = 20 * US;
+    for i in 0..40 {
+        let dur = if i == 20 { 3_000 * MS } else { 20 * MS };
+        let mut s = call("cudaStreamSynchronize", t, dur);
+        s.blocked_ns = dur;
+        calls.push(s);
+        t += dur + 10 * US;
+    }
+    let d = trace(calls, Vec::new());
+    let r = explain_report(&d);
+    assert!(r.findings.is_empty(), "{:?}", kinds_of(&d));
+    let line = r.summary.unwrap();
+    assert!(
+        line.contains(": GPU-bound; its slowest sync took 3.0 s, 0.4 s after its first CUDA call (150x the median, 20.0 ms)"),
+        "{line}"
+    );
+    // Without it: nothing said.
+    let calls: Vec<CallEvent> = d
+        .calls
+        .iter()
+        .filter(|c| c.dur_ns != 3_000 * MS)
+        .cloned()
+        .collect();
+    let line = explain_report(&trace(calls, Vec::new())).summary.unwrap();
+    assert!(!line.contains("slowest sync"), "{line}");
+}
