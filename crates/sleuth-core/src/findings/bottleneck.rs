@@ -559,6 +559,13 @@ pub(super) fn input_wait(v: &ThreadView, cuda_pids: &BTreeSet<u32>) -> Option<Fi
             named.join(", ")
         }
     );
+    // Blocked time other tasks ended (not interrupts, not unknown), of
+    // what the finding explains.
+    let by_tasks = t
+        .wakers
+        .iter()
+        .filter(|w| w.kind == WakerKind::Task && !on_cuda_process(w))
+        .fold(0u64, |n, w| n.saturating_add(w.blocked_ns));
     let mut ev = v.base_evidence();
     ev["blocked_between_ns"] = json!(t.between.blocked_ns);
     ev["blocked_on_cuda_processes_ns"] = json!(waited_on_gpu_work);
@@ -571,10 +578,20 @@ pub(super) fn input_wait(v: &ThreadView, cuda_pids: &BTreeSet<u32>) -> Option<Fi
         summary,
         ev,
         culprits,
-        "The issuing thread waits for its input. If the wakers are DataLoader workers, they cannot keep up: raise \
-         num_workers, make each sample cheaper (decode/augment on the GPU, cache preprocessed data), set \
-         persistent_workers=True and a larger prefetch_factor; if it is a queue, a tokenizer or I/O thread, speed \
-         that producer up or prefetch further ahead.",
+        // Mostly ended by interrupts, the thread slept or waited on a device,
+        // not on a producer task: the DataLoader advice does not apply (two
+        // sleeps of a healthy run read as an input wait with it; round 52).
+        if by_tasks * 2 >= blocked {
+            "The issuing thread waits for its input. If the wakers are DataLoader workers, they cannot keep up: \
+             raise num_workers, make each sample cheaper (decode/augment on the GPU, cache preprocessed data), set \
+             persistent_workers=True and a larger prefetch_factor; if it is a queue, a tokenizer or I/O thread, \
+             speed that producer up or prefetch further ahead."
+        } else {
+            "The issuing thread mostly sleeps or waits on a device between CUDA calls (woken by interrupts: a timer \
+             expiring, I/O completing), not on another task: look for time.sleep or polling loops and for \
+             synchronous file or network reads on the issuing thread; move the I/O to loader workers or \
+             prefetch it, and drop the sleeps."
+        },
     ))
 }
 

@@ -257,6 +257,11 @@ fn input_wait_names_the_wakers_with_their_share() {
     );
     assert!((f[0].culprits[0].share - 0.75).abs() < 1e-9);
     assert!(
+        f[0].recommendation.contains("DataLoader workers"),
+        "{}",
+        f[0].recommendation
+    );
+    assert!(
         f[0].summary
             .contains("pt_data_worker (pid 555, tid 555) 75%"),
         "{}",
@@ -752,6 +757,13 @@ fn stretches_that_are_the_program_are_not_pauses() {
     assert!(f[0]
         .summary
         .contains("woken by (interrupt: timer or device) 100%"));
+    // Asleep, not waiting on a producer: no DataLoader advice.
+    assert!(
+        f[0].recommendation
+            .starts_with("The issuing thread mostly sleeps or waits on a device"),
+        "{}",
+        f[0].recommendation
+    );
     // One of them 3.6 s: a one-off, left out.
     let d = steps_with_pauses(60, 20 * MS, 0, &[(0, 3_600 * MS), (30, 1_200 * MS)]);
     let f = only(&d, Kind::InputWait);
