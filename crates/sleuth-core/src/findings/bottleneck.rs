@@ -581,7 +581,7 @@ pub(super) fn input_wait(v: &ThreadView, cuda_pids: &BTreeSet<u32>) -> Option<Fi
         // Mostly ended by interrupts, the thread slept or waited on a device,
         // not on a producer task: the DataLoader advice does not apply (two
         // sleeps of a healthy run read as an input wait with it; round 52).
-        if by_tasks * 2 >= blocked {
+        if by_tasks.saturating_mul(2) >= blocked {
             "The issuing thread waits for its input. If the wakers are DataLoader workers, they cannot keep up: \
              raise num_workers, make each sample cheaper (decode/augment on the GPU, cache preprocessed data), set \
              persistent_workers=True and a larger prefetch_factor; if it is a queue, a tokenizer or I/O thread, \
