@@ -70,7 +70,7 @@ pub const INPUT_WAIT_MIN_SHARE: f64 = 0.2;
 pub const INPUT_WAIT_MIN_NS: u64 = 10_000_000;
 /// The verdicts judge a thread's steady steps: its longest stretch between
 /// two calls in which its process launched nothing is left out where it is
-/// at least this share of its window (`bottleneck::left_out_pauses`):
+/// at least this share of its window (`bottleneck::left_out_pause`):
 /// `set_device`, then 1.5 s loading a dataset, then a GPU-bound loop read
 /// as input_wait woken by timers 100% (round 51's false-positive hunt) ...
 pub const PAUSE_MIN_SHARE: f64 = VERDICT_MEDIUM_SHARE;

@@ -471,9 +471,7 @@ pub fn merge_thread_split(a: &mut ThreadSplit, b: &ThreadSplit) {
             None => a.wakers.push(w.clone()),
         }
     }
-    waker_shares(&mut a.wakers);
-    a.wakers
-        .sort_by(|x, y| y.blocked_ns.cmp(&x.blocked_ns).then(x.pid.cmp(&y.pid)));
+    order_wakers(&mut a.wakers);
     for h in &b.preempted_by {
         match a
             .preempted_by
@@ -486,6 +484,13 @@ pub fn merge_thread_split(a: &mut ThreadSplit, b: &ThreadSplit) {
     }
     a.preempted_by
         .sort_by(|x, y| y.runnable_ns.cmp(&x.runnable_ns).then(x.pid.cmp(&y.pid)));
+}
+
+/// Each waker's share set ([`waker_shares`]), and the wakers largest first
+/// (ties: pid), as a split lists them after its wakers' times changed.
+pub fn order_wakers(wakers: &mut [crate::threads::WakerTime]) {
+    waker_shares(wakers);
+    wakers.sort_by(|x, y| y.blocked_ns.cmp(&x.blocked_ns).then(x.pid.cmp(&y.pid)));
 }
 
 /// Sets each waker's share of the wakers' blocked time (0 when none),

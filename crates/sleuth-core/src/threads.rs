@@ -86,8 +86,8 @@ pub struct HolderTime {
 
 /// A long stretch between two consecutive calls of a thread: a pause
 /// (loading a dataset after `set_device`, an evaluation, a hang) as against
-/// time lost at every step. The verdicts judge the steady steps without the
-/// pauses that are a fifth of the window or more (`findings::bottleneck`).
+/// time lost at every step. The verdicts judge the steady steps without a
+/// one-off among them (`findings::bottleneck::left_out_pause`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Pause {
     /// The end of the call before it and the start of the call after it.
@@ -169,8 +169,8 @@ pub struct ThreadSplit {
     pub tracer_runnable_ns: u64,
     /// Its [`MAX_PAUSES`] longest stretches between two of its calls,
     /// longest first (empty: calls back to back, or a split stored before
-    /// round 52). Five stretches of a fifth of the window fill it: a
-    /// shorter one is never left out.
+    /// round 52): the verdicts pass over those that held counted launches
+    /// and compare the longest left with the next.
     #[serde(default)]
     pub pauses: Vec<Pause>,
 }
@@ -287,7 +287,7 @@ pub struct ThreadStream {
     holders: HashMap<(u32, String), u64>,
     tracer_ns: u64,
     /// Blocked and runnable time of the waits since the last call (the
-    /// stretch the next call closes), and the longest single wait's waker.
+    /// stretch the next call closes), and their wakers' time.
     gap_blocked: u64,
     gap_runnable: u64,
     gap_wakers: Vec<((WakerKind, u32, u32, String), u64)>,

@@ -39,12 +39,12 @@ pub(crate) fn who(t: &ThreadSplit) -> String {
 
 /// Everything the verdicts need about one issuing thread.
 pub(super) struct ThreadView<'a> {
-    /// The thread's steady steps: its split without the pauses left out
-    /// ([`left_out_pauses`]), or the whole split when none is.
+    /// The thread's steady steps: its split without the pause left out
+    /// ([`left_out_pause`]), or the whole split when none is.
     pub t: Cow<'a, ThreadSplit>,
-    /// The whole split, and the pauses left out of it.
+    /// The whole split, and the pause left out of it.
     pub whole: &'a ThreadSplit,
-    pub pauses: Vec<&'a Pause>,
+    pub pause: Option<&'a Pause>,
     /// Kernel launches attributed to this thread: its recorded launch calls,
     /// plus its process's launches counted in the kernel when it is the
     /// process's main issuing thread (counted launches carry no thread).
@@ -84,10 +84,10 @@ impl ThreadView<'_> {
     /// they found (a drained queue, or work still queued) stands for the
     /// whole window, not one moment of it.
     fn syncs_sampled_the_window(&self) -> bool {
-        // Of the steady steps: the pauses left out leave the host stretch
-        // that held them (a sync after a 3-s setup was its whole window's
+        // Of the steady steps: the pause left out leaves the host stretch
+        // that held it (a sync after a 3-s setup was its whole window's
         // longest stretch; round 52's tester).
-        let out = paused_ns(&self.pauses);
+        let out = self.pause.map_or(0, Pause::wall_ns);
         let longest_gap = self.agg.host_gaps.max_ns().saturating_sub(out);
         self.t.syncs >= SYNC_AT_ONCE_MIN_SYNCS
             && longest_gap as f64 <= SYNC_AT_ONCE_MAX_GAP_SHARE * self.t.wall_ns as f64
@@ -96,7 +96,7 @@ impl ThreadView<'_> {
     /// ", without one pause of 1.5 s, 0.0 s after its first CUDA call"
     /// where the pause was left out; empty otherwise.
     fn without_pause_text(&self) -> String {
-        match self.pauses.first() {
+        match self.pause {
             Some(p) => format!(", without one pause of {}", pause_text(p, self.whole)),
             None => String::new(),
         }
@@ -126,10 +126,10 @@ impl ThreadView<'_> {
             // Where the window begins: an export places the finding there.
             "window_start_ts_ns": t.start_ns,
             "window_ns": self.whole.wall_ns,
-            // The shares are of the steady steps: the window less the pauses
+            // The shares are of the steady steps: the window less the pause
             // left out (the whole window when none is).
             "steady_window_ns": t.wall_ns,
-            "pauses_left_out": self.pauses.len(),
+            "pauses_left_out": usize::from(self.pause.is_some()),
             "pauses": self.whole.pauses,
             "in_calls": t.in_calls,
             "between_calls": t.between,
@@ -181,10 +181,10 @@ pub(super) fn views<'a>(
         .filter_map(|t| {
             // Every thread with a split made calls, so it has aggregates.
             let agg = inputs.threads.get(&(t.pid, t.tid))?;
-            let pauses = left_out_pauses(t, places);
-            let steady = match pauses.is_empty() {
-                false => Cow::Owned(steady_split(t, &pauses)?),
-                true => Cow::Borrowed(t),
+            let pause = left_out_pause(t, places);
+            let steady = match pause {
+                Some(p) => Cow::Owned(steady_split(t, p)),
+                None => Cow::Borrowed(t),
             };
             if steady.wall_ns < VERDICT_MIN_WINDOW_NS {
                 return None;
@@ -195,11 +195,11 @@ pub(super) fn views<'a>(
             } else {
                 0
             };
-            let gpu = steady_gpu(&gpu, t, &pauses);
+            let gpu = steady_gpu(&gpu, t, pause);
             Some(ThreadView {
                 t: steady,
                 whole: t,
-                pauses,
+                pause,
                 launches: agg.launches.count() + extra,
                 launch_call_ns: agg.launch_ns,
                 gpu,
@@ -291,89 +291,65 @@ impl LaunchPlaces {
 /// least `VERDICT_MIN_WINDOW_NS` (a stretch between a thread's only two
 /// recorded calls is the program, not a pause in it). None where the
 /// process's counted launches cannot be placed in time.
-pub(crate) fn left_out_pauses<'a>(t: &'a ThreadSplit, places: &LaunchPlaces) -> Vec<&'a Pause> {
+pub(crate) fn left_out_pause<'a>(t: &'a ThreadSplit, places: &LaunchPlaces) -> Option<&'a Pause> {
     // Counted launches no sample places might lie in any stretch.
     if places.unplaced(t.pid) {
-        return Vec::new();
+        return None;
     }
     // A stretch in which the process launched is work, not a pause.
     let mut ps = t
         .pauses
         .iter()
         .filter(|p| !places.launched_in(t.pid, p.start_ns, p.end_ns));
-    let Some(p) = ps.next() else {
-        return Vec::new();
-    };
+    let p = ps.next()?;
     let next = ps.next().map_or(0, |q| q.wall_ns());
     let one_off = t.share(p.wall_ns()) >= PAUSE_MIN_SHARE
         && p.wall_ns() as f64 >= PAUSE_OUTLIER_RATIO * next as f64;
-    if !one_off
-        || t.calls < PAUSE_MIN_CALLS
-        || t.wall_ns.saturating_sub(p.wall_ns()) < VERDICT_MIN_WINDOW_NS
-    {
-        return Vec::new();
-    }
-    vec![p]
+    (one_off
+        && t.calls >= PAUSE_MIN_CALLS
+        && t.wall_ns.saturating_sub(p.wall_ns()) >= VERDICT_MIN_WINDOW_NS)
+        .then_some(p)
 }
 
-/// The pauses' wall time added up (saturating: a stored split may be crafted).
-pub(crate) fn paused_ns(pauses: &[&Pause]) -> u64 {
-    pauses
-        .iter()
-        .fold(0u64, |n, p| n.saturating_add(p.wall_ns()))
-}
-
-/// The thread's steady steps: its split with the pauses left out
-/// ([`left_out_pauses`]): their wall time out of the window, their
-/// blocked, runnable and on-CPU time out of the time between calls, each
-/// one's wakers' time out of theirs. None when none is left out.
-pub(crate) fn steady_split(t: &ThreadSplit, pauses: &[&Pause]) -> Option<ThreadSplit> {
-    if pauses.is_empty() {
-        return None;
-    }
+/// The thread's steady steps: its split with pause `p` left out
+/// ([`left_out_pause`]): its wall time out of the window, its blocked,
+/// runnable and on-CPU time out of the time between calls, its wakers'
+/// time out of theirs.
+pub(crate) fn steady_split(t: &ThreadSplit, p: &Pause) -> ThreadSplit {
     let mut s = t.clone();
-    for p in pauses.iter() {
-        let on_cpu = p.host_ns().saturating_sub(p.runnable_ns);
-        s.wall_ns = s.wall_ns.saturating_sub(p.wall_ns());
-        s.between.blocked_ns = s.between.blocked_ns.saturating_sub(p.blocked_ns);
-        s.between.runnable_ns = s.between.runnable_ns.saturating_sub(p.runnable_ns);
-        s.between.on_cpu_ns = s.between.on_cpu_ns.saturating_sub(on_cpu);
-        for pw in &p.wakers {
-            let same = |w: &&mut crate::threads::WakerTime| {
-                (w.kind, w.pid, w.tid, &w.comm) == (pw.kind, pw.pid, pw.tid, &pw.comm)
-            };
-            if let Some(w) = s.wakers.iter_mut().find(same) {
-                w.blocked_ns = w.blocked_ns.saturating_sub(pw.blocked_ns);
-            }
+    let on_cpu = p.host_ns().saturating_sub(p.runnable_ns);
+    s.wall_ns = s.wall_ns.saturating_sub(p.wall_ns());
+    s.between.blocked_ns = s.between.blocked_ns.saturating_sub(p.blocked_ns);
+    s.between.runnable_ns = s.between.runnable_ns.saturating_sub(p.runnable_ns);
+    s.between.on_cpu_ns = s.between.on_cpu_ns.saturating_sub(on_cpu);
+    for pw in &p.wakers {
+        let same = |w: &&mut crate::threads::WakerTime| {
+            (w.kind, w.pid, w.tid, &w.comm) == (pw.kind, pw.pid, pw.tid, &pw.comm)
+        };
+        if let Some(w) = s.wakers.iter_mut().find(same) {
+            w.blocked_ns = w.blocked_ns.saturating_sub(pw.blocked_ns);
         }
     }
     s.wakers.retain(|w| w.blocked_ns > 0);
-    crate::rollup::waker_shares(&mut s.wakers);
-    s.wakers
-        .sort_by(|x, y| y.blocked_ns.cmp(&x.blocked_ns).then(x.pid.cmp(&y.pid)));
-    Some(s)
+    crate::rollup::order_wakers(&mut s.wakers);
+    s
 }
 
-/// GPU busy over the thread's steady steps: its window's parts between the
-/// pauses left out, weighted by the time their samples cover (the whole
-/// window when none is left out).
+/// GPU busy over the thread's steady steps: its window's parts before and
+/// after pause `p`, weighted by the time their samples cover (the whole
+/// window without one).
 pub(crate) fn steady_gpu(
     gpu: &impl Fn(u64, u64) -> Option<GpuBusy>,
     t: &ThreadSplit,
-    pauses: &[&Pause],
+    p: Option<&Pause>,
 ) -> Option<GpuBusy> {
-    let mut pauses = pauses.to_vec();
-    if pauses.is_empty() {
+    let Some(p) = p else {
         return gpu(t.start_ns, t.end_ns);
-    }
-    pauses.sort_by_key(|p| p.start_ns);
-    let mut parts = Vec::with_capacity(pauses.len() + 1);
-    let mut from = t.start_ns;
-    for p in &pauses {
-        parts.push((from, p.start_ns));
-        from = from.max(p.end_ns);
-    }
-    parts.push((from, t.end_ns));
+    };
+    let parts = [
+        (t.start_ns, p.start_ns),
+        (p.end_ns.max(t.start_ns), t.end_ns),
+    ];
     let steady = parts
         .iter()
         .fold(0u64, |n, &(a, b)| n.saturating_add(b.saturating_sub(a)));
@@ -654,14 +630,13 @@ pub(super) fn sync_stall(v: &ThreadView) -> Option<Finding> {
     // Per sync: host time since the previous sync ended (H) and the sync's own
     // wall time (S: the GPU finishing what the host queued). With the sync
     // gone, up to min(H, S) of each step could overlap (summed as the calls stream past).
-    // The pauses left out take along what the first sync after each added
+    // The pause left out takes along what the first sync after it added
     // (its host stretch reached over the pause: four 1.8-s sleeps, each
     // followed by an 80-ms sync, read as 20% overlappable; round 52's tester).
-    let mut overlap = v.agg.overlap_ns.saturating_sub(
-        v.pauses
-            .iter()
-            .fold(0u64, |n, p| n.saturating_add(p.sync_overlap_ns)),
-    );
+    let mut overlap = v
+        .agg
+        .overlap_ns
+        .saturating_sub(v.pause.map_or(0, |p| p.sync_overlap_ns));
     // Measured GPU idle time bounds what overlapping could win.
     if let Some(g) = v.gpu {
         let idle = ((1.0 - g.busy).max(0.0) * t.wall_ns as f64) as u64;

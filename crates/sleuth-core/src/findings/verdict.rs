@@ -130,11 +130,11 @@ pub(super) fn summary_line(
     // left out, in its steady steps (35% in syncs over a window that was 65%
     // one pause read as no verdict where the steps were 99% GPU wait).
     let whole = main;
-    let main_pauses = super::bottleneck::left_out_pauses(main, places);
-    let pause = pause_note(main, &main_pauses);
-    let steady = super::bottleneck::steady_split(main, &main_pauses);
+    let main_pause = super::bottleneck::left_out_pause(main, places);
+    let pause = main_pause.map(|p| pause_note(main, p)).unwrap_or_default();
+    let steady = main_pause.map(|p| super::bottleneck::steady_split(main, p));
     let main = steady.as_ref().unwrap_or(main);
-    let g = gpu_text(super::bottleneck::steady_gpu(&gpu, whole, &main_pauses));
+    let g = gpu_text(super::bottleneck::steady_gpu(&gpu, whole, main_pause));
     let w = who_steady(whole, main);
     // Runnable time inside calls is the CPU being taken, not the GPU working.
     let gpu_wait = main.sync_ns.saturating_sub(main.in_calls.runnable_ns);
@@ -194,14 +194,9 @@ fn slowest_sync_note(t: &ThreadSplit) -> String {
 }
 
 /// "; one pause of 1.5 s, 0.0 s after its first CUDA call (1.5 s blocked,
-/// woken by …): judged apart from the steady steps", where the thread's
-/// longest stretch between calls is a real part of its window; empty
-/// otherwise. The verdicts leave such a pause out where it holds most of
-/// their time (`bottleneck::Steady`); the line says it was there.
-fn pause_note(t: &ThreadSplit, pauses: &[&crate::threads::Pause]) -> String {
-    let Some(p) = pauses.first() else {
-        return String::new();
-    };
+/// woken by …): judged apart from the steady steps", for the pause the
+/// verdicts left out of thread `t` (`bottleneck::left_out_pause`).
+fn pause_note(t: &ThreadSplit, p: &crate::threads::Pause) -> String {
     let waker = match p.wakers.first() {
         Some(w) if p.blocked_ns > 0 => match w.kind {
             WakerKind::Task => format!(", woken by {} (pid {})", w.comm, w.pid),
