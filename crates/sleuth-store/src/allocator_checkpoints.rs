@@ -46,6 +46,7 @@ use crate::stream::{visit_own_memory_calls, StreamOrder};
 use rusqlite::Connection;
 use sleuth_core::allocator::{Layout, RebuildState, Rebuilder, Step, StepSink};
 use sleuth_core::ledger::{LedgerBuilder, ProcessState};
+use std::collections::BTreeMap;
 
 /// `meta.allocator_checkpoints` once the table is complete.
 const COMPLETE: &str = "1";
@@ -211,67 +212,86 @@ impl FedSink for Checkpointer<'_> {
     }
 }
 
-/// Replays process `pid`'s steps in the file being completed with
-/// `layout`, storing checkpoints along the way (the table made first),
-/// and returns the replay at the end (what its view at the end is
-/// assembled from). `pages` is the allocator rows' page query.
+/// Replays the steps of every process of `layouts` in the file being
+/// completed, each with its layout, storing checkpoints along the way (the
+/// table made first), and returns each replay at the end (what its view at
+/// the end is assembled from). `pages` is the allocator rows' page query.
+///
+/// One pass over the file's memory calls feeds every process: a pass per
+/// process read every memory call of the file each time (the calls have no
+/// index by process), so a file of N short-lived PyTorch processes took
+/// O(N²) to complete (1,000 processes ~10 s, 14,564 never finished in a
+/// node agent's run; round 53's tester).
 pub(crate) fn replay_storing(
     conn: &Connection,
     pages: &crate::allocator_raw::RowsQuery,
-    pid: u32,
-    layout: Layout,
-) -> rusqlite::Result<Rebuilder> {
+    layouts: &BTreeMap<u32, Layout>,
+) -> rusqlite::Result<BTreeMap<u32, Rebuilder>> {
     conn.execute_batch(CREATE)?;
-    let mut ledger = LedgerBuilder::without_history();
-    ledger.track(pid);
-    let sink = Checkpointer {
-        conn,
-        pid,
-        replay: Rebuilder::new(layout),
-        ledger,
-        steps: 0,
-        every: every(),
-        last_end: None,
-        last_row: crate::step_feed::START,
-        times: Vec::new(),
-        ended: false,
-        failed: None,
-    };
-    let mut feed = StepFeed::with_query(conn, pages.clone(), [(pid, sink)].into());
-    // The lowest id of the calls applied after each checkpoint, before the next.
-    let mut lowest: Vec<Option<i64>> = Vec::new();
-    let taken = |f: &StepFeed<'_, Checkpointer<'_>>| f.sink(pid).map_or(0, |s| s.times.len());
-    visit_own_memory_calls(conn, Some(pid), StreamOrder::ByReturn, |c, id| {
+    let sinks = layouts.iter().map(|(&pid, &layout)| {
+        let mut ledger = LedgerBuilder::without_history();
+        ledger.track(pid);
+        let sink = Checkpointer {
+            conn,
+            pid,
+            replay: Rebuilder::new(layout),
+            ledger,
+            steps: 0,
+            every: every(),
+            last_end: None,
+            last_row: crate::step_feed::START,
+            times: Vec::new(),
+            ended: false,
+            failed: None,
+        };
+        (pid, sink)
+    });
+    let mut feed = StepFeed::with_query(conn, pages.clone(), sinks.collect());
+    // Per process: the lowest id of its calls applied after each
+    // checkpoint, before the next.
+    let mut lowest: BTreeMap<u32, Vec<Option<i64>>> = BTreeMap::new();
+    visit_own_memory_calls(conn, None, StreamOrder::ByReturn, |c, id| {
+        if !layouts.contains_key(&c.pid) {
+            return;
+        }
         feed.push_call(c);
         // A checkpoint taken as this call was pushed starts a segment: the call is its first.
-        lowest.resize(taken(&feed), None);
-        if let Some(low) = lowest.last_mut() {
+        let taken = feed.sink(c.pid).map_or(0, |s| s.times.len());
+        let low = lowest.entry(c.pid).or_default();
+        low.resize(taken, None);
+        if let Some(low) = low.last_mut() {
             *low = Some(low.map_or(id, |l| l.min(id)));
         }
     })?;
-    let mut sinks = feed.finish(None)?;
-    let Some(sink) = sinks.remove(&pid) else {
-        return Ok(Rebuilder::new(layout));
-    };
-    if let Some(e) = sink.failed {
-        return Err(e);
-    }
-    // A checkpoint's first id: the lowest of every call applied after it.
-    lowest.resize(sink.times.len(), None);
-    let mut low: Option<i64> = None;
+    let sinks = feed.finish(None)?;
     let mut row = conn.prepare(&format!(
         "SELECT rowid FROM {TABLE} WHERE pid = ?1 AND at_ns = ?2"
     ))?;
-    for (at, l) in sink.times.iter().zip(&lowest).rev() {
-        low = match (low, *l) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
-        let rowid: i64 = row.query_row(rusqlite::params![pid, *at as i64], |r| r.get(0))?;
-        // Not an UPDATE: it would hold a long state twice over.
-        crate::json_column::set_int(conn, TABLE, COLS, rowid, "from_id", low)?;
+    let mut out = BTreeMap::new();
+    for (pid, sink) in sinks {
+        if let Some(e) = sink.failed {
+            return Err(e);
+        }
+        // A checkpoint's first id: the lowest of every call applied after it.
+        let mut lowest = lowest.remove(&pid).unwrap_or_default();
+        lowest.resize(sink.times.len(), None);
+        let mut low: Option<i64> = None;
+        for (at, l) in sink.times.iter().zip(&lowest).rev() {
+            low = match (low, *l) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            let rowid: i64 = row.query_row(rusqlite::params![pid, *at as i64], |r| r.get(0))?;
+            // Not an UPDATE: it would hold a long state twice over.
+            crate::json_column::set_int(conn, TABLE, COLS, rowid, "from_id", low)?;
+        }
+        out.insert(pid, sink.replay);
     }
-    Ok(sink.replay)
+    // A process the feed did not return (none is left out) replays nothing.
+    for (&pid, &layout) in layouts {
+        out.entry(pid).or_insert_with(|| Rebuilder::new(layout));
+    }
+    Ok(out)
 }
 
 /// Says the table is complete (after every process's replay).

@@ -82,14 +82,14 @@ pub(crate) fn write(
     // along the way (`crate::allocator_checkpoints`), then the views at
     // their fragmentation findings' moments.
     let pages = crate::step_feed::page_query(conn)?.unwrap_or_default();
+    let layouts: BTreeMap<u32, _> = calibrations
+        .iter()
+        .filter_map(|(&pid, cal)| Some((pid, cal.layout()?)))
+        .collect();
+    let mut replays = crate::allocator_checkpoints::replay_storing(conn, &pages, &layouts)?;
     let mut end = BTreeMap::new();
     for (pid, cal) in calibrations {
-        let replay = match cal.layout() {
-            Some(layout) => Some(crate::allocator_checkpoints::replay_storing(
-                conn, &pages, pid, layout,
-            )?),
-            None => None,
-        };
+        let replay = replays.remove(&pid);
         let live = ledgers.live_bytes_of(pid);
         let view = view_rebuilt(pid, cal, replay, live, &TraceData::default());
         end.insert(pid, view);

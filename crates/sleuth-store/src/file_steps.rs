@@ -16,7 +16,72 @@ use std::cell::RefCell;
 
 pub(crate) struct FileSteps<'a> {
     calls: Calls<'a>,
+    /// Each process's threads where reading them beats reading the file's
+    /// memory calls (see [`Threads`]).
+    threads: Threads,
     failed: RefCell<Option<StoreError>>,
+}
+
+/// The threads of each process of a file, from its stored call groups,
+/// for the processes whose threads' rows are a small part of the file: a
+/// pass of one such process then reads its own calls through the
+/// `(tid, ts_ns)` index. Without it, each pass read every memory call of
+/// the file (the calls have no index by process), and the completion of
+/// a file of N short-lived PyTorch processes, one pass or three per
+/// process (`crate::run_allocator`), took O(N²): a rotated node agent's
+/// file of 14,564 processes never finished (round 53's tester).
+#[derive(Default)]
+struct Threads(std::collections::HashMap<u32, Vec<u32>>);
+
+impl Threads {
+    /// A process's threads are read by index where their rows are fewer
+    /// than 1 in this many of the file's.
+    const SMALL_PART: u64 = 8;
+
+    /// From the file's call groups (none stored: a file being written or
+    /// an older one, every process reads as before).
+    fn of(conn: &Connection) -> rusqlite::Result<Self> {
+        let Some(groups) = crate::call_groups::stored(conn)? else {
+            return Ok(Self::default());
+        };
+        let mut rows_of_tid: std::collections::HashMap<u32, u64> = Default::default();
+        let mut total = 0u64;
+        for g in &groups {
+            *rows_of_tid.entry(g.tid).or_default() += g.count;
+            total = total.saturating_add(g.count);
+        }
+        let mut tids: std::collections::HashMap<u32, Vec<u32>> = Default::default();
+        for g in &groups {
+            tids.entry(g.pid).or_default().push(g.tid);
+        }
+        tids.retain(|_, t| {
+            t.sort_unstable();
+            t.dedup();
+            let rows = t
+                .iter()
+                .map(|tid| rows_of_tid[tid])
+                .fold(0u64, u64::saturating_add);
+            rows.saturating_mul(Self::SMALL_PART) < total
+        });
+        Ok(Threads(tids))
+    }
+
+    fn of_pid(&self, pid: u32) -> Option<Vec<u32>> {
+        let tids = self.0.get(&pid).cloned();
+        if tids.is_some() {
+            BY_THREADS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        tids
+    }
+}
+
+/// Passes that read a process's calls by its threads (tests).
+static BY_THREADS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many passes in this process read a process's calls by its threads.
+#[doc(hidden)]
+pub fn passes_by_threads_for_tests() -> u64 {
+    BY_THREADS.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// Where the memory calls come from.
@@ -30,17 +95,26 @@ enum Calls<'a> {
 impl<'a> FileSteps<'a> {
     /// The steps of a reader's file, read through `rows`.
     pub(crate) fn read(rows: &'a Rows) -> Self {
-        Self::new(Calls::Read(rows))
+        // Only a way to read: a call groups table the reader refuses (said
+        // by the readers that answer from it) leaves every pass as before.
+        Self::new(
+            Calls::Read(rows),
+            Threads::of(rows.conn()).unwrap_or_default(),
+        )
     }
 
     /// The steps of the file the writer is completing.
     pub(crate) fn own(conn: &'a Connection) -> rusqlite::Result<Self> {
-        Ok(Self::new(Calls::Own(conn, CallSource::of(conn)?)))
+        Ok(Self::new(
+            Calls::Own(conn, CallSource::of(conn)?),
+            Threads::of(conn)?,
+        ))
     }
 
-    fn new(calls: Calls<'a>) -> Self {
+    fn new(calls: Calls<'a>, threads: Threads) -> Self {
         FileSteps {
             calls,
+            threads,
             failed: RefCell::new(None),
         }
     }
@@ -89,7 +163,8 @@ impl<'a> FileSteps<'a> {
         let mut blocks = blocks
             .take_while(|b| until.is_none_or(|u| b.end_ns <= u))
             .peekable();
-        let q = memory_calls_of(Some(pid), StreamOrder::ByReturn, until);
+        let mut q = memory_calls_of(Some(pid), StreamOrder::ByReturn, until);
+        q.tids = self.threads.of_pid(pid);
         let mut each = |c: crate::types::StoredCall| {
             // At equal completion times calls go first.
             while let Some(b) = blocks.next_if(|b| b.end_ns < c.call.end_ns()) {

@@ -24,6 +24,8 @@ mod checked;
 mod error;
 pub mod file_clock;
 mod file_steps;
+#[doc(hidden)]
+pub use file_steps::passes_by_threads_for_tests;
 mod finalize;
 pub mod finish;
 mod thread_pass;

@@ -81,6 +81,12 @@ pub struct CallQuery {
     /// window reads its own calls, not the trace's.
     pub since_ns: Option<u64>,
     pub until_ns: Option<u64>,
+    /// Only calls of these threads (the process's, from the stored call
+    /// groups): found through the `(tid, ts_ns)` index, so one process
+    /// of many reads its own calls, not every memory call of the file
+    /// (the calls have no index by process; `crate::file_steps`). Not
+    /// with a window (which finds its threads itself).
+    pub tids: Option<Vec<u32>>,
 }
 
 /// Calls of one process, thread, op and return value, from one pass over
@@ -757,10 +763,14 @@ pub(crate) fn call_statement(
     // trace, its 2M calls counted in the sqlite3 shell, 0.95 s through the
     // index, 0.47 s from the blocks' id range: round 43).
     let window_by_id = windowed && q.order == StreamOrder::ById;
-    let tids = match windowed {
-        true => window_tids(conn, q.pid, "calls.")?,
-        false => None,
+    let tids = match (windowed, &q.tids) {
+        (true, _) => window_tids(conn, q.pid, "calls.")?,
+        (false, Some(tids)) => Some(tids_in(tids, "calls.")),
+        (false, None) => None,
     };
+    // A process's threads: their index, never a scan of every row, nor the
+    // ops' index (SQLite weighs an op list above a thread list).
+    let by_tids = !windowed && q.tids.is_some();
     let unindexed = match windowed {
         // The threads (from the stored call groups) name the index ranges.
         true => tids.is_none() || window_by_id,
@@ -805,9 +815,10 @@ pub(crate) fn call_statement(
     // From a first id: the rows from it on, by id (an index of the ops
     // would read the file's every memory call to keep those past it).
     let by_id = in_blocks || q.from_id.is_some();
-    let scan_rows = !windowed && src.version >= 2 && (by_id || scan_table(conn, src.version, q)?);
+    let scan_rows =
+        !windowed && !by_tids && src.version >= 2 && (by_id || scan_table(conn, src.version, q)?);
     let source = match by_op_id {
-        true => rows_source(scan_rows, src.has_stacks, op_marks.as_deref()),
+        true => rows_source(scan_rows, by_tids, src.has_stacks, op_marks.as_deref()),
         false => source_of(src.version, scan_rows, op_marks.as_deref()),
     };
     let op_col = if by_op_id { "op_id" } else { "op" };
@@ -857,8 +868,13 @@ pub(crate) fn window_tids(
         .collect();
     tids.sort_unstable();
     tids.dedup();
+    Ok(Some(tids_in(&tids, prefix)))
+}
+
+/// `{prefix}tid IN (...)` of `tids`.
+fn tids_in(tids: &[u32], prefix: &str) -> String {
     let list: Vec<String> = tids.iter().map(u32::to_string).collect();
-    Ok(Some(format!("{prefix}tid IN ({})", list.join(", "))))
+    format!("{prefix}tid IN ({})", list.join(", "))
 }
 
 /// The memory calls of the file the writer is finishing (of process
@@ -1138,7 +1154,7 @@ fn rows_by_op_id_sql(host: &str, tail: &str, stacks: bool) -> String {
     format!(
         "SELECT {}, {host}{stack} FROM {} {tail}",
         call_columns("op_id"),
-        rows_source(false, stacks, None)
+        rows_source(false, false, stacks, None)
     )
 }
 
@@ -1172,15 +1188,17 @@ fn call_columns(op_col: &str) -> String {
 /// as [`table_scan_calls`]; with `marks` (SQL parameters naming ops), the
 /// rows of those ops alone, by their ids in `ops` (through the `(op_id,
 /// dur_ns)` index where SQLite takes it, as [`ops_searched_calls`]).
-fn rows_source(scan_rows: bool, has_stacks: bool, marks: Option<&str>) -> String {
+fn rows_source(scan_rows: bool, by_tids: bool, has_stacks: bool, marks: Option<&str>) -> String {
     let not_indexed = if scan_rows { " NOT INDEXED" } else { "" };
+    // `+`: the op filter takes no index, the threads' does.
+    let op_id = if by_tids { "+c.op_id" } else { "c.op_id" };
     let stack = if has_stacks {
         ", c.stack_id AS stack_id"
     } else {
         ""
     };
     let of_ops = marks
-        .map(|m| format!(" WHERE c.op_id IN (SELECT id FROM ops WHERE op IN ({m}))"))
+        .map(|m| format!(" WHERE {op_id} IN (SELECT id FROM ops WHERE op IN ({m}))"))
         .unwrap_or_default();
     format!(
         "(SELECT c.id AS id, c.ts_ns AS ts_ns, c.dur_ns AS dur_ns, c.pid AS pid, c.tid AS tid, \

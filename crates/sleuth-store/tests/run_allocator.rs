@@ -253,6 +253,85 @@ fn a_runs_allocator_views_are_those_of_its_events_loaded_as_one_trace() {
     assert!(err.contains(&part_name(3)), "{err}");
 }
 
+/// A file of many processes, each a small part of it: the completion's
+/// passes (the checkpoints' replay, the carried replays of a run) and the
+/// readers' read each process's calls by its threads (one pass over every
+/// memory call of the file per process made a file of N short-lived
+/// PyTorch processes O(N²) to complete: round 53), and the views are those
+/// of the events loaded as one trace, in one file and in a run.
+#[test]
+fn many_processes_views_read_by_their_threads_are_those_of_the_whole_trace() {
+    let dir = TempDir::new("run_allocator_many");
+    // Ten copies of the workload (processes 100 and 200, threads 101 and
+    // 201) as twenty processes.
+    let mut events = Vec::new();
+    let mut end = 0;
+    for k in 0..10u32 {
+        let (e, e_end) = random_allocator_workload(0x9e37_79b9 + u64::from(k));
+        end = end.max(e_end);
+        let moved = |id: u32| {
+            let base = if id >= 200 { 200 } else { 100 };
+            1_000 + 1_000 * k + (base - 100) * 5 + (id - base)
+        };
+        events.extend(e.into_iter().map(|ev| match ev {
+            Event::Call(mut c) => {
+                (c.pid, c.tid) = (moved(c.pid), moved(c.tid));
+                Event::Call(c)
+            }
+            Event::Block(mut b) => {
+                (b.pid, b.tid) = (moved(b.pid), moved(b.tid));
+                Event::Block(b)
+            }
+            other => other,
+        }));
+    }
+    events.sort_by_key(|e| match e {
+        Event::Block(b) => (b.end_ns, 1),
+        Event::Call(c) => (c.ts_ns, 0),
+        _ => (0, 0),
+    });
+    let before = sleuth_store::passes_by_threads_for_tests();
+    let whole = dir.join("whole.db");
+    write(&whole, &events, (1_000, end), None);
+    let run = dir.join("run");
+    write_run(&run, &events, &[1_000, end / 3, 2 * end / 3, end + 1], end);
+    assert!(
+        sleuth_store::passes_by_threads_for_tests() - before >= 20,
+        "the completions read the processes by their threads"
+    );
+    let trace = Trace::open(&whole).unwrap();
+    let data = trace.load(None).unwrap();
+    let pids: std::collections::BTreeSet<u32> = data.blocks.iter().map(|b| b.pid).collect();
+    assert_eq!(pids.len(), 20);
+    let memo = CheckMemo::new();
+    let mt = sleuth_store::stream::MemoryTrace::open(&trace, None, budget()).unwrap();
+    let ledgers = mt.ledgers(None).unwrap();
+    let one_file = mt.allocator_views(None, &ledgers).unwrap();
+    let r = load_memory(&run, None, budget(), &memo).unwrap();
+    let in_run = r.allocator_views().unwrap();
+    let want = allocator_views(&data, None, &r.ledgers);
+    assert_eq!(want.len(), 20);
+    assert!(want.values().all(|v| v.state.is_some()), "views rebuilt");
+    assert_same(&json(&one_file), &json(&want), "one file");
+    assert_same(&json(&in_run), &json(&want), "run");
+    // A moment of each process, replayed by a reader through its threads.
+    let at = end / 2;
+    let r = load_memory_at(&run, Some(1_500), Moment::At(at), budget(), &memo).unwrap();
+    let mut began = sleuth_core::TraceData::default();
+    for f in &r.files {
+        let d = Trace::open(f).unwrap().load(None).unwrap();
+        began.calls.extend(d.calls);
+        began.blocks.extend(d.blocks);
+    }
+    let mut want = allocator_views(&began, Some(at), &r.ledgers);
+    want.retain(|p, _| *p == 1_500);
+    assert_same(
+        &json(&r.allocator_views().unwrap()),
+        &json(&want),
+        "at a moment",
+    );
+}
+
 /// Checks that each of the `n` files of `run` stored, for each process it
 /// carried, the views a replay of the files up to it gives (at the end and
 /// at the moment its finding describes); returns how many (file,
