@@ -735,6 +735,11 @@ impl Acc {
             }
         }
         self.pids.extend(view.pids());
+        // At the end, also those the tracer carried without a call here.
+        if self.moment.is_none() {
+            self.pids
+                .extend(crate::run_ledger::listed_pids(trace, pid)?);
+        }
         self.guesses.add(&view, true)?;
         self.held.push(path.to_path_buf());
         also(trace, &view)?;

@@ -786,6 +786,34 @@ pub(crate) fn exited_pids(trace: &Trace) -> Result<BTreeSet<u32>, StoreError> {
     read().map_err(|e| trace.read_error(e))
 }
 
+/// The processes `trace`'s carried run ledger lists (`pid` alone, or
+/// all): those the run held memory for by this file's end, and those that
+/// exited in it; empty where it stores none. A process that made no call
+/// in the files read (an idle server holding what it allocated in files
+/// `--keep` deleted) is known to the readers only from here (round 53's
+/// tester: "No traced process made CUDA calls" over a run whose last file
+/// carried 95 MiB of it). An error naming the table for one no tracer writes.
+pub(crate) fn listed_pids(trace: &Trace, pid: Option<u32>) -> Result<BTreeSet<u32>, StoreError> {
+    let conn = trace.keyed();
+    let read = || -> rusqlite::Result<BTreeSet<u32>> {
+        if !complete_tables(conn, "run_ledger", &[(TABLE, crate::ledger_rollup::COLS)])? {
+            return Ok(BTreeSet::new());
+        }
+        let mut st = conn.prepare(&format!("SELECT pid FROM {TABLE}"))?;
+        let mut rows = st.query([])?;
+        let mut out = BTreeSet::new();
+        while let Some(r) = rows.next()? {
+            let p = u32::try_from(r.get::<_, i64>(0)?)
+                .map_err(|_| damaged_table(TABLE, "holds a pid outside 0..2^32"))?;
+            if pid.is_none_or(|only| only == p) {
+                out.insert(p);
+            }
+        }
+        Ok(out)
+    };
+    read().map_err(|e| trace.read_error(e))
+}
+
 /// Whether `trace` stored the run's state as it began on a chain from the
 /// run's file 1 (None when not), and the latest return time in it (its
 /// `meta.run_ledger_begin_until`; an error for a value no tracer writes).

@@ -232,6 +232,51 @@ fn a_pruned_run_keeps_what_its_deleted_files_allocated_with_their_sites() {
     assert_eq!(replayed.ledgers[0].unmatched_frees, 1);
 }
 
+/// A process that allocated in a file `--keep` deleted and made no call
+/// in the files left (an idle server holding its memory) is in the
+/// run's ledger with what it holds: the last file's carried ledger lists
+/// it (round 53's tester: "No traced process made CUDA calls" over a run
+/// carrying 95 MiB of it).
+#[test]
+fn a_process_silent_in_the_files_kept_keeps_its_memory_in_the_ledger() {
+    let tmp = TempDir::new("runled-silent");
+    let run = tmp.join("run");
+    let other = |ts| CallEvent {
+        pid: 200,
+        tid: 200,
+        ..call("cudaLaunchKernel", ts, MS)
+    };
+    let parts = vec![
+        part(vec![
+            alloc(0, 2 << 20, 0xb000),
+            call("cudaLaunchKernel", 10 * MS, MS),
+        ]),
+        part(vec![other(100 * MS)]),
+        part(vec![other(200 * MS)]),
+    ];
+    write_run(&run, &RunLink::new_run(), 1, &parts);
+    std::fs::remove_file(run.join(part_name(1))).unwrap();
+    let r = load(&run, None, budget()).unwrap();
+    let held: Vec<(u32, u64)> = r.ledgers.iter().map(|l| (l.pid, l.live_bytes)).collect();
+    assert!(held.contains(&(100, 2 << 20)), "{held:?}");
+    let l = r.ledgers.iter().find(|l| l.pid == 100).unwrap();
+    assert_eq!(
+        (l.comm.as_str(), l.allocs, l.unfreed.len()),
+        ("train", 1, 1)
+    );
+    let m = sleuth_store::run_explain::load_memory(
+        &run,
+        None,
+        budget(),
+        &sleuth_store::CheckMemo::new(),
+    )
+    .unwrap();
+    assert!(m
+        .ledgers
+        .iter()
+        .any(|l| (l.pid, l.live_bytes) == (100, 2 << 20)));
+}
+
 /// Runs the loader on a run whose chain `craft` broke: the replay answers
 /// (as on the copy without carried ledgers) and a note says why.
 fn falls_back(tag: &str, craft: impl FnOnce(&Path), why: &str) {
