@@ -25,10 +25,10 @@ pub fn stats_of(db: &Path, pid: Option<u32>) -> anyhow::Result<sleuth_core::stat
         return Ok(run.report);
     }
     let trace = crate::checks_memo::open(db)?;
+    note_if_unfinished(&trace)?;
     if let Some(r) = trace.stats_report(pid)? {
         return Ok(r);
     }
-    note_if_unfinished(&trace)?;
     warn_input_problems(&trace)?;
     // A large file without rollups (still being written, or its writer
     // was killed) is streamed, not loaded.
@@ -107,13 +107,16 @@ pub fn say_notes_after_success() {
     }
 }
 
-/// The note [`note_if_unfinished`] prints, None for a finished file (or
-/// one read from its rows by design: imported, merged, older).
+/// The note [`note_if_unfinished`] prints, None for a file its tracer
+/// completed (or one read from its rows by design: imported, merged,
+/// older); for one `gpusleuth finish` completed, what it lacks.
 fn unfinished_note(trace: &sleuth_store::Trace) -> anyhow::Result<Option<String>> {
-    if !sleuth_store::finish::unfinished(trace)? {
-        return Ok(None);
-    }
     let path = terminal_safe(&trace.path().display().to_string()).into_owned();
+    if !sleuth_store::finish::unfinished(trace)? {
+        // Completed by `finish` after its tracer was killed: what it lacks.
+        let finished = sleuth_store::finish::finished_note(trace)?;
+        return Ok(finished.map(|n| format!("{path}: {}", terminal_safe(&n))));
+    }
     Ok(Some(match crate::finishing::live_writer(trace.path()) {
         Some((pid, comm)) => format!(
             "{path}: still being written by {} (pid {pid}): this answer holds what it recorded so far",

@@ -1045,6 +1045,17 @@ fn mutated_unfinished_traces_through_finish() {
     assert!(r.stdout.contains("1 finished"), "{}", r.stdout);
     let answer = |p: &Path| run(&["explain", "--db", p.to_str().unwrap(), "--json"]).stdout;
     assert_eq!(answer(&sane), answer(&good));
+    // Every answer over the finished file says what it lacks (round 53:
+    // only `stats` did, and only for some files); the complete one none.
+    for cmd in ["stats", "explain", "memory", "export"] {
+        let said = |p: &Path| {
+            let r = run(&[cmd, "--db", p.to_str().unwrap()]);
+            assert_eq!(r.code, Some(0), "{cmd}: {}", r.stderr);
+            r.stderr.contains("finished by `gpusleuth finish`")
+        };
+        assert!(said(&sane), "{cmd} of the finished file");
+        assert!(!said(&good), "{cmd} of the complete file");
+    }
 
     let mut cases: Vec<(String, PathBuf)> = Vec::new();
     for (name, sql) in UNFINISHED_MUTATIONS.iter().chain(ALLOCATOR_MUTATIONS) {

@@ -31,7 +31,7 @@ use crate::reader::Trace;
 use crate::rows::{call_from_row_by_op_id, OpIds};
 use crate::run_ledger::RunLink;
 use crate::{StoreError, TraceSource, SCHEMA_VERSION};
-use rusqlite::{Connection, OpenFlags};
+use rusqlite::{Connection, OpenFlags, OptionalExtension};
 use sleuth_core::rollup::Rollup;
 use std::path::Path;
 
@@ -194,12 +194,31 @@ fn windows_from_rows(conn: &Connection) -> rusqlite::Result<(Rollup, u64)> {
     Ok((rollup, n))
 }
 
+/// How the note [`note_finished`] stores begins.
+const FINISHED_NOTE: &str = "finished by `gpusleuth finish`";
+
+/// The note [`finish`] stored in `trace` (who completed it and what it
+/// lacks), None for a file its tracer completed: every answer over the
+/// file says it (round 53's tester: only `stats` did).
+pub fn finished_note(trace: &Trace) -> Result<Option<String>, StoreError> {
+    let sql = "SELECT text FROM notes WHERE level = 'warn' AND substr(text, 1, ?1) = ?2 LIMIT 1";
+    trace
+        .keyed()
+        .query_row(
+            sql,
+            rusqlite::params![FINISHED_NOTE.len() as i64, FINISHED_NOTE],
+            |r| r.get::<_, String>(0),
+        )
+        .optional()
+        .map_err(|e| trace.read_error(e))
+}
+
 /// The note that says who completed the file and what it lacks.
 fn note_finished(conn: &Connection, counted: bool) -> rusqlite::Result<()> {
-    let mut text =
-        "finished by `gpusleuth finish`: its tracer stopped before completing it (killed?); \
-                what it had not committed is not here, and its end time is not known"
-            .to_string();
+    let mut text = format!(
+        "{FINISHED_NOTE}: its tracer stopped before completing it (killed?); \
+         what it had not committed is not here, and its end time is not known"
+    );
     if counted {
         text.push_str(
             "; the calls counted in the kernel (launches) are their counts at its last sample \
