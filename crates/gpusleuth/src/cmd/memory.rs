@@ -365,9 +365,23 @@ pub(crate) fn render_held(out: &mut String, h: &HeldMemory) {
     }
 }
 
-/// The allocator lines of one process (with `segments`, the per-segment table).
-fn render_allocator(out: &mut String, view: Option<&AllocatorView>, origin: u64, segments: bool) {
+/// The allocator lines of one process (with `segments`, the per-segment
+/// table); `traced_allocator`: some process of the answer has a view (the
+/// trace was taken with `--torch-allocator`), so a process without one
+/// had no allocator events read, and the option is not what it lacks.
+fn render_allocator(
+    out: &mut String,
+    view: Option<&AllocatorView>,
+    origin: u64,
+    segments: bool,
+    traced_allocator: bool,
+) {
     match view {
+        None if traced_allocator => out.push_str(
+            "  allocator-level numbers (allocated, gap): no PyTorch allocator event of this process was read (not a \
+             PyTorch process, its allocator made no call while traced, or, in a run, its events were in files \
+             --keep deleted and the tracer's carried views could not be used)\n",
+        ),
         None => out.push_str(
             "  allocator-level numbers (allocated, gap) need a trace taken with `trace --torch-allocator`\n",
         ),
@@ -669,7 +683,14 @@ fn render(
             };
             let _ = writeln!(out, "  ... {} more failed ({listed})", failed - 20);
         }
-        render_allocator(&mut out, allocators.get(&p.pid), origin, segments);
+        let traced_allocator = !allocators.is_empty();
+        render_allocator(
+            &mut out,
+            allocators.get(&p.pid),
+            origin,
+            segments,
+            traced_allocator,
+        );
         out.push('\n');
     }
     render_brief(&mut out, &brief, processes.len() > brief.len(), &rel);
@@ -950,6 +971,26 @@ mod tests {
             blocks: sleuth_core::testing::torch_blocks(9, base, [200, 300, 400]).to_vec(),
             ..Default::default()
         }
+    }
+
+    /// In a trace taken with `--torch-allocator` (some process has a
+    /// view), a process without one is not told to take such a trace
+    /// (round 53's tester).
+    #[test]
+    fn a_process_without_allocator_events_beside_one_with_is_said_so() {
+        let mut data = torch_trace();
+        let mut other = data.calls[0].clone();
+        (other.pid, other.tid, other.ptr) = (10, 10, Some(0x6000_0000_0000));
+        data.calls.push(other);
+        let l = ledger(&data, None);
+        let a = allocator_views(&data, None, &l);
+        assert_eq!(a.len(), 1);
+        let text = render(&l, &a, &BTreeMap::new(), 0, None, false);
+        assert!(
+            text.contains("no PyTorch allocator event of this process was read"),
+            "{text}"
+        );
+        assert!(!text.contains("need a trace taken with"), "{text}");
     }
 
     #[test]
