@@ -21,6 +21,7 @@ pub fn stats_of(db: &Path, pid: Option<u32>) -> anyhow::Result<sleuth_core::stat
             crate::checks_memo::memo(),
         )?;
         note_unfinished(&run.incomplete);
+        note_finished_files(&run.files);
         note_pruned(db, &run.files);
         return Ok(run.report);
     }
@@ -64,6 +65,26 @@ fn pruned_note(dir: &Path, files: &[std::path::PathBuf]) -> Option<String> {
             first - 1
         )
     })
+}
+
+/// One note on stderr per file of a run read that `gpusleuth finish`
+/// completed after its tracer was killed: what it lacks (single files say
+/// it through [`note_if_unfinished`]; a run's answers said nothing: round
+/// 53's tester). A file that cannot be opened again says nothing here (the
+/// answer read it a moment ago; its error, if any, is the answer's).
+pub fn note_finished_files(files: &[std::path::PathBuf]) {
+    for f in files {
+        let Ok(trace) = crate::checks_memo::open(f) else {
+            continue;
+        };
+        if let Ok(Some(note)) = sleuth_store::finish::finished_note(&trace) {
+            eprintln!(
+                "gpusleuth: note: {}: {}",
+                terminal_safe(&f.display().to_string()),
+                terminal_safe(&note)
+            );
+        }
+    }
 }
 
 /// One note on stderr per file of a run that an answer over the run left

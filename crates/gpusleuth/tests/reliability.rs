@@ -326,8 +326,20 @@ fn a_sigkilled_rotating_run_is_made_whole_again_by_finish() {
         .map(|p| common::Db::open(p).int("SELECT count(*) FROM calls"))
         .sum();
     assert_eq!(counted as i64, stored);
-    common::run_ok(common::gpusleuth().args(["explain", "--db"]).arg(&dir));
-    common::run_ok(common::gpusleuth().args(["memory", "--db"]).arg(&dir));
+    // Every answer over the run names the file `finish` completed and what
+    // it lacks (round 53: only a single file's answers did).
+    let killed = parts(&dir).last().unwrap().clone();
+    let name = killed.file_name().unwrap().to_string_lossy().into_owned();
+    for cmd in ["stats", "explain", "memory", "export"] {
+        let out = common::run_ok(common::gpusleuth().args([cmd, "--db"]).arg(&dir));
+        let err = String::from_utf8_lossy(&out.stderr);
+        let said: Vec<&str> = err
+            .lines()
+            .filter(|l| l.contains("finished by `gpusleuth finish`"))
+            .collect();
+        assert_eq!(said.len(), unfinished, "{cmd}: {err}");
+        assert!(said.iter().any(|l| l.contains(&name)), "{cmd}: {err}");
+    }
 }
 
 #[test]

@@ -138,6 +138,8 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             run.files.len(),
             crate::window::files_named(&run)
         );
+        let files: Vec<_> = run.files.iter().map(|(_, p)| p.clone()).collect();
+        crate::load::note_finished_files(&files);
         return Ok(0);
     }
     // A window of a run's directory is read from the file that holds it,

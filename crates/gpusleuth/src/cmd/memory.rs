@@ -178,6 +178,7 @@ fn run_of_run(args: &Args) -> anyhow::Result<i32> {
         None => sleuth_store::run_explain::load_memory(dir, args.input.pid, budget, memo)?,
     };
     crate::load::note_unfinished(&run.incomplete);
+    crate::load::note_finished_files(&run.files);
     crate::load::print_problems_at(dir, &run.problems);
     if args.by_site {
         // At a moment (`--at`): the replay's table, peaks included.
@@ -257,6 +258,7 @@ fn sites_of_run(args: &Args) -> anyhow::Result<i32> {
         crate::checks_memo::memo(),
     )?;
     crate::load::note_unfinished(&run.incomplete);
+    crate::load::note_finished_files(&run.files);
     crate::load::print_problems_at(dir, &run.problems);
     let mut r = sites::report_of(table, &run.data);
     r.at_peak_known = false;

@@ -164,6 +164,7 @@ fn report_of_run(args: &Args, window: Option<&RunLast>) -> anyhow::Result<i32> {
     let r = r?;
     let window_reads = window_reads.transpose()?;
     let (incomplete, problems) = (r.run.incomplete.clone(), r.run.problems.clone());
+    let read_files = r.run.files.clone();
     // The window's reads (the same files again, and the file being
     // written) are said apart: added to the run's they would count a
     // file's skipped rows twice.
@@ -208,6 +209,7 @@ fn report_of_run(args: &Args, window: Option<&RunLast>) -> anyhow::Result<i32> {
         None => crate::load::note_unfinished(&incomplete),
         Some(_) => note_unfinished_outside_the_window(&incomplete),
     }
+    crate::load::note_finished_files(&read_files);
     crate::load::print_problems_at(dir, &problems);
     let window_label = PathBuf::from(format!("{} (the window's files)", dir.display()));
     crate::load::print_problems_at(&window_label, &window_problems);

@@ -225,6 +225,7 @@ fn run_output(input: &TraceInput, style: Style) -> anyhow::Result<String> {
         crate::checks_memo::memo(),
     )?;
     crate::load::note_unfinished(&run.incomplete);
+    crate::load::note_finished_files(&run.files);
     crate::load::print_problems_at(&input.db, &run.problems);
     let report = run.explanation()?;
     render(&run.data, &run.ledgers, &report, &run.problems, style)
