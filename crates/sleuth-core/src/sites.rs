@@ -168,8 +168,13 @@ pub fn label_of(data: &TraceData, stack_id: Option<u64>) -> String {
 
 /// Site label of an allocation whose stack was not captured.
 pub const NOT_CAPTURED: &str = "(site not captured)";
-/// Site label of a stack id whose stack never reached the database.
-pub const LOST: &str = "(stack lost: see stats.drop_ring_full_stack)";
+/// Site label of a stack id whose stack is in none of the files read:
+/// dropped with a full ring buffer, or stored only in a file of a run that
+/// `--keep` deleted (a live block's stack in the carried allocator views;
+/// the tracer copies into each file the stacks its carried ledger names,
+/// not those of the views: round 53's tester).
+pub const LOST: &str =
+    "(stack lost: dropped, see stats.drop_ring_full_stack, or in a file --keep deleted)";
 
 /// Device memory grouped by call site (one process or all).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
