@@ -774,22 +774,7 @@ pub(crate) fn retired_any(trace: &Trace) -> Result<bool, StoreError> {
 /// `meta.run_ledger_exited` is not 1): their views and ledgers there are
 /// their last. An error naming the table for one no tracer writes.
 pub(crate) fn exited_pids(trace: &Trace) -> Result<BTreeSet<u32>, StoreError> {
-    let conn = trace.keyed();
-    let read = || -> rusqlite::Result<BTreeSet<u32>> {
-        if !complete_tables(conn, "run_ledger_exited", &[(EXITED_TABLE, BEGIN_COLS)])? {
-            return Ok(BTreeSet::new());
-        }
-        let mut st = conn.prepare(&format!("SELECT pid FROM {EXITED_TABLE}"))?;
-        let mut rows = st.query([])?;
-        let mut out = BTreeSet::new();
-        while let Some(r) = rows.next()? {
-            let pid = u32::try_from(r.get::<_, i64>(0)?)
-                .map_err(|_| damaged_table(EXITED_TABLE, "holds a pid outside 0..2^32"))?;
-            out.insert(pid);
-        }
-        Ok(out)
-    };
-    read().map_err(|e| trace.read_error(e))
+    stored_pids(trace, "run_ledger_exited", (EXITED_TABLE, BEGIN_COLS), None)
 }
 
 /// The processes `trace`'s carried run ledger lists (`pid` alone, or
@@ -800,17 +785,33 @@ pub(crate) fn exited_pids(trace: &Trace) -> Result<BTreeSet<u32>, StoreError> {
 /// tester: "No traced process made CUDA calls" over a run whose last file
 /// carried 95 MiB of it). An error naming the table for one no tracer writes.
 pub(crate) fn listed_pids(trace: &Trace, pid: Option<u32>) -> Result<BTreeSet<u32>, StoreError> {
+    stored_pids(
+        trace,
+        "run_ledger",
+        (TABLE, crate::ledger_rollup::COLS),
+        pid,
+    )
+}
+
+/// The pids of table `table` (of columns `cols`; `pid` alone, or all),
+/// empty unless `meta.{meta_key}` says it is complete.
+fn stored_pids(
+    trace: &Trace,
+    meta_key: &str,
+    (table, cols): (&str, &[&str]),
+    pid: Option<u32>,
+) -> Result<BTreeSet<u32>, StoreError> {
     let conn = trace.keyed();
     let read = || -> rusqlite::Result<BTreeSet<u32>> {
-        if !complete_tables(conn, "run_ledger", &[(TABLE, crate::ledger_rollup::COLS)])? {
+        if !complete_tables(conn, meta_key, &[(table, cols)])? {
             return Ok(BTreeSet::new());
         }
-        let mut st = conn.prepare(&format!("SELECT pid FROM {TABLE}"))?;
+        let mut st = conn.prepare(&format!("SELECT pid FROM {table}"))?;
         let mut rows = st.query([])?;
         let mut out = BTreeSet::new();
         while let Some(r) = rows.next()? {
             let p = u32::try_from(r.get::<_, i64>(0)?)
-                .map_err(|_| damaged_table(TABLE, "holds a pid outside 0..2^32"))?;
+                .map_err(|_| damaged_table(table, "holds a pid outside 0..2^32"))?;
             if pid.is_none_or(|only| only == p) {
                 out.insert(p);
             }
