@@ -287,10 +287,7 @@ pub(crate) fn replay_storing(
         }
         out.insert(pid, sink.replay);
     }
-    // A process the feed did not return (none is left out) replays nothing.
-    for (&pid, &layout) in layouts {
-        out.entry(pid).or_insert_with(|| Rebuilder::new(layout));
-    }
+    // `finish` returns every sink the feed was given: one per layout.
     Ok(out)
 }
 

@@ -552,6 +552,8 @@ fn render(
     }
     let rel = |ts: u64| fmt_ns(ts.saturating_sub(origin));
     let (full, brief) = split_for_text(processes);
+    // Some process has a view: the trace was taken with `--torch-allocator`.
+    let traced_allocator = !allocators.is_empty();
     for p in full {
         let state = if p.exit_ns.is_some() {
             "at exit"
@@ -685,7 +687,6 @@ fn render(
             };
             let _ = writeln!(out, "  ... {} more failed ({listed})", failed - 20);
         }
-        let traced_allocator = !allocators.is_empty();
         render_allocator(
             &mut out,
             allocators.get(&p.pid),
