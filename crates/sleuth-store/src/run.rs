@@ -192,14 +192,15 @@ pub(crate) struct Visited {
 
 /// Opens the run's files one at a time, oldest first, and hands each
 /// finished file that holds process `pid` (each finished file, without
-/// one) to `visit`. Errors as [`check_answered`]: no finished file, or none
+/// one; with `carried_too`, also each whose carried run ledger lists it)
+/// to `visit`. Errors as [`check_answered`]: no finished file, or none
 /// holding `pid`.
 /// The checks each file passed are taken from and kept in `memo` (the
 /// finished files of a run do not change: a later read of the run skips
 /// them).
 pub(crate) fn visit_finished(
     dir: &Path,
-    pid: Option<u32>,
+    (pid, carried_too): (Option<u32>, bool),
     budget: &ReadBudget,
     memo: &CheckMemo,
     mut visit: impl FnMut(&Trace) -> Result<(), StoreError>,
@@ -216,7 +217,12 @@ pub(crate) fn visit_finished(
         let holds = match pid {
             Some(p) => {
                 let pids = trace.pids()?;
-                let holds = pids.contains(&p);
+                // With `carried_too`, a process silent in the file that the
+                // run's carried ledger lists (an idle server holding what
+                // it allocated in files `--keep` deleted) is the file's too.
+                let holds = pids.contains(&p)
+                    || (carried_too
+                        && !crate::run_ledger::listed_pids(&trace, Some(p))?.is_empty());
                 if !holds && !pid_seen {
                     run_pids.extend(pids);
                 }
@@ -380,7 +386,7 @@ pub fn run_stats_remembered(
         has_host_context: true,
         ..Default::default()
     };
-    let visited = visit_finished(dir, pid, budget, memo, |trace| {
+    let visited = visit_finished(dir, (pid, false), budget, memo, |trace| {
         let read = |e| StoreError::Sqlite {
             path: trace.path().to_path_buf(),
             source: e,

@@ -353,6 +353,19 @@ pub(crate) fn stored(
     read().map_err(|e| trace.read_error(e))
 }
 
+/// The processes (`pid` alone, or all) whose views the tracer carried to
+/// the end of `trace`'s file (those it exited in included): a process
+/// whose allocator events were all in files `--keep` deleted is known to
+/// a reader only from here (round 54).
+pub(crate) fn carried_pids(trace: &Trace, pid: Option<u32>) -> Result<BTreeSet<u32>, StoreError> {
+    crate::run_ledger::stored_pids(
+        trace,
+        "run_allocator",
+        (TABLE, crate::allocator_rollup::COLS),
+        pid,
+    )
+}
+
 /// The carried views of processes `pids` that the run's ledger retired at
 /// their exit (round 47), from the chain's files before its last one
 /// (`earlier`, newest first): each process's views as the file it exited

@@ -88,6 +88,11 @@ pub struct RunLean {
     /// and the layouts their views guess (one pass over the run's steps
     /// each, not two).
     guesses: Guesses,
+    /// The processes whose views the tracer carried to the end of a file
+    /// read: with those of `guesses`, the ones whose carried views are
+    /// looked for (a process whose allocator events were all in files
+    /// `--keep` deleted has none in the files read), never replayed.
+    carried: BTreeSet<u32>,
     /// The files whose steps the allocator views replay (those read; at a
     /// moment, those that began by then), oldest first.
     step_files: Vec<PathBuf>,
@@ -137,7 +142,7 @@ impl RunLean {
     pub fn allocator_views(&self) -> Result<BTreeMap<u32, AllocatorView>, StoreError> {
         let (mut views, rest) = match (self.at_ns, &self.carried_in) {
             (Some(at), Some(file)) => {
-                let pids = self.guesses.pids();
+                let pids = self.looked_for();
                 let trace = Trace::open_remembered(file, self.budget.clone(), &self.memo)?;
                 let rows = crate::stream::Rows::open_with(&trace, self.budget.clone())?;
                 let mut views =
@@ -153,6 +158,7 @@ impl RunLean {
                     rest.retain(|p| !exited.contains_key(p));
                     views.extend(exited);
                 }
+                rest.retain(|p| self.guesses.pids.contains(p));
                 (views, rest)
             }
             _ => {
@@ -193,8 +199,7 @@ impl RunLean {
             _ => Default::default(),
         };
         let mut rest: Vec<u32> = self
-            .guesses
-            .pids()
+            .looked_for()
             .into_iter()
             .filter(|p| !end.contains_key(p))
             .collect();
@@ -204,7 +209,17 @@ impl RunLean {
             end.extend(e);
             moments.extend(m);
         }
+        rest.retain(|p| self.guesses.pids.contains(p));
         Ok((end, moments, rest))
+    }
+
+    /// The processes whose carried views are looked for: those with
+    /// allocator events in the files read, and those the tracer carried
+    /// views of there (a replay of the files read has no event of the
+    /// latter when all of theirs were in files `--keep` deleted: they are
+    /// never replayed).
+    fn looked_for(&self) -> Vec<u32> {
+        self.guesses.pids.union(&self.carried).copied().collect()
     }
 
     /// The carried views of processes `pids` retired at their exit, from
@@ -323,7 +338,8 @@ pub fn load_memory_at(
 }
 
 /// Refuses a moment `at` outside the run read (`run`: the files that began
-/// by then, `began_after`: whether a finished file began after it).
+/// by then, `began_after`: whether a finished file began after it, or,
+/// for one process, the run's last file ends after it).
 fn check_moment(
     dir: &Path,
     run: &Acc,
@@ -367,13 +383,18 @@ fn load_run(
         },
         ..Acc::default()
     };
-    let visited = visit_finished(dir, pid, &budget, memo, |trace| {
+    // A process silent in the files kept is the run's while the carried
+    // ledger lists it (round 54: `memory --pid P` of an idle server).
+    let visited = visit_finished(dir, (pid, true), &budget, memo, |trace| {
         run.add(trace, pid, &budget, &mut also)
     })?;
     let mut data = run.data.take().unwrap_or_default();
     // NVML's readings when tracing began are stored in the run's first file.
     let first = visited.links.first().map(|(n, _)| *n);
     data.process_gpu_start_lost = first != Some(1);
+    if pid.is_some() && !run.began_after {
+        run.began_after = run_lasts_past_moment(&run, &visited.files, &budget, memo)?;
+    }
     check_moment(dir, &run, &data, &visited.incomplete)?;
     let ledger = match run.at_ns {
         Some(at) => match ledger_at_from_begin(&run, at, &visited, &data, pid, &budget, memo)? {
@@ -400,6 +421,27 @@ fn load_run(
     };
     let reads = (budget, memo.clone());
     Ok(run.finish(data, ledger, visited.incomplete, reads, (pid, carried_in)))
+}
+
+/// Whether the run's last finished file (`files`' last) ends at or after
+/// the moment when it is not one of those read for the process
+/// (`run.held`): then the moment is inside the run though after the last
+/// file that holds the process (it exited before; round 54: `memory --pid
+/// P --at T` was refused as outside the run).
+fn run_lasts_past_moment(
+    run: &Acc,
+    files: &[PathBuf],
+    budget: &ReadBudget,
+    memo: &CheckMemo,
+) -> Result<bool, StoreError> {
+    let (Some(at), Some(last)) = (run.at_ns, files.last()) else {
+        return Ok(false);
+    };
+    if run.held.last() == Some(last) {
+        return Ok(false);
+    }
+    let session = Trace::open_remembered(last, budget.clone(), memo)?.session()?;
+    Ok(session.end_mono_ns.is_some_and(|end| end >= at))
 }
 
 /// How the links of the finished files up to `last` (one of them) chain.
@@ -447,7 +489,7 @@ fn ledger_at_from_begin(
     let mut b = LedgerBuilder::from_states(begin.states, Some(at), true)
         .map_err(|e| StoreError::file(last, format!("damaged trace: run_ledger_begin {e}")))?;
     let mut tally = begin.tally;
-    let view = MemoryTrace::open(&trace, pid, budget.clone())?;
+    let view = MemoryTrace::open_unchecked(&trace, pid, budget.clone())?;
     let replayed = view.replay_ledger_and_sites(&mut b, &mut tally, Some(at))?;
     let (ledgers, sites) = ledgers_and_sites(b, tally, data);
     let note = (pruned > 0).then(|| {
@@ -486,7 +528,7 @@ fn ledger_at(
     // thread while one is replayed.
     visit_read_ahead(&run.held, (pid, Some(at)), budget, memo, |path, feed| {
         let trace = Trace::open_remembered(path, budget.clone(), memo)?;
-        let view = MemoryTrace::open(&trace, pid, budget.clone())?;
+        let view = MemoryTrace::open_unchecked(&trace, pid, budget.clone())?;
         let read = view.replay_ledger_and_sites_fed(&mut b, &mut tally, Some(at), feed)?;
         replayed = replayed.saturating_add(read);
         Ok(())
@@ -673,7 +715,7 @@ fn replay_files(
     let mut replayed = 0u64;
     visit_read_ahead(files, (pid, None), budget, memo, |path, feed| {
         let trace = Trace::open_remembered(path, budget.clone(), memo)?;
-        let view = MemoryTrace::open(&trace, pid, budget.clone())?;
+        let view = MemoryTrace::open_unchecked(&trace, pid, budget.clone())?;
         replayed = replayed.saturating_add(view.replay_ledger_fed(b, feed)?);
         Ok(())
     })?;
@@ -692,6 +734,9 @@ struct Acc {
     /// The processes with allocator events in the files added, and the
     /// layouts their views guess.
     guesses: Guesses,
+    /// The processes whose allocator views the tracer carried to the end
+    /// of a file added (`run_allocator::carried_pids`).
+    carried: BTreeSet<u32>,
     /// The files added, for a replay of their memory calls.
     held: Vec<PathBuf>,
     files: Vec<PathBuf>,
@@ -722,7 +767,9 @@ impl Acc {
             true => Some(explanation_inputs(trace, pid)?),
             false => None,
         };
-        let mut view = MemoryTrace::open(trace, pid, budget.clone())?;
+        // Unchecked: a file that holds `pid` only in its carried ledger
+        // (`visit_finished`) has nothing of it to read but its span.
+        let mut view = MemoryTrace::open_unchecked(trace, pid, budget.clone())?;
         if let Some(moment) = self.moment {
             let at = *self.at_ns.get_or_insert(match moment {
                 Moment::Since(d) => view.span.start_ns.saturating_add(d),
@@ -741,6 +788,8 @@ impl Acc {
                 .extend(crate::run_ledger::listed_pids(trace, pid)?);
         }
         self.guesses.add(&view, true)?;
+        self.carried
+            .extend(crate::run_allocator::carried_pids(trace, pid)?);
         self.held.push(path.to_path_buf());
         also(trace, &view)?;
         if let Some(mut inputs) = inputs {
@@ -782,8 +831,8 @@ impl Acc {
         let mut notes = Vec::new();
         if self.explain && self.added > 1 {
             notes.push(format!(
-                "Explained over {} files of a run (trace --rotate): counts, sums, histograms, culprits and the \
-                 memory ledger cover the whole run; each thread's window adds its windows in the files (the time \
+                "Explained over {} files of a run (trace --rotate): counts, sums, histograms and culprits add up \
+                 those files, and the memory ledger runs across them; each thread's window adds its windows in the files (the time \
                  between its last call in one file and its first in the next is in none).",
                 self.added
             ));
@@ -805,6 +854,7 @@ impl Acc {
             sites_at: ledger.sites,
             notes,
             guesses: self.guesses,
+            carried: self.carried,
             step_files: self.held,
             budget,
             memo,

@@ -795,7 +795,7 @@ pub(crate) fn listed_pids(trace: &Trace, pid: Option<u32>) -> Result<BTreeSet<u3
 
 /// The pids of table `table` (of columns `cols`; `pid` alone, or all),
 /// empty unless `meta.{meta_key}` says it is complete.
-fn stored_pids(
+pub(crate) fn stored_pids(
     trace: &Trace,
     meta_key: &str,
     (table, cols): (&str, &[&str]),

@@ -1541,6 +1541,18 @@ impl MemoryTrace {
         if let Some(pid) = pid {
             trace.require_pid(pid)?;
         }
+        Self::open_unchecked(trace, pid, budget)
+    }
+
+    /// [`MemoryTrace::open`] without the check that the trace holds `pid`:
+    /// for the files of a run whose reader checked that the run holds it
+    /// (`run::visit_finished`), some holding it only in the ledger the
+    /// tracer carried (an idle process silent in them: round 54).
+    pub(crate) fn open_unchecked(
+        trace: &Trace,
+        pid: Option<u32>,
+        budget: ReadBudget,
+    ) -> Result<MemoryTrace, StoreError> {
         let rows = Rows::open_with(trace, budget)?;
         let groups = rows.call_groups()?;
         let mut pids: std::collections::BTreeSet<u32> =

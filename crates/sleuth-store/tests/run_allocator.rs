@@ -734,3 +734,111 @@ fn a_process_that_exits_leaves_its_views_in_the_file_it_exited_in() {
         "a replay of the files left"
     );
 }
+
+/// A process whose allocator events were all in files `--keep` deleted
+/// (an idle server still holding its cache; one that then exited in a
+/// kept file) keeps its views at the run's end and at any moment of the
+/// kept files: the tracer carried them (round 54; before, the readers
+/// looked for views only of the processes with allocator events in the
+/// files kept, and such a process had none but at the end while alive).
+#[test]
+fn a_process_whose_allocator_events_were_all_in_deleted_files_keeps_its_views() {
+    use sleuth_core::{ProcEvent, ProcKind};
+    for exits in [false, true] {
+        let dir = TempDir::new("run_allocator_silent");
+        let (mut events, end) = random_allocator_workload(0x2545_f491_4f6c_dd1d);
+        let mut cuts: Vec<u64> = (0..=6).map(|k| 1_000 + (end - 1_000) * k / 6).collect();
+        cuts[6] = end + 1;
+        let pid_of = |e: &Event| match e {
+            Event::Call(c) => c.pid,
+            Event::Block(b) => b.pid,
+            Event::Proc(p) => p.pid,
+            _ => 0,
+        };
+        // Process 200 is silent after file 2, which `--keep 4` deletes.
+        events.retain(|e| pid_of(e) != 200 || end_of(e) < cuts[2]);
+        // It exits in the middle of file 4 (or never).
+        let exit_at = cuts[3] + (cuts[4] - cuts[3]) / 2;
+        if exits {
+            let at = events.iter().position(|e| end_of(e) > exit_at).unwrap();
+            events.insert(
+                at,
+                Event::Proc(ProcEvent {
+                    kind: ProcKind::Exit,
+                    ts_ns: exit_at,
+                    pid: 200,
+                    tid: 200,
+                    ppid: 0,
+                    exit_code: 0,
+                    comm: "python".into(),
+                }),
+            );
+        }
+        let whole = dir.join("whole.db");
+        write(&whole, &events, (1_000, end), None);
+        let file_of = |e: &Event| {
+            let t = match e {
+                Event::Proc(p) => p.ts_ns,
+                _ => end_of(e),
+            };
+            (0..6).find(|&k| (cuts[k]..cuts[k + 1]).contains(&t))
+        };
+        let run = dir.join("run");
+        write_run_by(&run, &events, &cuts, end, file_of);
+        let data = Trace::open(&whole).unwrap().load(None).unwrap();
+        let kept = dir.join("kept");
+        copy_run(&run, &kept, 3..=6);
+        let what = |w: &str| format!("{w}, exits: {exits}");
+        // At the end, every process and 200 alone.
+        for pid in [None, Some(200)] {
+            let r = load_memory(&kept, pid, budget(), &CheckMemo::new()).unwrap();
+            let mut want = allocator_views(&data, None, &r.ledgers);
+            want.retain(|p, _| pid.is_none_or(|only| only == *p));
+            assert!(
+                want.contains_key(&200),
+                "{}",
+                what("a view of 200 at the end")
+            );
+            let got = r.allocator_views().unwrap();
+            assert_same(&json(&got), &json(&want), &what(&format!("end, {pid:?}")));
+        }
+        // At moments in each kept file: before its exit, after it. The
+        // views are those of the files that began by the moment loaded as
+        // one trace, the deleted ones included (their every step
+        // calibrates, those up to the moment are replayed).
+        for k in 2..6 {
+            let t = cuts[k] + (cuts[k + 1].min(end) - cuts[k]) / 3;
+            let mut began = sleuth_core::TraceData::default();
+            for n in 1..=k as u64 + 1 {
+                let d = Trace::open(&run.join(part_name(n)))
+                    .unwrap()
+                    .load(None)
+                    .unwrap();
+                began.calls.extend(d.calls);
+                began.blocks.extend(d.blocks);
+                began.stacks.extend(d.stacks);
+            }
+            for pid in [None, Some(200)] {
+                let r =
+                    load_memory_at(&kept, pid, Moment::At(t), budget(), &CheckMemo::new()).unwrap();
+                let mut want = allocator_views(&began, Some(t), &r.ledgers);
+                want.retain(|p, _| pid.is_none_or(|only| only == *p));
+                let got = r.allocator_views().unwrap();
+                if !exits || t < exit_at {
+                    assert!(want.contains_key(&200), "{}", what("a view of 200"));
+                }
+                // What 200 holds then is the whole trace's ledger's.
+                let live = |l: &[sleuth_core::ledger::ProcessLedger]| {
+                    l.iter().find(|p| p.pid == 200).map(|p| p.live_bytes)
+                };
+                let whole = sleuth_core::ledger::ledger(&data, Some(t));
+                assert_eq!(live(&r.ledgers), live(&whole), "{}", what("200's ledger"));
+                assert_same(
+                    &json(&got),
+                    &json(&want),
+                    &what(&format!("at a moment of file {}, {pid:?}", k + 1)),
+                );
+            }
+        }
+    }
+}

@@ -140,7 +140,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             &allocators,
             &helds,
             origin,
-            at_offset,
+            at_offset.map(|a| (a, "the trace started")),
             args.segments,
         ));
         emit_text(&text)?;
@@ -238,7 +238,7 @@ fn run_of_run(args: &Args) -> anyhow::Result<i32> {
             &allocators,
             &helds,
             origin,
-            args.at,
+            args.at.map(|a| (a, "the oldest file read started")),
             args.segments,
         ));
         emit_text(&crate::term_text::terminal_safe(&text))?;
@@ -539,12 +539,12 @@ fn render(
     allocators: &BTreeMap<u32, AllocatorView>,
     helds: &BTreeMap<u32, HeldMemory>,
     origin: u64,
-    at: Option<u64>,
+    at: Option<(u64, &str)>,
     segments: bool,
 ) -> String {
     let mut out = String::new();
-    if let Some(at) = at {
-        let _ = writeln!(out, "Ledger at {} after the trace started.\n", fmt_ns(at));
+    if let Some((at, since)) = at {
+        let _ = writeln!(out, "Ledger at {} after {since}.\n", fmt_ns(at));
     }
     if processes.is_empty() {
         out.push_str("No traced process made CUDA calls.\n");
@@ -798,6 +798,29 @@ mod tests {
         assert!(text.contains("need a trace taken with `trace --torch-allocator`"));
         assert_eq!(p["unfreed"][0]["ptr"], "0xabc000");
         assert_eq!(p["failed_allocs"][0]["error"], 2);
+    }
+
+    /// The moment's line says what its time counts from: a run's oldest
+    /// file read, not "the trace" (round 53's tester).
+    #[test]
+    fn the_moment_says_what_it_counts_from() {
+        let data = sleuth_core::TraceData {
+            calls: vec![alloc(100, 4096, 0xabc000)],
+            ..Default::default()
+        };
+        let l = ledger(&data, Some(1_500_000_000));
+        let (none, one) = (&BTreeMap::new(), &BTreeMap::new());
+        for since in ["the trace started", "the oldest file read started"] {
+            let text = render(&l, none, one, 0, Some((1_500_000_000, since)), false);
+            assert!(
+                text.starts_with(&format!("Ledger at 1.500s after {since}.\n")),
+                "{text}"
+            );
+            assert!(
+                text.contains("device live at that moment: 4.0 KiB"),
+                "{text}"
+            );
+        }
     }
 
     /// A ledger of process `pid` that left `live` bytes, peaked at `peak`,
