@@ -379,7 +379,7 @@ impl LedgerBuilder {
             if !peak_sites {
                 r.sites = None;
             }
-            if procs.insert(pid, r).is_some() {
+            if procs.insert(pid, Box::new(r)).is_some() {
                 return Err(format!("process {pid} listed twice"));
             }
         }
