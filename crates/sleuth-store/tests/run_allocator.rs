@@ -429,6 +429,23 @@ fn drop_carried_views(run: &Path, files: std::ops::RangeInclusive<u64>) {
     }
 }
 
+/// Inserts process `pid`'s exit at `ts_ns` into `events` (in completion
+/// order), before the first event that completes after it; its index.
+fn insert_exit(events: &mut Vec<Event>, pid: u32, ts_ns: u64) -> usize {
+    let at = events.iter().position(|e| end_of(e) > ts_ns).unwrap();
+    let exit = sleuth_core::ProcEvent {
+        kind: sleuth_core::ProcKind::Exit,
+        ts_ns,
+        pid,
+        tid: pid,
+        ppid: 0,
+        exit_code: 0,
+        comm: "python".into(),
+    };
+    events.insert(at, Event::Proc(exit));
+    at
+}
+
 /// Copies of `run`'s files `files` into `dir`.
 fn copy_run(run: &Path, dir: &Path, files: std::ops::RangeInclusive<u64>) {
     std::fs::create_dir_all(dir).unwrap();
@@ -634,7 +651,6 @@ fn the_views_the_tracer_carried_are_the_replays_and_cover_deleted_files() {
 /// the whole trace's once `--keep` deleted the files before it.
 #[test]
 fn a_process_that_exits_leaves_its_views_in_the_file_it_exited_in() {
-    use sleuth_core::{ProcEvent, ProcKind};
     let dir = TempDir::new("run_allocator_exit");
     let (mut events, end) = random_allocator_workload(0x9e37_79b9_7f4a_7c15);
     let pid_of = |e: &Event| match e {
@@ -653,19 +669,7 @@ fn a_process_that_exits_leaves_its_views_in_the_file_it_exited_in() {
         .max()
         .unwrap()
         + 1;
-    let at = events.iter().position(|e| end_of(e) > exit_at).unwrap();
-    events.insert(
-        at,
-        Event::Proc(ProcEvent {
-            kind: ProcKind::Exit,
-            ts_ns: exit_at,
-            pid: 200,
-            tid: 200,
-            ppid: 0,
-            exit_code: 0,
-            comm: "python".into(),
-        }),
-    );
+    let at = insert_exit(&mut events, 200, exit_at);
     let whole = dir.join("whole.db");
     write(&whole, &events, (1_000, end), None);
     let mut cuts: Vec<u64> = (0..=6).map(|k| 1_000 + (end - 1_000) * k / 6).collect();
@@ -743,7 +747,6 @@ fn a_process_that_exits_leaves_its_views_in_the_file_it_exited_in() {
 /// files kept, and such a process had none but at the end while alive).
 #[test]
 fn a_process_whose_allocator_events_were_all_in_deleted_files_keeps_its_views() {
-    use sleuth_core::{ProcEvent, ProcKind};
     for exits in [false, true] {
         let dir = TempDir::new("run_allocator_silent");
         let (mut events, end) = random_allocator_workload(0x2545_f491_4f6c_dd1d);
@@ -760,19 +763,7 @@ fn a_process_whose_allocator_events_were_all_in_deleted_files_keeps_its_views() 
         // It exits in the middle of file 4 (or never).
         let exit_at = cuts[3] + (cuts[4] - cuts[3]) / 2;
         if exits {
-            let at = events.iter().position(|e| end_of(e) > exit_at).unwrap();
-            events.insert(
-                at,
-                Event::Proc(ProcEvent {
-                    kind: ProcKind::Exit,
-                    ts_ns: exit_at,
-                    pid: 200,
-                    tid: 200,
-                    ppid: 0,
-                    exit_code: 0,
-                    comm: "python".into(),
-                }),
-            );
+            insert_exit(&mut events, 200, exit_at);
         }
         let whole = dir.join("whole.db");
         write(&whole, &events, (1_000, end), None);
