@@ -91,8 +91,12 @@ pub struct RunLean {
     /// The processes whose views the tracer carried to the end of a file
     /// read: with those of `guesses`, the ones whose carried views are
     /// looked for (a process whose allocator events were all in files
-    /// `--keep` deleted has none in the files read), never replayed.
-    carried: BTreeSet<u32>,
+    /// `--keep` deleted has none in the files read), never replayed; each
+    /// with the newest file read (its index in `step_files`) that lists it.
+    carried: BTreeMap<u32, usize>,
+    /// The newest file read (its index in `step_files`) with a call or an
+    /// allocator event of each process.
+    seen_in: BTreeMap<u32, usize>,
     /// The files whose steps the allocator views replay (those read; at a
     /// moment, those that began by then), oldest first.
     step_files: Vec<PathBuf>,
@@ -209,6 +213,16 @@ impl RunLean {
             end.extend(e);
             moments.extend(m);
         }
+        if self.at_ns.is_none() {
+            let silent: Vec<u32> = rest
+                .iter()
+                .copied()
+                .filter(|p| !self.guesses.pids.contains(p))
+                .collect();
+            let (e, m) = self.views_where_last_carried(&silent)?;
+            end.extend(e);
+            moments.extend(m);
+        }
         rest.retain(|p| self.guesses.pids.contains(p));
         Ok((end, moments, rest))
     }
@@ -219,7 +233,40 @@ impl RunLean {
     /// latter when all of theirs were in files `--keep` deleted: they are
     /// never replayed).
     fn looked_for(&self) -> Vec<u32> {
-        self.guesses.pids.union(&self.carried).copied().collect()
+        let carried: BTreeSet<u32> = self.carried.keys().copied().collect();
+        self.guesses.pids.union(&carried).copied().collect()
+    }
+
+    /// The views of processes `pids` without allocator events in the files
+    /// read (none replays them) from the newest file read that carried
+    /// them, where no later file read holds a call or event of theirs: no
+    /// step came since, so the views stored there are those at the run's
+    /// end. What answers for them where the run's chain broke (a killed
+    /// tracer's files completed by `gpusleuth finish` start a chain of
+    /// their own, which does not carry them: round 54), or where the
+    /// tracer carried one no further.
+    fn views_where_last_carried(
+        &self,
+        pids: &[u32],
+    ) -> Result<(EndViews, MomentViews), StoreError> {
+        let mut by_file: BTreeMap<usize, BTreeSet<u32>> = BTreeMap::new();
+        for p in pids {
+            let Some(&file) = self.carried.get(p) else {
+                continue;
+            };
+            if self.seen_in.get(p).is_none_or(|&seen| seen <= file) {
+                by_file.entry(file).or_default().insert(*p);
+            }
+        }
+        let (mut end, mut moments) = (EndViews::new(), MomentViews::new());
+        for (file, here) in by_file {
+            let path = &self.step_files[file];
+            let trace = Trace::open_remembered(path, self.budget.clone(), &self.memo)?;
+            let (e, m) = crate::run_allocator::stored(&trace, &|p| here.contains(&p), &self.data)?;
+            end.extend(e);
+            moments.extend(m);
+        }
+        Ok((end, moments))
     }
 
     /// The carried views of processes `pids` retired at their exit, from
@@ -735,8 +782,12 @@ struct Acc {
     /// layouts their views guess.
     guesses: Guesses,
     /// The processes whose allocator views the tracer carried to the end
-    /// of a file added (`run_allocator::carried_pids`).
-    carried: BTreeSet<u32>,
+    /// of a file added (`run_allocator::carried_pids`), each with the
+    /// newest such file (its index in `held`).
+    carried: BTreeMap<u32, usize>,
+    /// The newest file added (its index in `held`) with a call or an
+    /// allocator event of each process.
+    seen_in: BTreeMap<u32, usize>,
     /// The files added, for a replay of their memory calls.
     held: Vec<PathBuf>,
     files: Vec<PathBuf>,
@@ -788,8 +839,13 @@ impl Acc {
                 .extend(crate::run_ledger::listed_pids(trace, pid)?);
         }
         self.guesses.add(&view, true)?;
-        self.carried
-            .extend(crate::run_allocator::carried_pids(trace, pid)?);
+        let here = self.held.len();
+        for p in crate::run_allocator::carried_pids(trace, pid)? {
+            self.carried.insert(p, here);
+        }
+        for &p in view.pids().iter().chain(view.block_pids().iter()) {
+            self.seen_in.insert(p, here);
+        }
         self.held.push(path.to_path_buf());
         also(trace, &view)?;
         if let Some(mut inputs) = inputs {
@@ -855,6 +911,7 @@ impl Acc {
             notes,
             guesses: self.guesses,
             carried: self.carried,
+            seen_in: self.seen_in,
             step_files: self.held,
             budget,
             memo,

@@ -173,6 +173,17 @@ fn write_leaving_unfinished(
 /// chain in both). Returns (`finished/`, `tracer/`).
 fn killed_run(dir: &Path, seed: u64, files: usize, complete: usize) -> (PathBuf, PathBuf) {
     let (events, end) = random_allocator_workload(seed);
+    killed_run_of(dir, &events, end, files, complete)
+}
+
+/// [`killed_run`] of `events` ending at `end`.
+fn killed_run_of(
+    dir: &Path,
+    events: &[Event],
+    end: u64,
+    files: usize,
+    complete: usize,
+) -> (PathBuf, PathBuf) {
     let mut cuts: Vec<u64> = (0..files as u64).map(|i| i * end / files as u64).collect();
     cuts[0] = 1_000;
     cuts.push(end + 1);
@@ -478,5 +489,52 @@ fn a_kept_runs_killed_files_keep_what_deleted_files_held() {
             note.contains("continues the one the tracer carried into part-000002.db"),
             "{note}"
         );
+    }
+}
+
+/// Round 54: after the finish of a killed `--keep` run, a process whose
+/// allocator events were all in files `--keep` deleted (an idle server
+/// still holding its cache) kept its memory in the run's ledger (round
+/// 50) but lost its allocator view (the views of the processes with
+/// events in the files kept are replayed from them; it had none). Its
+/// views are now those the tracer carried to the newest file that lists
+/// it, when no file read after that one holds a call or event of it.
+#[test]
+fn a_silent_processs_views_survive_the_finish_of_a_killed_kept_run() {
+    let dir = TempDir::new("finish_silent_views");
+    let (mut events, end) = random_allocator_workload(0x3c6e_f372_fe94_f82b);
+    // Process 200's calls and blocks all in file 1 (of four).
+    let pid_of = |e: &Event| match e {
+        Event::Call(c) => c.pid,
+        Event::Block(b) => b.pid,
+        _ => 0,
+    };
+    events.retain(|e| pid_of(e) != 200 || common::allocator_workload::end_of(e) < end / 4);
+    let (finished, tracer) = killed_run_of(&dir.0, &events, end, 4, 2);
+    let name = |n: u64| sleuth_store::run::part_name(n);
+    let id = sleuth_store::run_ledger::run_id_of(&Trace::open(&finished.join(name(2))).unwrap())
+        .unwrap();
+    let l = RunLink::for_unfinished(id.as_deref(), 3, "its tracer was killed");
+    for n in 3..=4u64 {
+        let t = Trace::open(&finished.join(name(n))).unwrap();
+        assert!(matches!(
+            finish(t, Some(&l.for_file(n))).unwrap(),
+            Finished::Completed { .. }
+        ));
+    }
+    for d in [&finished, &tracer] {
+        std::fs::remove_file(d.join(name(1))).unwrap();
+    }
+    let memo = CheckMemo::new();
+    let budget = || ReadBudget::new(sleuth_store::DEFAULT_READ_TIMEOUT);
+    for pid in [None, Some(200)] {
+        let read = |d: &Path| {
+            let r = sleuth_store::run_explain::load_memory(d, pid, budget(), &memo).unwrap();
+            let views = r.allocator_views().unwrap();
+            serde_json::to_value(views.get(&200)).unwrap()
+        };
+        let (got, want) = (read(&finished), read(&tracer));
+        assert!(!want.is_null(), "the tracer's run has 200's view ({pid:?})");
+        assert_eq!(got, want, "pid {pid:?}");
     }
 }
