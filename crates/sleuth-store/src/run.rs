@@ -157,7 +157,7 @@ fn check_answered(
     files: &[PathBuf],
     pid: Option<u32>,
     pid_seen: bool,
-    run_pids: &BTreeSet<u32>,
+    (run_pids, pruned): (&BTreeSet<u32>, bool),
 ) -> Result<(), StoreError> {
     if files.is_empty() {
         return Err(StoreError::file(
@@ -169,9 +169,14 @@ fn check_answered(
         return Err(StoreError::file(
             dir,
             format!(
-                "no process {} in this run ({})",
+                "no process {} in this run ({}{})",
                 pid.unwrap_or_default(),
-                crate::reader::pids_held(run_pids.iter().copied())
+                crate::reader::pids_held(run_pids.iter().copied()),
+                if pruned {
+                    "; a process that exited in a file --keep deleted is no longer listed"
+                } else {
+                    ""
+                }
             ),
         ));
     }
@@ -208,7 +213,10 @@ pub(crate) fn visit_finished(
     let (mut files, mut incomplete, mut links) = (Vec::new(), Vec::new(), Vec::new());
     let mut pid_seen = pid.is_none();
     let mut run_pids = BTreeSet::new();
-    for (n, path) in listed_files(dir)? {
+    let listed = listed_files(dir)?;
+    // File 1 gone: `--keep` deleted the oldest files.
+    let pruned = listed.first().is_some_and(|(n, _)| *n > 1);
+    for (n, path) in listed {
         let trace = open_in_run(&path, budget, memo)?;
         if !trace.has_rollups()? {
             incomplete.push(path);
@@ -237,7 +245,7 @@ pub(crate) fn visit_finished(
         links.push((n, crate::run_ledger::link(&trace)?));
         files.push(path);
     }
-    check_answered(dir, &files, pid, pid_seen, &run_pids)?;
+    check_answered(dir, &files, pid, pid_seen, (&run_pids, pruned))?;
     Ok(Visited {
         files,
         incomplete,

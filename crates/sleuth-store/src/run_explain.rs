@@ -385,15 +385,16 @@ pub fn load_memory_at(
 }
 
 /// Refuses a moment `at` outside the run read (`run`: the files that began
-/// by then, `began_after`: whether a finished file began after it, or,
-/// for one process, the run's last file ends after it).
+/// by then, `began_after`: whether a finished file began after it;
+/// `extent`: the first start and last end of the files read, or, for one
+/// process, of every finished file).
 fn check_moment(
     dir: &Path,
     run: &Acc,
-    data: &TraceData,
+    extent: Option<(u64, u64)>,
     incomplete: &[PathBuf],
 ) -> Result<(), StoreError> {
-    let (Some(at), Some(start), Some(end)) = (run.at_ns, data.start_ns, data.end_ns) else {
+    let (Some(at), Some((start, end))) = (run.at_ns, extent) else {
         return Ok(());
     };
     // Between two files (the time a rotation took) is inside the run.
@@ -422,12 +423,22 @@ fn load_run(
     read: Read,
     mut also: impl FnMut(&Trace, &MemoryTrace) -> Result<(), StoreError>,
 ) -> Result<RunLean, StoreError> {
+    let mut moment = match read {
+        Read::At(m) => Some(m),
+        _ => None,
+    };
+    // One process's moment counts from, and is bounded by, every finished
+    // file, not only those holding it.
+    let extent = match (pid, moment) {
+        (Some(_), Some(_)) => finished_extent(dir, &budget, memo)?,
+        _ => None,
+    };
+    if let (Some((start, _)), Some(Moment::Since(d))) = (extent, moment) {
+        moment = Some(Moment::At(start.saturating_add(d)));
+    }
     let mut run = Acc {
         explain: read == Read::Explain,
-        moment: match read {
-            Read::At(m) => Some(m),
-            _ => None,
-        },
+        moment,
         ..Acc::default()
     };
     // A process silent in the files kept is the run's while the carried
@@ -439,10 +450,12 @@ fn load_run(
     // NVML's readings when tracing began are stored in the run's first file.
     let first = visited.links.first().map(|(n, _)| *n);
     data.process_gpu_start_lost = first != Some(1);
-    if pid.is_some() && !run.began_after {
-        run.began_after = run_lasts_past_moment(&run, &visited.files, &budget, memo)?;
-    }
-    check_moment(dir, &run, &data, &visited.incomplete)?;
+    check_moment(
+        dir,
+        &run,
+        extent.or(data.start_ns.zip(data.end_ns)),
+        &visited.incomplete,
+    )?;
     let ledger = match run.at_ns {
         Some(at) => match ledger_at_from_begin(&run, at, &visited, &data, pid, &budget, memo)? {
             Some(l) => l,
@@ -470,25 +483,40 @@ fn load_run(
     Ok(run.finish(data, ledger, visited.incomplete, reads, (pid, carried_in)))
 }
 
-/// Whether the run's last finished file (`files`' last) ends at or after
-/// the moment when it is not one of those read for the process
-/// (`run.held`): then the moment is inside the run though after the last
-/// file that holds the process (it exited before; round 54: `memory --pid
-/// P --at T` was refused as outside the run).
-fn run_lasts_past_moment(
-    run: &Acc,
-    files: &[PathBuf],
+/// The first start and last end of a run's finished files (None when
+/// none is finished): for one process, a moment counts from the oldest
+/// finished file and is refused outside them, whichever files hold the
+/// process (round 54's tester: `memory --pid P --at T` counted from the
+/// first file holding P and measured the run by those files).
+fn finished_extent(
+    dir: &Path,
     budget: &ReadBudget,
     memo: &CheckMemo,
-) -> Result<bool, StoreError> {
-    let (Some(at), Some(last)) = (run.at_ns, files.last()) else {
-        return Ok(false);
+) -> Result<Option<(u64, u64)>, StoreError> {
+    let files = crate::run::listed_files(dir)?;
+    let finished = |p: &PathBuf| -> Result<Option<crate::types::Session>, StoreError> {
+        let t = crate::run::open_in_run(p, budget, memo)?;
+        Ok(match t.has_rollups()? {
+            true => Some(t.session()?),
+            false => None,
+        })
     };
-    if run.held.last() == Some(last) {
-        return Ok(false);
+    let mut first = None;
+    for (_, p) in &files {
+        if let Some(s) = finished(p)? {
+            first = Some(s.info.start_mono_ns);
+            break;
+        }
     }
-    let session = Trace::open_remembered(last, budget.clone(), memo)?.session()?;
-    Ok(session.end_mono_ns.is_some_and(|end| end >= at))
+    let Some(start) = first else {
+        return Ok(None);
+    };
+    for (_, p) in files.iter().rev() {
+        if let Some(s) = finished(p)? {
+            return Ok(Some((start, s.end_mono_ns.unwrap_or(start).max(start))));
+        }
+    }
+    Ok(None)
 }
 
 /// How the links of the finished files up to `last` (one of them) chain.
@@ -648,7 +676,9 @@ fn run_ledger(
                          still live count as unfreed, their frees match, and the memory findings measure what it holds \
                          (allocation churn against the time since each process's first allocation); the other \
                          findings and the counts cover only the {} file(s) read.",
-                        visited.files.len()
+                        // Those added (with a pid, the files holding it), as
+                        // the explanation's own note counts them.
+                        run.held.len()
                     )
                 });
                 return Ok(RunLedger {

@@ -831,5 +831,31 @@ fn a_process_whose_allocator_events_were_all_in_deleted_files_keeps_its_views() 
                 );
             }
         }
+        // A pid the kept files do not know: the files deleted may have held it.
+        let err = load_memory(&kept, Some(999), budget(), &CheckMemo::new())
+            .err()
+            .expect("no process 999")
+            .to_string();
+        assert!(
+            err.contains("no process 999 in this run")
+                && err
+                    .contains("a process that exited in a file --keep deleted is no longer listed"),
+            "{err}"
+        );
+        // A moment of one process counts from the oldest finished file and
+        // is bounded by every finished file, whichever hold the process.
+        let kept_span = end - cuts[2];
+        for pid in [None, Some(200)] {
+            let since =
+                |d| load_memory_at(&kept, pid, Moment::Since(d), budget(), &CheckMemo::new());
+            let r = since(kept_span - 10).unwrap();
+            assert_eq!(r.at_ns, Some(end - 10), "{}", what("the moment"));
+            let err = since(kept_span + 10)
+                .err()
+                .expect("past the run")
+                .to_string();
+            let span = sleuth_core::units::fmt_ns(kept_span);
+            assert!(err.contains(&format!("which last {span} ")), "{err}");
+        }
     }
 }

@@ -216,10 +216,10 @@ fn run_of_run(args: &Args) -> anyhow::Result<i32> {
             "Run in {}: {} finished file(s){}, {}; times since {}.\n",
             dir.display(),
             files.len(),
-            if args.at.is_some() {
-                " that began by the moment"
-            } else {
-                ""
+            match (args.at, args.input.pid) {
+                (Some(_), Some(pid)) => format!(" holding process {pid} that began by the moment"),
+                (Some(_), None) => " that began by the moment".to_string(),
+                _ => String::new(),
             },
             sleuth_store::run::first_to_last(&files),
             if data.start_ns.is_some_and(|s| s <= origin) {
