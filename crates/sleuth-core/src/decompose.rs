@@ -32,6 +32,24 @@ impl Split {
         }
     }
 
+    /// The part of this split that `ns` of its wall time hold, each kind
+    /// in proportion (the whole split when `ns` covers it): what a call
+    /// adds to its thread's time inside calls beyond what an enclosing or
+    /// overlapping call of the thread already counted.
+    pub fn part(self, ns: u64) -> Split {
+        let wall = self.wall_ns();
+        if ns >= wall {
+            return self;
+        }
+        let scale = |v: u64| (u128::from(v) * u128::from(ns) / u128::from(wall)) as u64;
+        let (blocked, runnable) = (scale(self.blocked_ns), scale(self.runnable_ns));
+        Split {
+            on_cpu_ns: ns - blocked - runnable,
+            runnable_ns: runnable,
+            blocked_ns: blocked,
+        }
+    }
+
     pub fn wall_ns(&self) -> u64 {
         // Saturating: a split read from a stored aggregate may hold anything.
         self.on_cpu_ns

@@ -333,11 +333,20 @@ impl ThreadStream {
         self.window.1 = end_ns.max(self.window.0);
     }
 
-    /// A non-nested call, in start order.
+    /// A non-nested call, in start order. Time inside calls counts each
+    /// instant once: a call inside another of the thread (a PyTorch
+    /// allocator call's `cudaMalloc`, which is not flagged nested: only a
+    /// driver call inside a runtime call is) adds only what it lasts past
+    /// the calls before it, in proportion to its split (before round 54
+    /// such calls added up: "inside calls 101%").
     pub fn add_call(&mut self, c: &CallEvent) {
         self.calls += 1;
-        self.in_calls.add(Split::of(c));
         let (s, e) = (c.ts_ns, c.end_ns());
+        let beyond = match self.busy.back() {
+            Some(last) if s <= last.1 => e.saturating_sub(last.1),
+            _ => e - s,
+        };
+        self.in_calls.add(Split::of(c).part(beyond));
         let since = *self.since_sync.get_or_insert(s);
         let is_sync = c.info().is_some_and(|i| i.class == OpClass::Sync);
         if is_sync {
@@ -674,6 +683,28 @@ mod tests {
         assert_eq!(mine.in_calls.wall_ns(), 2 * MS);
         // No waits recorded between the calls: the thread was on the CPU.
         assert_eq!(mine.between.on_cpu_ns, 98 * MS);
+    }
+
+    /// Round 54's tester: a PyTorch allocator call and the `cudaMalloc`
+    /// inside it (not flagged nested) counted twice, "inside calls 101%".
+    #[test]
+    fn calls_inside_calls_count_each_instant_once() {
+        let mut outer = call(1, 0, 60 * MS);
+        (outer.blocked_ns, outer.runnable_ns) = (30 * MS, 6 * MS);
+        let mut inner = call(2, 10 * MS, 40 * MS); // inside the outer one
+        inner.blocked_ns = 30 * MS;
+        let mut tail = call(3, 50 * MS, 20 * MS); // its last 10 ms are new
+        tail.runnable_ns = 10 * MS;
+        let d = data(vec![outer, inner, tail, call(4, 99 * MS, MS)], vec![]);
+        let s = &thread_splits(&d)[0];
+        assert_eq!(s.calls, 4);
+        assert_eq!(s.in_calls.wall_ns(), 71 * MS, "each instant once");
+        assert!(s.share(s.in_calls.wall_ns()) <= 1.0);
+        // The outer call's split whole, half of the tail's (its new half).
+        assert_eq!(s.in_calls.blocked_ns, 30 * MS);
+        assert_eq!(s.in_calls.runnable_ns, 6 * MS + 5 * MS);
+        assert_eq!(s.in_calls.on_cpu_ns, 24 * MS + 5 * MS + MS);
+        assert_eq!(s.between.wall_ns(), 29 * MS);
     }
 
     #[test]
