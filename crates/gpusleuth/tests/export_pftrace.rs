@@ -372,3 +372,97 @@ fn pftrace_is_refused_on_a_terminal() {
         "gpusleuth: error: --format pftrace is binary: write it to a file (-o trace.pftrace) or a pipe"
     );
 }
+
+/// Round 54's tester: the export of a `--keep` run drew a sleep begun in a
+/// file `--keep` deleted from the document's origin (0) with its whole
+/// length, past its process's exit. A wait (or call) of any file that
+/// began before the first file kept now moves the origin back, as one
+/// file's export does: every slice ends where it ended.
+#[test]
+fn a_wait_begun_in_a_deleted_file_ends_where_it_ended() {
+    let dir = temp_dir::TempDir::new("export_deleted_wait");
+    let run = dir.join("run");
+    std::fs::create_dir_all(&run).unwrap();
+    let ms = 1_000_000u64;
+    let link = sleuth_store::run_ledger::RunLink::new_run();
+    // Files 2 and 3 of a run (file 1 deleted), 100 ms each from 100 ms.
+    let (sleep_off, sleep_on) = (40 * ms, 250 * ms);
+    for n in [2u64, 3] {
+        let start = 100 * ms * (n - 1);
+        let info = SessionInfo {
+            started_unix_ns: 1_700_000_000_000_000_000,
+            start_mono_ns: start,
+            hostname: "testhost".into(),
+            tool_version: "test".into(),
+            ..Default::default()
+        };
+        let opts = WriterOptions {
+            run: Some(link.for_file(n)),
+            ..Default::default()
+        };
+        let path = run.join(sleuth_store::run::part_name(n));
+        let w = TraceWriter::create(&path, info, opts).expect("create");
+        let h = w.handle();
+        h.send(Event::Call(call(
+            "cudaMalloc",
+            PID,
+            PID,
+            start + 10 * ms,
+            ms,
+        )))
+        .unwrap();
+        if n == 3 {
+            // Begun in file 1, ended in file 3: all of it blocked.
+            h.send(Event::Wait(WaitEvent {
+                pid: PID,
+                tid: PID,
+                kind: WaitKind::Blocked,
+                off_ns: sleep_off,
+                wake_ns: sleep_on,
+                on_ns: sleep_on,
+                prev_state: 1,
+                cpu: 0,
+                culprits: vec![],
+                waker: None,
+            }))
+            .unwrap();
+        }
+        h.set_session_end(start + 100 * ms).unwrap();
+        drop(h);
+        w.finish().expect("finish");
+    }
+    let out = dir.join("run.json");
+    common::run_ok(
+        common::gpusleuth()
+            .args(["export", "--format", "perfetto", "--db"])
+            .arg(&run)
+            .arg("-o")
+            .arg(&out),
+    );
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let origin = doc["otherData"]["origin_mono_ns"]
+        .as_u64()
+        .expect("the document's origin");
+    assert_eq!(origin, sleep_off, "the origin moves back to the wait");
+    let blocked: Vec<&serde_json::Value> = doc["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["cat"] == "sched.blocked")
+        .collect();
+    assert_eq!(blocked.len(), 1);
+    let (ts, dur) = (
+        blocked[0]["ts"].as_f64().unwrap(),
+        blocked[0]["dur"].as_f64().unwrap(),
+    );
+    assert_eq!(ts, 0.0);
+    assert_eq!(
+        ts + dur,
+        (sleep_on - origin) as f64 / 1e3,
+        "ends where it ended"
+    );
+    // The protobuf export draws the same.
+    std::fs::create_dir_all(dir.join("both")).unwrap();
+    let _ = both_formats("deleted_wait", &run, &[], &dir.join("both"));
+}

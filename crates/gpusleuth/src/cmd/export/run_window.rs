@@ -5,8 +5,9 @@
 //! file still being written included.
 //!
 //! `json`: the window's calls of each file, oldest file first, in one
-//! array. `perfetto`: times count from the first spanned file's origin
-//! (its start, or its earliest wait or lifecycle event if older); the
+//! array. `perfetto`: times count from the first spanned file's start, or
+//! from the earliest wait, lifecycle event or call of any spanned file if
+//! older (one begun in a file `--keep` deleted is drawn at its place); the
 //! processes, threads, call sites and NVML samples are the spanned files'
 //! (`run_explain::add_base` of their frames); each thread is named where
 //! it first appears; the memory tracks are the run's ledgers (the one the
@@ -176,19 +177,27 @@ impl RunFrame {
         for path in held {
             let trace = crate::checks_memo::open(path)?;
             let frame = trace.frame(pid)?;
+            // Times count from the first file's start, or from a wait, a
+            // lifecycle event or a call of any file spanned that began
+            // before it: a later file's wait or call begun in a file
+            // `--keep` deleted is drawn at its place too (round 54's
+            // tester: a sleep begun in a deleted file was drawn from 0 with
+            // its whole length, past its process's exit).
+            let rows = Rows::open(&trace)?;
+            let first_call = rows
+                .call_groups()?
+                .iter()
+                .filter(|g| pid.is_none_or(|p| g.pid == p))
+                .map(|g| g.first_ts_ns)
+                .min();
+            let earliest = rows.earliest_wait_or_event(pid)?;
+            let start = ctx.is_none().then_some(frame.start_ns).flatten();
+            origin = [start, earliest, first_call]
+                .into_iter()
+                .flatten()
+                .fold(origin, u64::min);
             ctx = Some(match ctx.take() {
-                None => {
-                    // Times count from the first file's origin: its start, or
-                    // a wait or lifecycle event that began before it.
-                    let earliest = Rows::open(&trace)?.earliest_wait_or_event(pid)?;
-                    origin = frame
-                        .start_ns
-                        .into_iter()
-                        .chain(earliest)
-                        .min()
-                        .unwrap_or(0);
-                    frame
-                }
+                None => frame,
                 Some(mut c) => {
                     sleuth_store::run_explain::add_base(&mut c, frame);
                     c
@@ -219,7 +228,7 @@ impl RunFrame {
         let (explanation, _) = run.explanation(pid, memo)?;
         Ok(RunFrame {
             ctx: ctx.unwrap_or_default(),
-            origin,
+            origin: if origin == u64::MAX { 0 } else { origin },
             ledgers,
             ledger_note,
             findings: explanation.findings,
