@@ -513,7 +513,13 @@ fn finished_extent(
     };
     for (_, p) in files.iter().rev() {
         if let Some(s) = finished(p)? {
-            return Ok(Some((start, s.end_mono_ns.unwrap_or(start).max(start))));
+            // A session without an end (a writer that set none) ends with
+            // its last call, as a reader's span of the file does.
+            let t = crate::run::open_in_run(p, budget, memo)?;
+            let groups = crate::stream::Rows::open_with(&t, budget.clone())?.call_groups()?;
+            let span =
+                crate::stream::call_span(Some(s.info.start_mono_ns), s.end_mono_ns, &groups, None);
+            return Ok(Some((start, span.end_ns.max(start))));
         }
     }
     Ok(None)
