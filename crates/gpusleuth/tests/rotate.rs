@@ -92,6 +92,23 @@ fn a_rotating_trace_adds_up_to_what_the_workload_did() {
     }
     assert_eq!(launches, 1_000, "20 steps of 50 launches");
     assert!(sampled >= 2, "the counts were sampled ({sampled} rows)");
+    // A process known when a file began was first seen at its start, and
+    // never after its exit (round 54's tester: a process named again as a
+    // file began had its start read when the ring was drained, after an
+    // exit early in the file).
+    for (n, f) in &files[1..] {
+        let db = common::Db::open(f);
+        let start = db.int("SELECT start_mono_ns FROM session");
+        let late = db.int(&format!(
+            "SELECT count(*) FROM processes WHERE start_ns > {start} OR start_ns > coalesce(exit_ns, start_ns)"
+        ));
+        assert_eq!(
+            late,
+            0,
+            "file {n} (start {start}): processes first seen after its start: {:?}",
+            db.ints("SELECT pid, start_ns, coalesce(exit_ns, -1) FROM processes")
+        );
+    }
     // The files between the first and the last hold calls of their own.
     assert!(
         files[1..files.len() - 1].iter().any(|(_, f)| stats_count(

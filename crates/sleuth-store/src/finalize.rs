@@ -432,9 +432,17 @@ fn complete_processes(conn: &Connection, rollup: &Rollup) -> rusqlite::Result<()
             pid,
             ..Default::default()
         });
-        p.start_ns.get_or_insert(first);
+        // The earliest sign of the process, as a fork or exec gives it: a
+        // row read from /proc after a late event of the process (a call
+        // drained after its exit) started it after its calls.
+        p.start_ns = Some(p.start_ns.map_or(first, |s| s.min(first)));
     }
-    for p in procs.values() {
+    for p in procs.values_mut() {
+        // Never started after it exited (round 54's tester: a row read as
+        // a new file began, after an exit early in the file).
+        if let (Some(s), Some(x)) = (p.start_ns, p.exit_ns) {
+            p.start_ns = Some(s.min(x));
+        }
         upsert_process(conn, p)?;
     }
     Ok(())

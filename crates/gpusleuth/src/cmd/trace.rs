@@ -1405,6 +1405,17 @@ impl Sinks {
         self.check(r);
     }
 
+    /// Names process `pid` in the file, first seen at `first_seen_ns`.
+    fn process_seen(&mut self, pid: u32, first_seen_ns: u64) {
+        self.flush_events();
+        let info = procinfo::read(pid, first_seen_ns);
+        if self.live.wants_events() {
+            self.live.set_process(info.clone());
+        }
+        let r = self.handle.set_process(info);
+        self.check(r);
+    }
+
     fn take(&mut self, c: Captured) {
         if !matches!(c, Captured::Event(_)) {
             self.flush_events();
@@ -1421,14 +1432,7 @@ impl Sinks {
                 let r = self.stacks.submit(stack, &self.handle);
                 self.check(r);
             }
-            Captured::Process(pid) => {
-                let info = procinfo::read(pid, monotonic_ns());
-                if self.live.wants_events() {
-                    self.live.set_process(info.clone());
-                }
-                let r = self.handle.set_process(info);
-                self.check(r);
-            }
+            Captured::Process(pid) => self.process_seen(pid, monotonic_ns()),
             Captured::Attached { lib: a, late } => {
                 let secs = a.attached_mono_ns.saturating_sub(self.start_mono) as f64 / 1e9;
                 let r = self.handle.add_library(library_info(&a));

@@ -127,8 +127,11 @@ impl Rotation {
             let r = new_handle.add_library(library_info(a));
             sinks.check(r);
         }
+        // Known before the file began: first seen at its start (read at
+        // "now", a process that exited while the ring was drained got a
+        // start after its exit: round 54's tester).
         for pid in session.known_pids() {
-            sinks.take(Captured::Process(pid));
+            sinks.process_seen(pid, now);
         }
         let r = new_handle.add_note(
             NoteLevel::Info,
