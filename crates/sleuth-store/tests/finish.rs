@@ -446,6 +446,27 @@ fn a_killed_files_counted_launches_are_their_latest_samples() {
     );
 }
 
+/// Files 3 and 4 of `finished` (a killed run of four files, two complete:
+/// [`killed_run`]) completed as `gpusleuth finish --db DIR` does (a new
+/// chain from file 3), then file 1 deleted from it and from `tracer` (the
+/// run the tracer would have completed) as `--keep 3` deletes it.
+fn finish_files_3_and_4_then_delete_file_1(finished: &Path, tracer: &Path) {
+    let name = |n: u64| sleuth_store::run::part_name(n);
+    let id = sleuth_store::run_ledger::run_id_of(&Trace::open(&finished.join(name(2))).unwrap())
+        .unwrap();
+    let l = RunLink::for_unfinished(id.as_deref(), 3, "its tracer was killed");
+    for n in 3..=4u64 {
+        let t = Trace::open(&finished.join(name(n))).unwrap();
+        assert!(matches!(
+            finish(t, Some(&l.for_file(n))).unwrap(),
+            Finished::Completed { .. }
+        ));
+    }
+    for d in [finished, tracer] {
+        std::fs::remove_file(d.join(name(1))).unwrap();
+    }
+}
+
 /// Found in round 50: a `--keep` run whose tracer was killed, finished by
 /// `gpusleuth finish`: the killed files start a chain of their own, and
 /// the run's memory was replayed from the first file left, so what the
@@ -458,20 +479,7 @@ fn a_kept_runs_killed_files_keep_what_deleted_files_held() {
     // Files 1 and 2 complete, the tracer killed while it completed file 3
     // and wrote file 4; file 1 then deleted (`--keep 3`).
     let (finished, tracer) = killed_run(&dir.0, 0x7a3e_11c5_62d0_9f41, 4, 2);
-    let name = |n: u64| sleuth_store::run::part_name(n);
-    let id = sleuth_store::run_ledger::run_id_of(&Trace::open(&finished.join(name(2))).unwrap())
-        .unwrap();
-    let l = RunLink::for_unfinished(id.as_deref(), 3, "its tracer was killed");
-    for n in 3..=4u64 {
-        let t = Trace::open(&finished.join(name(n))).unwrap();
-        assert!(matches!(
-            finish(t, Some(&l.for_file(n))).unwrap(),
-            Finished::Completed { .. }
-        ));
-    }
-    for d in [&finished, &tracer] {
-        std::fs::remove_file(d.join(name(1))).unwrap();
-    }
+    finish_files_3_and_4_then_delete_file_1(&finished, &tracer);
     // File 1's allocations still live at the end are in the tracer's
     // carried ledger; the finished run's must hold them too.
     let memo = CheckMemo::new();
@@ -504,27 +512,10 @@ fn a_silent_processs_views_survive_the_finish_of_a_killed_kept_run() {
     let dir = TempDir::new("finish_silent_views");
     let (mut events, end) = random_allocator_workload(0x3c6e_f372_fe94_f82b);
     // Process 200's calls and blocks all in file 1 (of four).
-    let pid_of = |e: &Event| match e {
-        Event::Call(c) => c.pid,
-        Event::Block(b) => b.pid,
-        _ => 0,
-    };
-    events.retain(|e| pid_of(e) != 200 || common::allocator_workload::end_of(e) < end / 4);
+    use common::allocator_workload::{end_of, pid_of};
+    events.retain(|e| pid_of(e) != 200 || end_of(e) < end / 4);
     let (finished, tracer) = killed_run_of(&dir.0, &events, end, 4, 2);
-    let name = |n: u64| sleuth_store::run::part_name(n);
-    let id = sleuth_store::run_ledger::run_id_of(&Trace::open(&finished.join(name(2))).unwrap())
-        .unwrap();
-    let l = RunLink::for_unfinished(id.as_deref(), 3, "its tracer was killed");
-    for n in 3..=4u64 {
-        let t = Trace::open(&finished.join(name(n))).unwrap();
-        assert!(matches!(
-            finish(t, Some(&l.for_file(n))).unwrap(),
-            Finished::Completed { .. }
-        ));
-    }
-    for d in [&finished, &tracer] {
-        std::fs::remove_file(d.join(name(1))).unwrap();
-    }
+    finish_files_3_and_4_then_delete_file_1(&finished, &tracer);
     let memo = CheckMemo::new();
     let budget = || ReadBudget::new(sleuth_store::DEFAULT_READ_TIMEOUT);
     for pid in [None, Some(200)] {

@@ -7,7 +7,7 @@
 mod common;
 
 use common::allocator_workload::{
-    end_of, random_allocator_workload, write, write_run, write_run_by,
+    end_of, pid_of, random_allocator_workload, write, write_run, write_run_by,
 };
 use common::TempDir;
 use serde_json::Value;
@@ -653,12 +653,6 @@ fn the_views_the_tracer_carried_are_the_replays_and_cover_deleted_files() {
 fn a_process_that_exits_leaves_its_views_in_the_file_it_exited_in() {
     let dir = TempDir::new("run_allocator_exit");
     let (mut events, end) = random_allocator_workload(0x9e37_79b9_7f4a_7c15);
-    let pid_of = |e: &Event| match e {
-        Event::Call(c) => c.pid,
-        Event::Block(b) => b.pid,
-        Event::Proc(p) => p.pid,
-        _ => 0,
-    };
     // Process 200 stops at the run's middle and exits.
     let cut = 1_000 + (end - 1_000) / 2;
     events.retain(|e| pid_of(e) != 200 || end_of(e) <= cut);
@@ -752,12 +746,6 @@ fn a_process_whose_allocator_events_were_all_in_deleted_files_keeps_its_views() 
         let (mut events, end) = random_allocator_workload(0x2545_f491_4f6c_dd1d);
         let mut cuts: Vec<u64> = (0..=6).map(|k| 1_000 + (end - 1_000) * k / 6).collect();
         cuts[6] = end + 1;
-        let pid_of = |e: &Event| match e {
-            Event::Call(c) => c.pid,
-            Event::Block(b) => b.pid,
-            Event::Proc(p) => p.pid,
-            _ => 0,
-        };
         // Process 200 is silent after file 2, which `--keep 4` deletes.
         events.retain(|e| pid_of(e) != 200 || end_of(e) < cuts[2]);
         // It exits in the middle of file 4 (or never).

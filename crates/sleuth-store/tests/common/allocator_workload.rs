@@ -159,6 +159,17 @@ pub fn many_live_blocks_workload(n: u64) -> (Vec<Event>, u64) {
     (events, t + 10_000)
 }
 
+/// The process of an event.
+pub fn pid_of(e: &Event) -> u32 {
+    match e {
+        Event::Call(c) => c.pid,
+        Event::Block(b) => b.pid,
+        Event::Proc(p) => p.pid,
+        Event::Wait(w) => w.pid,
+        Event::Nccl(n) => n.call.pid,
+    }
+}
+
 /// When an event completed: the file a rotation puts it in.
 pub fn end_of(e: &Event) -> u64 {
     match e {
