@@ -17,7 +17,9 @@
 #   bash scripts/process_churn_footprint.sh SIM_DIR N BIN
 set -u
 sim=$1 n=$2 bin=$3
-export PATH=$sim/bin:$PATH LD_LIBRARY_PATH=$sim/lib
+# LIB_PREFIX: directories searched first (e.g. one whose libnvidia-ml.so.1
+# is no library: NVML made unavailable to the tracer).
+export PATH=$sim/bin:$PATH LD_LIBRARY_PATH=${LIB_PREFIX:-}$sim/lib
 if [ -n "${WORK:-}" ]; then
   work=$WORK
   rm -rf "$work" && mkdir -p "$work"
