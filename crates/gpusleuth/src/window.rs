@@ -19,15 +19,15 @@ pub struct WindowArgs {
     /// Only what happened from this moment on, as time since the trace
     /// started (as `memory --at` counts it: 1.5s, 250ms, 0). One file,
     /// not a `--rotate` run's directory (there: --last).
-    #[arg(long, value_parser = crate::args::duration_ns)]
+    #[arg(long, value_parser = crate::args::duration_ns, allow_hyphen_values = true)]
     pub from: Option<u64>,
     /// Only what happened before this moment (time since the trace started).
-    #[arg(long, value_parser = crate::args::duration_ns)]
+    #[arg(long, value_parser = crate::args::duration_ns, allow_hyphen_values = true)]
     pub to: Option<u64>,
     /// Only the last part of the trace (`5m`): up to its end, or for a
     /// trace still being written up to its latest call. A `--rotate` run's
     /// directory: up to its newest file's end, over the files it spans.
-    #[arg(long, value_parser = crate::args::duration_ns, conflicts_with_all = ["from", "to"])]
+    #[arg(long, value_parser = crate::args::duration_ns, allow_hyphen_values = true, conflicts_with_all = ["from", "to"])]
     pub last: Option<u64>,
 }
 

@@ -113,6 +113,28 @@ fn outputs_never_overwrite_an_input_or_an_existing_file() {
     assert!(!left.iter().any(|n| n.contains(".partial-")), "{left:?}");
 }
 
+/// A negative moment or window is refused as one, not as an unknown
+/// flag (round 54's tester: `--at -1s` got "unexpected argument '-1'").
+#[test]
+fn a_negative_duration_is_refused_as_not_a_non_negative_duration() {
+    let sb = Sandbox::new("negative");
+    let db = example(&sb, "demo-sim.db");
+    for cmd in [
+        vec!["memory", "--db", s(&db), "--at", "-1s"],
+        vec!["stats", "--db", s(&db), "--last", "-5s"],
+        vec!["explain", "--db", s(&db), "--from", "-2ms"],
+        vec!["explain", "--db", s(&db), "--to", "-2ms"],
+    ] {
+        let out = run(&cmd);
+        assert_eq!(out.status.code(), Some(2), "{cmd:?}");
+        let err = text(&out.stderr);
+        assert!(
+            err.contains("is not a non-negative duration"),
+            "{cmd:?}: {err}"
+        );
+    }
+}
+
 #[test]
 fn a_pid_not_in_the_trace_is_an_error_listing_the_pids_it_holds() {
     let sb = Sandbox::new("nopid");

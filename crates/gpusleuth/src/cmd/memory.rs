@@ -22,7 +22,7 @@ pub struct Args {
     #[command(flatten)]
     pub input: TraceInput,
     /// The ledger at this moment, as time since the trace started (1.5s, 250ms, 40us, 0).
-    #[arg(long, value_parser = crate::args::duration_ns)]
+    #[arg(long, value_parser = crate::args::duration_ns, allow_hyphen_values = true)]
     pub at: Option<u64>,
     /// Per-segment view of PyTorch's caching allocator: live blocks and free
     /// bytes of each segment (needs a trace taken with `--torch-allocator`).
