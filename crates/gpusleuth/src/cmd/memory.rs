@@ -480,7 +480,12 @@ fn render_state(
             vec![
                 format!("{:#x}", g.base.0),
                 fmt_bytes(g.size),
-                format!("{:?}", g.pool).to_lowercase(),
+                // A device allocation no allocator block used is in no
+                // pool (the pool lines count the allocator's segments).
+                match g.allocator_owned {
+                    true => format!("{:?}", g.pool).to_lowercase(),
+                    false => "-".to_string(),
+                },
                 g.live_block_count.to_string(),
                 fmt_bytes(g.live_bytes),
                 fmt_bytes(g.free_bytes),
@@ -489,7 +494,16 @@ fn render_state(
             ]
         })
         .collect();
-    let _ = writeln!(out, "  segments ({}), most free first:", s.segment_count);
+    let foreign = s.segments.iter().filter(|g| !g.allocator_owned).count();
+    let _ = writeln!(
+        out,
+        "  segments ({}{}), most free first:",
+        s.segment_count,
+        match foreign {
+            0 => String::new(),
+            n => format!("; {n} not the caching allocator's, in no pool"),
+        }
+    );
     let table_text = table(
         &[
             "BASE", "SIZE", "POOL", "BLOCKS", "LIVE", "FREE", "SINCE", "WHY",
@@ -1050,6 +1064,33 @@ mod tests {
         assert_eq!(al["gap_bytes"], (20 << 20) - 512);
         assert_eq!(al["segments"][0]["free_bytes"], (20 << 20) - 512);
         assert!(al["pools"]["large"].is_object());
+
+        // A plain cudaMalloc no block used is in no pool (round 54's
+        // tester: listed as a "large" segment beside "large pool: 1
+        // segment(s)").
+        let mut plain = torch_trace();
+        let other = sleuth_core::CallEvent {
+            ts_ns: 50,
+            ptr: Some(0x7f10_0000_0000),
+            ..plain.calls[0].clone()
+        };
+        plain.calls.insert(0, other);
+        let l = ledger(&plain, None);
+        let a = allocator_views(&plain, None, &l);
+        let text = render(&l, &a, &BTreeMap::new(), 0, None, true);
+        assert_mentions(
+            &text,
+            &[
+                "large pool: 1 segment(s)",
+                "segments (2; 1 not the caching allocator's, in no pool), most free first:",
+            ],
+        );
+        let foreign = text
+            .lines()
+            .find(|l| l.contains("0x7f1000000000") && l.contains("no allocator block ever used it"))
+            .expect("the plain allocation's row");
+        assert!(foreign.contains(" - "), "{foreign}");
+        assert!(!foreign.contains("large"), "{foreign}");
 
         // A layout that cannot be calibrated is refused, in words.
         let mut bad = torch_trace();
