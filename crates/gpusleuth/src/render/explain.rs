@@ -300,6 +300,26 @@ pub fn culprit_line(f: &Finding) -> Option<String> {
 }
 
 /// One line per CUDA-issuing thread: where its time went, inside and between CUDA calls.
+/// What a thread's window is: one trace's, from its first CUDA call to its
+/// last; a run's, its windows in the files added up, shorter than its
+/// first to last call when the thread made none for a while (round 54's
+/// tester: "1.800s from first to last CUDA call" of a thread whose calls
+/// spanned 8.2 s, the shares then of the 1.8 s).
+fn window_words(t: &ThreadSplit) -> String {
+    let span = t.end_ns.saturating_sub(t.start_ns);
+    if span <= t.wall_ns {
+        return format!("{} from first to last CUDA call", fmt_ns(t.wall_ns));
+    }
+    format!(
+        "{} in its windows in the files (from its first to its last CUDA call in each; {} from first to last \
+         over the run: the {} between its last call in one file and its first in a later one is in none, \
+         and the shares below are of the windows)",
+        fmt_ns(t.wall_ns),
+        fmt_ns(span),
+        fmt_ns(span - t.wall_ns)
+    )
+}
+
 pub fn thread_lines(threads: &[ThreadSplit]) -> Vec<String> {
     let pct = |t: &ThreadSplit, ns: u64| format!("{:.0}%", t.share(ns) * 100.0);
     let mut lines: Vec<String> = threads
@@ -307,12 +327,12 @@ pub fn thread_lines(threads: &[ThreadSplit]) -> Vec<String> {
         .take(THREAD_LINES)
         .map(|t| {
             let mut line = format!(
-                "{} pid {} tid {}: {} from first to last CUDA call; inside calls {} (on-CPU {}, runnable {}, \
+                "{} pid {} tid {}: {}; inside calls {} (on-CPU {}, runnable {}, \
                  blocked {}); between calls {}: on-CPU {}, blocked {}, runnable {}",
                 t.comm,
                 t.pid,
                 t.tid,
-                fmt_ns(t.wall_ns),
+                window_words(t),
                 pct(t, t.in_calls.wall_ns()),
                 pct(t, t.in_calls.on_cpu_ns),
                 pct(t, t.in_calls.runnable_ns),
@@ -657,6 +677,28 @@ mod tests {
         t.pauses = vec![pause(1_000_000_000, 1_600_000_000)]; // 17%
         let line = &thread_lines(std::slice::from_ref(&t))[0];
         assert!(!line.contains("pause"), "{line}");
+    }
+
+    /// A run's thread whose windows in the files add up to less than its
+    /// first to last call says so (round 54's tester).
+    #[test]
+    fn a_runs_thread_says_its_windows_leave_out_the_gaps_between_files() {
+        let one = idle_split(7, "train", 1_000_000_000, 2_000_000_000);
+        let line = &thread_lines(std::slice::from_ref(&one))[0];
+        assert!(
+            line.contains(": 1.000s from first to last CUDA call;"),
+            "{line}"
+        );
+        let mut run = one.clone();
+        run.end_ns = 9_200_000_000;
+        let line = &thread_lines(std::slice::from_ref(&run))[0];
+        assert!(
+            line.contains(
+                ": 1.000s in its windows in the files (from its first to its last CUDA call in each; 8.200s from \
+                 first to last over the run: the 7.200s between"
+            ),
+            "{line}"
+        );
     }
 
     /// Past twenty threads (a node agent's run of thousands of short-lived
