@@ -494,16 +494,19 @@ fn finished_extent(
     memo: &CheckMemo,
 ) -> Result<Option<(u64, u64)>, StoreError> {
     let files = crate::run::listed_files(dir)?;
-    let finished = |p: &PathBuf| -> Result<Option<crate::types::Session>, StoreError> {
+    let finished = |p: &PathBuf| -> Result<Option<(Trace, crate::types::Session)>, StoreError> {
         let t = crate::run::open_in_run(p, budget, memo)?;
         Ok(match t.has_rollups()? {
-            true => Some(t.session()?),
+            true => {
+                let s = t.session()?;
+                Some((t, s))
+            }
             false => None,
         })
     };
     let mut first = None;
     for (_, p) in &files {
-        if let Some(s) = finished(p)? {
+        if let Some((_, s)) = finished(p)? {
             first = Some(s.info.start_mono_ns);
             break;
         }
@@ -512,10 +515,9 @@ fn finished_extent(
         return Ok(None);
     };
     for (_, p) in files.iter().rev() {
-        if let Some(s) = finished(p)? {
+        if let Some((t, s)) = finished(p)? {
             // A session without an end (a writer that set none) ends with
             // its last call, as a reader's span of the file does.
-            let t = crate::run::open_in_run(p, budget, memo)?;
             let groups = crate::stream::Rows::open_with(&t, budget.clone())?.call_groups()?;
             let span =
                 crate::stream::call_span(Some(s.info.start_mono_ns), s.end_mono_ns, &groups, None);
