@@ -140,7 +140,11 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             &allocators,
             &helds,
             origin,
-            at_offset.map(|a| (a, "the trace started")),
+            match at_offset {
+                Some(a) => Stand::At(a, "the trace started"),
+                None if !trace.has_rollups()? => Stand::SoFar,
+                None => Stand::End,
+            },
             args.segments,
         ));
         emit_text(&text)?;
@@ -238,7 +242,10 @@ fn run_of_run(args: &Args) -> anyhow::Result<i32> {
             &allocators,
             &helds,
             origin,
-            args.at.map(|a| (a, "the oldest file read started")),
+            match args.at {
+                Some(a) => Stand::At(a, "the oldest file read started"),
+                None => Stand::End,
+            },
             args.segments,
         ));
         emit_text(&crate::term_text::terminal_safe(&text))?;
@@ -547,17 +554,29 @@ fn render_state(
     }
 }
 
+/// Where the ledger stands.
+#[derive(Debug, Clone, Copy)]
+enum Stand<'a> {
+    /// At the end of a finished trace (or run).
+    End,
+    /// At the last event of a file still being written (or whose tracer
+    /// was killed): not the trace's end (round 54's tester).
+    SoFar,
+    /// At a moment, this long after what `&str` names.
+    At(u64, &'a str),
+}
+
 /// The human rendering: one block per process.
 fn render(
     processes: &[ProcessLedger],
     allocators: &BTreeMap<u32, AllocatorView>,
     helds: &BTreeMap<u32, HeldMemory>,
     origin: u64,
-    at: Option<(u64, &str)>,
+    stand: Stand,
     segments: bool,
 ) -> String {
     let mut out = String::new();
-    if let Some((at, since)) = at {
+    if let Stand::At(at, since) = stand {
         let _ = writeln!(out, "Ledger at {} after {since}.\n", fmt_ns(at));
     }
     if processes.is_empty() {
@@ -571,10 +590,12 @@ fn render(
     for p in full {
         let state = if p.exit_ns.is_some() {
             "at exit"
-        } else if at.is_some() {
-            "at that moment"
         } else {
-            "at trace end"
+            match stand {
+                Stand::At(..) => "at that moment",
+                Stand::SoFar => "at the last event recorded (the file is not finished)",
+                Stand::End => "at trace end",
+            }
         };
         let _ = writeln!(out, "{} (pid {})", p.comm, p.pid);
         let held = helds.get(&p.pid);
@@ -781,7 +802,7 @@ mod tests {
             ..Default::default()
         };
         let l = ledger(&data, None);
-        let text = render(&l, &BTreeMap::new(), &BTreeMap::new(), 0, None, true);
+        let text = render(&l, &BTreeMap::new(), &BTreeMap::new(), 0, Stand::End, true);
         assert!(text.contains("device live at trace end: 4.0 KiB"));
         assert!(text.contains("0xabc000"));
         assert!(text.contains("FAILED: cudaMalloc of 1.0 TiB returned 2"));
@@ -825,7 +846,7 @@ mod tests {
         let l = ledger(&data, Some(1_500_000_000));
         let (none, one) = (&BTreeMap::new(), &BTreeMap::new());
         for since in ["the trace started", "the oldest file read started"] {
-            let text = render(&l, none, one, 0, Some((1_500_000_000, since)), false);
+            let text = render(&l, none, one, 0, Stand::At(1_500_000_000, since), false);
             assert!(
                 text.starts_with(&format!("Ledger at 1.500s after {since}.\n")),
                 "{text}"
@@ -835,6 +856,16 @@ mod tests {
                 "{text}"
             );
         }
+        // A file not finished does not end where the ledger stands.
+        let l = ledger(&data, None);
+        let text = render(&l, none, one, 0, Stand::SoFar, false);
+        assert!(
+            text.contains(
+                "device live at the last event recorded (the file is not finished): 4.0 KiB"
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("trace end"), "{text}");
     }
 
     /// A ledger of process `pid` that left `live` bytes, peaked at `peak`,
@@ -867,7 +898,7 @@ mod tests {
         l.push(brief_ledger(30, 0, 0, Some(9_000), 0));
         l.sort_by_key(|p| p.pid);
         let helds = BTreeMap::new();
-        let text = render(&l, &BTreeMap::new(), &helds, 0, None, false);
+        let text = render(&l, &BTreeMap::new(), &helds, 0, Stand::End, false);
         let full: Vec<&str> = text
             .lines()
             .filter(|t| t.ends_with(")") && !t.starts_with(' '))
@@ -883,7 +914,7 @@ mod tests {
         assert!(brief[9].starts_with("  job1026 (pid 1026)"), "{text}");
         assert!(text.contains("  ... 27 more (--pid N shows one in full, --json lists them all)"));
         // Sixteen: all in full, nothing summed up.
-        let text = render(&l[..16], &BTreeMap::new(), &helds, 0, None, false);
+        let text = render(&l[..16], &BTreeMap::new(), &helds, 0, Stand::End, false);
         assert!(!text.contains("process(es)"), "{text}");
         assert_eq!(text.matches("device live").count(), 16);
         // More running processes than that: the sixteen holding the most
@@ -891,7 +922,14 @@ mod tests {
         let running: Vec<ProcessLedger> = (0..20u32)
             .map(|i| brief_ledger(i, u64::from(i) << 20, u64::from(i) << 20, None, 0))
             .collect();
-        let text = render(&running, &BTreeMap::new(), &BTreeMap::new(), 0, None, false);
+        let text = render(
+            &running,
+            &BTreeMap::new(),
+            &BTreeMap::new(),
+            0,
+            Stand::End,
+            false,
+        );
         assert_eq!(text.matches("device live").count(), 16, "{text}");
         assert!(
             text.contains("job4 (pid 4)\n") && !text.contains("job3 (pid 3)\n"),
@@ -917,7 +955,7 @@ mod tests {
             ..Default::default()
         };
         let l = ledger::ledger(&data, None);
-        let text = render(&l, &BTreeMap::new(), &BTreeMap::new(), 0, None, true);
+        let text = render(&l, &BTreeMap::new(), &BTreeMap::new(), 0, Stand::End, true);
         assert_eq!(text.matches("FAILED: ").count(), 20, "{text}");
         assert!(
             text.contains(&format!(
@@ -978,7 +1016,7 @@ mod tests {
         let mut l = ledger(&data, None);
         let helds = held_by_pid(&data, &mut l);
         assert_eq!(l.len(), 2, "pid 8 made no call but holds memory: shown");
-        let text = render(&l, &BTreeMap::new(), &helds, 0, None, false);
+        let text = render(&l, &BTreeMap::new(), &helds, 0, Stand::End, false);
         assert_mentions(
             &text,
             &[
@@ -1025,7 +1063,7 @@ mod tests {
         let l = ledger(&data, None);
         let a = allocator_views(&data, None, &l);
         assert_eq!(a.len(), 1);
-        let text = render(&l, &a, &BTreeMap::new(), 0, None, false);
+        let text = render(&l, &a, &BTreeMap::new(), 0, Stand::End, false);
         assert!(
             text.contains("no PyTorch allocator event of this process was read"),
             "{text}"
@@ -1038,7 +1076,7 @@ mod tests {
         let data = torch_trace();
         let l = ledger(&data, None);
         let a = allocator_views(&data, None, &l);
-        let text = render(&l, &a, &BTreeMap::new(), 0, None, true);
+        let text = render(&l, &a, &BTreeMap::new(), 0, Stand::End, true);
         assert_mentions(
             &text,
             &[
@@ -1077,7 +1115,7 @@ mod tests {
         plain.calls.insert(0, other);
         let l = ledger(&plain, None);
         let a = allocator_views(&plain, None, &l);
-        let text = render(&l, &a, &BTreeMap::new(), 0, None, true);
+        let text = render(&l, &a, &BTreeMap::new(), 0, Stand::End, true);
         assert_mentions(
             &text,
             &[
@@ -1099,7 +1137,7 @@ mod tests {
         }
         let l = ledger(&bad, None);
         let a = allocator_views(&bad, None, &l);
-        let text = render(&l, &a, &BTreeMap::new(), 0, None, false);
+        let text = render(&l, &a, &BTreeMap::new(), 0, Stand::End, false);
         assert!(text.contains("allocator layout not recognised: "), "{text}");
         assert!(text.contains("showing the CUDA-level view"), "{text}");
     }
