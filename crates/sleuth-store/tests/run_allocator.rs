@@ -668,16 +668,11 @@ fn a_process_that_exits_leaves_its_views_in_the_file_it_exited_in() {
     write(&whole, &events, (1_000, end), None);
     let mut cuts: Vec<u64> = (0..=6).map(|k| 1_000 + (end - 1_000) * k / 6).collect();
     cuts[6] = end + 1;
-    let file_of = |e: &Event| {
-        let t = match e {
-            Event::Proc(p) => p.ts_ns,
-            _ => end_of(e),
-        };
-        (0..6).find(|&k| (cuts[k]..cuts[k + 1]).contains(&t))
-    };
     let run = dir.join("run");
-    write_run_by(&run, &events, &cuts, end, file_of);
-    let exit_file = file_of(&events[at]).unwrap() as u64 + 1;
+    write_run(&run, &events, &cuts, end);
+    let exit_file = (1..=6u64)
+        .find(|&n| end_of(&events[at]) < cuts[n as usize])
+        .unwrap();
     assert!(exit_file < 6, "exits in file {exit_file}");
     let pids = |n: u64, sql: &str| -> Vec<u32> {
         let c = rusqlite::Connection::open(run.join(part_name(n))).unwrap();
@@ -755,15 +750,8 @@ fn a_process_whose_allocator_events_were_all_in_deleted_files_keeps_its_views() 
         }
         let whole = dir.join("whole.db");
         write(&whole, &events, (1_000, end), None);
-        let file_of = |e: &Event| {
-            let t = match e {
-                Event::Proc(p) => p.ts_ns,
-                _ => end_of(e),
-            };
-            (0..6).find(|&k| (cuts[k]..cuts[k + 1]).contains(&t))
-        };
         let run = dir.join("run");
-        write_run_by(&run, &events, &cuts, end, file_of);
+        write_run(&run, &events, &cuts, end);
         let data = Trace::open(&whole).unwrap().load(None).unwrap();
         let kept = dir.join("kept");
         copy_run(&run, &kept, 3..=6);

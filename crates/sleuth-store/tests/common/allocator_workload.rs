@@ -170,12 +170,15 @@ pub fn pid_of(e: &Event) -> u32 {
     }
 }
 
-/// When an event completed: the file a rotation puts it in.
+/// When an event completed: the file a rotation puts it in (a process's
+/// lifecycle event at its time, a wait when it went back on CPU).
 pub fn end_of(e: &Event) -> u64 {
     match e {
         Event::Call(c) => c.end_ns(),
         Event::Block(b) => b.end_ns,
-        _ => 0,
+        Event::Proc(p) => p.ts_ns,
+        Event::Wait(w) => w.on_ns,
+        Event::Nccl(n) => n.call.end_ns(),
     }
 }
 
