@@ -107,12 +107,34 @@ impl HeldMemory {
 /// The driver's view of every process the trace has NVML readings or a
 /// ledger for, by pid.
 pub fn held(data: &TraceData, ledgers: &[ProcessLedger]) -> Vec<HeldMemory> {
+    held_until(data, ledgers, None)
+}
+
+/// [`held`] as the driver saw it by `until_ns` (the whole trace when None):
+/// only the readings taken by then, "at end" meaning the last of them, a
+/// process exited only if it exited by then. For ledgers replayed to that
+/// moment (`memory --at`): NVML's figure at the trace's end beside a
+/// ledger of an earlier moment would put the difference of the two
+/// moments in "unexplained" (round 55). The change is compared with the
+/// ledger only where the trace's end reading is among them: a reading of
+/// the 200 ms poll lags the ledger's moment.
+pub fn held_until(
+    data: &TraceData,
+    ledgers: &[ProcessLedger],
+    until_ns: Option<u64>,
+) -> Vec<HeldMemory> {
     let measured = data.stats.get(PROCESS_POLLS_STAT).is_some_and(|&n| n > 0);
     let by_pid: BTreeMap<u32, &ProcessLedger> = ledgers.iter().map(|l| (l.pid, l)).collect();
+    let until = until_ns.unwrap_or(u64::MAX);
     let mut pids: BTreeSet<u32> = by_pid.keys().copied().collect();
-    pids.extend(data.process_gpu.iter().map(|s| s.pid));
+    pids.extend(
+        data.process_gpu
+            .iter()
+            .filter(|s| s.ts_ns <= until)
+            .map(|s| s.pid),
+    );
     pids.into_iter()
-        .map(|pid| one(data, pid, by_pid.get(&pid).copied(), measured))
+        .map(|pid| one(data, pid, by_pid.get(&pid).copied(), measured, until))
         .collect()
 }
 
@@ -133,11 +155,18 @@ pub fn list_held_only(ledgers: &mut Vec<ProcessLedger>, helds: &[HeldMemory], da
     ledgers.sort_by_key(|l| l.pid);
 }
 
-fn one(data: &TraceData, pid: u32, l: Option<&ProcessLedger>, measured: bool) -> HeldMemory {
+fn one(
+    data: &TraceData,
+    pid: u32,
+    l: Option<&ProcessLedger>,
+    measured: bool,
+    until: u64,
+) -> HeldMemory {
     let mut gpus: BTreeMap<u32, GpuHeld> = BTreeMap::new();
     let mut ended = false;
+    let by_then = |s: &&crate::data::ProcessGpuSample| s.pid == pid && s.ts_ns <= until;
     // Samples are stored by time; within one process and GPU the last reading wins.
-    for s in data.process_gpu.iter().filter(|s| s.pid == pid) {
+    for s in data.process_gpu.iter().filter(by_then) {
         let g = gpus.entry(s.gpu).or_insert(GpuHeld {
             gpu: s.gpu,
             at_start_bytes: None,
@@ -156,7 +185,8 @@ fn one(data: &TraceData, pid: u32, l: Option<&ProcessLedger>, measured: bool) ->
     let starts: Vec<Option<u64>> = data
         .process_gpu
         .iter()
-        .filter(|s| s.pid == pid && s.phase == SamplePhase::Start)
+        .filter(by_then)
+        .filter(|s| s.phase == SamplePhase::Start)
         .map(|s| s.used_bytes)
         .collect();
     let sum = |f: &dyn Fn(&GpuHeld) -> Option<u64>| -> Option<u64> {
@@ -183,8 +213,11 @@ fn one(data: &TraceData, pid: u32, l: Option<&ProcessLedger>, measured: bool) ->
     let (alloc, freed, unmatched) = l.map_or((0, 0, 0), |l| {
         (l.allocated_bytes, l.freed_bytes, l.unmatched_frees)
     });
-    let exited = l.and_then(|l| l.exit_ns).is_some()
-        || data.process(pid).is_some_and(|p| p.exit_ns.is_some());
+    let exited = l.and_then(|l| l.exit_ns).is_some_and(|e| e <= until)
+        || data
+            .process(pid)
+            .and_then(|p| p.exit_ns)
+            .is_some_and(|e| e <= until);
     let unexplained = match (before_trace_bytes, at_end_bytes) {
         (Some(b), Some(e)) if ended && !exited => {
             Some(e as i64 - b as i64 - (alloc as i64 - freed as i64))

@@ -54,7 +54,9 @@ const DURATION_UNITS: [(&str, f64); 8] = [
 
 /// Parses a duration with a unit into nanoseconds: `1.5s`, `250ms`, `40us`,
 /// `2m`, `1h`, `500ns`, or `0`. A bare number other than 0 is refused with
-/// the spelling to use instead.
+/// the spelling to use instead. A leading `+` or `.` (`+1s`, `.5s`) and
+/// blanks between the number and its unit (`"1 s"`, one argument) are
+/// accepted: none of them can be read as another duration.
 pub fn parse_duration_ns(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let split = t
@@ -129,6 +131,18 @@ mod tests {
         assert_eq!(parse_duration_ns("1h"), Ok(3_600_000_000_000));
         assert_eq!(parse_duration_ns("0"), Ok(0));
         assert_eq!(parse_duration_ns("0ms"), Ok(0));
+    }
+
+    #[test]
+    fn spellings_that_mean_one_duration_are_read_as_it() {
+        assert_eq!(parse_duration_ns(".5s"), Ok(500_000_000));
+        assert_eq!(parse_duration_ns("+1s"), Ok(1_000_000_000));
+        assert_eq!(parse_duration_ns("1 s"), Ok(1_000_000_000));
+        for bad in [
+            "1e3ms", "1 2s", "s", "1s s", "--1s", "1.2.3s", "nans", "infs",
+        ] {
+            assert!(parse_duration_ns(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

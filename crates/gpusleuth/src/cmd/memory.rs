@@ -10,7 +10,7 @@ use crate::render::table::table;
 use serde::Serialize;
 use sleuth_core::allocator::{AllocatorState, AllocatorView};
 use sleuth_core::gpu_activity::{self, GpuActivity};
-use sleuth_core::held::{held, HeldMemory};
+use sleuth_core::held::HeldMemory;
 use sleuth_core::ledger::{self, ProcessLedger};
 use sleuth_store::stream::MemoryTrace;
 use sleuth_store::ReadBudget;
@@ -124,7 +124,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     // After the reads: what they skipped (`input_problems_of_reads`).
     warn_input_problems_of_reads(&trace)?;
     let data = &mt.base;
-    let helds = held_by_pid(data, &mut processes);
+    let helds = held_by_pid(data, &mut processes, at_abs);
     let activity = gpu_activity::of_trace(data);
     let notes: Vec<String> = sleuth_core::stats::ledger_loss_note(data)
         .into_iter()
@@ -194,7 +194,11 @@ fn run_of_run(args: &Args) -> anyhow::Result<i32> {
     let mut processes = run.ledgers.clone();
     let data = &run.data;
     let allocators = run.allocator_views()?;
-    let helds = held_by_pid(data, &mut processes);
+    // `--at` counts from the oldest file read's start (`data.start_ns`).
+    let at_abs = args
+        .at
+        .map(|a| data.start_ns.unwrap_or(0).saturating_add(a));
+    let helds = held_by_pid(data, &mut processes, at_abs);
     let activity = gpu_activity::of_trace(data);
     let files = sleuth_store::run::file_names(&run.files);
     let notes: Vec<String> = run
@@ -303,11 +307,14 @@ fn earliest(ledgers: &[ProcessLedger]) -> u64 {
 
 /// The driver's view per pid; a process NVML lists but the trace saw no call
 /// of gets an empty ledger, so it is shown (never as holding nothing).
+/// `until_ns`: the moment the ledgers stand at (`--at`), whose NVML
+/// readings are those taken by then (`held::held_until`).
 pub(crate) fn held_by_pid(
     data: &sleuth_core::TraceData,
     processes: &mut Vec<ProcessLedger>,
+    until_ns: Option<u64>,
 ) -> BTreeMap<u32, HeldMemory> {
-    let helds = held(data, processes);
+    let helds = sleuth_core::held::held_until(data, processes, until_ns);
     sleuth_core::held::list_held_only(processes, &helds, data);
     helds.into_iter().map(|h| (h.pid, h)).collect()
 }
@@ -337,7 +344,7 @@ fn report<'a>(
 
 /// The NVML lines of one process: the baseline beside the ledger, and what
 /// the driver's change over the trace leaves unexplained.
-pub(crate) fn render_held(out: &mut String, h: &HeldMemory) {
+fn render_held(out: &mut String, h: &HeldMemory, stand: &Stand) {
     let _ = writeln!(out, "  {}", h.line(fmt_bytes));
     if let Some(end) = h.at_end_bytes.filter(|_| h.measured) {
         if h.exited {
@@ -350,7 +357,12 @@ pub(crate) fn render_held(out: &mut String, h: &HeldMemory) {
             );
             return;
         }
-        let _ = write!(out, "  NVML at trace end: {}", fmt_bytes(end));
+        let when = match stand {
+            Stand::End => "at trace end",
+            Stand::SoFar => "at its last reading (the file is not finished)",
+            Stand::At(..) => "at its last reading by then",
+        };
+        let _ = write!(out, "  NVML {when}: {}", fmt_bytes(end));
         match h.unexplained_change_bytes {
             Some(d) if d < 0 => {
                 let _ = write!(
@@ -600,7 +612,7 @@ fn render(
         let _ = writeln!(out, "{} (pid {})", p.comm, p.pid);
         let held = helds.get(&p.pid);
         if let Some(h) = held {
-            render_held(&mut out, h);
+            render_held(&mut out, h, &stand);
         }
         match held.and_then(|h| h.before_trace_bytes).filter(|&b| b > 0) {
             // Never a bare "0 B" that reads as "holds nothing" when the driver says otherwise.
@@ -1014,7 +1026,7 @@ mod tests {
         data.stats
             .insert(sleuth_core::held::PROCESS_POLLS_STAT.into(), 2);
         let mut l = ledger(&data, None);
-        let helds = held_by_pid(&data, &mut l);
+        let helds = held_by_pid(&data, &mut l, None);
         assert_eq!(l.len(), 2, "pid 8 made no call but holds memory: shown");
         let text = render(&l, &BTreeMap::new(), &helds, 0, Stand::End, false);
         assert_mentions(
@@ -1029,6 +1041,88 @@ mod tests {
             ],
         );
         assert!(!text.contains("device live at trace end: 0 B"), "{text}");
+    }
+
+    /// `memory --at T` compares NVML's readings taken by T with the ledger
+    /// at T: the trace end's reading beside the moment's ledger put the
+    /// allocations made after T in "more than the ledger explains", and a
+    /// process that exited after T read as exited (round 55).
+    #[test]
+    fn at_a_moment_nvml_is_read_as_it_stood_then() {
+        let mb = 1u64 << 20;
+        use sleuth_core::SamplePhase;
+        let row = |ts, b, phase| sleuth_core::ProcessGpuSample {
+            ts_ns: ts,
+            gpu: 0,
+            pid: 7,
+            used_bytes: Some(b),
+            sm_pct: None,
+            phase,
+        };
+        let alloc = |ts, ptr| sleuth_core::CallEvent {
+            ts_ns: ts,
+            dur_ns: 10,
+            pid: 7,
+            tid: 7,
+            op: sleuth_core::op_by_name("cudaMalloc").unwrap().id,
+            ptr: Some(ptr),
+            size: Some(64 * mb),
+            ..Default::default()
+        };
+        let mut data = sleuth_core::TraceData {
+            start_ns: Some(0),
+            end_ns: Some(1_000),
+            calls: vec![alloc(100, 0xa000), alloc(500, 0xb000)],
+            processes: vec![sleuth_core::ProcessInfo {
+                pid: 7,
+                comm: "train".into(),
+                exit_ns: Some(950),
+                ..Default::default()
+            }],
+            process_gpu: vec![
+                row(10, 300 * mb, SamplePhase::Start),
+                row(200, 364 * mb, SamplePhase::Sample),
+                row(600, 428 * mb, SamplePhase::Sample),
+                row(960, 0, SamplePhase::End),
+            ],
+            ..Default::default()
+        };
+        data.stats
+            .insert(sleuth_core::held::PROCESS_POLLS_STAT.into(), 3);
+        let mut l = ledger(&data, Some(300));
+        let helds = held_by_pid(&data, &mut l, Some(300));
+        let h = &helds[&7];
+        assert_eq!(h.at_end_bytes, Some(364 * mb), "the last reading by then");
+        assert!(!h.exited, "it exits after the moment");
+        assert_eq!(
+            h.unexplained_change_bytes, None,
+            "a reading lags the ledger"
+        );
+        let text = render(
+            &l,
+            &BTreeMap::new(),
+            &helds,
+            0,
+            Stand::At(300, "the trace started"),
+            false,
+        );
+        assert_mentions(
+            &text,
+            &[
+                "NVML at its last reading by then: 364.0 MiB",
+                "during the trace: +64.0 MiB / -0 B",
+                "device live at that moment (allocations made during the trace): 64.0 MiB",
+            ],
+        );
+        assert!(
+            !text.contains("exited") && !text.contains("explains"),
+            "{text}"
+        );
+        // At the end the whole trace stands, as before.
+        let mut l = ledger(&data, None);
+        let helds = held_by_pid(&data, &mut l, None);
+        assert!(helds[&7].exited);
+        assert_eq!(helds[&7].at_end_bytes, Some(0));
     }
 
     /// A traced PyTorch-like process: one 20 MiB segment, two blocks, one freed.
