@@ -937,6 +937,70 @@ fn the_ledger_at_a_moment_of_a_run_is_the_whole_traces_at_that_moment() {
     );
 }
 
+/// Calls that returned in the last milliseconds before a rotation are
+/// drained into the next file (a record belongs to the file open when it
+/// is drained): a moment between their return and the next file's start
+/// counts them, as the whole trace does (round 55's tester: `memory --db
+/// DIR --at T` in the last ~3 ms of a file missed an allocation and a free
+/// stored in the next file).
+#[test]
+fn a_moment_counts_the_calls_drained_into_the_next_file() {
+    use sleuth_store::run_explain::{load_memory_at, Moment};
+    let tmp = TempDir::new("runled-late");
+    let run = tmp.join("run");
+    let parts = vec![
+        part(vec![
+            at(alloc(MS, 1 << 20, 0xa000), SITE_A),
+            call("cudaLaunchKernel", 10 * MS, MS),
+        ]),
+        // Returned at 97 and 98 ms, stored in file 2 (begun at 100 ms).
+        part(vec![
+            at(alloc(97 * MS, 2 << 20, 0xb000), SITE_B),
+            free(98 * MS, 0xa000),
+            call("cudaLaunchKernel", 150 * MS, MS),
+            free(160 * MS, 0xb000),
+        ]),
+    ];
+    write_run_cut(&run, &parts, &[0, 100 * MS]);
+    let mut all = parts[0].clone();
+    all.calls.extend(parts[1].calls.iter().cloned());
+    all.stacks.extend(parts[1].stacks.clone());
+    let whole = tmp.join("whole.db");
+    rewrite_with_options(&all, &whole, WriterOptions::default());
+    let one = sleuth_store::Trace::open(&whole).unwrap();
+    let view = sleuth_store::stream::MemoryTrace::open(&one, None, budget()).unwrap();
+    let memo = sleuth_store::CheckMemo::new();
+    // Without the states the files began with: every file replayed.
+    let old = without_carried(&run, &tmp.join("old"));
+    for t in [
+        96 * MS,
+        97 * MS + MS / 2,
+        99 * MS,
+        120 * MS,
+        160 * MS + MS / 100,
+    ] {
+        let want = view.ledgers(Some(t)).unwrap();
+        for (how, dir) in [("carried", &run), ("replayed", &old)] {
+            for pid in [None, Some(100)] {
+                let got = load_memory_at(dir, pid, Moment::At(t), budget(), &memo).unwrap();
+                assert_eq!(got.ledgers, want, "{how} {pid:?} at {t}");
+            }
+        }
+    }
+    let live = |t| {
+        load_memory_at(&run, None, Moment::At(t), budget(), &memo)
+            .unwrap()
+            .ledgers[0]
+            .live_bytes
+    };
+    assert_eq!(live(96 * MS), 1 << 20);
+    assert_eq!(
+        live(99 * MS),
+        2 << 20,
+        "the late allocation and free counted"
+    );
+}
+
 /// `explain --last` of a window holding the whole of the run's file 1:
 /// its ledger takes up the state the tracer stored as the last finished
 /// file began, and replays the memory calls from that file on only; the
