@@ -302,7 +302,12 @@ impl LiveFeed {
                                 }
                             }
                         }
-                        Msg::Process(p) => view.set_process(&p),
+                        Msg::Process(p) => {
+                            if let Some(m) = &metrics {
+                                m.set_process(p.pid, &p.comm);
+                            }
+                            view.set_process(&p);
+                        }
                         Msg::Kernel(losses, counts) => {
                             if let Some(m) = &metrics {
                                 m.set_kernel_counters(&losses, &counts);
@@ -550,7 +555,7 @@ mod tests {
             ..Default::default()
         };
         let memory = sleuth_core::ledger::ledger(&data, None);
-        let text = metrics.render(true);
+        let text = metrics.render(true, 0);
         let from_metrics = |pid: u32| -> u64 {
             let prefix = format!("gpusleuth_device_live_bytes{{pid=\"{pid}\"");
             let line = text

@@ -47,7 +47,12 @@ impl Metrics {
     /// Replaces the kernel-side counters: losses indexed like
     /// `record::stat::NAMES`, and the in-kernel per-process op counts.
     pub fn set_kernel_counters(&self, losses: &[u64], counts: &[OpCount]) {
-        self.lock().set_kernel_counters(losses, counts);
+        self.lock().set_kernel_counters(losses, counts, alive_comm);
+    }
+
+    /// The name the tracer read for a process it saw (`state::State::set_process`).
+    pub fn set_process(&self, pid: u32, comm: &str) {
+        self.lock().set_process(pid, comm);
     }
 
     /// Accounts NVML readings from the GPU sampler thread.
@@ -60,9 +65,11 @@ impl Metrics {
         self.lock().gpu.measured = Some(measured);
     }
 
-    /// The exposition text; `openmetrics` selects the format.
-    pub fn render(&self, openmetrics: bool) -> String {
-        encode::render(&self.registry, openmetrics)
+    /// The exposition text; `openmetrics` selects the format; `size`: the
+    /// bytes the text is expected to take (the last page's), so that its
+    /// buffer is not grown by doubling past it.
+    pub fn render(&self, openmetrics: bool, size: usize) -> String {
+        encode::render(&self.registry, openmetrics, size)
     }
 }
 
@@ -89,11 +96,19 @@ pub fn parse_addr(s: &str) -> Result<SocketAddr, String> {
         .map_err(|_| format!("'{s}' is not an address (e.g. 127.0.0.1:9464, or a port)"))
 }
 
-/// The process name, read once when a process is first seen.
+/// The process name, read once when a process is first seen; `?` when it
+/// is gone.
 fn read_comm(pid: u32) -> String {
-    std::fs::read_to_string(format!("/proc/{pid}/comm"))
-        .map(|s| s.trim_end().to_string())
-        .unwrap_or_else(|_| "?".into())
+    alive_comm(pid).unwrap_or_else(|| "?".into())
+}
+
+/// The name /proc gives process `pid`, None when it is gone. The kernel
+/// cuts a name at 15 bytes, maybe inside a UTF-8 character: that part is
+/// shown as U+FFFD, as the trace stores it (it was `?`).
+fn alive_comm(pid: u32) -> Option<String> {
+    std::fs::read(format!("/proc/{pid}/comm"))
+        .ok()
+        .map(|b| String::from_utf8_lossy(&b).trim_end().to_string())
 }
 
 #[cfg(test)]
