@@ -162,6 +162,11 @@ impl State {
                         self.ledger.forget(p.pid);
                     }
                 }
+                if p.kind == ProcKind::Exec && !self.procs.contains_key(&p.pid) {
+                    // Its name from the kernel as it exec'd, for its labels
+                    // (a name read at its fork is the parent's).
+                    self.name_pending(p.pid, &p.comm);
+                }
                 if let Some(pr) = self.procs.get_mut(&p.pid) {
                     match p.kind {
                         ProcKind::Exec if !p.comm.is_empty() => pr.comm = p.comm.clone(),
@@ -265,14 +270,19 @@ impl State {
         match self.procs.get_mut(&pid) {
             Some(p) if p.comm == "?" => p.comm = comm.to_string(),
             Some(_) => {}
-            None if self.overflow.contains_key(&pid) => {}
-            None => {
-                if self.pending_names.len() >= MAX_PENDING_NAMES {
-                    self.pending_names.clear();
-                }
-                self.pending_names.insert(pid, comm.to_string());
-            }
+            None => self.name_pending(pid, comm),
         }
+    }
+
+    /// Keeps `comm` for process `pid`'s labels, when it gets them.
+    fn name_pending(&mut self, pid: u32, comm: &str) {
+        if comm.is_empty() || self.overflow.contains_key(&pid) {
+            return;
+        }
+        if self.pending_names.len() >= MAX_PENDING_NAMES {
+            self.pending_names.clear();
+        }
+        self.pending_names.insert(pid, comm.to_string());
     }
 
     /// `alive_comm_of`: the process's name from /proc, None when it is gone.
@@ -529,6 +539,16 @@ mod tests {
     #[test]
     fn exit_frees_and_late_names_replace_the_unknown() {
         let mut s = State::default();
+        // Named at its fork as its parent, then exec'd: the exec's name.
+        s.set_process(8, "sh");
+        let mut exec = exit(8);
+        if let Event::Proc(p) = &mut exec {
+            p.kind = ProcKind::Exec;
+            p.comm = "workload".into();
+        }
+        s.observe(&exec, |_| "?".into());
+        s.observe(&call(8, "cudaFree", 1, 0, None, None), |_| "?".into());
+        assert_eq!(s.procs[&8].comm, "workload");
         s.observe(&call(9, "cudaMalloc", 1, 0, Some(4096), Some(0x10)), |_| {
             "?".into()
         });
