@@ -466,3 +466,160 @@ fn a_wait_begun_in_a_deleted_file_ends_where_it_ended() {
     std::fs::create_dir_all(dir.join("both")).unwrap();
     let _ = both_formats("deleted_wait", &run, &[], &dir.join("both"));
 }
+
+/// A cudaMalloc of `bytes` at `ptr`.
+fn malloc(pid: u32, ts_ns: u64, bytes: u64, ptr: u64) -> CallEvent {
+    CallEvent {
+        size: Some(bytes),
+        ptr: Some(ptr),
+        ..call("cudaMalloc", pid, pid, ts_ns, 1_000)
+    }
+}
+
+/// A lifecycle event of `pid` (named `comm`) at `ts_ns`.
+fn proc_event(kind: sleuth_core::ProcKind, pid: u32, ts_ns: u64, comm: &str) -> Event {
+    Event::Proc(sleuth_core::ProcEvent {
+        kind,
+        ts_ns,
+        pid,
+        tid: pid,
+        ppid: 1,
+        exit_code: 0,
+        comm: comm.into(),
+    })
+}
+
+/// Files 1 to 3 of a run in `run`, 100 ms each from 100 ms, file n
+/// holding `events(n)`.
+fn write_three_files(run: &Path, events: impl Fn(u64) -> Vec<Event>) {
+    std::fs::create_dir_all(run).unwrap();
+    let link = sleuth_store::run_ledger::RunLink::new_run();
+    let ms = 1_000_000u64;
+    for n in 1..=3u64 {
+        let start = 100 * ms * n;
+        let info = SessionInfo {
+            started_unix_ns: 1_700_000_000_000_000_000,
+            start_mono_ns: start,
+            hostname: "testhost".into(),
+            tool_version: "test".into(),
+            ..Default::default()
+        };
+        let opts = WriterOptions {
+            run: Some(link.for_file(n)),
+            ..Default::default()
+        };
+        let path = run.join(sleuth_store::run::part_name(n));
+        let w = TraceWriter::create(&path, info, opts).expect("create");
+        let h = w.handle();
+        for e in events(n) {
+            h.send(e).unwrap();
+        }
+        h.set_session_end(start + 100 * ms).unwrap();
+        drop(h);
+        w.finish().expect("finish");
+    }
+}
+
+/// The `perfetto` JSON export of `db` with `args`, parsed.
+fn perfetto_of(db: &Path, args: &[&str], out: &Path) -> serde_json::Value {
+    common::run_ok(
+        common::gpusleuth()
+            .args(["export", "--force", "--format", "perfetto", "--db"])
+            .arg(db)
+            .args(args)
+            .arg("-o")
+            .arg(out),
+    );
+    serde_json::from_str(&std::fs::read_to_string(out).unwrap()).unwrap()
+}
+
+/// The `live_bytes` samples of `pid`'s memory track: (ts µs, bytes).
+fn memory_samples(doc: &serde_json::Value, pid: u32) -> Vec<(f64, u64)> {
+    doc["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == "C" && e["name"] == "device memory (bytes)" && e["pid"] == pid)
+        .map(|e| {
+            let bytes = e["args"]["live_bytes"].as_u64().unwrap();
+            (e["ts"].as_f64().unwrap(), bytes)
+        })
+        .collect()
+}
+
+/// Round 56's tester: `export --db DIR --last 2s` spanning files 7 and 8
+/// drew a memory counter of a forked child that allocated and exited in
+/// file 6 (a kept file the window does not span), and named it nowhere
+/// (the protobuf: "? (pid)"). A process that exited before the window
+/// holds nothing in it (the driver frees its memory at its exit): no
+/// counter; one still holding memory with no row in the spanned files is
+/// named from the run's ledger.
+#[test]
+fn a_run_window_draws_no_memory_of_a_process_gone_before_it_and_names_what_it_draws() {
+    use sleuth_core::ProcKind;
+    let dir = temp_dir::TempDir::new("export_run_window_exited");
+    let run = dir.join("run");
+    let ms = 1_000_000u64;
+    const HOLDER: u32 = 5300;
+    write_three_files(&run, |n| {
+        let start = 100 * ms * n;
+        let mut events = vec![Event::Call(malloc(
+            PID,
+            start + 10 * ms,
+            1 << 20,
+            0x1000 * n,
+        ))];
+        if n == 1 {
+            // A child that allocates and exits; one that allocates and
+            // sleeps through the later files without a row in them.
+            events.push(proc_event(ProcKind::Fork, OTHER, start + ms, "workload"));
+            events.push(Event::Call(malloc(OTHER, start + 5 * ms, 3 << 20, 0x9000)));
+            events.push(proc_event(
+                ProcKind::Exit,
+                OTHER,
+                start + 20 * ms,
+                "workload",
+            ));
+            events.push(proc_event(ProcKind::Fork, HOLDER, start + ms, "holder"));
+            events.push(Event::Call(malloc(HOLDER, start + 5 * ms, 5 << 20, 0xa000)));
+        }
+        events
+    });
+    // From 250 ms: files 2 and 3.
+    let doc = perfetto_of(&run, &["--last", "150ms"], &dir.join("w.json"));
+    assert_eq!(
+        memory_samples(&doc, OTHER),
+        vec![],
+        "exited before the window"
+    );
+    let names: Vec<(u64, String)> = doc["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == "M" && e["name"] == "process_name")
+        .map(|e| (e["pid"].as_u64().unwrap(), e["args"]["name"].to_string()))
+        .collect();
+    for pid in [PID, HOLDER] {
+        assert!(!memory_samples(&doc, pid).is_empty(), "{pid} drawn");
+        assert!(
+            names.iter().any(|(p, _)| *p == u64::from(pid)),
+            "{pid} drawn but not named: {names:?}"
+        );
+    }
+    assert!(
+        names.contains(&(u64::from(HOLDER), "\"holder (5300)\"".into())),
+        "{names:?}"
+    );
+    assert!(
+        !names.iter().any(|(p, _)| *p == u64::from(OTHER)),
+        "{names:?}"
+    );
+    // The protobuf draws and names the same.
+    std::fs::create_dir_all(dir.join("both")).unwrap();
+    let _ = both_formats(
+        "run_window_exited",
+        &run,
+        &["--last", "150ms"],
+        &dir.join("both"),
+    );
+}
