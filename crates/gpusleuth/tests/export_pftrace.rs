@@ -623,3 +623,53 @@ fn a_run_window_draws_no_memory_of_a_process_gone_before_it_and_names_what_it_dr
         &dir.join("both"),
     );
 }
+
+/// Round 56's tester: `export --db DIR` of a run whose origin is a wait
+/// begun in a file `--keep` deleted drew four samples of a process at 0
+/// (0, 1 MiB, 3 MiB, 2 MiB: its points from before the origin), then the
+/// later ones. The whole run is a window from its start: one sample at the
+/// origin with what was live then, then the points after it.
+#[test]
+fn a_whole_run_export_draws_memory_from_its_origin_with_what_was_live_then() {
+    let dir = temp_dir::TempDir::new("export_run_memory_origin");
+    let run = dir.join("run");
+    let ms = 1_000_000u64;
+    let (sleep_off, sleep_on) = (150 * ms, 250 * ms);
+    let free = |ts_ns, ptr| CallEvent {
+        ptr: Some(ptr),
+        ..call("cudaFree", PID, PID, ts_ns, 1_000)
+    };
+    write_three_files(&run, |n| match n {
+        1 => vec![
+            Event::Call(malloc(PID, 110 * ms, 1 << 20, 0xa000)),
+            Event::Call(malloc(PID, 120 * ms, 2 << 20, 0xb000)),
+            Event::Call(free(130 * ms, 0xa000)),
+        ],
+        2 => vec![
+            Event::Call(malloc(PID, 210 * ms, 4 << 20, 0xc000)),
+            Event::Wait(WaitEvent {
+                pid: PID,
+                tid: PID,
+                kind: WaitKind::Blocked,
+                off_ns: sleep_off,
+                wake_ns: sleep_on,
+                on_ns: sleep_on,
+                prev_state: 1,
+                cpu: 0,
+                culprits: vec![],
+                waker: None,
+            }),
+        ],
+        _ => vec![Event::Call(free(310 * ms, 0xc000))],
+    });
+    std::fs::remove_file(run.join(sleuth_store::run::part_name(1))).unwrap();
+    let doc = perfetto_of(&run, &[], &dir.join("run.json"));
+    assert_eq!(doc["otherData"]["origin_mono_ns"].as_u64(), Some(sleep_off));
+    // Each later point at its call's return (1 µs after its start).
+    assert_eq!(
+        memory_samples(&doc, PID),
+        vec![(0.0, 2 << 20), (60_001.0, 6 << 20), (160_001.0, 2 << 20)]
+    );
+    std::fs::create_dir_all(dir.join("both")).unwrap();
+    let _ = both_formats("run_memory_origin", &run, &[], &dir.join("both"));
+}

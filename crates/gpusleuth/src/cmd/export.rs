@@ -1015,7 +1015,7 @@ fn memory_track_start(
     origin: u64,
     window: Option<Window>,
 ) -> Option<TrackStart> {
-    let at = window.map_or(origin, |w| w.since);
+    let at = window.map_or(origin, |w| w.since.max(origin));
     if l.exit_ns.is_some_and(|e| e < at) {
         return None;
     }
