@@ -7,6 +7,8 @@
 //! Skips without python3's `perfetto` package, except under CI=true.
 
 mod common;
+#[path = "common/synthetic_run.rs"]
+mod synthetic_run;
 #[path = "common/temp_dir.rs"]
 mod temp_dir;
 
@@ -17,6 +19,7 @@ use sleuth_core::{
 };
 use sleuth_store::{SessionInfo, TraceWriter, WriterOptions};
 use std::path::{Path, PathBuf};
+use synthetic_run::{malloc, proc_event, write_three_files};
 
 fn example(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -467,59 +470,6 @@ fn a_wait_begun_in_a_deleted_file_ends_where_it_ended() {
     let _ = both_formats("deleted_wait", &run, &[], &dir.join("both"));
 }
 
-/// A cudaMalloc of `bytes` at `ptr`.
-fn malloc(pid: u32, ts_ns: u64, bytes: u64, ptr: u64) -> CallEvent {
-    CallEvent {
-        size: Some(bytes),
-        ptr: Some(ptr),
-        ..call("cudaMalloc", pid, pid, ts_ns, 1_000)
-    }
-}
-
-/// A lifecycle event of `pid` (named `comm`) at `ts_ns`.
-fn proc_event(kind: sleuth_core::ProcKind, pid: u32, ts_ns: u64, comm: &str) -> Event {
-    Event::Proc(sleuth_core::ProcEvent {
-        kind,
-        ts_ns,
-        pid,
-        tid: pid,
-        ppid: 1,
-        exit_code: 0,
-        comm: comm.into(),
-    })
-}
-
-/// Files 1 to 3 of a run in `run`, 100 ms each from 100 ms, file n
-/// holding `events(n)`.
-fn write_three_files(run: &Path, events: impl Fn(u64) -> Vec<Event>) {
-    std::fs::create_dir_all(run).unwrap();
-    let link = sleuth_store::run_ledger::RunLink::new_run();
-    let ms = 1_000_000u64;
-    for n in 1..=3u64 {
-        let start = 100 * ms * n;
-        let info = SessionInfo {
-            started_unix_ns: 1_700_000_000_000_000_000,
-            start_mono_ns: start,
-            hostname: "testhost".into(),
-            tool_version: "test".into(),
-            ..Default::default()
-        };
-        let opts = WriterOptions {
-            run: Some(link.for_file(n)),
-            ..Default::default()
-        };
-        let path = run.join(sleuth_store::run::part_name(n));
-        let w = TraceWriter::create(&path, info, opts).expect("create");
-        let h = w.handle();
-        for e in events(n) {
-            h.send(e).unwrap();
-        }
-        h.set_session_end(start + 100 * ms).unwrap();
-        drop(h);
-        w.finish().expect("finish");
-    }
-}
-
 /// The `perfetto` JSON export of `db` with `args`, parsed.
 fn perfetto_of(db: &Path, args: &[&str], out: &Path) -> serde_json::Value {
     common::run_ok(
@@ -635,10 +585,7 @@ fn a_whole_run_export_draws_memory_from_its_origin_with_what_was_live_then() {
     let run = dir.join("run");
     let ms = 1_000_000u64;
     let (sleep_off, sleep_on) = (150 * ms, 250 * ms);
-    let free = |ts_ns, ptr| CallEvent {
-        ptr: Some(ptr),
-        ..call("cudaFree", PID, PID, ts_ns, 1_000)
-    };
+    let free = |ts_ns, ptr| synthetic_run::free(PID, ts_ns, ptr);
     write_three_files(&run, |n| match n {
         1 => vec![
             Event::Call(malloc(PID, 110 * ms, 1 << 20, 0xa000)),
