@@ -15,6 +15,9 @@ use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
 use std::sync::mpsc;
 
+mod fit;
+use fit::Line;
+
 #[derive(Default)]
 struct OpLive {
     count: u64,
@@ -42,8 +45,12 @@ pub struct LiveView {
     /// tracer's footprint at 65,536, docs/benchmarks.md).
     ledger: Ledger,
     waits: u64,
+    /// Calls of the ops counted in the kernel (no per-call record: with
+    /// `--launches driver`, `cuLaunchKernel`), by op, from the capture loop.
+    counted: BTreeMap<&'static str, u64>,
     tty: bool,
     enabled: bool,
+    /// Rows the last frame took (each line fitted to one row).
     drawn_lines: usize,
 }
 
@@ -58,6 +65,7 @@ impl LiveView {
             last_top: None,
             ledger: Ledger::live(),
             waits: 0,
+            counted: BTreeMap::new(),
             tty: std::io::stderr().is_terminal(),
             enabled,
             drawn_lines: 0,
@@ -170,50 +178,9 @@ impl LiveView {
             }
             return;
         }
-        let mut lines = vec![format!(
-            "gpusleuth tracing  +{elapsed_s:.1}s  events {events}  drops {drops}  (Ctrl-C stops)"
-        )];
-        lines.push(format!(
-            "{:<24} {:>9} {:>6} {:>9} {:>9} {:>10} {:>10}",
-            "op", "calls", "errors", "~p50", "~p99", "runnable", "blocked"
-        ));
-        let mut ops: Vec<_> = self.ops.iter().collect();
-        ops.sort_by_key(|(_, o)| std::cmp::Reverse(o.count));
-        for (name, o) in ops.iter().take(12) {
-            lines.push(format!(
-                "{:<24} {:>9} {:>6} {:>9} {:>9} {:>10} {:>10}",
-                name,
-                o.count,
-                o.errors,
-                fmt_ns(o.hist.quantile(0.5)),
-                fmt_ns(o.hist.quantile(0.99)),
-                fmt_ns(o.runnable_ns),
-                fmt_ns(o.blocked_ns)
-            ));
-        }
-        let pids = self
-            .ledger
-            .pids()
-            .filter(|&p| self.ledger.live_bytes(p) > 0);
-        for pid in pids.take(6) {
-            lines.push(format!(
-                "pid {pid}: {} live device memory in {} allocations",
-                fmt_bytes(self.ledger.live_bytes(pid)),
-                self.ledger.live_allocations(pid)
-            ));
-        }
-        let findings = self.findings(start_ns, now_ns, 3);
-        if findings.is_empty() {
-            lines.push("findings so far: none".into());
-        } else {
-            lines.push(format!(
-                "findings so far (last {}k calls):",
-                WINDOW_EVENTS / 1000
-            ));
-            for f in findings {
-                lines.push(format!("  {}", terminal_safe(&truncate(&f, 140))));
-            }
-        }
+        let size = fit::size_of(libc::STDERR_FILENO).unwrap_or(fit::ASSUMED);
+        let frame = self.frame(elapsed_s, events, drops, start_ns, now_ns, size.cols);
+        let lines = fit::fit(&frame, size);
         // Move up over the previous frame and clear to the end of the screen.
         if self.drawn_lines > 0 {
             let _ = write!(err, "\x1b[{}A\x1b[J", self.drawn_lines);
@@ -222,6 +189,109 @@ impl LiveView {
             let _ = writeln!(err, "{l}");
         }
         self.drawn_lines = lines.len();
+    }
+
+    /// The lines of a terminal's frame, ranked for [`fit::fit`]: the
+    /// header, the table's head and top ops, then the findings and memory,
+    /// the rest last. `cols`: the terminal's width, which the op column
+    /// narrows to before any number is cut.
+    fn frame(
+        &mut self,
+        elapsed_s: f64,
+        events: u64,
+        drops: u64,
+        start_ns: u64,
+        now_ns: u64,
+        cols: usize,
+    ) -> Vec<Line> {
+        let mut lines = vec![Line::new(
+            0,
+            format!(
+                "gpusleuth tracing  +{elapsed_s:.1}s  events {events}  drops {drops}  (Ctrl-C stops)"
+            ),
+        )];
+        lines.extend(self.op_table(cols));
+        let pids = self
+            .ledger
+            .pids()
+            .filter(|&p| self.ledger.live_bytes(p) > 0);
+        for (i, pid) in pids.take(6).enumerate() {
+            let text = format!(
+                "pid {pid}: {} live device memory in {} allocations",
+                fmt_bytes(self.ledger.live_bytes(pid)),
+                self.ledger.live_allocations(pid)
+            );
+            lines.push(Line::new(if i < 2 { 2 } else { 3 }, text));
+        }
+        let findings = self.findings(start_ns, now_ns, 3);
+        if findings.is_empty() {
+            lines.push(Line::new(2, "findings so far: none"));
+        } else {
+            let head = format!("findings so far (last {}k calls):", WINDOW_EVENTS / 1000);
+            lines.push(Line::new(2, head));
+            for (i, f) in findings.iter().enumerate() {
+                let rank = if i == 0 { 2 } else { 4 };
+                lines.push(Line::new(rank, format!("  {}", terminal_safe(f))));
+            }
+        }
+        lines
+    }
+
+    /// The op table: its head and the 12 ops with the most calls, those
+    /// counted in the kernel among them. Its numbers take 55 cells; the op
+    /// column takes what is left of `cols` (one cell stays unused), 12 to
+    /// 24 cells: at 80 columns the table is 79 wide.
+    fn op_table(&self, cols: usize) -> Vec<Line> {
+        let w = cols.saturating_sub(56).clamp(12, 24);
+        let row = |name: &str, rest: String| format!("{:<w$} {rest}", fit::cut(name, w));
+        let mut lines = vec![Line::new(
+            1,
+            row(
+                "op",
+                format!(
+                    "{:>9} {:>6} {:>8} {:>8} {:>9} {:>9}",
+                    "calls", "errors", "~p50", "~p99", "runnable", "blocked"
+                ),
+            ),
+        )];
+        let mut ops: Vec<(&str, u64, Option<&OpLive>)> = self
+            .ops
+            .iter()
+            .map(|(name, o)| (*name, o.count, Some(o)))
+            .collect();
+        // An op counted in the kernel has no per-call record: its count alone.
+        for (name, n) in &self.counted {
+            if !self.ops.contains_key(name) {
+                ops.push((*name, *n, None));
+            }
+        }
+        ops.sort_by_key(|(name, n, _)| (std::cmp::Reverse(*n), *name));
+        for (i, (name, count, o)) in ops.iter().take(12).enumerate() {
+            let rest = match o {
+                Some(o) => format!(
+                    "{:>9} {:>6} {:>8} {:>8} {:>9} {:>9}",
+                    count,
+                    o.errors,
+                    fmt_ns(o.hist.quantile(0.5)),
+                    fmt_ns(o.hist.quantile(0.99)),
+                    fmt_ns(o.runnable_ns),
+                    fmt_ns(o.blocked_ns)
+                ),
+                None => format!("{count:>9}        counted in kernel"),
+            };
+            lines.push(Line::new(if i < 3 { 1 } else { 4 }, row(name, rest)));
+        }
+        lines
+    }
+
+    /// The calls of the ops counted in the kernel (cumulative, per process),
+    /// added up by op.
+    pub fn set_counted(&mut self, counts: &[sleuth_core::OpCount]) {
+        self.counted.clear();
+        for c in counts {
+            let name = sleuth_core::ops::op_by_id(c.op).map_or("?", |o| o.name);
+            *self.counted.entry(name).or_default() += c.count;
+        }
     }
 
     /// Removes the live frame before the final report.
@@ -309,6 +379,7 @@ impl LiveFeed {
                             view.set_process(&p);
                         }
                         Msg::Kernel(losses, counts) => {
+                            view.set_counted(&counts);
                             if let Some(m) = &metrics {
                                 m.set_kernel_counters(&losses, &counts);
                             }
@@ -439,14 +510,6 @@ fn push_bounded<T>(v: &mut Vec<T>, item: T) {
     v.push(item);
 }
 
-fn truncate(s: &str, max: usize) -> String {
-    if s.chars().count() <= max {
-        s.to_string()
-    } else {
-        format!("{}…", s.chars().take(max - 1).collect::<String>())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -482,6 +545,81 @@ mod tests {
             .findings(0, 1 << 40, 3)
             .iter()
             .any(|f| f.contains("allocation_failure")));
+    }
+
+    /// Round 56's tester: op rows were 83 columns and findings up to 142,
+    /// so an 80-column terminal wrapped them and the redraw (up by the
+    /// lines printed) left each frame in the scrollback. At 80 columns the
+    /// table is 79 wide with every number whole, and the fitted frame of a
+    /// full view fits 80x24; an op counted in the kernel is listed with its
+    /// count (`--launches driver`: `cuLaunchKernel`).
+    #[test]
+    fn a_full_frame_fits_an_80x24_terminal_with_whole_numbers() {
+        let mut v = LiveView::new(true);
+        v.tty = true;
+        let ops = sleuth_core::ops::OPS;
+        for (i, op) in ops.iter().take(14).enumerate() {
+            for k in 0..=i as u64 {
+                let c = CallEvent {
+                    ts_ns: k,
+                    dur_ns: 123_456_789,
+                    runnable_ns: 9_876_543_210,
+                    blocked_ns: 999_999_999,
+                    pid: 7,
+                    tid: 7,
+                    op: op.id,
+                    ..Default::default()
+                };
+                v.observe(&Event::Call(c));
+            }
+        }
+        let launch = sleuth_core::op_by_name("cuLaunchKernel").unwrap().id;
+        v.ops.remove("cuLaunchKernel");
+        v.set_counted(&[sleuth_core::OpCount {
+            pid: 7,
+            op: launch,
+            count: 30,
+        }]);
+        let table = v.op_table(80);
+        assert!(table.iter().all(|l| fit::width(&l.text) <= 79), "{table:?}");
+        assert!(table
+            .iter()
+            .all(|l| !l.text.contains('…') || l.text.starts_with("cu")));
+        // Every number whole: a 14-call op's totals past 100 s included.
+        assert!(table[2].text.contains("121.63ms") && table[2].text.contains("138.272s"));
+        let counted = table
+            .iter()
+            .find(|l| l.text.starts_with("cuLaunchKernel "))
+            .unwrap_or_else(|| panic!("no counted row: {table:?}"));
+        assert!(counted.text.contains(" 30 ") && counted.text.ends_with("counted in kernel"));
+        for pid in 1..=6 {
+            v.ledger.apply(&CallEvent {
+                pid,
+                tid: pid,
+                op: sleuth_core::op_by_name("cudaMalloc").unwrap().id,
+                size: Some(4096),
+                ptr: Some(0xa000),
+                ..Default::default()
+            });
+        }
+        let frame = v.frame(1.0, 1, 0, 0, 1 << 40, 80);
+        assert_eq!(
+            frame.len(),
+            21,
+            "header, 13 table lines, 6 processes, findings"
+        );
+        let fitted = fit::fit(&frame, fit::Size { cols: 80, rows: 24 });
+        assert_eq!(fitted.len(), 21);
+        // A shorter terminal: 14 rows and the note; the ops past the
+        // fifth go before the processes' memory and the findings' line.
+        let fitted = fit::fit(&frame, fit::Size { cols: 80, rows: 16 });
+        assert_eq!(fitted.len(), 15);
+        assert!(fitted[0].starts_with("gpusleuth tracing"));
+        assert!(fitted[3].starts_with("cudaStreamSynchronize"));
+        assert!(fitted[6].starts_with("cudaMemset "));
+        assert!(fitted[7].starts_with("pid 1:") && fitted[12].starts_with("pid 6:"));
+        assert!(fitted[13].starts_with("findings so far"));
+        assert_eq!(fitted[14], "… 7 more (a taller terminal shows them)");
     }
 
     /// A pipe's lines show no memory: its view keeps no ledger, so no

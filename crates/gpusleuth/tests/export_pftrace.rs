@@ -7,6 +7,8 @@
 //! Skips without python3's `perfetto` package, except under CI=true.
 
 mod common;
+#[path = "common/synthetic_run.rs"]
+mod synthetic_run;
 #[path = "common/temp_dir.rs"]
 mod temp_dir;
 
@@ -17,6 +19,7 @@ use sleuth_core::{
 };
 use sleuth_store::{SessionInfo, TraceWriter, WriterOptions};
 use std::path::{Path, PathBuf};
+use synthetic_run::{malloc, proc_event, write_three_files};
 
 fn example(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -465,4 +468,155 @@ fn a_wait_begun_in_a_deleted_file_ends_where_it_ended() {
     // The protobuf export draws the same.
     std::fs::create_dir_all(dir.join("both")).unwrap();
     let _ = both_formats("deleted_wait", &run, &[], &dir.join("both"));
+}
+
+/// The `perfetto` JSON export of `db` with `args`, parsed.
+fn perfetto_of(db: &Path, args: &[&str], out: &Path) -> serde_json::Value {
+    common::run_ok(
+        common::gpusleuth()
+            .args(["export", "--force", "--format", "perfetto", "--db"])
+            .arg(db)
+            .args(args)
+            .arg("-o")
+            .arg(out),
+    );
+    serde_json::from_str(&std::fs::read_to_string(out).unwrap()).unwrap()
+}
+
+/// The `live_bytes` samples of `pid`'s memory track: (ts µs, bytes).
+fn memory_samples(doc: &serde_json::Value, pid: u32) -> Vec<(f64, u64)> {
+    doc["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == "C" && e["name"] == "device memory (bytes)" && e["pid"] == pid)
+        .map(|e| {
+            let bytes = e["args"]["live_bytes"].as_u64().unwrap();
+            (e["ts"].as_f64().unwrap(), bytes)
+        })
+        .collect()
+}
+
+/// Round 56's tester: `export --db DIR --last 2s` spanning files 7 and 8
+/// drew a memory counter of a forked child that allocated and exited in
+/// file 6 (a kept file the window does not span), and named it nowhere
+/// (the protobuf: "? (pid)"). A process that exited before the window
+/// holds nothing in it (the driver frees its memory at its exit): no
+/// counter; one still holding memory with no row in the spanned files is
+/// named from the run's ledger.
+#[test]
+fn a_run_window_draws_no_memory_of_a_process_gone_before_it_and_names_what_it_draws() {
+    use sleuth_core::ProcKind;
+    let dir = temp_dir::TempDir::new("export_run_window_exited");
+    let run = dir.join("run");
+    let ms = 1_000_000u64;
+    const HOLDER: u32 = 5300;
+    write_three_files(&run, |n| {
+        let start = 100 * ms * n;
+        let mut events = vec![Event::Call(malloc(
+            PID,
+            start + 10 * ms,
+            1 << 20,
+            0x1000 * n,
+        ))];
+        if n == 1 {
+            // A child that allocates and exits; one that allocates and
+            // sleeps through the later files without a row in them.
+            events.push(proc_event(ProcKind::Fork, OTHER, start + ms, "workload"));
+            events.push(Event::Call(malloc(OTHER, start + 5 * ms, 3 << 20, 0x9000)));
+            events.push(proc_event(
+                ProcKind::Exit,
+                OTHER,
+                start + 20 * ms,
+                "workload",
+            ));
+            events.push(proc_event(ProcKind::Fork, HOLDER, start + ms, "holder"));
+            events.push(Event::Call(malloc(HOLDER, start + 5 * ms, 5 << 20, 0xa000)));
+        }
+        events
+    });
+    // From 250 ms: files 2 and 3.
+    let doc = perfetto_of(&run, &["--last", "150ms"], &dir.join("w.json"));
+    assert_eq!(
+        memory_samples(&doc, OTHER),
+        vec![],
+        "exited before the window"
+    );
+    let names: Vec<(u64, String)> = doc["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == "M" && e["name"] == "process_name")
+        .map(|e| (e["pid"].as_u64().unwrap(), e["args"]["name"].to_string()))
+        .collect();
+    for pid in [PID, HOLDER] {
+        assert!(!memory_samples(&doc, pid).is_empty(), "{pid} drawn");
+        assert!(
+            names.iter().any(|(p, _)| *p == u64::from(pid)),
+            "{pid} drawn but not named: {names:?}"
+        );
+    }
+    assert!(
+        names.contains(&(u64::from(HOLDER), "\"holder (5300)\"".into())),
+        "{names:?}"
+    );
+    assert!(
+        !names.iter().any(|(p, _)| *p == u64::from(OTHER)),
+        "{names:?}"
+    );
+    // The protobuf draws and names the same.
+    std::fs::create_dir_all(dir.join("both")).unwrap();
+    let _ = both_formats(
+        "run_window_exited",
+        &run,
+        &["--last", "150ms"],
+        &dir.join("both"),
+    );
+}
+
+/// Round 56's tester: `export --db DIR` of a run whose origin is a wait
+/// begun in a file `--keep` deleted drew four samples of a process at 0
+/// (0, 1 MiB, 3 MiB, 2 MiB: its points from before the origin), then the
+/// later ones. The whole run is a window from its start: one sample at the
+/// origin with what was live then, then the points after it.
+#[test]
+fn a_whole_run_export_draws_memory_from_its_origin_with_what_was_live_then() {
+    let dir = temp_dir::TempDir::new("export_run_memory_origin");
+    let run = dir.join("run");
+    let ms = 1_000_000u64;
+    let (sleep_off, sleep_on) = (150 * ms, 250 * ms);
+    let free = |ts_ns, ptr| synthetic_run::free(PID, ts_ns, ptr);
+    write_three_files(&run, |n| match n {
+        1 => vec![
+            Event::Call(malloc(PID, 110 * ms, 1 << 20, 0xa000)),
+            Event::Call(malloc(PID, 120 * ms, 2 << 20, 0xb000)),
+            Event::Call(free(130 * ms, 0xa000)),
+        ],
+        2 => vec![
+            Event::Call(malloc(PID, 210 * ms, 4 << 20, 0xc000)),
+            Event::Wait(WaitEvent {
+                pid: PID,
+                tid: PID,
+                kind: WaitKind::Blocked,
+                off_ns: sleep_off,
+                wake_ns: sleep_on,
+                on_ns: sleep_on,
+                prev_state: 1,
+                cpu: 0,
+                culprits: vec![],
+                waker: None,
+            }),
+        ],
+        _ => vec![Event::Call(free(310 * ms, 0xc000))],
+    });
+    std::fs::remove_file(run.join(sleuth_store::run::part_name(1))).unwrap();
+    let doc = perfetto_of(&run, &[], &dir.join("run.json"));
+    assert_eq!(doc["otherData"]["origin_mono_ns"].as_u64(), Some(sleep_off));
+    // Each later point at its call's return (1 µs after its start).
+    assert_eq!(
+        memory_samples(&doc, PID),
+        vec![(0.0, 2 << 20), (60_001.0, 6 << 20), (160_001.0, 2 << 20)]
+    );
+    std::fs::create_dir_all(dir.join("both")).unwrap();
+    let _ = both_formats("run_memory_origin", &run, &[], &dir.join("both"));
 }

@@ -963,22 +963,19 @@ fn memory_tracks(
     window: Option<Window>,
     ev: &mut ArrayWriter,
 ) -> anyhow::Result<()> {
-    let held = |ts: u64| Window::covers(window, ts);
-    for l in ledgers {
-        let name = "device memory (bytes)";
-        let (since, start_bytes) = memory_track_start(l, window);
-        let start_ts = since.map_or(0.0, |s| us(s, origin));
+    let name = "device memory (bytes)";
+    for (l, start) in drawn_ledgers(ledgers, origin, window) {
         ev.item(
-            &json!({"ph": "C", "name": name, "pid": l.pid, "ts": start_ts,
-                        "args": {"live_bytes": start_bytes}}),
+            &json!({"ph": "C", "name": name, "pid": l.pid, "ts": us(start.at, origin),
+                        "args": {"live_bytes": start.live_bytes}}),
         )?;
-        for p in l.timeline.iter().filter(|p| held(p.ts_ns)) {
+        for p in l.timeline.iter().filter(|p| start.holds(p.ts_ns)) {
             ev.item(
                 &json!({"ph": "C", "name": name, "pid": l.pid, "ts": us(p.ts_ns, origin),
                         "args": {"live_bytes": p.live_bytes}}),
             )?;
         }
-        for fa in l.failed_allocs.iter().filter(|fa| held(fa.ts_ns)) {
+        for fa in l.failed_allocs.iter().filter(|fa| start.holds(fa.ts_ns)) {
             ev.item(&json!({"ph": "i", "s": "p", "name": format!("failed {}", fa.op),
                             "cat": "memory", "pid": l.pid, "tid": l.pid, "ts": us(fa.ts_ns, origin),
                             "args": {"bytes": fa.bytes, "error": fa.error, "live_bytes_at": fa.live_bytes_at}}))?;
@@ -987,21 +984,64 @@ fn memory_tracks(
     Ok(())
 }
 
-/// Where a process's memory track begins: with the trace (None: at zero)
-/// or the window (at its start, with what was live then), not at the first
-/// allocation. Both Perfetto formats draw it so.
-fn memory_track_start(l: &ProcessLedger, window: Option<Window>) -> (Option<u64>, u64) {
-    match window {
-        None => (None, 0),
-        Some(w) => (
-            Some(w.since),
-            l.timeline
-                .iter()
-                .take_while(|p| p.ts_ns < w.since)
-                .last()
-                .map_or(0, |p| p.live_bytes),
-        ),
+/// Where a process's memory track begins and what it draws after.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct TrackStart {
+    /// The first sample's time (monotonic ns): the origin, or the window's
+    /// start when later.
+    at: u64,
+    /// What was live then: the last timeline point before it.
+    live_bytes: u64,
+    /// The window's end (exclusive).
+    until: u64,
+}
+
+impl TrackStart {
+    /// Whether a point at `ts_ns` is drawn after the first sample: a run's
+    /// ledger holds points from before the document's origin (files
+    /// `--keep` deleted), which would all be drawn at 0.
+    fn holds(&self, ts_ns: u64) -> bool {
+        (self.at..self.until).contains(&ts_ns)
     }
+}
+
+/// Where a process's memory track begins: at the origin, or the window's
+/// start when later, with what was live then (not at the first
+/// allocation, and never a point from before it drawn at 0). None for a
+/// process that exited before then: the driver frees a process's memory at
+/// its exit, so it holds nothing there. Both Perfetto formats draw it so.
+fn memory_track_start(
+    l: &ProcessLedger,
+    origin: u64,
+    window: Option<Window>,
+) -> Option<TrackStart> {
+    let at = window.map_or(origin, |w| w.since.max(origin));
+    if l.exit_ns.is_some_and(|e| e < at) {
+        return None;
+    }
+    let live_bytes = l
+        .timeline
+        .iter()
+        .take_while(|p| p.ts_ns < at)
+        .last()
+        .map_or(0, |p| p.live_bytes);
+    let until = window.map_or(u64::MAX, |w| w.until);
+    Some(TrackStart {
+        at,
+        live_bytes,
+        until,
+    })
+}
+
+/// The ledgers whose memory track is drawn, each with its start.
+fn drawn_ledgers(
+    ledgers: &[ProcessLedger],
+    origin: u64,
+    window: Option<Window>,
+) -> impl Iterator<Item = (&ProcessLedger, TrackStart)> {
+    ledgers
+        .iter()
+        .filter_map(move |l| memory_track_start(l, origin, window).map(|s| (l, s)))
 }
 
 /// When a GPU busy sample is drawn (monotonic ns): a step at the start of

@@ -218,7 +218,7 @@ fn run_of_run(args: &Args) -> anyhow::Result<i32> {
         // moment the ledger is the kept files', from the oldest one's start).
         let origin = match args.at {
             Some(_) => data.start_ns.unwrap_or(0),
-            None => earliest(&processes).min(data.start_ns.unwrap_or(u64::MAX)),
+            None => run_origin(args, &processes, data)?,
         };
         let mut text = format!(
             "Run in {}: {} finished file(s){}, {}; times since {}.\n",
@@ -291,6 +291,28 @@ fn emit_sites(args: &Args, r: &sites::SitesReport) -> anyhow::Result<i32> {
 
 /// The earliest moment a ledger names (an unfreed allocation, a failed
 /// one, the timeline's first point); `u64::MAX` when none.
+/// What a run's times count from at its end: the earliest allocation the
+/// run's ledger holds, or the oldest file's start if earlier. With `--pid`
+/// the ledgers read hold that process alone, whose first allocation would
+/// move the origin (round 56's tester: a 20 MiB cudaMalloc listed at
+/// +3.709s, and at +3.000s with `--pid`, under the same header): the
+/// whole run's ledgers are read for it, so a time means the same with and
+/// without `--pid`.
+fn run_origin(
+    args: &Args,
+    ledgers: &[ProcessLedger],
+    data: &sleuth_core::TraceData,
+) -> anyhow::Result<u64> {
+    let start = data.start_ns.unwrap_or(u64::MAX);
+    if args.input.pid.is_none() {
+        return Ok(earliest(ledgers).min(start));
+    }
+    let (budget, memo) = (crate::checks_memo::budget(), crate::checks_memo::memo());
+    let all = sleuth_store::run_explain::load_memory(&args.input.db, None, budget, memo)?;
+    let start = all.data.start_ns.unwrap_or(u64::MAX).min(start);
+    Ok(earliest(&all.ledgers).min(earliest(ledgers)).min(start))
+}
+
 fn earliest(ledgers: &[ProcessLedger]) -> u64 {
     ledgers
         .iter()

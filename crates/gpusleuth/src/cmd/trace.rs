@@ -993,7 +993,8 @@ fn trace_loop(
                 let r = handle.add_count_samples(samples);
                 sinks.check(r);
             }
-            if sinks.metrics.is_some() {
+            // The metrics and the live view's op table (its kernel-counted ops).
+            if sinks.live.wants_events() {
                 sinks
                     .live
                     .set_kernel_counters(session.losses().counters(), op_counts);

@@ -22,7 +22,7 @@
 //! "gpusleuth" track says the origin on the monotonic and wall clocks.
 
 use super::proto::{boolean, double, int, message, string, uint};
-use super::{busy_step_at, category, memory_track_start, pipelined, Batches, Sink};
+use super::{busy_step_at, category, drawn_ledgers, pipelined, Batches, Sink};
 use super::{process_label, thread_label};
 use crate::window::Window;
 use serde_json::Value;
@@ -723,10 +723,8 @@ pub(super) fn write(
         },
     )?;
     let mut last = Packets::default();
-    for pid in f
-        .ledgers
-        .iter()
-        .map(|l| l.pid)
+    for pid in drawn_ledgers(f.ledgers, origin, window)
+        .map(|(l, _)| l.pid)
         .chain(ctx.process_gpu.iter().map(|p| p.pid))
     {
         if tracks.processes.insert(pid) {
@@ -788,22 +786,20 @@ fn memory_tracks(
     origin: u64,
     window: Option<Window>,
 ) {
-    let held = |ts: u64| Window::covers(window, ts);
-    for l in ledgers {
+    for (l, start) in drawn_ledgers(ledgers, origin, window) {
         let track = uuid::MEMORY + u64::from(l.pid);
         let process = uuid::PROCESS + u64::from(l.pid);
         out.counter_track(track, Some(process), "device memory (bytes)", true);
-        let (since, start_bytes) = memory_track_start(l, window);
-        let start_ts = since.map_or(0, |s| s.saturating_sub(origin));
-        out.counter(start_ts, track, Count::Int(start_bytes as i64));
-        for p in l.timeline.iter().filter(|p| held(p.ts_ns)) {
+        let start_ts = start.at.saturating_sub(origin);
+        out.counter(start_ts, track, Count::Int(start.live_bytes as i64));
+        for p in l.timeline.iter().filter(|p| start.holds(p.ts_ns)) {
             out.counter(
                 p.ts_ns.saturating_sub(origin),
                 track,
                 Count::Int(p.live_bytes as i64),
             );
         }
-        for fa in l.failed_allocs.iter().filter(|fa| held(fa.ts_ns)) {
+        for fa in l.failed_allocs.iter().filter(|fa| start.holds(fa.ts_ns)) {
             let name = format!("failed {}", fa.op);
             out.instant(
                 fa.ts_ns.saturating_sub(origin),

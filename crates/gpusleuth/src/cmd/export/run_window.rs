@@ -45,7 +45,7 @@ pub(super) fn export(args: &Args, run: &RunLast) -> anyhow::Result<()> {
     let (held, problems) = checked_files(run, pid)?;
     let format = args.format();
     let frame = match format {
-        Format::Perfetto | Format::Pftrace => Some(RunFrame::of(run, &held, pid)?),
+        Format::Perfetto | Format::Pftrace => Some(RunFrame::of(run, &held, pid, window)?),
         Format::Json => None,
     };
     let write = |w: &mut (dyn Write + Send), how: ByStart| -> anyhow::Result<()> {
@@ -171,7 +171,12 @@ struct RunFrame {
 }
 
 impl RunFrame {
-    fn of(run: &RunLast, held: &[PathBuf], pid: Option<u32>) -> anyhow::Result<RunFrame> {
+    fn of(
+        run: &RunLast,
+        held: &[PathBuf],
+        pid: Option<u32>,
+        window: Window,
+    ) -> anyhow::Result<RunFrame> {
         let mut ctx: Option<TraceData> = None;
         let mut origin = u64::MAX;
         for path in held {
@@ -226,13 +231,34 @@ impl RunFrame {
             ),
         };
         let (explanation, _) = run.explanation(pid, memo)?;
+        let mut ctx = ctx.unwrap_or_default();
+        let origin = if origin == u64::MAX { 0 } else { origin };
+        let drawn = super::drawn_ledgers(&ledgers, origin, Some(window)).map(|(l, _)| l);
+        name_ledger_processes(&mut ctx, drawn);
         Ok(RunFrame {
-            ctx: ctx.unwrap_or_default(),
-            origin: if origin == u64::MAX { 0 } else { origin },
+            ctx,
+            origin,
             ledgers,
             ledger_note,
             findings: explanation.findings,
         })
+    }
+}
+
+/// Adds to `ctx` the processes of `drawn` (the ledgers whose memory track
+/// the window draws) that no spanned file lists (one of an earlier file
+/// still holding memory, with no row in the window), with
+/// the name and exit the ledger knows: every process drawn is named, in
+/// both formats, as in one file's export.
+fn name_ledger_processes<'a>(ctx: &mut TraceData, drawn: impl Iterator<Item = &'a ProcessLedger>) {
+    let listed: BTreeSet<u32> = ctx.processes.iter().map(|p| p.pid).collect();
+    for l in drawn.filter(|l| !listed.contains(&l.pid)) {
+        ctx.processes.push(sleuth_core::ProcessInfo {
+            pid: l.pid,
+            comm: l.comm.clone(),
+            exit_ns: l.exit_ns,
+            ..Default::default()
+        });
     }
 }
 
