@@ -547,7 +547,7 @@ mod tests {
             .any(|f| f.contains("allocation_failure")));
     }
 
-    /// Round 56's tester: op rows were 83 columns and findings up to 142,
+    /// Round 55's tester: op rows were 83 columns and findings up to 142,
     /// so an 80-column terminal wrapped them and the redraw (up by the
     /// lines printed) left each frame in the scrollback. At 80 columns the
     /// table is 79 wide with every number whole, and the fitted frame of a

@@ -497,7 +497,7 @@ fn memory_samples(doc: &serde_json::Value, pid: u32) -> Vec<(f64, u64)> {
         .collect()
 }
 
-/// Round 56's tester: `export --db DIR --last 2s` spanning files 7 and 8
+/// Round 55's tester: `export --db DIR --last 2s` spanning files 7 and 8
 /// drew a memory counter of a forked child that allocated and exited in
 /// file 6 (a kept file the window does not span), and named it nowhere
 /// (the protobuf: "? (pid)"). A process that exited before the window
@@ -574,7 +574,7 @@ fn a_run_window_draws_no_memory_of_a_process_gone_before_it_and_names_what_it_dr
     );
 }
 
-/// Round 56's tester: `export --db DIR` of a run whose origin is a wait
+/// Round 55's tester: `export --db DIR` of a run whose origin is a wait
 /// begun in a file `--keep` deleted drew four samples of a process at 0
 /// (0, 1 MiB, 3 MiB, 2 MiB: its points from before the origin), then the
 /// later ones. The whole run is a window from its start: one sample at the

@@ -21,7 +21,7 @@ fn memory_text(run: &Path, args: &[&str]) -> String {
     String::from_utf8(out.stdout).expect("UTF-8")
 }
 
-/// Round 56's tester: `memory --db DIR` listed a 20 MiB cudaMalloc at
+/// Round 55's tester: `memory --db DIR` listed a 20 MiB cudaMalloc at
 /// +3.709s, `memory --db DIR --pid P` at +3.000s under the same header
 /// ("times since the earliest allocation the run's ledger holds"): with
 /// `--pid` the origin was P's first allocation. Both count from the run

@@ -289,12 +289,10 @@ fn emit_sites(args: &Args, r: &sites::SitesReport) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-/// The earliest moment a ledger names (an unfreed allocation, a failed
-/// one, the timeline's first point); `u64::MAX` when none.
 /// What a run's times count from at its end: the earliest allocation the
 /// run's ledger holds, or the oldest file's start if earlier. With `--pid`
 /// the ledgers read hold that process alone, whose first allocation would
-/// move the origin (round 56's tester: a 20 MiB cudaMalloc listed at
+/// move the origin (round 55's tester: a 20 MiB cudaMalloc listed at
 /// +3.709s, and at +3.000s with `--pid`, under the same header): the
 /// whole run's ledgers are read for it, so a time means the same with and
 /// without `--pid`.
@@ -313,6 +311,8 @@ fn run_origin(
     Ok(earliest(&all.ledgers).min(earliest(ledgers)).min(start))
 }
 
+/// The earliest moment a ledger names (an unfreed allocation, a failed
+/// one, the timeline's first point); `u64::MAX` when none.
 fn earliest(ledgers: &[ProcessLedger]) -> u64 {
     ledgers
         .iter()
