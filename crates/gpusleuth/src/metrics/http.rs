@@ -8,25 +8,29 @@
 //! open connections capped by MCP's `ConnTracker` (idle ones closed first).
 //!
 //! The bytes those connections hold are bounded too ([`Pages`]): a
-//! response that starts while another still sends a page of its format
-//! sends that page (until it is [`CONN_DEADLINE`] old), so at most two
-//! pages of a format are alive. Before, each connection held a page of
-//! its own until its deadline: 100 clients that never read the reply took
-//! a 22 MB page each (200 labelled processes), the tracer's RSS to 2.2 GB
-//! (round 55's tester).
+//! response that starts while another still sends a page sends that page
+//! (until it is [`CONN_DEADLINE`] old), so at most two pages are alive;
+//! both formats are sent from the one OpenMetrics page (Prometheus 0.0.4
+//! as its ranges and the few lines that differ: [`Chunks`]). Before, each
+//! connection held a page of its own until its deadline: 100 clients that
+//! never read the reply took a 22 MB page each (200 labelled processes),
+//! the tracer's RSS to 2.2 GB (round 55's tester).
 
 use super::Metrics;
 use anyhow::Context as _;
 use bytes::Bytes;
-use http_body_util::Full;
 use hyper::body::Incoming;
+use hyper::body::{Frame, SizeHint};
 use hyper::header::{HeaderValue, ACCEPT, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use sleuth_mcp::conn_limit::{ConnCaps, ConnTracker};
+use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 /// Largest request head read (a scrape request is a few hundred bytes).
@@ -36,15 +40,14 @@ const HEADER_DEADLINE: Duration = Duration::from_secs(5);
 /// A connection is closed this long after it opened, whatever its state
 /// (a client that stops reading the response cannot hold it).
 const CONN_DEADLINE: Duration = Duration::from_secs(10);
-/// The last page rendered in each format (0.0.4, OpenMetrics), known
-/// while a response still sends it (a `Weak`: once every response sending
-/// it is done, it is freed, never kept for the next scrape). At most two
-/// pages of a format are alive: the last one, and an older one still sent
-/// by responses that end within [`CONN_DEADLINE`] of its rendering, when
-/// the next one may be rendered.
+/// The last OpenMetrics page rendered, known while a response still sends
+/// it (a `Weak`: once every response sending it is done, it is freed, never
+/// kept for the next scrape). At most two pages are alive: the last one,
+/// and an older one still sent by responses that end within
+/// [`CONN_DEADLINE`] of its rendering, when the next one may be rendered.
 #[derive(Default)]
 struct Pages {
-    last: std::sync::Mutex<[Option<Page>; 2]>,
+    last: std::sync::Mutex<Option<Page>>,
 }
 
 struct Page {
@@ -64,12 +67,11 @@ impl AsRef<[u8]> for PageBody {
 }
 
 impl Pages {
-    /// The page to send in `openmetrics` format: the one a response still
-    /// sends, else one `render` writes into a buffer of the size given.
-    fn get(&self, openmetrics: bool, render: impl FnOnce(usize) -> String) -> Bytes {
+    /// The page to send: the one a response still sends, else one `render`
+    /// writes into a buffer of the size given.
+    fn get(&self, render: impl FnOnce(usize) -> String) -> Bytes {
         // Held while rendering: concurrent scrapes wait for one page.
-        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
-        let slot = &mut last[usize::from(openmetrics)];
+        let mut slot = self.last.lock().unwrap_or_else(|p| p.into_inner());
         let sent = slot
             .as_ref()
             .filter(|p| p.rendered.elapsed() < CONN_DEADLINE)
@@ -87,6 +89,51 @@ impl Pages {
             }
         };
         Bytes::from_owner(PageBody(text))
+    }
+}
+
+/// A response body sent as chunks (a page's ranges, and the few lines the
+/// 0.0.4 format changes), with its exact length.
+pub(crate) struct Chunks(VecDeque<Bytes>);
+
+impl Chunks {
+    fn one(b: Bytes) -> Chunks {
+        Chunks(VecDeque::from([b]))
+    }
+
+    /// The Prometheus 0.0.4 text of OpenMetrics page `om`, from the page.
+    fn prometheus_004(om: &Bytes) -> Chunks {
+        let text = std::str::from_utf8(om).unwrap_or_default();
+        let pieces = super::encode::prometheus_004_pieces(text);
+        Chunks(
+            pieces
+                .into_iter()
+                .map(|p| match p {
+                    super::encode::Piece::Same(r) => om.slice(r),
+                    super::encode::Piece::New(s) => Bytes::from(s),
+                })
+                .collect(),
+        )
+    }
+}
+
+impl hyper::body::Body for Chunks {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        Poll::Ready(self.0.pop_front().map(|b| Ok(Frame::data(b))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.0.iter().map(|b| b.len() as u64).sum())
     }
 }
 
@@ -157,7 +204,7 @@ async fn serve(listener: std::net::TcpListener, metrics: Arc<Metrics>) {
 
 /// The response to a request: the exposition by the `Accept` header, 404
 /// for other paths, 405 for other methods.
-fn respond<B>(req: &Request<B>, metrics: &Metrics, pages: &Pages) -> Response<Full<Bytes>> {
+fn respond<B>(req: &Request<B>, metrics: &Metrics, pages: &Pages) -> Response<Chunks> {
     const TEXT: &str = "text/plain; charset=utf-8";
     if req.method() != Method::GET {
         return plain(
@@ -181,12 +228,19 @@ fn respond<B>(req: &Request<B>, metrics: &Metrics, pages: &Pages) -> Response<Fu
         true => "application/openmetrics-text; version=1.0.0; charset=utf-8",
         false => "text/plain; version=0.0.4; charset=utf-8",
     };
-    let page = pages.get(openmetrics, |size| metrics.render(openmetrics, size));
-    plain(StatusCode::OK, ctype, page)
+    let page = pages.get(|size| metrics.render(true, size));
+    let body = match openmetrics {
+        true => Chunks::one(page),
+        false => Chunks::prometheus_004(&page),
+    };
+    with_type(Response::new(body), StatusCode::OK, ctype)
 }
 
-fn plain(status: StatusCode, ctype: &'static str, body: Bytes) -> Response<Full<Bytes>> {
-    let mut r = Response::new(Full::new(body));
+fn plain(status: StatusCode, ctype: &'static str, body: Bytes) -> Response<Chunks> {
+    with_type(Response::new(Chunks::one(body)), status, ctype)
+}
+
+fn with_type(mut r: Response<Chunks>, status: StatusCode, ctype: &'static str) -> Response<Chunks> {
     *r.status_mut() = status;
     r.headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static(ctype));
@@ -207,7 +261,7 @@ mod tests {
         b.body(()).unwrap()
     }
 
-    fn body(r: Response<Full<Bytes>>) -> String {
+    fn body(r: Response<Chunks>) -> String {
         let rt = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap();
@@ -264,35 +318,63 @@ mod tests {
             renders.set(renders.get() + 1);
             format!("page {}\n", renders.get())
         };
-        let age = |by: Duration| {
-            let mut last = pages.last.lock().unwrap();
-            last[1].as_mut().unwrap().rendered -= by;
-        };
+        let age = |by: Duration| pages.last.lock().unwrap().as_mut().unwrap().rendered -= by;
         // Fifty responses at once: one page, one allocation.
-        let held: Vec<Bytes> = (0..50).map(|_| pages.get(true, render)).collect();
+        let held: Vec<Bytes> = (0..50).map(|_| pages.get(render)).collect();
         assert_eq!(renders.get(), 1);
         assert!(held.iter().all(|b| b.as_ptr() == held[0].as_ptr()));
         // Still being sent, 9 s later: served again, not rendered.
         age(CONN_DEADLINE - Duration::from_secs(1));
-        assert_eq!(&pages.get(true, render)[..], b"page 1\n");
+        assert_eq!(&pages.get(render)[..], b"page 1\n");
         assert_eq!(renders.get(), 1);
         // As old as a connection may live: rendered, whoever sends it.
         age(Duration::from_secs(1));
-        let second = pages.get(true, render);
+        let second = pages.get(render);
         assert_eq!(&second[..], b"page 2\n");
-        // Nobody sends a page any more: it is gone, the next is rendered.
+        // Nobody sends a page any more: it is gone, the next is rendered,
+        // into a buffer sized for the last one.
         drop((held, second));
-        assert!(pages.last.lock().unwrap()[1]
+        assert!(pages
+            .last
+            .lock()
+            .unwrap()
             .as_ref()
             .unwrap()
             .text
             .upgrade()
             .is_none());
-        assert_eq!(&pages.get(true, render)[..], b"page 3\n");
-        // The other format has pages of its own; each buffer is sized
-        // for the format's last page.
-        assert_eq!(&pages.get(false, render)[..], b"page 4\n");
-        assert_eq!(*sizes.borrow(), [0, 7, 7, 0]);
+        assert_eq!(&pages.get(render)[..], b"page 3\n");
+        assert_eq!(*sizes.borrow(), [0, 7, 7]);
+    }
+
+    /// Both formats are sent from the one OpenMetrics page: the 0.0.4
+    /// answer is the page's ranges and the lines that differ, the same text
+    /// `Metrics::render(false)` writes, with its exact length.
+    #[test]
+    fn the_004_answer_is_sent_from_the_openmetrics_page() {
+        let m = Metrics::new();
+        m.observe(&sleuth_core::Event::Call(sleuth_core::CallEvent {
+            pid: 7,
+            tid: 7,
+            op: sleuth_core::op_by_name("cudaMalloc").unwrap().id,
+            dur_ns: 3_000,
+            size: Some(4096),
+            ptr: Some(0x10),
+            ..Default::default()
+        }));
+        let pages = Pages::default();
+        let r = respond(&get(Method::GET, "/metrics", None), &m, &pages);
+        use hyper::body::Body as _;
+        let exact = r.body().size_hint().exact();
+        let (page, text) = (pages.get(|_| unreachable!("still sent")), body(r));
+        assert_eq!(text, m.render(false, 0));
+        assert_eq!(exact, Some(text.len() as u64));
+        assert!(
+            text.contains("# TYPE gpusleuth_cuda_calls_total counter\n"),
+            "{text}"
+        );
+        assert!(!text.contains("# EOF"));
+        drop(page);
     }
 
     fn free_addr() -> SocketAddr {
