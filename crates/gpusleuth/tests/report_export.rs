@@ -171,15 +171,26 @@ fn perfetto_export_numbers_match_the_database() {
         "gs-hog never named as a preemptor"
     );
 
-    // Device memory ends at the scenario's leak; the failed allocation is marked.
+    // Device memory ends at the scenario's leak, then falls to 0 at the
+    // process's exit (the driver frees it); the failed allocation is marked.
     let pid = db.int("SELECT pid FROM calls WHERE op = 'cudaMalloc' LIMIT 1") as u64;
-    let last_live = ev
+    let memory: Vec<(f64, u64)> = ev
         .iter()
-        .rfind(|e| e["ph"] == "C" && e["pid"] == pid)
-        .expect("a memory counter")["args"]["live_bytes"]
-        .as_u64()
-        .unwrap();
-    assert_eq!(last_live, DEMO_LEAK_BYTES);
+        .filter(|e| e["ph"] == "C" && e["pid"] == pid)
+        .map(|e| {
+            (
+                e["ts"].as_f64().unwrap(),
+                e["args"]["live_bytes"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    let exit_ns = db.int(&format!("SELECT exit_ns FROM processes WHERE pid = {pid}"));
+    assert!(exit_ns > 0, "the demo's workload exits");
+    let [.., (_, at_exit), (drop_ts, 0)] = memory[..] else {
+        panic!("no fall to 0 at the exit: {memory:?}");
+    };
+    assert_eq!(at_exit, DEMO_LEAK_BYTES);
+    assert!(memory.iter().all(|&(ts, _)| ts <= drop_ts), "{memory:?}");
     let peak = ev
         .iter()
         .filter(|e| e["ph"] == "C" && e["pid"] == pid)

@@ -975,6 +975,12 @@ fn memory_tracks(
                         "args": {"live_bytes": p.live_bytes}}),
             )?;
         }
+        if let Some(exit) = start.exit_in(l) {
+            ev.item(
+                &json!({"ph": "C", "name": name, "pid": l.pid, "ts": us(exit, origin),
+                        "args": {"live_bytes": 0}}),
+            )?;
+        }
         for fa in l.failed_allocs.iter().filter(|fa| start.holds(fa.ts_ns)) {
             ev.item(&json!({"ph": "i", "s": "p", "name": format!("failed {}", fa.op),
                             "cat": "memory", "pid": l.pid, "tid": l.pid, "ts": us(fa.ts_ns, origin),
@@ -1002,6 +1008,13 @@ impl TrackStart {
     /// `--keep` deleted), which would all be drawn at 0.
     fn holds(&self, ts_ns: u64) -> bool {
         (self.at..self.until).contains(&ts_ns)
+    }
+
+    /// The process's exit when drawn: its track falls to 0 there (the
+    /// driver frees a process's memory at its exit; round 55: a track
+    /// stayed at what was live at the exit to the end of the document).
+    fn exit_in(&self, l: &ProcessLedger) -> Option<u64> {
+        l.exit_ns.filter(|&e| self.holds(e))
     }
 }
 

@@ -799,6 +799,9 @@ fn memory_tracks(
                 Count::Int(p.live_bytes as i64),
             );
         }
+        if let Some(exit) = start.exit_in(l) {
+            out.counter(exit.saturating_sub(origin), track, Count::Int(0));
+        }
         for fa in l.failed_allocs.iter().filter(|fa| start.holds(fa.ts_ns)) {
             let name = format!("failed {}", fa.op);
             out.instant(

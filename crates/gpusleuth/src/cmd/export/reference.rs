@@ -72,6 +72,13 @@ pub fn perfetto(data: &TraceData, analysis: &Analysis) -> Value {
                            "args": {"live_bytes": p.live_bytes}}),
             );
         }
+        // The driver frees a process's memory at its exit.
+        if let Some(exit) = l.exit_ns.filter(|&e| e >= origin) {
+            ev.push(
+                json!({"ph": "C", "name": name, "pid": l.pid, "ts": us(exit, origin),
+                           "args": {"live_bytes": 0}}),
+            );
+        }
         for f in &l.failed_allocs {
             ev.push(json!({"ph": "i", "s": "p", "name": format!("failed {}", f.op),
                            "cat": "memory", "pid": l.pid, "tid": l.pid, "ts": us(f.ts_ns, origin),
