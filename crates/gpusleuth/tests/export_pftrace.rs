@@ -385,55 +385,25 @@ fn pftrace_is_refused_on_a_terminal() {
 fn a_wait_begun_in_a_deleted_file_ends_where_it_ended() {
     let dir = temp_dir::TempDir::new("export_deleted_wait");
     let run = dir.join("run");
-    std::fs::create_dir_all(&run).unwrap();
     let ms = 1_000_000u64;
-    let link = sleuth_store::run_ledger::RunLink::new_run();
-    // Files 2 and 3 of a run (file 1 deleted), 100 ms each from 100 ms.
-    let (sleep_off, sleep_on) = (40 * ms, 250 * ms);
-    for n in [2u64, 3] {
-        let start = 100 * ms * (n - 1);
-        let info = SessionInfo {
-            started_unix_ns: 1_700_000_000_000_000_000,
-            start_mono_ns: start,
-            hostname: "testhost".into(),
-            tool_version: "test".into(),
-            ..Default::default()
-        };
-        let opts = WriterOptions {
-            run: Some(link.for_file(n)),
-            ..Default::default()
-        };
-        let path = run.join(sleuth_store::run::part_name(n));
-        let w = TraceWriter::create(&path, info, opts).expect("create");
-        let h = w.handle();
-        h.send(Event::Call(call(
+    // Files 2 and 3 of a run (file 1 deleted), 100 ms each from 200 ms; a
+    // sleep begun in file 1 ended in file 3: all of it blocked.
+    let (sleep_off, sleep_on) = (140 * ms, 350 * ms);
+    write_three_files(&run, |n| {
+        let start = 100 * ms * n;
+        let mut events = vec![Event::Call(call(
             "cudaMalloc",
             PID,
             PID,
             start + 10 * ms,
             ms,
-        )))
-        .unwrap();
+        ))];
         if n == 3 {
-            // Begun in file 1, ended in file 3: all of it blocked.
-            h.send(Event::Wait(WaitEvent {
-                pid: PID,
-                tid: PID,
-                kind: WaitKind::Blocked,
-                off_ns: sleep_off,
-                wake_ns: sleep_on,
-                on_ns: sleep_on,
-                prev_state: 1,
-                cpu: 0,
-                culprits: vec![],
-                waker: None,
-            }))
-            .unwrap();
+            events.push(synthetic_run::blocked(PID, sleep_off, sleep_on));
         }
-        h.set_session_end(start + 100 * ms).unwrap();
-        drop(h);
-        w.finish().expect("finish");
-    }
+        events
+    });
+    std::fs::remove_file(run.join(sleuth_store::run::part_name(1))).unwrap();
     let out = dir.join("run.json");
     common::run_ok(
         common::gpusleuth()
@@ -594,18 +564,7 @@ fn a_whole_run_export_draws_memory_from_its_origin_with_what_was_live_then() {
         ],
         2 => vec![
             Event::Call(malloc(PID, 210 * ms, 4 << 20, 0xc000)),
-            Event::Wait(WaitEvent {
-                pid: PID,
-                tid: PID,
-                kind: WaitKind::Blocked,
-                off_ns: sleep_off,
-                wake_ns: sleep_on,
-                on_ns: sleep_on,
-                prev_state: 1,
-                cpu: 0,
-                culprits: vec![],
-                waker: None,
-            }),
+            synthetic_run::blocked(PID, sleep_off, sleep_on),
         ],
         _ => vec![Event::Call(free(310 * ms, 0xc000))],
     });

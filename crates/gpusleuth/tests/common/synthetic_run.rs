@@ -37,6 +37,22 @@ pub fn malloc(pid: u32, ts_ns: u64, bytes: u64, ptr: u64) -> CallEvent {
     }
 }
 
+/// A sleep of `pid`'s main thread from `off_ns` to `on_ns`, all of it blocked.
+pub fn blocked(pid: u32, off_ns: u64, on_ns: u64) -> Event {
+    Event::Wait(sleuth_core::WaitEvent {
+        pid,
+        tid: pid,
+        kind: sleuth_core::WaitKind::Blocked,
+        off_ns,
+        wake_ns: on_ns,
+        on_ns,
+        prev_state: 1,
+        cpu: 0,
+        culprits: vec![],
+        waker: None,
+    })
+}
+
 /// A lifecycle event of `pid` (named `comm`) at `ts_ns`.
 pub fn proc_event(kind: sleuth_core::ProcKind, pid: u32, ts_ns: u64, comm: &str) -> Event {
     Event::Proc(sleuth_core::ProcEvent {
