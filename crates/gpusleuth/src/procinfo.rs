@@ -6,8 +6,11 @@ use sleuth_core::ProcessInfo;
 /// process may already be gone.
 pub fn read(pid: u32, first_seen_ns: u64) -> ProcessInfo {
     let base = format!("/proc/{pid}");
-    let comm = std::fs::read_to_string(format!("{base}/comm"))
-        .map(|s| s.trim_end().to_string())
+    // Read as bytes: the kernel cuts a name at 15 bytes, maybe inside a
+    // UTF-8 character, and a strict read lost the whole name (the live
+    // view showed "the main thread of  (pid N)": round 55's tester).
+    let comm = std::fs::read(format!("{base}/comm"))
+        .map(|b| String::from_utf8_lossy(&b).trim_end().to_string())
         .unwrap_or_default();
     let cmdline = std::fs::read(format!("{base}/cmdline"))
         .map(|b| {
@@ -67,4 +70,25 @@ fn stat(pid: u32) -> Option<procfs::process::Stat> {
 /// not yet reaped, it runs nothing).
 pub fn alive(pid: u32) -> bool {
     stat(pid).is_some_and(|s| !matches!(s.state, 'Z' | 'X'))
+}
+
+#[cfg(test)]
+mod tests {
+    /// A name the kernel cut inside a UTF-8 character (15 bytes of
+    /// "ééééééééé") is read with the cut part as U+FFFD, as the trace's
+    /// lifecycle events store it, not lost whole.
+    #[test]
+    fn a_name_cut_inside_a_character_is_kept() {
+        let dir = std::env::temp_dir().join(format!("gs-procinfo-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let link = dir.join("ééééééééé");
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink("/bin/sleep", &link).unwrap();
+        let mut child = std::process::Command::new(&link).arg("5").spawn().unwrap();
+        let info = super::read(child.id(), 0);
+        let _ = child.kill();
+        let _ = child.wait();
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(info.comm, "ééééééé\u{FFFD}");
+    }
 }
