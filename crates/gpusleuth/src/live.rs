@@ -172,7 +172,7 @@ impl LiveView {
                 let _ = writeln!(
                     err,
                     "gpusleuth: finding so far: {}",
-                    terminal_safe(top.as_deref().unwrap_or(""))
+                    terminal_safe(top.as_deref().unwrap_or("")).replace(['\n', '\r'], " ")
                 );
                 self.last_top = top;
             }

@@ -13,11 +13,13 @@ use std::fmt::Write as _;
 /// Whether `c` must not reach a terminal as is: C0 controls other than
 /// newline and tab, DEL, C1 controls (8-bit CSI/OSC), and the bidirectional
 /// overrides that reorder what a reader sees.
-fn needs_escape(c: char) -> bool {
+pub(crate) fn needs_escape(c: char) -> bool {
     match c {
         '\n' | '\t' => false,
         '\u{0}'..='\u{1f}' | '\u{7f}'..='\u{9f}' => true,
-        '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' => true,
+        '\u{61c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' => {
+            true
+        }
         _ => false,
     }
 }

@@ -953,3 +953,83 @@ fn an_ingero_session_of_other_types_is_named() {
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
     assert!(!dst.exists());
 }
+
+/// An environment variable that is not UTF-8 (a Latin-1 path inherited
+/// from a shell) never takes `check` or `trace` down: `std::env::vars`
+/// panicked on it, `trace` after its capture had started, leaving its file
+/// unfinished and the command never run (round 55's tester).
+#[test]
+fn an_environment_that_is_not_utf8_is_no_panic() {
+    use std::os::unix::ffi::OsStrExt as _;
+    let latin1 = std::ffi::OsStr::from_bytes(b"/opt/caf\xe9/lib");
+    let out = gpusleuth()
+        .arg("check")
+        .env("X_LATIN1", latin1)
+        .output()
+        .expect("run gpusleuth check");
+    assert_no_panic(&out);
+    assert_ne!(out.status.code(), Some(101), "{out:?}");
+    let Some(sb) = Sandbox::for_ebpf("env_latin1") else {
+        return;
+    };
+    let out = sb
+        .trace_command(&[], "malloc 4096 a; free a")
+        .env("X_LATIN1", latin1)
+        .output()
+        .expect("run gpusleuth trace");
+    assert_no_panic(&out);
+    assert!(out.status.success(), "{out:?}");
+    let stats = run(&["stats", "--json", "--db", s(&sb.db())]);
+    assert!(
+        stats.status.success() && stats.stderr.is_empty(),
+        "{stats:?}"
+    );
+    assert_eq!(
+        common::stats_count(
+            &serde_json::from_slice(&stats.stdout).unwrap(),
+            "runtime",
+            "cudaMalloc"
+        ),
+        1
+    );
+}
+
+/// The paths `report` and `trace` print are escaped like every other
+/// terminal output: an OSC 52 clipboard write or a bidirectional override
+/// in an output path reached the terminal raw (round 55's tester).
+#[test]
+fn printed_output_paths_never_reach_the_terminal_raw() {
+    let sb = Sandbox::new("raw_paths");
+    let db = example(&sb, "demo-sim.db");
+    let hostile = "x\u{1b}]52;c;QkFE\u{7}\u{202e}";
+    let html = sb.path(&format!("{hostile}.html"));
+    let out = run(&["report", "--db", s(&db), "-o", s(&html)]);
+    assert!(out.status.success(), "{out:?}");
+    let err = text(&out.stderr);
+    assert!(err.contains("\\x1b]52;c;QkFE\\x07\\u{202e}.html"), "{err}");
+    assert!(!err.contains(['\u{1b}', '\u{7}', '\u{202e}']), "{err:?}");
+    let Some(sb) = Sandbox::for_ebpf("raw_paths_trace") else {
+        return;
+    };
+    let trace_db = sb.path(&format!("{hostile}.db"));
+    let out = gpusleuth()
+        .args([
+            "trace",
+            "--db",
+            s(&trace_db),
+            "--",
+            s(&sb.sim.workload),
+            "malloc 64 a",
+        ])
+        .env("LD_LIBRARY_PATH", &sb.sim.lib_dir)
+        .output()
+        .expect("run gpusleuth trace");
+    assert_no_panic(&out);
+    assert!(out.status.success(), "{out:?}");
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("trace saved to") && err.contains("\\x1b]52"),
+        "{err}"
+    );
+    assert!(!err.contains(['\u{1b}', '\u{7}', '\u{202e}']), "{err:?}");
+}

@@ -96,6 +96,17 @@ pub const STANDARD_DIRS: &[&str] = &[
     "/opt/conda/envs/*/lib",
 ];
 
+/// This process's environment, for [`env_dirs`]: the variables whose name
+/// and value are UTF-8 (no path a library could be found by is lost:
+/// `PathBuf`s are made from these strings). `std::env::vars` panics on any
+/// other, and took the tracer down after its capture had started, leaving
+/// its file unfinished (round 55's tester: `X=$'\xff' gpusleuth trace`).
+pub fn process_env() -> Vec<(String, String)> {
+    std::env::vars_os()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+        .collect()
+}
+
 /// Environment-dependent directories: LD_LIBRARY_PATH entries, a virtualenv's
 /// or conda env's lib folders.
 pub fn env_dirs(env: &[(String, String)]) -> Vec<PathBuf> {

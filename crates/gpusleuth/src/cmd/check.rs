@@ -214,7 +214,7 @@ pub fn run(args: Args) -> Result<i32> {
         ..PENDING
     });
 
-    let env: Vec<(String, String)> = std::env::vars().collect();
+    let env = discover::process_env();
     let libs = discover::scan_standard(&discover::env_dirs(&env));
     checks.push(Item {
         name: "cuda_libraries",

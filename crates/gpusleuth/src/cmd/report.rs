@@ -119,7 +119,10 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     if let Some(f) = &file {
         f.say();
     }
-    eprintln!("gpusleuth: report written to {}", args.output.display());
+    eprintln!(
+        "gpusleuth: report written to {}",
+        crate::term_text::terminal_safe(&args.output.display().to_string())
+    );
     Ok(0)
 }
 
@@ -221,7 +224,10 @@ fn report_of_run(args: &Args, window: Option<&RunLast>) -> anyhow::Result<i32> {
         args.force,
         hint,
     )?;
-    eprintln!("gpusleuth: report written to {}", args.output.display());
+    eprintln!(
+        "gpusleuth: report written to {}",
+        crate::term_text::terminal_safe(&args.output.display().to_string())
+    );
     Ok(0)
 }
 

@@ -464,30 +464,33 @@ pub fn run(args: Args) -> Result<i32> {
     }
     if !args.quiet {
         eprintln!(
-            "gpusleuth: tracing {} → {} ({} libraries probed, launches: {})",
-            match &target {
-                Target::Launch(c) => c.join(" "),
-                Target::Pids(p) => format!(
-                    "pid {}",
-                    p.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
-                ),
-                Target::All => "every CUDA process".into(),
-            },
-            match &rotation {
-                Some(r) => format!(
-                    "{}/ (a new file every {}{})",
-                    out.display(),
-                    sleuth_core::units::fmt_ns(
-                        u64::try_from(r.every.as_nanos()).unwrap_or(u64::MAX)
+            "{}",
+            crate::term_text::terminal_safe(&format!(
+                "gpusleuth: tracing {} → {} ({} libraries probed, launches: {})",
+                match &target {
+                    Target::Launch(c) => c.join(" "),
+                    Target::Pids(p) => format!(
+                        "pid {}",
+                        p.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
                     ),
-                    r.keep
-                        .map(|k| format!(", the last {k} kept"))
-                        .unwrap_or_default()
-                ),
-                None => db.display().to_string(),
-            },
-            session.attached().count(),
-            args.launches.as_str()
+                    Target::All => "every CUDA process".into(),
+                },
+                match &rotation {
+                    Some(r) => format!(
+                        "{}/ (a new file every {}{})",
+                        out.display(),
+                        sleuth_core::units::fmt_ns(
+                            u64::try_from(r.every.as_nanos()).unwrap_or(u64::MAX)
+                        ),
+                        r.keep
+                            .map(|k| format!(", the last {k} kept"))
+                            .unwrap_or_default()
+                    ),
+                    None => db.display().to_string(),
+                },
+                session.attached().count(),
+                args.launches.as_str()
+            ))
         );
     }
     trace_loop(
@@ -748,7 +751,7 @@ fn start(
     let mut sinks = Sinks::new(handle.clone(), start_mono, !args.quiet, metrics);
 
     // Libraries known before anything runs: explicit, the command's environment, standard places.
-    let env: Vec<(String, String)> = std::env::vars().collect();
+    let env = discover::process_env();
     let mut extra_dirs = discover::env_dirs(&env);
     extra_dirs.extend(
         args.cuda_libs
@@ -1197,6 +1200,8 @@ fn trace_loop(
         );
     }
     eprintln!(
+        "{}",
+        crate::term_text::terminal_safe(&format!(
         "gpusleuth: trace saved to {}{files} — {} calls, {} waits, {} process events recorded; dropped: {} (ring buffer full), {} (kernel maps full), {} (database cap); attach edges (not losses): {} return(s) of calls begun before tracing, {} call(s) open at the end{}",
         db.display(),
         summary.calls_stored,
@@ -1211,6 +1216,7 @@ fn trace_loop(
             0 => String::new(),
             n => format!(", {n} call(s) cut short by their thread's exit"),
         }
+    ))
     );
     let launches_recorded = args.launches == LaunchMode::Full;
     if let Some(text) = lost_warning(

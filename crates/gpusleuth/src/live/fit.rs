@@ -90,11 +90,16 @@ pub struct Line {
 }
 
 impl Line {
+    /// A line of `text` with its newlines, returns and tabs made spaces:
+    /// one row, as the redraw counts it (a process named with newlines
+    /// made a finding 9 rows long, and each redraw left 8 stale rows
+    /// behind: round 55's tester).
     pub fn new(rank: u8, text: impl Into<String>) -> Line {
-        Line {
-            text: text.into(),
-            rank,
+        let mut text = text.into();
+        if text.contains(['\n', '\r', '\t']) {
+            text = text.replace(['\n', '\r', '\t'], " ");
         }
+        Line { text, rank }
     }
 }
 
@@ -191,10 +196,13 @@ mod tests {
         let frame = vec![
             Line::new(0, "h".repeat(200)),
             Line::new(1, "名".repeat(100)),
+            // A process named with newlines (a traced program's prctl).
+            Line::new(2, "the main thread of W\nX\r\nY\tZ (pid 1)"),
         ];
         for cols in [1, 2, 20, 80, 81] {
             for l in fit(&frame, Size { cols, rows: 24 }) {
                 assert!(width(&l) <= cols.saturating_sub(1).max(1), "{cols}: {l}");
+                assert!(!l.contains(['\n', '\r', '\t']), "{cols}: {l:?}");
             }
         }
     }

@@ -381,17 +381,24 @@ pub fn read_str(mem: &ProcMem, c: &CodeLayout, obj: u64) -> Result<String, Strin
     let data_at = obj + if ascii { c.ascii_size } else { c.compact_size };
     let mut raw = vec![0u8; bytes];
     mem.read(data_at, &mut raw)?;
-    Ok(match width {
-        1 => raw.iter().map(|&b| b as char).collect(),
-        2 => raw
-            .chunks_exact(2)
-            .filter_map(|b| char::from_u32(u16::from_le_bytes([b[0], b[1]]) as u32))
-            .collect(),
-        _ => raw
-            .chunks_exact(4)
-            .filter_map(|b| char::from_u32(u32::from_le_bytes([b[0], b[1], b[2], b[3]])))
-            .collect(),
-    })
+    Ok(decode_units(&raw, width))
+}
+
+/// A compact string's code units (`width` bytes each, little-endian) as
+/// text. A unit that is no character (a lone surrogate: Python keeps a
+/// file name's undecodable bytes so, `surrogateescape`) is U+FFFD, never
+/// left out: left out, a path named another file (round 55's tester).
+fn decode_units(raw: &[u8], width: usize) -> String {
+    let unit = |b: &[u8]| -> u32 {
+        match width {
+            1 => u32::from(b[0]),
+            2 => u32::from(u16::from_le_bytes([b[0], b[1]])),
+            _ => u32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+        }
+    };
+    raw.chunks_exact(width)
+        .map(|b| char::from_u32(unit(b)).unwrap_or('\u{fffd}'))
+        .collect()
 }
 
 fn read_u64(mem: &ProcMem, addr: u64) -> Result<u64, String> {
@@ -443,6 +450,27 @@ pub fn frame_line(layout: &VersionLayout, info: &CodeInfo, code: u64, instr: u64
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Lone surrogates (a file name's undecodable bytes under Python's
+    /// `surrogateescape`) read as U+FFFD; every width decodes its units.
+    #[test]
+    fn a_lone_surrogate_is_a_replacement_character_not_dropped() {
+        let utf16: Vec<u8> = ["/w/", "\u{e9}", "x.py"]
+            .concat()
+            .encode_utf16()
+            .flat_map(u16::to_le_bytes)
+            .collect();
+        assert_eq!(decode_units(&utf16, 2), "/w/\u{e9}x.py");
+        let mut lone = utf16.clone();
+        lone.splice(6..6, 0xdcffu16.to_le_bytes());
+        assert_eq!(decode_units(&lone, 2), "/w/\u{fffd}\u{e9}x.py");
+        let ucs4: Vec<u8> = [0x2fu32, 0xdcff, 0x1f600]
+            .iter()
+            .flat_map(|u| u.to_le_bytes())
+            .collect();
+        assert_eq!(decode_units(&ucs4, 4), "/\u{fffd}\u{1f600}");
+        assert_eq!(decode_units(b"caf\xe9", 1), "caf\u{e9}");
+    }
 
     #[test]
     fn names_give_the_minor_version() {

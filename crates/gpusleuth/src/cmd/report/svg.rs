@@ -14,7 +14,10 @@ pub fn esc(s: &str) -> String {
             '>' => out.push_str("&gt;"),
             '"' => out.push_str("&quot;"),
             '\'' => out.push_str("&#39;"),
-            c if c.is_control() && c != '\n' && c != '\t' => out.push('\u{fffd}'),
+            // Controls and the bidirectional marks and overrides, which a
+            // browser obeys: a name holding U+202E reversed the report's own
+            // text after it, pids and times included (round 55's tester).
+            c if crate::term_text::needs_escape(c) => out.push('\u{fffd}'),
             c => out.push(c),
         }
     }
@@ -247,6 +250,11 @@ mod tests {
         assert_eq!(
             esc("<a href=\"x\">&'"),
             "&lt;a href=&quot;x&quot;&gt;&amp;&#39;"
+        );
+        // Controls and bidirectional overrides never reach the browser.
+        assert_eq!(
+            esc("a\u{202e}(pid 26113)\u{2066}\u{1b}[2J\u{61c}\nb"),
+            "a\u{fffd}(pid 26113)\u{fffd}\u{fffd}[2J\u{fffd}\nb"
         );
     }
 
