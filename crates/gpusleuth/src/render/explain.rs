@@ -156,7 +156,7 @@ fn human(
         body.push_str(&markdown_of(report, scope_of(header)));
         body.push_str("\n## GPU\n\n");
         for l in gpu {
-            body.push_str(&format!("- {l}\n"));
+            body.push_str(&format!("- {}\n", md(l)));
         }
     } else {
         body.push_str(&text_with(report, !problems.is_empty(), scope_of(header)));
@@ -540,11 +540,47 @@ pub fn markdown(r: &Explanation) -> String {
     markdown_of(r, "trace")
 }
 
+/// Untrusted text (names, paths, command lines inside summaries) as
+/// Markdown that says what it says: one line (a newline in a name started
+/// a heading, or ended a table), no HTML (`<`, `>`, `&` as entities), no
+/// link or image (`[`, `]` escaped), `|` escaped for table cells. Before
+/// round 55 a traced program named `<img src=x onerror=…>` put HTML into
+/// reports meant for issues and notebooks.
+fn md(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '\n' | '\r' | '\t' => out.push(' '),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '&' => out.push_str("&amp;"),
+            '[' | ']' | '|' | '\\' => {
+                out.push('\\');
+                out.push(c);
+            }
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// JSON text whose dangerous characters (controls, bidirectional marks)
+/// are `\uXXXX` escapes, still JSON (the terminal's escapes, `\u{202e}`,
+/// made the evidence block invalid JSON).
+fn json_ascii_safe(json: &str) -> String {
+    json.chars()
+        .map(|c| match crate::term_text::needs_escape(c) {
+            true => format!("\\u{:04x}", c as u32),
+            false => c.to_string(),
+        })
+        .collect()
+}
+
 /// Markdown rendering; `scope`: a trace's or a window's explanation.
 fn markdown_of(r: &Explanation, scope: &str) -> String {
     let mut out = String::from("# gpusleuth findings\n\n");
     if let Some(s) = &r.summary {
-        let _ = writeln!(out, "**{s}**\n");
+        let _ = writeln!(out, "**{}**\n", md(s));
     }
     if r.findings.is_empty() && r.events_lost > 0 {
         let lost = nothing_in_what_was_recorded(r.events_lost, scope, "the note below");
@@ -565,14 +601,14 @@ fn markdown_of(r: &Explanation, scope: &str) -> String {
             f.kind.as_str(),
             f.severity.as_str(),
         );
-        let _ = writeln!(out, "{}\n", f.summary);
+        let _ = writeln!(out, "{}\n", md(&f.summary));
         if !f.culprits.is_empty() {
             out.push_str("| culprit | pid | runnable time | share |\n|---|---:|---:|---:|\n");
             for c in &f.culprits {
                 let _ = writeln!(
                     out,
                     "| {} | {} | {} | {:.0}% |",
-                    c.comm.replace('|', "\\|"),
+                    md(&c.comm),
                     c.pid,
                     fmt_ns(c.runnable_ns),
                     c.share * 100.0
@@ -580,8 +616,9 @@ fn markdown_of(r: &Explanation, scope: &str) -> String {
             }
             out.push('\n');
         }
-        let _ = writeln!(out, "**What to do:** {}\n", f.recommendation);
-        let evidence = serde_json::to_string_pretty(&f.evidence).unwrap_or_default();
+        let _ = writeln!(out, "**What to do:** {}\n", md(&f.recommendation));
+        let evidence =
+            json_ascii_safe(&serde_json::to_string_pretty(&f.evidence).unwrap_or_default());
         let _ = writeln!(
             out,
             "<details><summary>Evidence</summary>\n\n```json\n{evidence}\n```\n</details>\n"
@@ -590,14 +627,14 @@ fn markdown_of(r: &Explanation, scope: &str) -> String {
     if !r.threads.is_empty() {
         out.push_str("## Where the time went\n\n");
         for line in thread_lines(&r.threads) {
-            let _ = writeln!(out, "- {line}");
+            let _ = writeln!(out, "- {}", md(&line));
         }
         out.push('\n');
     }
     if !r.notes.is_empty() {
         out.push_str("## Notes\n\n");
         for n in &r.notes {
-            let _ = writeln!(out, "- {n}");
+            let _ = writeln!(out, "- {}", md(n));
         }
     }
     out
@@ -787,6 +824,41 @@ mod tests {
         let md = markdown(&r);
         assert!(md.contains("## 1. allocation_failure (high, `cudaMalloc`)"));
         assert!(md.contains("```json"));
+    }
+
+    /// A traced program's name carries no Markdown or HTML into `--markdown`
+    /// (a newline started a heading, `<img …>` stayed HTML, a link stayed a
+    /// link), and the evidence block stays JSON (round 55's tester).
+    #[test]
+    fn hostile_names_say_what_they_say_in_markdown() {
+        let mut d = failing_trace();
+        let name = "W\n# H\n<img src=x onerror=1>[a](http://x)\u{202e}|";
+        d.processes.push(sleuth_core::ProcessInfo {
+            pid: 3,
+            comm: name.into(),
+            ..Default::default()
+        });
+        let r = explain_report(&d);
+        let out = human(
+            None,
+            &r,
+            &[format!("GPU line of {name}")],
+            &Default::default(),
+            Style::Markdown,
+        );
+        assert!(
+            out.contains("W # H &lt;img src=x onerror=1&gt;\\[a\\](http://x)"),
+            "{out}"
+        );
+        assert!(!out.contains("<img") && !out.contains("\n# H"), "{out}");
+        assert!(!out.contains('\u{202e}'), "{out}");
+        let json = out
+            .split("```json\n")
+            .nth(1)
+            .and_then(|j| j.split("\n```").next())
+            .unwrap();
+        let _: serde_json::Value = serde_json::from_str(json).expect("the evidence is JSON");
+        assert_eq!(md("a|b\\c"), "a\\|b\\\\c");
     }
 
     #[test]
