@@ -85,7 +85,16 @@ mod tests {
         let _ = std::fs::remove_file(&link);
         std::os::unix::fs::symlink("/bin/sleep", &link).unwrap();
         let mut child = std::process::Command::new(&link).arg("5").spawn().unwrap();
-        let info = super::read(child.id(), 0);
+        // The kernel names the process late in its exec, after the spawn
+        // may have returned: read again until the name is the program's.
+        let mut info = super::read(child.id(), 0);
+        for _ in 0..200 {
+            if info.comm.starts_with('é') {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            info = super::read(child.id(), 0);
+        }
         let _ = child.kill();
         let _ = child.wait();
         let _ = std::fs::remove_dir_all(&dir);
