@@ -152,15 +152,15 @@ impl State {
             Event::Proc(p) => {
                 self.events[2] += 1;
                 if p.kind == ProcKind::Exit {
-                    // Its pending name stays: a launch-only process is
-                    // labelled at the next read of the kernel's counts.
+                    // No more calls can come from it: the driver freed what
+                    // it held, and a process given its pid later starts from
+                    // nothing. Its pending name stays: a launch-only process
+                    // is labelled at the next read of the kernel's counts.
                     if self.overflow.contains_key(&p.pid) {
-                        // No more calls can come: its ledger row is not
-                        // needed; the driver freed what it held.
                         let gone = self.ledger.live_bytes(p.pid);
                         self.other.live_bytes = self.other.live_bytes.saturating_sub(gone);
-                        self.ledger.forget(p.pid);
                     }
+                    self.ledger.forget(p.pid);
                 }
                 match p.kind {
                     // Its name from the kernel as it exec'd, for its labels
@@ -204,7 +204,9 @@ impl State {
             o.peak_bytes = o.peak_bytes.max(o.live_bytes);
         } else if let Some(p) = self.procs.get_mut(&c.pid) {
             p.live_bytes = live;
-            p.peak_bytes = peak;
+            // The highest since the label was given (a reused pid's new
+            // process starts its ledger from nothing).
+            p.peak_bytes = p.peak_bytes.max(peak);
         }
     }
 
@@ -566,6 +568,14 @@ mod tests {
         assert_eq!(s.procs[&9].comm, "worker", "a name read is kept");
         s.observe(&exit(9), |_| "?".into());
         assert_eq!((s.procs[&9].live_bytes, s.procs[&9].peak_bytes), (0, 4096));
+        // Another process given the pid starts from nothing; the peak stays.
+        s.observe(&call(9, "cudaMalloc", 1, 0, Some(512), Some(0x10)), |_| {
+            "?".into()
+        });
+        assert_eq!(
+            (s.procs[&9].live_bytes, s.procs[&9].peak_bytes),
+            (512, 4096)
+        );
         // Labelled `?` (gone when /proc was read), named by its exit.
         s.observe(&call(10, "cudaFree", 1, 0, None, None), |_| "?".into());
         let mut gone = exit(10);
