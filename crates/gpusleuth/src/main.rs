@@ -131,9 +131,11 @@ fn main() {
     // instead of panicking on a closed stdout.
     // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
-    let matches = Cli::command().get_matches();
-    let cli =
-        Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.format(&mut Cli::command()).exit());
+    let matches = Cli::command()
+        .try_get_matches()
+        .unwrap_or_else(|e| usage_error(e));
+    let cli = Cli::from_arg_matches(&matches)
+        .unwrap_or_else(|e| usage_error(e.format(&mut Cli::command())));
     if runs_no_callers_sql(&cli.command) {
         sleuth_store::turn_off_memory_statistics();
     }
@@ -154,6 +156,44 @@ fn main() {
             std::process::exit(1);
         }
     }
+}
+
+/// Ends the process on an argument error: help and the version as clap
+/// prints them; any other error as one line on stderr and exit 1, as every
+/// other error (clap's three to six lines and exit 2 collided with
+/// `reclaim --yes`'s "memory stayed held", 2: round 55's docs tester).
+fn usage_error(e: clap::Error) -> ! {
+    use clap::error::ErrorKind;
+    if matches!(
+        e.kind(),
+        ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    ) {
+        e.exit()
+    }
+    eprintln!(
+        "gpusleuth: {}",
+        term_text::terminal_safe(&one_line_usage_error(&e.render().to_string()))
+    );
+    std::process::exit(1)
+}
+
+/// Clap's rendered error in one line: its message and details, without the
+/// usage block and the "For more information" hint.
+fn one_line_usage_error(rendered: &str) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    for line in rendered.lines().map(str::trim) {
+        if line.starts_with("Usage:") || line.starts_with("For more information") {
+            break;
+        }
+        match line {
+            "" => {}
+            tip if tip.starts_with("tip:") => parts.push(format!("({tip})")),
+            _ => parts.push(line.to_string()),
+        }
+    }
+    parts.join(" ")
 }
 
 /// Refuses a stdout that is a file the command reads
@@ -324,6 +364,35 @@ mod memory_statistics_tests {
         // The read commands run only gpusleuth's own SQL.
         for c in ["stats", "explain", "memory", "report", "export"] {
             assert!(of(&[c, "--db", "t.db"]), "{c}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod usage_error_tests {
+    use super::*;
+
+    /// Clap's error in one line: message, details and tip, no usage block.
+    #[test]
+    fn an_argument_error_is_one_line() {
+        for (args, want) in [
+            (
+                vec!["gpusleuth", "reclaim"],
+                "error: the following required arguments were not provided: <--pid <PID>...|--orphans>",
+            ),
+            (
+                vec!["gpusleuth", "stats", "--bogus"],
+                "error: unexpected argument '--bogus' found",
+            ),
+            (
+                vec!["gpusleuth", "nosuch"],
+                "error: unrecognized subcommand 'nosuch' (tip: a similar subcommand exists: 'bench')",
+            ),
+        ] {
+            let e = Cli::command().try_get_matches_from(args).unwrap_err();
+            let line = one_line_usage_error(&e.render().to_string());
+            assert!(line.starts_with(want), "{line}");
+            assert!(!line.contains('\n') && !line.contains("Usage:"), "{line}");
         }
     }
 }

@@ -126,12 +126,15 @@ fn a_negative_duration_is_refused_as_not_a_non_negative_duration() {
         vec!["explain", "--db", s(&db), "--to", "-2ms"],
     ] {
         let out = run(&cmd);
-        assert_eq!(out.status.code(), Some(2), "{cmd:?}");
+        // An argument error is one line and exit 1, as every error.
+        assert_eq!(out.status.code(), Some(1), "{cmd:?}");
         let err = text(&out.stderr);
         assert!(
             err.contains("is not a non-negative duration"),
             "{cmd:?}: {err}"
         );
+        assert_eq!(err.trim_end().lines().count(), 1, "{cmd:?}: {err}");
+        assert!(err.starts_with("gpusleuth: error: "), "{cmd:?}: {err}");
     }
 }
 
@@ -918,7 +921,7 @@ fn query_limits_and_refusals_read_plainly() {
     let sb = Sandbox::new("query-plain");
     let db = example(&sb, "demo-sim.db");
     let out = run(&["query", "--db", s(&db), "--limit", "0", "SELECT 1"]);
-    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(out.status.code(), Some(1));
     let out = run(&["query", "--db", s(&db), "DELETE FROM calls"]);
     assert_eq!(out.status.code(), Some(1));
     let err = text(&out.stderr);
