@@ -105,10 +105,12 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         .trim()
         .parse()
         .map_err(|_| format!("'{s}' is not a size (e.g. 512M, 2G)"))?;
-    if !v.is_finite() || v < 1.0 {
+    let bytes = v * mult as f64;
+    // At least one byte: `0.5G` is 512 MiB (round 55's docs tester: refused
+    // as "not a positive size").
+    if !v.is_finite() || bytes < 1.0 {
         return Err(format!("'{s}' is not a positive size"));
     }
-    let bytes = v * mult as f64;
     if bytes >= u64::MAX as f64 {
         return Err(format!("'{s}' is too large"));
     }
@@ -175,7 +177,10 @@ mod tests {
         assert_eq!(parse_size("64KiB"), Ok(64 << 10));
         assert_eq!(parse_size("8MB"), Ok(8 << 20));
         assert_eq!(parse_size("4096"), Ok(4096));
-        for bad in ["", "0", "-1M", "lots", "1e30T"] {
+        // A fraction of a unit is that many bytes.
+        assert_eq!(parse_size("0.5G"), Ok(512 << 20));
+        assert_eq!(parse_size("1.5GiB"), Ok(3 << 29));
+        for bad in ["", "0", "-1M", "lots", "1e30T", "0.5", "0.0000001K"] {
             assert!(parse_size(bad).is_err(), "{bad} accepted");
         }
     }

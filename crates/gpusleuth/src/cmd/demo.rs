@@ -238,7 +238,7 @@ fn keep_off_cpu0() {
 }
 
 fn explain_bundled(dir: &Path, why: &str) -> Result<i32> {
-    outln!("gpusleuth demo: live tracing is not possible here ({why}).")?;
+    outln!("gpusleuth demo: not tracing live ({why}).")?;
     outln!("Explaining a real trace instead, recorded on an NVIDIA H200 (driver 580.159.04, torch 2.11):")?;
     outln!("  a PyTorch matmul + synchronize loop pinned to one CPU; after 6 s a CPU-burning")?;
     outln!("  neighbour (`gs-neighbour`) starts on the same CPU. (examples/h200-contention.db)\n")?;

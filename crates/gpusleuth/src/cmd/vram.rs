@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 pub struct Args {
     #[command(flatten)]
     out: crate::args::JsonOutput,
-    /// Refresh periodically: in place on a terminal, one block per refresh otherwise.
+    /// Refresh periodically: in place on a terminal, one line per refresh otherwise.
     #[arg(long)]
     watch: bool,
     /// Time between refreshes with --watch (e.g. 2s, 500ms).
