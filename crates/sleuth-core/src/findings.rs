@@ -230,6 +230,11 @@ impl Severity {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct FindingCulprit {
     pub pid: u32,
+    /// The thread, where culprits are threads of one process (`input_wait`'s
+    /// wakers: two loader workers of a process were two entries that read
+    /// the same: round 55's docs tester).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tid: Option<u32>,
     pub comm: String,
     pub runnable_ns: u64,
     /// Share of the finding's lost (runnable-waiting) time, 0.0..=1.0.

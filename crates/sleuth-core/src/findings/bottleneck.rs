@@ -435,6 +435,7 @@ pub(super) fn host_bound(v: &ThreadView) -> Option<Finding> {
         .take(TOP_CULPRITS)
         .map(|h| FindingCulprit {
             pid: h.pid,
+            tid: None,
             comm: h.comm.clone(),
             runnable_ns: h.runnable_ns,
             share: super::share(h.runnable_ns, t.between.runnable_ns),
@@ -505,6 +506,7 @@ pub(super) fn input_wait(v: &ThreadView, cuda_pids: &BTreeSet<u32>) -> Option<Fi
         .take(TOP_CULPRITS)
         .map(|w| FindingCulprit {
             pid: w.pid,
+            tid: Some(w.tid),
             comm: w.comm.clone(),
             runnable_ns: w.blocked_ns,
             share: w.share,

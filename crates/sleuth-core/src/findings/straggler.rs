@@ -114,6 +114,7 @@ fn finding(s: &Straggler, span_ns: u64) -> Finding {
         .take(super::TOP_CULPRITS)
         .map(|c| FindingCulprit {
             pid: c.pid,
+            tid: None,
             comm: c.comm.clone(),
             runnable_ns: c.ns,
             share: super::share(c.ns, lost),

@@ -152,6 +152,7 @@ pub(super) fn cpu_preemption(ctx: &Context) -> Vec<Finding> {
             .map(|c| FindingCulprit {
                 share: share(c.runnable_ns, lost).min(1.0),
                 pid: c.pid,
+                tid: None,
                 comm: c.comm,
                 runnable_ns: c.runnable_ns,
             })

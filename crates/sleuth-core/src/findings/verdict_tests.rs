@@ -256,6 +256,8 @@ fn input_wait_names_the_wakers_with_their_share() {
         (555, 150 * MS)
     );
     assert!((f[0].culprits[0].share - 0.75).abs() < 1e-9);
+    // Each waker is a thread: its tid is in the answer.
+    assert_eq!(f[0].culprits[0].tid, Some(555));
     assert!(
         f[0].recommendation.contains("DataLoader workers"),
         "{}",
