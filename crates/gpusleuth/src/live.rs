@@ -693,7 +693,7 @@ mod tests {
             ..Default::default()
         };
         let memory = sleuth_core::ledger::ledger(&data, None);
-        let text = metrics.render(true, 0);
+        let text = metrics.render(0);
         let from_metrics = |pid: u32| -> u64 {
             let prefix = format!("gpusleuth_device_live_bytes{{pid=\"{pid}\"");
             let line = text

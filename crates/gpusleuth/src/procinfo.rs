@@ -6,12 +6,7 @@ use sleuth_core::ProcessInfo;
 /// process may already be gone.
 pub fn read(pid: u32, first_seen_ns: u64) -> ProcessInfo {
     let base = format!("/proc/{pid}");
-    // Read as bytes: the kernel cuts a name at 15 bytes, maybe inside a
-    // UTF-8 character, and a strict read lost the whole name (the live
-    // view showed "the main thread of  (pid N)": round 55's tester).
-    let comm = std::fs::read(format!("{base}/comm"))
-        .map(|b| String::from_utf8_lossy(&b).trim_end().to_string())
-        .unwrap_or_default();
+    let comm = comm(pid).unwrap_or_default();
     let cmdline = std::fs::read(format!("{base}/cmdline"))
         .map(|b| {
             b.split(|&c| c == 0)
@@ -30,6 +25,17 @@ pub fn read(pid: u32, first_seen_ns: u64) -> ProcessInfo {
         start_ns: Some(first_seen_ns),
         ..Default::default()
     }
+}
+
+/// The name /proc gives process `pid`, None when it is gone. Read as
+/// bytes: the kernel cuts a name at 15 bytes, maybe inside a UTF-8
+/// character, and a strict read lost the whole name (the live view showed
+/// "the main thread of  (pid N)", the metrics `?`: round 55's testers);
+/// the cut part is U+FFFD, as the trace's lifecycle events store it.
+pub fn comm(pid: u32) -> Option<String> {
+    std::fs::read(format!("/proc/{pid}/comm"))
+        .ok()
+        .map(|b| String::from_utf8_lossy(&b).trim_end().to_string())
 }
 
 /// The processes running now that descend from any of `roots` (children,

@@ -1,7 +1,8 @@
 //! The text exposition, encoded by `prometheus-client`: OpenMetrics 1.0
 //! (`# EOF`, counters declared without `_total`), or Prometheus text 0.0.4
 //! for scrapers that do not ask for OpenMetrics (the same samples; counter
-//! families declared with `_total`, no `# EOF`: see [`to_prometheus_004`]).
+//! families declared with `_total`, no `# EOF`: see [`prometheus_004_pieces`],
+//! which the server sends from the OpenMetrics page itself).
 //!
 //! The values live in [`State`] (label budget, `other` folding, kernel
 //! counters), so they are encoded by a [`Collector`] on each scrape rather
@@ -40,23 +41,23 @@ pub fn registry(state: Arc<Mutex<State>>) -> Registry {
     r
 }
 
-/// The exposition text; `openmetrics` selects the format.
-pub fn render(registry: &Registry, openmetrics: bool, size: usize) -> String {
+/// The OpenMetrics exposition text, in a buffer sized for `size` bytes
+/// (the last page's); the 0.0.4 answer is made from it
+/// ([`prometheus_004_pieces`]).
+pub fn render(registry: &Registry, size: usize) -> String {
     // A little room over the last page's size: the counters' digits grow.
     let mut text = String::with_capacity(size + size / 16);
     // Writing into a String cannot fail; an encoder error would be a bug
     // in a label or name, and a scrape then gets what was written so far.
     let _ = prometheus_client::encoding::text::encode(&mut text, registry);
-    if openmetrics {
-        text
-    } else {
-        to_prometheus_004(&text)
-    }
+    text
 }
 
-/// Prometheus text 0.0.4 from OpenMetrics text: a counter family is declared
+/// Prometheus text 0.0.4 from OpenMetrics text, as one string (the tests'
+/// view of what the server sends in pieces): a counter family is declared
 /// under its sample name (`x_total`), and there is no `# EOF`.
-fn to_prometheus_004(om: &str) -> String {
+#[cfg(test)]
+pub(crate) fn to_prometheus_004(om: &str) -> String {
     let mut out = String::with_capacity(om.len());
     for piece in prometheus_004_pieces(om) {
         match piece {
@@ -489,7 +490,11 @@ mod tests {
 
     /// The exposition of `s`, through a registry like `Metrics` builds.
     fn text(s: State, openmetrics: bool) -> String {
-        render(&registry(Arc::new(Mutex::new(s))), openmetrics, 0)
+        let om = render(&registry(Arc::new(Mutex::new(s))), 0);
+        match openmetrics {
+            true => om,
+            false => to_prometheus_004(&om),
+        }
     }
 
     fn state() -> State {

@@ -228,7 +228,7 @@ fn respond<B>(req: &Request<B>, metrics: &Metrics, pages: &Pages) -> Response<Ch
         true => "application/openmetrics-text; version=1.0.0; charset=utf-8",
         false => "text/plain; version=0.0.4; charset=utf-8",
     };
-    let page = pages.get(|size| metrics.render(true, size));
+    let page = pages.get(|size| metrics.render(size));
     let body = match openmetrics {
         true => Chunks::one(page),
         false => Chunks::prometheus_004(&page),
@@ -367,7 +367,7 @@ mod tests {
         use hyper::body::Body as _;
         let exact = r.body().size_hint().exact();
         let (page, text) = (pages.get(|_| unreachable!("still sent")), body(r));
-        assert_eq!(text, m.render(false, 0));
+        assert_eq!(text, super::super::encode::to_prometheus_004(&m.render(0)));
         assert_eq!(exact, Some(text.len() as u64));
         assert!(
             text.contains("# TYPE gpusleuth_cuda_calls_total counter\n"),

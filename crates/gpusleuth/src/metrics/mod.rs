@@ -65,11 +65,11 @@ impl Metrics {
         self.lock().gpu.measured = Some(measured);
     }
 
-    /// The exposition text; `openmetrics` selects the format; `size`: the
-    /// bytes the text is expected to take (the last page's), so that its
-    /// buffer is not grown by doubling past it.
-    pub fn render(&self, openmetrics: bool, size: usize) -> String {
-        encode::render(&self.registry, openmetrics, size)
+    /// The OpenMetrics exposition text; `size`: the bytes it is expected to
+    /// take (the last page's), so that its buffer is not grown by doubling
+    /// past it. The 0.0.4 answer is sent from it (`http::Chunks`).
+    pub fn render(&self, size: usize) -> String {
+        encode::render(&self.registry, size)
     }
 }
 
@@ -102,13 +102,11 @@ fn read_comm(pid: u32) -> String {
     alive_comm(pid).unwrap_or_else(|| "?".into())
 }
 
-/// The name /proc gives process `pid`, None when it is gone. The kernel
-/// cuts a name at 15 bytes, maybe inside a UTF-8 character: that part is
-/// shown as U+FFFD, as the trace stores it (it was `?`).
+/// The name /proc gives process `pid`, None when it is gone
+/// (`procinfo::comm`: a name the kernel cut inside a UTF-8 character is
+/// kept, as the trace stores it).
 fn alive_comm(pid: u32) -> Option<String> {
-    std::fs::read(format!("/proc/{pid}/comm"))
-        .ok()
-        .map(|b| String::from_utf8_lossy(&b).trim_end().to_string())
+    crate::procinfo::comm(pid)
 }
 
 #[cfg(test)]
