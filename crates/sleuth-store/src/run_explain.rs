@@ -385,7 +385,7 @@ pub fn load_memory_at(
 }
 
 /// Refuses a moment `at` outside the run read (`run`: the files that began
-/// by then, `began_after`: whether a finished file began after it;
+/// by then, `late`: the first finished file begun after it, if any;
 /// `extent`: the first start and last end of the files read, or, for one
 /// process, of every finished file).
 fn check_moment(
@@ -398,7 +398,7 @@ fn check_moment(
         return Ok(());
     };
     // Between two files (the time a rotation took) is inside the run.
-    if at < start || (at > end && !run.began_after) {
+    if at < start || (at > end && run.late.is_none()) {
         let mut msg = format!(
             "the moment is outside the run's finished files, which last {} from the oldest one's start (--at counts from it)",
             sleuth_core::units::fmt_ns(end.saturating_sub(start))
@@ -447,13 +447,10 @@ fn load_run(
         run.add(trace, pid, &budget, &mut also)
     })?;
     let mut data = run.data.take().unwrap_or_default();
-    if let Some(late) = &run.late {
-        // The sites of the calls drained into it late (`Acc::late`).
-        let trace = Trace::open_remembered(late, budget.clone(), memo)?;
-        let view = MemoryTrace::open_unchecked(&trace, pid, budget.clone())?;
-        for (id, stack) in view.base.stacks {
-            data.stacks.entry(id).or_insert(stack);
-        }
+    // The sites of the calls drained late into the first file begun after
+    // the moment (`Acc::late`).
+    for (id, stack) in std::mem::take(&mut run.late_stacks) {
+        data.stacks.entry(id).or_insert(stack);
     }
     // NVML's readings when tracing began are stored in the run's first file.
     let first = visited.links.first().map(|(n, _)| *n);
@@ -853,14 +850,15 @@ struct Acc {
     moment: Option<Moment>,
     /// That moment as a timestamp, once the first file added resolved it.
     at_ns: Option<u64>,
-    /// A finished file began after the moment (which is inside the run).
-    began_after: bool,
-    /// The first finished file that began after the moment: the calls
-    /// that returned in the last milliseconds before it began are drained
-    /// into it (a record belongs to the file open when it is drained), so
-    /// a ledger at the moment also replays its calls returned by then
-    /// (round 55's tester: a moment in those milliseconds missed them).
+    /// The first finished file that began after the moment (which is then
+    /// inside the run): the calls that returned in the last milliseconds
+    /// before it began are drained into it (a record belongs to the file
+    /// open when it is drained), so a ledger at the moment also replays its
+    /// calls returned by then (round 55's tester: a moment in those
+    /// milliseconds missed them), with their sites (`late_stacks`, taken
+    /// as it was opened here).
     late: Option<PathBuf>,
+    late_stacks: BTreeMap<u64, sleuth_core::sites::Stack>,
 }
 
 impl Acc {
@@ -888,9 +886,9 @@ impl Acc {
             if view.span.start_ns > at && self.data.is_some() {
                 // Began after the moment: nothing of it had happened yet
                 // but the calls drained into it late (`late`).
-                self.began_after = true;
                 if self.late.is_none() {
                     self.late = Some(path.to_path_buf());
+                    self.late_stacks = std::mem::take(&mut view.base.stacks);
                 }
                 return Ok(());
             }
