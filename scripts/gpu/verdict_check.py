@@ -13,9 +13,11 @@ import re
 import sys
 
 EXPECTED = {"starved": "host_bound", "workers": "input_wait", "launch": "launch_bound",
-            "item": "sync_stall", "pageable": "pageable_copy", "healthy": None}
+            "item": "sync_stall", "pageable": "pageable_copy", "healthy": None,
+            "item_full": "sync_stall", "queued": None, "queued_full": None}
 GPU_PER_STEP = {"starved": "loader_step_gpu_s", "workers": "loader_step_gpu_s",
-                "launch": "launch_1000_gpu_s", "item": "item_step_gpu_s", "healthy": "healthy_step_gpu_s"}
+                "launch": "launch_1000_gpu_s", "item": "item_step_gpu_s", "healthy": "healthy_step_gpu_s",
+                "item_full": "item_step_gpu_s", "queued": "item_step_gpu_s", "queued_full": "item_step_gpu_s"}
 
 
 def load(path):

@@ -13,14 +13,16 @@ LIBCUDA=${LIBCUDA:-/usr/local/nvidia/lib64/libcuda.so.1}
 WORK=${WORK:-/tmp/gs-verdict}; rm -rf "$WORK"; mkdir -p "$WORK"
 export PYTHONUNBUFFERED=1
 mount -t tracefs nodev /sys/kernel/tracing 2>/dev/null || true
-modes=${*:-starved workers launch item pageable healthy}
+modes=${*:-starved workers launch item pageable healthy item_full queued queued_full}
 {
 echo "== $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null) torch $($PY -c 'import torch; print(torch.__version__)')"
 echo "== GPU time per step (untraced, CUDA graph replay timed with CUDA events)"
 $PY "$here/verdict_workloads.py" measure "$WORK/measure.json"
 for m in $modes; do
   echo "== $m"
-  GS_WORKER_PIDS="$WORK/$m.workers" $GS trace --quiet --force --db "$WORK/$m.db" \
+  # *_full: every launch recorded, so the verdicts place them.
+  case $m in *_full) extra="--launches full" ;; *) extra="" ;; esac
+  GS_WORKER_PIDS="$WORK/$m.workers" $GS trace --quiet --force --db "$WORK/$m.db" $extra \
       --cuda-lib "$CUDART" --cuda-lib "$LIBCUDA" -- $PY "$here/verdict_workloads.py" "$m" "$WORK/$m.json"
   $GS explain --db "$WORK/$m.db" > "$WORK/$m.explain.txt"
   $GS explain --json --db "$WORK/$m.db" > "$WORK/$m.explain.json"

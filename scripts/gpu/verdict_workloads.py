@@ -10,6 +10,10 @@ Modes and the verdict expected first:
   item     a matmul chain, loss.item() every step, then host bookkeeping         -> sync_stall
   pageable H2D copies of 128 MiB from pageable memory every step                 -> pageable_copy
   healthy  large bf16 matmuls, one .item() per step                              -> no finding
+  queued   item's matmul chain queued first, then the host bookkeeping while the
+           GPU runs it, then loss.item(): the host work overlaps the GPU         -> no finding
+  item_full, queued_full: the same loops, traced with --launches full (verdict_run.sh):
+           every launch placed, the host stretch after a sync ends at the first one
 
 Truth: perf_counter around the host phases (waiting for a batch, the transform,
 the copies, the host bookkeeping) and the whole loop; GPU busy = steps x GPU
@@ -135,6 +139,22 @@ def loop_item(steps=600, host_s=0.0015):
     return {"steps": steps, "loop_wall_s": wall, "host_after_sync_s": host, "last": v}
 
 
+def loop_queued(steps=600, host_s=0.0015):
+    a = torch.randn(4096, 4096, device=DEV, dtype=torch.bfloat16)
+    b = torch.randn(4096, 4096, device=DEV, dtype=torch.bfloat16)
+    item_step(a, b).item()
+    host = 0.0
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        loss = item_step(a, b)  # queued: the GPU starts on it now
+        h = time.perf_counter()
+        burn(host_s)  # logging, metrics: host work while the GPU runs the step
+        host += time.perf_counter() - h
+        v = loss.item()  # the sync every step, after the host work
+    wall = time.perf_counter() - t0
+    return {"steps": steps, "loop_wall_s": wall, "host_while_queued_s": host, "last": v}
+
+
 def loop_pageable(steps=30, mib=128):
     src = torch.randn(mib * 2**20 // 4)  # pageable host memory
     dst = torch.empty_like(src, device=DEV)
@@ -229,6 +249,9 @@ def main():
             "workers": lambda: loop_loader(2, 60e-6, 40),
             "launch": loop_launch,
             "item": loop_item,
+            "item_full": loop_item,
+            "queued": loop_queued,
+            "queued_full": loop_queued,
             "pageable": loop_pageable,
             "healthy": loop_healthy,
         }[mode]()

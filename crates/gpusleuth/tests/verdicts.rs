@@ -154,6 +154,43 @@ fn a_sync_every_step_is_a_sync_stall() {
     assert!(ns(&f, "host_between_syncs_p50_ns") >= 5 * MS, "{f}");
 }
 
+/// Round 55's tester: a loop that queues its kernels and then works on the
+/// host while the GPU runs them read ~35% sync-stalled, as one that works
+/// first, even with every launch recorded. With `--launches full` the host
+/// stretch after a sync ends at its first launch: queued first, no
+/// `sync_stall`; the same steps working first, the GPU idling through 30 x
+/// 5 ms, are one.
+#[test]
+fn kernels_queued_before_the_host_work_are_no_sync_stall() {
+    let traced = |tag: &str, script: &str| {
+        let sb = Sandbox::for_ebpf(tag)?;
+        sb.trace(&["--launches", "full"], script, 0);
+        Some(explain(&sb))
+    };
+    let Some(v) = traced(
+        "queued-first",
+        "repeat 30 { launch 20; compute 5; sync_sleep 10 }",
+    ) else {
+        return;
+    };
+    assert!(
+        !kinds(&findings(&v)).contains(&"sync_stall".to_string()),
+        "{v}"
+    );
+    let Some(v) = traced(
+        "work-first",
+        "repeat 30 { compute 5; launch 20; sync_sleep 10 }",
+    ) else {
+        return;
+    };
+    let f = findings(&v)
+        .into_iter()
+        .find(|f| f["kind"] == "sync_stall")
+        .unwrap_or_else(|| panic!("no sync_stall: {v}"));
+    assert!(ns(&f, "overlappable_ns") >= 29 * 5 * MS, "{f}");
+    assert!(ns(&f, "host_between_syncs_p50_ns") >= 5 * MS, "{f}");
+}
+
 #[test]
 fn copies_from_pageable_memory_are_found_and_pinned_ones_are_not() {
     // 10 copies from a registered (pinned) buffer and 10 from a plain one,

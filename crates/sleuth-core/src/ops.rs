@@ -87,6 +87,22 @@ pub enum OpClass {
     Other,
 }
 
+impl OpClass {
+    /// Queues work on the GPU: a kernel, a copy, a memset, an NCCL
+    /// collective or point-to-point call. After a sync, the GPU has work
+    /// again from the first of these (`sync_stall`'s host stretch ends there).
+    pub fn submits_work(self) -> bool {
+        matches!(
+            self,
+            OpClass::Launch
+                | OpClass::Copy
+                | OpClass::Memset
+                | OpClass::Collective
+                | OpClass::PointToPoint
+        )
+    }
+}
+
 /// Static description of one probed entry point.
 #[derive(Debug, Clone, Copy)]
 pub struct OpInfo {

@@ -446,11 +446,20 @@ pub fn merge_thread_split(a: &mut ThreadSplit, b: &ThreadSplit) {
     a.calls = a.calls.saturating_add(b.calls);
     a.in_calls.add(b.in_calls);
     a.between.add(b.between);
-    a.sync_p50_ns = if b.syncs > a.syncs {
-        b.sync_p50_ns
+    (a.sync_p50_ns, a.sync_host_p50_ns) = if b.syncs > a.syncs {
+        (b.sync_p50_ns, b.sync_host_p50_ns)
     } else {
-        a.sync_p50_ns
+        (a.sync_p50_ns, a.sync_host_p50_ns)
     };
+    // A split stored before round 56 has none: the run's verdict then
+    // reads the old rule's sums, which every file stored.
+    a.sync_overlap_ns = a
+        .sync_overlap_ns
+        .zip(b.sync_overlap_ns)
+        .map(|(x, y)| x.saturating_add(y));
+    if a.sync_overlap_ns.is_none() {
+        a.sync_host_p50_ns = None;
+    }
     if b.slowest_sync.1 > a.slowest_sync.1 {
         a.slowest_sync = b.slowest_sync;
     }
@@ -604,6 +613,8 @@ mod tests {
             preempted_by: Vec::new(),
             tracer_runnable_ns: 0,
             pauses: Vec::new(),
+            sync_overlap_ns: None,
+            sync_host_p50_ns: None,
         };
         assert_eq!(t.blocked_by_tasks_ns(), u64::MAX);
     }

@@ -688,6 +688,8 @@ mod tests {
             preempted_by: Vec::new(),
             tracer_runnable_ns: 0,
             pauses: Vec::new(),
+            sync_overlap_ns: None,
+            sync_host_p50_ns: None,
         }
     }
 

@@ -629,16 +629,23 @@ pub(super) fn sync_stall(v: &ThreadView) -> Option<Finding> {
     if rate < SYNC_STALL_MIN_RATE {
         return None;
     }
-    // Per sync: host time since the previous sync ended (H) and the sync's own
-    // wall time (S: the GPU finishing what the host queued). With the sync
-    // gone, up to min(H, S) of each step could overlap (summed as the calls stream past).
+    // Per sync: the host's own work from the previous sync's end to the
+    // first GPU submission after it (H: the GPU had nothing queued) and the
+    // sync's wait (S: the GPU finishing what the host queued). With the sync
+    // gone, up to min(H, S) of each step could overlap (summed as the calls
+    // stream past, `ThreadStream`). A split stored before round 56 carries
+    // the old rule's sum (H the whole stretch between syncs).
     // The pause left out takes along what the first sync after it added
     // (its host stretch reached over the pause: four 1.8-s sleeps, each
     // followed by an 80-ms sync, read as 20% overlappable; round 52's tester).
-    let mut overlap = v
-        .agg
-        .overlap_ns
-        .saturating_sub(v.pause.map_or(0, |p| p.sync_overlap_ns));
+    let (summed, h50) = match (t.sync_overlap_ns, t.sync_host_p50_ns) {
+        (Some(o), h) => (o, h.unwrap_or(0)),
+        _ => (
+            v.agg.overlap_ns,
+            v.agg.host_gaps.percentile(50).unwrap_or(0),
+        ),
+    };
+    let mut overlap = summed.saturating_sub(v.pause.map_or(0, |p| p.sync_overlap_ns));
     // Measured GPU idle time bounds what overlapping could win.
     if let Some(g) = v.gpu {
         let idle = ((1.0 - g.busy).max(0.0) * t.wall_ns as f64) as u64;
@@ -648,7 +655,6 @@ pub(super) fn sync_stall(v: &ThreadView) -> Option<Finding> {
     if share < SYNC_STALL_MIN_SHARE {
         return None;
     }
-    let h50 = v.agg.host_gaps.percentile(50).unwrap_or(0);
     let summary = format!(
         "{}; {} synchronized with the GPU {} times ({:.0}/s, median sync {}); after each sync the GPU has no queued \
          work while the host spends a median {} preparing the next step: up to {} ({} of {}{}) could overlap",
@@ -667,9 +673,13 @@ pub(super) fn sync_stall(v: &ThreadView) -> Option<Finding> {
     ev["syncs_per_s"] = json!(rate);
     ev["host_between_syncs_p50_ns"] = json!(h50);
     ev["overlappable_ns"] = json!(overlap);
-    ev["gpu_idle_gap_after_sync"] = json!(
+    ev["gpu_idle_gap_after_sync"] = json!(if t.sync_overlap_ns.is_some() {
+        "the host's on-CPU time from each sync's end to the first GPU submission recorded after it (a launch, \
+         copy, memset or NCCL call); launches counted in the kernel (the default --launches driver) are not \
+         placed: there it runs to the next recorded submission or sync (--launches full places every launch)"
+    } else {
         "at least the host time until the next launch; launch times are not recorded by default"
-    );
+    });
     Some(finding(
         Kind::SyncStall,
         v,

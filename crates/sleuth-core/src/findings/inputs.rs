@@ -418,10 +418,16 @@ pub struct ThreadInputs {
     /// Recorded launch calls and their wall time and durations.
     pub launches: LatencyHist,
     pub launch_ns: u64,
-    /// sync_stall: the sum over syncs of min(host time since the previous
-    /// sync ended, or the window start, the sync's wall time) ...
+    /// sync_stall's overlappable time by the rule before round 56 (over
+    /// syncs, min(the whole stretch since the previous sync ended, the
+    /// sync's wall time less its runnable time)): read only from traces
+    /// stored then, whose thread splits carry none of their own
+    /// ([`crate::threads::ThreadSplit::sync_overlap_ns`]); 0 since.
+    #[serde(default)]
     pub overlap_ns: u64,
-    /// ... and those host gaps.
+    /// The host stretches between syncs (from the previous sync's end, or
+    /// the window start, to the sync's start): the longest says whether
+    /// the syncs sampled the whole window.
     pub host_gaps: LatencyHist,
     /// End of the previous sync (or the window start).
     #[serde(skip)]
@@ -452,11 +458,6 @@ impl ThreadInputs {
             }
             Some(OpClass::Sync) => {
                 let h = c.ts_ns.saturating_sub(prev);
-                // The sync's wait for the GPU: its runnable time is other
-                // tasks holding the CPU (cpu_preemption's; under a CPU hog
-                // the overlappable time was the syncs' whole wall time,
-                // round 52's tester).
-                self.overlap_ns += h.min(c.dur_ns.saturating_sub(c.runnable_ns));
                 self.host_gaps.add(h, Split::default());
                 self.prev_end = Some(c.end_ns());
             }

@@ -970,3 +970,118 @@ fn the_slowest_sync_that_stands_out_is_named() {
     let line = explain_report(&trace(calls, Vec::new())).summary.unwrap();
     assert!(!line.contains("slowest sync"), "{line}");
 }
+
+/// [`sync_trace`] with a recorded launch in each step at `at` ns after the
+/// step's start (`--launches full`, or any recorded submission).
+fn sync_trace_with_launches(host: u64, at: u64) -> TraceData {
+    let mut d = sync_trace(20, host, 200 * MS);
+    d.calls
+        .extend((0..20u64).map(|i| call("cudaLaunchKernel", i * 10 * MS + at, 0)));
+    d.calls.sort_by_key(|c| c.ts_ns);
+    d
+}
+
+/// Round 55's tester: a loop that queues its kernels first and then works
+/// on the host (`launch 20; compute 5; sync_sleep 10`) had the GPU busy
+/// through the host work, yet read ~35% sync-stalled like one that works
+/// first. The host stretch ends at the first submission after a sync.
+#[test]
+fn kernels_queued_before_the_host_work_are_no_sync_stall() {
+    // Launched at the step's start, 2 ms of host work after: nothing to overlap.
+    let d = sync_trace_with_launches(2 * MS, 0);
+    assert!(only(&d, Kind::SyncStall).is_empty(), "{:?}", kinds_of(&d));
+    // 3 ms of host work, launched after 2 ms of it: the GPU idled through
+    // those 2 ms (20%).
+    let f = only(&sync_trace_with_launches(3 * MS, 2 * MS), Kind::SyncStall);
+    assert_eq!(f.len(), 1);
+    assert_eq!(f[0].evidence["overlappable_ns"], 40 * MS);
+    assert_eq!(f[0].evidence["host_between_syncs_p50_ns"], 2 * MS);
+    // Launched midway: half of it.
+    let d = sync_trace_with_launches(2 * MS, MS);
+    let t = crate::threads::thread_splits(&d);
+    assert_eq!(t[0].sync_overlap_ns, Some(20 * MS));
+    // A failed launch queues nothing.
+    let mut d = sync_trace_with_launches(2 * MS, 0);
+    for c in d
+        .calls
+        .iter_mut()
+        .filter(|c| c.op_name() == "cudaLaunchKernel")
+    {
+        c.ret = 1;
+    }
+    assert_eq!(only(&d, Kind::SyncStall).len(), 1, "{:?}", kinds_of(&d));
+}
+
+/// Round 55's tester: a CPU hog on the loop's CPU raised `sync_stall`
+/// (the thread's runnable time between calls counted as host work), and
+/// time asleep between calls (`input_wait`'s) was claimed again. The host
+/// stretch is the thread's on-CPU time: 1 ms of each step's 2 ms taken by
+/// another task, or asleep, leaves 10% (no finding; both read 20%).
+#[test]
+fn time_off_the_cpu_between_calls_is_not_sync_stall() {
+    for kind in [WaitKind::Preempted, WaitKind::Blocked] {
+        let mut d = sync_trace(20, 2 * MS, 200 * MS);
+        d.waits = (0..20u64)
+            .map(|i| {
+                let off = i * 10 * MS + MS / 2;
+                let wake = if kind == WaitKind::Blocked {
+                    off + MS
+                } else {
+                    off
+                };
+                wait(kind, off, wake, off + MS, None)
+            })
+            .collect();
+        let t = crate::threads::thread_splits(&d);
+        assert_eq!(t[0].sync_overlap_ns, Some(20 * MS), "{kind:?}");
+        assert_eq!(t[0].sync_host_p50_ns, Some(MS), "{kind:?}");
+        assert!(
+            only(&d, Kind::SyncStall).is_empty(),
+            "{kind:?}: {:?}",
+            kinds_of(&d)
+        );
+    }
+}
+
+/// Time inside calls between syncs (a copy's staging is `pageable_copy`'s)
+/// is no host stretch: a 1 ms `cudaMalloc` after 1 ms of work, then the
+/// sync, leaves 1 ms a step (10%).
+#[test]
+fn time_inside_other_calls_is_not_sync_stall() {
+    let mut d = sync_trace(20, 2 * MS, 200 * MS);
+    d.calls
+        .extend((0..20u64).map(|i| call("cudaMalloc", i * 10 * MS + MS, MS)));
+    d.calls.sort_by_key(|c| c.ts_ns);
+    let t = crate::threads::thread_splits(&d);
+    assert_eq!(t[0].sync_overlap_ns, Some(20 * MS));
+    assert!(only(&d, Kind::SyncStall).is_empty(), "{:?}", kinds_of(&d));
+}
+
+/// A split stored before round 56 carries no `sync_overlap_ns`: the verdict
+/// reads the old rule's sum the trace stored with its thread aggregates.
+#[test]
+fn a_split_stored_before_round_56_keeps_the_old_rule() {
+    let d = sync_trace(20, 2 * MS, 200 * MS);
+    let ledgers = crate::ledger::ledger(&d, None);
+    let stored = |overlap: u64| {
+        let mut inputs = inputs::FindingInputs::of(&d, &vec![Vec::new(); d.calls.len()]);
+        for t in &mut inputs.splits {
+            t.sync_overlap_ns = None;
+            t.sync_host_p50_ns = None;
+        }
+        for t in inputs.threads.values_mut() {
+            t.overlap_ns = overlap;
+        }
+        explain_inputs(&d, &inputs, &ledgers)
+            .findings
+            .into_iter()
+            .filter(|f| f.kind == Kind::SyncStall)
+            .collect::<Vec<_>>()
+    };
+    assert!(stored(30 * MS).is_empty(), "15% by the stored sum");
+    let f = stored(40 * MS);
+    assert_eq!(f.len(), 1);
+    assert_eq!(f[0].evidence["overlappable_ns"], 40 * MS);
+    // The stored host stretches' median, as before.
+    assert_eq!(f[0].evidence["host_between_syncs_p50_ns"], 2 * MS);
+}
