@@ -403,7 +403,10 @@ pub fn explain_inputs_with(
         findings.extend(time::cpu_preemption(&ctx));
         let cuda_pids: std::collections::BTreeSet<u32> = threads.iter().map(|t| t.pid).collect();
         for v in &views {
-            findings.extend(bottleneck::host_bound(v));
+            match bottleneck::host_bound(v) {
+                Some(f) => findings.push(f),
+                None => findings.extend(bottleneck::contention_between_calls(v)),
+            }
             findings.extend(bottleneck::input_wait(v, &cuda_pids));
             findings.extend(bottleneck::launch_bound(v));
             findings.extend(bottleneck::sync_stall(v));

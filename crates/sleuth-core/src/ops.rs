@@ -87,20 +87,20 @@ pub enum OpClass {
     Other,
 }
 
-impl OpClass {
-    /// Queues work on the GPU: a kernel, a copy, a memset, an NCCL
-    /// collective or point-to-point call. After a sync, the GPU has work
-    /// again from the first of these (`sync_stall`'s host stretch ends there).
-    pub fn submits_work(self) -> bool {
+/// Whether a call queued kernels on the GPU: a kernel or graph launch, an
+/// NCCL collective or point-to-point call, that did not fail. After a sync,
+/// the GPU has the thread's work again from the first of these
+/// (`sync_stall`'s stretch ends there). Copies and memsets are not: their
+/// GPU time is not known, and a small one (`x.cuda(non_blocking=True)` of
+/// a few KB) keeps the GPU busy for microseconds (round 56's tester: a 4 KB
+/// copy at the top of each step hid a 30% stall).
+pub fn queues_kernels(c: &crate::CallEvent) -> bool {
+    c.info().is_some_and(|i| {
         matches!(
-            self,
-            OpClass::Launch
-                | OpClass::Copy
-                | OpClass::Memset
-                | OpClass::Collective
-                | OpClass::PointToPoint
-        )
-    }
+            i.class,
+            OpClass::Launch | OpClass::Collective | OpClass::PointToPoint
+        ) || i.name == "cudaGraphLaunch"
+    }) && !c.failed()
 }
 
 /// Static description of one probed entry point.

@@ -175,10 +175,10 @@ pub struct ThreadSplit {
     #[serde(default)]
     pub pauses: Vec<Pause>,
     /// `sync_stall`'s overlappable time: over its syncs, `Σ min(H, S)`,
-    /// `H` the thread's on-CPU time between calls from the previous sync's
-    /// end (the window's start for the first) to the first GPU submission
-    /// recorded after it (or the sync, when none is), `S` the sync's wall
-    /// time less its runnable time. None in a split stored before round 56
+    /// `S` the sync's wall time less its runnable time, `H` the thread's
+    /// on-CPU time between calls after it until it queued kernels or
+    /// synced again ([`crate::ops::queues_kernels`]; a stretch the window's
+    /// end cuts counts nothing). None in a split stored before round 56
     /// (the verdict then reads [`crate::findings::ThreadInputs`]'
     /// `overlap_ns`: the whole stretch between syncs, off-CPU time too).
     #[serde(default)]
@@ -305,19 +305,27 @@ pub struct ThreadStream {
     gap_runnable: u64,
     gap_wakers: Vec<((WakerKind, u32, u32, String), u64)>,
     pauses: Vec<Pause>,
-    /// Where the host stretch before the next sync began (the previous
-    /// sync's end, else the window's start).
-    since_sync: Option<u64>,
-    /// In that stretch: the start of the first GPU submission (none yet:
-    /// the stretch runs on), and the time inside calls and off the CPU
-    /// before it. What is left of it is the host's own work while the GPU
-    /// had nothing queued: `sync_stall`'s `H`.
-    first_submit: Option<u64>,
-    stretch_in_calls: u64,
-    stretch_off_cpu: u64,
-    /// `Σ min(H, S)` over the syncs, and each sync's `H`.
+    /// The stretch after the last sync, while no GPU work has been queued
+    /// since: `sync_stall`'s `H` so far (None before the first sync and
+    /// once a kernel submission closed it).
+    stretch: Option<SyncStretch>,
+    /// `Σ min(H, S)` over the closed stretches, and each one's `H`.
     sync_overlap: u64,
     sync_host: Vec<u64>,
+}
+
+/// The time after a sync until the thread queues GPU work again (its first
+/// kernel submission) or syncs again: the GPU had nothing queued by this
+/// thread, and what the host did then could have overlapped the sync's wait.
+struct SyncStretch {
+    /// The sync's end, and its wait (`S`: its wall time less its runnable time).
+    start: u64,
+    wait: u64,
+    /// Time inside other calls and off the CPU between calls so far: not
+    /// the host's own work (a copy's staging is `pageable_copy`'s, blocked
+    /// time `input_wait`'s, runnable time the CPU's holders').
+    in_calls: u64,
+    off_cpu: u64,
 }
 
 impl ThreadStream {
@@ -342,10 +350,7 @@ impl ThreadStream {
             gap_runnable: 0,
             gap_wakers: Vec::new(),
             pauses: Vec::new(),
-            since_sync: None,
-            first_submit: None,
-            stretch_in_calls: 0,
-            stretch_off_cpu: 0,
+            stretch: None,
             sync_overlap: 0,
             sync_host: Vec::new(),
         }
@@ -375,15 +380,12 @@ impl ThreadStream {
             _ => e - s,
         };
         self.in_calls.add(Split::of(c).part(beyond));
-        let since = *self.since_sync.get_or_insert(s);
-        let class = c.info().map(|i| i.class);
-        let is_sync = class == Some(OpClass::Sync);
-        if self.first_submit.is_none() && !is_sync {
-            if class.is_some_and(OpClass::submits_work) && !c.failed() {
-                self.first_submit = Some(s);
-            } else {
-                self.stretch_in_calls += beyond;
-            }
+        let is_sync = c.info().is_some_and(|i| i.class == OpClass::Sync);
+        // A sync, or the first kernel queued after one, ends its stretch.
+        if is_sync || crate::ops::queues_kernels(c) {
+            self.close_stretch(s);
+        } else if let Some(st) = &mut self.stretch {
+            st.in_calls += beyond;
         }
         if is_sync {
             self.sync_durs.push(c.dur_ns);
@@ -405,31 +407,40 @@ impl ThreadStream {
             }
         }
         if is_sync {
-            // The host stretch ends at the first submission after the
-            // previous sync: from there the GPU had work while the host went
-            // on (kernels queued before host work overlap it already; round
-            // 55's tester). Time inside calls and off the CPU is not the
-            // host's own work (blocked: input_wait's; runnable:
-            // cpu_preemption's; a copy's staging: pageable_copy's).
-            let end = self.first_submit.unwrap_or(s).clamp(since, s.max(since));
-            let host = (end - since)
-                .saturating_sub(std::mem::take(&mut self.stretch_in_calls))
-                .saturating_sub(std::mem::take(&mut self.stretch_off_cpu));
-            let wait = c.dur_ns.saturating_sub(c.runnable_ns);
-            let overlap = host.min(wait);
-            self.sync_overlap += overlap;
-            self.sync_host.push(host);
-            // A pause in the stretch takes along what its on-CPU time added.
-            if let Some(p) = self
-                .pauses
-                .iter_mut()
-                .find(|p| p.start_ns >= since && p.end_ns <= end)
-            {
-                let pause_on_cpu = p.wall_ns().saturating_sub(p.blocked_ns + p.runnable_ns);
-                p.sync_overlap_ns = overlap - host.saturating_sub(pause_on_cpu).min(wait);
-            }
-            self.since_sync = Some(e);
-            self.first_submit = None;
+            self.stretch = Some(SyncStretch {
+                start: e,
+                wait: c.dur_ns.saturating_sub(c.runnable_ns),
+                in_calls: 0,
+                off_cpu: 0,
+            });
+        }
+    }
+
+    /// The open sync stretch ends at `end` (a call's start): the host's own
+    /// work in it (`H`) could have overlapped the sync's wait (`S`) had
+    /// the sync not drained the queue first; `min(H, S)` counts. Pairing
+    /// `S` with the work *after* the sync (round 56) also counts a stretch
+    /// that a second sync ends at once (a `synchronize()` for timing after
+    /// the host work, which waits for nothing).
+    fn close_stretch(&mut self, end: u64) {
+        let Some(st) = self.stretch.take() else {
+            return;
+        };
+        let end = end.max(st.start);
+        let host = (end - st.start)
+            .saturating_sub(st.in_calls)
+            .saturating_sub(st.off_cpu);
+        let overlap = host.min(st.wait);
+        self.sync_overlap += overlap;
+        self.sync_host.push(host);
+        // A pause in the stretch takes along what its on-CPU time added.
+        if let Some(p) = self
+            .pauses
+            .iter_mut()
+            .find(|p| p.start_ns >= st.start && p.end_ns <= end)
+        {
+            let pause_on_cpu = p.wall_ns().saturating_sub(p.blocked_ns + p.runnable_ns);
+            p.sync_overlap_ns = overlap - host.saturating_sub(pause_on_cpu).min(st.wait);
         }
     }
 
@@ -498,10 +509,13 @@ impl ThreadStream {
         let (start_ns, end_ns) = self.window;
         let b = self.outside_calls(w.off_ns, w.wake_ns);
         let r = self.outside_calls(w.wake_ns, w.on_ns);
-        if let Some(since) = self.since_sync {
-            // Off the CPU in the current sync stretch, before its first submission.
-            let until = self.first_submit.unwrap_or(u64::MAX);
-            self.stretch_off_cpu += self.outside_calls(w.off_ns.max(since), w.on_ns.min(until));
+        if let Some(start) = self.stretch.as_ref().map(|st| st.start) {
+            // Off the CPU in the open sync stretch (it ends at a call's
+            // start, and this wait went back on CPU before the next call).
+            let off = self.outside_calls(w.off_ns.max(start), w.on_ns);
+            if let Some(st) = &mut self.stretch {
+                st.off_cpu += off;
+            }
         }
         self.blocked += b;
         self.runnable += r;

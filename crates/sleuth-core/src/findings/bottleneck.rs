@@ -414,6 +414,64 @@ fn finding(
     }
 }
 
+/// The tasks that held the thread's CPU while it was runnable between
+/// calls, largest first, with their share of that time (the tracer is
+/// never one: `ThreadStream` counts its time apart).
+fn holders_between_calls(t: &ThreadSplit) -> Vec<FindingCulprit> {
+    t.preempted_by
+        .iter()
+        .take(TOP_CULPRITS)
+        .map(|h| FindingCulprit {
+            pid: h.pid,
+            tid: None,
+            comm: h.comm.clone(),
+            runnable_ns: h.runnable_ns,
+            share: super::share(h.runnable_ns, t.between.runnable_ns),
+        })
+        .collect()
+}
+
+/// Other tasks held the issuing thread's CPU between its CUDA calls: it
+/// wanted to run (to prepare and queue the next work) and could not.
+/// `cpu_preemption` of the thread rather than of an op (the op findings see
+/// only the time inside calls); not where `host_bound` already explains
+/// that time with the same culprits. Round 55/56's testers: a hog on the
+/// loop's CPU took 25% of its window between calls and no finding named it.
+pub(super) fn contention_between_calls(v: &ThreadView) -> Option<Finding> {
+    let t = &v.t;
+    let lost = t.between.runnable_ns;
+    let share = t.share(lost);
+    if lost < PREEMPTION_MIN_RUNNABLE_NS || share < PREEMPTION_MEDIUM_SHARE {
+        return None;
+    }
+    let culprits = holders_between_calls(t);
+    let who_held = match culprits.first() {
+        Some(c) => format!("mostly {} (pid {}, {} of it)", c.comm, c.pid, pct(c.share)),
+        None => "by tasks the trace did not name".to_string(),
+    };
+    let summary = format!(
+        "{} waited {} runnable between CUDA calls ({} of {}{}) while other tasks held its CPU, {}",
+        who(t),
+        ms(lost),
+        pct(share),
+        ms(t.wall_ns),
+        v.without_pause_text(),
+        who_held
+    );
+    let mut ev = v.base_evidence();
+    ev["runnable_between_ns"] = json!(lost);
+    let same_process = culprits.first().is_some_and(|c| c.pid == t.pid);
+    Some(finding(
+        Kind::CpuPreemption,
+        v,
+        lost,
+        summary,
+        ev,
+        culprits,
+        super::time::preemption_advice(same_process),
+    ))
+}
+
 /// The GPU idles while the issuing thread works on the CPU outside CUDA
 /// calls (computing, or runnable: wanting the CPU to compute on).
 pub(super) fn host_bound(v: &ThreadView) -> Option<Finding> {
@@ -429,18 +487,7 @@ pub(super) fn host_bound(v: &ThreadView) -> Option<Finding> {
         return None;
     }
     let why = v.gpu_idle()?;
-    let culprits: Vec<FindingCulprit> = t
-        .preempted_by
-        .iter()
-        .take(TOP_CULPRITS)
-        .map(|h| FindingCulprit {
-            pid: h.pid,
-            tid: None,
-            comm: h.comm.clone(),
-            runnable_ns: h.runnable_ns,
-            share: super::share(h.runnable_ns, t.between.runnable_ns),
-        })
-        .collect();
+    let culprits = holders_between_calls(t);
     let summary = format!(
         "{}; {} spent {} ({} of {}{}) on the host between CUDA calls while the GPU waited for work: {} computing \
          on the CPU, {} runnable waiting for a CPU{}",
@@ -629,12 +676,12 @@ pub(super) fn sync_stall(v: &ThreadView) -> Option<Finding> {
     if rate < SYNC_STALL_MIN_RATE {
         return None;
     }
-    // Per sync: the host's own work from the previous sync's end to the
-    // first GPU submission after it (H: the GPU had nothing queued) and the
-    // sync's wait (S: the GPU finishing what the host queued). With the sync
-    // gone, up to min(H, S) of each step could overlap (summed as the calls
-    // stream past, `ThreadStream`). A split stored before round 56 carries
-    // the old rule's sum (H the whole stretch between syncs).
+    // Per sync: its wait (S: the GPU finishing what the host queued) and the
+    // host's own work after it until kernels are queued again (H: the GPU
+    // had none of the thread's work). With the sync gone, up to min(H, S)
+    // of each step could overlap (summed as the calls stream past,
+    // `ThreadStream`). A split stored before round 56 carries the old
+    // rule's sum (H the whole stretch before each sync).
     // The pause left out takes along what the first sync after it added
     // (its host stretch reached over the pause: four 1.8-s sleeps, each
     // followed by an 80-ms sync, read as 20% overlappable; round 52's tester).
@@ -674,9 +721,9 @@ pub(super) fn sync_stall(v: &ThreadView) -> Option<Finding> {
     ev["host_between_syncs_p50_ns"] = json!(h50);
     ev["overlappable_ns"] = json!(overlap);
     ev["gpu_idle_gap_after_sync"] = json!(if t.sync_overlap_ns.is_some() {
-        "the host's on-CPU time from each sync's end to the first GPU submission recorded after it (a launch, \
-         copy, memset or NCCL call); launches counted in the kernel (the default --launches driver) are not \
-         placed: there it runs to the next recorded submission or sync (--launches full places every launch)"
+        "the thread's on-CPU host work from each sync's end until it queued kernels again (a recorded kernel or \
+         graph launch, or NCCL call) or synced again; launches counted in the kernel (the default --launches \
+         driver) are not placed: there it runs to the next sync (--launches full places every launch)"
     } else {
         "at least the host time until the next launch; launch times are not recorded by default"
     });

@@ -132,6 +132,20 @@ impl<'a> Context<'a> {
 }
 
 /// CUDA calls slowed because the CPU was given to other tasks.
+/// What to do when other tasks take the CUDA thread's CPU: the process's
+/// own threads (`same_process`), or neighbours.
+pub(super) fn preemption_advice(same_process: bool) -> &'static str {
+    if same_process {
+        "Threads of the traced process itself compete for the CPU with the thread issuing CUDA calls: \
+         reduce CPU-side worker threads (e.g. OMP_NUM_THREADS, DataLoader workers) or give the CUDA \
+         thread a dedicated core."
+    } else {
+        "Give the CUDA process CPUs the neighbours do not use: pin it (taskset / cpuset cgroup) and \
+         move or isolate the culprits, lower their priority (nice / SCHED_IDLE), or cap them with a \
+         cgroup cpu.max limit."
+    }
+}
+
 pub(super) fn cpu_preemption(ctx: &Context) -> Vec<Finding> {
     let mut out = Vec::new();
     for v in ctx.views() {
@@ -180,15 +194,7 @@ pub(super) fn cpu_preemption(ctx: &Context) -> Vec<Finding> {
         // Advice follows the main culprit: a CUDA helper thread of the process
         // itself taking 0.1% must not turn a neighbour problem into a threading one.
         let same_process = culprits.first().is_some_and(|c| affected.contains(&c.pid));
-        let recommendation = if same_process {
-            "Threads of the traced process itself compete for the CPU with the thread issuing CUDA calls: \
-             reduce CPU-side worker threads (e.g. OMP_NUM_THREADS, DataLoader workers) or give the CUDA \
-             thread a dedicated core."
-        } else {
-            "Give the CUDA process CPUs the neighbours do not use: pin it (taskset / cpuset cgroup) and \
-             move or isolate the culprits, lower their priority (nice / SCHED_IDLE), or cap them with a \
-             cgroup cpu.max limit."
-        };
+        let recommendation = preemption_advice(same_process);
         out.push(Finding {
             kind: Kind::CpuPreemption,
             severity,

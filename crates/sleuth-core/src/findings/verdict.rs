@@ -119,6 +119,11 @@ pub(super) fn summary_line(
             Kind::PageableCopy => format!(
                 "{g}; {w} spent {share} on the host staging copies from pageable memory: pageable copies"
             ),
+            // A thread's, between its calls (no op), or an op's calls.
+            Kind::CpuPreemption if f.op.is_empty() => format!(
+                "{g}; {w} waited runnable for {share} of its time between CUDA calls while other tasks held its CPU: \
+                 CPU contention"
+            ),
             Kind::CpuPreemption => format!(
                 "{g}; CUDA calls waited runnable for {share} of the trace while other tasks held the CPU: CPU contention"
             ),

@@ -275,17 +275,14 @@ fn input_wait_names_the_wakers_with_their_share() {
     assert!(only(&trace(calls, w), Kind::InputWait).is_empty());
 }
 
-/// `n` steps of 10 ms: `host` ns of work, then a sync of 10 ms - host; a
-/// zero-length call at 0 opens the window, a last one at `end` closes it.
+/// `n` steps of 10 ms: a sync of 10 ms - host, then `host` ns of work; a
+/// launch at `n` x 10 ms queues the next step (it ends the last stretch),
+/// a last call at `end` closes the window.
 fn sync_trace(n: u64, host: u64, end: u64) -> TraceData {
-    let mut calls = vec![call("cudaMalloc", 0, 0)];
-    for i in 0..n {
-        calls.push(call(
-            "cudaStreamSynchronize",
-            i * 10 * MS + host,
-            10 * MS - host,
-        ));
-    }
+    let mut calls: Vec<CallEvent> = (0..n)
+        .map(|i| call("cudaStreamSynchronize", i * 10 * MS, 10 * MS - host))
+        .collect();
+    calls.push(call("cudaLaunchKernel", n * 10 * MS, 0));
     calls.push(call("cudaFree", end, 0));
     trace(calls, Vec::new())
 }
@@ -971,12 +968,12 @@ fn the_slowest_sync_that_stands_out_is_named() {
     assert!(!line.contains("slowest sync"), "{line}");
 }
 
-/// [`sync_trace`] with a recorded launch in each step at `at` ns after the
-/// step's start (`--launches full`, or any recorded submission).
+/// [`sync_trace`] with a recorded launch in each step `at` ns after its
+/// sync returned (`--launches full`, or an NCCL call).
 fn sync_trace_with_launches(host: u64, at: u64) -> TraceData {
     let mut d = sync_trace(20, host, 200 * MS);
     d.calls
-        .extend((0..20u64).map(|i| call("cudaLaunchKernel", i * 10 * MS + at, 0)));
+        .extend((0..20u64).map(|i| call("cudaLaunchKernel", i * 10 * MS + 10 * MS - host + at, 0)));
     d.calls.sort_by_key(|c| c.ts_ns);
     d
 }
@@ -984,10 +981,10 @@ fn sync_trace_with_launches(host: u64, at: u64) -> TraceData {
 /// Round 55's tester: a loop that queues its kernels first and then works
 /// on the host (`launch 20; compute 5; sync_sleep 10`) had the GPU busy
 /// through the host work, yet read ~35% sync-stalled like one that works
-/// first. The host stretch ends at the first submission after a sync.
+/// first. A sync's stretch ends at the first kernel queued after it.
 #[test]
 fn kernels_queued_before_the_host_work_are_no_sync_stall() {
-    // Launched at the step's start, 2 ms of host work after: nothing to overlap.
+    // Launched as the sync returns, 2 ms of host work after: nothing to overlap.
     let d = sync_trace_with_launches(2 * MS, 0);
     assert!(only(&d, Kind::SyncStall).is_empty(), "{:?}", kinds_of(&d));
     // 3 ms of host work, launched after 2 ms of it: the GPU idled through
@@ -1000,16 +997,55 @@ fn kernels_queued_before_the_host_work_are_no_sync_stall() {
     let d = sync_trace_with_launches(2 * MS, MS);
     let t = crate::threads::thread_splits(&d);
     assert_eq!(t[0].sync_overlap_ns, Some(20 * MS));
-    // A failed launch queues nothing.
+    // A failed launch queues nothing; a graph launch queues kernels.
+    let step_launch = |c: &CallEvent| c.op_name() == "cudaLaunchKernel" && c.ts_ns < 200 * MS;
     let mut d = sync_trace_with_launches(2 * MS, 0);
-    for c in d
-        .calls
-        .iter_mut()
-        .filter(|c| c.op_name() == "cudaLaunchKernel")
-    {
+    for c in d.calls.iter_mut().filter(|c| step_launch(c)) {
         c.ret = 1;
     }
     assert_eq!(only(&d, Kind::SyncStall).len(), 1, "{:?}", kinds_of(&d));
+    let mut d = sync_trace_with_launches(2 * MS, 0);
+    for c in d.calls.iter_mut().filter(|c| step_launch(c)) {
+        c.op = op_by_name("cudaGraphLaunch").unwrap().id;
+    }
+    assert!(only(&d, Kind::SyncStall).is_empty(), "{:?}", kinds_of(&d));
+}
+
+/// A small copy queues no kernel: the GPU is busy for microseconds (round
+/// 56's tester: `memcpy_async 4096 h2d` at the top of each step hid a 30%
+/// stall). Copies and memsets leave the stretch open (their time inside
+/// the call is not the host's own work).
+#[test]
+fn a_copy_at_the_top_of_the_step_does_not_end_the_stretch() {
+    let mut d = sync_trace(20, 3 * MS, 200 * MS);
+    d.calls.extend((0..20u64).map(|i| {
+        let mut c = call("cudaMemcpyAsync", i * 10 * MS + 7 * MS, 10 * US);
+        c.kind = Some(1);
+        c
+    }));
+    d.calls.sort_by_key(|c| c.ts_ns);
+    let f = only(&d, Kind::SyncStall);
+    assert_eq!(f.len(), 1, "{:?}", kinds_of(&d));
+    assert_eq!(f[0].evidence["overlappable_ns"], 20 * (3 * MS - 10 * US));
+}
+
+/// Round 56's tester: a second sync after the host work that waits for
+/// nothing (a `synchronize()` for step timing) ended the stretch with its
+/// own wait, ~0, and the next sync's stretch began at it: a 30% stall read
+/// 0%. The host work after a sync counts against that sync's wait.
+#[test]
+fn a_sync_that_waits_for_nothing_does_not_hide_the_stall() {
+    let mut d = sync_trace(20, 2 * MS, 200 * MS);
+    d.calls.extend((0..20u64).map(|i| {
+        call(
+            "cudaDeviceSynchronize",
+            i * 10 * MS + 10 * MS - 10 * US,
+            10 * US,
+        )
+    }));
+    d.calls.sort_by_key(|c| c.ts_ns);
+    let t = crate::threads::thread_splits(&d);
+    assert_eq!(t[0].sync_overlap_ns, Some(20 * (2 * MS - 10 * US)));
 }
 
 /// Round 55's tester: a CPU hog on the loop's CPU raised `sync_stall`
@@ -1023,7 +1059,7 @@ fn time_off_the_cpu_between_calls_is_not_sync_stall() {
         let mut d = sync_trace(20, 2 * MS, 200 * MS);
         d.waits = (0..20u64)
             .map(|i| {
-                let off = i * 10 * MS + MS / 2;
+                let off = i * 10 * MS + 8 * MS + MS / 2;
                 let wake = if kind == WaitKind::Blocked {
                     off + MS
                 } else {
@@ -1043,14 +1079,74 @@ fn time_off_the_cpu_between_calls_is_not_sync_stall() {
     }
 }
 
+/// Round 55/56's testers: a hog on the loop's CPU took a quarter of its
+/// window between calls and no finding named it (`cpu_preemption` is per
+/// op: time inside calls). The thread's runnable time between calls is a
+/// `cpu_preemption` of the thread, its holders the culprits, from
+/// `PREEMPTION_MEDIUM_SHARE` of the window; not where `host_bound` claims it.
+#[test]
+fn contention_between_calls_is_named() {
+    let hogged = |runnable: u64| {
+        let mut d = sync_trace(20, 2 * MS, 200 * MS);
+        d.waits = (0..20u64)
+            .map(|i| {
+                let off = i * 10 * MS + 8 * MS;
+                let mut w = wait(WaitKind::Preempted, off, off, off + runnable, None);
+                w.culprits = vec![crate::event::Culprit {
+                    pid: 999,
+                    tid: 999,
+                    comm: "hog".into(),
+                    ns: runnable,
+                }];
+                w
+            })
+            .collect();
+        d
+    };
+    // 20 x 1 ms runnable of 200 ms: 10%.
+    let d = hogged(MS);
+    let f: Vec<_> = only(&d, Kind::CpuPreemption)
+        .into_iter()
+        .filter(|f| f.op.is_empty())
+        .collect();
+    assert_eq!(f.len(), 1, "{:?}", kinds_of(&d));
+    assert_eq!(f[0].wall_share, Some(0.1));
+    assert_eq!(f[0].evidence["runnable_between_ns"], 20 * MS);
+    assert_eq!(f[0].culprits[0].comm, "hog");
+    assert_eq!(f[0].culprits[0].share, 1.0);
+    assert!(
+        f[0].summary.contains("mostly hog (pid 999, 100% of it)"),
+        "{}",
+        f[0].summary
+    );
+    // From 20% it heads the summary line, said as the thread's.
+    let line = explain_report(&hogged(2 * MS)).summary.unwrap();
+    assert!(
+        line.ends_with(
+            "the main thread of train (pid 100) waited runnable for 20% of its time between CUDA calls while other \
+             tasks held its CPU: CPU contention"
+        ),
+        "{line}"
+    );
+    // Just under 10%: none.
+    let d = hogged(MS - 1);
+    assert!(
+        only(&d, Kind::CpuPreemption)
+            .iter()
+            .all(|f| !f.op.is_empty()),
+        "{:?}",
+        kinds_of(&d)
+    );
+}
+
 /// Time inside calls between syncs (a copy's staging is `pageable_copy`'s)
-/// is no host stretch: a 1 ms `cudaMalloc` after 1 ms of work, then the
-/// sync, leaves 1 ms a step (10%).
+/// is no host stretch: a 1 ms `cudaMalloc` in each step's 2 ms of work
+/// leaves 1 ms a step (10%).
 #[test]
 fn time_inside_other_calls_is_not_sync_stall() {
     let mut d = sync_trace(20, 2 * MS, 200 * MS);
     d.calls
-        .extend((0..20u64).map(|i| call("cudaMalloc", i * 10 * MS + MS, MS)));
+        .extend((0..20u64).map(|i| call("cudaMalloc", i * 10 * MS + 8 * MS + MS / 2, MS)));
     d.calls.sort_by_key(|c| c.ts_ns);
     let t = crate::threads::thread_splits(&d);
     assert_eq!(t[0].sync_overlap_ns, Some(20 * MS));
