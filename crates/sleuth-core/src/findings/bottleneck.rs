@@ -431,6 +431,24 @@ fn holders_between_calls(t: &ThreadSplit) -> Vec<FindingCulprit> {
         .collect()
 }
 
+/// ", N ms of it runnable while other tasks held the CPU, mostly X (pid P)"
+/// where runnable time between calls is at least a tenth of the host time
+/// a verdict explains; empty otherwise.
+fn runnable_clause(t: &ThreadSplit, host_ns: u64, culprits: &[FindingCulprit]) -> String {
+    let run = t.between.runnable_ns;
+    if run == 0 || run.saturating_mul(10) < host_ns {
+        return String::new();
+    }
+    let by = culprits
+        .first()
+        .map(|c| format!(", mostly {} (pid {})", c.comm, c.pid))
+        .unwrap_or_default();
+    format!(
+        ", {} of it runnable while other tasks held the CPU{by}",
+        ms(run)
+    )
+}
+
 /// Other tasks held the issuing thread's CPU between its CUDA calls: it
 /// wanted to run (to prepare and queue the next work) and could not.
 /// `cpu_preemption` of the thread rather than of an op (the op findings see
@@ -636,9 +654,10 @@ pub(super) fn launch_bound(v: &ThreadView) -> Option<Finding> {
     }
     let why = v.gpu_idle()?;
     let rate = v.launches as f64 / (t.wall_ns as f64 / 1e9);
+    let culprits = holders_between_calls(t);
     let summary = format!(
         "{}; {} launched {} kernels at {:.0}/s, {} of host time each: the launch path, not the GPU, sets the pace \
-         ({} of {}{} on the host issuing work)",
+         ({} of {}{} on the host issuing work{})",
         v.gpu_text(),
         who(t),
         v.launches,
@@ -646,12 +665,14 @@ pub(super) fn launch_bound(v: &ThreadView) -> Option<Finding> {
         us(per_launch),
         pct(share),
         ms(t.wall_ns),
-        v.without_pause_text()
+        v.without_pause_text(),
+        runnable_clause(t, host, &culprits)
     );
     let mut ev = v.base_evidence();
     ev["launch_rate_per_s"] = json!(rate);
     ev["host_ns_per_launch"] = json!(per_launch);
     ev["host_issue_ns"] = json!(host);
+    ev["host_runnable_ns"] = json!(t.between.runnable_ns);
     ev["gpu_idle_evidence"] = json!(why);
     Some(finding(
         Kind::LaunchBound,
@@ -659,7 +680,7 @@ pub(super) fn launch_bound(v: &ThreadView) -> Option<Finding> {
         host,
         summary,
         ev,
-        Vec::new(),
+        culprits,
         "Each kernel is too small to cover the cost of launching it. Capture the step in a CUDA graph \
          (torch.cuda.graphs / torch.compile(mode=\"reduce-overhead\")), fuse small ops (torch.compile, fused \
          optimizers such as foreach/fused=True), or give each kernel more work (larger batches).",

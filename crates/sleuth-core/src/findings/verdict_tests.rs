@@ -146,6 +146,52 @@ fn launch_bound_at_the_cost_per_launch_edge() {
     assert_eq!(only(&d, Kind::HostBound).len(), 1);
 }
 
+/// Round 56's tester: a launch loop sharing its CPU with a hog read
+/// launch_bound 99.9% ("on the CPU") and a between-calls cpu_preemption
+/// 50.2% of the same runnable time. launch_bound counts it: it names the
+/// CPU's holders and says the time apart; no second finding claims it.
+#[test]
+fn launch_bound_says_the_cpu_taken_and_nothing_claims_it_again() {
+    let mut d = host_trace(100 * MS, 0);
+    d.counts = vec![OpCount {
+        pid: 100,
+        op: op_by_name("cuLaunchKernel").unwrap().id,
+        count: 17_980,
+    }];
+    d.waits.extend([310, 410, 510].map(|t| {
+        let mut w = wait(WaitKind::Preempted, t * MS, t * MS, (t + 80) * MS, None);
+        w.culprits = vec![crate::event::Culprit {
+            pid: 999,
+            tid: 999,
+            comm: "hog".into(),
+            ns: 80 * MS,
+        }];
+        w
+    }));
+    d.waits.sort_by_key(|w| w.on_ns);
+    let f = only(&d, Kind::LaunchBound);
+    assert_eq!(f.len(), 1, "{:?}", kinds_of(&d));
+    assert_eq!(f[0].evidence["host_runnable_ns"], 240 * MS);
+    assert_eq!(f[0].culprits[0].comm, "hog");
+    assert!(
+        f[0].summary.contains(
+            "240.0 ms of it runnable while other tasks held the CPU, mostly hog (pid 999))"
+        ),
+        "{}",
+        f[0].summary
+    );
+    assert!(
+        only(&d, Kind::CpuPreemption).is_empty(),
+        "{:?}",
+        kinds_of(&d)
+    );
+    let line = explain_report(&d).summary.unwrap();
+    assert!(
+        line.ends_with("(66% computing, 24% waiting for a CPU): launch-bound"),
+        "{line}"
+    );
+}
+
 #[test]
 fn launch_bound_needs_enough_launches() {
     // A 100 ms window: 10 ms sync, 1 ms last call, 89 ms between calls of
