@@ -108,18 +108,21 @@ fn count_in(file: &Path, op: &str) -> u64 {
 /// 12 buffers of 1 MiB made one every 60 ms (syncs in between: GPU-bound,
 /// healthy), all freed at the end, then 12 of the same size made and freed
 /// again: 12 re-allocations of freed memory (allocation_churn), nothing left.
+/// Each free waits 5 ms for the device, as a real cudaFree does: churn must
+/// cost CHURN_MIN_SHARE of the run to be a finding (round 56), and instant
+/// frees cost next to nothing. All alike, so cudaFree has no tail.
 fn late_free_script() -> String {
     let mut s = String::new();
     for i in 0..12 {
         s.push_str(&format!("malloc 1048576 a{i}; sync_sleep 60; "));
     }
     for i in 0..12 {
-        s.push_str(&format!("free a{i}; "));
+        s.push_str(&format!("free a{i} 5; "));
     }
     for i in 0..12 {
         s.push_str(&format!("malloc 1048576 b{i}; "));
     }
-    let frees: Vec<String> = (0..12).map(|i| format!("free b{i}")).collect();
+    let frees: Vec<String> = (0..12).map(|i| format!("free b{i} 5")).collect();
     s + &frees.join("; ")
 }
 
@@ -175,12 +178,14 @@ fn a_healthy_rotated_run_has_zero_findings() {
     }
 }
 
-/// A leak every step, a cache emptied and refilled, one slow sync (no tail:
-/// blocked on the GPU) among 24 quick ones, a failed allocation.
+/// A leak every step, a cache emptied and refilled (each free waiting 2 ms
+/// for the device, as a real cudaFree does: ~3% of the run, above
+/// CHURN_MIN_SHARE), one slow sync (no tail: blocked on the GPU) among 24
+/// quick ones, a failed allocation.
 const FINDINGS_SCRIPT: &str = "malloc 1048576 w; \
-     repeat 8 { malloc 65536; malloc 1048576 s; free s; sync_sleep 20 }; sync_sleep 300; \
-     repeat 8 { malloc 65536; malloc 1048576 s; free s; sync_sleep 20 }; sync_sleep 300; \
-     repeat 8 { malloc 65536; malloc 1048576 s; free s; sync_sleep 20 }; sync_sleep 300; \
+     repeat 8 { malloc 65536; malloc 1048576 s; free s 2; sync_sleep 20 }; sync_sleep 300; \
+     repeat 8 { malloc 65536; malloc 1048576 s; free s 2; sync_sleep 20 }; sync_sleep 300; \
+     repeat 8 { malloc 65536; malloc 1048576 s; free s 2; sync_sleep 20 }; sync_sleep 300; \
      malloc 1e15; free w";
 
 #[test]

@@ -122,6 +122,14 @@ pub const GROWTH_MEDIUM_BYTES: u64 = 64 << 20;
 // --- allocation_churn ---------------------------------------------------------
 /// A process must have re-allocated freed sizes at least this many times.
 pub const CHURN_MIN_REALLOCS: u64 = 10;
+/// ... that cost at least this share of the trace (time in the counted
+/// allocation and free calls): churn worth fixing is paid for in time.
+/// Round 56's tester: a healthy program re-allocating one buffer once per
+/// epoch (11 epochs) was churn, low, on the count alone; such calls cost
+/// ~0.01% of a run, while an emptied cache refilled every step costs far
+/// more (each `cudaFree` waits for the device). Below 1% removing the
+/// churn could not save enough to be a finding.
+pub const CHURN_MIN_SHARE: f64 = 0.01;
 /// Share of the trace duration spent in alloc/free calls from which severity is medium.
 pub const CHURN_MEDIUM_SHARE: f64 = 0.05;
 

@@ -255,6 +255,9 @@ EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
 	COUNT(cuMemFree_v2);
+	/* The real driver waits for the device before freeing: a scripted
+	 * duration (`free NAME MS`) blocks like a sync; none by default. */
+	block_for(take_duration());
 	return release(dptr);
 }
 

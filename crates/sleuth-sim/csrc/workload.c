@@ -486,6 +486,9 @@ static void step(int b, int e, int blk_b, int blk_e)
 		name_ptr(ARG(1), r == 0 ? d : 0);
 	} else if (!strcmp(s, "free")) {
 		NEED(1);
+		/* A real cudaFree synchronizes the device: MS scripts that wait. */
+		if (ARG(1))
+			simSetNextDurationNs(num(a[1]) * 1000000ULL);
 		RT(cudaFree, (void *)named(a[0]));
 	} else if (!strcmp(s, "free_host")) {
 		NEED(1);

@@ -47,8 +47,8 @@
 //!   simulated `cudaMalloc`. The `Block` struct's first 16 words follow
 //!   [`TorchStandIn`]'s layout.
 //! - Scripted time: `simSetNextDurationNs(ns)` (exported by the driver
-//!   stand-in, never probed) makes the thread's next sync sleep `ns` (the
-//!   thread blocks, like a GPU wait) or its next copy spin `ns` of *thread CPU
+//!   stand-in, never probed) makes the thread's next sync or `cuMemFree_v2`
+//!   sleep `ns` (the thread blocks, like a GPU wait) or its next copy spin `ns` of *thread CPU
 //!   time* (like a pageable copy: under CPU contention its wall time grows by
 //!   exactly the time it waited runnable); `simSetNextAwaitPath(path)` makes
 //!   the next sync block until `path` exists.
@@ -66,7 +66,7 @@
 //! |---|---|
 //! | `malloc SIZE [NAME]` | `cudaMalloc`; NAME remembers the pointer |
 //! | `malloc_managed` / `malloc_host` / `host_alloc` / `malloc_async` `SIZE [NAME]` | `cudaMallocManaged` / `cudaMallocHost` / `cudaHostAlloc` / `cudaMallocAsync` |
-//! | `free NAME`, `free_host NAME`, `free_async NAME` | `cudaFree`, `cudaFreeHost`, `cudaFreeAsync` |
+//! | `free NAME [MS]`, `free_host NAME`, `free_async NAME` | `cudaFree` (its driver free blocks MS ms first, as a real one waits for the device; default none), `cudaFreeHost`, `cudaFreeAsync` |
 //! | `cu_malloc SIZE [NAME]`, `cu_free NAME` | `cuMemAlloc_v2`, `cuMemFree_v2` directly |
 //! | `vmm SIZE` | `cuMemAddressReserve`, `cuMemCreate`, `cuMemMap`, `cuMemUnmap`, `cuMemRelease`, `cuMemAddressFree`, once each |
 //! | `memcpy SIZE [h2d\|d2h\|d2d\|h2h\|default]`, `memcpy_async ...` | `cudaMemcpy`, `cudaMemcpyAsync` (default h2d) |

@@ -43,10 +43,14 @@ fn every_kind() -> TraceData {
             0x1_0000_0000 + i * 0x1000_0000,
         ));
     }
-    // A cache emptied and refilled 30 times.
+    // A cache emptied and refilled 30 times, each cudaFree waiting 900 µs
+    // for the device as a real one does: ~3% of the run, above the share
+    // floor churn needs (CHURN_MIN_SHARE; 10 µs frees were ~0.2%).
     for i in 0..30u64 {
         calls.push(alloc(i * 20 * MS + 7 * US, 2 << 20, 0xa000));
-        calls.push(free(i * 20 * MS + 9 * MS, 0xa000));
+        let mut f = free(i * 20 * MS + 9 * MS, 0xa000);
+        f.dur_ns = 900 * US;
+        calls.push(f);
     }
     // A failed allocation of 1 GiB (cudaErrorMemoryAllocation).
     calls.push(failed_alloc(990 * MS, 1 << 30));

@@ -408,15 +408,26 @@ fn memory_held_at_exit_is_no_finding_and_a_running_process_gets_a_note() {
     );
 }
 
-fn churn_trace(reallocs: u64) -> TraceData {
+/// A 2 MiB buffer made at 0, then `reallocs` times, every `every`, freed
+/// (a `cudaFree` lasting `free_ns`) and made again 100 µs later (10 µs
+/// `cudaMalloc`s), and freed for good (10 µs) at `end`.
+fn churn_trace_of(reallocs: u64, every: u64, free_ns: u64, end: u64) -> TraceData {
     let mut calls = vec![alloc(0, 2 << 20, 0xa)];
     for i in 0..reallocs {
-        let t = (i + 1) * MS;
-        calls.push(free(t, 0xa));
-        calls.push(alloc(t + 100 * US, 2 << 20, 0xa));
+        let t = (i + 1) * every;
+        let mut f = free(t, 0xa);
+        f.dur_ns = free_ns;
+        calls.push(f);
+        calls.push(alloc(t + free_ns + 100 * US, 2 << 20, 0xa));
     }
-    calls.push(free(500 * MS, 0xa));
+    calls.push(free(end, 0xa));
     trace(calls)
+}
+
+/// An emptied cache refilled every 5 ms: each `cudaFree` waits 1 ms for the
+/// device, as a real one synchronizes (10 re-allocations: 2% of the trace).
+fn churn_trace(reallocs: u64) -> TraceData {
+    churn_trace_of(reallocs, 5 * MS, MS, 500 * MS)
 }
 
 #[test]
@@ -429,6 +440,41 @@ fn allocation_churn_edges() {
     assert_eq!(c.evidence["reallocs"], 30);
     assert_eq!(c.op, "cudaMalloc");
     assert!(c.recommendation.contains("empty_cache"));
+}
+
+/// Round 56's tester: a healthy program re-allocating its buffer once per
+/// epoch (11 epochs of a minute, calls of 10 µs: ~0.0004% of the run) had
+/// allocation_churn (low) on the count alone. No finding at all now.
+#[test]
+fn a_buffer_made_again_once_per_epoch_is_no_churn() {
+    let d = churn_trace_of(11, 60_000 * MS, 10 * US, 720_000 * MS);
+    let l = crate::ledger::ledger(&d, None);
+    assert_eq!(l[0].churn.reallocs, 11);
+    let r = explain_report(&d);
+    assert!(r.findings.is_empty(), "{:?}", kinds(&r.findings));
+}
+
+/// The share floor at its edge: churn taking exactly `CHURN_MIN_SHARE` of
+/// the trace is a finding (low), a hair less is none.
+#[test]
+fn allocation_churn_share_floor_at_its_edge() {
+    // 10 re-allocations; 12 calls of 10 µs and 10 frees of 88 µs: 1 ms in
+    // allocation calls, over a trace of 100 ms (the last free ends it).
+    let at = |end| churn_trace_of(CHURN_MIN_REALLOCS, 5 * MS, 88 * US, end);
+    let d = at(100 * MS - 10 * US);
+    let e = explain(&d);
+    let c = of_kind(&e, Kind::AllocationChurn);
+    assert_eq!(c.len(), 1, "{:?}", kinds(&e));
+    assert_eq!(c[0].evidence["alloc_free_ns"], MS);
+    assert_eq!(c[0].evidence["share_of_trace"], CHURN_MIN_SHARE);
+    assert_eq!(c[0].severity, Severity::Low);
+    // 1 µs longer: just under 1%.
+    let e = explain(&at(100 * MS - 9 * US));
+    assert!(
+        of_kind(&e, Kind::AllocationChurn).is_empty(),
+        "{:?}",
+        kinds(&e)
+    );
 }
 
 /// A run's ledger read with the files `--keep` deleted: the churn was made
