@@ -381,10 +381,10 @@ impl ThreadStream {
         };
         self.in_calls.add(Split::of(c).part(beyond));
         let is_sync = c.info().is_some_and(|i| i.class == OpClass::Sync);
-        // A sync, or the first kernel queued after one, ends its stretch.
-        if is_sync || crate::ops::queues_kernels(c) {
-            self.close_stretch(s);
-        } else if let Some(st) = &mut self.stretch {
+        // A sync, or the first kernel queued after one, ends its stretch
+        // (below, once the gap before this call is among the pauses).
+        let ends_stretch = is_sync || crate::ops::queues_kernels(c);
+        if let Some(st) = self.stretch.as_mut().filter(|_| !ends_stretch) {
             st.in_calls += beyond;
         }
         if is_sync {
@@ -405,6 +405,9 @@ impl ThreadStream {
                 self.in_wall += e - s;
                 self.busy.push_back((s, e));
             }
+        }
+        if ends_stretch {
+            self.close_stretch(s);
         }
         if is_sync {
             self.stretch = Some(SyncStretch {
