@@ -452,7 +452,8 @@ pub fn merge_thread_split(a: &mut ThreadSplit, b: &ThreadSplit) {
         (a.sync_p50_ns, a.sync_host_p50_ns)
     };
     // A split stored before round 56 has none: the run's verdict then
-    // reads the old rule's sums, which every file stored.
+    // reads the old rule's sums the files stored (a run whose files span
+    // the upgrade: the newer files' are 0, so it reads low, never high).
     a.sync_overlap_ns = a
         .sync_overlap_ns
         .zip(b.sync_overlap_ns)
