@@ -1287,9 +1287,11 @@ mod tests {
                 .expect("streamed in one pass");
             let loaded = loaded_parts(&trace, &filter, pinned.clone(), start.clone()).unwrap();
             let (s, l) = (explanation_json(streamed), explanation_json(loaded));
-            // Churn found in a window, memory held in the op's scope.
+            // Something to compare: the windows' threads (their churn cost
+            // under 1% of the window: no finding since round 56), memory
+            // held in the op's scope.
             let said = |k: &str| s[k].as_array().is_some_and(|a| !a.is_empty());
-            assert!(said("findings") || said("notes"), "{s}");
+            assert!(said("findings") || said("notes") || said("threads"), "{s}");
             assert_eq!(s, l, "{filter:?}");
         }
         let many = dir.join("many.db");
