@@ -452,9 +452,10 @@ fn runnable_clause(t: &ThreadSplit, host_ns: u64, culprits: &[FindingCulprit]) -
 /// Other tasks held the issuing thread's CPU between its CUDA calls: it
 /// wanted to run (to prepare and queue the next work) and could not.
 /// `cpu_preemption` of the thread rather than of an op (the op findings see
-/// only the time inside calls); not where `host_bound` already explains
-/// that time with the same culprits. Round 55/56's testers: a hog on the
-/// loop's CPU took 25% of its window between calls and no finding named it.
+/// only the time inside calls); the caller asks only where neither
+/// `host_bound` nor `launch_bound` explains that time with the same
+/// culprits. Round 55/56's testers: a hog on the loop's CPU took 25% of its
+/// window between calls and no finding named it.
 pub(super) fn contention_between_calls(v: &ThreadView) -> Option<Finding> {
     let t = &v.t;
     let lost = t.between.runnable_ns;
