@@ -191,6 +191,30 @@ fn kernels_queued_before_the_host_work_are_no_sync_stall() {
     assert!(ns(&f, "host_between_syncs_p50_ns") >= 5 * MS, "{f}");
 }
 
+/// Round 56's third tester: the probes' traps on kernel-counted launches
+/// (14.4 us each on the 2-vCPU VM; the simulated launch costs 9 ns) read
+/// as the program's host work: a GPU-bound loop of 2,000 launches and a
+/// 20-ms sync read 41% sync-stalled, one with 2-ms syncs 93% launch-bound.
+/// The tracer measures a trap as it starts (`probe_trap_ns`) and the
+/// verdicts take the traps out.
+#[test]
+fn the_probes_traps_are_not_the_programs_host_work() {
+    let Some((v, _)) = run("traps-sync", "repeat 40 { launch 2000; sync_sleep 20 }") else {
+        return;
+    };
+    let k = kinds(&findings(&v));
+    assert!(!k.contains(&"sync_stall".to_string()), "{v}");
+    assert!(!k.contains(&"launch_bound".to_string()), "{v}");
+    let notes = v["notes"].to_string();
+    assert!(notes.contains("The probes' traps"), "{notes}");
+    let Some((v, _)) = run("traps-launch", "repeat 40 { launch 2000; sync_sleep 2 }") else {
+        return;
+    };
+    let k = kinds(&findings(&v));
+    assert!(!k.contains(&"launch_bound".to_string()), "{v}");
+    assert!(!k.contains(&"host_bound".to_string()), "{v}");
+}
+
 #[test]
 fn copies_from_pageable_memory_are_found_and_pinned_ones_are_not() {
     // 10 copies from a registered (pinned) buffer and 10 from a plain one,

@@ -405,7 +405,12 @@ pub fn explain_inputs_with(
     };
     let gpu = |a: u64, b: u64| crate::gpu_busy::gpu_busy(data, a, b);
     let places = bottleneck::LaunchPlaces::of(data);
-    let views = bottleneck::views(&data.counts, &threads, inputs, &places, gpu);
+    let trap_ns = data
+        .stats
+        .get(crate::threads::PROBE_TRAP_STAT)
+        .copied()
+        .unwrap_or(0);
+    let views = bottleneck::views(&data.counts, &threads, inputs, &places, trap_ns, gpu);
     let mut findings = Vec::new();
     if data.has_host_context {
         findings.extend(time::cpu_preemption(&ctx));
@@ -460,6 +465,7 @@ pub fn explain_inputs_with(
     let drops = crate::stats::drop_counters(data);
     let mut notes = notes(data, &drops);
     notes.extend(verdict::tracer_note(&threads));
+    notes.extend(verdict::probe_note(&views, trap_ns));
     notes.extend(verdict::unknown_without_host_context(
         data.has_host_context,
         inputs,

@@ -396,8 +396,9 @@ pub fn stats_report(r: &StoredRollups, pid: Option<u32>, base: &TraceData) -> St
 
 /// Counters of a trace's `stats` table that describe the moment the file
 /// ended, not an amount: merging files keeps the last file's value.
-pub const LAST_VALUE_STATS: [&str; 4] = [
+pub const LAST_VALUE_STATS: [&str; 5] = [
     crate::threads::TRACER_PID_STAT,
+    crate::threads::PROBE_TRAP_STAT,
     "map_traced_left",
     "map_threads_left",
     "map_counts_left",

@@ -25,6 +25,10 @@ use std::collections::{BTreeMap, HashMap};
 pub const TRACER_COMM: &str = "gpusleuth";
 /// Name of the `stats` entry holding the tracer's own pid (written by `trace`).
 pub const TRACER_PID_STAT: &str = "tracer_pid";
+/// Name of the `stats` entry holding what one probe trap cost a traced
+/// thread, in ns, measured as the trace started (`sleuth_probe::trap_cost`;
+/// absent in traces written before round 56 or where it could not be).
+pub const PROBE_TRAP_STAT: &str = "probe_trap_ns";
 
 /// Whether a task is gpusleuth itself: never a culprit, never a waker to
 /// blame. By the trace's tracer pid, and by name (`gpusleuth`,

@@ -636,6 +636,23 @@ impl Capture {
         }))
     }
 
+    /// What one uprobe trap of a counted call costs the calling thread here
+    /// (`crate::trap_cost`). Loads the one-by-one programs if the batched
+    /// path left them unloaded (they are verified once more).
+    pub fn measure_trap_ns(&mut self) -> Result<u64, CaptureError> {
+        if !self.uprobes_loaded {
+            load_uprobe_programs(&mut self.bpf)?;
+            self.uprobes_loaded = true;
+        }
+        let p: &mut UProbe = self
+            .bpf
+            .program_mut("call_count")
+            .and_then(|p| p.try_into().ok())
+            .ok_or_else(|| CaptureError::Map("program call_count missing".into()))?;
+        // Op 0 is no op: nothing is counted for it (the tracer is never traced).
+        crate::trap_cost::measure(p, 0)
+    }
+
     /// Waits up to `timeout` for records, then hands each one to `f`.
     /// Returns how many records were consumed.
     pub fn poll(&mut self, timeout: Duration, mut f: impl FnMut(&[u8])) -> usize {
@@ -891,7 +908,7 @@ fn refused_hint(e: &dyn std::error::Error, multi_off: Option<&str>) -> String {
 }
 
 /// An error with its sources, on one line.
-fn error_chain(e: &dyn std::error::Error) -> String {
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut cur = e.source();
     while let Some(src) = cur {

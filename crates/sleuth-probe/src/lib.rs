@@ -11,6 +11,7 @@ mod ring;
 pub mod session;
 pub mod sites;
 pub mod symbols;
+pub mod trap_cost;
 
 pub use capture::{
     monotonic_ns, preflight, AttachedLib, Capture, CaptureError, LaunchMode, SiteOptions,

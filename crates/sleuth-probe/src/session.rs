@@ -170,6 +170,9 @@ pub struct CaptureSession {
     /// kernel's map: part of [`CaptureSession::op_counts`] until a new file
     /// of a rotating run no longer needs them ([`Self::forget_exited_counts`]).
     exited_counts: Vec<OpCount>,
+    /// One probe trap's cost to the calling thread, measured as the session
+    /// started (`crate::trap_cost`); None where it could not be.
+    trap_ns: Option<u64>,
 }
 
 impl CaptureSession {
@@ -182,6 +185,13 @@ impl CaptureSession {
             opts.sites,
         )?;
         cap.set_torch_allocator(opts.torch_allocator);
+        let trap_ns = match cap.measure_trap_ns() {
+            Ok(ns) => Some(ns),
+            Err(e) => {
+                log::warn!("the probes' trap cost was not measured: {e}");
+                None
+            }
+        };
         Ok(CaptureSession {
             cap,
             start_mono,
@@ -195,7 +205,14 @@ impl CaptureSession {
             counts: RecordCounts::default(),
             exited: Vec::new(),
             exited_counts: Vec::new(),
+            trap_ns,
         })
+    }
+
+    /// One probe trap's cost to the calling thread, measured as the session
+    /// started; None where it could not be.
+    pub fn trap_ns(&self) -> Option<u64> {
+        self.trap_ns
     }
 
     /// Probes every library found in standard places and `extra_dirs`, the

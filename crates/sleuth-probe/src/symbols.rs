@@ -22,6 +22,12 @@ impl SymbolOffsets {
         })
     }
 
+    /// Only `name` (an executable's symbol table is large: its other
+    /// names are not kept).
+    pub fn read_only(path: &Path, name: &str) -> Result<SymbolOffsets, String> {
+        Self::scan(path, |n| (n == name).then(|| n.to_string()))
+    }
+
     /// The one ELF walk: every defined symbol whose name `key` maps to a key
     /// is stored under that key with its file offset (first one wins; the
     /// exported symbols are read first). The tables are read through a small

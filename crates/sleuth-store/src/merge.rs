@@ -304,7 +304,9 @@ fn write_into(
                     // names (`threads::is_tracer`). A sum of pids named
                     // some process, or none, as the tracer.
                     sleuth_core::threads::TRACER_PID_STAT => {}
-                    // The room left in a node's kernel maps: the tightest.
+                    // The room left in a node's kernel maps: the tightest;
+                    // a probe trap's cost: the cheapest node's (the verdicts
+                    // take out no more than any node's traps cost).
                     k if sleuth_core::rollup::LAST_VALUE_STATS.contains(&k) => {
                         let e = stats.entry(k.to_string()).or_insert(v);
                         *e = (*e).min(v);

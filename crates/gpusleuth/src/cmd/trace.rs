@@ -622,6 +622,9 @@ fn store_counters(
         c.decode_errors.saturating_sub(b.decode_errors),
     )?;
     handle.set_stat("sites_stored", c.stacks.saturating_sub(b.stacks))?;
+    if let Some(ns) = session.trap_ns() {
+        handle.set_stat(sleuth_core::threads::PROBE_TRAP_STAT, ns)?;
+    }
     handle.set_op_counts(file_share(&now.op_counts, &before.op_counts))?;
     Ok(now)
 }

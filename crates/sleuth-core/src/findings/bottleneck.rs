@@ -51,6 +51,10 @@ pub(super) struct ThreadView<'a> {
     pub launches: u64,
     /// Wall time inside recorded launch calls (0 when launches are only counted).
     pub launch_call_ns: u64,
+    /// The probes' traps on the counted calls attributed to this thread
+    /// (`traps x` the trace's measured cost): the tracer's time, taken out
+    /// of `t`'s on-CPU time between calls (0 without a measured cost).
+    pub probe_ns: u64,
     pub gpu: Option<GpuBusy>,
     /// The thread's aggregates (syncs, copies).
     pub agg: &'a ThreadInputs,
@@ -138,6 +142,8 @@ impl ThreadView<'_> {
             "sync_p50_ns": t.sync_p50_ns,
             "launches": self.launches,
             "gpu_busy": self.gpu_json(),
+            // The probes' traps taken out of the on-CPU time between calls.
+            "probe_traps_ns": self.probe_ns,
         })
     }
 }
@@ -148,6 +154,7 @@ pub(super) fn views<'a>(
     threads: &'a [ThreadSplit],
     inputs: &'a FindingInputs,
     places: &LaunchPlaces,
+    trap_ns: u64,
     gpu: impl Fn(u64, u64) -> Option<GpuBusy>,
 ) -> Vec<ThreadView<'a>> {
     // Counted launches go to each process's longest issuing thread. With
@@ -158,6 +165,12 @@ pub(super) fn views<'a>(
         if let Some(o) = op_by_id(c.op).filter(|o| o.class == OpClass::Launch) {
             *by_layer.entry((c.pid, o.layer)).or_default() += c.count;
         }
+    }
+    // Every counted call was one trap on its thread, both layers' (`--launches
+    // all` traps a runtime launch twice).
+    let mut traps: HashMap<u32, u64> = HashMap::new();
+    for c in counts {
+        *traps.entry(c.pid).or_default() += c.count;
     }
     let mut counted: HashMap<u32, u64> = HashMap::new();
     for (&(pid, layer), &n) in &by_layer {
@@ -182,7 +195,7 @@ pub(super) fn views<'a>(
             // Every thread with a split made calls, so it has aggregates.
             let agg = inputs.threads.get(&(t.pid, t.tid))?;
             let pause = left_out_pause(t, places);
-            let steady = match pause {
+            let mut steady = match pause {
                 Some(p) => Cow::Owned(steady_split(t, p)),
                 None => Cow::Borrowed(t),
             };
@@ -190,11 +203,22 @@ pub(super) fn views<'a>(
                 return None;
             }
             let is_main = main_of.get(&t.pid).is_some_and(|m| m.1 == t.tid);
-            let extra = if is_main {
-                counted.get(&t.pid).copied().unwrap_or(0)
+            let (extra, probe_ns) = if is_main {
+                let n = traps.get(&t.pid).copied().unwrap_or(0);
+                // Counted calls are no calls: their traps fell between
+                // calls, on the CPU (a pause holds none of them).
+                let probe = n.saturating_mul(trap_ns).min(steady.between.on_cpu_ns);
+                (counted.get(&t.pid).copied().unwrap_or(0), probe)
             } else {
-                0
+                (0, 0)
             };
+            if probe_ns > 0 {
+                let s = steady.to_mut();
+                s.between.on_cpu_ns -= probe_ns;
+                // What the traps added to a sync stretch's host work is at
+                // most all of them: the overlap without them is at least this.
+                s.sync_overlap_ns = s.sync_overlap_ns.map(|o| o.saturating_sub(probe_ns));
+            }
             let gpu = steady_gpu(&gpu, t, pause);
             Some(ThreadView {
                 t: steady,
@@ -202,6 +226,7 @@ pub(super) fn views<'a>(
                 pause,
                 launches: agg.launches.count() + extra,
                 launch_call_ns: agg.launch_ns,
+                probe_ns,
                 gpu,
                 agg,
             })

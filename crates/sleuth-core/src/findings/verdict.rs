@@ -250,6 +250,27 @@ pub(super) fn tracer_note(threads: &[ThreadSplit]) -> Option<String> {
     ))
 }
 
+/// The probes' own cost to the traced threads: the traps on kernel-counted
+/// calls, taken out of the host time the verdicts judge. None where they
+/// took under 1% of every judged window (or no cost was measured).
+pub(super) fn probe_note(views: &[ThreadView], trap_ns: u64) -> Option<String> {
+    let v = views
+        .iter()
+        .filter(|v| v.probe_ns > 0)
+        .max_by(|a, b| a.t.share(a.probe_ns).total_cmp(&b.t.share(b.probe_ns)))?;
+    if v.t.share(v.probe_ns) < 0.01 {
+        return None;
+    }
+    Some(format!(
+        "The probes' traps on its kernel-counted calls cost {} {:.1} ms ({} of its window; {:.2} us a trap, \
+         measured as the trace started): the tracer's time, taken out of the host time the verdicts judge.",
+        super::bottleneck::who(&v.t),
+        v.probe_ns as f64 / 1e6,
+        pct(v.t.share(v.probe_ns)),
+        trap_ns as f64 / 1e3
+    ))
+}
+
 /// For a trace without host context (imported): what the call records alone
 /// say about the main issuing thread, and what stays unknown.
 pub(super) fn unknown_without_host_context(

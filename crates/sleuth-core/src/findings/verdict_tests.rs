@@ -1252,3 +1252,56 @@ fn a_split_stored_before_round_56_keeps_the_old_rule() {
     // The stored host stretches' median, as before.
     assert_eq!(f[0].evidence["host_between_syncs_p50_ns"], 2 * MS);
 }
+
+/// Round 56's third tester: the probes' own traps on kernel-counted launches
+/// (14.4 us each on the 2-vCPU VM, against 9 ns for the simulated launch)
+/// were read as the program's host work: a GPU-bound loop of launches and
+/// syncs read 41% sync-stalled, one with short syncs launch-bound. The
+/// trace's measured trap cost (`probe_trap_ns`) times the counted calls is
+/// taken out of the on-CPU time between calls, and said in a note.
+#[test]
+fn the_probes_traps_are_not_the_programs_host_work() {
+    let counted = |d: &mut TraceData, n: u64, trap: u64| {
+        d.counts = vec![OpCount {
+            pid: 100,
+            op: op_by_name("cuLaunchKernel").unwrap().id,
+            count: n,
+        }];
+        d.stats.insert(crate::threads::PROBE_TRAP_STAT.into(), trap);
+    };
+    // launch_bound's edge (899 ms on the CPU, 17,980 launches): with 40 us
+    // a trap, 719 ms of it was the tracer's.
+    let mut d = host_trace(100 * MS, 0);
+    counted(&mut d, 17_980, 0);
+    assert_eq!(only(&d, Kind::LaunchBound).len(), 1, "{:?}", kinds_of(&d));
+    counted(&mut d, 17_980, 40 * US);
+    let r = explain_report(&d);
+    assert!(r.findings.is_empty(), "{:?}", kinds_of(&d));
+    let note = r
+        .notes
+        .iter()
+        .find(|n| n.starts_with("The probes' traps"))
+        .unwrap();
+    assert!(
+        note.contains(
+            "cost the main thread of train (pid 100) 719.2 ms (72% of its window; 40.00 us a trap"
+        ),
+        "{note}"
+    );
+    // sync_stall at its 20% edge: 2,000 counted launches at 20 us a trap
+    // were all of the 40 ms the host "worked" after the syncs.
+    let mut d = sync_trace(20, 2 * MS, 200 * MS);
+    counted(&mut d, 2_000, 0);
+    assert_eq!(only(&d, Kind::SyncStall).len(), 1, "{:?}", kinds_of(&d));
+    counted(&mut d, 2_000, 20 * US);
+    assert!(only(&d, Kind::SyncStall).is_empty(), "{:?}", kinds_of(&d));
+    // Below 1% of the window: no note.
+    counted(&mut d, 2_000, US / 2);
+    assert!(
+        explain_report(&d)
+            .notes
+            .iter()
+            .all(|n| !n.starts_with("The probes' traps")),
+        "1 ms of 200"
+    );
+}
