@@ -149,8 +149,12 @@ fn a_sync_every_step_is_a_sync_stall() {
     };
     assert_eq!(f["evidence"]["syncs"], 30);
     // Each of the 29 syncs after the first follows >= 5 ms of host work and
-    // sleeps >= 5 ms: at least 29 x 5 ms could overlap.
-    assert!(ns(&f, "overlappable_ns") >= 29 * 5 * MS, "{f}");
+    // sleeps >= 5 ms: at least 29 x 5 ms could overlap, less what the probes'
+    // traps may have added (taken out whole: a lower bound).
+    assert!(
+        ns(&f, "overlappable_ns") + ns(&f, "probe_traps_ns") >= 29 * 5 * MS,
+        "{f}"
+    );
     assert!(ns(&f, "host_between_syncs_p50_ns") >= 5 * MS, "{f}");
 }
 
@@ -192,27 +196,29 @@ fn kernels_queued_before_the_host_work_are_no_sync_stall() {
 }
 
 /// Round 56's third tester: the probes' traps on kernel-counted launches
-/// (14.4 us each on the 2-vCPU VM; the simulated launch costs 9 ns) read
-/// as the program's host work: a GPU-bound loop of 2,000 launches and a
-/// 20-ms sync read 41% sync-stalled, one with 2-ms syncs 93% launch-bound.
-/// The tracer measures a trap as it starts (`probe_trap_ns`) and the
-/// verdicts take the traps out.
+/// (14.4 us each on the 2-vCPU VM, where the simulated launch then cost 9
+/// ns) read as the program's host work: a GPU-bound loop of 2,000 launches
+/// and a 20-ms sync read 41% sync-stalled. The tracer measures a trap as
+/// it starts (`probe_trap_ns`) and the verdicts take the traps out, saying
+/// so in a note. (The launches, queued first, kept the GPU busy through the
+/// host's 8 ms of launching: no stall either way.)
 #[test]
 fn the_probes_traps_are_not_the_programs_host_work() {
-    let Some((v, _)) = run("traps-sync", "repeat 40 { launch 2000; sync_sleep 20 }") else {
+    let Some(sb) = Sandbox::traced("traps-sync", "repeat 40 { launch 2000; sync_sleep 20 }") else {
         return;
     };
+    let v = explain(&sb);
     let k = kinds(&findings(&v));
     assert!(!k.contains(&"sync_stall".to_string()), "{v}");
-    assert!(!k.contains(&"launch_bound".to_string()), "{v}");
+    let trap =
+        common::Db::open(&sb.db()).int("SELECT value FROM stats WHERE name = 'probe_trap_ns'");
+    assert!(trap > 0, "no trap cost stored");
     let notes = v["notes"].to_string();
-    assert!(notes.contains("The probes' traps"), "{notes}");
-    let Some((v, _)) = run("traps-launch", "repeat 40 { launch 2000; sync_sleep 2 }") else {
-        return;
-    };
-    let k = kinds(&findings(&v));
-    assert!(!k.contains(&"launch_bound".to_string()), "{v}");
-    assert!(!k.contains(&"host_bound".to_string()), "{v}");
+    let said = format!("{:.2} us a trap", trap as f64 / 1e3);
+    assert!(
+        notes.contains("The probes' traps") && notes.contains(&said),
+        "{notes}"
+    );
 }
 
 #[test]

@@ -71,7 +71,7 @@
 //! | `vmm SIZE` | `cuMemAddressReserve`, `cuMemCreate`, `cuMemMap`, `cuMemUnmap`, `cuMemRelease`, `cuMemAddressFree`, once each |
 //! | `memcpy SIZE [h2d\|d2h\|d2d\|h2h\|default]`, `memcpy_async ...` | `cudaMemcpy`, `cudaMemcpyAsync` (default h2d) |
 //! | `memset SIZE`, `memset_async SIZE` | `cudaMemset`, `cudaMemsetAsync` |
-//! | `launch [N]`, `cu_launch [N]`, `launch_ex [N]` | N × `cudaLaunchKernel`, `cuLaunchKernel`, `cuLaunchKernelEx` |
+//! | `launch [N]`, `cu_launch [N]`, `launch_ex [N]` | N × `cudaLaunchKernel`, `cuLaunchKernel`, `cuLaunchKernelEx`; each driver launch burns 4 µs of the thread's CPU (a real launch's host cost; since round 56) |
 //! | `sync_stream`, `sync_device`, `sync_event`, `graph_launch`, `set_device [D]` | one call each |
 //! | `sync_sleep MS [stream\|device\|event]` | a runtime sync whose driver sync sleeps MS ms |
 //! | `sync_until PATH` | `cudaStreamSynchronize` whose driver sync blocks until PATH exists (a GPU wait of unknown length) |

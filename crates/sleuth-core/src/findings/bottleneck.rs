@@ -93,8 +93,11 @@ impl ThreadView<'_> {
         // longest stretch; round 52's tester).
         let out = self.pause.map_or(0, Pause::wall_ns);
         let longest_gap = self.agg.host_gaps.max_ns().saturating_sub(out);
+        // The gaps are as traced: against the window as traced (the view's
+        // is without the probes' traps).
+        let traced = self.t.wall_ns.saturating_add(self.probe_ns);
         self.t.syncs >= SYNC_AT_ONCE_MIN_SYNCS
-            && longest_gap as f64 <= SYNC_AT_ONCE_MAX_GAP_SHARE * self.t.wall_ns as f64
+            && longest_gap as f64 <= SYNC_AT_ONCE_MAX_GAP_SHARE * traced as f64
     }
 
     /// ", without one pause of 1.5 s, 0.0 s after its first CUDA call"
@@ -213,8 +216,11 @@ pub(super) fn views<'a>(
                 (0, 0)
             };
             if probe_ns > 0 {
+                // The program untraced: its window without the traps too,
+                // so that shares are of the time it would have taken.
                 let s = steady.to_mut();
                 s.between.on_cpu_ns -= probe_ns;
+                s.wall_ns = s.wall_ns.saturating_sub(probe_ns);
                 // What the traps added to a sync stretch's host work is at
                 // most all of them: the overlap without them is at least this.
                 s.sync_overlap_ns = s.sync_overlap_ns.map(|o| o.saturating_sub(probe_ns));

@@ -43,6 +43,25 @@ fn who_steady(whole: &ThreadSplit, steady: &ThreadSplit) -> String {
     )
 }
 
+/// The thread the line speaks of: the longest window's, passing over a
+/// launcher that spent most of it blocked until another CUDA process woke
+/// it (its GPU worker exiting or answering): round 56's third tester had a
+/// parent spawn its GPU-bound worker, and the line said the parent was
+/// "100% blocked … no bottleneck verdict".
+fn main_thread(threads: &[ThreadSplit]) -> Option<&ThreadSplit> {
+    let cuda_pids: std::collections::BTreeSet<u32> = threads.iter().map(|t| t.pid).collect();
+    let on_other_cuda = |t: &ThreadSplit| {
+        t.wakers
+            .iter()
+            .filter(|w| w.kind == WakerKind::Task && w.pid != t.pid && cuda_pids.contains(&w.pid))
+            .fold(0u64, |a, w| a.saturating_add(w.blocked_ns))
+    };
+    threads
+        .iter()
+        .find(|t| on_other_cuda(t).saturating_mul(2) < t.wall_ns)
+        .or_else(|| threads.first())
+}
+
 /// "GPU busy 9%; the main thread of train (pid 7) spent 88% computing on the
 /// CPU between CUDA calls: host-bound". None when no thread issued CUDA calls.
 pub(super) fn summary_line(
@@ -56,7 +75,7 @@ pub(super) fn summary_line(
     if !has_host_context {
         return None; // said in a note: what can and cannot be told
     }
-    let main = threads.first()?;
+    let main = main_thread(threads)?;
     // A verdict heads the line only when it explains a real share of the
     // time; otherwise the line says where the main thread's time went. The
     // findings ranked ahead by rule (a failed allocation, a straggler) are
@@ -254,19 +273,23 @@ pub(super) fn tracer_note(threads: &[ThreadSplit]) -> Option<String> {
 /// calls, taken out of the host time the verdicts judge. None where they
 /// took under 1% of every judged window (or no cost was measured).
 pub(super) fn probe_note(views: &[ThreadView], trap_ns: u64) -> Option<String> {
+    // Of the window as traced (the view's is without the traps).
+    let share =
+        |v: &ThreadView| v.probe_ns as f64 / v.t.wall_ns.saturating_add(v.probe_ns).max(1) as f64;
     let v = views
         .iter()
         .filter(|v| v.probe_ns > 0)
-        .max_by(|a, b| a.t.share(a.probe_ns).total_cmp(&b.t.share(b.probe_ns)))?;
-    if v.t.share(v.probe_ns) < 0.01 {
+        .max_by(|a, b| share(a).total_cmp(&share(b)))?;
+    if share(v) < 0.01 {
         return None;
     }
     Some(format!(
         "The probes' traps on its kernel-counted calls cost {} {:.1} ms ({} of its window; {:.2} us a trap, \
-         measured as the trace started): the tracer's time, taken out of the host time the verdicts judge.",
+         measured as the trace started): the tracer's time, taken out of the host time and the window the \
+         verdicts judge.",
         super::bottleneck::who(&v.t),
         v.probe_ns as f64 / 1e6,
-        pct(v.t.share(v.probe_ns)),
+        pct(share(v)),
         trap_ns as f64 / 1e3
     ))
 }
