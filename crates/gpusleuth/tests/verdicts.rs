@@ -197,28 +197,43 @@ fn kernels_queued_before_the_host_work_are_no_sync_stall() {
 
 /// Round 56's third tester: the probes' traps on kernel-counted launches
 /// (14.4 us each on the 2-vCPU VM, where the simulated launch then cost 9
-/// ns) read as the program's host work: a GPU-bound loop of 2,000 launches
-/// and a 20-ms sync read 41% sync-stalled. The tracer measures a trap as
-/// it starts (`probe_trap_ns`) and the verdicts take the traps out, saying
-/// so in a note. (The launches, queued first, kept the GPU busy through the
-/// host's 8 ms of launching: no stall either way.)
+/// ns) read as the program's host work. The tracer measures a trap as it
+/// starts (`probe_trap_ns`) and the verdicts take out the traps of the
+/// launches the samples place in the window, saying so in a note: a
+/// launch-bound loop (4 us a simulated launch) keeps its verdict, its host
+/// time per launch under one trap's cost. The fourth tester: the traps of
+/// 30,000 launches before the first recorded call took a host-bound loop's
+/// 400 ms out of it ("No abnormal behaviour found"); only the launches the
+/// samples place in the window count.
 #[test]
 fn the_probes_traps_are_not_the_programs_host_work() {
-    let Some(sb) = Sandbox::traced("traps-sync", "repeat 40 { launch 2000; sync_sleep 20 }") else {
+    let Some((_, f, _)) = leading("launch_bound", "repeat 40 { launch 1000; sync_stream }") else {
         return;
     };
-    let v = explain(&sb);
-    let k = kinds(&findings(&v));
-    assert!(!k.contains(&"sync_stall".to_string()), "{v}");
-    let trap =
-        common::Db::open(&sb.db()).int("SELECT value FROM stats WHERE name = 'probe_trap_ns'");
+    let per_launch = ns(&f, "host_ns_per_launch");
+    assert!(ns(&f, "probe_traps_ns") > 0, "{f}");
+    let Some(sb) = Sandbox::traced(
+        "traps-warmup",
+        "launch 30000; sync_stream; repeat 20 { compute 20; launch 5; sync_stream }",
+    ) else {
+        return;
+    };
+    let trap = common::Db::open(&sb.db())
+        .int("SELECT value FROM stats WHERE name = 'probe_trap_ns'") as u64;
     assert!(trap > 0, "no trap cost stored");
-    let notes = v["notes"].to_string();
-    let said = format!("{:.2} us a trap", trap as f64 / 1e3);
+    // Traced, a launch cost 4 us plus a trap; untraced 4 us (and the loop's own).
     assert!(
-        notes.contains("The probes' traps") && notes.contains(&said),
-        "{notes}"
+        per_launch < trap,
+        "{per_launch} ns a launch, {trap} a trap: {f}"
     );
+    // The 400 ms of host work stay (the warm-up's launches still count as
+    // the loop's: a known limit, docs/findings.md); its traps are not
+    // taken out of the window (they were: all of it, "No abnormal
+    // behaviour found").
+    let v = explain(&sb);
+    let f = top_verdict(&v);
+    assert!(f["wall_share"].as_f64().unwrap() > 0.9, "{f}");
+    assert!(ns(&f, "probe_traps_ns") < ns(&f, "window_ns") / 10, "{f}");
 }
 
 #[test]

@@ -1255,27 +1255,43 @@ fn a_split_stored_before_round_56_keeps_the_old_rule() {
 
 /// Round 56's third tester: the probes' own traps on kernel-counted launches
 /// (14.4 us each on the 2-vCPU VM, against 9 ns for the simulated launch)
-/// were read as the program's host work: a GPU-bound loop of launches and
-/// syncs read 41% sync-stalled, one with short syncs launch-bound. The
-/// trace's measured trap cost (`probe_trap_ns`) times the counted calls is
-/// taken out of the on-CPU time between calls, and said in a note.
+/// were read as the program's host work. The trace's measured trap cost
+/// (`probe_trap_ns`) times the counted calls the samples place in the
+/// thread's window is taken out of its on-CPU time between calls and its
+/// window, and said in a note; not out of `sync_stall`'s overlap, and not
+/// for launches outside the window (the fourth tester: both hid real
+/// findings).
 #[test]
 fn the_probes_traps_are_not_the_programs_host_work() {
-    let counted = |d: &mut TraceData, n: u64, trap: u64| {
+    // `n` launches counted evenly over [from, to), sampled every 200 ms.
+    let counted = |d: &mut TraceData, n: u64, trap: u64, (from, to): (u64, u64)| {
+        let op = op_by_name("cuLaunchKernel").unwrap().id;
         d.counts = vec![OpCount {
             pid: 100,
-            op: op_by_name("cuLaunchKernel").unwrap().id,
+            op,
             count: n,
         }];
+        let periods = (to - from) / (200 * MS);
+        d.count_samples = Some(
+            (1..=periods)
+                .map(|i| crate::counted::CountSample {
+                    ts_ns: from + i * 200 * MS,
+                    pid: 100,
+                    op,
+                    count: n * i / periods,
+                })
+                .collect(),
+        );
         d.stats.insert(crate::threads::PROBE_TRAP_STAT.into(), trap);
     };
+    let whole = (0, 1000 * MS);
     // launch_bound's edge (899 ms on the CPU, 17,980 launches): with 49 us
     // a trap, 881 ms of it was the tracer's; untraced, the loop was 18 ms
     // of host work in 119 ms (15%).
     let mut d = host_trace(100 * MS, 0);
-    counted(&mut d, 17_980, 0);
+    counted(&mut d, 17_980, 0, whole);
     assert_eq!(only(&d, Kind::LaunchBound).len(), 1, "{:?}", kinds_of(&d));
-    counted(&mut d, 17_980, 49 * US);
+    counted(&mut d, 17_980, 49 * US, whole);
     let r = explain_report(&d);
     assert!(r.findings.is_empty(), "{:?}", kinds_of(&d));
     let note = r
@@ -1289,24 +1305,32 @@ fn the_probes_traps_are_not_the_programs_host_work() {
         ),
         "{note}"
     );
+    // Launches no sample places in the window (made before its first
+    // call): their traps are not its; the loop as traced.
+    counted(&mut d, 17_980, 49 * US, whole);
+    d.count_samples = Some(Vec::new());
+    let f = only(&d, Kind::LaunchBound);
+    assert_eq!(f.len(), 1, "{:?}", kinds_of(&d));
+    assert_eq!(f[0].evidence["probe_traps_ns"], 0);
     // The traps come out of the window too: the view judges the program's
     // time untraced (10 us a trap: 179.8 ms of the 1000; a 50-ms first
     // sync, 6% of the 820 left: the syncs still returned almost at once).
     let mut d = host_trace(50 * MS, 0);
-    counted(&mut d, 17_980, 10 * US);
+    counted(&mut d, 17_980, 10 * US, whole);
     let f = only(&d, Kind::LaunchBound);
     assert_eq!(f.len(), 1, "{:?}", kinds_of(&d));
     assert_eq!(f[0].evidence["probe_traps_ns"], 179_800_000);
     assert_eq!(f[0].evidence["steady_window_ns"], 1000 * MS - 179_800_000);
-    // sync_stall at its 20% edge: 2,000 counted launches at 20 us a trap
-    // were all of the 40 ms the host "worked" after the syncs.
+    // sync_stall at its 20% edge keeps its overlap (which stretches the
+    // traps fell in is not known): 40 ms of the 160 left, 25%.
     let mut d = sync_trace(20, 2 * MS, 200 * MS);
-    counted(&mut d, 2_000, 0);
-    assert_eq!(only(&d, Kind::SyncStall).len(), 1, "{:?}", kinds_of(&d));
-    counted(&mut d, 2_000, 20 * US);
-    assert!(only(&d, Kind::SyncStall).is_empty(), "{:?}", kinds_of(&d));
+    counted(&mut d, 2_000, 20 * US, (0, 200 * MS));
+    let f = only(&d, Kind::SyncStall);
+    assert_eq!(f.len(), 1, "{:?}", kinds_of(&d));
+    assert_eq!(f[0].evidence["overlappable_ns"], 40 * MS);
+    assert_eq!(f[0].wall_share, Some(0.25));
     // Below 1% of the window: no note.
-    counted(&mut d, 2_000, US / 2);
+    counted(&mut d, 2_000, US / 2, (0, 200 * MS));
     assert!(
         explain_report(&d)
             .notes
