@@ -292,14 +292,7 @@ impl LaunchPlaces {
         let Some(Some(ops)) = self.by_pid.get(&pid) else {
             return false;
         };
-        ops.iter().any(|points| {
-            let mut before = 0;
-            points.iter().any(|&(ts, count)| {
-                let rose = count > before;
-                before = count;
-                rose && ts <= b && ts.saturating_sub(crate::counted::SAMPLE_PERIOD_NS) >= a
-            })
-        })
+        ops.iter().any(|points| Self::rose_in(points, a, b) > 0)
     }
 
     /// The counted launch calls of process `pid` certainly made in `[a, b]`
