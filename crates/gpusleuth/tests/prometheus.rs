@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{require_ebpf, wait_child, wait_for_file, Sandbox};
+use common::{require_ebpf, wait_child, Sandbox};
 use serde_json::Value;
 use sleuth_sim::Truth;
 use std::collections::BTreeMap;
@@ -171,7 +171,20 @@ fn prometheus_scrapes_counters_equal_to_the_workload_truth() {
     );
     let metrics_arg = format!("127.0.0.1:{metrics_port}");
     let mut tracer = sb.spawn_trace(&["--metrics", &metrics_arg], &script, None);
-    wait_for_file(&done, 60);
+    // The workload's `done`, or why not: round 56's CI once waited 60 s for
+    // it in vain, the tracer's words gone with the sandbox.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !done.exists() {
+        let exited = tracer.try_wait().ok().flatten();
+        assert!(
+            exited.is_none() && Instant::now() < deadline,
+            "no {} (tracer {}); its stderr:\n{}",
+            done.display(),
+            exited.map_or("still running".into(), |s| s.to_string()),
+            std::fs::read_to_string(sb.path("trace.stderr")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     // Wait for a scrape that began after the workload finished its calls and
     // after the tracer refreshed its kernel counters (every 200 ms).
     let after = now_s() + 0.5;
