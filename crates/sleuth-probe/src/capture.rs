@@ -224,15 +224,24 @@ const UPROBE_PROGRAMS: [&str; 3] = ["call_entry", "call_return", "call_count"];
 /// Loads the uprobe programs for the one-by-one attach path.
 fn load_uprobe_programs(bpf: &mut Ebpf) -> Result<(), CaptureError> {
     for name in UPROBE_PROGRAMS {
-        let p: &mut UProbe = bpf
-            .program_mut(name)
-            .ok_or_else(|| unavailable("eBPF object", format!("program {name} missing")))?
-            .try_into()
-            .map_err(|e| unavailable("eBPF object", e))?;
+        loaded_uprobe(bpf, name)?;
+    }
+    Ok(())
+}
+
+/// One uprobe program, loaded (once: `call_count` may already be, for the
+/// trap's cost, `Capture::measure_trap_ns`).
+fn loaded_uprobe<'a>(bpf: &'a mut Ebpf, name: &str) -> Result<&'a mut UProbe, CaptureError> {
+    let p: &mut UProbe = bpf
+        .program_mut(name)
+        .ok_or_else(|| unavailable("eBPF object", format!("program {name} missing")))?
+        .try_into()
+        .map_err(|e| unavailable("eBPF object", e))?;
+    if p.fd().is_err() {
         p.load()
             .map_err(|e| unavailable(&format!("cannot load {name}"), error_chain(&e)))?;
     }
-    Ok(())
+    Ok(p)
 }
 
 /// File descriptors of every map aya created, by name, for the multi-uprobe
@@ -637,18 +646,11 @@ impl Capture {
     }
 
     /// What one uprobe trap of a counted call costs the calling thread here
-    /// (`crate::trap_cost`). Loads the one-by-one programs if the batched
-    /// path left them unloaded (they are verified once more).
+    /// (`crate::trap_cost`). Loads the one-by-one `call_count` if the
+    /// batched path left it unloaded (it is verified once more; the other
+    /// two are not needed for this).
     pub fn measure_trap_ns(&mut self) -> Result<u64, CaptureError> {
-        if !self.uprobes_loaded {
-            load_uprobe_programs(&mut self.bpf)?;
-            self.uprobes_loaded = true;
-        }
-        let p: &mut UProbe = self
-            .bpf
-            .program_mut("call_count")
-            .and_then(|p| p.try_into().ok())
-            .ok_or_else(|| CaptureError::Map("program call_count missing".into()))?;
+        let p = loaded_uprobe(&mut self.bpf, "call_count")?;
         // Op 0 is no op: nothing is counted for it (the tracer is never traced).
         crate::trap_cost::measure(p, 0)
     }
