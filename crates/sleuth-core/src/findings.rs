@@ -412,9 +412,11 @@ pub fn explain_inputs_with(
         .unwrap_or(0);
     let views = bottleneck::views(&data.counts, &threads, inputs, &places, trap_ns, gpu);
     let mut findings = Vec::new();
+    // The processes that issue CUDA calls: a thread woken by one of them
+    // waited on its GPU work (input_wait, the summary line).
+    let cuda_pids: std::collections::BTreeSet<u32> = threads.iter().map(|t| t.pid).collect();
     if data.has_host_context {
         findings.extend(time::cpu_preemption(&ctx));
-        let cuda_pids: std::collections::BTreeSet<u32> = threads.iter().map(|t| t.pid).collect();
         for v in &views {
             // host_bound and launch_bound count the runnable time between
             // calls as host time and name its holders: the thread's
@@ -457,6 +459,7 @@ pub fn explain_inputs_with(
     let summary = verdict::summary_line(
         data.has_host_context,
         &threads,
+        &cuda_pids,
         &views,
         &findings,
         &places,

@@ -51,9 +51,10 @@ pub(super) struct ThreadView<'a> {
     pub launches: u64,
     /// Wall time inside recorded launch calls (0 when launches are only counted).
     pub launch_call_ns: u64,
-    /// The probes' traps on the counted calls attributed to this thread
-    /// (`traps x` the trace's measured cost): the tracer's time, taken out
-    /// of `t`'s on-CPU time between calls (0 without a measured cost).
+    /// The probes' traps on the counted calls the samples place in this
+    /// thread's window (`traps x` the trace's measured cost): the tracer's
+    /// time, taken out of `t`'s on-CPU time between calls and its window (0
+    /// without a measured cost).
     pub probe_ns: u64,
     pub gpu: Option<GpuBusy>,
     /// The thread's aggregates (syncs, copies).
@@ -604,15 +605,8 @@ pub(super) fn input_wait(v: &ThreadView, cuda_pids: &BTreeSet<u32>) -> Option<Fi
     // launcher in `waitpid` on its GPU worker (round 51's false-positive
     // hunt: "input-bound, woken by workload (its child) 100%", the child
     // 99% blocked in syncs).
-    let on_cuda_process = |w: &&crate::threads::WakerTime| {
-        w.kind == WakerKind::Task && w.pid != t.pid && cuda_pids.contains(&w.pid)
-    };
-    // Saturating: a stored split's values are each at most 2^62.
-    let waited_on_gpu_work = t
-        .wakers
-        .iter()
-        .filter(on_cuda_process)
-        .fold(0u64, |n, w| n.saturating_add(w.blocked_ns));
+    let on_cuda_process = |w: &&crate::threads::WakerTime| woke_from_cuda(w, t.pid, cuda_pids);
+    let waited_on_gpu_work = blocked_on_cuda_processes(t, cuda_pids);
     let blocked = t.between.blocked_ns.saturating_sub(waited_on_gpu_work);
     let share = t.share(blocked);
     if share < INPUT_WAIT_MIN_SHARE || blocked < INPUT_WAIT_MIN_NS {
@@ -690,6 +684,23 @@ pub(super) fn input_wait(v: &ThreadView, cuda_pids: &BTreeSet<u32>) -> Option<Fi
              prefetch it, and drop the sleeps."
         },
     ))
+}
+
+/// Whether waker `w` of a thread of process `pid` is another process that
+/// issues CUDA calls in the trace (`cuda_pids`): the thread waited on that
+/// process's GPU work (a launcher on its worker), not on input.
+fn woke_from_cuda(w: &crate::threads::WakerTime, pid: u32, cuda_pids: &BTreeSet<u32>) -> bool {
+    w.kind == WakerKind::Task && w.pid != pid && cuda_pids.contains(&w.pid)
+}
+
+/// The blocked time between calls of `t` that other CUDA processes ended
+/// ([`woke_from_cuda`]).
+pub(super) fn blocked_on_cuda_processes(t: &ThreadSplit, cuda_pids: &BTreeSet<u32>) -> u64 {
+    t.wakers
+        .iter()
+        .filter(|w| woke_from_cuda(w, t.pid, cuda_pids))
+        // Saturating: a stored split's values are each at most 2^62.
+        .fold(0u64, |n, w| n.saturating_add(w.blocked_ns))
 }
 
 /// Many short kernels: the host's launch path is the limit.

@@ -43,22 +43,34 @@ fn who_steady(whole: &ThreadSplit, steady: &ThreadSplit) -> String {
     )
 }
 
+/// "(60% computing, 30% waiting for a CPU)": the host time between calls
+/// split where more than a tenth of it was runnable (other tasks held the
+/// CPU); None otherwise.
+fn cpu_taken(t: &ThreadSplit) -> Option<String> {
+    let (cpu, run) = (t.between.on_cpu_ns, t.between.runnable_ns);
+    (run * 10 > cpu + run).then(|| {
+        format!(
+            "({} computing, {} waiting for a CPU)",
+            pct(t.share(cpu)),
+            pct(t.share(run))
+        )
+    })
+}
+
 /// The thread the line speaks of: the longest window's, passing over a
 /// launcher that spent most of it blocked until another CUDA process woke
 /// it (its GPU worker exiting or answering): round 56's third tester had a
 /// parent spawn its GPU-bound worker, and the line said the parent was
 /// "100% blocked … no bottleneck verdict".
-fn main_thread(threads: &[ThreadSplit]) -> Option<&ThreadSplit> {
-    let cuda_pids: std::collections::BTreeSet<u32> = threads.iter().map(|t| t.pid).collect();
-    let on_other_cuda = |t: &ThreadSplit| {
-        t.wakers
-            .iter()
-            .filter(|w| w.kind == WakerKind::Task && w.pid != t.pid && cuda_pids.contains(&w.pid))
-            .fold(0u64, |a, w| a.saturating_add(w.blocked_ns))
-    };
+fn main_thread<'a>(
+    threads: &'a [ThreadSplit],
+    cuda_pids: &std::collections::BTreeSet<u32>,
+) -> Option<&'a ThreadSplit> {
     threads
         .iter()
-        .find(|t| on_other_cuda(t).saturating_mul(2) < t.wall_ns)
+        .find(|t| {
+            super::bottleneck::blocked_on_cuda_processes(t, cuda_pids).saturating_mul(2) < t.wall_ns
+        })
         .or_else(|| threads.first())
 }
 
@@ -67,6 +79,7 @@ fn main_thread(threads: &[ThreadSplit]) -> Option<&ThreadSplit> {
 pub(super) fn summary_line(
     has_host_context: bool,
     threads: &[ThreadSplit],
+    cuda_pids: &std::collections::BTreeSet<u32>,
     views: &[ThreadView],
     findings: &[Finding],
     places: &super::bottleneck::LaunchPlaces,
@@ -75,7 +88,7 @@ pub(super) fn summary_line(
     if !has_host_context {
         return None; // said in a note: what can and cannot be told
     }
-    let main = main_thread(threads)?;
+    let main = main_thread(threads, cuda_pids)?;
     // A verdict heads the line only when it explains a real share of the
     // time; otherwise the line says where the main thread's time went. The
     // findings ranked ahead by rule (a failed allocation, a straggler) are
@@ -102,18 +115,12 @@ pub(super) fn summary_line(
             }
         };
         let line = match f.kind {
-            Kind::HostBound => {
-                let (cpu, run) = (t.between.on_cpu_ns, t.between.runnable_ns);
-                if run * 10 <= cpu + run {
-                    format!("{g}; {w} spent {share} computing on the CPU between CUDA calls: host-bound")
-                } else {
-                    format!(
-                        "{g}; {w} spent {share} on the host between CUDA calls ({} computing, {} waiting for a CPU): host-bound",
-                        pct(t.share(cpu)),
-                        pct(t.share(run))
-                    )
+            Kind::HostBound => match cpu_taken(t) {
+                None => format!("{g}; {w} spent {share} computing on the CPU between CUDA calls: host-bound"),
+                Some(split) => {
+                    format!("{g}; {w} spent {share} on the host between CUDA calls {split}: host-bound")
                 }
-            }
+            },
             Kind::InputWait => {
                 let by = t
                     .wakers
@@ -129,18 +136,15 @@ pub(super) fn summary_line(
                     .find(|v| v.t.pid == t.pid && v.t.tid == t.tid)
                     .map(|v| v.launches)
                     .unwrap_or(0);
-                let (cpu, run) = (t.between.on_cpu_ns, t.between.runnable_ns);
-                if run * 10 <= cpu + run {
-                    format!("{g}; {w} spent {share} on the CPU issuing {launches} kernel launches: launch-bound")
-                } else {
-                    // Like host_bound's: the CPU taken is said apart (round 56's
-                    // tester: half of it was a neighbour's, said nowhere).
-                    format!(
-                        "{g}; {w} spent {share} on the host issuing {launches} kernel launches ({} computing, {} \
-                         waiting for a CPU): launch-bound",
-                        pct(t.share(cpu)),
-                        pct(t.share(run))
-                    )
+                // Like host_bound's: the CPU taken is said apart (round 56's
+                // tester: half of it was a neighbour's, said nowhere).
+                match cpu_taken(t) {
+                    None => format!(
+                        "{g}; {w} spent {share} on the CPU issuing {launches} kernel launches: launch-bound"
+                    ),
+                    Some(split) => format!(
+                        "{g}; {w} spent {share} on the host issuing {launches} kernel launches {split}: launch-bound"
+                    ),
                 }
             }
             Kind::SyncStall => format!(
