@@ -47,7 +47,9 @@ impl Metrics {
     /// Replaces the kernel-side counters: losses indexed like
     /// `record::stat::NAMES`, and the in-kernel per-process op counts.
     pub fn set_kernel_counters(&self, losses: &[u64], counts: &[OpCount]) {
-        self.lock().set_kernel_counters(losses, counts, alive_comm);
+        // A process's name from /proc, None when it is gone.
+        self.lock()
+            .set_kernel_counters(losses, counts, crate::procinfo::comm);
     }
 
     /// The name the tracer read for a process it saw (`state::State::set_process`).
@@ -99,14 +101,7 @@ pub fn parse_addr(s: &str) -> Result<SocketAddr, String> {
 /// The process name, read once when a process is first seen; `?` when it
 /// is gone.
 fn read_comm(pid: u32) -> String {
-    alive_comm(pid).unwrap_or_else(|| "?".into())
-}
-
-/// The name /proc gives process `pid`, None when it is gone
-/// (`procinfo::comm`: a name the kernel cut inside a UTF-8 character is
-/// kept, as the trace stores it).
-fn alive_comm(pid: u32) -> Option<String> {
-    crate::procinfo::comm(pid)
+    crate::procinfo::comm(pid).unwrap_or_else(|| "?".into())
 }
 
 #[cfg(test)]
