@@ -395,7 +395,8 @@ pub fn stats_report(r: &StoredRollups, pid: Option<u32>, base: &TraceData) -> St
 }
 
 /// Counters of a trace's `stats` table that describe the moment the file
-/// ended, not an amount: merging files keeps the last file's value.
+/// ended or the tracer (its pid, a probe trap's measured cost), not an
+/// amount: merging files keeps the last file's value.
 pub const LAST_VALUE_STATS: [&str; 5] = [
     crate::threads::TRACER_PID_STAT,
     crate::threads::PROBE_TRAP_STAT,

@@ -131,7 +131,6 @@ impl<'a> Context<'a> {
     }
 }
 
-/// CUDA calls slowed because the CPU was given to other tasks.
 /// What to do when other tasks take the CUDA thread's CPU: the process's
 /// own threads (`same_process`), or neighbours.
 pub(super) fn preemption_advice(same_process: bool) -> &'static str {
@@ -146,6 +145,7 @@ pub(super) fn preemption_advice(same_process: bool) -> &'static str {
     }
 }
 
+/// CUDA calls slowed because the CPU was given to other tasks.
 pub(super) fn cpu_preemption(ctx: &Context) -> Vec<Finding> {
     let mut out = Vec::new();
     for v in ctx.views() {
