@@ -565,7 +565,7 @@ fn a_pause_after_the_first_call_is_judged_apart_from_the_steady_steps() {
     // Where the time went is said of the steady steps: GPU-bound (over the
     // whole window the syncs were 57%, the pause 43%).
     assert!(
-        line.contains("in its steady steps (2.0 s of 3.5 s), spent 100% waiting for the GPU inside syncs: GPU-bound"),
+        line.contains("in its steady steps (2.0 s of 3.5 s traced), spent 100% waiting for the GPU inside syncs: GPU-bound"),
         "{line}"
     );
     // Computing through it (no wait recorded): no host_bound either.
@@ -707,7 +707,7 @@ fn gpu_busy_of_the_steady_steps_judges_them() {
     assert!(line.starts_with("GPU busy 60%;"), "{line}");
     // (The pause runs to the first launch: 1.56 s.)
     assert!(
-        line.contains("in its steady steps (1.9 s of 3.5 s)"),
+        line.contains("in its steady steps (1.9 s of 3.5 s traced)"),
         "{line}"
     );
     // The loop's GPU idle instead (10% busy): host-bound.
@@ -1294,6 +1294,14 @@ fn the_probes_traps_are_not_the_programs_host_work() {
     counted(&mut d, 17_980, 49 * US, whole);
     let r = explain_report(&d);
     assert!(r.findings.is_empty(), "{:?}", kinds_of(&d));
+    // Where the time went is said of the program untraced too (round 57:
+    // the line said "in its steady steps" where no pause was left out).
+    let line = r.summary.unwrap();
+    assert!(
+        line.contains("(pid 100), without the probes' traps (0.1 s of 1.0 s traced), spent"),
+        "{line}"
+    );
+    assert!(!line.contains("steady steps"), "{line}");
     let note = r
         .notes
         .iter()
@@ -1321,6 +1329,13 @@ fn the_probes_traps_are_not_the_programs_host_work() {
     assert_eq!(f.len(), 1, "{:?}", kinds_of(&d));
     assert_eq!(f[0].evidence["probe_traps_ns"], 179_800_000);
     assert_eq!(f[0].evidence["steady_window_ns"], 1000 * MS - 179_800_000);
+    let line = explain_report(&d).summary.unwrap();
+    assert!(
+        line.contains(
+            "(pid 100), without the probes' traps (0.8 s of 1.0 s traced), spent 94% on the CPU"
+        ),
+        "{line}"
+    );
     // sync_stall at its 20% edge keeps its overlap (which stretches the
     // traps fell in is not known): 40 ms of the 160 left, 25%.
     let mut d = sync_trace(20, 2 * MS, 200 * MS);
@@ -1337,6 +1352,12 @@ fn the_probes_traps_are_not_the_programs_host_work() {
             .iter()
             .all(|n| !n.starts_with("The probes' traps")),
         "1 ms of 200"
+    );
+    // Nor a clause in the line ("(0.2 s of 0.2 s)" said nothing).
+    let line = explain_report(&d).summary.unwrap();
+    assert!(
+        line.contains("the main thread of train (pid 100) synchronized"),
+        "{line}"
     );
 }
 
