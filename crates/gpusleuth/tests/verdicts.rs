@@ -83,12 +83,19 @@ fn host_bound_loop_is_called_host_bound() {
     };
     assert_eq!(f["pids"][0], pid);
     // 19 full steps lie between the first and the last sync: at least
-    // 19 x 20 ms of CPU time was burnt there.
+    // 19 x 20 ms of CPU time was burnt there, with the probes' traps the
+    // verdict took out (launches x a cost measured at the start).
     let on_cpu = ns(&f, "host_on_cpu_ns");
-    assert!(on_cpu >= 19 * 20 * MS, "{on_cpu}");
+    assert!(
+        on_cpu + ns(&f, "probe_traps_ns") >= 19 * 20 * MS,
+        "{on_cpu}: {f}"
+    );
     assert!(on_cpu <= ns(&f, "window_ns"));
     assert!(f["wall_share"].as_f64().unwrap() >= 0.5, "{f}");
-    assert_eq!(f["evidence"]["launches"], 100);
+    // The launches in its window: 95 after the first sync; the samples,
+    // every 200 ms (a little more in practice), place them within 5%.
+    let launches = ns(&f, "launches");
+    assert!((90..=100).contains(&launches), "{f}");
     assert_eq!(f["evidence"]["syncs"], 20);
     let summary = v["summary"].as_str().unwrap();
     assert!(summary.contains("GPU busy: not measured"), "{summary}");
@@ -129,7 +136,10 @@ fn many_tiny_launches_are_launch_bound() {
     let Some((v, f, _)) = leading("launch_bound", "repeat 40 { launch 1000; sync_stream }") else {
         return;
     };
-    assert_eq!(f["evidence"]["launches"], 40_000);
+    // The launches in its window: 39,000 after the first sync, placed by
+    // the samples within 5% (round 57: all the process's, 40,000, before).
+    let launches = ns(&f, "launches");
+    assert!((37_050..=40_000).contains(&launches), "{f}");
     let per = ns(&f, "host_ns_per_launch");
     assert!(per > 0 && per <= 50_000, "{per}");
     assert!(
@@ -204,7 +214,7 @@ fn kernels_queued_before_the_host_work_are_no_sync_stall() {
 /// time per launch under one trap's cost. The fourth tester: the traps of
 /// 30,000 launches before the first recorded call took a host-bound loop's
 /// 400 ms out of it ("No abnormal behaviour found"); only the launches the
-/// samples place in the window count.
+/// samples place in the window count, as its traps and as its launches.
 #[test]
 fn the_probes_traps_are_not_the_programs_host_work() {
     let Some((_, f, _)) = leading("launch_bound", "repeat 40 { launch 1000; sync_stream }") else {
@@ -226,14 +236,18 @@ fn the_probes_traps_are_not_the_programs_host_work() {
         per_launch < trap,
         "{per_launch} ns a launch, {trap} a trap: {f}"
     );
-    // The 400 ms of host work stay (the warm-up's launches still count as
-    // the loop's: a known limit, docs/findings.md); its traps are not
-    // taken out of the window (they were: all of it, "No abnormal
-    // behaviour found").
+    // The 400 ms of host work stay, host-bound: the warm-up's launches are
+    // not the loop's (round 57: they were, and made a host-bound loop of
+    // 50 launches read launch-bound), nor are their traps taken out of the
+    // window (they were: all of it, "No abnormal behaviour found").
     let v = explain(&sb);
     let f = top_verdict(&v);
+    assert_eq!(f["kind"], "host_bound", "{f}");
     assert!(f["wall_share"].as_f64().unwrap() > 0.9, "{f}");
     assert!(ns(&f, "probe_traps_ns") < ns(&f, "window_ns") / 10, "{f}");
+    // 100 launches in the loop; the period across its first call may
+    // add a period's worth at the loop's rate, never the warm-up's.
+    assert!(ns(&f, "launches") < 1000, "{f}");
 }
 
 #[test]

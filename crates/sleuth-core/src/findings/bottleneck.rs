@@ -161,24 +161,11 @@ pub(super) fn views<'a>(
     trap_ns: u64,
     gpu: impl Fn(u64, u64) -> Option<GpuBusy>,
 ) -> Vec<ThreadView<'a>> {
-    // Counted launches go to each process's longest issuing thread. With
-    // `--launches all` both layers are counted: a runtime launch goes through
-    // the driver, so the driver's count is used when there is one.
-    let mut by_layer: HashMap<(u32, crate::ops::Layer), u64> = HashMap::new();
+    // Counted launches go to each process's longest issuing thread: those
+    // the samples place in its window where they can, else all of them.
+    let mut counted: HashMap<u32, Vec<(u16, u64)>> = HashMap::new();
     for c in counts {
-        if let Some(o) = op_by_id(c.op).filter(|o| o.class == OpClass::Launch) {
-            *by_layer.entry((c.pid, o.layer)).or_default() += c.count;
-        }
-    }
-    let mut counted: HashMap<u32, u64> = HashMap::new();
-    for (&(pid, layer), &n) in &by_layer {
-        let driver = by_layer
-            .get(&(pid, crate::ops::Layer::Driver))
-            .copied()
-            .unwrap_or(0);
-        if layer == crate::ops::Layer::Driver || driver == 0 {
-            *counted.entry(pid).or_default() += n;
-        }
+        counted.entry(c.pid).or_default().push((c.op, c.count));
     }
     let mut main_of: HashMap<u32, (u64, u32)> = HashMap::new();
     for t in threads {
@@ -201,16 +188,20 @@ pub(super) fn views<'a>(
                 return None;
             }
             let is_main = main_of.get(&t.pid).is_some_and(|m| m.1 == t.tid);
-            let (extra, probe_ns) = if is_main {
-                // Every counted call certainly in the window was one trap,
-                // both layers' (`--launches all` traps a runtime launch
-                // twice); counted calls are no calls: their traps fell
-                // between calls, on the CPU (a pause holds none of them).
-                let n = places.counted_in(t.pid, t.start_ns, t.end_ns).unwrap_or(0);
-                let probe = n.saturating_mul(trap_ns).min(steady.between.on_cpu_ns);
-                (counted.get(&t.pid).copied().unwrap_or(0), probe)
-            } else {
-                (0, 0)
+            let (extra, probe_ns) = match (is_main, places.in_window(t.pid, t.start_ns, t.end_ns)) {
+                (false, _) => (0, 0),
+                (true, Some(ops)) => {
+                    // Every counted call in the window was one trap, both
+                    // layers' (`--launches all` traps a runtime launch
+                    // twice); counted calls are no calls: their traps fell
+                    // between calls, on the CPU (a pause holds none of them).
+                    let n = ops.iter().fold(0u64, |n, &(_, k)| n.saturating_add(k));
+                    let probe = n.saturating_mul(trap_ns).min(steady.between.on_cpu_ns);
+                    (launches_of(&ops), probe)
+                }
+                // No samples place them (a run's directory, an older
+                // trace): all the process's, and no traps taken out.
+                (true, None) => (counted.get(&t.pid).map_or(0, |ops| launches_of(ops)), 0),
             };
             if probe_ns > 0 {
                 // The program untraced: its window without the traps too,
@@ -238,8 +229,82 @@ pub(super) fn views<'a>(
         .collect()
 }
 
-/// A counted op's samples: (time, running count), by time.
-type Points = Vec<(u64, u64)>;
+/// Kernel launches among a process's counted calls `ops` (op, count):
+/// with `--launches all` both layers are counted, and a runtime launch goes
+/// through the driver, so the driver's count is used when there is one.
+fn launches_of(ops: &[(u16, u64)]) -> u64 {
+    let mut by_layer: HashMap<crate::ops::Layer, u64> = HashMap::new();
+    for &(op, n) in ops {
+        if let Some(o) = op_by_id(op).filter(|o| o.class == OpClass::Launch) {
+            let e = by_layer.entry(o.layer).or_default();
+            *e = e.saturating_add(n);
+        }
+    }
+    match by_layer.get(&crate::ops::Layer::Driver) {
+        Some(&n) if n > 0 => n,
+        _ => by_layer.values().fold(0u64, |n, &k| n.saturating_add(k)),
+    }
+}
+
+/// What a counted op's sample says: its count rose by `rose` between the
+/// tracer's read before it (`from`) and its own (`to`).
+#[derive(Clone, Copy)]
+struct Period {
+    from: u64,
+    to: u64,
+    rose: u64,
+}
+
+/// One launch op's periods by time, and what the tracer counted after its
+/// last sample until the process exited or the file ended (None where not
+/// known: a window's read holds the window's counts, not the file's).
+struct OpPlaces {
+    op: u16,
+    periods: Vec<Period>,
+    tail: Option<Period>,
+}
+
+/// When the tracer read the kernel's counts: every
+/// [`crate::counted::SAMPLE_PERIOD_NS`] in its loop, a little later in
+/// practice (210-215 ms on the 2-vCPU VM); a sample is stored only where a
+/// count changed. Round 57: with 200 ms taken as the period, the first
+/// sample after a warm-up of 30,000 launches placed the 15 ms of it before
+/// its true period inside the loop's window (~1,000 launches).
+struct ReadClock {
+    /// Every time a sample was stored, sorted, once each.
+    reads: Vec<u64>,
+    /// The usual time between two reads: the median gap between stored
+    /// samples that are one read apart.
+    every: u64,
+}
+
+impl ReadClock {
+    fn of(samples: &[crate::counted::CountSample]) -> ReadClock {
+        let mut reads: Vec<u64> = samples.iter().map(|s| s.ts_ns).collect();
+        reads.sort_unstable();
+        reads.dedup();
+        let p = crate::counted::SAMPLE_PERIOD_NS;
+        let mut gaps: Vec<u64> = reads
+            .windows(2)
+            .map(|w| w[1] - w[0])
+            .filter(|&g| g >= p / 2 && g < p + p / 2)
+            .collect();
+        gaps.sort_unstable();
+        let every = gaps.get(gaps.len() / 2).copied().unwrap_or(p);
+        ReadClock { reads, every }
+    }
+
+    /// The read before the one at `ts`: the sample stored just before it
+    /// where that is one read apart, else one usual period before it (the
+    /// reads between stored nothing).
+    fn before(&self, ts: u64) -> u64 {
+        let i = self.reads.partition_point(|&r| r < ts);
+        match i.checked_sub(1).map(|j| self.reads[j]) {
+            Some(r) if ts - r < self.every + self.every / 2 => r,
+            _ => ts.saturating_sub(self.every),
+        }
+    }
+}
 
 /// Where in time a process's kernel-counted launches fell, from the
 /// tracer's samples of their running counts: a stretch between a thread's
@@ -249,34 +314,86 @@ type Points = Vec<(u64, u64)>;
 /// steps' (a warm-up of 30,000 launches read as the steps' launch_bound;
 /// round 52's tester).
 pub(crate) struct LaunchPlaces {
-    /// Per process with counted launches: each launch op's samples (time,
-    /// running count) by time; None where not sampled.
-    by_pid: HashMap<u32, Option<Vec<Points>>>,
+    /// Per process with counted launches: each launch op's samples; None
+    /// where not sampled.
+    by_pid: HashMap<u32, Option<Vec<OpPlaces>>>,
 }
 
 impl LaunchPlaces {
     pub(crate) fn of(data: &TraceData) -> LaunchPlaces {
-        let mut by_pid: HashMap<u32, Option<Vec<Points>>> = HashMap::new();
+        let mut by_pid: HashMap<u32, Option<Vec<OpPlaces>>> = HashMap::new();
         let launch = |op: u16| op_by_id(op).is_some_and(|o| o.class == OpClass::Launch);
         // Each sample's increase places launches in the period before it
-        // (`launched_in`): the file's start and end are not needed.
-        let mut sampled: HashMap<(u32, u16), Points> = HashMap::new();
+        // (`launched_in`).
+        let clock = ReadClock::of(data.count_samples.as_deref().unwrap_or_default());
+        let mut sampled: HashMap<(u32, u16), Vec<(u64, u64)>> = HashMap::new();
         for s in data.count_samples.iter().flatten().filter(|s| launch(s.op)) {
             sampled
                 .entry((s.pid, s.op))
                 .or_default()
                 .push((s.ts_ns, s.count));
         }
+        // The counts are the file's totals only where the read is not of a
+        // window (a window's are the calls it certainly holds): then what
+        // was counted after the last sample fell before the file's end.
+        let whole_file = data.window_ns == (None, None);
+        // Nor after the process exited: the tracer's end may come later.
+        // (A lean read holds the processes, not their events.)
+        let mut exits: HashMap<u32, u64> = HashMap::new();
+        let exited = data
+            .processes
+            .iter()
+            .filter_map(|p| Some((p.pid, p.exit_ns?)));
+        let events = data
+            .procs
+            .iter()
+            .filter(|p| p.kind == crate::ProcKind::Exit);
+        for (pid, ts) in exited.chain(events.map(|p| (p.pid, p.ts_ns))) {
+            let e = exits.entry(pid).or_insert(ts);
+            *e = (*e).max(ts);
+        }
         for c in data.counts.iter().filter(|c| c.count > 0 && launch(c.op)) {
-            let points = data.count_samples.as_ref().map(|_| {
+            let places = data.count_samples.as_ref().map(|_| {
                 let mut points = sampled.remove(&(c.pid, c.op)).unwrap_or_default();
                 // A crafted file's samples in any order still give bounds.
                 points.sort_unstable();
-                points
+                let mut before = 0;
+                let periods: Vec<Period> = points
+                    .iter()
+                    .map(|&(ts, count)| {
+                        let rose = count.saturating_sub(before);
+                        before = count;
+                        Period {
+                            from: clock.before(ts),
+                            to: ts,
+                            rose,
+                        }
+                    })
+                    .collect();
+                let (last_ts, last) = points.last().copied().unwrap_or((0, 0));
+                let tail = data
+                    .end_ns
+                    .filter(|_| whole_file && c.count > last)
+                    .map(|end| {
+                        let to = exits.get(&c.pid).map_or(end, |&x| x.min(end));
+                        // Read every period: the last read before the end
+                        // was at most one period before it.
+                        let from = to.saturating_sub(clock.every).max(last_ts).min(to);
+                        Period {
+                            from,
+                            to,
+                            rose: c.count - last,
+                        }
+                    });
+                OpPlaces {
+                    op: c.op,
+                    periods,
+                    tail,
+                }
             });
             let e = by_pid.entry(c.pid).or_insert_with(|| Some(Vec::new()));
-            match (e.as_mut(), points) {
-                (Some(all), Some(points)) => all.push(points),
+            match (e.as_mut(), places) {
+                (Some(all), Some(places)) => all.push(places),
                 _ => *e = None,
             }
         }
@@ -293,39 +410,62 @@ impl LaunchPlaces {
         let Some(Some(ops)) = self.by_pid.get(&pid) else {
             return false;
         };
-        ops.iter().any(|points| Self::rose_in(points, a, b) > 0)
+        ops.iter().any(|o| Self::rose_in(&o.periods, a, b) > 0)
     }
 
-    /// The counted launch calls of process `pid` certainly made in `[a, b]`
-    /// (every layer's: each was a trap): the increases of the samples whose
-    /// period lies inside it, a lower bound; None where no sample places
-    /// them. The probes' traps outside a thread's window (a warm-up of
-    /// launches before its first recorded call, another file of a run) are
-    /// not its (round 56's fourth tester: 30,000 launches before the first
-    /// call took a host-bound loop's 400 ms out of it).
-    fn counted_in(&self, pid: u32, a: u64, b: u64) -> Option<u64> {
+    /// The counted launch calls of process `pid` in `[a, b]`, per op (every
+    /// layer's: each was a trap); None where no sample places them. Those
+    /// of the sample periods inside the window, plus, of a period across
+    /// one of its edges, the part at the rate of the periods inside (the
+    /// launches of a warm-up just before the first call are not the
+    /// loop's, the launches of a loop that starts at it are), at most that
+    /// period's; where the window holds no whole period, the period's
+    /// launches in proportion to its part in the window. Round 56's fourth
+    /// tester: 30,000 launches before the first call took a host-bound
+    /// loop's 400 ms out of it as traps; round 57: with them a host-bound
+    /// loop of 50 launches read launch-bound, "30050 kernels at 80604/s".
+    fn in_window(&self, pid: u32, a: u64, b: u64) -> Option<Vec<(u16, u64)>> {
         let Some(Some(ops)) = self.by_pid.get(&pid) else {
             return None;
         };
         Some(
             ops.iter()
-                .map(|points| Self::rose_in(points, a, b))
-                .fold(0u64, u64::saturating_add),
+                .map(|o| (o.op, Self::estimate_in(o, a, b)))
+                .collect(),
         )
     }
 
-    /// A running count's increases whose sample period lies in `[a, b]`.
-    fn rose_in(points: &Points, a: u64, b: u64) -> u64 {
-        let mut before = 0;
-        points.iter().fold(0u64, |n, &(ts, count)| {
-            let rose = count.saturating_sub(before);
-            before = count;
-            if ts <= b && ts.saturating_sub(crate::counted::SAMPLE_PERIOD_NS) >= a {
-                n.saturating_add(rose)
-            } else {
-                n
+    /// One op's launches in `[a, b]` ([`LaunchPlaces::in_window`]).
+    fn estimate_in(o: &OpPlaces, a: u64, b: u64) -> u64 {
+        let (mut inside, mut across, mut across_ns) = (0u64, Vec::new(), 0u64);
+        for p in o.periods.iter().chain(&o.tail).filter(|p| p.rose > 0) {
+            if p.from >= a && p.to <= b {
+                inside = inside.saturating_add(p.rose);
+            } else if p.from < b && p.to > a {
+                let part = p.to.min(b) - p.from.max(a);
+                across.push((p.rose, part, p.to - p.from));
+                across_ns = across_ns.saturating_add(part);
             }
+        }
+        // The time of the window outside the periods across its edges: its
+        // periods with launches are inside, the others held none.
+        let inside_ns = b.saturating_sub(a).saturating_sub(across_ns);
+        across.into_iter().fold(inside, |n, (rose, part, len)| {
+            let share = if inside_ns >= crate::counted::SAMPLE_PERIOD_NS {
+                (inside as u128 * part as u128 / inside_ns as u128).min(rose as u128)
+            } else {
+                rose as u128 * part as u128 / len.max(1) as u128
+            };
+            n.saturating_add(share as u64)
         })
+    }
+
+    /// A running count's increases whose sample period lies in `[a, b]`.
+    fn rose_in(periods: &[Period], a: u64, b: u64) -> u64 {
+        periods
+            .iter()
+            .filter(|p| p.from >= a && p.to <= b)
+            .fold(0u64, |n, p| n.saturating_add(p.rose))
     }
 
     /// Whether `pid` has counted launches no sample places.

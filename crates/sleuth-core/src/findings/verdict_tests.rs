@@ -1314,12 +1314,18 @@ fn the_probes_traps_are_not_the_programs_host_work() {
         "{note}"
     );
     // Launches no sample places in the window (made before its first
-    // call): their traps are not its; the loop as traced.
+    // call): neither their traps nor the launches are its (round 57: they
+    // were its launches, and read launch-bound).
     counted(&mut d, 17_980, 49 * US, whole);
     d.count_samples = Some(Vec::new());
+    assert!(only(&d, Kind::LaunchBound).is_empty(), "{:?}", kinds_of(&d));
+    // A trace without samples (a run's directory) cannot place them: all
+    // the process's, no traps taken out.
+    d.count_samples = None;
     let f = only(&d, Kind::LaunchBound);
     assert_eq!(f.len(), 1, "{:?}", kinds_of(&d));
     assert_eq!(f[0].evidence["probe_traps_ns"], 0);
+    assert_eq!(f[0].evidence["launches"], 17_980);
     // The traps come out of the window too: the view judges the program's
     // time untraced (10 us a trap: 179.8 ms of the 1000; a 50-ms first
     // sync, 6% of the 820 left: the syncs still returned almost at once).
@@ -1402,4 +1408,99 @@ fn the_summary_speaks_of_the_worker_not_the_launcher_waiting_on_it() {
         "{line}"
     );
     assert!(line.ends_with(": GPU-bound"), "{line}");
+}
+
+/// Round 57: a warm-up of 30,000 counted launches just before a host-bound
+/// loop's first call (the last of them read by a sample 100 ms into the
+/// loop) were the loop's launches, and the loop read launch-bound
+/// ("30050 kernels at 80604/s", on the simulated libraries). The launches
+/// of a period across the window's edge count at the rate of the periods
+/// inside it; those inside count whole.
+#[test]
+fn launches_just_before_the_window_are_not_the_loops() {
+    const OFF: u64 = 10_000 * MS;
+    let mut d = host_trace(100 * MS, 0);
+    for c in &mut d.calls {
+        c.ts_ns += OFF;
+    }
+    let op = op_by_name("cuLaunchKernel").unwrap().id;
+    d.counts = vec![OpCount {
+        pid: 100,
+        op,
+        count: 30_050,
+    }];
+    // Read every 200 ms: 30,000 by OFF + 100 ms (the warm-up ended before
+    // OFF), then 10 more in each period of the loop.
+    let at = |ms: u64, count: u64| crate::counted::CountSample {
+        ts_ns: OFF + ms * MS - 300 * MS,
+        pid: 100,
+        op,
+        count,
+    };
+    d.count_samples = Some(vec![
+        at(0, 10_000),
+        at(200, 20_000),
+        at(400, 30_000),
+        at(600, 30_010),
+        at(800, 30_020),
+        at(1000, 30_030),
+        at(1200, 30_040),
+        at(1400, 30_050),
+    ]);
+    let f = only(&d, Kind::HostBound);
+    assert_eq!(f.len(), 1, "{:?}", kinds_of(&d));
+    // 40 inside (four periods of 10), 5 of each period across an edge.
+    assert_eq!(f[0].evidence["launches"], 50, "{}", f[0].summary);
+    // The tracer reads a little later than every 200 ms (215 here): the
+    // first read after the window's start, 200 ms into it, counted the
+    // warm-up's last 1,000 launches too (its period began 15 ms before
+    // the window); taken as 200 ms long it lay inside.
+    let at = |ms: i64, count: u64| crate::counted::CountSample {
+        ts_ns: (OFF as i64 + ms * MS as i64) as u64,
+        pid: 100,
+        op,
+        count,
+    };
+    d.count_samples = Some(vec![
+        at(-230, 7_000),
+        at(-15, 28_500),
+        at(200, 29_505),
+        at(415, 29_515),
+        at(630, 29_525),
+        at(845, 29_535),
+        at(1060, 29_545),
+    ]);
+    d.counts[0].count = 29_545;
+    let f = only(&d, Kind::HostBound);
+    assert_eq!(f.len(), 1, "{:?}", kinds_of(&d));
+    // 30 inside; of the periods across the edges, 200 and 155 ms at their
+    // rate (9 and 7).
+    assert_eq!(f[0].evidence["launches"], 46, "{}", f[0].summary);
+    // What the samples do not place by the end of the file counted in its
+    // last period: a launch-bound loop's last launches are its.
+    let mut d = host_trace(100 * MS, 0);
+    d.counts = vec![OpCount {
+        pid: 100,
+        op,
+        count: 40_000,
+    }];
+    d.count_samples = Some(
+        (1..=4)
+            .map(|i| crate::counted::CountSample {
+                ts_ns: i * 200 * MS,
+                pid: 100,
+                op,
+                count: i * 8_000,
+            })
+            .collect(),
+    );
+    d.end_ns = Some(1000 * MS);
+    let f = only(&d, Kind::LaunchBound);
+    assert_eq!(f.len(), 1, "{:?}", kinds_of(&d));
+    assert_eq!(f[0].evidence["launches"], 40_000);
+    // Without the file's end (a window's read) they are not placed.
+    d.end_ns = None;
+    let f = only(&d, Kind::LaunchBound);
+    assert_eq!(f.len(), 1, "{:?}", kinds_of(&d));
+    assert_eq!(f[0].evidence["launches"], 32_000);
 }
