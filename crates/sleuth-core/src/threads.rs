@@ -26,8 +26,10 @@ pub const TRACER_COMM: &str = "gpusleuth";
 /// Name of the `stats` entry holding the tracer's own pid (written by `trace`).
 pub const TRACER_PID_STAT: &str = "tracer_pid";
 /// Name of the `stats` entry holding what one probe trap cost a traced
-/// thread, in ns, measured as the trace started (`sleuth_probe::trap_cost`;
-/// absent in traces written before round 56 or where it could not be).
+/// thread, in ns, measured as the probes of counted launches were attached,
+/// on a function that begins as the probed launch function does
+/// (`sleuth_probe::trap_cost`; absent in traces written before round 56,
+/// in traces that count no launch since round 57, or where it could not be).
 pub const PROBE_TRAP_STAT: &str = "probe_trap_ns";
 
 /// Whether a task is gpusleuth itself: never a culprit, never a waker to

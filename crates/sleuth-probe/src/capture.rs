@@ -102,6 +102,21 @@ fn probe_plan(
     (planned, missing)
 }
 
+/// How the library's first kernel-counted launch function begins
+/// (`crate::trap_cost::EntryClass`); None where it counts no launch or its
+/// bytes cannot be read.
+fn counted_launch_entry(
+    lib: &LibFile,
+    syms: &SymbolOffsets,
+    mode: LaunchMode,
+) -> Option<crate::trap_cost::EntryClass> {
+    let (planned, _) = probe_plan(lib.layer, syms, mode);
+    let &(_, _, offset) = planned
+        .iter()
+        .find(|(op, kind, _)| *kind == ProbeKind::Counted && op.class == OpClass::Launch)?;
+    crate::trap_cost::EntryClass::at(&lib.path, offset)
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum CaptureError {
     #[error("{0}")]
@@ -171,6 +186,9 @@ pub struct AttachedLib {
     /// Ops of this library's layer that it does not export.
     pub missing: Vec<&'static str>,
     pub attached_mono_ns: u64,
+    /// How its first kernel-counted launch function begins (what a trap on
+    /// it costs: `crate::trap_cost`); None where it counts no launch.
+    pub counted_entry: Option<crate::trap_cost::EntryClass>,
 }
 
 /// The kernel's map keys and values as aya map types: sleuth-core, which
@@ -525,12 +543,15 @@ impl Capture {
                     probes: 0,
                     missing,
                     attached_mono_ns: monotonic_ns(),
+                    counted_entry: None,
                 };
                 self.attached.insert((lib.dev, lib.ino), a.clone());
                 return Ok(Some(a));
             }
         }
-        if let Some(a) = self.attach_lib_multi(lib, &syms)? {
+        let counted_entry = counted_launch_entry(lib, &syms, self.launch_mode);
+        if let Some(mut a) = self.attach_lib_multi(lib, &syms)? {
+            a.counted_entry = counted_entry;
             self.attached.insert((lib.dev, lib.ino), a.clone());
             return Ok(Some(a));
         }
@@ -577,6 +598,7 @@ impl Capture {
             probes,
             missing,
             attached_mono_ns: monotonic_ns(),
+            counted_entry,
         };
         self.attached.insert((lib.dev, lib.ino), a.clone());
         Ok(Some(a))
@@ -642,6 +664,7 @@ impl Capture {
             probes,
             missing,
             attached_mono_ns: monotonic_ns(),
+            counted_entry: None,
         }))
     }
 
@@ -649,10 +672,13 @@ impl Capture {
     /// (`crate::trap_cost`). Loads the one-by-one `call_count` if the
     /// batched path left it unloaded (it is verified once more; the other
     /// two are not needed for this).
-    pub fn measure_trap_ns(&mut self) -> Result<u64, CaptureError> {
+    pub fn measure_trap_ns(
+        &mut self,
+        class: crate::trap_cost::EntryClass,
+    ) -> Result<u64, CaptureError> {
         let p = loaded_uprobe(&mut self.bpf, "call_count")?;
         // Op 0 is no op: nothing is counted for it (the tracer is never traced).
-        crate::trap_cost::measure(p, 0)
+        crate::trap_cost::measure(p, 0, class)
     }
 
     /// Waits up to `timeout` for records, then hands each one to `f`.

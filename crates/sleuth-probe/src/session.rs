@@ -10,6 +10,8 @@
 use crate::capture::{AttachedLib, Capture, CaptureError, LaunchMode, SiteOptions};
 use crate::discover::{self, LibFile};
 use crate::sites::{python, SiteResolver, Unsymbolized};
+use crate::trap_cost::EntryClass;
+use sleuth_core::ops::Layer;
 use sleuth_core::record::{self, stat};
 use sleuth_core::{Event, OpCount, ProcKind};
 use std::collections::{HashMap, HashSet};
@@ -170,9 +172,15 @@ pub struct CaptureSession {
     /// kernel's map: part of [`CaptureSession::op_counts`] until a new file
     /// of a rotating run no longer needs them ([`Self::forget_exited_counts`]).
     exited_counts: Vec<OpCount>,
-    /// One probe trap's cost to the calling thread, measured as the session
-    /// started (`crate::trap_cost`); None where it could not be.
-    trap_ns: Option<u64>,
+    /// One probe trap's cost to the calling thread (`crate::trap_cost`), on
+    /// a function that begins as the counted launch functions of the
+    /// library it was measured for do, and that library's layer (a driver
+    /// library's wins: its launches are the ones counted by default); None
+    /// until a library that counts launches is attached, or where it could
+    /// not be measured.
+    trap: Option<(u64, Layer)>,
+    /// The cost measured per class of first instruction (None: failed).
+    trap_by_class: HashMap<EntryClass, Option<u64>>,
 }
 
 impl CaptureSession {
@@ -185,13 +193,6 @@ impl CaptureSession {
             opts.sites,
         )?;
         cap.set_torch_allocator(opts.torch_allocator);
-        let trap_ns = match cap.measure_trap_ns() {
-            Ok(ns) => Some(ns),
-            Err(e) => {
-                log::warn!("the probes' trap cost was not measured: {e}");
-                None
-            }
-        };
         Ok(CaptureSession {
             cap,
             start_mono,
@@ -205,14 +206,15 @@ impl CaptureSession {
             counts: RecordCounts::default(),
             exited: Vec::new(),
             exited_counts: Vec::new(),
-            trap_ns,
+            trap: None,
+            trap_by_class: HashMap::new(),
         })
     }
 
-    /// One probe trap's cost to the calling thread, measured as the session
-    /// started; None where it could not be.
+    /// One probe trap's cost to the calling thread, measured as the counted
+    /// launches' library was attached; None before or where it could not be.
     pub fn trap_ns(&self) -> Option<u64> {
-        self.trap_ns
+        self.trap.map(|(ns, _)| ns)
     }
 
     /// Probes every library found in standard places and `extra_dirs`, the
@@ -312,15 +314,48 @@ impl CaptureSession {
             return;
         }
         match self.cap.attach_lib(lib) {
-            Ok(Some(a)) => f(Captured::Attached {
-                lib: a,
-                late: self.started,
-            }),
+            Ok(Some(a)) => {
+                if let Some(class) = a.counted_entry {
+                    self.measure_trap(class, a.lib.layer);
+                }
+                f(Captured::Attached {
+                    lib: a,
+                    late: self.started,
+                })
+            }
             Ok(None) => {}
             Err(e) => {
                 self.unprobed.insert((lib.dev, lib.ino));
                 f(Captured::NotProbed(e));
             }
+        }
+    }
+
+    /// The trap's cost on a function of `class`, for a library of `layer`
+    /// that counts launches: measured once per class; a driver library's
+    /// replaces a runtime library's (`--launches all` counts both, and the
+    /// verdicts count a launch by the driver's count where there is one).
+    fn measure_trap(&mut self, class: EntryClass, layer: Layer) {
+        if self
+            .trap
+            .is_some_and(|(_, had)| had == Layer::Driver || layer != Layer::Driver)
+        {
+            return;
+        }
+        let cap = &mut self.cap;
+        let ns =
+            *self
+                .trap_by_class
+                .entry(class)
+                .or_insert_with(|| match cap.measure_trap_ns(class) {
+                    Ok(ns) => Some(ns),
+                    Err(e) => {
+                        log::warn!("the probes' trap cost was not measured: {e}");
+                        None
+                    }
+                });
+        if let Some(ns) = ns {
+            self.trap = Some((ns, layer));
         }
     }
 

@@ -43,12 +43,19 @@ fn who_steady(whole: &ThreadSplit, steady: &ThreadSplit, pause: bool, probe_ns: 
         (false, true) => "without the probes' traps",
         (true, true) => "in its steady steps without the probes' traps",
     };
-    format!(
-        "{}, {what} ({:.1} s of {:.1} s traced),",
-        who(whole),
-        steady.wall_ns as f64 / 1e9,
-        whole.wall_ns as f64 / 1e9
-    )
+    let (judged, traced) = two_times(steady.wall_ns, whole.wall_ns);
+    format!("{}, {what} ({judged} s of {traced} s traced),", who(whole))
+}
+
+/// Two times in seconds with the fewest decimals (one to three) that tell
+/// them apart: "1.5 s of 1.5 s" said nothing (an H200's queued loop, 1.48
+/// of 1.50 s).
+fn two_times(a: u64, b: u64) -> (String, String) {
+    let secs = |ns: u64, d: usize| format!("{:.*}", d, ns as f64 / 1e9);
+    (1..=3)
+        .map(|d| (secs(a, d), secs(b, d)))
+        .find(|(x, y)| x != y)
+        .unwrap_or_else(|| (secs(a, 3), secs(b, 3)))
 }
 
 /// The share of a thread's window the probes' traps must reach for its
@@ -321,7 +328,7 @@ pub(super) fn probe_note(views: &[ThreadView], trap_ns: u64) -> Option<String> {
     }
     Some(format!(
         "The probes' traps on its kernel-counted calls cost {} {:.1} ms ({} of its window; {:.2} us a trap, \
-         measured as the trace started): the tracer's time, taken out of the host time and the window the \
+         measured as the probes were attached): the tracer's time, taken out of the host time and the window the \
          verdicts judge.",
         super::bottleneck::who(&v.t),
         v.probe_ns as f64 / 1e6,

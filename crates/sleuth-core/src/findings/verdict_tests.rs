@@ -1359,7 +1359,16 @@ fn the_probes_traps_are_not_the_programs_host_work() {
             .all(|n| !n.starts_with("The probes' traps")),
         "1 ms of 200"
     );
-    // Nor a clause in the line ("(0.2 s of 0.2 s)" said nothing).
+    // Where the traps are 1% of the window the two times are told apart
+    // (round 57: "(1.5 s of 1.5 s traced)"): 4 ms of 200.
+    counted(&mut d, 2_000, 2 * US, (0, 200 * MS));
+    let line = explain_report(&d).summary.unwrap();
+    assert!(
+        line.contains("without the probes' traps (0.196 s of 0.200 s traced)"),
+        "{line}"
+    );
+    // Below 1%: nor a clause in the line ("(0.2 s of 0.2 s)" said nothing).
+    counted(&mut d, 2_000, US / 2, (0, 200 * MS));
     let line = explain_report(&d).summary.unwrap();
     assert!(
         line.contains("the main thread of train (pid 100) synchronized"),
