@@ -250,6 +250,35 @@ fn the_probes_traps_are_not_the_programs_host_work() {
     assert!(ns(&f, "launches") < 1000, "{f}");
 }
 
+/// Round 57's tester on the simulated libraries (a trap ~15 us on the VM,
+/// a launch 4 us): a launch-bound loop after a host-bound one, its process
+/// exiting microseconds after its last call, had the ~8,000 launches
+/// counted after the last sample given to its window at the window's mean
+/// rate, and read host-bound (3 of 4 runs); a GPU-bound loop of 1,000
+/// launches and a 30-ms sync a step (4 ms of host work untraced, 12%) read
+/// 60% sync-stalled, its host stretches lengthened by the traps.
+#[test]
+fn the_launches_before_the_exit_and_the_traps_in_a_stretch_are_placed() {
+    let Some((_, f, _)) = leading(
+        "launch_bound",
+        "compute 120; repeat 35 { compute 20; launch 5; sync_stream }; \
+         repeat 20 { launch 1000; sync_stream }",
+    ) else {
+        return;
+    };
+    // 20,175 launches, 19,000 of them in the last loop.
+    assert!(ns(&f, "launches") >= 19_000, "{f}");
+    let Some((v, _)) = run(
+        "gpu-bound-launches",
+        "repeat 20 { launch 1000; sync_sleep 30 }",
+    ) else {
+        return;
+    };
+    for f in findings(&v) {
+        assert_ne!(f["kind"], "sync_stall", "{f}");
+    }
+}
+
 /// Round 57 on an H200: libcuda's and libcudart's functions begin with
 /// `push rbp`, which x86's uprobes emulate, and the trap was measured on a
 /// function that began with a `mov` (executed out of line, single-stepped):

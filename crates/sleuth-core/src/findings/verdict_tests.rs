@@ -1342,15 +1342,22 @@ fn the_probes_traps_are_not_the_programs_host_work() {
         ),
         "{line}"
     );
-    // sync_stall at its 20% edge keeps its overlap (which stretches the
-    // traps fell in is not known): 40 ms of the 160 left, 25%.
-    let mut d = sync_trace(20, 2 * MS, 200 * MS);
-    counted(&mut d, 2_000, 20 * US, (0, 200 * MS));
+    // sync_stall's overlap loses the traps' share of the host time (which
+    // stretches they fell in is not known: in proportion to each one's host
+    // time): 4 ms of host work a step, a quarter of it traps, 80 ms of
+    // overlap → 60 ms of the 180 left, a third (round 56 kept all 80).
+    let mut d = sync_trace(20, 4 * MS, 200 * MS);
+    counted(&mut d, 1_000, 20 * US, (0, 200 * MS));
     let f = only(&d, Kind::SyncStall);
     assert_eq!(f.len(), 1, "{:?}", kinds_of(&d));
-    assert_eq!(f[0].evidence["overlappable_ns"], 40 * MS);
-    assert_eq!(f[0].wall_share, Some(0.25));
+    assert_eq!(f[0].evidence["overlappable_ns"], 60 * MS);
+    assert_eq!(f[0].wall_share, Some(1.0 / 3.0));
+    // Host stretches that were all traps: nothing could overlap.
+    let mut d = sync_trace(20, 2 * MS, 200 * MS);
+    counted(&mut d, 2_000, 20 * US, (0, 200 * MS));
+    assert!(only(&d, Kind::SyncStall).is_empty(), "{:?}", kinds_of(&d));
     // Below 1% of the window: no note.
+    let mut d = sync_trace(20, 4 * MS, 200 * MS);
     counted(&mut d, 2_000, US / 2, (0, 200 * MS));
     assert!(
         explain_report(&d)
