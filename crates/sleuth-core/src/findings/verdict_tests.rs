@@ -1520,3 +1520,36 @@ fn launches_just_before_the_window_are_not_the_loops() {
     assert_eq!(f.len(), 1, "{:?}", kinds_of(&d));
     assert_eq!(f[0].evidence["launches"], 32_000);
 }
+
+/// Round 57's tester: "spent 0% inside CUDA calls, 100% on the CPU between
+/// them … no bottleneck verdict" said nothing of why host time was no
+/// host_bound: the GPU was busy meanwhile, or whether it waited is unknown.
+#[test]
+fn host_time_without_a_verdict_says_why() {
+    let mut d = host_trace(100 * MS, 0);
+    d.gpu_samples = samples(90.0);
+    let r = explain_report(&d);
+    assert!(r.findings.is_empty(), "{:?}", kinds_of(&d));
+    let line = r.summary.unwrap();
+    assert!(
+        line.contains("no bottleneck verdict (the GPU was busy 90% meanwhile: the host's work overlapped its)"),
+        "{line}"
+    );
+    // One sync and a last call: nothing samples the GPU through the window.
+    let mut d = host_trace(100 * MS, 0);
+    d.calls.retain(|c| c.ts_ns == 0 || c.ts_ns >= 999 * MS);
+    let r = explain_report(&d);
+    assert!(r.findings.is_empty(), "{:?}", kinds_of(&d));
+    let line = r.summary.unwrap();
+    assert!(
+        line.contains("no bottleneck verdict (whether the GPU waited for the host is not known"),
+        "{line}"
+    );
+    // Mostly blocked between calls: no such clause.
+    let d = host_trace(100 * MS, 600 * MS);
+    let line = explain_report(&d).summary.unwrap();
+    assert!(
+        !line.contains("meanwhile") && !line.contains("not known"),
+        "{line}"
+    );
+}
