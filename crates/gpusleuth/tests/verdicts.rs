@@ -277,6 +277,16 @@ fn the_launches_before_the_exit_and_the_traps_in_a_stretch_are_placed() {
     for f in findings(&v) {
         assert_ne!(f["kind"], "sync_stall", "{f}");
     }
+    // A real stall whose host work outlasts its sync with the traps gone
+    // (10 ms of compute and 2,000 launches before a 10-ms sync: ~35% of
+    // the loop untraced) keeps its overlap (the second tester: 14%, none).
+    let Some((_, f, _)) = leading(
+        "sync_stall",
+        "repeat 30 { compute 10; launch 2000; sync_sleep 10 }",
+    ) else {
+        return;
+    };
+    assert!(f["wall_share"].as_f64().unwrap() >= 0.25, "{f}");
 }
 
 /// Round 57 on an H200: libcuda's and libcudart's functions begin with

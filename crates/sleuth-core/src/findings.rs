@@ -417,7 +417,7 @@ pub fn explain_inputs_with(
     let cuda_pids: std::collections::BTreeSet<u32> = threads.iter().map(|t| t.pid).collect();
     if data.has_host_context {
         findings.extend(time::cpu_preemption(&ctx));
-        for v in &views {
+        for v in views.iter().filter(|v| !v.too_short) {
             // host_bound and launch_bound count the runnable time between
             // calls as host time and name its holders: the thread's
             // contention is a finding of its own only where neither fires

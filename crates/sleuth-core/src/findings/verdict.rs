@@ -232,6 +232,17 @@ pub(super) fn summary_line(
             "{g}; {w} issued CUDA calls for only {:.1} ms: too short for a bottleneck verdict",
             whole.wall_ns as f64 / 1e6
         )
+    } else if view.is_some_and(|v| v.too_short) {
+        // Long enough traced, not without the traps (round 57's second
+        // tester: "whether the GPU waited … is not known" for a window of
+        // 82 ms untraced, 351 ms traced).
+        format!(
+            "{g}; {} issued CUDA calls for only {:.1} ms without the probes' traps ({:.1} ms traced): too short \
+             for a bottleneck verdict",
+            who(whole),
+            main.wall_ns as f64 / 1e6,
+            whole.wall_ns as f64 / 1e6
+        )
     } else if sync_share >= 0.5 {
         format!(
             "{g}; {w} spent {} waiting for the GPU inside syncs{runnable_note}: GPU-bound",
@@ -347,16 +358,30 @@ pub(super) fn probe_note(views: &[ThreadView], trap_ns: u64) -> Option<String> {
     if share(v) < 0.01 {
         return None;
     }
+    // Tracing that slowed the thread this much may have changed what it
+    // waited for (round 57's second tester: a loop fed by a loader took 30
+    // ms of traps a step, outran nothing, never blocked, and read
+    // launch-bound where untraced it waited 22 ms a step for its batches).
+    let changed = if share(v) >= TRAPS_CHANGE_TIMING_SHARE {
+        " Slowed this much, the thread may wait less on other threads or processes (a data loader, a queue) than \
+         it would untraced: the verdicts judge the traced order of events."
+    } else {
+        ""
+    };
     Some(format!(
         "The probes' traps on its kernel-counted calls cost {} {:.1} ms ({} of its window; {:.2} us a trap, \
          measured as the probes were attached): the tracer's time, taken out of the host time and the window the \
-         verdicts judge.",
+         verdicts judge.{changed}",
         super::bottleneck::who(&v.t),
         v.probe_ns as f64 / 1e6,
         pct(share(v)),
         trap_ns as f64 / 1e3
     ))
 }
+
+/// The share of a thread's traced window in traps from which the note says
+/// tracing may have changed what the thread waited for.
+const TRAPS_CHANGE_TIMING_SHARE: f64 = 0.25;
 
 /// For a trace without host context (imported): what the call records alone
 /// say about the main issuing thread, and what stays unknown.

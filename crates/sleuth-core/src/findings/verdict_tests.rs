@@ -1352,6 +1352,38 @@ fn the_probes_traps_are_not_the_programs_host_work() {
     assert_eq!(f.len(), 1, "{:?}", kinds_of(&d));
     assert_eq!(f[0].evidence["overlappable_ns"], 60 * MS);
     assert_eq!(f[0].wall_share, Some(1.0 / 3.0));
+    // A window too short without its traps is not judged, and the line
+    // says why (round 57's second tester: "whether the GPU waited … is not
+    // known" for 82 ms untraced); the note says tracing this slow may have
+    // changed what the thread waited for.
+    let mut d = host_trace(10 * MS, 0);
+    counted(&mut d, 20_000, 49 * US, whole);
+    let r = explain_report(&d);
+    assert!(r.findings.is_empty(), "{:?}", kinds_of(&d));
+    let line = r.summary.unwrap();
+    assert!(
+        line.contains(
+            "issued CUDA calls for only 20.0 ms without the probes' traps (1000.0 ms traced): too short"
+        ),
+        "{line}"
+    );
+    assert!(
+        r.notes
+            .iter()
+            .any(|n| n.starts_with("The probes' traps") && n.contains("may wait less")),
+        "{:?}",
+        r.notes
+    );
+    // Host work that outlasts the sync with its traps gone keeps its
+    // overlap (round 57's second tester: 10 ms of compute and 2,000
+    // launches before a 10-ms sync read 14% for 35%): 8 ms of host a step,
+    // an eighth of it traps, 2-ms syncs: 40 ms of the 180 left, 22%.
+    let mut d = sync_trace(20, 8 * MS, 200 * MS);
+    counted(&mut d, 1_000, 20 * US, (0, 200 * MS));
+    let f = only(&d, Kind::SyncStall);
+    assert_eq!(f.len(), 1, "{:?}", kinds_of(&d));
+    assert_eq!(f[0].evidence["overlappable_ns"], 40 * MS);
+    assert_eq!(f[0].evidence["host_between_syncs_p50_ns"], 7 * MS);
     // Host stretches that were all traps: nothing could overlap.
     let mut d = sync_trace(20, 2 * MS, 200 * MS);
     counted(&mut d, 2_000, 20 * US, (0, 200 * MS));
