@@ -155,7 +155,9 @@ impl ThreadView<'_> {
     }
 }
 
-/// One view per issuing thread whose window is long enough to judge.
+/// One view per issuing thread whose window as traced is long enough to
+/// judge; one too short without the probes' traps is kept, marked
+/// `too_short` (the summary line says why it has no verdict).
 pub(super) fn views<'a>(
     counts: &[crate::OpCount],
     threads: &'a [ThreadSplit],
