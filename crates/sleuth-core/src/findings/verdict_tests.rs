@@ -1585,3 +1585,24 @@ fn host_time_without_a_verdict_says_why() {
         "{line}"
     );
 }
+
+/// Round 57's second tester: 53 us of host time per launch, beside
+/// launch_bound's 50-us bound, read "0.1 ms".
+#[test]
+fn host_time_per_launch_under_a_millisecond_is_in_microseconds() {
+    let mut d = host_trace(100 * MS, 0);
+    let op = op_by_name("cuLaunchKernel").unwrap().id;
+    d.counts = vec![OpCount {
+        pid: 100,
+        op,
+        count: 17_000,
+    }];
+    let f = only(&d, Kind::HostBound);
+    assert_eq!(f.len(), 1, "{:?}", kinds_of(&d));
+    assert!(
+        f[0].summary
+            .ends_with("; 52.9 us of host time per kernel launch"),
+        "{}",
+        f[0].summary
+    );
+}
