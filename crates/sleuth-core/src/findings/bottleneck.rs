@@ -75,7 +75,7 @@ impl ThreadView<'_> {
     /// Is there evidence the GPU was mostly idle? Measured busy below the
     /// threshold; or, not measured, the thread synchronized through its
     /// window and its syncs returned almost at once (little time inside them).
-    fn gpu_idle(&self) -> Option<&'static str> {
+    pub(super) fn gpu_idle(&self) -> Option<&'static str> {
         match self.gpu {
             Some(g) if g.busy < GPU_IDLE_MAX_BUSY => Some("GPU busy measured low"),
             Some(_) => None,

@@ -255,7 +255,7 @@ pub(super) fn summary_line(
             pct(main.share(main.between.on_cpu_ns)),
             pct(main.share(main.between.blocked_ns)),
             pct(main.share(main.between.runnable_ns)),
-            host_without_verdict(main, view.and_then(|v| v.gpu))
+            host_without_verdict(main, view)
         )
     };
     Some(line + &slowest_sync_note(whole) + &pause)
@@ -265,16 +265,20 @@ pub(super) fn summary_line(
 /// least `HOST_BOUND_MIN_SHARE` of the window: the GPU was busy meanwhile,
 /// or nothing tells whether it waited (round 57's tester: "100% on the CPU
 /// between them … no bottleneck verdict" said nothing of why).
-fn host_without_verdict(t: &ThreadSplit, gpu: Option<GpuBusy>) -> String {
+fn host_without_verdict(t: &ThreadSplit, view: Option<&ThreadView>) -> String {
     if t.share(t.between.on_cpu_ns + t.between.runnable_ns) < HOST_BOUND_MIN_SHARE {
         return String::new();
     }
-    match gpu {
-        Some(g) if g.busy >= GPU_IDLE_MAX_BUSY => format!(
+    // With the verdicts' own evidence that the GPU idled, the reason is
+    // another (that time would have been host_bound or launch_bound).
+    if view.is_some_and(|v| v.gpu_idle().is_some()) {
+        return String::new();
+    }
+    match view.and_then(|v| v.gpu) {
+        Some(g) => format!(
             " (the GPU was busy {} meanwhile: the host's work overlapped its)",
             pct(g.busy)
         ),
-        Some(_) => String::new(),
         None => " (whether the GPU waited for the host is not known: GPU busy not measured, and no syncs spread \
                   over the window returned at once)"
             .to_string(),
