@@ -252,6 +252,62 @@ fn the_probes_traps_are_not_the_programs_host_work() {
     assert!(ns(&f, "launches") < 1000, "{f}");
 }
 
+/// Round 58: with `--launches full` every launch is a recorded call, an
+/// entry and a return trap each, and the runtime launch's nested driver
+/// launch the same again: on the 2-vCPU VM a launch-bound loop (4 us a
+/// simulated launch untraced) read 42.3 us of host time a launch, 100% of
+/// a 1.7-s window that untraced lasts ~0.17 s. The tracer measures a
+/// recorded call's two traps as it attaches (`probe_call_trap_ns`) and the
+/// verdicts take out those of every recorded call in the window, nested
+/// ones too, mostly from the time inside the calls.
+#[test]
+fn a_recorded_calls_traps_are_not_the_programs_host_work() {
+    let Some(sb) = Sandbox::for_ebpf("full-traps") else {
+        return;
+    };
+    sb.trace(
+        &["--launches", "full"],
+        "repeat 40 { launch 1000; sync_stream }",
+        0,
+    );
+    let pair = common::Db::open(&sb.db())
+        .int("SELECT value FROM stats WHERE name = 'probe_call_trap_ns'") as u64;
+    assert!(pair > 0, "no recorded call's trap cost stored");
+    let v = explain(&sb);
+    let f = top_verdict(&v);
+    assert_eq!(f["kind"], "launch_bound", "{:?}", kinds(&findings(&v)));
+    assert_eq!(ns(&f, "launches"), 40_000, "{f}");
+    // 80,040 recorded calls at least (each runtime launch and its nested
+    // driver launch, the syncs), two traps each; a call preempted in its
+    // trap makes the window longer, never the traps fewer.
+    let traps = ns(&f, "probe_call_traps_ns");
+    assert!(traps >= 80_040 * pair, "{traps} for {pair} a call: {f}");
+    assert!(traps <= ns(&f, "window_ns"), "{f}");
+    // Traced, a launch cost 4 us plus two recorded calls' traps; without
+    // them a 4-us launch, and the loop's own (the simulated launches'
+    // functions begin with `endbr64`, single-stepped: a trap costs
+    // several us on any x86 host).
+    let per_launch = ns(&f, "host_ns_per_launch");
+    assert!(
+        per_launch < pair,
+        "{per_launch} ns a launch, {pair} a recorded call's traps: {f}"
+    );
+    assert!(
+        v["summary"]
+            .as_str()
+            .unwrap()
+            .contains("without the probes' traps"),
+        "{v}"
+    );
+    let notes = v["notes"].as_array().cloned().unwrap_or_default();
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.as_str().unwrap_or("").contains("on its recorded calls")),
+        "{notes:?}"
+    );
+}
+
 /// Round 57's tester on the simulated libraries (a trap ~15 us on the VM,
 /// a launch 4 us): a launch-bound loop after a host-bound one, its process
 /// exiting microseconds after its last call, had the ~8,000 launches

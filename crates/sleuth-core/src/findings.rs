@@ -405,12 +405,17 @@ pub fn explain_inputs_with(
     };
     let gpu = |a: u64, b: u64| crate::gpu_busy::gpu_busy(data, a, b);
     let places = bottleneck::LaunchPlaces::of(data);
-    let trap_ns = data
-        .stats
-        .get(crate::threads::PROBE_TRAP_STAT)
-        .copied()
-        .unwrap_or(0);
-    let views = bottleneck::views(&data.counts, &threads, inputs, &places, trap_ns, gpu);
+    let stat = |name: &str| data.stats.get(name).copied().unwrap_or(0);
+    let trap_ns = stat(crate::threads::PROBE_TRAP_STAT);
+    let call_trap_ns = stat(crate::threads::PROBE_CALL_TRAP_STAT);
+    let views = bottleneck::views(
+        &data.counts,
+        &threads,
+        inputs,
+        &places,
+        (trap_ns, call_trap_ns),
+        gpu,
+    );
     let mut findings = Vec::new();
     // The processes that issue CUDA calls: a thread woken by one of them
     // waited on its GPU work (input_wait, the summary line).
@@ -468,7 +473,7 @@ pub fn explain_inputs_with(
     let drops = crate::stats::drop_counters(data);
     let mut notes = notes(data, &drops);
     notes.extend(verdict::tracer_note(&threads));
-    notes.extend(verdict::probe_note(&views, trap_ns));
+    notes.extend(verdict::probe_note(&views, trap_ns, call_trap_ns));
     notes.extend(verdict::unknown_without_host_context(
         data.has_host_context,
         inputs,

@@ -397,9 +397,10 @@ pub fn stats_report(r: &StoredRollups, pid: Option<u32>, base: &TraceData) -> St
 /// Counters of a trace's `stats` table that describe the moment the file
 /// ended or the tracer (its pid, a probe trap's measured cost), not an
 /// amount: merging files keeps the last file's value.
-pub const LAST_VALUE_STATS: [&str; 5] = [
+pub const LAST_VALUE_STATS: [&str; 6] = [
     crate::threads::TRACER_PID_STAT,
     crate::threads::PROBE_TRAP_STAT,
+    crate::threads::PROBE_CALL_TRAP_STAT,
     "map_traced_left",
     "map_threads_left",
     "map_counts_left",
@@ -446,6 +447,7 @@ pub fn merge_thread_split(a: &mut ThreadSplit, b: &ThreadSplit) {
     a.end_ns = a.end_ns.max(b.end_ns);
     a.wall_ns = a.wall_ns.saturating_add(b.wall_ns);
     a.calls = a.calls.saturating_add(b.calls);
+    a.nested_calls = a.nested_calls.saturating_add(b.nested_calls);
     a.in_calls.add(b.in_calls);
     a.between.add(b.between);
     (a.sync_p50_ns, a.sync_host_p50_ns) = if b.syncs > a.syncs {
@@ -606,6 +608,7 @@ mod tests {
             end_ns: 0,
             wall_ns: 0,
             calls: 0,
+            nested_calls: 0,
             in_calls: Split::default(),
             between: Split::default(),
             syncs: 0,

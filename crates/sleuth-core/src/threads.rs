@@ -31,6 +31,13 @@ pub const TRACER_PID_STAT: &str = "tracer_pid";
 /// (`sleuth_probe::trap_cost`; absent in traces written before round 56,
 /// in traces that count no launch since round 57, or where it could not be).
 pub const PROBE_TRAP_STAT: &str = "probe_trap_ns";
+/// Name of the `stats` entry holding what a recorded call's probes (its
+/// entry and return traps) cost a traced thread, in ns, measured as the
+/// libraries that record calls were attached, on a function that begins as
+/// their recorded launch function does (`--launches full`), else as their
+/// first recorded function (absent in traces written before round 58, or
+/// where it could not be measured).
+pub const PROBE_CALL_TRAP_STAT: &str = "probe_call_trap_ns";
 
 /// Whether a task is gpusleuth itself: never a culprit, never a waker to
 /// blame. By the trace's tracer pid, and by name (`gpusleuth`,
@@ -153,6 +160,11 @@ pub struct ThreadSplit {
     pub wall_ns: u64,
     /// Recorded CUDA calls (not nested).
     pub calls: u64,
+    /// Recorded calls nested in those (a driver call inside a runtime
+    /// call): each cost the thread its own probes' traps. 0 in a split
+    /// stored before round 58.
+    #[serde(default)]
+    pub nested_calls: u64,
     /// Time inside CUDA calls.
     pub in_calls: Split,
     /// Time between CUDA calls.
@@ -229,8 +241,13 @@ pub fn stream_threads(
 ) -> Vec<ThreadSplit> {
     let tracer = tracer_pid(data);
     let mut calls: BTreeMap<(u32, u32), Vec<(usize, &CallEvent)>> = BTreeMap::new();
-    for (i, c) in data.calls.iter().enumerate().filter(|(_, c)| !c.nested) {
-        calls.entry((c.pid, c.tid)).or_default().push((i, c));
+    let mut nested: HashMap<(u32, u32), u64> = HashMap::new();
+    for (i, c) in data.calls.iter().enumerate() {
+        if c.nested {
+            *nested.entry((c.pid, c.tid)).or_default() += 1;
+        } else {
+            calls.entry((c.pid, c.tid)).or_default().push((i, c));
+        }
     }
     let mut waits: HashMap<(u32, u32), Vec<&WaitEvent>> = HashMap::new();
     for w in &data.waits {
@@ -249,6 +266,7 @@ pub fn stream_threads(
                 cs.iter().map(|c| c.1.end_ns()).max().unwrap_or(0),
             );
             let mut t = ThreadStream::new(pid, tid, window, tracer);
+            t.add_nested(nested.get(&(pid, tid)).copied().unwrap_or(0));
             let mut next = cs.iter().peekable();
             for w in ws {
                 while let Some(&(i, c)) = next.next_if(|c| c.1.ts_ns < w.on_ns) {
@@ -297,6 +315,7 @@ pub struct ThreadStream {
     busy: std::collections::VecDeque<(u64, u64)>,
     in_wall: u64,
     calls: u64,
+    nested_calls: u64,
     in_calls: Split,
     sync_durs: Vec<u64>,
     slowest_sync: (u64, u64),
@@ -344,6 +363,7 @@ impl ThreadStream {
             busy: Default::default(),
             in_wall: 0,
             calls: 0,
+            nested_calls: 0,
             in_calls: Split::default(),
             sync_durs: Vec::new(),
             slowest_sync: (0, 0),
@@ -370,6 +390,12 @@ impl ThreadStream {
     /// with the whole window gives.
     pub fn close_window(&mut self, end_ns: u64) {
         self.window.1 = end_ns.max(self.window.0);
+    }
+
+    /// `n` nested calls of the thread (in any order): counted only, for
+    /// their probes' traps (their time is their runtime caller's).
+    pub fn add_nested(&mut self, n: u64) {
+        self.nested_calls = self.nested_calls.saturating_add(n);
     }
 
     /// A non-nested call, in start order. Time inside calls counts each
@@ -631,6 +657,7 @@ impl ThreadStream {
             end_ns,
             wall_ns,
             calls: self.calls,
+            nested_calls: self.nested_calls,
             in_calls: self.in_calls,
             between,
             syncs: self.sync_durs.len() as u64,

@@ -117,6 +117,34 @@ fn counted_launch_entry(
     crate::trap_cost::EntryClass::at(&lib.path, offset)
 }
 
+/// How the library's recorded calls begin: its first recorded launch
+/// function where it records launches (`--launches full`: the calls that
+/// come by the thousand), else its first recorded function; None where it
+/// records none or the bytes cannot be read.
+fn recorded_entry(lib: &LibFile, syms: &SymbolOffsets, mode: LaunchMode) -> Option<RecordedEntry> {
+    let (planned, _) = probe_plan(lib.layer, syms, mode);
+    let per_call = || {
+        planned
+            .iter()
+            .filter(|(_, kind, _)| *kind == ProbeKind::PerCall)
+    };
+    let (launches, &(_, _, offset)) =
+        match per_call().find(|(op, _, _)| op.class == OpClass::Launch) {
+            Some(l) => (true, l),
+            None => (false, per_call().next()?),
+        };
+    let class = crate::trap_cost::EntryClass::at(&lib.path, offset)?;
+    Some(RecordedEntry { class, launches })
+}
+
+/// How a library's recorded calls begin ([`recorded_entry`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordedEntry {
+    pub class: crate::trap_cost::EntryClass,
+    /// Read from a launch function (the library records launches).
+    pub launches: bool,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum CaptureError {
     #[error("{0}")]
@@ -189,6 +217,9 @@ pub struct AttachedLib {
     /// How its first kernel-counted launch function begins (what a trap on
     /// it costs: `crate::trap_cost`); None where it counts no launch.
     pub counted_entry: Option<crate::trap_cost::EntryClass>,
+    /// How its recorded calls begin (what their entry and return traps
+    /// cost); None where it records none.
+    pub recorded_entry: Option<RecordedEntry>,
 }
 
 /// The kernel's map keys and values as aya map types: sleuth-core, which
@@ -249,7 +280,10 @@ fn load_uprobe_programs(bpf: &mut Ebpf) -> Result<(), CaptureError> {
 
 /// One uprobe program, loaded (once: `call_count` may already be, for the
 /// trap's cost, `Capture::measure_trap_ns`).
-fn loaded_uprobe<'a>(bpf: &'a mut Ebpf, name: &str) -> Result<&'a mut UProbe, CaptureError> {
+pub(crate) fn loaded_uprobe<'a>(
+    bpf: &'a mut Ebpf,
+    name: &str,
+) -> Result<&'a mut UProbe, CaptureError> {
     let p: &mut UProbe = bpf
         .program_mut(name)
         .ok_or_else(|| unavailable("eBPF object", format!("program {name} missing")))?
@@ -544,14 +578,17 @@ impl Capture {
                     missing,
                     attached_mono_ns: monotonic_ns(),
                     counted_entry: None,
+                    recorded_entry: None,
                 };
                 self.attached.insert((lib.dev, lib.ino), a.clone());
                 return Ok(Some(a));
             }
         }
         let counted_entry = counted_launch_entry(lib, &syms, self.launch_mode);
+        let recorded_entry = recorded_entry(lib, &syms, self.launch_mode);
         if let Some(mut a) = self.attach_lib_multi(lib, &syms)? {
             a.counted_entry = counted_entry;
+            a.recorded_entry = recorded_entry;
             self.attached.insert((lib.dev, lib.ino), a.clone());
             return Ok(Some(a));
         }
@@ -599,6 +636,7 @@ impl Capture {
             missing,
             attached_mono_ns: monotonic_ns(),
             counted_entry,
+            recorded_entry,
         };
         self.attached.insert((lib.dev, lib.ino), a.clone());
         Ok(Some(a))
@@ -665,20 +703,32 @@ impl Capture {
             missing,
             attached_mono_ns: monotonic_ns(),
             counted_entry: None,
+            recorded_entry: None,
         }))
     }
 
     /// What one uprobe trap of a counted call costs the calling thread here
     /// (`crate::trap_cost`). Loads the one-by-one `call_count` if the
-    /// batched path left it unloaded (it is verified once more; the other
-    /// two are not needed for this).
+    /// batched path left it unloaded (it is verified once more).
     pub fn measure_trap_ns(
         &mut self,
         class: crate::trap_cost::EntryClass,
     ) -> Result<u64, CaptureError> {
-        let p = loaded_uprobe(&mut self.bpf, "call_count")?;
         // Op 0 is no op: nothing is counted for it (the tracer is never traced).
-        crate::trap_cost::measure(p, 0, class)
+        crate::trap_cost::measure(&mut self.bpf, &["call_count"], 0, class)
+    }
+
+    /// What a recorded call's probes (its entry and its return trap) cost
+    /// the calling thread here, as [`Capture::measure_trap_ns`] does for a
+    /// counted call's one trap.
+    pub fn measure_call_trap_ns(
+        &mut self,
+        class: crate::trap_cost::EntryClass,
+    ) -> Result<u64, CaptureError> {
+        // The tracer is never traced: both programs return at once (no
+        // record, no stack), so the figure is the traps' and a little under
+        // a recorded call's.
+        crate::trap_cost::measure(&mut self.bpf, &["call_entry", "call_return"], 0, class)
     }
 
     /// Waits up to `timeout` for records, then hands each one to `f`.

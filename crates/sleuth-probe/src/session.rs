@@ -181,6 +181,21 @@ pub struct CaptureSession {
     trap: Option<(u64, Layer)>,
     /// The cost measured per class of first instruction (None: failed).
     trap_by_class: HashMap<EntryClass, Option<u64>>,
+    /// A recorded call's two traps (entry and return), on a function that
+    /// begins as the recorded calls of the library it was measured for do,
+    /// and that library's rank ([`call_trap_rank`]); None until a library
+    /// that records calls is attached, or where it could not be measured.
+    call_trap: Option<(u64, (bool, bool))>,
+    /// The recorded call's cost measured per class (None: failed).
+    call_trap_by_class: HashMap<EntryClass, Option<u64>>,
+}
+
+/// Which library's recorded calls set their traps' cost: one that records
+/// launches (`--launches full`: thousands a second) over one that does
+/// not, then a driver library's (its launches nest in the runtime's and
+/// are counted by default) over another's.
+fn call_trap_rank(e: crate::capture::RecordedEntry, layer: Layer) -> (bool, bool) {
+    (e.launches, layer == Layer::Driver)
 }
 
 impl CaptureSession {
@@ -208,6 +223,8 @@ impl CaptureSession {
             exited_counts: Vec::new(),
             trap: None,
             trap_by_class: HashMap::new(),
+            call_trap: None,
+            call_trap_by_class: HashMap::new(),
         })
     }
 
@@ -215,6 +232,13 @@ impl CaptureSession {
     /// launches' library was attached; None before or where it could not be.
     pub fn trap_ns(&self) -> Option<u64> {
         self.trap.map(|(ns, _)| ns)
+    }
+
+    /// A recorded call's probes' cost to the calling thread (its entry and
+    /// return traps), measured as the libraries that record calls were
+    /// attached; None before or where it could not be.
+    pub fn call_trap_ns(&self) -> Option<u64> {
+        self.call_trap.map(|(ns, _)| ns)
     }
 
     /// Probes every library found in standard places and `extra_dirs`, the
@@ -318,6 +342,9 @@ impl CaptureSession {
                 if let Some(class) = a.counted_entry {
                     self.measure_trap(class, a.lib.layer);
                 }
+                if let Some(e) = a.recorded_entry {
+                    self.measure_call_trap(e, a.lib.layer);
+                }
                 f(Captured::Attached {
                     lib: a,
                     late: self.started,
@@ -356,6 +383,29 @@ impl CaptureSession {
                 });
         if let Some(ns) = ns {
             self.trap = Some((ns, layer));
+        }
+    }
+
+    /// A recorded call's traps on a function that begins as `e` says, for a
+    /// library of `layer`: measured once per class, kept where the library
+    /// ranks above the one measured before ([`call_trap_rank`]).
+    fn measure_call_trap(&mut self, e: crate::capture::RecordedEntry, layer: Layer) {
+        let rank = call_trap_rank(e, layer);
+        if self.call_trap.is_some_and(|(_, had)| had >= rank) {
+            return;
+        }
+        let cap = &mut self.cap;
+        let ns = *self.call_trap_by_class.entry(e.class).or_insert_with(|| {
+            match cap.measure_call_trap_ns(e.class) {
+                Ok(ns) => Some(ns),
+                Err(e) => {
+                    log::warn!("the recorded calls' trap cost was not measured: {e}");
+                    None
+                }
+            }
+        });
+        if let Some(ns) = ns {
+            self.call_trap = Some((ns, rank));
         }
     }
 

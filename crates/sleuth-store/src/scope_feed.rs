@@ -229,6 +229,10 @@ pub(crate) fn per_thread(
             }
             feed.note(&s);
             if s.call.nested {
+                // Counted for its traps; its time is its caller's.
+                if let Some(o) = &mut open {
+                    o.pass.nested();
+                }
                 continue;
             }
             // Without a non-nested call in scope the thread feeds only the
@@ -382,6 +386,10 @@ pub(crate) fn one_read(
         }
         feed.note(&s);
         if s.call.nested {
+            // Counted for its traps; its time is its caller's.
+            if let Some(o) = open.get_mut(&key) {
+                o.pass.nested();
+            }
             continue;
         }
         let thread = match open.get_mut(&key) {

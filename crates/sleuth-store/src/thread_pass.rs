@@ -138,7 +138,9 @@ impl<'s> ThreadPass<'s> {
             .filter(|w| w.on_ns > w.wake_ns && !w.culprits.is_empty())
             .collect();
         let culprits = culprits_of_call(c, &refs, self.tracer);
-        if !c.nested {
+        if c.nested {
+            self.nested();
+        } else {
             if let Some(t) = &mut self.split {
                 t.add_call(c);
             }
@@ -147,6 +149,14 @@ impl<'s> ThreadPass<'s> {
             }
         }
         Ok(culprits)
+    }
+
+    /// A nested call the caller does not feed through [`Self::call`] (its
+    /// culprits unwanted): the split counts it, for its probes' traps.
+    pub(crate) fn nested(&mut self) {
+        if let Some(t) = &mut self.split {
+            t.add_nested(1);
+        }
     }
 
     /// A wait no later call overlaps: the splits' (dropped without one).

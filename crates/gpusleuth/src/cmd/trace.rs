@@ -625,6 +625,9 @@ fn store_counters(
     if let Some(ns) = session.trap_ns() {
         handle.set_stat(sleuth_core::threads::PROBE_TRAP_STAT, ns)?;
     }
+    if let Some(ns) = session.call_trap_ns() {
+        handle.set_stat(sleuth_core::threads::PROBE_CALL_TRAP_STAT, ns)?;
+    }
     handle.set_op_counts(file_share(&now.op_counts, &before.op_counts))?;
     Ok(now)
 }

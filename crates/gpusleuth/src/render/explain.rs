@@ -678,6 +678,7 @@ mod tests {
             end_ns,
             wall_ns: end_ns - start_ns,
             calls: 1,
+            nested_calls: 0,
             in_calls: Default::default(),
             between: Default::default(),
             syncs: 0,

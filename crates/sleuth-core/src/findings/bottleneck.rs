@@ -54,8 +54,13 @@ pub(super) struct ThreadView<'a> {
     /// The probes' traps on the counted calls the samples place in this
     /// thread's window (`traps x` the trace's measured cost): the tracer's
     /// time, taken out of `t`'s on-CPU time between calls and its window (0
-    /// without a measured cost).
+    /// without a measured cost), and those on its recorded calls (an entry
+    /// and a return trap each), taken out of its on-CPU time inside calls.
     pub probe_ns: u64,
+    /// The part of `probe_ns` taken out of the on-CPU time between calls.
+    pub probe_between_ns: u64,
+    /// The part of `probe_ns` that is the recorded calls' traps.
+    pub call_probe_ns: u64,
     pub gpu: Option<GpuBusy>,
     /// The thread's aggregates (syncs, copies).
     pub agg: &'a ThreadInputs,
@@ -149,8 +154,11 @@ impl ThreadView<'_> {
             "sync_p50_ns": t.sync_p50_ns,
             "launches": self.launches,
             "gpu_busy": self.gpu_json(),
-            // The probes' traps taken out of the on-CPU time between calls.
+            // The probes' traps taken out of the window: the counted
+            // calls' (between calls) and the recorded calls' (mostly inside
+            // them, `probe_call_traps_ns`).
             "probe_traps_ns": self.probe_ns,
+            "probe_call_traps_ns": self.call_probe_ns,
         })
     }
 }
@@ -163,7 +171,7 @@ pub(super) fn views<'a>(
     threads: &'a [ThreadSplit],
     inputs: &'a FindingInputs,
     places: &LaunchPlaces,
-    trap_ns: u64,
+    (trap_ns, call_trap_ns): (u64, u64),
     gpu: impl Fn(u64, u64) -> Option<GpuBusy>,
 ) -> Vec<ThreadView<'a>> {
     // Counted launches go to each process's longest issuing thread: those
@@ -196,7 +204,7 @@ pub(super) fn views<'a>(
             let placed = is_main
                 .then(|| places.in_window(t.pid, t.start_ns, t.end_ns, trap_ns))
                 .flatten();
-            let (extra, probe_ns) = match (is_main, placed) {
+            let (extra, counted_probe) = match (is_main, placed) {
                 (false, _) => (0, 0),
                 (true, Some(ops)) => {
                     // Every counted call in the window was one trap, both
@@ -211,12 +219,28 @@ pub(super) fn views<'a>(
                 // trace): all the process's, and no traps taken out.
                 (true, None) => (counted.get(&t.pid).map_or(0, |ops| launches_of(ops)), 0),
             };
-            if probe_ns > 0 {
-                // The program untraced: its window without the traps too,
-                // so that shares are of the time it would have taken.
+            let calls = CallTraps::of(t, agg, call_trap_ns);
+            let mut launch_call_ns = agg.launch_ns;
+            let (mut probe_ns, mut probe_between_ns) = (0, 0);
+            if counted_probe > 0 || calls.all > 0 {
+                // The program untraced: its window and host time without
+                // the traps, so that shares are of the time it would have
+                // taken. A recorded call's traps sit mostly inside it (its
+                // entry's clock is read before the trap returns, its
+                // return's as the return trap begins: on the 2-vCPU VM, 98%
+                // of a `--launches full` loop's time was inside its calls);
+                // what they outgrow is taken between calls.
                 let s = steady.to_mut();
-                s.between.on_cpu_ns -= probe_ns;
+                let inside = calls.all.min(s.in_calls.on_cpu_ns);
+                s.in_calls.on_cpu_ns -= inside;
+                let between = counted_probe
+                    .saturating_add(calls.all - inside)
+                    .min(s.between.on_cpu_ns);
+                s.between.on_cpu_ns -= between;
+                probe_ns = inside + between;
+                probe_between_ns = between;
                 s.wall_ns = s.wall_ns.saturating_sub(probe_ns);
+                launch_call_ns -= calls.launches.min(launch_call_ns).min(inside);
                 // sync_stall's overlap loses their share of the host time
                 // (`sync_stall`); its share is of the window without them.
             }
@@ -230,13 +254,45 @@ pub(super) fn views<'a>(
                 whole: t,
                 pause,
                 launches: agg.launches.count() + extra,
-                launch_call_ns: agg.launch_ns,
+                launch_call_ns,
                 probe_ns,
+                probe_between_ns,
+                call_probe_ns: calls.all.min(probe_ns),
                 gpu,
                 agg,
             })
         })
         .collect()
+}
+
+/// The probes' traps on a thread's recorded calls: each an entry and a
+/// return trap (`call_trap_ns` for both, measured as the probes were
+/// attached), a nested driver call's as well as its runtime caller's.
+struct CallTraps {
+    /// All its recorded calls'.
+    all: u64,
+    /// Its recorded launch calls', their nested driver launches' included
+    /// (at the thread's ratio of nested to outer calls): the part of `all`
+    /// inside the launch calls' time.
+    launches: u64,
+}
+
+impl CallTraps {
+    fn of(t: &ThreadSplit, agg: &ThreadInputs, call_trap_ns: u64) -> CallTraps {
+        let all = t
+            .calls
+            .saturating_add(t.nested_calls)
+            .saturating_mul(call_trap_ns);
+        let per_outer = |n: u64| {
+            (n as u128 * all as u128)
+                .checked_div(t.calls as u128)
+                .map_or(0, |x| x.min(all as u128) as u64)
+        };
+        CallTraps {
+            all,
+            launches: per_outer(agg.launches.count()),
+        }
+    }
 }
 
 /// Kernel launches among a process's counted calls `ops` (op, count):
@@ -960,9 +1016,9 @@ pub(super) fn sync_stall(v: &ThreadView) -> Option<Finding> {
     // launches a step before a 10-ms sync read 14% for 35%); taking all
     // the traps out of it did too (round 56's fourth tester: 43% read 9%).
     let mut h50 = h50;
-    if v.probe_ns > 0 {
+    if v.probe_between_ns > 0 {
         let program = t.between.on_cpu_ns as u128;
-        let traced = program + v.probe_ns as u128;
+        let traced = program + v.probe_between_ns as u128;
         let untraced_h = (h50 as u128 * program / traced) as u64;
         let (s50, before) = (t.sync_p50_ns, h50.min(t.sync_p50_ns));
         overlap = if before > 0 {

@@ -349,9 +349,10 @@ pub(super) fn tracer_note(threads: &[ThreadSplit]) -> Option<String> {
 }
 
 /// The probes' own cost to the traced threads: the traps on kernel-counted
-/// calls, taken out of the host time the verdicts judge. None where they
-/// took under 1% of every judged window (or no cost was measured).
-pub(super) fn probe_note(views: &[ThreadView], trap_ns: u64) -> Option<String> {
+/// calls and on recorded calls, taken out of the host time the verdicts
+/// judge. None where they took under 1% of every judged window (or no cost
+/// was measured).
+pub(super) fn probe_note(views: &[ThreadView], trap_ns: u64, call_trap_ns: u64) -> Option<String> {
     // Of the window as traced (the view's is without the traps).
     let share =
         |v: &ThreadView| v.probe_ns as f64 / v.t.wall_ns.saturating_add(v.probe_ns).max(1) as f64;
@@ -372,14 +373,38 @@ pub(super) fn probe_note(views: &[ThreadView], trap_ns: u64) -> Option<String> {
     } else {
         ""
     };
+    let counted_ns = v.probe_ns - v.call_probe_ns;
+    let (on_what, each) = match (counted_ns > 0, v.call_probe_ns > 0) {
+        (true, false) => (
+            "its kernel-counted calls".to_string(),
+            format!("{:.2} us a trap", trap_ns as f64 / 1e3),
+        ),
+        (false, _) => (
+            "its recorded calls".to_string(),
+            format!(
+                "{:.2} us a call, its entry and return",
+                call_trap_ns as f64 / 1e3
+            ),
+        ),
+        (true, true) => (
+            format!(
+                "its kernel-counted calls ({:.1} ms) and recorded calls ({:.1} ms)",
+                counted_ns as f64 / 1e6,
+                v.call_probe_ns as f64 / 1e6
+            ),
+            format!(
+                "{:.2} us a counted call's trap, {:.2} us a recorded call's entry and return",
+                trap_ns as f64 / 1e3,
+                call_trap_ns as f64 / 1e3
+            ),
+        ),
+    };
     Some(format!(
-        "The probes' traps on its kernel-counted calls cost {} {:.1} ms ({} of its window; {:.2} us a trap, \
-         measured as the probes were attached): the tracer's time, taken out of the host time and the window the \
-         verdicts judge.{changed}",
+        "The probes' traps on {on_what} cost {} {:.1} ms ({} of its window; {each}, measured as the probes were \
+         attached): the tracer's time, taken out of the host time and the window the verdicts judge.{changed}",
         super::bottleneck::who(&v.t),
         v.probe_ns as f64 / 1e6,
         pct(share(v)),
-        trap_ns as f64 / 1e3
     ))
 }
 

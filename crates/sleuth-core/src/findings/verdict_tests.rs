@@ -1606,3 +1606,104 @@ fn host_time_per_launch_under_a_millisecond_is_in_microseconds() {
         f[0].summary
     );
 }
+
+/// Round 58: with `--launches full` every launch is a recorded call with an
+/// entry and a return trap, and its nested driver launch another; on the
+/// VM a loop of 4-us launches read 42.3 us a launch. The trace's measured
+/// cost of a recorded call's traps (`probe_call_trap_ns`) times the
+/// thread's recorded calls, nested ones too, comes out of its on-CPU time
+/// inside calls (a launch's out of its launch calls' time) and its window.
+#[test]
+fn a_recorded_calls_traps_are_not_the_programs_host_work() {
+    // 15,000 runtime launches of 60 us every 64 us, each with a nested
+    // driver launch; a sync at the start and an allocation at the end: 66.5
+    // us of host time a launch traced, no launch_bound.
+    let mut calls = vec![call("cudaStreamSynchronize", 0, 0)];
+    for i in 0..15_000 {
+        let ts = MS + i * 64 * US;
+        calls.push(call("cudaLaunchKernel", ts, 60 * US));
+        let mut nested = call("cuLaunchKernel", ts + 10 * US, 20 * US);
+        nested.nested = true;
+        calls.push(nested);
+    }
+    calls.push(call("cudaMalloc", 999 * MS, MS));
+    let mut d = trace(calls, Vec::new());
+    d.gpu_samples = samples(5.0);
+    assert!(only(&d, Kind::LaunchBound).is_empty(), "{:?}", kinds_of(&d));
+    // 25 us a recorded call's traps: 30,002 calls' 750.05 ms, inside the
+    // 901 ms in calls; 749.95 ms of them the launches' (15,000 of the
+    // 15,002 outer calls). Untraced: 98 ms between calls and 150.05 ms in
+    // launch calls for 15,000 launches, 16.5 us each, in 250 ms.
+    d.stats
+        .insert(crate::threads::PROBE_CALL_TRAP_STAT.into(), 25 * US);
+    let r = explain_report(&d);
+    let f: Vec<&Finding> = r
+        .findings
+        .iter()
+        .filter(|f| f.kind == Kind::LaunchBound)
+        .collect();
+    assert_eq!(f.len(), 1, "{:?}", kinds_of(&d));
+    let ev = &f[0].evidence;
+    assert_eq!(ev["probe_call_traps_ns"], 750_050_000);
+    assert_eq!(ev["probe_traps_ns"], 750_050_000);
+    assert_eq!(ev["steady_window_ns"], 1000 * MS - 750_050_000);
+    assert_eq!(ev["launches"], 15_000);
+    let between = 1000 * MS - 901 * MS;
+    let launch_calls = 900 * MS - 15_000 * 750_050_000 / 15_002;
+    assert_eq!(
+        ev["host_ns_per_launch"],
+        (between + launch_calls) / 15_000,
+        "{ev}"
+    );
+    let note = r
+        .notes
+        .iter()
+        .find(|n| n.starts_with("The probes' traps"))
+        .unwrap();
+    assert!(
+        note.contains(
+            "on its recorded calls cost the main thread of train (pid 100) 750.0 ms (75% of its window; \
+             25.00 us a call, its entry and return"
+        ),
+        "{note}"
+    );
+    // Kernel-counted calls' traps as well (1,000 counted evenly, sampled
+    // every 200 ms; 10 us a trap): taken between calls, both said.
+    let op = op_by_name("cuLaunchKernel").unwrap().id;
+    d.counts = vec![OpCount {
+        pid: 100,
+        op,
+        count: 1000,
+    }];
+    d.count_samples = Some(
+        (1..=5)
+            .map(|i| crate::counted::CountSample {
+                ts_ns: i * 200 * MS,
+                pid: 100,
+                op,
+                count: 200 * i,
+            })
+            .collect(),
+    );
+    d.stats
+        .insert(crate::threads::PROBE_TRAP_STAT.into(), 10 * US);
+    let r = explain_report(&d);
+    let note = r
+        .notes
+        .iter()
+        .find(|n| n.starts_with("The probes' traps"))
+        .unwrap();
+    assert!(
+        note.contains(
+            "on its kernel-counted calls (10.0 ms) and recorded calls (750.0 ms) cost the main thread of train \
+             (pid 100) 760.0 ms"
+        ),
+        "{note}"
+    );
+    assert!(
+        note.contains(
+            "10.00 us a counted call's trap, 25.00 us a recorded call's entry and return"
+        ),
+        "{note}"
+    );
+}
