@@ -80,6 +80,9 @@ fn probe_kind(op: &OpInfo, mode: LaunchMode) -> Option<ProbeKind> {
     }
 }
 
+/// Each op to probe, how, and at which file offset.
+type Planned = Vec<(&'static OpInfo, ProbeKind, u64)>;
+
 /// What attaching a library of `layer` means under `mode`: each op to probe
 /// with how and at which offset, and the names the library lacks. Shared by
 /// the one-by-one and the batched attach so both probe the same set.
@@ -87,7 +90,7 @@ fn probe_plan(
     layer: Layer,
     syms: &SymbolOffsets,
     mode: LaunchMode,
-) -> (Vec<(&'static OpInfo, ProbeKind, u64)>, Vec<&'static str>) {
+) -> (Planned, Vec<&'static str>) {
     let mut planned = Vec::new();
     let mut missing = Vec::new();
     for op in OPS.iter().filter(|o| o.layer == layer) {
@@ -105,12 +108,7 @@ fn probe_plan(
 /// How the library's first kernel-counted launch function begins
 /// (`crate::trap_cost::EntryClass`); None where it counts no launch or its
 /// bytes cannot be read.
-fn counted_launch_entry(
-    lib: &LibFile,
-    syms: &SymbolOffsets,
-    mode: LaunchMode,
-) -> Option<crate::trap_cost::EntryClass> {
-    let (planned, _) = probe_plan(lib.layer, syms, mode);
+fn counted_launch_entry(lib: &LibFile, planned: &Planned) -> Option<crate::trap_cost::EntryClass> {
     let &(_, _, offset) = planned
         .iter()
         .find(|(op, kind, _)| *kind == ProbeKind::Counted && op.class == OpClass::Launch)?;
@@ -121,8 +119,7 @@ fn counted_launch_entry(
 /// function where it records launches (`--launches full`: the calls that
 /// come by the thousand), else its first recorded function; None where it
 /// records none or the bytes cannot be read.
-fn recorded_entry(lib: &LibFile, syms: &SymbolOffsets, mode: LaunchMode) -> Option<RecordedEntry> {
-    let (planned, _) = probe_plan(lib.layer, syms, mode);
+fn recorded_entry(lib: &LibFile, planned: &Planned) -> Option<RecordedEntry> {
     let per_call = || {
         planned
             .iter()
@@ -552,14 +549,13 @@ impl Capture {
         if lib.layer == Layer::Torch && !self.torch_allocator {
             return Ok(None);
         }
-        let path_s = lib.path.display().to_string();
         let syms = if lib.layer == Layer::Torch {
             SymbolOffsets::read_torch(&lib.path)
         } else {
             SymbolOffsets::read(&lib.path)
         }
         .map_err(|reason| CaptureError::Attach {
-            path: path_s.clone(),
+            path: lib.path.display().to_string(),
             reason,
         })?;
         // The allocator's events only make sense together (a free without its
@@ -584,21 +580,38 @@ impl Capture {
                 return Ok(Some(a));
             }
         }
-        let counted_entry = counted_launch_entry(lib, &syms, self.launch_mode);
-        let recorded_entry = recorded_entry(lib, &syms, self.launch_mode);
-        if let Some(mut a) = self.attach_lib_multi(lib, &syms)? {
-            a.counted_entry = counted_entry;
-            a.recorded_entry = recorded_entry;
-            self.attached.insert((lib.dev, lib.ino), a.clone());
-            return Ok(Some(a));
-        }
+        let (planned, missing) = probe_plan(lib.layer, &syms, self.launch_mode);
+        let counted_entry = counted_launch_entry(lib, &planned);
+        let recorded_entry = recorded_entry(lib, &planned);
+        let probes = match self.attach_lib_multi(lib, &planned)? {
+            Some(n) => n,
+            None => self.attach_lib_one_by_one(lib, &planned)?,
+        };
+        let a = AttachedLib {
+            lib: lib.clone(),
+            probes,
+            missing,
+            attached_mono_ns: monotonic_ns(),
+            counted_entry,
+            recorded_entry,
+        };
+        self.attached.insert((lib.dev, lib.ino), a.clone());
+        Ok(Some(a))
+    }
+
+    /// The one-by-one path: a link per probe; the probes attached.
+    fn attach_lib_one_by_one(
+        &mut self,
+        lib: &LibFile,
+        planned: &Planned,
+    ) -> Result<usize, CaptureError> {
+        let path_s = lib.path.display().to_string();
         if !self.uprobes_loaded {
             load_uprobe_programs(&mut self.bpf)?;
             self.uprobes_loaded = true;
         }
         let mut probes = 0;
-        let (planned, missing) = probe_plan(lib.layer, &syms, self.launch_mode);
-        for (op, kind, offset) in planned {
+        for &(op, kind, offset) in planned {
             let c = op_cookie(op);
             let progs: &[&str] = match kind {
                 ProbeKind::PerCall => &["call_entry", "call_return"],
@@ -630,32 +643,23 @@ impl Capture {
                 probes += 1;
             }
         }
-        let a = AttachedLib {
-            lib: lib.clone(),
-            probes,
-            missing,
-            attached_mono_ns: monotonic_ns(),
-            counted_entry,
-            recorded_entry,
-        };
-        self.attached.insert((lib.dev, lib.ino), a.clone());
-        Ok(Some(a))
+        Ok(probes)
     }
 
-    /// The batched path: up to three links (entry, return, count) for the whole
-    /// library. Ok(None) when multi-uprobes are unavailable (caller falls back).
+    /// The batched path: up to three links (entry, return, count) for the
+    /// whole library; the probes attached. Ok(None) when multi-uprobes are
+    /// unavailable (caller falls back).
     fn attach_lib_multi(
         &mut self,
         lib: &LibFile,
-        syms: &SymbolOffsets,
-    ) -> Result<Option<AttachedLib>, CaptureError> {
+        planned: &Planned,
+    ) -> Result<Option<usize>, CaptureError> {
         let Some(progs) = &self.multi else {
             return Ok(None);
         };
         let mut per_call = (Vec::new(), Vec::new());
         let mut counted = (Vec::new(), Vec::new());
-        let (planned, missing) = probe_plan(lib.layer, syms, self.launch_mode);
-        for (op, kind, offset) in planned {
+        for &(op, kind, offset) in planned {
             let c = op_cookie(op);
             let list = if kind == ProbeKind::PerCall {
                 &mut per_call
@@ -695,27 +699,18 @@ impl Capture {
                 }
             }
         }
-        let probes = 2 * per_call.0.len() + counted.0.len();
         self.links.extend(new_links);
-        Ok(Some(AttachedLib {
-            lib: lib.clone(),
-            probes,
-            missing,
-            attached_mono_ns: monotonic_ns(),
-            counted_entry: None,
-            recorded_entry: None,
-        }))
+        Ok(Some(2 * per_call.0.len() + counted.0.len()))
     }
 
     /// What one uprobe trap of a counted call costs the calling thread here
-    /// (`crate::trap_cost`). Loads the one-by-one `call_count` if the
-    /// batched path left it unloaded (it is verified once more).
+    /// (`crate::trap_cost`), attached as the launches' probes are.
     pub fn measure_trap_ns(
         &mut self,
         class: crate::trap_cost::EntryClass,
     ) -> Result<u64, CaptureError> {
         // Op 0 is no op: nothing is counted for it (the tracer is never traced).
-        crate::trap_cost::measure(&mut self.bpf, &["call_count"], 0, class)
+        self.measure_probes(&[("call_count", false)], class)
     }
 
     /// What a recorded call's probes (its entry and its return trap) cost
@@ -728,7 +723,43 @@ impl Capture {
         // The tracer is never traced: both programs return at once (no
         // record, no stack), so the figure is the traps' and a little under
         // a recorded call's.
-        crate::trap_cost::measure(&mut self.bpf, &["call_entry", "call_return"], 0, class)
+        self.measure_probes(&[("call_entry", false), ("call_return", true)], class)
+    }
+
+    /// `programs` (name, a return probe) measured on this process's
+    /// function of `class`, attached the way the libraries' probes are:
+    /// batched (a uprobe_multi link for this process) where that path is
+    /// on, one by one otherwise. The two paths run the programs through
+    /// different kernel code; the launches' traps cost what theirs does.
+    fn measure_probes(
+        &mut self,
+        programs: &[(&str, bool)],
+        class: crate::trap_cost::EntryClass,
+    ) -> Result<u64, CaptureError> {
+        let pid = std::process::id();
+        if let Some(multi) = &self.multi {
+            return crate::trap_cost::measure(class, |exe, offset| {
+                programs
+                    .iter()
+                    .map(|&(name, ret)| {
+                        let p = multi
+                            .get(name)
+                            .ok_or_else(|| CaptureError::Map(format!("program {name} missing")))?;
+                        multi::attach_pid(p, exe, &[offset], &[0], ret, pid).map_err(|reason| {
+                            CaptureError::Attach {
+                                path: exe.display().to_string(),
+                                reason,
+                            }
+                        })
+                    })
+                    .collect::<Result<Vec<_>, _>>()
+            });
+        }
+        let names: Vec<&str> = programs.iter().map(|&(name, _)| name).collect();
+        let bpf = &mut self.bpf;
+        crate::trap_cost::measure(class, |exe, offset| {
+            crate::trap_cost::attach_one_by_one(bpf, &names, exe, offset, 0)
+        })
     }
 
     /// Waits up to `timeout` for records, then hands each one to `f`.

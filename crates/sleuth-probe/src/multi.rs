@@ -219,13 +219,26 @@ fn prog_load(
 }
 
 /// Attaches `prog` at `offsets` of the file `path` (entry, or return probes
-/// with `ret`), each with its cookie. Dropping the returned fd detaches all.
+/// with `ret`), each with its cookie, in every process. Dropping the
+/// returned fd detaches all.
 pub fn attach(
     prog: &MultiProg,
     path: &Path,
     offsets: &[u64],
     cookies: &[u64],
     ret: bool,
+) -> Result<OwnedFd, String> {
+    attach_pid(prog, path, offsets, cookies, ret, 0)
+}
+
+/// [`attach`] for the process `pid` alone (0: every process).
+pub fn attach_pid(
+    prog: &MultiProg,
+    path: &Path,
+    offsets: &[u64],
+    cookies: &[u64],
+    ret: bool,
+    pid: u32,
 ) -> Result<OwnedFd, String> {
     if offsets.is_empty() || offsets.len() != cookies.len() {
         return Err("nothing to attach".into());
@@ -244,6 +257,7 @@ pub fn attach(
         52,
         if ret { BPF_F_UPROBE_MULTI_RETURN } else { 0 },
     );
+    put_u32(&mut attr, 56, pid);
     let fd = bpf(BPF_LINK_CREATE, &mut attr)?;
     // SAFETY: the kernel returned a new fd that nothing else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })

@@ -175,17 +175,15 @@ fn per_call_ns(target: extern "C" fn(u64) -> u64) -> u64 {
         .unwrap_or(0)
 }
 
-/// The cost to the calling thread of `programs` (loaded uprobe or
-/// uretprobe programs of `bpf`, attached together) on this process's
-/// function of `class`: one trap for `call_count`, an entry and a return
-/// trap for a recorded call's `call_entry` and `call_return`. Errors say
-/// why it could not be measured (a binary without its symbol table, an
-/// attach refused).
-pub(crate) fn measure(
-    bpf: &mut aya::Ebpf,
-    programs: &[&str],
-    cookie: u64,
+/// The cost to the calling thread of the probes `attach` sets on this
+/// process's function of `class` (given the binary and the function's file
+/// offset; they stay attached until what it returns is dropped): one trap
+/// for `call_count`, an entry and a return trap for a recorded call's
+/// `call_entry` and `call_return`. Errors say why it could not be measured
+/// (a binary without its symbol table, an attach refused).
+pub(crate) fn measure<L>(
     class: EntryClass,
+    attach: impl FnOnce(&Path, u64) -> Result<L, CaptureError>,
 ) -> Result<u64, CaptureError> {
     let exe = std::fs::read_link("/proc/self/exe").map_err(|e| CaptureError::Attach {
         path: "/proc/self/exe".into(),
@@ -194,8 +192,24 @@ pub(crate) fn measure(
     let (name, target) = class.target();
     let offset = target_offset(&exe, name)?;
     let bare = per_call_ns(target);
+    let attached = attach(&exe, offset)?;
+    let probed = per_call_ns(target);
+    drop(attached);
+    Ok(probed.saturating_sub(bare))
+}
+
+/// Attaches `programs` (loaded uprobe or uretprobe programs of `bpf`) at
+/// `offset` of `exe`, for this process only, with `cookie`: the links,
+/// which detach when dropped. The one-by-one attach, where the batched one
+/// is off.
+pub(crate) fn attach_one_by_one(
+    bpf: &mut aya::Ebpf,
+    programs: &[&str],
+    exe: &Path,
+    offset: u64,
+    cookie: u64,
+) -> Result<Vec<aya::programs::uprobe::UProbeLink>, CaptureError> {
     let pid = NonZeroU32::new(std::process::id()).expect("a process id is never 0");
-    // Owned links: dropping them (after the measure, or on an error) detaches.
     let mut links = Vec::with_capacity(programs.len());
     for &prog in programs {
         let p = crate::capture::loaded_uprobe(bpf, prog)?;
@@ -208,13 +222,11 @@ pub(crate) fn measure(
             reason: error_chain(e),
         };
         let id = p
-            .attach(point, &exe, UProbeScope::OneProcess(pid))
+            .attach(point, exe, UProbeScope::OneProcess(pid))
             .map_err(|e| attach_error(&e))?;
         links.push(p.take_link(id).map_err(|e| attach_error(&e))?);
     }
-    let probed = per_call_ns(target);
-    drop(links);
-    Ok(probed.saturating_sub(bare))
+    Ok(links)
 }
 
 /// The file offset of function `name` in `exe`.

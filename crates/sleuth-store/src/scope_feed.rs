@@ -220,6 +220,8 @@ pub(crate) fn per_thread(
         params.extend(calls.args.iter().cloned());
         let mut rows = cst.query(rusqlite::params_from_iter(params))?;
         let mut open: Option<OpenThread> = None;
+        // By op: a scope of a nested op alone never opens its thread.
+        let mut early_nested: BTreeMap<u16, u64> = BTreeMap::new();
         while let Some(row) = rows.next()? {
             let Some(mut s) = calls.ops.call(row)? else {
                 continue;
@@ -229,9 +231,12 @@ pub(crate) fn per_thread(
             }
             feed.note(&s);
             if s.call.nested {
-                // Counted for its traps; its time is its caller's.
-                if let Some(o) = &mut open {
-                    o.pass.nested();
+                // Counted for its traps (its time is its caller's), also
+                // before the thread's first call in scope, as the writer's
+                // pass counts every one of the thread's.
+                match &mut open {
+                    Some(o) => o.pass.nested(s.call.op, 1),
+                    None => *early_nested.entry(s.call.op).or_default() += 1,
                 }
                 continue;
             }
@@ -239,7 +244,13 @@ pub(crate) fn per_thread(
             // ledger's list of processes: no wait is read.
             let thread = match (&mut open, waits.take()) {
                 (Some(o), _) => o,
-                (None, Some(st)) => open.insert(OpenThread::start(st, &s, th.tracer)?),
+                (None, Some(st)) => {
+                    let o = open.insert(OpenThread::start(st, &s, th.tracer)?);
+                    for (op, n) in std::mem::take(&mut early_nested) {
+                        o.pass.nested(op, n);
+                    }
+                    o
+                }
                 (None, None) => continue, // unreachable: the pass opens once
             };
             let culprits = thread.feed(&s)?;
@@ -374,6 +385,8 @@ pub(crate) fn one_read(
         .zip(statements.iter_mut())
         .collect();
     let mut open: BTreeMap<(u32, u32), OpenThread> = BTreeMap::new();
+    // By thread and op, until the thread's first call in scope.
+    let mut early_nested: BTreeMap<((u32, u32), u16), u64> = BTreeMap::new();
     let mut cst = th.conn.prepare_cached(calls_sql)?;
     let mut calls = cst.query(rusqlite::params_from_iter(args))?;
     while let Some(row) = calls.next()? {
@@ -386,9 +399,10 @@ pub(crate) fn one_read(
         }
         feed.note(&s);
         if s.call.nested {
-            // Counted for its traps; its time is its caller's.
-            if let Some(o) = open.get_mut(&key) {
-                o.pass.nested();
+            // Counted for its traps, as in `per_thread`.
+            match open.get_mut(&key) {
+                Some(o) => o.pass.nested(s.call.op, 1),
+                None => *early_nested.entry((key, s.call.op)).or_default() += 1,
             }
             continue;
         }
@@ -396,9 +410,20 @@ pub(crate) fn one_read(
             Some(o) if (s.call.ts_ns, s.id) <= o.last => return Ok(false),
             Some(o) => o,
             None => match unopened.remove(&key) {
-                Some(st) => open
-                    .entry(key)
-                    .or_insert(OpenThread::start(st, &s, th.tracer)?),
+                Some(st) => {
+                    let o = open
+                        .entry(key)
+                        .or_insert(OpenThread::start(st, &s, th.tracer)?);
+                    let early: Vec<_> = early_nested
+                        .range((key, 0)..=(key, u16::MAX))
+                        .map(|(&(_, op), &n)| (op, n))
+                        .collect();
+                    for (op, n) in early {
+                        early_nested.remove(&(key, op));
+                        o.pass.nested(op, n);
+                    }
+                    o
+                }
                 None => return Ok(false), // unreachable: a thread opens once
             },
         };

@@ -139,7 +139,7 @@ impl<'s> ThreadPass<'s> {
             .collect();
         let culprits = culprits_of_call(c, &refs, self.tracer);
         if c.nested {
-            self.nested();
+            self.nested(c.op, 1);
         } else {
             if let Some(t) = &mut self.split {
                 t.add_call(c);
@@ -151,11 +151,16 @@ impl<'s> ThreadPass<'s> {
         Ok(culprits)
     }
 
-    /// A nested call the caller does not feed through [`Self::call`] (its
-    /// culprits unwanted): the split counts it, for its probes' traps.
-    pub(crate) fn nested(&mut self) {
+    /// `n` nested calls of `op` the caller does not feed through
+    /// [`Self::call`] (their culprits unwanted): the thread's split and the
+    /// op's count them, for their probes' traps, as a scope's read counts
+    /// the nested calls it reads.
+    pub(crate) fn nested(&mut self, op: u16, n: u64) {
         if let Some(t) = &mut self.split {
-            t.add_nested(1);
+            t.add_nested(n);
+        }
+        if let Some(o) = self.op_splits.iter_mut().find(|o| o.op == op) {
+            o.stream.add_nested(n);
         }
     }
 
