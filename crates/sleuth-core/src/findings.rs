@@ -453,7 +453,8 @@ pub fn explain_inputs_with(
     for l in ledgers {
         findings.extend(memory::allocation_failure(l));
         findings.extend(memory::memory_growth(l, inputs.cuda_span(l.pid)));
-        findings.extend(memory::allocation_churn(l, ctx.bounds()));
+        let trap_each = bottleneck::call_trap_each(&threads, l.pid, call_trap_ns);
+        findings.extend(memory::allocation_churn(l, ctx.bounds(), trap_each));
         memory_notes.extend(memory::held_at_end_note(l));
     }
     let allocators = allocator_reads.views(ledgers);

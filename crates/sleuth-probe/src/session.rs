@@ -190,6 +190,22 @@ pub struct CaptureSession {
     call_trap_by_class: HashMap<EntryClass, Option<u64>>,
 }
 
+/// The cost cached for `class`, measured by `measure` the first time it is
+/// asked for (None where that failed: logged, naming `what`, and not tried
+/// again).
+fn cached_cost(
+    cache: &mut HashMap<EntryClass, Option<u64>>,
+    class: EntryClass,
+    what: &str,
+    measure: impl FnOnce() -> Result<u64, CaptureError>,
+) -> Option<u64> {
+    *cache.entry(class).or_insert_with(|| {
+        measure()
+            .inspect_err(|e| log::warn!("the cost of {what} was not measured: {e}"))
+            .ok()
+    })
+}
+
 /// Which library's recorded calls set their traps' cost: one that records
 /// launches (`--launches full`: thousands a second) over one that does
 /// not, then a driver library's (its launches nest in the runtime's and
@@ -295,6 +311,7 @@ impl CaptureSession {
             ..
         } = self;
         let mut state = Decoder {
+            own_pid: std::process::id(),
             known_pids,
             resolver,
             watching,
@@ -370,18 +387,10 @@ impl CaptureSession {
             return;
         }
         let cap = &mut self.cap;
-        let ns =
-            *self
-                .trap_by_class
-                .entry(class)
-                .or_insert_with(|| match cap.measure_trap_ns(class) {
-                    Ok(ns) => Some(ns),
-                    Err(e) => {
-                        log::warn!("the probes' trap cost was not measured: {e}");
-                        None
-                    }
-                });
-        if let Some(ns) = ns {
+        let measured = cached_cost(&mut self.trap_by_class, class, "the probes' trap", || {
+            cap.measure_trap_ns(class)
+        });
+        if let Some(ns) = measured {
             self.trap = Some((ns, layer));
         }
     }
@@ -395,16 +404,13 @@ impl CaptureSession {
             return;
         }
         let cap = &mut self.cap;
-        let ns = *self.call_trap_by_class.entry(e.class).or_insert_with(|| {
-            match cap.measure_call_trap_ns(e.class) {
-                Ok(ns) => Some(ns),
-                Err(e) => {
-                    log::warn!("the recorded calls' trap cost was not measured: {e}");
-                    None
-                }
-            }
-        });
-        if let Some(ns) = ns {
+        let measured = cached_cost(
+            &mut self.call_trap_by_class,
+            e.class,
+            "a recorded call's traps",
+            || cap.measure_call_trap_ns(e),
+        );
+        if let Some(ns) = measured {
             self.call_trap = Some((ns, rank));
         }
     }
@@ -557,6 +563,8 @@ fn watch(resolver: &SiteResolver, watching: &mut HashMap<u32, Instant>, pid: u32
 /// The decoding side of a poll: borrows what it needs of the session while
 /// the capture is borrowed for the ring buffer.
 struct Decoder<'a> {
+    /// gpusleuth's own pid: its records are dropped.
+    own_pid: u32,
     known_pids: &'a mut HashSet<u32>,
     resolver: &'a mut SiteResolver,
     watching: &'a mut HashMap<u32, Instant>,
@@ -590,6 +598,16 @@ impl Decoder<'_> {
                 return;
             }
         };
+        // gpusleuth's own: the calls and waits of a recorded call's traps
+        // being measured (`Capture::measure_call_trap_ns`), never a trace's.
+        let own = match &ev {
+            Event::Call(c) => c.pid == self.own_pid,
+            Event::Wait(w) => w.pid == self.own_pid,
+            _ => false,
+        };
+        if own {
+            return;
+        }
         match &ev {
             Event::Call(c) => {
                 self.counts.calls += 1;

@@ -23,6 +23,34 @@ fn only(d: &TraceData, k: Kind) -> Vec<Finding> {
     explain(d).into_iter().filter(|f| f.kind == k).collect()
 }
 
+/// `total` launches of `cuLaunchKernel` counted in pid 100 (the trace's
+/// only counted op), sampled every 200 ms from `from`: sample `i` (1 to
+/// `periods`) reads `at(i)`.
+fn counted_launches(
+    d: &mut TraceData,
+    total: u64,
+    from: u64,
+    periods: u64,
+    at: impl Fn(u64) -> u64,
+) {
+    let op = op_by_name("cuLaunchKernel").unwrap().id;
+    d.counts = vec![OpCount {
+        pid: 100,
+        op,
+        count: total,
+    }];
+    d.count_samples = Some(
+        (1..=periods)
+            .map(|i| crate::counted::CountSample {
+                ts_ns: from + i * 200 * MS,
+                pid: 100,
+                op,
+                count: at(i),
+            })
+            .collect(),
+    );
+}
+
 /// A 1000 ms window: a sync of `sync` ns at 0 (returning at once when short),
 /// one returning at once every 100 ms after it (steps: the syncs sample the
 /// GPU through the window, and no stretch between calls is one pause), a
@@ -1265,23 +1293,8 @@ fn a_split_stored_before_round_56_keeps_the_old_rule() {
 fn the_probes_traps_are_not_the_programs_host_work() {
     // `n` launches counted evenly over [from, to), sampled every 200 ms.
     let counted = |d: &mut TraceData, n: u64, trap: u64, (from, to): (u64, u64)| {
-        let op = op_by_name("cuLaunchKernel").unwrap().id;
-        d.counts = vec![OpCount {
-            pid: 100,
-            op,
-            count: n,
-        }];
         let periods = (to - from) / (200 * MS);
-        d.count_samples = Some(
-            (1..=periods)
-                .map(|i| crate::counted::CountSample {
-                    ts_ns: from + i * 200 * MS,
-                    pid: 100,
-                    op,
-                    count: n * i / periods,
-                })
-                .collect(),
-        );
+        counted_launches(d, n, from, periods, |i| n * i / periods);
         d.stats.insert(crate::threads::PROBE_TRAP_STAT.into(), trap);
     };
     let whole = (0, 1000 * MS);
@@ -1527,21 +1540,7 @@ fn launches_just_before_the_window_are_not_the_loops() {
     // What the samples do not place by the end of the file counted in its
     // last period: a launch-bound loop's last launches are its.
     let mut d = host_trace(100 * MS, 0);
-    d.counts = vec![OpCount {
-        pid: 100,
-        op,
-        count: 40_000,
-    }];
-    d.count_samples = Some(
-        (1..=4)
-            .map(|i| crate::counted::CountSample {
-                ts_ns: i * 200 * MS,
-                pid: 100,
-                op,
-                count: i * 8_000,
-            })
-            .collect(),
-    );
+    counted_launches(&mut d, 40_000, 0, 4, |i| i * 8_000);
     d.end_ns = Some(1000 * MS);
     let f = only(&d, Kind::LaunchBound);
     assert_eq!(f.len(), 1, "{:?}", kinds_of(&d));
@@ -1669,22 +1668,7 @@ fn a_recorded_calls_traps_are_not_the_programs_host_work() {
     );
     // Kernel-counted calls' traps as well (1,000 counted evenly, sampled
     // every 200 ms; 10 us a trap): taken between calls, both said.
-    let op = op_by_name("cuLaunchKernel").unwrap().id;
-    d.counts = vec![OpCount {
-        pid: 100,
-        op,
-        count: 1000,
-    }];
-    d.count_samples = Some(
-        (1..=5)
-            .map(|i| crate::counted::CountSample {
-                ts_ns: i * 200 * MS,
-                pid: 100,
-                op,
-                count: 200 * i,
-            })
-            .collect(),
-    );
+    counted_launches(&mut d, 1000, 0, 5, |i| 200 * i);
     d.stats
         .insert(crate::threads::PROBE_TRAP_STAT.into(), 10 * US);
     let r = explain_report(&d);
@@ -1705,5 +1689,67 @@ fn a_recorded_calls_traps_are_not_the_programs_host_work() {
             "10.00 us a counted call's trap, 25.00 us a recorded call's entry and return"
         ),
         "{note}"
+    );
+}
+
+/// Round 58's tester: a recorded call lasts its traps more, a sync as well
+/// as a launch: a loop of syncs that return at once, 34 us each traced on
+/// the VM, read "406% waiting for the GPU inside syncs" and sync-stalled;
+/// 6,000 copies of 4 KiB read 194.5 ms of pageable staging, all of it
+/// traps. Each recorded call's traps come out of its sync's time (the
+/// median, the slowest) and of a copy's staging, as out of the window.
+#[test]
+fn a_recorded_syncs_and_copies_traps_are_not_their_time() {
+    // 10,000 steps of 100 us: a 40-us sync (its nested driver sync inside)
+    // and 60 us of host work. 19 us a recorded call's traps: 38 us a sync.
+    let mut calls = Vec::new();
+    for i in 0..10_000 {
+        let ts = i * 100 * US;
+        calls.push(call("cudaStreamSynchronize", ts, 40 * US));
+        let mut nested = call("cuStreamSynchronize", ts + 5 * US, 30 * US);
+        nested.nested = true;
+        calls.push(nested);
+    }
+    let mut d = trace(calls, Vec::new());
+    d.stats
+        .insert(crate::threads::PROBE_CALL_TRAP_STAT.into(), 19 * US);
+    let r = explain_report(&d);
+    let f: Vec<&Finding> = r
+        .findings
+        .iter()
+        .filter(|f| f.kind == Kind::HostBound)
+        .collect();
+    assert_eq!(f.len(), 1, "{:?}", kinds_of(&d));
+    let ev = &f[0].evidence;
+    // 2 us a sync untraced: 20 ms of the 620 ms left (20,000 recorded
+    // calls, 380 ms of traps, out of the window).
+    assert_eq!(ev["sync_ns"], 20 * MS, "{ev}");
+    assert_eq!(ev["sync_p50_ns"], 2 * US, "{ev}");
+    assert_eq!(ev["steady_window_ns"], 999_940 * US - 380 * MS, "{ev}");
+    assert!(
+        r.findings.iter().all(|f| f.kind != Kind::SyncStall),
+        "{:?}",
+        kinds_of(&d)
+    );
+    // The copies' staging: 2,000 pageable copies of 30 us on the CPU, a
+    // nested driver copy in each, 14 us a recorded call's traps: 28 us of
+    // each copy, 4 ms of staging left, under pageable_copy's floor.
+    let mut calls = vec![call("cudaStreamSynchronize", 0, 0)];
+    for i in 0..2_000 {
+        let ts = MS + i * 400 * US;
+        calls.push(copy(ts, 30 * US, 0x1000));
+        let mut nested = call("cuMemcpyHtoD_v2", ts + 5 * US, 20 * US);
+        nested.nested = true;
+        calls.push(nested);
+    }
+    calls.push(call("cudaStreamSynchronize", 802 * MS, 0));
+    let mut d = trace(calls, Vec::new());
+    assert_eq!(only(&d, Kind::PageableCopy).len(), 1, "{:?}", kinds_of(&d));
+    d.stats
+        .insert(crate::threads::PROBE_CALL_TRAP_STAT.into(), 14 * US);
+    assert!(
+        only(&d, Kind::PageableCopy).is_empty(),
+        "{:?}",
+        kinds_of(&d)
     );
 }
