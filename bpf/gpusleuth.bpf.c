@@ -153,6 +153,18 @@ static __always_inline void count_stat(__u32 idx)
 }
 
 /*
+ * A counter of process `tgid`'s records (a loss, an edge): counted unless it
+ * is gpusleuth's own, traced for a moment while it measures what a recorded
+ * call's probes cost (its records are dropped in user space; their losses
+ * are no trace's).
+ */
+static __always_inline void count_for(__u32 idx, __u32 tgid)
+{
+	if (tgid != self_tgid)
+		count_stat(idx);
+}
+
+/*
  * Wake the user-space consumer only when the ring is filling up: it polls
  * every 50 ms anyway, and a wakeup per record would make the tracer preempt
  * the very threads whose waits it records (each wakeup a new wait: a loop).
@@ -217,7 +229,7 @@ static __always_inline struct gs_wait *close_interval(struct thread_state *ts, _
 	ts->runnable_total += on - wake;
 	struct gs_wait *w = bpf_ringbuf_reserve(&events, sizeof(*w), 0);
 	if (!w) {
-		count_stat(GS_STAT_RING_DROP_WAIT);
+		count_for(GS_STAT_RING_DROP_WAIT, pid);
 		return NULL;
 	}
 	__builtin_memset(w, 0, sizeof(*w));
@@ -262,7 +274,7 @@ static __always_inline void settle_unseen_switch_in(struct thread_state *ts, __u
 {
 	if (ts->state == THREAD_ON_CPU || ts->off_ns == 0)
 		return;
-	count_stat(GS_STAT_SWITCH_IN_UNSEEN);
+	count_for(GS_STAT_SWITCH_IN_UNSEEN, pid);
 	__u64 now = bpf_ktime_get_ns();
 	struct task_struct *task = bpf_get_current_task_btf();
 	__u64 ran = task->se.sum_exec_runtime - ts->ran_at_off;
@@ -479,7 +491,7 @@ int BPF_KPROBE(call_entry)
 	}
 	__u64 key = ((__u64)tid << 16) | op;
 	if (bpf_map_update_elem(&inflight, &key, &c, BPF_ANY))
-		count_stat(GS_STAT_INFLIGHT_FULL);
+		count_for(GS_STAT_INFLIGHT_FULL, tgid);
 	if (cookie & GS_COOKIE_BLOCK_ARG1) {
 		struct block_words bw = {};
 		if (c.args[1])
@@ -629,7 +641,7 @@ int BPF_KRETPROBE(call_return)
 
 	struct gs_call *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 	if (!e) {
-		count_stat(GS_STAT_RING_DROP_CALL);
+		count_for(GS_STAT_RING_DROP_CALL, tgid);
 	} else {
 		e->type = GS_REC_CALL;
 		e->op = op;
