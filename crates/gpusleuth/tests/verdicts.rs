@@ -347,6 +347,41 @@ fn a_recorded_copys_and_syncs_traps_are_not_their_time() {
     }
 }
 
+/// Round 58's tester: a `--rotate` run's directory placed no counted
+/// launch (its files' samples were not read), so none of their traps came
+/// out: a launch-bound loop (44.4 us of host time a launch untraced) read
+/// host-bound at 60.5 us a launch where its one-file trace read
+/// launch-bound. The run's samples are each file's on the run's counts.
+#[test]
+fn a_runs_counted_launches_are_placed_and_their_traps_taken_out() {
+    let Some(sb) = Sandbox::for_ebpf("run-traps") else {
+        return;
+    };
+    sb.trace(
+        &["--rotate", "1s"],
+        "repeat 200 { launch 200; compute 8; sync_stream }",
+        0,
+    );
+    let v = common::explain_json(&sb.db());
+    let f = top_verdict(&v);
+    assert_eq!(f["kind"], "launch_bound", "{:?}", kinds(&findings(&v)));
+    // 40,000 launches over the run's files, placed in the main thread's
+    // window (the first loop's launches before its first sync aside), and
+    // their traps taken out besides the recorded calls'.
+    assert!(ns(&f, "launches") >= 38_000, "{f}");
+    assert!(
+        ns(&f, "probe_traps_ns") > ns(&f, "probe_call_traps_ns"),
+        "{f}"
+    );
+    assert!(
+        v["summary"]
+            .as_str()
+            .unwrap()
+            .contains("without the probes' traps"),
+        "{v}"
+    );
+}
+
 /// Round 57's tester on the simulated libraries (a trap ~15 us on the VM,
 /// a launch 4 us): a launch-bound loop after a host-bound one, its process
 /// exiting microseconds after its last call, had the ~8,000 launches

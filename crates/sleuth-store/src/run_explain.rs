@@ -922,6 +922,25 @@ impl Acc {
         }
         let mut base = std::mem::take(&mut view.base);
         base.counts = trace.op_counts(pid)?;
+        // Each file samples its own share of the running counts: on the
+        // run's, after the files before it (round 58's tester: a run's
+        // directory placed no counted launch, took none of their traps out
+        // and read host-bound where its one-file trace read launch-bound).
+        base.count_samples = trace.count_samples(pid)?.map(|mut samples| {
+            if let Some(run) = &self.data {
+                let before: std::collections::HashMap<(u32, u16), u64> = run
+                    .counts
+                    .iter()
+                    .map(|c| ((c.pid, c.op), c.count))
+                    .collect();
+                for s in &mut samples {
+                    s.count = s
+                        .count
+                        .saturating_add(before.get(&(s.pid, s.op)).copied().unwrap_or(0));
+                }
+            }
+            samples
+        });
         base.end_ns = Some(view.span.end_ns);
         self.data = Some(match self.data.take() {
             None => base,
@@ -1034,6 +1053,15 @@ pub fn add_base(run: &mut TraceData, later: TraceData) {
     }
     run.procs.extend(later.procs);
     merge_op_counts(&mut run.counts, &later.counts);
+    // Samples place counted calls only where every file has them (a file
+    // written before them leaves the run's unplaced).
+    run.count_samples = match (run.count_samples.take(), later.count_samples) {
+        (Some(mut a), Some(b)) => {
+            a.extend(b);
+            Some(a)
+        }
+        _ => None,
+    };
     run.blocks.extend(later.blocks);
     run.calls.extend(later.calls);
     merge_counters(&mut run.stats, &later.stats);
