@@ -99,6 +99,12 @@ pub struct StatsReport {
     /// calls (see `threads.rs`); empty without host context.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub threads: Vec<crate::threads::ThreadSplit>,
+    /// What a recorded call's probes (its entry and return traps) cost a
+    /// traced thread, as the tracer measured it (`probe_call_trap_ns`):
+    /// part of every recorded call's time above (a runtime call's holds its
+    /// nested driver call's too). Absent where not measured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub probe_call_trap_ns: Option<u64>,
 }
 
 /// Per-op statistics of `data`, culprits joined from its waits.
@@ -174,6 +180,11 @@ pub(crate) fn assemble(
         attach_edges: attach_edges(data),
         events: event_counters(data),
         threads,
+        probe_call_trap_ns: data
+            .stats
+            .get(crate::threads::PROBE_CALL_TRAP_STAT)
+            .copied()
+            .filter(|&ns| ns > 0),
     }
 }
 

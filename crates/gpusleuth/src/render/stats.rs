@@ -93,6 +93,18 @@ pub fn render(r: &StatsReport) -> String {
                 "Ops marked 'counted in kernel' have exact counts but no per-call latency.\n",
             );
         }
+        if let Some(ns) = r
+            .probe_call_trap_ns
+            .filter(|_| r.ops.iter().any(|o| o.measured == Measured::PerCall))
+        {
+            let _ = writeln!(
+                out,
+                "Note: each recorded call's times include its probes' entry and return traps, {} a call as \
+                 measured when the probes were attached (a runtime call's, its nested driver call's too): the \
+                 tracer's cost, left in these latencies; explain judges the program without them.",
+                fmt_ns(ns)
+            );
+        }
         for o in r.ops.iter().filter(|o| o.also_counted.is_some()) {
             let _ = writeln!(
                 out,
@@ -167,6 +179,25 @@ mod tests {
         assert!(text.contains("ring_full_call 0"));
         // Columns line up: every row as wide as the header's columns.
         assert_eq!(lines[1].find("cudaMalloc"), lines[0].find("OP"));
+    }
+
+    /// Round 58's tester: syncs that return at once read 34 us each on the
+    /// VM, two probes' traps a call; the table says so where they were
+    /// measured, and only then.
+    #[test]
+    fn the_table_says_its_times_hold_the_probes_traps() {
+        let mut d = TraceData {
+            calls: vec![call(1, 34_000)],
+            has_host_context: true,
+            ..Default::default()
+        };
+        let note = "Note: each recorded call's times include its probes' entry and return traps";
+        assert!(!render(&stats::compute(&d)).contains(note));
+        d.stats
+            .insert(sleuth_core::threads::PROBE_CALL_TRAP_STAT.into(), 17_000);
+        let text = render(&stats::compute(&d));
+        assert!(text.contains(&format!("{note}, 17.0us a call")), "{text}");
+        assert_eq!(stats::compute(&d).probe_call_trap_ns, Some(17_000));
     }
 
     #[test]
