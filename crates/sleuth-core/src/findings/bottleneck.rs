@@ -309,10 +309,19 @@ impl CallTraps {
         };
         CallTraps {
             all,
-            each: per_outer(1),
+            each: traps_each(t.calls, t.nested_calls, call_trap_ns),
             launches: per_outer(agg.launches.count()),
         }
     }
+}
+
+/// What each of `calls` outer recorded calls lasted more for the probes'
+/// traps, with `nested` calls among them: `call_trap_ns` (an entry and a
+/// return trap) for it and its share of the nested ones.
+fn traps_each(calls: u64, nested: u64, call_trap_ns: u64) -> u64 {
+    (calls.saturating_add(nested) as u128 * call_trap_ns as u128)
+        .checked_div(calls as u128)
+        .map_or(0, |x| x.min(u64::MAX as u128) as u64)
 }
 
 /// What each recorded call of process `pid` lasted more for the probes'
@@ -325,9 +334,7 @@ pub(super) fn call_trap_each(threads: &[ThreadSplit], pid: u32, call_trap_ns: u6
         .fold((0u64, 0u64), |(c, n), t| {
             (c.saturating_add(t.calls), n.saturating_add(t.nested_calls))
         });
-    (calls.saturating_add(nested) as u128 * call_trap_ns as u128)
-        .checked_div(calls as u128)
-        .map_or(0, |x| x.min(u64::MAX as u128) as u64)
+    traps_each(calls, nested, call_trap_ns)
 }
 
 /// Kernel launches among a process's counted calls `ops` (op, count):
