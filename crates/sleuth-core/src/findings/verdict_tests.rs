@@ -1635,12 +1635,7 @@ fn a_recorded_calls_traps_are_not_the_programs_host_work() {
     // launch calls for 15,000 launches, 16.5 us each, in 250 ms.
     d.stats
         .insert(crate::threads::PROBE_CALL_TRAP_STAT.into(), 25 * US);
-    let r = explain_report(&d);
-    let f: Vec<&Finding> = r
-        .findings
-        .iter()
-        .filter(|f| f.kind == Kind::LaunchBound)
-        .collect();
+    let f = only(&d, Kind::LaunchBound);
     assert_eq!(f.len(), 1, "{:?}", kinds_of(&d));
     let ev = &f[0].evidence;
     assert_eq!(ev["probe_call_traps_ns"], 750_050_000);
@@ -1654,6 +1649,7 @@ fn a_recorded_calls_traps_are_not_the_programs_host_work() {
         (between + launch_calls) / 15_000,
         "{ev}"
     );
+    let r = explain_report(&d);
     let note = r
         .notes
         .iter()
@@ -1713,12 +1709,7 @@ fn a_recorded_syncs_and_copies_traps_are_not_their_time() {
     let mut d = trace(calls, Vec::new());
     d.stats
         .insert(crate::threads::PROBE_CALL_TRAP_STAT.into(), 19 * US);
-    let r = explain_report(&d);
-    let f: Vec<&Finding> = r
-        .findings
-        .iter()
-        .filter(|f| f.kind == Kind::HostBound)
-        .collect();
+    let f = only(&d, Kind::HostBound);
     assert_eq!(f.len(), 1, "{:?}", kinds_of(&d));
     let ev = &f[0].evidence;
     // 2 us a sync untraced: 20 ms of the 620 ms left (20,000 recorded
@@ -1726,11 +1717,7 @@ fn a_recorded_syncs_and_copies_traps_are_not_their_time() {
     assert_eq!(ev["sync_ns"], 20 * MS, "{ev}");
     assert_eq!(ev["sync_p50_ns"], 2 * US, "{ev}");
     assert_eq!(ev["steady_window_ns"], 999_940 * US - 380 * MS, "{ev}");
-    assert!(
-        r.findings.iter().all(|f| f.kind != Kind::SyncStall),
-        "{:?}",
-        kinds_of(&d)
-    );
+    assert!(only(&d, Kind::SyncStall).is_empty(), "{:?}", kinds_of(&d));
     // The copies' staging: 2,000 pageable copies of 30 us on the CPU, a
     // nested driver copy in each, 14 us a recorded call's traps: 28 us of
     // each copy, 4 ms of staging left, under pageable_copy's floor.
