@@ -184,6 +184,24 @@ fn cpu_preemption_thresholds_at_their_edges() {
     assert_eq!(pre(&d), 0);
 }
 
+/// Round 58's tester on healthy GPU-bound loops: 3.8 ms of runnable time
+/// in 800 launch calls (10% of their own time, 0.3% of the program's) was a
+/// cpu_preemption, medium; 2.56 ms in one launch call, all of it while
+/// gpusleuth's own threads held the CPU, one "by tasks the trace did not
+/// name". The runnable time must reach 1% of the trace as well.
+#[test]
+fn cpu_preemption_needs_a_share_of_the_trace() {
+    let pre = |d: &TraceData| of_kind(&explain(d), Kind::CpuPreemption).len();
+    // 2 ms of 20 ms (10%) in a 20-ms trace: a finding.
+    let mut d = preempted_trace(2, MS);
+    assert_eq!(pre(&d), 1);
+    // The same over a 400-ms trace (0.5% of it): none; 200 ms: 1%, one.
+    d.end_ns = Some(400 * MS);
+    assert_eq!(pre(&d), 0);
+    d.end_ns = Some(200 * MS);
+    assert_eq!(pre(&d), 1);
+}
+
 #[test]
 fn cpu_preemption_triggers_on_a_preempted_tail() {
     // 400 calls of 1 ms and 5 of 3 ms that lost 2 ms each to runnable

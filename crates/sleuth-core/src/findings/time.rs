@@ -153,6 +153,7 @@ pub(super) fn cpu_preemption(ctx: &Context) -> Vec<Finding> {
         let lost = v.split.runnable_ns;
         let op_share = share(lost, wall);
         if lost < PREEMPTION_MIN_RUNNABLE_NS
+            || share(lost, ctx.span_ns()) < PREEMPTION_MIN_TRACE_SHARE
             || (op_share < PREEMPTION_MIN_SHARE
                 && v.tail.runnable_share < PREEMPTION_MIN_TAIL_SHARE)
         {
