@@ -359,13 +359,21 @@ impl CaptureSession {
                 if let Some(class) = a.counted_entry {
                     self.measure_trap(class, a.lib.layer);
                 }
+                let measured = a.recorded_entry.is_some();
                 if let Some(e) = a.recorded_entry {
                     self.measure_call_trap(e, a.lib.layer);
                 }
                 f(Captured::Attached {
                     lib: a,
                     late: self.started,
-                })
+                });
+                if measured {
+                    // The measure's own records (dropped as decoded) fill a
+                    // small ring: taken now, before the traced program's
+                    // first calls find it full (round 58's CI: a 4 KiB
+                    // ring dropped a workload's first allocation).
+                    self.poll(Duration::ZERO, &mut *f);
+                }
             }
             Ok(None) => {}
             Err(e) => {
