@@ -6,13 +6,9 @@
 #   OUT=/tmp/out scripts/gpu/round57_traps.sh target/release/gpusleuth [REPS]
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
-GS=${1:-target/release/gpusleuth}; REPS=${2:-3}
-OUT=${OUT:-/tmp/gs-out}; mkdir -p "$OUT"
-PY=${PY:-/opt/torch/.venv/bin/python3}
-CUDART=${CUDART:-/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cu13/lib/libcudart.so.13}
-LIBCUDA=${LIBCUDA:-/usr/local/nvidia/lib64/libcuda.so.1}
+REPS=${2:-3}
+. "$here/device_env.sh" "${1:-target/release/gpusleuth}"
 W=${WORK:-/tmp/gs-traps}; rm -rf "$W"; mkdir -p "$W"
-mount -t tracefs nodev /sys/kernel/tracing 2>/dev/null || true
 python3 "$here/entry_bytes.py" "$GS" gpusleuth_trap_push gpusleuth_trap_endbr gpusleuth_trap_other -- "$LIBCUDA" cuLaunchKernel -- "$CUDART" cudaLaunchKernel
 for i in $(seq "$REPS"); do
   $PY "$here/verdict_workloads.py" launch "$W/u$i.json" > /dev/null 2>&1
