@@ -179,8 +179,7 @@ fn a_sync_every_step_is_a_sync_stall() {
 #[test]
 fn kernels_queued_before_the_host_work_are_no_sync_stall() {
     let traced = |tag: &str, script: &str| {
-        let sb = Sandbox::for_ebpf(tag)?;
-        sb.trace(&["--launches", "full"], script, 0);
+        let sb = Sandbox::traced_with(tag, &["--launches", "full"], script)?;
         Some(explain(&sb))
     };
     let Some(v) = traced(
@@ -262,14 +261,13 @@ fn the_probes_traps_are_not_the_programs_host_work() {
 /// ones too, mostly from the time inside the calls.
 #[test]
 fn a_recorded_calls_traps_are_not_the_programs_host_work() {
-    let Some(sb) = Sandbox::for_ebpf("full-traps") else {
-        return;
-    };
-    sb.trace(
+    let Some(sb) = Sandbox::traced_with(
+        "full-traps",
         &["--launches", "full"],
         "repeat 40 { launch 1000; sync_stream }",
-        0,
-    );
+    ) else {
+        return;
+    };
     let pair = common::Db::open(&sb.db())
         .int("SELECT value FROM stats WHERE name = 'probe_call_trap_ns'") as u64;
     assert!(pair > 0, "no recorded call's trap cost stored");
@@ -320,14 +318,13 @@ fn a_recorded_calls_traps_are_not_the_programs_host_work() {
 #[test]
 fn a_recorded_copys_and_syncs_traps_are_not_their_time() {
     for mode in ["driver", "full"] {
-        let Some(sb) = Sandbox::for_ebpf(&format!("copy-traps-{mode}")) else {
-            return;
-        };
-        sb.trace(
+        let Some(sb) = Sandbox::traced_with(
+            &format!("copy-traps-{mode}"),
             &["--launches", mode],
             "repeat 6000 { memcpy 4096 h2d; launch 10; memcpy 4096 d2h; sync_stream }",
-            0,
-        );
+        ) else {
+            return;
+        };
         let v = explain(&sb);
         // launch_bound where a verdict is said: 2 in 14 runs here said
         // none (not seen why: likely the syncs' traps measured a little
@@ -362,14 +359,13 @@ fn a_recorded_copys_and_syncs_traps_are_not_their_time() {
 /// launch-bound. The run's samples are each file's on the run's counts.
 #[test]
 fn a_runs_counted_launches_are_placed_and_their_traps_taken_out() {
-    let Some(sb) = Sandbox::for_ebpf("run-traps") else {
-        return;
-    };
-    sb.trace(
+    let Some(sb) = Sandbox::traced_with(
+        "run-traps",
         &["--rotate", "1s"],
         "repeat 200 { launch 200; compute 8; sync_stream }",
-        0,
-    );
+    ) else {
+        return;
+    };
     let v = common::explain_json(&sb.db());
     let f = top_verdict(&v);
     assert_eq!(f["kind"], "launch_bound", "{:?}", kinds(&findings(&v)));

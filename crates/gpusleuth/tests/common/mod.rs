@@ -61,8 +61,14 @@ impl Sandbox {
     /// and exited 0 (as [`Sandbox::trace`] checks); None where eBPF is
     /// unavailable. The setup most end-to-end tests start from.
     pub fn traced(tag: &str, script: &str) -> Option<Sandbox> {
+        Sandbox::traced_with(tag, &[], script)
+    }
+
+    /// [`Sandbox::traced`] with `trace` options `args` (`--launches full`,
+    /// `--rotate 1s`, ...).
+    pub fn traced_with(tag: &str, args: &[&str], script: &str) -> Option<Sandbox> {
         let sb = Sandbox::for_ebpf(tag)?;
-        sb.trace(&[], script, 0);
+        sb.trace(args, script, 0);
         Some(sb)
     }
 
