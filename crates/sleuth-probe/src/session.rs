@@ -359,10 +359,9 @@ impl CaptureSession {
                 if let Some(class) = a.counted_entry {
                     self.measure_trap(class, a.lib.layer);
                 }
-                let measured = a.recorded_entry.is_some();
-                if let Some(e) = a.recorded_entry {
-                    self.measure_call_trap(e, a.lib.layer);
-                }
+                let measured = a
+                    .recorded_entry
+                    .is_some_and(|e| self.measure_call_trap(e, a.lib.layer));
                 f(Captured::Attached {
                     lib: a,
                     late: self.started,
@@ -405,12 +404,14 @@ impl CaptureSession {
 
     /// A recorded call's traps on a function that begins as `e` says, for a
     /// library of `layer`: measured once per class, kept where the library
-    /// ranks above the one measured before ([`call_trap_rank`]).
-    fn measure_call_trap(&mut self, e: crate::capture::RecordedEntry, layer: Layer) {
+    /// ranks above the one measured before ([`call_trap_rank`]). Whether a
+    /// measure ran (its records may still be in the ring).
+    fn measure_call_trap(&mut self, e: crate::capture::RecordedEntry, layer: Layer) -> bool {
         let rank = call_trap_rank(e, layer);
         if self.call_trap.is_some_and(|(_, had)| had >= rank) {
-            return;
+            return false;
         }
+        let fresh = !self.call_trap_by_class.contains_key(&e.class);
         let cap = &mut self.cap;
         let measured = cached_cost(
             &mut self.call_trap_by_class,
@@ -421,6 +422,7 @@ impl CaptureSession {
         if let Some(ns) = measured {
             self.call_trap = Some((ns, rank));
         }
+        fresh
     }
 
     fn note_process(&mut self, pid: u32, f: &mut impl FnMut(Captured)) {

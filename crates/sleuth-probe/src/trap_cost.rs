@@ -32,10 +32,13 @@
 //! A recorded call takes two traps, at its entry (`call_entry`) and at its
 //! return (`call_return`, a uretprobe); with `--launches full` every launch
 //! is one, its nested driver launch another. Round 58 on the VM: a loop of
-//! 4-us simulated launches read 42.3 us of host time a launch; the pair,
-//! measured as the single trap is, read 17.1 us, and the loop 6.9 us a
-//! launch with the traps out (the programs' own work on a traced call is
-//! not in the measure: they return at once for the tracer).
+//! 4-us simulated launches read 42.3 us of host time a launch. The pair is
+//! measured with gpusleuth's own process traced for the moment, so that the
+//! programs do what they do on a traced call (`Capture::measure_call_trap_ns`;
+//! in a ring under 1 MiB they return at once instead): 17.0-18.8 us, and the
+//! loop 2.7-4.7 us a launch with the traps out (4.45 untraced; measured
+//! with the programs returning at once, 5.9-8.6). Both measures attach as
+//! the libraries' probes are: a uprobe_multi link where that path is on.
 
 use crate::capture::{error_chain, CaptureError};
 use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope};
