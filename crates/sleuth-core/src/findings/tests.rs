@@ -202,6 +202,44 @@ fn cpu_preemption_needs_a_share_of_the_trace() {
     assert_eq!(pre(&d), 1);
 }
 
+/// gpusleuth's own threads are never the cause of a finding: runnable
+/// time they took is no cpu_preemption (round 58's tester: 2.56 ms in one
+/// launch call of a healthy loop, all of it while the tracer's threads held
+/// the CPU, was one "by tasks the trace did not name").
+#[test]
+fn the_tracers_own_runnable_time_is_no_cpu_preemption() {
+    let pre = |d: &TraceData| of_kind(&explain(d), Kind::CpuPreemption).len();
+    // Calls 0 and 1 (of 20 of 1 ms) each lose 1 ms runnable to the task
+    // named in `holders`: 10% of their wall time, 10% of the trace.
+    let with = |holders: [(u32, &str); 2]| {
+        let mut d = preempted_trace(2, MS);
+        for (i, (pid, comm)) in holders.into_iter().enumerate() {
+            let t = i as u64 * MS;
+            let mut w = wait(WaitKind::Preempted, t, t, t + MS, None);
+            w.culprits = vec![crate::event::Culprit {
+                pid,
+                tid: pid,
+                comm: comm.into(),
+                ns: MS,
+            }];
+            d.waits.push(w);
+        }
+        d
+    };
+    assert_eq!(pre(&with([(8, "hog"), (9, "hog")])), 1);
+    // The tracer's threads held the CPU for one of them: the other's 1 ms
+    // is still 5% of the calls' wall time.
+    let d = with([(7, "gpusleuth-db"), (9, "hog")]);
+    let f = explain(&d);
+    let p = of_kind(&f, Kind::CpuPreemption);
+    assert_eq!(p.len(), 1);
+    assert_eq!(p[0].evidence["tracer_runnable_ns"], MS);
+    assert_eq!(p[0].culprits.len(), 1);
+    assert_eq!(p[0].culprits[0].comm, "hog");
+    // All of it: none.
+    assert_eq!(pre(&with([(7, "gpusleuth-db"), (7, "gpusleuth")])), 0);
+}
+
 #[test]
 fn cpu_preemption_triggers_on_a_preempted_tail() {
     // 400 calls of 1 ms and 5 of 3 ms that lost 2 ms each to runnable
