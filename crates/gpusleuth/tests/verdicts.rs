@@ -384,6 +384,22 @@ fn a_runs_counted_launches_are_placed_and_their_traps_taken_out() {
             .contains("without the probes' traps"),
         "{v}"
     );
+    // A window over the run's files (`--last`, longer than the run) reads
+    // each file's samples on the run's counts too: its files wholly inside
+    // had placed none, and its later files' first periods had lost theirs.
+    let out = common::run_ok(
+        common::gpusleuth()
+            .args(["explain", "--json", "--last", "1h", "--db"])
+            .arg(sb.db()),
+    );
+    let w: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let f = top_verdict(&w);
+    assert_eq!(f["kind"], "launch_bound", "{:?}", kinds(&findings(&w)));
+    assert!(ns(&f, "launches") >= 38_000, "{f}");
+    assert!(
+        ns(&f, "probe_traps_ns") > ns(&f, "probe_call_traps_ns"),
+        "{f}"
+    );
 }
 
 /// Round 57's tester on the simulated libraries (a trap ~15 us on the VM,

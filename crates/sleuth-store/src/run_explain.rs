@@ -42,13 +42,14 @@ use crate::run_steps::{Guesses, RunSteps};
 use crate::stream::MemoryTrace;
 use crate::StoreError;
 use sleuth_core::allocator::{AllocatorView, KnownViews};
+use sleuth_core::counted::CountSample;
 use sleuth_core::findings::inputs::{FindingInputs, Resolution};
 use sleuth_core::findings::Explanation;
 use sleuth_core::ledger::{LedgerBuilder, ProcessLedger};
 use sleuth_core::rollup::{merge_counters, merge_op_counts};
 use sleuth_core::sites::SiteMemory;
-use sleuth_core::TraceData;
-use std::collections::{BTreeMap, BTreeSet};
+use sleuth_core::{OpCount, TraceData};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 
 type EndViews = BTreeMap<u32, AllocatorView>;
@@ -922,25 +923,8 @@ impl Acc {
         }
         let mut base = std::mem::take(&mut view.base);
         base.counts = trace.op_counts(pid)?;
-        // Each file samples its own share of the running counts: on the
-        // run's, after the files before it (round 58's tester: a run's
-        // directory placed no counted launch, took none of their traps out
-        // and read host-bound where its one-file trace read launch-bound).
-        base.count_samples = trace.count_samples(pid)?.map(|mut samples| {
-            if let Some(run) = &self.data {
-                let before: std::collections::HashMap<(u32, u16), u64> = run
-                    .counts
-                    .iter()
-                    .map(|c| ((c.pid, c.op), c.count))
-                    .collect();
-                for s in &mut samples {
-                    s.count = s
-                        .count
-                        .saturating_add(before.get(&(s.pid, s.op)).copied().unwrap_or(0));
-                }
-            }
-            samples
-        });
+        let before = self.data.as_ref().map_or(&[][..], |run| &run.counts[..]);
+        base.count_samples = samples_on_run_counts(trace, pid, before)?;
         base.end_ns = Some(view.span.end_ns);
         self.data = Some(match self.data.take() {
             None => base,
@@ -1030,6 +1014,31 @@ fn explanation_inputs(trace: &Trace, pid: Option<u32>) -> Result<FindingInputs, 
         ));
     }
     Ok(inputs)
+}
+
+/// A file's samples of its kernel-counted calls (`Trace::count_samples`)
+/// on the run's running counts: each file samples its own share, so the
+/// counts of the run's files before it (`before`) are added, and the
+/// launches counted after one file's last sample fall in the next file's
+/// first period. Round 58's tester: a run's directory read no samples,
+/// placed no counted launch, took none of their traps out and read
+/// host-bound where its one-file trace read launch-bound; round 59: a
+/// window over a run's files (`--last`) the same.
+pub(crate) fn samples_on_run_counts(
+    trace: &Trace,
+    pid: Option<u32>,
+    before: &[OpCount],
+) -> Result<Option<Vec<CountSample>>, StoreError> {
+    let before: HashMap<(u32, u16), u64> =
+        before.iter().map(|c| ((c.pid, c.op), c.count)).collect();
+    Ok(trace.count_samples(pid)?.map(|mut samples| {
+        for s in &mut samples {
+            s.count = s
+                .count
+                .saturating_add(before.get(&(s.pid, s.op)).copied().unwrap_or(0));
+        }
+        samples
+    }))
 }
 
 /// Adds a later file's base data to the run's. The session (start, clock

@@ -31,8 +31,9 @@ use crate::{ReadBudget, StoreError};
 use sleuth_core::findings::inputs::PinnedState;
 use sleuth_core::findings::Explanation;
 use sleuth_core::ledger::LedgerBuilder;
+use sleuth_core::rollup::merge_op_counts;
 use sleuth_core::stats::StatsReport;
-use sleuth_core::GpuSample;
+use sleuth_core::{GpuSample, OpCount};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::Receiver;
 
@@ -338,6 +339,9 @@ impl RunLast {
         let ledger_from_file = carried.as_ref().map(|c| c.file);
         let mut sum: Option<ScopeParts> = None;
         let mut added = 0usize;
+        // The visited files' kernel-counted calls: the next file's samples
+        // count on from them (`samples_on_run_counts`).
+        let mut counted_before: Vec<OpCount> = Vec::new();
         let read = std::thread::scope(|threads| {
             // The next file's memory calls, read on a second thread while this
             // one is answered (`ledger_feed`).
@@ -372,6 +376,12 @@ impl RunLast {
                     )?,
                 };
                 pinned = part.inputs.pinned_state();
+                // Where its counted launches fell, on the run's counts (a
+                // file wholly inside read none, a later file's first
+                // period had lost its launches).
+                part.data.count_samples =
+                    crate::run_explain::samples_on_run_counts(trace, pid, &counted_before)?;
+                merge_op_counts(&mut counted_before, &trace.op_counts(pid)?);
                 if replay {
                     ledger = std::mem::take(&mut part.ledger);
                 }
