@@ -779,14 +779,21 @@ pub(super) fn contention_between_calls(v: &ThreadView) -> Option<Finding> {
     let t = &v.t;
     let lost = t.between.runnable_ns;
     let share = t.share(lost);
-    if lost < PREEMPTION_MIN_RUNNABLE_NS || share < PREEMPTION_MEDIUM_SHARE {
+    // Only the time tasks were seen holding its CPU (never gpusleuth's
+    // own threads; not runnable time no task held: `time::cpu_preemption`).
+    let named = t
+        .preempted_by
+        .iter()
+        .fold(0u64, |n, h| n.saturating_add(h.runnable_ns))
+        .min(lost);
+    if named < PREEMPTION_MIN_RUNNABLE_NS || t.share(named) < PREEMPTION_MEDIUM_SHARE {
         return None;
     }
     let culprits = holders_between_calls(t);
-    let who_held = match culprits.first() {
-        Some(c) => format!("mostly {} (pid {}, {} of it)", c.comm, c.pid, pct(c.share)),
-        None => "by tasks the trace did not name".to_string(),
-    };
+    // Named time is at least 1 ms: a holder exists.
+    let who_held = culprits.first().map_or(String::new(), |c| {
+        format!("mostly {} (pid {}, {} of it)", c.comm, c.pid, pct(c.share))
+    });
     let summary = format!(
         "{} waited {} runnable between CUDA calls ({} of {}{}) while other tasks held its CPU, {}",
         who(t),
@@ -798,6 +805,7 @@ pub(super) fn contention_between_calls(v: &ThreadView) -> Option<Finding> {
     );
     let mut ev = v.base_evidence();
     ev["runnable_between_ns"] = json!(lost);
+    ev["named_runnable_between_ns"] = json!(named);
     let same_process = culprits.first().is_some_and(|c| c.pid == t.pid);
     Some(finding(
         Kind::CpuPreemption,

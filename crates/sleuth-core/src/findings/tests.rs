@@ -154,8 +154,36 @@ fn contention_and_sleeping_syncs_blame_the_hog_for_spinning_calls_only() {
     assert_eq!(f.first().unwrap().kind, Kind::CpuPreemption);
 }
 
-/// 20 calls of 1 ms; the first `k` lose `runnable` each.
+/// 20 calls of 1 ms; the first `k` lose `runnable` each, to "hog" (pid 999).
 fn preempted_trace(k: u64, runnable: u64) -> TraceData {
+    held_by(unheld_preempted_trace(k, runnable), (999, "hog"))
+}
+
+/// Each non-nested call of `d` with runnable time was runnable at its start
+/// while `holder` held the CPU (a preempted wait naming it).
+fn held_by(mut d: TraceData, (pid, comm): (u32, &str)) -> TraceData {
+    let runnable: Vec<(u64, u64)> = d
+        .calls
+        .iter()
+        .filter(|c| !c.nested && c.runnable_ns > 0)
+        .map(|c| (c.ts_ns, c.runnable_ns))
+        .collect();
+    for (t, ns) in runnable {
+        let mut w = wait(WaitKind::Preempted, t, t, t + ns, None);
+        w.culprits = vec![crate::event::Culprit {
+            pid,
+            tid: pid,
+            comm: comm.into(),
+            ns,
+        }];
+        d.waits.push(w);
+    }
+    d.waits.sort_by_key(|w| w.on_ns);
+    d
+}
+
+/// [`preempted_trace`] whose runnable time no task was seen holding.
+fn unheld_preempted_trace(k: u64, runnable: u64) -> TraceData {
     let calls = series("cudaMemcpy", 0, 20, MS)
         .into_iter()
         .enumerate()
@@ -212,7 +240,7 @@ fn the_tracers_own_runnable_time_is_no_cpu_preemption() {
     // Calls 0 and 1 (of 20 of 1 ms) each lose 1 ms runnable to the task
     // named in `holders`: 10% of their wall time, 10% of the trace.
     let with = |holders: [(u32, &str); 2]| {
-        let mut d = preempted_trace(2, MS);
+        let mut d = unheld_preempted_trace(2, MS);
         for (i, (pid, comm)) in holders.into_iter().enumerate() {
             let t = i as u64 * MS;
             let mut w = wait(WaitKind::Preempted, t, t, t + MS, None);
@@ -253,14 +281,46 @@ fn cpu_preemption_triggers_on_a_preempted_tail() {
             0,
         ));
     }
-    let f = explain(&trace(calls));
+    let f = explain(&held_by(trace(calls), (999, "hog")));
     let pre = of_kind(&f, Kind::CpuPreemption);
     assert_eq!(pre.len(), 1);
     assert_eq!(pre[0].severity, Severity::Low);
-    assert!(pre[0].culprits.is_empty());
-    assert!(pre[0].summary.contains("did not name"));
+    assert_eq!(pre[0].culprits[0].comm, "hog");
     // Explained by the host, so not a tail_latency finding as well.
     assert!(of_kind(&f, Kind::TailLatency).is_empty());
+}
+
+/// Runnable time no task was seen holding the CPU through (a VM's CPU
+/// taken by its hypervisor, wake-up latency, a migration) is no other
+/// task's doing: round 59's tester saw 35 ms of it inside the sleeping
+/// syncs of a healthy run on the 2-vCPU VM (once in 13 runs), a medium
+/// cpu_preemption "by tasks the trace did not name".
+#[test]
+fn runnable_time_no_task_held_is_no_cpu_preemption() {
+    let pre = |d: &TraceData| -> Vec<Finding> {
+        explain(d)
+            .into_iter()
+            .filter(|f| f.kind == Kind::CpuPreemption)
+            .collect()
+    };
+    // 10 ms of 20 (50%), none of it named: none.
+    assert!(pre(&unheld_preempted_trace(10, MS)).is_empty());
+    // Named in 2 of the 10 calls (10% of their wall time): one, graded on
+    // the named share, saying how much no task held.
+    let mut d = unheld_preempted_trace(10, MS);
+    let named = held_by(unheld_preempted_trace(2, MS), (999, "hog"));
+    d.waits = named.waits;
+    let f = pre(&d);
+    assert_eq!(f.len(), 1);
+    assert_eq!(f[0].severity, Severity::Medium);
+    assert_eq!(f[0].evidence["named_runnable_ns"], 2 * MS);
+    assert_eq!(f[0].evidence["runnable_ns"], 10 * MS);
+    assert!(
+        f[0].summary
+            .contains("8.00ms of it with no task of this machine seen holding"),
+        "{}",
+        f[0].summary
+    );
 }
 
 fn sync_trace(blocked: u64, span: u64) -> TraceData {
