@@ -395,7 +395,10 @@ fn a_runs_counted_launches_are_placed_and_their_traps_taken_out() {
     let w: Value = serde_json::from_slice(&out.stdout).unwrap();
     let f = top_verdict(&w);
     assert_eq!(f["kind"], "launch_bound", "{:?}", kinds(&findings(&w)));
-    assert!(ns(&f, "launches") >= 38_000, "{f}");
+    // The launches after each file's last sample are placed too (where
+    // the file's counts ended: round 59's tester saw a last file's 3,200
+    // left out); only the first step's, before its first sync, are not.
+    assert!(ns(&f, "launches") >= 39_000, "{f}");
     assert!(
         ns(&f, "probe_traps_ns") > ns(&f, "probe_call_traps_ns"),
         "{f}"

@@ -119,6 +119,15 @@ pub struct TraceData {
     /// trace older than the table): counted launches then cannot be placed
     /// in time (`findings::bottleneck::LaunchPlaces`).
     pub count_samples: Option<Vec<crate::counted::CountSample>>,
+    /// Where a read file's running counts ended: each kernel-counted op's
+    /// total of the file (on a run's counts, as its samples), at its
+    /// process's exit in the file or the file's end; none for a file still
+    /// being written. They close the last sample period of each file, so
+    /// the launches counted after a file's last sample are placed in a
+    /// window too (`findings::bottleneck::LaunchPlaces`; round 59's tester:
+    /// a window over a run's files left a file's last 3,800 launches and a
+    /// short last file's 3,200 out, and read host-bound).
+    pub count_ends: Vec<crate::counted::CountSample>,
     /// Per-process driver view (memory held, SM use) by time; empty when not captured.
     pub process_gpu: Vec<ProcessGpuSample>,
     /// The readings taken when tracing began are not in `process_gpu`: a

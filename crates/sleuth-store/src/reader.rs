@@ -619,6 +619,41 @@ impl Trace {
         Ok(Some(out))
     }
 
+    /// Where the file's running counts of kernel-counted calls ended
+    /// (`TraceData::count_ends`): each op's total (of process `pid`, or
+    /// all) at its process's exit in the file, else at the file's end;
+    /// none for a file still being written.
+    pub fn count_ends(
+        &self,
+        pid: Option<u32>,
+    ) -> Result<Vec<sleuth_core::counted::CountSample>, StoreError> {
+        let session = self.session()?;
+        let Some(end) = session.end_mono_ns else {
+            return Ok(Vec::new());
+        };
+        let counts = self.op_counts(pid)?;
+        if counts.iter().all(|c| c.count == 0) {
+            return Ok(Vec::new());
+        }
+        let start = session.info.start_mono_ns;
+        let exits: std::collections::HashMap<u32, u64> = self
+            .processes()?
+            .into_iter()
+            .filter_map(|p| Some((p.pid, p.exit_ns?)))
+            .filter(|&(_, x)| (start..=end).contains(&x))
+            .collect();
+        Ok(counts
+            .into_iter()
+            .filter(|c| c.count > 0)
+            .map(|c| sleuth_core::counted::CountSample {
+                ts_ns: exits.get(&c.pid).copied().unwrap_or(end),
+                pid: c.pid,
+                op: c.op,
+                count: c.count,
+            })
+            .collect())
+    }
+
     /// The processes with caching-allocator events, from their index
     /// (`allocator_rows::pids`): none for most traces.
     pub(crate) fn allocator_pids(&self) -> Result<Vec<u32>, StoreError> {
@@ -1086,6 +1121,7 @@ impl Trace {
             procs: self.proc_events(pid)?,
             counts: self.op_counts(pid)?,
             count_samples: self.count_samples(pid)?,
+            count_ends: self.count_ends(pid)?,
             // Matching collectives needs every rank, whatever the pid filter.
             nccl: self.nccl_calls(None)?,
             ..self.frame(pid)?

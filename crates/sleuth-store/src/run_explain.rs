@@ -924,7 +924,7 @@ impl Acc {
         let mut base = std::mem::take(&mut view.base);
         base.counts = trace.op_counts(pid)?;
         let before = self.data.as_ref().map_or(&[][..], |run| &run.counts[..]);
-        base.count_samples = samples_on_run_counts(trace, pid, before)?;
+        (base.count_samples, base.count_ends) = samples_on_run_counts(trace, pid, before)?;
         base.end_ns = Some(view.span.end_ns);
         self.data = Some(match self.data.take() {
             None => base,
@@ -1017,28 +1017,31 @@ fn explanation_inputs(trace: &Trace, pid: Option<u32>) -> Result<FindingInputs, 
 }
 
 /// A file's samples of its kernel-counted calls (`Trace::count_samples`)
-/// on the run's running counts: each file samples its own share, so the
-/// counts of the run's files before it (`before`) are added, and the
-/// launches counted after one file's last sample fall in the next file's
-/// first period. Round 58's tester: a run's directory read no samples,
-/// placed no counted launch, took none of their traps out and read
-/// host-bound where its one-file trace read launch-bound; round 59: a
-/// window over a run's files (`--last`) the same.
+/// and where its counts ended (`Trace::count_ends`), on the run's running
+/// counts: each file samples its own share, so the counts of the run's
+/// files before it (`before`) are added. Round 58's tester: a run's
+/// directory read no samples, placed no counted launch, took none of their
+/// traps out and read host-bound where its one-file trace read
+/// launch-bound; round 59: a window over a run's files (`--last`) the same.
 pub(crate) fn samples_on_run_counts(
     trace: &Trace,
     pid: Option<u32>,
     before: &[OpCount],
-) -> Result<Option<Vec<CountSample>>, StoreError> {
+) -> Result<(Option<Vec<CountSample>>, Vec<CountSample>), StoreError> {
     let before: HashMap<(u32, u16), u64> =
         before.iter().map(|c| ((c.pid, c.op), c.count)).collect();
-    Ok(trace.count_samples(pid)?.map(|mut samples| {
+    let on_run = |mut samples: Vec<CountSample>| {
         for s in &mut samples {
             s.count = s
                 .count
                 .saturating_add(before.get(&(s.pid, s.op)).copied().unwrap_or(0));
         }
         samples
-    }))
+    };
+    Ok((
+        trace.count_samples(pid)?.map(on_run),
+        on_run(trace.count_ends(pid)?),
+    ))
 }
 
 /// Adds a later file's base data to the run's. The session (start, clock
@@ -1071,6 +1074,7 @@ pub fn add_base(run: &mut TraceData, later: TraceData) {
         }
         _ => None,
     };
+    run.count_ends.extend(later.count_ends);
     run.blocks.extend(later.blocks);
     run.calls.extend(later.calls);
     merge_counters(&mut run.stats, &later.stats);

@@ -378,8 +378,9 @@ impl RunLast {
                 pinned = part.inputs.pinned_state();
                 // Where its counted launches fell, on the run's counts (a
                 // file wholly inside read none, a later file's first
-                // period had lost its launches).
-                part.data.count_samples =
+                // period had lost its launches), and where each file's
+                // counts ended (its launches after its last sample).
+                (part.data.count_samples, part.data.count_ends) =
                     crate::run_explain::samples_on_run_counts(trace, pid, &counted_before)?;
                 merge_op_counts(&mut counted_before, &trace.op_counts(pid)?);
                 if replay {

@@ -488,6 +488,7 @@ fn loaded_parts(
     data.counts = window_counts.at_least();
     // Where they fell: a stretch that held launches is no pause.
     data.count_samples = trace.count_samples(filter.pid)?;
+    data.count_ends = trace.count_ends(filter.pid)?;
     let culprits =
         sleuth_core::culprits::call_culprits(&data.calls, &data.waits, trace.tracer_pid());
     let pinning = pinning_outside(trace, filter)?;
@@ -587,6 +588,7 @@ fn parts_seeded(
         counts: trace.op_counts(pid)?,
         // Where they fell: a stretch that held launches is no pause.
         count_samples: trace.count_samples(pid)?,
+        count_ends: trace.count_ends(pid)?,
         nccl,
         ..frame
     };

@@ -434,12 +434,25 @@ impl LaunchPlaces {
         // Each sample's increase places launches in the period before it
         // (`launched_in`).
         let clock = ReadClock::of(data.count_samples.as_deref().unwrap_or_default());
-        let mut sampled: HashMap<(u32, u16), Vec<(u64, u64)>> = HashMap::new();
-        for s in data.count_samples.iter().flatten().filter(|s| launch(s.op)) {
+        // Each point: (time, running count, whether a file's counts ended
+        // there: `TraceData::count_ends`, read only with samples).
+        type Points = Vec<(u64, u64, bool)>;
+        let mut sampled: HashMap<(u32, u16), Points> = HashMap::new();
+        let ends = data
+            .count_ends
+            .iter()
+            .filter(|_| data.count_samples.is_some());
+        let points = data
+            .count_samples
+            .iter()
+            .flatten()
+            .map(|s| (s, false))
+            .chain(ends.map(|s| (s, true)));
+        for (s, end) in points.filter(|(s, _)| launch(s.op)) {
             sampled
                 .entry((s.pid, s.op))
                 .or_default()
-                .push((s.ts_ns, s.count));
+                .push((s.ts_ns, s.count, end));
         }
         // The counts are the file's totals only where the read is not of a
         // window (a window's are the calls it certainly holds): then what
@@ -465,20 +478,25 @@ impl LaunchPlaces {
                 let mut points = sampled.remove(&(c.pid, c.op)).unwrap_or_default();
                 // A crafted file's samples in any order still give bounds.
                 points.sort_unstable();
-                let mut before = 0;
+                let (mut before, mut before_ts) = (0, 0);
                 let periods: Vec<Period> = points
                     .iter()
-                    .map(|&(ts, count)| {
+                    .map(|&(ts, count, end)| {
                         let rose = count.saturating_sub(before);
-                        before = count;
-                        Period {
-                            from: clock.before(ts),
-                            to: ts,
-                            rose,
-                        }
+                        // A file's end is no read: its period runs from the
+                        // read before it (at most one period before it, as
+                        // the tail's below); the first read after it counts
+                        // from it.
+                        let from = match end {
+                            true => ts.saturating_sub(clock.every),
+                            false => clock.before(ts),
+                        };
+                        let from = from.max(before_ts).min(ts);
+                        (before, before_ts) = (count, ts);
+                        Period { from, to: ts, rose }
                     })
                     .collect();
-                let (last_ts, last) = points.last().copied().unwrap_or((0, 0));
+                let (last_ts, last) = points.last().map_or((0, 0), |p| (p.0, p.1));
                 let tail = data
                     .end_ns
                     .filter(|_| whole_file && c.count > last)
@@ -542,7 +560,13 @@ impl LaunchPlaces {
     /// counted at the window's mean rate, and read host-bound; a loop of 40
     /// launches in a 113-ms window beside a cool-down of 30,000 was given
     /// 2,500 of them, launch-bound).
-    fn in_window(&self, pid: u32, a: u64, b: u64, trap_ns: u64) -> Option<Vec<(u16, u64)>> {
+    pub(super) fn in_window(
+        &self,
+        pid: u32,
+        a: u64,
+        b: u64,
+        trap_ns: u64,
+    ) -> Option<Vec<(u16, u64)>> {
         let Some(Some(ops)) = self.by_pid.get(&pid) else {
             return None;
         };

@@ -1564,6 +1564,46 @@ fn launches_just_before_the_window_are_not_the_loops() {
     let f = only(&d, Kind::LaunchBound);
     assert_eq!(f.len(), 1, "{:?}", kinds_of(&d));
     assert_eq!(f[0].evidence["launches"], 32_000);
+    // Unless the read knows where the file's counts ended (round 59's
+    // tester: a window over a run's files left a file's last 3,800
+    // launches and a short last file's 3,200 out, and read host-bound).
+    let op = op_by_name("cuLaunchKernel").unwrap().id;
+    d.count_ends = vec![crate::counted::CountSample {
+        ts_ns: 1000 * MS,
+        pid: 100,
+        op,
+        count: 40_000,
+    }];
+    let f = only(&d, Kind::LaunchBound);
+    assert_eq!(f.len(), 1, "{:?}", kinds_of(&d));
+    assert_eq!(f[0].evidence["launches"], 40_000);
+    // A file's end is no read of the clock: the first sample after it
+    // counts from it. Here a file ends at 500 ms (20,000 launches) and the
+    // next file's first read, 100 ms later, counts on to 24,000: the 4,000
+    // fell in [500, 600] ms, 90% of them at a steady rate in [510, 600]
+    // (not 45%, as a 200-ms period from 400 ms would give).
+    let mut d = host_trace(100 * MS, 0);
+    counted_launches(&mut d, 24_000, 0, 2, |i| i * 8_000);
+    d.count_samples
+        .as_mut()
+        .unwrap()
+        .push(crate::counted::CountSample {
+            ts_ns: 600 * MS,
+            pid: 100,
+            op,
+            count: 24_000,
+        });
+    d.count_ends = vec![crate::counted::CountSample {
+        ts_ns: 500 * MS,
+        pid: 100,
+        op,
+        count: 20_000,
+    }];
+    let places = super::bottleneck::LaunchPlaces::of(&d);
+    assert_eq!(
+        places.in_window(100, 510 * MS, 600 * MS, 0),
+        Some(vec![(op, 3_600)])
+    );
 }
 
 /// Round 57's tester: "spent 0% inside CUDA calls, 100% on the CPU between
