@@ -50,6 +50,25 @@ impl WindowArgs {
         self.from.is_some() || self.to.is_some() || self.last.is_some()
     }
 
+    /// [`Self::resolve`] in the file a window was read from: for a run's
+    /// newest file, `--last`'s offset counts from the run's start, as over
+    /// its files (round 59's tester: "168.96ms or more after it began" of
+    /// a 2.7-s run, counted from its newest file's start).
+    pub fn resolve_in(
+        &self,
+        trace: &Trace,
+        file: Option<&WindowFile>,
+    ) -> anyhow::Result<Option<Window>> {
+        let w = self.resolve(trace)?;
+        Ok(match (w, file.and_then(|f| f.run_start)) {
+            (Some(mut w), Some(run_start)) if w.last_ns.is_some() => {
+                w.from_ns = w.since.saturating_sub(run_start);
+                Some(w)
+            }
+            (w, _) => w,
+        })
+    }
+
     /// The window the options name in `trace`, or None for the whole
     /// trace. Errors (one line each): an empty window, a start past the
     /// end of a finished trace.
@@ -118,6 +137,7 @@ impl WindowArgs {
             return Ok(WindowSource::File(WindowFile {
                 path: db.to_path_buf(),
                 run: None,
+                run_start: None,
                 note: None,
             }));
         }
@@ -150,6 +170,7 @@ impl WindowArgs {
             return Ok(WindowSource::File(WindowFile {
                 path: newest.clone(),
                 run: Some((db.to_path_buf(), *number)),
+                run_start: Some(run.run_start),
                 note: Some(note),
             }));
         }
@@ -193,6 +214,9 @@ pub struct WindowFile {
     pub path: PathBuf,
     /// For a run's newest file: the run's directory and the file's number.
     pub run: Option<(PathBuf, u64)>,
+    /// For a run's newest file: the run's start (`RunLast::run_start`),
+    /// where `--last`'s offset counts from ([`WindowArgs::resolve_in`]).
+    pub run_start: Option<u64>,
     /// For a run's newest file: the stderr line naming it, said once the
     /// answer is made ([`Self::say`]), so that a failure stays one line.
     pub note: Option<String>,

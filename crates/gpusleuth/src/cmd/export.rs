@@ -167,7 +167,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     if let Some(pid) = pid {
         trace.require_pid(pid)?;
     }
-    let window = args.window.resolve(&trace)?;
+    let window = args.window.resolve_in(&trace, file.as_ref())?;
     let rows = Rows::open(&trace)?;
     // A damaged file is refused before anything is written (as loading it would be).
     rows.check_totals()?;

@@ -89,7 +89,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         trace.require_pid(pid)?;
     }
     // Resolved before the whole trace's reads: a bad window is known at once.
-    let window = args.window.resolve(&trace)?;
+    let window = args.window.resolve_in(&trace, file.as_ref())?;
     // A window's slowest calls are its own (`narrowed_to`): the whole
     // file's are not read.
     let n_slowest = if window.is_some() { 0 } else { SLOWEST_CALLS };

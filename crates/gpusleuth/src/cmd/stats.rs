@@ -50,7 +50,7 @@ fn run_window(args: &Args) -> anyhow::Result<i32> {
     }
     let w = args
         .window
-        .resolve(&trace)?
+        .resolve_in(&trace, Some(&file))?
         .ok_or_else(|| anyhow::anyhow!("--from/--to: no window given"))?;
     let (report, counted) = window::stats_of(&trace, &w.filter(pid))?;
     warn_input_problems_of_reads(&trace)?;

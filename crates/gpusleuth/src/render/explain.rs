@@ -60,7 +60,7 @@ fn window_output(input: &TraceInput, window: WindowArgs, style: Style) -> anyhow
         trace.require_pid(pid)?;
     }
     let w = window
-        .resolve(&trace)?
+        .resolve_in(&trace, Some(&file))?
         .ok_or_else(|| anyhow::anyhow!("--from/--to: no window given"))?;
     let earlier = file.pinned_earlier(&trace, input.pid)?;
     let report =
