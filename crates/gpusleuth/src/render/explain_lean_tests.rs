@@ -54,7 +54,32 @@ fn every_kind() -> TraceData {
     }
     // A failed allocation of 1 GiB (cudaErrorMemoryAllocation).
     calls.push(failed_alloc(990 * MS, 1 << 30));
-    trace(calls)
+    let mut d = trace(calls);
+    // The 5 slow copies' runnable time: a neighbour held the CPU (runnable
+    // time no task held is no cpu_preemption).
+    d.waits = (0..5u64)
+        .map(|i| {
+            let t = 500 * MS + i * 4 * MS;
+            sleuth_core::WaitEvent {
+                pid: 100,
+                tid: 100,
+                kind: sleuth_core::WaitKind::Preempted,
+                off_ns: t,
+                wake_ns: t,
+                on_ns: t + 2 * MS,
+                prev_state: 0,
+                cpu: 0,
+                culprits: vec![sleuth_core::Culprit {
+                    pid: 999,
+                    tid: 999,
+                    comm: "hog".into(),
+                    ns: 2 * MS,
+                }],
+                waker: None,
+            }
+        })
+        .collect();
+    d
 }
 
 /// The same words in the same order; a word may differ only where both
