@@ -336,7 +336,7 @@ pub fn render(inputs: &Inputs, session: &Session, notes: &[Note], title: &str) -
         h.push_str(&flame_section(&inputs.flame));
     }
     let _ = write!(h, "<h2>Latency per op{part}</h2>");
-    h.push_str(&latency_section(&inputs.latency, data));
+    h.push_str(&latency_section(&inputs.latency, data, band.is_some()));
     let _ = write!(h, "<h2>Slowest calls: where their time went{part}</h2>");
     h.push_str(&slowest_section(data, &inputs.slowest, origin));
     let _ = write!(h, "<h2>Processes{}</h2>", scope("calls: the window's"));
@@ -724,8 +724,9 @@ fn memory_chart(l: &ProcessLedger, origin: u64, end: u64, band: Option<Band>) ->
 
 /// Per-op latency: one row per op with per-call records, on a log scale —
 /// box from p25 to p75, median tick, whiskers from min to p99, max as a dot.
-/// `rows`: largest total time first (see `inputs`); `data` gives the kernel counts.
-fn latency_section(rows: &[LatencyRow], data: &TraceData) -> String {
+/// `rows`: largest total time first (see `inputs`); `data` gives the kernel
+/// counts, a window's (`window`) as its samples place them.
+fn latency_section(rows: &[LatencyRow], data: &TraceData, window: bool) -> String {
     let mut h = String::new();
     if rows.is_empty() {
         h.push_str("<p>No per-call records.</p>");
@@ -734,7 +735,16 @@ fn latency_section(rows: &[LatencyRow], data: &TraceData) -> String {
     }
     let counted = counted_ops(data);
     if !counted.is_empty() {
-        h.push_str("<p>Counted in the kernel (exact count, no per-call latency): ");
+        // A window's are placed in time by the tracer's samples of the
+        // counts: an estimate (round 59's tester read "exact count" beside
+        // the note that gave its bounds).
+        h.push_str(match window {
+            false => "<p>Counted in the kernel (exact count, no per-call latency): ",
+            true => {
+                "<p>Counted in the kernel, in this window as the tracer's samples of the counts place them (an \
+                 estimate: see the notes; no per-call latency): "
+            }
+        });
         let parts: Vec<String> = counted
             .iter()
             .map(|(op, n)| format!("{op} × {n}"))
@@ -1104,6 +1114,26 @@ mod lean_tests;
 mod tests {
     use super::*;
     use sleuth_core::ProcessInfo;
+
+    /// A window's kernel counts are its samples' estimate, never called
+    /// exact (round 59's tester: "exact count … × 2838" beside the note
+    /// that gave it 0 to 3290).
+    #[test]
+    fn a_windows_kernel_counts_are_an_estimate() {
+        let data = TraceData {
+            counts: vec![sleuth_core::OpCount {
+                pid: 1,
+                op: sleuth_core::op_by_name("cuLaunchKernel").unwrap().id,
+                count: 2838,
+            }],
+            ..Default::default()
+        };
+        let whole = latency_section(&[], &data, false);
+        assert!(whole.contains("(exact count, no per-call latency): cuLaunchKernel × 2838"));
+        let window = latency_section(&[], &data, true);
+        assert!(!window.contains("exact"), "{window}");
+        assert!(window.contains("an estimate"), "{window}");
+    }
 
     /// Past 16 processes: a chart for each process still running (or with
     /// a failed allocation), the exited ones in one table of the highest
