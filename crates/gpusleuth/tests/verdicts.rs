@@ -366,17 +366,20 @@ fn a_runs_counted_launches_are_placed_and_their_traps_taken_out() {
     ) else {
         return;
     };
+    // Launch-bound, with at least `launches` of the 40,000 placed in the
+    // main thread's window (the first loop's launches before its first
+    // sync aside), and their traps taken out besides the recorded calls'.
+    let placed = |v: &Value, launches: u64| {
+        let f = top_verdict(v);
+        assert_eq!(f["kind"], "launch_bound", "{:?}", kinds(&findings(v)));
+        assert!(ns(&f, "launches") >= launches, "{f}");
+        assert!(
+            ns(&f, "probe_traps_ns") > ns(&f, "probe_call_traps_ns"),
+            "{f}"
+        );
+    };
     let v = common::explain_json(&sb.db());
-    let f = top_verdict(&v);
-    assert_eq!(f["kind"], "launch_bound", "{:?}", kinds(&findings(&v)));
-    // 40,000 launches over the run's files, placed in the main thread's
-    // window (the first loop's launches before its first sync aside), and
-    // their traps taken out besides the recorded calls'.
-    assert!(ns(&f, "launches") >= 38_000, "{f}");
-    assert!(
-        ns(&f, "probe_traps_ns") > ns(&f, "probe_call_traps_ns"),
-        "{f}"
-    );
+    placed(&v, 38_000);
     assert!(
         v["summary"]
             .as_str()
@@ -385,24 +388,16 @@ fn a_runs_counted_launches_are_placed_and_their_traps_taken_out() {
         "{v}"
     );
     // A window over the run's files (`--last`, longer than the run) reads
-    // each file's samples on the run's counts too: its files wholly inside
-    // had placed none, and its later files' first periods had lost theirs.
+    // each file's samples on the run's counts too (its files wholly inside
+    // had placed none, its later files' first periods had lost theirs),
+    // and where each file's counts ended (round 59's tester saw a last
+    // file's 3,200 launches, after its last sample, left out).
     let out = common::run_ok(
         common::gpusleuth()
             .args(["explain", "--json", "--last", "1h", "--db"])
             .arg(sb.db()),
     );
-    let w: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let f = top_verdict(&w);
-    assert_eq!(f["kind"], "launch_bound", "{:?}", kinds(&findings(&w)));
-    // The launches after each file's last sample are placed too (where
-    // the file's counts ended: round 59's tester saw a last file's 3,200
-    // left out); only the first step's, before its first sync, are not.
-    assert!(ns(&f, "launches") >= 39_000, "{f}");
-    assert!(
-        ns(&f, "probe_traps_ns") > ns(&f, "probe_call_traps_ns"),
-        "{f}"
-    );
+    placed(&serde_json::from_slice(&out.stdout).unwrap(), 39_000);
 }
 
 /// Round 57's tester on the simulated libraries (a trap ~15 us on the VM,
