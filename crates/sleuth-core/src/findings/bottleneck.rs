@@ -49,6 +49,16 @@ pub(super) struct ThreadView<'a> {
     /// plus its process's launches counted in the kernel when it is the
     /// process's main issuing thread (counted launches carry no thread).
     pub launches: u64,
+    /// The fewest and the most launches the thread's window can hold: its
+    /// counted launches are placed in time by the tracer's samples of
+    /// their counts, 200 ms apart, and each cost a trap, so a period
+    /// across the window's edge holds a part known between bounds
+    /// ([`LaunchPlaces::in_window`]); `launches` is the estimate between
+    /// them. Equal where every counted launch is placed whole.
+    pub launches_range: (u64, u64),
+    /// The trap each placed counted launch cost (0 where none is placed):
+    /// the host time at another count of launches differs by theirs.
+    pub counted_trap_ns: u64,
     /// Wall time inside recorded launch calls (0 when launches are only counted).
     pub launch_call_ns: u64,
     /// The probes' traps on the counted calls the samples place in this
@@ -77,8 +87,64 @@ impl ThreadView<'_> {
     /// Host time per launch: on-CPU time between calls plus time inside
     /// recorded launch calls, over the launches.
     fn host_ns_per_launch(&self) -> Option<u64> {
-        (self.launches > 0)
-            .then(|| (self.t.between.on_cpu_ns + self.launch_call_ns) / self.launches)
+        self.host_ns_per_launch_at(self.launches)
+    }
+
+    /// [`Self::host_ns_per_launch`] had the window held `n` launches: the
+    /// host time less (or plus) the traps of the launches it has more (or
+    /// fewer) than the estimate.
+    fn host_ns_per_launch_at(&self, n: u64) -> Option<u64> {
+        let host = self.t.between.on_cpu_ns + self.launch_call_ns;
+        let traps = |k: u64| k.saturating_mul(self.counted_trap_ns);
+        let host = match n >= self.launches {
+            true => host.saturating_sub(traps(n - self.launches)),
+            false => host.saturating_add(traps(self.launches - n)),
+        };
+        (n > 0).then(|| host / n)
+    }
+
+    /// Why neither host_bound nor launch_bound judged the window where its
+    /// launches are known too loosely to tell ([`Self::cheap_launches`]
+    /// None): "launch- or host-bound: 2226 to 2940 kernel launches …".
+    pub(super) fn undecided_launches(&self) -> Option<String> {
+        if self.cheap_launches().is_some() {
+            return None;
+        }
+        let (lo, hi) = self.launches_range;
+        let each = |n: u64| self.host_ns_per_launch_at(n).map_or("-".into(), us);
+        let cost = match lo {
+            0 => format!("at least {} of host time each", each(hi)),
+            _ => format!("{} to {} of host time each", each(hi), each(lo)),
+        };
+        Some(format!(
+            "launch- or host-bound: {lo} to {hi} kernel launches fell in this window by the tracer's samples of \
+             their counts ({cost}, against launch_bound's {}); the samples are 200 ms apart: a longer window, or \
+             trace --launches full, tells them apart",
+            us(LAUNCH_BOUND_MAX_HOST_NS)
+        ))
+    }
+
+    /// Whether launch_bound's launch rule holds (at least
+    /// `LAUNCH_BOUND_MIN_LAUNCHES` launches of at most
+    /// `LAUNCH_BOUND_MAX_HOST_NS` of host time each) whatever count between
+    /// [`Self::launches_range`]'s bounds the window held: Some(true) at its
+    /// fewest (then at any), Some(false) not at its most, None where the
+    /// bounds decide neither (a window with no whole sample period inside:
+    /// round 59's tester read a uniform launch-bound loop's `--last 200ms`
+    /// host-bound on the fewest launches its edges could hold).
+    pub(super) fn cheap_launches(&self) -> Option<bool> {
+        let holds = |n: u64| {
+            n >= LAUNCH_BOUND_MIN_LAUNCHES
+                && self
+                    .host_ns_per_launch_at(n)
+                    .is_some_and(|p| p <= LAUNCH_BOUND_MAX_HOST_NS)
+        };
+        let (lo, hi) = self.launches_range;
+        match (holds(lo), holds(hi)) {
+            (true, _) => Some(true),
+            (false, false) => Some(false),
+            (false, true) => None,
+        }
     }
 
     /// Is there evidence the GPU was mostly idle? Measured busy below the
@@ -208,20 +274,28 @@ pub(super) fn views<'a>(
             let placed = is_main
                 .then(|| places.in_window(t.pid, t.start_ns, t.end_ns, trap_ns))
                 .flatten();
-            let (extra, counted_probe) = match (is_main, placed) {
-                (false, _) => (0, 0),
+            let (extra, range, counted_probe) = match (is_main, placed) {
+                (false, _) => (0, (0, 0), 0),
                 (true, Some(ops)) => {
                     // Every counted call in the window was one trap, both
                     // layers' (`--launches all` traps a runtime launch
                     // twice); counted calls are no calls: their traps fell
                     // between calls, on the CPU (a pause holds none of them).
-                    let n = ops.iter().fold(0u64, |n, &(_, k)| n.saturating_add(k));
+                    let n = ops
+                        .iter()
+                        .fold(0u64, |n, (_, k)| n.saturating_add(k.estimate));
                     let probe = n.saturating_mul(trap_ns).min(steady.between.on_cpu_ns);
-                    (launches_of(&ops), probe)
+                    let of = |f: fn(&Placed) -> u64| {
+                        launches_of(&ops.iter().map(|(op, k)| (*op, f(k))).collect::<Vec<_>>())
+                    };
+                    (of(|k| k.estimate), (of(|k| k.lo), of(|k| k.hi)), probe)
                 }
                 // No samples place them (a run's directory, an older
                 // trace): all the process's, and no traps taken out.
-                (true, None) => (counted.get(&t.pid).map_or(0, |ops| launches_of(ops)), 0),
+                (true, None) => {
+                    let n = counted.get(&t.pid).map_or(0, |ops| launches_of(ops));
+                    (n, (n, n), 0)
+                }
             };
             let calls = CallTraps::of(t, agg, call_trap_ns);
             let mut launch_call_ns = agg.launch_ns;
@@ -269,6 +343,12 @@ pub(super) fn views<'a>(
                 whole: t,
                 pause,
                 launches: agg.launches.count() + extra,
+                launches_range: (
+                    agg.launches.count() + range.0,
+                    agg.launches.count() + range.1,
+                ),
+                // Per launch (`--launches all` traps a launch twice).
+                counted_trap_ns: counted_probe.checked_div(extra).unwrap_or(0),
                 launch_call_ns,
                 probe_ns,
                 probe_between_ns,
@@ -352,6 +432,17 @@ fn launches_of(ops: &[(u16, u64)]) -> u64 {
         Some(&n) if n > 0 => n,
         _ => by_layer.values().fold(0u64, |n, &k| n.saturating_add(k)),
     }
+}
+
+/// Counted launches placed in a window: the estimate, and the fewest and
+/// the most its periods across the window's edges can give it where no
+/// rate of periods inside it stands for theirs (else both the estimate)
+/// ([`LaunchPlaces::in_window`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct Placed {
+    pub estimate: u64,
+    pub lo: u64,
+    pub hi: u64,
 }
 
 /// What a counted op's sample says: its count rose by `rose` between the
@@ -473,7 +564,28 @@ impl LaunchPlaces {
             let e = exits.entry(pid).or_insert(ts);
             *e = (*e).max(ts);
         }
-        for c in data.counts.iter().filter(|c| c.count > 0 && launch(c.op)) {
+        // The ops counted, and those only sampled: a window's read counts
+        // the calls certainly inside it, none where no two samples are
+        // (round 59's tester: a child's steady 300 ms of 5,100 launches,
+        // `--from 600ms --to 900ms`, read 0 launches, host-bound).
+        let mut keys: Vec<crate::OpCount> = data
+            .counts
+            .iter()
+            .filter(|c| c.count > 0 && launch(c.op))
+            .cloned()
+            .collect();
+        let mut only_sampled: Vec<(u32, u16)> = sampled
+            .keys()
+            .filter(|&&(pid, op)| !keys.iter().any(|c| (c.pid, c.op) == (pid, op)))
+            .copied()
+            .collect();
+        only_sampled.sort_unstable();
+        keys.extend(
+            only_sampled
+                .into_iter()
+                .map(|(pid, op)| crate::OpCount { pid, op, count: 0 }),
+        );
+        for c in &keys {
             let places = data.count_samples.as_ref().map(|_| {
                 let mut points = sampled.remove(&(c.pid, c.op)).unwrap_or_default();
                 // A crafted file's samples in any order still give bounds.
@@ -545,8 +657,11 @@ impl LaunchPlaces {
     /// one of its edges, the part at the rate of the periods inside (the
     /// launches of a warm-up just before the first call are not the
     /// loop's, the launches of a loop that starts at it are), at most that
-    /// period's; where the window holds no whole period, the fewest the
-    /// part can hold. Round 56's fourth tester: 30,000 launches before the
+    /// period's; where the window holds less than a period of whole ones,
+    /// the period's own rate, and the bounds below are what the verdicts
+    /// judge on (round 59's tester: taking the fewest as the count read a
+    /// uniform launch-bound loop's `--last 200ms` host-bound, 0 launches).
+    /// Round 56's fourth tester: 30,000 launches before the
     /// first call took a host-bound loop's 400 ms out of it as traps; round
     /// 57: with them a host-bound loop of 50 launches read launch-bound,
     /// "30050 kernels at 80604/s".
@@ -566,7 +681,7 @@ impl LaunchPlaces {
         a: u64,
         b: u64,
         trap_ns: u64,
-    ) -> Option<Vec<(u16, u64)>> {
+    ) -> Option<Vec<(u16, Placed)>> {
         let Some(Some(ops)) = self.by_pid.get(&pid) else {
             return None;
         };
@@ -578,7 +693,7 @@ impl LaunchPlaces {
     }
 
     /// One op's launches in `[a, b]` ([`LaunchPlaces::in_window`]).
-    fn estimate_in(o: &OpPlaces, a: u64, b: u64, trap_ns: u64) -> u64 {
+    fn estimate_in(o: &OpPlaces, a: u64, b: u64, trap_ns: u64) -> Placed {
         let (mut inside, mut across, mut across_ns) = (0u64, Vec::new(), 0u64);
         for p in o.periods.iter().chain(&o.tail).filter(|p| p.rose > 0) {
             if p.from >= a && p.to <= b {
@@ -595,17 +710,35 @@ impl LaunchPlaces {
         // periods with launches are inside, the others held none.
         let inside_ns = b.saturating_sub(a).saturating_sub(across_ns);
         let rate_known = inside_ns >= crate::counted::SAMPLE_PERIOD_NS;
-        across.into_iter().fold(inside, |n, (rose, part, len)| {
+        let whole = Placed {
+            estimate: inside,
+            lo: inside,
+            hi: inside,
+        };
+        across.into_iter().fold(whole, |n, (rose, part, len)| {
             let fewest = rose.saturating_sub(could_hold(len - part));
             let most = rose.min(could_hold(part)).max(fewest);
+            // At the rate of the periods inside, else at the period's own
+            // (a steady loop's launches; where they came in a burst beside
+            // the window the bounds say so, and the verdicts judge on them).
             let estimate = if rate_known {
                 (inside as u128 * part as u128 / inside_ns as u128).min(rose as u128) as u64
-            } else if trap_ns > 0 {
-                fewest
             } else {
                 (rose as u128 * part as u128 / len.max(1) as u128) as u64
             };
-            n.saturating_add(estimate.clamp(fewest, most))
+            let estimate = estimate.clamp(fewest, most);
+            // With a rate known, the edges' parts go at it (the verdicts
+            // judge on the estimate: a window of a steady loop); without,
+            // only the bounds are known.
+            let (lo, hi) = match rate_known {
+                true => (estimate, estimate),
+                false => (fewest, most),
+            };
+            Placed {
+                estimate: n.estimate.saturating_add(estimate),
+                lo: n.lo.saturating_add(lo),
+                hi: n.hi.saturating_add(hi),
+            }
         })
     }
 
@@ -819,13 +952,14 @@ pub(super) fn contention_between_calls(v: &ThreadView) -> Option<Finding> {
         format!("mostly {} (pid {}, {} of it)", c.comm, c.pid, pct(c.share))
     });
     let summary = format!(
-        "{} waited {} runnable between CUDA calls ({} of {}{}) while other tasks held its CPU, {}",
+        "{} waited {} runnable between CUDA calls ({} of {}{}) while other tasks held its CPU, {}{}",
         who(t),
         ms(lost),
         pct(share),
         ms(t.wall_ns),
         v.without_pause_text(),
-        who_held
+        who_held,
+        super::time::unnamed_clause(lost, named)
     );
     let mut ev = v.base_evidence();
     ev["runnable_between_ns"] = json!(lost);
@@ -850,10 +984,9 @@ pub(super) fn host_bound(v: &ThreadView) -> Option<Finding> {
     let host = on_cpu + t.between.runnable_ns;
     let share = t.share(host);
     let per_launch = v.host_ns_per_launch();
-    if share < HOST_BOUND_MIN_SHARE
-        || per_launch.is_some_and(|p| p <= LAUNCH_BOUND_MAX_HOST_NS)
-            && v.launches >= LAUNCH_BOUND_MIN_LAUNCHES
-    {
+    // Not where the launch rule holds, nor where the window's launches are
+    // known too loosely to tell (the summary line says so).
+    if share < HOST_BOUND_MIN_SHARE || v.cheap_launches() != Some(false) {
         return None;
     }
     let why = v.gpu_idle()?;
@@ -1011,10 +1144,9 @@ pub(super) fn launch_bound(v: &ThreadView) -> Option<Finding> {
     // CPU to issue its next launch); the per-launch cost counts on-CPU only.
     let host = t.between.on_cpu_ns + t.between.runnable_ns + v.launch_call_ns;
     let share = t.share(host);
-    if v.launches < LAUNCH_BOUND_MIN_LAUNCHES
-        || per_launch > LAUNCH_BOUND_MAX_HOST_NS
-        || share < LAUNCH_BOUND_MIN_SHARE
-    {
+    // The launch rule holds at the fewest launches the window can hold
+    // (then at the estimate too).
+    if v.cheap_launches() != Some(true) || share < LAUNCH_BOUND_MIN_SHARE {
         return None;
     }
     let why = v.gpu_idle()?;
@@ -1255,17 +1387,37 @@ mod tests {
                 .collect(),
             tail: Some(period(a + 800 * MS + 3 * US, b + 3 * US, 8_000)),
         };
-        assert_eq!(LaunchPlaces::estimate_in(&o, a, b, 15 * US), 8_040);
+        let placed = |trap| LaunchPlaces::estimate_in(&o, a, b, trap);
+        assert_eq!(
+            placed(15 * US),
+            Placed {
+                estimate: 8_040,
+                lo: 8_040,
+                hi: 8_040
+            }
+        );
         // Unmeasured, the rate inside: what round 57 first did.
-        assert_eq!(LaunchPlaces::estimate_in(&o, a, b, 0), 49);
+        assert_eq!(
+            placed(0),
+            Placed {
+                estimate: 49,
+                lo: 49,
+                hi: 49
+            }
+        );
     }
 
     /// The tester's loop of 40 launches in a 113-ms window beside a
     /// cool-down of 30,000: no whole period inside, and the periods across
     /// its edges shared out by time gave it 1,225 (launch-bound, 28 us a
-    /// launch). Their parts outside could hold every one of them.
+    /// launch). Their parts outside could hold every one of them: the
+    /// window holds 0 to 3,553 (what 53 ms of the second period's part
+    /// holds at 15 us a trap, and the first's 20), the estimate still
+    /// shares the periods out by time (round 59's tester: the fewest, as
+    /// the estimate, read a uniform launch-bound loop's short windows
+    /// host-bound), and the verdicts judge on the bounds.
     #[test]
-    fn a_short_window_gets_the_fewest_launches_its_edges_can_hold() {
+    fn a_short_window_gets_the_launches_its_edges_can_hold() {
         let (a, b) = (10_000 * MS, 10_113 * MS);
         let o = OpPlaces {
             op: 0,
@@ -1275,8 +1427,15 @@ mod tests {
             ],
             tail: None,
         };
-        assert_eq!(LaunchPlaces::estimate_in(&o, a, b, 15 * US), 0);
-        assert_eq!(LaunchPlaces::estimate_in(&o, a, b, 0), 1_225);
+        assert_eq!(
+            LaunchPlaces::estimate_in(&o, a, b, 15 * US),
+            Placed {
+                estimate: 1_225,
+                lo: 0,
+                hi: 3_553
+            }
+        );
+        assert_eq!(LaunchPlaces::estimate_in(&o, a, b, 0).estimate, 1_225);
         // At least what the part outside could not hold: 147 ms at 30 us
         // a launch holds 4,900 of a period's 5,000.
         let dense = OpPlaces {
@@ -1284,6 +1443,7 @@ mod tests {
             periods: vec![period(a + 60 * MS, a + 260 * MS, 5_000)],
             tail: None,
         };
-        assert_eq!(LaunchPlaces::estimate_in(&dense, a, b, 30 * US), 100);
+        let p = LaunchPlaces::estimate_in(&dense, a, b, 30 * US);
+        assert_eq!((p.lo, p.estimate, p.hi), (100, 1_325, 1_766));
     }
 }

@@ -158,6 +158,22 @@ pub(super) fn preemption_advice(same_process: bool) -> &'static str {
     }
 }
 
+/// "; 8.00ms of it with no task of this machine seen holding the CPU (…)"
+/// where a tenth or more of `lost` runnable time had no task named
+/// (`named`), empty otherwise: the findings that claim other tasks held
+/// the CPU say how much of the time they give no task held.
+pub(super) fn unnamed_clause(lost: u64, named: u64) -> String {
+    let unnamed = lost.saturating_sub(named);
+    if unnamed == 0 || unnamed.saturating_mul(10) < lost {
+        return String::new();
+    }
+    format!(
+        "; {} of it with no task of this machine seen holding the CPU (gpusleuth's own threads, a \
+         hypervisor taking the CPU, wake-up latency or a migration)",
+        fmt_ns(unnamed)
+    )
+}
+
 /// CUDA calls slowed because the CPU was given to other tasks.
 pub(super) fn cpu_preemption(ctx: &Context) -> Vec<Finding> {
     let mut out = Vec::new();
@@ -213,17 +229,7 @@ pub(super) fn cpu_preemption(ctx: &Context) -> Vec<Finding> {
                 pct(c.share)
             )
         });
-        // Where a tenth of it or more had no task named, how much.
-        let unnamed = lost - named;
-        let unnamed_text = if unnamed.saturating_mul(10) >= lost {
-            format!(
-                "; {} of it with no task of this machine seen holding the CPU (gpusleuth's own threads, a \
-                 hypervisor taking the CPU, wake-up latency or a migration)",
-                fmt_ns(unnamed)
-            )
-        } else {
-            String::new()
-        };
+        let unnamed_text = unnamed_clause(lost, named);
         let summary = format!(
             "{} calls waited {} runnable while other tasks held the CPU ({} of their {} wall time), {}{}",
             v.op,

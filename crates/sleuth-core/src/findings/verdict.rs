@@ -270,9 +270,13 @@ fn host_without_verdict(t: &ThreadSplit, view: Option<&ThreadView>) -> String {
         return String::new();
     }
     // With the verdicts' own evidence that the GPU idled, the reason is
-    // another (that time would have been host_bound or launch_bound).
-    if view.is_some_and(|v| v.gpu_idle().is_some()) {
-        return String::new();
+    // another: that time would have been host_bound or launch_bound, were
+    // the window's launches known well enough to tell which.
+    if let Some(v) = view.filter(|v| v.gpu_idle().is_some()) {
+        return v
+            .undecided_launches()
+            .map(|why| format!(" ({why})"))
+            .unwrap_or_default();
     }
     match view.and_then(|v| v.gpu) {
         Some(g) => format!(

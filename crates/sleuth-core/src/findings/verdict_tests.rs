@@ -1215,6 +1215,24 @@ fn contention_between_calls_is_named() {
         "{:?}",
         kinds_of(&d)
     );
+    // Half of it held by a task seen: judged on that half, saying how much
+    // no task held.
+    let mut d = held(2 * MS, Some((999, "hog")));
+    for w in &mut d.waits {
+        w.culprits[0].ns = MS;
+    }
+    let f: Vec<_> = only(&d, Kind::CpuPreemption)
+        .into_iter()
+        .filter(|f| f.op.is_empty())
+        .collect();
+    assert_eq!(f.len(), 1, "{:?}", kinds_of(&d));
+    assert_eq!(f[0].evidence["named_runnable_between_ns"], 20 * MS);
+    assert!(
+        f[0].summary
+            .ends_with("; 20.00ms of it with no task of this machine seen holding the CPU (gpusleuth's own threads, a hypervisor taking the CPU, wake-up latency or a migration)"),
+        "{}",
+        f[0].summary
+    );
     // Held by no task seen (round 59's tester: a VM's CPU taken by its
     // hypervisor), or by gpusleuth's own threads: none.
     for holder in [None, Some((7, "gpusleuth-db"))] {
@@ -1600,10 +1618,9 @@ fn launches_just_before_the_window_are_not_the_loops() {
         count: 20_000,
     }];
     let places = super::bottleneck::LaunchPlaces::of(&d);
-    assert_eq!(
-        places.in_window(100, 510 * MS, 600 * MS, 0),
-        Some(vec![(op, 3_600)])
-    );
+    let placed = places.in_window(100, 510 * MS, 600 * MS, 0).unwrap();
+    assert_eq!(placed[0].0, op);
+    assert_eq!(placed[0].1.estimate, 3_600);
 }
 
 /// Round 57's tester: "spent 0% inside CUDA calls, 100% on the CPU between
@@ -1793,4 +1810,75 @@ fn a_recorded_syncs_and_copies_traps_are_not_their_time() {
         "{:?}",
         kinds_of(&d)
     );
+}
+
+/// Round 59's tester: a window with no whole sample period inside it (a
+/// uniform launch-bound loop's `--last 200ms`, a child's `--from 600ms --to
+/// 900ms`) counted the fewest launches its edge periods could hold (0 to
+/// 3,287 of 2,800 to 4,400) and read host-bound. Its launches are known
+/// only between bounds there: where the launch rule holds at the most and
+/// not at the fewest, neither verdict judges it, and the summary line says
+/// why; a window with a rate inside is judged on its estimate.
+#[test]
+fn a_window_whose_launches_the_samples_cannot_bound_is_no_verdict() {
+    // 300 ms of host work between syncs that return at once, every 50 ms;
+    // 6,000 launches read at 150 and 350 ms: the first period (from the
+    // trace's start) inside, the second across the window's end, holding
+    // 0 to 3,000 of its 150 ms inside.
+    let with = |end_ms: u64, reads: &[(u64, u64)]| {
+        let mut calls: Vec<CallEvent> = (0..end_ms / 50)
+            .map(|i| call("cudaStreamSynchronize", i * 50 * MS, 0))
+            .collect();
+        calls.push(call("cudaMalloc", end_ms * MS - MS, MS));
+        let mut d = trace(calls, Vec::new());
+        let op = op_by_name("cuLaunchKernel").unwrap().id;
+        let total = reads.last().unwrap().1;
+        d.counts = vec![OpCount {
+            pid: 100,
+            op,
+            count: total,
+        }];
+        d.count_samples = Some(
+            reads
+                .iter()
+                .map(|&(ms, count)| crate::counted::CountSample {
+                    ts_ns: ms * MS,
+                    pid: 100,
+                    op,
+                    count,
+                })
+                .collect(),
+        );
+        d.stats
+            .insert(crate::threads::PROBE_TRAP_STAT.into(), 10 * US);
+        // A window's read: no tail after the last sample.
+        d.window_ns = (Some(0), Some(end_ms * MS));
+        d
+    };
+    let d = with(300, &[(150, 3_000), (350, 6_000)]);
+    let r = explain_report(&d);
+    assert!(r.findings.is_empty(), "{:?}", kinds_of(&d));
+    let line = r.summary.unwrap();
+    assert!(
+        line.contains("no bottleneck verdict (launch- or host-bound: 3000 to 6000 kernel launches fell in this window"),
+        "{line}"
+    );
+    // A window's read counts the calls certainly inside it, none where no
+    // two samples are (the tester's child read 0 launches, host-bound):
+    // the samples still place them.
+    let mut d = with(300, &[(150, 3_000), (350, 6_000)]);
+    d.counts.clear();
+    let r = explain_report(&d);
+    assert!(r.findings.is_empty(), "{:?}", kinds_of(&d));
+    assert!(r.summary.unwrap().contains("3000 to 6000 kernel launches"));
+    // Read every 200 ms through 700 ms: two whole periods inside, the
+    // rate stands for the edges' parts and the loop is launch-bound.
+    let d = with(
+        700,
+        &[(150, 4_000), (350, 8_000), (550, 12_000), (750, 16_000)],
+    );
+    let f = only(&d, Kind::LaunchBound);
+    assert_eq!(f.len(), 1, "{:?}", kinds_of(&d));
+    // 12,000 inside, and 150 ms of the last period at their rate.
+    assert_eq!(f[0].evidence["launches"], 15_272);
 }
