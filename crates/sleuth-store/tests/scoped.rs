@@ -1412,3 +1412,65 @@ fn a_windows_memory_findings_name_their_sites() {
         assert_eq!(failure(&got), whole, "{window:?}");
     }
 }
+
+/// Round 59's third tester: a window's counts spread a process's first
+/// sample over everything since the file began (4,953 launches of a process
+/// that started 335 ms into the file, "about 1790" in a window before it),
+/// and counted a child's last launches, read 198 ms after its exit, in a
+/// later window. A sample counts what came since the read before it, at
+/// most a read interval (and a half) before; a process launches nothing
+/// after its exit.
+#[test]
+fn a_windows_counts_keep_to_a_read_interval_and_the_process_life() {
+    let dir = TempDir::new("scoped-window-counts-life");
+    let path = dir.join("t.db");
+    let origin = common::trace_fixture::session().start_mono_ns;
+    let op = op_by_name("cuLaunchKernel").unwrap().id;
+    let w = sleuth_store::TraceWriter::create(
+        &path,
+        common::trace_fixture::session(),
+        Default::default(),
+    )
+    .unwrap();
+    let h = w.handle();
+    h.set_process(ProcessInfo {
+        exit_ns: Some(origin + 5_000 * MS),
+        ..train()
+    })
+    .unwrap();
+    let mut c = call(41, "cudaStreamSynchronize", origin + 3_000 * MS, MS);
+    c.stack_id = None;
+    h.send(sleuth_core::Event::Call(c)).unwrap();
+    let sample = |ms: u64, count: u64| sleuth_core::counted::CountSample {
+        ts_ns: origin + ms * MS,
+        pid: PID,
+        op,
+        count,
+    };
+    h.add_count_samples(vec![sample(3_000, 1_000), sample(5_200, 2_000)])
+        .unwrap();
+    h.set_op_counts(vec![sleuth_core::OpCount {
+        pid: PID,
+        op,
+        count: 2_000,
+    }])
+    .unwrap();
+    h.set_session_end(origin + 10_000 * MS).unwrap();
+    drop(h);
+    w.finish().unwrap();
+    let trace = Trace::open(&path).unwrap();
+    let counts = trace.op_counts(Some(PID)).unwrap();
+    let placed = |from: u64, to: u64| {
+        let w = sleuth_store::window::WindowCounts::of(&trace, &counts, &counted_window(from, to))
+            .unwrap();
+        let c = w.placed[0].2;
+        (c.at_least, c.estimate, c.at_most)
+    };
+    // Before the first sample's read interval: none (the first sample's
+    // 1,000 were spread from the file's start: 333 of them here).
+    assert_eq!(placed(0, 1_000), (0, 0, 0));
+    // After the exit: none (the read at 5.2 s had put up to 1,000 here).
+    assert_eq!(placed(5_000, 5_200), (0, 0, 0));
+    // Its life: all of them.
+    assert_eq!(placed(2_000, 6_000), (2_000, 2_000, 2_000));
+}
