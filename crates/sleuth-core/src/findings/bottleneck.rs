@@ -103,6 +103,41 @@ impl ThreadView<'_> {
         (n > 0).then(|| host / n)
     }
 
+    /// "; 3.7 ms of host time per kernel launch", or where the samples
+    /// bound its launches only loosely, the range: "; 30 to 750 kernel
+    /// launches, by the tracer's samples of their counts: 229.1 us to 5.7
+    /// ms of host time each" (round 59's third tester: a host-bound window
+    /// beside a launch burst read "296.2 us … per kernel launch", 580 of
+    /// the ~50 its loop made, the burst's period shared out by time).
+    fn per_launch_text(&self, per_launch: Option<u64>) -> String {
+        // Microseconds under a millisecond: 53 us read "0.1 ms" beside
+        // launch_bound's 50-us bound (round 57's second tester).
+        let time = |p: u64| match p < 1_000_000 {
+            true => us(p),
+            false => ms(p),
+        };
+        let (lo, hi) = self.launches_range;
+        if lo != hi {
+            let each = |n: u64| self.host_ns_per_launch_at(n).map_or("-".into(), time);
+            return match lo {
+                0 => format!(
+                    "; up to {hi} kernel launches, by the tracer's samples of their counts (200 ms apart): at least \
+                     {} of host time each",
+                    each(hi)
+                ),
+                _ => format!(
+                    "; {lo} to {hi} kernel launches, by the tracer's samples of their counts (200 ms apart): {} to \
+                     {} of host time each",
+                    each(hi),
+                    each(lo)
+                ),
+            };
+        }
+        per_launch.map_or(String::new(), |p| {
+            format!("; {} of host time per kernel launch", time(p))
+        })
+    }
+
     /// Why neither host_bound nor launch_bound judged the window where its
     /// launches are known too loosely to tell ([`Self::cheap_launches`]
     /// None): "launch- or host-bound: 2226 to 2940 kernel launches …".
@@ -117,9 +152,9 @@ impl ThreadView<'_> {
             _ => format!("{} to {} of host time each", each(hi), each(lo)),
         };
         Some(format!(
-            "launch- or host-bound: {lo} to {hi} kernel launches fell in this window by the tracer's samples of \
-             their counts ({cost}, against launch_bound's {}); the samples are 200 ms apart: a longer window, or \
-             trace --launches full, tells them apart",
+            "launch- or host-bound: between its first and last CUDA call here it made {lo} to {hi} kernel launches, \
+             by the tracer's samples of their counts and what a trap costs ({cost}, against launch_bound's {}); \
+             the samples are 200 ms apart: a longer window, or trace --launches full, tells them apart",
             us(LAUNCH_BOUND_MAX_HOST_NS)
         ))
     }
@@ -223,6 +258,10 @@ impl ThreadView<'_> {
             "sync_ns": t.sync_ns,
             "sync_p50_ns": t.sync_p50_ns,
             "launches": self.launches,
+            // The fewest and the most its window can hold (equal where the
+            // samples place every launch, or a rate inside stands for the
+            // edges'): `launches` is the estimate between them.
+            "launches_range": [self.launches_range.0, self.launches_range.1],
             "gpu_busy": self.gpu_json(),
             // The probes' traps taken out of the window: the counted
             // calls' (between calls) and the recorded calls' (mostly inside
@@ -605,7 +644,15 @@ impl LaunchPlaces {
                         };
                         let from = from.max(before_ts).min(ts);
                         (before, before_ts) = (count, ts);
-                        Period { from, to: ts, rose }
+                        // A read after the process exited counted launches
+                        // made before it (round 59's third tester: a child's
+                        // last 971, read 198 ms after its exit, were placed
+                        // in its parent's later window).
+                        let to = match exits.get(&c.pid) {
+                            Some(&x) if from < x && x < ts => x,
+                            _ => ts,
+                        };
+                        Period { from, to, rose }
                     })
                     .collect();
                 let (last_ts, last) = points.last().map_or((0, 0), |p| (p.0, p.1));
@@ -1002,13 +1049,7 @@ pub(super) fn host_bound(v: &ThreadView) -> Option<Finding> {
         v.without_pause_text(),
         ms(on_cpu),
         ms(t.between.runnable_ns),
-        match per_launch {
-            // Microseconds under a millisecond: 53 us read "0.1 ms" beside
-            // launch_bound's 50-us bound (round 57's second tester).
-            Some(p) if p < 1_000_000 => format!("; {} of host time per kernel launch", us(p)),
-            Some(p) => format!("; {} of host time per kernel launch", ms(p)),
-            None => String::new(),
-        }
+        v.per_launch_text(per_launch)
     );
     let mut ev = v.base_evidence();
     ev["host_ns"] = json!(host);

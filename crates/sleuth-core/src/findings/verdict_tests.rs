@@ -1860,7 +1860,10 @@ fn a_window_whose_launches_the_samples_cannot_bound_is_no_verdict() {
     assert!(r.findings.is_empty(), "{:?}", kinds_of(&d));
     let line = r.summary.unwrap();
     assert!(
-        line.contains("no bottleneck verdict (launch- or host-bound: 3000 to 6000 kernel launches fell in this window"),
+        line.contains(
+            "no bottleneck verdict (launch- or host-bound: between its first and last CUDA call here it made 3000 \
+             to 6000 kernel launches"
+        ),
         "{line}"
     );
     // A window's read counts the calls certainly inside it, none where no
@@ -1870,7 +1873,28 @@ fn a_window_whose_launches_the_samples_cannot_bound_is_no_verdict() {
     d.counts.clear();
     let r = explain_report(&d);
     assert!(r.findings.is_empty(), "{:?}", kinds_of(&d));
-    assert!(r.summary.unwrap().contains("3000 to 6000 kernel launches"));
+    assert!(r
+        .summary
+        .unwrap()
+        .contains("made 3000 to 6000 kernel launches"));
+    // Host-bound at the most launches the window can hold: judged so,
+    // the launches said as their bounds (the third tester: a host-bound
+    // window beside a launch burst read 296.2 us a launch, 580 for ~50).
+    let d = with(300, &[(150, 50), (350, 1_000)]);
+    let f = only(&d, Kind::HostBound);
+    assert_eq!(f.len(), 1, "{:?}", kinds_of(&d));
+    assert_eq!(
+        f[0].evidence["launches_range"],
+        serde_json::json!([50, 1000])
+    );
+    assert!(
+        f[0].summary.ends_with(
+            "; 50 to 1000 kernel launches, by the tracer's samples of their counts (200 ms apart): 289.0 us to \
+             6.0 ms of host time each"
+        ),
+        "{}",
+        f[0].summary
+    );
     // Read every 200 ms through 700 ms: two whole periods inside, the
     // rate stands for the edges' parts and the loop is launch-bound.
     let d = with(
@@ -1881,4 +1905,33 @@ fn a_window_whose_launches_the_samples_cannot_bound_is_no_verdict() {
     assert_eq!(f.len(), 1, "{:?}", kinds_of(&d));
     // 12,000 inside, and 150 ms of the last period at their rate.
     assert_eq!(f[0].evidence["launches"], 15_272);
+}
+
+/// Round 59's third tester: a child's last 971 launches, read 198 ms after
+/// it exited, were placed in its parent's later window. A read after the
+/// process's exit counted launches made before it.
+#[test]
+fn launches_read_after_the_exit_fell_before_it() {
+    let mut d = host_trace(100 * MS, 0);
+    counted_launches(&mut d, 2_000, 0, 1, |_| 1_000);
+    let op = op_by_name("cuLaunchKernel").unwrap().id;
+    d.count_samples
+        .as_mut()
+        .unwrap()
+        .push(crate::counted::CountSample {
+            ts_ns: 600 * MS,
+            pid: 100,
+            op,
+            count: 2_000,
+        });
+    d.processes.push(crate::ProcessInfo {
+        pid: 100,
+        exit_ns: Some(450 * MS),
+        ..Default::default()
+    });
+    let places = super::bottleneck::LaunchPlaces::of(&d);
+    let at = |a: u64, b: u64| places.in_window(100, a * MS, b * MS, 0).unwrap()[0].1;
+    // The read at 600 ms: its period from 400 ms, to the exit at 450.
+    assert_eq!(at(460, 600).estimate, 0);
+    assert_eq!(at(400, 450).estimate, 1_000);
 }
