@@ -705,9 +705,9 @@ impl LaunchPlaces {
     /// launches of a warm-up just before the first call are not the
     /// loop's, the launches of a loop that starts at it are), at most that
     /// period's; where the window holds less than a period of whole ones,
-    /// the period's own rate, and the bounds below are what the verdicts
-    /// judge on (round 59's tester: taking the fewest as the count read a
-    /// uniform launch-bound loop's `--last 200ms` host-bound, 0 launches).
+    /// the fewest the part can hold (below), and the verdicts judge on the
+    /// bounds (round 59's tester: judged on the fewest, a uniform
+    /// launch-bound loop's `--last 200ms` read host-bound, 0 launches).
     /// Round 56's fourth tester: 30,000 launches before the
     /// first call took a host-bound loop's 400 ms out of it as traps; round
     /// 57: with them a host-bound loop of 50 launches read launch-bound,
@@ -765,11 +765,14 @@ impl LaunchPlaces {
         across.into_iter().fold(whole, |n, (rose, part, len)| {
             let fewest = rose.saturating_sub(could_hold(len - part));
             let most = rose.min(could_hold(part)).max(fewest);
-            // At the rate of the periods inside, else at the period's own
-            // (a steady loop's launches; where they came in a burst beside
-            // the window the bounds say so, and the verdicts judge on them).
+            // At the rate of the periods inside; without one, the fewest
+            // (a warm-up's burst just before the window is not the loop's,
+            // round 57; the verdicts judge on the bounds, round 59), or
+            // without a measured trap the period's own rate.
             let estimate = if rate_known {
                 (inside as u128 * part as u128 / inside_ns as u128).min(rose as u128) as u64
+            } else if trap_ns > 0 {
+                fewest
             } else {
                 (rose as u128 * part as u128 / len.max(1) as u128) as u64
             };
@@ -1453,10 +1456,8 @@ mod tests {
     /// its edges shared out by time gave it 1,225 (launch-bound, 28 us a
     /// launch). Their parts outside could hold every one of them: the
     /// window holds 0 to 3,553 (what 53 ms of the second period's part
-    /// holds at 15 us a trap, and the first's 20), the estimate still
-    /// shares the periods out by time (round 59's tester: the fewest, as
-    /// the estimate, read a uniform launch-bound loop's short windows
-    /// host-bound), and the verdicts judge on the bounds.
+    /// holds at 15 us a trap, and the first's 20), the fewest its estimate,
+    /// and the verdicts judge on the bounds (round 59).
     #[test]
     fn a_short_window_gets_the_launches_its_edges_can_hold() {
         let (a, b) = (10_000 * MS, 10_113 * MS);
@@ -1471,7 +1472,7 @@ mod tests {
         assert_eq!(
             LaunchPlaces::estimate_in(&o, a, b, 15 * US),
             Placed {
-                estimate: 1_225,
+                estimate: 0,
                 lo: 0,
                 hi: 3_553
             }
@@ -1485,6 +1486,6 @@ mod tests {
             tail: None,
         };
         let p = LaunchPlaces::estimate_in(&dense, a, b, 30 * US);
-        assert_eq!((p.lo, p.estimate, p.hi), (100, 1_325, 1_766));
+        assert_eq!((p.lo, p.estimate, p.hi), (100, 100, 1_766));
     }
 }
