@@ -619,6 +619,21 @@ impl Trace {
         Ok(Some(out))
     }
 
+    /// Each process's exit in `[start, end]` (the file's life): it made
+    /// no call after it.
+    pub(crate) fn exits_between(
+        &self,
+        start: u64,
+        end: u64,
+    ) -> Result<std::collections::HashMap<u32, u64>, StoreError> {
+        Ok(self
+            .processes()?
+            .into_iter()
+            .filter_map(|p| Some((p.pid, p.exit_ns?)))
+            .filter(|&(_, x)| (start..=end).contains(&x))
+            .collect())
+    }
+
     /// Where the file's running counts of kernel-counted calls ended
     /// (`TraceData::count_ends`): each op's total (of process `pid`, or
     /// all) at its process's exit in the file, else at the file's end;
@@ -635,13 +650,7 @@ impl Trace {
         if counts.iter().all(|c| c.count == 0) {
             return Ok(Vec::new());
         }
-        let start = session.info.start_mono_ns;
-        let exits: std::collections::HashMap<u32, u64> = self
-            .processes()?
-            .into_iter()
-            .filter_map(|p| Some((p.pid, p.exit_ns?)))
-            .filter(|&(_, x)| (start..=end).contains(&x))
-            .collect();
+        let exits = self.exits_between(session.info.start_mono_ns, end)?;
         Ok(counts
             .into_iter()
             .filter(|c| c.count > 0)

@@ -236,13 +236,7 @@ impl WindowCounts {
         let since = scope.since_ns.unwrap_or(start);
         let until = scope.until_ns.unwrap_or(u64::MAX);
         // Where each process exited in the file: it launched nothing after.
-        let file_end = session.end_mono_ns.unwrap_or(u64::MAX);
-        let exits: std::collections::HashMap<u32, u64> = trace
-            .processes()?
-            .into_iter()
-            .filter_map(|p| Some((p.pid, p.exit_ns?)))
-            .filter(|&(_, x)| (start..=file_end).contains(&x))
-            .collect();
+        let exits = trace.exits_between(start, session.end_mono_ns.unwrap_or(u64::MAX))?;
         let placed = totals
             .into_iter()
             .map(|(pid, op, total)| {

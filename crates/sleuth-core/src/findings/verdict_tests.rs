@@ -51,6 +51,19 @@ fn counted_launches(
     );
 }
 
+/// One more sample of [`counted_launches`]' op: `count` at `ts`.
+fn sampled_at(d: &mut TraceData, ts: u64, count: u64) {
+    let op = op_by_name("cuLaunchKernel").unwrap().id;
+    d.count_samples
+        .get_or_insert_with(Vec::new)
+        .push(crate::counted::CountSample {
+            ts_ns: ts,
+            pid: 100,
+            op,
+            count,
+        });
+}
+
 /// A 1000 ms window: a sync of `sync` ns at 0 (returning at once when short),
 /// one returning at once every 100 ms after it (steps: the syncs sample the
 /// GPU through the window, and no stretch between calls is one pause), a
@@ -1602,15 +1615,7 @@ fn launches_just_before_the_window_are_not_the_loops() {
     // (not 45%, as a 200-ms period from 400 ms would give).
     let mut d = host_trace(100 * MS, 0);
     counted_launches(&mut d, 24_000, 0, 2, |i| i * 8_000);
-    d.count_samples
-        .as_mut()
-        .unwrap()
-        .push(crate::counted::CountSample {
-            ts_ns: 600 * MS,
-            pid: 100,
-            op,
-            count: 24_000,
-        });
+    sampled_at(&mut d, 600 * MS, 24_000);
     d.count_ends = vec![crate::counted::CountSample {
         ts_ns: 500 * MS,
         pid: 100,
@@ -1914,16 +1919,7 @@ fn a_window_whose_launches_the_samples_cannot_bound_is_no_verdict() {
 fn launches_read_after_the_exit_fell_before_it() {
     let mut d = host_trace(100 * MS, 0);
     counted_launches(&mut d, 2_000, 0, 1, |_| 1_000);
-    let op = op_by_name("cuLaunchKernel").unwrap().id;
-    d.count_samples
-        .as_mut()
-        .unwrap()
-        .push(crate::counted::CountSample {
-            ts_ns: 600 * MS,
-            pid: 100,
-            op,
-            count: 2_000,
-        });
+    sampled_at(&mut d, 600 * MS, 2_000);
     d.processes.push(crate::ProcessInfo {
         pid: 100,
         exit_ns: Some(450 * MS),
