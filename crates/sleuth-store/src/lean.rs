@@ -125,8 +125,7 @@ pub fn load(
     let counts = trace.op_counts(pid)?;
     let mut data = std::mem::take(&mut view.base);
     data.counts = counts;
-    data.count_samples = trace.count_samples(pid)?;
-    data.count_ends = trace.count_ends(pid)?;
+    (data.count_samples, data.count_ends) = trace.count_places(pid)?;
     data.nccl = nccl;
     // Without a stored end the span ends at the last call's end, which the
     // memory calls alone do not give: the span from the call groups (what

@@ -619,6 +619,24 @@ impl Trace {
         Ok(Some(out))
     }
 
+    /// Where the file's kernel-counted calls fell: their samples
+    /// ([`Self::count_samples`]) and where their counts ended
+    /// ([`Self::count_ends`]), read together: a read that places counted
+    /// calls needs both (a window's read without the ends left a file's
+    /// launches after its last sample out, round 59).
+    pub fn count_places(
+        &self,
+        pid: Option<u32>,
+    ) -> Result<
+        (
+            Option<Vec<sleuth_core::counted::CountSample>>,
+            Vec<sleuth_core::counted::CountSample>,
+        ),
+        StoreError,
+    > {
+        Ok((self.count_samples(pid)?, self.count_ends(pid)?))
+    }
+
     /// Each process's exit in `[start, end]` (the file's life): it made
     /// no call after it.
     pub(crate) fn exits_between(
@@ -1124,13 +1142,14 @@ impl Trace {
             pid,
             ..Default::default()
         })?;
+        let (count_samples, count_ends) = self.count_places(pid)?;
         Ok(TraceData {
             calls,
             waits,
             procs: self.proc_events(pid)?,
             counts: self.op_counts(pid)?,
-            count_samples: self.count_samples(pid)?,
-            count_ends: self.count_ends(pid)?,
+            count_samples,
+            count_ends,
             // Matching collectives needs every rank, whatever the pid filter.
             nccl: self.nccl_calls(None)?,
             ..self.frame(pid)?

@@ -1038,10 +1038,8 @@ pub(crate) fn samples_on_run_counts(
         }
         samples
     };
-    Ok((
-        trace.count_samples(pid)?.map(on_run),
-        on_run(trace.count_ends(pid)?),
-    ))
+    let (samples, ends) = trace.count_places(pid)?;
+    Ok((samples.map(on_run), on_run(ends)))
 }
 
 /// Adds a later file's base data to the run's. The session (start, clock

@@ -487,8 +487,7 @@ fn loaded_parts(
     let window_counts = WindowCounts::of(trace, &data.counts, filter)?;
     data.counts = window_counts.at_least();
     // Where they fell: a stretch that held launches is no pause.
-    data.count_samples = trace.count_samples(filter.pid)?;
-    data.count_ends = trace.count_ends(filter.pid)?;
+    (data.count_samples, data.count_ends) = trace.count_places(filter.pid)?;
     let culprits =
         sleuth_core::culprits::call_culprits(&data.calls, &data.waits, trace.tracer_pid());
     let pinning = pinning_outside(trace, filter)?;
@@ -583,12 +582,13 @@ fn parts_seeded(
         true => trace.frame(pid)?,
         false => trace.frame_without_blocks(pid)?,
     };
+    // Where they fell: a stretch that held launches is no pause.
+    let (count_samples, count_ends) = trace.count_places(pid)?;
     let mut data = TraceData {
         procs: trace.proc_events(pid)?,
         counts: trace.op_counts(pid)?,
-        // Where they fell: a stretch that held launches is no pause.
-        count_samples: trace.count_samples(pid)?,
-        count_ends: trace.count_ends(pid)?,
+        count_samples,
+        count_ends,
         nccl,
         ..frame
     };

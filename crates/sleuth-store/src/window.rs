@@ -737,8 +737,7 @@ pub fn explain_loaded(
     let window_counts = WindowCounts::of(trace, &data.counts, scope)?;
     data.counts = window_counts.at_least();
     // Where they fell: a stretch that held launches is no pause.
-    data.count_samples = trace.count_samples(scope.pid)?;
-    data.count_ends = trace.count_ends(scope.pid)?;
+    (data.count_samples, data.count_ends) = trace.count_places(scope.pid)?;
     let pinning = crate::scoped::pinning_outside(trace, scope)?;
     let mut e = match crate::scoped::window_allocators(trace, scope)? {
         Some(known) => findings::explain_report_pinned_with(&data, pinned, &pinning, &known),
