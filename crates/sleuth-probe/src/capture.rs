@@ -279,13 +279,7 @@ const TRACED_MEASURE_MIN_RING: usize = 1 << 20;
 
 /// The thread ids of this process (its `/proc/self/task` entries).
 fn own_tids() -> Vec<u32> {
-    std::fs::read_dir("/proc/self/task")
-        .map(|d| {
-            d.flatten()
-                .filter_map(|e| e.file_name().to_str()?.parse().ok())
-                .collect()
-        })
-        .unwrap_or_default()
+    crate::discover::numeric_entries("/proc/self/task")
 }
 
 /// The uprobe programs, attached batched (`multi`) or one by one.

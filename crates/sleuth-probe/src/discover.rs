@@ -146,7 +146,13 @@ pub fn scan_standard(extra_dirs: &[PathBuf]) -> Vec<LibFile> {
 
 /// Every process id in /proc now (the all-processes mode scans them all).
 pub fn all_pids() -> Vec<u32> {
-    std::fs::read_dir("/proc")
+    numeric_entries("/proc")
+}
+
+/// The entries of `dir` named by a number (/proc's processes, a process's
+/// `task` threads); none where it cannot be read.
+pub(crate) fn numeric_entries(dir: &str) -> Vec<u32> {
+    std::fs::read_dir(dir)
         .map(|rd| {
             rd.flatten()
                 .filter_map(|e| e.file_name().to_str()?.parse().ok())
