@@ -118,24 +118,30 @@ impl ThreadView<'_> {
         };
         let (lo, hi) = self.launches_range;
         if lo != hi {
-            let each = |n: u64| self.host_ns_per_launch_at(n).map_or("-".into(), time);
-            return match lo {
-                0 => format!(
-                    "; up to {hi} kernel launches, by the tracer's samples of their counts (200 ms apart): at least \
-                     {} of host time each",
-                    each(hi)
-                ),
-                _ => format!(
-                    "; {lo} to {hi} kernel launches, by the tracer's samples of their counts (200 ms apart): {} to \
-                     {} of host time each",
-                    each(hi),
-                    each(lo)
-                ),
+            let launches = match lo {
+                0 => format!("up to {hi}"),
+                _ => format!("{lo} to {hi}"),
             };
+            return format!(
+                "; {launches} kernel launches, by the tracer's samples of their counts (200 ms apart): {}",
+                self.host_each_text(time)
+            );
         }
         per_launch.map_or(String::new(), |p| {
             format!("; {} of host time per kernel launch", time(p))
         })
+    }
+
+    /// "229.1 us to 5.7 ms of host time each" over [`Self::launches_range`]
+    /// (at its most launches to its fewest), "at least …" where the fewest
+    /// is none; `time` writes each figure.
+    fn host_each_text(&self, time: fn(u64) -> String) -> String {
+        let (lo, hi) = self.launches_range;
+        let each = |n: u64| self.host_ns_per_launch_at(n).map_or("-".into(), time);
+        match lo {
+            0 => format!("at least {} of host time each", each(hi)),
+            _ => format!("{} to {} of host time each", each(hi), each(lo)),
+        }
     }
 
     /// Why neither host_bound nor launch_bound judged the window where its
@@ -146,11 +152,7 @@ impl ThreadView<'_> {
             return None;
         }
         let (lo, hi) = self.launches_range;
-        let each = |n: u64| self.host_ns_per_launch_at(n).map_or("-".into(), us);
-        let cost = match lo {
-            0 => format!("at least {} of host time each", each(hi)),
-            _ => format!("{} to {} of host time each", each(hi), each(lo)),
-        };
+        let cost = self.host_each_text(us);
         Some(format!(
             "launch- or host-bound: between its first and last CUDA call here it made {lo} to {hi} kernel launches, \
              by the tracer's samples of their counts and what a trap costs ({cost}, against launch_bound's {}); \
