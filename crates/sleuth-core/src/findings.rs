@@ -33,9 +33,10 @@ pub const PREEMPTION_MIN_SHARE: f64 = 0.05;
 pub const PREEMPTION_MIN_TAIL_SHARE: f64 = 0.5;
 /// ... and at least this share of the trace (or window): round 58's tester
 /// saw 3.8 ms of runnable time in a GPU-bound loop's 800 launch calls, 10%
-/// of their own time and 0.3% of the program's, graded medium (and 2.56 ms
-/// in one call, all of it the tracer's threads', which `culprits` leaves
-/// unnamed but counts).
+/// of their own time and 0.3% of the program's, graded medium. (Each of
+/// these counts only runnable time some task was seen holding the CPU
+/// through, since round 59: the tracer's threads, never a culprit, had
+/// 2.56 ms of one call.)
 pub const PREEMPTION_MIN_TRACE_SHARE: f64 = 0.01;
 /// Runnable share of the op's wall time from which severity is high / medium.
 pub const PREEMPTION_HIGH_SHARE: f64 = 0.25;

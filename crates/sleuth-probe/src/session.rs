@@ -367,10 +367,11 @@ impl CaptureSession {
                     late: self.started,
                 });
                 if measured {
-                    // The measure's own records (dropped as decoded) fill a
-                    // small ring: taken now, before the traced program's
-                    // first calls find it full (round 58's CI: a 4 KiB
-                    // ring dropped a workload's first allocation).
+                    // The measure's own records (up to ~320 KB, dropped as
+                    // decoded) are taken now, not left for the traced
+                    // program's first calls to find the ring filling (round
+                    // 58's CI: a 4 KiB ring, then measured on the traced
+                    // path too, dropped a workload's first allocation).
                     self.poll(Duration::ZERO, &mut *f);
                 }
             }
