@@ -244,7 +244,46 @@ pub fn materialize(dir: &Path) -> io::Result<SimPaths> {
     ] {
         replace_file(path, bytes)?;
     }
+    for program in [&paths.workload, &paths.hog, &paths.nccl_rank] {
+        wait_until_executable(program)?;
+    }
     Ok(paths)
+}
+
+/// Linux's ETXTBSY (the same number on every architecture it runs on).
+const ETXTBSY: i32 = 26;
+
+/// How long [`wait_until_executable`] waits for a program's last writer.
+const EXEC_READY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// Runs `program` once (no arguments, no input or output: each stand-in then
+/// does nothing or prints its usage) until the kernel lets it execute.
+///
+/// Why: a thread of this process that forks while another writes a program
+/// hands the child a copy of the write descriptor, held until the child execs
+/// or exits; while any is open, exec of the program fails with ETXTBSY
+/// ("Text file busy"). Test harnesses fork from many threads, and a loaded
+/// machine can hold such a child for milliseconds. Our own descriptors are
+/// closed by now, so once one exec succeeds none can reappear.
+fn wait_until_executable(program: &Path) -> io::Result<()> {
+    let start = std::time::Instant::now();
+    loop {
+        let spawned = std::process::Command::new(program)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status();
+        match spawned {
+            Err(e) if e.raw_os_error() == Some(ETXTBSY) => {
+                if start.elapsed() > EXEC_READY_TIMEOUT {
+                    return Err(e);
+                }
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+            Err(e) => return Err(e),
+            Ok(_) => return Ok(()),
+        }
+    }
 }
 
 /// Writes `bytes` at `path` as a new file (a new inode), removing any old one.
