@@ -22,7 +22,8 @@ fn pipe_cloexec() -> Result<(RawFd, RawFd)> {
 }
 
 /// Forks `argv`, holding it before exec until [`HeldChild::release`].
-pub fn spawn_held(argv: &[String]) -> Result<HeldChild> {
+pub fn spawn_held(argv: &[std::ffi::OsString]) -> Result<HeldChild> {
+    use std::os::unix::ffi::OsStrExt as _;
     let cargs: Vec<CString> = argv
         .iter()
         .map(|a| CString::new(a.as_bytes()))

@@ -36,6 +36,7 @@ mod live;
 mod load;
 mod metrics;
 mod output;
+mod output_file;
 mod peak_rss;
 mod precheck;
 mod procinfo;

@@ -590,7 +590,7 @@ fn a_stop_while_the_tracer_starts_leaves_no_file_or_a_complete_one() {
 /// Found in round 50: `trace --force` over a file or a run a live tracer
 /// was writing removed it, and the first tracer recorded into nothing
 /// ("attempt to write a readonly database"). `--force` replaces a trace,
-/// never a live one.
+/// never a live one: not `trace`'s, nor `report`'s or `export`'s `-o`.
 #[test]
 fn force_never_replaces_a_live_tracers_files() {
     let Some(sb) = Sandbox::for_ebpf("force-live") else {
@@ -614,11 +614,71 @@ fn force_never_replaces_a_live_tracers_files() {
         err.contains("is writing it: refusing to replace a live trace"),
         "{err}"
     );
+    // Round 60's tester: `report`/`export -o LIVE --force` wrote over the
+    // live trace (exit 0) and its tracer then failed to complete it.
+    let example = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../examples/h200-contention.db"
+    );
+    let live = sb.db();
+    for cmd in [
+        vec!["report", "--db", example, "-o"],
+        vec!["export", "--db", example, "--format", "json", "-o"],
+    ] {
+        let out = common::gpusleuth()
+            .args(&cmd)
+            .arg(&live)
+            .arg("--force")
+            .output()
+            .unwrap();
+        common::assert_no_panic(&out);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{cmd:?}: {err}");
+        assert!(
+            err.contains("is writing it: refusing to replace a live trace"),
+            "{cmd:?}: {err}"
+        );
+    }
     let status = common::wait_child(&mut first, 60);
     kill_workloads_of(&sb);
     assert_eq!(status.code(), Some(0), "the first trace ends as it would");
     let db = sb.open_db();
     assert_eq!(db.int("SELECT count(*) FROM meta WHERE key = 'rollups'"), 1);
+    assert_eq!(
+        db.int("SELECT count(*) FROM calls WHERE op = 'cudaMalloc' AND size = 4096"),
+        1
+    );
+}
+
+/// Round 60's tester: `trace --db` of a path that is not UTF-8 panicked
+/// (the command line read with `std::env::args`), and a command argument
+/// that is not UTF-8 was refused: file names are bytes.
+#[test]
+fn paths_that_are_not_utf8_are_traced() {
+    use std::os::unix::ffi::OsStrExt as _;
+    let Some(sb) = Sandbox::for_ebpf("non-utf8") else {
+        return;
+    };
+    let db = sb.dir.join(std::ffi::OsStr::from_bytes(b"nu\xff\xfe.db"));
+    let truth = sb.dir.join(std::ffi::OsStr::from_bytes(b"tr\xffuth"));
+    let out = common::gpusleuth()
+        .arg("trace")
+        .arg("--db")
+        .arg(&db)
+        .arg("--quiet")
+        .arg("--")
+        .arg(&sb.sim.workload)
+        .arg("--truth")
+        .arg(&truth)
+        .arg("malloc 4096 a; free a")
+        .env("LD_LIBRARY_PATH", &sb.sim.lib_dir)
+        .output()
+        .unwrap();
+    common::assert_no_panic(&out);
+    common::assert_success(&out);
+    let truth = sleuth_sim::parse_truth(&std::fs::read_to_string(&truth).unwrap()).unwrap();
+    assert_eq!(truth.len(), 1, "the workload got its own argument");
+    let db = common::Db::open(&db);
     assert_eq!(
         db.int("SELECT count(*) FROM calls WHERE op = 'cudaMalloc' AND size = 4096"),
         1

@@ -187,7 +187,7 @@ fn live(dir: &Path, keep: bool) -> Result<i32> {
         ready_file: None,
         quiet: true,
         metrics: None,
-        command: vec![sim.workload.display().to_string(), SCENARIO.to_string()],
+        command: vec![sim.workload.clone().into_os_string(), SCENARIO.into()],
     };
     let traced = crate::capture::run(trace_args);
     let _ = hog.kill();

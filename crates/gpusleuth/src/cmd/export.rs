@@ -158,7 +158,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     let db = file.as_ref().map_or(&args.input.db, |f| &f.path);
     if let Some(path) = &args.output {
         // Before the work: a refused output is known at once.
-        sleuth_store::outfile::check_output(path, &[db], args.force, Some(FORCE_HINT))?;
+        crate::output_file::check_output(path, &[db], args.force, Some(FORCE_HINT))?;
     }
     let trace = crate::checks_memo::open(db)?;
     crate::load::note_if_unfinished(&trace)?;
@@ -229,7 +229,7 @@ fn write_file(
     force: bool,
     write: impl Fn(&mut (dyn Write + Send), ByStart) -> anyhow::Result<()>,
 ) -> anyhow::Result<()> {
-    sleuth_store::outfile::check_output(path, &[db], force, Some(FORCE_HINT))?;
+    crate::output_file::check_output(path, &[db], force, Some(FORCE_HINT))?;
     let tmp = sleuth_store::outfile::temp_path_for(path);
     let result = match write_temp(&tmp, path, &write, ByStart::Speculate) {
         Err(e) if out_of_reach(&e) => {

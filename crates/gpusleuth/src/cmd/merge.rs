@@ -95,26 +95,6 @@ fn refuse_unfinished(path: &std::path::Path, facts: &InputFacts) -> anyhow::Resu
     bail!("{}: {why}", path.display())
 }
 
-/// `--force` replaces the output by renaming the merge over it: a trace a
-/// tracer is still recording there would go on into a file no name leads
-/// to, everything it records after lost (as `trace --force` refuses, round
-/// 50). Only a tracer's trace not completed yet can be one: a complete,
-/// merged or imported trace, or any other file, that a reader holds is
-/// replaced (the reader keeps reading the old one).
-fn refuse_live_output(out: &std::path::Path) -> anyhow::Result<()> {
-    if !out.exists() || !input_facts(out).is_ok_and(|f| f.unfinished.is_some()) {
-        return Ok(());
-    }
-    if let Some((pid, comm)) = crate::finishing::live_writer(out) {
-        bail!(
-            "{}: {} (pid {pid}) is writing it: refusing to replace a live trace, --force or not",
-            out.display(),
-            crate::term_text::terminal_safe(&comm)
-        );
-    }
-    Ok(())
-}
-
 pub fn run(args: Args) -> anyhow::Result<i32> {
     if args.inputs.len() > MAX_NODES {
         bail!(
@@ -123,8 +103,9 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         );
     }
     let inputs: Vec<&std::path::Path> = args.inputs.iter().map(|p| p.as_path()).collect();
-    sleuth_store::outfile::check_output(&args.output, &inputs, args.force, Some(FORCE_HINT))?;
-    refuse_live_output(&args.output)?;
+    // `--force` renames the merge over the output: a tracer still recording
+    // there would go on into a file no name leads to (round 50).
+    crate::output_file::check_output(&args.output, &inputs, args.force, Some(FORCE_HINT))?;
     refuse_repeated_inputs(&args.inputs)?;
     let mut facts = Vec::new();
     for p in &args.inputs {

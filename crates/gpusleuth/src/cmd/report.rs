@@ -81,7 +81,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     };
     let db = file.as_ref().map_or(&args.input.db, |f| &f.path);
     // Before the work: a refused output is known at once.
-    sleuth_store::outfile::check_output(&args.output, &[db], args.force, hint)?;
+    crate::output_file::check_output(&args.output, &[db], args.force, hint)?;
     let trace = crate::checks_memo::open(db)?;
     crate::load::note_if_unfinished(&trace)?;
     let pid = args.input.pid;
@@ -141,7 +141,7 @@ fn report_of_run(args: &Args, window: Option<&RunLast>) -> anyhow::Result<i32> {
         .map(|(_, p)| p)
         .collect();
     sleuth_store::run::refuse_output_in_run(&args.output, dir)?;
-    sleuth_store::outfile::check_output(&args.output, &inputs_of_run(&files), args.force, hint)?;
+    crate::output_file::check_output(&args.output, &inputs_of_run(&files), args.force, hint)?;
     let (pid, budget, memo) = (
         args.input.pid,
         crate::checks_memo::budget(),

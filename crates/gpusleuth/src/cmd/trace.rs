@@ -120,9 +120,10 @@ pub struct Args {
     /// No live view; only the final summary.
     #[arg(long, short)]
     pub quiet: bool,
-    /// The command to launch and trace, with its children.
+    /// The command to launch and trace, with its children (any bytes: a
+    /// file name that is not UTF-8 is passed on as it is).
     #[arg(last = true, value_name = "COMMAND")]
-    pub command: Vec<String>,
+    pub command: Vec<std::ffi::OsString>,
 }
 
 fn parse_on_off(s: &str) -> Result<bool, String> {
@@ -172,7 +173,7 @@ const KILL_GRACE: Duration = Duration::from_secs(5);
 
 /// What is being traced.
 enum Target {
-    Launch(Vec<String>),
+    Launch(Vec<std::ffi::OsString>),
     Pids(Vec<u32>),
     All,
 }
@@ -204,15 +205,23 @@ fn free_name(stem: &str, ext: &str, taken: impl Fn(&Path) -> bool) -> PathBuf {
 }
 
 /// Finds a command the way execvp will.
-fn resolve_in_path(cmd: &str) -> Option<PathBuf> {
-    if cmd.contains('/') {
+fn resolve_in_path(cmd: &std::ffi::OsStr) -> Option<PathBuf> {
+    use std::os::unix::ffi::OsStrExt as _;
+    if cmd.as_bytes().contains(&b'/') {
         return Some(PathBuf::from(cmd));
     }
-    std::env::var_os("PATH")?
-        .to_str()?
-        .split(':')
-        .map(|d| Path::new(d).join(cmd))
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|d| d.join(cmd))
         .find(|p| p.is_file())
+}
+
+/// A launched command as one line of text (stored and shown as a label:
+/// bytes that are not UTF-8 replaced).
+fn command_line(cmd: &[std::ffi::OsString]) -> String {
+    cmd.iter()
+        .map(|a| a.to_string_lossy())
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 fn realtime_ns() -> i64 {
@@ -310,7 +319,7 @@ pub fn run(args: Args) -> Result<i32> {
         {
             bail!(
                 "cannot run '{}': {}",
-                cmd[0],
+                cmd[0].to_string_lossy(),
                 std::io::Error::from_raw_os_error(libc::ENOENT)
             );
         }
@@ -348,7 +357,7 @@ pub fn run(args: Args) -> Result<i32> {
         }
         None => {
             if args.force && out.is_file() {
-                refuse_live_writer(&out)?;
+                crate::output_file::refuse_live_writer(&out, "--db")?;
             }
             out.clone()
         }
@@ -361,9 +370,14 @@ pub fn run(args: Args) -> Result<i32> {
         realtime_offset_ns,
         hostname: hostname(),
         kernel: uname_release(),
-        command: std::env::args().collect::<Vec<_>>().join(" "),
+        // `args_os`: a path that is not UTF-8 (`--db $'t\xff.db'`) panicked
+        // `args()` (round 60's tester); stored lossily, as a label.
+        command: std::env::args_os()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect::<Vec<_>>()
+            .join(" "),
         target: match &target {
-            Target::Launch(c) => c.join(" "),
+            Target::Launch(c) => command_line(c),
             Target::Pids(p) => format!(
                 "pids {}",
                 p.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
@@ -468,7 +482,7 @@ pub fn run(args: Args) -> Result<i32> {
             crate::term_text::terminal_safe(&format!(
                 "gpusleuth: tracing {} → {} ({} libraries probed, launches: {})",
                 match &target {
-                    Target::Launch(c) => c.join(" "),
+                    Target::Launch(c) => command_line(c),
                     Target::Pids(p) => format!(
                         "pid {}",
                         p.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
@@ -519,19 +533,6 @@ struct Output {
     rotation: Option<Rotation>,
 }
 
-/// An error when a live process writes the trace file `path`: `--force`
-/// replaces a trace, never one a tracer is still recording or completing.
-fn refuse_live_writer(path: &Path) -> Result<()> {
-    if let Some((pid, comm)) = crate::finishing::live_writer(path) {
-        bail!(
-            "--db {}: {} (pid {pid}) is writing it: refusing to replace a live trace, --force or not",
-            path.display(),
-            crate::term_text::terminal_safe(&comm)
-        );
-    }
-    Ok(())
-}
-
 /// Makes `dir` ready for a run's files: created (mode 0700: traces hold
 /// command lines and paths) or an existing directory with no run in it
 /// (`--force` removes the old run's files, and only those).
@@ -558,7 +559,7 @@ fn prepare_run_dir(dir: &Path, force: bool) -> Result<()> {
                 );
             }
             for (_, f) in &old {
-                refuse_live_writer(f)?;
+                crate::output_file::refuse_live_writer(f, "--db")?;
             }
             for (_, f) in old {
                 sleuth_store::outfile::remove_database(&f);
@@ -791,7 +792,7 @@ fn start(
                 held.abandon();
                 return Err(e.into());
             }
-            held.release(&cmd[0])?;
+            held.release(&cmd[0].to_string_lossy())?;
             signals::mark_command_started();
             child = Some(pid);
         }
@@ -1040,7 +1041,7 @@ fn trace_loop(
     let mut fate: Option<String> = None;
     if let (true, Some(pid), None) = (duration_up, child, child_exit) {
         let cmd = match target {
-            Target::Launch(c) => c.join(" "),
+            Target::Launch(c) => command_line(c),
             _ => String::new(),
         };
         let text = match args.on_duration {

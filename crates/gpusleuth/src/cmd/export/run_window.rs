@@ -40,7 +40,7 @@ pub(super) fn export(args: &Args, run: &RunLast) -> anyhow::Result<()> {
         // Before the work: a refused output is known at once.
         let files: Vec<&Path> = run.files.iter().map(|(_, p)| p.as_path()).collect();
         sleuth_store::run::refuse_output_in_run(path, &run.dir)?;
-        sleuth_store::outfile::check_output(path, &files, args.force, Some(FORCE_HINT))?;
+        crate::output_file::check_output(path, &files, args.force, Some(FORCE_HINT))?;
     }
     let (held, problems) = checked_files(run, pid)?;
     let format = args.format();

@@ -1,0 +1,113 @@
+//! Where a command may write its `-o` file: `sleuth_store::outfile`'s
+//! rules (never an input, only a regular file, an existing one only with
+//! `--force`) and, here because the processes holding a file are this
+//! crate's to find (`finishing::live_writer`), never over a trace that a
+//! live tracer is still recording or completing (`report`, `export`,
+//! `merge`; `trace --force` refuses any trace a live process holds).
+
+use anyhow::{bail, Result};
+use sleuth_store::outfile::Hint;
+use std::io::Read as _;
+use std::path::Path;
+
+/// `sleuth_store::outfile::check_output`, and with `replace` never a trace
+/// a live tracer has not completed: `report -o t.db --force` replaced a
+/// trace its tracer was still recording (round 60's tester: the tracer
+/// then failed to complete it and the recording was gone, exit 0).
+pub fn check_output(dst: &Path, inputs: &[&Path], replace: bool, hint: Hint) -> Result<()> {
+    sleuth_store::outfile::check_output(dst, inputs, replace, hint)?;
+    if replace {
+        refuse_live_trace(dst, "-o")?;
+    }
+    Ok(())
+}
+
+/// An error when `path` (named after the option `flag` that gave it) is a
+/// trace not completed yet that some live process holds: its tracer,
+/// still recording or completing it, would go on into a file no name
+/// leads to. A complete trace (its rollups stored) that a reader holds,
+/// and any file that is not a SQLite database (a report a viewer holds),
+/// is replaced: the reader keeps the old file.
+pub fn refuse_live_trace(path: &Path, flag: &str) -> Result<()> {
+    if !is_sqlite_file(path) || is_complete_trace(path) {
+        return Ok(());
+    }
+    refuse_live_writer(path, flag)
+}
+
+/// An error when a live process holds the trace file `path` (named after
+/// the option `flag` that gave it): `trace --force` never replaces a trace
+/// while a tracer records or completes it (round 50).
+pub fn refuse_live_writer(path: &Path, flag: &str) -> Result<()> {
+    if let Some((pid, comm)) = crate::finishing::live_writer(path) {
+        bail!(
+            "{flag} {}: {} (pid {pid}) is writing it: refusing to replace a live trace, --force or not",
+            path.display(),
+            crate::term_text::terminal_safe(&comm)
+        );
+    }
+    Ok(())
+}
+
+/// Whether `path` begins with SQLite's header (a trace, or another
+/// database): only such a file can be a live trace.
+fn is_sqlite_file(path: &Path) -> bool {
+    let mut head = [0u8; 16];
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut head))
+        .is_ok_and(|()| &head == b"SQLite format 3\0")
+}
+
+/// Whether `path` opens as a trace whose rollups are stored: its tracer
+/// completed it (a tracer's file mid-way, one that does not open yet, or
+/// any other database is not).
+fn is_complete_trace(path: &Path) -> bool {
+    sleuth_store::Trace::open(path).is_ok_and(|t| t.has_rollups().unwrap_or(false))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::temp_dir::TempDir;
+
+    /// A SQLite file that is no complete trace, held open by a live process
+    /// (this test's child, as a tracer holds its file), is not replaced by
+    /// `-o --force`; the same file with no holder, and a held file that is
+    /// not a database, are.
+    #[test]
+    fn a_trace_a_live_process_writes_is_never_replaced() {
+        let dir = TempDir::new("output-file-live");
+        let db = dir.0.join("live.db");
+        let html = dir.0.join("report.html");
+        std::fs::write(&db, b"SQLite format 3\0and the rest of a database").unwrap();
+        std::fs::write(&html, b"<!DOCTYPE html>").unwrap();
+        // A process holding the file open for writing, as a tracer does.
+        let mut holder = std::process::Command::new("sh")
+            .arg("-c")
+            .arg("exec 3>>\"$0\" 4>>\"$1\"; read line")
+            .arg(&db)
+            .arg(&html)
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let held = |p: &Path| {
+            crate::finishing::holders(p).is_ok_and(|h| h.iter().any(|(pid, _)| *pid == holder.id()))
+        };
+        while !held(&db) || !held(&html) {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let e = check_output(&db, &[], true, None).unwrap_err().to_string();
+        assert!(
+            e.contains("refusing to replace a live trace") && e.contains(&holder.id().to_string()),
+            "{e}"
+        );
+        // Not a database: a viewer holding a report does not stop `--force`.
+        check_output(&html, &[], true, None).unwrap();
+        // Without --force the usual refusal comes first.
+        let e = check_output(&db, &[], false, None).unwrap_err().to_string();
+        assert!(e.contains("already exists"), "{e}");
+        drop(holder.stdin.take());
+        holder.wait().unwrap();
+        check_output(&db, &[], true, None).unwrap();
+    }
+}
