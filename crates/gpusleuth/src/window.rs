@@ -42,6 +42,9 @@ pub struct Window {
     pub to_ns: Option<u64>,
     /// `--last`, as given.
     pub last_ns: Option<u64>,
+    /// `from_ns` counts from the oldest file still kept of a run whose
+    /// earlier files `--keep` removed, not from the run's start.
+    pub from_kept: bool,
 }
 
 impl WindowArgs {
@@ -63,6 +66,7 @@ impl WindowArgs {
         Ok(match (w, file.and_then(|f| f.run_start)) {
             (Some(mut w), Some(run_start)) if w.last_ns.is_some() => {
                 w.from_ns = w.since.saturating_sub(run_start);
+                w.from_kept = file.is_some_and(|f| f.run_pruned);
                 Some(w)
             }
             (w, _) => w,
@@ -116,6 +120,7 @@ impl WindowArgs {
             from_ns: from,
             to_ns: self.to,
             last_ns: None,
+            from_kept: false,
         }))
     }
 
@@ -138,6 +143,7 @@ impl WindowArgs {
                 path: db.to_path_buf(),
                 run: None,
                 run_start: None,
+                run_pruned: false,
                 note: None,
             }));
         }
@@ -171,6 +177,7 @@ impl WindowArgs {
                 path: newest.clone(),
                 run: Some((db.to_path_buf(), *number)),
                 run_start: Some(run.run_start),
+                run_pruned: run.oldest_kept > 1,
                 note: Some(note),
             }));
         }
@@ -217,6 +224,9 @@ pub struct WindowFile {
     /// For a run's newest file: the run's start (`RunLast::run_start`),
     /// where `--last`'s offset counts from ([`WindowArgs::resolve_in`]).
     pub run_start: Option<u64>,
+    /// Whether that start is the oldest kept file's, `--keep` having
+    /// removed the run's earlier files.
+    pub run_pruned: bool,
     /// For a run's newest file: the stderr line naming it, said once the
     /// answer is made ([`Self::say`]), so that a failure stays one line.
     pub note: Option<String>,
@@ -265,6 +275,7 @@ fn last_part(trace: &Trace, last: u64) -> anyhow::Result<Window> {
         from_ns: since - start,
         to_ns: None,
         last_ns: Some(last),
+        from_kept: false,
     })
 }
 
@@ -279,6 +290,7 @@ impl Window {
             from_ns: run.since.saturating_sub(run.run_start),
             to_ns: None,
             last_ns: Some(last),
+            from_kept: run.oldest_kept > 1,
         }
     }
 
@@ -318,8 +330,14 @@ impl Window {
     /// the header line of a windowed answer.
     pub fn describe(&self) -> String {
         if let Some(last) = self.last_ns {
+            // A run whose first files `--keep` removed: "after it began"
+            // read as after the run's start (round 60's tester).
+            let after = match self.from_kept {
+                true => "the run's oldest file still kept began (--last; --keep removed its earlier files)",
+                false => "it began (--last)",
+            };
             return format!(
-                "Window: the calls that started in the last {} of the trace, {} or more after it began (--last)",
+                "Window: the calls that started in the last {} of the trace, {} or more after {after}",
                 fmt_ns(last),
                 fmt_ns(self.from_ns)
             );

@@ -684,3 +684,26 @@ fn paths_that_are_not_utf8_are_traced() {
         1
     );
 }
+
+/// `trace --db EXISTING` without `--force` leaves the file as it is and
+/// starts nothing; its one line says how to replace it (round 60's tester:
+/// the path twice and no hint).
+#[test]
+fn an_existing_trace_is_kept_and_the_refusal_says_force() {
+    let Some(sb) = Sandbox::for_ebpf("exists") else {
+        return;
+    };
+    std::fs::write(sb.db(), b"mine").unwrap();
+    let out = sb.trace_command(&[], "malloc 4096 a").output().unwrap();
+    common::assert_no_panic(&out);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!("--db {}: already exists", sb.db().display()))
+            && err.contains("--force replaces it"),
+        "{err}"
+    );
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert_eq!(std::fs::read(sb.db()).unwrap(), b"mine");
+    assert!(!sb.truth_path().exists(), "the command was not started");
+}

@@ -827,6 +827,18 @@ fn keep_leaves_the_last_files_and_the_run_answers_over_them() {
         kept < all,
         "deleted files took their calls along: {kept} of {all}"
     );
+    // `--last`'s offset counts from the oldest file kept, and says so
+    // (round 60's tester read "after it began" as after the run began).
+    let out = common::run_ok(
+        common::gpusleuth()
+            .args(["stats", "--last", "100ms", "--db"])
+            .arg(&run),
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("or more after the run's oldest file still kept began (--last; --keep removed its earlier files)"),
+        "{text}"
+    );
 }
 
 #[test]

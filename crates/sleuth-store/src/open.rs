@@ -402,6 +402,27 @@ mod tests {
         (check_at_open_above(&conn, path, &budget, 0), conn)
     }
 
+    /// Round 60's tester: random bytes over the `meta` table's page read
+    /// "not a gpusleuth trace database"; the file is one, damaged.
+    #[test]
+    fn a_damaged_meta_table_is_called_damaged() {
+        let dir = std::env::temp_dir().join(format!("gs-open-meta-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let db = dir.join("t.db");
+        let example = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../examples/h200-contention.db"
+        );
+        std::fs::copy(example, &db).expect("copy");
+        std::fs::write(&db, damaged_root(&db, "meta")).expect("damage");
+        let e = crate::Trace::open(&db).err().expect("refused").to_string();
+        assert!(
+            e.contains("SQLite database is damaged") && !e.contains("not a gpusleuth"),
+            "{e}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     #[test]
     fn large_files_check_bulk_tables_before_their_first_read_and_the_rest_at_open() {
         let dir = std::env::temp_dir().join(format!("gs-open-check-{}", std::process::id()));

@@ -1320,6 +1320,15 @@ fn valid_ns(v: i64) -> Option<u64> {
 
 /// Checks `meta` says this is a gpusleuth trace of a schema we read: its
 /// source and schema version.
+/// Whether SQLite's error says the file is damaged (a page that does not
+/// parse), not that it holds something else.
+fn damage(e: &rusqlite::Error) -> bool {
+    matches!(
+        e.sqlite_error_code(),
+        Some(rusqlite::ErrorCode::DatabaseCorrupt | rusqlite::ErrorCode::NotADatabase)
+    )
+}
+
 pub(crate) fn check_is_trace(
     conn: &Connection,
     path: &Path,
@@ -1344,7 +1353,15 @@ pub(crate) fn check_is_trace(
     let get = |key: &str| -> Result<Option<String>, StoreError> {
         conn.query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0))
             .optional()
-            .map_err(|_| not_ours())
+            .map_err(|e| match damage(&e) {
+                // Random bytes over the meta table's page read "not a
+                // gpusleuth trace" (round 60's tester): it is one, damaged.
+                true => StoreError::file(
+                    path,
+                    format!("SQLite database is damaged: {}", crate::open::short(&e)),
+                ),
+                false => not_ours(),
+            })
     };
     if get("tool")?.as_deref() != Some(TOOL) {
         return Err(not_ours());

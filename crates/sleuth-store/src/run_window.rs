@@ -53,6 +53,9 @@ pub struct RunLast {
     pub end: u64,
     /// When the run's oldest file still in the directory began.
     pub run_start: u64,
+    /// That file's number: past 1, `--keep` removed the run's earlier
+    /// files, and `run_start` is not when the run began.
+    pub oldest_kept: u64,
     /// Every read of the window's files runs under it (an MCP tool's time
     /// limit and cancellation stop the whole answer).
     pub budget: ReadBudget,
@@ -90,6 +93,7 @@ pub fn last_of_run(
     };
     Ok(RunLast {
         dir: dir.to_path_buf(),
+        oldest_kept: listed.first().map_or(files[0].0, |(n, _)| *n),
         files,
         since,
         end,

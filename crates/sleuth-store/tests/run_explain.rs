@@ -386,6 +386,7 @@ fn window_over_two_files(name: &str, tag: &str, live: bool) -> (TempDir, Trace, 
         since,
         end: u64::MAX,
         run_start: common::session().start_mono_ns,
+        oldest_kept: 1,
         budget: budget(),
     };
     (dir, whole, last, since)
@@ -506,6 +507,7 @@ fn a_window_over_two_files_carries_its_ledger_and_pinned_memory() {
         since: 10 * MS,
         end: u64::MAX,
         run_start: 0,
+        oldest_kept: 1,
         budget: budget(),
     };
     let memo = sleuth_store::CheckMemo::new();
@@ -542,6 +544,7 @@ fn a_window_over_two_files_carries_its_ledger_and_pinned_memory() {
         since: 10 * MS,
         end: u64::MAX,
         run_start: 0,
+        oldest_kept: 2,
         budget: budget(),
     };
     let (e, _) = orphan.explanation(None, &memo).unwrap();

@@ -1027,6 +1027,7 @@ fn a_window_from_the_runs_start_takes_up_the_carried_ledger() {
         since,
         end: u64::MAX,
         run_start: 0,
+        oldest_kept: first,
         budget: budget(),
     };
     let explain = |w: &RunLast, pid: Option<u32>| {
@@ -1239,6 +1240,7 @@ fn exited_processes_leave_the_carried_ledger_and_are_read_where_they_exited() {
         since: 0,
         end: u64::MAX,
         run_start: 0,
+        oldest_kept: 1,
         budget: budget(),
     };
     let (w, read) = window(&run).explanation(None, &memo).unwrap();

@@ -1412,6 +1412,7 @@ mod tests {
             from_ns: 0,
             to_ns: None,
             last_ns: None,
+            from_kept: false,
         };
         let whole = perfetto_doc(db, None, None);
         let win = perfetto_doc(db, None, Some(w));

@@ -41,7 +41,9 @@ pub struct Args {
     pub duration: Option<Duration>,
     /// What happens to a launched command still running when --duration
     /// ends the trace: `leave` it running (untraced; its pid is printed) or
-    /// `kill` it (SIGTERM, SIGKILL after 5 s; its last calls are recorded).
+    /// `kill` it (SIGTERM, SIGKILL after 5 s; its last calls are recorded;
+    /// `trace` then exits with the command's status, as whenever it ends:
+    /// 143 after SIGTERM, 137 after SIGKILL).
     #[arg(
         long = "on-duration",
         value_enum,
@@ -358,6 +360,15 @@ pub fn run(args: Args) -> Result<i32> {
         None => {
             if args.force && out.is_file() {
                 crate::output_file::refuse_live_writer(&out, "--db")?;
+            }
+            // Said before anything starts, with the way out (the writer's
+            // own refusal named the path twice and gave no hint).
+            if !args.force && std::fs::symlink_metadata(&out).is_ok() {
+                bail!(
+                    "--db {}: already exists (refusing to overwrite it; {})",
+                    out.display(),
+                    crate::load::FORCE_HINT
+                );
             }
             out.clone()
         }
