@@ -37,7 +37,7 @@ pub struct Tally {
     pub complete: usize,
     pub in_use: usize,
     pub failed: usize,
-    /// Hidden files of a file's start removed.
+    /// Hidden files of a file's start, and disk reserves, removed.
     pub removed: usize,
 }
 
@@ -50,7 +50,7 @@ impl Tally {
         );
         if self.removed > 0 {
             s.push_str(&format!(
-                "; {} hidden file(s) of a killed tracer's file start removed (they held nothing recorded)",
+                "; {} hidden file(s) a killed tracer left (a file's start, disk space set aside) removed (they held nothing recorded)",
                 self.removed
             ));
         }
@@ -243,6 +243,9 @@ impl<'a> Finisher<'a> {
                 return false;
             }
         }
+        // The disk space a killed tracer set aside beside it
+        // (`sleuth_store::disk_reserve`): nothing recorded is in it.
+        self.tally.removed += sleuth_store::disk_reserve::remove_stale(path);
         let start = Instant::now();
         match opened.and_then(|t| sleuth_store::finish::finish(t, link)) {
             Ok(Finished::Completed {

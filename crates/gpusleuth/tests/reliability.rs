@@ -707,3 +707,103 @@ fn an_existing_trace_is_kept_and_the_refusal_says_force() {
     assert_eq!(std::fs::read(sb.db()).unwrap(), b"mine");
     assert!(!sb.truth_path().exists(), "the command was not started");
 }
+
+/// A small file system mounted for one test, detached when dropped.
+struct Tmpfs(std::path::PathBuf);
+
+impl Tmpfs {
+    fn mount(dir: std::path::PathBuf, size: &str) -> Tmpfs {
+        use std::ffi::CString;
+        use std::os::unix::ffi::OsStrExt as _;
+        std::fs::create_dir_all(&dir).unwrap();
+        let target = CString::new(dir.as_os_str().as_bytes()).unwrap();
+        let data = CString::new(format!("size={size},mode=0700")).unwrap();
+        // SAFETY: NUL-terminated strings that outlive the call.
+        let rc = unsafe {
+            libc::mount(
+                c"tmpfs".as_ptr(),
+                target.as_ptr(),
+                c"tmpfs".as_ptr(),
+                0,
+                data.as_ptr().cast(),
+            )
+        };
+        assert_eq!(rc, 0, "mount tmpfs: {}", std::io::Error::last_os_error());
+        Tmpfs(dir)
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        use std::os::unix::ffi::OsStrExt as _;
+        let target = std::ffi::CString::new(self.0.as_os_str().as_bytes()).unwrap();
+        // SAFETY: a NUL-terminated path that outlives the call.
+        unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+    }
+}
+
+/// Round 60's tester: a flood traced onto a file system that filled up
+/// kept 8% of its calls, said "0 dropped", and was read as "its tracer was
+/// killed" (the writer's first failed write ended it, the file left
+/// without its rollups). The writer now stops storing calls and waits
+/// where the disk runs low, counts them as dropped, says so, and
+/// completes the file in space it set aside; the traced program is not
+/// touched.
+#[test]
+fn a_disk_that_fills_up_leaves_a_complete_trace_that_counts_its_losses() {
+    let Some(sb) = Sandbox::for_ebpf("disk-full") else {
+        return;
+    };
+    let small = Tmpfs::mount(sb.path("small"), "16M");
+    let db = small.0.join("t.db");
+    let out = common::gpusleuth()
+        .arg("trace")
+        .arg("--db")
+        .arg(&db)
+        .args(["--quiet", "--launches", "full", "--"])
+        .arg(&sb.sim.workload)
+        .arg("--truth")
+        .arg(sb.truth_path())
+        .arg("repeat 60000 { launch 1; sync_stream }")
+        .env("LD_LIBRARY_PATH", &sb.sim.lib_dir)
+        .output()
+        .unwrap();
+    common::assert_no_panic(&out);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("(the disk ran low)")
+            && err.contains("after the disk holding the trace ran low"),
+        "{err}"
+    );
+    let truth = sb.truth();
+    assert_eq!(
+        truth[0].runtime["cudaLaunchKernel"], 60_000,
+        "the program ran whole"
+    );
+    let t = sleuth_store::Trace::open(&db).expect("a readable trace");
+    assert!(t.has_rollups().unwrap(), "completed");
+    drop(t);
+    let d = common::Db::open(&db);
+    let stat = |name: &str| d.int(&format!("SELECT value FROM stats WHERE name = '{name}'"));
+    let stored = d.int("SELECT count(*) FROM calls");
+    assert!(stat("drop_db_full") > 0 && stored > 0, "{stored} stored");
+    // Every call the writer received was stored or counted as dropped.
+    let waits = d.int("SELECT count(*) FROM waits");
+    assert_eq!(
+        stat("events_call") + stat("events_wait"),
+        stored + waits + stat("drop_db_full")
+    );
+    assert_eq!(
+        d.int("SELECT count(*) FROM notes WHERE text LIKE 'the disk holding the trace ran low%'"),
+        1
+    );
+    drop(d);
+    // The space set aside is gone with the writer.
+    let left: Vec<_> = std::fs::read_dir(&small.0)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(left, vec![std::ffi::OsString::from("t.db")], "{left:?}");
+}

@@ -21,6 +21,7 @@ mod call_groups;
 mod check_cache;
 mod check_plan;
 mod checked;
+pub mod disk_reserve;
 mod error;
 pub mod file_clock;
 mod file_steps;

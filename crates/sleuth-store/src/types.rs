@@ -188,6 +188,11 @@ pub struct WriteSummary {
     /// when the trace ended (its `-wal` is part of it until a writer, such
     /// as `gpusleuth finish`, folds it in).
     pub kept_wal: bool,
+    /// The bytes free on the disk holding the file when it ran low, where
+    /// it did: the calls and waits after it were dropped
+    /// (`dropped_db_full`) and the file completed in the space set aside
+    /// (`disk_reserve`).
+    pub disk_ran_low: Option<u64>,
 }
 
 /// A call as stored, with its row id (for `Trace::call_culprits_of`).

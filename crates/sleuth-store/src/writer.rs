@@ -71,6 +71,7 @@ impl TraceWriter {
         let (tx, rx) = sync_channel(opts.queue_capacity.max(1));
         let background = opts.background;
         let mut state = WriterState::new(conn, path.to_path_buf(), opts, info.clock_base_ns);
+        state.disk = Some(crate::disk_reserve::DiskWatch::start(path));
         let thread = std::thread::Builder::new()
             .name("gpusleuth-db".into())
             .spawn(move || {
@@ -457,6 +458,13 @@ struct WriterState {
     /// Per-op sums and histograms of the stored calls, written at finish.
     rollup: sleuth_core::rollup::Rollup,
     db_full: bool,
+    /// The disk holding the file (`disk_reserve`): where it runs low,
+    /// calls and waits are dropped as past the cap (`db_full`) and the
+    /// file is completed in the space set aside. None in tests that build
+    /// a state by hand.
+    disk: Option<crate::disk_reserve::DiskWatch>,
+    /// The note saying the disk ran low, stored with the next transaction.
+    disk_note: Option<String>,
     /// First error; afterwards messages are drained and discarded so senders never block forever.
     failed: Option<String>,
     /// Transactions committed, and this thread's CPU inside their commits
@@ -480,6 +488,8 @@ impl WriterState {
             n: Counters::default(),
             rollup: Default::default(),
             db_full: false,
+            disk: None,
+            disk_note: None,
             failed: None,
             batches: 0,
             commit_cpu_ns: 0,
@@ -522,8 +532,9 @@ impl WriterState {
         let mut replies = Vec::new();
         let mut finish = None;
         if self.failed.is_none() {
-            if let Err(e) = self.apply(&batch) {
-                self.failed = Some(format!("writing the trace failed: {e}"));
+            match self.apply(&batch) {
+                Ok(()) => self.watch_disk(),
+                Err(e) => self.failed = Some(format!("writing the trace failed: {e}")),
             }
         }
         for m in batch {
@@ -549,6 +560,33 @@ impl WriterState {
             return true;
         }
         false
+    }
+
+    /// After a commit: where the disk holding the file has run low, the
+    /// calls and waits from now on are counted as dropped, not stored (as
+    /// past `--max-db`), the space set aside is handed back for the
+    /// completion, and a note says so. Looked at between transactions, so
+    /// the counters and rollups always match what is stored.
+    fn watch_disk(&mut self) {
+        let stored = self.n.calls_stored;
+        let Some(free) = self.disk.as_mut().and_then(|d| d.ran_low_now(stored)) else {
+            return;
+        };
+        // The WAL folded into the file and cut to nothing: its pages are
+        // space the completion's transaction can use (a WAL that had not
+        // reached SQLite's automatic checkpoint only grew: on a 3-MB file
+        // system the completion failed). Best effort: a reader may hold it.
+        let _ = self
+            .conn
+            .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()));
+        if self.db_full {
+            return; // past the cap already: nothing more is stored anyway
+        }
+        self.db_full = true;
+        self.disk_note = Some(format!(
+            "the disk holding the trace ran low ({free} bytes free): later calls and waits are counted in \
+             stats.drop_db_full, not stored; the file was completed in space set aside at its start"
+        ));
     }
 
     fn apply(&mut self, batch: &[Msg]) -> rusqlite::Result<()> {
@@ -644,6 +682,9 @@ impl WriterState {
             self.db_full = true;
             cap_hit_now = true;
         }
+        if let Some(text) = self.disk_note.take() {
+            insert_note(&tx, now(), NoteLevel::Warn.as_str(), &text)?;
+        }
         if cap_hit_now {
             let text = format!(
                 "database size cap of {} bytes reached: later calls and waits are counted in stats.drop_db_full, not stored",
@@ -661,6 +702,14 @@ impl WriterState {
     }
 
     fn finish(&mut self) -> rusqlite::Result<WriteSummary> {
+        // The completion's writes may need the space set aside.
+        if let Some(d) = self.disk.as_mut() {
+            d.release();
+        }
+        if let Some(text) = self.disk_note.take() {
+            let now = file_clock::on_file_clock(monotonic_now_ns(), self.clock_base_ns);
+            insert_note(&self.conn, now, NoteLevel::Warn.as_str(), &text)?;
+        }
         set_stat(&self.conn, "writer_batches", self.batches)?;
         set_stat(&self.conn, "writer_cpu_ns_commit", self.commit_cpu_ns)?;
         // The completion's replays and views are its peak: the heap the
@@ -684,6 +733,7 @@ impl WriterState {
             call_culprit_rows: culprit_rows,
             db_bytes,
             kept_wal,
+            disk_ran_low: self.disk.as_ref().and_then(|d| d.ran_low()),
         })
     }
 }

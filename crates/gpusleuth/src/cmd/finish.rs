@@ -95,9 +95,17 @@ mod tests {
         assert_eq!(std::fs::read(&killed).unwrap(), before, "untouched");
         holder.kill().unwrap();
         holder.wait().unwrap();
+        // The disk space its killed tracer set aside (`disk_reserve`) goes
+        // with the finish; a live tracer's stays.
+        let reserve = dir.join(".killed.db.reserve-4194303");
+        let live_reserve = dir.join(&format!(".killed.db.reserve-{}", std::process::id()));
+        std::fs::write(&reserve, b"x").unwrap();
+        std::fs::write(&live_reserve, b"x").unwrap();
         // Let go of, it is finished; a second run finds it complete.
         assert_eq!(run(args()).unwrap(), 0);
         assert!(finished(&killed));
+        assert!(!reserve.exists() && live_reserve.exists());
+        std::fs::remove_file(&live_reserve).unwrap();
         let again = std::fs::read(&killed).unwrap();
         assert_eq!(run(args()).unwrap(), 0);
         assert_eq!(std::fs::read(&killed).unwrap(), again);

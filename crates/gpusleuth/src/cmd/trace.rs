@@ -1220,7 +1220,7 @@ fn trace_loop(
     eprintln!(
         "{}",
         crate::term_text::terminal_safe(&format!(
-        "gpusleuth: trace saved to {}{files} — {} calls, {} waits, {} process events recorded; dropped: {} (ring buffer full), {} (kernel maps full), {} (database cap); attach edges (not losses): {} return(s) of calls begun before tracing, {} call(s) open at the end{}",
+        "gpusleuth: trace saved to {}{files} — {} calls, {} waits, {} process events recorded; dropped: {} (ring buffer full), {} (kernel maps full), {} ({}); attach edges (not losses): {} return(s) of calls begun before tracing, {} call(s) open at the end{}",
         db.display(),
         summary.calls_stored,
         summary.waits_stored,
@@ -1228,6 +1228,10 @@ fn trace_loop(
         losses.ring(),
         losses.maps(),
         summary.dropped_db_full,
+        match summary.disk_ran_low {
+            Some(_) => "the disk ran low",
+            None => "database cap",
+        },
         losses.unmatched_return,
         open_calls,
         match cut_by_exit {
@@ -1239,7 +1243,7 @@ fn trace_loop(
     let launches_recorded = args.launches == LaunchMode::Full;
     if let Some(text) = lost_warning(
         &losses,
-        summary.dropped_db_full,
+        (summary.dropped_db_full, summary.disk_ran_low),
         summary.events_received,
         launches_recorded,
     ) {

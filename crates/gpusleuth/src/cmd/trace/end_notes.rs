@@ -30,7 +30,7 @@ pub(super) fn coverage_warning(
 /// first thing to give up in a flood.
 pub(super) fn lost_warning(
     losses: &sleuth_probe::session::LossStats,
-    capped: u64,
+    (capped, disk_low): (u64, Option<u64>),
     received: u64,
     launches_recorded: bool,
 ) -> Option<String> {
@@ -57,10 +57,16 @@ pub(super) fn lost_warning(
             losses.maps()
         ));
     }
-    if capped > 0 {
-        causes.push(format!(
+    match (capped, disk_low) {
+        (0, _) => {}
+        (_, Some(free)) => causes.push(format!(
+            "{capped} after the disk holding the trace ran low ({} free; the file was completed in \
+             space set aside at its start: free space, or --rotate with --keep, lets a trace go on)",
+            sleuth_core::units::fmt_bytes(free)
+        )),
+        (_, None) => causes.push(format!(
             "{capped} past the size cap (--max-db; --rotate goes on in new files)"
-        ));
+        )),
     }
     Some(format!(
         "{lost} events ({}) were lost, so answers from this trace may be incomplete: {}",
@@ -92,7 +98,7 @@ mod tests {
     #[test]
     fn a_trace_that_lost_events_says_how_many_their_share_and_what_to_change() {
         let none = sleuth_probe::LossStats::default();
-        assert_eq!(lost_warning(&none, 0, 1_000, true), None);
+        assert_eq!(lost_warning(&none, (0, None), 1_000, true), None);
         // 30 lost in the ring and 10 in a map against 60 received: 40% of
         // the 100 the probes produced.
         let ring = sleuth_probe::LossStats {
@@ -101,7 +107,7 @@ mod tests {
             thread_map_full: 10,
             ..Default::default()
         };
-        let w = lost_warning(&ring, 0, 60, true).expect("a warning");
+        let w = lost_warning(&ring, (0, None), 60, true).expect("a warning");
         assert!(
             w.starts_with("40 events (40% of those the probes produced) were lost"),
             "{w}"
@@ -113,17 +119,24 @@ mod tests {
         assert!(w.contains("--launches driver counts launches"), "{w}");
         assert!(w.contains("10 when a kernel map was full"), "{w}");
         // Launches already counted in the kernel: no advice to do so.
-        let w = lost_warning(&ring, 0, 60, false).expect("a warning");
+        let w = lost_warning(&ring, (0, None), 60, false).expect("a warning");
         assert!(
             !w.contains("--launches") && w.contains("outruns the writer whatever its size"),
             "{w}"
         );
         assert!(!w.contains("size cap"), "{w}");
         // The size cap's losses are among what the writer received.
-        let w = lost_warning(&none, 5, 1_000, false).expect("a warning");
+        let w = lost_warning(&none, (5, None), 1_000, false).expect("a warning");
         assert!(w.starts_with("5 events (under 1% of those"), "{w}");
         assert!(
             w.contains("5 past the size cap (--max-db") && !w.contains("ring"),
+            "{w}"
+        );
+        // Dropped because the disk ran low: said as that, not as the cap.
+        let w = lost_warning(&none, (5, Some(3 << 20)), 1_000, false).expect("a warning");
+        assert!(
+            w.contains("5 after the disk holding the trace ran low (3.0 MiB free")
+                && !w.contains("size cap"),
             "{w}"
         );
     }
