@@ -366,6 +366,22 @@ fn after_keep_the_carried_ledger_still_holds_what_deleted_files_allocated() {
         "{}",
         at["notes"]
     );
+    // In text, `w` was made before the oldest kept file began: a negative
+    // offset, not "+0ns" (round 60's tester).
+    let out = common::run_ok(
+        common::gpusleuth()
+            .args(["memory", "--at", "0", "--db"])
+            .arg(sb.db()),
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let w_line = text
+        .lines()
+        .find(|l| l.contains("3.0 MiB") && l.contains("cudaMalloc"))
+        .unwrap_or_else(|| panic!("w's line: {text}"));
+    assert!(
+        w_line.contains(" -") && !w_line.contains("+0ns"),
+        "{w_line}"
+    );
     // The replay of the kept files alone cannot know `w`.
     let old = replay_copy(&sb.db(), &sb.path("replayed"));
     let out = common::run_ok(

@@ -429,6 +429,7 @@ impl RunLast {
         parts.data.process_gpu_start_lost = self.files[0].0 != 1;
         parts.allocators = Some(self.allocator_views(pid, memo, &parts.data)?);
         let mut e = parts.explain();
+        crate::window_growth::settle_run(self, memo, &mut e)?;
         if added > 1 {
             e.notes.push(format!(
                 "Explained over {added} files of a run (trace --rotate): counts, sums, histograms, culprits and the \

@@ -73,10 +73,12 @@ pub fn explanation_or_loaded_after(
     earlier: PinnedState,
 ) -> Result<Explanation, StoreError> {
     let pinned = pinned_at_start(trace, filter, earlier)?;
-    if let Some(e) = explanation_seeded(trace, filter, scope_feed::KEPT_MAX, &pinned)? {
-        return Ok(e);
-    }
-    loaded_explanation(trace, filter, pinned)
+    let mut e = match explanation_seeded(trace, filter, scope_feed::KEPT_MAX, &pinned)? {
+        Some(e) => e,
+        None => loaded_explanation(trace, filter, pinned)?,
+    };
+    crate::window_growth::settle(trace, filter, &mut e)?;
+    Ok(e)
 }
 
 /// The explanation of a scope that must be loaded (see [`explanation`]),
@@ -115,10 +117,11 @@ pub fn explanation_and_calls_or_loaded_after(
     // A report's window has no op; the calls are every op's whatever the filter's.
     let tally = filter.op.is_none().then_some(n);
     let explained = parts_explained(trace, filter, scope_feed::KEPT_MAX, &pinned, tally)?;
-    let (e, tally) = match explained {
+    let (mut e, tally) = match explained {
         Some(parts) => parts,
         None => (loaded_explanation(trace, filter, pinned)?, None),
     };
+    crate::window_growth::settle(trace, filter, &mut e)?;
     let calls = match tally {
         Some(tally) => crate::report_reads::window_calls_of(trace, filter, tally)?,
         None => crate::report_reads::window_calls(trace, filter, n)?,

@@ -550,6 +550,10 @@ impl WriterState {
             let _ = r.send(committed);
         }
         if let Some(r) = finish {
+            // Before the reply: the tracer may exit as soon as it has it.
+            if let Some(d) = self.disk.as_mut() {
+                d.release();
+            }
             let result = match self.failed.clone() {
                 Some(e) => Err(e),
                 None => self
@@ -702,10 +706,8 @@ impl WriterState {
     }
 
     fn finish(&mut self) -> rusqlite::Result<WriteSummary> {
-        // The completion's writes may need the space set aside.
-        if let Some(d) = self.disk.as_mut() {
-            d.release();
-        }
+        // The completion's writes may need the space set aside (handed
+        // back by `commit_batch` as the finish arrived).
         if let Some(text) = self.disk_note.take() {
             let now = file_clock::on_file_clock(monotonic_now_ns(), self.clock_base_ns);
             insert_note(&self.conn, now, NoteLevel::Warn.as_str(), &text)?;

@@ -438,6 +438,16 @@ fn render_allocator(
     }
 }
 
+/// `ts` as an offset from `origin`, signed: a run's ledger holds what files
+/// `--keep` deleted made before the oldest file read, which printed as
+/// "+0ns" (round 60's tester: "peak 3.0 MiB at +0ns" beside 2.0 MiB live).
+fn offset_from(origin: u64, ts: u64) -> String {
+    match ts.checked_sub(origin) {
+        Some(after) => format!("+{}", fmt_ns(after)),
+        None => format!("-{}", fmt_ns(origin - ts)),
+    }
+}
+
 fn render_state(
     out: &mut String,
     v: &AllocatorView,
@@ -445,7 +455,7 @@ fn render_state(
     origin: u64,
     segments: bool,
 ) {
-    let rel = |ts: u64| fmt_ns(ts.saturating_sub(origin));
+    let rel = |ts: u64| offset_from(origin, ts);
     let c = &v.calibration;
     let _ = writeln!(
         out,
@@ -530,7 +540,7 @@ fn render_state(
                 g.live_block_count.to_string(),
                 fmt_bytes(g.live_bytes),
                 fmt_bytes(g.free_bytes),
-                format!("+{}", rel(g.since_ns)),
+                rel(g.since_ns),
                 g.why.clone(),
             ]
         })
@@ -571,7 +581,7 @@ fn render_state(
         for b in g.live_blocks.iter().take(BLOCK_ROWS) {
             let _ = writeln!(
                 out,
-                "    {:#x}  {} (requested {})  since +{}{}",
+                "    {:#x}  {} (requested {})  since {}{}",
                 b.ptr.0,
                 fmt_bytes(b.size),
                 fmt_bytes(b.requested),
@@ -617,7 +627,7 @@ fn render(
         out.push_str("No traced process made CUDA calls.\n");
         return out;
     }
-    let rel = |ts: u64| fmt_ns(ts.saturating_sub(origin));
+    let rel = |ts: u64| offset_from(origin, ts);
     let (full, brief) = split_for_text(processes);
     // Some process has a view: the trace was taken with `--torch-allocator`.
     let traced_allocator = !allocators.is_empty();
@@ -653,7 +663,7 @@ fn render(
             Some(ts) => {
                 let _ = writeln!(
                     out,
-                    "  device peak: {} at +{}",
+                    "  device peak: {} at {}",
                     fmt_bytes(p.peak_bytes),
                     rel(ts)
                 );
@@ -692,7 +702,8 @@ fn render(
             p.frees,
             p.unmatched_frees,
             if p.unmatched_frees > 0 {
-                " (memory allocated before the trace, or an allocation not seen)"
+                " (memory allocated before the trace or by another process, such as the parent a \
+                 forked child inherited it from, or an allocation not seen)"
             } else {
                 ""
             }
@@ -726,7 +737,7 @@ fn render(
                         u.ptr.map_or_else(|| "-".into(), |p| format!("{:#x}", p.0)),
                         fmt_bytes(u.bytes),
                         u.op.to_string(),
-                        format!("+{}", rel(u.ts_ns)),
+                        rel(u.ts_ns),
                     ]
                 })
                 .collect();
@@ -740,7 +751,7 @@ fn render(
         for f in p.failed_allocs.iter().take(20) {
             let _ = writeln!(
                 out,
-                "  FAILED: {} of {} returned {} at +{} with {} live",
+                "  FAILED: {} of {} returned {} at {} with {} live",
                 f.op,
                 fmt_bytes(f.bytes),
                 f.error,
@@ -792,12 +803,12 @@ fn render_brief(
     );
     for p in brief.iter().take(BRIEF_LINES) {
         let peak = match p.peak_ts_ns {
-            Some(ts) => format!("peak {} at +{}", fmt_bytes(p.peak_bytes), rel(ts)),
+            Some(ts) => format!("peak {} at {}", fmt_bytes(p.peak_bytes), rel(ts)),
             None => "peak 0 B".to_string(),
         };
         let bytes = fmt_bytes(p.live_bytes);
         let end = match p.exit_ns {
-            Some(ts) => format!("exited at +{} with {bytes} unfreed", rel(ts)),
+            Some(ts) => format!("exited at {} with {bytes} unfreed", rel(ts)),
             None => format!("{bytes} live"),
         };
         let _ = writeln!(

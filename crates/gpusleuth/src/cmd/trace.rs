@@ -361,15 +361,6 @@ pub fn run(args: Args) -> Result<i32> {
             if args.force && out.is_file() {
                 crate::output_file::refuse_live_writer(&out, "--db")?;
             }
-            // Said before anything starts, with the way out (the writer's
-            // own refusal named the path twice and gave no hint).
-            if !args.force && std::fs::symlink_metadata(&out).is_ok() {
-                bail!(
-                    "--db {}: already exists (refusing to overwrite it; {})",
-                    out.display(),
-                    crate::load::FORCE_HINT
-                );
-            }
             out.clone()
         }
     };
@@ -400,6 +391,15 @@ pub fn run(args: Args) -> Result<i32> {
         // One base for the whole run: its files' carried states share a clock.
         clock_base_ns: clock_base(start_mono)?,
     };
+    // Said before anything starts (after the settings' own errors), with
+    // the way out: the writer's refusal named the path twice, no hint.
+    if args.rotate.is_none() && !args.force && std::fs::symlink_metadata(&db).is_ok() {
+        bail!(
+            "--db {}: already exists (refusing to overwrite it; {})",
+            db.display(),
+            crate::load::FORCE_HINT
+        );
+    }
     let opts = WriterOptions {
         max_db_bytes: args.max_db,
         overwrite: args.force,

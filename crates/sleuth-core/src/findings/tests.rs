@@ -504,7 +504,44 @@ fn memory_growth_counts_its_time_from_the_oldest_allocation_it_counts() {
     let f = super::memory::memory_growth(&l, (7 * sec, 11 * sec)).expect("growth");
     assert_eq!(f.evidence["growing_allocations"], 11);
     assert_eq!(f.evidence["span_ns"], 11 * sec);
-    assert!(f.summary.contains("over 11.0 s"), "{}", f.summary);
+    // Its rate is the allocations' own: one 32 MiB a second.
+    assert_eq!(f.evidence["growth_span_ns"], 10 * sec);
+    assert!(
+        f.summary.contains("over 10.0 s (32.0 MiB/s)"),
+        "{}",
+        f.summary
+    );
+}
+
+/// Round 60's tester: a leak in the later part of a program's CUDA work
+/// (10 x 2 MiB, one every 50 ms) read "20.0 MiB over 1.0 s (19.4 MiB/s)",
+/// its rate averaged over the whole span; it is 40 MiB/s.
+#[test]
+fn memory_growths_rate_is_the_leaks_own() {
+    use crate::ledger::{ProcessLedger, Unfreed};
+    let l = ProcessLedger {
+        pid: 7,
+        comm: "python3".into(),
+        unfreed: (0..10)
+            .map(|i| Unfreed {
+                ptr: None,
+                bytes: 2 << 20,
+                op: "cudaMalloc",
+                ts_ns: 500 * MS + i * 50 * MS,
+                stack_id: None,
+                site: None,
+            })
+            .collect(),
+        ..crate::ledger::empty_ledger(7, "python3".into(), Some(1_000 * MS))
+    };
+    let f = super::memory::memory_growth(&l, (400 * MS, 1_000 * MS)).expect("growth");
+    assert_eq!(f.evidence["span_ns"], 600 * MS);
+    assert_eq!(f.evidence["growth_span_ns"], 450 * MS);
+    assert!(
+        f.summary.contains("20.0 MiB over 0.5 s (40.0 MiB/s)"),
+        "{}",
+        f.summary
+    );
 }
 
 #[test]

@@ -56,8 +56,9 @@ pub fn render(r: &SitesReport) -> String {
     }
     let _ = writeln!(
         out,
-        "Device memory by call site ({} sites; unfreed = still allocated at exit or at the end, at peak = live at the process's peak)",
-        r.sites.len()
+        "Device memory by call site ({} site{}; unfreed = still allocated at exit, at the end, or at --at's moment; at peak = live at the process's peak)",
+        r.sites.len(),
+        if r.sites.len() == 1 { "" } else { "s" }
     );
     for n in &r.notes {
         let _ = writeln!(out, "Note: {n}");
