@@ -465,6 +465,8 @@ struct WriterState {
     disk: Option<crate::disk_reserve::DiskWatch>,
     /// The note saying the disk ran low, stored with the next transaction.
     disk_note: Option<String>,
+    /// Events received in the failed transaction and after it (`failed`).
+    unstored: u64,
     /// First error; afterwards messages are drained and discarded so senders never block forever.
     failed: Option<String>,
     /// Transactions committed, and this thread's CPU inside their commits
@@ -490,6 +492,7 @@ impl WriterState {
             db_full: false,
             disk: None,
             disk_note: None,
+            unstored: 0,
             failed: None,
             batches: 0,
             commit_cpu_ns: 0,
@@ -537,6 +540,10 @@ impl WriterState {
                 Err(e) => self.failed = Some(format!("writing the trace failed: {e}")),
             }
         }
+        if self.failed.is_some() {
+            // Said with the failure: what the file does not hold.
+            self.unstored += batch.iter().map(msg_events).sum::<usize>() as u64;
+        }
         for m in batch {
             match m {
                 Msg::Flush(r) => replies.push(r),
@@ -555,7 +562,11 @@ impl WriterState {
                 d.release();
             }
             let result = match self.failed.clone() {
-                Some(e) => Err(e),
+                Some(e) => Err(format!(
+                    "{e} ({} events of that write and after it were not stored; the file holds what \
+                     was committed before it, and `gpusleuth finish` completes it)",
+                    self.unstored
+                )),
                 None => self
                     .finish()
                     .map_err(|e| format!("completing the trace failed: {e}")),
