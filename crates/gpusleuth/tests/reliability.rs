@@ -807,3 +807,66 @@ fn a_disk_that_fills_up_leaves_a_complete_trace_that_counts_its_losses() {
         .collect();
     assert_eq!(left, vec![std::ffi::OsString::from("t.db")], "{left:?}");
 }
+
+/// The disk filled by another process while a trace records (between two
+/// of the writer's commits, so its low-space check cannot see it coming):
+/// the failed transaction is set back, the space set aside handed back,
+/// and the rest is counted as dropped; the file is complete and says so.
+#[test]
+fn a_disk_another_process_fills_leaves_a_complete_trace() {
+    let Some(sb) = Sandbox::for_ebpf("disk-filled") else {
+        return;
+    };
+    let small = Tmpfs::mount(sb.path("small"), "24M");
+    let db = small.0.join("t.db");
+    let started = sb.path("started");
+    let mut tracer = common::gpusleuth()
+        .arg("trace")
+        .arg("--db")
+        .arg(&db)
+        .args(["--quiet", "--launches", "full", "--"])
+        .arg(&sb.sim.workload)
+        .arg("--truth")
+        .arg(sb.truth_path())
+        .arg(format!(
+            "touch {}; repeat 60 {{ launch 200; sync_sleep 40 }}",
+            started.display()
+        ))
+        .env("LD_LIBRARY_PATH", &sb.sim.lib_dir)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    common::wait_for_file(&started, 60);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    // Everything the file system has left, taken.
+    let mut fill = std::fs::File::create(small.0.join("fill")).unwrap();
+    let chunk = vec![0u8; 64 << 10];
+    while std::io::Write::write_all(&mut fill, &chunk).is_ok() {}
+    let out = tracer.wait_with_output().unwrap();
+    common::assert_no_panic(&out);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(err.contains("(the disk ran low)"), "{err}");
+    assert_eq!(
+        sb.truth()[0].runtime["cudaLaunchKernel"],
+        12_000,
+        "the program ran whole"
+    );
+    drop(fill);
+    let t = sleuth_store::Trace::open(&db).expect("a readable trace");
+    assert!(t.has_rollups().unwrap(), "completed");
+    drop(t);
+    let d = common::Db::open(&db);
+    let stat = |name: &str| d.int(&format!("SELECT value FROM stats WHERE name = '{name}'"));
+    let stored = d.int("SELECT count(*) FROM calls");
+    let waits = d.int("SELECT count(*) FROM waits");
+    assert!(stat("drop_db_full") > 0, "{stored} stored");
+    assert_eq!(
+        stat("events_call") + stat("events_wait"),
+        stored + waits + stat("drop_db_full")
+    );
+    assert_eq!(
+        d.int("SELECT count(*) FROM notes WHERE text LIKE 'the disk holding the trace%'"),
+        1
+    );
+}

@@ -145,6 +145,16 @@ impl DiskWatch {
         Some(free)
     }
 
+    /// The disk filled before [`Self::ran_low_now`] saw it coming (another
+    /// process wrote to it): the reserve is handed back; the bytes free
+    /// then.
+    pub(crate) fn ran_out(&mut self) -> u64 {
+        self.reserve = None;
+        let free = free_bytes(&self.dir).unwrap_or(0);
+        self.ran_low.get_or_insert(free);
+        free
+    }
+
     /// The bytes free when the disk ran low, if it did.
     pub(crate) fn ran_low(&self) -> Option<u64> {
         self.ran_low

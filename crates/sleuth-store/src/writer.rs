@@ -423,7 +423,7 @@ fn rebase(m: &mut Msg, base: u64) {
 }
 
 /// Counters the writer keeps itself.
-#[derive(Default)]
+#[derive(Default, Clone)]
 struct Counters {
     events_call: u64,
     events_wait: u64,
@@ -535,9 +535,14 @@ impl WriterState {
         let mut replies = Vec::new();
         let mut finish = None;
         if self.failed.is_none() {
+            // What a failed transaction must not leave counted in memory.
+            let before = (!self.db_full).then(|| (self.n.clone(), self.rollup.clone()));
             match self.apply(&batch) {
                 Ok(()) => self.watch_disk(),
-                Err(e) => self.failed = Some(format!("writing the trace failed: {e}")),
+                Err(e) => match (disk_full(&e), before) {
+                    (true, Some(before)) => self.after_disk_filled(&batch, before, &e),
+                    _ => self.failed = Some(format!("writing the trace failed: {e}")),
+                },
             }
         }
         if self.failed.is_some() {
@@ -602,6 +607,36 @@ impl WriterState {
             "the disk holding the trace ran low ({free} bytes free): later calls and waits are counted in \
              stats.drop_db_full, not stored; the file was completed in space set aside at its start"
         ));
+    }
+
+    /// A transaction that failed because the disk filled before the
+    /// low-space check saw it coming (another process filled it between
+    /// two commits): its counters and rollups are set back to before it
+    /// (nothing of it was stored), the space set aside handed back, and the
+    /// batch applied again past the cap (calls and waits counted as
+    /// dropped, the note stored); only if that fails too does the writer
+    /// stop. The block bases and call ids the rolled-back transaction
+    /// advanced are not used again: past the cap no call or block is stored.
+    fn after_disk_filled(
+        &mut self,
+        batch: &[Msg],
+        (n, rollup): (Counters, sleuth_core::rollup::Rollup),
+        e: &rusqlite::Error,
+    ) {
+        self.n = n;
+        self.rollup = rollup;
+        let free = self.disk.as_mut().map_or(0, |d| d.ran_out());
+        let _ = self
+            .conn
+            .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()));
+        self.db_full = true;
+        self.disk_note = Some(format!(
+            "the disk holding the trace filled ({e}; {free} bytes free once the space set aside at its start \
+             was handed back): later calls and waits are counted in stats.drop_db_full, not stored"
+        ));
+        if let Err(e) = self.apply(batch) {
+            self.failed = Some(format!("writing the trace failed: {e}"));
+        }
     }
 
     fn apply(&mut self, batch: &[Msg]) -> rusqlite::Result<()> {
@@ -749,6 +784,11 @@ impl WriterState {
             disk_ran_low: self.disk.as_ref().and_then(|d| d.ran_low()),
         })
     }
+}
+
+/// Whether SQLite's error says the disk (or the file's size limit) is full.
+fn disk_full(e: &rusqlite::Error) -> bool {
+    e.sqlite_error_code() == Some(rusqlite::ErrorCode::DiskFull)
 }
 
 /// How long leaving WAL mode waits for readers of the file to let go.
