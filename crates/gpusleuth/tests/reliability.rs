@@ -820,7 +820,7 @@ fn a_disk_another_process_fills_leaves_a_complete_trace() {
     let small = Tmpfs::mount(sb.path("small"), "24M");
     let db = small.0.join("t.db");
     let started = sb.path("started");
-    let mut tracer = common::gpusleuth()
+    let tracer = common::gpusleuth()
         .arg("trace")
         .arg("--db")
         .arg(&db)
