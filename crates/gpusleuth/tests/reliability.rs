@@ -781,24 +781,7 @@ fn a_disk_that_fills_up_leaves_a_complete_trace_that_counts_its_losses() {
         truth[0].runtime["cudaLaunchKernel"], 60_000,
         "the program ran whole"
     );
-    let t = sleuth_store::Trace::open(&db).expect("a readable trace");
-    assert!(t.has_rollups().unwrap(), "completed");
-    drop(t);
-    let d = common::Db::open(&db);
-    let stat = |name: &str| d.int(&format!("SELECT value FROM stats WHERE name = '{name}'"));
-    let stored = d.int("SELECT count(*) FROM calls");
-    assert!(stat("drop_db_full") > 0 && stored > 0, "{stored} stored");
-    // Every call the writer received was stored or counted as dropped.
-    let waits = d.int("SELECT count(*) FROM waits");
-    assert_eq!(
-        stat("events_call") + stat("events_wait"),
-        stored + waits + stat("drop_db_full")
-    );
-    assert_eq!(
-        d.int("SELECT count(*) FROM notes WHERE text LIKE 'the disk holding the trace ran low%'"),
-        1
-    );
-    drop(d);
+    assert_complete_and_counts_its_losses(&db, "the disk holding the trace ran low");
     // The space set aside is gone with the writer.
     let left: Vec<_> = std::fs::read_dir(&small.0)
         .unwrap()
@@ -853,20 +836,30 @@ fn a_disk_another_process_fills_leaves_a_complete_trace() {
         "the program ran whole"
     );
     drop(fill);
-    let t = sleuth_store::Trace::open(&db).expect("a readable trace");
+    // Ran low, or (most often) filled between two commits: either note.
+    assert_complete_and_counts_its_losses(&db, "the disk holding the trace");
+}
+
+/// The trace at `db` was completed, holds one note beginning with `note`,
+/// and every call and wait the writer received was stored or counted as
+/// dropped (some were).
+fn assert_complete_and_counts_its_losses(db: &std::path::Path, note: &str) {
+    let t = sleuth_store::Trace::open(db).expect("a readable trace");
     assert!(t.has_rollups().unwrap(), "completed");
     drop(t);
-    let d = common::Db::open(&db);
+    let d = common::Db::open(db);
     let stat = |name: &str| d.int(&format!("SELECT value FROM stats WHERE name = '{name}'"));
     let stored = d.int("SELECT count(*) FROM calls");
     let waits = d.int("SELECT count(*) FROM waits");
-    assert!(stat("drop_db_full") > 0, "{stored} stored");
+    assert!(stat("drop_db_full") > 0 && stored > 0, "{stored} stored");
     assert_eq!(
         stat("events_call") + stat("events_wait"),
         stored + waits + stat("drop_db_full")
     );
     assert_eq!(
-        d.int("SELECT count(*) FROM notes WHERE text LIKE 'the disk holding the trace%'"),
+        d.int(&format!(
+            "SELECT count(*) FROM notes WHERE text LIKE '{note}%'"
+        )),
         1
     );
 }
