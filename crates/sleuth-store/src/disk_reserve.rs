@@ -28,6 +28,10 @@ const RESERVE_SHARE_OF_FREE: u64 = 4;
 /// (116,682 calls of a launch flood: 3.6 MB, 2026-12-08, VM), written
 /// into the WAL first and then into the file.
 const COMPLETION_BYTES_PER_CALL: u64 = 80;
+/// Free space beyond the completion's needs under which a transaction
+/// might fill the disk before the next look: another process would have
+/// to write this much in one transaction's time (milliseconds).
+const AT_RISK_MARGIN: u64 = 1 << 30;
 /// Less than this is not worth a file: the trace goes on without.
 const RESERVE_MIN: u64 = 256 << 10;
 
@@ -100,6 +104,8 @@ pub(crate) struct DiskWatch {
     low_water: u64,
     /// The bytes free when it ran low, once it has.
     ran_low: Option<u64>,
+    /// At the last look: the bytes free, and what the completion needed.
+    last: Option<(u64, u64)>,
 }
 
 impl DiskWatch {
@@ -121,6 +127,7 @@ impl DiskWatch {
             reserve,
             low_water,
             ran_low: None,
+            last: None,
         }
     }
 
@@ -137,12 +144,25 @@ impl DiskWatch {
         let needed = calls_stored
             .saturating_mul(COMPLETION_BYTES_PER_CALL)
             .saturating_add(self.low_water);
+        self.last = Some((free, needed));
         if free >= needed {
             return None;
         }
         self.reserve = None;
         self.ran_low = Some(free);
         Some(free)
+    }
+
+    /// Whether the next transaction might find the disk full: less than
+    /// [`AT_RISK_MARGIN`] beyond what the completion needs was free at the
+    /// last look (or there was none yet). The writer then keeps what a
+    /// failed transaction must set back (a copy per transaction, spared
+    /// where gigabytes are free).
+    pub(crate) fn at_risk(&self) -> bool {
+        self.ran_low.is_none()
+            && self
+                .last
+                .is_none_or(|(free, needed)| free < needed.saturating_add(AT_RISK_MARGIN))
     }
 
     /// The disk filled before [`Self::ran_low_now`] saw it coming (another
@@ -246,6 +266,23 @@ mod tests {
         std::fs::write(&live, b"x").unwrap();
         assert_eq!(remove_stale(&trace), 1);
         assert!(!dead.exists() && live.exists());
+        std::fs::remove_file(&live).unwrap();
+        // At risk before the first look; after it, by the margin.
+        let mut w = DiskWatch::start(&trace);
+        assert!(w.at_risk());
+        assert_eq!(w.ran_low_now(0), None, "a temp dir has room");
+        let (free, needed) = w.last.unwrap();
+        assert_eq!(w.at_risk(), free < needed + AT_RISK_MARGIN);
+        // Past what the completion needs: ran low, the reserve handed back.
+        assert!(w
+            .ran_low_now(free / COMPLETION_BYTES_PER_CALL + 1)
+            .is_some());
+        assert!(w.ran_low().is_some() && !w.at_risk());
+        assert_eq!(
+            std::fs::read_dir(&dir).unwrap().count(),
+            0,
+            "no reserve left"
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

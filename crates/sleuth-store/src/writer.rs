@@ -535,8 +535,10 @@ impl WriterState {
         let mut replies = Vec::new();
         let mut finish = None;
         if self.failed.is_none() {
-            // What a failed transaction must not leave counted in memory.
-            let before = (!self.db_full).then(|| (self.n.clone(), self.rollup.clone()));
+            // What a failed transaction must not leave counted in memory,
+            // where the disk might fill (`DiskWatch::at_risk`).
+            let at_risk = !self.db_full && self.disk.as_ref().is_some_and(|d| d.at_risk());
+            let before = at_risk.then(|| (self.n.clone(), self.rollup.clone()));
             match self.apply(&batch) {
                 Ok(()) => self.watch_disk(),
                 Err(e) => match (disk_full(&e), before) {
@@ -605,7 +607,8 @@ impl WriterState {
         self.db_full = true;
         self.disk_note = Some(format!(
             "the disk holding the trace ran low ({free} bytes free): later calls and waits are counted in \
-             stats.drop_db_full, not stored; the file was completed in space set aside at its start"
+             stats.drop_db_full, not stored; the space set aside at the file's start was handed back for its \
+             completion"
         ));
     }
 
