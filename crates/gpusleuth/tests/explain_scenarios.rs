@@ -194,7 +194,7 @@ fn buffers_in_rotation_are_no_growth_in_a_window_and_a_leak_is() {
     assert_eq!(g.len(), 1, "{g:?}");
     let ev = &g[0]["evidence"];
     let rise = ev["live_bytes_at_window_end"].as_u64().unwrap()
-        - ev["live_bytes_at_window_start"].as_u64().unwrap();
+        - ev["live_bytes_before_growth"].as_u64().unwrap();
     assert!(rise >= 6 << 20, "{ev}");
 }
 

@@ -9,7 +9,8 @@
 //! ("6 allocation(s), 6.0 MiB over 0.5 s ... never freed") in a 500-ms
 //! window while its live bytes stayed at 6 MiB (round 60's tester). Growth
 //! is live memory that rises: where the window holds such a finding, the
-//! process's ledger is replayed to the window's start and to its end (the
+//! process's ledger is replayed to just before the first allocation it
+//! calls growing and to the window's end (the
 //! stored one where the window runs to the trace's end; a run's as
 //! `memory --db DIR --at` replays it), and the finding stands only where
 //! the live bytes rose by at least half the bytes it calls growing. Paid
@@ -27,9 +28,10 @@ use sleuth_core::ledger::ProcessLedger;
 const RISE_SHARE: f64 = 0.5;
 
 /// Drops the `memory_growth` findings of `e` (the explanation of window
-/// `filter` of `trace`) whose process's live device bytes did not rise
-/// over the window by [`RISE_SHARE`] of their growing bytes; those that
-/// stand get the rise in their evidence. Nothing for a scope without a
+/// `filter` of `trace`) whose process's live device bytes did not rise,
+/// from just before the first allocation they call growing to the
+/// window's end, by [`RISE_SHARE`] of their growing bytes; those that
+/// stand get both in their evidence. Nothing for a scope without a
 /// window.
 pub(crate) fn settle(
     trace: &Trace,
@@ -91,7 +93,14 @@ fn settle_with(
         };
         let pid = *pid;
         let growing = f.evidence["growing_bytes"].as_u64().unwrap_or(0);
-        let start = match since {
+        // From just before its first growing allocation: a window that
+        // holds a program's start rose from nothing, its buffers in
+        // rotation read as growth over it (three 1-MiB buffers: 0 to 3 MiB
+        // in the first 200 ms, round 60).
+        let first_growing = f.evidence["groups"]
+            .as_array()
+            .and_then(|g| g.iter().filter_map(|x| x["first_ts_ns"].as_u64()).min());
+        let start = match first_growing.map(|t| t.saturating_sub(1)).or(since) {
             Some(t) => live_at(pid, Some(t))?,
             None => Some(0),
         };
@@ -106,9 +115,71 @@ fn settle_with(
             continue;
         }
         let ev = &mut e.findings[i].evidence;
-        ev["live_bytes_at_window_start"] = start.into();
+        ev["live_bytes_before_growth"] = start.into();
         ev["live_bytes_at_window_end"] = end.into();
         i += 1;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sleuth_core::findings::{Finding, Severity};
+
+    fn growth(first_ts: u64, growing: u64) -> Explanation {
+        Explanation {
+            findings: vec![Finding {
+                kind: Kind::MemoryGrowth,
+                severity: Severity::Low,
+                op: "cudaMalloc".into(),
+                pids: vec![7],
+                summary: String::new(),
+                evidence: serde_json::json!({
+                    "growing_bytes": growing,
+                    "groups": [{"first_ts_ns": first_ts + 50}, {"first_ts_ns": first_ts}],
+                }),
+                culprits: Vec::new(),
+                recommendation: String::new(),
+                impact_ns: growing,
+                wall_share: None,
+            }],
+            summary: None,
+            threads: Vec::new(),
+            notes: Vec::new(),
+            events_lost: 0,
+        }
+    }
+
+    /// The rise is measured from just before the first growing allocation
+    /// (not the window's start, where a program's start rose from nothing)
+    /// to the window's end; under half the growing bytes, no finding.
+    #[test]
+    fn growth_stands_on_the_rise_from_its_first_allocation() {
+        let mib = 1u64 << 20;
+        let mut asked = Vec::new();
+        // Three buffers in rotation after a start in the window: 2 MiB live
+        // before the first re-allocation, 3 MiB at the end.
+        let mut e = growth(1_000, 3 * mib);
+        settle_with(&mut e, (Some(10), None), |_, at| {
+            asked.push(at);
+            Ok(Some(if at.is_some() { 2 * mib } else { 3 * mib }))
+        })
+        .unwrap();
+        assert!(e.findings.is_empty());
+        assert_eq!(asked, vec![Some(999), None]);
+        // A leak: from 1 MiB to 4 MiB.
+        let mut e = growth(1_000, 3 * mib);
+        settle_with(&mut e, (Some(10), None), |_, at| {
+            Ok(Some(if at.is_some() { mib } else { 4 * mib }))
+        })
+        .unwrap();
+        assert_eq!(e.findings.len(), 1);
+        assert_eq!(e.findings[0].evidence["live_bytes_before_growth"], mib);
+        assert_eq!(e.findings[0].evidence["live_bytes_at_window_end"], 4 * mib);
+        // Not known (a run that cannot say): it stands as the window made it.
+        let mut e = growth(1_000, 3 * mib);
+        settle_with(&mut e, (Some(10), None), |_, _| Ok(None)).unwrap();
+        assert_eq!(e.findings.len(), 1);
+    }
 }
