@@ -29,10 +29,32 @@ pub fn check_output(dst: &Path, inputs: &[&Path], replace: bool, hint: Hint) -> 
 /// and any file that is not a SQLite database (a report a viewer holds),
 /// is replaced: the reader keeps the old file.
 pub fn refuse_live_trace(path: &Path, flag: &str) -> Result<()> {
-    if !is_sqlite_file(path) || is_complete_trace(path) {
+    if !is_sqlite_file(path) {
         return Ok(());
     }
-    refuse_live_writer(path, flag)
+    // Its rollups stored is not the end of a completion: the tracer still
+    // folds the WAL and leaves WAL mode, and `report -o --force` went
+    // through then (round 60's second tester): a file its own tracer
+    // holds is refused whatever it holds.
+    let (complete, tracer) = match sleuth_store::Trace::open(path) {
+        Ok(t) => (t.has_rollups().unwrap_or(false), t.tracer_pid()),
+        Err(_) => (false, None),
+    };
+    let holders = crate::finishing::holders(path).unwrap_or_default();
+    if let Some((pid, comm)) = holders
+        .iter()
+        .find(|(pid, _)| !complete || Some(*pid) == tracer)
+    {
+        bail!(
+            "{flag} {}: {} (pid {pid}) is writing it: refusing to replace a live trace, --force or not",
+            path.display(),
+            crate::term_text::terminal_safe(comm)
+        );
+    }
+    if !complete {
+        return refuse_live_writer(path, flag);
+    }
+    Ok(())
 }
 
 /// An error when a live process holds the trace file `path` (named after
@@ -56,13 +78,6 @@ fn is_sqlite_file(path: &Path) -> bool {
     std::fs::File::open(path)
         .and_then(|mut f| f.read_exact(&mut head))
         .is_ok_and(|()| &head == b"SQLite format 3\0")
-}
-
-/// Whether `path` opens as a trace whose rollups are stored: its tracer
-/// completed it (a tracer's file mid-way, one that does not open yet, or
-/// any other database is not).
-fn is_complete_trace(path: &Path) -> bool {
-    sleuth_store::Trace::open(path).is_ok_and(|t| t.has_rollups().unwrap_or(false))
 }
 
 #[cfg(test)]
@@ -109,5 +124,52 @@ mod tests {
         drop(holder.stdin.take());
         holder.wait().unwrap();
         check_output(&db, &[], true, None).unwrap();
+    }
+
+    /// A complete trace (its rollups stored) held by a reader is replaced;
+    /// held by its own tracer, still folding its WAL after the rollups
+    /// were stored, it is not (round 60's second tester: `report -o
+    /// --force` went through then and the recording was lost).
+    #[test]
+    fn a_complete_trace_its_own_tracer_holds_is_never_replaced() {
+        let dir = TempDir::new("output-file-completing");
+        let db = dir.0.join("done.db");
+        // Written by this build's writer: complete, its rollups stored.
+        crate::trace_fixture::rewrite(&crate::trace_fixture::two_processes(), &db);
+        assert!(sleuth_store::Trace::open(&db)
+            .unwrap()
+            .has_rollups()
+            .unwrap());
+        let mut holder = std::process::Command::new("sh")
+            .arg("-c")
+            .arg("exec 3<\"$0\"; read line")
+            .arg(&db)
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        while !crate::finishing::holders(&db)
+            .is_ok_and(|h| h.iter().any(|(p, _)| *p == holder.id()))
+        {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        // A reader: replaced.
+        check_output(&db, &[], true, None).unwrap();
+        // The same process named as the file's tracer: refused.
+        rusqlite::Connection::open(&db)
+            .unwrap()
+            .execute_batch(&format!(
+                "DELETE FROM stats WHERE name = '{0}'; INSERT INTO stats(name, value) VALUES ('{0}', {1})",
+                sleuth_core::threads::TRACER_PID_STAT,
+                holder.id()
+            ))
+            .unwrap();
+        assert_eq!(
+            sleuth_store::Trace::open(&db).unwrap().tracer_pid(),
+            Some(holder.id())
+        );
+        let e = check_output(&db, &[], true, None).unwrap_err().to_string();
+        assert!(e.contains("refusing to replace a live trace"), "{e}");
+        drop(holder.stdin.take());
+        holder.wait().unwrap();
     }
 }

@@ -233,6 +233,26 @@ pub struct WindowFile {
 }
 
 impl WindowFile {
+    /// For a run's newest file, a window's `memory_growth` checked against
+    /// the run's ledger, not the file's alone
+    /// (`sleuth_store::window_growth::settle_over_run`).
+    pub fn settle_growth(
+        &self,
+        since: u64,
+        e: &mut sleuth_core::findings::Explanation,
+    ) -> anyhow::Result<()> {
+        if let Some((dir, _)) = &self.run {
+            sleuth_store::window_growth::settle_over_run(
+                dir,
+                since,
+                &crate::checks_memo::budget(),
+                crate::checks_memo::memo(),
+                e,
+            )?;
+        }
+        Ok(())
+    }
+
     /// Says which file of a run answered (nothing for a file of its own).
     pub fn say(&self) {
         if let Some(n) = &self.note {

@@ -292,7 +292,7 @@ pub fn drop_counters(data: &TraceData) -> BTreeMap<String, u64> {
 }
 
 /// What a memory ledger of `data` cannot know: call records that were not
-/// stored (past the database's size cap, or lost in a full ring buffer)
+/// stored (past the database's size cap or after its disk ran low, or lost in a full ring buffer)
 /// may hold allocations and frees, so the ledger may miss them; None when
 /// none was lost. `memory` said an incomplete ledger as fact (round 50:
 /// 8 of 80 allocations past `--max-db 1M`, no word of it).
@@ -303,7 +303,7 @@ pub fn ledger_loss_note(data: &TraceData) -> Option<String> {
     let lost = db_full.saturating_add(ring);
     (lost > 0).then(|| {
         format!(
-            "{lost} record(s) of calls and waits were not stored ({db_full} past the database's size cap, {ring} lost in a full ring buffer): allocations and frees among them are missing, so this ledger may be incomplete"
+            "{lost} record(s) of calls and waits were not stored ({db_full} past the database's size cap or after its disk ran low, {ring} lost in a full ring buffer): allocations and frees among them are missing, so this ledger may be incomplete"
         )
     })
 }

@@ -84,7 +84,7 @@ mod wait_groups;
 mod wait_stream;
 pub mod whole_stats;
 pub mod window;
-mod window_growth;
+pub mod window_growth;
 mod writer;
 
 pub use budget::{ReadBudget, DEFAULT_READ_TIMEOUT};

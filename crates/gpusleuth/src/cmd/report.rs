@@ -96,12 +96,13 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     let mut inputs = inputs_of(&trace, pid, true, n_slowest)?;
     if let (Some(w), Some(file)) = (window, &file) {
         let earlier = file.pinned_earlier(&trace, pid)?;
-        let (explanation, part) = sleuth_store::scoped::explanation_and_calls_or_loaded_after(
+        let (mut explanation, part) = sleuth_store::scoped::explanation_and_calls_or_loaded_after(
             &trace,
             &w.filter(pid),
             earlier,
             SLOWEST_CALLS,
         )?;
+        file.settle_growth(w.since, &mut explanation)?;
         inputs = inputs.narrowed_to(w, part, explanation);
     }
     // After the reads: what they skipped (none when a large trace was

@@ -63,8 +63,9 @@ fn window_output(input: &TraceInput, window: WindowArgs, style: Style) -> anyhow
         .resolve_in(&trace, Some(&file))?
         .ok_or_else(|| anyhow::anyhow!("--from/--to: no window given"))?;
     let earlier = file.pinned_earlier(&trace, input.pid)?;
-    let report =
+    let mut report =
         sleuth_store::scoped::explanation_or_loaded_after(&trace, &w.filter(input.pid), earlier)?;
+    file.settle_growth(w.since, &mut report)?;
     let problems = warn_input_problems_of_reads(&trace)?;
     let samples = trace.gpu_samples()?;
     file.say();
