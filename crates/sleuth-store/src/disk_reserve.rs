@@ -180,7 +180,12 @@ impl DiskWatch {
         self.ran_low
     }
 
-    /// Hands the reserve back (before the completion, which may need it).
+    /// Whether the reserve is still set aside.
+    pub(crate) fn holds_reserve(&self) -> bool {
+        self.reserve.is_some()
+    }
+
+    /// Hands the reserve back (to a completion that needs it, or at the end).
     pub(crate) fn release(&mut self) {
         self.reserve = None;
     }
