@@ -5,7 +5,7 @@
 //! live tracer is still recording or completing (`report`, `export`,
 //! `merge`; `trace --force` refuses any trace a live process holds).
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use sleuth_store::outfile::Hint;
 use std::io::Read as _;
 use std::path::Path;
@@ -40,35 +40,37 @@ pub fn refuse_live_trace(path: &Path, flag: &str) -> Result<()> {
         Ok(t) => (t.has_rollups().unwrap_or(false), t.tracer_pid()),
         Err(_) => (false, None),
     };
-    let holders = crate::finishing::holders(path).unwrap_or_default();
-    if let Some((pid, comm)) = holders
-        .iter()
-        .find(|(pid, _)| !complete || Some(*pid) == tracer)
-    {
-        bail!(
-            "{flag} {}: {} (pid {pid}) is writing it: refusing to replace a live trace, --force or not",
-            path.display(),
-            crate::term_text::terminal_safe(comm)
-        );
-    }
     if !complete {
         return refuse_live_writer(path, flag);
     }
-    Ok(())
+    let by_tracer = crate::finishing::holders(path)
+        .unwrap_or_default()
+        .into_iter()
+        .find(|(pid, _)| Some(*pid) == tracer);
+    match by_tracer {
+        Some((pid, comm)) => Err(refusal(path, flag, pid, &comm)),
+        None => Ok(()),
+    }
 }
 
 /// An error when a live process holds the trace file `path` (named after
 /// the option `flag` that gave it): `trace --force` never replaces a trace
 /// while a tracer records or completes it (round 50).
 pub fn refuse_live_writer(path: &Path, flag: &str) -> Result<()> {
-    if let Some((pid, comm)) = crate::finishing::live_writer(path) {
-        bail!(
-            "{flag} {}: {} (pid {pid}) is writing it: refusing to replace a live trace, --force or not",
-            path.display(),
-            crate::term_text::terminal_safe(&comm)
-        );
+    match crate::finishing::live_writer(path) {
+        Some((pid, comm)) => Err(refusal(path, flag, pid, &comm)),
+        None => Ok(()),
     }
-    Ok(())
+}
+
+/// The one line refusing to replace the live trace `path`, written by
+/// process `pid` (`comm`).
+fn refusal(path: &Path, flag: &str, pid: u32, comm: &str) -> anyhow::Error {
+    anyhow::anyhow!(
+        "{flag} {}: {} (pid {pid}) is writing it: refusing to replace a live trace, --force or not",
+        path.display(),
+        crate::term_text::terminal_safe(comm)
+    )
 }
 
 /// Whether `path` begins with SQLite's header (a trace, or another

@@ -756,16 +756,12 @@ fn a_disk_that_fills_up_leaves_a_complete_trace_that_counts_its_losses() {
     };
     let small = Tmpfs::mount(sb.path("small"), "16M");
     let db = small.0.join("t.db");
-    let out = common::gpusleuth()
-        .arg("trace")
-        .arg("--db")
-        .arg(&db)
-        .args(["--quiet", "--launches", "full", "--"])
-        .arg(&sb.sim.workload)
-        .arg("--truth")
-        .arg(sb.truth_path())
-        .arg("repeat 60000 { launch 1; sync_stream }")
-        .env("LD_LIBRARY_PATH", &sb.sim.lib_dir)
+    let out = sb
+        .trace_command_into(
+            &db,
+            &["--launches", "full"],
+            "repeat 60000 { launch 1; sync_stream }",
+        )
         .output()
         .unwrap();
     common::assert_no_panic(&out);
@@ -803,19 +799,12 @@ fn a_disk_another_process_fills_leaves_a_complete_trace() {
     let small = Tmpfs::mount(sb.path("small"), "24M");
     let db = small.0.join("t.db");
     let started = sb.path("started");
-    let tracer = common::gpusleuth()
-        .arg("trace")
-        .arg("--db")
-        .arg(&db)
-        .args(["--quiet", "--launches", "full", "--"])
-        .arg(&sb.sim.workload)
-        .arg("--truth")
-        .arg(sb.truth_path())
-        .arg(format!(
-            "touch {}; repeat 60 {{ launch 200; sync_sleep 40 }}",
-            started.display()
-        ))
-        .env("LD_LIBRARY_PATH", &sb.sim.lib_dir)
+    let script = format!(
+        "touch {}; repeat 60 {{ launch 200; sync_sleep 40 }}",
+        started.display()
+    );
+    let tracer = sb
+        .trace_command_into(&db, &["--launches", "full"], &script)
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();

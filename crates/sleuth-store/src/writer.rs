@@ -594,13 +594,7 @@ impl WriterState {
         let Some(free) = self.disk.as_mut().and_then(|d| d.ran_low_now(stored)) else {
             return;
         };
-        // The WAL folded into the file and cut to nothing: its pages are
-        // space the completion's transaction can use (a WAL that had not
-        // reached SQLite's automatic checkpoint only grew: on a 3-MB file
-        // system the completion failed). Best effort: a reader may hold it.
-        let _ = self
-            .conn
-            .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()));
+        self.fold_wal();
         if self.db_full {
             return; // past the cap already: nothing more is stored anyway
         }
@@ -610,6 +604,17 @@ impl WriterState {
              stats.drop_db_full, not stored; the space set aside at the file's start was handed back for its \
              completion"
         ));
+    }
+
+    /// The WAL folded into the file and cut to nothing, where the disk ran
+    /// low or filled: its pages are space the next transaction can use (a
+    /// WAL that had not reached SQLite's automatic checkpoint only grew: on
+    /// a 3-MB file system the completion failed). Best effort: a reader may
+    /// hold it.
+    fn fold_wal(&self) {
+        let _ = self
+            .conn
+            .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()));
     }
 
     /// A transaction that failed because the disk filled before the
@@ -629,9 +634,7 @@ impl WriterState {
         self.n = n;
         self.rollup = rollup;
         let free = self.disk.as_mut().map_or(0, |d| d.ran_out());
-        let _ = self
-            .conn
-            .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()));
+        self.fold_wal();
         self.db_full = true;
         self.disk_note = Some(format!(
             "the disk holding the trace filled ({e}; {free} bytes free once the space set aside at its start \
@@ -773,9 +776,7 @@ impl WriterState {
                 if let Some(d) = self.disk.as_mut() {
                     d.release();
                 }
-                let _ = self
-                    .conn
-                    .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()));
+                self.fold_wal();
                 self.finish()
             }
             other => other,

@@ -104,8 +104,13 @@ impl Sandbox {
     /// `gpusleuth trace --db <db> --quiet ARGS -- workload --truth <truth> SCRIPT`,
     /// with LD_LIBRARY_PATH naming the sim's libraries (how a user's env finds CUDA).
     pub fn trace_command(&self, args: &[&str], script: &str) -> Command {
+        self.trace_command_into(&self.db(), args, script)
+    }
+
+    /// [`Sandbox::trace_command`] writing the trace at `db`.
+    pub fn trace_command_into(&self, db: &Path, args: &[&str], script: &str) -> Command {
         let mut cmd = gpusleuth();
-        cmd.arg("trace").arg("--db").arg(self.db()).arg("--quiet");
+        cmd.arg("trace").arg("--db").arg(db).arg("--quiet");
         cmd.args(args);
         cmd.arg("--")
             .arg(&self.sim.workload)
